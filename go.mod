@@ -1,0 +1,3 @@
+module github.com/capledger/capledger
+
+go 1.26.8
