@@ -1,0 +1,209 @@
+package ledger
+
+import (
+	"errors"
+	"time"
+)
+
+// Kind names a command.
+type Kind uint8
+
+const (
+	KindPublishPolicy Kind = iota + 1
+	KindRollbackPolicy
+	KindReserve
+	KindStart
+	KindSettle
+	KindRelease
+	KindExpireClaim
+	KindExpire
+	KindMarkUsageUnknown
+	KindRefill
+	KindCloseEpoch
+	KindDrain
+)
+
+var kindNames = [...]string{
+	KindPublishPolicy:    "publish_policy",
+	KindRollbackPolicy:   "rollback_policy",
+	KindReserve:          "reserve",
+	KindStart:            "start",
+	KindSettle:           "settle",
+	KindRelease:          "release",
+	KindExpireClaim:      "expire_claim",
+	KindExpire:           "expire",
+	KindMarkUsageUnknown: "mark_usage_unknown",
+	KindRefill:           "refill",
+	KindCloseEpoch:       "close_epoch",
+	KindDrain:            "drain",
+}
+
+func (k Kind) String() string {
+	if int(k) < len(kindNames) && kindNames[k] != "" {
+		return kindNames[k]
+	}
+	return "unknown"
+}
+
+// ParseKind returns the kind named name.
+func ParseKind(name string) (Kind, bool) {
+	for i, n := range kindNames {
+		if n != "" && n == name {
+			return Kind(i), true
+		}
+	}
+	return 0, false
+}
+
+// Command is one request to the ledger. Which fields matter depends on Kind;
+// see the function of each kind (Reserve, Start, ...).
+type Command struct {
+	Kind Kind
+	// ReservationID is chosen by the caller and is the idempotency key of
+	// reserve, start, settle, release, expiry and unknown marking.
+	ReservationID string
+	// RequestDigest is the caller's canonical request digest (reserve).
+	RequestDigest string
+	// Subject, Route, Region name the capacity (reserve).
+	Subject, Route, Region string
+	// Units are the estimate (reserve) or the actual usage (settle), in the
+	// order of the policy's dimensions.
+	Units Amounts
+	// OperationID binds the execution (start) and proves it (settle).
+	OperationID string
+	// Policy is the policy to publish.
+	Policy *Policy
+	// PolicyKey and Generation name the generation to roll back.
+	PolicyKey  PolicyKey
+	Generation uint64
+	// Account names the account of refill, close-epoch and drain.
+	Account AccountKey
+}
+
+// Result is a command's outcome. Err is nil on success, or one of the
+// sentence-named errors below (possibly wrapped with detail); those are
+// expected outcomes, not failures of the ledger.
+type Result struct {
+	Err error
+	// Reservation is the receipt after the command (reservation commands).
+	Reservation Reservation
+	// Replayed is true when the command had already been applied and this
+	// answer repeats its receipt without changing anything.
+	Replayed bool
+	// Refunded is what this command returned to available (settle,
+	// release, expire). A replay reports zero: nothing was refunded twice.
+	Refunded Amounts
+	// Generation is the policy generation that decided (reserve, rejection)
+	// or was published / rolled back.
+	Generation uint64
+	// Dimension is the limiting dimension's unit on a capacity rejection.
+	Dimension string
+	// RetryAfter is a conservative wait before the rejected reserve could
+	// succeed, from the refill rule and the debt; 0 when no refill can help.
+	RetryAfter time.Duration
+	// Shadow is set when a shadow-mode policy would have rejected: Err says
+	// why, but the caller is not to be stopped.
+	Shadow bool
+	// Shard is the issued or reconciled shard.
+	Shard *Shard
+	// Move is the receipt of a drain or remint.
+	Move *Move
+}
+
+// OK reports whether the command succeeded (possibly as a replay).
+func (r *Result) OK() bool { return r.Err == nil }
+
+// Rejected reports whether the error is a capacity rejection (429).
+func (r *Result) Rejected() bool {
+	return errors.Is(r.Err, ErrInsufficientCapacity) || errors.Is(r.Err, ErrAdmissionFrozen) ||
+		errors.Is(r.Err, ErrReservationTooLarge)
+}
+
+// Expected outcomes. Each is a distinct, documented answer of the API.
+var (
+	// ErrInsufficientCapacity: the reservation does not fit in available.
+	ErrInsufficientCapacity = errors.New("insufficient capacity")
+	// ErrAdmissionFrozen: the account carries debt; nothing is admitted until
+	// refills have repaid it.
+	ErrAdmissionFrozen = errors.New("admission frozen until debt is repaid")
+	// ErrReservationTooLarge: the estimate exceeds the policy's maximum single
+	// reservation (or the burst), so it can never fit.
+	ErrReservationTooLarge = errors.New("reservation larger than the policy allows")
+	// ErrNoPolicy: no policy generation admits for the subject, route and
+	// region.
+	ErrNoPolicy = errors.New("no active policy")
+	// ErrDigestMismatch: the reservation id exists with another request
+	// digest; the same id may not name two requests.
+	ErrDigestMismatch = errors.New("reservation id reused with a different request digest")
+	// ErrReservationNotFound: no reservation has this id.
+	ErrReservationNotFound = errors.New("reservation not found")
+	// ErrReservationNotStarted: settle or unknown-marking of a reservation
+	// that was never started.
+	ErrReservationNotStarted = errors.New("reservation not started")
+	// ErrReservationAlreadyStarted: release or expiry of started work, which
+	// may still be using its capacity.
+	ErrReservationAlreadyStarted = errors.New("reservation already started")
+	// ErrOperationMismatch: the operation id differs from the one bound at
+	// start.
+	ErrOperationMismatch = errors.New("operation id does not match the started operation")
+	// ErrReservationAlreadySettled: a settle that differs from the recorded
+	// one, or another transition after settlement.
+	ErrReservationAlreadySettled = errors.New("reservation already settled")
+	// ErrReservationReleased: the reservation was released.
+	ErrReservationReleased = errors.New("reservation released")
+	// ErrReservationExpired: the reservation is expiring or expired.
+	ErrReservationExpired = errors.New("reservation expired")
+	// ErrReservationNotDue: expiry asked before the hold ran out.
+	ErrReservationNotDue = errors.New("reservation hold has not run out")
+	// ErrInvalidCommand: malformed arguments (missing id, negative units...).
+	ErrInvalidCommand = errors.New("invalid command")
+	// ErrInvalidPolicy: the policy fails validation.
+	ErrInvalidPolicy = errors.New("invalid policy")
+	// ErrPolicyNotFound: rollback of a generation that does not exist.
+	ErrPolicyNotFound = errors.New("policy generation not found")
+	// ErrAccountNotFound: refill, close-epoch or drain of an unknown account.
+	ErrAccountNotFound = errors.New("account not found")
+	// ErrNothingToDrain: drain of an account that is current or empty.
+	ErrNothingToDrain = errors.New("nothing to drain")
+	// ErrEmergencyDisabled: shard issuance under a policy whose emergency
+	// mode is off.
+	ErrEmergencyDisabled = errors.New("emergency mode disabled by policy")
+	// ErrShardNotFound, ErrShardAlreadyReconciled, ErrShardForeign: shard
+	// reconciliation outcomes.
+	ErrShardNotFound          = errors.New("shard not found")
+	ErrShardAlreadyReconciled = errors.New("shard already reconciled")
+	ErrShardForeign           = errors.New("shard belongs to another gateway")
+)
+
+// Apply runs one command against the book at time now and returns its
+// outcome. It is the single entry point the engine, the simulator and the
+// tests use.
+func Apply(b Book, cmd *Command, now time.Time) Result {
+	switch cmd.Kind {
+	case KindPublishPolicy:
+		return PublishPolicy(b, cmd.Policy, now)
+	case KindRollbackPolicy:
+		return RollbackPolicy(b, cmd.PolicyKey, cmd.Generation, now)
+	case KindReserve:
+		return Reserve(b, cmd, now)
+	case KindStart:
+		return Start(b, cmd.ReservationID, cmd.OperationID, now)
+	case KindSettle:
+		return Settle(b, cmd.ReservationID, cmd.OperationID, cmd.Units, now)
+	case KindRelease:
+		return Release(b, cmd.ReservationID, now)
+	case KindExpireClaim:
+		return ExpireClaim(b, cmd.ReservationID, now)
+	case KindExpire:
+		return Expire(b, cmd.ReservationID, now)
+	case KindMarkUsageUnknown:
+		return MarkUsageUnknown(b, cmd.ReservationID, now)
+	case KindRefill:
+		return Refill(b, cmd.Account, now)
+	case KindCloseEpoch:
+		return CloseEpoch(b, cmd.Account, now)
+	case KindDrain:
+		return Drain(b, cmd.Account, now)
+	}
+	return Result{Err: invalid("unknown command kind %d", cmd.Kind)}
+}

@@ -1,0 +1,141 @@
+package ledger
+
+import (
+	"maps"
+	"slices"
+)
+
+// Memory is an in-memory Book: the reference book for tests, benchmarks
+// and the simulator's models. It is not safe for concurrent use.
+type Memory struct {
+	meta         map[string]int64
+	policies     map[uint64]*Policy
+	heads        map[PolicyKey]*PolicyHead
+	accounts     map[AccountKey]*Account
+	current      map[PolicyKey]uint64
+	reservations map[string]*Reservation
+	moves        map[string]*Move
+	shards       map[string]*Shard
+	Statements   []Statement
+	// Journal holds every entry unless DiscardJournal is set (benchmarks).
+	Journal        []JournalEntry
+	DiscardJournal bool
+}
+
+// NewMemory returns an empty in-memory book.
+func NewMemory() *Memory {
+	return &Memory{
+		meta:         map[string]int64{},
+		policies:     map[uint64]*Policy{},
+		heads:        map[PolicyKey]*PolicyHead{},
+		accounts:     map[AccountKey]*Account{},
+		current:      map[PolicyKey]uint64{},
+		reservations: map[string]*Reservation{},
+		moves:        map[string]*Move{},
+		shards:       map[string]*Shard{},
+	}
+}
+
+func (m *Memory) Meta(name string) int64           { return m.meta[name] }
+func (m *Memory) MetaPut(name string, value int64) { m.meta[name] = value }
+
+func (m *Memory) Policy(g uint64) (*Policy, bool) { p, ok := m.policies[g]; return p, ok }
+func (m *Memory) PolicyPut(p *Policy)             { m.policies[p.Generation] = p }
+func (m *Memory) PolicyHead(k PolicyKey) (*PolicyHead, bool) {
+	h, ok := m.heads[k]
+	return h, ok
+}
+func (m *Memory) PolicyHeadPut(h *PolicyHead) { m.heads[h.Key] = h }
+
+func (m *Memory) Account(k AccountKey) (*Account, bool) { a, ok := m.accounts[k]; return a, ok }
+func (m *Memory) AccountPut(a *Account)                 { m.accounts[a.Key] = a }
+func (m *Memory) AccountCurrent(k PolicyKey) (uint64, bool) {
+	g, ok := m.current[k]
+	return g, ok
+}
+func (m *Memory) AccountCurrentPut(k PolicyKey, g uint64) { m.current[k] = g }
+
+func (m *Memory) Reservation(id string) (*Reservation, bool) {
+	r, ok := m.reservations[id]
+	return r, ok
+}
+func (m *Memory) ReservationPut(r *Reservation) { m.reservations[r.ID] = r }
+
+func (m *Memory) Move(id string) (*Move, bool) { mv, ok := m.moves[id]; return mv, ok }
+func (m *Memory) MovePut(mv *Move)             { m.moves[mv.ReceiptID] = mv }
+
+func (m *Memory) Shard(id string) (*Shard, bool) { s, ok := m.shards[id]; return s, ok }
+func (m *Memory) ShardPut(s *Shard)              { m.shards[s.ID] = s }
+
+func (m *Memory) StatementPut(s Statement) { m.Statements = append(m.Statements, s) }
+func (m *Memory) JournalAppend(e JournalEntry) {
+	if !m.DiscardJournal {
+		m.Journal = append(m.Journal, e)
+	}
+}
+
+// Accounts returns every account, ordered by key.
+func (m *Memory) Accounts() []*Account {
+	out := slices.Collect(maps.Values(m.accounts))
+	slices.SortFunc(out, func(a, b *Account) int { return compareKeys(a.Key, b.Key) })
+	return out
+}
+
+// Reservations returns every reservation, ordered by id.
+func (m *Memory) Reservations() []*Reservation {
+	out := slices.Collect(maps.Values(m.reservations))
+	slices.SortFunc(out, func(a, b *Reservation) int {
+		switch {
+		case a.ID < b.ID:
+			return -1
+		case a.ID > b.ID:
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// Moves returns every move receipt.
+func (m *Memory) Moves() []*Move { return slices.Collect(maps.Values(m.moves)) }
+
+// Shards returns every shard.
+func (m *Memory) Shards() []*Shard { return slices.Collect(maps.Values(m.shards)) }
+
+// Policies returns every published generation, oldest first.
+func (m *Memory) Policies() []*Policy {
+	out := slices.Collect(maps.Values(m.policies))
+	slices.SortFunc(out, func(a, b *Policy) int { return int(a.Generation) - int(b.Generation) })
+	return out
+}
+
+// Snapshot returns everything an audit needs.
+func (m *Memory) Snapshot() *Snapshot {
+	s := &Snapshot{Statements: m.Statements, Journal: m.Journal, JournalComplete: !m.DiscardJournal}
+	for _, a := range m.Accounts() {
+		s.Accounts = append(s.Accounts, *a)
+	}
+	for _, r := range m.Reservations() {
+		s.Reservations = append(s.Reservations, *r)
+	}
+	for _, mv := range m.Moves() {
+		s.Moves = append(s.Moves, *mv)
+	}
+	for _, sh := range m.Shards() {
+		s.Shards = append(s.Shards, *sh)
+	}
+	for _, p := range m.Policies() {
+		s.Policies = append(s.Policies, *p)
+	}
+	return s
+}
+
+func compareKeys(a, b AccountKey) int {
+	switch {
+	case a == b:
+		return 0
+	case a.Less(b):
+		return -1
+	}
+	return 1
+}

@@ -1,0 +1,212 @@
+package ledger
+
+import (
+	"fmt"
+	"slices"
+	"time"
+)
+
+// Policy defaults applied by WithDefaults (never silently by the commands).
+const (
+	DefaultRegion         = "global"
+	DefaultHoldTTL        = 60 * time.Second
+	DefaultEpochLength    = time.Hour
+	DefaultFairnessWeight = 1
+	DefaultFairnessBudget = 0.05
+)
+
+// WithDefaults returns p with empty optional fields filled in: region,
+// rollout mode, hold TTL, epoch length, fairness weight and budget,
+// max reservation (the burst).
+func (p Policy) WithDefaults() Policy {
+	if p.Key.Region == "" {
+		p.Key.Region = DefaultRegion
+	}
+	if p.Rollout == "" {
+		p.Rollout = RolloutEnforce
+	}
+	if p.HoldTTL == 0 {
+		p.HoldTTL = DefaultHoldTTL
+	}
+	if p.EpochLength == 0 {
+		p.EpochLength = DefaultEpochLength
+	}
+	if p.FairnessWeight == 0 {
+		p.FairnessWeight = DefaultFairnessWeight
+	}
+	if p.FairnessBudget == 0 {
+		p.FairnessBudget = DefaultFairnessBudget
+	}
+	p.Dimensions = slices.Clone(p.Dimensions)
+	for i := range p.Dimensions {
+		d := &p.Dimensions[i]
+		if d.MaxReservation == 0 {
+			d.MaxReservation = d.Burst
+		}
+	}
+	return p
+}
+
+// Validate returns nil, or ErrInvalidPolicy wrapped with the first problem.
+func (p *Policy) Validate() error {
+	switch {
+	case p.Key.Subject == "":
+		return invalidPolicy("subject is empty (use %q for every subject)", AnySubject)
+	case p.Key.Route == "":
+		return invalidPolicy("route is empty")
+	case p.Key.Region == "":
+		return invalidPolicy("region is empty")
+	case len(p.Dimensions) == 0:
+		return invalidPolicy("no dimensions: a policy limits at least one unit")
+	case len(p.Dimensions) > MaxDimensions:
+		return invalidPolicy("%d dimensions; at most %d", len(p.Dimensions), MaxDimensions)
+	case p.Rollout != RolloutEnforce && p.Rollout != RolloutShadow:
+		return invalidPolicy("rollout mode %q is neither %q nor %q", p.Rollout, RolloutEnforce, RolloutShadow)
+	case p.HoldTTL <= 0:
+		return invalidPolicy("hold TTL must be positive")
+	case p.ExecutionLimit < 0:
+		return invalidPolicy("execution limit is negative")
+	case p.EpochLength <= 0:
+		return invalidPolicy("epoch length must be positive")
+	case p.FairnessWeight <= 0:
+		return invalidPolicy("fairness weight must be positive")
+	case p.FairnessBudget < 0 || p.FairnessBudget > 1:
+		return invalidPolicy("fairness budget %v is outside [0, 1]", p.FairnessBudget)
+	}
+	for i := range p.Dimensions {
+		d := &p.Dimensions[i]
+		switch {
+		case d.Unit == "":
+			return invalidPolicy("dimension %d has no unit", i)
+		case p.DimensionIndex(d.Unit) != i:
+			return invalidPolicy("unit %q appears twice", d.Unit)
+		case d.Burst <= 0:
+			return invalidPolicy("%s: burst must be positive", d.Unit)
+		case d.RefillUnits < 0:
+			return invalidPolicy("%s: refill units are negative", d.Unit)
+		case d.RefillUnits > 0 && d.RefillInterval <= 0:
+			return invalidPolicy("%s: refill interval must be positive", d.Unit)
+		case d.MaxReservation <= 0 || d.MaxReservation > d.Burst:
+			return invalidPolicy("%s: max reservation %d is outside (0, burst %d]", d.Unit, d.MaxReservation, d.Burst)
+		case d.MaxOverdraft < 0:
+			return invalidPolicy("%s: max overdraft is negative", d.Unit)
+		}
+	}
+	return nil
+}
+
+// sameTerms reports whether two policies say the same thing, generation,
+// publication time and rollback aside.
+func sameTerms(a, b *Policy) bool {
+	return a.Key == b.Key && slices.Equal(a.Dimensions, b.Dimensions) &&
+		a.EstimatorDigest == b.EstimatorDigest && a.HoldTTL == b.HoldTTL &&
+		a.ExecutionLimit == b.ExecutionLimit && a.Priority == b.Priority &&
+		a.FairnessWeight == b.FairnessWeight && a.FairnessBudget == b.FairnessBudget &&
+		a.EmergencyMode == b.EmergencyMode && a.Rollout == b.Rollout && a.EpochLength == b.EpochLength
+}
+
+// PublishPolicy publishes p as a new immutable generation and makes it the
+// active one for its key.
+//
+// Returns: Generation set on success; Replayed when p says exactly what the
+// active generation of its key says (a retried publish creates no second
+// generation); ErrInvalidPolicy when p fails Validate (call WithDefaults
+// first to fill optional fields).
+func PublishPolicy(b Book, p *Policy, now time.Time) Result {
+	if p == nil {
+		return Result{Err: invalidPolicy("no policy")}
+	}
+	if err := p.Validate(); err != nil {
+		return Result{Err: err}
+	}
+	head, ok := b.PolicyHead(p.Key)
+	if ok && head.Active != 0 {
+		if active, found := b.Policy(head.Active); found && sameTerms(active, p) {
+			return Result{Generation: active.Generation, Replayed: true}
+		}
+	}
+	if !ok {
+		head = &PolicyHead{Key: p.Key}
+	}
+	generation := uint64(b.Meta(MetaGeneration)) + 1
+	b.MetaPut(MetaGeneration, int64(generation))
+	published := *p
+	published.Dimensions = slices.Clone(p.Dimensions)
+	published.Generation = generation
+	published.PublishedAt = now
+	published.RolledBack = false
+	b.PolicyPut(&published)
+	head.Active = generation
+	head.Latest = generation
+	b.PolicyHeadPut(head)
+	return Result{Generation: generation}
+}
+
+// RollbackPolicy stops admission under generation of key. Settlement, debt
+// and shard reconciliation of its accounts go on; if it was the active
+// generation, the newest earlier generation of the key that was not rolled
+// back becomes active again (or none: the key then admits nothing, and a
+// subject falls back to an AnySubject policy if there is one).
+//
+// Returns: Generation = the generation now active (0 for none); Replayed if
+// it was already rolled back; ErrPolicyNotFound if key has no such
+// generation.
+func RollbackPolicy(b Book, key PolicyKey, generation uint64, now time.Time) Result {
+	p, ok := b.Policy(generation)
+	if !ok || p.Key != key {
+		return Result{Err: fmt.Errorf("%w: %s generation %d", ErrPolicyNotFound, key, generation)}
+	}
+	head, ok := b.PolicyHead(key)
+	if !ok {
+		return Result{Err: fmt.Errorf("%w: %s has no head", ErrPolicyNotFound, key)}
+	}
+	if p.RolledBack {
+		return Result{Generation: head.Active, Replayed: true}
+	}
+	p.RolledBack = true
+	b.PolicyPut(p)
+	if head.Active == generation {
+		head.Active = 0
+		for g := generation - 1; g > 0; g-- {
+			older, found := b.Policy(g)
+			if found && older.Key == key && !older.RolledBack {
+				head.Active = g
+				break
+			}
+		}
+		b.PolicyHeadPut(head)
+	}
+	return Result{Generation: head.Active}
+}
+
+// activePolicy returns the policy that admits for a concrete subject key:
+// the subject's own active generation, else the AnySubject one.
+func activePolicy(b Book, key PolicyKey) (*Policy, bool) {
+	if head, ok := b.PolicyHead(key); ok && head.Active != 0 {
+		if p, found := b.Policy(head.Active); found {
+			return p, true
+		}
+	}
+	if key.Subject == AnySubject {
+		return nil, false
+	}
+	anyKey := PolicyKey{Subject: AnySubject, Route: key.Route, Region: key.Region}
+	if head, ok := b.PolicyHead(anyKey); ok && head.Active != 0 {
+		if p, found := b.Policy(head.Active); found {
+			return p, true
+		}
+	}
+	return nil, false
+}
+
+// ActivePolicy returns the policy that decides for a concrete subject key
+// (its own active generation, else the route's AnySubject one).
+func ActivePolicy(b Book, key PolicyKey) (*Policy, bool) { return activePolicy(b, key) }
+
+func invalidPolicy(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrInvalidPolicy, fmt.Sprintf(format, args...))
+}
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrInvalidCommand, fmt.Sprintf(format, args...))
+}

@@ -1,0 +1,452 @@
+package ledger
+
+import (
+	"fmt"
+	"time"
+)
+
+// Reserve is the sole admission point. It resolves the active policy for the
+// command's subject, route and region, brings the account to now (epoch,
+// refill), and moves the estimate from available to reserved in every
+// dimension at once, or in none, writing the reservation receipt in the
+// same step.
+//
+// Returns:
+//   - success with the new RESERVED receipt;
+//   - success with Replayed and the stored receipt, whatever its state now,
+//     when the id exists with the same digest (a retry never debits twice);
+//   - ErrDigestMismatch when the id exists with another digest;
+//   - ErrInvalidCommand for a missing id, negative units, no units, or
+//     units in a dimension the policy does not have;
+//   - ErrNoPolicy when nothing admits for the subject;
+//   - ErrAdmissionFrozen while the account carries debt;
+//   - ErrReservationTooLarge when a dimension exceeds its max reservation;
+//   - ErrInsufficientCapacity when a dimension lacks available capacity.
+//
+// Rejections carry Generation, Dimension and RetryAfter. Under a shadow
+// policy a rejection also sets Shadow: nothing is reserved, the decision is
+// journaled, and the caller proceeds under its old limiter.
+func Reserve(b Book, cmd *Command, now time.Time) Result {
+	if cmd.ReservationID == "" {
+		return Result{Err: invalid("reservation id is empty")}
+	}
+	if existing, ok := b.Reservation(cmd.ReservationID); ok {
+		if existing.RequestDigest != cmd.RequestDigest {
+			return Result{Err: ErrDigestMismatch, Reservation: *existing}
+		}
+		return Result{Reservation: *existing, Replayed: true, Generation: existing.Account.Generation}
+	}
+	if cmd.Subject == "" || cmd.Subject == AnySubject || cmd.Route == "" || cmd.Region == "" {
+		return Result{Err: invalid("subject, route and region are required (subject may not be %q)", AnySubject)}
+	}
+	subject := PolicyKey{Subject: cmd.Subject, Route: cmd.Route, Region: cmd.Region}
+	p, ok := activePolicy(b, subject)
+	if !ok {
+		return Result{Err: fmt.Errorf("%w: %s", ErrNoPolicy, subject)}
+	}
+	if err := checkUnits(p, &cmd.Units, true); err != nil {
+		return Result{Err: err, Generation: p.Generation}
+	}
+	a, ok := currentAccount(b, subject, p, now)
+	if !ok {
+		return Result{Err: fmt.Errorf("%w: %s", ErrAccountNotFound, subject)}
+	}
+	tick(b, a, p, now)
+	b.AccountPut(a)
+
+	if rejected, res := admissible(a, p, &cmd.Units, now); rejected {
+		res.Generation = p.Generation
+		if p.Rollout == RolloutShadow {
+			res.Shadow = true
+			before := a.Balances
+			journal(b, a, &before, KindReserve, cmd.ReservationID, StateRequested, StateRequested, "shadow", now)
+			b.AccountPut(a)
+		}
+		return res
+	}
+
+	before := a.Balances
+	for i := 0; i < a.Dims; i++ {
+		a.Balances[i].Available -= cmd.Units[i]
+		a.Balances[i].Reserved += cmd.Units[i]
+	}
+	r := &Reservation{
+		ID:              cmd.ReservationID,
+		RequestDigest:   cmd.RequestDigest,
+		Account:         a.Key,
+		AccountingEpoch: a.EpochStart,
+		Reserved:        cmd.Units,
+		State:           StateReserved,
+		CreatedAt:       now,
+		ExpiresAt:       now.Add(p.HoldTTL),
+	}
+	journal(b, a, &before, KindReserve, r.ID, StateRequested, StateReserved, "", now)
+	b.AccountPut(a)
+	b.ReservationPut(r)
+	return Result{Reservation: *r, Generation: p.Generation}
+}
+
+// admissible decides whether units fit in account a now. On rejection it
+// returns the error, the limiting dimension and a conservative retry-after.
+func admissible(a *Account, p *Policy, units *Amounts, now time.Time) (bool, Result) {
+	if dim, debt := a.Debt(); dim >= 0 {
+		d := &p.Dimensions[dim]
+		return true, Result{
+			Err:        fmt.Errorf("%w: %d %s owed", ErrAdmissionFrozen, debt, d.Unit),
+			Dimension:  d.Unit,
+			RetryAfter: refillWait(a, d, dim, debt+units[dim], now),
+		}
+	}
+	for i := 0; i < a.Dims; i++ {
+		d := &p.Dimensions[i]
+		if units[i] > d.MaxReservation {
+			return true, Result{
+				Err:       fmt.Errorf("%w: %d %s requested, at most %d", ErrReservationTooLarge, units[i], d.Unit, d.MaxReservation),
+				Dimension: d.Unit,
+			}
+		}
+	}
+	for i := 0; i < a.Dims; i++ {
+		if units[i] > a.Balances[i].Available {
+			d := &p.Dimensions[i]
+			return true, Result{
+				Err:        ErrInsufficientCapacity,
+				Dimension:  d.Unit,
+				RetryAfter: refillWait(a, d, i, units[i]-a.Balances[i].Available, now),
+			}
+		}
+	}
+	return false, Result{}
+}
+
+// refillWait is how long refill needs to mint shortfall units in dimension
+// i, counted from the refill cursor, rounded up to whole intervals and to at
+// least one second (HTTP Retry-After has second resolution). It is
+// conservative in that no earlier retry can succeed through refill alone;
+// 0 means refill can never cover it (the policy mints nothing).
+func refillWait(a *Account, d *Dimension, i int, shortfall Units, now time.Time) time.Duration {
+	if d.RefillUnits <= 0 || shortfall <= 0 {
+		return 0
+	}
+	intervals := (shortfall + d.RefillUnits - 1) / d.RefillUnits
+	due := a.RefilledTo[i] + intervals*int64(d.RefillInterval)
+	wait := time.Duration(due - now.UnixNano())
+	if wait < time.Second {
+		wait = time.Second
+	}
+	return (wait + time.Second - 1).Truncate(time.Second)
+}
+
+// checkUnits validates amounts against a policy: no negative amounts, none
+// in dimensions the policy lacks, and (when positive is set) at least one
+// positive amount.
+func checkUnits(p *Policy, units *Amounts, positive bool) error {
+	any := false
+	for i, u := range units {
+		if u < 0 {
+			return invalid("units in dimension %d are negative (%d)", i, u)
+		}
+		if u > 0 && i >= len(p.Dimensions) {
+			return invalid("units in dimension %d, which policy generation %d does not have", i, p.Generation)
+		}
+		any = any || u > 0
+	}
+	if positive && !any {
+		return invalid("no units to reserve")
+	}
+	return nil
+}
+
+// Start binds an operation id to a RESERVED reservation and moves it to
+// STARTED (compare-and-set: expiry can no longer take it).
+//
+// Returns: success with the STARTED receipt; Replayed when it is already
+// started (or further) with the same operation id; ErrInvalidCommand without
+// an id or operation id; ErrReservationNotFound; ErrOperationMismatch when it
+// was started with another operation id; ErrReservationReleased;
+// ErrReservationExpired when expiry claimed it first.
+func Start(b Book, id, operationID string, now time.Time) Result {
+	r, res, ok := lookup(b, id)
+	if !ok {
+		return res
+	}
+	if operationID == "" {
+		return Result{Err: invalid("operation id is empty"), Reservation: *r}
+	}
+	switch r.State {
+	case StateReserved:
+		r.State = StateStarted
+		r.OperationID = operationID
+		r.StartedAt = now
+		if p, ok := b.Policy(r.Account.Generation); ok && p.ExecutionLimit > 0 {
+			r.ExecutionDeadline = now.Add(p.ExecutionLimit)
+		}
+		transition(b, r, StateReserved, KindStart, now)
+		return Result{Reservation: *r, Generation: r.Account.Generation}
+	case StateStarted, StateUsageUnknown, StateSettled, StateSettledWithDebt:
+		if r.OperationID != operationID {
+			return Result{Err: ErrOperationMismatch, Reservation: *r}
+		}
+		return Result{Reservation: *r, Replayed: true, Generation: r.Account.Generation}
+	}
+	return Result{Err: stateError(r.State), Reservation: *r}
+}
+
+// Settle records the actual usage of started work (STARTED or
+// USAGE_UNKNOWN, the operation id being the operation receipt) and returns
+// the unused difference to available exactly once. Usage above the
+// reservation takes available first; the remainder is recorded as
+// overdraftIssued and spent, the reservation ends SETTLED_WITH_DEBT and the
+// account admits nothing until refills repay the debt. Usage beyond the max
+// overdraft, or a settle after the execution limit, is still recorded in
+// full and counted as a breach.
+//
+// Returns: success with the SETTLED or SETTLED_WITH_DEBT receipt and
+// Refunded; Replayed (Refunded zero) when already settled with the same
+// operation id and actual units; ErrReservationAlreadySettled when settled
+// differently; ErrReservationNotStarted for a RESERVED one;
+// ErrOperationMismatch; ErrReservationReleased; ErrReservationExpired;
+// ErrReservationNotFound; ErrInvalidCommand for negative units or a missing
+// operation id.
+func Settle(b Book, id, operationID string, actual Amounts, now time.Time) Result {
+	r, res, ok := lookup(b, id)
+	if !ok {
+		return res
+	}
+	if operationID == "" {
+		return Result{Err: invalid("operation id is empty: only an operation receipt settles"), Reservation: *r}
+	}
+	switch r.State {
+	case StateStarted, StateUsageUnknown:
+	case StateSettled, StateSettledWithDebt:
+		if r.OperationID == operationID && r.Actual == actual {
+			return Result{Reservation: *r, Replayed: true, Generation: r.Account.Generation}
+		}
+		return Result{Err: ErrReservationAlreadySettled, Reservation: *r}
+	case StateReserved:
+		return Result{Err: ErrReservationNotStarted, Reservation: *r}
+	default:
+		return Result{Err: stateError(r.State), Reservation: *r}
+	}
+	if r.OperationID != operationID {
+		return Result{Err: ErrOperationMismatch, Reservation: *r}
+	}
+	a, p, err := accountFor(b, r.Account)
+	if err != nil {
+		return Result{Err: err, Reservation: *r}
+	}
+	if err := checkUnits(p, &actual, false); err != nil {
+		return Result{Err: err, Reservation: *r}
+	}
+	if current, ok := activePolicy(b, r.Account.SubjectKey()); ok && current.Generation == p.Generation {
+		p = current
+	}
+	tick(b, a, p, now)
+
+	before := a.Balances
+	var refunded Amounts
+	from := r.State
+	r.State = StateSettled
+	for i := 0; i < a.Dims; i++ {
+		bal := &a.Balances[i]
+		reserved, used := r.Reserved[i], actual[i]
+		bal.Reserved -= reserved
+		if used <= reserved {
+			bal.Spent += used
+			bal.Available += reserved - used
+			refunded[i] = reserved - used
+			continue
+		}
+		bal.Spent += reserved
+		extra := used - reserved
+		fromAvailable := min(extra, bal.Available)
+		bal.Available -= fromAvailable
+		bal.Spent += fromAvailable
+		if debt := extra - fromAvailable; debt > 0 {
+			bal.OverdraftIssued += debt
+			bal.Spent += debt
+			r.Overdraft[i] = debt
+			r.State = StateSettledWithDebt
+			if debt > p.Dimensions[i].MaxOverdraft {
+				r.Breach = true
+			}
+		}
+	}
+	if p.ExecutionLimit > 0 && now.Sub(r.StartedAt) > p.ExecutionLimit {
+		r.Breach = true
+	}
+	if r.Breach {
+		a.Breaches++
+	}
+	r.Actual = actual
+	r.FinishedAt = now
+	journal(b, a, &before, KindSettle, r.ID, from, r.State, "", now)
+	b.AccountPut(a)
+	b.ReservationPut(r)
+	forwardIfSuperseded(b, a, "settle:"+r.ID, now)
+	return Result{Reservation: *r, Refunded: refunded, Generation: r.Account.Generation}
+}
+
+// Release gives an unstarted reservation's capacity back in full.
+//
+// Returns: success with the RELEASED receipt and Refunded; Replayed when
+// already released; ErrReservationAlreadyStarted for started (or settled)
+// work, which may be using its capacity; ErrReservationExpired;
+// ErrReservationNotFound.
+func Release(b Book, id string, now time.Time) Result {
+	r, res, ok := lookup(b, id)
+	if !ok {
+		return res
+	}
+	switch r.State {
+	case StateReserved:
+		return refundHold(b, r, StateReleased, KindRelease, now)
+	case StateReleased:
+		return Result{Reservation: *r, Replayed: true, Generation: r.Account.Generation}
+	case StateStarted, StateUsageUnknown, StateSettled, StateSettledWithDebt:
+		return Result{Err: ErrReservationAlreadyStarted, Reservation: *r}
+	}
+	return Result{Err: stateError(r.State), Reservation: *r}
+}
+
+// ExpireClaim is the first step of expiry: a RESERVED reservation whose hold
+// ran out moves to EXPIRING. From here a start fails, and Expire finishes the
+// job.
+//
+// Returns: success with the EXPIRING receipt; Replayed when already
+// EXPIRING; ErrReservationNotDue before ExpiresAt;
+// ErrReservationAlreadyStarted for started work (expiry never takes it);
+// ErrReservationReleased / ErrReservationExpired / ErrReservationAlreadySettled
+// for finished ones; ErrReservationNotFound.
+func ExpireClaim(b Book, id string, now time.Time) Result {
+	r, res, ok := lookup(b, id)
+	if !ok {
+		return res
+	}
+	switch r.State {
+	case StateReserved:
+		if now.Before(r.ExpiresAt) {
+			return Result{Err: ErrReservationNotDue, Reservation: *r}
+		}
+		r.State = StateExpiring
+		transition(b, r, StateReserved, KindExpireClaim, now)
+		return Result{Reservation: *r, Generation: r.Account.Generation}
+	case StateExpiring:
+		return Result{Reservation: *r, Replayed: true, Generation: r.Account.Generation}
+	case StateStarted, StateUsageUnknown:
+		return Result{Err: ErrReservationAlreadyStarted, Reservation: *r}
+	}
+	return Result{Err: stateError(r.State), Reservation: *r}
+}
+
+// Expire finishes expiry: EXPIRING -> EXPIRED, the hold returned to
+// available once.
+//
+// Returns: success with the EXPIRED receipt and Refunded; Replayed when
+// already EXPIRED; ErrReservationAlreadyStarted for started work; for a
+// RESERVED one, ErrReservationNotDue (claim it first with ExpireClaim);
+// ErrReservationReleased / ErrReservationAlreadySettled; ErrReservationNotFound.
+func Expire(b Book, id string, now time.Time) Result {
+	r, res, ok := lookup(b, id)
+	if !ok {
+		return res
+	}
+	switch r.State {
+	case StateExpiring:
+		return refundHold(b, r, StateExpired, KindExpire, now)
+	case StateExpired:
+		return Result{Reservation: *r, Replayed: true, Generation: r.Account.Generation}
+	case StateReserved:
+		return Result{Err: fmt.Errorf("%w: claim it first", ErrReservationNotDue), Reservation: *r}
+	case StateStarted, StateUsageUnknown:
+		return Result{Err: ErrReservationAlreadyStarted, Reservation: *r}
+	}
+	return Result{Err: stateError(r.State), Reservation: *r}
+}
+
+// MarkUsageUnknown records that the outcome of started work is unknown (a
+// lost settle answer, a crash, a timeout past the execution limit). Its
+// capacity stays reserved, never treated as unconsumed, until a settle with
+// the operation receipt resolves it.
+//
+// Returns: success with the USAGE_UNKNOWN receipt; Replayed when already
+// USAGE_UNKNOWN; ErrReservationNotStarted for a RESERVED one;
+// ErrReservationAlreadySettled / ErrReservationReleased /
+// ErrReservationExpired; ErrReservationNotFound.
+func MarkUsageUnknown(b Book, id string, now time.Time) Result {
+	r, res, ok := lookup(b, id)
+	if !ok {
+		return res
+	}
+	switch r.State {
+	case StateStarted:
+		r.State = StateUsageUnknown
+		transition(b, r, StateStarted, KindMarkUsageUnknown, now)
+		return Result{Reservation: *r, Generation: r.Account.Generation}
+	case StateUsageUnknown:
+		return Result{Reservation: *r, Replayed: true, Generation: r.Account.Generation}
+	case StateReserved:
+		return Result{Err: ErrReservationNotStarted, Reservation: *r}
+	}
+	return Result{Err: stateError(r.State), Reservation: *r}
+}
+
+// refundHold ends a held, unstarted reservation (release, expiry) and gives
+// its whole hold back to available.
+func refundHold(b Book, r *Reservation, to State, kind Kind, now time.Time) Result {
+	a, p, err := accountFor(b, r.Account)
+	if err != nil {
+		return Result{Err: err, Reservation: *r}
+	}
+	if current, ok := activePolicy(b, r.Account.SubjectKey()); ok && current.Generation == p.Generation {
+		p = current
+	}
+	tick(b, a, p, now)
+	before := a.Balances
+	for i := 0; i < a.Dims; i++ {
+		a.Balances[i].Reserved -= r.Reserved[i]
+		a.Balances[i].Available += r.Reserved[i]
+	}
+	from := r.State
+	r.State = to
+	r.FinishedAt = now
+	journal(b, a, &before, kind, r.ID, from, to, "", now)
+	b.AccountPut(a)
+	b.ReservationPut(r)
+	forwardIfSuperseded(b, a, kind.String()+":"+r.ID, now)
+	return Result{Reservation: *r, Refunded: r.Reserved, Generation: r.Account.Generation}
+}
+
+// transition records a state change that moves no capacity.
+func transition(b Book, r *Reservation, from State, kind Kind, now time.Time) {
+	b.JournalAppend(JournalEntry{At: now, Kind: kind, Account: r.Account, ReservationID: r.ID, From: from, To: r.State})
+	b.ReservationPut(r)
+}
+
+func lookup(b Book, id string) (*Reservation, Result, bool) {
+	if id == "" {
+		return nil, Result{Err: invalid("reservation id is empty")}, false
+	}
+	r, ok := b.Reservation(id)
+	if !ok {
+		return nil, Result{Err: fmt.Errorf("%w: %s", ErrReservationNotFound, id)}, false
+	}
+	return r, Result{}, true
+}
+
+// stateError names why a reservation in state s cannot take the command.
+func stateError(s State) error {
+	switch s {
+	case StateReleased:
+		return ErrReservationReleased
+	case StateExpiring, StateExpired:
+		return ErrReservationExpired
+	case StateSettled, StateSettledWithDebt:
+		return ErrReservationAlreadySettled
+	case StateStarted, StateUsageUnknown:
+		return ErrReservationAlreadyStarted
+	case StateReserved:
+		return ErrReservationNotStarted
+	}
+	return fmt.Errorf("%w: reservation in state %s", ErrInvalidCommand, s)
+}

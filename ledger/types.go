@@ -1,0 +1,420 @@
+// Package ledger is the pure capacity ledger: the domain types of the seed's
+// schemas (admissionBudget.v1, limitReservation.v1, emergencyShard.v1), the
+// commands that move capacity between the conservation terms, and the checks
+// that prove nothing was created or lost.
+//
+// The package does no I/O, reads no clock, starts no goroutine and draws no
+// random numbers: time, ids and digests arrive as arguments, and every row is
+// read and written through a Book that the caller supplies (an in-memory one
+// for tests and the simulator, a store transaction in the engine). The same
+// code therefore runs in the simulator and in production.
+package ledger
+
+import (
+	"fmt"
+	"time"
+)
+
+// Units is an integer amount of capacity in one dimension (tokens, requests,
+// ...). Accounting never uses floating point.
+type Units = int64
+
+// MaxDimensions is how many capacity dimensions one policy may limit at once
+// (for example input tokens, output tokens, requests, cost). Amounts are fixed
+// arrays of this size so that a command allocates nothing for them.
+const MaxDimensions = 4
+
+// Amounts holds one amount per dimension, in the order of the policy's
+// Dimensions; entries past the policy's dimension count are zero.
+type Amounts [MaxDimensions]Units
+
+// Schema names of the seed's documents.
+const (
+	SchemaPolicy      = "admissionBudget.v1"
+	SchemaReservation = "limitReservation.v1"
+	SchemaShard       = "emergencyShard.v1"
+)
+
+// AnySubject is the subject key of a policy that applies to every subject on
+// its route and region that has no policy of its own.
+const AnySubject = "*"
+
+// RolloutMode says whether a policy's decisions are enforced.
+type RolloutMode string
+
+const (
+	// RolloutEnforce admits and rejects for real.
+	RolloutEnforce RolloutMode = "enforce"
+	// RolloutShadow reserves what fits, and answers a capacity rejection as
+	// admitted-in-shadow: the decision is recorded, the caller is not stopped.
+	RolloutShadow RolloutMode = "shadow"
+)
+
+// PolicyKey names what a policy limits. Subject may be AnySubject.
+type PolicyKey struct {
+	Subject string
+	Route   string
+	Region  string
+}
+
+func (k PolicyKey) String() string { return k.Subject + "/" + k.Route + "@" + k.Region }
+
+// Dimension is one limited quantity of a policy: a token bucket with a
+// reservation cap and an overdraft allowance.
+type Dimension struct {
+	// Unit names the capacity unit ("tokens", "requests").
+	Unit string
+	// RefillUnits are minted every RefillInterval (RFC 2697's committed rate,
+	// as integers).
+	RefillUnits    Units
+	RefillInterval time.Duration
+	// Burst caps available + reserved: refill never mints beyond it, so a
+	// refund can never lift capacity above it either.
+	Burst Units
+	// MaxReservation is the largest single reservation (0: Burst).
+	MaxReservation Units
+	// MaxOverdraft is the overuse the policy tolerates on one settle. Usage
+	// beyond it is still recorded in full as debt (a breach), never dropped.
+	MaxOverdraft Units
+}
+
+// Policy is admissionBudget.v1: one immutable generation of the limits for a
+// subject (or every subject) on a route in a region.
+type Policy struct {
+	Key             PolicyKey
+	Generation      uint64
+	Dimensions      []Dimension
+	EstimatorDigest string
+	// HoldTTL is how long a reservation may stay RESERVED before expiry may
+	// take it back.
+	HoldTTL time.Duration
+	// ExecutionLimit is the hard limit on STARTED work: past it the engine
+	// marks the reservation USAGE_UNKNOWN, and a settle arriving later is
+	// recorded in full and counted as a breach.
+	ExecutionLimit time.Duration
+	Priority       int
+	FairnessWeight int64
+	// FairnessBudget is the tolerated relative fairness error (sched);
+	// a ratio, not accounting, hence a float.
+	FairnessBudget float64
+	EmergencyMode  bool
+	Rollout        RolloutMode
+	// EpochLength is the accounting epoch (book period) of the policy's
+	// accounts.
+	EpochLength time.Duration
+	PublishedAt time.Time
+	// RolledBack is set by a rollback: the generation admits nothing more,
+	// while settlement, debt and shard reconciliation go on.
+	RolledBack bool
+}
+
+// DimensionIndex returns the index of the named unit, or -1.
+func (p *Policy) DimensionIndex(unit string) int {
+	for i := range p.Dimensions {
+		if p.Dimensions[i].Unit == unit {
+			return i
+		}
+	}
+	return -1
+}
+
+// PolicyHead is the per-key pointer to the generation that admits now.
+// Active is 0 when no generation of the key admits (all rolled back).
+type PolicyHead struct {
+	Key    PolicyKey
+	Active uint64
+	Latest uint64
+}
+
+// AccountKey names one account: a concrete subject on a route and region
+// under one policy generation.
+type AccountKey struct {
+	Subject    string
+	Route      string
+	Region     string
+	Generation uint64
+}
+
+func (k AccountKey) String() string {
+	return fmt.Sprintf("%s/%s@%s#%d", k.Subject, k.Route, k.Region, k.Generation)
+}
+
+// SubjectKey returns the key without the generation.
+func (k AccountKey) SubjectKey() PolicyKey {
+	return PolicyKey{Subject: k.Subject, Route: k.Route, Region: k.Region}
+}
+
+// Less orders account keys; locks over several accounts are taken in this
+// order.
+func (k AccountKey) Less(o AccountKey) bool {
+	if k.Subject != o.Subject {
+		return k.Subject < o.Subject
+	}
+	if k.Route != o.Route {
+		return k.Route < o.Route
+	}
+	if k.Region != o.Region {
+		return k.Region < o.Region
+	}
+	return k.Generation < o.Generation
+}
+
+// Balance holds the seed's conservation terms for one dimension:
+//
+//	Opening + Minted + OverdraftIssued =
+//	    Available + Reserved + Spent + RetiredForEmergency + RetiredForMove + OverdraftRepaid
+//
+// The seed's retired term is split in two named sub-terms: capacity carved
+// out into emergency shards, and capacity moved to another account (a
+// generation switch or a forward of a late refund). All terms are cumulative
+// over the account's life and never negative.
+type Balance struct {
+	Opening             Units
+	Minted              Units
+	OverdraftIssued     Units
+	Available           Units
+	Reserved            Units
+	Spent               Units
+	RetiredForEmergency Units
+	RetiredForMove      Units
+	OverdraftRepaid     Units
+}
+
+// Debt is overdraftIssued - overdraftRepaid.
+func (b *Balance) Debt() Units { return b.OverdraftIssued - b.OverdraftRepaid }
+
+// Sources is the left side of the conservation equation.
+func (b *Balance) Sources() Units { return b.Opening + b.Minted + b.OverdraftIssued }
+
+// Uses is the right side of the conservation equation.
+func (b *Balance) Uses() Units {
+	return b.Available + b.Reserved + b.Spent + b.RetiredForEmergency + b.RetiredForMove + b.OverdraftRepaid
+}
+
+func (b *Balance) add(d *Balance) {
+	b.Opening += d.Opening
+	b.Minted += d.Minted
+	b.OverdraftIssued += d.OverdraftIssued
+	b.Available += d.Available
+	b.Reserved += d.Reserved
+	b.Spent += d.Spent
+	b.RetiredForEmergency += d.RetiredForEmergency
+	b.RetiredForMove += d.RetiredForMove
+	b.OverdraftRepaid += d.OverdraftRepaid
+}
+
+// Balances is one Balance per dimension.
+type Balances [MaxDimensions]Balance
+
+// Add adds d term by term.
+func (b *Balances) Add(d *Balances) {
+	for i := range b {
+		b[i].add(&d[i])
+	}
+}
+
+// Account is one (subject, route, region, generation) book. The lock key of
+// the seed, (subject, route, accountingEpoch, policyGeneration), is this row:
+// the epoch is a field of it, so every command on the account in any epoch
+// takes the same lock.
+type Account struct {
+	Key AccountKey
+	// Dims is the number of dimensions in use (the policy's).
+	Dims     int
+	Balances Balances
+	// EpochStart is the current accounting epoch; EpochOpening is the term
+	// vector at its start, which the epoch's statement reports as opening.
+	EpochStart   time.Time
+	EpochOpening Balances
+	// RefilledTo is the lazy refill cursor per dimension, in Unix
+	// nanoseconds: the time up to which minting was done.
+	RefilledTo [MaxDimensions]int64
+	// Breaches counts settles whose overuse exceeded the policy's max
+	// overdraft or came after its execution limit.
+	Breaches int64
+	// Version increases with every change; stores may use it.
+	Version uint64
+}
+
+// Debt reports whether any dimension carries debt; an account with debt
+// admits nothing.
+func (a *Account) Debt() (dim int, debt Units) {
+	for i := 0; i < a.Dims; i++ {
+		if d := a.Balances[i].Debt(); d > 0 {
+			return i, d
+		}
+	}
+	return -1, 0
+}
+
+// State is a reservation's lifecycle state (limitReservation.v1).
+type State uint8
+
+const (
+	StateRequested State = iota
+	StateReserved
+	StateStarted
+	StateSettled
+	StateSettledWithDebt
+	StateReleased
+	StateExpiring
+	StateExpired
+	StateUsageUnknown
+	// StateReservationUnknown is a caller-side state: the reserve answer was
+	// lost. The ledger never stores it; the caller resolves it by reading the
+	// original reservation id.
+	StateReservationUnknown
+)
+
+var stateNames = [...]string{
+	StateRequested:          "REQUESTED",
+	StateReserved:           "RESERVED",
+	StateStarted:            "STARTED",
+	StateSettled:            "SETTLED",
+	StateSettledWithDebt:    "SETTLED_WITH_DEBT",
+	StateReleased:           "RELEASED",
+	StateExpiring:           "EXPIRING",
+	StateExpired:            "EXPIRED",
+	StateUsageUnknown:       "USAGE_UNKNOWN",
+	StateReservationUnknown: "RESERVATION_UNKNOWN",
+}
+
+func (s State) String() string {
+	if int(s) < len(stateNames) {
+		return stateNames[s]
+	}
+	return fmt.Sprintf("State(%d)", s)
+}
+
+// ParseState returns the state named name (as String prints it).
+func ParseState(name string) (State, bool) {
+	for i, n := range stateNames {
+		if n == name {
+			return State(i), true
+		}
+	}
+	return 0, false
+}
+
+// Holds reports whether a reservation in this state still holds capacity in
+// the account's Reserved term. USAGE_UNKNOWN holds: unknown usage is never
+// treated as unconsumed.
+func (s State) Holds() bool {
+	return s == StateReserved || s == StateStarted || s == StateExpiring || s == StateUsageUnknown
+}
+
+// Terminal reports whether no further transition is possible.
+func (s State) Terminal() bool {
+	return s == StateSettled || s == StateSettledWithDebt || s == StateReleased || s == StateExpired
+}
+
+// Reservation is limitReservation.v1.
+type Reservation struct {
+	ID            string
+	RequestDigest string
+	Account       AccountKey
+	// AccountingEpoch is the epoch the reservation was admitted in.
+	AccountingEpoch time.Time
+	Reserved        Amounts
+	Actual          Amounts
+	// Overdraft is the part of Actual recorded as debt at settlement.
+	Overdraft   Amounts
+	OperationID string
+	State       State
+	CreatedAt   time.Time
+	ExpiresAt   time.Time
+	StartedAt   time.Time
+	// ExecutionDeadline is StartedAt plus the policy's execution limit
+	// (zero without a limit): past it, the engine marks STARTED work
+	// USAGE_UNKNOWN.
+	ExecutionDeadline time.Time
+	FinishedAt        time.Time
+	// Breach is set when the settle exceeded the max overdraft or the
+	// execution limit.
+	Breach bool
+}
+
+// Refund returns what settlement (or release, or expiry) gave back to
+// available: reserved minus actual, floored at zero per dimension.
+func (r *Reservation) Refund() Amounts {
+	var out Amounts
+	if r.State == StateReleased || r.State == StateExpired {
+		return r.Reserved
+	}
+	if r.State != StateSettled && r.State != StateSettledWithDebt {
+		return out
+	}
+	for i := range out {
+		if d := r.Reserved[i] - r.Actual[i]; d > 0 {
+			out[i] = d
+		}
+	}
+	return out
+}
+
+// Move is the receipt of an exactly-once move of capacity between two
+// accounts: retired at From, minted at To. Units is what left From's
+// available; Debt is overdraft assumed by To on From's behalf (To issues it
+// and retires it, From mints it and repays its debt).
+type Move struct {
+	ReceiptID string
+	Kind      MoveKind
+	From      AccountKey
+	To        AccountKey
+	Units     Amounts
+	Debt      Amounts
+	At        time.Time
+}
+
+// MoveKind says why capacity moved.
+type MoveKind uint8
+
+const (
+	// MoveGenerationSwitch carries an account's available capacity and debt
+	// to the account of the generation that became active.
+	MoveGenerationSwitch MoveKind = iota + 1
+	// MoveForward carries a late refund or late debt from a superseded
+	// generation to the active one.
+	MoveForward
+	// MoveShardRemint mints confirmed-unused emergency shard capacity into
+	// the active generation.
+	MoveShardRemint
+)
+
+func (k MoveKind) String() string {
+	switch k {
+	case MoveGenerationSwitch:
+		return "generation_switch"
+	case MoveForward:
+		return "forward"
+	case MoveShardRemint:
+		return "shard_remint"
+	}
+	return fmt.Sprintf("MoveKind(%d)", k)
+}
+
+// Statement closes one accounting epoch of an account. Opening is the term
+// vector at the epoch's start, Closing at its end; the next statement's
+// Opening equals this Closing.
+type Statement struct {
+	Account    AccountKey
+	EpochStart time.Time
+	EpochEnd   time.Time
+	Dims       int
+	Opening    Balances
+	Closing    Balances
+}
+
+// JournalEntry records one command's effect on one account: the term
+// deltas, and the reservation transition if any. Replaying every entry of an
+// account over a zero Balances must give the account's Balances.
+type JournalEntry struct {
+	At            time.Time
+	Kind          Kind
+	Account       AccountKey
+	ReservationID string
+	From, To      State
+	// ReceiptID names the move or shard the entry belongs to.
+	ReceiptID string
+	Delta     Balances
+}
