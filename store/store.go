@@ -1,0 +1,120 @@
+// Package store defines where the ledger's rows live. A store keeps rows and
+// guarantees atomic, durable, isolated transactions; it never decides ledger
+// semantics (that is package ledger's job) and every driver passes the same
+// conformance suite, store/storetest.
+package store
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/capledger/capledger/ledger"
+)
+
+// Errors every driver reports in these terms (wrapped with context), so the
+// engine can act on them without knowing the driver.
+var (
+	// ErrNotFound: no such row.
+	ErrNotFound = errors.New("not found")
+	// ErrConflict: the transaction lost a race (serialization failure,
+	// deadlock, busy database) and was rolled back; retrying it whole is safe.
+	ErrConflict = errors.New("transaction conflict")
+	// ErrUnavailable: the store could not be reached or the outcome of a
+	// commit is unknown. The caller must not report success; a retry with
+	// the same ids converges because every command is idempotent.
+	ErrUnavailable = errors.New("store unavailable")
+	// ErrDuplicate: an insert hit a unique constraint (reservation id, move
+	// or shard receipt id). The ledger checks before it writes, so seeing
+	// this means a concurrent writer won; the transaction is rolled back and
+	// may be retried whole.
+	ErrDuplicate = errors.New("duplicate key")
+)
+
+// Store is a durable home for the ledger's rows.
+type Store interface {
+	// Begin opens a write transaction. Rows read through it are locked
+	// against other writers until Commit or Rollback (SELECT ... FOR UPDATE
+	// in PostgreSQL; one writer at a time in SQLite).
+	Begin(ctx context.Context) (Tx, error)
+
+	// Reads of committed state, outside any write transaction.
+	ReservationGet(ctx context.Context, id string) (ledger.Reservation, error)
+	AccountGet(ctx context.Context, key ledger.AccountKey) (ledger.Account, error)
+	// AccountList returns the accounts of a subject key (every generation),
+	// ordered by generation; an empty Subject lists every account.
+	AccountList(ctx context.Context, subject ledger.PolicyKey) ([]ledger.Account, error)
+	PolicyGet(ctx context.Context, generation uint64) (ledger.Policy, error)
+	// PolicyList returns every generation, oldest first.
+	PolicyList(ctx context.Context) ([]ledger.Policy, error)
+	ShardGet(ctx context.Context, id string) (ledger.Shard, error)
+	ShardList(ctx context.Context) ([]ledger.Shard, error)
+
+	// ReservationsDue returns up to limit ids of reservations that need a
+	// worker at now: RESERVED with ExpiresAt <= now, EXPIRING, and STARTED
+	// with a non-zero ExecutionDeadline <= now. Oldest first.
+	ReservationsDue(ctx context.Context, now time.Time, limit int) ([]string, error)
+
+	// Snapshot reads every row for an audit, in one consistent read.
+	Snapshot(ctx context.Context) (*ledger.Snapshot, error)
+
+	Close() error
+}
+
+// Tx is one write transaction. Getters return ErrNotFound for a missing
+// row; the pointer returned is the caller's to change (it is not shared
+// with the store). Nothing is visible to others before Commit returns nil.
+type Tx interface {
+	MetaGet(ctx context.Context, name string) (int64, error)
+	PolicyGet(ctx context.Context, generation uint64) (*ledger.Policy, error)
+	PolicyHeadGet(ctx context.Context, key ledger.PolicyKey) (*ledger.PolicyHead, error)
+	AccountGet(ctx context.Context, key ledger.AccountKey) (*ledger.Account, error)
+	AccountCurrentGet(ctx context.Context, subject ledger.PolicyKey) (uint64, error)
+	ReservationGet(ctx context.Context, id string) (*ledger.Reservation, error)
+	MoveGet(ctx context.Context, receiptID string) (*ledger.Move, error)
+	ShardGet(ctx context.Context, id string) (*ledger.Shard, error)
+
+	// Write applies a batch of changes inside the transaction. Rows are
+	// written in a fixed order (policies, heads, meta, accounts by key,
+	// currents, reservations by id, moves, shards, statements, journal).
+	Write(ctx context.Context, c *Changes) error
+	// Commit makes the transaction durable. It returns nil only once the
+	// changes are durable; ErrConflict if it must be retried; ErrUnavailable
+	// if the outcome is unknown.
+	Commit(ctx context.Context) error
+	// Rollback discards the transaction; it is safe after Commit (no-op).
+	Rollback(ctx context.Context) error
+}
+
+// Current is one subject's pointer to the generation holding its capacity.
+type Current struct {
+	Subject    ledger.PolicyKey
+	Generation uint64
+}
+
+// Changes is what one batch of commands wrote. Upserts replace the whole
+// row; Moves, Statements and Journal are inserts (a move or shard receipt id
+// that exists already is ErrDuplicate).
+type Changes struct {
+	Meta         map[string]int64
+	Policies     []ledger.Policy
+	Heads        []ledger.PolicyHead
+	Accounts     []ledger.Account
+	Currents     []Current
+	Reservations []ledger.Reservation
+	// NewReservations marks which Reservations are inserts (the rest are
+	// updates), by id, so a store can use INSERT for them and let a unique
+	// constraint catch a concurrent duplicate.
+	NewReservations map[string]bool
+	Moves           []ledger.Move
+	Shards          []ledger.Shard
+	Statements      []ledger.Statement
+	Journal         []ledger.JournalEntry
+}
+
+// Empty reports whether the batch changed nothing.
+func (c *Changes) Empty() bool {
+	return len(c.Meta) == 0 && len(c.Policies) == 0 && len(c.Heads) == 0 && len(c.Accounts) == 0 &&
+		len(c.Currents) == 0 && len(c.Reservations) == 0 && len(c.Moves) == 0 && len(c.Shards) == 0 &&
+		len(c.Statements) == 0 && len(c.Journal) == 0
+}
