@@ -138,6 +138,12 @@ func tick(b Book, a *Account, p *Policy, now time.Time) {
 	if p.Generation != a.Key.Generation || p.RolledBack {
 		return
 	}
+	// Only the account that holds the subject's capacity refills: a
+	// superseded generation minting too would hand out capacity twice once
+	// its balance is forwarded.
+	if current, ok := b.AccountCurrent(a.Key.SubjectKey()); !ok || current != a.Key.Generation {
+		return
+	}
 	for i := 0; i < a.Dims && i < len(p.Dimensions); i++ {
 		d := &p.Dimensions[i]
 		if d.RefillUnits <= 0 {
