@@ -1,0 +1,274 @@
+package engine
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"maps"
+	"slices"
+
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+)
+
+// txBook is the ledger.Book of one batch: it reads rows through a store
+// transaction on first use, keeps them for the rest of the batch (so a hot
+// account is read and locked once per batch, not once per command), and
+// collects every Put into one store.Changes written at the end.
+//
+// A read error other than ErrNotFound is remembered and the row reported
+// absent; the batch is then discarded whole (see Core.Commit), so the ledger
+// never acts on a half-read view.
+type txBook struct {
+	ctx context.Context
+	tx  store.Tx
+	err error
+
+	meta         map[string]int64
+	metaDirty    map[string]bool
+	policies     map[uint64]*ledger.Policy
+	policyDirty  map[uint64]bool
+	heads        map[ledger.PolicyKey]*ledger.PolicyHead
+	headDirty    map[ledger.PolicyKey]bool
+	accounts     map[ledger.AccountKey]*ledger.Account
+	accountDirty map[ledger.AccountKey]bool
+	current      map[ledger.PolicyKey]uint64
+	currentKnown map[ledger.PolicyKey]bool
+	currentDirty map[ledger.PolicyKey]bool
+	reservations map[string]*ledger.Reservation
+	resDirty     map[string]bool
+	resNew       map[string]bool
+	moves        map[string]*ledger.Move
+	moveNew      map[string]bool
+	shards       map[string]*ledger.Shard
+	shardDirty   map[string]bool
+	statements   []ledger.Statement
+	journal      []ledger.JournalEntry
+}
+
+func newTxBook(ctx context.Context, tx store.Tx) *txBook {
+	return &txBook{
+		ctx: ctx, tx: tx,
+		meta: map[string]int64{}, metaDirty: map[string]bool{},
+		policies: map[uint64]*ledger.Policy{}, policyDirty: map[uint64]bool{},
+		heads: map[ledger.PolicyKey]*ledger.PolicyHead{}, headDirty: map[ledger.PolicyKey]bool{},
+		accounts: map[ledger.AccountKey]*ledger.Account{}, accountDirty: map[ledger.AccountKey]bool{},
+		current: map[ledger.PolicyKey]uint64{}, currentKnown: map[ledger.PolicyKey]bool{}, currentDirty: map[ledger.PolicyKey]bool{},
+		reservations: map[string]*ledger.Reservation{}, resDirty: map[string]bool{}, resNew: map[string]bool{},
+		moves: map[string]*ledger.Move{}, moveNew: map[string]bool{},
+		shards: map[string]*ledger.Shard{}, shardDirty: map[string]bool{},
+	}
+}
+
+// note records a read error; ErrNotFound is an answer, not an error.
+func (b *txBook) note(err error) {
+	if err != nil && !errors.Is(err, store.ErrNotFound) && b.err == nil {
+		b.err = err
+	}
+}
+
+func (b *txBook) Meta(name string) int64 {
+	if v, ok := b.meta[name]; ok {
+		return v
+	}
+	v, err := b.tx.MetaGet(b.ctx, name)
+	b.note(err)
+	b.meta[name] = v
+	return v
+}
+
+func (b *txBook) MetaPut(name string, value int64) {
+	b.meta[name] = value
+	b.metaDirty[name] = true
+}
+
+func (b *txBook) Policy(generation uint64) (*ledger.Policy, bool) {
+	if p, ok := b.policies[generation]; ok {
+		return p, p != nil
+	}
+	p, err := b.tx.PolicyGet(b.ctx, generation)
+	b.note(err)
+	if err != nil {
+		p = nil
+	}
+	b.policies[generation] = p
+	return p, p != nil
+}
+
+func (b *txBook) PolicyPut(p *ledger.Policy) {
+	b.policies[p.Generation] = p
+	b.policyDirty[p.Generation] = true
+}
+
+func (b *txBook) PolicyHead(key ledger.PolicyKey) (*ledger.PolicyHead, bool) {
+	if h, ok := b.heads[key]; ok {
+		return h, h != nil
+	}
+	h, err := b.tx.PolicyHeadGet(b.ctx, key)
+	b.note(err)
+	if err != nil {
+		h = nil
+	}
+	b.heads[key] = h
+	return h, h != nil
+}
+
+func (b *txBook) PolicyHeadPut(h *ledger.PolicyHead) {
+	b.heads[h.Key] = h
+	b.headDirty[h.Key] = true
+}
+
+func (b *txBook) Account(key ledger.AccountKey) (*ledger.Account, bool) {
+	if a, ok := b.accounts[key]; ok {
+		return a, a != nil
+	}
+	a, err := b.tx.AccountGet(b.ctx, key)
+	b.note(err)
+	if err != nil {
+		a = nil
+	}
+	b.accounts[key] = a
+	return a, a != nil
+}
+
+func (b *txBook) AccountPut(a *ledger.Account) {
+	b.accounts[a.Key] = a
+	b.accountDirty[a.Key] = true
+}
+
+func (b *txBook) AccountCurrent(subject ledger.PolicyKey) (uint64, bool) {
+	if b.currentKnown[subject] {
+		g, ok := b.current[subject]
+		return g, ok
+	}
+	g, err := b.tx.AccountCurrentGet(b.ctx, subject)
+	b.note(err)
+	b.currentKnown[subject] = true
+	if err != nil {
+		return 0, false
+	}
+	b.current[subject] = g
+	return g, true
+}
+
+func (b *txBook) AccountCurrentPut(subject ledger.PolicyKey, generation uint64) {
+	b.currentKnown[subject] = true
+	b.current[subject] = generation
+	b.currentDirty[subject] = true
+}
+
+func (b *txBook) Reservation(id string) (*ledger.Reservation, bool) {
+	if r, ok := b.reservations[id]; ok {
+		return r, r != nil
+	}
+	r, err := b.tx.ReservationGet(b.ctx, id)
+	b.note(err)
+	if err != nil {
+		r = nil
+	}
+	b.reservations[id] = r
+	return r, r != nil
+}
+
+func (b *txBook) ReservationPut(r *ledger.Reservation) {
+	if existing, ok := b.reservations[r.ID]; !ok || existing == nil {
+		b.resNew[r.ID] = true
+	}
+	b.reservations[r.ID] = r
+	b.resDirty[r.ID] = true
+}
+
+func (b *txBook) Move(receiptID string) (*ledger.Move, bool) {
+	if m, ok := b.moves[receiptID]; ok {
+		return m, m != nil
+	}
+	m, err := b.tx.MoveGet(b.ctx, receiptID)
+	b.note(err)
+	if err != nil {
+		m = nil
+	}
+	b.moves[receiptID] = m
+	return m, m != nil
+}
+
+func (b *txBook) MovePut(m *ledger.Move) {
+	b.moves[m.ReceiptID] = m
+	b.moveNew[m.ReceiptID] = true
+}
+
+func (b *txBook) Shard(id string) (*ledger.Shard, bool) {
+	if s, ok := b.shards[id]; ok {
+		return s, s != nil
+	}
+	s, err := b.tx.ShardGet(b.ctx, id)
+	b.note(err)
+	if err != nil {
+		s = nil
+	}
+	b.shards[id] = s
+	return s, s != nil
+}
+
+func (b *txBook) ShardPut(s *ledger.Shard) {
+	b.shards[s.ID] = s
+	b.shardDirty[s.ID] = true
+}
+
+func (b *txBook) StatementPut(s ledger.Statement) { b.statements = append(b.statements, s) }
+
+func (b *txBook) JournalAppend(e ledger.JournalEntry) { b.journal = append(b.journal, e) }
+
+// changes returns everything the batch wrote, rows in key order so every
+// replica writes (and so locks) in the same order.
+func (b *txBook) changes() *store.Changes {
+	c := &store.Changes{Statements: b.statements, Journal: b.journal}
+	if len(b.metaDirty) > 0 {
+		c.Meta = make(map[string]int64, len(b.metaDirty))
+		for name := range b.metaDirty {
+			c.Meta[name] = b.meta[name]
+		}
+	}
+	for _, g := range slices.Sorted(maps.Keys(b.policyDirty)) {
+		c.Policies = append(c.Policies, *b.policies[g])
+	}
+	for _, k := range sortedKeys(b.headDirty, comparePolicyKeys) {
+		c.Heads = append(c.Heads, *b.heads[k])
+	}
+	for _, k := range sortedKeys(b.accountDirty, compareAccountKeys) {
+		c.Accounts = append(c.Accounts, *b.accounts[k])
+	}
+	for _, k := range sortedKeys(b.currentDirty, comparePolicyKeys) {
+		c.Currents = append(c.Currents, store.Current{Subject: k, Generation: b.current[k]})
+	}
+	if len(b.resDirty) > 0 {
+		c.NewReservations = make(map[string]bool, len(b.resNew))
+		for _, id := range slices.Sorted(maps.Keys(b.resDirty)) {
+			c.Reservations = append(c.Reservations, *b.reservations[id])
+			if b.resNew[id] {
+				c.NewReservations[id] = true
+			}
+		}
+	}
+	for _, id := range slices.Sorted(maps.Keys(b.moveNew)) {
+		c.Moves = append(c.Moves, *b.moves[id])
+	}
+	for _, id := range slices.Sorted(maps.Keys(b.shardDirty)) {
+		c.Shards = append(c.Shards, *b.shards[id])
+	}
+	return c
+}
+
+func sortedKeys[K comparable](set map[K]bool, compare func(a, b K) int) []K {
+	keys := slices.Collect(maps.Keys(set))
+	slices.SortFunc(keys, compare)
+	return keys
+}
+
+func comparePolicyKeys(a, b ledger.PolicyKey) int {
+	return cmp.Or(cmp.Compare(a.Subject, b.Subject), cmp.Compare(a.Route, b.Route), cmp.Compare(a.Region, b.Region))
+}
+
+func compareAccountKeys(a, b ledger.AccountKey) int {
+	return cmp.Or(cmp.Compare(a.Subject, b.Subject), cmp.Compare(a.Route, b.Route),
+		cmp.Compare(a.Region, b.Region), cmp.Compare(a.Generation, b.Generation))
+}

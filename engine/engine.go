@@ -1,0 +1,397 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+)
+
+// Options tune an Engine. Zero values pick the defaults.
+type Options struct {
+	// MaxBatch caps the commands grouped into one transaction (default 512).
+	MaxBatch int
+	// Clock returns the time commands are applied at (default time.Now).
+	Clock func() time.Time
+	// WorkerInterval is how often expiry and unknown-usage marking run
+	// (default 250ms); EpochInterval how often idle accounts' epochs are
+	// closed (default 1 minute). Workers are off when DisableWorkers is set.
+	WorkerInterval time.Duration
+	EpochInterval  time.Duration
+	DisableWorkers bool
+	// MaxConflictRetries bounds how often a batch that lost a race is run
+	// again before its callers get store.ErrConflict (default 10).
+	MaxConflictRetries int
+	// BatchTimeout bounds one store transaction (default 10s).
+	BatchTimeout time.Duration
+	// OnBatch, when set, is called after every batch (metrics).
+	OnBatch func(BatchInfo)
+	Logger  *slog.Logger
+}
+
+// BatchInfo describes one committed (or failed) batch.
+type BatchInfo struct {
+	Commands int
+	Attempts int
+	Duration time.Duration
+	Err      error
+}
+
+// Stats are cumulative counters since the engine started.
+type Stats struct {
+	Commands    uint64
+	Batches     uint64
+	Conflicts   uint64
+	Failures    uint64
+	WorkerRuns  uint64
+	WorkerCmds  uint64
+	LastBatchAt time.Time
+}
+
+// Engine serves ledger commands over a store with group commit. Its
+// methods are safe for concurrent use.
+type Engine struct {
+	core  *Core
+	opts  Options
+	queue chan *request
+	log   *slog.Logger
+
+	stop     context.CancelFunc
+	stopped  chan struct{}
+	workers  sync.WaitGroup
+	closeErr sync.Once
+
+	commands, batches, conflicts, failures, workerRuns, workerCmds atomic.Uint64
+	lastBatch                                                      atomic.Int64
+	lastErr                                                        atomic.Pointer[errBox]
+}
+
+type errBox struct{ err error }
+
+type request struct {
+	cmds    []ledger.Command
+	results []ledger.Result
+	err     error
+	done    chan struct{}
+}
+
+// ErrClosed is returned for commands submitted after Close.
+var ErrClosed = errors.New("engine closed")
+
+// New starts an engine over st: one committer goroutine and, unless
+// disabled, the background workers. Close stops them.
+func New(st store.Store, opts Options) *Engine {
+	if opts.MaxBatch <= 0 {
+		opts.MaxBatch = 512
+	}
+	if opts.Clock == nil {
+		opts.Clock = time.Now
+	}
+	if opts.WorkerInterval <= 0 {
+		opts.WorkerInterval = 250 * time.Millisecond
+	}
+	if opts.EpochInterval <= 0 {
+		opts.EpochInterval = time.Minute
+	}
+	if opts.MaxConflictRetries <= 0 {
+		opts.MaxConflictRetries = 10
+	}
+	if opts.BatchTimeout <= 0 {
+		opts.BatchTimeout = 10 * time.Second
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	e := &Engine{
+		core:    NewCore(st),
+		opts:    opts,
+		queue:   make(chan *request, 4*opts.MaxBatch),
+		log:     opts.Logger,
+		stop:    cancel,
+		stopped: make(chan struct{}),
+	}
+	go e.commitLoop(ctx)
+	if !opts.DisableWorkers {
+		e.workers.Add(2)
+		go e.every(ctx, opts.WorkerInterval, e.runDue)
+		go e.every(ctx, opts.EpochInterval, e.runEpochs)
+	}
+	return e
+}
+
+// Do applies one command and returns its result once it is durable. The
+// error is non-nil only for operating failures (the store is unavailable,
+// conflicts persisted, ctx ended, the engine closed): then the command may
+// or may not have been applied, and the caller resolves that by retrying
+// with the same ids. Expected outcomes (rejections, replays, state errors)
+// are in Result.Err.
+func (e *Engine) Do(ctx context.Context, cmd ledger.Command) (ledger.Result, error) {
+	results, err := e.DoBatch(ctx, []ledger.Command{cmd})
+	if err != nil {
+		return ledger.Result{}, err
+	}
+	return results[0], nil
+}
+
+// DoBatch applies several commands in order, in one transaction, and
+// returns one result per command; errors as for Do.
+func (e *Engine) DoBatch(ctx context.Context, cmds []ledger.Command) ([]ledger.Result, error) {
+	if len(cmds) == 0 {
+		return nil, nil
+	}
+	req := &request{cmds: cmds, done: make(chan struct{})}
+	select {
+	case e.queue <- req:
+	case <-e.stopped:
+		return nil, ErrClosed
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	select {
+	case <-req.done:
+		return req.results, req.err
+	case <-e.stopped:
+		select {
+		case <-req.done:
+			return req.results, req.err
+		default:
+			return nil, ErrClosed
+		}
+	case <-ctx.Done():
+		// The batch may still commit: the caller's outcome is unknown.
+		return nil, ctx.Err()
+	}
+}
+
+// commitLoop is the committer: it takes whatever requests are waiting (up
+// to MaxBatch commands), commits them as one transaction, answers them, and
+// repeats. While one batch commits the next one fills up, which is what
+// makes throughput grow with load.
+func (e *Engine) commitLoop(ctx context.Context) {
+	defer close(e.stopped)
+	var batch []*request
+	var cmds []ledger.Command
+	for {
+		batch, cmds = batch[:0], cmds[:0]
+		select {
+		case req := <-e.queue:
+			batch = append(batch, req)
+			cmds = append(cmds, req.cmds...)
+		case <-ctx.Done():
+			e.failPending()
+			return
+		}
+	fill:
+		for len(cmds) < e.opts.MaxBatch {
+			select {
+			case req := <-e.queue:
+				batch = append(batch, req)
+				cmds = append(cmds, req.cmds...)
+			default:
+				break fill
+			}
+		}
+		results, err := e.commit(ctx, cmds)
+		offset := 0
+		for _, req := range batch {
+			if err != nil {
+				req.err = err
+			} else {
+				req.results = results[offset : offset+len(req.cmds) : offset+len(req.cmds)]
+			}
+			offset += len(req.cmds)
+			close(req.done)
+		}
+	}
+}
+
+// commit runs one batch, retrying it whole while it loses races.
+func (e *Engine) commit(ctx context.Context, cmds []ledger.Command) ([]ledger.Result, error) {
+	start := time.Now()
+	var results []ledger.Result
+	var err error
+	attempts := 0
+	for attempts < e.opts.MaxConflictRetries {
+		attempts++
+		batchCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.opts.BatchTimeout)
+		results, err = e.core.Commit(batchCtx, cmds, e.opts.Clock())
+		cancel()
+		if !errors.Is(err, store.ErrConflict) {
+			break
+		}
+		e.conflicts.Add(1)
+		time.Sleep(time.Duration(attempts) * time.Millisecond)
+	}
+	e.batches.Add(1)
+	e.commands.Add(uint64(len(cmds)))
+	e.lastBatch.Store(time.Now().UnixNano())
+	if err != nil {
+		e.failures.Add(1)
+		if !errors.Is(err, store.ErrConflict) {
+			err = fmt.Errorf("%w: %w", store.ErrUnavailable, err)
+		}
+		e.lastErr.Store(&errBox{err})
+		e.log.Warn("batch failed", "commands", len(cmds), "attempts", attempts, "err", err)
+	} else {
+		e.lastErr.Store(&errBox{})
+	}
+	if e.opts.OnBatch != nil {
+		e.opts.OnBatch(BatchInfo{Commands: len(cmds), Attempts: attempts, Duration: time.Since(start), Err: err})
+	}
+	return results, err
+}
+
+func (e *Engine) failPending() {
+	for {
+		select {
+		case req := <-e.queue:
+			req.err = ErrClosed
+			close(req.done)
+		default:
+			return
+		}
+	}
+}
+
+func (e *Engine) every(ctx context.Context, interval time.Duration, run func(context.Context)) {
+	defer e.workers.Done()
+	ticker := time.NewTicker(interval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+			run(ctx)
+		}
+	}
+}
+
+// runDue expires holds past their TTL and marks overrunning work
+// USAGE_UNKNOWN, through the same queue as gateway commands.
+func (e *Engine) runDue(ctx context.Context) {
+	const limit = 1024
+	cmds, err := e.core.Due(ctx, e.opts.Clock(), limit)
+	if err != nil {
+		e.log.Warn("expiry worker", "err", err)
+		return
+	}
+	e.runWorkerCommands(ctx, cmds)
+}
+
+func (e *Engine) runEpochs(ctx context.Context) {
+	cmds, err := e.core.EpochsDue(ctx, e.opts.Clock())
+	if err != nil {
+		e.log.Warn("epoch worker", "err", err)
+		return
+	}
+	e.runWorkerCommands(ctx, cmds)
+}
+
+func (e *Engine) runWorkerCommands(ctx context.Context, cmds []ledger.Command) {
+	if len(cmds) == 0 {
+		return
+	}
+	e.workerRuns.Add(1)
+	e.workerCmds.Add(uint64(len(cmds)))
+	for start := 0; start < len(cmds); start += e.opts.MaxBatch {
+		end := min(start+e.opts.MaxBatch, len(cmds))
+		if _, err := e.DoBatch(ctx, cmds[start:end]); err != nil && ctx.Err() == nil {
+			e.log.Warn("worker batch", "commands", end-start, "err", err)
+		}
+	}
+}
+
+// Reservation returns the committed reservation (store.ErrNotFound when
+// there is none): the recovery path for a lost reserve answer.
+func (e *Engine) Reservation(ctx context.Context, id string) (ledger.Reservation, error) {
+	return e.core.store.ReservationGet(ctx, id)
+}
+
+// Accounts returns the subject's accounts (every generation), with the
+// refill due up to now applied to the copies shown (the stored rows refill
+// lazily, on their next command).
+func (e *Engine) Accounts(ctx context.Context, subject ledger.PolicyKey) ([]ledger.Account, error) {
+	accounts, err := e.core.store.AccountList(ctx, subject)
+	if err != nil {
+		return nil, err
+	}
+	now := e.opts.Clock()
+	for i := range accounts {
+		p, err := e.core.store.PolicyGet(ctx, accounts[i].Key.Generation)
+		if err != nil {
+			return nil, fmt.Errorf("policy %d: %w", accounts[i].Key.Generation, err)
+		}
+		scratch := ledger.NewMemory()
+		scratch.DiscardJournal = true
+		scratch.PolicyPut(&p)
+		scratch.AccountPut(&accounts[i])
+		ledger.Refill(scratch, accounts[i].Key, now)
+	}
+	return accounts, nil
+}
+
+// Policies returns every published generation, oldest first.
+func (e *Engine) Policies(ctx context.Context) ([]ledger.Policy, error) {
+	return e.core.store.PolicyList(ctx)
+}
+
+// Policy returns one generation (store.ErrNotFound when unknown).
+func (e *Engine) Policy(ctx context.Context, generation uint64) (ledger.Policy, error) {
+	return e.core.store.PolicyGet(ctx, generation)
+}
+
+// Shards returns every emergency shard.
+func (e *Engine) Shards(ctx context.Context) ([]ledger.Shard, error) {
+	return e.core.store.ShardList(ctx)
+}
+
+// Audit reads every row and returns the discrepancies ledger.Audit finds
+// (none for a sound ledger).
+func (e *Engine) Audit(ctx context.Context) ([]ledger.Discrepancy, error) {
+	snapshot, err := e.core.store.Snapshot(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("audit: %w", err)
+	}
+	return ledger.Audit(snapshot), nil
+}
+
+// Stats returns the engine's counters.
+func (e *Engine) Stats() Stats {
+	s := Stats{
+		Commands: e.commands.Load(), Batches: e.batches.Load(), Conflicts: e.conflicts.Load(),
+		Failures: e.failures.Load(), WorkerRuns: e.workerRuns.Load(), WorkerCmds: e.workerCmds.Load(),
+	}
+	if t := e.lastBatch.Load(); t != 0 {
+		s.LastBatchAt = time.Unix(0, t)
+	}
+	return s
+}
+
+// Ready returns nil when the last batch reached the store, or the error of
+// the last failed one.
+func (e *Engine) Ready() error {
+	if box := e.lastErr.Load(); box != nil {
+		return box.err
+	}
+	return nil
+}
+
+// Close stops the workers and the committer; commands already taken into a
+// batch finish, commands still queued fail with ErrClosed. It does not close
+// the store.
+func (e *Engine) Close() error {
+	e.closeErr.Do(func() {
+		e.stop()
+		e.workers.Wait()
+		<-e.stopped
+	})
+	return nil
+}
