@@ -22,9 +22,12 @@ import (
 //
 // S_i, the service of tenant i in the window, is the actual cost of the
 // requests dispatched in the window, counting a request not settled yet at
-// its estimate. The demand of tenant i is S_i plus the estimated cost it
-// still has queued. All cost accounting is int64; only the metrics are
-// float64.
+// its estimate. The demand of tenant i is unlimited if it has been
+// backlogged during the whole window (it always had work waiting, so its
+// demand never limited its service; a client that keeps its queue full asks
+// for exactly what it is given, and counting only that would call any split
+// fair); otherwise it is S_i plus the estimated cost it still has queued.
+// All cost accounting is int64; only the metrics are float64.
 //
 // A Meter is safe for concurrent use: a server may call Snapshot while a
 // dispatcher feeds it.
@@ -63,8 +66,12 @@ type TenantFairness struct {
 	// Served is S_i: actual cost dispatched in the window (estimates for
 	// requests not settled yet).
 	Served int64
-	// Demand is Served plus the estimated cost still queued.
+	// Demand is Served plus the estimated cost still queued. The fair share
+	// uses it only if Backlogged is false.
 	Demand int64
+	// Backlogged: the tenant had a request queued at every moment of the
+	// window, so its demand counts as unlimited.
+	Backlogged bool
 	// Share is A_i = Served / the level's total Served.
 	Share float64
 	// FairShare is F_i, the weighted max-min fair share of the level's total
@@ -195,11 +202,12 @@ func (m *Meter) Snapshot() []TenantFairness {
 			continue
 		}
 		out = append(out, TenantFairness{
-			Tenant:   t.name,
-			Priority: t.priority,
-			Weight:   t.weight,
-			Served:   served,
-			Demand:   served + t.queuedCost,
+			Tenant:     t.name,
+			Priority:   t.priority,
+			Weight:     t.weight,
+			Served:     served,
+			Demand:     served + t.queuedCost,
+			Backlogged: t.backloggedSince,
 		})
 	}
 	m.mu.Unlock()
@@ -229,6 +237,9 @@ func fillLevel(level []TenantFairness) {
 	for i, tf := range level {
 		capacity += float64(tf.Served)
 		demands[i] = float64(tf.Demand)
+		if tf.Backlogged {
+			demands[i] = math.Inf(1)
+		}
 		weights[i] = float64(tf.Weight)
 	}
 	if capacity == 0 {
@@ -249,7 +260,8 @@ func fillLevel(level []TenantFairness) {
 }
 
 // ErrInvalidShares: WeightedMaxMinShares got slices of different lengths,
-// a weight that is not positive, or a negative demand or capacity.
+// a weight that is not positive and finite, a negative or NaN demand, or a
+// capacity that is negative, NaN or infinite.
 var ErrInvalidShares = errors.New("sched: invalid demands, weights or capacity")
 
 // WeightedMaxMinShares divides capacity between flows with the given
@@ -257,17 +269,18 @@ var ErrInvalidShares = errors.New("sched: invalid demands, weights or capacity")
 // gets more than it demands, and capacity a flow does not use is shared by
 // the others in proportion to their weights. alloc[i] is flow i's
 // allocation, in capacity units; the allocations sum to min(capacity,
-// sum of demands). It returns ErrInvalidShares (and nil) if the slices differ
-// in length, a weight is not positive or a demand or the capacity is
-// negative or NaN.
+// sum of demands). A demand may be +Inf: a flow that takes all it is given.
+// It returns ErrInvalidShares (and nil) for slices of different lengths, a
+// weight that is not positive and finite, a negative or NaN demand, or a
+// capacity that is negative, NaN or infinite.
 func WeightedMaxMinShares(capacity float64, demands, weights []float64) ([]float64, error) {
-	if len(demands) != len(weights) || !(capacity >= 0) {
+	if len(demands) != len(weights) || !(capacity >= 0) || math.IsInf(capacity, 1) {
 		return nil, ErrInvalidShares
 	}
 	totalWeight := 0.0
 	order := make([]int, len(demands))
 	for i := range demands {
-		if !(weights[i] > 0) || !(demands[i] >= 0) {
+		if !(weights[i] > 0) || math.IsInf(weights[i], 1) || !(demands[i] >= 0) {
 			return nil, ErrInvalidShares
 		}
 		totalWeight += weights[i]
