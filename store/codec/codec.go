@@ -1,0 +1,274 @@
+// Package codec encodes the ledger's composite fields for the SQL drivers
+// (SQLite, PostgreSQL), so both store the same bytes and read back the same
+// values.
+//
+// Hot rows (accounts, reservations, journal entries) are written on every
+// command, so their vectors use a compact binary form instead of JSON: one
+// format tag byte (which also carries the format version), a count of the
+// dimensions in use, then zig-zag varints (encoding/binary). Trailing zero
+// dimensions are not written, so a one-dimension account stores 1 + 1 + 9
+// varints. Policies are written once per generation and use JSON.
+//
+// Scalar columns follow one convention in every driver: times are Unix
+// nanoseconds in an int64 (0 for the zero time.Time) and read back in UTC;
+// uint64 counters (generations, fences, versions) are stored as int64 and
+// must not exceed math.MaxInt64. Conv applies both rules and collects the
+// first violation, so a driver flattens a row and checks one error.
+//
+// Every decoder returns an error, never panics, on bytes it did not write.
+package codec
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/capledger/capledger/ledger"
+)
+
+// Format tags: the first byte of every binary value. The high nibble names
+// the kind of value, the low nibble its format version, so a value read from
+// the wrong column or written by a newer binary is an error, not garbage.
+const (
+	TagAmountsV1      byte = 0xA1
+	TagBalancesV1     byte = 0xB1
+	TagShardAmountsV1 byte = 0xC1
+)
+
+// balanceTerms is how many terms one ledger.Balance holds.
+const balanceTerms = 9
+
+// ErrCorrupt is wrapped by every decoding error: the bytes are not a value
+// this package wrote.
+var ErrCorrupt = errors.New("corrupt encoded value")
+
+func corrupt(what, format string, args ...any) error {
+	return fmt.Errorf("%w: %s: %s", ErrCorrupt, what, fmt.Sprintf(format, args...))
+}
+
+// usedAmounts returns how many leading dimensions hold the non-zero values.
+func usedAmounts(a *ledger.Amounts) int {
+	n := len(a)
+	for n > 0 && a[n-1] == 0 {
+		n--
+	}
+	return n
+}
+
+func usedBalances(b *ledger.Balances) int {
+	n := len(b)
+	for n > 0 && b[n-1] == (ledger.Balance{}) {
+		n--
+	}
+	return n
+}
+
+func appendAmountsBody(dst []byte, a *ledger.Amounts) []byte {
+	n := usedAmounts(a)
+	dst = append(dst, byte(n))
+	for i := 0; i < n; i++ {
+		dst = binary.AppendVarint(dst, a[i])
+	}
+	return dst
+}
+
+// AppendAmounts appends the encoding of a (Amounts, Reserved/Actual/Overdraft,
+// move units, or a RefilledTo cursor: all are [MaxDimensions]int64) to dst
+// and returns the extended slice.
+func AppendAmounts(dst []byte, a *ledger.Amounts) []byte {
+	dst = append(dst, TagAmountsV1)
+	return appendAmountsBody(dst, a)
+}
+
+// EncodeAmounts returns the encoding of a in a new slice.
+func EncodeAmounts(a *ledger.Amounts) []byte {
+	return AppendAmounts(make([]byte, 0, 2+MaxVarintLen*usedAmounts(a)), a)
+}
+
+// MaxVarintLen is the longest encoding of one int64.
+const MaxVarintLen = binary.MaxVarintLen64
+
+// DecodeAmounts returns the amounts encoded in src, or an error wrapping
+// ErrCorrupt when src is not exactly one encoded Amounts.
+func DecodeAmounts(src []byte) (ledger.Amounts, error) {
+	var out ledger.Amounts
+	r := reader{what: "amounts", buf: src}
+	r.tag(TagAmountsV1)
+	r.amountsBody(&out)
+	r.end()
+	return out, r.err
+}
+
+// AppendBalances appends the encoding of b (the used dimensions, nine terms
+// each) to dst and returns the extended slice.
+func AppendBalances(dst []byte, b *ledger.Balances) []byte {
+	n := usedBalances(b)
+	dst = append(dst, TagBalancesV1, byte(n))
+	for i := 0; i < n; i++ {
+		t := &b[i]
+		dst = binary.AppendVarint(dst, t.Opening)
+		dst = binary.AppendVarint(dst, t.Minted)
+		dst = binary.AppendVarint(dst, t.OverdraftIssued)
+		dst = binary.AppendVarint(dst, t.Available)
+		dst = binary.AppendVarint(dst, t.Reserved)
+		dst = binary.AppendVarint(dst, t.Spent)
+		dst = binary.AppendVarint(dst, t.RetiredForEmergency)
+		dst = binary.AppendVarint(dst, t.RetiredForMove)
+		dst = binary.AppendVarint(dst, t.OverdraftRepaid)
+	}
+	return dst
+}
+
+// EncodeBalances returns the encoding of b in a new slice.
+func EncodeBalances(b *ledger.Balances) []byte {
+	return AppendBalances(make([]byte, 0, 2+balanceTerms*MaxVarintLen*usedBalances(b)), b)
+}
+
+// DecodeBalances returns the balances encoded in src, or an error wrapping
+// ErrCorrupt when src is not exactly one encoded Balances.
+func DecodeBalances(src []byte) (ledger.Balances, error) {
+	var out ledger.Balances
+	r := reader{what: "balances", buf: src}
+	r.tag(TagBalancesV1)
+	n := r.count()
+	for i := 0; i < n && r.err == nil; i++ {
+		t := &out[i]
+		for _, term := range [balanceTerms]*int64{&t.Opening, &t.Minted, &t.OverdraftIssued, &t.Available,
+			&t.Reserved, &t.Spent, &t.RetiredForEmergency, &t.RetiredForMove, &t.OverdraftRepaid} {
+			*term = r.varint()
+		}
+	}
+	r.end()
+	return out, r.err
+}
+
+// EncodeShardAmounts returns the encoding of a shard's four amount vectors
+// (Allocated, Spent, Unknown, Reminted) in one value.
+func EncodeShardAmounts(s *ledger.Shard) []byte {
+	dst := make([]byte, 0, 1+4*(1+MaxVarintLen*ledger.MaxDimensions))
+	dst = append(dst, TagShardAmountsV1)
+	for _, a := range [...]*ledger.Amounts{&s.Allocated, &s.Spent, &s.Unknown, &s.Reminted} {
+		dst = appendAmountsBody(dst, a)
+	}
+	return dst
+}
+
+// DecodeShardAmounts sets s's Allocated, Spent, Unknown and Reminted from
+// src and returns nil, or returns an error wrapping ErrCorrupt and leaves s
+// unchanged.
+func DecodeShardAmounts(src []byte, s *ledger.Shard) error {
+	var vectors [4]ledger.Amounts
+	r := reader{what: "shard amounts", buf: src}
+	r.tag(TagShardAmountsV1)
+	for i := range vectors {
+		r.amountsBody(&vectors[i])
+	}
+	r.end()
+	if r.err != nil {
+		return r.err
+	}
+	s.Allocated, s.Spent, s.Unknown, s.Reminted = vectors[0], vectors[1], vectors[2], vectors[3]
+	return nil
+}
+
+// MaxSignatureLen bounds a stored shard signature (Ed25519 signatures are 64
+// bytes; the bound leaves room for other schemes and rejects garbage).
+const MaxSignatureLen = 1024
+
+// EncodeSignature returns the column value of a shard signature: the bytes
+// themselves, with nil stored as an empty, non-NULL value.
+func EncodeSignature(sig []byte) []byte {
+	if sig == nil {
+		return []byte{}
+	}
+	return sig
+}
+
+// DecodeSignature returns a copy of the stored signature (nil when empty, so
+// a shard written without one reads back without one), or an error wrapping
+// ErrCorrupt when it is longer than MaxSignatureLen.
+func DecodeSignature(src []byte) ([]byte, error) {
+	if len(src) > MaxSignatureLen {
+		return nil, corrupt("signature", "%d bytes, at most %d", len(src), MaxSignatureLen)
+	}
+	if len(src) == 0 {
+		return nil, nil
+	}
+	return append([]byte(nil), src...), nil
+}
+
+// reader decodes one value, keeping the first error so the decoders read
+// straight through; once err is set every method returns zero.
+type reader struct {
+	what string
+	buf  []byte
+	err  error
+}
+
+func (r *reader) fail(format string, args ...any) {
+	if r.err == nil {
+		r.err = corrupt(r.what, format, args...)
+	}
+}
+
+func (r *reader) tag(want byte) {
+	if r.err != nil {
+		return
+	}
+	if len(r.buf) == 0 {
+		r.fail("empty")
+		return
+	}
+	if r.buf[0] != want {
+		r.fail("format tag %#02x, want %#02x", r.buf[0], want)
+		return
+	}
+	r.buf = r.buf[1:]
+}
+
+func (r *reader) count() int {
+	if r.err != nil {
+		return 0
+	}
+	if len(r.buf) == 0 {
+		r.fail("truncated before the dimension count")
+		return 0
+	}
+	n := int(r.buf[0])
+	r.buf = r.buf[1:]
+	if n > ledger.MaxDimensions {
+		r.fail("%d dimensions, at most %d", n, ledger.MaxDimensions)
+		return 0
+	}
+	return n
+}
+
+func (r *reader) varint() int64 {
+	if r.err != nil {
+		return 0
+	}
+	v, n := binary.Varint(r.buf)
+	switch {
+	case n == 0:
+		r.fail("truncated varint")
+		return 0
+	case n < 0:
+		r.fail("varint overflows 64 bits")
+		return 0
+	}
+	r.buf = r.buf[n:]
+	return v
+}
+
+func (r *reader) amountsBody(a *ledger.Amounts) {
+	n := r.count()
+	for i := 0; i < n; i++ {
+		a[i] = r.varint()
+	}
+}
+
+func (r *reader) end() {
+	if r.err == nil && len(r.buf) != 0 {
+		r.fail("%d trailing bytes", len(r.buf))
+	}
+}
