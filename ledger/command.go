@@ -73,7 +73,11 @@ type Command struct {
 	OperationID string
 	// Policy is the policy to publish.
 	Policy *Policy
-	// PolicyKey and Generation name the generation to roll back.
+	// PolicyKey and Generation name the generation to roll back. On
+	// reserve, a non-zero Generation is the generation whose dimension order
+	// Units were put in (a caller mapping unit names to positions): if
+	// another generation decides, the reserve is refused rather than
+	// charging amounts to the wrong dimensions.
 	PolicyKey  PolicyKey
 	Generation uint64
 	// Account names the account of refill, close-epoch and drain.

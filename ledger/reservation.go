@@ -17,7 +17,8 @@ import (
 //     when the id exists with the same digest (a retry never debits twice);
 //   - ErrDigestMismatch when the id exists with another digest;
 //   - ErrInvalidCommand for a missing id, negative units, no units, or
-//     units in a dimension the policy does not have;
+//     units in a dimension the policy does not have, or when cmd.Generation
+//     is set and another generation decides (Result.Generation names it);
 //   - ErrNoPolicy when nothing admits for the subject;
 //   - ErrAdmissionFrozen while the account carries debt;
 //   - ErrReservationTooLarge when a dimension exceeds its max reservation;
@@ -43,6 +44,9 @@ func Reserve(b Book, cmd *Command, now time.Time) Result {
 	p, ok := activePolicy(b, subject)
 	if !ok {
 		return Result{Err: fmt.Errorf("%w: %s", ErrNoPolicy, subject)}
+	}
+	if cmd.Generation != 0 && cmd.Generation != p.Generation {
+		return Result{Err: invalid("units are ordered for policy generation %d, but generation %d decides", cmd.Generation, p.Generation), Generation: p.Generation}
 	}
 	if err := checkUnits(p, &cmd.Units, true); err != nil {
 		return Result{Err: err, Generation: p.Generation}
