@@ -7,7 +7,13 @@ import (
 	"testing"
 )
 
-func mustNew(t testing.TB, cfg Config) *Scheduler {
+// tb is what the helpers need from *testing.T and *rapid.T.
+type tb interface {
+	Helper()
+	Fatalf(format string, args ...any)
+}
+
+func mustNew(t tb, cfg Config) *Scheduler {
 	t.Helper()
 	s, err := New(cfg)
 	if err != nil {
@@ -16,21 +22,21 @@ func mustNew(t testing.TB, cfg Config) *Scheduler {
 	return s
 }
 
-func mustSetTenant(t testing.TB, s *Scheduler, name string, weight int64, priority int) {
+func mustSetTenant(t tb, s *Scheduler, name string, weight int64, priority int) {
 	t.Helper()
 	if err := s.SetTenant(name, weight, priority); err != nil {
 		t.Fatalf("SetTenant(%s, %d, %d): %v", name, weight, priority, err)
 	}
 }
 
-func mustEnqueue(t testing.TB, s *Scheduler, id, tenant string, cost int64) {
+func mustEnqueue(t tb, s *Scheduler, id, tenant string, cost int64) {
 	t.Helper()
 	if err := s.Enqueue(Request{ReservationID: id, Tenant: tenant, EstimatedCost: cost}); err != nil {
 		t.Fatalf("Enqueue(%s, %s, %d): %v", id, tenant, cost, err)
 	}
 }
 
-func mustDispatch(t testing.TB, s *Scheduler) Request {
+func mustDispatch(t tb, s *Scheduler) Request {
 	t.Helper()
 	r, ok := s.Dispatch()
 	if !ok {
