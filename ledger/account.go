@@ -9,51 +9,71 @@ import (
 // currentAccount returns the account that holds the subject's capacity under
 // policy p, creating it when p's generation has none yet. When the subject's
 // capacity sits in another generation's account (a new generation was
-// published, or the current one rolled back), that account's available
-// capacity and debt move over first, exactly once, so a republished policy
-// neither hands out a fresh burst nor forgets debt.
-func currentAccount(b Book, subject PolicyKey, p *Policy, now time.Time) (*Account, bool) {
+// published, or the current one rolled back), that account is first brought
+// to now under its own rule, then its available capacity and debt move
+// over, exactly once, so a republished policy neither hands out a fresh
+// burst nor forgets debt. The move's receipt is returned when one was made.
+func currentAccount(b Book, subject PolicyKey, p *Policy, now time.Time) (*Account, *Move, bool) {
 	currentGeneration, hasCurrent := b.AccountCurrent(subject)
 	key := AccountKey{Subject: subject.Subject, Route: subject.Route, Region: subject.Region, Generation: p.Generation}
 	if hasCurrent && currentGeneration == p.Generation {
-		return b.Account(key)
+		account, ok := b.Account(key)
+		return account, nil, ok
+	}
+	var previous *Account
+	var previousPolicy *Policy
+	if hasCurrent {
+		previousKey := key
+		previousKey.Generation = currentGeneration
+		if a, ok := b.Account(previousKey); ok {
+			if pp, found := b.Policy(currentGeneration); found {
+				previous, previousPolicy = a, pp
+			}
+		}
 	}
 	account, exists := b.Account(key)
 	if !exists {
 		account = &Account{Key: key, Dims: len(p.Dimensions)}
-		if !hasCurrent {
-			// The subject's first account opens with a full burst.
-			for i := range p.Dimensions {
-				account.Balances[i].Opening = p.Dimensions[i].Burst
-				account.Balances[i].Available = p.Dimensions[i].Burst
+		for i := range p.Dimensions {
+			// A unit the previous account limited arrives with the move
+			// below; a unit nobody limited yet opens with a full burst, as
+			// the subject's first account does.
+			if previousPolicy != nil && previousPolicy.DimensionIndex(p.Dimensions[i].Unit) >= 0 {
+				continue
 			}
+			account.Balances[i].Opening = p.Dimensions[i].Burst
+			account.Balances[i].Available = p.Dimensions[i].Burst
 		}
 		startEpoch(account, p, now)
-		for i := range p.Dimensions {
-			account.RefilledTo[i] = now.UnixNano()
-		}
 		before := Balances{}
 		journal(b, account, &before, KindReserve, "", StateRequested, StateRequested, "open", now)
-		b.AccountPut(account)
 	}
+	// The account refills from now on: while another generation held the
+	// subject's capacity it minted nothing, and that other account refilled
+	// for the time instead.
+	for i := range p.Dimensions {
+		account.RefilledTo[i] = now.UnixNano()
+	}
+	b.AccountPut(account)
 	b.AccountCurrentPut(subject, p.Generation)
-	if hasCurrent {
-		previousKey := key
-		previousKey.Generation = currentGeneration
-		if previous, ok := b.Account(previousKey); ok {
-			receipt := "switch:" + previousKey.String() + ">" + strconv.FormatUint(p.Generation, 10) +
-				":" + strconv.FormatUint(previous.Version, 10)
-			moveBetween(b, previous, account, MoveGenerationSwitch, receipt, now)
-		}
+	var move *Move
+	if previous != nil {
+		tick(b, previous, previousPolicy, now, !previousPolicy.RolledBack)
+		b.AccountPut(previous)
+		receipt := "switch:" + previous.Key.String() + ">" + strconv.FormatUint(p.Generation, 10) +
+			":" + strconv.FormatUint(previous.Version, 10)
+		move = moveBetween(b, previous, account, MoveGenerationSwitch, receipt, now)
 	}
-	return account, true
+	return account, move, true
 }
 
-// moveBetween moves from's available capacity to to (retired at from,
-// minted at to) and has to assume from's debt (issued and retired at to,
-// minted and repaid at from). Units are matched by dimension unit; a unit
-// the destination's policy no longer limits stays behind. It does nothing
-// when there is nothing to move or the receipt was already applied.
+// moveBetween moves from's debt and available capacity to to: the debt is
+// assumed by to (issued and retired at to, minted and repaid at from), then
+// the capacity is retired at from and minted at to, where it repays debt
+// first like any mint. Units are matched by dimension unit; a unit the
+// destination's policy no longer limits stays behind. It does nothing and
+// returns nil when there is nothing to move or the receipt was already
+// applied.
 func moveBetween(b Book, from, to *Account, kind MoveKind, receiptID string, now time.Time) *Move {
 	if _, done := b.Move(receiptID); done {
 		return nil
@@ -72,19 +92,19 @@ func moveBetween(b Book, from, to *Account, kind MoveKind, receiptID string, now
 			continue
 		}
 		src, dst := &from.Balances[i], &to.Balances[j]
-		if units := src.Available; units > 0 {
-			src.Available -= units
-			src.RetiredForMove += units
-			mint(dst, units)
-			move.Units[i] = units
-			moved = true
-		}
 		if debt := src.Debt(); debt > 0 {
 			dst.OverdraftIssued += debt
 			dst.RetiredForMove += debt
 			src.Minted += debt
 			src.OverdraftRepaid += debt
 			move.Debt[i] = debt
+			moved = true
+		}
+		if units := src.Available; units > 0 {
+			src.Available -= units
+			src.RetiredForMove += units
+			mint(dst, units)
+			move.Units[i] = units
 			moved = true
 		}
 	}
@@ -99,24 +119,31 @@ func moveBetween(b Book, from, to *Account, kind MoveKind, receiptID string, now
 	return &move
 }
 
-// forwardIfSuperseded moves what a late refund or late debt left on an
-// account of a superseded generation to the subject's current account.
-func forwardIfSuperseded(b Book, account *Account, receiptID string, now time.Time) {
+// isCurrent reports whether a holds its subject's capacity: it is the
+// account new reservations go to, and the only one that refills.
+func isCurrent(b Book, a *Account) bool {
+	generation, ok := b.AccountCurrent(a.Key.SubjectKey())
+	return ok && generation == a.Key.Generation
+}
+
+// forward moves what a late refund or late debt left on an account that no
+// longer holds its subject's capacity to the subject's current account
+// (switching the subject to the active generation first if needed). The
+// receipt is "<kind>:<reservation id>": one reservation ends once, so it
+// forwards once. The caller has put account already.
+func forward(b Book, account *Account, kind Kind, reservationID string, now time.Time) {
 	subject := account.Key.SubjectKey()
-	current, ok := b.AccountCurrent(subject)
-	if !ok || current == account.Key.Generation {
-		return
-	}
 	p, ok := activePolicy(b, subject)
 	if !ok {
 		return // nothing admits for the subject: the capacity stays where it is
 	}
-	target, ok := currentAccount(b, subject, p, now)
+	target, _, ok := currentAccount(b, subject, p, now)
 	if !ok || target.Key == account.Key {
 		return
 	}
-	tick(b, target, p, now)
-	moveBetween(b, account, target, MoveForward, receiptID, now)
+	tick(b, target, p, now, !p.RolledBack)
+	b.AccountPut(target)
+	moveBetween(b, account, target, MoveForward, kind.String()+":"+reservationID, now)
 }
 
 // mint adds units to a balance: debt is repaid first, the rest becomes
@@ -130,12 +157,15 @@ func mint(bal *Balance, units Units) {
 	bal.Available += units - repay
 }
 
-// tick brings an account to now: closes elapsed accounting epochs, then
-// mints the refill due since the cursor if p is the account's own active
-// generation. Superseded or rolled-back generations never refill.
-func tick(b Book, a *Account, p *Policy, now time.Time) {
+// tick brings an account to now: closes elapsed accounting epochs, then,
+// when refill is set, mints the refill due since the cursor under p, the
+// account's own policy. Callers set refill only for the subject's current
+// account under a generation that was not rolled back: an account that no
+// longer holds the subject's capacity must not mint for time its successor
+// refills too.
+func tick(b Book, a *Account, p *Policy, now time.Time, refill bool) {
 	rollEpoch(b, a, p, now)
-	if p.Generation != a.Key.Generation || p.RolledBack {
+	if !refill {
 		return
 	}
 	// Only the account that holds the subject's capacity refills: a
@@ -238,16 +268,19 @@ func accountFor(b Book, key AccountKey) (*Account, *Policy, error) {
 }
 
 // Refill mints the refill due on an account up to now (and closes elapsed
-// epochs). Commands refill lazily; this exists for workers and tools.
+// epochs). Commands refill lazily; this exists for workers and tools. Only
+// the subject's current account refills, and only while its generation is
+// not rolled back; for any other account Refill just closes epochs.
 //
-// Returns: ErrAccountNotFound; otherwise success, with the account's epoch
-// and refill cursor brought to now.
+// Returns: ErrAccountNotFound (or ErrPolicyNotFound when the account's
+// generation is missing); otherwise success, with the account's epoch and
+// refill cursor brought to now.
 func Refill(b Book, key AccountKey, now time.Time) Result {
 	a, p, err := accountFor(b, key)
 	if err != nil {
 		return Result{Err: err}
 	}
-	tick(b, a, p, now)
+	tick(b, a, p, now, !p.RolledBack && isCurrent(b, a))
 	b.AccountPut(a)
 	return Result{Generation: key.Generation}
 }
@@ -275,14 +308,15 @@ func CloseEpoch(b Book, key AccountKey, now time.Time) Result {
 // (available capacity, debt) to the subject's current account. Workers
 // call it after a generation switch or a rollback.
 //
-// Returns: Move on success; ErrAccountNotFound; ErrNothingToDrain when the
-// account is the current one, is empty, or nothing admits for the subject.
+// Returns: Move on success (the generation switch's receipt when the
+// account still held the subject's capacity and the switch moved it);
+// ErrAccountNotFound (or ErrPolicyNotFound); ErrNothingToDrain when the
+// account belongs to the active generation, is empty, or nothing admits for
+// the subject.
 func Drain(b Book, key AccountKey, now time.Time) Result {
-	a, p, err := accountFor(b, key)
-	if err != nil {
+	if _, _, err := accountFor(b, key); err != nil {
 		return Result{Err: err}
 	}
-	rollEpoch(b, a, p, now)
 	subject := key.SubjectKey()
 	active, ok := activePolicy(b, subject)
 	if !ok {
@@ -291,14 +325,22 @@ func Drain(b Book, key AccountKey, now time.Time) Result {
 	if active.Generation == key.Generation {
 		return Result{Err: fmt.Errorf("%w: %s is current", ErrNothingToDrain, key)}
 	}
-	target, _ := currentAccount(b, subject, active, now)
-	tick(b, target, active, now)
-	if target.Key == a.Key {
-		return Result{Err: fmt.Errorf("%w: %s is current", ErrNothingToDrain, key)}
+	target, switched, _ := currentAccount(b, subject, active, now)
+	tick(b, target, active, now, !active.RolledBack)
+	b.AccountPut(target)
+	if switched != nil && switched.From == key {
+		return Result{Generation: active.Generation, Move: switched}
 	}
+	// Read the drained account only now: the switch above may have moved
+	// its capacity already, and a store hands out copies.
+	a, p, err := accountFor(b, key)
+	if err != nil {
+		return Result{Err: err}
+	}
+	rollEpoch(b, a, p, now)
+	b.AccountPut(a)
 	receipt := "drain:" + key.String() + ":" + strconv.FormatUint(a.Version, 10)
 	move := moveBetween(b, a, target, MoveForward, receipt, now)
-	b.AccountPut(target)
 	if move == nil {
 		return Result{Err: fmt.Errorf("%w: %s holds no available capacity or debt", ErrNothingToDrain, key)}
 	}

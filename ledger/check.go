@@ -248,3 +248,232 @@ func Audit(s *Snapshot) []Discrepancy {
 	}
 	return out
 }
+
+// Step check names.
+const (
+	CheckStepReplay     = "step_replay"
+	CheckStepAdmission  = "step_admission"
+	CheckStepTransition = "step_transition"
+	CheckStepRefund     = "step_refund"
+	CheckStepMonotone   = "step_monotone"
+	CheckStepMove       = "step_move"
+	CheckStepPolicy     = "step_policy"
+)
+
+// legalTransition reports whether one command may move a reservation from
+// one state to another: the seed's lifecycle, and nothing else (in
+// particular never STARTED -> EXPIRED, and never out of a terminal state).
+func legalTransition(kind Kind, from, to State) bool {
+	switch kind {
+	case KindStart:
+		return from == StateReserved && to == StateStarted
+	case KindSettle:
+		return (from == StateStarted || from == StateUsageUnknown) && (to == StateSettled || to == StateSettledWithDebt)
+	case KindRelease:
+		return from == StateReserved && to == StateReleased
+	case KindExpireClaim:
+		return from == StateReserved && to == StateExpiring
+	case KindExpire:
+		return from == StateExpiring && to == StateExpired
+	case KindMarkUsageUnknown:
+		return from == StateStarted && to == StateUsageUnknown
+	}
+	return false
+}
+
+// CheckStep checks one command's transition: before and after are the
+// ledger's rows just before and just after cmd was applied, res is what it
+// answered. It returns every discrepancy (none when the step is sound):
+//   - a replay changed nothing and refunded nothing;
+//   - a reservation appears only through a successful, non-replayed reserve
+//     of exactly the command's id and units, on an account without debt
+//     (no admission while debt is outstanding), and no account's Reserved
+//     grows otherwise;
+//   - a reservation changes only by a legal transition of the command's
+//     kind on the command's id, only on success, and a terminal one never
+//     changes;
+//   - Refunded is exactly what the ending of the reservation gave back
+//     (reserved minus actual on settle, the whole hold on release or
+//     expiry), and zero for anything else, so nothing is refunded twice;
+//   - cumulative terms (opening, minted, overdraft issued and repaid,
+//     spent, retired) never decrease, Spent grows only by a settle's actual
+//     usage, and no account disappears;
+//   - a move receipt, once written, never changes;
+//   - a published generation's terms never change, and a rollback is never
+//     undone.
+func CheckStep(before, after *Snapshot, cmd *Command, res *Result) []Discrepancy {
+	var out []Discrepancy
+	add := func(check string, account AccountKey, reservation, format string, args ...any) {
+		acc := ""
+		if account != (AccountKey{}) {
+			acc = account.String()
+		}
+		out = append(out, Discrepancy{Check: check, Account: acc, Reservation: reservation, Detail: fmt.Sprintf(format, args...)})
+	}
+
+	accountsBefore := make(map[AccountKey]*Account, len(before.Accounts))
+	for i := range before.Accounts {
+		accountsBefore[before.Accounts[i].Key] = &before.Accounts[i]
+	}
+	accountsAfter := make(map[AccountKey]*Account, len(after.Accounts))
+	for i := range after.Accounts {
+		accountsAfter[after.Accounts[i].Key] = &after.Accounts[i]
+	}
+	reservationsBefore := make(map[string]*Reservation, len(before.Reservations))
+	for i := range before.Reservations {
+		reservationsBefore[before.Reservations[i].ID] = &before.Reservations[i]
+	}
+
+	if res.Replayed && res.Refunded != (Amounts{}) {
+		add(CheckStepReplay, AccountKey{}, cmd.ReservationID, "replay refunded %v", res.Refunded)
+	}
+
+	// Reservations: what appeared, what changed, what the refund was.
+	var refundWant Amounts
+	reservedGrowth := map[AccountKey]Amounts{}
+	spentGrowth := map[AccountKey]Amounts{}
+	for i := range after.Reservations {
+		r := &after.Reservations[i]
+		old, existed := reservationsBefore[r.ID]
+		if !existed {
+			switch {
+			case cmd.Kind != KindReserve || res.Err != nil || res.Replayed || r.ID != cmd.ReservationID:
+				add(CheckStepAdmission, r.Account, r.ID, "appeared on %s (err %v, replayed %v)", cmd.Kind, res.Err, res.Replayed)
+			case r.State != StateReserved || r.Reserved != cmd.Units:
+				add(CheckStepAdmission, r.Account, r.ID, "admitted as %s holding %v, asked %v", r.State, r.Reserved, cmd.Units)
+			}
+			if a := accountsAfter[r.Account]; a == nil {
+				add(CheckStepAdmission, r.Account, r.ID, "admitted on a missing account")
+			} else if dim, debt := a.Debt(); dim >= 0 {
+				add(CheckStepAdmission, r.Account, r.ID, "admitted while dimension %d owes %d", dim, debt)
+			}
+			g := reservedGrowth[r.Account]
+			for d := range g {
+				g[d] += r.Reserved[d]
+			}
+			reservedGrowth[r.Account] = g
+			continue
+		}
+		if *old == *r {
+			continue
+		}
+		switch {
+		case old.State.Terminal():
+			add(CheckStepTransition, r.Account, r.ID, "terminal %s changed to %s", old.State, r.State)
+		case res.Err != nil || res.Replayed:
+			add(CheckStepTransition, r.Account, r.ID, "changed %s -> %s on a %s that answered err %v, replayed %v",
+				old.State, r.State, cmd.Kind, res.Err, res.Replayed)
+		case r.ID != cmd.ReservationID:
+			add(CheckStepTransition, r.Account, r.ID, "changed %s -> %s by a %s of %q", old.State, r.State, cmd.Kind, cmd.ReservationID)
+		case !legalTransition(cmd.Kind, old.State, r.State):
+			add(CheckStepTransition, r.Account, r.ID, "illegal %s -> %s by %s", old.State, r.State, cmd.Kind)
+		case old.Reserved != r.Reserved || old.Account != r.Account || old.RequestDigest != r.RequestDigest:
+			add(CheckStepTransition, r.Account, r.ID, "identity or hold changed by %s", cmd.Kind)
+		}
+		if r.State.Terminal() {
+			refundWant = r.Refund()
+		}
+		if r.State == StateSettled || r.State == StateSettledWithDebt {
+			spentGrowth[r.Account] = r.Actual
+		}
+	}
+	reservationsAfter := make(map[string]bool, len(after.Reservations))
+	for i := range after.Reservations {
+		reservationsAfter[after.Reservations[i].ID] = true
+	}
+	for id := range reservationsBefore {
+		if !reservationsAfter[id] {
+			add(CheckStepTransition, AccountKey{}, id, "reservation disappeared on %s", cmd.Kind)
+		}
+	}
+	if res.Refunded != refundWant {
+		add(CheckStepRefund, AccountKey{}, cmd.ReservationID, "%s answered refunded %v, the transition gave back %v",
+			cmd.Kind, res.Refunded, refundWant)
+	}
+
+	// Accounts: cumulative terms, and Reserved/Spent growth only by the
+	// command's own reservation.
+	for key, old := range accountsBefore {
+		a := accountsAfter[key]
+		if a == nil {
+			add(CheckStepMonotone, key, "", "account disappeared on %s", cmd.Kind)
+			continue
+		}
+		if res.Replayed && a.Balances != old.Balances {
+			add(CheckStepReplay, key, cmd.ReservationID, "replayed %s changed balances", cmd.Kind)
+		}
+		if a.Dims != old.Dims {
+			add(CheckStepMonotone, key, "", "dimensions changed from %d to %d", old.Dims, a.Dims)
+		}
+		for d := 0; d < MaxDimensions; d++ {
+			x, y := &old.Balances[d], &a.Balances[d]
+			if y.Opening < x.Opening || y.Minted < x.Minted || y.OverdraftIssued < x.OverdraftIssued ||
+				y.Spent < x.Spent || y.RetiredForEmergency < x.RetiredForEmergency ||
+				y.RetiredForMove < x.RetiredForMove || y.OverdraftRepaid < x.OverdraftRepaid {
+				add(CheckStepMonotone, key, "", "dimension %d: a cumulative term decreased on %s: %+v -> %+v", d, cmd.Kind, *x, *y)
+			}
+			if grown := y.Reserved - x.Reserved; grown > 0 && grown != reservedGrowth[key][d] {
+				add(CheckStepAdmission, key, "", "dimension %d: reserved grew by %d on %s, admissions account for %d",
+					d, grown, cmd.Kind, reservedGrowth[key][d])
+			}
+			if grown := y.Spent - x.Spent; grown != spentGrowth[key][d] {
+				add(CheckStepMonotone, key, "", "dimension %d: spent grew by %d on %s, settled usage accounts for %d",
+					d, grown, cmd.Kind, spentGrowth[key][d])
+			}
+		}
+	}
+	for key, a := range accountsAfter {
+		if accountsBefore[key] != nil {
+			continue
+		}
+		for d := 0; d < MaxDimensions; d++ {
+			if a.Balances[d].Reserved != reservedGrowth[key][d] {
+				add(CheckStepAdmission, key, "", "dimension %d: new account reserves %d, admissions account for %d",
+					d, a.Balances[d].Reserved, reservedGrowth[key][d])
+			}
+			if a.Balances[d].Spent != spentGrowth[key][d] {
+				add(CheckStepMonotone, key, "", "dimension %d: new account spent %d, settled usage accounts for %d",
+					d, a.Balances[d].Spent, spentGrowth[key][d])
+			}
+		}
+	}
+
+	movesBefore := make(map[string]*Move, len(before.Moves))
+	for i := range before.Moves {
+		movesBefore[before.Moves[i].ReceiptID] = &before.Moves[i]
+	}
+	seen := make(map[string]bool, len(after.Moves))
+	for i := range after.Moves {
+		m := &after.Moves[i]
+		if seen[m.ReceiptID] {
+			add(CheckStepMove, m.To, "", "receipt %s written twice", m.ReceiptID)
+		}
+		seen[m.ReceiptID] = true
+		if old := movesBefore[m.ReceiptID]; old != nil && *old != *m {
+			add(CheckStepMove, m.To, "", "receipt %s changed on %s", m.ReceiptID, cmd.Kind)
+		}
+	}
+	for id := range movesBefore {
+		if !seen[id] {
+			add(CheckStepMove, AccountKey{}, "", "receipt %s disappeared on %s", id, cmd.Kind)
+		}
+	}
+
+	policiesAfter := make(map[uint64]*Policy, len(after.Policies))
+	for i := range after.Policies {
+		policiesAfter[after.Policies[i].Generation] = &after.Policies[i]
+	}
+	for i := range before.Policies {
+		old := &before.Policies[i]
+		p := policiesAfter[old.Generation]
+		switch {
+		case p == nil:
+			add(CheckStepPolicy, AccountKey{}, "", "generation %d disappeared", old.Generation)
+		case !sameTerms(old, p) || !old.PublishedAt.Equal(p.PublishedAt):
+			add(CheckStepPolicy, AccountKey{}, "", "generation %d changed its terms on %s", old.Generation, cmd.Kind)
+		case old.RolledBack && !p.RolledBack:
+			add(CheckStepPolicy, AccountKey{}, "", "rollback of generation %d undone", old.Generation)
+		}
+	}
+	return out
+}

@@ -80,16 +80,16 @@ func (p *Policy) Validate() error {
 			return invalidPolicy("dimension %d has no unit", i)
 		case p.DimensionIndex(d.Unit) != i:
 			return invalidPolicy("unit %q appears twice", d.Unit)
-		case d.Burst <= 0:
-			return invalidPolicy("%s: burst must be positive", d.Unit)
-		case d.RefillUnits < 0:
-			return invalidPolicy("%s: refill units are negative", d.Unit)
+		case d.Burst <= 0 || d.Burst > MaxUnits:
+			return invalidPolicy("%s: burst %d is outside (0, %d]", d.Unit, d.Burst, MaxUnits)
+		case d.RefillUnits < 0 || d.RefillUnits > MaxUnits:
+			return invalidPolicy("%s: refill units %d are outside [0, %d]", d.Unit, d.RefillUnits, MaxUnits)
 		case d.RefillUnits > 0 && d.RefillInterval <= 0:
 			return invalidPolicy("%s: refill interval must be positive", d.Unit)
 		case d.MaxReservation <= 0 || d.MaxReservation > d.Burst:
 			return invalidPolicy("%s: max reservation %d is outside (0, burst %d]", d.Unit, d.MaxReservation, d.Burst)
-		case d.MaxOverdraft < 0:
-			return invalidPolicy("%s: max overdraft is negative", d.Unit)
+		case d.MaxOverdraft < 0 || d.MaxOverdraft > MaxUnits:
+			return invalidPolicy("%s: max overdraft %d is outside [0, %d]", d.Unit, d.MaxOverdraft, MaxUnits)
 		}
 	}
 	return nil

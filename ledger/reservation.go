@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"fmt"
+	"math"
 	"time"
 )
 
@@ -51,11 +52,11 @@ func Reserve(b Book, cmd *Command, now time.Time) Result {
 	if err := checkUnits(p, &cmd.Units, true); err != nil {
 		return Result{Err: err, Generation: p.Generation}
 	}
-	a, ok := currentAccount(b, subject, p, now)
+	a, _, ok := currentAccount(b, subject, p, now)
 	if !ok {
 		return Result{Err: fmt.Errorf("%w: %s", ErrAccountNotFound, subject)}
 	}
-	tick(b, a, p, now)
+	tick(b, a, p, now, true)
 	b.AccountPut(a)
 
 	if rejected, res := admissible(a, p, &cmd.Units, now); rejected {
@@ -92,15 +93,13 @@ func Reserve(b Book, cmd *Command, now time.Time) Result {
 
 // admissible decides whether units fit in account a now. On rejection it
 // returns the error, the limiting dimension and a conservative retry-after.
+//
+// A reservation larger than the policy allows is rejected first: no wait
+// helps it. Otherwise every dimension's shortfall is its debt plus what
+// the estimate lacks in available (refill repays debt before it fills
+// available), and the limiting dimension is the one refill covers last, so
+// no earlier retry can succeed through refill alone.
 func admissible(a *Account, p *Policy, units *Amounts, now time.Time) (bool, Result) {
-	if dim, debt := a.Debt(); dim >= 0 {
-		d := &p.Dimensions[dim]
-		return true, Result{
-			Err:        fmt.Errorf("%w: %d %s owed", ErrAdmissionFrozen, debt, d.Unit),
-			Dimension:  d.Unit,
-			RetryAfter: refillWait(a, d, dim, debt+units[dim], now),
-		}
-	}
 	for i := 0; i < a.Dims; i++ {
 		d := &p.Dimensions[i]
 		if units[i] > d.MaxReservation {
@@ -110,18 +109,52 @@ func admissible(a *Account, p *Policy, units *Amounts, now time.Time) (bool, Res
 			}
 		}
 	}
+	frozen, limiting := -1, -1
+	var wait time.Duration
 	for i := 0; i < a.Dims; i++ {
-		if units[i] > a.Balances[i].Available {
-			d := &p.Dimensions[i]
-			return true, Result{
-				Err:        ErrInsufficientCapacity,
-				Dimension:  d.Unit,
-				RetryAfter: refillWait(a, d, i, units[i]-a.Balances[i].Available, now),
-			}
+		bal := &a.Balances[i]
+		debt := bal.Debt()
+		if debt > 0 && frozen < 0 {
+			frozen = i
 		}
+		shortfall := debt + max(units[i]-bal.Available, 0)
+		if shortfall <= 0 {
+			continue
+		}
+		w := refillWait(a, &p.Dimensions[i], i, shortfall, now)
+		if limiting < 0 || slower(w, wait) {
+			limiting, wait = i, w
+		}
+	}
+	switch {
+	case frozen >= 0:
+		d := &p.Dimensions[frozen]
+		return true, Result{
+			Err:        fmt.Errorf("%w: %d %s owed", ErrAdmissionFrozen, a.Balances[frozen].Debt(), d.Unit),
+			Dimension:  p.Dimensions[limiting].Unit,
+			RetryAfter: wait,
+		}
+	case limiting >= 0:
+		return true, Result{Err: ErrInsufficientCapacity, Dimension: p.Dimensions[limiting].Unit, RetryAfter: wait}
 	}
 	return false, Result{}
 }
+
+// slower reports whether retry-after x is later than y; 0 (refill never
+// covers it) is the latest of all.
+func slower(x, y time.Duration) bool {
+	switch {
+	case y == 0:
+		return false
+	case x == 0:
+		return true
+	}
+	return x > y
+}
+
+// maxRetryAfter is the retry-after of a shortfall so large that the wait
+// does not fit in a Duration: the longest whole-second Duration.
+const maxRetryAfter = time.Duration(math.MaxInt64) / time.Second * time.Second
 
 // refillWait is how long refill needs to mint shortfall units in dimension
 // i, counted from the refill cursor, rounded up to whole intervals and to at
@@ -133,22 +166,35 @@ func refillWait(a *Account, d *Dimension, i int, shortfall Units, now time.Time)
 		return 0
 	}
 	intervals := (shortfall + d.RefillUnits - 1) / d.RefillUnits
-	due := a.RefilledTo[i] + intervals*int64(d.RefillInterval)
-	wait := time.Duration(due - now.UnixNano())
+	interval := int64(d.RefillInterval)
+	nowNanos := now.UnixNano()
+	// due - now = cursor - now + intervals*interval, computed without
+	// overflowing int64.
+	lag := a.RefilledTo[i] - nowNanos
+	if intervals > (math.MaxInt64-max(lag, 0))/interval {
+		return maxRetryAfter
+	}
+	wait := time.Duration(lag + intervals*interval)
 	if wait < time.Second {
 		wait = time.Second
+	}
+	if wait > maxRetryAfter {
+		return maxRetryAfter
 	}
 	return (wait + time.Second - 1).Truncate(time.Second)
 }
 
 // checkUnits validates amounts against a policy: no negative amounts, none
-// in dimensions the policy lacks, and (when positive is set) at least one
-// positive amount.
+// above MaxUnits, none in dimensions the policy lacks, and (when positive
+// is set) at least one positive amount.
 func checkUnits(p *Policy, units *Amounts, positive bool) error {
 	any := false
 	for i, u := range units {
 		if u < 0 {
 			return invalid("units in dimension %d are negative (%d)", i, u)
+		}
+		if u > MaxUnits {
+			return invalid("units in dimension %d exceed %d (%d)", i, MaxUnits, u)
 		}
 		if u > 0 && i >= len(p.Dimensions) {
 			return invalid("units in dimension %d, which policy generation %d does not have", i, p.Generation)
@@ -242,10 +288,8 @@ func Settle(b Book, id, operationID string, actual Amounts, now time.Time) Resul
 	if err := checkUnits(p, &actual, false); err != nil {
 		return Result{Err: err, Reservation: *r}
 	}
-	if current, ok := activePolicy(b, r.Account.SubjectKey()); ok && current.Generation == p.Generation {
-		p = current
-	}
-	tick(b, a, p, now)
+	current := isCurrent(b, a)
+	tick(b, a, p, now, current && !p.RolledBack)
 
 	before := a.Balances
 	var refunded Amounts
@@ -287,7 +331,9 @@ func Settle(b Book, id, operationID string, actual Amounts, now time.Time) Resul
 	journal(b, a, &before, KindSettle, r.ID, from, r.State, "", now)
 	b.AccountPut(a)
 	b.ReservationPut(r)
-	forwardIfSuperseded(b, a, "settle:"+r.ID, now)
+	if !current {
+		forward(b, a, KindSettle, r.ID, now)
+	}
 	return Result{Reservation: *r, Refunded: refunded, Generation: r.Account.Generation}
 }
 
@@ -402,10 +448,8 @@ func refundHold(b Book, r *Reservation, to State, kind Kind, now time.Time) Resu
 	if err != nil {
 		return Result{Err: err, Reservation: *r}
 	}
-	if current, ok := activePolicy(b, r.Account.SubjectKey()); ok && current.Generation == p.Generation {
-		p = current
-	}
-	tick(b, a, p, now)
+	current := isCurrent(b, a)
+	tick(b, a, p, now, current && !p.RolledBack)
 	before := a.Balances
 	for i := 0; i < a.Dims; i++ {
 		a.Balances[i].Reserved -= r.Reserved[i]
@@ -417,7 +461,9 @@ func refundHold(b Book, r *Reservation, to State, kind Kind, now time.Time) Resu
 	journal(b, a, &before, kind, r.ID, from, to, "", now)
 	b.AccountPut(a)
 	b.ReservationPut(r)
-	forwardIfSuperseded(b, a, kind.String()+":"+r.ID, now)
+	if !current {
+		forward(b, a, kind, r.ID, now)
+	}
 	return Result{Reservation: *r, Refunded: r.Reserved, Generation: r.Account.Generation}
 }
 

@@ -19,6 +19,12 @@ import (
 // ...). Accounting never uses floating point.
 type Units = int64
 
+// MaxUnits is the largest amount one policy term or one command may carry:
+// 2^53, the largest integer every JSON client reads exactly. It keeps the
+// cumulative int64 terms of an account thousands of maximal commands away
+// from overflow; a larger amount is an invalid command, not a wrap-around.
+const MaxUnits Units = 1 << 53
+
 // MaxDimensions is how many capacity dimensions one policy may limit at once
 // (for example input tokens, output tokens, requests, cost). Amounts are fixed
 // arrays of this size so that a command allocates nothing for them.

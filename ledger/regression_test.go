@@ -1,0 +1,147 @@
+package ledger_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/capledger/capledger/ledger"
+)
+
+// A settle on a superseded generation used to refill that generation's
+// account for the time since its last command and forward the minted
+// capacity to the current account, which refills over the same time too:
+// capacity minted twice for one interval, available above the burst.
+func TestSupersededGenerationDoesNotRefill(t *testing.T) {
+	c := newChecked(t)
+	g1 := c.publish(policyOf(tokens(1000, 100)))
+	c.must(c.reserve("a", 500))
+	c.must(c.start("a"))
+	p2 := policyOf(tokens(1000, 100))
+	p2.EstimatorDigest = "sha256:v2"
+	g2 := c.publish(p2)
+	c.must(c.reserve("b", 1)) // switches the subject to g2, carrying 500
+	c.must(c.start("b"))
+	c.must(c.settle("b", 1))
+	c.advance(10 * time.Second)
+	c.must(c.settle("a", 500)) // on g1: refunds nothing, refills nothing
+	old, current := c.account(g1), c.account(g2)
+	if got := old.Balances[0].Available + current.Balances[0].Available; got != 1000 {
+		t.Fatalf("available after ten seconds is %d over both generations, want the burst 1000 (g1 %+v, g2 %+v)",
+			got, old.Balances[0], current.Balances[0])
+	}
+	if old.Balances[0].Minted != 0 {
+		t.Fatalf("superseded generation minted %d", old.Balances[0].Minted)
+	}
+}
+
+// After a rollback the earlier generation becomes current again; its refill
+// cursor must restart then, or it mints for the time the newer generation
+// held the capacity (and refilled it) as well.
+func TestRollbackDoesNotRefillTheInterimTwice(t *testing.T) {
+	c := newChecked(t)
+	g1 := c.publish(policyOf(tokens(1000, 100)))
+	c.must(c.reserve("a", 1000))
+	c.must(c.start("a"))
+	c.must(c.settle("a", 1000)) // available 0 at t0
+	p2 := policyOf(tokens(1000, 100))
+	p2.EstimatorDigest = "sha256:v2"
+	g2 := c.publish(p2)
+	if res := c.reserve("b", 1); !errors.Is(res.Err, ledger.ErrInsufficientCapacity) {
+		t.Fatalf("reserve on an empty account: %+v", res)
+	}
+	c.advance(5 * time.Second)
+	c.must(c.reserve("c", 1)) // g2 refills 500 over five seconds
+	if res := c.rollback(testSubject, g2); res.Err != nil || res.Generation != g1 {
+		t.Fatalf("rollback: %+v", res)
+	}
+	c.must(c.reserve("d", 1)) // back to g1, carrying g2's 499
+	a := c.account(g1)
+	if a.Balances[0].Available != 498 {
+		t.Fatalf("g1 after the rollback holds %+v, want 498 available (500 minted in five seconds, 2 reserved)", a.Balances[0])
+	}
+}
+
+// A new generation that limits a unit its predecessor did not opens that
+// dimension with a full burst, like the subject's first account does.
+func TestNewDimensionOpensWithBurst(t *testing.T) {
+	c := newChecked(t)
+	c.publish(policyOf(tokens(1000, 100)))
+	c.must(c.reserve("a", 100))
+	g2 := c.publish(policyOf(tokens(1000, 100),
+		ledger.Dimension{Unit: "requests", Burst: 10, RefillUnits: 1, RefillInterval: time.Second}))
+	res := c.reserve("b", 100, 1)
+	if res.Err != nil {
+		t.Fatalf("reserve under the new generation: %v", res.Err)
+	}
+	a := c.account(g2)
+	if a.Balances[1].Opening != 10 || a.Balances[1].Available != 9 {
+		t.Fatalf("requests dimension %+v, want opening 10 and 9 available", a.Balances[1])
+	}
+	if a.Balances[0].Opening != 0 || a.Balances[0].Available != 800 {
+		t.Fatalf("tokens dimension %+v, want 900 carried over and 100 reserved", a.Balances[0])
+	}
+}
+
+// A settle on a superseded generation forwards to the current account; the
+// current account's refill done on the way must be put back to the book, or a
+// store keeps the journal entry without the balance.
+func TestForwardPutsTheTarget(t *testing.T) {
+	c := newChecked(t)
+	c.publish(policyOf(tokens(1000, 100)))
+	c.must(c.reserve("a", 600))
+	c.must(c.start("a"))
+	p2 := policyOf(tokens(1000, 100))
+	p2.EstimatorDigest = "sha256:v2"
+	c.publish(p2)
+	c.must(c.reserve("b", 400)) // switch, carrying 400, all reserved
+	c.advance(3 * time.Second)
+	c.must(c.settle("a", 600)) // nothing to forward, but the target refilled 300
+}
+
+// Drain that finds nothing to move still closes the elapsed epoch of the
+// drained account; the account must be put back with its new epoch, or the
+// statement chain breaks in a store.
+func TestDrainPutsTheDrainedAccount(t *testing.T) {
+	c := newChecked(t)
+	g1 := c.publish(policyOf(tokens(1000, 100)))
+	c.must(c.reserve("a", 1000))
+	p2 := policyOf(tokens(1000, 100))
+	p2.EstimatorDigest = "sha256:v2"
+	c.publish(p2)
+	c.reserve("b", 1) // switch: nothing to carry
+	c.advance(2 * time.Hour)
+	res := c.apply(ledger.Command{Kind: ledger.KindDrain, Account: c.account(g1).Key})
+	if !errors.Is(res.Err, ledger.ErrNothingToDrain) {
+		t.Fatalf("drain: %+v", res)
+	}
+}
+
+// Amounts beyond MaxUnits are refused before they can overflow a term.
+func TestHugeUnitsAreInvalid(t *testing.T) {
+	c := newChecked(t)
+	c.publish(policyOf(tokens(1000, 100)))
+	c.must(c.reserve("a", 10))
+	c.must(c.start("a"))
+	if res := c.settle("a", ledger.MaxUnits+1); !errors.Is(res.Err, ledger.ErrInvalidCommand) {
+		t.Fatalf("settle of %d units: %+v", ledger.MaxUnits+1, res)
+	}
+	p := policyOf(tokens(ledger.MaxUnits+1, 1))
+	if res := c.apply(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: p}); !errors.Is(res.Err, ledger.ErrInvalidPolicy) {
+		t.Fatalf("publish with burst %d: %+v", ledger.MaxUnits+1, res)
+	}
+	c.must(c.settle("a", ledger.MaxUnits)) // the largest usage is recorded in full
+}
+
+// Retry-After is conservative: a rejection lacking capacity in two
+// dimensions names the one that refills last.
+func TestRetryAfterIsTheSlowestDimension(t *testing.T) {
+	c := newChecked(t)
+	c.publish(policyOf(tokens(1000, 100),
+		ledger.Dimension{Unit: "requests", Burst: 10, RefillUnits: 1, RefillInterval: time.Second}))
+	c.must(c.reserve("a", 1000, 10))
+	res := c.reserve("b", 100, 5)
+	if !errors.Is(res.Err, ledger.ErrInsufficientCapacity) || res.Dimension != "requests" || res.RetryAfter != 5*time.Second {
+		t.Fatalf("rejection %+v, want requests limiting with a 5s retry-after", res)
+	}
+}
