@@ -1,9 +1,10 @@
 package sched
 
-// slot is a queued request and its enqueue sequence number.
+// slot is a queued request, its enqueue sequence number and its record.
 type slot struct {
 	req Request
 	seq uint64
+	res *reservation
 }
 
 // ring is a FIFO of slots in a power-of-two circular buffer. It starts

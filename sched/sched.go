@@ -110,8 +110,10 @@ type Scheduler struct {
 	tenants map[string]*tenant
 	levels  []*level // by priority, highest first
 	// ids holds every queued or dispatched-but-unsettled reservation, to
-	// refuse duplicates and to find a dispatch again at Settle.
-	ids map[string]reservation
+	// refuse duplicates and to find a dispatch again at Settle. Records are
+	// recycled through free, so steady state allocates nothing.
+	ids  map[string]*reservation
+	free []*reservation
 
 	queued   int
 	inflight int
@@ -137,13 +139,18 @@ type level struct {
 	heap     tenantHeap
 }
 
+// reservation is the record of one queued or dispatched request. The queue
+// slot points at it, so Dispatch updates it without a map lookup.
 type reservation struct {
-	t            *tenant
-	lv           *level
-	estimate     int64
-	tenantWeight int64 // weights at dispatch: a settle undoes exactly what was charged
+	t          *tenant
+	lv         *level // level at dispatch
+	dispatched bool
+	// What Dispatch charged, and the weights it charged at: Settle replaces
+	// the charge by the actual cost's at the same weights.
+	tenantCharge int64
+	levelCharge  int64
+	tenantWeight int64
 	levelWeight  int64
-	dispatched   bool
 }
 
 // New returns an empty Scheduler, or ErrInvalidConfig if cfg has a negative
@@ -165,7 +172,7 @@ func New(cfg Config) (*Scheduler, error) {
 		meter:    cfg.Meter,
 		rebaseAt: defaultRebaseAt,
 		tenants:  make(map[string]*tenant),
-		ids:      make(map[string]reservation),
+		ids:      make(map[string]*reservation),
 	}, nil
 }
 
@@ -252,15 +259,17 @@ func (s *Scheduler) Enqueue(r Request) error {
 	if t == nil {
 		return ErrUnknownTenant
 	}
-	if _, dup := s.ids[r.ReservationID]; dup {
+	if s.ids[r.ReservationID] != nil {
 		return ErrDuplicateReservation
 	}
 	if t.queue.n >= s.maxQueue {
 		return ErrQueueFull
 	}
 	s.seq++
-	t.queue.push(slot{req: r, seq: s.seq})
-	s.ids[r.ReservationID] = reservation{t: t}
+	res := s.newReservation()
+	res.t = t
+	t.queue.push(slot{req: r, seq: s.seq, res: res})
+	s.ids[r.ReservationID] = res
 	s.queued++
 	lv := t.level
 	lv.queued++
@@ -298,6 +307,7 @@ func (s *Scheduler) Dispatch() (Request, bool) {
 	top := lv.heap[0]
 	t := top.t
 	sl := t.queue.pop()
+	prevVtime := t.vtime
 	t.vtime = top.key
 	if top.key > lv.clock {
 		lv.clock = top.key
@@ -311,19 +321,22 @@ func (s *Scheduler) Dispatch() (Request, bool) {
 	lv.queued--
 	s.queued--
 	s.inflight++
+	var levelCharge int64
 	if s.mode == PriorityWeighted {
+		levelCharge = levelKey - lv.vtime
 		lv.vtime = levelKey
 		if levelKey > s.topClock {
 			s.topClock = levelKey
 		}
 	}
-	s.ids[sl.req.ReservationID] = reservation{
+	*sl.res = reservation{
 		t:            t,
 		lv:           lv,
-		estimate:     sl.req.EstimatedCost,
+		dispatched:   true,
+		tenantCharge: top.key - prevVtime,
+		levelCharge:  levelCharge,
 		tenantWeight: t.weight,
 		levelWeight:  lv.weight,
-		dispatched:   true,
 	}
 	if lv.clock > s.rebaseAt {
 		s.rebaseLevel(lv)
@@ -348,8 +361,8 @@ func (s *Scheduler) Dispatch() (Request, bool) {
 // A request that never ran (its ledger Start failed, it was released)
 // settles with actual cost 0.
 func (s *Scheduler) Settle(reservationID string, actualCost int64) error {
-	res, ok := s.ids[reservationID]
-	if !ok || !res.dispatched {
+	res := s.ids[reservationID]
+	if res == nil || !res.dispatched {
 		return ErrUnknownDispatch
 	}
 	if actualCost < 0 || actualCost > MaxCost {
@@ -358,7 +371,7 @@ func (s *Scheduler) Settle(reservationID string, actualCost int64) error {
 	delete(s.ids, reservationID)
 	s.inflight--
 	t := res.t
-	back := charge(res.estimate, res.tenantWeight) - charge(actualCost, res.tenantWeight)
+	back := res.tenantCharge - charge(actualCost, res.tenantWeight)
 	t.vtime -= back
 	if t.heapIndex >= 0 {
 		h := t.level.heap
@@ -366,8 +379,10 @@ func (s *Scheduler) Settle(reservationID string, actualCost int64) error {
 		h.fix(t.heapIndex)
 	}
 	if s.mode == PriorityWeighted {
-		res.lv.vtime -= charge(res.estimate, res.levelWeight) - charge(actualCost, res.levelWeight)
+		res.lv.vtime -= res.levelCharge - charge(actualCost, res.levelWeight)
 	}
+	*res = reservation{}
+	s.free = append(s.free, res)
 	if s.meter != nil {
 		s.meter.Settled(reservationID, actualCost)
 	}
@@ -387,6 +402,16 @@ func (s *Scheduler) QueueLen(tenant string) int {
 		return t.queue.n
 	}
 	return 0
+}
+
+// newReservation returns a zeroed record, recycled if one is free.
+func (s *Scheduler) newReservation() *reservation {
+	if n := len(s.free); n > 0 {
+		res := s.free[n-1]
+		s.free = s.free[:n-1]
+		return res
+	}
+	return new(reservation)
 }
 
 // charge is the virtual time a cost takes at a weight.
