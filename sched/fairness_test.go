@@ -366,6 +366,7 @@ func TestWrongEstimatesConvergeAfterSettle(t *testing.T) {
 		if w := o.worst(); w.Error <= DefaultFairnessBudget {
 			t.Fatalf("uncorrected estimates stayed within budget (worst %.4f): the test proves nothing", w.Error)
 		}
+		t.Logf("without correction: worst error %.3f (%s share %.3f, fair %.3f)", o.worst().Error, o.worst().Tenant, o.worst().Share, o.worst().FairShare)
 	})
 }
 
