@@ -1,0 +1,370 @@
+package server
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	v1 "github.com/capledger/capledger/api/capledger/v1"
+	"github.com/capledger/capledger/ledger"
+)
+
+// policyCache remembers published policies by generation, so units can be
+// mapped between names and dimension positions without a store read per
+// request. A generation's terms are immutable; only its RolledBack flag and
+// which generation is active change, and a stale view of those is safe: the
+// server names the generation it mapped units for (Command.Generation) and
+// the ledger refuses the reserve if another generation decides, after which
+// the cache is refreshed and the reserve mapped again.
+type policyCache struct {
+	ledger Ledger
+	mu     sync.RWMutex
+	byGen  map[uint64]ledger.Policy
+}
+
+func newPolicyCache(l Ledger) *policyCache {
+	return &policyCache{ledger: l, byGen: map[uint64]ledger.Policy{}}
+}
+
+// get returns generation's policy, from the cache or the store; it returns
+// a store.ErrNotFound-wrapping error for an unknown generation.
+func (c *policyCache) get(ctx context.Context, generation uint64) (ledger.Policy, error) {
+	c.mu.RLock()
+	p, ok := c.byGen[generation]
+	c.mu.RUnlock()
+	if ok {
+		return p, nil
+	}
+	p, err := c.ledger.Policy(ctx, generation)
+	if err != nil {
+		return ledger.Policy{}, fmt.Errorf("policy generation %d: %w", generation, err)
+	}
+	c.mu.Lock()
+	c.byGen[generation] = p
+	c.mu.Unlock()
+	return p, nil
+}
+
+// refresh reloads every generation and returns them, oldest first.
+func (c *policyCache) refresh(ctx context.Context) ([]ledger.Policy, error) {
+	all, err := c.ledger.Policies(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("list policies: %w", err)
+	}
+	byGen := make(map[uint64]ledger.Policy, len(all))
+	for _, p := range all {
+		byGen[p.Generation] = p
+	}
+	c.mu.Lock()
+	c.byGen = byGen
+	c.mu.Unlock()
+	return all, nil
+}
+
+// active returns the cached policy that decides for a concrete subject:
+// the subject's own active generation, else the route's AnySubject one,
+// following the ledger's rule that the active generation of a key is its
+// newest generation not rolled back.
+func (c *policyCache) active(key ledger.PolicyKey) (ledger.Policy, bool) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if p, ok := activeOf(c.byGen, key); ok {
+		return p, true
+	}
+	return activeOf(c.byGen, ledger.PolicyKey{Subject: ledger.AnySubject, Route: key.Route, Region: key.Region})
+}
+
+func activeOf(byGen map[uint64]ledger.Policy, key ledger.PolicyKey) (ledger.Policy, bool) {
+	var best ledger.Policy
+	found := false
+	for _, p := range byGen {
+		if p.Key == key && !p.RolledBack && (!found || p.Generation > best.Generation) {
+			best, found = p, true
+		}
+	}
+	return best, found
+}
+
+// activeGenerations returns, per policy key, the generation that admits
+// now (the newest not rolled back).
+func activeGenerations(all []ledger.Policy) map[ledger.PolicyKey]uint64 {
+	active := map[ledger.PolicyKey]uint64{}
+	for _, p := range all {
+		if !p.RolledBack && p.Generation > active[p.Key] {
+			active[p.Key] = p.Generation
+		}
+	}
+	return active
+}
+
+// amounts maps a units map to the policy's dimension order. It returns an
+// errUnknownUnit-wrapping error naming the unit and the policy's units when
+// a name is not one of the policy's dimensions.
+func amounts(p *ledger.Policy, units map[string]int64) (ledger.Amounts, error) {
+	var out ledger.Amounts
+	for name, value := range units {
+		i := p.DimensionIndex(name)
+		if i < 0 {
+			return out, fmt.Errorf("%w %q: policy generation %d limits %s", errUnknownUnit, name, p.Generation, unitList(p))
+		}
+		out[i] = value
+	}
+	return out, nil
+}
+
+func unitList(p *ledger.Policy) string {
+	names := make([]string, len(p.Dimensions))
+	for i := range p.Dimensions {
+		names[i] = strconv.Quote(p.Dimensions[i].Unit)
+	}
+	return strings.Join(names, ", ")
+}
+
+// unitsMap renders amounts by unit name, one entry per policy dimension.
+func unitsMap(p *ledger.Policy, a *ledger.Amounts) map[string]int64 {
+	out := make(map[string]int64, len(p.Dimensions))
+	for i := range p.Dimensions {
+		out[p.Dimensions[i].Unit] = a[i]
+	}
+	return out
+}
+
+// requestDigest is the digest the server derives when a reserve names
+// none: sha256 over subject, route, region and the non-zero units sorted by
+// name, one per line. Two requests that reserve the same thing get the same
+// digest whatever the map order, and reusing an id for something else is
+// detected.
+func requestDigest(subject, route, region string, units map[string]int64) string {
+	names := make([]string, 0, len(units))
+	for name, v := range units {
+		if v != 0 {
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+	h := sha256.New()
+	fmt.Fprintf(h, "subject=%s\nroute=%s\nregion=%s\n", subject, route, region)
+	for _, name := range names {
+		fmt.Fprintf(h, "%s=%d\n", name, units[name])
+	}
+	return "sha256:" + hex.EncodeToString(h.Sum(nil))
+}
+
+var stateToProto = map[ledger.State]v1.ReservationState{
+	ledger.StateRequested:          v1.ReservationState_RESERVATION_STATE_REQUESTED,
+	ledger.StateReserved:           v1.ReservationState_RESERVATION_STATE_RESERVED,
+	ledger.StateStarted:            v1.ReservationState_RESERVATION_STATE_STARTED,
+	ledger.StateSettled:            v1.ReservationState_RESERVATION_STATE_SETTLED,
+	ledger.StateSettledWithDebt:    v1.ReservationState_RESERVATION_STATE_SETTLED_WITH_DEBT,
+	ledger.StateReleased:           v1.ReservationState_RESERVATION_STATE_RELEASED,
+	ledger.StateExpiring:           v1.ReservationState_RESERVATION_STATE_EXPIRING,
+	ledger.StateExpired:            v1.ReservationState_RESERVATION_STATE_EXPIRED,
+	ledger.StateUsageUnknown:       v1.ReservationState_RESERVATION_STATE_USAGE_UNKNOWN,
+	ledger.StateReservationUnknown: v1.ReservationState_RESERVATION_STATE_RESERVATION_UNKNOWN,
+}
+
+func timestamp(t time.Time) *timestamppb.Timestamp {
+	if t.IsZero() {
+		return nil
+	}
+	return timestamppb.New(t)
+}
+
+func duration(d time.Duration) *durationpb.Duration {
+	if d == 0 {
+		return nil
+	}
+	return durationpb.New(d)
+}
+
+// reservationProto renders a reservation with its units by name (which
+// needs its generation's policy; an error means it could not be read).
+func (s *Server) reservationProto(ctx context.Context, r *ledger.Reservation) (*v1.Reservation, error) {
+	p, err := s.policies.get(ctx, r.Account.Generation)
+	if err != nil {
+		return nil, err
+	}
+	pb := &v1.Reservation{
+		Schema:            ledger.SchemaReservation,
+		ReservationId:     r.ID,
+		RequestDigest:     r.RequestDigest,
+		Subject:           r.Account.Subject,
+		Route:             r.Account.Route,
+		Region:            r.Account.Region,
+		PolicyGeneration:  r.Account.Generation,
+		AccountingEpoch:   timestamp(r.AccountingEpoch),
+		ReservedUnits:     unitsMap(&p, &r.Reserved),
+		OperationId:       r.OperationID,
+		State:             stateToProto[r.State],
+		CreatedAt:         timestamp(r.CreatedAt),
+		ExpiresAt:         timestamp(r.ExpiresAt),
+		StartedAt:         timestamp(r.StartedAt),
+		ExecutionDeadline: timestamp(r.ExecutionDeadline),
+		FinishedAt:        timestamp(r.FinishedAt),
+		Breach:            r.Breach,
+	}
+	if r.State == ledger.StateSettled || r.State == ledger.StateSettledWithDebt {
+		pb.ActualUnits = unitsMap(&p, &r.Actual)
+		pb.OverdraftUnits = unitsMap(&p, &r.Overdraft)
+	}
+	return pb, nil
+}
+
+// refundedProto renders what a command refunded, by the reservation's
+// units; empty on a replay (nothing was refunded twice).
+func (s *Server) refundedProto(ctx context.Context, res *ledger.Result) (map[string]int64, error) {
+	if res.Replayed {
+		return nil, nil
+	}
+	p, err := s.policies.get(ctx, res.Reservation.Account.Generation)
+	if err != nil {
+		return nil, err
+	}
+	return unitsMap(&p, &res.Refunded), nil
+}
+
+func accountProto(a *ledger.Account, p *ledger.Policy) *v1.Account {
+	pb := &v1.Account{
+		Subject:          a.Key.Subject,
+		Route:            a.Key.Route,
+		Region:           a.Key.Region,
+		PolicyGeneration: a.Key.Generation,
+		EpochStart:       timestamp(a.EpochStart),
+		Breaches:         a.Breaches,
+	}
+	for i := 0; i < a.Dims && i < len(p.Dimensions); i++ {
+		b := &a.Balances[i]
+		pb.Balances = append(pb.Balances, &v1.Balance{
+			Unit:                p.Dimensions[i].Unit,
+			Opening:             b.Opening,
+			Minted:              b.Minted,
+			OverdraftIssued:     b.OverdraftIssued,
+			Available:           b.Available,
+			Reserved:            b.Reserved,
+			Spent:               b.Spent,
+			RetiredForEmergency: b.RetiredForEmergency,
+			RetiredForMove:      b.RetiredForMove,
+			OverdraftRepaid:     b.OverdraftRepaid,
+			Debt:                b.Debt(),
+		})
+	}
+	dim, _ := a.Debt()
+	pb.Frozen = dim >= 0
+	return pb
+}
+
+var rolloutToProto = map[ledger.RolloutMode]v1.RolloutMode{
+	ledger.RolloutEnforce: v1.RolloutMode_ROLLOUT_MODE_ENFORCE,
+	ledger.RolloutShadow:  v1.RolloutMode_ROLLOUT_MODE_SHADOW,
+}
+
+// PolicyProto renders a policy (active says whether it admits for its key
+// now).
+func PolicyProto(p *ledger.Policy, active bool) *v1.Policy {
+	pb := &v1.Policy{
+		Schema:          ledger.SchemaPolicy,
+		Subject:         p.Key.Subject,
+		Route:           p.Key.Route,
+		Region:          p.Key.Region,
+		Generation:      p.Generation,
+		EstimatorDigest: p.EstimatorDigest,
+		HoldTtl:         duration(p.HoldTTL),
+		ExecutionLimit:  duration(p.ExecutionLimit),
+		Priority:        int32(p.Priority),
+		FairnessWeight:  p.FairnessWeight,
+		FairnessBudget:  p.FairnessBudget,
+		EmergencyMode:   p.EmergencyMode,
+		Rollout:         rolloutToProto[p.Rollout],
+		EpochLength:     duration(p.EpochLength),
+		PublishedAt:     timestamp(p.PublishedAt),
+		RolledBack:      p.RolledBack,
+		Active:          active,
+	}
+	for _, d := range p.Dimensions {
+		pb.Dimensions = append(pb.Dimensions, &v1.Dimension{
+			Unit:           d.Unit,
+			RefillUnits:    d.RefillUnits,
+			RefillInterval: duration(d.RefillInterval),
+			Burst:          d.Burst,
+			MaxReservation: d.MaxReservation,
+			MaxOverdraft:   d.MaxOverdraft,
+		})
+	}
+	return pb
+}
+
+// PolicyFromProto converts a policy to publish, with the ledger's defaults
+// filled in (ledger.Policy.WithDefaults). It returns an
+// ledger.ErrInvalidPolicy-wrapping error for a field that cannot be
+// converted (a malformed duration, an unknown rollout mode); the rest is
+// validated by the ledger when publishing.
+func PolicyFromProto(pb *v1.Policy) (ledger.Policy, error) {
+	if pb == nil {
+		return ledger.Policy{}, fmt.Errorf("%w: no policy", ledger.ErrInvalidPolicy)
+	}
+	p := ledger.Policy{
+		Key:             ledger.PolicyKey{Subject: pb.GetSubject(), Route: pb.GetRoute(), Region: pb.GetRegion()},
+		EstimatorDigest: pb.GetEstimatorDigest(),
+		Priority:        int(pb.GetPriority()),
+		FairnessWeight:  pb.GetFairnessWeight(),
+		FairnessBudget:  pb.GetFairnessBudget(),
+		EmergencyMode:   pb.GetEmergencyMode(),
+	}
+	var err error
+	durations := []struct {
+		name string
+		in   *durationpb.Duration
+		out  *time.Duration
+	}{
+		{"hold_ttl", pb.GetHoldTtl(), &p.HoldTTL},
+		{"execution_limit", pb.GetExecutionLimit(), &p.ExecutionLimit},
+		{"epoch_length", pb.GetEpochLength(), &p.EpochLength},
+	}
+	for _, d := range durations {
+		if *d.out, err = durationFromProto(d.name, d.in); err != nil {
+			return ledger.Policy{}, err
+		}
+	}
+	switch pb.GetRollout() {
+	case v1.RolloutMode_ROLLOUT_MODE_UNSPECIFIED, v1.RolloutMode_ROLLOUT_MODE_ENFORCE:
+		p.Rollout = ledger.RolloutEnforce
+	case v1.RolloutMode_ROLLOUT_MODE_SHADOW:
+		p.Rollout = ledger.RolloutShadow
+	default:
+		return ledger.Policy{}, fmt.Errorf("%w: unknown rollout mode %d", ledger.ErrInvalidPolicy, pb.GetRollout())
+	}
+	for i, d := range pb.GetDimensions() {
+		interval, err := durationFromProto(fmt.Sprintf("dimensions[%d].refill_interval", i), d.GetRefillInterval())
+		if err != nil {
+			return ledger.Policy{}, err
+		}
+		p.Dimensions = append(p.Dimensions, ledger.Dimension{
+			Unit:           d.GetUnit(),
+			RefillUnits:    d.GetRefillUnits(),
+			RefillInterval: interval,
+			Burst:          d.GetBurst(),
+			MaxReservation: d.GetMaxReservation(),
+			MaxOverdraft:   d.GetMaxOverdraft(),
+		})
+	}
+	return p.WithDefaults(), nil
+}
+
+func durationFromProto(name string, d *durationpb.Duration) (time.Duration, error) {
+	if d == nil {
+		return 0, nil
+	}
+	if err := d.CheckValid(); err != nil {
+		return 0, fmt.Errorf("%w: %s: %v", ledger.ErrInvalidPolicy, name, err)
+	}
+	return d.AsDuration(), nil
+}

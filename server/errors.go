@@ -1,0 +1,234 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	v1 "github.com/capledger/capledger/api/capledger/v1"
+	"github.com/capledger/capledger/engine"
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+)
+
+// This file is the one place where ledger outcomes and operating failures
+// become wire errors. Every handler and every batch item goes through
+// outcomeError (for ledger.Result.Err) or operatingError (for the engine's
+// error return), so a status code means the same thing on every method.
+
+// Reasons of ErrorDetail and RejectionDetail, documented in the .proto.
+const (
+	ReasonInsufficientCapacity = "INSUFFICIENT_CAPACITY"
+	ReasonAdmissionFrozen      = "ADMISSION_FROZEN"
+	ReasonReservationTooLarge  = "RESERVATION_TOO_LARGE"
+	ReasonNoPolicy             = "NO_POLICY"
+	ReasonPolicyNotFound       = "POLICY_NOT_FOUND"
+	ReasonReservationNotFound  = "RESERVATION_NOT_FOUND"
+	ReasonAccountNotFound      = "ACCOUNT_NOT_FOUND"
+	ReasonDigestMismatch       = "DIGEST_MISMATCH"
+	ReasonNotStarted           = "RESERVATION_NOT_STARTED"
+	ReasonAlreadyStarted       = "RESERVATION_ALREADY_STARTED"
+	ReasonAlreadySettled       = "RESERVATION_ALREADY_SETTLED"
+	ReasonReleased             = "RESERVATION_RELEASED"
+	ReasonExpired              = "RESERVATION_EXPIRED"
+	ReasonOperationMismatch    = "OPERATION_MISMATCH"
+	ReasonNotDue               = "RESERVATION_NOT_DUE"
+	ReasonInvalidCommand       = "INVALID_COMMAND"
+	ReasonInvalidPolicy        = "INVALID_POLICY"
+	ReasonUnknownUnit          = "UNKNOWN_UNIT"
+	ReasonStoreUnavailable     = "STORE_UNAVAILABLE"
+	ReasonStoreConflict        = "STORE_CONFLICT"
+	ReasonPermissionDenied     = "PERMISSION_DENIED"
+	ReasonUnauthenticated      = "UNAUTHENTICATED"
+)
+
+// classification is what one ledger error means on the wire.
+type classification struct {
+	code   connect.Code
+	reason string
+	// capacity marks a rejection (RESOURCE_EXHAUSTED + RejectionDetail).
+	capacity bool
+	// withReservation: the current reservation is worth showing (state
+	// errors), so the caller sees what happened to it.
+	withReservation bool
+}
+
+// ledgerErrors is checked in order with errors.Is; the first match wins.
+var ledgerErrors = []struct {
+	err   error
+	class classification
+}{
+	{ledger.ErrInsufficientCapacity, classification{code: connect.CodeResourceExhausted, reason: ReasonInsufficientCapacity, capacity: true}},
+	{ledger.ErrAdmissionFrozen, classification{code: connect.CodeResourceExhausted, reason: ReasonAdmissionFrozen, capacity: true}},
+	{ledger.ErrReservationTooLarge, classification{code: connect.CodeResourceExhausted, reason: ReasonReservationTooLarge, capacity: true}},
+	{ledger.ErrDigestMismatch, classification{code: connect.CodeAlreadyExists, reason: ReasonDigestMismatch}},
+	{ledger.ErrNoPolicy, classification{code: connect.CodeNotFound, reason: ReasonNoPolicy}},
+	{ledger.ErrPolicyNotFound, classification{code: connect.CodeNotFound, reason: ReasonPolicyNotFound}},
+	{ledger.ErrReservationNotFound, classification{code: connect.CodeNotFound, reason: ReasonReservationNotFound}},
+	{ledger.ErrAccountNotFound, classification{code: connect.CodeNotFound, reason: ReasonAccountNotFound}},
+	{ledger.ErrReservationNotStarted, classification{code: connect.CodeFailedPrecondition, reason: ReasonNotStarted, withReservation: true}},
+	{ledger.ErrReservationAlreadyStarted, classification{code: connect.CodeFailedPrecondition, reason: ReasonAlreadyStarted, withReservation: true}},
+	{ledger.ErrReservationAlreadySettled, classification{code: connect.CodeFailedPrecondition, reason: ReasonAlreadySettled, withReservation: true}},
+	{ledger.ErrReservationReleased, classification{code: connect.CodeFailedPrecondition, reason: ReasonReleased, withReservation: true}},
+	{ledger.ErrReservationExpired, classification{code: connect.CodeFailedPrecondition, reason: ReasonExpired, withReservation: true}},
+	{ledger.ErrOperationMismatch, classification{code: connect.CodeFailedPrecondition, reason: ReasonOperationMismatch, withReservation: true}},
+	{ledger.ErrReservationNotDue, classification{code: connect.CodeFailedPrecondition, reason: ReasonNotDue, withReservation: true}},
+	{ledger.ErrInvalidPolicy, classification{code: connect.CodeInvalidArgument, reason: ReasonInvalidPolicy}},
+	{ledger.ErrInvalidCommand, classification{code: connect.CodeInvalidArgument, reason: ReasonInvalidCommand}},
+	{errUnknownUnit, classification{code: connect.CodeInvalidArgument, reason: ReasonUnknownUnit}},
+}
+
+// errUnknownUnit: a units map names a unit the policy does not have.
+var errUnknownUnit = errors.New("unknown unit")
+
+// classify returns the wire meaning of a ledger error. Errors the table
+// does not know (a new ledger sentinel nobody mapped yet) are INTERNAL, so
+// they are noticed rather than passed off as a client mistake.
+func classify(err error) classification {
+	for _, entry := range ledgerErrors {
+		if errors.Is(err, entry.err) {
+			return entry.class
+		}
+	}
+	return classification{code: connect.CodeInternal, reason: "INTERNAL"}
+}
+
+// rejection builds the RejectionDetail of a capacity rejection.
+func rejection(res *ledger.Result, reason string) *v1.RejectionDetail {
+	detail := &v1.RejectionDetail{
+		PolicyGeneration:  res.Generation,
+		LimitingDimension: res.Dimension,
+		Reason:            reason,
+	}
+	if res.RetryAfter > 0 {
+		detail.RetryAfter = durationpb.New(retryAfterSeconds(res.RetryAfter))
+	}
+	return detail
+}
+
+// retryAfterSeconds rounds up to whole seconds (HTTP Retry-After has
+// second resolution, and rounding down would invite a retry that must fail).
+func retryAfterSeconds(d time.Duration) time.Duration {
+	return (d + time.Second - 1).Truncate(time.Second)
+}
+
+// outcomeError turns a ledger outcome whose Err is set into a connect error
+// with its detail: capacity rejections get RESOURCE_EXHAUSTED, a
+// Retry-After header (whole seconds, when refill can help) and a
+// RejectionDetail; everything else an ErrorDetail with the reason (and the
+// reservation as it is now, for state errors). units renders the
+// reservation's amounts by unit name.
+func (s *Server) outcomeError(ctx context.Context, res *ledger.Result) *connect.Error {
+	class := classify(res.Err)
+	cerr := connect.NewError(class.code, res.Err)
+	if class.capacity {
+		detail := rejection(res, class.reason)
+		s.metrics.rejection(res.Dimension, class.reason)
+		if res.RetryAfter > 0 {
+			cerr.Meta().Set("Retry-After", strconv.FormatInt(int64(retryAfterSeconds(res.RetryAfter)/time.Second), 10))
+		}
+		attachDetail(cerr, detail)
+		return cerr
+	}
+	detail := &v1.ErrorDetail{Reason: class.reason}
+	if class.withReservation && res.Reservation.ID != "" {
+		if pb, err := s.reservationProto(ctx, &res.Reservation); err == nil {
+			detail.Reservation = pb
+		}
+	}
+	attachDetail(cerr, detail)
+	return cerr
+}
+
+// itemError is outcomeError for one batch item: the same code and detail,
+// carried in the response instead of failing the call.
+func (s *Server) itemError(ctx context.Context, res *ledger.Result) *v1.ItemError {
+	class := classify(res.Err)
+	item := &v1.ItemError{Code: class.code.String(), Message: res.Err.Error()}
+	if class.capacity {
+		item.Rejection = rejection(res, class.reason)
+		s.metrics.rejection(res.Dimension, class.reason)
+		return item
+	}
+	item.Detail = &v1.ErrorDetail{Reason: class.reason}
+	if class.withReservation && res.Reservation.ID != "" {
+		if pb, err := s.reservationProto(ctx, &res.Reservation); err == nil {
+			item.Detail.Reservation = pb
+		}
+	}
+	return item
+}
+
+// operatingError maps an engine or store failure (not a ledger outcome).
+// For commands the outcome is then unknown, and the message says so: the
+// caller must retry with the same ids, never with new ones.
+func operatingError(what string, err error) *connect.Error {
+	var cerr *connect.Error
+	if errors.As(err, &cerr) {
+		return cerr
+	}
+	var code connect.Code
+	reason := ReasonStoreUnavailable
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		// Reads of a missing row; the handler names what was missing.
+		return withReason(connect.NewError(connect.CodeNotFound, fmt.Errorf("%s: %w", what, err)), ReasonReservationNotFound)
+	case errors.Is(err, context.Canceled):
+		code = connect.CodeCanceled
+	case errors.Is(err, context.DeadlineExceeded):
+		code = connect.CodeDeadlineExceeded
+	case errors.Is(err, store.ErrConflict):
+		code, reason = connect.CodeUnavailable, ReasonStoreConflict
+	default:
+		// store.ErrUnavailable, engine.ErrClosed (shutting down) and
+		// anything else the store reports: the ledger cannot answer now.
+		code = connect.CodeUnavailable
+	}
+	msg := fmt.Errorf("%s: outcome unknown, retry with the same ids: %w", what, err)
+	if errors.Is(err, engine.ErrClosed) {
+		msg = fmt.Errorf("%s: server shutting down, retry with the same ids: %w", what, err)
+	}
+	return withReason(connect.NewError(code, msg), reason)
+}
+
+// readError maps a failed read (nothing was changed, so no "outcome
+// unknown"): store.ErrNotFound becomes NOT_FOUND with the given reason.
+func readError(what, notFoundReason string, err error) *connect.Error {
+	if errors.Is(err, store.ErrNotFound) {
+		return withReason(connect.NewError(connect.CodeNotFound, fmt.Errorf("%s: %w", what, err)), notFoundReason)
+	}
+	var cerr *connect.Error
+	if errors.As(err, &cerr) {
+		return cerr
+	}
+	code := connect.CodeUnavailable
+	switch {
+	case errors.Is(err, context.Canceled):
+		code = connect.CodeCanceled
+	case errors.Is(err, context.DeadlineExceeded):
+		code = connect.CodeDeadlineExceeded
+	}
+	return withReason(connect.NewError(code, fmt.Errorf("%s: %w", what, err)), ReasonStoreUnavailable)
+}
+
+// invalidArgument is a malformed request caught before the ledger.
+func invalidArgument(reason string, format string, args ...any) *connect.Error {
+	return withReason(connect.NewError(connect.CodeInvalidArgument, fmt.Errorf(format, args...)), reason)
+}
+
+func withReason(cerr *connect.Error, reason string) *connect.Error {
+	attachDetail(cerr, &v1.ErrorDetail{Reason: reason})
+	return cerr
+}
+
+func attachDetail(cerr *connect.Error, msg proto.Message) {
+	if detail, err := connect.NewErrorDetail(msg); err == nil {
+		cerr.AddDetail(detail)
+	}
+}

@@ -1,0 +1,614 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+
+	v1 "github.com/capledger/capledger/api/capledger/v1"
+	"github.com/capledger/capledger/api/capledger/v1/capledgerv1connect"
+	"github.com/capledger/capledger/ledger"
+)
+
+var _ capledgerv1connect.LedgerServiceHandler = (*Server)(nil)
+
+// staleRetries bounds how often a reserve is mapped again after the ledger
+// said another generation decides than the one the units were mapped for.
+const staleRetries = 3
+
+// do runs one command. The error is the mapped operating failure (the
+// command's outcome is then unknown); expected outcomes are in Result.Err.
+func (s *Server) do(ctx context.Context, cmd ledger.Command) (ledger.Result, *connect.Error) {
+	res, err := s.ledger.Do(ctx, cmd)
+	if err != nil {
+		s.metrics.command(cmd.Kind.String(), "unavailable")
+		return res, operatingError(cmd.Kind.String(), err)
+	}
+	s.metrics.command(cmd.Kind.String(), outcomeLabel(&res))
+	return res, nil
+}
+
+// doBatch runs several commands in one engine call, with the same error
+// contract as do.
+func (s *Server) doBatch(ctx context.Context, kind ledger.Kind, cmds []ledger.Command) ([]ledger.Result, *connect.Error) {
+	if len(cmds) == 0 {
+		return nil, nil
+	}
+	results, err := s.ledger.DoBatch(ctx, cmds)
+	if err != nil {
+		for range cmds {
+			s.metrics.command(kind.String(), "unavailable")
+		}
+		return nil, operatingError(kind.String()+" batch", err)
+	}
+	for i := range results {
+		s.metrics.command(kind.String(), outcomeLabel(&results[i]))
+	}
+	return results, nil
+}
+
+func outcomeLabel(res *ledger.Result) string {
+	switch {
+	case res.Err == nil && res.Replayed:
+		return "replayed"
+	case res.Err == nil:
+		return "ok"
+	case res.Shadow:
+		return "shadow_rejected"
+	}
+	return strings.ToLower(classify(res.Err).reason)
+}
+
+func checkID(field, id string) *connect.Error {
+	switch {
+	case id == "":
+		return invalidArgument(ReasonInvalidCommand, "%s is required", field)
+	case len(id) > maxIDBytes:
+		return invalidArgument(ReasonInvalidCommand, "%s is %d bytes long; at most %d", field, len(id), maxIDBytes)
+	}
+	return nil
+}
+
+func regionOrDefault(region string) string {
+	if region == "" {
+		return ledger.DefaultRegion
+	}
+	return region
+}
+
+// --- policies ---
+
+// PublishPolicy implements LedgerService.PublishPolicy.
+func (s *Server) PublishPolicy(ctx context.Context, req *connect.Request[v1.PublishPolicyRequest]) (*connect.Response[v1.PublishPolicyResponse], error) {
+	p, err := PolicyFromProto(req.Msg.GetPolicy())
+	if err != nil {
+		return nil, invalidArgument(ReasonInvalidPolicy, "%v", err)
+	}
+	res, cerr := s.do(ctx, ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p})
+	if cerr != nil {
+		return nil, cerr
+	}
+	if res.Err != nil {
+		return nil, s.outcomeError(ctx, &res)
+	}
+	all, err := s.policies.refresh(ctx)
+	if err != nil {
+		return nil, readError("publish policy: read back", ReasonPolicyNotFound, err)
+	}
+	active := activeGenerations(all)
+	for i := range all {
+		if all[i].Generation == res.Generation {
+			s.log.Info("policy published", "generation", res.Generation, "key", all[i].Key.String(), "replayed", res.Replayed)
+			return connect.NewResponse(&v1.PublishPolicyResponse{
+				Policy:   PolicyProto(&all[i], active[all[i].Key] == all[i].Generation),
+				Replayed: res.Replayed,
+			}), nil
+		}
+	}
+	return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("publish policy: generation %d not found after commit", res.Generation))
+}
+
+// GetPolicy implements LedgerService.GetPolicy.
+func (s *Server) GetPolicy(ctx context.Context, req *connect.Request[v1.GetPolicyRequest]) (*connect.Response[v1.GetPolicyResponse], error) {
+	generation := req.Msg.GetGeneration()
+	if generation == 0 {
+		return nil, invalidArgument(ReasonInvalidCommand, "generation is required")
+	}
+	all, err := s.policies.refresh(ctx)
+	if err != nil {
+		return nil, readError("get policy", ReasonPolicyNotFound, err)
+	}
+	active := activeGenerations(all)
+	for i := range all {
+		if all[i].Generation == generation {
+			return connect.NewResponse(&v1.GetPolicyResponse{Policy: PolicyProto(&all[i], active[all[i].Key] == generation)}), nil
+		}
+	}
+	return nil, withReason(connect.NewError(connect.CodeNotFound, fmt.Errorf("%w: generation %d", ledger.ErrPolicyNotFound, generation)), ReasonPolicyNotFound)
+}
+
+// ListPolicies implements LedgerService.ListPolicies.
+func (s *Server) ListPolicies(ctx context.Context, req *connect.Request[v1.ListPoliciesRequest]) (*connect.Response[v1.ListPoliciesResponse], error) {
+	all, err := s.policies.refresh(ctx)
+	if err != nil {
+		return nil, readError("list policies", ReasonPolicyNotFound, err)
+	}
+	active := activeGenerations(all)
+	resp := &v1.ListPoliciesResponse{}
+	m := req.Msg
+	for i := range all {
+		k := all[i].Key
+		if (m.GetSubject() != "" && m.GetSubject() != k.Subject) || (m.GetRoute() != "" && m.GetRoute() != k.Route) ||
+			(m.GetRegion() != "" && m.GetRegion() != k.Region) {
+			continue
+		}
+		resp.Policies = append(resp.Policies, PolicyProto(&all[i], active[k] == all[i].Generation))
+	}
+	return connect.NewResponse(resp), nil
+}
+
+// RollbackPolicy implements LedgerService.RollbackPolicy.
+func (s *Server) RollbackPolicy(ctx context.Context, req *connect.Request[v1.RollbackPolicyRequest]) (*connect.Response[v1.RollbackPolicyResponse], error) {
+	generation := req.Msg.GetGeneration()
+	if generation == 0 {
+		return nil, invalidArgument(ReasonInvalidCommand, "generation is required")
+	}
+	p, err := s.policies.get(ctx, generation)
+	if err != nil {
+		return nil, readError("rollback policy", ReasonPolicyNotFound, err)
+	}
+	res, cerr := s.do(ctx, ledger.Command{Kind: ledger.KindRollbackPolicy, PolicyKey: p.Key, Generation: generation})
+	if cerr != nil {
+		return nil, cerr
+	}
+	if res.Err != nil {
+		return nil, s.outcomeError(ctx, &res)
+	}
+	if _, err := s.policies.refresh(ctx); err != nil {
+		s.log.Warn("policy cache refresh after rollback", "err", err)
+	}
+	s.log.Info("policy rolled back", "generation", generation, "key", p.Key.String(), "active", res.Generation, "replayed", res.Replayed)
+	return connect.NewResponse(&v1.RollbackPolicyResponse{ActiveGeneration: res.Generation, Replayed: res.Replayed}), nil
+}
+
+// --- reserve ---
+
+// outcome is one command's answer before it is put on the wire: a
+// response, a ledger outcome with Err set, or an error decided by the
+// server (validation, an operating failure).
+type outcome[T any] struct {
+	resp T
+	res  *ledger.Result
+	err  *connect.Error
+}
+
+// reserveCommand validates a reserve request and maps its units to the
+// positions of the policy the server believes decides, naming that
+// generation in the command. When the units cannot be mapped (no policy,
+// an unknown unit), unmapped says why and the command carries no units: the
+// ledger can still answer a retry of an existing id (replay or digest
+// mismatch) and otherwise changes nothing.
+func (s *Server) reserveCommand(ctx context.Context, req *v1.ReserveRequest) (cmd ledger.Command, unmapped, invalid *connect.Error) {
+	if cerr := checkID("reservation_id", req.GetReservationId()); cerr != nil {
+		return cmd, nil, cerr
+	}
+	if req.GetSubject() == ledger.AnySubject {
+		return cmd, nil, invalidArgument(ReasonInvalidCommand, "subject %q names every subject; reserve for a concrete one", ledger.AnySubject)
+	}
+	region := regionOrDefault(req.GetRegion())
+	digest := req.GetRequestDigest()
+	if digest == "" {
+		digest = requestDigest(req.GetSubject(), req.GetRoute(), region, req.GetUnits())
+	}
+	cmd = ledger.Command{
+		Kind:          ledger.KindReserve,
+		ReservationID: req.GetReservationId(),
+		RequestDigest: digest,
+		Subject:       req.GetSubject(),
+		Route:         req.GetRoute(),
+		Region:        region,
+	}
+	if cmd.Subject == "" || cmd.Route == "" {
+		// The ledger answers a replay, or ErrInvalidCommand.
+		return cmd, nil, nil
+	}
+	key := ledger.PolicyKey{Subject: cmd.Subject, Route: cmd.Route, Region: cmd.Region}
+	p, ok := s.policies.active(key)
+	if !ok {
+		if _, err := s.policies.refresh(ctx); err != nil {
+			return cmd, nil, readError("reserve: policies", ReasonNoPolicy, err)
+		}
+		p, ok = s.policies.active(key)
+	}
+	if !ok {
+		return cmd, withReason(connect.NewError(connect.CodeNotFound, fmt.Errorf("%w: %s", ledger.ErrNoPolicy, key)), ReasonNoPolicy), nil
+	}
+	units, err := amounts(&p, req.GetUnits())
+	if err != nil {
+		return cmd, invalidArgument(ReasonUnknownUnit, "reserve %s: %v", cmd.ReservationID, err), nil
+	}
+	cmd.Units = units
+	cmd.Generation = p.Generation
+	return cmd, nil, nil
+}
+
+// stale reports whether the ledger refused a reserve because another
+// generation decides than the one its units were mapped for.
+func stale(cmd *ledger.Command, res *ledger.Result) bool {
+	return cmd.Generation != 0 && errors.Is(res.Err, ledger.ErrInvalidCommand) &&
+		res.Generation != 0 && res.Generation != cmd.Generation
+}
+
+// reserveOutcome turns the ledger's answer to a reserve into its outcome.
+func (s *Server) reserveOutcome(ctx context.Context, res *ledger.Result, unmapped *connect.Error) outcome[*v1.ReserveResponse] {
+	if unmapped != nil && !(res.Err == nil && res.Replayed) && !errors.Is(res.Err, ledger.ErrDigestMismatch) {
+		// Not a retry of an existing id: the server's own answer stands.
+		return outcome[*v1.ReserveResponse]{err: unmapped}
+	}
+	if res.Err != nil && !res.Shadow {
+		return outcome[*v1.ReserveResponse]{res: res}
+	}
+	resp := &v1.ReserveResponse{Replayed: res.Replayed, PolicyGeneration: res.Generation}
+	if res.Shadow {
+		reason := classify(res.Err).reason
+		resp.ShadowRejected = true
+		resp.ShadowRejection = rejection(res, reason)
+		s.metrics.shadowRejection(res.Dimension, reason)
+		return outcome[*v1.ReserveResponse]{resp: resp}
+	}
+	pb, err := s.reservationProto(ctx, &res.Reservation)
+	if err != nil {
+		// Committed, but cannot be rendered: say so without hiding that
+		// the reservation exists (a retry with the same id replays it).
+		return outcome[*v1.ReserveResponse]{err: readError("reserve: render receipt", ReasonPolicyNotFound, err)}
+	}
+	resp.Reservation = pb
+	return outcome[*v1.ReserveResponse]{resp: resp}
+}
+
+// reserveOne runs one reserve, mapping it again if the policy changed under
+// it.
+func (s *Server) reserveOne(ctx context.Context, req *v1.ReserveRequest) outcome[*v1.ReserveResponse] {
+	for attempt := 0; ; attempt++ {
+		cmd, unmapped, invalid := s.reserveCommand(ctx, req)
+		if invalid != nil {
+			return outcome[*v1.ReserveResponse]{err: invalid}
+		}
+		res, cerr := s.do(ctx, cmd)
+		if cerr != nil {
+			return outcome[*v1.ReserveResponse]{err: cerr}
+		}
+		if stale(&cmd, &res) && attempt < staleRetries {
+			if _, err := s.policies.refresh(ctx); err != nil {
+				return outcome[*v1.ReserveResponse]{err: readError("reserve: policies", ReasonNoPolicy, err)}
+			}
+			continue
+		}
+		return s.reserveOutcome(ctx, &res, unmapped)
+	}
+}
+
+// Reserve implements LedgerService.Reserve.
+func (s *Server) Reserve(ctx context.Context, req *connect.Request[v1.ReserveRequest]) (*connect.Response[v1.ReserveResponse], error) {
+	out := s.reserveOne(ctx, req.Msg)
+	switch {
+	case out.err != nil:
+		return nil, out.err
+	case out.res != nil:
+		return nil, s.outcomeError(ctx, out.res)
+	}
+	return connect.NewResponse(out.resp), nil
+}
+
+// ReserveBatch implements LedgerService.ReserveBatch: every item that
+// validates goes to the engine in one call (one transaction when it fits a
+// batch); items whose mapping went stale are run again one by one.
+func (s *Server) ReserveBatch(ctx context.Context, req *connect.Request[v1.ReserveBatchRequest]) (*connect.Response[v1.ReserveBatchResponse], error) {
+	items := req.Msg.GetRequests()
+	if len(items) > MaxBatchItems {
+		return nil, invalidArgument(ReasonInvalidCommand, "%d requests in one batch; at most %d", len(items), MaxBatchItems)
+	}
+	outcomes := make([]outcome[*v1.ReserveResponse], len(items))
+	unmapped := make([]*connect.Error, len(items))
+	var cmds []ledger.Command
+	var sent []int
+	for i, item := range items {
+		cmd, why, invalid := s.reserveCommand(ctx, item)
+		if invalid != nil {
+			outcomes[i].err = invalid
+			continue
+		}
+		unmapped[i] = why
+		cmds = append(cmds, cmd)
+		sent = append(sent, i)
+	}
+	results, cerr := s.doBatch(ctx, ledger.KindReserve, cmds)
+	if cerr != nil {
+		return nil, cerr
+	}
+	for j, i := range sent {
+		if stale(&cmds[j], &results[j]) {
+			outcomes[i] = s.reserveOne(ctx, items[i])
+			continue
+		}
+		outcomes[i] = s.reserveOutcome(ctx, &results[j], unmapped[i])
+	}
+	resp := &v1.ReserveBatchResponse{Outcomes: make([]*v1.ReserveOutcome, len(items))}
+	for i, out := range outcomes {
+		switch {
+		case out.err != nil:
+			resp.Outcomes[i] = &v1.ReserveOutcome{Outcome: &v1.ReserveOutcome_Error{Error: itemFromConnect(out.err)}}
+		case out.res != nil:
+			resp.Outcomes[i] = &v1.ReserveOutcome{Outcome: &v1.ReserveOutcome_Error{Error: s.itemError(ctx, out.res)}}
+		default:
+			resp.Outcomes[i] = &v1.ReserveOutcome{Outcome: &v1.ReserveOutcome_Ok{Ok: out.resp}}
+		}
+	}
+	return connect.NewResponse(resp), nil
+}
+
+// itemFromConnect carries a server-decided error as a batch item.
+func itemFromConnect(cerr *connect.Error) *v1.ItemError {
+	item := &v1.ItemError{Code: cerr.Code().String(), Message: cerr.Message()}
+	for _, d := range cerr.Details() {
+		msg, err := d.Value()
+		if err != nil {
+			continue
+		}
+		switch m := msg.(type) {
+		case *v1.ErrorDetail:
+			item.Detail = m
+		case *v1.RejectionDetail:
+			item.Rejection = m
+		}
+	}
+	return item
+}
+
+// --- start, settle, release, unknown ---
+
+// reservationResponse renders the reservation of a successful command.
+func (s *Server) reservation(ctx context.Context, what string, res *ledger.Result) (*v1.Reservation, *connect.Error) {
+	pb, err := s.reservationProto(ctx, &res.Reservation)
+	if err != nil {
+		return nil, readError(what+": render receipt", ReasonPolicyNotFound, err)
+	}
+	return pb, nil
+}
+
+// Start implements LedgerService.Start.
+func (s *Server) Start(ctx context.Context, req *connect.Request[v1.StartRequest]) (*connect.Response[v1.StartResponse], error) {
+	if cerr := checkID("reservation_id", req.Msg.GetReservationId()); cerr != nil {
+		return nil, cerr
+	}
+	if cerr := checkID("operation_id", req.Msg.GetOperationId()); cerr != nil {
+		return nil, cerr
+	}
+	res, cerr := s.do(ctx, ledger.Command{Kind: ledger.KindStart, ReservationID: req.Msg.GetReservationId(), OperationID: req.Msg.GetOperationId()})
+	if cerr != nil {
+		return nil, cerr
+	}
+	if res.Err != nil {
+		return nil, s.outcomeError(ctx, &res)
+	}
+	pb, cerr := s.reservation(ctx, "start", &res)
+	if cerr != nil {
+		return nil, cerr
+	}
+	return connect.NewResponse(&v1.StartResponse{Reservation: pb, Replayed: res.Replayed}), nil
+}
+
+// settleCommand validates a settle and maps its units by the reservation's
+// own generation (immutable, so this mapping cannot go stale).
+func (s *Server) settleCommand(ctx context.Context, req *v1.SettleRequest) (ledger.Command, *connect.Error) {
+	if cerr := checkID("reservation_id", req.GetReservationId()); cerr != nil {
+		return ledger.Command{}, cerr
+	}
+	if cerr := checkID("operation_id", req.GetOperationId()); cerr != nil {
+		return ledger.Command{}, cerr
+	}
+	r, err := s.ledger.Reservation(ctx, req.GetReservationId())
+	if err != nil {
+		return ledger.Command{}, readError("settle "+req.GetReservationId(), ReasonReservationNotFound, err)
+	}
+	p, err := s.policies.get(ctx, r.Account.Generation)
+	if err != nil {
+		return ledger.Command{}, readError("settle "+req.GetReservationId(), ReasonPolicyNotFound, err)
+	}
+	units, err := amounts(&p, req.GetActualUnits())
+	if err != nil {
+		return ledger.Command{}, invalidArgument(ReasonUnknownUnit, "settle %s: %v", req.GetReservationId(), err)
+	}
+	return ledger.Command{Kind: ledger.KindSettle, ReservationID: r.ID, OperationID: req.GetOperationId(), Units: units}, nil
+}
+
+func (s *Server) settleOutcome(ctx context.Context, res *ledger.Result) outcome[*v1.SettleResponse] {
+	if res.Err != nil {
+		return outcome[*v1.SettleResponse]{res: res}
+	}
+	pb, cerr := s.reservation(ctx, "settle", res)
+	if cerr != nil {
+		return outcome[*v1.SettleResponse]{err: cerr}
+	}
+	refunded, err := s.refundedProto(ctx, res)
+	if err != nil {
+		return outcome[*v1.SettleResponse]{err: readError("settle: render refund", ReasonPolicyNotFound, err)}
+	}
+	return outcome[*v1.SettleResponse]{resp: &v1.SettleResponse{Reservation: pb, Replayed: res.Replayed, RefundedUnits: refunded}}
+}
+
+// Settle implements LedgerService.Settle.
+func (s *Server) Settle(ctx context.Context, req *connect.Request[v1.SettleRequest]) (*connect.Response[v1.SettleResponse], error) {
+	cmd, cerr := s.settleCommand(ctx, req.Msg)
+	if cerr != nil {
+		return nil, cerr
+	}
+	res, cerr := s.do(ctx, cmd)
+	if cerr != nil {
+		return nil, cerr
+	}
+	out := s.settleOutcome(ctx, &res)
+	switch {
+	case out.err != nil:
+		return nil, out.err
+	case out.res != nil:
+		return nil, s.outcomeError(ctx, out.res)
+	}
+	if res.Reservation.State == ledger.StateSettledWithDebt && !res.Replayed {
+		s.log.Info("settled with debt, admission frozen", "reservation", res.Reservation.ID,
+			"account", res.Reservation.Account.String(), "breach", res.Reservation.Breach)
+	}
+	return connect.NewResponse(out.resp), nil
+}
+
+// SettleBatch implements LedgerService.SettleBatch.
+func (s *Server) SettleBatch(ctx context.Context, req *connect.Request[v1.SettleBatchRequest]) (*connect.Response[v1.SettleBatchResponse], error) {
+	items := req.Msg.GetRequests()
+	if len(items) > MaxBatchItems {
+		return nil, invalidArgument(ReasonInvalidCommand, "%d requests in one batch; at most %d", len(items), MaxBatchItems)
+	}
+	outcomes := make([]outcome[*v1.SettleResponse], len(items))
+	var cmds []ledger.Command
+	var sent []int
+	for i, item := range items {
+		cmd, cerr := s.settleCommand(ctx, item)
+		if cerr != nil {
+			if cerr.Code() == connect.CodeUnavailable {
+				return nil, cerr
+			}
+			outcomes[i].err = cerr
+			continue
+		}
+		cmds = append(cmds, cmd)
+		sent = append(sent, i)
+	}
+	results, cerr := s.doBatch(ctx, ledger.KindSettle, cmds)
+	if cerr != nil {
+		return nil, cerr
+	}
+	for j, i := range sent {
+		outcomes[i] = s.settleOutcome(ctx, &results[j])
+	}
+	resp := &v1.SettleBatchResponse{Outcomes: make([]*v1.SettleOutcome, len(items))}
+	for i, out := range outcomes {
+		switch {
+		case out.err != nil:
+			resp.Outcomes[i] = &v1.SettleOutcome{Outcome: &v1.SettleOutcome_Error{Error: itemFromConnect(out.err)}}
+		case out.res != nil:
+			resp.Outcomes[i] = &v1.SettleOutcome{Outcome: &v1.SettleOutcome_Error{Error: s.itemError(ctx, out.res)}}
+		default:
+			resp.Outcomes[i] = &v1.SettleOutcome{Outcome: &v1.SettleOutcome_Ok{Ok: out.resp}}
+		}
+	}
+	return connect.NewResponse(resp), nil
+}
+
+// Release implements LedgerService.Release.
+func (s *Server) Release(ctx context.Context, req *connect.Request[v1.ReleaseRequest]) (*connect.Response[v1.ReleaseResponse], error) {
+	if cerr := checkID("reservation_id", req.Msg.GetReservationId()); cerr != nil {
+		return nil, cerr
+	}
+	res, cerr := s.do(ctx, ledger.Command{Kind: ledger.KindRelease, ReservationID: req.Msg.GetReservationId()})
+	if cerr != nil {
+		return nil, cerr
+	}
+	if res.Err != nil {
+		return nil, s.outcomeError(ctx, &res)
+	}
+	pb, cerr := s.reservation(ctx, "release", &res)
+	if cerr != nil {
+		return nil, cerr
+	}
+	refunded, err := s.refundedProto(ctx, &res)
+	if err != nil {
+		return nil, readError("release: render refund", ReasonPolicyNotFound, err)
+	}
+	return connect.NewResponse(&v1.ReleaseResponse{Reservation: pb, Replayed: res.Replayed, RefundedUnits: refunded}), nil
+}
+
+// MarkUsageUnknown implements LedgerService.MarkUsageUnknown.
+func (s *Server) MarkUsageUnknown(ctx context.Context, req *connect.Request[v1.MarkUsageUnknownRequest]) (*connect.Response[v1.MarkUsageUnknownResponse], error) {
+	if cerr := checkID("reservation_id", req.Msg.GetReservationId()); cerr != nil {
+		return nil, cerr
+	}
+	res, cerr := s.do(ctx, ledger.Command{Kind: ledger.KindMarkUsageUnknown, ReservationID: req.Msg.GetReservationId()})
+	if cerr != nil {
+		return nil, cerr
+	}
+	if res.Err != nil {
+		return nil, s.outcomeError(ctx, &res)
+	}
+	pb, cerr := s.reservation(ctx, "mark usage unknown", &res)
+	if cerr != nil {
+		return nil, cerr
+	}
+	return connect.NewResponse(&v1.MarkUsageUnknownResponse{Reservation: pb, Replayed: res.Replayed}), nil
+}
+
+// --- reads ---
+
+// GetReservation implements LedgerService.GetReservation.
+func (s *Server) GetReservation(ctx context.Context, req *connect.Request[v1.GetReservationRequest]) (*connect.Response[v1.GetReservationResponse], error) {
+	id := req.Msg.GetReservationId()
+	if cerr := checkID("reservation_id", id); cerr != nil {
+		return nil, cerr
+	}
+	r, err := s.ledger.Reservation(ctx, id)
+	if err != nil {
+		return nil, readError("get reservation "+id, ReasonReservationNotFound, err)
+	}
+	pb, err := s.reservationProto(ctx, &r)
+	if err != nil {
+		return nil, readError("get reservation "+id, ReasonPolicyNotFound, err)
+	}
+	return connect.NewResponse(&v1.GetReservationResponse{Reservation: pb}), nil
+}
+
+// GetAccount implements LedgerService.GetAccount. It reads one subject's
+// accounts only: the subject and route are required, and rows of any other
+// key are dropped even if a store returned them.
+func (s *Server) GetAccount(ctx context.Context, req *connect.Request[v1.GetAccountRequest]) (*connect.Response[v1.GetAccountResponse], error) {
+	key := ledger.PolicyKey{Subject: req.Msg.GetSubject(), Route: req.Msg.GetRoute(), Region: regionOrDefault(req.Msg.GetRegion())}
+	if key.Subject == "" || key.Subject == ledger.AnySubject || key.Route == "" {
+		return nil, invalidArgument(ReasonInvalidCommand, "subject (concrete, not %q) and route are required", ledger.AnySubject)
+	}
+	accounts, err := s.ledger.Accounts(ctx, key)
+	if err != nil {
+		return nil, readError("get account "+key.String(), ReasonAccountNotFound, err)
+	}
+	resp := &v1.GetAccountResponse{}
+	for i := range accounts {
+		a := &accounts[i]
+		if a.Key.SubjectKey() != key {
+			continue
+		}
+		p, err := s.policies.get(ctx, a.Key.Generation)
+		if err != nil {
+			return nil, readError("get account "+key.String(), ReasonPolicyNotFound, err)
+		}
+		resp.Accounts = append(resp.Accounts, accountProto(a, &p))
+	}
+	return connect.NewResponse(resp), nil
+}
+
+// Audit implements LedgerService.Audit.
+func (s *Server) Audit(ctx context.Context, req *connect.Request[v1.AuditRequest]) (*connect.Response[v1.AuditResponse], error) {
+	found, err := s.ledger.Audit(ctx)
+	if err != nil {
+		return nil, readError("audit", ReasonStoreUnavailable, err)
+	}
+	resp := &v1.AuditResponse{CheckedAt: timestamp(time.Now())}
+	for _, d := range found {
+		resp.Discrepancies = append(resp.Discrepancies, &v1.Discrepancy{
+			Check: d.Check, Account: d.Account, ReservationId: d.Reservation, Detail: d.Detail,
+		})
+	}
+	if len(found) > 0 {
+		s.log.Warn("audit found discrepancies", "count", len(found), "first", found[0].String())
+	}
+	return connect.NewResponse(resp), nil
+}

@@ -1,0 +1,190 @@
+// Package server is capledger's network face: the LedgerService handlers
+// (one definition served as gRPC, gRPC-Web and Connect/JSON on one port),
+// bearer-token auth, the mapping of ledger outcomes to status codes (429 +
+// Retry-After for capacity rejections), request size limits, health and
+// readiness probes and Prometheus metrics.
+//
+// The handlers translate only: names to dimension positions, protobuf to
+// ledger types and back. Every decision is the ledger's, every write goes
+// through the engine.
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/capledger/capledger/api/capledger/v1/capledgerv1connect"
+	"github.com/capledger/capledger/engine"
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+)
+
+// Ledger is what the server needs of the engine (*engine.Engine implements
+// it).
+type Ledger interface {
+	Do(ctx context.Context, cmd ledger.Command) (ledger.Result, error)
+	DoBatch(ctx context.Context, cmds []ledger.Command) ([]ledger.Result, error)
+	Reservation(ctx context.Context, id string) (ledger.Reservation, error)
+	Accounts(ctx context.Context, subject ledger.PolicyKey) ([]ledger.Account, error)
+	Policies(ctx context.Context) ([]ledger.Policy, error)
+	Policy(ctx context.Context, generation uint64) (ledger.Policy, error)
+	Audit(ctx context.Context) ([]ledger.Discrepancy, error)
+	Stats() engine.Stats
+	Ready() error
+}
+
+var _ Ledger = (*engine.Engine)(nil)
+
+// DefaultMaxBodyBytes is the default request size limit (1 MiB).
+const DefaultMaxBodyBytes = 1 << 20
+
+// MaxBatchItems bounds ReserveBatch and SettleBatch.
+const MaxBatchItems = 1000
+
+// maxIDBytes bounds reservation and operation ids.
+const maxIDBytes = 256
+
+// Config configures a Server. The zero value serves without auth, with a
+// 1 MiB body limit, fresh metrics and the default logger.
+type Config struct {
+	// Tokens enables bearer-token auth; nil turns auth off (the caller then
+	// must make sure only trusted clients can connect, e.g. loopback).
+	Tokens *Tokens
+	// MaxBodyBytes limits a request body (default DefaultMaxBodyBytes).
+	MaxBodyBytes int64
+	// Metrics to record into; nil creates fresh ones. Pass the same
+	// Metrics' ObserveBatch as the engine's OnBatch to get batch metrics.
+	Metrics *Metrics
+	Logger  *slog.Logger
+}
+
+// Server implements capledgerv1connect.LedgerServiceHandler over a Ledger.
+type Server struct {
+	ledger   Ledger
+	policies *policyCache
+	metrics  *Metrics
+	log      *slog.Logger
+	maxBody  int64
+	handler  http.Handler
+}
+
+// New returns a server over l.
+func New(l Ledger, cfg Config) *Server {
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = NewMetrics()
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	s := &Server{
+		ledger:   l,
+		policies: newPolicyCache(l),
+		metrics:  cfg.Metrics,
+		log:      cfg.Logger,
+		maxBody:  cfg.MaxBodyBytes,
+	}
+	s.metrics.registerEngine(l)
+
+	options := []connect.HandlerOption{connect.WithReadMaxBytes(int(cfg.MaxBodyBytes))}
+	if cfg.Tokens != nil {
+		options = append(options, connect.WithInterceptors(authInterceptor(cfg.Tokens)))
+	}
+	path, service := capledgerv1connect.NewLedgerServiceHandler(s, options...)
+	mux := http.NewServeMux()
+	mux.Handle(path, service)
+	mux.HandleFunc("GET /healthz", s.healthz)
+	mux.HandleFunc("GET /readyz", s.readyz)
+	mux.Handle("GET /metrics", s.metrics.Handler())
+	s.handler = s.limitBody(mux)
+	return s
+}
+
+// Handler returns the HTTP handler of every endpoint: the LedgerService
+// under /capledger.v1.LedgerService/, and /healthz, /readyz, /metrics.
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// HTTPServer returns an http.Server for h that speaks HTTP/1.1 and
+// cleartext HTTP/2 (h2c, which gRPC clients use without TLS), with
+// timeouts that bound slow clients but not slow commits.
+func HTTPServer(h http.Handler, log *slog.Logger) *http.Server {
+	protocols := new(http.Protocols)
+	protocols.SetHTTP1(true)
+	protocols.SetUnencryptedHTTP2(true)
+	return &http.Server{
+		Handler:           h,
+		Protocols:         protocols,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       60 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+}
+
+// limitBody refuses a Connect-protocol request whose declared body is over
+// the limit with 413 and a Connect error body (code resource_exhausted, so
+// Connect clients decode it), and caps every body's wire bytes. gRPC
+// requests are left to connect.WithReadMaxBytes, which answers with the
+// gRPC convention (RESOURCE_EXHAUSTED in the trailers).
+func (s *Server) limitBody(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		contentType := r.Header.Get("Content-Type")
+		grpc := strings.HasPrefix(contentType, "application/grpc")
+		if !grpc && r.ContentLength > s.maxBody {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusRequestEntityTooLarge)
+			json.NewEncoder(w).Encode(map[string]string{
+				"code":    connect.CodeResourceExhausted.String(),
+				"message": fmt.Sprintf("request body of %d bytes is larger than the limit of %d bytes", r.ContentLength, s.maxBody),
+			})
+			return
+		}
+		if r.Body != nil {
+			// Slack for gRPC framing and compression headers: the message
+			// limit proper is connect's, which answers in the protocol.
+			r.Body = http.MaxBytesReader(w, r.Body, s.maxBody+64<<10)
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// healthz answers 200 while the process is alive.
+func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	fmt.Fprintln(w, "ok")
+}
+
+// readyz answers 200 when the engine's last store access worked and a read
+// of the store works now, 503 with the error otherwise. A load balancer
+// takes a replica whose store is unreachable out of rotation.
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	err := s.ledger.Ready()
+	if err == nil {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		// Generation 0 never exists: the read proves the store answers,
+		// whatever it holds, at the cost of one indexed lookup.
+		_, err = s.ledger.Policy(ctx, 0)
+		cancel()
+		if errors.Is(err, store.ErrNotFound) {
+			err = nil
+		}
+	}
+	if err != nil {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		fmt.Fprintf(w, "not ready: %v\n", err)
+		return
+	}
+	fmt.Fprintln(w, "ready")
+}
