@@ -12,8 +12,15 @@ import (
 // published, or the current one rolled back), that account is first brought
 // to now under its own rule, then its available capacity and debt move
 // over, exactly once, so a republished policy neither hands out a fresh
-// burst nor forgets debt. The move's receipt is returned when one was made.
-func currentAccount(b Book, subject PolicyKey, p *Policy, now time.Time) (*Account, *Move, bool) {
+// burst nor forgets debt.
+func currentAccount(b Book, subject PolicyKey, p *Policy, now time.Time) (*Account, bool) {
+	account, _, ok := switchTo(b, subject, p, now)
+	return account, ok
+}
+
+// switchTo is currentAccount that also returns the generation switch's move
+// receipt when it made one.
+func switchTo(b Book, subject PolicyKey, p *Policy, now time.Time) (*Account, *Move, bool) {
 	currentGeneration, hasCurrent := b.AccountCurrent(subject)
 	key := AccountKey{Subject: subject.Subject, Route: subject.Route, Region: subject.Region, Generation: p.Generation}
 	if hasCurrent && currentGeneration == p.Generation {
@@ -58,7 +65,7 @@ func currentAccount(b Book, subject PolicyKey, p *Policy, now time.Time) (*Accou
 	b.AccountCurrentPut(subject, p.Generation)
 	var move *Move
 	if previous != nil {
-		tick(b, previous, previousPolicy, now, !previousPolicy.RolledBack)
+		bringToNow(b, previous, previousPolicy, now, !previousPolicy.RolledBack)
 		b.AccountPut(previous)
 		receipt := "switch:" + previous.Key.String() + ">" + strconv.FormatUint(p.Generation, 10) +
 			":" + strconv.FormatUint(previous.Version, 10)
@@ -137,11 +144,11 @@ func forward(b Book, account *Account, kind Kind, reservationID string, now time
 	if !ok {
 		return // nothing admits for the subject: the capacity stays where it is
 	}
-	target, _, ok := currentAccount(b, subject, p, now)
+	target, ok := currentAccount(b, subject, p, now)
 	if !ok || target.Key == account.Key {
 		return
 	}
-	tick(b, target, p, now, !p.RolledBack)
+	bringToNow(b, target, p, now, !p.RolledBack)
 	b.AccountPut(target)
 	moveBetween(b, account, target, MoveForward, kind.String()+":"+reservationID, now)
 }
@@ -157,13 +164,20 @@ func mint(bal *Balance, units Units) {
 	bal.Available += units - repay
 }
 
-// tick brings an account to now: closes elapsed accounting epochs, then,
-// when refill is set, mints the refill due since the cursor under p, the
+// tick brings an account to now under its own policy p: closes elapsed
+// accounting epochs, and refills when the account is its subject's
+// current account and p was not rolled back (see bringToNow).
+func tick(b Book, a *Account, p *Policy, now time.Time) {
+	bringToNow(b, a, p, now, p.Generation == a.Key.Generation && !p.RolledBack && isCurrent(b, a))
+}
+
+// bringToNow closes the account's elapsed accounting epochs, then, when
+// refill is set, mints the refill due since the cursor under p, the
 // account's own policy. Callers set refill only for the subject's current
 // account under a generation that was not rolled back: an account that no
 // longer holds the subject's capacity must not mint for time its successor
-// refills too.
-func tick(b Book, a *Account, p *Policy, now time.Time, refill bool) {
+// refills too. Hot paths that know the answer call this instead of tick.
+func bringToNow(b Book, a *Account, p *Policy, now time.Time, refill bool) {
 	rollEpoch(b, a, p, now)
 	if !refill {
 		return
@@ -280,7 +294,7 @@ func Refill(b Book, key AccountKey, now time.Time) Result {
 	if err != nil {
 		return Result{Err: err}
 	}
-	tick(b, a, p, now, !p.RolledBack && isCurrent(b, a))
+	tick(b, a, p, now)
 	b.AccountPut(a)
 	return Result{Generation: key.Generation}
 }
@@ -325,8 +339,8 @@ func Drain(b Book, key AccountKey, now time.Time) Result {
 	if active.Generation == key.Generation {
 		return Result{Err: fmt.Errorf("%w: %s is current", ErrNothingToDrain, key)}
 	}
-	target, switched, _ := currentAccount(b, subject, active, now)
-	tick(b, target, active, now, !active.RolledBack)
+	target, switched, _ := switchTo(b, subject, active, now)
+	bringToNow(b, target, active, now, !active.RolledBack)
 	b.AccountPut(target)
 	if switched != nil && switched.From == key {
 		return Result{Generation: active.Generation, Move: switched}

@@ -52,11 +52,11 @@ func Reserve(b Book, cmd *Command, now time.Time) Result {
 	if err := checkUnits(p, &cmd.Units, true); err != nil {
 		return Result{Err: err, Generation: p.Generation}
 	}
-	a, _, ok := currentAccount(b, subject, p, now)
+	a, ok := currentAccount(b, subject, p, now)
 	if !ok {
 		return Result{Err: fmt.Errorf("%w: %s", ErrAccountNotFound, subject)}
 	}
-	tick(b, a, p, now, true)
+	bringToNow(b, a, p, now, true)
 	b.AccountPut(a)
 
 	if rejected, res := admissible(a, p, &cmd.Units, now); rejected {
@@ -289,7 +289,7 @@ func Settle(b Book, id, operationID string, actual Amounts, now time.Time) Resul
 		return Result{Err: err, Reservation: *r}
 	}
 	current := isCurrent(b, a)
-	tick(b, a, p, now, current && !p.RolledBack)
+	bringToNow(b, a, p, now, current && !p.RolledBack)
 
 	before := a.Balances
 	var refunded Amounts
@@ -449,7 +449,7 @@ func refundHold(b Book, r *Reservation, to State, kind Kind, now time.Time) Resu
 		return Result{Err: err, Reservation: *r}
 	}
 	current := isCurrent(b, a)
-	tick(b, a, p, now, current && !p.RolledBack)
+	bringToNow(b, a, p, now, current && !p.RolledBack)
 	before := a.Balances
 	for i := 0; i < a.Dims; i++ {
 		a.Balances[i].Reserved -= r.Reserved[i]

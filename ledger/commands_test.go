@@ -1,0 +1,452 @@
+package ledger_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/capledger/capledger/ledger"
+)
+
+func TestPublishMakesImmutableGenerations(t *testing.T) {
+	c := newChecked(t)
+	g1 := c.publish(policyOf(tokens(1000, 100)))
+	again := c.apply(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: policyOf(tokens(1000, 100))})
+	if again.Err != nil || !again.Replayed || again.Generation != g1 {
+		t.Fatalf("republishing the same terms: %+v", again)
+	}
+	g2 := c.publish(policyOf(tokens(2000, 100)))
+	if g2 != g1+1 {
+		t.Fatalf("second generation %d after %d", g2, g1)
+	}
+	first, _ := c.m.Policy(g1)
+	if first.Dimensions[0].Burst != 1000 || first.RolledBack {
+		t.Fatalf("generation %d changed: %+v", g1, first)
+	}
+	bad := policyOf(tokens(1000, 100))
+	bad.Dimensions[0].MaxReservation = 2000
+	if res := c.apply(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: bad}); !errors.Is(res.Err, ledger.ErrInvalidPolicy) {
+		t.Fatalf("publishing max reservation above burst: %+v", res)
+	}
+	if res := c.apply(ledger.Command{Kind: ledger.KindPublishPolicy}); !errors.Is(res.Err, ledger.ErrInvalidPolicy) {
+		t.Fatalf("publishing nothing: %+v", res)
+	}
+	if res := c.rollback(testSubject, 99); !errors.Is(res.Err, ledger.ErrPolicyNotFound) {
+		t.Fatalf("rollback of a missing generation: %+v", res)
+	}
+	if res := c.rollback(testSubject, g2); res.Err != nil || res.Generation != g1 {
+		t.Fatalf("rollback: %+v", res)
+	}
+	if res := c.rollback(testSubject, g2); res.Err != nil || !res.Replayed {
+		t.Fatalf("second rollback: %+v", res)
+	}
+	if res := c.rollback(testSubject, g1); res.Err != nil || res.Generation != 0 {
+		t.Fatalf("rollback of the last generation: %+v", res)
+	}
+	if res := c.reserve("a", 1); !errors.Is(res.Err, ledger.ErrNoPolicy) {
+		t.Fatalf("reserve with every generation rolled back: %+v", res)
+	}
+}
+
+// Every way Reserve says no, with what the rejection carries.
+func TestReserveRejections(t *testing.T) {
+	twoDims := func() *ledger.Policy {
+		return policyOf(tokens(1000, 100), ledger.Dimension{Unit: "requests", Burst: 10, MaxReservation: 5,
+			RefillUnits: 1, RefillInterval: time.Second})
+	}
+	base := ledger.Command{Kind: ledger.KindReserve, ReservationID: "x", RequestDigest: "sha256:x",
+		Subject: testSubject.Subject, Route: testSubject.Route, Region: testSubject.Region}
+	with := func(f func(*ledger.Command)) ledger.Command { cmd := base; f(&cmd); return cmd }
+	cases := []struct {
+		name      string
+		setup     func(c *checked)
+		cmd       ledger.Command
+		err       error
+		dimension string
+		retry     time.Duration
+	}{
+		{name: "empty id", cmd: with(func(c *ledger.Command) { c.ReservationID = ""; c.Units = ledger.Amounts{1} }),
+			err: ledger.ErrInvalidCommand},
+		{name: "missing route", cmd: with(func(c *ledger.Command) { c.Route = ""; c.Units = ledger.Amounts{1} }),
+			err: ledger.ErrInvalidCommand},
+		{name: "wildcard subject", cmd: with(func(c *ledger.Command) { c.Subject = ledger.AnySubject; c.Units = ledger.Amounts{1} }),
+			err: ledger.ErrInvalidCommand},
+		{name: "no policy", cmd: with(func(c *ledger.Command) { c.Route = "other"; c.Units = ledger.Amounts{1} }),
+			err: ledger.ErrNoPolicy},
+		{name: "no units", cmd: base, err: ledger.ErrInvalidCommand},
+		{name: "negative units", cmd: with(func(c *ledger.Command) { c.Units = ledger.Amounts{5, -1} }),
+			err: ledger.ErrInvalidCommand},
+		{name: "undeclared dimension", cmd: with(func(c *ledger.Command) { c.Units = ledger.Amounts{5, 1, 1} }),
+			err: ledger.ErrInvalidCommand},
+		{name: "units beyond MaxUnits", cmd: with(func(c *ledger.Command) { c.Units = ledger.Amounts{ledger.MaxUnits + 1} }),
+			err: ledger.ErrInvalidCommand},
+		{name: "ordered for another generation", cmd: with(func(c *ledger.Command) { c.Units = ledger.Amounts{1}; c.Generation = 7 }),
+			err: ledger.ErrInvalidCommand},
+		{name: "too large", cmd: with(func(c *ledger.Command) { c.Units = ledger.Amounts{1, 6} }),
+			err: ledger.ErrReservationTooLarge, dimension: "requests"},
+		{name: "insufficient tokens", setup: func(c *checked) { c.must(c.reserve("a", 900, 1)) },
+			cmd: with(func(c *ledger.Command) { c.Units = ledger.Amounts{301, 1} }),
+			err: ledger.ErrInsufficientCapacity, dimension: "tokens", retry: 3 * time.Second},
+		{name: "insufficient requests", setup: func(c *checked) { c.must(c.reserve("a", 1, 5)); c.must(c.reserve("b", 1, 5)) },
+			cmd: with(func(c *ledger.Command) { c.Units = ledger.Amounts{1, 2} }),
+			err: ledger.ErrInsufficientCapacity, dimension: "requests", retry: 2 * time.Second},
+		{name: "frozen by debt", setup: func(c *checked) {
+			c.must(c.reserve("a", 100, 1))
+			c.must(c.start("a"))
+			c.must(c.settle("a", 1250, 1)) // 1150 over: 900 from available, 250 owed
+		}, cmd: with(func(c *ledger.Command) { c.Units = ledger.Amounts{50, 1} }),
+			err: ledger.ErrAdmissionFrozen, dimension: "tokens", retry: 3 * time.Second}, // 250 + 50 at 100/s
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newChecked(t)
+			g := c.publish(twoDims())
+			if tc.setup != nil {
+				tc.setup(c)
+			}
+			res := c.apply(tc.cmd)
+			if !errors.Is(res.Err, tc.err) {
+				t.Fatalf("got %v, want %v", res.Err, tc.err)
+			}
+			if res.Rejected() {
+				if res.Generation != g || res.Dimension != tc.dimension || res.RetryAfter != tc.retry {
+					t.Fatalf("rejection carries generation %d, dimension %q, retry-after %v; want %d, %q, %v",
+						res.Generation, res.Dimension, res.RetryAfter, g, tc.dimension, tc.retry)
+				}
+			}
+			if _, found := c.m.Reservation("x"); found {
+				t.Fatalf("a rejected reserve wrote a reservation")
+			}
+			if res.Reservation != (ledger.Reservation{}) {
+				t.Fatalf("a rejection carries a receipt: %+v", res.Reservation)
+			}
+		})
+	}
+}
+
+// A rejection says nothing about any other subject: two tenants under one
+// wildcard policy, one exhausted; the other's rejection and the exhausted
+// one's carry only their own numbers.
+func TestRejectionNamesNoOtherSubject(t *testing.T) {
+	c := newChecked(t)
+	p := policyOf(ledger.Dimension{Unit: "tokens", Burst: 1000, RefillUnits: 7, RefillInterval: time.Second, MaxOverdraft: 100})
+	p.Key.Subject = ledger.AnySubject
+	c.publish(p)
+	reserveFor := func(subject, id string, units ledger.Units) ledger.Result {
+		return c.apply(ledger.Command{Kind: ledger.KindReserve, ReservationID: id, RequestDigest: id,
+			Subject: subject, Route: testSubject.Route, Region: testSubject.Region, Units: ledger.Amounts{units}})
+	}
+	c.must(reserveFor("tenant-secret", "s1", 100))
+	c.must(c.apply(ledger.Command{Kind: ledger.KindStart, ReservationID: "s1", OperationID: "op"}))
+	c.must(c.apply(ledger.Command{Kind: ledger.KindSettle, ReservationID: "s1", OperationID: "op", Units: ledger.Amounts{1123}})) // 23 owed
+	frozen := reserveFor("tenant-secret", "s2", 1)
+	if !errors.Is(frozen.Err, ledger.ErrAdmissionFrozen) {
+		t.Fatalf("tenant-secret: %+v", frozen)
+	}
+	c.must(reserveFor("tenant-7", "a", 990))
+	res := reserveFor("tenant-7", "b", 20)
+	if !errors.Is(res.Err, ledger.ErrInsufficientCapacity) {
+		t.Fatalf("tenant-7: %+v", res)
+	}
+	for _, r := range []ledger.Result{frozen, res} {
+		text := r.Err.Error()
+		for _, leak := range []string{"tenant", "1123", "990"} {
+			if strings.Contains(text, leak) {
+				t.Errorf("rejection %q mentions %q", text, leak)
+			}
+		}
+	}
+	if res.RetryAfter != 2*time.Second { // 10 short at 7 per second
+		t.Fatalf("retry-after %v", res.RetryAfter)
+	}
+}
+
+// Multi-dimension reservations are all-or-nothing.
+func TestReserveAllOrNothing(t *testing.T) {
+	c := newChecked(t)
+	g := c.publish(policyOf(tokens(1000, 100), ledger.Dimension{Unit: "requests", Burst: 2}))
+	c.must(c.reserve("a", 10, 1))
+	c.must(c.reserve("b", 10, 1))
+	before := c.account(g).Balances
+	if res := c.reserve("c", 10, 1); !errors.Is(res.Err, ledger.ErrInsufficientCapacity) || res.Dimension != "requests" ||
+		res.RetryAfter != 0 {
+		t.Fatalf("third reserve: %+v", res)
+	}
+	if c.account(g).Balances != before {
+		t.Fatalf("a rejected multi-dimension reserve moved capacity: %+v -> %+v", before, c.account(g).Balances)
+	}
+	if res := c.reserve("d", 990, 0); !errors.Is(res.Err, ledger.ErrInsufficientCapacity) || res.Dimension != "tokens" {
+		t.Fatalf("reserve beyond tokens: %+v", res)
+	}
+}
+
+// Overuse takes available first, the rest becomes debt and spent; the
+// account freezes until refills repay the debt, then refills fill
+// available up to the burst.
+func TestOveruseDebtAndRefill(t *testing.T) {
+	c := newChecked(t)
+	g := c.publish(policyOf(tokens(1000, 100)))
+	c.must(c.reserve("a", 300))
+	c.must(c.reserve("b", 200))
+	c.must(c.start("a"))
+	res := c.must(c.settle("a", 1000)) // 700 over: 500 from available, 200 debt
+	if res.Reservation.State != ledger.StateSettledWithDebt || res.Reservation.Overdraft[0] != 200 || res.Reservation.Breach {
+		t.Fatalf("settle: %+v", res.Reservation)
+	}
+	bal := c.account(g).Balances[0]
+	if bal.Available != 0 || bal.Spent != 1000 || bal.OverdraftIssued != 200 || bal.Reserved != 200 {
+		t.Fatalf("after overuse: %+v", bal)
+	}
+	if res := c.reserve("c", 1); !errors.Is(res.Err, ledger.ErrAdmissionFrozen) || res.RetryAfter != 3*time.Second {
+		t.Fatalf("reserve with debt: %+v", res)
+	}
+	// A refund while frozen goes to available but does not unfreeze.
+	c.must(c.apply(ledger.Command{Kind: ledger.KindRelease, ReservationID: "b"}))
+	if res := c.reserve("c", 1); !errors.Is(res.Err, ledger.ErrAdmissionFrozen) || res.RetryAfter != 2*time.Second {
+		t.Fatalf("reserve with debt after a refund: %+v", res)
+	}
+	c.advance(time.Second) // 100 minted: all repays debt
+	c.apply(ledger.Command{Kind: ledger.KindRefill, Account: c.account(g).Key})
+	bal = c.account(g).Balances[0]
+	if bal.OverdraftRepaid != 100 || bal.Available != 200 || bal.Minted != 100 {
+		t.Fatalf("after one second: %+v", bal)
+	}
+	if res := c.reserve("c", 1); !errors.Is(res.Err, ledger.ErrAdmissionFrozen) {
+		t.Fatalf("reserve with 100 owed: %+v", res)
+	}
+	c.advance(time.Second)
+	c.must(c.reserve("c", 1)) // debt repaid by this reserve's refill: admitted
+	c.advance(time.Hour)
+	c.apply(ledger.Command{Kind: ledger.KindRefill, Account: c.account(g).Key})
+	bal = c.account(g).Balances[0]
+	if bal.Available+bal.Reserved != 1000 || bal.Debt() != 0 {
+		t.Fatalf("after an hour: %+v, want available + reserved at the burst", bal)
+	}
+}
+
+// Beyond the max overdraft or after the execution limit the full usage is
+// still recorded, as a breach, and the route frozen.
+func TestBreachIsRecordedInFull(t *testing.T) {
+	c := newChecked(t)
+	p := policyOf(tokens(1000, 0))
+	p.Dimensions[0].MaxOverdraft = 10
+	p.ExecutionLimit = time.Minute
+	g := c.publish(p)
+	c.must(c.reserve("a", 1000))
+	c.must(c.start("a"))
+	res := c.must(c.settle("a", 5000))
+	if !res.Reservation.Breach || res.Reservation.Overdraft[0] != 4000 {
+		t.Fatalf("settle past the max overdraft: %+v", res.Reservation)
+	}
+	a := c.account(g)
+	if a.Breaches != 1 || a.Balances[0].Debt() != 4000 || a.Balances[0].Spent != 5000 {
+		t.Fatalf("account after the breach: %+v", a)
+	}
+	if res := c.reserve("b", 1); !errors.Is(res.Err, ledger.ErrAdmissionFrozen) || res.RetryAfter != 0 {
+		t.Fatalf("reserve after the breach: %+v (no refill: retry-after 0)", res)
+	}
+
+	c2 := newChecked(t)
+	g2 := c2.publish(p)
+	c2.must(c2.reserve("a", 100))
+	c2.must(c2.start("a"))
+	c2.advance(2 * time.Minute)
+	c2.must(c2.apply(ledger.Command{Kind: ledger.KindMarkUsageUnknown, ReservationID: "a"}))
+	res = c2.must(c2.settle("a", 50)) // late, under the hold
+	if !res.Reservation.Breach || res.Reservation.State != ledger.StateSettled || res.Refunded[0] != 50 {
+		t.Fatalf("settle after the execution limit: %+v", res)
+	}
+	if c2.account(g2).Breaches != 1 {
+		t.Fatalf("breach not counted")
+	}
+}
+
+// USAGE_UNKNOWN keeps its hold (never counted as unconsumed), cannot be
+// released or expired, and only a settle with the operation receipt
+// resolves it.
+func TestUsageUnknownHoldsUntilReceipt(t *testing.T) {
+	c := newChecked(t)
+	g := c.publish(policyOf(tokens(1000, 100)))
+	c.must(c.reserve("a", 400))
+	c.must(c.start("a"))
+	c.must(c.apply(ledger.Command{Kind: ledger.KindMarkUsageUnknown, ReservationID: "a"}))
+	c.advance(time.Hour)
+	for _, kind := range []ledger.Kind{ledger.KindRelease, ledger.KindExpireClaim, ledger.KindExpire} {
+		if res := c.apply(ledger.Command{Kind: kind, ReservationID: "a"}); !errors.Is(res.Err, ledger.ErrReservationAlreadyStarted) {
+			t.Fatalf("%s of USAGE_UNKNOWN: %+v", kind, res)
+		}
+	}
+	c.apply(ledger.Command{Kind: ledger.KindRefill, Account: c.account(g).Key})
+	if bal := c.account(g).Balances[0]; bal.Reserved != 400 || bal.Available != 600 {
+		t.Fatalf("unknown usage released its hold: %+v", bal)
+	}
+	if res := c.apply(ledger.Command{Kind: ledger.KindSettle, ReservationID: "a", Units: ledger.Amounts{1}}); !errors.Is(res.Err, ledger.ErrInvalidCommand) {
+		t.Fatalf("settle without a receipt: %+v", res)
+	}
+	if res := c.apply(ledger.Command{Kind: ledger.KindSettle, ReservationID: "a", OperationID: "op-forged", Units: ledger.Amounts{1}}); !errors.Is(res.Err, ledger.ErrOperationMismatch) {
+		t.Fatalf("settle with another operation: %+v", res)
+	}
+	res := c.must(c.settle("a", 150))
+	if res.Refunded[0] != 250 || res.Reservation.State != ledger.StateSettled {
+		t.Fatalf("resolution: %+v", res)
+	}
+}
+
+// A lost reserve answer (RESERVATION_UNKNOWN on the caller's side) resolves
+// by retrying with the original id: the same receipt, no second debit.
+func TestReservationUnknownResolvesByID(t *testing.T) {
+	c := newChecked(t)
+	g := c.publish(policyOf(tokens(1000, 100)))
+	first := c.must(c.reserve("a", 300))
+	for range 3 {
+		retry := c.must(c.reserve("a", 300))
+		if !retry.Replayed || retry.Reservation != first.Reservation {
+			t.Fatalf("retry: %+v", retry)
+		}
+	}
+	if bal := c.account(g).Balances[0]; bal.Reserved != 300 || bal.Available != 700 {
+		t.Fatalf("retries debited again: %+v", bal)
+	}
+}
+
+// Expiry races: a start that wins keeps the reservation from expiry; an
+// expiry claim that wins makes the start fail; STARTED never expires.
+func TestStartExpiryRace(t *testing.T) {
+	c := newChecked(t)
+	g := c.publish(policyOf(tokens(1000, 100)))
+	c.must(c.reserve("a", 100))
+	c.must(c.reserve("b", 100))
+	c.advance(31 * time.Second)
+	c.must(c.start("a"))
+	if res := c.apply(ledger.Command{Kind: ledger.KindExpireClaim, ReservationID: "a"}); !errors.Is(res.Err, ledger.ErrReservationAlreadyStarted) {
+		t.Fatalf("claim after start: %+v", res)
+	}
+	c.must(c.apply(ledger.Command{Kind: ledger.KindExpireClaim, ReservationID: "b"}))
+	if res := c.start("b"); !errors.Is(res.Err, ledger.ErrReservationExpired) {
+		t.Fatalf("start after claim: %+v", res)
+	}
+	res := c.must(c.apply(ledger.Command{Kind: ledger.KindExpire, ReservationID: "b"}))
+	if res.Refunded[0] != 100 {
+		t.Fatalf("expiry refund: %+v", res)
+	}
+	if bal := c.account(g).Balances[0]; bal.Reserved != 100 {
+		t.Fatalf("after the race: %+v", bal)
+	}
+}
+
+// Closing an epoch writes a statement; the next epoch opens where it
+// closed (the audit checks the chain after every command too).
+func TestEpochStatementsChain(t *testing.T) {
+	c := newChecked(t)
+	g := c.publish(policyOf(tokens(1000, 100)))
+	c.must(c.reserve("a", 300))
+	key := c.account(g).Key
+	if res := c.apply(ledger.Command{Kind: ledger.KindCloseEpoch, Account: key}); res.Err != nil || !res.Replayed {
+		t.Fatalf("close of the open epoch: %+v", res)
+	}
+	c.advance(time.Hour)
+	c.must(c.apply(ledger.Command{Kind: ledger.KindCloseEpoch, Account: key}))
+	c.must(c.start("a"))
+	c.must(c.settle("a", 100))
+	c.advance(3 * time.Hour)
+	c.must(c.reserve("b", 50))
+	if len(c.m.Statements) != 2 {
+		t.Fatalf("%d statements, want 2", len(c.m.Statements))
+	}
+	first, second := c.m.Statements[0], c.m.Statements[1]
+	if second.Opening != first.Closing || !second.EpochStart.Equal(first.EpochEnd) {
+		t.Fatalf("epoch chain broken: %+v then %+v", first, second)
+	}
+	if first.Closing[0].Reserved != 300 || second.Closing[0].Spent != 100 {
+		t.Fatalf("statement contents: %+v / %+v", first.Closing[0], second.Closing[0])
+	}
+	if res := c.apply(ledger.Command{Kind: ledger.KindCloseEpoch, Account: ledger.AccountKey{Subject: "nobody"}}); !errors.Is(res.Err, ledger.ErrAccountNotFound) {
+		t.Fatalf("close of a missing account: %+v", res)
+	}
+}
+
+// A generation switch moves available and debt once, recorded at both
+// ends; a settle on the old generation forwards its refund; drain moves
+// what is left; a second drain finds nothing.
+func TestGenerationSwitchMovesExactlyOnce(t *testing.T) {
+	c := newChecked(t)
+	g1 := c.publish(policyOf(tokens(1000, 100)))
+	c.must(c.reserve("a", 300))
+	c.must(c.start("a"))
+	c.must(c.reserve("b", 100))
+	g2 := c.publish(policyOf(tokens(2000, 100)))
+	c.must(c.reserve("c", 50)) // the switch: 600 move to g2
+	old, current := c.account(g1).Balances[0], c.account(g2).Balances[0]
+	if old.Available != 0 || old.RetiredForMove != 600 || current.Minted != 600 || current.Available != 550 {
+		t.Fatalf("after the switch: g1 %+v, g2 %+v", old, current)
+	}
+	c.must(c.settle("a", 100)) // 200 refunded on g1, forwarded to g2
+	c.must(c.settle("a", 100)) // replay: nothing forwarded twice
+	if bal := c.account(g2).Balances[0]; bal.Available != 750 {
+		t.Fatalf("after the forwarded refund: %+v", bal)
+	}
+	c.must(c.apply(ledger.Command{Kind: ledger.KindRelease, ReservationID: "b"}))
+	if bal := c.account(g2).Balances[0]; bal.Available != 850 {
+		t.Fatalf("after the forwarded release: %+v", bal)
+	}
+	if res := c.apply(ledger.Command{Kind: ledger.KindDrain, Account: c.account(g1).Key}); !errors.Is(res.Err, ledger.ErrNothingToDrain) {
+		t.Fatalf("drain of an empty account: %+v", res)
+	}
+	if res := c.apply(ledger.Command{Kind: ledger.KindDrain, Account: c.account(g2).Key}); !errors.Is(res.Err, ledger.ErrNothingToDrain) {
+		t.Fatalf("drain of the current account: %+v", res)
+	}
+	moves := c.m.Moves()
+	if len(moves) != 3 {
+		t.Fatalf("%d move receipts, want 3 (switch, two forwards): %+v", len(moves), moves)
+	}
+}
+
+// Debt follows the subject through a generation switch: the new
+// generation's account is frozen until its refills repay it.
+func TestDebtSurvivesGenerationSwitch(t *testing.T) {
+	c := newChecked(t)
+	g1 := c.publish(policyOf(tokens(1000, 100)))
+	c.must(c.reserve("a", 1000))
+	c.must(c.start("a"))
+	c.must(c.settle("a", 1300)) // 300 owed
+	g2 := c.publish(policyOf(tokens(1000, 50)))
+	if res := c.reserve("b", 1); !errors.Is(res.Err, ledger.ErrAdmissionFrozen) || res.Generation != g2 ||
+		res.RetryAfter != 7*time.Second {
+		t.Fatalf("reserve after the switch: %+v", res)
+	}
+	if old := c.account(g1).Balances[0]; old.Debt() != 0 {
+		t.Fatalf("old generation still owes: %+v", old)
+	}
+	if bal := c.account(g2).Balances[0]; bal.Debt() != 300 {
+		t.Fatalf("new generation owes %d, want 300", bal.Debt())
+	}
+	c.advance(6 * time.Second) // 300 minted: the debt is repaid, nothing is available yet
+	if res := c.reserve("b", 1); !errors.Is(res.Err, ledger.ErrInsufficientCapacity) || res.RetryAfter != time.Second {
+		t.Fatalf("reserve with 0 available after 6 s: %+v", res)
+	}
+	c.advance(time.Second)
+	c.must(c.reserve("b", 1))
+}
+
+// Shadow mode: a rejection is journaled and answered with Shadow set;
+// nothing is reserved and the decision leaves balances alone.
+func TestShadowRejection(t *testing.T) {
+	c := newChecked(t)
+	p := policyOf(tokens(100, 10))
+	p.Rollout = ledger.RolloutShadow
+	g := c.publish(p)
+	c.must(c.reserve("a", 100))
+	journaled := len(c.m.Journal)
+	before := c.account(g).Balances
+	res := c.reserve("b", 10)
+	if !errors.Is(res.Err, ledger.ErrInsufficientCapacity) || !res.Shadow || !res.Rejected() {
+		t.Fatalf("shadow rejection: %+v", res)
+	}
+	if len(c.m.Journal) != journaled+1 || c.m.Journal[journaled].ReservationID != "b" {
+		t.Fatalf("shadow decision not journaled")
+	}
+	if c.account(g).Balances != before {
+		t.Fatalf("shadow rejection changed balances")
+	}
+}
