@@ -1,12 +1,23 @@
 package ledger
 
-import "time"
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+)
 
 // Shard is emergencyShard.v1: capacity moved from an account's available
 // into RetiredForEmergency while the ledger was healthy, handed to one
 // gateway process (identity + boot epoch) to spend while it cannot reach the
-// ledger. The gateway's local ledger keeps
+// ledger. The gateway's local ledger (ShardLocal) keeps
 // allocated = localAvailable + localReserved + localSpent + localRetired.
+//
+// The fields up to Signature are the signed document (see ShardCanonical);
+// the rest is the central ledger's reconciliation record. Once Reconciled,
+// Spent + Unknown + Reminted = Allocated in every dimension, and receipts
+// that arrive later only move capacity out of Unknown.
 type Shard struct {
 	ID        string
 	Account   AccountKey
@@ -31,4 +42,444 @@ type Shard struct {
 	Spent    Amounts
 	Unknown  Amounts
 	Reminted Amounts
+}
+
+// ShardArgs are the shard-specific arguments of KindShardIssue and
+// KindShardReconcile. The subject, route, region, units and (optionally)
+// generation of an issuance travel in the Command itself, as for Reserve.
+type ShardArgs struct {
+	// ShardID is chosen by the caller and is the idempotency key of
+	// issuance; reconciliation names the shard it reports on.
+	ShardID string
+	// GatewayID is the gateway the shard is issued to, or (reconcile) the
+	// gateway reporting: only the shard's own gateway may reconcile it.
+	GatewayID string
+	// BootEpoch is the gateway process's boot epoch (issue).
+	BootEpoch uint64
+	// TTL is how long the shard may be spent from its issuance (issue).
+	TTL time.Duration
+	// KeyID names the signing key and Sign signs with it (issue). Sign must
+	// be deterministic (Ed25519 is): a batch that lost a race is applied
+	// again and must produce the same row. The ledger holds no keys; the
+	// engine or server that does hands these in.
+	KeyID string
+	Sign  func(canonical []byte) []byte
+	// Receipts are the gateway's local receipts (reconcile).
+	Receipts []ShardReceipt
+}
+
+// ShardReceipt is one local reservation of a shard as its gateway reports
+// it at reconciliation. States:
+//   - SETTLED / SETTLED_WITH_DEBT: Actual was used (confirmed spent);
+//   - RELEASED / EXPIRED: nothing was used;
+//   - STARTED / USAGE_UNKNOWN: the usage is unknown, Reserved stays retired
+//     until a later receipt for the same id resolves it.
+//
+// RESERVED is refused: the gateway releases unstarted holds before it
+// reports (ShardLocal.Seal does).
+type ShardReceipt struct {
+	ReservationID string
+	State         State
+	Reserved      Amounts
+	Actual        Amounts
+}
+
+// unknown reports whether the receipt leaves its usage unknown.
+func (r *ShardReceipt) unknown() bool {
+	return r.State == StateStarted || r.State == StateUsageUnknown
+}
+
+// Shard outcomes besides ErrShardNotFound, ErrShardAlreadyReconciled and
+// ErrShardForeign (command.go) and the verification errors (shard_sign.go).
+var (
+	// ErrShardIDReused: issuance under a shard id that names a different
+	// shard (another gateway, boot epoch, subject or allocation).
+	ErrShardIDReused = errors.New("shard id reused for a different shard")
+)
+
+// Meta counter names of emergency shards. Every per-shard name is only
+// read and written by commands that hold the shard's row, so replicas
+// serialise on the row.
+const (
+	// MetaShardRefused counts refused reconciliation submissions (a second
+	// submission, one from another gateway, a receipt resolved twice).
+	MetaShardRefused = "shard_refused"
+	// MetaShardRemints counts remint moves (one per accepted submission
+	// that reminted or charged anything).
+	MetaShardRemints = "shard_remints"
+)
+
+// MetaShardFence is the Meta name of the newest fence issued to a gateway.
+func MetaShardFence(gatewayID string) string { return "shard_fence/" + gatewayID }
+
+// MetaShardRefusedFor is the Meta name counting refused submissions for
+// one shard.
+func MetaShardRefusedFor(shardID string) string { return "shard_refused/" + shardID }
+
+// metaShardMoves counts a shard's remint moves; it numbers their receipts.
+func metaShardMoves(shardID string) string { return "shard_moves/" + shardID }
+
+// metaShardPending is 1 while a receipt's usage is unknown, 2 once resolved
+// (0: the receipt was never reported unknown). metaShardPendingUnits holds
+// the units it left unknown in dimension d.
+func metaShardPending(shardID, receiptID string) string {
+	return "shard_unknown/" + shardID + "/" + receiptID
+}
+
+func metaShardPendingUnits(shardID, receiptID string, d int) string {
+	return metaShardPending(shardID, receiptID) + "/" + strconv.Itoa(d)
+}
+
+const (
+	pendingUnknown  = 1
+	pendingResolved = 2
+)
+
+// ShardRemintReceipt returns the move receipt id of a shard's n-th remint
+// (n counts from 1: the first accepted submission).
+func ShardRemintReceipt(shardID string, n int64) string {
+	return "shard-remint:" + shardID + ":" + strconv.FormatInt(n, 10)
+}
+
+// IssueShard carves emergency capacity for one gateway process out of the
+// subject's current account: cmd.Units move from available to
+// RetiredForEmergency and the signed shard is recorded, in one step.
+// cmd.Subject, Route, Region, Units (and optionally Generation, as for
+// Reserve) name the capacity; cmd.Shard carries the shard id, gateway,
+// boot epoch, TTL and the signer.
+//
+// Returns:
+//   - success with the new shard (fence = the gateway's previous fence + 1,
+//     ExpiresAt = now + TTL, signed);
+//   - success with Replayed and the stored shard when the id exists for the
+//     same gateway, boot epoch, subject and allocation (nothing moves twice);
+//   - ErrShardIDReused when the id names a different shard;
+//   - ErrInvalidCommand for missing arguments, a non-positive TTL, bad units,
+//     or a Generation that does not decide;
+//   - ErrNoPolicy when nothing admits for the subject;
+//   - ErrEmergencyDisabled when the deciding policy's emergency mode is off;
+//   - ErrAdmissionFrozen while the account carries debt, and
+//     ErrInsufficientCapacity when the units do not fit in available (with
+//     Dimension and RetryAfter, as for a reservation). The policy's maximum
+//     single reservation does not bound a shard.
+func IssueShard(b Book, cmd *Command, now time.Time) Result {
+	args := cmd.Shard
+	if args == nil {
+		return Result{Err: invalid("shard arguments are missing")}
+	}
+	if args.ShardID == "" || args.GatewayID == "" {
+		return Result{Err: invalid("shard id and gateway id are required")}
+	}
+	if existing, ok := b.Shard(args.ShardID); ok {
+		same := existing.GatewayID == args.GatewayID && existing.BootEpoch == args.BootEpoch &&
+			existing.Account.Subject == cmd.Subject && existing.Account.Route == cmd.Route &&
+			existing.Account.Region == cmd.Region && existing.Allocated == cmd.Units
+		if !same {
+			return Result{Err: fmt.Errorf("%w: %s", ErrShardIDReused, args.ShardID), Shard: cloneShard(existing)}
+		}
+		return Result{Shard: cloneShard(existing), Replayed: true, Generation: existing.Account.Generation}
+	}
+	switch {
+	case args.BootEpoch == 0:
+		return Result{Err: invalid("boot epoch is required (a gateway process numbers its boots from 1)")}
+	case args.TTL <= 0:
+		return Result{Err: invalid("shard TTL must be positive")}
+	case args.KeyID == "" || args.Sign == nil:
+		return Result{Err: invalid("a signing key is required")}
+	case cmd.Subject == "" || cmd.Subject == AnySubject || cmd.Route == "" || cmd.Region == "":
+		return Result{Err: invalid("subject, route and region are required (subject may not be %q)", AnySubject)}
+	}
+	subject := PolicyKey{Subject: cmd.Subject, Route: cmd.Route, Region: cmd.Region}
+	p, ok := activePolicy(b, subject)
+	if !ok {
+		return Result{Err: fmt.Errorf("%w: %s", ErrNoPolicy, subject)}
+	}
+	if cmd.Generation != 0 && cmd.Generation != p.Generation {
+		return Result{Err: invalid("units are ordered for policy generation %d, but generation %d decides", cmd.Generation, p.Generation), Generation: p.Generation}
+	}
+	if !p.EmergencyMode {
+		return Result{Err: fmt.Errorf("%w: %s generation %d", ErrEmergencyDisabled, subject, p.Generation), Generation: p.Generation}
+	}
+	if err := checkUnits(p, &cmd.Units, true); err != nil {
+		return Result{Err: err, Generation: p.Generation}
+	}
+	a, ok := currentAccount(b, subject, p, now)
+	if !ok {
+		return Result{Err: fmt.Errorf("%w: %s", ErrAccountNotFound, subject)}
+	}
+	tick(b, a, p, now)
+	b.AccountPut(a)
+	// A shard is bounded by available capacity and debt like a reservation,
+	// but not by the maximum single reservation: it stands for many.
+	unbounded := *p
+	unbounded.Dimensions = slices.Clone(p.Dimensions)
+	for i := range unbounded.Dimensions {
+		unbounded.Dimensions[i].MaxReservation = MaxUnits
+	}
+	if rejected, res := admissible(a, &unbounded, &cmd.Units, now); rejected {
+		res.Generation = p.Generation
+		return res
+	}
+
+	before := a.Balances
+	for i := 0; i < a.Dims; i++ {
+		a.Balances[i].Available -= cmd.Units[i]
+		a.Balances[i].RetiredForEmergency += cmd.Units[i]
+	}
+	fence := uint64(b.Meta(MetaShardFence(args.GatewayID))) + 1
+	b.MetaPut(MetaShardFence(args.GatewayID), int64(fence))
+	s := &Shard{
+		ID:        args.ShardID,
+		Account:   a.Key,
+		GatewayID: args.GatewayID,
+		BootEpoch: args.BootEpoch,
+		Fence:     fence,
+		Allocated: cmd.Units,
+		IssuedAt:  now.UTC(),
+		ExpiresAt: now.Add(args.TTL).UTC(),
+		KeyID:     args.KeyID,
+	}
+	s.Signature = args.Sign(ShardCanonical(s))
+	journal(b, a, &before, KindShardIssue, "", 0, 0, s.ID, now)
+	b.AccountPut(a)
+	b.ShardPut(s)
+	return Result{Shard: cloneShard(s), Generation: p.Generation}
+}
+
+// ReconcileShard takes a gateway's receipts for one shard after it
+// reconnected. The first accepted submission splits the allocation into
+// Spent (settled usage), Unknown (the holds of work whose usage is
+// unknown) and Reminted (the rest, confirmed unused), and mints Reminted
+// into the subject's current account under the active generation through
+// an exactly-once move (MoveShardRemint; the shard's own account keeps its
+// RetiredForEmergency). Settled usage beyond what the shard could cover is
+// charged to that account as debt (issued and retired for the move), which
+// freezes admission until refills repay it, like an overdraft.
+//
+// After that, a submission may only carry receipts for ids the first one
+// left unknown, each in a terminal state: each moves its units from Unknown
+// to Spent and Reminted, once. Capacity never moves back into Unknown.
+//
+// Returns:
+//   - success with the shard after the submission and the remint Move
+//     (nil when nothing was reminted or charged);
+//   - ErrShardNotFound;
+//   - ErrShardForeign when args.GatewayID is not the shard's gateway
+//     (refused and counted);
+//   - ErrShardAlreadyReconciled for a second full submission, or a receipt
+//     that is not pending unknown (refused and counted; Result.Shard is the
+//     stored shard, so a caller whose first answer was lost can see it
+//     took effect);
+//   - ErrInvalidCommand for malformed receipts: an empty or repeated id,
+//     negative amounts, a RESERVED receipt, holds of unknown work larger
+//     than the allocation, a non-terminal receipt in a later submission.
+func ReconcileShard(b Book, args *ShardArgs, now time.Time) Result {
+	if args == nil || args.ShardID == "" {
+		return Result{Err: invalid("shard id is required")}
+	}
+	s, ok := b.Shard(args.ShardID)
+	if !ok {
+		return Result{Err: fmt.Errorf("%w: %s", ErrShardNotFound, args.ShardID)}
+	}
+	if args.GatewayID != s.GatewayID {
+		refuseShard(b, s.ID)
+		return Result{Err: fmt.Errorf("%w: shard %s is %s's, not %q's", ErrShardForeign, s.ID, s.GatewayID, args.GatewayID),
+			Shard: cloneShard(s), Generation: s.Account.Generation}
+	}
+	if err := checkReceipts(args.Receipts, s.Reconciled); err != nil {
+		return Result{Err: err, Shard: cloneShard(s), Generation: s.Account.Generation}
+	}
+
+	var reminted, charged Amounts
+	if !s.Reconciled {
+		var used, unknown Amounts
+		for i := range args.Receipts {
+			r := &args.Receipts[i]
+			for d := range used {
+				switch {
+				case r.unknown():
+					unknown[d] += r.Reserved[d]
+				case r.State == StateSettled || r.State == StateSettledWithDebt:
+					used[d] += r.Actual[d]
+				}
+			}
+		}
+		for d := range used {
+			if unknown[d] > s.Allocated[d] {
+				return Result{Err: invalid("receipts hold %d units of unknown work in dimension %d, more than the %d allocated",
+					unknown[d], d, s.Allocated[d]), Shard: cloneShard(s)}
+			}
+		}
+		for d := range used {
+			s.Unknown[d] = unknown[d]
+			s.Spent[d] = min(used[d], s.Allocated[d]-unknown[d])
+			charged[d] = used[d] - s.Spent[d]
+			s.Reminted[d] = s.Allocated[d] - s.Spent[d] - s.Unknown[d]
+			reminted[d] = s.Reminted[d]
+		}
+		for i := range args.Receipts {
+			r := &args.Receipts[i]
+			if !r.unknown() {
+				continue
+			}
+			b.MetaPut(metaShardPending(s.ID, r.ReservationID), pendingUnknown)
+			for d, u := range r.Reserved {
+				if u != 0 {
+					b.MetaPut(metaShardPendingUnits(s.ID, r.ReservationID, d), u)
+				}
+			}
+		}
+		s.Reconciled = true
+	} else {
+		// Every receipt must resolve a pending unknown hold; one that does
+		// not refuses the whole submission, so nothing is half-applied.
+		holds := make([]Amounts, len(args.Receipts))
+		for i := range args.Receipts {
+			r := &args.Receipts[i]
+			if b.Meta(metaShardPending(s.ID, r.ReservationID)) != pendingUnknown {
+				refuseShard(b, s.ID)
+				return Result{Err: fmt.Errorf("%w: receipt %s of shard %s is not pending unknown", ErrShardAlreadyReconciled, r.ReservationID, s.ID),
+					Shard: cloneShard(s), Generation: s.Account.Generation}
+			}
+			for d := range holds[i] {
+				holds[i][d] = b.Meta(metaShardPendingUnits(s.ID, r.ReservationID, d))
+			}
+		}
+		if len(args.Receipts) == 0 {
+			refuseShard(b, s.ID)
+			return Result{Err: fmt.Errorf("%w: %s", ErrShardAlreadyReconciled, s.ID), Shard: cloneShard(s), Generation: s.Account.Generation}
+		}
+		for i := range args.Receipts {
+			r := &args.Receipts[i]
+			for d := range holds[i] {
+				hold, used := holds[i][d], Units(0)
+				if r.State == StateSettled || r.State == StateSettledWithDebt {
+					used = r.Actual[d]
+				}
+				covered := min(used, hold)
+				s.Unknown[d] -= hold
+				s.Spent[d] += covered
+				s.Reminted[d] += hold - covered
+				reminted[d] += hold - covered
+				charged[d] += used - covered
+			}
+			b.MetaPut(metaShardPending(s.ID, r.ReservationID), pendingResolved)
+		}
+	}
+	move := remintShard(b, s, reminted, charged, now)
+	b.ShardPut(s)
+	return Result{Shard: cloneShard(s), Move: move, Generation: s.Account.Generation}
+}
+
+// checkReceipts validates a submission's shape; later is set for a
+// submission after the first, which may only carry terminal receipts.
+func checkReceipts(receipts []ShardReceipt, later bool) error {
+	seen := make(map[string]bool, len(receipts))
+	for i := range receipts {
+		r := &receipts[i]
+		if r.ReservationID == "" {
+			return invalid("receipt %d has no reservation id", i)
+		}
+		if seen[r.ReservationID] {
+			return invalid("receipt %s appears twice", r.ReservationID)
+		}
+		seen[r.ReservationID] = true
+		for d := range r.Reserved {
+			if r.Reserved[d] < 0 || r.Actual[d] < 0 || r.Reserved[d] > MaxUnits || r.Actual[d] > MaxUnits {
+				return invalid("receipt %s: amounts in dimension %d are outside [0, %d]", r.ReservationID, d, MaxUnits)
+			}
+		}
+		switch r.State {
+		case StateSettled, StateSettledWithDebt, StateReleased, StateExpired:
+		case StateStarted, StateUsageUnknown:
+			if later {
+				return invalid("receipt %s is still %s: only a terminal receipt resolves unknown usage", r.ReservationID, r.State)
+			}
+		case StateReserved:
+			return invalid("receipt %s is RESERVED: release unstarted holds before reconciling", r.ReservationID)
+		default:
+			return invalid("receipt %s has state %s", r.ReservationID, r.State)
+		}
+	}
+	return nil
+}
+
+// remintShard mints confirmed-unused shard capacity into the subject's
+// current account and charges usage the shard could not cover there as
+// debt, exactly once under a fresh receipt. The destination is the account
+// of the active generation; when nothing admits for the subject (every
+// generation rolled back) it is the account that holds the subject's
+// capacity now, from where a drain forwards it later.
+func remintShard(b Book, s *Shard, units, debt Amounts, now time.Time) *Move {
+	if units == (Amounts{}) && debt == (Amounts{}) {
+		return nil
+	}
+	subject := s.Account.SubjectKey()
+	var to *Account
+	var toPolicy *Policy
+	if p, ok := activePolicy(b, subject); ok {
+		if a, ok := currentAccount(b, subject, p, now); ok {
+			tick(b, a, p, now)
+			to, toPolicy = a, p
+		}
+	}
+	if to == nil {
+		key := s.Account
+		if g, ok := b.AccountCurrent(subject); ok {
+			key.Generation = g
+		}
+		a, p, err := accountFor(b, key)
+		if err != nil {
+			// The shard's own account and policy always exist: they were
+			// written with the shard.
+			panic(fmt.Sprintf("remint shard %s: %v", s.ID, err))
+		}
+		to, toPolicy = a, p
+	}
+	fromPolicy, ok := b.Policy(s.Account.Generation)
+	if !ok {
+		panic(fmt.Sprintf("remint shard %s: policy generation %d is missing", s.ID, s.Account.Generation))
+	}
+	n := b.Meta(metaShardMoves(s.ID)) + 1
+	b.MetaPut(metaShardMoves(s.ID), n)
+	b.MetaPut(MetaShardRemints, b.Meta(MetaShardRemints)+1)
+	move := Move{ReceiptID: ShardRemintReceipt(s.ID, n), Kind: MoveShardRemint, From: s.Account, To: to.Key, At: now}
+	before := to.Balances
+	for i := 0; i < len(fromPolicy.Dimensions); i++ {
+		j := toPolicy.DimensionIndex(fromPolicy.Dimensions[i].Unit)
+		if j < 0 {
+			// The active generation no longer limits this unit: there is
+			// nothing to mint it into, so it stays retired at the source.
+			continue
+		}
+		dst := &to.Balances[j]
+		// Debt first, so that the shard's own unused capacity repays it.
+		if debt[i] > 0 {
+			dst.OverdraftIssued += debt[i]
+			dst.RetiredForMove += debt[i]
+			move.Debt[i] = debt[i]
+		}
+		if units[i] > 0 {
+			mint(dst, units[i])
+			move.Units[i] = units[i]
+		}
+	}
+	journal(b, to, &before, KindShardReconcile, "", 0, 0, move.ReceiptID, now)
+	b.AccountPut(to)
+	b.MovePut(&move)
+	return &move
+}
+
+// refuseShard counts a refused reconciliation submission, in total and
+// for the shard.
+func refuseShard(b Book, shardID string) {
+	b.MetaPut(MetaShardRefused, b.Meta(MetaShardRefused)+1)
+	b.MetaPut(MetaShardRefusedFor(shardID), b.Meta(MetaShardRefusedFor(shardID))+1)
+}
+
+// cloneShard returns a copy of s that shares no memory with it.
+func cloneShard(s *Shard) *Shard {
+	c := *s
+	c.Signature = slices.Clone(s.Signature)
+	return &c
 }
