@@ -21,6 +21,8 @@ const (
 	KindRefill
 	KindCloseEpoch
 	KindDrain
+	KindShardIssue
+	KindShardReconcile
 )
 
 var kindNames = [...]string{
@@ -36,6 +38,8 @@ var kindNames = [...]string{
 	KindRefill:           "refill",
 	KindCloseEpoch:       "close_epoch",
 	KindDrain:            "drain",
+	KindShardIssue:       "shard_issue",
+	KindShardReconcile:   "shard_reconcile",
 }
 
 func (k Kind) String() string {
@@ -82,6 +86,8 @@ type Command struct {
 	Generation uint64
 	// Account names the account of refill, close-epoch and drain.
 	Account AccountKey
+	// Shard carries the arguments of shard issuance and reconciliation.
+	Shard *ShardArgs
 }
 
 // Result is a command's outcome. Err is nil on success, or one of the
@@ -208,6 +214,10 @@ func Apply(b Book, cmd *Command, now time.Time) Result {
 		return CloseEpoch(b, cmd.Account, now)
 	case KindDrain:
 		return Drain(b, cmd.Account, now)
+	case KindShardIssue:
+		return IssueShard(b, cmd, now)
+	case KindShardReconcile:
+		return ReconcileShard(b, cmd.Shard, now)
 	}
 	return Result{Err: invalid("unknown command kind %d", cmd.Kind)}
 }
