@@ -1,0 +1,397 @@
+// Package memstore is an in-memory store.Store for the deterministic
+// simulator and for tests of the layers above the store.
+//
+// It has the semantics of the SQL stores (it passes store/storetest): one
+// writer at a time (Begin waits for the previous transaction to end, or for
+// its context), atomic commits, ErrDuplicate on a second insert of a
+// reservation id, move receipt or epoch statement, times kept as UTC Unix
+// nanoseconds and counters bounded to int64. It starts no goroutine, reads
+// no clock, iterates in sorted order everywhere, and copies rows on the way
+// in and out, so a run is a function of its inputs and callers cannot alias
+// the store's state.
+//
+// A Store also injects the faults the simulator needs: Crash (the process
+// died: the open transaction is gone, committed data stays), FailNextCommit
+// (the commit fails and applies nothing) and LoseNextCommitAck (the commit
+// applies durably but the caller hears ErrUnavailable).
+package memstore
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+)
+
+// rows is one complete set of the ledger's rows.
+type rows struct {
+	meta         map[string]int64
+	policies     map[uint64]*ledger.Policy
+	heads        map[ledger.PolicyKey]*ledger.PolicyHead
+	accounts     map[ledger.AccountKey]*ledger.Account
+	currents     map[ledger.PolicyKey]uint64
+	reservations map[string]*ledger.Reservation
+	moves        map[string]*ledger.Move
+	shards       map[string]*ledger.Shard
+	statements   []ledger.Statement
+	statementIDs map[statementKey]bool
+	journal      []ledger.JournalEntry
+}
+
+type statementKey struct {
+	account    ledger.AccountKey
+	epochStart time.Time
+}
+
+func newRows() *rows {
+	return &rows{
+		meta:         map[string]int64{},
+		policies:     map[uint64]*ledger.Policy{},
+		heads:        map[ledger.PolicyKey]*ledger.PolicyHead{},
+		accounts:     map[ledger.AccountKey]*ledger.Account{},
+		currents:     map[ledger.PolicyKey]uint64{},
+		reservations: map[string]*ledger.Reservation{},
+		moves:        map[string]*ledger.Move{},
+		shards:       map[string]*ledger.Shard{},
+		statementIDs: map[statementKey]bool{},
+	}
+}
+
+// Store is an in-memory store.Store. The zero value is not usable; call New.
+type Store struct {
+	// writer holds one token while a transaction is open: Begin takes it
+	// (waiting in a select with the context), Commit/Rollback/Crash return
+	// it. A channel rather than a mutex so that waiting honours ctx.
+	writer chan struct{}
+
+	mu        sync.RWMutex // guards everything below
+	committed *rows
+	open      *Tx // the open transaction, nil when none
+	closed    bool
+	failNext  error
+	loseAck   bool
+}
+
+var _ store.Store = (*Store)(nil)
+
+// New returns an empty store.
+func New() *Store {
+	return &Store{writer: make(chan struct{}, 1), committed: newRows()}
+}
+
+// Crash simulates a process death: the open transaction, if any, is
+// dropped without applying anything and its later calls return
+// store.ErrUnavailable; everything committed stays (it was durable).
+// Pending FailNextCommit/LoseNextCommitAck faults are cleared, since they
+// belonged to the process that died.
+func (s *Store) Crash() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.failNext, s.loseAck = nil, false
+	if s.open != nil {
+		s.endLocked(s.open, errCrashed)
+	}
+}
+
+// FailNextCommit makes the next Commit apply nothing and return err (e.g. a
+// store.ErrConflict, or store.ErrUnavailable for a commit that never
+// reached the disk).
+func (s *Store) FailNextCommit(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.failNext = err
+}
+
+// LoseNextCommitAck makes the next Commit apply its changes durably and
+// then return store.ErrUnavailable: the acknowledgement was lost.
+func (s *Store) LoseNextCommitAck() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.loseAck = true
+}
+
+var (
+	errCrashed = fmt.Errorf("%w: process crashed before commit", store.ErrUnavailable)
+	errClosed  = fmt.Errorf("%w: store closed", store.ErrUnavailable)
+	errDone    = errors.New("transaction already ended")
+)
+
+// Begin returns a new write transaction once no other is open. It returns
+// ctx's error if ctx ends while it waits, and store.ErrUnavailable after
+// Close.
+func (s *Store) Begin(ctx context.Context) (store.Tx, error) {
+	if err := s.checkOpen(); err != nil {
+		return nil, err
+	}
+	// select picks at random among ready cases: check ctx first so an
+	// ended context never opens a transaction.
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("begin: %w", err)
+	}
+	select {
+	case s.writer <- struct{}{}:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("begin: %w", ctx.Err())
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		<-s.writer
+		return nil, errClosed
+	}
+	tx := &Tx{s: s, ctx: ctx, pending: newRows()}
+	s.open = tx
+	return tx, nil
+}
+
+func (s *Store) checkOpen() error {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.closed {
+		return errClosed
+	}
+	return nil
+}
+
+// endLocked ends tx with reason (nil for a commit) and frees the writer
+// slot. s.mu must be held.
+func (s *Store) endLocked(tx *Tx, reason error) {
+	if tx.ended != nil {
+		return
+	}
+	if reason == nil {
+		reason = errDone
+	}
+	tx.ended = reason
+	tx.pending = nil
+	if s.open == tx {
+		s.open = nil
+	}
+	<-s.writer
+}
+
+// Close makes every later call return store.ErrUnavailable; an open
+// transaction is dropped as by Crash. It returns nil.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.open != nil {
+		s.endLocked(s.open, errClosed)
+	}
+	s.closed = true
+	return nil
+}
+
+// read runs f on the committed rows under the read lock; it returns
+// store.ErrUnavailable after Close and ctx's error if ctx has ended.
+func (s *Store) read(ctx context.Context, f func(r *rows) error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.closed {
+		return errClosed
+	}
+	return f(s.committed)
+}
+
+func notFound(what string, key any) error {
+	return fmt.Errorf("%s %v: %w", what, key, store.ErrNotFound)
+}
+
+// ReservationGet returns a copy of the committed reservation, or
+// store.ErrNotFound.
+func (s *Store) ReservationGet(ctx context.Context, id string) (out ledger.Reservation, err error) {
+	err = s.read(ctx, func(r *rows) error {
+		res, ok := r.reservations[id]
+		if !ok {
+			return notFound("reservation", id)
+		}
+		out = *res
+		return nil
+	})
+	return out, err
+}
+
+// AccountGet returns a copy of the committed account, or store.ErrNotFound.
+func (s *Store) AccountGet(ctx context.Context, key ledger.AccountKey) (out ledger.Account, err error) {
+	err = s.read(ctx, func(r *rows) error {
+		a, ok := r.accounts[key]
+		if !ok {
+			return notFound("account", key)
+		}
+		out = *a
+		return nil
+	})
+	return out, err
+}
+
+// AccountList returns copies of the accounts of subject (every generation,
+// by generation), or of every account ordered by key when subject.Subject
+// is empty. No match is an empty list, not an error.
+func (s *Store) AccountList(ctx context.Context, subject ledger.PolicyKey) (out []ledger.Account, err error) {
+	err = s.read(ctx, func(r *rows) error {
+		for _, a := range r.accounts {
+			if subject.Subject == "" || a.Key.SubjectKey() == subject {
+				out = append(out, *a)
+			}
+		}
+		return nil
+	})
+	slices.SortFunc(out, func(a, b ledger.Account) int { return compareAccountKeys(a.Key, b.Key) })
+	return out, err
+}
+
+// PolicyGet returns a copy of the policy generation, or store.ErrNotFound.
+func (s *Store) PolicyGet(ctx context.Context, generation uint64) (out ledger.Policy, err error) {
+	err = s.read(ctx, func(r *rows) error {
+		p, ok := r.policies[generation]
+		if !ok {
+			return notFound("policy generation", generation)
+		}
+		out = copyPolicy(p)
+		return nil
+	})
+	return out, err
+}
+
+// PolicyList returns copies of every policy generation, oldest first.
+func (s *Store) PolicyList(ctx context.Context) (out []ledger.Policy, err error) {
+	err = s.read(ctx, func(r *rows) error {
+		for _, g := range slices.Sorted(maps.Keys(r.policies)) {
+			out = append(out, copyPolicy(r.policies[g]))
+		}
+		return nil
+	})
+	return out, err
+}
+
+// ShardGet returns a copy of the shard, or store.ErrNotFound.
+func (s *Store) ShardGet(ctx context.Context, id string) (out ledger.Shard, err error) {
+	err = s.read(ctx, func(r *rows) error {
+		sh, ok := r.shards[id]
+		if !ok {
+			return notFound("shard", id)
+		}
+		out = copyShard(sh)
+		return nil
+	})
+	return out, err
+}
+
+// ShardList returns copies of every shard, ordered by id.
+func (s *Store) ShardList(ctx context.Context) (out []ledger.Shard, err error) {
+	err = s.read(ctx, func(r *rows) error {
+		for _, id := range slices.Sorted(maps.Keys(r.shards)) {
+			out = append(out, copyShard(r.shards[id]))
+		}
+		return nil
+	})
+	return out, err
+}
+
+// dueAt returns when a reservation became due for a worker, and whether it
+// is due at now: RESERVED once ExpiresAt <= now, EXPIRING always (an expiry
+// was claimed and must be finished), STARTED once a non-zero
+// ExecutionDeadline <= now.
+func dueAt(r *ledger.Reservation, now time.Time) (time.Time, bool) {
+	switch r.State {
+	case ledger.StateReserved:
+		return r.ExpiresAt, !r.ExpiresAt.After(now)
+	case ledger.StateExpiring:
+		return r.ExpiresAt, true
+	case ledger.StateStarted:
+		return r.ExecutionDeadline, !r.ExecutionDeadline.IsZero() && !r.ExecutionDeadline.After(now)
+	}
+	return time.Time{}, false
+}
+
+// ReservationsDue returns up to limit ids of reservations due at now,
+// ordered by the time they became due (ExpiresAt, or ExecutionDeadline for
+// STARTED), ties by id. limit <= 0 returns none.
+func (s *Store) ReservationsDue(ctx context.Context, now time.Time, limit int) (out []string, err error) {
+	if limit <= 0 {
+		return nil, s.read(ctx, func(*rows) error { return nil })
+	}
+	type due struct {
+		at time.Time
+		id string
+	}
+	var list []due
+	err = s.read(ctx, func(r *rows) error {
+		for _, res := range r.reservations {
+			if at, ok := dueAt(res, now); ok {
+				list = append(list, due{at, res.ID})
+			}
+		}
+		return nil
+	})
+	slices.SortFunc(list, func(a, b due) int {
+		if c := a.at.Compare(b.at); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.id, b.id)
+	})
+	for i := 0; i < len(list) && i < limit; i++ {
+		out = append(out, list[i].id)
+	}
+	return out, err
+}
+
+// Snapshot returns copies of every committed row in one consistent read:
+// accounts by key, reservations by id, moves by receipt id, shards by id,
+// policies by generation, statements and journal in insertion order, with
+// JournalComplete set (the store never discards journal entries).
+func (s *Store) Snapshot(ctx context.Context) (*ledger.Snapshot, error) {
+	snap := &ledger.Snapshot{JournalComplete: true}
+	err := s.read(ctx, func(r *rows) error {
+		for _, g := range slices.Sorted(maps.Keys(r.policies)) {
+			snap.Policies = append(snap.Policies, copyPolicy(r.policies[g]))
+		}
+		keys := slices.SortedFunc(maps.Keys(r.accounts), compareAccountKeys)
+		for _, k := range keys {
+			snap.Accounts = append(snap.Accounts, *r.accounts[k])
+		}
+		for _, id := range slices.Sorted(maps.Keys(r.reservations)) {
+			snap.Reservations = append(snap.Reservations, *r.reservations[id])
+		}
+		for _, id := range slices.Sorted(maps.Keys(r.moves)) {
+			snap.Moves = append(snap.Moves, *r.moves[id])
+		}
+		for _, id := range slices.Sorted(maps.Keys(r.shards)) {
+			snap.Shards = append(snap.Shards, copyShard(r.shards[id]))
+		}
+		snap.Statements = slices.Clone(r.statements)
+		snap.Journal = slices.Clone(r.journal)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return snap, nil
+}
+
+func compareAccountKeys(a, b ledger.AccountKey) int {
+	return cmp.Or(cmp.Compare(a.Subject, b.Subject), cmp.Compare(a.Route, b.Route),
+		cmp.Compare(a.Region, b.Region), cmp.Compare(a.Generation, b.Generation))
+}
+
+func copyPolicy(p *ledger.Policy) ledger.Policy {
+	out := *p
+	out.Dimensions = slices.Clone(p.Dimensions)
+	return out
+}
+
+func copyShard(s *ledger.Shard) ledger.Shard {
+	out := *s
+	out.Signature = slices.Clone(s.Signature)
+	return out
+}
