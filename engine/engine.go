@@ -324,15 +324,30 @@ func (e *Engine) Accounts(ctx context.Context, subject ledger.PolicyKey) ([]ledg
 		return nil, err
 	}
 	now := e.opts.Clock()
+	policies := make([]ledger.Policy, len(accounts))
+	// The account holding a subject's capacity is its newest generation
+	// that was not rolled back: that is where the next command will find
+	// it (after a switch, if one is pending), so only it is shown refilled.
+	current := map[ledger.PolicyKey]uint64{}
 	for i := range accounts {
 		p, err := e.core.store.PolicyGet(ctx, accounts[i].Key.Generation)
 		if err != nil {
 			return nil, fmt.Errorf("policy %d: %w", accounts[i].Key.Generation, err)
 		}
+		policies[i] = p
+		if subject := accounts[i].Key.SubjectKey(); !p.RolledBack && p.Generation > current[subject] {
+			current[subject] = p.Generation
+		}
+	}
+	for i := range accounts {
 		scratch := ledger.NewMemory()
 		scratch.DiscardJournal = true
-		scratch.PolicyPut(&p)
+		scratch.PolicyPut(&policies[i])
 		scratch.AccountPut(&accounts[i])
+		subject := accounts[i].Key.SubjectKey()
+		if g, ok := current[subject]; ok {
+			scratch.AccountCurrentPut(subject, g)
+		}
 		ledger.Refill(scratch, accounts[i].Key, now)
 	}
 	return accounts, nil

@@ -1,0 +1,307 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+	"github.com/capledger/capledger/store/memstore"
+)
+
+var t0 = time.Date(2026, 7, 19, 14, 0, 0, 0, time.UTC)
+
+// clock is a settable test clock.
+type clock struct{ nanos atomic.Int64 }
+
+func newClock() *clock                   { c := &clock{}; c.nanos.Store(t0.UnixNano()); return c }
+func (c *clock) Now() time.Time          { return time.Unix(0, c.nanos.Load()).UTC() }
+func (c *clock) Advance(d time.Duration) { c.nanos.Add(int64(d)) }
+
+func publish(t *testing.T, e *Engine, burst int64, hold, execLimit time.Duration) {
+	t.Helper()
+	p := ledger.Policy{
+		Key:            ledger.PolicyKey{Subject: ledger.AnySubject, Route: "chat.generate", Region: "eu"},
+		Dimensions:     []ledger.Dimension{{Unit: "tokens", Burst: burst, RefillUnits: 10, RefillInterval: time.Second}},
+		HoldTTL:        hold,
+		ExecutionLimit: execLimit,
+	}.WithDefaults()
+	res, err := e.Do(context.Background(), ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p})
+	if err != nil || res.Err != nil {
+		t.Fatalf("publish: %v %v", err, res.Err)
+	}
+}
+
+func reserveCmd(id string, units int64) ledger.Command {
+	return ledger.Command{Kind: ledger.KindReserve, ReservationID: id, RequestDigest: "sha256:" + id,
+		Subject: "tenant-7", Route: "chat.generate", Region: "eu", Units: ledger.Amounts{units}}
+}
+
+func auditClean(t *testing.T, e *Engine) {
+	t.Helper()
+	discrepancies, err := e.Audit(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range discrepancies {
+		t.Errorf("audit: %s", d)
+	}
+}
+
+// gatedStore holds the first Begin until released, so requests pile up
+// behind one batch exactly as they do under load, and can fail commits.
+type gatedStore struct {
+	store.Store
+	gate      chan struct{}
+	once      sync.Once
+	conflicts atomic.Int32 // commits left to fail with ErrConflict
+	begins    atomic.Int32
+}
+
+func (g *gatedStore) Begin(ctx context.Context) (store.Tx, error) {
+	g.begins.Add(1)
+	g.once.Do(func() { <-g.gate })
+	tx, err := g.Store.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &conflictTx{Tx: tx, g: g}, nil
+}
+
+type conflictTx struct {
+	store.Tx
+	g *gatedStore
+}
+
+func (tx *conflictTx) Commit(ctx context.Context) error {
+	if tx.g.conflicts.Load() > 0 {
+		tx.g.conflicts.Add(-1)
+		tx.Tx.Rollback(ctx)
+		return fmt.Errorf("simulated: %w", store.ErrConflict)
+	}
+	return tx.Tx.Commit(ctx)
+}
+
+func TestGroupCommitBatchesWaitingCallers(t *testing.T) {
+	gated := &gatedStore{Store: memstore.New(), gate: make(chan struct{})}
+	e := New(gated, Options{DisableWorkers: true, MaxBatch: 1000})
+	defer e.Close()
+
+	// The first command (the publish) holds the committer at Begin while
+	// 200 reserves queue up behind it.
+	published := make(chan struct{})
+	go func() { publish(t, e, 100000, time.Minute, 0); close(published) }()
+	for gated.begins.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 200)
+	for i := range 200 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := e.Do(context.Background(), reserveCmd(fmt.Sprintf("rl-%03d", i), 10))
+			if err == nil {
+				err = res.Err
+			}
+			errs <- err
+		}()
+	}
+	for len(e.queue) < 200 {
+		time.Sleep(time.Millisecond)
+	}
+	close(gated.gate)
+	wg.Wait()
+	<-published
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	stats := e.Stats()
+	if stats.Commands != 201 {
+		t.Fatalf("commands %d, want 201", stats.Commands)
+	}
+	// One batch for the publish, then the 200 queued reserves in one.
+	if stats.Batches != 2 {
+		t.Fatalf("batches %d: queued callers were not grouped into one transaction", stats.Batches)
+	}
+	auditClean(t, e)
+}
+
+func TestConflictedBatchIsRetriedWhole(t *testing.T) {
+	gated := &gatedStore{Store: memstore.New(), gate: make(chan struct{})}
+	close(gated.gate)
+	e := New(gated, Options{DisableWorkers: true})
+	defer e.Close()
+	publish(t, e, 1000, time.Minute, 0)
+	gated.conflicts.Store(2)
+	res, err := e.Do(context.Background(), reserveCmd("rl-1", 600))
+	if err != nil || res.Err != nil || res.Replayed {
+		t.Fatalf("reserve after two conflicts: %v %+v", err, res)
+	}
+	if got := e.Stats().Conflicts; got != 2 {
+		t.Fatalf("conflicts counted %d, want 2", got)
+	}
+	accounts, _ := e.Accounts(context.Background(), ledger.PolicyKey{Subject: "tenant-7", Route: "chat.generate", Region: "eu"})
+	if len(accounts) != 1 || accounts[0].Balances[0].Reserved != 600 {
+		t.Fatalf("a retried batch must apply once: %+v", accounts)
+	}
+	auditClean(t, e)
+}
+
+func TestFailedCommitAnswersErrorAndAppliesNothing(t *testing.T) {
+	ms := memstore.New()
+	e := New(ms, Options{DisableWorkers: true})
+	defer e.Close()
+	publish(t, e, 1000, time.Minute, 0)
+	ms.FailNextCommit(errors.New("disk on fire"))
+	if _, err := e.Do(context.Background(), reserveCmd("rl-1", 600)); !errors.Is(err, store.ErrUnavailable) {
+		t.Fatalf("a failed commit must reach the caller as unavailable, got %v", err)
+	}
+	if _, err := e.Reservation(context.Background(), "rl-1"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("a failed batch left its reservation behind: %v", err)
+	}
+	if err := e.Ready(); err == nil {
+		t.Fatal("Ready must report the failed batch")
+	}
+	res, err := e.Do(context.Background(), reserveCmd("rl-1", 600))
+	if err != nil || res.Err != nil || res.Replayed {
+		t.Fatalf("retry after a failed commit: %v %+v", err, res)
+	}
+	if err := e.Ready(); err != nil {
+		t.Fatalf("Ready after recovery: %v", err)
+	}
+	auditClean(t, e)
+}
+
+func TestLostCommitAckConvergesOnRetryWithSameID(t *testing.T) {
+	ms := memstore.New()
+	e := New(ms, Options{DisableWorkers: true})
+	defer e.Close()
+	publish(t, e, 1000, time.Minute, 0)
+	ms.LoseNextCommitAck()
+	if _, err := e.Do(context.Background(), reserveCmd("rl-1", 600)); !errors.Is(err, store.ErrUnavailable) {
+		t.Fatalf("lost ack must not look like success: %v", err)
+	}
+	res, err := e.Do(context.Background(), reserveCmd("rl-1", 600))
+	if err != nil || res.Err != nil || !res.Replayed {
+		t.Fatalf("retry with the same id must replay the durable reservation: %v %+v", err, res)
+	}
+	accounts, _ := e.Accounts(context.Background(), ledger.PolicyKey{Subject: "tenant-7", Route: "chat.generate", Region: "eu"})
+	if accounts[0].Balances[0].Reserved != 600 {
+		t.Fatalf("debited twice: reserved %d", accounts[0].Balances[0].Reserved)
+	}
+	auditClean(t, e)
+}
+
+func TestWorkersExpireHoldsAndMarkOverrunsUnknown(t *testing.T) {
+	clk := newClock()
+	e := New(memstore.New(), Options{DisableWorkers: true, Clock: clk.Now})
+	defer e.Close()
+	ctx := context.Background()
+	publish(t, e, 1000, 10*time.Second, 30*time.Second)
+	for _, c := range []ledger.Command{reserveCmd("rl-held", 300), reserveCmd("rl-run", 300)} {
+		if res, err := e.Do(ctx, c); err != nil || res.Err != nil {
+			t.Fatal(err, res.Err)
+		}
+	}
+	if res, err := e.Do(ctx, ledger.Command{Kind: ledger.KindStart, ReservationID: "rl-run", OperationID: "op-1"}); err != nil || res.Err != nil {
+		t.Fatal(err, res.Err)
+	}
+	e.runDue(ctx) // nothing is due yet
+	if r, _ := e.Reservation(ctx, "rl-held"); r.State != ledger.StateReserved {
+		t.Fatalf("expired before its TTL: %s", r.State)
+	}
+	clk.Advance(11 * time.Second)
+	e.runDue(ctx)
+	if r, _ := e.Reservation(ctx, "rl-held"); r.State != ledger.StateExpired {
+		t.Fatalf("hold past its TTL: %s, want EXPIRED", r.State)
+	}
+	if r, _ := e.Reservation(ctx, "rl-run"); r.State != ledger.StateStarted {
+		t.Fatalf("expiry touched started work: %s", r.State)
+	}
+	clk.Advance(20 * time.Second)
+	e.runDue(ctx)
+	r, _ := e.Reservation(ctx, "rl-run")
+	if r.State != ledger.StateUsageUnknown {
+		t.Fatalf("work past its execution limit: %s, want USAGE_UNKNOWN", r.State)
+	}
+	// Unknown usage stays reserved until the operation receipt settles it.
+	accounts, _ := e.Accounts(ctx, ledger.PolicyKey{Subject: "tenant-7", Route: "chat.generate", Region: "eu"})
+	if accounts[0].Balances[0].Reserved != 300 {
+		t.Fatalf("USAGE_UNKNOWN released its hold: %+v", accounts[0].Balances[0])
+	}
+	res, err := e.Do(ctx, ledger.Command{Kind: ledger.KindSettle, ReservationID: "rl-run", OperationID: "op-1", Units: ledger.Amounts{120}})
+	if err != nil || res.Err != nil || res.Refunded[0] != 180 {
+		t.Fatalf("settle with the operation receipt: %v %+v", err, res)
+	}
+	auditClean(t, e)
+}
+
+func TestAccountsShowRefillDueNow(t *testing.T) {
+	clk := newClock()
+	e := New(memstore.New(), Options{DisableWorkers: true, Clock: clk.Now})
+	defer e.Close()
+	ctx := context.Background()
+	publish(t, e, 1000, time.Minute, 0)
+	for _, c := range []ledger.Command{
+		reserveCmd("rl-1", 600),
+		{Kind: ledger.KindStart, ReservationID: "rl-1", OperationID: "op-1"},
+		{Kind: ledger.KindSettle, ReservationID: "rl-1", OperationID: "op-1", Units: ledger.Amounts{600}},
+	} {
+		if res, err := e.Do(ctx, c); err != nil || res.Err != nil {
+			t.Fatal(err, res.Err)
+		}
+	}
+	clk.Advance(5 * time.Second) // 10 tokens a second
+	accounts, err := e.Accounts(ctx, ledger.PolicyKey{Subject: "tenant-7", Route: "chat.generate", Region: "eu"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := accounts[0].Balances[0].Available; got != 450 {
+		t.Fatalf("available %d five seconds after spending 600 of 1000 at 10/s, want 450", got)
+	}
+}
+
+// Concurrent gateways over the real group-commit path: the seed's opening
+// scenario at scale. Whatever the interleaving, admitted units never exceed
+// capacity and the audit is clean.
+func TestConcurrentGatewaysNeverOversell(t *testing.T) {
+	e := New(memstore.New(), Options{DisableWorkers: true})
+	defer e.Close()
+	ctx := context.Background()
+	publish(t, e, 1000, time.Minute, 0)
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 50 {
+				res, err := e.Do(ctx, reserveCmd(fmt.Sprintf("gw%d-%d", g, i), 600))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if res.Err == nil && !res.Replayed {
+					admitted.Add(600)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if admitted.Load() > 1000+10*60 { // burst plus at most a minute of refill
+		t.Fatalf("admitted %d units against a burst of 1000", admitted.Load())
+	}
+	if admitted.Load() == 0 {
+		t.Fatal("nothing admitted")
+	}
+	auditClean(t, e)
+}
