@@ -1,0 +1,248 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+
+	"connectrpc.com/connect"
+
+	ledgerv1 "github.com/capledger/capledger/api/capledger/v1"
+)
+
+// Reasons the ledger puts in ErrorDetail.reason (see the .proto).
+const (
+	ReasonNoPolicy                  = "NO_POLICY"
+	ReasonPolicyNotFound            = "POLICY_NOT_FOUND"
+	ReasonReservationNotFound       = "RESERVATION_NOT_FOUND"
+	ReasonDigestMismatch            = "DIGEST_MISMATCH"
+	ReasonReservationNotStarted     = "RESERVATION_NOT_STARTED"
+	ReasonReservationAlreadyStarted = "RESERVATION_ALREADY_STARTED"
+	ReasonReservationAlreadySettled = "RESERVATION_ALREADY_SETTLED"
+	ReasonReservationReleased       = "RESERVATION_RELEASED"
+	ReasonReservationExpired        = "RESERVATION_EXPIRED"
+	ReasonOperationMismatch         = "OPERATION_MISMATCH"
+)
+
+// Sentinel errors a *LedgerError matches with errors.Is, one per reason a
+// gateway typically branches on.
+var (
+	ErrNoPolicy              = errors.New("no policy for subject, route and region")
+	ErrNotFound              = errors.New("not found")
+	ErrDigestMismatch        = errors.New("reservation id reused with a different request digest")
+	ErrNotStarted            = errors.New("reservation not started")
+	ErrAlreadyStarted        = errors.New("reservation already started")
+	ErrAlreadySettled        = errors.New("reservation already settled differently")
+	ErrReleased              = errors.New("reservation released")
+	ErrExpired               = errors.New("reservation expired")
+	ErrOperationMismatch     = errors.New("operation id does not match the one bound at start")
+	errReasonSentinelsByName = map[string]error{
+		ReasonNoPolicy:                  ErrNoPolicy,
+		ReasonPolicyNotFound:            ErrNotFound,
+		ReasonReservationNotFound:       ErrNotFound,
+		ReasonDigestMismatch:            ErrDigestMismatch,
+		ReasonReservationNotStarted:     ErrNotStarted,
+		ReasonReservationAlreadyStarted: ErrAlreadyStarted,
+		ReasonReservationAlreadySettled: ErrAlreadySettled,
+		ReasonReservationReleased:       ErrReleased,
+		ReasonReservationExpired:        ErrExpired,
+		ReasonOperationMismatch:         ErrOperationMismatch,
+	}
+)
+
+// ErrUsageUnknown is returned (or wrapped) by a Run function to say that it
+// cannot tell how much its work used; Run then marks the reservation
+// USAGE_UNKNOWN instead of settling it.
+var ErrUsageUnknown = errors.New("usage unknown")
+
+// RejectedError is a capacity rejection: the ledger answered
+// RESOURCE_EXHAUSTED (HTTP 429). It is an answer, not a fault: the SDK
+// never retries it on its own, because only time (refill) or debt
+// repayment can change it.
+type RejectedError struct {
+	// ReservationID is the id that was refused; nothing was reserved.
+	ReservationID string
+	// Generation is the policy generation that decided.
+	Generation uint64
+	// Dimension is the unit that did not fit, e.g. "tokens".
+	Dimension string
+	// Reason is INSUFFICIENT_CAPACITY, ADMISSION_FROZEN or
+	// RESERVATION_TOO_LARGE.
+	Reason string
+	// RetryAfter is the ledger's conservative wait before refill alone
+	// could admit the request; 0 when no wait helps (the policy never
+	// refills, or the estimate is larger than it ever allows).
+	RetryAfter time.Duration
+	message    string
+}
+
+func (e *RejectedError) Error() string {
+	s := fmt.Sprintf("capacity rejected (%s, dimension %q, generation %d", e.Reason, e.Dimension, e.Generation)
+	if e.RetryAfter > 0 {
+		s += fmt.Sprintf(", retry after %s", e.RetryAfter)
+	}
+	return s + ")"
+}
+
+// RetryAfterSeconds returns RetryAfter rounded up to whole seconds, the
+// value for an HTTP Retry-After header (0: omit the header).
+func (e *RejectedError) RetryAfterSeconds() int64 {
+	return int64(math.Ceil(e.RetryAfter.Seconds()))
+}
+
+// LedgerError is every other answer the ledger decided (not found, digest
+// mismatch, state errors, invalid arguments, permission). errors.Is matches
+// it against the sentinel of its reason (ErrNotFound, ErrExpired, ...).
+type LedgerError struct {
+	// Op is the method, e.g. "start".
+	Op string
+	// Code is the connect/gRPC code.
+	Code connect.Code
+	// Reason is the ErrorDetail reason, e.g. "RESERVATION_EXPIRED"; empty
+	// when the server attached none.
+	Reason string
+	// Reservation is the reservation as it is now, for state errors.
+	Reservation *ledgerv1.Reservation
+	// Err is the underlying connect error.
+	Err error
+}
+
+func (e *LedgerError) Error() string {
+	if e.Reason != "" {
+		return fmt.Sprintf("%s: %s (%s): %v", e.Op, e.Code, e.Reason, e.Err)
+	}
+	return fmt.Sprintf("%s: %s: %v", e.Op, e.Code, e.Err)
+}
+
+func (e *LedgerError) Unwrap() error { return e.Err }
+
+// Is reports whether target is the sentinel of e's reason (or ErrNotFound
+// for any NOT_FOUND answer).
+func (e *LedgerError) Is(target error) bool {
+	if s, ok := errReasonSentinelsByName[e.Reason]; ok && s == target {
+		return true
+	}
+	return target == ErrNotFound && e.Code == connect.CodeNotFound && e.Reason != ReasonNoPolicy
+}
+
+// ReservationUnknownError says a Reserve answer was lost and the SDK could
+// not find out, within its retries and the lookup after them, whether the
+// ledger admitted the reservation (RESERVATION_UNKNOWN). The id may still be
+// admitted by a request in flight. Resolve it with the SAME id: call
+// ResolveReservation, or Reserve again with ReservationID and the same
+// digest; never mint a new id for the same request. An admitted but never
+// started reservation is returned to available by expiry after the hold TTL.
+type ReservationUnknownError struct {
+	ReservationID string
+	RequestDigest string
+	// Attempts is how many Reserve calls were sent.
+	Attempts int
+	// Err is the last transport error.
+	Err error
+}
+
+func (e *ReservationUnknownError) Error() string {
+	return fmt.Sprintf("reserve %s: RESERVATION_UNKNOWN after %d attempts: %v", e.ReservationID, e.Attempts, e.Err)
+}
+
+func (e *ReservationUnknownError) Unwrap() error { return e.Err }
+
+// UsageUnknownError says started work ended without a known usage (it
+// panicked, was cancelled without reporting usage, returned
+// ErrUsageUnknown, or the settle answer was lost). The reservation is
+// USAGE_UNKNOWN on the ledger (or, if even MarkUsageUnknown could not be
+// confirmed, STARTED): its capacity stays held, never refunded, until
+// ResolveUnknown settles it with the Receipt.
+type UsageUnknownError struct {
+	Receipt OperationReceipt
+	// Marked is true when the ledger confirmed the USAGE_UNKNOWN state.
+	Marked bool
+	// Err is the cause.
+	Err error
+}
+
+func (e *UsageUnknownError) Error() string {
+	return fmt.Sprintf("reservation %s operation %s: USAGE_UNKNOWN: %v", e.Receipt.ReservationID, e.Receipt.OperationID, e.Err)
+}
+
+func (e *UsageUnknownError) Unwrap() error { return e.Err }
+
+// classify turns a connect error into the SDK's typed error for op and
+// id. Transport faults (no answer was received) are returned unchanged.
+func classify(op, id string, err error) error {
+	var ce *connect.Error
+	if !errors.As(err, &ce) {
+		return err
+	}
+	switch ce.Code() {
+	case connect.CodeResourceExhausted:
+		rej := &RejectedError{ReservationID: id, Reason: "INSUFFICIENT_CAPACITY", message: ce.Message()}
+		found := false
+		for _, d := range ce.Details() {
+			if v, derr := d.Value(); derr == nil {
+				if rd, ok := v.(*ledgerv1.RejectionDetail); ok {
+					fillRejection(rej, rd)
+					found = true
+				}
+			}
+		}
+		// Without a detail (an intermediary answered 429) the header is
+		// all there is; with one the header and the detail agree.
+		if !found || rej.RetryAfter == 0 {
+			if secs, perr := strconv.ParseInt(ce.Meta().Get("Retry-After"), 10, 64); perr == nil && secs > 0 {
+				rej.RetryAfter = time.Duration(secs) * time.Second
+			}
+		}
+		return rej
+	case connect.CodeNotFound, connect.CodeAlreadyExists, connect.CodeFailedPrecondition,
+		connect.CodeInvalidArgument, connect.CodePermissionDenied, connect.CodeUnauthenticated,
+		connect.CodeOutOfRange, connect.CodeUnimplemented:
+		le := &LedgerError{Op: op, Code: ce.Code(), Err: err}
+		for _, d := range ce.Details() {
+			if v, derr := d.Value(); derr == nil {
+				if ed, ok := v.(*ledgerv1.ErrorDetail); ok {
+					le.Reason = ed.GetReason()
+					le.Reservation = ed.GetReservation()
+				}
+			}
+		}
+		if le.Reason == "" && ce.Code() == connect.CodeAlreadyExists && op == "reserve" {
+			// ALREADY_EXISTS on Reserve means only one thing.
+			le.Reason = ReasonDigestMismatch
+		}
+		return le
+	}
+	return err
+}
+
+func fillRejection(rej *RejectedError, rd *ledgerv1.RejectionDetail) {
+	rej.Generation = rd.GetPolicyGeneration()
+	rej.Dimension = rd.GetLimitingDimension()
+	if rd.GetReason() != "" {
+		rej.Reason = rd.GetReason()
+	}
+	if ra := rd.GetRetryAfter(); ra != nil {
+		rej.RetryAfter = ra.AsDuration()
+	}
+}
+
+// retryable reports whether err is a fault after which the answer is
+// unknown and the same call may be sent again: the request may or may not
+// have been applied, and every mutating call is idempotent on its id, so a
+// retry with the same ids either applies it once or repeats the recorded
+// answer. A context error of the caller's own ctx is not retryable (the
+// caller gave up); a per-attempt timeout is.
+func retryable(ctx context.Context, err error) bool {
+	if err == nil || ctx.Err() != nil {
+		return false
+	}
+	switch connect.CodeOf(err) {
+	case connect.CodeUnavailable, connect.CodeDeadlineExceeded, connect.CodeUnknown,
+		connect.CodeInternal, connect.CodeAborted, connect.CodeCanceled, connect.CodeDataLoss:
+		return true
+	}
+	return false
+}

@@ -1,0 +1,280 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	ledgerv1 "github.com/capledger/capledger/api/capledger/v1"
+)
+
+// OperationReceipt identifies started work: the reservation and the
+// operation id bound at Start. It is the only thing that can resolve a
+// USAGE_UNKNOWN reservation (ResolveUnknown), so keep it until then.
+type OperationReceipt struct {
+	ReservationID    string
+	OperationID      string
+	Subject          string
+	Route            string
+	Region           string
+	PolicyGeneration uint64
+	// Reserved is the estimate held.
+	Reserved Units
+	// Actual is the usage the work reported, when it reported one (the
+	// settle answer was lost); nil when the usage itself is unknown.
+	Actual    Units
+	StartedAt time.Time
+}
+
+// Work is the caller's function that Run executes once the reservation is
+// started. It returns the actual units it used. Its result decides the
+// settlement:
+//   - a non-nil actual settles with it, whatever the error (work that failed
+//     half way reports what it used);
+//   - nil actual and a nil error, or an error that is not a context error,
+//     settles with zero usage (the work reports that it used nothing);
+//   - an error wrapping ErrUsageUnknown, or nil actual with a context error
+//     (context.Canceled or DeadlineExceeded: the caller's context ended, or
+//     a call inside the work timed out), or a panic, marks the reservation
+//     USAGE_UNKNOWN: the work may still be running somewhere, so its
+//     capacity stays held and is never refunded on cancellation.
+type Work func(ctx context.Context) (actual Units, err error)
+
+// RunResult is the outcome of Run.
+type RunResult struct {
+	// Reservation is the reservation after settlement (SETTLED or
+	// SETTLED_WITH_DEBT), or nil for a shadow run.
+	Reservation *ledgerv1.Reservation
+	// Receipt is the operation receipt (empty for a shadow run).
+	Receipt OperationReceipt
+	// Refunded is what settlement returned to available.
+	Refunded Units
+	// Shadow is true when a shadow-mode policy would have rejected the
+	// request: the work ran without a reservation, and ShadowRejection says
+	// what enforcement would have answered.
+	Shadow          bool
+	ShadowRejection *RejectedError
+}
+
+// gate runs between a successful Reserve and Start; the middleware uses it
+// to wait for a fair-scheduler dispatch. It returns done, called once with
+// the settled actual cost (or 0 when the work never ran), or an error when
+// the work must not start.
+type gate func(ctx context.Context, rr *ReserveResult) (done func(actual Units), err error)
+
+// Run executes work under a reservation: Reserve, Start (binding a fresh
+// operation id), work, Settle with the units work reports. It returns:
+//   - the result and work's own error (nil or not) once settled;
+//   - the Reserve errors (*RejectedError, *ReservationUnknownError,
+//     *LedgerError) when nothing was reserved, without calling work;
+//   - the Start error when the reservation could not be started (work is not
+//     called; an unstarted reservation is released);
+//   - ctx.Err() when ctx ended before Start (the reservation is released);
+//   - *UsageUnknownError when work's usage is unknown (see Work) or the
+//     settle answer was lost: the reservation is marked USAGE_UNKNOWN, its
+//     receipt is kept (PendingUnknown) and ResolveUnknown settles it later.
+//
+// Once work has started, cancellation of ctx does not stop the bookkeeping:
+// Settle and MarkUsageUnknown run on a context detached from ctx's
+// cancellation, bounded by the retry policy. A panic in work is re-raised
+// after the reservation is marked USAGE_UNKNOWN.
+func (c *Client) Run(ctx context.Context, req ReserveRequest, work Work) (*RunResult, error) {
+	return c.run(ctx, req, work, nil)
+}
+
+func (c *Client) run(ctx context.Context, req ReserveRequest, work Work, g gate) (*RunResult, error) {
+	rr, err := c.Reserve(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	if rr.ShadowRejected {
+		_, werr := work(ctx)
+		return &RunResult{Shadow: true, ShadowRejection: rr.ShadowRejection}, werr
+	}
+	res := rr.Reservation
+	receipt := OperationReceipt{
+		ReservationID: rr.ReservationID, Subject: res.GetSubject(), Route: res.GetRoute(), Region: res.GetRegion(),
+		PolicyGeneration: res.GetPolicyGeneration(), Reserved: res.GetReservedUnits(),
+	}
+	if rr.Replayed && res.GetState() != ledgerv1.ReservationState_RESERVATION_STATE_RESERVED {
+		// The id was used before and has moved on: this request cannot run
+		// under it again.
+		return nil, fmt.Errorf("run %s: reservation is %s, not RESERVED", rr.ReservationID, res.GetState())
+	}
+
+	done := func(Units) {}
+	if g != nil {
+		d, gerr := g(ctx, rr)
+		if gerr != nil {
+			c.releaseUnstarted(ctx, rr.ReservationID)
+			return nil, gerr
+		}
+		done = d
+	}
+	if err := ctx.Err(); err != nil {
+		c.releaseUnstarted(ctx, rr.ReservationID)
+		done(nil)
+		return nil, err
+	}
+
+	receipt.OperationID = NewOperationID()
+	st, err := c.Start(ctx, rr.ReservationID, receipt.OperationID)
+	if err != nil {
+		var lost *LostError
+		if errors.As(err, &lost) || ctx.Err() != nil {
+			// Start may have landed. The work has not run and will not:
+			// release it, or settle zero usage if it did start.
+			c.abandonStart(ctx, receipt)
+		}
+		done(nil)
+		return nil, fmt.Errorf("run: %w", err)
+	}
+	receipt.StartedAt = st.Reservation.GetStartedAt().AsTime()
+
+	actual, werr, panicked, panicValue := runWork(ctx, work)
+	unknown := panicked || errors.Is(werr, ErrUsageUnknown) || (actual == nil && isContextError(werr))
+	if unknown {
+		cause := werr
+		if panicked {
+			cause = fmt.Errorf("work panicked: %v", panicValue)
+		} else if cause == nil {
+			cause = ErrUsageUnknown
+		}
+		_, uerr := c.markUnknown(ctx, receipt, cause)
+		done(receipt.Reserved)
+		if panicked {
+			panic(panicValue)
+		}
+		return nil, uerr
+	}
+	receipt.Actual = actual
+	sctx, cancel := c.detached(ctx)
+	defer cancel()
+	sr, serr := c.Settle(sctx, rr.ReservationID, receipt.OperationID, actual)
+	done(actual)
+	if serr != nil {
+		var lost *LostError
+		if errors.As(serr, &lost) {
+			settled, uerr := c.markUnknown(ctx, receipt, serr)
+			if uerr != nil {
+				return nil, uerr
+			}
+			// The lost settle landed; what it refunded is not known here.
+			return &RunResult{Reservation: settled, Receipt: receipt}, werr
+		}
+		return nil, fmt.Errorf("run: %w", serr)
+	}
+	return &RunResult{Reservation: sr.Reservation, Receipt: receipt, Refunded: sr.Refunded}, werr
+}
+
+// runWork calls work and turns a panic into values, so the caller can mark
+// the reservation before re-raising it.
+func runWork(ctx context.Context, work Work) (actual Units, err error, panicked bool, panicValue any) {
+	defer func() {
+		if p := recover(); p != nil {
+			panicked, panicValue = true, p
+		}
+	}()
+	actual, err = work(ctx)
+	return actual, err, false, nil
+}
+
+func isContextError(err error) bool {
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+}
+
+// releaseUnstarted gives back a reservation whose work never started. A
+// failure is not reported: an unstarted reservation expires after the hold
+// TTL anyway, so the capacity comes back either way.
+func (c *Client) releaseUnstarted(ctx context.Context, id string) {
+	rctx, cancel := c.detached(ctx)
+	defer cancel()
+	_, _ = c.Release(rctx, id)
+}
+
+// abandonStart undoes a Start whose answer was lost and whose work will not
+// run: Release if it did not start; if it did (ErrAlreadyStarted), settle
+// zero usage, which is the truth because the work was never called. If
+// neither can be confirmed, mark it unknown and keep the receipt.
+func (c *Client) abandonStart(ctx context.Context, receipt OperationReceipt) {
+	actx, cancel := c.detached(ctx)
+	defer cancel()
+	_, err := c.Release(actx, receipt.ReservationID)
+	if err == nil || !errors.Is(err, ErrAlreadyStarted) {
+		return
+	}
+	receipt.Actual = Units{}
+	if _, err := c.Settle(actx, receipt.ReservationID, receipt.OperationID, receipt.Actual); err != nil {
+		var lost *LostError
+		if errors.As(err, &lost) {
+			c.keepPending(receipt)
+		}
+	}
+}
+
+// markUnknown records USAGE_UNKNOWN for started work and keeps its
+// receipt. It returns the reservation and nil when the ledger answers that
+// the work is already settled by the settle this Run sent (its answer was
+// lost but it landed), or nil and the *UsageUnknownError for the caller.
+func (c *Client) markUnknown(ctx context.Context, receipt OperationReceipt, cause error) (*ledgerv1.Reservation, error) {
+	mctx, cancel := c.detached(ctx)
+	defer cancel()
+	_, err := c.MarkUsageUnknown(mctx, receipt.ReservationID)
+	var le *LedgerError
+	if errors.As(err, &le) && le.Reservation != nil && isSettled(le.Reservation.GetState()) &&
+		receipt.Actual != nil && le.Reservation.GetOperationId() == receipt.OperationID {
+		return le.Reservation, nil
+	}
+	c.keepPending(receipt)
+	return nil, &UsageUnknownError{Receipt: receipt, Marked: err == nil, Err: cause}
+}
+
+func isSettled(s ledgerv1.ReservationState) bool {
+	return s == ledgerv1.ReservationState_RESERVATION_STATE_SETTLED || s == ledgerv1.ReservationState_RESERVATION_STATE_SETTLED_WITH_DEBT
+}
+
+func (c *Client) keepPending(r OperationReceipt) {
+	c.pendingMu.Lock()
+	c.pending[r.ReservationID] = r
+	c.pendingMu.Unlock()
+}
+
+// PendingUnknown returns the receipts of work this Client left
+// USAGE_UNKNOWN (or could not settle), by reservation id. They stay until
+// ResolveUnknown settles them. The list lives in memory only: a gateway
+// that must survive restarts should persist the receipts from
+// UsageUnknownError itself.
+func (c *Client) PendingUnknown() []OperationReceipt {
+	c.pendingMu.Lock()
+	defer c.pendingMu.Unlock()
+	ids := slices.Sorted(maps.Keys(c.pending))
+	out := make([]OperationReceipt, len(ids))
+	for i, id := range ids {
+		out[i] = c.pending[id]
+	}
+	return out
+}
+
+// ResolveUnknown settles USAGE_UNKNOWN (or unsettled STARTED) work from its
+// operation receipt with the actual usage learned later (from the backend's
+// billing record, a log, ...). It returns the settle result (Replayed when
+// this exact settle was already recorded) and forgets the receipt; a
+// *LedgerError matching ErrAlreadySettled when a different settle was
+// recorded, ErrOperationMismatch for a receipt of another operation;
+// *LostError when every answer was lost (call it again).
+func (c *Client) ResolveUnknown(ctx context.Context, receipt OperationReceipt, actual Units) (*SettleResult, error) {
+	if receipt.ReservationID == "" || receipt.OperationID == "" {
+		return nil, errors.New("resolve unknown: receipt has no reservation or operation id")
+	}
+	sr, err := c.Settle(ctx, receipt.ReservationID, receipt.OperationID, actual)
+	if err != nil {
+		return nil, fmt.Errorf("resolve unknown: %w", err)
+	}
+	c.pendingMu.Lock()
+	delete(c.pending, receipt.ReservationID)
+	c.pendingMu.Unlock()
+	return sr, nil
+}
