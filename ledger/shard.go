@@ -286,7 +286,7 @@ func ReconcileShard(b Book, args *ShardArgs, now time.Time) Result {
 		return Result{Err: fmt.Errorf("%w: shard %s is %s's, not %q's", ErrShardForeign, s.ID, s.GatewayID, args.GatewayID),
 			Shard: cloneShard(s), Generation: s.Account.Generation}
 	}
-	if err := checkReceipts(args.Receipts, s.Reconciled); err != nil {
+	if err := checkReceipts(args.Receipts); err != nil {
 		return Result{Err: err, Shard: cloneShard(s), Generation: s.Account.Generation}
 	}
 
@@ -333,6 +333,10 @@ func ReconcileShard(b Book, args *ShardArgs, now time.Time) Result {
 	} else {
 		// Every receipt must resolve a pending unknown hold; one that does
 		// not refuses the whole submission, so nothing is half-applied.
+		if len(args.Receipts) == 0 {
+			refuseShard(b, s.ID)
+			return Result{Err: fmt.Errorf("%w: %s", ErrShardAlreadyReconciled, s.ID), Shard: cloneShard(s), Generation: s.Account.Generation}
+		}
 		holds := make([]Amounts, len(args.Receipts))
 		for i := range args.Receipts {
 			r := &args.Receipts[i]
@@ -345,9 +349,11 @@ func ReconcileShard(b Book, args *ShardArgs, now time.Time) Result {
 				holds[i][d] = b.Meta(metaShardPendingUnits(s.ID, r.ReservationID, d))
 			}
 		}
-		if len(args.Receipts) == 0 {
-			refuseShard(b, s.ID)
-			return Result{Err: fmt.Errorf("%w: %s", ErrShardAlreadyReconciled, s.ID), Shard: cloneShard(s), Generation: s.Account.Generation}
+		for i := range args.Receipts {
+			if r := &args.Receipts[i]; r.unknown() {
+				return Result{Err: invalid("receipt %s is still %s: only a terminal receipt resolves unknown usage", r.ReservationID, r.State),
+					Shard: cloneShard(s), Generation: s.Account.Generation}
+			}
 		}
 		for i := range args.Receipts {
 			r := &args.Receipts[i]
@@ -371,9 +377,8 @@ func ReconcileShard(b Book, args *ShardArgs, now time.Time) Result {
 	return Result{Shard: cloneShard(s), Move: move, Generation: s.Account.Generation}
 }
 
-// checkReceipts validates a submission's shape; later is set for a
-// submission after the first, which may only carry terminal receipts.
-func checkReceipts(receipts []ShardReceipt, later bool) error {
+// checkReceipts validates a submission's shape.
+func checkReceipts(receipts []ShardReceipt) error {
 	seen := make(map[string]bool, len(receipts))
 	for i := range receipts {
 		r := &receipts[i]
@@ -390,11 +395,7 @@ func checkReceipts(receipts []ShardReceipt, later bool) error {
 			}
 		}
 		switch r.State {
-		case StateSettled, StateSettledWithDebt, StateReleased, StateExpired:
-		case StateStarted, StateUsageUnknown:
-			if later {
-				return invalid("receipt %s is still %s: only a terminal receipt resolves unknown usage", r.ReservationID, r.State)
-			}
+		case StateSettled, StateSettledWithDebt, StateReleased, StateExpired, StateStarted, StateUsageUnknown:
 		case StateReserved:
 			return invalid("receipt %s is RESERVED: release unstarted holds before reconciling", r.ReservationID)
 		default:

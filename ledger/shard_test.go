@@ -1,0 +1,388 @@
+package ledger_test
+
+import (
+	"bytes"
+	"crypto/ed25519"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/capledger/capledger/ledger"
+)
+
+// shardKey is a fixed test signing key (a seed, so runs are reproducible).
+var shardKey = ed25519.NewKeyFromSeed(bytes.Repeat([]byte{7}, ed25519.SeedSize))
+
+var shardKeys = ledger.ShardKeyRing{"k1": shardKey.Public().(ed25519.PublicKey)}
+
+// emergencyPolicy is testSubject's policy with emergency mode on: burst
+// 1000 tokens, refilling 10 per second.
+func emergencyPolicy() *ledger.Policy {
+	p := policyOf(tokens(1000, 10))
+	p.EmergencyMode = true
+	return p
+}
+
+func issueCmd(id, gateway string, boot uint64, units ledger.Units) ledger.Command {
+	return ledger.Command{Kind: ledger.KindShardIssue, Subject: testSubject.Subject, Route: testSubject.Route,
+		Region: testSubject.Region, Units: ledger.Amounts{units},
+		Shard: &ledger.ShardArgs{ShardID: id, GatewayID: gateway, BootEpoch: boot, TTL: time.Minute,
+			KeyID: "k1", Sign: ledger.Ed25519ShardSigner(shardKey)}}
+}
+
+func reconcileCmd(id, gateway string, receipts []ledger.ShardReceipt) ledger.Command {
+	return ledger.Command{Kind: ledger.KindShardReconcile,
+		Shard: &ledger.ShardArgs{ShardID: id, GatewayID: gateway, Receipts: receipts}}
+}
+
+func TestShardIssueRefusedWithoutEmergencyMode(t *testing.T) {
+	c := newChecked(t)
+	c.publish(policyOf(tokens(1000, 10)))
+	res := c.apply(issueCmd("sh-1", "gw-a", 1, 100))
+	if !errors.Is(res.Err, ledger.ErrEmergencyDisabled) {
+		t.Fatalf("issuance under a policy with emergency mode off: %v", res.Err)
+	}
+	if len(c.m.Shards()) != 0 {
+		t.Fatalf("a refused issuance recorded a shard")
+	}
+}
+
+func TestShardIssueMovesAvailableToRetired(t *testing.T) {
+	c := newChecked(t)
+	g := c.publish(emergencyPolicy())
+	res := c.must(c.apply(issueCmd("sh-1", "gw-a", 3, 300)))
+	s := res.Shard
+	if s.Fence != 1 || s.Allocated[0] != 300 || s.BootEpoch != 3 || s.GatewayID != "gw-a" || s.KeyID != "k1" ||
+		!s.ExpiresAt.Equal(c.now.Add(time.Minute)) || s.Account.Generation != g {
+		t.Fatalf("issued shard: %+v", s)
+	}
+	if err := ledger.VerifyShard(s, shardKeys, ledger.ShardHolder{GatewayID: "gw-a", BootEpoch: 3}, c.now); err != nil {
+		t.Fatalf("issued shard does not verify: %v", err)
+	}
+	bal := c.account(g).Balances[0]
+	if bal.Available != 700 || bal.RetiredForEmergency != 300 {
+		t.Fatalf("after issuing 300 of 1000: %+v", bal)
+	}
+
+	// A retry with the same id moves nothing again.
+	again := c.must(c.apply(issueCmd("sh-1", "gw-a", 3, 300)))
+	if !again.Replayed || again.Shard.Fence != 1 || !bytes.Equal(again.Shard.Signature, s.Signature) {
+		t.Fatalf("retried issuance: %+v", again)
+	}
+	if c.account(g).Balances[0].RetiredForEmergency != 300 {
+		t.Fatalf("a retried issuance retired twice")
+	}
+	// The same id for something else is refused.
+	if res := c.apply(issueCmd("sh-1", "gw-b", 3, 300)); !errors.Is(res.Err, ledger.ErrShardIDReused) {
+		t.Fatalf("shard id reused for another gateway: %v", res.Err)
+	}
+
+	// Every issuance to the gateway bumps its fence; another gateway has
+	// its own sequence.
+	second := c.must(c.apply(issueCmd("sh-2", "gw-a", 3, 100)))
+	other := c.must(c.apply(issueCmd("sh-3", "gw-b", 1, 100)))
+	if second.Shard.Fence != 2 || other.Shard.Fence != 1 {
+		t.Fatalf("fences: gw-a second %d, gw-b first %d", second.Shard.Fence, other.Shard.Fence)
+	}
+	// Shards never overlap: what is left is 500, a 600 shard does not fit.
+	res = c.apply(issueCmd("sh-4", "gw-c", 1, 600))
+	if !errors.Is(res.Err, ledger.ErrInsufficientCapacity) || res.Dimension != "tokens" || res.RetryAfter <= 0 {
+		t.Fatalf("a shard larger than available: %+v", res)
+	}
+	if bal := c.account(g).Balances[0]; bal.RetiredForEmergency != 500 || bal.Available != 500 {
+		t.Fatalf("after three shards: %+v", bal)
+	}
+}
+
+func TestShardIssueRefusedUnderDebt(t *testing.T) {
+	c := newChecked(t)
+	g := c.publish(emergencyPolicy())
+	c.must(c.reserve("r1", 1000))
+	c.must(c.start("r1"))
+	c.must(c.settle("r1", 1100)) // 100 of debt
+	if d := c.account(g).Balances[0].Debt(); d != 100 {
+		t.Fatalf("debt %d", d)
+	}
+	res := c.apply(issueCmd("sh-1", "gw-a", 1, 1))
+	if !errors.Is(res.Err, ledger.ErrAdmissionFrozen) {
+		t.Fatalf("issuance while the account owes: %v", res.Err)
+	}
+}
+
+func TestShardIssueValidation(t *testing.T) {
+	c := newChecked(t)
+	c.publish(emergencyPolicy())
+	cases := map[string]func(*ledger.Command){
+		"no args":        func(cmd *ledger.Command) { cmd.Shard = nil },
+		"no id":          func(cmd *ledger.Command) { cmd.Shard.ShardID = "" },
+		"no gateway":     func(cmd *ledger.Command) { cmd.Shard.GatewayID = "" },
+		"no boot":        func(cmd *ledger.Command) { cmd.Shard.BootEpoch = 0 },
+		"no ttl":         func(cmd *ledger.Command) { cmd.Shard.TTL = 0 },
+		"no signer":      func(cmd *ledger.Command) { cmd.Shard.Sign = nil },
+		"no key id":      func(cmd *ledger.Command) { cmd.Shard.KeyID = "" },
+		"any subject":    func(cmd *ledger.Command) { cmd.Subject = ledger.AnySubject },
+		"no units":       func(cmd *ledger.Command) { cmd.Units = ledger.Amounts{} },
+		"negative units": func(cmd *ledger.Command) { cmd.Units = ledger.Amounts{-5} },
+		"missing dim":    func(cmd *ledger.Command) { cmd.Units = ledger.Amounts{1, 1} },
+		"wrong gen":      func(cmd *ledger.Command) { cmd.Generation = 99 },
+	}
+	for name, mutate := range cases {
+		cmd := issueCmd("sh-"+name, "gw-a", 1, 10)
+		mutate(&cmd)
+		if res := c.apply(cmd); !errors.Is(res.Err, ledger.ErrInvalidCommand) {
+			t.Errorf("%s: %v, want ErrInvalidCommand", name, res.Err)
+		}
+	}
+	cmd := issueCmd("sh-x", "gw-a", 1, 10)
+	cmd.Subject = "tenant-without-policy"
+	cmd.Route = "other.route"
+	if res := c.apply(cmd); !errors.Is(res.Err, ledger.ErrNoPolicy) {
+		t.Errorf("no policy: %v", res.Err)
+	}
+}
+
+// spendOffline drives a local ledger the way a cut-off gateway does: two
+// requests settle (120 and 80 of 100+100 reserved), one is released, one
+// started request's usage stays unknown (50), and 400 of the 1000 are
+// never touched.
+func spendOffline(t *testing.T, s *ledger.Shard, now time.Time) *ledger.ShardLocal {
+	t.Helper()
+	l := ledger.NewShardLocal(s)
+	must := func(res ledger.Result) {
+		t.Helper()
+		if res.Err != nil {
+			t.Fatal(res.Err)
+		}
+		if err := l.Check(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(l.Reserve("a", "d-a", ledger.Amounts{100}, now))
+	must(l.Start("a", "op-a", now))
+	must(l.Settle("a", "op-a", ledger.Amounts{120}, now)) // 20 over: from available
+	must(l.Reserve("b", "d-b", ledger.Amounts{100}, now))
+	must(l.Start("b", "op-b", now))
+	must(l.Settle("b", "op-b", ledger.Amounts{80}, now))
+	must(l.Reserve("c", "d-c", ledger.Amounts{300}, now))
+	must(l.Release("c", now))
+	must(l.Reserve("d", "d-d", ledger.Amounts{50}, now))
+	must(l.Start("d", "op-d", now))
+	must(l.Reserve("e", "d-e", ledger.Amounts{30}, now)) // never started
+	return l
+}
+
+func TestShardReconcileRemintsExactlyTheUnused(t *testing.T) {
+	c := newChecked(t)
+	g := c.publish(emergencyPolicy())
+	s := c.must(c.apply(issueCmd("sh-1", "gw-a", 1, 1000))).Shard
+	if c.account(g).Balances[0].Available != 0 {
+		t.Fatal("the whole burst should be in the shard")
+	}
+	l := spendOffline(t, s, c.now)
+	if released := l.Seal(c.now); len(released) != 1 || released[0] != "e" {
+		t.Fatalf("seal released %v, want [e]", released)
+	}
+	if l.Spent[0] != 200 || l.Reserved[0] != 50 || l.Retired[0] != 750 || l.Available[0] != 0 {
+		t.Fatalf("local terms after seal: spent %d reserved %d retired %d available %d", l.Spent[0], l.Reserved[0], l.Retired[0], l.Available[0])
+	}
+	receipts, ok := l.Submission()
+	if !ok || len(receipts) != 5 {
+		t.Fatalf("submission: %v %+v", ok, receipts)
+	}
+
+	// No time passes, so nothing refills: what lands in available is the
+	// remint alone.
+	res := c.must(c.apply(reconcileCmd("sh-1", "gw-a", receipts)))
+	l.Submitted(receipts)
+	got := res.Shard
+	if !got.Reconciled || got.Spent[0] != 200 || got.Unknown[0] != 50 || got.Reminted[0] != 750 {
+		t.Fatalf("reconciled shard: %+v", got)
+	}
+	if res.Move == nil || res.Move.Units[0] != 750 || res.Move.Kind != ledger.MoveShardRemint || res.Move.To.Generation != g {
+		t.Fatalf("remint move: %+v", res.Move)
+	}
+	bal := c.account(g).Balances[0]
+	if bal.Available != 750 || bal.RetiredForEmergency != 1000 || bal.Minted != 750 {
+		t.Fatalf("central after reconciliation: %+v", bal)
+	}
+
+	// A second submission remints nothing and is counted.
+	again := c.apply(reconcileCmd("sh-1", "gw-a", receipts))
+	if !errors.Is(again.Err, ledger.ErrShardAlreadyReconciled) || again.Shard == nil || !again.Shard.Reconciled {
+		t.Fatalf("second submission: %+v", again)
+	}
+	// So is one from another gateway.
+	if res := c.apply(reconcileCmd("sh-1", "gw-b", nil)); !errors.Is(res.Err, ledger.ErrShardForeign) {
+		t.Fatalf("submission by another gateway: %v", res.Err)
+	}
+	if n := c.m.Meta(ledger.MetaShardRefused); n != 2 {
+		t.Fatalf("refused submissions counted %d, want 2", n)
+	}
+	if n := c.m.Meta(ledger.MetaShardRefusedFor("sh-1")); n != 2 {
+		t.Fatalf("refused submissions of sh-1 counted %d, want 2", n)
+	}
+	if c.account(g).Balances[0].Available != 750 {
+		t.Fatalf("a refused submission changed the balance")
+	}
+
+	// The unknown work finishes: 30 used of its 50. The receipt moves 30 to
+	// spent and remints 20, once.
+	if _, ok := l.Submission(); ok {
+		t.Fatal("nothing newly resolved, yet a submission is due")
+	}
+	if res := l.Settle("d", "op-d", ledger.Amounts{30}, c.now); res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	late, ok := l.Submission()
+	if !ok || len(late) != 1 || late[0].ReservationID != "d" {
+		t.Fatalf("late submission: %v %+v", ok, late)
+	}
+	res = c.must(c.apply(reconcileCmd("sh-1", "gw-a", late)))
+	l.Submitted(late)
+	if got := res.Shard; got.Spent[0] != 230 || got.Unknown[0] != 0 || got.Reminted[0] != 770 {
+		t.Fatalf("after the late receipt: %+v", got)
+	}
+	if res.Move == nil || res.Move.Units[0] != 20 || res.Move.ReceiptID != ledger.ShardRemintReceipt("sh-1", 2) {
+		t.Fatalf("late remint move: %+v", res.Move)
+	}
+	if bal := c.account(g).Balances[0]; bal.Available != 770 {
+		t.Fatalf("central after the late receipt: %+v", bal)
+	}
+	// Resolving it again is refused: capacity never moves twice, and never
+	// back into unknown.
+	if res := c.apply(reconcileCmd("sh-1", "gw-a", late)); !errors.Is(res.Err, ledger.ErrShardAlreadyReconciled) {
+		t.Fatalf("second late receipt: %v", res.Err)
+	}
+	if done, pending := l.Reconciled(); !done || pending != 0 {
+		t.Fatalf("local reconciliation state: %v %d", done, pending)
+	}
+	// A later receipt for an id that was settled in the first submission
+	// is refused too (it was never unknown).
+	if res := c.apply(reconcileCmd("sh-1", "gw-a", []ledger.ShardReceipt{{ReservationID: "a", State: ledger.StateReleased}})); !errors.Is(res.Err, ledger.ErrShardAlreadyReconciled) {
+		t.Fatalf("late receipt for a settled id: %v", res.Err)
+	}
+}
+
+func TestShardRemintGoesToTheActiveGeneration(t *testing.T) {
+	c := newChecked(t)
+	g1 := c.publish(emergencyPolicy())
+	s := c.must(c.apply(issueCmd("sh-1", "gw-a", 1, 400))).Shard
+	// During the partition a new generation is published; the subject's
+	// capacity moves to it on its next reservation.
+	p2 := emergencyPolicy()
+	p2.Dimensions[0].RefillUnits = 20
+	g2 := c.publish(p2)
+	c.must(c.reserve("r-after-switch", 10))
+	l := ledger.NewShardLocal(s)
+	l.Seal(c.now)
+	receipts, _ := l.Submission()
+	res := c.must(c.apply(reconcileCmd("sh-1", "gw-a", receipts)))
+	if res.Move == nil || res.Move.From.Generation != g1 || res.Move.To.Generation != g2 || res.Move.Units[0] != 400 {
+		t.Fatalf("remint: %+v", res.Move)
+	}
+	if old := c.account(g1).Balances[0]; old.RetiredForEmergency != 400 {
+		t.Fatalf("the shard's own account must keep its retiredForEmergency: %+v", old)
+	}
+	if cur := c.account(g2).Balances[0]; cur.Available != 600-10+400 {
+		t.Fatalf("the active account after remint: %+v", cur)
+	}
+}
+
+func TestShardOveruseBecomesDebt(t *testing.T) {
+	c := newChecked(t)
+	g := c.publish(emergencyPolicy())
+	s := c.must(c.apply(issueCmd("sh-1", "gw-a", 1, 100))).Shard
+	l := ledger.NewShardLocal(s)
+	l.Reserve("a", "d", ledger.Amounts{100}, c.now)
+	l.Start("a", "op", c.now)
+	res := l.Settle("a", "op", ledger.Amounts{160}, c.now)
+	if res.Reservation.State != ledger.StateSettledWithDebt || l.Overdraft[0] != 60 || l.Spent[0] != 100 {
+		t.Fatalf("local overuse: %+v, overdraft %v", res.Reservation, l.Overdraft)
+	}
+	if err := l.Check(); err != nil {
+		t.Fatal(err)
+	}
+	if res := l.Reserve("b", "d", ledger.Amounts{1}, c.now); !errors.Is(res.Err, ledger.ErrAdmissionFrozen) {
+		t.Fatalf("an overdrawn shard admitted: %v", res.Err)
+	}
+	l.Seal(c.now)
+	receipts, _ := l.Submission()
+	rec := c.must(c.apply(reconcileCmd("sh-1", "gw-a", receipts)))
+	if rec.Shard.Spent[0] != 100 || rec.Shard.Reminted[0] != 0 || rec.Move == nil || rec.Move.Debt[0] != 60 {
+		t.Fatalf("reconciled overuse: %+v move %+v", rec.Shard, rec.Move)
+	}
+	if d := c.account(g).Balances[0].Debt(); d != 60 {
+		t.Fatalf("central debt %d, want 60", d)
+	}
+	if res := c.reserve("r", 1); !errors.Is(res.Err, ledger.ErrAdmissionFrozen) {
+		t.Fatalf("admission with shard debt outstanding: %v", res.Err)
+	}
+}
+
+func TestShardReconcileValidation(t *testing.T) {
+	c := newChecked(t)
+	c.publish(emergencyPolicy())
+	c.must(c.apply(issueCmd("sh-1", "gw-a", 1, 100)))
+	bad := map[string][]ledger.ShardReceipt{
+		"reserved":     {{ReservationID: "a", State: ledger.StateReserved, Reserved: ledger.Amounts{10}}},
+		"empty id":     {{State: ledger.StateReleased}},
+		"duplicate":    {{ReservationID: "a", State: ledger.StateReleased}, {ReservationID: "a", State: ledger.StateReleased}},
+		"negative":     {{ReservationID: "a", State: ledger.StateSettled, Actual: ledger.Amounts{-1}}},
+		"unknown>all":  {{ReservationID: "a", State: ledger.StateUsageUnknown, Reserved: ledger.Amounts{101}}},
+		"bogus state":  {{ReservationID: "a", State: ledger.StateExpiring}},
+		"huge amounts": {{ReservationID: "a", State: ledger.StateSettled, Actual: ledger.Amounts{ledger.MaxUnits + 1}}},
+	}
+	for name, receipts := range bad {
+		if res := c.apply(reconcileCmd("sh-1", "gw-a", receipts)); !errors.Is(res.Err, ledger.ErrInvalidCommand) {
+			t.Errorf("%s: %v, want ErrInvalidCommand", name, res.Err)
+		}
+	}
+	if res := c.apply(reconcileCmd("sh-missing", "gw-a", nil)); !errors.Is(res.Err, ledger.ErrShardNotFound) {
+		t.Errorf("unknown shard: %v", res.Err)
+	}
+	if s, _ := c.m.Shard("sh-1"); s.Reconciled {
+		t.Fatal("an invalid submission reconciled the shard")
+	}
+	// After all that, the gateway's real submission is still accepted.
+	unknown := []ledger.ShardReceipt{{ReservationID: "u", State: ledger.StateUsageUnknown, Reserved: ledger.Amounts{10}}}
+	if res := c.apply(reconcileCmd("sh-1", "gw-a", unknown)); res.Err != nil || res.Shard.Reminted[0] != 90 {
+		t.Fatalf("valid submission after invalid ones: %+v", res)
+	}
+	// A later submission may only carry terminal receipts.
+	if res := c.apply(reconcileCmd("sh-1", "gw-a", unknown)); !errors.Is(res.Err, ledger.ErrInvalidCommand) {
+		t.Errorf("non-terminal late receipt: %v", res.Err)
+	}
+	if res := c.apply(reconcileCmd("sh-1", "gw-a", nil)); !errors.Is(res.Err, ledger.ErrShardAlreadyReconciled) {
+		t.Errorf("empty second submission: %v", res.Err)
+	}
+}
+
+// A shard whose gateway died with work in flight: the next boot inherits
+// it, and everything it cannot prove stays retired.
+func TestShardInheritedByRestartKeepsUnknownRetired(t *testing.T) {
+	c := newChecked(t)
+	g := c.publish(emergencyPolicy())
+	s := c.must(c.apply(issueCmd("sh-1", "gw-a", 1, 500))).Shard
+	l := ledger.NewShardLocal(s)
+	l.Reserve("started", "d", ledger.Amounts{200}, c.now)
+	l.Start("started", "op", c.now)
+	l.Reserve("held", "d", ledger.Amounts{100}, c.now)
+	l.Inherit(c.now)
+	if r, _ := l.Reservation("started"); r.State != ledger.StateUsageUnknown {
+		t.Fatalf("started work of a dead process is %s", r.State)
+	}
+	if r, _ := l.Reservation("held"); r.State != ledger.StateReleased {
+		t.Fatalf("an unstarted hold of a dead process is %s", r.State)
+	}
+	if res := l.Reserve("new", "d", ledger.Amounts{1}, c.now); !errors.Is(res.Err, ledger.ErrShardAlreadyReconciled) {
+		t.Fatalf("an inherited shard admitted: %v", res.Err)
+	}
+	receipts, _ := l.Submission()
+	res := c.must(c.apply(reconcileCmd("sh-1", "gw-a", receipts)))
+	if res.Shard.Unknown[0] != 200 || res.Shard.Reminted[0] != 300 || res.Shard.Spent[0] != 0 {
+		t.Fatalf("reconciled inherited shard: %+v", res.Shard)
+	}
+	if bal := c.account(g).Balances[0]; bal.Available != 800 {
+		t.Fatalf("central available %d, want 500 + 300 reminted", bal.Available)
+	}
+}
