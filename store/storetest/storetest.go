@@ -398,8 +398,10 @@ func testUpsert(t *testing.T, s store.Store) {
 	up.Heads = []ledger.PolicyHead{{Key: keyEU, Active: 0, Latest: 2}}
 	up.Currents = []store.Current{{Subject: keyEU, Generation: 1}}
 	up.Accounts = up.Accounts[:1]
-	up.Accounts[0].Balances[0].Available -= 600
-	up.Accounts[0].Balances[0].Reserved += 600
+	// Stays non-negative: the PostgreSQL store's CHECK constraints refuse a
+	// negative term, as the ledger never writes one.
+	up.Accounts[0].Balances[0].Available -= 400
+	up.Accounts[0].Balances[0].Reserved += 400
 	up.Accounts[0].Version++
 	up.Accounts[0].Breaches++
 	up.Reservations = up.Reservations[1:2] // rl-reserved
