@@ -1,0 +1,157 @@
+package postgres
+
+import (
+	"context"
+	"embed"
+	"fmt"
+	"io/fs"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+//go:embed migrations/*.sql
+var migrationFiles embed.FS
+
+// migration is one embedded schema change: migrations/NNNN_name.sql.
+type migration struct {
+	version int
+	name    string
+	sql     string
+}
+
+// migrations returns the embedded migrations in version order. The file
+// names are checked here (a gap or a duplicate version is a build mistake
+// that must not reach a database).
+func migrations() ([]migration, error) {
+	entries, err := fs.ReadDir(migrationFiles, "migrations")
+	if err != nil {
+		return nil, fmt.Errorf("read embedded migrations: %w", err)
+	}
+	var out []migration
+	for _, e := range entries {
+		name := e.Name()
+		prefix, rest, ok := strings.Cut(strings.TrimSuffix(name, ".sql"), "_")
+		version, err := strconv.Atoi(prefix)
+		if !ok || err != nil || version <= 0 {
+			return nil, fmt.Errorf("migration %s: name must be NNNN_name.sql", name)
+		}
+		body, err := migrationFiles.ReadFile(path.Join("migrations", name))
+		if err != nil {
+			return nil, fmt.Errorf("migration %s: %w", name, err)
+		}
+		out = append(out, migration{version: version, name: rest, sql: string(body)})
+	}
+	slices.SortFunc(out, func(a, b migration) int { return a.version - b.version })
+	for i, m := range out {
+		if m.version != i+1 {
+			return nil, fmt.Errorf("migration versions must run 1, 2, 3...: found %d at position %d", m.version, i+1)
+		}
+	}
+	return out, nil
+}
+
+// SchemaVersion is the schema version this binary writes and reads: the
+// newest embedded migration.
+func SchemaVersion() int {
+	ms, err := migrations()
+	if err != nil || len(ms) == 0 {
+		return 0
+	}
+	return ms[len(ms)-1].version
+}
+
+// Migrate brings the schema named by dsn (its search_path's first schema,
+// normally public) to SchemaVersion and returns the versions it applied
+// (none when the schema was current). It is what `capledger migrate` runs,
+// and Open runs it too, so a replica never starts on an old schema.
+//
+// All pending migrations apply in one transaction under a transaction-level
+// advisory lock keyed by the schema name: replicas starting at once queue
+// on the lock, the first applies, the others then find nothing to do. A
+// failing migration rolls back whole and leaves the schema as it was.
+//
+// Returns an error wrapping store.ErrUnavailable when the server cannot be
+// reached, and an error naming the versions when the database holds a
+// migration this binary does not know (a newer binary migrated it: run
+// that binary, or roll forward).
+func Migrate(ctx context.Context, dsn string) ([]int, error) {
+	cfg, err := parseConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg.ConnConfig)
+	if err != nil {
+		return nil, (&counters{}).classify("migrate: connect", err, false)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	return migrate(ctx, conn)
+}
+
+func migrate(ctx context.Context, conn *pgx.Conn) ([]int, error) {
+	var c counters
+	all, err := migrations()
+	if err != nil {
+		return nil, err
+	}
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return nil, c.classify("migrate: begin", err, false)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	var schema string
+	if err := tx.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema); err != nil {
+		return nil, c.classify("migrate: current schema", err, false)
+	}
+	if schema == "" {
+		return nil, fmt.Errorf("migrate: no schema to migrate: the search_path names no existing schema (create it first)")
+	}
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('capledger.migrate.' || $1::text, 0))`, schema); err != nil {
+		return nil, c.classify("migrate: lock", err, false)
+	}
+	if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
+		version    integer PRIMARY KEY,
+		name       text    NOT NULL,
+		applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		return nil, c.classify("migrate: schema_migrations", err, false)
+	}
+	rows, err := tx.Query(ctx, `SELECT version FROM schema_migrations ORDER BY version`)
+	if err != nil {
+		return nil, c.classify("migrate: applied versions", err, false)
+	}
+	applied, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil {
+		return nil, c.classify("migrate: applied versions", err, false)
+	}
+	done := map[int]bool{}
+	var unknown []int
+	for _, v := range applied {
+		done[int(v)] = true
+		if int(v) > len(all) {
+			unknown = append(unknown, int(v))
+		}
+	}
+	if len(unknown) > 0 {
+		return nil, fmt.Errorf("migrate: schema %q has migrations %v that this binary (schema version %d) does not know: a newer capledger migrated it; run that version", schema, unknown, len(all))
+	}
+	var ran []int
+	for _, m := range all {
+		if done[m.version] {
+			continue
+		}
+		if _, err := tx.Exec(ctx, m.sql); err != nil {
+			return nil, c.classify(fmt.Sprintf("migrate: apply %04d_%s", m.version, m.name), err, false)
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO schema_migrations (version, name) VALUES ($1, $2)`, m.version, m.name); err != nil {
+			return nil, c.classify("migrate: record version", err, false)
+		}
+		ran = append(ran, m.version)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, c.classify("migrate: commit", err, true)
+	}
+	return ran, nil
+}

@@ -1,0 +1,329 @@
+// Package postgres is the PostgreSQL store: several `capledger serve`
+// replicas share one database and stay linearizable because every row a
+// write transaction reads is locked in the database (SELECT ... FOR NO KEY
+// UPDATE / FOR SHARE) until it commits, and every insert is guarded by a
+// primary key or unique constraint.
+//
+// Locks on exclusively locked rows (meta counters, shards, reservations,
+// accounts) are taken in one fixed order: a transaction waits only for a
+// row that sorts after every row it already holds, and asks for an
+// earlier row with NOWAIT, giving up with store.ErrConflict when another
+// transaction holds it. Waits therefore never form a cycle, so batches that
+// touch the same accounts in different orders on different replicas never
+// stall on PostgreSQL's deadlock detector; the engine simply reruns the
+// refused batch.
+//
+// The database also checks the ledger's arithmetic: every conservation
+// term is a column with a CHECK that it is non-negative, and each account
+// dimension's row must satisfy the conservation equation.
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+)
+
+// Store is a store.Store on PostgreSQL. It is safe for concurrent use; each
+// write transaction holds one pooled connection until it ends.
+type Store struct {
+	pool *pgxpool.Pool
+	c    counters
+}
+
+var _ store.Store = (*Store)(nil)
+
+// Session defaults applied unless the DSN sets them. lock_timeout bounds a
+// wait for a row lock (a batch waiting longer is refused with ErrConflict
+// and rerun); idle_in_transaction_session_timeout frees the locks of a
+// replica that stopped mid-transaction without its connection closing (a
+// frozen process, a silent network partition).
+var sessionDefaults = map[string]string{
+	"lock_timeout":                        "5s",
+	"idle_in_transaction_session_timeout": "30s",
+	"application_name":                    "capledger",
+}
+
+func parseConfig(dsn string) (*pgxpool.Config, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		// The parse error may quote the DSN, password included; say only
+		// what is wrong.
+		return nil, fmt.Errorf("postgres dsn: %w", errors.Unwrap(err))
+	}
+	for name, value := range sessionDefaults {
+		if _, set := cfg.ConnConfig.RuntimeParams[name]; !set {
+			cfg.ConnConfig.RuntimeParams[name] = value
+		}
+	}
+	return cfg, nil
+}
+
+// Open connects to the database named by dsn (a postgres:// URL or a
+// key=value string; pool_max_conns and any session parameter such as
+// search_path may be given in it), applies pending migrations (see
+// Migrate) and returns the store.
+//
+// Returns an error wrapping store.ErrUnavailable when the server cannot be
+// reached; an error for a malformed DSN or a schema newer than this binary.
+func Open(ctx context.Context, dsn string) (*Store, error) {
+	cfg, err := parseConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	s := &Store{}
+	conn, err := pgx.ConnectConfig(ctx, cfg.ConnConfig.Copy())
+	if err != nil {
+		return nil, s.c.classify("open: connect", err, false)
+	}
+	_, err = migrate(ctx, conn)
+	conn.Close(context.WithoutCancel(ctx))
+	if err != nil {
+		return nil, fmt.Errorf("open: %w", err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, s.c.classify("open: pool", err, false)
+	}
+	s.pool = pool
+	return s, nil
+}
+
+// Close closes every pooled connection; it waits for transactions in
+// progress to end. It returns nil.
+func (s *Store) Close() error {
+	s.pool.Close()
+	return nil
+}
+
+// Stats are the driver's cumulative counters since Open, and the pool's
+// current state, for metrics.
+type Stats struct {
+	// Transactions begun, committed, and rolled back (explicitly or by an
+	// error).
+	Transactions, Commits, Rollbacks uint64
+	// Conflicts counts every error reported as store.ErrConflict; the
+	// fields after it break it down by cause.
+	Conflicts             uint64
+	Deadlocks             uint64 // 40P01
+	SerializationFailures uint64 // 40001
+	// LockNotAvailable: lock_timeout or statement_timeout expired, or a
+	// row lock taken out of the fixed order (NOWAIT) was held by another
+	// transaction (55P03, 57014).
+	LockNotAvailable uint64
+	// Duplicates counts unique violations (store.ErrDuplicate).
+	Duplicates uint64
+	// Unavailable counts errors reported as store.ErrUnavailable;
+	// CommitUnknown those of them raised by COMMIT (outcome unknown).
+	Unavailable, CommitUnknown uint64
+	// CheckViolations counts transactions the database refused because a
+	// term would turn negative or an account would not balance: each one
+	// is a bug upstream, caught before it was stored.
+	CheckViolations uint64
+	// Pool state.
+	PoolMaxConns, PoolTotalConns, PoolIdleConns, PoolAcquiredConns int32
+	PoolAcquireWait                                                time.Duration
+}
+
+// Stats returns the counters now.
+func (s *Store) Stats() Stats {
+	ps := s.pool.Stat()
+	return Stats{
+		Transactions: s.c.transactions.Load(), Commits: s.c.commits.Load(), Rollbacks: s.c.rollbacks.Load(),
+		Conflicts: s.c.conflicts.Load(), Deadlocks: s.c.deadlocks.Load(), SerializationFailures: s.c.serialization.Load(),
+		LockNotAvailable: s.c.lockNotAvailable.Load(),
+		Duplicates:       s.c.duplicates.Load(), Unavailable: s.c.unavailable.Load(), CommitUnknown: s.c.commitUnknown.Load(),
+		CheckViolations: s.c.checkViolations.Load(),
+		PoolMaxConns:    ps.MaxConns(), PoolTotalConns: ps.TotalConns(), PoolIdleConns: ps.IdleConns(),
+		PoolAcquiredConns: ps.AcquiredConns(), PoolAcquireWait: ps.AcquireDuration(),
+	}
+}
+
+// Ping checks that the database answers; it returns nil or an error wrapping
+// store.ErrUnavailable (health checks).
+func (s *Store) Ping(ctx context.Context) error {
+	return s.c.classify("ping", s.pool.Ping(ctx), false)
+}
+
+// querier is what reads run on: the pool (committed state) or a
+// transaction (locked rows).
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// ReservationGet returns the committed reservation, or ErrNotFound.
+func (s *Store) ReservationGet(ctx context.Context, id string) (ledger.Reservation, error) {
+	r, err := s.reservationGet(ctx, s.pool, id, lockNone)
+	if err != nil {
+		return ledger.Reservation{}, err
+	}
+	return *r, nil
+}
+
+// AccountGet returns the committed account, or ErrNotFound.
+func (s *Store) AccountGet(ctx context.Context, key ledger.AccountKey) (ledger.Account, error) {
+	a, _, err := s.accountGet(ctx, s.pool, key, lockNone)
+	if err != nil {
+		return ledger.Account{}, err
+	}
+	return *a, nil
+}
+
+// AccountList returns the accounts of a subject key (every generation),
+// ordered by generation; an empty Subject lists every account, ordered by
+// key.
+func (s *Store) AccountList(ctx context.Context, subject ledger.PolicyKey) ([]ledger.Account, error) {
+	var rows pgx.Rows
+	var err error
+	if subject.Subject == "" {
+		rows, err = s.pool.Query(ctx, accountSelect+` ORDER BY a.subject, a.route, a.region, a.generation, t.dim`)
+	} else {
+		rows, err = s.pool.Query(ctx, accountSelect+` WHERE a.subject = $1 AND a.route = $2 AND a.region = $3
+			ORDER BY a.generation, t.dim`, subject.Subject, subject.Route, subject.Region)
+	}
+	if err != nil {
+		return nil, s.c.classify("account list", err, false)
+	}
+	accounts, _, err := scanAccounts(rows)
+	if err != nil {
+		return nil, s.c.classify("account list", err, false)
+	}
+	return accounts, nil
+}
+
+// PolicyGet returns one committed generation, or ErrNotFound.
+func (s *Store) PolicyGet(ctx context.Context, generation uint64) (ledger.Policy, error) {
+	p, err := s.policyGet(ctx, s.pool, generation, lockNone)
+	if err != nil {
+		return ledger.Policy{}, err
+	}
+	return *p, nil
+}
+
+// PolicyList returns every generation, oldest first.
+func (s *Store) PolicyList(ctx context.Context) ([]ledger.Policy, error) {
+	return s.policyList(ctx, s.pool)
+}
+
+func (s *Store) policyList(ctx context.Context, q querier) ([]ledger.Policy, error) {
+	rows, err := q.Query(ctx, policySelect+` ORDER BY generation`)
+	if err != nil {
+		return nil, s.c.classify("policy list", err, false)
+	}
+	defer rows.Close()
+	var out []ledger.Policy
+	for rows.Next() {
+		p, err := scanPolicy(rows)
+		if err != nil {
+			return nil, s.c.classify("policy list", err, false)
+		}
+		out = append(out, *p)
+	}
+	return out, s.c.classify("policy list", rows.Err(), false)
+}
+
+// ShardGet returns one committed shard, or ErrNotFound.
+func (s *Store) ShardGet(ctx context.Context, id string) (ledger.Shard, error) {
+	sh, err := s.shardGet(ctx, s.pool, id, lockNone)
+	if err != nil {
+		return ledger.Shard{}, err
+	}
+	return *sh, nil
+}
+
+// ShardList returns every shard, ordered by id.
+func (s *Store) ShardList(ctx context.Context) ([]ledger.Shard, error) {
+	return s.shardList(ctx, s.pool)
+}
+
+func (s *Store) shardList(ctx context.Context, q querier) ([]ledger.Shard, error) {
+	rows, err := q.Query(ctx, shardSelect+` ORDER BY id`)
+	if err != nil {
+		return nil, s.c.classify("shard list", err, false)
+	}
+	defer rows.Close()
+	var out []ledger.Shard
+	for rows.Next() {
+		sh, err := scanShard(rows)
+		if err != nil {
+			return nil, s.c.classify("shard list", err, false)
+		}
+		out = append(out, *sh)
+	}
+	return out, s.c.classify("shard list", rows.Err(), false)
+}
+
+// ReservationsDue returns up to limit ids of reservations that need a
+// worker at now (RESERVED past ExpiresAt, EXPIRING, STARTED past a non-zero
+// ExecutionDeadline), the longest overdue first. An EXPIRING reservation
+// is due whatever now is: its claim already found the hold run out.
+func (s *Store) ReservationsDue(ctx context.Context, now time.Time, limit int) ([]string, error) {
+	if limit <= 0 {
+		return nil, nil
+	}
+	var conv codecConv
+	at := conv.Nanos(now)
+	if err := conv.Err(); err != nil {
+		return nil, fmt.Errorf("reservations due: %w", err)
+	}
+	rows, err := s.pool.Query(ctx, `SELECT id FROM (
+			(SELECT id, due_at FROM reservations WHERE due_at IS NOT NULL AND due_at <= $1 ORDER BY due_at, id LIMIT $2)
+			UNION ALL
+			(SELECT id, due_at FROM reservations WHERE state = $3 AND due_at > $1 ORDER BY due_at, id LIMIT $2)
+		) due ORDER BY due_at, id LIMIT $2`, at, limit, int16(ledger.StateExpiring))
+	if err != nil {
+		return nil, s.c.classify("reservations due", err, false)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	return ids, s.c.classify("reservations due", err, false)
+}
+
+// Snapshot reads every row in one REPEATABLE READ, read-only transaction,
+// so the audit sees one consistent state while writers go on.
+func (s *Store) Snapshot(ctx context.Context) (*ledger.Snapshot, error) {
+	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return nil, s.c.classify("snapshot: begin", err, false)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	snap := &ledger.Snapshot{JournalComplete: true}
+	if snap.Policies, err = s.policyList(ctx, tx); err != nil {
+		return nil, fmt.Errorf("snapshot: %w", err)
+	}
+	rows, err := tx.Query(ctx, accountSelect+` ORDER BY a.subject, a.route, a.region, a.generation, t.dim`)
+	if err != nil {
+		return nil, s.c.classify("snapshot: accounts", err, false)
+	}
+	if snap.Accounts, _, err = scanAccounts(rows); err != nil {
+		return nil, s.c.classify("snapshot: accounts", err, false)
+	}
+	if snap.Reservations, err = s.reservationList(ctx, tx); err != nil {
+		return nil, fmt.Errorf("snapshot: %w", err)
+	}
+	if snap.Moves, err = s.moveList(ctx, tx); err != nil {
+		return nil, fmt.Errorf("snapshot: %w", err)
+	}
+	if snap.Shards, err = s.shardList(ctx, tx); err != nil {
+		return nil, fmt.Errorf("snapshot: %w", err)
+	}
+	if snap.Statements, err = s.statementList(ctx, tx); err != nil {
+		return nil, fmt.Errorf("snapshot: %w", err)
+	}
+	if snap.Journal, err = s.journalList(ctx, tx); err != nil {
+		return nil, fmt.Errorf("snapshot: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, s.c.classify("snapshot: end", err, false)
+	}
+	return snap, nil
+}
+
+func notFound(what string) error { return fmt.Errorf("%s: %w", what, store.ErrNotFound) }

@@ -1,0 +1,251 @@
+package postgres
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+)
+
+// Begin opens a READ COMMITTED write transaction. Every getter of the
+// returned Tx locks what it reads (see Tx). Returns an error wrapping
+// store.ErrUnavailable when no connection can be had.
+//
+// READ COMMITTED rather than REPEATABLE READ on purpose: with every read
+// row locked, each locking read returns the newest committed version after
+// any wait, which is what two-phase locking needs, whereas REPEATABLE READ
+// would fail every batch whose hot account another replica committed to
+// since the batch began.
+func (s *Store) Begin(ctx context.Context) (store.Tx, error) {
+	t, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	if err != nil {
+		return nil, s.c.classify("begin", err, false)
+	}
+	s.c.transactions.Add(1)
+	return &tx{s: s, tx: t, absent: map[rowKey]bool{}, termRows: map[ledger.AccountKey]int{}}, nil
+}
+
+// Lock ranks: the first field of the fixed lock order. Within a rank, rows
+// are ordered by key.
+const (
+	rankMeta uint8 = iota
+	rankShard
+	rankReservation
+	rankAccount
+)
+
+// rowKey names a row for the lock order and for remembering which rows a
+// transaction found absent.
+type rowKey struct {
+	rank       uint8
+	a, b, c    string
+	generation uint64
+}
+
+func compareRowKeys(x, y rowKey) int {
+	return cmp.Or(cmp.Compare(x.rank, y.rank), cmp.Compare(x.a, y.a), cmp.Compare(x.b, y.b),
+		cmp.Compare(x.c, y.c), cmp.Compare(x.generation, y.generation))
+}
+
+// Table tags of rowKey.rank for rows that are share-locked or never locked
+// (they take no part in the lock order, only in absent-row tracking).
+const (
+	tagPolicy uint8 = 100 + iota
+	tagHead
+	tagCurrent
+)
+
+func accountRow(k ledger.AccountKey) rowKey {
+	return rowKey{rank: rankAccount, a: k.Subject, b: k.Route, c: k.Region, generation: k.Generation}
+}
+
+func policyKeyRow(tag uint8, k ledger.PolicyKey) rowKey {
+	return rowKey{rank: tag, a: k.Subject, b: k.Route, c: k.Region}
+}
+
+// tx is one write transaction.
+//
+// Getters lock rows: accounts, reservations, shards and meta counters
+// exclusively (FOR NO KEY UPDATE, which still lets foreign-key checks of
+// inserted reservations and journal rows through), in the fixed order of
+// rowKey; policies, policy heads and current-generation pointers shared
+// (FOR SHARE), since every reserve reads them and only publish, rollback
+// and generation switches write them. Moves are immutable and not locked.
+// A row found absent is remembered: Write then inserts it with a plain
+// INSERT, so a concurrent creator of the same row surfaces as a unique
+// violation instead of being overwritten.
+type tx struct {
+	s  *Store
+	tx pgx.Tx
+
+	// held is the greatest exclusively locked row so far (valid when
+	// holding is set).
+	held    rowKey
+	holding bool
+
+	absent map[rowKey]bool
+	// termRows is how many dimension rows each read account has, so Write
+	// knows when a narrower account must drop rows.
+	termRows map[ledger.AccountKey]int
+	done     bool
+}
+
+// lockMode returns how to lock row k: waiting when it sorts after every row
+// held, NOWAIT otherwise.
+func (t *tx) lockMode(k rowKey) lockMode {
+	if !t.holding || compareRowKeys(k, t.held) >= 0 {
+		return lockWait
+	}
+	return lockNoWait
+}
+
+// locked records that row k is now held.
+func (t *tx) locked(k rowKey) {
+	if !t.holding || compareRowKeys(k, t.held) > 0 {
+		t.held, t.holding = k, true
+	}
+}
+
+// result records a getter's outcome: a found row as locked, an absent one
+// as absent. It returns err.
+func (t *tx) result(k rowKey, err error) error {
+	switch {
+	case err == nil:
+		t.locked(k)
+	case errors.Is(err, store.ErrNotFound):
+		t.absent[k] = true
+	}
+	return err
+}
+
+// MetaGet returns a named counter, locked; ErrNotFound when never set.
+func (t *tx) MetaGet(ctx context.Context, name string) (int64, error) {
+	k := rowKey{rank: rankMeta, a: name}
+	mode := t.lockMode(k)
+	var value int64
+	err := t.tx.QueryRow(ctx, `SELECT value FROM meta WHERE name = $1`+mode.clause(""), name).Scan(&value)
+	if errors.Is(err, pgx.ErrNoRows) {
+		err = notFound("meta " + name)
+	} else if err != nil {
+		err = t.s.c.classify("meta "+name, err, false)
+	}
+	return value, t.result(k, err)
+}
+
+// PolicyGet returns one generation, share-locked, or ErrNotFound.
+func (t *tx) PolicyGet(ctx context.Context, generation uint64) (*ledger.Policy, error) {
+	p, err := t.s.policyGet(ctx, t.tx, generation, lockShare)
+	if errors.Is(err, store.ErrNotFound) {
+		t.absent[rowKey{rank: tagPolicy, generation: generation}] = true
+	}
+	return p, err
+}
+
+// PolicyHeadGet returns the head of a policy key, share-locked, or
+// ErrNotFound.
+func (t *tx) PolicyHeadGet(ctx context.Context, key ledger.PolicyKey) (*ledger.PolicyHead, error) {
+	var h ledger.PolicyHead
+	var active, latest int64
+	err := t.tx.QueryRow(ctx, `SELECT active, latest FROM policy_heads WHERE subject = $1 AND route = $2
+		AND region = $3 FOR SHARE`, key.Subject, key.Route, key.Region).Scan(&active, &latest)
+	if errors.Is(err, pgx.ErrNoRows) {
+		t.absent[policyKeyRow(tagHead, key)] = true
+		return nil, notFound("policy head " + key.String())
+	}
+	if err != nil {
+		return nil, t.s.c.classify("policy head "+key.String(), err, false)
+	}
+	var conv codecConv
+	h.Key, h.Active, h.Latest = key, conv.Uint(active), conv.Uint(latest)
+	if err := conv.Err(); err != nil {
+		return nil, fmt.Errorf("policy head %s: %w", key, err)
+	}
+	return &h, nil
+}
+
+// AccountGet returns the account, locked, or ErrNotFound.
+func (t *tx) AccountGet(ctx context.Context, key ledger.AccountKey) (*ledger.Account, error) {
+	k := accountRow(key)
+	a, rows, err := t.s.accountGet(ctx, t.tx, key, t.lockMode(k))
+	if err == nil {
+		t.termRows[key] = rows
+	}
+	return a, t.result(k, err)
+}
+
+// AccountCurrentGet returns the generation holding the subject's
+// capacity, share-locked, or ErrNotFound.
+func (t *tx) AccountCurrentGet(ctx context.Context, subject ledger.PolicyKey) (uint64, error) {
+	var generation int64
+	err := t.tx.QueryRow(ctx, `SELECT generation FROM account_currents WHERE subject = $1 AND route = $2
+		AND region = $3 FOR SHARE`, subject.Subject, subject.Route, subject.Region).Scan(&generation)
+	if errors.Is(err, pgx.ErrNoRows) {
+		t.absent[policyKeyRow(tagCurrent, subject)] = true
+		return 0, notFound("current account of " + subject.String())
+	}
+	if err != nil {
+		return 0, t.s.c.classify("current account of "+subject.String(), err, false)
+	}
+	var conv codecConv
+	g := conv.Uint(generation)
+	return g, conv.Err()
+}
+
+// ReservationGet returns the reservation, locked, or ErrNotFound.
+func (t *tx) ReservationGet(ctx context.Context, id string) (*ledger.Reservation, error) {
+	k := rowKey{rank: rankReservation, a: id}
+	r, err := t.s.reservationGet(ctx, t.tx, id, t.lockMode(k))
+	return r, t.result(k, err)
+}
+
+// MoveGet returns a move receipt (immutable, so not locked) or ErrNotFound.
+func (t *tx) MoveGet(ctx context.Context, receiptID string) (*ledger.Move, error) {
+	return t.s.moveGet(ctx, t.tx, receiptID)
+}
+
+// ShardGet returns the shard, locked, or ErrNotFound.
+func (t *tx) ShardGet(ctx context.Context, id string) (*ledger.Shard, error) {
+	k := rowKey{rank: rankShard, a: id}
+	sh, err := t.s.shardGet(ctx, t.tx, id, t.lockMode(k))
+	return sh, t.result(k, err)
+}
+
+// Commit makes the transaction durable. Returns nil once PostgreSQL
+// acknowledged the COMMIT; an error wrapping store.ErrConflict when the
+// server rolled it back for a retryable reason; store.ErrUnavailable when
+// the connection failed before the acknowledgement (the outcome is
+// unknown: never reported as success).
+func (t *tx) Commit(ctx context.Context) error {
+	if t.done {
+		return fmt.Errorf("commit: %w", pgx.ErrTxClosed)
+	}
+	t.done = true
+	if err := t.tx.Commit(ctx); err != nil {
+		t.s.c.rollbacks.Add(1)
+		return t.s.c.classify("commit", err, true)
+	}
+	t.s.c.commits.Add(1)
+	return nil
+}
+
+// Rollback discards the transaction and returns nil; after Commit (or a
+// second Rollback) it does nothing. A rollback that cannot reach the server
+// returns an error wrapping store.ErrUnavailable; the server discards the
+// transaction when the connection closes either way.
+func (t *tx) Rollback(ctx context.Context) error {
+	if t.done {
+		return nil
+	}
+	t.done = true
+	t.s.c.rollbacks.Add(1)
+	err := t.tx.Rollback(ctx)
+	if errors.Is(err, pgx.ErrTxClosed) {
+		return nil
+	}
+	return t.s.c.classify("rollback", err, false)
+}
