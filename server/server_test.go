@@ -578,7 +578,9 @@ func TestGRPCAndGRPCWeb(t *testing.T) {
 	}
 }
 
-func durationSeconds(s int64) *durationpb.Duration { return durationpb.New(time.Duration(s) * time.Second) }
+func durationSeconds(s int64) *durationpb.Duration {
+	return durationpb.New(time.Duration(s) * time.Second)
+}
 
 func TestAuthRoles(t *testing.T) {
 	h := newHarness(t, harnessOptions{auth: true})
