@@ -35,6 +35,11 @@ func switchTo(b Book, subject PolicyKey, p *Policy, now time.Time) (*Account, *M
 		if a, ok := b.Account(previousKey); ok {
 			if pp, found := b.Policy(currentGeneration); found {
 				previous, previousPolicy = a, pp
+				// Bring it to now under its own rule while it still
+				// holds the subject's capacity: it refills up to the
+				// switch, the new account from the switch on.
+				bringToNow(b, previous, previousPolicy, now, !previousPolicy.RolledBack)
+				b.AccountPut(previous)
 			}
 		}
 	}
@@ -65,8 +70,6 @@ func switchTo(b Book, subject PolicyKey, p *Policy, now time.Time) (*Account, *M
 	b.AccountCurrentPut(subject, p.Generation)
 	var move *Move
 	if previous != nil {
-		bringToNow(b, previous, previousPolicy, now, !previousPolicy.RolledBack)
-		b.AccountPut(previous)
 		receipt := "switch:" + previous.Key.String() + ">" + strconv.FormatUint(p.Generation, 10) +
 			":" + strconv.FormatUint(previous.Version, 10)
 		move = moveBetween(b, previous, account, MoveGenerationSwitch, receipt, now)

@@ -2,7 +2,6 @@ package ledger_test
 
 import (
 	"slices"
-	"testing"
 	"time"
 
 	"github.com/capledger/capledger/ledger"
@@ -89,13 +88,21 @@ func (s *storeBook) ShardPut(sh *ledger.Shard) {
 func (s *storeBook) StatementPut(st ledger.Statement)    { s.m.StatementPut(st) }
 func (s *storeBook) JournalAppend(e ledger.JournalEntry) { s.m.JournalAppend(e) }
 
+// failer is what the harness needs of a test: *testing.T, *testing.B and
+// *rapid.T all have it.
+type failer interface {
+	Helper()
+	Fatalf(format string, args ...any)
+	Errorf(format string, args ...any)
+}
+
 // checked applies commands to a book and, after each one, runs the whole
 // ledger audit and the transition check against the state before it. Every
 // test that drives the ledger goes through it, so each command of each test
 // is checked for conservation, refund-once, admission-under-debt and legal
 // transitions.
 type checked struct {
-	t    testing.TB
+	t    failer
 	m    *ledger.Memory
 	book ledger.Book
 	now  time.Time
@@ -104,7 +111,7 @@ type checked struct {
 
 // newChecked returns a harness over a store-like book (copy on read), so
 // the tests also prove every changed row is put back.
-func newChecked(t testing.TB) *checked {
+func newChecked(t failer) *checked {
 	sb := newStoreBook()
 	return &checked{t: t, m: sb.m, book: sb, now: t0, prev: sb.m.Snapshot()}
 }
