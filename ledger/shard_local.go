@@ -56,10 +56,27 @@ func NewShardLocal(s *Shard) *ShardLocal {
 }
 
 // Check returns nil when the four terms add up to the allocation in every
-// dimension and no term is negative; otherwise an error naming the first
-// broken dimension. It is the per-shard conservation check.
+// dimension, no term is negative, Reserved is the holds of the unfinished
+// local reservations, and Spent + Overdraft is the settled usage (nothing
+// used is dropped); otherwise an error naming the first broken dimension.
+// It is the per-shard conservation check.
 func (l *ShardLocal) Check() error {
+	var held, used Amounts
+	for _, r := range l.reservations {
+		for d := range held {
+			switch {
+			case r.State.Holds():
+				held[d] += r.Reserved[d]
+			case r.State == StateSettled || r.State == StateSettledWithDebt:
+				used[d] += r.Actual[d]
+			}
+		}
+	}
 	for d := range l.Shard.Allocated {
+		if held[d] != l.Reserved[d] || used[d] != l.Spent[d]+l.Overdraft[d] {
+			return fmt.Errorf("shard %s dimension %d: reserved %d, holds %d; spent %d + overdraft %d, settled usage %d",
+				l.Shard.ID, d, l.Reserved[d], held[d], l.Spent[d], l.Overdraft[d], used[d])
+		}
 		sum := l.Available[d] + l.Reserved[d] + l.Spent[d] + l.Retired[d]
 		if sum != l.Shard.Allocated[d] {
 			return fmt.Errorf("shard %s dimension %d: allocated %d != available %d + reserved %d + spent %d + retired %d",

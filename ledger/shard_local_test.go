@@ -1,0 +1,183 @@
+package ledger_test
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/capledger/capledger/ledger"
+	"pgregory.net/rapid"
+)
+
+// TestShardLocalProperties drives one shard's local ledger with random
+// operations (and random clock steps across its expiry), then reconciles it
+// with the central ledger, settles what was left unknown and reconciles
+// again. It checks, after every local operation, the four-term equation
+// and that nothing is admitted while sealed, expired or overdrawn; and at
+// the end that the central ledger stays sound (the harness audits every
+// command), that the shard splits its allocation exactly, that unknown
+// capacity is never reminted before its receipt, and that the total
+// reminted is exactly the allocation minus what was used (capped at the
+// allocation), with the rest of the usage charged as debt.
+func TestShardLocalProperties(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		c := newChecked(rt)
+		p := policyOf(tokens(1000, 0), ledger.Dimension{Unit: "requests", Burst: 50, MaxOverdraft: 5})
+		p.EmergencyMode = true
+		g := c.publish(p)
+		allocated := ledger.Amounts{rapid.Int64Range(1, 1000).Draw(rt, "allocTokens"), rapid.Int64Range(0, 50).Draw(rt, "allocRequests")}
+		issue := ledger.Command{Kind: ledger.KindShardIssue, Subject: testSubject.Subject, Route: testSubject.Route,
+			Region: testSubject.Region, Units: allocated,
+			Shard: &ledger.ShardArgs{ShardID: "sh", GatewayID: "gw", BootEpoch: 1, TTL: time.Minute, KeyID: "k1",
+				Sign: ledger.Ed25519ShardSigner(shardKey)}}
+		s := c.must(c.apply(issue)).Shard
+		l := ledger.NewShardLocal(s)
+		now := c.now
+		ids := []string{}
+		amounts := func(label string) ledger.Amounts {
+			return ledger.Amounts{rapid.Int64Range(0, 400).Draw(rt, label+"Tokens"), rapid.Int64Range(0, 20).Draw(rt, label+"Requests")}
+		}
+		pick := func() string {
+			if len(ids) == 0 || rapid.IntRange(0, 9).Draw(rt, "newID") == 0 {
+				return fmt.Sprintf("r%d", len(ids))
+			}
+			return rapid.SampledFrom(ids).Draw(rt, "id")
+		}
+		steps := rapid.IntRange(0, 60).Draw(rt, "steps")
+		for i := 0; i < steps; i++ {
+			var res ledger.Result
+			switch op := rapid.IntRange(0, 7).Draw(rt, "op"); op {
+			case 0, 1:
+				id := pick()
+				before := l.Available
+				res = l.Reserve(id, "d-"+id, amounts("reserve"), now)
+				if res.Err == nil && !res.Replayed {
+					ids = append(ids, id)
+					if l.Sealed || !now.Before(s.ExpiresAt) || l.Overdraft != (ledger.Amounts{}) {
+						rt.Fatalf("admitted %s while sealed/expired/overdrawn", id)
+					}
+					for d := range before {
+						if res.Reservation.Reserved[d] > before[d] {
+							rt.Fatalf("admitted %v with only %v available", res.Reservation.Reserved, before)
+						}
+					}
+				}
+			case 2:
+				id := pick()
+				res = l.Start(id, "op-"+id, now)
+			case 3, 4:
+				id := pick()
+				res = l.Settle(id, "op-"+id, amounts("actual"), now)
+			case 5:
+				res = l.Release(pick(), now)
+			case 6:
+				res = l.MarkUsageUnknown(pick(), now)
+			case 7:
+				if rapid.Bool().Draw(rt, "seal") {
+					l.Seal(now)
+				} else {
+					now = now.Add(time.Duration(rapid.IntRange(1, 40).Draw(rt, "seconds")) * time.Second)
+				}
+			}
+			if err := l.Check(); err != nil {
+				rt.Fatalf("after op %d: %v", i, err)
+			}
+		}
+		l.Seal(now)
+		if err := l.Check(); err != nil {
+			rt.Fatal(err)
+		}
+		var used, unknown ledger.Amounts
+		for _, r := range l.Reservations() {
+			for d := range used {
+				switch r.State {
+				case ledger.StateSettled, ledger.StateSettledWithDebt:
+					used[d] += r.Actual[d]
+				case ledger.StateStarted, ledger.StateUsageUnknown:
+					unknown[d] += r.Reserved[d]
+				case ledger.StateReserved:
+					rt.Fatalf("%s is RESERVED after seal", r.ID)
+				}
+			}
+		}
+		if unknown != l.Reserved {
+			rt.Fatalf("unknown holds %v, local reserved %v", unknown, l.Reserved)
+		}
+		c.now = now
+		receipts, ok := l.Submission()
+		if !ok {
+			rt.Fatal("a sealed, unsubmitted shard has no submission")
+		}
+		before := c.account(g).Balances
+		res := c.must(c.apply(ledger.Command{Kind: ledger.KindShardReconcile,
+			Shard: &ledger.ShardArgs{ShardID: "sh", GatewayID: "gw", Receipts: receipts}}))
+		l.Submitted(receipts)
+		got := res.Shard
+		var debt ledger.Amounts
+		for d := range allocated {
+			if got.Unknown[d] != unknown[d] {
+				rt.Fatalf("dimension %d: central unknown %d, local unknown %d", d, got.Unknown[d], unknown[d])
+			}
+			if got.Spent[d]+got.Unknown[d]+got.Reminted[d] != allocated[d] {
+				rt.Fatalf("dimension %d: shard split %+v", d, got)
+			}
+			wantDebt := max(0, used[d]+unknown[d]-allocated[d])
+			var moved, charged ledger.Units
+			if res.Move != nil {
+				moved, charged = res.Move.Units[d], res.Move.Debt[d]
+			}
+			debt[d] += charged
+			if moved != got.Reminted[d] || charged != wantDebt {
+				rt.Fatalf("dimension %d: move %d units %d debt, shard reminted %d, want debt %d", d, moved, charged, got.Reminted[d], wantDebt)
+			}
+			if after := c.account(g).Balances[d]; after.Minted-before[d].Minted != moved {
+				rt.Fatalf("dimension %d: minted %d, moved %d", d, after.Minted-before[d].Minted, moved)
+			}
+		}
+
+		// Resolve every unknown hold with a random usage and report it.
+		for _, r := range l.Reservations() {
+			if r.State == ledger.StateStarted || r.State == ledger.StateUsageUnknown {
+				actual := amounts("late")
+				if res := l.Settle(r.ID, "op-"+r.ID, actual, now); res.Err != nil {
+					rt.Fatal(res.Err)
+				}
+				for d := range used {
+					used[d] += actual[d]
+				}
+			}
+		}
+		if late, ok := l.Submission(); ok {
+			res := c.must(c.apply(ledger.Command{Kind: ledger.KindShardReconcile,
+				Shard: &ledger.ShardArgs{ShardID: "sh", GatewayID: "gw", Receipts: late}}))
+			l.Submitted(late)
+			got = res.Shard
+			if res.Move != nil {
+				for d := range debt {
+					debt[d] += res.Move.Debt[d]
+				}
+			}
+		}
+		if _, pending := l.Reconciled(); pending != 0 {
+			rt.Fatalf("%d receipts still pending", pending)
+		}
+		for d := range allocated {
+			if got.Unknown[d] != 0 || got.Spent[d]+got.Reminted[d] != allocated[d] {
+				rt.Fatalf("dimension %d after every receipt: %+v", d, got)
+			}
+			if got.Reminted[d] < allocated[d]-used[d] {
+				rt.Fatalf("dimension %d: reminted %d, yet only %d of %d were used", d, got.Reminted[d], used[d], allocated[d])
+			}
+			if got.Spent[d]+debt[d] != used[d] {
+				rt.Fatalf("dimension %d: spent %d + charged debt %d, but %d were used", d, got.Spent[d], debt[d], used[d])
+			}
+		}
+		// A replay of the whole submission changes nothing.
+		again := c.apply(ledger.Command{Kind: ledger.KindShardReconcile,
+			Shard: &ledger.ShardArgs{ShardID: "sh", GatewayID: "gw", Receipts: receipts}})
+		if !errors.Is(again.Err, ledger.ErrShardAlreadyReconciled) {
+			rt.Fatalf("replayed submission: %v", again.Err)
+		}
+	})
+}
