@@ -1,0 +1,114 @@
+package postgres_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+
+	"github.com/capledger/capledger/engine"
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store/postgres"
+)
+
+// Two engines, each over its own Store (its own pool, as two replicas
+// would be), group-commit concurrent gateways' reserve / start / settle on
+// one hot account. Whatever the interleaving: no unit is admitted beyond
+// capacity, every acknowledged reservation is stored in its final state,
+// and the audit finds nothing.
+func TestTwoEnginesOneHotAccount(t *testing.T) {
+	first, dsn := openStore(t)
+	second, err := postgres.Open(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second.Close()
+	g := publish(t, first)
+	engines := []*engine.Engine{
+		engine.New(first, engine.Options{DisableWorkers: true}),
+		engine.New(second, engine.Options{DisableWorkers: true}),
+	}
+	defer func() {
+		for _, e := range engines {
+			e.Close()
+		}
+	}()
+
+	const gateways, perGateway = 12, 15
+	sizes := []int64{600, 200, 100, 50}
+	var (
+		mu       sync.Mutex
+		settled  = map[string]ledger.Amounts{} // acknowledged settles: id -> actual
+		rejected int
+	)
+	var wg sync.WaitGroup
+	for gw := range gateways {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx := context.Background()
+			rng := rand.New(rand.NewPCG(uint64(gw), 7))
+			for i := range perGateway {
+				e := engines[rng.IntN(len(engines))]
+				id := fmt.Sprintf("rl-%d-%d", gw, i)
+				units := sizes[rng.IntN(len(sizes))]
+				res, err := e.Do(ctx, reserveCmd(id, units))
+				if err != nil {
+					t.Errorf("reserve %s: %v", id, err)
+					return
+				}
+				if res.Rejected() {
+					mu.Lock()
+					rejected++
+					mu.Unlock()
+					continue
+				}
+				if res.Err != nil {
+					t.Errorf("reserve %s: %v", id, res.Err)
+					return
+				}
+				e = engines[rng.IntN(len(engines))]
+				if res, err := e.Do(ctx, ledger.Command{Kind: ledger.KindStart, ReservationID: id, OperationID: "op-" + id}); err != nil || res.Err != nil {
+					t.Errorf("start %s: %v %v", id, err, res.Err)
+					return
+				}
+				// Small actuals, so most of the run contends for held capacity
+				// rather than running out of spent capacity.
+				actual := ledger.Amounts{rng.Int64N(units/20 + 1)}
+				e = engines[rng.IntN(len(engines))]
+				res, err = e.Do(ctx, ledger.Command{Kind: ledger.KindSettle, ReservationID: id, OperationID: "op-" + id, Units: actual})
+				if err != nil || res.Err != nil {
+					t.Errorf("settle %s: %v %v", id, err, res.Err)
+					return
+				}
+				mu.Lock()
+				settled[id] = actual
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+
+	snap := mustAudit(t, first)
+	a := account(t, first, g)
+	var spent int64
+	for id, actual := range settled {
+		r, err := first.ReservationGet(context.Background(), id)
+		if err != nil || r.Actual != actual || r.State != ledger.StateSettled {
+			t.Errorf("acknowledged settle %s: stored %+v, %v", id, r, err)
+		}
+		spent += actual[0]
+	}
+	bal := a.Balances[0]
+	if bal.Spent != spent || bal.Reserved != 0 || bal.Available+bal.Spent != bal.Opening+bal.Minted {
+		t.Errorf("account %+v: spent %d acknowledged", bal, spent)
+	}
+	if len(settled)+rejected != gateways*perGateway {
+		t.Errorf("%d settled + %d rejected != %d commands", len(settled), rejected, gateways*perGateway)
+	}
+	if len(snap.Reservations) != len(settled) {
+		t.Errorf("%d reservations stored, %d acknowledged", len(snap.Reservations), len(settled))
+	}
+	t.Logf("settled %d, rejected %d; conflicts: %+v / %+v", len(settled), rejected, first.Stats(), second.Stats())
+}
