@@ -114,6 +114,9 @@ func admissible(a *Account, p *Policy, units *Amounts, now time.Time) (bool, Res
 	for i := 0; i < a.Dims; i++ {
 		bal := &a.Balances[i]
 		debt := bal.Debt()
+		if mutantOn("debt_admits") {
+			debt = 0
+		}
 		if debt > 0 && frozen < 0 {
 			frozen = i
 		}
@@ -352,6 +355,9 @@ func Release(b Book, id string, now time.Time) Result {
 	case StateReserved:
 		return refundHold(b, r, StateReleased, KindRelease, now)
 	case StateReleased:
+		if mutantOn("refund_twice") {
+			return refundHold(b, r, StateReleased, KindRelease, now)
+		}
 		return Result{Reservation: *r, Replayed: true, Generation: r.Account.Generation}
 	case StateStarted, StateUsageUnknown, StateSettled, StateSettledWithDebt:
 		return Result{Err: ErrReservationAlreadyStarted, Reservation: *r}
@@ -384,6 +390,11 @@ func ExpireClaim(b Book, id string, now time.Time) Result {
 	case StateExpiring:
 		return Result{Reservation: *r, Replayed: true, Generation: r.Account.Generation}
 	case StateStarted, StateUsageUnknown:
+		if mutantOn("expire_started") && r.State == StateStarted && !now.Before(r.ExpiresAt) {
+			r.State = StateExpiring
+			transition(b, r, StateStarted, KindExpireClaim, now)
+			return Result{Reservation: *r, Generation: r.Account.Generation}
+		}
 		return Result{Err: ErrReservationAlreadyStarted, Reservation: *r}
 	}
 	return Result{Err: stateError(r.State), Reservation: *r}
