@@ -1,0 +1,484 @@
+package sim
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+)
+
+// Gate is one release gate: a count of violations that must be 0.
+type Gate uint8
+
+const (
+	// GateConservation: an account's conservation equation broke.
+	GateConservation Gate = iota
+	// GateShardConservation: a shard's (central or gateway-local)
+	// conservation broke.
+	GateShardConservation
+	// GateOverspend: a term went negative (available below zero is
+	// overspending).
+	GateOverspend
+	// GateAdmissionWhileDebt: a reservation was admitted on an account
+	// that owed debt at that moment.
+	GateAdmissionWhileDebt
+	// GateDuplicateRefund: a reservation's hold was given back twice, or a
+	// replay refunded something.
+	GateDuplicateRefund
+	// GateDuplicateRecovery: a recovery of unused capacity (move, drain,
+	// shard remint) was applied twice.
+	GateDuplicateRecovery
+	// GateUnknownAsUnconsumed: started or USAGE_UNKNOWN work's hold was
+	// given back as unused, or its usage refused.
+	GateUnknownAsUnconsumed
+	// GateSecondReservation: one reservation id debited twice.
+	GateSecondReservation
+	// GateDuplicateShardConsumption: shard capacity spent twice (two
+	// gateways, or an old process's shard after a restart).
+	GateDuplicateShardConsumption
+	// GateUnrecordedDebt: usage above the reservation not recorded in full
+	// as spent and overdraft.
+	GateUnrecordedDebt
+	// GateIllegalTransition: a reservation changed state outside the
+	// lifecycle (other than the cases above).
+	GateIllegalTransition
+	// GateJournal: rows disagree with their journal, a committed change was
+	// lost, or ledger.Audit found another discrepancy.
+	GateJournal
+	// GateProtocol: an answer a correct ledger cannot give to the client
+	// protocol.
+	GateProtocol
+	// GateLiveness: something did not converge after the faults healed.
+	GateLiveness
+	// GateFairness: a tenant's fairness error exceeded its budget.
+	GateFairness
+
+	numGates
+)
+
+var gateNames = [numGates]string{
+	GateConservation:              "central_conservation",
+	GateShardConservation:         "shard_conservation",
+	GateOverspend:                 "overspend",
+	GateAdmissionWhileDebt:        "admission_while_debt",
+	GateDuplicateRefund:           "duplicate_refund",
+	GateDuplicateRecovery:         "duplicate_recovery",
+	GateUnknownAsUnconsumed:       "unknown_as_unconsumed",
+	GateSecondReservation:         "second_reservation",
+	GateDuplicateShardConsumption: "duplicate_shard_consumption",
+	GateUnrecordedDebt:            "unrecorded_debt",
+	GateIllegalTransition:         "illegal_transition",
+	GateJournal:                   "journal_and_audit",
+	GateProtocol:                  "protocol",
+	GateLiveness:                  "liveness",
+	GateFairness:                  "fairness",
+}
+
+func (g Gate) String() string {
+	if g < numGates {
+		return gateNames[g]
+	}
+	return "gate?"
+}
+
+// Gates returns every gate in report order.
+func Gates() []Gate {
+	out := make([]Gate, numGates)
+	for i := range out {
+		out[i] = Gate(i)
+	}
+	return out
+}
+
+// checker follows every durable change of the ledger, in commit order, and
+// checks each transition as it happens: it replays the journal into its own
+// balances, tracks each reservation's state and each account's holds, and
+// compares the rows the engine wrote with that replay.
+type checker struct {
+	w        *world
+	accounts map[ledger.AccountKey]*acctState
+	order    []ledger.AccountKey // accounts in creation order (map order is random)
+	resv     map[string]*resvState
+	receipts map[string][]ledger.AccountKey
+}
+
+type acctState struct {
+	dims  int
+	bal   ledger.Balances
+	holds ledger.Amounts
+}
+
+type resvState struct {
+	state     ledger.State
+	account   ledger.AccountKey
+	reserved  ledger.Amounts
+	unknownAt int64
+}
+
+func newChecker(w *world) checker {
+	return checker{
+		w:        w,
+		accounts: map[ledger.AccountKey]*acctState{},
+		resv:     map[string]*resvState{},
+		receipts: map[string][]ledger.AccountKey{},
+	}
+}
+
+func (c *checker) accountsInOrder() []ledger.AccountKey { return c.order }
+
+// afterCommit checks every change set that became durable since the last
+// call (normally the one batch just committed).
+func (c *checker) afterCommit(cmds []ledger.Command) {
+	st := c.w.ledger.st
+	for _, ch := range st.committed {
+		c.changes(ch)
+		if c.w.fail != nil {
+			break
+		}
+	}
+	st.committed = st.committed[:0]
+}
+
+func (c *checker) violate(g Gate, format string, args ...any) {
+	c.w.violate(g, fmt.Sprintf(format, args...))
+}
+
+func (c *checker) account(key ledger.AccountKey, ch *store.Changes) *acctState {
+	if a := c.accounts[key]; a != nil {
+		return a
+	}
+	a := &acctState{}
+	for i := range ch.Accounts {
+		if ch.Accounts[i].Key == key {
+			a.dims = ch.Accounts[i].Dims
+		}
+	}
+	c.accounts[key] = a
+	c.order = append(c.order, key)
+	return a
+}
+
+func findReservation(ch *store.Changes, id string) *ledger.Reservation {
+	for i := range ch.Reservations {
+		if ch.Reservations[i].ID == id {
+			return &ch.Reservations[i]
+		}
+	}
+	return nil
+}
+
+// legal is the reservation lifecycle of the seed, independent of the
+// ledger's own code: which command may move a reservation from one state
+// to another.
+func legal(kind ledger.Kind, from, to ledger.State) bool {
+	switch kind {
+	case ledger.KindReserve:
+		return from == ledger.StateRequested && to == ledger.StateReserved
+	case ledger.KindStart:
+		return from == ledger.StateReserved && to == ledger.StateStarted
+	case ledger.KindRelease:
+		return from == ledger.StateReserved && to == ledger.StateReleased
+	case ledger.KindExpireClaim:
+		return from == ledger.StateReserved && to == ledger.StateExpiring
+	case ledger.KindExpire:
+		return from == ledger.StateExpiring && to == ledger.StateExpired
+	case ledger.KindMarkUsageUnknown:
+		return from == ledger.StateStarted && to == ledger.StateUsageUnknown
+	case ledger.KindSettle:
+		return (from == ledger.StateStarted || from == ledger.StateUsageUnknown) &&
+			(to == ledger.StateSettled || to == ledger.StateSettledWithDebt)
+	}
+	return false
+}
+
+func (c *checker) changes(ch *store.Changes) {
+	for i := range ch.Journal {
+		c.entry(&ch.Journal[i], ch)
+		if c.w.fail != nil {
+			return
+		}
+	}
+	for i := range ch.Accounts {
+		row := &ch.Accounts[i]
+		a := c.account(row.Key, ch)
+		if row.Balances != a.bal {
+			c.violate(GateJournal, "account %s row %+v differs from the replay of its journal %+v", row.Key, row.Balances[:row.Dims], a.bal[:row.Dims])
+			return
+		}
+		for d := 0; d < row.Dims; d++ {
+			if row.Balances[d].Reserved != a.holds[d] {
+				c.violate(GateJournal, "account %s dimension %d: reserved %d, but its holding reservations hold %d", row.Key, d, row.Balances[d].Reserved, a.holds[d])
+				return
+			}
+		}
+	}
+	for i := range ch.Reservations {
+		r := &ch.Reservations[i]
+		rs := c.resv[r.ID]
+		if rs == nil || rs.state != r.State || rs.reserved != r.Reserved || rs.account != r.Account {
+			c.violate(GateJournal, "reservation %s row (%s, %v) differs from its journal (%+v)", r.ID, r.State, r.Reserved, rs)
+			return
+		}
+	}
+	c.w.shardChanges(ch)
+}
+
+func (c *checker) entry(e *ledger.JournalEntry, ch *store.Changes) {
+	a := c.account(e.Account, ch)
+	before := a.bal
+	if e.ReservationID != "" && !(e.From == ledger.StateRequested && e.To == ledger.StateRequested) {
+		c.transition(e, a, &before, ch)
+		if c.w.fail != nil {
+			return
+		}
+	}
+	if e.Kind == ledger.KindDrain && e.ReceiptID != "" {
+		ends := c.receipts[e.ReceiptID]
+		if slices.Contains(ends, e.Account) {
+			c.violate(GateDuplicateRecovery, "move %s applied twice at %s", e.ReceiptID, e.Account)
+			return
+		}
+		c.receipts[e.ReceiptID] = append(ends, e.Account)
+	}
+	a.bal.Add(&e.Delta)
+	for d := 0; d < max(a.dims, 1); d++ {
+		b := &a.bal[d]
+		if b.Available < 0 || b.Reserved < 0 || b.Spent < 0 || b.Opening < 0 || b.Minted < 0 ||
+			b.OverdraftIssued < 0 || b.OverdraftRepaid < 0 || b.RetiredForEmergency < 0 || b.RetiredForMove < 0 {
+			c.violate(GateOverspend, "account %s dimension %d has a negative term after %s %s: %+v", e.Account, d, e.Kind, e.ReservationID, *b)
+			return
+		}
+		if b.Sources() != b.Uses() {
+			c.violate(GateConservation, "account %s dimension %d after %s %s: opening+minted+overdraftIssued = %d, available+reserved+spent+retired+overdraftRepaid = %d (%+v)",
+				e.Account, d, e.Kind, e.ReservationID, b.Sources(), b.Uses(), *b)
+			return
+		}
+		if b.OverdraftRepaid > b.OverdraftIssued {
+			c.violate(GateConservation, "account %s dimension %d repaid %d, more than the %d debt issued", e.Account, d, b.OverdraftRepaid, b.OverdraftIssued)
+			return
+		}
+	}
+}
+
+// transition checks one reservation state change against the lifecycle
+// and its capacity effect against the seed's rules.
+func (c *checker) transition(e *ledger.JournalEntry, a *acctState, before *ledger.Balances, ch *store.Changes) {
+	id := e.ReservationID
+	rs := c.resv[id]
+	from := ledger.StateRequested
+	if rs != nil {
+		from = rs.state
+	}
+	moved := e.Delta != ledger.Balances{}
+	switch {
+	case e.Kind == ledger.KindReserve && rs != nil:
+		c.violate(GateSecondReservation, "reservation %s debited again (%s -> %s) while %s", id, e.From, e.To, rs.state)
+		return
+	case rs != nil && rs.state.Terminal():
+		if moved {
+			c.violate(GateDuplicateRefund, "terminal reservation %s (%s) ended again by %s, moving %+v", id, rs.state, e.Kind, e.Delta[:max(a.dims, 1)])
+		} else {
+			c.violate(GateIllegalTransition, "terminal reservation %s changed %s -> %s by %s", id, rs.state, e.To, e.Kind)
+		}
+		return
+	case e.From != from:
+		c.violate(GateJournal, "journal moves %s from %s, but it was %s", id, e.From, from)
+		return
+	case !legal(e.Kind, from, e.To):
+		if (from == ledger.StateStarted || from == ledger.StateUsageUnknown) &&
+			(e.To == ledger.StateExpiring || e.To == ledger.StateExpired || e.To == ledger.StateReleased) {
+			c.violate(GateUnknownAsUnconsumed, "%s took %s reservation %s to %s: its capacity may be in use", e.Kind, from, id, e.To)
+		} else {
+			c.violate(GateIllegalTransition, "%s moved %s from %s to %s", e.Kind, id, from, e.To)
+		}
+		return
+	}
+	row := findReservation(ch, id)
+	if row == nil {
+		c.violate(GateJournal, "journal moves %s to %s but no reservation row was written", id, e.To)
+		return
+	}
+	dims := max(a.dims, 1)
+	switch e.Kind {
+	case ledger.KindReserve:
+		if d := debtDim(before, dims); d >= 0 {
+			c.violate(GateAdmissionWhileDebt, "reservation %s admitted on %s while dimension %d owed %d", id, e.Account, d, before[d].Debt())
+			return
+		}
+		for d := 0; d < dims; d++ {
+			if e.Delta[d].Reserved != row.Reserved[d] || e.Delta[d].Available != -row.Reserved[d] {
+				c.violate(GateJournal, "reserve %s of %v moved reserved %+d, available %+d", id, row.Reserved, e.Delta[d].Reserved, e.Delta[d].Available)
+				return
+			}
+		}
+		rs = &resvState{account: e.Account, reserved: row.Reserved, unknownAt: -1}
+		c.resv[id] = rs
+		for d := range a.holds {
+			a.holds[d] += row.Reserved[d]
+		}
+	case ledger.KindExpireClaim:
+		if e.At.Before(row.ExpiresAt) {
+			c.violate(GateIllegalTransition, "expiry claimed %s at %s, before its hold ran out at %s", id, e.At.Format("15:04:05.000"), row.ExpiresAt.Format("15:04:05.000"))
+			return
+		}
+	case ledger.KindRelease, ledger.KindExpire:
+		for d := 0; d < dims; d++ {
+			if e.Delta[d].Reserved != -rs.reserved[d] || e.Delta[d].Available != rs.reserved[d] {
+				c.violate(GateDuplicateRefund, "%s of %s holding %v moved reserved %+d, available %+d", e.Kind, id, rs.reserved, e.Delta[d].Reserved, e.Delta[d].Available)
+				return
+			}
+		}
+	case ledger.KindSettle:
+		for d := 0; d < dims; d++ {
+			held, used := rs.reserved[d], row.Actual[d]
+			wantDebt := max(0, used-held-before[d].Available)
+			switch {
+			case e.Delta[d].Reserved != -held:
+				c.violate(GateDuplicateRefund, "settle of %s holding %d moved reserved %+d", id, held, e.Delta[d].Reserved)
+				return
+			case e.Delta[d].Spent != used:
+				c.violate(GateUnrecordedDebt, "settle of %s using %d moved spent %+d", id, used, e.Delta[d].Spent)
+				return
+			case e.Delta[d].OverdraftIssued != wantDebt:
+				c.violate(GateUnrecordedDebt, "settle of %s using %d of %d held with %d available issued overdraft %d, want %d",
+					id, used, held, before[d].Available, e.Delta[d].OverdraftIssued, wantDebt)
+				return
+			}
+		}
+		if rs.state == ledger.StateUsageUnknown && rs.unknownAt >= 0 {
+			c.w.usageUnknown = append(c.w.usageUnknown, c.w.now-rs.unknownAt)
+		}
+	case ledger.KindMarkUsageUnknown:
+		rs.unknownAt = c.w.now
+	}
+	if e.To.Terminal() {
+		for d := range a.holds {
+			a.holds[d] -= rs.reserved[d]
+		}
+	}
+	rs.state = e.To
+}
+
+func debtDim(b *ledger.Balances, dims int) int {
+	for d := 0; d < dims; d++ {
+		if b[d].Debt() > 0 {
+			return d
+		}
+	}
+	return -1
+}
+
+// settledDown reports whether the ledger holds nothing, owes nothing and
+// keeps no capacity on a superseded generation's account.
+func (c *checker) settledDown() bool {
+	c.w.op.refresh(c.w)
+	for _, key := range c.order {
+		a := c.accounts[key]
+		active := c.w.op.activeGeneration(key.SubjectKey())
+		for d := 0; d < max(a.dims, 1); d++ {
+			if a.holds[d] != 0 || a.bal[d].Reserved != 0 || a.bal[d].Debt() != 0 {
+				return false
+			}
+			if key.Generation != active && a.bal[d].Available != 0 {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// openSummary describes what has not converged, for a liveness report.
+func (c *checker) openSummary() string {
+	var parts []string
+	for _, key := range c.order {
+		a := c.accounts[key]
+		for d := 0; d < max(a.dims, 1); d++ {
+			b := &a.bal[d]
+			if b.Reserved != 0 || b.Debt() != 0 {
+				parts = append(parts, fmt.Sprintf("%s[%d] reserved=%d debt=%d available=%d", key, d, b.Reserved, b.Debt(), b.Available))
+			}
+		}
+	}
+	var held []string
+	for _, id := range sortedKeys(c.resv) {
+		if rs := c.resv[id]; rs.state.Holds() {
+			held = append(held, id+"="+rs.state.String())
+			if len(held) == 8 {
+				break
+			}
+		}
+	}
+	return "accounts: [" + strings.Join(parts, "; ") + "] holding: [" + strings.Join(held, ", ") + "]"
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// fullAudit reads the whole store and runs ledger.Audit over it, and checks
+// durability: every account the checker saw committed is in the store with
+// exactly the balances its journal replays to, every reservation in the
+// state its journal left it.
+func (c *checker) fullAudit(why string) {
+	w := c.w
+	snap, err := w.ledgerStore.Snapshot(w.ctx)
+	if err != nil {
+		w.violate(GateJournal, fmt.Sprintf("%s: snapshot: %v", why, err))
+		return
+	}
+	for _, d := range ledger.Audit(snap) {
+		w.violate(auditGate(d), fmt.Sprintf("%s: ledger.Audit: %s", why, d))
+		return
+	}
+	seen := 0
+	for i := range snap.Accounts {
+		row := &snap.Accounts[i]
+		a := c.accounts[row.Key]
+		if a == nil || a.bal != row.Balances {
+			w.violate(GateJournal, fmt.Sprintf("%s: store account %s differs from everything committed", why, row.Key))
+			return
+		}
+		seen++
+	}
+	if seen != len(c.accounts) {
+		w.violate(GateJournal, fmt.Sprintf("%s: the store has %d accounts, %d were committed", why, seen, len(c.accounts)))
+		return
+	}
+	for i := range snap.Reservations {
+		r := &snap.Reservations[i]
+		if rs := c.resv[r.ID]; rs == nil || rs.state != r.State {
+			w.violate(GateJournal, fmt.Sprintf("%s: store reservation %s (%s) differs from everything committed", why, r.ID, r.State))
+			return
+		}
+	}
+	if len(snap.Reservations) != len(c.resv) {
+		w.violate(GateJournal, fmt.Sprintf("%s: the store has %d reservations, %d were committed", why, len(snap.Reservations), len(c.resv)))
+		return
+	}
+	w.shardAudit(snap, why)
+}
+
+func auditGate(d ledger.Discrepancy) Gate {
+	switch d.Check {
+	case ledger.CheckConservation:
+		return GateConservation
+	case ledger.CheckNegative:
+		return GateOverspend
+	case ledger.CheckSpent, ledger.CheckDebt:
+		return GateUnrecordedDebt
+	case ledger.CheckRefundOnce:
+		return GateDuplicateRefund
+	case ledger.CheckMove:
+		return GateDuplicateRecovery
+	case ledger.CheckShard:
+		return GateShardConservation
+	}
+	return GateJournal
+}

@@ -1,0 +1,148 @@
+package sim
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"time"
+)
+
+// Config sizes every interleaving of a run. Each interleaving draws its own
+// shape (how many gateways, executors, tenants, dimensions and requests,
+// which fault sites are on and how often they fire) from its seed, within
+// these bounds; the same seed and Config always give the same interleaving.
+type Config struct {
+	// Gateways is the most gateways an interleaving has (at least 2, since
+	// two gateways reserving at once is one of the faults).
+	Gateways int
+	// Executors is the most executors.
+	Executors int
+	// Tenants is the most tenants (each its own subject and policy).
+	Tenants int
+	// Requests is the most requests one gateway sends.
+	Requests int
+	// ArrivalWindow is the simulated time over which requests arrive.
+	ArrivalWindow time.Duration
+	// HealAt is when faults heal: no site fires after it, partitions end,
+	// crashed processes come back.
+	HealAt time.Duration
+	// Deadline bounds how long after HealAt everything may take to
+	// converge (every UNKNOWN resolved, every hold ended, every debt
+	// repaid); past it the interleaving fails the liveness gate.
+	Deadline time.Duration
+	// AuditEvery runs the full ledger.Audit over the store's snapshot after
+	// every AuditEvery-th commit, besides the incremental checks after
+	// every commit and the audit at the end and after each ledger restart;
+	// 0 audits only at those points, 1 after every commit.
+	AuditEvery int
+	// LastEvents is how many events a violation report shows.
+	LastEvents int
+	// Only, when not empty, enables exactly these sites in every
+	// interleaving (each at a rate its seed draws).
+	Only []Site
+	// Trace, when set, receives every event of every interleaving as one
+	// line of text (use with one interleaving).
+	Trace io.Writer
+}
+
+// DefaultConfig returns the sizes the gates run with.
+func DefaultConfig() Config {
+	return Config{
+		Gateways:      4,
+		Executors:     3,
+		Tenants:       3,
+		Requests:      6,
+		ArrivalWindow: 2 * time.Minute,
+		HealAt:        3 * time.Minute,
+		Deadline:      30 * time.Minute,
+		AuditEvery:    0,
+		LastEvents:    40,
+	}
+}
+
+// Validate returns nil, or an error naming the first bad field.
+func (c *Config) Validate() error {
+	switch {
+	case c.Gateways < 2:
+		return fmt.Errorf("gateways %d: at least 2", c.Gateways)
+	case c.Executors < 1:
+		return fmt.Errorf("executors %d: at least 1", c.Executors)
+	case c.Tenants < 1:
+		return fmt.Errorf("tenants %d: at least 1", c.Tenants)
+	case c.Requests < 1:
+		return fmt.Errorf("requests %d: at least 1", c.Requests)
+	case c.ArrivalWindow <= 0:
+		return fmt.Errorf("arrival window %s: must be positive", c.ArrivalWindow)
+	case c.HealAt < c.ArrivalWindow:
+		return fmt.Errorf("heal-at %s: not before the arrival window %s ends", c.HealAt, c.ArrivalWindow)
+	case c.Deadline <= 0:
+		return fmt.Errorf("deadline %s: must be positive", c.Deadline)
+	case c.AuditEvery < 0:
+		return fmt.Errorf("audit-every %d: negative", c.AuditEvery)
+	case c.LastEvents < 0:
+		return fmt.Errorf("last %d: negative", c.LastEvents)
+	}
+	return nil
+}
+
+// Flags returns the command-line flags that reproduce c, leaving out the
+// ones at their default (the part of a replay command after the seed).
+func (c *Config) Flags() string {
+	d := DefaultConfig()
+	var b strings.Builder
+	add := func(name string, value any) { fmt.Fprintf(&b, " --%s %v", name, value) }
+	if c.Gateways != d.Gateways {
+		add("gateways", c.Gateways)
+	}
+	if c.Executors != d.Executors {
+		add("executors", c.Executors)
+	}
+	if c.Tenants != d.Tenants {
+		add("tenants", c.Tenants)
+	}
+	if c.Requests != d.Requests {
+		add("requests", c.Requests)
+	}
+	if c.ArrivalWindow != d.ArrivalWindow {
+		add("arrival-window", c.ArrivalWindow)
+	}
+	if c.HealAt != d.HealAt {
+		add("heal-at", c.HealAt)
+	}
+	if c.Deadline != d.Deadline {
+		add("deadline", c.Deadline)
+	}
+	if c.AuditEvery != d.AuditEvery {
+		add("audit-every", c.AuditEvery)
+	}
+	if len(c.Only) > 0 {
+		names := make([]string, len(c.Only))
+		for i, s := range c.Only {
+			names[i] = s.String()
+		}
+		add("only", strings.Join(names, ","))
+	}
+	return b.String()
+}
+
+// ParseSites parses a comma-separated list of site names.
+func ParseSites(list string) ([]Site, error) {
+	var out []Site
+	for _, name := range strings.Split(list, ",") {
+		name = strings.TrimSpace(name)
+		if name == "" {
+			continue
+		}
+		found := false
+		for s := Site(0); s < numSites; s++ {
+			if siteNames[s] == name {
+				out = append(out, s)
+				found = true
+			}
+		}
+		if !found {
+			return nil, fmt.Errorf("unknown fault site %q (known: %s)", name, strings.Join(siteNames[:], ", "))
+		}
+	}
+	return out, nil
+}

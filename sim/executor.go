@@ -1,0 +1,229 @@
+package sim
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/capledger/capledger/ledger"
+)
+
+// executor runs reserved requests: it starts the reservation with its
+// operation id (compare-and-set RESERVED -> STARTED) before any work, lets
+// the backend run the operation, and settles with the backend's operation
+// receipt. Its job log and the receipts are durable; the rest dies with the
+// process.
+type executor struct {
+	up bool
+}
+
+// job hands a dispatched request to its executor.
+func (w *world) job(idx int32) {
+	r := w.requests[idx]
+	node := w.executorNode(r.exec)
+	r.opPhase = opQueued
+	r.opID = "op-" + r.id
+	w.log(recJob, node, 0, r.id, 0, "")
+	if !w.execs[r.exec].up {
+		return // in the durable job log; picked up on restart
+	}
+	w.startOp(r)
+}
+
+// startOp sends the start. When the start-vs-expire site fires, the start
+// is timed to reach the ledger right at the hold's expiry, and the expiry
+// worker is made to run at that same instant.
+func (w *world) startOp(r *request) {
+	r.opPhase = opStarting
+	if r.expiresAt > w.now+int64(10*time.Millisecond) && w.f.fire(SiteStartVersusExpire) {
+		r.opAttempt++
+		at := r.expiresAt - netMin + w.between(-int64(3*time.Millisecond), int64(3*time.Millisecond))
+		w.schedule(event{at: at, kind: evStart, b: r.idx, c: r.opAttempt})
+		w.schedule(event{at: r.expiresAt, kind: evWorker, a: 1})
+		return
+	}
+	w.sendStart(r, w.between(netMin, netMax))
+}
+
+func (w *world) delayedStart(idx, attempt int32) {
+	r := w.requests[idx]
+	if r.opPhase != opStarting || r.opAttempt != attempt || !w.execs[r.exec].up {
+		return
+	}
+	w.sendStart(r, netMin)
+}
+
+func (w *world) sendStart(r *request, delay int64) {
+	r.opPhase = opStarting
+	r.opAttempt++
+	node := w.executorNode(r.exec)
+	w.sendWithDelay(&message{kind: msgCommand, from: node, to: ledgerNodeID, owner: r.idx, attempt: r.opAttempt,
+		cmd: ledger.Command{Kind: ledger.KindStart, ReservationID: r.id, OperationID: r.opID}}, delay)
+	w.after(rpcTimeout, evTimer, node, r.idx, r.opAttempt)
+}
+
+func (w *world) sendSettle(r *request) {
+	r.opPhase = opSettling
+	r.opAttempt++
+	node := w.executorNode(r.exec)
+	w.send(&message{kind: msgCommand, from: node, to: ledgerNodeID, owner: r.idx, attempt: r.opAttempt,
+		cmd: ledger.Command{Kind: ledger.KindSettle, ReservationID: r.id, OperationID: r.opID, Units: r.actual}})
+	w.after(rpcTimeout, evTimer, node, r.idx, r.opAttempt)
+}
+
+// executorUnknown handles a lost or failed answer: the same start or the
+// same settle (same operation id, same actual usage) is sent again. A
+// settle whose outcome is unknown is USAGE_UNKNOWN for the caller until a
+// definite answer arrives.
+func (w *world) executorUnknown(r *request) {
+	switch r.opPhase {
+	case opStarting:
+		w.sendStart(r, w.between(netMin, netMax))
+	case opSettling:
+		if r.settleUnknownSince < 0 {
+			r.settleUnknownSince = w.now
+			w.log(recUnknown, w.executorNode(r.exec), ledger.KindSettle, r.id, 0, "USAGE_UNKNOWN")
+		}
+		w.sendSettle(r)
+	}
+}
+
+func (w *world) executorReceive(m *message) {
+	r := w.requests[m.owner]
+	node := w.executorNode(r.exec)
+	if !w.execs[r.exec].up {
+		w.log(recDownDrop, node, m.cmd.Kind, r.id, 0, "executor down")
+		return
+	}
+	w.log(recDeliver, node, m.cmd.Kind, r.id, int64(m.attempt), msgNames[m.kind])
+	if m.kind == msgAnswer {
+		w.checkRefundAnswer(r, m)
+		if w.fail != nil {
+			return
+		}
+	}
+	if m.attempt != r.opAttempt || r.opPhase == opDone {
+		w.log(recStale, node, m.cmd.Kind, r.id, int64(m.attempt), "")
+		return
+	}
+	if m.kind == msgUnavailable {
+		w.executorUnknown(r)
+		return
+	}
+	switch {
+	case m.cmd.Kind == ledger.KindStart && r.opPhase == opStarting:
+		w.startAnswer(r, &m.res)
+	case m.cmd.Kind == ledger.KindSettle && r.opPhase == opSettling:
+		w.settleAnswer(r, &m.res)
+	}
+}
+
+func (w *world) startAnswer(r *request, res *ledger.Result) {
+	switch {
+	case res.Err == nil:
+		if res.Reservation.OperationID != r.opID || res.Reservation.State != ledger.StateStarted && !res.Replayed {
+			w.violate(GateProtocol, fmt.Sprintf("start of %s answered %s with operation %q", r.id, res.Reservation.State, res.Reservation.OperationID))
+			return
+		}
+		r.opPhase = opRunning
+		r.started = true
+		p := w.op.base[w.tenants[r.tenant].key]
+		limit := int64(p.ExecutionLimit)
+		run := w.between(int64(200*time.Millisecond), min(limit-int64(time.Second), int64(15*time.Second)))
+		if w.f.fire(SiteExecutionOverrun) {
+			run = limit + w.between(int64(time.Second), int64(60*time.Second))
+		}
+		// The backend runs the operation whatever happens to the executor.
+		w.after(run, evOpDone, 0, r.idx, 0)
+	case errors.Is(res.Err, ledger.ErrReservationExpired), errors.Is(res.Err, ledger.ErrReservationReleased):
+		// Expiry won the race: nothing ran, nothing is owed.
+		r.opPhase = opDone
+		w.done(r, outExpired)
+	default:
+		w.violate(GateProtocol, fmt.Sprintf("start of %s answered %v", r.id, res.Err))
+	}
+}
+
+// opDone: the backend finished the operation and wrote its receipt with the
+// actual usage, sometimes above the estimate.
+func (w *world) opDone(idx int32) {
+	r := w.requests[idx]
+	over := w.f.fire(SiteUsageOverEstimate)
+	for d := range r.units {
+		switch {
+		case r.units[d] == 0:
+		case d > 0:
+			r.actual[d] = r.units[d]
+		case over:
+			r.actual[d] = r.units[d] + w.between(1, 2*r.units[d])
+		default:
+			r.actual[d] = w.between(0, r.units[d])
+		}
+	}
+	r.receipt = true
+	w.log(recOpDone, w.executorNode(r.exec), 0, r.id, r.actual[0], "")
+	if w.execs[r.exec].up && r.opPhase == opRunning {
+		w.sendSettle(r)
+	}
+}
+
+func (w *world) settleAnswer(r *request, res *ledger.Result) {
+	switch {
+	case res.Err == nil:
+		if res.Reservation.Actual != r.actual || res.Reservation.OperationID != r.opID {
+			w.violate(GateUnrecordedDebt, fmt.Sprintf("settle of %s with %v recorded %v (operation %q)", r.id, r.actual, res.Reservation.Actual, res.Reservation.OperationID))
+			return
+		}
+		if r.settleUnknownSince >= 0 {
+			d := w.now - r.settleUnknownSince
+			w.usageUnknown = append(w.usageUnknown, d)
+			w.log(recResolved, w.executorNode(r.exec), ledger.KindSettle, r.id, d, "USAGE_UNKNOWN")
+			r.settleUnknownSince = -1
+		}
+		r.opPhase = opDone
+		w.done(r, outSettled)
+	case errors.Is(res.Err, ledger.ErrReservationExpired), errors.Is(res.Err, ledger.ErrReservationReleased):
+		w.violate(GateUnknownAsUnconsumed, fmt.Sprintf("started operation %s of %s used %v, but its settle was refused: %v", r.opID, r.id, r.actual, res.Err))
+	default:
+		w.violate(GateProtocol, fmt.Sprintf("settle of %s answered %v", r.id, res.Err))
+	}
+}
+
+func (w *world) crashExecutor(i int) {
+	e := &w.execs[i]
+	if !e.up {
+		return
+	}
+	e.up = false
+	for _, r := range w.requests {
+		if r.exec == i && r.phase == phDispatched && r.opPhase != opDone {
+			r.opAttempt++ // the dead process's timers and answers are stale
+		}
+	}
+	w.log(recExecCrash, w.executorNode(i), 0, "", 0, "")
+	w.after(w.between(execRestartLo, execRestartHi), evExecRestart, int32(i), 0, 0)
+}
+
+// executorRestart brings an executor back: it replays its durable job log.
+// Starts and settles are sent again with the same operation ids; finished
+// operations settle from the backend's receipts.
+func (w *world) executorRestart(i int) {
+	e := &w.execs[i]
+	e.up = true
+	w.log(recExecRestart, w.executorNode(i), 0, "", 0, "")
+	for _, r := range w.requests {
+		if r.exec != i || r.phase != phDispatched {
+			continue
+		}
+		switch r.opPhase {
+		case opQueued, opStarting:
+			w.sendStart(r, w.between(netMin, netMax))
+		case opRunning:
+			if r.receipt {
+				w.sendSettle(r)
+			}
+		case opSettling:
+			w.sendSettle(r)
+		}
+	}
+}

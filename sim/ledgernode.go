@@ -1,0 +1,460 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/capledger/capledger/engine"
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+	"github.com/capledger/capledger/store/memstore"
+)
+
+// crash variants of the ledger process.
+const (
+	crashNone        = iota
+	crashBeforeBatch // dies with requests accepted but not yet committed
+	crashInCommit    // dies inside the store commit (memstore.Crash on the open transaction)
+	crashAfterCommit // dies after the commit, before answering anyone
+)
+
+// commitFault is what the store does to the next commit of a batch.
+type commitFault uint8
+
+const (
+	faultNone commitFault = iota
+	faultFail
+	faultConflict
+	faultLoseAck
+	faultCrash
+)
+
+// recStore wraps the memstore: it arms the batch's fault on the memstore
+// right before the commit it is meant for (so a fault never lingers onto a
+// later batch), and hands the checker every change set that became
+// durable, including the ones whose acknowledgement was lost.
+type recStore struct {
+	*memstore.Store
+	fault     commitFault
+	committed []*store.Changes
+	commits   int // Commit calls in the current batch
+}
+
+func (s *recStore) Begin(ctx context.Context) (store.Tx, error) {
+	tx, err := s.Store.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &recTx{Tx: tx, s: s}, nil
+}
+
+type recTx struct {
+	store.Tx
+	s       *recStore
+	changes *store.Changes
+}
+
+func (t *recTx) Write(ctx context.Context, c *store.Changes) error {
+	if err := t.Tx.Write(ctx, c); err != nil {
+		return err
+	}
+	t.changes = c
+	return nil
+}
+
+func (t *recTx) Commit(ctx context.Context) error {
+	s := t.s
+	s.commits++
+	fault := s.fault
+	s.fault = faultNone
+	switch fault {
+	case faultFail:
+		s.Store.FailNextCommit(fmt.Errorf("%w: injected commit failure", store.ErrUnavailable))
+	case faultConflict:
+		s.Store.FailNextCommit(fmt.Errorf("%w: injected", store.ErrConflict))
+	case faultLoseAck:
+		s.Store.LoseNextCommitAck()
+	case faultCrash:
+		s.Store.Crash()
+	}
+	err := t.Tx.Commit(ctx)
+	if t.changes != nil && (err == nil || fault == faultLoseAck) {
+		s.committed = append(s.committed, t.changes)
+	}
+	return err
+}
+
+// ledgerNode is the central ledger process: the real engine.Core over a
+// memstore, fed batches of commands (group commit), with its background
+// workers. It can crash and restart; the store keeps what was committed.
+type ledgerNode struct {
+	mem         *memstore.Store
+	st          *recStore
+	core        *engine.Core
+	up          bool
+	incarnation int32
+	inbox       []*message
+	internal    []internalCmd
+	pending     bool // a batch event is scheduled
+	dying       int  // crash variant armed for the next batch
+	commits     int64
+	lastEpochs  int64
+	restarts    int
+	answers     int64
+	// lateDrains are duplicate recoveries held back for a later batch.
+	lateDrains []internalCmd
+}
+
+// internalCmd is a command from inside the ledger process: a worker or an
+// operator's admin call. They skip the network.
+type internalCmd struct {
+	cmd      ledger.Command
+	from     internalOrigin
+	debtPay  bool // repays debt (refill or drain of an indebted account)
+	tenant   int32
+	shardRef int32
+}
+
+type internalOrigin uint8
+
+const (
+	fromWorker internalOrigin = iota + 1
+	fromOperator
+)
+
+func (w *world) newLedger() {
+	mem := memstore.New()
+	st := &recStore{Store: mem}
+	var s store.Store = st
+	if w.wrapStore != nil {
+		s = w.wrapStore(st)
+	}
+	w.ledger = ledgerNode{mem: mem, st: st, core: engine.NewCore(s), up: true}
+	w.ledgerStore = s
+}
+
+func (w *world) ledgerReceive(m *message) {
+	n := &w.ledger
+	if !n.up {
+		w.log(recDownDrop, ledgerNodeID, m.cmd.Kind, m.cmd.ReservationID, 0, "ledger down")
+		return
+	}
+	w.log(recDeliver, ledgerNodeID, m.cmd.Kind, m.cmd.ReservationID, int64(m.from), msgNames[m.kind])
+	n.inbox = append(n.inbox, m)
+	w.scheduleBatch()
+}
+
+func (w *world) scheduleBatch() {
+	n := &w.ledger
+	if !n.pending {
+		n.pending = true
+		w.after(batchWindow, evBatch, n.incarnation, 0, 0)
+	}
+}
+
+// ledgerBatch commits everything the ledger process has gathered as one
+// store transaction through engine.Core.Commit, then answers.
+func (w *world) ledgerBatch() {
+	n := &w.ledger
+	n.pending = false
+	if !n.up {
+		return
+	}
+	if n.dying == crashBeforeBatch {
+		w.crashLedger("before committing its batch")
+		return
+	}
+	inbox := n.inbox
+	n.inbox = nil
+	internal := n.internal
+	n.internal = nil
+
+	// Actor commands and internal ones interleave in either order, so a
+	// start and an expiry claim that meet in one batch race both ways.
+	var cmds []ledger.Command
+	var owners []int // index into inbox, or -1-i for internal[i]
+	internalFirst := w.chance(0.5)
+	addInternal := func() {
+		for i := range internal {
+			cmds = append(cmds, internal[i].cmd)
+			owners = append(owners, -1-i)
+		}
+	}
+	if internalFirst {
+		addInternal()
+	}
+	refunds, debtPay := false, false
+	for i, m := range inbox {
+		if m.kind == msgCommand {
+			cmds = append(cmds, m.cmd)
+			owners = append(owners, i)
+			refunds = refunds || m.cmd.Kind == ledger.KindSettle || m.cmd.Kind == ledger.KindRelease
+		}
+	}
+	if !internalFirst {
+		addInternal()
+	}
+	for i := range internal {
+		debtPay = debtPay || internal[i].debtPay
+	}
+
+	var results []ledger.Result
+	var err error
+	if len(cmds) > 0 {
+		fault := faultNone
+		switch {
+		case n.dying == crashInCommit:
+			fault = faultCrash
+		case w.f.fire(SiteCommitFail):
+			fault = faultFail
+		case w.f.fire(SiteCommitConflict):
+			fault = faultConflict
+		case w.f.fire(SiteCommitAckLost),
+			refunds && w.f.fire(SiteLostRefundAck),
+			debtPay && w.f.fire(SiteLostDebtRepaymentAck):
+			fault = faultLoseAck
+		}
+		results, err = w.commit(cmds, fault)
+		if w.fail != nil {
+			return
+		}
+		if fault == faultCrash {
+			w.crashLedger("inside the store commit")
+			return
+		}
+	}
+	if n.dying == crashAfterCommit {
+		w.crashLedger("after committing, before answering")
+		return
+	}
+	if err != nil {
+		w.log(recCommitFailed, ledgerNodeID, 0, "", int64(len(cmds)), err.Error())
+	}
+	for k, owner := range owners {
+		if owner < 0 {
+			ic := &internal[-1-owner]
+			if err == nil {
+				w.internalAnswer(ic, &results[k])
+			} else {
+				w.internalFailed(ic)
+			}
+			continue
+		}
+		m := inbox[owner]
+		n.answers++
+		answer := &message{from: ledgerNodeID, to: m.from, owner: m.owner, attempt: m.attempt, probe: m.probe, cmd: m.cmd, answerID: n.answers}
+		if err != nil {
+			answer.kind = msgUnavailable
+		} else {
+			answer.kind = msgAnswer
+			answer.res = results[k]
+			if (m.cmd.Kind == ledger.KindSettle || m.cmd.Kind == ledger.KindRelease) && w.f.fire(SiteLostRefundAck) {
+				w.log(recAckLost, ledgerNodeID, m.cmd.Kind, m.cmd.ReservationID, 0, "refund answer lost")
+				continue
+			}
+		}
+		w.send(answer)
+	}
+	// Lookups read committed state, after this batch.
+	for _, m := range inbox {
+		if m.kind != msgLookup {
+			continue
+		}
+		answer := &message{kind: msgLookupAnswer, from: ledgerNodeID, to: m.from, owner: m.owner, attempt: m.attempt, cmd: m.cmd}
+		r, gerr := w.ledgerStore.ReservationGet(w.ctx, m.cmd.ReservationID)
+		switch {
+		case gerr == nil:
+			answer.found = true
+			answer.res.Reservation = r
+		case errors.Is(gerr, store.ErrNotFound):
+		default:
+			answer.kind = msgUnavailable
+		}
+		w.send(answer)
+	}
+}
+
+// commit runs one batch through the engine's step function, retrying it
+// whole on a conflict as engine.Engine does, and runs the checks on what
+// became durable. It returns the results, or the error the callers see
+// (with a lost acknowledgement the batch is durable although they hear it
+// failed).
+func (w *world) commit(cmds []ledger.Command, fault commitFault) ([]ledger.Result, error) {
+	n := &w.ledger
+	st := n.st
+	var results []ledger.Result
+	var err error
+	for attempt := 0; attempt < 4; attempt++ {
+		st.fault = fault
+		st.commits = 0
+		results, err = n.core.Commit(w.ctx, cmds, w.time())
+		if st.commits == 0 && fault != faultNone && fault != faultCrash {
+			// Nothing was written, so the store saw no commit; the fault
+			// still hits the transaction (a read-only transaction that
+			// fails, or whose answer is lost, looks the same to a caller).
+			switch fault {
+			case faultFail:
+				err = fmt.Errorf("%w: injected commit failure", store.ErrUnavailable)
+			case faultConflict:
+				err = fmt.Errorf("%w: injected", store.ErrConflict)
+			case faultLoseAck:
+				err = fmt.Errorf("%w: acknowledgement lost", store.ErrUnavailable)
+			}
+		}
+		st.fault = faultNone
+		n.commits++
+		w.chk.afterCommit(cmds)
+		if w.fail != nil {
+			return nil, err
+		}
+		if !errors.Is(err, store.ErrConflict) {
+			break
+		}
+		w.log(recConflictRetry, ledgerNodeID, 0, "", int64(attempt+1), "")
+		fault = faultNone
+	}
+	if err == nil {
+		w.log(recCommit, ledgerNodeID, 0, "", int64(len(cmds)), "")
+		if w.cfg.AuditEvery > 0 && n.commits%int64(w.cfg.AuditEvery) == 0 {
+			w.chk.fullAudit("periodic audit")
+		}
+		return results, nil
+	}
+	if fault == faultLoseAck {
+		w.log(recAckLost, ledgerNodeID, 0, "", int64(len(cmds)), "commit durable, acknowledgement lost")
+	}
+	return nil, err
+}
+
+func (w *world) crashLedger(when string) {
+	n := &w.ledger
+	n.mem.Crash()
+	n.up = false
+	n.dying = crashNone
+	n.inbox = nil
+	n.pending = false
+	for i := range n.internal {
+		w.internalFailed(&n.internal[i])
+	}
+	n.internal = nil
+	n.incarnation++
+	w.log(recCrash, ledgerNodeID, 0, "", int64(n.incarnation), when)
+	w.after(w.between(restartMin, restartMax), evLedgerRestart, 0, 0, 0)
+}
+
+// ledgerRestart starts a new ledger process over the same store: a fresh
+// engine.Core, no memory of the old process's batches. The checks then
+// compare the store with everything seen committed (durability) and audit
+// it whole.
+func (w *world) ledgerRestart() {
+	n := &w.ledger
+	n.core = engine.NewCore(w.ledgerStore)
+	n.up = true
+	n.restarts++
+	w.log(recRestart, ledgerNodeID, 0, "", int64(n.incarnation), "")
+	w.chk.fullAudit("after restart")
+	w.op.policiesStale = true
+}
+
+// workerTick runs the ledger's background workers: engine.Core.Due (expiry
+// claims and completions, USAGE_UNKNOWN marking), engine.Core.EpochsDue,
+// refills of indebted accounts (debt repayment) and drains of superseded
+// generations. It reschedules itself unless extra is set (an extra run the
+// start-vs-expire site asks for).
+func (w *world) workerTick(extra bool) {
+	if !extra {
+		w.after(workerEvery, evWorker, 0, 0, 0)
+	}
+	n := &w.ledger
+	if !n.up {
+		return
+	}
+	if !extra && w.healed && w.quiescent() {
+		w.finish()
+		return
+	}
+	due, err := n.core.Due(w.ctx, w.time(), 64)
+	if err != nil {
+		w.violate(GateJournal, fmt.Sprintf("engine.Core.Due: %v", err))
+		return
+	}
+	for _, c := range due {
+		n.internal = append(n.internal, internalCmd{cmd: c, from: fromWorker})
+	}
+	if !extra && w.now-n.lastEpochs >= epochEvery {
+		n.lastEpochs = w.now
+		cmds, err := n.core.EpochsDue(w.ctx, w.time())
+		if err != nil {
+			w.violate(GateJournal, fmt.Sprintf("engine.Core.EpochsDue: %v", err))
+			return
+		}
+		for _, c := range cmds {
+			n.internal = append(n.internal, internalCmd{cmd: c, from: fromWorker})
+		}
+	}
+	if !extra {
+		w.debtAndDrainWork()
+		w.shardWorker()
+	}
+	if len(n.internal) > 0 {
+		w.log(recWorker, ledgerNodeID, 0, "", int64(len(n.internal)), "")
+		w.scheduleBatch()
+	}
+}
+
+// debtAndDrainWork queues a refill for every current account with debt
+// (refills repay debt first) and a drain for every account of a superseded
+// generation that still holds available capacity or debt.
+func (w *world) debtAndDrainWork() {
+	n := &w.ledger
+	w.op.refresh(w)
+	for _, a := range w.chk.accountsInOrder() {
+		st := w.chk.accounts[a]
+		debt := false
+		available := false
+		for d := 0; d < st.dims; d++ {
+			debt = debt || st.bal[d].Debt() > 0
+			available = available || st.bal[d].Available > 0
+		}
+		active := w.op.activeGeneration(a.SubjectKey())
+		switch {
+		case active == 0:
+		case a.Generation == active && debt:
+			n.internal = append(n.internal, internalCmd{cmd: ledger.Command{Kind: ledger.KindRefill, Account: a}, from: fromWorker, debtPay: true})
+		case a.Generation != active && (debt || available):
+			c := internalCmd{cmd: ledger.Command{Kind: ledger.KindDrain, Account: a}, from: fromWorker, debtPay: debt}
+			n.internal = append(n.internal, c)
+			if w.f.fire(SiteDuplicateRecovery) {
+				// The same recovery twice: once more in this batch, and
+				// once in a later one.
+				n.internal = append(n.internal, c)
+				w.ledger.lateDrains = append(w.ledger.lateDrains, c)
+			}
+		}
+	}
+	if len(n.lateDrains) > 0 && w.chance(0.5) {
+		n.internal = append(n.internal, n.lateDrains...)
+		n.lateDrains = n.lateDrains[:0]
+	}
+}
+
+func (w *world) internalAnswer(ic *internalCmd, res *ledger.Result) {
+	switch ic.from {
+	case fromOperator:
+		w.op.answered(w, ic, res)
+	case fromWorker:
+		if ic.shardRef != 0 {
+			w.shardInternalAnswer(ic, res)
+		}
+	}
+}
+
+func (w *world) internalFailed(ic *internalCmd) {
+	if ic.from == fromOperator {
+		w.op.failed(w, ic)
+	}
+	if ic.shardRef != 0 {
+		w.shardInternalFailed(ic)
+	}
+}

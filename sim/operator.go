@@ -1,0 +1,193 @@
+package sim
+
+import (
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/capledger/capledger/ledger"
+)
+
+// operator publishes policy generations and rolls them back, as an
+// operator of the ledger would mid-run. It keeps a cache of the published
+// generations (read back from the store whenever something may have
+// changed), which the drain worker also uses to tell superseded accounts.
+type operator struct {
+	base          map[ledger.PolicyKey]*ledger.Policy
+	keys          []ledger.PolicyKey
+	policies      []ledger.Policy
+	policiesStale bool
+	published     int
+}
+
+// initialPolicy draws the first generation of a policy key.
+func (w *world) initialPolicy(key ledger.PolicyKey) *ledger.Policy {
+	dims := []ledger.Dimension{{
+		Unit:           "tokens",
+		Burst:          w.between(600, 3000),
+		RefillUnits:    w.between(10, 80),
+		RefillInterval: time.Second,
+		MaxOverdraft:   w.between(0, 1500),
+	}}
+	if w.shape.dims > 1 {
+		dims = append(dims, ledger.Dimension{Unit: "requests", Burst: w.between(3, 12), RefillUnits: 1,
+			RefillInterval: 2 * time.Second})
+	}
+	p := ledger.Policy{
+		Key:             key,
+		Dimensions:      dims,
+		EstimatorDigest: "estimator-v1",
+		HoldTTL:         time.Duration(w.between(int64(4*time.Second), int64(30*time.Second))),
+		ExecutionLimit:  time.Duration(w.between(int64(10*time.Second), int64(30*time.Second))),
+		FairnessWeight:  w.between(1, 4),
+		EpochLength:     time.Minute,
+	}.WithDefaults()
+	return &p
+}
+
+// nextPolicy derives a new generation from the key's first one: other
+// burst, refill, overdraft and hold TTL, the same units and limits.
+func (w *world) nextPolicy(key ledger.PolicyKey) *ledger.Policy {
+	base := w.op.base[key]
+	p := *base
+	p.Dimensions = append([]ledger.Dimension(nil), base.Dimensions...)
+	p.Dimensions[0].Burst = base.Dimensions[0].Burst * w.between(3, 6) / 4
+	p.Dimensions[0].MaxReservation = p.Dimensions[0].Burst
+	p.Dimensions[0].RefillUnits = w.between(10, 80)
+	p.Dimensions[0].MaxOverdraft = w.between(0, 1500)
+	w.op.published++
+	p.EstimatorDigest = "estimator-v" + strconv.Itoa(1+w.op.published)
+	p.HoldTTL = time.Duration(w.between(int64(4*time.Second), int64(30*time.Second)))
+	return &p
+}
+
+// refresh re-reads the published generations when they may have changed.
+func (o *operator) refresh(w *world) {
+	if !o.policiesStale {
+		return
+	}
+	list, err := w.ledgerStore.PolicyList(w.ctx)
+	if err != nil {
+		w.violate(GateJournal, fmt.Sprintf("policy list: %v", err))
+		return
+	}
+	o.policies = list
+	o.policiesStale = false
+}
+
+// activeGeneration returns the generation that admits for a concrete
+// subject key: the newest generation of its own key not rolled back, else
+// the route's AnySubject one; 0 when none. (Publishing makes the new
+// generation active and a rollback falls back to the newest earlier one
+// not rolled back, so the newest live generation is the active one.)
+func (o *operator) activeGeneration(subject ledger.PolicyKey) uint64 {
+	own := o.newestLive(subject)
+	if own != 0 {
+		return own
+	}
+	return o.newestLive(ledger.PolicyKey{Subject: ledger.AnySubject, Route: subject.Route, Region: subject.Region})
+}
+
+func (o *operator) newestLive(key ledger.PolicyKey) uint64 {
+	var g uint64
+	for i := range o.policies {
+		p := &o.policies[i]
+		if p.Key == key && !p.RolledBack && p.Generation > g {
+			g = p.Generation
+		}
+	}
+	return g
+}
+
+func (o *operator) liveCount(key ledger.PolicyKey) int {
+	n := 0
+	for i := range o.policies {
+		if o.policies[i].Key == key && !o.policies[i].RolledBack {
+			n++
+		}
+	}
+	return n
+}
+
+// act publishes a new generation of a random key or rolls the newest one
+// back (keeping at least one live generation, so every tenant can still
+// be admitted and drained into).
+func (o *operator) act(w *world) {
+	o.refresh(w)
+	key := o.keys[w.rng.IntN(len(o.keys))]
+	if o.liveCount(key) >= 2 && w.chance(0.4) {
+		g := o.newestLive(key)
+		w.log(recRollback, ledgerNodeID, ledger.KindRollbackPolicy, key.String(), int64(g), "")
+		w.ledger.internal = append(w.ledger.internal, internalCmd{cmd: ledger.Command{Kind: ledger.KindRollbackPolicy,
+			PolicyKey: key, Generation: g}, from: fromOperator})
+	} else {
+		p := w.nextPolicy(key)
+		w.log(recPublish, ledgerNodeID, ledger.KindPublishPolicy, key.String(), p.Dimensions[0].Burst, p.EstimatorDigest)
+		w.ledger.internal = append(w.ledger.internal, internalCmd{cmd: ledger.Command{Kind: ledger.KindPublishPolicy, Policy: p},
+			from: fromOperator})
+	}
+	w.scheduleBatch()
+}
+
+func (o *operator) answered(w *world, ic *internalCmd, res *ledger.Result) {
+	o.policiesStale = true
+	if res.Err != nil {
+		w.violate(GateProtocol, fmt.Sprintf("%s answered %v", ic.cmd.Kind, res.Err))
+		return
+	}
+	w.log(recAnswer, ledgerNodeID, ic.cmd.Kind, "", int64(res.Generation), "")
+}
+
+func (o *operator) failed(w *world, ic *internalCmd) {
+	// The admin call may or may not have been applied (a lost
+	// acknowledgement); the cache is re-read either way.
+	o.policiesStale = true
+}
+
+// chaosTick rolls the fault sites that strike at a moment rather than at a
+// message: partitions, crashes, generation changes, shard misuse.
+func (w *world) chaosTick() {
+	if w.now+chaosEvery < int64(w.cfg.HealAt) {
+		w.after(chaosEvery, evChaos, 0, 0, 0)
+	}
+	if w.f.fire(SiteLedgerPartition) {
+		w.partition()
+	}
+	if w.ledger.up && w.ledger.dying == crashNone && w.f.fire(SiteLedgerCrash) {
+		w.ledger.dying = 1 + w.rng.IntN(3)
+		w.scheduleBatch()
+	}
+	if w.f.fire(SiteExecutorCrash) {
+		w.crashExecutor(w.rng.IntN(w.shape.executors))
+	}
+	if w.ledger.up && w.f.fire(SiteCrossGeneration) {
+		w.op.act(w)
+	}
+	w.shardChaos()
+}
+
+// partition cuts actors off the ledger: all of them (the central ledger is
+// partitioned away) or a random subset, for a while, ending at the latest
+// when faults heal.
+func (w *world) partition() {
+	actors := w.shape.gateways + w.shape.executors
+	all := w.chance(0.5)
+	first, last := int32(1), int32(actors)
+	if !all {
+		first = int32(1 + w.rng.IntN(actors))
+		last = first + int32(w.rng.IntN(actors-int(first)+1))
+	}
+	for n := first; n <= last; n++ {
+		w.cut[n] = true
+	}
+	end := min(w.now+w.between(partitionMin, partitionMax), int64(w.cfg.HealAt))
+	w.log(recPartition, ledgerNodeID, 0, "", end-w.now, fmt.Sprintf("nodes %d..%d cut", first, last))
+	w.schedule(event{at: end, kind: evPartitionEnd, a: first, b: last})
+}
+
+func (w *world) partitionEnd(first, last int32) {
+	for n := first; n <= last; n++ {
+		w.cut[n] = false
+	}
+	w.log(recPartition, ledgerNodeID, 0, "", 0, fmt.Sprintf("nodes %d..%d healed", first, last))
+}
