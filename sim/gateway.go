@@ -13,12 +13,12 @@ import (
 type reqPhase uint8
 
 const (
-	phPending   reqPhase = iota // not arrived yet
-	phReserving                 // reserve sent, waiting for its answer
-	phLookup                    // RESERVATION_UNKNOWN: looking the id up
-	phBackoff                   // rejected, waiting Retry-After
-	phDispatched                // handed to an executor
-	phReleasing                 // release sent (the client gave up before starting)
+	phPending    reqPhase = iota // not arrived yet
+	phReserving                  // reserve sent, waiting for its answer
+	phLookup                     // RESERVATION_UNKNOWN: looking the id up
+	phBackoff                    // rejected, waiting Retry-After
+	phDispatched                 // handed to an executor
+	phReleasing                  // release sent (the client gave up before starting)
 	phDone
 )
 

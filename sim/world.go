@@ -92,8 +92,8 @@ type message struct {
 	// answer carries the same number.
 	answerID int64
 	cmd      ledger.Command
-	res     ledger.Result
-	found   bool
+	res      ledger.Result
+	found    bool
 }
 
 // world is one interleaving: every actor, the ledger, the network and the
