@@ -1,0 +1,65 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+
+	"modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
+
+	"github.com/capledger/capledger/store"
+)
+
+// translate is the one place where driver errors become the store's terms:
+//   - SQLITE_BUSY, SQLITE_LOCKED (another writer holds the database past the
+//     busy timeout): store.ErrConflict, the transaction may be retried whole;
+//   - a UNIQUE or PRIMARY KEY constraint: store.ErrDuplicate;
+//   - I/O errors, a full disk, a file that cannot be opened or is not (or
+//     no longer) a database, a closed store or connection:
+//     store.ErrUnavailable;
+//   - an interrupted statement whose context ended: the context's error;
+//   - store.ErrNotFound for sql.ErrNoRows.
+//
+// Both sentinels stay in the chain (%w twice), so errors.Is finds the
+// store's term and the driver's detail is kept for the log. Anything else
+// is returned unchanged. ctx may be nil.
+func translate(ctx context.Context, err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, sql.ErrNoRows) {
+		return store.ErrNotFound
+	}
+	if ctx != nil && ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
+		// modernc interrupts a statement when its context ends; report
+		// the cause, not SQLITE_INTERRUPT.
+		var e *sqlite.Error
+		if errors.As(err, &e) && e.Code()&0xff == sqlite3.SQLITE_INTERRUPT || errors.Is(err, sql.ErrTxDone) {
+			return fmt.Errorf("%w (%v)", ctx.Err(), err)
+		}
+	}
+	var e *sqlite.Error
+	if errors.As(err, &e) {
+		switch code := e.Code(); code & 0xff {
+		case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED:
+			return fmt.Errorf("%w: %w", store.ErrConflict, err)
+		case sqlite3.SQLITE_CONSTRAINT:
+			if code == sqlite3.SQLITE_CONSTRAINT_UNIQUE || code == sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY ||
+				strings.Contains(e.Error(), "UNIQUE constraint failed") {
+				return fmt.Errorf("%w: %w", store.ErrDuplicate, err)
+			}
+		case sqlite3.SQLITE_IOERR, sqlite3.SQLITE_FULL, sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_NOTADB,
+			sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_READONLY, sqlite3.SQLITE_PROTOCOL, sqlite3.SQLITE_NOLFS:
+			return fmt.Errorf("%w: %w", store.ErrUnavailable, err)
+		}
+		return err
+	}
+	// database/sql reports a closed pool or connection with plain errors.
+	if errors.Is(err, sql.ErrConnDone) || strings.Contains(err.Error(), "sql: database is closed") {
+		return fmt.Errorf("%w: %w", store.ErrUnavailable, err)
+	}
+	return err
+}

@@ -1,0 +1,455 @@
+// Package sqlite is capledger's embedded default store: one SQLite file in
+// WAL mode, through the pure-Go driver modernc.org/sqlite (no cgo).
+//
+// Durability: every connection runs with synchronous=FULL, so in WAL mode
+// the write-ahead log is fsynced before each COMMIT returns. A transaction
+// whose Commit returned nil survives a process kill and a power loss (on
+// storage that honours fsync); one whose Commit did not return is either
+// wholly present or wholly absent after recovery, never half-present.
+//
+// Concurrency: one write connection, so one writer at a time in this
+// process; Begin waits for it (honouring its context) and then issues BEGIN
+// IMMEDIATE, which takes SQLite's write lock at once, so a transaction never
+// fails half-way with a lock upgrade. Another process writing the same file
+// waits up to the busy timeout, then gets store.ErrConflict. The Store's
+// read methods use a separate pool of read-only connections, which WAL lets
+// run alongside the writer on the last committed state.
+//
+// The schema is versioned and embedded (migrations/*.sql); Open applies the
+// missing migrations in one transaction and refuses a file whose schema is
+// newer than the binary.
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/url"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver
+
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+)
+
+//go:embed migrations/*.sql
+var migrationFiles embed.FS
+
+// ErrSchemaTooNew is returned by Open for a database written by a newer
+// capledger: this binary does not know its schema and must not touch it.
+var ErrSchemaTooNew = errors.New("database schema is newer than this binary")
+
+// DefaultBusyTimeout is how long a statement waits for another process's
+// lock on the file before failing with store.ErrConflict.
+const DefaultBusyTimeout = 5 * time.Second
+
+// DefaultReadConns is the size of the read connection pool.
+const DefaultReadConns = 4
+
+type config struct {
+	busyTimeout time.Duration
+	readConns   int
+}
+
+// Option configures Open.
+type Option func(*config)
+
+// WithBusyTimeout sets how long a statement waits for another process's
+// lock (default DefaultBusyTimeout).
+func WithBusyTimeout(d time.Duration) Option { return func(c *config) { c.busyTimeout = d } }
+
+// WithReadConns sets the size of the read pool (default DefaultReadConns).
+func WithReadConns(n int) Option { return func(c *config) { c.readConns = n } }
+
+// Store is a SQLite store.Store.
+type Store struct {
+	path    string
+	writeDB *sql.DB // exactly one connection: the writer
+	readDB  *sql.DB // read-only connections for the Store's read methods
+	w       writeStmts
+	r       readStmts
+	closed  atomic.Bool
+}
+
+var _ store.Store = (*Store)(nil)
+
+// Open opens (creating if needed) the database file at path, applies the
+// missing schema migrations and returns the store. It returns an error
+// wrapping ErrSchemaTooNew for a file written by a newer binary, and an
+// error for a path the DSN cannot carry, a file that is not a SQLite
+// database, or a filesystem where WAL or synchronous=FULL cannot be set.
+func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
+	cfg := config{busyTimeout: DefaultBusyTimeout, readConns: DefaultReadConns}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if path == "" {
+		return nil, errors.New("open sqlite: empty path")
+	}
+	if strings.ContainsAny(path, "?#") || strings.HasPrefix(path, "file:") || path == ":memory:" {
+		// The driver reads everything after '?' as parameters; an in-memory
+		// database would not be durable.
+		return nil, fmt.Errorf("open sqlite %q: the path must be a plain file path without '?' or '#'", path)
+	}
+	if cfg.readConns < 1 {
+		return nil, fmt.Errorf("open sqlite %s: %d read connections", path, cfg.readConns)
+	}
+	pragmas := url.Values{}
+	pragmas.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", cfg.busyTimeout.Milliseconds()))
+	pragmas.Add("_pragma", "journal_mode(WAL)")
+	pragmas.Add("_pragma", "synchronous(FULL)")
+	pragmas.Add("_pragma", "foreign_keys(ON)")
+	s := &Store{path: path}
+	var err error
+	// _txlock=immediate: database/sql's BeginTx issues BEGIN IMMEDIATE.
+	s.writeDB, err = sql.Open("sqlite", path+"?"+pragmas.Encode()+"&_txlock=immediate")
+	if err != nil {
+		return nil, fmt.Errorf("open sqlite %s: %w", path, err)
+	}
+	s.writeDB.SetMaxOpenConns(1)
+	s.writeDB.SetMaxIdleConns(1)
+	s.writeDB.SetConnMaxLifetime(0)
+	s.writeDB.SetConnMaxIdleTime(0)
+	if err := s.setup(ctx); err != nil {
+		s.writeDB.Close()
+		return nil, fmt.Errorf("open sqlite %s: %w", path, err)
+	}
+	pragmas.Add("_pragma", "query_only(1)")
+	s.readDB, err = sql.Open("sqlite", path+"?"+pragmas.Encode())
+	if err == nil {
+		s.readDB.SetMaxOpenConns(cfg.readConns)
+		s.readDB.SetMaxIdleConns(cfg.readConns)
+		err = s.r.prepare(ctx, s.readDB)
+	}
+	if err != nil {
+		s.Close()
+		return nil, fmt.Errorf("open sqlite %s: %w", path, translate(ctx, err))
+	}
+	return s, nil
+}
+
+// setup checks the writer's pragmas took effect, migrates, and prepares
+// the write statements.
+func (s *Store) setup(ctx context.Context) error {
+	var mode string
+	if err := s.writeDB.QueryRowContext(ctx, "PRAGMA journal_mode").Scan(&mode); err != nil {
+		return translate(ctx, err)
+	}
+	if !strings.EqualFold(mode, "wal") {
+		return fmt.Errorf("journal_mode is %q, not WAL (does the filesystem support shared memory?)", mode)
+	}
+	var sync int
+	if err := s.writeDB.QueryRowContext(ctx, "PRAGMA synchronous").Scan(&sync); err != nil {
+		return translate(ctx, err)
+	}
+	if sync != 2 {
+		return fmt.Errorf("synchronous is %d, not FULL (2)", sync)
+	}
+	if err := migrate(ctx, s.writeDB); err != nil {
+		return err
+	}
+	return s.w.prepare(ctx, s.writeDB)
+}
+
+type migration struct {
+	version int
+	name    string
+	sql     string
+}
+
+// migrations returns the embedded migrations in version order. File names
+// are NNNN_name.sql; versions start at 1 and have no gaps.
+func migrations() ([]migration, error) {
+	entries, err := fs.ReadDir(migrationFiles, "migrations")
+	if err != nil {
+		return nil, err
+	}
+	var out []migration
+	for _, e := range entries {
+		prefix, _, ok := strings.Cut(e.Name(), "_")
+		v, err := strconv.Atoi(prefix)
+		if !ok || err != nil || v <= 0 {
+			return nil, fmt.Errorf("migration %s: name must start with a positive version and '_'", e.Name())
+		}
+		body, err := migrationFiles.ReadFile(path.Join("migrations", e.Name()))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, migration{version: v, name: e.Name(), sql: string(body)})
+	}
+	slices.SortFunc(out, func(a, b migration) int { return a.version - b.version })
+	for i, m := range out {
+		if m.version != i+1 {
+			return nil, fmt.Errorf("migration %s: expected version %d", m.name, i+1)
+		}
+	}
+	return out, nil
+}
+
+// SchemaVersion is the newest schema version this binary knows.
+func SchemaVersion() int {
+	ms, err := migrations()
+	if err != nil {
+		panic(fmt.Sprintf("embedded migrations are malformed: %v", err)) // a build defect, caught by every test
+	}
+	return len(ms)
+}
+
+// migrate applies every embedded migration newer than the database's
+// schema, in one transaction: either the file moves to the binary's
+// version or it stays as it was. It returns an error wrapping
+// ErrSchemaTooNew when the file is ahead of the binary.
+func migrate(ctx context.Context, db *sql.DB) error {
+	ms, err := migrations()
+	if err != nil {
+		return err
+	}
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("migrate: %w", translate(ctx, err))
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
+		version INTEGER PRIMARY KEY,
+		name    TEXT NOT NULL
+	)`); err != nil {
+		return fmt.Errorf("migrate: %w", translate(ctx, err))
+	}
+	var current int
+	if err := tx.QueryRowContext(ctx, "SELECT COALESCE(MAX(version), 0) FROM schema_migrations").Scan(&current); err != nil {
+		return fmt.Errorf("migrate: %w", translate(ctx, err))
+	}
+	if current > len(ms) {
+		return fmt.Errorf("%w: the file is at schema version %d, this binary knows up to %d; run a newer capledger (or restore a backup taken before the upgrade)",
+			ErrSchemaTooNew, current, len(ms))
+	}
+	for _, m := range ms[current:] {
+		if _, err := tx.ExecContext(ctx, m.sql); err != nil {
+			return fmt.Errorf("migrate %s: %w", m.name, translate(ctx, err))
+		}
+		if _, err := tx.ExecContext(ctx, "INSERT INTO schema_migrations (version, name) VALUES (?, ?)", m.version, m.name); err != nil {
+			return fmt.Errorf("migrate %s: %w", m.name, translate(ctx, err))
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("migrate: %w", translate(ctx, err))
+	}
+	return nil
+}
+
+var errClosed = fmt.Errorf("%w: sqlite store closed", store.ErrUnavailable)
+
+// Close closes both connection pools and returns the first error. An open
+// transaction is rolled back by SQLite. Later calls return
+// store.ErrUnavailable.
+func (s *Store) Close() error {
+	if s.closed.Swap(true) {
+		return nil
+	}
+	s.r.close()
+	s.w.close()
+	var errs []error
+	if s.readDB != nil {
+		errs = append(errs, s.readDB.Close())
+	}
+	errs = append(errs, s.writeDB.Close())
+	return errors.Join(errs...)
+}
+
+// Path returns the database file's path.
+func (s *Store) Path() string { return s.path }
+
+func durationOf(ns int64) time.Duration { return time.Duration(ns) }
+
+// Begin waits for the write connection (or for ctx to end, returning its
+// error) and opens a BEGIN IMMEDIATE transaction. It returns
+// store.ErrConflict if another process holds the file's write lock past the
+// busy timeout, store.ErrUnavailable after Close or on I/O errors.
+func (s *Store) Begin(ctx context.Context) (store.Tx, error) {
+	if s.closed.Load() {
+		return nil, errClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("begin: %w", err)
+	}
+	tx, err := s.writeDB.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("begin: %w", translate(ctx, err))
+	}
+	return &Tx{s: s, tx: tx, ctx: ctx}, nil
+}
+
+// queryOne runs a prepared single-row read on the read pool.
+func queryOne[T any](ctx context.Context, s *Store, stmt *sql.Stmt, scan func(scanner) (T, error), what string, args ...any) (T, error) {
+	var zero T
+	if s.closed.Load() {
+		return zero, errClosed
+	}
+	v, err := scan(stmt.QueryRowContext(ctx, args...))
+	if err != nil {
+		return zero, fmt.Errorf("%s: %w", what, translate(ctx, err))
+	}
+	return v, nil
+}
+
+// queryAll runs a prepared multi-row read and scans every row.
+func queryAll[T any](ctx context.Context, q interface {
+	QueryContext(context.Context, ...any) (*sql.Rows, error)
+}, scan func(scanner) (T, error), what string, args ...any) ([]T, error) {
+	rows, err := q.QueryContext(ctx, args...)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, translate(ctx, err))
+	}
+	defer rows.Close()
+	var out []T
+	for rows.Next() {
+		v, err := scan(rows)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", what, translate(ctx, err))
+		}
+		out = append(out, v)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %w", what, translate(ctx, err))
+	}
+	return out, nil
+}
+
+// ReservationGet returns the committed reservation, or store.ErrNotFound.
+func (s *Store) ReservationGet(ctx context.Context, id string) (ledger.Reservation, error) {
+	return queryOne(ctx, s, s.r.reservation, scanReservation, "reservation "+id, id)
+}
+
+// AccountGet returns the committed account, or store.ErrNotFound.
+func (s *Store) AccountGet(ctx context.Context, key ledger.AccountKey) (ledger.Account, error) {
+	if key.Generation > 1<<63-1 {
+		return ledger.Account{}, fmt.Errorf("account %s: %w", key, store.ErrNotFound)
+	}
+	return queryOne(ctx, s, s.r.account, scanAccount, "account "+key.String(),
+		key.Subject, key.Route, key.Region, int64(key.Generation))
+}
+
+// AccountList returns the accounts of subject ordered by generation, or
+// every account ordered by key when subject.Subject is empty; no match is
+// an empty list.
+func (s *Store) AccountList(ctx context.Context, subject ledger.PolicyKey) ([]ledger.Account, error) {
+	if s.closed.Load() {
+		return nil, errClosed
+	}
+	if subject.Subject == "" {
+		return queryAll(ctx, s.r.accountsAll, scanAccount, "account list")
+	}
+	return queryAll(ctx, s.r.accountsOf, scanAccount, "account list "+subject.String(),
+		subject.Subject, subject.Route, subject.Region)
+}
+
+// PolicyGet returns the policy generation, or store.ErrNotFound.
+func (s *Store) PolicyGet(ctx context.Context, generation uint64) (ledger.Policy, error) {
+	if generation > 1<<63-1 {
+		return ledger.Policy{}, fmt.Errorf("policy generation %d: %w", generation, store.ErrNotFound)
+	}
+	return queryOne(ctx, s, s.r.policy, scanPolicy, fmt.Sprintf("policy generation %d", generation), int64(generation))
+}
+
+// PolicyList returns every policy generation, oldest first.
+func (s *Store) PolicyList(ctx context.Context) ([]ledger.Policy, error) {
+	if s.closed.Load() {
+		return nil, errClosed
+	}
+	return queryAll(ctx, s.r.policies, scanPolicy, "policy list")
+}
+
+// ShardGet returns the shard, or store.ErrNotFound.
+func (s *Store) ShardGet(ctx context.Context, id string) (ledger.Shard, error) {
+	return queryOne(ctx, s, s.r.shard, scanShard, "shard "+id, id)
+}
+
+// ShardList returns every shard, ordered by id.
+func (s *Store) ShardList(ctx context.Context) ([]ledger.Shard, error) {
+	if s.closed.Load() {
+		return nil, errClosed
+	}
+	return queryAll(ctx, s.r.shards, scanShard, "shard list")
+}
+
+func scanID(sc scanner) (string, error) {
+	var id string
+	err := sc.Scan(&id)
+	return id, err
+}
+
+// ReservationsDue returns up to limit ids of reservations due at now
+// (RESERVED with ExpiresAt <= now, every EXPIRING, STARTED with a non-zero
+// ExecutionDeadline <= now), ordered by the time they became due, ties by
+// id; none for limit <= 0. It reads the partial index reservations_due.
+func (s *Store) ReservationsDue(ctx context.Context, now time.Time, limit int) ([]string, error) {
+	if s.closed.Load() {
+		return nil, errClosed
+	}
+	if limit <= 0 {
+		return nil, nil
+	}
+	return queryAll(ctx, s.r.due, scanID, "reservations due", now.UnixNano(), int64(ledger.StateExpiring), limit)
+}
+
+// Snapshot reads every row in one read transaction (a consistent WAL
+// snapshot): accounts by key, reservations by id, moves by receipt id,
+// shards by id, policies by generation, statements and journal in
+// insertion order, JournalComplete set.
+func (s *Store) Snapshot(ctx context.Context) (*ledger.Snapshot, error) {
+	if s.closed.Load() {
+		return nil, errClosed
+	}
+	tx, err := s.readDB.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("snapshot: %w", translate(ctx, err))
+	}
+	defer tx.Rollback()
+	q := func(query string) queryer { return txQuery{tx, query} }
+	snap := &ledger.Snapshot{JournalComplete: true}
+	if snap.Policies, err = queryAll(ctx, q("SELECT "+policyCols+" FROM policies ORDER BY generation"), scanPolicy, "snapshot policies"); err != nil {
+		return nil, err
+	}
+	if snap.Accounts, err = queryAll(ctx, q("SELECT "+accountCols+" FROM accounts ORDER BY subject, route, region, generation"), scanAccount, "snapshot accounts"); err != nil {
+		return nil, err
+	}
+	if snap.Reservations, err = queryAll(ctx, q("SELECT "+reservationCols+" FROM reservations ORDER BY id"), scanReservation, "snapshot reservations"); err != nil {
+		return nil, err
+	}
+	if snap.Moves, err = queryAll(ctx, q("SELECT "+moveCols+" FROM moves ORDER BY receipt_id"), scanMove, "snapshot moves"); err != nil {
+		return nil, err
+	}
+	if snap.Shards, err = queryAll(ctx, q("SELECT "+shardCols+" FROM shards ORDER BY id"), scanShard, "snapshot shards"); err != nil {
+		return nil, err
+	}
+	if snap.Statements, err = queryAll(ctx, q("SELECT "+statementCols+" FROM statements ORDER BY seq"), scanStatement, "snapshot statements"); err != nil {
+		return nil, err
+	}
+	if snap.Journal, err = queryAll(ctx, q("SELECT "+journalCols+" FROM journal ORDER BY seq"), scanJournal, "snapshot journal"); err != nil {
+		return nil, err
+	}
+	return snap, nil
+}
+
+type queryer interface {
+	QueryContext(context.Context, ...any) (*sql.Rows, error)
+}
+
+// txQuery adapts a query string on a transaction to queryAll.
+type txQuery struct {
+	tx    *sql.Tx
+	query string
+}
+
+func (q txQuery) QueryContext(ctx context.Context, args ...any) (*sql.Rows, error) {
+	return q.tx.QueryContext(ctx, q.query, args...)
+}

@@ -1,0 +1,114 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+)
+
+// Write-connection statements, prepared once at Open: the hot path of every
+// command runs them without parsing SQL.
+const (
+	wMetaGet = iota
+	wPolicyGet
+	wHeadGet
+	wAccountGet
+	wCurrentGet
+	wReservationGet
+	wMoveGet
+	wShardGet
+	wMetaPut
+	wPolicyPut
+	wHeadPut
+	wAccountPut
+	wCurrentPut
+	wReservationInsert
+	wReservationPut
+	wMoveInsert
+	wShardPut
+	wStatementInsert
+	wJournalInsert
+	nWriteStmts
+)
+
+var writeSQL = [nWriteStmts]string{
+	wMetaGet:           "SELECT value FROM meta WHERE name = ?",
+	wPolicyGet:         "SELECT " + policyCols + " FROM policies WHERE generation = ?",
+	wHeadGet:           "SELECT " + headCols + " FROM policy_heads WHERE subject = ? AND route = ? AND region = ?",
+	wAccountGet:        "SELECT " + accountCols + " FROM accounts WHERE subject = ? AND route = ? AND region = ? AND generation = ?",
+	wCurrentGet:        "SELECT generation FROM account_currents WHERE subject = ? AND route = ? AND region = ?",
+	wReservationGet:    "SELECT " + reservationCols + " FROM reservations WHERE id = ?",
+	wMoveGet:           "SELECT " + moveCols + " FROM moves WHERE receipt_id = ?",
+	wShardGet:          "SELECT " + shardCols + " FROM shards WHERE id = ?",
+	wMetaPut:           upsertSQL("meta", "name, value", "name"),
+	wPolicyPut:         upsertSQL("policies", policyCols, "generation"),
+	wHeadPut:           upsertSQL("policy_heads", headCols, "subject, route, region"),
+	wAccountPut:        upsertSQL("accounts", accountCols, "subject, route, region, generation"),
+	wCurrentPut:        upsertSQL("account_currents", currentCols, "subject, route, region"),
+	wReservationInsert: insertSQL("reservations", reservationCols, "due_at"),
+	wReservationPut:    upsertSQL("reservations", reservationCols, "id", "due_at"),
+	wMoveInsert:        insertSQL("moves", moveCols),
+	wShardPut:          upsertSQL("shards", shardCols, "id"),
+	wStatementInsert:   insertSQL("statements", statementCols),
+	wJournalInsert:     insertSQL("journal", journalCols),
+}
+
+type writeStmts struct {
+	stmts [nWriteStmts]*sql.Stmt
+}
+
+func (w *writeStmts) prepare(ctx context.Context, db *sql.DB) error {
+	for i, q := range writeSQL {
+		st, err := db.PrepareContext(ctx, q)
+		if err != nil {
+			return fmt.Errorf("prepare %q: %w", q, err)
+		}
+		w.stmts[i] = st
+	}
+	return nil
+}
+
+func (w *writeStmts) close() {
+	for _, st := range w.stmts {
+		if st != nil {
+			st.Close()
+		}
+	}
+}
+
+// readStmts are the Store's read methods, prepared on the read pool.
+type readStmts struct {
+	reservation, account, accountsOf, accountsAll, policy, policies, shard, shards, due *sql.Stmt
+}
+
+func (r *readStmts) prepare(ctx context.Context, db *sql.DB) error {
+	var errs []error
+	prep := func(q string) *sql.Stmt {
+		st, err := db.PrepareContext(ctx, q)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("prepare %q: %w", q, err))
+		}
+		return st
+	}
+	r.reservation = prep(writeSQL[wReservationGet])
+	r.account = prep(writeSQL[wAccountGet])
+	r.accountsOf = prep("SELECT " + accountCols + " FROM accounts WHERE subject = ? AND route = ? AND region = ? ORDER BY generation")
+	r.accountsAll = prep("SELECT " + accountCols + " FROM accounts ORDER BY subject, route, region, generation")
+	r.policy = prep(writeSQL[wPolicyGet])
+	r.policies = prep("SELECT " + policyCols + " FROM policies ORDER BY generation")
+	r.shard = prep(writeSQL[wShardGet])
+	r.shards = prep("SELECT " + shardCols + " FROM shards ORDER BY id")
+	// The due_at IS NOT NULL term lets SQLite use the partial index, which
+	// it scans in (due_at, id) order and stops after limit rows.
+	r.due = prep("SELECT id FROM reservations WHERE due_at IS NOT NULL AND (due_at <= ? OR state = ?) ORDER BY due_at, id LIMIT ?")
+	return errors.Join(errs...)
+}
+
+func (r *readStmts) close() {
+	for _, st := range []*sql.Stmt{r.reservation, r.account, r.accountsOf, r.accountsAll, r.policy, r.policies, r.shard, r.shards, r.due} {
+		if st != nil {
+			st.Close()
+		}
+	}
+}

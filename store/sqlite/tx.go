@@ -1,0 +1,292 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"maps"
+	"math"
+	"slices"
+
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+	"github.com/capledger/capledger/store/codec"
+)
+
+// Tx is a SQLite write transaction (BEGIN IMMEDIATE on the store's one
+// write connection). It must end with Commit or Rollback; defer Rollback,
+// it is a no-op after Commit.
+type Tx struct {
+	s   *Store
+	tx  *sql.Tx
+	ctx context.Context // Begin's: when it ends, database/sql rolls back
+	// stmts caches the prepared statements bound to this transaction.
+	stmts [nWriteStmts]*sql.Stmt
+	// failed is the error of a Write that stopped part-way: SQLite keeps
+	// the statements that succeeded, so Commit must refuse.
+	failed error
+	done   bool
+}
+
+var _ store.Tx = (*Tx)(nil)
+
+func (tx *Tx) stmt(ctx context.Context, i int) *sql.Stmt {
+	if tx.stmts[i] == nil {
+		tx.stmts[i] = tx.tx.StmtContext(ctx, tx.s.w.stmts[i])
+	}
+	return tx.stmts[i]
+}
+
+// err translates a driver error, preferring the Begin context's end (which
+// made database/sql roll the transaction back) as the cause.
+func (tx *Tx) err(ctx context.Context, err error) error {
+	if err == nil {
+		return nil
+	}
+	if tx.ctx.Err() != nil && (errors.Is(err, sql.ErrTxDone) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
+		return fmt.Errorf("transaction context: %w", tx.ctx.Err())
+	}
+	if tx.s.closed.Load() {
+		return errClosed
+	}
+	return translate(ctx, err)
+}
+
+func (tx *Tx) check(ctx context.Context) error {
+	if tx.done {
+		return errors.New("transaction already ended")
+	}
+	if tx.s.closed.Load() {
+		return errClosed
+	}
+	if err := tx.ctx.Err(); err != nil {
+		return fmt.Errorf("transaction context: %w", err)
+	}
+	return ctx.Err()
+}
+
+func getOne[T any](ctx context.Context, tx *Tx, i int, scan func(scanner) (T, error), what string, args ...any) (*T, error) {
+	if err := tx.check(ctx); err != nil {
+		return nil, err
+	}
+	v, err := scan(tx.stmt(ctx, i).QueryRowContext(ctx, args...))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, tx.err(ctx, err))
+	}
+	return &v, nil
+}
+
+func scanInt(sc scanner) (int64, error) {
+	var v int64
+	err := sc.Scan(&v)
+	return v, err
+}
+
+// storable reports whether a uint64 key can exist in the store; a larger
+// one is simply not found (Write refuses to store it).
+func storable(u uint64) bool { return u <= math.MaxInt64 }
+
+// MetaGet returns the named counter, or store.ErrNotFound.
+func (tx *Tx) MetaGet(ctx context.Context, name string) (int64, error) {
+	v, err := getOne(ctx, tx, wMetaGet, scanInt, "meta "+name, name)
+	if err != nil {
+		return 0, err
+	}
+	return *v, nil
+}
+
+// PolicyGet returns the policy generation, or store.ErrNotFound.
+func (tx *Tx) PolicyGet(ctx context.Context, generation uint64) (*ledger.Policy, error) {
+	if !storable(generation) {
+		return nil, fmt.Errorf("policy generation %d: %w", generation, store.ErrNotFound)
+	}
+	return getOne(ctx, tx, wPolicyGet, scanPolicy, fmt.Sprintf("policy generation %d", generation), int64(generation))
+}
+
+// PolicyHeadGet returns the key's head, or store.ErrNotFound.
+func (tx *Tx) PolicyHeadGet(ctx context.Context, key ledger.PolicyKey) (*ledger.PolicyHead, error) {
+	return getOne(ctx, tx, wHeadGet, scanHead, "policy head "+key.String(), key.Subject, key.Route, key.Region)
+}
+
+// AccountGet returns the account, or store.ErrNotFound. The transaction
+// already holds the database's write lock, so the row cannot change under
+// it.
+func (tx *Tx) AccountGet(ctx context.Context, key ledger.AccountKey) (*ledger.Account, error) {
+	if !storable(key.Generation) {
+		return nil, fmt.Errorf("account %s: %w", key, store.ErrNotFound)
+	}
+	return getOne(ctx, tx, wAccountGet, scanAccount, "account "+key.String(),
+		key.Subject, key.Route, key.Region, int64(key.Generation))
+}
+
+// AccountCurrentGet returns the subject's current generation, or
+// store.ErrNotFound.
+func (tx *Tx) AccountCurrentGet(ctx context.Context, subject ledger.PolicyKey) (uint64, error) {
+	v, err := getOne(ctx, tx, wCurrentGet, scanInt, "current generation of "+subject.String(),
+		subject.Subject, subject.Route, subject.Region)
+	if err != nil {
+		return 0, err
+	}
+	var c codec.Conv
+	g := c.Uint(*v)
+	return g, c.Err()
+}
+
+// ReservationGet returns the reservation, or store.ErrNotFound.
+func (tx *Tx) ReservationGet(ctx context.Context, id string) (*ledger.Reservation, error) {
+	return getOne(ctx, tx, wReservationGet, scanReservation, "reservation "+id, id)
+}
+
+// MoveGet returns the move receipt, or store.ErrNotFound.
+func (tx *Tx) MoveGet(ctx context.Context, receiptID string) (*ledger.Move, error) {
+	return getOne(ctx, tx, wMoveGet, scanMove, "move "+receiptID, receiptID)
+}
+
+// ShardGet returns the shard, or store.ErrNotFound.
+func (tx *Tx) ShardGet(ctx context.Context, id string) (*ledger.Shard, error) {
+	return getOne(ctx, tx, wShardGet, scanShard, "shard "+id, id)
+}
+
+// Write writes c in the documented row order. It returns store.ErrDuplicate
+// (wrapped) for an existing new-reservation id, move receipt id or epoch
+// statement; an error for a value the schema cannot hold (see codec.Conv);
+// store.ErrConflict or store.ErrUnavailable for driver failures. After an
+// error the transaction holds part of the batch and can only be rolled
+// back: Commit refuses it.
+func (tx *Tx) Write(ctx context.Context, c *store.Changes) error {
+	if err := tx.check(ctx); err != nil {
+		return err
+	}
+	if tx.failed != nil {
+		return fmt.Errorf("write after a failed write: %w", tx.failed)
+	}
+	if err := tx.write(ctx, c); err != nil {
+		tx.failed = err
+		return err
+	}
+	return nil
+}
+
+func (tx *Tx) exec(ctx context.Context, i int, what string, conv *codec.Conv, args []any) error {
+	if err := conv.Err(); err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	if _, err := tx.stmt(ctx, i).ExecContext(ctx, args...); err != nil {
+		return fmt.Errorf("%s: %w", what, tx.err(ctx, err))
+	}
+	return nil
+}
+
+func (tx *Tx) write(ctx context.Context, c *store.Changes) error {
+	var conv codec.Conv
+	for _, name := range slices.Sorted(maps.Keys(c.Meta)) {
+		if err := tx.exec(ctx, wMetaPut, "meta "+name, &conv, []any{name, c.Meta[name]}); err != nil {
+			return err
+		}
+	}
+	for i := range c.Policies {
+		p := &c.Policies[i]
+		if err := tx.exec(ctx, wPolicyPut, fmt.Sprintf("policy generation %d", p.Generation), &conv, policyArgs(p, &conv)); err != nil {
+			return err
+		}
+	}
+	for i := range c.Heads {
+		h := &c.Heads[i]
+		if err := tx.exec(ctx, wHeadPut, "policy head "+h.Key.String(), &conv, headArgs(h, &conv)); err != nil {
+			return err
+		}
+	}
+	for i := range c.Accounts {
+		a := &c.Accounts[i]
+		if conv.Dims(int64(a.Dims)); conv.Err() != nil {
+			return fmt.Errorf("account %s: %w", a.Key, conv.Err())
+		}
+		if err := tx.exec(ctx, wAccountPut, "account "+a.Key.String(), &conv, accountArgs(a, &conv)); err != nil {
+			return err
+		}
+	}
+	for _, cur := range c.Currents {
+		if err := tx.exec(ctx, wCurrentPut, "current of "+cur.Subject.String(), &conv, currentArgs(cur.Subject, cur.Generation, &conv)); err != nil {
+			return err
+		}
+	}
+	for i := range c.Reservations {
+		r := &c.Reservations[i]
+		stmt, what := wReservationPut, "reservation "+r.ID
+		if c.NewReservations[r.ID] {
+			stmt, what = wReservationInsert, "insert reservation "+r.ID
+		}
+		if err := tx.exec(ctx, stmt, what, &conv, reservationArgs(r, &conv)); err != nil {
+			return err
+		}
+	}
+	for i := range c.Moves {
+		m := &c.Moves[i]
+		if err := tx.exec(ctx, wMoveInsert, "insert move "+m.ReceiptID, &conv, moveArgs(m, &conv)); err != nil {
+			return err
+		}
+	}
+	for i := range c.Shards {
+		sh := &c.Shards[i]
+		if err := tx.exec(ctx, wShardPut, "shard "+sh.ID, &conv, shardArgs(sh, &conv)); err != nil {
+			return err
+		}
+	}
+	for i := range c.Statements {
+		st := &c.Statements[i]
+		if err := tx.exec(ctx, wStatementInsert, "insert statement of "+st.Account.String(), &conv, statementArgs(st, &conv)); err != nil {
+			return err
+		}
+	}
+	for i := range c.Journal {
+		e := &c.Journal[i]
+		if err := tx.exec(ctx, wJournalInsert, "journal entry of "+e.Account.String(), &conv, journalArgs(e, &conv)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Commit makes the transaction durable (the WAL is fsynced before it
+// returns) and returns nil. Otherwise it returns: the Write error after a
+// failed Write, having rolled back; the context's error when the Begin or
+// Commit context has ended, having rolled back (nothing visible);
+// store.ErrConflict or store.ErrUnavailable from the driver (for an I/O
+// error during COMMIT the outcome is unknown, as store.ErrUnavailable
+// says). Every outcome ends the transaction.
+func (tx *Tx) Commit(ctx context.Context) error {
+	if tx.done {
+		return errors.New("commit: transaction already ended")
+	}
+	tx.done = true
+	if err := tx.failed; err != nil {
+		tx.tx.Rollback()
+		return fmt.Errorf("commit after a failed write: %w", err)
+	}
+	if err := tx.ctx.Err(); err != nil {
+		tx.tx.Rollback()
+		return fmt.Errorf("commit: transaction context: %w", err)
+	}
+	if err := ctx.Err(); err != nil {
+		tx.tx.Rollback()
+		return fmt.Errorf("commit: %w", err)
+	}
+	if err := tx.tx.Commit(); err != nil {
+		return fmt.Errorf("commit: %w", tx.err(ctx, err))
+	}
+	return nil
+}
+
+// Rollback discards the transaction and returns nil; after Commit or a
+// previous Rollback it does nothing and returns nil.
+func (tx *Tx) Rollback(ctx context.Context) error {
+	if tx.done {
+		return nil
+	}
+	tx.done = true
+	if err := tx.tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
+		return fmt.Errorf("rollback: %w", tx.err(ctx, err))
+	}
+	return nil
+}
