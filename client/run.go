@@ -134,7 +134,7 @@ func (c *Client) run(ctx context.Context, req ReserveRequest, work Work, g gate)
 	}
 	receipt.StartedAt = st.Reservation.GetStartedAt().AsTime()
 
-	actual, werr, panicked, panicValue := runWork(ctx, work)
+	actual, werr, panicked, panicValue := runWork(context.WithValue(ctx, receiptKey{}, receipt), work)
 	unknown := panicked || errors.Is(werr, ErrUsageUnknown) || (actual == nil && isContextError(werr))
 	if unknown {
 		cause := werr
@@ -168,6 +168,15 @@ func (c *Client) run(ctx context.Context, req ReserveRequest, work Work, g gate)
 		return nil, fmt.Errorf("run: %w", serr)
 	}
 	return &RunResult{Reservation: sr.Reservation, Receipt: receipt, Refunded: sr.Refunded}, werr
+}
+
+type receiptKey struct{}
+
+// ReceiptFrom returns the operation receipt of the work running under ctx
+// (the ctx Run passes to Work), and whether there is one.
+func ReceiptFrom(ctx context.Context) (OperationReceipt, bool) {
+	r, ok := ctx.Value(receiptKey{}).(OperationReceipt)
+	return r, ok
 }
 
 // runWork calls work and turns a panic into values, so the caller can mark

@@ -67,7 +67,10 @@ type Proxy struct {
 
 	mu     sync.Mutex
 	faults Faults
-	rng    *rand.Rand
+	// dropNextResponses / dropNextRequests are one-shot faults that win
+	// over the probabilities.
+	dropNextResponses, dropNextRequests int
+	rng                                 *rand.Rand
 	conns  map[*link]struct{}
 	closed bool
 
@@ -133,6 +136,22 @@ func (p *Proxy) SetFaults(f Faults) {
 	for _, l := range torn {
 		p.cutLink(l)
 	}
+}
+
+// DropNextResponses makes the next n server->client chunks be swallowed,
+// each cutting its connection: n answers the server produced are lost.
+func (p *Proxy) DropNextResponses(n int) {
+	p.mu.Lock()
+	p.dropNextResponses = n
+	p.mu.Unlock()
+}
+
+// DropNextRequests makes the next n client->server chunks be swallowed,
+// each cutting its connection before the server sees the bytes.
+func (p *Proxy) DropNextRequests(n int) {
+	p.mu.Lock()
+	p.dropNextRequests = n
+	p.mu.Unlock()
 }
 
 // CutAll closes every open connection now, as a crashed middlebox would.
@@ -227,6 +246,14 @@ func (p *Proxy) decide(response bool) (decision, time.Duration) {
 	f := p.faults
 	if f.Partition {
 		return swallow, 0
+	}
+	if response && p.dropNextResponses > 0 {
+		p.dropNextResponses--
+		return drop, 0
+	}
+	if !response && p.dropNextRequests > 0 {
+		p.dropNextRequests--
+		return drop, 0
 	}
 	var delay time.Duration
 	if f.Delay > 0 && (f.DelayProbability == 0 || p.rng.Float64() < f.DelayProbability) {

@@ -166,3 +166,21 @@ func TestDelayAndCutAll(t *testing.T) {
 }
 
 func asNetError(err error, target *net.Error) bool { return errors.As(err, target) }
+
+func TestDropNextResponses(t *testing.T) {
+	srv, handled := backend(t)
+	p := start(t, srv.Listener.Addr().String())
+	p.DropNextResponses(2)
+	hc := &http.Client{Timeout: 5 * time.Second}
+	for i := 0; i < 2; i++ {
+		if _, err := post(t, hc, p.Addr(), "x"); err == nil {
+			t.Fatalf("answer %d arrived, want it dropped", i)
+		}
+	}
+	if got, err := post(t, hc, p.Addr(), "third"); err != nil || got != "echo:third" {
+		t.Fatalf("third request: %q, %v", got, err)
+	}
+	if handled.Load() != 3 || p.Stats().DroppedResponses != 2 {
+		t.Fatalf("handled %d, stats %+v", handled.Load(), p.Stats())
+	}
+}

@@ -1,0 +1,235 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	ledgerv1 "github.com/capledger/capledger/api/capledger/v1"
+	"github.com/capledger/capledger/sched"
+)
+
+// ErrQueueFull is returned when a tenant already has as many requests
+// waiting in the FairQueue as it may; the middleware answers 429.
+var ErrQueueFull = errors.New("fair queue: tenant queue is full")
+
+// FairQueueConfig configures a FairQueue.
+type FairQueueConfig struct {
+	// Concurrency is how many requests the backend runs at once (required).
+	Concurrency int
+	// CostUnit names the unit whose reserved amount is a request's cost in
+	// the fair share (e.g. "tokens"). Empty: every request costs 1.
+	CostUnit string
+	// MaxQueuePerTenant bounds each tenant's waiting requests (0:
+	// sched.DefaultMaxQueuePerTenant).
+	MaxQueuePerTenant int
+	// Quantum and PriorityMode are passed to sched.Config.
+	Quantum      int64
+	PriorityMode sched.PriorityMode
+	// Weight returns a tenant's fair-share weight and priority level. Nil:
+	// the policy's fairness_weight and priority, read once per generation
+	// with GetPolicy (weight 1, priority 0 while the policy cannot be read).
+	Weight func(ctx context.Context, subject string, res *ledgerv1.Reservation) (weight int64, priority int)
+	// Meter, if set, records every enqueue, dispatch and settle (read it
+	// through FairQueue.Meter, which takes the queue's lock).
+	Meter *sched.Meter
+}
+
+// FairQueue holds already-RESERVED requests in front of a backend that
+// runs at most Concurrency of them at once, and dispatches among tenants
+// by weight (package sched: weighted fair queuing on the reserved cost,
+// corrected by the settled cost). It never admits anything: only requests
+// the ledger reserved enter it. Safe for concurrent use.
+type FairQueue struct {
+	client   *Client
+	costUnit string
+	weight   func(ctx context.Context, subject string, res *ledgerv1.Reservation) (int64, int)
+
+	mu      sync.Mutex
+	s       *sched.Scheduler
+	meter   *sched.Meter
+	free    int
+	waiters map[string]*waiter
+
+	policyMu sync.Mutex
+	policies map[uint64]*ledgerv1.Policy
+}
+
+type waiter struct {
+	ready      chan struct{}
+	dispatched bool
+	abandoned  bool
+}
+
+// NewFairQueue returns a FairQueue for requests reserved through c, or an
+// error for a Concurrency below 1 or a configuration sched refuses.
+func (c *Client) NewFairQueue(cfg FairQueueConfig) (*FairQueue, error) {
+	if cfg.Concurrency < 1 {
+		return nil, fmt.Errorf("fair queue: concurrency must be at least 1, got %d", cfg.Concurrency)
+	}
+	s, err := sched.New(sched.Config{Quantum: cfg.Quantum, MaxQueuePerTenant: cfg.MaxQueuePerTenant, PriorityMode: cfg.PriorityMode, Meter: cfg.Meter})
+	if err != nil {
+		return nil, fmt.Errorf("fair queue: %w", err)
+	}
+	q := &FairQueue{
+		client: c, costUnit: cfg.CostUnit, weight: cfg.Weight,
+		s: s, meter: cfg.Meter, free: cfg.Concurrency,
+		waiters:  make(map[string]*waiter),
+		policies: make(map[uint64]*ledgerv1.Policy),
+	}
+	if q.weight == nil {
+		q.weight = q.policyWeight
+	}
+	return q, nil
+}
+
+// Meter calls f with the queue's meter under the queue's lock (the meter is
+// not safe for concurrent use on its own). It does nothing without one.
+func (q *FairQueue) Meter(f func(m *sched.Meter)) {
+	if q.meter == nil {
+		return
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	f(q.meter)
+}
+
+// Stats returns the requests waiting and running now.
+func (q *FairQueue) Stats() (queued, running int) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.s.Len(), q.s.InFlight()
+}
+
+// policyWeight reads the fairness weight and priority of the policy that
+// admitted res, caching each generation (generations are immutable).
+func (q *FairQueue) policyWeight(ctx context.Context, _ string, res *ledgerv1.Reservation) (int64, int) {
+	gen := res.GetPolicyGeneration()
+	q.policyMu.Lock()
+	p, ok := q.policies[gen]
+	q.policyMu.Unlock()
+	if !ok {
+		got, err := q.client.GetPolicy(ctx, gen)
+		if err != nil {
+			return 1, 0
+		}
+		p = got
+		q.policyMu.Lock()
+		q.policies[gen] = p
+		q.policyMu.Unlock()
+	}
+	w := p.GetFairnessWeight()
+	if w < 1 {
+		w = 1
+	}
+	if w > sched.MaxWeight {
+		w = sched.MaxWeight
+	}
+	return w, int(p.GetPriority())
+}
+
+// cost is a request's cost in the fair share: its reserved amount of the
+// cost unit, clamped to sched's range.
+func (q *FairQueue) cost(units Units) int64 {
+	if q.costUnit == "" {
+		return 1
+	}
+	return min(max(units[q.costUnit], 1), sched.MaxCost)
+}
+
+// acquire queues the reserved request and waits for its dispatch. It
+// returns the function to call, exactly once, with the actual units when
+// the backend is done (it frees the slot and corrects the tenant's share);
+// ErrQueueFull when the tenant's queue is full; ctx.Err() when ctx ends
+// while it waits (the queue then drops the request when its turn comes).
+func (q *FairQueue) acquire(ctx context.Context, rr *ReserveResult) (func(actual Units), error) {
+	res := rr.Reservation
+	subject := res.GetSubject()
+	weight, priority := q.weight(ctx, subject, res)
+	id := rr.ReservationID
+	w := &waiter{ready: make(chan struct{})}
+
+	q.mu.Lock()
+	if err := q.s.SetTenant(subject, weight, priority); err != nil {
+		q.mu.Unlock()
+		return nil, fmt.Errorf("fair queue: tenant %s: %w", subject, err)
+	}
+	err := q.s.Enqueue(sched.Request{ReservationID: id, Tenant: subject, EstimatedCost: q.cost(res.GetReservedUnits())})
+	if err != nil {
+		q.mu.Unlock()
+		if errors.Is(err, sched.ErrQueueFull) {
+			return nil, ErrQueueFull
+		}
+		return nil, fmt.Errorf("fair queue: %w", err)
+	}
+	q.waiters[id] = w
+	q.dispatchLocked()
+	q.mu.Unlock()
+
+	var once sync.Once
+	done := func(actual Units) {
+		once.Do(func() {
+			q.mu.Lock()
+			defer q.mu.Unlock()
+			// The id is dispatched and unsettled here, so Settle cannot
+			// fail with ErrUnknownDispatch; a cost out of range is clamped.
+			_ = q.s.Settle(id, min(max(actual[q.costUnit], 0), sched.MaxCost))
+			q.free++
+			q.dispatchLocked()
+		})
+	}
+	if q.costUnit == "" {
+		done = func(actual Units) {
+			once.Do(func() {
+				q.mu.Lock()
+				defer q.mu.Unlock()
+				// Every request costs 1; a request that never ran costs 0.
+				cost := int64(1)
+				if actual == nil {
+					cost = 0
+				}
+				_ = q.s.Settle(id, cost)
+				q.free++
+				q.dispatchLocked()
+			})
+		}
+	}
+
+	select {
+	case <-w.ready:
+		return done, nil
+	case <-ctx.Done():
+		q.mu.Lock()
+		if w.dispatched {
+			// Dispatched while we gave up: hand the slot back.
+			q.mu.Unlock()
+			done(nil)
+			return nil, ctx.Err()
+		}
+		w.abandoned = true
+		q.mu.Unlock()
+		return nil, ctx.Err()
+	}
+}
+
+// dispatchLocked hands free backend slots to the next requests in fair
+// order. A request whose caller gave up while waiting is settled at cost 0
+// and skipped (sched has no removal: the order of the others is kept).
+func (q *FairQueue) dispatchLocked() {
+	for q.free > 0 {
+		req, ok := q.s.Dispatch()
+		if !ok {
+			return
+		}
+		w := q.waiters[req.ReservationID]
+		delete(q.waiters, req.ReservationID)
+		if w == nil || w.abandoned {
+			_ = q.s.Settle(req.ReservationID, 0)
+			continue
+		}
+		q.free--
+		w.dispatched = true
+		close(w.ready)
+	}
+}

@@ -1,0 +1,313 @@
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+)
+
+// Estimator estimates the units of an incoming request before it runs.
+type Estimator interface {
+	// Estimate returns the estimated units of r, whose body (already read,
+	// and restored on r for the handler) is body; an error answers 400.
+	Estimate(r *http.Request, body []byte) (Units, error)
+	// Digest identifies the estimator's version; it goes into every request
+	// digest so receipts can be traced to the estimator that sized them.
+	Digest() string
+}
+
+type estimatorFunc struct {
+	digest string
+	f      func(r *http.Request, body []byte) (Units, error)
+}
+
+func (e estimatorFunc) Estimate(r *http.Request, body []byte) (Units, error) { return e.f(r, body) }
+func (e estimatorFunc) Digest() string                                       { return e.digest }
+
+// NewEstimator returns an Estimator from a function and the digest of its
+// version (e.g. "sha256:<hash of the tokenizer and the formula>" or a
+// version string).
+func NewEstimator(digest string, f func(r *http.Request, body []byte) (Units, error)) Estimator {
+	return estimatorFunc{digest: digest, f: f}
+}
+
+// UsageInfo is what a UsageReader sees of a finished request.
+type UsageInfo struct {
+	Request *http.Request
+	// Status is the status code the handler wrote (200 if it wrote a body
+	// without one, 0 if it wrote nothing).
+	Status int
+	// Header is the response header as the handler left it.
+	Header http.Header
+	// Reported is what the handler passed to ReportUsage, nil if nothing.
+	Reported Units
+	// Estimate is what was reserved.
+	Estimate Units
+}
+
+// UsageReader returns the actual units of a finished request. Returning an
+// error wrapping ErrUsageUnknown marks the reservation USAGE_UNKNOWN (its
+// capacity stays held until ResolveUnknown); any other error is logged and
+// the request is settled at its full estimate.
+type UsageReader func(u *UsageInfo) (Units, error)
+
+// UsageFromHeaders returns a UsageReader that takes the usage the handler
+// reported with ReportUsage if any, else parses the response headers named
+// by headerByUnit (unit -> header, e.g. {"tokens": "X-Usage-Tokens"}). A
+// missing or malformed header gives ErrUsageUnknown.
+func UsageFromHeaders(headerByUnit map[string]string) UsageReader {
+	return func(u *UsageInfo) (Units, error) {
+		if u.Reported != nil {
+			return u.Reported, nil
+		}
+		actual := make(Units, len(headerByUnit))
+		for unit, header := range headerByUnit {
+			v := u.Header.Get(header)
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || n < 0 {
+				return nil, fmt.Errorf("usage header %s = %q: %w", header, v, ErrUsageUnknown)
+			}
+			actual[unit] = n
+		}
+		return actual, nil
+	}
+}
+
+type usageSlotKey struct{}
+
+type usageSlot struct{ units Units }
+
+// ReportUsage records the actual units of the request whose context is
+// ctx, for the middleware to settle (later calls replace earlier ones). It
+// returns false when ctx is not a request running under Middleware.
+func ReportUsage(ctx context.Context, actual Units) bool {
+	slot, ok := ctx.Value(usageSlotKey{}).(*usageSlot)
+	if !ok {
+		return false
+	}
+	slot.units = actual
+	return true
+}
+
+// MiddlewareConfig configures Middleware.
+type MiddlewareConfig struct {
+	// Route and Region name the policy key of every request (Region empty:
+	// "global").
+	Route  string
+	Region string
+	// Subject returns the tenant of a request (e.g. from its API key); an
+	// error answers 401.
+	Subject func(r *http.Request) (string, error)
+	// Estimator sizes the reservation (required).
+	Estimator Estimator
+	// Usage reads the actual units after the handler; nil: what the handler
+	// passed to ReportUsage, else the full estimate.
+	Usage UsageReader
+	// MaxBodyBytes bounds the request body read for estimation and hashing
+	// (default 1 MiB); larger bodies answer 413.
+	MaxBodyBytes int64
+	// Queue, if set, holds reserved requests and dispatches them to the
+	// handler fairly among tenants, at most its Concurrency at once.
+	Queue *FairQueue
+	// Logger receives settlement problems (default slog.Default()).
+	Logger *slog.Logger
+}
+
+// ReservationHeader carries the reservation id of a request on its response.
+const ReservationHeader = "X-Capledger-Reservation"
+
+// RejectionBody is the JSON body of a 429 the middleware answers.
+type RejectionBody struct {
+	Error string `json:"error"`
+	// Reason: INSUFFICIENT_CAPACITY, ADMISSION_FROZEN,
+	// RESERVATION_TOO_LARGE, or QUEUE_FULL (the fair queue is full).
+	Reason            string `json:"reason"`
+	LimitingDimension string `json:"limiting_dimension"`
+	PolicyGeneration  uint64 `json:"policy_generation,omitempty"`
+	// RetryAfterSeconds is absent when no wait helps.
+	RetryAfterSeconds int64 `json:"retry_after_seconds,omitempty"`
+}
+
+// Middleware returns net/http middleware that puts every request under a
+// reservation: it estimates the request's units, reserves them (a refusal
+// answers 429 with Retry-After and a RejectionBody), optionally waits for a
+// fair-queue slot, starts the reservation, runs the handler, and settles
+// the usage cfg.Usage reads. Like Run, it never refunds a started request
+// because its client went away: the usage is settled, or the reservation
+// is marked USAGE_UNKNOWN (its receipt in PendingUnknown).
+//
+// Other answers: 401 when Subject fails, 413 for a body over MaxBodyBytes,
+// 400 when the estimator fails, 403 when no policy covers the subject,
+// 503 with Retry-After: 1 when the ledger cannot be reached or its answer
+// stayed unknown (the request does not run: the middleware fails closed).
+// It returns an error for a config without Route, Subject or Estimator.
+func (c *Client) Middleware(cfg MiddlewareConfig) (func(http.Handler) http.Handler, error) {
+	if cfg.Route == "" || cfg.Subject == nil || cfg.Estimator == nil {
+		return nil, errors.New("middleware: Route, Subject and Estimator are required")
+	}
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = 1 << 20
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return func(next http.Handler) http.Handler {
+		return &middleware{c: c, cfg: cfg, next: next}
+	}, nil
+}
+
+type middleware struct {
+	c    *Client
+	cfg  MiddlewareConfig
+	next http.Handler
+}
+
+func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	subject, err := m.cfg.Subject(r)
+	if err != nil || subject == "" {
+		writeJSONError(w, http.StatusUnauthorized, "unknown subject", err)
+		return
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, m.cfg.MaxBodyBytes+1))
+	if err != nil {
+		writeJSONError(w, http.StatusBadRequest, "cannot read body", err)
+		return
+	}
+	if int64(len(body)) > m.cfg.MaxBodyBytes {
+		writeJSONError(w, http.StatusRequestEntityTooLarge, "body too large", fmt.Errorf("limit is %d bytes", m.cfg.MaxBodyBytes))
+		return
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	estimate, err := m.cfg.Estimator.Estimate(r, body)
+	if err != nil {
+		writeJSONError(w, http.StatusBadRequest, "cannot estimate request", err)
+		return
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	req := ReserveRequest{
+		Subject: subject, Route: m.cfg.Route, Region: m.cfg.Region, Units: estimate,
+		EstimatorDigest: m.cfg.Estimator.Digest(), BodyHash: BodyHash(body),
+	}
+
+	var g gate
+	if m.cfg.Queue != nil {
+		g = m.cfg.Queue.acquire
+	}
+	ran := false
+	rec := &recorder{ResponseWriter: w}
+	work := func(ctx context.Context) (Units, error) {
+		ran = true
+		slot := &usageSlot{}
+		if receipt, ok := ReceiptFrom(ctx); ok {
+			w.Header().Set(ReservationHeader, receipt.ReservationID)
+		}
+		m.next.ServeHTTP(rec, r.WithContext(context.WithValue(ctx, usageSlotKey{}, slot)))
+		info := &UsageInfo{Request: r, Status: rec.status, Header: rec.Header(), Reported: slot.units, Estimate: estimate}
+		if m.cfg.Usage == nil {
+			if info.Reported != nil {
+				return info.Reported, nil
+			}
+			return estimate, nil
+		}
+		actual, uerr := m.cfg.Usage(info)
+		if uerr != nil && !errors.Is(uerr, ErrUsageUnknown) {
+			m.cfg.Logger.Warn("capledger: usage reader failed; settling the estimate", "subject", subject, "err", uerr)
+			return estimate, nil
+		}
+		return actual, uerr
+	}
+	_, err = m.c.run(r.Context(), req, work, g)
+	if err == nil {
+		return
+	}
+	if ran {
+		// The handler answered; what is left is bookkeeping.
+		var unknown *UsageUnknownError
+		if errors.As(err, &unknown) {
+			m.cfg.Logger.Warn("capledger: usage unknown; receipt kept for ResolveUnknown",
+				"reservation", unknown.Receipt.ReservationID, "operation", unknown.Receipt.OperationID, "err", unknown.Err)
+			return
+		}
+		m.cfg.Logger.Error("capledger: settle", "subject", subject, "err", err)
+		return
+	}
+	m.refuse(w, r, err)
+}
+
+// refuse answers a request that did not run.
+func (m *middleware) refuse(w http.ResponseWriter, r *http.Request, err error) {
+	var rej *RejectedError
+	switch {
+	case errors.As(err, &rej):
+		body := RejectionBody{Error: "rate_limited", Reason: rej.Reason, LimitingDimension: rej.Dimension,
+			PolicyGeneration: rej.Generation, RetryAfterSeconds: rej.RetryAfterSeconds()}
+		if body.RetryAfterSeconds > 0 {
+			w.Header().Set("Retry-After", strconv.FormatInt(body.RetryAfterSeconds, 10))
+		}
+		writeJSON(w, http.StatusTooManyRequests, body)
+	case errors.Is(err, ErrQueueFull):
+		w.Header().Set("Retry-After", "1")
+		writeJSON(w, http.StatusTooManyRequests, RejectionBody{Error: "rate_limited", Reason: "QUEUE_FULL", LimitingDimension: "queue", RetryAfterSeconds: 1})
+	case errors.Is(err, ErrNoPolicy):
+		writeJSONError(w, http.StatusForbidden, "no capacity policy covers this subject and route", nil)
+	case r.Context().Err() != nil:
+		// The client went away before the request started; nobody reads
+		// the answer, and the reservation was released.
+		w.WriteHeader(499)
+	default:
+		m.cfg.Logger.Warn("capledger: request not admitted", "err", err)
+		w.Header().Set("Retry-After", "1")
+		writeJSONError(w, http.StatusServiceUnavailable, "capacity ledger unavailable", nil)
+	}
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func writeJSONError(w http.ResponseWriter, status int, msg string, err error) {
+	body := map[string]string{"error": msg}
+	if err != nil {
+		body["detail"] = err.Error()
+	}
+	writeJSON(w, status, body)
+}
+
+// recorder notes the status the handler writes; it passes everything
+// through, including Flush for streamed answers.
+type recorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (r *recorder) WriteHeader(code int) {
+	if r.status == 0 {
+		r.status = code
+	}
+	r.ResponseWriter.WriteHeader(code)
+}
+
+func (r *recorder) Write(b []byte) (int, error) {
+	if r.status == 0 {
+		r.status = http.StatusOK
+	}
+	return r.ResponseWriter.Write(b)
+}
+
+func (r *recorder) Flush() {
+	if r.status == 0 {
+		r.status = http.StatusOK
+	}
+	http.NewResponseController(r.ResponseWriter).Flush()
+}
+
+// Unwrap lets http.ResponseController reach the underlying writer.
+func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
