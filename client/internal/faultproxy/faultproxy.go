@@ -71,8 +71,8 @@ type Proxy struct {
 	// over the probabilities.
 	dropNextResponses, dropNextRequests int
 	rng                                 *rand.Rand
-	conns  map[*link]struct{}
-	closed bool
+	conns                               map[*link]struct{}
+	closed                              bool
 
 	accepted, forwarded, droppedResp, truncated, droppedReq, delayed, partitioned, cut atomic.Int64
 	wg                                                                                 sync.WaitGroup
