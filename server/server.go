@@ -64,6 +64,8 @@ type Config struct {
 	// Metrics' ObserveBatch as the engine's OnBatch to get batch metrics.
 	Metrics *Metrics
 	Logger  *slog.Logger
+	// Shards configures the ShardService (shard.go); nil issues no shards.
+	Shards *ShardConfig
 }
 
 // Server implements capledgerv1connect.LedgerServiceHandler over a Ledger.
@@ -103,6 +105,7 @@ func New(l Ledger, cfg Config) *Server {
 	path, service := capledgerv1connect.NewLedgerServiceHandler(s, options...)
 	mux := http.NewServeMux()
 	mux.Handle(path, service)
+	registerShardService(mux, s, cfg.Shards, options)
 	mux.HandleFunc("GET /healthz", s.healthz)
 	mux.HandleFunc("GET /readyz", s.readyz)
 	mux.Handle("GET /metrics", s.metrics.Handler())

@@ -1,0 +1,380 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/prometheus/client_golang/prometheus"
+
+	v1 "github.com/capledger/capledger/api/capledger/v1"
+	"github.com/capledger/capledger/api/capledger/v1/capledgerv1connect"
+	"github.com/capledger/capledger/ledger"
+)
+
+// ShardConfig enables issuance of emergency shards.
+type ShardConfig struct {
+	// Keys sign new shards and verify stored ones. Without a private key
+	// the service still lists and reconciles, but issues nothing.
+	Keys *ShardKeys
+	// MaxTTL bounds a shard's lifetime (default DefaultMaxShardTTL).
+	MaxTTL time.Duration
+}
+
+// DefaultMaxShardTTL is the longest shard lifetime a server grants unless
+// configured otherwise.
+const DefaultMaxShardTTL = 24 * time.Hour
+
+// maxShardReceipts bounds one reconciliation submission.
+const maxShardReceipts = 100_000
+
+// Reasons of the shard service's ErrorDetail.
+const (
+	ReasonShardNotFound          = "SHARD_NOT_FOUND"
+	ReasonShardAlreadyReconciled = "SHARD_ALREADY_RECONCILED"
+	ReasonShardForeign           = "SHARD_FOREIGN"
+	ReasonShardIDReused          = "SHARD_ID_REUSED"
+	ReasonEmergencyDisabled      = "EMERGENCY_DISABLED"
+	ReasonShardsDisabled         = "SHARDS_DISABLED"
+)
+
+// shardErrors maps the shard outcomes the common table does not know.
+var shardErrors = []struct {
+	err    error
+	code   connect.Code
+	reason string
+}{
+	{ledger.ErrShardNotFound, connect.CodeNotFound, ReasonShardNotFound},
+	{ledger.ErrShardAlreadyReconciled, connect.CodeFailedPrecondition, ReasonShardAlreadyReconciled},
+	{ledger.ErrShardForeign, connect.CodeFailedPrecondition, ReasonShardForeign},
+	{ledger.ErrShardIDReused, connect.CodeAlreadyExists, ReasonShardIDReused},
+	{ledger.ErrEmergencyDisabled, connect.CodeFailedPrecondition, ReasonEmergencyDisabled},
+}
+
+// shardReads is what the service reads besides the Ledger interface
+// (*engine.Engine has it).
+type shardReads interface {
+	Shards(ctx context.Context) ([]ledger.Shard, error)
+	Shard(ctx context.Context, id string) (ledger.Shard, error)
+	Meta(ctx context.Context, name string) (int64, error)
+}
+
+// shardService implements capledgerv1connect.ShardServiceHandler.
+type shardService struct {
+	s       *Server
+	keys    *ShardKeys
+	maxTTL  time.Duration
+	reads   shardReads
+	metrics *prometheus.CounterVec
+}
+
+var _ capledgerv1connect.ShardServiceHandler = (*shardService)(nil)
+
+// registerShardService mounts the ShardService on mux with the server's
+// handler options (auth, size limit). cfg may be nil: shards are then read
+// and reconciled but not issued.
+func registerShardService(mux *http.ServeMux, s *Server, cfg *ShardConfig, options []connect.HandlerOption) {
+	svc := &shardService{s: s, maxTTL: DefaultMaxShardTTL}
+	if cfg != nil {
+		svc.keys = cfg.Keys
+		if cfg.MaxTTL > 0 {
+			svc.maxTTL = cfg.MaxTTL
+		}
+	}
+	svc.reads, _ = s.ledger.(shardReads)
+	svc.metrics = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "capledger_shard_commands_total",
+		Help: "Shard issuance and reconciliation commands, by kind and outcome (refused submissions are shard_already_reconciled and shard_foreign).",
+	}, []string{"kind", "outcome"})
+	if err := s.metrics.registry.Register(svc.metrics); err != nil {
+		var already prometheus.AlreadyRegisteredError
+		if errors.As(err, &already) {
+			svc.metrics = already.ExistingCollector.(*prometheus.CounterVec)
+		}
+	}
+	path, handler := capledgerv1connect.NewShardServiceHandler(svc, options...)
+	mux.Handle(path, handler)
+}
+
+// do runs one shard command and maps its outcome: nil error and the
+// result on success; the mapped connect error otherwise.
+func (svc *shardService) do(ctx context.Context, cmd ledger.Command) (ledger.Result, *connect.Error) {
+	res, err := svc.s.ledger.Do(ctx, cmd)
+	if err != nil {
+		svc.metrics.WithLabelValues(cmd.Kind.String(), "unavailable").Inc()
+		return res, operatingError(cmd.Kind.String(), err)
+	}
+	if res.Err == nil {
+		outcome := "ok"
+		if res.Replayed {
+			outcome = "replayed"
+		}
+		svc.metrics.WithLabelValues(cmd.Kind.String(), outcome).Inc()
+		return res, nil
+	}
+	for _, e := range shardErrors {
+		if errors.Is(res.Err, e.err) {
+			svc.metrics.WithLabelValues(cmd.Kind.String(), strings.ToLower(e.reason)).Inc()
+			return res, withReason(connect.NewError(e.code, res.Err), e.reason)
+		}
+	}
+	svc.metrics.WithLabelValues(cmd.Kind.String(), strings.ToLower(classify(res.Err).reason)).Inc()
+	return res, svc.s.outcomeError(ctx, &res)
+}
+
+// IssueShard implements ShardService.IssueShard.
+func (svc *shardService) IssueShard(ctx context.Context, req *connect.Request[v1.IssueShardRequest]) (*connect.Response[v1.IssueShardResponse], error) {
+	m := req.Msg
+	if cerr := checkID("shard_id", m.GetShardId()); cerr != nil {
+		return nil, cerr
+	}
+	if cerr := checkID("gateway_id", m.GetGatewayId()); cerr != nil {
+		return nil, cerr
+	}
+	if m.GetSubject() == "" || m.GetSubject() == ledger.AnySubject || m.GetRoute() == "" {
+		return nil, invalidArgument(ReasonInvalidCommand, "a concrete subject (not %q) and a route are required", ledger.AnySubject)
+	}
+	if m.GetBootEpoch() == 0 {
+		return nil, invalidArgument(ReasonInvalidCommand, "boot_epoch is required (a gateway numbers its boots from 1)")
+	}
+	ttl, err := durationFromProto("ttl", m.GetTtl())
+	if err != nil {
+		return nil, invalidArgument(ReasonInvalidCommand, "%v", err)
+	}
+	if ttl <= 0 || ttl > svc.maxTTL {
+		return nil, invalidArgument(ReasonInvalidCommand, "ttl %s is outside (0, %s]", ttl, svc.maxTTL)
+	}
+	if svc.keys == nil {
+		return nil, withReason(connect.NewError(connect.CodeFailedPrecondition, errors.New("this server has no shard signing keys")), ReasonShardsDisabled)
+	}
+	keyID, sign, ok := svc.keys.Signer()
+	if !ok {
+		return nil, withReason(connect.NewError(connect.CodeFailedPrecondition, errors.New("this server's shard keys hold no private key")), ReasonShardsDisabled)
+	}
+	region := regionOrDefault(m.GetRegion())
+	key := ledger.PolicyKey{Subject: m.GetSubject(), Route: m.GetRoute(), Region: region}
+	for attempt := 0; ; attempt++ {
+		p, ok := svc.s.policies.active(key)
+		if !ok || attempt > 0 {
+			if _, err := svc.s.policies.refresh(ctx); err != nil {
+				return nil, readError("issue shard: policies", ReasonNoPolicy, err)
+			}
+			p, ok = svc.s.policies.active(key)
+		}
+		if !ok {
+			return nil, withReason(connect.NewError(connect.CodeNotFound, fmt.Errorf("%w: %s", ledger.ErrNoPolicy, key)), ReasonNoPolicy)
+		}
+		units, err := amounts(&p, m.GetUnits())
+		if err != nil {
+			return nil, invalidArgument(ReasonUnknownUnit, "issue shard %s: %v", m.GetShardId(), err)
+		}
+		cmd := ledger.Command{
+			Kind: ledger.KindShardIssue, Subject: key.Subject, Route: key.Route, Region: key.Region,
+			Units: units, Generation: p.Generation,
+			Shard: &ledger.ShardArgs{ShardID: m.GetShardId(), GatewayID: m.GetGatewayId(), BootEpoch: m.GetBootEpoch(),
+				TTL: ttl, KeyID: keyID, Sign: sign},
+		}
+		res, cerr := svc.do(ctx, cmd)
+		if cerr != nil && stale(&cmd, &res) && attempt < staleRetries {
+			continue
+		}
+		if cerr != nil {
+			return nil, cerr
+		}
+		pb, err := svc.shardProto(ctx, res.Shard, true)
+		if err != nil {
+			return nil, readError("issue shard: render", ReasonPolicyNotFound, err)
+		}
+		return connect.NewResponse(&v1.IssueShardResponse{Shard: pb, Replayed: res.Replayed}), nil
+	}
+}
+
+// GetShard implements ShardService.GetShard.
+func (svc *shardService) GetShard(ctx context.Context, req *connect.Request[v1.GetShardRequest]) (*connect.Response[v1.GetShardResponse], error) {
+	if cerr := checkID("shard_id", req.Msg.GetShardId()); cerr != nil {
+		return nil, cerr
+	}
+	if svc.reads == nil {
+		return nil, connect.NewError(connect.CodeUnimplemented, errors.New("this ledger cannot read shards"))
+	}
+	sh, err := svc.reads.Shard(ctx, req.Msg.GetShardId())
+	if err != nil {
+		return nil, readError("get shard "+req.Msg.GetShardId(), ReasonShardNotFound, err)
+	}
+	pb, err := svc.shardProto(ctx, &sh, true)
+	if err != nil {
+		return nil, readError("get shard: render", ReasonPolicyNotFound, err)
+	}
+	return connect.NewResponse(&v1.GetShardResponse{Shard: pb}), nil
+}
+
+// ListShards implements ShardService.ListShards.
+func (svc *shardService) ListShards(ctx context.Context, req *connect.Request[v1.ListShardsRequest]) (*connect.Response[v1.ListShardsResponse], error) {
+	if svc.reads == nil {
+		return nil, connect.NewError(connect.CodeUnimplemented, errors.New("this ledger cannot read shards"))
+	}
+	all, err := svc.reads.Shards(ctx)
+	if err != nil {
+		return nil, readError("list shards", ReasonShardNotFound, err)
+	}
+	m := req.Msg
+	slices.SortFunc(all, func(a, b ledger.Shard) int {
+		if c := a.IssuedAt.Compare(b.IssuedAt); c != 0 {
+			return c
+		}
+		return strings.Compare(a.ID, b.ID)
+	})
+	resp := &v1.ListShardsResponse{}
+	for i := range all {
+		sh := &all[i]
+		if (m.GetSubject() != "" && sh.Account.Subject != m.GetSubject()) ||
+			(m.GetRoute() != "" && sh.Account.Route != m.GetRoute()) ||
+			(m.GetRegion() != "" && sh.Account.Region != m.GetRegion()) ||
+			(m.GetGatewayId() != "" && sh.GatewayID != m.GetGatewayId()) ||
+			(m.GetUnreconciledOnly() && sh.Reconciled) {
+			continue
+		}
+		pb, err := svc.shardProto(ctx, sh, false)
+		if err != nil {
+			return nil, readError("list shards: render", ReasonPolicyNotFound, err)
+		}
+		resp.Shards = append(resp.Shards, pb)
+	}
+	return connect.NewResponse(resp), nil
+}
+
+// ReconcileShard implements ShardService.ReconcileShard.
+func (svc *shardService) ReconcileShard(ctx context.Context, req *connect.Request[v1.ReconcileShardRequest]) (*connect.Response[v1.ReconcileShardResponse], error) {
+	m := req.Msg
+	if cerr := checkID("shard_id", m.GetShardId()); cerr != nil {
+		return nil, cerr
+	}
+	if cerr := checkID("gateway_id", m.GetGatewayId()); cerr != nil {
+		return nil, cerr
+	}
+	if len(m.GetReceipts()) > maxShardReceipts {
+		return nil, invalidArgument(ReasonInvalidCommand, "%d receipts; at most %d per submission", len(m.GetReceipts()), maxShardReceipts)
+	}
+	if svc.reads == nil {
+		return nil, connect.NewError(connect.CodeUnimplemented, errors.New("this ledger cannot read shards"))
+	}
+	// The receipts' units are named by the shard's own generation.
+	sh, err := svc.reads.Shard(ctx, m.GetShardId())
+	if err != nil {
+		return nil, readError("reconcile shard "+m.GetShardId(), ReasonShardNotFound, err)
+	}
+	p, err := svc.s.policies.get(ctx, sh.Account.Generation)
+	if err != nil {
+		return nil, readError("reconcile shard: policy", ReasonPolicyNotFound, err)
+	}
+	receipts := make([]ledger.ShardReceipt, len(m.GetReceipts()))
+	for i, r := range m.GetReceipts() {
+		state, ok := stateFromProto(r.GetState())
+		if !ok {
+			return nil, invalidArgument(ReasonInvalidCommand, "receipt %q: state %s", r.GetReservationId(), r.GetState())
+		}
+		reserved, err := amounts(&p, r.GetReservedUnits())
+		if err != nil {
+			return nil, invalidArgument(ReasonUnknownUnit, "receipt %q: %v", r.GetReservationId(), err)
+		}
+		actual, err := amounts(&p, r.GetActualUnits())
+		if err != nil {
+			return nil, invalidArgument(ReasonUnknownUnit, "receipt %q: %v", r.GetReservationId(), err)
+		}
+		receipts[i] = ledger.ShardReceipt{ReservationID: r.GetReservationId(), State: state, Reserved: reserved, Actual: actual}
+	}
+	res, cerr := svc.do(ctx, ledger.Command{Kind: ledger.KindShardReconcile,
+		Shard: &ledger.ShardArgs{ShardID: m.GetShardId(), GatewayID: m.GetGatewayId(), Receipts: receipts}})
+	if cerr != nil {
+		return nil, cerr
+	}
+	pb, err := svc.shardProto(ctx, res.Shard, true)
+	if err != nil {
+		return nil, readError("reconcile shard: render", ReasonPolicyNotFound, err)
+	}
+	resp := &v1.ReconcileShardResponse{Shard: pb}
+	if mv := res.Move; mv != nil {
+		// Move amounts are in the shard generation's dimension order.
+		resp.RemintedUnits = unitsMap(&p, &mv.Units)
+		resp.DebtUnits = unitsMap(&p, &mv.Debt)
+		resp.MoveReceiptId = mv.ReceiptID
+		resp.RemintGeneration = mv.To.Generation
+	}
+	return connect.NewResponse(resp), nil
+}
+
+// ListShardKeys implements ShardService.ListShardKeys.
+func (svc *shardService) ListShardKeys(ctx context.Context, req *connect.Request[v1.ListShardKeysRequest]) (*connect.Response[v1.ListShardKeysResponse], error) {
+	resp := &v1.ListShardKeysResponse{}
+	if svc.keys != nil {
+		for _, k := range svc.keys.Keys() {
+			resp.Keys = append(resp.Keys, &v1.ShardKey{KeyId: k.KeyID, PublicKey: k.PublicKey, Signing: k.Signing})
+		}
+	}
+	return connect.NewResponse(resp), nil
+}
+
+// shardProto renders a shard with its units by name, whether its signature
+// verifies under the server's keys now and, with withRefusals, its count of
+// refused submissions (one counter read per shard, so lists leave it out).
+func (svc *shardService) shardProto(ctx context.Context, sh *ledger.Shard, withRefusals bool) (*v1.Shard, error) {
+	p, err := svc.s.policies.get(ctx, sh.Account.Generation)
+	if err != nil {
+		return nil, err
+	}
+	units := make([]string, len(p.Dimensions))
+	for i := range p.Dimensions {
+		units[i] = p.Dimensions[i].Unit
+	}
+	pb := &v1.Shard{
+		Schema:           ledger.SchemaShard,
+		ShardId:          sh.ID,
+		Subject:          sh.Account.Subject,
+		Route:            sh.Account.Route,
+		Region:           sh.Account.Region,
+		PolicyGeneration: sh.Account.Generation,
+		GatewayId:        sh.GatewayID,
+		BootEpoch:        sh.BootEpoch,
+		Fence:            sh.Fence,
+		AllocatedUnits:   unitsMap(&p, &sh.Allocated),
+		IssuedAt:         timestamp(sh.IssuedAt),
+		ExpiresAt:        timestamp(sh.ExpiresAt),
+		KeyId:            sh.KeyID,
+		Signature:        sh.Signature,
+		Token:            ledger.EncodeShardToken(sh),
+		Units:            units,
+		Reconciled:       sh.Reconciled,
+	}
+	if sh.Reconciled {
+		pb.SpentUnits = unitsMap(&p, &sh.Spent)
+		pb.UnknownUnits = unitsMap(&p, &sh.Unknown)
+		pb.RemintedUnits = unitsMap(&p, &sh.Reminted)
+	}
+	if svc.keys != nil {
+		pb.SignatureValid = ledger.VerifyShardSignature(sh, svc.keys) == nil
+	}
+	if svc.reads != nil && withRefusals {
+		refused, err := svc.reads.Meta(ctx, ledger.MetaShardRefusedFor(sh.ID))
+		if err != nil {
+			return nil, err
+		}
+		pb.RefusedSubmissions = refused
+	}
+	return pb, nil
+}
+
+// stateFromProto is the inverse of stateToProto for the states a receipt
+// may carry.
+func stateFromProto(s v1.ReservationState) (ledger.State, bool) {
+	for state, pb := range stateToProto {
+		if pb == s && s != v1.ReservationState_RESERVATION_STATE_UNSPECIFIED {
+			return state, true
+		}
+	}
+	return 0, false
+}

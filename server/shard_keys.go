@@ -1,0 +1,310 @@
+package server
+
+import (
+	"bufio"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
+
+// ShardKeys is the server's Ed25519 key ring for emergency shards, read
+// from a keys file or a directory of them. Each non-blank line that does not
+// start with # is
+//
+//	<key-id> private <base64 of the 32-byte Ed25519 seed>
+//	<key-id> public  <base64 of the 32-byte Ed25519 public key>
+//
+// The last private key (in file order; a directory's files in name order)
+// signs new shards; every listed key verifies. Rotation: append a new
+// private line (capledger shard keygen prints one); shards signed with the
+// old key keep verifying while its line stays (it may be turned into a
+// public line, which drops the private half); removing the line revokes it.
+// The ring reloads itself when the file or directory changes, checked at
+// most once a second, so a rotation needs no restart. A file holding
+// private keys must not be readable by group or others.
+//
+// ShardKeys implements ledger.ShardKeys.
+type ShardKeys struct {
+	path string
+
+	mu        sync.RWMutex
+	signing   string
+	private   map[string]ed25519.PrivateKey
+	public    map[string]ed25519.PublicKey
+	order     []string
+	stamp     string
+	checkedAt time.Time
+	reloadErr error
+}
+
+var keyIDPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
+
+// LoadShardKeys reads the keys at path (a file, or a directory whose
+// regular files not starting with "." are read in name order). It returns
+// an error naming the file and line of the first problem: a malformed
+// line, a repeated key id, a private key file readable by others, or no key
+// at all.
+func LoadShardKeys(path string) (*ShardKeys, error) {
+	k := &ShardKeys{path: path}
+	if err := k.load(); err != nil {
+		return nil, err
+	}
+	return k, nil
+}
+
+// EnsureShardKeys loads the keys file at path, creating it with one new
+// private key first when it does not exist. created reports whether it did.
+// This is what `capledger serve` does in its data directory when no
+// --shard-keys is given.
+func EnsureShardKeys(path string) (keys *ShardKeys, created bool, err error) {
+	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+		line, err := NewShardKeyLine("", rand.Reader, time.Now())
+		if err != nil {
+			return nil, false, err
+		}
+		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+			return nil, false, fmt.Errorf("shard keys: %w", err)
+		}
+		content := "# capledger emergency-shard signing keys (see `capledger shard --help`).\n" +
+			"# The last private key signs; every key listed verifies.\n" + line
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		if err != nil {
+			return nil, false, fmt.Errorf("shard keys: %w", err)
+		}
+		_, werr := f.WriteString(content)
+		if werr == nil {
+			werr = f.Sync()
+		}
+		if cerr := f.Close(); werr == nil {
+			werr = cerr
+		}
+		if werr != nil {
+			return nil, false, fmt.Errorf("shard keys %s: %w", path, werr)
+		}
+		created = true
+	}
+	keys, err = LoadShardKeys(path)
+	return keys, created, err
+}
+
+// NewShardKeyLine returns a keys-file line (with its newline) holding a
+// new private key drawn from random. An empty keyID becomes
+// "k<yyyymmdd>-<8 hex digits>" from now and the key's own bytes.
+func NewShardKeyLine(keyID string, random io.Reader, now time.Time) (string, error) {
+	seed := make([]byte, ed25519.SeedSize)
+	if _, err := io.ReadFull(random, seed); err != nil {
+		return "", fmt.Errorf("shard key: %w", err)
+	}
+	if keyID == "" {
+		pub := ed25519.NewKeyFromSeed(seed).Public().(ed25519.PublicKey)
+		keyID = fmt.Sprintf("k%s-%x", now.UTC().Format("20060102"), pub[:4])
+	}
+	if !keyIDPattern.MatchString(keyID) {
+		return "", fmt.Errorf("shard key id %q: use 1 to 64 letters, digits, '.', '_' or '-'", keyID)
+	}
+	return keyID + " private " + base64.StdEncoding.EncodeToString(seed) + "\n", nil
+}
+
+// files returns the key files of the path and a stamp that changes when
+// any of them (or the set) changes.
+func (k *ShardKeys) files() ([]string, string, error) {
+	info, err := os.Stat(k.path)
+	if err != nil {
+		return nil, "", fmt.Errorf("shard keys: %w", err)
+	}
+	if !info.IsDir() {
+		return []string{k.path}, fmt.Sprint(info.ModTime().UnixNano(), info.Size()), nil
+	}
+	entries, err := os.ReadDir(k.path)
+	if err != nil {
+		return nil, "", fmt.Errorf("shard keys: %w", err)
+	}
+	var files []string
+	var stamp strings.Builder
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), ".") || !e.Type().IsRegular() {
+			continue
+		}
+		fi, err := e.Info()
+		if err != nil {
+			return nil, "", fmt.Errorf("shard keys: %w", err)
+		}
+		files = append(files, filepath.Join(k.path, e.Name()))
+		fmt.Fprint(&stamp, e.Name(), fi.ModTime().UnixNano(), fi.Size(), ";")
+	}
+	return files, stamp.String(), nil
+}
+
+func (k *ShardKeys) load() error {
+	files, stamp, err := k.files()
+	if err != nil {
+		return err
+	}
+	private := map[string]ed25519.PrivateKey{}
+	public := map[string]ed25519.PublicKey{}
+	var order []string
+	signing := ""
+	for _, name := range files {
+		if err := parseShardKeyFile(name, private, public, &order, &signing); err != nil {
+			return err
+		}
+	}
+	if len(order) == 0 {
+		return fmt.Errorf("shard keys %s: no keys", k.path)
+	}
+	k.mu.Lock()
+	k.private, k.public, k.order, k.signing, k.stamp = private, public, order, signing, stamp
+	k.mu.Unlock()
+	return nil
+}
+
+func parseShardKeyFile(name string, private map[string]ed25519.PrivateKey, public map[string]ed25519.PublicKey, order *[]string, signing *string) error {
+	f, err := os.Open(name)
+	if err != nil {
+		return fmt.Errorf("shard keys: %w", err)
+	}
+	defer f.Close()
+	info, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("shard keys: %w", err)
+	}
+	scanner := bufio.NewScanner(f)
+	hasPrivate := false
+	for line := 1; scanner.Scan(); line++ {
+		text := strings.TrimSpace(scanner.Text())
+		if text == "" || strings.HasPrefix(text, "#") {
+			continue
+		}
+		fields := strings.Fields(text)
+		if len(fields) != 3 {
+			return fmt.Errorf("shard keys %s:%d: want \"<key-id> private|public <base64>\"", name, line)
+		}
+		id, kind := fields[0], fields[1]
+		if !keyIDPattern.MatchString(id) {
+			return fmt.Errorf("shard keys %s:%d: key id %q: use 1 to 64 letters, digits, '.', '_' or '-'", name, line, id)
+		}
+		if _, dup := public[id]; dup {
+			return fmt.Errorf("shard keys %s:%d: key id %q appears twice", name, line, id)
+		}
+		raw, err := base64.StdEncoding.DecodeString(fields[2])
+		if err != nil {
+			return fmt.Errorf("shard keys %s:%d: key %s: %v", name, line, id, err)
+		}
+		switch kind {
+		case "private":
+			if len(raw) != ed25519.SeedSize {
+				return fmt.Errorf("shard keys %s:%d: key %s: a private key is a %d-byte seed, got %d bytes", name, line, id, ed25519.SeedSize, len(raw))
+			}
+			priv := ed25519.NewKeyFromSeed(raw)
+			private[id] = priv
+			public[id] = priv.Public().(ed25519.PublicKey)
+			*signing = id
+			hasPrivate = true
+		case "public":
+			if len(raw) != ed25519.PublicKeySize {
+				return fmt.Errorf("shard keys %s:%d: key %s: a public key is %d bytes, got %d", name, line, id, ed25519.PublicKeySize, len(raw))
+			}
+			public[id] = ed25519.PublicKey(raw)
+		default:
+			return fmt.Errorf("shard keys %s:%d: key %s: kind %q is neither private nor public", name, line, id, kind)
+		}
+		*order = append(*order, id)
+	}
+	if err := scanner.Err(); err != nil {
+		return fmt.Errorf("shard keys %s: %w", name, err)
+	}
+	if hasPrivate && info.Mode().Perm()&0o077 != 0 {
+		return fmt.Errorf("shard keys %s holds private keys but its mode is %v: chmod 600 it", name, info.Mode().Perm())
+	}
+	return nil
+}
+
+// refresh reloads the ring when its files changed, at most once a second.
+// A reload that fails keeps the previous keys (and remembers the error for
+// ReloadError): a half-edited file never leaves the server without keys.
+func (k *ShardKeys) refresh() {
+	if k.path == "" {
+		return
+	}
+	now := time.Now()
+	k.mu.RLock()
+	recent := now.Sub(k.checkedAt) < time.Second
+	stamp := k.stamp
+	k.mu.RUnlock()
+	if recent {
+		return
+	}
+	k.mu.Lock()
+	k.checkedAt = now
+	k.mu.Unlock()
+	_, current, err := k.files()
+	if err == nil && current == stamp {
+		return
+	}
+	if err == nil {
+		err = k.load()
+	}
+	k.mu.Lock()
+	k.reloadErr = err
+	k.mu.Unlock()
+}
+
+// ReloadError returns the error of the last failed reload (nil when the
+// last reload worked or none was needed).
+func (k *ShardKeys) ReloadError() error {
+	k.mu.RLock()
+	defer k.mu.RUnlock()
+	return k.reloadErr
+}
+
+// ShardPublicKey returns the public key of keyID, if the ring holds it.
+func (k *ShardKeys) ShardPublicKey(keyID string) (ed25519.PublicKey, bool) {
+	k.refresh()
+	k.mu.RLock()
+	defer k.mu.RUnlock()
+	pub, ok := k.public[keyID]
+	return pub, ok
+}
+
+// Signer returns the signing key's id and a deterministic signing
+// function for ledger.ShardArgs; ok is false when the ring holds no
+// private key (it can verify, not issue).
+func (k *ShardKeys) Signer() (keyID string, sign func([]byte) []byte, ok bool) {
+	k.refresh()
+	k.mu.RLock()
+	defer k.mu.RUnlock()
+	if k.signing == "" {
+		return "", nil, false
+	}
+	priv := k.private[k.signing]
+	return k.signing, func(canonical []byte) []byte { return ed25519.Sign(priv, canonical) }, true
+}
+
+// ShardPublicKeyInfo is one key of the ring as ListShardKeys shows it.
+type ShardPublicKeyInfo struct {
+	KeyID     string
+	PublicKey ed25519.PublicKey
+	Signing   bool
+}
+
+// Keys returns every key of the ring, in file order.
+func (k *ShardKeys) Keys() []ShardPublicKeyInfo {
+	k.refresh()
+	k.mu.RLock()
+	defer k.mu.RUnlock()
+	out := make([]ShardPublicKeyInfo, 0, len(k.order))
+	for _, id := range k.order {
+		out = append(out, ShardPublicKeyInfo{KeyID: id, PublicKey: slices.Clone(k.public[id]), Signing: id == k.signing})
+	}
+	return out
+}
