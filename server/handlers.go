@@ -12,6 +12,7 @@ import (
 	v1 "github.com/capledger/capledger/api/capledger/v1"
 	"github.com/capledger/capledger/api/capledger/v1/capledgerv1connect"
 	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
 )
 
 var _ capledgerv1connect.LedgerServiceHandler = (*Server)(nil)
@@ -49,6 +50,20 @@ func (s *Server) doBatch(ctx context.Context, kind ledger.Kind, cmds []ledger.Co
 		s.metrics.command(kind.String(), outcomeLabel(&results[i]))
 	}
 	return results, nil
+}
+
+// refused counts a command the server refused before it reached the
+// ledger (validation, unknown unit, no policy), under its reason.
+func (s *Server) refused(kind ledger.Kind, cerr *connect.Error) {
+	reason := "invalid"
+	for _, d := range cerr.Details() {
+		if msg, err := d.Value(); err == nil {
+			if detail, ok := msg.(*v1.ErrorDetail); ok {
+				reason = detail.GetReason()
+			}
+		}
+	}
+	s.metrics.command(kind.String(), strings.ToLower(reason))
 }
 
 func outcomeLabel(res *ledger.Result) string {
@@ -189,9 +204,11 @@ type outcome[T any] struct {
 // reserveCommand validates a reserve request and maps its units to the
 // positions of the policy the server believes decides, naming that
 // generation in the command. When the units cannot be mapped (no policy,
-// an unknown unit), unmapped says why and the command carries no units: the
-// ledger can still answer a retry of an existing id (replay or digest
-// mismatch) and otherwise changes nothing.
+// an unknown unit) the request is refused (invalid) without reaching the
+// ledger, unless its id already exists: a retry of an admitted request must
+// still get its receipt (or a digest mismatch) after the policy changed, so
+// the command then goes to the ledger without units, and unmapped is the
+// answer should the ledger not replay it.
 func (s *Server) reserveCommand(ctx context.Context, req *v1.ReserveRequest) (cmd ledger.Command, unmapped, invalid *connect.Error) {
 	if cerr := checkID("reservation_id", req.GetReservationId()); cerr != nil {
 		return cmd, nil, cerr
@@ -224,16 +241,23 @@ func (s *Server) reserveCommand(ctx context.Context, req *v1.ReserveRequest) (cm
 		}
 		p, ok = s.policies.active(key)
 	}
+	var refusal *connect.Error
 	if !ok {
-		return cmd, withReason(connect.NewError(connect.CodeNotFound, fmt.Errorf("%w: %s", ledger.ErrNoPolicy, key)), ReasonNoPolicy), nil
+		refusal = withReason(connect.NewError(connect.CodeNotFound, fmt.Errorf("%w: %s", ledger.ErrNoPolicy, key)), ReasonNoPolicy)
+	} else if units, err := amounts(&p, req.GetUnits()); err != nil {
+		refusal = invalidArgument(ReasonUnknownUnit, "reserve %s: %v", cmd.ReservationID, err)
+	} else {
+		cmd.Units = units
+		cmd.Generation = p.Generation
+		return cmd, nil, nil
 	}
-	units, err := amounts(&p, req.GetUnits())
-	if err != nil {
-		return cmd, invalidArgument(ReasonUnknownUnit, "reserve %s: %v", cmd.ReservationID, err), nil
+	if _, err := s.ledger.Reservation(ctx, cmd.ReservationID); err != nil {
+		if errors.Is(err, store.ErrNotFound) {
+			return cmd, nil, refusal
+		}
+		return cmd, nil, readError("reserve "+cmd.ReservationID, ReasonReservationNotFound, err)
 	}
-	cmd.Units = units
-	cmd.Generation = p.Generation
-	return cmd, nil, nil
+	return cmd, refusal, nil
 }
 
 // stale reports whether the ledger refused a reserve because another
@@ -276,6 +300,7 @@ func (s *Server) reserveOne(ctx context.Context, req *v1.ReserveRequest) outcome
 	for attempt := 0; ; attempt++ {
 		cmd, unmapped, invalid := s.reserveCommand(ctx, req)
 		if invalid != nil {
+			s.refused(ledger.KindReserve, invalid)
 			return outcome[*v1.ReserveResponse]{err: invalid}
 		}
 		res, cerr := s.do(ctx, cmd)
@@ -319,6 +344,7 @@ func (s *Server) ReserveBatch(ctx context.Context, req *connect.Request[v1.Reser
 	for i, item := range items {
 		cmd, why, invalid := s.reserveCommand(ctx, item)
 		if invalid != nil {
+			s.refused(ledger.KindReserve, invalid)
 			outcomes[i].err = invalid
 			continue
 		}
@@ -445,6 +471,7 @@ func (s *Server) settleOutcome(ctx context.Context, res *ledger.Result) outcome[
 func (s *Server) Settle(ctx context.Context, req *connect.Request[v1.SettleRequest]) (*connect.Response[v1.SettleResponse], error) {
 	cmd, cerr := s.settleCommand(ctx, req.Msg)
 	if cerr != nil {
+		s.refused(ledger.KindSettle, cerr)
 		return nil, cerr
 	}
 	res, cerr := s.do(ctx, cmd)
@@ -480,6 +507,7 @@ func (s *Server) SettleBatch(ctx context.Context, req *connect.Request[v1.Settle
 			if cerr.Code() == connect.CodeUnavailable {
 				return nil, cerr
 			}
+			s.refused(ledger.KindSettle, cerr)
 			outcomes[i].err = cerr
 			continue
 		}

@@ -778,3 +778,35 @@ func TestMetrics(t *testing.T) {
 		}
 	}
 }
+
+// TestRetryAfterPolicyChange: a reserve retried after its policy was
+// rolled back, or with units the new generation does not know, still gets
+// its receipt (nothing is debited twice); a new id gets the refusal
+// without touching the ledger.
+func TestRetryAfterPolicyChange(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	h.ok("PublishPolicy", tokensPolicy, "")
+	h.ok("Reserve", reserveBody("kept", 100), "")
+	h.ok("PublishPolicy", `{"policy":{"subject":"tenant-7","route":"chat.generate","dimensions":[{"unit":"cost","burst":"50"}]}}`, "")
+	if again := h.ok("Reserve", reserveBody("kept", 100), ""); again["replayed"] != true || num(field(again, "reservation", "reservedUnits", "tokens")) != 100 {
+		t.Fatalf("retry under a generation without the unit: %v", again)
+	}
+	h.wantError(h.call("Reserve", reserveBody("kept", 101), ""), 409, "already_exists", server.ReasonDigestMismatch)
+	h.wantError(h.call("Reserve", reserveBody("fresh", 100), ""), 400, "invalid_argument", server.ReasonUnknownUnit)
+	h.ok("RollbackPolicy", `{"generation":"2"}`, "")
+	h.ok("RollbackPolicy", `{"generation":"1"}`, "")
+	if again := h.ok("Reserve", reserveBody("kept", 100), ""); again["replayed"] != true {
+		t.Fatalf("retry with no policy left: %v", again)
+	}
+	h.wantError(h.call("Reserve", reserveBody("fresh", 100), ""), 404, "not_found", server.ReasonNoPolicy)
+	metrics := h.get("/metrics")
+	for _, want := range []string{
+		`capledger_commands_total{kind="reserve",outcome="unknown_unit"} 1`,
+		`capledger_commands_total{kind="reserve",outcome="no_policy"} 1`,
+		`capledger_commands_total{kind="reserve",outcome="replayed"} 2`,
+	} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("metrics lack %s:\n%s", want, grep(metrics, "capledger_commands"))
+		}
+	}
+}
