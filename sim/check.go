@@ -234,13 +234,21 @@ func (c *checker) entry(e *ledger.JournalEntry, ch *store.Changes) {
 			return
 		}
 	}
-	if e.Kind == ledger.KindDrain && e.ReceiptID != "" {
+	switch e.Kind {
+	case ledger.KindDrain, ledger.KindShardIssue, ledger.KindShardReconcile:
 		ends := c.receipts[e.ReceiptID]
 		if slices.Contains(ends, e.Account) {
-			c.violate(GateDuplicateRecovery, "move %s applied twice at %s", e.ReceiptID, e.Account)
+			if e.Kind == ledger.KindShardIssue {
+				c.violate(GateDuplicateShardConsumption, "shard %s issued twice from %s", e.ReceiptID, e.Account)
+			} else {
+				c.violate(GateDuplicateRecovery, "%s %s applied twice at %s", e.Kind, e.ReceiptID, e.Account)
+			}
 			return
 		}
 		c.receipts[e.ReceiptID] = append(ends, e.Account)
+		if e.Kind == ledger.KindShardIssue {
+			c.w.shards.shardIssued(e)
+		}
 	}
 	a.bal.Add(&e.Delta)
 	for d := 0; d < max(a.dims, 1); d++ {

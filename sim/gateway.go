@@ -84,6 +84,7 @@ type request struct {
 	actual             ledger.Amounts
 	settleUnknownSince int64
 	refundAnswer       int64 // the answer that carried the refund, 0 before
+	viaShard           int32 // 1 + index of the shard that admitted it, 0 for the ledger
 }
 
 // gateway is a gateway replica. Its requests live in world.requests.
@@ -155,6 +156,9 @@ func (w *world) arrive(idx int32) {
 	r := w.requests[idx]
 	node := w.gatewayNode(r.gw)
 	w.log(recArrive, node, ledger.KindReserve, r.id, int64(r.tenant), "")
+	if w.tryShard(r) {
+		return
+	}
 	r.phase = phReserving
 	if w.f.fire(SiteConcurrentReserve) {
 		other := (r.gw + 1 + w.rng.IntN(w.shape.gateways-1)) % w.shape.gateways
@@ -247,6 +251,10 @@ func (w *world) resolveUnknown(r *request) {
 }
 
 func (w *world) gatewayReceive(m *message) {
+	if m.cmd.Kind == ledger.KindShardIssue || m.cmd.Kind == ledger.KindShardReconcile {
+		w.shardAnswer(m)
+		return
+	}
 	r := w.requests[m.owner]
 	node := w.gatewayNode(r.gw)
 	w.log(recDeliver, node, m.cmd.Kind, m.cmd.ReservationID, int64(m.attempt), msgNames[m.kind])

@@ -109,11 +109,9 @@ type ledgerNode struct {
 // internalCmd is a command from inside the ledger process: a worker or an
 // operator's admin call. They skip the network.
 type internalCmd struct {
-	cmd      ledger.Command
-	from     internalOrigin
-	debtPay  bool // repays debt (refill or drain of an indebted account)
-	tenant   int32
-	shardRef int32
+	cmd     ledger.Command
+	from    internalOrigin
+	debtPay bool // repays debt (refill or drain of an indebted account)
 }
 
 type internalOrigin uint8
@@ -395,7 +393,6 @@ func (w *world) workerTick(extra bool) {
 	}
 	if !extra {
 		w.debtAndDrainWork()
-		w.shardWorker()
 	}
 	if len(n.internal) > 0 {
 		w.log(recWorker, ledgerNodeID, 0, "", int64(len(n.internal)), "")
@@ -439,22 +436,18 @@ func (w *world) debtAndDrainWork() {
 	}
 }
 
+// internalAnswer delivers a committed internal command's result. Worker
+// commands need none: the next tick finds whatever is still due.
 func (w *world) internalAnswer(ic *internalCmd, res *ledger.Result) {
-	switch ic.from {
-	case fromOperator:
+	if ic.from == fromOperator {
 		w.op.answered(w, ic, res)
-	case fromWorker:
-		if ic.shardRef != 0 {
-			w.shardInternalAnswer(ic, res)
-		}
 	}
 }
 
+// internalFailed tells an internal command's origin that its batch failed
+// (it may or may not have been applied).
 func (w *world) internalFailed(ic *internalCmd) {
 	if ic.from == fromOperator {
 		w.op.failed(w, ic)
-	}
-	if ic.shardRef != 0 {
-		w.shardInternalFailed(ic)
 	}
 }

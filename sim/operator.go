@@ -41,6 +41,7 @@ func (w *world) initialPolicy(key ledger.PolicyKey) *ledger.Policy {
 		ExecutionLimit:  time.Duration(w.between(int64(10*time.Second), int64(30*time.Second))),
 		FairnessWeight:  w.between(1, 4),
 		EpochLength:     time.Minute,
+		EmergencyMode:   w.shards.on,
 	}.WithDefaults()
 	return &p
 }

@@ -157,6 +157,7 @@ func newWorld(cfg *Config, seed uint64, wrap func(store.Store) store.Store) *wor
 		requests:  max(1, cfg.Requests/2) + rng.IntN(cfg.Requests-max(1, cfg.Requests/2)+1),
 	}
 	w.f = newFaults(rng, cfg.Only)
+	w.shards.on = w.f.enabled[SiteShardReuse] || w.f.enabled[SiteShardReplayAfterRestart] || rng.IntN(2) == 0
 	w.tr = newTracer(cfg.LastEvents, cfg.Trace)
 	w.tr.names = []string{"ledger"}
 	for i := 0; i < w.shape.gateways; i++ {

@@ -1,19 +1,623 @@
 package sim
 
 import (
+	"bytes"
+	"crypto/ed25519"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
 )
 
-type shardSim struct{}
+// The simulation's shard signing key: fixed, so runs are deterministic
+// (Ed25519 signatures are).
+var (
+	shardKey    = ed25519.NewKeyFromSeed(bytes.Repeat([]byte{0x5e}, ed25519.SeedSize))
+	shardKeyID  = "sim-key-1"
+	shardKeys   = ledger.ShardKeyRing{shardKeyID: shardKey.Public().(ed25519.PublicKey)}
+	shardSigner = ledger.Ed25519ShardSigner(shardKey)
+)
 
-func (s *shardSim) init(w *world)                                        {}
-func (s *shardSim) quiescent(w *world) bool                              { return true }
-func (w *world) shardWorker()                                            {}
-func (w *world) shardChaos()                                             {}
-func (w *world) shardEvent(a, b, c int32)                                {}
-func (w *world) shardChanges(ch *store.Changes)                          {}
-func (w *world) shardAudit(snap *ledger.Snapshot, why string)            {}
-func (w *world) shardInternalAnswer(ic *internalCmd, res *ledger.Result) {}
-func (w *world) shardInternalFailed(ic *internalCmd)                     {}
-func (w *world) gatewayRestart(i int)                                    {}
+// Shard timings.
+const (
+	shardEvery     = int64(5 * time.Second)
+	shardTTLMin    = int64(20 * time.Second)
+	shardTTLMax    = int64(90 * time.Second)
+	shardQuietWait = int64(30 * time.Second) // longer than any network delay
+	maxShardsPerGW = 3
+)
+
+type shardPhase uint8
+
+const (
+	shIssuing   shardPhase = iota + 1 // issue sent, no definite answer yet
+	shLive                            // installed: the gateway may spend it
+	shSealed                          // sealed: first submission not accepted yet
+	shResolving                       // first submission accepted; unknown work may still resolve
+	shClosing                         // issuance was refused: make sure no late copy issued it
+	shDone
+)
+
+var shardPhaseNames = [...]string{"", "issuing", "live", "sealed", "resolving", "closing", "done"}
+
+// simShard is one emergency shard as its gateway sees it: the signed
+// document, the gateway-local ledger (ledger.ShardLocal, the same code the
+// client SDK uses) and where reconciliation is.
+type simShard struct {
+	idx      int32
+	id       string
+	gw       int
+	boot     uint64
+	tenant   int
+	units    ledger.Amounts
+	ttl      time.Duration
+	phase    shardPhase
+	attempt  int32
+	lastSend int64
+	doc      *ledger.Shard
+	local    *ledger.ShardLocal
+	inflight []ledger.ShardReceipt
+	// localReqs are the requests this shard admitted.
+	localReqs []int32
+}
+
+// shardSim is the emergency-shard part of an interleaving: the gateways'
+// shards and, on the central side, what the checker saw of them.
+type shardSim struct {
+	on    bool
+	list  []*simShard
+	fence []uint64 // newest fence each gateway holds
+
+	// Central side, from the committed changes.
+	rows     map[string]ledger.Shard
+	reminted map[string]ledger.Amounts
+	issued   map[string]ledger.Amounts // RetiredForEmergency journaled per shard id
+}
+
+func gatewayID(gw int) string { return "gw" + strconv.Itoa(gw) }
+
+func (s *shardSim) init(w *world) {
+	s.fence = make([]uint64, w.shape.gateways)
+	s.rows = map[string]ledger.Shard{}
+	s.reminted = map[string]ledger.Amounts{}
+	s.issued = map[string]ledger.Amounts{}
+	if s.on {
+		w.after(shardEvery, evShard, shardEvTick, 0, 0)
+	}
+}
+
+// evShard sub-kinds.
+const (
+	shardEvTick    = 1
+	shardEvTimeout = 2
+	shardEvOpDone  = 3
+)
+
+func (w *world) shardEvent(kind, b, c int32) {
+	switch kind {
+	case shardEvTick:
+		w.shardTick()
+	case shardEvTimeout:
+		sh := w.shards.list[b]
+		if sh.attempt != c {
+			return
+		}
+		w.log(recTimeout, w.gatewayNode(sh.gw), 0, sh.id, int64(c), shardPhaseNames[sh.phase])
+		switch sh.phase {
+		case shIssuing:
+			w.sendIssue(sh)
+		case shSealed, shResolving, shClosing:
+			sh.inflight = nil // sent again from the tick
+		}
+	case shardEvOpDone:
+		w.shardOpDone(b)
+	}
+}
+
+// shardTick is each gateway's shard housekeeping: while the ledger is
+// healthy it takes a shard now and then; it seals shards that expired or
+// whose gateway is back in touch, and submits their receipts for
+// reconciliation until everything is resolved.
+func (w *world) shardTick() {
+	w.after(shardEvery, evShard, shardEvTick, 0, 0)
+	s := &w.shards
+	if !w.healed {
+		for g := 0; g < w.shape.gateways; g++ {
+			if w.cut[w.gatewayNode(g)] || !w.chance(0.3) || s.busy(g, w.gateways[g].bootEpoch) >= 1 || s.count(g) >= maxShardsPerGW {
+				continue
+			}
+			w.issueShard(g, w.rng.IntN(w.shape.tenants))
+		}
+	}
+	for _, sh := range s.list {
+		cut := w.cut[w.gatewayNode(sh.gw)]
+		switch sh.phase {
+		case shLive:
+			expired := !w.time().Before(sh.doc.ExpiresAt)
+			if expired || w.healed || (!cut && w.chance(0.2)) {
+				sh.local.Seal(w.time())
+				w.checkLocal(sh)
+				sh.phase = shSealed
+				w.log(recShard, w.gatewayNode(sh.gw), 0, sh.id, 0, "sealed")
+			}
+		case shClosing:
+			if sh.inflight == nil && !cut && w.now-sh.lastSend > shardQuietWait {
+				w.sendReconcile(sh, nil)
+			}
+			continue
+		}
+		if (sh.phase == shSealed || sh.phase == shResolving) && sh.inflight == nil && !cut {
+			if receipts, ok := sh.local.Submission(); ok {
+				w.sendReconcile(sh, receipts)
+			} else if sh.phase == shResolving {
+				w.maybeShardDone(sh)
+			}
+		}
+	}
+}
+
+func (s *shardSim) busy(g int, boot uint64) int {
+	n := 0
+	for _, sh := range s.list {
+		if sh.gw == g && sh.boot == boot && (sh.phase == shIssuing || sh.phase == shLive) {
+			n++
+		}
+	}
+	return n
+}
+
+func (s *shardSim) count(g int) int {
+	n := 0
+	for _, sh := range s.list {
+		if sh.gw == g {
+			n++
+		}
+	}
+	return n
+}
+
+// issueShard asks the ledger for a shard for gateway g's current process.
+func (w *world) issueShard(g, tenant int) {
+	s := &w.shards
+	p := w.op.base[w.tenants[tenant].key]
+	sh := &simShard{
+		idx:    int32(len(s.list)),
+		gw:     g,
+		boot:   w.gateways[g].bootEpoch,
+		tenant: tenant,
+		ttl:    time.Duration(w.between(shardTTLMin, shardTTLMax)),
+		phase:  shIssuing,
+	}
+	sh.id = fmt.Sprintf("sh-%s-b%d-%d", gatewayID(g), sh.boot, sh.idx)
+	sh.units[0] = w.between(p.Dimensions[0].Burst/6, p.Dimensions[0].Burst/3)
+	for d := 1; d < len(p.Dimensions); d++ {
+		sh.units[d] = 2
+	}
+	s.list = append(s.list, sh)
+	w.log(recShard, w.gatewayNode(g), ledger.KindShardIssue, sh.id, sh.units[0], "issue")
+	w.sendIssue(sh)
+}
+
+func (w *world) sendIssue(sh *simShard) {
+	sh.attempt++
+	sh.lastSend = w.now
+	t := &w.tenants[sh.tenant]
+	node := w.gatewayNode(sh.gw)
+	cmd := ledger.Command{Kind: ledger.KindShardIssue, Subject: t.subject, Route: route, Region: region, Units: sh.units,
+		Shard: &ledger.ShardArgs{ShardID: sh.id, GatewayID: gatewayID(sh.gw), BootEpoch: sh.boot, TTL: sh.ttl,
+			KeyID: shardKeyID, Sign: shardSigner}}
+	w.send(&message{kind: msgCommand, from: node, to: ledgerNodeID, owner: sh.idx, attempt: sh.attempt, cmd: cmd})
+	w.after(rpcTimeout, evShard, shardEvTimeout, sh.idx, sh.attempt)
+}
+
+// sendReconcile submits receipts (nil: an empty submission, to close a
+// shard whose issuance was refused, in case a late copy issued it).
+func (w *world) sendReconcile(sh *simShard, receipts []ledger.ShardReceipt) {
+	sh.attempt++
+	sh.lastSend = w.now
+	sh.inflight = receipts
+	if sh.inflight == nil {
+		sh.inflight = []ledger.ShardReceipt{}
+	}
+	node := w.gatewayNode(sh.gw)
+	m := &message{kind: msgCommand, from: node, to: ledgerNodeID, owner: sh.idx, attempt: sh.attempt,
+		cmd: ledger.Command{Kind: ledger.KindShardReconcile,
+			Shard: &ledger.ShardArgs{ShardID: sh.id, GatewayID: gatewayID(sh.gw), Receipts: receipts}}}
+	w.send(m)
+	if w.f.fire(SiteDuplicateRecovery) {
+		dup := *m
+		w.send(&dup)
+	}
+	w.after(rpcTimeout, evShard, shardEvTimeout, sh.idx, sh.attempt)
+}
+
+// shardAnswer handles the ledger's answer to a shard command.
+func (w *world) shardAnswer(m *message) {
+	sh := w.shards.list[m.owner]
+	node := w.gatewayNode(sh.gw)
+	w.log(recDeliver, node, m.cmd.Kind, sh.id, int64(m.attempt), msgNames[m.kind])
+	if m.probe {
+		w.foreignProbeAnswer(sh, m)
+		return
+	}
+	if m.attempt != sh.attempt {
+		w.log(recStale, node, m.cmd.Kind, sh.id, int64(m.attempt), "")
+		return
+	}
+	if m.kind == msgUnavailable {
+		if sh.phase == shIssuing {
+			w.sendIssue(sh)
+		} else {
+			sh.inflight = nil
+		}
+		return
+	}
+	res := &m.res
+	sh.attempt++ // a duplicate of this answer is stale from now on
+	switch m.cmd.Kind {
+	case ledger.KindShardIssue:
+		if sh.phase != shIssuing {
+			return
+		}
+		w.issueAnswer(sh, res)
+	case ledger.KindShardReconcile:
+		w.reconcileAnswer(sh, m.cmd.Shard.Receipts, res)
+	}
+}
+
+func (w *world) issueAnswer(sh *simShard, res *ledger.Result) {
+	switch {
+	case res.Err == nil:
+	case res.Rejected(), errors.Is(res.Err, ledger.ErrEmergencyDisabled), errors.Is(res.Err, ledger.ErrNoPolicy):
+		// Nothing was issued by this attempt; a late copy still might be,
+		// so the shard is closed later by an empty reconciliation.
+		sh.phase = shClosing
+		w.log(recShard, w.gatewayNode(sh.gw), ledger.KindShardIssue, sh.id, 0, "refused: "+res.Err.Error())
+		return
+	default:
+		w.violate(GateProtocol, fmt.Sprintf("shard issue %s answered %v", sh.id, res.Err))
+		return
+	}
+	doc := res.Shard
+	if doc == nil || doc.ID != sh.id || doc.GatewayID != gatewayID(sh.gw) || doc.BootEpoch != sh.boot || doc.Allocated != sh.units {
+		w.violate(GateProtocol, fmt.Sprintf("shard issue %s answered %+v", sh.id, doc))
+		return
+	}
+	sh.doc = doc
+	sh.local = ledger.NewShardLocal(doc)
+	g := &w.gateways[sh.gw]
+	holder := ledger.ShardHolder{GatewayID: gatewayID(sh.gw), BootEpoch: g.bootEpoch, NewestFence: w.shards.fence[sh.gw]}
+	err := ledger.VerifyShard(doc, shardKeys, holder, w.time())
+	switch {
+	case err == nil:
+		sh.phase = shLive
+		w.shards.fence[sh.gw] = max(w.shards.fence[sh.gw], doc.Fence)
+		w.log(recShard, w.gatewayNode(sh.gw), ledger.KindShardIssue, sh.id, int64(doc.Fence), "installed")
+	case sh.boot != g.bootEpoch && errors.Is(err, ledger.ErrShardBootEpoch),
+		errors.Is(err, ledger.ErrShardExpired), errors.Is(err, ledger.ErrShardFenced):
+		// Issued to a process that has since restarted, or too late to
+		// spend: never installed, reconciled whole.
+		sh.local.Inherit(w.time())
+		sh.phase = shSealed
+		w.log(recShard, w.gatewayNode(sh.gw), ledger.KindShardIssue, sh.id, 0, "not installable: "+err.Error())
+	default:
+		w.violate(GateProtocol, fmt.Sprintf("shard %s issued to this gateway fails verification: %v", sh.id, err))
+	}
+}
+
+func (w *world) reconcileAnswer(sh *simShard, receipts []ledger.ShardReceipt, res *ledger.Result) {
+	sent := sh.inflight
+	sh.inflight = nil
+	switch {
+	case res.Err == nil:
+	case errors.Is(res.Err, ledger.ErrShardAlreadyReconciled):
+		// An earlier copy of this submission was accepted and its answer
+		// lost (or a duplicate got there first).
+	case sh.phase == shClosing && errors.Is(res.Err, ledger.ErrShardNotFound):
+		sh.phase = shDone
+		w.log(recShard, w.gatewayNode(sh.gw), 0, sh.id, 0, "closed: never issued")
+		return
+	default:
+		w.violate(GateProtocol, fmt.Sprintf("shard reconcile %s answered %v", sh.id, res.Err))
+		return
+	}
+	if sh.phase == shClosing {
+		// A late copy did issue it: reconcile it whole.
+		if sh.local == nil && res.Shard != nil {
+			sh.doc = res.Shard
+			sh.local = ledger.NewShardLocal(res.Shard)
+			sh.local.Inherit(w.time())
+		}
+		if sh.local == nil {
+			w.violate(GateProtocol, fmt.Sprintf("closing reconcile of %s answered %v without the shard", sh.id, res.Err))
+			return
+		}
+		sh.phase = shSealed
+	}
+	if sent == nil {
+		sent = receipts
+	}
+	sh.local.Submitted(sent)
+	sh.phase = shResolving
+	w.log(recShard, w.gatewayNode(sh.gw), ledger.KindShardReconcile, sh.id, int64(len(sent)), "accepted")
+	w.maybeShardDone(sh)
+}
+
+func (w *world) maybeShardDone(sh *simShard) {
+	done, pending := sh.local.Reconciled()
+	if !done || pending > 0 {
+		return
+	}
+	for _, idx := range sh.localReqs {
+		if w.requests[idx].phase != phDone {
+			return
+		}
+	}
+	if _, more := sh.local.Submission(); more {
+		return
+	}
+	sh.phase = shDone
+	w.log(recShard, w.gatewayNode(sh.gw), 0, sh.id, 0, "reconciled")
+}
+
+// tryShard serves a request from the gateway's live shard when the gateway
+// cannot reach the ledger. It returns false when the request must go to
+// the ledger (no live shard for the tenant, or the shard refused it).
+func (w *world) tryShard(r *request) bool {
+	s := &w.shards
+	if !s.on || !w.cut[w.gatewayNode(r.gw)] {
+		return false
+	}
+	g := &w.gateways[r.gw]
+	for _, sh := range s.list {
+		if sh.gw != r.gw || sh.phase != shLive || sh.tenant != r.tenant || sh.boot != g.bootEpoch {
+			continue
+		}
+		// The signature was verified when the shard was installed; the
+		// local ledger refuses it once expired or sealed.
+		if sh.doc.Fence < s.fence[r.gw] {
+			continue
+		}
+		now := w.time()
+		res := sh.local.Reserve(r.id, r.digest, r.units, now)
+		w.checkLocal(sh)
+		if res.Err != nil {
+			continue
+		}
+		r.viaShard = sh.idx + 1
+		r.opID = "op-" + r.id
+		res = sh.local.Start(r.id, r.opID, now)
+		w.checkLocal(sh)
+		if res.Err != nil {
+			w.violate(GateProtocol, fmt.Sprintf("local start of %s on shard %s: %v", r.id, sh.id, res.Err))
+			return true
+		}
+		sh.localReqs = append(sh.localReqs, r.idx)
+		r.phase = phDispatched
+		r.opPhase = opRunning
+		w.log(recShard, w.gatewayNode(r.gw), ledger.KindReserve, r.id, r.units[0], "admitted by "+sh.id)
+		w.after(w.between(int64(200*time.Millisecond), int64(10*time.Second)), evShard, shardEvOpDone, r.idx, 0)
+		return true
+	}
+	return false
+}
+
+// shardOpDone settles a shard-admitted operation locally with its receipt
+// (also after the shard was sealed or inherited by a restarted process).
+func (w *world) shardOpDone(idx int32) {
+	r := w.requests[idx]
+	sh := w.shards.list[r.viaShard-1]
+	over := w.f.fire(SiteUsageOverEstimate)
+	for d := range r.units {
+		switch {
+		case r.units[d] == 0:
+		case d > 0:
+			r.actual[d] = r.units[d]
+		case over:
+			r.actual[d] = r.units[d] + w.between(1, 2*r.units[d])
+		default:
+			r.actual[d] = w.between(0, r.units[d])
+		}
+	}
+	res := sh.local.Settle(r.id, r.opID, r.actual, w.time())
+	w.checkLocal(sh)
+	if res.Err != nil {
+		w.violate(GateUnknownAsUnconsumed, fmt.Sprintf("local settle of %s on shard %s with its receipt: %v", r.id, sh.id, res.Err))
+		return
+	}
+	r.opPhase = opDone
+	w.done(r, outSettled)
+}
+
+// checkLocal runs the shard's own conservation check.
+func (w *world) checkLocal(sh *simShard) {
+	if err := sh.local.Check(); err != nil {
+		w.violate(GateShardConservation, err.Error())
+	}
+}
+
+// shardChaos rolls the shard misuse sites: another gateway trying to
+// spend (and reconcile) a gateway's shard, and a gateway restarting and
+// replaying its previous process's shard.
+func (w *world) shardChaos() {
+	s := &w.shards
+	if !s.on {
+		return
+	}
+	var live []*simShard
+	for _, sh := range s.list {
+		if sh.phase == shLive {
+			live = append(live, sh)
+		}
+	}
+	if len(live) == 0 {
+		return
+	}
+	sh := live[w.rng.IntN(len(live))]
+	if w.f.fire(SiteShardReuse) {
+		other := (sh.gw + 1 + w.rng.IntN(w.shape.gateways-1)) % w.shape.gateways
+		og := &w.gateways[other]
+		holder := ledger.ShardHolder{GatewayID: gatewayID(other), BootEpoch: og.bootEpoch, NewestFence: s.fence[other]}
+		err := ledger.VerifyShard(sh.doc, shardKeys, holder, w.time())
+		w.log(recShard, w.gatewayNode(other), 0, sh.id, 0, fmt.Sprintf("tries another gateway's shard: %v", err))
+		if !errors.Is(err, ledger.ErrShardForeign) {
+			w.violate(GateDuplicateShardConsumption, fmt.Sprintf("gateway %s may spend %s's shard %s: verification says %v",
+				gatewayID(other), gatewayID(sh.gw), sh.id, err))
+			return
+		}
+		// It also tries to reconcile it as its own.
+		w.send(&message{kind: msgCommand, from: w.gatewayNode(other), to: ledgerNodeID, owner: sh.idx, probe: true,
+			cmd: ledger.Command{Kind: ledger.KindShardReconcile, Shard: &ledger.ShardArgs{ShardID: sh.id, GatewayID: gatewayID(other)}}})
+	}
+	if w.f.fire(SiteShardReplayAfterRestart) {
+		w.restartGateway(sh.gw)
+		g := &w.gateways[sh.gw]
+		holder := ledger.ShardHolder{GatewayID: gatewayID(sh.gw), BootEpoch: g.bootEpoch, NewestFence: s.fence[sh.gw]}
+		err := ledger.VerifyShard(sh.doc, shardKeys, holder, w.time())
+		w.log(recShard, w.gatewayNode(sh.gw), 0, sh.id, int64(g.bootEpoch), fmt.Sprintf("restarted process replays its old shard: %v", err))
+		if !errors.Is(err, ledger.ErrShardBootEpoch) {
+			w.violate(GateDuplicateShardConsumption, fmt.Sprintf("restarted gateway %s (boot %d) may spend its previous boot's shard %s: verification says %v",
+				gatewayID(sh.gw), g.bootEpoch, sh.id, err))
+		}
+	}
+}
+
+// foreignProbeAnswer checks the answer to another gateway's attempt to
+// reconcile a shard that is not its own.
+func (w *world) foreignProbeAnswer(sh *simShard, m *message) {
+	if m.kind != msgAnswer {
+		return
+	}
+	if !errors.Is(m.res.Err, ledger.ErrShardForeign) {
+		w.violate(GateDuplicateShardConsumption, fmt.Sprintf("another gateway's reconciliation of shard %s answered %v, not %v",
+			sh.id, m.res.Err, ledger.ErrShardForeign))
+	}
+}
+
+// restartGateway restarts a gateway process: a new boot epoch. Its shards
+// are inherited, never spent again: sealed, with started work marked
+// USAGE_UNKNOWN until its operation receipt settles it.
+func (w *world) restartGateway(g int) {
+	gw := &w.gateways[g]
+	gw.bootEpoch++
+	w.log(recRestart, w.gatewayNode(g), 0, "", int64(gw.bootEpoch), "gateway restarted")
+	for _, sh := range w.shards.list {
+		if sh.gw != g || sh.local == nil || sh.boot == gw.bootEpoch {
+			continue
+		}
+		sh.local.Inherit(w.time())
+		w.checkLocal(sh)
+		if sh.phase == shLive {
+			sh.phase = shSealed
+		}
+	}
+}
+
+// shardChanges checks what a commit did to shards on the central side:
+// each issuance retires exactly its allocation, a reconciled shard splits
+// its allocation exactly into spent, unknown and reminted, unknown only
+// shrinks, and what was reminted equals the remint moves, once each.
+func (w *world) shardChanges(ch *store.Changes) {
+	s := &w.shards
+	for i := range ch.Moves {
+		m := &ch.Moves[i]
+		if m.Kind != ledger.MoveShardRemint {
+			continue
+		}
+		id := strings.TrimPrefix(m.ReceiptID, "shard-remint:")
+		if k := strings.LastIndexByte(id, ':'); k >= 0 {
+			id = id[:k]
+		}
+		sum := s.reminted[id]
+		for d := range sum {
+			sum[d] += m.Units[d]
+		}
+		s.reminted[id] = sum
+	}
+	for i := range ch.Shards {
+		row := &ch.Shards[i]
+		prev, seen := s.rows[row.ID]
+		if !seen && s.issued[row.ID] != row.Allocated {
+			w.violate(GateShardConservation, fmt.Sprintf("shard %s allocates %v, but its issuance retired %v", row.ID, row.Allocated, s.issued[row.ID]))
+			return
+		}
+		if seen && (prev.Allocated != row.Allocated || prev.GatewayID != row.GatewayID || prev.BootEpoch != row.BootEpoch || prev.Account != row.Account) {
+			w.violate(GateDuplicateShardConsumption, fmt.Sprintf("shard %s was re-issued: %+v became %+v", row.ID, prev, *row))
+			return
+		}
+		for d := range row.Allocated {
+			if row.Reconciled && (row.Spent[d]+row.Unknown[d]+row.Reminted[d] != row.Allocated[d] ||
+				row.Spent[d] < 0 || row.Unknown[d] < 0 || row.Reminted[d] < 0) {
+				w.violate(GateShardConservation, fmt.Sprintf("shard %s dimension %d: allocated %d != spent %d + unknown %d + reminted %d",
+					row.ID, d, row.Allocated[d], row.Spent[d], row.Unknown[d], row.Reminted[d]))
+				return
+			}
+			if seen && prev.Reconciled && (row.Unknown[d] > prev.Unknown[d] || row.Spent[d] < prev.Spent[d]) {
+				w.violate(GateShardConservation, fmt.Sprintf("shard %s dimension %d: unknown %d -> %d, spent %d -> %d (unknown may only resolve)",
+					row.ID, d, prev.Unknown[d], row.Unknown[d], prev.Spent[d], row.Spent[d]))
+				return
+			}
+		}
+		if s.reminted[row.ID] != row.Reminted {
+			w.violate(GateDuplicateRecovery, fmt.Sprintf("shard %s records %v reminted, its remint moves carried %v", row.ID, row.Reminted, s.reminted[row.ID]))
+			return
+		}
+		s.rows[row.ID] = *row
+	}
+}
+
+// shardIssued records what an issuance journal entry retired.
+func (s *shardSim) shardIssued(e *ledger.JournalEntry) {
+	var units ledger.Amounts
+	for d := range units {
+		units[d] = e.Delta[d].RetiredForEmergency
+	}
+	s.issued[e.ReceiptID] = units
+}
+
+// shardAudit compares the store's shards with what was seen committed.
+func (w *world) shardAudit(snap *ledger.Snapshot, why string) {
+	s := &w.shards
+	if len(snap.Shards) != len(s.rows) {
+		w.violate(GateJournal, fmt.Sprintf("%s: the store has %d shards, %d were committed", why, len(snap.Shards), len(s.rows)))
+		return
+	}
+	for i := range snap.Shards {
+		row := &snap.Shards[i]
+		prev, ok := s.rows[row.ID]
+		if !ok || prev.Spent != row.Spent || prev.Unknown != row.Unknown || prev.Reminted != row.Reminted || prev.Reconciled != row.Reconciled {
+			w.violate(GateJournal, fmt.Sprintf("%s: store shard %s differs from everything committed", why, row.ID))
+			return
+		}
+	}
+}
+
+// quiescent reports whether every shard was reconciled with nothing left
+// unknown, centrally and locally.
+func (s *shardSim) quiescent(w *world) bool {
+	for _, sh := range s.list {
+		if sh.phase != shDone {
+			return false
+		}
+	}
+	for _, row := range s.rows {
+		if !row.Reconciled || row.Unknown != (ledger.Amounts{}) {
+			return false
+		}
+	}
+	return true
+}
+
+func (s *shardSim) openSummary() string {
+	var parts []string
+	for _, sh := range s.list {
+		if sh.phase != shDone {
+			parts = append(parts, sh.id+"="+shardPhaseNames[sh.phase])
+		}
+	}
+	return strings.Join(parts, ", ")
+}

@@ -53,7 +53,6 @@ const (
 	evPartitionEnd
 	evHeal
 	evDeadline
-	evGatewayRestart
 	evShard
 )
 
@@ -330,8 +329,6 @@ func (w *world) run() {
 			w.heal()
 		case evDeadline:
 			w.deadline()
-		case evGatewayRestart:
-			w.gatewayRestart(int(e.a))
 		case evShard:
 			w.shardEvent(e.a, e.b, e.c)
 		}
@@ -387,6 +384,6 @@ func (w *world) deadline() {
 			}
 		}
 	}
-	w.violate(GateLiveness, fmt.Sprintf("not converged %s after healing: requests open: [%s]; %s",
-		time.Duration(w.now-int64(w.cfg.HealAt)), strings.Join(open, ", "), w.chk.openSummary()))
+	w.violate(GateLiveness, fmt.Sprintf("not converged %s after healing: requests open: [%s]; shards open: [%s]; %s",
+		time.Duration(w.now-int64(w.cfg.HealAt)), strings.Join(open, ", "), w.shards.openSummary(), w.chk.openSummary()))
 }
