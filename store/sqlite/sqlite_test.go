@@ -10,6 +10,16 @@ import (
 	"github.com/capledger/capledger/store/storetest"
 )
 
+func openTempB(b *testing.B) *sqlite.Store {
+	b.Helper()
+	s, err := sqlite.Open(context.Background(), filepath.Join(b.TempDir(), "capledger.db"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { s.Close() })
+	return s
+}
+
 func openTemp(t *testing.T) *sqlite.Store {
 	t.Helper()
 	s, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "capledger.db"))

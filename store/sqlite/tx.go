@@ -252,6 +252,7 @@ func (tx *Tx) write(ctx context.Context, c *store.Changes) error {
 // returns) and returns nil. Otherwise it returns: the Write error after a
 // failed Write, having rolled back; the context's error when the Begin or
 // Commit context has ended, having rolled back (nothing visible);
+// store.ErrUnavailable after Close, having rolled back;
 // store.ErrConflict or store.ErrUnavailable from the driver (for an I/O
 // error during COMMIT the outcome is unknown, as store.ErrUnavailable
 // says). Every outcome ends the transaction.
@@ -263,6 +264,12 @@ func (tx *Tx) Commit(ctx context.Context) error {
 	if err := tx.failed; err != nil {
 		tx.tx.Rollback()
 		return fmt.Errorf("commit after a failed write: %w", err)
+	}
+	if tx.s.closed.Load() {
+		// database/sql's Close leaves a connection in use open; a store
+		// that was closed must not accept more writes through it.
+		tx.tx.Rollback()
+		return fmt.Errorf("commit: %w", errClosed)
 	}
 	if err := tx.ctx.Err(); err != nil {
 		tx.tx.Rollback()

@@ -1,0 +1,58 @@
+package sqlite
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// queryPlan returns SQLite's plan for query, one detail per line.
+func queryPlan(t *testing.T, s *Store, query string, args ...any) string {
+	t.Helper()
+	rows, err := s.readDB.QueryContext(context.Background(), "EXPLAIN QUERY PLAN "+query, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var lines []string
+	for rows.Next() {
+		var id, parent, unused int
+		var detail string
+		if err := rows.Scan(&id, &parent, &unused, &detail); err != nil {
+			t.Fatal(err)
+		}
+		lines = append(lines, detail)
+	}
+	return strings.Join(lines, "\n")
+}
+
+// The worker and list queries must read an index in the order they
+// return, never sort the table: these run on every expiry tick and every
+// account listing.
+func TestQueriesUseIndexes(t *testing.T) {
+	s, err := Open(context.Background(), filepath.Join(t.TempDir(), "plan.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for _, tc := range []struct {
+		name, query, want string
+		args           []any
+	}{
+		{"due", "SELECT id FROM reservations WHERE due_at IS NOT NULL AND (due_at <= ? OR state = ?) ORDER BY due_at, id LIMIT ?",
+			"reservations_due", []any{1, 6, 10}},
+		{"accounts of a subject", "SELECT " + accountCols + " FROM accounts WHERE subject = ? AND route = ? AND region = ? ORDER BY generation",
+			"PRIMARY KEY", []any{"a", "b", "c"}},
+		{"every account", "SELECT " + accountCols + " FROM accounts ORDER BY subject, route, region, generation", "", nil},
+		{"journal", "SELECT " + journalCols + " FROM journal ORDER BY seq", "", nil},
+	} {
+		plan := queryPlan(t, s, tc.query, tc.args...)
+		if strings.Contains(plan, "TEMP B-TREE") {
+			t.Errorf("%s: sorts instead of reading in index order:\n%s", tc.name, plan)
+		}
+		if tc.want != "" && !strings.Contains(plan, tc.want) {
+			t.Errorf("%s: plan does not use %s:\n%s", tc.name, tc.want, plan)
+		}
+	}
+}
