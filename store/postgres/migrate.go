@@ -112,11 +112,20 @@ func migrate(ctx context.Context, conn *pgx.Conn) ([]int, error) {
 	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('capledger.migrate.' || $1::text, 0))`, schema); err != nil {
 		return nil, c.classify("migrate: lock", err, false)
 	}
-	if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
-		version    integer PRIMARY KEY,
-		name       text    NOT NULL,
-		applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+	// Only create the bookkeeping table when it is missing: a replica
+	// running as a role without CREATE on the schema (migrations applied
+	// by `capledger migrate` as the owner) must still open a current schema.
+	var exists bool
+	if err := tx.QueryRow(ctx, `SELECT to_regclass(format('%I.schema_migrations', $1::text)) IS NOT NULL`, schema).Scan(&exists); err != nil {
 		return nil, c.classify("migrate: schema_migrations", err, false)
+	}
+	if !exists {
+		if _, err := tx.Exec(ctx, `CREATE TABLE schema_migrations (
+			version    integer PRIMARY KEY,
+			name       text    NOT NULL,
+			applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+			return nil, c.classify("migrate: schema_migrations", err, false)
+		}
 	}
 	rows, err := tx.Query(ctx, `SELECT version FROM schema_migrations ORDER BY version`)
 	if err != nil {

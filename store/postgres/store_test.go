@@ -38,7 +38,7 @@ func reserveCmd(id string, units int64) ledger.Command {
 }
 
 // commitCmds runs cmds as one batch through the engine's core.
-func commitCmds(t *testing.T, s store.Store, now time.Time, cmds ...ledger.Command) []ledger.Result {
+func commitCmds(t testing.TB, s store.Store, now time.Time, cmds ...ledger.Command) []ledger.Result {
 	t.Helper()
 	results, err := engine.NewCore(s).Commit(context.Background(), cmds, now)
 	if err != nil {
@@ -47,7 +47,7 @@ func commitCmds(t *testing.T, s store.Store, now time.Time, cmds ...ledger.Comma
 	return results
 }
 
-func publish(t *testing.T, s store.Store) uint64 {
+func publish(t testing.TB, s store.Store) uint64 {
 	t.Helper()
 	res := commitCmds(t, s, t0, ledger.Command{Kind: ledger.KindPublishPolicy, Policy: seedPolicy()})
 	if res[0].Err != nil {
