@@ -38,7 +38,7 @@ func TestQueriesUseIndexes(t *testing.T) {
 	defer s.Close()
 	for _, tc := range []struct {
 		name, query, want string
-		args           []any
+		args              []any
 	}{
 		{"due", "SELECT id FROM reservations WHERE due_at IS NOT NULL AND (due_at <= ? OR state = ?) ORDER BY due_at, id LIMIT ?",
 			"reservations_due", []any{1, 6, 10}},
