@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -27,6 +28,7 @@ import (
 	"github.com/capledger/capledger/server"
 	"github.com/capledger/capledger/store"
 	"github.com/capledger/capledger/store/memstore"
+	"github.com/capledger/capledger/store/sqlite"
 )
 
 // clock is a settable time source, so retry-after values and expiry are
@@ -57,7 +59,8 @@ type harness struct {
 	t      *testing.T
 	url    string
 	clock  *clock
-	store  *memstore.Store
+	store  store.Store
+	faults *memstore.Store // set with harnessOptions.faults
 	engine *engine.Engine
 	http   *http.Client
 }
@@ -66,12 +69,26 @@ type harnessOptions struct {
 	auth    bool
 	workers bool
 	maxBody int64
+	// faults runs on the in-memory store, whose fault injection (a failed
+	// commit, a lost commit acknowledgement) a SQLite file cannot offer;
+	// otherwise the store is a SQLite file in a temporary directory.
+	faults bool
 }
 
 // newHarness serves a real server on 127.0.0.1:0 over a real engine.
 func newHarness(t *testing.T, opts harnessOptions) *harness {
 	t.Helper()
-	h := &harness{t: t, clock: &clock{now: time.Date(2026, 7, 19, 14, 0, 0, 0, time.UTC)}, store: memstore.New()}
+	h := &harness{t: t, clock: &clock{now: time.Date(2026, 7, 19, 14, 0, 0, 0, time.UTC)}}
+	if opts.faults {
+		h.faults = memstore.New()
+		h.store = h.faults
+	} else {
+		st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "ledger.db"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.store = st
+	}
 	metrics := server.NewMetrics()
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	h.engine = engine.New(h.store, engine.Options{
@@ -624,9 +641,9 @@ func TestParseTokensRejectsBadFiles(t *testing.T) {
 }
 
 func TestUnavailableStoreAndReadiness(t *testing.T) {
-	h := newHarness(t, harnessOptions{})
+	h := newHarness(t, harnessOptions{faults: true})
 	h.ok("PublishPolicy", tokensPolicy, "")
-	h.store.FailNextCommit(fmt.Errorf("disk gone: %w", store.ErrUnavailable))
+	h.faults.FailNextCommit(fmt.Errorf("disk gone: %w", store.ErrUnavailable))
 	r := h.call("Reserve", reserveBody("lost", 10), "")
 	h.wantError(r, http.StatusServiceUnavailable, "unavailable", server.ReasonStoreUnavailable)
 	if !strings.Contains(r.body["message"].(string), "retry with the same ids") {
@@ -644,7 +661,7 @@ func TestUnavailableStoreAndReadiness(t *testing.T) {
 	}
 	// A lost commit acknowledgement: applied, but the caller hears
 	// UNAVAILABLE; the retry replays the receipt instead of debiting again.
-	h.store.LoseNextCommitAck()
+	h.faults.LoseNextCommitAck()
 	h.wantError(h.call("Reserve", reserveBody("ack", 10), ""), http.StatusServiceUnavailable, "unavailable", server.ReasonStoreUnavailable)
 	if again := h.ok("Reserve", reserveBody("ack", 10), ""); again["replayed"] != true {
 		t.Fatalf("retry after a lost ack: %v", again)
