@@ -1,0 +1,85 @@
+// Package open turns an operator's --store spec into a store.Store, so the
+// binary, the simulator and tests name stores the same way.
+package open
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/capledger/capledger/store"
+	"github.com/capledger/capledger/store/memstore"
+	"github.com/capledger/capledger/store/postgres"
+	"github.com/capledger/capledger/store/sqlite"
+)
+
+// DefaultFile is the SQLite file's name inside the data directory.
+const DefaultFile = "capledger.db"
+
+// Forms lists the accepted specs, for errors and --help.
+const Forms = `"" or "sqlite" (` + DefaultFile + ` in the data directory), "sqlite:///abs/path.db", ` +
+	`"sqlite:relative/path.db", "memory" (not durable), "postgres://..." or "postgresql://..."`
+
+// Open returns the store named by spec:
+//   - "" or "sqlite": the SQLite file DefaultFile in dataDir, which is
+//     created (mode 0700) if missing;
+//   - "sqlite:///abs/path.db": that SQLite file; "sqlite:relative.db": that
+//     file relative to the working directory (its directory must exist);
+//   - "memory": an empty in-memory store (nothing survives the process);
+//   - "postgres://..." or "postgresql://...": the PostgreSQL store at that
+//     URL.
+//
+// It returns an error naming the accepted forms for any other spec, an
+// error for "" or "sqlite" without a dataDir, and the store's own error
+// when it cannot be opened (see sqlite.Open and postgres.Open).
+func Open(ctx context.Context, spec, dataDir string) (store.Store, error) {
+	scheme, rest, hasScheme := strings.Cut(spec, ":")
+	switch {
+	case spec == "" || spec == "sqlite":
+		if dataDir == "" {
+			return nil, errors.New("open store: no data directory for the default SQLite store (give one, or a sqlite:PATH store)")
+		}
+		if err := os.MkdirAll(dataDir, 0o700); err != nil {
+			return nil, fmt.Errorf("open store: data directory: %w", err)
+		}
+		return openSQLite(ctx, filepath.Join(dataDir, DefaultFile))
+
+	case spec == "memory":
+		return memstore.New(), nil
+
+	case hasScheme && scheme == "sqlite":
+		path := rest
+		if strings.HasPrefix(rest, "//") {
+			// URL form: sqlite:///abs/path has an empty host.
+			host, p, _ := strings.Cut(strings.TrimPrefix(rest, "//"), "/")
+			if host != "" {
+				return nil, fmt.Errorf("open store %q: a sqlite URL has no host; write sqlite:///%s/%s for an absolute path", spec, host, p)
+			}
+			path = "/" + p
+		}
+		if path == "" || path == "/" {
+			return nil, fmt.Errorf("open store %q: no file path; accepted forms: %s", spec, Forms)
+		}
+		return openSQLite(ctx, path)
+
+	// PostgreSQL: the store for several `capledger serve` replicas.
+	case hasScheme && (scheme == "postgres" || scheme == "postgresql"):
+		s, err := postgres.Open(ctx, spec)
+		if err != nil {
+			return nil, fmt.Errorf("open store postgres: %w", err)
+		}
+		return s, nil
+	}
+	return nil, fmt.Errorf("open store: unknown store %q; accepted forms: %s", spec, Forms)
+}
+
+func openSQLite(ctx context.Context, path string) (store.Store, error) {
+	s, err := sqlite.Open(ctx, path)
+	if err != nil {
+		return nil, fmt.Errorf("open store: %w", err)
+	}
+	return s, nil
+}

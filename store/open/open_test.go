@@ -1,0 +1,135 @@
+package open_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+	"github.com/capledger/capledger/store/memstore"
+	"github.com/capledger/capledger/store/open"
+	"github.com/capledger/capledger/store/sqlite"
+)
+
+func writeAndRead(t *testing.T, s store.Store) {
+	t.Helper()
+	ctx := context.Background()
+	r := ledger.Reservation{ID: "rl-1", RequestDigest: "sha256:1", State: ledger.StateReserved,
+		Account:   ledger.AccountKey{Subject: "tenant7", Route: "chat", Region: "eu", Generation: 1},
+		CreatedAt: time.Date(2026, 7, 19, 14, 0, 0, 0, time.UTC)}
+	tx, err := s.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if err := tx.Write(ctx, &store.Changes{Reservations: []ledger.Reservation{r}, NewReservations: map[string]bool{r.ID: true}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.ReservationGet(ctx, r.ID); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func mustOpen(t *testing.T, spec, dataDir string) store.Store {
+	t.Helper()
+	s, err := open.Open(context.Background(), spec, dataDir)
+	if err != nil {
+		t.Fatalf("open %q: %v", spec, err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func TestDefaultIsSQLiteInDataDir(t *testing.T) {
+	for _, spec := range []string{"", "sqlite"} {
+		dataDir := filepath.Join(t.TempDir(), "var", "capledger")
+		s := mustOpen(t, spec, dataDir)
+		sq, ok := s.(*sqlite.Store)
+		if !ok {
+			t.Fatalf("%q opened a %T", spec, s)
+		}
+		if want := filepath.Join(dataDir, open.DefaultFile); sq.Path() != want {
+			t.Fatalf("%q opened %s, want %s", spec, sq.Path(), want)
+		}
+		info, err := os.Stat(dataDir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if perm := info.Mode().Perm(); perm != 0o700 {
+			t.Errorf("data directory mode %o, want 700", perm)
+		}
+		writeAndRead(t, s)
+	}
+	if _, err := open.Open(context.Background(), "", ""); err == nil || !strings.Contains(err.Error(), "data directory") {
+		t.Fatalf("default store without a data directory: %v", err)
+	}
+}
+
+func TestSQLitePaths(t *testing.T) {
+	dir := t.TempDir()
+	abs := filepath.Join(dir, "abs.db")
+	s := mustOpen(t, "sqlite://"+abs, "/nonexistent-data-dir")
+	if got := s.(*sqlite.Store).Path(); got != abs {
+		t.Fatalf("sqlite://%s opened %s", abs, got)
+	}
+	writeAndRead(t, s)
+
+	t.Chdir(dir)
+	rel := mustOpen(t, "sqlite:rel.db", "")
+	writeAndRead(t, rel)
+	if _, err := os.Stat(filepath.Join(dir, "rel.db")); err != nil {
+		t.Fatalf("sqlite:rel.db is not in the working directory: %v", err)
+	}
+}
+
+func TestMemory(t *testing.T) {
+	s := mustOpen(t, "memory", "")
+	if _, ok := s.(*memstore.Store); !ok {
+		t.Fatalf("memory opened a %T", s)
+	}
+	writeAndRead(t, s)
+}
+
+func TestRejectsUnknownSpecs(t *testing.T) {
+	for _, spec := range []string{"mysql://db/x", "sqlite3:x.db", "sqlite:", "sqlite://", "sqlite://host/x.db", "mem", "SQLite"} {
+		_, err := open.Open(context.Background(), spec, t.TempDir())
+		if err == nil {
+			t.Errorf("%q opened", spec)
+			continue
+		}
+		if !strings.Contains(err.Error(), spec) {
+			t.Errorf("%q: error %q does not name the spec", spec, err)
+		}
+	}
+	_, err := open.Open(context.Background(), "mysql://db/x", "")
+	for _, form := range []string{"sqlite:///", "memory", "postgres://"} {
+		if !strings.Contains(err.Error(), form) {
+			t.Errorf("error %q does not list %s", err, form)
+		}
+	}
+}
+
+// Both PostgreSQL schemes reach the PostgreSQL store: with nothing
+// listening on the port, it reports the server unreachable.
+func TestPostgresSchemes(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, spec := range []string{"postgres://postgres@127.0.0.1:1/test?connect_timeout=2", "postgresql://postgres@127.0.0.1:1/test?connect_timeout=2"} {
+		s, err := open.Open(ctx, spec, "")
+		if err == nil {
+			s.Close()
+			t.Fatalf("%s opened with nothing listening", spec)
+		}
+		if !errors.Is(err, store.ErrUnavailable) {
+			t.Errorf("%s: %v, want ErrUnavailable", spec, err)
+		}
+	}
+}
