@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -45,6 +46,10 @@ type ShardLocal struct {
 	submitted bool
 	pending   map[string]bool
 }
+
+// ErrShardSealed: the shard admits nothing more: it was handed back for
+// reconciliation, fenced by a newer shard, or inherited by a later boot.
+var ErrShardSealed = errors.New("shard sealed")
 
 // NewShardLocal returns the local ledger of shard s with its whole
 // allocation available.
@@ -114,7 +119,7 @@ func (l *ShardLocal) Reservations() []Reservation {
 // Returns: success with the RESERVED receipt (its ExpiresAt is the
 // shard's); Replayed with the stored receipt for a known id and digest;
 // ErrDigestMismatch for a known id with another digest; ErrInvalidCommand
-// for an empty id or bad units; ErrShardAlreadyReconciled once sealed;
+// for an empty id or bad units; ErrShardSealed once sealed;
 // ErrShardExpired at or after the shard's expiry; ErrAdmissionFrozen while
 // Overdraft is positive; ErrInsufficientCapacity when a dimension lacks
 // available units.
@@ -164,7 +169,7 @@ func (l *ShardLocal) Reserve(id, digest string, units Amounts, now time.Time) Re
 func (l *ShardLocal) admits(now time.Time) error {
 	switch {
 	case l.Sealed:
-		return fmt.Errorf("%w: shard %s is sealed", ErrShardAlreadyReconciled, l.Shard.ID)
+		return fmt.Errorf("%w: %s", ErrShardSealed, l.Shard.ID)
 	case !now.Before(l.Shard.ExpiresAt):
 		return fmt.Errorf("%w: shard %s expired at %s", ErrShardExpired, l.Shard.ID, l.Shard.ExpiresAt.Format(time.RFC3339))
 	case l.Overdraft != Amounts{}:
@@ -177,8 +182,8 @@ func (l *ShardLocal) admits(now time.Time) error {
 //
 // Returns: success with the STARTED receipt; Replayed for the same
 // operation id on started (or later) work; ErrOperationMismatch;
-// ErrShardExpired at or after the shard's expiry and ErrShardAlreadyReconciled
-// once sealed (a hold may not start work then: release it);
+// ErrShardExpired at or after the shard's expiry and ErrShardSealed once
+// sealed (a hold may not start work then: release it);
 // ErrReservationReleased; ErrReservationNotFound; ErrInvalidCommand.
 func (l *ShardLocal) Start(id, operationID string, now time.Time) Result {
 	r, res, ok := l.lookup(id)
@@ -191,7 +196,7 @@ func (l *ShardLocal) Start(id, operationID string, now time.Time) Result {
 	switch r.State {
 	case StateReserved:
 		if l.Sealed {
-			return Result{Err: fmt.Errorf("%w: shard %s is sealed", ErrShardAlreadyReconciled, l.Shard.ID), Reservation: *r}
+			return Result{Err: fmt.Errorf("%w: %s", ErrShardSealed, l.Shard.ID), Reservation: *r}
 		}
 		if !now.Before(l.Shard.ExpiresAt) {
 			return Result{Err: fmt.Errorf("%w: shard %s", ErrShardExpired, l.Shard.ID), Reservation: *r}

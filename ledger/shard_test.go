@@ -374,7 +374,7 @@ func TestShardInheritedByRestartKeepsUnknownRetired(t *testing.T) {
 	if r, _ := l.Reservation("held"); r.State != ledger.StateReleased {
 		t.Fatalf("an unstarted hold of a dead process is %s", r.State)
 	}
-	if res := l.Reserve("new", "d", ledger.Amounts{1}, c.now); !errors.Is(res.Err, ledger.ErrShardAlreadyReconciled) {
+	if res := l.Reserve("new", "d", ledger.Amounts{1}, c.now); !errors.Is(res.Err, ledger.ErrShardSealed) {
 		t.Fatalf("an inherited shard admitted: %v", res.Err)
 	}
 	receipts, _ := l.Submission()
