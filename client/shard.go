@@ -1,0 +1,353 @@
+package client
+
+import (
+	"context"
+	"crypto/ed25519"
+	"errors"
+	"fmt"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	ledgerv1 "github.com/capledger/capledger/api/capledger/v1"
+	"github.com/capledger/capledger/api/capledger/v1/capledgerv1connect"
+	"github.com/capledger/capledger/ledger"
+)
+
+// Emergency admits requests through the ledger, and from the gateway's
+// emergency shards only while the ledger cannot be reached.
+//
+// The protocol (docs/OPERATIONS.md, "Emergency shards"):
+//
+//  1. While the ledger is healthy, Provision asks it for a shard of a
+//     subject's capacity, bound to this gateway and this process (the
+//     store's boot epoch), and keeps the signed token in the ShardStore.
+//     The policy's emergency mode must be on.
+//  2. Reserve goes to the ledger. Only when the ledger is unreachable (every
+//     answer lost, RESERVATION_UNKNOWN, UNAVAILABLE) does it admit from the
+//     shard, under the same reservation id, within the shard's bound. A
+//     rejection, or any other answer of the ledger, is returned as is: a
+//     shard is never used to overrule the ledger, and no balance read from
+//     the ledger ever becomes local capacity.
+//  3. Start, Settle, Release and MarkUsageUnknown follow the reservation to
+//     wherever it was admitted.
+//  4. When the ledger is back, Reconcile seals the shards and reports their
+//     receipts, once per shard; the ledger remints the unused units.
+//     Receipts of work whose usage was unknown are reported by a later
+//     Reconcile once that work settles (ResolveUnknown's local equivalent
+//     is Settle with the operation id).
+//
+// Emergency is safe for concurrent use.
+type Emergency struct {
+	client *Client
+	rpc    capledgerv1connect.ShardServiceClient
+	store  *ShardStore
+	keys   ledger.ShardKeys
+}
+
+// EmergencyOptions configure NewEmergency.
+type EmergencyOptions struct {
+	// Token is the bearer token for the ShardService (the same as the
+	// Client's, when the ledger runs with tokens).
+	Token string
+	// Keys pins the keys shards must verify under. Nil: the keys are read
+	// from the ledger (ListShardKeys) at each Provision, over the same
+	// connection the shard itself comes from.
+	Keys ledger.ShardKeys
+}
+
+// NewEmergency returns an Emergency over a Client and a ShardStore.
+func NewEmergency(c *Client, st *ShardStore, opts EmergencyOptions) *Emergency {
+	var options []connect.ClientOption
+	switch c.protocol {
+	case ProtocolConnectJSON:
+		options = append(options, connect.WithProtoJSON())
+	case ProtocolGRPC:
+		options = append(options, connect.WithGRPC())
+	}
+	if opts.Token != "" {
+		options = append(options, connect.WithInterceptors(bearer(opts.Token)))
+	}
+	return &Emergency{
+		client: c,
+		rpc:    capledgerv1connect.NewShardServiceClient(c.http, c.baseURL, options...),
+		store:  st,
+		keys:   opts.Keys,
+	}
+}
+
+// Store returns the shard store.
+func (e *Emergency) Store() *ShardStore { return e.store }
+
+// Unreachable reports whether err means the ledger could not be reached:
+// every answer was lost (*LostError, *ReservationUnknownError) or the
+// ledger said UNAVAILABLE or timed out. Any answer the ledger decided (a
+// rejection, a state error) is not unreachability.
+func Unreachable(err error) bool {
+	var lost *LostError
+	var unknown *ReservationUnknownError
+	if errors.As(err, &lost) || errors.As(err, &unknown) {
+		return true
+	}
+	switch connect.CodeOf(err) {
+	case connect.CodeUnavailable, connect.CodeDeadlineExceeded:
+		return true
+	}
+	return false
+}
+
+// ProvisionRequest asks for a shard.
+type ProvisionRequest struct {
+	// ShardID is the idempotency key; empty: a fresh "sh-" ULID.
+	ShardID string
+	Subject string
+	Route   string
+	// Region; empty means "global".
+	Region string
+	// Units is the capacity to carve out, by unit name.
+	Units Units
+	// TTL is how long the shard may be spent.
+	TTL time.Duration
+}
+
+// Provision obtains a shard from the ledger and installs it. A lost answer
+// is retried with the same shard id, so the ledger carves it once.
+//
+// Returns the installed shard; *RejectedError when the capacity does not
+// fit (or the account carries debt); a *LedgerError for other refusals
+// (reason EMERGENCY_DISABLED when the policy's emergency mode is off,
+// SHARDS_DISABLED when the ledger has no signing key); *LostError when
+// every answer was lost; or the store's Install error (a shard that does
+// not verify is never installed).
+func (e *Emergency) Provision(ctx context.Context, req ProvisionRequest) (*ledger.Shard, error) {
+	id := req.ShardID
+	if id == "" {
+		id = "sh-" + defaultIDs.next().String()
+	}
+	keys := e.keys
+	if keys == nil {
+		fetched, err := e.Keys(ctx)
+		if err != nil {
+			return nil, err
+		}
+		keys = fetched
+	}
+	msg := &ledgerv1.IssueShardRequest{
+		ShardId: id, Subject: req.Subject, Route: req.Route, Region: req.Region, Units: req.Units,
+		GatewayId: e.store.GatewayID(), BootEpoch: e.store.BootEpoch(), Ttl: durationpb.New(req.TTL),
+	}
+	m, err := call(ctx, e.client, "issue shard", id, func(actx context.Context) (*connect.Response[ledgerv1.IssueShardResponse], error) {
+		return e.rpc.IssueShard(actx, connect.NewRequest(msg))
+	})
+	if err != nil {
+		return nil, err
+	}
+	sh, err := e.store.Install(m.GetShard().GetToken(), m.GetShard().GetUnits(), keys)
+	if err != nil {
+		return nil, err
+	}
+	return sh, nil
+}
+
+// Keys reads the ledger's shard verification keys.
+func (e *Emergency) Keys(ctx context.Context) (ledger.ShardKeyRing, error) {
+	m, err := call(ctx, e.client, "list shard keys", "", func(actx context.Context) (*connect.Response[ledgerv1.ListShardKeysResponse], error) {
+		return e.rpc.ListShardKeys(actx, connect.NewRequest(&ledgerv1.ListShardKeysRequest{}))
+	})
+	if err != nil {
+		return nil, err
+	}
+	ring := ledger.ShardKeyRing{}
+	for _, k := range m.GetKeys() {
+		ring[k.GetKeyId()] = ed25519.PublicKey(k.GetPublicKey())
+	}
+	return ring, nil
+}
+
+// EmergencyReservation is the outcome of Emergency.Reserve: exactly one of
+// Central and Local is set.
+type EmergencyReservation struct {
+	ReservationID string
+	RequestDigest string
+	Central       *ReserveResult
+	Local         *LocalReceipt
+	// LedgerErr is why the ledger was not used (set with Local).
+	LedgerErr error
+}
+
+// Reserve reserves through the ledger and, only when the ledger is
+// unreachable, from the subject's shard under the same reservation id.
+//
+// Returns the outcome; the ledger's own error when it answered (a
+// *RejectedError is never overruled by a shard) or when it is unreachable
+// and no shard admits (then joined with the shard's refusal: ErrNoShard,
+// ledger.ErrInsufficientCapacity, ErrShardExpired, ErrShardSealed, ...).
+func (e *Emergency) Reserve(ctx context.Context, req ReserveRequest) (*EmergencyReservation, error) {
+	id, digest, err := prepare(&req)
+	if err != nil {
+		return nil, err
+	}
+	req.ReservationID, req.RequestDigest = id, digest
+	if e.store.Has(id) {
+		// A repeat of a request that was admitted locally stays local.
+		local, err := e.store.Reserve(id, digest, req.Subject, req.Route, req.Region, req.Units)
+		if err != nil {
+			return nil, err
+		}
+		return &EmergencyReservation{ReservationID: id, RequestDigest: digest, Local: local}, nil
+	}
+	central, err := e.client.Reserve(ctx, req)
+	if err == nil {
+		return &EmergencyReservation{ReservationID: id, RequestDigest: digest, Central: central}, nil
+	}
+	if !Unreachable(err) {
+		return nil, err
+	}
+	local, lerr := e.store.Reserve(id, digest, req.Subject, req.Route, req.Region, req.Units)
+	if lerr != nil {
+		return nil, errors.Join(err, lerr)
+	}
+	return &EmergencyReservation{ReservationID: id, RequestDigest: digest, Local: local, LedgerErr: err}, nil
+}
+
+// Start starts a reservation wherever it was admitted. Errors as
+// Client.Start, or ShardStore.Start for a local one.
+func (e *Emergency) Start(ctx context.Context, id, operationID string) error {
+	if e.store.Has(id) {
+		_, err := e.store.Start(id, operationID)
+		return err
+	}
+	_, err := e.client.Start(ctx, id, operationID)
+	return err
+}
+
+// Settle settles a reservation wherever it was admitted. Errors as
+// Client.Settle, or ShardStore.Settle for a local one.
+func (e *Emergency) Settle(ctx context.Context, id, operationID string, actual Units) error {
+	if e.store.Has(id) {
+		_, err := e.store.Settle(id, operationID, actual)
+		return err
+	}
+	_, err := e.client.Settle(ctx, id, operationID, actual)
+	return err
+}
+
+// Release releases an unstarted reservation wherever it was admitted.
+func (e *Emergency) Release(ctx context.Context, id string) error {
+	if e.store.Has(id) {
+		_, err := e.store.Release(id)
+		return err
+	}
+	_, err := e.client.Release(ctx, id)
+	return err
+}
+
+// MarkUsageUnknown marks started work's usage unknown wherever it was
+// admitted.
+func (e *Emergency) MarkUsageUnknown(ctx context.Context, id string) error {
+	if e.store.Has(id) {
+		_, err := e.store.MarkUsageUnknown(id)
+		return err
+	}
+	_, err := e.client.MarkUsageUnknown(ctx, id)
+	return err
+}
+
+// ShardReconciliation is the ledger's answer to one shard's submission.
+type ShardReconciliation struct {
+	ShardID string
+	// Shard is the ledger's record after the submission.
+	Shard *ledgerv1.Shard
+	// Reminted and Debt are what this submission reminted into the active
+	// generation and charged there as debt; AlreadyReconciled is set when
+	// an earlier attempt had been accepted (its answer lost), in which case
+	// they are empty.
+	Reminted          Units
+	Debt              Units
+	AlreadyReconciled bool
+	// Receipts is how many receipts were reported.
+	Receipts int
+}
+
+// Reconcile reports every shard of the store that has something to report:
+// each is sealed first (it admits nothing more), then its receipts go to
+// the ledger once. Call it when the ledger is reachable again, then
+// Provision fresh shards.
+//
+// Returns the outcome per reported shard, and the first error (the shards
+// after it are not attempted; calling Reconcile again resumes, sending
+// exactly the receipts that were logged for the shard in flight).
+func (e *Emergency) Reconcile(ctx context.Context) ([]ShardReconciliation, error) {
+	var out []ShardReconciliation
+	for _, status := range e.store.Shards() {
+		r, ok, err := e.ReconcileShard(ctx, status.Shard.ID)
+		if err != nil {
+			return out, err
+		}
+		if ok {
+			out = append(out, r)
+		}
+	}
+	return out, nil
+}
+
+// ReconcileShard reports one shard (sealing it first). ok is false when it
+// had nothing to report. Errors: a *LedgerError (reason SHARD_FOREIGN,
+// SHARD_NOT_FOUND, INVALID_COMMAND) when the ledger refused, *LostError
+// when every answer was lost, or a store error.
+func (e *Emergency) ReconcileShard(ctx context.Context, shardID string) (ShardReconciliation, bool, error) {
+	sub, ok, err := e.store.BeginSubmission(shardID)
+	if err != nil || !ok {
+		return ShardReconciliation{}, false, err
+	}
+	msg := &ledgerv1.ReconcileShardRequest{ShardId: shardID, GatewayId: e.store.GatewayID()}
+	for _, r := range sub.Receipts {
+		msg.Receipts = append(msg.Receipts, &ledgerv1.ShardReceipt{
+			ReservationId: r.ReservationID, State: stateProto(r.State),
+			ReservedUnits: fromAmounts(sub.Units, r.Reserved), ActualUnits: fromAmounts(sub.Units, r.Actual),
+		})
+	}
+	out := ShardReconciliation{ShardID: shardID, Receipts: len(sub.Receipts)}
+	m, err := call(ctx, e.client, "reconcile shard", shardID, func(actx context.Context) (*connect.Response[ledgerv1.ReconcileShardResponse], error) {
+		return e.rpc.ReconcileShard(actx, connect.NewRequest(msg))
+	})
+	var le *LedgerError
+	switch {
+	case err == nil:
+		out.Shard, out.Reminted, out.Debt = m.GetShard(), m.GetRemintedUnits(), m.GetDebtUnits()
+	case errors.As(err, &le) && le.Reason == reasonShardAlreadyReconciled:
+		// Only this gateway may reconcile the shard and it sends exactly
+		// the logged receipts, so this is an earlier attempt's success.
+		out.AlreadyReconciled = true
+	default:
+		return out, false, fmt.Errorf("reconcile shard %s: %w", shardID, err)
+	}
+	if err := e.store.FinishSubmission(shardID); err != nil {
+		return out, false, err
+	}
+	return out, true, nil
+}
+
+// reasonShardAlreadyReconciled is the server's ErrorDetail reason.
+const reasonShardAlreadyReconciled = "SHARD_ALREADY_RECONCILED"
+
+func stateProto(s ledger.State) ledgerv1.ReservationState {
+	switch s {
+	case ledger.StateReserved:
+		return ledgerv1.ReservationState_RESERVATION_STATE_RESERVED
+	case ledger.StateStarted:
+		return ledgerv1.ReservationState_RESERVATION_STATE_STARTED
+	case ledger.StateSettled:
+		return ledgerv1.ReservationState_RESERVATION_STATE_SETTLED
+	case ledger.StateSettledWithDebt:
+		return ledgerv1.ReservationState_RESERVATION_STATE_SETTLED_WITH_DEBT
+	case ledger.StateReleased:
+		return ledgerv1.ReservationState_RESERVATION_STATE_RELEASED
+	case ledger.StateExpired:
+		return ledgerv1.ReservationState_RESERVATION_STATE_EXPIRED
+	case ledger.StateUsageUnknown:
+		return ledgerv1.ReservationState_RESERVATION_STATE_USAGE_UNKNOWN
+	}
+	return ledgerv1.ReservationState_RESERVATION_STATE_UNSPECIFIED
+}
