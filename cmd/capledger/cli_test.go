@@ -1,0 +1,408 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	neturl "net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/jackc/pgx/v5"
+
+	v1 "github.com/capledger/capledger/api/capledger/v1"
+	"github.com/capledger/capledger/api/capledger/v1/capledgerv1connect"
+)
+
+// startInProcess runs `capledger serve` through run() on a free loopback
+// port over a fresh data directory, and stops it (gracefully, through the
+// context) when the test ends.
+func startInProcess(t *testing.T, extra ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	logs := &lockedBuffer{}
+	done := make(chan int, 1)
+	args := append([]string{"serve", "--addr", "127.0.0.1:0", "--data-dir", t.TempDir()}, extra...)
+	go func() {
+		done <- run(ctx, &env{stdout: logs, stderr: logs, getenv: func(string) string { return "" }}, args)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if code := <-done; code != exitOK {
+			t.Errorf("serve exited %d:\n%s", code, logs.String())
+		}
+	})
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if m := listeningLine.FindStringSubmatch(logs.String()); m != nil {
+			return "http://" + m[1]
+		}
+		select {
+		case code := <-done:
+			t.Fatalf("serve exited %d:\n%s", code, logs.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("serve did not start:\n%s", logs.String())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// cli runs one capledger command against url and returns its exit code,
+// stdout and stderr.
+func cli(t *testing.T, url string, args ...string) (int, string, string) {
+	t.Helper()
+	var stdout, stderr strings.Builder
+	e := &env{stdout: &stdout, stderr: &stderr, getenv: func(k string) string {
+		if k == "CAPLEDGER_ADDR" {
+			return url
+		}
+		return ""
+	}}
+	code := run(context.Background(), e, args)
+	return code, stdout.String(), stderr.String()
+}
+
+func wantExit(t *testing.T, want int, code int, stdout, stderr string) {
+	t.Helper()
+	if code != want {
+		t.Fatalf("exit %d, want %d\nstdout: %s\nstderr: %s", code, want, stdout, stderr)
+	}
+}
+
+const policyYAML = `# tenant-7 on chat.generate
+subject: tenant-7
+route: chat.generate
+holdTTL: 30s
+dimensions:
+  - unit: tokens
+    burst: 1000
+    refillUnits: 100
+    refillInterval: 1s
+  - unit: requests
+    burst: 10
+    refillUnits: 1
+    refillInterval: 1s
+`
+
+func TestCLIAgainstServer(t *testing.T) {
+	url := startInProcess(t)
+	dir := t.TempDir()
+	policyPath := filepath.Join(dir, "policy.yaml")
+	if err := os.WriteFile(policyPath, []byte(policyYAML), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	code, out, errOut := cli(t, url, "policy", "publish", policyPath)
+	wantExit(t, exitOK, code, out, errOut)
+	var published map[string]any
+	if err := json.Unmarshal([]byte(out), &published); err != nil || published["generation"] != "1" || published["holdTtl"] != "30s" {
+		t.Fatalf("publish printed %s (%v)", out, err)
+	}
+
+	// get --format yaml prints the file form; publishing it again is a
+	// replay of the same terms.
+	code, out, errOut = cli(t, url, "policy", "get", "1", "--format", "yaml")
+	wantExit(t, exitOK, code, out, errOut)
+	if !strings.Contains(out, "holdTTL: 30s") || !strings.Contains(out, "refillInterval: 1s") {
+		t.Fatalf("yaml form:\n%s", out)
+	}
+	roundTrip := filepath.Join(dir, "again.yaml")
+	os.WriteFile(roundTrip, []byte(out), 0o600)
+	code, out, errOut = cli(t, url, "policy", "publish", roundTrip)
+	wantExit(t, exitOK, code, out, errOut)
+	if !strings.Contains(errOut, "nothing new published") {
+		t.Fatalf("republish of the same terms: %s", errOut)
+	}
+
+	code, out, errOut = cli(t, url, "reserve", "--subject", "tenant-7", "--route", "chat.generate", "--units", "tokens=600,requests=1", "--id", "req-1")
+	wantExit(t, exitOK, code, out, errOut)
+	if !strings.Contains(out, `"state": "RESERVATION_STATE_RESERVED"`) {
+		t.Fatalf("reserve printed %s", out)
+	}
+	// Without --id an id is generated and shown.
+	code, out, errOut = cli(t, url, "reserve", "--subject", "tenant-7", "--route", "chat.generate", "--units", "tokens=100")
+	wantExit(t, exitOK, code, out, errOut)
+	if !strings.Contains(errOut, "reservation id ") {
+		t.Fatalf("generated id not shown: %s", errOut)
+	}
+	// Rejected by capacity: exit 2, with the reason and Retry-After.
+	code, out, errOut = cli(t, url, "reserve", "--subject", "tenant-7", "--route", "chat.generate", "--units", "tokens=600", "--id", "req-2")
+	wantExit(t, exitRejected, code, out, errOut)
+	if !strings.Contains(errOut, "INSUFFICIENT_CAPACITY") || !strings.Contains(errOut, "Retry-After") {
+		t.Fatalf("rejection message: %s", errOut)
+	}
+
+	code, out, errOut = cli(t, url, "start", "--id", "req-1", "--operation", "op-1")
+	wantExit(t, exitOK, code, out, errOut)
+	code, out, errOut = cli(t, url, "settle", "--id", "req-1", "--operation", "op-1", "--units", "tokens=200,requests=1")
+	wantExit(t, exitOK, code, out, errOut)
+	if !strings.Contains(out, `"tokens": "400"`) {
+		t.Fatalf("settle did not show the refund: %s", out)
+	}
+	// A different settle of the same reservation: exit 4, with the state.
+	code, out, errOut = cli(t, url, "settle", "--id", "req-1", "--operation", "op-1", "--units", "tokens=300")
+	wantExit(t, exitConflict, code, out, errOut)
+	if !strings.Contains(errOut, "RESERVATION_ALREADY_SETTLED") || !strings.Contains(errOut, "is SETTLED") {
+		t.Fatalf("conflict message: %s", errOut)
+	}
+	code, out, errOut = cli(t, url, "release", "req-1")
+	wantExit(t, exitConflict, code, out, errOut)
+
+	code, out, errOut = cli(t, url, "get", "req-1")
+	wantExit(t, exitOK, code, out, errOut)
+	if !strings.Contains(out, `"state": "RESERVATION_STATE_SETTLED"`) {
+		t.Fatalf("get printed %s", out)
+	}
+	code, out, errOut = cli(t, url, "get", "never-reserved")
+	wantExit(t, exitNotFound, code, out, errOut)
+
+	code, out, errOut = cli(t, url, "account", "--subject", "tenant-7", "--route", "chat.generate")
+	wantExit(t, exitOK, code, out, errOut)
+	if !strings.Contains(out, `"spent": "200"`) {
+		t.Fatalf("account printed %s", out)
+	}
+	code, out, errOut = cli(t, url, "policy", "list")
+	wantExit(t, exitOK, code, out, errOut)
+	code, out, errOut = cli(t, url, "audit")
+	wantExit(t, exitOK, code, out, errOut)
+	code, out, errOut = cli(t, url, "policy", "rollback", "1")
+	wantExit(t, exitOK, code, out, errOut)
+	// Nothing admits after the rollback: no policy is "not found".
+	code, out, errOut = cli(t, url, "reserve", "--subject", "tenant-7", "--route", "chat.generate", "--units", "tokens=1", "--id", "req-3")
+	wantExit(t, exitNotFound, code, out, errOut)
+}
+
+func TestCLIUsageErrors(t *testing.T) {
+	url := startInProcess(t)
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.yaml")
+	os.WriteFile(bad, []byte("subject: a\nroute: b\nholdTime: 30s\ndimensions: [{unit: tokens, burst: 5}]\n"), 0o600)
+	badDuration := filepath.Join(dir, "duration.yaml")
+	os.WriteFile(badDuration, []byte("subject: a\nroute: b\nholdTTL: thirty\ndimensions: [{unit: tokens, burst: 5}]\n"), 0o600)
+	invalid := filepath.Join(dir, "invalid.yaml")
+	os.WriteFile(invalid, []byte("subject: a\nroute: b\ndimensions: [{unit: tokens, burst: 0}]\n"), 0o600)
+
+	for _, c := range []struct {
+		args []string
+		want int
+		says string
+	}{
+		{[]string{}, exitUsage, "Commands:"},
+		{[]string{"frobnicate"}, exitUsage, "unknown command"},
+		{[]string{"reserve", "--subject", "t"}, exitUsage, "required"},
+		{[]string{"reserve", "--subject", "t", "--route", "r", "--units", "tokens"}, exitUsage, "unit=amount"},
+		{[]string{"reserve", "--bogus"}, exitUsage, "bogus"},
+		{[]string{"settle", "--id", "x"}, exitUsage, "required"},
+		{[]string{"get"}, exitUsage, "required"},
+		{[]string{"policy"}, exitUsage, "subcommand"},
+		{[]string{"policy", "get", "zero"}, exitUsage, "positive integer"},
+		{[]string{"policy", "publish", filepath.Join(dir, "missing.yaml")}, exitUsage, "no such file"},
+		{[]string{"policy", "publish", bad}, exitUsage, "holdTime"},
+		{[]string{"policy", "publish", badDuration}, exitUsage, "30s, 5m, 1h"},
+		{[]string{"policy", "publish", invalid}, exitUsage, "INVALID_POLICY"},
+		{[]string{"reserve", "--subject", "t", "--route", "r", "--units", "x=1", "--addr", "ftp://host"}, exitUsage, "http://"},
+		{[]string{"serve", "--addr", "0.0.0.0:0", "--data-dir", dir}, exitUsage, "--tokens"},
+		{[]string{"serve", "--tokens", filepath.Join(dir, "missing-tokens")}, exitUsage, "tokens file"},
+	} {
+		code, out, errOut := cli(t, url, c.args...)
+		if code != c.want || !strings.Contains(out+errOut, c.says) {
+			t.Errorf("capledger %v: exit %d (want %d), output lacks %q:\n%s%s", c.args, code, c.want, c.says, out, errOut)
+		}
+	}
+}
+
+func TestCLIHelpTeaches(t *testing.T) {
+	for name := range commands {
+		code, out, errOut := cli(t, "", name, "--help")
+		if code != exitOK {
+			t.Fatalf("%s --help: exit %d: %s", name, code, errOut)
+		}
+		if !strings.Contains(out, "Usage:") || !strings.Contains(out, "Example") || !strings.Contains(out, "Exit codes") {
+			t.Errorf("%s --help lacks usage, an example or the exit codes:\n%s", name, out)
+		}
+	}
+	code, out, _ := cli(t, "", "help", "settle")
+	if code != exitOK || !strings.Contains(out, "refunds the unused") {
+		t.Fatalf("help settle: %d %s", code, out)
+	}
+}
+
+func TestCLIUnavailableServer(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens here now
+	code, out, errOut := cli(t, "http://"+addr, "get", "x")
+	wantExit(t, exitUnavailable, code, out, errOut)
+}
+
+// discrepantLedger answers Audit with one discrepancy. A sound ledger
+// cannot be made unsound through the API, so the exit code of a failing
+// audit is checked against this stand-in server.
+type discrepantLedger struct {
+	capledgerv1connect.UnimplementedLedgerServiceHandler
+}
+
+func (discrepantLedger) Audit(context.Context, *connect.Request[v1.AuditRequest]) (*connect.Response[v1.AuditResponse], error) {
+	return connect.NewResponse(&v1.AuditResponse{Discrepancies: []*v1.Discrepancy{{Check: "conservation", Account: "t/r@global#1", Detail: "off by one"}}}), nil
+}
+
+func TestCLIAuditDiscrepanciesExit6(t *testing.T) {
+	path, handler := capledgerv1connect.NewLedgerServiceHandler(discrepantLedger{})
+	mux := http.NewServeMux()
+	mux.Handle(path, handler)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: mux}
+	go srv.Serve(ln)
+	defer srv.Close()
+	code, out, errOut := cli(t, "http://"+ln.Addr().String(), "audit")
+	wantExit(t, exitDiscrepancies, code, out, errOut)
+	if !strings.Contains(out, "off by one") || !strings.Contains(errOut, "1 discrepancies") {
+		t.Fatalf("audit output: %s / %s", out, errOut)
+	}
+}
+
+func TestCLIAuthToken(t *testing.T) {
+	dir := t.TempDir()
+	tokens := filepath.Join(dir, "tokens")
+	os.WriteFile(tokens, []byte("admin-secret-0123456789 admin ops\ngateway-secret-0123456789 gateway gw\n"), 0o600)
+	url := startInProcess(t, "--tokens", tokens)
+	policy := filepath.Join(dir, "policy.yaml")
+	os.WriteFile(policy, []byte(policyYAML), 0o600)
+
+	code, out, errOut := cli(t, url, "policy", "publish", policy)
+	wantExit(t, exitUsage, code, out, errOut)
+	if !strings.Contains(errOut, "unauthenticated") {
+		t.Fatalf("no token: %s", errOut)
+	}
+	code, out, errOut = cli(t, url, "policy", "publish", policy, "--token", "gateway-secret-0123456789")
+	wantExit(t, exitUsage, code, out, errOut)
+	if !strings.Contains(errOut, "permission_denied") {
+		t.Fatalf("gateway token: %s", errOut)
+	}
+	code, out, errOut = cli(t, url, "policy", "publish", policy, "--token", "admin-secret-0123456789")
+	wantExit(t, exitOK, code, out, errOut)
+	code, out, errOut = cli(t, url, "reserve", "--subject", "tenant-7", "--route", "chat.generate", "--units", "tokens=1",
+		"--token", "gateway-secret-0123456789")
+	wantExit(t, exitOK, code, out, errOut)
+}
+
+func TestMigrate(t *testing.T) {
+	dir := t.TempDir()
+	code, out, errOut := cli(t, "", "migrate", "--data-dir", dir)
+	wantExit(t, exitOK, code, out, errOut)
+	if !strings.Contains(out, "schema at version") {
+		t.Fatalf("migrate printed %q", out)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "capledger.db")); err != nil {
+		t.Fatalf("no database file after migrate: %v", err)
+	}
+	code, out, errOut = cli(t, "", "migrate", "--store", "bogus:thing")
+	wantExit(t, exitUsage, code, out, errOut)
+
+	dsn := postgresSchema(t)
+	for range 2 { // the second run finds the schema current
+		code, out, errOut = cli(t, "", "migrate", "--store", dsn)
+		wantExit(t, exitOK, code, out, errOut)
+	}
+	if !strings.Contains(out, "already at version") {
+		t.Fatalf("second postgres migrate printed %q", out)
+	}
+}
+
+// postgresSchema returns a DSN for a fresh schema on the test server
+// (dropped when the test ends), or skips without CAPLEDGER_TEST_POSTGRES.
+func postgresSchema(t *testing.T) string {
+	t.Helper()
+	dsn := os.Getenv("CAPLEDGER_TEST_POSTGRES")
+	if dsn == "" {
+		t.Skip("CAPLEDGER_TEST_POSTGRES is not set (e.g. postgres://postgres@127.0.0.1:5432/test?sslmode=disable)")
+	}
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatalf("CAPLEDGER_TEST_POSTGRES: %v", err)
+	}
+	defer conn.Close(ctx)
+	var random [6]byte
+	rand.Read(random[:])
+	schema := "capledger_cli_" + hex.EncodeToString(random[:])
+	if _, err := conn.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		conn, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE"); err != nil {
+			t.Error(err)
+		}
+	})
+	u, err := neturl.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// TestTwoReplicasOnPostgres runs two `capledger serve` replicas on one
+// PostgreSQL schema and reserves through both at once: neither oversells
+// (exactly burst/size reservations fit) and the audit is clean.
+func TestTwoReplicasOnPostgres(t *testing.T) {
+	dsn := postgresSchema(t)
+	urls := []string{startInProcess(t, "--store", dsn), startInProcess(t, "--store", dsn)}
+	dir := t.TempDir()
+	policy := filepath.Join(dir, "policy.yaml")
+	os.WriteFile(policy, []byte("subject: tenant-7\nroute: chat\nholdTTL: 1h\ndimensions:\n  - unit: tokens\n    burst: 6000\n"), 0o600)
+	code, out, errOut := cli(t, urls[0], "policy", "publish", policy)
+	wantExit(t, exitOK, code, out, errOut)
+
+	// 40 gateways want 600 each; 6000 tokens fit exactly 10 of them.
+	var admitted, rejected atomic.Int64
+	var wg sync.WaitGroup
+	for i := range 40 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			code, out, errOut := cli(t, urls[i%2], "reserve", "--subject", "tenant-7", "--route", "chat",
+				"--units", "tokens=600", "--id", fmt.Sprintf("gw-%d", i))
+			switch code {
+			case exitOK:
+				admitted.Add(1)
+			case exitRejected:
+				rejected.Add(1)
+			default:
+				t.Errorf("reserve gw-%d: exit %d: %s %s", i, code, out, errOut)
+			}
+		}()
+	}
+	wg.Wait()
+	if admitted.Load() != 10 || rejected.Load() != 30 {
+		t.Fatalf("admitted %d, rejected %d; want 10 and 30", admitted.Load(), rejected.Load())
+	}
+	code, out, errOut = cli(t, urls[1], "audit")
+	wantExit(t, exitOK, code, out, errOut)
+}

@@ -1,0 +1,312 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// buildBinary compiles capledger into a temporary directory once per test.
+func buildBinary(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "capledger")
+	cmd := exec.Command("go", "build", "-o", bin, ".")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// serverProcess is a running `capledger serve`.
+type serverProcess struct {
+	cmd  *exec.Cmd
+	url  string
+	logs *lockedBuffer
+}
+
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+var listeningLine = regexp.MustCompile(`msg=listening addr=(\S+)`)
+
+// startServer runs `capledger serve` on a free loopback port over dataDir
+// and waits until it listens.
+func startServer(t *testing.T, bin, dataDir string, extra ...string) *serverProcess {
+	t.Helper()
+	args := append([]string{"serve", "--addr", "127.0.0.1:0", "--data-dir", dataDir}, extra...)
+	cmd := exec.Command(bin, args...)
+	p := &serverProcess{cmd: cmd, logs: &lockedBuffer{}}
+	// An io.Writer rather than a pipe: Wait then waits until every line
+	// was copied, so the last log lines are never lost.
+	cmd.Stderr = p.logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+	})
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if m := listeningLine.FindStringSubmatch(p.logs.String()); m != nil {
+			p.url = "http://" + m[1]
+			return p
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("server did not start; logs:\n%s", p.logs.String())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// post sends one JSON call; status 0 means no answer arrived (connection
+// refused or reset, timeout): the outcome is unknown to the client.
+func post(client *http.Client, url, method, body string) (int, map[string]any) {
+	resp, err := client.Post(url+"/capledger.v1.LedgerService/"+method, "application/json", strings.NewReader(body))
+	if err != nil {
+		return 0, nil
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, nil
+	}
+	var out map[string]any
+	if json.Unmarshal(raw, &out) != nil {
+		return 0, nil
+	}
+	return resp.StatusCode, out
+}
+
+// step is how far a client saw one reservation acknowledged.
+type step int
+
+const (
+	stepNone step = iota
+	stepReserved
+	stepStarted
+	stepSettled
+)
+
+// TestCrashSafety kills a loaded `capledger serve` with SIGKILL and
+// restarts it on the same data directory: every reservation, start and
+// settle any client saw acknowledged must be there; a request that was not
+// acknowledged is either wholly applied or absent (never half: the audit
+// would see reserved, spent or refund terms that disagree with the
+// reservations); and the audit finds nothing.
+func TestCrashSafety(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary and runs two server processes")
+	}
+	bin := buildBinary(t)
+	dataDir := t.TempDir()
+	srv := startServer(t, bin, dataDir)
+	client := &http.Client{Timeout: 5 * time.Second}
+
+	policy := `{"policy":{"subject":"*","route":"chat","holdTtl":"3600s",
+	  "dimensions":[{"unit":"tokens","burst":"100000000","refillUnits":"1000","refillInterval":"1s"},
+	                {"unit":"requests","burst":"1000000"}]}}`
+	if status, body := post(client, srv.url, "PublishPolicy", policy); status != 200 {
+		t.Fatalf("publish: %d %v", status, body)
+	}
+
+	const workers = 8
+	type record struct {
+		id       string
+		subject  string
+		reserved int64
+		actual   int64
+		acked    step
+	}
+	var mu sync.Mutex
+	records := map[string]*record{}
+	var acks atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for k := 0; ; k++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				r := &record{
+					id:       fmt.Sprintf("w%d-%d", w, k),
+					subject:  fmt.Sprintf("tenant-%d", (w+k)%5),
+					reserved: int64(100 + (w*37+k*11)%400),
+				}
+				r.actual = r.reserved / 2
+				mu.Lock()
+				records[r.id] = r
+				mu.Unlock()
+				ack := func(s step) {
+					mu.Lock()
+					r.acked = s
+					mu.Unlock()
+					acks.Add(1)
+				}
+				// answered reports whether the call was acknowledged; no
+				// answer (the server died) stops the worker, any other
+				// answer is a bug.
+				answered := func(method, body string) bool {
+					status, out := post(client, srv.url, method, body)
+					if status != 200 && status != 0 {
+						t.Errorf("%s %s: %d %v", method, r.id, status, out)
+					}
+					return status == 200
+				}
+				if !answered("Reserve", fmt.Sprintf(
+					`{"reservationId":%q,"subject":%q,"route":"chat","units":{"tokens":%d,"requests":1}}`, r.id, r.subject, r.reserved)) {
+					return
+				}
+				ack(stepReserved)
+				if k%3 == 0 {
+					continue // leave some reservations held
+				}
+				if !answered("Start", fmt.Sprintf(`{"reservationId":%q,"operationId":"op-%s"}`, r.id, r.id)) {
+					return
+				}
+				ack(stepStarted)
+				if k%3 == 1 {
+					continue // leave some started
+				}
+				if !answered("Settle", fmt.Sprintf(
+					`{"reservationId":%q,"operationId":"op-%s","actualUnits":{"tokens":%d,"requests":1}}`, r.id, r.id, r.actual)) {
+					return
+				}
+				ack(stepSettled)
+			}
+		}()
+	}
+	// Kill mid-load: once enough work was acknowledged that batches are
+	// certainly in flight.
+	deadline := time.Now().Add(60 * time.Second)
+	for acks.Load() < 600 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if err := srv.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	srv.cmd.Wait()
+	close(stop)
+	wg.Wait()
+	if acks.Load() < 600 {
+		t.Fatalf("only %d acknowledgements before the deadline; logs:\n%s", acks.Load(), srv.logs.String())
+	}
+
+	restarted := startServer(t, bin, dataDir)
+	stateOf := map[step]string{
+		stepReserved: "RESERVATION_STATE_RESERVED",
+		stepStarted:  "RESERVATION_STATE_STARTED",
+		stepSettled:  "RESERVATION_STATE_SETTLED",
+	}
+	progress := map[string]int{
+		"RESERVATION_STATE_RESERVED": 1, "RESERVATION_STATE_STARTED": 2, "RESERVATION_STATE_SETTLED": 3,
+	}
+	var acked, unackedPresent, unackedAbsent int
+	for _, r := range records {
+		status, body := post(client, restarted.url, "GetReservation", fmt.Sprintf(`{"reservationId":%q}`, r.id))
+		if status == 404 {
+			if r.acked != stepNone {
+				t.Errorf("%s: acknowledged as %s but missing after the crash", r.id, stateOf[r.acked])
+			}
+			unackedAbsent++
+			continue
+		}
+		if status != 200 {
+			t.Fatalf("get %s: %d %v", r.id, status, body)
+		}
+		res := body["reservation"].(map[string]any)
+		state := res["state"].(string)
+		units := res["reservedUnits"].(map[string]any)
+		if fmt.Sprint(units["tokens"]) != fmt.Sprint(r.reserved) || fmt.Sprint(units["requests"]) != "1" || res["subject"] != r.subject {
+			t.Errorf("%s: stored %v, but the client reserved %d tokens for %s", r.id, res, r.reserved, r.subject)
+		}
+		if progress[state] < int(r.acked) {
+			t.Errorf("%s: acknowledged as %s, but stored as %s", r.id, stateOf[r.acked], state)
+		}
+		if state == "RESERVATION_STATE_SETTLED" && fmt.Sprint(res["actualUnits"].(map[string]any)["tokens"]) != fmt.Sprint(r.actual) {
+			t.Errorf("%s: settled with %v, client sent %d", r.id, res["actualUnits"], r.actual)
+		}
+		if r.acked == stepNone {
+			unackedPresent++
+		} else {
+			acked++
+		}
+	}
+	status, audit := post(client, restarted.url, "Audit", `{}`)
+	if status != 200 || audit["discrepancies"] != nil {
+		t.Fatalf("audit after the crash: %d %v", status, audit)
+	}
+	// The unacknowledged ones resolve by retrying with the same id: a
+	// committed one replays, a lost one is admitted now, nothing twice.
+	for _, r := range records {
+		if r.acked != stepNone {
+			continue
+		}
+		status, body := post(client, restarted.url, "Reserve", fmt.Sprintf(
+			`{"reservationId":%q,"subject":%q,"route":"chat","units":{"tokens":%d,"requests":1}}`, r.id, r.subject, r.reserved))
+		if status != 200 {
+			t.Fatalf("retry %s: %d %v", r.id, status, body)
+		}
+	}
+	if status, audit := post(client, restarted.url, "Audit", `{}`); status != 200 || audit["discrepancies"] != nil {
+		t.Fatalf("audit after retries: %d %v", status, audit)
+	}
+	t.Logf("%d reservations acknowledged and found, %d unacknowledged but committed, %d unacknowledged and absent",
+		acked, unackedPresent, unackedAbsent)
+
+	// A graceful stop (SIGTERM) exits 0 and logs the drain.
+	if err := restarted.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- restarted.cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("graceful shutdown: %v\n%s", err, restarted.logs.String())
+		}
+	case <-ctx.Done():
+		t.Fatal("server did not stop after SIGTERM")
+	}
+	if !strings.Contains(restarted.logs.String(), "msg=stopped") {
+		t.Fatalf("no clean stop in the logs:\n%s", restarted.logs.String())
+	}
+	if _, err := os.Stat(dataDir); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,200 @@
+// Command capledger is the one binary of the capacity ledger: it serves
+// the ledger (serve), prepares its store (migrate), and talks to a running
+// server for operators and scripts (policy, reserve, start, settle, release,
+// mark-unknown, get, account, audit).
+//
+// Subcommands register themselves from their own files (see register), so
+// adding one (bench.go, sim.go, shard.go) needs no change here.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"slices"
+	"strings"
+	"syscall"
+)
+
+// Exit codes, the same for every subcommand (documented in --help and the
+// README).
+const (
+	exitOK            = 0 // success
+	exitUsage         = 1 // bad flags or arguments, invalid request, refused credentials
+	exitRejected      = 2 // capacity rejection (HTTP 429 / RESOURCE_EXHAUSTED)
+	exitNotFound      = 3 // no such reservation, policy or active policy
+	exitConflict      = 4 // conflict or failed precondition (already settled, digest mismatch, ...)
+	exitUnavailable   = 5 // server or store unavailable, or the server failed
+	exitDiscrepancies = 6 // audit found discrepancies
+)
+
+const exitCodesHelp = `Exit codes:
+  0  ok
+  1  usage error (bad flags or arguments, invalid request, refused token)
+  2  rejected by capacity (HTTP 429 / RESOURCE_EXHAUSTED)
+  3  not found (reservation, policy generation, or no active policy)
+  4  conflict or failed precondition (already settled, released, expired,
+     operation mismatch, reservation id reused for another request)
+  5  server unavailable (cannot connect, store down, shutting down)
+  6  audit found discrepancies
+`
+
+// command is one subcommand.
+type command struct {
+	name    string
+	summary string // one line for the command list
+	// help is the full --help text: what it does, its flags, an example.
+	help string
+	// run executes the command; its error decides the exit code (see
+	// exitCode).
+	run func(ctx context.Context, e *env, args []string) error
+}
+
+var commands = map[string]*command{}
+
+// register adds a subcommand; each subcommand's file calls it from init.
+func register(c *command) {
+	if _, dup := commands[c.name]; dup {
+		panic("capledger: subcommand registered twice: " + c.name)
+	}
+	commands[c.name] = c
+}
+
+// env is what a command reads and writes besides its arguments.
+type env struct {
+	stdout, stderr io.Writer
+	getenv         func(string) string
+}
+
+// usageError is a mistake in how the command was called (exit 1).
+type usageError struct{ msg string }
+
+func (u usageError) Error() string { return u.msg }
+
+func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(format, args...)} }
+
+// exitError carries an explicit exit code.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (x exitError) Error() string { return x.err.Error() }
+func (x exitError) Unwrap() error { return x.err }
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, &env{stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv}, os.Args[1:])
+	stop()
+	os.Exit(code)
+}
+
+// run dispatches args to a subcommand and returns the exit code.
+func run(ctx context.Context, e *env, args []string) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		if len(args) > 1 && args[0] == "help" {
+			if c, ok := commands[args[1]]; ok {
+				fmt.Fprint(e.stdout, c.help)
+				return exitOK
+			}
+		}
+		printOverview(e.stdout)
+		if len(args) == 0 {
+			return exitUsage
+		}
+		return exitOK
+	}
+	c, ok := commands[args[0]]
+	if !ok {
+		fmt.Fprintf(e.stderr, "capledger: unknown command %q\n\n", args[0])
+		printOverview(e.stderr)
+		return exitUsage
+	}
+	err := c.run(ctx, e, args[1:])
+	if errors.Is(err, flag.ErrHelp) {
+		fmt.Fprint(e.stdout, c.help)
+		return exitOK
+	}
+	if err == nil {
+		return exitOK
+	}
+	code := exitCode(err)
+	fmt.Fprintf(e.stderr, "capledger %s: %v\n", c.name, err)
+	if code == exitUsage {
+		fmt.Fprintf(e.stderr, "Run `capledger %s --help` for usage.\n", c.name)
+	}
+	return code
+}
+
+func printOverview(w io.Writer) {
+	fmt.Fprint(w, `capledger - one shared capacity ledger for concurrent requests.
+
+Gateways reserve estimated capacity before running a request, mark it
+started, then settle the actual usage (or release it) exactly once.
+
+Usage: capledger <command> [flags] [args]
+
+Commands:
+`)
+	names := make([]string, 0, len(commands))
+	for name := range commands {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		fmt.Fprintf(w, "  %-13s %s\n", name, commands[name].summary)
+	}
+	fmt.Fprint(w, `
+Run "capledger <command> --help" for what a command does, its flags and an
+example. Start here: capledger serve                 (then, in another shell)
+                     capledger policy publish policy.yaml
+("capledger policy --help" shows the policy file format.)
+
+`+exitCodesHelp)
+}
+
+// newFlags returns a flag set whose errors are returned, not printed, so
+// that run decides what to print and which exit code to use.
+func newFlags(name string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	return fs
+}
+
+// parseFlags parses flags and positional arguments in any order
+// ("policy get 7 --addr x" as well as "policy get --addr x 7") and returns
+// the positional ones. It returns flag.ErrHelp for -h/--help and a
+// usageError for anything malformed.
+func parseFlags(fs *flag.FlagSet, args []string) ([]string, error) {
+	var positional []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, err
+			}
+			return nil, usageError{err.Error()}
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			return positional, nil
+		}
+		positional = append(positional, args[0])
+		args = args[1:]
+	}
+}
+
+// wantArgs checks the number of positional arguments.
+func wantArgs(positional []string, n int, what string) error {
+	if len(positional) != n {
+		if n == 0 {
+			return usagef("unexpected argument %q", strings.Join(positional, " "))
+		}
+		return usagef("want %s, got %d argument(s)", what, len(positional))
+	}
+	return nil
+}

@@ -1,0 +1,313 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/oklog/ulid/v2"
+
+	v1 "github.com/capledger/capledger/api/capledger/v1"
+)
+
+func init() {
+	register(&command{name: "reserve", summary: "reserve estimated capacity (prints the RESERVED receipt)", help: reserveHelp, run: runReserve})
+	register(&command{name: "start", summary: "mark a reservation started, binding an operation id", help: startHelp, run: runStart})
+	register(&command{name: "settle", summary: "settle actual usage; the unused rest is refunded once", help: settleHelp, run: runSettle})
+	register(&command{name: "release", summary: "give an unstarted reservation back in full", help: releaseHelp, run: runRelease})
+	register(&command{name: "mark-unknown", summary: "record that started work's usage is unknown", help: markUnknownHelp, run: runMarkUnknown})
+	register(&command{name: "get", summary: "read a reservation by id (recovery after a lost answer)", help: getHelp, run: runGet})
+}
+
+const reserveHelp = `Usage: capledger reserve --subject S --route R --units unit=n[,unit=n] [--id ID] [flags]
+
+Reserve moves the estimated units from the subject's available capacity to
+reserved, in every dimension at once or in none, and prints the RESERVED
+receipt (limitReservation.v1). Run the request only after this succeeds,
+then "capledger start" it and "capledger settle" the actual usage.
+
+The reservation id is the idempotency key. Without --id a new ULID is
+generated and printed; if the answer is lost, retry with the SAME id (or
+"capledger get ID"): a retry returns the same receipt and never debits
+twice. The same id with a different request is refused (exit 4).
+
+Flags:
+  --subject S       concrete subject, e.g. tenant-7 (required)
+  --route R         route, e.g. chat.generate (required)
+  --region REGION   region (default global)
+  --units SPEC      estimate by unit name, e.g. tokens=600,requests=1 (required)
+  --id ID           reservation id (default: a new ULID)
+  --digest D        canonical request digest (default: derived by the server
+                    from subject, route, region and units)
+`
+
+const startHelp = `Usage: capledger start --id ID --operation OP [flags]
+
+Start moves a RESERVED reservation to STARTED and binds the operation id
+(compare-and-set: expiry can no longer take it back). Call it right before
+the work begins; settle must present the same operation id. Starting again
+with the same operation id is a harmless replay; after expiry or release it
+fails with exit 4.
+
+Flags:
+  --id ID           reservation id (required)
+  --operation OP    operation id of the execution (required)
+`
+
+const settleHelp = `Usage: capledger settle --id ID --operation OP --units unit=n[,unit=n] [flags]
+
+Settle records the actual usage of started work and refunds the unused
+difference exactly once (printed as refundedUnits). Usage above the
+reservation takes available capacity first; the rest becomes debt, the
+reservation ends SETTLED_WITH_DEBT and the subject's route admits nothing
+until refills repay it. Settling a USAGE_UNKNOWN reservation resolves it.
+Retrying the same settle replays the receipt with nothing refunded twice.
+
+Flags:
+  --id ID           reservation id (required)
+  --operation OP    operation id given to start (required)
+  --units SPEC      actual usage by unit name, e.g. tokens=200,requests=1;
+                    omitted units count as 0
+`
+
+const releaseHelp = `Usage: capledger release --id ID [flags]
+
+Release gives an unstarted (RESERVED) reservation back in full, e.g. when
+the request was cancelled before it ran. Started work cannot be released
+(exit 4): it may be using its capacity, so settle it instead.
+
+Flags:
+  --id ID           reservation id (required)
+`
+
+const markUnknownHelp = `Usage: capledger mark-unknown --id ID [flags]
+
+Mark-unknown records that the outcome of STARTED work is unknown (the
+executor crashed, its answer was lost). The capacity stays reserved and is
+never treated as unused; only a settle with the operation id resolves it.
+
+Flags:
+  --id ID           reservation id (required)
+`
+
+const getHelp = `Usage: capledger get ID [flags]
+
+Get prints a reservation (limitReservation.v1) by id: its state, reserved,
+actual and overdraft units, operation id and times. It is the recovery path
+when a reserve answer was lost (RESERVATION_UNKNOWN): exit 3 means the id
+was never admitted, anything else is its receipt. Never reserve again under
+a new id for the same request.
+`
+
+func examples(lines ...string) string {
+	out := "\nExample:\n"
+	for _, l := range lines {
+		out += "  " + l + "\n"
+	}
+	return out + "\n" + clientFlagsHelp + "\n" + exitCodesHelp
+}
+
+func init() {
+	for name, ex := range map[string]string{
+		"reserve":      examples("capledger reserve --subject tenant-7 --route chat.generate --units tokens=600,requests=1 --id req-42"),
+		"start":        examples("capledger start --id req-42 --operation exec-42"),
+		"settle":       examples("capledger settle --id req-42 --operation exec-42 --units tokens=200,requests=1"),
+		"release":      examples("capledger release --id req-42"),
+		"mark-unknown": examples("capledger mark-unknown --id req-42"),
+		"get":          examples("capledger get req-42"),
+	} {
+		commands[name].help += ex
+	}
+}
+
+func runReserve(ctx context.Context, e *env, args []string) error {
+	fs := newFlags("reserve")
+	var cf clientFlags
+	cf.register(fs, e)
+	id := fs.String("id", "", "")
+	subject := fs.String("subject", "", "")
+	route := fs.String("route", "", "")
+	region := fs.String("region", "", "")
+	unitSpec := fs.String("units", "", "")
+	digest := fs.String("digest", "", "")
+	positional, err := parseFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := wantArgs(positional, 0, ""); err != nil {
+		return err
+	}
+	if *subject == "" || *route == "" || *unitSpec == "" {
+		return usagef("--subject, --route and --units are required")
+	}
+	units, err := parseUnits("units", *unitSpec)
+	if err != nil {
+		return err
+	}
+	if *id == "" {
+		*id = ulid.MustNew(ulid.Timestamp(time.Now()), rand.Reader).String()
+		fmt.Fprintf(e.stderr, "reservation id %s (retry with --id %s if the answer is lost)\n", *id, *id)
+	}
+	client, err := cf.client()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := cf.context(ctx)
+	defer cancel()
+	resp, err := client.Reserve(ctx, connect.NewRequest(&v1.ReserveRequest{
+		ReservationId: *id, RequestDigest: *digest, Subject: *subject, Route: *route, Region: *region, Units: units,
+	}))
+	if err != nil {
+		return describe(err)
+	}
+	if resp.Msg.GetShadowRejected() {
+		r := resp.Msg.GetShadowRejection()
+		fmt.Fprintf(e.stderr, "shadow mode: enforcement would have rejected this (%s on %q); nothing was reserved\n",
+			r.GetReason(), r.GetLimitingDimension())
+	}
+	return printJSON(e.stdout, resp.Msg)
+}
+
+func runStart(ctx context.Context, e *env, args []string) error {
+	fs := newFlags("start")
+	var cf clientFlags
+	cf.register(fs, e)
+	id := fs.String("id", "", "")
+	operation := fs.String("operation", "", "")
+	positional, err := parseFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := wantArgs(positional, 0, ""); err != nil {
+		return err
+	}
+	if *id == "" || *operation == "" {
+		return usagef("--id and --operation are required")
+	}
+	client, err := cf.client()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := cf.context(ctx)
+	defer cancel()
+	resp, err := client.Start(ctx, connect.NewRequest(&v1.StartRequest{ReservationId: *id, OperationId: *operation}))
+	if err != nil {
+		return describe(err)
+	}
+	return printJSON(e.stdout, resp.Msg)
+}
+
+func runSettle(ctx context.Context, e *env, args []string) error {
+	fs := newFlags("settle")
+	var cf clientFlags
+	cf.register(fs, e)
+	id := fs.String("id", "", "")
+	operation := fs.String("operation", "", "")
+	unitSpec := fs.String("units", "", "")
+	positional, err := parseFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := wantArgs(positional, 0, ""); err != nil {
+		return err
+	}
+	if *id == "" || *operation == "" {
+		return usagef("--id and --operation are required")
+	}
+	units, err := parseUnits("units", *unitSpec)
+	if err != nil {
+		return err
+	}
+	client, err := cf.client()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := cf.context(ctx)
+	defer cancel()
+	resp, err := client.Settle(ctx, connect.NewRequest(&v1.SettleRequest{ReservationId: *id, OperationId: *operation, ActualUnits: units}))
+	if err != nil {
+		return describe(err)
+	}
+	return printJSON(e.stdout, resp.Msg)
+}
+
+func runRelease(ctx context.Context, e *env, args []string) error {
+	cf, id, err := parseIDFlags("release", e, args)
+	if err != nil {
+		return err
+	}
+	client, err := cf.client()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := cf.context(ctx)
+	defer cancel()
+	resp, err := client.Release(ctx, connect.NewRequest(&v1.ReleaseRequest{ReservationId: id}))
+	if err != nil {
+		return describe(err)
+	}
+	return printJSON(e.stdout, resp.Msg)
+}
+
+func runMarkUnknown(ctx context.Context, e *env, args []string) error {
+	cf, id, err := parseIDFlags("mark-unknown", e, args)
+	if err != nil {
+		return err
+	}
+	client, err := cf.client()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := cf.context(ctx)
+	defer cancel()
+	resp, err := client.MarkUsageUnknown(ctx, connect.NewRequest(&v1.MarkUsageUnknownRequest{ReservationId: id}))
+	if err != nil {
+		return describe(err)
+	}
+	return printJSON(e.stdout, resp.Msg)
+}
+
+func runGet(ctx context.Context, e *env, args []string) error {
+	cf, id, err := parseIDFlags("get", e, args)
+	if err != nil {
+		return err
+	}
+	client, err := cf.client()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := cf.context(ctx)
+	defer cancel()
+	resp, err := client.GetReservation(ctx, connect.NewRequest(&v1.GetReservationRequest{ReservationId: id}))
+	if err != nil {
+		return describe(err)
+	}
+	return printJSON(e.stdout, resp.Msg.GetReservation())
+}
+
+// parseIDFlags parses the flags of a command that names one reservation,
+// by --id or as its only argument.
+func parseIDFlags(name string, e *env, args []string) (*clientFlags, string, error) {
+	fs := newFlags(name)
+	cf := &clientFlags{}
+	cf.register(fs, e)
+	id := fs.String("id", "", "")
+	positional, err := parseFlags(fs, args)
+	if err != nil {
+		return nil, "", err
+	}
+	switch {
+	case len(positional) > 1:
+		return nil, "", usagef("want one reservation id, got %d arguments", len(positional))
+	case len(positional) == 1 && *id != "" && positional[0] != *id:
+		return nil, "", usagef("reservation id given twice (%q and --id %q)", positional[0], *id)
+	case len(positional) == 1:
+		*id = positional[0]
+	}
+	if *id == "" {
+		return nil, "", usagef("a reservation id is required (--id ID or as the argument)")
+	}
+	return cf, *id, nil
+}
