@@ -121,18 +121,12 @@ func (c *Client) run(ctx context.Context, req ReserveRequest, work Work, g gate)
 	}
 
 	receipt.OperationID = NewOperationID()
-	st, err := c.Start(ctx, rr.ReservationID, receipt.OperationID)
+	started, err := c.start(ctx, receipt)
 	if err != nil {
-		var lost *LostError
-		if errors.As(err, &lost) || ctx.Err() != nil {
-			// Start may have landed. The work has not run and will not:
-			// release it, or settle zero usage if it did start.
-			c.abandonStart(ctx, receipt)
-		}
 		done(nil)
 		return nil, fmt.Errorf("run: %w", err)
 	}
-	receipt.StartedAt = st.Reservation.GetStartedAt().AsTime()
+	receipt.StartedAt = started.GetStartedAt().AsTime()
 
 	actual, werr, panicked, panicValue := runWork(context.WithValue(ctx, receiptKey{}, receipt), work)
 	unknown := panicked || errors.Is(werr, ErrUsageUnknown) || (actual == nil && isContextError(werr))
@@ -204,23 +198,52 @@ func (c *Client) releaseUnstarted(ctx context.Context, id string) {
 	_, _ = c.Release(rctx, id)
 }
 
+// start starts the reservation under the receipt's operation id. When
+// every Start answer was lost it looks the reservation up: STARTED under
+// this operation id means the Start landed and the work may run. Otherwise
+// (or when ctx ended) the work will not run and the Start is undone
+// (abandonStart). It returns the started reservation, or the error.
+func (c *Client) start(ctx context.Context, receipt OperationReceipt) (*ledgerv1.Reservation, error) {
+	st, err := c.Start(ctx, receipt.ReservationID, receipt.OperationID)
+	if err == nil {
+		return st.Reservation, nil
+	}
+	var lost *LostError
+	if !errors.As(err, &lost) && ctx.Err() == nil {
+		return nil, err // the ledger refused: expired, released, ...
+	}
+	if ctx.Err() == nil {
+		if got, gerr := c.GetReservation(ctx, receipt.ReservationID); gerr == nil && got.GetOperationId() == receipt.OperationID &&
+			got.GetState() == ledgerv1.ReservationState_RESERVATION_STATE_STARTED {
+			return got, nil
+		}
+	}
+	c.abandonStart(ctx, receipt)
+	return nil, err
+}
+
 // abandonStart undoes a Start whose answer was lost and whose work will not
 // run: Release if it did not start; if it did (ErrAlreadyStarted), settle
 // zero usage, which is the truth because the work was never called. If
-// neither can be confirmed, mark it unknown and keep the receipt.
+// neither can be confirmed, the receipt (with zero actual usage) is kept
+// for ResolveUnknown.
 func (c *Client) abandonStart(ctx context.Context, receipt OperationReceipt) {
 	actx, cancel := c.detached(ctx)
 	defer cancel()
-	_, err := c.Release(actx, receipt.ReservationID)
-	if err == nil || !errors.Is(err, ErrAlreadyStarted) {
-		return
-	}
 	receipt.Actual = Units{}
-	if _, err := c.Settle(actx, receipt.ReservationID, receipt.OperationID, receipt.Actual); err != nil {
-		var lost *LostError
-		if errors.As(err, &lost) {
-			c.keepPending(receipt)
-		}
+	_, err := c.Release(actx, receipt.ReservationID)
+	var lost *LostError
+	switch {
+	case err == nil:
+		return
+	case errors.As(err, &lost):
+		c.keepPending(receipt)
+		return
+	case !errors.Is(err, ErrAlreadyStarted):
+		return // expired or released: nothing is held
+	}
+	if _, err := c.Settle(actx, receipt.ReservationID, receipt.OperationID, receipt.Actual); errors.As(err, &lost) {
+		c.keepPending(receipt)
 	}
 }
 
@@ -252,9 +275,9 @@ func (c *Client) keepPending(r OperationReceipt) {
 }
 
 // PendingUnknown returns the receipts of work this Client left
-// USAGE_UNKNOWN (or could not settle), by reservation id. They stay until
-// ResolveUnknown settles them. The list lives in memory only: a gateway
-// that must survive restarts should persist the receipts from
+// USAGE_UNKNOWN (or could not settle or release), by reservation id. They
+// stay until ResolveUnknown settles them. The list lives in memory only: a
+// gateway that must survive restarts should persist the receipts from
 // UsageUnknownError itself.
 func (c *Client) PendingUnknown() []OperationReceipt {
 	c.pendingMu.Lock()
@@ -269,16 +292,30 @@ func (c *Client) PendingUnknown() []OperationReceipt {
 
 // ResolveUnknown settles USAGE_UNKNOWN (or unsettled STARTED) work from its
 // operation receipt with the actual usage learned later (from the backend's
-// billing record, a log, ...). It returns the settle result (Replayed when
-// this exact settle was already recorded) and forgets the receipt; a
-// *LedgerError matching ErrAlreadySettled when a different settle was
-// recorded, ErrOperationMismatch for a receipt of another operation;
-// *LostError when every answer was lost (call it again).
+// billing record, a log, ...), and forgets the receipt. It returns:
+//   - the settle result (Replayed when this exact settle was already
+//     recorded, e.g. a settle whose answer was lost did land);
+//   - for a receipt whose Start never took effect (kept after a lost Start
+//     answer), the result of releasing the reservation, or the reservation
+//     as it is when it already ended released or expired (nothing is held);
+//   - a *LedgerError matching ErrAlreadySettled when a different settle was
+//     recorded, ErrOperationMismatch for a receipt of another operation;
+//   - *LostError when every answer was lost (call it again).
 func (c *Client) ResolveUnknown(ctx context.Context, receipt OperationReceipt, actual Units) (*SettleResult, error) {
 	if receipt.ReservationID == "" || receipt.OperationID == "" {
 		return nil, errors.New("resolve unknown: receipt has no reservation or operation id")
 	}
 	sr, err := c.Settle(ctx, receipt.ReservationID, receipt.OperationID, actual)
+	if errors.Is(err, ErrNotStarted) {
+		// The Start whose answer was lost never landed: the work did not
+		// run under this reservation; give it back.
+		sr, err = c.Release(ctx, receipt.ReservationID)
+	}
+	var le *LedgerError
+	if errors.As(err, &le) && (errors.Is(err, ErrReleased) || errors.Is(err, ErrExpired)) {
+		// Ended unstarted: nothing was spent and nothing is held.
+		sr, err = &SettleResult{Reservation: le.Reservation, Replayed: true}, nil
+	}
 	if err != nil {
 		return nil, fmt.Errorf("resolve unknown: %w", err)
 	}
