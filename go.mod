@@ -6,6 +6,7 @@ require pgregory.net/rapid v1.3.0
 
 require (
 	connectrpc.com/connect v1.21.1 // indirect
+	github.com/anishathalye/porcupine v1.3.1 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/dustin/go-humanize v1.1.0 // indirect

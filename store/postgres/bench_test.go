@@ -1,0 +1,167 @@
+package postgres_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/capledger/capledger/engine"
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+	"github.com/capledger/capledger/store/postgres"
+)
+
+// hotBench opens `replicas` stores (separate pools, as separate server
+// processes would have) on one fresh schema with a policy whose one
+// account never runs out, so every reserve is admitted and all of them
+// contend for the same account row.
+func hotBench(b *testing.B, replicas int) []*postgres.Store {
+	b.Helper()
+	dsn := withParam(b, schemaDSN(b), "pool_max_conns", "32")
+	var stores []*postgres.Store
+	for range replicas {
+		s, err := postgres.Open(context.Background(), dsn)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { s.Close() })
+		stores = append(stores, s)
+	}
+	p := seedPolicy()
+	p.Dimensions[0].Burst, p.Dimensions[0].MaxReservation = 1<<50, 1<<50
+	p.HoldTTL = time.Hour
+	res, err := engine.NewCore(stores[0]).Commit(context.Background(), []ledger.Command{{Kind: ledger.KindPublishPolicy, Policy: p}}, time.Now())
+	if err != nil || res[0].Err != nil {
+		b.Fatalf("publish: %v %v", err, res[0].Err)
+	}
+	// Open the account, so the measured reserves all update one row.
+	commitCmds(b, stores[0], time.Now(), reserveCmd("rl-open", 1))
+	return stores
+}
+
+var benchID atomic.Int64
+
+func nextID() string { return fmt.Sprintf("rl-%d", benchID.Add(1)) }
+
+// runCommitters runs b.N reserves as batches of batch commands, from
+// `committers` goroutines spread over the stores, retrying a batch that
+// lost a race, and reports reserves per second.
+func runCommitters(b *testing.B, stores []*postgres.Store, committers, batch int) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	var failed atomic.Value
+	b.ResetTimer()
+	start := time.Now()
+	for c := range committers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			core := engine.NewCore(stores[c%len(stores)])
+			for {
+				first := next.Add(int64(batch)) - int64(batch)
+				if first >= int64(b.N) {
+					return
+				}
+				n := min(batch, b.N-int(first))
+				cmds := make([]ledger.Command, n)
+				for i := range cmds {
+					cmds[i] = reserveCmd(nextID(), 1)
+				}
+				for attempt := 0; ; attempt++ {
+					results, err := core.Commit(context.Background(), cmds, time.Now())
+					if err == nil {
+						for _, r := range results {
+							if r.Err != nil {
+								failed.Store(r.Err)
+							}
+						}
+						break
+					}
+					if attempt > 100 || !isConflict(err) {
+						failed.Store(err)
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	b.StopTimer()
+	if err, _ := failed.Load().(error); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "reserves/s")
+	var conflicts uint64
+	for _, s := range stores {
+		conflicts += s.Stats().Conflicts
+	}
+	b.ReportMetric(float64(conflicts)/float64(b.N), "conflicts/op")
+}
+
+func isConflict(err error) bool { return errors.Is(err, store.ErrConflict) }
+
+// BenchmarkHotAccountReserve measures reserves on one hot account:
+//
+//   - one_tx_per_reserve: every reserve is its own transaction (lock the
+//     account row, insert the reservation and its journal entry, update the
+//     account, commit), from 16 concurrent clients over two stores, as a
+//     server without group commit would run them;
+//   - group_commit: the engine's core commits N reserves per transaction,
+//     one committer per store (two stores: two replicas);
+//   - engine_two_replicas: 64 gateways call two engines (their own
+//     batching), the production path.
+func BenchmarkHotAccountReserve(b *testing.B) {
+	for _, clients := range []int{1, 16} {
+		b.Run(fmt.Sprintf("one_tx_per_reserve/clients=%d", clients), func(b *testing.B) {
+			runCommitters(b, hotBench(b, 2), clients, 1)
+		})
+	}
+	for _, n := range []int{10, 100} {
+		b.Run(fmt.Sprintf("group_commit/batch=%d/replicas=2", n), func(b *testing.B) {
+			runCommitters(b, hotBench(b, 2), 2, n)
+		})
+	}
+	b.Run("engine_two_replicas/gateways=64", func(b *testing.B) {
+		stores := hotBench(b, 2)
+		engines := []*engine.Engine{
+			engine.New(stores[0], engine.Options{DisableWorkers: true}),
+			engine.New(stores[1], engine.Options{DisableWorkers: true}),
+		}
+		defer engines[0].Close()
+		defer engines[1].Close()
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		var failed atomic.Value
+		b.ResetTimer()
+		start := time.Now()
+		for g := range 64 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				e := engines[g%2]
+				for next.Add(1) <= int64(b.N) {
+					res, err := e.Do(context.Background(), reserveCmd(nextID(), 1))
+					if err == nil {
+						err = res.Err
+					}
+					if err != nil {
+						failed.Store(err)
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		elapsed := time.Since(start)
+		b.StopTimer()
+		if err, _ := failed.Load().(error); err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(float64(b.N)/elapsed.Seconds(), "reserves/s")
+	})
+}

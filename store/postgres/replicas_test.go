@@ -1,0 +1,441 @@
+package postgres_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	ledgerv1 "github.com/capledger/capledger/api/capledger/v1"
+	"github.com/capledger/capledger/client"
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store/postgres"
+)
+
+// buildCapledger builds the capledger binary into a temporary directory
+// and returns its path.
+func buildCapledger(t testing.TB) string {
+	t.Helper()
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		goTool = filepath.Join(runtime.GOROOT(), "bin", "go")
+	}
+	bin := filepath.Join(t.TempDir(), "capledger")
+	cmd := exec.Command(goTool, "build", "-o", bin, "github.com/capledger/capledger/cmd/capledger")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build capledger: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// freeAddr returns a loopback address nothing listens on now.
+func freeAddr(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// replica is one `capledger serve --store postgres://...` process.
+type replica struct {
+	t     testing.TB
+	bin   string
+	dsn   string
+	addr  string
+	extra []string
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	logs bytes.Buffer
+}
+
+func startReplica(t testing.TB, bin, dsn string, extra ...string) *replica {
+	t.Helper()
+	r := &replica{t: t, bin: bin, dsn: dsn, addr: freeAddr(t), extra: extra}
+	r.start()
+	t.Cleanup(r.stop)
+	return r
+}
+
+// start runs the process and waits until it answers /readyz.
+func (r *replica) start() {
+	r.t.Helper()
+	r.mu.Lock()
+	args := append([]string{"serve", "--addr", r.addr, "--store", r.dsn, "--log-level", "warn"}, r.extra...)
+	cmd := exec.Command(r.bin, args...)
+	cmd.Stdout, cmd.Stderr = &r.logs, &r.logs
+	if err := cmd.Start(); err != nil {
+		r.mu.Unlock()
+		r.t.Fatalf("start replica: %v", err)
+	}
+	r.cmd = cmd
+	r.mu.Unlock()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Get("http://" + r.addr + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			r.t.Fatalf("replica %s not ready after 30s: %v\n%s", r.addr, err, r.logs.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// kill ends the process with SIGKILL: no graceful shutdown, batches in
+// flight are cut off mid-transaction.
+func (r *replica) kill() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cmd != nil {
+		r.cmd.Process.Signal(syscall.SIGKILL)
+		r.cmd.Wait()
+		r.cmd = nil
+	}
+}
+
+func (r *replica) stop() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cmd != nil {
+		r.cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { r.cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			r.cmd.Process.Kill()
+			<-done
+		}
+		r.cmd = nil
+	}
+}
+
+// cutter relays TCP connections to a replica and can cut all of them at
+// once (a load balancer restart, a network blip): the clients see their
+// calls fail mid-flight, with unknown outcome.
+type cutter struct {
+	ln     net.Listener
+	target string
+	mu     sync.Mutex
+	conns  map[net.Conn]bool
+	cuts   atomic.Int32
+}
+
+func newCutter(t testing.TB, target string) *cutter {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &cutter{ln: ln, target: target, conns: map[net.Conn]bool{}}
+	go c.serve()
+	t.Cleanup(func() { ln.Close(); c.cut() })
+	return c
+}
+
+func (c *cutter) serve() {
+	for {
+		in, err := c.ln.Accept()
+		if err != nil {
+			return
+		}
+		out, err := net.Dial("tcp", c.target)
+		if err != nil {
+			in.Close()
+			continue
+		}
+		c.mu.Lock()
+		c.conns[in], c.conns[out] = true, true
+		c.mu.Unlock()
+		relay := func(dst, src net.Conn) {
+			buf := make([]byte, 32<<10)
+			for {
+				n, err := src.Read(buf)
+				if n > 0 {
+					if _, err := dst.Write(buf[:n]); err != nil {
+						break
+					}
+				}
+				if err != nil {
+					break
+				}
+			}
+			dst.Close()
+			src.Close()
+			c.mu.Lock()
+			delete(c.conns, dst)
+			delete(c.conns, src)
+			c.mu.Unlock()
+		}
+		go relay(out, in)
+		go relay(in, out)
+	}
+}
+
+// cut closes every relayed connection.
+func (c *cutter) cut() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for conn := range c.conns {
+		conn.Close()
+	}
+	c.conns = map[net.Conn]bool{}
+	c.cuts.Add(1)
+}
+
+func (c *cutter) addr() string { return c.ln.Addr().String() }
+
+// refused reports whether err is a definite refusal by the ledger (as
+// opposed to a lost answer or an unavailable server).
+func refused(err error) bool {
+	for _, sentinel := range []error{client.ErrNotFound, client.ErrDigestMismatch, client.ErrNotStarted,
+		client.ErrAlreadyStarted, client.ErrAlreadySettled, client.ErrReleased, client.ErrExpired,
+		client.ErrOperationMismatch, client.ErrNoPolicy} {
+		if errors.Is(err, sentinel) {
+			return true
+		}
+	}
+	return false
+}
+
+// publishPolicy publishes a tokens policy for tenant-7 through a replica.
+func publishPolicy(t testing.TB, addr string, burst, maxReservation int64) {
+	t.Helper()
+	c, err := client.New(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, _, err = c.PublishPolicy(context.Background(), &ledgerv1.Policy{
+		Subject: tenant7.Subject, Route: tenant7.Route, Region: tenant7.Region,
+		Dimensions: []*ledgerv1.Dimension{{Unit: "tokens", Burst: burst, MaxReservation: maxReservation}},
+		// Holds outlive the test, so nothing expires behind the model's
+		// back (the model has no expiry).
+		HoldTtl: durationpb.New(time.Hour),
+	})
+	if err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+}
+
+// Three replicas on one schema, gateways spread over them reserving from
+// one subject with the seed's numbers (capacity 1,000, estimates of 600,
+// 200, 100 and 50, random actual usage), while one replica is SIGKILLed and
+// restarted and client connections are cut. Afterwards: no unit was
+// admitted beyond capacity, the audit finds nothing, every acknowledged
+// reservation and settle is stored, and the clients' history is
+// linearizable (porcupine, lost answers as unknown outcomes).
+func TestReplicasLinearizableUnderFaults(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary and runs three server processes")
+	}
+	dsn := schemaDSN(t)
+	bin := buildCapledger(t)
+	var replicas []*replica
+	var cutters []*cutter
+	for range 3 {
+		r := startReplica(t, bin, dsn)
+		replicas = append(replicas, r)
+		cutters = append(cutters, newCutter(t, r.addr))
+	}
+	const capacity = 1000
+	publishPolicy(t, replicas[0].addr, capacity, capacity)
+
+	var clients []*client.Client
+	for _, c := range cutters {
+		cl, err := client.New(c.addr(), client.WithTimeout(3*time.Second),
+			client.WithRetryPolicy(client.RetryPolicy{MaxAttempts: 4, BaseDelay: 20 * time.Millisecond, MaxDelay: 200 * time.Millisecond}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cl.Close()
+		clients = append(clients, cl)
+	}
+
+	const gateways, perGateway = 8, 14
+	sizes := []int64{600, 200, 100, 50}
+	h := &history{start: time.Now()}
+	var (
+		mu           sync.Mutex
+		acknowledged = map[string]int64{} // reserve ok: id -> units
+		settled      = map[string]int64{} // settle ok: id -> actual
+	)
+	record := func(client int, call int64, in accountInput, out accountOutput) {
+		ret := h.now()
+		if out.unknown {
+			ret = neverReturned
+		}
+		mu.Lock()
+		h.ops = append(h.ops, porcupine.Operation{ClientId: client, Call: call, Return: ret, Input: in, Output: out})
+		mu.Unlock()
+	}
+
+	loadDone := make(chan struct{})
+	var kills atomic.Int32
+	var faults sync.WaitGroup
+	faults.Add(1)
+	go func() { // faults: cut connections now and then, kill and restart replica 2 once
+		defer faults.Done()
+		rng := rand.New(rand.NewPCG(1, 2))
+		for i := 0; ; i++ {
+			select {
+			case <-loadDone:
+				return
+			case <-time.After(time.Duration(80+rng.IntN(120)) * time.Millisecond):
+			}
+			if i == 2 {
+				kills.Add(1)
+				replicas[2].kill()
+				time.Sleep(200 * time.Millisecond)
+				replicas[2].start()
+				continue
+			}
+			cutters[rng.IntN(len(cutters))].cut()
+		}
+	}()
+
+	var wg sync.WaitGroup
+	for gw := range gateways {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx := context.Background()
+			rng := rand.New(rand.NewPCG(uint64(gw), 42))
+			for i := range perGateway {
+				id := fmt.Sprintf("rl-g%d-%d", gw, i)
+				units := sizes[rng.IntN(len(sizes))]
+				in := accountInput{id: id, units: units}
+				call := h.now()
+				_, err := clients[rng.IntN(len(clients))].Reserve(ctx, client.ReserveRequest{ReservationID: id,
+					Subject: tenant7.Subject, Route: tenant7.Route, Region: tenant7.Region, Units: client.Units{"tokens": units}})
+				var rejection *client.RejectedError
+				switch {
+				case err == nil:
+					record(gw, call, in, accountOutput{ok: true})
+					mu.Lock()
+					acknowledged[id] = units
+					mu.Unlock()
+				case errors.As(err, &rejection):
+					record(gw, call, in, accountOutput{rejected: true})
+					continue
+				default:
+					// Answer lost on every attempt (killed replica, cut
+					// connections): unknown outcome; the gateway would
+					// resolve it later, the history keeps it open.
+					record(gw, call, in, accountOutput{unknown: true})
+					continue
+				}
+				// Small actuals keep the run about contention for held
+				// capacity rather than running dry.
+				actual := rng.Int64N(units/10 + 1)
+				settle := accountInput{settle: true, id: id, units: units, actual: actual}
+				call = h.now()
+				op := "op-" + id
+				_, err = clients[rng.IntN(len(clients))].Start(ctx, id, op)
+				if err == nil {
+					_, err = clients[rng.IntN(len(clients))].Settle(ctx, id, op, client.Units{"tokens": actual})
+				}
+				switch {
+				case err == nil:
+					record(gw, call, settle, accountOutput{ok: true})
+					mu.Lock()
+					settled[id] = actual
+					mu.Unlock()
+				case refused(err):
+					t.Errorf("start/settle %s refused: %v", id, err)
+					record(gw, call, settle, accountOutput{unknown: true})
+				default: // lost or unavailable: unknown outcome
+					record(gw, call, settle, accountOutput{unknown: true})
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(loadDone)
+	faults.Wait()
+
+	// The database's view, read directly.
+	s, err := postgres.Open(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	snap := mustAudit(t, s)
+	var reserved, spent, sources int64
+	for _, a := range snap.Accounts {
+		if a.Key.SubjectKey() == tenant7 {
+			reserved += a.Balances[0].Reserved
+			spent += a.Balances[0].Spent
+			sources += a.Balances[0].Opening + a.Balances[0].Minted
+		}
+	}
+	if reserved+spent > sources || sources != capacity {
+		t.Errorf("oversold: reserved %d + spent %d > capacity %d (sources %d)", reserved, spent, capacity, sources)
+	}
+	for id, units := range acknowledged {
+		r, err := s.ReservationGet(context.Background(), id)
+		if err != nil || r.Reserved[0] != units {
+			t.Errorf("acknowledged reservation %s (%d): stored %+v, %v", id, units, r.Reserved, err)
+		}
+	}
+	for id, actual := range settled {
+		r, err := s.ReservationGet(context.Background(), id)
+		if err != nil || r.State != ledger.StateSettled || r.Actual[0] != actual {
+			t.Errorf("acknowledged settle %s (%d): stored %s %+v, %v", id, actual, r.State, r.Actual, err)
+		}
+	}
+
+	res, info := porcupine.CheckOperationsVerbose(accountModel(capacity), h.ops, 30*time.Second)
+	switch res {
+	case porcupine.Ok:
+	case porcupine.Illegal:
+		path := filepath.Join(os.TempDir(), fmt.Sprintf("capledger-linearizability-%d.html", time.Now().UnixNano()))
+		if err := porcupine.VisualizePath(accountModel(capacity), info, path); err == nil {
+			t.Errorf("history of %d operations is not linearizable; visualization: %s", len(h.ops), path)
+		} else {
+			t.Errorf("history of %d operations is not linearizable", len(h.ops))
+		}
+	default:
+		t.Errorf("linearizability check of %d operations did not finish in 30s", len(h.ops))
+	}
+	unknown := 0
+	for _, op := range h.ops {
+		if op.Output.(accountOutput).unknown {
+			unknown++
+		}
+	}
+	var cuts int32
+	for _, c := range cutters {
+		cuts += c.cuts.Load()
+	}
+	t.Logf("%d operations (%d with lost answers), %d reservations acknowledged, %d settles; %d connection cuts, %d replica kills",
+		len(h.ops), unknown, len(acknowledged), len(settled), cuts, kills.Load())
+	if kills.Load() == 0 {
+		t.Error("the load ended before the replica was killed: the run tested no crash")
+	}
+}
