@@ -15,6 +15,7 @@ import (
 // process.
 type executor struct {
 	up bool
+	q  execSched
 }
 
 // job hands a dispatched request to its executor.
@@ -25,9 +26,10 @@ func (w *world) job(idx int32) {
 	r.opID = "op-" + r.id
 	w.log(recJob, node, 0, r.id, 0, "")
 	if !w.execs[r.exec].up {
-		return // in the durable job log; picked up on restart
+		return // in the durable job log; queued again on restart
 	}
-	w.startOp(r)
+	r.schedKnown = true
+	w.enqueue(r)
 }
 
 // startOp sends the start. When the start-vs-expire site fires, the start
@@ -35,6 +37,7 @@ func (w *world) job(idx int32) {
 // worker is made to run at that same instant.
 func (w *world) startOp(r *request) {
 	r.opPhase = opStarting
+	r.slot = true
 	if r.expiresAt > w.now+int64(10*time.Millisecond) && w.f.fire(SiteStartVersusExpire) {
 		r.opAttempt++
 		at := r.expiresAt - netMin + w.between(-int64(3*time.Millisecond), int64(3*time.Millisecond))
@@ -139,6 +142,7 @@ func (w *world) startAnswer(r *request, res *ledger.Result) {
 		// Expiry won the race: nothing ran, nothing is owed.
 		r.opPhase = opDone
 		w.done(r, outExpired)
+		w.slotFree(r, 0)
 	default:
 		w.violate(GateProtocol, fmt.Sprintf("start of %s answered %v", r.id, res.Err))
 	}
@@ -165,6 +169,7 @@ func (w *world) opDone(idx int32) {
 	if w.execs[r.exec].up && r.opPhase == opRunning {
 		w.sendSettle(r)
 	}
+	w.slotFree(r, r.actual[0])
 }
 
 func (w *world) settleAnswer(r *request, res *ledger.Result) {
@@ -198,8 +203,12 @@ func (w *world) crashExecutor(i int) {
 	for _, r := range w.requests {
 		if r.exec == i && r.phase == phDispatched && r.opPhase != opDone {
 			r.opAttempt++ // the dead process's timers and answers are stale
+			// The scheduler's memory dies with the process; the requests it
+			// dispatched keep their slots until their operations end.
+			r.schedKnown = false
 		}
 	}
+	e.q.open = false // the fairness window dies with it
 	w.log(recExecCrash, w.executorNode(i), 0, "", 0, "")
 	w.after(w.between(execRestartLo, execRestartHi), evExecRestart, int32(i), 0, 0)
 }
@@ -211,12 +220,16 @@ func (w *world) executorRestart(i int) {
 	e := &w.execs[i]
 	e.up = true
 	w.log(recExecRestart, w.executorNode(i), 0, "", 0, "")
+	w.newExecSched(e)
 	for _, r := range w.requests {
 		if r.exec != i || r.phase != phDispatched {
 			continue
 		}
 		switch r.opPhase {
-		case opQueued, opStarting:
+		case opQueued:
+			r.schedKnown = true
+			w.enqueue(r)
+		case opStarting:
 			w.sendStart(r, w.between(netMin, netMax))
 		case opRunning:
 			if r.receipt {

@@ -1,8 +1,282 @@
 package sim
 
-type FairnessResult struct{}
-type fairness struct{}
+import (
+	"fmt"
+	"io"
+	"math"
+	"text/tabwriter"
 
-func (f *fairness) init(w *world)          {}
-func (f *fairness) result() FairnessResult { return FairnessResult{} }
-func (f *fairness) check(w *world)         {}
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/sched"
+)
+
+// Fairness in the simulation: every executor runs the real sched.Scheduler
+// over the reserved requests dispatched to it, with a few execution slots,
+// so queues form under load. A sched.Meter watches it in windows: a window
+// opens when at least two tenants are backlogged and closes after a fixed
+// number of dispatches (an executor crash discards it). The length is fixed
+// so that when a window ends does not depend on who was served in it:
+// closing it when a tenant runs dry would end windows just as a fast-served
+// (heavy) tenant emptied its queue, and bias the figures. Each closed
+// window gives
+//
+//   - its RFE, checked against the bound of docs/FAIRNESS.md,
+//     RFE <= (M + 3·c·E)·2/w_min (M the largest estimate, c the slots, E the
+//     largest estimate error seen); above it is a GateFairness violation;
+//   - each tenant's served cost and weighted max-min fair share, summed by
+//     tenant weight over all windows of all interleavings: the per-tenant
+//     error of a weight class, |served - fair| / fair, must stay within the
+//     fairness budget (the policies' default, ledger.DefaultFairnessBudget).
+
+// maxWeight is the largest tenant weight the simulated policies draw.
+const maxWeight = 4
+
+// minFairWindows is how many windows a weight class needs before its
+// aggregate error is gated (fewer is too little service to judge).
+const minFairWindows = 200
+
+// FairnessResult is one interleaving's fairness figures.
+type FairnessResult struct {
+	Windows int64
+	// Served and Fair sum, by tenant weight, the cost served and the fair
+	// share over the closed windows.
+	Served [maxWeight + 1]float64
+	Fair   [maxWeight + 1]float64
+	// WindowsBy counts, by weight, the windows a tenant of that weight took
+	// part in.
+	WindowsBy [maxWeight + 1]int64
+	// WorstRFE is the largest RFE / bound of a window.
+	WorstRFE float64
+}
+
+// FairnessSummary aggregates FairnessResults.
+type FairnessSummary struct {
+	FairnessResult
+	Budget float64
+}
+
+func (s *FairnessSummary) add(r *FairnessResult) {
+	s.Windows += r.Windows
+	for w := range r.Served {
+		s.Served[w] += r.Served[w]
+		s.Fair[w] += r.Fair[w]
+		s.WindowsBy[w] += r.WindowsBy[w]
+	}
+	s.WorstRFE = math.Max(s.WorstRFE, r.WorstRFE)
+}
+
+func (s *FairnessSummary) merge(o *FairnessSummary) { s.add(&o.FairnessResult) }
+
+// ClassError returns the aggregate per-tenant error of weight class w.
+func (s *FairnessSummary) ClassError(w int) float64 {
+	if s.Fair[w] == 0 {
+		return 0
+	}
+	return math.Abs(s.Served[w]-s.Fair[w]) / s.Fair[w]
+}
+
+// Failures returns the weight classes whose error exceeds the budget.
+func (s *FairnessSummary) Failures() []string {
+	var out []string
+	for w := 1; w <= maxWeight; w++ {
+		if s.WindowsBy[w] >= minFairWindows && s.ClassError(w) > ledger.DefaultFairnessBudget {
+			out = append(out, fmt.Sprintf("fairness: tenants of weight %d got %.0f against a fair %.0f (error %.4f > budget %.2f)",
+				w, s.Served[w], s.Fair[w], s.ClassError(w), ledger.DefaultFairnessBudget))
+		}
+	}
+	return out
+}
+
+func (s *FairnessSummary) write(out io.Writer) {
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "FAIRNESS (sched, %d windows)\tWINDOWS\tSERVED\tFAIR SHARE\tERROR\tBUDGET\t\n", s.Windows)
+	for w := 1; w <= maxWeight; w++ {
+		mark := "ok"
+		switch {
+		case s.WindowsBy[w] < minFairWindows:
+			mark = fmt.Sprintf("(under %d windows: not gated)", minFairWindows)
+		case s.ClassError(w) > ledger.DefaultFairnessBudget:
+			mark = "FAIL"
+		}
+		fmt.Fprintf(tw, "tenants of weight %d\t%d\t%.0f\t%.0f\t%.4f\t%.2f %s\t\n", w, s.WindowsBy[w], s.Served[w], s.Fair[w],
+			s.ClassError(w), ledger.DefaultFairnessBudget, mark)
+	}
+	fmt.Fprintf(tw, "worst window RFE / bound\t\t\t\t%.3f\t1.00\t\n", s.WorstRFE)
+	tw.Flush()
+}
+
+// fairness is an interleaving's fairness bookkeeping.
+type fairness struct {
+	res FairnessResult
+	// maxEstimate and maxError are M and E of the RFE bound, over the
+	// requests dispatched so far.
+	maxEstimate int64
+	maxError    int64
+}
+
+func (f *fairness) result() FairnessResult { return f.res }
+
+// execSched is an executor's scheduler state.
+type execSched struct {
+	s      *sched.Scheduler
+	meter  *sched.Meter
+	slots  int
+	busy   int
+	open   bool // a window is open
+	count  int  // dispatches in the open window
+	minW   int64
+	weight map[string]int64
+}
+
+func (w *world) newExecSched(e *executor) {
+	meter := sched.NewMeter()
+	s, err := sched.New(sched.Config{Meter: meter, MaxQueuePerTenant: 1 << 16})
+	if err != nil {
+		panic("sim: sched.New with a valid config: " + err.Error())
+	}
+	e.q = execSched{s: s, meter: meter, slots: e.q.slots, busy: e.q.busy, weight: map[string]int64{}}
+	for t := range w.tenants {
+		name := w.tenants[t].subject
+		weight := w.op.base[w.tenants[t].key].FairnessWeight
+		if err := s.SetTenant(name, weight, 0); err != nil {
+			panic("sim: sched.SetTenant: " + err.Error())
+		}
+		e.q.weight[name] = weight
+	}
+}
+
+// enqueue queues a reserved request at its executor's scheduler and
+// dispatches what the free slots allow.
+func (w *world) enqueue(r *request) {
+	e := &w.execs[r.exec]
+	err := e.q.s.Enqueue(sched.Request{ReservationID: r.id, Tenant: w.tenants[r.tenant].subject, EstimatedCost: max(r.units[0], 1)})
+	if err != nil {
+		w.violate(GateProtocol, fmt.Sprintf("sched.Enqueue %s: %v", r.id, err))
+		return
+	}
+	w.pump(r.exec)
+}
+
+// pump dispatches queued requests into free slots, in the scheduler's
+// order, and opens or closes fairness windows.
+func (w *world) pump(i int) {
+	e := &w.execs[i]
+	if !e.up {
+		return
+	}
+	for e.q.busy < e.q.slots && e.q.s.Len() > 0 {
+		w.fairnessWindow(e)
+		req, ok := e.q.s.Dispatch()
+		if !ok {
+			w.violate(GateFairness, "sched.Dispatch returned nothing with requests queued (not work-conserving)")
+			return
+		}
+		e.q.busy++
+		if e.q.open {
+			e.q.count++
+		}
+		r := w.requestByID(req.ReservationID, i)
+		if r == nil {
+			w.violate(GateProtocol, "sched dispatched unknown reservation "+req.ReservationID)
+			return
+		}
+		w.fair.maxEstimate = max(w.fair.maxEstimate, req.EstimatedCost)
+		w.startOp(r)
+	}
+	w.fairnessWindow(e)
+}
+
+func (w *world) requestByID(id string, exec int) *request {
+	for _, r := range w.requests {
+		if r.id == id && r.exec == exec && r.phase == phDispatched {
+			return r
+		}
+	}
+	return nil
+}
+
+// slotFree ends a dispatched request's use of its executor slot: its
+// operation finished (actual cost) or never started (cost 0).
+func (w *world) slotFree(r *request, actual int64) {
+	e := &w.execs[r.exec]
+	if r.slot {
+		r.slot = false
+		e.q.busy--
+	}
+	if r.schedKnown {
+		r.schedKnown = false
+		if err := e.q.s.Settle(r.id, actual); err != nil {
+			w.violate(GateProtocol, fmt.Sprintf("sched.Settle %s: %v", r.id, err))
+			return
+		}
+		w.fair.maxError = max(w.fair.maxError, abs64(r.units[0]-actual))
+	}
+	w.pump(r.exec)
+}
+
+func abs64(x int64) int64 {
+	if x < 0 {
+		return -x
+	}
+	return x
+}
+
+// windowDispatches is the length of a fairness window.
+const windowDispatches = 8
+
+// fairnessWindow opens a window when two tenants are backlogged and closes
+// it after windowDispatches dispatches.
+func (w *world) fairnessWindow(e *executor) {
+	q := &e.q
+	if q.open {
+		if q.count >= windowDispatches {
+			w.closeWindow(e)
+		}
+		return
+	}
+	backlogged := 0
+	minW := int64(math.MaxInt64)
+	for t := range w.tenants {
+		name := w.tenants[t].subject
+		if q.s.QueueLen(name) > 0 {
+			backlogged++
+			minW = min(minW, q.weight[name])
+		}
+	}
+	if backlogged >= 2 {
+		q.meter.StartWindow()
+		q.open, q.count, q.minW = true, 0, minW
+	}
+}
+
+func (w *world) closeWindow(e *executor) {
+	q := &e.q
+	q.open = false
+	rfe := q.meter.RFE()
+	bound := float64(w.fair.maxEstimate+3*int64(q.slots)*w.fair.maxError) * 2 / float64(q.minW)
+	f := &w.fair.res
+	f.Windows++
+	if bound > 0 {
+		f.WorstRFE = math.Max(f.WorstRFE, rfe/bound)
+	}
+	if rfe > bound {
+		w.violate(GateFairness, fmt.Sprintf("a fairness window's RFE %.1f exceeds the bound %.1f of docs/FAIRNESS.md (M=%d, c=%d, E=%d, w_min=%d)",
+			rfe, bound, w.fair.maxEstimate, q.slots, w.fair.maxError, q.minW))
+		return
+	}
+	snap := q.meter.Snapshot()
+	for _, tf := range snap {
+		if tf.Weight < 1 || tf.Weight > maxWeight {
+			continue
+		}
+		var capacity float64
+		for _, o := range snap {
+			if o.Priority == tf.Priority {
+				capacity += float64(o.Served)
+			}
+		}
+		f.Served[tf.Weight] += float64(tf.Served)
+		f.Fair[tf.Weight] += tf.FairShare * capacity
+		f.WindowsBy[tf.Weight]++
+	}
+}

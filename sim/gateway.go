@@ -85,6 +85,8 @@ type request struct {
 	settleUnknownSince int64
 	refundAnswer       int64 // the answer that carried the refund, 0 before
 	viaShard           int32 // 1 + index of the shard that admitted it, 0 for the ledger
+	slot               bool  // holds one of its executor's slots
+	schedKnown         bool  // queued or in flight in its executor's scheduler
 }
 
 // gateway is a gateway replica. Its requests live in world.requests.

@@ -21,8 +21,10 @@ type Outcome struct {
 	Commits int64
 	// SimTime is how much simulated time passed.
 	SimTime time.Duration
-	// Fired counts how often each fault site fired.
-	Fired [numSites]int64
+	// Fired counts how often each fault site fired; Enabled says which
+	// sites the seed switched on.
+	Fired   [numSites]int64
+	Enabled [numSites]bool
 	// Violation is the first violation (the run stopped there), or nil.
 	Violation *Violation
 	// TraceHash is a hash of every event of the run, in order: the same
@@ -131,6 +133,7 @@ func runOne(cfg *Config, seed uint64, wrap func(store.Store) store.Store) Outcom
 		Commits:   w.ledger.commits,
 		SimTime:   time.Duration(w.now),
 		Fired:     w.f.fired,
+		Enabled:   w.f.enabled,
 		Violation: w.fail,
 		TraceHash: w.tr.hash,
 		Fairness:  w.fair.result(),
@@ -174,6 +177,7 @@ func newWorld(cfg *Config, seed uint64, wrap func(store.Store) store.Store) *wor
 	w.execs = make([]executor, w.shape.executors)
 	for i := range w.execs {
 		w.execs[i].up = true
+		w.execs[i].q.slots = 1 + rng.IntN(3)
 	}
 	w.chk = newChecker(w)
 	w.newLedger()
@@ -212,7 +216,9 @@ func (w *world) start() {
 		}
 	}
 	w.op.policiesStale = true
-	w.fair.init(w)
+	for i := range w.execs {
+		w.newExecSched(&w.execs[i])
+	}
 
 	for g := 0; g < w.shape.gateways; g++ {
 		for i := 0; i < w.shape.requests; i++ {
@@ -251,5 +257,4 @@ func (w *world) final() {
 			return
 		}
 	}
-	w.fair.check(w)
 }

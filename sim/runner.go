@@ -1,0 +1,353 @@
+package sim
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"text/tabwriter"
+	"time"
+)
+
+// Release-gate thresholds.
+const (
+	// DefaultMinFires is how often every fault site must fire in a gate
+	// run: a gate cannot pass by not testing.
+	DefaultMinFires = 1000
+	// MinFiresFrom is the smallest run the site gate applies to by
+	// default; smaller runs (a replay of one seed) report the counts only.
+	MinFiresFrom = 10000
+	// MaxUnknownP99 is the longest the 99th percentile of UNKNOWN
+	// convergence may take, in simulated time.
+	MaxUnknownP99 = 10 * time.Minute
+)
+
+// Options say which interleavings a run covers and how it reports.
+type Options struct {
+	// Seed is the first interleaving's seed; interleaving i runs seed
+	// Seed+i.
+	Seed uint64
+	// Interleavings is how many seeded runs to do.
+	Interleavings int64
+	// Workers is how many run in parallel (default: all cores).
+	Workers int
+	// MinFires is the site gate (see DefaultMinFires); negative picks the
+	// default for the run's size.
+	MinFires int64
+	// Progress, when set, receives a progress bar (rate, ETA, violations).
+	Progress io.Writer
+	// Violations, when set, receives each violation's report as it is
+	// found: the full report for the first MaxReports, a one-line summary
+	// with the replay command after that.
+	Violations io.Writer
+	MaxReports int
+}
+
+// Report aggregates a run.
+type Report struct {
+	Seed          uint64
+	Interleavings int64
+	Workers       int
+	Events        int64
+	Commits       int64
+	SimTime       time.Duration
+	Fired         [numSites]int64
+	// EnabledIn counts the interleavings that had each site switched on.
+	EnabledIn [numSites]int64
+	Gates     [numGates]int64
+	// Violations holds the first reports (up to 16), in the order found.
+	Violations         []*Violation
+	ReservationUnknown Histogram
+	UsageUnknown       Histogram
+	Fairness           FairnessSummary
+	MinFires           int64
+	Wall               time.Duration
+	CPU                time.Duration
+}
+
+// acc is one worker's share of a Report.
+type acc struct {
+	events, commits int64
+	simTime         time.Duration
+	fired, enabled  [numSites]int64
+	gates           [numGates]int64
+	resUnknown      Histogram
+	usageUnknown    Histogram
+	fair            FairnessSummary
+}
+
+func (a *acc) add(o *Outcome) {
+	a.events += o.Events
+	a.commits += o.Commits
+	a.simTime += o.SimTime
+	for s := range o.Fired {
+		a.fired[s] += o.Fired[s]
+		if o.Enabled[s] {
+			a.enabled[s]++
+		}
+	}
+	if o.Violation != nil {
+		a.gates[o.Violation.Gate]++
+	}
+	for _, d := range o.ReservationUnknown {
+		a.resUnknown.Add(d)
+	}
+	for _, d := range o.UsageUnknown {
+		a.usageUnknown.Add(d)
+	}
+	a.fair.add(&o.Fairness)
+}
+
+// Run runs opts.Interleavings interleavings under cfg on opts.Workers
+// goroutines (each interleaving itself is single-goroutine and
+// deterministic) and returns the aggregate. ctx ending stops it early; the
+// report then covers the interleavings that finished.
+func Run(ctx context.Context, cfg *Config, opts Options) *Report {
+	workers := opts.Workers
+	if workers <= 0 {
+		workers = runtime.GOMAXPROCS(0)
+	}
+	if int64(workers) > opts.Interleavings {
+		workers = int(max(opts.Interleavings, 1))
+	}
+	minFires := opts.MinFires
+	if minFires < 0 {
+		minFires = 0
+		if opts.Interleavings >= MinFiresFrom {
+			minFires = DefaultMinFires
+		}
+	}
+	rep := &Report{Seed: opts.Seed, Workers: workers, MinFires: minFires}
+	start := time.Now()
+	cpuStart := cpuTime()
+
+	var next, done, violations atomic.Int64
+	var mu sync.Mutex
+	reported := 0
+	accs := make([]acc, workers)
+	var wg sync.WaitGroup
+	const chunk = 16
+	for i := 0; i < workers; i++ {
+		wg.Add(1)
+		go func(a *acc) {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				first := next.Add(chunk) - chunk
+				if first >= opts.Interleavings {
+					return
+				}
+				last := min(first+chunk, opts.Interleavings)
+				for k := first; k < last && ctx.Err() == nil; k++ {
+					o := RunOne(cfg, opts.Seed+uint64(k))
+					a.add(&o)
+					done.Add(1)
+					if o.Violation == nil {
+						continue
+					}
+					violations.Add(1)
+					mu.Lock()
+					if len(rep.Violations) < 16 {
+						rep.Violations = append(rep.Violations, o.Violation)
+					}
+					if opts.Violations != nil {
+						if reported < opts.MaxReports {
+							fmt.Fprint(opts.Violations, o.Violation.Report())
+						} else {
+							fmt.Fprintf(opts.Violations, "VIOLATION of gate %s in seed %d: replay with %s\n", o.Violation.Gate, o.Violation.Seed, o.Violation.Replay)
+						}
+						reported++
+					}
+					mu.Unlock()
+				}
+			}
+		}(&accs[i])
+	}
+	stop := make(chan struct{})
+	progressDone := make(chan struct{})
+	if opts.Progress != nil {
+		go progress(opts.Progress, opts.Interleavings, &done, &violations, start, stop, progressDone)
+	} else {
+		close(progressDone)
+	}
+	wg.Wait()
+	close(stop)
+	<-progressDone
+
+	rep.Wall = time.Since(start)
+	rep.CPU = cpuTime() - cpuStart
+	for i := range accs {
+		a := &accs[i]
+		rep.Events += a.events
+		rep.Commits += a.commits
+		rep.SimTime += a.simTime
+		for s := range a.fired {
+			rep.Fired[s] += a.fired[s]
+			rep.EnabledIn[s] += a.enabled[s]
+		}
+		for g := range a.gates {
+			rep.Gates[g] += a.gates[g]
+		}
+		rep.ReservationUnknown.Merge(&a.resUnknown)
+		rep.UsageUnknown.Merge(&a.usageUnknown)
+		rep.Fairness.merge(&a.fair)
+	}
+	rep.Interleavings = done.Load()
+	return rep
+}
+
+// cpuTime returns the process's user+system CPU time (0 where the
+// platform does not say).
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// progress draws a progress bar on w until stop closes: done/total, rate,
+// ETA and violations so far. On a terminal it redraws one line; elsewhere
+// (a CI log) it prints a line every 10 seconds.
+func progress(w io.Writer, total int64, done, violations *atomic.Int64, start time.Time, stop, finished chan struct{}) {
+	defer close(finished)
+	tty := false
+	if f, ok := w.(*os.File); ok {
+		if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
+			tty = true
+		}
+	}
+	every := 200 * time.Millisecond
+	if !tty {
+		every = 10 * time.Second
+	}
+	ticker := time.NewTicker(every)
+	defer ticker.Stop()
+	draw := func(final bool) {
+		n := done.Load()
+		elapsed := time.Since(start)
+		rate := float64(n) / max(elapsed.Seconds(), 1e-9)
+		eta := "--"
+		if rate > 0 && n < total {
+			eta = (time.Duration(float64(total-n)/rate) * time.Second / time.Second).Round(time.Second).String()
+		}
+		const width = 30
+		filled := int(float64(width) * float64(n) / float64(max(total, 1)))
+		bar := strings.Repeat("=", filled) + strings.Repeat(" ", width-filled)
+		line := fmt.Sprintf("[%s] %3.0f%% %d/%d  %.0f/s  ETA %s  violations %d",
+			bar, 100*float64(n)/float64(max(total, 1)), n, total, rate, eta, violations.Load())
+		switch {
+		case tty && final:
+			fmt.Fprintf(w, "\r%s\n", line)
+		case tty:
+			fmt.Fprintf(w, "\r%s", line)
+		default:
+			fmt.Fprintln(w, line)
+		}
+	}
+	for {
+		select {
+		case <-stop:
+			draw(true)
+			return
+		case <-ticker.C:
+			draw(false)
+		}
+	}
+}
+
+// Failures returns why the run fails its gates (none when it passes):
+// any violation, a fault site that fired fewer than MinFires times, an
+// UNKNOWN convergence p99 above MaxUnknownP99, a fairness error beyond a
+// budget.
+func (r *Report) Failures() []string {
+	var out []string
+	for g := Gate(0); g < numGates; g++ {
+		if r.Gates[g] > 0 {
+			out = append(out, fmt.Sprintf("gate %s: %d violations", g, r.Gates[g]))
+		}
+	}
+	for s := Site(0); s < numSites; s++ {
+		if r.Fired[s] < r.MinFires {
+			out = append(out, fmt.Sprintf("fault site %s fired %d times, fewer than %d", s, r.Fired[s], r.MinFires))
+		}
+	}
+	if p := r.ReservationUnknown.Quantile(0.99); p > MaxUnknownP99 {
+		out = append(out, fmt.Sprintf("RESERVATION_UNKNOWN p99 %s > %s", p, MaxUnknownP99))
+	}
+	if p := r.UsageUnknown.Quantile(0.99); p > MaxUnknownP99 {
+		out = append(out, fmt.Sprintf("USAGE_UNKNOWN p99 %s > %s", p, MaxUnknownP99))
+	}
+	return out
+}
+
+// WriteTable writes the run's summary: the interleavings and events, each
+// gate's figure, each fault site's count, UNKNOWN convergence, fairness,
+// wall and CPU time, and PASS or FAIL with the reasons.
+func (r *Report) WriteTable(w io.Writer) {
+	n := max(r.Interleavings, 1)
+	fmt.Fprintf(w, "\ncapledger sim: %d interleavings, seeds %d..%d, %d workers\n", r.Interleavings, r.Seed, r.Seed+uint64(n)-1, r.Workers)
+	fmt.Fprintf(w, "  %d events (%d per interleaving), %d store commits, %s simulated\n",
+		r.Events, r.Events/n, r.Commits, r.SimTime.Round(time.Second))
+	fmt.Fprintf(w, "  wall %s, cpu %s (%.2f ms cpu per interleaving)\n\n",
+		r.Wall.Round(time.Millisecond), r.CPU.Round(time.Millisecond), float64(r.CPU)/float64(n)/1e6)
+
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "GATE\tVIOLATIONS\t")
+	for g := Gate(0); g < numGates; g++ {
+		fmt.Fprintf(tw, "%s\t%d\t\n", g, r.Gates[g])
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "FAULT SITE\tFIRED\tON IN\tMIN\t\n")
+	for s := Site(0); s < numSites; s++ {
+		mark := "ok"
+		if r.Fired[s] < r.MinFires {
+			mark = "TOO FEW"
+		}
+		seed := ""
+		if s.SeedSite() {
+			seed = " (seed)"
+		}
+		fmt.Fprintf(tw, "%s%s\t%d\t%d\t%d %s\t\n", s, seed, r.Fired[s], r.EnabledIn[s], r.MinFires, mark)
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "UNKNOWN CONVERGENCE (simulated)\tCOUNT\tP50\tP99\tMAX\tGATE P99 <= %s\t\n", MaxUnknownP99)
+	for _, row := range []struct {
+		name string
+		h    *Histogram
+	}{{"RESERVATION_UNKNOWN", &r.ReservationUnknown}, {"USAGE_UNKNOWN", &r.UsageUnknown}} {
+		mark := "ok"
+		if row.h.Quantile(0.99) > MaxUnknownP99 {
+			mark = "FAIL"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t\n", row.name, row.h.Count(), row.h.Quantile(0.5), row.h.Quantile(0.99), row.h.Max(), mark)
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+	r.Fairness.write(w)
+
+	if f := r.Failures(); len(f) > 0 {
+		fmt.Fprintf(w, "\nRESULT: FAIL\n")
+		for _, reason := range f {
+			fmt.Fprintf(w, "  %s\n", reason)
+		}
+		return
+	}
+	fmt.Fprintf(w, "\nRESULT: PASS (every gate 0")
+	if r.MinFires > 0 {
+		fmt.Fprintf(w, ", every fault site fired at least %d times", r.MinFires)
+	} else {
+		fmt.Fprintf(w, "; the fault-site gate applies to runs of %d interleavings or more", MinFiresFrom)
+	}
+	fmt.Fprintf(w, ")\n")
+}
