@@ -46,17 +46,20 @@ type FairQueue struct {
 	costUnit string
 	weight   func(ctx context.Context, subject string, res *ledgerv1.Reservation) (int64, int)
 
-	mu      sync.Mutex
-	s       *sched.Scheduler
-	meter   *sched.Meter
-	free    int
-	waiters map[string]*waiter
+	mu       sync.Mutex
+	s        *sched.Scheduler
+	meter    *sched.Meter
+	free     int
+	maxQueue int
+	waiters  map[string]*waiter
+	live     map[string]int // waiting (not abandoned) requests per tenant
 
 	policyMu sync.Mutex
 	policies map[uint64]*ledgerv1.Policy
 }
 
 type waiter struct {
+	tenant     string
 	ready      chan struct{}
 	dispatched bool
 	abandoned  bool
@@ -68,14 +71,23 @@ func (c *Client) NewFairQueue(cfg FairQueueConfig) (*FairQueue, error) {
 	if cfg.Concurrency < 1 {
 		return nil, fmt.Errorf("fair queue: concurrency must be at least 1, got %d", cfg.Concurrency)
 	}
-	s, err := sched.New(sched.Config{Quantum: cfg.Quantum, MaxQueuePerTenant: cfg.MaxQueuePerTenant, PriorityMode: cfg.PriorityMode, Meter: cfg.Meter})
+	maxQueue := cfg.MaxQueuePerTenant
+	if maxQueue <= 0 {
+		maxQueue = sched.DefaultMaxQueuePerTenant
+	}
+	// sched cannot remove a queued request, so one whose caller gave up
+	// stays queued until its turn (then it is skipped). The queue counts
+	// only live waiters against the per-tenant limit and gives sched room
+	// for the abandoned ones.
+	s, err := sched.New(sched.Config{Quantum: cfg.Quantum, MaxQueuePerTenant: 4 * maxQueue, PriorityMode: cfg.PriorityMode, Meter: cfg.Meter})
 	if err != nil {
 		return nil, fmt.Errorf("fair queue: %w", err)
 	}
 	q := &FairQueue{
 		client: c, costUnit: cfg.CostUnit, weight: cfg.Weight,
-		s: s, meter: cfg.Meter, free: cfg.Concurrency,
+		s: s, meter: cfg.Meter, free: cfg.Concurrency, maxQueue: maxQueue,
 		waiters:  make(map[string]*waiter),
+		live:     make(map[string]int),
 		policies: make(map[uint64]*ledgerv1.Policy),
 	}
 	if q.weight == nil {
@@ -148,12 +160,16 @@ func (q *FairQueue) acquire(ctx context.Context, rr *ReserveResult) (func(actual
 	subject := res.GetSubject()
 	weight, priority := q.weight(ctx, subject, res)
 	id := rr.ReservationID
-	w := &waiter{ready: make(chan struct{})}
+	w := &waiter{tenant: subject, ready: make(chan struct{})}
 
 	q.mu.Lock()
 	if err := q.s.SetTenant(subject, weight, priority); err != nil {
 		q.mu.Unlock()
 		return nil, fmt.Errorf("fair queue: tenant %s: %w", subject, err)
+	}
+	if q.live[subject] >= q.maxQueue {
+		q.mu.Unlock()
+		return nil, ErrQueueFull
 	}
 	err := q.s.Enqueue(sched.Request{ReservationID: id, Tenant: subject, EstimatedCost: q.cost(res.GetReservedUnits())})
 	if err != nil {
@@ -164,6 +180,7 @@ func (q *FairQueue) acquire(ctx context.Context, rr *ReserveResult) (func(actual
 		return nil, fmt.Errorf("fair queue: %w", err)
 	}
 	q.waiters[id] = w
+	q.live[subject]++
 	q.dispatchLocked()
 	q.mu.Unlock()
 
@@ -208,6 +225,7 @@ func (q *FairQueue) acquire(ctx context.Context, rr *ReserveResult) (func(actual
 			return nil, ctx.Err()
 		}
 		w.abandoned = true
+		q.unlive(w.tenant)
 		q.mu.Unlock()
 		return nil, ctx.Err()
 	}
@@ -229,7 +247,14 @@ func (q *FairQueue) dispatchLocked() {
 			continue
 		}
 		q.free--
+		q.unlive(w.tenant)
 		w.dispatched = true
 		close(w.ready)
+	}
+}
+
+func (q *FairQueue) unlive(tenant string) {
+	if q.live[tenant]--; q.live[tenant] <= 0 {
+		delete(q.live, tenant)
 	}
 }
