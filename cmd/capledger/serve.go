@@ -40,6 +40,11 @@ Flags:
   --tokens FILE       bearer tokens, one "token role name" per line, role
                       gateway or admin (# comments allowed). Without it auth
                       is off and serve listens on loopback addresses only.
+  --shard-keys PATH   emergency-shard signing keys: a keys file or a directory
+                      of them (see "capledger shard --help"); default: the
+                      file shard-keys in --data-dir, created with a new key on
+                      first start. Replicas on one PostgreSQL need the same keys.
+  --shard-max-ttl DUR longest emergency-shard lifetime granted (default 24h)
   --insecure          allow listening on a non-loopback address without
                       --tokens (anyone who can connect may publish policies)
   --max-body BYTES    request body limit (default 1048576)
@@ -62,6 +67,8 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	dataDir := fs.String("data-dir", "./capledger-data", "")
 	storeSpec := fs.String("store", "", "")
 	tokensPath := fs.String("tokens", "", "")
+	shardKeysPath := fs.String("shard-keys", "", "")
+	shardMaxTTL := fs.Duration("shard-max-ttl", server.DefaultMaxShardTTL, "")
 	insecure := fs.Bool("insecure", false, "")
 	maxBody := fs.Int64("max-body", server.DefaultMaxBodyBytes, "")
 	maxBatch := fs.Int("max-batch", 512, "")
@@ -107,7 +114,13 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	}
 	metrics := server.NewMetrics()
 	eng := engine.New(st, engine.Options{MaxBatch: *maxBatch, OnBatch: metrics.ObserveBatch, Logger: log})
-	srv := server.New(eng, server.Config{Tokens: tokens, MaxBodyBytes: *maxBody, Metrics: metrics, Logger: log})
+	shards, err := shardConfig(*shardKeysPath, *dataDir, *storeSpec, *shardMaxTTL, log)
+	if err != nil {
+		eng.Close()
+		st.Close()
+		return usagef("shard keys: %v", err)
+	}
+	srv := server.New(eng, server.Config{Tokens: tokens, MaxBodyBytes: *maxBody, Metrics: metrics, Logger: log, Shards: shards})
 	httpServer := server.HTTPServer(srv.Handler(), log)
 
 	served := make(chan error, 1)
