@@ -62,6 +62,23 @@ func LoadShardKeys(path string) (*ShardKeys, error) {
 	return k, nil
 }
 
+// ParseShardKeys reads a key ring from r (the keys-file format), for keys
+// that live nowhere on disk (an ephemeral in-memory server); it never
+// reloads. source names r in errors.
+func ParseShardKeys(r io.Reader, source string) (*ShardKeys, error) {
+	private := map[string]ed25519.PrivateKey{}
+	public := map[string]ed25519.PublicKey{}
+	var order []string
+	signing := ""
+	if err := parseShardKeys(r, source, 0o600, private, public, &order, &signing); err != nil {
+		return nil, err
+	}
+	if len(order) == 0 {
+		return nil, fmt.Errorf("shard keys %s: no keys", source)
+	}
+	return &ShardKeys{private: private, public: public, order: order, signing: signing}, nil
+}
+
 // EnsureShardKeys loads the keys file at path, creating it with one new
 // private key first when it does not exist. created reports whether it did.
 // This is what `capledger serve` does in its data directory when no
@@ -178,7 +195,13 @@ func parseShardKeyFile(name string, private map[string]ed25519.PrivateKey, publi
 	if err != nil {
 		return fmt.Errorf("shard keys: %w", err)
 	}
-	scanner := bufio.NewScanner(f)
+	return parseShardKeys(f, name, info.Mode().Perm(), private, public, order, signing)
+}
+
+// parseShardKeys reads key lines from r; mode is the file's permission
+// bits (private keys are refused in a file others may read).
+func parseShardKeys(r io.Reader, name string, mode os.FileMode, private map[string]ed25519.PrivateKey, public map[string]ed25519.PublicKey, order *[]string, signing *string) error {
+	scanner := bufio.NewScanner(r)
 	hasPrivate := false
 	for line := 1; scanner.Scan(); line++ {
 		text := strings.TrimSpace(scanner.Text())
@@ -223,8 +246,8 @@ func parseShardKeyFile(name string, private map[string]ed25519.PrivateKey, publi
 	if err := scanner.Err(); err != nil {
 		return fmt.Errorf("shard keys %s: %w", name, err)
 	}
-	if hasPrivate && info.Mode().Perm()&0o077 != 0 {
-		return fmt.Errorf("shard keys %s holds private keys but its mode is %v: chmod 600 it", name, info.Mode().Perm())
+	if hasPrivate && mode&0o077 != 0 {
+		return fmt.Errorf("shard keys %s holds private keys but its mode is %v: chmod 600 it", name, mode)
 	}
 	return nil
 }

@@ -1,0 +1,518 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/oklog/ulid/v2"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	v1 "github.com/capledger/capledger/api/capledger/v1"
+	"github.com/capledger/capledger/api/capledger/v1/capledgerv1connect"
+	"github.com/capledger/capledger/client"
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/server"
+)
+
+func init() {
+	register(&command{name: "shard", summary: "emergency shards: issue, list, inspect, reconcile, keys, keygen", help: shardHelp, run: runShard})
+}
+
+const shardHelp = `Usage: capledger shard <issue|list|inspect|reconcile|keys|keygen> [flags]
+
+An emergency shard (emergencyShard.v1) is capacity carved out of a
+subject's account while the ledger is healthy (available moves to
+retiredForEmergency) and handed, signed with Ed25519, to ONE gateway process
+(gateway id + boot epoch) so it can keep admitting within that bound while
+it cannot reach the ledger. After it reconnects it reports its receipts
+once; the ledger remints the unused units into the active generation and
+keeps used and unknown units retired. Only policies with emergency_mode on
+allow issuance. Gateways normally do all this through the Go SDK
+(client.Emergency); these commands are for operators.
+
+  shard issue --subject S --route R --units tokens=N --gateway GW --boot N
+              [--region R] [--ttl 10m] [--id ID]
+      carve a shard and print it, with its token (base64).
+  shard list [--subject S] [--route R] [--region R] [--gateway GW] [--unreconciled]
+      one line per shard: id, subject, gateway, boot, fence, expiry, state.
+  shard inspect ID
+      print one shard as the ledger records it (allocation, spent, unknown,
+      reminted, refused submissions, whether its signature verifies).
+  shard inspect --token FILE|- [--keys FILE]
+      decode a token offline; with --keys, verify its signature.
+  shard reconcile ID --gateway GW [--receipts FILE|-]
+      report a gateway's receipts for the shard: a JSON array of
+      {"reservation_id", "state", "reserved_units", "actual_units"}, states
+      SETTLED, SETTLED_WITH_DEBT, RELEASED, EXPIRED, STARTED, USAGE_UNKNOWN.
+      Without --receipts: no receipts, i.e. the gateway used nothing (for a
+      shard that never reached its gateway). Accepted once per shard;
+      later, only receipts resolving work left unknown.
+  shard reconcile --dir DIR --gateway GW
+      reconcile every shard of a gateway's shard store directory (a stopped
+      gateway's disk): the receipts it logged are sent, once.
+  shard keys
+      list the server's shard verification keys (the signing one marked).
+  shard keygen [--id KEYID]
+      print a new private key line for a keys file (rotation: append it to
+      the file given to "serve --shard-keys"; the last private key signs,
+      every listed key verifies, a removed key no longer verifies).
+
+Flags of issue:
+  --subject S, --route R, --region R   the capacity (region default global)
+  --units SPEC      units to carve out, e.g. tokens=5000,requests=50
+  --gateway GW      gateway identity the shard is bound to
+  --boot N          the gateway process's boot epoch
+  --ttl DUR         how long it may be spent (default 10m)
+  --id ID           shard id (default: a new "sh-" ULID); retry with the same
+                    id after a lost answer
+
+Example:
+  capledger shard issue --subject tenant-7 --route chat.generate \
+      --units tokens=5000 --gateway gw-eu-1 --boot 3 --ttl 15m
+  capledger shard list --unreconciled
+  capledger shard reconcile sh-01J... --gateway gw-eu-1 --receipts receipts.json
+
+` + clientFlagsHelp + "\n" + exitCodesHelp
+
+func runShard(ctx context.Context, e *env, args []string) error {
+	if len(args) == 0 {
+		return usagef("want a subcommand: issue, list, inspect, reconcile, keys or keygen")
+	}
+	switch args[0] {
+	case "issue":
+		return runShardIssue(ctx, e, args[1:])
+	case "list":
+		return runShardList(ctx, e, args[1:])
+	case "inspect":
+		return runShardInspect(ctx, e, args[1:])
+	case "reconcile":
+		return runShardReconcile(ctx, e, args[1:])
+	case "keys":
+		return runShardKeys(ctx, e, args[1:])
+	case "keygen":
+		return runShardKeygen(e, args[1:])
+	case "-h", "--help", "help":
+		return flag.ErrHelp
+	}
+	return usagef("unknown shard subcommand %q (want issue, list, inspect, reconcile, keys or keygen)", args[0])
+}
+
+// shardClient returns a ShardService client with the connection flags'
+// address and token.
+func (c *clientFlags) shardClient() (capledgerv1connect.ShardServiceClient, error) {
+	addr := c.addr
+	if !strings.Contains(addr, "://") {
+		addr = "http://" + addr
+	}
+	if !strings.HasPrefix(addr, "http://") && !strings.HasPrefix(addr, "https://") {
+		return nil, usagef("--addr %q: want http://host:port or https://host:port", c.addr)
+	}
+	var options []connect.ClientOption
+	if c.token != "" {
+		token := c.token
+		options = append(options, connect.WithInterceptors(connect.UnaryInterceptorFunc(
+			func(next connect.UnaryFunc) connect.UnaryFunc {
+				return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+					req.Header().Set("Authorization", "Bearer "+token)
+					return next(ctx, req)
+				}
+			})))
+	}
+	return capledgerv1connect.NewShardServiceClient(&http.Client{}, strings.TrimSuffix(addr, "/"), options...), nil
+}
+
+func runShardIssue(ctx context.Context, e *env, args []string) error {
+	fs := newFlags("shard issue")
+	var cf clientFlags
+	cf.register(fs, e)
+	subject := fs.String("subject", "", "")
+	route := fs.String("route", "", "")
+	region := fs.String("region", "", "")
+	unitsSpec := fs.String("units", "", "")
+	gateway := fs.String("gateway", "", "")
+	boot := fs.Uint64("boot", 0, "")
+	ttl := fs.Duration("ttl", 10*time.Minute, "")
+	id := fs.String("id", "", "")
+	positional, err := parseFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := wantArgs(positional, 0, ""); err != nil {
+		return err
+	}
+	if *subject == "" || *route == "" || *gateway == "" || *boot == 0 || *unitsSpec == "" {
+		return usagef("--subject, --route, --units, --gateway and --boot are required")
+	}
+	units, err := parseUnits("units", *unitsSpec)
+	if err != nil {
+		return err
+	}
+	if *id == "" {
+		*id = "sh-" + ulid.MustNew(ulid.Now(), rand.Reader).String()
+	}
+	sc, err := cf.shardClient()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := cf.context(ctx)
+	defer cancel()
+	resp, err := sc.IssueShard(ctx, connect.NewRequest(&v1.IssueShardRequest{
+		ShardId: *id, Subject: *subject, Route: *route, Region: *region, Units: units,
+		GatewayId: *gateway, BootEpoch: *boot, Ttl: durationpb.New(*ttl),
+	}))
+	if err != nil {
+		return describe(err)
+	}
+	return printJSON(e.stdout, resp.Msg)
+}
+
+func runShardList(ctx context.Context, e *env, args []string) error {
+	fs := newFlags("shard list")
+	var cf clientFlags
+	cf.register(fs, e)
+	subject := fs.String("subject", "", "")
+	route := fs.String("route", "", "")
+	region := fs.String("region", "", "")
+	gateway := fs.String("gateway", "", "")
+	unreconciled := fs.Bool("unreconciled", false, "")
+	asJSON := fs.Bool("json", false, "")
+	positional, err := parseFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := wantArgs(positional, 0, ""); err != nil {
+		return err
+	}
+	sc, err := cf.shardClient()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := cf.context(ctx)
+	defer cancel()
+	resp, err := sc.ListShards(ctx, connect.NewRequest(&v1.ListShardsRequest{
+		Subject: *subject, Route: *route, Region: *region, GatewayId: *gateway, UnreconciledOnly: *unreconciled,
+	}))
+	if err != nil {
+		return describe(err)
+	}
+	if *asJSON {
+		return printJSON(e.stdout, resp.Msg)
+	}
+	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SHARD\tSUBJECT\tGATEWAY\tBOOT\tFENCE\tALLOCATED\tEXPIRES\tSTATE")
+	now := time.Now()
+	for _, s := range resp.Msg.GetShards() {
+		state := "live"
+		switch {
+		case s.GetReconciled() && len(nonZero(s.GetUnknownUnits())) > 0:
+			state = "reconciled, unknown " + formatUnits(s.GetUnits(), s.GetUnknownUnits())
+		case s.GetReconciled():
+			state = "reconciled"
+		case !now.Before(s.GetExpiresAt().AsTime()):
+			state = "expired, not reconciled"
+		}
+		fmt.Fprintf(tw, "%s\t%s/%s@%s#%d\t%s\t%d\t%d\t%s\t%s\t%s\n", s.GetShardId(), s.GetSubject(), s.GetRoute(), s.GetRegion(),
+			s.GetPolicyGeneration(), s.GetGatewayId(), s.GetBootEpoch(), s.GetFence(),
+			formatUnits(s.GetUnits(), s.GetAllocatedUnits()), s.GetExpiresAt().AsTime().Format(time.RFC3339), state)
+	}
+	return tw.Flush()
+}
+
+func nonZero(units map[string]int64) map[string]int64 {
+	out := map[string]int64{}
+	for k, v := range units {
+		if v != 0 {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// formatUnits prints units in the shard's dimension order: "tokens=5,requests=1".
+func formatUnits(order []string, units map[string]int64) string {
+	parts := make([]string, 0, len(order))
+	for _, name := range order {
+		parts = append(parts, fmt.Sprintf("%s=%d", name, units[name]))
+	}
+	return strings.Join(parts, ",")
+}
+
+func runShardInspect(ctx context.Context, e *env, args []string) error {
+	fs := newFlags("shard inspect")
+	var cf clientFlags
+	cf.register(fs, e)
+	tokenPath := fs.String("token", "", "")
+	keysPath := fs.String("keys", "", "")
+	positional, err := parseFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	if *tokenPath != "" {
+		if err := wantArgs(positional, 0, ""); err != nil {
+			return err
+		}
+		return inspectToken(e, *tokenPath, *keysPath)
+	}
+	if err := wantArgs(positional, 1, "a shard id (or --token FILE)"); err != nil {
+		return err
+	}
+	sc, err := cf.shardClient()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := cf.context(ctx)
+	defer cancel()
+	resp, err := sc.GetShard(ctx, connect.NewRequest(&v1.GetShardRequest{ShardId: positional[0]}))
+	if err != nil {
+		return describe(err)
+	}
+	return printJSON(e.stdout, resp.Msg)
+}
+
+// inspectToken decodes a token (base64 or raw bytes) offline and, with a
+// keys file, verifies its signature.
+func inspectToken(e *env, path, keysPath string) error {
+	var raw []byte
+	var err error
+	if path == "-" {
+		raw, err = io.ReadAll(os.Stdin)
+	} else {
+		raw, err = os.ReadFile(path)
+	}
+	if err != nil {
+		return usagef("--token: %v", err)
+	}
+	token := raw
+	if decoded, derr := base64.StdEncoding.DecodeString(strings.TrimSpace(string(raw))); derr == nil {
+		token = decoded
+	}
+	sh, err := ledger.DecodeShardToken(token)
+	if err != nil {
+		return exitError{code: exitUsage, err: err}
+	}
+	out := map[string]any{
+		"schema": ledger.SchemaShard, "shardId": sh.ID, "subject": sh.Account.Subject, "route": sh.Account.Route,
+		"region": sh.Account.Region, "policyGeneration": sh.Account.Generation, "gatewayId": sh.GatewayID,
+		"bootEpoch": sh.BootEpoch, "fence": sh.Fence, "allocated": sh.Allocated, "issuedAt": sh.IssuedAt,
+		"expiresAt": sh.ExpiresAt, "keyId": sh.KeyID, "signature": base64.StdEncoding.EncodeToString(sh.Signature),
+	}
+	var verifyErr error
+	if keysPath != "" {
+		keys, err := server.LoadShardKeys(keysPath)
+		if err != nil {
+			return usagef("--keys: %v", err)
+		}
+		verifyErr = ledger.VerifyShardSignature(sh, keys)
+		out["signatureValid"] = verifyErr == nil
+	}
+	enc := json.NewEncoder(e.stdout)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(out); err != nil {
+		return err
+	}
+	if verifyErr != nil {
+		return exitError{code: exitConflict, err: verifyErr}
+	}
+	return nil
+}
+
+// receiptJSON is one receipt of a --receipts file.
+type receiptJSON struct {
+	ReservationID string           `json:"reservation_id"`
+	State         string           `json:"state"`
+	ReservedUnits map[string]int64 `json:"reserved_units"`
+	ActualUnits   map[string]int64 `json:"actual_units"`
+}
+
+func runShardReconcile(ctx context.Context, e *env, args []string) error {
+	fs := newFlags("shard reconcile")
+	var cf clientFlags
+	cf.register(fs, e)
+	gateway := fs.String("gateway", "", "")
+	receiptsPath := fs.String("receipts", "", "")
+	dir := fs.String("dir", "", "")
+	positional, err := parseFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	if *gateway == "" {
+		return usagef("--gateway is required")
+	}
+	if *dir != "" {
+		if err := wantArgs(positional, 0, ""); err != nil {
+			return err
+		}
+		return reconcileDir(ctx, e, &cf, *dir, *gateway)
+	}
+	if err := wantArgs(positional, 1, "a shard id (or --dir DIR)"); err != nil {
+		return err
+	}
+	var receipts []*v1.ShardReceipt
+	if *receiptsPath != "" {
+		var raw []byte
+		if *receiptsPath == "-" {
+			raw, err = io.ReadAll(os.Stdin)
+		} else {
+			raw, err = os.ReadFile(*receiptsPath)
+		}
+		if err != nil {
+			return usagef("--receipts: %v", err)
+		}
+		var parsed []receiptJSON
+		if err := json.Unmarshal(raw, &parsed); err != nil {
+			return usagef("--receipts %s: %v", *receiptsPath, err)
+		}
+		for _, r := range parsed {
+			state, ok := v1.ReservationState_value["RESERVATION_STATE_"+strings.ToUpper(r.State)]
+			if !ok {
+				return usagef("--receipts: receipt %q has state %q", r.ReservationID, r.State)
+			}
+			receipts = append(receipts, &v1.ShardReceipt{ReservationId: r.ReservationID, State: v1.ReservationState(state),
+				ReservedUnits: r.ReservedUnits, ActualUnits: r.ActualUnits})
+		}
+	}
+	sc, err := cf.shardClient()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := cf.context(ctx)
+	defer cancel()
+	resp, err := sc.ReconcileShard(ctx, connect.NewRequest(&v1.ReconcileShardRequest{ShardId: positional[0], GatewayId: *gateway, Receipts: receipts}))
+	if err != nil {
+		return describe(err)
+	}
+	return printJSON(e.stdout, resp.Msg)
+}
+
+// reconcileDir reports every shard of a stopped gateway's shard store
+// through the SDK, which sends exactly the receipts the store logged.
+func reconcileDir(ctx context.Context, e *env, cf *clientFlags, dir, gateway string) error {
+	if _, err := os.Stat(filepath.Join(dir, "shards.log")); err != nil {
+		return usagef("--dir %s: not a shard store (%v)", dir, err)
+	}
+	st, err := client.OpenShardStore(dir, client.ShardStoreOptions{GatewayID: gateway})
+	if err != nil {
+		return exitError{code: exitConflict, err: err}
+	}
+	defer st.Close()
+	c, err := client.New(cf.addr, client.WithTimeout(cf.timeout), client.WithBearerToken(cf.token))
+	if err != nil {
+		return usagef("%v", err)
+	}
+	defer c.Close()
+	em := client.NewEmergency(c, st, client.EmergencyOptions{Token: cf.token})
+	ctx, cancel := cf.context(ctx)
+	defer cancel()
+	results, err := em.Reconcile(ctx)
+	for _, r := range results {
+		fmt.Fprintf(e.stdout, "%s: %d receipts, reminted %v, debt %v, already reconciled %v\n",
+			r.ShardID, r.Receipts, r.Reminted, r.Debt, r.AlreadyReconciled)
+	}
+	if err != nil {
+		return describe(err)
+	}
+	if len(results) == 0 {
+		fmt.Fprintln(e.stdout, "nothing to report")
+	}
+	return nil
+}
+
+func runShardKeys(ctx context.Context, e *env, args []string) error {
+	fs := newFlags("shard keys")
+	var cf clientFlags
+	cf.register(fs, e)
+	positional, err := parseFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := wantArgs(positional, 0, ""); err != nil {
+		return err
+	}
+	sc, err := cf.shardClient()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := cf.context(ctx)
+	defer cancel()
+	resp, err := sc.ListShardKeys(ctx, connect.NewRequest(&v1.ListShardKeysRequest{}))
+	if err != nil {
+		return describe(err)
+	}
+	for _, k := range resp.Msg.GetKeys() {
+		mark := ""
+		if k.GetSigning() {
+			mark = "  (signing)"
+		}
+		fmt.Fprintf(e.stdout, "%s public %s%s\n", k.GetKeyId(), base64.StdEncoding.EncodeToString(k.GetPublicKey()), mark)
+	}
+	return nil
+}
+
+func runShardKeygen(e *env, args []string) error {
+	fs := newFlags("shard keygen")
+	id := fs.String("id", "", "")
+	positional, err := parseFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := wantArgs(positional, 0, ""); err != nil {
+		return err
+	}
+	line, err := server.NewShardKeyLine(*id, rand.Reader, time.Now())
+	if err != nil {
+		return usagef("%v", err)
+	}
+	_, err = io.WriteString(e.stdout, line)
+	return err
+}
+
+// shardConfig is the ShardService configuration of serve: the keys at
+// keysPath, or (when empty) a keys file in the data directory, created with
+// a fresh key on first start (an ephemeral key for a memory store).
+func shardConfig(keysPath, dataDir, storeSpec string, maxTTL time.Duration, log *slog.Logger) (*server.ShardConfig, error) {
+	var keys *server.ShardKeys
+	var err error
+	switch {
+	case keysPath != "":
+		keys, err = server.LoadShardKeys(keysPath)
+	case storeSpec == "memory":
+		// Nothing of a memory store outlives the process, its shards
+		// included: an ephemeral key writes nothing to disk either.
+		var line string
+		if line, err = server.NewShardKeyLine("", rand.Reader, time.Now()); err == nil {
+			keys, err = server.ParseShardKeys(strings.NewReader(line), "ephemeral key")
+		}
+	default:
+		path := filepath.Join(dataDir, "shard-keys")
+		var created bool
+		keys, created, err = server.EnsureShardKeys(path)
+		if created {
+			log.Info("generated a shard signing key", "path", path)
+		}
+		if strings.HasPrefix(storeSpec, "postgres") {
+			log.Warn("several replicas need the same shard keys: pass --shard-keys with one shared keys file", "path", path)
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	for _, k := range keys.Keys() {
+		log.Info("shard key", "id", k.KeyID, "public", base64.StdEncoding.EncodeToString(k.PublicKey), "signing", k.Signing)
+	}
+	return &server.ShardConfig{Keys: keys, MaxTTL: maxTTL}, nil
+}
+
+var _ ledger.ShardKeys = (*server.ShardKeys)(nil)
