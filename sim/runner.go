@@ -282,19 +282,22 @@ func (r *Report) Failures() []string {
 	if p := r.UsageUnknown.Quantile(0.99); p > MaxUnknownP99 {
 		out = append(out, fmt.Sprintf("USAGE_UNKNOWN p99 %s > %s", p, MaxUnknownP99))
 	}
-	return out
+	return append(out, r.Fairness.Failures()...)
 }
 
 // WriteTable writes the run's summary: the interleavings and events, each
 // gate's figure, each fault site's count, UNKNOWN convergence, fairness,
-// wall and CPU time, and PASS or FAIL with the reasons.
-func (r *Report) WriteTable(w io.Writer) {
+// and PASS or FAIL with the reasons. The wall and CPU time line goes to
+// timing (which may be w): everything else depends only on the seeds and
+// the Config, so a replay prints it byte for byte.
+func (r *Report) WriteTable(w, timing io.Writer) {
 	n := max(r.Interleavings, 1)
-	fmt.Fprintf(w, "\ncapledger sim: %d interleavings, seeds %d..%d, %d workers\n", r.Interleavings, r.Seed, r.Seed+uint64(n)-1, r.Workers)
+	fmt.Fprintf(w, "\ncapledger sim: %d interleavings, seeds %d..%d\n", r.Interleavings, r.Seed, r.Seed+uint64(n)-1)
 	fmt.Fprintf(w, "  %d events (%d per interleaving), %d store commits, %s simulated\n",
 		r.Events, r.Events/n, r.Commits, r.SimTime.Round(time.Second))
-	fmt.Fprintf(w, "  wall %s, cpu %s (%.2f ms cpu per interleaving)\n\n",
-		r.Wall.Round(time.Millisecond), r.CPU.Round(time.Millisecond), float64(r.CPU)/float64(n)/1e6)
+	fmt.Fprintf(timing, "  wall %s on %d workers, cpu %s (%.2f ms cpu per interleaving)\n",
+		r.Wall.Round(time.Millisecond), r.Workers, r.CPU.Round(time.Millisecond), float64(r.CPU)/float64(n)/1e6)
+	fmt.Fprintln(w)
 
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "GATE\tVIOLATIONS\t")
