@@ -342,7 +342,7 @@ func ReconcileShard(b Book, args *ShardArgs, now time.Time) Result {
 			r := &args.Receipts[i]
 			if b.Meta(metaShardPending(s.ID, r.ReservationID)) != pendingUnknown {
 				refuseShard(b, s.ID)
-				return Result{Err: fmt.Errorf("%w: receipt %s of shard %s is not pending unknown", ErrShardAlreadyReconciled, r.ReservationID, s.ID),
+				return Result{Err: fmt.Errorf("%w: shard %s was reconciled, and receipt %s is not one it left unknown (or it was resolved since)", ErrShardAlreadyReconciled, s.ID, r.ReservationID),
 					Shard: cloneShard(s), Generation: s.Account.Generation}
 			}
 			for d := range holds[i] {

@@ -51,7 +51,7 @@ allow issuance. Gateways normally do all this through the Go SDK
   shard inspect ID
       print one shard as the ledger records it (allocation, spent, unknown,
       reminted, refused submissions, whether its signature verifies).
-  shard inspect --token FILE|- [--keys FILE]
+  shard inspect --token-file FILE|- [--keys FILE]
       decode a token offline; with --keys, verify its signature.
   shard reconcile ID --gateway GW [--receipts FILE|-]
       report a gateway's receipts for the shard: a JSON array of
@@ -254,7 +254,7 @@ func runShardInspect(ctx context.Context, e *env, args []string) error {
 	fs := newFlags("shard inspect")
 	var cf clientFlags
 	cf.register(fs, e)
-	tokenPath := fs.String("token", "", "")
+	tokenPath := fs.String("token-file", "", "")
 	keysPath := fs.String("keys", "", "")
 	positional, err := parseFlags(fs, args)
 	if err != nil {
@@ -266,7 +266,7 @@ func runShardInspect(ctx context.Context, e *env, args []string) error {
 		}
 		return inspectToken(e, *tokenPath, *keysPath)
 	}
-	if err := wantArgs(positional, 1, "a shard id (or --token FILE)"); err != nil {
+	if err := wantArgs(positional, 1, "a shard id (or --token-file FILE)"); err != nil {
 		return err
 	}
 	sc, err := cf.shardClient()
@@ -293,7 +293,7 @@ func inspectToken(e *env, path, keysPath string) error {
 		raw, err = os.ReadFile(path)
 	}
 	if err != nil {
-		return usagef("--token: %v", err)
+		return usagef("--token-file: %v", err)
 	}
 	token := raw
 	if decoded, derr := base64.StdEncoding.DecodeString(strings.TrimSpace(string(raw))); derr == nil {
