@@ -29,8 +29,15 @@ const (
 	wShardPut
 	wStatementInsert
 	wJournalInsert
+	wReservationInsertChunk
+	wJournalInsertChunk
 	nWriteStmts
 )
+
+// insertChunk is how many rows one multi-row INSERT of new reservations or
+// journal entries carries (19 and 11 parameters a row, far below SQLite's
+// limit). A batch's rows go in full chunks, the remainder one by one.
+const insertChunk = 25
 
 var writeSQL = [nWriteStmts]string{
 	wMetaGet:           "SELECT value FROM meta WHERE name = ?",
@@ -52,6 +59,9 @@ var writeSQL = [nWriteStmts]string{
 	wShardPut:          upsertSQL("shards", shardCols, "id"),
 	wStatementInsert:   insertSQL("statements", statementCols),
 	wJournalInsert:     insertSQL("journal", journalCols),
+
+	wReservationInsertChunk: insertRowsSQL("reservations", reservationCols, insertChunk, "due_at"),
+	wJournalInsertChunk:     insertRowsSQL("journal", journalCols, insertChunk),
 }
 
 type writeStmts struct {

@@ -211,15 +211,20 @@ func (tx *Tx) write(ctx context.Context, c *store.Changes) error {
 			return err
 		}
 	}
+	var inserts []*ledger.Reservation
 	for i := range c.Reservations {
 		r := &c.Reservations[i]
-		stmt, what := wReservationPut, "reservation "+r.ID
 		if c.NewReservations[r.ID] {
-			stmt, what = wReservationInsert, "insert reservation "+r.ID
+			inserts = append(inserts, r)
+			continue
 		}
-		if err := tx.exec(ctx, stmt, what, &conv, reservationArgs(r, &conv)); err != nil {
+		if err := tx.exec(ctx, wReservationPut, "reservation "+r.ID, &conv, reservationArgs(r, &conv)); err != nil {
 			return err
 		}
+	}
+	if err := insertRows(ctx, tx, &conv, inserts, wReservationInsertChunk, wReservationInsert, appendReservationArgs,
+		func(r *ledger.Reservation) string { return "insert reservation " + r.ID }); err != nil {
+		return err
 	}
 	for i := range c.Moves {
 		m := &c.Moves[i]
@@ -239,9 +244,32 @@ func (tx *Tx) write(ctx context.Context, c *store.Changes) error {
 			return err
 		}
 	}
+	entries := make([]*ledger.JournalEntry, len(c.Journal))
 	for i := range c.Journal {
-		e := &c.Journal[i]
-		if err := tx.exec(ctx, wJournalInsert, "journal entry of "+e.Account.String(), &conv, journalArgs(e, &conv)); err != nil {
+		entries[i] = &c.Journal[i]
+	}
+	return insertRows(ctx, tx, &conv, entries, wJournalInsertChunk, wJournalInsert, appendJournalArgs,
+		func(e *ledger.JournalEntry) string { return "journal entry of " + e.Account.String() })
+}
+
+// insertRows inserts rows in order: full chunks of insertChunk through the
+// multi-row statement chunk, the rest through the one-row statement one.
+func insertRows[T any](ctx context.Context, tx *Tx, conv *codec.Conv, rows []*T, chunk, one int,
+	appendArgs func([]any, *T, *codec.Conv) []any, name func(*T) string) error {
+	var args []any
+	for len(rows) >= insertChunk {
+		args = args[:0]
+		for _, r := range rows[:insertChunk] {
+			args = appendArgs(args, r, conv)
+		}
+		what := name(rows[0]) + fmt.Sprintf(" (and %d more)", insertChunk-1)
+		if err := tx.exec(ctx, chunk, what, conv, args); err != nil {
+			return err
+		}
+		rows = rows[insertChunk:]
+	}
+	for _, r := range rows {
+		if err := tx.exec(ctx, one, name(r), conv, appendArgs(nil, r, conv)); err != nil {
 			return err
 		}
 	}

@@ -59,6 +59,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"DuplicateStatement", testDuplicateStatement},
 		{"UnstorableValues", testUnstorableValues},
 		{"JournalOrder", testJournalOrder},
+		{"LargeBatch", testLargeBatch},
 		{"ReservationsDue", testReservationsDue},
 		{"AccountList", testAccountList},
 		{"Lists", testLists},
@@ -661,6 +662,39 @@ func testJournalOrder(t *testing.T, s store.Store) {
 	}
 	same(t, "journal", snap.Journal, want)
 	same(t, "statements", snap.Statements, statements)
+}
+
+// testLargeBatch writes batches of the size a group commit produces (stores
+// may insert them in chunks): every row arrives, the journal in order, and
+// a duplicate deep inside a batch still fails the whole transaction.
+func testLargeBatch(t *testing.T, s store.Store) {
+	const n = 137
+	batch := func(prefix string) *store.Changes {
+		c := &store.Changes{NewReservations: map[string]bool{}}
+		for i := 0; i < n; i++ {
+			r := fixtureReservations()[1]
+			r.ID = fmt.Sprintf("%s-%04d", prefix, i)
+			r.Reserved = ledger.Amounts{int64(i + 1)}
+			c.Reservations = append(c.Reservations, r)
+			c.NewReservations[r.ID] = true
+			c.Journal = append(c.Journal, ledger.JournalEntry{At: at(time.Duration(n - i)), Kind: ledger.KindReserve,
+				Account: accEU2, ReservationID: r.ID, From: ledger.StateRequested, To: ledger.StateReserved,
+				Delta: ledger.Balances{{Available: -int64(i + 1), Reserved: int64(i + 1)}}})
+		}
+		return c
+	}
+	first := batch("rl-a")
+	commit(t, s, first)
+	second := batch("rl-b")
+	second.Reservations[101] = first.Reservations[57]
+	second.NewReservations[first.Reservations[57].ID] = true
+	failingWrite(t, s, &store.Changes{}, second, snapshotOf(first))
+	third := batch("rl-c")
+	commit(t, s, third)
+	want := snapshotOf(first)
+	want.Reservations = append(want.Reservations, third.Reservations...)
+	want.Journal = append(want.Journal, third.Journal...)
+	checkSnapshot(t, s, want)
 }
 
 func testReservationsDue(t *testing.T, s store.Store) {
