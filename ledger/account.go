@@ -179,25 +179,24 @@ func tick(b Book, a *Account, p *Policy, now time.Time) {
 // account's own policy. Callers set refill only for the subject's current
 // account under a generation that was not rolled back: an account that no
 // longer holds the subject's capacity must not mint for time its successor
-// refills too. Hot paths that know the answer call this instead of tick.
+// refills too (a superseded generation refilling on a late settle, then
+// forwarding its available, would mint the same period twice). Hot paths
+// that know the answer call this instead of tick, which looks it up.
 func bringToNow(b Book, a *Account, p *Policy, now time.Time, refill bool) {
 	rollEpoch(b, a, p, now)
 	if !refill {
 		return
 	}
-	// Only the account that holds the subject's capacity refills: a
-	// superseded generation minting too would hand out capacity twice once
-	// its balance is forwarded.
-	if current, ok := b.AccountCurrent(a.Key.SubjectKey()); !ok || current != a.Key.Generation {
-		return
-	}
+	nowNanos := now.UnixNano()
+	var before Balances
+	minted := false
 	for i := 0; i < a.Dims && i < len(p.Dimensions); i++ {
 		d := &p.Dimensions[i]
 		if d.RefillUnits <= 0 {
 			continue
 		}
 		interval := int64(d.RefillInterval)
-		elapsed := now.UnixNano() - a.RefilledTo[i]
+		elapsed := nowNanos - a.RefilledTo[i]
 		if elapsed < interval {
 			continue
 		}
@@ -217,10 +216,15 @@ func bringToNow(b Book, a *Account, p *Policy, now time.Time, refill bool) {
 			due = limit
 		}
 		if due > 0 {
-			before := a.Balances
+			if !minted {
+				before, minted = a.Balances, true
+			}
 			mint(bal, due)
-			journal(b, a, &before, KindRefill, "", 0, 0, "", now)
 		}
+	}
+	if minted {
+		// One journal entry for the whole refill, every dimension's mint.
+		journal(b, a, &before, KindRefill, "", 0, 0, "", now)
 	}
 }
 

@@ -57,7 +57,6 @@ func Reserve(b Book, cmd *Command, now time.Time) Result {
 		return Result{Err: fmt.Errorf("%w: %s", ErrAccountNotFound, subject)}
 	}
 	bringToNow(b, a, p, now, true)
-	b.AccountPut(a)
 
 	if rejected, res := admissible(a, p, &cmd.Units, now); rejected {
 		res.Generation = p.Generation
@@ -65,8 +64,8 @@ func Reserve(b Book, cmd *Command, now time.Time) Result {
 			res.Shadow = true
 			before := a.Balances
 			journal(b, a, &before, KindReserve, cmd.ReservationID, StateRequested, StateRequested, "shadow", now)
-			b.AccountPut(a)
 		}
+		b.AccountPut(a) // a rejection still keeps the refill and epoch close above
 		return res
 	}
 
