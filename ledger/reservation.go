@@ -12,22 +12,31 @@ import (
 // dimension at once, or in none, writing the reservation receipt in the
 // same step.
 //
-// Returns:
-//   - success with the new RESERVED receipt;
+// Returns, in the order they are checked:
+//   - ErrInvalidCommand for a missing id;
 //   - success with Replayed and the stored receipt, whatever its state now,
 //     when the id exists with the same digest (a retry never debits twice);
-//   - ErrDigestMismatch when the id exists with another digest;
-//   - ErrInvalidCommand for a missing id, negative units, no units, or
-//     units in a dimension the policy does not have, or when cmd.Generation
-//     is set and another generation decides (Result.Generation names it);
+//   - ErrDigestMismatch (with the stored receipt) when the id exists with
+//     another digest;
+//   - ErrInvalidCommand for a missing subject, route or region, or the
+//     AnySubject subject;
 //   - ErrNoPolicy when nothing admits for the subject;
-//   - ErrAdmissionFrozen while the account carries debt;
-//   - ErrReservationTooLarge when a dimension exceeds its max reservation;
-//   - ErrInsufficientCapacity when a dimension lacks available capacity.
+//   - ErrInvalidCommand when cmd.Generation is set and another generation
+//     decides (Result.Generation names it), or for negative units, units
+//     above MaxUnits, no units, or units in a dimension the policy does not
+//     have;
+//   - ErrReservationTooLarge when a dimension exceeds its max reservation
+//     (RetryAfter 0: no wait helps);
+//   - ErrAdmissionFrozen while the account carries debt in any dimension;
+//   - ErrInsufficientCapacity when a dimension lacks available capacity;
+//   - success with the new RESERVED receipt and Generation.
 //
-// Rejections carry Generation, Dimension and RetryAfter. Under a shadow
-// policy a rejection also sets Shadow: nothing is reserved, the decision is
-// journaled, and the caller proceeds under its old limiter.
+// Capacity rejections (TooLarge, Frozen, Insufficient) carry Generation,
+// the limiting Dimension and RetryAfter (see admissible), and nothing about
+// any other subject. Under a shadow policy they also set Shadow: nothing is
+// reserved, the decision is journaled, and the caller proceeds under its
+// old limiter. Even a rejected reserve keeps what bringing the account to
+// now did (the generation switch, the refill, the epoch close).
 func Reserve(b Book, cmd *Command, now time.Time) Result {
 	if cmd.ReservationID == "" {
 		return Result{Err: invalid("reservation id is empty")}
@@ -212,11 +221,13 @@ func checkUnits(p *Policy, units *Amounts, positive bool) error {
 // Start binds an operation id to a RESERVED reservation and moves it to
 // STARTED (compare-and-set: expiry can no longer take it).
 //
-// Returns: success with the STARTED receipt; Replayed when it is already
-// started (or further) with the same operation id; ErrInvalidCommand without
-// an id or operation id; ErrReservationNotFound; ErrOperationMismatch when it
-// was started with another operation id; ErrReservationReleased;
-// ErrReservationExpired when expiry claimed it first.
+// Returns: success with the STARTED receipt (ExecutionDeadline set when
+// the policy has an execution limit); Replayed when it is already STARTED,
+// USAGE_UNKNOWN or settled with the same operation id; ErrInvalidCommand
+// without an id or operation id; ErrReservationNotFound;
+// ErrOperationMismatch when it was started with another operation id;
+// ErrReservationReleased; ErrReservationExpired when expiry claimed it
+// first (EXPIRING or EXPIRED).
 func Start(b Book, id, operationID string, now time.Time) Result {
 	r, res, ok := lookup(b, id)
 	if !ok {
@@ -253,13 +264,20 @@ func Start(b Book, id, operationID string, now time.Time) Result {
 // overdraft, or a settle after the execution limit, is still recorded in
 // full and counted as a breach.
 //
+// On a superseded generation's account the refund (or the new debt) is
+// forwarded to the subject's current account, once, under the receipt
+// "settle:<id>".
+//
 // Returns: success with the SETTLED or SETTLED_WITH_DEBT receipt and
-// Refunded; Replayed (Refunded zero) when already settled with the same
-// operation id and actual units; ErrReservationAlreadySettled when settled
-// differently; ErrReservationNotStarted for a RESERVED one;
-// ErrOperationMismatch; ErrReservationReleased; ErrReservationExpired;
-// ErrReservationNotFound; ErrInvalidCommand for negative units or a missing
-// operation id.
+// Refunded (reserved minus actual, floored at zero per dimension);
+// Replayed (Refunded zero) when already settled with the same operation id
+// and actual units; ErrReservationAlreadySettled when settled differently;
+// ErrReservationNotStarted for a RESERVED one; ErrOperationMismatch;
+// ErrReservationReleased; ErrReservationExpired; ErrReservationNotFound;
+// ErrInvalidCommand for a missing id or operation id, negative units,
+// units above MaxUnits or in a dimension the policy does not have;
+// ErrAccountNotFound / ErrPolicyNotFound only when the book lost the
+// reservation's account or policy.
 func Settle(b Book, id, operationID string, actual Amounts, now time.Time) Result {
 	r, res, ok := lookup(b, id)
 	if !ok {
@@ -341,10 +359,12 @@ func Settle(b Book, id, operationID string, actual Amounts, now time.Time) Resul
 
 // Release gives an unstarted reservation's capacity back in full.
 //
-// Returns: success with the RELEASED receipt and Refunded; Replayed when
-// already released; ErrReservationAlreadyStarted for started (or settled)
-// work, which may be using its capacity; ErrReservationExpired;
-// ErrReservationNotFound.
+// Returns: success with the RELEASED receipt and Refunded (the whole
+// hold); Replayed (Refunded zero) when already released;
+// ErrReservationAlreadyStarted for started, unknown or settled work, which
+// may be using its capacity; ErrReservationExpired (EXPIRING or EXPIRED);
+// ErrReservationNotFound; ErrInvalidCommand for a missing id. A release on
+// a superseded generation forwards like a settle.
 func Release(b Book, id string, now time.Time) Result {
 	r, res, ok := lookup(b, id)
 	if !ok {
@@ -370,9 +390,10 @@ func Release(b Book, id string, now time.Time) Result {
 //
 // Returns: success with the EXPIRING receipt; Replayed when already
 // EXPIRING; ErrReservationNotDue before ExpiresAt;
-// ErrReservationAlreadyStarted for started work (expiry never takes it);
-// ErrReservationReleased / ErrReservationExpired / ErrReservationAlreadySettled
-// for finished ones; ErrReservationNotFound.
+// ErrReservationAlreadyStarted for STARTED or USAGE_UNKNOWN work (expiry
+// never takes it); ErrReservationReleased / ErrReservationExpired (EXPIRED)
+// / ErrReservationAlreadySettled for finished ones; ErrReservationNotFound;
+// ErrInvalidCommand for a missing id.
 func ExpireClaim(b Book, id string, now time.Time) Result {
 	r, res, ok := lookup(b, id)
 	if !ok {
@@ -402,10 +423,13 @@ func ExpireClaim(b Book, id string, now time.Time) Result {
 // Expire finishes expiry: EXPIRING -> EXPIRED, the hold returned to
 // available once.
 //
-// Returns: success with the EXPIRED receipt and Refunded; Replayed when
-// already EXPIRED; ErrReservationAlreadyStarted for started work; for a
+// Returns: success with the EXPIRED receipt and Refunded (the whole hold);
+// Replayed (Refunded zero) when already EXPIRED;
+// ErrReservationAlreadyStarted for STARTED or USAGE_UNKNOWN work; for a
 // RESERVED one, ErrReservationNotDue (claim it first with ExpireClaim);
-// ErrReservationReleased / ErrReservationAlreadySettled; ErrReservationNotFound.
+// ErrReservationReleased / ErrReservationAlreadySettled;
+// ErrReservationNotFound; ErrInvalidCommand for a missing id. An expiry on
+// a superseded generation forwards like a settle.
 func Expire(b Book, id string, now time.Time) Result {
 	r, res, ok := lookup(b, id)
 	if !ok {
@@ -432,7 +456,8 @@ func Expire(b Book, id string, now time.Time) Result {
 // Returns: success with the USAGE_UNKNOWN receipt; Replayed when already
 // USAGE_UNKNOWN; ErrReservationNotStarted for a RESERVED one;
 // ErrReservationAlreadySettled / ErrReservationReleased /
-// ErrReservationExpired; ErrReservationNotFound.
+// ErrReservationExpired (EXPIRING or EXPIRED); ErrReservationNotFound;
+// ErrInvalidCommand for a missing id.
 func MarkUsageUnknown(b Book, id string, now time.Time) Result {
 	r, res, ok := lookup(b, id)
 	if !ok {
