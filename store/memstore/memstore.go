@@ -38,6 +38,9 @@ type rows struct {
 	accounts     map[ledger.AccountKey]*ledger.Account
 	currents     map[ledger.PolicyKey]uint64
 	reservations map[string]*ledger.Reservation
+	// live holds the ids of reservations a worker may need (RESERVED,
+	// EXPIRING, STARTED), so ReservationsDue does not scan finished ones.
+	live         map[string]bool
 	moves        map[string]*ledger.Move
 	shards       map[string]*ledger.Shard
 	statements   []ledger.Statement
@@ -58,6 +61,7 @@ func newRows() *rows {
 		accounts:     map[ledger.AccountKey]*ledger.Account{},
 		currents:     map[ledger.PolicyKey]uint64{},
 		reservations: map[string]*ledger.Reservation{},
+		live:         map[string]bool{},
 		moves:        map[string]*ledger.Move{},
 		shards:       map[string]*ledger.Shard{},
 		statementIDs: map[statementKey]bool{},
@@ -298,20 +302,30 @@ func (s *Store) ShardList(ctx context.Context) (out []ledger.Shard, err error) {
 	return out, err
 }
 
+// nanos is a time as the SQL stores keep it: Unix nanoseconds, 0 for the
+// zero time. Due times compare in this form so that every store orders
+// and filters identically, edge cases included.
+func nanos(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
 // dueAt returns when a reservation became due for a worker, and whether it
 // is due at now: RESERVED once ExpiresAt <= now, EXPIRING always (an expiry
 // was claimed and must be finished), STARTED once a non-zero
 // ExecutionDeadline <= now.
-func dueAt(r *ledger.Reservation, now time.Time) (time.Time, bool) {
+func dueAt(r *ledger.Reservation, now int64) (int64, bool) {
 	switch r.State {
 	case ledger.StateReserved:
-		return r.ExpiresAt, !r.ExpiresAt.After(now)
+		return nanos(r.ExpiresAt), nanos(r.ExpiresAt) <= now
 	case ledger.StateExpiring:
-		return r.ExpiresAt, true
+		return nanos(r.ExpiresAt), true
 	case ledger.StateStarted:
-		return r.ExecutionDeadline, !r.ExecutionDeadline.IsZero() && !r.ExecutionDeadline.After(now)
+		return nanos(r.ExecutionDeadline), !r.ExecutionDeadline.IsZero() && nanos(r.ExecutionDeadline) <= now
 	}
-	return time.Time{}, false
+	return 0, false
 }
 
 // ReservationsDue returns up to limit ids of reservations due at now,
@@ -322,24 +336,19 @@ func (s *Store) ReservationsDue(ctx context.Context, now time.Time, limit int) (
 		return nil, s.read(ctx, func(*rows) error { return nil })
 	}
 	type due struct {
-		at time.Time
+		at int64
 		id string
 	}
 	var list []due
 	err = s.read(ctx, func(r *rows) error {
-		for _, res := range r.reservations {
-			if at, ok := dueAt(res, now); ok {
-				list = append(list, due{at, res.ID})
+		for id := range r.live {
+			if at, ok := dueAt(r.reservations[id], now.UnixNano()); ok {
+				list = append(list, due{at, id})
 			}
 		}
 		return nil
 	})
-	slices.SortFunc(list, func(a, b due) int {
-		if c := a.at.Compare(b.at); c != 0 {
-			return c
-		}
-		return cmp.Compare(a.id, b.id)
-	})
+	slices.SortFunc(list, func(a, b due) int { return cmp.Or(cmp.Compare(a.at, b.at), cmp.Compare(a.id, b.id)) })
 	for i := 0; i < len(list) && i < limit; i++ {
 		out = append(out, list[i].id)
 	}

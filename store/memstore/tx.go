@@ -384,6 +384,12 @@ func (tx *Tx) apply() {
 	}
 	for k, v := range p.reservations {
 		c.reservations[k] = v
+		switch v.State {
+		case ledger.StateReserved, ledger.StateExpiring, ledger.StateStarted:
+			c.live[k] = true
+		default:
+			delete(c.live, k)
+		}
 	}
 	for k, v := range p.moves {
 		c.moves[k] = v
