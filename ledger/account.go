@@ -44,7 +44,12 @@ func switchTo(b Book, subject PolicyKey, p *Policy, now time.Time) (*Account, *M
 		}
 	}
 	account, exists := b.Account(key)
-	if !exists {
+	if exists {
+		// Close the elapsed epoch of an account that becomes current
+		// again before capacity moves in: what arrives now belongs to the
+		// epoch of now.
+		rollEpoch(b, account, p, now)
+	} else {
 		account = &Account{Key: key, Dims: len(p.Dimensions)}
 		for i := range p.Dimensions {
 			// A unit the previous account limited arrives with the move
@@ -78,9 +83,10 @@ func switchTo(b Book, subject PolicyKey, p *Policy, now time.Time) (*Account, *M
 }
 
 // moveBetween moves from's debt and available capacity to to: the debt is
-// assumed by to (issued and retired at to, minted and repaid at from), then
-// the capacity is retired at from and minted at to, where it repays debt
-// first like any mint. Units are matched by dimension unit; a unit the
+// assumed by to (issued and retired at to, minted and repaid at from) and
+// repaid from to's available as far as it goes, then the capacity is
+// retired at from and minted at to, where it repays debt first like any
+// mint. Units are matched by dimension unit; a unit the
 // destination's policy no longer limits stays behind. It does nothing and
 // returns nil when there is nothing to move or the receipt was already
 // applied.
@@ -109,6 +115,13 @@ func moveBetween(b Book, from, to *Account, kind MoveKind, receiptID string, now
 			src.OverdraftRepaid += debt
 			move.Debt[i] = debt
 			moved = true
+			// Overuse takes available capacity first: the debt arriving
+			// here (a late overuse on a superseded generation) is repaid
+			// from this account's available before anything freezes.
+			if repay := min(debt, dst.Available); repay > 0 {
+				dst.Available -= repay
+				dst.OverdraftRepaid += repay
+			}
 		}
 		if units := src.Available; units > 0 {
 			src.Available -= units

@@ -146,13 +146,17 @@ func (m *refModel) refill(a *modelAccount, p *modelPolicy) {
 	}
 }
 
-// move carries from's debt, then its available capacity (which repays
-// debt at the destination first), to to. It reports whether anything moved.
+// move carries from's debt (repaid from the destination's available as far
+// as it goes), then its available capacity (which repays debt at the
+// destination first), to to. It reports whether anything moved.
 func (m *refModel) move(from, to *modelAccount) bool {
 	moved := false
 	for i := range modelDims {
-		if from.debt[i] > 0 {
-			to.debt[i] += from.debt[i]
+		if debt := from.debt[i]; debt > 0 {
+			// Arriving debt is overuse: it takes available first.
+			repaid := min(debt, to.available[i])
+			to.available[i] -= repaid
+			to.debt[i] += debt - repaid
 			from.debt[i] = 0
 			moved = true
 		}

@@ -145,3 +145,43 @@ func TestRetryAfterIsTheSlowestDimension(t *testing.T) {
 		t.Fatalf("rejection %+v, want requests limiting with a 5s retry-after", res)
 	}
 }
+
+// Overuse settled late on a superseded generation takes the subject's
+// available capacity first, as any overuse does: the debt it forwards is
+// repaid from the current account's available before anything is frozen.
+func TestLateOveruseTakesCurrentAvailableFirst(t *testing.T) {
+	c := newChecked(t)
+	c.publish(policyOf(tokens(1000, 0)))
+	c.must(c.reserve("a", 100))
+	c.must(c.start("a"))
+	p2 := policyOf(tokens(1000, 0))
+	p2.EstimatorDigest = "sha256:v2"
+	g2 := c.publish(p2)
+	c.must(c.reserve("b", 1)) // switch: 900 carried, 899 left
+	c.must(c.settle("a", 300))
+	if bal := c.account(g2).Balances[0]; bal.Debt() != 0 || bal.Available != 699 {
+		t.Fatalf("current account after a late overuse of 200: %+v, want no debt and 699 available", bal)
+	}
+	c.must(c.reserve("c", 1))
+}
+
+// A generation that becomes current again closes its elapsed epoch before
+// capacity moves in, so the statement of the old epoch does not show what
+// arrived after it ended.
+func TestReactivatedAccountClosesEpochBeforeMove(t *testing.T) {
+	c := newChecked(t)
+	g1 := c.publish(policyOf(tokens(1000, 0)))
+	c.must(c.reserve("a", 100))
+	p2 := policyOf(tokens(1000, 0))
+	p2.EstimatorDigest = "sha256:v2"
+	g2 := c.publish(p2)
+	c.must(c.reserve("b", 1)) // switch to g2 at t0
+	c.advance(2 * time.Hour)
+	c.rollback(testSubject, g2)
+	c.must(c.reserve("c", 1)) // back to g1 at t0+2h
+	for _, st := range c.m.Statements {
+		if st.Account.Generation == g1 && st.EpochStart.Equal(t0) && st.Closing[0].Minted != 0 {
+			t.Fatalf("g1's first epoch closes with %d minted, moved in after it ended", st.Closing[0].Minted)
+		}
+	}
+}
