@@ -115,9 +115,9 @@ func (w *world) executorReceive(m *message) {
 	}
 	switch {
 	case m.cmd.Kind == ledger.KindStart && r.opPhase == opStarting:
-		w.startAnswer(r, &m.res)
+		w.startAnswer(r, m.res)
 	case m.cmd.Kind == ledger.KindSettle && r.opPhase == opSettling:
-		w.settleAnswer(r, &m.res)
+		w.settleAnswer(r, m.res)
 	}
 }
 

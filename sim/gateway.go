@@ -292,9 +292,9 @@ func (w *world) gatewayReceive(m *message) {
 	case msgAnswer:
 		switch r.phase {
 		case phReserving:
-			w.reserveAnswer(r, &m.res)
+			w.reserveAnswer(r, m.res)
 		case phReleasing:
-			w.releaseAnswer(r, &m.res)
+			w.releaseAnswer(r, m.res)
 		}
 	}
 }
@@ -391,7 +391,7 @@ func (w *world) releaseAnswer(r *request, res *ledger.Result) {
 // refunds nothing, the first refund is exactly what the transition gives
 // back, and no reservation is refunded twice.
 func (w *world) checkRefundAnswer(r *request, m *message) {
-	res := &m.res
+	res := m.res
 	if res.Err != nil || (m.cmd.Kind != ledger.KindSettle && m.cmd.Kind != ledger.KindRelease) {
 		return
 	}

@@ -30,12 +30,14 @@ const (
 	faultCrash
 )
 
-// recStore wraps the memstore: it arms the batch's fault on the memstore
-// right before the commit it is meant for (so a fault never lingers onto a
-// later batch), and hands the checker every change set that became
-// durable, including the ones whose acknowledgement was lost.
+// recStore is the store the engine runs on: the memstore (or a test's
+// wrapper around it). It arms the batch's fault on the memstore right
+// before the commit it is meant for (so a fault never lingers onto a later
+// batch), and hands the checker every change set that became durable,
+// including the ones whose acknowledgement was lost.
 type recStore struct {
-	*memstore.Store
+	store.Store
+	mem       *memstore.Store
 	fault     commitFault
 	committed []*store.Changes
 	commits   int // Commit calls in the current batch
@@ -70,13 +72,13 @@ func (t *recTx) Commit(ctx context.Context) error {
 	s.fault = faultNone
 	switch fault {
 	case faultFail:
-		s.Store.FailNextCommit(fmt.Errorf("%w: injected commit failure", store.ErrUnavailable))
+		s.mem.FailNextCommit(fmt.Errorf("%w: injected commit failure", store.ErrUnavailable))
 	case faultConflict:
-		s.Store.FailNextCommit(fmt.Errorf("%w: injected", store.ErrConflict))
+		s.mem.FailNextCommit(fmt.Errorf("%w: injected", store.ErrConflict))
 	case faultLoseAck:
-		s.Store.LoseNextCommitAck()
+		s.mem.LoseNextCommitAck()
 	case faultCrash:
-		s.Store.Crash()
+		s.mem.Crash()
 	}
 	err := t.Tx.Commit(ctx)
 	if t.changes != nil && (err == nil || fault == faultLoseAck) {
@@ -121,15 +123,18 @@ const (
 	fromOperator
 )
 
+// newLedger opens the ledger process over a fresh memstore. A test's store
+// wrapper goes between the recording store and the memstore, so the
+// checker sees what the engine wrote, not what a broken store kept.
 func (w *world) newLedger() {
 	mem := memstore.New()
-	st := &recStore{Store: mem}
-	var s store.Store = st
+	var inner store.Store = mem
 	if w.wrapStore != nil {
-		s = w.wrapStore(st)
+		inner = w.wrapStore(mem)
 	}
-	w.ledger = ledgerNode{mem: mem, st: st, core: engine.NewCore(s), up: true}
-	w.ledgerStore = s
+	st := &recStore{Store: inner, mem: mem}
+	w.ledger = ledgerNode{mem: mem, st: st, core: engine.NewCore(st), up: true}
+	w.ledgerStore = st
 }
 
 func (w *world) ledgerReceive(m *message) {
@@ -246,7 +251,7 @@ func (w *world) ledgerBatch() {
 			answer.kind = msgUnavailable
 		} else {
 			answer.kind = msgAnswer
-			answer.res = results[k]
+			answer.res = &results[k]
 			if (m.cmd.Kind == ledger.KindSettle || m.cmd.Kind == ledger.KindRelease) && w.f.fire(SiteLostRefundAck) {
 				w.log(recAckLost, ledgerNodeID, m.cmd.Kind, m.cmd.ReservationID, 0, "refund answer lost")
 				continue
@@ -264,7 +269,7 @@ func (w *world) ledgerBatch() {
 		switch {
 		case gerr == nil:
 			answer.found = true
-			answer.res.Reservation = r
+			answer.res = &ledger.Result{Reservation: r}
 		case errors.Is(gerr, store.ErrNotFound):
 		default:
 			answer.kind = msgUnavailable

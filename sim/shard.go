@@ -28,7 +28,7 @@ const (
 	shardTTLMin    = int64(20 * time.Second)
 	shardTTLMax    = int64(90 * time.Second)
 	shardQuietWait = int64(30 * time.Second) // longer than any network delay
-	maxShardsPerGW = 3
+	maxShardsPerGW = 2
 )
 
 type shardPhase uint8
@@ -127,7 +127,7 @@ func (w *world) shardTick() {
 	s := &w.shards
 	if !w.healed {
 		for g := 0; g < w.shape.gateways; g++ {
-			if w.cut[w.gatewayNode(g)] || !w.chance(0.3) || s.busy(g, w.gateways[g].bootEpoch) >= 1 || s.count(g) >= maxShardsPerGW {
+			if w.cut[w.gatewayNode(g)] || !w.chance(0.1) || s.busy(g, w.gateways[g].bootEpoch) >= 1 || s.count(g) >= maxShardsPerGW {
 				continue
 			}
 			w.issueShard(g, w.rng.IntN(w.shape.tenants))
@@ -256,7 +256,7 @@ func (w *world) shardAnswer(m *message) {
 		}
 		return
 	}
-	res := &m.res
+	res := m.res
 	sh.attempt++ // a duplicate of this answer is stale from now on
 	switch m.cmd.Kind {
 	case ledger.KindShardIssue:

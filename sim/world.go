@@ -91,8 +91,9 @@ type message struct {
 	// answer carries the same number.
 	answerID int64
 	cmd      ledger.Command
-	res      ledger.Result
-	found    bool
+	// res is the answer (nil on requests and on "unavailable").
+	res   *ledger.Result
+	found bool
 }
 
 // world is one interleaving: every actor, the ledger, the network and the
@@ -119,8 +120,8 @@ type world struct {
 	shards   shardSim
 	fair     fairness
 
-	// ledgerStore is the store the engine runs on (the recording memstore,
-	// or a test's wrapper around it).
+	// ledgerStore is the store the engine runs on (the recording store
+	// over the memstore, or over a test's wrapper around it).
 	ledgerStore store.Store
 	wrapStore   func(store.Store) store.Store
 
