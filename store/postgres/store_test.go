@@ -433,3 +433,82 @@ func TestUnreachableServerIsUnavailable(t *testing.T) {
 		t.Fatalf("malformed dsn: err %v, want a plain error", err)
 	}
 }
+
+// ReservationsPrefetch reads and locks a batch's reservations in one query;
+// ReservationGet answers from it (stored rows, not-found for absent ids),
+// the rows stay locked against other transactions, and absent ids are
+// inserted by Write like any row found absent.
+func TestReservationsPrefetch(t *testing.T) {
+	s, _ := openStore(t)
+	ctx := context.Background()
+	key := ledger.AccountKey{Subject: "t", Route: "r", Region: "eu", Generation: 1}
+	mk := func(id string, units int64) ledger.Reservation {
+		return ledger.Reservation{ID: id, RequestDigest: "sha256:" + id, Account: key, AccountingEpoch: t0,
+			Reserved: ledger.Amounts{units}, State: ledger.StateReserved, CreatedAt: t0, ExpiresAt: t0.Add(time.Minute)}
+	}
+	r1, r2 := mk("rl-1", 10), mk("rl-2", 20)
+	commitChanges(t, s, &store.Changes{
+		Accounts:        []ledger.Account{{Key: key, Dims: 1, EpochStart: t0, Balances: ledger.Balances{{Opening: 100, Available: 70, Reserved: 30}}}},
+		Reservations:    []ledger.Reservation{r1, r2},
+		NewReservations: map[string]bool{r1.ID: true, r2.ID: true},
+	})
+
+	tx, err := s.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	prefetcher, ok := tx.(interface {
+		ReservationsPrefetch(context.Context, []string) error
+	})
+	if !ok {
+		t.Fatal("the postgres Tx has no ReservationsPrefetch")
+	}
+	if err := prefetcher.ReservationsPrefetch(ctx, []string{"rl-3", "rl-2", "rl-1", "rl-2"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []ledger.Reservation{r1, r2} {
+		got, err := tx.ReservationGet(ctx, want.ID)
+		if err != nil || *got != want {
+			t.Fatalf("prefetched %s: %+v, %v", want.ID, got, err)
+		}
+		got.State = ledger.StateReleased // the caller's copy
+	}
+	if again, _ := tx.ReservationGet(ctx, "rl-1"); again.State != ledger.StateReserved {
+		t.Fatal("ReservationGet handed out the prefetched row itself, not a copy")
+	}
+	if _, err := tx.ReservationGet(ctx, "rl-3"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("prefetched absent id: %v", err)
+	}
+
+	// Locked: another transaction that holds an account (later in the
+	// lock order) is refused rl-1 at once.
+	other, err := s.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Rollback(ctx)
+	if _, err := other.AccountGet(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.ReservationGet(ctx, "rl-1"); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("prefetched row read by another transaction: err %v, want store.ErrConflict (held)", err)
+	}
+	other.Rollback(ctx)
+
+	// rl-3 was found absent: Write inserts it; rl-1 is updated.
+	started := r1
+	started.State, started.OperationID, started.StartedAt = ledger.StateStarted, "op-1", t0.Add(time.Second)
+	if err := tx.Write(ctx, &store.Changes{Reservations: []ledger.Reservation{started, mk("rl-3", 5)}}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := tx.ReservationGet(ctx, "rl-1"); err != nil || got.State != ledger.StateStarted {
+		t.Fatalf("after Write the transaction reads its own write: %+v, %v", got, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.ReservationGet(ctx, "rl-3"); err != nil || got.Reserved[0] != 5 {
+		t.Fatalf("rl-3: %+v, %v", got, err)
+	}
+}

@@ -217,7 +217,38 @@ func (t *tx) Write(ctx context.Context, c *store.Changes) error {
 			return t.s.c.classify("write "+op, err, false)
 		}
 	}
-	return t.s.c.classify("write", results.Close(), false)
+	if err := results.Close(); err != nil {
+		return t.s.c.classify("write", err, false)
+	}
+	t.written(c)
+	return nil
+}
+
+// written updates what the transaction knows after c was stored: its rows
+// exist now (a later Write of them in this transaction is an update, not a
+// second insert), and its accounts have the dimension rows just written.
+func (t *tx) written(c *store.Changes) {
+	t.prefetched = nil
+	for name := range c.Meta {
+		delete(t.absent, rowKey{rank: rankMeta, a: name})
+	}
+	for i := range c.Heads {
+		delete(t.absent, policyKeyRow(tagHead, c.Heads[i].Key))
+	}
+	for i := range c.Accounts {
+		a := &c.Accounts[i]
+		delete(t.absent, accountRow(a.Key))
+		t.termRows[a.Key] = usedDims(a)
+	}
+	for i := range c.Currents {
+		delete(t.absent, policyKeyRow(tagCurrent, c.Currents[i].Subject))
+	}
+	for i := range c.Reservations {
+		delete(t.absent, rowKey{rank: rankReservation, a: c.Reservations[i].ID})
+	}
+	for i := range c.Shards {
+		delete(t.absent, rowKey{rank: rankShard, a: c.Shards[i].ID})
+	}
 }
 
 // split sends rows found absent in this transaction to the insert arrays
