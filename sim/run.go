@@ -76,7 +76,7 @@ func ReplayCommand(seed uint64, cfg *Config) string {
 	cmd := fmt.Sprintf("capledger sim --seed %d --interleavings 1%s", seed, cfg.Flags())
 	if m := os.Getenv("CAPLEDGER_MUTANT"); m != "" {
 		// Only a binary built with -tags capledger_mutants reads it.
-		cmd = "CAPLEDGER_MUTANT=" + m + " " + cmd
+		cmd = "CAPLEDGER_MUTANT=" + m + " " + cmd + "   (capledger built with: go build -tags capledger_mutants ./cmd/capledger)"
 	}
 	return cmd
 }
