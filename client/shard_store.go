@@ -421,9 +421,6 @@ func (s *ShardStore) Install(token []byte, units []string, keys ledger.ShardKeys
 			return nil, fmt.Errorf("install shard %s: allocation in dimension %d, which has no unit name", sh.ID, i)
 		}
 	}
-	if _, dup := s.shards[sh.ID]; dup {
-		return nil, fmt.Errorf("install shard %s: %w: already installed", sh.ID, ledger.ErrShardIDReused)
-	}
 	now := s.clock()
 	holder := ledger.ShardHolder{GatewayID: s.gatewayID, BootEpoch: s.boot, NewestFence: s.newestFence[sh.Account.SubjectKey()]}
 	if keys == nil {
@@ -431,6 +428,9 @@ func (s *ShardStore) Install(token []byte, units []string, keys ledger.ShardKeys
 	}
 	if err := ledger.VerifyShard(sh, keys, holder, now); err != nil {
 		return nil, fmt.Errorf("install shard %s: %w", sh.ID, err)
+	}
+	if _, dup := s.shards[sh.ID]; dup {
+		return nil, fmt.Errorf("install shard %s: %w: already installed", sh.ID, ledger.ErrShardIDReused)
 	}
 	if err := s.append(&shardRecord{Op: "install", At: now.UnixNano(), Shard: sh.ID, Token: token, Units: units}); err != nil {
 		return nil, fmt.Errorf("install shard %s: %w", sh.ID, err)
