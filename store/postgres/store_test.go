@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"slices"
 	"sync"
 	"testing"
@@ -511,4 +512,49 @@ func TestReservationsPrefetch(t *testing.T) {
 	if got, err := s.ReservationGet(ctx, "rl-3"); err != nil || got.Reserved[0] != 5 {
 		t.Fatalf("rl-3: %+v, %v", got, err)
 	}
+}
+
+// Replicas may run as a role that can only read and write the tables
+// (migrations applied beforehand by the schema owner): Open on a current
+// schema creates nothing, and the ledger works.
+func TestOpenAsDMLOnlyRole(t *testing.T) {
+	dsn := schemaDSN(t)
+	if _, err := postgres.Migrate(context.Background(), dsn); err != nil {
+		t.Fatal(err)
+	}
+	role := fmt.Sprintf("capledger_dml_%d", time.Now().UnixNano())
+	schema := mustQueryParam(t, dsn, "search_path")
+	admin(t, dsn, `CREATE ROLE `+role+` LOGIN`)
+	t.Cleanup(func() {
+		admin(t, dsn, `DROP OWNED BY `+role)
+		admin(t, dsn, `DROP ROLE `+role)
+	})
+	admin(t, dsn, `GRANT USAGE ON SCHEMA `+schema+` TO `+role+`;
+		GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA `+schema+` TO `+role+`;
+		GRANT USAGE ON ALL SEQUENCES IN SCHEMA `+schema+` TO `+role)
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Skipf("needs a URL DSN: %v", err)
+	}
+	u.User = url.User(role)
+	s, err := postgres.Open(context.Background(), u.String())
+	if err != nil {
+		t.Fatalf("open as a DML-only role: %v", err)
+	}
+	defer s.Close()
+	publish(t, s)
+	res := commitCmds(t, s, t0, reserveCmd("rl-dml", 600))
+	if res[0].Err != nil {
+		t.Fatal(res[0].Err)
+	}
+	mustAudit(t, s)
+}
+
+func mustQueryParam(t *testing.T, dsn, name string) string {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil || u.Query().Get(name) == "" {
+		t.Skipf("needs a URL DSN with %s", name)
+	}
+	return u.Query().Get(name)
 }
