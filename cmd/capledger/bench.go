@@ -1,0 +1,477 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"github.com/schollz/progressbar/v3"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	v1 "github.com/capledger/capledger/api/capledger/v1"
+	"github.com/capledger/capledger/client"
+)
+
+func init() {
+	register(&command{name: "bench", summary: "load generator over the real API: ops/s and p50/p99/p999 latency", help: benchHelp, run: runBench})
+}
+
+const benchHelp = `Usage: capledger bench [flags]
+
+Bench drives a running server through the real API (the Go SDK, one shared
+connection pool) from --concurrency goroutines for --duration, after a
+--warmup that is not measured, and prints ops/s and latency percentiles in a
+table. A progress bar goes to stderr.
+
+Modes:
+  reserve    one Reserve call per op (each a new reservation id)
+  lifecycle  Reserve, Start and Settle per op (latency of all three)
+  batch      one ReserveBatch of --batch-size reservations per op
+  echo       baseline: POST a JSON body of the size of a reserve to
+             --addr/echo and read the echo back; run the echo server with
+             "capledger bench --echo-server --addr 127.0.0.1:7071"
+
+Unless --setup=false, bench first publishes a policy for subject "*" on
+--route (admin role) with a burst no benchmark exhausts and a 1h hold TTL,
+so every reservation is admitted and none expires during the run.
+
+Flags:
+  --mode MODE        reserve, lifecycle, batch or echo (default reserve)
+  --concurrency N    concurrent callers (default 64)
+  --duration DUR     measured time (default 10s)
+  --warmup DUR       unmeasured time before it (default 1s)
+  --subjects N       subjects to spread over; 1 = one hot subject (default 1)
+  --batch-size N     reservations per ReserveBatch (default 100, at most 1000)
+  --route ROUTE      route of the reservations (default bench.reserve)
+  --units N          tokens per reservation (default 1)
+  --protocol P       connect (binary protobuf, default), connect-json or grpc
+  --setup BOOL       publish the bench policy first (default true)
+  --progress BOOL    draw the progress bar (default true)
+  --echo-server      serve the echo baseline on --addr instead (until Ctrl-C)
+` + clientFlagsHelp + `
+Example:
+  capledger serve --data-dir /tmp/bench &
+  capledger bench --concurrency 64 --duration 10s
+  capledger bench --mode batch --batch-size 100 --concurrency 8
+  capledger bench --concurrency 1 --duration 5s
+`
+
+type benchConfig struct {
+	mode        string
+	concurrency int
+	duration    time.Duration
+	warmup      time.Duration
+	subjects    int
+	batchSize   int
+	route       string
+	units       int64
+	protocol    client.Protocol
+	setup       bool
+	progress    bool
+	addr, token string
+	timeout     time.Duration
+}
+
+func runBench(ctx context.Context, e *env, args []string) error {
+	fs := newFlags("bench")
+	var cf clientFlags
+	cf.register(fs, e)
+	cfg := benchConfig{}
+	fs.StringVar(&cfg.mode, "mode", "reserve", "")
+	fs.IntVar(&cfg.concurrency, "concurrency", 64, "")
+	fs.DurationVar(&cfg.duration, "duration", 10*time.Second, "")
+	fs.DurationVar(&cfg.warmup, "warmup", time.Second, "")
+	fs.IntVar(&cfg.subjects, "subjects", 1, "")
+	fs.IntVar(&cfg.batchSize, "batch-size", 100, "")
+	fs.StringVar(&cfg.route, "route", "bench.reserve", "")
+	fs.Int64Var(&cfg.units, "units", 1, "")
+	protocol := fs.String("protocol", "connect", "")
+	fs.BoolVar(&cfg.setup, "setup", true, "")
+	fs.BoolVar(&cfg.progress, "progress", true, "")
+	echoServer := fs.Bool("echo-server", false, "")
+	positional, err := parseFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := wantArgs(positional, 0, ""); err != nil {
+		return err
+	}
+	if *echoServer {
+		return serveEcho(ctx, e, cf.addr)
+	}
+	if cfg.protocol, err = client.ParseProtocol(*protocol); err != nil {
+		return usagef("--protocol: %v", err)
+	}
+	switch {
+	case cfg.mode != "reserve" && cfg.mode != "lifecycle" && cfg.mode != "batch" && cfg.mode != "echo":
+		return usagef("--mode %q: want reserve, lifecycle, batch or echo", cfg.mode)
+	case cfg.concurrency < 1:
+		return usagef("--concurrency must be at least 1")
+	case cfg.duration <= 0 || cfg.warmup < 0:
+		return usagef("--duration must be positive and --warmup not negative")
+	case cfg.subjects < 1:
+		return usagef("--subjects must be at least 1")
+	case cfg.batchSize < 1 || cfg.batchSize > client.MaxBatch:
+		return usagef("--batch-size must be in [1, %d]", client.MaxBatch)
+	case cfg.units < 1:
+		return usagef("--units must be at least 1")
+	}
+	cfg.addr, cfg.token, cfg.timeout = cf.addr, cf.token, cf.timeout
+
+	var op func(ctx context.Context, w *benchWorker) (units int, err error)
+	if cfg.mode == "echo" {
+		op, err = echoOp(&cfg)
+	} else {
+		op, err = ledgerOp(ctx, &cfg)
+	}
+	if err != nil {
+		return err
+	}
+	res := drive(ctx, e, &cfg, op)
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	printBench(e.stdout, &cfg, res)
+	if res.ops == 0 {
+		return fmt.Errorf("no operation succeeded: %v", res.firstErr)
+	}
+	return nil
+}
+
+// benchWorker is one caller's state.
+type benchWorker struct {
+	rng       *rand.Rand
+	latencies []time.Duration
+	ops       int64
+	units     int64
+	errs      int64
+	rejected  int64
+}
+
+func (w *benchWorker) subject(cfg *benchConfig) string {
+	if cfg.subjects == 1 {
+		return "bench-0"
+	}
+	return fmt.Sprintf("bench-%d", w.rng.IntN(cfg.subjects))
+}
+
+// ledgerOp connects to the ledger, publishes the bench policy if asked, and
+// returns the operation of cfg.mode.
+func ledgerOp(ctx context.Context, cfg *benchConfig) (func(context.Context, *benchWorker) (int, error), error) {
+	opts := []client.Option{
+		client.WithProtocol(cfg.protocol), client.WithTimeout(cfg.timeout),
+		// A benchmark measures single calls: a lost answer is an error, not
+		// a retry.
+		client.WithRetryPolicy(client.RetryPolicy{MaxAttempts: 1}),
+		client.WithMaxIdleConns(max(cfg.concurrency*2, 16)),
+	}
+	if cfg.token != "" {
+		opts = append(opts, client.WithBearerToken(cfg.token))
+	}
+	c, err := client.New(cfg.addr, opts...)
+	if err != nil {
+		return nil, usagef("%v", err)
+	}
+	if cfg.setup {
+		_, _, err := c.PublishPolicy(ctx, &v1.Policy{
+			Subject: "*", Route: cfg.route,
+			Dimensions: []*v1.Dimension{{Unit: "tokens", Burst: 1 << 50, RefillUnits: 1 << 40, RefillInterval: durationpb.New(time.Second)}},
+			HoldTtl:    durationpb.New(time.Hour),
+		})
+		if err != nil {
+			return nil, fmt.Errorf("publish bench policy: %w", err)
+		}
+	}
+	units := client.Units{"tokens": cfg.units}
+	switch cfg.mode {
+	case "reserve":
+		return func(ctx context.Context, w *benchWorker) (int, error) {
+			_, err := c.Reserve(ctx, client.ReserveRequest{Subject: w.subject(cfg), Route: cfg.route, Units: units})
+			return 1, err
+		}, nil
+	case "lifecycle":
+		return func(ctx context.Context, w *benchWorker) (int, error) {
+			rr, err := c.Reserve(ctx, client.ReserveRequest{Subject: w.subject(cfg), Route: cfg.route, Units: units})
+			if err != nil {
+				return 0, err
+			}
+			op := client.NewOperationID()
+			if _, err := c.Start(ctx, rr.ReservationID, op); err != nil {
+				return 0, err
+			}
+			_, err = c.Settle(ctx, rr.ReservationID, op, client.Units{"tokens": cfg.units})
+			return 1, err
+		}, nil
+	default: // batch
+		return func(ctx context.Context, w *benchWorker) (int, error) {
+			reqs := make([]client.ReserveRequest, cfg.batchSize)
+			for i := range reqs {
+				reqs[i] = client.ReserveRequest{Subject: w.subject(cfg), Route: cfg.route, Units: units}
+			}
+			outcomes, err := c.ReserveBatch(ctx, reqs)
+			if err != nil {
+				return 0, err
+			}
+			ok := 0
+			var itemErr error
+			for _, o := range outcomes {
+				if o.Err == nil {
+					ok++
+				} else if itemErr == nil {
+					itemErr = o.Err
+				}
+			}
+			return ok, itemErr
+		}, nil
+	}
+}
+
+// echoBody is about the size of a reserve request in JSON.
+type echoBody struct {
+	ReservationID string           `json:"reservationId"`
+	RequestDigest string           `json:"requestDigest"`
+	Subject       string           `json:"subject"`
+	Route         string           `json:"route"`
+	Units         map[string]int64 `json:"units"`
+}
+
+// echoOp posts JSON to the echo server through an http.Client tuned like
+// the SDK's (keep-alive pool of the same size).
+func echoOp(cfg *benchConfig) (func(context.Context, *benchWorker) (int, error), error) {
+	url := cfg.addr
+	if !strings.Contains(url, "://") {
+		url = "http://" + url
+	}
+	url = strings.TrimRight(url, "/") + "/echo"
+	hc := &http.Client{Transport: &http.Transport{
+		Proxy: nil, MaxIdleConns: max(cfg.concurrency*2, 16), MaxIdleConnsPerHost: max(cfg.concurrency*2, 16),
+		IdleConnTimeout: 90 * time.Second, DisableCompression: true,
+		DialContext: (&net.Dialer{Timeout: 3 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+	}}
+	return func(ctx context.Context, w *benchWorker) (int, error) {
+		body, _ := json.Marshal(echoBody{
+			ReservationID: client.NewReservationID(), RequestDigest: "sha256:71a0000000000000000000000000000000000000000000000000000000000000",
+			Subject: w.subject(cfg), Route: cfg.route, Units: map[string]int64{"tokens": cfg.units},
+		})
+		req, err := http.NewRequestWithContext(ctx, "POST", url, strings.NewReader(string(body)))
+		if err != nil {
+			return 0, err
+		}
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := hc.Do(req)
+		if err != nil {
+			return 0, err
+		}
+		defer resp.Body.Close()
+		var back echoBody
+		if err := json.NewDecoder(resp.Body).Decode(&back); err != nil {
+			return 0, err
+		}
+		if resp.StatusCode != 200 || back.ReservationID == "" {
+			return 0, fmt.Errorf("echo: status %d", resp.StatusCode)
+		}
+		return 1, nil
+	}, nil
+}
+
+// serveEcho is the baseline server: decode the JSON body, encode it back.
+func serveEcho(ctx context.Context, e *env, addr string) error {
+	addr = strings.TrimPrefix(strings.TrimPrefix(addr, "http://"), "https://")
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("echo server: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /echo", func(w http.ResponseWriter, r *http.Request) {
+		var b echoBody
+		if err := json.NewDecoder(r.Body).Decode(&b); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(&b)
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(slog.NewTextHandler(e.stderr, nil), slog.LevelWarn)}
+	fmt.Fprintf(e.stderr, "echo server listening on %s\n", ln.Addr())
+	go func() {
+		<-ctx.Done()
+		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Shutdown(shutdown)
+	}()
+	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+type benchResult struct {
+	elapsed   time.Duration
+	ops       int64
+	units     int64
+	errs      int64
+	rejected  int64
+	latencies []time.Duration
+	firstErr  error
+}
+
+// drive runs op from cfg.concurrency goroutines: warmup first (not
+// recorded), then the measured duration.
+func drive(ctx context.Context, e *env, cfg *benchConfig, op func(context.Context, *benchWorker) (int, error)) *benchResult {
+	var measuring atomic.Bool
+	var stop atomic.Bool
+	var done atomic.Int64
+	var firstErr atomic.Pointer[error]
+	workers := make([]*benchWorker, cfg.concurrency)
+	var wg sync.WaitGroup
+	for i := range workers {
+		w := &benchWorker{rng: rand.New(rand.NewPCG(uint64(i), 1))}
+		workers[i] = w
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for !stop.Load() && ctx.Err() == nil {
+				t0 := time.Now()
+				n, err := op(ctx, w)
+				lat := time.Since(t0)
+				if !measuring.Load() {
+					continue
+				}
+				if err != nil {
+					var rej *client.RejectedError
+					if errors.As(err, &rej) {
+						w.rejected++
+					} else {
+						w.errs++
+					}
+					firstErr.CompareAndSwap(nil, &err)
+					if n == 0 {
+						continue
+					}
+				}
+				w.ops++
+				w.units += int64(n)
+				w.latencies = append(w.latencies, lat)
+				done.Add(int64(n))
+			}
+		}()
+	}
+
+	var bar *progressbar.ProgressBar
+	total := cfg.warmup + cfg.duration
+	if cfg.progress {
+		bar = progressbar.NewOptions64(total.Milliseconds(),
+			progressbar.OptionSetWriter(e.stderr),
+			progressbar.OptionSetWidth(30),
+			progressbar.OptionSetDescription("warmup"),
+			progressbar.OptionThrottle(100*time.Millisecond),
+			progressbar.OptionClearOnFinish(),
+			progressbar.OptionSetRenderBlankState(true),
+		)
+	}
+	start := time.Now()
+	var measureStart time.Time
+	ticker := time.NewTicker(100 * time.Millisecond)
+	defer ticker.Stop()
+	if cfg.warmup == 0 {
+		measuring.Store(true)
+		measureStart = start
+	}
+	for ctx.Err() == nil {
+		<-ticker.C
+		elapsed := time.Since(start)
+		if !measuring.Load() && elapsed >= cfg.warmup {
+			measuring.Store(true)
+			measureStart = time.Now()
+		}
+		if bar != nil {
+			if measuring.Load() {
+				rate := float64(done.Load()) / max(time.Since(measureStart).Seconds(), 1e-3)
+				bar.Describe(fmt.Sprintf("%s %8.0f/s", cfg.mode, rate))
+			}
+			bar.Set64(min(elapsed.Milliseconds(), total.Milliseconds()))
+		}
+		if measuring.Load() && time.Since(measureStart) >= cfg.duration {
+			break
+		}
+	}
+	measuring.Store(false)
+	elapsed := time.Since(measureStart)
+	stop.Store(true)
+	wg.Wait()
+	if bar != nil {
+		bar.Finish()
+	}
+	res := &benchResult{elapsed: elapsed}
+	for _, w := range workers {
+		res.ops += w.ops
+		res.units += w.units
+		res.errs += w.errs
+		res.rejected += w.rejected
+		res.latencies = append(res.latencies, w.latencies...)
+	}
+	if p := firstErr.Load(); p != nil {
+		res.firstErr = *p
+	}
+	slices.Sort(res.latencies)
+	return res
+}
+
+func percentile(sorted []time.Duration, p float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(p*float64(len(sorted))+0.5) - 1
+	return sorted[min(max(i, 0), len(sorted)-1)]
+}
+
+func printBench(w io.Writer, cfg *benchConfig, r *benchResult) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	secs := max(r.elapsed.Seconds(), 1e-9)
+	fmt.Fprintf(tw, "mode\t%s\n", cfg.mode)
+	if cfg.mode != "echo" {
+		fmt.Fprintf(tw, "protocol\t%s\n", cfg.protocol)
+	}
+	fmt.Fprintf(tw, "concurrency\t%d\n", cfg.concurrency)
+	fmt.Fprintf(tw, "subjects\t%d\n", cfg.subjects)
+	if cfg.mode == "batch" {
+		fmt.Fprintf(tw, "batch size\t%d\n", cfg.batchSize)
+	}
+	fmt.Fprintf(tw, "duration\t%s\n", r.elapsed.Round(time.Millisecond))
+	fmt.Fprintf(tw, "ops\t%d\n", r.ops)
+	fmt.Fprintf(tw, "ops/s\t%.0f\n", float64(r.ops)/secs)
+	switch cfg.mode {
+	case "batch":
+		fmt.Fprintf(tw, "reservations/s\t%.0f\n", float64(r.units)/secs)
+	case "lifecycle":
+		fmt.Fprintf(tw, "calls/s\t%.0f\n", 3*float64(r.ops)/secs)
+	}
+	fmt.Fprintf(tw, "p50\t%s\n", fmtLatency(percentile(r.latencies, 0.50)))
+	fmt.Fprintf(tw, "p99\t%s\n", fmtLatency(percentile(r.latencies, 0.99)))
+	fmt.Fprintf(tw, "p999\t%s\n", fmtLatency(percentile(r.latencies, 0.999)))
+	if len(r.latencies) > 0 {
+		fmt.Fprintf(tw, "max\t%s\n", fmtLatency(r.latencies[len(r.latencies)-1]))
+	}
+	fmt.Fprintf(tw, "rejected\t%d\n", r.rejected)
+	fmt.Fprintf(tw, "errors\t%d\n", r.errs)
+	if r.firstErr != nil {
+		fmt.Fprintf(tw, "first error\t%v\n", r.firstErr)
+	}
+	tw.Flush()
+}
+
+func fmtLatency(d time.Duration) string {
+	return fmt.Sprintf("%.3f ms", float64(d)/float64(time.Millisecond))
+}
