@@ -253,8 +253,9 @@ func IssueShard(b Book, cmd *Command, now time.Time) Result {
 // into the subject's current account under the active generation through
 // an exactly-once move (MoveShardRemint; the shard's own account keeps its
 // RetiredForEmergency). Settled usage beyond what the shard could cover is
-// charged to that account as debt (issued and retired for the move), which
-// freezes admission until refills repay it, like an overdraft.
+// charged to that account like an overdraft: it takes the account's
+// available capacity first, and what is left is debt (issued and retired
+// for the move), which freezes admission until refills repay it.
 //
 // After that, a submission may only carry receipts for ids the first one
 // left unknown, each in a terminal state: each moves its units from Unknown
@@ -455,10 +456,17 @@ func remintShard(b Book, s *Shard, units, debt Amounts, now time.Time) *Move {
 		}
 		dst := &to.Balances[j]
 		// Debt first, so that the shard's own unused capacity repays it.
+		// Overuse takes available capacity first, as in a settle: what the
+		// destination has available repays the debt before anything
+		// freezes.
 		if debt[i] > 0 {
 			dst.OverdraftIssued += debt[i]
 			dst.RetiredForMove += debt[i]
 			move.Debt[i] = debt[i]
+			if repay := min(debt[i], dst.Available); repay > 0 {
+				dst.Available -= repay
+				dst.OverdraftRepaid += repay
+			}
 		}
 		if units[i] > 0 {
 			mint(dst, units[i])

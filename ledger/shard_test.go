@@ -292,6 +292,9 @@ func TestShardOveruseBecomesDebt(t *testing.T) {
 	c := newChecked(t)
 	g := c.publish(emergencyPolicy())
 	s := c.must(c.apply(issueCmd("sh-1", "gw-a", 1, 100))).Shard
+	// Everything else is reserved centrally, so the overuse cannot be
+	// taken from available and becomes debt.
+	c.must(c.reserve("rest", 900))
 	l := ledger.NewShardLocal(s)
 	l.Reserve("a", "d", ledger.Amounts{100}, c.now)
 	l.Start("a", "op", c.now)
@@ -317,6 +320,27 @@ func TestShardOveruseBecomesDebt(t *testing.T) {
 	if res := c.reserve("r", 1); !errors.Is(res.Err, ledger.ErrAdmissionFrozen) {
 		t.Fatalf("admission with shard debt outstanding: %v", res.Err)
 	}
+}
+
+func TestShardOveruseTakesAvailableFirst(t *testing.T) {
+	c := newChecked(t)
+	g := c.publish(emergencyPolicy())
+	s := c.must(c.apply(issueCmd("sh-1", "gw-a", 1, 100))).Shard
+	l := ledger.NewShardLocal(s)
+	l.Reserve("a", "d", ledger.Amounts{100}, c.now)
+	l.Start("a", "op", c.now)
+	l.Settle("a", "op", ledger.Amounts{160}, c.now)
+	l.Seal(c.now)
+	receipts, _ := l.Submission()
+	rec := c.must(c.apply(reconcileCmd("sh-1", "gw-a", receipts)))
+	if rec.Move == nil || rec.Move.Debt[0] != 60 {
+		t.Fatalf("move: %+v", rec.Move)
+	}
+	bal := c.account(g).Balances[0]
+	if bal.Debt() != 0 || bal.Available != 900-60 {
+		t.Fatalf("overuse of 60 with 900 available: %+v", bal)
+	}
+	c.must(c.reserve("r", 1))
 }
 
 func TestShardReconcileValidation(t *testing.T) {
