@@ -410,3 +410,59 @@ func TestShardInheritedByRestartKeepsUnknownRetired(t *testing.T) {
 		t.Fatalf("central available %d, want 500 + 300 reminted", bal.Available)
 	}
 }
+
+// The audit catches what the commands never produce: a second remint of
+// the same shard (duplicate recovery), a split on an unreconciled shard,
+// two shards of one gateway under one fence, and retiredForEmergency that
+// does not match the shards.
+func TestShardAuditCatchesBrokenRecords(t *testing.T) {
+	c := newChecked(t)
+	c.publish(emergencyPolicy())
+	c.must(c.apply(issueCmd("sh-1", "gw-a", 1, 100)))
+	c.must(c.apply(issueCmd("sh-2", "gw-a", 1, 100)))
+	c.must(c.apply(reconcileCmd("sh-1", "gw-a", nil)))
+	sound := c.m.Snapshot()
+	if d := ledger.Audit(sound); len(d) != 0 {
+		t.Fatalf("sound ledger: %v", d)
+	}
+	has := func(ds []ledger.Discrepancy, check string) bool {
+		for _, d := range ds {
+			if d.Check == check {
+				return true
+			}
+		}
+		return false
+	}
+
+	dup := c.m.Snapshot()
+	again := dup.Moves[0]
+	again.ReceiptID = ledger.ShardRemintReceipt("sh-1", 2)
+	dup.Moves = append(dup.Moves, again)
+	if ds := ledger.Audit(dup); !has(ds, ledger.CheckShardRemint) {
+		t.Errorf("duplicate remint not caught: %v", ds)
+	}
+
+	split := c.m.Snapshot()
+	for i := range split.Shards {
+		if split.Shards[i].ID == "sh-2" {
+			split.Shards[i].Reminted[0] = 5
+		}
+	}
+	if ds := ledger.Audit(split); !has(ds, ledger.CheckShardRecord) {
+		t.Errorf("split on an unreconciled shard not caught: %v", ds)
+	}
+
+	fenced := c.m.Snapshot()
+	for i := range fenced.Shards {
+		fenced.Shards[i].Fence = 7
+	}
+	if ds := ledger.Audit(fenced); !has(ds, ledger.CheckShardRecord) {
+		t.Errorf("shared fence not caught: %v", ds)
+	}
+
+	dropped := c.m.Snapshot()
+	dropped.Shards = dropped.Shards[:1]
+	if ds := ledger.Audit(dropped); !has(ds, ledger.CheckShard) {
+		t.Errorf("retiredForEmergency without its shard not caught: %v", ds)
+	}
+}

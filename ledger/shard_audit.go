@@ -1,0 +1,97 @@
+package ledger
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Audit check names of emergency shards, besides CheckShard (each shard
+// account's RetiredForEmergency against its shards, each reconciled
+// shard's split).
+const (
+	// CheckShardRemint: a shard's remint moves add up to more than its
+	// confirmed-unused capacity (a duplicate recovery), or a remint move
+	// names no shard.
+	CheckShardRemint = "shard_remint_once"
+	// CheckShardRecord: an unreconciled shard carries a split, two shards
+	// of one gateway share a fence, or a shard expires before it was
+	// issued.
+	CheckShardRecord = "shard_record"
+)
+
+// auditShards returns the discrepancies of the shard rows and their remint
+// moves (none for a sound ledger):
+//   - an unreconciled shard has no spent, unknown or reminted capacity;
+//   - the remint moves of each shard mint at most its Reminted, per
+//     dimension (less only when the active generation no longer limits a
+//     unit), so confirmed-unused capacity came back at most once;
+//   - every remint move names a stored shard;
+//   - fences are unique per gateway, and every shard expires after it was
+//     issued.
+func auditShards(s *Snapshot) []Discrepancy {
+	var out []Discrepancy
+	add := func(check string, account AccountKey, format string, args ...any) {
+		out = append(out, Discrepancy{Check: check, Account: account.String(), Detail: fmt.Sprintf(format, args...)})
+	}
+	shards := make(map[string]*Shard, len(s.Shards))
+	type fenceKey struct {
+		gateway string
+		fence   uint64
+	}
+	fences := map[fenceKey]string{}
+	for i := range s.Shards {
+		sh := &s.Shards[i]
+		shards[sh.ID] = sh
+		if !sh.Reconciled && (sh.Spent != Amounts{} || sh.Unknown != Amounts{} || sh.Reminted != Amounts{}) {
+			add(CheckShardRecord, sh.Account, "shard %s is not reconciled but records spent %v, unknown %v, reminted %v", sh.ID, sh.Spent, sh.Unknown, sh.Reminted)
+		}
+		if !sh.ExpiresAt.After(sh.IssuedAt) {
+			add(CheckShardRecord, sh.Account, "shard %s expires at %s, not after its issuance at %s", sh.ID, sh.ExpiresAt, sh.IssuedAt)
+		}
+		k := fenceKey{sh.GatewayID, sh.Fence}
+		if other, dup := fences[k]; dup {
+			add(CheckShardRecord, sh.Account, "shards %s and %s of gateway %s share fence %d", other, sh.ID, sh.GatewayID, sh.Fence)
+		}
+		fences[k] = sh.ID
+	}
+	reminted := map[string]Amounts{}
+	for i := range s.Moves {
+		m := &s.Moves[i]
+		if m.Kind != MoveShardRemint {
+			continue
+		}
+		id, ok := shardOfRemint(m.ReceiptID)
+		if !ok || shards[id] == nil {
+			add(CheckShardRemint, m.To, "remint move %s names no stored shard", m.ReceiptID)
+			continue
+		}
+		sum := reminted[id]
+		for d := range sum {
+			sum[d] += m.Units[d]
+		}
+		reminted[id] = sum
+	}
+	for id, sum := range reminted {
+		sh := shards[id]
+		for d := range sum {
+			if sum[d] > sh.Reminted[d] {
+				add(CheckShardRemint, sh.Account, "shard %s dimension %d: remint moves minted %d, the shard confirmed %d unused",
+					id, d, sum[d], sh.Reminted[d])
+			}
+		}
+	}
+	return out
+}
+
+// shardOfRemint returns the shard id of a ShardRemintReceipt id.
+func shardOfRemint(receiptID string) (string, bool) {
+	rest, ok := strings.CutPrefix(receiptID, "shard-remint:")
+	if !ok {
+		return "", false
+	}
+	i := strings.LastIndexByte(rest, ':')
+	if i < 0 {
+		return "", false
+	}
+	return rest[:i], true
+}
