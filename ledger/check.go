@@ -219,6 +219,8 @@ func Audit(s *Snapshot) []Discrepancy {
 		}
 	}
 
+	out = append(out, auditShards(s)...)
+
 	byAccount := map[AccountKey][]Statement{}
 	for _, st := range s.Statements {
 		byAccount[st.Account] = append(byAccount[st.Account], st)
