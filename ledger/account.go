@@ -86,8 +86,9 @@ func switchTo(b Book, subject PolicyKey, p *Policy, now time.Time) (*Account, *M
 // assumed by to (issued and retired at to, minted and repaid at from) and
 // repaid from to's available as far as it goes, then the capacity is
 // retired at from and minted at to, where it repays debt first like any
-// mint. Units are matched by dimension unit; a unit the
-// destination's policy no longer limits stays behind. It does nothing and
+// mint, up to the destination's burst. Units are matched by dimension
+// unit; a unit the destination's policy no longer limits, and capacity
+// beyond the destination's burst, stay behind. It does nothing and
 // returns nil when there is nothing to move or the receipt was already
 // applied.
 func moveBetween(b Book, from, to *Account, kind MoveKind, receiptID string, now time.Time) *Move {
@@ -123,7 +124,13 @@ func moveBetween(b Book, from, to *Account, kind MoveKind, receiptID string, now
 				dst.OverdraftRepaid += repay
 			}
 		}
-		if units := src.Available; units > 0 {
+		// Capacity moves only as far as the destination's burst has room
+		// (after repaying its debt), as a refill would: Burst caps
+		// available + reserved, so a forwarded refund must not lift the
+		// subject above it. What does not fit stays on the superseded
+		// account, where nothing is admitted.
+		room := max(toPolicy.Dimensions[j].Burst-dst.Available-dst.Reserved, 0) + dst.Debt()
+		if units := min(src.Available, room); units > 0 {
 			src.Available -= units
 			src.RetiredForMove += units
 			mint(dst, units)

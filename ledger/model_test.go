@@ -148,9 +148,11 @@ func (m *refModel) refill(a *modelAccount, p *modelPolicy) {
 
 // move carries from's debt (repaid from the destination's available as far
 // as it goes), then its available capacity (which repays debt at the
-// destination first), to to. It reports whether anything moved.
+// destination first, and fills available only up to the destination's
+// burst; the rest stays behind), to to. It reports whether anything moved.
 func (m *refModel) move(from, to *modelAccount) bool {
 	moved := false
+	burst := m.policies[to.generation].dims
 	for i := range modelDims {
 		if debt := from.debt[i]; debt > 0 {
 			// Arriving debt is overuse: it takes available first.
@@ -160,8 +162,9 @@ func (m *refModel) move(from, to *modelAccount) bool {
 			from.debt[i] = 0
 			moved = true
 		}
-		if units := from.available[i]; units > 0 {
-			from.available[i] = 0
+		room := max(burst[i].burst-to.available[i]-to.reserved[i], 0) + to.debt[i]
+		if units := min(from.available[i], room); units > 0 {
+			from.available[i] -= units
 			repaid := min(units, to.debt[i])
 			to.debt[i] -= repaid
 			to.available[i] += units - repaid

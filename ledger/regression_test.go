@@ -185,3 +185,37 @@ func TestReactivatedAccountClosesEpochBeforeMove(t *testing.T) {
 		}
 	}
 }
+
+// A refund settled on a superseded generation while the current one has
+// refilled meanwhile is forwarded only up to the burst: Burst caps
+// available + reserved, and a forwarded refund used to lift the subject to
+// twice the burst.
+func TestForwardedRefundStaysWithinBurst(t *testing.T) {
+	c := newChecked(t)
+	g1 := c.publish(policyOf(tokens(1000, 100)))
+	c.must(c.reserve("a", 1000))
+	c.must(c.start("a"))
+	p2 := policyOf(tokens(1000, 100))
+	p2.EstimatorDigest = "sha256:v2"
+	g2 := c.publish(p2)
+	c.reserve("b", 1) // switch: nothing to carry
+	c.advance(10 * time.Second)
+	c.must(c.settle("a", 0)) // 1000 refunded on g1
+	current, old := c.account(g2).Balances[0], c.account(g1).Balances[0]
+	if current.Available+current.Reserved != 1000 {
+		t.Fatalf("current account %+v exceeds the burst of 1000", current)
+	}
+	if old.Available != 1000 {
+		t.Fatalf("superseded account %+v: the refund that did not fit should stay there", old)
+	}
+	if res := c.apply(ledger.Command{Kind: ledger.KindDrain, Account: c.account(g1).Key}); !errors.Is(res.Err, ledger.ErrNothingToDrain) {
+		t.Fatalf("drain into a full account: %+v", res)
+	}
+	// A smaller burst in a new generation takes effect at the switch.
+	p3 := policyOf(tokens(300, 100))
+	g3 := c.publish(p3)
+	c.must(c.reserve("c", 1))
+	if bal := c.account(g3).Balances[0]; bal.Available+bal.Reserved != 300 {
+		t.Fatalf("generation with burst 300 holds %+v", bal)
+	}
+}
