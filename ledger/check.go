@@ -50,6 +50,7 @@ const (
 	CheckMove         = "move_both_ends"
 	CheckStatement    = "statement_chain"
 	CheckShard        = "shard_conservation"
+	CheckBurst        = "above_burst"
 )
 
 // CheckAccount returns nil when the account satisfies the conservation
@@ -86,6 +87,8 @@ func checkBalance(b *Balance) error {
 // ledger is sound):
 //   - every account's conservation equation, per dimension, and no negative
 //     term;
+//   - no account holds more than its generation's burst (available +
+//     reserved): refill, refunds and moves all stop at it;
 //   - each account's Reserved equals the holds of its RESERVED, STARTED,
 //     EXPIRING and USAGE_UNKNOWN reservations (unknown usage is never
 //     counted as unconsumed);
@@ -147,11 +150,23 @@ func Audit(s *Snapshot) []Discrepancy {
 			}
 		}
 	}
+	policies := make(map[uint64]*Policy, len(s.Policies))
+	for i := range s.Policies {
+		policies[s.Policies[i].Generation] = &s.Policies[i]
+	}
 	for i := range s.Accounts {
 		a := &s.Accounts[i]
 		for d := 0; d < a.Dims; d++ {
 			if err := checkBalance(&a.Balances[d]); err != nil {
 				add(CheckConservation, a.Key, "", "dimension %d: %v", d, err)
+			}
+		}
+		if p := policies[a.Key.Generation]; p != nil {
+			for d := 0; d < a.Dims && d < len(p.Dimensions); d++ {
+				if held := a.Balances[d].Available + a.Balances[d].Reserved; held > p.Dimensions[d].Burst {
+					add(CheckBurst, a.Key, "", "dimension %d: available + reserved = %d above the burst %d",
+						d, held, p.Dimensions[d].Burst)
+				}
 			}
 		}
 		t := get(a.Key)
