@@ -329,8 +329,9 @@ func Refill(b Book, key AccountKey, now time.Time) Result {
 // CloseEpoch closes the account's accounting epoch if now is past it,
 // writing its statement. It does not refill.
 //
-// Returns: ErrAccountNotFound; otherwise success (Replayed when the epoch
-// was still open and nothing was written).
+// Returns: ErrAccountNotFound (or ErrPolicyNotFound when the account's
+// generation is missing); otherwise success with Generation, Replayed when
+// the epoch was still open and nothing was written.
 func CloseEpoch(b Book, key AccountKey, now time.Time) Result {
 	a, p, err := accountFor(b, key)
 	if err != nil {
