@@ -56,7 +56,7 @@ const (
 )
 
 type harness struct {
-	t      *testing.T
+	t      testing.TB
 	url    string
 	clock  *clock
 	store  store.Store
@@ -76,7 +76,7 @@ type harnessOptions struct {
 }
 
 // newHarness serves a real server on 127.0.0.1:0 over a real engine.
-func newHarness(t *testing.T, opts harnessOptions) *harness {
+func newHarness(t testing.TB, opts harnessOptions) *harness {
 	t.Helper()
 	h := &harness{t: t, clock: &clock{now: time.Date(2026, 7, 19, 14, 0, 0, 0, time.UTC)}}
 	if opts.faults {
@@ -113,7 +113,7 @@ func newHarness(t *testing.T, opts harnessOptions) *harness {
 	return h
 }
 
-func serve(t *testing.T, handler http.Handler) string {
+func serve(t testing.TB, handler http.Handler) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -197,7 +197,7 @@ func (h *harness) wantError(r response, status int, code, reason string) {
 }
 
 // details decodes the error details of a Connect JSON error.
-func details(t *testing.T, r response) []proto.Message {
+func details(t testing.TB, r response) []proto.Message {
 	t.Helper()
 	list, _ := r.body["details"].([]any)
 	var out []proto.Message
@@ -224,7 +224,7 @@ func details(t *testing.T, r response) []proto.Message {
 	return out
 }
 
-func detailReason(t *testing.T, r response) string {
+func detailReason(t testing.TB, r response) string {
 	for _, d := range details(t, r) {
 		switch m := d.(type) {
 		case *v1.ErrorDetail:
