@@ -3,9 +3,12 @@ package client
 import (
 	"context"
 	"errors"
+	"net"
 	"net/http"
 	"testing"
 	"time"
+
+	"connectrpc.com/connect"
 
 	ledgerv1 "github.com/capledger/capledger/api/capledger/v1"
 )
@@ -276,5 +279,38 @@ func TestShadowRejectionRunsWithoutReservation(t *testing.T) {
 		func(context.Context) (Units, error) { ran = true; return Units{"tokens": 500}, nil })
 	if err != nil || !ran || !res.Shadow || res.ShadowRejection == nil || res.ShadowRejection.Dimension != "tokens" {
 		t.Fatalf("shadow run: ran %v, %+v, %v", ran, res, err)
+	}
+}
+
+func TestUnreachableLedgerIsNotAnUnknownReservation(t *testing.T) {
+	// Reserve a port, then close it: connecting is refused.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	c, err := New(addr, WithRetryPolicy(RetryPolicy{MaxAttempts: 2, BaseDelay: time.Millisecond}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Reserve(context.Background(), ReserveRequest{Subject: "s", Route: "r", Units: Units{"tokens": 1}})
+	var unknown *ReservationUnknownError
+	if errors.As(err, &unknown) || connect.CodeOf(err) != connect.CodeUnavailable {
+		t.Fatalf("refused connection: %v (%T), want a plain UNAVAILABLE: nothing was sent", err, err)
+	}
+}
+
+func TestNewRejectsBadAddresses(t *testing.T) {
+	for _, addr := range []string{"", "ftp://x:1", "http://"} {
+		if _, err := New(addr); err == nil {
+			t.Errorf("New(%q) accepted", addr)
+		}
+	}
+	if _, err := New("127.0.0.1:1", WithTimeout(0)); err == nil {
+		t.Error("zero timeout accepted")
+	}
+	if c, err := New("127.0.0.1:1", WithTLS(nil)); err != nil || c.baseURL != "https://127.0.0.1:1" {
+		t.Errorf("TLS without scheme: %v", err)
 	}
 }

@@ -103,6 +103,8 @@ func prepare(req *ReserveRequest) (id, digest string, err error) {
 //   - *ReservationUnknownError when every answer was lost and a lookup of
 //     the id did not find it: the id may still be admitted later; resolve
 //     with the same id, never a new one;
+//   - the transport error (connect code Unavailable) when no attempt could
+//     even connect: nothing was sent, nothing can have been admitted;
 //   - an argument error for a request that cannot be digested.
 //
 // A lost answer (timeout, cut connection, UNAVAILABLE) is retried with the

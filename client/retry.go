@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"errors"
+	"net"
 	"math/rand/v2"
 	"strconv"
 	"time"
@@ -66,9 +67,10 @@ func (p RetryPolicy) Backoff(retry int, intn func(n int64) int64) time.Duration 
 // do calls f until it returns an answer (success or an error the ledger
 // decided), the caller's ctx ends, or the policy's attempts are used up.
 // Each attempt runs under its own timeout derived from ctx. It returns f's
-// last result, the number of attempts made, and whether the last error was
-// a lost answer (a fault after which the call may or may not have been
-// applied).
+// last result, the number of attempts made, and whether an answer was lost:
+// some attempt failed after its request may have reached the ledger, so
+// the call may or may not have been applied. Attempts that could not even
+// connect (dial errors) lose nothing.
 func do[T any](ctx context.Context, c *Client, f func(context.Context) (T, error)) (result T, attempts int, lost bool, err error) {
 	p := c.retry
 	for attempt := 0; ; attempt++ {
@@ -79,14 +81,14 @@ func do[T any](ctx context.Context, c *Client, f func(context.Context) (T, error
 		if err == nil {
 			return result, attempts, false, nil
 		}
-		if !retryable(ctx, err) {
-			// A lost answer is still lost when the caller's ctx ended
-			// mid-call: report it as such so callers enter the unknown
-			// state rather than assume nothing happened.
-			return result, attempts, isTransportFault(err), err
+		if isTransportFault(err) && !isDialError(err) {
+			lost = true
 		}
-		if attempts >= p.MaxAttempts {
-			return result, attempts, true, err
+		if !retryable(ctx, err) || attempts >= p.MaxAttempts {
+			// A lost answer stays lost when the caller's ctx ends mid-call:
+			// callers enter the unknown state rather than assume nothing
+			// happened.
+			return result, attempts, lost, err
 		}
 		wait := p.Backoff(attempt, c.intn)
 		if hint := serverRetryHint(err); hint > wait {
@@ -96,10 +98,17 @@ func do[T any](ctx context.Context, c *Client, f func(context.Context) (T, error
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return result, attempts, true, err
+			return result, attempts, lost, err
 		case <-t.C:
 		}
 	}
+}
+
+// isDialError reports whether err happened while connecting, before any
+// byte of the request was sent.
+func isDialError(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
 }
 
 // isTransportFault reports whether err means "no answer was received"

@@ -61,6 +61,10 @@ Flags:
   --progress BOOL    draw the progress bar (default true)
   --echo-server      serve the echo baseline on --addr instead (until Ctrl-C)
 ` + clientFlagsHelp + `
+Exit codes: 0 when operations succeeded (errors during the run are
+counted in the table), 1 for bad flags or a refused token, 5 when no
+operation succeeded (server unreachable or failing).
+
 Example:
   capledger serve --data-dir /tmp/bench &
   capledger bench --concurrency 64 --duration 10s
@@ -145,7 +149,7 @@ func runBench(ctx context.Context, e *env, args []string) error {
 	}
 	printBench(e.stdout, &cfg, res)
 	if res.ops == 0 {
-		return fmt.Errorf("no operation succeeded: %v", res.firstErr)
+		return exitError{code: exitUnavailable, err: fmt.Errorf("no operation succeeded: %w", res.firstErr)}
 	}
 	return nil
 }
@@ -198,8 +202,10 @@ func ledgerOp(ctx context.Context, cfg *benchConfig) (func(context.Context, *ben
 	switch cfg.mode {
 	case "reserve":
 		return func(ctx context.Context, w *benchWorker) (int, error) {
-			_, err := c.Reserve(ctx, client.ReserveRequest{Subject: w.subject(cfg), Route: cfg.route, Units: units})
-			return 1, err
+			if _, err := c.Reserve(ctx, client.ReserveRequest{Subject: w.subject(cfg), Route: cfg.route, Units: units}); err != nil {
+				return 0, err
+			}
+			return 1, nil
 		}, nil
 	case "lifecycle":
 		return func(ctx context.Context, w *benchWorker) (int, error) {
@@ -211,8 +217,10 @@ func ledgerOp(ctx context.Context, cfg *benchConfig) (func(context.Context, *ben
 			if _, err := c.Start(ctx, rr.ReservationID, op); err != nil {
 				return 0, err
 			}
-			_, err = c.Settle(ctx, rr.ReservationID, op, client.Units{"tokens": cfg.units})
-			return 1, err
+			if _, err = c.Settle(ctx, rr.ReservationID, op, client.Units{"tokens": cfg.units}); err != nil {
+				return 0, err
+			}
+			return 1, nil
 		}, nil
 	default: // batch
 		return func(ctx context.Context, w *benchWorker) (int, error) {
