@@ -3,8 +3,8 @@ package client
 import (
 	"context"
 	"errors"
-	"net"
 	"math/rand/v2"
+	"net"
 	"strconv"
 	"time"
 
