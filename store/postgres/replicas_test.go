@@ -269,7 +269,7 @@ func TestReplicasLinearizableUnderFaults(t *testing.T) {
 	var clients []*client.Client
 	for _, c := range cutters {
 		cl, err := client.New(c.addr(), client.WithTimeout(3*time.Second),
-			client.WithRetryPolicy(client.RetryPolicy{MaxAttempts: 4, BaseDelay: 20 * time.Millisecond, MaxDelay: 200 * time.Millisecond}))
+			client.WithRetryPolicy(client.RetryPolicy{MaxAttempts: 8, BaseDelay: 20 * time.Millisecond, MaxDelay: 400 * time.Millisecond}))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -285,6 +285,11 @@ func TestReplicasLinearizableUnderFaults(t *testing.T) {
 		acknowledged = map[string]int64{} // reserve ok: id -> units
 		settled      = map[string]int64{} // settle ok: id -> actual
 	)
+	// Faults follow the load's progress, not the clock, so a fast machine
+	// cannot finish the load before them: every 15 recorded operations one
+	// replica's client connections are cut, and at the third signal replica
+	// 2 is SIGKILLed mid-load and restarted.
+	faultCh := make(chan struct{}, 64)
 	record := func(client int, call int64, in accountInput, out accountOutput) {
 		ret := h.now()
 		if out.unknown {
@@ -292,23 +297,30 @@ func TestReplicasLinearizableUnderFaults(t *testing.T) {
 		}
 		mu.Lock()
 		h.ops = append(h.ops, porcupine.Operation{ClientId: client, Call: call, Return: ret, Input: in, Output: out})
+		n := len(h.ops)
 		mu.Unlock()
+		if n%15 == 0 {
+			select {
+			case faultCh <- struct{}{}:
+			default:
+			}
+		}
 	}
 
 	loadDone := make(chan struct{})
 	var kills atomic.Int32
 	var faults sync.WaitGroup
 	faults.Add(1)
-	go func() { // faults: cut connections now and then, kill and restart replica 2 once
+	go func() {
 		defer faults.Done()
 		rng := rand.New(rand.NewPCG(1, 2))
-		for i := 0; ; i++ {
+		for i := 1; ; i++ {
 			select {
 			case <-loadDone:
 				return
-			case <-time.After(time.Duration(80+rng.IntN(120)) * time.Millisecond):
+			case <-faultCh:
 			}
-			if i == 2 {
+			if i == 3 {
 				kills.Add(1)
 				replicas[2].kill()
 				time.Sleep(200 * time.Millisecond)
@@ -410,7 +422,9 @@ func TestReplicasLinearizableUnderFaults(t *testing.T) {
 		}
 	}
 
+	checkStart := time.Now()
 	res, info := porcupine.CheckOperationsVerbose(accountModel(capacity), h.ops, 30*time.Second)
+	checked := time.Since(checkStart)
 	switch res {
 	case porcupine.Ok:
 	case porcupine.Illegal:
@@ -433,8 +447,8 @@ func TestReplicasLinearizableUnderFaults(t *testing.T) {
 	for _, c := range cutters {
 		cuts += c.cuts.Load()
 	}
-	t.Logf("%d operations (%d with lost answers), %d reservations acknowledged, %d settles; %d connection cuts, %d replica kills",
-		len(h.ops), unknown, len(acknowledged), len(settled), cuts, kills.Load())
+	t.Logf("%d operations (%d with lost answers), %d reservations acknowledged, %d settles; %d connection cuts, %d replica kills; linearizability checked in %s",
+		len(h.ops), unknown, len(acknowledged), len(settled), cuts, kills.Load(), checked.Round(time.Millisecond))
 	if kills.Load() == 0 {
 		t.Error("the load ended before the replica was killed: the run tested no crash")
 	}
