@@ -29,10 +29,24 @@ type policyCache struct {
 	ledger Ledger
 	mu     sync.RWMutex
 	byGen  map[uint64]ledger.Policy
+	// activeGen indexes byGen: per key, the newest generation not rolled back
+	// (the ledger's rule for the generation that admits).
+	activeGen map[ledger.PolicyKey]uint64
+
+	// reload serializes reloads; loadedAt is when the last one started.
+	reload   sync.Mutex
+	loadedAt time.Time
 }
 
+// missReloadInterval bounds how often a reserve for a key without a cached
+// policy reloads the policies: requests for unknown routes must not turn
+// into one full policy read each. A policy published through another
+// replica is therefore seen here within this interval (one published here
+// is seen at once).
+const missReloadInterval = 100 * time.Millisecond
+
 func newPolicyCache(l Ledger) *policyCache {
-	return &policyCache{ledger: l, byGen: map[uint64]ledger.Policy{}}
+	return &policyCache{ledger: l, byGen: map[uint64]ledger.Policy{}, activeGen: map[ledger.PolicyKey]uint64{}}
 }
 
 // get returns generation's policy, from the cache or the store; it returns
@@ -50,12 +64,36 @@ func (c *policyCache) get(ctx context.Context, generation uint64) (ledger.Policy
 	}
 	c.mu.Lock()
 	c.byGen[generation] = p
+	if !p.RolledBack && p.Generation > c.activeGen[p.Key] {
+		c.activeGen[p.Key] = p.Generation
+	}
 	c.mu.Unlock()
 	return p, nil
 }
 
 // refresh reloads every generation and returns them, oldest first.
 func (c *policyCache) refresh(ctx context.Context) ([]ledger.Policy, error) {
+	c.reload.Lock()
+	defer c.reload.Unlock()
+	return c.reloadLocked(ctx)
+}
+
+// refreshForMiss reloads after a cache miss, unless a reload that started
+// after the miss already ran (it saw everything the miss could want) or the
+// last one is younger than missReloadInterval.
+func (c *policyCache) refreshForMiss(ctx context.Context) error {
+	missed := time.Now()
+	c.reload.Lock()
+	defer c.reload.Unlock()
+	if c.loadedAt.After(missed) || time.Since(c.loadedAt) < missReloadInterval {
+		return nil
+	}
+	_, err := c.reloadLocked(ctx)
+	return err
+}
+
+func (c *policyCache) reloadLocked(ctx context.Context) ([]ledger.Policy, error) {
+	started := time.Now()
 	all, err := c.ledger.Policies(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("list policies: %w", err)
@@ -64,34 +102,27 @@ func (c *policyCache) refresh(ctx context.Context) ([]ledger.Policy, error) {
 	for _, p := range all {
 		byGen[p.Generation] = p
 	}
+	active := activeGenerations(all)
 	c.mu.Lock()
-	c.byGen = byGen
+	c.byGen, c.activeGen = byGen, active
 	c.mu.Unlock()
+	c.loadedAt = started
 	return all, nil
 }
 
 // active returns the cached policy that decides for a concrete subject:
-// the subject's own active generation, else the route's AnySubject one,
-// following the ledger's rule that the active generation of a key is its
-// newest generation not rolled back.
+// the subject's own active generation, else the route's AnySubject one.
 func (c *policyCache) active(key ledger.PolicyKey) (ledger.Policy, bool) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	if p, ok := activeOf(c.byGen, key); ok {
-		return p, true
+	generation, ok := c.activeGen[key]
+	if !ok {
+		generation, ok = c.activeGen[ledger.PolicyKey{Subject: ledger.AnySubject, Route: key.Route, Region: key.Region}]
 	}
-	return activeOf(c.byGen, ledger.PolicyKey{Subject: ledger.AnySubject, Route: key.Route, Region: key.Region})
-}
-
-func activeOf(byGen map[uint64]ledger.Policy, key ledger.PolicyKey) (ledger.Policy, bool) {
-	var best ledger.Policy
-	found := false
-	for _, p := range byGen {
-		if p.Key == key && !p.RolledBack && (!found || p.Generation > best.Generation) {
-			best, found = p, true
-		}
+	if !ok {
+		return ledger.Policy{}, false
 	}
-	return best, found
+	return c.byGen[generation], true
 }
 
 // activeGenerations returns, per policy key, the generation that admits

@@ -236,7 +236,7 @@ func (s *Server) reserveCommand(ctx context.Context, req *v1.ReserveRequest) (cm
 	key := ledger.PolicyKey{Subject: cmd.Subject, Route: cmd.Route, Region: cmd.Region}
 	p, ok := s.policies.active(key)
 	if !ok {
-		if _, err := s.policies.refresh(ctx); err != nil {
+		if err := s.policies.refreshForMiss(ctx); err != nil {
 			return cmd, nil, readError("reserve: policies", ReasonNoPolicy, err)
 		}
 		p, ok = s.policies.active(key)
