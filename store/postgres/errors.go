@@ -88,7 +88,9 @@ func (c *counters) classify(op string, err error, commit bool) error {
 		case strings.HasPrefix(pgErr.Code, "08"), pgErr.Code == codeAdminShutdown, pgErr.Code == codeCrashShutdown,
 			pgErr.Code == codeCannotConnectNow, pgErr.Code == codeTooManyConnections, pgErr.Code == codeReadOnlyTransaction:
 			return c.lost(op, err, commit)
-		case commit && pgErr.Severity == "FATAL", commit && pgErr.Severity == "PANIC":
+		case commit:
+			// Any other answer to COMMIT: report the conservative
+			// "outcome unknown"; a retry with the same ids converges.
 			return c.lost(op, err, commit)
 		}
 		return fmt.Errorf("%s: %w", op, err)

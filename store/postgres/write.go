@@ -17,7 +17,7 @@ import (
 
 // column is one column of a multi-row write: its name and the PostgreSQL
 // type of its values. A vector column (bigint[4], an amount per dimension)
-// travels as one flat bigint[] of 4 values per row, because a
+// travels as one flat bigint[] of ledger.MaxDimensions values per row, because a
 // two-dimensional array would unnest to its elements, and is sliced back
 // per row in SQL.
 type column struct {
@@ -54,7 +54,7 @@ func unnestWrite(table string, keyed bool, cols []column, conflict ...string) st
 	for i, c := range all {
 		param := fmt.Sprintf("$%d::%s[]", i+1, c.typ)
 		if c.vector {
-			values = append(values, fmt.Sprintf("(%s)[(v.ord - 1) * 4 + 1 : v.ord * 4]", param))
+			values = append(values, fmt.Sprintf("(%[1]s)[(v.ord - 1) * %[2]d + 1 : v.ord * %[2]d]", param, ledger.MaxDimensions))
 		} else {
 			params, names = append(params, param), append(names, c.name)
 			if i >= len(all)-len(cols) {
