@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/capledger/capledger/ledger"
@@ -62,6 +63,13 @@ func parseConfig(dsn string) (*pgxpool.Config, error) {
 		if _, set := cfg.ConnConfig.RuntimeParams[name]; !set {
 			cfg.ConnConfig.RuntimeParams[name] = value
 		}
+	}
+	// The ledger writes on every command: connect only to a server that
+	// accepts writes (target_session_attrs=read-write), so a DSN listing
+	// every member of a cluster (host=pg-a,pg-b,pg-c) finds the primary
+	// after a failover and never settles on a standby.
+	if cfg.ConnConfig.ValidateConnect == nil {
+		cfg.ConnConfig.ValidateConnect = pgconn.ValidateConnectTargetSessionAttrsReadWrite
 	}
 	return cfg, nil
 }

@@ -558,3 +558,14 @@ func mustQueryParam(t *testing.T, dsn, name string) string {
 	}
 	return u.Query().Get(name)
 }
+
+// A server that does not accept writes (a standby; here a session forced
+// read-only) is refused at connect, so a multi-host DSN moves on to the
+// primary instead of settling on it.
+func TestReadOnlyServerIsRefused(t *testing.T) {
+	dsn := withParam(t, schemaDSN(t), "default_transaction_read_only", "on")
+	_, err := postgres.Open(context.Background(), dsn)
+	if !errors.Is(err, store.ErrUnavailable) {
+		t.Fatalf("open on a read-only session: err %v, want store.ErrUnavailable", err)
+	}
+}
