@@ -19,7 +19,7 @@ const (
 	// conservation broke.
 	GateShardConservation
 	// GateOverspend: a term went negative (available below zero is
-	// overspending).
+	// overspending), or an account holds more than its generation's burst.
 	GateOverspend
 	// GateAdmissionWhileDebt: a reservation was admitted on an account
 	// that owed debt at that moment.
@@ -207,9 +207,20 @@ func (c *checker) changes(ch *store.Changes) {
 			c.violate(GateJournal, "account %s row %+v differs from the replay of its journal %+v", row.Key, row.Balances[:row.Dims], a.bal[:row.Dims])
 			return
 		}
+		p := c.w.op.policy(row.Key.Generation)
+		if p == nil {
+			c.w.op.policiesStale = true
+			c.w.op.refresh(c.w)
+			p = c.w.op.policy(row.Key.Generation)
+		}
 		for d := 0; d < row.Dims; d++ {
 			if row.Balances[d].Reserved != a.holds[d] {
 				c.violate(GateJournal, "account %s dimension %d: reserved %d, but its holding reservations hold %d", row.Key, d, row.Balances[d].Reserved, a.holds[d])
+				return
+			}
+			if p != nil && d < len(p.Dimensions) && row.Balances[d].Available+row.Balances[d].Reserved > p.Dimensions[d].Burst {
+				c.violate(GateOverspend, "account %s dimension %d: available %d + reserved %d above the burst %d of generation %d",
+					row.Key, d, row.Balances[d].Available, row.Balances[d].Reserved, p.Dimensions[d].Burst, p.Generation)
 				return
 			}
 		}
@@ -379,7 +390,8 @@ func debtDim(b *ledger.Balances, dims int) int {
 }
 
 // settledDown reports whether the ledger holds nothing, owes nothing and
-// keeps no capacity on a superseded generation's account.
+// keeps no capacity on a superseded generation's account that the active
+// generation's account has room for.
 func (c *checker) settledDown() bool {
 	c.w.op.refresh(c.w)
 	for _, key := range c.order {
@@ -389,12 +401,33 @@ func (c *checker) settledDown() bool {
 			if a.holds[d] != 0 || a.bal[d].Reserved != 0 || a.bal[d].Debt() != 0 {
 				return false
 			}
-			if key.Generation != active && a.bal[d].Available != 0 {
+			if key.Generation != active && a.bal[d].Available != 0 && c.roomAt(key.SubjectKey(), active) {
 				return false
 			}
 		}
 	}
 	return true
+}
+
+// roomAt reports whether the subject's account under generation gen can
+// take more capacity in some dimension: available + reserved below the
+// generation's burst (or no account yet).
+func (c *checker) roomAt(subject ledger.PolicyKey, gen uint64) bool {
+	key := ledger.AccountKey{Subject: subject.Subject, Route: subject.Route, Region: subject.Region, Generation: gen}
+	a := c.accounts[key]
+	if a == nil {
+		return true
+	}
+	p := c.w.op.policy(gen)
+	if p == nil {
+		return false
+	}
+	for d := 0; d < a.dims && d < len(p.Dimensions); d++ {
+		if a.bal[d].Available+a.bal[d].Reserved < p.Dimensions[d].Burst {
+			return true
+		}
+	}
+	return false
 }
 
 // openSummary describes what has not converged, for a liveness report.
@@ -477,7 +510,7 @@ func auditGate(d ledger.Discrepancy) Gate {
 	switch d.Check {
 	case ledger.CheckConservation:
 		return GateConservation
-	case ledger.CheckNegative:
+	case ledger.CheckNegative, ledger.CheckBurst:
 		return GateOverspend
 	case ledger.CheckSpent, ledger.CheckDebt:
 		return GateUnrecordedDebt

@@ -407,7 +407,9 @@ func (w *world) workerTick(extra bool) {
 
 // debtAndDrainWork queues a refill for every current account with debt
 // (refills repay debt first) and a drain for every account of a superseded
-// generation that still holds available capacity or debt.
+// generation that still holds debt, or available capacity that the active
+// generation's account has room for (moves mint only up to the burst; what
+// does not fit stays on the superseded account, which admits nothing).
 func (w *world) debtAndDrainWork() {
 	n := &w.ledger
 	w.op.refresh(w)
@@ -424,7 +426,7 @@ func (w *world) debtAndDrainWork() {
 		case active == 0:
 		case a.Generation == active && debt:
 			n.internal = append(n.internal, internalCmd{cmd: ledger.Command{Kind: ledger.KindRefill, Account: a}, from: fromWorker, debtPay: true})
-		case a.Generation != active && (debt || available):
+		case a.Generation != active && (debt || available && w.chk.roomAt(a.SubjectKey(), active)):
 			c := internalCmd{cmd: ledger.Command{Kind: ledger.KindDrain, Account: a}, from: fromWorker, debtPay: debt}
 			n.internal = append(n.internal, c)
 			if w.f.fire(SiteDuplicateRecovery) {

@@ -100,6 +100,16 @@ func (o *operator) newestLive(key ledger.PolicyKey) uint64 {
 	return g
 }
 
+// policy returns the cached generation gen, or nil.
+func (o *operator) policy(gen uint64) *ledger.Policy {
+	for i := range o.policies {
+		if o.policies[i].Generation == gen {
+			return &o.policies[i]
+		}
+	}
+	return nil
+}
+
 func (o *operator) liveCount(key ledger.PolicyKey) int {
 	n := 0
 	for i := range o.policies {

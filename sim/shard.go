@@ -60,7 +60,11 @@ type simShard struct {
 	lastSend int64
 	doc      *ledger.Shard
 	local    *ledger.ShardLocal
-	inflight []ledger.ShardReceipt
+	// inflight is the submission awaiting a definite answer (submitting
+	// set): a retry resends exactly it, never a fresh Submission, so that
+	// an "already reconciled" answer is about these very receipts.
+	inflight   []ledger.ShardReceipt
+	submitting bool
 	// localReqs are the requests this shard admitted.
 	localReqs []int32
 }
@@ -111,7 +115,9 @@ func (w *world) shardEvent(kind, b, c int32) {
 		case shIssuing:
 			w.sendIssue(sh)
 		case shSealed, shResolving, shClosing:
-			sh.inflight = nil // sent again from the tick
+			if sh.submitting {
+				w.sendReconcile(sh, sh.inflight)
+			}
 		}
 	case shardEvOpDone:
 		w.shardOpDone(b)
@@ -145,12 +151,12 @@ func (w *world) shardTick() {
 				w.log(recShard, w.gatewayNode(sh.gw), 0, sh.id, 0, "sealed")
 			}
 		case shClosing:
-			if sh.inflight == nil && !cut && w.now-sh.lastSend > shardQuietWait {
+			if !sh.submitting && !cut && w.now-sh.lastSend > shardQuietWait {
 				w.sendReconcile(sh, nil)
 			}
 			continue
 		}
-		if (sh.phase == shSealed || sh.phase == shResolving) && sh.inflight == nil && !cut {
+		if (sh.phase == shSealed || sh.phase == shResolving) && !sh.submitting && !cut {
 			if receipts, ok := sh.local.Submission(); ok {
 				w.sendReconcile(sh, receipts)
 			} else if sh.phase == shResolving {
@@ -220,9 +226,7 @@ func (w *world) sendReconcile(sh *simShard, receipts []ledger.ShardReceipt) {
 	sh.attempt++
 	sh.lastSend = w.now
 	sh.inflight = receipts
-	if sh.inflight == nil {
-		sh.inflight = []ledger.ShardReceipt{}
-	}
+	sh.submitting = true
 	node := w.gatewayNode(sh.gw)
 	m := &message{kind: msgCommand, from: node, to: ledgerNodeID, owner: sh.idx, attempt: sh.attempt,
 		cmd: ledger.Command{Kind: ledger.KindShardReconcile,
@@ -251,8 +255,8 @@ func (w *world) shardAnswer(m *message) {
 	if m.kind == msgUnavailable {
 		if sh.phase == shIssuing {
 			w.sendIssue(sh)
-		} else {
-			sh.inflight = nil
+		} else if sh.submitting {
+			w.sendReconcile(sh, sh.inflight)
 		}
 		return
 	}
@@ -310,13 +314,26 @@ func (w *world) issueAnswer(sh *simShard, res *ledger.Result) {
 }
 
 func (w *world) reconcileAnswer(sh *simShard, receipts []ledger.ShardReceipt, res *ledger.Result) {
+	if !sh.submitting {
+		return
+	}
 	sent := sh.inflight
-	sh.inflight = nil
+	sh.submitting, sh.inflight = false, nil
+	firstAccepted := sh.local != nil
+	if firstAccepted {
+		firstAccepted, _ = sh.local.Reconciled()
+	}
 	switch {
 	case res.Err == nil:
 	case errors.Is(res.Err, ledger.ErrShardAlreadyReconciled):
 		// An earlier copy of this submission was accepted and its answer
 		// lost (or a duplicate got there first).
+	case errors.Is(res.Err, ledger.ErrInvalidCommand) && !firstAccepted && res.Shard != nil && res.Shard.Reconciled:
+		// The retry of a first submission made only of unknown receipts is
+		// refused as invalid (it looks like a later submission of
+		// non-terminal receipts), but the shard shows that the earlier
+		// attempt took effect: only this gateway can reconcile it.
+		w.log(recShard, w.gatewayNode(sh.gw), ledger.KindShardReconcile, sh.id, 0, "retry refused as invalid; the shard shows the first attempt took effect")
 	case sh.phase == shClosing && errors.Is(res.Err, ledger.ErrShardNotFound):
 		sh.phase = shDone
 		w.log(recShard, w.gatewayNode(sh.gw), 0, sh.id, 0, "closed: never issued")
