@@ -42,6 +42,17 @@ func (c *Core) Commit(ctx context.Context, cmds []ledger.Command, now time.Time)
 		return nil, fmt.Errorf("begin: %w", err)
 	}
 	defer tx.Rollback(ctx)
+	if prefetcher, ok := tx.(store.Prefetcher); ok && len(cmds) > 1 {
+		ids := make([]string, 0, len(cmds))
+		for i := range cmds {
+			if cmds[i].ReservationID != "" {
+				ids = append(ids, cmds[i].ReservationID)
+			}
+		}
+		if err := prefetcher.ReservationsPrefetch(ctx, ids); err != nil {
+			return nil, fmt.Errorf("prefetch: %w", err)
+		}
+	}
 	book := newTxBook(ctx, tx)
 	results := make([]ledger.Result, len(cmds))
 	for i := range cmds {

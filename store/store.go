@@ -86,6 +86,13 @@ type Tx interface {
 	Rollback(ctx context.Context) error
 }
 
+// Prefetcher is an optional Tx capability: read and lock the named
+// reservations in one round trip, so that a batch's N lookups cost one
+// query. Getters then answer from what was prefetched.
+type Prefetcher interface {
+	ReservationsPrefetch(ctx context.Context, ids []string) error
+}
+
 // Current is one subject's pointer to the generation holding its capacity.
 type Current struct {
 	Subject    ledger.PolicyKey
