@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"math"
@@ -238,6 +239,10 @@ func fillRejection(rej *RejectedError, rd *ledgerv1.RejectionDetail) {
 func retryable(ctx context.Context, err error) bool {
 	if err == nil || ctx.Err() != nil {
 		return false
+	}
+	var cert *tls.CertificateVerificationError
+	if errors.As(err, &cert) {
+		return false // a repeat meets the same certificate
 	}
 	switch connect.CodeOf(err) {
 	case connect.CodeUnavailable, connect.CodeDeadlineExceeded, connect.CodeUnknown,

@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"math/rand/v2"
 	"net"
@@ -108,7 +109,8 @@ func do[T any](ctx context.Context, c *Client, f func(context.Context) (T, error
 // byte of the request was sent.
 func isDialError(err error) bool {
 	var op *net.OpError
-	return errors.As(err, &op) && op.Op == "dial"
+	var cert *tls.CertificateVerificationError
+	return (errors.As(err, &op) && op.Op == "dial") || errors.As(err, &cert)
 }
 
 // isTransportFault reports whether err means "no answer was received"
