@@ -297,7 +297,7 @@ func (c *checker) transition(e *ledger.JournalEntry, a *acctState, before *ledge
 		return
 	case rs != nil && rs.state.Terminal():
 		if moved {
-			c.violate(GateDuplicateRefund, "terminal reservation %s (%s) ended again by %s, moving %+v", id, rs.state, e.Kind, e.Delta[:max(a.dims, 1)])
+			c.violate(GateDuplicateRefund, "terminal reservation %s (%s) ended again by %s, moving %s", id, rs.state, e.Kind, fmtDelta(&e.Delta, max(a.dims, 1)))
 		} else {
 			c.violate(GateIllegalTransition, "terminal reservation %s changed %s -> %s by %s", id, rs.state, e.To, e.Kind)
 		}
@@ -522,4 +522,26 @@ func auditGate(d ledger.Discrepancy) Gate {
 		return GateShardConservation
 	}
 	return GateJournal
+}
+
+// fmtDelta formats the non-zero terms of a journal delta, per dimension.
+func fmtDelta(d *ledger.Balances, dims int) string {
+	var parts []string
+	for i := 0; i < dims; i++ {
+		b := &d[i]
+		terms := []struct {
+			name string
+			v    int64
+		}{{"opening", b.Opening}, {"minted", b.Minted}, {"overdraftIssued", b.OverdraftIssued}, {"available", b.Available},
+			{"reserved", b.Reserved}, {"spent", b.Spent}, {"retiredForEmergency", b.RetiredForEmergency},
+			{"retiredForMove", b.RetiredForMove}, {"overdraftRepaid", b.OverdraftRepaid}}
+		var nz []string
+		for _, t := range terms {
+			if t.v != 0 {
+				nz = append(nz, fmt.Sprintf("%s%+d", t.name, t.v))
+			}
+		}
+		parts = append(parts, fmt.Sprintf("[%d] %s", i, strings.Join(nz, " ")))
+	}
+	return strings.Join(parts, "; ")
 }

@@ -173,13 +173,17 @@ func TestCheckerFlagsTransitions(t *testing.T) {
 	}
 }
 
-// The smoke run: 10,000 interleavings (2,000 with -short), every gate at
-// 0, and (in the full smoke) every fault site fired at least 1,000 times.
+// The smoke run: 10,000 interleavings (2,000 with -short, 200 under the
+// race detector), every gate at 0, and (in the full smoke) every fault site
+// fired at least 1,000 times.
 // The release gate is the same code with --interleavings 1000000 (see
 // docs/SIMULATOR.md).
 func TestSmoke(t *testing.T) {
 	n, minFires := int64(10000), int64(DefaultMinFires)
-	if testing.Short() {
+	switch {
+	case raceEnabled:
+		n, minFires = 200, 0
+	case testing.Short():
 		n, minFires = 2000, 0
 	}
 	cfg := DefaultConfig()
