@@ -233,7 +233,7 @@ func progress(w io.Writer, total int64, done, violations *atomic.Int64, start ti
 		rate := float64(n) / max(elapsed.Seconds(), 1e-9)
 		eta := "--"
 		if rate > 0 && n < total {
-			eta = (time.Duration(float64(total-n)/rate) * time.Second / time.Second).Round(time.Second).String()
+			eta = time.Duration(float64(total-n) / rate * float64(time.Second)).Round(time.Second).String()
 		}
 		const width = 30
 		filled := int(float64(width) * float64(n) / float64(max(total, 1)))
