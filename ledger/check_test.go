@@ -1,0 +1,266 @@
+package ledger_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/capledger/capledger/ledger"
+)
+
+// The checks must be able to fail: each case breaks one rule in an
+// otherwise sound ledger and expects the check named for it.
+
+// soundLedger returns a book with a settled, a settled-with-debt, a
+// released, a started and a reserved reservation, a generation switch
+// (a move) and a closed epoch.
+func soundLedger(t *testing.T) *ledger.Memory {
+	t.Helper()
+	c := newChecked(t)
+	c.m = ledger.NewMemory() // plain Memory: the cases below edit its rows in place
+	c.book = c.m
+	c.prev = c.m.Snapshot()
+	c.publish(policyOf(tokens(1000, 100)))
+	c.must(c.reserve("settled", 100))
+	c.must(c.start("settled"))
+	c.must(c.settle("settled", 40))
+	c.must(c.reserve("released", 50))
+	c.must(c.apply(ledger.Command{Kind: ledger.KindRelease, ReservationID: "released"}))
+	c.must(c.reserve("started", 30))
+	c.must(c.start("started"))
+	c.advance(2 * time.Hour)
+	p2 := policyOf(tokens(1000, 100))
+	p2.EstimatorDigest = "sha256:v2"
+	c.publish(p2)
+	c.must(c.reserve("reserved", 20))
+	c.must(c.reserve("debt", 10))
+	c.must(c.start("debt"))
+	c.must(c.settle("debt", 2000))
+	if d := ledger.Audit(c.m.Snapshot()); len(d) != 0 {
+		t.Fatalf("the sound ledger is not sound: %v", d)
+	}
+	return c.m
+}
+
+func firstAccount(t *testing.T, m *ledger.Memory) *ledger.Account {
+	t.Helper()
+	a, ok := m.Account(ledger.AccountKey{Subject: testSubject.Subject, Route: testSubject.Route, Region: testSubject.Region, Generation: 1})
+	if !ok {
+		t.Fatal("no account for generation 1")
+	}
+	return a
+}
+
+func TestAuditCatchesBrokenRows(t *testing.T) {
+	cases := []struct {
+		name  string
+		check string
+		break_ func(t *testing.T, m *ledger.Memory)
+	}{
+		{"capacity created from nothing", ledger.CheckConservation, func(t *testing.T, m *ledger.Memory) {
+			firstAccount(t, m).Balances[0].Available += 5
+		}},
+		{"available below zero", ledger.CheckConservation, func(t *testing.T, m *ledger.Memory) {
+			a := firstAccount(t, m)
+			a.Balances[0].Available -= 2000
+			a.Balances[0].Spent += 2000
+		}},
+		{"unknown usage treated as unconsumed", ledger.CheckReserved, func(t *testing.T, m *ledger.Memory) {
+			r, _ := m.Reservation("started")
+			r.State = ledger.StateUsageUnknown
+			a := firstAccount(t, m)
+			a.Balances[0].Reserved -= r.Reserved[0]
+			a.Balances[0].Available += r.Reserved[0]
+		}},
+		{"spent without a settle", ledger.CheckSpent, func(t *testing.T, m *ledger.Memory) {
+			a := firstAccount(t, m)
+			a.Balances[0].Available -= 7
+			a.Balances[0].Spent += 7
+		}},
+		{"unrecorded debt", ledger.CheckDebt, func(t *testing.T, m *ledger.Memory) {
+			r, _ := m.Reservation("debt")
+			r.Overdraft[0] += 1
+		}},
+		{"settled with debt but no overdraft", ledger.CheckDebt, func(t *testing.T, m *ledger.Memory) {
+			r, _ := m.Reservation("settled")
+			r.State = ledger.StateSettledWithDebt
+		}},
+		{"balance not in the journal", ledger.CheckJournal, func(t *testing.T, m *ledger.Memory) {
+			a := firstAccount(t, m)
+			a.Balances[0].Available -= 3
+			a.Balances[0].RetiredForMove += 3
+		}},
+		{"refunded twice", ledger.CheckRefundOnce, func(t *testing.T, m *ledger.Memory) {
+			for _, e := range m.Journal {
+				if e.ReservationID == "released" && e.To == ledger.StateReleased {
+					m.Journal = append(m.Journal, e) // the release applied a second time
+					return
+				}
+			}
+			t.Fatal("no release in the journal")
+		}},
+		{"move recorded at one end", ledger.CheckMove, func(t *testing.T, m *ledger.Memory) {
+			kept := m.Journal[:0]
+			for _, e := range m.Journal {
+				if e.ReceiptID == "" || e.Account.Generation != 1 || e.Kind != ledger.KindDrain {
+					kept = append(kept, e)
+				}
+			}
+			m.Journal = kept
+		}},
+		{"epoch opens elsewhere than the last closed", ledger.CheckStatement, func(t *testing.T, m *ledger.Memory) {
+			m.Statements[0].Closing[0].Opening++
+			m.Statements[0].Closing[0].Available++
+		}},
+		{"above the burst", ledger.CheckBurst, func(t *testing.T, m *ledger.Memory) {
+			a := firstAccount(t, m)
+			a.Balances[0].Available += 5000
+			a.Balances[0].Minted += 5000
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			m := soundLedger(t)
+			tc.break_(t, m)
+			found := false
+			for _, d := range ledger.Audit(m.Snapshot()) {
+				found = found || d.Check == tc.check
+			}
+			if !found {
+				t.Fatalf("Audit missed %s: %v", tc.check, ledger.Audit(m.Snapshot()))
+			}
+		})
+	}
+}
+
+func TestCheckAccount(t *testing.T) {
+	m := soundLedger(t)
+	a := firstAccount(t, m)
+	if err := ledger.CheckAccount(a); err != nil {
+		t.Fatalf("sound account: %v", err)
+	}
+	unbalanced := *a
+	unbalanced.Balances[0].Available++
+	if ledger.CheckAccount(&unbalanced) == nil {
+		t.Fatal("CheckAccount missed an unbalanced equation")
+	}
+	overRepaid := *a
+	overRepaid.Balances[0].OverdraftRepaid = overRepaid.Balances[0].OverdraftIssued + 1
+	overRepaid.Balances[0].Opening += overRepaid.Balances[0].OverdraftRepaid - a.Balances[0].OverdraftRepaid
+	if err := ledger.CheckAccount(&overRepaid); err == nil || !strings.Contains(err.Error(), "more than issued") {
+		t.Fatalf("CheckAccount missed repaid above issued: %v", err)
+	}
+	negative := *a
+	negative.Balances[0].Available = -1
+	negative.Balances[0].Spent += a.Balances[0].Available + 1
+	if err := ledger.CheckAccount(&negative); err == nil || !strings.Contains(err.Error(), "negative") {
+		t.Fatalf("CheckAccount missed a negative available: %v", err)
+	}
+}
+
+// CheckStep, given a before and an after that a faulty ledger could
+// produce, names the broken rule.
+func TestCheckStepCatchesBrokenSteps(t *testing.T) {
+	reserveCmd := func(id string) *ledger.Command {
+		return &ledger.Command{Kind: ledger.KindReserve, ReservationID: id, RequestDigest: "sha256:" + id,
+			Subject: testSubject.Subject, Route: testSubject.Route, Region: testSubject.Region, Units: ledger.Amounts{5}}
+	}
+	cases := []struct {
+		name  string
+		check string
+		step  func(t *testing.T, m *ledger.Memory) (*ledger.Command, ledger.Result)
+	}{
+		{"replay refunds", ledger.CheckStepReplay, func(t *testing.T, m *ledger.Memory) (*ledger.Command, ledger.Result) {
+			cmd := &ledger.Command{Kind: ledger.KindRelease, ReservationID: "released"}
+			res := ledger.Apply(m, cmd, t0.Add(3*time.Hour))
+			res.Refunded[0] = 50
+			return cmd, res
+		}},
+		{"replay moves capacity", ledger.CheckStepReplay, func(t *testing.T, m *ledger.Memory) (*ledger.Command, ledger.Result) {
+			cmd := &ledger.Command{Kind: ledger.KindRelease, ReservationID: "released"}
+			res := ledger.Apply(m, cmd, t0.Add(3*time.Hour))
+			a := firstAccount(t, m)
+			a.Balances[0].Available += 50
+			a.Balances[0].Opening += 50
+			return cmd, res
+		}},
+		{"admission while owing", ledger.CheckStepAdmission, func(t *testing.T, m *ledger.Memory) (*ledger.Command, ledger.Result) {
+			cmd := reserveCmd("while-frozen")
+			res := ledger.Apply(m, cmd, t0.Add(2*time.Hour))
+			if res.Err == nil {
+				t.Fatal("the ledger admitted while frozen")
+			}
+			// What a ledger without the debt check would have written:
+			key := ledger.AccountKey{Subject: testSubject.Subject, Route: testSubject.Route, Region: testSubject.Region, Generation: 2}
+			a, _ := m.Account(key)
+			a.Balances[0].Available -= 5
+			a.Balances[0].Reserved += 5
+			m.ReservationPut(&ledger.Reservation{ID: "while-frozen", RequestDigest: "sha256:while-frozen", Account: key,
+				Reserved: ledger.Amounts{5}, State: ledger.StateReserved})
+			return cmd, ledger.Result{Reservation: ledger.Reservation{ID: "while-frozen"}, Generation: 2}
+		}},
+		{"started work expired", ledger.CheckStepTransition, func(t *testing.T, m *ledger.Memory) (*ledger.Command, ledger.Result) {
+			cmd := &ledger.Command{Kind: ledger.KindExpireClaim, ReservationID: "started"}
+			r, _ := m.Reservation("started")
+			r.State = ledger.StateExpiring
+			return cmd, ledger.Result{Reservation: *r}
+		}},
+		{"terminal reservation reopened", ledger.CheckStepTransition, func(t *testing.T, m *ledger.Memory) (*ledger.Command, ledger.Result) {
+			cmd := &ledger.Command{Kind: ledger.KindStart, ReservationID: "settled", OperationID: "op-settled"}
+			r, _ := m.Reservation("settled")
+			r.State = ledger.StateStarted
+			return cmd, ledger.Result{Reservation: *r}
+		}},
+		{"refund differs from the transition", ledger.CheckStepRefund, func(t *testing.T, m *ledger.Memory) (*ledger.Command, ledger.Result) {
+			cmd := &ledger.Command{Kind: ledger.KindSettle, ReservationID: "started", OperationID: "op-started", Units: ledger.Amounts{10}}
+			res := ledger.Apply(m, cmd, t0.Add(3*time.Hour))
+			res.Refunded[0]++
+			return cmd, res
+		}},
+		{"spent taken back", ledger.CheckStepMonotone, func(t *testing.T, m *ledger.Memory) (*ledger.Command, ledger.Result) {
+			cmd := &ledger.Command{Kind: ledger.KindRefill, Account: firstAccount(t, m).Key}
+			res := ledger.Apply(m, cmd, t0.Add(3*time.Hour))
+			a := firstAccount(t, m)
+			a.Balances[0].Spent -= 10
+			a.Balances[0].Available += 10
+			return cmd, res
+		}},
+		{"move receipt rewritten", ledger.CheckStepMove, func(t *testing.T, m *ledger.Memory) (*ledger.Command, ledger.Result) {
+			cmd := &ledger.Command{Kind: ledger.KindRefill, Account: firstAccount(t, m).Key}
+			res := ledger.Apply(m, cmd, t0.Add(3*time.Hour))
+			mv := m.Moves()[0]
+			mv.Units[0]++
+			return cmd, res
+		}},
+		{"published terms changed", ledger.CheckStepPolicy, func(t *testing.T, m *ledger.Memory) (*ledger.Command, ledger.Result) {
+			cmd := &ledger.Command{Kind: ledger.KindRefill, Account: firstAccount(t, m).Key}
+			res := ledger.Apply(m, cmd, t0.Add(3*time.Hour))
+			p, _ := m.Policy(1)
+			p.Dimensions[0].Burst++
+			return cmd, res
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			m := soundLedger(t)
+			before := deepSnapshot(m)
+			cmd, res := tc.step(t, m)
+			found := false
+			for _, d := range ledger.CheckStep(before, deepSnapshot(m), cmd, &res) {
+				found = found || d.Check == tc.check
+			}
+			if !found {
+				t.Fatalf("CheckStep missed %s: %v", tc.check, ledger.CheckStep(before, deepSnapshot(m), cmd, &res))
+			}
+		})
+	}
+}
+
+// deepSnapshot copies what the cases edit in place (policies' dimensions).
+func deepSnapshot(m *ledger.Memory) *ledger.Snapshot {
+	s := m.Snapshot()
+	for i := range s.Policies {
+		s.Policies[i].Dimensions = append([]ledger.Dimension(nil), s.Policies[i].Dimensions...)
+	}
+	return s
+}
