@@ -53,8 +53,8 @@ func firstAccount(t *testing.T, m *ledger.Memory) *ledger.Account {
 
 func TestAuditCatchesBrokenRows(t *testing.T) {
 	cases := []struct {
-		name  string
-		check string
+		name   string
+		check  string
 		break_ func(t *testing.T, m *ledger.Memory)
 	}{
 		{"capacity created from nothing", ledger.CheckConservation, func(t *testing.T, m *ledger.Memory) {
