@@ -53,9 +53,9 @@ func firstAccount(t *testing.T, m *ledger.Memory) *ledger.Account {
 
 func TestAuditCatchesBrokenRows(t *testing.T) {
 	cases := []struct {
-		name   string
-		check  string
-		break_ func(t *testing.T, m *ledger.Memory)
+		name    string
+		check   string
+		corrupt func(t *testing.T, m *ledger.Memory)
 	}{
 		{"capacity created from nothing", ledger.CheckConservation, func(t *testing.T, m *ledger.Memory) {
 			firstAccount(t, m).Balances[0].Available += 5
@@ -121,7 +121,7 @@ func TestAuditCatchesBrokenRows(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			m := soundLedger(t)
-			tc.break_(t, m)
+			tc.corrupt(t, m)
 			found := false
 			for _, d := range ledger.Audit(m.Snapshot()) {
 				found = found || d.Check == tc.check
