@@ -86,10 +86,11 @@ func do[T any](ctx context.Context, c *Client, f func(context.Context) (T, error
 			lost = true
 		}
 		if !retryable(ctx, err) || attempts >= p.MaxAttempts {
-			// A lost answer stays lost when the caller's ctx ends mid-call:
-			// callers enter the unknown state rather than assume nothing
-			// happened.
-			return result, attempts, lost, err
+			// A decided answer settles the question even after earlier
+			// answers were lost; a fault leaves it open, also when the
+			// caller's ctx ended mid-call (callers then enter the unknown
+			// state rather than assume nothing happened).
+			return result, attempts, lost && isTransportFault(err), err
 		}
 		wait := p.Backoff(attempt, c.intn)
 		if hint := serverRetryHint(err); hint > wait {
@@ -99,7 +100,7 @@ func do[T any](ctx context.Context, c *Client, f func(context.Context) (T, error
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return result, attempts, lost, err
+			return result, attempts, lost && isTransportFault(err), err
 		case <-t.C:
 		}
 	}
