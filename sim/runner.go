@@ -333,7 +333,7 @@ func (r *Report) WriteTable(w, timing io.Writer) {
 		if row.h.Quantile(0.99) > MaxUnknownP99 {
 			mark = "FAIL"
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t\n", row.name, row.h.Count(), row.h.Quantile(0.5), row.h.Quantile(0.99), row.h.Max(), mark)
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t\n", row.name, row.h.Count(), row.h.Quantile(0.5), row.h.Quantile(0.99), row.h.Max().Round(time.Millisecond), mark)
 	}
 	tw.Flush()
 	fmt.Fprintln(w)
