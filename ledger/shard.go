@@ -252,7 +252,11 @@ func IssueShard(b Book, cmd *Command, now time.Time) Result {
 // unknown) and Reminted (the rest, confirmed unused), and mints Reminted
 // into the subject's current account under the active generation through
 // an exactly-once move (MoveShardRemint; the shard's own account keeps its
-// RetiredForEmergency). Settled usage beyond what the shard could cover is
+// RetiredForEmergency). The remint repays debt first, then fills
+// available; what it would lift past the burst (the bucket was refilled
+// around the shard while it was out) overflows like refill tokens and is
+// retired at once in the destination's RetiredForMove, so the move still
+// records exactly Reminted. Settled usage beyond what the shard could cover is
 // charged to that account like an overdraft: it takes the account's
 // available capacity first, and what is left is debt (issued and retired
 // for the move), which freezes admission until refills repay it.
@@ -471,6 +475,14 @@ func remintShard(b Book, s *Shard, units, debt Amounts, now time.Time) *Move {
 		if units[i] > 0 {
 			mint(dst, units[i])
 			move.Units[i] = units[i]
+			// The bucket was refilled around the shard while it was out:
+			// what the remint lifts past the burst overflows, as refill
+			// tokens do, and is retired at once (recorded, not dropped).
+			// Capacity that was there before the remint is not touched.
+			if over := min(dst.Available+dst.Reserved-toPolicy.Dimensions[j].Burst, units[i]); over > 0 {
+				dst.Available -= over
+				dst.RetiredForMove += over
+			}
 		}
 	}
 	journal(b, to, &before, KindShardReconcile, "", 0, 0, move.ReceiptID, now)

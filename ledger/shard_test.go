@@ -466,3 +466,25 @@ func TestShardAuditCatchesBrokenRecords(t *testing.T) {
 		t.Errorf("retiredForEmergency without its shard not caught: %v", ds)
 	}
 }
+
+// While a shard is out the bucket refills around it; unused shard capacity
+// coming back fills the bucket only up to its burst, like refill tokens,
+// and the overflow is retired (recorded in RetiredForMove).
+func TestShardRemintFillsUpToTheBurst(t *testing.T) {
+	c := newChecked(t)
+	g := c.publish(emergencyPolicy()) // burst 1000, 10 per second
+	c.must(c.apply(issueCmd("sh-1", "gw-a", 1, 300)))
+	c.advance(20 * time.Second) // refill 200 of the 300 carved out
+	c.must(c.reserve("r", 50))
+	if bal := c.account(g).Balances[0]; bal.Available != 850 || bal.Reserved != 50 {
+		t.Fatalf("before reconciliation: %+v", bal)
+	}
+	res := c.must(c.apply(reconcileCmd("sh-1", "gw-a", nil)))
+	if res.Shard.Reminted[0] != 300 || res.Move == nil || res.Move.Units[0] != 300 {
+		t.Fatalf("300 unused: shard %+v move %+v", res.Shard, res.Move)
+	}
+	bal := c.account(g).Balances[0]
+	if bal.Available+bal.Reserved != 1000 || bal.RetiredForEmergency != 300 || bal.RetiredForMove != 200 {
+		t.Fatalf("after reconciliation, 100 fit under the burst and 200 overflow: %+v", bal)
+	}
+}
