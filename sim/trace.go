@@ -92,8 +92,8 @@ type rec struct {
 	note string
 }
 
-// tracer hashes every record into the interleaving's trace hash and keeps
-// the last few for a violation report.
+// tracer hashes every record into the interleaving's trace hash (FNV-1a
+// style) and keeps the last few for a violation report.
 type tracer struct {
 	hash  uint64
 	ring  []rec
@@ -112,13 +112,11 @@ func newTracer(last int, out io.Writer) tracer {
 	return tracer{hash: fnvOffset, ring: make([]rec, last), out: out}
 }
 
+// mixInt folds a whole word in at once (FNV-1a over words, with a shift
+// so high bits reach low ones); strings go byte by byte.
 func (t *tracer) mixInt(v int64) {
-	h := t.hash
-	for i := 0; i < 8; i++ {
-		h ^= uint64(byte(v >> (8 * i)))
-		h *= fnvPrime
-	}
-	t.hash = h
+	h := (t.hash ^ uint64(v)) * fnvPrime
+	t.hash = h ^ h>>29
 }
 
 func (t *tracer) mixString(s string) {
