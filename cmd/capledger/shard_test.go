@@ -1,0 +1,152 @@
+package main
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/capledger/capledger/client"
+	"github.com/capledger/capledger/server"
+)
+
+const emergencyPolicyYAML = `subject: tenant-7
+route: chat.generate
+emergencyMode: true
+dimensions:
+  - unit: tokens
+    burst: 10000
+`
+
+func TestCLIShardLifecycle(t *testing.T) {
+	dir := t.TempDir()
+	// keygen writes a keys line; serve signs with it.
+	code, keyLine, errOut := cli(t, "", "shard", "keygen", "--id", "ops-1")
+	wantExit(t, exitOK, code, keyLine, errOut)
+	keysPath := filepath.Join(dir, "keys")
+	if err := os.WriteFile(keysPath, []byte(keyLine), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	url := startInProcess(t, "--shard-keys", keysPath)
+	policyPath := filepath.Join(dir, "policy.yaml")
+	os.WriteFile(policyPath, []byte(emergencyPolicyYAML), 0o600)
+	code, out, errOut := cli(t, url, "policy", "publish", policyPath)
+	wantExit(t, exitOK, code, out, errOut)
+
+	code, out, errOut = cli(t, url, "shard", "keys")
+	wantExit(t, exitOK, code, out, errOut)
+	if !strings.HasPrefix(out, "ops-1 public ") || !strings.Contains(out, "(signing)") {
+		t.Fatalf("keys: %s", out)
+	}
+
+	code, out, errOut = cli(t, url, "shard", "issue", "--subject", "tenant-7", "--route", "chat.generate",
+		"--units", "tokens=2000", "--gateway", "gw-1", "--boot", "3", "--ttl", "15m", "--id", "sh-cli")
+	wantExit(t, exitOK, code, out, errOut)
+	var issued struct {
+		Shard struct {
+			Token          string `json:"token"`
+			KeyID          string `json:"keyId"`
+			SignatureValid bool   `json:"signatureValid"`
+		} `json:"shard"`
+	}
+	if err := json.Unmarshal([]byte(out), &issued); err != nil || issued.Shard.KeyID != "ops-1" || !issued.Shard.SignatureValid {
+		t.Fatalf("issue printed %s (%v)", out, err)
+	}
+	// Too large for what is left: exit 2, like a rejected reservation.
+	code, out, errOut = cli(t, url, "shard", "issue", "--subject", "tenant-7", "--route", "chat.generate",
+		"--units", "tokens=9000", "--gateway", "gw-1", "--boot", "3")
+	wantExit(t, exitRejected, code, out, errOut)
+
+	code, out, errOut = cli(t, url, "shard", "list", "--unreconciled")
+	wantExit(t, exitOK, code, out, errOut)
+	if !strings.Contains(out, "sh-cli") || !strings.Contains(out, "tokens=2000") || !strings.Contains(out, "live") {
+		t.Fatalf("list: %s", out)
+	}
+
+	// Offline inspection of the token, verified with the keys file; a
+	// tampered copy fails with exit 4.
+	tokenPath := filepath.Join(dir, "token")
+	os.WriteFile(tokenPath, []byte(issued.Shard.Token), 0o600)
+	code, out, errOut = cli(t, url, "shard", "inspect", "--token-file", tokenPath, "--keys", keysPath)
+	wantExit(t, exitOK, code, out, errOut)
+	if !strings.Contains(out, `"signatureValid": true`) || !strings.Contains(out, `"gatewayId": "gw-1"`) {
+		t.Fatalf("inspect token: %s", out)
+	}
+	raw, _ := base64.StdEncoding.DecodeString(issued.Shard.Token)
+	raw[30] ^= 1
+	os.WriteFile(tokenPath, []byte(base64.StdEncoding.EncodeToString(raw)), 0o600)
+	code, out, errOut = cli(t, url, "shard", "inspect", "--token-file", tokenPath, "--keys", keysPath)
+	wantExit(t, exitConflict, code, out, errOut)
+
+	receiptsPath := filepath.Join(dir, "receipts.json")
+	os.WriteFile(receiptsPath, []byte(`[
+	  {"reservation_id": "l1", "state": "SETTLED", "reserved_units": {"tokens": 500}, "actual_units": {"tokens": 450}},
+	  {"reservation_id": "l2", "state": "usage_unknown", "reserved_units": {"tokens": 300}}
+	]`), 0o600)
+	code, out, errOut = cli(t, url, "shard", "reconcile", "sh-cli", "--gateway", "gw-1", "--receipts", receiptsPath)
+	wantExit(t, exitOK, code, out, errOut)
+	if !strings.Contains(out, `"tokens": "1250"`) {
+		t.Fatalf("reconcile should remint 2000 - 450 - 300 = 1250: %s", out)
+	}
+	code, out, errOut = cli(t, url, "shard", "reconcile", "sh-cli", "--gateway", "gw-1", "--receipts", receiptsPath)
+	wantExit(t, exitConflict, code, out, errOut)
+	if !strings.Contains(errOut, "SHARD_ALREADY_RECONCILED") {
+		t.Fatalf("second submission: %s", errOut)
+	}
+	code, out, errOut = cli(t, url, "shard", "reconcile", "sh-cli", "--gateway", "gw-2")
+	wantExit(t, exitConflict, code, out, errOut)
+	code, out, errOut = cli(t, url, "shard", "inspect", "sh-cli")
+	wantExit(t, exitOK, code, out, errOut)
+	if !strings.Contains(out, `"refusedSubmissions": "2"`) || !strings.Contains(out, `"unknownUnits"`) {
+		t.Fatalf("inspect: %s", out)
+	}
+	code, out, errOut = cli(t, url, "shard", "inspect", "sh-none")
+	wantExit(t, exitNotFound, code, out, errOut)
+
+	// A stopped gateway's shard directory, reconciled by an operator.
+	storeDir := filepath.Join(dir, "gw-dir")
+	st, err := client.OpenShardStore(storeDir, client.ShardStoreOptions{GatewayID: "gw-dir"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut = cli(t, url, "shard", "issue", "--subject", "tenant-7", "--route", "chat.generate",
+		"--units", "tokens=400", "--gateway", "gw-dir", "--boot", strconv.FormatUint(st.BootEpoch(), 10), "--id", "sh-dir")
+	wantExit(t, exitOK, code, out, errOut)
+	if err := json.Unmarshal([]byte(out), &issued); err != nil {
+		t.Fatal(err)
+	}
+	token, _ := base64.StdEncoding.DecodeString(issued.Shard.Token)
+	keys, err := server.ParseShardKeys(strings.NewReader(keyLine), "test keys")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Install(token, []string{"tokens"}, keys); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Reserve("loc-1", "d", "tenant-7", "chat.generate", "", client.Units{"tokens": 100}); err != nil {
+		t.Fatal(err)
+	}
+	st.Start("loc-1", "op-1")
+	if _, err := st.Settle("loc-1", "op-1", client.Units{"tokens": 70}); err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	code, out, errOut = cli(t, url, "shard", "reconcile", "--dir", storeDir, "--gateway", "gw-dir")
+	wantExit(t, exitOK, code, out, errOut)
+	if !strings.Contains(out, "sh-dir: 1 receipts, reminted map[tokens:330]") {
+		t.Fatalf("reconcile --dir: %s", out)
+	}
+	code, out, errOut = cli(t, url, "shard", "reconcile", "--dir", storeDir, "--gateway", "gw-dir")
+	wantExit(t, exitOK, code, out, errOut)
+	if !strings.Contains(out, "nothing to report") {
+		t.Fatalf("second reconcile --dir: %s", out)
+	}
+
+	code, out, errOut = cli(t, url, "audit")
+	wantExit(t, exitOK, code, out, errOut)
+	code, out, errOut = cli(t, url, "shard", "frobnicate")
+	wantExit(t, exitUsage, code, out, errOut)
+}
