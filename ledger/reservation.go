@@ -67,7 +67,8 @@ func Reserve(b Book, cmd *Command, now time.Time) Result {
 	}
 	bringToNow(b, a, p, now, true)
 
-	if rejected, res := admissible(a, p, &cmd.Units, now); rejected {
+	if rej := admit(a, p, &cmd.Units, now); rej.err != nil {
+		res := rej.result(p)
 		res.Generation = p.Generation
 		if p.Rollout == RolloutShadow {
 			res.Shadow = true
@@ -99,21 +100,46 @@ func Reserve(b Book, cmd *Command, now time.Time) Result {
 	return Result{Reservation: *r, Generation: p.Generation}
 }
 
+// rejection is admission's verdict: a zero err admits; otherwise err,
+// the limiting dimension's index and a conservative retry-after. It is
+// small, so the admitting path copies no Result.
+type rejection struct {
+	err        error
+	dimension  int
+	retryAfter time.Duration
+}
+
+// result is the rejection as a command's answer under policy p.
+func (r rejection) result(p *Policy) Result {
+	return Result{Err: r.err, Dimension: p.Dimensions[r.dimension].Unit, RetryAfter: r.retryAfter}
+}
+
 // admissible decides whether units fit in account a now. On rejection it
-// returns the error, the limiting dimension and a conservative retry-after.
+// returns the error, the limiting dimension and a conservative retry-after
+// (see admit).
+func admissible(a *Account, p *Policy, units *Amounts, now time.Time) (bool, Result) {
+	rej := admit(a, p, units, now)
+	if rej.err == nil {
+		return false, Result{}
+	}
+	return true, rej.result(p)
+}
+
+// admit decides whether units fit in account a now.
 //
 // A reservation larger than the policy allows is rejected first: no wait
-// helps it. Otherwise every dimension's shortfall is its debt plus what
-// the estimate lacks in available (refill repays debt before it fills
-// available), and the limiting dimension is the one refill covers last, so
-// no earlier retry can succeed through refill alone.
-func admissible(a *Account, p *Policy, units *Amounts, now time.Time) (bool, Result) {
+// helps it (retry-after 0). Otherwise every dimension's shortfall is its
+// debt plus what the estimate lacks in available (refill repays debt
+// before it fills available), and the limiting dimension is the one refill
+// covers last, so no earlier retry can succeed through refill alone. Debt
+// in any dimension makes the rejection ErrAdmissionFrozen.
+func admit(a *Account, p *Policy, units *Amounts, now time.Time) rejection {
 	for i := 0; i < a.Dims; i++ {
 		d := &p.Dimensions[i]
 		if units[i] > d.MaxReservation {
-			return true, Result{
-				Err:       fmt.Errorf("%w: %d %s requested, at most %d", ErrReservationTooLarge, units[i], d.Unit, d.MaxReservation),
-				Dimension: d.Unit,
+			return rejection{
+				err:       fmt.Errorf("%w: %d %s requested, at most %d", ErrReservationTooLarge, units[i], d.Unit, d.MaxReservation),
+				dimension: i,
 			}
 		}
 	}
@@ -139,16 +165,15 @@ func admissible(a *Account, p *Policy, units *Amounts, now time.Time) (bool, Res
 	}
 	switch {
 	case frozen >= 0:
-		d := &p.Dimensions[frozen]
-		return true, Result{
-			Err:        fmt.Errorf("%w: %d %s owed", ErrAdmissionFrozen, a.Balances[frozen].Debt(), d.Unit),
-			Dimension:  p.Dimensions[limiting].Unit,
-			RetryAfter: wait,
+		return rejection{
+			err:        fmt.Errorf("%w: %d %s owed", ErrAdmissionFrozen, a.Balances[frozen].Debt(), p.Dimensions[frozen].Unit),
+			dimension:  limiting,
+			retryAfter: wait,
 		}
 	case limiting >= 0:
-		return true, Result{Err: ErrInsufficientCapacity, Dimension: p.Dimensions[limiting].Unit, RetryAfter: wait}
+		return rejection{err: ErrInsufficientCapacity, dimension: limiting, retryAfter: wait}
 	}
-	return false, Result{}
+	return rejection{}
 }
 
 // slower reports whether retry-after x is later than y; 0 (refill never
@@ -229,9 +254,9 @@ func checkUnits(p *Policy, units *Amounts, positive bool) error {
 // ErrReservationReleased; ErrReservationExpired when expiry claimed it
 // first (EXPIRING or EXPIRED).
 func Start(b Book, id, operationID string, now time.Time) Result {
-	r, res, ok := lookup(b, id)
-	if !ok {
-		return res
+	r, err := lookup(b, id)
+	if err != nil {
+		return Result{Err: err}
 	}
 	if operationID == "" {
 		return Result{Err: invalid("operation id is empty"), Reservation: *r}
@@ -279,9 +304,9 @@ func Start(b Book, id, operationID string, now time.Time) Result {
 // ErrAccountNotFound / ErrPolicyNotFound only when the book lost the
 // reservation's account or policy.
 func Settle(b Book, id, operationID string, actual Amounts, now time.Time) Result {
-	r, res, ok := lookup(b, id)
-	if !ok {
-		return res
+	r, err := lookup(b, id)
+	if err != nil {
+		return Result{Err: err}
 	}
 	if operationID == "" {
 		return Result{Err: invalid("operation id is empty: only an operation receipt settles"), Reservation: *r}
@@ -366,9 +391,9 @@ func Settle(b Book, id, operationID string, actual Amounts, now time.Time) Resul
 // ErrReservationNotFound; ErrInvalidCommand for a missing id. A release on
 // a superseded generation forwards like a settle.
 func Release(b Book, id string, now time.Time) Result {
-	r, res, ok := lookup(b, id)
-	if !ok {
-		return res
+	r, err := lookup(b, id)
+	if err != nil {
+		return Result{Err: err}
 	}
 	switch r.State {
 	case StateReserved:
@@ -395,9 +420,9 @@ func Release(b Book, id string, now time.Time) Result {
 // / ErrReservationAlreadySettled for finished ones; ErrReservationNotFound;
 // ErrInvalidCommand for a missing id.
 func ExpireClaim(b Book, id string, now time.Time) Result {
-	r, res, ok := lookup(b, id)
-	if !ok {
-		return res
+	r, err := lookup(b, id)
+	if err != nil {
+		return Result{Err: err}
 	}
 	switch r.State {
 	case StateReserved:
@@ -431,9 +456,9 @@ func ExpireClaim(b Book, id string, now time.Time) Result {
 // ErrReservationNotFound; ErrInvalidCommand for a missing id. An expiry on
 // a superseded generation forwards like a settle.
 func Expire(b Book, id string, now time.Time) Result {
-	r, res, ok := lookup(b, id)
-	if !ok {
-		return res
+	r, err := lookup(b, id)
+	if err != nil {
+		return Result{Err: err}
 	}
 	switch r.State {
 	case StateExpiring:
@@ -459,9 +484,9 @@ func Expire(b Book, id string, now time.Time) Result {
 // ErrReservationExpired (EXPIRING or EXPIRED); ErrReservationNotFound;
 // ErrInvalidCommand for a missing id.
 func MarkUsageUnknown(b Book, id string, now time.Time) Result {
-	r, res, ok := lookup(b, id)
-	if !ok {
-		return res
+	r, err := lookup(b, id)
+	if err != nil {
+		return Result{Err: err}
 	}
 	switch r.State {
 	case StateStarted:
@@ -508,15 +533,18 @@ func transition(b Book, r *Reservation, from State, kind Kind, now time.Time) {
 	b.ReservationPut(r)
 }
 
-func lookup(b Book, id string) (*Reservation, Result, bool) {
+// lookup returns the reservation named id, or ErrInvalidCommand for an
+// empty id, or ErrReservationNotFound. (An error rather than a Result: the
+// found path copies no 500-byte Result.)
+func lookup(b Book, id string) (*Reservation, error) {
 	if id == "" {
-		return nil, Result{Err: invalid("reservation id is empty")}, false
+		return nil, invalid("reservation id is empty")
 	}
 	r, ok := b.Reservation(id)
 	if !ok {
-		return nil, Result{Err: fmt.Errorf("%w: %s", ErrReservationNotFound, id)}, false
+		return nil, fmt.Errorf("%w: %s", ErrReservationNotFound, id)
 	}
-	return r, Result{}, true
+	return r, nil
 }
 
 // stateError names why a reservation in state s cannot take the command.
