@@ -5,6 +5,7 @@ import (
 	"crypto/ed25519"
 	"encoding/binary"
 	"errors"
+	"strconv"
 	"testing"
 	"time"
 
@@ -202,4 +203,47 @@ func FuzzShardToken(f *testing.F) {
 			t.Fatalf("a token that was never signed verifies: %x", token)
 		}
 	})
+}
+
+// BenchmarkVerifyShard measures what a gateway pays to verify a shard
+// (decode + Ed25519 verification + binding checks).
+func BenchmarkVerifyShard(b *testing.B) {
+	token := ledger.EncodeShardToken(signedShard())
+	for b.Loop() {
+		s, err := ledger.DecodeShardToken(token)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := ledger.VerifyShard(s, shardKeys, holder, signT0); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkShardLocalReserveSettle measures one local admission cycle
+// (reserve, start, settle) of the pure shard-local ledger.
+func BenchmarkShardLocalReserveSettle(b *testing.B) {
+	s := signedShard()
+	s.Allocated = ledger.Amounts{ledger.MaxUnits}
+	l := ledger.NewShardLocal(s)
+	ids := make([]string, 1<<16)
+	for i := range ids {
+		ids[i] = "r" + strconv.Itoa(i)
+	}
+	i := 0
+	for b.Loop() {
+		if i == len(ids) {
+			b.StopTimer()
+			l = ledger.NewShardLocal(s)
+			i = 0
+			b.StartTimer()
+		}
+		id := ids[i]
+		i++
+		l.Reserve(id, "d", ledger.Amounts{10}, signT0)
+		l.Start(id, "op", signT0)
+		if res := l.Settle(id, "op", ledger.Amounts{7}, signT0); res.Err != nil {
+			b.Fatal(res.Err)
+		}
+	}
 }
