@@ -23,6 +23,7 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"embed"
 	"errors"
 	"fmt"
@@ -35,7 +36,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver
+	"modernc.org/sqlite" // also registers the "sqlite" database/sql driver
 
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
@@ -78,6 +79,27 @@ type Store struct {
 	w       writeStmts
 	r       readStmts
 	closed  atomic.Bool
+	// writer is held by the one open Tx, from Begin until its Commit or
+	// Rollback has finished with the row cache.
+	writer chan struct{}
+	// writeConns counts the write connections opened: the row cache's
+	// data_version is only comparable on the connection it was read on.
+	writeConns atomic.Uint64
+	cache      *rowCache
+}
+
+// countingConnector counts the connections database/sql opens.
+type countingConnector struct {
+	driver.Connector
+	opened *atomic.Uint64
+}
+
+func (c countingConnector) Connect(ctx context.Context) (driver.Conn, error) {
+	conn, err := c.Connector.Connect(ctx)
+	if err == nil {
+		c.opened.Add(1)
+	}
+	return conn, err
 }
 
 var _ store.Store = (*Store)(nil)
@@ -108,13 +130,13 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 	pragmas.Add("_pragma", "journal_mode(WAL)")
 	pragmas.Add("_pragma", "synchronous(FULL)")
 	pragmas.Add("_pragma", "foreign_keys(ON)")
-	s := &Store{path: path}
-	var err error
+	s := &Store{path: path, writer: make(chan struct{}, 1), cache: newRowCache()}
 	// _txlock=immediate: database/sql's BeginTx issues BEGIN IMMEDIATE.
-	s.writeDB, err = sql.Open("sqlite", path+"?"+pragmas.Encode()+"&_txlock=immediate")
+	connector, err := sqlite.NewConnector(path + "?" + pragmas.Encode() + "&_txlock=immediate")
 	if err != nil {
 		return nil, fmt.Errorf("open sqlite %s: %w", path, err)
 	}
+	s.writeDB = sql.OpenDB(countingConnector{Connector: connector, opened: &s.writeConns})
 	s.writeDB.SetMaxOpenConns(1)
 	s.writeDB.SetMaxIdleConns(1)
 	s.writeDB.SetConnMaxLifetime(0)
@@ -273,7 +295,8 @@ func durationOf(ns int64) time.Duration { return time.Duration(ns) }
 // Begin waits for the write connection (or for ctx to end, returning its
 // error) and opens a BEGIN IMMEDIATE transaction. It returns
 // store.ErrConflict if another process holds the file's write lock past the
-// busy timeout, store.ErrUnavailable after Close or on I/O errors.
+// busy timeout, store.ErrUnavailable after Close or on I/O errors. The Tx
+// holds the writer until its Commit or Rollback.
 func (s *Store) Begin(ctx context.Context) (store.Tx, error) {
 	if s.closed.Load() {
 		return nil, errClosed
@@ -281,11 +304,23 @@ func (s *Store) Begin(ctx context.Context) (store.Tx, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("begin: %w", err)
 	}
+	select {
+	case s.writer <- struct{}{}:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("begin: %w", ctx.Err())
+	}
 	tx, err := s.writeDB.BeginTx(ctx, nil)
 	if err != nil {
+		<-s.writer
 		return nil, fmt.Errorf("begin: %w", translate(ctx, err))
 	}
-	return &Tx{s: s, tx: tx, ctx: ctx}, nil
+	t := &Tx{s: s, tx: tx, ctx: ctx}
+	if err := t.syncCache(ctx); err != nil {
+		tx.Rollback()
+		<-s.writer
+		return nil, fmt.Errorf("begin: %w", err)
+	}
+	return t, nil
 }
 
 // queryOne runs a prepared single-row read on the read pool.

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // Write-connection statements, prepared once at Open: the hot path of every
@@ -31,7 +32,18 @@ const (
 	wJournalInsert
 	wReservationInsertChunk
 	wJournalInsertChunk
+	wDataVersion
+	wReservationPrefetchSmall
+	wReservationPrefetch
 	nWriteStmts
+)
+
+// prefetchSmall and prefetchChunk are the id counts of the two
+// ReservationsPrefetch statements (binding unused parameters costs too, so
+// small batches use the small one).
+const (
+	prefetchSmall = 8
+	prefetchChunk = 64
 )
 
 // insertChunk is how many rows one multi-row INSERT of new reservations or
@@ -62,6 +74,15 @@ var writeSQL = [nWriteStmts]string{
 
 	wReservationInsertChunk: insertRowsSQL("reservations", reservationCols, insertChunk, "due_at"),
 	wJournalInsertChunk:     insertRowsSQL("journal", journalCols, insertChunk),
+
+	wDataVersion:              "PRAGMA data_version",
+	wReservationPrefetchSmall: "SELECT " + reservationCols + " FROM reservations WHERE id IN (" + params(prefetchSmall) + ")",
+	wReservationPrefetch:      "SELECT " + reservationCols + " FROM reservations WHERE id IN (" + params(prefetchChunk) + ")",
+}
+
+// params returns n comma-separated placeholders.
+func params(n int) string {
+	return strings.TrimSuffix(strings.Repeat("?, ", n), ", ")
 }
 
 type writeStmts struct {

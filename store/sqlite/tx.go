@@ -27,6 +27,13 @@ type Tx struct {
 	// the statements that succeeded, so Commit must refuse.
 	failed error
 	done   bool
+	// written holds what Write wrote, for the row cache once Commit
+	// succeeds; once it is non-empty the getters read the B-trees, which
+	// hold the transaction's own writes.
+	written []*store.Changes
+	// prefetched answers ReservationGet for the ids ReservationsPrefetch
+	// read (nil: the reservation does not exist), until the first Write.
+	prefetched map[string]*ledger.Reservation
 }
 
 var _ store.Tx = (*Tx)(nil)
@@ -36,6 +43,33 @@ func (tx *Tx) stmt(ctx context.Context, i int) *sql.Stmt {
 		tx.stmts[i] = tx.tx.StmtContext(ctx, tx.s.w.stmts[i])
 	}
 	return tx.stmts[i]
+}
+
+// stmtCtx is the context statements run under: ctx without its
+// cancellation. The driver starts a goroutine per statement to watch a
+// cancellable context, which cost more than the statement on this path;
+// check honours ctx before every statement instead, the busy timeout bounds
+// a wait for another process's lock, and the Begin context still rolls the
+// transaction back when it ends.
+func stmtCtx(ctx context.Context) context.Context { return context.WithoutCancel(ctx) }
+
+// syncCache reads PRAGMA data_version inside the new transaction and
+// empties the row cache when another connection committed since the cache
+// was filled (or the write connection was reopened).
+func (tx *Tx) syncCache(ctx context.Context) error {
+	conns := tx.s.writeConns.Load()
+	var version int64
+	if err := tx.stmt(ctx, wDataVersion).QueryRowContext(stmtCtx(ctx)).Scan(&version); err != nil {
+		return fmt.Errorf("data version: %w", tx.err(ctx, err))
+	}
+	tx.s.cache.sync(conns, version)
+	return nil
+}
+
+// end releases the writer; every way a Tx ends calls it once.
+func (tx *Tx) end() {
+	tx.done = true
+	<-tx.s.writer
 }
 
 // err translates a driver error, preferring the Begin context's end (which
@@ -70,11 +104,40 @@ func getOne[T any](ctx context.Context, tx *Tx, i int, scan func(scanner) (T, er
 	if err := tx.check(ctx); err != nil {
 		return nil, err
 	}
-	v, err := scan(tx.stmt(ctx, i).QueryRowContext(ctx, args...))
+	v, err := scan(tx.stmt(ctx, i).QueryRowContext(stmtCtx(ctx), args...))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", what, tx.err(ctx, err))
 	}
 	return &v, nil
+}
+
+// cachedGet answers a getter from the row cache when it can; otherwise it
+// runs read and, before the transaction wrote anything (so what it reads is
+// the committed row), caches the answer, a row or its absence.
+func cachedGet[K comparable, T any](ctx context.Context, tx *Tx, m map[K]cached[T], key K, clone func(*T) *T,
+	what string, read func() (*T, error)) (*T, error) {
+	if err := tx.check(ctx); err != nil {
+		return nil, err
+	}
+	c := tx.s.cache
+	if len(tx.written) == 0 {
+		if row, found := lookup(c, m, key, clone); found {
+			if row == nil {
+				return nil, fmt.Errorf("%s: %w", what, store.ErrNotFound)
+			}
+			return row, nil
+		}
+	}
+	row, err := read()
+	if len(tx.written) == 0 {
+		switch {
+		case err == nil:
+			remember(c, m, key, row, clone)
+		case errors.Is(err, store.ErrNotFound):
+			remember(c, m, key, nil, clone)
+		}
+	}
+	return row, err
 }
 
 func scanInt(sc scanner) (int64, error) {
@@ -89,7 +152,9 @@ func storable(u uint64) bool { return u <= math.MaxInt64 }
 
 // MetaGet returns the named counter, or store.ErrNotFound.
 func (tx *Tx) MetaGet(ctx context.Context, name string) (int64, error) {
-	v, err := getOne(ctx, tx, wMetaGet, scanInt, "meta "+name, name)
+	v, err := cachedGet(ctx, tx, tx.s.cache.meta, name, copyRow, "meta "+name, func() (*int64, error) {
+		return getOne(ctx, tx, wMetaGet, scanInt, "meta "+name, name)
+	})
 	if err != nil {
 		return 0, err
 	}
@@ -101,12 +166,17 @@ func (tx *Tx) PolicyGet(ctx context.Context, generation uint64) (*ledger.Policy,
 	if !storable(generation) {
 		return nil, fmt.Errorf("policy generation %d: %w", generation, store.ErrNotFound)
 	}
-	return getOne(ctx, tx, wPolicyGet, scanPolicy, fmt.Sprintf("policy generation %d", generation), int64(generation))
+	what := fmt.Sprintf("policy generation %d", generation)
+	return cachedGet(ctx, tx, tx.s.cache.policies, generation, copyPolicy, what, func() (*ledger.Policy, error) {
+		return getOne(ctx, tx, wPolicyGet, scanPolicy, what, int64(generation))
+	})
 }
 
 // PolicyHeadGet returns the key's head, or store.ErrNotFound.
 func (tx *Tx) PolicyHeadGet(ctx context.Context, key ledger.PolicyKey) (*ledger.PolicyHead, error) {
-	return getOne(ctx, tx, wHeadGet, scanHead, "policy head "+key.String(), key.Subject, key.Route, key.Region)
+	return cachedGet(ctx, tx, tx.s.cache.heads, key, copyRow, "policy head", func() (*ledger.PolicyHead, error) {
+		return getOne(ctx, tx, wHeadGet, scanHead, "policy head "+key.String(), key.Subject, key.Route, key.Region)
+	})
 }
 
 // AccountGet returns the account, or store.ErrNotFound. The transaction
@@ -116,26 +186,99 @@ func (tx *Tx) AccountGet(ctx context.Context, key ledger.AccountKey) (*ledger.Ac
 	if !storable(key.Generation) {
 		return nil, fmt.Errorf("account %s: %w", key, store.ErrNotFound)
 	}
-	return getOne(ctx, tx, wAccountGet, scanAccount, "account "+key.String(),
-		key.Subject, key.Route, key.Region, int64(key.Generation))
+	return cachedGet(ctx, tx, tx.s.cache.accounts, key, copyRow, "account", func() (*ledger.Account, error) {
+		return getOne(ctx, tx, wAccountGet, scanAccount, "account "+key.String(),
+			key.Subject, key.Route, key.Region, int64(key.Generation))
+	})
 }
 
 // AccountCurrentGet returns the subject's current generation, or
 // store.ErrNotFound.
 func (tx *Tx) AccountCurrentGet(ctx context.Context, subject ledger.PolicyKey) (uint64, error) {
-	v, err := getOne(ctx, tx, wCurrentGet, scanInt, "current generation of "+subject.String(),
-		subject.Subject, subject.Route, subject.Region)
+	g, err := cachedGet(ctx, tx, tx.s.cache.currents, subject, copyRow, "current generation", func() (*uint64, error) {
+		v, err := getOne(ctx, tx, wCurrentGet, scanInt, "current generation of "+subject.String(),
+			subject.Subject, subject.Route, subject.Region)
+		if err != nil {
+			return nil, err
+		}
+		var c codec.Conv
+		g := c.Uint(*v)
+		return &g, c.Err()
+	})
 	if err != nil {
 		return 0, err
 	}
-	var c codec.Conv
-	g := c.Uint(*v)
-	return g, c.Err()
+	return *g, nil
 }
 
 // ReservationGet returns the reservation, or store.ErrNotFound.
 func (tx *Tx) ReservationGet(ctx context.Context, id string) (*ledger.Reservation, error) {
+	if r, ok := tx.prefetched[id]; ok {
+		if err := tx.check(ctx); err != nil {
+			return nil, err
+		}
+		if r == nil {
+			return nil, fmt.Errorf("reservation %s: %w", id, store.ErrNotFound)
+		}
+		out := *r
+		return &out, nil
+	}
 	return getOne(ctx, tx, wReservationGet, scanReservation, "reservation "+id, id)
+}
+
+// ReservationsPrefetch reads the reservations named by ids in a few
+// statements (up to prefetchChunk ids each) instead of one per id, so that
+// ReservationGet answers them without a query until the first Write. It
+// returns the first read error; after one, ReservationGet reads as usual.
+func (tx *Tx) ReservationsPrefetch(ctx context.Context, ids []string) error {
+	if err := tx.check(ctx); err != nil {
+		return err
+	}
+	if len(tx.written) > 0 || len(ids) == 0 {
+		return nil
+	}
+	found := make(map[string]*ledger.Reservation, len(ids))
+	args := make([]any, prefetchChunk)
+	for start := 0; start < len(ids); start += prefetchChunk {
+		chunk := ids[start:min(start+prefetchChunk, len(ids))]
+		stmt := wReservationPrefetchSmall
+		if len(chunk) > prefetchSmall {
+			stmt = wReservationPrefetch
+		}
+		n := prefetchSmall
+		if stmt == wReservationPrefetch {
+			n = prefetchChunk
+		}
+		for i := range n {
+			// Unused parameters repeat an id of the chunk: IN ignores
+			// duplicates.
+			args[i] = chunk[min(i, len(chunk)-1)]
+		}
+		rows, err := tx.stmt(ctx, stmt).QueryContext(stmtCtx(ctx), args[:n]...)
+		if err != nil {
+			return fmt.Errorf("prefetch reservations: %w", tx.err(ctx, err))
+		}
+		for rows.Next() {
+			r, err := scanReservation(rows)
+			if err != nil {
+				rows.Close()
+				return fmt.Errorf("prefetch reservations: %w", tx.err(ctx, err))
+			}
+			found[r.ID] = &r
+		}
+		err = rows.Err()
+		rows.Close()
+		if err != nil {
+			return fmt.Errorf("prefetch reservations: %w", tx.err(ctx, err))
+		}
+	}
+	for _, id := range ids {
+		if _, ok := found[id]; !ok {
+			found[id] = nil
+		}
+	}
+	tx.prefetched = found
+	return nil
 }
 
 // MoveGet returns the move receipt, or store.ErrNotFound.
@@ -161,6 +304,10 @@ func (tx *Tx) Write(ctx context.Context, c *store.Changes) error {
 	if tx.failed != nil {
 		return fmt.Errorf("write after a failed write: %w", tx.failed)
 	}
+	// From here on reads see the transaction's own writes: no more answers
+	// from the prefetch or the row cache.
+	tx.prefetched = nil
+	tx.written = append(tx.written, c)
 	if err := tx.write(ctx, c); err != nil {
 		tx.failed = err
 		return err
@@ -172,7 +319,7 @@ func (tx *Tx) exec(ctx context.Context, i int, what string, conv *codec.Conv, ar
 	if err := conv.Err(); err != nil {
 		return fmt.Errorf("%s: %w", what, err)
 	}
-	if _, err := tx.stmt(ctx, i).ExecContext(ctx, args...); err != nil {
+	if _, err := tx.stmt(ctx, i).ExecContext(stmtCtx(ctx), args...); err != nil {
 		return fmt.Errorf("%s: %w", what, tx.err(ctx, err))
 	}
 	return nil
@@ -288,7 +435,7 @@ func (tx *Tx) Commit(ctx context.Context) error {
 	if tx.done {
 		return errors.New("commit: transaction already ended")
 	}
-	tx.done = true
+	defer tx.end()
 	if err := tx.failed; err != nil {
 		tx.tx.Rollback()
 		return fmt.Errorf("commit after a failed write: %w", err)
@@ -308,7 +455,12 @@ func (tx *Tx) Commit(ctx context.Context) error {
 		return fmt.Errorf("commit: %w", err)
 	}
 	if err := tx.tx.Commit(); err != nil {
+		// The outcome may be unknown: the cache reads everything again.
+		tx.s.cache.invalidate()
 		return fmt.Errorf("commit: %w", tx.err(ctx, err))
+	}
+	for _, c := range tx.written {
+		tx.s.cache.committed(c)
 	}
 	return nil
 }
@@ -319,7 +471,7 @@ func (tx *Tx) Rollback(ctx context.Context) error {
 	if tx.done {
 		return nil
 	}
-	tx.done = true
+	defer tx.end()
 	if err := tx.tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
 		return fmt.Errorf("rollback: %w", tx.err(ctx, err))
 	}

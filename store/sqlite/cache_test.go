@@ -1,0 +1,163 @@
+package sqlite_test
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"testing"
+
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+	"github.com/capledger/capledger/store/sqlite"
+)
+
+func writeTx(t *testing.T, s *sqlite.Store, c *store.Changes) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := s.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if err := tx.Write(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// readTx reads the account and the meta counter "n" in a write transaction
+// (where the row cache answers), then rolls back.
+func readTx(t *testing.T, s *sqlite.Store) (available int64, n int64, nFound bool) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := s.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	a, err := tx.AccountGet(ctx, crashAccount)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err = tx.MetaGet(ctx, "n")
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		t.Fatal(err)
+	}
+	return a.Balances[0].Available, n, err == nil
+}
+
+func accountWith(available int64) ledger.Account {
+	return ledger.Account{Key: crashAccount, Dims: 1, EpochStart: t0,
+		Balances: ledger.Balances{{Opening: 1000, Available: available, Reserved: 1000 - available}}}
+}
+
+// TestRowCacheSeesOtherWriters: rows (and absences) a Store cached are read
+// again once another connection to the same file committed, and a
+// rolled-back write leaves the cache as it was.
+func TestRowCacheSeesOtherWriters(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "capledger.db")
+	first, err := sqlite.Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Close()
+	second, err := sqlite.Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second.Close()
+
+	writeTx(t, first, &store.Changes{Accounts: []ledger.Account{accountWith(900)}})
+	if available, _, found := readTx(t, first); available != 900 || found {
+		t.Fatalf("first read: available %d, meta found %v", available, found)
+	}
+	// Cached now: the account row and the absence of meta "n".
+	writeTx(t, second, &store.Changes{Accounts: []ledger.Account{accountWith(700)}, Meta: map[string]int64{"n": 5}})
+	if available, n, found := readTx(t, first); available != 700 || !found || n != 5 {
+		t.Fatalf("after another writer: available %d, meta n %d (found %v); want 700, 5", available, n, found)
+	}
+
+	// A write rolled back must not reach the cache.
+	tx, err := first.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Write(ctx, &store.Changes{Accounts: []ledger.Account{accountWith(1)}}); err != nil {
+		t.Fatal(err)
+	}
+	if a, err := tx.AccountGet(ctx, crashAccount); err != nil || a.Balances[0].Available != 1 {
+		t.Fatalf("a transaction reads its own writes: %+v %v", a, err)
+	}
+	tx.Rollback(ctx)
+	if available, _, _ := readTx(t, first); available != 700 {
+		t.Fatalf("after a rollback: available %d, want 700", available)
+	}
+
+	// A committed write is what the next transaction reads, from either
+	// store.
+	writeTx(t, first, &store.Changes{Accounts: []ledger.Account{accountWith(650)}})
+	if available, _, _ := readTx(t, first); available != 650 {
+		t.Fatalf("own commit: available %d, want 650", available)
+	}
+	if available, _, _ := readTx(t, second); available != 650 {
+		t.Fatalf("other store after commit: available %d, want 650", available)
+	}
+}
+
+// TestPrefetchAnswersUntilWrite: prefetched reservations (and absences)
+// answer ReservationGet, more ids than one statement carries included, and
+// after a Write the transaction reads its own writes again.
+func TestPrefetchAnswersUntilWrite(t *testing.T) {
+	ctx := context.Background()
+	s := openTemp(t)
+	var c store.Changes
+	c.NewReservations = map[string]bool{}
+	var ids []string
+	for i := range 150 {
+		id := batchID(1, i)
+		ids = append(ids, id)
+		if i%2 == 0 {
+			c.Reservations = append(c.Reservations, reservation(id))
+			c.NewReservations[id] = true
+		}
+	}
+	writeTx(t, s, &c)
+	for _, n := range []int{1, 3, 8, 9, 64, 65, 150} {
+		tx, err := s.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.(store.Prefetcher).ReservationsPrefetch(ctx, ids[:n]); err != nil {
+			t.Fatal(err)
+		}
+		for i, id := range ids[:n] {
+			r, err := tx.ReservationGet(ctx, id)
+			switch {
+			case i%2 == 0 && (err != nil || r.ID != id):
+				t.Fatalf("prefetch of %d: %s: %+v %v", n, id, r, err)
+			case i%2 == 1 && !errors.Is(err, store.ErrNotFound):
+				t.Fatalf("prefetch of %d: %s must be absent: %+v %v", n, id, r, err)
+			}
+		}
+		tx.Rollback(ctx)
+	}
+
+	tx, err := s.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if err := tx.(store.Prefetcher).ReservationsPrefetch(ctx, ids[:2]); err != nil {
+		t.Fatal(err)
+	}
+	r := reservation(ids[1])
+	if err := tx.Write(ctx, &store.Changes{Reservations: []ledger.Reservation{r}, NewReservations: map[string]bool{r.ID: true}}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := tx.ReservationGet(ctx, ids[1]); err != nil || got.ID != ids[1] {
+		t.Fatalf("after a write the prefetch must not answer: %+v %v", got, err)
+	}
+}
