@@ -110,8 +110,8 @@ func sameTerms(a, b *Policy) bool {
 //
 // Returns: Generation set on success; Replayed when p says exactly what the
 // active generation of its key says (a retried publish creates no second
-// generation); ErrInvalidPolicy when p fails Validate (call WithDefaults
-// first to fill optional fields).
+// generation); ErrInvalidPolicy when p is nil or fails Validate (call
+// WithDefaults first to fill optional fields).
 func PublishPolicy(b Book, p *Policy, now time.Time) Result {
 	if p == nil {
 		return Result{Err: invalidPolicy("no policy")}
