@@ -52,7 +52,6 @@ type FairnessResult struct {
 // FairnessSummary aggregates FairnessResults.
 type FairnessSummary struct {
 	FairnessResult
-	Budget float64
 }
 
 func (s *FairnessSummary) add(r *FairnessResult) {

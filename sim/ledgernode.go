@@ -102,7 +102,6 @@ type ledgerNode struct {
 	dying       int  // crash variant armed for the next batch
 	commits     int64
 	lastEpochs  int64
-	restarts    int
 	answers     int64
 	// lateDrains are duplicate recoveries held back for a later batch.
 	lateDrains []internalCmd
@@ -354,7 +353,6 @@ func (w *world) ledgerRestart() {
 	n := &w.ledger
 	n.core = engine.NewCore(w.ledgerStore)
 	n.up = true
-	n.restarts++
 	w.log(recRestart, ledgerNodeID, 0, "", int64(n.incarnation), "")
 	w.chk.fullAudit("after restart")
 	w.op.policiesStale = true
