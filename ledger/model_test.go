@@ -11,7 +11,8 @@ package ledger_test
 // digest), starts, settles under, at and over the estimate (debt, breaches,
 // replays), releases, expiry claims racing starts, unknown usage, time
 // advances (refill, expiry, epoch ends), publishes (generation switches),
-// rollbacks, refill and drain workers, on two subjects.
+// rollbacks, refill and drain workers, on two tenants under policies of
+// their own and a wildcard policy that decides for a tenant without one.
 //
 // The default run does modelDefaultChecks (1,000) sequences of 100 to 200
 // commands each, about 5 s. CI runs the 10,000-sequence gate with
@@ -116,15 +117,25 @@ func newRefModel(now time.Time) *refModel {
 		current: map[string]uint64{}, reservations: map[string]*modelReservation{}}
 }
 
-// active is the newest generation of the subject that was not rolled back.
-func (m *refModel) active(subject string) *modelPolicy {
+// activeOf is the newest generation published under exactly this policy
+// subject (a tenant or the wildcard) that was not rolled back.
+func (m *refModel) activeOf(policySubject string) *modelPolicy {
 	var best *modelPolicy
 	for _, p := range m.policies {
-		if p.subject == subject && !p.rolledBack && (best == nil || p.generation > best.generation) {
+		if p.subject == policySubject && !p.rolledBack && (best == nil || p.generation > best.generation) {
 			best = p
 		}
 	}
 	return best
+}
+
+// active is the generation that decides for a tenant: its own, else the
+// wildcard's.
+func (m *refModel) active(subject string) *modelPolicy {
+	if p := m.activeOf(subject); p != nil {
+		return p
+	}
+	return m.activeOf(ledger.AnySubject)
 }
 
 // refill mints what the refill rule owes since the account's cursor: debt
@@ -262,7 +273,7 @@ func (m *refModel) retryAfter(a *modelAccount, p *modelPolicy, units [modelDims]
 }
 
 func (m *refModel) publish(p modelPolicy) modelAnswer {
-	if active := m.active(p.subject); active != nil && active.sameTerms(&p) {
+	if active := m.activeOf(p.subject); active != nil && active.sameTerms(&p) {
 		return modelAnswer{replayed: true, generation: active.generation, checkGen: true}
 	}
 	m.generations++
@@ -281,7 +292,7 @@ func (m *refModel) rollback(subject string, generation uint64) modelAnswer {
 	}
 	p.rolledBack = true
 	var now uint64
-	if a := m.active(subject); a != nil {
+	if a := m.activeOf(subject); a != nil {
 		now = a.generation
 	}
 	return modelAnswer{generation: now, checkGen: true}
@@ -581,6 +592,14 @@ func (r *modelRun) subject() string {
 	return rapid.SampledFrom(modelSubjects).Draw(r.t, "subject")
 }
 
+// policySubject draws whom a publish or rollback names: a tenant, or every
+// tenant without a policy of its own.
+func (r *modelRun) policySubject() string {
+	return rapid.SampledFrom(modelPolicySubjects).Draw(r.t, "policySubject")
+}
+
+var modelPolicySubjects = []string{"t1", "t2", ledger.AnySubject}
+
 // pick draws the id of a reservation the model holds in one of states
 // (listing a state twice makes it likelier), and sometimes any id at all
 // (an unknown one, or one in another state), so wrong-state commands occur
@@ -709,11 +728,11 @@ func (r *modelRun) step() {
 		t.Logf("advance %v", d)
 		return
 	case kind < 89:
-		p := drawPolicy(t, r.subject())
+		p := drawPolicy(t, r.policySubject())
 		cmd = ledger.Command{Kind: ledger.KindPublishPolicy, Policy: ledgerPolicy(&p)}
 		want = r.m.publish(p)
 	case kind < 91:
-		subject := r.subject()
+		subject := r.policySubject()
 		generation := uint64(rapid.IntRange(1, int(r.m.generations)+1).Draw(t, "generation"))
 		cmd = ledger.Command{Kind: ledger.KindRollbackPolicy, PolicyKey: ledger.PolicyKey{Subject: subject, Route: "chat", Region: "eu"}, Generation: generation}
 		want = r.m.rollback(subject, generation)
