@@ -128,8 +128,11 @@ type execSched struct {
 }
 
 func (w *world) newExecSched(e *executor) {
+	// The meter is fed by the simulation with the policies' weights (not
+	// by the scheduler), so that a scheduler that got the weights wrong is
+	// measured against the right ones.
 	meter := sched.NewMeter()
-	s, err := sched.New(sched.Config{Meter: meter, MaxQueuePerTenant: 1 << 16})
+	s, err := sched.New(sched.Config{MaxQueuePerTenant: 1 << 16})
 	if err != nil {
 		panic("sim: sched.New with a valid config: " + err.Error())
 	}
@@ -137,7 +140,11 @@ func (w *world) newExecSched(e *executor) {
 	for t := range w.tenants {
 		name := w.tenants[t].subject
 		weight := w.op.base[w.tenants[t].key].FairnessWeight
-		if err := s.SetTenant(name, weight, 0); err != nil {
+		schedWeight := weight
+		if w.hooks.ignoreWeights {
+			schedWeight = 1 // the negative control: a scheduler blind to weights
+		}
+		if err := s.SetTenant(name, schedWeight, 0); err != nil {
 			panic("sim: sched.SetTenant: " + err.Error())
 		}
 		e.q.weight[name] = weight
@@ -148,11 +155,13 @@ func (w *world) newExecSched(e *executor) {
 // dispatches what the free slots allow.
 func (w *world) enqueue(r *request) {
 	e := &w.execs[r.exec]
-	err := e.q.s.Enqueue(sched.Request{ReservationID: r.id, Tenant: w.tenants[r.tenant].subject, EstimatedCost: max(r.units[0], 1)})
+	name, cost := w.tenants[r.tenant].subject, max(r.units[0], 1)
+	err := e.q.s.Enqueue(sched.Request{ReservationID: r.id, Tenant: name, EstimatedCost: cost})
 	if err != nil {
 		w.violate(GateProtocol, fmt.Sprintf("sched.Enqueue %s: %v", r.id, err))
 		return
 	}
+	e.q.meter.Enqueued(name, 0, e.q.weight[name], cost)
 	w.pump(r.exec)
 }
 
@@ -171,6 +180,7 @@ func (w *world) pump(i int) {
 			return
 		}
 		e.q.busy++
+		e.q.meter.Dispatched(req.ReservationID, req.Tenant, req.EstimatedCost)
 		if e.q.open {
 			e.q.count++
 		}
@@ -208,6 +218,7 @@ func (w *world) slotFree(r *request, actual int64) {
 			w.violate(GateProtocol, fmt.Sprintf("sched.Settle %s: %v", r.id, err))
 			return
 		}
+		e.q.meter.Settled(r.id, actual)
 		w.fair.maxError = max(w.fair.maxError, abs64(r.units[0]-actual))
 	}
 	w.pump(r.exec)

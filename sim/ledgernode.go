@@ -128,8 +128,8 @@ const (
 func (w *world) newLedger() {
 	mem := memstore.New()
 	var inner store.Store = mem
-	if w.wrapStore != nil {
-		inner = w.wrapStore(mem)
+	if w.hooks.wrapStore != nil {
+		inner = w.hooks.wrapStore(mem)
 	}
 	st := &recStore{Store: inner, mem: mem}
 	w.ledger = ledgerNode{mem: mem, st: st, core: engine.NewCore(st), up: true}

@@ -115,13 +115,22 @@ func (f *faults) describe() string {
 // It is deterministic: the same seed and cfg give the same outcome and the
 // same trace.
 func RunOne(cfg *Config, seed uint64) Outcome {
-	return runOne(cfg, seed, nil)
+	return runOne(cfg, seed, hooks{})
 }
 
-// runOne is RunOne with an optional wrapper around the store the engine
-// uses (tests use it to plant a broken store and show the checks catch it).
-func runOne(cfg *Config, seed uint64, wrap func(store.Store) store.Store) Outcome {
-	w := newWorld(cfg, seed, wrap)
+// hooks plant broken components for the tests that show the checks catch
+// them.
+type hooks struct {
+	// wrapStore wraps the memstore below the recording store.
+	wrapStore func(store.Store) store.Store
+	// ignoreWeights gives every tenant weight 1 in the executors'
+	// schedulers (the meter keeps the policies' weights).
+	ignoreWeights bool
+}
+
+// runOne is RunOne with hooks.
+func runOne(cfg *Config, seed uint64, h hooks) Outcome {
+	w := newWorld(cfg, seed, h)
 	w.start()
 	w.run()
 	if w.fail == nil && w.finished {
@@ -149,9 +158,9 @@ func runOne(cfg *Config, seed uint64, wrap func(store.Store) store.Store) Outcom
 	return out
 }
 
-func newWorld(cfg *Config, seed uint64, wrap func(store.Store) store.Store) *world {
+func newWorld(cfg *Config, seed uint64, h hooks) *world {
 	rng := rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15))
-	w := &world{cfg: cfg, seed: seed, rng: rng, ctx: context.Background(), wrapStore: wrap}
+	w := &world{cfg: cfg, seed: seed, rng: rng, ctx: context.Background(), hooks: h}
 	w.shape = shape{
 		gateways:  2 + rng.IntN(cfg.Gateways-1),
 		executors: 1 + rng.IntN(cfg.Executors),

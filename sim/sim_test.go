@@ -86,12 +86,12 @@ func TestBrokenStoreIsCaughtAndReplays(t *testing.T) {
 	wrap := func(s store.Store) store.Store { return loseReservationWrites{s} }
 	var found *Violation
 	for seed := uint64(1); seed <= 50 && found == nil; seed++ {
-		found = runOne(&cfg, seed, wrap).Violation
+		found = runOne(&cfg, seed, hooks{wrapStore: wrap}).Violation
 	}
 	if found == nil {
 		t.Fatal("a store that drops reservation updates went unnoticed for 50 seeds")
 	}
-	again := runOne(&cfg, found.Seed, wrap).Violation
+	again := runOne(&cfg, found.Seed, hooks{wrapStore: wrap}).Violation
 	if again == nil || again.Report() != found.Report() {
 		t.Fatalf("replaying seed %d did not print the same report:\n%s\n---\n%v", found.Seed, found.Report(), again)
 	}
@@ -157,7 +157,7 @@ func TestCheckerFlagsTransitions(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := DefaultConfig()
-			w := newWorld(&cfg, 1, nil)
+			w := newWorld(&cfg, 1, hooks{})
 			bal := open().Accounts[0].Balances
 			steps := append([]*store.Changes{open()}, tc.steps(&bal)...)
 			for _, ch := range steps {
@@ -200,4 +200,32 @@ func TestSmoke(t *testing.T) {
 		t.Fatalf("the run did not exercise what it should:\n%s", table.String())
 	}
 	t.Log(table.String())
+}
+
+// The fairness gate can fail: executors whose schedulers ignore the
+// policies' weights (every tenant weight 1) serve heavy tenants less than
+// their weighted fair share, and the per-weight error (or a window's RFE
+// bound) says so. (The smoke run checks that the real scheduler passes.)
+func TestFairnessGateCatchesWeightBlindScheduler(t *testing.T) {
+	if raceEnabled {
+		t.Skip("too slow under the race detector")
+	}
+	cfg := DefaultConfig()
+	var blind FairnessSummary
+	blindRFE := 0
+	for seed := uint64(1); seed <= 1500; seed++ {
+		o := runOne(&cfg, seed, hooks{ignoreWeights: true})
+		blind.add(&o.Fairness)
+		if o.Violation != nil && o.Violation.Gate == GateFairness {
+			blindRFE++
+		}
+	}
+	worst := 0.0
+	for w := 1; w <= maxWeight; w++ {
+		worst = max(worst, blind.ClassError(w))
+	}
+	if worst <= ledger.DefaultFairnessBudget && blindRFE == 0 {
+		t.Fatalf("a weight-blind scheduler passed: worst class error %.4f, no window above its RFE bound", worst)
+	}
+	t.Logf("weight-blind scheduler: worst class error %.4f (budget %.2f), %d interleavings over the RFE bound", worst, ledger.DefaultFairnessBudget, blindRFE)
 }

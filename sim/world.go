@@ -123,7 +123,7 @@ type world struct {
 	// ledgerStore is the store the engine runs on (the recording store
 	// over the memstore, or over a test's wrapper around it).
 	ledgerStore store.Store
-	wrapStore   func(store.Store) store.Store
+	hooks       hooks
 
 	// cut[node] is true while node cannot reach the ledger.
 	cut      []bool
