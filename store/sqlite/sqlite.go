@@ -433,7 +433,7 @@ func (s *Store) ReservationsDue(ctx context.Context, now time.Time, limit int) (
 	if limit <= 0 {
 		return nil, nil
 	}
-	return queryAll(ctx, s.r.due, scanID, "reservations due", now.UnixNano(), int64(ledger.StateExpiring), limit)
+	return queryAll(ctx, s.r.due, scanID, "reservations due", now.UnixNano(), limit)
 }
 
 // Snapshot reads every row in one read transaction (a consistent WAL

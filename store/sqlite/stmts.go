@@ -1,6 +1,8 @@
 package sqlite
 
 import (
+	"github.com/capledger/capledger/ledger"
+
 	"context"
 	"database/sql"
 	"errors"
@@ -130,9 +132,7 @@ func (r *readStmts) prepare(ctx context.Context, db *sql.DB) error {
 	r.policies = prep("SELECT " + policyCols + " FROM policies ORDER BY generation")
 	r.shard = prep(writeSQL[wShardGet])
 	r.shards = prep("SELECT " + shardCols + " FROM shards ORDER BY id")
-	// The due_at IS NOT NULL term lets SQLite use the partial index, which
-	// it scans in (due_at, id) order and stops after limit rows.
-	r.due = prep("SELECT id FROM reservations WHERE due_at IS NOT NULL AND (due_at <= ? OR state = ?) ORDER BY due_at, id LIMIT ?")
+	r.due = prep(dueSQL)
 	return errors.Join(errs...)
 }
 
@@ -143,3 +143,18 @@ func (r *readStmts) close() {
 		}
 	}
 }
+
+// dueSQL is ReservationsDue's query, with ?1 = now and ?2 = limit.
+// Two index range scans, each stopping early: what is due by time
+// (the partial index reservations_due, read in (due_at, id) order up to
+// now), and the EXPIRING rows whose due_at is still ahead (the small
+// partial index reservations_expiring). One "due_at <= now OR state =
+// EXPIRING" scan would instead walk every live reservation on each
+// worker tick. The state literal must match the index's WHERE for
+// SQLite to use it.
+var dueSQL = fmt.Sprintf(`SELECT id FROM (
+		SELECT id, due_at FROM (SELECT id, due_at FROM reservations
+			WHERE due_at IS NOT NULL AND due_at <= ?1 ORDER BY due_at, id LIMIT ?2)
+		UNION ALL
+		SELECT id, due_at FROM reservations WHERE state = %d AND due_at > ?1
+	) ORDER BY due_at, id LIMIT ?2`, ledger.StateExpiring)
