@@ -126,8 +126,8 @@ func runSim(ctx context.Context, e *env, args []string) error {
 		opts.Progress = e.stderr
 	}
 	// The simulation allocates many short-lived rows; a larger GC target
-	// trades a little memory for fewer collections.
-	debug.SetGCPercent(400)
+	// trades a little memory for fewer collections (restored afterwards).
+	defer debug.SetGCPercent(debug.SetGCPercent(400))
 	rep := sim.Run(ctx, &cfg, opts)
 	rep.WriteTable(e.stdout, e.stderr)
 	if ctx.Err() != nil {
