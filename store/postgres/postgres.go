@@ -269,6 +269,16 @@ func (s *Store) shardList(ctx context.Context, q querier) ([]ledger.Shard, error
 	return out, s.c.classify("shard list", rows.Err(), false)
 }
 
+// dueSQL reads what is due by time up to $1 through reservations_due,
+// and the EXPIRING rows still ahead of it through the small
+// reservations_expiring index (the state is a literal so that the planner
+// can match that partial index).
+var dueSQL = fmt.Sprintf(`SELECT id FROM (
+		(SELECT id, due_at FROM reservations WHERE due_at IS NOT NULL AND due_at <= $1 ORDER BY due_at, id LIMIT $2)
+		UNION ALL
+		(SELECT id, due_at FROM reservations WHERE state = %d AND due_at > $1 ORDER BY due_at, id LIMIT $2)
+	) due ORDER BY due_at, id LIMIT $2`, ledger.StateExpiring)
+
 // ReservationsDue returns up to limit ids of reservations that need a
 // worker at now (RESERVED past ExpiresAt, EXPIRING, STARTED past a non-zero
 // ExecutionDeadline), the longest overdue first. An EXPIRING reservation
@@ -282,11 +292,7 @@ func (s *Store) ReservationsDue(ctx context.Context, now time.Time, limit int) (
 	if err := conv.Err(); err != nil {
 		return nil, fmt.Errorf("reservations due: %w", err)
 	}
-	rows, err := s.pool.Query(ctx, `SELECT id FROM (
-			(SELECT id, due_at FROM reservations WHERE due_at IS NOT NULL AND due_at <= $1 ORDER BY due_at, id LIMIT $2)
-			UNION ALL
-			(SELECT id, due_at FROM reservations WHERE state = $3 AND due_at > $1 ORDER BY due_at, id LIMIT $2)
-		) due ORDER BY due_at, id LIMIT $2`, at, limit, int16(ledger.StateExpiring))
+	rows, err := s.pool.Query(ctx, dueSQL, at, limit)
 	if err != nil {
 		return nil, s.c.classify("reservations due", err, false)
 	}
