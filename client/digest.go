@@ -1,20 +1,14 @@
 package client
 
-import (
-	"crypto/sha256"
-	"encoding/binary"
-	"encoding/hex"
-	"fmt"
-	"sort"
-)
+import "github.com/capledger/capledger/api/digest"
 
 // DigestScheme names the canonical encoding hashed by RequestDigest; it is
 // the first field of the encoding, so a future scheme can never produce the
 // digest of this one.
-const DigestScheme = "capledger.requestDigest.v1"
+const DigestScheme = digest.Scheme
 
 // DefaultRegion is the region the ledger uses when a request names none.
-const DefaultRegion = "global"
+const DefaultRegion = digest.DefaultRegion
 
 // Units are capacity amounts by unit name, e.g. {"tokens": 600, "requests": 1}.
 // A unit the map omits counts as 0.
@@ -42,7 +36,10 @@ type DigestInput struct {
 // 64 lowercase hex digits, or an error when Subject or Route is empty or an
 // amount is negative.
 //
-// The canonical encoding, which docs/CLIENTS.md repeats for clients in other
+// It is package api/digest's Request, which the server also uses for a
+// Reserve that carries no digest: with EstimatorDigest and BodyHash empty,
+// the SDK and the server derive the same digest for the same request. The
+// canonical encoding, which docs/CLIENTS.md repeats for clients in other
 // languages, is the concatenation of
 //
 //	str(DigestScheme) str(subject) str(route) str(region)
@@ -56,50 +53,16 @@ type DigestInput struct {
 // integer. Length prefixes make the encoding unambiguous: no two different
 // inputs encode to the same bytes, whatever characters they contain.
 func RequestDigest(in DigestInput) (string, error) {
-	if in.Subject == "" || in.Route == "" {
-		return "", fmt.Errorf("request digest: subject and route are required")
-	}
-	region := in.Region
-	if region == "" {
-		region = DefaultRegion
-	}
-	names := make([]string, 0, len(in.Units))
-	for name, amount := range in.Units {
-		if amount < 0 {
-			return "", fmt.Errorf("request digest: unit %q has negative amount %d", name, amount)
-		}
-		if amount != 0 {
-			names = append(names, name)
-		}
-	}
-	sort.Strings(names)
-
-	h := sha256.New()
-	var buf [8]byte
-	str := func(s string) {
-		binary.BigEndian.PutUint32(buf[:4], uint32(len(s)))
-		h.Write(buf[:4])
-		h.Write([]byte(s))
-	}
-	str(DigestScheme)
-	str(in.Subject)
-	str(in.Route)
-	str(region)
-	binary.BigEndian.PutUint32(buf[:4], uint32(len(names)))
-	h.Write(buf[:4])
-	for _, name := range names {
-		str(name)
-		binary.BigEndian.PutUint64(buf[:], uint64(in.Units[name]))
-		h.Write(buf[:])
-	}
-	str(in.EstimatorDigest)
-	str(in.BodyHash)
-	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
+	return digest.Request(digest.Input{
+		Subject:         in.Subject,
+		Route:           in.Route,
+		Region:          in.Region,
+		Units:           in.Units,
+		EstimatorDigest: in.EstimatorDigest,
+		BodyHash:        in.BodyHash,
+	})
 }
 
 // BodyHash returns "sha256:" + the hex SHA-256 of body, the conventional
 // DigestInput.BodyHash of an HTTP request body.
-func BodyHash(body []byte) string {
-	sum := sha256.Sum256(body)
-	return "sha256:" + hex.EncodeToString(sum[:])
-}
+func BodyHash(body []byte) string { return digest.BodyHash(body) }

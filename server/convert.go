@@ -2,10 +2,7 @@ package server
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -15,6 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	v1 "github.com/capledger/capledger/api/capledger/v1"
+	"github.com/capledger/capledger/api/digest"
 	"github.com/capledger/capledger/ledger"
 )
 
@@ -170,24 +168,21 @@ func unitsMap(p *ledger.Policy, a *ledger.Amounts) map[string]int64 {
 }
 
 // requestDigest is the digest the server derives when a reserve names
-// none: sha256 over subject, route, region and the non-zero units sorted by
-// name, one per line. Two requests that reserve the same thing get the same
-// digest whatever the map order, and reusing an id for something else is
-// detected.
+// none: the canonical request digest of docs/CLIENTS.md (package
+// api/digest, the same function the Go SDK uses) over subject, route,
+// region and units, with no estimator digest and no body hash. A client
+// that computes the canonical digest of the same fields therefore gets the
+// same digest as a retry that omits it, and reusing an id for something
+// else is detected. For an input the ledger refuses in every case (no
+// subject or route, a negative amount) it returns "": the ledger then
+// answers INVALID_COMMAND, or DIGEST_MISMATCH for an id that exists (a
+// stored digest is never empty).
 func requestDigest(subject, route, region string, units map[string]int64) string {
-	names := make([]string, 0, len(units))
-	for name, v := range units {
-		if v != 0 {
-			names = append(names, name)
-		}
+	d, err := digest.Request(digest.Input{Subject: subject, Route: route, Region: region, Units: units})
+	if err != nil {
+		return ""
 	}
-	slices.Sort(names)
-	h := sha256.New()
-	fmt.Fprintf(h, "subject=%s\nroute=%s\nregion=%s\n", subject, route, region)
-	for _, name := range names {
-		fmt.Fprintf(h, "%s=%d\n", name, units[name])
-	}
-	return "sha256:" + hex.EncodeToString(h.Sum(nil))
+	return d
 }
 
 var stateToProto = map[ledger.State]v1.ReservationState{
