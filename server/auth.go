@@ -21,7 +21,9 @@ type Role string
 
 const (
 	// RoleGateway may reserve, start, settle, release, mark usage unknown,
-	// and read reservations, policies and accounts.
+	// and read reservations, policies and accounts; on the ShardService it
+	// may issue and reconcile shards only for the gateway id equal to its
+	// token's name (see authorizeGateway).
 	RoleGateway Role = "gateway"
 	// RoleAdmin may do everything; it alone publishes and rolls back
 	// policies and reads audits.
@@ -155,4 +157,22 @@ func authInterceptor(tokens *Tokens) connect.Interceptor {
 			return next(context.WithValue(ctx, identityKey{}, id), req)
 		}
 	})
+}
+
+// authorizeGateway ties a shard call's gateway id to the caller: with auth
+// on, a gateway-role token may issue or reconcile shards only for the
+// gateway id equal to its token's name, because a shard is spendable by
+// the gateway it names, and one gateway acting for another could carve or
+// settle capacity that is not its own. It returns nil when auth is off,
+// for an admin token (operators reconcile a stopped gateway's shards), and
+// for a gateway token whose name is gatewayID; PERMISSION_DENIED (403)
+// with reason PERMISSION_DENIED otherwise.
+func authorizeGateway(ctx context.Context, procedure, gatewayID string) *connect.Error {
+	id, ok := IdentityFrom(ctx)
+	if !ok || id.Role == RoleAdmin || id.Name == gatewayID {
+		return nil
+	}
+	return withReason(connect.NewError(connect.CodePermissionDenied,
+		fmt.Errorf("%s for gateway %q: token %q may act only for gateway %q (its name in the tokens file), or needs the admin role",
+			procedure, gatewayID, id.Name, id.Name)), ReasonPermissionDenied)
 }

@@ -127,13 +127,19 @@ func (svc *shardService) do(ctx context.Context, cmd ledger.Command) (ledger.Res
 	return res, svc.s.outcomeError(ctx, &res)
 }
 
-// IssueShard implements ShardService.IssueShard.
+// IssueShard implements ShardService.IssueShard. With auth on, a gateway
+// token may issue shards only for the gateway id equal to its token name
+// (PERMISSION_DENIED otherwise, before anything is carved); admin tokens
+// may issue for any gateway.
 func (svc *shardService) IssueShard(ctx context.Context, req *connect.Request[v1.IssueShardRequest]) (*connect.Response[v1.IssueShardResponse], error) {
 	m := req.Msg
 	if cerr := checkID("shard_id", m.GetShardId()); cerr != nil {
 		return nil, cerr
 	}
 	if cerr := checkID("gateway_id", m.GetGatewayId()); cerr != nil {
+		return nil, cerr
+	}
+	if cerr := authorizeGateway(ctx, "issue shard", m.GetGatewayId()); cerr != nil {
 		return nil, cerr
 	}
 	if m.GetSubject() == "" || m.GetSubject() == ledger.AnySubject || m.GetRoute() == "" {
@@ -248,13 +254,20 @@ func (svc *shardService) ListShards(ctx context.Context, req *connect.Request[v1
 	return connect.NewResponse(resp), nil
 }
 
-// ReconcileShard implements ShardService.ReconcileShard.
+// ReconcileShard implements ShardService.ReconcileShard. With auth on, a
+// gateway token may reconcile only as the gateway id equal to its token
+// name (PERMISSION_DENIED otherwise, before anything is read or applied);
+// the ledger then refuses a shard of another gateway (SHARD_FOREIGN).
+// Admin tokens may reconcile for any gateway.
 func (svc *shardService) ReconcileShard(ctx context.Context, req *connect.Request[v1.ReconcileShardRequest]) (*connect.Response[v1.ReconcileShardResponse], error) {
 	m := req.Msg
 	if cerr := checkID("shard_id", m.GetShardId()); cerr != nil {
 		return nil, cerr
 	}
 	if cerr := checkID("gateway_id", m.GetGatewayId()); cerr != nil {
+		return nil, cerr
+	}
+	if cerr := authorizeGateway(ctx, "reconcile shard", m.GetGatewayId()); cerr != nil {
 		return nil, cerr
 	}
 	if len(m.GetReceipts()) > maxShardReceipts {
