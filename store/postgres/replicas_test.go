@@ -61,6 +61,9 @@ type replica struct {
 	dsn   string
 	addr  string
 	extra []string
+	// dataDir is where the process writes the files it keeps besides the
+	// store (its shard keys): a temporary directory, not the package's.
+	dataDir string
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -69,7 +72,7 @@ type replica struct {
 
 func startReplica(t testing.TB, bin, dsn string, extra ...string) *replica {
 	t.Helper()
-	r := &replica{t: t, bin: bin, dsn: dsn, addr: freeAddr(t), extra: extra}
+	r := &replica{t: t, bin: bin, dsn: dsn, addr: freeAddr(t), extra: extra, dataDir: t.TempDir()}
 	r.start()
 	t.Cleanup(r.stop)
 	return r
@@ -79,7 +82,7 @@ func startReplica(t testing.TB, bin, dsn string, extra ...string) *replica {
 func (r *replica) start() {
 	r.t.Helper()
 	r.mu.Lock()
-	args := append([]string{"serve", "--addr", r.addr, "--store", r.dsn, "--log-level", "warn"}, r.extra...)
+	args := append([]string{"serve", "--addr", r.addr, "--store", r.dsn, "--data-dir", r.dataDir, "--log-level", "warn"}, r.extra...)
 	cmd := exec.Command(r.bin, args...)
 	cmd.Stdout, cmd.Stderr = &r.logs, &r.logs
 	if err := cmd.Start(); err != nil {
