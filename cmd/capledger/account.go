@@ -54,11 +54,7 @@ func runAccount(ctx context.Context, e *env, args []string) error {
 	subject := fs.String("subject", "", "")
 	route := fs.String("route", "", "")
 	region := fs.String("region", "", "")
-	positional, err := parseFlags(fs, args)
-	if err != nil {
-		return err
-	}
-	if err := wantArgs(positional, 0, ""); err != nil {
+	if err := parseNoArgs(fs, args); err != nil {
 		return err
 	}
 	if *subject == "" || *route == "" {
@@ -81,11 +77,7 @@ func runAudit(ctx context.Context, e *env, args []string) error {
 	fs := newFlags("audit")
 	var cf clientFlags
 	cf.register(fs, e)
-	positional, err := parseFlags(fs, args)
-	if err != nil {
-		return err
-	}
-	if err := wantArgs(positional, 0, ""); err != nil {
+	if err := parseNoArgs(fs, args); err != nil {
 		return err
 	}
 	client, err := cf.client()

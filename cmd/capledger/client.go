@@ -46,14 +46,36 @@ func (c *clientFlags) register(fs *flag.FlagSet, e *env) {
 }
 
 // client returns a LedgerService client speaking the Connect protocol
-// over HTTP/1.1 (JSON-free binary protobuf; any proxy passes it).
+// over HTTP/1.1 (JSON-free binary protobuf; any proxy passes it), or a
+// usageError for a malformed --addr.
 func (c *clientFlags) client() (capledgerv1connect.LedgerServiceClient, error) {
+	base, options, err := c.endpoint()
+	if err != nil {
+		return nil, err
+	}
+	return capledgerv1connect.NewLedgerServiceClient(&http.Client{}, base, options...), nil
+}
+
+// shardClient returns a ShardService client with the same address and
+// token as client, or a usageError for a malformed --addr.
+func (c *clientFlags) shardClient() (capledgerv1connect.ShardServiceClient, error) {
+	base, options, err := c.endpoint()
+	if err != nil {
+		return nil, err
+	}
+	return capledgerv1connect.NewShardServiceClient(&http.Client{}, base, options...), nil
+}
+
+// endpoint returns the base URL of --addr ("host:port" means http) and the
+// options that send --token as a bearer token on every call; a usageError
+// if --addr is neither http nor https.
+func (c *clientFlags) endpoint() (string, []connect.ClientOption, error) {
 	addr := c.addr
 	if !strings.Contains(addr, "://") {
 		addr = "http://" + addr
 	}
 	if !strings.HasPrefix(addr, "http://") && !strings.HasPrefix(addr, "https://") {
-		return nil, usagef("--addr %q: want http://host:port or https://host:port", c.addr)
+		return "", nil, usagef("--addr %q: want http://host:port or https://host:port", c.addr)
 	}
 	var options []connect.ClientOption
 	if c.token != "" {
@@ -66,7 +88,7 @@ func (c *clientFlags) client() (capledgerv1connect.LedgerServiceClient, error) {
 				}
 			})))
 	}
-	return capledgerv1connect.NewLedgerServiceClient(&http.Client{}, strings.TrimSuffix(addr, "/"), options...), nil
+	return strings.TrimSuffix(addr, "/"), options, nil
 }
 
 func (c *clientFlags) context(ctx context.Context) (context.Context, context.CancelFunc) {

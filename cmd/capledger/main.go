@@ -188,6 +188,26 @@ func parseFlags(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 }
 
+// parseNoArgs parses the flags of a command that takes no positional
+// arguments. It returns flag.ErrHelp for -h/--help and a usageError for
+// malformed flags or any positional argument.
+func parseNoArgs(fs *flag.FlagSet, args []string) error {
+	positional, err := parseFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	return wantArgs(positional, 0, "")
+}
+
+// readInput returns the contents of the file at path, or of standard input
+// for "-", and the read error otherwise.
+func readInput(path string) ([]byte, error) {
+	if path == "-" {
+		return io.ReadAll(os.Stdin)
+	}
+	return os.ReadFile(path)
+}
+
 // wantArgs checks the number of positional arguments.
 func wantArgs(positional []string, n int, what string) error {
 	if len(positional) != n {

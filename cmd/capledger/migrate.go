@@ -40,11 +40,7 @@ func runMigrate(ctx context.Context, e *env, args []string) error {
 	fs := newFlags("migrate")
 	storeSpec := fs.String("store", "", "")
 	dataDir := fs.String("data-dir", "./capledger-data", "")
-	positional, err := parseFlags(fs, args)
-	if err != nil {
-		return err
-	}
-	if err := wantArgs(positional, 0, ""); err != nil {
+	if err := parseNoArgs(fs, args); err != nil {
 		return err
 	}
 	if strings.HasPrefix(*storeSpec, "postgres://") || strings.HasPrefix(*storeSpec, "postgresql://") {

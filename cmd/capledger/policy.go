@@ -4,8 +4,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"io"
-	"os"
 	"strconv"
 	"time"
 
@@ -96,12 +94,7 @@ func runPolicyPublish(ctx context.Context, e *env, args []string) error {
 	if err := wantArgs(positional, 1, "one policy FILE (- for stdin)"); err != nil {
 		return err
 	}
-	var data []byte
-	if positional[0] == "-" {
-		data, err = io.ReadAll(os.Stdin)
-	} else {
-		data, err = os.ReadFile(positional[0])
-	}
+	data, err := readInput(positional[0])
 	if err != nil {
 		return usagef("read policy: %v", err)
 	}
@@ -180,11 +173,7 @@ func runPolicyList(ctx context.Context, e *env, args []string) error {
 	subject := fs.String("subject", "", "")
 	route := fs.String("route", "", "")
 	region := fs.String("region", "", "")
-	positional, err := parseFlags(fs, args)
-	if err != nil {
-		return err
-	}
-	if err := wantArgs(positional, 0, ""); err != nil {
+	if err := parseNoArgs(fs, args); err != nil {
 		return err
 	}
 	client, err := cf.client()

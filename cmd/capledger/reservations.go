@@ -132,11 +132,7 @@ func runReserve(ctx context.Context, e *env, args []string) error {
 	region := fs.String("region", "", "")
 	unitSpec := fs.String("units", "", "")
 	digest := fs.String("digest", "", "")
-	positional, err := parseFlags(fs, args)
-	if err != nil {
-		return err
-	}
-	if err := wantArgs(positional, 0, ""); err != nil {
+	if err := parseNoArgs(fs, args); err != nil {
 		return err
 	}
 	if *subject == "" || *route == "" || *unitSpec == "" {
@@ -176,11 +172,7 @@ func runStart(ctx context.Context, e *env, args []string) error {
 	cf.register(fs, e)
 	id := fs.String("id", "", "")
 	operation := fs.String("operation", "", "")
-	positional, err := parseFlags(fs, args)
-	if err != nil {
-		return err
-	}
-	if err := wantArgs(positional, 0, ""); err != nil {
+	if err := parseNoArgs(fs, args); err != nil {
 		return err
 	}
 	if *id == "" || *operation == "" {
@@ -206,11 +198,7 @@ func runSettle(ctx context.Context, e *env, args []string) error {
 	id := fs.String("id", "", "")
 	operation := fs.String("operation", "", "")
 	unitSpec := fs.String("units", "", "")
-	positional, err := parseFlags(fs, args)
-	if err != nil {
-		return err
-	}
-	if err := wantArgs(positional, 0, ""); err != nil {
+	if err := parseNoArgs(fs, args); err != nil {
 		return err
 	}
 	if *id == "" || *operation == "" {

@@ -74,11 +74,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	maxBatch := fs.Int("max-batch", 512, "")
 	logLevel := fs.String("log-level", "info", "")
 	logFormat := fs.String("log-format", "text", "")
-	positional, err := parseFlags(fs, args)
-	if err != nil {
-		return err
-	}
-	if err := wantArgs(positional, 0, ""); err != nil {
+	if err := parseNoArgs(fs, args); err != nil {
 		return err
 	}
 	log, err := newLogger(e, *logLevel, *logFormat)

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -21,7 +20,6 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	v1 "github.com/capledger/capledger/api/capledger/v1"
-	"github.com/capledger/capledger/api/capledger/v1/capledgerv1connect"
 	"github.com/capledger/capledger/client"
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/server"
@@ -110,30 +108,6 @@ func runShard(ctx context.Context, e *env, args []string) error {
 	return usagef("unknown shard subcommand %q (want issue, list, inspect, reconcile, keys or keygen)", args[0])
 }
 
-// shardClient returns a ShardService client with the connection flags'
-// address and token.
-func (c *clientFlags) shardClient() (capledgerv1connect.ShardServiceClient, error) {
-	addr := c.addr
-	if !strings.Contains(addr, "://") {
-		addr = "http://" + addr
-	}
-	if !strings.HasPrefix(addr, "http://") && !strings.HasPrefix(addr, "https://") {
-		return nil, usagef("--addr %q: want http://host:port or https://host:port", c.addr)
-	}
-	var options []connect.ClientOption
-	if c.token != "" {
-		token := c.token
-		options = append(options, connect.WithInterceptors(connect.UnaryInterceptorFunc(
-			func(next connect.UnaryFunc) connect.UnaryFunc {
-				return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-					req.Header().Set("Authorization", "Bearer "+token)
-					return next(ctx, req)
-				}
-			})))
-	}
-	return capledgerv1connect.NewShardServiceClient(&http.Client{}, strings.TrimSuffix(addr, "/"), options...), nil
-}
-
 func runShardIssue(ctx context.Context, e *env, args []string) error {
 	fs := newFlags("shard issue")
 	var cf clientFlags
@@ -146,11 +120,7 @@ func runShardIssue(ctx context.Context, e *env, args []string) error {
 	boot := fs.Uint64("boot", 0, "")
 	ttl := fs.Duration("ttl", 10*time.Minute, "")
 	id := fs.String("id", "", "")
-	positional, err := parseFlags(fs, args)
-	if err != nil {
-		return err
-	}
-	if err := wantArgs(positional, 0, ""); err != nil {
+	if err := parseNoArgs(fs, args); err != nil {
 		return err
 	}
 	if *subject == "" || *route == "" || *gateway == "" || *boot == 0 || *unitsSpec == "" {
@@ -189,11 +159,7 @@ func runShardList(ctx context.Context, e *env, args []string) error {
 	gateway := fs.String("gateway", "", "")
 	unreconciled := fs.Bool("unreconciled", false, "")
 	asJSON := fs.Bool("json", false, "")
-	positional, err := parseFlags(fs, args)
-	if err != nil {
-		return err
-	}
-	if err := wantArgs(positional, 0, ""); err != nil {
+	if err := parseNoArgs(fs, args); err != nil {
 		return err
 	}
 	sc, err := cf.shardClient()
@@ -285,13 +251,7 @@ func runShardInspect(ctx context.Context, e *env, args []string) error {
 // inspectToken decodes a token (base64 or raw bytes) offline and, with a
 // keys file, verifies its signature.
 func inspectToken(e *env, path, keysPath string) error {
-	var raw []byte
-	var err error
-	if path == "-" {
-		raw, err = io.ReadAll(os.Stdin)
-	} else {
-		raw, err = os.ReadFile(path)
-	}
+	raw, err := readInput(path)
 	if err != nil {
 		return usagef("--token-file: %v", err)
 	}
@@ -362,12 +322,7 @@ func runShardReconcile(ctx context.Context, e *env, args []string) error {
 	}
 	var receipts []*v1.ShardReceipt
 	if *receiptsPath != "" {
-		var raw []byte
-		if *receiptsPath == "-" {
-			raw, err = io.ReadAll(os.Stdin)
-		} else {
-			raw, err = os.ReadFile(*receiptsPath)
-		}
+		raw, err := readInput(*receiptsPath)
 		if err != nil {
 			return usagef("--receipts: %v", err)
 		}
@@ -434,11 +389,7 @@ func runShardKeys(ctx context.Context, e *env, args []string) error {
 	fs := newFlags("shard keys")
 	var cf clientFlags
 	cf.register(fs, e)
-	positional, err := parseFlags(fs, args)
-	if err != nil {
-		return err
-	}
-	if err := wantArgs(positional, 0, ""); err != nil {
+	if err := parseNoArgs(fs, args); err != nil {
 		return err
 	}
 	sc, err := cf.shardClient()
@@ -464,11 +415,7 @@ func runShardKeys(ctx context.Context, e *env, args []string) error {
 func runShardKeygen(e *env, args []string) error {
 	fs := newFlags("shard keygen")
 	id := fs.String("id", "", "")
-	positional, err := parseFlags(fs, args)
-	if err != nil {
-		return err
-	}
-	if err := wantArgs(positional, 0, ""); err != nil {
+	if err := parseNoArgs(fs, args); err != nil {
 		return err
 	}
 	line, err := server.NewShardKeyLine(*id, rand.Reader, time.Now())

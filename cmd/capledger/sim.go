@@ -78,11 +78,7 @@ func runSim(ctx context.Context, e *env, args []string) error {
 	healAt := fs.Duration("heal-at", def.HealAt, "")
 	deadline := fs.Duration("deadline", def.Deadline, "")
 	auditEvery := fs.Int("audit-every", def.AuditEvery, "")
-	positional, err := parseFlags(fs, args)
-	if err != nil {
-		return err
-	}
-	if err := wantArgs(positional, 0, ""); err != nil {
+	if err := parseNoArgs(fs, args); err != nil {
 		return err
 	}
 	if *interleavings < 1 {
@@ -93,10 +89,11 @@ func runSim(ctx context.Context, e *env, args []string) error {
 	}
 	seed := uint64(time.Now().UnixNano())
 	if *seedFlag != "" {
-		seed, err = strconv.ParseUint(*seedFlag, 10, 64)
+		parsed, err := strconv.ParseUint(*seedFlag, 10, 64)
 		if err != nil {
 			return usagef("--seed %q: not an unsigned integer", *seedFlag)
 		}
+		seed = parsed
 	}
 	cfg := sim.Config{
 		Gateways: *gateways, Executors: *executors, Tenants: *tenants, Requests: *requests,
@@ -104,9 +101,11 @@ func runSim(ctx context.Context, e *env, args []string) error {
 		AuditEvery: *auditEvery, LastEvents: *last,
 	}
 	if *only != "" {
-		if cfg.Only, err = sim.ParseSites(*only); err != nil {
+		sites, err := sim.ParseSites(*only)
+		if err != nil {
 			return usagef("--only: %v", err)
 		}
+		cfg.Only = sites
 	}
 	if err := cfg.Validate(); err != nil {
 		return usagef("%v", err)
