@@ -27,6 +27,7 @@
 package storetest
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -135,128 +136,78 @@ func checkRows(t *testing.T, s store.Store, c *store.Changes) {
 				t.Errorf("tx meta %s: %d, %v; want %d", name, got, err, want)
 			}
 		}
-		for _, want := range c.Policies {
-			got, err := tx.PolicyGet(ctx, want.Generation)
-			if err != nil {
-				t.Errorf("tx policy %d: %v", want.Generation, err)
-				continue
-			}
-			same(t, "tx policy", *got, want)
-		}
-		for _, want := range c.Heads {
-			got, err := tx.PolicyHeadGet(ctx, want.Key)
-			if err != nil {
-				t.Errorf("tx head %s: %v", want.Key, err)
-				continue
-			}
-			same(t, "tx head", *got, want)
-		}
-		for _, want := range c.Accounts {
-			got, err := tx.AccountGet(ctx, want.Key)
-			if err != nil {
-				t.Errorf("tx account %s: %v", want.Key, err)
-				continue
-			}
-			same(t, "tx account", *got, want)
-		}
 		for _, want := range c.Currents {
 			got, err := tx.AccountCurrentGet(ctx, want.Subject)
 			if err != nil || got != want.Generation {
 				t.Errorf("tx current %s: %d, %v; want %d", want.Subject, got, err, want.Generation)
 			}
 		}
-		for _, want := range c.Reservations {
-			got, err := tx.ReservationGet(ctx, want.ID)
-			if err != nil {
-				t.Errorf("tx reservation %s: %v", want.ID, err)
-				continue
-			}
-			same(t, "tx reservation", *got, want)
-		}
-		for _, want := range c.Moves {
-			got, err := tx.MoveGet(ctx, want.ReceiptID)
-			if err != nil {
-				t.Errorf("tx move %s: %v", want.ReceiptID, err)
-				continue
-			}
-			same(t, "tx move", *got, want)
-		}
-		for _, want := range c.Shards {
-			got, err := tx.ShardGet(ctx, want.ID)
-			if err != nil {
-				t.Errorf("tx shard %s: %v", want.ID, err)
-				continue
-			}
-			same(t, "tx shard", *got, want)
-		}
+		readBack(t, "tx policy", c.Policies, policyGeneration, owned(ctx, tx.PolicyGet))
+		readBack(t, "tx head", c.Heads, headKey, owned(ctx, tx.PolicyHeadGet))
+		readBack(t, "tx account", c.Accounts, accountKey, owned(ctx, tx.AccountGet))
+		readBack(t, "tx reservation", c.Reservations, reservationID, owned(ctx, tx.ReservationGet))
+		readBack(t, "tx move", c.Moves, moveReceiptID, owned(ctx, tx.MoveGet))
+		readBack(t, "tx shard", c.Shards, shardID, owned(ctx, tx.ShardGet))
 	})
-	for _, want := range c.Policies {
-		got, err := s.PolicyGet(ctx, want.Generation)
+	readBack(t, "store policy", c.Policies, policyGeneration, committed(ctx, s.PolicyGet))
+	readBack(t, "store account", c.Accounts, accountKey, committed(ctx, s.AccountGet))
+	readBack(t, "store reservation", c.Reservations, reservationID, committed(ctx, s.ReservationGet))
+	readBack(t, "store shard", c.Shards, shardID, committed(ctx, s.ShardGet))
+}
+
+// readBack reads each row of wants through get, by the key key names, and
+// reports a read error or a row that differs from the one written.
+func readBack[R, K any](t *testing.T, what string, wants []R, key func(R) K, get func(K) (R, error)) {
+	t.Helper()
+	for _, want := range wants {
+		k := key(want)
+		got, err := get(k)
 		if err != nil {
-			t.Errorf("store policy %d: %v", want.Generation, err)
+			t.Errorf("%s %v: %v", what, k, err)
 			continue
 		}
-		same(t, "store policy", got, want)
-	}
-	for _, want := range c.Accounts {
-		got, err := s.AccountGet(ctx, want.Key)
-		if err != nil {
-			t.Errorf("store account %s: %v", want.Key, err)
-			continue
-		}
-		same(t, "store account", got, want)
-	}
-	for _, want := range c.Reservations {
-		got, err := s.ReservationGet(ctx, want.ID)
-		if err != nil {
-			t.Errorf("store reservation %s: %v", want.ID, err)
-			continue
-		}
-		same(t, "store reservation", got, want)
-	}
-	for _, want := range c.Shards {
-		got, err := s.ShardGet(ctx, want.ID)
-		if err != nil {
-			t.Errorf("store shard %s: %v", want.ID, err)
-			continue
-		}
-		same(t, "store shard", got, want)
+		same(t, what, got, want)
 	}
 }
 
-// sortedCopy returns the rows of c in Snapshot order.
+// owned adapts a Tx getter, which returns a row the caller owns by
+// pointer, to readBack.
+func owned[K, R any](ctx context.Context, get func(context.Context, K) (*R, error)) func(K) (R, error) {
+	return func(k K) (R, error) {
+		row, err := get(ctx, k)
+		if err != nil {
+			var zero R
+			return zero, err
+		}
+		return *row, nil
+	}
+}
+
+// committed adapts a Store getter of committed state to readBack.
+func committed[K, R any](ctx context.Context, get func(context.Context, K) (R, error)) func(K) (R, error) {
+	return func(k K) (R, error) { return get(ctx, k) }
+}
+
+func policyGeneration(p ledger.Policy) uint64       { return p.Generation }
+func headKey(h ledger.PolicyHead) ledger.PolicyKey  { return h.Key }
+func accountKey(a ledger.Account) ledger.AccountKey { return a.Key }
+func reservationID(r ledger.Reservation) string     { return r.ID }
+func moveReceiptID(m ledger.Move) string            { return m.ReceiptID }
+func shardID(s ledger.Shard) string                 { return s.ID }
+
+// snapshotOf returns the rows of c in Snapshot order.
 func snapshotOf(c *store.Changes) *ledger.Snapshot {
 	s := &ledger.Snapshot{
 		Policies: slices.Clone(c.Policies), Accounts: slices.Clone(c.Accounts),
 		Reservations: slices.Clone(c.Reservations), Moves: slices.Clone(c.Moves), Shards: slices.Clone(c.Shards),
 		Statements: slices.Clone(c.Statements), Journal: slices.Clone(c.Journal), JournalComplete: true,
 	}
-	slices.SortFunc(s.Policies, func(a, b ledger.Policy) int { return cmpUint(a.Generation, b.Generation) })
+	slices.SortFunc(s.Policies, func(a, b ledger.Policy) int { return cmp.Compare(a.Generation, b.Generation) })
 	slices.SortFunc(s.Accounts, func(a, b ledger.Account) int { return compareAccountKeys(a.Key, b.Key) })
-	slices.SortFunc(s.Reservations, func(a, b ledger.Reservation) int { return cmpString(a.ID, b.ID) })
-	slices.SortFunc(s.Moves, func(a, b ledger.Move) int { return cmpString(a.ReceiptID, b.ReceiptID) })
-	slices.SortFunc(s.Shards, func(a, b ledger.Shard) int { return cmpString(a.ID, b.ID) })
+	slices.SortFunc(s.Reservations, func(a, b ledger.Reservation) int { return cmp.Compare(a.ID, b.ID) })
+	slices.SortFunc(s.Moves, func(a, b ledger.Move) int { return cmp.Compare(a.ReceiptID, b.ReceiptID) })
+	slices.SortFunc(s.Shards, func(a, b ledger.Shard) int { return cmp.Compare(a.ID, b.ID) })
 	return s
-}
-
-func cmpUint(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
-}
-
-func cmpString(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 func checkSnapshot(t *testing.T, s store.Store, want *ledger.Snapshot) {
@@ -554,7 +505,7 @@ func testDuplicateReservation(t *testing.T, s store.Store) {
 		Journal:         fixtureJournal()[:1],
 	}
 	failing.Accounts[0].Version = 99
-	slices.SortFunc(failing.Reservations, func(a, b ledger.Reservation) int { return cmpString(a.ID, b.ID) })
+	slices.SortFunc(failing.Reservations, func(a, b ledger.Reservation) int { return cmp.Compare(a.ID, b.ID) })
 	failingWrite(t, s, first, failing, before)
 	_, err := s.ReservationGet(context.Background(), "rl-fresh")
 	mustNotFound(t, "reservation of the failed batch", err)

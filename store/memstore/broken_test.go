@@ -1,0 +1,98 @@
+package memstore_test
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+	"github.com/capledger/capledger/store/memstore"
+	"github.com/capledger/capledger/store/storetest"
+)
+
+// brokenEnv names the fault TestBrokenStoreHelper runs the suite with.
+const brokenEnv = "CAPLEDGER_STORETEST_BROKEN"
+
+// brokenStore is a memstore with one deliberate fault, for the negative
+// control of the conformance suite.
+type brokenStore struct {
+	store.Store
+	fault string
+}
+
+func (s brokenStore) Begin(ctx context.Context) (store.Tx, error) {
+	tx, err := s.Store.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return brokenTx{Tx: tx, fault: s.fault}, nil
+}
+
+func (s brokenStore) AccountGet(ctx context.Context, key ledger.AccountKey) (ledger.Account, error) {
+	a, err := s.Store.AccountGet(ctx, key)
+	if err == nil && s.fault == "account-read" {
+		a.Balances[0].Available++
+	}
+	return a, err
+}
+
+type brokenTx struct {
+	store.Tx
+	fault string
+}
+
+func (tx brokenTx) Write(ctx context.Context, c *store.Changes) error {
+	changed := *c
+	switch tx.fault {
+	case "drop-shards":
+		changed.Shards = nil
+	case "upsert-reservations":
+		// A reservation insert that overwrites instead of reporting
+		// store.ErrDuplicate.
+		changed.NewReservations = nil
+	}
+	return tx.Tx.Write(ctx, &changed)
+}
+
+// TestConformanceSuiteCatchesBrokenStores is the suite's negative control:
+// each fault must fail the subtests named, so a check of storetest that
+// silently stopped comparing would fail here. Each fault runs the suite in
+// a child process, because a failing suite fails the test that runs it.
+func TestConformanceSuiteCatchesBrokenStores(t *testing.T) {
+	for fault, mustFail := range map[string][]string{
+		"drop-shards":         {"TestBrokenStoreHelper/RoundTrip", "TestBrokenStoreHelper/Lists"},
+		"account-read":        {"TestBrokenStoreHelper/RoundTrip"},
+		"upsert-reservations": {"TestBrokenStoreHelper/DuplicateReservationLeavesNothing"},
+	} {
+		t.Run(fault, func(t *testing.T) {
+			cmd := exec.Command(os.Args[0], "-test.run=^TestBrokenStoreHelper$", "-test.v", "-test.count=1")
+			cmd.Env = append(os.Environ(), brokenEnv+"="+fault)
+			out, err := cmd.CombinedOutput()
+			if err == nil {
+				t.Fatalf("the suite passed a store whose fault is %s:\n%s", fault, out)
+			}
+			for _, name := range mustFail {
+				if !strings.Contains(string(out), "--- FAIL: "+name+" ") {
+					t.Errorf("fault %s: subtest %s did not fail:\n%s", fault, name, out)
+				}
+			}
+		})
+	}
+}
+
+// TestBrokenStoreHelper runs the conformance suite on a broken store in the
+// child process of TestConformanceSuiteCatchesBrokenStores.
+func TestBrokenStoreHelper(t *testing.T) {
+	fault := os.Getenv(brokenEnv)
+	if fault == "" {
+		t.Skip("helper process of TestConformanceSuiteCatchesBrokenStores")
+	}
+	storetest.Run(t, func(t *testing.T) store.Store {
+		s := memstore.New()
+		t.Cleanup(func() { s.Close() })
+		return brokenStore{Store: s, fault: fault}
+	})
+}
