@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	"connectrpc.com/connect"
-
 	v1 "github.com/capledger/capledger/api/capledger/v1"
 )
 
@@ -64,13 +62,11 @@ func runAccount(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := cf.context(ctx)
-	defer cancel()
-	resp, err := client.GetAccount(ctx, connect.NewRequest(&v1.GetAccountRequest{Subject: *subject, Route: *route, Region: *region}))
+	msg, err := unary(ctx, cf.timeout, client.GetAccount, &v1.GetAccountRequest{Subject: *subject, Route: *route, Region: *region})
 	if err != nil {
-		return describe(err)
+		return err
 	}
-	return printJSON(e.stdout, resp.Msg)
+	return printJSON(e.stdout, msg)
 }
 
 func runAudit(ctx context.Context, e *env, args []string) error {
@@ -84,16 +80,14 @@ func runAudit(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := cf.context(ctx)
-	defer cancel()
-	resp, err := client.Audit(ctx, connect.NewRequest(&v1.AuditRequest{}))
+	msg, err := unary(ctx, cf.timeout, client.Audit, &v1.AuditRequest{})
 	if err != nil {
-		return describe(err)
-	}
-	if err := printJSON(e.stdout, resp.Msg); err != nil {
 		return err
 	}
-	if n := len(resp.Msg.GetDiscrepancies()); n > 0 {
+	if err := printJSON(e.stdout, msg); err != nil {
+		return err
+	}
+	if n := len(msg.GetDiscrepancies()); n > 0 {
 		return exitError{code: exitDiscrepancies, err: fmt.Errorf("%d discrepancies", n)}
 	}
 	return nil

@@ -95,6 +95,19 @@ func (c *clientFlags) context(ctx context.Context) (context.Context, context.Can
 	return context.WithTimeout(ctx, c.timeout)
 }
 
+// unary makes one RPC with the given timeout (the --timeout flag) and
+// returns the response message, or the call's error described with its
+// code, reason and details (see describe).
+func unary[Req, Res any](ctx context.Context, timeout time.Duration, call func(context.Context, *connect.Request[Req]) (*connect.Response[Res], error), req *Req) (*Res, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	resp, err := call(ctx, connect.NewRequest(req))
+	if err != nil {
+		return nil, describe(err)
+	}
+	return resp.Msg, nil
+}
+
 // printJSON writes a response as indented protobuf JSON (the same field
 // names the JSON API uses), followed by a newline. protojson varies its
 // whitespace on purpose; compacting and re-indenting makes the output

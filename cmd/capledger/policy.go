@@ -7,7 +7,6 @@ import (
 	"strconv"
 	"time"
 
-	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"sigs.k8s.io/yaml"
 
@@ -106,16 +105,14 @@ func runPolicyPublish(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := cf.context(ctx)
-	defer cancel()
-	resp, err := client.PublishPolicy(ctx, connect.NewRequest(&v1.PublishPolicyRequest{Policy: policy}))
+	msg, err := unary(ctx, cf.timeout, client.PublishPolicy, &v1.PublishPolicyRequest{Policy: policy})
 	if err != nil {
-		return describe(err)
+		return err
 	}
-	if resp.Msg.GetReplayed() {
-		fmt.Fprintf(e.stderr, "same terms as active generation %d: nothing new published\n", resp.Msg.GetPolicy().GetGeneration())
+	if msg.GetReplayed() {
+		fmt.Fprintf(e.stderr, "same terms as active generation %d: nothing new published\n", msg.GetPolicy().GetGeneration())
 	}
-	return printJSON(e.stdout, resp.Msg.GetPolicy())
+	return printJSON(e.stdout, msg.GetPolicy())
 }
 
 func parseGeneration(positional []string) (uint64, error) {
@@ -149,21 +146,19 @@ func runPolicyGet(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := cf.context(ctx)
-	defer cancel()
-	resp, err := client.GetPolicy(ctx, connect.NewRequest(&v1.GetPolicyRequest{Generation: generation}))
+	msg, err := unary(ctx, cf.timeout, client.GetPolicy, &v1.GetPolicyRequest{Generation: generation})
 	if err != nil {
-		return describe(err)
+		return err
 	}
 	if *format == "yaml" {
-		out, err := yaml.Marshal(policyFileOf(resp.Msg.GetPolicy()))
+		out, err := yaml.Marshal(policyFileOf(msg.GetPolicy()))
 		if err != nil {
 			return err
 		}
 		_, err = e.stdout.Write(out)
 		return err
 	}
-	return printJSON(e.stdout, resp.Msg.GetPolicy())
+	return printJSON(e.stdout, msg.GetPolicy())
 }
 
 func runPolicyList(ctx context.Context, e *env, args []string) error {
@@ -180,13 +175,11 @@ func runPolicyList(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := cf.context(ctx)
-	defer cancel()
-	resp, err := client.ListPolicies(ctx, connect.NewRequest(&v1.ListPoliciesRequest{Subject: *subject, Route: *route, Region: *region}))
+	msg, err := unary(ctx, cf.timeout, client.ListPolicies, &v1.ListPoliciesRequest{Subject: *subject, Route: *route, Region: *region})
 	if err != nil {
-		return describe(err)
+		return err
 	}
-	return printJSON(e.stdout, resp.Msg)
+	return printJSON(e.stdout, msg)
 }
 
 func runPolicyRollback(ctx context.Context, e *env, args []string) error {
@@ -205,13 +198,11 @@ func runPolicyRollback(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := cf.context(ctx)
-	defer cancel()
-	resp, err := client.RollbackPolicy(ctx, connect.NewRequest(&v1.RollbackPolicyRequest{Generation: generation}))
+	msg, err := unary(ctx, cf.timeout, client.RollbackPolicy, &v1.RollbackPolicyRequest{Generation: generation})
 	if err != nil {
-		return describe(err)
+		return err
 	}
-	return printJSON(e.stdout, resp.Msg)
+	return printJSON(e.stdout, msg)
 }
 
 // policyFile is the human form of a policy (see policyHelp).

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"connectrpc.com/connect"
 	"github.com/oklog/ulid/v2"
 
 	v1 "github.com/capledger/capledger/api/capledger/v1"
@@ -150,20 +149,18 @@ func runReserve(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := cf.context(ctx)
-	defer cancel()
-	resp, err := client.Reserve(ctx, connect.NewRequest(&v1.ReserveRequest{
+	msg, err := unary(ctx, cf.timeout, client.Reserve, &v1.ReserveRequest{
 		ReservationId: *id, RequestDigest: *digest, Subject: *subject, Route: *route, Region: *region, Units: units,
-	}))
+	})
 	if err != nil {
-		return describe(err)
+		return err
 	}
-	if resp.Msg.GetShadowRejected() {
-		r := resp.Msg.GetShadowRejection()
+	if msg.GetShadowRejected() {
+		r := msg.GetShadowRejection()
 		fmt.Fprintf(e.stderr, "shadow mode: enforcement would have rejected this (%s on %q); nothing was reserved\n",
 			r.GetReason(), r.GetLimitingDimension())
 	}
-	return printJSON(e.stdout, resp.Msg)
+	return printJSON(e.stdout, msg)
 }
 
 func runStart(ctx context.Context, e *env, args []string) error {
@@ -182,13 +179,11 @@ func runStart(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := cf.context(ctx)
-	defer cancel()
-	resp, err := client.Start(ctx, connect.NewRequest(&v1.StartRequest{ReservationId: *id, OperationId: *operation}))
+	msg, err := unary(ctx, cf.timeout, client.Start, &v1.StartRequest{ReservationId: *id, OperationId: *operation})
 	if err != nil {
-		return describe(err)
+		return err
 	}
-	return printJSON(e.stdout, resp.Msg)
+	return printJSON(e.stdout, msg)
 }
 
 func runSettle(ctx context.Context, e *env, args []string) error {
@@ -212,13 +207,11 @@ func runSettle(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := cf.context(ctx)
-	defer cancel()
-	resp, err := client.Settle(ctx, connect.NewRequest(&v1.SettleRequest{ReservationId: *id, OperationId: *operation, ActualUnits: units}))
+	msg, err := unary(ctx, cf.timeout, client.Settle, &v1.SettleRequest{ReservationId: *id, OperationId: *operation, ActualUnits: units})
 	if err != nil {
-		return describe(err)
+		return err
 	}
-	return printJSON(e.stdout, resp.Msg)
+	return printJSON(e.stdout, msg)
 }
 
 func runRelease(ctx context.Context, e *env, args []string) error {
@@ -230,13 +223,11 @@ func runRelease(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := cf.context(ctx)
-	defer cancel()
-	resp, err := client.Release(ctx, connect.NewRequest(&v1.ReleaseRequest{ReservationId: id}))
+	msg, err := unary(ctx, cf.timeout, client.Release, &v1.ReleaseRequest{ReservationId: id})
 	if err != nil {
-		return describe(err)
+		return err
 	}
-	return printJSON(e.stdout, resp.Msg)
+	return printJSON(e.stdout, msg)
 }
 
 func runMarkUnknown(ctx context.Context, e *env, args []string) error {
@@ -248,13 +239,11 @@ func runMarkUnknown(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := cf.context(ctx)
-	defer cancel()
-	resp, err := client.MarkUsageUnknown(ctx, connect.NewRequest(&v1.MarkUsageUnknownRequest{ReservationId: id}))
+	msg, err := unary(ctx, cf.timeout, client.MarkUsageUnknown, &v1.MarkUsageUnknownRequest{ReservationId: id})
 	if err != nil {
-		return describe(err)
+		return err
 	}
-	return printJSON(e.stdout, resp.Msg)
+	return printJSON(e.stdout, msg)
 }
 
 func runGet(ctx context.Context, e *env, args []string) error {
@@ -266,13 +255,11 @@ func runGet(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := cf.context(ctx)
-	defer cancel()
-	resp, err := client.GetReservation(ctx, connect.NewRequest(&v1.GetReservationRequest{ReservationId: id}))
+	msg, err := unary(ctx, cf.timeout, client.GetReservation, &v1.GetReservationRequest{ReservationId: id})
 	if err != nil {
-		return describe(err)
+		return err
 	}
-	return printJSON(e.stdout, resp.Msg.GetReservation())
+	return printJSON(e.stdout, msg.GetReservation())
 }
 
 // parseIDFlags parses the flags of a command that names one reservation,

@@ -15,7 +15,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"connectrpc.com/connect"
 	"github.com/oklog/ulid/v2"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -137,16 +136,14 @@ func runShardIssue(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := cf.context(ctx)
-	defer cancel()
-	resp, err := sc.IssueShard(ctx, connect.NewRequest(&v1.IssueShardRequest{
+	msg, err := unary(ctx, cf.timeout, sc.IssueShard, &v1.IssueShardRequest{
 		ShardId: *id, Subject: *subject, Route: *route, Region: *region, Units: units,
 		GatewayId: *gateway, BootEpoch: *boot, Ttl: durationpb.New(*ttl),
-	}))
+	})
 	if err != nil {
-		return describe(err)
+		return err
 	}
-	return printJSON(e.stdout, resp.Msg)
+	return printJSON(e.stdout, msg)
 }
 
 func runShardList(ctx context.Context, e *env, args []string) error {
@@ -166,21 +163,19 @@ func runShardList(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := cf.context(ctx)
-	defer cancel()
-	resp, err := sc.ListShards(ctx, connect.NewRequest(&v1.ListShardsRequest{
+	msg, err := unary(ctx, cf.timeout, sc.ListShards, &v1.ListShardsRequest{
 		Subject: *subject, Route: *route, Region: *region, GatewayId: *gateway, UnreconciledOnly: *unreconciled,
-	}))
+	})
 	if err != nil {
-		return describe(err)
+		return err
 	}
 	if *asJSON {
-		return printJSON(e.stdout, resp.Msg)
+		return printJSON(e.stdout, msg)
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "SHARD\tSUBJECT\tGATEWAY\tBOOT\tFENCE\tALLOCATED\tEXPIRES\tSTATE")
 	now := time.Now()
-	for _, s := range resp.Msg.GetShards() {
+	for _, s := range msg.GetShards() {
 		state := "live"
 		switch {
 		case s.GetReconciled() && len(nonZero(s.GetUnknownUnits())) > 0:
@@ -239,13 +234,11 @@ func runShardInspect(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := cf.context(ctx)
-	defer cancel()
-	resp, err := sc.GetShard(ctx, connect.NewRequest(&v1.GetShardRequest{ShardId: positional[0]}))
+	msg, err := unary(ctx, cf.timeout, sc.GetShard, &v1.GetShardRequest{ShardId: positional[0]})
 	if err != nil {
-		return describe(err)
+		return err
 	}
-	return printJSON(e.stdout, resp.Msg)
+	return printJSON(e.stdout, msg)
 }
 
 // inspectToken decodes a token (base64 or raw bytes) offline and, with a
@@ -343,13 +336,11 @@ func runShardReconcile(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := cf.context(ctx)
-	defer cancel()
-	resp, err := sc.ReconcileShard(ctx, connect.NewRequest(&v1.ReconcileShardRequest{ShardId: positional[0], GatewayId: *gateway, Receipts: receipts}))
+	msg, err := unary(ctx, cf.timeout, sc.ReconcileShard, &v1.ReconcileShardRequest{ShardId: positional[0], GatewayId: *gateway, Receipts: receipts})
 	if err != nil {
-		return describe(err)
+		return err
 	}
-	return printJSON(e.stdout, resp.Msg)
+	return printJSON(e.stdout, msg)
 }
 
 // reconcileDir reports every shard of a stopped gateway's shard store
@@ -396,13 +387,11 @@ func runShardKeys(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := cf.context(ctx)
-	defer cancel()
-	resp, err := sc.ListShardKeys(ctx, connect.NewRequest(&v1.ListShardKeysRequest{}))
+	msg, err := unary(ctx, cf.timeout, sc.ListShardKeys, &v1.ListShardKeysRequest{})
 	if err != nil {
-		return describe(err)
+		return err
 	}
-	for _, k := range resp.Msg.GetKeys() {
+	for _, k := range msg.GetKeys() {
 		mark := ""
 		if k.GetSigning() {
 			mark = "  (signing)"
