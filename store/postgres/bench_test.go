@@ -53,7 +53,7 @@ func nextID() string { return fmt.Sprintf("rl-%d", benchID.Add(1)) }
 func runCommitters(b *testing.B, stores []*postgres.Store, committers, batch int) {
 	var next atomic.Int64
 	var wg sync.WaitGroup
-	var failed atomic.Value
+	var failed firstError
 	b.ResetTimer()
 	start := time.Now()
 	for c := range committers {
@@ -75,14 +75,12 @@ func runCommitters(b *testing.B, stores []*postgres.Store, committers, batch int
 					results, err := core.Commit(context.Background(), cmds, time.Now())
 					if err == nil {
 						for _, r := range results {
-							if r.Err != nil {
-								failed.Store(r.Err)
-							}
+							failed.set(r.Err)
 						}
 						break
 					}
 					if attempt > 100 || !isConflict(err) {
-						failed.Store(err)
+						failed.set(err)
 						return
 					}
 				}
@@ -92,7 +90,7 @@ func runCommitters(b *testing.B, stores []*postgres.Store, committers, batch int
 	wg.Wait()
 	elapsed := time.Since(start)
 	b.StopTimer()
-	if err, _ := failed.Load().(error); err != nil {
+	if err := failed.get(); err != nil {
 		b.Fatal(err)
 	}
 	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "reserves/s")
@@ -101,6 +99,57 @@ func runCommitters(b *testing.B, stores []*postgres.Store, committers, batch int
 		conflicts += s.Stats().Conflicts
 	}
 	b.ReportMetric(float64(conflicts)/float64(b.N), "conflicts/op")
+}
+
+// runGateways calls op b.N times from `gateways` goroutines (op gets the
+// goroutine's number, to pick what it calls), fails the benchmark with the
+// first error, and reports reserves per second.
+func runGateways(b *testing.B, gateways int, op func(gateway int) error) {
+	var next atomic.Int64
+	var failed firstError
+	var wg sync.WaitGroup
+	b.ResetTimer()
+	start := time.Now()
+	for g := range gateways {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for next.Add(1) <= int64(b.N) {
+				if err := op(g); err != nil {
+					failed.set(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	b.StopTimer()
+	if err := failed.get(); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "reserves/s")
+}
+
+// firstError keeps the first non-nil error set from any goroutine. (An
+// atomic.Value would panic on the second error of another concrete type.)
+type firstError struct {
+	mu  sync.Mutex
+	err error
+}
+
+func (f *firstError) set(err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.err == nil {
+		f.err = err
+	}
+}
+
+func (f *firstError) get() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.err
 }
 
 func isConflict(err error) bool { return errors.Is(err, store.ErrConflict) }
@@ -134,34 +183,12 @@ func BenchmarkHotAccountReserve(b *testing.B) {
 		}
 		defer engines[0].Close()
 		defer engines[1].Close()
-		var next atomic.Int64
-		var wg sync.WaitGroup
-		var failed atomic.Value
-		b.ResetTimer()
-		start := time.Now()
-		for g := range 64 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				e := engines[g%2]
-				for next.Add(1) <= int64(b.N) {
-					res, err := e.Do(context.Background(), reserveCmd(nextID(), 1))
-					if err == nil {
-						err = res.Err
-					}
-					if err != nil {
-						failed.Store(err)
-						return
-					}
-				}
-			}()
-		}
-		wg.Wait()
-		elapsed := time.Since(start)
-		b.StopTimer()
-		if err, _ := failed.Load().(error); err != nil {
-			b.Fatal(err)
-		}
-		b.ReportMetric(float64(b.N)/elapsed.Seconds(), "reserves/s")
+		runGateways(b, 64, func(g int) error {
+			res, err := engines[g%2].Do(context.Background(), reserveCmd(nextID(), 1))
+			if err == nil {
+				err = res.Err
+			}
+			return err
+		})
 	})
 }

@@ -489,30 +489,7 @@ func BenchmarkReplicasReserve(b *testing.B) {
 			if err := reserve(clients[0]); err != nil { // opens the account
 				b.Fatal(err)
 			}
-			var next atomic.Int64
-			var failed atomic.Value
-			var wg sync.WaitGroup
-			b.ResetTimer()
-			start := time.Now()
-			for g := range 64 {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for next.Add(1) <= int64(b.N) {
-						if err := reserve(clients[g%2]); err != nil {
-							failed.Store(err)
-							return
-						}
-					}
-				}()
-			}
-			wg.Wait()
-			elapsed := time.Since(start)
-			b.StopTimer()
-			if err, _ := failed.Load().(error); err != nil {
-				b.Fatal(err)
-			}
-			b.ReportMetric(float64(b.N)/elapsed.Seconds(), "reserves/s")
+			runGateways(b, 64, func(g int) error { return reserve(clients[g%2]) })
 		})
 	}
 }
