@@ -235,16 +235,7 @@ func TestMiddlewareFairQueueDispatchesByWeight(t *testing.T) {
 		fire("heavy")
 		fire("light")
 	}
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		if queued, _ := q.Stats(); queued == 16 {
-			break
-		}
-		if time.Now().After(deadline) {
-			queued, running := q.Stats()
-			t.Fatalf("%d queued, %d running; want 16 queued behind the blocker", queued, running)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitQueued(t, q, 16) // behind the blocker
 	close(release)
 	wg.Wait()
 	if len(order) != 17 {
@@ -326,7 +317,8 @@ func waitQueued(t *testing.T, q *FairQueue, n int) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("queue never reached %d", n)
+			queued, running := q.Stats()
+			t.Fatalf("%d queued, %d running; want %d queued", queued, running, n)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}

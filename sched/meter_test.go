@@ -195,13 +195,22 @@ func TestMeterConcurrentSnapshot(t *testing.T) {
 	if err := l.SetTenant("a", 1, 0); err != nil {
 		t.Fatal(err)
 	}
+	// Run under -race: snapshots taken while the scheduler feeds the meter
+	// must not race, and each must be a consistent cut (at most one request
+	// of 3 in flight on top of the settled 2s).
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		for range 200 {
-			_ = m.Snapshot()
-			_ = m.RFE()
+			for _, line := range m.Snapshot() {
+				if line.Tenant != "a" || line.Served > 500*2+1 || line.Demand < line.Served {
+					t.Errorf("concurrent snapshot line %+v", line)
+				}
+			}
+			if rfe := m.RFE(); rfe != 0 {
+				t.Errorf("RFE %v with one tenant, want 0", rfe)
+			}
 		}
 	}()
 	for i := range 500 {
@@ -214,4 +223,8 @@ func TestMeterConcurrentSnapshot(t *testing.T) {
 		}
 	}
 	wg.Wait()
+	got := m.Snapshot()
+	if len(got) != 1 || got[0].Served != 500*2 || got[0].Demand != 500*2 || got[0].Share != 1 {
+		t.Errorf("final snapshot %+v, want tenant a served and demanded 1000 (500 settles of 2), share 1", got)
+	}
 }
