@@ -271,13 +271,15 @@ func IssueShard(b Book, cmd *Command, now time.Time) Result {
 //   - ErrShardNotFound;
 //   - ErrShardForeign when args.GatewayID is not the shard's gateway
 //     (refused and counted);
-//   - ErrShardAlreadyReconciled for a second full submission, or a receipt
+//   - ErrShardAlreadyReconciled for a second full submission, one whose
+//     receipts are all still unknown (a resend of the first), or a receipt
 //     that is not pending unknown (refused and counted; Result.Shard is the
 //     stored shard, so a caller whose first answer was lost can see it
 //     took effect);
 //   - ErrInvalidCommand for malformed receipts: an empty or repeated id,
 //     negative amounts, a RESERVED receipt, holds of unknown work larger
-//     than the allocation, a non-terminal receipt in a later submission.
+//     than the allocation, a later submission mixing terminal receipts with
+//     ones still unknown.
 func ReconcileShard(b Book, args *ShardArgs, now time.Time) Result {
 	if args == nil || args.ShardID == "" {
 		return Result{Err: invalid("shard id is required")}
@@ -353,6 +355,21 @@ func ReconcileShard(b Book, args *ShardArgs, now time.Time) Result {
 			for d := range holds[i] {
 				holds[i][d] = b.Meta(metaShardPendingUnits(s.ID, r.ReservationID, d))
 			}
+		}
+		stillUnknown := 0
+		for i := range args.Receipts {
+			if args.Receipts[i].unknown() {
+				stillUnknown++
+			}
+		}
+		if stillUnknown == len(args.Receipts) {
+			// Nothing here resolves anything: this is the first submission
+			// sent again after its answer was lost (or an early resend of
+			// work still unknown). Answer as for any repeat, with the
+			// stored shard, so the gateway sees its submission took effect.
+			refuseShard(b, s.ID)
+			return Result{Err: fmt.Errorf("%w: %s (receipts still unknown resolve nothing)", ErrShardAlreadyReconciled, s.ID),
+				Shard: cloneShard(s), Generation: s.Account.Generation}
 		}
 		for i := range args.Receipts {
 			if r := &args.Receipts[i]; r.unknown() {

@@ -372,9 +372,19 @@ func TestShardReconcileValidation(t *testing.T) {
 	if res := c.apply(reconcileCmd("sh-1", "gw-a", unknown)); res.Err != nil || res.Shard.Reminted[0] != 90 {
 		t.Fatalf("valid submission after invalid ones: %+v", res)
 	}
-	// A later submission may only carry terminal receipts.
-	if res := c.apply(reconcileCmd("sh-1", "gw-a", unknown)); !errors.Is(res.Err, ledger.ErrInvalidCommand) {
-		t.Errorf("non-terminal late receipt: %v", res.Err)
+	// The first submission sent again (its answer was lost) is a repeat:
+	// refused as already reconciled, with the stored shard in the answer.
+	if res := c.apply(reconcileCmd("sh-1", "gw-a", unknown)); !errors.Is(res.Err, ledger.ErrShardAlreadyReconciled) ||
+		res.Shard == nil || !res.Shard.Reconciled || res.Shard.Unknown[0] != 10 {
+		t.Errorf("resent first submission: %+v", res)
+	}
+	// A later submission may not mix terminal receipts with unknown ones.
+	mixed := []ledger.ShardReceipt{
+		{ReservationID: "u", State: ledger.StateSettled, Actual: ledger.Amounts{4}},
+		{ReservationID: "v", State: ledger.StateUsageUnknown, Reserved: ledger.Amounts{1}},
+	}
+	if res := c.apply(reconcileCmd("sh-1", "gw-a", mixed)); !errors.Is(res.Err, ledger.ErrShardAlreadyReconciled) && !errors.Is(res.Err, ledger.ErrInvalidCommand) {
+		t.Errorf("mixed late receipts: %v", res.Err)
 	}
 	if res := c.apply(reconcileCmd("sh-1", "gw-a", nil)); !errors.Is(res.Err, ledger.ErrShardAlreadyReconciled) {
 		t.Errorf("empty second submission: %v", res.Err)
