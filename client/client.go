@@ -102,7 +102,6 @@ type config struct {
 	token        string
 	httpClient   *http.Client
 	retry        RetryPolicy
-	intn         func(int64) int64
 }
 
 // Option configures New.
@@ -145,9 +144,6 @@ func WithHTTPClient(hc *http.Client) Option { return func(c *config) { c.httpCli
 // WithRetryPolicy replaces DefaultRetryPolicy.
 func WithRetryPolicy(p RetryPolicy) Option { return func(c *config) { c.retry = p } }
 
-// withJitterSource makes backoff deterministic in tests.
-func withJitterSource(intn func(int64) int64) Option { return func(c *config) { c.intn = intn } }
-
 // Client talks to one ledger. It is safe for concurrent use and meant to be
 // shared by a whole process: it holds one http.Client whose connections are
 // reused across calls.
@@ -159,7 +155,6 @@ type Client struct {
 	protocol  Protocol
 	timeout   time.Duration
 	retry     RetryPolicy
-	intn      func(int64) int64
 	pendingMu sync.Mutex
 	pending   map[string]OperationReceipt
 }
@@ -214,7 +209,6 @@ func New(addr string, options ...Option) (*Client, error) {
 		protocol: cfg.protocol,
 		timeout:  cfg.timeout,
 		retry:    cfg.retry,
-		intn:     cfg.intn,
 		pending:  make(map[string]OperationReceipt),
 	}, nil
 }

@@ -92,7 +92,7 @@ func do[T any](ctx context.Context, c *Client, f func(context.Context) (T, error
 			// state rather than assume nothing happened).
 			return result, attempts, lost && isTransportFault(err), err
 		}
-		wait := p.Backoff(attempt, c.intn)
+		wait := p.Backoff(attempt, nil) // full jitter from math/rand
 		if hint := serverRetryHint(err); hint > wait {
 			wait = min(hint, p.MaxDelay)
 		}
