@@ -7,7 +7,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -47,7 +49,7 @@ func startLedger(t *testing.T) *testLedger {
 	}
 	hs := server.HTTPServer(srv.Handler(), quietLogger)
 	go hs.Serve(ln)
-	proxy, err := faultproxy.Start(ln.Addr().String(), uint64(time.Now().UnixNano()))
+	proxy, err := faultproxy.Start(ln.Addr().String(), faultSeed(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,6 +65,23 @@ func startLedger(t *testing.T) *testLedger {
 		st.Close()
 	})
 	return &testLedger{addr: ln.Addr().String(), proxy: proxy, direct: direct}
+}
+
+// faultSeed returns the seed of the fault proxy's draws: $CAPLEDGER_FAULT_SEED
+// if set, else the clock. It is logged, so a failed run's faults can be
+// drawn again (the interleaving with the network still varies).
+func faultSeed(t *testing.T) uint64 {
+	t.Helper()
+	seed := uint64(time.Now().UnixNano())
+	if s := os.Getenv("CAPLEDGER_FAULT_SEED"); s != "" {
+		parsed, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			t.Fatalf("CAPLEDGER_FAULT_SEED=%q: %v", s, err)
+		}
+		seed = parsed
+	}
+	t.Logf("fault proxy seed %d (draw the same faults with CAPLEDGER_FAULT_SEED=%d)", seed, seed)
+	return seed
 }
 
 // viaProxy returns a client whose calls cross the fault proxy.
