@@ -2,17 +2,23 @@ package open_test
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
 	"github.com/capledger/capledger/store/memstore"
 	"github.com/capledger/capledger/store/open"
+	"github.com/capledger/capledger/store/postgres"
 	"github.com/capledger/capledger/store/sqlite"
 )
 
@@ -33,8 +39,12 @@ func writeAndRead(t *testing.T, s store.Store) {
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.ReservationGet(ctx, r.ID); err != nil {
+	got, err := s.ReservationGet(ctx, r.ID)
+	if err != nil {
 		t.Fatal(err)
+	}
+	if got.ID != r.ID || got.State != r.State || got.Account != r.Account || !got.CreatedAt.Equal(r.CreatedAt) {
+		t.Fatalf("read back %+v, wrote %+v", got, r)
 	}
 }
 
@@ -131,5 +141,55 @@ func TestPostgresSchemes(t *testing.T) {
 		if !errors.Is(err, store.ErrUnavailable) {
 			t.Errorf("%s: %v, want ErrUnavailable", spec, err)
 		}
+	}
+}
+
+// With a PostgreSQL server (CAPLEDGER_TEST_POSTGRES, as in CI), both
+// schemes open a working store on it, in a schema of the test's own.
+func TestPostgresSchemesOpenAServer(t *testing.T) {
+	dsn := os.Getenv("CAPLEDGER_TEST_POSTGRES")
+	if dsn == "" {
+		t.Skip("CAPLEDGER_TEST_POSTGRES is not set (e.g. postgres://postgres@127.0.0.1:5432/test?sslmode=disable)")
+	}
+	u, err := url.Parse(dsn)
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		t.Fatalf("CAPLEDGER_TEST_POSTGRES=%q: want a postgres:// URL (%v)", dsn, err)
+	}
+	ctx := context.Background()
+	var random [6]byte
+	if _, err := rand.Read(random[:]); err != nil {
+		t.Fatal(err)
+	}
+	schema := "capledger_open_" + hex.EncodeToString(random[:])
+	adminExec(t, dsn, "CREATE SCHEMA "+schema)
+	t.Cleanup(func() { adminExec(t, dsn, "DROP SCHEMA "+schema+" CASCADE") })
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	for _, scheme := range []string{"postgres", "postgresql"} {
+		u.Scheme = scheme
+		s := mustOpen(t, u.String(), "")
+		if _, ok := s.(*postgres.Store); !ok {
+			t.Fatalf("%s opened a %T", scheme, s)
+		}
+		if scheme == "postgres" {
+			writeAndRead(t, s)
+		} else if _, err := s.ReservationGet(ctx, "rl-1"); err != nil {
+			t.Fatalf("postgresql:// does not see what postgres:// wrote: %v", err)
+		}
+	}
+}
+
+func adminExec(t *testing.T, dsn, sql string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, sql); err != nil {
+		t.Fatalf("%s: %v", sql, err)
 	}
 }
