@@ -139,3 +139,48 @@ func (c *Core) EpochsDue(ctx context.Context, now time.Time) ([]ledger.Command, 
 	}
 	return cmds, nil
 }
+
+// DrainsDue returns drain commands for accounts of superseded or
+// rolled-back generations that still hold available capacity or debt
+// (late refunds and late overuse land there after a generation switch or a
+// rollback). A drain moves them to the subject's current account exactly
+// once; the ledger answers ErrNothingToDrain where there is nothing to do,
+// so a candidate picked too eagerly costs one no-op command.
+func (c *Core) DrainsDue(ctx context.Context) ([]ledger.Command, error) {
+	policies, err := c.store.PolicyList(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("policies: %w", err)
+	}
+	// The generation that admits for a key: its newest one not rolled
+	// back (the ledger's PolicyHead says the same; reads outside a
+	// transaction have only the rows).
+	active := map[ledger.PolicyKey]uint64{}
+	for i := range policies {
+		if p := &policies[i]; !p.RolledBack && p.Generation > active[p.Key] {
+			active[p.Key] = p.Generation
+		}
+	}
+	accounts, err := c.store.AccountList(ctx, ledger.PolicyKey{})
+	if err != nil {
+		return nil, fmt.Errorf("accounts: %w", err)
+	}
+	var cmds []ledger.Command
+	for i := range accounts {
+		a := &accounts[i]
+		subject := a.Key.SubjectKey()
+		deciding, ok := active[subject]
+		if !ok {
+			deciding, ok = active[ledger.PolicyKey{Subject: ledger.AnySubject, Route: subject.Route, Region: subject.Region}]
+		}
+		if !ok || deciding == a.Key.Generation {
+			continue // nothing admits for the subject, or this account is the one that does
+		}
+		for d := 0; d < a.Dims; d++ {
+			if a.Balances[d].Available > 0 || a.Balances[d].Debt() > 0 {
+				cmds = append(cmds, ledger.Command{Kind: ledger.KindDrain, Account: a.Key})
+				break
+			}
+		}
+	}
+	return cmds, nil
+}
