@@ -60,10 +60,16 @@ type Engine struct {
 	core  *Core
 	opts  Options
 	queue chan *request
+	wake  chan struct{} // one pending wake-up for the committer
 	log   *slog.Logger
 
-	stop     context.CancelFunc
-	stopped  chan struct{}
+	ctx     context.Context // ends when Close starts
+	stop    context.CancelFunc
+	stopped chan struct{}
+	// running is held by whoever runs a batch: the committer goroutine, or
+	// a caller that found the engine idle and runs its batch itself (see
+	// DoBatch). One batch at a time, whoever runs it.
+	running  sync.Mutex
 	workers  sync.WaitGroup
 	closeErr sync.Once
 
@@ -85,7 +91,9 @@ type request struct {
 var ErrClosed = errors.New("engine closed")
 
 // New starts an engine over st: one committer goroutine and, unless
-// disabled, the background workers. Close stops them.
+// disabled, the background workers. Close stops them. (A caller that finds
+// the engine idle commits its batch on its own goroutine instead of handing
+// it to the committer; either way one batch runs at a time.)
 func New(st store.Store, opts Options) *Engine {
 	if opts.MaxBatch <= 0 {
 		opts.MaxBatch = 512
@@ -111,8 +119,10 @@ func New(st store.Store, opts Options) *Engine {
 	ctx, cancel := context.WithCancel(context.Background())
 	e := &Engine{
 		core:    NewCore(st),
+		ctx:     ctx,
 		opts:    opts,
 		queue:   make(chan *request, 4*opts.MaxBatch),
+		wake:    make(chan struct{}, 1),
 		log:     opts.Logger,
 		stop:    cancel,
 		stopped: make(chan struct{}),
@@ -147,8 +157,26 @@ func (e *Engine) DoBatch(ctx context.Context, cmds []ledger.Command) ([]ledger.R
 		return nil, nil
 	}
 	req := &request{cmds: cmds, done: make(chan struct{})}
+	if len(e.queue) == 0 && e.running.TryLock() {
+		// Idle engine: run the batch here, taking along whatever was queued
+		// meanwhile, instead of waking the committer and being woken by it
+		// (two goroutine hand-offs, which cost more than a commit when the
+		// machine is busy). The caller waits for the commit as it would
+		// for the committer, whatever its ctx does.
+		if e.ctx.Err() != nil {
+			e.running.Unlock()
+			return nil, ErrClosed
+		}
+		e.runBatch([]*request{req})
+		e.running.Unlock()
+		return req.results, req.err
+	}
 	select {
 	case e.queue <- req:
+		select {
+		case e.wake <- struct{}{}:
+		default: // the committer has a wake-up pending already
+		}
 	case <-e.stopped:
 		return nil, ErrClosed
 	case <-ctx.Done():
@@ -176,17 +204,39 @@ func (e *Engine) DoBatch(ctx context.Context, cmds []ledger.Command) ([]ledger.R
 // makes throughput grow with load.
 func (e *Engine) commitLoop(ctx context.Context) {
 	defer close(e.stopped)
-	var batch []*request
-	var cmds []ledger.Command
+	batch := make([]*request, 0, 64)
 	for {
-		batch, cmds = batch[:0], cmds[:0]
 		select {
-		case req := <-e.queue:
-			batch = append(batch, req)
-			cmds = append(cmds, req.cmds...)
+		case <-e.wake:
 		case <-ctx.Done():
+			// Wait for a batch a caller is running, then fail the rest.
+			// running stays held: no caller runs a batch after Close.
+			e.running.Lock()
 			e.failPending()
 			return
+		}
+		// Requests stay queued (and keep piling up) while a caller runs
+		// a batch; they are taken only once this goroutine runs.
+		e.running.Lock()
+		for len(e.queue) > 0 {
+			batch = e.runBatch(batch[:0])
+			clear(batch)
+		}
+		e.running.Unlock()
+	}
+}
+
+// runBatch adds waiting requests to batch (up to MaxBatch commands in
+// all), commits their commands as one transaction and answers every
+// request. It returns batch for reuse. The caller holds running; batch
+// holds a request or the queue does.
+func (e *Engine) runBatch(batch []*request) []*request {
+	var cmds []ledger.Command
+	if len(batch) == 1 && len(e.queue) == 0 {
+		cmds = batch[0].cmds
+	} else {
+		for _, req := range batch {
+			cmds = append(cmds, req.cmds...)
 		}
 	fill:
 		for len(cmds) < e.opts.MaxBatch {
@@ -198,18 +248,25 @@ func (e *Engine) commitLoop(ctx context.Context) {
 				break fill
 			}
 		}
-		results, err := e.commit(ctx, cmds)
-		offset := 0
-		for _, req := range batch {
-			if err != nil {
-				req.err = err
-			} else {
-				req.results = results[offset : offset+len(req.cmds) : offset+len(req.cmds)]
-			}
-			offset += len(req.cmds)
-			close(req.done)
+		if len(batch) == 1 {
+			cmds = batch[0].cmds
 		}
 	}
+	if len(batch) == 0 {
+		return batch
+	}
+	results, err := e.commit(e.ctx, cmds)
+	offset := 0
+	for _, req := range batch {
+		if err != nil {
+			req.err = err
+		} else {
+			req.results = results[offset : offset+len(req.cmds) : offset+len(req.cmds)]
+		}
+		offset += len(req.cmds)
+		close(req.done)
+	}
+	return batch
 }
 
 // commit runs one batch, retrying it whole while it loses races.

@@ -305,3 +305,32 @@ func TestConcurrentGatewaysNeverOversell(t *testing.T) {
 	}
 	auditClean(t, e)
 }
+
+// TestCloseWaitsForABatchACallerRuns: a caller that finds the engine idle
+// runs its batch on its own goroutine; Close waits for that batch, whose
+// caller gets its durable result, and later commands fail with ErrClosed.
+func TestCloseWaitsForABatchACallerRuns(t *testing.T) {
+	gated := &gatedStore{Store: memstore.New(), gate: make(chan struct{})}
+	e := New(gated, Options{DisableWorkers: true})
+	published := make(chan struct{})
+	go func() { publish(t, e, 1000, time.Minute, 0); close(published) }()
+	for gated.begins.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	closed := make(chan struct{})
+	go func() { e.Close(); close(closed) }()
+	select {
+	case <-closed:
+		t.Fatal("Close returned while a batch was still running")
+	case <-time.After(20 * time.Millisecond):
+	}
+	close(gated.gate)
+	<-published // publish fails the test unless its result is durable
+	<-closed
+	if _, err := e.Do(context.Background(), reserveCmd("rl-1", 1)); !errors.Is(err, ErrClosed) {
+		t.Fatalf("after Close: %v, want ErrClosed", err)
+	}
+	if p, err := gated.PolicyList(context.Background()); err != nil || len(p) != 1 {
+		t.Fatalf("the batch that ran during Close is not in the store: %v %v", p, err)
+	}
+}

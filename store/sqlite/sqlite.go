@@ -293,7 +293,8 @@ func (s *Store) Path() string { return s.path }
 func durationOf(ns int64) time.Duration { return time.Duration(ns) }
 
 // Begin waits for the write connection (or for ctx to end, returning its
-// error) and opens a BEGIN IMMEDIATE transaction. It returns
+// error) and opens a BEGIN IMMEDIATE transaction, which waits up to the
+// busy timeout for another process's write lock. It returns
 // store.ErrConflict if another process holds the file's write lock past the
 // busy timeout, store.ErrUnavailable after Close or on I/O errors. The Tx
 // holds the writer until its Commit or Rollback.
@@ -309,7 +310,12 @@ func (s *Store) Begin(ctx context.Context) (store.Tx, error) {
 	case <-ctx.Done():
 		return nil, fmt.Errorf("begin: %w", ctx.Err())
 	}
-	tx, err := s.writeDB.BeginTx(ctx, nil)
+	// Without ctx's cancellation: the driver would start a goroutine to
+	// watch it for BEGIN and again for COMMIT. The Tx checks ctx before
+	// every statement and before COMMIT instead, and rolls back when it
+	// ended; a wait for another process's lock is bounded by the busy
+	// timeout.
+	tx, err := s.writeDB.BeginTx(context.WithoutCancel(ctx), nil)
 	if err != nil {
 		<-s.writer
 		return nil, fmt.Errorf("begin: %w", translate(ctx, err))

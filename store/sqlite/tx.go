@@ -20,7 +20,7 @@ import (
 type Tx struct {
 	s   *Store
 	tx  *sql.Tx
-	ctx context.Context // Begin's: when it ends, database/sql rolls back
+	ctx context.Context // Begin's: once it ends, statements fail and Commit rolls back
 	// stmts caches the prepared statements bound to this transaction.
 	stmts [nWriteStmts]*sql.Stmt
 	// failed is the error of a Write that stopped part-way: SQLite keeps
