@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"path/filepath"
+	"reflect"
 	"testing"
+	"time"
 
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
@@ -159,5 +161,52 @@ func TestPrefetchAnswersUntilWrite(t *testing.T) {
 	}
 	if got, err := tx.ReservationGet(ctx, ids[1]); err != nil || got.ID != ids[1] {
 		t.Fatalf("after a write the prefetch must not answer: %+v %v", got, err)
+	}
+}
+
+// TestFreshReservationsRoundTrip: reservations written through the
+// statement for fresh ones (zero columns as literals, due_at from
+// expires_at) read back as written, mixed with others in one batch of
+// every chunk size, and are due when they expire.
+func TestFreshReservationsRoundTrip(t *testing.T) {
+	ctx := context.Background()
+	s := openTemp(t)
+	c := store.Changes{NewReservations: map[string]bool{}}
+	want := map[string]ledger.Reservation{}
+	for i := range 63 {
+		r := reservation(batchID(2, i))
+		r.Reserved = ledger.Amounts{int64(i + 1), 2}
+		r.AccountingEpoch = t0
+		r.CreatedAt = t0.Add(time.Duration(i) * time.Millisecond)
+		r.ExpiresAt = t0.Add(time.Minute + time.Duration(i)*time.Second)
+		if i%7 == 3 { // not fresh: started
+			r.State, r.OperationID, r.StartedAt = ledger.StateStarted, "op-"+r.ID, t0
+		}
+		c.Reservations = append(c.Reservations, r)
+		c.NewReservations[r.ID] = true
+		want[r.ID] = r
+	}
+	writeTx(t, s, &c)
+	for id, w := range want {
+		got, err := s.ReservationGet(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, w) {
+			t.Fatalf("%s:\n got %+v\nwant %+v", id, got, w)
+		}
+	}
+	due, err := s.ReservationsDue(ctx, t0.Add(time.Minute+9*time.Second), 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wantDue []string
+	for i := range 10 {
+		if i%7 != 3 {
+			wantDue = append(wantDue, batchID(2, i))
+		}
+	}
+	if !reflect.DeepEqual(due, wantDue) {
+		t.Fatalf("due: %v, want %v", due, wantDue)
 	}
 }

@@ -167,6 +167,22 @@ func appendReservationArgs(dst []any, r *ledger.Reservation, c *codec.Conv) []an
 		c.Nanos(r.StartedAt), c.Nanos(r.ExecutionDeadline), c.Nanos(r.FinishedAt), c.Bool(r.Breach), dueAt(r, c))
 }
 
+// fresh reports whether r is what a reserve inserts: RESERVED, with
+// nothing started, settled or overdrawn, so wFreshReservationRows can
+// write it.
+func fresh(r *ledger.Reservation) bool {
+	return r.State == ledger.StateReserved && r.Actual == (ledger.Amounts{}) && r.Overdraft == (ledger.Amounts{}) &&
+		r.OperationID == "" && r.StartedAt.IsZero() && r.ExecutionDeadline.IsZero() && r.FinishedAt.IsZero() && !r.Breach
+}
+
+// appendFreshReservationArgs appends the columns of freshColumns (due_at
+// of a RESERVED row is its expires_at, see dueAt).
+func appendFreshReservationArgs(dst []any, r *ledger.Reservation, c *codec.Conv) []any {
+	expires := c.Nanos(r.ExpiresAt)
+	return append(dst, r.ID, r.RequestDigest, r.Account.Subject, r.Account.Route, r.Account.Region, c.Int(r.Account.Generation),
+		c.Nanos(r.AccountingEpoch), codec.EncodeAmounts(&r.Reserved), c.Nanos(r.CreatedAt), expires, expires)
+}
+
 func scanReservation(sc scanner) (ledger.Reservation, error) {
 	var (
 		r                                                   ledger.Reservation

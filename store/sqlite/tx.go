@@ -358,19 +358,26 @@ func (tx *Tx) write(ctx context.Context, c *store.Changes) error {
 			return err
 		}
 	}
-	var inserts []*ledger.Reservation
+	var inserts, freshInserts []*ledger.Reservation
 	for i := range c.Reservations {
 		r := &c.Reservations[i]
 		if c.NewReservations[r.ID] {
-			inserts = append(inserts, r)
+			if fresh(r) {
+				freshInserts = append(freshInserts, r)
+			} else {
+				inserts = append(inserts, r)
+			}
 			continue
 		}
 		if err := tx.exec(ctx, wReservationPut, "reservation "+r.ID, &conv, reservationArgs(r, &conv)); err != nil {
 			return err
 		}
 	}
-	if err := insertRows(ctx, tx, &conv, inserts, wReservationInsertChunk, wReservationInsert, appendReservationArgs,
-		func(r *ledger.Reservation) string { return "insert reservation " + r.ID }); err != nil {
+	reservationName := func(r *ledger.Reservation) string { return "insert reservation " + r.ID }
+	if err := insertRows(ctx, tx, &conv, freshInserts, wFreshReservationRows, appendFreshReservationArgs, reservationName); err != nil {
+		return err
+	}
+	if err := insertRows(ctx, tx, &conv, inserts, wReservationRows, appendReservationArgs, reservationName); err != nil {
 		return err
 	}
 	for i := range c.Moves {
@@ -395,29 +402,30 @@ func (tx *Tx) write(ctx context.Context, c *store.Changes) error {
 	for i := range c.Journal {
 		entries[i] = &c.Journal[i]
 	}
-	return insertRows(ctx, tx, &conv, entries, wJournalInsertChunk, wJournalInsert, appendJournalArgs,
+	return insertRows(ctx, tx, &conv, entries, wJournalRows, appendJournalArgs,
 		func(e *ledger.JournalEntry) string { return "journal entry of " + e.Account.String() })
 }
 
-// insertRows inserts rows in order: full chunks of insertChunk through the
-// multi-row statement chunk, the rest through the one-row statement one.
-func insertRows[T any](ctx context.Context, tx *Tx, conv *codec.Conv, rows []*T, chunk, one int,
+// insertRows inserts rows in order through the multi-row statements
+// first..first+len(chunkSizes)-1: as many rows per statement as the
+// largest size that fits.
+func insertRows[T any](ctx context.Context, tx *Tx, conv *codec.Conv, rows []*T, first int,
 	appendArgs func([]any, *T, *codec.Conv) []any, name func(*T) string) error {
 	var args []any
-	for len(rows) >= insertChunk {
-		args = args[:0]
-		for _, r := range rows[:insertChunk] {
-			args = appendArgs(args, r, conv)
-		}
-		what := name(rows[0]) + fmt.Sprintf(" (and %d more)", insertChunk-1)
-		if err := tx.exec(ctx, chunk, what, conv, args); err != nil {
-			return err
-		}
-		rows = rows[insertChunk:]
-	}
-	for _, r := range rows {
-		if err := tx.exec(ctx, one, name(r), conv, appendArgs(nil, r, conv)); err != nil {
-			return err
+	for k, size := range chunkSizes {
+		for len(rows) >= size {
+			args = args[:0]
+			for _, r := range rows[:size] {
+				args = appendArgs(args, r, conv)
+			}
+			what := name(rows[0])
+			if size > 1 {
+				what += fmt.Sprintf(" (and %d more)", size-1)
+			}
+			if err := tx.exec(ctx, first+k, what, conv, args); err != nil {
+				return err
+			}
+			rows = rows[size:]
 		}
 	}
 	return nil
