@@ -46,18 +46,31 @@ type txBook struct {
 	journal      []ledger.JournalEntry
 }
 
-func newTxBook(ctx context.Context, tx store.Tx) *txBook {
+// newTxBook returns the book of a batch of the given number of commands. The maps a
+// reserve needs are sized for the batch; the others are made on first
+// write (a nil map reads as empty), so a batch pays for what it uses.
+func newTxBook(ctx context.Context, tx store.Tx, commands int) *txBook {
 	return &txBook{
 		ctx: ctx, tx: tx,
-		meta: map[string]int64{}, metaDirty: map[string]bool{},
-		policies: map[uint64]*ledger.Policy{}, policyDirty: map[uint64]bool{},
-		heads: map[ledger.PolicyKey]*ledger.PolicyHead{}, headDirty: map[ledger.PolicyKey]bool{},
-		accounts: map[ledger.AccountKey]*ledger.Account{}, accountDirty: map[ledger.AccountKey]bool{},
-		current: map[ledger.PolicyKey]uint64{}, currentKnown: map[ledger.PolicyKey]bool{}, currentDirty: map[ledger.PolicyKey]bool{},
-		reservations: map[string]*ledger.Reservation{}, resDirty: map[string]bool{}, resNew: map[string]bool{},
-		moves: map[string]*ledger.Move{}, moveNew: map[string]bool{},
-		shards: map[string]*ledger.Shard{}, shardDirty: map[string]bool{},
+		policies:     make(map[uint64]*ledger.Policy, 1),
+		heads:        make(map[ledger.PolicyKey]*ledger.PolicyHead, 2),
+		accounts:     make(map[ledger.AccountKey]*ledger.Account, 1),
+		accountDirty: make(map[ledger.AccountKey]bool, 1),
+		current:      make(map[ledger.PolicyKey]uint64, 1),
+		currentKnown: make(map[ledger.PolicyKey]bool, 1),
+		reservations: make(map[string]*ledger.Reservation, commands),
+		resDirty:     make(map[string]bool, commands),
+		resNew:       make(map[string]bool, commands),
+		journal:      make([]ledger.JournalEntry, 0, commands),
 	}
+}
+
+// set stores v under k in *m, making the map on first use.
+func set[K comparable, V any](m *map[K]V, k K, v V) {
+	if *m == nil {
+		*m = make(map[K]V)
+	}
+	(*m)[k] = v
 }
 
 // note records a read error; ErrNotFound is an answer, not an error.
@@ -73,13 +86,13 @@ func (b *txBook) Meta(name string) int64 {
 	}
 	v, err := b.tx.MetaGet(b.ctx, name)
 	b.note(err)
-	b.meta[name] = v
+	set(&b.meta, name, v)
 	return v
 }
 
 func (b *txBook) MetaPut(name string, value int64) {
-	b.meta[name] = value
-	b.metaDirty[name] = true
+	set(&b.meta, name, value)
+	set(&b.metaDirty, name, true)
 }
 
 func (b *txBook) Policy(generation uint64) (*ledger.Policy, bool) {
@@ -97,7 +110,7 @@ func (b *txBook) Policy(generation uint64) (*ledger.Policy, bool) {
 
 func (b *txBook) PolicyPut(p *ledger.Policy) {
 	b.policies[p.Generation] = p
-	b.policyDirty[p.Generation] = true
+	set(&b.policyDirty, p.Generation, true)
 }
 
 func (b *txBook) PolicyHead(key ledger.PolicyKey) (*ledger.PolicyHead, bool) {
@@ -115,7 +128,7 @@ func (b *txBook) PolicyHead(key ledger.PolicyKey) (*ledger.PolicyHead, bool) {
 
 func (b *txBook) PolicyHeadPut(h *ledger.PolicyHead) {
 	b.heads[h.Key] = h
-	b.headDirty[h.Key] = true
+	set(&b.headDirty, h.Key, true)
 }
 
 func (b *txBook) Account(key ledger.AccountKey) (*ledger.Account, bool) {
@@ -154,7 +167,7 @@ func (b *txBook) AccountCurrent(subject ledger.PolicyKey) (uint64, bool) {
 func (b *txBook) AccountCurrentPut(subject ledger.PolicyKey, generation uint64) {
 	b.currentKnown[subject] = true
 	b.current[subject] = generation
-	b.currentDirty[subject] = true
+	set(&b.currentDirty, subject, true)
 }
 
 func (b *txBook) Reservation(id string) (*ledger.Reservation, bool) {
@@ -187,13 +200,13 @@ func (b *txBook) Move(receiptID string) (*ledger.Move, bool) {
 	if err != nil {
 		m = nil
 	}
-	b.moves[receiptID] = m
+	set(&b.moves, receiptID, m)
 	return m, m != nil
 }
 
 func (b *txBook) MovePut(m *ledger.Move) {
-	b.moves[m.ReceiptID] = m
-	b.moveNew[m.ReceiptID] = true
+	set(&b.moves, m.ReceiptID, m)
+	set(&b.moveNew, m.ReceiptID, true)
 }
 
 func (b *txBook) Shard(id string) (*ledger.Shard, bool) {
@@ -205,13 +218,13 @@ func (b *txBook) Shard(id string) (*ledger.Shard, bool) {
 	if err != nil {
 		s = nil
 	}
-	b.shards[id] = s
+	set(&b.shards, id, s)
 	return s, s != nil
 }
 
 func (b *txBook) ShardPut(s *ledger.Shard) {
-	b.shards[s.ID] = s
-	b.shardDirty[s.ID] = true
+	set(&b.shards, s.ID, s)
+	set(&b.shardDirty, s.ID, true)
 }
 
 func (b *txBook) StatementPut(s ledger.Statement) { b.statements = append(b.statements, s) }
@@ -242,6 +255,7 @@ func (b *txBook) changes() *store.Changes {
 	}
 	if len(b.resDirty) > 0 {
 		c.NewReservations = make(map[string]bool, len(b.resNew))
+		c.Reservations = make([]ledger.Reservation, 0, len(b.resDirty))
 		for _, id := range slices.Sorted(maps.Keys(b.resDirty)) {
 			c.Reservations = append(c.Reservations, *b.reservations[id])
 			if b.resNew[id] {

@@ -53,7 +53,7 @@ func (c *Core) Commit(ctx context.Context, cmds []ledger.Command, now time.Time)
 			return nil, fmt.Errorf("prefetch: %w", err)
 		}
 	}
-	book := newTxBook(ctx, tx)
+	book := newTxBook(ctx, tx, len(cmds))
 	results := make([]ledger.Result, len(cmds))
 	for i := range cmds {
 		results[i] = ledger.Apply(book, &cmds[i], now)
