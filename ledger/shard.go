@@ -394,7 +394,10 @@ func ReconcileShard(b Book, args *ShardArgs, now time.Time) Result {
 			b.MetaPut(metaShardPending(s.ID, r.ReservationID), pendingResolved)
 		}
 	}
-	move := remintShard(b, s, reminted, charged, now)
+	move, err := remintShard(b, s, reminted, charged, now)
+	if err != nil {
+		return Result{Err: err}
+	}
 	b.ShardPut(s)
 	return Result{Shard: cloneShard(s), Move: move, Generation: s.Account.Generation}
 }
@@ -433,9 +436,14 @@ func checkReceipts(receipts []ShardReceipt) error {
 // of the active generation; when nothing admits for the subject (every
 // generation rolled back) it is the account that holds the subject's
 // capacity now, from where a drain forwards it later.
-func remintShard(b Book, s *Shard, units, debt Amounts, now time.Time) *Move {
+//
+// It returns ErrAccountNotFound or ErrPolicyNotFound only when the book
+// could not read a row that was written with the shard: a store read error,
+// after which the book's owner discards the whole batch (see Book), so the
+// changes already made to s never persist.
+func remintShard(b Book, s *Shard, units, debt Amounts, now time.Time) (*Move, error) {
 	if units == (Amounts{}) && debt == (Amounts{}) {
-		return nil
+		return nil, nil
 	}
 	subject := s.Account.SubjectKey()
 	var to *Account
@@ -453,15 +461,13 @@ func remintShard(b Book, s *Shard, units, debt Amounts, now time.Time) *Move {
 		}
 		a, p, err := accountFor(b, key)
 		if err != nil {
-			// The shard's own account and policy always exist: they were
-			// written with the shard.
-			panic(fmt.Sprintf("remint shard %s: %v", s.ID, err))
+			return nil, fmt.Errorf("remint shard %s: %w", s.ID, err)
 		}
 		to, toPolicy = a, p
 	}
 	fromPolicy, ok := b.Policy(s.Account.Generation)
 	if !ok {
-		panic(fmt.Sprintf("remint shard %s: policy generation %d is missing", s.ID, s.Account.Generation))
+		return nil, fmt.Errorf("remint shard %s: %w: generation %d", s.ID, ErrPolicyNotFound, s.Account.Generation)
 	}
 	n := b.Meta(metaShardMoves(s.ID)) + 1
 	b.MetaPut(metaShardMoves(s.ID), n)
@@ -505,7 +511,7 @@ func remintShard(b Book, s *Shard, units, debt Amounts, now time.Time) *Move {
 	journal(b, to, &before, KindShardReconcile, "", 0, 0, move.ReceiptID, now)
 	b.AccountPut(to)
 	b.MovePut(&move)
-	return &move
+	return &move, nil
 }
 
 // refuseShard counts a refused reconciliation submission, in total and

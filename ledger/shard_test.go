@@ -498,3 +498,44 @@ func TestShardRemintFillsUpToTheBurst(t *testing.T) {
 		t.Fatalf("after reconciliation, 100 fit under the burst and 200 overflow: %+v", bal)
 	}
 }
+
+// blindBook answers every account and policy read as absent once blind is
+// set, as a store-backed book does after a read error.
+type blindBook struct {
+	*ledger.Memory
+	blind bool
+}
+
+func (b *blindBook) Account(k ledger.AccountKey) (*ledger.Account, bool) {
+	if b.blind {
+		return nil, false
+	}
+	return b.Memory.Account(k)
+}
+
+func (b *blindBook) Policy(g uint64) (*ledger.Policy, bool) {
+	if b.blind {
+		return nil, false
+	}
+	return b.Memory.Policy(g)
+}
+
+// A read failure during reconciliation is an error answer for the batch's
+// owner to discard, never a panic that takes the server down.
+func TestShardReconcileWithUnreadableRowsDoesNotPanic(t *testing.T) {
+	b := &blindBook{Memory: ledger.NewMemory()}
+	now := time.Date(2026, 7, 19, 14, 0, 0, 0, time.UTC)
+	if res := ledger.PublishPolicy(b, emergencyPolicy(), now); res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	issue := issueCmd("sh-1", "gw-a", 1, 100)
+	if res := ledger.Apply(b, &issue, now); res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	b.blind = true
+	reconcile := reconcileCmd("sh-1", "gw-a", []ledger.ShardReceipt{{ReservationID: "a", State: ledger.StateReleased, Reserved: ledger.Amounts{10}}})
+	res := ledger.Apply(b, &reconcile, now)
+	if !errors.Is(res.Err, ledger.ErrAccountNotFound) && !errors.Is(res.Err, ledger.ErrPolicyNotFound) {
+		t.Fatalf("reconcile over unreadable rows: %+v", res)
+	}
+}
