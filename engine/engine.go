@@ -21,7 +21,7 @@ type Options struct {
 	Clock func() time.Time
 	// WorkerInterval is how often expiry and unknown-usage marking run
 	// (default 250ms); EpochInterval how often idle accounts' epochs are
-	// closed (default 1 minute). Workers are off when DisableWorkers is set.
+	// closed and superseded generations drained (default 1 minute). Workers are off when DisableWorkers is set.
 	WorkerInterval time.Duration
 	EpochInterval  time.Duration
 	DisableWorkers bool
@@ -343,6 +343,9 @@ func (e *Engine) runDue(ctx context.Context) {
 	e.runWorkerCommands(ctx, cmds)
 }
 
+// runEpochs closes idle accounts' epochs and drains what superseded or
+// rolled-back generations still hold into the subjects' current accounts,
+// so a rollback reaches zero without waiting for new traffic.
 func (e *Engine) runEpochs(ctx context.Context) {
 	cmds, err := e.core.EpochsDue(ctx, e.opts.Clock())
 	if err != nil {
@@ -350,6 +353,12 @@ func (e *Engine) runEpochs(ctx context.Context) {
 		return
 	}
 	e.runWorkerCommands(ctx, cmds)
+	drains, err := e.core.DrainsDue(ctx)
+	if err != nil {
+		e.log.Warn("drain worker", "err", err)
+		return
+	}
+	e.runWorkerCommands(ctx, drains)
 }
 
 func (e *Engine) runWorkerCommands(ctx context.Context, cmds []ledger.Command) {
