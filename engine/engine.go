@@ -21,7 +21,8 @@ type Options struct {
 	Clock func() time.Time
 	// WorkerInterval is how often expiry and unknown-usage marking run
 	// (default 250ms); EpochInterval how often idle accounts' epochs are
-	// closed and superseded generations drained (default 1 minute). Workers are off when DisableWorkers is set.
+	// closed and superseded generations drained (default 1 minute).
+	// Workers are off when DisableWorkers is set.
 	WorkerInterval time.Duration
 	EpochInterval  time.Duration
 	DisableWorkers bool

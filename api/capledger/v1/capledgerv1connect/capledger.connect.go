@@ -136,8 +136,9 @@ type LedgerServiceClient interface {
 	// reservations follow. If it was the active generation, the newest
 	// earlier generation of the same key that was not rolled back becomes
 	// active again (or none, and the route's "*" policy applies if there is
-	// one). No worker drains capacity that a full destination left behind on
-	// a rolled-back account; it is never admitted there. Role: admin.
+	// one). The server's epoch worker drains what is left once a minute,
+	// as far as the destination's burst has room; the rest waits on the
+	// rolled-back account, never admitted there. Role: admin.
 	// Errors: NOT_FOUND (POLICY_NOT_FOUND).
 	RollbackPolicy(context.Context, *connect.Request[v1.RollbackPolicyRequest]) (*connect.Response[v1.RollbackPolicyResponse], error)
 	// Reserve is the sole admission point: it moves the estimate from
@@ -416,8 +417,9 @@ type LedgerServiceHandler interface {
 	// reservations follow. If it was the active generation, the newest
 	// earlier generation of the same key that was not rolled back becomes
 	// active again (or none, and the route's "*" policy applies if there is
-	// one). No worker drains capacity that a full destination left behind on
-	// a rolled-back account; it is never admitted there. Role: admin.
+	// one). The server's epoch worker drains what is left once a minute,
+	// as far as the destination's burst has room; the rest waits on the
+	// rolled-back account, never admitted there. Role: admin.
 	// Errors: NOT_FOUND (POLICY_NOT_FOUND).
 	RollbackPolicy(context.Context, *connect.Request[v1.RollbackPolicyRequest]) (*connect.Response[v1.RollbackPolicyResponse], error)
 	// Reserve is the sole admission point: it moves the estimate from
