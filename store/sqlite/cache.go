@@ -32,8 +32,7 @@ type cached[T any] struct{ row *T }
 type rowCache struct {
 	mu          sync.Mutex
 	dataVersion int64
-	conns       uint64 // the write connection dataVersion was read on
-	known       bool   // dataVersion was read at least once
+	known       bool // dataVersion was read at least once
 	meta        map[string]cached[int64]
 	policies    map[uint64]cached[ledger.Policy]
 	heads       map[ledger.PolicyKey]cached[ledger.PolicyHead]
@@ -62,13 +61,14 @@ func (c *rowCache) resetLocked() {
 }
 
 // sync empties the cache unless version is the data_version it was filled
-// under, read on the same write connection (conns is how many were opened).
-func (c *rowCache) sync(conns uint64, version int64) {
+// under (always read on the store's one write connection: the value is
+// only comparable on one connection).
+func (c *rowCache) sync(version int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.known || c.dataVersion != version || c.conns != conns {
+	if !c.known || c.dataVersion != version {
 		c.resetLocked()
-		c.dataVersion, c.conns, c.known = version, conns, true
+		c.dataVersion, c.known = version, true
 	}
 }
 

@@ -23,7 +23,6 @@ package sqlite
 import (
 	"context"
 	"database/sql"
-	"database/sql/driver"
 	"embed"
 	"errors"
 	"fmt"
@@ -73,36 +72,16 @@ func WithReadConns(n int) Option { return func(c *config) { c.readConns = n } }
 
 // Store is a SQLite store.Store.
 type Store struct {
-	path    string
-	writeDB *sql.DB // exactly one connection: the writer
-	readDB  *sql.DB // read-only connections for the Store's read methods
-	w       writeStmts
-	r       readStmts
-	closed  atomic.Bool
+	path   string
+	w      *writer // the one write connection, driver level (writer.go)
+	readDB *sql.DB // read-only connections for the Store's read methods
+	r      readStmts
+	closed atomic.Bool
 	// writer is held by the one open Tx, from Begin until its Commit or
-	// Rollback has finished with the row cache.
+	// Rollback has finished with the row cache, and by Close.
 	writer chan struct{}
-	// writeConns counts the write connections opened: the row cache's
-	// data_version is only comparable on the connection it was read on.
-	writeConns atomic.Uint64
-	cache      *rowCache
+	cache  *rowCache
 }
-
-// countingConnector counts the connections database/sql opens.
-type countingConnector struct {
-	driver.Connector
-	opened *atomic.Uint64
-}
-
-func (c countingConnector) Connect(ctx context.Context) (driver.Conn, error) {
-	conn, err := c.Connector.Connect(ctx)
-	if err == nil {
-		c.opened.Add(1)
-	}
-	return conn, err
-}
-
-var _ store.Store = (*Store)(nil)
 
 // Open opens (creating if needed) the database file at path, applies the
 // missing schema migrations and returns the store. It returns an error
@@ -131,19 +110,24 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 	pragmas.Add("_pragma", "synchronous(FULL)")
 	pragmas.Add("_pragma", "foreign_keys(ON)")
 	s := &Store{path: path, writer: make(chan struct{}, 1), cache: newRowCache()}
-	// _txlock=immediate: database/sql's BeginTx issues BEGIN IMMEDIATE.
-	connector, err := sqlite.NewConnector(path + "?" + pragmas.Encode() + "&_txlock=immediate")
+	connector, err := sqlite.NewConnector(path + "?" + pragmas.Encode())
 	if err != nil {
 		return nil, fmt.Errorf("open sqlite %s: %w", path, err)
 	}
-	s.writeDB = sql.OpenDB(countingConnector{Connector: connector, opened: &s.writeConns})
-	s.writeDB.SetMaxOpenConns(1)
-	s.writeDB.SetMaxIdleConns(1)
-	s.writeDB.SetConnMaxLifetime(0)
-	s.writeDB.SetConnMaxIdleTime(0)
-	if err := s.setup(ctx); err != nil {
-		s.writeDB.Close()
+	// Setup (checks and migrations) runs through database/sql on a
+	// connection of its own, closed before the writer opens: one write
+	// connection at a time.
+	setupDB := sql.OpenDB(connector)
+	setupDB.SetMaxOpenConns(1)
+	err = setup(ctx, setupDB)
+	if closeErr := setupDB.Close(); err == nil {
+		err = closeErr
+	}
+	if err != nil {
 		return nil, fmt.Errorf("open sqlite %s: %w", path, err)
+	}
+	if s.w, err = openWriter(ctx, connector); err != nil {
+		return nil, fmt.Errorf("open sqlite %s: %w", path, translate(ctx, err))
 	}
 	pragmas.Add("_pragma", "query_only(1)")
 	s.readDB, err = sql.Open("sqlite", path+"?"+pragmas.Encode())
@@ -159,27 +143,24 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 	return s, nil
 }
 
-// setup checks the writer's pragmas took effect, migrates, and prepares
-// the write statements.
-func (s *Store) setup(ctx context.Context) error {
+// setup checks the pragmas took effect on a write connection and
+// migrates.
+func setup(ctx context.Context, db *sql.DB) error {
 	var mode string
-	if err := s.writeDB.QueryRowContext(ctx, "PRAGMA journal_mode").Scan(&mode); err != nil {
+	if err := db.QueryRowContext(ctx, "PRAGMA journal_mode").Scan(&mode); err != nil {
 		return translate(ctx, err)
 	}
 	if !strings.EqualFold(mode, "wal") {
 		return fmt.Errorf("journal_mode is %q, not WAL (does the filesystem support shared memory?)", mode)
 	}
 	var sync int
-	if err := s.writeDB.QueryRowContext(ctx, "PRAGMA synchronous").Scan(&sync); err != nil {
+	if err := db.QueryRowContext(ctx, "PRAGMA synchronous").Scan(&sync); err != nil {
 		return translate(ctx, err)
 	}
 	if sync != 2 {
 		return fmt.Errorf("synchronous is %d, not FULL (2)", sync)
 	}
-	if err := migrate(ctx, s.writeDB); err != nil {
-		return err
-	}
-	return s.w.prepare(ctx, s.writeDB)
+	return migrate(ctx, db)
 }
 
 type migration struct {
@@ -270,20 +251,30 @@ func migrate(ctx context.Context, db *sql.DB) error {
 
 var errClosed = fmt.Errorf("%w: sqlite store closed", store.ErrUnavailable)
 
-// Close closes both connection pools and returns the first error. An open
-// transaction is rolled back by SQLite. Later calls return
-// store.ErrUnavailable.
+// Close closes the write connection and the read pool and returns the
+// first error. An open transaction is rolled back: its connection closes
+// when it ends, and its Commit fails with store.ErrUnavailable. Later calls
+// return store.ErrUnavailable.
 func (s *Store) Close() error {
 	if s.closed.Swap(true) {
 		return nil
 	}
-	s.r.close()
-	s.w.close()
 	var errs []error
 	if s.readDB != nil {
+		s.r.close()
 		errs = append(errs, s.readDB.Close())
 	}
-	errs = append(errs, s.writeDB.Close())
+	if s.w != nil {
+		select {
+		case s.writer <- struct{}{}:
+			errs = append(errs, s.w.close())
+			<-s.writer
+		default:
+			// A Tx holds the writer and may be running a statement:
+			// closing the connection under it would free memory the
+			// statement still uses. The Tx closes it when it ends.
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -310,19 +301,19 @@ func (s *Store) Begin(ctx context.Context) (store.Tx, error) {
 	case <-ctx.Done():
 		return nil, fmt.Errorf("begin: %w", ctx.Err())
 	}
-	// Without ctx's cancellation: the driver would start a goroutine to
-	// watch it for BEGIN and again for COMMIT. The Tx checks ctx before
-	// every statement and before COMMIT instead, and rolls back when it
-	// ended; a wait for another process's lock is bounded by the busy
-	// timeout.
-	tx, err := s.writeDB.BeginTx(context.WithoutCancel(ctx), nil)
-	if err != nil {
+	if s.closed.Load() {
+		<-s.writer
+		return nil, errClosed
+	}
+	// Statements run without ctx's cancellation (see stmtCtx); BEGIN
+	// IMMEDIATE waits up to the busy timeout for another process's lock.
+	t := &Tx{s: s, w: s.w, ctx: ctx}
+	if err := s.w.exec(stmtCtx(ctx), s.w.begin, nil); err != nil {
 		<-s.writer
 		return nil, fmt.Errorf("begin: %w", translate(ctx, err))
 	}
-	t := &Tx{s: s, tx: tx, ctx: ctx}
 	if err := t.syncCache(ctx); err != nil {
-		tx.Rollback()
+		t.rollback(ctx)
 		<-s.writer
 		return nil, fmt.Errorf("begin: %w", err)
 	}

@@ -146,29 +146,6 @@ func params(n int) string {
 	return strings.TrimSuffix(strings.Repeat("?, ", n), ", ")
 }
 
-type writeStmts struct {
-	stmts [nWriteStmts]*sql.Stmt
-}
-
-func (w *writeStmts) prepare(ctx context.Context, db *sql.DB) error {
-	for i, q := range writeSQL {
-		st, err := db.PrepareContext(ctx, q)
-		if err != nil {
-			return fmt.Errorf("prepare %q: %w", q, err)
-		}
-		w.stmts[i] = st
-	}
-	return nil
-}
-
-func (w *writeStmts) close() {
-	for _, st := range w.stmts {
-		if st != nil {
-			st.Close()
-		}
-	}
-}
-
 // readStmts are the Store's read methods, prepared on the read pool.
 type readStmts struct {
 	reservation, account, accountsOf, accountsAll, policy, policies, shard, shards, due *sql.Stmt

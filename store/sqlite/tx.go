@@ -2,7 +2,6 @@ package sqlite
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"maps"
@@ -19,10 +18,8 @@ import (
 // it is a no-op after Commit.
 type Tx struct {
 	s   *Store
-	tx  *sql.Tx
+	w   *writer
 	ctx context.Context // Begin's: once it ends, statements fail and Commit rolls back
-	// stmts caches the prepared statements bound to this transaction.
-	stmts [nWriteStmts]*sql.Stmt
 	// failed is the error of a Write that stopped part-way: SQLite keeps
 	// the statements that succeeded, so Commit must refuse.
 	failed error
@@ -38,48 +35,39 @@ type Tx struct {
 
 var _ store.Tx = (*Tx)(nil)
 
-func (tx *Tx) stmt(ctx context.Context, i int) *sql.Stmt {
-	if tx.stmts[i] == nil {
-		tx.stmts[i] = tx.tx.StmtContext(ctx, tx.s.w.stmts[i])
-	}
-	return tx.stmts[i]
-}
-
 // stmtCtx is the context statements run under: ctx without its
 // cancellation. The driver starts a goroutine per statement to watch a
 // cancellable context, which cost more than the statement on this path;
-// check honours ctx before every statement instead, the busy timeout bounds
-// a wait for another process's lock, and the Begin context still rolls the
-// transaction back when it ends.
+// check honours ctx and the Begin context before every statement instead,
+// and the busy timeout bounds a wait for another process's lock.
 func stmtCtx(ctx context.Context) context.Context { return context.WithoutCancel(ctx) }
 
 // syncCache reads PRAGMA data_version inside the new transaction and
 // empties the row cache when another connection committed since the cache
-// was filled (or the write connection was reopened).
+// was filled.
 func (tx *Tx) syncCache(ctx context.Context) error {
-	conns := tx.s.writeConns.Load()
-	var version int64
-	if err := tx.stmt(ctx, wDataVersion).QueryRowContext(stmtCtx(ctx)).Scan(&version); err != nil {
+	version, err := queryOneRow(stmtCtx(ctx), tx.w, tx.w.stmts[wDataVersion], nil, scanInt)
+	if err != nil {
 		return fmt.Errorf("data version: %w", tx.err(ctx, err))
 	}
-	tx.s.cache.sync(conns, version)
+	tx.s.cache.sync(version)
 	return nil
 }
 
-// end releases the writer; every way a Tx ends calls it once.
+// end releases the writer; every way a Tx ends calls it once. After Close
+// it closes the write connection, which Close left to it.
 func (tx *Tx) end() {
 	tx.done = true
+	if tx.s.closed.Load() {
+		tx.w.close()
+	}
 	<-tx.s.writer
 }
 
-// err translates a driver error, preferring the Begin context's end (which
-// made database/sql roll the transaction back) as the cause.
+// err translates a driver error.
 func (tx *Tx) err(ctx context.Context, err error) error {
 	if err == nil {
 		return nil
-	}
-	if tx.ctx.Err() != nil && (errors.Is(err, sql.ErrTxDone) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
-		return fmt.Errorf("transaction context: %w", tx.ctx.Err())
 	}
 	if tx.s.closed.Load() {
 		return errClosed
@@ -104,7 +92,7 @@ func getOne[T any](ctx context.Context, tx *Tx, i int, scan func(scanner) (T, er
 	if err := tx.check(ctx); err != nil {
 		return nil, err
 	}
-	v, err := scan(tx.stmt(ctx, i).QueryRowContext(stmtCtx(ctx), args...))
+	v, err := queryOneRow(stmtCtx(ctx), tx.w, tx.w.stmts[i], args, scan)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", what, tx.err(ctx, err))
 	}
@@ -254,20 +242,14 @@ func (tx *Tx) ReservationsPrefetch(ctx context.Context, ids []string) error {
 			// duplicates.
 			args[i] = chunk[min(i, len(chunk)-1)]
 		}
-		rows, err := tx.stmt(ctx, stmt).QueryContext(stmtCtx(ctx), args[:n]...)
-		if err != nil {
-			return fmt.Errorf("prefetch reservations: %w", tx.err(ctx, err))
-		}
-		for rows.Next() {
-			r, err := scanReservation(rows)
+		err := tx.w.query(stmtCtx(ctx), tx.w.stmts[stmt], args[:n], func(sc scanner) error {
+			r, err := scanReservation(sc)
 			if err != nil {
-				rows.Close()
-				return fmt.Errorf("prefetch reservations: %w", tx.err(ctx, err))
+				return err
 			}
 			found[r.ID] = &r
-		}
-		err = rows.Err()
-		rows.Close()
+			return nil
+		})
 		if err != nil {
 			return fmt.Errorf("prefetch reservations: %w", tx.err(ctx, err))
 		}
@@ -319,7 +301,7 @@ func (tx *Tx) exec(ctx context.Context, i int, what string, conv *codec.Conv, ar
 	if err := conv.Err(); err != nil {
 		return fmt.Errorf("%s: %w", what, err)
 	}
-	if _, err := tx.stmt(ctx, i).ExecContext(stmtCtx(ctx), args...); err != nil {
+	if err := tx.w.exec(stmtCtx(ctx), tx.w.stmts[i], args); err != nil {
 		return fmt.Errorf("%s: %w", what, tx.err(ctx, err))
 	}
 	return nil
@@ -445,32 +427,39 @@ func (tx *Tx) Commit(ctx context.Context) error {
 	}
 	defer tx.end()
 	if err := tx.failed; err != nil {
-		tx.tx.Rollback()
+		tx.rollback(ctx)
 		return fmt.Errorf("commit after a failed write: %w", err)
 	}
 	if tx.s.closed.Load() {
-		// database/sql's Close leaves a connection in use open; a store
-		// that was closed must not accept more writes through it.
-		tx.tx.Rollback()
+		tx.rollback(ctx)
 		return fmt.Errorf("commit: %w", errClosed)
 	}
 	if err := tx.ctx.Err(); err != nil {
-		tx.tx.Rollback()
+		tx.rollback(ctx)
 		return fmt.Errorf("commit: transaction context: %w", err)
 	}
 	if err := ctx.Err(); err != nil {
-		tx.tx.Rollback()
+		tx.rollback(ctx)
 		return fmt.Errorf("commit: %w", err)
 	}
-	if err := tx.tx.Commit(); err != nil {
+	if err := tx.w.exec(stmtCtx(ctx), tx.w.commit, nil); err != nil {
 		// The outcome may be unknown: the cache reads everything again.
+		// A COMMIT that failed may leave the transaction open (SQLITE_BUSY
+		// does): end it, or the next BEGIN would fail.
 		tx.s.cache.invalidate()
+		tx.rollback(ctx)
 		return fmt.Errorf("commit: %w", tx.err(ctx, err))
 	}
 	for _, c := range tx.written {
 		tx.s.cache.committed(c)
 	}
 	return nil
+}
+
+// rollback ends the transaction without its writes and returns the
+// driver's error, if any (none when SQLite had ended it already).
+func (tx *Tx) rollback(ctx context.Context) error {
+	return tx.w.exec(stmtCtx(ctx), tx.w.rollback, nil)
 }
 
 // Rollback discards the transaction and returns nil; after Commit or a
@@ -480,7 +469,8 @@ func (tx *Tx) Rollback(ctx context.Context) error {
 		return nil
 	}
 	defer tx.end()
-	if err := tx.tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
+	// The connection stays open until end: Close waits for the writer.
+	if err := tx.rollback(ctx); err != nil {
 		return fmt.Errorf("rollback: %w", tx.err(ctx, err))
 	}
 	return nil
