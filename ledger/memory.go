@@ -20,6 +20,17 @@ type Memory struct {
 	// Journal holds every entry unless DiscardJournal is set (benchmarks).
 	Journal        []JournalEntry
 	DiscardJournal bool
+
+	// The rows most recently read or written, so that the lookups of one
+	// command and of the next on the same hot account compare a key instead
+	// of hashing it. Each points at the row stored in its map.
+	lastAccount     *Account
+	lastHead        *PolicyHead
+	lastPolicy      *Policy
+	lastReservation *Reservation
+	lastCurrentKey  PolicyKey
+	lastCurrentGen  uint64
+	lastCurrentOK   bool
 }
 
 // NewMemory returns an empty in-memory book.
@@ -39,27 +50,91 @@ func NewMemory() *Memory {
 func (m *Memory) Meta(name string) int64           { return m.meta[name] }
 func (m *Memory) MetaPut(name string, value int64) { m.meta[name] = value }
 
-func (m *Memory) Policy(g uint64) (*Policy, bool) { p, ok := m.policies[g]; return p, ok }
-func (m *Memory) PolicyPut(p *Policy)             { m.policies[p.Generation] = p }
+func (m *Memory) Policy(g uint64) (*Policy, bool) {
+	if p := m.lastPolicy; p != nil && p.Generation == g {
+		return p, true
+	}
+	p, ok := m.policies[g]
+	if ok {
+		m.lastPolicy = p
+	}
+	return p, ok
+}
+
+func (m *Memory) PolicyPut(p *Policy) {
+	m.policies[p.Generation] = p
+	m.lastPolicy = p
+}
+
 func (m *Memory) PolicyHead(k PolicyKey) (*PolicyHead, bool) {
+	if h := m.lastHead; h != nil && h.Key == k {
+		return h, true
+	}
 	h, ok := m.heads[k]
+	if ok {
+		m.lastHead = h
+	}
 	return h, ok
 }
-func (m *Memory) PolicyHeadPut(h *PolicyHead) { m.heads[h.Key] = h }
 
-func (m *Memory) Account(k AccountKey) (*Account, bool) { a, ok := m.accounts[k]; return a, ok }
-func (m *Memory) AccountPut(a *Account)                 { m.accounts[a.Key] = a }
+func (m *Memory) PolicyHeadPut(h *PolicyHead) {
+	m.heads[h.Key] = h
+	m.lastHead = h
+}
+
+func (m *Memory) Account(k AccountKey) (*Account, bool) {
+	if a := m.lastAccount; a != nil && a.Key == k {
+		return a, true
+	}
+	a, ok := m.accounts[k]
+	if ok {
+		m.lastAccount = a
+	}
+	return a, ok
+}
+
+func (m *Memory) AccountPut(a *Account) {
+	if m.lastAccount == a {
+		return // the row read from (or put in) the map: already stored
+	}
+	m.accounts[a.Key] = a
+	m.lastAccount = a
+}
+
 func (m *Memory) AccountCurrent(k PolicyKey) (uint64, bool) {
+	if m.lastCurrentOK && m.lastCurrentKey == k {
+		return m.lastCurrentGen, true
+	}
 	g, ok := m.current[k]
+	if ok {
+		m.lastCurrentKey, m.lastCurrentGen, m.lastCurrentOK = k, g, true
+	}
 	return g, ok
 }
-func (m *Memory) AccountCurrentPut(k PolicyKey, g uint64) { m.current[k] = g }
+
+func (m *Memory) AccountCurrentPut(k PolicyKey, g uint64) {
+	m.current[k] = g
+	m.lastCurrentKey, m.lastCurrentGen, m.lastCurrentOK = k, g, true
+}
 
 func (m *Memory) Reservation(id string) (*Reservation, bool) {
+	if r := m.lastReservation; r != nil && r.ID == id {
+		return r, true
+	}
 	r, ok := m.reservations[id]
+	if ok {
+		m.lastReservation = r
+	}
 	return r, ok
 }
-func (m *Memory) ReservationPut(r *Reservation) { m.reservations[r.ID] = r }
+
+func (m *Memory) ReservationPut(r *Reservation) {
+	if m.lastReservation == r {
+		return
+	}
+	m.reservations[r.ID] = r
+	m.lastReservation = r
+}
 
 func (m *Memory) Move(id string) (*Move, bool) { mv, ok := m.moves[id]; return mv, ok }
 func (m *Memory) MovePut(mv *Move)             { m.moves[mv.ReceiptID] = mv }
