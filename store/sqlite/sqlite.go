@@ -81,6 +81,10 @@ type Store struct {
 	// Rollback has finished with the row cache, and by Close.
 	writer chan struct{}
 	cache  *rowCache
+	// commits counts the write transactions committed, for the
+	// checkpointer.
+	commits      atomic.Uint64
+	checkpointer *checkpointer
 }
 
 // Open opens (creating if needed) the database file at path, applies the
@@ -109,6 +113,7 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 	pragmas.Add("_pragma", "journal_mode(WAL)")
 	pragmas.Add("_pragma", "synchronous(FULL)")
 	pragmas.Add("_pragma", "foreign_keys(ON)")
+	pragmas.Add("_pragma", fmt.Sprintf("wal_autocheckpoint(%d)", autocheckpointBackstop))
 	s := &Store{path: path, writer: make(chan struct{}, 1), cache: newRowCache()}
 	connector, err := sqlite.NewConnector(path + "?" + pragmas.Encode())
 	if err != nil {
@@ -129,6 +134,7 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 	if s.w, err = openWriter(ctx, connector); err != nil {
 		return nil, fmt.Errorf("open sqlite %s: %w", path, translate(ctx, err))
 	}
+	s.checkpointer = startCheckpointer(sql.OpenDB(connector), &s.commits)
 	pragmas.Add("_pragma", "query_only(1)")
 	s.readDB, err = sql.Open("sqlite", path+"?"+pragmas.Encode())
 	if err == nil {
@@ -260,6 +266,9 @@ func (s *Store) Close() error {
 		return nil
 	}
 	var errs []error
+	if s.checkpointer != nil {
+		errs = append(errs, s.checkpointer.close())
+	}
 	if s.readDB != nil {
 		s.r.close()
 		errs = append(errs, s.readDB.Close())

@@ -450,6 +450,7 @@ func (tx *Tx) Commit(ctx context.Context) error {
 		tx.rollback(ctx)
 		return fmt.Errorf("commit: %w", tx.err(ctx, err))
 	}
+	tx.s.commits.Add(1)
 	for _, c := range tx.written {
 		tx.s.cache.committed(c)
 	}
