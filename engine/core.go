@@ -53,15 +53,15 @@ func (c *Core) Commit(ctx context.Context, cmds []ledger.Command, now time.Time)
 			return nil, fmt.Errorf("prefetch: %w", err)
 		}
 	}
-	book := newTxBook(ctx, tx, len(cmds))
+	book := store.NewBook(ctx, tx, len(cmds))
 	results := make([]ledger.Result, len(cmds))
 	for i := range cmds {
 		results[i] = ledger.Apply(book, &cmds[i], now)
-		if book.err != nil {
-			return nil, fmt.Errorf("read: %w", book.err)
+		if err := book.Err(); err != nil {
+			return nil, fmt.Errorf("read: %w", err)
 		}
 	}
-	changes := book.changes()
+	changes := book.Changes()
 	if changes.Empty() {
 		return results, nil
 	}

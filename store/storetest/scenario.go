@@ -13,7 +13,7 @@ import (
 )
 
 // apply runs one ledger command the way the engine does: Begin, apply over
-// a txBook, Write, Commit, retrying the whole transaction on
+// a store.Book, Write, Commit, retrying the whole transaction on
 // store.ErrConflict or store.ErrDuplicate (a concurrent writer won).
 func apply(ctx context.Context, s store.Store, cmd *ledger.Command, now time.Time) (ledger.Result, error) {
 	for attempt := 0; ; attempt++ {
@@ -30,7 +30,7 @@ func applyOnce(ctx context.Context, s store.Store, cmd *ledger.Command, now time
 		return ledger.Result{}, fmt.Errorf("begin: %w", err)
 	}
 	defer tx.Rollback(ctx)
-	book := newTxBook(ctx, tx)
+	book := store.NewBook(ctx, tx, 1)
 	res := ledger.Apply(book, cmd, now)
 	if err := book.Err(); err != nil {
 		return ledger.Result{}, fmt.Errorf("%s: read: %w", cmd.Kind, err)

@@ -959,3 +959,8 @@ func testIsolation(t *testing.T, s store.Store) {
 		t.Fatalf("after %d increments: version %d, minted %d (lost updates)", 2*perWriter, got.Version, got.Balances[0].Minted)
 	}
 }
+
+func compareAccountKeys(a, b ledger.AccountKey) int {
+	return cmp.Or(cmp.Compare(a.Subject, b.Subject), cmp.Compare(a.Route, b.Route),
+		cmp.Compare(a.Region, b.Region), cmp.Compare(a.Generation, b.Generation))
+}

@@ -1,4 +1,4 @@
-package engine
+package store
 
 import (
 	"cmp"
@@ -8,20 +8,21 @@ import (
 	"slices"
 
 	"github.com/capledger/capledger/ledger"
-	"github.com/capledger/capledger/store"
 )
 
-// txBook is the ledger.Book of one batch: it reads rows through a store
+// Book is the ledger.Book of one batch: it reads rows through a store
 // transaction on first use, keeps them for the rest of the batch (so a hot
 // account is read and locked once per batch, not once per command), and
 // collects every Put into one store.Changes written at the end.
 //
-// A read error other than ErrNotFound is remembered and the row reported
-// absent; the batch is then discarded whole (see Core.Commit), so the ledger
-// never acts on a half-read view.
-type txBook struct {
+// A read error other than ErrNotFound is remembered (Err) and the row
+// reported absent; the book's owner then discards the batch whole (the
+// engine's Core.Commit does), so the ledger never acts on a half-read view.
+// The engine and the conformance suite (storetest) both drive the ledger
+// through it.
+type Book struct {
 	ctx context.Context
-	tx  store.Tx
+	tx  Tx
 	err error
 
 	meta         map[string]int64
@@ -46,11 +47,12 @@ type txBook struct {
 	journal      []ledger.JournalEntry
 }
 
-// newTxBook returns the book of a batch of the given number of commands. The maps a
-// reserve needs are sized for the batch; the others are made on first
-// write (a nil map reads as empty), so a batch pays for what it uses.
-func newTxBook(ctx context.Context, tx store.Tx, commands int) *txBook {
-	return &txBook{
+// NewBook returns the book of a batch of the given number of commands
+// over tx. The maps a reserve needs are sized for the batch; the others
+// are made on first write (a nil map reads as empty), so a batch pays for
+// what it uses.
+func NewBook(ctx context.Context, tx Tx, commands int) *Book {
+	return &Book{
 		ctx: ctx, tx: tx,
 		policies:     make(map[uint64]*ledger.Policy, 1),
 		heads:        make(map[ledger.PolicyKey]*ledger.PolicyHead, 2),
@@ -74,13 +76,16 @@ func set[K comparable, V any](m *map[K]V, k K, v V) {
 }
 
 // note records a read error; ErrNotFound is an answer, not an error.
-func (b *txBook) note(err error) {
-	if err != nil && !errors.Is(err, store.ErrNotFound) && b.err == nil {
+// Err returns the first read error, or nil.
+func (b *Book) Err() error { return b.err }
+
+func (b *Book) note(err error) {
+	if err != nil && !errors.Is(err, ErrNotFound) && b.err == nil {
 		b.err = err
 	}
 }
 
-func (b *txBook) Meta(name string) int64 {
+func (b *Book) Meta(name string) int64 {
 	if v, ok := b.meta[name]; ok {
 		return v
 	}
@@ -90,12 +95,12 @@ func (b *txBook) Meta(name string) int64 {
 	return v
 }
 
-func (b *txBook) MetaPut(name string, value int64) {
+func (b *Book) MetaPut(name string, value int64) {
 	set(&b.meta, name, value)
 	set(&b.metaDirty, name, true)
 }
 
-func (b *txBook) Policy(generation uint64) (*ledger.Policy, bool) {
+func (b *Book) Policy(generation uint64) (*ledger.Policy, bool) {
 	if p, ok := b.policies[generation]; ok {
 		return p, p != nil
 	}
@@ -108,12 +113,12 @@ func (b *txBook) Policy(generation uint64) (*ledger.Policy, bool) {
 	return p, p != nil
 }
 
-func (b *txBook) PolicyPut(p *ledger.Policy) {
+func (b *Book) PolicyPut(p *ledger.Policy) {
 	b.policies[p.Generation] = p
 	set(&b.policyDirty, p.Generation, true)
 }
 
-func (b *txBook) PolicyHead(key ledger.PolicyKey) (*ledger.PolicyHead, bool) {
+func (b *Book) PolicyHead(key ledger.PolicyKey) (*ledger.PolicyHead, bool) {
 	if h, ok := b.heads[key]; ok {
 		return h, h != nil
 	}
@@ -126,12 +131,12 @@ func (b *txBook) PolicyHead(key ledger.PolicyKey) (*ledger.PolicyHead, bool) {
 	return h, h != nil
 }
 
-func (b *txBook) PolicyHeadPut(h *ledger.PolicyHead) {
+func (b *Book) PolicyHeadPut(h *ledger.PolicyHead) {
 	b.heads[h.Key] = h
 	set(&b.headDirty, h.Key, true)
 }
 
-func (b *txBook) Account(key ledger.AccountKey) (*ledger.Account, bool) {
+func (b *Book) Account(key ledger.AccountKey) (*ledger.Account, bool) {
 	if a, ok := b.accounts[key]; ok {
 		return a, a != nil
 	}
@@ -144,12 +149,12 @@ func (b *txBook) Account(key ledger.AccountKey) (*ledger.Account, bool) {
 	return a, a != nil
 }
 
-func (b *txBook) AccountPut(a *ledger.Account) {
+func (b *Book) AccountPut(a *ledger.Account) {
 	b.accounts[a.Key] = a
 	b.accountDirty[a.Key] = true
 }
 
-func (b *txBook) AccountCurrent(subject ledger.PolicyKey) (uint64, bool) {
+func (b *Book) AccountCurrent(subject ledger.PolicyKey) (uint64, bool) {
 	if b.currentKnown[subject] {
 		g, ok := b.current[subject]
 		return g, ok
@@ -164,13 +169,13 @@ func (b *txBook) AccountCurrent(subject ledger.PolicyKey) (uint64, bool) {
 	return g, true
 }
 
-func (b *txBook) AccountCurrentPut(subject ledger.PolicyKey, generation uint64) {
+func (b *Book) AccountCurrentPut(subject ledger.PolicyKey, generation uint64) {
 	b.currentKnown[subject] = true
 	b.current[subject] = generation
 	set(&b.currentDirty, subject, true)
 }
 
-func (b *txBook) Reservation(id string) (*ledger.Reservation, bool) {
+func (b *Book) Reservation(id string) (*ledger.Reservation, bool) {
 	if r, ok := b.reservations[id]; ok {
 		return r, r != nil
 	}
@@ -183,7 +188,7 @@ func (b *txBook) Reservation(id string) (*ledger.Reservation, bool) {
 	return r, r != nil
 }
 
-func (b *txBook) ReservationPut(r *ledger.Reservation) {
+func (b *Book) ReservationPut(r *ledger.Reservation) {
 	if existing, ok := b.reservations[r.ID]; !ok || existing == nil {
 		b.resNew[r.ID] = true
 	}
@@ -191,7 +196,7 @@ func (b *txBook) ReservationPut(r *ledger.Reservation) {
 	b.resDirty[r.ID] = true
 }
 
-func (b *txBook) Move(receiptID string) (*ledger.Move, bool) {
+func (b *Book) Move(receiptID string) (*ledger.Move, bool) {
 	if m, ok := b.moves[receiptID]; ok {
 		return m, m != nil
 	}
@@ -204,12 +209,12 @@ func (b *txBook) Move(receiptID string) (*ledger.Move, bool) {
 	return m, m != nil
 }
 
-func (b *txBook) MovePut(m *ledger.Move) {
+func (b *Book) MovePut(m *ledger.Move) {
 	set(&b.moves, m.ReceiptID, m)
 	set(&b.moveNew, m.ReceiptID, true)
 }
 
-func (b *txBook) Shard(id string) (*ledger.Shard, bool) {
+func (b *Book) Shard(id string) (*ledger.Shard, bool) {
 	if s, ok := b.shards[id]; ok {
 		return s, s != nil
 	}
@@ -222,19 +227,19 @@ func (b *txBook) Shard(id string) (*ledger.Shard, bool) {
 	return s, s != nil
 }
 
-func (b *txBook) ShardPut(s *ledger.Shard) {
+func (b *Book) ShardPut(s *ledger.Shard) {
 	set(&b.shards, s.ID, s)
 	set(&b.shardDirty, s.ID, true)
 }
 
-func (b *txBook) StatementPut(s ledger.Statement) { b.statements = append(b.statements, s) }
+func (b *Book) StatementPut(s ledger.Statement) { b.statements = append(b.statements, s) }
 
-func (b *txBook) JournalAppend(e ledger.JournalEntry) { b.journal = append(b.journal, e) }
+func (b *Book) JournalAppend(e ledger.JournalEntry) { b.journal = append(b.journal, e) }
 
-// changes returns everything the batch wrote, rows in key order so every
+// Changes returns everything the batch wrote, rows in key order so every
 // replica writes (and so locks) in the same order.
-func (b *txBook) changes() *store.Changes {
-	c := &store.Changes{Statements: b.statements, Journal: b.journal}
+func (b *Book) Changes() *Changes {
+	c := &Changes{Statements: b.statements, Journal: b.journal}
 	if len(b.metaDirty) > 0 {
 		c.Meta = make(map[string]int64, len(b.metaDirty))
 		for name := range b.metaDirty {
@@ -251,7 +256,7 @@ func (b *txBook) changes() *store.Changes {
 		c.Accounts = append(c.Accounts, *b.accounts[k])
 	}
 	for _, k := range sortedKeys(b.currentDirty, comparePolicyKeys) {
-		c.Currents = append(c.Currents, store.Current{Subject: k, Generation: b.current[k]})
+		c.Currents = append(c.Currents, Current{Subject: k, Generation: b.current[k]})
 	}
 	if len(b.resDirty) > 0 {
 		c.NewReservations = make(map[string]bool, len(b.resNew))
