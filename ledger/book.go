@@ -44,3 +44,20 @@ const (
 	// are unique across every policy key.
 	MetaGeneration = "policy_generation"
 )
+
+// ReservationRows is an optional Book extension for a book that keeps many
+// reservations in memory: NewReservation hands out a zeroed row that the
+// book will own once it is put, so the book may carve rows from slabs
+// rather than pay one heap allocation (and its share of garbage collection)
+// for each.
+type ReservationRows interface {
+	NewReservation() *Reservation
+}
+
+// newReservation is a zeroed reservation row for book b.
+func newReservation(b Book) *Reservation {
+	if rows, ok := b.(ReservationRows); ok {
+		return rows.NewReservation()
+	}
+	return new(Reservation)
+}

@@ -188,18 +188,21 @@ var (
 // Apply runs one command against the book at time now and returns its
 // outcome. It is the single entry point the engine, the simulator and the
 // tests use.
-func Apply(b Book, cmd *Command, now time.Time) Result {
+func Apply(b Book, cmd *Command, now time.Time) (res Result) {
 	switch cmd.Kind {
 	case KindPublishPolicy:
 		return PublishPolicy(b, cmd.Policy, now)
 	case KindRollbackPolicy:
 		return RollbackPolicy(b, cmd.PolicyKey, cmd.Generation, now)
 	case KindReserve:
-		return Reserve(b, cmd, now)
+		reserve(b, cmd, now, &res)
+		return res
 	case KindStart:
-		return Start(b, cmd.ReservationID, cmd.OperationID, now)
+		start(b, cmd.ReservationID, cmd.OperationID, now, &res)
+		return res
 	case KindSettle:
-		return Settle(b, cmd.ReservationID, cmd.OperationID, cmd.Units, now)
+		settle(b, cmd.ReservationID, cmd.OperationID, cmd.Units, now, &res)
+		return res
 	case KindRelease:
 		return Release(b, cmd.ReservationID, now)
 	case KindExpireClaim:

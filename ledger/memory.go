@@ -12,7 +12,7 @@ type Memory struct {
 	policies     map[uint64]*Policy
 	heads        map[PolicyKey]*PolicyHead
 	accounts     map[AccountKey]*Account
-	current      map[PolicyKey]uint64
+	current      map[PolicyKey]*currentRow
 	reservations map[string]*Reservation
 	moves        map[string]*Move
 	shards       map[string]*Shard
@@ -28,9 +28,24 @@ type Memory struct {
 	lastHead        *PolicyHead
 	lastPolicy      *Policy
 	lastReservation *Reservation
-	lastCurrentKey  PolicyKey
-	lastCurrentGen  uint64
-	lastCurrentOK   bool
+	lastCurrent     *currentRow
+
+	// slab holds the rows NewReservation has yet to hand out.
+	slab []Reservation
+}
+
+// reservationSlab is how many reservation rows Memory allocates at once: a
+// slab is 24 KiB, and it stays alive while any of its rows does.
+const reservationSlab = 64
+
+// NewReservation hands out a zeroed row from the current slab.
+func (m *Memory) NewReservation() *Reservation {
+	if len(m.slab) == 0 {
+		m.slab = make([]Reservation, reservationSlab)
+	}
+	r := &m.slab[0]
+	m.slab = m.slab[1:]
+	return r
 }
 
 // NewMemory returns an empty in-memory book.
@@ -40,7 +55,7 @@ func NewMemory() *Memory {
 		policies:     map[uint64]*Policy{},
 		heads:        map[PolicyKey]*PolicyHead{},
 		accounts:     map[AccountKey]*Account{},
-		current:      map[PolicyKey]uint64{},
+		current:      map[PolicyKey]*currentRow{},
 		reservations: map[string]*Reservation{},
 		moves:        map[string]*Move{},
 		shards:       map[string]*Shard{},
@@ -86,9 +101,19 @@ func (m *Memory) Account(k AccountKey) (*Account, bool) {
 	if a := m.lastAccount; a != nil && a.Key == k {
 		return a, true
 	}
+	// Reserve asks which generation is current, then for that account:
+	// the current row remembers it, sparing a second hash of the key.
+	c := m.lastCurrent
+	if c != nil && c.account != nil && c.account.Key == k {
+		m.lastAccount = c.account
+		return c.account, true
+	}
 	a, ok := m.accounts[k]
 	if ok {
 		m.lastAccount = a
+		if c != nil && c.generation == k.Generation && c.key == k.SubjectKey() {
+			c.account = a
+		}
 	}
 	return a, ok
 }
@@ -99,22 +124,43 @@ func (m *Memory) AccountPut(a *Account) {
 	}
 	m.accounts[a.Key] = a
 	m.lastAccount = a
+	// A new row for the key (rare: the hot path puts back the row it read)
+	// must not leave the subject's current row pointing at the old one.
+	if c := m.current[a.Key.SubjectKey()]; c != nil && c.generation == a.Key.Generation {
+		c.account = a
+	}
+}
+
+// currentRow is a subject's current generation and, once looked up, its
+// account.
+type currentRow struct {
+	key        PolicyKey
+	generation uint64
+	account    *Account
 }
 
 func (m *Memory) AccountCurrent(k PolicyKey) (uint64, bool) {
-	if m.lastCurrentOK && m.lastCurrentKey == k {
-		return m.lastCurrentGen, true
+	if c := m.lastCurrent; c != nil && c.key == k {
+		return c.generation, true
 	}
-	g, ok := m.current[k]
-	if ok {
-		m.lastCurrentKey, m.lastCurrentGen, m.lastCurrentOK = k, g, true
+	c, ok := m.current[k]
+	if !ok {
+		return 0, false
 	}
-	return g, ok
+	m.lastCurrent = c
+	return c.generation, true
 }
 
 func (m *Memory) AccountCurrentPut(k PolicyKey, g uint64) {
-	m.current[k] = g
-	m.lastCurrentKey, m.lastCurrentGen, m.lastCurrentOK = k, g, true
+	c := m.current[k]
+	if c == nil {
+		c = &currentRow{key: k}
+		m.current[k] = c
+	}
+	if c.generation != g {
+		c.generation, c.account = g, nil
+	}
+	m.lastCurrent = c
 }
 
 func (m *Memory) Reservation(id string) (*Reservation, bool) {

@@ -38,37 +38,53 @@ import (
 // old limiter. Even a rejected reserve keeps what bringing the account to
 // now did (the generation switch, the refill, the epoch close).
 func Reserve(b Book, cmd *Command, now time.Time) (res Result) {
+	reserve(b, cmd, now, &res)
+	return res
+}
+
+// reserve is Reserve answering into *res, which must be zero: Apply
+// passes its own result, so the receipt is not copied once more on the way
+// out.
+func reserve(b Book, cmd *Command, now time.Time, res *Result) {
 	if cmd.ReservationID == "" {
-		return Result{Err: invalid("reservation id is empty")}
+		*res = Result{Err: invalid("reservation id is empty")}
+		return
 	}
 	if existing, ok := b.Reservation(cmd.ReservationID); ok {
 		if existing.RequestDigest != cmd.RequestDigest {
-			return Result{Err: ErrDigestMismatch, Reservation: *existing}
+			*res = Result{Err: ErrDigestMismatch, Reservation: *existing}
+			return
 		}
-		return Result{Reservation: *existing, Replayed: true, Generation: existing.Account.Generation}
+		*res = Result{Reservation: *existing, Replayed: true, Generation: existing.Account.Generation}
+		return
 	}
 	if cmd.Subject == "" || cmd.Subject == AnySubject || cmd.Route == "" || cmd.Region == "" {
-		return Result{Err: invalid("subject, route and region are required (subject may not be %q)", AnySubject)}
+		*res = Result{Err: invalid("subject, route and region are required (subject may not be %q)", AnySubject)}
+		return
 	}
 	subject := PolicyKey{Subject: cmd.Subject, Route: cmd.Route, Region: cmd.Region}
 	p, ok := activePolicy(b, subject)
 	if !ok {
-		return Result{Err: fmt.Errorf("%w: %s", ErrNoPolicy, subject)}
+		*res = Result{Err: fmt.Errorf("%w: %s", ErrNoPolicy, subject)}
+		return
 	}
 	if cmd.Generation != 0 && cmd.Generation != p.Generation {
-		return Result{Err: invalid("units are ordered for policy generation %d, but generation %d decides", cmd.Generation, p.Generation), Generation: p.Generation}
+		*res = Result{Err: invalid("units are ordered for policy generation %d, but generation %d decides", cmd.Generation, p.Generation), Generation: p.Generation}
+		return
 	}
 	if err := checkUnits(p, &cmd.Units, true); err != nil {
-		return Result{Err: err, Generation: p.Generation}
+		*res = Result{Err: err, Generation: p.Generation}
+		return
 	}
 	a, ok := currentAccount(b, subject, p, now)
 	if !ok {
-		return Result{Err: fmt.Errorf("%w: %s", ErrAccountNotFound, subject)}
+		*res = Result{Err: fmt.Errorf("%w: %s", ErrAccountNotFound, subject)}
+		return
 	}
 	bringToNow(b, a, p, now, true)
 
 	if rej := admit(a, p, &cmd.Units, now); rej.err != nil {
-		res = rej.result(p)
+		*res = rej.result(p)
 		res.Generation = p.Generation
 		if p.Rollout == RolloutShadow {
 			res.Shadow = true
@@ -76,7 +92,7 @@ func Reserve(b Book, cmd *Command, now time.Time) (res Result) {
 			journal(b, a, &before, KindReserve, cmd.ReservationID, StateRequested, StateRequested, "shadow", now)
 		}
 		b.AccountPut(a) // a rejection still keeps the refill and epoch close above
-		return res
+		return
 	}
 
 	before := a.Balances
@@ -84,7 +100,8 @@ func Reserve(b Book, cmd *Command, now time.Time) (res Result) {
 		a.Balances[i].Available -= cmd.Units[i]
 		a.Balances[i].Reserved += cmd.Units[i]
 	}
-	r := &Reservation{
+	r := newReservation(b)
+	*r = Reservation{
 		ID:              cmd.ReservationID,
 		RequestDigest:   cmd.RequestDigest,
 		Account:         a.Key,
@@ -97,10 +114,10 @@ func Reserve(b Book, cmd *Command, now time.Time) (res Result) {
 	journal(b, a, &before, KindReserve, r.ID, StateRequested, StateReserved, "", now)
 	b.AccountPut(a)
 	b.ReservationPut(r)
-	// Filling the named result, rather than returning a literal, spares a
+	// Filling *res, rather than returning a literal, spares a
 	// copy of the 500-byte Result on the hot path.
 	res.Reservation, res.Generation = *r, p.Generation
-	return res
+	return
 }
 
 // rejection is admission's verdict: a zero err admits; otherwise err,
@@ -257,12 +274,22 @@ func checkUnits(p *Policy, units *Amounts, positive bool) error {
 // ErrReservationReleased; ErrReservationExpired when expiry claimed it
 // first (EXPIRING or EXPIRED).
 func Start(b Book, id, operationID string, now time.Time) (res Result) {
+	start(b, id, operationID, now, &res)
+	return res
+}
+
+// start is Start answering into *res, which must be zero: Apply
+// passes its own result, so the receipt is not copied once more on the way
+// out.
+func start(b Book, id, operationID string, now time.Time, res *Result) {
 	r, err := lookup(b, id)
 	if err != nil {
-		return Result{Err: err}
+		*res = Result{Err: err}
+		return
 	}
 	if operationID == "" {
-		return Result{Err: invalid("operation id is empty"), Reservation: *r}
+		*res = Result{Err: invalid("operation id is empty"), Reservation: *r}
+		return
 	}
 	switch r.State {
 	case StateReserved:
@@ -274,14 +301,17 @@ func Start(b Book, id, operationID string, now time.Time) (res Result) {
 		}
 		transition(b, r, StateReserved, KindStart, now)
 		res.Reservation, res.Generation = *r, r.Account.Generation
-		return res
+		return
 	case StateStarted, StateUsageUnknown, StateSettled, StateSettledWithDebt:
 		if r.OperationID != operationID {
-			return Result{Err: ErrOperationMismatch, Reservation: *r}
+			*res = Result{Err: ErrOperationMismatch, Reservation: *r}
+			return
 		}
-		return Result{Reservation: *r, Replayed: true, Generation: r.Account.Generation}
+		*res = Result{Reservation: *r, Replayed: true, Generation: r.Account.Generation}
+		return
 	}
-	return Result{Err: stateError(r.State), Reservation: *r}
+	*res = Result{Err: stateError(r.State), Reservation: *r}
+	return
 }
 
 // Settle records the actual usage of started work (STARTED or
@@ -308,34 +338,51 @@ func Start(b Book, id, operationID string, now time.Time) (res Result) {
 // ErrAccountNotFound / ErrPolicyNotFound only when the book lost the
 // reservation's account or policy.
 func Settle(b Book, id, operationID string, actual Amounts, now time.Time) (res Result) {
+	settle(b, id, operationID, actual, now, &res)
+	return res
+}
+
+// settle is Settle answering into *res, which must be zero: Apply
+// passes its own result, so the receipt is not copied once more on the way
+// out.
+func settle(b Book, id, operationID string, actual Amounts, now time.Time, res *Result) {
 	r, err := lookup(b, id)
 	if err != nil {
-		return Result{Err: err}
+		*res = Result{Err: err}
+		return
 	}
 	if operationID == "" {
-		return Result{Err: invalid("operation id is empty: only an operation receipt settles"), Reservation: *r}
+		*res = Result{Err: invalid("operation id is empty: only an operation receipt settles"), Reservation: *r}
+		return
 	}
 	switch r.State {
 	case StateStarted, StateUsageUnknown:
 	case StateSettled, StateSettledWithDebt:
 		if r.OperationID == operationID && r.Actual == actual {
-			return Result{Reservation: *r, Replayed: true, Generation: r.Account.Generation}
+			*res = Result{Reservation: *r, Replayed: true, Generation: r.Account.Generation}
+			return
 		}
-		return Result{Err: ErrReservationAlreadySettled, Reservation: *r}
+		*res = Result{Err: ErrReservationAlreadySettled, Reservation: *r}
+		return
 	case StateReserved:
-		return Result{Err: ErrReservationNotStarted, Reservation: *r}
+		*res = Result{Err: ErrReservationNotStarted, Reservation: *r}
+		return
 	default:
-		return Result{Err: stateError(r.State), Reservation: *r}
+		*res = Result{Err: stateError(r.State), Reservation: *r}
+		return
 	}
 	if r.OperationID != operationID {
-		return Result{Err: ErrOperationMismatch, Reservation: *r}
+		*res = Result{Err: ErrOperationMismatch, Reservation: *r}
+		return
 	}
 	a, p, err := accountFor(b, r.Account)
 	if err != nil {
-		return Result{Err: err, Reservation: *r}
+		*res = Result{Err: err, Reservation: *r}
+		return
 	}
 	if err := checkUnits(p, &actual, false); err != nil {
-		return Result{Err: err, Reservation: *r}
+		*res = Result{Err: err, Reservation: *r}
+		return
 	}
 	current := isCurrent(b, a)
 	bringToNow(b, a, p, now, current && !p.RolledBack)
@@ -384,7 +431,7 @@ func Settle(b Book, id, operationID string, actual Amounts, now time.Time) (res 
 		forward(b, a, KindSettle, r.ID, now)
 	}
 	res.Reservation, res.Refunded, res.Generation = *r, refunded, r.Account.Generation
-	return res
+	return
 }
 
 // Release gives an unstarted reservation's capacity back in full.
@@ -534,7 +581,10 @@ func refundHold(b Book, r *Reservation, to State, kind Kind, now time.Time) Resu
 
 // transition records a state change that moves no capacity.
 func transition(b Book, r *Reservation, from State, kind Kind, now time.Time) {
-	b.JournalAppend(JournalEntry{At: now, Kind: kind, Account: r.Account, ReservationID: r.ID, From: from, To: r.State})
+	var entry JournalEntry // field by field, as in journal
+	entry.At, entry.Kind, entry.Account = now, kind, r.Account
+	entry.ReservationID, entry.From, entry.To = r.ID, from, r.State
+	b.JournalAppend(entry)
 	b.ReservationPut(r)
 }
 
