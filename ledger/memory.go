@@ -12,7 +12,7 @@ type Memory struct {
 	policies     map[uint64]*Policy
 	heads        map[PolicyKey]*PolicyHead
 	accounts     map[AccountKey]*Account
-	current      map[PolicyKey]*currentRow
+	current      map[PolicyKey]currentRow
 	reservations map[string]*Reservation
 	moves        map[string]*Move
 	shards       map[string]*Shard
@@ -28,7 +28,9 @@ type Memory struct {
 	lastHead        *PolicyHead
 	lastPolicy      *Policy
 	lastReservation *Reservation
-	lastCurrent     *currentRow
+	lastCurrentKey  PolicyKey
+	lastCurrent     currentRow
+	lastCurrentOK   bool
 
 	// slab holds the rows NewReservation has yet to hand out.
 	slab []Reservation
@@ -55,7 +57,7 @@ func NewMemory() *Memory {
 		policies:     map[uint64]*Policy{},
 		heads:        map[PolicyKey]*PolicyHead{},
 		accounts:     map[AccountKey]*Account{},
-		current:      map[PolicyKey]*currentRow{},
+		current:      map[PolicyKey]currentRow{},
 		reservations: map[string]*Reservation{},
 		moves:        map[string]*Move{},
 		shards:       map[string]*Shard{},
@@ -102,18 +104,14 @@ func (m *Memory) Account(k AccountKey) (*Account, bool) {
 		return a, true
 	}
 	// Reserve asks which generation is current, then for that account:
-	// the current row remembers it, sparing a second hash of the key.
-	c := m.lastCurrent
-	if c != nil && c.account != nil && c.account.Key == k {
-		m.lastAccount = c.account
-		return c.account, true
+	// the current row holds it, sparing a second hash of the key.
+	if a := m.lastCurrent.account; m.lastCurrentOK && a != nil && a.Key == k {
+		m.lastAccount = a
+		return a, true
 	}
 	a, ok := m.accounts[k]
 	if ok {
 		m.lastAccount = a
-		if c != nil && c.generation == k.Generation && c.key == k.SubjectKey() {
-			c.account = a
-		}
 	}
 	return a, ok
 }
@@ -125,42 +123,45 @@ func (m *Memory) AccountPut(a *Account) {
 	m.accounts[a.Key] = a
 	m.lastAccount = a
 	// A new row for the key (rare: the hot path puts back the row it read)
-	// must not leave the subject's current row pointing at the old one.
-	if c := m.current[a.Key.SubjectKey()]; c != nil && c.generation == a.Key.Generation {
+	// must not leave the subject's current row holding the old one.
+	k := a.Key.SubjectKey()
+	if c, ok := m.current[k]; ok && c.generation == a.Key.Generation && c.account != a {
 		c.account = a
+		m.current[k] = c
+		if m.lastCurrentOK && m.lastCurrentKey == k {
+			m.lastCurrent = c
+		}
 	}
 }
 
-// currentRow is a subject's current generation and, once looked up, its
-// account.
+// currentRow is a subject's current generation and that generation's
+// account, held by value in the map so that a lookup is one probe, with
+// no row object of its own to fetch.
 type currentRow struct {
-	key        PolicyKey
 	generation uint64
 	account    *Account
 }
 
 func (m *Memory) AccountCurrent(k PolicyKey) (uint64, bool) {
-	if c := m.lastCurrent; c != nil && c.key == k {
-		return c.generation, true
+	if m.lastCurrentOK && m.lastCurrentKey == k {
+		return m.lastCurrent.generation, true
 	}
 	c, ok := m.current[k]
 	if !ok {
 		return 0, false
 	}
-	m.lastCurrent = c
+	m.lastCurrentKey, m.lastCurrent, m.lastCurrentOK = k, c, true
 	return c.generation, true
 }
 
 func (m *Memory) AccountCurrentPut(k PolicyKey, g uint64) {
 	c := m.current[k]
-	if c == nil {
-		c = &currentRow{key: k}
+	if c.generation != g || c.account == nil {
+		// The ledger puts the account before making it current.
+		c = currentRow{generation: g, account: m.accounts[AccountKey{Subject: k.Subject, Route: k.Route, Region: k.Region, Generation: g}]}
 		m.current[k] = c
 	}
-	if c.generation != g {
-		c.generation, c.account = g, nil
-	}
-	m.lastCurrent = c
+	m.lastCurrentKey, m.lastCurrent, m.lastCurrentOK = k, c, true
 }
 
 func (m *Memory) Reservation(id string) (*Reservation, bool) {

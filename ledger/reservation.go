@@ -100,17 +100,12 @@ func reserve(b Book, cmd *Command, now time.Time, res *Result) {
 		a.Balances[i].Available -= cmd.Units[i]
 		a.Balances[i].Reserved += cmd.Units[i]
 	}
+	// Field by field into the zeroed row: a composite literal would be
+	// built on the stack and copied, with write barriers, into the row.
 	r := newReservation(b)
-	*r = Reservation{
-		ID:              cmd.ReservationID,
-		RequestDigest:   cmd.RequestDigest,
-		Account:         a.Key,
-		AccountingEpoch: a.EpochStart,
-		Reserved:        cmd.Units,
-		State:           StateReserved,
-		CreatedAt:       now,
-		ExpiresAt:       now.Add(p.HoldTTL),
-	}
+	r.ID, r.RequestDigest, r.Account = cmd.ReservationID, cmd.RequestDigest, a.Key
+	r.AccountingEpoch, r.Reserved, r.State = a.EpochStart, cmd.Units, StateReserved
+	r.CreatedAt, r.ExpiresAt = now, now.Add(p.HoldTTL)
 	journal(b, a, &before, KindReserve, r.ID, StateRequested, StateReserved, "", now)
 	b.AccountPut(a)
 	b.ReservationPut(r)
