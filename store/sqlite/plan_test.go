@@ -44,6 +44,7 @@ func TestQueriesUseIndexes(t *testing.T) {
 			"PRIMARY KEY", []any{"a", "b", "c"}},
 		{"every account", "SELECT " + accountCols + " FROM accounts ORDER BY subject, route, region, generation", "", nil},
 		{"journal", "SELECT " + journalCols + " FROM journal ORDER BY seq", "", nil},
+		{"journal batches", "SELECT seq, entries FROM journal_batches ORDER BY seq", "", nil},
 	} {
 		plan := queryPlan(t, s, tc.query, tc.args...)
 		if strings.Contains(plan, "TEMP B-TREE") {

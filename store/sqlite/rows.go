@@ -288,12 +288,8 @@ func scanStatement(sc scanner) (ledger.Statement, error) {
 	return s, c.Err()
 }
 
-func appendJournalArgs(dst []any, e *ledger.JournalEntry, c *codec.Conv) []any {
-	return append(dst, c.Nanos(e.At), int64(e.Kind), e.Account.Subject, e.Account.Route, e.Account.Region,
-		c.Int(e.Account.Generation), e.ReservationID, int64(e.From), int64(e.To), e.ReceiptID,
-		codec.EncodeBalances(&e.Delta))
-}
-
+// scanJournal reads a row of the journal table, which schema versions 1
+// and 2 wrote (one row per entry); later versions write journal_batches.
 func scanJournal(sc scanner) (ledger.JournalEntry, error) {
 	var (
 		e                              ledger.JournalEntry

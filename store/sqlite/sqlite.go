@@ -445,7 +445,8 @@ func (s *Store) ReservationsDue(ctx context.Context, now time.Time, limit int) (
 // Snapshot reads every row in one read transaction (a consistent WAL
 // snapshot): accounts by key, reservations by id, moves by receipt id,
 // shards by id, policies by generation, statements and journal in
-// insertion order, JournalComplete set.
+// insertion order (the journal table's rows, then every journal batch's
+// entries), JournalComplete set.
 func (s *Store) Snapshot(ctx context.Context) (*ledger.Snapshot, error) {
 	if s.closed.Load() {
 		return nil, errClosed
@@ -475,7 +476,27 @@ func (s *Store) Snapshot(ctx context.Context) (*ledger.Snapshot, error) {
 	if snap.Statements, err = queryAll(ctx, q("SELECT "+statementCols+" FROM statements ORDER BY seq"), scanStatement, "snapshot statements"); err != nil {
 		return nil, err
 	}
+	// Rows of the journal table (written by schema versions 1 and 2) come
+	// before every batch.
 	if snap.Journal, err = queryAll(ctx, q("SELECT "+journalCols+" FROM journal ORDER BY seq"), scanJournal, "snapshot journal"); err != nil {
+		return nil, err
+	}
+	// Each batch is decoded as it is read, not kept.
+	decode := func(sc scanner) (struct{}, error) {
+		var (
+			seq     int64
+			entries []byte
+		)
+		if err := sc.Scan(&seq, &entries); err != nil {
+			return struct{}{}, err
+		}
+		var err error
+		if snap.Journal, err = decodeJournalBatch(snap.Journal, entries); err != nil {
+			return struct{}{}, fmt.Errorf("batch %d: %w", seq, err)
+		}
+		return struct{}{}, nil
+	}
+	if _, err := queryAll(ctx, q("SELECT seq, entries FROM journal_batches ORDER BY seq"), decode, "snapshot journal batches"); err != nil {
 		return nil, err
 	}
 	return snap, nil

@@ -34,6 +34,7 @@ const (
 	wDataVersion
 	wReservationPrefetchSmall
 	wReservationPrefetch
+	wJournalBatchInsert
 	nBaseStmts
 )
 
@@ -49,7 +50,6 @@ const (
 	// started, settled or overdrawn (what a reserve writes): the columns
 	// that are then zero are literals, so a row binds 10 values, not 19.
 	wFreshReservationRows
-	wJournalRows
 	nWriteStmts
 )
 
@@ -72,7 +72,6 @@ func buildWriteSQL() [nWriteStmts]string {
 	for k, rows := range chunkSizes {
 		sql[wReservationRows+k] = insertRowsSQL("reservations", reservationCols, rows, "due_at")
 		sql[wFreshReservationRows+k] = freshReservationsSQL(rows)
-		sql[wJournalRows+k] = insertRowsSQL("journal", journalCols, rows)
 	}
 	return sql
 }
@@ -139,6 +138,7 @@ var baseWriteSQL = [nWriteStmts]string{
 	wDataVersion:              "PRAGMA data_version",
 	wReservationPrefetchSmall: "SELECT " + reservationCols + " FROM reservations WHERE id IN (" + params(prefetchSmall) + ")",
 	wReservationPrefetch:      "SELECT " + reservationCols + " FROM reservations WHERE id IN (" + params(prefetchChunk) + ")",
+	wJournalBatchInsert:       "INSERT INTO journal_batches (entries) VALUES (?)",
 }
 
 // params returns n comma-separated placeholders.

@@ -380,12 +380,17 @@ func (tx *Tx) write(ctx context.Context, c *store.Changes) error {
 			return err
 		}
 	}
-	entries := make([]*ledger.JournalEntry, len(c.Journal))
-	for i := range c.Journal {
-		entries[i] = &c.Journal[i]
+	if len(c.Journal) == 0 {
+		return nil
 	}
-	return insertRows(ctx, tx, &conv, entries, wJournalRows, appendJournalArgs,
-		func(e *ledger.JournalEntry) string { return "journal entry of " + e.Account.String() })
+	// The driver copies the blob into C memory: the buffer is reused.
+	what := fmt.Sprintf("journal of %d entries", len(c.Journal))
+	blob, err := appendJournalBatch(tx.w.journalBuf[:0], c.Journal)
+	if err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	tx.w.journalBuf = blob
+	return tx.exec(ctx, wJournalBatchInsert, what, &conv, []any{blob})
 }
 
 // insertRows inserts rows in order through the multi-row statements

@@ -25,6 +25,8 @@ type writer struct {
 	begin, commit, rollback driver.Stmt
 	// args is reused for every statement's arguments.
 	args []driver.NamedValue
+	// journalBuf is reused for every Write's journal batch.
+	journalBuf []byte
 
 	closeOnce sync.Once
 	closeErr  error

@@ -1,0 +1,245 @@
+package sqlite
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store/codec"
+)
+
+// The journal entries of one Write are stored as one row of
+// journal_batches (schema version 3): one BLOB instead of one 11-column
+// row per entry. Binding, inserting and logging a row per entry cost more
+// than everything else a reserve writes; a batch's entries mostly name the
+// same account, which the encoding writes once.
+//
+// Format (tagJournalBatchV1): the tag byte, the entry count (uvarint),
+// then per entry:
+//
+//	at        varint, Unix nanoseconds (codec's convention, 0 = zero time)
+//	          minus the previous entry's (the first: minus 0)
+//	kind      uvarint (a byte)
+//	account   uvarint k: 0 = a new key follows (subject, route, region as
+//	          strings, generation as uvarint <= MaxInt64) and becomes
+//	          number len(keys)+1 of this blob; k > 0 = key number k
+//	reservation id, string
+//	from, to  uvarint each (reservation states)
+//	receipt id, string
+//	delta     uvarint length, then codec's Balances encoding
+//
+// A string is its length (uvarint) and its bytes. Decoding never panics:
+// anything else is an error wrapping codec.ErrCorrupt.
+const tagJournalBatchV1 byte = 0xD1
+
+// appendJournalBatch appends the encoding of entries to dst. It returns an
+// error for a value the store cannot keep (a time outside codec's range or
+// on the Unix epoch, a generation above MaxInt64).
+func appendJournalBatch(dst []byte, entries []ledger.JournalEntry) ([]byte, error) {
+	var (
+		conv     codec.Conv
+		prevAt   int64
+		keys     []ledger.AccountKey
+		keyIndex map[ledger.AccountKey]int // built once keys outgrows a linear search
+		lastKey  = -1
+	)
+	dst = append(dst, tagJournalBatchV1)
+	dst = binary.AppendUvarint(dst, uint64(len(entries)))
+	for i := range entries {
+		e := &entries[i]
+		at := conv.Nanos(e.At)
+		dst = binary.AppendVarint(dst, at-prevAt)
+		prevAt = at
+		dst = binary.AppendUvarint(dst, uint64(e.Kind))
+		k := -1
+		switch {
+		case lastKey >= 0 && keys[lastKey] == e.Account:
+			k = lastKey
+		case keyIndex != nil:
+			if j, ok := keyIndex[e.Account]; ok {
+				k = j
+			}
+		default:
+			for j := range keys {
+				if keys[j] == e.Account {
+					k = j
+					break
+				}
+			}
+		}
+		if k >= 0 {
+			dst = binary.AppendUvarint(dst, uint64(k+1))
+		} else {
+			dst = append(dst, 0)
+			dst = appendString(dst, e.Account.Subject)
+			dst = appendString(dst, e.Account.Route)
+			dst = appendString(dst, e.Account.Region)
+			dst = binary.AppendUvarint(dst, uint64(conv.Int(e.Account.Generation)))
+			k = len(keys)
+			keys = append(keys, e.Account)
+			if keyIndex != nil {
+				keyIndex[e.Account] = k
+			} else if len(keys) > 8 {
+				keyIndex = make(map[ledger.AccountKey]int, 2*len(keys))
+				for j, key := range keys {
+					keyIndex[key] = j
+				}
+			}
+		}
+		lastKey = k
+		dst = appendString(dst, e.ReservationID)
+		dst = binary.AppendUvarint(dst, uint64(e.From))
+		dst = binary.AppendUvarint(dst, uint64(e.To))
+		dst = appendString(dst, e.ReceiptID)
+		// The delta's length is at most 2 + 9*MaxDimensions*MaxVarintLen
+		// bytes: reserve two bytes for it and shift in the rare case it
+		// needs more than one.
+		lenAt := len(dst)
+		dst = append(dst, 0)
+		dst = codec.AppendBalances(dst, &e.Delta)
+		n := len(dst) - lenAt - 1
+		if n < 0x80 {
+			dst[lenAt] = byte(n)
+		} else {
+			var prefix [binary.MaxVarintLen64]byte
+			p := binary.PutUvarint(prefix[:], uint64(n))
+			dst = append(dst, prefix[:p-1]...)
+			copy(dst[lenAt+p:], dst[lenAt+1:lenAt+1+n])
+			copy(dst[lenAt:], prefix[:p])
+		}
+	}
+	if err := conv.Err(); err != nil {
+		return nil, fmt.Errorf("journal entry: %w", err)
+	}
+	return dst, nil
+}
+
+func appendString(dst []byte, s string) []byte {
+	dst = binary.AppendUvarint(dst, uint64(len(s)))
+	return append(dst, s...)
+}
+
+// decodeJournalBatch appends the entries encoded in src to dst and returns
+// the extended slice, or an error wrapping codec.ErrCorrupt when src is not
+// exactly one batch this package wrote.
+func decodeJournalBatch(dst []ledger.JournalEntry, src []byte) ([]ledger.JournalEntry, error) {
+	d := journalDecoder{buf: src}
+	if len(d.buf) == 0 || d.buf[0] != tagJournalBatchV1 {
+		return dst, d.corrupt("format tag: want %#02x", tagJournalBatchV1)
+	}
+	d.buf = d.buf[1:]
+	count := d.uvarint()
+	// Every entry takes at least 9 bytes: no count beyond that is real,
+	// and none may make the slice grow past what src can hold.
+	if d.err == nil && count > uint64(len(d.buf))/9 {
+		return dst, d.corrupt("%d entries in %d bytes", count, len(d.buf))
+	}
+	var (
+		conv codec.Conv
+		at   int64
+		keys []ledger.AccountKey
+	)
+	dst = append(make([]ledger.JournalEntry, 0, len(dst)+int(count)), dst...)
+	for i := uint64(0); i < count && d.err == nil; i++ {
+		var e ledger.JournalEntry
+		at += d.varint()
+		e.At = conv.Time(at)
+		e.Kind = conv.Kind(d.small())
+		switch k := d.uvarint(); {
+		case d.err != nil:
+		case k == 0:
+			key := ledger.AccountKey{Subject: d.string(), Route: d.string(), Region: d.string()}
+			key.Generation = conv.Uint(d.small())
+			keys = append(keys, key)
+			e.Account = key
+		case k <= uint64(len(keys)):
+			e.Account = keys[k-1]
+		default:
+			return dst, d.corrupt("entry %d names account %d of %d", i, k, len(keys))
+		}
+		e.ReservationID = d.string()
+		e.From = conv.State(d.small())
+		e.To = conv.State(d.small())
+		e.ReceiptID = d.string()
+		e.Delta = conv.Balances(d.bytes())
+		if d.err != nil {
+			return dst, d.err
+		}
+		if err := conv.Err(); err != nil {
+			return dst, fmt.Errorf("journal batch entry %d: %w", i, err)
+		}
+		dst = append(dst, e)
+	}
+	if d.err == nil && len(d.buf) != 0 {
+		return dst, d.corrupt("%d trailing bytes", len(d.buf))
+	}
+	return dst, d.err
+}
+
+// journalDecoder reads a journal batch, keeping the first error; once err
+// is set every method returns zero.
+type journalDecoder struct {
+	buf []byte
+	err error
+}
+
+func (d *journalDecoder) corrupt(format string, args ...any) error {
+	if d.err == nil {
+		d.err = fmt.Errorf("%w: journal batch: %s", codec.ErrCorrupt, fmt.Sprintf(format, args...))
+	}
+	return d.err
+}
+
+func (d *journalDecoder) uvarint() uint64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(d.buf)
+	if n <= 0 {
+		d.corrupt("bad uvarint")
+		return 0
+	}
+	d.buf = d.buf[n:]
+	return v
+}
+
+func (d *journalDecoder) varint() int64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Varint(d.buf)
+	if n <= 0 {
+		d.corrupt("bad varint")
+		return 0
+	}
+	d.buf = d.buf[n:]
+	return v
+}
+
+// small returns a uvarint that must fit an int64 (Conv checks the range
+// each field allows).
+func (d *journalDecoder) small() int64 {
+	v := d.uvarint()
+	if v > math.MaxInt64 {
+		d.corrupt("value %d exceeds %d", v, int64(math.MaxInt64))
+		return 0
+	}
+	return int64(v)
+}
+
+func (d *journalDecoder) bytes() []byte {
+	n := d.uvarint()
+	if d.err != nil {
+		return nil
+	}
+	if n > uint64(len(d.buf)) {
+		d.corrupt("%d bytes wanted, %d left", n, len(d.buf))
+		return nil
+	}
+	b := d.buf[:n:n]
+	d.buf = d.buf[n:]
+	return b
+}
+
+func (d *journalDecoder) string() string { return string(d.bytes()) }
