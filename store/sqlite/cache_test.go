@@ -3,6 +3,7 @@ package sqlite_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"reflect"
 	"testing"
@@ -182,6 +183,15 @@ func TestFreshReservationsRoundTrip(t *testing.T) {
 		if i%7 == 3 { // not fresh: started
 			r.State, r.OperationID, r.StartedAt = ledger.StateStarted, "op-"+r.ID, t0
 		}
+		// Accounts: a group of 40 rows (shared-key statements), one of
+		// 10 with a generation of its own, and 13 rows of 5 accounts
+		// too few each for a group.
+		switch {
+		case i >= 50:
+			r.Account = ledger.AccountKey{Subject: fmt.Sprintf("tenant-%d", i%5), Route: "chat", Region: "us", Generation: uint64(i % 5)}
+		case i >= 40:
+			r.Account.Generation = 2
+		}
 		c.Reservations = append(c.Reservations, r)
 		c.NewReservations[r.ID] = true
 		want[r.ID] = r
@@ -208,5 +218,34 @@ func TestFreshReservationsRoundTrip(t *testing.T) {
 	}
 	if !reflect.DeepEqual(due, wantDue) {
 		t.Fatalf("due: %v, want %v", due, wantDue)
+	}
+}
+
+// A duplicate id among a group of one account's fresh reservations fails
+// the Write with store.ErrDuplicate, and the transaction cannot commit.
+func TestFreshGroupDuplicate(t *testing.T) {
+	ctx := context.Background()
+	s := openTemp(t)
+	writeTx(t, s, insert(batchID(3, 2)))
+	tx, err := s.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	var ids []string
+	for i := range 6 {
+		ids = append(ids, batchID(3, i))
+	}
+	if err := tx.Write(ctx, insert(ids...)); !errors.Is(err, store.ErrDuplicate) {
+		t.Fatalf("write: %v, want ErrDuplicate", err)
+	}
+	if err := tx.Commit(ctx); err == nil {
+		t.Fatal("commit after a failed write succeeded")
+	}
+	for _, id := range ids {
+		_, err := s.ReservationGet(ctx, id)
+		if exists := err == nil; exists != (id == batchID(3, 2)) {
+			t.Fatalf("%s: %v after the rolled-back write", id, err)
+		}
 	}
 }

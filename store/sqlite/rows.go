@@ -183,6 +183,12 @@ func appendFreshReservationArgs(dst []any, r *ledger.Reservation, c *codec.Conv)
 		c.Nanos(r.AccountingEpoch), codec.EncodeAmounts(&r.Reserved), c.Nanos(r.CreatedAt), expires, expires)
 }
 
+// appendFreshSharedArgs appends the per-row columns of freshSharedRow.
+func appendFreshSharedArgs(dst []any, r *ledger.Reservation, c *codec.Conv) []any {
+	return append(dst, r.ID, r.RequestDigest, c.Nanos(r.AccountingEpoch), codec.EncodeAmounts(&r.Reserved),
+		c.Nanos(r.CreatedAt), c.Nanos(r.ExpiresAt))
+}
+
 func scanReservation(sc scanner) (ledger.Reservation, error) {
 	var (
 		r                                                   ledger.Reservation

@@ -50,6 +50,10 @@ const (
 	// started, settled or overdrawn (what a reserve writes): the columns
 	// that are then zero are literals, so a row binds 10 values, not 19.
 	wFreshReservationRows
+	// wFreshSharedRows inserts fresh reservations of one account: the
+	// account key is bound once per statement (parameters ?1 to ?4) and a
+	// row binds 6 values.
+	wFreshSharedRows
 	nWriteStmts
 )
 
@@ -72,6 +76,7 @@ func buildWriteSQL() [nWriteStmts]string {
 	for k, rows := range chunkSizes {
 		sql[wReservationRows+k] = insertRowsSQL("reservations", reservationCols, rows, "due_at")
 		sql[wFreshReservationRows+k] = freshReservationsSQL(rows)
+		sql[wFreshSharedRows+k] = freshSharedSQL(rows)
 	}
 	return sql
 }
@@ -113,7 +118,54 @@ func freshReservationsSQL(rows int) string {
 		panic("fresh reservation columns do not cover the table") // a build defect, caught by every test
 	}
 	values := strings.TrimSuffix(strings.Repeat("("+strings.Join(row, ", ")+"), ", rows), ", ")
-	return "INSERT INTO reservations (" + strings.Join(bound, ", ") + ") VALUES " + values
+	return insertFresh + " (" + strings.Join(bound, ", ") + ") VALUES " + values
+}
+
+// insertFresh starts the multi-row INSERTs of new reservations. OR FAIL:
+// a row that breaks a constraint ends the statement without undoing its
+// earlier rows, so SQLite keeps no statement journal (a copy of every page
+// the statement changes) for them. Nothing is lost: after any failed
+// statement the Tx refuses to commit and rolls back whole.
+const insertFresh = "INSERT OR FAIL INTO reservations"
+
+// freshSharedColumns are the bound columns of wFreshSharedRows: the account
+// key (?1 to ?4, the same in every row), then per row what
+// appendFreshSharedArgs binds, due_at repeating the row's expires_at
+// parameter.
+const (
+	freshSharedKey  = "subject, route, region, generation"
+	freshSharedRow  = "id, request_digest, accounting_epoch, reserved, created_at, expires_at"
+	freshSharedKeyN = 4
+	freshSharedRowN = 6
+)
+
+// freshSharedSQL returns the INSERT of rows fresh reservations of one
+// account. The row parameters are anonymous (numbered on from the largest
+// so far); only the key's and due_at's are numbered, whose names the
+// driver reads into a string on each execution.
+func freshSharedSQL(rows int) string {
+	cols := freshSharedKey + ", " + freshSharedRow + ", due_at"
+	var literals []string
+	for _, c := range strings.Split(reservationCols, ", ") {
+		if lit, ok := freshLiterals[c]; ok {
+			cols += ", " + c
+			literals = append(literals, lit)
+		}
+	}
+	if len(strings.Split(cols, ", ")) != len(strings.Split(reservationCols, ", "))+1 {
+		panic("fresh reservation columns do not cover the table") // a build defect, caught by every test
+	}
+	var values []string
+	for r := range rows {
+		expires := freshSharedKeyN + freshSharedRowN*(r+1)
+		row := []string{"?1", "?2", "?3", "?4"}
+		for range freshSharedRowN {
+			row = append(row, "?")
+		}
+		row = append(row, fmt.Sprintf("?%d", expires))
+		values = append(values, "("+strings.Join(append(row, literals...), ", ")+")")
+	}
+	return insertFresh + " (" + cols + ") VALUES " + strings.Join(values, ", ")
 }
 
 var baseWriteSQL = [nWriteStmts]string{

@@ -356,10 +356,18 @@ func (tx *Tx) write(ctx context.Context, c *store.Changes) error {
 		}
 	}
 	reservationName := func(r *ledger.Reservation) string { return "insert reservation " + r.ID }
-	if err := insertRows(ctx, tx, &conv, freshInserts, wFreshReservationRows, appendFreshReservationArgs, reservationName); err != nil {
+	shared, freshInserts := groupByAccount(freshInserts)
+	for _, group := range shared {
+		key := group[0].Account
+		prefix := []any{key.Subject, key.Route, key.Region, conv.Int(key.Generation)}
+		if err := insertRows(ctx, tx, &conv, prefix, group, wFreshSharedRows, appendFreshSharedArgs, reservationName); err != nil {
+			return err
+		}
+	}
+	if err := insertRows(ctx, tx, &conv, nil, freshInserts, wFreshReservationRows, appendFreshReservationArgs, reservationName); err != nil {
 		return err
 	}
-	if err := insertRows(ctx, tx, &conv, inserts, wReservationRows, appendReservationArgs, reservationName); err != nil {
+	if err := insertRows(ctx, tx, &conv, nil, inserts, wReservationRows, appendReservationArgs, reservationName); err != nil {
 		return err
 	}
 	for i := range c.Moves {
@@ -393,15 +401,61 @@ func (tx *Tx) write(ctx context.Context, c *store.Changes) error {
 	return tx.exec(ctx, wJournalBatchInsert, what, &conv, []any{blob})
 }
 
+// minSharedRows is the fewest fresh reservations of one account that
+// groupByAccount writes as a group (wFreshSharedRows); smaller groups go
+// together in the fewer statements of wFreshReservationRows.
+const minSharedRows = 4
+
+// groupByAccount returns the groups of at least minSharedRows rows of one
+// account, and the other rows; each group and the rest keep the order of
+// rows.
+func groupByAccount(rows []*ledger.Reservation) (groups [][]*ledger.Reservation, rest []*ledger.Reservation) {
+	if len(rows) < minSharedRows {
+		return nil, rows
+	}
+	same := true
+	for _, r := range rows[1:] {
+		if r.Account != rows[0].Account {
+			same = false
+			break
+		}
+	}
+	if same {
+		return [][]*ledger.Reservation{rows}, nil
+	}
+	byKey := map[ledger.AccountKey][]*ledger.Reservation{}
+	var keys []ledger.AccountKey
+	for _, r := range rows {
+		if _, ok := byKey[r.Account]; !ok {
+			keys = append(keys, r.Account)
+		}
+		byKey[r.Account] = append(byKey[r.Account], r)
+	}
+	for _, key := range keys {
+		if g := byKey[key]; len(g) >= minSharedRows {
+			groups = append(groups, g)
+		} else {
+			rest = append(rest, g...)
+		}
+	}
+	return groups, rest
+}
+
 // insertRows inserts rows in order through the multi-row statements
 // first..first+len(chunkSizes)-1: as many rows per statement as the
-// largest size that fits.
-func insertRows[T any](ctx context.Context, tx *Tx, conv *codec.Conv, rows []*T, first int,
+// largest size that fits. prefix are the statement's leading arguments,
+// the same for every chunk.
+func insertRows[T any](ctx context.Context, tx *Tx, conv *codec.Conv, prefix []any, rows []*T, first int,
 	appendArgs func([]any, *T, *codec.Conv) []any, name func(*T) string) error {
-	var args []any
+	// w.exec copies the arguments: the slice is reused.
+	args := tx.w.rowArgs
+	defer func() {
+		clear(args) // keep no row's strings alive
+		tx.w.rowArgs = args[:0]
+	}()
 	for k, size := range chunkSizes {
 		for len(rows) >= size {
-			args = args[:0]
+			args = append(args[:0], prefix...)
 			for _, r := range rows[:size] {
 				args = appendArgs(args, r, conv)
 			}

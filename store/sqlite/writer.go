@@ -25,8 +25,10 @@ type writer struct {
 	begin, commit, rollback driver.Stmt
 	// args is reused for every statement's arguments.
 	args []driver.NamedValue
-	// journalBuf is reused for every Write's journal batch.
+	// journalBuf is reused for every Write's journal batch, rowArgs for
+	// the arguments of multi-row INSERTs.
 	journalBuf []byte
+	rowArgs    []any
 
 	closeOnce sync.Once
 	closeErr  error
