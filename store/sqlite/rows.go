@@ -178,15 +178,17 @@ func fresh(r *ledger.Reservation) bool {
 // appendFreshReservationArgs appends the columns of freshColumns (due_at
 // of a RESERVED row is its expires_at, see dueAt).
 func appendFreshReservationArgs(dst []any, r *ledger.Reservation, c *codec.Conv) []any {
-	expires := c.Nanos(r.ExpiresAt)
+	expires := any(c.Nanos(r.ExpiresAt)) // boxed once for both columns
 	return append(dst, r.ID, r.RequestDigest, r.Account.Subject, r.Account.Route, r.Account.Region, c.Int(r.Account.Generation),
 		c.Nanos(r.AccountingEpoch), codec.EncodeAmounts(&r.Reserved), c.Nanos(r.CreatedAt), expires, expires)
 }
 
-// appendFreshSharedArgs appends the per-row columns of freshSharedRow.
+// appendFreshSharedArgs appends the per-row columns of freshSharedRow
+// (due_at of a RESERVED row is its expires_at, see dueAt).
 func appendFreshSharedArgs(dst []any, r *ledger.Reservation, c *codec.Conv) []any {
+	expires := any(c.Nanos(r.ExpiresAt)) // boxed once for both columns
 	return append(dst, r.ID, r.RequestDigest, c.Nanos(r.AccountingEpoch), codec.EncodeAmounts(&r.Reserved),
-		c.Nanos(r.CreatedAt), c.Nanos(r.ExpiresAt))
+		c.Nanos(r.CreatedAt), expires, expires)
 }
 
 func scanReservation(sc scanner) (ledger.Reservation, error) {
