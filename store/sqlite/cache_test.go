@@ -178,14 +178,16 @@ func TestFreshReservationsRoundTrip(t *testing.T) {
 		r := reservation(batchID(2, i))
 		r.Reserved = ledger.Amounts{int64(i + 1), 2}
 		r.AccountingEpoch = t0
-		r.CreatedAt = t0.Add(time.Duration(i) * time.Millisecond)
-		r.ExpiresAt = t0.Add(time.Minute + time.Duration(i)*time.Second)
+		// Ten rows at a time share a creation and expiry time, as a
+		// batch's reserves do.
+		r.CreatedAt = t0.Add(time.Duration(i/10) * time.Millisecond)
+		r.ExpiresAt = t0.Add(time.Minute + time.Duration(i/10)*time.Second)
 		if i%7 == 3 { // not fresh: started
 			r.State, r.OperationID, r.StartedAt = ledger.StateStarted, "op-"+r.ID, t0
 		}
-		// Accounts: a group of 40 rows (shared-key statements), one of
-		// 10 with a generation of its own, and 13 rows of 5 accounts
-		// too few each for a group.
+		// Accounts: 40 rows of one (four groups of shared-key
+		// statements), 10 of a generation of their own, and 13 rows of 5
+		// accounts, too few each for a group.
 		switch {
 		case i >= 50:
 			r.Account = ledger.AccountKey{Subject: fmt.Sprintf("tenant-%d", i%5), Route: "chat", Region: "us", Generation: uint64(i % 5)}
@@ -206,7 +208,7 @@ func TestFreshReservationsRoundTrip(t *testing.T) {
 			t.Fatalf("%s:\n got %+v\nwant %+v", id, got, w)
 		}
 	}
-	due, err := s.ReservationsDue(ctx, t0.Add(time.Minute+9*time.Second), 100)
+	due, err := s.ReservationsDue(ctx, t0.Add(time.Minute+500*time.Millisecond), 100)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -183,12 +183,9 @@ func appendFreshReservationArgs(dst []any, r *ledger.Reservation, c *codec.Conv)
 		c.Nanos(r.AccountingEpoch), codec.EncodeAmounts(&r.Reserved), c.Nanos(r.CreatedAt), expires, expires)
 }
 
-// appendFreshSharedArgs appends the per-row columns of freshSharedRow
-// (due_at of a RESERVED row is its expires_at, see dueAt).
-func appendFreshSharedArgs(dst []any, r *ledger.Reservation, c *codec.Conv) []any {
-	expires := any(c.Nanos(r.ExpiresAt)) // boxed once for both columns
-	return append(dst, r.ID, r.RequestDigest, c.Nanos(r.AccountingEpoch), codec.EncodeAmounts(&r.Reserved),
-		c.Nanos(r.CreatedAt), expires, expires)
+// appendFreshSharedArgs appends the per-row columns of freshSharedRow.
+func appendFreshSharedArgs(dst []any, r *ledger.Reservation, _ *codec.Conv) []any {
+	return append(dst, r.ID, r.RequestDigest, codec.EncodeAmounts(&r.Reserved))
 }
 
 func scanReservation(sc scanner) (ledger.Reservation, error) {

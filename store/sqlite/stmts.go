@@ -50,9 +50,9 @@ const (
 	// started, settled or overdrawn (what a reserve writes): the columns
 	// that are then zero are literals, so a row binds 10 values, not 19.
 	wFreshReservationRows
-	// wFreshSharedRows inserts fresh reservations of one account: the
-	// account key is bound once per statement (parameters ?1 to ?4) and a
-	// row binds 6 values.
+	// wFreshSharedRows inserts fresh reservations of one account created
+	// at one time (see freshSharedCols): what they share is bound once per
+	// statement, and a row binds 3 values.
 	wFreshSharedRows
 	nWriteStmts
 )
@@ -129,24 +129,26 @@ func freshReservationsSQL(rows int) string {
 // statement the Tx refuses to commit and rolls back whole.
 const insertFresh = "INSERT OR FAIL INTO reservations"
 
-// freshSharedKey and freshSharedRow are the bound columns of
-// wFreshSharedRows: the account key (?1 to ?4, the same in every row),
-// then per row what appendFreshSharedArgs binds (due_at is expires_at
-// again).
+// freshSharedCols and freshSharedRow are the bound columns of
+// wFreshSharedRows: what the rows share (?1 to ?7: the account key, the
+// accounting epoch, created_at and expires_at, the last again as due_at),
+// then per row what appendFreshSharedArgs binds. A batch applies its
+// commands at one time, so a reserve batch's reservations of one account
+// share all of these.
 const (
-	freshSharedKey  = "subject, route, region, generation"
-	freshSharedRow  = "id, request_digest, accounting_epoch, reserved, created_at, expires_at, due_at"
-	freshSharedRowN = 7
+	freshSharedCols   = "subject, route, region, generation, accounting_epoch, created_at, expires_at, due_at"
+	freshSharedParams = "?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7"
+	freshSharedRow    = "id, request_digest, reserved"
+	freshSharedRowN   = 3
 )
 
-// freshSharedSQL returns the INSERT of rows fresh reservations of one
-// account. The row parameters are anonymous (numbered on from the largest
-// so far); only the key's are numbered. Every numbered parameter costs on
-// each execution: the driver asks SQLite for every parameter's name, a
-// linear search of the statement's named ones, so due_at does not reuse
-// expires_at's parameter.
+// freshSharedSQL returns the INSERT of rows fresh reservations that share
+// freshSharedCols. The row parameters are anonymous (numbered on from the
+// largest so far). Every numbered parameter costs on each execution: the
+// driver asks SQLite for the name of every parameter, a linear search of
+// the statement's named ones.
 func freshSharedSQL(rows int) string {
-	cols := freshSharedKey + ", " + freshSharedRow
+	cols := freshSharedCols + ", " + freshSharedRow
 	var literals []string
 	for _, c := range strings.Split(reservationCols, ", ") {
 		if lit, ok := freshLiterals[c]; ok {
@@ -157,15 +159,12 @@ func freshSharedSQL(rows int) string {
 	if len(strings.Split(cols, ", ")) != len(strings.Split(reservationCols, ", "))+1 {
 		panic("fresh reservation columns do not cover the table") // a build defect, caught by every test
 	}
-	var values []string
-	for range rows {
-		row := []string{"?1", "?2", "?3", "?4"}
-		for range freshSharedRowN {
-			row = append(row, "?")
-		}
-		values = append(values, "("+strings.Join(append(row, literals...), ", ")+")")
+	row := []string{freshSharedParams}
+	for range freshSharedRowN {
+		row = append(row, "?")
 	}
-	return insertFresh + " (" + cols + ") VALUES " + strings.Join(values, ", ")
+	value := "(" + strings.Join(append(row, literals...), ", ") + ")"
+	return insertFresh + " (" + cols + ") VALUES " + strings.TrimSuffix(strings.Repeat(value+", ", rows), ", ")
 }
 
 var baseWriteSQL = [nWriteStmts]string{

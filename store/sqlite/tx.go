@@ -356,10 +356,11 @@ func (tx *Tx) write(ctx context.Context, c *store.Changes) error {
 		}
 	}
 	reservationName := func(r *ledger.Reservation) string { return "insert reservation " + r.ID }
-	shared, freshInserts := groupByAccount(freshInserts)
+	shared, freshInserts := groupFresh(freshInserts, &conv)
 	for _, group := range shared {
-		key := group[0].Account
-		prefix := []any{key.Subject, key.Route, key.Region, conv.Int(key.Generation)}
+		r := group[0]
+		prefix := []any{r.Account.Subject, r.Account.Route, r.Account.Region, conv.Int(r.Account.Generation),
+			conv.Nanos(r.AccountingEpoch), conv.Nanos(r.CreatedAt), conv.Nanos(r.ExpiresAt)}
 		if err := insertRows(ctx, tx, &conv, prefix, group, wFreshSharedRows, appendFreshSharedArgs, reservationName); err != nil {
 			return err
 		}
@@ -401,21 +402,32 @@ func (tx *Tx) write(ctx context.Context, c *store.Changes) error {
 	return tx.exec(ctx, wJournalBatchInsert, what, &conv, []any{blob})
 }
 
-// minSharedRows is the fewest fresh reservations of one account that
-// groupByAccount writes as a group (wFreshSharedRows); smaller groups go
+// minSharedRows is the fewest fresh reservations sharing freshSharedCols
+// that groupFresh writes as a group (wFreshSharedRows); smaller groups go
 // together in the fewer statements of wFreshReservationRows.
 const minSharedRows = 4
 
-// groupByAccount returns the groups of at least minSharedRows rows of one
-// account, and the other rows; each group and the rest keep the order of
-// rows.
-func groupByAccount(rows []*ledger.Reservation) (groups [][]*ledger.Reservation, rest []*ledger.Reservation) {
+// freshGroup is what the rows of a wFreshSharedRows statement share.
+type freshGroup struct {
+	account                   ledger.AccountKey
+	epoch, created, expiresAt int64
+}
+
+func freshGroupOf(r *ledger.Reservation, c *codec.Conv) freshGroup {
+	return freshGroup{r.Account, c.Nanos(r.AccountingEpoch), c.Nanos(r.CreatedAt), c.Nanos(r.ExpiresAt)}
+}
+
+// groupFresh returns the groups of at least minSharedRows rows that share
+// freshSharedCols, and the other rows; each group and the rest keep the
+// order of rows.
+func groupFresh(rows []*ledger.Reservation, c *codec.Conv) (groups [][]*ledger.Reservation, rest []*ledger.Reservation) {
 	if len(rows) < minSharedRows {
 		return nil, rows
 	}
+	first := freshGroupOf(rows[0], c)
 	same := true
 	for _, r := range rows[1:] {
-		if r.Account != rows[0].Account {
+		if freshGroupOf(r, c) != first {
 			same = false
 			break
 		}
@@ -423,19 +435,20 @@ func groupByAccount(rows []*ledger.Reservation) (groups [][]*ledger.Reservation,
 	if same {
 		return [][]*ledger.Reservation{rows}, nil
 	}
-	byKey := map[ledger.AccountKey][]*ledger.Reservation{}
-	var keys []ledger.AccountKey
+	byGroup := map[freshGroup][]*ledger.Reservation{}
+	var order []freshGroup
 	for _, r := range rows {
-		if _, ok := byKey[r.Account]; !ok {
-			keys = append(keys, r.Account)
+		g := freshGroupOf(r, c)
+		if _, ok := byGroup[g]; !ok {
+			order = append(order, g)
 		}
-		byKey[r.Account] = append(byKey[r.Account], r)
+		byGroup[g] = append(byGroup[g], r)
 	}
-	for _, key := range keys {
-		if g := byKey[key]; len(g) >= minSharedRows {
-			groups = append(groups, g)
+	for _, g := range order {
+		if members := byGroup[g]; len(members) >= minSharedRows {
+			groups = append(groups, members)
 		} else {
-			rest = append(rest, g...)
+			rest = append(rest, members...)
 		}
 	}
 	return groups, rest
