@@ -183,7 +183,12 @@ func New(addr string, options ...Option) (*Client, error) {
 	}
 	hc, owns := cfg.httpClient, false
 	if hc == nil {
-		hc, owns = &http.Client{Transport: newTransport(&cfg, strings.HasPrefix(baseURL, "https://"))}, true
+		transport := newTransport(&cfg, strings.HasPrefix(baseURL, "https://"))
+		hc, owns = &http.Client{Transport: transport}, true
+		if cfg.protocol != ProtocolGRPC {
+			// One write per call instead of two (see inlineBody).
+			hc.Transport = inlineBody{next: transport}
+		}
 	}
 	// No gzip: ledger messages are a few hundred bytes, and compressing
 	// them costs the server more CPU than the bytes saved on a LAN (it was

@@ -26,10 +26,10 @@ const staleRetries = 3
 func (s *Server) do(ctx context.Context, cmd ledger.Command) (ledger.Result, *connect.Error) {
 	res, err := s.ledger.Do(ctx, cmd)
 	if err != nil {
-		s.metrics.command(cmd.Kind.String(), "unavailable")
+		s.metrics.command(cmd.Kind, "unavailable")
 		return res, operatingError(cmd.Kind.String(), err)
 	}
-	s.metrics.command(cmd.Kind.String(), outcomeLabel(&res))
+	s.metrics.command(cmd.Kind, outcomeLabel(&res))
 	return res, nil
 }
 
@@ -42,12 +42,12 @@ func (s *Server) doBatch(ctx context.Context, kind ledger.Kind, cmds []ledger.Co
 	results, err := s.ledger.DoBatch(ctx, cmds)
 	if err != nil {
 		for range cmds {
-			s.metrics.command(kind.String(), "unavailable")
+			s.metrics.command(kind, "unavailable")
 		}
 		return nil, operatingError(kind.String()+" batch", err)
 	}
 	for i := range results {
-		s.metrics.command(kind.String(), outcomeLabel(&results[i]))
+		s.metrics.command(kind, outcomeLabel(&results[i]))
 	}
 	return results, nil
 }
@@ -63,7 +63,7 @@ func (s *Server) refused(kind ledger.Kind, cerr *connect.Error) {
 			}
 		}
 	}
-	s.metrics.command(kind.String(), strings.ToLower(reason))
+	s.metrics.command(kind, strings.ToLower(reason))
 }
 
 func outcomeLabel(res *ledger.Result) string {

@@ -2,12 +2,15 @@ package server
 
 import (
 	"net/http"
+	"sync"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/capledger/capledger/engine"
+	"github.com/capledger/capledger/ledger"
 )
 
 // Metrics are the server's Prometheus metrics, on a registry of their own
@@ -29,6 +32,32 @@ type Metrics struct {
 	batchSize  prometheus.Histogram
 	commitTime prometheus.Histogram
 	attempts   prometheus.Histogram
+
+	// hot caches the commands_total counters of the outcomes nearly every
+	// answer has (ok and replayed) per command kind, so the request path
+	// does not hash its label values and search the vector on each call.
+	// A slot is filled on first use, so /metrics shows a series only once
+	// it was counted, as with WithLabelValues.
+	hot [hotKinds][hotOutcomes]atomic.Pointer[prometheus.Counter]
+	// other caches the rest by kind and outcome.
+	other sync.Map // commandLabels -> prometheus.Counter
+}
+
+// hotKinds bounds the ledger.Kind values cached in Metrics.hot.
+const hotKinds = 32
+
+// Hot outcomes, the indexes of Metrics.hot's inner array.
+const (
+	outcomeOK = iota
+	outcomeReplayed
+	hotOutcomes
+)
+
+var hotOutcomeLabels = [hotOutcomes]string{outcomeOK: "ok", outcomeReplayed: "replayed"}
+
+type commandLabels struct {
+	kind    ledger.Kind
+	outcome string
 }
 
 // NewMetrics returns metrics on a fresh registry, with the Go runtime and
@@ -88,8 +117,37 @@ func (m *Metrics) registerEngine(l Ledger) {
 	)
 }
 
-func (m *Metrics) command(kind, outcome string) {
-	m.commands.WithLabelValues(kind, outcome).Inc()
+// command counts one answered command of kind under outcome.
+func (m *Metrics) command(kind ledger.Kind, outcome string) {
+	m.commandCounter(kind, outcome).Inc()
+}
+
+// commandCounter returns the capledger_commands_total counter of kind and
+// outcome, from the caches when it was used before.
+func (m *Metrics) commandCounter(kind ledger.Kind, outcome string) prometheus.Counter {
+	hot := -1
+	switch outcome {
+	case "ok":
+		hot = outcomeOK
+	case "replayed":
+		hot = outcomeReplayed
+	}
+	if hot >= 0 && int(kind) < hotKinds {
+		slot := &m.hot[kind][hot]
+		if c := slot.Load(); c != nil {
+			return *c
+		}
+		c := m.commands.WithLabelValues(kind.String(), hotOutcomeLabels[hot])
+		slot.Store(&c)
+		return c
+	}
+	key := commandLabels{kind: kind, outcome: outcome}
+	if c, ok := m.other.Load(key); ok {
+		return c.(prometheus.Counter)
+	}
+	c := m.commands.WithLabelValues(kind.String(), outcome)
+	m.other.Store(key, c)
+	return c
 }
 
 func (m *Metrics) rejection(dimension, reason string) {

@@ -3,8 +3,6 @@ package server_test
 import (
 	"context"
 	"fmt"
-	"net"
-	"net/http"
 	"slices"
 	"sync/atomic"
 	"syscall"
@@ -15,41 +13,33 @@ import (
 
 	v1 "github.com/capledger/capledger/api/capledger/v1"
 	"github.com/capledger/capledger/api/capledger/v1/capledgerv1connect"
+	"github.com/capledger/capledger/client"
 )
 
 // benchProtocols are the ways a gateway reaches the server: the Connect
 // protocol with binary protobuf or JSON over keep-alive HTTP/1.1, and gRPC
 // over cleartext HTTP/2 (h2c, prior knowledge).
 var benchProtocols = []struct {
-	name string
-	opts []connect.ClientOption
-	h2c  bool
+	name     string
+	protocol client.Protocol
 }{
-	{name: "connect-proto"},
-	{name: "connect-json", opts: []connect.ClientOption{connect.WithProtoJSON()}},
-	{name: "grpc-h2c", opts: []connect.ClientOption{connect.WithGRPC()}, h2c: true},
+	{name: "connect-proto", protocol: client.ProtocolConnect},
+	{name: "connect-json", protocol: client.ProtocolConnectJSON},
+	{name: "grpc-h2c", protocol: client.ProtocolGRPC},
 }
 
-// benchClient returns a connect-go LedgerService client for url over its
-// own transport (no compression, keep-alive, enough idle connections for
-// every caller).
-func benchClient(b *testing.B, url string, h2c bool, opts ...connect.ClientOption) capledgerv1connect.LedgerServiceClient {
-	transport := &http.Transport{
-		DialContext:         (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
-		MaxIdleConns:        512,
-		MaxIdleConnsPerHost: 512,
-		DisableCompression:  true,
+// benchClient returns a LedgerService client for url over the Go SDK's own
+// transport (keep-alive, no compression, enough idle connections for every
+// caller, a request's headers and body in one write), as a gateway gets
+// it. It is the SDK's raw client: no retries, no ids or digests minted, so
+// the figures are those of the wire and the server.
+func benchClient(b *testing.B, url string, protocol client.Protocol) capledgerv1connect.LedgerServiceClient {
+	c, err := client.New(url, client.WithProtocol(protocol), client.WithMaxIdleConns(512), client.WithTimeout(30*time.Second))
+	if err != nil {
+		b.Fatal(err)
 	}
-	if h2c {
-		p := new(http.Protocols)
-		p.SetUnencryptedHTTP2(true)
-		transport.Protocols = p
-	}
-	b.Cleanup(transport.CloseIdleConnections)
-	// Like the SDK: no gzip offered (tiny messages, compression costs more
-	// CPU than it saves on a LAN).
-	opts = append([]connect.ClientOption{connect.WithAcceptCompression("gzip", nil, nil)}, opts...)
-	return capledgerv1connect.NewLedgerServiceClient(&http.Client{Transport: transport, Timeout: 30 * time.Second}, url, opts...)
+	b.Cleanup(func() { c.Close() })
+	return c.Raw()
 }
 
 // BenchmarkServeReserveParallel measures single Reserve calls end to end:
@@ -65,7 +55,7 @@ func BenchmarkServeReserveParallel(b *testing.B) {
 			b.Run(fmt.Sprintf("%s/callers=%d", proto.name, callers), func(b *testing.B) {
 				h := newHarness(b, harnessOptions{})
 				h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"bench","holdTtl":"3600s","dimensions":[{"unit":"tokens","burst":"1000000000000000"}]}}`, "")
-				c := benchClient(b, h.url, proto.h2c, proto.opts...)
+				c := benchClient(b, h.url, proto.protocol)
 				var next atomic.Int64
 				latencies := make([]time.Duration, b.N+callers)
 				b.SetParallelism((callers + 1) / 2)
@@ -110,7 +100,7 @@ func BenchmarkServeReserveBatch(b *testing.B) {
 		b.Run(proto.name, func(b *testing.B) {
 			h := newHarness(b, harnessOptions{})
 			h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"bench","holdTtl":"3600s","dimensions":[{"unit":"tokens","burst":"1000000000000000"}]}}`, "")
-			c := benchClient(b, h.url, proto.h2c, proto.opts...)
+			c := benchClient(b, h.url, proto.protocol)
 			var next atomic.Int64
 			latencies := make([]time.Duration, b.N+callers)
 			b.SetParallelism((callers + 1) / 2)
