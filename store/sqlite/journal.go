@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store/codec"
@@ -140,7 +141,7 @@ func decodeJournalBatch(dst []ledger.JournalEntry, src []byte) ([]ledger.Journal
 		at   int64
 		keys []ledger.AccountKey
 	)
-	dst = append(make([]ledger.JournalEntry, 0, len(dst)+int(count)), dst...)
+	dst = slices.Grow(dst, int(count)) // amortized: Snapshot appends batch after batch
 	for i := uint64(0); i < count && d.err == nil; i++ {
 		var e ledger.JournalEntry
 		at += d.varint()
