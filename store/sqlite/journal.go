@@ -28,7 +28,10 @@ import (
 //	reservation id, string
 //	from, to  uvarint each (reservation states)
 //	receipt id, string
-//	delta     uvarint length, then codec's Balances encoding
+//	delta     the number of dimensions written (trailing zero ones are
+//	          not), then per dimension a uvarint mask of its non-zero
+//	          terms (bit i: term i of ledger.Balance, Opening first)
+//	          and those terms as varints, in order
 //
 // A string is its length (uvarint) and its bytes. Decoding never panics:
 // anything else is an error wrapping codec.ErrCorrupt.
@@ -93,27 +96,45 @@ func appendJournalBatch(dst []byte, entries []ledger.JournalEntry) ([]byte, erro
 		dst = binary.AppendUvarint(dst, uint64(e.From))
 		dst = binary.AppendUvarint(dst, uint64(e.To))
 		dst = appendString(dst, e.ReceiptID)
-		// The delta's length is at most 2 + 9*MaxDimensions*MaxVarintLen
-		// bytes: reserve two bytes for it and shift in the rare case it
-		// needs more than one.
-		lenAt := len(dst)
-		dst = append(dst, 0)
-		dst = codec.AppendBalances(dst, &e.Delta)
-		n := len(dst) - lenAt - 1
-		if n < 0x80 {
-			dst[lenAt] = byte(n)
-		} else {
-			var prefix [binary.MaxVarintLen64]byte
-			p := binary.PutUvarint(prefix[:], uint64(n))
-			dst = append(dst, prefix[:p-1]...)
-			copy(dst[lenAt+p:], dst[lenAt+1:lenAt+1+n])
-			copy(dst[lenAt:], prefix[:p])
-		}
+		dst = appendDelta(dst, &e.Delta)
 	}
 	if err := conv.Err(); err != nil {
 		return nil, fmt.Errorf("journal entry: %w", err)
 	}
 	return dst, nil
+}
+
+// balanceTerms lists a Balance's terms in the order of the delta mask.
+func balanceTerms(b *ledger.Balance) [9]*ledger.Units {
+	return [9]*ledger.Units{&b.Opening, &b.Minted, &b.OverdraftIssued, &b.Available, &b.Reserved, &b.Spent,
+		&b.RetiredForEmergency, &b.RetiredForMove, &b.OverdraftRepaid}
+}
+
+// appendDelta appends a journal entry's delta: most of its terms are zero
+// (a reserve moves units from available to reserved), so only the
+// non-zero ones are written.
+func appendDelta(dst []byte, d *ledger.Balances) []byte {
+	n := len(d)
+	for n > 0 && d[n-1] == (ledger.Balance{}) {
+		n--
+	}
+	dst = append(dst, byte(n))
+	for i := range n {
+		terms := balanceTerms(&d[i])
+		var mask uint64
+		for t, v := range terms {
+			if *v != 0 {
+				mask |= 1 << t
+			}
+		}
+		dst = binary.AppendUvarint(dst, mask)
+		for _, v := range terms {
+			if *v != 0 {
+				dst = binary.AppendVarint(dst, *v)
+			}
+		}
+	}
+	return dst
 }
 
 func appendString(dst []byte, s string) []byte {
@@ -131,9 +152,9 @@ func decodeJournalBatch(dst []ledger.JournalEntry, src []byte) ([]ledger.Journal
 	}
 	d.buf = d.buf[1:]
 	count := d.uvarint()
-	// Every entry takes at least 9 bytes: no count beyond that is real,
+	// Every entry takes at least 8 bytes: no count beyond that is real,
 	// and none may make the slice grow past what src can hold.
-	if d.err == nil && count > uint64(len(d.buf))/9 {
+	if d.err == nil && count > uint64(len(d.buf))/8 {
 		return dst, d.corrupt("%d entries in %d bytes", count, len(d.buf))
 	}
 	var (
@@ -163,7 +184,7 @@ func decodeJournalBatch(dst []ledger.JournalEntry, src []byte) ([]ledger.Journal
 		e.From = conv.State(d.small())
 		e.To = conv.State(d.small())
 		e.ReceiptID = d.string()
-		e.Delta = conv.Balances(d.bytes())
+		d.delta(&e.Delta)
 		if d.err != nil {
 			return dst, d.err
 		}
@@ -227,6 +248,38 @@ func (d *journalDecoder) small() int64 {
 		return 0
 	}
 	return int64(v)
+}
+
+// delta reads what appendDelta wrote. A non-canonical encoding (a zero
+// term or trailing zero dimension written) is corrupt: every blob of
+// entries has one encoding.
+func (d *journalDecoder) delta(out *ledger.Balances) {
+	n := d.uvarint()
+	if d.err != nil {
+		return
+	}
+	if n > ledger.MaxDimensions {
+		d.corrupt("%d dimensions, at most %d", n, ledger.MaxDimensions)
+		return
+	}
+	for i := range int(n) {
+		mask := d.uvarint()
+		if d.err != nil {
+			return
+		}
+		if mask >= 1<<9 || i == int(n)-1 && mask == 0 {
+			d.corrupt("dimension %d: term mask %#x", i, mask)
+			return
+		}
+		for t, v := range balanceTerms(&out[i]) {
+			if mask&(1<<t) == 0 {
+				continue
+			}
+			if *v = d.varint(); d.err == nil && *v == 0 {
+				d.corrupt("dimension %d: term %d written as zero", i, t)
+			}
+		}
+	}
 }
 
 func (d *journalDecoder) bytes() []byte {
