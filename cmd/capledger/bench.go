@@ -45,6 +45,10 @@ Modes:
              --addr/echo and read the echo back; run the echo server with
              "capledger bench --echo-server --addr 127.0.0.1:7071"
 
+To keep its own cost per call low on a machine it shares with the server,
+bench runs with a GC target of 400 and, at --concurrency 1, on one
+processor (one P); GOGC and GOMAXPROCS in the environment override both.
+
 Unless --setup=false, bench first publishes a policy for subject "*" on
 --route (admin role) with a burst no benchmark exhausts and a 1h hold TTL,
 so every reservation is admitted and none expires during the run.
