@@ -285,3 +285,126 @@ func TestSnapshotRefusesACorruptJournalBatch(t *testing.T) {
 		t.Fatalf("snapshot of a truncated batch: %v, want ErrCorrupt", err)
 	}
 }
+
+// applyCommand runs one ledger command as the engine does: Begin, Apply
+// over a store.Book, Write, Commit.
+func applyCommand(t *testing.T, s *Store, cmd *ledger.Command, now time.Time) ledger.Result {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := s.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	book := store.NewBook(ctx, tx, 1)
+	res := ledger.Apply(book, cmd, now)
+	if err := book.Err(); err != nil {
+		t.Fatalf("%s: %v", cmd.Kind, err)
+	}
+	if c := book.Changes(); !c.Empty() {
+		if err := tx.Write(ctx, c); err != nil {
+			t.Fatalf("%s: %v", cmd.Kind, err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatalf("%s: %v", cmd.Kind, err)
+	}
+	if res.Err != nil {
+		t.Fatalf("%s %s: %v", cmd.Kind, cmd.ReservationID, res.Err)
+	}
+	return res
+}
+
+// A ledger that a schema-2 binary wrote (its journal one row per entry in
+// the journal table) migrates, takes more commands, and audits clean: the
+// journal replays across the old rows and the new batches.
+func TestLedgerOfAnEarlierSchemaAudits(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "ledger.db")
+	now := time.Date(2026, 7, 19, 14, 0, 0, 0, time.UTC)
+	key := ledger.PolicyKey{Subject: "tenant7", Route: "chat.generate", Region: "eu"}
+	reserve := func(id string) *ledger.Command {
+		return &ledger.Command{Kind: ledger.KindReserve, ReservationID: id, RequestDigest: "sha256:" + id,
+			Subject: key.Subject, Route: key.Route, Region: key.Region, Units: ledger.Amounts{100}}
+	}
+	settle := func(id string, units int64) *ledger.Command {
+		return &ledger.Command{Kind: ledger.KindSettle, ReservationID: id, OperationID: "op-" + id, Units: ledger.Amounts{units}}
+	}
+	start := func(id string) *ledger.Command {
+		return &ledger.Command{Kind: ledger.KindStart, ReservationID: id, OperationID: "op-" + id}
+	}
+
+	s, err := Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	policy := ledger.Policy{Key: key, HoldTTL: 30 * time.Second,
+		Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: 10000, RefillUnits: 100, RefillInterval: time.Second}}}.WithDefaults()
+	applyCommand(t, s, &ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &policy}, now)
+	for i := range 5 {
+		applyCommand(t, s, reserve(fmt.Sprintf("rl-old-%d", i)), now)
+	}
+	applyCommand(t, s, start("rl-old-0"), now.Add(time.Second))
+	applyCommand(t, s, settle("rl-old-0", 40), now.Add(2*time.Second))
+	applyCommand(t, s, &ledger.Command{Kind: ledger.KindRelease, ReservationID: "rl-old-1"}, now.Add(2*time.Second))
+	before, err := s.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// Rewrite the file as schema version 2 left it: every entry a row of
+	// journal, no journal_batches, versions 1 and 2 recorded.
+	db, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range before.Journal {
+		legacyJournalInsert(t, db, &before.Journal[i])
+	}
+	for _, q := range []string{"DROP TABLE journal_batches", "DELETE FROM schema_migrations WHERE version > 2"} {
+		if _, err := db.Exec(q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	s, err = Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	migrated, err := s.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(migrated.Journal, before.Journal) {
+		t.Fatalf("journal after migration:\n%+v\nwant\n%+v", migrated.Journal, before.Journal)
+	}
+	later := now.Add(3 * time.Second)
+	for i := range 6 {
+		applyCommand(t, s, reserve(fmt.Sprintf("rl-new-%d", i)), later)
+	}
+	applyCommand(t, s, start("rl-old-2"), later)
+	applyCommand(t, s, settle("rl-old-2", 100), later)
+	applyCommand(t, s, start("rl-new-0"), later)
+	applyCommand(t, s, settle("rl-new-0", 10), later)
+	snap, err := s.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !snap.JournalComplete || len(snap.Journal) <= len(before.Journal) ||
+		!reflect.DeepEqual(snap.Journal[:len(before.Journal)], before.Journal) {
+		t.Fatalf("journal: %d entries, the first %d not the old ones", len(snap.Journal), len(before.Journal))
+	}
+	if len(snap.Reservations) != 11 {
+		t.Fatalf("%d reservations, want 11", len(snap.Reservations))
+	}
+	for _, d := range ledger.Audit(snap) {
+		t.Errorf("audit: %s", d)
+	}
+}
