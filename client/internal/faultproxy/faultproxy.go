@@ -86,10 +86,15 @@ type link struct {
 	ended          atomic.Int32 // pumps that ended by a clean end of stream
 }
 
-func (l *link) close() bool {
+// close closes both ends once, running counted (when not nil) first, so
+// that whoever sees the connection end also sees the proxy's count of it.
+func (l *link) close(counted func()) bool {
 	first := false
 	l.once.Do(func() {
 		first = true
+		if counted != nil {
+			counted()
+		}
 		l.client.Close()
 		l.server.Close()
 	})
@@ -210,7 +215,7 @@ func (p *Proxy) accept() {
 		p.mu.Lock()
 		if p.closed {
 			p.mu.Unlock()
-			l.close()
+			l.close(nil)
 			return
 		}
 		p.conns[l] = struct{}{}
@@ -222,9 +227,7 @@ func (p *Proxy) accept() {
 }
 
 func (p *Proxy) cutLink(l *link) {
-	if l.close() {
-		p.cut.Add(1)
-	}
+	l.close(func() { p.cut.Add(1) })
 	p.mu.Lock()
 	delete(p.conns, l)
 	p.mu.Unlock()
@@ -330,7 +333,7 @@ func (p *Proxy) pump(l *link, src, dst net.Conn, response bool) {
 
 // endLink closes a link that ended on its own (not an injected cut).
 func (p *Proxy) endLink(l *link) {
-	l.close()
+	l.close(nil)
 	p.mu.Lock()
 	delete(p.conns, l)
 	p.mu.Unlock()
