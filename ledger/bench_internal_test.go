@@ -103,11 +103,14 @@ func benchLifecycles(b *testing.B, subjects int, retain bool) {
 			// every lookup, and reusing two maps keeps the harness from
 			// allocating a fresh one (and calling the collector) per chunk.
 			retained = append(retained[:0], retained[len(retained)-benchRetention:]...)
-			clear(spare)
 			for _, id := range retained {
 				spare[id] = m.reservations[id]
 			}
 			m.reservations, spare = spare, m.reservations
+			// Empty the old map now: holding the archived rows until the
+			// next chunk would keep their slabs alive for the collector
+			// to mark during the timed loop.
+			clear(spare)
 		}
 		cpuBefore := processCPU()
 		b.StartTimer()
