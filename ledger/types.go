@@ -224,22 +224,25 @@ func (b *Balances) Add(d *Balances) {
 // the epoch is a field of it, so every command on the account in any epoch
 // takes the same lock.
 type Account struct {
+	// The fields every command reads come first and the epoch's opening
+	// vector, read only when an epoch closes, last: a command on an
+	// account that is not in the cache then misses on fewer cache lines.
 	Key AccountKey
 	// Dims is the number of dimensions in use (the policy's).
-	Dims     int
-	Balances Balances
+	Dims int
 	// EpochStart is the current accounting epoch; EpochOpening is the term
 	// vector at its start, which the epoch's statement reports as opening.
-	EpochStart   time.Time
-	EpochOpening Balances
+	EpochStart time.Time
 	// RefilledTo is the lazy refill cursor per dimension, in Unix
 	// nanoseconds: the time up to which minting was done.
 	RefilledTo [MaxDimensions]int64
-	// Breaches counts settles whose overuse exceeded the policy's max
-	// overdraft or came after its execution limit.
-	Breaches int64
 	// Version increases with every change; stores may use it.
 	Version uint64
+	// Breaches counts settles whose overuse exceeded the policy's max
+	// overdraft or came after its execution limit.
+	Breaches     int64
+	Balances     Balances
+	EpochOpening Balances
 }
 
 // Debt reports whether any dimension carries debt; an account with debt
