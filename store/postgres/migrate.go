@@ -4,55 +4,16 @@ import (
 	"context"
 	"embed"
 	"fmt"
-	"io/fs"
-	"path"
-	"slices"
-	"strconv"
-	"strings"
 
+	"github.com/capledger/capledger/store/migration"
 	"github.com/jackc/pgx/v5"
 )
 
 //go:embed migrations/*.sql
 var migrationFiles embed.FS
 
-// migration is one embedded schema change: migrations/NNNN_name.sql.
-type migration struct {
-	version int
-	name    string
-	sql     string
-}
-
-// migrations returns the embedded migrations in version order. The file
-// names are checked here (a gap or a duplicate version is a build mistake
-// that must not reach a database).
-func migrations() ([]migration, error) {
-	entries, err := fs.ReadDir(migrationFiles, "migrations")
-	if err != nil {
-		return nil, fmt.Errorf("read embedded migrations: %w", err)
-	}
-	var out []migration
-	for _, e := range entries {
-		name := e.Name()
-		prefix, rest, ok := strings.Cut(strings.TrimSuffix(name, ".sql"), "_")
-		version, err := strconv.Atoi(prefix)
-		if !ok || err != nil || version <= 0 {
-			return nil, fmt.Errorf("migration %s: name must be NNNN_name.sql", name)
-		}
-		body, err := migrationFiles.ReadFile(path.Join("migrations", name))
-		if err != nil {
-			return nil, fmt.Errorf("migration %s: %w", name, err)
-		}
-		out = append(out, migration{version: version, name: rest, sql: string(body)})
-	}
-	slices.SortFunc(out, func(a, b migration) int { return a.version - b.version })
-	for i, m := range out {
-		if m.version != i+1 {
-			return nil, fmt.Errorf("migration versions must run 1, 2, 3...: found %d at position %d", m.version, i+1)
-		}
-	}
-	return out, nil
-}
+// migrations returns the embedded migrations in version order.
+func migrations() ([]migration.Migration, error) { return migration.Read(migrationFiles, "migrations") }
 
 // SchemaVersion is the schema version this binary writes and reads: the
 // newest embedded migration.
@@ -61,7 +22,7 @@ func SchemaVersion() int {
 	if err != nil || len(ms) == 0 {
 		return 0
 	}
-	return ms[len(ms)-1].version
+	return ms[len(ms)-1].Version
 }
 
 // Migrate brings the schema named by dsn (its search_path's first schema,
@@ -148,16 +109,16 @@ func migrate(ctx context.Context, conn *pgx.Conn) ([]int, error) {
 	}
 	var ran []int
 	for _, m := range all {
-		if done[m.version] {
+		if done[m.Version] {
 			continue
 		}
-		if _, err := tx.Exec(ctx, m.sql); err != nil {
-			return nil, c.classify(fmt.Sprintf("migrate: apply %04d_%s", m.version, m.name), err, false)
+		if _, err := tx.Exec(ctx, m.SQL); err != nil {
+			return nil, c.classify("migrate: apply "+m.File, err, false)
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO schema_migrations (version, name) VALUES ($1, $2)`, m.version, m.name); err != nil {
+		if _, err := tx.Exec(ctx, `INSERT INTO schema_migrations (version, name) VALUES ($1, $2)`, m.Version, m.Name); err != nil {
 			return nil, c.classify("migrate: record version", err, false)
 		}
-		ran = append(ran, m.version)
+		ran = append(ran, m.Version)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return nil, c.classify("migrate: commit", err, true)

@@ -189,10 +189,10 @@ func TestJournalOfAnEarlierSchemaStillAudits(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, m := range ms[:2] {
-		if _, err := db.Exec(m.sql); err != nil {
+		if _, err := db.Exec(m.SQL); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := db.Exec("INSERT INTO schema_migrations (version, name) VALUES (?, ?)", m.version, m.name); err != nil {
+		if _, err := db.Exec("INSERT INTO schema_migrations (version, name) VALUES (?, ?)", m.Version, m.File); err != nil {
 			t.Fatal(err)
 		}
 	}

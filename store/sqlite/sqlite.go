@@ -26,11 +26,7 @@ import (
 	"embed"
 	"errors"
 	"fmt"
-	"io/fs"
 	"net/url"
-	"path"
-	"slices"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -39,6 +35,7 @@ import (
 
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
+	"github.com/capledger/capledger/store/migration"
 )
 
 //go:embed migrations/*.sql
@@ -169,40 +166,8 @@ func setup(ctx context.Context, db *sql.DB) error {
 	return migrate(ctx, db)
 }
 
-type migration struct {
-	version int
-	name    string
-	sql     string
-}
-
-// migrations returns the embedded migrations in version order. File names
-// are NNNN_name.sql; versions start at 1 and have no gaps.
-func migrations() ([]migration, error) {
-	entries, err := fs.ReadDir(migrationFiles, "migrations")
-	if err != nil {
-		return nil, err
-	}
-	var out []migration
-	for _, e := range entries {
-		prefix, _, ok := strings.Cut(e.Name(), "_")
-		v, err := strconv.Atoi(prefix)
-		if !ok || err != nil || v <= 0 {
-			return nil, fmt.Errorf("migration %s: name must start with a positive version and '_'", e.Name())
-		}
-		body, err := migrationFiles.ReadFile(path.Join("migrations", e.Name()))
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, migration{version: v, name: e.Name(), sql: string(body)})
-	}
-	slices.SortFunc(out, func(a, b migration) int { return a.version - b.version })
-	for i, m := range out {
-		if m.version != i+1 {
-			return nil, fmt.Errorf("migration %s: expected version %d", m.name, i+1)
-		}
-	}
-	return out, nil
-}
+// migrations returns the embedded migrations in version order.
+func migrations() ([]migration.Migration, error) { return migration.Read(migrationFiles, "migrations") }
 
 // SchemaVersion is the newest schema version this binary knows.
 func SchemaVersion() int {
@@ -242,11 +207,11 @@ func migrate(ctx context.Context, db *sql.DB) error {
 			ErrSchemaTooNew, current, len(ms))
 	}
 	for _, m := range ms[current:] {
-		if _, err := tx.ExecContext(ctx, m.sql); err != nil {
-			return fmt.Errorf("migrate %s: %w", m.name, translate(ctx, err))
+		if _, err := tx.ExecContext(ctx, m.SQL); err != nil {
+			return fmt.Errorf("migrate %s: %w", m.File, translate(ctx, err))
 		}
-		if _, err := tx.ExecContext(ctx, "INSERT INTO schema_migrations (version, name) VALUES (?, ?)", m.version, m.name); err != nil {
-			return fmt.Errorf("migrate %s: %w", m.name, translate(ctx, err))
+		if _, err := tx.ExecContext(ctx, "INSERT INTO schema_migrations (version, name) VALUES (?, ?)", m.Version, m.File); err != nil {
+			return fmt.Errorf("migrate %s: %w", m.File, translate(ctx, err))
 		}
 	}
 	if err := tx.Commit(); err != nil {
