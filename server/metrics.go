@@ -3,7 +3,6 @@ package server
 import (
 	"net/http"
 	"sync"
-	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -33,27 +32,12 @@ type Metrics struct {
 	commitTime prometheus.Histogram
 	attempts   prometheus.Histogram
 
-	// hot caches the commands_total counters of the outcomes nearly every
-	// answer has (ok and replayed) per command kind, so the request path
-	// does not hash its label values and search the vector on each call.
-	// A slot is filled on first use, so /metrics shows a series only once
-	// it was counted, as with WithLabelValues.
-	hot [hotKinds][hotOutcomes]atomic.Pointer[prometheus.Counter]
-	// other caches the rest by kind and outcome.
-	other sync.Map // commandLabels -> prometheus.Counter
+	// counters caches commands_total's counter per kind and outcome, so
+	// the request path does not hash label strings and search the vector
+	// on each answer. A counter is created on first use, so /metrics shows
+	// a series only once it was counted, as with WithLabelValues.
+	counters sync.Map // commandLabels -> prometheus.Counter
 }
-
-// hotKinds bounds the ledger.Kind values cached in Metrics.hot.
-const hotKinds = 32
-
-// Hot outcomes, the indexes of Metrics.hot's inner array.
-const (
-	outcomeOK = iota
-	outcomeReplayed
-	hotOutcomes
-)
-
-var hotOutcomeLabels = [hotOutcomes]string{outcomeOK: "ok", outcomeReplayed: "replayed"}
 
 type commandLabels struct {
 	kind    ledger.Kind
@@ -123,31 +107,14 @@ func (m *Metrics) command(kind ledger.Kind, outcome string) {
 }
 
 // commandCounter returns the capledger_commands_total counter of kind and
-// outcome, from the caches when it was used before.
+// outcome, from the cache when it was used before.
 func (m *Metrics) commandCounter(kind ledger.Kind, outcome string) prometheus.Counter {
-	hot := -1
-	switch outcome {
-	case "ok":
-		hot = outcomeOK
-	case "replayed":
-		hot = outcomeReplayed
-	}
-	if hot >= 0 && int(kind) < hotKinds {
-		slot := &m.hot[kind][hot]
-		if c := slot.Load(); c != nil {
-			return *c
-		}
-		c := m.commands.WithLabelValues(kind.String(), hotOutcomeLabels[hot])
-		slot.Store(&c)
-		return c
-	}
 	key := commandLabels{kind: kind, outcome: outcome}
-	if c, ok := m.other.Load(key); ok {
+	if c, ok := m.counters.Load(key); ok {
 		return c.(prometheus.Counter)
 	}
-	c := m.commands.WithLabelValues(kind.String(), outcome)
-	m.other.Store(key, c)
-	return c
+	c, _ := m.counters.LoadOrStore(key, m.commands.WithLabelValues(kind.String(), outcome))
+	return c.(prometheus.Counter)
 }
 
 func (m *Metrics) rejection(dimension, reason string) {
