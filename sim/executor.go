@@ -148,10 +148,10 @@ func (w *world) startAnswer(r *request, res *ledger.Result) {
 	}
 }
 
-// opDone: the backend finished the operation and wrote its receipt with the
-// actual usage, sometimes above the estimate.
-func (w *world) opDone(idx int32) {
-	r := w.requests[idx]
+// drawActual sets the usage the backend reports for r: tokens (the first
+// dimension) anywhere up to the estimate, or above it when the
+// over-estimate fault fires; every other dimension exactly as estimated.
+func (w *world) drawActual(r *request) {
 	over := w.f.fire(SiteUsageOverEstimate)
 	for d := range r.units {
 		switch {
@@ -164,6 +164,13 @@ func (w *world) opDone(idx int32) {
 			r.actual[d] = w.between(0, r.units[d])
 		}
 	}
+}
+
+// opDone: the backend finished the operation and wrote its receipt with the
+// actual usage, sometimes above the estimate.
+func (w *world) opDone(idx int32) {
+	r := w.requests[idx]
+	w.drawActual(r)
 	r.receipt = true
 	w.log(recOpDone, w.executorNode(r.exec), 0, r.id, r.actual[0], "")
 	if w.execs[r.exec].up && r.opPhase == opRunning {

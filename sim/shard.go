@@ -428,18 +428,7 @@ func (w *world) tryShard(r *request) bool {
 func (w *world) shardOpDone(idx int32) {
 	r := w.requests[idx]
 	sh := w.shards.list[r.viaShard-1]
-	over := w.f.fire(SiteUsageOverEstimate)
-	for d := range r.units {
-		switch {
-		case r.units[d] == 0:
-		case d > 0:
-			r.actual[d] = r.units[d]
-		case over:
-			r.actual[d] = r.units[d] + w.between(1, 2*r.units[d])
-		default:
-			r.actual[d] = w.between(0, r.units[d])
-		}
-	}
+	w.drawActual(r)
 	res := sh.local.Settle(r.id, r.opID, r.actual, w.time())
 	w.checkLocal(sh)
 	if res.Err != nil {
