@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -44,6 +45,10 @@ Modes:
   echo       baseline: POST a JSON body of the size of a reserve to
              --addr/echo and read the echo back; run the echo server with
              "capledger bench --echo-server --addr 127.0.0.1:7071"
+  gubernator baseline: one GetRateLimits call (hits = --units, one key
+             per subject) in JSON to the HTTP gateway of a gubernator at
+             --addr (its GUBER_HTTP_ADDRESS): an in-memory limiter that
+             keeps nothing durable, measured on the same machine
 
 To keep its own cost per call low on a machine it shares with the server,
 bench runs with a GC target of 400 and, at --concurrency 1, on one
@@ -54,7 +59,8 @@ Unless --setup=false, bench first publishes a policy for subject "*" on
 so every reservation is admitted and none expires during the run.
 
 Flags:
-  --mode MODE        reserve, lifecycle, batch or echo (default reserve)
+  --mode MODE        reserve, lifecycle, batch, echo or gubernator
+                     (default reserve)
   --concurrency N    concurrent callers (default 64)
   --duration DUR     measured time (default 10s)
   --warmup DUR       unmeasured time before it (default 1s)
@@ -125,8 +131,8 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		return usagef("--protocol: %v", err)
 	}
 	switch {
-	case cfg.mode != "reserve" && cfg.mode != "lifecycle" && cfg.mode != "batch" && cfg.mode != "echo":
-		return usagef("--mode %q: want reserve, lifecycle, batch or echo", cfg.mode)
+	case !slices.Contains([]string{"reserve", "lifecycle", "batch", "echo", "gubernator"}, cfg.mode):
+		return usagef("--mode %q: want reserve, lifecycle, batch, echo or gubernator", cfg.mode)
 	case cfg.concurrency < 1:
 		return usagef("--concurrency must be at least 1")
 	case cfg.duration <= 0 || cfg.warmup < 0:
@@ -142,9 +148,12 @@ func runBench(ctx context.Context, e *env, args []string) error {
 	defer benchRuntime(e, cfg.concurrency)()
 
 	var op func(ctx context.Context, w *benchWorker) (units int, err error)
-	if cfg.mode == "echo" {
+	switch cfg.mode {
+	case "echo":
 		op, err = echoOp(&cfg)
-	} else {
+	case "gubernator":
+		op, err = gubernatorOp(&cfg)
+	default:
 		op, err = ledgerOp(ctx, &cfg)
 	}
 	if err != nil {
@@ -287,40 +296,100 @@ type echoBody struct {
 	Units         map[string]int64 `json:"units"`
 }
 
-// echoOp posts JSON to the echo server through an http.Client tuned like
-// the SDK's (keep-alive pool of the same size).
-func echoOp(cfg *benchConfig) (func(context.Context, *benchWorker) (int, error), error) {
-	url := cfg.addr
-	if !strings.Contains(url, "://") {
-		url = "http://" + url
-	}
-	url = strings.TrimRight(url, "/") + "/echo"
-	hc := &http.Client{Transport: &http.Transport{
+// baselineClient is an http.Client tuned like the SDK's (keep-alive pool
+// of the same size), for the baselines that are not capledger.
+func baselineClient(cfg *benchConfig) *http.Client {
+	return &http.Client{Transport: &http.Transport{
 		Proxy: nil, MaxIdleConns: max(cfg.concurrency*2, 16), MaxIdleConnsPerHost: max(cfg.concurrency*2, 16),
 		IdleConnTimeout: 90 * time.Second, DisableCompression: true,
 		DialContext: (&net.Dialer{Timeout: 3 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 	}}
+}
+
+// postJSON posts body as JSON to url and decodes a 200 answer into out.
+func postJSON(ctx context.Context, hc *http.Client, url string, body []byte, out any) error {
+	req, err := http.NewRequestWithContext(ctx, "POST", url, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := hc.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		io.Copy(io.Discard, resp.Body)
+		return fmt.Errorf("POST %s: status %d", url, resp.StatusCode)
+	}
+	return json.NewDecoder(resp.Body).Decode(out)
+}
+
+func baselineURL(addr, path string) string {
+	if !strings.Contains(addr, "://") {
+		addr = "http://" + addr
+	}
+	return strings.TrimRight(addr, "/") + path
+}
+
+// echoOp posts JSON to the echo server and reads the echo back.
+func echoOp(cfg *benchConfig) (func(context.Context, *benchWorker) (int, error), error) {
+	url := baselineURL(cfg.addr, "/echo")
+	hc := baselineClient(cfg)
 	return func(ctx context.Context, w *benchWorker) (int, error) {
 		body, _ := json.Marshal(echoBody{
 			ReservationID: client.NewReservationID(), RequestDigest: "sha256:71a0000000000000000000000000000000000000000000000000000000000000",
 			Subject: w.subject(cfg), Route: cfg.route, Units: map[string]int64{"tokens": cfg.units},
 		})
-		req, err := http.NewRequestWithContext(ctx, "POST", url, strings.NewReader(string(body)))
-		if err != nil {
-			return 0, err
-		}
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := hc.Do(req)
-		if err != nil {
-			return 0, err
-		}
-		defer resp.Body.Close()
 		var back echoBody
-		if err := json.NewDecoder(resp.Body).Decode(&back); err != nil {
+		if err := postJSON(ctx, hc, url, body, &back); err != nil {
 			return 0, err
 		}
-		if resp.StatusCode != 200 || back.ReservationID == "" {
-			return 0, fmt.Errorf("echo: status %d", resp.StatusCode)
+		if back.ReservationID == "" {
+			return 0, errors.New("echo: empty answer")
+		}
+		return 1, nil
+	}, nil
+}
+
+// gubernatorRequest and gubernatorResponse are the JSON of gubernator's
+// V1/GetRateLimits through its HTTP gateway (int64 fields as strings, as
+// protobuf's JSON mapping writes them).
+type gubernatorRequest struct {
+	Requests []gubernatorRateLimit `json:"requests"`
+}
+
+type gubernatorRateLimit struct {
+	Name      string `json:"name"`
+	UniqueKey string `json:"unique_key"`
+	Hits      int64  `json:"hits,string"`
+	Limit     int64  `json:"limit,string"`
+	Duration  int64  `json:"duration,string"` // milliseconds
+}
+
+type gubernatorResponse struct {
+	Responses []struct {
+		Status string `json:"status"`
+		Error  string `json:"error"`
+	} `json:"responses"`
+}
+
+// gubernatorOp asks a gubernator for --units hits of a limit no run
+// exhausts, on the subject's key, so every call is admitted as a reserve
+// of the bench policy is.
+func gubernatorOp(cfg *benchConfig) (func(context.Context, *benchWorker) (int, error), error) {
+	url := baselineURL(cfg.addr, "/v1/GetRateLimits")
+	hc := baselineClient(cfg)
+	return func(ctx context.Context, w *benchWorker) (int, error) {
+		body, _ := json.Marshal(gubernatorRequest{Requests: []gubernatorRateLimit{{
+			Name: cfg.route, UniqueKey: w.subject(cfg), Hits: cfg.units, Limit: 1 << 50, Duration: time.Hour.Milliseconds(),
+		}}})
+		var back gubernatorResponse
+		if err := postJSON(ctx, hc, url, body, &back); err != nil {
+			return 0, err
+		}
+		if len(back.Responses) != 1 || back.Responses[0].Error != "" || back.Responses[0].Status != "UNDER_LIMIT" {
+			return 0, fmt.Errorf("gubernator: unexpected answer %+v", back.Responses)
 		}
 		return 1, nil
 	}, nil
@@ -333,6 +402,10 @@ func serveEcho(ctx context.Context, e *env, addr string) error {
 	if err != nil {
 		return fmt.Errorf("echo server: %w", err)
 	}
+	return serveEchoOn(ctx, e, ln)
+}
+
+func serveEchoOn(ctx context.Context, e *env, ln net.Listener) error {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /echo", func(w http.ResponseWriter, r *http.Request) {
 		var b echoBody
@@ -481,7 +554,7 @@ func printBench(w io.Writer, cfg *benchConfig, r *benchResult) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	secs := max(r.elapsed.Seconds(), 1e-9)
 	fmt.Fprintf(tw, "mode\t%s\n", cfg.mode)
-	if cfg.mode != "echo" {
+	if cfg.mode != "echo" && cfg.mode != "gubernator" {
 		fmt.Fprintf(tw, "protocol\t%s\n", cfg.protocol)
 	}
 	fmt.Fprintf(tw, "concurrency\t%d\n", cfg.concurrency)

@@ -1,9 +1,17 @@
 package main
 
 import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"regexp"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 )
 
@@ -58,4 +66,69 @@ func TestBenchUsageAndUnreachable(t *testing.T) {
 	// Nothing listens on port 1 of loopback.
 	code, out, errOut = cli(t, "http://127.0.0.1:1", "bench", "--setup=false", "--duration", "100ms", "--warmup", "0s", "--progress=false", "--timeout", "200ms")
 	wantExit(t, exitUnavailable, code, out, errOut)
+}
+
+// TestBenchEchoBaseline runs the echo baseline end to end: the echo server
+// on a real loopback socket, and bench's echo mode against it.
+func TestBenchEchoBaseline(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- serveEchoOn(ctx, &env{stdout: io.Discard, stderr: io.Discard}, ln) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("echo server: %v", err)
+		}
+	})
+	code, out, errOut := cli(t, "http://"+ln.Addr().String(), "bench", "--mode", "echo", "--concurrency", "2", "--duration", "200ms", "--warmup", "0s", "--progress=false")
+	wantExit(t, exitOK, code, out, errOut)
+	if ops, _ := strconv.Atoi(benchRow(t, out, "ops")); ops == 0 || benchRow(t, out, "errors") != "0" {
+		t.Fatalf("echo baseline:\n%s", out)
+	}
+}
+
+// TestBenchGubernatorRequest checks what the gubernator baseline sends and
+// how it reads the answer, against a handler that answers as the HTTP
+// gateway of gubernator v2.13.0 answered (the body below was recorded from
+// one). bench counts an answer that is not UNDER_LIMIT as an error, so a
+// mode that silently measured refusals would fail here.
+func TestBenchGubernatorRequest(t *testing.T) {
+	var calls, bad atomic.Int64
+	var overLimit atomic.Bool
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		var req struct {
+			Requests []map[string]any `json:"requests"`
+		}
+		if r.Method != "POST" || r.URL.Path != "/v1/GetRateLimits" || json.NewDecoder(r.Body).Decode(&req) != nil ||
+			len(req.Requests) != 1 || req.Requests[0]["hits"] != "3" || req.Requests[0]["unique_key"] != "bench-0" ||
+			req.Requests[0]["name"] != "bench.reserve" || req.Requests[0]["duration"] != "3600000" {
+			bad.Add(1)
+			http.Error(w, "unexpected request", http.StatusBadRequest)
+			return
+		}
+		status := "UNDER_LIMIT"
+		if overLimit.Load() {
+			status = "OVER_LIMIT"
+		}
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"responses":[{"status":%q,"limit":"1125899906842624","remaining":"1125899906842621","reset_time":"1796019847791","error":"","metadata":{}}]}`, status)
+	}))
+	defer srv.Close()
+	args := []string{"bench", "--mode", "gubernator", "--units", "3", "--concurrency", "2", "--duration", "200ms", "--warmup", "0s", "--progress=false"}
+	code, out, errOut := cli(t, srv.URL, args...)
+	wantExit(t, exitOK, code, out, errOut)
+	if ops, _ := strconv.Atoi(benchRow(t, out, "ops")); ops == 0 || benchRow(t, out, "errors") != "0" || bad.Load() != 0 {
+		t.Fatalf("gubernator baseline (%d malformed requests of %d):\n%s", bad.Load(), calls.Load(), out)
+	}
+	overLimit.Store(true)
+	code, out, errOut = cli(t, srv.URL, args...)
+	wantExit(t, exitUnavailable, code, out, errOut)
+	if !strings.Contains(out, "OVER_LIMIT") {
+		t.Fatalf("an OVER_LIMIT answer was not reported:\n%s", out)
+	}
 }
