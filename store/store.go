@@ -55,6 +55,18 @@ type Store interface {
 	// with a non-zero ExecutionDeadline <= now. Oldest first.
 	ReservationsDue(ctx context.Context, now time.Time, limit int) ([]string, error)
 
+	// ReservationsUnknown returns up to f.Limit USAGE_UNKNOWN reservations,
+	// the longest-waiting first (by StartedAt, then ID), that come after
+	// f.After in that order and match f's subject and route (each when not
+	// empty). None is an empty list; f.Limit <= 0, or a cursor time that
+	// no row can hold (one codec.Conv.Nanos refuses), is an error. A driver
+	// keeps an index of USAGE_UNKNOWN rows so this does not read the
+	// reservations of other states.
+	ReservationsUnknown(ctx context.Context, f UnknownFilter) ([]ledger.Reservation, error)
+	// ReservationsUnknownBacklog counts the USAGE_UNKNOWN reservations and
+	// finds the earliest StartedAt among them, from the same index.
+	ReservationsUnknownBacklog(ctx context.Context) (UnknownBacklog, error)
+
 	// Snapshot reads every row for an audit, in one consistent read.
 	Snapshot(ctx context.Context) (*ledger.Snapshot, error)
 
@@ -124,4 +136,32 @@ func (c *Changes) Empty() bool {
 	return len(c.Meta) == 0 && len(c.Policies) == 0 && len(c.Heads) == 0 && len(c.Accounts) == 0 &&
 		len(c.Currents) == 0 && len(c.Reservations) == 0 && len(c.Moves) == 0 && len(c.Shards) == 0 &&
 		len(c.Statements) == 0 && len(c.Journal) == 0
+}
+
+// UnknownFilter selects USAGE_UNKNOWN reservations for ReservationsUnknown.
+type UnknownFilter struct {
+	// Subject and Route, when not empty, must equal the reservation's.
+	Subject, Route string
+	// After is the paging cursor: only reservations after it in the order
+	// (StartedAt, ID) are returned. The zero cursor starts at the first.
+	After UnknownCursor
+	// Limit is the most reservations returned; it must be positive.
+	Limit int
+}
+
+// UnknownCursor is a position in the order of ReservationsUnknown: the
+// StartedAt and ID of the last reservation of the previous page.
+type UnknownCursor struct {
+	StartedAt time.Time
+	ID        string
+}
+
+// UnknownBacklog is the USAGE_UNKNOWN backlog: started work whose usage
+// nobody has reported. Its capacity stays reserved until an operation
+// receipt settles it.
+type UnknownBacklog struct {
+	Count int64
+	// OldestStartedAt is the earliest StartedAt of them; zero when Count
+	// is 0.
+	OldestStartedAt time.Time
 }

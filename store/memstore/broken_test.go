@@ -1,9 +1,11 @@
 package memstore_test
 
 import (
+	"cmp"
 	"context"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 
@@ -39,6 +41,38 @@ func (s brokenStore) AccountGet(ctx context.Context, key ledger.AccountKey) (led
 	return a, err
 }
 
+func (s brokenStore) ReservationsUnknown(ctx context.Context, f store.UnknownFilter) ([]ledger.Reservation, error) {
+	list, err := s.Store.ReservationsUnknown(ctx, f)
+	if err != nil {
+		return list, err
+	}
+	switch s.fault {
+	case "unknown-ties-by-id-desc":
+		slices.SortStableFunc(list, func(a, b ledger.Reservation) int {
+			return cmp.Or(a.StartedAt.Compare(b.StartedAt), cmp.Compare(b.ID, a.ID))
+		})
+	case "unknown-inclusive-cursor":
+		// A cursor compared with >= instead of >: the page starts with
+		// the last row of the one before.
+		if f.After != (store.UnknownCursor{}) {
+			if r, err := s.Store.ReservationGet(ctx, f.After.ID); err == nil && r.State == ledger.StateUsageUnknown {
+				list = append([]ledger.Reservation{r}, list...)[:min(f.Limit, len(list)+1)]
+			}
+		}
+	}
+	return list, nil
+}
+
+func (s brokenStore) ReservationsUnknownBacklog(ctx context.Context) (store.UnknownBacklog, error) {
+	b, err := s.Store.ReservationsUnknownBacklog(ctx)
+	if s.fault == "backlog-newest" && b.Count > 0 {
+		// The age of the newest instead of the oldest.
+		list, _ := s.Store.ReservationsUnknown(ctx, store.UnknownFilter{Limit: 1000})
+		b.OldestStartedAt = list[len(list)-1].StartedAt
+	}
+	return b, err
+}
+
 type brokenTx struct {
 	store.Tx
 	fault string
@@ -63,9 +97,12 @@ func (tx brokenTx) Write(ctx context.Context, c *store.Changes) error {
 // a child process, because a failing suite fails the test that runs it.
 func TestConformanceSuiteCatchesBrokenStores(t *testing.T) {
 	for fault, mustFail := range map[string][]string{
-		"drop-shards":         {"TestBrokenStoreHelper/RoundTrip", "TestBrokenStoreHelper/Lists"},
-		"account-read":        {"TestBrokenStoreHelper/RoundTrip"},
-		"upsert-reservations": {"TestBrokenStoreHelper/DuplicateReservationLeavesNothing"},
+		"drop-shards":              {"TestBrokenStoreHelper/RoundTrip", "TestBrokenStoreHelper/Lists"},
+		"account-read":             {"TestBrokenStoreHelper/RoundTrip"},
+		"upsert-reservations":      {"TestBrokenStoreHelper/DuplicateReservationLeavesNothing"},
+		"unknown-ties-by-id-desc":  {"TestBrokenStoreHelper/ReservationsUnknown"},
+		"unknown-inclusive-cursor": {"TestBrokenStoreHelper/ReservationsUnknown"},
+		"backlog-newest":           {"TestBrokenStoreHelper/ReservationsUnknownBacklog"},
 	} {
 		t.Run(fault, func(t *testing.T) {
 			cmd := exec.Command(os.Args[0], "-test.run=^TestBrokenStoreHelper$", "-test.v", "-test.count=1")

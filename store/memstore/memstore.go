@@ -28,6 +28,7 @@ import (
 
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
+	"github.com/capledger/capledger/store/codec"
 )
 
 // rows is one complete set of the ledger's rows.
@@ -40,7 +41,11 @@ type rows struct {
 	reservations map[string]*ledger.Reservation
 	// live holds the ids of reservations a worker may need (RESERVED,
 	// EXPIRING, STARTED), so ReservationsDue does not scan finished ones.
-	live         map[string]bool
+	live map[string]bool
+	// unknown holds the ids of the USAGE_UNKNOWN reservations, as the SQL
+	// stores' partial index does, so the backlog reads need not scan the
+	// others.
+	unknown      map[string]bool
 	moves        map[string]*ledger.Move
 	shards       map[string]*ledger.Shard
 	statements   []ledger.Statement
@@ -62,6 +67,7 @@ func newRows() *rows {
 		currents:     map[ledger.PolicyKey]uint64{},
 		reservations: map[string]*ledger.Reservation{},
 		live:         map[string]bool{},
+		unknown:      map[string]bool{},
 		moves:        map[string]*ledger.Move{},
 		shards:       map[string]*ledger.Shard{},
 		statementIDs: map[statementKey]bool{},
@@ -353,6 +359,64 @@ func (s *Store) ReservationsDue(ctx context.Context, now time.Time, limit int) (
 		out = append(out, list[i].id)
 	}
 	return out, err
+}
+
+// ReservationsUnknown returns copies of up to f.Limit USAGE_UNKNOWN
+// reservations in (StartedAt, ID) order, strictly after f.After unless it
+// is the zero cursor, with f's subject and route when they are not empty;
+// none is an empty list. StartedAt compares as the SQL stores keep it
+// (nanos), so every store pages identically. It returns an error for
+// f.Limit <= 0 and for a cursor time no row can hold (one
+// codec.Conv.Nanos refuses).
+func (s *Store) ReservationsUnknown(ctx context.Context, f store.UnknownFilter) (out []ledger.Reservation, err error) {
+	if f.Limit <= 0 {
+		return nil, fmt.Errorf("reservations unknown: limit %d is not positive", f.Limit)
+	}
+	var conv codec.Conv
+	after := conv.Nanos(f.After.StartedAt)
+	if err := conv.Err(); err != nil {
+		return nil, fmt.Errorf("reservations unknown: cursor: %w", err)
+	}
+	fromStart := f.After == (store.UnknownCursor{})
+	order := func(a, b *ledger.Reservation) int {
+		return cmp.Or(cmp.Compare(nanos(a.StartedAt), nanos(b.StartedAt)), cmp.Compare(a.ID, b.ID))
+	}
+	var list []*ledger.Reservation
+	err = s.read(ctx, func(r *rows) error {
+		for id := range r.unknown {
+			res := r.reservations[id]
+			if (f.Subject != "" && res.Account.Subject != f.Subject) || (f.Route != "" && res.Account.Route != f.Route) {
+				continue
+			}
+			if !fromStart && cmp.Or(cmp.Compare(nanos(res.StartedAt), after), cmp.Compare(res.ID, f.After.ID)) <= 0 {
+				continue
+			}
+			list = append(list, res)
+		}
+		slices.SortFunc(list, order)
+		for _, res := range list[:min(f.Limit, len(list))] {
+			out = append(out, *res)
+		}
+		return nil
+	})
+	return out, err
+}
+
+// ReservationsUnknownBacklog returns how many reservations are
+// USAGE_UNKNOWN and the earliest StartedAt among them (the zero time when
+// there are none).
+func (s *Store) ReservationsUnknownBacklog(ctx context.Context) (b store.UnknownBacklog, err error) {
+	err = s.read(ctx, func(r *rows) error {
+		for id := range r.unknown {
+			started := r.reservations[id].StartedAt
+			if b.Count == 0 || nanos(started) < nanos(b.OldestStartedAt) {
+				b.OldestStartedAt = started
+			}
+			b.Count++
+		}
+		return nil
+	})
+	return b, err
 }
 
 // Snapshot returns copies of every committed row in one consistent read:

@@ -390,6 +390,11 @@ func (tx *Tx) apply() {
 		default:
 			delete(c.live, k)
 		}
+		if v.State == ledger.StateUsageUnknown {
+			c.unknown[k] = true
+		} else {
+			delete(c.unknown, k)
+		}
 	}
 	for k, v := range p.moves {
 		c.moves[k] = v

@@ -22,6 +22,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -298,6 +299,76 @@ func (s *Store) ReservationsDue(ctx context.Context, now time.Time, limit int) (
 	}
 	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	return ids, s.c.classify("reservations due", err, false)
+}
+
+// unknownSQL returns ReservationsUnknown's query for f, with its
+// arguments. It reads the partial index reservations_usage_unknown
+// (started_at, id WHERE state = 8; the state is a literal so the planner
+// can match that predicate) in order from the cursor and stops after the
+// limit. Clauses are left out rather than disabled by a parameter, so
+// that a generic plan of the prepared statement still seeks the index at
+// the cursor: at most eight texts, each prepared once per connection.
+func unknownSQL(f store.UnknownFilter, after int64) (string, []any) {
+	var b strings.Builder
+	args := []any{}
+	arg := func(v any) string {
+		args = append(args, v)
+		return fmt.Sprintf("$%d", len(args))
+	}
+	fmt.Fprintf(&b, "%s WHERE state = %d", reservationSelect, ledger.StateUsageUnknown)
+	if f.After != (store.UnknownCursor{}) {
+		fmt.Fprintf(&b, " AND (started_at, id) > (%s::bigint, %s::text)", arg(after), arg(f.After.ID))
+	}
+	if f.Subject != "" {
+		fmt.Fprintf(&b, " AND subject = %s", arg(f.Subject))
+	}
+	if f.Route != "" {
+		fmt.Fprintf(&b, " AND route = %s", arg(f.Route))
+	}
+	fmt.Fprintf(&b, " ORDER BY started_at, id LIMIT %s", arg(f.Limit))
+	return b.String(), args
+}
+
+// ReservationsUnknown returns up to f.Limit USAGE_UNKNOWN reservations in
+// (StartedAt, ID) order, strictly after f.After unless it is the zero
+// cursor, with f's subject and route when they are not empty; none is an
+// empty list. It returns an error for f.Limit <= 0 and for a cursor time
+// no row can hold (one codec.Conv.Nanos refuses). Ties on
+// StartedAt are ordered by id in the column's collation, the same order
+// the cursor compares in, so paging neither skips nor repeats a row.
+func (s *Store) ReservationsUnknown(ctx context.Context, f store.UnknownFilter) ([]ledger.Reservation, error) {
+	if f.Limit <= 0 {
+		return nil, fmt.Errorf("reservations unknown: limit %d is not positive", f.Limit)
+	}
+	var conv codecConv
+	after := conv.Nanos(f.After.StartedAt)
+	if err := conv.Err(); err != nil {
+		return nil, fmt.Errorf("reservations unknown: cursor: %w", err)
+	}
+	query, args := unknownSQL(f, after)
+	return s.reservationsQuery(ctx, s.pool, "reservations unknown", query, args...)
+}
+
+// unknownBacklogSQL counts the entries of reservations_usage_unknown (an
+// index-only scan where the visibility map allows); min of no rows is
+// NULL, read as 0, the zero time.
+var unknownBacklogSQL = fmt.Sprintf(`SELECT count(*), COALESCE(min(started_at), 0) FROM reservations WHERE state = %d`,
+	ledger.StateUsageUnknown)
+
+// ReservationsUnknownBacklog returns how many reservations are
+// USAGE_UNKNOWN and the earliest StartedAt among them (the zero time when
+// there are none), from the partial index reservations_usage_unknown.
+func (s *Store) ReservationsUnknownBacklog(ctx context.Context) (store.UnknownBacklog, error) {
+	var (
+		b      store.UnknownBacklog
+		oldest int64
+		conv   codecConv
+	)
+	if err := s.pool.QueryRow(ctx, unknownBacklogSQL).Scan(&b.Count, &oldest); err != nil {
+		return store.UnknownBacklog{}, s.c.classify("reservations unknown backlog", err, false)
+	}
+	b.OldestStartedAt = conv.Time(oldest)
+	return b, nil
 }
 
 // Snapshot reads every row in one REPEATABLE READ, read-only transaction,

@@ -234,20 +234,26 @@ func (s *Store) reservationGet(ctx context.Context, q querier, id string, lock l
 }
 
 func (s *Store) reservationList(ctx context.Context, q querier) ([]ledger.Reservation, error) {
-	rows, err := q.Query(ctx, reservationSelect+` ORDER BY id`)
+	return s.reservationsQuery(ctx, q, "reservation list", reservationSelect+` ORDER BY id`)
+}
+
+// reservationsQuery runs query (a reservationSelect with its clauses) and
+// decodes every row it returns; what names the read in errors.
+func (s *Store) reservationsQuery(ctx context.Context, q querier, what, query string, args ...any) ([]ledger.Reservation, error) {
+	rows, err := q.Query(ctx, query, args...)
 	if err != nil {
-		return nil, s.c.classify("reservation list", err, false)
+		return nil, s.c.classify(what, err, false)
 	}
 	defer rows.Close()
 	var out []ledger.Reservation
 	for rows.Next() {
 		r, err := scanReservation(rows)
 		if err != nil {
-			return nil, s.c.classify("reservation list", err, false)
+			return nil, s.c.classify(what, err, false)
 		}
 		out = append(out, *r)
 	}
-	return out, s.c.classify("reservation list", rows.Err(), false)
+	return out, s.c.classify(what, rows.Err(), false)
 }
 
 const moveSelect = `SELECT receipt_id, kind, from_subject, from_route, from_region, from_generation,

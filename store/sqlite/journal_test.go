@@ -347,6 +347,8 @@ func TestLedgerOfAnEarlierSchemaAudits(t *testing.T) {
 	applyCommand(t, s, start("rl-old-0"), now.Add(time.Second))
 	applyCommand(t, s, settle("rl-old-0", 40), now.Add(2*time.Second))
 	applyCommand(t, s, &ledger.Command{Kind: ledger.KindRelease, ReservationID: "rl-old-1"}, now.Add(2*time.Second))
+	applyCommand(t, s, start("rl-old-3"), now.Add(time.Second))
+	applyCommand(t, s, &ledger.Command{Kind: ledger.KindMarkUsageUnknown, ReservationID: "rl-old-3"}, now.Add(2*time.Second))
 	before, err := s.Snapshot(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -356,7 +358,8 @@ func TestLedgerOfAnEarlierSchemaAudits(t *testing.T) {
 	}
 
 	// Rewrite the file as schema version 2 left it: every entry a row of
-	// journal, no journal_batches, versions 1 and 2 recorded.
+	// journal, no journal_batches, no index of USAGE_UNKNOWN rows,
+	// versions 1 and 2 recorded.
 	db, err := sql.Open("sqlite", path)
 	if err != nil {
 		t.Fatal(err)
@@ -364,7 +367,8 @@ func TestLedgerOfAnEarlierSchemaAudits(t *testing.T) {
 	for i := range before.Journal {
 		legacyJournalInsert(t, db, &before.Journal[i])
 	}
-	for _, q := range []string{"DROP TABLE journal_batches", "DELETE FROM schema_migrations WHERE version > 2"} {
+	for _, q := range []string{"DROP TABLE journal_batches", "DROP INDEX reservations_usage_unknown",
+		"DELETE FROM schema_migrations WHERE version > 2"} {
 		if _, err := db.Exec(q); err != nil {
 			t.Fatal(err)
 		}
@@ -385,6 +389,16 @@ func TestLedgerOfAnEarlierSchemaAudits(t *testing.T) {
 	if !reflect.DeepEqual(migrated.Journal, before.Journal) {
 		t.Fatalf("journal after migration:\n%+v\nwant\n%+v", migrated.Journal, before.Journal)
 	}
+	// The USAGE_UNKNOWN reservation of the old file is in the index the
+	// migration built.
+	backlog, err := s.ReservationsUnknownBacklog(ctx)
+	if err != nil || backlog != (store.UnknownBacklog{Count: 1, OldestStartedAt: now.Add(time.Second)}) {
+		t.Fatalf("backlog after migration: %+v, %v; want rl-old-3's", backlog, err)
+	}
+	unknown, err := s.ReservationsUnknown(ctx, store.UnknownFilter{Subject: key.Subject, Limit: 10})
+	if err != nil || len(unknown) != 1 || unknown[0].ID != "rl-old-3" {
+		t.Fatalf("USAGE_UNKNOWN after migration: %+v, %v; want rl-old-3", unknown, err)
+	}
 	later := now.Add(3 * time.Second)
 	for i := range 6 {
 		applyCommand(t, s, reserve(fmt.Sprintf("rl-new-%d", i)), later)
@@ -393,6 +407,10 @@ func TestLedgerOfAnEarlierSchemaAudits(t *testing.T) {
 	applyCommand(t, s, settle("rl-old-2", 100), later)
 	applyCommand(t, s, start("rl-new-0"), later)
 	applyCommand(t, s, settle("rl-new-0", 10), later)
+	applyCommand(t, s, settle("rl-old-3", 70), later)
+	if backlog, err := s.ReservationsUnknownBacklog(ctx); err != nil || backlog != (store.UnknownBacklog{}) {
+		t.Fatalf("backlog after settling rl-old-3: %+v, %v; want none", backlog, err)
+	}
 	snap, err := s.Snapshot(ctx)
 	if err != nil {
 		t.Fatal(err)

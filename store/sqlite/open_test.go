@@ -258,7 +258,12 @@ func TestClosedIsUnavailable(t *testing.T) {
 		"get":    func() error { _, err := s.ReservationGet(ctx, "rl-1"); return err }(),
 		"list":   func() error { _, err := s.AccountList(ctx, ledger.PolicyKey{}); return err }(),
 		"due":    func() error { _, err := s.ReservationsDue(ctx, t0, 10); return err }(),
-		"snap":   func() error { _, err := s.Snapshot(ctx); return err }(),
+		"unknown": func() error {
+			_, err := s.ReservationsUnknown(ctx, store.UnknownFilter{Limit: 10})
+			return err
+		}(),
+		"backlog": func() error { _, err := s.ReservationsUnknownBacklog(ctx); return err }(),
+		"snap":    func() error { _, err := s.Snapshot(ctx); return err }(),
 	} {
 		if !errors.Is(err, store.ErrUnavailable) {
 			t.Errorf("%s after close: %v, want ErrUnavailable", name, err)

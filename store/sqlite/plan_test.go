@@ -77,3 +77,40 @@ func TestDueQueryUsesItsIndexes(t *testing.T) {
 		}
 	}
 }
+
+// The USAGE_UNKNOWN list and backlog must read only the partial index
+// reservations_usage_unknown: never the whole reservations table (which
+// holds every reservation ever made), and the list never sorts, so each
+// page stops after its LIMIT rows.
+func TestUnknownQueriesUseTheirIndex(t *testing.T) {
+	s, err := Open(context.Background(), filepath.Join(t.TempDir(), "plan.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for _, tc := range []struct {
+		name, query string
+		args        []any
+	}{
+		{"first page", unknownFirstSQL, []any{"", "", 10}},
+		{"first page of a subject and route", unknownFirstSQL, []any{"tenant7", "chat.generate", 10}},
+		{"page after a cursor", unknownAfterSQL, []any{"", "", 10, int64(1), "rl-1"}},
+		{"page of a subject after a cursor", unknownAfterSQL, []any{"tenant7", "", 10, int64(1), "rl-1"}},
+		{"backlog", unknownBacklogSQL, nil},
+	} {
+		plan := queryPlan(t, s, tc.query, tc.args...)
+		t.Logf("%s:\n%s", tc.name, plan)
+		if !strings.Contains(plan, "USING INDEX reservations_usage_unknown") &&
+			!strings.Contains(plan, "USING COVERING INDEX reservations_usage_unknown") {
+			t.Errorf("%s: plan does not use reservations_usage_unknown:\n%s", tc.name, plan)
+		}
+		if strings.Contains(plan, "TEMP B-TREE") {
+			t.Errorf("%s: sorts instead of reading the index in order:\n%s", tc.name, plan)
+		}
+		for _, line := range strings.Split(plan, "\n") {
+			if strings.Contains(line, "reservations") && !strings.Contains(line, "reservations_usage_unknown") {
+				t.Errorf("%s: reads reservations other than through reservations_usage_unknown:\n%s", tc.name, plan)
+			}
+		}
+	}
+}

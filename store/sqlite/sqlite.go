@@ -35,6 +35,7 @@ import (
 
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
+	"github.com/capledger/capledger/store/codec"
 	"github.com/capledger/capledger/store/migration"
 )
 
@@ -405,6 +406,51 @@ func (s *Store) ReservationsDue(ctx context.Context, now time.Time, limit int) (
 		return nil, nil
 	}
 	return queryAll(ctx, s.r.due, scanID, "reservations due", now.UnixNano(), limit)
+}
+
+// ReservationsUnknown returns up to f.Limit USAGE_UNKNOWN reservations
+// in (StartedAt, ID) order, strictly after f.After unless it is the zero
+// cursor, with f's subject and route when they are not empty; none is an
+// empty list. It returns an error for f.Limit <= 0 and for a cursor time
+// no row can hold (one codec.Conv.Nanos refuses). It reads the partial
+// index reservations_usage_unknown.
+func (s *Store) ReservationsUnknown(ctx context.Context, f store.UnknownFilter) ([]ledger.Reservation, error) {
+	if s.closed.Load() {
+		return nil, errClosed
+	}
+	if f.Limit <= 0 {
+		return nil, fmt.Errorf("reservations unknown: limit %d is not positive", f.Limit)
+	}
+	if f.After == (store.UnknownCursor{}) {
+		return queryAll(ctx, s.r.unknownFirst, scanReservation, "reservations unknown", f.Subject, f.Route, f.Limit)
+	}
+	var c codec.Conv
+	after := c.Nanos(f.After.StartedAt)
+	if err := c.Err(); err != nil {
+		return nil, fmt.Errorf("reservations unknown: cursor: %w", err)
+	}
+	return queryAll(ctx, s.r.unknownAfter, scanReservation, "reservations unknown", f.Subject, f.Route, f.Limit,
+		after, f.After.ID)
+}
+
+// ReservationsUnknownBacklog returns how many reservations are
+// USAGE_UNKNOWN and the earliest StartedAt among them (the zero time when
+// there are none), from one scan of the partial index
+// reservations_usage_unknown.
+func (s *Store) ReservationsUnknownBacklog(ctx context.Context) (store.UnknownBacklog, error) {
+	scan := func(sc scanner) (store.UnknownBacklog, error) {
+		var (
+			b      store.UnknownBacklog
+			c      codec.Conv
+			oldest int64
+		)
+		if err := sc.Scan(&b.Count, &oldest); err != nil {
+			return b, err
+		}
+		b.OldestStartedAt = c.Time(oldest)
+		return b, c.Err()
+	}
+	return queryOne(ctx, s, s.r.unknownBacklog, scan, "reservations unknown backlog")
 }
 
 // Snapshot reads every row in one read transaction (a consistent WAL

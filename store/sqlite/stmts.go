@@ -200,6 +200,7 @@ func params(n int) string {
 // readStmts are the Store's read methods, prepared on the read pool.
 type readStmts struct {
 	reservation, account, accountsOf, accountsAll, policy, policies, shard, shards, due *sql.Stmt
+	unknownFirst, unknownAfter, unknownBacklog                                          *sql.Stmt
 }
 
 func (r *readStmts) prepare(ctx context.Context, db *sql.DB) error {
@@ -220,11 +221,15 @@ func (r *readStmts) prepare(ctx context.Context, db *sql.DB) error {
 	r.shard = prep(writeSQL[wShardGet])
 	r.shards = prep("SELECT " + shardCols + " FROM shards ORDER BY id")
 	r.due = prep(dueSQL)
+	r.unknownFirst = prep(unknownFirstSQL)
+	r.unknownAfter = prep(unknownAfterSQL)
+	r.unknownBacklog = prep(unknownBacklogSQL)
 	return errors.Join(errs...)
 }
 
 func (r *readStmts) close() {
-	for _, st := range []*sql.Stmt{r.reservation, r.account, r.accountsOf, r.accountsAll, r.policy, r.policies, r.shard, r.shards, r.due} {
+	for _, st := range []*sql.Stmt{r.reservation, r.account, r.accountsOf, r.accountsAll, r.policy, r.policies, r.shard, r.shards, r.due,
+		r.unknownFirst, r.unknownAfter, r.unknownBacklog} {
 		if st != nil {
 			st.Close()
 		}
@@ -245,3 +250,25 @@ var dueSQL = fmt.Sprintf(`SELECT id FROM (
 		UNION ALL
 		SELECT id, due_at FROM reservations WHERE state = %d AND due_at > ?1
 	) ORDER BY due_at, id LIMIT ?2`, ledger.StateExpiring)
+
+// The USAGE_UNKNOWN queries read the partial index
+// reservations_usage_unknown (started_at, id WHERE state = 8), whose
+// predicate the literal state here must match for SQLite to use it. The
+// list reads the index in (started_at, id) order and stops after ?3 rows;
+// subject and route (?1 and ?2, ” for any) filter the rows it finds.
+// unknownAfterSQL starts strictly after the cursor (?4, ?5): a seek into
+// the index, so a deep page costs what the first one does. The first page
+// has a statement of its own because no cursor value sorts before every
+// row.
+var (
+	unknownWhere = fmt.Sprintf("state = %d AND (?1 = '' OR subject = ?1) AND (?2 = '' OR route = ?2)",
+		ledger.StateUsageUnknown)
+	unknownFirstSQL = "SELECT " + reservationCols + " FROM reservations WHERE " + unknownWhere +
+		" ORDER BY started_at, id LIMIT ?3"
+	unknownAfterSQL = "SELECT " + reservationCols + " FROM reservations WHERE " + unknownWhere +
+		" AND (started_at, id) > (?4, ?5) ORDER BY started_at, id LIMIT ?3"
+	// unknownBacklogSQL reads the whole index and nothing else (count
+	// needs every entry); min of nothing is NULL, read as 0, the zero time.
+	unknownBacklogSQL = fmt.Sprintf("SELECT count(*), COALESCE(min(started_at), 0) FROM reservations WHERE state = %d",
+		ledger.StateUsageUnknown)
+)

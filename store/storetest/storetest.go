@@ -21,6 +21,11 @@
 //   - ReservationsDue orders by the time a reservation became due
 //     (ExpiresAt for RESERVED and EXPIRING, ExecutionDeadline for STARTED),
 //     ties by id; an EXPIRING reservation is due whatever its ExpiresAt;
+//   - ReservationsUnknown orders USAGE_UNKNOWN reservations by StartedAt,
+//     ties by id, and pages strictly after its cursor, so that following
+//     the last row of each page visits every row once; a Limit <= 0 is an
+//     error; ReservationsUnknownBacklog of no such reservation is a zero
+//     count and the zero time;
 //   - a second insert of a reservation id (NewReservations), a move receipt
 //     id, or a statement for the same account and EpochStart is
 //     store.ErrDuplicate; everything else is an upsert.
@@ -62,6 +67,8 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"JournalOrder", testJournalOrder},
 		{"LargeBatch", testLargeBatch},
 		{"ReservationsDue", testReservationsDue},
+		{"ReservationsUnknown", testReservationsUnknown},
+		{"ReservationsUnknownBacklog", testReservationsUnknownBacklog},
 		{"AccountList", testAccountList},
 		{"Lists", testLists},
 		{"TimePrecision", testTimePrecision},
@@ -963,4 +970,247 @@ func testIsolation(t *testing.T, s store.Store) {
 func compareAccountKeys(a, b ledger.AccountKey) int {
 	return cmp.Or(cmp.Compare(a.Subject, b.Subject), cmp.Compare(a.Route, b.Route),
 		cmp.Compare(a.Region, b.Region), cmp.Compare(a.Generation, b.Generation))
+}
+
+// unknownRows returns the reservations of the USAGE_UNKNOWN tests: eight
+// USAGE_UNKNOWN ones (four with the same StartedAt, written out of id
+// order, across two subjects, two routes and a subject that "tenant7" is
+// a prefix of), one STARTED that later turns USAGE_UNKNOWN, and one of
+// each other state a reservation passes through, started earlier than
+// any of them, so a store that lists another state shows it first.
+func unknownRows() []ledger.Reservation {
+	chat7 := ledger.AccountKey{Subject: "tenant7", Route: "chat.generate", Region: "eu", Generation: 2}
+	embed7 := ledger.AccountKey{Subject: "tenant7", Route: "embed", Region: "eu", Generation: 2}
+	chat8 := ledger.AccountKey{Subject: "tenant8", Route: "chat.generate", Region: "eu", Generation: 3}
+	chat70 := ledger.AccountKey{Subject: "tenant70", Route: "chat.generate", Region: "us", Generation: 1}
+	mk := func(id string, account ledger.AccountKey, state ledger.State, started time.Time) ledger.Reservation {
+		r := ledger.Reservation{ID: id, RequestDigest: "sha256:" + id, Account: account, AccountingEpoch: at(-2 * time.Hour),
+			Reserved: ledger.Amounts{600, 1}, State: state, CreatedAt: at(-3 * time.Hour), ExpiresAt: at(-3*time.Hour + 30*time.Second)}
+		if !started.IsZero() {
+			r.OperationID = "op-" + id
+			r.StartedAt = started
+			r.ExecutionDeadline = started.Add(2 * time.Minute)
+		}
+		switch state {
+		case ledger.StateUsageUnknown:
+			r.FinishedAt = r.ExecutionDeadline.Add(time.Second)
+		case ledger.StateSettled, ledger.StateSettledWithDebt:
+			r.FinishedAt = started.Add(time.Second)
+			r.Actual = ledger.Amounts{200, 1}
+		}
+		return r
+	}
+	tie := at(-time.Hour)
+	return []ledger.Reservation{
+		mk("uu-old", chat8, ledger.StateUsageUnknown, at(-90*time.Minute)),
+		mk("uu-c", chat7, ledger.StateUsageUnknown, tie),
+		mk("uu-a", embed7, ledger.StateUsageUnknown, tie),
+		mk("uu-d", chat70, ledger.StateUsageUnknown, tie),
+		mk("uu-b", chat8, ledger.StateUsageUnknown, tie),
+		mk("uu-mid", chat7, ledger.StateUsageUnknown, tie.Add(time.Nanosecond)),
+		mk("uu-0", chat7, ledger.StateUsageUnknown, at(-30*time.Minute)),
+		mk("uu-late", embed7, ledger.StateUsageUnknown, at(-10*time.Minute)),
+		mk("rl-to-unknown", chat7, ledger.StateStarted, at(-45*time.Minute)),
+		mk("rl-reserved", chat7, ledger.StateReserved, time.Time{}),
+		mk("rl-released", chat8, ledger.StateReleased, time.Time{}),
+		mk("rl-started", chat7, ledger.StateStarted, at(-2*time.Hour)),
+		mk("rl-settled", chat7, ledger.StateSettled, at(-2*time.Hour)),
+		mk("rl-debt", chat8, ledger.StateSettledWithDebt, at(-2*time.Hour)),
+	}
+}
+
+// insertAll writes rows as new reservations in one transaction.
+func insertAll(t *testing.T, s store.Store, rows []ledger.Reservation) {
+	t.Helper()
+	c := &store.Changes{Reservations: rows, NewReservations: map[string]bool{}}
+	for _, r := range rows {
+		c.NewReservations[r.ID] = true
+	}
+	commit(t, s, c)
+}
+
+// settle returns r settled by an operation receipt.
+func settle(r ledger.Reservation) ledger.Reservation {
+	r.State = ledger.StateSettled
+	r.Actual = ledger.Amounts{100, 1}
+	r.FinishedAt = at(0)
+	return r
+}
+
+// unknownPages pages through ReservationsUnknown under f, each page
+// after the last row of the one before, until a page comes back short.
+// It returns the pages, the empty page included when the last full page
+// was the end.
+func unknownPages(t *testing.T, s store.Store, f store.UnknownFilter) [][]ledger.Reservation {
+	t.Helper()
+	var pages [][]ledger.Reservation
+	for range 50 {
+		page, err := s.ReservationsUnknown(context.Background(), f)
+		if err != nil {
+			t.Fatalf("%+v: %v", f, err)
+		}
+		if len(page) > f.Limit {
+			t.Fatalf("%+v: %d rows, more than the limit", f, len(page))
+		}
+		pages = append(pages, page)
+		if len(page) < f.Limit {
+			return pages
+		}
+		last := page[len(page)-1]
+		f.After = store.UnknownCursor{StartedAt: last.StartedAt, ID: last.ID}
+	}
+	t.Fatalf("%+v: still paging after 50 pages (does the cursor move on?)", f)
+	return nil
+}
+
+// ids returns the ids of each page.
+func pageIDs(pages [][]ledger.Reservation) [][]string {
+	out := [][]string{}
+	for _, page := range pages {
+		ids := []string{}
+		for _, r := range page {
+			ids = append(ids, r.ID)
+		}
+		out = append(out, ids)
+	}
+	return out
+}
+
+func testReservationsUnknown(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	rows := unknownRows()
+	byID := map[string]ledger.Reservation{}
+	for _, r := range rows {
+		byID[r.ID] = r
+	}
+	insertAll(t, s, rows)
+	all := []string{"uu-old", "uu-a", "uu-b", "uu-c", "uu-d", "uu-mid", "uu-0", "uu-late"}
+
+	// The first page holds whole rows, decoded as ReservationGet does.
+	first, err := s.ReservationsUnknown(ctx, store.UnknownFilter{Limit: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []ledger.Reservation
+	for _, id := range all {
+		want = append(want, byID[id])
+	}
+	same(t, "every USAGE_UNKNOWN reservation", first, want)
+
+	for _, tc := range []struct {
+		name  string
+		f     store.UnknownFilter
+		pages [][]string
+	}{
+		{"limit 3", store.UnknownFilter{Limit: 3},
+			[][]string{{"uu-old", "uu-a", "uu-b"}, {"uu-c", "uu-d", "uu-mid"}, {"uu-0", "uu-late"}}},
+		{"limit 2", store.UnknownFilter{Limit: 2},
+			[][]string{{"uu-old", "uu-a"}, {"uu-b", "uu-c"}, {"uu-d", "uu-mid"}, {"uu-0", "uu-late"}, {}}},
+		{"limit 1", store.UnknownFilter{Limit: 1},
+			[][]string{{"uu-old"}, {"uu-a"}, {"uu-b"}, {"uu-c"}, {"uu-d"}, {"uu-mid"}, {"uu-0"}, {"uu-late"}, {}}},
+		{"subject", store.UnknownFilter{Subject: "tenant7", Limit: 2},
+			[][]string{{"uu-a", "uu-c"}, {"uu-mid", "uu-0"}, {"uu-late"}}},
+		{"route", store.UnknownFilter{Route: "chat.generate", Limit: 4},
+			[][]string{{"uu-old", "uu-b", "uu-c", "uu-d"}, {"uu-mid", "uu-0"}}},
+		{"subject and route", store.UnknownFilter{Subject: "tenant7", Route: "chat.generate", Limit: 1},
+			[][]string{{"uu-c"}, {"uu-mid"}, {"uu-0"}, {}}},
+		{"another subject's route", store.UnknownFilter{Subject: "tenant8", Route: "embed", Limit: 5}, [][]string{{}}},
+		{"no such subject", store.UnknownFilter{Subject: "tenant9", Limit: 5}, [][]string{{}}},
+		{"after a row inside a tie", store.UnknownFilter{After: store.UnknownCursor{StartedAt: at(-time.Hour), ID: "uu-b"}, Limit: 10},
+			[][]string{{"uu-c", "uu-d", "uu-mid", "uu-0", "uu-late"}}},
+		{"after a time, before its ids", store.UnknownFilter{After: store.UnknownCursor{StartedAt: at(-time.Hour)}, Limit: 10},
+			[][]string{{"uu-a", "uu-b", "uu-c", "uu-d", "uu-mid", "uu-0", "uu-late"}}},
+		{"after a time, past its ids", store.UnknownFilter{After: store.UnknownCursor{StartedAt: at(-time.Hour), ID: "uu-zzz"}, Limit: 10},
+			[][]string{{"uu-mid", "uu-0", "uu-late"}}},
+		{"after a time between rows", store.UnknownFilter{After: store.UnknownCursor{StartedAt: at(-20 * time.Minute), ID: "zz"}, Limit: 10},
+			[][]string{{"uu-late"}}},
+		{"after the last row", store.UnknownFilter{After: store.UnknownCursor{StartedAt: at(-10 * time.Minute), ID: "uu-late"}, Limit: 10},
+			[][]string{{}}},
+		{"subject after a cursor", store.UnknownFilter{Subject: "tenant7", After: store.UnknownCursor{StartedAt: at(-time.Hour), ID: "uu-b"}, Limit: 10},
+			[][]string{{"uu-c", "uu-mid", "uu-0", "uu-late"}}},
+	} {
+		same(t, tc.name, pageIDs(unknownPages(t, s, tc.f)), tc.pages)
+	}
+
+	for _, limit := range []int{0, -1} {
+		if got, err := s.ReservationsUnknown(ctx, store.UnknownFilter{Limit: limit}); err == nil {
+			t.Errorf("limit %d: %v and no error", limit, got)
+		}
+	}
+	tooLate := store.UnknownCursor{StartedAt: time.Date(2300, 1, 1, 0, 0, 0, 0, time.UTC), ID: "uu-a"}
+	if got, err := s.ReservationsUnknown(ctx, store.UnknownFilter{After: tooLate, Limit: 10}); err == nil {
+		t.Errorf("cursor after 2262: %v and no error", got)
+	}
+
+	// A reservation that turns USAGE_UNKNOWN joins the list in its place;
+	// settled ones leave it, whether first or inside a tie.
+	toUnknown := byID["rl-to-unknown"]
+	toUnknown.State = ledger.StateUsageUnknown
+	toUnknown.FinishedAt = toUnknown.ExecutionDeadline.Add(time.Second)
+	commit(t, s, &store.Changes{Reservations: []ledger.Reservation{toUnknown, settle(byID["uu-old"]), settle(byID["uu-b"])}})
+	same(t, "after settling uu-old and uu-b", pageIDs(unknownPages(t, s, store.UnknownFilter{Limit: 2})),
+		[][]string{{"uu-a", "uu-c"}, {"uu-d", "uu-mid"}, {"rl-to-unknown", "uu-0"}, {"uu-late"}})
+	got, err := s.ReservationsUnknown(ctx, store.UnknownFilter{After: store.UnknownCursor{StartedAt: at(-time.Hour), ID: "uu-d"}, Limit: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	same(t, "after uu-d", got, []ledger.Reservation{byID["uu-mid"], toUnknown})
+}
+
+func testReservationsUnknownBacklog(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	backlog := func(what string, want store.UnknownBacklog) {
+		t.Helper()
+		got, err := s.ReservationsUnknownBacklog(ctx)
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		same(t, what, got, want)
+		list, err := s.ReservationsUnknown(ctx, store.UnknownFilter{Limit: 100})
+		if err != nil {
+			t.Fatalf("%s: list: %v", what, err)
+		}
+		if int64(len(list)) != want.Count {
+			t.Errorf("%s: %d listed, backlog %d", what, len(list), want.Count)
+		}
+	}
+	backlog("empty store", store.UnknownBacklog{})
+	rows := unknownRows()
+
+	// Uncommitted USAGE_UNKNOWN rows are not part of it.
+	inTx(t, s, func(ctx context.Context, tx store.Tx) {
+		c := &store.Changes{Reservations: rows[:3], NewReservations: map[string]bool{}}
+		for _, r := range c.Reservations {
+			c.NewReservations[r.ID] = true
+		}
+		if err := tx.Write(ctx, c); err != nil {
+			t.Fatal(err)
+		}
+		backlog("uncommitted", store.UnknownBacklog{})
+	})
+
+	// Only the other states: still empty.
+	var others, unknown []ledger.Reservation
+	for _, r := range rows {
+		if r.State == ledger.StateUsageUnknown {
+			unknown = append(unknown, r)
+		} else {
+			others = append(others, r)
+		}
+	}
+	insertAll(t, s, others)
+	backlog("no USAGE_UNKNOWN reservation", store.UnknownBacklog{})
+	insertAll(t, s, unknown)
+	backlog("eight", store.UnknownBacklog{Count: 8, OldestStartedAt: at(-90 * time.Minute)})
+
+	// Settling the oldest moves the age to the next; settling every one
+	// empties the backlog.
+	commit(t, s, &store.Changes{Reservations: []ledger.Reservation{settle(unknown[0])}})
+	backlog("oldest settled", store.UnknownBacklog{Count: 7, OldestStartedAt: at(-time.Hour)})
+	var rest []ledger.Reservation
+	for _, r := range unknown[1:] {
+		rest = append(rest, settle(r))
+	}
+	commit(t, s, &store.Changes{Reservations: rest})
+	backlog("every one settled", store.UnknownBacklog{})
 }

@@ -1,0 +1,7 @@
+package postgres
+
+// Exported for the external tests of the query plans.
+var (
+	UnknownSQL        = unknownSQL
+	UnknownBacklogSQL = unknownBacklogSQL
+)

@@ -1,0 +1,15 @@
+-- capledger schema version 3: the USAGE_UNKNOWN backlog.
+--
+-- A partial index over just the USAGE_UNKNOWN reservations (state 8 is
+-- ledger.StateUsageUnknown), in the order ReservationsUnknown returns
+-- them: started_at (Unix nanoseconds), then id. ReservationsUnknown pages
+-- through it from a cursor and ReservationsUnknownBacklog counts it, so
+-- listing the backlog never reads the reservations of other states, and
+-- an update of a row that is not USAGE_UNKNOWN before or after writes
+-- nothing to it. Queries name the state as the literal 8 so the planner
+-- can match this predicate.
+--
+-- Migrations run in one transaction, so this is a plain CREATE INDEX (not
+-- CONCURRENTLY): building it reads the whole reservations table once and
+-- blocks writes to it meanwhile.
+CREATE INDEX reservations_usage_unknown ON reservations (started_at, id) WHERE state = 8;

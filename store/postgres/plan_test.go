@@ -1,0 +1,118 @@
+package postgres_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/capledger/capledger/store"
+	"github.com/capledger/capledger/store/postgres"
+)
+
+// The USAGE_UNKNOWN list and backlog must read the partial index
+// reservations_usage_unknown, never the whole reservations table, and the
+// list must not sort: pgx prepares each query and PostgreSQL may switch
+// to a generic plan after a few runs, so the generic plan (parameters
+// unknown) is what is checked, on a table where USAGE_UNKNOWN rows are 1
+// in 100 and the statistics are current.
+func TestUnknownQueriesUseTheirIndex(t *testing.T) {
+	_, dsn := openStore(t)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	for _, q := range []string{
+		`INSERT INTO reservations (id, request_digest, subject, route, region, generation, accounting_epoch,
+			reserved, actual, overdraft, operation_id, state, created_at, expires_at, started_at,
+			execution_deadline, finished_at, breach)
+		SELECT 'rl-' || i, 'sha256:' || i, 'tenant' || i % 10, 'chat.generate', 'eu', 1, 0,
+			'{1,0,0,0}', '{0,0,0,0}', '{0,0,0,0}', 'op-' || i, CASE WHEN i % 100 = 0 THEN 8 ELSE i % 8 END,
+			i, i + 30, i + 1, 0, 0, false
+		FROM generate_series(1, 20000) AS i`,
+		`ANALYZE reservations`,
+		`SET plan_cache_mode = force_generic_plan`,
+	} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	cursor := store.UnknownCursor{StartedAt: time.Unix(0, 5000), ID: "rl-5000"}
+	for _, tc := range []struct {
+		name string
+		f    store.UnknownFilter
+	}{
+		{"first page", store.UnknownFilter{Limit: 10}},
+		{"first page of a subject and route", store.UnknownFilter{Subject: "tenant0", Route: "chat.generate", Limit: 10}},
+		{"page after a cursor", store.UnknownFilter{After: cursor, Limit: 10}},
+		{"page of a subject after a cursor", store.UnknownFilter{Subject: "tenant0", After: cursor, Limit: 10}},
+	} {
+		query, args := postgres.UnknownSQL(tc.f, cursor.StartedAt.UnixNano())
+		plan := genericPlan(t, conn, query, args)
+		t.Logf("%s:\n%s", tc.name, plan)
+		checkUnknownPlan(t, tc.name, plan)
+		if strings.Contains(plan, "Sort") {
+			t.Errorf("%s: sorts instead of reading the index in order:\n%s", tc.name, plan)
+		}
+		if tc.f.After != (store.UnknownCursor{}) && !strings.Contains(plan, "Index Cond: (ROW(started_at, id) >") {
+			t.Errorf("%s: does not seek the index at the cursor:\n%s", tc.name, plan)
+		}
+	}
+	plan := genericPlan(t, conn, postgres.UnknownBacklogSQL, nil)
+	t.Logf("backlog:\n%s", plan)
+	checkUnknownPlan(t, "backlog", plan)
+}
+
+// genericPlan returns the generic plan of query: prepared, then explained
+// under force_generic_plan.
+func genericPlan(t *testing.T, conn *pgx.Conn, query string, args []any) string {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := conn.Exec(ctx, "DEALLOCATE ALL"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "PREPARE unknown_plan AS "+query); err != nil {
+		t.Fatalf("prepare %s: %v", query, err)
+	}
+	// EXECUTE's parameters are not themselves parameters: literals.
+	var literals []string
+	for _, a := range args {
+		switch v := a.(type) {
+		case string:
+			literals = append(literals, "'"+strings.ReplaceAll(v, "'", "''")+"'")
+		default:
+			literals = append(literals, fmt.Sprint(v))
+		}
+	}
+	explain := "EXPLAIN EXECUTE unknown_plan"
+	if len(literals) > 0 {
+		explain += "(" + strings.Join(literals, ", ") + ")"
+	}
+	rows, err := conn.Query(ctx, explain)
+	if err != nil {
+		t.Fatalf("%s: %v", explain, err)
+	}
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatalf("%s: %v", explain, err)
+	}
+	return strings.Join(lines, "\n")
+}
+
+func checkUnknownPlan(t *testing.T, name, plan string) {
+	t.Helper()
+	if !strings.Contains(plan, "reservations_usage_unknown") {
+		t.Errorf("%s: plan does not use reservations_usage_unknown:\n%s", name, plan)
+	}
+	for _, line := range strings.Split(plan, "\n") {
+		if strings.Contains(line, "Scan") && strings.Contains(line, "on reservations") &&
+			!strings.Contains(line, "using reservations_usage_unknown") {
+			t.Errorf("%s: reads reservations other than through reservations_usage_unknown:\n%s", name, plan)
+		}
+	}
+}

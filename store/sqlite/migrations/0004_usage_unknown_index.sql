@@ -1,0 +1,11 @@
+-- capledger schema version 4: the USAGE_UNKNOWN backlog.
+--
+-- A partial index over just the USAGE_UNKNOWN reservations (state 8 is
+-- ledger.StateUsageUnknown), in the order ReservationsUnknown returns
+-- them: started_at (Unix nanoseconds, like every time column), then id.
+-- ReservationsUnknown pages through it from a cursor and
+-- ReservationsUnknownBacklog counts it, so listing the backlog never
+-- reads the reservations of other states, and a reserve, start or settle
+-- of a row in any other state writes nothing to it. Queries must name
+-- the state as the literal 8 for SQLite to use it.
+CREATE INDEX reservations_usage_unknown ON reservations (started_at, id) WHERE state = 8;
