@@ -382,6 +382,18 @@ func (e *Engine) Reservation(ctx context.Context, id string) (ledger.Reservation
 	return e.core.store.ReservationGet(ctx, id)
 }
 
+// ReservationsUnknown returns a page of the USAGE_UNKNOWN backlog, the
+// longest-waiting first (store.Store.ReservationsUnknown).
+func (e *Engine) ReservationsUnknown(ctx context.Context, f store.UnknownFilter) ([]ledger.Reservation, error) {
+	return e.core.store.ReservationsUnknown(ctx, f)
+}
+
+// UnknownBacklog counts the USAGE_UNKNOWN reservations and finds when the
+// longest-waiting of them started.
+func (e *Engine) UnknownBacklog(ctx context.Context) (store.UnknownBacklog, error) {
+	return e.core.store.ReservationsUnknownBacklog(ctx)
+}
+
 // Accounts returns the subject's accounts (every generation), with the
 // refill due up to now applied to the copies shown (the stored rows refill
 // lazily, on their next command).

@@ -35,6 +35,8 @@ var adminOnly = map[string]bool{
 	capledgerv1connect.LedgerServicePublishPolicyProcedure:  true,
 	capledgerv1connect.LedgerServiceRollbackPolicyProcedure: true,
 	capledgerv1connect.LedgerServiceAuditProcedure:          true,
+	// The backlog lists every tenant's reservations.
+	capledgerv1connect.LedgerServiceListUsageUnknownProcedure: true,
 }
 
 // Identity is who presented a token.

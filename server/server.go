@@ -37,6 +37,8 @@ type Ledger interface {
 	Policies(ctx context.Context) ([]ledger.Policy, error)
 	Policy(ctx context.Context, generation uint64) (ledger.Policy, error)
 	Audit(ctx context.Context) ([]ledger.Discrepancy, error)
+	ReservationsUnknown(ctx context.Context, f store.UnknownFilter) ([]ledger.Reservation, error)
+	UnknownBacklog(ctx context.Context) (store.UnknownBacklog, error)
 	Stats() engine.Stats
 	Ready() error
 }
@@ -70,6 +72,9 @@ type Config struct {
 	Logger  *slog.Logger
 	// Shards configures the ShardService (shard.go); nil issues no shards.
 	Shards *ShardConfig
+	// Clock is the time the metrics measure ages against; give it the
+	// engine's clock (default time.Now).
+	Clock func() time.Time
 }
 
 // Server implements capledgerv1connect.LedgerServiceHandler over a Ledger.
@@ -93,6 +98,9 @@ func New(l Ledger, cfg Config) *Server {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
+	}
 	s := &Server{
 		ledger:   l,
 		policies: newPolicyCache(l),
@@ -101,6 +109,7 @@ func New(l Ledger, cfg Config) *Server {
 		maxBody:  cfg.MaxBodyBytes,
 	}
 	s.metrics.registerEngine(l)
+	s.metrics.registerBacklog(l, s.log, cfg.Clock)
 
 	options := []connect.HandlerOption{
 		connect.WithReadMaxBytes(int(cfg.MaxBodyBytes)),

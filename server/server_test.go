@@ -95,7 +95,7 @@ func newHarness(t testing.TB, opts harnessOptions) *harness {
 		Clock: h.clock.Now, DisableWorkers: !opts.workers, WorkerInterval: 5 * time.Millisecond,
 		OnBatch: metrics.ObserveBatch, Logger: logger,
 	})
-	cfg := server.Config{Metrics: metrics, Logger: logger, MaxBodyBytes: opts.maxBody}
+	cfg := server.Config{Metrics: metrics, Logger: logger, MaxBodyBytes: opts.maxBody, Clock: h.clock.Now}
 	if opts.auth {
 		tokens, err := server.ParseTokens(strings.NewReader(
 			"# role per token\n" + adminToken + " admin ops\n\n" + gatewayToken + " gateway gw-1\n"))

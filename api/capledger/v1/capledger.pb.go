@@ -2363,6 +2363,151 @@ func (x *GetReservationResponse) GetReservation() *Reservation {
 	return nil
 }
 
+type ListUsageUnknownRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only reservations of this subject; empty: every subject.
+	Subject string `protobuf:"bytes,1,opt,name=subject,proto3" json:"subject,omitempty"`
+	// Only reservations on this route; empty: every route.
+	Route string `protobuf:"bytes,2,opt,name=route,proto3" json:"route,omitempty"`
+	// The most reservations in one answer: default 100, at most 1000.
+	PageSize int32 `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// next_page_token of the previous answer; empty for the first page.
+	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListUsageUnknownRequest) Reset() {
+	*x = ListUsageUnknownRequest{}
+	mi := &file_capledger_v1_capledger_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListUsageUnknownRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListUsageUnknownRequest) ProtoMessage() {}
+
+func (x *ListUsageUnknownRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_capledger_v1_capledger_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListUsageUnknownRequest.ProtoReflect.Descriptor instead.
+func (*ListUsageUnknownRequest) Descriptor() ([]byte, []int) {
+	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *ListUsageUnknownRequest) GetSubject() string {
+	if x != nil {
+		return x.Subject
+	}
+	return ""
+}
+
+func (x *ListUsageUnknownRequest) GetRoute() string {
+	if x != nil {
+		return x.Route
+	}
+	return ""
+}
+
+func (x *ListUsageUnknownRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListUsageUnknownRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+type ListUsageUnknownResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Oldest started_at first (reservation_id breaks ties).
+	Reservations []*Reservation `protobuf:"bytes,1,rep,name=reservations,proto3" json:"reservations,omitempty"`
+	// Pass it as page_token for the next page; empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	// The whole USAGE_UNKNOWN backlog, ignoring the filters: how many
+	// reservations, and when the longest-waiting of them started (unset when
+	// there are none).
+	Backlog         int64                  `protobuf:"varint,3,opt,name=backlog,proto3" json:"backlog,omitempty"`
+	OldestStartedAt *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=oldest_started_at,json=oldestStartedAt,proto3" json:"oldest_started_at,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *ListUsageUnknownResponse) Reset() {
+	*x = ListUsageUnknownResponse{}
+	mi := &file_capledger_v1_capledger_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListUsageUnknownResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListUsageUnknownResponse) ProtoMessage() {}
+
+func (x *ListUsageUnknownResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_capledger_v1_capledger_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListUsageUnknownResponse.ProtoReflect.Descriptor instead.
+func (*ListUsageUnknownResponse) Descriptor() ([]byte, []int) {
+	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *ListUsageUnknownResponse) GetReservations() []*Reservation {
+	if x != nil {
+		return x.Reservations
+	}
+	return nil
+}
+
+func (x *ListUsageUnknownResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+func (x *ListUsageUnknownResponse) GetBacklog() int64 {
+	if x != nil {
+		return x.Backlog
+	}
+	return 0
+}
+
+func (x *ListUsageUnknownResponse) GetOldestStartedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.OldestStartedAt
+	}
+	return nil
+}
+
 // Balance is one dimension of an account: the seed's conservation terms,
 //
 //	opening + minted + overdraft_issued =
@@ -2392,7 +2537,7 @@ type Balance struct {
 
 func (x *Balance) Reset() {
 	*x = Balance{}
-	mi := &file_capledger_v1_capledger_proto_msgTypes[32]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2404,7 +2549,7 @@ func (x *Balance) String() string {
 func (*Balance) ProtoMessage() {}
 
 func (x *Balance) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_capledger_proto_msgTypes[32]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2417,7 +2562,7 @@ func (x *Balance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Balance.ProtoReflect.Descriptor instead.
 func (*Balance) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{32}
+	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *Balance) GetUnit() string {
@@ -2518,7 +2663,7 @@ type Account struct {
 
 func (x *Account) Reset() {
 	*x = Account{}
-	mi := &file_capledger_v1_capledger_proto_msgTypes[33]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2530,7 +2675,7 @@ func (x *Account) String() string {
 func (*Account) ProtoMessage() {}
 
 func (x *Account) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_capledger_proto_msgTypes[33]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2543,7 +2688,7 @@ func (x *Account) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Account.ProtoReflect.Descriptor instead.
 func (*Account) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{33}
+	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *Account) GetSubject() string {
@@ -2615,7 +2760,7 @@ type GetAccountRequest struct {
 
 func (x *GetAccountRequest) Reset() {
 	*x = GetAccountRequest{}
-	mi := &file_capledger_v1_capledger_proto_msgTypes[34]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2627,7 +2772,7 @@ func (x *GetAccountRequest) String() string {
 func (*GetAccountRequest) ProtoMessage() {}
 
 func (x *GetAccountRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_capledger_proto_msgTypes[34]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2640,7 +2785,7 @@ func (x *GetAccountRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetAccountRequest.ProtoReflect.Descriptor instead.
 func (*GetAccountRequest) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{34}
+	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *GetAccountRequest) GetSubject() string {
@@ -2675,7 +2820,7 @@ type GetAccountResponse struct {
 
 func (x *GetAccountResponse) Reset() {
 	*x = GetAccountResponse{}
-	mi := &file_capledger_v1_capledger_proto_msgTypes[35]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2687,7 +2832,7 @@ func (x *GetAccountResponse) String() string {
 func (*GetAccountResponse) ProtoMessage() {}
 
 func (x *GetAccountResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_capledger_proto_msgTypes[35]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2700,7 +2845,7 @@ func (x *GetAccountResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetAccountResponse.ProtoReflect.Descriptor instead.
 func (*GetAccountResponse) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{35}
+	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *GetAccountResponse) GetAccounts() []*Account {
@@ -2718,7 +2863,7 @@ type AuditRequest struct {
 
 func (x *AuditRequest) Reset() {
 	*x = AuditRequest{}
-	mi := &file_capledger_v1_capledger_proto_msgTypes[36]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2730,7 +2875,7 @@ func (x *AuditRequest) String() string {
 func (*AuditRequest) ProtoMessage() {}
 
 func (x *AuditRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_capledger_proto_msgTypes[36]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2743,7 +2888,7 @@ func (x *AuditRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditRequest.ProtoReflect.Descriptor instead.
 func (*AuditRequest) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{36}
+	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{38}
 }
 
 // Discrepancy is one failed audit check.
@@ -2762,7 +2907,7 @@ type Discrepancy struct {
 
 func (x *Discrepancy) Reset() {
 	*x = Discrepancy{}
-	mi := &file_capledger_v1_capledger_proto_msgTypes[37]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2774,7 +2919,7 @@ func (x *Discrepancy) String() string {
 func (*Discrepancy) ProtoMessage() {}
 
 func (x *Discrepancy) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_capledger_proto_msgTypes[37]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2787,7 +2932,7 @@ func (x *Discrepancy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Discrepancy.ProtoReflect.Descriptor instead.
 func (*Discrepancy) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{37}
+	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *Discrepancy) GetCheck() string {
@@ -2829,7 +2974,7 @@ type AuditResponse struct {
 
 func (x *AuditResponse) Reset() {
 	*x = AuditResponse{}
-	mi := &file_capledger_v1_capledger_proto_msgTypes[38]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2841,7 +2986,7 @@ func (x *AuditResponse) String() string {
 func (*AuditResponse) ProtoMessage() {}
 
 func (x *AuditResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_capledger_proto_msgTypes[38]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2854,7 +2999,7 @@ func (x *AuditResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditResponse.ProtoReflect.Descriptor instead.
 func (*AuditResponse) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{38}
+	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *AuditResponse) GetDiscrepancies() []*Discrepancy {
@@ -3050,7 +3195,18 @@ const file_capledger_v1_capledger_proto_rawDesc = "" +
 	"\x15GetReservationRequest\x12%\n" +
 	"\x0ereservation_id\x18\x01 \x01(\tR\rreservationId\"U\n" +
 	"\x16GetReservationResponse\x12;\n" +
-	"\vreservation\x18\x01 \x01(\v2\x19.capledger.v1.ReservationR\vreservation\"\xe7\x02\n" +
+	"\vreservation\x18\x01 \x01(\v2\x19.capledger.v1.ReservationR\vreservation\"\x85\x01\n" +
+	"\x17ListUsageUnknownRequest\x12\x18\n" +
+	"\asubject\x18\x01 \x01(\tR\asubject\x12\x14\n" +
+	"\x05route\x18\x02 \x01(\tR\x05route\x12\x1b\n" +
+	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\"\xe3\x01\n" +
+	"\x18ListUsageUnknownResponse\x12=\n" +
+	"\freservations\x18\x01 \x03(\v2\x19.capledger.v1.ReservationR\freservations\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\x12\x18\n" +
+	"\abacklog\x18\x03 \x01(\x03R\abacklog\x12F\n" +
+	"\x11oldest_started_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x0foldestStartedAt\"\xe7\x02\n" +
 	"\aBalance\x12\x12\n" +
 	"\x04unit\x18\x01 \x01(\tR\x04unit\x12\x18\n" +
 	"\aopening\x18\x02 \x01(\x03R\aopening\x12\x16\n" +
@@ -3106,7 +3262,8 @@ const file_capledger_v1_capledger_proto_rawDesc = "" +
 	"\x19RESERVATION_STATE_EXPIRED\x10\b\x12#\n" +
 	"\x1fRESERVATION_STATE_USAGE_UNKNOWN\x10\t\x12)\n" +
 	"%RESERVATION_STATE_RESERVATION_UNKNOWN\x10\n" +
-	"2\x99\t\n" +
+	"2\x81\n" +
+	"\n" +
 	"\rLedgerService\x12X\n" +
 	"\rPublishPolicy\x12\".capledger.v1.PublishPolicyRequest\x1a#.capledger.v1.PublishPolicyResponse\x12Q\n" +
 	"\tGetPolicy\x12\x1e.capledger.v1.GetPolicyRequest\x1a\x1f.capledger.v1.GetPolicyResponse\"\x03\x90\x02\x01\x12Z\n" +
@@ -3121,7 +3278,8 @@ const file_capledger_v1_capledger_proto_rawDesc = "" +
 	"\x10MarkUsageUnknown\x12%.capledger.v1.MarkUsageUnknownRequest\x1a&.capledger.v1.MarkUsageUnknownResponse\x12`\n" +
 	"\x0eGetReservation\x12#.capledger.v1.GetReservationRequest\x1a$.capledger.v1.GetReservationResponse\"\x03\x90\x02\x01\x12T\n" +
 	"\n" +
-	"GetAccount\x12\x1f.capledger.v1.GetAccountRequest\x1a .capledger.v1.GetAccountResponse\"\x03\x90\x02\x01\x12E\n" +
+	"GetAccount\x12\x1f.capledger.v1.GetAccountRequest\x1a .capledger.v1.GetAccountResponse\"\x03\x90\x02\x01\x12f\n" +
+	"\x10ListUsageUnknown\x12%.capledger.v1.ListUsageUnknownRequest\x1a&.capledger.v1.ListUsageUnknownResponse\"\x03\x90\x02\x01\x12E\n" +
 	"\x05Audit\x12\x1a.capledger.v1.AuditRequest\x1a\x1b.capledger.v1.AuditResponse\"\x03\x90\x02\x01B=Z;github.com/capledger/capledger/api/capledger/v1;capledgerv1b\x06proto3"
 
 var (
@@ -3137,7 +3295,7 @@ func file_capledger_v1_capledger_proto_rawDescGZIP() []byte {
 }
 
 var file_capledger_v1_capledger_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_capledger_v1_capledger_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
+var file_capledger_v1_capledger_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
 var file_capledger_v1_capledger_proto_goTypes = []any{
 	(RolloutMode)(0),                 // 0: capledger.v1.RolloutMode
 	(ReservationState)(0),            // 1: capledger.v1.ReservationState
@@ -3173,48 +3331,50 @@ var file_capledger_v1_capledger_proto_goTypes = []any{
 	(*MarkUsageUnknownResponse)(nil), // 31: capledger.v1.MarkUsageUnknownResponse
 	(*GetReservationRequest)(nil),    // 32: capledger.v1.GetReservationRequest
 	(*GetReservationResponse)(nil),   // 33: capledger.v1.GetReservationResponse
-	(*Balance)(nil),                  // 34: capledger.v1.Balance
-	(*Account)(nil),                  // 35: capledger.v1.Account
-	(*GetAccountRequest)(nil),        // 36: capledger.v1.GetAccountRequest
-	(*GetAccountResponse)(nil),       // 37: capledger.v1.GetAccountResponse
-	(*AuditRequest)(nil),             // 38: capledger.v1.AuditRequest
-	(*Discrepancy)(nil),              // 39: capledger.v1.Discrepancy
-	(*AuditResponse)(nil),            // 40: capledger.v1.AuditResponse
-	nil,                              // 41: capledger.v1.Reservation.ReservedUnitsEntry
-	nil,                              // 42: capledger.v1.Reservation.ActualUnitsEntry
-	nil,                              // 43: capledger.v1.Reservation.OverdraftUnitsEntry
-	nil,                              // 44: capledger.v1.ReserveRequest.UnitsEntry
-	nil,                              // 45: capledger.v1.SettleRequest.ActualUnitsEntry
-	nil,                              // 46: capledger.v1.SettleResponse.RefundedUnitsEntry
-	nil,                              // 47: capledger.v1.ReleaseResponse.RefundedUnitsEntry
-	(*durationpb.Duration)(nil),      // 48: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),    // 49: google.protobuf.Timestamp
+	(*ListUsageUnknownRequest)(nil),  // 34: capledger.v1.ListUsageUnknownRequest
+	(*ListUsageUnknownResponse)(nil), // 35: capledger.v1.ListUsageUnknownResponse
+	(*Balance)(nil),                  // 36: capledger.v1.Balance
+	(*Account)(nil),                  // 37: capledger.v1.Account
+	(*GetAccountRequest)(nil),        // 38: capledger.v1.GetAccountRequest
+	(*GetAccountResponse)(nil),       // 39: capledger.v1.GetAccountResponse
+	(*AuditRequest)(nil),             // 40: capledger.v1.AuditRequest
+	(*Discrepancy)(nil),              // 41: capledger.v1.Discrepancy
+	(*AuditResponse)(nil),            // 42: capledger.v1.AuditResponse
+	nil,                              // 43: capledger.v1.Reservation.ReservedUnitsEntry
+	nil,                              // 44: capledger.v1.Reservation.ActualUnitsEntry
+	nil,                              // 45: capledger.v1.Reservation.OverdraftUnitsEntry
+	nil,                              // 46: capledger.v1.ReserveRequest.UnitsEntry
+	nil,                              // 47: capledger.v1.SettleRequest.ActualUnitsEntry
+	nil,                              // 48: capledger.v1.SettleResponse.RefundedUnitsEntry
+	nil,                              // 49: capledger.v1.ReleaseResponse.RefundedUnitsEntry
+	(*durationpb.Duration)(nil),      // 50: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),    // 51: google.protobuf.Timestamp
 }
 var file_capledger_v1_capledger_proto_depIdxs = []int32{
-	48, // 0: capledger.v1.Dimension.refill_interval:type_name -> google.protobuf.Duration
+	50, // 0: capledger.v1.Dimension.refill_interval:type_name -> google.protobuf.Duration
 	2,  // 1: capledger.v1.Policy.dimensions:type_name -> capledger.v1.Dimension
-	48, // 2: capledger.v1.Policy.hold_ttl:type_name -> google.protobuf.Duration
-	48, // 3: capledger.v1.Policy.execution_limit:type_name -> google.protobuf.Duration
+	50, // 2: capledger.v1.Policy.hold_ttl:type_name -> google.protobuf.Duration
+	50, // 3: capledger.v1.Policy.execution_limit:type_name -> google.protobuf.Duration
 	0,  // 4: capledger.v1.Policy.rollout:type_name -> capledger.v1.RolloutMode
-	48, // 5: capledger.v1.Policy.epoch_length:type_name -> google.protobuf.Duration
-	49, // 6: capledger.v1.Policy.published_at:type_name -> google.protobuf.Timestamp
-	49, // 7: capledger.v1.Reservation.accounting_epoch:type_name -> google.protobuf.Timestamp
-	41, // 8: capledger.v1.Reservation.reserved_units:type_name -> capledger.v1.Reservation.ReservedUnitsEntry
-	42, // 9: capledger.v1.Reservation.actual_units:type_name -> capledger.v1.Reservation.ActualUnitsEntry
-	43, // 10: capledger.v1.Reservation.overdraft_units:type_name -> capledger.v1.Reservation.OverdraftUnitsEntry
+	50, // 5: capledger.v1.Policy.epoch_length:type_name -> google.protobuf.Duration
+	51, // 6: capledger.v1.Policy.published_at:type_name -> google.protobuf.Timestamp
+	51, // 7: capledger.v1.Reservation.accounting_epoch:type_name -> google.protobuf.Timestamp
+	43, // 8: capledger.v1.Reservation.reserved_units:type_name -> capledger.v1.Reservation.ReservedUnitsEntry
+	44, // 9: capledger.v1.Reservation.actual_units:type_name -> capledger.v1.Reservation.ActualUnitsEntry
+	45, // 10: capledger.v1.Reservation.overdraft_units:type_name -> capledger.v1.Reservation.OverdraftUnitsEntry
 	1,  // 11: capledger.v1.Reservation.state:type_name -> capledger.v1.ReservationState
-	49, // 12: capledger.v1.Reservation.created_at:type_name -> google.protobuf.Timestamp
-	49, // 13: capledger.v1.Reservation.expires_at:type_name -> google.protobuf.Timestamp
-	49, // 14: capledger.v1.Reservation.started_at:type_name -> google.protobuf.Timestamp
-	49, // 15: capledger.v1.Reservation.execution_deadline:type_name -> google.protobuf.Timestamp
-	49, // 16: capledger.v1.Reservation.finished_at:type_name -> google.protobuf.Timestamp
-	48, // 17: capledger.v1.RejectionDetail.retry_after:type_name -> google.protobuf.Duration
+	51, // 12: capledger.v1.Reservation.created_at:type_name -> google.protobuf.Timestamp
+	51, // 13: capledger.v1.Reservation.expires_at:type_name -> google.protobuf.Timestamp
+	51, // 14: capledger.v1.Reservation.started_at:type_name -> google.protobuf.Timestamp
+	51, // 15: capledger.v1.Reservation.execution_deadline:type_name -> google.protobuf.Timestamp
+	51, // 16: capledger.v1.Reservation.finished_at:type_name -> google.protobuf.Timestamp
+	50, // 17: capledger.v1.RejectionDetail.retry_after:type_name -> google.protobuf.Duration
 	4,  // 18: capledger.v1.ErrorDetail.reservation:type_name -> capledger.v1.Reservation
 	3,  // 19: capledger.v1.PublishPolicyRequest.policy:type_name -> capledger.v1.Policy
 	3,  // 20: capledger.v1.PublishPolicyResponse.policy:type_name -> capledger.v1.Policy
 	3,  // 21: capledger.v1.GetPolicyResponse.policy:type_name -> capledger.v1.Policy
 	3,  // 22: capledger.v1.ListPoliciesResponse.policies:type_name -> capledger.v1.Policy
-	44, // 23: capledger.v1.ReserveRequest.units:type_name -> capledger.v1.ReserveRequest.UnitsEntry
+	46, // 23: capledger.v1.ReserveRequest.units:type_name -> capledger.v1.ReserveRequest.UnitsEntry
 	4,  // 24: capledger.v1.ReserveResponse.reservation:type_name -> capledger.v1.Reservation
 	5,  // 25: capledger.v1.ReserveResponse.shadow_rejection:type_name -> capledger.v1.RejectionDetail
 	15, // 26: capledger.v1.ReserveBatchRequest.requests:type_name -> capledger.v1.ReserveRequest
@@ -3224,55 +3384,59 @@ var file_capledger_v1_capledger_proto_depIdxs = []int32{
 	18, // 30: capledger.v1.ReserveOutcome.error:type_name -> capledger.v1.ItemError
 	19, // 31: capledger.v1.ReserveBatchResponse.outcomes:type_name -> capledger.v1.ReserveOutcome
 	4,  // 32: capledger.v1.StartResponse.reservation:type_name -> capledger.v1.Reservation
-	45, // 33: capledger.v1.SettleRequest.actual_units:type_name -> capledger.v1.SettleRequest.ActualUnitsEntry
+	47, // 33: capledger.v1.SettleRequest.actual_units:type_name -> capledger.v1.SettleRequest.ActualUnitsEntry
 	4,  // 34: capledger.v1.SettleResponse.reservation:type_name -> capledger.v1.Reservation
-	46, // 35: capledger.v1.SettleResponse.refunded_units:type_name -> capledger.v1.SettleResponse.RefundedUnitsEntry
+	48, // 35: capledger.v1.SettleResponse.refunded_units:type_name -> capledger.v1.SettleResponse.RefundedUnitsEntry
 	23, // 36: capledger.v1.SettleBatchRequest.requests:type_name -> capledger.v1.SettleRequest
 	24, // 37: capledger.v1.SettleOutcome.ok:type_name -> capledger.v1.SettleResponse
 	18, // 38: capledger.v1.SettleOutcome.error:type_name -> capledger.v1.ItemError
 	26, // 39: capledger.v1.SettleBatchResponse.outcomes:type_name -> capledger.v1.SettleOutcome
 	4,  // 40: capledger.v1.ReleaseResponse.reservation:type_name -> capledger.v1.Reservation
-	47, // 41: capledger.v1.ReleaseResponse.refunded_units:type_name -> capledger.v1.ReleaseResponse.RefundedUnitsEntry
+	49, // 41: capledger.v1.ReleaseResponse.refunded_units:type_name -> capledger.v1.ReleaseResponse.RefundedUnitsEntry
 	4,  // 42: capledger.v1.MarkUsageUnknownResponse.reservation:type_name -> capledger.v1.Reservation
 	4,  // 43: capledger.v1.GetReservationResponse.reservation:type_name -> capledger.v1.Reservation
-	49, // 44: capledger.v1.Account.epoch_start:type_name -> google.protobuf.Timestamp
-	34, // 45: capledger.v1.Account.balances:type_name -> capledger.v1.Balance
-	35, // 46: capledger.v1.GetAccountResponse.accounts:type_name -> capledger.v1.Account
-	39, // 47: capledger.v1.AuditResponse.discrepancies:type_name -> capledger.v1.Discrepancy
-	49, // 48: capledger.v1.AuditResponse.checked_at:type_name -> google.protobuf.Timestamp
-	7,  // 49: capledger.v1.LedgerService.PublishPolicy:input_type -> capledger.v1.PublishPolicyRequest
-	9,  // 50: capledger.v1.LedgerService.GetPolicy:input_type -> capledger.v1.GetPolicyRequest
-	11, // 51: capledger.v1.LedgerService.ListPolicies:input_type -> capledger.v1.ListPoliciesRequest
-	13, // 52: capledger.v1.LedgerService.RollbackPolicy:input_type -> capledger.v1.RollbackPolicyRequest
-	15, // 53: capledger.v1.LedgerService.Reserve:input_type -> capledger.v1.ReserveRequest
-	17, // 54: capledger.v1.LedgerService.ReserveBatch:input_type -> capledger.v1.ReserveBatchRequest
-	21, // 55: capledger.v1.LedgerService.Start:input_type -> capledger.v1.StartRequest
-	23, // 56: capledger.v1.LedgerService.Settle:input_type -> capledger.v1.SettleRequest
-	25, // 57: capledger.v1.LedgerService.SettleBatch:input_type -> capledger.v1.SettleBatchRequest
-	28, // 58: capledger.v1.LedgerService.Release:input_type -> capledger.v1.ReleaseRequest
-	30, // 59: capledger.v1.LedgerService.MarkUsageUnknown:input_type -> capledger.v1.MarkUsageUnknownRequest
-	32, // 60: capledger.v1.LedgerService.GetReservation:input_type -> capledger.v1.GetReservationRequest
-	36, // 61: capledger.v1.LedgerService.GetAccount:input_type -> capledger.v1.GetAccountRequest
-	38, // 62: capledger.v1.LedgerService.Audit:input_type -> capledger.v1.AuditRequest
-	8,  // 63: capledger.v1.LedgerService.PublishPolicy:output_type -> capledger.v1.PublishPolicyResponse
-	10, // 64: capledger.v1.LedgerService.GetPolicy:output_type -> capledger.v1.GetPolicyResponse
-	12, // 65: capledger.v1.LedgerService.ListPolicies:output_type -> capledger.v1.ListPoliciesResponse
-	14, // 66: capledger.v1.LedgerService.RollbackPolicy:output_type -> capledger.v1.RollbackPolicyResponse
-	16, // 67: capledger.v1.LedgerService.Reserve:output_type -> capledger.v1.ReserveResponse
-	20, // 68: capledger.v1.LedgerService.ReserveBatch:output_type -> capledger.v1.ReserveBatchResponse
-	22, // 69: capledger.v1.LedgerService.Start:output_type -> capledger.v1.StartResponse
-	24, // 70: capledger.v1.LedgerService.Settle:output_type -> capledger.v1.SettleResponse
-	27, // 71: capledger.v1.LedgerService.SettleBatch:output_type -> capledger.v1.SettleBatchResponse
-	29, // 72: capledger.v1.LedgerService.Release:output_type -> capledger.v1.ReleaseResponse
-	31, // 73: capledger.v1.LedgerService.MarkUsageUnknown:output_type -> capledger.v1.MarkUsageUnknownResponse
-	33, // 74: capledger.v1.LedgerService.GetReservation:output_type -> capledger.v1.GetReservationResponse
-	37, // 75: capledger.v1.LedgerService.GetAccount:output_type -> capledger.v1.GetAccountResponse
-	40, // 76: capledger.v1.LedgerService.Audit:output_type -> capledger.v1.AuditResponse
-	63, // [63:77] is the sub-list for method output_type
-	49, // [49:63] is the sub-list for method input_type
-	49, // [49:49] is the sub-list for extension type_name
-	49, // [49:49] is the sub-list for extension extendee
-	0,  // [0:49] is the sub-list for field type_name
+	4,  // 44: capledger.v1.ListUsageUnknownResponse.reservations:type_name -> capledger.v1.Reservation
+	51, // 45: capledger.v1.ListUsageUnknownResponse.oldest_started_at:type_name -> google.protobuf.Timestamp
+	51, // 46: capledger.v1.Account.epoch_start:type_name -> google.protobuf.Timestamp
+	36, // 47: capledger.v1.Account.balances:type_name -> capledger.v1.Balance
+	37, // 48: capledger.v1.GetAccountResponse.accounts:type_name -> capledger.v1.Account
+	41, // 49: capledger.v1.AuditResponse.discrepancies:type_name -> capledger.v1.Discrepancy
+	51, // 50: capledger.v1.AuditResponse.checked_at:type_name -> google.protobuf.Timestamp
+	7,  // 51: capledger.v1.LedgerService.PublishPolicy:input_type -> capledger.v1.PublishPolicyRequest
+	9,  // 52: capledger.v1.LedgerService.GetPolicy:input_type -> capledger.v1.GetPolicyRequest
+	11, // 53: capledger.v1.LedgerService.ListPolicies:input_type -> capledger.v1.ListPoliciesRequest
+	13, // 54: capledger.v1.LedgerService.RollbackPolicy:input_type -> capledger.v1.RollbackPolicyRequest
+	15, // 55: capledger.v1.LedgerService.Reserve:input_type -> capledger.v1.ReserveRequest
+	17, // 56: capledger.v1.LedgerService.ReserveBatch:input_type -> capledger.v1.ReserveBatchRequest
+	21, // 57: capledger.v1.LedgerService.Start:input_type -> capledger.v1.StartRequest
+	23, // 58: capledger.v1.LedgerService.Settle:input_type -> capledger.v1.SettleRequest
+	25, // 59: capledger.v1.LedgerService.SettleBatch:input_type -> capledger.v1.SettleBatchRequest
+	28, // 60: capledger.v1.LedgerService.Release:input_type -> capledger.v1.ReleaseRequest
+	30, // 61: capledger.v1.LedgerService.MarkUsageUnknown:input_type -> capledger.v1.MarkUsageUnknownRequest
+	32, // 62: capledger.v1.LedgerService.GetReservation:input_type -> capledger.v1.GetReservationRequest
+	38, // 63: capledger.v1.LedgerService.GetAccount:input_type -> capledger.v1.GetAccountRequest
+	34, // 64: capledger.v1.LedgerService.ListUsageUnknown:input_type -> capledger.v1.ListUsageUnknownRequest
+	40, // 65: capledger.v1.LedgerService.Audit:input_type -> capledger.v1.AuditRequest
+	8,  // 66: capledger.v1.LedgerService.PublishPolicy:output_type -> capledger.v1.PublishPolicyResponse
+	10, // 67: capledger.v1.LedgerService.GetPolicy:output_type -> capledger.v1.GetPolicyResponse
+	12, // 68: capledger.v1.LedgerService.ListPolicies:output_type -> capledger.v1.ListPoliciesResponse
+	14, // 69: capledger.v1.LedgerService.RollbackPolicy:output_type -> capledger.v1.RollbackPolicyResponse
+	16, // 70: capledger.v1.LedgerService.Reserve:output_type -> capledger.v1.ReserveResponse
+	20, // 71: capledger.v1.LedgerService.ReserveBatch:output_type -> capledger.v1.ReserveBatchResponse
+	22, // 72: capledger.v1.LedgerService.Start:output_type -> capledger.v1.StartResponse
+	24, // 73: capledger.v1.LedgerService.Settle:output_type -> capledger.v1.SettleResponse
+	27, // 74: capledger.v1.LedgerService.SettleBatch:output_type -> capledger.v1.SettleBatchResponse
+	29, // 75: capledger.v1.LedgerService.Release:output_type -> capledger.v1.ReleaseResponse
+	31, // 76: capledger.v1.LedgerService.MarkUsageUnknown:output_type -> capledger.v1.MarkUsageUnknownResponse
+	33, // 77: capledger.v1.LedgerService.GetReservation:output_type -> capledger.v1.GetReservationResponse
+	39, // 78: capledger.v1.LedgerService.GetAccount:output_type -> capledger.v1.GetAccountResponse
+	35, // 79: capledger.v1.LedgerService.ListUsageUnknown:output_type -> capledger.v1.ListUsageUnknownResponse
+	42, // 80: capledger.v1.LedgerService.Audit:output_type -> capledger.v1.AuditResponse
+	66, // [66:81] is the sub-list for method output_type
+	51, // [51:66] is the sub-list for method input_type
+	51, // [51:51] is the sub-list for extension type_name
+	51, // [51:51] is the sub-list for extension extendee
+	0,  // [0:51] is the sub-list for field type_name
 }
 
 func init() { file_capledger_v1_capledger_proto_init() }
@@ -3294,7 +3458,7 @@ func file_capledger_v1_capledger_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_capledger_v1_capledger_proto_rawDesc), len(file_capledger_v1_capledger_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   46,
+			NumMessages:   48,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -11,5 +11,7 @@
 --
 -- Migrations run in one transaction, so this is a plain CREATE INDEX (not
 -- CONCURRENTLY): building it reads the whole reservations table once and
--- blocks writes to it meanwhile.
-CREATE INDEX reservations_usage_unknown ON reservations (started_at, id) WHERE state = 8;
+-- blocks writes to it meanwhile. IF NOT EXISTS lets an operator with a
+-- large table build it beforehand with CREATE INDEX CONCURRENTLY under
+-- this name (docs/OPERATIONS.md, Schema migrations).
+CREATE INDEX IF NOT EXISTS reservations_usage_unknown ON reservations (started_at, id) WHERE state = 8;

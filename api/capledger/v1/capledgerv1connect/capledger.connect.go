@@ -109,6 +109,9 @@ const (
 	// LedgerServiceGetAccountProcedure is the fully-qualified name of the LedgerService's GetAccount
 	// RPC.
 	LedgerServiceGetAccountProcedure = "/capledger.v1.LedgerService/GetAccount"
+	// LedgerServiceListUsageUnknownProcedure is the fully-qualified name of the LedgerService's
+	// ListUsageUnknown RPC.
+	LedgerServiceListUsageUnknownProcedure = "/capledger.v1.LedgerService/ListUsageUnknown"
 	// LedgerServiceAuditProcedure is the fully-qualified name of the LedgerService's Audit RPC.
 	LedgerServiceAuditProcedure = "/capledger.v1.LedgerService/Audit"
 )
@@ -196,6 +199,15 @@ type LedgerServiceClient interface {
 	// never returns another subject's balances. Errors: INVALID_ARGUMENT when
 	// subject or route is missing.
 	GetAccount(context.Context, *connect.Request[v1.GetAccountRequest]) (*connect.Response[v1.GetAccountResponse], error)
+	// ListUsageUnknown lists the USAGE_UNKNOWN backlog, the longest-waiting
+	// first: started work whose usage nobody reported (the gateway called
+	// MarkUsageUnknown, or the work passed its policy's execution limit). Its
+	// capacity stays reserved until a Settle with the reservation's
+	// operation id resolves it; only an operation receipt can say what it
+	// used. The answer also counts the whole backlog, whatever the filters.
+	// Role: admin. Errors: INVALID_ARGUMENT (page_size above 1000, a
+	// page_token this API did not issue).
+	ListUsageUnknown(context.Context, *connect.Request[v1.ListUsageUnknownRequest]) (*connect.Response[v1.ListUsageUnknownResponse], error)
 	// Audit reads the whole ledger in one consistent snapshot and checks it:
 	// conservation of every account in every dimension, reserved equal to the
 	// holds of live reservations, spent and debt equal to settled usage,
@@ -296,6 +308,13 @@ func NewLedgerServiceClient(httpClient connect.HTTPClient, baseURL string, opts 
 			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
+		listUsageUnknown: connect.NewClient[v1.ListUsageUnknownRequest, v1.ListUsageUnknownResponse](
+			httpClient,
+			baseURL+LedgerServiceListUsageUnknownProcedure,
+			connect.WithSchema(ledgerServiceMethods.ByName("ListUsageUnknown")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
 		audit: connect.NewClient[v1.AuditRequest, v1.AuditResponse](
 			httpClient,
 			baseURL+LedgerServiceAuditProcedure,
@@ -321,6 +340,7 @@ type ledgerServiceClient struct {
 	markUsageUnknown *connect.Client[v1.MarkUsageUnknownRequest, v1.MarkUsageUnknownResponse]
 	getReservation   *connect.Client[v1.GetReservationRequest, v1.GetReservationResponse]
 	getAccount       *connect.Client[v1.GetAccountRequest, v1.GetAccountResponse]
+	listUsageUnknown *connect.Client[v1.ListUsageUnknownRequest, v1.ListUsageUnknownResponse]
 	audit            *connect.Client[v1.AuditRequest, v1.AuditResponse]
 }
 
@@ -387,6 +407,11 @@ func (c *ledgerServiceClient) GetReservation(ctx context.Context, req *connect.R
 // GetAccount calls capledger.v1.LedgerService.GetAccount.
 func (c *ledgerServiceClient) GetAccount(ctx context.Context, req *connect.Request[v1.GetAccountRequest]) (*connect.Response[v1.GetAccountResponse], error) {
 	return c.getAccount.CallUnary(ctx, req)
+}
+
+// ListUsageUnknown calls capledger.v1.LedgerService.ListUsageUnknown.
+func (c *ledgerServiceClient) ListUsageUnknown(ctx context.Context, req *connect.Request[v1.ListUsageUnknownRequest]) (*connect.Response[v1.ListUsageUnknownResponse], error) {
+	return c.listUsageUnknown.CallUnary(ctx, req)
 }
 
 // Audit calls capledger.v1.LedgerService.Audit.
@@ -477,6 +502,15 @@ type LedgerServiceHandler interface {
 	// never returns another subject's balances. Errors: INVALID_ARGUMENT when
 	// subject or route is missing.
 	GetAccount(context.Context, *connect.Request[v1.GetAccountRequest]) (*connect.Response[v1.GetAccountResponse], error)
+	// ListUsageUnknown lists the USAGE_UNKNOWN backlog, the longest-waiting
+	// first: started work whose usage nobody reported (the gateway called
+	// MarkUsageUnknown, or the work passed its policy's execution limit). Its
+	// capacity stays reserved until a Settle with the reservation's
+	// operation id resolves it; only an operation receipt can say what it
+	// used. The answer also counts the whole backlog, whatever the filters.
+	// Role: admin. Errors: INVALID_ARGUMENT (page_size above 1000, a
+	// page_token this API did not issue).
+	ListUsageUnknown(context.Context, *connect.Request[v1.ListUsageUnknownRequest]) (*connect.Response[v1.ListUsageUnknownResponse], error)
 	// Audit reads the whole ledger in one consistent snapshot and checks it:
 	// conservation of every account in every dimension, reserved equal to the
 	// holds of live reservations, spent and debt equal to settled usage,
@@ -573,6 +607,13 @@ func NewLedgerServiceHandler(svc LedgerServiceHandler, opts ...connect.HandlerOp
 		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
+	ledgerServiceListUsageUnknownHandler := connect.NewUnaryHandler(
+		LedgerServiceListUsageUnknownProcedure,
+		svc.ListUsageUnknown,
+		connect.WithSchema(ledgerServiceMethods.ByName("ListUsageUnknown")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
 	ledgerServiceAuditHandler := connect.NewUnaryHandler(
 		LedgerServiceAuditProcedure,
 		svc.Audit,
@@ -608,6 +649,8 @@ func NewLedgerServiceHandler(svc LedgerServiceHandler, opts ...connect.HandlerOp
 			ledgerServiceGetReservationHandler.ServeHTTP(w, r)
 		case LedgerServiceGetAccountProcedure:
 			ledgerServiceGetAccountHandler.ServeHTTP(w, r)
+		case LedgerServiceListUsageUnknownProcedure:
+			ledgerServiceListUsageUnknownHandler.ServeHTTP(w, r)
 		case LedgerServiceAuditProcedure:
 			ledgerServiceAuditHandler.ServeHTTP(w, r)
 		default:
@@ -669,6 +712,10 @@ func (UnimplementedLedgerServiceHandler) GetReservation(context.Context, *connec
 
 func (UnimplementedLedgerServiceHandler) GetAccount(context.Context, *connect.Request[v1.GetAccountRequest]) (*connect.Response[v1.GetAccountResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("capledger.v1.LedgerService.GetAccount is not implemented"))
+}
+
+func (UnimplementedLedgerServiceHandler) ListUsageUnknown(context.Context, *connect.Request[v1.ListUsageUnknownRequest]) (*connect.Response[v1.ListUsageUnknownResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("capledger.v1.LedgerService.ListUsageUnknown is not implemented"))
 }
 
 func (UnimplementedLedgerServiceHandler) Audit(context.Context, *connect.Request[v1.AuditRequest]) (*connect.Response[v1.AuditResponse], error) {

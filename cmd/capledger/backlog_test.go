@@ -1,0 +1,69 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+func TestCLIBacklog(t *testing.T) {
+	url := startInProcess(t)
+	policyPath := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(policyPath, []byte(policyYAML), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := cli(t, url, "policy", "publish", policyPath)
+	wantExit(t, exitOK, code, out, errOut)
+	for _, id := range []string{"u-1", "u-2", "u-3", "running"} {
+		code, out, errOut = cli(t, url, "reserve", "--subject", "tenant-7", "--route", "chat.generate", "--units", "tokens=10,requests=1", "--id", id)
+		wantExit(t, exitOK, code, out, errOut)
+		code, out, errOut = cli(t, url, "start", "--id", id, "--operation", "op-"+id)
+		wantExit(t, exitOK, code, out, errOut)
+		if id != "running" {
+			code, out, errOut = cli(t, url, "mark-unknown", "--id", id)
+			wantExit(t, exitOK, code, out, errOut)
+		}
+	}
+
+	type listing struct {
+		Reservations []struct {
+			ReservationID string `json:"reservationId"`
+			OperationID   string `json:"operationId"`
+		} `json:"reservations"`
+		NextPageToken string `json:"nextPageToken"`
+		Backlog       string `json:"backlog"`
+	}
+	list := func(args ...string) listing {
+		t.Helper()
+		code, out, errOut := cli(t, url, append([]string{"backlog"}, args...)...)
+		wantExit(t, exitOK, code, out, errOut)
+		var l listing
+		if err := json.Unmarshal([]byte(out), &l); err != nil {
+			t.Fatalf("backlog printed %s: %v", out, err)
+		}
+		return l
+	}
+	first := list("--limit", "2")
+	if len(first.Reservations) != 2 || first.NextPageToken == "" || first.Backlog != "3" {
+		t.Fatalf("first page of 2: %+v", first)
+	}
+	rest := list("--limit", "2", "--page-token", first.NextPageToken)
+	if len(rest.Reservations) != 1 || rest.NextPageToken != "" || rest.Reservations[0].ReservationID != "u-3" {
+		t.Fatalf("second page: %+v", rest)
+	}
+	all := list("--limit", "1", "--all", "--route", "chat.generate")
+	if len(all.Reservations) != 3 || all.NextPageToken != "" || all.Reservations[2].OperationID != "op-u-3" {
+		t.Fatalf("--all with pages of 1: %+v", all)
+	}
+	if none := list("--subject", "tenant-8"); len(none.Reservations) != 0 || none.Backlog != "3" {
+		t.Fatalf("another subject: %+v", none)
+	}
+
+	code, out, errOut = cli(t, url, "backlog", "--limit", "0")
+	wantExit(t, exitUsage, code, out, errOut)
+	code, out, errOut = cli(t, url, "backlog", "--all", "--page-token", first.NextPageToken)
+	wantExit(t, exitUsage, code, out, errOut)
+	code, out, errOut = cli(t, url, "backlog", "--page-token", "forged")
+	wantExit(t, exitUsage, code, out, errOut)
+}

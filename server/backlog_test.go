@@ -1,0 +1,146 @@
+package server_test
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/capledger/capledger/server"
+)
+
+// startUnknown reserves id on tenant-7's chat.generate, starts it, and
+// marks its usage unknown, at the harness clock's current time.
+func (h *harness) startUnknown(id string) {
+	h.t.Helper()
+	h.ok("Reserve", reserveBody(id, 10), "")
+	h.ok("Start", fmt.Sprintf(`{"reservationId":%q,"operationId":"op-%s"}`, id, id), "")
+	h.ok("MarkUsageUnknown", fmt.Sprintf(`{"reservationId":%q}`, id), "")
+}
+
+func ids(t *testing.T, page map[string]any) []string {
+	t.Helper()
+	var out []string
+	list, _ := page["reservations"].([]any)
+	for _, r := range list {
+		m := r.(map[string]any)
+		if m["state"] != "RESERVATION_STATE_USAGE_UNKNOWN" {
+			t.Fatalf("listed a reservation in %v: %v", m["state"], m)
+		}
+		out = append(out, m["reservationId"].(string))
+	}
+	return out
+}
+
+func TestListUsageUnknown(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	h.ok("PublishPolicy", tokensPolicy, "")
+	empty := h.ok("ListUsageUnknown", `{}`, "")
+	if len(empty) != 0 {
+		t.Fatalf("empty backlog answered %v", empty)
+	}
+	// Started in the order u-c, u-a, u-b, a second apart; u-d and u-e at
+	// the same instant, after them. Work that is only started, settled or
+	// reserved is not in the backlog.
+	first := h.clock.Now()
+	for _, id := range []string{"u-c", "u-a", "u-b"} {
+		h.startUnknown(id)
+		h.clock.Advance(time.Second)
+	}
+	h.startUnknown("u-e")
+	h.startUnknown("u-d")
+	h.ok("Reserve", reserveBody("started", 10), "")
+	h.ok("Start", `{"reservationId":"started","operationId":"op-started"}`, "")
+	h.ok("Reserve", reserveBody("reserved", 10), "")
+
+	var all []string
+	token := ""
+	for page := 0; ; page++ {
+		got := h.ok("ListUsageUnknown", fmt.Sprintf(`{"pageSize":2,"pageToken":%q}`, token), "")
+		if num(got["backlog"]) != 5 || got["oldestStartedAt"] != first.Format(time.RFC3339) {
+			t.Fatalf("page %d: backlog %v oldest %v, want 5 and %s", page, got["backlog"], got["oldestStartedAt"], first.Format(time.RFC3339))
+		}
+		all = append(all, ids(t, got)...)
+		next, _ := got["nextPageToken"].(string)
+		if next == "" {
+			break
+		}
+		token = next
+	}
+	if want := "u-c u-a u-b u-d u-e"; strings.Join(all, " ") != want {
+		t.Fatalf("pages listed %v, want %s (oldest start first, ids break ties)", all, want)
+	}
+
+	// Filters narrow the list, not the backlog count.
+	other := h.ok("ListUsageUnknown", `{"route":"embed.create"}`, "")
+	if len(ids(t, other)) != 0 || num(other["backlog"]) != 5 {
+		t.Fatalf("another route: %v", other)
+	}
+	mine := h.ok("ListUsageUnknown", `{"subject":"tenant-7","route":"chat.generate","pageSize":1000}`, "")
+	if len(ids(t, mine)) != 5 || mine["nextPageToken"] != nil {
+		t.Fatalf("tenant-7's backlog in one page: %v", mine)
+	}
+
+	// A settle with the operation receipt resolves one.
+	h.ok("Settle", `{"reservationId":"u-c","operationId":"op-u-c","actualUnits":{"tokens":4,"requests":1}}`, "")
+	after := h.ok("ListUsageUnknown", `{}`, "")
+	if got := ids(t, after); strings.Join(got, " ") != "u-a u-b u-d u-e" || num(after["backlog"]) != 4 ||
+		after["oldestStartedAt"] != first.Add(time.Second).Format(time.RFC3339) {
+		t.Fatalf("after settling u-c: %v", after)
+	}
+}
+
+func TestListUsageUnknownRefusesBadPages(t *testing.T) {
+	h := newHarness(t, harnessOptions{auth: true})
+	for _, body := range []string{
+		`{"pageSize":1001}`,
+		`{"pageSize":-1}`,
+		`{"pageToken":"not base64 !"}`,
+		`{"pageToken":"` + "bm8tc2xhc2g" + `"}`, // base64url of "no-slash"
+		`{"pageToken":"` + "eHl6L2lk" + `"}`,    // "xyz/id": no time
+		`{"pageSize":"many"}`,
+	} {
+		r := h.call("ListUsageUnknown", body, adminToken)
+		h.wantError(r, http.StatusBadRequest, "invalid_argument", "")
+	}
+	// The backlog lists every tenant's work: admin only.
+	h.wantError(h.call("ListUsageUnknown", `{}`, gatewayToken), 403, "permission_denied", server.ReasonPermissionDenied)
+	h.ok("ListUsageUnknown", `{}`, adminToken)
+}
+
+func TestUsageUnknownMetrics(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	h.ok("PublishPolicy", tokensPolicy, "")
+	metrics := h.get("/metrics")
+	for _, want := range []string{"capledger_usage_unknown_reservations 0", "capledger_usage_unknown_oldest_age_seconds 0"} {
+		if !strings.Contains(metrics, want+"\n") {
+			t.Fatalf("empty ledger: metrics lack %q:\n%s", want, grep(metrics, "usage_unknown"))
+		}
+	}
+	h.startUnknown("u-1")
+	h.clock.Advance(30 * time.Second)
+	h.startUnknown("u-2")
+	h.clock.Advance(10 * time.Second) // also past the 5 s the gauges cache a reading
+	metrics = h.get("/metrics")
+	for _, want := range []string{"capledger_usage_unknown_reservations 2", "capledger_usage_unknown_oldest_age_seconds 40"} {
+		if !strings.Contains(metrics, want+"\n") {
+			t.Fatalf("two unknowns, the older started 40 s ago: metrics lack %q:\n%s", want, grep(metrics, "usage_unknown"))
+		}
+	}
+	// Within the cache period a scrape reuses the reading (the count) but
+	// measures the age against now.
+	h.ok("Settle", `{"reservationId":"u-1","operationId":"op-u-1","actualUnits":{"tokens":1,"requests":1}}`, "")
+	h.clock.Advance(2 * time.Second)
+	metrics = h.get("/metrics")
+	if !strings.Contains(metrics, "capledger_usage_unknown_reservations 2\n") || !strings.Contains(metrics, "capledger_usage_unknown_oldest_age_seconds 42\n") {
+		t.Fatalf("cached reading: %s", grep(metrics, "usage_unknown"))
+	}
+	h.clock.Advance(5 * time.Second)
+	metrics = h.get("/metrics")
+	for _, want := range []string{"capledger_usage_unknown_reservations 1", "capledger_usage_unknown_oldest_age_seconds 17"} {
+		if !strings.Contains(metrics, want+"\n") {
+			t.Fatalf("after settling u-1: metrics lack %q:\n%s", want, grep(metrics, "usage_unknown"))
+		}
+	}
+}
