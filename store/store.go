@@ -67,6 +67,22 @@ type Store interface {
 	// finds the earliest StartedAt among them, from the same index.
 	ReservationsUnknownBacklog(ctx context.Context) (UnknownBacklog, error)
 
+	// AccountsInDebt returns up to f.Limit accounts whose stored row owes
+	// debt in some dimension (OverdraftIssued > OverdraftRepaid), in key
+	// order (subject, route, region, generation), with keys after f.After.
+	// Stored rows refill lazily, so a row may still show debt that the
+	// refill due since its last command would repay; the caller applies
+	// that refill before it reports an account as owing.
+	//
+	// The accounts are whole rows, as AccountGet returns them; every
+	// balance of the row counts, not only the first Dims. None is an empty
+	// list; f.Limit <= 0, or a cursor generation above math.MaxInt64 (no
+	// row can hold one), is an error. What one call reads is the driver's:
+	// PostgreSQL keeps an index of the term rows in debt, while SQLite,
+	// whose balances are encoded, reads every account after f.After until
+	// it has found f.Limit in debt.
+	AccountsInDebt(ctx context.Context, f DebtFilter) ([]ledger.Account, error)
+
 	// Snapshot reads every row for an audit, in one consistent read.
 	Snapshot(ctx context.Context) (*ledger.Snapshot, error)
 
@@ -164,4 +180,14 @@ type UnknownBacklog struct {
 	// OldestStartedAt is the earliest StartedAt of them; zero when Count
 	// is 0.
 	OldestStartedAt time.Time
+}
+
+// DebtFilter pages through AccountsInDebt.
+type DebtFilter struct {
+	// After is the paging cursor, normally the key of the last account of
+	// the previous page: only accounts with a greater key (in the order
+	// of AccountsInDebt) are returned. The zero key starts at the first.
+	After ledger.AccountKey
+	// Limit is the most accounts returned; it must be positive.
+	Limit int
 }

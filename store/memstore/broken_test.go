@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -73,6 +74,57 @@ func (s brokenStore) ReservationsUnknownBacklog(ctx context.Context) (store.Unkn
 	return b, err
 }
 
+// AccountsInDebt lists from AccountList under the fault's predicate,
+// cursor or order, after the real method has checked f.
+func (s brokenStore) AccountsInDebt(ctx context.Context, f store.DebtFilter) ([]ledger.Account, error) {
+	list, err := s.Store.AccountsInDebt(ctx, f)
+	if err != nil || !strings.HasPrefix(s.fault, "debt-") {
+		return list, err
+	}
+	owes := func(a *ledger.Account) bool {
+		for _, b := range a.Balances {
+			if b.OverdraftIssued > b.OverdraftRepaid {
+				return true
+			}
+		}
+		return false
+	}
+	order := func(a, b ledger.AccountKey) int {
+		return cmp.Or(cmp.Compare(a.Subject, b.Subject), cmp.Compare(a.Route, b.Route), cmp.Compare(a.Region, b.Region),
+			cmp.Compare(a.Generation, b.Generation))
+	}
+	inclusive := false
+	switch s.fault {
+	case "debt-repaid-listed":
+		// Any overdraft ever drawn, repaid or not.
+		owes = func(a *ledger.Account) bool {
+			return slices.ContainsFunc(a.Balances[:], func(b ledger.Balance) bool { return b.OverdraftIssued > 0 })
+		}
+	case "debt-within-dims":
+		owes = func(a *ledger.Account) bool { _, debt := a.Debt(); return debt > 0 }
+	case "debt-inclusive-cursor":
+		inclusive = true
+	case "debt-generation-as-text":
+		order = func(a, b ledger.AccountKey) int {
+			return cmp.Or(cmp.Compare(a.Subject, b.Subject), cmp.Compare(a.Route, b.Route), cmp.Compare(a.Region, b.Region),
+				cmp.Compare(strconv.FormatUint(a.Generation, 10), strconv.FormatUint(b.Generation, 10)))
+		}
+	}
+	all, err := s.Store.AccountList(ctx, ledger.PolicyKey{})
+	if err != nil {
+		return nil, err
+	}
+	list = nil
+	for _, a := range all {
+		c := order(a.Key, f.After)
+		if owes(&a) && (f.After == (ledger.AccountKey{}) || c > 0 || (inclusive && c == 0)) {
+			list = append(list, a)
+		}
+	}
+	slices.SortFunc(list, func(a, b ledger.Account) int { return order(a.Key, b.Key) })
+	return list[:min(f.Limit, len(list))], nil
+}
+
 type brokenTx struct {
 	store.Tx
 	fault string
@@ -103,6 +155,10 @@ func TestConformanceSuiteCatchesBrokenStores(t *testing.T) {
 		"unknown-ties-by-id-desc":  {"TestBrokenStoreHelper/ReservationsUnknown"},
 		"unknown-inclusive-cursor": {"TestBrokenStoreHelper/ReservationsUnknown"},
 		"backlog-newest":           {"TestBrokenStoreHelper/ReservationsUnknownBacklog"},
+		"debt-repaid-listed":       {"TestBrokenStoreHelper/AccountsInDebt"},
+		"debt-within-dims":         {"TestBrokenStoreHelper/AccountsInDebt"},
+		"debt-inclusive-cursor":    {"TestBrokenStoreHelper/AccountsInDebt"},
+		"debt-generation-as-text":  {"TestBrokenStoreHelper/AccountsInDebt"},
 	} {
 		t.Run(fault, func(t *testing.T) {
 			cmd := exec.Command(os.Args[0], "-test.run=^TestBrokenStoreHelper$", "-test.v", "-test.count=1")

@@ -419,6 +419,50 @@ func (s *Store) ReservationsUnknownBacklog(ctx context.Context) (b store.Unknown
 	return b, err
 }
 
+// AccountsInDebt returns copies of up to f.Limit accounts that owe debt
+// in some balance (OverdraftIssued > OverdraftRepaid, any of the
+// MaxDimensions, as the SQL stores' rows hold them), in key order,
+// strictly after f.After unless it is the zero key; none is an empty
+// list. It returns an error for f.Limit <= 0 and for a cursor generation
+// above math.MaxInt64, which the SQL stores cannot compare with theirs.
+// It filters every account and sorts the debtors: the simulator's stores
+// are small.
+func (s *Store) AccountsInDebt(ctx context.Context, f store.DebtFilter) (out []ledger.Account, err error) {
+	if f.Limit <= 0 {
+		return nil, fmt.Errorf("accounts in debt: limit %d is not positive", f.Limit)
+	}
+	var conv codec.Conv
+	if conv.Int(f.After.Generation); conv.Err() != nil {
+		return nil, fmt.Errorf("accounts in debt: cursor %s: %w", f.After, conv.Err())
+	}
+	fromStart := f.After == (ledger.AccountKey{})
+	var list []*ledger.Account
+	err = s.read(ctx, func(r *rows) error {
+		for _, a := range r.accounts {
+			if inDebt(a) && (fromStart || compareAccountKeys(a.Key, f.After) > 0) {
+				list = append(list, a)
+			}
+		}
+		slices.SortFunc(list, func(a, b *ledger.Account) int { return compareAccountKeys(a.Key, b.Key) })
+		for _, a := range list[:min(f.Limit, len(list))] {
+			out = append(out, *a)
+		}
+		return nil
+	})
+	return out, err
+}
+
+// inDebt reports whether any of a's balances owes debt, those past Dims
+// included (a row holds them all).
+func inDebt(a *ledger.Account) bool {
+	for i := range a.Balances {
+		if a.Balances[i].OverdraftIssued > a.Balances[i].OverdraftRepaid {
+			return true
+		}
+	}
+	return false
+}
+
 // Snapshot returns copies of every committed row in one consistent read:
 // accounts by key, reservations by id, moves by receipt id, shards by id,
 // policies by generation, statements and journal in insertion order, with

@@ -4,4 +4,6 @@ package postgres
 var (
 	UnknownSQL        = unknownSQL
 	UnknownBacklogSQL = unknownBacklogSQL
+	DebtFirstSQL      = debtFirstSQL
+	DebtAfterSQL      = debtAfterSQL
 )

@@ -371,6 +371,81 @@ func (s *Store) ReservationsUnknownBacklog(ctx context.Context) (store.UnknownBa
 	return b, nil
 }
 
+// debtSQL returns AccountsInDebt's query, with the cursor clause when
+// after is set: $1 is the limit, $2 to $5 the cursor key. The innermost
+// SELECT, run once (an InitPlan), reads the partial index
+// account_terms_in_debt for the ids of the accounts with a term row in
+// debt (its predicate is repeated word for word so the planner can match
+// it); the middle one fetches those accounts by primary key, keeps the
+// ones after the cursor and returns the first $1 in key order (a top-N
+// sort of the debtors); the outer one reads every term row of those,
+// decoded as AccountGet's are. It is one statement, one snapshot.
+//
+// The ids go through an array on purpose. PostgreSQL keeps no statistics
+// that estimate overdraft_issued > overdraft_repaid (a comparison of two
+// columns: it assumes a third of the rows), so from a join or EXISTS it
+// plans as if debtors were everywhere: a walk of every account in key
+// order probing the index for each, or a hash join over a scan of all
+// accounts. Matching ids against an array leaves it one plan, whose cost
+// follows the number of term rows in debt, which is small: an account in
+// debt admits nothing until refills repay it. Each page reads all of them
+// (TestDebtQueriesUseTheirIndex checks the plan). The cursor clause is
+// left out rather than disabled by a parameter, so that a generic plan of
+// the prepared statement is the same.
+func debtSQL(after bool) string {
+	cursor := ""
+	if after {
+		cursor = `
+			AND (d.subject, d.route, d.region, d.generation) > ($2::text, $3::text, $4::text, $5::bigint)`
+	}
+	return accountSelect + ` WHERE a.id IN (
+		SELECT d.id FROM accounts d
+		WHERE d.id = ANY (ARRAY(SELECT o.account_id FROM account_terms o
+			WHERE o.overdraft_issued > o.overdraft_repaid))` + cursor + `
+		ORDER BY d.subject, d.route, d.region, d.generation LIMIT $1)
+	ORDER BY a.subject, a.route, a.region, a.generation, t.dim`
+}
+
+var (
+	debtFirstSQL = debtSQL(false)
+	debtAfterSQL = debtSQL(true)
+)
+
+// AccountsInDebt returns up to f.Limit accounts with a term row in debt
+// (overdraft_issued > overdraft_repaid, any dimension stored), in key
+// order, strictly after f.After unless it is the zero key; none is an
+// empty list. It returns an error for f.Limit <= 0 and for a cursor
+// generation above math.MaxInt64. Text columns order, and the cursor
+// compares, in the database's collation (byte order under C), so paging
+// neither skips nor repeats an account.
+func (s *Store) AccountsInDebt(ctx context.Context, f store.DebtFilter) ([]ledger.Account, error) {
+	if f.Limit <= 0 {
+		return nil, fmt.Errorf("accounts in debt: limit %d is not positive", f.Limit)
+	}
+	var conv codecConv
+	generation := conv.Int(f.After.Generation)
+	if err := conv.Err(); err != nil {
+		return nil, fmt.Errorf("accounts in debt: cursor %s: %w", f.After, err)
+	}
+	var (
+		rows pgx.Rows
+		err  error
+	)
+	if f.After == (ledger.AccountKey{}) {
+		rows, err = s.pool.Query(ctx, debtFirstSQL, f.Limit)
+	} else {
+		rows, err = s.pool.Query(ctx, debtAfterSQL, f.Limit, f.After.Subject, f.After.Route, f.After.Region, generation)
+	}
+	if err != nil {
+		return nil, s.c.classify("accounts in debt", err, false)
+	}
+	accounts, _, err := scanAccounts(rows)
+	if err != nil {
+		return nil, s.c.classify("accounts in debt", err, false)
+	}
+	return accounts, nil
+}
+
 // Snapshot reads every row in one REPEATABLE READ, read-only transaction,
 // so the audit sees one consistent state while writers go on.
 func (s *Store) Snapshot(ctx context.Context) (*ledger.Snapshot, error) {

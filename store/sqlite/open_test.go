@@ -263,7 +263,11 @@ func TestClosedIsUnavailable(t *testing.T) {
 			return err
 		}(),
 		"backlog": func() error { _, err := s.ReservationsUnknownBacklog(ctx); return err }(),
-		"snap":    func() error { _, err := s.Snapshot(ctx); return err }(),
+		"debt": func() error {
+			_, err := s.AccountsInDebt(ctx, store.DebtFilter{Limit: 10})
+			return err
+		}(),
+		"snap": func() error { _, err := s.Snapshot(ctx); return err }(),
 	} {
 		if !errors.Is(err, store.ErrUnavailable) {
 			t.Errorf("%s after close: %v, want ErrUnavailable", name, err)

@@ -43,10 +43,14 @@ func TestQueriesUseIndexes(t *testing.T) {
 		{"accounts of a subject", "SELECT " + accountCols + " FROM accounts WHERE subject = ? AND route = ? AND region = ? ORDER BY generation",
 			"PRIMARY KEY", []any{"a", "b", "c"}},
 		{"every account", "SELECT " + accountCols + " FROM accounts ORDER BY subject, route, region, generation", "", nil},
+		{"accounts in debt, first chunk", debtScanFirstSQL, "", []any{512}},
+		{"accounts in debt, chunk after a key", debtScanAfterSQL,
+			"SEARCH accounts USING PRIMARY KEY ((subject,route,region,generation)>(?,?,?,?))", []any{512, "a", "b", "c", 1}},
 		{"journal", "SELECT " + journalCols + " FROM journal ORDER BY seq", "", nil},
 		{"journal batches", "SELECT seq, entries FROM journal_batches ORDER BY seq", "", nil},
 	} {
 		plan := queryPlan(t, s, tc.query, tc.args...)
+		t.Logf("%s:\n%s", tc.name, plan)
 		if strings.Contains(plan, "TEMP B-TREE") {
 			t.Errorf("%s: sorts instead of reading in index order:\n%s", tc.name, plan)
 		}

@@ -83,6 +83,9 @@ type Store struct {
 	// checkpointer.
 	commits      atomic.Uint64
 	checkpointer *checkpointer
+	// debtScanRows is how many accounts one query of AccountsInDebt reads
+	// (debtScanChunk; tests lower it to cross chunk boundaries).
+	debtScanRows int
 }
 
 // Open opens (creating if needed) the database file at path, applies the
@@ -112,7 +115,7 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 	pragmas.Add("_pragma", "synchronous(FULL)")
 	pragmas.Add("_pragma", "foreign_keys(ON)")
 	pragmas.Add("_pragma", fmt.Sprintf("wal_autocheckpoint(%d)", autocheckpointBackstop))
-	s := &Store{path: path, writer: make(chan struct{}, 1), cache: newRowCache()}
+	s := &Store{path: path, writer: make(chan struct{}, 1), cache: newRowCache(), debtScanRows: debtScanChunk}
 	connector, err := sqlite.NewConnector(path + "?" + pragmas.Encode())
 	if err != nil {
 		return nil, fmt.Errorf("open sqlite %s: %w", path, err)
@@ -451,6 +454,81 @@ func (s *Store) ReservationsUnknownBacklog(ctx context.Context) (store.UnknownBa
 		return b, c.Err()
 	}
 	return queryOne(ctx, s, s.r.unknownBacklog, scan, "reservations unknown backlog")
+}
+
+// debtScanChunk is how many accounts one query of AccountsInDebt reads:
+// enough that a scan of many accounts costs few queries, few enough that
+// no single statement holds a read snapshot (and so the WAL, which a
+// checkpoint cannot reset past an open reader) for long.
+const debtScanChunk = 512
+
+// AccountsInDebt returns up to f.Limit accounts that owe debt in some
+// balance (OverdraftIssued > OverdraftRepaid, any of the row's
+// MaxDimensions), in primary-key order, strictly after f.After unless it
+// is the zero key; none is an empty list. It returns an error for
+// f.Limit <= 0 and for a cursor generation above math.MaxInt64.
+//
+// Balances are an encoded BLOB, so SQL cannot tell a debtor: this reads
+// every account after the cursor, decoding each with scanAccount, until
+// it has found f.Limit in debt or read the last account. When few
+// accounts owe, one call therefore reads the whole table after f.After.
+// It reads in queries of debtScanRows accounts, each after the last key
+// the one before read, so no statement runs unbounded; each query is its
+// own snapshot, so a row written between two of them is seen as it was
+// when its chunk was read.
+func (s *Store) AccountsInDebt(ctx context.Context, f store.DebtFilter) ([]ledger.Account, error) {
+	if s.closed.Load() {
+		return nil, errClosed
+	}
+	if f.Limit <= 0 {
+		return nil, fmt.Errorf("accounts in debt: limit %d is not positive", f.Limit)
+	}
+	var c codec.Conv
+	after, fromStart := f.After, f.After == (ledger.AccountKey{})
+	generation := c.Int(after.Generation)
+	if err := c.Err(); err != nil {
+		return nil, fmt.Errorf("accounts in debt: cursor %s: %w", after, err)
+	}
+	var out []ledger.Account
+	for {
+		var (
+			chunk []ledger.Account
+			err   error
+		)
+		if fromStart {
+			chunk, err = queryAll(ctx, s.r.debtScanFirst, scanAccount, "accounts in debt", s.debtScanRows)
+		} else {
+			chunk, err = queryAll(ctx, s.r.debtScanAfter, scanAccount, "accounts in debt", s.debtScanRows,
+				after.Subject, after.Route, after.Region, generation)
+		}
+		if err != nil {
+			return nil, err
+		}
+		for i := range chunk {
+			if inDebt(&chunk[i]) {
+				out = append(out, chunk[i])
+				if len(out) == f.Limit {
+					return out, nil
+				}
+			}
+		}
+		if len(chunk) < s.debtScanRows {
+			return out, nil
+		}
+		after, fromStart = chunk[len(chunk)-1].Key, false
+		generation = int64(after.Generation) // read from a row: fits
+	}
+}
+
+// inDebt reports whether any of a's balances owes debt, those past Dims
+// included (the row holds them all).
+func inDebt(a *ledger.Account) bool {
+	for i := range a.Balances {
+		if a.Balances[i].OverdraftIssued > a.Balances[i].OverdraftRepaid {
+			return true
+		}
+	}
+	return false
 }
 
 // Snapshot reads every row in one read transaction (a consistent WAL

@@ -201,6 +201,7 @@ func params(n int) string {
 type readStmts struct {
 	reservation, account, accountsOf, accountsAll, policy, policies, shard, shards, due *sql.Stmt
 	unknownFirst, unknownAfter, unknownBacklog                                          *sql.Stmt
+	debtScanFirst, debtScanAfter                                                        *sql.Stmt
 }
 
 func (r *readStmts) prepare(ctx context.Context, db *sql.DB) error {
@@ -224,12 +225,14 @@ func (r *readStmts) prepare(ctx context.Context, db *sql.DB) error {
 	r.unknownFirst = prep(unknownFirstSQL)
 	r.unknownAfter = prep(unknownAfterSQL)
 	r.unknownBacklog = prep(unknownBacklogSQL)
+	r.debtScanFirst = prep(debtScanFirstSQL)
+	r.debtScanAfter = prep(debtScanAfterSQL)
 	return errors.Join(errs...)
 }
 
 func (r *readStmts) close() {
 	for _, st := range []*sql.Stmt{r.reservation, r.account, r.accountsOf, r.accountsAll, r.policy, r.policies, r.shard, r.shards, r.due,
-		r.unknownFirst, r.unknownAfter, r.unknownBacklog} {
+		r.unknownFirst, r.unknownAfter, r.unknownBacklog, r.debtScanFirst, r.debtScanAfter} {
 		if st != nil {
 			st.Close()
 		}
@@ -271,4 +274,15 @@ var (
 	// needs every entry); min of nothing is NULL, read as 0, the zero time.
 	unknownBacklogSQL = fmt.Sprintf("SELECT count(*), COALESCE(min(started_at), 0) FROM reservations WHERE state = %d",
 		ledger.StateUsageUnknown)
+)
+
+// The AccountsInDebt scan reads up to ?1 accounts in primary-key order:
+// from the first, or strictly after the key (?2, ?3, ?4, ?5), a row-value
+// comparison SQLite turns into a seek into the primary key, so a chunk
+// deep into the table costs what the first one does. The first chunk has
+// a statement of its own because no key value sorts before every row.
+var (
+	debtScanFirstSQL = "SELECT " + accountCols + " FROM accounts ORDER BY subject, route, region, generation LIMIT ?1"
+	debtScanAfterSQL = "SELECT " + accountCols + " FROM accounts WHERE (subject, route, region, generation) > (?2, ?3, ?4, ?5)" +
+		" ORDER BY subject, route, region, generation LIMIT ?1"
 )

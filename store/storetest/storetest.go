@@ -26,6 +26,11 @@
 //     the last row of each page visits every row once; a Limit <= 0 is an
 //     error; ReservationsUnknownBacklog of no such reservation is a zero
 //     count and the zero time;
+//   - AccountsInDebt lists the accounts whose row owes debt in any balance
+//     (OverdraftIssued > OverdraftRepaid; issued == repaid is no debt) as
+//     whole rows, in key order with generations compared as numbers, and
+//     pages strictly after its cursor (the zero key starts at the first);
+//     a Limit <= 0 or a cursor generation above math.MaxInt64 is an error;
 //   - a second insert of a reservation id (NewReservations), a move receipt
 //     id, or a statement for the same account and EpochStart is
 //     store.ErrDuplicate; everything else is an upsert.
@@ -69,6 +74,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"ReservationsDue", testReservationsDue},
 		{"ReservationsUnknown", testReservationsUnknown},
 		{"ReservationsUnknownBacklog", testReservationsUnknownBacklog},
+		{"AccountsInDebt", testAccountsInDebt},
 		{"AccountList", testAccountList},
 		{"Lists", testLists},
 		{"TimePrecision", testTimePrecision},

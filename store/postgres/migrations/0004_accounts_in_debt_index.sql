@@ -1,0 +1,25 @@
+-- capledger schema version 4: the accounts in debt.
+--
+-- A partial index over just the term rows that owe debt (one row per
+-- account and dimension; debt is overdraft_issued - overdraft_repaid, and
+-- a CHECK keeps repaid <= issued). AccountsInDebt finds the accounts in
+-- debt through it without reading the terms of the others, which are
+-- nearly all of them: debt is drawn only by a settle above its
+-- reservation and repaid by the next refills. Queries repeat the
+-- predicate word for word so the planner can match it.
+--
+-- Its predicate's columns count as indexed for PostgreSQL's HOT updates:
+-- an update that changes overdraft_issued or overdraft_repaid (drawing or
+-- repaying debt) is not HOT and writes to every index of account_terms,
+-- while updates of the other terms (available, reserved, spent,
+-- refilled_to: what most commands change) can stay HOT.
+--
+-- Migrations run in one transaction, so this is a plain CREATE INDEX (not
+-- CONCURRENTLY): building it reads the whole account_terms table once and
+-- blocks writes to it meanwhile. IF NOT EXISTS lets an operator with a
+-- large table build it beforehand, without blocking, as the statement
+-- below with CREATE INDEX CONCURRENTLY and the same name (then check that
+-- \d account_terms does not mark it INVALID; if it does, drop it and
+-- build it again).
+CREATE INDEX IF NOT EXISTS account_terms_in_debt ON account_terms (account_id)
+    WHERE overdraft_issued > overdraft_repaid;

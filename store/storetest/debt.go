@@ -1,0 +1,249 @@
+package storetest
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+)
+
+// noDebt is a balance without debt.
+func noDebt() ledger.Balance { return ledger.Balance{Opening: 100, Available: 100} }
+
+// owing is a balance that drew issued units of overdraft and has repaid
+// repaid of them from minted capacity; it conserves, as the PostgreSQL
+// store's CHECKs require.
+func owing(issued, repaid int64) ledger.Balance {
+	return ledger.Balance{Opening: 100, Minted: repaid, OverdraftIssued: issued, Spent: 100 + issued, OverdraftRepaid: repaid}
+}
+
+func debtKey(subject, route, region string, generation uint64) ledger.AccountKey {
+	return ledger.AccountKey{Subject: subject, Route: route, Region: region, Generation: generation}
+}
+
+// debtAccounts returns the accounts of the AccountsInDebt test, out of
+// key order, and the keys of those in debt, in key order. Subjects,
+// routes and regions include keys that are prefixes of others ("t" and
+// "t7" of "t70", "chat" of "chatbot", "eu" of "eu-west"), and
+// generations that sort differently as text (2 and 10). Accounts without
+// debt, or whose debt is repaid (issued == repaid > 0), lie between, before
+// and after the debtors.
+func debtAccounts() ([]ledger.Account, []ledger.AccountKey) {
+	mk := func(key ledger.AccountKey, dims int, balances ...ledger.Balance) ledger.Account {
+		a := ledger.Account{Key: key, Dims: dims, EpochStart: at(0), Version: key.Generation + 3, Breaches: 1}
+		copy(a.Balances[:], balances)
+		for d := range dims {
+			a.RefilledTo[d] = at(-time.Duration(d+1) * time.Second).UnixNano()
+		}
+		return a
+	}
+	accounts := []ledger.Account{
+		mk(debtKey("t70", "chat", "eu", 10), 1, owing(30, 0)),
+		mk(debtKey("t7", "chat", "eu", 3), 3, owing(40, 40), noDebt(), owing(25, 5)),
+		mk(debtKey("t", "chat", "eu", 1), 1, noDebt()),
+		mk(debtKey("t7", "chat", "us", 1), 2, owing(40, 40), owing(2, 2)),
+		// Debt in two dimensions, listed once.
+		mk(debtKey("t7", "chat", "eu", 1), 2, owing(50, 10), owing(2, 1)),
+		mk(debtKey("t7", "chatbot", "eu", 1), 2, noDebt(), owing(1, 0)),
+		mk(debtKey("t7", "chat", "eu", 2), 2, noDebt(), noDebt()),
+		mk(debtKey("t7", "chat", "eu-west", 1), 1, owing(7, 6)),
+		mk(debtKey("t7", "chat", "us", 2), 2, noDebt(), owing(3, 1)),
+		mk(debtKey("t7", "embed", "eu", 1), 1, noDebt()),
+		mk(debtKey("t70", "chat", "eu", 2), 1, owing(9, 0)),
+		// Debt in a balance past Dims: the row holds it, so it counts.
+		mk(debtKey("t8", "chat", "eu", 4), 1, noDebt(), noDebt(), owing(1, 0)),
+		mk(debtKey("t9", "chat", "eu", 1), 1, owing(60, 60)),
+	}
+	inDebt := []ledger.AccountKey{
+		debtKey("t7", "chat", "eu", 1),
+		debtKey("t7", "chat", "eu", 3),
+		debtKey("t7", "chat", "eu-west", 1),
+		debtKey("t7", "chat", "us", 2),
+		debtKey("t7", "chatbot", "eu", 1),
+		debtKey("t70", "chat", "eu", 2),
+		debtKey("t70", "chat", "eu", 10),
+		debtKey("t8", "chat", "eu", 4),
+	}
+	return accounts, inDebt
+}
+
+// debtPages pages through AccountsInDebt from f, each page after the last
+// account of the one before, until a page comes back short. It returns
+// the keys of each page, the empty page included when the last full page
+// was the end.
+func debtPages(t *testing.T, s store.Store, f store.DebtFilter) [][]ledger.AccountKey {
+	t.Helper()
+	pages := [][]ledger.AccountKey{}
+	for range 50 {
+		page, err := s.AccountsInDebt(context.Background(), f)
+		if err != nil {
+			t.Fatalf("%+v: %v", f, err)
+		}
+		if len(page) > f.Limit {
+			t.Fatalf("%+v: %d accounts, more than the limit", f, len(page))
+		}
+		keys := []ledger.AccountKey{}
+		for _, a := range page {
+			keys = append(keys, a.Key)
+		}
+		pages = append(pages, keys)
+		if len(page) < f.Limit {
+			return pages
+		}
+		f.After = page[len(page)-1].Key
+	}
+	t.Fatalf("%+v: still paging after 50 pages (does the cursor move on?)", f)
+	return nil
+}
+
+// split returns keys in pages of limit, with the empty last page that
+// paging ends on when the last full page was the end.
+func split(keys []ledger.AccountKey, limit int) [][]ledger.AccountKey {
+	pages := [][]ledger.AccountKey{}
+	for chunk := range slices.Chunk(keys, limit) {
+		pages = append(pages, chunk)
+	}
+	if len(keys)%limit == 0 {
+		pages = append(pages, []ledger.AccountKey{})
+	}
+	return pages
+}
+
+func testAccountsInDebt(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	accounts, inDebt := debtAccounts()
+	byKey := map[ledger.AccountKey]ledger.Account{}
+	for _, a := range accounts {
+		byKey[a.Key] = a
+	}
+	if got, err := s.AccountsInDebt(ctx, store.DebtFilter{Limit: 10}); err != nil || len(got) != 0 {
+		t.Errorf("empty store: %v, %v; want none", got, err)
+	}
+
+	// Written in two batches, the first with no account in debt.
+	var clearOnes, debtors []ledger.Account
+	for _, a := range accounts {
+		if slices.Contains(inDebt, a.Key) {
+			debtors = append(debtors, a)
+		} else {
+			clearOnes = append(clearOnes, a)
+		}
+	}
+	commit(t, s, &store.Changes{Accounts: clearOnes})
+	if got, err := s.AccountsInDebt(ctx, store.DebtFilter{Limit: 10}); err != nil || len(got) != 0 {
+		t.Errorf("no account in debt: %v, %v; want none", got, err)
+	}
+	// Uncommitted debt is not listed.
+	inTx(t, s, func(ctx context.Context, tx store.Tx) {
+		if err := tx.Write(ctx, &store.Changes{Accounts: debtors}); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := s.AccountsInDebt(ctx, store.DebtFilter{Limit: 10}); err != nil || len(got) != 0 {
+			t.Errorf("uncommitted debt: %v, %v; want none", got, err)
+		}
+	})
+	commit(t, s, &store.Changes{Accounts: debtors})
+
+	// The accounts are whole rows, as AccountGet reads them.
+	all, err := s.AccountsInDebt(ctx, store.DebtFilter{Limit: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []ledger.Account
+	for _, k := range inDebt {
+		got, err := s.AccountGet(ctx, k)
+		if err != nil {
+			t.Fatalf("account %s: %v", k, err)
+		}
+		same(t, "account "+k.String(), got, byKey[k])
+		want = append(want, got)
+	}
+	same(t, "every account in debt", all, want)
+
+	for _, limit := range []int{1, 2, 3, 8, 100} {
+		same(t, fmt.Sprint("pages of ", limit), debtPages(t, s, store.DebtFilter{Limit: limit}), split(inDebt, limit))
+	}
+
+	for _, tc := range []struct {
+		name  string
+		after ledger.AccountKey
+		want  []ledger.AccountKey
+	}{
+		{"after a debtor in the middle", debtKey("t7", "chat", "eu-west", 1), inDebt[3:]},
+		{"after an account without debt", debtKey("t7", "chat", "eu", 2), inDebt[1:]},
+		{"after a repaid account", debtKey("t7", "chat", "us", 1), inDebt[3:]},
+		{"after a key with no account", debtKey("t7", "chat", "eu", 0), inDebt},
+		{"after a subject alone", debtKey("t7", "", "", 0), inDebt},
+		{"after a subject that prefixes others", debtKey("t7", "zzz", "", 0), inDebt[5:]},
+		{"after the last generation of a route", debtKey("t7", "chat", "eu", math.MaxInt64), inDebt[2:]},
+		{"after the shorter of two prefixed routes", debtKey("t7", "chat", "zz", 0), inDebt[4:]},
+		{"after a prefix of a subject", debtKey("t70", "", "", 0), inDebt[5:]},
+		{"generations compare as numbers", debtKey("t70", "chat", "eu", 2), inDebt[6:]},
+		{"between generations", debtKey("t70", "chat", "eu", 3), inDebt[6:]},
+		{"after the last debtor", debtKey("t8", "chat", "eu", 4), nil},
+		{"after every key", debtKey("zzz", "", "", 0), nil},
+	} {
+		got, err := s.AccountsInDebt(ctx, store.DebtFilter{After: tc.after, Limit: 100})
+		if err != nil {
+			t.Errorf("%s: %v", tc.name, err)
+			continue
+		}
+		var keys []ledger.AccountKey
+		for _, a := range got {
+			keys = append(keys, a.Key)
+		}
+		same(t, tc.name, keys, tc.want)
+	}
+	// Paging with a limit from a cursor in the middle, across routes,
+	// regions and subjects.
+	same(t, "pages of 2 after t7/chat@eu#1", debtPages(t, s, store.DebtFilter{After: inDebt[0], Limit: 2}),
+		split(inDebt[1:], 2))
+	same(t, "pages of 1 after t7/chat@eu-west#1", debtPages(t, s, store.DebtFilter{After: inDebt[2], Limit: 1}),
+		split(inDebt[3:], 1))
+
+	for _, limit := range []int{0, -1} {
+		if got, err := s.AccountsInDebt(ctx, store.DebtFilter{Limit: limit}); err == nil {
+			t.Errorf("limit %d: %v and no error", limit, got)
+		}
+	}
+	tooBig := debtKey("t7", "chat", "eu", math.MaxInt64+1)
+	if got, err := s.AccountsInDebt(ctx, store.DebtFilter{After: tooBig, Limit: 10}); err == nil {
+		t.Errorf("cursor generation above MaxInt64: %v and no error", got)
+	}
+
+	// A later write that repays the debt removes the account; one that
+	// draws an overdraft adds it in its place; a repayment in one
+	// dimension leaves an account that owes in another.
+	repaid := byKey[debtKey("t7", "chat", "us", 2)]
+	repaid.Balances[1] = owing(3, 3)
+	repaidToo := byKey[debtKey("t70", "chat", "eu", 2)]
+	repaidToo.Balances[0] = owing(9, 9)
+	partly := byKey[debtKey("t7", "chat", "eu", 3)]
+	partly.Balances[2] = owing(25, 24)
+	drawn := byKey[debtKey("t7", "embed", "eu", 1)]
+	drawn.Balances[0] = owing(4, 0)
+	commit(t, s, &store.Changes{Accounts: []ledger.Account{repaid, repaidToo, partly, drawn}})
+	after := []ledger.AccountKey{
+		debtKey("t7", "chat", "eu", 1),
+		debtKey("t7", "chat", "eu", 3),
+		debtKey("t7", "chat", "eu-west", 1),
+		debtKey("t7", "chatbot", "eu", 1),
+		debtKey("t7", "embed", "eu", 1),
+		debtKey("t70", "chat", "eu", 10),
+		debtKey("t8", "chat", "eu", 4),
+	}
+	for _, limit := range []int{1, 2, 100} {
+		same(t, fmt.Sprint("after repaying two and drawing one, pages of ", limit),
+			debtPages(t, s, store.DebtFilter{Limit: limit}), split(after, limit))
+	}
+	got, err := s.AccountsInDebt(ctx, store.DebtFilter{After: debtKey("t7", "chat", "eu", 1), Limit: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	same(t, "the partly repaid account", got, []ledger.Account{partly})
+}
