@@ -569,3 +569,35 @@ func TestReadOnlyServerIsRefused(t *testing.T) {
 		t.Fatalf("open on a read-only session: err %v, want store.ErrUnavailable", err)
 	}
 }
+
+// An operator with large tables builds the indexes of migrations 3 and 4
+// beforehand with CREATE INDEX CONCURRENTLY (docs/OPERATIONS.md); the
+// migrations must then find them and apply without error.
+func TestIndexMigrationsAcceptPrebuiltIndexes(t *testing.T) {
+	ctx := context.Background()
+	dsn := schemaDSN(t)
+	if _, err := postgres.Migrate(ctx, dsn); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	for _, q := range []string{
+		`DROP INDEX reservations_usage_unknown`,
+		`DROP INDEX account_terms_in_debt`,
+		`DELETE FROM schema_migrations WHERE version IN (3, 4)`,
+		`CREATE INDEX CONCURRENTLY reservations_usage_unknown ON reservations (started_at, id) WHERE state = 8`,
+		`CREATE INDEX CONCURRENTLY account_terms_in_debt ON account_terms (account_id)
+			WHERE overdraft_issued > overdraft_repaid`,
+	} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	ran, err := postgres.Migrate(ctx, dsn)
+	if err != nil || !slices.Equal(ran, []int{3, 4}) {
+		t.Fatalf("migrate over prebuilt indexes: ran %v, %v; want [3 4]", ran, err)
+	}
+}
