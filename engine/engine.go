@@ -394,6 +394,53 @@ func (e *Engine) UnknownBacklog(ctx context.Context) (store.UnknownBacklog, erro
 	return e.core.store.ReservationsUnknownBacklog(ctx)
 }
 
+// maxDebtScans bounds the store pages one AccountsInDebt call reads when
+// refill has repaid most of what the stored rows still show.
+const maxDebtScans = 8
+
+// AccountsInDebt returns up to f.Limit accounts that owe debt now, in key
+// order after f.After. The store finds the rows that owed at their last
+// command; each is then shown as Accounts shows it, with the refill due up
+// to now (which repays debt first), and left out if that repaid it. next
+// is the cursor for the following page, and more says whether the store
+// may hold more debtors after it.
+func (e *Engine) AccountsInDebt(ctx context.Context, f store.DebtFilter) (out []ledger.Account, next ledger.AccountKey, more bool, err error) {
+	if f.Limit <= 0 {
+		return nil, ledger.AccountKey{}, false, fmt.Errorf("accounts in debt: limit %d, want a positive one", f.Limit)
+	}
+	next = f.After
+	for range maxDebtScans {
+		want := f.Limit - len(out)
+		stored, err := e.core.store.AccountsInDebt(ctx, store.DebtFilter{After: next, Limit: want})
+		if err != nil {
+			return nil, ledger.AccountKey{}, false, err
+		}
+		for i := range stored {
+			key := stored[i].Key
+			// Refill depends on which of the subject's generations holds
+			// its capacity, so read the subject's accounts as Accounts
+			// shows them.
+			accounts, err := e.Accounts(ctx, key.SubjectKey())
+			if err != nil {
+				return nil, ledger.AccountKey{}, false, err
+			}
+			for j := range accounts {
+				if dim, _ := accounts[j].Debt(); accounts[j].Key == key && dim >= 0 {
+					out = append(out, accounts[j])
+				}
+			}
+			next = key
+		}
+		if len(stored) < want {
+			return out, next, false, nil // no more rows that owed
+		}
+		if len(out) == f.Limit {
+			return out, next, true, nil
+		}
+	}
+	return out, next, true, nil
+}
+
 // Accounts returns the subject's accounts (every generation), with the
 // refill due up to now applied to the copies shown (the stored rows refill
 // lazily, on their next command).

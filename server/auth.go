@@ -37,6 +37,7 @@ var adminOnly = map[string]bool{
 	capledgerv1connect.LedgerServiceAuditProcedure:          true,
 	// The backlog lists every tenant's reservations.
 	capledgerv1connect.LedgerServiceListUsageUnknownProcedure: true,
+	capledgerv1connect.LedgerServiceListDebtsProcedure:        true,
 }
 
 // Identity is who presented a token.

@@ -39,6 +39,7 @@ type Ledger interface {
 	Audit(ctx context.Context) ([]ledger.Discrepancy, error)
 	ReservationsUnknown(ctx context.Context, f store.UnknownFilter) ([]ledger.Reservation, error)
 	UnknownBacklog(ctx context.Context) (store.UnknownBacklog, error)
+	AccountsInDebt(ctx context.Context, f store.DebtFilter) ([]ledger.Account, ledger.AccountKey, bool, error)
 	Stats() engine.Stats
 	Ready() error
 }

@@ -67,3 +67,50 @@ func TestCLIBacklog(t *testing.T) {
 	code, out, errOut = cli(t, url, "backlog", "--page-token", "forged")
 	wantExit(t, exitUsage, code, out, errOut)
 }
+
+func TestCLIDebts(t *testing.T) {
+	url := startInProcess(t)
+	policyPath := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(policyPath, []byte(policyYAML), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := cli(t, url, "policy", "publish", policyPath)
+	wantExit(t, exitOK, code, out, errOut)
+	code, out, errOut = cli(t, url, "debts")
+	wantExit(t, exitOK, code, out, errOut)
+	if out != "{}\n" {
+		t.Fatalf("no debt yet, printed %q", out)
+	}
+	// The whole burst reserved, then a settle far above the reservation:
+	// the debt takes refill (100 tokens/s) many minutes to repay.
+	for id, tokens := range map[string]string{"big": "600", "rest": "400"} {
+		code, out, errOut = cli(t, url, "reserve", "--subject", "tenant-7", "--route", "chat.generate", "--units", "tokens="+tokens+",requests=1", "--id", id)
+		wantExit(t, exitOK, code, out, errOut)
+	}
+	code, out, errOut = cli(t, url, "start", "--id", "big", "--operation", "op-big")
+	wantExit(t, exitOK, code, out, errOut)
+	code, out, errOut = cli(t, url, "settle", "--id", "big", "--operation", "op-big", "--units", "tokens=100600,requests=1")
+	wantExit(t, exitOK, code, out, errOut)
+
+	var listing struct {
+		Accounts []struct {
+			Subject  string `json:"subject"`
+			Frozen   bool   `json:"frozen"`
+			Balances []struct {
+				Unit string `json:"unit"`
+				Debt string `json:"debt"`
+			} `json:"balances"`
+		} `json:"accounts"`
+	}
+	code, out, errOut = cli(t, url, "debts", "--all", "--limit", "1")
+	wantExit(t, exitOK, code, out, errOut)
+	if err := json.Unmarshal([]byte(out), &listing); err != nil {
+		t.Fatalf("debts printed %s: %v", out, err)
+	}
+	if len(listing.Accounts) != 1 || listing.Accounts[0].Subject != "tenant-7" || !listing.Accounts[0].Frozen ||
+		listing.Accounts[0].Balances[0].Unit != "tokens" || listing.Accounts[0].Balances[0].Debt == "" {
+		t.Fatalf("debts: %s", out)
+	}
+	code, out, errOut = cli(t, url, "debts", "--limit", "1001")
+	wantExit(t, exitUsage, code, out, errOut)
+}

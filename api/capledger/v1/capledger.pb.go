@@ -2508,6 +2508,114 @@ func (x *ListUsageUnknownResponse) GetOldestStartedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+type ListDebtsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The most accounts in one answer: default 100, at most 1000.
+	PageSize int32 `protobuf:"varint,1,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// next_page_token of the previous answer; empty for the first page.
+	PageToken     string `protobuf:"bytes,2,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListDebtsRequest) Reset() {
+	*x = ListDebtsRequest{}
+	mi := &file_capledger_v1_capledger_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListDebtsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListDebtsRequest) ProtoMessage() {}
+
+func (x *ListDebtsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_capledger_v1_capledger_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListDebtsRequest.ProtoReflect.Descriptor instead.
+func (*ListDebtsRequest) Descriptor() ([]byte, []int) {
+	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *ListDebtsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListDebtsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+type ListDebtsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Accounts owing debt in at least one dimension (frozen = true).
+	Accounts []*Account `protobuf:"bytes,1,rep,name=accounts,proto3" json:"accounts,omitempty"`
+	// Pass it as page_token for the next page; empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListDebtsResponse) Reset() {
+	*x = ListDebtsResponse{}
+	mi := &file_capledger_v1_capledger_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListDebtsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListDebtsResponse) ProtoMessage() {}
+
+func (x *ListDebtsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_capledger_v1_capledger_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListDebtsResponse.ProtoReflect.Descriptor instead.
+func (*ListDebtsResponse) Descriptor() ([]byte, []int) {
+	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *ListDebtsResponse) GetAccounts() []*Account {
+	if x != nil {
+		return x.Accounts
+	}
+	return nil
+}
+
+func (x *ListDebtsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
 // Balance is one dimension of an account: the seed's conservation terms,
 //
 //	opening + minted + overdraft_issued =
@@ -2537,7 +2645,7 @@ type Balance struct {
 
 func (x *Balance) Reset() {
 	*x = Balance{}
-	mi := &file_capledger_v1_capledger_proto_msgTypes[34]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2549,7 +2657,7 @@ func (x *Balance) String() string {
 func (*Balance) ProtoMessage() {}
 
 func (x *Balance) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_capledger_proto_msgTypes[34]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2562,7 +2670,7 @@ func (x *Balance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Balance.ProtoReflect.Descriptor instead.
 func (*Balance) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{34}
+	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *Balance) GetUnit() string {
@@ -2663,7 +2771,7 @@ type Account struct {
 
 func (x *Account) Reset() {
 	*x = Account{}
-	mi := &file_capledger_v1_capledger_proto_msgTypes[35]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2675,7 +2783,7 @@ func (x *Account) String() string {
 func (*Account) ProtoMessage() {}
 
 func (x *Account) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_capledger_proto_msgTypes[35]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2688,7 +2796,7 @@ func (x *Account) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Account.ProtoReflect.Descriptor instead.
 func (*Account) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{35}
+	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *Account) GetSubject() string {
@@ -2760,7 +2868,7 @@ type GetAccountRequest struct {
 
 func (x *GetAccountRequest) Reset() {
 	*x = GetAccountRequest{}
-	mi := &file_capledger_v1_capledger_proto_msgTypes[36]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2772,7 +2880,7 @@ func (x *GetAccountRequest) String() string {
 func (*GetAccountRequest) ProtoMessage() {}
 
 func (x *GetAccountRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_capledger_proto_msgTypes[36]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2785,7 +2893,7 @@ func (x *GetAccountRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetAccountRequest.ProtoReflect.Descriptor instead.
 func (*GetAccountRequest) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{36}
+	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *GetAccountRequest) GetSubject() string {
@@ -2820,7 +2928,7 @@ type GetAccountResponse struct {
 
 func (x *GetAccountResponse) Reset() {
 	*x = GetAccountResponse{}
-	mi := &file_capledger_v1_capledger_proto_msgTypes[37]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2832,7 +2940,7 @@ func (x *GetAccountResponse) String() string {
 func (*GetAccountResponse) ProtoMessage() {}
 
 func (x *GetAccountResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_capledger_proto_msgTypes[37]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2845,7 +2953,7 @@ func (x *GetAccountResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetAccountResponse.ProtoReflect.Descriptor instead.
 func (*GetAccountResponse) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{37}
+	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *GetAccountResponse) GetAccounts() []*Account {
@@ -2863,7 +2971,7 @@ type AuditRequest struct {
 
 func (x *AuditRequest) Reset() {
 	*x = AuditRequest{}
-	mi := &file_capledger_v1_capledger_proto_msgTypes[38]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2875,7 +2983,7 @@ func (x *AuditRequest) String() string {
 func (*AuditRequest) ProtoMessage() {}
 
 func (x *AuditRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_capledger_proto_msgTypes[38]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2888,7 +2996,7 @@ func (x *AuditRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditRequest.ProtoReflect.Descriptor instead.
 func (*AuditRequest) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{38}
+	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{40}
 }
 
 // Discrepancy is one failed audit check.
@@ -2907,7 +3015,7 @@ type Discrepancy struct {
 
 func (x *Discrepancy) Reset() {
 	*x = Discrepancy{}
-	mi := &file_capledger_v1_capledger_proto_msgTypes[39]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2919,7 +3027,7 @@ func (x *Discrepancy) String() string {
 func (*Discrepancy) ProtoMessage() {}
 
 func (x *Discrepancy) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_capledger_proto_msgTypes[39]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2932,7 +3040,7 @@ func (x *Discrepancy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Discrepancy.ProtoReflect.Descriptor instead.
 func (*Discrepancy) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{39}
+	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *Discrepancy) GetCheck() string {
@@ -2974,7 +3082,7 @@ type AuditResponse struct {
 
 func (x *AuditResponse) Reset() {
 	*x = AuditResponse{}
-	mi := &file_capledger_v1_capledger_proto_msgTypes[40]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2986,7 +3094,7 @@ func (x *AuditResponse) String() string {
 func (*AuditResponse) ProtoMessage() {}
 
 func (x *AuditResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_capledger_proto_msgTypes[40]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2999,7 +3107,7 @@ func (x *AuditResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditResponse.ProtoReflect.Descriptor instead.
 func (*AuditResponse) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{40}
+	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *AuditResponse) GetDiscrepancies() []*Discrepancy {
@@ -3206,7 +3314,14 @@ const file_capledger_v1_capledger_proto_rawDesc = "" +
 	"\freservations\x18\x01 \x03(\v2\x19.capledger.v1.ReservationR\freservations\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\x12\x18\n" +
 	"\abacklog\x18\x03 \x01(\x03R\abacklog\x12F\n" +
-	"\x11oldest_started_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x0foldestStartedAt\"\xe7\x02\n" +
+	"\x11oldest_started_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x0foldestStartedAt\"N\n" +
+	"\x10ListDebtsRequest\x12\x1b\n" +
+	"\tpage_size\x18\x01 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x02 \x01(\tR\tpageToken\"n\n" +
+	"\x11ListDebtsResponse\x121\n" +
+	"\baccounts\x18\x01 \x03(\v2\x15.capledger.v1.AccountR\baccounts\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xe7\x02\n" +
 	"\aBalance\x12\x12\n" +
 	"\x04unit\x18\x01 \x01(\tR\x04unit\x12\x18\n" +
 	"\aopening\x18\x02 \x01(\x03R\aopening\x12\x16\n" +
@@ -3262,7 +3377,7 @@ const file_capledger_v1_capledger_proto_rawDesc = "" +
 	"\x19RESERVATION_STATE_EXPIRED\x10\b\x12#\n" +
 	"\x1fRESERVATION_STATE_USAGE_UNKNOWN\x10\t\x12)\n" +
 	"%RESERVATION_STATE_RESERVATION_UNKNOWN\x10\n" +
-	"2\x81\n" +
+	"2\xd4\n" +
 	"\n" +
 	"\rLedgerService\x12X\n" +
 	"\rPublishPolicy\x12\".capledger.v1.PublishPolicyRequest\x1a#.capledger.v1.PublishPolicyResponse\x12Q\n" +
@@ -3279,7 +3394,8 @@ const file_capledger_v1_capledger_proto_rawDesc = "" +
 	"\x0eGetReservation\x12#.capledger.v1.GetReservationRequest\x1a$.capledger.v1.GetReservationResponse\"\x03\x90\x02\x01\x12T\n" +
 	"\n" +
 	"GetAccount\x12\x1f.capledger.v1.GetAccountRequest\x1a .capledger.v1.GetAccountResponse\"\x03\x90\x02\x01\x12f\n" +
-	"\x10ListUsageUnknown\x12%.capledger.v1.ListUsageUnknownRequest\x1a&.capledger.v1.ListUsageUnknownResponse\"\x03\x90\x02\x01\x12E\n" +
+	"\x10ListUsageUnknown\x12%.capledger.v1.ListUsageUnknownRequest\x1a&.capledger.v1.ListUsageUnknownResponse\"\x03\x90\x02\x01\x12Q\n" +
+	"\tListDebts\x12\x1e.capledger.v1.ListDebtsRequest\x1a\x1f.capledger.v1.ListDebtsResponse\"\x03\x90\x02\x01\x12E\n" +
 	"\x05Audit\x12\x1a.capledger.v1.AuditRequest\x1a\x1b.capledger.v1.AuditResponse\"\x03\x90\x02\x01B=Z;github.com/capledger/capledger/api/capledger/v1;capledgerv1b\x06proto3"
 
 var (
@@ -3295,7 +3411,7 @@ func file_capledger_v1_capledger_proto_rawDescGZIP() []byte {
 }
 
 var file_capledger_v1_capledger_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_capledger_v1_capledger_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
+var file_capledger_v1_capledger_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
 var file_capledger_v1_capledger_proto_goTypes = []any{
 	(RolloutMode)(0),                 // 0: capledger.v1.RolloutMode
 	(ReservationState)(0),            // 1: capledger.v1.ReservationState
@@ -3333,48 +3449,50 @@ var file_capledger_v1_capledger_proto_goTypes = []any{
 	(*GetReservationResponse)(nil),   // 33: capledger.v1.GetReservationResponse
 	(*ListUsageUnknownRequest)(nil),  // 34: capledger.v1.ListUsageUnknownRequest
 	(*ListUsageUnknownResponse)(nil), // 35: capledger.v1.ListUsageUnknownResponse
-	(*Balance)(nil),                  // 36: capledger.v1.Balance
-	(*Account)(nil),                  // 37: capledger.v1.Account
-	(*GetAccountRequest)(nil),        // 38: capledger.v1.GetAccountRequest
-	(*GetAccountResponse)(nil),       // 39: capledger.v1.GetAccountResponse
-	(*AuditRequest)(nil),             // 40: capledger.v1.AuditRequest
-	(*Discrepancy)(nil),              // 41: capledger.v1.Discrepancy
-	(*AuditResponse)(nil),            // 42: capledger.v1.AuditResponse
-	nil,                              // 43: capledger.v1.Reservation.ReservedUnitsEntry
-	nil,                              // 44: capledger.v1.Reservation.ActualUnitsEntry
-	nil,                              // 45: capledger.v1.Reservation.OverdraftUnitsEntry
-	nil,                              // 46: capledger.v1.ReserveRequest.UnitsEntry
-	nil,                              // 47: capledger.v1.SettleRequest.ActualUnitsEntry
-	nil,                              // 48: capledger.v1.SettleResponse.RefundedUnitsEntry
-	nil,                              // 49: capledger.v1.ReleaseResponse.RefundedUnitsEntry
-	(*durationpb.Duration)(nil),      // 50: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),    // 51: google.protobuf.Timestamp
+	(*ListDebtsRequest)(nil),         // 36: capledger.v1.ListDebtsRequest
+	(*ListDebtsResponse)(nil),        // 37: capledger.v1.ListDebtsResponse
+	(*Balance)(nil),                  // 38: capledger.v1.Balance
+	(*Account)(nil),                  // 39: capledger.v1.Account
+	(*GetAccountRequest)(nil),        // 40: capledger.v1.GetAccountRequest
+	(*GetAccountResponse)(nil),       // 41: capledger.v1.GetAccountResponse
+	(*AuditRequest)(nil),             // 42: capledger.v1.AuditRequest
+	(*Discrepancy)(nil),              // 43: capledger.v1.Discrepancy
+	(*AuditResponse)(nil),            // 44: capledger.v1.AuditResponse
+	nil,                              // 45: capledger.v1.Reservation.ReservedUnitsEntry
+	nil,                              // 46: capledger.v1.Reservation.ActualUnitsEntry
+	nil,                              // 47: capledger.v1.Reservation.OverdraftUnitsEntry
+	nil,                              // 48: capledger.v1.ReserveRequest.UnitsEntry
+	nil,                              // 49: capledger.v1.SettleRequest.ActualUnitsEntry
+	nil,                              // 50: capledger.v1.SettleResponse.RefundedUnitsEntry
+	nil,                              // 51: capledger.v1.ReleaseResponse.RefundedUnitsEntry
+	(*durationpb.Duration)(nil),      // 52: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),    // 53: google.protobuf.Timestamp
 }
 var file_capledger_v1_capledger_proto_depIdxs = []int32{
-	50, // 0: capledger.v1.Dimension.refill_interval:type_name -> google.protobuf.Duration
+	52, // 0: capledger.v1.Dimension.refill_interval:type_name -> google.protobuf.Duration
 	2,  // 1: capledger.v1.Policy.dimensions:type_name -> capledger.v1.Dimension
-	50, // 2: capledger.v1.Policy.hold_ttl:type_name -> google.protobuf.Duration
-	50, // 3: capledger.v1.Policy.execution_limit:type_name -> google.protobuf.Duration
+	52, // 2: capledger.v1.Policy.hold_ttl:type_name -> google.protobuf.Duration
+	52, // 3: capledger.v1.Policy.execution_limit:type_name -> google.protobuf.Duration
 	0,  // 4: capledger.v1.Policy.rollout:type_name -> capledger.v1.RolloutMode
-	50, // 5: capledger.v1.Policy.epoch_length:type_name -> google.protobuf.Duration
-	51, // 6: capledger.v1.Policy.published_at:type_name -> google.protobuf.Timestamp
-	51, // 7: capledger.v1.Reservation.accounting_epoch:type_name -> google.protobuf.Timestamp
-	43, // 8: capledger.v1.Reservation.reserved_units:type_name -> capledger.v1.Reservation.ReservedUnitsEntry
-	44, // 9: capledger.v1.Reservation.actual_units:type_name -> capledger.v1.Reservation.ActualUnitsEntry
-	45, // 10: capledger.v1.Reservation.overdraft_units:type_name -> capledger.v1.Reservation.OverdraftUnitsEntry
+	52, // 5: capledger.v1.Policy.epoch_length:type_name -> google.protobuf.Duration
+	53, // 6: capledger.v1.Policy.published_at:type_name -> google.protobuf.Timestamp
+	53, // 7: capledger.v1.Reservation.accounting_epoch:type_name -> google.protobuf.Timestamp
+	45, // 8: capledger.v1.Reservation.reserved_units:type_name -> capledger.v1.Reservation.ReservedUnitsEntry
+	46, // 9: capledger.v1.Reservation.actual_units:type_name -> capledger.v1.Reservation.ActualUnitsEntry
+	47, // 10: capledger.v1.Reservation.overdraft_units:type_name -> capledger.v1.Reservation.OverdraftUnitsEntry
 	1,  // 11: capledger.v1.Reservation.state:type_name -> capledger.v1.ReservationState
-	51, // 12: capledger.v1.Reservation.created_at:type_name -> google.protobuf.Timestamp
-	51, // 13: capledger.v1.Reservation.expires_at:type_name -> google.protobuf.Timestamp
-	51, // 14: capledger.v1.Reservation.started_at:type_name -> google.protobuf.Timestamp
-	51, // 15: capledger.v1.Reservation.execution_deadline:type_name -> google.protobuf.Timestamp
-	51, // 16: capledger.v1.Reservation.finished_at:type_name -> google.protobuf.Timestamp
-	50, // 17: capledger.v1.RejectionDetail.retry_after:type_name -> google.protobuf.Duration
+	53, // 12: capledger.v1.Reservation.created_at:type_name -> google.protobuf.Timestamp
+	53, // 13: capledger.v1.Reservation.expires_at:type_name -> google.protobuf.Timestamp
+	53, // 14: capledger.v1.Reservation.started_at:type_name -> google.protobuf.Timestamp
+	53, // 15: capledger.v1.Reservation.execution_deadline:type_name -> google.protobuf.Timestamp
+	53, // 16: capledger.v1.Reservation.finished_at:type_name -> google.protobuf.Timestamp
+	52, // 17: capledger.v1.RejectionDetail.retry_after:type_name -> google.protobuf.Duration
 	4,  // 18: capledger.v1.ErrorDetail.reservation:type_name -> capledger.v1.Reservation
 	3,  // 19: capledger.v1.PublishPolicyRequest.policy:type_name -> capledger.v1.Policy
 	3,  // 20: capledger.v1.PublishPolicyResponse.policy:type_name -> capledger.v1.Policy
 	3,  // 21: capledger.v1.GetPolicyResponse.policy:type_name -> capledger.v1.Policy
 	3,  // 22: capledger.v1.ListPoliciesResponse.policies:type_name -> capledger.v1.Policy
-	46, // 23: capledger.v1.ReserveRequest.units:type_name -> capledger.v1.ReserveRequest.UnitsEntry
+	48, // 23: capledger.v1.ReserveRequest.units:type_name -> capledger.v1.ReserveRequest.UnitsEntry
 	4,  // 24: capledger.v1.ReserveResponse.reservation:type_name -> capledger.v1.Reservation
 	5,  // 25: capledger.v1.ReserveResponse.shadow_rejection:type_name -> capledger.v1.RejectionDetail
 	15, // 26: capledger.v1.ReserveBatchRequest.requests:type_name -> capledger.v1.ReserveRequest
@@ -3384,59 +3502,62 @@ var file_capledger_v1_capledger_proto_depIdxs = []int32{
 	18, // 30: capledger.v1.ReserveOutcome.error:type_name -> capledger.v1.ItemError
 	19, // 31: capledger.v1.ReserveBatchResponse.outcomes:type_name -> capledger.v1.ReserveOutcome
 	4,  // 32: capledger.v1.StartResponse.reservation:type_name -> capledger.v1.Reservation
-	47, // 33: capledger.v1.SettleRequest.actual_units:type_name -> capledger.v1.SettleRequest.ActualUnitsEntry
+	49, // 33: capledger.v1.SettleRequest.actual_units:type_name -> capledger.v1.SettleRequest.ActualUnitsEntry
 	4,  // 34: capledger.v1.SettleResponse.reservation:type_name -> capledger.v1.Reservation
-	48, // 35: capledger.v1.SettleResponse.refunded_units:type_name -> capledger.v1.SettleResponse.RefundedUnitsEntry
+	50, // 35: capledger.v1.SettleResponse.refunded_units:type_name -> capledger.v1.SettleResponse.RefundedUnitsEntry
 	23, // 36: capledger.v1.SettleBatchRequest.requests:type_name -> capledger.v1.SettleRequest
 	24, // 37: capledger.v1.SettleOutcome.ok:type_name -> capledger.v1.SettleResponse
 	18, // 38: capledger.v1.SettleOutcome.error:type_name -> capledger.v1.ItemError
 	26, // 39: capledger.v1.SettleBatchResponse.outcomes:type_name -> capledger.v1.SettleOutcome
 	4,  // 40: capledger.v1.ReleaseResponse.reservation:type_name -> capledger.v1.Reservation
-	49, // 41: capledger.v1.ReleaseResponse.refunded_units:type_name -> capledger.v1.ReleaseResponse.RefundedUnitsEntry
+	51, // 41: capledger.v1.ReleaseResponse.refunded_units:type_name -> capledger.v1.ReleaseResponse.RefundedUnitsEntry
 	4,  // 42: capledger.v1.MarkUsageUnknownResponse.reservation:type_name -> capledger.v1.Reservation
 	4,  // 43: capledger.v1.GetReservationResponse.reservation:type_name -> capledger.v1.Reservation
 	4,  // 44: capledger.v1.ListUsageUnknownResponse.reservations:type_name -> capledger.v1.Reservation
-	51, // 45: capledger.v1.ListUsageUnknownResponse.oldest_started_at:type_name -> google.protobuf.Timestamp
-	51, // 46: capledger.v1.Account.epoch_start:type_name -> google.protobuf.Timestamp
-	36, // 47: capledger.v1.Account.balances:type_name -> capledger.v1.Balance
-	37, // 48: capledger.v1.GetAccountResponse.accounts:type_name -> capledger.v1.Account
-	41, // 49: capledger.v1.AuditResponse.discrepancies:type_name -> capledger.v1.Discrepancy
-	51, // 50: capledger.v1.AuditResponse.checked_at:type_name -> google.protobuf.Timestamp
-	7,  // 51: capledger.v1.LedgerService.PublishPolicy:input_type -> capledger.v1.PublishPolicyRequest
-	9,  // 52: capledger.v1.LedgerService.GetPolicy:input_type -> capledger.v1.GetPolicyRequest
-	11, // 53: capledger.v1.LedgerService.ListPolicies:input_type -> capledger.v1.ListPoliciesRequest
-	13, // 54: capledger.v1.LedgerService.RollbackPolicy:input_type -> capledger.v1.RollbackPolicyRequest
-	15, // 55: capledger.v1.LedgerService.Reserve:input_type -> capledger.v1.ReserveRequest
-	17, // 56: capledger.v1.LedgerService.ReserveBatch:input_type -> capledger.v1.ReserveBatchRequest
-	21, // 57: capledger.v1.LedgerService.Start:input_type -> capledger.v1.StartRequest
-	23, // 58: capledger.v1.LedgerService.Settle:input_type -> capledger.v1.SettleRequest
-	25, // 59: capledger.v1.LedgerService.SettleBatch:input_type -> capledger.v1.SettleBatchRequest
-	28, // 60: capledger.v1.LedgerService.Release:input_type -> capledger.v1.ReleaseRequest
-	30, // 61: capledger.v1.LedgerService.MarkUsageUnknown:input_type -> capledger.v1.MarkUsageUnknownRequest
-	32, // 62: capledger.v1.LedgerService.GetReservation:input_type -> capledger.v1.GetReservationRequest
-	38, // 63: capledger.v1.LedgerService.GetAccount:input_type -> capledger.v1.GetAccountRequest
-	34, // 64: capledger.v1.LedgerService.ListUsageUnknown:input_type -> capledger.v1.ListUsageUnknownRequest
-	40, // 65: capledger.v1.LedgerService.Audit:input_type -> capledger.v1.AuditRequest
-	8,  // 66: capledger.v1.LedgerService.PublishPolicy:output_type -> capledger.v1.PublishPolicyResponse
-	10, // 67: capledger.v1.LedgerService.GetPolicy:output_type -> capledger.v1.GetPolicyResponse
-	12, // 68: capledger.v1.LedgerService.ListPolicies:output_type -> capledger.v1.ListPoliciesResponse
-	14, // 69: capledger.v1.LedgerService.RollbackPolicy:output_type -> capledger.v1.RollbackPolicyResponse
-	16, // 70: capledger.v1.LedgerService.Reserve:output_type -> capledger.v1.ReserveResponse
-	20, // 71: capledger.v1.LedgerService.ReserveBatch:output_type -> capledger.v1.ReserveBatchResponse
-	22, // 72: capledger.v1.LedgerService.Start:output_type -> capledger.v1.StartResponse
-	24, // 73: capledger.v1.LedgerService.Settle:output_type -> capledger.v1.SettleResponse
-	27, // 74: capledger.v1.LedgerService.SettleBatch:output_type -> capledger.v1.SettleBatchResponse
-	29, // 75: capledger.v1.LedgerService.Release:output_type -> capledger.v1.ReleaseResponse
-	31, // 76: capledger.v1.LedgerService.MarkUsageUnknown:output_type -> capledger.v1.MarkUsageUnknownResponse
-	33, // 77: capledger.v1.LedgerService.GetReservation:output_type -> capledger.v1.GetReservationResponse
-	39, // 78: capledger.v1.LedgerService.GetAccount:output_type -> capledger.v1.GetAccountResponse
-	35, // 79: capledger.v1.LedgerService.ListUsageUnknown:output_type -> capledger.v1.ListUsageUnknownResponse
-	42, // 80: capledger.v1.LedgerService.Audit:output_type -> capledger.v1.AuditResponse
-	66, // [66:81] is the sub-list for method output_type
-	51, // [51:66] is the sub-list for method input_type
-	51, // [51:51] is the sub-list for extension type_name
-	51, // [51:51] is the sub-list for extension extendee
-	0,  // [0:51] is the sub-list for field type_name
+	53, // 45: capledger.v1.ListUsageUnknownResponse.oldest_started_at:type_name -> google.protobuf.Timestamp
+	39, // 46: capledger.v1.ListDebtsResponse.accounts:type_name -> capledger.v1.Account
+	53, // 47: capledger.v1.Account.epoch_start:type_name -> google.protobuf.Timestamp
+	38, // 48: capledger.v1.Account.balances:type_name -> capledger.v1.Balance
+	39, // 49: capledger.v1.GetAccountResponse.accounts:type_name -> capledger.v1.Account
+	43, // 50: capledger.v1.AuditResponse.discrepancies:type_name -> capledger.v1.Discrepancy
+	53, // 51: capledger.v1.AuditResponse.checked_at:type_name -> google.protobuf.Timestamp
+	7,  // 52: capledger.v1.LedgerService.PublishPolicy:input_type -> capledger.v1.PublishPolicyRequest
+	9,  // 53: capledger.v1.LedgerService.GetPolicy:input_type -> capledger.v1.GetPolicyRequest
+	11, // 54: capledger.v1.LedgerService.ListPolicies:input_type -> capledger.v1.ListPoliciesRequest
+	13, // 55: capledger.v1.LedgerService.RollbackPolicy:input_type -> capledger.v1.RollbackPolicyRequest
+	15, // 56: capledger.v1.LedgerService.Reserve:input_type -> capledger.v1.ReserveRequest
+	17, // 57: capledger.v1.LedgerService.ReserveBatch:input_type -> capledger.v1.ReserveBatchRequest
+	21, // 58: capledger.v1.LedgerService.Start:input_type -> capledger.v1.StartRequest
+	23, // 59: capledger.v1.LedgerService.Settle:input_type -> capledger.v1.SettleRequest
+	25, // 60: capledger.v1.LedgerService.SettleBatch:input_type -> capledger.v1.SettleBatchRequest
+	28, // 61: capledger.v1.LedgerService.Release:input_type -> capledger.v1.ReleaseRequest
+	30, // 62: capledger.v1.LedgerService.MarkUsageUnknown:input_type -> capledger.v1.MarkUsageUnknownRequest
+	32, // 63: capledger.v1.LedgerService.GetReservation:input_type -> capledger.v1.GetReservationRequest
+	40, // 64: capledger.v1.LedgerService.GetAccount:input_type -> capledger.v1.GetAccountRequest
+	34, // 65: capledger.v1.LedgerService.ListUsageUnknown:input_type -> capledger.v1.ListUsageUnknownRequest
+	36, // 66: capledger.v1.LedgerService.ListDebts:input_type -> capledger.v1.ListDebtsRequest
+	42, // 67: capledger.v1.LedgerService.Audit:input_type -> capledger.v1.AuditRequest
+	8,  // 68: capledger.v1.LedgerService.PublishPolicy:output_type -> capledger.v1.PublishPolicyResponse
+	10, // 69: capledger.v1.LedgerService.GetPolicy:output_type -> capledger.v1.GetPolicyResponse
+	12, // 70: capledger.v1.LedgerService.ListPolicies:output_type -> capledger.v1.ListPoliciesResponse
+	14, // 71: capledger.v1.LedgerService.RollbackPolicy:output_type -> capledger.v1.RollbackPolicyResponse
+	16, // 72: capledger.v1.LedgerService.Reserve:output_type -> capledger.v1.ReserveResponse
+	20, // 73: capledger.v1.LedgerService.ReserveBatch:output_type -> capledger.v1.ReserveBatchResponse
+	22, // 74: capledger.v1.LedgerService.Start:output_type -> capledger.v1.StartResponse
+	24, // 75: capledger.v1.LedgerService.Settle:output_type -> capledger.v1.SettleResponse
+	27, // 76: capledger.v1.LedgerService.SettleBatch:output_type -> capledger.v1.SettleBatchResponse
+	29, // 77: capledger.v1.LedgerService.Release:output_type -> capledger.v1.ReleaseResponse
+	31, // 78: capledger.v1.LedgerService.MarkUsageUnknown:output_type -> capledger.v1.MarkUsageUnknownResponse
+	33, // 79: capledger.v1.LedgerService.GetReservation:output_type -> capledger.v1.GetReservationResponse
+	41, // 80: capledger.v1.LedgerService.GetAccount:output_type -> capledger.v1.GetAccountResponse
+	35, // 81: capledger.v1.LedgerService.ListUsageUnknown:output_type -> capledger.v1.ListUsageUnknownResponse
+	37, // 82: capledger.v1.LedgerService.ListDebts:output_type -> capledger.v1.ListDebtsResponse
+	44, // 83: capledger.v1.LedgerService.Audit:output_type -> capledger.v1.AuditResponse
+	68, // [68:84] is the sub-list for method output_type
+	52, // [52:68] is the sub-list for method input_type
+	52, // [52:52] is the sub-list for extension type_name
+	52, // [52:52] is the sub-list for extension extendee
+	0,  // [0:52] is the sub-list for field type_name
 }
 
 func init() { file_capledger_v1_capledger_proto_init() }
@@ -3458,7 +3579,7 @@ func file_capledger_v1_capledger_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_capledger_v1_capledger_proto_rawDesc), len(file_capledger_v1_capledger_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   48,
+			NumMessages:   50,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -112,6 +112,8 @@ const (
 	// LedgerServiceListUsageUnknownProcedure is the fully-qualified name of the LedgerService's
 	// ListUsageUnknown RPC.
 	LedgerServiceListUsageUnknownProcedure = "/capledger.v1.LedgerService/ListUsageUnknown"
+	// LedgerServiceListDebtsProcedure is the fully-qualified name of the LedgerService's ListDebts RPC.
+	LedgerServiceListDebtsProcedure = "/capledger.v1.LedgerService/ListDebts"
 	// LedgerServiceAuditProcedure is the fully-qualified name of the LedgerService's Audit RPC.
 	LedgerServiceAuditProcedure = "/capledger.v1.LedgerService/Audit"
 )
@@ -208,6 +210,15 @@ type LedgerServiceClient interface {
 	// Role: admin. Errors: INVALID_ARGUMENT (page_size above 1000, a
 	// page_token this API did not issue).
 	ListUsageUnknown(context.Context, *connect.Request[v1.ListUsageUnknownRequest]) (*connect.Response[v1.ListUsageUnknownResponse], error)
+	// ListDebts lists the accounts that owe debt now, in key order (subject,
+	// route, region, generation): a settle reported more usage than was
+	// reserved and available capacity could not cover the rest, so the
+	// subject's route admits nothing (ADMISSION_FROZEN) until refill repays
+	// it. Balances are shown as GetAccount shows them, with the refill due
+	// up to now. A page may hold fewer than page_size accounts while
+	// next_page_token is set. Role: admin. Errors: INVALID_ARGUMENT
+	// (page_size above 1000, a page_token this API did not issue).
+	ListDebts(context.Context, *connect.Request[v1.ListDebtsRequest]) (*connect.Response[v1.ListDebtsResponse], error)
 	// Audit reads the whole ledger in one consistent snapshot and checks it:
 	// conservation of every account in every dimension, reserved equal to the
 	// holds of live reservations, spent and debt equal to settled usage,
@@ -315,6 +326,13 @@ func NewLedgerServiceClient(httpClient connect.HTTPClient, baseURL string, opts 
 			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
+		listDebts: connect.NewClient[v1.ListDebtsRequest, v1.ListDebtsResponse](
+			httpClient,
+			baseURL+LedgerServiceListDebtsProcedure,
+			connect.WithSchema(ledgerServiceMethods.ByName("ListDebts")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
 		audit: connect.NewClient[v1.AuditRequest, v1.AuditResponse](
 			httpClient,
 			baseURL+LedgerServiceAuditProcedure,
@@ -341,6 +359,7 @@ type ledgerServiceClient struct {
 	getReservation   *connect.Client[v1.GetReservationRequest, v1.GetReservationResponse]
 	getAccount       *connect.Client[v1.GetAccountRequest, v1.GetAccountResponse]
 	listUsageUnknown *connect.Client[v1.ListUsageUnknownRequest, v1.ListUsageUnknownResponse]
+	listDebts        *connect.Client[v1.ListDebtsRequest, v1.ListDebtsResponse]
 	audit            *connect.Client[v1.AuditRequest, v1.AuditResponse]
 }
 
@@ -412,6 +431,11 @@ func (c *ledgerServiceClient) GetAccount(ctx context.Context, req *connect.Reque
 // ListUsageUnknown calls capledger.v1.LedgerService.ListUsageUnknown.
 func (c *ledgerServiceClient) ListUsageUnknown(ctx context.Context, req *connect.Request[v1.ListUsageUnknownRequest]) (*connect.Response[v1.ListUsageUnknownResponse], error) {
 	return c.listUsageUnknown.CallUnary(ctx, req)
+}
+
+// ListDebts calls capledger.v1.LedgerService.ListDebts.
+func (c *ledgerServiceClient) ListDebts(ctx context.Context, req *connect.Request[v1.ListDebtsRequest]) (*connect.Response[v1.ListDebtsResponse], error) {
+	return c.listDebts.CallUnary(ctx, req)
 }
 
 // Audit calls capledger.v1.LedgerService.Audit.
@@ -511,6 +535,15 @@ type LedgerServiceHandler interface {
 	// Role: admin. Errors: INVALID_ARGUMENT (page_size above 1000, a
 	// page_token this API did not issue).
 	ListUsageUnknown(context.Context, *connect.Request[v1.ListUsageUnknownRequest]) (*connect.Response[v1.ListUsageUnknownResponse], error)
+	// ListDebts lists the accounts that owe debt now, in key order (subject,
+	// route, region, generation): a settle reported more usage than was
+	// reserved and available capacity could not cover the rest, so the
+	// subject's route admits nothing (ADMISSION_FROZEN) until refill repays
+	// it. Balances are shown as GetAccount shows them, with the refill due
+	// up to now. A page may hold fewer than page_size accounts while
+	// next_page_token is set. Role: admin. Errors: INVALID_ARGUMENT
+	// (page_size above 1000, a page_token this API did not issue).
+	ListDebts(context.Context, *connect.Request[v1.ListDebtsRequest]) (*connect.Response[v1.ListDebtsResponse], error)
 	// Audit reads the whole ledger in one consistent snapshot and checks it:
 	// conservation of every account in every dimension, reserved equal to the
 	// holds of live reservations, spent and debt equal to settled usage,
@@ -614,6 +647,13 @@ func NewLedgerServiceHandler(svc LedgerServiceHandler, opts ...connect.HandlerOp
 		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
+	ledgerServiceListDebtsHandler := connect.NewUnaryHandler(
+		LedgerServiceListDebtsProcedure,
+		svc.ListDebts,
+		connect.WithSchema(ledgerServiceMethods.ByName("ListDebts")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
 	ledgerServiceAuditHandler := connect.NewUnaryHandler(
 		LedgerServiceAuditProcedure,
 		svc.Audit,
@@ -651,6 +691,8 @@ func NewLedgerServiceHandler(svc LedgerServiceHandler, opts ...connect.HandlerOp
 			ledgerServiceGetAccountHandler.ServeHTTP(w, r)
 		case LedgerServiceListUsageUnknownProcedure:
 			ledgerServiceListUsageUnknownHandler.ServeHTTP(w, r)
+		case LedgerServiceListDebtsProcedure:
+			ledgerServiceListDebtsHandler.ServeHTTP(w, r)
 		case LedgerServiceAuditProcedure:
 			ledgerServiceAuditHandler.ServeHTTP(w, r)
 		default:
@@ -716,6 +758,10 @@ func (UnimplementedLedgerServiceHandler) GetAccount(context.Context, *connect.Re
 
 func (UnimplementedLedgerServiceHandler) ListUsageUnknown(context.Context, *connect.Request[v1.ListUsageUnknownRequest]) (*connect.Response[v1.ListUsageUnknownResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("capledger.v1.LedgerService.ListUsageUnknown is not implemented"))
+}
+
+func (UnimplementedLedgerServiceHandler) ListDebts(context.Context, *connect.Request[v1.ListDebtsRequest]) (*connect.Response[v1.ListDebtsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("capledger.v1.LedgerService.ListDebts is not implemented"))
 }
 
 func (UnimplementedLedgerServiceHandler) Audit(context.Context, *connect.Request[v1.AuditRequest]) (*connect.Response[v1.AuditResponse], error) {

@@ -1,0 +1,80 @@
+package server
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+
+	"connectrpc.com/connect"
+
+	v1 "github.com/capledger/capledger/api/capledger/v1"
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+)
+
+const (
+	defaultDebtPage = 100
+	maxDebtPage     = 1000
+)
+
+// ListDebts implements LedgerService.ListDebts: the accounts frozen by
+// debt, for the operator who sees ADMISSION_FROZEN rejections and wants
+// to know whose.
+func (s *Server) ListDebts(ctx context.Context, req *connect.Request[v1.ListDebtsRequest]) (*connect.Response[v1.ListDebtsResponse], error) {
+	size := int(req.Msg.GetPageSize())
+	switch {
+	case size < 0 || size > maxDebtPage:
+		return nil, invalidArgument(ReasonInvalidCommand, "page_size %d: want 1 to %d (0 for %d)", size, maxDebtPage, defaultDebtPage)
+	case size == 0:
+		size = defaultDebtPage
+	}
+	after, err := parseDebtToken(req.Msg.GetPageToken())
+	if err != nil {
+		return nil, invalidArgument(ReasonInvalidCommand, "page_token: %v", err)
+	}
+	accounts, next, more, err := s.ledger.AccountsInDebt(ctx, store.DebtFilter{After: after, Limit: size})
+	if err != nil {
+		return nil, readError("list debts", ReasonStoreUnavailable, err)
+	}
+	resp := &v1.ListDebtsResponse{}
+	if more {
+		resp.NextPageToken = debtToken(next)
+	}
+	for i := range accounts {
+		p, err := s.policies.get(ctx, accounts[i].Key.Generation)
+		if err != nil {
+			return nil, readError("list debts", ReasonPolicyNotFound, err)
+		}
+		resp.Accounts = append(resp.Accounts, accountProto(&accounts[i], &p))
+	}
+	return connect.NewResponse(resp), nil
+}
+
+// debtToken encodes an account key as an opaque page token: the key's four
+// parts as a JSON array, base64url (subjects and routes may hold any
+// character, so no separator would do).
+func debtToken(k ledger.AccountKey) string {
+	raw, _ := json.Marshal([]any{k.Subject, k.Route, k.Region, k.Generation})
+	return base64.RawURLEncoding.EncodeToString(raw)
+}
+
+func parseDebtToken(token string) (ledger.AccountKey, error) {
+	if token == "" {
+		return ledger.AccountKey{}, nil
+	}
+	raw, err := base64.RawURLEncoding.DecodeString(token)
+	if err != nil {
+		return ledger.AccountKey{}, errNotDebtToken
+	}
+	var parts []json.RawMessage
+	var k ledger.AccountKey
+	if json.Unmarshal(raw, &parts) != nil || len(parts) != 4 ||
+		json.Unmarshal(parts[0], &k.Subject) != nil || json.Unmarshal(parts[1], &k.Route) != nil ||
+		json.Unmarshal(parts[2], &k.Region) != nil || json.Unmarshal(parts[3], &k.Generation) != nil || k.Subject == "" {
+		return ledger.AccountKey{}, errNotDebtToken
+	}
+	return k, nil
+}
+
+var errNotDebtToken = errors.New("not a next_page_token of ListDebts")
