@@ -90,8 +90,8 @@ func TestListDebtsRefusesBadPages(t *testing.T) {
 		`{"pageSize":1001}`,
 		`{"pageSize":-5}`,
 		`{"pageToken":"%%%"}`,
-		`{"pageToken":"WyJhIl0"}`,                 // ["a"]: too short
-		`{"pageToken":"WyIiLCJyIiwiZyIsMV0"}`,     // ["","r","g",1]: no subject
+		`{"pageToken":"WyJhIl0"}`,                // ["a"]: too short
+		`{"pageToken":"WyIiLCJyIiwiZyIsMV0"}`,    // ["","r","g",1]: no subject
 		`{"pageToken":"WyJhIiwiciIsImciLC0xXQ"}`, // ["a","r","g",-1]: negative generation
 	} {
 		h.wantError(h.call("ListDebts", body, adminToken), http.StatusBadRequest, "invalid_argument", "")
