@@ -24,19 +24,28 @@ import (
 // places: the admin method ListUsageUnknown, to find the reservations to
 // resolve, and two gauges, to alert on.
 
+// The page sizes of the list methods (ListUsageUnknown, ListDebts).
 const (
-	defaultUnknownPage = 100
-	maxUnknownPage     = 1000
+	defaultPageSize = 100
+	maxPageSize     = 1000
 )
+
+// pageSize checks a list request's page_size; 0 means the default.
+func pageSize(n int32) (int, *connect.Error) {
+	switch {
+	case n < 0 || n > maxPageSize:
+		return 0, invalidArgument(ReasonInvalidCommand, "page_size %d: want 1 to %d (0 for %d)", n, maxPageSize, defaultPageSize)
+	case n == 0:
+		return defaultPageSize, nil
+	}
+	return int(n), nil
+}
 
 // ListUsageUnknown implements LedgerService.ListUsageUnknown.
 func (s *Server) ListUsageUnknown(ctx context.Context, req *connect.Request[v1.ListUsageUnknownRequest]) (*connect.Response[v1.ListUsageUnknownResponse], error) {
-	size := int(req.Msg.GetPageSize())
-	switch {
-	case size < 0 || size > maxUnknownPage:
-		return nil, invalidArgument(ReasonInvalidCommand, "page_size %d: want 1 to %d (0 for %d)", size, maxUnknownPage, defaultUnknownPage)
-	case size == 0:
-		size = defaultUnknownPage
+	size, cerr := pageSize(req.Msg.GetPageSize())
+	if cerr != nil {
+		return nil, cerr
 	}
 	after, err := parseUnknownToken(req.Msg.GetPageToken())
 	if err != nil {

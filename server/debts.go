@@ -13,21 +13,13 @@ import (
 	"github.com/capledger/capledger/store"
 )
 
-const (
-	defaultDebtPage = 100
-	maxDebtPage     = 1000
-)
-
 // ListDebts implements LedgerService.ListDebts: the accounts frozen by
 // debt, for the operator who sees ADMISSION_FROZEN rejections and wants
 // to know whose.
 func (s *Server) ListDebts(ctx context.Context, req *connect.Request[v1.ListDebtsRequest]) (*connect.Response[v1.ListDebtsResponse], error) {
-	size := int(req.Msg.GetPageSize())
-	switch {
-	case size < 0 || size > maxDebtPage:
-		return nil, invalidArgument(ReasonInvalidCommand, "page_size %d: want 1 to %d (0 for %d)", size, maxDebtPage, defaultDebtPage)
-	case size == 0:
-		size = defaultDebtPage
+	size, cerr := pageSize(req.Msg.GetPageSize())
+	if cerr != nil {
+		return nil, cerr
 	}
 	after, err := parseDebtToken(req.Msg.GetPageToken())
 	if err != nil {

@@ -27,10 +27,7 @@ Do not settle 0 unless you know the work never ran.
 Flags:
   --subject S        only this subject
   --route R          only this route
-  --limit N          reservations per page (default 100, at most 1000)
-  --page-token T     the nextPageToken of the previous page
-  --all              follow every page and print them as one list
-
+` + pageFlagsHelp + `
 Example:
   capledger backlog --route chat.generate --all
 
@@ -40,38 +37,30 @@ func runBacklog(ctx context.Context, e *env, args []string) error {
 	fs := newFlags("backlog")
 	var cf clientFlags
 	cf.register(fs, e)
+	var pf pageFlags
+	pf.register(fs)
 	subject := fs.String("subject", "", "")
 	route := fs.String("route", "", "")
-	limit := fs.Int("limit", 100, "")
-	token := fs.String("page-token", "", "")
-	all := fs.Bool("all", false, "")
 	if err := parseNoArgs(fs, args); err != nil {
 		return err
 	}
-	if *limit < 1 || *limit > 1000 {
-		return usagef("--limit must be in [1, 1000]")
-	}
-	if *all && *token != "" {
-		return usagef("--all starts at the first page; leave out --page-token")
+	if err := pf.check(); err != nil {
+		return err
 	}
 	client, err := cf.client()
 	if err != nil {
 		return err
 	}
-	req := &v1.ListUsageUnknownRequest{Subject: *subject, Route: *route, PageSize: int32(*limit), PageToken: *token}
-	msg, err := unary(ctx, cf.timeout, client.ListUsageUnknown, req)
+	msg, err := listPages(ctx, &pf, func(ctx context.Context, token string) (*v1.ListUsageUnknownResponse, error) {
+		return unary(ctx, cf.timeout, client.ListUsageUnknown, &v1.ListUsageUnknownRequest{
+			Subject: *subject, Route: *route, PageSize: int32(pf.limit), PageToken: token,
+		})
+	}, func(sofar, next *v1.ListUsageUnknownResponse) *v1.ListUsageUnknownResponse {
+		next.Reservations = append(sofar.Reservations, next.Reservations...)
+		return next
+	})
 	if err != nil {
 		return err
-	}
-	for *all && msg.GetNextPageToken() != "" {
-		req.PageToken = msg.GetNextPageToken()
-		next, err := unary(ctx, cf.timeout, client.ListUsageUnknown, req)
-		if err != nil {
-			return err
-		}
-		// The backlog figures of the last page are the most recent.
-		next.Reservations = append(msg.Reservations, next.Reservations...)
-		msg = next
 	}
 	return printJSON(e.stdout, msg)
 }

@@ -7,14 +7,23 @@ import (
 	"testing"
 )
 
-func TestCLIBacklog(t *testing.T) {
-	url := startInProcess(t)
+// publishTestPolicy publishes policyYAML (tenant-7 on chat.generate)
+// through the CLI.
+func publishTestPolicy(t *testing.T, url string) {
+	t.Helper()
 	policyPath := filepath.Join(t.TempDir(), "policy.yaml")
 	if err := os.WriteFile(policyPath, []byte(policyYAML), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	code, out, errOut := cli(t, url, "policy", "publish", policyPath)
 	wantExit(t, exitOK, code, out, errOut)
+}
+
+func TestCLIBacklog(t *testing.T) {
+	url := startInProcess(t)
+	publishTestPolicy(t, url)
+	var code int
+	var out, errOut string
 	for _, id := range []string{"u-1", "u-2", "u-3", "running"} {
 		code, out, errOut = cli(t, url, "reserve", "--subject", "tenant-7", "--route", "chat.generate", "--units", "tokens=10,requests=1", "--id", id)
 		wantExit(t, exitOK, code, out, errOut)
@@ -70,12 +79,9 @@ func TestCLIBacklog(t *testing.T) {
 
 func TestCLIDebts(t *testing.T) {
 	url := startInProcess(t)
-	policyPath := filepath.Join(t.TempDir(), "policy.yaml")
-	if err := os.WriteFile(policyPath, []byte(policyYAML), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	code, out, errOut := cli(t, url, "policy", "publish", policyPath)
-	wantExit(t, exitOK, code, out, errOut)
+	publishTestPolicy(t, url)
+	var code int
+	var out, errOut string
 	code, out, errOut = cli(t, url, "debts")
 	wantExit(t, exitOK, code, out, errOut)
 	if out != "{}\n" {

@@ -24,10 +24,7 @@ A page may hold fewer than --limit accounts and still have a
 nextPageToken: the server stops after reading a bounded number of rows.
 
 Flags:
-  --limit N          accounts per page (default 100, at most 1000)
-  --page-token T     the nextPageToken of the previous page
-  --all              follow every page and print them as one list
-
+` + pageFlagsHelp + `
 Example:
   capledger debts --all
 
@@ -37,35 +34,26 @@ func runDebts(ctx context.Context, e *env, args []string) error {
 	fs := newFlags("debts")
 	var cf clientFlags
 	cf.register(fs, e)
-	limit := fs.Int("limit", 100, "")
-	token := fs.String("page-token", "", "")
-	all := fs.Bool("all", false, "")
+	var pf pageFlags
+	pf.register(fs)
 	if err := parseNoArgs(fs, args); err != nil {
 		return err
 	}
-	if *limit < 1 || *limit > 1000 {
-		return usagef("--limit must be in [1, 1000]")
-	}
-	if *all && *token != "" {
-		return usagef("--all starts at the first page; leave out --page-token")
+	if err := pf.check(); err != nil {
+		return err
 	}
 	client, err := cf.client()
 	if err != nil {
 		return err
 	}
-	req := &v1.ListDebtsRequest{PageSize: int32(*limit), PageToken: *token}
-	msg, err := unary(ctx, cf.timeout, client.ListDebts, req)
+	msg, err := listPages(ctx, &pf, func(ctx context.Context, token string) (*v1.ListDebtsResponse, error) {
+		return unary(ctx, cf.timeout, client.ListDebts, &v1.ListDebtsRequest{PageSize: int32(pf.limit), PageToken: token})
+	}, func(sofar, next *v1.ListDebtsResponse) *v1.ListDebtsResponse {
+		next.Accounts = append(sofar.Accounts, next.Accounts...)
+		return next
+	})
 	if err != nil {
 		return err
-	}
-	for *all && msg.GetNextPageToken() != "" {
-		req.PageToken = msg.GetNextPageToken()
-		next, err := unary(ctx, cf.timeout, client.ListDebts, req)
-		if err != nil {
-			return err
-		}
-		next.Accounts = append(msg.Accounts, next.Accounts...)
-		msg = next
 	}
 	return printJSON(e.stdout, msg)
 }
