@@ -26,8 +26,16 @@ import (
 
 // startInProcess runs `capledger serve` through run() on a free loopback
 // port over a fresh data directory, and stops it (gracefully, through the
-// context) when the test ends.
+// context) when the test ends. It returns the server's http:// URL.
 func startInProcess(t *testing.T, extra ...string) string {
+	t.Helper()
+	addr, _ := serveInProcess(t, extra...)
+	return "http://" + addr
+}
+
+// serveInProcess is startInProcess returning the listening host:port and
+// the server's log.
+func serveInProcess(t *testing.T, extra ...string) (string, *lockedBuffer) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	logs := &lockedBuffer{}
@@ -45,7 +53,7 @@ func startInProcess(t *testing.T, extra ...string) string {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		if m := listeningLine.FindStringSubmatch(logs.String()); m != nil {
-			return "http://" + m[1]
+			return m[1], logs
 		}
 		select {
 		case code := <-done:

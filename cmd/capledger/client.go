@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -25,6 +27,7 @@ import (
 type clientFlags struct {
 	addr    string
 	token   string
+	caFile  string
 	timeout time.Duration
 }
 
@@ -32,6 +35,9 @@ const clientFlagsHelp = `Connection flags (every command that talks to a server)
   --addr URL        server address (default $CAPLEDGER_ADDR, else http://127.0.0.1:7070)
   --token TOKEN     bearer token (default $CAPLEDGER_TOKEN); needed when the
                     server runs with --tokens
+  --ca-file FILE    PEM CA certificates to verify an https:// server with,
+                    instead of the system's roots (default $CAPLEDGER_CA):
+                    for a server whose certificate a private CA signed
   --timeout DUR     give up after this long (default 10s)
 `
 
@@ -42,28 +48,66 @@ func (c *clientFlags) register(fs *flag.FlagSet, e *env) {
 	}
 	fs.StringVar(&c.addr, "addr", addr, "server address")
 	fs.StringVar(&c.token, "token", e.getenv("CAPLEDGER_TOKEN"), "bearer token")
+	fs.StringVar(&c.caFile, "ca-file", e.getenv("CAPLEDGER_CA"), "CA certificates (PEM)")
 	fs.DurationVar(&c.timeout, "timeout", 10*time.Second, "request timeout")
 }
 
 // client returns a LedgerService client speaking the Connect protocol
 // over HTTP/1.1 (JSON-free binary protobuf; any proxy passes it), or a
-// usageError for a malformed --addr.
+// usageError for a malformed --addr or an unusable --ca-file.
 func (c *clientFlags) client() (capledgerv1connect.LedgerServiceClient, error) {
 	base, options, err := c.endpoint()
 	if err != nil {
 		return nil, err
 	}
-	return capledgerv1connect.NewLedgerServiceClient(&http.Client{}, base, options...), nil
+	hc, err := c.httpClient()
+	if err != nil {
+		return nil, err
+	}
+	return capledgerv1connect.NewLedgerServiceClient(hc, base, options...), nil
 }
 
-// shardClient returns a ShardService client with the same address and
-// token as client, or a usageError for a malformed --addr.
+// shardClient returns a ShardService client with the same address, token
+// and trusted CAs as client, or a usageError for a malformed --addr or an
+// unusable --ca-file.
 func (c *clientFlags) shardClient() (capledgerv1connect.ShardServiceClient, error) {
 	base, options, err := c.endpoint()
 	if err != nil {
 		return nil, err
 	}
-	return capledgerv1connect.NewShardServiceClient(&http.Client{}, base, options...), nil
+	hc, err := c.httpClient()
+	if err != nil {
+		return nil, err
+	}
+	return capledgerv1connect.NewShardServiceClient(hc, base, options...), nil
+}
+
+// tlsConfig returns the TLS settings for --ca-file: TLS 1.2 or newer,
+// trusting only the file's CA certificates (a private CA's server is then
+// verified, and nothing the system roots sign is mistaken for it). It
+// returns nil without --ca-file (Go's defaults: the system roots), and a
+// usageError when the file cannot be read or holds no PEM certificate.
+func (c *clientFlags) tlsConfig() (*tls.Config, error) {
+	if c.caFile == "" {
+		return nil, nil
+	}
+	pool, err := loadCAPool(c.caFile)
+	if err != nil {
+		return nil, usagef("--ca-file: %v", err)
+	}
+	return &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool}, nil
+}
+
+// httpClient returns the http.Client of client and shardClient: Go's
+// default transport, with tlsConfig's roots when --ca-file is given.
+func (c *clientFlags) httpClient() (*http.Client, error) {
+	tlsConfig, err := c.tlsConfig()
+	if err != nil || tlsConfig == nil {
+		return &http.Client{}, err
+	}
+	transport := http.DefaultTransport.(*http.Transport).Clone()
+	transport.TLSClientConfig = tlsConfig
+	return &http.Client{Transport: transport}, nil
 }
 
 // endpoint returns the base URL of --addr ("host:port" means http) and the
@@ -168,6 +212,9 @@ func describe(err error) error {
 		return err
 	}
 	parts := []string{cerr.Code().String() + ": " + cerr.Message()}
+	if hint := certificateHint(err); hint != "" {
+		parts = append(parts, hint)
+	}
 	for _, d := range cerr.Details() {
 		msg, derr := d.Value()
 		if derr != nil {
@@ -194,6 +241,28 @@ func describe(err error) error {
 		}
 	}
 	return exitError{code: exitCode(err), err: errors.New(strings.Join(parts, "; "))}
+}
+
+// certificateHint says what to do about a server certificate this client
+// refused, or returns "" when err is not about one. Connect reports such a
+// failure as unavailable (exit 5) with Go's x509 text, which does not
+// mention --ca-file.
+func certificateHint(err error) string {
+	var unknownCA x509.UnknownAuthorityError
+	var hostname x509.HostnameError
+	var invalid x509.CertificateInvalidError
+	var verification *tls.CertificateVerificationError
+	switch {
+	case errors.As(err, &unknownCA):
+		return "the server's TLS certificate is signed by a CA this client does not trust: pass --ca-file (or set CAPLEDGER_CA) with that CA's certificate"
+	case errors.As(err, &hostname):
+		return "the server's TLS certificate is not valid for the host in --addr"
+	case errors.As(err, &invalid):
+		return "the server's TLS certificate is invalid (expired, not yet valid, or not for server use)"
+	case errors.As(err, &verification):
+		return "the server's TLS certificate could not be verified"
+	}
+	return ""
 }
 
 // parseUnits parses "tokens=600,requests=1" into a units map. Repeated

@@ -30,6 +30,11 @@ it keeps its data in an embedded SQLite database under ./capledger-data and
 listens on 127.0.0.1:7070. Several replicas share one PostgreSQL with
 --store postgres://...
 
+With --tls-cert and --tls-key the same port speaks HTTPS instead, health
+and metrics included: TLS 1.2 or newer, HTTP/2 by ALPN (gRPC needs it) and
+HTTP/1.1. TLS does not replace --tokens: on an address other machines can
+reach, serve still wants --tokens (or --insecure).
+
 SIGINT or SIGTERM shut it down gracefully: it stops accepting connections,
 lets in-flight requests and their batches commit, then closes the store.
 
@@ -47,6 +52,12 @@ Flags:
                       file shard-keys in --data-dir, created with a new key on
                       first start. Replicas on one PostgreSQL need the same keys.
   --shard-max-ttl DUR longest emergency-shard lifetime granted (default 24h)
+  --tls-cert FILE     PEM certificate (chain) to serve HTTPS with; needs
+                      --tls-key. Both files are re-read when they change
+                      (checked at most every 2s during handshakes): rotate by
+                      replacing them, no restart. A pair that fails to load
+                      is logged and the previous certificate kept.
+  --tls-key FILE      PEM private key of --tls-cert
   --insecure          allow listening on a non-loopback address without
                       --tokens (anyone who can connect may publish policies)
   --max-body BYTES    request body limit (default 1048576)
@@ -58,9 +69,14 @@ Example:
   capledger serve
   capledger serve --addr 0.0.0.0:7070 --tokens /etc/capledger/tokens \
       --store postgres://capledger@db:5432/capledger
+  capledger serve --addr 0.0.0.0:7443 --tokens /etc/capledger/tokens \
+      --tls-cert /etc/capledger/tls/tls.crt --tls-key /etc/capledger/tls/tls.key
+  (clients then use --addr https://ledger.example:7443, and --ca-file when a
+  private CA signed the certificate)
 
 Exit codes: 0 after a graceful shutdown, 1 for bad flags or a store or
-address that cannot be opened, 5 when the server fails while running.
+address that cannot be opened or a TLS pair that does not load, 5 when the
+server fails while running.
 `
 
 func runServe(ctx context.Context, e *env, args []string) error {
@@ -72,6 +88,8 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	shardKeysPath := fs.String("shard-keys", "", "")
 	shardMaxTTL := fs.Duration("shard-max-ttl", server.DefaultMaxShardTTL, "")
 	insecure := fs.Bool("insecure", false, "")
+	tlsCert := fs.String("tls-cert", "", "")
+	tlsKey := fs.String("tls-key", "", "")
 	maxBody := fs.Int64("max-body", server.DefaultMaxBodyBytes, "")
 	maxBatch := fs.Int("max-batch", 512, "")
 	logLevel := fs.String("log-level", "info", "")
@@ -93,6 +111,10 @@ func runServe(ctx context.Context, e *env, args []string) error {
 		return usagef("--max-body and --max-batch must be positive")
 	}
 
+	if (*tlsCert == "") != (*tlsKey == "") {
+		return usagef("--tls-cert and --tls-key go together: give both files, or neither for cleartext")
+	}
+
 	var tokens *server.Tokens
 	if *tokensPath != "" {
 		if tokens, err = server.LoadTokens(*tokensPath); err != nil {
@@ -101,6 +123,16 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	} else if !*insecure {
 		if err := requireLoopback(*addr); err != nil {
 			return err
+		}
+	}
+
+	// The pair loads before anything listens or opens, so a wrong path or
+	// a key of another certificate fails at start, not at the first
+	// handshake.
+	var certs *certReloader
+	if *tlsCert != "" {
+		if certs, err = newCertReloader(*tlsCert, *tlsKey, log); err != nil {
+			return usagef("%v", err)
 		}
 	}
 
@@ -126,10 +158,27 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	}
 	srv := server.New(eng, server.Config{Tokens: tokens, MaxBodyBytes: *maxBody, Metrics: metrics, Logger: log, Shards: shards})
 	httpServer := server.HTTPServer(srv.Handler(), log)
+	if certs != nil {
+		// HTTPServer offers HTTP/1.1 and cleartext HTTP/2; over TLS,
+		// HTTP/2 is offered by ALPN ("h2"), which gRPC clients need.
+		protocols := new(http.Protocols)
+		protocols.SetHTTP1(true)
+		protocols.SetHTTP2(true)
+		httpServer.Protocols = protocols
+		httpServer.TLSConfig = serverTLSConfig(certs)
+		httpServer.ErrorLog = tlsServerErrorLog(log)
+		log.Info("tls certificate", certAttrs(certs.cert.Load().Leaf)...)
+	}
 
 	served := make(chan error, 1)
-	go func() { served <- httpServer.Serve(ln) }()
-	log.Info("listening", "addr", ln.Addr().String(), "store", storeName(*storeSpec, *dataDir), "auth", tokens != nil)
+	go func() {
+		if certs != nil {
+			served <- httpServer.ServeTLS(ln, "", "")
+			return
+		}
+		served <- httpServer.Serve(ln)
+	}()
+	log.Info("listening", "addr", ln.Addr().String(), "tls", certs != nil, "store", storeName(*storeSpec, *dataDir), "auth", tokens != nil)
 
 	var runErr error
 	select {
