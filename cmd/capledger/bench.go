@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -98,6 +99,7 @@ type benchConfig struct {
 	progress    bool
 	addr, token string
 	timeout     time.Duration
+	tls         *tls.Config // --ca-file's roots; nil: the system's
 }
 
 func runBench(ctx context.Context, e *env, args []string) error {
@@ -145,6 +147,9 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		return usagef("--units must be at least 1")
 	}
 	cfg.addr, cfg.token, cfg.timeout = cf.addr, cf.token, cf.timeout
+	if cfg.tls, err = cf.tlsConfig(); err != nil {
+		return err
+	}
 	defer benchRuntime(e, cfg.concurrency)()
 
 	var op func(ctx context.Context, w *benchWorker) (units int, err error)
@@ -224,6 +229,9 @@ func ledgerOp(ctx context.Context, cfg *benchConfig) (func(context.Context, *ben
 	}
 	if cfg.token != "" {
 		opts = append(opts, client.WithBearerToken(cfg.token))
+	}
+	if cfg.tls != nil {
+		opts = append(opts, client.WithTLS(cfg.tls))
 	}
 	c, err := client.New(cfg.addr, opts...)
 	if err != nil {

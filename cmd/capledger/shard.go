@@ -354,7 +354,15 @@ func reconcileDir(ctx context.Context, e *env, cf *clientFlags, dir, gateway str
 		return exitError{code: exitConflict, err: err}
 	}
 	defer st.Close()
-	c, err := client.New(cf.addr, client.WithTimeout(cf.timeout), client.WithBearerToken(cf.token))
+	opts := []client.Option{client.WithTimeout(cf.timeout), client.WithBearerToken(cf.token)}
+	tlsConfig, err := cf.tlsConfig()
+	if err != nil {
+		return err
+	}
+	if tlsConfig != nil {
+		opts = append(opts, client.WithTLS(tlsConfig))
+	}
+	c, err := client.New(cf.addr, opts...)
 	if err != nil {
 		return usagef("%v", err)
 	}

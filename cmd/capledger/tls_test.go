@@ -171,6 +171,12 @@ func TestServeTLSCLI(t *testing.T) {
 			t.Fatalf("a failed handshake is logged above debug: %s", line)
 		}
 	}
+	// bench goes through the Go SDK, which takes the same roots.
+	code, out, errOut = cli(t, url, "bench", "--ca-file", pki.caFile, "--concurrency", "2", "--duration", "100ms", "--warmup", "0s", "--progress=false")
+	wantExit(t, exitOK, code, out, errOut)
+	if benchRow(t, out, "errors") != "0" {
+		t.Fatalf("bench over TLS:\n%s", out)
+	}
 	// A CA bundle that does not load is a usage error.
 	notPEM := filepath.Join(t.TempDir(), "not-a-ca.pem")
 	os.WriteFile(notPEM, []byte("hello\n"), 0o600)
