@@ -95,7 +95,10 @@ func parseUnknownToken(token string) (store.UnknownCursor, error) {
 	}
 	nanos, id, ok := strings.Cut(string(raw), "/")
 	n, err := strconv.ParseInt(nanos, 10, 64)
-	if !ok || err != nil || id == "" || len(id) > maxIDBytes {
+	// 0 is the Unix epoch, which the stores refuse as a cursor (it reads
+	// back as the zero time) and no started reservation holds: left to
+	// the store, it would answer UNAVAILABLE instead of a bad token.
+	if !ok || err != nil || n == 0 || id == "" || len(id) > maxIDBytes {
 		return store.UnknownCursor{}, errNotOurToken
 	}
 	return store.UnknownCursor{StartedAt: time.Unix(0, n), ID: id}, nil

@@ -99,6 +99,7 @@ func TestListUsageUnknownRefusesBadPages(t *testing.T) {
 		`{"pageToken":"not base64 !"}`,
 		`{"pageToken":"` + "bm8tc2xhc2g" + `"}`, // base64url of "no-slash"
 		`{"pageToken":"` + "eHl6L2lk" + `"}`,    // "xyz/id": no time
+		`{"pageToken":"` + "MC9pZA" + `"}`,      // "0/id": the epoch, which no start time stores as
 		`{"pageSize":"many"}`,
 	} {
 		r := h.call("ListUsageUnknown", body, adminToken)

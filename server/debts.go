@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"math"
 
 	"connectrpc.com/connect"
 
@@ -63,7 +64,8 @@ func parseDebtToken(token string) (ledger.AccountKey, error) {
 	var k ledger.AccountKey
 	if json.Unmarshal(raw, &parts) != nil || len(parts) != 4 ||
 		json.Unmarshal(parts[0], &k.Subject) != nil || json.Unmarshal(parts[1], &k.Route) != nil ||
-		json.Unmarshal(parts[2], &k.Region) != nil || json.Unmarshal(parts[3], &k.Generation) != nil || k.Subject == "" {
+		json.Unmarshal(parts[2], &k.Region) != nil || json.Unmarshal(parts[3], &k.Generation) != nil || k.Subject == "" ||
+		k.Generation > math.MaxInt64 { // no store holds one; it would refuse it as UNAVAILABLE
 		return ledger.AccountKey{}, errNotDebtToken
 	}
 	return k, nil

@@ -93,6 +93,8 @@ func TestListDebtsRefusesBadPages(t *testing.T) {
 		`{"pageToken":"WyJhIl0"}`,                // ["a"]: too short
 		`{"pageToken":"WyIiLCJyIiwiZyIsMV0"}`,    // ["","r","g",1]: no subject
 		`{"pageToken":"WyJhIiwiciIsImciLC0xXQ"}`, // ["a","r","g",-1]: negative generation
+		// ["a","r","g",9223372036854775808]: a generation no store holds
+		`{"pageToken":"WyJhIiwiciIsImciLDkyMjMzNzIwMzY4NTQ3NzU4MDhd"}`,
 	} {
 		h.wantError(h.call("ListDebts", body, adminToken), http.StatusBadRequest, "invalid_argument", "")
 	}
