@@ -183,6 +183,10 @@ var (
 	ErrShardNotFound          = errors.New("shard not found")
 	ErrShardAlreadyReconciled = errors.New("shard already reconciled")
 	ErrShardForeign           = errors.New("shard belongs to another gateway")
+	// ErrLifetimeExhausted: the command would take one of the account's
+	// lifetime terms above MaxLifetimeUnits (see there). Nothing changed;
+	// a new generation of the policy gives the subject a fresh account.
+	ErrLifetimeExhausted = errors.New("account lifetime counters exhausted")
 )
 
 // Apply runs one command against the book at time now and returns its

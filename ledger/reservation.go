@@ -29,6 +29,8 @@ import (
 //     (RetryAfter 0: no wait helps);
 //   - ErrAdmissionFrozen while the account carries debt in any dimension;
 //   - ErrInsufficientCapacity when a dimension lacks available capacity;
+//   - ErrLifetimeExhausted when settling the units as estimated would take
+//     the account's lifetime spent above MaxLifetimeUnits;
 //   - success with the new RESERVED receipt and Generation.
 //
 // Capacity rejections (TooLarge, Frozen, Insufficient) carry Generation,
@@ -92,6 +94,13 @@ func reserve(b Book, cmd *Command, now time.Time, res *Result) {
 			journal(b, a, &before, KindReserve, cmd.ReservationID, StateRequested, StateRequested, "shadow", now)
 		}
 		b.AccountPut(a) // a rejection still keeps the refill and epoch close above
+		return
+	}
+	// Admit only work whose settle at its estimate could be recorded, so a
+	// full account refuses new work rather than its settles.
+	if err := lifetimeRoom(a, &cmd.Units); err != nil {
+		*res = Result{Err: err, Generation: p.Generation}
+		b.AccountPut(a)
 		return
 	}
 
@@ -330,8 +339,10 @@ func start(b Book, id, operationID string, now time.Time, res *Result) {
 // ErrReservationReleased; ErrReservationExpired; ErrReservationNotFound;
 // ErrInvalidCommand for a missing id or operation id, negative units,
 // units above MaxUnits or in a dimension the policy does not have;
-// ErrAccountNotFound / ErrPolicyNotFound only when the book lost the
-// reservation's account or policy.
+// ErrLifetimeExhausted (nothing changed, the reservation still started)
+// when the usage would take the account's lifetime spent above
+// MaxLifetimeUnits; ErrAccountNotFound / ErrPolicyNotFound only when the
+// book lost the reservation's account or policy.
 func Settle(b Book, id, operationID string, actual Amounts, now time.Time) (res Result) {
 	settle(b, id, operationID, actual, now, &res)
 	return res
@@ -376,6 +387,10 @@ func settle(b Book, id, operationID string, actual Amounts, now time.Time, res *
 		return
 	}
 	if err := checkUnits(p, &actual, false); err != nil {
+		*res = Result{Err: err, Reservation: *r}
+		return
+	}
+	if err := lifetimeRoom(a, &actual); err != nil {
 		*res = Result{Err: err, Reservation: *r}
 		return
 	}
@@ -612,4 +627,18 @@ func stateError(s State) error {
 		return ErrReservationNotStarted
 	}
 	return fmt.Errorf("%w: reservation in state %s", ErrInvalidCommand, s)
+}
+
+// lifetimeRoom refuses usage that would take account a's spent above
+// MaxLifetimeUnits (a settle spends all of its actual usage; a reserve is
+// checked as the settle at its estimate). Overdraft issued needs no check
+// of its own: every unit of debt is also spent.
+func lifetimeRoom(a *Account, usage *Amounts) error {
+	for i := 0; i < a.Dims; i++ {
+		if spent := a.Balances[i].Spent; spent > MaxLifetimeUnits-usage[i] {
+			return fmt.Errorf("%w: dimension %d has spent %d over the account's life; %d more would pass %d (publish a new generation for a fresh account)",
+				ErrLifetimeExhausted, i, spent, usage[i], MaxLifetimeUnits)
+		}
+	}
+	return nil
 }

@@ -161,7 +161,9 @@ func ShardRemintReceipt(shardID string, n int64) string {
 //   - ErrAdmissionFrozen while the account carries debt, and
 //     ErrInsufficientCapacity when the units do not fit in available (with
 //     Dimension and RetryAfter, as for a reservation). The policy's maximum
-//     single reservation does not bound a shard.
+//     single reservation does not bound a shard;
+//   - ErrLifetimeExhausted when the units would take the account's
+//     lifetime RetiredForEmergency above MaxLifetimeUnits.
 func IssueShard(b Book, cmd *Command, now time.Time) Result {
 	args := cmd.Shard
 	if args == nil {
@@ -219,6 +221,13 @@ func IssueShard(b Book, cmd *Command, now time.Time) Result {
 	if rejected, res := admissible(a, &unbounded, &cmd.Units, now); rejected {
 		res.Generation = p.Generation
 		return res
+	}
+
+	for i := 0; i < a.Dims; i++ {
+		if a.Balances[i].RetiredForEmergency > MaxLifetimeUnits-cmd.Units[i] {
+			return Result{Err: fmt.Errorf("%w: dimension %d has %d retired for emergency; %d more would pass %d (publish a new generation for a fresh account)",
+				ErrLifetimeExhausted, i, a.Balances[i].RetiredForEmergency, cmd.Units[i], MaxLifetimeUnits), Generation: p.Generation}
+		}
 	}
 
 	before := a.Balances

@@ -25,6 +25,16 @@ type Units = int64
 // from overflow; a larger amount is an invalid command, not a wrap-around.
 const MaxUnits Units = 1 << 53
 
+// MaxLifetimeUnits bounds the terms that grow with an account's use over
+// its generation's life: spent, overdraft issued and retired for
+// emergency. A command that would take one of them above it is refused
+// with ErrLifetimeExhausted, so that no term of the conservation equation,
+// and no sum of its eight terms, can overflow int64; without the bound a
+// thousand commands of MaxUnits could. It is 2^58, nine years of usage at a
+// billion units a second; publishing a new generation gives the subject an
+// account whose terms start again from its carried-over capacity.
+const MaxLifetimeUnits Units = 1 << 58
+
 // MaxDimensions is how many capacity dimensions one policy may limit at once
 // (for example input tokens, output tokens, requests, cost). Amounts are fixed
 // arrays of this size so that a command allocates nothing for them.

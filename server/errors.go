@@ -39,6 +39,7 @@ const (
 	ReasonExpired              = "RESERVATION_EXPIRED"
 	ReasonOperationMismatch    = "OPERATION_MISMATCH"
 	ReasonNotDue               = "RESERVATION_NOT_DUE"
+	ReasonLifetimeExhausted    = "ACCOUNT_LIFETIME_EXHAUSTED"
 	ReasonInvalidCommand       = "INVALID_COMMAND"
 	ReasonInvalidPolicy        = "INVALID_POLICY"
 	ReasonUnknownUnit          = "UNKNOWN_UNIT"
@@ -79,6 +80,7 @@ var ledgerErrors = []struct {
 	{ledger.ErrReservationExpired, classification{code: connect.CodeFailedPrecondition, reason: ReasonExpired, withReservation: true}},
 	{ledger.ErrOperationMismatch, classification{code: connect.CodeFailedPrecondition, reason: ReasonOperationMismatch, withReservation: true}},
 	{ledger.ErrReservationNotDue, classification{code: connect.CodeFailedPrecondition, reason: ReasonNotDue, withReservation: true}},
+	{ledger.ErrLifetimeExhausted, classification{code: connect.CodeFailedPrecondition, reason: ReasonLifetimeExhausted, withReservation: true}},
 	{ledger.ErrInvalidPolicy, classification{code: connect.CodeInvalidArgument, reason: ReasonInvalidPolicy}},
 	{ledger.ErrInvalidCommand, classification{code: connect.CodeInvalidArgument, reason: ReasonInvalidCommand}},
 	{errUnknownUnit, classification{code: connect.CodeInvalidArgument, reason: ReasonUnknownUnit}},

@@ -1,0 +1,103 @@
+package ledger_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/capledger/capledger/ledger"
+)
+
+// lifecycles runs n lifecycles of the whole burst (reserve, start, settle
+// at the estimate), a refill interval apart, with ids prefix-0, prefix-1...
+func lifecycles(c *checked, prefix string, n int, units ledger.Units) {
+	c.t.Helper()
+	for k := range n {
+		id := prefix + "-" + string(rune('a'+k%26)) + string(rune('a'+k/26))
+		c.must(c.reserve(id, units))
+		c.must(c.start(id))
+		c.must(c.settle(id, units))
+		c.advance(time.Second)
+	}
+}
+
+// The lifetime bound: 32 lifecycles of 2^53 units spend exactly
+// MaxLifetimeUnits; then a reserve that a settle at its estimate could not
+// record is refused, a started reservation's settle that would pass the
+// bound is refused and leaves it started, and a settle within the bound
+// still goes through. The harness audits after every command, so the
+// refusals change nothing the audit would see.
+func TestLifetimeBoundRefusesWhatCouldOverflow(t *testing.T) {
+	c := newChecked(t)
+	g := c.publish(policyOf(tokens(ledger.MaxUnits, ledger.MaxUnits)))
+	lifecycles(c, "full", 30, ledger.MaxUnits)
+	if spent := c.account(g).Balances[0].Spent; spent != 30*ledger.MaxUnits {
+		t.Fatalf("spent %d after 30 lifecycles", spent)
+	}
+	// Three small reservations while there is room; two settles of 2^53
+	// each (mostly debt) then fill the bound exactly.
+	for _, id := range []string{"x", "y", "z"} {
+		c.must(c.reserve(id, 1))
+		c.must(c.start(id))
+	}
+	c.must(c.settle("x", ledger.MaxUnits))
+	c.must(c.settle("y", ledger.MaxUnits))
+	a := c.account(g)
+	if a.Balances[0].Spent != ledger.MaxLifetimeUnits {
+		t.Fatalf("spent %d, want the bound %d", a.Balances[0].Spent, ledger.MaxLifetimeUnits)
+	}
+	before := *a
+
+	res := c.settle("z", 2)
+	if !errors.Is(res.Err, ledger.ErrLifetimeExhausted) || res.Reservation.State != ledger.StateStarted {
+		t.Fatalf("settle past the bound: %v, state %v", res.Err, res.Reservation.State)
+	}
+	if after := c.account(g); after.Balances != before.Balances {
+		t.Fatalf("a refused settle changed the account:\n%+v\n%+v", before.Balances[0], after.Balances[0])
+	}
+	c.advance(time.Hour) // refill repays the debt; spent stays
+	if res := c.reserve("next", 1); !errors.Is(res.Err, ledger.ErrLifetimeExhausted) {
+		t.Fatalf("reserve on a full account: %v", res.Err)
+	}
+	// Usage within the bound is still recorded: z used nothing after all.
+	if res := c.must(c.settle("z", 0)); res.Refunded[0] != 1 || res.Reservation.State != ledger.StateSettled {
+		t.Fatalf("settle of z at 0: %+v", res)
+	}
+
+	// A new generation is a fresh account: the subject admits again.
+	g2 := c.publish(policyOf(tokens(ledger.MaxUnits, ledger.MaxUnits-1)))
+	if g2 == g {
+		t.Fatal("no new generation")
+	}
+	c.must(c.reserve("fresh", 1))
+	if spent := c.account(g2).Balances[0].Spent; spent != 0 {
+		t.Fatalf("the new generation's account starts with spent %d", spent)
+	}
+}
+
+// Shard cycles retire and remint the whole burst; after 32 of them the
+// retired-for-emergency term is at the bound and the next issuance is
+// refused without touching the account.
+func TestLifetimeBoundRefusesShardIssuance(t *testing.T) {
+	c := newChecked(t)
+	p := policyOf(tokens(ledger.MaxUnits, ledger.MaxUnits))
+	p.EmergencyMode = true
+	g := c.publish(p)
+	for k := range 32 {
+		id := "sh-" + string(rune('a'+k%26)) + string(rune('a'+k/26))
+		c.must(c.apply(issueCmd(id, "gw-a", uint64(k+1), ledger.MaxUnits)))
+		c.must(c.apply(reconcileCmd(id, "gw-a", nil)))
+	}
+	a := c.account(g)
+	if a.Balances[0].RetiredForEmergency != ledger.MaxLifetimeUnits {
+		t.Fatalf("retired for emergency %d, want the bound", a.Balances[0].RetiredForEmergency)
+	}
+	before := *a
+	res := c.apply(issueCmd("sh-over", "gw-a", 99, 1))
+	if !errors.Is(res.Err, ledger.ErrLifetimeExhausted) {
+		t.Fatalf("issuance past the bound: %v", res.Err)
+	}
+	if after := c.account(g); after.Balances != before.Balances || len(c.m.Shards()) != 32 {
+		t.Fatalf("a refused issuance changed the ledger")
+	}
+}
