@@ -26,20 +26,25 @@ const (
 	ReasonReservationReleased       = "RESERVATION_RELEASED"
 	ReasonReservationExpired        = "RESERVATION_EXPIRED"
 	ReasonOperationMismatch         = "OPERATION_MISMATCH"
+	ReasonLifetimeExhausted         = "ACCOUNT_LIFETIME_EXHAUSTED"
 )
 
 // Sentinel errors a *LedgerError matches with errors.Is, one per reason a
 // gateway typically branches on.
 var (
-	ErrNoPolicy              = errors.New("no policy for subject, route and region")
-	ErrNotFound              = errors.New("not found")
-	ErrDigestMismatch        = errors.New("reservation id reused with a different request digest")
-	ErrNotStarted            = errors.New("reservation not started")
-	ErrAlreadyStarted        = errors.New("reservation already started")
-	ErrAlreadySettled        = errors.New("reservation already settled differently")
-	ErrReleased              = errors.New("reservation released")
-	ErrExpired               = errors.New("reservation expired")
-	ErrOperationMismatch     = errors.New("operation id does not match the one bound at start")
+	ErrNoPolicy          = errors.New("no policy for subject, route and region")
+	ErrNotFound          = errors.New("not found")
+	ErrDigestMismatch    = errors.New("reservation id reused with a different request digest")
+	ErrNotStarted        = errors.New("reservation not started")
+	ErrAlreadyStarted    = errors.New("reservation already started")
+	ErrAlreadySettled    = errors.New("reservation already settled differently")
+	ErrReleased          = errors.New("reservation released")
+	ErrExpired           = errors.New("reservation expired")
+	ErrOperationMismatch = errors.New("operation id does not match the one bound at start")
+	// ErrLifetimeExhausted: the account's lifetime counters are full (2^58
+	// units spent); nothing changed, and an operator must publish a new
+	// generation. A settle refused so leaves the reservation started.
+	ErrLifetimeExhausted     = errors.New("account lifetime counters exhausted")
 	errReasonSentinelsByName = map[string]error{
 		ReasonNoPolicy:                  ErrNoPolicy,
 		ReasonPolicyNotFound:            ErrNotFound,
@@ -51,6 +56,8 @@ var (
 		ReasonReservationReleased:       ErrReleased,
 		ReasonReservationExpired:        ErrExpired,
 		ReasonOperationMismatch:         ErrOperationMismatch,
+		ReasonLifetimeExhausted:         ErrLifetimeExhausted,
+
 	}
 )
 
