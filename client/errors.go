@@ -57,7 +57,6 @@ var (
 		ReasonReservationExpired:        ErrExpired,
 		ReasonOperationMismatch:         ErrOperationMismatch,
 		ReasonLifetimeExhausted:         ErrLifetimeExhausted,
-
 	}
 )
 
