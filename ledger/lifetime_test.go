@@ -2,6 +2,7 @@ package ledger_test
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -100,4 +101,64 @@ func TestLifetimeBoundRefusesShardIssuance(t *testing.T) {
 	if after := c.account(g); after.Balances != before.Balances || len(c.m.Shards()) != 32 {
 		t.Fatalf("a refused issuance changed the ledger")
 	}
+}
+
+// settledReceipts returns n SETTLED receipts of prefix-k each using units.
+func settledReceipts(prefix string, n int, state ledger.State, units ledger.Units) []ledger.ShardReceipt {
+	out := make([]ledger.ShardReceipt, n)
+	for k := range out {
+		out[k] = ledger.ShardReceipt{ReservationID: fmt.Sprintf("%s-%d", prefix, k), State: state, Actual: ledger.Amounts{units}}
+	}
+	return out
+}
+
+// Usage a shard could not cover is charged to the destination as debt
+// that is not spent there, so the spent bound does not cover it: a
+// gateway could report thousands of receipts of MaxUnits against a
+// one-unit shard and overflow the destination's OverdraftIssued and
+// RetiredForMove (or the submission's own sum). Such a submission is
+// refused with nothing changed, on the first submission, across shards,
+// and on receipts left unknown (which may hold nothing) resolved later.
+func TestLifetimeBoundRefusesShardCharges(t *testing.T) {
+	c := newChecked(t)
+	p := policyOf(tokens(1000, 10))
+	p.EmergencyMode = true
+	g := c.publish(p)
+	for k, id := range []string{"a", "b", "c"} {
+		c.must(c.apply(issueCmd(id, "gw-a", uint64(k+1), 1)))
+	}
+
+	// 33 receipts of 2^53: more usage than the bound in one submission.
+	before := *c.account(g)
+	res := c.apply(reconcileCmd("a", "gw-a", settledReceipts("a", 33, ledger.StateSettled, ledger.MaxUnits)))
+	if !errors.Is(res.Err, ledger.ErrLifetimeExhausted) {
+		t.Fatalf("a submission charging 33 × 2^53: %v", res.Err)
+	}
+	if sh, _ := c.m.Shard("a"); sh.Reconciled || c.account(g).Balances != before.Balances {
+		t.Fatalf("a refused submission changed the ledger: reconciled %v", sh.Reconciled)
+	}
+
+	// 31 receipts fit; a second shard's 31 would take the destination's
+	// RetiredForMove past the bound.
+	c.must(c.apply(reconcileCmd("a", "gw-a", settledReceipts("a", 31, ledger.StateSettled, ledger.MaxUnits))))
+	before = *c.account(g)
+	res = c.apply(reconcileCmd("b", "gw-a", settledReceipts("b", 31, ledger.StateSettled, ledger.MaxUnits)))
+	if !errors.Is(res.Err, ledger.ErrLifetimeExhausted) {
+		t.Fatalf("a second charge past the bound: %v", res.Err)
+	}
+	if sh, _ := c.m.Shard("b"); sh.Reconciled || c.account(g).Balances != before.Balances {
+		t.Fatal("a refused charge changed the ledger")
+	}
+	if rfm := c.account(g).Balances[0].RetiredForMove; rfm > ledger.MaxLifetimeUnits {
+		t.Fatalf("retired for move %d past the bound", rfm)
+	}
+
+	// Receipts left unknown holding nothing, resolved later with 2^53 each.
+	c.must(c.apply(reconcileCmd("c", "gw-a", settledReceipts("c", 33, ledger.StateUsageUnknown, 0))))
+	res = c.apply(reconcileCmd("c", "gw-a", settledReceipts("c", 33, ledger.StateSettled, ledger.MaxUnits)))
+	if !errors.Is(res.Err, ledger.ErrLifetimeExhausted) {
+		t.Fatalf("resolving 33 empty unknown holds with 2^53 each: %v", res.Err)
+	}
+	// Nothing was resolved: the same receipts resolve with real usage.
+	c.must(c.apply(reconcileCmd("c", "gw-a", settledReceipts("c", 33, ledger.StateSettled, 0))))
 }

@@ -285,6 +285,11 @@ func IssueShard(b Book, cmd *Command, now time.Time) Result {
 //     that is not pending unknown (refused and counted; Result.Shard is the
 //     stored shard, so a caller whose first answer was lost can see it
 //     took effect);
+//   - ErrLifetimeExhausted (nothing changed: the submission may be sent
+//     again, after a new generation gives the subject a fresh account) when
+//     the receipts report more than MaxLifetimeUnits used in a dimension,
+//     or the remint and the charge could take the destination's
+//     RetiredForMove above it (see remintTarget);
 //   - ErrInvalidCommand for malformed receipts: an empty or repeated id,
 //     negative amounts, a RESERVED receipt, holds of unknown work larger
 //     than the allocation, a later submission mixing terminal receipts with
@@ -306,8 +311,13 @@ func ReconcileShard(b Book, args *ShardArgs, now time.Time) Result {
 		return Result{Err: err, Shard: cloneShard(s), Generation: s.Account.Generation}
 	}
 
+	// Everything is computed into locals first and written only once the
+	// destination has room (see remintRoom): a refused submission leaves
+	// the shard and its pending receipts as they were, to be sent again.
 	var reminted, charged Amounts
-	if !s.Reconciled {
+	next := *s
+	first := !s.Reconciled
+	if first {
 		var used, unknown Amounts
 		for i := range args.Receipts {
 			r := &args.Receipts[i]
@@ -318,34 +328,27 @@ func ReconcileShard(b Book, args *ShardArgs, now time.Time) Result {
 				case r.State == StateSettled || r.State == StateSettledWithDebt:
 					used[d] += r.Actual[d]
 				}
-			}
-		}
-		for d := range used {
-			if unknown[d] > s.Allocated[d] {
-				return Result{Err: invalid("receipts hold %d units of unknown work in dimension %d, more than the %d allocated",
-					unknown[d], d, s.Allocated[d]), Shard: cloneShard(s)}
-			}
-		}
-		for d := range used {
-			s.Unknown[d] = unknown[d]
-			s.Spent[d] = min(used[d], s.Allocated[d]-unknown[d])
-			charged[d] = used[d] - s.Spent[d]
-			s.Reminted[d] = s.Allocated[d] - s.Spent[d] - s.Unknown[d]
-			reminted[d] = s.Reminted[d]
-		}
-		for i := range args.Receipts {
-			r := &args.Receipts[i]
-			if !r.unknown() {
-				continue
-			}
-			b.MetaPut(metaShardPending(s.ID, r.ReservationID), pendingUnknown)
-			for d, u := range r.Reserved {
-				if u != 0 {
-					b.MetaPut(metaShardPendingUnits(s.ID, r.ReservationID, d), u)
+				// Checked receipt by receipt, so that neither sum can
+				// overflow int64 however many receipts arrive: each
+				// amount is at most MaxUnits.
+				if unknown[d] > s.Allocated[d] {
+					return Result{Err: invalid("receipts hold at least %d units of unknown work in dimension %d, more than the %d allocated",
+						unknown[d], d, s.Allocated[d]), Shard: cloneShard(s)}
+				}
+				if used[d] > MaxLifetimeUnits {
+					return Result{Err: fmt.Errorf("%w: receipts of shard %s report more than %d units used in dimension %d",
+						ErrLifetimeExhausted, s.ID, MaxLifetimeUnits, d), Shard: cloneShard(s), Generation: s.Account.Generation}
 				}
 			}
 		}
-		s.Reconciled = true
+		for d := range used {
+			next.Unknown[d] = unknown[d]
+			next.Spent[d] = min(used[d], s.Allocated[d]-unknown[d])
+			charged[d] = used[d] - next.Spent[d]
+			next.Reminted[d] = s.Allocated[d] - next.Spent[d] - next.Unknown[d]
+			reminted[d] = next.Reminted[d]
+		}
+		next.Reconciled = true
 	} else {
 		// Every receipt must resolve a pending unknown hold; one that does
 		// not refuses the whole submission, so nothing is half-applied.
@@ -394,16 +397,41 @@ func ReconcileShard(b Book, args *ShardArgs, now time.Time) Result {
 					used = r.Actual[d]
 				}
 				covered := min(used, hold)
-				s.Unknown[d] -= hold
-				s.Spent[d] += covered
-				s.Reminted[d] += hold - covered
+				next.Unknown[d] -= hold
+				next.Spent[d] += covered
+				next.Reminted[d] += hold - covered
 				reminted[d] += hold - covered
 				charged[d] += used - covered
+				// A receipt left unknown may hold nothing, so the
+				// number of them does not bound the charge: check it
+				// receipt by receipt (each adds at most MaxUnits).
+				if charged[d] > MaxLifetimeUnits {
+					return Result{Err: fmt.Errorf("%w: receipts of shard %s charge more than %d units of usage beyond their holds in dimension %d",
+						ErrLifetimeExhausted, s.ID, MaxLifetimeUnits, d), Shard: cloneShard(s), Generation: s.Account.Generation}
+				}
 			}
-			b.MetaPut(metaShardPending(s.ID, r.ReservationID), pendingResolved)
 		}
 	}
-	move, err := remintShard(b, s, reminted, charged, now)
+	to, toPolicy, err := remintTarget(b, s, reminted, charged, now)
+	if err != nil {
+		return Result{Err: err, Shard: cloneShard(s), Generation: s.Account.Generation}
+	}
+	for i := range args.Receipts {
+		r := &args.Receipts[i]
+		switch {
+		case !first:
+			b.MetaPut(metaShardPending(s.ID, r.ReservationID), pendingResolved)
+		case r.unknown():
+			b.MetaPut(metaShardPending(s.ID, r.ReservationID), pendingUnknown)
+			for d, u := range r.Reserved {
+				if u != 0 {
+					b.MetaPut(metaShardPendingUnits(s.ID, r.ReservationID, d), u)
+				}
+			}
+		}
+	}
+	*s = next
+	move, err := remintShard(b, s, to, toPolicy, reminted, charged, now)
 	if err != nil {
 		return Result{Err: err}
 	}
@@ -439,20 +467,27 @@ func checkReceipts(receipts []ShardReceipt) error {
 	return nil
 }
 
-// remintShard mints confirmed-unused shard capacity into the subject's
-// current account and charges usage the shard could not cover there as
-// debt, exactly once under a fresh receipt. The destination is the account
-// of the active generation; when nothing admits for the subject (every
-// generation rolled back) it is the account that holds the subject's
-// capacity now, from where a drain forwards it later.
+// remintTarget returns the account a remint of units (and a charge of
+// debt) goes to: the subject's current account under the active
+// generation, brought to now; when nothing admits for the subject (every
+// generation rolled back), the account that holds the subject's capacity
+// now, from where a drain forwards it later. It returns nil, nil when
+// there is nothing to remint or charge.
+//
+// The charge is debt that is not spent at the destination (it was used
+// under the shard), issued and retired for the move there, and the remint
+// may retire what it lifts past the burst: so that the destination's
+// RetiredForMove, and with it its OverdraftIssued and Minted, stay far from
+// overflow, a remint that could take RetiredForMove above MaxLifetimeUnits
+// is refused with ErrLifetimeExhausted (a new generation gives the
+// subject a fresh account to remint into).
 //
 // It returns ErrAccountNotFound or ErrPolicyNotFound only when the book
 // could not read a row that was written with the shard: a store read error,
-// after which the book's owner discards the whole batch (see Book), so the
-// changes already made to s never persist.
-func remintShard(b Book, s *Shard, units, debt Amounts, now time.Time) (*Move, error) {
+// after which the book's owner discards the whole batch (see Book).
+func remintTarget(b Book, s *Shard, units, debt Amounts, now time.Time) (*Account, *Policy, error) {
 	if units == (Amounts{}) && debt == (Amounts{}) {
-		return nil, nil
+		return nil, nil, nil
 	}
 	subject := s.Account.SubjectKey()
 	var to *Account
@@ -460,6 +495,7 @@ func remintShard(b Book, s *Shard, units, debt Amounts, now time.Time) (*Move, e
 	if p, ok := activePolicy(b, subject); ok {
 		if a, ok := currentAccount(b, subject, p, now); ok {
 			tick(b, a, p, now)
+			b.AccountPut(a) // a refusal below keeps the refill, as a rejected reserve does
 			to, toPolicy = a, p
 		}
 	}
@@ -470,9 +506,34 @@ func remintShard(b Book, s *Shard, units, debt Amounts, now time.Time) (*Move, e
 		}
 		a, p, err := accountFor(b, key)
 		if err != nil {
-			return nil, fmt.Errorf("remint shard %s: %w", s.ID, err)
+			return nil, nil, fmt.Errorf("remint shard %s: %w", s.ID, err)
 		}
 		to, toPolicy = a, p
+	}
+	fromPolicy, ok := b.Policy(s.Account.Generation)
+	if !ok {
+		return nil, nil, fmt.Errorf("remint shard %s: %w: generation %d", s.ID, ErrPolicyNotFound, s.Account.Generation)
+	}
+	for i := 0; i < len(fromPolicy.Dimensions); i++ {
+		j := toPolicy.DimensionIndex(fromPolicy.Dimensions[i].Unit)
+		if j < 0 {
+			continue
+		}
+		// debt and units are at most MaxLifetimeUnits and MaxUnits here.
+		if retired := to.Balances[j].RetiredForMove; retired > MaxLifetimeUnits-debt[i]-units[i] {
+			return nil, nil, fmt.Errorf("%w: %s dimension %d has %d retired for moves; a remint of %d and a charge of %d could pass %d (publish a new generation for a fresh account)",
+				ErrLifetimeExhausted, to.Key, j, retired, units[i], debt[i], MaxLifetimeUnits)
+		}
+	}
+	return to, toPolicy, nil
+}
+
+// remintShard mints confirmed-unused shard capacity into account to (see
+// remintTarget) and charges usage the shard could not cover there as
+// debt, exactly once under a fresh receipt.
+func remintShard(b Book, s *Shard, to *Account, toPolicy *Policy, units, debt Amounts, now time.Time) (*Move, error) {
+	if to == nil {
+		return nil, nil
 	}
 	fromPolicy, ok := b.Policy(s.Account.Generation)
 	if !ok {
