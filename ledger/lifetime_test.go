@@ -162,3 +162,27 @@ func TestLifetimeBoundRefusesShardCharges(t *testing.T) {
 	// Nothing was resolved: the same receipts resolve with real usage.
 	c.must(c.apply(reconcileCmd("c", "gw-a", settledReceipts("c", 33, ledger.StateSettled, 0))))
 }
+
+// A reserve counts the holds already outstanding: holds admitted together
+// can all be settled at their estimates, and the one that would not fit
+// is refused at admission instead of at its settle.
+func TestLifetimeBoundCountsOutstandingHolds(t *testing.T) {
+	c := newChecked(t)
+	g := c.publish(policyOf(tokens(ledger.MaxUnits, ledger.MaxUnits)))
+	lifecycles(c, "full", 31, ledger.MaxUnits)  // spent = bound − 2^53
+	lifecycles(c, "half", 1, ledger.MaxUnits/2) // spent = bound − 2^52
+	c.must(c.reserve("a", ledger.MaxUnits/4))
+	c.must(c.reserve("b", ledger.MaxUnits/4))
+	// Capacity has room for c (half the burst is free), the lifetime has
+	// none once a and b settle at their estimates.
+	if res := c.reserve("c", 1); !errors.Is(res.Err, ledger.ErrLifetimeExhausted) {
+		t.Fatalf("a hold beyond what the bound leaves after a and b: %v", res.Err)
+	}
+	for _, id := range []string{"a", "b"} {
+		c.must(c.start(id))
+		c.must(c.settle(id, ledger.MaxUnits/4))
+	}
+	if spent := c.account(g).Balances[0].Spent; spent != ledger.MaxLifetimeUnits {
+		t.Fatalf("spent %d, want the bound", spent)
+	}
+}

@@ -98,7 +98,7 @@ func reserve(b Book, cmd *Command, now time.Time, res *Result) {
 	}
 	// Admit only work whose settle at its estimate could be recorded, so a
 	// full account refuses new work rather than its settles.
-	if err := lifetimeRoom(a, &cmd.Units); err != nil {
+	if err := lifetimeRoom(a, &cmd.Units, true); err != nil {
 		*res = Result{Err: err, Generation: p.Generation}
 		b.AccountPut(a)
 		return
@@ -390,7 +390,7 @@ func settle(b Book, id, operationID string, actual Amounts, now time.Time, res *
 		*res = Result{Err: err, Reservation: *r}
 		return
 	}
-	if err := lifetimeRoom(a, &actual); err != nil {
+	if err := lifetimeRoom(a, &actual, false); err != nil {
 		*res = Result{Err: err, Reservation: *r}
 		return
 	}
@@ -630,14 +630,21 @@ func stateError(s State) error {
 }
 
 // lifetimeRoom refuses usage that would take account a's spent above
-// MaxLifetimeUnits (a settle spends all of its actual usage; a reserve is
-// checked as the settle at its estimate). Overdraft issued needs no check
-// of its own: every unit of debt is also spent.
-func lifetimeRoom(a *Account, usage *Amounts) error {
+// MaxLifetimeUnits. A settle spends all of its actual usage. A reserve
+// (held true) is checked as if every hold outstanding, its own included,
+// settled at its estimate, so a full account refuses new work rather than
+// the settles of work it admitted. (Debt issued here is also spent; debt
+// that moves between generations or is charged by a shard is bounded
+// where it is added.)
+func lifetimeRoom(a *Account, usage *Amounts, held bool) error {
 	for i := 0; i < a.Dims; i++ {
-		if spent := a.Balances[i].Spent; spent > MaxLifetimeUnits-usage[i] {
-			return fmt.Errorf("%w: dimension %d has spent %d over the account's life; %d more would pass %d (publish a new generation for a fresh account)",
-				ErrLifetimeExhausted, i, spent, usage[i], MaxLifetimeUnits)
+		spent := a.Balances[i].Spent
+		if held {
+			spent += a.Balances[i].Reserved // both at most 2^58: no overflow
+		}
+		if spent > MaxLifetimeUnits-usage[i] {
+			return fmt.Errorf("%w: dimension %d has spent %d over the account's life (counting holds: %v); %d more would pass %d (publish a new generation for a fresh account)",
+				ErrLifetimeExhausted, i, spent, held, usage[i], MaxLifetimeUnits)
 		}
 	}
 	return nil
