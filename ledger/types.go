@@ -26,13 +26,21 @@ type Units = int64
 const MaxUnits Units = 1 << 53
 
 // MaxLifetimeUnits bounds the terms that grow with an account's use over
-// its generation's life: spent, overdraft issued and retired for
-// emergency. A command that would take one of them above it is refused
-// with ErrLifetimeExhausted, so that no term of the conservation equation,
-// and no sum of its eight terms, can overflow int64; without the bound a
-// thousand commands of MaxUnits could. It is 2^58, nine years of usage at a
-// billion units a second; publishing a new generation gives the subject an
-// account whose terms start again from its carried-over capacity.
+// its generation's life. A reserve (counting the holds outstanding), a
+// settle and a shard issuance are refused with ErrLifetimeExhausted rather
+// than take spent or retired for emergency above it, and a shard
+// reconciliation rather than take its usage or the destination's retired
+// for move above it. Overdraft issued by a settle is also spent, so it is
+// bounded with it. The bound is 2^58, nine years of usage at a billion
+// units a second; publishing a new generation gives the subject an account
+// whose terms start again from its carried-over capacity.
+//
+// Not bounded yet: the debt and capacity that generation switches, drains
+// and forwards move into an account (its retired for move and overdraft
+// issued) grow with the number of generations and switches, which only an
+// admin creates; about a thousand of them carrying maximal amounts could
+// still overflow a term. A forward happens as part of a settle and cannot
+// simply be refused, so bounding it needs a design of its own.
 const MaxLifetimeUnits Units = 1 << 58
 
 // MaxDimensions is how many capacity dimensions one policy may limit at once
