@@ -73,9 +73,11 @@ type gate func(ctx context.Context, rr *ReserveResult) (done func(actual Units),
 //   - the Start error when the reservation could not be started (work is not
 //     called; an unstarted reservation is released);
 //   - ctx.Err() when ctx ended before Start (the reservation is released);
-//   - *UsageUnknownError when work's usage is unknown (see Work) or the
-//     settle answer was lost: the reservation is marked USAGE_UNKNOWN, its
-//     receipt is kept (PendingUnknown) and ResolveUnknown settles it later.
+//   - *UsageUnknownError when work's usage is unknown (see Work), the
+//     settle answer was lost, or the ledger could not record the usage
+//     (ErrLifetimeExhausted: the account's lifetime counters are full): the
+//     reservation is marked USAGE_UNKNOWN, its receipt is kept
+//     (PendingUnknown) and ResolveUnknown settles it later.
 //
 // Once work has started, cancellation of ctx does not stop the bookkeeping:
 // Settle and MarkUsageUnknown run on a context detached from ctx's
@@ -158,6 +160,14 @@ func (c *Client) run(ctx context.Context, req ReserveRequest, work Work, g gate)
 			}
 			// The lost settle landed; what it refunded is not known here.
 			return &RunResult{Reservation: settled, Receipt: receipt}, werr
+		}
+		if errors.Is(serr, ErrLifetimeExhausted) {
+			// The usage cannot be recorded on this account: left started,
+			// the work would hold its capacity with nobody tracking it.
+			// Marked unknown, it is in the operators' backlog, and the
+			// receipt keeps the real usage.
+			_, uerr := c.markUnknown(ctx, receipt, serr)
+			return nil, uerr
 		}
 		return nil, fmt.Errorf("run: %w", serr)
 	}
