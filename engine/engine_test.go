@@ -233,6 +233,10 @@ func TestWorkersExpireHoldsAndMarkOverrunsUnknown(t *testing.T) {
 	if r.State != ledger.StateUsageUnknown {
 		t.Fatalf("work past its execution limit: %s, want USAGE_UNKNOWN", r.State)
 	}
+	// It waits for a receipt from when the worker marked it, not from its start.
+	if !r.UnknownAt.Equal(clk.Now()) || r.StartedAt.Equal(r.UnknownAt) {
+		t.Fatalf("marked by the worker at %s: unknown-at %s, started %s", clk.Now(), r.UnknownAt, r.StartedAt)
+	}
 	// Unknown usage stays reserved until the operation receipt settles it.
 	accounts, _ := e.Accounts(ctx, ledger.PolicyKey{Subject: "tenant-7", Route: "chat.generate", Region: "eu"})
 	if accounts[0].Balances[0].Reserved != 300 {

@@ -298,6 +298,31 @@ func legalTransition(kind Kind, from, to State) bool {
 	return false
 }
 
+// checkUnknownAt says what is wrong with how one legal transition from old
+// to r treated UnknownAt, or "": only STARTED -> USAGE_UNKNOWN sets it, to
+// the time of that step (its journal entry's, when after holds it), and
+// nothing else changes it, so the backlog's age is the marking's.
+func checkUnknownAt(old, r *Reservation, after *Snapshot) string {
+	marked := old.State == StateStarted && r.State == StateUsageUnknown
+	switch {
+	case !marked && !r.UnknownAt.Equal(old.UnknownAt):
+		return fmt.Sprintf("unknown-at changed from %s to %s by %s -> %s", old.UnknownAt, r.UnknownAt, old.State, r.State)
+	case !marked:
+		return ""
+	case !old.UnknownAt.IsZero() || r.UnknownAt.IsZero():
+		return fmt.Sprintf("marked unknown with unknown-at %s (was %s)", r.UnknownAt, old.UnknownAt)
+	}
+	for i := len(after.Journal) - 1; i >= 0; i-- {
+		if e := &after.Journal[i]; e.ReservationID == r.ID && e.From == StateStarted && e.To == StateUsageUnknown {
+			if !e.At.Equal(r.UnknownAt) {
+				return fmt.Sprintf("marked unknown at %s, journaled at %s", r.UnknownAt, e.At)
+			}
+			break
+		}
+	}
+	return ""
+}
+
 // CheckStep checks one command's transition: before and after are the
 // ledger's rows just before and just after cmd was applied, res is what it
 // answered. It returns every discrepancy (none when the step is sound):
@@ -308,7 +333,8 @@ func legalTransition(kind Kind, from, to State) bool {
 //     grows otherwise;
 //   - a reservation changes only by a legal transition of the command's
 //     kind on the command's id, only on success, and a terminal one never
-//     changes;
+//     changes; UnknownAt is set only by STARTED -> USAGE_UNKNOWN, to that
+//     step's time, and is never changed after;
 //   - Refunded is exactly what the ending of the reservation gave back
 //     (reserved minus actual on settle, the whole hold on release or
 //     expiry), and zero for anything else, so nothing is refunded twice;
@@ -358,6 +384,8 @@ func CheckStep(before, after *Snapshot, cmd *Command, res *Result) []Discrepancy
 				add(CheckStepAdmission, r.Account, r.ID, "appeared on %s (err %v, replayed %v)", cmd.Kind, res.Err, res.Replayed)
 			case r.State != StateReserved || r.Reserved != cmd.Units:
 				add(CheckStepAdmission, r.Account, r.ID, "admitted as %s holding %v, asked %v", r.State, r.Reserved, cmd.Units)
+			case !r.UnknownAt.IsZero():
+				add(CheckStepAdmission, r.Account, r.ID, "admitted already marked unknown at %s", r.UnknownAt)
 			}
 			if a := accountsAfter[r.Account]; a == nil {
 				add(CheckStepAdmission, r.Account, r.ID, "admitted on a missing account")
@@ -386,6 +414,10 @@ func CheckStep(before, after *Snapshot, cmd *Command, res *Result) []Discrepancy
 			add(CheckStepTransition, r.Account, r.ID, "illegal %s -> %s by %s", old.State, r.State, cmd.Kind)
 		case old.Reserved != r.Reserved || old.Account != r.Account || old.RequestDigest != r.RequestDigest:
 			add(CheckStepTransition, r.Account, r.ID, "identity or hold changed by %s", cmd.Kind)
+		default:
+			if d := checkUnknownAt(old, r, after); d != "" {
+				add(CheckStepTransition, r.Account, r.ID, "%s", d)
+			}
 		}
 		if r.State.Terminal() {
 			refundWant = r.Refund()

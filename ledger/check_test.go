@@ -211,6 +211,20 @@ func TestCheckStepCatchesBrokenSteps(t *testing.T) {
 			r.State = ledger.StateStarted
 			return cmd, ledger.Result{Reservation: *r}
 		}},
+		{"marked unknown without its time", ledger.CheckStepTransition, func(t *testing.T, m *ledger.Memory) (*ledger.Command, ledger.Result) {
+			cmd := &ledger.Command{Kind: ledger.KindMarkUsageUnknown, ReservationID: "started"}
+			res := ledger.Apply(m, cmd, t0.Add(3*time.Hour))
+			r, _ := m.Reservation("started")
+			r.UnknownAt = r.StartedAt // what a ledger aging from the start would record
+			return cmd, res
+		}},
+		{"unknown time set by a settle", ledger.CheckStepTransition, func(t *testing.T, m *ledger.Memory) (*ledger.Command, ledger.Result) {
+			cmd := &ledger.Command{Kind: ledger.KindSettle, ReservationID: "started", OperationID: "op-started", Units: ledger.Amounts{10}}
+			res := ledger.Apply(m, cmd, t0.Add(3*time.Hour))
+			r, _ := m.Reservation("started")
+			r.UnknownAt = t0.Add(3 * time.Hour)
+			return cmd, res
+		}},
 		{"refund differs from the transition", ledger.CheckStepRefund, func(t *testing.T, m *ledger.Memory) (*ledger.Command, ledger.Result) {
 			cmd := &ledger.Command{Kind: ledger.KindSettle, ReservationID: "started", OperationID: "op-started", Units: ledger.Amounts{10}}
 			res := ledger.Apply(m, cmd, t0.Add(3*time.Hour))

@@ -293,6 +293,36 @@ func TestUsageUnknownHoldsUntilReceipt(t *testing.T) {
 	}
 }
 
+// MarkUsageUnknown records when the outcome became unknown, not when the
+// work started: the backlog ages from that moment. A replayed mark keeps
+// the first time, and the settle that resolves the reservation keeps it,
+// like StartedAt.
+func TestUsageUnknownRecordsMarkingTime(t *testing.T) {
+	c := newChecked(t)
+	c.publish(policyOf(tokens(1000, 100)))
+	c.must(c.reserve("a", 100))
+	c.must(c.start("a"))
+	started := c.now
+	if res := c.must(c.reserve("b", 100)); !res.Reservation.UnknownAt.IsZero() {
+		t.Fatalf("fresh reservation already marked: %+v", res.Reservation)
+	}
+	c.advance(20 * time.Minute)
+	marked := c.now
+	res := c.must(c.apply(ledger.Command{Kind: ledger.KindMarkUsageUnknown, ReservationID: "a"}))
+	if !res.Reservation.UnknownAt.Equal(marked) || !res.Reservation.StartedAt.Equal(started) {
+		t.Fatalf("marked at %s (started %s): %+v", marked, started, res.Reservation)
+	}
+	c.advance(time.Minute)
+	res = c.must(c.apply(ledger.Command{Kind: ledger.KindMarkUsageUnknown, ReservationID: "a"}))
+	if !res.Replayed || !res.Reservation.UnknownAt.Equal(marked) {
+		t.Fatalf("replayed mark moved the time: %+v", res)
+	}
+	res = c.must(c.settle("a", 60))
+	if res.Reservation.State != ledger.StateSettled || !res.Reservation.UnknownAt.Equal(marked) {
+		t.Fatalf("settle dropped the marking time: %+v", res.Reservation)
+	}
+}
+
 // A lost reserve answer (RESERVATION_UNKNOWN on the caller's side) resolves
 // by retrying with the original id: the same receipt, no second debit.
 func TestReservationUnknownResolvesByID(t *testing.T) {

@@ -538,7 +538,8 @@ func Expire(b Book, id string, now time.Time) Result {
 // MarkUsageUnknown records that the outcome of started work is unknown (a
 // lost settle answer, a crash, a timeout past the execution limit). Its
 // capacity stays reserved, never treated as unconsumed, until a settle with
-// the operation receipt resolves it.
+// the operation receipt resolves it. UnknownAt records now, so the backlog
+// ages from the marking, not from the start.
 //
 // Returns: success with the USAGE_UNKNOWN receipt; Replayed when already
 // USAGE_UNKNOWN; ErrReservationNotStarted for a RESERVED one;
@@ -552,7 +553,7 @@ func MarkUsageUnknown(b Book, id string, now time.Time) Result {
 	}
 	switch r.State {
 	case StateStarted:
-		r.State = StateUsageUnknown
+		r.State, r.UnknownAt = StateUsageUnknown, now
 		transition(b, r, StateStarted, KindMarkUsageUnknown, now)
 		return Result{Reservation: *r, Generation: r.Account.Generation}
 	case StateUsageUnknown:

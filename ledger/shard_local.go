@@ -332,7 +332,7 @@ func (l *ShardLocal) MarkUsageUnknown(id string, now time.Time) Result {
 	}
 	switch r.State {
 	case StateStarted:
-		r.State = StateUsageUnknown
+		r.State, r.UnknownAt = StateUsageUnknown, now
 		return Result{Reservation: *r, Generation: l.Shard.Account.Generation}
 	case StateUsageUnknown:
 		return Result{Reservation: *r, Replayed: true, Generation: l.Shard.Account.Generation}

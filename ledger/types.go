@@ -355,7 +355,13 @@ type Reservation struct {
 	// (zero without a limit): past it, the engine marks STARTED work
 	// USAGE_UNKNOWN.
 	ExecutionDeadline time.Time
-	FinishedAt        time.Time
+	// UnknownAt is when the reservation was marked USAGE_UNKNOWN (zero if
+	// it never was). It stays after a later settle, like StartedAt, and
+	// is what the USAGE_UNKNOWN backlog orders and ages by: work that ran
+	// long before its gateway gave up has waited for a receipt only since
+	// then.
+	UnknownAt  time.Time
+	FinishedAt time.Time
 	// Breach is set when the settle exceeded the max overdraft or the
 	// execution limit.
 	Breach bool

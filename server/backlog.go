@@ -63,11 +63,11 @@ func (s *Server) ListUsageUnknown(ctx context.Context, req *connect.Request[v1.L
 	if err != nil {
 		return nil, readError("usage unknown backlog", ReasonStoreUnavailable, err)
 	}
-	resp := &v1.ListUsageUnknownResponse{Backlog: backlog.Count, OldestStartedAt: timestamp(backlog.OldestStartedAt)}
+	resp := &v1.ListUsageUnknownResponse{Backlog: backlog.Count, OldestUsageUnknownAt: timestamp(backlog.OldestMarkedAt)}
 	if len(rows) > size {
 		rows = rows[:size]
 		last := rows[size-1]
-		resp.NextPageToken = unknownToken(store.UnknownCursor{StartedAt: last.StartedAt, ID: last.ID})
+		resp.NextPageToken = unknownToken(store.UnknownCursor{MarkedAt: last.UnknownAt, ID: last.ID})
 	}
 	for i := range rows {
 		pb, err := s.reservationProto(ctx, &rows[i])
@@ -79,10 +79,10 @@ func (s *Server) ListUsageUnknown(ctx context.Context, req *connect.Request[v1.L
 	return connect.NewResponse(resp), nil
 }
 
-// unknownToken encodes a cursor as an opaque page token: the start time in
-// Unix nanoseconds and the id, base64url.
+// unknownToken encodes a cursor as an opaque page token: the time of the
+// marking in Unix nanoseconds and the id, base64url.
 func unknownToken(c store.UnknownCursor) string {
-	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(c.StartedAt.UnixNano(), 10) + "/" + c.ID))
+	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(c.MarkedAt.UnixNano(), 10) + "/" + c.ID))
 }
 
 func parseUnknownToken(token string) (store.UnknownCursor, error) {
@@ -96,12 +96,12 @@ func parseUnknownToken(token string) (store.UnknownCursor, error) {
 	nanos, id, ok := strings.Cut(string(raw), "/")
 	n, err := strconv.ParseInt(nanos, 10, 64)
 	// 0 is the Unix epoch, which the stores refuse as a cursor (it reads
-	// back as the zero time) and no started reservation holds: left to
+	// back as the zero time) and no marked reservation holds: left to
 	// the store, it would answer UNAVAILABLE instead of a bad token.
 	if !ok || err != nil || n == 0 || id == "" || len(id) > maxIDBytes {
 		return store.UnknownCursor{}, errNotOurToken
 	}
-	return store.UnknownCursor{StartedAt: time.Unix(0, n), ID: id}, nil
+	return store.UnknownCursor{MarkedAt: time.Unix(0, n), ID: id}, nil
 }
 
 var errNotOurToken = errors.New("not a next_page_token of ListUsageUnknown")
@@ -140,7 +140,7 @@ func (m *Metrics) registerBacklog(l Ledger, log *slog.Logger, clock func() time.
 		count: prometheus.NewDesc("capledger_usage_unknown_reservations",
 			"Reservations in USAGE_UNKNOWN (started, usage not reported), store-wide; their capacity stays reserved until settled.", nil, nil),
 		age: prometheus.NewDesc("capledger_usage_unknown_oldest_age_seconds",
-			"Seconds since the longest-waiting USAGE_UNKNOWN reservation started; 0 when there is none.", nil, nil),
+			"Seconds since the longest-waiting USAGE_UNKNOWN reservation was marked unknown; 0 when there is none.", nil, nil),
 	})
 }
 
@@ -156,7 +156,7 @@ func (c *backlogCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	age := 0.0
 	if backlog.Count > 0 {
-		age = max(now.Sub(backlog.OldestStartedAt).Seconds(), 0)
+		age = max(now.Sub(backlog.OldestMarkedAt).Seconds(), 0)
 	}
 	ch <- prometheus.MustNewConstMetric(c.count, prometheus.GaugeValue, float64(backlog.Count))
 	ch <- prometheus.MustNewConstMetric(c.age, prometheus.GaugeValue, age)

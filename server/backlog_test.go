@@ -10,12 +10,18 @@ import (
 	"github.com/capledger/capledger/server"
 )
 
-// startUnknown reserves id on tenant-7's chat.generate, starts it, and
-// marks its usage unknown, at the harness clock's current time.
-func (h *harness) startUnknown(id string) {
+// startWork reserves id on tenant-7's chat.generate and starts it, at
+// the harness clock's current time.
+func (h *harness) startWork(id string) {
 	h.t.Helper()
 	h.ok("Reserve", reserveBody(id, 10), "")
 	h.ok("Start", fmt.Sprintf(`{"reservationId":%q,"operationId":"op-%s"}`, id, id), "")
+}
+
+// markUnknown marks started work USAGE_UNKNOWN at the harness clock's
+// current time.
+func (h *harness) markUnknown(id string) {
+	h.t.Helper()
 	h.ok("MarkUsageUnknown", fmt.Sprintf(`{"reservationId":%q}`, id), "")
 }
 
@@ -40,16 +46,24 @@ func TestListUsageUnknown(t *testing.T) {
 	if len(empty) != 0 {
 		t.Fatalf("empty backlog answered %v", empty)
 	}
-	// Started in the order u-c, u-a, u-b, a second apart; u-d and u-e at
-	// the same instant, after them. Work that is only started, settled or
-	// reserved is not in the backlog.
-	first := h.clock.Now()
-	for _, id := range []string{"u-c", "u-a", "u-b"} {
-		h.startUnknown(id)
+	// Started in the order u-e, u-d, u-b, u-a, u-c, a second apart, and
+	// marked a minute later in another order: u-c, u-a, u-b a second
+	// apart, then u-e and u-d at the same instant. The backlog is ordered
+	// and aged by the marking. Work that is only started, settled or
+	// reserved is not in it.
+	started := h.clock.Now()
+	for _, id := range []string{"u-e", "u-d", "u-b", "u-a", "u-c"} {
+		h.startWork(id)
 		h.clock.Advance(time.Second)
 	}
-	h.startUnknown("u-e")
-	h.startUnknown("u-d")
+	h.clock.Advance(time.Minute)
+	first := h.clock.Now()
+	for _, id := range []string{"u-c", "u-a", "u-b"} {
+		h.markUnknown(id)
+		h.clock.Advance(time.Second)
+	}
+	h.markUnknown("u-e")
+	h.markUnknown("u-d")
 	h.ok("Reserve", reserveBody("started", 10), "")
 	h.ok("Start", `{"reservationId":"started","operationId":"op-started"}`, "")
 	h.ok("Reserve", reserveBody("reserved", 10), "")
@@ -57,9 +71,20 @@ func TestListUsageUnknown(t *testing.T) {
 	var all []string
 	token := ""
 	for page := 0; ; page++ {
+		if page == 5 {
+			t.Fatalf("still paging after %d pages: %v (does the token move on?)", page, all)
+		}
 		got := h.ok("ListUsageUnknown", fmt.Sprintf(`{"pageSize":2,"pageToken":%q}`, token), "")
-		if num(got["backlog"]) != 5 || got["oldestStartedAt"] != first.Format(time.RFC3339) {
-			t.Fatalf("page %d: backlog %v oldest %v, want 5 and %s", page, got["backlog"], got["oldestStartedAt"], first.Format(time.RFC3339))
+		if num(got["backlog"]) != 5 || got["oldestUsageUnknownAt"] != first.Format(time.RFC3339) {
+			t.Fatalf("page %d: backlog %v oldest %v, want 5 and %s", page, got["backlog"], got["oldestUsageUnknownAt"], first.Format(time.RFC3339))
+		}
+		if page == 0 {
+			// Each reservation says when it started and when it was marked.
+			r := got["reservations"].([]any)[0].(map[string]any)
+			if r["startedAt"] != started.Add(4*time.Second).Format(time.RFC3339) || r["usageUnknownAt"] != first.Format(time.RFC3339) {
+				t.Fatalf("u-c started at %v, marked at %v; want %s and %s", r["startedAt"], r["usageUnknownAt"],
+					started.Add(4*time.Second).Format(time.RFC3339), first.Format(time.RFC3339))
+			}
 		}
 		all = append(all, ids(t, got)...)
 		next, _ := got["nextPageToken"].(string)
@@ -69,7 +94,7 @@ func TestListUsageUnknown(t *testing.T) {
 		token = next
 	}
 	if want := "u-c u-a u-b u-d u-e"; strings.Join(all, " ") != want {
-		t.Fatalf("pages listed %v, want %s (oldest start first, ids break ties)", all, want)
+		t.Fatalf("pages listed %v, want %s (earliest marked first, ids break ties)", all, want)
 	}
 
 	// Filters narrow the list, not the backlog count.
@@ -86,7 +111,7 @@ func TestListUsageUnknown(t *testing.T) {
 	h.ok("Settle", `{"reservationId":"u-c","operationId":"op-u-c","actualUnits":{"tokens":4,"requests":1}}`, "")
 	after := h.ok("ListUsageUnknown", `{}`, "")
 	if got := ids(t, after); strings.Join(got, " ") != "u-a u-b u-d u-e" || num(after["backlog"]) != 4 ||
-		after["oldestStartedAt"] != first.Add(time.Second).Format(time.RFC3339) {
+		after["oldestUsageUnknownAt"] != first.Add(time.Second).Format(time.RFC3339) {
 		t.Fatalf("after settling u-c: %v", after)
 	}
 }
@@ -99,7 +124,7 @@ func TestListUsageUnknownRefusesBadPages(t *testing.T) {
 		`{"pageToken":"not base64 !"}`,
 		`{"pageToken":"` + "bm8tc2xhc2g" + `"}`, // base64url of "no-slash"
 		`{"pageToken":"` + "eHl6L2lk" + `"}`,    // "xyz/id": no time
-		`{"pageToken":"` + "MC9pZA" + `"}`,      // "0/id": the epoch, which no start time stores as
+		`{"pageToken":"` + "MC9pZA" + `"}`,      // "0/id": the epoch, which no marking time stores as
 		`{"pageSize":"many"}`,
 	} {
 		r := h.call("ListUsageUnknown", body, adminToken)
@@ -119,19 +144,25 @@ func TestUsageUnknownMetrics(t *testing.T) {
 			t.Fatalf("empty ledger: metrics lack %q:\n%s", want, grep(metrics, "usage_unknown"))
 		}
 	}
-	h.startUnknown("u-1")
+	// u-1 started first, but u-2 was marked first: the age is u-2's,
+	// counted from its marking, not from either start.
+	h.startWork("u-1")
 	h.clock.Advance(30 * time.Second)
-	h.startUnknown("u-2")
+	h.startWork("u-2")
+	h.clock.Advance(20 * time.Second)
+	h.markUnknown("u-2")
+	h.clock.Advance(30 * time.Second)
+	h.markUnknown("u-1")
 	h.clock.Advance(10 * time.Second) // also past the 5 s the gauges cache a reading
 	metrics = h.get("/metrics")
 	for _, want := range []string{"capledger_usage_unknown_reservations 2", "capledger_usage_unknown_oldest_age_seconds 40"} {
 		if !strings.Contains(metrics, want+"\n") {
-			t.Fatalf("two unknowns, the older started 40 s ago: metrics lack %q:\n%s", want, grep(metrics, "usage_unknown"))
+			t.Fatalf("two unknowns, the earlier marked 40 s ago: metrics lack %q:\n%s", want, grep(metrics, "usage_unknown"))
 		}
 	}
 	// Within the cache period a scrape reuses the reading (the count) but
 	// measures the age against now.
-	h.ok("Settle", `{"reservationId":"u-1","operationId":"op-u-1","actualUnits":{"tokens":1,"requests":1}}`, "")
+	h.ok("Settle", `{"reservationId":"u-2","operationId":"op-u-2","actualUnits":{"tokens":1,"requests":1}}`, "")
 	h.clock.Advance(2 * time.Second)
 	metrics = h.get("/metrics")
 	if !strings.Contains(metrics, "capledger_usage_unknown_reservations 2\n") || !strings.Contains(metrics, "capledger_usage_unknown_oldest_age_seconds 42\n") {
@@ -141,7 +172,7 @@ func TestUsageUnknownMetrics(t *testing.T) {
 	metrics = h.get("/metrics")
 	for _, want := range []string{"capledger_usage_unknown_reservations 1", "capledger_usage_unknown_oldest_age_seconds 17"} {
 		if !strings.Contains(metrics, want+"\n") {
-			t.Fatalf("after settling u-1: metrics lack %q:\n%s", want, grep(metrics, "usage_unknown"))
+			t.Fatalf("after settling u-2: metrics lack %q:\n%s", want, grep(metrics, "usage_unknown"))
 		}
 	}
 }

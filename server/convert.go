@@ -235,6 +235,7 @@ func (s *Server) reservationProto(ctx context.Context, r *ledger.Reservation) (*
 		ExpiresAt:         timestamp(r.ExpiresAt),
 		StartedAt:         timestamp(r.StartedAt),
 		ExecutionDeadline: timestamp(r.ExecutionDeadline),
+		UsageUnknownAt:    timestamp(r.UnknownAt),
 		FinishedAt:        timestamp(r.FinishedAt),
 		Breach:            r.Breach,
 	}

@@ -56,7 +56,7 @@ type Store interface {
 	ReservationsDue(ctx context.Context, now time.Time, limit int) ([]string, error)
 
 	// ReservationsUnknown returns up to f.Limit USAGE_UNKNOWN reservations,
-	// the longest-waiting first (by StartedAt, then ID), that come after
+	// the longest-waiting first (by UnknownAt, then ID), that come after
 	// f.After in that order and match f's subject and route (each when not
 	// empty). None is an empty list; f.Limit <= 0, or a cursor time that
 	// no row can hold (one codec.Conv.Nanos refuses), is an error. A driver
@@ -64,7 +64,7 @@ type Store interface {
 	// reservations of other states.
 	ReservationsUnknown(ctx context.Context, f UnknownFilter) ([]ledger.Reservation, error)
 	// ReservationsUnknownBacklog counts the USAGE_UNKNOWN reservations and
-	// finds the earliest StartedAt among them, from the same index.
+	// finds the earliest UnknownAt among them, from the same index.
 	ReservationsUnknownBacklog(ctx context.Context) (UnknownBacklog, error)
 
 	// AccountsInDebt returns up to f.Limit accounts whose stored row owes
@@ -159,17 +159,19 @@ type UnknownFilter struct {
 	// Subject and Route, when not empty, must equal the reservation's.
 	Subject, Route string
 	// After is the paging cursor: only reservations after it in the order
-	// (StartedAt, ID) are returned. The zero cursor starts at the first.
+	// (UnknownAt, ID) are returned. The zero cursor starts at the first.
 	After UnknownCursor
 	// Limit is the most reservations returned; it must be positive.
 	Limit int
 }
 
 // UnknownCursor is a position in the order of ReservationsUnknown: the
-// StartedAt and ID of the last reservation of the previous page.
+// UnknownAt and ID of the last reservation of the previous page.
 type UnknownCursor struct {
-	StartedAt time.Time
-	ID        string
+	// MarkedAt is the reservation's UnknownAt: when it was marked
+	// USAGE_UNKNOWN.
+	MarkedAt time.Time
+	ID       string
 }
 
 // UnknownBacklog is the USAGE_UNKNOWN backlog: started work whose usage
@@ -177,9 +179,9 @@ type UnknownCursor struct {
 // receipt settles it.
 type UnknownBacklog struct {
 	Count int64
-	// OldestStartedAt is the earliest StartedAt of them; zero when Count
-	// is 0.
-	OldestStartedAt time.Time
+	// OldestMarkedAt is the earliest UnknownAt of them (when the
+	// longest-waiting one was marked USAGE_UNKNOWN); zero when Count is 0.
+	OldestMarkedAt time.Time
 }
 
 // DebtFilter pages through AccountsInDebt.

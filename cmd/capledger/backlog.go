@@ -15,9 +15,10 @@ const backlogHelp = `Usage: capledger backlog [--subject S] [--route R] [--limit
 Backlog lists reservations in USAGE_UNKNOWN: started work whose usage
 nobody reported (a gateway called MarkUsageUnknown, or the work passed its
 policy's execution limit). Their capacity stays reserved until a settle
-with the operation receipt resolves them. The longest-waiting come first;
-"backlog" and "oldestStartedAt" count the whole backlog, whatever the
-filters. Needs an admin token.
+with the operation receipt resolves them. The longest-waiting (earliest
+"usageUnknownAt", when each was marked) come first; "backlog" and
+"oldestUsageUnknownAt" count the whole backlog, whatever the filters.
+Needs an admin token.
 
 To resolve one: find the real usage of its operationId (the executor's or
 backend's record, the gateway's receipt log), then

@@ -37,11 +37,13 @@ func TestCLIBacklog(t *testing.T) {
 
 	type listing struct {
 		Reservations []struct {
-			ReservationID string `json:"reservationId"`
-			OperationID   string `json:"operationId"`
+			ReservationID  string `json:"reservationId"`
+			OperationID    string `json:"operationId"`
+			UsageUnknownAt string `json:"usageUnknownAt"`
 		} `json:"reservations"`
-		NextPageToken string `json:"nextPageToken"`
-		Backlog       string `json:"backlog"`
+		NextPageToken        string `json:"nextPageToken"`
+		Backlog              string `json:"backlog"`
+		OldestUsageUnknownAt string `json:"oldestUsageUnknownAt"`
 	}
 	list := func(args ...string) listing {
 		t.Helper()
@@ -56,6 +58,10 @@ func TestCLIBacklog(t *testing.T) {
 	first := list("--limit", "2")
 	if len(first.Reservations) != 2 || first.NextPageToken == "" || first.Backlog != "3" {
 		t.Fatalf("first page of 2: %+v", first)
+	}
+	// The backlog ages from u-1's marking, which the listing shows.
+	if first.Reservations[0].UsageUnknownAt == "" || first.OldestUsageUnknownAt != first.Reservations[0].UsageUnknownAt {
+		t.Fatalf("first page: u-1 marked at %q, backlog's oldest %q", first.Reservations[0].UsageUnknownAt, first.OldestUsageUnknownAt)
 	}
 	rest := list("--limit", "2", "--page-token", first.NextPageToken)
 	if len(rest.Reservations) != 1 || rest.NextPageToken != "" || rest.Reservations[0].ReservationID != "u-3" {

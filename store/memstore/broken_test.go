@@ -50,7 +50,13 @@ func (s brokenStore) ReservationsUnknown(ctx context.Context, f store.UnknownFil
 	switch s.fault {
 	case "unknown-ties-by-id-desc":
 		slices.SortStableFunc(list, func(a, b ledger.Reservation) int {
-			return cmp.Or(a.StartedAt.Compare(b.StartedAt), cmp.Compare(b.ID, a.ID))
+			return cmp.Or(a.UnknownAt.Compare(b.UnknownAt), cmp.Compare(b.ID, a.ID))
+		})
+	case "unknown-by-start":
+		// The order before UnknownAt was recorded: by when the work
+		// started, not by when it was marked.
+		slices.SortStableFunc(list, func(a, b ledger.Reservation) int {
+			return cmp.Or(a.StartedAt.Compare(b.StartedAt), cmp.Compare(a.ID, b.ID))
 		})
 	case "unknown-inclusive-cursor":
 		// A cursor compared with >= instead of >: the page starts with
@@ -69,7 +75,12 @@ func (s brokenStore) ReservationsUnknownBacklog(ctx context.Context) (store.Unkn
 	if s.fault == "backlog-newest" && b.Count > 0 {
 		// The age of the newest instead of the oldest.
 		list, _ := s.Store.ReservationsUnknown(ctx, store.UnknownFilter{Limit: 1000})
-		b.OldestStartedAt = list[len(list)-1].StartedAt
+		b.OldestMarkedAt = list[len(list)-1].UnknownAt
+	}
+	if s.fault == "backlog-by-start" && b.Count > 0 {
+		// The age of the longest-running instead of the longest-waiting.
+		list, _ := s.Store.ReservationsUnknown(ctx, store.UnknownFilter{Limit: 1000})
+		b.OldestMarkedAt = slices.MinFunc(list, func(a, b ledger.Reservation) int { return a.StartedAt.Compare(b.StartedAt) }).StartedAt
 	}
 	return b, err
 }
@@ -154,7 +165,9 @@ func TestConformanceSuiteCatchesBrokenStores(t *testing.T) {
 		"upsert-reservations":      {"TestBrokenStoreHelper/DuplicateReservationLeavesNothing"},
 		"unknown-ties-by-id-desc":  {"TestBrokenStoreHelper/ReservationsUnknown"},
 		"unknown-inclusive-cursor": {"TestBrokenStoreHelper/ReservationsUnknown"},
+		"unknown-by-start":         {"TestBrokenStoreHelper/ReservationsUnknown"},
 		"backlog-newest":           {"TestBrokenStoreHelper/ReservationsUnknownBacklog"},
+		"backlog-by-start":         {"TestBrokenStoreHelper/ReservationsUnknownBacklog"},
 		"debt-repaid-listed":       {"TestBrokenStoreHelper/AccountsInDebt"},
 		"debt-within-dims":         {"TestBrokenStoreHelper/AccountsInDebt"},
 		"debt-inclusive-cursor":    {"TestBrokenStoreHelper/AccountsInDebt"},

@@ -362,9 +362,9 @@ func (s *Store) ReservationsDue(ctx context.Context, now time.Time, limit int) (
 }
 
 // ReservationsUnknown returns copies of up to f.Limit USAGE_UNKNOWN
-// reservations in (StartedAt, ID) order, strictly after f.After unless it
+// reservations in (UnknownAt, ID) order, strictly after f.After unless it
 // is the zero cursor, with f's subject and route when they are not empty;
-// none is an empty list. StartedAt compares as the SQL stores keep it
+// none is an empty list. UnknownAt compares as the SQL stores keep it
 // (nanos), so every store pages identically. It returns an error for
 // f.Limit <= 0 and for a cursor time no row can hold (one
 // codec.Conv.Nanos refuses).
@@ -373,13 +373,13 @@ func (s *Store) ReservationsUnknown(ctx context.Context, f store.UnknownFilter) 
 		return nil, fmt.Errorf("reservations unknown: limit %d is not positive", f.Limit)
 	}
 	var conv codec.Conv
-	after := conv.Nanos(f.After.StartedAt)
+	after := conv.Nanos(f.After.MarkedAt)
 	if err := conv.Err(); err != nil {
 		return nil, fmt.Errorf("reservations unknown: cursor: %w", err)
 	}
 	fromStart := f.After == (store.UnknownCursor{})
 	order := func(a, b *ledger.Reservation) int {
-		return cmp.Or(cmp.Compare(nanos(a.StartedAt), nanos(b.StartedAt)), cmp.Compare(a.ID, b.ID))
+		return cmp.Or(cmp.Compare(nanos(a.UnknownAt), nanos(b.UnknownAt)), cmp.Compare(a.ID, b.ID))
 	}
 	var list []*ledger.Reservation
 	err = s.read(ctx, func(r *rows) error {
@@ -388,7 +388,7 @@ func (s *Store) ReservationsUnknown(ctx context.Context, f store.UnknownFilter) 
 			if (f.Subject != "" && res.Account.Subject != f.Subject) || (f.Route != "" && res.Account.Route != f.Route) {
 				continue
 			}
-			if !fromStart && cmp.Or(cmp.Compare(nanos(res.StartedAt), after), cmp.Compare(res.ID, f.After.ID)) <= 0 {
+			if !fromStart && cmp.Or(cmp.Compare(nanos(res.UnknownAt), after), cmp.Compare(res.ID, f.After.ID)) <= 0 {
 				continue
 			}
 			list = append(list, res)
@@ -403,14 +403,14 @@ func (s *Store) ReservationsUnknown(ctx context.Context, f store.UnknownFilter) 
 }
 
 // ReservationsUnknownBacklog returns how many reservations are
-// USAGE_UNKNOWN and the earliest StartedAt among them (the zero time when
+// USAGE_UNKNOWN and the earliest UnknownAt among them (the zero time when
 // there are none).
 func (s *Store) ReservationsUnknownBacklog(ctx context.Context) (b store.UnknownBacklog, err error) {
 	err = s.read(ctx, func(r *rows) error {
 		for id := range r.unknown {
-			started := r.reservations[id].StartedAt
-			if b.Count == 0 || nanos(started) < nanos(b.OldestStartedAt) {
-				b.OldestStartedAt = started
+			marked := r.reservations[id].UnknownAt
+			if b.Count == 0 || nanos(marked) < nanos(b.OldestMarkedAt) {
+				b.OldestMarkedAt = marked
 			}
 			b.Count++
 		}

@@ -247,7 +247,7 @@ func (tx *Tx) stage(c *store.Changes) error {
 		}
 		conv.Int(r.Account.Generation)
 		for _, t := range []*time.Time{&r.AccountingEpoch, &r.CreatedAt, &r.ExpiresAt, &r.StartedAt,
-			&r.ExecutionDeadline, &r.FinishedAt} {
+			&r.ExecutionDeadline, &r.UnknownAt, &r.FinishedAt} {
 			*t = conv.Time(conv.Nanos(*t))
 		}
 		if err := conv.Err(); err != nil {

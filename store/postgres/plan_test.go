@@ -14,7 +14,7 @@ import (
 )
 
 // The USAGE_UNKNOWN list and backlog must read the partial index
-// reservations_usage_unknown, never the whole reservations table, and the
+// reservations_usage_unknown_at, never the whole reservations table, and the
 // list must not sort: pgx prepares each query and PostgreSQL may switch
 // to a generic plan after a few runs, so the generic plan (parameters
 // unknown) is what is checked, on a table where USAGE_UNKNOWN rows are 1
@@ -30,10 +30,10 @@ func TestUnknownQueriesUseTheirIndex(t *testing.T) {
 	for _, q := range []string{
 		`INSERT INTO reservations (id, request_digest, subject, route, region, generation, accounting_epoch,
 			reserved, actual, overdraft, operation_id, state, created_at, expires_at, started_at,
-			execution_deadline, finished_at, breach)
+			execution_deadline, unknown_at, finished_at, breach)
 		SELECT 'rl-' || i, 'sha256:' || i, 'tenant' || i % 10, 'chat.generate', 'eu', 1, 0,
 			'{1,0,0,0}', '{0,0,0,0}', '{0,0,0,0}', 'op-' || i, CASE WHEN i % 100 = 0 THEN 8 ELSE i % 8 END,
-			i, i + 30, i + 1, 0, 0, false
+			i, i + 30, i + 1, 0, CASE WHEN i % 100 = 0 THEN i + 2 ELSE 0 END, 0, false
 		FROM generate_series(1, 20000) AS i`,
 		`ANALYZE reservations`,
 		`SET plan_cache_mode = force_generic_plan`,
@@ -42,7 +42,7 @@ func TestUnknownQueriesUseTheirIndex(t *testing.T) {
 			t.Fatalf("%s: %v", q, err)
 		}
 	}
-	cursor := store.UnknownCursor{StartedAt: time.Unix(0, 5000), ID: "rl-5000"}
+	cursor := store.UnknownCursor{MarkedAt: time.Unix(0, 5002), ID: "rl-5000"}
 	for _, tc := range []struct {
 		name string
 		f    store.UnknownFilter
@@ -52,14 +52,14 @@ func TestUnknownQueriesUseTheirIndex(t *testing.T) {
 		{"page after a cursor", store.UnknownFilter{After: cursor, Limit: 10}},
 		{"page of a subject after a cursor", store.UnknownFilter{Subject: "tenant0", After: cursor, Limit: 10}},
 	} {
-		query, args := postgres.UnknownSQL(tc.f, cursor.StartedAt.UnixNano())
+		query, args := postgres.UnknownSQL(tc.f, cursor.MarkedAt.UnixNano())
 		plan := genericPlan(t, conn, query, args)
 		t.Logf("%s:\n%s", tc.name, plan)
 		checkUnknownPlan(t, tc.name, plan)
 		if strings.Contains(plan, "Sort") {
 			t.Errorf("%s: sorts instead of reading the index in order:\n%s", tc.name, plan)
 		}
-		if tc.f.After != (store.UnknownCursor{}) && !strings.Contains(plan, "Index Cond: (ROW(started_at, id) >") {
+		if tc.f.After != (store.UnknownCursor{}) && !strings.Contains(plan, "Index Cond: (ROW(unknown_at, id) >") {
 			t.Errorf("%s: does not seek the index at the cursor:\n%s", tc.name, plan)
 		}
 	}
@@ -106,13 +106,13 @@ func genericPlan(t *testing.T, conn *pgx.Conn, query string, args []any) string 
 
 func checkUnknownPlan(t *testing.T, name, plan string) {
 	t.Helper()
-	if !strings.Contains(plan, "reservations_usage_unknown") {
-		t.Errorf("%s: plan does not use reservations_usage_unknown:\n%s", name, plan)
+	if !strings.Contains(plan, "reservations_usage_unknown_at") {
+		t.Errorf("%s: plan does not use reservations_usage_unknown_at:\n%s", name, plan)
 	}
 	for _, line := range strings.Split(plan, "\n") {
 		if strings.Contains(line, "Scan") && strings.Contains(line, "on reservations") &&
-			!strings.Contains(line, "using reservations_usage_unknown") {
-			t.Errorf("%s: reads reservations other than through reservations_usage_unknown:\n%s", name, plan)
+			!strings.Contains(line, "using reservations_usage_unknown_at") {
+			t.Errorf("%s: reads reservations other than through reservations_usage_unknown_at:\n%s", name, plan)
 		}
 	}
 }

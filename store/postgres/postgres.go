@@ -302,8 +302,8 @@ func (s *Store) ReservationsDue(ctx context.Context, now time.Time, limit int) (
 }
 
 // unknownSQL returns ReservationsUnknown's query for f, with its
-// arguments. It reads the partial index reservations_usage_unknown
-// (started_at, id WHERE state = 8; the state is a literal so the planner
+// arguments. It reads the partial index reservations_usage_unknown_at
+// (unknown_at, id WHERE state = 8; the state is a literal so the planner
 // can match that predicate) in order from the cursor and stops after the
 // limit. Clauses are left out rather than disabled by a parameter, so
 // that a generic plan of the prepared statement still seeks the index at
@@ -317,7 +317,7 @@ func unknownSQL(f store.UnknownFilter, after int64) (string, []any) {
 	}
 	fmt.Fprintf(&b, "%s WHERE state = %d", reservationSelect, ledger.StateUsageUnknown)
 	if f.After != (store.UnknownCursor{}) {
-		fmt.Fprintf(&b, " AND (started_at, id) > (%s::bigint, %s::text)", arg(after), arg(f.After.ID))
+		fmt.Fprintf(&b, " AND (unknown_at, id) > (%s::bigint, %s::text)", arg(after), arg(f.After.ID))
 	}
 	if f.Subject != "" {
 		fmt.Fprintf(&b, " AND subject = %s", arg(f.Subject))
@@ -325,23 +325,23 @@ func unknownSQL(f store.UnknownFilter, after int64) (string, []any) {
 	if f.Route != "" {
 		fmt.Fprintf(&b, " AND route = %s", arg(f.Route))
 	}
-	fmt.Fprintf(&b, " ORDER BY started_at, id LIMIT %s", arg(f.Limit))
+	fmt.Fprintf(&b, " ORDER BY unknown_at, id LIMIT %s", arg(f.Limit))
 	return b.String(), args
 }
 
 // ReservationsUnknown returns up to f.Limit USAGE_UNKNOWN reservations in
-// (StartedAt, ID) order, strictly after f.After unless it is the zero
+// (UnknownAt, ID) order, strictly after f.After unless it is the zero
 // cursor, with f's subject and route when they are not empty; none is an
 // empty list. It returns an error for f.Limit <= 0 and for a cursor time
 // no row can hold (one codec.Conv.Nanos refuses). Ties on
-// StartedAt are ordered by id in the column's collation, the same order
+// UnknownAt are ordered by id in the column's collation, the same order
 // the cursor compares in, so paging neither skips nor repeats a row.
 func (s *Store) ReservationsUnknown(ctx context.Context, f store.UnknownFilter) ([]ledger.Reservation, error) {
 	if f.Limit <= 0 {
 		return nil, fmt.Errorf("reservations unknown: limit %d is not positive", f.Limit)
 	}
 	var conv codecConv
-	after := conv.Nanos(f.After.StartedAt)
+	after := conv.Nanos(f.After.MarkedAt)
 	if err := conv.Err(); err != nil {
 		return nil, fmt.Errorf("reservations unknown: cursor: %w", err)
 	}
@@ -349,15 +349,15 @@ func (s *Store) ReservationsUnknown(ctx context.Context, f store.UnknownFilter) 
 	return s.reservationsQuery(ctx, s.pool, "reservations unknown", query, args...)
 }
 
-// unknownBacklogSQL counts the entries of reservations_usage_unknown (an
+// unknownBacklogSQL counts the entries of reservations_usage_unknown_at (an
 // index-only scan where the visibility map allows); min of no rows is
 // NULL, read as 0, the zero time.
-var unknownBacklogSQL = fmt.Sprintf(`SELECT count(*), COALESCE(min(started_at), 0) FROM reservations WHERE state = %d`,
+var unknownBacklogSQL = fmt.Sprintf(`SELECT count(*), COALESCE(min(unknown_at), 0) FROM reservations WHERE state = %d`,
 	ledger.StateUsageUnknown)
 
 // ReservationsUnknownBacklog returns how many reservations are
-// USAGE_UNKNOWN and the earliest StartedAt among them (the zero time when
-// there are none), from the partial index reservations_usage_unknown.
+// USAGE_UNKNOWN and the earliest UnknownAt among them (the zero time when
+// there are none), from the partial index reservations_usage_unknown_at.
 func (s *Store) ReservationsUnknownBacklog(ctx context.Context) (store.UnknownBacklog, error) {
 	var (
 		b      store.UnknownBacklog
@@ -367,7 +367,7 @@ func (s *Store) ReservationsUnknownBacklog(ctx context.Context) (store.UnknownBa
 	if err := s.pool.QueryRow(ctx, unknownBacklogSQL).Scan(&b.Count, &oldest); err != nil {
 		return store.UnknownBacklog{}, s.c.classify("reservations unknown backlog", err, false)
 	}
-	b.OldestStartedAt = conv.Time(oldest)
+	b.OldestMarkedAt = conv.Time(oldest)
 	return b, nil
 }
 

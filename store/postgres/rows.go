@@ -181,24 +181,25 @@ func (s *Store) accountGet(ctx context.Context, q querier, key ledger.AccountKey
 
 const reservationSelect = `SELECT id, request_digest, subject, route, region, generation,
 	accounting_epoch, reserved, actual, overdraft, operation_id, state, created_at,
-	expires_at, started_at, execution_deadline, finished_at, breach FROM reservations`
+	expires_at, started_at, execution_deadline, unknown_at, finished_at, breach FROM reservations`
 
 func scanReservation(row pgx.Row) (*ledger.Reservation, error) {
 	var (
-		r                                                         ledger.Reservation
-		conv                                                      codec.Conv
-		generation, epoch, created, expires, started, deadline, f int64
-		state                                                     int16
-		reserved, actual, overdraft                               []int64
+		r                                                                  ledger.Reservation
+		conv                                                               codec.Conv
+		generation, epoch, created, expires, started, deadline, unknown, f int64
+		state                                                              int16
+		reserved, actual, overdraft                                        []int64
 	)
 	if err := row.Scan(&r.ID, &r.RequestDigest, &r.Account.Subject, &r.Account.Route, &r.Account.Region,
 		&generation, &epoch, &reserved, &actual, &overdraft, &r.OperationID, &state, &created, &expires,
-		&started, &deadline, &f, &r.Breach); err != nil {
+		&started, &deadline, &unknown, &f, &r.Breach); err != nil {
 		return nil, err
 	}
 	r.Account.Generation = conv.Uint(generation)
 	r.AccountingEpoch, r.CreatedAt, r.ExpiresAt = conv.Time(epoch), conv.Time(created), conv.Time(expires)
 	r.StartedAt, r.ExecutionDeadline, r.FinishedAt = conv.Time(started), conv.Time(deadline), conv.Time(f)
+	r.UnknownAt = conv.Time(unknown)
 	r.State = conv.State(int64(state))
 	if err := conv.Err(); err != nil {
 		return nil, fmt.Errorf("reservation %s: %w", r.ID, err)

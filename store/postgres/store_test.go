@@ -570,9 +570,10 @@ func TestReadOnlyServerIsRefused(t *testing.T) {
 	}
 }
 
-// An operator with large tables builds the indexes of migrations 3 and 4
-// beforehand with CREATE INDEX CONCURRENTLY (docs/OPERATIONS.md); the
-// migrations must then find them and apply without error.
+// An operator with large tables builds the indexes of migrations 3, 4
+// and 5 beforehand with CREATE INDEX CONCURRENTLY, and adds migration 5's
+// column first so its index can be built (docs/OPERATIONS.md); the
+// migrations must then find them, apply without error, and keep them.
 func TestIndexMigrationsAcceptPrebuiltIndexes(t *testing.T) {
 	ctx := context.Background()
 	dsn := schemaDSN(t)
@@ -585,19 +586,114 @@ func TestIndexMigrationsAcceptPrebuiltIndexes(t *testing.T) {
 	}
 	defer conn.Close(ctx)
 	for _, q := range []string{
-		`DROP INDEX reservations_usage_unknown`,
+		// Back to schema version 2.
+		`DROP INDEX reservations_usage_unknown_at`,
+		`DROP TRIGGER reservations_unknown_at_default ON reservations`,
+		`DROP FUNCTION reservations_unknown_at_default()`,
+		`ALTER TABLE reservations DROP COLUMN unknown_at`,
 		`DROP INDEX account_terms_in_debt`,
-		`DELETE FROM schema_migrations WHERE version IN (3, 4)`,
+		`DELETE FROM schema_migrations WHERE version IN (3, 4, 5)`,
+		// What docs/OPERATIONS.md has the operator run beforehand.
 		`CREATE INDEX CONCURRENTLY reservations_usage_unknown ON reservations (started_at, id) WHERE state = 8`,
 		`CREATE INDEX CONCURRENTLY account_terms_in_debt ON account_terms (account_id)
 			WHERE overdraft_issued > overdraft_repaid`,
+		`ALTER TABLE reservations ADD COLUMN IF NOT EXISTS unknown_at bigint NOT NULL DEFAULT 0`,
+		`CREATE INDEX CONCURRENTLY reservations_usage_unknown_at ON reservations (unknown_at, id) WHERE state = 8`,
 	} {
 		if _, err := conn.Exec(ctx, q); err != nil {
 			t.Fatalf("%s: %v", q, err)
 		}
 	}
-	ran, err := postgres.Migrate(ctx, dsn)
-	if err != nil || !slices.Equal(ran, []int{3, 4}) {
-		t.Fatalf("migrate over prebuilt indexes: ran %v, %v; want [3 4]", ran, err)
+	var builtAt int64
+	if err := conn.QueryRow(ctx, `SELECT oid::bigint FROM pg_class WHERE oid = 'reservations_usage_unknown_at'::regclass`).Scan(&builtAt); err != nil {
+		t.Fatal(err)
 	}
+	ran, err := postgres.Migrate(ctx, dsn)
+	if err != nil || !slices.Equal(ran, []int{3, 4, 5}) {
+		t.Fatalf("migrate over prebuilt indexes: ran %v, %v; want [3 4 5]", ran, err)
+	}
+	// Migration 5 kept the index built beforehand (the same object, not
+	// one built again) and dropped version 3's.
+	var kept int64
+	if err := conn.QueryRow(ctx, `SELECT oid::bigint FROM pg_class WHERE oid = 'reservations_usage_unknown_at'::regclass`).Scan(&kept); err != nil || kept != builtAt {
+		t.Fatalf("reservations_usage_unknown_at after migrating: oid %d, %v; built beforehand as %d", kept, err, builtAt)
+	}
+	var old *string
+	if err := conn.QueryRow(ctx, `SELECT to_regclass('reservations_usage_unknown')::text`).Scan(&old); err != nil || old != nil {
+		t.Fatalf("version 3's index after migration 5: %v, %v; want it dropped", old, err)
+	}
+}
+
+// Migration 5 gives the USAGE_UNKNOWN rows of an older schema their start
+// as the time they were marked (the best lower bound they allow), and the
+// rows that binaries of an older version mark during a rolling upgrade
+// (writing no unknown_at) the same; what this binary marks keeps its time.
+func TestUnknownAtOfOlderSchemasAndWriters(t *testing.T) {
+	ctx := context.Background()
+	s, dsn := openStore(t)
+	publish(t, s)
+	start := func(id string) ledger.Command {
+		return ledger.Command{Kind: ledger.KindStart, ReservationID: id, OperationID: "op-" + id}
+	}
+	mark := func(id string) ledger.Command {
+		return ledger.Command{Kind: ledger.KindMarkUsageUnknown, ReservationID: id}
+	}
+	for _, res := range commitCmds(t, s, t0, reserveCmd("rl-old", 100), reserveCmd("rl-rolling", 100), reserveCmd("rl-new", 100)) {
+		if res.Err != nil {
+			t.Fatal(res.Err)
+		}
+	}
+	commitCmds(t, s, t0.Add(time.Second), start("rl-old"), start("rl-rolling"), start("rl-new"))
+	commitCmds(t, s, t0.Add(20*time.Second), mark("rl-old"))
+
+	// Back to schema version 4: rl-old was marked by a binary that did
+	// not record when.
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	for _, q := range []string{
+		`DROP INDEX reservations_usage_unknown_at`,
+		`DROP TRIGGER reservations_unknown_at_default ON reservations`,
+		`DROP FUNCTION reservations_unknown_at_default()`,
+		`ALTER TABLE reservations DROP COLUMN unknown_at`,
+		`CREATE INDEX reservations_usage_unknown ON reservations (started_at, id) WHERE state = 8`,
+		`DELETE FROM schema_migrations WHERE version = 5`,
+	} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	if ran, err := postgres.Migrate(ctx, dsn); err != nil || !slices.Equal(ran, []int{5}) {
+		t.Fatalf("migrate: ran %v, %v; want [5]", ran, err)
+	}
+	backlog, err := s.ReservationsUnknownBacklog(ctx)
+	if err != nil || backlog != (store.UnknownBacklog{Count: 1, OldestMarkedAt: t0.Add(time.Second)}) {
+		t.Fatalf("backlog after migration 5: %+v, %v; want rl-old marked at its start", backlog, err)
+	}
+
+	// A replica of version 4, still running, marks rl-rolling: its upsert
+	// names no unknown_at. This binary marks rl-new later.
+	if _, err := conn.Exec(ctx, `UPDATE reservations SET state = 8 WHERE id = 'rl-rolling'`); err != nil {
+		t.Fatal(err)
+	}
+	commitCmds(t, s, t0.Add(time.Minute), mark("rl-new"))
+	list, err := s.ReservationsUnknown(ctx, store.UnknownFilter{Limit: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, r := range list {
+		got = append(got, fmt.Sprintf("%s@%s", r.ID, r.UnknownAt.Sub(t0)))
+	}
+	if want := []string{"rl-old@1s", "rl-rolling@1s", "rl-new@1m0s"}; !slices.Equal(got, want) {
+		t.Fatalf("USAGE_UNKNOWN: %v, want %v", got, want)
+	}
+	commitCmds(t, s, t0.Add(2*time.Minute), ledger.Command{Kind: ledger.KindSettle, ReservationID: "rl-new",
+		OperationID: "op-rl-new", Units: ledger.Amounts{50}})
+	if r, err := s.ReservationGet(ctx, "rl-new"); err != nil || r.State != ledger.StateSettled || !r.UnknownAt.Equal(t0.Add(time.Minute)) {
+		t.Fatalf("rl-new settled: %+v, %v; want its marking time kept", r, err)
+	}
+	mustAudit(t, s)
 }

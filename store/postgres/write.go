@@ -112,7 +112,7 @@ var (
 		col("generation", "bigint"), col("id", "text"), col("request_digest", "text"), col("accounting_epoch", "bigint"),
 		vec("reserved"), vec("actual"), vec("overdraft"), col("operation_id", "text"), col("state", "smallint"),
 		col("created_at", "bigint"), col("expires_at", "bigint"), col("started_at", "bigint"),
-		col("execution_deadline", "bigint"), col("finished_at", "bigint"), col("breach", "boolean")}
+		col("execution_deadline", "bigint"), col("unknown_at", "bigint"), col("finished_at", "bigint"), col("breach", "boolean")}
 	moveColumns = []column{col("receipt_id", "text"), col("kind", "smallint"), col("from_subject", "text"),
 		col("from_route", "text"), col("from_region", "text"), col("from_generation", "bigint"),
 		col("to_subject", "text"), col("to_route", "text"), col("to_region", "text"), col("to_generation", "bigint"),
@@ -478,6 +478,7 @@ func (t *tx) writeReservations(w *batchWriter, c *store.Changes) {
 			reserved, actual, overdraft              = make([]int64, 0, 4*n), make([]int64, 0, 4*n), make([]int64, 0, 4*n)
 			state                                    = make([]int16, n)
 			created, expires, started, deadline, fin = make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n)
+			unknown                                  = make([]int64, n)
 			breach                                   = make([]bool, n)
 		)
 		for i, r := range rows.list {
@@ -487,12 +488,13 @@ func (t *tx) writeReservations(w *batchWriter, c *store.Changes) {
 			operation[i], state[i] = r.OperationID, int16(r.State)
 			created[i], expires[i], started[i] = w.conv.Nanos(r.CreatedAt), w.conv.Nanos(r.ExpiresAt), w.conv.Nanos(r.StartedAt)
 			deadline[i], fin[i], breach[i] = w.conv.Nanos(r.ExecutionDeadline), w.conv.Nanos(r.FinishedAt), r.Breach
+			unknown[i] = w.conv.Nanos(r.UnknownAt)
 			if r.State == ledger.StateReservationUnknown {
 				w.fail(fmt.Errorf("reservation %s: %s is the caller's state and is never stored", r.ID, r.State))
 			}
 		}
 		w.queue("reservations", rows.sql, subject, route, region, generation, id, digest, epoch, reserved, actual,
-			overdraft, operation, state, created, expires, started, deadline, fin, breach)
+			overdraft, operation, state, created, expires, started, deadline, unknown, fin, breach)
 	}
 }
 

@@ -358,8 +358,8 @@ func TestLedgerOfAnEarlierSchemaAudits(t *testing.T) {
 	}
 
 	// Rewrite the file as schema version 2 left it: every entry a row of
-	// journal, no journal_batches, no index of USAGE_UNKNOWN rows,
-	// versions 1 and 2 recorded.
+	// journal, no journal_batches, no index of USAGE_UNKNOWN rows, no
+	// unknown_at, versions 1 and 2 recorded.
 	db, err := sql.Open("sqlite", path)
 	if err != nil {
 		t.Fatal(err)
@@ -367,8 +367,8 @@ func TestLedgerOfAnEarlierSchemaAudits(t *testing.T) {
 	for i := range before.Journal {
 		legacyJournalInsert(t, db, &before.Journal[i])
 	}
-	for _, q := range []string{"DROP TABLE journal_batches", "DROP INDEX reservations_usage_unknown",
-		"DELETE FROM schema_migrations WHERE version > 2"} {
+	for _, q := range []string{"DROP TABLE journal_batches", "DROP INDEX reservations_usage_unknown_at",
+		"ALTER TABLE reservations DROP COLUMN unknown_at", "DELETE FROM schema_migrations WHERE version > 2"} {
 		if _, err := db.Exec(q); err != nil {
 			t.Fatal(err)
 		}
@@ -390,14 +390,20 @@ func TestLedgerOfAnEarlierSchemaAudits(t *testing.T) {
 		t.Fatalf("journal after migration:\n%+v\nwant\n%+v", migrated.Journal, before.Journal)
 	}
 	// The USAGE_UNKNOWN reservation of the old file is in the index the
-	// migration built.
+	// migration built, marked (the file did not record when) at its start,
+	// a second before it really was.
 	backlog, err := s.ReservationsUnknownBacklog(ctx)
-	if err != nil || backlog != (store.UnknownBacklog{Count: 1, OldestStartedAt: now.Add(time.Second)}) {
-		t.Fatalf("backlog after migration: %+v, %v; want rl-old-3's", backlog, err)
+	if err != nil || backlog != (store.UnknownBacklog{Count: 1, OldestMarkedAt: now.Add(time.Second)}) {
+		t.Fatalf("backlog after migration: %+v, %v; want rl-old-3's start", backlog, err)
 	}
 	unknown, err := s.ReservationsUnknown(ctx, store.UnknownFilter{Subject: key.Subject, Limit: 10})
-	if err != nil || len(unknown) != 1 || unknown[0].ID != "rl-old-3" {
-		t.Fatalf("USAGE_UNKNOWN after migration: %+v, %v; want rl-old-3", unknown, err)
+	if err != nil || len(unknown) != 1 || unknown[0].ID != "rl-old-3" || !unknown[0].UnknownAt.Equal(now.Add(time.Second)) {
+		t.Fatalf("USAGE_UNKNOWN after migration: %+v, %v; want rl-old-3 marked at its start", unknown, err)
+	}
+	for _, r := range migrated.Reservations {
+		if r.ID != "rl-old-3" && !r.UnknownAt.IsZero() {
+			t.Fatalf("%s never marked, migrated with unknown-at %s", r.ID, r.UnknownAt)
+		}
 	}
 	later := now.Add(3 * time.Second)
 	for i := range 6 {

@@ -83,7 +83,7 @@ func TestDueQueryUsesItsIndexes(t *testing.T) {
 }
 
 // The USAGE_UNKNOWN list and backlog must read only the partial index
-// reservations_usage_unknown: never the whole reservations table (which
+// reservations_usage_unknown_at: never the whole reservations table (which
 // holds every reservation ever made), and the list never sorts, so each
 // page stops after its LIMIT rows.
 func TestUnknownQueriesUseTheirIndex(t *testing.T) {
@@ -104,16 +104,16 @@ func TestUnknownQueriesUseTheirIndex(t *testing.T) {
 	} {
 		plan := queryPlan(t, s, tc.query, tc.args...)
 		t.Logf("%s:\n%s", tc.name, plan)
-		if !strings.Contains(plan, "USING INDEX reservations_usage_unknown") &&
-			!strings.Contains(plan, "USING COVERING INDEX reservations_usage_unknown") {
-			t.Errorf("%s: plan does not use reservations_usage_unknown:\n%s", tc.name, plan)
+		if !strings.Contains(plan, "USING INDEX reservations_usage_unknown_at") &&
+			!strings.Contains(plan, "USING COVERING INDEX reservations_usage_unknown_at") {
+			t.Errorf("%s: plan does not use reservations_usage_unknown_at:\n%s", tc.name, plan)
 		}
 		if strings.Contains(plan, "TEMP B-TREE") {
 			t.Errorf("%s: sorts instead of reading the index in order:\n%s", tc.name, plan)
 		}
 		for _, line := range strings.Split(plan, "\n") {
-			if strings.Contains(line, "reservations") && !strings.Contains(line, "reservations_usage_unknown") {
-				t.Errorf("%s: reads reservations other than through reservations_usage_unknown:\n%s", tc.name, plan)
+			if strings.Contains(line, "reservations") && !strings.Contains(line, "reservations_usage_unknown_at") {
+				t.Errorf("%s: reads reservations other than through reservations_usage_unknown_at:\n%s", tc.name, plan)
 			}
 		}
 	}

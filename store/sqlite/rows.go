@@ -16,7 +16,7 @@ const (
 	accountCols     = "subject, route, region, generation, dims, balances, epoch_start, epoch_opening, refilled_to, breaches, version"
 	currentCols     = "subject, route, region, generation"
 	reservationCols = "id, request_digest, subject, route, region, generation, accounting_epoch, reserved, actual, overdraft, " +
-		"operation_id, state, created_at, expires_at, started_at, execution_deadline, finished_at, breach"
+		"operation_id, state, created_at, expires_at, started_at, execution_deadline, unknown_at, finished_at, breach"
 	moveCols = "receipt_id, kind, from_subject, from_route, from_region, from_generation, " +
 		"to_subject, to_route, to_region, to_generation, units, debt, at"
 	shardCols = "id, subject, route, region, generation, gateway_id, boot_epoch, fence, amounts, issued_at, expires_at, " +
@@ -157,14 +157,15 @@ func dueAt(r *ledger.Reservation, c *codec.Conv) any {
 }
 
 func reservationArgs(r *ledger.Reservation, c *codec.Conv) []any {
-	return appendReservationArgs(make([]any, 0, 19), r, c)
+	return appendReservationArgs(make([]any, 0, 20), r, c)
 }
 
 func appendReservationArgs(dst []any, r *ledger.Reservation, c *codec.Conv) []any {
 	return append(dst, r.ID, r.RequestDigest, r.Account.Subject, r.Account.Route, r.Account.Region, c.Int(r.Account.Generation),
 		c.Nanos(r.AccountingEpoch), codec.EncodeAmounts(&r.Reserved), codec.EncodeAmounts(&r.Actual),
 		codec.EncodeAmounts(&r.Overdraft), r.OperationID, int64(r.State), c.Nanos(r.CreatedAt), c.Nanos(r.ExpiresAt),
-		c.Nanos(r.StartedAt), c.Nanos(r.ExecutionDeadline), c.Nanos(r.FinishedAt), c.Bool(r.Breach), dueAt(r, c))
+		c.Nanos(r.StartedAt), c.Nanos(r.ExecutionDeadline), c.Nanos(r.UnknownAt), c.Nanos(r.FinishedAt), c.Bool(r.Breach),
+		dueAt(r, c))
 }
 
 // fresh reports whether r is what a reserve inserts: RESERVED, with
@@ -172,7 +173,8 @@ func appendReservationArgs(dst []any, r *ledger.Reservation, c *codec.Conv) []an
 // write it.
 func fresh(r *ledger.Reservation) bool {
 	return r.State == ledger.StateReserved && r.Actual == (ledger.Amounts{}) && r.Overdraft == (ledger.Amounts{}) &&
-		r.OperationID == "" && r.StartedAt.IsZero() && r.ExecutionDeadline.IsZero() && r.FinishedAt.IsZero() && !r.Breach
+		r.OperationID == "" && r.StartedAt.IsZero() && r.ExecutionDeadline.IsZero() && r.UnknownAt.IsZero() &&
+		r.FinishedAt.IsZero() && !r.Breach
 }
 
 // appendFreshReservationArgs appends the columns of freshColumns (due_at
@@ -193,12 +195,12 @@ func scanReservation(sc scanner) (ledger.Reservation, error) {
 		r                                                   ledger.Reservation
 		c                                                   codec.Conv
 		generation, epoch, state, created, expires, started int64
-		deadline, finished                                  int64
+		deadline, unknown, finished                         int64
 		reserved, actual, overdraft                         []byte
 	)
 	err := sc.Scan(&r.ID, &r.RequestDigest, &r.Account.Subject, &r.Account.Route, &r.Account.Region, &generation,
 		&epoch, &reserved, &actual, &overdraft, &r.OperationID, &state, &created, &expires, &started, &deadline,
-		&finished, &r.Breach)
+		&unknown, &finished, &r.Breach)
 	if err != nil {
 		return r, err
 	}
@@ -207,7 +209,7 @@ func scanReservation(sc scanner) (ledger.Reservation, error) {
 	r.Reserved, r.Actual, r.Overdraft = c.Amounts(reserved), c.Amounts(actual), c.Amounts(overdraft)
 	r.State = c.State(state)
 	r.CreatedAt, r.ExpiresAt, r.StartedAt = c.Time(created), c.Time(expires), c.Time(started)
-	r.ExecutionDeadline, r.FinishedAt = c.Time(deadline), c.Time(finished)
+	r.ExecutionDeadline, r.UnknownAt, r.FinishedAt = c.Time(deadline), c.Time(unknown), c.Time(finished)
 	return r, c.Err()
 }
 

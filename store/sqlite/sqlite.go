@@ -412,11 +412,11 @@ func (s *Store) ReservationsDue(ctx context.Context, now time.Time, limit int) (
 }
 
 // ReservationsUnknown returns up to f.Limit USAGE_UNKNOWN reservations
-// in (StartedAt, ID) order, strictly after f.After unless it is the zero
+// in (UnknownAt, ID) order, strictly after f.After unless it is the zero
 // cursor, with f's subject and route when they are not empty; none is an
 // empty list. It returns an error for f.Limit <= 0 and for a cursor time
 // no row can hold (one codec.Conv.Nanos refuses). It reads the partial
-// index reservations_usage_unknown.
+// index reservations_usage_unknown_at.
 func (s *Store) ReservationsUnknown(ctx context.Context, f store.UnknownFilter) ([]ledger.Reservation, error) {
 	if s.closed.Load() {
 		return nil, errClosed
@@ -428,7 +428,7 @@ func (s *Store) ReservationsUnknown(ctx context.Context, f store.UnknownFilter) 
 		return queryAll(ctx, s.r.unknownFirst, scanReservation, "reservations unknown", f.Subject, f.Route, f.Limit)
 	}
 	var c codec.Conv
-	after := c.Nanos(f.After.StartedAt)
+	after := c.Nanos(f.After.MarkedAt)
 	if err := c.Err(); err != nil {
 		return nil, fmt.Errorf("reservations unknown: cursor: %w", err)
 	}
@@ -437,9 +437,9 @@ func (s *Store) ReservationsUnknown(ctx context.Context, f store.UnknownFilter) 
 }
 
 // ReservationsUnknownBacklog returns how many reservations are
-// USAGE_UNKNOWN and the earliest StartedAt among them (the zero time when
+// USAGE_UNKNOWN and the earliest UnknownAt among them (the zero time when
 // there are none), from one scan of the partial index
-// reservations_usage_unknown.
+// reservations_usage_unknown_at.
 func (s *Store) ReservationsUnknownBacklog(ctx context.Context) (store.UnknownBacklog, error) {
 	scan := func(sc scanner) (store.UnknownBacklog, error) {
 		var (
@@ -450,7 +450,7 @@ func (s *Store) ReservationsUnknownBacklog(ctx context.Context) (store.UnknownBa
 		if err := sc.Scan(&b.Count, &oldest); err != nil {
 			return b, err
 		}
-		b.OldestStartedAt = c.Time(oldest)
+		b.OldestMarkedAt = c.Time(oldest)
 		return b, c.Err()
 	}
 	return queryOne(ctx, s, s.r.unknownBacklog, scan, "reservations unknown backlog")

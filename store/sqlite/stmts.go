@@ -58,7 +58,7 @@ const (
 )
 
 // chunkSizes are the row counts of the multi-row INSERTs, largest first,
-// ending in 1. 64 rows of 19 parameters stay far below SQLite's limit
+// ending in 1. 64 rows of 20 parameters stay far below SQLite's limit
 // (32766); a batch of 100 takes 3 statements (64, 32, 4), not 4.
 var chunkSizes = [...]int{64, 32, 16, 8, 4, 2, 1}
 
@@ -95,6 +95,7 @@ var (
 		"state":              fmt.Sprint(int64(ledger.StateReserved)),
 		"started_at":         "0",
 		"execution_deadline": "0",
+		"unknown_at":         "0",
 		"finished_at":        "0",
 		"breach":             "0",
 	}
@@ -255,9 +256,9 @@ var dueSQL = fmt.Sprintf(`SELECT id FROM (
 	) ORDER BY due_at, id LIMIT ?2`, ledger.StateExpiring)
 
 // The USAGE_UNKNOWN queries read the partial index
-// reservations_usage_unknown (started_at, id WHERE state = 8), whose
+// reservations_usage_unknown_at (unknown_at, id WHERE state = 8), whose
 // predicate the literal state here must match for SQLite to use it. The
-// list reads the index in (started_at, id) order and stops after ?3 rows;
+// list reads the index in (unknown_at, id) order and stops after ?3 rows;
 // subject and route (?1 and ?2, ” for any) filter the rows it finds.
 // unknownAfterSQL starts strictly after the cursor (?4, ?5): a seek into
 // the index, so a deep page costs what the first one does. The first page
@@ -267,12 +268,12 @@ var (
 	unknownWhere = fmt.Sprintf("state = %d AND (?1 = '' OR subject = ?1) AND (?2 = '' OR route = ?2)",
 		ledger.StateUsageUnknown)
 	unknownFirstSQL = "SELECT " + reservationCols + " FROM reservations WHERE " + unknownWhere +
-		" ORDER BY started_at, id LIMIT ?3"
+		" ORDER BY unknown_at, id LIMIT ?3"
 	unknownAfterSQL = "SELECT " + reservationCols + " FROM reservations WHERE " + unknownWhere +
-		" AND (started_at, id) > (?4, ?5) ORDER BY started_at, id LIMIT ?3"
+		" AND (unknown_at, id) > (?4, ?5) ORDER BY unknown_at, id LIMIT ?3"
 	// unknownBacklogSQL reads the whole index and nothing else (count
 	// needs every entry); min of nothing is NULL, read as 0, the zero time.
-	unknownBacklogSQL = fmt.Sprintf("SELECT count(*), COALESCE(min(started_at), 0) FROM reservations WHERE state = %d",
+	unknownBacklogSQL = fmt.Sprintf("SELECT count(*), COALESCE(min(unknown_at), 0) FROM reservations WHERE state = %d",
 		ledger.StateUsageUnknown)
 )
 

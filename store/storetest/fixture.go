@@ -112,7 +112,9 @@ func fixtureReservations() []ledger.Reservation {
 	debt.Actual = ledger.Amounts{900, 1, 30000}
 	debt.Overdraft = ledger.Amounts{300, 0, 18000}
 	debt.Breach = true
+	debt.UnknownAt = at(303 * time.Second) // past its deadline, then settled late
 	unknown := finished(started(base("rl-unknown", ledger.StateUsageUnknown)), 303*time.Second)
+	unknown.UnknownAt = at(303 * time.Second)
 	return []ledger.Reservation{
 		base("rl-requested", ledger.StateRequested),
 		base("rl-reserved", ledger.StateReserved),

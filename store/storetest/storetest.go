@@ -21,11 +21,12 @@
 //   - ReservationsDue orders by the time a reservation became due
 //     (ExpiresAt for RESERVED and EXPIRING, ExecutionDeadline for STARTED),
 //     ties by id; an EXPIRING reservation is due whatever its ExpiresAt;
-//   - ReservationsUnknown orders USAGE_UNKNOWN reservations by StartedAt,
-//     ties by id, and pages strictly after its cursor, so that following
-//     the last row of each page visits every row once; a Limit <= 0 is an
-//     error; ReservationsUnknownBacklog of no such reservation is a zero
-//     count and the zero time;
+//   - ReservationsUnknown orders USAGE_UNKNOWN reservations by UnknownAt
+//     (when they were marked, not when they started), ties by id, and
+//     pages strictly after its cursor, so that following the last row of
+//     each page visits every row once; a Limit <= 0 is an error;
+//     ReservationsUnknownBacklog finds the earliest UnknownAt, and of no
+//     such reservation is a zero count and the zero time;
 //   - AccountsInDebt lists the accounts whose row owes debt in any balance
 //     (OverdraftIssued > OverdraftRepaid; issued == repaid is no debt) as
 //     whole rows, in key order with generations compared as numbers, and
@@ -797,7 +798,8 @@ func testTimePrecision(t *testing.T, s store.Store) {
 	local := func(tt time.Time, i int) time.Time { return tt.In(zones[i%len(zones)]) }
 	r := fixtureReservations()[4] // SETTLED_WITH_DEBT: every time field set
 	r.ID = "rl-times"
-	times := []*time.Time{&r.AccountingEpoch, &r.CreatedAt, &r.ExpiresAt, &r.StartedAt, &r.ExecutionDeadline, &r.FinishedAt}
+	times := []*time.Time{&r.AccountingEpoch, &r.CreatedAt, &r.ExpiresAt, &r.StartedAt, &r.ExecutionDeadline, &r.UnknownAt,
+		&r.FinishedAt}
 	for i, tt := range times {
 		*tt = local(tt.Add(time.Duration(i+1)), i) // odd nanoseconds, non-UTC zones
 	}
@@ -833,7 +835,8 @@ func testTimePrecision(t *testing.T, s store.Store) {
 	same(t, "journal time", snap.Journal, []ledger.JournalEntry{e})
 	same(t, "statement times", snap.Statements, []ledger.Statement{st})
 	for _, got := range snap.Reservations {
-		for _, tt := range []time.Time{got.AccountingEpoch, got.CreatedAt, got.ExpiresAt, got.StartedAt, got.ExecutionDeadline, got.FinishedAt} {
+		for _, tt := range []time.Time{got.AccountingEpoch, got.CreatedAt, got.ExpiresAt, got.StartedAt, got.ExecutionDeadline,
+			got.UnknownAt, got.FinishedAt} {
 			if tt.Location() != time.UTC {
 				t.Errorf("time %v read back in %v, want UTC", tt, tt.Location())
 			}
@@ -979,17 +982,21 @@ func compareAccountKeys(a, b ledger.AccountKey) int {
 }
 
 // unknownRows returns the reservations of the USAGE_UNKNOWN tests: eight
-// USAGE_UNKNOWN ones (four with the same StartedAt, written out of id
+// USAGE_UNKNOWN ones (four marked at the same time, written out of id
 // order, across two subjects, two routes and a subject that "tenant7" is
 // a prefix of), one STARTED that later turns USAGE_UNKNOWN, and one of
 // each other state a reservation passes through, started earlier than
-// any of them, so a store that lists another state shows it first.
+// any of them, so a store that lists another state shows it first. The
+// USAGE_UNKNOWN ones started in the reverse of the order they were marked
+// in, and the one settled with debt was marked earliest of all, so a
+// store that orders or ages the backlog by StartedAt, or counts a
+// reservation that is no longer USAGE_UNKNOWN, answers otherwise.
 func unknownRows() []ledger.Reservation {
 	chat7 := ledger.AccountKey{Subject: "tenant7", Route: "chat.generate", Region: "eu", Generation: 2}
 	embed7 := ledger.AccountKey{Subject: "tenant7", Route: "embed", Region: "eu", Generation: 2}
 	chat8 := ledger.AccountKey{Subject: "tenant8", Route: "chat.generate", Region: "eu", Generation: 3}
 	chat70 := ledger.AccountKey{Subject: "tenant70", Route: "chat.generate", Region: "us", Generation: 1}
-	mk := func(id string, account ledger.AccountKey, state ledger.State, started time.Time) ledger.Reservation {
+	mk := func(id string, account ledger.AccountKey, state ledger.State, started, marked time.Time) ledger.Reservation {
 		r := ledger.Reservation{ID: id, RequestDigest: "sha256:" + id, Account: account, AccountingEpoch: at(-2 * time.Hour),
 			Reserved: ledger.Amounts{600, 1}, State: state, CreatedAt: at(-3 * time.Hour), ExpiresAt: at(-3*time.Hour + 30*time.Second)}
 		if !started.IsZero() {
@@ -997,9 +1004,8 @@ func unknownRows() []ledger.Reservation {
 			r.StartedAt = started
 			r.ExecutionDeadline = started.Add(2 * time.Minute)
 		}
+		r.UnknownAt = marked
 		switch state {
-		case ledger.StateUsageUnknown:
-			r.FinishedAt = r.ExecutionDeadline.Add(time.Second)
 		case ledger.StateSettled, ledger.StateSettledWithDebt:
 			r.FinishedAt = started.Add(time.Second)
 			r.Actual = ledger.Amounts{200, 1}
@@ -1007,21 +1013,22 @@ func unknownRows() []ledger.Reservation {
 		return r
 	}
 	tie := at(-time.Hour)
+	ago := func(minutes time.Duration) time.Time { return at(-minutes * time.Minute) }
 	return []ledger.Reservation{
-		mk("uu-old", chat8, ledger.StateUsageUnknown, at(-90*time.Minute)),
-		mk("uu-c", chat7, ledger.StateUsageUnknown, tie),
-		mk("uu-a", embed7, ledger.StateUsageUnknown, tie),
-		mk("uu-d", chat70, ledger.StateUsageUnknown, tie),
-		mk("uu-b", chat8, ledger.StateUsageUnknown, tie),
-		mk("uu-mid", chat7, ledger.StateUsageUnknown, tie.Add(time.Nanosecond)),
-		mk("uu-0", chat7, ledger.StateUsageUnknown, at(-30*time.Minute)),
-		mk("uu-late", embed7, ledger.StateUsageUnknown, at(-10*time.Minute)),
-		mk("rl-to-unknown", chat7, ledger.StateStarted, at(-45*time.Minute)),
-		mk("rl-reserved", chat7, ledger.StateReserved, time.Time{}),
-		mk("rl-released", chat8, ledger.StateReleased, time.Time{}),
-		mk("rl-started", chat7, ledger.StateStarted, at(-2*time.Hour)),
-		mk("rl-settled", chat7, ledger.StateSettled, at(-2*time.Hour)),
-		mk("rl-debt", chat8, ledger.StateSettledWithDebt, at(-2*time.Hour)),
+		mk("uu-old", chat8, ledger.StateUsageUnknown, ago(91), ago(90)),
+		mk("uu-c", chat7, ledger.StateUsageUnknown, ago(110), tie),
+		mk("uu-a", embed7, ledger.StateUsageUnknown, ago(95), tie),
+		mk("uu-d", chat70, ledger.StateUsageUnknown, ago(120), tie),
+		mk("uu-b", chat8, ledger.StateUsageUnknown, ago(100), tie),
+		mk("uu-mid", chat7, ledger.StateUsageUnknown, ago(130), tie.Add(time.Nanosecond)),
+		mk("uu-0", chat7, ledger.StateUsageUnknown, ago(140), ago(30)),
+		mk("uu-late", embed7, ledger.StateUsageUnknown, ago(150), ago(10)),
+		mk("rl-to-unknown", chat7, ledger.StateStarted, ago(160), time.Time{}),
+		mk("rl-reserved", chat7, ledger.StateReserved, time.Time{}, time.Time{}),
+		mk("rl-released", chat8, ledger.StateReleased, time.Time{}, time.Time{}),
+		mk("rl-started", chat7, ledger.StateStarted, ago(170), time.Time{}),
+		mk("rl-settled", chat7, ledger.StateSettled, ago(170), time.Time{}),
+		mk("rl-debt", chat8, ledger.StateSettledWithDebt, ago(170), ago(165)),
 	}
 }
 
@@ -1063,7 +1070,7 @@ func unknownPages(t *testing.T, s store.Store, f store.UnknownFilter) [][]ledger
 			return pages
 		}
 		last := page[len(page)-1]
-		f.After = store.UnknownCursor{StartedAt: last.StartedAt, ID: last.ID}
+		f.After = store.UnknownCursor{MarkedAt: last.UnknownAt, ID: last.ID}
 	}
 	t.Fatalf("%+v: still paging after 50 pages (does the cursor move on?)", f)
 	return nil
@@ -1122,17 +1129,17 @@ func testReservationsUnknown(t *testing.T, s store.Store) {
 			[][]string{{"uu-c"}, {"uu-mid"}, {"uu-0"}, {}}},
 		{"another subject's route", store.UnknownFilter{Subject: "tenant8", Route: "embed", Limit: 5}, [][]string{{}}},
 		{"no such subject", store.UnknownFilter{Subject: "tenant9", Limit: 5}, [][]string{{}}},
-		{"after a row inside a tie", store.UnknownFilter{After: store.UnknownCursor{StartedAt: at(-time.Hour), ID: "uu-b"}, Limit: 10},
+		{"after a row inside a tie", store.UnknownFilter{After: store.UnknownCursor{MarkedAt: at(-time.Hour), ID: "uu-b"}, Limit: 10},
 			[][]string{{"uu-c", "uu-d", "uu-mid", "uu-0", "uu-late"}}},
-		{"after a time, before its ids", store.UnknownFilter{After: store.UnknownCursor{StartedAt: at(-time.Hour)}, Limit: 10},
+		{"after a time, before its ids", store.UnknownFilter{After: store.UnknownCursor{MarkedAt: at(-time.Hour)}, Limit: 10},
 			[][]string{{"uu-a", "uu-b", "uu-c", "uu-d", "uu-mid", "uu-0", "uu-late"}}},
-		{"after a time, past its ids", store.UnknownFilter{After: store.UnknownCursor{StartedAt: at(-time.Hour), ID: "uu-zzz"}, Limit: 10},
+		{"after a time, past its ids", store.UnknownFilter{After: store.UnknownCursor{MarkedAt: at(-time.Hour), ID: "uu-zzz"}, Limit: 10},
 			[][]string{{"uu-mid", "uu-0", "uu-late"}}},
-		{"after a time between rows", store.UnknownFilter{After: store.UnknownCursor{StartedAt: at(-20 * time.Minute), ID: "zz"}, Limit: 10},
+		{"after a time between rows", store.UnknownFilter{After: store.UnknownCursor{MarkedAt: at(-20 * time.Minute), ID: "zz"}, Limit: 10},
 			[][]string{{"uu-late"}}},
-		{"after the last row", store.UnknownFilter{After: store.UnknownCursor{StartedAt: at(-10 * time.Minute), ID: "uu-late"}, Limit: 10},
+		{"after the last row", store.UnknownFilter{After: store.UnknownCursor{MarkedAt: at(-10 * time.Minute), ID: "uu-late"}, Limit: 10},
 			[][]string{{}}},
-		{"subject after a cursor", store.UnknownFilter{Subject: "tenant7", After: store.UnknownCursor{StartedAt: at(-time.Hour), ID: "uu-b"}, Limit: 10},
+		{"subject after a cursor", store.UnknownFilter{Subject: "tenant7", After: store.UnknownCursor{MarkedAt: at(-time.Hour), ID: "uu-b"}, Limit: 10},
 			[][]string{{"uu-c", "uu-mid", "uu-0", "uu-late"}}},
 	} {
 		same(t, tc.name, pageIDs(unknownPages(t, s, tc.f)), tc.pages)
@@ -1143,20 +1150,21 @@ func testReservationsUnknown(t *testing.T, s store.Store) {
 			t.Errorf("limit %d: %v and no error", limit, got)
 		}
 	}
-	tooLate := store.UnknownCursor{StartedAt: time.Date(2300, 1, 1, 0, 0, 0, 0, time.UTC), ID: "uu-a"}
+	tooLate := store.UnknownCursor{MarkedAt: time.Date(2300, 1, 1, 0, 0, 0, 0, time.UTC), ID: "uu-a"}
 	if got, err := s.ReservationsUnknown(ctx, store.UnknownFilter{After: tooLate, Limit: 10}); err == nil {
 		t.Errorf("cursor after 2262: %v and no error", got)
 	}
 
-	// A reservation that turns USAGE_UNKNOWN joins the list in its place;
-	// settled ones leave it, whether first or inside a tie.
+	// A reservation that turns USAGE_UNKNOWN joins the list in the place
+	// of its marking (it started before all of them); settled ones leave
+	// it, whether first or inside a tie.
 	toUnknown := byID["rl-to-unknown"]
 	toUnknown.State = ledger.StateUsageUnknown
-	toUnknown.FinishedAt = toUnknown.ExecutionDeadline.Add(time.Second)
+	toUnknown.UnknownAt = at(-45 * time.Minute)
 	commit(t, s, &store.Changes{Reservations: []ledger.Reservation{toUnknown, settle(byID["uu-old"]), settle(byID["uu-b"])}})
 	same(t, "after settling uu-old and uu-b", pageIDs(unknownPages(t, s, store.UnknownFilter{Limit: 2})),
 		[][]string{{"uu-a", "uu-c"}, {"uu-d", "uu-mid"}, {"rl-to-unknown", "uu-0"}, {"uu-late"}})
-	got, err := s.ReservationsUnknown(ctx, store.UnknownFilter{After: store.UnknownCursor{StartedAt: at(-time.Hour), ID: "uu-d"}, Limit: 2})
+	got, err := s.ReservationsUnknown(ctx, store.UnknownFilter{After: store.UnknownCursor{MarkedAt: at(-time.Hour), ID: "uu-d"}, Limit: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1207,12 +1215,12 @@ func testReservationsUnknownBacklog(t *testing.T, s store.Store) {
 	insertAll(t, s, others)
 	backlog("no USAGE_UNKNOWN reservation", store.UnknownBacklog{})
 	insertAll(t, s, unknown)
-	backlog("eight", store.UnknownBacklog{Count: 8, OldestStartedAt: at(-90 * time.Minute)})
+	backlog("eight", store.UnknownBacklog{Count: 8, OldestMarkedAt: at(-90 * time.Minute)})
 
 	// Settling the oldest moves the age to the next; settling every one
 	// empties the backlog.
 	commit(t, s, &store.Changes{Reservations: []ledger.Reservation{settle(unknown[0])}})
-	backlog("oldest settled", store.UnknownBacklog{Count: 7, OldestStartedAt: at(-time.Hour)})
+	backlog("oldest settled", store.UnknownBacklog{Count: 7, OldestMarkedAt: at(-time.Hour)})
 	var rest []ledger.Reservation
 	for _, r := range unknown[1:] {
 		rest = append(rest, settle(r))

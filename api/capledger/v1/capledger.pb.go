@@ -542,9 +542,14 @@ type Reservation struct {
 	FinishedAt *timestamppb.Timestamp `protobuf:"bytes,18,opt,name=finished_at,json=finishedAt,proto3" json:"finished_at,omitempty"`
 	// Set when the settle exceeded the max overdraft or came after the
 	// execution limit.
-	Breach        bool `protobuf:"varint,19,opt,name=breach,proto3" json:"breach,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Breach bool `protobuf:"varint,19,opt,name=breach,proto3" json:"breach,omitempty"`
+	// When it was marked USAGE_UNKNOWN (MarkUsageUnknown, or the execution
+	// limit passing); unset if it never was. Kept after a later settle. The
+	// USAGE_UNKNOWN backlog is ordered and aged by it. Reservations marked
+	// before capledger recorded this time show their started_at.
+	UsageUnknownAt *timestamppb.Timestamp `protobuf:"bytes,20,opt,name=usage_unknown_at,json=usageUnknownAt,proto3" json:"usage_unknown_at,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Reservation) Reset() {
@@ -708,6 +713,13 @@ func (x *Reservation) GetBreach() bool {
 		return x.Breach
 	}
 	return false
+}
+
+func (x *Reservation) GetUsageUnknownAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.UsageUnknownAt
+	}
+	return nil
 }
 
 // RejectionDetail explains a capacity rejection. It is attached as an error
@@ -2437,17 +2449,18 @@ func (x *ListUsageUnknownRequest) GetPageToken() string {
 
 type ListUsageUnknownResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Oldest started_at first (reservation_id breaks ties).
+	// Oldest usage_unknown_at first (reservation_id breaks ties): the
+	// longest-waiting first, whenever their work started.
 	Reservations []*Reservation `protobuf:"bytes,1,rep,name=reservations,proto3" json:"reservations,omitempty"`
 	// Pass it as page_token for the next page; empty on the last page.
 	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	// The whole USAGE_UNKNOWN backlog, ignoring the filters: how many
-	// reservations, and when the longest-waiting of them started (unset when
-	// there are none).
-	Backlog         int64                  `protobuf:"varint,3,opt,name=backlog,proto3" json:"backlog,omitempty"`
-	OldestStartedAt *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=oldest_started_at,json=oldestStartedAt,proto3" json:"oldest_started_at,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// reservations, and when the longest-waiting of them was marked
+	// USAGE_UNKNOWN (its usage_unknown_at; unset when there are none).
+	Backlog              int64                  `protobuf:"varint,3,opt,name=backlog,proto3" json:"backlog,omitempty"`
+	OldestUsageUnknownAt *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=oldest_usage_unknown_at,json=oldestUsageUnknownAt,proto3" json:"oldest_usage_unknown_at,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *ListUsageUnknownResponse) Reset() {
@@ -2501,9 +2514,9 @@ func (x *ListUsageUnknownResponse) GetBacklog() int64 {
 	return 0
 }
 
-func (x *ListUsageUnknownResponse) GetOldestStartedAt() *timestamppb.Timestamp {
+func (x *ListUsageUnknownResponse) GetOldestUsageUnknownAt() *timestamppb.Timestamp {
 	if x != nil {
-		return x.OldestStartedAt
+		return x.OldestUsageUnknownAt
 	}
 	return nil
 }
@@ -3160,7 +3173,7 @@ const file_capledger_v1_capledger_proto_rawDesc = "" +
 	"\fpublished_at\x18\x10 \x01(\v2\x1a.google.protobuf.TimestampR\vpublishedAt\x12\x1f\n" +
 	"\vrolled_back\x18\x11 \x01(\bR\n" +
 	"rolledBack\x12\x16\n" +
-	"\x06active\x18\x12 \x01(\bR\x06active\"\x9a\t\n" +
+	"\x06active\x18\x12 \x01(\bR\x06active\"\xe0\t\n" +
 	"\vReservation\x12\x16\n" +
 	"\x06schema\x18\x01 \x01(\tR\x06schema\x12%\n" +
 	"\x0ereservation_id\x18\x02 \x01(\tR\rreservationId\x12%\n" +
@@ -3185,7 +3198,8 @@ const file_capledger_v1_capledger_proto_rawDesc = "" +
 	"\x12execution_deadline\x18\x11 \x01(\v2\x1a.google.protobuf.TimestampR\x11executionDeadline\x12;\n" +
 	"\vfinished_at\x18\x12 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"finishedAt\x12\x16\n" +
-	"\x06breach\x18\x13 \x01(\bR\x06breach\x1a@\n" +
+	"\x06breach\x18\x13 \x01(\bR\x06breach\x12D\n" +
+	"\x10usage_unknown_at\x18\x14 \x01(\v2\x1a.google.protobuf.TimestampR\x0eusageUnknownAt\x1a@\n" +
 	"\x12ReservedUnitsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1a>\n" +
@@ -3309,12 +3323,12 @@ const file_capledger_v1_capledger_proto_rawDesc = "" +
 	"\x05route\x18\x02 \x01(\tR\x05route\x12\x1b\n" +
 	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x04 \x01(\tR\tpageToken\"\xe3\x01\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\"\xee\x01\n" +
 	"\x18ListUsageUnknownResponse\x12=\n" +
 	"\freservations\x18\x01 \x03(\v2\x19.capledger.v1.ReservationR\freservations\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\x12\x18\n" +
-	"\abacklog\x18\x03 \x01(\x03R\abacklog\x12F\n" +
-	"\x11oldest_started_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x0foldestStartedAt\"N\n" +
+	"\abacklog\x18\x03 \x01(\x03R\abacklog\x12Q\n" +
+	"\x17oldest_usage_unknown_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x14oldestUsageUnknownAt\"N\n" +
 	"\x10ListDebtsRequest\x12\x1b\n" +
 	"\tpage_size\x18\x01 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +
@@ -3486,78 +3500,79 @@ var file_capledger_v1_capledger_proto_depIdxs = []int32{
 	53, // 14: capledger.v1.Reservation.started_at:type_name -> google.protobuf.Timestamp
 	53, // 15: capledger.v1.Reservation.execution_deadline:type_name -> google.protobuf.Timestamp
 	53, // 16: capledger.v1.Reservation.finished_at:type_name -> google.protobuf.Timestamp
-	52, // 17: capledger.v1.RejectionDetail.retry_after:type_name -> google.protobuf.Duration
-	4,  // 18: capledger.v1.ErrorDetail.reservation:type_name -> capledger.v1.Reservation
-	3,  // 19: capledger.v1.PublishPolicyRequest.policy:type_name -> capledger.v1.Policy
-	3,  // 20: capledger.v1.PublishPolicyResponse.policy:type_name -> capledger.v1.Policy
-	3,  // 21: capledger.v1.GetPolicyResponse.policy:type_name -> capledger.v1.Policy
-	3,  // 22: capledger.v1.ListPoliciesResponse.policies:type_name -> capledger.v1.Policy
-	48, // 23: capledger.v1.ReserveRequest.units:type_name -> capledger.v1.ReserveRequest.UnitsEntry
-	4,  // 24: capledger.v1.ReserveResponse.reservation:type_name -> capledger.v1.Reservation
-	5,  // 25: capledger.v1.ReserveResponse.shadow_rejection:type_name -> capledger.v1.RejectionDetail
-	15, // 26: capledger.v1.ReserveBatchRequest.requests:type_name -> capledger.v1.ReserveRequest
-	5,  // 27: capledger.v1.ItemError.rejection:type_name -> capledger.v1.RejectionDetail
-	6,  // 28: capledger.v1.ItemError.detail:type_name -> capledger.v1.ErrorDetail
-	16, // 29: capledger.v1.ReserveOutcome.ok:type_name -> capledger.v1.ReserveResponse
-	18, // 30: capledger.v1.ReserveOutcome.error:type_name -> capledger.v1.ItemError
-	19, // 31: capledger.v1.ReserveBatchResponse.outcomes:type_name -> capledger.v1.ReserveOutcome
-	4,  // 32: capledger.v1.StartResponse.reservation:type_name -> capledger.v1.Reservation
-	49, // 33: capledger.v1.SettleRequest.actual_units:type_name -> capledger.v1.SettleRequest.ActualUnitsEntry
-	4,  // 34: capledger.v1.SettleResponse.reservation:type_name -> capledger.v1.Reservation
-	50, // 35: capledger.v1.SettleResponse.refunded_units:type_name -> capledger.v1.SettleResponse.RefundedUnitsEntry
-	23, // 36: capledger.v1.SettleBatchRequest.requests:type_name -> capledger.v1.SettleRequest
-	24, // 37: capledger.v1.SettleOutcome.ok:type_name -> capledger.v1.SettleResponse
-	18, // 38: capledger.v1.SettleOutcome.error:type_name -> capledger.v1.ItemError
-	26, // 39: capledger.v1.SettleBatchResponse.outcomes:type_name -> capledger.v1.SettleOutcome
-	4,  // 40: capledger.v1.ReleaseResponse.reservation:type_name -> capledger.v1.Reservation
-	51, // 41: capledger.v1.ReleaseResponse.refunded_units:type_name -> capledger.v1.ReleaseResponse.RefundedUnitsEntry
-	4,  // 42: capledger.v1.MarkUsageUnknownResponse.reservation:type_name -> capledger.v1.Reservation
-	4,  // 43: capledger.v1.GetReservationResponse.reservation:type_name -> capledger.v1.Reservation
-	4,  // 44: capledger.v1.ListUsageUnknownResponse.reservations:type_name -> capledger.v1.Reservation
-	53, // 45: capledger.v1.ListUsageUnknownResponse.oldest_started_at:type_name -> google.protobuf.Timestamp
-	39, // 46: capledger.v1.ListDebtsResponse.accounts:type_name -> capledger.v1.Account
-	53, // 47: capledger.v1.Account.epoch_start:type_name -> google.protobuf.Timestamp
-	38, // 48: capledger.v1.Account.balances:type_name -> capledger.v1.Balance
-	39, // 49: capledger.v1.GetAccountResponse.accounts:type_name -> capledger.v1.Account
-	43, // 50: capledger.v1.AuditResponse.discrepancies:type_name -> capledger.v1.Discrepancy
-	53, // 51: capledger.v1.AuditResponse.checked_at:type_name -> google.protobuf.Timestamp
-	7,  // 52: capledger.v1.LedgerService.PublishPolicy:input_type -> capledger.v1.PublishPolicyRequest
-	9,  // 53: capledger.v1.LedgerService.GetPolicy:input_type -> capledger.v1.GetPolicyRequest
-	11, // 54: capledger.v1.LedgerService.ListPolicies:input_type -> capledger.v1.ListPoliciesRequest
-	13, // 55: capledger.v1.LedgerService.RollbackPolicy:input_type -> capledger.v1.RollbackPolicyRequest
-	15, // 56: capledger.v1.LedgerService.Reserve:input_type -> capledger.v1.ReserveRequest
-	17, // 57: capledger.v1.LedgerService.ReserveBatch:input_type -> capledger.v1.ReserveBatchRequest
-	21, // 58: capledger.v1.LedgerService.Start:input_type -> capledger.v1.StartRequest
-	23, // 59: capledger.v1.LedgerService.Settle:input_type -> capledger.v1.SettleRequest
-	25, // 60: capledger.v1.LedgerService.SettleBatch:input_type -> capledger.v1.SettleBatchRequest
-	28, // 61: capledger.v1.LedgerService.Release:input_type -> capledger.v1.ReleaseRequest
-	30, // 62: capledger.v1.LedgerService.MarkUsageUnknown:input_type -> capledger.v1.MarkUsageUnknownRequest
-	32, // 63: capledger.v1.LedgerService.GetReservation:input_type -> capledger.v1.GetReservationRequest
-	40, // 64: capledger.v1.LedgerService.GetAccount:input_type -> capledger.v1.GetAccountRequest
-	34, // 65: capledger.v1.LedgerService.ListUsageUnknown:input_type -> capledger.v1.ListUsageUnknownRequest
-	36, // 66: capledger.v1.LedgerService.ListDebts:input_type -> capledger.v1.ListDebtsRequest
-	42, // 67: capledger.v1.LedgerService.Audit:input_type -> capledger.v1.AuditRequest
-	8,  // 68: capledger.v1.LedgerService.PublishPolicy:output_type -> capledger.v1.PublishPolicyResponse
-	10, // 69: capledger.v1.LedgerService.GetPolicy:output_type -> capledger.v1.GetPolicyResponse
-	12, // 70: capledger.v1.LedgerService.ListPolicies:output_type -> capledger.v1.ListPoliciesResponse
-	14, // 71: capledger.v1.LedgerService.RollbackPolicy:output_type -> capledger.v1.RollbackPolicyResponse
-	16, // 72: capledger.v1.LedgerService.Reserve:output_type -> capledger.v1.ReserveResponse
-	20, // 73: capledger.v1.LedgerService.ReserveBatch:output_type -> capledger.v1.ReserveBatchResponse
-	22, // 74: capledger.v1.LedgerService.Start:output_type -> capledger.v1.StartResponse
-	24, // 75: capledger.v1.LedgerService.Settle:output_type -> capledger.v1.SettleResponse
-	27, // 76: capledger.v1.LedgerService.SettleBatch:output_type -> capledger.v1.SettleBatchResponse
-	29, // 77: capledger.v1.LedgerService.Release:output_type -> capledger.v1.ReleaseResponse
-	31, // 78: capledger.v1.LedgerService.MarkUsageUnknown:output_type -> capledger.v1.MarkUsageUnknownResponse
-	33, // 79: capledger.v1.LedgerService.GetReservation:output_type -> capledger.v1.GetReservationResponse
-	41, // 80: capledger.v1.LedgerService.GetAccount:output_type -> capledger.v1.GetAccountResponse
-	35, // 81: capledger.v1.LedgerService.ListUsageUnknown:output_type -> capledger.v1.ListUsageUnknownResponse
-	37, // 82: capledger.v1.LedgerService.ListDebts:output_type -> capledger.v1.ListDebtsResponse
-	44, // 83: capledger.v1.LedgerService.Audit:output_type -> capledger.v1.AuditResponse
-	68, // [68:84] is the sub-list for method output_type
-	52, // [52:68] is the sub-list for method input_type
-	52, // [52:52] is the sub-list for extension type_name
-	52, // [52:52] is the sub-list for extension extendee
-	0,  // [0:52] is the sub-list for field type_name
+	53, // 17: capledger.v1.Reservation.usage_unknown_at:type_name -> google.protobuf.Timestamp
+	52, // 18: capledger.v1.RejectionDetail.retry_after:type_name -> google.protobuf.Duration
+	4,  // 19: capledger.v1.ErrorDetail.reservation:type_name -> capledger.v1.Reservation
+	3,  // 20: capledger.v1.PublishPolicyRequest.policy:type_name -> capledger.v1.Policy
+	3,  // 21: capledger.v1.PublishPolicyResponse.policy:type_name -> capledger.v1.Policy
+	3,  // 22: capledger.v1.GetPolicyResponse.policy:type_name -> capledger.v1.Policy
+	3,  // 23: capledger.v1.ListPoliciesResponse.policies:type_name -> capledger.v1.Policy
+	48, // 24: capledger.v1.ReserveRequest.units:type_name -> capledger.v1.ReserveRequest.UnitsEntry
+	4,  // 25: capledger.v1.ReserveResponse.reservation:type_name -> capledger.v1.Reservation
+	5,  // 26: capledger.v1.ReserveResponse.shadow_rejection:type_name -> capledger.v1.RejectionDetail
+	15, // 27: capledger.v1.ReserveBatchRequest.requests:type_name -> capledger.v1.ReserveRequest
+	5,  // 28: capledger.v1.ItemError.rejection:type_name -> capledger.v1.RejectionDetail
+	6,  // 29: capledger.v1.ItemError.detail:type_name -> capledger.v1.ErrorDetail
+	16, // 30: capledger.v1.ReserveOutcome.ok:type_name -> capledger.v1.ReserveResponse
+	18, // 31: capledger.v1.ReserveOutcome.error:type_name -> capledger.v1.ItemError
+	19, // 32: capledger.v1.ReserveBatchResponse.outcomes:type_name -> capledger.v1.ReserveOutcome
+	4,  // 33: capledger.v1.StartResponse.reservation:type_name -> capledger.v1.Reservation
+	49, // 34: capledger.v1.SettleRequest.actual_units:type_name -> capledger.v1.SettleRequest.ActualUnitsEntry
+	4,  // 35: capledger.v1.SettleResponse.reservation:type_name -> capledger.v1.Reservation
+	50, // 36: capledger.v1.SettleResponse.refunded_units:type_name -> capledger.v1.SettleResponse.RefundedUnitsEntry
+	23, // 37: capledger.v1.SettleBatchRequest.requests:type_name -> capledger.v1.SettleRequest
+	24, // 38: capledger.v1.SettleOutcome.ok:type_name -> capledger.v1.SettleResponse
+	18, // 39: capledger.v1.SettleOutcome.error:type_name -> capledger.v1.ItemError
+	26, // 40: capledger.v1.SettleBatchResponse.outcomes:type_name -> capledger.v1.SettleOutcome
+	4,  // 41: capledger.v1.ReleaseResponse.reservation:type_name -> capledger.v1.Reservation
+	51, // 42: capledger.v1.ReleaseResponse.refunded_units:type_name -> capledger.v1.ReleaseResponse.RefundedUnitsEntry
+	4,  // 43: capledger.v1.MarkUsageUnknownResponse.reservation:type_name -> capledger.v1.Reservation
+	4,  // 44: capledger.v1.GetReservationResponse.reservation:type_name -> capledger.v1.Reservation
+	4,  // 45: capledger.v1.ListUsageUnknownResponse.reservations:type_name -> capledger.v1.Reservation
+	53, // 46: capledger.v1.ListUsageUnknownResponse.oldest_usage_unknown_at:type_name -> google.protobuf.Timestamp
+	39, // 47: capledger.v1.ListDebtsResponse.accounts:type_name -> capledger.v1.Account
+	53, // 48: capledger.v1.Account.epoch_start:type_name -> google.protobuf.Timestamp
+	38, // 49: capledger.v1.Account.balances:type_name -> capledger.v1.Balance
+	39, // 50: capledger.v1.GetAccountResponse.accounts:type_name -> capledger.v1.Account
+	43, // 51: capledger.v1.AuditResponse.discrepancies:type_name -> capledger.v1.Discrepancy
+	53, // 52: capledger.v1.AuditResponse.checked_at:type_name -> google.protobuf.Timestamp
+	7,  // 53: capledger.v1.LedgerService.PublishPolicy:input_type -> capledger.v1.PublishPolicyRequest
+	9,  // 54: capledger.v1.LedgerService.GetPolicy:input_type -> capledger.v1.GetPolicyRequest
+	11, // 55: capledger.v1.LedgerService.ListPolicies:input_type -> capledger.v1.ListPoliciesRequest
+	13, // 56: capledger.v1.LedgerService.RollbackPolicy:input_type -> capledger.v1.RollbackPolicyRequest
+	15, // 57: capledger.v1.LedgerService.Reserve:input_type -> capledger.v1.ReserveRequest
+	17, // 58: capledger.v1.LedgerService.ReserveBatch:input_type -> capledger.v1.ReserveBatchRequest
+	21, // 59: capledger.v1.LedgerService.Start:input_type -> capledger.v1.StartRequest
+	23, // 60: capledger.v1.LedgerService.Settle:input_type -> capledger.v1.SettleRequest
+	25, // 61: capledger.v1.LedgerService.SettleBatch:input_type -> capledger.v1.SettleBatchRequest
+	28, // 62: capledger.v1.LedgerService.Release:input_type -> capledger.v1.ReleaseRequest
+	30, // 63: capledger.v1.LedgerService.MarkUsageUnknown:input_type -> capledger.v1.MarkUsageUnknownRequest
+	32, // 64: capledger.v1.LedgerService.GetReservation:input_type -> capledger.v1.GetReservationRequest
+	40, // 65: capledger.v1.LedgerService.GetAccount:input_type -> capledger.v1.GetAccountRequest
+	34, // 66: capledger.v1.LedgerService.ListUsageUnknown:input_type -> capledger.v1.ListUsageUnknownRequest
+	36, // 67: capledger.v1.LedgerService.ListDebts:input_type -> capledger.v1.ListDebtsRequest
+	42, // 68: capledger.v1.LedgerService.Audit:input_type -> capledger.v1.AuditRequest
+	8,  // 69: capledger.v1.LedgerService.PublishPolicy:output_type -> capledger.v1.PublishPolicyResponse
+	10, // 70: capledger.v1.LedgerService.GetPolicy:output_type -> capledger.v1.GetPolicyResponse
+	12, // 71: capledger.v1.LedgerService.ListPolicies:output_type -> capledger.v1.ListPoliciesResponse
+	14, // 72: capledger.v1.LedgerService.RollbackPolicy:output_type -> capledger.v1.RollbackPolicyResponse
+	16, // 73: capledger.v1.LedgerService.Reserve:output_type -> capledger.v1.ReserveResponse
+	20, // 74: capledger.v1.LedgerService.ReserveBatch:output_type -> capledger.v1.ReserveBatchResponse
+	22, // 75: capledger.v1.LedgerService.Start:output_type -> capledger.v1.StartResponse
+	24, // 76: capledger.v1.LedgerService.Settle:output_type -> capledger.v1.SettleResponse
+	27, // 77: capledger.v1.LedgerService.SettleBatch:output_type -> capledger.v1.SettleBatchResponse
+	29, // 78: capledger.v1.LedgerService.Release:output_type -> capledger.v1.ReleaseResponse
+	31, // 79: capledger.v1.LedgerService.MarkUsageUnknown:output_type -> capledger.v1.MarkUsageUnknownResponse
+	33, // 80: capledger.v1.LedgerService.GetReservation:output_type -> capledger.v1.GetReservationResponse
+	41, // 81: capledger.v1.LedgerService.GetAccount:output_type -> capledger.v1.GetAccountResponse
+	35, // 82: capledger.v1.LedgerService.ListUsageUnknown:output_type -> capledger.v1.ListUsageUnknownResponse
+	37, // 83: capledger.v1.LedgerService.ListDebts:output_type -> capledger.v1.ListDebtsResponse
+	44, // 84: capledger.v1.LedgerService.Audit:output_type -> capledger.v1.AuditResponse
+	69, // [69:85] is the sub-list for method output_type
+	53, // [53:69] is the sub-list for method input_type
+	53, // [53:53] is the sub-list for extension type_name
+	53, // [53:53] is the sub-list for extension extendee
+	0,  // [0:53] is the sub-list for field type_name
 }
 
 func init() { file_capledger_v1_capledger_proto_init() }
