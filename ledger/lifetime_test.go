@@ -186,3 +186,21 @@ func TestLifetimeBoundCountsOutstandingHolds(t *testing.T) {
 		t.Fatalf("spent %d, want the bound", spent)
 	}
 }
+
+// Under a shadow policy the lifetime refusal, like a capacity rejection,
+// is answered as what enforcement would have done (Shadow set, nothing
+// reserved), so shadow mode never stops a caller.
+func TestLifetimeBoundInShadowMode(t *testing.T) {
+	c := newChecked(t)
+	p := policyOf(tokens(ledger.MaxUnits, ledger.MaxUnits))
+	p.Rollout = ledger.RolloutShadow
+	g := c.publish(p)
+	lifecycles(c, "full", 32, ledger.MaxUnits)
+	res := c.reserve("over", 1)
+	if !res.Shadow || !errors.Is(res.Err, ledger.ErrLifetimeExhausted) || res.Dimension != "tokens" || res.Generation != g {
+		t.Fatalf("shadow reserve on a full account: %+v", res)
+	}
+	if _, ok := c.m.Reservation("over"); ok {
+		t.Fatal("a shadow refusal reserved something")
+	}
+}

@@ -98,8 +98,16 @@ func reserve(b Book, cmd *Command, now time.Time, res *Result) {
 	}
 	// Admit only work whose settle at its estimate could be recorded, so a
 	// full account refuses new work rather than its settles.
-	if err := lifetimeRoom(a, &cmd.Units, true); err != nil {
-		*res = Result{Err: err, Generation: p.Generation}
+	if dim, err := lifetimeRoom(a, &cmd.Units, true); err != nil {
+		*res = Result{Err: err, Generation: p.Generation, Dimension: p.Dimensions[dim].Unit}
+		if p.Rollout == RolloutShadow {
+			// Shadow mode never stops a caller: like a capacity
+			// rejection, the refusal is journaled and answered as one
+			// enforcement would have given.
+			res.Shadow = true
+			before := a.Balances
+			journal(b, a, &before, KindReserve, cmd.ReservationID, StateRequested, StateRequested, "shadow", now)
+		}
 		b.AccountPut(a)
 		return
 	}
@@ -390,7 +398,7 @@ func settle(b Book, id, operationID string, actual Amounts, now time.Time, res *
 		*res = Result{Err: err, Reservation: *r}
 		return
 	}
-	if err := lifetimeRoom(a, &actual, false); err != nil {
+	if _, err := lifetimeRoom(a, &actual, false); err != nil {
 		*res = Result{Err: err, Reservation: *r}
 		return
 	}
@@ -637,16 +645,16 @@ func stateError(s State) error {
 // the settles of work it admitted. (Debt issued here is also spent; debt
 // that moves between generations or is charged by a shard is bounded
 // where it is added.)
-func lifetimeRoom(a *Account, usage *Amounts, held bool) error {
+func lifetimeRoom(a *Account, usage *Amounts, held bool) (dim int, err error) {
 	for i := 0; i < a.Dims; i++ {
 		spent := a.Balances[i].Spent
 		if held {
 			spent += a.Balances[i].Reserved // both at most 2^58: no overflow
 		}
 		if spent > MaxLifetimeUnits-usage[i] {
-			return fmt.Errorf("%w: dimension %d has spent %d over the account's life (counting holds: %v); %d more would pass %d (publish a new generation for a fresh account)",
+			return i, fmt.Errorf("%w: dimension %d has spent %d over the account's life (counting holds: %v); %d more would pass %d (publish a new generation for a fresh account)",
 				ErrLifetimeExhausted, i, spent, held, usage[i], MaxLifetimeUnits)
 		}
 	}
-	return nil
+	return -1, nil
 }
