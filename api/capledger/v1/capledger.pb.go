@@ -545,8 +545,10 @@ type Reservation struct {
 	Breach bool `protobuf:"varint,19,opt,name=breach,proto3" json:"breach,omitempty"`
 	// When it was marked USAGE_UNKNOWN (MarkUsageUnknown, or the execution
 	// limit passing); unset if it never was. Kept after a later settle. The
-	// USAGE_UNKNOWN backlog is ordered and aged by it. Reservations marked
-	// before capledger recorded this time show their started_at.
+	// USAGE_UNKNOWN backlog is ordered and aged by it. Before capledger
+	// recorded this time (store schema 5), a reservation still USAGE_UNKNOWN
+	// at the upgrade shows its started_at; one marked and settled before the
+	// upgrade shows none.
 	UsageUnknownAt *timestamppb.Timestamp `protobuf:"bytes,20,opt,name=usage_unknown_at,json=usageUnknownAt,proto3" json:"usage_unknown_at,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
