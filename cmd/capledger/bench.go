@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -97,9 +96,9 @@ type benchConfig struct {
 	protocol    client.Protocol
 	setup       bool
 	progress    bool
-	addr, token string
-	timeout     time.Duration
-	tls         *tls.Config // --ca-file's roots; nil: the system's
+	// conn is the connection flags: the SDK client for the ledger modes,
+	// the address alone for the baselines.
+	conn *clientFlags
 }
 
 func runBench(ctx context.Context, e *env, args []string) error {
@@ -146,10 +145,7 @@ func runBench(ctx context.Context, e *env, args []string) error {
 	case cfg.units < 1:
 		return usagef("--units must be at least 1")
 	}
-	cfg.addr, cfg.token, cfg.timeout = cf.addr, cf.token, cf.timeout
-	if cfg.tls, err = cf.tlsConfig(); err != nil {
-		return err
-	}
+	cfg.conn = &cf
 	defer benchRuntime(e, cfg.concurrency)()
 
 	var op func(ctx context.Context, w *benchWorker) (units int, err error)
@@ -220,22 +216,15 @@ func (w *benchWorker) subject(cfg *benchConfig) string {
 // ledgerOp connects to the ledger, publishes the bench policy if asked, and
 // returns the operation of cfg.mode.
 func ledgerOp(ctx context.Context, cfg *benchConfig) (func(context.Context, *benchWorker) (int, error), error) {
-	opts := []client.Option{
-		client.WithProtocol(cfg.protocol), client.WithTimeout(cfg.timeout),
+	c, err := cfg.conn.sdk(
+		client.WithProtocol(cfg.protocol),
 		// A benchmark measures single calls: a lost answer is an error, not
 		// a retry.
 		client.WithRetryPolicy(client.RetryPolicy{MaxAttempts: 1}),
 		client.WithMaxIdleConns(max(cfg.concurrency*2, 16)),
-	}
-	if cfg.token != "" {
-		opts = append(opts, client.WithBearerToken(cfg.token))
-	}
-	if cfg.tls != nil {
-		opts = append(opts, client.WithTLS(cfg.tls))
-	}
-	c, err := client.New(cfg.addr, opts...)
+	)
 	if err != nil {
-		return nil, usagef("%v", err)
+		return nil, err
 	}
 	if cfg.setup {
 		_, _, err := c.PublishPolicy(ctx, &v1.Policy{
@@ -342,7 +331,7 @@ func baselineURL(addr, path string) string {
 
 // echoOp posts JSON to the echo server and reads the echo back.
 func echoOp(cfg *benchConfig) (func(context.Context, *benchWorker) (int, error), error) {
-	url := baselineURL(cfg.addr, "/echo")
+	url := baselineURL(cfg.conn.addr, "/echo")
 	hc := baselineClient(cfg)
 	return func(ctx context.Context, w *benchWorker) (int, error) {
 		body, _ := json.Marshal(echoBody{
@@ -386,7 +375,7 @@ type gubernatorResponse struct {
 // exhausts, on the subject's key, so every call is admitted as a reserve
 // of the bench policy is.
 func gubernatorOp(cfg *benchConfig) (func(context.Context, *benchWorker) (int, error), error) {
-	url := baselineURL(cfg.addr, "/v1/GetRateLimits")
+	url := baselineURL(cfg.conn.addr, "/v1/GetRateLimits")
 	hc := baselineClient(cfg)
 	return func(ctx context.Context, w *benchWorker) (int, error) {
 		body, _ := json.Marshal(gubernatorRequest{Requests: []gubernatorRateLimit{{

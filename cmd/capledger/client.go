@@ -21,6 +21,7 @@ import (
 
 	v1 "github.com/capledger/capledger/api/capledger/v1"
 	"github.com/capledger/capledger/api/capledger/v1/capledgerv1connect"
+	"github.com/capledger/capledger/client"
 )
 
 // clientFlags are the flags of every command that talks to a server.
@@ -96,6 +97,29 @@ func (c *clientFlags) tlsConfig() (*tls.Config, error) {
 		return nil, usagef("--ca-file: %v", err)
 	}
 	return &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool}, nil
+}
+
+// sdk returns a Go SDK client (for the commands that need its retries or
+// its emergency-shard machinery) with --addr, --token, --timeout and
+// --ca-file applied, then opts; a usageError for a malformed --addr or an
+// unusable --ca-file.
+func (c *clientFlags) sdk(opts ...client.Option) (*client.Client, error) {
+	tlsConfig, err := c.tlsConfig()
+	if err != nil {
+		return nil, err
+	}
+	base := []client.Option{client.WithTimeout(c.timeout)}
+	if c.token != "" {
+		base = append(base, client.WithBearerToken(c.token))
+	}
+	if tlsConfig != nil {
+		base = append(base, client.WithTLS(tlsConfig))
+	}
+	sc, err := client.New(c.addr, append(base, opts...)...)
+	if err != nil {
+		return nil, usagef("%v", err)
+	}
+	return sc, nil
 }
 
 // httpClient returns the http.Client of client and shardClient: Go's

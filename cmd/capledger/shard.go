@@ -354,17 +354,9 @@ func reconcileDir(ctx context.Context, e *env, cf *clientFlags, dir, gateway str
 		return exitError{code: exitConflict, err: err}
 	}
 	defer st.Close()
-	opts := []client.Option{client.WithTimeout(cf.timeout), client.WithBearerToken(cf.token)}
-	tlsConfig, err := cf.tlsConfig()
+	c, err := cf.sdk()
 	if err != nil {
 		return err
-	}
-	if tlsConfig != nil {
-		opts = append(opts, client.WithTLS(tlsConfig))
-	}
-	c, err := client.New(cf.addr, opts...)
-	if err != nil {
-		return usagef("%v", err)
 	}
 	defer c.Close()
 	em := client.NewEmergency(c, st, client.EmergencyOptions{Token: cf.token})
