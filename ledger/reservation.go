@@ -29,8 +29,10 @@ import (
 //     (RetryAfter 0: no wait helps);
 //   - ErrAdmissionFrozen while the account carries debt in any dimension;
 //   - ErrInsufficientCapacity when a dimension lacks available capacity;
-//   - ErrLifetimeExhausted when settling the units as estimated would take
-//     the account's lifetime spent above MaxLifetimeUnits;
+//   - ErrLifetimeExhausted (with Dimension) when settling the units and
+//     every hold outstanding at their estimates would take the account's
+//     lifetime spent above MaxLifetimeUnits; under a shadow policy it sets
+//     Shadow like a capacity rejection;
 //   - success with the new RESERVED receipt and Generation.
 //
 // Capacity rejections (TooLarge, Frozen, Insufficient) carry Generation,
@@ -85,7 +87,15 @@ func reserve(b Book, cmd *Command, now time.Time, res *Result) {
 	}
 	bringToNow(b, a, p, now, true)
 
-	if rej := admit(a, p, &cmd.Units, now); rej.err != nil {
+	rej := admit(a, p, &cmd.Units, now)
+	if rej.err == nil {
+		// Admit only work whose settle at its estimate could be recorded,
+		// so a full account refuses new work rather than its settles.
+		if dim, err := lifetimeRoom(a, &cmd.Units, true); err != nil {
+			rej = rejection{err: err, dimension: dim}
+		}
+	}
+	if rej.err != nil {
 		*res = rej.result(p)
 		res.Generation = p.Generation
 		if p.Rollout == RolloutShadow {
@@ -94,21 +104,6 @@ func reserve(b Book, cmd *Command, now time.Time, res *Result) {
 			journal(b, a, &before, KindReserve, cmd.ReservationID, StateRequested, StateRequested, "shadow", now)
 		}
 		b.AccountPut(a) // a rejection still keeps the refill and epoch close above
-		return
-	}
-	// Admit only work whose settle at its estimate could be recorded, so a
-	// full account refuses new work rather than its settles.
-	if dim, err := lifetimeRoom(a, &cmd.Units, true); err != nil {
-		*res = Result{Err: err, Generation: p.Generation, Dimension: p.Dimensions[dim].Unit}
-		if p.Rollout == RolloutShadow {
-			// Shadow mode never stops a caller: like a capacity
-			// rejection, the refusal is journaled and answered as one
-			// enforcement would have given.
-			res.Shadow = true
-			before := a.Balances
-			journal(b, a, &before, KindReserve, cmd.ReservationID, StateRequested, StateRequested, "shadow", now)
-		}
-		b.AccountPut(a)
 		return
 	}
 
@@ -642,9 +637,9 @@ func stateError(s State) error {
 // MaxLifetimeUnits. A settle spends all of its actual usage. A reserve
 // (held true) is checked as if every hold outstanding, its own included,
 // settled at its estimate, so a full account refuses new work rather than
-// the settles of work it admitted. (Debt issued here is also spent; debt
-// that moves between generations or is charged by a shard is bounded
-// where it is added.)
+// the settles of work it admitted. (Debt issued by a settle is also spent.
+// Debt a shard charges is bounded in remintTarget; debt that moves between
+// generations is not bounded yet, see MaxLifetimeUnits.)
 func lifetimeRoom(a *Account, usage *Amounts, held bool) (dim int, err error) {
 	for i := 0; i < a.Dims; i++ {
 		spent := a.Balances[i].Spent

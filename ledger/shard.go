@@ -412,7 +412,7 @@ func ReconcileShard(b Book, args *ShardArgs, now time.Time) Result {
 			}
 		}
 	}
-	to, toPolicy, err := remintTarget(b, s, reminted, charged, now)
+	dest, err := remintTarget(b, s, reminted, charged, now)
 	if err != nil {
 		return Result{Err: err, Shard: cloneShard(s), Generation: s.Account.Generation}
 	}
@@ -431,10 +431,7 @@ func ReconcileShard(b Book, args *ShardArgs, now time.Time) Result {
 		}
 	}
 	*s = next
-	move, err := remintShard(b, s, to, toPolicy, reminted, charged, now)
-	if err != nil {
-		return Result{Err: err}
-	}
+	move := remintShard(b, s, dest, reminted, charged, now)
 	b.ShardPut(s)
 	return Result{Shard: cloneShard(s), Move: move, Generation: s.Account.Generation}
 }
@@ -467,12 +464,20 @@ func checkReceipts(receipts []ShardReceipt) error {
 	return nil
 }
 
+// remintDest is where a shard's remint goes: the account to and its
+// policy, and the policy the shard was issued under (whose dimensions the
+// amounts are in).
+type remintDest struct {
+	to                   *Account
+	toPolicy, fromPolicy *Policy
+}
+
 // remintTarget returns the account a remint of units (and a charge of
 // debt) goes to: the subject's current account under the active
 // generation, brought to now; when nothing admits for the subject (every
 // generation rolled back), the account that holds the subject's capacity
-// now, from where a drain forwards it later. It returns nil, nil when
-// there is nothing to remint or charge.
+// now, from where a drain forwards it later. It returns nil when there is
+// nothing to remint or charge.
 //
 // The charge is debt that is not spent at the destination (it was used
 // under the shard), issued and retired for the move there, and the remint
@@ -485,9 +490,9 @@ func checkReceipts(receipts []ShardReceipt) error {
 // It returns ErrAccountNotFound or ErrPolicyNotFound only when the book
 // could not read a row that was written with the shard: a store read error,
 // after which the book's owner discards the whole batch (see Book).
-func remintTarget(b Book, s *Shard, units, debt Amounts, now time.Time) (*Account, *Policy, error) {
+func remintTarget(b Book, s *Shard, units, debt Amounts, now time.Time) (*remintDest, error) {
 	if units == (Amounts{}) && debt == (Amounts{}) {
-		return nil, nil, nil
+		return nil, nil
 	}
 	subject := s.Account.SubjectKey()
 	var to *Account
@@ -506,13 +511,13 @@ func remintTarget(b Book, s *Shard, units, debt Amounts, now time.Time) (*Accoun
 		}
 		a, p, err := accountFor(b, key)
 		if err != nil {
-			return nil, nil, fmt.Errorf("remint shard %s: %w", s.ID, err)
+			return nil, fmt.Errorf("remint shard %s: %w", s.ID, err)
 		}
 		to, toPolicy = a, p
 	}
 	fromPolicy, ok := b.Policy(s.Account.Generation)
 	if !ok {
-		return nil, nil, fmt.Errorf("remint shard %s: %w: generation %d", s.ID, ErrPolicyNotFound, s.Account.Generation)
+		return nil, fmt.Errorf("remint shard %s: %w: generation %d", s.ID, ErrPolicyNotFound, s.Account.Generation)
 	}
 	for i := 0; i < len(fromPolicy.Dimensions); i++ {
 		j := toPolicy.DimensionIndex(fromPolicy.Dimensions[i].Unit)
@@ -521,24 +526,21 @@ func remintTarget(b Book, s *Shard, units, debt Amounts, now time.Time) (*Accoun
 		}
 		// debt and units are at most MaxLifetimeUnits and MaxUnits here.
 		if retired := to.Balances[j].RetiredForMove; retired > MaxLifetimeUnits-debt[i]-units[i] {
-			return nil, nil, fmt.Errorf("%w: %s dimension %d has %d retired for moves; a remint of %d and a charge of %d could pass %d (publish a new generation for a fresh account)",
+			return nil, fmt.Errorf("%w: %s dimension %d has %d retired for moves; a remint of %d and a charge of %d could pass %d (publish a new generation for a fresh account)",
 				ErrLifetimeExhausted, to.Key, j, retired, units[i], debt[i], MaxLifetimeUnits)
 		}
 	}
-	return to, toPolicy, nil
+	return &remintDest{to: to, toPolicy: toPolicy, fromPolicy: fromPolicy}, nil
 }
 
-// remintShard mints confirmed-unused shard capacity into account to (see
+// remintShard mints confirmed-unused shard capacity into dest (see
 // remintTarget) and charges usage the shard could not cover there as
 // debt, exactly once under a fresh receipt.
-func remintShard(b Book, s *Shard, to *Account, toPolicy *Policy, units, debt Amounts, now time.Time) (*Move, error) {
-	if to == nil {
-		return nil, nil
+func remintShard(b Book, s *Shard, dest *remintDest, units, debt Amounts, now time.Time) *Move {
+	if dest == nil {
+		return nil
 	}
-	fromPolicy, ok := b.Policy(s.Account.Generation)
-	if !ok {
-		return nil, fmt.Errorf("remint shard %s: %w: generation %d", s.ID, ErrPolicyNotFound, s.Account.Generation)
-	}
+	to, toPolicy, fromPolicy := dest.to, dest.toPolicy, dest.fromPolicy
 	n := b.Meta(metaShardMoves(s.ID)) + 1
 	b.MetaPut(metaShardMoves(s.ID), n)
 	b.MetaPut(MetaShardRemints, b.Meta(MetaShardRemints)+1)
@@ -581,7 +583,7 @@ func remintShard(b Book, s *Shard, to *Account, toPolicy *Policy, units, debt Am
 	journal(b, to, &before, KindShardReconcile, "", 0, 0, move.ReceiptID, now)
 	b.AccountPut(to)
 	b.MovePut(&move)
-	return &move, nil
+	return &move
 }
 
 // refuseShard counts a refused reconciliation submission, in total and
