@@ -92,10 +92,10 @@ const MaxVarintLen = binary.MaxVarintLen64
 // ErrCorrupt when src is not exactly one encoded Amounts.
 func DecodeAmounts(src []byte) (ledger.Amounts, error) {
 	var out ledger.Amounts
-	r := reader{what: "amounts", buf: src}
-	r.tag(TagAmountsV1)
+	r := NewReader("amounts", src)
+	r.Tag(TagAmountsV1)
 	r.amountsBody(&out)
-	r.end()
+	r.End()
 	return out, r.err
 }
 
@@ -128,17 +128,17 @@ func EncodeBalances(b *ledger.Balances) []byte {
 // ErrCorrupt when src is not exactly one encoded Balances.
 func DecodeBalances(src []byte) (ledger.Balances, error) {
 	var out ledger.Balances
-	r := reader{what: "balances", buf: src}
-	r.tag(TagBalancesV1)
+	r := NewReader("balances", src)
+	r.Tag(TagBalancesV1)
 	n := r.count()
 	for i := 0; i < n && r.err == nil; i++ {
 		t := &out[i]
 		for _, term := range [balanceTerms]*int64{&t.Opening, &t.Minted, &t.OverdraftIssued, &t.Available,
 			&t.Reserved, &t.Spent, &t.RetiredForEmergency, &t.RetiredForMove, &t.OverdraftRepaid} {
-			*term = r.varint()
+			*term = r.Varint()
 		}
 	}
-	r.end()
+	r.End()
 	return out, r.err
 }
 
@@ -158,12 +158,12 @@ func EncodeShardAmounts(s *ledger.Shard) []byte {
 // unchanged.
 func DecodeShardAmounts(src []byte, s *ledger.Shard) error {
 	var vectors [4]ledger.Amounts
-	r := reader{what: "shard amounts", buf: src}
-	r.tag(TagShardAmountsV1)
+	r := NewReader("shard amounts", src)
+	r.Tag(TagShardAmountsV1)
 	for i := range vectors {
 		r.amountsBody(&vectors[i])
 	}
-	r.end()
+	r.End()
 	if r.err != nil {
 		return r.err
 	}
@@ -197,78 +197,128 @@ func DecodeSignature(src []byte) ([]byte, error) {
 	return append([]byte(nil), src...), nil
 }
 
-// reader decodes one value, keeping the first error so the decoders read
-// straight through; once err is set every method returns zero.
-type reader struct {
+// Reader decodes one value of the stores' binary formats, keeping the
+// first error so a decoder reads straight through; once Err is set every
+// method returns zero. The errors wrap ErrCorrupt and name what is read.
+type Reader struct {
 	what string
 	buf  []byte
 	err  error
 }
 
-func (r *reader) fail(format string, args ...any) {
+// NewReader returns a Reader of src, whose errors name it what.
+func NewReader(what string, src []byte) Reader { return Reader{what: what, buf: src} }
+
+// Err returns the first error met, or nil.
+func (r *Reader) Err() error { return r.err }
+
+// Remaining returns how many bytes are left unread.
+func (r *Reader) Remaining() int { return len(r.buf) }
+
+// Fail records a corruption (unless one is recorded already) and returns
+// the recorded error.
+func (r *Reader) Fail(format string, args ...any) error {
 	if r.err == nil {
 		r.err = corrupt(r.what, format, args...)
 	}
+	return r.err
 }
 
-func (r *reader) tag(want byte) {
+// Tag reads the format tag byte and fails unless it is want.
+func (r *Reader) Tag(want byte) {
 	if r.err != nil {
 		return
 	}
 	if len(r.buf) == 0 {
-		r.fail("empty")
+		r.Fail("empty")
 		return
 	}
 	if r.buf[0] != want {
-		r.fail("format tag %#02x, want %#02x", r.buf[0], want)
+		r.Fail("format tag %#02x, want %#02x", r.buf[0], want)
 		return
 	}
 	r.buf = r.buf[1:]
 }
 
-func (r *reader) count() int {
+func (r *Reader) count() int {
 	if r.err != nil {
 		return 0
 	}
 	if len(r.buf) == 0 {
-		r.fail("truncated before the dimension count")
+		r.Fail("truncated before the dimension count")
 		return 0
 	}
 	n := int(r.buf[0])
 	r.buf = r.buf[1:]
 	if n > ledger.MaxDimensions {
-		r.fail("%d dimensions, at most %d", n, ledger.MaxDimensions)
+		r.Fail("%d dimensions, at most %d", n, ledger.MaxDimensions)
 		return 0
 	}
 	return n
 }
 
-func (r *reader) varint() int64 {
+// Varint reads a signed varint.
+func (r *Reader) Varint() int64 {
 	if r.err != nil {
 		return 0
 	}
 	v, n := binary.Varint(r.buf)
 	switch {
 	case n == 0:
-		r.fail("truncated varint")
+		r.Fail("truncated varint")
 		return 0
 	case n < 0:
-		r.fail("varint overflows 64 bits")
+		r.Fail("varint overflows 64 bits")
 		return 0
 	}
 	r.buf = r.buf[n:]
 	return v
 }
 
-func (r *reader) amountsBody(a *ledger.Amounts) {
+// Uvarint reads an unsigned varint.
+func (r *Reader) Uvarint() uint64 {
+	if r.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(r.buf)
+	switch {
+	case n == 0:
+		r.Fail("truncated uvarint")
+		return 0
+	case n < 0:
+		r.Fail("uvarint overflows 64 bits")
+		return 0
+	}
+	r.buf = r.buf[n:]
+	return v
+}
+
+// Bytes reads a uvarint length and that many bytes. The slice shares
+// src's memory (capacity clipped).
+func (r *Reader) Bytes() []byte {
+	n := r.Uvarint()
+	if r.err != nil {
+		return nil
+	}
+	if n > uint64(len(r.buf)) {
+		r.Fail("%d bytes wanted, %d left", n, len(r.buf))
+		return nil
+	}
+	b := r.buf[:n:n]
+	r.buf = r.buf[n:]
+	return b
+}
+
+func (r *Reader) amountsBody(a *ledger.Amounts) {
 	n := r.count()
 	for i := 0; i < n; i++ {
-		a[i] = r.varint()
+		a[i] = r.Varint()
 	}
 }
 
-func (r *reader) end() {
+// End fails when bytes are left unread: a value is exactly its encoding.
+func (r *Reader) End() {
 	if r.err == nil && len(r.buf) != 0 {
-		r.fail("%d trailing bytes", len(r.buf))
+		r.Fail("%d trailing bytes", len(r.buf))
 	}
 }

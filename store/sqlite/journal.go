@@ -146,16 +146,13 @@ func appendString(dst []byte, s string) []byte {
 // the extended slice, or an error wrapping codec.ErrCorrupt when src is not
 // exactly one batch this package wrote.
 func decodeJournalBatch(dst []ledger.JournalEntry, src []byte) ([]ledger.JournalEntry, error) {
-	d := journalDecoder{buf: src}
-	if len(d.buf) == 0 || d.buf[0] != tagJournalBatchV1 {
-		return dst, d.corrupt("format tag: want %#02x", tagJournalBatchV1)
-	}
-	d.buf = d.buf[1:]
-	count := d.uvarint()
+	d := journalDecoder{codec.NewReader("journal batch", src)}
+	d.Tag(tagJournalBatchV1)
+	count := d.Uvarint()
 	// Every entry takes at least 8 bytes: no count beyond that is real,
 	// and none may make the slice grow past what src can hold.
-	if d.err == nil && count > uint64(len(d.buf))/8 {
-		return dst, d.corrupt("%d entries in %d bytes", count, len(d.buf))
+	if d.Err() == nil && count > uint64(d.Remaining())/8 {
+		return dst, d.Fail("%d entries in %d bytes", count, d.Remaining())
 	}
 	var (
 		conv codec.Conv
@@ -163,13 +160,13 @@ func decodeJournalBatch(dst []ledger.JournalEntry, src []byte) ([]ledger.Journal
 		keys []ledger.AccountKey
 	)
 	dst = slices.Grow(dst, int(count)) // amortized: Snapshot appends batch after batch
-	for i := uint64(0); i < count && d.err == nil; i++ {
+	for i := uint64(0); i < count && d.Err() == nil; i++ {
 		var e ledger.JournalEntry
-		at += d.varint()
+		at += d.Varint()
 		e.At = conv.Time(at)
 		e.Kind = conv.Kind(d.small())
-		switch k := d.uvarint(); {
-		case d.err != nil:
+		switch k := d.Uvarint(); {
+		case d.Err() != nil:
 		case k == 0:
 			key := ledger.AccountKey{Subject: d.string(), Route: d.string(), Region: d.string()}
 			key.Generation = conv.Uint(d.small())
@@ -178,73 +175,35 @@ func decodeJournalBatch(dst []ledger.JournalEntry, src []byte) ([]ledger.Journal
 		case k <= uint64(len(keys)):
 			e.Account = keys[k-1]
 		default:
-			return dst, d.corrupt("entry %d names account %d of %d", i, k, len(keys))
+			return dst, d.Fail("entry %d names account %d of %d", i, k, len(keys))
 		}
 		e.ReservationID = d.string()
 		e.From = conv.State(d.small())
 		e.To = conv.State(d.small())
 		e.ReceiptID = d.string()
 		d.delta(&e.Delta)
-		if d.err != nil {
-			return dst, d.err
+		if err := d.Err(); err != nil {
+			return dst, err
 		}
 		if err := conv.Err(); err != nil {
 			return dst, fmt.Errorf("journal batch entry %d: %w", i, err)
 		}
 		dst = append(dst, e)
 	}
-	if d.err == nil && len(d.buf) != 0 {
-		return dst, d.corrupt("%d trailing bytes", len(d.buf))
-	}
-	return dst, d.err
+	d.End()
+	return dst, d.Err()
 }
 
-// journalDecoder reads a journal batch, keeping the first error; once err
-// is set every method returns zero.
-type journalDecoder struct {
-	buf []byte
-	err error
-}
-
-func (d *journalDecoder) corrupt(format string, args ...any) error {
-	if d.err == nil {
-		d.err = fmt.Errorf("%w: journal batch: %s", codec.ErrCorrupt, fmt.Sprintf(format, args...))
-	}
-	return d.err
-}
-
-func (d *journalDecoder) uvarint() uint64 {
-	if d.err != nil {
-		return 0
-	}
-	v, n := binary.Uvarint(d.buf)
-	if n <= 0 {
-		d.corrupt("bad uvarint")
-		return 0
-	}
-	d.buf = d.buf[n:]
-	return v
-}
-
-func (d *journalDecoder) varint() int64 {
-	if d.err != nil {
-		return 0
-	}
-	v, n := binary.Varint(d.buf)
-	if n <= 0 {
-		d.corrupt("bad varint")
-		return 0
-	}
-	d.buf = d.buf[n:]
-	return v
-}
+// journalDecoder reads a journal batch with the stores' Reader, plus what
+// this format adds: small unsigned fields, strings and sparse deltas.
+type journalDecoder struct{ codec.Reader }
 
 // small returns a uvarint that must fit an int64 (Conv checks the range
 // each field allows).
 func (d *journalDecoder) small() int64 {
-	v := d.uvarint()
+	v := d.Uvarint()
 	if v > math.MaxInt64 {
-		d.corrupt("value %d exceeds %d", v, int64(math.MaxInt64))
+		d.Fail("value %d exceeds %d", v, int64(math.MaxInt64))
 		return 0
 	}
 	return int64(v)
@@ -254,46 +213,32 @@ func (d *journalDecoder) small() int64 {
 // term or trailing zero dimension written) is corrupt: every blob of
 // entries has one encoding.
 func (d *journalDecoder) delta(out *ledger.Balances) {
-	n := d.uvarint()
-	if d.err != nil {
+	n := d.Uvarint()
+	if d.Err() != nil {
 		return
 	}
 	if n > ledger.MaxDimensions {
-		d.corrupt("%d dimensions, at most %d", n, ledger.MaxDimensions)
+		d.Fail("%d dimensions, at most %d", n, ledger.MaxDimensions)
 		return
 	}
 	for i := range int(n) {
-		mask := d.uvarint()
-		if d.err != nil {
+		mask := d.Uvarint()
+		if d.Err() != nil {
 			return
 		}
 		if mask >= 1<<9 || i == int(n)-1 && mask == 0 {
-			d.corrupt("dimension %d: term mask %#x", i, mask)
+			d.Fail("dimension %d: term mask %#x", i, mask)
 			return
 		}
 		for t, v := range balanceTerms(&out[i]) {
 			if mask&(1<<t) == 0 {
 				continue
 			}
-			if *v = d.varint(); d.err == nil && *v == 0 {
-				d.corrupt("dimension %d: term %d written as zero", i, t)
+			if *v = d.Varint(); d.Err() == nil && *v == 0 {
+				d.Fail("dimension %d: term %d written as zero", i, t)
 			}
 		}
 	}
 }
 
-func (d *journalDecoder) bytes() []byte {
-	n := d.uvarint()
-	if d.err != nil {
-		return nil
-	}
-	if n > uint64(len(d.buf)) {
-		d.corrupt("%d bytes wanted, %d left", n, len(d.buf))
-		return nil
-	}
-	b := d.buf[:n:n]
-	d.buf = d.buf[n:]
-	return b
-}
-
-func (d *journalDecoder) string() string { return string(d.bytes()) }
+func (d *journalDecoder) string() string { return string(d.Bytes()) }
