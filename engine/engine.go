@@ -389,7 +389,7 @@ func (e *Engine) ReservationsUnknown(ctx context.Context, f store.UnknownFilter)
 }
 
 // UnknownBacklog counts the USAGE_UNKNOWN reservations and finds when the
-// longest-waiting of them started.
+// longest-waiting of them was marked (store.UnknownBacklog).
 func (e *Engine) UnknownBacklog(ctx context.Context) (store.UnknownBacklog, error) {
 	return e.core.store.ReservationsUnknownBacklog(ctx)
 }
