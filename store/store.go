@@ -184,6 +184,18 @@ type UnknownBacklog struct {
 	OldestMarkedAt time.Time
 }
 
+// RowInDebt reports whether a stored account row owes debt in any of its
+// balances, those past Dims included (a row holds them all): the test
+// AccountsInDebt applies.
+func RowInDebt(a *ledger.Account) bool {
+	for i := range a.Balances {
+		if a.Balances[i].OverdraftIssued > a.Balances[i].OverdraftRepaid {
+			return true
+		}
+	}
+	return false
+}
+
 // DebtFilter pages through AccountsInDebt.
 type DebtFilter struct {
 	// After is the paging cursor, normally the key of the last account of

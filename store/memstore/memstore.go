@@ -439,7 +439,7 @@ func (s *Store) AccountsInDebt(ctx context.Context, f store.DebtFilter) (out []l
 	var list []*ledger.Account
 	err = s.read(ctx, func(r *rows) error {
 		for _, a := range r.accounts {
-			if inDebt(a) && (fromStart || compareAccountKeys(a.Key, f.After) > 0) {
+			if store.RowInDebt(a) && (fromStart || compareAccountKeys(a.Key, f.After) > 0) {
 				list = append(list, a)
 			}
 		}
@@ -450,17 +450,6 @@ func (s *Store) AccountsInDebt(ctx context.Context, f store.DebtFilter) (out []l
 		return nil
 	})
 	return out, err
-}
-
-// inDebt reports whether any of a's balances owes debt, those past Dims
-// included (a row holds them all).
-func inDebt(a *ledger.Account) bool {
-	for i := range a.Balances {
-		if a.Balances[i].OverdraftIssued > a.Balances[i].OverdraftRepaid {
-			return true
-		}
-	}
-	return false
 }
 
 // Snapshot returns copies of every committed row in one consistent read:

@@ -505,7 +505,7 @@ func (s *Store) AccountsInDebt(ctx context.Context, f store.DebtFilter) ([]ledge
 			return nil, err
 		}
 		for i := range chunk {
-			if inDebt(&chunk[i]) {
+			if store.RowInDebt(&chunk[i]) {
 				out = append(out, chunk[i])
 				if len(out) == f.Limit {
 					return out, nil
@@ -518,17 +518,6 @@ func (s *Store) AccountsInDebt(ctx context.Context, f store.DebtFilter) ([]ledge
 		after, fromStart = chunk[len(chunk)-1].Key, false
 		generation = int64(after.Generation) // read from a row: fits
 	}
-}
-
-// inDebt reports whether any of a's balances owes debt, those past Dims
-// included (the row holds them all).
-func inDebt(a *ledger.Account) bool {
-	for i := range a.Balances {
-		if a.Balances[i].OverdraftIssued > a.Balances[i].OverdraftRepaid {
-			return true
-		}
-	}
-	return false
 }
 
 // Snapshot reads every row in one read transaction (a consistent WAL
