@@ -199,7 +199,7 @@ func (m *Memory) JournalAppend(e JournalEntry) {
 // Accounts returns every account, ordered by key.
 func (m *Memory) Accounts() []*Account {
 	out := slices.Collect(maps.Values(m.accounts))
-	slices.SortFunc(out, func(a, b *Account) int { return compareKeys(a.Key, b.Key) })
+	slices.SortFunc(out, func(a, b *Account) int { return a.Key.Compare(b.Key) })
 	return out
 }
 
@@ -250,14 +250,4 @@ func (m *Memory) Snapshot() *Snapshot {
 		s.Policies = append(s.Policies, *p)
 	}
 	return s
-}
-
-func compareKeys(a, b AccountKey) int {
-	switch {
-	case a == b:
-		return 0
-	case a.Less(b):
-		return -1
-	}
-	return 1
 }

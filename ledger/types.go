@@ -11,6 +11,7 @@
 package ledger
 
 import (
+	"cmp"
 	"fmt"
 	"time"
 )
@@ -82,6 +83,11 @@ type PolicyKey struct {
 }
 
 func (k PolicyKey) String() string { return k.Subject + "/" + k.Route + "@" + k.Region }
+
+// Compare orders policy keys by subject, route, then region (-1, 0 or +1).
+func (k PolicyKey) Compare(o PolicyKey) int {
+	return cmp.Or(cmp.Compare(k.Subject, o.Subject), cmp.Compare(k.Route, o.Route), cmp.Compare(k.Region, o.Region))
+}
 
 // Dimension is one limited quantity of a policy: a token bucket with a
 // reservation cap and an overdraft allowance.
@@ -168,19 +174,11 @@ func (k AccountKey) SubjectKey() PolicyKey {
 	return PolicyKey{Subject: k.Subject, Route: k.Route, Region: k.Region}
 }
 
-// Less orders account keys; locks over several accounts are taken in this
-// order.
-func (k AccountKey) Less(o AccountKey) bool {
-	if k.Subject != o.Subject {
-		return k.Subject < o.Subject
-	}
-	if k.Route != o.Route {
-		return k.Route < o.Route
-	}
-	if k.Region != o.Region {
-		return k.Region < o.Region
-	}
-	return k.Generation < o.Generation
+// Compare orders account keys by subject, route, region, then generation
+// (-1, 0 or +1): locks over several accounts are taken in this order, and
+// the stores list accounts in it.
+func (k AccountKey) Compare(o AccountKey) int {
+	return cmp.Or(k.SubjectKey().Compare(o.SubjectKey()), cmp.Compare(k.Generation, o.Generation))
 }
 
 // Balance holds the seed's conservation terms for one dimension:

@@ -1,7 +1,6 @@
 package store
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"maps"
@@ -249,13 +248,13 @@ func (b *Book) Changes() *Changes {
 	for _, g := range slices.Sorted(maps.Keys(b.policyDirty)) {
 		c.Policies = append(c.Policies, *b.policies[g])
 	}
-	for _, k := range sortedKeys(b.headDirty, comparePolicyKeys) {
+	for _, k := range sortedKeys(b.headDirty, ledger.PolicyKey.Compare) {
 		c.Heads = append(c.Heads, *b.heads[k])
 	}
-	for _, k := range sortedKeys(b.accountDirty, compareAccountKeys) {
+	for _, k := range sortedKeys(b.accountDirty, ledger.AccountKey.Compare) {
 		c.Accounts = append(c.Accounts, *b.accounts[k])
 	}
-	for _, k := range sortedKeys(b.currentDirty, comparePolicyKeys) {
+	for _, k := range sortedKeys(b.currentDirty, ledger.PolicyKey.Compare) {
 		c.Currents = append(c.Currents, Current{Subject: k, Generation: b.current[k]})
 	}
 	if len(b.resDirty) > 0 {
@@ -281,13 +280,4 @@ func sortedKeys[K comparable](set map[K]bool, compare func(a, b K) int) []K {
 	keys := slices.Collect(maps.Keys(set))
 	slices.SortFunc(keys, compare)
 	return keys
-}
-
-func comparePolicyKeys(a, b ledger.PolicyKey) int {
-	return cmp.Or(cmp.Compare(a.Subject, b.Subject), cmp.Compare(a.Route, b.Route), cmp.Compare(a.Region, b.Region))
-}
-
-func compareAccountKeys(a, b ledger.AccountKey) int {
-	return cmp.Or(cmp.Compare(a.Subject, b.Subject), cmp.Compare(a.Route, b.Route),
-		cmp.Compare(a.Region, b.Region), cmp.Compare(a.Generation, b.Generation))
 }

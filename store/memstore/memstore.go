@@ -256,7 +256,7 @@ func (s *Store) AccountList(ctx context.Context, subject ledger.PolicyKey) (out 
 		}
 		return nil
 	})
-	slices.SortFunc(out, func(a, b ledger.Account) int { return compareAccountKeys(a.Key, b.Key) })
+	slices.SortFunc(out, func(a, b ledger.Account) int { return a.Key.Compare(b.Key) })
 	return out, err
 }
 
@@ -439,11 +439,11 @@ func (s *Store) AccountsInDebt(ctx context.Context, f store.DebtFilter) (out []l
 	var list []*ledger.Account
 	err = s.read(ctx, func(r *rows) error {
 		for _, a := range r.accounts {
-			if store.RowInDebt(a) && (fromStart || compareAccountKeys(a.Key, f.After) > 0) {
+			if store.RowInDebt(a) && (fromStart || a.Key.Compare(f.After) > 0) {
 				list = append(list, a)
 			}
 		}
-		slices.SortFunc(list, func(a, b *ledger.Account) int { return compareAccountKeys(a.Key, b.Key) })
+		slices.SortFunc(list, func(a, b *ledger.Account) int { return a.Key.Compare(b.Key) })
 		for _, a := range list[:min(f.Limit, len(list))] {
 			out = append(out, *a)
 		}
@@ -462,7 +462,7 @@ func (s *Store) Snapshot(ctx context.Context) (*ledger.Snapshot, error) {
 		for _, g := range slices.Sorted(maps.Keys(r.policies)) {
 			snap.Policies = append(snap.Policies, copyPolicy(r.policies[g]))
 		}
-		keys := slices.SortedFunc(maps.Keys(r.accounts), compareAccountKeys)
+		keys := slices.SortedFunc(maps.Keys(r.accounts), ledger.AccountKey.Compare)
 		for _, k := range keys {
 			snap.Accounts = append(snap.Accounts, *r.accounts[k])
 		}
@@ -483,11 +483,6 @@ func (s *Store) Snapshot(ctx context.Context) (*ledger.Snapshot, error) {
 		return nil, err
 	}
 	return snap, nil
-}
-
-func compareAccountKeys(a, b ledger.AccountKey) int {
-	return cmp.Or(cmp.Compare(a.Subject, b.Subject), cmp.Compare(a.Route, b.Route),
-		cmp.Compare(a.Region, b.Region), cmp.Compare(a.Generation, b.Generation))
 }
 
 func copyPolicy(p *ledger.Policy) ledger.Policy {

@@ -217,7 +217,7 @@ func snapshotOf(c *store.Changes) *ledger.Snapshot {
 		Statements: slices.Clone(c.Statements), Journal: slices.Clone(c.Journal), JournalComplete: true,
 	}
 	slices.SortFunc(s.Policies, func(a, b ledger.Policy) int { return cmp.Compare(a.Generation, b.Generation) })
-	slices.SortFunc(s.Accounts, func(a, b ledger.Account) int { return compareAccountKeys(a.Key, b.Key) })
+	slices.SortFunc(s.Accounts, func(a, b ledger.Account) int { return a.Key.Compare(b.Key) })
 	slices.SortFunc(s.Reservations, func(a, b ledger.Reservation) int { return cmp.Compare(a.ID, b.ID) })
 	slices.SortFunc(s.Moves, func(a, b ledger.Move) int { return cmp.Compare(a.ReceiptID, b.ReceiptID) })
 	slices.SortFunc(s.Shards, func(a, b ledger.Shard) int { return cmp.Compare(a.ID, b.ID) })
@@ -765,7 +765,7 @@ func testAccountList(t *testing.T, s store.Store) {
 		t.Fatal(err)
 	}
 	want := slices.Clone(accounts)
-	slices.SortFunc(want, func(a, b ledger.Account) int { return compareAccountKeys(a.Key, b.Key) })
+	slices.SortFunc(want, func(a, b ledger.Account) int { return a.Key.Compare(b.Key) })
 	same(t, "every account", all, want)
 	none, err := s.AccountList(ctx, ledger.PolicyKey{Subject: "tenant9", Route: "chat", Region: "eu"})
 	if err != nil || len(none) != 0 {
@@ -974,11 +974,6 @@ func testIsolation(t *testing.T, s store.Store) {
 	if got.Version != 2*perWriter || got.Balances[0].Minted != 2*perWriter {
 		t.Fatalf("after %d increments: version %d, minted %d (lost updates)", 2*perWriter, got.Version, got.Balances[0].Minted)
 	}
-}
-
-func compareAccountKeys(a, b ledger.AccountKey) int {
-	return cmp.Or(cmp.Compare(a.Subject, b.Subject), cmp.Compare(a.Route, b.Route),
-		cmp.Compare(a.Region, b.Region), cmp.Compare(a.Generation, b.Generation))
 }
 
 // unknownRows returns the reservations of the USAGE_UNKNOWN tests: eight
