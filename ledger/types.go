@@ -38,10 +38,12 @@ const MaxUnits Units = 1 << 53
 //
 // Not bounded yet: the debt and capacity that generation switches, drains
 // and forwards move into an account (its retired for move and overdraft
-// issued) grow with the number of generations and switches, which only an
-// admin creates; about a thousand of them carrying maximal amounts could
-// still overflow a term. A forward happens as part of a settle and cannot
-// simply be refused, so bounding it needs a design of its own.
+// issued). Each superseded generation can forward up to the bound in debt,
+// so started work kept open across about 30 generations (which only an
+// admin publishes) and settled late at MaxUnits, about a thousand settles,
+// could still overflow a term of the current account. A forward happens
+// as part of a settle and cannot simply be refused, so bounding it needs a
+// design of its own.
 const MaxLifetimeUnits Units = 1 << 58
 
 // MaxDimensions is how many capacity dimensions one policy may limit at once
