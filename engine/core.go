@@ -82,9 +82,13 @@ func (c *Core) Commit(ctx context.Context, cmds []ledger.Command, now time.Time)
 // Due returns the worker commands due at now, for at most limit
 // reservations: an expiry claim and its completion for RESERVED holds past
 // their TTL, the completion for EXPIRING ones, and USAGE_UNKNOWN marking
-// for STARTED work past its execution deadline. The commands are safe to
-// run in any interleaving with gateway commands: the ledger's
-// compare-and-set rules decide (a start that wins makes the claim fail).
+// for STARTED work past its execution deadline. Every command carries its
+// cause (ledger.CauseHoldExpired, ledger.CauseExecutionLimit), and the
+// ledger checks that cause again when it applies the command, so the
+// commands are safe in any interleaving with gateway commands: a Start that
+// lands between the listing, the re-read here and the worker's batch makes
+// the claim fail, and never makes the started work unknown unless its own
+// execution deadline has passed.
 func (c *Core) Due(ctx context.Context, now time.Time, limit int) ([]ledger.Command, error) {
 	ids, err := c.store.ReservationsDue(ctx, now, limit)
 	if err != nil {
@@ -102,12 +106,16 @@ func (c *Core) Due(ctx context.Context, now time.Time, limit int) ([]ledger.Comm
 		switch r.State {
 		case ledger.StateReserved:
 			cmds = append(cmds,
-				ledger.Command{Kind: ledger.KindExpireClaim, ReservationID: id},
-				ledger.Command{Kind: ledger.KindExpire, ReservationID: id})
+				ledger.Command{Kind: ledger.KindExpireClaim, ReservationID: id, Cause: ledger.CauseHoldExpired},
+				ledger.Command{Kind: ledger.KindExpire, ReservationID: id, Cause: ledger.CauseHoldExpired})
 		case ledger.StateExpiring:
-			cmds = append(cmds, ledger.Command{Kind: ledger.KindExpire, ReservationID: id})
+			cmds = append(cmds, ledger.Command{Kind: ledger.KindExpire, ReservationID: id, Cause: ledger.CauseHoldExpired})
 		case ledger.StateStarted:
-			cmds = append(cmds, ledger.Command{Kind: ledger.KindMarkUsageUnknown, ReservationID: id})
+			// Listed as an expired hold and started since: due only if
+			// its own execution deadline has passed too.
+			if !r.ExecutionDeadline.IsZero() && !now.Before(r.ExecutionDeadline) {
+				cmds = append(cmds, ledger.Command{Kind: ledger.KindMarkUsageUnknown, ReservationID: id, Cause: ledger.CauseExecutionLimit})
+			}
 		}
 	}
 	return cmds, nil

@@ -88,6 +88,37 @@ type Command struct {
 	Account AccountKey
 	// Shard carries the arguments of shard issuance and reconciliation.
 	Shard *ShardArgs
+	// Cause is why an expiry or unknown-marking command may act. The zero
+	// value, CauseRequest, is an explicit request (a gateway's or an
+	// operator's MarkUsageUnknown); the expiry worker sends
+	// CauseHoldExpired and the execution-limit worker CauseExecutionLimit,
+	// and the ledger refuses the command when its cause does not hold at
+	// the moment it is applied (see MarkUsageUnknownFor).
+	Cause Cause
+}
+
+// Cause is the reason a maintenance command acts on a reservation.
+type Cause uint8
+
+const (
+	// CauseRequest: somebody asked (MarkUsageUnknown over the API).
+	CauseRequest Cause = iota
+	// CauseHoldExpired: a RESERVED hold ran past its ExpiresAt.
+	CauseHoldExpired
+	// CauseExecutionLimit: STARTED work ran past its ExecutionDeadline.
+	CauseExecutionLimit
+)
+
+func (c Cause) String() string {
+	switch c {
+	case CauseRequest:
+		return "request"
+	case CauseHoldExpired:
+		return "hold_expired"
+	case CauseExecutionLimit:
+		return "execution_limit"
+	}
+	return "unknown"
 }
 
 // Result is a command's outcome. Err is nil on success, or one of the
@@ -163,8 +194,10 @@ var (
 	ErrReservationReleased = errors.New("reservation released")
 	// ErrReservationExpired: the reservation is expiring or expired.
 	ErrReservationExpired = errors.New("reservation expired")
-	// ErrReservationNotDue: expiry asked before the hold ran out.
-	ErrReservationNotDue = errors.New("reservation hold has not run out")
+	// ErrReservationNotDue: expiry asked before the hold ran out, or the
+	// execution-limit worker's unknown-marking of work that has no
+	// execution deadline or whose deadline has not passed.
+	ErrReservationNotDue = errors.New("reservation is not due")
 	// ErrInvalidCommand: malformed arguments (missing id, negative units...).
 	ErrInvalidCommand = errors.New("invalid command")
 	// ErrInvalidPolicy: the policy fails validation.
@@ -209,12 +242,16 @@ func Apply(b Book, cmd *Command, now time.Time) (res Result) {
 		return res
 	case KindRelease:
 		return Release(b, cmd.ReservationID, now)
-	case KindExpireClaim:
-		return ExpireClaim(b, cmd.ReservationID, now)
-	case KindExpire:
+	case KindExpireClaim, KindExpire:
+		if cmd.Cause != CauseRequest && cmd.Cause != CauseHoldExpired {
+			return Result{Err: invalid("%s with cause %s: expiry acts only on a hold that ran out", cmd.Kind, cmd.Cause)}
+		}
+		if cmd.Kind == KindExpireClaim {
+			return ExpireClaim(b, cmd.ReservationID, now)
+		}
 		return Expire(b, cmd.ReservationID, now)
 	case KindMarkUsageUnknown:
-		return MarkUsageUnknown(b, cmd.ReservationID, now)
+		return MarkUsageUnknownFor(b, cmd.ReservationID, cmd.Cause, now)
 	case KindRefill:
 		return Refill(b, cmd.Account, now)
 	case KindCloseEpoch:

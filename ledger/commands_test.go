@@ -480,3 +480,38 @@ func TestShadowRejection(t *testing.T) {
 		t.Fatalf("shadow rejection changed balances")
 	}
 }
+
+// The execution-limit worker's unknown-marking holds only while its cause
+// does: STARTED work with a deadline that has passed at apply time. Without
+// an execution limit, or before the deadline, it is ErrReservationNotDue and
+// nothing changes; an explicit request marks at any time (issue 13).
+func TestWorkerUnknownMarkingNeedsAPassedExecutionLimit(t *testing.T) {
+	c := newChecked(t)
+	p := policyOf(tokens(1000, 100))
+	c.publish(p)
+	c.must(c.reserve("no-limit", 100))
+	c.must(c.start("no-limit"))
+	c.advance(time.Hour)
+	worker := ledger.Command{Kind: ledger.KindMarkUsageUnknown, ReservationID: "no-limit", Cause: ledger.CauseExecutionLimit}
+	if res := c.apply(worker); !errors.Is(res.Err, ledger.ErrReservationNotDue) || res.Reservation.State != ledger.StateStarted {
+		t.Fatalf("worker marking without an execution limit: %v %s", res.Err, res.Reservation.State)
+	}
+
+	limited := policyOf(tokens(1000, 100))
+	limited.ExecutionLimit = time.Minute
+	c.publish(limited)
+	c.must(c.reserve("limited", 100))
+	c.must(c.start("limited"))
+	c.advance(59 * time.Second)
+	worker.ReservationID = "limited"
+	if res := c.apply(worker); !errors.Is(res.Err, ledger.ErrReservationNotDue) {
+		t.Fatalf("worker marking before the deadline: %v", res.Err)
+	}
+	c.advance(time.Second)
+	if res := c.must(c.apply(worker)); res.Reservation.State != ledger.StateUsageUnknown {
+		t.Fatalf("worker marking at the deadline: %s", res.Reservation.State)
+	}
+	if res := c.must(c.apply(ledger.Command{Kind: ledger.KindMarkUsageUnknown, ReservationID: "no-limit"})); res.Reservation.State != ledger.StateUsageUnknown {
+		t.Fatalf("explicit marking: %s", res.Reservation.State)
+	}
+}

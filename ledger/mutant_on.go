@@ -12,7 +12,9 @@ import "os"
 //     hold back again instead of replaying;
 //   - expire_started: an expiry claim takes a STARTED reservation whose
 //     hold ran out;
-//   - debt_admits: outstanding debt does not freeze admission.
+//   - debt_admits: outstanding debt does not freeze admission;
+//   - unknown_without_limit: the execution-limit worker's unknown-marking
+//     takes STARTED work whose execution deadline is unset or not passed.
 //
 // The variable is read on every call so that a test can switch variants
 // between runs in one process.

@@ -550,12 +550,36 @@ func Expire(b Book, id string, now time.Time) Result {
 // ErrReservationExpired (EXPIRING or EXPIRED); ErrReservationNotFound;
 // ErrInvalidCommand for a missing id.
 func MarkUsageUnknown(b Book, id string, now time.Time) Result {
+	return MarkUsageUnknownFor(b, id, CauseRequest, now)
+}
+
+// MarkUsageUnknownFor is MarkUsageUnknown for a given cause. CauseRequest
+// (an explicit request) marks any STARTED work. CauseExecutionLimit (the
+// worker) marks only STARTED work whose ExecutionDeadline is set and has
+// passed at now, and answers ErrReservationNotDue otherwise: the worker
+// read the row before it ran, and a Start that landed in between (or a
+// policy without an execution limit) must never make started work unknown.
+// CauseHoldExpired is ErrInvalidCommand: an expired hold never started.
+func MarkUsageUnknownFor(b Book, id string, cause Cause, now time.Time) Result {
 	r, err := lookup(b, id)
 	if err != nil {
 		return Result{Err: err}
 	}
+	switch cause {
+	case CauseRequest, CauseExecutionLimit:
+	default:
+		return Result{Err: invalid("mark usage unknown with cause %s", cause), Reservation: *r}
+	}
 	switch r.State {
 	case StateStarted:
+		if cause == CauseExecutionLimit && !mutantOn("unknown_without_limit") {
+			if r.ExecutionDeadline.IsZero() {
+				return Result{Err: fmt.Errorf("%w: started work without an execution limit", ErrReservationNotDue), Reservation: *r}
+			}
+			if now.Before(r.ExecutionDeadline) {
+				return Result{Err: fmt.Errorf("%w: execution deadline %s has not passed", ErrReservationNotDue, r.ExecutionDeadline.Format(time.RFC3339Nano)), Reservation: *r}
+			}
+		}
 		r.State, r.UnknownAt = StateUsageUnknown, now
 		transition(b, r, StateStarted, KindMarkUsageUnknown, now)
 		return Result{Reservation: *r, Generation: r.Account.Generation}
