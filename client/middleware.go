@@ -51,7 +51,8 @@ type UsageInfo struct {
 	Estimate Units
 }
 
-// UsageReader returns the actual units of a finished request. Returning an
+// UsageReader returns the actual units of a finished request; a unit of the
+// estimate it leaves out is settled at its estimate. Returning an
 // error wrapping ErrUsageUnknown marks the reservation USAGE_UNKNOWN (its
 // capacity stays held until ResolveUnknown); any other error is logged and
 // the request is settled at its full estimate.
@@ -211,7 +212,7 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		info := &UsageInfo{Request: r, Status: rec.status, Header: rec.Header(), Reported: slot.units, Estimate: estimate}
 		if m.cfg.Usage == nil {
 			if info.Reported != nil {
-				return info.Reported, nil
+				return statedForEvery(info.Reported, estimate), nil
 			}
 			return estimate, nil
 		}
@@ -219,6 +220,9 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if uerr != nil && !errors.Is(uerr, ErrUsageUnknown) {
 			m.cfg.Logger.Warn("capledger: usage reader failed; settling the estimate", "subject", subject, "err", uerr)
 			return estimate, nil
+		}
+		if uerr == nil {
+			actual = statedForEvery(actual, estimate)
 		}
 		return actual, uerr
 	}
@@ -311,3 +315,29 @@ func (r *recorder) Flush() {
 
 // Unwrap lets http.ResponseController reach the underlying writer.
 func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
+
+// statedForEvery returns actual with every unit of the estimate that
+// actual does not name settled at its estimate. The ledger refuses a settle
+// that leaves out a reserved unit (a missing unit must never read as "used
+// nothing"), and a usage reader that measures only some units (say tokens
+// from a header, but not the request itself) has not measured the others:
+// the estimate is the conservative figure for them.
+func statedForEvery(actual, estimate Units) Units {
+	var out Units
+	for unit, n := range estimate {
+		if _, ok := actual[unit]; ok {
+			continue
+		}
+		if out == nil { // a copy: the map may be the handler's own
+			out = make(Units, len(actual)+len(estimate))
+			for u, v := range actual {
+				out[u] = v
+			}
+		}
+		out[unit] = n
+	}
+	if out == nil {
+		return actual
+	}
+	return out
+}

@@ -33,9 +33,13 @@ type OperationReceipt struct {
 // started. It returns the actual units it used. Its result decides the
 // settlement:
 //   - a non-nil actual settles with it, whatever the error (work that failed
-//     half way reports what it used);
+//     half way reports what it used); a reserved unit it leaves out is
+//     settled at its estimate (the ledger refuses a settle that does not
+//     state every reserved unit, and an unmeasured unit is no proof of
+//     zero);
 //   - nil actual and a nil error, or an error that is not a context error,
-//     settles with zero usage (the work reports that it used nothing);
+//     settles with zero usage of every reserved unit (the work reports that
+//     it used nothing);
 //   - an error wrapping ErrUsageUnknown, or nil actual with a context error
 //     (context.Canceled or DeadlineExceeded: the caller's context ended, or
 //     a call inside the work timed out), or a panic, marks the reservation
@@ -146,6 +150,11 @@ func (c *Client) run(ctx context.Context, req ReserveRequest, work Work, g gate)
 		}
 		return nil, uerr
 	}
+	if actual == nil {
+		actual = zeroUnits(receipt.Reserved) // "used nothing", said of every unit
+	} else {
+		actual = statedForEvery(actual, receipt.Reserved)
+	}
 	receipt.Actual = actual
 	sctx, cancel := c.detached(ctx)
 	defer cancel()
@@ -240,7 +249,7 @@ func (c *Client) start(ctx context.Context, receipt OperationReceipt) (*ledgerv1
 func (c *Client) abandonStart(ctx context.Context, receipt OperationReceipt) {
 	actx, cancel := c.detached(ctx)
 	defer cancel()
-	receipt.Actual = Units{}
+	receipt.Actual = zeroUnits(receipt.Reserved)
 	_, err := c.Release(actx, receipt.ReservationID)
 	var lost *LostError
 	switch {
@@ -333,4 +342,13 @@ func (c *Client) ResolveUnknown(ctx context.Context, receipt OperationReceipt, a
 	delete(c.pending, receipt.ReservationID)
 	c.pendingMu.Unlock()
 	return sr, nil
+}
+
+// zeroUnits states zero usage of every unit of reserved.
+func zeroUnits(reserved Units) Units {
+	out := make(Units, len(reserved))
+	for unit := range reserved {
+		out[unit] = 0
+	}
+	return out
 }

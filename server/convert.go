@@ -150,6 +150,20 @@ func amounts(p *ledger.Policy, units map[string]int64) (ledger.Amounts, error) {
 	return out, nil
 }
 
+// unstated names, quoted and comma-separated, the units reserved (a
+// positive amount in reserved) that the units map does not state; "" when
+// it states them all. A settle must state each, 0 included: a unit left
+// out, or misspelt, must never read as "used nothing".
+func unstated(p *ledger.Policy, reserved *ledger.Amounts, units map[string]int64) string {
+	var missing []string
+	for i := range p.Dimensions {
+		if _, ok := units[p.Dimensions[i].Unit]; !ok && reserved[i] > 0 {
+			missing = append(missing, fmt.Sprintf("%q (reserved %d)", p.Dimensions[i].Unit, reserved[i]))
+		}
+	}
+	return strings.Join(missing, ", ")
+}
+
 func unitList(p *ledger.Policy) string {
 	names := make([]string, len(p.Dimensions))
 	for i := range p.Dimensions {

@@ -449,6 +449,10 @@ func (s *Server) settleCommand(ctx context.Context, req *v1.SettleRequest) (ledg
 	if err != nil {
 		return ledger.Command{}, invalidArgument(ReasonUnknownUnit, "settle %s: %v", req.GetReservationId(), err)
 	}
+	if missing := unstated(&p, &r.Reserved, req.GetActualUnits()); missing != "" {
+		return ledger.Command{}, invalidArgument(ReasonInvalidCommand,
+			"settle %s: actualUnits must state the usage of every unit it reserved (0 when none was used); missing %s", req.GetReservationId(), missing)
+	}
 	return ledger.Command{Kind: ledger.KindSettle, ReservationID: r.ID, OperationID: req.GetOperationId(), Units: units}, nil
 }
 

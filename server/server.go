@@ -119,6 +119,7 @@ func New(l Ledger, cfg Config) *Server {
 		// whole rest of the call.
 		connect.WithCompressMinBytes(compressMinBytes),
 	}
+	options = append(options, jsonCodecs()...)
 	if cfg.Tokens != nil {
 		options = append(options, connect.WithInterceptors(authInterceptor(cfg.Tokens)))
 	}

@@ -364,7 +364,7 @@ func TestDebtFreezesAdmission(t *testing.T) {
 	h.ok("Reserve", reserveBody("a", 600), "")
 	h.ok("Reserve", reserveBody("b", 400), "")
 	h.ok("Start", `{"reservationId":"a","operationId":"op"}`, "")
-	settled := h.ok("Settle", `{"reservationId":"a","operationId":"op","actualUnits":{"tokens":900}}`, "")
+	settled := h.ok("Settle", `{"reservationId":"a","operationId":"op","actualUnits":{"tokens":900,"requests":1}}`, "")
 	if field(settled, "reservation", "state") != "RESERVATION_STATE_SETTLED_WITH_DEBT" || num(field(settled, "reservation", "overdraftUnits", "tokens")) != 300 {
 		t.Fatalf("settle with debt: %v", settled)
 	}
@@ -390,7 +390,7 @@ func TestErrorMapping(t *testing.T) {
 	h.ok("Start", `{"reservationId":"started","operationId":"op-1"}`, "")
 	h.ok("Reserve", reserveBody("settled", 100), "")
 	h.ok("Start", `{"reservationId":"settled","operationId":"op-2"}`, "")
-	h.ok("Settle", `{"reservationId":"settled","operationId":"op-2","actualUnits":{"tokens":50}}`, "")
+	h.ok("Settle", `{"reservationId":"settled","operationId":"op-2","actualUnits":{"tokens":50,"requests":1}}`, "")
 
 	cases := []struct {
 		name, method, body string
@@ -404,11 +404,11 @@ func TestErrorMapping(t *testing.T) {
 		{"unknown reservation get", "GetReservation", `{"reservationId":"nope"}`, 404, "not_found", server.ReasonReservationNotFound},
 		{"unknown policy", "GetPolicy", `{"generation":"99"}`, 404, "not_found", server.ReasonPolicyNotFound},
 		{"unknown policy rollback", "RollbackPolicy", `{"generation":"99"}`, 404, "not_found", server.ReasonPolicyNotFound},
-		{"settle unstarted", "Settle", `{"reservationId":"held","operationId":"op"}`, 400, "failed_precondition", server.ReasonNotStarted},
+		{"settle unstarted", "Settle", `{"reservationId":"held","operationId":"op","actualUnits":{"tokens":1,"requests":1}}`, 400, "failed_precondition", server.ReasonNotStarted},
 		{"release started", "Release", `{"reservationId":"started"}`, 400, "failed_precondition", server.ReasonAlreadyStarted},
 		{"start released", "Start", `{"reservationId":"released","operationId":"op"}`, 400, "failed_precondition", server.ReasonReleased},
 		{"operation mismatch", "Start", `{"reservationId":"started","operationId":"other"}`, 400, "failed_precondition", server.ReasonOperationMismatch},
-		{"settle differently", "Settle", `{"reservationId":"settled","operationId":"op-2","actualUnits":{"tokens":60}}`, 400, "failed_precondition", server.ReasonAlreadySettled},
+		{"settle differently", "Settle", `{"reservationId":"settled","operationId":"op-2","actualUnits":{"tokens":60,"requests":1}}`, 400, "failed_precondition", server.ReasonAlreadySettled},
 		{"unknown on reserved", "MarkUsageUnknown", `{"reservationId":"held"}`, 400, "failed_precondition", server.ReasonNotStarted},
 		{"negative units", "Reserve", `{"reservationId":"neg","subject":"tenant-7","route":"chat.generate","units":{"tokens":-5}}`, 400, "invalid_argument", server.ReasonInvalidCommand},
 		{"no units", "Reserve", `{"reservationId":"none","subject":"tenant-7","route":"chat.generate"}`, 400, "invalid_argument", server.ReasonInvalidCommand},
@@ -433,7 +433,7 @@ func TestErrorMapping(t *testing.T) {
 	h.t = t
 
 	// A state error shows the reservation as it is now.
-	r := h.call("Settle", `{"reservationId":"settled","operationId":"op-2","actualUnits":{"tokens":60}}`, "")
+	r := h.call("Settle", `{"reservationId":"settled","operationId":"op-2","actualUnits":{"tokens":60,"requests":1}}`, "")
 	detail := details(t, r)[0].(*v1.ErrorDetail)
 	if detail.GetReservation().GetState() != v1.ReservationState_RESERVATION_STATE_SETTLED || detail.GetReservation().GetActualUnits()["tokens"] != 50 {
 		t.Fatalf("detail: %v", detail)
@@ -607,7 +607,7 @@ func TestAuthRoles(t *testing.T) {
 	h.ok("PublishPolicy", tokensPolicy, adminToken)
 	h.ok("Reserve", reserveBody("r", 10), gatewayToken)
 	h.ok("Start", `{"reservationId":"r","operationId":"op"}`, gatewayToken)
-	h.ok("Settle", `{"reservationId":"r","operationId":"op","actualUnits":{"tokens":5}}`, gatewayToken)
+	h.ok("Settle", `{"reservationId":"r","operationId":"op","actualUnits":{"tokens":5,"requests":1}}`, gatewayToken)
 	h.ok("GetReservation", `{"reservationId":"r"}`, gatewayToken)
 	h.ok("GetAccount", `{"subject":"tenant-7","route":"chat.generate"}`, gatewayToken)
 	h.ok("ListPolicies", `{}`, gatewayToken)
@@ -690,7 +690,7 @@ func TestBatches(t *testing.T) {
 		t.Fatalf("outcomes: %v", res)
 	}
 	h.ok("Start", `{"reservationId":"b1","operationId":"op"}`, "")
-	res = h.ok("SettleBatch", `{"requests":[{"reservationId":"b1","operationId":"op","actualUnits":{"tokens":100}},{"reservationId":"nope","operationId":"op"},{"reservationId":"b1","operationId":"op","actualUnits":{"tokens":100}}]}`, "")
+	res = h.ok("SettleBatch", `{"requests":[{"reservationId":"b1","operationId":"op","actualUnits":{"tokens":100,"requests":1}},{"reservationId":"nope","operationId":"op"},{"reservationId":"b1","operationId":"op","actualUnits":{"tokens":100,"requests":1}}]}`, "")
 	outcomes = res["outcomes"].([]any)
 	if o(0, "ok", "refundedUnits", "tokens") == nil || num(o(0, "ok", "refundedUnits", "tokens")) != 400 ||
 		o(1, "error", "code") != "not_found" || o(2, "ok", "replayed") != true {

@@ -160,7 +160,7 @@ func TestCLIAgainstServer(t *testing.T) {
 		t.Fatalf("settle did not show the refund: %s", out)
 	}
 	// A different settle of the same reservation: exit 4, with the state.
-	code, out, errOut = cli(t, url, "settle", "--id", "req-1", "--operation", "op-1", "--units", "tokens=300")
+	code, out, errOut = cli(t, url, "settle", "--id", "req-1", "--operation", "op-1", "--units", "tokens=300,requests=1")
 	wantExit(t, exitConflict, code, out, errOut)
 	if !strings.Contains(errOut, "RESERVATION_ALREADY_SETTLED") || !strings.Contains(errOut, "is SETTLED") {
 		t.Fatalf("conflict message: %s", errOut)

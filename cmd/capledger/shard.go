@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/base64"
@@ -320,7 +321,9 @@ func runShardReconcile(ctx context.Context, e *env, args []string) error {
 			return usagef("--receipts: %v", err)
 		}
 		var parsed []receiptJSON
-		if err := json.Unmarshal(raw, &parsed); err != nil {
+		dec := json.NewDecoder(bytes.NewReader(raw))
+		dec.DisallowUnknownFields() // a misspelt field must not read as zero usage
+		if err := dec.Decode(&parsed); err != nil {
 			return usagef("--receipts %s: %v", *receiptsPath, err)
 		}
 		for _, r := range parsed {
