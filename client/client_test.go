@@ -65,7 +65,16 @@ func TestRejectionIsTypedSurfacedAndNotRetried(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	if _, err := c.Reserve(ctx, ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 1000}}); err != nil {
+	spent, err := c.Reserve(ctx, ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 1000}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Spent, not held: while a hold lasts refill cannot make room (burst
+	// caps available + reserved) and no Retry-After is promised.
+	if _, err := c.Start(ctx, spent.ReservationID, "op-spent"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Settle(ctx, spent.ReservationID, "op-spent", Units{"tokens": 1000, "requests": 0}); err != nil {
 		t.Fatal(err)
 	}
 	sent = 0

@@ -85,10 +85,24 @@ func TestReserveRejections(t *testing.T) {
 			err: ledger.ErrInvalidCommand},
 		{name: "too large", cmd: with(func(c *ledger.Command) { c.Units = ledger.Amounts{1, 6} }),
 			err: ledger.ErrReservationTooLarge, dimension: "requests"},
-		{name: "insufficient tokens", setup: func(c *checked) { c.must(c.reserve("a", 900, 1)) },
-			cmd: with(func(c *ledger.Command) { c.Units = ledger.Amounts{301, 1} }),
+		{name: "insufficient tokens", setup: func(c *checked) {
+			c.must(c.reserve("a", 900, 1))
+			c.must(c.start("a"))
+			c.must(c.settle("a", 900, 1)) // spent, not held: refill can make room
+		}, cmd: with(func(c *ledger.Command) { c.Units = ledger.Amounts{301, 1} }),
 			err: ledger.ErrInsufficientCapacity, dimension: "tokens", retry: 3 * time.Second},
-		{name: "insufficient requests", setup: func(c *checked) { c.must(c.reserve("a", 1, 5)); c.must(c.reserve("b", 1, 5)) },
+		// Held, not spent: burst caps available + reserved, so refill can
+		// never make room while the hold lasts: no retry-after.
+		{name: "insufficient tokens behind a hold", setup: func(c *checked) { c.must(c.reserve("a", 900, 1)) },
+			cmd: with(func(c *ledger.Command) { c.Units = ledger.Amounts{301, 1} }),
+			err: ledger.ErrInsufficientCapacity, dimension: "tokens", retry: 0},
+		{name: "insufficient requests", setup: func(c *checked) {
+			for _, id := range []string{"a", "b"} {
+				c.must(c.reserve(id, 1, 5))
+				c.must(c.start(id))
+				c.must(c.settle(id, 1, 5))
+			}
+		},
 			cmd: with(func(c *ledger.Command) { c.Units = ledger.Amounts{1, 2} }),
 			err: ledger.ErrInsufficientCapacity, dimension: "requests", retry: 2 * time.Second},
 		{name: "frozen by debt", setup: func(c *checked) {
@@ -145,13 +159,17 @@ func TestRejectionNamesNoOtherSubject(t *testing.T) {
 		t.Fatalf("tenant-secret: %+v", frozen)
 	}
 	c.must(reserveFor("tenant-7", "a", 990))
+	c.must(c.apply(ledger.Command{Kind: ledger.KindStart, ReservationID: "a", OperationID: "op"}))
+	c.must(c.apply(ledger.Command{Kind: ledger.KindSettle, ReservationID: "a", OperationID: "op", Units: ledger.Amounts{990}}))
 	res := reserveFor("tenant-7", "b", 20)
 	if !errors.Is(res.Err, ledger.ErrInsufficientCapacity) {
 		t.Fatalf("tenant-7: %+v", res)
 	}
 	for _, r := range []ledger.Result{frozen, res} {
 		text := r.Err.Error()
-		for _, leak := range []string{"tenant", "1123", "990"} {
+		// Nor the subject's own balance or debt (23 owed): those are for
+		// GetAccount (issue 13).
+		for _, leak := range []string{"tenant", "1123", "990", "23", "owed"} {
 			if strings.Contains(text, leak) {
 				t.Errorf("rejection %q mentions %q", text, leak)
 			}

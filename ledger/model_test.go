@@ -243,8 +243,9 @@ func (m *refModel) forward(a *modelAccount) {
 // retryAfter is the conservative wait the model expects: per dimension,
 // the time refill needs to mint the debt plus the shortfall, rounded up to
 // whole intervals after the cursor and to whole seconds (at least one);
-// the dimension refill covers last limits, one that never refills limits
-// most (and answers 0).
+// the dimension refill covers last limits, one that never refills (or
+// whose estimate is above burst minus the holds outstanding) limits most
+// (and answers 0).
 func (m *refModel) retryAfter(a *modelAccount, p *modelPolicy, units [modelDims]int64) (int, time.Duration) {
 	limiting, wait, never := -1, time.Duration(0), false
 	for i, d := range p.dims {
@@ -252,7 +253,10 @@ func (m *refModel) retryAfter(a *modelAccount, p *modelPolicy, units [modelDims]
 		if shortfall <= 0 {
 			continue
 		}
-		if d.refill == 0 {
+		// Refill fills available only up to burst - reserved: an estimate
+		// above that waits for holds to end, which no refill brings.
+		heldUp := units[i] > a.available[i] && units[i] > d.burst-a.reserved[i]
+		if d.refill == 0 || heldUp {
 			if !never {
 				limiting, wait, never = i, 0, true
 			}

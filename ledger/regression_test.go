@@ -140,6 +140,8 @@ func TestRetryAfterIsTheSlowestDimension(t *testing.T) {
 	c.publish(policyOf(tokens(1000, 100),
 		ledger.Dimension{Unit: "requests", Burst: 10, RefillUnits: 1, RefillInterval: time.Second}))
 	c.must(c.reserve("a", 1000, 10))
+	c.must(c.start("a"))
+	c.must(c.settle("a", 1000, 10)) // spent, not held: refill can make room
 	res := c.reserve("b", 100, 5)
 	if !errors.Is(res.Err, ledger.ErrInsufficientCapacity) || res.Dimension != "requests" || res.RetryAfter != 5*time.Second {
 		t.Fatalf("rejection %+v, want requests limiting with a 5s retry-after", res)

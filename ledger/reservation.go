@@ -160,6 +160,18 @@ func admissible(a *Account, p *Policy, units *Amounts, now time.Time) (bool, Res
 // before it fills available), and the limiting dimension is the one refill
 // covers last, so no earlier retry can succeed through refill alone. Debt
 // in any dimension makes the rejection ErrAdmissionFrozen.
+//
+// Refill fills available only up to burst - reserved: while the holds
+// outstanding now stay, an estimate above that never fits however long
+// refill runs. Such a dimension has retry-after 0 too (no Retry-After:
+// only holds ending can make room, and when they end is the gateways'
+// doing), and the error says so. The retry-after given is therefore a
+// promise: if nothing else happens on the account, the same request
+// retried after it fits.
+//
+// The error names the limiting dimension only: never a balance, a debt or
+// any other figure of the account (CLIENTS.md; the owed amount is for
+// GetAccount).
 func admit(a *Account, p *Policy, units *Amounts, now time.Time) rejection {
 	for i := 0; i < a.Dims; i++ {
 		d := &p.Dimensions[i]
@@ -171,6 +183,7 @@ func admit(a *Account, p *Policy, units *Amounts, now time.Time) rejection {
 		}
 	}
 	frozen, limiting := -1, -1
+	heldUp := false // the limiting dimension waits for holds, not refill
 	var wait time.Duration
 	for i := 0; i < a.Dims; i++ {
 		bal := &a.Balances[i]
@@ -185,20 +198,36 @@ func admit(a *Account, p *Policy, units *Amounts, now time.Time) rejection {
 		if shortfall <= 0 {
 			continue
 		}
-		w := refillWait(a, &p.Dimensions[i], i, shortfall, now)
-		if limiting < 0 || slower(w, wait) {
-			limiting, wait = i, w
+		var w time.Duration
+		holds := units[i] > bal.Available && units[i] > p.Dimensions[i].Burst-bal.Reserved
+		if !holds || mutantOn("retry_after_ignores_holds") {
+			w = refillWait(a, &p.Dimensions[i], i, shortfall, now)
 		}
+		if limiting < 0 || slower(w, wait) {
+			limiting, wait, heldUp = i, w, holds
+		}
+	}
+	unit := ""
+	if limiting >= 0 {
+		unit = p.Dimensions[limiting].Unit
+	}
+	why := ""
+	if heldUp && wait == 0 {
+		why = ": only outstanding holds ending can make room in " + unit + " (refill fills available only up to burst minus reserved), so no Retry-After is given"
 	}
 	switch {
 	case frozen >= 0:
 		return rejection{
-			err:        fmt.Errorf("%w: %d %s owed", ErrAdmissionFrozen, a.Balances[frozen].Debt(), p.Dimensions[frozen].Unit),
+			err:        fmt.Errorf("%w (%s)%s", ErrAdmissionFrozen, p.Dimensions[frozen].Unit, why),
 			dimension:  limiting,
 			retryAfter: wait,
 		}
 	case limiting >= 0:
-		return rejection{err: ErrInsufficientCapacity, dimension: limiting, retryAfter: wait}
+		err := ErrInsufficientCapacity
+		if why != "" {
+			err = fmt.Errorf("%w%s", ErrInsufficientCapacity, why)
+		}
+		return rejection{err: err, dimension: limiting, retryAfter: wait}
 	}
 	return rejection{}
 }

@@ -2,6 +2,7 @@ package ledger_test
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -52,8 +53,11 @@ func TestSeedScenarioThreeGateways(t *testing.T) {
 				t.Errorf("gateway %d: receipt %+v", i, res.Reservation)
 			}
 		case errors.Is(res.Err, ledger.ErrInsufficientCapacity):
-			// 200 short at 100 per second: two seconds.
-			if res.Dimension != "tokens" || res.Generation != g || res.RetryAfter != 2*time.Second {
+			// 200 short, but burst caps available + reserved: while the
+			// admitted 600 is held, refill can mint only 400, so no wait
+			// for refill helps and no Retry-After is promised (issue 13).
+			if res.Dimension != "tokens" || res.Generation != g || res.RetryAfter != 0 ||
+				!strings.Contains(res.Err.Error(), "only outstanding holds ending can make room") {
 				t.Errorf("gateway %d: rejection carries %q, generation %d, retry-after %v", i, res.Dimension, res.Generation, res.RetryAfter)
 			}
 		default:

@@ -478,6 +478,10 @@ func TestShadowRejectionIsNotAnError(t *testing.T) {
 	if field(res, "reservation", "state") != "RESERVATION_STATE_RESERVED" {
 		t.Fatalf("fitting shadow reserve: %v", res)
 	}
+	// Spent, not held (a hold would keep refill from making room, and the
+	// rejection would promise no Retry-After).
+	h.ok("Start", `{"reservationId":"s1","operationId":"op"}`, "")
+	h.ok("Settle", `{"reservationId":"s1","operationId":"op","actualUnits":{"tokens":80}}`, "")
 	res = h.ok("Reserve", `{"reservationId":"s2","subject":"t1","route":"embed","units":{"tokens":80}}`, "")
 	if res["shadowRejected"] != true || res["reservation"] != nil ||
 		field(res, "shadowRejection", "reason") != server.ReasonInsufficientCapacity ||
@@ -570,6 +574,13 @@ func TestGRPCAndGRPCWeb(t *testing.T) {
 			resp, err := reserve("a", 8)
 			if err != nil || resp.Msg.GetReservation().GetReservedUnits()["tokens"] != 8 {
 				t.Fatalf("reserve: %v %v", resp, err)
+			}
+			// Spent, not held: refill can make room, so a Retry-After is due.
+			if _, err := client.Start(ctx, connect.NewRequest(&v1.StartRequest{ReservationId: proto.name + "a", OperationId: "op"})); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := client.Settle(ctx, connect.NewRequest(&v1.SettleRequest{ReservationId: proto.name + "a", OperationId: "op", ActualUnits: map[string]int64{"tokens": 8}})); err != nil {
+				t.Fatal(err)
 			}
 			_, err = reserve("b", 5)
 			var cerr *connect.Error
