@@ -28,22 +28,60 @@ const (
 	// RoleAdmin may do everything; it alone publishes and rolls back
 	// policies and reads audits.
 	RoleAdmin Role = "admin"
+	// RoleViewer may only read: reservations, accounts, policies, the
+	// USAGE_UNKNOWN backlog, debts and shards. It writes nothing.
+	RoleViewer Role = "viewer"
 )
 
-// adminOnly are the procedures the gateway role may not call.
+// adminOnly are the procedures only the admin role may call.
 var adminOnly = map[string]bool{
 	capledgerv1connect.LedgerServicePublishPolicyProcedure:  true,
 	capledgerv1connect.LedgerServiceRollbackPolicyProcedure: true,
 	capledgerv1connect.LedgerServiceAuditProcedure:          true,
-	// The backlog lists every tenant's reservations.
+}
+
+// viewerMay are the procedures of the viewer role (reads only). The
+// backlog and the debts list span tenants: a gateway may not call them, a
+// viewer may (a scoped viewer sees only its scope's rows).
+var viewerMay = map[string]bool{
+	capledgerv1connect.LedgerServiceGetPolicyProcedure:        true,
+	capledgerv1connect.LedgerServiceListPoliciesProcedure:     true,
+	capledgerv1connect.LedgerServiceGetReservationProcedure:   true,
+	capledgerv1connect.LedgerServiceGetAccountProcedure:       true,
+	capledgerv1connect.LedgerServiceListUsageUnknownProcedure: true,
+	capledgerv1connect.LedgerServiceListDebtsProcedure:        true,
+	capledgerv1connect.ShardServiceGetShardProcedure:          true,
+	capledgerv1connect.ShardServiceListShardsProcedure:        true,
+	capledgerv1connect.ShardServiceListShardKeysProcedure:     true,
+}
+
+// gatewayMayNot are the procedures beyond adminOnly a gateway may not call.
+var gatewayMayNot = map[string]bool{
 	capledgerv1connect.LedgerServiceListUsageUnknownProcedure: true,
 	capledgerv1connect.LedgerServiceListDebtsProcedure:        true,
 }
 
-// Identity is who presented a token.
+// RoleMay reports whether role may call procedure (a full procedure name,
+// e.g. capledgerv1connect.LedgerServiceReserveProcedure).
+func RoleMay(role Role, procedure string) bool {
+	switch role {
+	case RoleAdmin:
+		return true
+	case RoleGateway:
+		return !adminOnly[procedure] && !gatewayMayNot[procedure]
+	case RoleViewer:
+		return viewerMay[procedure]
+	}
+	return false
+}
+
+// Identity is who presented a token: its name, its role and its scope
+// (the subjects and routes it may touch; unlimited for admin tokens and
+// for tokens without scope fields).
 type Identity struct {
-	Name string
-	Role Role
+	Name  string
+	Role  Role
+	Scope Scope
 }
 
 type tokenEntry struct {
@@ -57,7 +95,9 @@ type Tokens struct {
 }
 
 // LoadTokens reads a tokens file: one `token role name` per line, role
-// gateway or admin; blank lines and lines starting with # are ignored. It
+// gateway, viewer or admin, optionally followed (gateway and viewer) by
+// `subjects=PATTERN,...` and `routes=PATTERN,...` (see Scope); blank lines
+// and lines starting with # are ignored. It
 // returns an error naming the line for a malformed one, a duplicate token,
 // or a file without any token (which would lock everybody out while
 // looking like auth is on).
@@ -85,12 +125,19 @@ func ParseTokens(r io.Reader) (*Tokens, error) {
 			continue
 		}
 		fields := strings.Fields(text)
-		if len(fields) != 3 {
-			return nil, fmt.Errorf("line %d: want `token role name`, got %d fields", line, len(fields))
+		if len(fields) < 3 {
+			return nil, fmt.Errorf("line %d: want `token role name [subjects=PATTERNS] [routes=PATTERNS]`, got %d fields", line, len(fields))
 		}
 		role := Role(fields[1])
-		if role != RoleGateway && role != RoleAdmin {
-			return nil, fmt.Errorf("line %d: role %q is neither %q nor %q", line, role, RoleGateway, RoleAdmin)
+		if role != RoleGateway && role != RoleAdmin && role != RoleViewer {
+			return nil, fmt.Errorf("line %d: role %q is not %q, %q or %q", line, role, RoleGateway, RoleViewer, RoleAdmin)
+		}
+		scope, err := parseScope(fields[3:])
+		if err != nil {
+			return nil, fmt.Errorf("line %d: %w", line, err)
+		}
+		if role == RoleAdmin && !scope.Unlimited() {
+			return nil, fmt.Errorf("line %d: an admin token cannot be scoped (give it the gateway or viewer role)", line)
 		}
 		if len(fields[0]) < 16 {
 			return nil, fmt.Errorf("line %d: token shorter than 16 characters", line)
@@ -100,7 +147,7 @@ func ParseTokens(r io.Reader) (*Tokens, error) {
 			return nil, fmt.Errorf("line %d: token appears twice", line)
 		}
 		seen[digest] = true
-		t.entries = append(t.entries, tokenEntry{digest: digest, id: Identity{Name: fields[2], Role: role}})
+		t.entries = append(t.entries, tokenEntry{digest: digest, id: Identity{Name: fields[2], Role: role, Scope: scope}})
 	}
 	if err := scanner.Err(); err != nil {
 		return nil, err
@@ -143,23 +190,35 @@ func IdentityFrom(ctx context.Context) (Identity, bool) {
 func authInterceptor(tokens *Tokens) connect.Interceptor {
 	return connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
 		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-			header := req.Header().Get("Authorization")
-			token, ok := strings.CutPrefix(header, "Bearer ")
-			if !ok || token == "" {
+			token, ok := bearerToken(req.Header().Get("Authorization"))
+			if !ok {
 				return nil, withReason(connect.NewError(connect.CodeUnauthenticated,
 					errors.New("missing bearer token: send `Authorization: Bearer <token>`")), ReasonUnauthenticated)
 			}
-			id, ok := tokens.lookup(strings.TrimSpace(token))
+			id, ok := tokens.lookup(token)
 			if !ok {
 				return nil, withReason(connect.NewError(connect.CodeUnauthenticated, errors.New("unknown token")), ReasonUnauthenticated)
 			}
-			if adminOnly[req.Spec().Procedure] && id.Role != RoleAdmin {
+			if !RoleMay(id.Role, req.Spec().Procedure) {
 				return nil, withReason(connect.NewError(connect.CodePermissionDenied,
-					fmt.Errorf("%s needs the admin role; token %q has role %s", req.Spec().Procedure, id.Name, id.Role)), ReasonPermissionDenied)
+					fmt.Errorf("%s is not open to the %s role (token %q)", req.Spec().Procedure, id.Role, id.Name)), ReasonPermissionDenied)
 			}
 			return next(context.WithValue(ctx, identityKey{}, id), req)
 		}
 	})
+}
+
+// bearerToken returns the token of an Authorization header value. The
+// scheme is case-insensitive (RFC 7235: `Bearer`, `bearer`, `BEARER`) and
+// may be followed by several spaces; ok is false for another scheme or no
+// token.
+func bearerToken(header string) (string, bool) {
+	scheme, token, found := strings.Cut(strings.TrimSpace(header), " ")
+	if !found || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	token = strings.TrimSpace(token)
+	return token, token != ""
 }
 
 // authorizeGateway ties a shard call's gateway id to the caller: with auth

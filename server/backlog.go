@@ -64,12 +64,19 @@ func (s *Server) ListUsageUnknown(ctx context.Context, req *connect.Request[v1.L
 		return nil, readError("usage unknown backlog", ReasonStoreUnavailable, err)
 	}
 	resp := &v1.ListUsageUnknownResponse{Backlog: backlog.Count, OldestUsageUnknownAt: timestamp(backlog.OldestMarkedAt)}
+	if scoped(ctx) {
+		// The store-wide figures span tenants outside the token's scope.
+		resp.Backlog, resp.OldestUsageUnknownAt = 0, nil
+	}
 	if len(rows) > size {
 		rows = rows[:size]
 		last := rows[size-1]
 		resp.NextPageToken = unknownToken(store.UnknownCursor{MarkedAt: last.UnknownAt, ID: last.ID})
 	}
 	for i := range rows {
+		if !InScope(ctx, rows[i].Account.Subject, rows[i].Account.Route) {
+			continue
+		}
 		pb, err := s.reservationProto(ctx, &rows[i])
 		if err != nil {
 			return nil, readError("list usage unknown", ReasonPolicyNotFound, err)

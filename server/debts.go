@@ -35,6 +35,9 @@ func (s *Server) ListDebts(ctx context.Context, req *connect.Request[v1.ListDebt
 		resp.NextPageToken = debtToken(next)
 	}
 	for i := range accounts {
+		if !InScope(ctx, accounts[i].Key.Subject, accounts[i].Key.Route) {
+			continue // a scoped viewer sees its own tenants' debts only
+		}
 		p, err := s.policies.get(ctx, accounts[i].Key.Generation)
 		if err != nil {
 			return nil, readError("list debts", ReasonPolicyNotFound, err)

@@ -139,7 +139,7 @@ func (s *Server) GetPolicy(ctx context.Context, req *connect.Request[v1.GetPolic
 	}
 	active := activeGenerations(all)
 	for i := range all {
-		if all[i].Generation == generation {
+		if all[i].Generation == generation && inPolicyScope(ctx, all[i].Key) {
 			return connect.NewResponse(&v1.GetPolicyResponse{Policy: PolicyProto(&all[i], active[all[i].Key] == generation)}), nil
 		}
 	}
@@ -158,7 +158,7 @@ func (s *Server) ListPolicies(ctx context.Context, req *connect.Request[v1.ListP
 	for i := range all {
 		k := all[i].Key
 		if (m.GetSubject() != "" && m.GetSubject() != k.Subject) || (m.GetRoute() != "" && m.GetRoute() != k.Route) ||
-			(m.GetRegion() != "" && m.GetRegion() != k.Region) {
+			(m.GetRegion() != "" && m.GetRegion() != k.Region) || !inPolicyScope(ctx, k) {
 			continue
 		}
 		resp.Policies = append(resp.Policies, PolicyProto(&all[i], active[k] == all[i].Generation))
@@ -230,10 +230,21 @@ func (s *Server) reserveCommand(ctx context.Context, req *v1.ReserveRequest) (cm
 		Region:        region,
 	}
 	if cmd.Subject == "" || cmd.Route == "" {
+		if scoped(ctx) {
+			// No replay for a scoped caller without a subject: the id may
+			// belong to another tenant.
+			return cmd, nil, invalidArgument(ReasonInvalidCommand, "subject and route are required")
+		}
 		// The ledger answers a replay, or ErrInvalidCommand.
 		return cmd, nil, nil
 	}
 	key := ledger.PolicyKey{Subject: cmd.Subject, Route: cmd.Route, Region: cmd.Region}
+	if !InScope(ctx, cmd.Subject, cmd.Route) {
+		// Out of the token's scope: answered as a subject nothing admits
+		// for, which is what it is for this caller.
+		s.log.Info("out of the token's scope", "call", "reserve", "subject", cmd.Subject, "route", cmd.Route, "token", tokenName(ctx))
+		return cmd, nil, withReason(connect.NewError(connect.CodeNotFound, fmt.Errorf("%w: %s", ledger.ErrNoPolicy, key)), ReasonNoPolicy)
+	}
 	p, ok := s.policies.active(key)
 	if !ok {
 		if err := s.policies.refreshForMiss(ctx); err != nil {
@@ -269,6 +280,11 @@ func stale(cmd *ledger.Command, res *ledger.Result) bool {
 
 // reserveOutcome turns the ledger's answer to a reserve into its outcome.
 func (s *Server) reserveOutcome(ctx context.Context, res *ledger.Result, unmapped *connect.Error) outcome[*v1.ReserveResponse] {
+	if r := &res.Reservation; r.ID != "" && !InScope(ctx, r.Account.Subject, r.Account.Route) {
+		// The id is another tenant's (a digest mismatch, or a replay of a
+		// guessed digest): the id is taken, and nothing else is said.
+		return outcome[*v1.ReserveResponse]{err: withReason(connect.NewError(connect.CodeAlreadyExists, ledger.ErrDigestMismatch), ReasonDigestMismatch)}
+	}
 	if unmapped != nil && !(res.Err == nil && res.Replayed) && !errors.Is(res.Err, ledger.ErrDigestMismatch) {
 		// Not a retry of an existing id: the server's own answer stands.
 		return outcome[*v1.ReserveResponse]{err: unmapped}
@@ -414,6 +430,9 @@ func (s *Server) Start(ctx context.Context, req *connect.Request[v1.StartRequest
 	if cerr := checkID("operation_id", req.Msg.GetOperationId()); cerr != nil {
 		return nil, cerr
 	}
+	if cerr := s.checkReservationScope(ctx, "start", req.Msg.GetReservationId()); cerr != nil {
+		return nil, cerr
+	}
 	res, cerr := s.do(ctx, ledger.Command{Kind: ledger.KindStart, ReservationID: req.Msg.GetReservationId(), OperationID: req.Msg.GetOperationId()})
 	if cerr != nil {
 		return nil, cerr
@@ -438,6 +457,9 @@ func (s *Server) settleCommand(ctx context.Context, req *v1.SettleRequest) (ledg
 		return ledger.Command{}, cerr
 	}
 	r, err := s.ledger.Reservation(ctx, req.GetReservationId())
+	if scoped(ctx) && (isNotFound(err) || (err == nil && !InScope(ctx, r.Account.Subject, r.Account.Route))) {
+		return ledger.Command{}, reservationNotFound("settle", req.GetReservationId())
+	}
 	if err != nil {
 		return ledger.Command{}, readError("settle "+req.GetReservationId(), ReasonReservationNotFound, err)
 	}
@@ -544,6 +566,9 @@ func (s *Server) Release(ctx context.Context, req *connect.Request[v1.ReleaseReq
 	if cerr := checkID("reservation_id", req.Msg.GetReservationId()); cerr != nil {
 		return nil, cerr
 	}
+	if cerr := s.checkReservationScope(ctx, "release", req.Msg.GetReservationId()); cerr != nil {
+		return nil, cerr
+	}
 	res, cerr := s.do(ctx, ledger.Command{Kind: ledger.KindRelease, ReservationID: req.Msg.GetReservationId()})
 	if cerr != nil {
 		return nil, cerr
@@ -565,6 +590,9 @@ func (s *Server) Release(ctx context.Context, req *connect.Request[v1.ReleaseReq
 // MarkUsageUnknown implements LedgerService.MarkUsageUnknown.
 func (s *Server) MarkUsageUnknown(ctx context.Context, req *connect.Request[v1.MarkUsageUnknownRequest]) (*connect.Response[v1.MarkUsageUnknownResponse], error) {
 	if cerr := checkID("reservation_id", req.Msg.GetReservationId()); cerr != nil {
+		return nil, cerr
+	}
+	if cerr := s.checkReservationScope(ctx, "mark usage unknown", req.Msg.GetReservationId()); cerr != nil {
 		return nil, cerr
 	}
 	res, cerr := s.do(ctx, ledger.Command{Kind: ledger.KindMarkUsageUnknown, ReservationID: req.Msg.GetReservationId()})
@@ -590,6 +618,9 @@ func (s *Server) GetReservation(ctx context.Context, req *connect.Request[v1.Get
 		return nil, cerr
 	}
 	r, err := s.ledger.Reservation(ctx, id)
+	if scoped(ctx) && (isNotFound(err) || (err == nil && !InScope(ctx, r.Account.Subject, r.Account.Route))) {
+		return nil, reservationNotFound("get reservation", id)
+	}
 	if err != nil {
 		return nil, readError("get reservation "+id, ReasonReservationNotFound, err)
 	}
@@ -607,6 +638,10 @@ func (s *Server) GetAccount(ctx context.Context, req *connect.Request[v1.GetAcco
 	key := ledger.PolicyKey{Subject: req.Msg.GetSubject(), Route: req.Msg.GetRoute(), Region: regionOrDefault(req.Msg.GetRegion())}
 	if key.Subject == "" || key.Subject == ledger.AnySubject || key.Route == "" {
 		return nil, invalidArgument(ReasonInvalidCommand, "subject (concrete, not %q) and route are required", ledger.AnySubject)
+	}
+	if !InScope(ctx, key.Subject, key.Route) {
+		// Answered as a subject that never reserved.
+		return connect.NewResponse(&v1.GetAccountResponse{}), nil
 	}
 	accounts, err := s.ledger.Accounts(ctx, key)
 	if err != nil {

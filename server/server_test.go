@@ -69,6 +69,9 @@ type harnessOptions struct {
 	auth    bool
 	workers bool
 	maxBody int64
+	// tokens, when set with auth, is the tokens file instead of the
+	// default admin + gateway pair.
+	tokens string
 	// faults runs on the in-memory store, whose fault injection (a failed
 	// commit, a lost commit acknowledgement) a SQLite file cannot offer;
 	// otherwise the store is a SQLite file in a temporary directory.
@@ -97,8 +100,11 @@ func newHarness(t testing.TB, opts harnessOptions) *harness {
 	})
 	cfg := server.Config{Metrics: metrics, Logger: logger, MaxBodyBytes: opts.maxBody, Clock: h.clock.Now}
 	if opts.auth {
-		tokens, err := server.ParseTokens(strings.NewReader(
-			"# role per token\n" + adminToken + " admin ops\n\n" + gatewayToken + " gateway gw-1\n"))
+		file := "# role per token\n" + adminToken + " admin ops\n\n" + gatewayToken + " gateway gw-1\n"
+		if opts.tokens != "" {
+			file = opts.tokens
+		}
+		tokens, err := server.ParseTokens(strings.NewReader(file))
 		if err != nil {
 			t.Fatal(err)
 		}

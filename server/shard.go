@@ -145,6 +145,10 @@ func (svc *shardService) IssueShard(ctx context.Context, req *connect.Request[v1
 	if m.GetSubject() == "" || m.GetSubject() == ledger.AnySubject || m.GetRoute() == "" {
 		return nil, invalidArgument(ReasonInvalidCommand, "a concrete subject (not %q) and a route are required", ledger.AnySubject)
 	}
+	if !InScope(ctx, m.GetSubject(), m.GetRoute()) {
+		key := ledger.PolicyKey{Subject: m.GetSubject(), Route: m.GetRoute(), Region: regionOrDefault(m.GetRegion())}
+		return nil, withReason(connect.NewError(connect.CodeNotFound, fmt.Errorf("%w: %s", ledger.ErrNoPolicy, key)), ReasonNoPolicy)
+	}
 	if m.GetBootEpoch() == 0 {
 		return nil, invalidArgument(ReasonInvalidCommand, "boot_epoch is required (a gateway numbers its boots from 1)")
 	}
@@ -190,7 +194,13 @@ func (svc *shardService) IssueShard(ctx context.Context, req *connect.Request[v1
 			continue
 		}
 		if cerr != nil {
+			if res.Shard != nil && !InScope(ctx, res.Shard.Account.Subject, res.Shard.Account.Route) {
+				return nil, shardIDTaken()
+			}
 			return nil, cerr
+		}
+		if !InScope(ctx, res.Shard.Account.Subject, res.Shard.Account.Route) {
+			return nil, shardIDTaken() // a replay of another tenant's shard id
 		}
 		pb, err := svc.shardProto(ctx, res.Shard, true)
 		if err != nil {
@@ -209,6 +219,9 @@ func (svc *shardService) GetShard(ctx context.Context, req *connect.Request[v1.G
 		return nil, connect.NewError(connect.CodeUnimplemented, errors.New("this ledger cannot read shards"))
 	}
 	sh, err := svc.reads.Shard(ctx, req.Msg.GetShardId())
+	if scoped(ctx) && (isNotFound(err) || (err == nil && !InScope(ctx, sh.Account.Subject, sh.Account.Route))) {
+		return nil, shardNotFound("get shard", req.Msg.GetShardId())
+	}
 	if err != nil {
 		return nil, readError("get shard "+req.Msg.GetShardId(), ReasonShardNotFound, err)
 	}
@@ -242,7 +255,7 @@ func (svc *shardService) ListShards(ctx context.Context, req *connect.Request[v1
 			(m.GetRoute() != "" && sh.Account.Route != m.GetRoute()) ||
 			(m.GetRegion() != "" && sh.Account.Region != m.GetRegion()) ||
 			(m.GetGatewayId() != "" && sh.GatewayID != m.GetGatewayId()) ||
-			(m.GetUnreconciledOnly() && sh.Reconciled) {
+			(m.GetUnreconciledOnly() && sh.Reconciled) || !InScope(ctx, sh.Account.Subject, sh.Account.Route) {
 			continue
 		}
 		pb, err := svc.shardProto(ctx, sh, false)
@@ -278,6 +291,9 @@ func (svc *shardService) ReconcileShard(ctx context.Context, req *connect.Reques
 	}
 	// The receipts' units are named by the shard's own generation.
 	sh, err := svc.reads.Shard(ctx, m.GetShardId())
+	if scoped(ctx) && (isNotFound(err) || (err == nil && !InScope(ctx, sh.Account.Subject, sh.Account.Route))) {
+		return nil, shardNotFound("reconcile shard", m.GetShardId())
+	}
 	if err != nil {
 		return nil, readError("reconcile shard "+m.GetShardId(), ReasonShardNotFound, err)
 	}

@@ -1,0 +1,198 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"connectrpc.com/connect"
+
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+)
+
+// Scope limits a token to some subjects and routes. Each list holds
+// patterns: `*` matches any run of characters (slashes included) and `?`
+// one character, anything else itself, so `tenant-b/*` is a prefix and
+// `chat.*` every route under chat. An empty list does not limit (every
+// subject, or every route): an unscoped token has no limits at all.
+type Scope struct {
+	Subjects []string
+	Routes   []string
+}
+
+// Unlimited reports whether the scope limits nothing.
+func (sc Scope) Unlimited() bool { return len(sc.Subjects) == 0 && len(sc.Routes) == 0 }
+
+// Covers reports whether the scope admits subject on route. A wildcard
+// policy's subject (`*`, ledger.AnySubject) is covered only by a scope
+// without subject limits: a scoped token sees a wildcard policy through
+// ListPolicies (route permitting) but never acts for "every subject".
+func (sc Scope) Covers(subject, route string) bool {
+	return matchesAny(sc.Subjects, subject) && matchesAny(sc.Routes, route)
+}
+
+// coversPolicy reports whether a policy of key is visible in the scope: its
+// route is covered and its subject is, or it is the wildcard subject.
+func (sc Scope) coversPolicy(key ledger.PolicyKey) bool {
+	if !matchesAny(sc.Routes, key.Route) {
+		return false
+	}
+	return key.Subject == ledger.AnySubject || matchesAny(sc.Subjects, key.Subject)
+}
+
+func (sc Scope) String() string {
+	var parts []string
+	if len(sc.Subjects) > 0 {
+		parts = append(parts, "subjects="+strings.Join(sc.Subjects, ","))
+	}
+	if len(sc.Routes) > 0 {
+		parts = append(parts, "routes="+strings.Join(sc.Routes, ","))
+	}
+	if len(parts) == 0 {
+		return "unscoped"
+	}
+	return strings.Join(parts, " ")
+}
+
+func matchesAny(patterns []string, s string) bool {
+	if len(patterns) == 0 {
+		return true
+	}
+	for _, p := range patterns {
+		if globMatch(p, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// globMatch matches s against pattern: `*` any run of bytes, `?` one
+// byte, everything else literally. (path.Match would stop `*` at a slash,
+// and subjects such as `tenant-b/team-1/user-9` nest.)
+func globMatch(pattern, s string) bool {
+	px, sx := 0, 0
+	star, mark := -1, 0
+	for sx < len(s) {
+		switch {
+		case px < len(pattern) && (pattern[px] == '?' || (pattern[px] != '*' && pattern[px] == s[sx])):
+			px++
+			sx++
+		case px < len(pattern) && pattern[px] == '*':
+			star, mark = px, sx
+			px++
+		case star >= 0:
+			px = star + 1
+			mark++
+			sx = mark
+		default:
+			return false
+		}
+	}
+	for px < len(pattern) && pattern[px] == '*' {
+		px++
+	}
+	return px == len(pattern)
+}
+
+// parseScope reads `subjects=a,b` and `routes=c` fields of a tokens file
+// line.
+func parseScope(fields []string) (Scope, error) {
+	var sc Scope
+	seen := map[string]bool{}
+	for _, f := range fields {
+		name, value, ok := strings.Cut(f, "=")
+		if !ok || (name != "subjects" && name != "routes") {
+			return sc, fmt.Errorf("%q: want subjects=PATTERN[,PATTERN...] or routes=PATTERN[,PATTERN...]", f)
+		}
+		if seen[name] {
+			return sc, fmt.Errorf("%s given twice", name)
+		}
+		seen[name] = true
+		patterns := strings.Split(value, ",")
+		for _, p := range patterns {
+			if p == "" {
+				return sc, fmt.Errorf("%s: empty pattern", name)
+			}
+		}
+		if name == "subjects" {
+			sc.Subjects = patterns
+		} else {
+			sc.Routes = patterns
+		}
+	}
+	return sc, nil
+}
+
+// InScope reports whether the caller of ctx may touch subject on route:
+// true when auth is off, for an unscoped token (admin tokens are never
+// scoped), and for a scoped one whose patterns cover both. It is the one
+// tenant-isolation check: every handler that names a subject, or reads a
+// stored reservation, account or shard, asks it before answering, and a
+// client of the public API (the console) asks it the same way.
+func InScope(ctx context.Context, subject, route string) bool {
+	id, ok := IdentityFrom(ctx)
+	return !ok || id.Scope.Covers(subject, route)
+}
+
+// scoped reports whether the caller's token is limited by a scope (then
+// id-only calls read the stored row first, to check its subject).
+func scoped(ctx context.Context) bool {
+	id, ok := IdentityFrom(ctx)
+	return ok && !id.Scope.Unlimited()
+}
+
+// reservationNotFound is the answer to a scoped caller for an id that does
+// not exist and, identically, for one whose reservation lies outside its
+// scope: a refusal must not reveal that the id exists.
+func reservationNotFound(what, id string) *connect.Error {
+	return withReason(connect.NewError(connect.CodeNotFound,
+		fmt.Errorf("%s: %w: %s", what, ledger.ErrReservationNotFound, id)), ReasonReservationNotFound)
+}
+
+// checkReservationScope is the scope check of an id-only call: nil when
+// the caller is unscoped or the stored reservation is in its scope;
+// reservationNotFound when it is missing or outside; a read error when the
+// store cannot say.
+func (s *Server) checkReservationScope(ctx context.Context, what, id string) *connect.Error {
+	if !scoped(ctx) {
+		return nil
+	}
+	r, err := s.ledger.Reservation(ctx, id)
+	if err != nil {
+		if isNotFound(err) {
+			return reservationNotFound(what, id)
+		}
+		return readError(what+" "+id, ReasonReservationNotFound, err)
+	}
+	if !InScope(ctx, r.Account.Subject, r.Account.Route) {
+		s.log.Info("out of the token's scope", "call", what, "reservation", id, "token", tokenName(ctx))
+		return reservationNotFound(what, id)
+	}
+	return nil
+}
+
+func tokenName(ctx context.Context) string {
+	id, _ := IdentityFrom(ctx)
+	return id.Name
+}
+
+func isNotFound(err error) bool { return errors.Is(err, store.ErrNotFound) }
+
+// inPolicyScope reports whether the caller may see a policy of key (see
+// Scope.coversPolicy; true when auth is off or the token is unscoped).
+func inPolicyScope(ctx context.Context, key ledger.PolicyKey) bool {
+	id, ok := IdentityFrom(ctx)
+	return !ok || id.Scope.coversPolicy(key)
+}
+
+// shardNotFound is reservationNotFound for shards.
+func shardNotFound(what, id string) *connect.Error {
+	return withReason(connect.NewError(connect.CodeNotFound, fmt.Errorf("%s: %w: %s", what, ledger.ErrShardNotFound, id)), ReasonShardNotFound)
+}
+
+// shardIDTaken answers an IssueShard whose shard id is another tenant's.
+func shardIDTaken() *connect.Error {
+	return withReason(connect.NewError(connect.CodeAlreadyExists, errors.New("shard id already used for another shard")), ReasonShardIDReused)
+}

@@ -1,0 +1,182 @@
+package server_test
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/capledger/capledger/server"
+)
+
+const (
+	gwAToken     = "gw-a-token-0123456789"
+	gwBToken     = "gw-b-token-0123456789"
+	viewerToken  = "viewer-b-token-0123456789"
+	oldGwToken   = "gw-old-token-0123456789"
+	scopedTokens = adminToken + " admin ops\n" +
+		gwAToken + " gateway gw-a subjects=tenant-a/* routes=chat.*\n" +
+		gwBToken + " gateway gw-b subjects=tenant-b/*\n" +
+		viewerToken + " viewer dash-b subjects=tenant-b/*\n" +
+		oldGwToken + " gateway gw-old\n"
+)
+
+// Issue 13: a gateway token for gw-b released tenant-a's hold. Tokens may
+// be scoped to subjects and routes; every method checks the subject it
+// touches (the stored reservation's for id-only calls), and a refusal is
+// answered as not found, identical to an id that does not exist.
+func TestTokenScopesIsolateTenants(t *testing.T) {
+	h := newHarness(t, harnessOptions{auth: true, tokens: scopedTokens})
+	for _, route := range []string{"chat.generate", "embed"} {
+		h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"`+route+`",
+		  "dimensions":[{"unit":"tokens","burst":"1000","refillUnits":"10","refillInterval":"1s"}]}}`, adminToken)
+	}
+	reserve := func(id, subject, route string) string {
+		return `{"reservationId":"` + id + `","subject":"` + subject + `","route":"` + route + `","units":{"tokens":10}}`
+	}
+	h.ok("Reserve", reserve("a1", "tenant-a/u1", "chat.generate"), gwAToken)
+	h.ok("Reserve", reserve("a2", "tenant-a/u1", "chat.generate"), gwAToken)
+	h.ok("Start", `{"reservationId":"a2","operationId":"op"}`, gwAToken)
+	h.ok("Reserve", reserve("b1", "tenant-b/team/u9", "chat.generate"), gwBToken)
+
+	// gw-b on tenant-a's reservations: the same answer as for an id that
+	// does not exist, on every id-only method.
+	for _, c := range []struct{ method, body string }{
+		{"GetReservation", `{"reservationId":"%s"}`},
+		{"Release", `{"reservationId":"%s"}`},
+		{"Start", `{"reservationId":"%s","operationId":"op"}`},
+		{"Settle", `{"reservationId":"%s","operationId":"op","actualUnits":{"tokens":1}}`},
+		{"MarkUsageUnknown", `{"reservationId":"%s"}`},
+	} {
+		for _, id := range []string{"a1", "a2"} {
+			foreign := h.call(c.method, strings.ReplaceAll(c.body, "%s", id), gwBToken)
+			h.wantError(foreign, http.StatusNotFound, "not_found", server.ReasonReservationNotFound)
+			missing := h.call(c.method, strings.ReplaceAll(c.body, "%s", "zz"), gwBToken)
+			if strings.ReplaceAll(string(foreign.raw), id, "zz") != string(missing.raw) {
+				t.Errorf("%s: a foreign id answers\n  %s\nbut a missing one\n  %s", c.method, foreign.raw, missing.raw)
+			}
+		}
+	}
+	batch := h.ok("SettleBatch", `{"requests":[{"reservationId":"a2","operationId":"op","actualUnits":{"tokens":1}}]}`, gwBToken)
+	if field(batch["outcomes"].([]any)[0].(map[string]any), "error", "code") != "not_found" {
+		t.Errorf("settle batch of a foreign id: %v", batch)
+	}
+	// Nothing of tenant-a's changed.
+	if got := h.ok("GetReservation", `{"reservationId":"a1"}`, gwAToken); field(got, "reservation", "state") != "RESERVATION_STATE_RESERVED" {
+		t.Fatalf("a1 after gw-b's attempts: %v", got)
+	}
+	if got := h.ok("GetReservation", `{"reservationId":"a2"}`, gwAToken); field(got, "reservation", "state") != "RESERVATION_STATE_STARTED" {
+		t.Fatalf("a2 after gw-b's attempts: %v", got)
+	}
+	// Subject-named calls: reserve as a subject nothing admits for, an
+	// account as one that never reserved.
+	h.wantError(h.call("Reserve", reserve("b2", "tenant-a/u1", "chat.generate"), gwBToken), http.StatusNotFound, "not_found", server.ReasonNoPolicy)
+	h.wantError(h.call("Reserve", reserve("a3", "tenant-a/u1", "embed"), gwAToken), http.StatusNotFound, "not_found", server.ReasonNoPolicy)
+	rb := h.ok("ReserveBatch", `{"requests":[`+reserve("b3", "tenant-a/u1", "chat.generate")+`]}`, gwBToken)
+	if field(rb["outcomes"].([]any)[0].(map[string]any), "error", "detail", "reason") != server.ReasonNoPolicy {
+		t.Errorf("reserve batch for a foreign subject: %v", rb)
+	}
+	if acct := h.ok("GetAccount", `{"subject":"tenant-a/u1","route":"chat.generate"}`, gwBToken); len(acct) != 0 {
+		t.Errorf("gw-b reads tenant-a's account: %v", acct)
+	}
+	if acct := h.ok("GetAccount", `{"subject":"tenant-a/u1","route":"chat.generate"}`, gwAToken); acct["accounts"] == nil {
+		t.Errorf("gw-a cannot read its own account: %v", acct)
+	}
+	// Reusing tenant-a's id for tenant-b's subject: the id is taken,
+	// nothing about its reservation is said.
+	r := h.call("Reserve", reserve("a1", "tenant-b/u1", "chat.generate"), gwBToken)
+	h.wantError(r, http.StatusConflict, "already_exists", server.ReasonDigestMismatch)
+	if strings.Contains(string(r.raw), "tenant-a") {
+		t.Errorf("digest mismatch reveals the other tenant's reservation: %s", r.raw)
+	}
+	// Policies: the wildcard ones are visible (route permitting).
+	pols := h.ok("ListPolicies", `{}`, gwAToken)
+	if n := len(pols["policies"].([]any)); n != 1 {
+		t.Errorf("gw-a (routes=chat.*) sees %d policies, want 1: %v", n, pols)
+	}
+	h.wantError(h.call("GetPolicy", `{"generation":"2"}`, gwAToken), http.StatusNotFound, "not_found", server.ReasonPolicyNotFound)
+
+	// An unscoped gateway token keeps today's meaning.
+	h.ok("GetReservation", `{"reservationId":"a1"}`, oldGwToken)
+	h.ok("Release", `{"reservationId":"a1"}`, oldGwToken)
+
+	// The viewer reads within its scope and writes nothing.
+	h.ok("GetReservation", `{"reservationId":"b1"}`, viewerToken)
+	h.wantError(h.call("GetReservation", `{"reservationId":"a2"}`, viewerToken), http.StatusNotFound, "not_found", server.ReasonReservationNotFound)
+	h.ok("GetAccount", `{"subject":"tenant-b/team/u9","route":"chat.generate"}`, viewerToken)
+	h.ok("ListPolicies", `{}`, viewerToken)
+	h.ok("ListDebts", `{}`, viewerToken)
+	h.ok("MarkUsageUnknown", `{"reservationId":"a2"}`, gwAToken)
+	backlog := h.ok("ListUsageUnknown", `{}`, viewerToken)
+	if backlog["reservations"] != nil || backlog["backlog"] != nil {
+		t.Errorf("a tenant-b viewer sees tenant-a's backlog: %v", backlog)
+	}
+	if all := h.ok("ListUsageUnknown", `{}`, adminToken); len(all["reservations"].([]any)) != 1 {
+		t.Errorf("admin backlog: %v", all)
+	}
+	for _, c := range []struct{ method, body string }{
+		{"Reserve", reserve("v1", "tenant-b/u1", "chat.generate")},
+		{"Release", `{"reservationId":"b1"}`},
+		{"Start", `{"reservationId":"b1","operationId":"op"}`},
+		{"PublishPolicy", tokensPolicy},
+		{"Audit", `{}`},
+	} {
+		h.wantError(h.call(c.method, c.body, viewerToken), http.StatusForbidden, "permission_denied", server.ReasonPermissionDenied)
+	}
+	h.wantError(h.call("ListUsageUnknown", `{}`, gwAToken), http.StatusForbidden, "permission_denied", server.ReasonPermissionDenied)
+}
+
+func TestTokenScopeParsingAndMatching(t *testing.T) {
+	tokens, err := server.ParseTokens(strings.NewReader(scopedTokens))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = tokens
+	for _, bad := range []string{
+		adminToken + " admin ops subjects=tenant-a/*\n",    // admin is never scoped
+		gwAToken + " gateway gw-a subject=tenant-a/*\n",    // misspelt
+		gwAToken + " gateway gw-a subjects=\n",             // empty
+		gwAToken + " gateway gw-a subjects=a subjects=b\n", // twice
+		gwAToken + " reader gw-a\n",                        // unknown role
+	} {
+		if _, err := server.ParseTokens(strings.NewReader(bad)); err == nil {
+			t.Errorf("accepted %q", bad)
+		}
+	}
+	sc := server.Scope{Subjects: []string{"tenant-b/*", "solo"}, Routes: []string{"chat.*"}}
+	for _, c := range []struct {
+		subject, route string
+		want           bool
+	}{
+		{"tenant-b/u1", "chat.generate", true},
+		{"tenant-b/team/u9", "chat.x", true},
+		{"tenant-b", "chat.generate", false},
+		{"tenant-a/u1", "chat.generate", false},
+		{"solo", "chat.generate", true},
+		{"solo2", "chat.generate", false},
+		{"tenant-b/u1", "embed", false},
+	} {
+		if got := sc.Covers(c.subject, c.route); got != c.want {
+			t.Errorf("%v covers %s %s: %v, want %v", sc, c.subject, c.route, got, c.want)
+		}
+	}
+	if !(server.Scope{}).Covers("anyone", "any.route") {
+		t.Error("an empty scope limits")
+	}
+}
+
+// RFC 7235: the auth scheme is case-insensitive.
+func TestBearerSchemeIsCaseInsensitive(t *testing.T) {
+	h := newHarness(t, harnessOptions{auth: true})
+	for _, scheme := range []string{"Bearer", "bearer", "BEARER", "bEaReR"} {
+		req, _ := http.NewRequest(http.MethodPost, h.url+"/capledger.v1.LedgerService/ListPolicies", strings.NewReader(`{}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", scheme+" "+gatewayToken)
+		if r := h.do(req); r.status != http.StatusOK {
+			t.Errorf("%s: %d %s", scheme, r.status, r.raw)
+		}
+	}
+	req, _ := http.NewRequest(http.MethodPost, h.url+"/capledger.v1.LedgerService/ListPolicies", strings.NewReader(`{}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Basic "+gatewayToken)
+	h.wantError(h.do(req), http.StatusUnauthorized, "unauthenticated", server.ReasonUnauthenticated)
+}
