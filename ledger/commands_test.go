@@ -2,6 +2,7 @@ package ledger_test
 
 import (
 	"errors"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -79,8 +80,12 @@ func TestReserveRejections(t *testing.T) {
 			err: ledger.ErrInvalidCommand},
 		{name: "undeclared dimension", cmd: with(func(c *ledger.Command) { c.Units = ledger.Amounts{5, 1, 1} }),
 			err: ledger.ErrInvalidCommand},
+		// Above the per-command cap: larger than any policy allows, so it
+		// can never fit (issue 13: it answered INVALID_COMMAND).
 		{name: "units beyond MaxUnits", cmd: with(func(c *ledger.Command) { c.Units = ledger.Amounts{ledger.MaxUnits + 1} }),
-			err: ledger.ErrInvalidCommand},
+			err: ledger.ErrReservationTooLarge, dimension: "tokens"},
+		{name: "units of 2^63-1", cmd: with(func(c *ledger.Command) { c.Units = ledger.Amounts{math.MaxInt64, 1} }),
+			err: ledger.ErrReservationTooLarge, dimension: "tokens"},
 		{name: "ordered for another generation", cmd: with(func(c *ledger.Command) { c.Units = ledger.Amounts{1}; c.Generation = 7 }),
 			err: ledger.ErrInvalidCommand},
 		{name: "too large", cmd: with(func(c *ledger.Command) { c.Units = ledger.Amounts{1, 6} }),

@@ -13,6 +13,10 @@ const (
 	DefaultEpochLength    = time.Hour
 	DefaultFairnessWeight = 1
 	DefaultFairnessBudget = 0.05
+	// MinHoldTTL is the shortest hold TTL a policy may set: a hold that
+	// runs out before a gateway can start its work is meaningless, and
+	// expiry runs only every worker interval (250 ms by default) anyway.
+	MinHoldTTL = 100 * time.Millisecond
 )
 
 // WithDefaults returns p with empty optional fields filled in: region,
@@ -62,8 +66,8 @@ func (p *Policy) Validate() error {
 		return invalidPolicy("%d dimensions; at most %d", len(p.Dimensions), MaxDimensions)
 	case p.Rollout != RolloutEnforce && p.Rollout != RolloutShadow:
 		return invalidPolicy("rollout mode %q is neither %q nor %q", p.Rollout, RolloutEnforce, RolloutShadow)
-	case p.HoldTTL <= 0:
-		return invalidPolicy("hold TTL must be positive")
+	case p.HoldTTL < MinHoldTTL:
+		return invalidPolicy("hold TTL %s is shorter than the minimum %s", p.HoldTTL, MinHoldTTL)
 	case p.ExecutionLimit < 0:
 		return invalidPolicy("execution limit is negative")
 	case p.EpochLength <= 0:

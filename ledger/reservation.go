@@ -22,9 +22,10 @@ import (
 //     AnySubject subject;
 //   - ErrNoPolicy when nothing admits for the subject;
 //   - ErrInvalidCommand when cmd.Generation is set and another generation
-//     decides (Result.Generation names it), or for negative units, units
-//     above MaxUnits, no units, or units in a dimension the policy does not
-//     have;
+//     decides (Result.Generation names it), or for negative units, no
+//     units, or units in a dimension the policy does not have;
+//   - ErrReservationTooLarge for units above MaxUnits (no policy allows
+//     them: burst is at most MaxUnits);
 //   - ErrReservationTooLarge when a dimension exceeds its max reservation
 //     (RetryAfter 0: no wait helps);
 //   - ErrAdmissionFrozen while the account carries debt in any dimension;
@@ -77,6 +78,14 @@ func reserve(b Book, cmd *Command, now time.Time, res *Result) {
 		return
 	}
 	if err := checkUnits(p, &cmd.Units, true); err != nil {
+		if dim := aboveMaxUnits(p, &cmd.Units); dim >= 0 {
+			// Larger than any policy may allow (burst is at most
+			// MaxUnits): it can never fit, which is what TooLarge says.
+			*res = Result{Err: fmt.Errorf("%w: %d %s requested; no reservation may exceed %d units per dimension",
+				ErrReservationTooLarge, cmd.Units[dim], p.Dimensions[dim].Unit, MaxUnits),
+				Generation: p.Generation, Dimension: p.Dimensions[dim].Unit}
+			return
+		}
 		*res = Result{Err: err, Generation: p.Generation}
 		return
 	}
@@ -274,6 +283,21 @@ func refillWait(a *Account, d *Dimension, i int, shortfall Units, now time.Time)
 		return maxRetryAfter
 	}
 	return (wait + time.Second - 1).Truncate(time.Second)
+}
+
+// aboveMaxUnits returns the first dimension of p whose amount is above
+// MaxUnits while none is negative or outside p's dimensions, or -1.
+func aboveMaxUnits(p *Policy, units *Amounts) int {
+	dim := -1
+	for i, u := range units {
+		if u < 0 || (u > 0 && i >= len(p.Dimensions)) {
+			return -1
+		}
+		if u > MaxUnits && dim < 0 {
+			dim = i
+		}
+	}
+	return dim
 }
 
 // checkUnits validates amounts against a policy: no negative amounts, none

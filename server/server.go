@@ -10,17 +10,21 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"strings"
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
+	v1 "github.com/capledger/capledger/api/capledger/v1"
 	"github.com/capledger/capledger/api/capledger/v1/capledgerv1connect"
 	"github.com/capledger/capledger/engine"
 	"github.com/capledger/capledger/ledger"
@@ -125,11 +129,12 @@ func New(l Ledger, cfg Config) *Server {
 	}
 	path, service := capledgerv1connect.NewLedgerServiceHandler(s, options...)
 	mux := http.NewServeMux()
-	mux.Handle(path, service)
+	mountProcedures(mux, path, service, v1.File_capledger_v1_capledger_proto.Services().ByName("LedgerService"))
 	registerShardService(mux, s, cfg.Shards, options)
 	mux.HandleFunc("GET /healthz", s.healthz)
 	mux.HandleFunc("GET /readyz", s.readyz)
 	mux.Handle("GET /metrics", s.metrics.Handler())
+	mux.HandleFunc("/", unknownPath)
 	s.handler = s.limitBody(mux)
 	return s
 }
@@ -166,13 +171,26 @@ func (s *Server) limitBody(next http.Handler) http.Handler {
 		contentType := r.Header.Get("Content-Type")
 		grpc := strings.HasPrefix(contentType, "application/grpc")
 		if !grpc && r.ContentLength > s.maxBody {
-			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(http.StatusRequestEntityTooLarge)
-			json.NewEncoder(w).Encode(map[string]string{
-				"code":    connect.CodeResourceExhausted.String(),
-				"message": fmt.Sprintf("request body of %d bytes is larger than the limit of %d bytes", r.ContentLength, s.maxBody),
-			})
+			s.tooLarge(w, fmt.Sprintf("request body of %d bytes is larger than the limit of %d bytes", r.ContentLength, s.maxBody))
 			return
+		}
+		if !grpc && r.ContentLength < 0 && r.Body != nil && r.Body != http.NoBody {
+			// A chunked body declares no length: read it here, up to the
+			// limit, so one past it gets the same 413 as a sized one
+			// (connect would answer resource_exhausted, a 429 a client
+			// takes for a capacity rejection). Connect reads a unary body
+			// whole anyway, so this holds no more than it would.
+			body, err := io.ReadAll(io.LimitReader(r.Body, s.maxBody+1))
+			r.Body.Close()
+			if err != nil {
+				http.Error(w, "reading request body: "+err.Error(), http.StatusBadRequest)
+				return
+			}
+			if int64(len(body)) > s.maxBody {
+				s.tooLarge(w, fmt.Sprintf("chunked request body is larger than the limit of %d bytes", s.maxBody))
+				return
+			}
+			r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
 		}
 		if r.Body != nil {
 			// Slack for gRPC framing and compression headers: the message
@@ -180,6 +198,36 @@ func (s *Server) limitBody(next http.Handler) http.Handler {
 			r.Body = http.MaxBytesReader(w, r.Body, s.maxBody+64<<10)
 		}
 		next.ServeHTTP(w, r)
+	})
+}
+
+// tooLarge answers 413 with a Connect error body (code
+// resource_exhausted, so Connect clients decode it).
+func (s *Server) tooLarge(w http.ResponseWriter, message string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusRequestEntityTooLarge)
+	json.NewEncoder(w).Encode(map[string]string{"code": connect.CodeResourceExhausted.String(), "message": message})
+}
+
+// mountProcedures mounts handler at the path of each of service's methods
+// (path is the service's "/pkg.Service/" prefix), so an unknown method
+// falls through to unknownPath rather than to connect's bare 404.
+func mountProcedures(mux *http.ServeMux, path string, handler http.Handler, service protoreflect.ServiceDescriptor) {
+	methods := service.Methods()
+	for i := 0; i < methods.Len(); i++ {
+		mux.Handle(path+string(methods.Get(i).Name()), handler)
+	}
+}
+
+// unknownPath answers a path no service or endpoint serves (an unknown or
+// misspelt method) with 404 and a Connect error body, code unimplemented,
+// as the Connect protocol answers an unknown procedure.
+func unknownPath(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusNotFound)
+	json.NewEncoder(w).Encode(map[string]string{
+		"code":    connect.CodeUnimplemented.String(),
+		"message": fmt.Sprintf("no method or endpoint at %s (methods are POST /capledger.v1.LedgerService/<Method>)", r.URL.Path),
 	})
 }
 

@@ -526,12 +526,20 @@ func TestBodyLimit(t *testing.T) {
 	if r.status != http.StatusRequestEntityTooLarge || r.body["code"] != "resource_exhausted" {
 		t.Fatalf("oversized JSON: %d %s", r.status, r.raw)
 	}
-	// Without a Content-Length (chunked), connect's own limit answers.
+	// Without a Content-Length (chunked): the same 413, not a 429 a client
+	// would take for a capacity rejection (issue 13).
 	req, _ := http.NewRequest(http.MethodPost, h.url+"/capledger.v1.LedgerService/Reserve", io.MultiReader(strings.NewReader(big)))
 	req.Header.Set("Content-Type", "application/json")
 	r = h.do(req)
-	if r.status == http.StatusOK || r.body["code"] != "resource_exhausted" {
+	if r.status != http.StatusRequestEntityTooLarge || r.body["code"] != "resource_exhausted" {
 		t.Fatalf("oversized chunked JSON: %d %s", r.status, r.raw)
+	}
+	// A chunked body within the limit is served.
+	small := `{"reservationId":"chunked","subject":"tenant-7","route":"chat.generate","units":{"tokens":1}}`
+	req, _ = http.NewRequest(http.MethodPost, h.url+"/capledger.v1.LedgerService/Reserve", io.MultiReader(strings.NewReader(small)))
+	req.Header.Set("Content-Type", "application/json")
+	if r = h.do(req); r.status != http.StatusOK {
+		t.Fatalf("chunked JSON within the limit: %d %s", r.status, r.raw)
 	}
 	// gRPC gets RESOURCE_EXHAUSTED in the gRPC way.
 	client := h.grpcClient(connect.WithGRPC())

@@ -98,7 +98,7 @@ func registerShardService(mux *http.ServeMux, s *Server, cfg *ShardConfig, optio
 		}
 	}
 	path, handler := capledgerv1connect.NewShardServiceHandler(svc, options...)
-	mux.Handle(path, handler)
+	mountProcedures(mux, path, handler, v1.File_capledger_v1_shard_proto.Services().ByName("ShardService"))
 }
 
 // do runs one shard command and maps its outcome: nil error and the

@@ -1,0 +1,79 @@
+package server_test
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/capledger/capledger/server"
+)
+
+// The statuses API.md names outside the error codes (issue 13): 415 for a
+// wrong or missing Content-Type, 405 for GET or PUT on a write method, 404
+// for an unknown method, each with the body and headers the table says.
+func TestStatusesTheDocsName(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	send := func(method, path, contentType, body string) response {
+		req, _ := http.NewRequest(method, h.url+path, strings.NewReader(body))
+		if contentType != "" {
+			req.Header.Set("Content-Type", contentType)
+		}
+		return h.do(req)
+	}
+	for _, ct := range []string{"", "text/plain"} {
+		r := send("POST", "/capledger.v1.LedgerService/Reserve", ct, `{}`)
+		if r.status != http.StatusUnsupportedMediaType || !strings.Contains(r.header.Get("Accept-Post"), "application/json") || len(r.raw) != 0 {
+			t.Errorf("Content-Type %q: %d %v %q", ct, r.status, r.header, r.raw)
+		}
+	}
+	for _, method := range []string{"GET", "PUT"} {
+		r := send(method, "/capledger.v1.LedgerService/Reserve", "application/json", `{}`)
+		if r.status != http.StatusMethodNotAllowed || r.header.Get("Allow") != "POST" {
+			t.Errorf("%s on a write method: %d %v %q", method, r.status, r.header, r.raw)
+		}
+	}
+	for _, path := range []string{"/capledger.v1.LedgerService/Reserv", "/v1/reserve"} {
+		r := send("POST", path, "application/json", `{}`)
+		if r.status != http.StatusNotFound || r.body["code"] != "unimplemented" || !strings.Contains(r.body["message"].(string), path) {
+			t.Errorf("unknown method %s: %d %q", path, r.status, r.raw)
+		}
+	}
+}
+
+// Per-command cap and explicit durations (issue 13).
+func TestLimitsAnswerTheirDocumentedCodes(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	h.ok("PublishPolicy", tokensPolicy, "")
+	// A reserve of 2^63-1 can never fit: RESERVATION_TOO_LARGE, no Retry-After.
+	r := h.call("Reserve", `{"reservationId":"huge","subject":"tenant-7","route":"chat.generate","units":{"tokens":"9223372036854775807","requests":1}}`, "")
+	h.wantError(r, http.StatusTooManyRequests, "resource_exhausted", server.ReasonReservationTooLarge)
+	if r.header.Get("Retry-After") != "" {
+		t.Errorf("Retry-After on a reservation that can never fit: %v", r.header)
+	}
+	// A settle past 2^53 in one dimension: INVALID_COMMAND, nothing recorded.
+	h.ok("Reserve", reserveBody("s", 10), "")
+	h.ok("Start", `{"reservationId":"s","operationId":"op"}`, "")
+	h.wantError(h.call("Settle", `{"reservationId":"s","operationId":"op","actualUnits":{"tokens":"9007199254740993","requests":1}}`, ""),
+		http.StatusBadRequest, "invalid_argument", server.ReasonInvalidCommand)
+
+	policy := func(holdTTL string) string {
+		return `{"policy":{"subject":"t","route":"r","holdTtl":"` + holdTTL + `","dimensions":[{"unit":"tokens","burst":"10"}]}}`
+	}
+	for _, ttl := range []string{"0s", "0.001s", "0.099s"} {
+		r := h.call("PublishPolicy", policy(ttl), "")
+		h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidPolicy)
+		if !strings.Contains(r.body["message"].(string), "minimum 100ms") {
+			t.Errorf("holdTtl %s: %s", ttl, r.raw)
+		}
+	}
+	pub := h.ok("PublishPolicy", policy("0.1s"), "")
+	if field(pub, "policy", "holdTtl") != "0.100s" {
+		t.Errorf("holdTtl 0.1s published as %v", field(pub, "policy", "holdTtl"))
+	}
+	h.wantError(h.call("PublishPolicy", `{"policy":{"subject":"t","route":"r","epochLength":"0s","dimensions":[{"unit":"tokens","burst":"10"}]}}`, ""),
+		http.StatusBadRequest, "invalid_argument", server.ReasonInvalidPolicy)
+	// Left out, the default applies.
+	if pub := h.ok("PublishPolicy", `{"policy":{"subject":"t2","route":"r","dimensions":[{"unit":"tokens","burst":"10"}]}}`, ""); field(pub, "policy", "holdTtl") != "60s" {
+		t.Errorf("default holdTtl: %v", pub)
+	}
+}
