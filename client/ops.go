@@ -245,7 +245,10 @@ type SettleResult struct {
 }
 
 // Settle records the actual usage of started work and refunds the unused
-// difference once. It returns a *LedgerError matching ErrNotStarted,
+// difference once. actual must name every unit the reservation reserved
+// (0 where none was used): the ledger refuses a settle that leaves one out
+// with a *LedgerError (INVALID_COMMAND), since an unstated unit is no proof
+// that nothing was used. It returns a *LedgerError matching ErrNotStarted,
 // ErrOperationMismatch, ErrAlreadySettled (a different settle was recorded),
 // ErrReleased, ErrExpired or ErrNotFound when the ledger refuses;
 // *LostError when every answer was lost (repeat it with the same values, or
