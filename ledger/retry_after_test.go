@@ -3,7 +3,6 @@ package ledger_test
 import (
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -18,7 +17,7 @@ import (
 func TestRetryAfterIsAPromise(t *testing.T) {
 	promised, withheld := 0, 0
 	for seed := uint64(0); seed < 3000; seed++ {
-		rng := rand.New(rand.NewPCG(seed, 13))
+		rng := &splitmix{state: seed*0x9e3779b97f4a7c15 + 13}
 		c := newChecked(t)
 		dims := []ledger.Dimension{{Unit: "tokens", Burst: 50 + rng.Int64N(200), RefillUnits: rng.Int64N(30),
 			RefillInterval: time.Duration(1+rng.IntN(3)) * 500 * time.Millisecond, MaxOverdraft: 1000}}
@@ -88,3 +87,19 @@ func TestRetryAfterIsAPromise(t *testing.T) {
 		t.Fatalf("only %d rejections with a retry-after and %d without: the test did not test much", promised, withheld)
 	}
 }
+
+// splitmix is a seeded SplitMix64 source (the ledger's tests take
+// randomness only from seeds: internal/archtest bars math/rand here).
+type splitmix struct{ state uint64 }
+
+func (r *splitmix) next() uint64 {
+	r.state += 0x9e3779b97f4a7c15
+	z := r.state
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+	return z ^ (z >> 31)
+}
+
+// Int64N and IntN return a value in [0, n) for n > 0.
+func (r *splitmix) Int64N(n int64) int64 { return int64(r.next() % uint64(n)) }
+func (r *splitmix) IntN(n int) int       { return int(r.next() % uint64(n)) }
