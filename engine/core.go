@@ -151,15 +151,9 @@ func (c *Core) DrainsDue(ctx context.Context) ([]ledger.Command, error) {
 	if err != nil {
 		return nil, fmt.Errorf("policies: %w", err)
 	}
-	// The generation that admits for a key: its newest one not rolled
-	// back (the ledger's PolicyHead says the same; reads outside a
-	// transaction have only the rows).
-	active := map[ledger.PolicyKey]uint64{}
-	for i := range policies {
-		if p := &policies[i]; !p.RolledBack && p.Generation > active[p.Key] {
-			active[p.Key] = p.Generation
-		}
-	}
+	// Reads outside a transaction have only the policy rows, not the
+	// heads: the same rule over them.
+	active := ledger.NewActiveGenerations(policies)
 	accounts, err := c.store.AccountList(ctx, ledger.PolicyKey{})
 	if err != nil {
 		return nil, fmt.Errorf("accounts: %w", err)
@@ -167,11 +161,7 @@ func (c *Core) DrainsDue(ctx context.Context) ([]ledger.Command, error) {
 	var cmds []ledger.Command
 	for i := range accounts {
 		a := &accounts[i]
-		subject := a.Key.SubjectKey()
-		deciding, ok := active[subject]
-		if !ok {
-			deciding, ok = active[ledger.PolicyKey{Subject: ledger.AnySubject, Route: subject.Route, Region: subject.Region}]
-		}
+		deciding, ok := active.Deciding(a.Key.SubjectKey())
 		if !ok || deciding == a.Key.Generation {
 			continue // nothing admits for the subject, or this account is the one that does
 		}

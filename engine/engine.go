@@ -450,15 +450,27 @@ func (e *Engine) Accounts(ctx context.Context, subject ledger.PolicyKey) ([]ledg
 		return nil, err
 	}
 	now := e.opts.Clock()
-	policies := make([]ledger.Policy, len(accounts))
-	// The account holding a subject's capacity is its newest generation
-	// that was not rolled back: that is where the next command will find
-	// it (after a switch, if one is pending), so only it is shown refilled.
+	all, err := e.core.store.PolicyList(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("policies: %w", err)
+	}
+	byGeneration := make(map[uint64]*ledger.Policy, len(all))
+	for i := range all {
+		byGeneration[all[i].Generation] = &all[i]
+	}
+	active := ledger.NewActiveGenerations(all)
+	policies := make([]*ledger.Policy, len(accounts))
+	// The account holding a subject's capacity, the only one shown
+	// refilled, is the deciding generation's (ledger.DecidingGeneration).
+	// When that generation has no account yet (a switch is pending, made by
+	// the subject's next command) the capacity is still in the newest
+	// generation not rolled back that has one, which the switch brings to
+	// now under its own rule first.
 	current := map[ledger.PolicyKey]uint64{}
 	for i := range accounts {
-		p, err := e.core.store.PolicyGet(ctx, accounts[i].Key.Generation)
-		if err != nil {
-			return nil, fmt.Errorf("policy %d: %w", accounts[i].Key.Generation, err)
+		p, ok := byGeneration[accounts[i].Key.Generation]
+		if !ok {
+			return nil, fmt.Errorf("policy %d: %w", accounts[i].Key.Generation, store.ErrNotFound)
 		}
 		policies[i] = p
 		if subject := accounts[i].Key.SubjectKey(); !p.RolledBack && p.Generation > current[subject] {
@@ -466,9 +478,15 @@ func (e *Engine) Accounts(ctx context.Context, subject ledger.PolicyKey) ([]ledg
 		}
 	}
 	for i := range accounts {
+		subject := accounts[i].Key.SubjectKey()
+		if g, ok := active.Deciding(subject); ok && g == accounts[i].Key.Generation {
+			current[subject] = g
+		}
+	}
+	for i := range accounts {
 		scratch := ledger.NewMemory()
 		scratch.DiscardJournal = true
-		scratch.PolicyPut(&policies[i])
+		scratch.PolicyPut(policies[i])
 		scratch.AccountPut(&accounts[i])
 		subject := accounts[i].Key.SubjectKey()
 		if g, ok := current[subject]; ok {
