@@ -31,6 +31,14 @@ type Options struct {
 	MaxConflictRetries int
 	// BatchTimeout bounds one store transaction (default 10s).
 	BatchTimeout time.Duration
+	// LeaseTTL is how long the worker lease lasts unless renewed (default
+	// DefaultLeaseTTL); LeaseHolder names this engine in it (default host,
+	// pid and a random suffix). Only the holder runs the workers.
+	LeaseTTL    time.Duration
+	LeaseHolder string
+	// PageSize is how many accounts one page of the epoch and drain
+	// workers reads and commits (default DefaultPageSize).
+	PageSize int
 	// OnBatch, when set, is called after every batch (metrics).
 	OnBatch func(BatchInfo)
 	Logger  *slog.Logger
@@ -77,6 +85,10 @@ type Engine struct {
 	commands, batches, conflicts, failures, workerRuns, workerCmds atomic.Uint64
 	lastBatch                                                      atomic.Int64
 	lastErr                                                        atomic.Pointer[errBox]
+
+	// lead is the worker lease; drains what the drain worker remembers.
+	lead   leader
+	drains drainMemo
 }
 
 type errBox struct{ err error }
@@ -117,6 +129,15 @@ func New(st store.Store, opts Options) *Engine {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	if opts.LeaseTTL <= 0 {
+		opts.LeaseTTL = DefaultLeaseTTL
+	}
+	if opts.LeaseHolder == "" {
+		opts.LeaseHolder = defaultHolder()
+	}
+	if opts.PageSize <= 0 {
+		opts.PageSize = DefaultPageSize
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	e := &Engine{
 		core:    NewCore(st),
@@ -130,9 +151,7 @@ func New(st store.Store, opts Options) *Engine {
 	}
 	go e.commitLoop(ctx)
 	if !opts.DisableWorkers {
-		e.workers.Add(2)
-		go e.every(ctx, opts.WorkerInterval, e.runDue)
-		go e.every(ctx, opts.EpochInterval, e.runEpochs)
+		e.startWorkers(ctx)
 	}
 	return e
 }
@@ -318,20 +337,6 @@ func (e *Engine) failPending() {
 	}
 }
 
-func (e *Engine) every(ctx context.Context, interval time.Duration, run func(context.Context)) {
-	defer e.workers.Done()
-	ticker := time.NewTicker(interval)
-	defer ticker.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-ticker.C:
-			run(ctx)
-		}
-	}
-}
-
 // runDue expires holds past their TTL and marks overrunning work
 // USAGE_UNKNOWN, through the same queue as gateway commands.
 func (e *Engine) runDue(ctx context.Context) {
@@ -346,20 +351,24 @@ func (e *Engine) runDue(ctx context.Context) {
 
 // runEpochs closes idle accounts' epochs and drains what superseded or
 // rolled-back generations still hold into the subjects' current accounts,
-// so a rollback reaches zero without waiting for new traffic.
+// so a rollback reaches zero without waiting for new traffic. Both read
+// only the rows their indexes say are due, a page at a time (runPages).
 func (e *Engine) runEpochs(ctx context.Context) {
-	cmds, err := e.core.EpochsDue(ctx, e.opts.Clock())
+	epochs, err := e.core.EpochPager(ctx, e.opts.Clock(), e.opts.PageSize)
 	if err != nil {
 		e.log.Warn("epoch worker", "err", err)
 		return
 	}
-	e.runWorkerCommands(ctx, cmds)
-	drains, err := e.core.DrainsDue(ctx)
+	if !e.runPages(ctx, "epoch", epochs) {
+		return
+	}
+	drains, active, err := e.core.DrainPager(ctx, e.opts.PageSize, e.drains.skip)
 	if err != nil {
 		e.log.Warn("drain worker", "err", err)
 		return
 	}
-	e.runWorkerCommands(ctx, drains)
+	complete := e.runPages(ctx, "drain", drains)
+	e.drains.update(active, drains, complete)
 }
 
 func (e *Engine) runWorkerCommands(ctx context.Context, cmds []ledger.Command) {
