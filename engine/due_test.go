@@ -1,0 +1,183 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+	"github.com/capledger/capledger/store/memstore"
+)
+
+// countingStore counts the account rows the workers read, to show they
+// read only what their indexes say is due.
+type countingStore struct {
+	store.Store
+	listed, byEpoch, points atomic.Int64
+}
+
+func (s *countingStore) AccountList(ctx context.Context, k ledger.PolicyKey) ([]ledger.Account, error) {
+	out, err := s.Store.AccountList(ctx, k)
+	s.listed.Add(int64(len(out)) + 1)
+	return out, err
+}
+
+func (s *countingStore) AccountsByEpoch(ctx context.Context, f store.EpochFilter) ([]ledger.Account, error) {
+	out, err := s.Store.AccountsByEpoch(ctx, f)
+	s.byEpoch.Add(int64(len(out)))
+	return out, err
+}
+
+func (s *countingStore) AccountGet(ctx context.Context, k ledger.AccountKey) (ledger.Account, error) {
+	s.points.Add(1)
+	return s.Store.AccountGet(ctx, k)
+}
+
+func (s *countingStore) reset() { s.listed.Store(0); s.byEpoch.Store(0); s.points.Store(0) }
+
+// pages runs a pager to its end, committing each page at now, and returns
+// the commands and the largest page.
+func pages(t *testing.T, core *Core, p *Pager, now time.Time) (cmds []ledger.Command, largest int) {
+	t.Helper()
+	for {
+		page, err := p.Next(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(page) == 0 {
+			return cmds, largest
+		}
+		largest = max(largest, len(page))
+		if _, err := core.Commit(context.Background(), page, now); err != nil {
+			t.Fatal(err)
+		}
+		cmds = append(cmds, page...)
+	}
+}
+
+// The epoch and drain workers read only the accounts that are due, a
+// bounded page at a time: nothing at all while nothing is due, every due
+// account once when an epoch ends or a generation is superseded, and,
+// once a superseded generation is drained, not even its accounts again.
+func TestWorkersReadOnlyWhatIsDue(t *testing.T) {
+	ctx := context.Background()
+	st := &countingStore{Store: memstore.New()}
+	core := NewCore(st)
+	now := t0
+	policy := func(subject string, burst int64) *ledger.Policy {
+		p := ledger.Policy{Key: ledger.PolicyKey{Subject: subject, Route: "chat.generate", Region: "eu"},
+			Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: burst}}}.WithDefaults()
+		return &p
+	}
+	run := func(cmds ...ledger.Command) {
+		t.Helper()
+		results, err := core.Commit(ctx, cmds, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, r := range results {
+			if r.Err != nil {
+				t.Fatalf("%s: %v", cmds[i].Kind, r.Err)
+			}
+		}
+	}
+	run(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: policy(ledger.AnySubject, 1000)})
+	const accounts, pageSize = 300, 64
+	for i := range accounts {
+		cmd := reserveCmd(fmt.Sprintf("rl-%d", i), 10)
+		cmd.Subject = fmt.Sprintf("tenant-%03d", i)
+		run(cmd)
+	}
+
+	// Ten minutes into the hour-long epoch nothing is due: no row read.
+	now = t0.Add(10 * time.Minute)
+	st.reset()
+	epochs, err := core.EpochPager(ctx, now, pageSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cmds, _ := pages(t, core, epochs, now); len(cmds) != 0 {
+		t.Fatalf("epochs due mid-epoch: %d", len(cmds))
+	}
+	drains, _, err := core.DrainPager(ctx, pageSize, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cmds, _ := pages(t, core, drains, now); len(cmds) != 0 {
+		t.Fatalf("drains due with one generation: %d", len(cmds))
+	}
+	if n := st.listed.Load() + st.byEpoch.Load() + st.points.Load(); n != 0 {
+		t.Fatalf("idle workers read %d account rows (listed %d, by epoch %d, points %d), want none",
+			n, st.listed.Load(), st.byEpoch.Load(), st.points.Load())
+	}
+
+	// The epoch ends: every account closes once, in bounded pages, and
+	// then none is due.
+	now = t0.Add(time.Hour + time.Minute)
+	epochs, err = core.EpochPager(ctx, now, pageSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmds, largest := pages(t, core, epochs, now)
+	if len(cmds) != accounts || largest > pageSize {
+		t.Fatalf("epoch close: %d commands, largest page %d; want %d in pages of at most %d", len(cmds), largest, accounts, pageSize)
+	}
+	if due, err := core.EpochsDue(ctx, now); err != nil || len(due) != 0 {
+		t.Fatalf("epochs due after the close: %d, %v", len(due), err)
+	}
+
+	// A new AnySubject generation supersedes the first: each old account
+	// still holds capacity and drains once; a tenant with a policy of its
+	// own drains its account of the new AnySubject generation too.
+	run(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: policy(ledger.AnySubject, 2000)})
+	own := reserveCmd("rl-own", 10)
+	own.Subject = "tenant-000"
+	run(own) // tenant-000 switches to generation 2
+	run(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: policy("tenant-000", 5000)})
+	var memo drainMemo
+	drains, active, err := core.DrainPager(ctx, pageSize, memo.skip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmds, largest = pages(t, core, drains, now)
+	memo.update(active, drains, true)
+	gen2 := 0
+	for _, c := range cmds {
+		if c.Account.Generation == 2 {
+			gen2++
+		}
+	}
+	if len(cmds) != accounts || gen2 != 1 || largest > pageSize {
+		t.Fatalf("drains: %d commands (%d of generation 2), largest page %d; want %d (1) in pages of at most %d",
+			len(cmds), gen2, largest, accounts, pageSize)
+	}
+	// The second pass finds generation 1 drained; the third does not read
+	// it at all while the active generations stay the same.
+	for pass := 2; pass <= 3; pass++ {
+		st.reset()
+		drains, active, err = core.DrainPager(ctx, pageSize, memo.skip)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cmds, _ := pages(t, core, drains, now); len(cmds) != 0 {
+			t.Fatalf("pass %d: %d drains after draining", pass, len(cmds))
+		}
+		memo.update(active, drains, true)
+		if pass == 3 && st.byEpoch.Load() != 0 {
+			t.Fatalf("pass 3 read %d rows of drained generations", st.byEpoch.Load())
+		}
+	}
+	if st.listed.Load() != 0 {
+		t.Fatalf("the workers listed every account")
+	}
+	snapshot, err := st.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range ledger.Audit(snapshot) {
+		t.Errorf("audit: %s", d)
+	}
+}
