@@ -149,6 +149,7 @@ func New(st store.Store, opts Options) *Engine {
 		stop:    cancel,
 		stopped: make(chan struct{}),
 	}
+	e.lead.status.Self = opts.LeaseHolder
 	go e.commitLoop(ctx)
 	if !opts.DisableWorkers {
 		e.startWorkers(ctx)

@@ -98,7 +98,6 @@ func (e *Engine) Leader() LeaderStatus {
 // startWorkers runs the lease loop and the leader's workers until ctx
 // ends; Close waits for them.
 func (e *Engine) startWorkers(ctx context.Context) {
-	e.lead.status.Self = e.opts.LeaseHolder
 	e.workers.Add(1)
 	go e.leaseLoop(ctx)
 	for _, w := range e.leaderWorkers() {

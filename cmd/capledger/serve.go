@@ -25,7 +25,7 @@ const serveHelp = `Usage: capledger serve [flags]
 
 Serve runs the ledger: the LedgerService API as gRPC, gRPC-Web and
 Connect/JSON over HTTP/1.1 and cleartext HTTP/2 on one port, plus /healthz,
-/readyz and /metrics (Prometheus). With no flags it needs no configuration:
+/readyz, /statusz (JSON: readiness, worker lease) and /metrics (Prometheus). With no flags it needs no configuration:
 it keeps its data in an embedded SQLite database under ./capledger-data and
 listens on 127.0.0.1:7070. Several replicas share one PostgreSQL with
 --store postgres://...
@@ -62,6 +62,11 @@ Flags:
                       --tokens (anyone who can connect may publish policies)
   --max-body BYTES    request body limit (default 1048576)
   --max-batch N       commands per store transaction (default 512)
+  --lease-ttl DUR     worker lease: with several replicas on one PostgreSQL
+                      only the lease holder runs expiry, epoch close and
+                      drains; it renews every third of DUR, and when it dies
+                      another replica takes over within DUR + DUR/3
+                      (default 15s; see /statusz or "capledger status")
   --log-level LEVEL   debug, info, warn or error (default info)
   --log-format FMT    text or json (default text)
 
@@ -92,6 +97,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	tlsKey := fs.String("tls-key", "", "")
 	maxBody := fs.Int64("max-body", server.DefaultMaxBodyBytes, "")
 	maxBatch := fs.Int("max-batch", 512, "")
+	leaseTTL := fs.Duration("lease-ttl", engine.DefaultLeaseTTL, "")
 	logLevel := fs.String("log-level", "info", "")
 	logFormat := fs.String("log-format", "text", "")
 	if err := parseNoArgs(fs, args); err != nil {
@@ -109,6 +115,9 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	}
 	if *maxBody <= 0 || *maxBatch <= 0 {
 		return usagef("--max-body and --max-batch must be positive")
+	}
+	if *leaseTTL < 300*time.Millisecond {
+		return usagef("--lease-ttl %v: want at least 300ms (the lease is renewed every third of it)", *leaseTTL)
 	}
 
 	if (*tlsCert == "") != (*tlsKey == "") {
@@ -149,7 +158,8 @@ func runServe(ctx context.Context, e *env, args []string) error {
 		return usagef("open store: %v", err)
 	}
 	metrics := server.NewMetrics()
-	eng := engine.New(st, engine.Options{MaxBatch: *maxBatch, OnBatch: metrics.ObserveBatch, Logger: log})
+	eng := engine.New(st, engine.Options{MaxBatch: *maxBatch, OnBatch: metrics.ObserveBatch, Logger: log,
+		LeaseTTL: *leaseTTL})
 	shards, err := shardConfig(*shardKeysPath, *dataDir, *storeSpec, *shardMaxTTL, log)
 	if err != nil {
 		eng.Close()
