@@ -10,4 +10,4 @@
 -- and the cursor without touching the table until a row is returned.
 -- epoch_start changes only when an epoch rolls, so ordinary commands do
 -- not write to the index.
-CREATE INDEX accounts_by_epoch ON accounts (generation, epoch_start);
+CREATE INDEX IF NOT EXISTS accounts_by_epoch ON accounts (generation, epoch_start);
