@@ -106,10 +106,11 @@ type tx struct {
 // outOfOrderLockTimeout bounds the wait for a row lock asked out of lock
 // order (see lockMode): long enough that the holder, another replica's
 // batch on the same hot account, usually commits within it (a batch
-// takes milliseconds), shorter than PostgreSQL's deadlock_timeout (1s by
-// default), so that the rare wait cycle is broken by this timeout
-// (SQLSTATE 55P03, store.ErrConflict, the engine reruns the batch) before
-// the deadlock detector runs.
+// takes milliseconds), short enough that the rare wait cycle is broken
+// quickly: by this timeout (SQLSTATE 55P03) or by the deadlock detector
+// (40P01, after deadlock_timeout: 100ms as docs/OPERATIONS.md asks, 1s by
+// default), both store.ErrConflict, after which the engine reruns the
+// batch.
 const outOfOrderLockTimeout = 200 * time.Millisecond
 
 // lockMode returns how to lock row k: waiting when it sorts after every row
