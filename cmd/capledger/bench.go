@@ -73,6 +73,9 @@ Flags:
                      existing rows, as a ledger with N tenants does
                      (default true when --subjects > 1). The 1M-tenant case
                      is one command: capledger bench --subjects 1000000
+  --epoch-length DUR accounting epoch of the bench policy (default the
+                     server's, 1h); a short one makes an epoch rollover of
+                     every prefilled account happen during the run
   --addrs A,B,...    spread the callers over several servers (replicas of
                      one store) round-robin, instead of --addr
   --batch-size N     reservations per ReserveBatch (default 100, at most 1000)
@@ -108,6 +111,7 @@ type benchConfig struct {
 	progress    bool
 	prefill     bool
 	addrs       []string
+	epochLength time.Duration
 	// conn is the connection flags: the SDK client for the ledger modes,
 	// the address alone for the baselines.
 	conn *clientFlags
@@ -132,6 +136,7 @@ func runBench(ctx context.Context, e *env, args []string) error {
 	echoServer := fs.Bool("echo-server", false, "")
 	prefill := fs.String("prefill", "", "")
 	addrs := fs.String("addrs", "", "")
+	fs.DurationVar(&cfg.epochLength, "epoch-length", 0, "")
 	positional, err := parseFlags(fs, args)
 	if err != nil {
 		return err
@@ -275,6 +280,12 @@ func ledgerOp(ctx context.Context, cfg *benchConfig) (func(context.Context, *ben
 			Subject: "*", Route: cfg.route,
 			Dimensions: []*v1.Dimension{{Unit: "tokens", Burst: 1 << 50, RefillUnits: 1 << 40, RefillInterval: durationpb.New(time.Second)}},
 			HoldTtl:    durationpb.New(time.Hour),
+			EpochLength: func() *durationpb.Duration {
+				if cfg.epochLength <= 0 {
+					return nil
+				}
+				return durationpb.New(cfg.epochLength)
+			}(),
 		})
 		if err != nil {
 			return nil, fmt.Errorf("publish bench policy: %w", err)
