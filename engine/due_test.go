@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -179,5 +180,34 @@ func TestWorkersReadOnlyWhatIsDue(t *testing.T) {
 	}
 	for _, d := range ledger.Audit(snapshot) {
 		t.Errorf("audit: %s", d)
+	}
+}
+
+// A batch that keeps losing races is rerun past MaxConflictRetries while
+// ConflictRetryBudget lasts, and fails with store.ErrConflict only once
+// both are spent.
+func TestConflictRetriesLastTheBudget(t *testing.T) {
+	gated := &gatedStore{Store: memstore.New(), gate: make(chan struct{})}
+	close(gated.gate)
+	e := New(gated, Options{DisableWorkers: true, MaxConflictRetries: 3, ConflictRetryBudget: time.Hour})
+	defer e.Close()
+	publish(t, e, 1000, time.Minute, 0)
+	gated.conflicts.Store(12) // more than MaxConflictRetries, well within the budget
+	res, err := e.Do(context.Background(), reserveCmd("rl-retried", 10))
+	if err != nil || res.Err != nil {
+		t.Fatalf("reserve after 12 lost races: %v %v", err, res.Err)
+	}
+	if st := e.Stats(); st.Conflicts != 12 {
+		t.Fatalf("conflicts %d, want 12", st.Conflicts)
+	}
+
+	short := New(gated, Options{DisableWorkers: true, MaxConflictRetries: 3, ConflictRetryBudget: time.Nanosecond})
+	defer short.Close()
+	gated.conflicts.Store(1 << 20)
+	if _, err := short.Do(context.Background(), reserveCmd("rl-exhausted", 10)); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("reserve with retries and budget spent: %v, want store.ErrConflict", err)
+	}
+	if st := short.Stats(); st.Conflicts != 3 {
+		t.Fatalf("conflicts %d, want the 3 retries", st.Conflicts)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,8 +28,14 @@ type Options struct {
 	EpochInterval  time.Duration
 	DisableWorkers bool
 	// MaxConflictRetries bounds how often a batch that lost a race is run
-	// again before its callers get store.ErrConflict (default 10).
-	MaxConflictRetries int
+	// again before its callers get store.ErrConflict (default 10), unless
+	// ConflictRetryBudget has not passed yet since its first attempt:
+	// then it is run again anyway (default 2s), so a burst of lost races
+	// at a hot account shared by replicas is absorbed by the server
+	// instead of surfacing as 503 STORE_CONFLICT. Reruns back off by a
+	// random 1-2x of the attempt number in milliseconds.
+	MaxConflictRetries  int
+	ConflictRetryBudget time.Duration
 	// BatchTimeout bounds one store transaction (default 10s).
 	BatchTimeout time.Duration
 	// LeaseTTL is how long the worker lease lasts unless renewed (default
@@ -122,6 +129,9 @@ func New(st store.Store, opts Options) *Engine {
 	}
 	if opts.MaxConflictRetries <= 0 {
 		opts.MaxConflictRetries = 10
+	}
+	if opts.ConflictRetryBudget <= 0 {
+		opts.ConflictRetryBudget = 2 * time.Second
 	}
 	if opts.BatchTimeout <= 0 {
 		opts.BatchTimeout = 10 * time.Second
@@ -296,7 +306,7 @@ func (e *Engine) commit(ctx context.Context, cmds []ledger.Command) ([]ledger.Re
 	var results []ledger.Result
 	var err error
 	attempts := 0
-	for attempts < e.opts.MaxConflictRetries {
+	for attempts < e.opts.MaxConflictRetries || time.Since(start) < e.opts.ConflictRetryBudget {
 		attempts++
 		batchCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.opts.BatchTimeout)
 		results, err = e.core.Commit(batchCtx, cmds, e.opts.Clock())
@@ -305,7 +315,10 @@ func (e *Engine) commit(ctx context.Context, cmds []ledger.Command) ([]ledger.Re
 			break
 		}
 		e.conflicts.Add(1)
-		time.Sleep(time.Duration(attempts) * time.Millisecond)
+		// Jittered, so the batches of two replicas that keep colliding
+		// drift apart; capped so a long budget is not spent asleep.
+		backoff := time.Duration(min(attempts, 20)) * time.Millisecond
+		time.Sleep(backoff + rand.N(backoff))
 	}
 	e.batches.Add(1)
 	e.commands.Add(uint64(len(cmds)))

@@ -8,7 +8,7 @@
 // accounts) are taken in one fixed order: a transaction waits for a row
 // that sorts after every row it already holds as long as lock_timeout
 // allows, and for an earlier row only briefly (outOfOrderLockTimeout,
-// 200ms), giving up with store.ErrConflict when the holder has not
+// 20ms), giving up with store.ErrConflict when the holder has not
 // committed by then. A wait cycle (batches that touch the same accounts in
 // different orders on different replicas) is thus broken within that
 // bound, before PostgreSQL's deadlock detector runs, and the engine reruns

@@ -111,7 +111,7 @@ type tx struct {
 // (40P01, after deadlock_timeout: 100ms as docs/OPERATIONS.md asks, 1s by
 // default), both store.ErrConflict, after which the engine reruns the
 // batch.
-const outOfOrderLockTimeout = 200 * time.Millisecond
+const outOfOrderLockTimeout = 20 * time.Millisecond
 
 // lockMode returns how to lock row k: waiting when it sorts after every row
 // held; out of order, waiting too, but only up to outOfOrderLockTimeout.
