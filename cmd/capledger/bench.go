@@ -68,7 +68,7 @@ Flags:
   --warmup DUR       unmeasured time before it (default 1s)
   --subjects N       subjects to spread over; 1 = one hot subject (default 1)
   --prefill BOOL     before the warmup, reserve once for every subject (in
-                     batches of 1000, --concurrency of them at a time), so
+                     batches of 250, up to 16 at a time), so
                      each has its account and the measured run reads
                      existing rows, as a ledger with N tenants does
                      (default true when --subjects > 1). The 1M-tenant case
@@ -314,9 +314,14 @@ func multiOp(cfg *benchConfig, clients []*client.Client) (func(context.Context, 
 	}, nil
 }
 
+// prefillBatch is how many subjects one prefill ReserveBatch covers: each
+// creates an account, so a batch costs more than a batch of reserves on
+// existing accounts, and must stay well within --timeout.
+const prefillBatch = 250
+
 // prefillSubjects reserves once for every subject, in batches of
-// client.MaxBatch, cfg.concurrency batches at a time, so every subject has
-// its account before the measured run.
+// prefillBatch, up to 16 batches at a time, so every subject has its
+// account before the measured run.
 func prefillSubjects(ctx context.Context, cfg *benchConfig, c *client.Client) error {
 	started := time.Now()
 	var next atomic.Int64
@@ -327,12 +332,12 @@ func prefillSubjects(ctx context.Context, cfg *benchConfig, c *client.Client) er
 		go func() {
 			defer wg.Done()
 			for ctx.Err() == nil && firstErr.Load() == nil {
-				from := int(next.Add(client.MaxBatch)) - client.MaxBatch
+				from := int(next.Add(prefillBatch)) - prefillBatch
 				if from >= cfg.subjects {
 					return
 				}
-				reqs := make([]client.ReserveRequest, 0, client.MaxBatch)
-				for i := from; i < min(from+client.MaxBatch, cfg.subjects); i++ {
+				reqs := make([]client.ReserveRequest, 0, prefillBatch)
+				for i := from; i < min(from+prefillBatch, cfg.subjects); i++ {
 					reqs = append(reqs, client.ReserveRequest{Subject: fmt.Sprintf("bench-%d", i), Route: cfg.route, Units: client.Units{"tokens": 1}})
 				}
 				outcomes, err := c.ReserveBatch(ctx, reqs)
