@@ -121,74 +121,25 @@ func (c *Core) Due(ctx context.Context, now time.Time, limit int) ([]ledger.Comm
 	return cmds, nil
 }
 
-// EpochsDue returns close-epoch commands for every account whose accounting
-// epoch ended before now, so idle accounts get their statements too.
+// EpochsDue returns close-epoch commands for every account whose
+// accounting epoch ended by now, so idle accounts get their statements too:
+// every page of EpochPager at once (the simulator's stores are small; the
+// engine's worker commits page by page instead).
 func (c *Core) EpochsDue(ctx context.Context, now time.Time) ([]ledger.Command, error) {
-	accounts, err := c.store.AccountList(ctx, ledger.PolicyKey{})
+	p, err := c.EpochPager(ctx, now, DefaultPageSize)
 	if err != nil {
-		return nil, fmt.Errorf("accounts: %w", err)
+		return nil, err
 	}
-	policies := map[uint64]time.Duration{}
-	var cmds []ledger.Command
-	for i := range accounts {
-		a := &accounts[i]
-		length, ok := policies[a.Key.Generation]
-		if !ok {
-			p, err := c.store.PolicyGet(ctx, a.Key.Generation)
-			if err != nil {
-				return nil, fmt.Errorf("policy %d: %w", a.Key.Generation, err)
-			}
-			length = p.EpochLength
-			policies[a.Key.Generation] = length
-		}
-		if length > 0 && !now.Before(a.EpochStart.Add(length)) {
-			cmds = append(cmds, ledger.Command{Kind: ledger.KindCloseEpoch, Account: a.Key})
-		}
-	}
-	return cmds, nil
+	return p.all(ctx)
 }
 
 // DrainsDue returns drain commands for accounts of superseded or
-// rolled-back generations that still hold available capacity or debt
-// (late refunds and late overuse land there after a generation switch or a
-// rollback). A drain moves them to the subject's current account exactly
-// once; the ledger answers ErrNothingToDrain where there is nothing to do,
-// so a candidate picked too eagerly costs one no-op command.
+// rolled-back generations that still hold available capacity or debt:
+// every page of DrainPager at once.
 func (c *Core) DrainsDue(ctx context.Context) ([]ledger.Command, error) {
-	policies, err := c.store.PolicyList(ctx)
+	p, _, err := c.DrainPager(ctx, DefaultPageSize, nil)
 	if err != nil {
-		return nil, fmt.Errorf("policies: %w", err)
+		return nil, err
 	}
-	// The generation that admits for a key: its newest one not rolled
-	// back (the ledger's PolicyHead says the same; reads outside a
-	// transaction have only the rows).
-	active := map[ledger.PolicyKey]uint64{}
-	for i := range policies {
-		if p := &policies[i]; !p.RolledBack && p.Generation > active[p.Key] {
-			active[p.Key] = p.Generation
-		}
-	}
-	accounts, err := c.store.AccountList(ctx, ledger.PolicyKey{})
-	if err != nil {
-		return nil, fmt.Errorf("accounts: %w", err)
-	}
-	var cmds []ledger.Command
-	for i := range accounts {
-		a := &accounts[i]
-		subject := a.Key.SubjectKey()
-		deciding, ok := active[subject]
-		if !ok {
-			deciding, ok = active[ledger.PolicyKey{Subject: ledger.AnySubject, Route: subject.Route, Region: subject.Region}]
-		}
-		if !ok || deciding == a.Key.Generation {
-			continue // nothing admits for the subject, or this account is the one that does
-		}
-		for d := 0; d < a.Dims; d++ {
-			if a.Balances[d].Available > 0 || a.Balances[d].Debt() > 0 {
-				cmds = append(cmds, ledger.Command{Kind: ledger.KindDrain, Account: a.Key})
-				break
-			}
-		}
-	}
-	return cmds, nil
+	return p.all(ctx)
 }

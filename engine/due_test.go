@@ -3,7 +3,8 @@ package engine
 import (
 	"context"
 	"errors"
-	"sync"
+	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -12,105 +13,201 @@ import (
 	"github.com/capledger/capledger/store/memstore"
 )
 
-// listHookStore runs afterList once, right after the first ReservationsDue
-// answers: the moment between the worker's listing of due holds and its
-// re-read of each, where a gateway's Start can land.
-type listHookStore struct {
+// countingStore counts the account rows the workers read, to show they
+// read only what their indexes say is due.
+type countingStore struct {
 	store.Store
-	once      sync.Once
-	afterList func()
+	listed, byEpoch, points atomic.Int64
 }
 
-func (s *listHookStore) ReservationsDue(ctx context.Context, now time.Time, limit int) ([]string, error) {
-	ids, err := s.Store.ReservationsDue(ctx, now, limit)
-	s.once.Do(s.afterList)
-	return ids, err
+func (s *countingStore) AccountList(ctx context.Context, k ledger.PolicyKey) ([]ledger.Account, error) {
+	out, err := s.Store.AccountList(ctx, k)
+	s.listed.Add(int64(len(out)) + 1)
+	return out, err
 }
 
-// TestStartBetweenDueListingAndWorkerBatchStaysStarted reproduces the
-// interleaving of issue 13: the worker lists a RESERVED hold past its TTL,
-// a Start commits, and only then does the worker re-read the row and run
-// its batch. Started work without an execution limit (or before its
-// deadline) must stay STARTED: only MarkUsageUnknown or a passed execution
-// limit makes it USAGE_UNKNOWN.
-func TestStartBetweenDueListingAndWorkerBatchStaysStarted(t *testing.T) {
-	for _, execLimit := range []time.Duration{0, 30 * time.Second} {
-		t.Run("executionLimit="+execLimit.String(), func(t *testing.T) {
-			ctx := context.Background()
-			clk := newClock()
-			hook := &listHookStore{Store: memstore.New()}
-			e := New(hook, Options{DisableWorkers: true, Clock: clk.Now})
-			defer e.Close()
-			publish(t, e, 1000, 200*time.Millisecond, execLimit)
-			if res, err := e.Do(ctx, reserveCmd("rl-late", 100)); err != nil || res.Err != nil {
-				t.Fatal(err, res.Err)
-			}
-			clk.Advance(300 * time.Millisecond) // the hold ran out, unclaimed
-			started := false
-			hook.afterList = func() {
-				res, err := e.core.Commit(ctx, []ledger.Command{{Kind: ledger.KindStart, ReservationID: "rl-late", OperationID: "op-late"}}, clk.Now())
-				if err != nil || res[0].Err != nil {
-					t.Errorf("start after the listing: %v %v", err, res[0].Err)
-				}
-				started = true
-			}
-			e.runDue(ctx)
-			if !started {
-				t.Fatal("the worker never listed the due hold")
-			}
-			r, err := e.Reservation(ctx, "rl-late")
-			if err != nil {
-				t.Fatal(err)
-			}
-			if r.State != ledger.StateStarted || !r.UnknownAt.IsZero() {
-				t.Fatalf("started work after a worker pass: %s (unknown at %s), want STARTED", r.State, r.UnknownAt)
-			}
-			if execLimit > 0 {
-				clk.Advance(execLimit)
-				e.runDue(ctx)
-				if r, _ := e.Reservation(ctx, "rl-late"); r.State != ledger.StateUsageUnknown {
-					t.Fatalf("work past its execution limit: %s, want USAGE_UNKNOWN", r.State)
-				}
-			}
-			auditClean(t, e)
-		})
+func (s *countingStore) AccountsByEpoch(ctx context.Context, f store.EpochFilter) ([]ledger.Account, error) {
+	out, err := s.Store.AccountsByEpoch(ctx, f)
+	s.byEpoch.Add(int64(len(out)))
+	return out, err
+}
+
+func (s *countingStore) AccountGet(ctx context.Context, k ledger.AccountKey) (ledger.Account, error) {
+	s.points.Add(1)
+	return s.Store.AccountGet(ctx, k)
+}
+
+func (s *countingStore) reset() { s.listed.Store(0); s.byEpoch.Store(0); s.points.Store(0) }
+
+// pages runs a pager to its end, committing each page at now, and returns
+// the commands and the largest page.
+func pages(t *testing.T, core *Core, p *Pager, now time.Time) (cmds []ledger.Command, largest int) {
+	t.Helper()
+	for {
+		page, err := p.Next(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(page) == 0 {
+			return cmds, largest
+		}
+		largest = max(largest, len(page))
+		if _, err := core.Commit(context.Background(), page, now); err != nil {
+			t.Fatal(err)
+		}
+		cmds = append(cmds, page...)
 	}
 }
 
-// TestWorkerCommandsCarryTheirCause checks that a stale worker batch (its
-// commands computed before a Start landed) is refused by the ledger at apply
-// time, while an explicit MarkUsageUnknown still marks started work.
-func TestWorkerCommandsCarryTheirCause(t *testing.T) {
+// The epoch and drain workers read only the accounts that are due, a
+// bounded page at a time: nothing at all while nothing is due, every due
+// account once when an epoch ends or a generation is superseded, and,
+// once a superseded generation is drained, not even its accounts again.
+func TestWorkersReadOnlyWhatIsDue(t *testing.T) {
 	ctx := context.Background()
-	clk := newClock()
-	e := New(memstore.New(), Options{DisableWorkers: true, Clock: clk.Now})
-	defer e.Close()
-	publish(t, e, 1000, 200*time.Millisecond, 0)
-	for _, id := range []string{"rl-a", "rl-b"} {
-		if res, err := e.Do(ctx, reserveCmd(id, 100)); err != nil || res.Err != nil {
-			t.Fatal(err, res.Err)
+	st := &countingStore{Store: memstore.New()}
+	core := NewCore(st)
+	now := t0
+	policy := func(subject string, burst int64) *ledger.Policy {
+		p := ledger.Policy{Key: ledger.PolicyKey{Subject: subject, Route: "chat.generate", Region: "eu"},
+			Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: burst}}}.WithDefaults()
+		return &p
+	}
+	run := func(cmds ...ledger.Command) {
+		t.Helper()
+		results, err := core.Commit(ctx, cmds, now)
+		if err != nil {
+			t.Fatal(err)
 		}
-		if res, err := e.Do(ctx, ledger.Command{Kind: ledger.KindStart, ReservationID: id, OperationID: "op-" + id}); err != nil || res.Err != nil {
-			t.Fatal(err, res.Err)
+		for i, r := range results {
+			if r.Err != nil {
+				t.Fatalf("%s: %v", cmds[i].Kind, r.Err)
+			}
 		}
 	}
-	clk.Advance(time.Hour)
-	// The worker's command for started work with no execution limit.
-	res, err := e.Do(ctx, ledger.Command{Kind: ledger.KindMarkUsageUnknown, ReservationID: "rl-a", Cause: ledger.CauseExecutionLimit})
+	run(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: policy(ledger.AnySubject, 1000)})
+	const accounts, pageSize = 300, 64
+	for i := range accounts {
+		cmd := reserveCmd(fmt.Sprintf("rl-%d", i), 10)
+		cmd.Subject = fmt.Sprintf("tenant-%03d", i)
+		run(cmd)
+	}
+
+	// Ten minutes into the hour-long epoch nothing is due: no row read.
+	now = t0.Add(10 * time.Minute)
+	st.reset()
+	epochs, err := core.EpochPager(ctx, now, pageSize)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !errors.Is(res.Err, ledger.ErrReservationNotDue) || res.Reservation.State != ledger.StateStarted {
-		t.Fatalf("worker unknown-marking without an execution limit: %v, state %s; want RESERVATION_NOT_DUE, STARTED", res.Err, res.Reservation.State)
+	if cmds, _ := pages(t, core, epochs, now); len(cmds) != 0 {
+		t.Fatalf("epochs due mid-epoch: %d", len(cmds))
 	}
-	// An expiry caused by an execution limit is meaningless.
-	if res, _ := e.Do(ctx, ledger.Command{Kind: ledger.KindExpireClaim, ReservationID: "rl-a", Cause: ledger.CauseExecutionLimit}); !errors.Is(res.Err, ledger.ErrInvalidCommand) {
-		t.Fatalf("expiry claim with an execution-limit cause: %v, want INVALID_COMMAND", res.Err)
+	drains, _, err := core.DrainPager(ctx, pageSize, nil)
+	if err != nil {
+		t.Fatal(err)
 	}
-	// An explicit request keeps working.
-	res, err = e.Do(ctx, ledger.Command{Kind: ledger.KindMarkUsageUnknown, ReservationID: "rl-b"})
-	if err != nil || res.Err != nil || res.Reservation.State != ledger.StateUsageUnknown {
-		t.Fatalf("explicit MarkUsageUnknown: %v %v %s", err, res.Err, res.Reservation.State)
+	if cmds, _ := pages(t, core, drains, now); len(cmds) != 0 {
+		t.Fatalf("drains due with one generation: %d", len(cmds))
 	}
-	auditClean(t, e)
+	if n := st.listed.Load() + st.byEpoch.Load() + st.points.Load(); n != 0 {
+		t.Fatalf("idle workers read %d account rows (listed %d, by epoch %d, points %d), want none",
+			n, st.listed.Load(), st.byEpoch.Load(), st.points.Load())
+	}
+
+	// The epoch ends: every account closes once, in bounded pages, and
+	// then none is due.
+	now = t0.Add(time.Hour + time.Minute)
+	epochs, err = core.EpochPager(ctx, now, pageSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmds, largest := pages(t, core, epochs, now)
+	if len(cmds) != accounts || largest > pageSize {
+		t.Fatalf("epoch close: %d commands, largest page %d; want %d in pages of at most %d", len(cmds), largest, accounts, pageSize)
+	}
+	if due, err := core.EpochsDue(ctx, now); err != nil || len(due) != 0 {
+		t.Fatalf("epochs due after the close: %d, %v", len(due), err)
+	}
+
+	// A new AnySubject generation supersedes the first: each old account
+	// still holds capacity and drains once; a tenant with a policy of its
+	// own drains its account of the new AnySubject generation too.
+	run(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: policy(ledger.AnySubject, 2000)})
+	own := reserveCmd("rl-own", 10)
+	own.Subject = "tenant-000"
+	run(own) // tenant-000 switches to generation 2
+	run(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: policy("tenant-000", 5000)})
+	var memo drainMemo
+	drains, active, err := core.DrainPager(ctx, pageSize, memo.skip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmds, largest = pages(t, core, drains, now)
+	memo.update(active, drains, true)
+	gen2 := 0
+	for _, c := range cmds {
+		if c.Account.Generation == 2 {
+			gen2++
+		}
+	}
+	if len(cmds) != accounts || gen2 != 1 || largest > pageSize {
+		t.Fatalf("drains: %d commands (%d of generation 2), largest page %d; want %d (1) in pages of at most %d",
+			len(cmds), gen2, largest, accounts, pageSize)
+	}
+	// The second pass finds generation 1 drained; the third does not read
+	// it at all while the active generations stay the same.
+	for pass := 2; pass <= 3; pass++ {
+		st.reset()
+		drains, active, err = core.DrainPager(ctx, pageSize, memo.skip)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cmds, _ := pages(t, core, drains, now); len(cmds) != 0 {
+			t.Fatalf("pass %d: %d drains after draining", pass, len(cmds))
+		}
+		memo.update(active, drains, true)
+		if pass == 3 && st.byEpoch.Load() != 0 {
+			t.Fatalf("pass 3 read %d rows of drained generations", st.byEpoch.Load())
+		}
+	}
+	if st.listed.Load() != 0 {
+		t.Fatalf("the workers listed every account")
+	}
+	snapshot, err := st.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range ledger.Audit(snapshot) {
+		t.Errorf("audit: %s", d)
+	}
+}
+
+// A batch that keeps losing races is rerun past MaxConflictRetries while
+// ConflictRetryBudget lasts, and fails with store.ErrConflict only once
+// both are spent.
+func TestConflictRetriesLastTheBudget(t *testing.T) {
+	gated := &gatedStore{Store: memstore.New(), gate: make(chan struct{})}
+	close(gated.gate)
+	e := New(gated, Options{DisableWorkers: true, MaxConflictRetries: 3, ConflictRetryBudget: time.Hour})
+	defer e.Close()
+	publish(t, e, 1000, time.Minute, 0)
+	gated.conflicts.Store(12) // more than MaxConflictRetries, well within the budget
+	res, err := e.Do(context.Background(), reserveCmd("rl-retried", 10))
+	if err != nil || res.Err != nil {
+		t.Fatalf("reserve after 12 lost races: %v %v", err, res.Err)
+	}
+	if st := e.Stats(); st.Conflicts != 12 {
+		t.Fatalf("conflicts %d, want 12", st.Conflicts)
+	}
+
+	short := New(gated, Options{DisableWorkers: true, MaxConflictRetries: 3, ConflictRetryBudget: time.Nanosecond})
+	defer short.Close()
+	gated.conflicts.Store(1 << 20)
+	if _, err := short.Do(context.Background(), reserveCmd("rl-exhausted", 10)); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("reserve with retries and budget spent: %v, want store.ErrConflict", err)
+	}
+	if st := short.Stats(); st.Conflicts != 3 {
+		t.Fatalf("conflicts %d, want the 3 retries", st.Conflicts)
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,10 +28,24 @@ type Options struct {
 	EpochInterval  time.Duration
 	DisableWorkers bool
 	// MaxConflictRetries bounds how often a batch that lost a race is run
-	// again before its callers get store.ErrConflict (default 10).
-	MaxConflictRetries int
+	// again before its callers get store.ErrConflict (default 10), unless
+	// ConflictRetryBudget has not passed yet since its first attempt:
+	// then it is run again anyway (default 2s), so a burst of lost races
+	// at a hot account shared by replicas is absorbed by the server
+	// instead of surfacing as 503 STORE_CONFLICT. Reruns back off by a
+	// random 1-2x of the attempt number in milliseconds.
+	MaxConflictRetries  int
+	ConflictRetryBudget time.Duration
 	// BatchTimeout bounds one store transaction (default 10s).
 	BatchTimeout time.Duration
+	// LeaseTTL is how long the worker lease lasts unless renewed (default
+	// DefaultLeaseTTL); LeaseHolder names this engine in it (default host,
+	// pid and a random suffix). Only the holder runs the workers.
+	LeaseTTL    time.Duration
+	LeaseHolder string
+	// PageSize is how many accounts one page of the epoch and drain
+	// workers reads and commits (default DefaultPageSize).
+	PageSize int
 	// OnBatch, when set, is called after every batch (metrics).
 	OnBatch func(BatchInfo)
 	Logger  *slog.Logger
@@ -77,6 +92,10 @@ type Engine struct {
 	commands, batches, conflicts, failures, workerRuns, workerCmds atomic.Uint64
 	lastBatch                                                      atomic.Int64
 	lastErr                                                        atomic.Pointer[errBox]
+
+	// lead is the worker lease; drains what the drain worker remembers.
+	lead   leader
+	drains drainMemo
 }
 
 type errBox struct{ err error }
@@ -111,11 +130,23 @@ func New(st store.Store, opts Options) *Engine {
 	if opts.MaxConflictRetries <= 0 {
 		opts.MaxConflictRetries = 10
 	}
+	if opts.ConflictRetryBudget <= 0 {
+		opts.ConflictRetryBudget = 2 * time.Second
+	}
 	if opts.BatchTimeout <= 0 {
 		opts.BatchTimeout = 10 * time.Second
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
+	}
+	if opts.LeaseTTL <= 0 {
+		opts.LeaseTTL = DefaultLeaseTTL
+	}
+	if opts.LeaseHolder == "" {
+		opts.LeaseHolder = defaultHolder()
+	}
+	if opts.PageSize <= 0 {
+		opts.PageSize = DefaultPageSize
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	e := &Engine{
@@ -128,11 +159,10 @@ func New(st store.Store, opts Options) *Engine {
 		stop:    cancel,
 		stopped: make(chan struct{}),
 	}
+	e.lead.status.Self = opts.LeaseHolder
 	go e.commitLoop(ctx)
 	if !opts.DisableWorkers {
-		e.workers.Add(2)
-		go e.every(ctx, opts.WorkerInterval, e.runDue)
-		go e.every(ctx, opts.EpochInterval, e.runEpochs)
+		e.startWorkers(ctx)
 	}
 	return e
 }
@@ -276,7 +306,7 @@ func (e *Engine) commit(ctx context.Context, cmds []ledger.Command) ([]ledger.Re
 	var results []ledger.Result
 	var err error
 	attempts := 0
-	for attempts < e.opts.MaxConflictRetries {
+	for attempts < e.opts.MaxConflictRetries || time.Since(start) < e.opts.ConflictRetryBudget {
 		attempts++
 		batchCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.opts.BatchTimeout)
 		results, err = e.core.Commit(batchCtx, cmds, e.opts.Clock())
@@ -285,7 +315,10 @@ func (e *Engine) commit(ctx context.Context, cmds []ledger.Command) ([]ledger.Re
 			break
 		}
 		e.conflicts.Add(1)
-		time.Sleep(time.Duration(attempts) * time.Millisecond)
+		// Jittered, so the batches of two replicas that keep colliding
+		// drift apart; capped so a long budget is not spent asleep.
+		backoff := time.Duration(min(attempts, 20)) * time.Millisecond
+		time.Sleep(backoff + rand.N(backoff))
 	}
 	e.batches.Add(1)
 	e.commands.Add(uint64(len(cmds)))
@@ -318,20 +351,6 @@ func (e *Engine) failPending() {
 	}
 }
 
-func (e *Engine) every(ctx context.Context, interval time.Duration, run func(context.Context)) {
-	defer e.workers.Done()
-	ticker := time.NewTicker(interval)
-	defer ticker.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-ticker.C:
-			run(ctx)
-		}
-	}
-}
-
 // runDue expires holds past their TTL and marks overrunning work
 // USAGE_UNKNOWN, through the same queue as gateway commands.
 func (e *Engine) runDue(ctx context.Context) {
@@ -346,20 +365,24 @@ func (e *Engine) runDue(ctx context.Context) {
 
 // runEpochs closes idle accounts' epochs and drains what superseded or
 // rolled-back generations still hold into the subjects' current accounts,
-// so a rollback reaches zero without waiting for new traffic.
+// so a rollback reaches zero without waiting for new traffic. Both read
+// only the rows their indexes say are due, a page at a time (runPages).
 func (e *Engine) runEpochs(ctx context.Context) {
-	cmds, err := e.core.EpochsDue(ctx, e.opts.Clock())
+	epochs, err := e.core.EpochPager(ctx, e.opts.Clock(), e.opts.PageSize)
 	if err != nil {
 		e.log.Warn("epoch worker", "err", err)
 		return
 	}
-	e.runWorkerCommands(ctx, cmds)
-	drains, err := e.core.DrainsDue(ctx)
+	if !e.runPages(ctx, "epoch", epochs) {
+		return
+	}
+	drains, active, err := e.core.DrainPager(ctx, e.opts.PageSize, e.drains.skip)
 	if err != nil {
 		e.log.Warn("drain worker", "err", err)
 		return
 	}
-	e.runWorkerCommands(ctx, drains)
+	complete := e.runPages(ctx, "drain", drains)
+	e.drains.update(active, drains, complete)
 }
 
 func (e *Engine) runWorkerCommands(ctx context.Context, cmds []ledger.Command) {
@@ -450,15 +473,27 @@ func (e *Engine) Accounts(ctx context.Context, subject ledger.PolicyKey) ([]ledg
 		return nil, err
 	}
 	now := e.opts.Clock()
-	policies := make([]ledger.Policy, len(accounts))
-	// The account holding a subject's capacity is its newest generation
-	// that was not rolled back: that is where the next command will find
-	// it (after a switch, if one is pending), so only it is shown refilled.
+	all, err := e.core.store.PolicyList(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("policies: %w", err)
+	}
+	byGeneration := make(map[uint64]*ledger.Policy, len(all))
+	for i := range all {
+		byGeneration[all[i].Generation] = &all[i]
+	}
+	active := ledger.NewActiveGenerations(all)
+	policies := make([]*ledger.Policy, len(accounts))
+	// The account holding a subject's capacity, the only one shown
+	// refilled, is the deciding generation's (ledger.DecidingGeneration).
+	// When that generation has no account yet (a switch is pending, made by
+	// the subject's next command) the capacity is still in the newest
+	// generation not rolled back that has one, which the switch brings to
+	// now under its own rule first.
 	current := map[ledger.PolicyKey]uint64{}
 	for i := range accounts {
-		p, err := e.core.store.PolicyGet(ctx, accounts[i].Key.Generation)
-		if err != nil {
-			return nil, fmt.Errorf("policy %d: %w", accounts[i].Key.Generation, err)
+		p, ok := byGeneration[accounts[i].Key.Generation]
+		if !ok {
+			return nil, fmt.Errorf("policy %d: %w", accounts[i].Key.Generation, store.ErrNotFound)
 		}
 		policies[i] = p
 		if subject := accounts[i].Key.SubjectKey(); !p.RolledBack && p.Generation > current[subject] {
@@ -466,9 +501,15 @@ func (e *Engine) Accounts(ctx context.Context, subject ledger.PolicyKey) ([]ledg
 		}
 	}
 	for i := range accounts {
+		subject := accounts[i].Key.SubjectKey()
+		if g, ok := active.Deciding(subject); ok && g == accounts[i].Key.Generation {
+			current[subject] = g
+		}
+	}
+	for i := range accounts {
 		scratch := ledger.NewMemory()
 		scratch.DiscardJournal = true
-		scratch.PolicyPut(&policies[i])
+		scratch.PolicyPut(policies[i])
 		scratch.AccountPut(&accounts[i])
 		subject := accounts[i].Key.SubjectKey()
 		if g, ok := current[subject]; ok {

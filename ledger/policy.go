@@ -183,24 +183,22 @@ func RollbackPolicy(b Book, key PolicyKey, generation uint64, now time.Time) Res
 	return Result{Generation: head.Active}
 }
 
-// activePolicy returns the policy that admits for a concrete subject key:
-// the subject's own active generation, else the AnySubject one.
+// activePolicy returns the policy that admits for a concrete subject key
+// (DecidingGeneration over the policy heads, whose Active is the newest
+// generation of their key not rolled back).
 func activePolicy(b Book, key PolicyKey) (*Policy, bool) {
-	if head, ok := b.PolicyHead(key); ok && head.Active != 0 {
-		if p, found := b.Policy(head.Active); found {
-			return p, true
+	generation, ok := DecidingGeneration(key, func(k PolicyKey) (uint64, bool) {
+		head, found := b.PolicyHead(k)
+		if !found || head.Active == 0 {
+			return 0, false
 		}
-	}
-	if key.Subject == AnySubject {
+		_, found = b.Policy(head.Active)
+		return head.Active, found
+	})
+	if !ok {
 		return nil, false
 	}
-	anyKey := PolicyKey{Subject: AnySubject, Route: key.Route, Region: key.Region}
-	if head, ok := b.PolicyHead(anyKey); ok && head.Active != 0 {
-		if p, found := b.Policy(head.Active); found {
-			return p, true
-		}
-	}
-	return nil, false
+	return b.Policy(generation)
 }
 
 // ActivePolicy returns the policy that decides for a concrete subject key

@@ -29,7 +29,7 @@ type policyCache struct {
 	byGen  map[uint64]ledger.Policy
 	// activeGen indexes byGen: per key, the newest generation not rolled back
 	// (the ledger's rule for the generation that admits).
-	activeGen map[ledger.PolicyKey]uint64
+	activeGen ledger.ActiveGenerations
 
 	// reload serializes reloads; loadedAt is when the last one started.
 	reload   sync.Mutex
@@ -44,7 +44,7 @@ type policyCache struct {
 const missReloadInterval = 100 * time.Millisecond
 
 func newPolicyCache(l Ledger) *policyCache {
-	return &policyCache{ledger: l, byGen: map[uint64]ledger.Policy{}, activeGen: map[ledger.PolicyKey]uint64{}}
+	return &policyCache{ledger: l, byGen: map[uint64]ledger.Policy{}, activeGen: ledger.ActiveGenerations{}}
 }
 
 // get returns generation's policy, from the cache or the store; it returns
@@ -62,9 +62,7 @@ func (c *policyCache) get(ctx context.Context, generation uint64) (ledger.Policy
 	}
 	c.mu.Lock()
 	c.byGen[generation] = p
-	if !p.RolledBack && p.Generation > c.activeGen[p.Key] {
-		c.activeGen[p.Key] = p.Generation
-	}
+	c.activeGen.Add(&p)
 	c.mu.Unlock()
 	return p, nil
 }
@@ -100,7 +98,7 @@ func (c *policyCache) reloadLocked(ctx context.Context) ([]ledger.Policy, error)
 	for _, p := range all {
 		byGen[p.Generation] = p
 	}
-	active := activeGenerations(all)
+	active := ledger.NewActiveGenerations(all)
 	c.mu.Lock()
 	c.byGen, c.activeGen = byGen, active
 	c.mu.Unlock()
@@ -113,26 +111,11 @@ func (c *policyCache) reloadLocked(ctx context.Context) ([]ledger.Policy, error)
 func (c *policyCache) active(key ledger.PolicyKey) (ledger.Policy, bool) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	generation, ok := c.activeGen[key]
-	if !ok {
-		generation, ok = c.activeGen[ledger.PolicyKey{Subject: ledger.AnySubject, Route: key.Route, Region: key.Region}]
-	}
+	generation, ok := c.activeGen.Deciding(key)
 	if !ok {
 		return ledger.Policy{}, false
 	}
 	return c.byGen[generation], true
-}
-
-// activeGenerations returns, per policy key, the generation that admits
-// now (the newest not rolled back).
-func activeGenerations(all []ledger.Policy) map[ledger.PolicyKey]uint64 {
-	active := map[ledger.PolicyKey]uint64{}
-	for _, p := range all {
-		if !p.RolledBack && p.Generation > active[p.Key] {
-			active[p.Key] = p.Generation
-		}
-	}
-	return active
 }
 
 // amounts maps a units map to the policy's dimension order. It returns an

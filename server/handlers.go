@@ -114,7 +114,7 @@ func (s *Server) PublishPolicy(ctx context.Context, req *connect.Request[v1.Publ
 	if err != nil {
 		return nil, readError("publish policy: read back", ReasonPolicyNotFound, err)
 	}
-	active := activeGenerations(all)
+	active := ledger.NewActiveGenerations(all)
 	for i := range all {
 		if all[i].Generation == res.Generation {
 			s.log.Info("policy published", "generation", res.Generation, "key", all[i].Key.String(), "replayed", res.Replayed)
@@ -137,7 +137,7 @@ func (s *Server) GetPolicy(ctx context.Context, req *connect.Request[v1.GetPolic
 	if err != nil {
 		return nil, readError("get policy", ReasonPolicyNotFound, err)
 	}
-	active := activeGenerations(all)
+	active := ledger.NewActiveGenerations(all)
 	for i := range all {
 		if all[i].Generation == generation && inPolicyScope(ctx, all[i].Key) {
 			return connect.NewResponse(&v1.GetPolicyResponse{Policy: PolicyProto(&all[i], active[all[i].Key] == generation)}), nil
@@ -152,7 +152,7 @@ func (s *Server) ListPolicies(ctx context.Context, req *connect.Request[v1.ListP
 	if err != nil {
 		return nil, readError("list policies", ReasonPolicyNotFound, err)
 	}
-	active := activeGenerations(all)
+	active := ledger.NewActiveGenerations(all)
 	resp := &v1.ListPoliciesResponse{}
 	m := req.Msg
 	for i := range all {

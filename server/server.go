@@ -114,6 +114,7 @@ func New(l Ledger, cfg Config) *Server {
 		maxBody:  cfg.MaxBodyBytes,
 	}
 	s.metrics.registerEngine(l)
+	s.metrics.registerLeader(l)
 	s.metrics.registerBacklog(l, s.log, cfg.Clock)
 
 	options := []connect.HandlerOption{
@@ -133,6 +134,7 @@ func New(l Ledger, cfg Config) *Server {
 	registerShardService(mux, s, cfg.Shards, options)
 	mux.HandleFunc("GET /healthz", s.healthz)
 	mux.HandleFunc("GET /readyz", s.readyz)
+	mux.HandleFunc("GET /statusz", s.statusz)
 	mux.Handle("GET /metrics", s.metrics.Handler())
 	mux.HandleFunc("/", unknownPath)
 	s.handler = s.limitBody(mux)

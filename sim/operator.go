@@ -82,21 +82,7 @@ func (o *operator) refresh(w *world) {
 // generation active and a rollback falls back to the newest earlier one
 // not rolled back, so the newest live generation is the active one.)
 func (o *operator) activeGeneration(subject ledger.PolicyKey) uint64 {
-	own := o.newestLive(subject)
-	if own != 0 {
-		return own
-	}
-	return o.newestLive(ledger.PolicyKey{Subject: ledger.AnySubject, Route: subject.Route, Region: subject.Region})
-}
-
-func (o *operator) newestLive(key ledger.PolicyKey) uint64 {
-	var g uint64
-	for i := range o.policies {
-		p := &o.policies[i]
-		if p.Key == key && !p.RolledBack && p.Generation > g {
-			g = p.Generation
-		}
-	}
+	g, _ := ledger.NewActiveGenerations(o.policies).Deciding(subject)
 	return g
 }
 
@@ -127,7 +113,7 @@ func (o *operator) act(w *world) {
 	o.refresh(w)
 	key := o.keys[w.rng.IntN(len(o.keys))]
 	if o.liveCount(key) >= 2 && w.chance(0.4) {
-		g := o.newestLive(key)
+		g, _ := ledger.NewActiveGenerations(o.policies).Active(key)
 		w.log(recRollback, ledgerNodeID, ledger.KindRollbackPolicy, key.String(), int64(g), "")
 		w.ledger.internal = append(w.ledger.internal, internalCmd{cmd: ledger.Command{Kind: ledger.KindRollbackPolicy,
 			PolicyKey: key, Generation: g}, from: fromOperator})

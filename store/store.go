@@ -86,6 +86,10 @@ type Store interface {
 	// Snapshot reads every row for an audit, in one consistent read.
 	Snapshot(ctx context.Context) (*ledger.Snapshot, error)
 
+	// Worker indexes and the worker lease (store/due.go).
+	DueIndexes
+	Leases
+
 	Close() error
 }
 

@@ -8,9 +8,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"os"
 	"runtime"
 	"runtime/debug"
 	"slices"
@@ -65,6 +67,17 @@ Flags:
   --duration DUR     measured time (default 10s)
   --warmup DUR       unmeasured time before it (default 1s)
   --subjects N       subjects to spread over; 1 = one hot subject (default 1)
+  --prefill BOOL     before the warmup, reserve once for every subject (in
+                     batches of 250, up to 16 at a time), so
+                     each has its account and the measured run reads
+                     existing rows, as a ledger with N tenants does
+                     (default true when --subjects > 1). The 1M-tenant case
+                     is one command: capledger bench --subjects 1000000
+  --epoch-length DUR accounting epoch of the bench policy (default the
+                     server's, 1h); a short one makes an epoch rollover of
+                     every prefilled account happen during the run
+  --addrs A,B,...    spread the callers over several servers (replicas of
+                     one store) round-robin, instead of --addr
   --batch-size N     reservations per ReserveBatch (default 100, at most 1000)
   --route ROUTE      route of the reservations (default bench.reserve)
   --units N          tokens per reservation (default 1)
@@ -96,6 +109,9 @@ type benchConfig struct {
 	protocol    client.Protocol
 	setup       bool
 	progress    bool
+	prefill     bool
+	addrs       []string
+	epochLength time.Duration
 	// conn is the connection flags: the SDK client for the ledger modes,
 	// the address alone for the baselines.
 	conn *clientFlags
@@ -118,6 +134,9 @@ func runBench(ctx context.Context, e *env, args []string) error {
 	fs.BoolVar(&cfg.setup, "setup", true, "")
 	fs.BoolVar(&cfg.progress, "progress", true, "")
 	echoServer := fs.Bool("echo-server", false, "")
+	prefill := fs.String("prefill", "", "")
+	addrs := fs.String("addrs", "", "")
+	fs.DurationVar(&cfg.epochLength, "epoch-length", 0, "")
 	positional, err := parseFlags(fs, args)
 	if err != nil {
 		return err
@@ -144,6 +163,21 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		return usagef("--batch-size must be in [1, %d]", client.MaxBatch)
 	case cfg.units < 1:
 		return usagef("--units must be at least 1")
+	}
+	switch *prefill {
+	case "":
+		cfg.prefill = cfg.subjects > 1
+	case "true", "false":
+		cfg.prefill = *prefill == "true"
+	default:
+		return usagef("--prefill %q: want true or false", *prefill)
+	}
+	if *addrs != "" {
+		for _, a := range strings.Split(*addrs, ",") {
+			if a = strings.TrimSpace(a); a != "" {
+				cfg.addrs = append(cfg.addrs, a)
+			}
+		}
 	}
 	cfg.conn = &cf
 	defer benchRuntime(e, cfg.concurrency)()
@@ -198,7 +232,11 @@ func benchRuntime(e *env, concurrency int) (restore func()) {
 
 // benchWorker is one caller's state.
 type benchWorker struct {
-	rng       *rand.Rand
+	index int
+	rng   *rand.Rand
+	// reasons counts the errors by the ledger's reason (STORE_CONFLICT,
+	// ...; "other" without one).
+	reasons   map[string]int64
 	latencies []time.Duration
 	ops       int64
 	units     int64
@@ -216,26 +254,117 @@ func (w *benchWorker) subject(cfg *benchConfig) string {
 // ledgerOp connects to the ledger, publishes the bench policy if asked, and
 // returns the operation of cfg.mode.
 func ledgerOp(ctx context.Context, cfg *benchConfig) (func(context.Context, *benchWorker) (int, error), error) {
-	c, err := cfg.conn.sdk(
-		client.WithProtocol(cfg.protocol),
-		// A benchmark measures single calls: a lost answer is an error, not
-		// a retry.
-		client.WithRetryPolicy(client.RetryPolicy{MaxAttempts: 1}),
-		client.WithMaxIdleConns(max(cfg.concurrency*2, 16)),
-	)
-	if err != nil {
-		return nil, err
+	addrs := cfg.addrs
+	if len(addrs) == 0 {
+		addrs = []string{cfg.conn.addr}
 	}
+	var clients []*client.Client
+	for _, addr := range addrs {
+		conn := *cfg.conn
+		conn.addr = addr
+		c, err := conn.sdk(
+			client.WithProtocol(cfg.protocol),
+			// A benchmark measures single calls: a lost answer is an error, not
+			// a retry.
+			client.WithRetryPolicy(client.RetryPolicy{MaxAttempts: 1}),
+			client.WithMaxIdleConns(max(cfg.concurrency*2, 16)),
+		)
+		if err != nil {
+			return nil, err
+		}
+		clients = append(clients, c)
+	}
+	c := clients[0]
 	if cfg.setup {
 		_, _, err := c.PublishPolicy(ctx, &v1.Policy{
 			Subject: "*", Route: cfg.route,
 			Dimensions: []*v1.Dimension{{Unit: "tokens", Burst: 1 << 50, RefillUnits: 1 << 40, RefillInterval: durationpb.New(time.Second)}},
 			HoldTtl:    durationpb.New(time.Hour),
+			EpochLength: func() *durationpb.Duration {
+				if cfg.epochLength <= 0 {
+					return nil
+				}
+				return durationpb.New(cfg.epochLength)
+			}(),
 		})
 		if err != nil {
 			return nil, fmt.Errorf("publish bench policy: %w", err)
 		}
 	}
+	if cfg.prefill {
+		if err := prefillSubjects(ctx, cfg, c); err != nil {
+			return nil, err
+		}
+	}
+	if len(clients) > 1 {
+		return multiOp(cfg, clients)
+	}
+	return singleOp(cfg, c), nil
+}
+
+// multiOp runs the single-client op of each client, a worker always on
+// the same one (worker i on client i mod n).
+func multiOp(cfg *benchConfig, clients []*client.Client) (func(context.Context, *benchWorker) (int, error), error) {
+	ops := make([]func(context.Context, *benchWorker) (int, error), len(clients))
+	for i, c := range clients {
+		ops[i] = singleOp(cfg, c)
+	}
+	return func(ctx context.Context, w *benchWorker) (int, error) {
+		return ops[w.index%len(ops)](ctx, w)
+	}, nil
+}
+
+// prefillBatch is how many subjects one prefill ReserveBatch covers: each
+// creates an account, so a batch costs more than a batch of reserves on
+// existing accounts, and must stay well within --timeout.
+const prefillBatch = 250
+
+// prefillSubjects reserves once for every subject, in batches of
+// prefillBatch, up to 16 batches at a time, so every subject has its
+// account before the measured run.
+func prefillSubjects(ctx context.Context, cfg *benchConfig, c *client.Client) error {
+	started := time.Now()
+	var next atomic.Int64
+	var firstErr atomic.Pointer[error]
+	var wg sync.WaitGroup
+	for range min(cfg.concurrency, 16) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil && firstErr.Load() == nil {
+				from := int(next.Add(prefillBatch)) - prefillBatch
+				if from >= cfg.subjects {
+					return
+				}
+				reqs := make([]client.ReserveRequest, 0, prefillBatch)
+				for i := from; i < min(from+prefillBatch, cfg.subjects); i++ {
+					reqs = append(reqs, client.ReserveRequest{Subject: fmt.Sprintf("bench-%d", i), Route: cfg.route, Units: client.Units{"tokens": 1}})
+				}
+				outcomes, err := c.ReserveBatch(ctx, reqs)
+				if err == nil {
+					for _, o := range outcomes {
+						if o.Err != nil {
+							err = o.Err
+							break
+						}
+					}
+				}
+				if err != nil {
+					firstErr.CompareAndSwap(nil, &err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if p := firstErr.Load(); p != nil {
+		return fmt.Errorf("prefill %d subjects: %w", cfg.subjects, *p)
+	}
+	fmt.Fprintf(os.Stderr, "prefilled %d subjects in %s\n", cfg.subjects, time.Since(started).Round(time.Millisecond))
+	return ctx.Err()
+}
+
+// singleOp returns the operation of cfg.mode on client c.
+func singleOp(cfg *benchConfig, c *client.Client) func(context.Context, *benchWorker) (int, error) {
 	units := client.Units{"tokens": cfg.units}
 	switch cfg.mode {
 	case "reserve":
@@ -244,7 +373,7 @@ func ledgerOp(ctx context.Context, cfg *benchConfig) (func(context.Context, *ben
 				return 0, err
 			}
 			return 1, nil
-		}, nil
+		}
 	case "lifecycle":
 		return func(ctx context.Context, w *benchWorker) (int, error) {
 			rr, err := c.Reserve(ctx, client.ReserveRequest{Subject: w.subject(cfg), Route: cfg.route, Units: units})
@@ -259,7 +388,7 @@ func ledgerOp(ctx context.Context, cfg *benchConfig) (func(context.Context, *ben
 				return 0, err
 			}
 			return 1, nil
-		}, nil
+		}
 	default: // batch
 		return func(ctx context.Context, w *benchWorker) (int, error) {
 			reqs := make([]client.ReserveRequest, cfg.batchSize)
@@ -280,7 +409,7 @@ func ledgerOp(ctx context.Context, cfg *benchConfig) (func(context.Context, *ben
 				}
 			}
 			return ok, itemErr
-		}, nil
+		}
 	}
 }
 
@@ -428,6 +557,7 @@ func serveEchoOn(ctx context.Context, e *env, ln net.Listener) error {
 }
 
 type benchResult struct {
+	reasons   map[string]int64
 	elapsed   time.Duration
 	ops       int64
 	units     int64
@@ -447,7 +577,7 @@ func drive(ctx context.Context, e *env, cfg *benchConfig, op func(context.Contex
 	workers := make([]*benchWorker, cfg.concurrency)
 	var wg sync.WaitGroup
 	for i := range workers {
-		w := &benchWorker{rng: rand.New(rand.NewPCG(uint64(i), 1))}
+		w := &benchWorker{index: i, rng: rand.New(rand.NewPCG(uint64(i), 1)), reasons: map[string]int64{}}
 		workers[i] = w
 		wg.Add(1)
 		go func() {
@@ -465,6 +595,7 @@ func drive(ctx context.Context, e *env, cfg *benchConfig, op func(context.Contex
 						w.rejected++
 					} else {
 						w.errs++
+						w.reasons[errorReason(err)]++
 					}
 					firstErr.CompareAndSwap(nil, &err)
 					if n == 0 {
@@ -524,8 +655,11 @@ func drive(ctx context.Context, e *env, cfg *benchConfig, op func(context.Contex
 	if bar != nil {
 		bar.Finish()
 	}
-	res := &benchResult{elapsed: elapsed}
+	res := &benchResult{elapsed: elapsed, reasons: map[string]int64{}}
 	for _, w := range workers {
+		for reason, n := range w.reasons {
+			res.reasons[reason] += n
+		}
 		res.ops += w.ops
 		res.units += w.units
 		res.errs += w.errs
@@ -537,6 +671,19 @@ func drive(ctx context.Context, e *env, cfg *benchConfig, op func(context.Contex
 	}
 	slices.Sort(res.latencies)
 	return res
+}
+
+// errorReason returns the ledger's reason for a failed call
+// (STORE_CONFLICT, ...), "other" when it names none.
+func errorReason(err error) string {
+	var le *client.LedgerError
+	if errors.As(err, &le) && le.Reason != "" {
+		return le.Reason
+	}
+	if strings.Contains(err.Error(), "STORE_CONFLICT") {
+		return "STORE_CONFLICT"
+	}
+	return "other"
 }
 
 func percentile(sorted []time.Duration, p float64) time.Duration {
@@ -576,6 +723,9 @@ func printBench(w io.Writer, cfg *benchConfig, r *benchResult) {
 	}
 	fmt.Fprintf(tw, "rejected\t%d\n", r.rejected)
 	fmt.Fprintf(tw, "errors\t%d\n", r.errs)
+	for _, reason := range slices.Sorted(maps.Keys(r.reasons)) {
+		fmt.Fprintf(tw, "errors %s\t%d\n", reason, r.reasons[reason])
+	}
 	if r.firstErr != nil {
 		fmt.Fprintf(tw, "first error\t%v\n", r.firstErr)
 	}

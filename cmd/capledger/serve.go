@@ -15,6 +15,7 @@ import (
 	"github.com/capledger/capledger/engine"
 	"github.com/capledger/capledger/server"
 	"github.com/capledger/capledger/store/open"
+	"github.com/capledger/capledger/store/sqlite"
 )
 
 func init() {
@@ -25,7 +26,7 @@ const serveHelp = `Usage: capledger serve [flags]
 
 Serve runs the ledger: the LedgerService API as gRPC, gRPC-Web and
 Connect/JSON over HTTP/1.1 and cleartext HTTP/2 on one port, plus /healthz,
-/readyz and /metrics (Prometheus). With no flags it needs no configuration:
+/readyz, /statusz (JSON: readiness, worker lease) and /metrics (Prometheus). With no flags it needs no configuration:
 it keeps its data in an embedded SQLite database under ./capledger-data and
 listens on 127.0.0.1:7070. Several replicas share one PostgreSQL with
 --store postgres://...
@@ -62,6 +63,15 @@ Flags:
                       --tokens (anyone who can connect may publish policies)
   --max-body BYTES    request body limit (default 1048576)
   --max-batch N       commands per store transaction (default 512)
+  --cache-rows N      SQLite row cache: the most rows of each hot table
+                      (accounts, ...) kept in memory, least recently used
+                      evicted first; about 1 KiB per account (default
+                      131072, about 130 MiB)
+  --lease-ttl DUR     worker lease: with several replicas on one PostgreSQL
+                      only the lease holder runs expiry, epoch close and
+                      drains; it renews every third of DUR, and when it dies
+                      another replica takes over within DUR + DUR/3
+                      (default 15s; see /statusz or "capledger status")
   --log-level LEVEL   debug, info, warn or error (default info)
   --log-format FMT    text or json (default text)
 
@@ -92,6 +102,8 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	tlsKey := fs.String("tls-key", "", "")
 	maxBody := fs.Int64("max-body", server.DefaultMaxBodyBytes, "")
 	maxBatch := fs.Int("max-batch", 512, "")
+	leaseTTL := fs.Duration("lease-ttl", engine.DefaultLeaseTTL, "")
+	cacheRows := fs.Int("cache-rows", sqlite.DefaultCacheRows, "")
 	logLevel := fs.String("log-level", "info", "")
 	logFormat := fs.String("log-format", "text", "")
 	if err := parseNoArgs(fs, args); err != nil {
@@ -109,6 +121,12 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	}
 	if *maxBody <= 0 || *maxBatch <= 0 {
 		return usagef("--max-body and --max-batch must be positive")
+	}
+	if *cacheRows < 1 {
+		return usagef("--cache-rows %d: want at least 1", *cacheRows)
+	}
+	if *leaseTTL < 300*time.Millisecond {
+		return usagef("--lease-ttl %v: want at least 300ms (the lease is renewed every third of it)", *leaseTTL)
 	}
 
 	if (*tlsCert == "") != (*tlsKey == "") {
@@ -144,12 +162,13 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	}
 	defer ln.Close()
 
-	st, err := open.Open(ctx, *storeSpec, *dataDir)
+	st, err := open.OpenWith(ctx, *storeSpec, *dataDir, open.Options{CacheRows: *cacheRows})
 	if err != nil {
 		return usagef("open store: %v", err)
 	}
 	metrics := server.NewMetrics()
-	eng := engine.New(st, engine.Options{MaxBatch: *maxBatch, OnBatch: metrics.ObserveBatch, Logger: log})
+	eng := engine.New(st, engine.Options{MaxBatch: *maxBatch, OnBatch: metrics.ObserveBatch, Logger: log,
+		LeaseTTL: *leaseTTL})
 	shards, err := shardConfig(*shardKeysPath, *dataDir, *storeSpec, *shardMaxTTL, log)
 	if err != nil {
 		eng.Close()

@@ -36,6 +36,20 @@ const Forms = `"" or "sqlite" (` + DefaultFile + ` in the data directory), "sqli
 // error for "" or "sqlite" without a dataDir, and the store's own error
 // when it cannot be opened (see sqlite.Open and postgres.Open).
 func Open(ctx context.Context, spec, dataDir string) (store.Store, error) {
+	return OpenWith(ctx, spec, dataDir, Options{})
+}
+
+// Options tune the store Open makes; zero values pick the drivers'
+// defaults.
+type Options struct {
+	// CacheRows bounds the SQLite row cache, rows per cached table
+	// (sqlite.WithCacheRows; default sqlite.DefaultCacheRows). Other stores
+	// ignore it.
+	CacheRows int
+}
+
+// OpenWith is Open with options.
+func OpenWith(ctx context.Context, spec, dataDir string, opts Options) (store.Store, error) {
 	scheme, rest, hasScheme := strings.Cut(spec, ":")
 	switch {
 	case spec == "" || spec == "sqlite":
@@ -45,7 +59,7 @@ func Open(ctx context.Context, spec, dataDir string) (store.Store, error) {
 		if err := os.MkdirAll(dataDir, 0o700); err != nil {
 			return nil, fmt.Errorf("open store: data directory: %w", err)
 		}
-		return openSQLite(ctx, filepath.Join(dataDir, DefaultFile))
+		return openSQLite(ctx, filepath.Join(dataDir, DefaultFile), opts)
 
 	case spec == "memory":
 		return memstore.New(), nil
@@ -63,7 +77,7 @@ func Open(ctx context.Context, spec, dataDir string) (store.Store, error) {
 		if path == "" || path == "/" {
 			return nil, fmt.Errorf("open store %q: no file path; accepted forms: %s", spec, Forms)
 		}
-		return openSQLite(ctx, path)
+		return openSQLite(ctx, path, opts)
 
 	// PostgreSQL: the store for several `capledger serve` replicas.
 	case hasScheme && (scheme == "postgres" || scheme == "postgresql"):
@@ -76,8 +90,12 @@ func Open(ctx context.Context, spec, dataDir string) (store.Store, error) {
 	return nil, fmt.Errorf("open store: unknown store %q; accepted forms: %s", spec, Forms)
 }
 
-func openSQLite(ctx context.Context, path string) (store.Store, error) {
-	s, err := sqlite.Open(ctx, path)
+func openSQLite(ctx context.Context, path string, opts Options) (store.Store, error) {
+	var sqliteOpts []sqlite.Option
+	if opts.CacheRows != 0 {
+		sqliteOpts = append(sqliteOpts, sqlite.WithCacheRows(opts.CacheRows))
+	}
+	s, err := sqlite.Open(ctx, path, sqliteOpts...)
 	if err != nil {
 		return nil, fmt.Errorf("open store: %w", err)
 	}

@@ -5,13 +5,15 @@
 // primary key or unique constraint.
 //
 // Locks on exclusively locked rows (meta counters, shards, reservations,
-// accounts) are taken in one fixed order: a transaction waits only for a
-// row that sorts after every row it already holds, and asks for an
-// earlier row with NOWAIT, giving up with store.ErrConflict when another
-// transaction holds it. Waits therefore never form a cycle, so batches that
-// touch the same accounts in different orders on different replicas never
-// stall on PostgreSQL's deadlock detector; the engine simply reruns the
-// refused batch.
+// accounts) are taken in one fixed order: a transaction waits for a row
+// that sorts after every row it already holds as long as lock_timeout
+// allows, and for an earlier row only briefly (outOfOrderLockTimeout,
+// 20ms), giving up with store.ErrConflict when the holder has not
+// committed by then. A wait cycle (batches that touch the same accounts in
+// different orders on different replicas) is thus broken within that
+// bound, before PostgreSQL's deadlock detector runs, and the engine reruns
+// the refused batch; an ordinary wait for another replica's batch on a hot
+// account succeeds instead of failing the batch.
 //
 // The database also checks the ledger's arithmetic: every conservation
 // term is a column with a CHECK that it is non-negative, and each account

@@ -25,9 +25,10 @@ const (
 	lockShare
 	// lockWait: an exclusive lock, waiting for the holder (in lock order).
 	lockWait
-	// lockNoWait: an exclusive lock out of lock order; refused at once if
-	// held.
-	lockNoWait
+	// lockOutOfOrder: an exclusive lock out of lock order, waiting at
+	// most outOfOrderLockTimeout (the transaction's lock_timeout, lowered
+	// by tx.lockMode).
+	lockOutOfOrder
 )
 
 // clause returns the locking clause for the table aliases of (empty: every
@@ -41,8 +42,8 @@ func (m lockMode) clause(of string) string {
 		return " FOR SHARE" + of
 	case lockWait:
 		return " FOR NO KEY UPDATE" + of
-	case lockNoWait:
-		return " FOR NO KEY UPDATE" + of + " NOWAIT"
+	case lockOutOfOrder:
+		return " FOR NO KEY UPDATE" + of
 	}
 	return ""
 }

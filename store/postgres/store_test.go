@@ -243,7 +243,7 @@ func TestOutOfOrderLockIsRefusedNotDeadlocked(t *testing.T) {
 	if st.Deadlocks != 0 || st.LockNotAvailable != 1 || st.Conflicts != 1 {
 		t.Errorf("stats %+v: want one refused lock and no deadlock", st)
 	}
-	// Out of order but free: granted (NOWAIT refuses only held rows).
+	// Out of order but free: granted (only a held row makes it wait).
 	if _, err := holdsA.AccountGet(ctx, ledger.AccountKey{Subject: "0-first", Route: "r", Region: "eu", Generation: 1}); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("absent row out of order: %v", err)
 	}

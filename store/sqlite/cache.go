@@ -9,19 +9,118 @@ import (
 	"github.com/capledger/capledger/store/codec"
 )
 
-// maxCachedRows bounds the row cache: when a table's entries pass it the
-// cache starts over (a ledger with that many hot accounts reads them again,
-// which is what it did without the cache).
-const maxCachedRows = 1 << 16
+// DefaultCacheRows bounds the row cache: the most rows of each cached
+// table (accounts, account currents, policy heads, ...) it keeps. An
+// account costs about 1 KiB cached (the row, its copy of the key, the
+// index entry), so the default holds the 131,072 most recently used
+// accounts in about 130 MiB whatever the number of accounts in the file.
+const DefaultCacheRows = 1 << 17
+
+// WithCacheRows sets the row cache's bound, rows per cached table
+// (default DefaultCacheRows; at least 1).
+func WithCacheRows(n int) Option { return func(c *config) { c.cacheRows = n } }
 
 // cached is one cached row, or the knowledge that the row does not exist
 // (row nil).
 type cached[T any] struct{ row *T }
 
+// clockSlot is one entry of a clockTable.
+type clockSlot[K comparable, T any] struct {
+	key K
+	val cached[T]
+	// used is set by every hit and cleared by the clock hand passing by:
+	// a row the hand finds unused since its last pass is evicted.
+	used bool
+}
+
+// clockTable is one table's part of the row cache: at most limit rows,
+// evicted by the CLOCK algorithm (second chance, an approximation of
+// least recently used that costs one flag per hit), so a working set that
+// fits stays cached however many rows the table holds, and a scan over
+// more rows than fit evicts only what it passes, never the whole cache.
+type clockTable[K comparable, T any] struct {
+	index map[K]int32
+	slots []clockSlot[K, T]
+	hand  int
+	limit int
+	// evictions counts rows evicted to make room (tests, metrics).
+	evictions uint64
+}
+
+func newClockTable[K comparable, T any](limit int) *clockTable[K, T] {
+	return &clockTable[K, T]{index: map[K]int32{}, limit: max(limit, 1)}
+}
+
+func (t *clockTable[K, T]) get(key K) (cached[T], bool) {
+	i, ok := t.index[key]
+	if !ok {
+		return cached[T]{}, false
+	}
+	t.slots[i].used = true
+	return t.slots[i].val, true
+}
+
+func (t *clockTable[K, T]) put(key K, val cached[T]) {
+	if i, ok := t.index[key]; ok {
+		t.slots[i].val, t.slots[i].used = val, true
+		return
+	}
+	if len(t.slots) < t.limit {
+		t.index[key] = int32(len(t.slots))
+		t.slots = append(t.slots, clockSlot[K, T]{key: key, val: val})
+		return
+	}
+	// Full: advance the hand past used rows (clearing their flag) to the
+	// first unused one, and put the new row in its slot. The new row
+	// starts unused, so a row read once is the next to go unless it is
+	// read again: one pass of a scan cannot flush the hot rows.
+	for t.slots[t.hand].used {
+		t.slots[t.hand].used = false
+		t.hand = (t.hand + 1) % len(t.slots)
+	}
+	victim := &t.slots[t.hand]
+	delete(t.index, victim.key)
+	*victim = clockSlot[K, T]{key: key, val: val}
+	t.index[key] = int32(t.hand)
+	t.hand = (t.hand + 1) % len(t.slots)
+	t.evictions++
+}
+
+func (t *clockTable[K, T]) delete(key K) {
+	i, ok := t.index[key]
+	if !ok {
+		return
+	}
+	// Keep the slot (its position in the clock) but mark the row as not
+	// cached: move the last slot into it.
+	last := len(t.slots) - 1
+	delete(t.index, key)
+	if int(i) != last {
+		t.slots[i] = t.slots[last]
+		t.index[t.slots[i].key] = i
+	}
+	t.slots[last] = clockSlot[K, T]{}
+	t.slots = t.slots[:last]
+	if t.hand >= len(t.slots) {
+		t.hand = 0
+	}
+}
+
+func (t *clockTable[K, T]) reset() {
+	clear(t.index)
+	clear(t.slots)
+	t.slots = t.slots[:0]
+	t.hand = 0
+}
+
+func (t *clockTable[K, T]) len() int { return len(t.slots) }
+
 // rowCache keeps copies of the rows of the small, hot tables (meta,
 // policies, policy heads, accounts, account currents) as this process's
 // write connection last read or committed them, so a batch does not read
-// the same policy and account rows from the B-trees again.
+// the same policy and account rows from the B-trees again. Each table keeps
+// at most the configured number of rows (WithCacheRows), evicting the
+// least recently used ones (clockTable).
 //
 // It is valid only while no other connection has written the file: every
 // write transaction first reads PRAGMA data_version, which changes exactly
@@ -33,31 +132,31 @@ type rowCache struct {
 	mu          sync.Mutex
 	dataVersion int64
 	known       bool // dataVersion was read at least once
-	meta        map[string]cached[int64]
-	policies    map[uint64]cached[ledger.Policy]
-	heads       map[ledger.PolicyKey]cached[ledger.PolicyHead]
-	accounts    map[ledger.AccountKey]cached[ledger.Account]
-	currents    map[ledger.PolicyKey]cached[uint64]
+	meta        *clockTable[string, int64]
+	policies    *clockTable[uint64, ledger.Policy]
+	heads       *clockTable[ledger.PolicyKey, ledger.PolicyHead]
+	accounts    *clockTable[ledger.AccountKey, ledger.Account]
+	currents    *clockTable[ledger.PolicyKey, uint64]
 }
 
-func newRowCache() *rowCache {
+func newRowCache(rows int) *rowCache {
 	return &rowCache{
-		meta:     map[string]cached[int64]{},
-		policies: map[uint64]cached[ledger.Policy]{},
-		heads:    map[ledger.PolicyKey]cached[ledger.PolicyHead]{},
-		accounts: map[ledger.AccountKey]cached[ledger.Account]{},
-		currents: map[ledger.PolicyKey]cached[uint64]{},
+		meta:     newClockTable[string, int64](rows),
+		policies: newClockTable[uint64, ledger.Policy](rows),
+		heads:    newClockTable[ledger.PolicyKey, ledger.PolicyHead](rows),
+		accounts: newClockTable[ledger.AccountKey, ledger.Account](rows),
+		currents: newClockTable[ledger.PolicyKey, uint64](rows),
 	}
 }
 
-// resetLocked empties the maps in place: the map values never change, so
-// getters may name them without the lock.
+// resetLocked empties the tables in place: the table pointers never
+// change, so getters may name them without the lock.
 func (c *rowCache) resetLocked() {
-	clear(c.meta)
-	clear(c.policies)
-	clear(c.heads)
-	clear(c.accounts)
-	clear(c.currents)
+	c.meta.reset()
+	c.policies.reset()
+	c.heads.reset()
+	c.accounts.reset()
+	c.currents.reset()
 }
 
 // sync empties the cache unless version is the data_version it was filled
@@ -81,6 +180,22 @@ func (c *rowCache) invalidate() {
 	c.known = false
 }
 
+// CacheStats are the row cache's account table figures.
+type CacheStats struct {
+	// Accounts is how many account rows are cached; Limit the bound.
+	Accounts, Limit int
+	// Evictions counts account rows evicted to make room.
+	Evictions uint64
+}
+
+// CacheStats returns the row cache's account figures.
+func (s *Store) CacheStats() CacheStats {
+	c := s.cache
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return CacheStats{Accounts: c.accounts.len(), Limit: c.accounts.limit, Evictions: c.accounts.evictions}
+}
+
 func copyPolicy(p *ledger.Policy) *ledger.Policy {
 	out := *p
 	out.Dimensions = slices.Clone(p.Dimensions)
@@ -94,10 +209,10 @@ func copyRow[T any](v *T) *T {
 
 // lookup returns a copy of the cached row (nil with found true when the row
 // is known not to exist); found is false when the key is not cached.
-func lookup[K comparable, T any](c *rowCache, m map[K]cached[T], key K, clone func(*T) *T) (row *T, found bool) {
+func lookup[K comparable, T any](c *rowCache, m *clockTable[K, T], key K, clone func(*T) *T) (row *T, found bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	e, ok := m[key]
+	e, ok := m.get(key)
 	if !ok {
 		return nil, false
 	}
@@ -108,16 +223,13 @@ func lookup[K comparable, T any](c *rowCache, m map[K]cached[T], key K, clone fu
 }
 
 // remember caches a copy of row (nil: the row does not exist).
-func remember[K comparable, T any](c *rowCache, m map[K]cached[T], key K, row *T, clone func(*T) *T) {
+func remember[K comparable, T any](c *rowCache, m *clockTable[K, T], key K, row *T, clone func(*T) *T) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if len(m) >= maxCachedRows {
-		clear(m)
-	}
 	if row != nil {
 		row = clone(row)
 	}
-	m[key] = cached[T]{row: row}
+	m.put(key, cached[T]{row: row})
 }
 
 // committed records what a committed transaction wrote to the cached
@@ -130,7 +242,7 @@ func (c *rowCache) committed(ch *store.Changes) {
 	if len(ch.Policies) > 0 {
 		c.mu.Lock()
 		for i := range ch.Policies {
-			delete(c.policies, ch.Policies[i].Generation)
+			c.policies.delete(ch.Policies[i].Generation)
 		}
 		c.mu.Unlock()
 	}

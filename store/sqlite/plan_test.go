@@ -46,6 +46,9 @@ func TestQueriesUseIndexes(t *testing.T) {
 		{"accounts in debt, first chunk", debtScanFirstSQL, "", []any{512}},
 		{"accounts in debt, chunk after a key", debtScanAfterSQL,
 			"SEARCH accounts USING PRIMARY KEY ((subject,route,region,generation)>(?,?,?,?))", []any{512, "a", "b", "c", 1}},
+		{"accounts by epoch, first page", epochFirstSQL, "accounts_by_epoch", []any{1, 100, 512}},
+		{"accounts by epoch, page after a position", epochAfterSQL,
+			"SEARCH accounts USING INDEX accounts_by_epoch", []any{1, 100, 512, 5, "a", "b", "c"}},
 		{"journal", "SELECT " + journalCols + " FROM journal ORDER BY seq", "", nil},
 		{"journal batches", "SELECT seq, entries FROM journal_batches ORDER BY seq", "", nil},
 	} {

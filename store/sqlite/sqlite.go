@@ -56,6 +56,7 @@ const DefaultReadConns = 4
 type config struct {
 	busyTimeout time.Duration
 	readConns   int
+	cacheRows   int
 }
 
 // Option configures Open.
@@ -94,7 +95,7 @@ type Store struct {
 // error for a path the DSN cannot carry, a file that is not a SQLite
 // database, or a filesystem where WAL or synchronous=FULL cannot be set.
 func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
-	cfg := config{busyTimeout: DefaultBusyTimeout, readConns: DefaultReadConns}
+	cfg := config{busyTimeout: DefaultBusyTimeout, readConns: DefaultReadConns, cacheRows: DefaultCacheRows}
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -106,6 +107,9 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 		// database would not be durable.
 		return nil, fmt.Errorf("open sqlite %q: the path must be a plain file path without '?' or '#'", path)
 	}
+	if cfg.cacheRows < 1 {
+		return nil, fmt.Errorf("open sqlite %s: a row cache of %d rows; want at least 1", path, cfg.cacheRows)
+	}
 	if cfg.readConns < 1 {
 		return nil, fmt.Errorf("open sqlite %s: %d read connections", path, cfg.readConns)
 	}
@@ -115,7 +119,7 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 	pragmas.Add("_pragma", "synchronous(FULL)")
 	pragmas.Add("_pragma", "foreign_keys(ON)")
 	pragmas.Add("_pragma", fmt.Sprintf("wal_autocheckpoint(%d)", autocheckpointBackstop))
-	s := &Store{path: path, writer: make(chan struct{}, 1), cache: newRowCache(), debtScanRows: debtScanChunk}
+	s := &Store{path: path, writer: make(chan struct{}, 1), cache: newRowCache(cfg.cacheRows), debtScanRows: debtScanChunk}
 	connector, err := sqlite.NewConnector(path + "?" + pragmas.Encode())
 	if err != nil {
 		return nil, fmt.Errorf("open sqlite %s: %w", path, err)

@@ -32,6 +32,11 @@
 //     whole rows, in key order with generations compared as numbers, and
 //     pages strictly after its cursor (the zero key starts at the first);
 //     a Limit <= 0 or a cursor generation above math.MaxInt64 is an error;
+//   - AccountsByEpoch lists one generation's accounts in (EpochStart,
+//     subject, route, region) order, those with EpochStart <= StartedBy
+//     when it is set, and pages strictly after its cursor;
+//   - a lease is held by its first holder, renewed by it with the same
+//     fence, and free again after its holder releases it;
 //   - a second insert of a reservation id (NewReservations), a move receipt
 //     id, or a statement for the same account and EpochStart is
 //     store.ErrDuplicate; everything else is an upsert.
@@ -76,6 +81,8 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"ReservationsUnknown", testReservationsUnknown},
 		{"ReservationsUnknownBacklog", testReservationsUnknownBacklog},
 		{"AccountsInDebt", testAccountsInDebt},
+		{"AccountsByEpoch", testAccountsByEpoch},
+		{"Leases", testLeases},
 		{"AccountList", testAccountList},
 		{"Lists", testLists},
 		{"TimePrecision", testTimePrecision},

@@ -1,0 +1,77 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+)
+
+func init() {
+	register(&command{name: "status", summary: "show a replica's readiness and whether it runs the workers", help: statusHelp, run: runStatus})
+}
+
+const statusHelp = `Usage: capledger status [flags]
+
+Status prints the server's GET /statusz as JSON: whether it is ready,
+whether it holds the worker lease (workers.leader: it runs expiry,
+epoch close and drains; with several replicas on one PostgreSQL exactly
+one does, and another takes over within the lease TTL and one renewal
+period after it dies), who holds the lease (workers.holder), its fence
+(grows by one with every change of leader), and the engine's counters.
+Ask each replica for its own view. It exits 5 when the server is not
+ready.
+
+Example:
+  capledger status --addr http://10.0.0.7:7070
+
+` + clientFlagsHelp + "\n" + exitCodesHelp
+
+func runStatus(ctx context.Context, e *env, args []string) error {
+	fs := newFlags("status")
+	var cf clientFlags
+	cf.register(fs, e)
+	if err := parseNoArgs(fs, args); err != nil {
+		return err
+	}
+	base, _, err := cf.endpoint()
+	if err != nil {
+		return err
+	}
+	hc, err := cf.httpClient()
+	if err != nil {
+		return usagef("%v", err)
+	}
+	ctx, cancel := cf.context(ctx)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/statusz", nil)
+	if err != nil {
+		return usagef("--addr: %v", err)
+	}
+	if cf.token != "" {
+		req.Header.Set("Authorization", "Bearer "+cf.token)
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return exitError{code: exitUnavailable, err: fmt.Errorf("status: %w", err)}
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil || resp.StatusCode != http.StatusOK {
+		return exitError{code: exitUnavailable, err: fmt.Errorf("status: %s %v", resp.Status, err)}
+	}
+	var st struct {
+		Ready bool `json:"ready"`
+	}
+	if err := json.Unmarshal(body, &st); err != nil {
+		return exitError{code: exitUnavailable, err: fmt.Errorf("status: not a status answer: %w", err)}
+	}
+	if _, err := e.stdout.Write(body); err != nil {
+		return err
+	}
+	if !st.Ready {
+		return exitError{code: exitUnavailable, err: fmt.Errorf("status: the server is not ready")}
+	}
+	return nil
+}

@@ -1,0 +1,49 @@
+package main
+
+import (
+	"encoding/json"
+	"net"
+	"testing"
+	"time"
+)
+
+// capledger status prints the replica's /statusz: a serve on SQLite owns
+// the worker lease, so it reports itself as the worker leader; a server
+// that cannot be reached exits 5.
+func TestCLIStatus(t *testing.T) {
+	url := startInProcess(t, "--lease-ttl", "1s")
+	var st struct {
+		Ready   bool `json:"ready"`
+		Workers struct {
+			Leader bool   `json:"leader"`
+			Self   string `json:"self"`
+			Holder string `json:"holder"`
+		} `json:"workers"`
+	}
+	for i := 0; ; i++ {
+		code, out, errOut := cli(t, url, "status")
+		wantExit(t, exitOK, code, out, errOut)
+		if err := json.Unmarshal([]byte(out), &st); err != nil {
+			t.Fatalf("status output %q: %v", out, err)
+		}
+		if st.Workers.Leader || i > 300 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond) // the first lease attempt runs on its own goroutine
+	}
+	if !st.Ready || !st.Workers.Leader || st.Workers.Self == "" || st.Workers.Holder != st.Workers.Self {
+		t.Fatalf("status %+v: want ready and this replica the worker leader", st)
+	}
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	code, out, errOut := cli(t, "http://"+addr, "status")
+	wantExit(t, exitUnavailable, code, out, errOut)
+
+	code, out, errOut = cli(t, url, "serve", "--lease-ttl", "1ms")
+	wantExit(t, exitUsage, code, out, errOut)
+}

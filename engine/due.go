@@ -1,0 +1,216 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+)
+
+// DefaultPageSize is how many accounts one page of the epoch and drain
+// workers reads (and so the most commands one of their batches holds).
+const DefaultPageSize = 256
+
+// Pager walks the worker indexes (store.DueIndexes) one bounded page at a
+// time and turns each page into worker commands. Make one with
+// Core.EpochPager or Core.DrainPager; call Next until it returns no
+// commands and a nil error. A Pager reads committed state page by page, so
+// rows that change between pages are seen as they were when their page was
+// read; the ledger's commands are idempotent and decide for themselves,
+// so a candidate seen twice costs a no-op.
+type Pager struct {
+	core  *Core
+	size  int
+	scans []scan
+	cur   int
+	after store.EpochCursor
+	// found counts the commands the current scan produced.
+	found int
+	// clean are the generations whose scan ran to its end without a
+	// command (Clean).
+	clean []uint64
+	// points are single accounts to look at after the scans (drains of a
+	// subject's own-policy account under a still-active AnySubject
+	// generation).
+	points []ledger.AccountKey
+	done   bool
+	// make turns an account of a page into a command, or reports none.
+	make func(a *ledger.Account) (ledger.Command, bool)
+}
+
+// scan is one generation's pass over AccountsByEpoch.
+type scan struct {
+	generation uint64
+	startedBy  time.Time
+}
+
+// EpochPager returns a pager over the accounts whose accounting epoch
+// ended by now (EpochStart + the generation's EpochLength <= now), one
+// generation after another, each in epoch-start order: their close-epoch
+// commands, so idle accounts get their statements too. It reads the
+// policies once and then only accounts that are due.
+func (c *Core) EpochPager(ctx context.Context, now time.Time, pageSize int) (*Pager, error) {
+	policies, err := c.store.PolicyList(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("policies: %w", err)
+	}
+	p := &Pager{core: c, size: max(pageSize, 1)}
+	for i := range policies {
+		if length := policies[i].EpochLength; length > 0 {
+			p.scans = append(p.scans, scan{generation: policies[i].Generation, startedBy: now.Add(-length)})
+		}
+	}
+	p.make = func(a *ledger.Account) (ledger.Command, bool) {
+		return ledger.Command{Kind: ledger.KindCloseEpoch, Account: a.Key}, true
+	}
+	return p, nil
+}
+
+// DrainPager returns a pager over the accounts of superseded or
+// rolled-back generations that still hold available capacity or debt
+// (late refunds and late overuse land there after a generation switch or a
+// rollback): their drain commands, which move it to the subject's current
+// account exactly once. The ledger answers ErrNothingToDrain where there
+// is nothing to do, so a candidate picked too eagerly costs one no-op.
+//
+// Which accounts those are follows ledger.DecidingGeneration: every
+// account of a generation that is not its key's active one (read page by
+// page from the index), and, under an AnySubject generation that is still
+// active, the accounts of the subjects that have an active policy of their
+// own (one point read each). skip names generations not to read (the
+// engine passes those whose last full pass found nothing, while the
+// active generations are unchanged).
+func (c *Core) DrainPager(ctx context.Context, pageSize int, skip func(active ledger.ActiveGenerations, generation uint64) bool) (*Pager, ledger.ActiveGenerations, error) {
+	policies, err := c.store.PolicyList(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("policies: %w", err)
+	}
+	active := ledger.NewActiveGenerations(policies)
+	p := &Pager{core: c, size: max(pageSize, 1)}
+	for i := range policies {
+		pol := &policies[i]
+		g, ok := active.Active(pol.Key)
+		if ok && g == pol.Generation {
+			if pol.Key.Subject != ledger.AnySubject {
+				continue // decides for its one subject: nothing to drain
+			}
+			// An active AnySubject generation decides for every subject of
+			// its route but those with an active policy of their own.
+			for own, ownGen := range active {
+				if own.Subject != ledger.AnySubject && own.Route == pol.Key.Route && own.Region == pol.Key.Region && ownGen != 0 {
+					p.points = append(p.points, ledger.AccountKey{Subject: own.Subject, Route: own.Route, Region: own.Region, Generation: pol.Generation})
+				}
+			}
+			continue
+		}
+		if skip != nil && skip(active, pol.Generation) {
+			continue
+		}
+		p.scans = append(p.scans, scan{generation: pol.Generation})
+	}
+	p.make = func(a *ledger.Account) (ledger.Command, bool) {
+		deciding, ok := active.Deciding(a.Key.SubjectKey())
+		if !ok || deciding == a.Key.Generation || !holds(a) {
+			return ledger.Command{}, false // nothing admits for the subject, it is the one that does, or it is empty
+		}
+		return ledger.Command{Kind: ledger.KindDrain, Account: a.Key}, true
+	}
+	return p, active, nil
+}
+
+// holds reports whether an account holds available capacity or debt in
+// one of its dimensions.
+func holds(a *ledger.Account) bool {
+	for d := 0; d < a.Dims; d++ {
+		if a.Balances[d].Available > 0 || a.Balances[d].Debt() > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// Next returns the commands of the next page that has any, reading at
+// most a few pages without one; no commands and a nil error when the
+// pager is done.
+func (p *Pager) Next(ctx context.Context) ([]ledger.Command, error) {
+	for !p.done {
+		if p.cur >= len(p.scans) {
+			cmds, err := p.nextPoints(ctx)
+			if len(cmds) > 0 || err != nil {
+				return cmds, err
+			}
+			p.done = true
+			break
+		}
+		s := p.scans[p.cur]
+		page, err := p.core.store.AccountsByEpoch(ctx, store.EpochFilter{
+			Generation: s.generation, StartedBy: s.startedBy, After: p.after, Limit: p.size,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("accounts of generation %d: %w", s.generation, err)
+		}
+		var cmds []ledger.Command
+		for i := range page {
+			if cmd, ok := p.make(&page[i]); ok {
+				cmds = append(cmds, cmd)
+			}
+		}
+		p.found += len(cmds)
+		if len(page) < p.size {
+			if p.found == 0 {
+				p.clean = append(p.clean, s.generation)
+			}
+			p.cur++
+			p.after = store.EpochCursor{}
+			p.found = 0
+		} else {
+			p.after = store.EpochCursorOf(&page[len(page)-1])
+		}
+		if len(cmds) > 0 {
+			return cmds, nil
+		}
+	}
+	return nil, nil
+}
+
+// nextPoints reads up to one page of the point candidates.
+func (p *Pager) nextPoints(ctx context.Context) ([]ledger.Command, error) {
+	var cmds []ledger.Command
+	for len(p.points) > 0 && len(cmds) < p.size {
+		key := p.points[0]
+		p.points = p.points[1:]
+		a, err := p.core.store.AccountGet(ctx, key)
+		if errors.Is(err, store.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("account %s: %w", key, err)
+		}
+		if cmd, ok := p.make(&a); ok {
+			cmds = append(cmds, cmd)
+		}
+	}
+	return cmds, nil
+}
+
+// Clean returns the generations whose whole scan produced no command, so
+// far.
+func (p *Pager) Clean() []uint64 { return p.clean }
+
+// all drains a pager into one list (for EpochsDue and DrainsDue).
+func (p *Pager) all(ctx context.Context) ([]ledger.Command, error) {
+	var out []ledger.Command
+	for {
+		cmds, err := p.Next(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if len(cmds) == 0 {
+			return out, nil
+		}
+		out = append(out, cmds...)
+	}
+}

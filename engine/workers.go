@@ -1,0 +1,258 @@
+package engine
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+)
+
+// DefaultLeaseTTL is how long the worker lease lasts unless renewed. The
+// holder renews it every third of that; when the holder dies, another
+// replica takes over within LeaseTTL + LeaseTTL/3, and its workers run at
+// their next tick.
+const DefaultLeaseTTL = 15 * time.Second
+
+// worker is one maintenance service that runs only on the worker leader.
+type worker struct {
+	name     string
+	interval time.Duration
+	run      func(ctx context.Context)
+}
+
+// leaderWorkers lists the maintenance workers, the one place they are
+// registered: each runs every interval while this engine holds the worker
+// lease (store.DefaultWorkerLease), and never on the other replicas of the
+// same store. A new worker (retention, the USAGE_UNKNOWN resolver) is one
+// more entry here.
+func (e *Engine) leaderWorkers() []worker {
+	return []worker{
+		{"expiry", e.opts.WorkerInterval, e.runDue},
+		{"epochs", e.opts.EpochInterval, e.runEpochs},
+	}
+}
+
+// LeaderStatus is this engine's view of the worker lease.
+type LeaderStatus struct {
+	// Leader reports whether this engine runs the workers now.
+	Leader bool
+	// Holder is who holds the lease as last read (this engine's
+	// LeaseHolder when Leader), empty before the first attempt.
+	Holder string
+	// Self is this engine's holder name.
+	Self string
+	// Fence is the lease's fence as last read; Expires its expiry at the
+	// store's clock.
+	Fence   int64
+	Expires time.Time
+	// Since is when this engine last became leader (zero when it is not).
+	Since time.Time
+	// Err is the last lease error, if the last attempt failed.
+	Err string
+}
+
+// leader tracks the worker lease.
+type leader struct {
+	mu     sync.Mutex
+	status LeaderStatus
+	// until is when this engine stops believing it leads unless a renewal
+	// succeeds: the local time a successful acquire started plus the ttl
+	// (the store's expiry is measured from later than that, so this ends
+	// first).
+	until time.Time
+}
+
+// defaultHolder names this process for the lease: host, pid and a random
+// suffix, so two engines in one process are two holders.
+func defaultHolder() string {
+	host, _ := os.Hostname()
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b[:]))
+}
+
+// IsLeader reports whether this engine holds the worker lease now.
+func (e *Engine) IsLeader() bool {
+	e.lead.mu.Lock()
+	defer e.lead.mu.Unlock()
+	return e.lead.status.Leader && time.Now().Before(e.lead.until)
+}
+
+// Leader returns this engine's view of the worker lease.
+func (e *Engine) Leader() LeaderStatus {
+	e.lead.mu.Lock()
+	defer e.lead.mu.Unlock()
+	s := e.lead.status
+	if s.Leader && !time.Now().Before(e.lead.until) {
+		s.Leader, s.Since = false, time.Time{}
+	}
+	return s
+}
+
+// startWorkers runs the lease loop and the leader's workers until ctx
+// ends; Close waits for them.
+func (e *Engine) startWorkers(ctx context.Context) {
+	e.workers.Add(1)
+	go e.leaseLoop(ctx)
+	for _, w := range e.leaderWorkers() {
+		e.workers.Add(1)
+		go e.everyAsLeader(ctx, w)
+	}
+}
+
+// leaseLoop takes and renews the worker lease every third of its ttl, and
+// releases it when ctx ends so another replica takes over at once.
+func (e *Engine) leaseLoop(ctx context.Context) {
+	defer e.workers.Done()
+	ttl := e.opts.LeaseTTL
+	ticker := time.NewTicker(ttl / 3)
+	defer ticker.Stop()
+	for {
+		e.renewLease(ctx, ttl)
+		select {
+		case <-ctx.Done():
+			if e.IsLeader() {
+				releaseCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+				if err := e.core.store.LeaseRelease(releaseCtx, store.DefaultWorkerLease, e.opts.LeaseHolder); err != nil {
+					e.log.Warn("worker lease: release", "err", err)
+				}
+				cancel()
+			}
+			e.lead.mu.Lock()
+			e.lead.status.Leader, e.lead.status.Since = false, time.Time{}
+			e.lead.mu.Unlock()
+			return
+		case <-ticker.C:
+		}
+	}
+}
+
+func (e *Engine) renewLease(ctx context.Context, ttl time.Duration) {
+	started := time.Now()
+	callCtx, cancel := context.WithTimeout(ctx, ttl/3)
+	lease, err := e.core.store.LeaseAcquire(callCtx, store.DefaultWorkerLease, e.opts.LeaseHolder, ttl)
+	cancel()
+	e.lead.mu.Lock()
+	defer e.lead.mu.Unlock()
+	was := e.lead.status.Leader && started.Before(e.lead.until)
+	if err != nil {
+		if ctx.Err() == nil {
+			e.lead.status.Err = err.Error()
+			e.log.Warn("worker lease", "err", err)
+		}
+		// Keep leading until the last successful renewal lapses: the
+		// store may be back before then.
+		return
+	}
+	e.lead.status.Err = ""
+	e.lead.status.Holder, e.lead.status.Fence, e.lead.status.Expires = lease.Holder, lease.Fence, lease.Expires
+	if lease.Held {
+		e.lead.until = started.Add(ttl)
+		if !was {
+			e.lead.status.Since = started
+			e.log.Info("worker lease acquired: this replica runs the workers", "holder", lease.Holder, "fence", lease.Fence)
+		}
+		e.lead.status.Leader = true
+		return
+	}
+	if was {
+		e.log.Info("worker lease lost", "holder", lease.Holder, "fence", lease.Fence)
+	}
+	e.lead.status.Leader, e.lead.status.Since = false, time.Time{}
+	e.lead.until = time.Time{}
+}
+
+// everyAsLeader runs w every interval while this engine leads.
+func (e *Engine) everyAsLeader(ctx context.Context, w worker) {
+	defer e.workers.Done()
+	ticker := time.NewTicker(w.interval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+			if e.IsLeader() {
+				w.run(ctx)
+			}
+		}
+	}
+}
+
+// runPages commits a pager's commands page by page while this engine
+// leads, pausing after each page for as long as it took, so a worker with
+// much to do (the epoch rollover of a million accounts) takes at most
+// about half of the committer and admission goes on between its pages.
+// It returns false if it stopped early (ctx ended, leadership lost, a
+// read failed).
+func (e *Engine) runPages(ctx context.Context, what string, p *Pager) bool {
+	for ctx.Err() == nil {
+		if !e.IsLeader() {
+			return false
+		}
+		cmds, err := p.Next(ctx)
+		if err != nil {
+			if ctx.Err() == nil {
+				e.log.Warn(what+" worker", "err", err)
+			}
+			return false
+		}
+		if len(cmds) == 0 {
+			return true
+		}
+		started := time.Now()
+		e.runWorkerCommands(ctx, cmds)
+		pause := time.NewTimer(time.Since(started))
+		select {
+		case <-ctx.Done():
+			pause.Stop()
+			return false
+		case <-pause.C:
+		}
+	}
+	return false
+}
+
+// drainMemo remembers the superseded generations whose last full drain
+// pass found nothing, while the active generations stay the same: nothing
+// lands on such an account later except through the ledger's own forward
+// of a late refund or overuse, which moves it on at once. A change of the
+// active generations (a publish, a rollback) forgets them all.
+type drainMemo struct {
+	active ledger.ActiveGenerations
+	clean  map[uint64]bool
+}
+
+func (m *drainMemo) skip(active ledger.ActiveGenerations, g uint64) bool {
+	return m.clean[g] && sameActive(m.active, active)
+}
+
+// update records a pass's outcome; complete is whether it ran to its end.
+func (m *drainMemo) update(active ledger.ActiveGenerations, p *Pager, complete bool) {
+	if !sameActive(m.active, active) {
+		m.active, m.clean = active, map[uint64]bool{}
+	}
+	if complete {
+		for _, g := range p.Clean() {
+			m.clean[g] = true
+		}
+	}
+}
+
+func sameActive(a, b ledger.ActiveGenerations) bool {
+	if a == nil || len(a) != len(b) {
+		return false
+	}
+	for k, g := range a {
+		if b[k] != g {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,99 @@
+package server
+
+import (
+	"encoding/json"
+	"net/http"
+	"time"
+
+	"github.com/capledger/capledger/engine"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// leaderReporter is the optional part of Ledger that reports the worker
+// lease (*engine.Engine has it).
+type leaderReporter interface {
+	Leader() engine.LeaderStatus
+}
+
+// Status is what GET /statusz answers (and `capledger status` prints):
+// whether the replica is ready, whether it runs the maintenance workers,
+// and the engine's counters.
+type Status struct {
+	Ready      bool   `json:"ready"`
+	ReadyError string `json:"readyError,omitempty"`
+	Workers    struct {
+		// Leader: this replica holds the worker lease and runs the
+		// workers; the other replicas of the store wait to take over.
+		Leader       bool       `json:"leader"`
+		Self         string     `json:"self"`
+		Holder       string     `json:"holder,omitempty"`
+		Fence        int64      `json:"fence"`
+		LeaseExpires *time.Time `json:"leaseExpires,omitempty"`
+		LeaderSince  *time.Time `json:"leaderSince,omitempty"`
+		LeaseError   string     `json:"leaseError,omitempty"`
+	} `json:"workers"`
+	Commands       uint64 `json:"commands"`
+	Batches        uint64 `json:"batches"`
+	Conflicts      uint64 `json:"conflicts"`
+	Failures       uint64 `json:"failures"`
+	WorkerCommands uint64 `json:"workerCommands"`
+}
+
+func timePtr(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
+
+// status assembles the replica's Status.
+func (s *Server) status() Status {
+	var st Status
+	if err := s.ledger.Ready(); err != nil {
+		st.ReadyError = err.Error()
+	} else {
+		st.Ready = true
+	}
+	if lr, ok := s.ledger.(leaderReporter); ok {
+		l := lr.Leader()
+		st.Workers.Leader, st.Workers.Self, st.Workers.Holder, st.Workers.Fence = l.Leader, l.Self, l.Holder, l.Fence
+		st.Workers.LeaseExpires, st.Workers.LeaderSince, st.Workers.LeaseError = timePtr(l.Expires), timePtr(l.Since), l.Err
+	}
+	stats := s.ledger.Stats()
+	st.Commands, st.Batches, st.Conflicts, st.Failures, st.WorkerCommands =
+		stats.Commands, stats.Batches, stats.Conflicts, stats.Failures, stats.WorkerCmds
+	return st
+}
+
+// statusz answers the replica's Status as JSON (200 whether or not it is
+// ready: readiness is /readyz's answer).
+func (s *Server) statusz(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(s.status())
+}
+
+// registerLeader exports the worker lease: capledger_worker_leader is 1 on
+// the replica that runs the workers, 0 on the others (sum it over the
+// replicas of one store: it should be 1), and capledger_worker_lease_fence
+// counts the leader changes the store has seen.
+func (m *Metrics) registerLeader(l Ledger) {
+	lr, ok := l.(leaderReporter)
+	if !ok {
+		return
+	}
+	m.registry.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "capledger_worker_leader",
+			Help: "1 while this replica holds the worker lease and runs the maintenance workers, else 0."},
+			func() float64 {
+				if lr.Leader().Leader {
+					return 1
+				}
+				return 0
+			}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "capledger_worker_lease_fence",
+			Help: "The worker lease's fence as last read: it grows by one with every change of leader."},
+			func() float64 { return float64(lr.Leader().Fence) }),
+	)
+}

@@ -1,0 +1,39 @@
+package server_test
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/capledger/capledger/server"
+)
+
+// /statusz and /metrics show whether the replica runs the workers: on an
+// embedded store the process owns the worker lease; with workers disabled
+// nobody here runs them.
+func TestStatusShowsTheWorkerLeader(t *testing.T) {
+	for _, workers := range []bool{true, false} {
+		h := newHarness(t, harnessOptions{workers: workers})
+		var st server.Status
+		for i := 0; ; i++ {
+			if err := json.Unmarshal([]byte(h.get("/statusz")), &st); err != nil {
+				t.Fatal(err)
+			}
+			if st.Workers.Leader || !workers || i > 500 {
+				break
+			}
+			time.Sleep(10 * time.Millisecond) // the first lease attempt runs on its own goroutine
+		}
+		if !st.Ready || st.Workers.Leader != workers || st.Workers.Self == "" || (workers && st.Workers.Holder != st.Workers.Self) {
+			t.Fatalf("workers %v: status %+v", workers, st)
+		}
+		want := "capledger_worker_leader 0"
+		if workers {
+			want = "capledger_worker_leader 1"
+		}
+		if got := grep(h.get("/metrics"), "capledger_worker_leader"); !strings.Contains(got, want) {
+			t.Fatalf("workers %v: metrics %q, want %q", workers, got, want)
+		}
+	}
+}

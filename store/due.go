@@ -1,0 +1,89 @@
+package store
+
+import (
+	"context"
+	"time"
+
+	"github.com/capledger/capledger/ledger"
+)
+
+// DueIndexes are the reads the engine's workers page through, so a worker
+// reads only the rows that may need it, never every account. Every driver
+// keeps an index for each.
+type DueIndexes interface {
+	// AccountsByEpoch returns up to f.Limit accounts of generation
+	// f.Generation whose EpochStart is at or before f.StartedBy (any
+	// EpochStart when f.StartedBy is zero), ordered by (EpochStart,
+	// subject, route, region), strictly after f.After unless it is the
+	// zero cursor. The accounts are whole rows, as AccountGet returns them.
+	// None is an empty list; f.Limit <= 0, or a generation, time or cursor
+	// that no row can hold (one codec.Conv refuses), is an error.
+	//
+	// The epoch worker asks, per generation, for the accounts whose epoch
+	// began at least one epoch length ago; the drain worker pages through
+	// the accounts of a superseded generation. Drivers keep an index on
+	// (generation, epoch start, key).
+	AccountsByEpoch(ctx context.Context, f EpochFilter) ([]ledger.Account, error)
+}
+
+// EpochFilter selects and pages AccountsByEpoch.
+type EpochFilter struct {
+	Generation uint64
+	// StartedBy bounds the accounts' EpochStart from above (inclusive);
+	// zero means no bound.
+	StartedBy time.Time
+	// After is the paging cursor: the position of the last account of the
+	// previous page. The zero cursor starts at the first.
+	After EpochCursor
+	// Limit is the most accounts returned; it must be positive.
+	Limit int
+}
+
+// EpochCursor is a position in the order of AccountsByEpoch.
+type EpochCursor struct {
+	EpochStart time.Time
+	Subject    string
+	Route      string
+	Region     string
+}
+
+// EpochCursorOf returns the position of account a in the order of
+// AccountsByEpoch: the cursor that continues after it.
+func EpochCursorOf(a *ledger.Account) EpochCursor {
+	return EpochCursor{EpochStart: a.EpochStart, Subject: a.Key.Subject, Route: a.Key.Route, Region: a.Key.Region}
+}
+
+// Leases elect one worker leader per store: whoever holds a named lease
+// runs the maintenance workers, so several replicas on one store do not
+// all expire, close and drain the same rows.
+type Leases interface {
+	// LeaseAcquire takes or renews the lease name for holder for ttl, at
+	// the store's clock. It returns the lease as held after the call:
+	// Held is true when holder holds it now (it was free, expired, or
+	// holder's already), false when another holder's lease is unexpired
+	// (Holder and Expires then say whose, until when). Every change of
+	// holder increments Fence, so a holder can tell it was replaced.
+	// A store with one process per data directory (SQLite, in-memory)
+	// keeps the lease in memory: the process owns it.
+	LeaseAcquire(ctx context.Context, name, holder string, ttl time.Duration) (Lease, error)
+	// LeaseRelease gives the lease up if holder holds it (so another can
+	// take it at once, without waiting for the expiry); a lease held by
+	// another is left alone. It is not an error to release a lease not
+	// held.
+	LeaseRelease(ctx context.Context, name, holder string) error
+}
+
+// Lease is the state of one named lease.
+type Lease struct {
+	Name   string
+	Holder string
+	// Held reports whether the caller of LeaseAcquire holds it.
+	Held bool
+	// Expires is when the lease lapses unless renewed, at the store's clock.
+	Expires time.Time
+	// Fence counts the changes of holder since the lease was created.
+	Fence int64
+}
+
+// DefaultWorkerLease is the lease name the engine's workers run under.
+const DefaultWorkerLease = "workers"

@@ -1,0 +1,74 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"math"
+
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+	"github.com/jackc/pgx/v5"
+)
+
+// epochSQL returns AccountsByEpoch's query: $1 generation, $2 the
+// inclusive bound on epoch_start, $3 the limit, and with after the cursor
+// ($4 epoch_start, $5 subject, $6 route, $7 region). The inner SELECT
+// reads the index accounts_by_epoch for the ids of one page; the outer one
+// reads their term rows as AccountGet does. One statement, one snapshot.
+func epochSQL(after bool) string {
+	cursor := ""
+	if after {
+		cursor = `
+			AND (e.epoch_start, e.subject, e.route, e.region) > ($4::bigint, $5::text, $6::text, $7::text)`
+	}
+	return accountSelect + ` WHERE a.id IN (
+		SELECT e.id FROM accounts e
+		WHERE e.generation = $1 AND e.epoch_start <= $2` + cursor + `
+		ORDER BY e.generation, e.epoch_start, e.subject, e.route, e.region LIMIT $3)
+	ORDER BY a.epoch_start, a.subject, a.route, a.region, t.dim`
+}
+
+var (
+	epochFirstSQL = epochSQL(false)
+	epochAfterSQL = epochSQL(true)
+)
+
+// AccountsByEpoch returns up to f.Limit accounts of generation
+// f.Generation with epoch_start <= f.StartedBy (any when it is zero), in
+// (epoch_start, subject, route, region) order, strictly after f.After
+// unless it is the zero cursor. Text compares in the database's collation,
+// in the order and in the cursor alike, so paging neither skips nor
+// repeats an account.
+func (s *Store) AccountsByEpoch(ctx context.Context, f store.EpochFilter) ([]ledger.Account, error) {
+	if f.Limit <= 0 {
+		return nil, fmt.Errorf("accounts by epoch: limit %d is not positive", f.Limit)
+	}
+	var conv codecConv
+	generation := conv.Int(f.Generation)
+	bound := int64(math.MaxInt64)
+	if !f.StartedBy.IsZero() {
+		bound = conv.Nanos(f.StartedBy)
+	}
+	after := conv.Nanos(f.After.EpochStart)
+	if err := conv.Err(); err != nil {
+		return nil, fmt.Errorf("accounts by epoch: %w", err)
+	}
+	var (
+		rows pgx.Rows
+		err  error
+	)
+	if f.After == (store.EpochCursor{}) {
+		rows, err = s.pool.Query(ctx, epochFirstSQL, generation, bound, f.Limit)
+	} else {
+		rows, err = s.pool.Query(ctx, epochAfterSQL, generation, bound, f.Limit, after, f.After.Subject, f.After.Route, f.After.Region)
+	}
+	what := fmt.Sprintf("accounts of generation %d by epoch", f.Generation)
+	if err != nil {
+		return nil, s.c.classify(what, err, false)
+	}
+	accounts, _, err := scanAccounts(rows)
+	if err != nil {
+		return nil, s.c.classify(what, err, false)
+	}
+	return accounts, nil
+}

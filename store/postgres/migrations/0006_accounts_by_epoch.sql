@@ -1,0 +1,16 @@
+-- capledger schema: the epoch worker's index (accounts by generation and
+-- epoch start).
+--
+-- AccountsByEpoch pages through one generation's accounts in
+-- (epoch_start, subject, route, region) order, those whose epoch began by
+-- a bound: the epoch worker asks for the accounts whose epoch ended and
+-- the drain worker pages through a superseded generation, so neither
+-- reads every account. epoch_start changes only when an epoch rolls: the
+-- updates of ordinary commands (version, on accounts; the terms, on
+-- account_terms) change no column of this index and can stay HOT.
+--
+-- Like 0004 this is a plain CREATE INDEX inside the migration's
+-- transaction (it blocks writes to accounts while it is built). An
+-- operator with a large table builds it beforehand with CREATE INDEX
+-- CONCURRENTLY and the same definition and name.
+CREATE INDEX IF NOT EXISTS accounts_by_epoch ON accounts (generation, epoch_start, subject, route, region);

@@ -1,0 +1,13 @@
+-- capledger schema: the epoch worker's index (accounts by generation and
+-- epoch start).
+--
+-- AccountsByEpoch pages through one generation's accounts in
+-- (epoch_start, subject, route, region) order, those whose epoch began by
+-- a bound: the epoch worker asks for the accounts whose epoch ended, the
+-- drain worker pages through a superseded generation, neither reads every
+-- account. accounts is WITHOUT ROWID, so the index's entries end with the
+-- primary key (subject, route, region, generation) and serve the order
+-- and the cursor without touching the table until a row is returned.
+-- epoch_start changes only when an epoch rolls, so ordinary commands do
+-- not write to the index.
+CREATE INDEX IF NOT EXISTS accounts_by_epoch ON accounts (generation, epoch_start);

@@ -1,0 +1,226 @@
+package storetest
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+)
+
+// epochAccounts returns accounts of generations 7 and 8 with epoch starts
+// that tie (several at one start, as epochs aligned to their length do),
+// keys that sort differently from their starts, and, for generation 7,
+// the keys in the order AccountsByEpoch must return them.
+func epochAccounts() (all []ledger.Account, gen7 []ledger.AccountKey) {
+	type row struct {
+		subject string
+		start   time.Duration
+		gen     uint64
+	}
+	rows := []row{
+		{"t-c", 0, 7}, {"t-a", 0, 7}, {"t-b", 0, 7},
+		{"t-a", time.Hour, 8}, // the same subject, another generation
+		{"s-z", -time.Hour, 7},
+		{"u-a", time.Hour, 7},
+		{"t-d", 2 * time.Hour, 7},
+		{"a-a", 3 * time.Hour, 8},
+	}
+	for i, r := range rows {
+		a := ledger.Account{
+			Key:  ledger.AccountKey{Subject: r.subject, Route: "chat", Region: "eu", Generation: r.gen},
+			Dims: 1, EpochStart: at(r.start), Version: uint64(i + 1),
+		}
+		a.Balances[0] = fullBalance(int64(i))
+		a.EpochOpening[0] = fullBalance(int64(i) - 1)
+		a.RefilledTo[0] = at(r.start).UnixNano()
+		all = append(all, a)
+	}
+	for _, s := range []string{"s-z", "t-a", "t-b", "t-c", "u-a", "t-d"} {
+		gen7 = append(gen7, ledger.AccountKey{Subject: s, Route: "chat", Region: "eu", Generation: 7})
+	}
+	return all, gen7
+}
+
+func keysOf(accounts []ledger.Account) []ledger.AccountKey {
+	keys := []ledger.AccountKey{}
+	for i := range accounts {
+		keys = append(keys, accounts[i].Key)
+	}
+	return keys
+}
+
+// epochPages follows AccountsByEpoch page by page from f's cursor and
+// returns the pages' keys.
+func epochPages(t *testing.T, s store.Store, f store.EpochFilter) [][]ledger.AccountKey {
+	t.Helper()
+	var pages [][]ledger.AccountKey
+	for range 100 {
+		page, err := s.AccountsByEpoch(context.Background(), f)
+		if err != nil {
+			t.Fatalf("accounts by epoch %+v: %v", f, err)
+		}
+		if len(page) == 0 {
+			return pages
+		}
+		pages = append(pages, keysOf(page))
+		f.After = store.EpochCursorOf(&page[len(page)-1])
+	}
+	t.Fatalf("accounts by epoch: more than 100 pages")
+	return nil
+}
+
+func testAccountsByEpoch(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	all, gen7 := epochAccounts()
+	if got, err := s.AccountsByEpoch(ctx, store.EpochFilter{Generation: 7, Limit: 10}); err != nil || len(got) != 0 {
+		t.Errorf("empty store: %v, %v; want none", got, err)
+	}
+	// Uncommitted accounts are not listed.
+	inTx(t, s, func(ctx context.Context, tx store.Tx) {
+		if err := tx.Write(ctx, &store.Changes{Accounts: all}); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := s.AccountsByEpoch(ctx, store.EpochFilter{Generation: 7, Limit: 10}); err != nil || len(got) != 0 {
+			t.Errorf("uncommitted: %v, %v; want none", got, err)
+		}
+	})
+	commit(t, s, &store.Changes{Accounts: all})
+
+	// Whole rows, as AccountGet reads them, in (EpochStart, key) order.
+	got, err := s.AccountsByEpoch(ctx, store.EpochFilter{Generation: 7, Limit: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []ledger.Account
+	for _, k := range gen7 {
+		a, err := s.AccountGet(ctx, k)
+		if err != nil {
+			t.Fatalf("account %s: %v", k, err)
+		}
+		want = append(want, a)
+	}
+	same(t, "every account of generation 7", got, want)
+
+	for _, tc := range []struct {
+		name      string
+		gen       uint64
+		startedBy time.Time
+		want      []ledger.AccountKey
+	}{
+		{"no bound", 7, time.Time{}, gen7},
+		{"bound at a tie, inclusive", 7, at(0), gen7[:4]},
+		{"bound just before the tie", 7, at(-time.Nanosecond), gen7[:1]},
+		{"bound before every start", 7, at(-2 * time.Hour), nil},
+		{"bound after every start", 7, at(100 * time.Hour), gen7},
+		{"another generation", 8, at(time.Hour),
+			[]ledger.AccountKey{{Subject: "t-a", Route: "chat", Region: "eu", Generation: 8}}},
+		{"a generation without accounts", 9, time.Time{}, nil},
+	} {
+		for _, limit := range []int{1, 2, 3, 100} {
+			f := store.EpochFilter{Generation: tc.gen, StartedBy: tc.startedBy, Limit: limit}
+			var flat []ledger.AccountKey
+			for _, page := range epochPages(t, s, f) {
+				if len(page) > limit {
+					t.Errorf("%s: a page of %d for limit %d", tc.name, len(page), limit)
+				}
+				flat = append(flat, page...)
+			}
+			same(t, fmt.Sprintf("%s, pages of %d", tc.name, limit), flat, tc.want)
+		}
+	}
+
+	// A cursor between rows (as a row that changed since the last page
+	// leaves it) continues after its position.
+	mid := store.EpochCursor{EpochStart: at(0), Subject: "t-aa", Route: "chat", Region: "eu"}
+	if got, err := s.AccountsByEpoch(ctx, store.EpochFilter{Generation: 7, After: mid, Limit: 100}); err != nil {
+		t.Fatal(err)
+	} else {
+		same(t, "after a position between rows", keysOf(got), gen7[2:])
+	}
+
+	// An account whose epoch rolls moves in the order; one that leaves
+	// the bound is no longer listed.
+	rolled := all[1] // t-a, generation 7, started at 0
+	rolled.EpochStart = at(5 * time.Hour)
+	rolled.Version++
+	commit(t, s, &store.Changes{Accounts: []ledger.Account{rolled}})
+	wantAfter := append(slices.Clone(gen7[:1]), gen7[2:]...)
+	wantAfter = append(wantAfter, gen7[1])
+	if got, err := s.AccountsByEpoch(ctx, store.EpochFilter{Generation: 7, Limit: 100}); err != nil {
+		t.Fatal(err)
+	} else {
+		same(t, "after t-a's epoch rolled", keysOf(got), wantAfter)
+	}
+	if got, err := s.AccountsByEpoch(ctx, store.EpochFilter{Generation: 7, StartedBy: at(0), Limit: 100}); err != nil {
+		t.Fatal(err)
+	} else {
+		same(t, "due after t-a's epoch rolled", keysOf(got), []ledger.AccountKey{gen7[0], gen7[2], gen7[3]})
+	}
+
+	for _, f := range []store.EpochFilter{
+		{Generation: 7, Limit: 0},
+		{Generation: 7, Limit: -1},
+		{Generation: 1 << 63, Limit: 1},
+	} {
+		if _, err := s.AccountsByEpoch(ctx, f); err == nil {
+			t.Errorf("filter %+v: no error", f)
+		}
+	}
+}
+
+// testLeases checks the lease's contract as far as every driver shares
+// it: a store that a process owns (SQLite, in-memory) may grant every
+// holder; a store shared by processes (PostgreSQL) grants one holder at a
+// time, and store/postgres tests that further.
+func testLeases(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	a, err := s.LeaseAcquire(ctx, "workers", "replica-a", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !a.Held || a.Holder != "replica-a" || a.Name != "workers" || a.Fence <= 0 {
+		t.Fatalf("first acquire: %+v, want held by replica-a with a positive fence", a)
+	}
+	renewed, err := s.LeaseAcquire(ctx, "workers", "replica-a", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !renewed.Held || renewed.Fence != a.Fence {
+		t.Errorf("renewal: %+v, want held with the same fence %d", renewed, a.Fence)
+	}
+	other, err := s.LeaseAcquire(ctx, "other-lease", "replica-b", time.Minute)
+	if err != nil || !other.Held {
+		t.Errorf("another lease name: %+v, %v; want held", other, err)
+	}
+	b, err := s.LeaseAcquire(ctx, "workers", "replica-b", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !b.Held && (b.Holder != "replica-a" || b.Fence != a.Fence) {
+		t.Errorf("refused acquire: %+v, want it to name replica-a and fence %d", b, a.Fence)
+	}
+	if err := s.LeaseRelease(ctx, "workers", "replica-a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.LeaseRelease(ctx, "workers", "nobody"); err != nil {
+		t.Errorf("releasing a lease not held: %v", err)
+	}
+	b, err = s.LeaseAcquire(ctx, "workers", "replica-b", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !b.Held || b.Holder != "replica-b" {
+		t.Errorf("acquire after release: %+v, want held by replica-b", b)
+	}
+	if _, err := s.LeaseAcquire(ctx, "", "replica-b", time.Minute); err == nil || !strings.Contains(err.Error(), "name") {
+		t.Errorf("empty lease name: %v, want an error naming it", err)
+	}
+	if _, err := s.LeaseAcquire(ctx, "workers", "replica-b", 0); err == nil {
+		t.Errorf("zero ttl: no error")
+	}
+}
