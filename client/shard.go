@@ -28,7 +28,10 @@ import (
 //     The policy's emergency mode must be on.
 //  2. Reserve goes to the ledger. Only when the ledger is unreachable (every
 //     answer lost, RESERVATION_UNKNOWN, UNAVAILABLE) does it admit from the
-//     shard, under the same reservation id, within the shard's bound. A
+//     shard, under the same reservation id, within the shard's bound. The
+//     Client's circuit breaker (BreakerPolicy) remembers unreachability,
+//     so once it is open Reserve goes to the shard at once; a lost central
+//     Reserve found later is released centrally. A
 //     rejection, or any other answer of the ledger, is returned as is: a
 //     shard is never used to overrule the ledger, and no balance read from
 //     the ledger ever becomes local capacity.
@@ -209,6 +212,19 @@ func (e *Emergency) Reserve(ctx context.Context, req ReserveRequest) (*Emergency
 	local, lerr := e.store.Reserve(id, digest, req.Subject, req.Route, req.Region, req.Units)
 	if lerr != nil {
 		return nil, errors.Join(err, lerr)
+	}
+	var unknown *ReservationUnknownError
+	if errors.As(err, &unknown) && unknown.LookingUp {
+		// The lost Reserve may have landed centrally: the request runs
+		// from the shard, so the central hold, once found, is released
+		// rather than left to expire.
+		e.client.whenFound(id, func(res *ledgerv1.Reservation) {
+			if res.GetState() == ledgerv1.ReservationState_RESERVATION_STATE_RESERVED {
+				ctx, cancel := e.client.detached(context.Background())
+				defer cancel()
+				e.client.Release(ctx, id)
+			}
+		})
 	}
 	return &EmergencyReservation{ReservationID: id, RequestDigest: digest, Local: local, LedgerErr: err}, nil
 }

@@ -76,10 +76,17 @@ func TestReconcileResendsReceiptsAnOperatorDidNotResolve(t *testing.T) {
 		}
 		ids = append(ids, r.ReservationID)
 	}
-	proxy.SetFaults(faultproxy.Faults{})
+	heal(t, proxy, gw)
 	// The first submission's answer is lost; its retry is refused as
 	// already reconciled, which is this very submission's success (the
 	// central split is exactly the one these receipts produce).
+	// (The partitioned Reserves' background lookups finish first, so the
+	// dropped answer is the submission's.)
+	for deadline := time.Now().Add(30 * time.Second); len(gw.LostReserves()) > 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("lost reserves still looked up: %+v", gw.LostReserves())
+		}
+	}
 	proxy.DropNextResponses(1)
 	if res, err := em.Reconcile(ctx); err != nil || len(res) != 1 || !res[0].AlreadyReconciled || res[0].Shard.GetUnknownUnits()["tokens"] != 8000 {
 		t.Fatalf("first reconciliation: %+v %v", res, err)
