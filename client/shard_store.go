@@ -804,3 +804,15 @@ func (s *ShardStore) FinishReceipts(shardID string, ids []string) error {
 	st.submitting = nil
 	return nil
 }
+
+// shardOf returns the shard holding local reservation id (nil if none).
+func (s *ShardStore) shardOf(id string) *ledger.Shard {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st, ok := s.shards[s.byReservation[id]]
+	if !ok {
+		return nil
+	}
+	sh := st.local.Shard
+	return &sh
+}
