@@ -102,6 +102,8 @@ type config struct {
 	token        string
 	httpClient   *http.Client
 	retry        RetryPolicy
+	breaker      BreakerPolicy
+	lostHandler  func(LostReserve)
 }
 
 // Option configures New.
@@ -110,9 +112,10 @@ type Option func(*config)
 // WithProtocol selects the wire protocol (default ProtocolConnect).
 func WithProtocol(p Protocol) Option { return func(c *config) { c.protocol = p } }
 
-// WithTimeout bounds each single call attempt (default 5s). A Reserve that
+// WithTimeout bounds each single call attempt (default 5s). A call that
 // retries may take up to its attempts times this, bounded by the caller's
-// context.
+// context; the circuit breaker (WithBreaker) gives up on an unreachable
+// ledger sooner.
 func WithTimeout(d time.Duration) Option { return func(c *config) { c.timeout = d } }
 
 // WithDialTimeout bounds connection establishment (default 3s).
@@ -157,6 +160,8 @@ type Client struct {
 	retry     RetryPolicy
 	pendingMu sync.Mutex
 	pending   map[string]OperationReceipt
+	breaker   *breaker
+	lookups   *lookups
 }
 
 // New returns a Client for the ledger at addr ("host:port", "http://host:port"
@@ -169,6 +174,7 @@ func New(addr string, options ...Option) (*Client, error) {
 		dialTimeout:  DefaultDialTimeout,
 		maxIdleConns: DefaultMaxIdleConns,
 		retry:        DefaultRetryPolicy,
+		breaker:      DefaultBreakerPolicy,
 	}
 	for _, o := range options {
 		o(&cfg)
@@ -206,7 +212,7 @@ func New(addr string, options ...Option) (*Client, error) {
 	if cfg.token != "" {
 		opts = append(opts, connect.WithInterceptors(bearer(cfg.token)))
 	}
-	return &Client{
+	c := &Client{
 		rpc:      capledgerv1connect.NewLedgerServiceClient(hc, baseURL, opts...),
 		http:     hc,
 		ownsHTTP: owns,
@@ -215,7 +221,10 @@ func New(addr string, options ...Option) (*Client, error) {
 		timeout:  cfg.timeout,
 		retry:    cfg.retry,
 		pending:  make(map[string]OperationReceipt),
-	}, nil
+		lookups:  newLookups(cfg.lostHandler),
+	}
+	c.breaker = newBreaker(cfg.breaker, c.probeLedger)
+	return c, nil
 }
 
 func normalizeAddr(addr string, useTLS bool) (string, error) {
@@ -280,9 +289,13 @@ func bearer(token string) connect.UnaryInterceptorFunc {
 	}
 }
 
-// Close releases the idle connections of the SDK's own http.Client. The
-// Client must not be used afterwards. It returns nil.
+// Close stops the breaker's prober and the background lookups of lost
+// Reserves (waiting for them to return), and releases the idle connections
+// of the SDK's own http.Client. The Client must not be used afterwards. It
+// returns nil.
 func (c *Client) Close() error {
+	c.breaker.shutdown()
+	c.lookups.shutdown()
 	if c.ownsHTTP {
 		c.http.CloseIdleConnections()
 	}

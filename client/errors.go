@@ -149,6 +149,9 @@ type ReservationUnknownError struct {
 	Attempts int
 	// Err is the last transport error.
 	Err error
+	// LookingUp is set when the lookup of the id continues in the
+	// background (Client.LostReserves).
+	LookingUp bool
 }
 
 func (e *ReservationUnknownError) Error() string {

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"strings"
 )
 
 // Estimator estimates the units of an incoming request before it runs.
@@ -49,6 +50,10 @@ type UsageInfo struct {
 	Reported Units
 	// Estimate is what was reserved.
 	Estimate Units
+	// Stream scanned the body of a text/event-stream answer as it was
+	// written (nil for other answers): UsageFromStream reads its last
+	// usage event.
+	Stream *SSEUsageScanner
 }
 
 // UsageReader returns the actual units of a finished request; a unit of the
@@ -85,8 +90,11 @@ type usageSlotKey struct{}
 type usageSlot struct{ units Units }
 
 // ReportUsage records the actual units of the request whose context is
-// ctx, for the middleware to settle (later calls replace earlier ones). It
-// returns false when ctx is not a request running under Middleware.
+// ctx (the handler's r.Context() under Middleware), for the middleware to
+// settle (later calls replace earlier ones). It may be called at any time
+// until the handler returns, also after the response was written or while
+// it streams. It returns false when ctx is not a request running under
+// Middleware.
 func ReportUsage(ctx context.Context, actual Units) bool {
 	slot, ok := ctx.Value(usageSlotKey{}).(*usageSlot)
 	if !ok {
@@ -116,6 +124,12 @@ type MiddlewareConfig struct {
 	// Queue, if set, holds reserved requests and dispatches them to the
 	// handler fairly among tenants, at most its Concurrency at once.
 	Queue *FairQueue
+	// Emergency, if set, runs the middleware in partition mode: requests
+	// are reserved through Emergency.Reserve, so that while the ledger is
+	// unreachable (its Client's breaker open) they are admitted from the
+	// gateway's shards instead of answering 503, and started and settled
+	// wherever they were admitted. It must wrap the same Client.
+	Emergency *Emergency
 	// Logger receives settlement problems (default slog.Default()).
 	Logger *slog.Logger
 }
@@ -146,7 +160,23 @@ type RejectionBody struct {
 // Other answers: 401 when Subject fails, 413 for a body over MaxBodyBytes,
 // 400 when the estimator fails, 403 when no policy covers the subject,
 // 503 with Retry-After: 1 when the ledger cannot be reached or its answer
-// stayed unknown (the request does not run: the middleware fails closed).
+// stayed unknown (the request does not run: the middleware fails closed;
+// once the Client's breaker is open that answer is immediate). With
+// cfg.Emergency set, an unreachable ledger instead admits from the
+// gateway's shard (partition mode), and 503 means no shard admits either.
+//
+// The handler runs with the reservation in its request's context:
+// ReceiptFrom(r.Context()) returns its OperationReceipt (reservation id,
+// operation id, subject, estimate), and the response carries the id in
+// ReservationHeader. Usage, by cfg.Usage: ReportUsage(r.Context(), units)
+// at any time before the handler returns, including after the headers
+// and body were written (a streamed answer reports at its end); response
+// headers (UsageFromHeaders); or a text/event-stream answer's final usage
+// event (UsageFromStream, OpenAI style). To abort a response (cut the
+// connection so the client sees no complete answer), the handler panics
+// with http.ErrAbortHandler: after ReportUsage the request is settled with
+// the reported usage, without it it is USAGE_UNKNOWN (never refunded);
+// the panic then reaches net/http, which aborts the connection silently.
 // It returns an error for a config without Route, Subject or Estimator.
 func (c *Client) Middleware(cfg MiddlewareConfig) (func(http.Handler) http.Handler, error) {
 	if cfg.Route == "" || cfg.Subject == nil || cfg.Estimator == nil {
@@ -200,16 +230,27 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if m.cfg.Queue != nil {
 		g = m.cfg.Queue.acquire
 	}
-	ran := false
+	ran, aborted := false, false
 	rec := &recorder{ResponseWriter: w}
-	work := func(ctx context.Context) (Units, error) {
+	work := func(ctx context.Context) (actual Units, err error) {
 		ran = true
 		slot := &usageSlot{}
 		if receipt, ok := ReceiptFrom(ctx); ok {
 			w.Header().Set(ReservationHeader, receipt.ReservationID)
 		}
+		defer func() {
+			// panic(http.ErrAbortHandler) is how a handler aborts its
+			// response. With usage reported first it is settled; without,
+			// the panic goes on and the work is USAGE_UNKNOWN.
+			if p := recover(); p != nil {
+				if p != http.ErrAbortHandler || slot.units == nil {
+					panic(p)
+				}
+				aborted, actual, err = true, slot.units, nil
+			}
+		}()
 		m.next.ServeHTTP(rec, r.WithContext(context.WithValue(ctx, usageSlotKey{}, slot)))
-		info := &UsageInfo{Request: r, Status: rec.status, Header: rec.Header(), Reported: slot.units, Estimate: estimate}
+		info := &UsageInfo{Request: r, Status: rec.status, Header: rec.Header(), Reported: slot.units, Estimate: estimate, Stream: rec.stream}
 		if m.cfg.Usage == nil {
 			if info.Reported != nil {
 				return statedForEvery(info.Reported, estimate), nil
@@ -226,7 +267,14 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		return actual, uerr
 	}
-	_, err = m.c.run(r.Context(), req, work, g)
+	if m.cfg.Emergency != nil {
+		_, err = m.cfg.Emergency.run(r.Context(), req, work, g)
+	} else {
+		_, err = m.c.run(r.Context(), req, work, g)
+	}
+	if aborted {
+		defer panic(http.ErrAbortHandler) // after the bookkeeping below
+	}
 	if err == nil {
 		return
 	}
@@ -290,25 +338,34 @@ func writeJSONError(w http.ResponseWriter, status int, msg string, err error) {
 type recorder struct {
 	http.ResponseWriter
 	status int
+	// stream scans a text/event-stream body for its usage event.
+	stream *SSEUsageScanner
 }
 
 func (r *recorder) WriteHeader(code int) {
 	if r.status == 0 {
 		r.status = code
+		if strings.HasPrefix(r.Header().Get("Content-Type"), "text/event-stream") {
+			r.stream = NewSSEUsageScanner()
+		}
 	}
 	r.ResponseWriter.WriteHeader(code)
 }
 
 func (r *recorder) Write(b []byte) (int, error) {
 	if r.status == 0 {
-		r.status = http.StatusOK
+		r.WriteHeader(http.StatusOK)
 	}
-	return r.ResponseWriter.Write(b)
+	n, err := r.ResponseWriter.Write(b)
+	if r.stream != nil {
+		r.stream.Write(b[:n])
+	}
+	return n, err
 }
 
 func (r *recorder) Flush() {
 	if r.status == 0 {
-		r.status = http.StatusOK
+		r.WriteHeader(http.StatusOK)
 	}
 	http.NewResponseController(r.ResponseWriter).Flush()
 }

@@ -108,10 +108,12 @@ func prepare(req *ReserveRequest) (id, digest string, err error) {
 //   - an argument error for a request that cannot be digested.
 //
 // A lost answer (timeout, cut connection, UNAVAILABLE) is retried with the
-// same id and digest. When the retries are used up or ctx ends, the SDK
-// looks the id up (RESERVATION_UNKNOWN resolution) before giving up; the
-// lookup runs even if ctx has ended, bounded by twice the call timeout,
-// because a reservation that exists must be reported to whoever holds it.
+// same id and digest. When the retries are used up, the SDK looks the id
+// up (RESERVATION_UNKNOWN resolution) within what is left of ctx. When
+// that cannot answer (ctx ended, the breaker opened), Reserve returns
+// *ReservationUnknownError at once and the lookup continues in the
+// background once the ledger is reachable (LostReserves,
+// WithLostReserveHandler): no Reserve runs past its caller's deadline.
 func (c *Client) Reserve(ctx context.Context, req ReserveRequest) (*ReserveResult, error) {
 	id, digest, err := prepare(&req)
 	if err != nil {
@@ -151,19 +153,27 @@ func reserveResult(id, digest string, attempts int, m *ledgerv1.ReserveResponse)
 // resolveLostReserve is the RESERVATION_UNKNOWN path: the Reserve answers
 // were lost, so look the original id up.
 func (c *Client) resolveLostReserve(ctx context.Context, id, digest string, attempts int, lostErr error) (*ReserveResult, error) {
-	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*c.timeout)
-	defer cancel()
-	res, err := c.ResolveReservation(lctx, id, digest)
-	if err == nil {
-		return &ReserveResult{
-			ReservationID: id, RequestDigest: digest, Attempts: attempts, Resolved: true,
-			Reservation: res, Replayed: true, Generation: res.GetPolicyGeneration(),
-		}, nil
+	if ctx.Err() == nil && c.breaker.allow() == nil {
+		lctx, cancel := context.WithTimeout(ctx, 2*c.timeout)
+		res, err := c.ResolveReservation(lctx, id, digest)
+		cancel()
+		if err == nil {
+			return &ReserveResult{
+				ReservationID: id, RequestDigest: digest, Attempts: attempts, Resolved: true,
+				Reservation: res, Replayed: true, Generation: res.GetPolicyGeneration(),
+			}, nil
+		}
+		if errors.Is(err, ErrDigestMismatch) {
+			return nil, err
+		}
+		if errors.Is(err, ErrNotFound) {
+			// The ledger answered: the id is not admitted (a Reserve
+			// still in flight may land later; repeat it with the id).
+			return nil, &ReservationUnknownError{ReservationID: id, RequestDigest: digest, Attempts: attempts, Err: lostErr}
+		}
 	}
-	if errors.Is(err, ErrDigestMismatch) {
-		return nil, err
-	}
-	return nil, &ReservationUnknownError{ReservationID: id, RequestDigest: digest, Attempts: attempts, Err: lostErr}
+	c.lookUpLater(id, digest)
+	return nil, &ReservationUnknownError{ReservationID: id, RequestDigest: digest, Attempts: attempts, Err: lostErr, LookingUp: true}
 }
 
 // ResolveReservation looks up a reservation whose Reserve answer was lost.
@@ -435,6 +445,7 @@ func (c *Client) GetAccount(ctx context.Context, subject, route, region string) 
 // Audit checks the whole ledger (role admin) and returns its discrepancies:
 // empty when the ledger is sound.
 func (c *Client) Audit(ctx context.Context) ([]*ledgerv1.Discrepancy, error) {
+	ctx = context.WithValue(ctx, slowCallKey{}, true) // may take long: no breaker watchdog
 	m, err := call(ctx, c, "audit", "", func(actx context.Context) (*connect.Response[ledgerv1.AuditResponse], error) {
 		return c.rpc.Audit(actx, connect.NewRequest(&ledgerv1.AuditRequest{}))
 	})

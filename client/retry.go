@@ -71,12 +71,19 @@ func (p RetryPolicy) Backoff(retry int, intn func(n int64) int64) time.Duration 
 // last result, the number of attempts made, and whether an answer was lost:
 // some attempt failed after its request may have reached the ledger, so
 // the call may or may not have been applied. Attempts that could not even
-// connect (dial errors) lose nothing.
+// connect (dial errors) lose nothing, nor do attempts the circuit breaker
+// refused (it returns its UNAVAILABLE ErrLedgerUnreachable error then).
 func do[T any](ctx context.Context, c *Client, f func(context.Context) (T, error)) (result T, attempts int, lost bool, err error) {
 	p := c.retry
 	for attempt := 0; ; attempt++ {
+		if berr := c.breaker.allow(); berr != nil {
+			// The ledger is known unreachable: this attempt is not sent.
+			return result, attempts, lost, berr
+		}
 		actx, cancel := context.WithTimeout(ctx, c.timeout)
+		end := c.breaker.attempt(ctx, c.timeout, cancel)
 		result, err = f(actx)
+		end(ctx, err)
 		cancel()
 		attempts = attempt + 1
 		if err == nil {
@@ -91,6 +98,9 @@ func do[T any](ctx context.Context, c *Client, f func(context.Context) (T, error
 			// caller's ctx ended mid-call (callers then enter the unknown
 			// state rather than assume nothing happened).
 			return result, attempts, lost && isTransportFault(err), err
+		}
+		if c.breaker.allow() != nil {
+			continue // opened meanwhile: no point waiting
 		}
 		wait := p.Backoff(attempt, nil) // full jitter from math/rand
 		if hint := serverRetryHint(err); hint > wait {

@@ -96,6 +96,12 @@ func (c *Client) run(ctx context.Context, req ReserveRequest, work Work, g gate)
 	if err != nil {
 		return nil, err
 	}
+	return c.runReserved(ctx, rr, work, g)
+}
+
+// runReserved is Run after a successful Reserve (Emergency.Run enters here
+// for requests the ledger admitted).
+func (c *Client) runReserved(ctx context.Context, rr *ReserveResult, work Work, g gate) (*RunResult, error) {
 	if rr.ShadowRejected {
 		_, werr := work(ctx)
 		return &RunResult{Shadow: true, ShadowRejection: rr.ShadowRejection}, werr

@@ -5,6 +5,8 @@ import (
 	"crypto/ed25519"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"connectrpc.com/connect"
@@ -26,7 +28,10 @@ import (
 //     The policy's emergency mode must be on.
 //  2. Reserve goes to the ledger. Only when the ledger is unreachable (every
 //     answer lost, RESERVATION_UNKNOWN, UNAVAILABLE) does it admit from the
-//     shard, under the same reservation id, within the shard's bound. A
+//     shard, under the same reservation id, within the shard's bound. The
+//     Client's circuit breaker (BreakerPolicy) remembers unreachability,
+//     so once it is open Reserve goes to the shard at once; a lost central
+//     Reserve found later is released centrally. A
 //     rejection, or any other answer of the ledger, is returned as is: a
 //     shard is never used to overrule the ledger, and no balance read from
 //     the ledger ever becomes local capacity.
@@ -208,6 +213,19 @@ func (e *Emergency) Reserve(ctx context.Context, req ReserveRequest) (*Emergency
 	if lerr != nil {
 		return nil, errors.Join(err, lerr)
 	}
+	var unknown *ReservationUnknownError
+	if errors.As(err, &unknown) && unknown.LookingUp {
+		// The lost Reserve may have landed centrally: the request runs
+		// from the shard, so the central hold, once found, is released
+		// rather than left to expire.
+		e.client.whenFound(id, func(res *ledgerv1.Reservation) {
+			if res.GetState() == ledgerv1.ReservationState_RESERVATION_STATE_RESERVED {
+				ctx, cancel := e.client.detached(context.Background())
+				defer cancel()
+				e.client.Release(ctx, id)
+			}
+		})
+	}
 	return &EmergencyReservation{ReservationID: id, RequestDigest: digest, Local: local, LedgerErr: err}, nil
 }
 
@@ -259,78 +277,332 @@ type ShardReconciliation struct {
 	ShardID string
 	// Shard is the ledger's record after the submission.
 	Shard *ledgerv1.Shard
-	// Reminted and Debt are what this submission reminted into the active
-	// generation and charged there as debt; AlreadyReconciled is set when
-	// an earlier attempt had been accepted (its answer lost), in which case
-	// they are empty.
+	// Reminted and Debt are what this call's accepted submissions reminted
+	// into the active generation and charged there as debt;
+	// AlreadyReconciled is set when an earlier attempt had been accepted
+	// (its answer lost), in which case they are empty.
 	Reminted          Units
 	Debt              Units
 	AlreadyReconciled bool
-	// Receipts is how many receipts were reported.
+	// Receipts is how many receipts the ledger took from this call.
 	Receipts int
+	// ResolvedElsewhere lists receipts the ledger had already resolved
+	// from another submission (an operator's `capledger shard reconcile
+	// --receipts`): this gateway's values for them were not applied, and
+	// the *ShardReceiptsError returned with this result names them.
+	ResolvedElsewhere []string
 }
+
+// RefusedReceipt is one receipt the ledger did not take, and why.
+type RefusedReceipt struct {
+	ReservationID string
+	State         ledger.State
+	Reason        string
+}
+
+// ShardReceiptsError names the receipts of one shard whose values the
+// ledger did not take: receipts resolved centrally by another submission,
+// receipts it refused (e.g. SHARD_RECEIPT_CONTRADICTS), or a first
+// submission refused because the ledger holds a different reconciliation
+// of the shard. Err is the ledger's refusal when there was one.
+type ShardReceiptsError struct {
+	ShardID  string
+	Receipts []RefusedReceipt
+	Err      error
+}
+
+func (e *ShardReceiptsError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "reconcile shard %s: %d receipts not taken by the ledger:", e.ShardID, len(e.Receipts))
+	for i, r := range e.Receipts {
+		if i == 10 {
+			fmt.Fprintf(&b, " ... and %d more", len(e.Receipts)-i)
+			break
+		}
+		fmt.Fprintf(&b, " %s (%s: %s);", r.ReservationID, r.State, r.Reason)
+	}
+	if e.Err != nil {
+		fmt.Fprintf(&b, " ledger: %v", e.Err)
+	}
+	return b.String()
+}
+
+func (e *ShardReceiptsError) Unwrap() error { return e.Err }
 
 // Reconcile reports every shard of the store that has something to report:
 // each is sealed first (it admits nothing more), then its receipts go to
 // the ledger once. Call it when the ledger is reachable again, then
 // Provision fresh shards.
 //
-// Returns the outcome per reported shard, and the first error (the shards
-// after it are not attempted; calling Reconcile again resumes, sending
-// exactly the receipts that were logged for the shard in flight).
+// Returns the outcome per reported shard, and the errors of the shards
+// that failed, joined (every shard is attempted; calling Reconcile again
+// resumes, sending exactly the receipts that were logged for a shard in
+// flight). A *ShardReceiptsError among them names receipts the ledger did
+// not take.
 func (e *Emergency) Reconcile(ctx context.Context) ([]ShardReconciliation, error) {
 	var out []ShardReconciliation
+	var errs []error
 	for _, status := range e.store.Shards() {
 		r, ok, err := e.ReconcileShard(ctx, status.Shard.ID)
 		if err != nil {
-			return out, err
+			errs = append(errs, err)
 		}
 		if ok {
 			out = append(out, r)
 		}
+		if ctx.Err() != nil {
+			break
+		}
 	}
-	return out, nil
+	return out, errors.Join(errs...)
 }
 
+// maxReconcileRounds bounds the resubmissions of one ReconcileShard: a
+// round only repeats when another submission resolved receipts meanwhile.
+const maxReconcileRounds = 4
+
 // ReconcileShard reports one shard (sealing it first). ok is false when it
-// had nothing to report. Errors: a *LedgerError (reason SHARD_FOREIGN,
-// SHARD_NOT_FOUND, INVALID_COMMAND) when the ledger refused, *LostError
-// when every answer was lost, or a store error.
+// had nothing to report.
+//
+// A SHARD_ALREADY_RECONCILED refusal is taken as the success of an earlier
+// attempt only for the submission that was really in flight (logged before
+// this call, or an attempt of this call whose answer was lost), and only
+// when the ledger's record of the shard agrees with it. Otherwise the SDK
+// reads the shard's central state (GetShard with the receipt ids), records
+// the receipts the ledger no longer waits for, resends those still pending
+// there, and returns a *ShardReceiptsError naming every receipt whose
+// values the ledger did not take. No receipt is dropped silently.
+//
+// Errors: *ShardReceiptsError (with ok true when something was reported);
+// a *LedgerError (reason SHARD_FOREIGN, SHARD_NOT_FOUND, INVALID_COMMAND)
+// when the ledger refused; *LostError when every answer was lost; or a
+// store error.
 func (e *Emergency) ReconcileShard(ctx context.Context, shardID string) (ShardReconciliation, bool, error) {
-	sub, ok, err := e.store.BeginSubmission(shardID)
-	if err != nil || !ok {
-		return ShardReconciliation{}, false, err
+	out := ShardReconciliation{ShardID: shardID}
+	var refused []RefusedReceipt
+	reported := false
+	for round := 0; ; round++ {
+		sub, ok, err := e.store.BeginSubmission(shardID)
+		if err != nil {
+			return out, reported, err
+		}
+		if !ok {
+			break
+		}
+		if round == maxReconcileRounds {
+			return out, reported, fmt.Errorf("reconcile shard %s: receipts still refused after %d rounds", shardID, round)
+		}
+		m, maybeApplied, err := e.submit(ctx, sub)
+		if err == nil {
+			out.Shard = m.GetShard()
+			out.Reminted = addUnits(out.Reminted, m.GetRemintedUnits())
+			out.Debt = addUnits(out.Debt, m.GetDebtUnits())
+			out.Receipts += len(sub.Receipts)
+			if err := e.store.FinishSubmission(shardID); err != nil {
+				return out, reported, err
+			}
+			reported = true
+			continue // a settle may have made more receipts due meanwhile
+		}
+		var le *LedgerError
+		if !errors.As(err, &le) || le.Reason != reasonShardAlreadyReconciled {
+			if le != nil && le.Code == connect.CodeFailedPrecondition && le.Reason != reasonShardForeign {
+				// A refusal of these receipts (SHARD_RECEIPT_CONTRADICTS):
+				// they stay in flight, to be resolved by an operator.
+				refused = append(refused, refuseAll(sub.Receipts, le.Reason)...)
+				return out, reported, &ShardReceiptsError{ShardID: shardID, Receipts: refused, Err: err}
+			}
+			return out, reported, fmt.Errorf("reconcile shard %s: %w", shardID, err)
+		}
+		inFlight := sub.Resumed || maybeApplied
+		central, standings, gerr := e.centralShard(ctx, shardID, sub.Receipts)
+		if gerr != nil {
+			return out, reported, fmt.Errorf("reconcile shard %s: refused as already reconciled (%v), then reading its central state: %w", shardID, err, gerr)
+		}
+		out.Shard = central
+		if sub.First {
+			if inFlight && firstMatches(sub, central, standings) {
+				out.AlreadyReconciled = true
+				out.Receipts += len(sub.Receipts)
+				if err := e.store.FinishSubmission(shardID); err != nil {
+					return out, reported, err
+				}
+				reported = true
+				continue
+			}
+			// Someone else reconciled this shard first (an operator with
+			// an admin token): the ledger took none of these receipts.
+			refused = append(refused, refuseAll(sub.Receipts, "the ledger holds another first reconciliation of this shard")...)
+			return out, reported, &ShardReceiptsError{ShardID: shardID, Receipts: refused, Err: err}
+		}
+		var elsewhere []string
+		for i, r := range sub.Receipts {
+			if standings[i] != ledgerv1.ShardReceiptStanding_STANDING_PENDING {
+				elsewhere = append(elsewhere, r.ReservationID)
+			}
+		}
+		if len(elsewhere) == len(sub.Receipts) && inFlight {
+			// Every receipt is resolved and an earlier attempt of exactly
+			// this submission may have done it: its success.
+			out.AlreadyReconciled = true
+			out.Receipts += len(sub.Receipts)
+			if err := e.store.FinishSubmission(shardID); err != nil {
+				return out, reported, err
+			}
+			reported = true
+			continue
+		}
+		if len(elsewhere) == 0 {
+			// All still pending there, yet refused: nothing to learn.
+			return out, reported, fmt.Errorf("reconcile shard %s: %w", shardID, err)
+		}
+		for _, r := range sub.Receipts {
+			if slices.Contains(elsewhere, r.ReservationID) {
+				refused = append(refused, RefusedReceipt{ReservationID: r.ReservationID, State: r.State,
+					Reason: "already resolved centrally by another submission; this gateway's receipt was not applied"})
+			}
+		}
+		out.ResolvedElsewhere = append(out.ResolvedElsewhere, elsewhere...)
+		// Record them, then resend the rest (the next round).
+		if err := e.store.FinishReceipts(shardID, elsewhere); err != nil {
+			return out, reported, err
+		}
+		reported = true
 	}
-	msg := &ledgerv1.ReconcileShardRequest{ShardId: shardID, GatewayId: e.store.GatewayID()}
+	if len(refused) > 0 {
+		return out, reported, &ShardReceiptsError{ShardID: shardID, Receipts: refused}
+	}
+	return out, reported, nil
+}
+
+// submit sends one submission with retries. maybeApplied is set when an
+// attempt's answer was lost after it may have reached the ledger.
+func (e *Emergency) submit(ctx context.Context, sub ShardSubmission) (*ledgerv1.ReconcileShardResponse, bool, error) {
+	msg := &ledgerv1.ReconcileShardRequest{ShardId: sub.ShardID, GatewayId: e.store.GatewayID()}
 	for _, r := range sub.Receipts {
 		msg.Receipts = append(msg.Receipts, &ledgerv1.ShardReceipt{
 			ReservationId: r.ReservationID, State: stateProto(r.State),
 			ReservedUnits: fromAmounts(sub.Units, r.Reserved), ActualUnits: fromAmounts(sub.Units, r.Actual),
 		})
 	}
-	out := ShardReconciliation{ShardID: shardID, Receipts: len(sub.Receipts)}
-	m, err := call(ctx, e.client, "reconcile shard", shardID, func(actx context.Context) (*connect.Response[ledgerv1.ReconcileShardResponse], error) {
-		return e.rpc.ReconcileShard(actx, connect.NewRequest(msg))
+	maybeApplied := false
+	resp, attempts, lost, err := do(ctx, e.client, func(actx context.Context) (*connect.Response[ledgerv1.ReconcileShardResponse], error) {
+		r, err := e.rpc.ReconcileShard(actx, connect.NewRequest(msg))
+		if err != nil && isTransportFault(err) && !isDialError(err) {
+			maybeApplied = true
+		}
+		return r, err
 	})
-	var le *LedgerError
-	switch {
-	case err == nil:
-		out.Shard, out.Reminted, out.Debt = m.GetShard(), m.GetRemintedUnits(), m.GetDebtUnits()
-	case errors.As(err, &le) && le.Reason == reasonShardAlreadyReconciled:
-		// Only this gateway may reconcile the shard and it sends exactly
-		// the logged receipts, so this is an earlier attempt's success.
-		out.AlreadyReconciled = true
-	default:
-		return out, false, fmt.Errorf("reconcile shard %s: %w", shardID, err)
+	if err == nil {
+		return resp.Msg, maybeApplied, nil
 	}
-	if err := e.store.FinishSubmission(shardID); err != nil {
-		return out, false, err
+	if lost {
+		return nil, true, &LostError{Op: "reconcile shard", ReservationID: sub.ShardID, Attempts: attempts, Err: err}
 	}
-	return out, true, nil
+	return nil, maybeApplied, classify("reconcile shard", sub.ShardID, err)
+}
+
+// centralShard reads the ledger's record of a shard and the standing of
+// each receipt there, in the receipts' order.
+func (e *Emergency) centralShard(ctx context.Context, shardID string, receipts []ledger.ShardReceipt) (*ledgerv1.Shard, []ledgerv1.ShardReceiptStanding_Standing, error) {
+	req := &ledgerv1.GetShardRequest{ShardId: shardID}
+	for _, r := range receipts {
+		req.ReceiptIds = append(req.ReceiptIds, r.ReservationID)
+	}
+	m, err := call(ctx, e.client, "get shard", shardID, func(actx context.Context) (*connect.Response[ledgerv1.GetShardResponse], error) {
+		return e.rpc.GetShard(actx, connect.NewRequest(req))
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(m.GetReceipts()) != len(receipts) {
+		return nil, nil, fmt.Errorf("get shard %s: %d receipt standings for %d ids (a ledger older than this SDK?)", shardID, len(m.GetReceipts()), len(receipts))
+	}
+	out := make([]ledgerv1.ShardReceiptStanding_Standing, len(receipts))
+	for i, st := range m.GetReceipts() {
+		if st.GetReservationId() != receipts[i].ReservationID {
+			return nil, nil, fmt.Errorf("get shard %s: standing %d is for %q, not %q", shardID, i, st.GetReservationId(), receipts[i].ReservationID)
+		}
+		out[i] = st.GetStanding()
+	}
+	return m.GetShard(), out, nil
+}
+
+// firstMatches reports whether the ledger's reconciliation of a shard is
+// the one a first submission of these receipts produces: every receipt it
+// reports unknown is (or was) pending there, none it reports terminal is,
+// and, while none was resolved since, the split is exactly theirs.
+func firstMatches(sub ShardSubmission, central *ledgerv1.Shard, standings []ledgerv1.ShardReceiptStanding_Standing) bool {
+	if !central.GetReconciled() {
+		return false
+	}
+	var used, unknown ledger.Amounts
+	resolvedSince := false
+	for i := range sub.Receipts {
+		r := &sub.Receipts[i]
+		isUnknown := r.State == ledger.StateStarted || r.State == ledger.StateUsageUnknown
+		switch standings[i] {
+		case ledgerv1.ShardReceiptStanding_STANDING_PENDING:
+			if !isUnknown {
+				return false
+			}
+		case ledgerv1.ShardReceiptStanding_STANDING_RESOLVED:
+			if !isUnknown {
+				return false
+			}
+			resolvedSince = true
+		default:
+			if isUnknown {
+				return false
+			}
+		}
+		for d := range used {
+			if isUnknown {
+				unknown[d] += r.Reserved[d]
+			} else if r.State == ledger.StateSettled || r.State == ledger.StateSettledWithDebt {
+				used[d] += r.Actual[d]
+			}
+		}
+	}
+	if resolvedSince {
+		return true
+	}
+	alloc, err := toAmounts(sub.Units, central.GetAllocatedUnits())
+	if err != nil {
+		return false
+	}
+	var spent ledger.Amounts
+	for d := range spent {
+		spent[d] = min(used[d], alloc[d]-unknown[d])
+	}
+	gotSpent, err1 := toAmounts(sub.Units, central.GetSpentUnits())
+	gotUnknown, err2 := toAmounts(sub.Units, central.GetUnknownUnits())
+	return err1 == nil && err2 == nil && gotSpent == spent && gotUnknown == unknown
+}
+
+func refuseAll(receipts []ledger.ShardReceipt, reason string) []RefusedReceipt {
+	out := make([]RefusedReceipt, len(receipts))
+	for i, r := range receipts {
+		out[i] = RefusedReceipt{ReservationID: r.ReservationID, State: r.State, Reason: reason}
+	}
+	return out
+}
+
+func addUnits(sum, more Units) Units {
+	if sum == nil {
+		sum = Units{}
+	}
+	for k, v := range more {
+		sum[k] += v
+	}
+	return sum
 }
 
 // reasonShardAlreadyReconciled is the server's ErrorDetail reason.
-const reasonShardAlreadyReconciled = "SHARD_ALREADY_RECONCILED"
+const (
+	reasonShardAlreadyReconciled = "SHARD_ALREADY_RECONCILED"
+	reasonShardForeign           = "SHARD_FOREIGN"
+)
 
 func stateProto(s ledger.State) ledgerv1.ReservationState {
 	switch s {

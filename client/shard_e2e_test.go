@@ -74,6 +74,18 @@ func startLedgerProcess(t *testing.T, dir string) string {
 	}
 }
 
+// heal lifts the proxy's faults and waits until c's circuit breaker has
+// probed the ledger reachable again (calls fail fast until then).
+func heal(t *testing.T, proxy *faultproxy.Proxy, c *Client) {
+	t.Helper()
+	proxy.SetFaults(faultproxy.Faults{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := c.WaitReachable(ctx); err != nil {
+		t.Fatalf("the breaker did not close after the faults were lifted: %v (%+v)", err, c.Breaker())
+	}
+}
+
 // availableTokens reads the subject's tokens available in its current
 // account, through a direct (unproxied) connection.
 func availableTokens(t *testing.T, c *Client) int64 {
@@ -200,7 +212,7 @@ func TestEmergencyShardEndToEnd(t *testing.T) {
 	}
 
 	// The connection returns; r2 is still running (its usage unknown).
-	proxy.SetFaults(faultproxy.Faults{})
+	heal(t, proxy, gw)
 	results, err := em.Reconcile(ctx)
 	if err != nil || len(results) != 1 {
 		t.Fatalf("reconcile: %+v %v", results, err)
@@ -218,7 +230,7 @@ func TestEmergencyShardEndToEnd(t *testing.T) {
 	if _, err := reserve(1); !errors.Is(err, ledger.ErrShardSealed) {
 		t.Fatalf("reserve from a reconciled shard: %v", err)
 	}
-	proxy.SetFaults(faultproxy.Faults{})
+	heal(t, proxy, gw)
 
 	// r2 finishes: 350 used. Its late receipt remints the other 150, once.
 	if err := em.Settle(ctx, r2.ReservationID, "op-2", Units{"tokens": 350}); err != nil {
@@ -330,7 +342,7 @@ func TestEmergencyShardEndToEnd(t *testing.T) {
 	if _, err := reserve(1); !errors.Is(err, ledger.ErrShardExpired) {
 		t.Fatalf("reserve from an expired shard: %v", err)
 	}
-	proxy.SetFaults(faultproxy.Faults{})
+	heal(t, proxy, gw)
 
 	// Everything the gateway holds goes back; the ledger audits clean:
 	// every account's conservation, retiredForEmergency against the shards,

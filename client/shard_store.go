@@ -80,6 +80,11 @@ var (
 	// verify (a torn last record is dropped silently: it was never
 	// acknowledged).
 	ErrShardStoreCorrupt = errors.New("shard store log corrupt")
+	// ErrShardStoreIdentity: the directory belongs to another gateway
+	// identity (ShardStoreOptions.GatewayID differs from the one its log
+	// was written under). Nothing is damaged: open it with its own gateway
+	// id, or give this gateway a directory of its own.
+	ErrShardStoreIdentity = errors.New("shard store belongs to another gateway (identity mismatch, not corruption)")
 )
 
 const shardLogName = "shards.log"
@@ -115,7 +120,8 @@ type ShardStoreOptions struct {
 // OpenShardStore opens (creating if needed) the store in dir, replays its
 // log and starts a new boot epoch. It returns an error wrapping
 // ErrShardStoreLocked when another process has the directory open,
-// ErrShardStoreCorrupt for a damaged log, or an I/O error.
+// ErrShardStoreIdentity when the directory was written under another
+// gateway id, ErrShardStoreCorrupt for a damaged log, or an I/O error.
 func OpenShardStore(dir string, opts ShardStoreOptions) (*ShardStore, error) {
 	if opts.GatewayID == "" {
 		return nil, errors.New("open shard store: a gateway id is required")
@@ -191,6 +197,9 @@ func (s *ShardStore) replay() error {
 		}
 		if err := s.apply(&rec); err != nil {
 			f.Close()
+			if errors.Is(err, ErrShardStoreIdentity) {
+				return fmt.Errorf("open shard store %s: %w", s.dir, err)
+			}
 			return fmt.Errorf("open shard store: %w at offset %d: %v", ErrShardStoreCorrupt, offset, err)
 		}
 		offset += n
@@ -269,7 +278,7 @@ func (s *ShardStore) apply(rec *shardRecord) error {
 	switch rec.Op {
 	case "boot":
 		if rec.Gateway != s.gatewayID {
-			return fmt.Errorf("the log belongs to gateway %q, not %q", rec.Gateway, s.gatewayID)
+			return fmt.Errorf("%w: the log belongs to gateway %q, not %q", ErrShardStoreIdentity, rec.Gateway, s.gatewayID)
 		}
 		s.boot = rec.Boot
 		s.inherit(at)
@@ -699,6 +708,13 @@ type ShardSubmission struct {
 	ShardID  string
 	Units    []string
 	Receipts []ledger.ShardReceipt
+	// First is set while the ledger has accepted no submission of the
+	// shard from this store: these receipts are its first report.
+	First bool
+	// Resumed is set when the submission was logged before this
+	// BeginSubmission (an earlier attempt, maybe by an earlier process,
+	// may have been applied with its answer lost).
+	Resumed bool
 }
 
 // BeginSubmission seals the shard and returns the receipts to report now,
@@ -713,6 +729,7 @@ func (s *ShardStore) BeginSubmission(shardID string) (sub ShardSubmission, ok bo
 		return sub, false, err
 	}
 	st := s.shards[shardID]
+	resumed := st.submitting != nil
 	if st.submitting == nil {
 		receipts, due := st.local.Submission()
 		if !due {
@@ -726,7 +743,9 @@ func (s *ShardStore) BeginSubmission(shardID string) (sub ShardSubmission, ok bo
 		}
 		st.submitting = receipts
 	}
-	return ShardSubmission{ShardID: shardID, Units: slices.Clone(st.units), Receipts: slices.Clone(st.submitting)}, true, nil
+	done, _ := st.local.Reconciled()
+	return ShardSubmission{ShardID: shardID, Units: slices.Clone(st.units), Receipts: slices.Clone(st.submitting),
+		First: !done, Resumed: resumed}, true, nil
 }
 
 // FinishSubmission records that the ledger accepted the submission in
@@ -748,4 +767,52 @@ func (s *ShardStore) FinishSubmission(shardID string) error {
 	st.local.Submitted(st.submitting)
 	st.submitting = nil
 	return nil
+}
+
+// FinishReceipts records that the ledger waits for none of the receipts
+// ids of the submission in flight any more (another submission, such as
+// an operator's `capledger shard reconcile --receipts`, resolved them), and
+// ends that submission: the next BeginSubmission sends the receipts still
+// pending. Only after the first submission was accepted; ids not in the
+// submission in flight are ignored.
+func (s *ShardStore) FinishReceipts(shardID string, ids []string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.broken != nil {
+		return fmt.Errorf("resolved elsewhere %s: %w: %v", shardID, ErrShardStoreBroken, s.broken)
+	}
+	st, ok := s.shards[shardID]
+	if !ok || st.submitting == nil {
+		return fmt.Errorf("resolved elsewhere %s: no submission in flight", shardID)
+	}
+	if done, _ := st.local.Reconciled(); !done {
+		return fmt.Errorf("resolved elsewhere %s: the first submission was not accepted yet", shardID)
+	}
+	var finished []ledger.ShardReceipt
+	for _, r := range st.submitting {
+		if slices.Contains(ids, r.ReservationID) {
+			finished = append(finished, r)
+		}
+	}
+	if finished == nil {
+		finished = []ledger.ShardReceipt{}
+	}
+	if err := s.append(&shardRecord{Op: "submitted", At: s.clock().UnixNano(), Shard: shardID, Receipts: finished}); err != nil {
+		return fmt.Errorf("resolved elsewhere %s: %w", shardID, err)
+	}
+	st.local.Submitted(finished)
+	st.submitting = nil
+	return nil
+}
+
+// shardOf returns the shard holding local reservation id (nil if none).
+func (s *ShardStore) shardOf(id string) *ledger.Shard {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st, ok := s.shards[s.byReservation[id]]
+	if !ok {
+		return nil
+	}
+	sh := st.local.Shard
+	return &sh
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -278,7 +279,9 @@ func TestShardStoreLogDamage(t *testing.T) {
 		t.Fatalf("second open: %v", err)
 	}
 	st.Close()
-	if _, err := OpenShardStore(dir, ShardStoreOptions{GatewayID: "gw-b", Clock: clock.Now}); !errors.Is(err, ErrShardStoreCorrupt) {
+	// Opening it as another gateway is an identity mismatch, not damage.
+	if _, err := OpenShardStore(dir, ShardStoreOptions{GatewayID: "gw-b", Clock: clock.Now}); !errors.Is(err, ErrShardStoreIdentity) ||
+		errors.Is(err, ErrShardStoreCorrupt) || !strings.Contains(err.Error(), `"gw-a"`) {
 		t.Fatalf("open as another gateway: %v", err)
 	}
 

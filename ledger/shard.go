@@ -95,7 +95,53 @@ var (
 	// ErrShardIDReused: issuance under a shard id that names a different
 	// shard (another gateway, boot epoch, subject or allocation).
 	ErrShardIDReused = errors.New("shard id reused for a different shard")
+	// ErrShardReceiptContradicts: a later receipt says RELEASED or EXPIRED
+	// for a reservation an earlier submission reported STARTED or
+	// USAGE_UNKNOWN. Started work cannot be released: only a settled
+	// receipt (with its actual usage) resolves unknown shard work.
+	ErrShardReceiptContradicts = errors.New("shard receipt contradicts an earlier report")
 )
+
+// ShardReceiptStanding is where one receipt of a reconciled shard stands
+// centrally (see ShardReceiptStandingOf).
+type ShardReceiptStanding int
+
+const (
+	// ShardReceiptNotPending: no unknown usage is held for the id (it was
+	// reported terminal in the first accepted submission, or never).
+	ShardReceiptNotPending ShardReceiptStanding = iota
+	// ShardReceiptPending: reported unknown, waiting for a settled receipt.
+	ShardReceiptPending
+	// ShardReceiptResolved: reported unknown, resolved by a later
+	// submission.
+	ShardReceiptResolved
+)
+
+func (s ShardReceiptStanding) String() string {
+	switch s {
+	case ShardReceiptPending:
+		return "pending"
+	case ShardReceiptResolved:
+		return "resolved"
+	}
+	return "not pending"
+}
+
+// MetaShardReceipt is the Meta name whose value ShardReceiptStandingOf
+// reads: a receipt's standing in its shard's reconciliation.
+func MetaShardReceipt(shardID, receiptID string) string { return metaShardPending(shardID, receiptID) }
+
+// ShardReceiptStandingOf returns the standing a MetaShardReceipt counter
+// value records.
+func ShardReceiptStandingOf(v int64) ShardReceiptStanding {
+	switch v {
+	case pendingUnknown:
+		return ShardReceiptPending
+	case pendingResolved:
+		return ShardReceiptResolved
+	}
+	return ShardReceiptNotPending
+}
 
 // Meta counter names of emergency shards. Every per-shard name is only
 // read and written by commands that hold the shard's row, so replicas
@@ -271,8 +317,9 @@ func IssueShard(b Book, cmd *Command, now time.Time) Result {
 // for the move), which freezes admission until refills repay it.
 //
 // After that, a submission may only carry receipts for ids the first one
-// left unknown, each in a terminal state: each moves its units from Unknown
-// to Spent and Reminted, once. Capacity never moves back into Unknown.
+// left unknown, each SETTLED or SETTLED_WITH_DEBT: each moves its units
+// from Unknown to Spent and Reminted, once. Capacity never moves back into
+// Unknown, and work reported started is never released.
 //
 // Returns:
 //   - success with the shard after the submission and the remint Move
@@ -290,6 +337,9 @@ func IssueShard(b Book, cmd *Command, now time.Time) Result {
 //     the receipts report more than MaxLifetimeUnits used in a dimension,
 //     or the remint and the charge could take the destination's
 //     RetiredForMove above it (see remintTarget);
+//   - ErrShardReceiptContradicts when a later submission says RELEASED or
+//     EXPIRED for a receipt the first one reported STARTED or
+//     USAGE_UNKNOWN (refused and counted; nothing changed);
 //   - ErrInvalidCommand for malformed receipts: an empty or repeated id,
 //     negative amounts, a RESERVED receipt, holds of unknown work larger
 //     than the allocation, a later submission mixing terminal receipts with
@@ -389,13 +439,21 @@ func ReconcileShard(b Book, args *ShardArgs, now time.Time) Result {
 					Shard: cloneShard(s), Generation: s.Account.Generation}
 			}
 		}
+		// Every receipt here was reported STARTED or USAGE_UNKNOWN: the
+		// work ran, so "nothing was used" contradicts that report, as
+		// releasing started central work is refused. Only a settle
+		// resolves it; the whole submission is refused and counted.
+		for i := range args.Receipts {
+			if r := &args.Receipts[i]; r.State != StateSettled && r.State != StateSettledWithDebt {
+				refuseShard(b, s.ID)
+				return Result{Err: fmt.Errorf("%w: shard %s: receipt %s says %s, but an earlier submission reported the work started with its usage unknown: only a SETTLED receipt with the actual usage resolves it",
+					ErrShardReceiptContradicts, s.ID, r.ReservationID, r.State), Shard: cloneShard(s), Generation: s.Account.Generation}
+			}
+		}
 		for i := range args.Receipts {
 			r := &args.Receipts[i]
 			for d := range holds[i] {
-				hold, used := holds[i][d], Units(0)
-				if r.State == StateSettled || r.State == StateSettledWithDebt {
-					used = r.Actual[d]
-				}
+				hold, used := holds[i][d], r.Actual[d] // settled: checked above
 				covered := min(used, hold)
 				next.Unknown[d] -= hold
 				next.Spent[d] += covered

@@ -539,3 +539,60 @@ func TestShardReconcileWithUnreadableRowsDoesNotPanic(t *testing.T) {
 		t.Fatalf("reconcile over unreadable rows: %+v", res)
 	}
 }
+
+// Issue 23, item 3: a late receipt may not release (or expire) work an
+// earlier submission reported started with its usage unknown, which would
+// remint capacity that may have been used. Only a settled receipt resolves
+// it, and the refusal changes nothing.
+func TestShardLateReceiptMayNotReleaseStartedWork(t *testing.T) {
+	for _, state := range []ledger.State{ledger.StateReleased, ledger.StateExpired} {
+		t.Run(state.String(), func(t *testing.T) {
+			c := newChecked(t)
+			g := c.publish(emergencyPolicy())
+			s := c.must(c.apply(issueCmd("sh-1", "gw-a", 1, 1000))).Shard
+			l := ledger.NewShardLocal(s)
+			l.Reserve("started", "d1", ledger.Amounts{400}, c.now)
+			l.Start("started", "op-1", c.now)
+			l.Reserve("unknown", "d2", ledger.Amounts{2}, c.now)
+			l.Start("unknown", "op-2", c.now)
+			l.MarkUsageUnknown("unknown", c.now)
+			l.Seal(c.now)
+			first, _ := l.Submission()
+			res := c.must(c.apply(reconcileCmd("sh-1", "gw-a", first)))
+			if res.Shard.Unknown[0] != 402 {
+				t.Fatalf("first split: %+v", res.Shard)
+			}
+			available := c.account(g).Balances[0].Available
+			refused := c.m.Meta(ledger.MetaShardRefusedFor("sh-1"))
+
+			for _, id := range []string{"started", "unknown"} {
+				late := []ledger.ShardReceipt{{ReservationID: id, State: state, Reserved: ledger.Amounts{400}}}
+				res := c.apply(reconcileCmd("sh-1", "gw-a", late))
+				if !errors.Is(res.Err, ledger.ErrShardReceiptContradicts) {
+					t.Fatalf("%s receipt for %s work: %v", state, id, res.Err)
+				}
+				if res.Move != nil || res.Shard.Unknown[0] != 402 {
+					t.Fatalf("a refused receipt moved capacity: %+v %+v", res.Move, res.Shard)
+				}
+			}
+			if got := c.account(g).Balances[0].Available; got != available {
+				t.Fatalf("available %d after refused receipts, was %d", got, available)
+			}
+			if got := c.m.Meta(ledger.MetaShardRefusedFor("sh-1")); got != refused+2 {
+				t.Fatalf("refusals counted %d, want %d", got, refused+2)
+			}
+			// A settle still resolves both, with their usage.
+			settled := []ledger.ShardReceipt{
+				{ReservationID: "started", State: ledger.StateSettled, Reserved: ledger.Amounts{400}, Actual: ledger.Amounts{350}},
+				{ReservationID: "unknown", State: ledger.StateSettled, Reserved: ledger.Amounts{2}, Actual: ledger.Amounts{2}},
+			}
+			res = c.must(c.apply(reconcileCmd("sh-1", "gw-a", settled)))
+			if res.Shard.Unknown[0] != 0 || res.Shard.Spent[0] != 352 || res.Move == nil || res.Move.Units[0] != 50 {
+				t.Fatalf("settled late receipts: %+v %+v", res.Shard, res.Move)
+			}
+			if got := ledger.ShardReceiptStandingOf(c.m.Meta(ledger.MetaShardReceipt("sh-1", "started"))); got != ledger.ShardReceiptResolved {
+				t.Fatalf("standing of a resolved receipt: %v", got)
+			}
+		})
+	}
+}

@@ -33,14 +33,30 @@ const DefaultMaxShardTTL = 24 * time.Hour
 // maxShardReceipts bounds one reconciliation submission.
 const maxShardReceipts = 100_000
 
+// maxShardStandings bounds the receipt ids of one GetShard.
+const maxShardStandings = 10_000
+
+func standingProto(s ledger.ShardReceiptStanding) v1.ShardReceiptStanding_Standing {
+	switch s {
+	case ledger.ShardReceiptPending:
+		return v1.ShardReceiptStanding_STANDING_PENDING
+	case ledger.ShardReceiptResolved:
+		return v1.ShardReceiptStanding_STANDING_RESOLVED
+	}
+	return v1.ShardReceiptStanding_STANDING_NOT_PENDING
+}
+
 // Reasons of the shard service's ErrorDetail.
 const (
 	ReasonShardNotFound          = "SHARD_NOT_FOUND"
 	ReasonShardAlreadyReconciled = "SHARD_ALREADY_RECONCILED"
 	ReasonShardForeign           = "SHARD_FOREIGN"
-	ReasonShardIDReused          = "SHARD_ID_REUSED"
-	ReasonEmergencyDisabled      = "EMERGENCY_DISABLED"
-	ReasonShardsDisabled         = "SHARDS_DISABLED"
+	// ReasonShardReceiptContradicts: a later receipt releases or expires
+	// work an earlier submission reported started (ledger.ErrShardReceiptContradicts).
+	ReasonShardReceiptContradicts = "SHARD_RECEIPT_CONTRADICTS"
+	ReasonShardIDReused           = "SHARD_ID_REUSED"
+	ReasonEmergencyDisabled       = "EMERGENCY_DISABLED"
+	ReasonShardsDisabled          = "SHARDS_DISABLED"
 )
 
 // shardErrors maps the shard outcomes the common table does not know.
@@ -52,6 +68,7 @@ var shardErrors = []struct {
 	{ledger.ErrShardNotFound, connect.CodeNotFound, ReasonShardNotFound},
 	{ledger.ErrShardAlreadyReconciled, connect.CodeFailedPrecondition, ReasonShardAlreadyReconciled},
 	{ledger.ErrShardForeign, connect.CodeFailedPrecondition, ReasonShardForeign},
+	{ledger.ErrShardReceiptContradicts, connect.CodeFailedPrecondition, ReasonShardReceiptContradicts},
 	{ledger.ErrShardIDReused, connect.CodeAlreadyExists, ReasonShardIDReused},
 	{ledger.ErrEmergencyDisabled, connect.CodeFailedPrecondition, ReasonEmergencyDisabled},
 }
@@ -229,7 +246,20 @@ func (svc *shardService) GetShard(ctx context.Context, req *connect.Request[v1.G
 	if err != nil {
 		return nil, readError("get shard: render", ReasonPolicyNotFound, err)
 	}
-	return connect.NewResponse(&v1.GetShardResponse{Shard: pb}), nil
+	resp := &v1.GetShardResponse{Shard: pb}
+	if ids := req.Msg.GetReceiptIds(); len(ids) > 0 {
+		if len(ids) > maxShardStandings {
+			return nil, invalidArgument(ReasonInvalidCommand, "%d receipt ids; at most %d per call", len(ids), maxShardStandings)
+		}
+		for _, id := range ids {
+			v, err := svc.reads.Meta(ctx, ledger.MetaShardReceipt(sh.ID, id))
+			if err != nil {
+				return nil, readError("get shard "+sh.ID+": receipt "+id, ReasonShardNotFound, err)
+			}
+			resp.Receipts = append(resp.Receipts, &v1.ShardReceiptStanding{ReservationId: id, Standing: standingProto(ledger.ShardReceiptStandingOf(v))})
+		}
+	}
+	return connect.NewResponse(resp), nil
 }
 
 // ListShards implements ShardService.ListShards.

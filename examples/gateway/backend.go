@@ -17,6 +17,9 @@ type ChatRequest struct {
 	Model     string    `json:"model"`
 	Messages  []Message `json:"messages"`
 	MaxTokens int64     `json:"max_tokens"`
+	// Stream asks for server-sent events, OpenAI style: content chunks,
+	// then a final event with the usage object, then "data: [DONE]".
+	Stream bool `json:"stream"`
 }
 
 // Message is one chat message.
@@ -99,11 +102,15 @@ func (b *fakeLLM) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		b.mu.Unlock()
 	}()
 
+	usage := Usage{PromptTokens: promptTokens(req.Messages), CompletionTokens: completion}
+	usage.TotalTokens = usage.PromptTokens + usage.CompletionTokens
+	if req.Stream {
+		b.stream(w, r, req.Model, usage)
+		return
+	}
 	if err := sleep(r.Context(), time.Duration(completion)*b.perToken); err != nil {
 		return // the client hung up; a real GPU might keep going, this one stops
 	}
-	usage := Usage{PromptTokens: promptTokens(req.Messages), CompletionTokens: completion}
-	usage.TotalTokens = usage.PromptTokens + usage.CompletionTokens
 	b.mu.Lock()
 	b.servedTokens += usage.TotalTokens
 	b.mu.Unlock()
@@ -125,4 +132,30 @@ func sleep(ctx context.Context, d time.Duration) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// stream sends the answer as server-sent events in four chunks over the
+// generation time, then the usage (counted as served once it is sent), then
+// [DONE]. A client that hangs up mid-stream gets no usage event.
+func (b *fakeLLM) stream(w http.ResponseWriter, r *http.Request, model string, usage Usage) {
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.WriteHeader(http.StatusOK)
+	flush := http.NewResponseController(w).Flush
+	const chunks = 4
+	for i := range chunks {
+		if err := sleep(r.Context(), time.Duration(usage.CompletionTokens)*b.perToken/chunks); err != nil {
+			return // the client hung up: the model stops, no usage is sent
+		}
+		chunk, _ := json.Marshal(map[string]any{"model": model, "choices": []any{map[string]any{"delta": map[string]string{
+			"content": fmt.Sprintf("(part %d of a very plausible answer)", i+1)}}}})
+		fmt.Fprintf(w, "data: %s\n\n", chunk)
+		flush()
+	}
+	final, _ := json.Marshal(map[string]any{"model": model, "choices": []any{}, "usage": usage})
+	fmt.Fprintf(w, "data: %s\n\ndata: [DONE]\n\n", final)
+	flush()
+	b.mu.Lock()
+	b.servedTokens += usage.TotalTokens
+	b.mu.Unlock()
 }

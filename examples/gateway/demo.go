@@ -26,6 +26,7 @@ type demoTenant struct {
 	mu            sync.Mutex
 	ok, rejected  int
 	failed        int
+	sent          int
 	retryAfterSum time.Duration
 	tokensUsed    int64 // as the backend reported them in the answers
 	spentBefore   int64
@@ -92,10 +93,15 @@ func runDemo(ctx context.Context, gatewayURL string, c *client.Client, d time.Du
 // send makes one chat request and records its outcome; after a 429 it
 // waits out the Retry-After (bounded by the demo's end).
 func (t *demoTenant) send(ctx context.Context, hc *http.Client, gatewayURL string, deadline time.Time) {
+	t.mu.Lock()
+	t.sent++
+	stream := t.sent%2 == 0 // every other request streams
+	t.mu.Unlock()
 	body, _ := json.Marshal(ChatRequest{
 		Model:     "fake-1",
 		Messages:  []Message{{Role: "user", Content: strings.Repeat("please summarise the quarterly capacity report ", 5)}},
 		MaxTokens: 200,
+		Stream:    stream,
 	})
 	req, _ := http.NewRequestWithContext(ctx, "POST", gatewayURL+"/v1/chat/completions", bytes.NewReader(body))
 	req.Header.Set("Authorization", "Bearer "+t.key)
@@ -108,8 +114,20 @@ func (t *demoTenant) send(ctx context.Context, hc *http.Client, gatewayURL strin
 		return
 	}
 	defer resp.Body.Close()
-	switch resp.StatusCode {
-	case http.StatusOK:
+	switch {
+	case resp.StatusCode == http.StatusOK && stream:
+		usage := client.NewSSEUsageScanner()
+		_, err := io.Copy(usage, resp.Body)
+		used, ok := usage.Usage()
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		if err != nil || !ok || !usage.Done() {
+			t.failed++
+			return
+		}
+		t.ok++
+		t.tokensUsed += used.TotalTokens
+	case resp.StatusCode == http.StatusOK:
 		var answer ChatResponse
 		if err := json.NewDecoder(resp.Body).Decode(&answer); err != nil {
 			t.mu.Lock()
@@ -121,7 +139,7 @@ func (t *demoTenant) send(ctx context.Context, hc *http.Client, gatewayURL strin
 		t.ok++
 		t.tokensUsed += answer.Usage.TotalTokens
 		t.mu.Unlock()
-	case http.StatusTooManyRequests:
+	case resp.StatusCode == http.StatusTooManyRequests:
 		io.Copy(io.Discard, resp.Body)
 		wait := time.Second
 		if secs, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil {

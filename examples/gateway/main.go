@@ -98,12 +98,19 @@ func usageFromBackend(u *client.UsageInfo) (client.Units, error) {
 	if u.Reported != nil {
 		return u.Reported, nil
 	}
+	if u.Stream != nil {
+		// A streamed answer ("stream": true) reports its usage in its
+		// final event; a stream cut before it leaves the usage unknown.
+		return streamUsage(u)
+	}
 	total, err := strconv.ParseInt(u.Header.Get(UsageHeader), 10, 64)
 	if err != nil {
 		return nil, fmt.Errorf("backend answered %d without %s: %w", u.Status, UsageHeader, client.ErrUsageUnknown)
 	}
 	return client.Units{"tokens": total, "requests": 1}, nil
 }
+
+var streamUsage = client.UsageFromStream(map[string]string{"tokens": "total_tokens"}, client.Units{"requests": 1})
 
 // newGateway returns the gateway's handler: the middleware in front of a
 // reverse proxy to the backend, with a fair queue of `slots` places.

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	ledgerv1 "github.com/capledger/capledger/api/capledger/v1"
 	"github.com/capledger/capledger/client"
 	"github.com/capledger/capledger/engine"
 	"github.com/capledger/capledger/server"
@@ -77,6 +78,29 @@ func TestDemoThroughARealLedger(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusUnauthorized {
 		t.Fatalf("no api key: %d", resp.StatusCode)
+	}
+
+	// A streamed answer is settled from its final usage event.
+	req, _ := http.NewRequest("POST", gatewayURL+"/v1/chat/completions",
+		strings.NewReader(`{"messages":[{"role":"user","content":"stream it"}],"max_tokens":40,"stream":true}`))
+	req.Header.Set("Authorization", "Bearer key-acme")
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	scanner := client.NewSSEUsageScanner()
+	io.Copy(scanner, resp.Body)
+	resp.Body.Close()
+	used, ok := scanner.Usage()
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "text/event-stream" || !ok || !scanner.Done() {
+		t.Fatalf("streamed answer: %d %s, usage %v, done %v", resp.StatusCode, resp.Header.Get("Content-Type"), ok, scanner.Done())
+	}
+	streamed, err := c.GetReservation(ctx, resp.Header.Get(client.ReservationHeader))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if streamed.GetState() != ledgerv1.ReservationState_RESERVATION_STATE_SETTLED || streamed.GetActualUnits()["tokens"] != used.TotalTokens {
+		t.Fatalf("streamed request %s settled %v, the stream reported %d tokens", streamed.GetState(), streamed.GetActualUnits(), used.TotalTokens)
 	}
 
 	rep, err := runDemo(ctx, gatewayURL, c, 1500*time.Millisecond)

@@ -44,6 +44,63 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type ShardReceiptStanding_Standing int32
+
+const (
+	ShardReceiptStanding_STANDING_UNSPECIFIED ShardReceiptStanding_Standing = 0
+	// The ledger holds no unknown usage for this id: it was reported
+	// terminal in the first accepted submission, or never reported.
+	ShardReceiptStanding_STANDING_NOT_PENDING ShardReceiptStanding_Standing = 1
+	// Reported STARTED or USAGE_UNKNOWN and not resolved yet: the ledger
+	// waits for a settled receipt for it.
+	ShardReceiptStanding_STANDING_PENDING ShardReceiptStanding_Standing = 2
+	// Reported unknown and resolved since by a later submission.
+	ShardReceiptStanding_STANDING_RESOLVED ShardReceiptStanding_Standing = 3
+)
+
+// Enum value maps for ShardReceiptStanding_Standing.
+var (
+	ShardReceiptStanding_Standing_name = map[int32]string{
+		0: "STANDING_UNSPECIFIED",
+		1: "STANDING_NOT_PENDING",
+		2: "STANDING_PENDING",
+		3: "STANDING_RESOLVED",
+	}
+	ShardReceiptStanding_Standing_value = map[string]int32{
+		"STANDING_UNSPECIFIED": 0,
+		"STANDING_NOT_PENDING": 1,
+		"STANDING_PENDING":     2,
+		"STANDING_RESOLVED":    3,
+	}
+)
+
+func (x ShardReceiptStanding_Standing) Enum() *ShardReceiptStanding_Standing {
+	p := new(ShardReceiptStanding_Standing)
+	*p = x
+	return p
+}
+
+func (x ShardReceiptStanding_Standing) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ShardReceiptStanding_Standing) Descriptor() protoreflect.EnumDescriptor {
+	return file_capledger_v1_shard_proto_enumTypes[0].Descriptor()
+}
+
+func (ShardReceiptStanding_Standing) Type() protoreflect.EnumType {
+	return &file_capledger_v1_shard_proto_enumTypes[0]
+}
+
+func (x ShardReceiptStanding_Standing) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ShardReceiptStanding_Standing.Descriptor instead.
+func (ShardReceiptStanding_Standing) EnumDescriptor() ([]byte, []int) {
+	return file_capledger_v1_shard_proto_rawDescGZIP(), []int{5, 0}
+}
+
 // Shard is emergencyShard.v1 and the ledger's reconciliation record of it.
 type Shard struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -433,8 +490,13 @@ func (x *IssueShardResponse) GetReplayed() bool {
 }
 
 type GetShardRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ShardId       string                 `protobuf:"bytes,1,opt,name=shard_id,json=shardId,proto3" json:"shard_id,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	ShardId string                 `protobuf:"bytes,1,opt,name=shard_id,json=shardId,proto3" json:"shard_id,omitempty"`
+	// Optional: reservation ids of the shard's receipts whose central
+	// standing to report in GetShardResponse.receipts (at most 10000). A
+	// gateway whose submission was refused as SHARD_ALREADY_RECONCILED reads
+	// which of its receipts the ledger still waits for, and resends those.
+	ReceiptIds    []string `protobuf:"bytes,2,rep,name=receipt_ids,json=receiptIds,proto3" json:"receipt_ids,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -476,9 +538,18 @@ func (x *GetShardRequest) GetShardId() string {
 	return ""
 }
 
+func (x *GetShardRequest) GetReceiptIds() []string {
+	if x != nil {
+		return x.ReceiptIds
+	}
+	return nil
+}
+
 type GetShardResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Shard         *Shard                 `protobuf:"bytes,1,opt,name=shard,proto3" json:"shard,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Shard *Shard                 `protobuf:"bytes,1,opt,name=shard,proto3" json:"shard,omitempty"`
+	// One entry per GetShardRequest.receipt_ids, in request order.
+	Receipts      []*ShardReceiptStanding `protobuf:"bytes,2,rep,name=receipts,proto3" json:"receipts,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -520,6 +591,66 @@ func (x *GetShardResponse) GetShard() *Shard {
 	return nil
 }
 
+func (x *GetShardResponse) GetReceipts() []*ShardReceiptStanding {
+	if x != nil {
+		return x.Receipts
+	}
+	return nil
+}
+
+// ShardReceiptStanding is where one receipt of a shard stands centrally.
+type ShardReceiptStanding struct {
+	state         protoimpl.MessageState        `protogen:"open.v1"`
+	ReservationId string                        `protobuf:"bytes,1,opt,name=reservation_id,json=reservationId,proto3" json:"reservation_id,omitempty"`
+	Standing      ShardReceiptStanding_Standing `protobuf:"varint,2,opt,name=standing,proto3,enum=capledger.v1.ShardReceiptStanding_Standing" json:"standing,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShardReceiptStanding) Reset() {
+	*x = ShardReceiptStanding{}
+	mi := &file_capledger_v1_shard_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShardReceiptStanding) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShardReceiptStanding) ProtoMessage() {}
+
+func (x *ShardReceiptStanding) ProtoReflect() protoreflect.Message {
+	mi := &file_capledger_v1_shard_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShardReceiptStanding.ProtoReflect.Descriptor instead.
+func (*ShardReceiptStanding) Descriptor() ([]byte, []int) {
+	return file_capledger_v1_shard_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *ShardReceiptStanding) GetReservationId() string {
+	if x != nil {
+		return x.ReservationId
+	}
+	return ""
+}
+
+func (x *ShardReceiptStanding) GetStanding() ShardReceiptStanding_Standing {
+	if x != nil {
+		return x.Standing
+	}
+	return ShardReceiptStanding_STANDING_UNSPECIFIED
+}
+
 type ListShardsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Optional filters; empty matches everything.
@@ -535,7 +666,7 @@ type ListShardsRequest struct {
 
 func (x *ListShardsRequest) Reset() {
 	*x = ListShardsRequest{}
-	mi := &file_capledger_v1_shard_proto_msgTypes[5]
+	mi := &file_capledger_v1_shard_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -547,7 +678,7 @@ func (x *ListShardsRequest) String() string {
 func (*ListShardsRequest) ProtoMessage() {}
 
 func (x *ListShardsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_shard_proto_msgTypes[5]
+	mi := &file_capledger_v1_shard_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -560,7 +691,7 @@ func (x *ListShardsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListShardsRequest.ProtoReflect.Descriptor instead.
 func (*ListShardsRequest) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_shard_proto_rawDescGZIP(), []int{5}
+	return file_capledger_v1_shard_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ListShardsRequest) GetSubject() string {
@@ -607,7 +738,7 @@ type ListShardsResponse struct {
 
 func (x *ListShardsResponse) Reset() {
 	*x = ListShardsResponse{}
-	mi := &file_capledger_v1_shard_proto_msgTypes[6]
+	mi := &file_capledger_v1_shard_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -619,7 +750,7 @@ func (x *ListShardsResponse) String() string {
 func (*ListShardsResponse) ProtoMessage() {}
 
 func (x *ListShardsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_shard_proto_msgTypes[6]
+	mi := &file_capledger_v1_shard_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -632,7 +763,7 @@ func (x *ListShardsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListShardsResponse.ProtoReflect.Descriptor instead.
 func (*ListShardsResponse) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_shard_proto_rawDescGZIP(), []int{6}
+	return file_capledger_v1_shard_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ListShardsResponse) GetShards() []*Shard {
@@ -659,7 +790,7 @@ type ShardReceipt struct {
 
 func (x *ShardReceipt) Reset() {
 	*x = ShardReceipt{}
-	mi := &file_capledger_v1_shard_proto_msgTypes[7]
+	mi := &file_capledger_v1_shard_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -671,7 +802,7 @@ func (x *ShardReceipt) String() string {
 func (*ShardReceipt) ProtoMessage() {}
 
 func (x *ShardReceipt) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_shard_proto_msgTypes[7]
+	mi := &file_capledger_v1_shard_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -684,7 +815,7 @@ func (x *ShardReceipt) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardReceipt.ProtoReflect.Descriptor instead.
 func (*ShardReceipt) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_shard_proto_rawDescGZIP(), []int{7}
+	return file_capledger_v1_shard_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ShardReceipt) GetReservationId() string {
@@ -731,7 +862,7 @@ type ReconcileShardRequest struct {
 
 func (x *ReconcileShardRequest) Reset() {
 	*x = ReconcileShardRequest{}
-	mi := &file_capledger_v1_shard_proto_msgTypes[8]
+	mi := &file_capledger_v1_shard_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -743,7 +874,7 @@ func (x *ReconcileShardRequest) String() string {
 func (*ReconcileShardRequest) ProtoMessage() {}
 
 func (x *ReconcileShardRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_shard_proto_msgTypes[8]
+	mi := &file_capledger_v1_shard_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -756,7 +887,7 @@ func (x *ReconcileShardRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconcileShardRequest.ProtoReflect.Descriptor instead.
 func (*ReconcileShardRequest) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_shard_proto_rawDescGZIP(), []int{8}
+	return file_capledger_v1_shard_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ReconcileShardRequest) GetShardId() string {
@@ -798,7 +929,7 @@ type ReconcileShardResponse struct {
 
 func (x *ReconcileShardResponse) Reset() {
 	*x = ReconcileShardResponse{}
-	mi := &file_capledger_v1_shard_proto_msgTypes[9]
+	mi := &file_capledger_v1_shard_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -810,7 +941,7 @@ func (x *ReconcileShardResponse) String() string {
 func (*ReconcileShardResponse) ProtoMessage() {}
 
 func (x *ReconcileShardResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_shard_proto_msgTypes[9]
+	mi := &file_capledger_v1_shard_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -823,7 +954,7 @@ func (x *ReconcileShardResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconcileShardResponse.ProtoReflect.Descriptor instead.
 func (*ReconcileShardResponse) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_shard_proto_rawDescGZIP(), []int{9}
+	return file_capledger_v1_shard_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ReconcileShardResponse) GetShard() *Shard {
@@ -874,7 +1005,7 @@ type ShardKey struct {
 
 func (x *ShardKey) Reset() {
 	*x = ShardKey{}
-	mi := &file_capledger_v1_shard_proto_msgTypes[10]
+	mi := &file_capledger_v1_shard_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -886,7 +1017,7 @@ func (x *ShardKey) String() string {
 func (*ShardKey) ProtoMessage() {}
 
 func (x *ShardKey) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_shard_proto_msgTypes[10]
+	mi := &file_capledger_v1_shard_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -899,7 +1030,7 @@ func (x *ShardKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardKey.ProtoReflect.Descriptor instead.
 func (*ShardKey) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_shard_proto_rawDescGZIP(), []int{10}
+	return file_capledger_v1_shard_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ShardKey) GetKeyId() string {
@@ -931,7 +1062,7 @@ type ListShardKeysRequest struct {
 
 func (x *ListShardKeysRequest) Reset() {
 	*x = ListShardKeysRequest{}
-	mi := &file_capledger_v1_shard_proto_msgTypes[11]
+	mi := &file_capledger_v1_shard_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -943,7 +1074,7 @@ func (x *ListShardKeysRequest) String() string {
 func (*ListShardKeysRequest) ProtoMessage() {}
 
 func (x *ListShardKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_shard_proto_msgTypes[11]
+	mi := &file_capledger_v1_shard_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -956,7 +1087,7 @@ func (x *ListShardKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListShardKeysRequest.ProtoReflect.Descriptor instead.
 func (*ListShardKeysRequest) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_shard_proto_rawDescGZIP(), []int{11}
+	return file_capledger_v1_shard_proto_rawDescGZIP(), []int{12}
 }
 
 type ListShardKeysResponse struct {
@@ -968,7 +1099,7 @@ type ListShardKeysResponse struct {
 
 func (x *ListShardKeysResponse) Reset() {
 	*x = ListShardKeysResponse{}
-	mi := &file_capledger_v1_shard_proto_msgTypes[12]
+	mi := &file_capledger_v1_shard_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -980,7 +1111,7 @@ func (x *ListShardKeysResponse) String() string {
 func (*ListShardKeysResponse) ProtoMessage() {}
 
 func (x *ListShardKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_shard_proto_msgTypes[12]
+	mi := &file_capledger_v1_shard_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -993,7 +1124,7 @@ func (x *ListShardKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListShardKeysResponse.ProtoReflect.Descriptor instead.
 func (*ListShardKeysResponse) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_shard_proto_rawDescGZIP(), []int{12}
+	return file_capledger_v1_shard_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListShardKeysResponse) GetKeys() []*ShardKey {
@@ -1067,11 +1198,22 @@ const file_capledger_v1_shard_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"[\n" +
 	"\x12IssueShardResponse\x12)\n" +
 	"\x05shard\x18\x01 \x01(\v2\x13.capledger.v1.ShardR\x05shard\x12\x1a\n" +
-	"\breplayed\x18\x02 \x01(\bR\breplayed\",\n" +
+	"\breplayed\x18\x02 \x01(\bR\breplayed\"M\n" +
 	"\x0fGetShardRequest\x12\x19\n" +
-	"\bshard_id\x18\x01 \x01(\tR\ashardId\"=\n" +
+	"\bshard_id\x18\x01 \x01(\tR\ashardId\x12\x1f\n" +
+	"\vreceipt_ids\x18\x02 \x03(\tR\n" +
+	"receiptIds\"}\n" +
 	"\x10GetShardResponse\x12)\n" +
-	"\x05shard\x18\x01 \x01(\v2\x13.capledger.v1.ShardR\x05shard\"\xa7\x01\n" +
+	"\x05shard\x18\x01 \x01(\v2\x13.capledger.v1.ShardR\x05shard\x12>\n" +
+	"\breceipts\x18\x02 \x03(\v2\".capledger.v1.ShardReceiptStandingR\breceipts\"\xf3\x01\n" +
+	"\x14ShardReceiptStanding\x12%\n" +
+	"\x0ereservation_id\x18\x01 \x01(\tR\rreservationId\x12G\n" +
+	"\bstanding\x18\x02 \x01(\x0e2+.capledger.v1.ShardReceiptStanding.StandingR\bstanding\"k\n" +
+	"\bStanding\x12\x18\n" +
+	"\x14STANDING_UNSPECIFIED\x10\x00\x12\x18\n" +
+	"\x14STANDING_NOT_PENDING\x10\x01\x12\x14\n" +
+	"\x10STANDING_PENDING\x10\x02\x12\x15\n" +
+	"\x11STANDING_RESOLVED\x10\x03\"\xa7\x01\n" +
 	"\x11ListShardsRequest\x12\x18\n" +
 	"\asubject\x18\x01 \x01(\tR\asubject\x12\x14\n" +
 	"\x05route\x18\x02 \x01(\tR\x05route\x12\x16\n" +
@@ -1139,69 +1281,74 @@ func file_capledger_v1_shard_proto_rawDescGZIP() []byte {
 	return file_capledger_v1_shard_proto_rawDescData
 }
 
-var file_capledger_v1_shard_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_capledger_v1_shard_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_capledger_v1_shard_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_capledger_v1_shard_proto_goTypes = []any{
-	(*Shard)(nil),                  // 0: capledger.v1.Shard
-	(*IssueShardRequest)(nil),      // 1: capledger.v1.IssueShardRequest
-	(*IssueShardResponse)(nil),     // 2: capledger.v1.IssueShardResponse
-	(*GetShardRequest)(nil),        // 3: capledger.v1.GetShardRequest
-	(*GetShardResponse)(nil),       // 4: capledger.v1.GetShardResponse
-	(*ListShardsRequest)(nil),      // 5: capledger.v1.ListShardsRequest
-	(*ListShardsResponse)(nil),     // 6: capledger.v1.ListShardsResponse
-	(*ShardReceipt)(nil),           // 7: capledger.v1.ShardReceipt
-	(*ReconcileShardRequest)(nil),  // 8: capledger.v1.ReconcileShardRequest
-	(*ReconcileShardResponse)(nil), // 9: capledger.v1.ReconcileShardResponse
-	(*ShardKey)(nil),               // 10: capledger.v1.ShardKey
-	(*ListShardKeysRequest)(nil),   // 11: capledger.v1.ListShardKeysRequest
-	(*ListShardKeysResponse)(nil),  // 12: capledger.v1.ListShardKeysResponse
-	nil,                            // 13: capledger.v1.Shard.AllocatedUnitsEntry
-	nil,                            // 14: capledger.v1.Shard.SpentUnitsEntry
-	nil,                            // 15: capledger.v1.Shard.UnknownUnitsEntry
-	nil,                            // 16: capledger.v1.Shard.RemintedUnitsEntry
-	nil,                            // 17: capledger.v1.IssueShardRequest.UnitsEntry
-	nil,                            // 18: capledger.v1.ShardReceipt.ReservedUnitsEntry
-	nil,                            // 19: capledger.v1.ShardReceipt.ActualUnitsEntry
-	nil,                            // 20: capledger.v1.ReconcileShardResponse.RemintedUnitsEntry
-	nil,                            // 21: capledger.v1.ReconcileShardResponse.DebtUnitsEntry
-	(*timestamppb.Timestamp)(nil),  // 22: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),    // 23: google.protobuf.Duration
-	(ReservationState)(0),          // 24: capledger.v1.ReservationState
+	(ShardReceiptStanding_Standing)(0), // 0: capledger.v1.ShardReceiptStanding.Standing
+	(*Shard)(nil),                      // 1: capledger.v1.Shard
+	(*IssueShardRequest)(nil),          // 2: capledger.v1.IssueShardRequest
+	(*IssueShardResponse)(nil),         // 3: capledger.v1.IssueShardResponse
+	(*GetShardRequest)(nil),            // 4: capledger.v1.GetShardRequest
+	(*GetShardResponse)(nil),           // 5: capledger.v1.GetShardResponse
+	(*ShardReceiptStanding)(nil),       // 6: capledger.v1.ShardReceiptStanding
+	(*ListShardsRequest)(nil),          // 7: capledger.v1.ListShardsRequest
+	(*ListShardsResponse)(nil),         // 8: capledger.v1.ListShardsResponse
+	(*ShardReceipt)(nil),               // 9: capledger.v1.ShardReceipt
+	(*ReconcileShardRequest)(nil),      // 10: capledger.v1.ReconcileShardRequest
+	(*ReconcileShardResponse)(nil),     // 11: capledger.v1.ReconcileShardResponse
+	(*ShardKey)(nil),                   // 12: capledger.v1.ShardKey
+	(*ListShardKeysRequest)(nil),       // 13: capledger.v1.ListShardKeysRequest
+	(*ListShardKeysResponse)(nil),      // 14: capledger.v1.ListShardKeysResponse
+	nil,                                // 15: capledger.v1.Shard.AllocatedUnitsEntry
+	nil,                                // 16: capledger.v1.Shard.SpentUnitsEntry
+	nil,                                // 17: capledger.v1.Shard.UnknownUnitsEntry
+	nil,                                // 18: capledger.v1.Shard.RemintedUnitsEntry
+	nil,                                // 19: capledger.v1.IssueShardRequest.UnitsEntry
+	nil,                                // 20: capledger.v1.ShardReceipt.ReservedUnitsEntry
+	nil,                                // 21: capledger.v1.ShardReceipt.ActualUnitsEntry
+	nil,                                // 22: capledger.v1.ReconcileShardResponse.RemintedUnitsEntry
+	nil,                                // 23: capledger.v1.ReconcileShardResponse.DebtUnitsEntry
+	(*timestamppb.Timestamp)(nil),      // 24: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),        // 25: google.protobuf.Duration
+	(ReservationState)(0),              // 26: capledger.v1.ReservationState
 }
 var file_capledger_v1_shard_proto_depIdxs = []int32{
-	13, // 0: capledger.v1.Shard.allocated_units:type_name -> capledger.v1.Shard.AllocatedUnitsEntry
-	22, // 1: capledger.v1.Shard.issued_at:type_name -> google.protobuf.Timestamp
-	22, // 2: capledger.v1.Shard.expires_at:type_name -> google.protobuf.Timestamp
-	14, // 3: capledger.v1.Shard.spent_units:type_name -> capledger.v1.Shard.SpentUnitsEntry
-	15, // 4: capledger.v1.Shard.unknown_units:type_name -> capledger.v1.Shard.UnknownUnitsEntry
-	16, // 5: capledger.v1.Shard.reminted_units:type_name -> capledger.v1.Shard.RemintedUnitsEntry
-	17, // 6: capledger.v1.IssueShardRequest.units:type_name -> capledger.v1.IssueShardRequest.UnitsEntry
-	23, // 7: capledger.v1.IssueShardRequest.ttl:type_name -> google.protobuf.Duration
-	0,  // 8: capledger.v1.IssueShardResponse.shard:type_name -> capledger.v1.Shard
-	0,  // 9: capledger.v1.GetShardResponse.shard:type_name -> capledger.v1.Shard
-	0,  // 10: capledger.v1.ListShardsResponse.shards:type_name -> capledger.v1.Shard
-	24, // 11: capledger.v1.ShardReceipt.state:type_name -> capledger.v1.ReservationState
-	18, // 12: capledger.v1.ShardReceipt.reserved_units:type_name -> capledger.v1.ShardReceipt.ReservedUnitsEntry
-	19, // 13: capledger.v1.ShardReceipt.actual_units:type_name -> capledger.v1.ShardReceipt.ActualUnitsEntry
-	7,  // 14: capledger.v1.ReconcileShardRequest.receipts:type_name -> capledger.v1.ShardReceipt
-	0,  // 15: capledger.v1.ReconcileShardResponse.shard:type_name -> capledger.v1.Shard
-	20, // 16: capledger.v1.ReconcileShardResponse.reminted_units:type_name -> capledger.v1.ReconcileShardResponse.RemintedUnitsEntry
-	21, // 17: capledger.v1.ReconcileShardResponse.debt_units:type_name -> capledger.v1.ReconcileShardResponse.DebtUnitsEntry
-	10, // 18: capledger.v1.ListShardKeysResponse.keys:type_name -> capledger.v1.ShardKey
-	1,  // 19: capledger.v1.ShardService.IssueShard:input_type -> capledger.v1.IssueShardRequest
-	3,  // 20: capledger.v1.ShardService.GetShard:input_type -> capledger.v1.GetShardRequest
-	5,  // 21: capledger.v1.ShardService.ListShards:input_type -> capledger.v1.ListShardsRequest
-	8,  // 22: capledger.v1.ShardService.ReconcileShard:input_type -> capledger.v1.ReconcileShardRequest
-	11, // 23: capledger.v1.ShardService.ListShardKeys:input_type -> capledger.v1.ListShardKeysRequest
-	2,  // 24: capledger.v1.ShardService.IssueShard:output_type -> capledger.v1.IssueShardResponse
-	4,  // 25: capledger.v1.ShardService.GetShard:output_type -> capledger.v1.GetShardResponse
-	6,  // 26: capledger.v1.ShardService.ListShards:output_type -> capledger.v1.ListShardsResponse
-	9,  // 27: capledger.v1.ShardService.ReconcileShard:output_type -> capledger.v1.ReconcileShardResponse
-	12, // 28: capledger.v1.ShardService.ListShardKeys:output_type -> capledger.v1.ListShardKeysResponse
-	24, // [24:29] is the sub-list for method output_type
-	19, // [19:24] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	15, // 0: capledger.v1.Shard.allocated_units:type_name -> capledger.v1.Shard.AllocatedUnitsEntry
+	24, // 1: capledger.v1.Shard.issued_at:type_name -> google.protobuf.Timestamp
+	24, // 2: capledger.v1.Shard.expires_at:type_name -> google.protobuf.Timestamp
+	16, // 3: capledger.v1.Shard.spent_units:type_name -> capledger.v1.Shard.SpentUnitsEntry
+	17, // 4: capledger.v1.Shard.unknown_units:type_name -> capledger.v1.Shard.UnknownUnitsEntry
+	18, // 5: capledger.v1.Shard.reminted_units:type_name -> capledger.v1.Shard.RemintedUnitsEntry
+	19, // 6: capledger.v1.IssueShardRequest.units:type_name -> capledger.v1.IssueShardRequest.UnitsEntry
+	25, // 7: capledger.v1.IssueShardRequest.ttl:type_name -> google.protobuf.Duration
+	1,  // 8: capledger.v1.IssueShardResponse.shard:type_name -> capledger.v1.Shard
+	1,  // 9: capledger.v1.GetShardResponse.shard:type_name -> capledger.v1.Shard
+	6,  // 10: capledger.v1.GetShardResponse.receipts:type_name -> capledger.v1.ShardReceiptStanding
+	0,  // 11: capledger.v1.ShardReceiptStanding.standing:type_name -> capledger.v1.ShardReceiptStanding.Standing
+	1,  // 12: capledger.v1.ListShardsResponse.shards:type_name -> capledger.v1.Shard
+	26, // 13: capledger.v1.ShardReceipt.state:type_name -> capledger.v1.ReservationState
+	20, // 14: capledger.v1.ShardReceipt.reserved_units:type_name -> capledger.v1.ShardReceipt.ReservedUnitsEntry
+	21, // 15: capledger.v1.ShardReceipt.actual_units:type_name -> capledger.v1.ShardReceipt.ActualUnitsEntry
+	9,  // 16: capledger.v1.ReconcileShardRequest.receipts:type_name -> capledger.v1.ShardReceipt
+	1,  // 17: capledger.v1.ReconcileShardResponse.shard:type_name -> capledger.v1.Shard
+	22, // 18: capledger.v1.ReconcileShardResponse.reminted_units:type_name -> capledger.v1.ReconcileShardResponse.RemintedUnitsEntry
+	23, // 19: capledger.v1.ReconcileShardResponse.debt_units:type_name -> capledger.v1.ReconcileShardResponse.DebtUnitsEntry
+	12, // 20: capledger.v1.ListShardKeysResponse.keys:type_name -> capledger.v1.ShardKey
+	2,  // 21: capledger.v1.ShardService.IssueShard:input_type -> capledger.v1.IssueShardRequest
+	4,  // 22: capledger.v1.ShardService.GetShard:input_type -> capledger.v1.GetShardRequest
+	7,  // 23: capledger.v1.ShardService.ListShards:input_type -> capledger.v1.ListShardsRequest
+	10, // 24: capledger.v1.ShardService.ReconcileShard:input_type -> capledger.v1.ReconcileShardRequest
+	13, // 25: capledger.v1.ShardService.ListShardKeys:input_type -> capledger.v1.ListShardKeysRequest
+	3,  // 26: capledger.v1.ShardService.IssueShard:output_type -> capledger.v1.IssueShardResponse
+	5,  // 27: capledger.v1.ShardService.GetShard:output_type -> capledger.v1.GetShardResponse
+	8,  // 28: capledger.v1.ShardService.ListShards:output_type -> capledger.v1.ListShardsResponse
+	11, // 29: capledger.v1.ShardService.ReconcileShard:output_type -> capledger.v1.ReconcileShardResponse
+	14, // 30: capledger.v1.ShardService.ListShardKeys:output_type -> capledger.v1.ListShardKeysResponse
+	26, // [26:31] is the sub-list for method output_type
+	21, // [21:26] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_capledger_v1_shard_proto_init() }
@@ -1215,13 +1362,14 @@ func file_capledger_v1_shard_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_capledger_v1_shard_proto_rawDesc), len(file_capledger_v1_shard_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   22,
+			NumEnums:      1,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_capledger_v1_shard_proto_goTypes,
 		DependencyIndexes: file_capledger_v1_shard_proto_depIdxs,
+		EnumInfos:         file_capledger_v1_shard_proto_enumTypes,
 		MessageInfos:      file_capledger_v1_shard_proto_msgTypes,
 	}.Build()
 	File_capledger_v1_shard_proto = out.File

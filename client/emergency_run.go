@@ -1,0 +1,105 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	ledgerv1 "github.com/capledger/capledger/api/capledger/v1"
+	"github.com/capledger/capledger/ledger"
+)
+
+// EmergencyRunResult is the outcome of Emergency.Run: the RunResult, and
+// Local when the request ran from a shard (Reservation is nil then).
+type EmergencyRunResult struct {
+	RunResult
+	Local *LocalReceipt
+}
+
+// Run is Client.Run in partition mode: the request is reserved through the
+// ledger, or from the subject's shard while the ledger is unreachable
+// (Emergency.Reserve), and then started, run and settled wherever it was
+// admitted, with Client.Run's rules: unstarted work is released, work whose
+// usage is unknown (see Work) is marked USAGE_UNKNOWN, never refunded. A
+// local USAGE_UNKNOWN is resolved by Settle with the receipt's operation
+// id (it reaches the ledger at the shard's next Reconcile).
+//
+// Returns as Client.Run; the Reserve errors of Emergency.Reserve when
+// nothing was admitted; the shard store's errors for local steps.
+func (e *Emergency) Run(ctx context.Context, req ReserveRequest, work Work) (*EmergencyRunResult, error) {
+	return e.run(ctx, req, work, nil)
+}
+
+func (e *Emergency) run(ctx context.Context, req ReserveRequest, work Work, g gate) (*EmergencyRunResult, error) {
+	er, err := e.Reserve(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	if er.Central != nil {
+		res, err := e.client.runReserved(ctx, er.Central, work, g)
+		if res == nil {
+			return nil, err
+		}
+		return &EmergencyRunResult{RunResult: *res}, err
+	}
+	local := er.Local
+	id := local.ReservationID
+	if local.State != ledger.StateReserved {
+		return nil, fmt.Errorf("run %s: local reservation is %s, not RESERVED", id, local.State)
+	}
+	sh := e.store.shardOf(id)
+	receipt := OperationReceipt{ReservationID: id, Subject: req.Subject, Route: req.Route, Region: sh.Account.Region,
+		PolicyGeneration: sh.Account.Generation, Reserved: local.Reserved}
+	done := func(Units) {}
+	if g != nil {
+		d, gerr := g(ctx, &ReserveResult{ReservationID: id, RequestDigest: local.RequestDigest, Generation: sh.Account.Generation,
+			Reservation: &ledgerv1.Reservation{ReservationId: id, Subject: req.Subject, Route: req.Route, Region: sh.Account.Region,
+				PolicyGeneration: sh.Account.Generation, ReservedUnits: local.Reserved}})
+		if gerr != nil {
+			e.store.Release(id)
+			return nil, gerr
+		}
+		done = d
+	}
+	if err := ctx.Err(); err != nil {
+		e.store.Release(id)
+		done(nil)
+		return nil, err
+	}
+	receipt.OperationID = NewOperationID()
+	if _, err := e.store.Start(id, receipt.OperationID); err != nil {
+		e.store.Release(id)
+		done(nil)
+		return nil, fmt.Errorf("run: %w", err)
+	}
+	receipt.StartedAt = time.Now()
+	actual, werr, panicked, panicValue := runWork(context.WithValue(ctx, receiptKey{}, receipt), work)
+	if panicked || errors.Is(werr, ErrUsageUnknown) || (actual == nil && isContextError(werr)) {
+		cause := werr
+		if panicked {
+			cause = fmt.Errorf("work panicked: %v", panicValue)
+		} else if cause == nil {
+			cause = ErrUsageUnknown
+		}
+		_, uerr := e.store.MarkUsageUnknown(id)
+		done(receipt.Reserved)
+		if panicked {
+			panic(panicValue)
+		}
+		if uerr != nil {
+			cause = errors.Join(cause, uerr)
+		}
+		return nil, &UsageUnknownError{Receipt: receipt, Marked: uerr == nil, Err: cause}
+	}
+	if actual == nil {
+		actual = Units{}
+	}
+	receipt.Actual = actual
+	settled, serr := e.store.Settle(id, receipt.OperationID, actual)
+	done(actual)
+	if serr != nil {
+		return nil, fmt.Errorf("run: %w", serr)
+	}
+	return &EmergencyRunResult{RunResult: RunResult{Receipt: receipt, Refunded: settled.Refunded}, Local: settled}, werr
+}

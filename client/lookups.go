@@ -1,0 +1,159 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	ledgerv1 "github.com/capledger/capledger/api/capledger/v1"
+)
+
+// LostReserve is a Reserve whose answers were all lost and whose id could
+// not be looked up before the caller's deadline (or while the breaker was
+// open): the SDK keeps looking it up in the background, once the ledger is
+// reachable again, instead of holding the caller.
+type LostReserve struct {
+	ReservationID string
+	RequestDigest string
+	Since         time.Time
+	// Done is set once resolved. Reservation is the ledger's reservation
+	// when the id was admitted (nil when the ledger does not have it); Err
+	// is ErrDigestMismatch for an id admitted for another request, or why
+	// the SDK gave up (the Client closed, or DefaultLostReserveLookup
+	// passed).
+	Done        bool
+	Reservation *ledgerv1.Reservation
+	Err         error
+}
+
+// DefaultLostReserveLookup bounds how long a lost Reserve is looked up in
+// the background.
+const DefaultLostReserveLookup = 10 * time.Minute
+
+// WithLostReserveHandler calls h (on its own goroutine) with each lost
+// Reserve the background lookup resolved or gave up on.
+func WithLostReserveHandler(h func(LostReserve)) Option {
+	return func(c *config) { c.lostHandler = h }
+}
+
+type lookup struct {
+	LostReserve
+	onFound []func(*ledgerv1.Reservation)
+}
+
+type lookups struct {
+	ctx     context.Context
+	cancel  context.CancelFunc
+	handler func(LostReserve)
+	mu      sync.Mutex
+	m       map[string]*lookup
+	wg      sync.WaitGroup
+}
+
+func newLookups(h func(LostReserve)) *lookups {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &lookups{ctx: ctx, cancel: cancel, handler: h, m: map[string]*lookup{}}
+}
+
+// LostReserves returns the lost Reserves still being looked up.
+func (c *Client) LostReserves() []LostReserve {
+	c.lookups.mu.Lock()
+	defer c.lookups.mu.Unlock()
+	out := make([]LostReserve, 0, len(c.lookups.m))
+	for _, l := range c.lookups.m {
+		out = append(out, l.LostReserve)
+	}
+	return out
+}
+
+// lookUpLater starts (once per id) the background lookup of a lost
+// Reserve.
+func (c *Client) lookUpLater(id, digest string) {
+	ls := c.lookups
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if _, ok := ls.m[id]; ok || ls.ctx.Err() != nil {
+		return
+	}
+	l := &lookup{LostReserve: LostReserve{ReservationID: id, RequestDigest: digest, Since: time.Now()}}
+	ls.m[id] = l
+	ls.wg.Add(1)
+	go c.lookUp(l)
+}
+
+// whenFound registers f to run with the reservation if the background
+// lookup of id finds it admitted. It returns false when id is not being
+// looked up.
+func (c *Client) whenFound(id string, f func(*ledgerv1.Reservation)) bool {
+	c.lookups.mu.Lock()
+	defer c.lookups.mu.Unlock()
+	l, ok := c.lookups.m[id]
+	if ok {
+		l.onFound = append(l.onFound, f)
+	}
+	return ok
+}
+
+func (c *Client) lookUp(l *lookup) {
+	ls := c.lookups
+	defer ls.wg.Done()
+	ctx, cancel := context.WithTimeout(ls.ctx, DefaultLostReserveLookup)
+	defer cancel()
+	wait := 100 * time.Millisecond
+	for {
+		select {
+		case <-ctx.Done():
+			l.Err = ctx.Err()
+			c.finishLookup(l)
+			return
+		case <-c.breaker.closedChan():
+		}
+		actx, acancel := context.WithTimeout(ctx, 2*c.timeout)
+		res, err := c.ResolveReservation(actx, l.ReservationID, l.RequestDigest)
+		acancel()
+		switch {
+		case err == nil:
+			l.Reservation = res
+			c.finishLookup(l)
+			return
+		case errors.Is(err, ErrDigestMismatch):
+			l.Err = err
+			c.finishLookup(l)
+			return
+		case errors.Is(err, ErrNotFound):
+			c.finishLookup(l)
+			return
+		}
+		t := time.NewTimer(wait/2 + time.Duration(rand.Int64N(int64(wait/2)+1)))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+		case <-t.C:
+		}
+		wait = min(2*wait, 2*time.Second)
+	}
+}
+
+func (c *Client) finishLookup(l *lookup) {
+	ls := c.lookups
+	ls.mu.Lock()
+	delete(ls.m, l.ReservationID)
+	onFound := l.onFound
+	l.Done = true
+	ls.mu.Unlock()
+	if l.Reservation != nil {
+		for _, f := range onFound {
+			f(l.Reservation)
+		}
+	}
+	if ls.handler != nil {
+		ls.handler(l.LostReserve)
+	}
+}
+
+func (ls *lookups) shutdown() {
+	ls.cancel()
+	ls.wg.Wait()
+}

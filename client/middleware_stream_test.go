@@ -1,0 +1,154 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	ledgerv1 "github.com/capledger/capledger/api/capledger/v1"
+	"github.com/capledger/capledger/client/internal/faultproxy"
+	"github.com/capledger/capledger/ledger"
+)
+
+var tokensEstimator = NewEstimator("sha256:fixed-tokens-100", func(*http.Request, []byte) (Units, error) {
+	return Units{"tokens": 100}, nil
+})
+
+// streamingBackend answers an OpenAI-style stream: three chunks, then the
+// usage event, then [DONE]. ?nousage stops before the usage event.
+func streamingBackend(completion int64) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		for i := range 3 {
+			fmt.Fprintf(w, "data: {\"choices\":[{\"delta\":{\"content\":\"part %d\"}}]}\n\n", i)
+			http.NewResponseController(w).Flush()
+		}
+		if r.URL.Query().Has("nousage") {
+			return
+		}
+		// Split across writes, as a proxy copying a stream may do.
+		fmt.Fprintf(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,")
+		http.NewResponseController(w).Flush()
+		fmt.Fprintf(w, "\"completion_tokens\":%d,\"total_tokens\":%d}}\r\n\r\ndata: [DONE]\n\n", completion, 9+completion)
+	}
+}
+
+// Issue 23, items 4 and 5: the middleware settles a stream's usage from
+// its final SSE event; a stream that ends without one is USAGE_UNKNOWN
+// (held, never refunded); a handler aborts its response with
+// panic(http.ErrAbortHandler), settled with the usage it reported first.
+func TestMiddlewareSettlesStreamedUsage(t *testing.T) {
+	l := startLedger(t)
+	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 10_000})
+	c := l.viaProxy(t)
+	var idFromHandler string
+	mux := http.NewServeMux()
+	mux.Handle("/v1/chat", streamingBackend(31))
+	mux.HandleFunc("/v1/abort", func(w http.ResponseWriter, r *http.Request) {
+		receipt, _ := ReceiptFrom(r.Context())
+		idFromHandler = receipt.ReservationID
+		w.WriteHeader(http.StatusOK)
+		w.Write([]byte("partial"))
+		ReportUsage(r.Context(), Units{"tokens": 5})
+		panic(http.ErrAbortHandler)
+	})
+	srv := gateway(t, c, MiddlewareConfig{Estimator: tokensEstimator, Usage: UsageFromStream(map[string]string{"tokens": "total_tokens"}, nil)}, mux)
+
+	resp, body := send(t, srv.Client(), srv.URL+"/v1/chat", "tenant-7", "{}")
+	if resp.StatusCode != 200 || !strings.Contains(body, "[DONE]") {
+		t.Fatalf("stream: %d %q", resp.StatusCode, body)
+	}
+	res, err := l.direct.GetReservation(context.Background(), resp.Header.Get(ReservationHeader))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !isState(res, ledgerv1.ReservationState_RESERVATION_STATE_SETTLED) || res.GetActualUnits()["tokens"] != 40 {
+		t.Fatalf("streamed request settled as %s %v, want SETTLED 40 tokens", res.GetState(), res.GetActualUnits())
+	}
+
+	resp, _ = send(t, srv.Client(), srv.URL+"/v1/chat?nousage", "tenant-7", "{}")
+	res, err = l.direct.GetReservation(context.Background(), resp.Header.Get(ReservationHeader))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !isState(res, ledgerv1.ReservationState_RESERVATION_STATE_USAGE_UNKNOWN) {
+		t.Fatalf("stream without usage: %s, want USAGE_UNKNOWN", res.GetState())
+	}
+
+	req, _ := http.NewRequest("POST", srv.URL+"/v1/abort", strings.NewReader("{}"))
+	req.Header.Set("X-Tenant", "tenant-7")
+	if resp, err := srv.Client().Do(req); err == nil {
+		_, rerr := readAll(resp)
+		if rerr == nil {
+			t.Fatalf("aborted response arrived whole")
+		}
+	}
+	if idFromHandler == "" {
+		t.Fatal("the handler did not see its reservation id in ReceiptFrom(r.Context())")
+	}
+	res, err = l.direct.GetReservation(context.Background(), idFromHandler)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !isState(res, ledgerv1.ReservationState_RESERVATION_STATE_SETTLED) || res.GetActualUnits()["tokens"] != 5 {
+		t.Fatalf("aborted request settled as %s %v, want SETTLED 5 tokens", res.GetState(), res.GetActualUnits())
+	}
+}
+
+func readAll(resp *http.Response) ([]byte, error) {
+	defer resp.Body.Close()
+	var b strings.Builder
+	buf := make([]byte, 512)
+	for {
+		n, err := resp.Body.Read(buf)
+		b.Write(buf[:n])
+		if err != nil {
+			if err.Error() == "EOF" {
+				return []byte(b.String()), nil
+			}
+			return []byte(b.String()), err
+		}
+	}
+}
+
+// Issue 23, item 4: with MiddlewareConfig.Emergency the middleware keeps
+// serving from the gateway's shard while the ledger is blackholed, instead
+// of answering 503, and settles each request's streamed usage locally.
+func TestMiddlewarePartitionMode(t *testing.T) {
+	l := startShardLedger(t)
+	gw, em := emergencyGateway(t, l, WithTimeout(2*time.Second), WithBreaker(BreakerPolicy{DetectTimeout: 200 * time.Millisecond}))
+	srv := gateway(t, gw, MiddlewareConfig{Estimator: tokensEstimator, Emergency: em,
+		Usage: UsageFromStream(map[string]string{"tokens": "total_tokens"}, nil)}, streamingBackend(11))
+	resp, _ := send(t, srv.Client(), srv.URL, "tenant-7", "{}")
+	if resp.StatusCode != 200 || em.store.Has(resp.Header.Get(ReservationHeader)) {
+		t.Fatalf("healthy request: %d, local %v", resp.StatusCode, em.store.Has(resp.Header.Get(ReservationHeader)))
+	}
+	l.proxy.SetFaults(faultproxy.Faults{Partition: true})
+	l.proxy.CutAll()
+	for i := range 20 {
+		resp, body := send(t, srv.Client(), srv.URL, "tenant-7", "{}")
+		id := resp.Header.Get(ReservationHeader)
+		if resp.StatusCode != 200 || !em.store.Has(id) {
+			t.Fatalf("request %d in the partition: %d %q, local %v", i, resp.StatusCode, body, em.store.Has(id))
+		}
+	}
+	if st := gw.Breaker(); st.State == BreakerClosed {
+		t.Fatalf("breaker %+v after 20 requests in a blackhole", st)
+	}
+	receipts, err := em.store.Receipts(em.store.Shards()[0].Shard.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(receipts) != 20 {
+		t.Fatalf("%d local receipts, want 20", len(receipts))
+	}
+	for _, r := range receipts {
+		if r.State != ledger.StateSettled || r.Actual["tokens"] != 20 {
+			t.Fatalf("local receipt %+v, want settled with 20 tokens", r)
+		}
+	}
+}

@@ -1,0 +1,147 @@
+package client
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strings"
+)
+
+// StreamUsage is the usage object an OpenAI-style stream sends in its
+// final event (`data: {..., "usage": {"prompt_tokens": 9,
+// "completion_tokens": 12, "total_tokens": 21}}`, then `data: [DONE]`).
+type StreamUsage struct {
+	PromptTokens     int64 `json:"prompt_tokens"`
+	CompletionTokens int64 `json:"completion_tokens"`
+	TotalTokens      int64 `json:"total_tokens"`
+}
+
+// maxSSELine bounds the line an SSEUsageScanner buffers; a longer line is
+// skipped (usage events are small).
+const maxSSELine = 1 << 20
+
+// SSEUsageScanner is an io.Writer that reads a server-sent-events stream
+// as it passes (tee the response into it) and keeps the usage object of
+// the last `data:` event that carries one. It holds at most one line in
+// memory. The middleware runs one over every text/event-stream response
+// (UsageInfo.Stream); a handler of its own can use one with io.MultiWriter.
+type SSEUsageScanner struct {
+	line    []byte
+	skip    bool
+	usage   *StreamUsage
+	done    bool
+	invalid error
+}
+
+// NewSSEUsageScanner returns an empty scanner.
+func NewSSEUsageScanner() *SSEUsageScanner { return &SSEUsageScanner{} }
+
+// Write consumes stream bytes; it never fails.
+func (s *SSEUsageScanner) Write(p []byte) (int, error) {
+	n := len(p)
+	for len(p) > 0 {
+		i := bytes.IndexByte(p, '\n')
+		if i < 0 {
+			s.appendLine(p)
+			break
+		}
+		s.appendLine(p[:i])
+		if !s.skip {
+			s.event(bytes.TrimRight(s.line, "\r"))
+		}
+		s.line, s.skip = s.line[:0], false
+		p = p[i+1:]
+	}
+	return n, nil
+}
+
+func (s *SSEUsageScanner) appendLine(p []byte) {
+	if s.skip {
+		return
+	}
+	if len(s.line)+len(p) > maxSSELine {
+		s.skip = true
+		return
+	}
+	s.line = append(s.line, p...)
+}
+
+func (s *SSEUsageScanner) event(line []byte) {
+	data, ok := bytes.CutPrefix(line, []byte("data:"))
+	if !ok {
+		return
+	}
+	data = bytes.TrimSpace(data)
+	if string(data) == "[DONE]" {
+		s.done = true
+		return
+	}
+	if !bytes.Contains(data, []byte(`"usage"`)) {
+		return
+	}
+	var ev struct {
+		Usage *StreamUsage `json:"usage"`
+	}
+	if err := json.Unmarshal(data, &ev); err != nil {
+		s.invalid = fmt.Errorf("usage event: %w", err)
+		return
+	}
+	if ev.Usage != nil {
+		s.usage, s.invalid = ev.Usage, nil
+	}
+}
+
+// Usage returns the usage of the last event that carried one, and
+// whether there was one.
+func (s *SSEUsageScanner) Usage() (StreamUsage, bool) {
+	if s.usage == nil {
+		return StreamUsage{}, false
+	}
+	return *s.usage, true
+}
+
+// Done reports whether the stream's `data: [DONE]` terminator was seen.
+func (s *SSEUsageScanner) Done() bool { return s.done }
+
+// UsageFromStream returns a UsageReader for streamed (text/event-stream)
+// answers: the usage the handler passed to ReportUsage if any, else the
+// usage object of the stream's final event, mapped to units by
+// fieldByUnit (unit -> "prompt_tokens", "completion_tokens" or
+// "total_tokens", e.g. {"tokens": "total_tokens"}); extra fixes units
+// that are not in the stream (e.g. {"requests": 1}). A stream that ended
+// without a usage object (the backend died, the client went away before
+// the end) gives ErrUsageUnknown: the capacity stays held, never refunded.
+func UsageFromStream(fieldByUnit map[string]string, extra Units) UsageReader {
+	return func(u *UsageInfo) (Units, error) {
+		if u.Reported != nil {
+			return u.Reported, nil
+		}
+		usage, ok := StreamUsage{}, false
+		if u.Stream != nil {
+			usage, ok = u.Stream.Usage()
+		}
+		if !ok {
+			return nil, fmt.Errorf("stream ended without a usage event (status %d): %w", u.Status, ErrUsageUnknown)
+		}
+		actual := make(Units, len(fieldByUnit)+len(extra))
+		for unit, v := range extra {
+			actual[unit] = v
+		}
+		for unit, field := range fieldByUnit {
+			switch strings.ToLower(field) {
+			case "prompt_tokens":
+				actual[unit] = usage.PromptTokens
+			case "completion_tokens":
+				actual[unit] = usage.CompletionTokens
+			case "total_tokens":
+				actual[unit] = usage.TotalTokens
+			default:
+				return nil, fmt.Errorf("usage field %q: want prompt_tokens, completion_tokens or total_tokens: %w", field, ErrUsageUnknown)
+			}
+			if actual[unit] < 0 {
+				return nil, fmt.Errorf("usage %s = %d: %w", field, actual[unit], ErrUsageUnknown)
+			}
+		}
+		return actual, nil
+	}
+}
