@@ -34,6 +34,9 @@ type Options struct {
 	// OnBatch, when set, is called after every batch (metrics).
 	OnBatch func(BatchInfo)
 	Logger  *slog.Logger
+	// Resolver, when set, runs the USAGE_UNKNOWN resolver (resolver.go)
+	// with the other workers.
+	Resolver *ResolverOptions
 }
 
 // BatchInfo describes one committed (or failed) batch.
@@ -73,6 +76,7 @@ type Engine struct {
 	running  sync.Mutex
 	workers  sync.WaitGroup
 	closeErr sync.Once
+	resolver *resolver // nil without Options.Resolver
 
 	commands, batches, conflicts, failures, workerRuns, workerCmds atomic.Uint64
 	lastBatch                                                      atomic.Int64
@@ -128,11 +132,20 @@ func New(st store.Store, opts Options) *Engine {
 		stop:    cancel,
 		stopped: make(chan struct{}),
 	}
+	if opts.Resolver != nil {
+		e.resolver = newResolver(e, *opts.Resolver)
+	}
 	go e.commitLoop(ctx)
 	if !opts.DisableWorkers {
 		e.workers.Add(2)
 		go e.every(ctx, opts.WorkerInterval, e.runDue)
 		go e.every(ctx, opts.EpochInterval, e.runEpochs)
+		if e.resolver != nil {
+			// One replica at a time: this is the one place the resolver
+			// starts, to put under the worker leader lease.
+			e.workers.Add(1)
+			go e.every(ctx, e.resolver.opts.Interval, e.resolver.run)
+		}
 	}
 	return e
 }
@@ -373,6 +386,15 @@ func (e *Engine) runWorkerCommands(ctx context.Context, cmds []ledger.Command) {
 		if _, err := e.DoBatch(ctx, cmds[start:end]); err != nil && ctx.Err() == nil {
 			e.log.Warn("worker batch", "commands", end-start, "err", err)
 		}
+	}
+}
+
+// RunResolver runs one scan of the USAGE_UNKNOWN resolver now (the
+// worker does it every ResolverOptions.Interval); it does nothing without
+// Options.Resolver.
+func (e *Engine) RunResolver(ctx context.Context) {
+	if e.resolver != nil {
+		e.resolver.run(ctx)
 	}
 }
 
