@@ -102,6 +102,7 @@ type config struct {
 	token        string
 	httpClient   *http.Client
 	retry        RetryPolicy
+	operations   OperationStore // operations.go
 }
 
 // Option configures New.
@@ -157,6 +158,8 @@ type Client struct {
 	retry     RetryPolicy
 	pendingMu sync.Mutex
 	pending   map[string]OperationReceipt
+	// operations records Run's operations (WithOperationStore); nil for none.
+	operations OperationStore
 }
 
 // New returns a Client for the ledger at addr ("host:port", "http://host:port"
@@ -207,14 +210,15 @@ func New(addr string, options ...Option) (*Client, error) {
 		opts = append(opts, connect.WithInterceptors(bearer(cfg.token)))
 	}
 	return &Client{
-		rpc:      capledgerv1connect.NewLedgerServiceClient(hc, baseURL, opts...),
-		http:     hc,
-		ownsHTTP: owns,
-		baseURL:  baseURL,
-		protocol: cfg.protocol,
-		timeout:  cfg.timeout,
-		retry:    cfg.retry,
-		pending:  make(map[string]OperationReceipt),
+		rpc:        capledgerv1connect.NewLedgerServiceClient(hc, baseURL, opts...),
+		http:       hc,
+		ownsHTTP:   owns,
+		baseURL:    baseURL,
+		protocol:   cfg.protocol,
+		timeout:    cfg.timeout,
+		retry:      cfg.retry,
+		pending:    make(map[string]OperationReceipt),
+		operations: cfg.operations,
 	}, nil
 }
 
