@@ -25,15 +25,15 @@ import (
 	"github.com/capledger/capledger/api/capledger/v1/capledgerv1connect"
 )
 
-// buildExecutor compiles testdata/executor, the job executor the
-// resolver tests crash.
-func buildExecutor(t *testing.T) string {
+// buildResolverBinaries compiles capledger and testdata/executor, the
+// job executor the resolver tests crash, in one go build.
+func buildResolverBinaries(t testing.TB) (capledger, executor string) {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "executor")
-	if out, err := exec.Command("go", "build", "-o", bin, "./testdata/executor").CombinedOutput(); err != nil {
-		t.Fatalf("go build executor: %v\n%s", err, out)
+	dir := t.TempDir()
+	if out, err := exec.Command("go", "build", "-o", dir+string(filepath.Separator), ".", "./testdata/executor").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
 	}
-	return bin
+	return filepath.Join(dir, "capledger"), filepath.Join(dir, "executor")
 }
 
 func freeAddr(t testing.TB) string {
@@ -148,7 +148,7 @@ type resolverRig struct {
 	execArgs []string
 }
 
-func newResolverRig(t testing.TB, bin, dir string, resolver string, execLimit time.Duration) *resolverRig {
+func newResolverRig(t *testing.T, bin, dir string, resolver string, execLimit time.Duration) *resolverRig {
 	t.Helper()
 	secretPath := filepath.Join(dir, "route.secret")
 	if err := os.WriteFile(secretPath, []byte("s3cret-of-the-jobs-route\n"), 0o600); err != nil {
@@ -160,7 +160,7 @@ func newResolverRig(t testing.TB, bin, dir string, resolver string, execLimit ti
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	srv := startServer(t.(*testing.T), bin, filepath.Join(dir, "data"), "--resolver-config", cfgPath)
+	srv := startServer(t, bin, filepath.Join(dir, "data"), "--resolver-config", cfgPath)
 	rpc := capledgerv1connect.NewLedgerServiceClient(http.DefaultClient, srv.url)
 	ctx := context.Background()
 	_, err := rpc.PublishPolicy(ctx, connect.NewRequest(&v1.PublishPolicyRequest{Policy: &v1.Policy{
@@ -260,7 +260,7 @@ func TestResolverSettlesWorkOfKilledExecutors(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs capledger and an executor")
 	}
-	bin, exe := buildBinary(t), buildExecutor(t)
+	bin, exe := buildResolverBinaries(t)
 	dir := t.TempDir()
 	rig := newResolverRig(t, bin, dir, `"interval": "200ms", "minBackoff": "200ms", "maxBackoff": "1s", "timeout": "1s",`, 2*time.Second)
 	table := &jobTable{tokens: map[string]int64{}}
@@ -358,4 +358,62 @@ func maps(m map[string]int64) map[string]int64 {
 		out[k] = v
 	}
 	return out
+}
+
+// TestResolverSoak reports the USAGE_UNKNOWN age p99 on real processes:
+// serve with the resolver's default timing, and an executor that is
+// kill -9'd every CAPLEDGER_SOAK_CRASH_EVERY (default 10s) with 8 jobs of
+// 1 s in flight and restarted CAPLEDGER_SOAK_DOWN later (default 5s),
+// for CAPLEDGER_RESOLVER_SOAK (a duration; the test is skipped without
+// it). The execution limit is 3 s. Every job must end settled with its
+// own tokens, charged once, audit clean.
+//
+//	CAPLEDGER_RESOLVER_SOAK=3m go test ./cmd/capledger -run TestResolverSoak -v
+func TestResolverSoak(t *testing.T) {
+	soak, err := time.ParseDuration(os.Getenv("CAPLEDGER_RESOLVER_SOAK"))
+	if err != nil {
+		t.Skip("set CAPLEDGER_RESOLVER_SOAK=3m to run the resolver soak")
+	}
+	envDuration := func(name string, def time.Duration) time.Duration {
+		if d, err := time.ParseDuration(os.Getenv(name)); err == nil {
+			return d
+		}
+		return def
+	}
+	crashEvery, down := envDuration("CAPLEDGER_SOAK_CRASH_EVERY", 10*time.Second), envDuration("CAPLEDGER_SOAK_DOWN", 5*time.Second)
+	bin, exe := buildResolverBinaries(t)
+	dir := t.TempDir()
+	rig := newResolverRig(t, bin, dir, "", 3*time.Second)
+	table := &jobTable{tokens: map[string]int64{}}
+	describe := func() string { return rig.srv.logs.String() }
+	end := time.Now().Add(soak)
+	crashes := 0
+	for time.Now().Before(end) {
+		run := startExecutor(t, exe, table, append(rig.execArgs, "--workers", "8", "--job-duration", "1s")...)
+		time.Sleep(crashEvery)
+		run.kill()
+		crashes++
+		time.Sleep(down)
+	}
+	startExecutor(t, exe, table, rig.execArgs...)
+	waitUntil(t, 5*time.Minute, describe, func() bool {
+		reserved, _ := rig.balances(t)
+		return reserved == 0 && rig.backlog(t) == 0
+	})
+	var want map[string]int64
+	table.read(func(j *jobTable) { want = maps(j.tokens) })
+	var sum int64
+	for _, n := range want {
+		sum += n
+	}
+	if _, spent := rig.balances(t); spent != sum {
+		t.Errorf("spent %d tokens, the jobs used %d", spent, sum)
+	}
+	ages := rig.checkSettled(t, want)
+	if status, audit := post(http.DefaultClient, rig.srv.url, "Audit", `{}`); status != 200 || audit["discrepancies"] != nil {
+		t.Fatalf("audit: %d %v", status, audit)
+	}
+	t.Logf("soak %v: %d crashes (every %v, down %v), %d jobs, %d USAGE_UNKNOWN: age p50 %v, p99 %v, max %v",
+		soak, crashes, crashEvery, down, len(want), len(ages), quantile(ages, 0.5).Round(time.Millisecond),
+		quantile(ages, 0.99).Round(time.Millisecond), quantile(ages, 1).Round(time.Millisecond))
 }
