@@ -76,7 +76,7 @@ type Engine struct {
 	running  sync.Mutex
 	workers  sync.WaitGroup
 	closeErr sync.Once
-	resolver *resolver // nil without Options.Resolver
+	resolver *Resolver // nil without Options.Resolver
 
 	commands, batches, conflicts, failures, workerRuns, workerCmds atomic.Uint64
 	lastBatch                                                      atomic.Int64
@@ -133,7 +133,7 @@ func New(st store.Store, opts Options) *Engine {
 		stopped: make(chan struct{}),
 	}
 	if opts.Resolver != nil {
-		e.resolver = newResolver(e, *opts.Resolver)
+		e.resolver = NewResolver(st, *opts.Resolver, opts.Clock, e.DoBatch, opts.Logger)
 	}
 	go e.commitLoop(ctx)
 	if !opts.DisableWorkers {
@@ -144,7 +144,7 @@ func New(st store.Store, opts Options) *Engine {
 			// One replica at a time: this is the one place the resolver
 			// starts, to put under the worker leader lease.
 			e.workers.Add(1)
-			go e.every(ctx, e.resolver.opts.Interval, e.resolver.run)
+			go e.every(ctx, e.resolver.opts.Interval, e.resolver.Run)
 		}
 	}
 	return e
@@ -394,7 +394,7 @@ func (e *Engine) runWorkerCommands(ctx context.Context, cmds []ledger.Command) {
 // Options.Resolver.
 func (e *Engine) RunResolver(ctx context.Context) {
 	if e.resolver != nil {
-		e.resolver.run(ctx)
+		e.resolver.Run(ctx)
 	}
 }
 

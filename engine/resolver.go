@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -129,9 +130,15 @@ type attempt struct {
 	pass    uint64
 }
 
-type resolver struct {
-	e    *Engine
-	opts ResolverOptions
+// Resolver is the resolver worker. The engine runs one (Options.Resolver);
+// NewResolver builds one over a Core for a driver with its own clock and
+// commit path, the simulator.
+type Resolver struct {
+	store  store.Store
+	clock  func() time.Time
+	commit func(ctx context.Context, cmds []ledger.Command) ([]ledger.Result, error)
+	log    *slog.Logger
+	opts   ResolverOptions
 
 	mu       sync.Mutex
 	rng      *rand.Rand
@@ -144,7 +151,15 @@ type resolver struct {
 	overdueDone                            atomic.Int64 // last complete pass; -1 before one
 }
 
-func newResolver(e *Engine, opts ResolverOptions) *resolver {
+// NewResolver returns a resolver that reads the backlog from st, reads the
+// time from clock, and commits its settles with commit (Engine.DoBatch,
+// or Core.Commit at a simulated time). Call Run for each scan; Run is not
+// safe for concurrent use.
+func NewResolver(st store.Store, opts ResolverOptions, clock func() time.Time,
+	commit func(ctx context.Context, cmds []ledger.Command) ([]ledger.Result, error), log *slog.Logger) *Resolver {
+	if log == nil {
+		log = slog.Default()
+	}
 	if opts.Interval <= 0 {
 		opts.Interval = time.Second
 	}
@@ -166,8 +181,8 @@ func newResolver(e *Engine, opts ResolverOptions) *resolver {
 	if opts.MaxPages <= 0 {
 		opts.MaxPages = 16
 	}
-	r := &resolver{
-		e: e, opts: opts, attempts: map[string]*attempt{}, pass: 1,
+	r := &Resolver{
+		store: st, clock: clock, commit: commit, log: log, opts: opts, attempts: map[string]*attempt{}, pass: 1,
 		rng: rand.New(rand.NewPCG(opts.Seed, opts.Seed^0x9e3779b97f4a7c15)),
 	}
 	r.overdueDone.Store(-1)
@@ -176,10 +191,14 @@ func newResolver(e *Engine, opts ResolverOptions) *resolver {
 
 // ResolverStats returns the resolver's counters (zero without a resolver).
 func (e *Engine) ResolverStats() ResolverStats {
-	r := e.resolver
-	if r == nil {
+	if e.resolver == nil {
 		return ResolverStats{}
 	}
+	return e.resolver.Stats()
+}
+
+// Stats returns the resolver's counters.
+func (r *Resolver) Stats() ResolverStats {
 	n := r.overdueDone.Load()
 	return ResolverStats{
 		Polls: r.polls.Load(), Failures: r.failures.Load(), Settled: r.settled.Load(),
@@ -190,15 +209,21 @@ func (e *Engine) ResolverStats() ResolverStats {
 // UnknownOverdue reports whether a USAGE_UNKNOWN reservation is past its
 // deadline at now (false without a deadline or a resolver).
 func (e *Engine) UnknownOverdue(r *ledger.Reservation, now time.Time) bool {
-	if e.resolver == nil || e.resolver.opts.Deadline == nil || r.State != ledger.StateUsageUnknown {
+	return e.resolver != nil && e.resolver.Overdue(r, now)
+}
+
+// Overdue reports whether a USAGE_UNKNOWN reservation is past its
+// deadline at now (false without a deadline).
+func (r *Resolver) Overdue(res *ledger.Reservation, now time.Time) bool {
+	if r.opts.Deadline == nil || res.State != ledger.StateUsageUnknown {
 		return false
 	}
-	d := e.resolver.opts.Deadline(r)
-	return d > 0 && !now.Before(r.UnknownAt.Add(d))
+	d := r.opts.Deadline(res)
+	return d > 0 && !now.Before(res.UnknownAt.Add(d))
 }
 
 // backoff returns the wait after polls unsettled answers, jittered.
-func (r *resolver) backoff(polls int) time.Duration {
+func (r *Resolver) backoff(polls int) time.Duration {
 	d := r.opts.MinBackoff
 	for i := 1; i < polls && d < r.opts.MaxBackoff; i++ {
 		d *= 2
@@ -209,9 +234,9 @@ func (r *resolver) backoff(polls int) time.Duration {
 	return d/2 + time.Duration(r.rng.Int64N(int64(d/2)+1))
 }
 
-// run is one scan: up to MaxPages pages of the backlog from the cursor,
+// Run is one scan: up to MaxPages pages of the backlog from the cursor,
 // each page's due reservations asked about and the answers settled.
-func (r *resolver) run(ctx context.Context) {
+func (r *Resolver) Run(ctx context.Context) {
 	for range r.opts.MaxPages {
 		if ctx.Err() != nil {
 			return
@@ -219,10 +244,10 @@ func (r *resolver) run(ctx context.Context) {
 		r.mu.Lock()
 		after := r.cursor
 		r.mu.Unlock()
-		rows, err := r.e.core.store.ReservationsUnknown(ctx, store.UnknownFilter{After: after, Limit: r.opts.PageSize})
+		rows, err := r.store.ReservationsUnknown(ctx, store.UnknownFilter{After: after, Limit: r.opts.PageSize})
 		if err != nil {
 			if ctx.Err() == nil {
-				r.e.log.Warn("resolver: read backlog", "err", err)
+				r.log.Warn("resolver: read backlog", "err", err)
 			}
 			return
 		}
@@ -242,7 +267,7 @@ func (r *resolver) run(ctx context.Context) {
 // endPass closes a scan of the whole backlog: it publishes the overdue
 // count and forgets the reservations the pass did not see (settled by
 // someone). The caller holds mu.
-func (r *resolver) endPass() {
+func (r *Resolver) endPass() {
 	r.overdueDone.Store(r.overdue)
 	for id, a := range r.attempts {
 		if a.pass != r.pass {
@@ -255,8 +280,8 @@ func (r *resolver) endPass() {
 }
 
 // page handles one page of the backlog.
-func (r *resolver) page(ctx context.Context, rows []ledger.Reservation) {
-	now := r.e.opts.Clock()
+func (r *Resolver) page(ctx context.Context, rows []ledger.Reservation) {
+	now := r.clock()
 	var due []*ledger.Reservation
 	r.mu.Lock()
 	for i := range rows {
@@ -272,7 +297,7 @@ func (r *resolver) page(ctx context.Context, rows []ledger.Reservation) {
 				r.overdue++
 				if !a.flagged {
 					a.flagged = true
-					r.e.log.Warn("USAGE_UNKNOWN past its deadline: held, needs an operator",
+					r.log.Warn("USAGE_UNKNOWN past its deadline: held, needs an operator",
 						"reservation", row.ID, "operation", row.OperationID, "subject", row.Account.Subject,
 						"route", row.Account.Route, "marked", row.UnknownAt, "deadline", d)
 				}
@@ -311,7 +336,7 @@ func (r *resolver) page(ctx context.Context, rows []ledger.Reservation) {
 			r.failures.Add(1)
 			r.later(row.ID, errors.Is(err, ErrNoStatusEndpoint))
 			if !errors.Is(err, ErrNoStatusEndpoint) {
-				r.e.log.Debug("resolver: stays USAGE_UNKNOWN", "reservation", row.ID, "operation", row.OperationID, "err", err)
+				r.log.Debug("resolver: stays USAGE_UNKNOWN", "reservation", row.ID, "operation", row.OperationID, "err", err)
 			}
 			continue
 		}
@@ -325,12 +350,12 @@ func (r *resolver) page(ctx context.Context, rows []ledger.Reservation) {
 	if len(cmds) == 0 {
 		return
 	}
-	results, err := r.e.DoBatch(ctx, cmds)
+	results, err := r.commit(ctx, cmds)
 	if err != nil {
 		// Outcome unknown: the next scan sees whether they settled, and a
 		// second settle with the same receipt replays.
 		if ctx.Err() == nil {
-			r.e.log.Warn("resolver: settle batch", "commands", len(cmds), "err", err)
+			r.log.Warn("resolver: settle batch", "commands", len(cmds), "err", err)
 		}
 		for _, i := range settling {
 			r.later(due[i].ID, false)
@@ -351,7 +376,7 @@ func (r *resolver) page(ctx context.Context, rows []ledger.Reservation) {
 		default:
 			// Refused (the lifetime bound, a mismatched operation):
 			// it stays USAGE_UNKNOWN for an operator.
-			r.e.log.Warn("resolver: settle refused; stays USAGE_UNKNOWN", "reservation", row.ID, "err", res.Err)
+			r.log.Warn("resolver: settle refused; stays USAGE_UNKNOWN", "reservation", row.ID, "err", res.Err)
 			r.later(row.ID, true)
 		}
 	}
@@ -359,7 +384,7 @@ func (r *resolver) page(ctx context.Context, rows []ledger.Reservation) {
 
 // settleCommand turns one answer into the settle it calls for: nil for
 // running and unknown, an error for anything that cannot settle.
-func (r *resolver) settleCommand(ctx context.Context, row *ledger.Reservation, st OperationStatus, err error) (*ledger.Command, error) {
+func (r *Resolver) settleCommand(ctx context.Context, row *ledger.Reservation, st OperationStatus, err error) (*ledger.Command, error) {
 	if err != nil {
 		return nil, err
 	}
@@ -370,7 +395,7 @@ func (r *resolver) settleCommand(ctx context.Context, row *ledger.Reservation, s
 	case OperationNeverStarted:
 		// zero usage, vouched for by the source
 	case OperationFinished:
-		p, err := r.e.core.store.PolicyGet(ctx, row.Account.Generation)
+		p, err := r.store.PolicyGet(ctx, row.Account.Generation)
 		if err != nil {
 			return nil, fmt.Errorf("policy %d: %w", row.Account.Generation, err)
 		}
@@ -392,7 +417,7 @@ func (r *resolver) settleCommand(ctx context.Context, row *ledger.Reservation, s
 
 // later schedules the next question about id after a backoff; longest
 // goes straight to MaxBackoff.
-func (r *resolver) later(id string, longest bool) {
+func (r *Resolver) later(id string, longest bool) {
 	r.mu.Lock()
 	a := r.attempts[id]
 	r.mu.Unlock()
@@ -407,11 +432,11 @@ func (r *resolver) later(id string, longest bool) {
 	}
 	r.mu.Lock()
 	a.polls++
-	a.next = r.e.opts.Clock().Add(wait)
+	a.next = r.clock().Add(wait)
 	r.mu.Unlock()
 }
 
-func (r *resolver) forget(id string) {
+func (r *Resolver) forget(id string) {
 	r.mu.Lock()
 	delete(r.attempts, id)
 	r.mu.Unlock()
