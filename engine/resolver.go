@@ -109,7 +109,9 @@ type ResolverOptions struct {
 
 // ResolverStats are the resolver's cumulative counters.
 type ResolverStats struct {
-	// Polls counts status calls; Failures those that returned an error.
+	// Polls counts status calls (routes without an endpoint aside);
+	// Failures those that returned an error or an answer that cannot
+	// settle (an unknown unit).
 	Polls, Failures uint64
 	// Settled counts reservations the resolver settled (a replay of a
 	// settle that had landed counts too), by a finished answer or a
@@ -326,18 +328,20 @@ func (r *Resolver) page(ctx context.Context, rows []ledger.Reservation) {
 		}()
 	}
 	wg.Wait()
-	r.polls.Add(uint64(len(due)))
 
 	var cmds []ledger.Command
 	var settling []int
 	for i, row := range due {
+		if errors.Is(errs[i], ErrNoStatusEndpoint) {
+			r.later(row.ID, true) // not a question asked: not counted
+			continue
+		}
+		r.polls.Add(1)
 		cmd, err := r.settleCommand(ctx, row, answers[i], errs[i])
 		if err != nil {
 			r.failures.Add(1)
-			r.later(row.ID, errors.Is(err, ErrNoStatusEndpoint))
-			if !errors.Is(err, ErrNoStatusEndpoint) {
-				r.log.Debug("resolver: stays USAGE_UNKNOWN", "reservation", row.ID, "operation", row.OperationID, "err", err)
-			}
+			r.later(row.ID, false)
+			r.log.Debug("resolver: stays USAGE_UNKNOWN", "reservation", row.ID, "operation", row.OperationID, "err", err)
 			continue
 		}
 		if cmd == nil {

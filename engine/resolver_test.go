@@ -120,7 +120,7 @@ func TestResolverSettlesOnlyOnReceipts(t *testing.T) {
 	if reserved, spent := reservedTokens(t, e); reserved != 5*300 || spent != 120 {
 		t.Fatalf("reserved %d spent %d, want 1500 and 120", reserved, spent)
 	}
-	if s := e.ResolverStats(); s.Settled != 2 || s.SettledNeverStarted != 1 || s.Polls != 7 {
+	if s := e.ResolverStats(); s.Settled != 2 || s.SettledNeverStarted != 1 || s.Polls != 6 || s.Failures != 2 {
 		t.Fatalf("stats %+v", s)
 	}
 

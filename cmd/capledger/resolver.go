@@ -88,6 +88,9 @@ func loadResolverConfig(path string) (*resolverConfig, error) {
 		}
 		*d.into = v
 	}
+	if cfg.opts.MinBackoff > 0 && cfg.opts.MaxBackoff > 0 && cfg.opts.MaxBackoff < cfg.opts.MinBackoff {
+		return nil, fmt.Errorf("resolver config %s: maxBackoff %v is below minBackoff %v", path, cfg.opts.MaxBackoff, cfg.opts.MinBackoff)
+	}
 	timeout := cfg.opts.CallTimeout
 	if timeout == 0 {
 		timeout = 5 * time.Second

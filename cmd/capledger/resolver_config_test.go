@@ -60,6 +60,7 @@ func TestResolverConfigIsCheckedFieldByField(t *testing.T) {
 		{`{"routes":{"r":{"statusUrl":"http://gw","secretFile":"short.secret"}}}`, "at least 16"},
 		{`{"routes":{"r":{"statusUrl":"http://gw","secretFile":"missing.secret"}}}`, "missing.secret"},
 		{`{"routes":{"":{}}}`, "empty route"},
+		{`{"minBackoff":"2m","maxBackoff":"1m","routes":{"r":{}}}`, "below minBackoff"},
 	} {
 		_, err := loadResolverConfig(write(c.body))
 		if err == nil || !strings.Contains(err.Error(), c.want) {
