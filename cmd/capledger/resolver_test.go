@@ -148,7 +148,7 @@ type resolverRig struct {
 	execArgs []string
 }
 
-func newResolverRig(t *testing.T, bin, dir string, resolver string, execLimit time.Duration) *resolverRig {
+func newResolverRig(t *testing.T, bin, dir string, resolver string, execLimit time.Duration, serveArgs ...string) *resolverRig {
 	t.Helper()
 	secretPath := filepath.Join(dir, "route.secret")
 	if err := os.WriteFile(secretPath, []byte("s3cret-of-the-jobs-route\n"), 0o600); err != nil {
@@ -160,7 +160,7 @@ func newResolverRig(t *testing.T, bin, dir string, resolver string, execLimit ti
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	srv := startServer(t, bin, filepath.Join(dir, "data"), "--resolver-config", cfgPath)
+	srv := startServer(t, bin, filepath.Join(dir, "data"), append([]string{"--resolver-config", cfgPath}, serveArgs...)...)
 	rpc := capledgerv1connect.NewLedgerServiceClient(http.DefaultClient, srv.url)
 	ctx := context.Background()
 	_, err := rpc.PublishPolicy(ctx, connect.NewRequest(&v1.PublishPolicyRequest{Policy: &v1.Policy{
@@ -383,18 +383,22 @@ func TestResolverSoak(t *testing.T) {
 	crashEvery, down := envDuration("CAPLEDGER_SOAK_CRASH_EVERY", 10*time.Second), envDuration("CAPLEDGER_SOAK_DOWN", 5*time.Second)
 	bin, exe := buildResolverBinaries(t)
 	dir := t.TempDir()
-	rig := newResolverRig(t, bin, dir, "", 3*time.Second)
+	rig := newResolverRig(t, bin, dir, "", 3*time.Second, "--log-level", "debug")
 	table := &jobTable{tokens: map[string]int64{}}
 	describe := func() string { return rig.srv.logs.String() }
 	end := time.Now().Add(soak)
 	crashes := 0
+	var timeline []string
 	for time.Now().Before(end) {
+		timeline = append(timeline, "start "+time.Now().UTC().Format("15:04:05.000"))
 		run := startExecutor(t, exe, table, append(rig.execArgs, "--workers", "8", "--job-duration", "1s")...)
 		time.Sleep(crashEvery)
 		run.kill()
+		timeline = append(timeline, "kill "+time.Now().UTC().Format("15:04:05.000"))
 		crashes++
 		time.Sleep(down)
 	}
+	timeline = append(timeline, "final start "+time.Now().UTC().Format("15:04:05.000"))
 	startExecutor(t, exe, table, rig.execArgs...)
 	waitUntil(t, 5*time.Minute, describe, func() bool {
 		reserved, _ := rig.balances(t)
@@ -413,7 +417,44 @@ func TestResolverSoak(t *testing.T) {
 	if status, audit := post(http.DefaultClient, rig.srv.url, "Audit", `{}`); status != 200 || audit["discrepancies"] != nil {
 		t.Fatalf("audit: %d %v", status, audit)
 	}
+	if os.Getenv("CAPLEDGER_SOAK_EXPLAIN") != "" {
+		rig.explainOldest(t, want, timeline, table)
+	}
 	t.Logf("soak %v: %d crashes (every %v, down %v), %d jobs, %d USAGE_UNKNOWN: age p50 %v, p99 %v, max %v",
 		soak, crashes, crashEvery, down, len(want), len(ages), quantile(ages, 0.5).Round(time.Millisecond),
 		quantile(ages, 0.99).Round(time.Millisecond), quantile(ages, 1).Round(time.Millisecond))
+}
+
+// explainOldest logs the three longest-waiting reservations' times, the
+// server's and the executor's lines about them, and the crash timeline.
+func (r *resolverRig) explainOldest(t *testing.T, want map[string]int64, timeline []string, table *jobTable) {
+	type aged struct {
+		id  string
+		age time.Duration
+		res *v1.Reservation
+	}
+	var all []aged
+	for id := range want {
+		resp, err := r.rpc.GetReservation(context.Background(), connect.NewRequest(&v1.GetReservationRequest{ReservationId: id}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		res := resp.Msg.GetReservation()
+		if res.GetUsageUnknownAt() != nil {
+			all = append(all, aged{id, res.GetFinishedAt().AsTime().Sub(res.GetUsageUnknownAt().AsTime()), res})
+		}
+	}
+	slices.SortFunc(all, func(a, b aged) int { return int(b.age - a.age) })
+	t.Logf("timeline: %s", strings.Join(timeline, ", "))
+	var execLogs string
+	table.read(func(j *jobTable) { execLogs = j.logs.String() })
+	for _, a := range all[:min(3, len(all))] {
+		t.Logf("%s age %v: started %s marked %s settled %s op %s", a.id, a.age, a.res.GetStartedAt().AsTime().Format("15:04:05.000"),
+			a.res.GetUsageUnknownAt().AsTime().Format("15:04:05.000"), a.res.GetFinishedAt().AsTime().Format("15:04:05.000"), a.res.GetOperationId())
+		for _, line := range strings.Split(r.srv.logs.String()+execLogs, "\n") {
+			if strings.Contains(line, a.id) {
+				t.Logf("  %s", line)
+			}
+		}
+	}
 }
