@@ -158,8 +158,8 @@ type Client struct {
 	retry     RetryPolicy
 	pendingMu sync.Mutex
 	pending   map[string]OperationReceipt
-	// operations records Run's operations (WithOperationStore); nil for none.
-	operations OperationStore
+	// ops records Run's operations (WithOperationStore); nil for none.
+	ops OperationStore
 }
 
 // New returns a Client for the ledger at addr ("host:port", "http://host:port"
@@ -210,15 +210,15 @@ func New(addr string, options ...Option) (*Client, error) {
 		opts = append(opts, connect.WithInterceptors(bearer(cfg.token)))
 	}
 	return &Client{
-		rpc:        capledgerv1connect.NewLedgerServiceClient(hc, baseURL, opts...),
-		http:       hc,
-		ownsHTTP:   owns,
-		baseURL:    baseURL,
-		protocol:   cfg.protocol,
-		timeout:    cfg.timeout,
-		retry:      cfg.retry,
-		pending:    make(map[string]OperationReceipt),
-		operations: cfg.operations,
+		rpc:      capledgerv1connect.NewLedgerServiceClient(hc, baseURL, opts...),
+		http:     hc,
+		ownsHTTP: owns,
+		baseURL:  baseURL,
+		protocol: cfg.protocol,
+		timeout:  cfg.timeout,
+		retry:    cfg.retry,
+		pending:  make(map[string]OperationReceipt),
+		ops:      cfg.operations,
 	}, nil
 }
 

@@ -277,12 +277,12 @@ func WithOperationStore(s OperationStore) Option {
 // recordOperation writes the receipt's operation in the client's
 // OperationStore, if it has one. It returns the store's error.
 func (c *Client) recordOperation(ctx context.Context, receipt OperationReceipt, status string, actual Units) error {
-	if c.operations == nil {
+	if c.ops == nil {
 		return nil
 	}
 	wctx, cancel := c.detached(ctx)
 	defer cancel()
-	return c.operations.Put(wctx, OperationRecord{
+	return c.ops.Put(wctx, OperationRecord{
 		OperationID: receipt.OperationID, ReservationID: receipt.ReservationID, Status: status, ActualUnits: actual,
 	})
 }
