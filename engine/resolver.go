@@ -130,6 +130,10 @@ type attempt struct {
 	next    time.Time
 	flagged bool // overdue logged
 	pass    uint64
+	// failedAt is when its last question failed; flushed says it was
+	// asked once out of turn because its route came back since.
+	failedAt time.Time
+	flushed  bool
 }
 
 // Resolver is the resolver worker. The engine runs one (Options.Resolver);
@@ -148,6 +152,13 @@ type Resolver struct {
 	cursor   store.UnknownCursor
 	pass     uint64 // scans of the whole backlog begun
 	overdue  int64  // counted in the current pass
+	// A route is down after a failed question and back at the first
+	// answer after that: then every reservation of the route that failed
+	// before is asked at the next scan, once, instead of waiting out a
+	// backoff that grew while the gateway was down (up to MaxBackoff: a
+	// gateway that comes back for less than that would be missed).
+	routeDown map[string]bool
+	routeBack map[string]time.Time
 
 	polls, failures, settled, neverStarted atomic.Uint64
 	overdueDone                            atomic.Int64 // last complete pass; -1 before one
@@ -185,6 +196,7 @@ func NewResolver(st store.Store, opts ResolverOptions, clock func() time.Time,
 	}
 	r := &Resolver{
 		store: st, clock: clock, commit: commit, log: log, opts: opts, attempts: map[string]*attempt{}, pass: 1,
+		routeDown: map[string]bool{}, routeBack: map[string]time.Time{},
 		rng: rand.New(rand.NewPCG(opts.Seed, opts.Seed^0x9e3779b97f4a7c15)),
 	}
 	r.overdueDone.Store(-1)
@@ -305,7 +317,14 @@ func (r *Resolver) page(ctx context.Context, rows []ledger.Reservation) {
 				}
 			}
 		}
-		if r.opts.Source != nil && !now.Before(a.next) {
+		if r.opts.Source == nil {
+			continue
+		}
+		if !now.Before(a.next) {
+			a.flushed = false
+			due = append(due, row)
+		} else if back, ok := r.routeBack[row.Account.Route]; ok && !a.flushed && !a.failedAt.IsZero() && back.After(a.failedAt) {
+			a.flushed = true
 			due = append(due, row)
 		}
 	}
@@ -331,6 +350,22 @@ func (r *Resolver) page(ctx context.Context, rows []ledger.Reservation) {
 
 	var cmds []ledger.Command
 	var settling []int
+	r.mu.Lock()
+	for i, row := range due {
+		route := row.Account.Route
+		switch {
+		case errors.Is(errs[i], ErrNoStatusEndpoint):
+		case errs[i] != nil:
+			r.routeDown[route] = true
+			if a := r.attempts[row.ID]; a != nil {
+				a.failedAt = now
+			}
+		case r.routeDown[route]:
+			r.routeDown[route] = false
+			r.routeBack[route] = now
+		}
+	}
+	r.mu.Unlock()
 	for i, row := range due {
 		if errors.Is(errs[i], ErrNoStatusEndpoint) {
 			r.later(row.ID, true) // not a question asked: not counted

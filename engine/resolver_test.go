@@ -280,3 +280,50 @@ func TestResolverAndGatewaySettleOnce(t *testing.T) {
 	}
 	auditClean(t, e)
 }
+
+func TestResolverAsksARouteAgainWhenItComesBack(t *testing.T) {
+	clk := newClock()
+	src := newScripted()
+	e := New(memstore.New(), Options{DisableWorkers: true, Clock: clk.Now,
+		Resolver: &ResolverOptions{Source: src, MinBackoff: time.Second, MaxBackoff: time.Minute, Seed: 3}})
+	defer e.Close()
+	ctx := context.Background()
+	publish(t, e, 10000, time.Minute, 30*time.Second)
+	ids := []string{"a", "b", "c", "d"}
+	unknownWork(t, e, clk, ids...)
+	for _, id := range ids {
+		src.set("op-"+id, OperationStatus{}, errors.New("connection refused"))
+	}
+	// Down for five minutes: every backoff has grown to [30 s, 60 s).
+	for range 300 {
+		e.RunResolver(ctx)
+		clk.Advance(time.Second)
+	}
+	for _, id := range ids {
+		src.set("op-"+id, OperationStatus{State: OperationFinished, Units: map[string]ledger.Units{"tokens": 10}}, nil)
+	}
+	// Back up: the first answer makes the scan after it ask the others,
+	// instead of each waiting out its own backoff.
+	first := -1
+	for s := range 70 {
+		e.RunResolver(ctx)
+		settled := 0
+		for _, id := range ids {
+			if state(t, e, id).State == ledger.StateSettled {
+				settled++
+			}
+		}
+		if settled > 0 && first < 0 {
+			first = s
+		}
+		if settled == len(ids) {
+			if s > first+1 {
+				t.Fatalf("first settled at scan %d, the last at %d: the others waited out their backoff", first, s)
+			}
+			auditClean(t, e)
+			return
+		}
+		clk.Advance(time.Second)
+	}
+	t.Fatalf("not all settled within 70 s of coming back (first at scan %d)", first)
+}
