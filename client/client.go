@@ -104,6 +104,7 @@ type config struct {
 	retry        RetryPolicy
 	breaker      BreakerPolicy
 	lostHandler  func(LostReserve)
+	operations   OperationStore // operations.go
 }
 
 // Option configures New.
@@ -162,6 +163,8 @@ type Client struct {
 	pending   map[string]OperationReceipt
 	breaker   *breaker
 	lookups   *lookups
+	// ops records Run's operations (WithOperationStore); nil for none.
+	ops OperationStore
 }
 
 // New returns a Client for the ledger at addr ("host:port", "http://host:port"
@@ -222,6 +225,7 @@ func New(addr string, options ...Option) (*Client, error) {
 		retry:    cfg.retry,
 		pending:  make(map[string]OperationReceipt),
 		lookups:  newLookups(cfg.lostHandler),
+		ops:      cfg.operations,
 	}
 	c.breaker = newBreaker(cfg.breaker, c.probeLedger)
 	return c, nil

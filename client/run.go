@@ -133,12 +133,26 @@ func (c *Client) runReserved(ctx context.Context, rr *ReserveResult, work Work, 
 	}
 
 	receipt.OperationID = NewOperationID()
+	if err := c.recordOperation(ctx, receipt, OperationStarting, nil); err != nil {
+		c.releaseUnstarted(ctx, rr.ReservationID)
+		done(nil)
+		return nil, fmt.Errorf("run: record operation: %w", err)
+	}
 	started, err := c.start(ctx, receipt)
 	if err != nil {
+		_ = c.recordOperation(ctx, receipt, OperationNeverStarted, nil) // the work is not called
 		done(nil)
 		return nil, fmt.Errorf("run: %w", err)
 	}
 	receipt.StartedAt = started.GetStartedAt().AsTime()
+	if err := c.recordOperation(ctx, receipt, OperationRunning, nil); err != nil {
+		// Without a record the resolver could not answer for the work:
+		// do not call it. Started but never run: zero usage.
+		c.abandonStart(ctx, receipt)
+		_ = c.recordOperation(ctx, receipt, OperationNeverStarted, nil)
+		done(nil)
+		return nil, fmt.Errorf("run: record operation: %w", err)
+	}
 
 	actual, werr, panicked, panicValue := runWork(context.WithValue(ctx, receiptKey{}, receipt), work)
 	unknown := panicked || errors.Is(werr, ErrUsageUnknown) || (actual == nil && isContextError(werr))
@@ -149,6 +163,7 @@ func (c *Client) runReserved(ctx context.Context, rr *ReserveResult, work Work, 
 		} else if cause == nil {
 			cause = ErrUsageUnknown
 		}
+		_ = c.recordOperation(ctx, receipt, OperationUnknown, nil)
 		_, uerr := c.markUnknown(ctx, receipt, cause)
 		done(receipt.Reserved)
 		if panicked {
@@ -162,6 +177,10 @@ func (c *Client) runReserved(ctx context.Context, rr *ReserveResult, work Work, 
 		actual = statedForEvery(actual, receipt.Reserved)
 	}
 	receipt.Actual = actual
+	// Before the settle, so the resolver can settle with it if the
+	// settle is lost; a failure here leaves the record running (the
+	// resolver then keeps it USAGE_UNKNOWN), never wrong.
+	_ = c.recordOperation(ctx, receipt, OperationFinished, actual)
 	sctx, cancel := c.detached(ctx)
 	defer cancel()
 	sr, serr := c.Settle(sctx, rr.ReservationID, receipt.OperationID, actual)

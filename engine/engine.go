@@ -49,6 +49,9 @@ type Options struct {
 	// OnBatch, when set, is called after every batch (metrics).
 	OnBatch func(BatchInfo)
 	Logger  *slog.Logger
+	// Resolver, when set, runs the USAGE_UNKNOWN resolver (resolver.go)
+	// with the other workers.
+	Resolver *ResolverOptions
 }
 
 // BatchInfo describes one committed (or failed) batch.
@@ -88,6 +91,7 @@ type Engine struct {
 	running  sync.Mutex
 	workers  sync.WaitGroup
 	closeErr sync.Once
+	resolver *Resolver // nil without Options.Resolver
 
 	commands, batches, conflicts, failures, workerRuns, workerCmds atomic.Uint64
 	lastBatch                                                      atomic.Int64
@@ -160,6 +164,9 @@ func New(st store.Store, opts Options) *Engine {
 		stopped: make(chan struct{}),
 	}
 	e.lead.status.Self = opts.LeaseHolder
+	if opts.Resolver != nil {
+		e.resolver = NewResolver(st, *opts.Resolver, opts.Clock, e.DoBatch, opts.Logger)
+	}
 	go e.commitLoop(ctx)
 	if !opts.DisableWorkers {
 		e.startWorkers(ctx)
@@ -396,6 +403,15 @@ func (e *Engine) runWorkerCommands(ctx context.Context, cmds []ledger.Command) {
 		if _, err := e.DoBatch(ctx, cmds[start:end]); err != nil && ctx.Err() == nil {
 			e.log.Warn("worker batch", "commands", end-start, "err", err)
 		}
+	}
+}
+
+// RunResolver runs one scan of the USAGE_UNKNOWN resolver now (the
+// worker does it every ResolverOptions.Interval); it does nothing without
+// Options.Resolver.
+func (e *Engine) RunResolver(ctx context.Context) {
+	if e.resolver != nil {
+		e.resolver.Run(ctx)
 	}
 }
 

@@ -32,10 +32,14 @@ type worker struct {
 // same store. A new worker (retention, the USAGE_UNKNOWN resolver) is one
 // more entry here.
 func (e *Engine) leaderWorkers() []worker {
-	return []worker{
+	workers := []worker{
 		{"expiry", e.opts.WorkerInterval, e.runDue},
 		{"epochs", e.opts.EpochInterval, e.runEpochs},
 	}
+	if e.resolver != nil {
+		workers = append(workers, worker{"resolver", e.resolver.opts.Interval, e.resolver.Run})
+	}
+	return workers
 }
 
 // LeaderStatus is this engine's view of the worker lease.

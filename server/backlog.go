@@ -73,6 +73,12 @@ func (s *Server) ListUsageUnknown(ctx context.Context, req *connect.Request[v1.L
 		last := rows[size-1]
 		resp.NextPageToken = unknownToken(store.UnknownCursor{MarkedAt: last.UnknownAt, ID: last.ID})
 	}
+	// The cursor is the page's last row in the store's order, taken
+	// above, before overdue ones move to the front.
+	if s.resolver != nil {
+		resp.OverdueReservationIds = overdueFirst(s.resolver, rows, s.clock())
+		resp.Overdue = s.resolver.ResolverStats().Overdue
+	}
 	for i := range rows {
 		if !InScope(ctx, rows[i].Account.Subject, rows[i].Account.Route) {
 			continue

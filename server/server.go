@@ -80,6 +80,9 @@ type Config struct {
 	// Clock is the time the metrics measure ages against; give it the
 	// engine's clock (default time.Now).
 	Clock func() time.Time
+	// Resolver, when set, flags overdue USAGE_UNKNOWN reservations in
+	// ListUsageUnknown and exports the resolver's metrics (resolver.go).
+	Resolver ResolverView
 }
 
 // Server implements capledgerv1connect.LedgerServiceHandler over a Ledger.
@@ -90,6 +93,8 @@ type Server struct {
 	log      *slog.Logger
 	maxBody  int64
 	handler  http.Handler
+	resolver ResolverView
+	clock    func() time.Time
 }
 
 // New returns a server over l.
@@ -112,10 +117,15 @@ func New(l Ledger, cfg Config) *Server {
 		metrics:  cfg.Metrics,
 		log:      cfg.Logger,
 		maxBody:  cfg.MaxBodyBytes,
+		resolver: cfg.Resolver,
+		clock:    cfg.Clock,
 	}
 	s.metrics.registerEngine(l)
 	s.metrics.registerLeader(l)
 	s.metrics.registerBacklog(l, s.log, cfg.Clock)
+	if cfg.Resolver != nil {
+		s.metrics.registerResolver(cfg.Resolver)
+	}
 
 	options := []connect.HandlerOption{
 		connect.WithReadMaxBytes(int(cfg.MaxBodyBytes)),

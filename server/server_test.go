@@ -76,6 +76,9 @@ type harnessOptions struct {
 	// commit, a lost commit acknowledgement) a SQLite file cannot offer;
 	// otherwise the store is a SQLite file in a temporary directory.
 	faults bool
+	// resolver runs the engine's USAGE_UNKNOWN resolver and shows it
+	// (server.Config.Resolver).
+	resolver *engine.ResolverOptions
 }
 
 // newHarness serves a real server on 127.0.0.1:0 over a real engine.
@@ -96,9 +99,12 @@ func newHarness(t testing.TB, opts harnessOptions) *harness {
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	h.engine = engine.New(h.store, engine.Options{
 		Clock: h.clock.Now, DisableWorkers: !opts.workers, WorkerInterval: 5 * time.Millisecond,
-		OnBatch: metrics.ObserveBatch, Logger: logger,
+		OnBatch: metrics.ObserveBatch, Logger: logger, Resolver: opts.resolver,
 	})
 	cfg := server.Config{Metrics: metrics, Logger: logger, MaxBodyBytes: opts.maxBody, Clock: h.clock.Now}
+	if opts.resolver != nil {
+		cfg.Resolver = h.engine
+	}
 	if opts.auth {
 		file := "# role per token\n" + adminToken + " admin ops\n\n" + gatewayToken + " gateway gw-1\n"
 		if opts.tokens != "" {

@@ -61,6 +61,12 @@ Flags:
   --tls-key FILE      PEM private key of --tls-cert
   --insecure          allow listening on a non-loopback address without
                       --tokens (anyone who can connect may publish policies)
+  --resolver-config FILE
+                      the USAGE_UNKNOWN resolver: per route, the gateways'
+                      operation-status endpoint, its shared secret and an
+                      optional unknownDeadline (docs/OPERATIONS.md, "The
+                      USAGE_UNKNOWN resolver"). Without it nothing resolves
+                      USAGE_UNKNOWN but a settle.
   --max-body BYTES    request body limit (default 1048576)
   --max-batch N       commands per store transaction (default 512)
   --cache-rows N      SQLite row cache: the most rows of each hot table
@@ -106,6 +112,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	cacheRows := fs.Int("cache-rows", sqlite.DefaultCacheRows, "")
 	logLevel := fs.String("log-level", "info", "")
 	logFormat := fs.String("log-format", "text", "")
+	resolverPath := fs.String("resolver-config", "", "")
 	if err := parseNoArgs(fs, args); err != nil {
 		return err
 	}
@@ -131,6 +138,13 @@ func runServe(ctx context.Context, e *env, args []string) error {
 
 	if (*tlsCert == "") != (*tlsKey == "") {
 		return usagef("--tls-cert and --tls-key go together: give both files, or neither for cleartext")
+	}
+
+	var resolver *resolverConfig
+	if *resolverPath != "" {
+		if resolver, err = loadResolverConfig(*resolverPath); err != nil {
+			return usagef("%v", err)
+		}
 	}
 
 	var tokens *server.Tokens
@@ -167,15 +181,22 @@ func runServe(ctx context.Context, e *env, args []string) error {
 		return usagef("open store: %v", err)
 	}
 	metrics := server.NewMetrics()
-	eng := engine.New(st, engine.Options{MaxBatch: *maxBatch, OnBatch: metrics.ObserveBatch, Logger: log,
-		LeaseTTL: *leaseTTL})
+	engineOpts := engine.Options{MaxBatch: *maxBatch, OnBatch: metrics.ObserveBatch, Logger: log, LeaseTTL: *leaseTTL}
+	if resolver != nil {
+		engineOpts.Resolver = &resolver.opts
+	}
+	eng := engine.New(st, engineOpts)
 	shards, err := shardConfig(*shardKeysPath, *dataDir, *storeSpec, *shardMaxTTL, log)
 	if err != nil {
 		eng.Close()
 		st.Close()
 		return usagef("shard keys: %v", err)
 	}
-	srv := server.New(eng, server.Config{Tokens: tokens, MaxBodyBytes: *maxBody, Metrics: metrics, Logger: log, Shards: shards})
+	srvCfg := server.Config{Tokens: tokens, MaxBodyBytes: *maxBody, Metrics: metrics, Logger: log, Shards: shards}
+	if resolver != nil {
+		srvCfg.Resolver = eng
+	}
+	srv := server.New(eng, srvCfg)
 	httpServer := server.HTTPServer(srv.Handler(), log)
 	if certs != nil {
 		// HTTPServer offers HTTP/1.1 and cleartext HTTP/2; over TLS,

@@ -30,6 +30,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -172,18 +173,24 @@ func main() {
 	slots := flag.Int("backend-slots", 4, "generations the fake LLM runs at once")
 	demo := flag.Bool("demo", false, "send demo traffic for three tenants and print a report")
 	demoDuration := flag.Duration("demo-duration", 5*time.Second, "how long the demo traffic runs")
+	opsDir := flag.String("ops-dir", filepath.Join(os.TempDir(), "capledger-gateway-ops"), "directory of the durable operation records")
+	opsSecret := flag.String("ops-secret-file", "", "shared secret of the route in the ledger's --resolver-config: serve GET /operations/{id} for its USAGE_UNKNOWN resolver")
 	flag.Parse()
 	log.SetFlags(0)
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, *ledgerAddr, *token, *listen, *slots, *demo, *demoDuration); err != nil {
+	ops, secret, err := openOperations(*opsDir, *opsSecret)
+	if err != nil {
+		log.Fatalf("gateway: %v", err)
+	}
+	if err := run(ctx, *ledgerAddr, *token, *listen, *slots, *demo, *demoDuration, ops, secret); err != nil {
 		log.Fatalf("gateway: %v", err)
 	}
 }
 
-func run(ctx context.Context, ledgerAddr, token, listen string, slots int, demo bool, demoDuration time.Duration) error {
-	opts := []client.Option{client.WithTimeout(2 * time.Second)}
+func run(ctx context.Context, ledgerAddr, token, listen string, slots int, demo bool, demoDuration time.Duration, ops *client.FileOperationStore, secret []byte) error {
+	opts := []client.Option{client.WithTimeout(2 * time.Second), client.WithOperationStore(ops)}
 	if token != "" {
 		opts = append(opts, client.WithBearerToken(token))
 	}
@@ -219,7 +226,7 @@ func run(ctx context.Context, ledgerAddr, token, listen string, slots int, demo 
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: withOperations(handler, ops, secret), ReadHeaderTimeout: 10 * time.Second}
 	go srv.Serve(ln)
 	gatewayURL := "http://" + ln.Addr().String()
 	log.Printf("gateway on %s, fake LLM backend on %s (%d slots)", gatewayURL, backendURL.Host, slots)
@@ -237,4 +244,48 @@ func run(ctx context.Context, ledgerAddr, token, listen string, slots int, demo 
 	shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	return srv.Shutdown(shutdown)
+}
+
+// openOperations opens the gateway's durable record of its operations
+// and reads the endpoint's secret (nil without a file: the endpoint is
+// then not served). Operations a previous process left running are
+// logged: the fake LLM ran in that process, so their usage is lost and
+// they stay USAGE_UNKNOWN for an operator (a backend with its own
+// billing record would call client.Finish here instead).
+func openOperations(dir, secretFile string) (*client.FileOperationStore, []byte, error) {
+	ops, err := client.OpenOperationStore(dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	unknown, err := ops.Unknown()
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, rec := range unknown {
+		log.Printf("operation %s of reservation %s: usage unknown (it ran in an earlier process)", rec.OperationID, rec.ReservationID)
+	}
+	if secretFile == "" {
+		return ops, nil, nil
+	}
+	raw, err := os.ReadFile(secretFile)
+	if err != nil {
+		return nil, nil, err
+	}
+	secret := []byte(strings.TrimSpace(string(raw)))
+	if len(secret) < 16 {
+		return nil, nil, fmt.Errorf("%s: secret shorter than 16 bytes", secretFile)
+	}
+	return ops, secret, nil
+}
+
+// withOperations serves the operation-status endpoint beside the
+// gateway when there is a secret.
+func withOperations(gateway http.Handler, ops client.OperationStore, secret []byte) http.Handler {
+	if secret == nil {
+		return gateway
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/operations/", client.OperationStatusHandler(ops, secret))
+	mux.Handle("/", gateway)
+	return mux
 }

@@ -77,6 +77,8 @@ var layers = []layer{
 
 	{pkg: "api/digest", imports: nil, testImports: []string{}, stdOnly: true, pure: true,
 		why: "the canonical request digest, shared by the SDK (which sends it) and the server (which derives it)"},
+	{pkg: "api/opstatus", imports: nil, testImports: []string{}, stdOnly: true,
+		why: "the operation-status endpoint's wire form and signatures, shared by the SDK (which serves it) and the resolver's HTTP client (which cmd wires)"},
 	{pkg: "api/capledger/v1", imports: nil,
 		why: "generated protobuf code"},
 	{pkg: "api/capledger/v1/capledgerv1connect", imports: []string{"api/capledger/v1"},

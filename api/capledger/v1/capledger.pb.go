@@ -2461,8 +2461,17 @@ type ListUsageUnknownResponse struct {
 	// USAGE_UNKNOWN (its usage_unknown_at; unset when there are none).
 	Backlog              int64                  `protobuf:"varint,3,opt,name=backlog,proto3" json:"backlog,omitempty"`
 	OldestUsageUnknownAt *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=oldest_usage_unknown_at,json=oldestUsageUnknownAt,proto3" json:"oldest_usage_unknown_at,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// The reservations of this page past their route's unknownDeadline
+	// (serve --resolver-config): still held, never refunded for it, waiting
+	// for an operator. The page lists them first, oldest first, then the
+	// rest of the page.
+	OverdueReservationIds []string `protobuf:"bytes,5,rep,name=overdue_reservation_ids,json=overdueReservationIds,proto3" json:"overdue_reservation_ids,omitempty"`
+	// How many USAGE_UNKNOWN reservations were past their deadline at the
+	// resolver's last complete scan of the backlog (this replica's), as
+	// the metric capledger_usage_unknown_overdue; 0 without deadlines.
+	Overdue       int64 `protobuf:"varint,6,opt,name=overdue,proto3" json:"overdue,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ListUsageUnknownResponse) Reset() {
@@ -2521,6 +2530,20 @@ func (x *ListUsageUnknownResponse) GetOldestUsageUnknownAt() *timestamppb.Timest
 		return x.OldestUsageUnknownAt
 	}
 	return nil
+}
+
+func (x *ListUsageUnknownResponse) GetOverdueReservationIds() []string {
+	if x != nil {
+		return x.OverdueReservationIds
+	}
+	return nil
+}
+
+func (x *ListUsageUnknownResponse) GetOverdue() int64 {
+	if x != nil {
+		return x.Overdue
+	}
+	return 0
 }
 
 type ListDebtsRequest struct {
@@ -3325,12 +3348,14 @@ const file_capledger_v1_capledger_proto_rawDesc = "" +
 	"\x05route\x18\x02 \x01(\tR\x05route\x12\x1b\n" +
 	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x04 \x01(\tR\tpageToken\"\xee\x01\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\"\xc0\x02\n" +
 	"\x18ListUsageUnknownResponse\x12=\n" +
 	"\freservations\x18\x01 \x03(\v2\x19.capledger.v1.ReservationR\freservations\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\x12\x18\n" +
 	"\abacklog\x18\x03 \x01(\x03R\abacklog\x12Q\n" +
-	"\x17oldest_usage_unknown_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x14oldestUsageUnknownAt\"N\n" +
+	"\x17oldest_usage_unknown_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x14oldestUsageUnknownAt\x126\n" +
+	"\x17overdue_reservation_ids\x18\x05 \x03(\tR\x15overdueReservationIds\x12\x18\n" +
+	"\aoverdue\x18\x06 \x01(\x03R\aoverdue\"N\n" +
 	"\x10ListDebtsRequest\x12\x1b\n" +
 	"\tpage_size\x18\x01 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +

@@ -1,0 +1,70 @@
+package main
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/capledger/capledger/engine"
+	"github.com/capledger/capledger/ledger"
+)
+
+func TestResolverConfigIsCheckedFieldByField(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "ok.secret"), []byte("  sixteen-bytes-or-more\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "short.secret"), []byte("short\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	write := func(body string) string {
+		path := filepath.Join(dir, "resolver.json")
+		if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	cfg, err := loadResolverConfig(write(`{"interval":"2s","maxBackoff":"30s","routes":{
+		"chat.generate":{"statusUrl":"https://gw:8443/base","secretFile":"ok.secret","unknownDeadline":"30m"},
+		"*":{"unknownDeadline":"1h"}}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.opts.Interval != 2*time.Second || cfg.opts.MaxBackoff != 30*time.Second || cfg.opts.Source == nil {
+		t.Fatalf("options %+v", cfg.opts)
+	}
+	chat := &ledger.Reservation{Account: ledger.AccountKey{Route: "chat.generate"}}
+	other := &ledger.Reservation{Account: ledger.AccountKey{Route: "embed"}}
+	if cfg.opts.Deadline(chat) != 30*time.Minute || cfg.opts.Deadline(other) != time.Hour {
+		t.Fatalf("deadlines %v %v", cfg.opts.Deadline(chat), cfg.opts.Deadline(other))
+	}
+	if c := cfg.route(chat).client; c == nil || string(c.Secret) != "sixteen-bytes-or-more" || c.Base != "https://gw:8443/base" {
+		t.Fatalf("chat endpoint %+v", c)
+	}
+	if _, err := cfg.OperationStatus(t.Context(), other); !errors.Is(err, engine.ErrNoStatusEndpoint) {
+		t.Fatalf("route without an endpoint: %v", err)
+	}
+
+	for _, c := range []struct{ body, want string }{
+		{`{"routes":{}}`, "no routes"},
+		{`{"routes":{"r":{}}, "extra":1}`, "unknown field"},
+		{`{"interval":"soon","routes":{"r":{}}}`, "interval"},
+		{`{"timeout":"-1s","routes":{"r":{}}}`, "timeout"},
+		{`{"routes":{"r":{"unknownDeadline":"0s"}}}`, "unknownDeadline"},
+		{`{"routes":{"r":{"statusUrl":"ftp://gw","secretFile":"ok.secret"}}}`, "statusUrl"},
+		{`{"routes":{"r":{"statusUrl":"http://gw"}}}`, "needs a secretFile"},
+		{`{"routes":{"r":{"secretFile":"ok.secret"}}}`, "without statusUrl"},
+		{`{"routes":{"r":{"statusUrl":"http://gw","secretFile":"short.secret"}}}`, "at least 16"},
+		{`{"routes":{"r":{"statusUrl":"http://gw","secretFile":"missing.secret"}}}`, "missing.secret"},
+		{`{"routes":{"":{}}}`, "empty route"},
+		{`{"minBackoff":"2m","maxBackoff":"1m","routes":{"r":{}}}`, "below minBackoff"},
+	} {
+		_, err := loadResolverConfig(write(c.body))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want an error about %q", c.body, err, c.want)
+		}
+	}
+}

@@ -1,0 +1,482 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+)
+
+// The USAGE_UNKNOWN resolver: a worker that asks the gateway (or executor)
+// of each USAGE_UNKNOWN reservation what its operation used, through an
+// OperationStatusSource that cmd wires to the HTTP endpoint of
+// docs/CLIENTS.md, and settles with the answer through the same Settle
+// command a gateway sends. Only a receipt settles: a finished operation's
+// actual units, or an authenticated "never started" (zero usage). Every
+// other outcome (still running, unknown, an error of any kind) leaves the
+// reservation USAGE_UNKNOWN, its capacity held and counted as consumed.
+
+// OperationState is what an operation-status endpoint said of one
+// operation.
+type OperationState int
+
+const (
+	// OperationRunning: the work is still going; keep it held.
+	OperationRunning OperationState = iota + 1
+	// OperationFinished: the work ended and used OperationStatus.Units.
+	OperationFinished
+	// OperationNeverStarted: the work was never called and never will
+	// be (the source vouches for this: it authenticated the answer).
+	// The resolver settles it with zero usage.
+	OperationNeverStarted
+	// OperationUnknown: the gateway has no usage for it either; it stays
+	// USAGE_UNKNOWN for an operator.
+	OperationUnknown
+)
+
+func (s OperationState) String() string {
+	switch s {
+	case OperationRunning:
+		return "running"
+	case OperationFinished:
+		return "finished"
+	case OperationNeverStarted:
+		return "never_started"
+	case OperationUnknown:
+		return "unknown"
+	}
+	return fmt.Sprintf("OperationState(%d)", int(s))
+}
+
+// OperationStatus is one answer of an OperationStatusSource.
+type OperationStatus struct {
+	State OperationState
+	// Units are a finished operation's actual units by unit name (a unit
+	// of the policy left out is 0, as in a Settle).
+	Units map[string]ledger.Units
+}
+
+// OperationStatusSource asks the operation-status endpoint of a
+// reservation's route. It returns an error for anything that is not a
+// verified answer (no endpoint for the route: ErrNoStatusEndpoint; a
+// timeout, a refused connection, a 5xx, garbage, an unauthenticated
+// settling answer); the resolver then leaves the reservation as it is and
+// asks again later. It must be safe for concurrent use.
+type OperationStatusSource interface {
+	OperationStatus(ctx context.Context, r *ledger.Reservation) (OperationStatus, error)
+}
+
+// ErrNoStatusEndpoint is returned by a source for a route it has no
+// endpoint for; the resolver asks about such a reservation only at its
+// longest backoff.
+var ErrNoStatusEndpoint = errors.New("route has no operation-status endpoint")
+
+// ResolverOptions configure the resolver (Options.Resolver). Zero values
+// pick the defaults.
+type ResolverOptions struct {
+	// Source answers the status questions. Without one the resolver only
+	// flags overdue reservations (Deadline).
+	Source OperationStatusSource
+	// Interval is how often the backlog is scanned (default 1s).
+	Interval time.Duration
+	// MinBackoff is the wait after the first unsettled answer, doubling
+	// per answer up to MaxBackoff (defaults 1s and 1m); each wait is
+	// drawn uniformly from [d/2, d) (jitter), so gateways that came back
+	// together are not asked in lockstep.
+	MinBackoff, MaxBackoff time.Duration
+	// CallTimeout bounds one status call (default 5s).
+	CallTimeout time.Duration
+	// Concurrency is how many status calls run at once (default 8).
+	Concurrency int
+	// PageSize and MaxPages bound one scan: at most MaxPages pages of
+	// PageSize reservations, oldest-marked first (defaults 256 and 16);
+	// the next scan goes on from where this one stopped.
+	PageSize, MaxPages int
+	// Deadline returns the reservation's unknownDeadline (0: none). Past
+	// it the reservation stays held and is flagged overdue (Overdue,
+	// logged once) for an operator; it is never refunded for it.
+	Deadline func(r *ledger.Reservation) time.Duration
+	// Seed seeds the jitter (0: a fixed seed).
+	Seed uint64
+}
+
+// ResolverStats are the resolver's cumulative counters.
+type ResolverStats struct {
+	// Polls counts status calls (routes without an endpoint aside);
+	// Failures those that returned an error or an answer that cannot
+	// settle (an unknown unit).
+	Polls, Failures uint64
+	// Settled counts reservations the resolver settled (a replay of a
+	// settle that had landed counts too), by a finished answer or a
+	// never-started one.
+	Settled, SettledNeverStarted uint64
+	// Overdue is the number of USAGE_UNKNOWN reservations past their
+	// deadline as of the last complete scan of the backlog; Scanned is
+	// true once one scan completed.
+	Overdue int64
+	Scanned bool
+}
+
+// attempt is the backoff state of one reservation.
+type attempt struct {
+	polls   int
+	next    time.Time
+	flagged bool // overdue logged
+	pass    uint64
+	// failedAt is when its last question failed; flushed says it was
+	// asked once out of turn because its route came back since.
+	failedAt time.Time
+	flushed  bool
+}
+
+// Resolver is the resolver worker. The engine runs one (Options.Resolver);
+// NewResolver builds one over a Core for a driver with its own clock and
+// commit path, the simulator.
+type Resolver struct {
+	store  store.Store
+	clock  func() time.Time
+	commit func(ctx context.Context, cmds []ledger.Command) ([]ledger.Result, error)
+	log    *slog.Logger
+	opts   ResolverOptions
+
+	mu       sync.Mutex
+	rng      *rand.Rand
+	attempts map[string]*attempt
+	cursor   store.UnknownCursor
+	pass     uint64 // scans of the whole backlog begun
+	overdue  int64  // counted in the current pass
+	// A route is down after a failed question and back at the first
+	// answer after that: then every reservation of the route that failed
+	// before is asked at the next scan, once, instead of waiting out a
+	// backoff that grew while the gateway was down (up to MaxBackoff: a
+	// gateway that comes back for less than that would be missed).
+	routeDown map[string]bool
+	routeBack map[string]time.Time
+
+	polls, failures, settled, neverStarted atomic.Uint64
+	overdueDone                            atomic.Int64 // last complete pass; -1 before one
+}
+
+// NewResolver returns a resolver that reads the backlog from st, reads the
+// time from clock, and commits its settles with commit (Engine.DoBatch,
+// or Core.Commit at a simulated time). Call Run for each scan; Run is not
+// safe for concurrent use.
+func NewResolver(st store.Store, opts ResolverOptions, clock func() time.Time,
+	commit func(ctx context.Context, cmds []ledger.Command) ([]ledger.Result, error), log *slog.Logger) *Resolver {
+	if log == nil {
+		log = slog.Default()
+	}
+	if opts.Interval <= 0 {
+		opts.Interval = time.Second
+	}
+	if opts.MinBackoff <= 0 {
+		opts.MinBackoff = time.Second
+	}
+	if opts.MaxBackoff < opts.MinBackoff {
+		opts.MaxBackoff = max(time.Minute, opts.MinBackoff)
+	}
+	if opts.CallTimeout <= 0 {
+		opts.CallTimeout = 5 * time.Second
+	}
+	if opts.Concurrency <= 0 {
+		opts.Concurrency = 8
+	}
+	if opts.PageSize <= 0 {
+		opts.PageSize = 256
+	}
+	if opts.MaxPages <= 0 {
+		opts.MaxPages = 16
+	}
+	r := &Resolver{
+		store: st, clock: clock, commit: commit, log: log, opts: opts, attempts: map[string]*attempt{}, pass: 1,
+		routeDown: map[string]bool{}, routeBack: map[string]time.Time{},
+		rng: rand.New(rand.NewPCG(opts.Seed, opts.Seed^0x9e3779b97f4a7c15)),
+	}
+	r.overdueDone.Store(-1)
+	return r
+}
+
+// ResolverStats returns the resolver's counters (zero without a resolver).
+func (e *Engine) ResolverStats() ResolverStats {
+	if e.resolver == nil {
+		return ResolverStats{}
+	}
+	return e.resolver.Stats()
+}
+
+// Stats returns the resolver's counters.
+func (r *Resolver) Stats() ResolverStats {
+	n := r.overdueDone.Load()
+	return ResolverStats{
+		Polls: r.polls.Load(), Failures: r.failures.Load(), Settled: r.settled.Load(),
+		SettledNeverStarted: r.neverStarted.Load(), Overdue: max(n, 0), Scanned: n >= 0,
+	}
+}
+
+// UnknownOverdue reports whether a USAGE_UNKNOWN reservation is past its
+// deadline at now (false without a deadline or a resolver).
+func (e *Engine) UnknownOverdue(r *ledger.Reservation, now time.Time) bool {
+	return e.resolver != nil && e.resolver.Overdue(r, now)
+}
+
+// Overdue reports whether a USAGE_UNKNOWN reservation is past its
+// deadline at now (false without a deadline).
+func (r *Resolver) Overdue(res *ledger.Reservation, now time.Time) bool {
+	if r.opts.Deadline == nil || res.State != ledger.StateUsageUnknown {
+		return false
+	}
+	d := r.opts.Deadline(res)
+	return d > 0 && !now.Before(res.UnknownAt.Add(d))
+}
+
+// backoff returns the wait after polls unsettled answers, jittered.
+func (r *Resolver) backoff(polls int) time.Duration {
+	d := r.opts.MinBackoff
+	for i := 1; i < polls && d < r.opts.MaxBackoff; i++ {
+		d *= 2
+	}
+	d = min(d, r.opts.MaxBackoff)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return d/2 + time.Duration(r.rng.Int64N(int64(d/2)+1))
+}
+
+// Run is one scan: up to MaxPages pages of the backlog from the cursor,
+// each page's due reservations asked about and the answers settled.
+func (r *Resolver) Run(ctx context.Context) {
+	for range r.opts.MaxPages {
+		if ctx.Err() != nil {
+			return
+		}
+		r.mu.Lock()
+		after := r.cursor
+		r.mu.Unlock()
+		rows, err := r.store.ReservationsUnknown(ctx, store.UnknownFilter{After: after, Limit: r.opts.PageSize})
+		if err != nil {
+			if ctx.Err() == nil {
+				r.log.Warn("resolver: read backlog", "err", err)
+			}
+			return
+		}
+		r.page(ctx, rows)
+		r.mu.Lock()
+		if len(rows) < r.opts.PageSize {
+			r.endPass()
+			r.mu.Unlock()
+			return
+		}
+		last := rows[len(rows)-1]
+		r.cursor = store.UnknownCursor{MarkedAt: last.UnknownAt, ID: last.ID}
+		r.mu.Unlock()
+	}
+}
+
+// endPass closes a scan of the whole backlog: it publishes the overdue
+// count and forgets the reservations the pass did not see (settled by
+// someone). The caller holds mu.
+func (r *Resolver) endPass() {
+	r.overdueDone.Store(r.overdue)
+	for id, a := range r.attempts {
+		if a.pass != r.pass {
+			delete(r.attempts, id)
+		}
+	}
+	r.pass++
+	r.overdue = 0
+	r.cursor = store.UnknownCursor{}
+}
+
+// page handles one page of the backlog.
+func (r *Resolver) page(ctx context.Context, rows []ledger.Reservation) {
+	now := r.clock()
+	var due []*ledger.Reservation
+	r.mu.Lock()
+	for i := range rows {
+		row := &rows[i]
+		a := r.attempts[row.ID]
+		if a == nil {
+			a = &attempt{}
+			r.attempts[row.ID] = a
+		}
+		a.pass = r.pass
+		if r.opts.Deadline != nil {
+			if d := r.opts.Deadline(row); d > 0 && !now.Before(row.UnknownAt.Add(d)) {
+				r.overdue++
+				if !a.flagged {
+					a.flagged = true
+					r.log.Warn("USAGE_UNKNOWN past its deadline: held, needs an operator",
+						"reservation", row.ID, "operation", row.OperationID, "subject", row.Account.Subject,
+						"route", row.Account.Route, "marked", row.UnknownAt, "deadline", d)
+				}
+			}
+		}
+		if r.opts.Source == nil {
+			continue
+		}
+		if !now.Before(a.next) {
+			a.flushed = false
+			due = append(due, row)
+		} else if back, ok := r.routeBack[row.Account.Route]; ok && !a.flushed && !a.failedAt.IsZero() && back.After(a.failedAt) {
+			a.flushed = true
+			due = append(due, row)
+		}
+	}
+	r.mu.Unlock()
+	if len(due) == 0 {
+		return
+	}
+	answers := make([]OperationStatus, len(due))
+	errs := make([]error, len(due))
+	sem := make(chan struct{}, r.opts.Concurrency)
+	var wg sync.WaitGroup
+	for i := range due {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			cctx, cancel := context.WithTimeout(ctx, r.opts.CallTimeout)
+			defer cancel()
+			answers[i], errs[i] = r.opts.Source.OperationStatus(cctx, due[i])
+		}()
+	}
+	wg.Wait()
+
+	var cmds []ledger.Command
+	var settling []int
+	r.mu.Lock()
+	for i, row := range due {
+		route := row.Account.Route
+		switch {
+		case errors.Is(errs[i], ErrNoStatusEndpoint):
+		case errs[i] != nil:
+			r.routeDown[route] = true
+			if a := r.attempts[row.ID]; a != nil {
+				a.failedAt = now
+			}
+		case r.routeDown[route]:
+			r.routeDown[route] = false
+			r.routeBack[route] = now
+		}
+	}
+	r.mu.Unlock()
+	for i, row := range due {
+		if errors.Is(errs[i], ErrNoStatusEndpoint) {
+			r.later(row.ID, true) // not a question asked: not counted
+			continue
+		}
+		r.polls.Add(1)
+		cmd, err := r.settleCommand(ctx, row, answers[i], errs[i])
+		if err != nil {
+			r.failures.Add(1)
+			r.later(row.ID, false)
+			r.log.Debug("resolver: stays USAGE_UNKNOWN", "reservation", row.ID, "operation", row.OperationID, "err", err)
+			continue
+		}
+		if cmd == nil {
+			r.later(row.ID, false) // running or unknown
+			continue
+		}
+		cmds = append(cmds, *cmd)
+		settling = append(settling, i)
+	}
+	if len(cmds) == 0 {
+		return
+	}
+	results, err := r.commit(ctx, cmds)
+	if err != nil {
+		// Outcome unknown: the next scan sees whether they settled, and a
+		// second settle with the same receipt replays.
+		if ctx.Err() == nil {
+			r.log.Warn("resolver: settle batch", "commands", len(cmds), "err", err)
+		}
+		for _, i := range settling {
+			r.later(due[i].ID, false)
+		}
+		return
+	}
+	for k, i := range settling {
+		row, res := due[i], &results[k]
+		switch {
+		case res.Err == nil:
+			r.settled.Add(1)
+			if answers[i].State == OperationNeverStarted {
+				r.neverStarted.Add(1)
+			}
+			r.forget(row.ID)
+		case errors.Is(res.Err, ledger.ErrReservationAlreadySettled):
+			r.forget(row.ID) // settled by someone else meanwhile
+		default:
+			// Refused (the lifetime bound, a mismatched operation):
+			// it stays USAGE_UNKNOWN for an operator.
+			r.log.Warn("resolver: settle refused; stays USAGE_UNKNOWN", "reservation", row.ID, "err", res.Err)
+			r.later(row.ID, true)
+		}
+	}
+}
+
+// settleCommand turns one answer into the settle it calls for: nil for
+// running and unknown, an error for anything that cannot settle.
+func (r *Resolver) settleCommand(ctx context.Context, row *ledger.Reservation, st OperationStatus, err error) (*ledger.Command, error) {
+	if err != nil {
+		return nil, err
+	}
+	var units ledger.Amounts
+	switch st.State {
+	case OperationRunning, OperationUnknown:
+		return nil, nil
+	case OperationNeverStarted:
+		// zero usage, vouched for by the source
+	case OperationFinished:
+		p, err := r.store.PolicyGet(ctx, row.Account.Generation)
+		if err != nil {
+			return nil, fmt.Errorf("policy %d: %w", row.Account.Generation, err)
+		}
+		for unit, n := range st.Units {
+			i := p.DimensionIndex(unit)
+			if i < 0 {
+				return nil, fmt.Errorf("answer has unit %q, which generation %d does not limit", unit, p.Generation)
+			}
+			if n < 0 || n > ledger.MaxUnits {
+				return nil, fmt.Errorf("answer has %s = %d", unit, n)
+			}
+			units[i] = n
+		}
+	default:
+		return nil, fmt.Errorf("answer has state %v", st.State)
+	}
+	return &ledger.Command{Kind: ledger.KindSettle, ReservationID: row.ID, OperationID: row.OperationID, Units: units}, nil
+}
+
+// later schedules the next question about id after a backoff; longest
+// goes straight to MaxBackoff.
+func (r *Resolver) later(id string, longest bool) {
+	r.mu.Lock()
+	a := r.attempts[id]
+	r.mu.Unlock()
+	if a == nil {
+		return
+	}
+	var wait time.Duration
+	if longest {
+		wait = r.backoff(1 << 20)
+	} else {
+		wait = r.backoff(a.polls + 1)
+	}
+	r.mu.Lock()
+	a.polls++
+	a.next = r.clock().Add(wait)
+	r.mu.Unlock()
+}
+
+func (r *Resolver) forget(id string) {
+	r.mu.Lock()
+	delete(r.attempts, id)
+	r.mu.Unlock()
+}

@@ -1,0 +1,65 @@
+package server_test
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/capledger/capledger/engine"
+	"github.com/capledger/capledger/ledger"
+)
+
+func TestOverdueUnknownAreListedFirstAndCounted(t *testing.T) {
+	// u-young's route deadline is 1 minute, the others' 1 hour: the
+	// younger one is overdue first.
+	deadline := func(r *ledger.Reservation) time.Duration {
+		if r.ID == "u-young" {
+			return time.Minute
+		}
+		return time.Hour
+	}
+	h := newHarness(t, harnessOptions{resolver: &engine.ResolverOptions{Deadline: deadline}})
+	h.ok("PublishPolicy", tokensPolicy, "")
+	for _, id := range []string{"u-old", "u-mid", "u-young"} {
+		h.startWork(id)
+		h.markUnknown(id)
+		h.clock.Advance(time.Second)
+	}
+	metrics := h.get("/metrics")
+	if strings.Contains(metrics, "capledger_usage_unknown_overdue ") {
+		t.Fatalf("overdue gauge before the resolver's first scan:\n%s", grep(metrics, "overdue"))
+	}
+	h.engine.RunResolver(context.Background())
+	if metrics = h.get("/metrics"); !strings.Contains(metrics, "capledger_usage_unknown_overdue 0\n") {
+		t.Fatalf("nothing overdue yet:\n%s", grep(metrics, "overdue"))
+	}
+	page := h.ok("ListUsageUnknown", `{}`, "")
+	if got := ids(t, page); !slices.Equal(got, []string{"u-old", "u-mid", "u-young"}) || page["overdueReservationIds"] != nil {
+		t.Fatalf("before any deadline: %v %v", got, page["overdueReservationIds"])
+	}
+
+	h.clock.Advance(2 * time.Minute)
+	h.engine.RunResolver(context.Background())
+	page = h.ok("ListUsageUnknown", `{}`, "")
+	if got := ids(t, page); !slices.Equal(got, []string{"u-young", "u-old", "u-mid"}) {
+		t.Fatalf("page %v, want the overdue u-young first, then oldest first", got)
+	}
+	if overdue, _ := page["overdueReservationIds"].([]any); len(overdue) != 1 || overdue[0] != "u-young" || page["overdue"] != "1" {
+		t.Fatalf("overdue fields: %v %v", page["overdueReservationIds"], page["overdue"])
+	}
+	if metrics = h.get("/metrics"); !strings.Contains(metrics, "capledger_usage_unknown_overdue 1\n") {
+		t.Fatalf("one overdue:\n%s", grep(metrics, "overdue"))
+	}
+	// Paging still follows the store's order: a page of two ends at
+	// u-mid, and the next holds u-young (overdue, so flagged) alone.
+	page = h.ok("ListUsageUnknown", `{"pageSize":2}`, "")
+	if got := ids(t, page); !slices.Equal(got, []string{"u-old", "u-mid"}) || page["overdueReservationIds"] != nil {
+		t.Fatalf("first page of two: %v %v", got, page["overdueReservationIds"])
+	}
+	next := h.ok("ListUsageUnknown", `{"pageSize":2,"pageToken":"`+page["nextPageToken"].(string)+`"}`, "")
+	if got := ids(t, next); !slices.Equal(got, []string{"u-young"}) || next["overdueReservationIds"] == nil {
+		t.Fatalf("second page: %v %v", got, next["overdueReservationIds"])
+	}
+}
