@@ -86,6 +86,9 @@ type Server struct {
 	log      *slog.Logger
 	maxBody  int64
 	handler  http.Handler
+	// mux and options are kept for Mount and HandlerOptions (adapter.go).
+	mux     *http.ServeMux
+	options []connect.HandlerOption
 }
 
 // New returns a server over l.
@@ -129,6 +132,7 @@ func New(l Ledger, cfg Config) *Server {
 	mux.HandleFunc("GET /healthz", s.healthz)
 	mux.HandleFunc("GET /readyz", s.readyz)
 	mux.Handle("GET /metrics", s.metrics.Handler())
+	s.mux, s.options = mux, options
 	s.handler = s.limitBody(mux)
 	return s
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/capledger/capledger/engine"
+	"github.com/capledger/capledger/envoyrls"
 	"github.com/capledger/capledger/server"
 	"github.com/capledger/capledger/store/open"
 )
@@ -58,6 +59,9 @@ Flags:
                       replacing them, no restart. A pair that fails to load
                       is logged and the previous certificate kept.
   --tls-key FILE      PEM private key of --tls-cert
+  --envoy-config FILE serve Envoy's rate limit service (ShouldRateLimit) on
+                      the same port, mapping domains and descriptors to
+                      subjects, routes and units as FILE says (docs/ENVOY.md)
   --insecure          allow listening on a non-loopback address without
                       --tokens (anyone who can connect may publish policies)
   --max-body BYTES    request body limit (default 1048576)
@@ -94,6 +98,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	maxBatch := fs.Int("max-batch", 512, "")
 	logLevel := fs.String("log-level", "info", "")
 	logFormat := fs.String("log-format", "text", "")
+	envoyConfigPath := fs.String("envoy-config", "", "")
 	if err := parseNoArgs(fs, args); err != nil {
 		return err
 	}
@@ -123,6 +128,13 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	} else if !*insecure {
 		if err := requireLoopback(*addr); err != nil {
 			return err
+		}
+	}
+
+	var envoyConfig *envoyrls.Config
+	if *envoyConfigPath != "" {
+		if envoyConfig, err = envoyrls.LoadConfig(*envoyConfigPath); err != nil {
+			return usagef("%v", err)
 		}
 	}
 
@@ -157,6 +169,10 @@ func runServe(ctx context.Context, e *env, args []string) error {
 		return usagef("shard keys: %v", err)
 	}
 	srv := server.New(eng, server.Config{Tokens: tokens, MaxBodyBytes: *maxBody, Metrics: metrics, Logger: log, Shards: shards})
+	if envoyConfig != nil {
+		envoyrls.New(srv, envoyConfig, log).Mount()
+		log.Info("serving Envoy's rate limit service", "procedure", envoyrls.Procedure, "domains", len(envoyConfig.Domains))
+	}
 	httpServer := server.HTTPServer(srv.Handler(), log)
 	if certs != nil {
 		// HTTPServer offers HTTP/1.1 and cleartext HTTP/2; over TLS,
