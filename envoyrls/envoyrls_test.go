@@ -230,7 +230,8 @@ func TestSeveralDescriptors(t *testing.T) {
 		t.Fatalf("first: %v", resp)
 	}
 	resp := h.mustCheck(req)
-	if resp.GetOverallCode() != OVER || resp.GetStatuses()[0].GetCode() != OK || resp.GetStatuses()[1].GetCode() != OVER {
+	if resp.GetOverallCode() != OVER || resp.GetStatuses()[0].GetCode() != OK || resp.GetStatuses()[1].GetCode() != OVER ||
+		resp.GetStatuses()[0].GetLimitRemaining() != 8 {
 		t.Fatalf("second: want acme OK, global OVER_LIMIT, overall OVER_LIMIT; got %v", resp)
 	}
 	if b := h.balance("acme", "search"); b.Spent != 2 || b.Reserved != 0 || b.Available != 8 {

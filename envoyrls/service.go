@@ -23,6 +23,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -105,6 +106,9 @@ type item struct {
 	// over: a capacity rejection under an enforced policy.
 	over       bool
 	retryAfter time.Duration
+	// released: admitted, then released because another descriptor of
+	// the request refused.
+	released bool
 }
 
 // ShouldRateLimit answers one request. It returns a connect error (the
@@ -259,6 +263,7 @@ func (s *Service) run(ctx context.Context, items []item) error {
 		follow := it.cmds[1:]
 		if refused && !it.mapped.Settle && len(follow) > 0 {
 			follow = []ledger.Command{{Kind: ledger.KindRelease, ReservationID: it.rid}}
+			it.released = true
 		}
 		for _, c := range follow {
 			second = append(second, c)
@@ -476,15 +481,9 @@ func (s *Service) respond(ctx context.Context, items []item) (*rlsv3.RateLimitRe
 		d := &it.policy.Dimensions[it.dim]
 		name := it.mapped.Key.Route + "-" + d.Unit
 		st.CurrentLimit = currentLimit(d, name)
-		remaining, reset := int64(0), time.Duration(0)
-		if a, ok, cerr := s.srv.Account(ctx, it.mapped.Key, it.policy.Generation); cerr != nil {
+		remaining, reset, cerr := s.remaining(ctx, it, d)
+		if cerr != nil {
 			return nil, cerr
-		} else if ok {
-			bal := &a.Balances[it.dim]
-			if bal.Debt() == 0 {
-				remaining = bal.Available
-			}
-			reset = untilFull(d, bal.Available+bal.Reserved-bal.Debt())
 		}
 		if it.over && it.retryAfter > 0 {
 			reset = it.retryAfter
@@ -507,6 +506,35 @@ func (s *Service) respond(ctx context.Context, items []item) (*rlsv3.RateLimitRe
 			&corev3.HeaderValue{Key: "Retry-After", Value: strconv.FormatInt(seconds(retryAfter), 10)})
 	}
 	return resp, nil
+}
+
+// remaining returns what is left of the descriptor's dimension after its
+// commands, and how long refills take to fill it to the burst. A check's
+// reserve reports its account's available units (Result.Available), so the
+// common paths need no second read; a replay, a settle after the stream,
+// or a cost recorded after the fact read the account as committed.
+func (s *Service) remaining(ctx context.Context, it *item, d *ledger.Dimension) (int64, time.Duration, *connect.Error) {
+	res := &it.results[0]
+	if it.cmds[0].Kind == ledger.KindReserve && !it.mapped.Settle && !res.Replayed &&
+		(res.Err == nil || server.Classify(res.Err).Capacity) {
+		if errors.Is(res.Err, ledger.ErrAdmissionFrozen) {
+			return 0, untilFull(d, 0), nil
+		}
+		left := res.Available[it.dim]
+		if res.Err == nil && (it.released || len(it.cmds) == 2 && it.cmds[1].Kind == ledger.KindRelease) {
+			left += it.cmds[0].Units[it.dim] // a probe, or a refused request, gives its units back
+		}
+		return left, untilFull(d, left), nil
+	}
+	a, ok, cerr := s.srv.Account(ctx, it.mapped.Key, it.policy.Generation)
+	if cerr != nil || !ok {
+		return 0, 0, cerr
+	}
+	bal := &a.Balances[it.dim]
+	if bal.Debt() > 0 {
+		return 0, untilFull(d, -bal.Debt()), nil
+	}
+	return bal.Available, untilFull(d, bal.Available), nil
 }
 
 // currentLimit expresses a token bucket's refill as Envoy's
@@ -541,7 +569,9 @@ func currentLimit(d *ledger.Dimension, name string) *rlsv3.RateLimitResponse_Rat
 }
 
 // untilFull is how long refills take from level to the burst (0 without
-// refill or when full).
+// refill or when full); a negative level is debt, repaid first. Units held
+// by reservations are not counted: it is the wait until the bucket would
+// be full if nothing were held.
 func untilFull(d *ledger.Dimension, level int64) time.Duration {
 	missing := d.Burst - level
 	if missing <= 0 || d.RefillUnits <= 0 || d.RefillInterval <= 0 {
