@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -417,3 +418,41 @@ func TestMapRules(t *testing.T) {
 }
 
 var _ = errors.Is
+
+// TestConcurrentChecksAdmitExactlyTheBurst: 64 callers race for a burst
+// of 100 without refill; exactly 100 checks are admitted, over gRPC, and
+// the ledger holds exactly what they took.
+func TestConcurrentChecksAdmitExactlyTheBurst(t *testing.T) {
+	h := newHarness(t, options{config: testMapping(t), auth: true})
+	h.publish("acme", "search", "requests", 100, 0, time.Hour, false)
+	req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*rlscommon.RateLimitDescriptor{
+		descriptor(nil, "tenant", "acme", "route", "search")}}
+	var mu sync.Mutex
+	admitted, refused := 0, 0
+	var wg sync.WaitGroup
+	for range 64 {
+		wg.Go(func() {
+			for range 3 {
+				resp, err := h.check(req)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				if resp.GetOverallCode() == OK {
+					admitted++
+				} else {
+					refused++
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if admitted != 100 || refused != 92 {
+		t.Fatalf("admitted %d, refused %d; want 100 and 92", admitted, refused)
+	}
+	if b := h.balance("acme", "search"); b.Spent != 100 || b.Available != 0 || b.Reserved != 0 {
+		t.Fatalf("balance %+v", b)
+	}
+}
