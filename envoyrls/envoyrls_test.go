@@ -456,3 +456,46 @@ func TestConcurrentChecksAdmitExactlyTheBurst(t *testing.T) {
 		t.Fatalf("balance %+v", b)
 	}
 }
+
+// TestSeveralDescriptorsRetried: a request with an id checked against two
+// tenants. Refused by one, it holds nothing at the other; a retry of it
+// stays refused even once the refusing tenant has room again (its
+// reservation at the other was released, and a released id is final), and
+// leaves nothing held. An admitted request's retry replays.
+func TestSeveralDescriptorsRetried(t *testing.T) {
+	h := newHarness(t, options{config: testMapping(t), auth: true})
+	h.publish("acme", "chat", "tokens", 1000, 1, time.Hour, false)
+	h.publish("global", "chat", "tokens", 400, 100, time.Minute, false)
+	req := func(id string, n uint64) *rlsv3.RateLimitRequest {
+		return &rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlscommon.RateLimitDescriptor{
+			descriptor(hits(n), "tenant", "acme", "x-request-id", id),
+			descriptor(hits(n), "tenant", "global", "x-request-id", id)}}
+	}
+	// 200 spent at global by a check without an id.
+	if resp := h.mustCheck(&rlsv3.RateLimitRequest{Domain: "llm", HitsAddend: 200, Descriptors: []*rlscommon.RateLimitDescriptor{
+		descriptor(nil, "tenant", "global")}}); resp.GetOverallCode() != OK {
+		t.Fatalf("q0: %v", resp)
+	}
+	resp := h.mustCheck(req("q1", 300))
+	if resp.GetOverallCode() != OVER || resp.GetStatuses()[0].GetCode() != OK || resp.GetStatuses()[1].GetCode() != OVER {
+		t.Fatalf("q1: %v", resp)
+	}
+	if r := h.reservation("envoy:q1/acme/chat/global"); r.GetState() != v1.ReservationState_RESERVATION_STATE_RELEASED {
+		t.Fatalf("q1 at acme: %v", r)
+	}
+	h.clock.Advance(2 * time.Minute) // global refilled to 400: room for q1
+	if resp := h.mustCheck(req("q1", 300)); resp.GetOverallCode() != OVER {
+		t.Fatalf("q1 retried: %v", resp)
+	}
+	for range 2 {
+		if resp := h.mustCheck(req("q2", 50)); resp.GetOverallCode() != OK {
+			t.Fatalf("q2: %v", resp)
+		}
+	}
+	if b := h.balance("acme", "chat"); b.Reserved != 50 || b.Available != 950 {
+		t.Fatalf("acme %+v: want only q2's 50 held", b)
+	}
+	if b := h.balance("global", "chat"); b.Reserved != 50 || b.Available != 350 {
+		t.Fatalf("global %+v: want only q2's 50 held, 350 free", b)
+	}
+}

@@ -261,6 +261,11 @@ func (s *Service) run(ctx context.Context, items []item) error {
 			continue
 		}
 		follow := it.cmds[1:]
+		if first := &it.results[0]; first.Replayed && first.Reservation.State != ledger.StateReserved && refused {
+			// A retry: its follow-ups ran in the first call (a started
+			// reservation cannot be released, a released one is done).
+			continue
+		}
 		if refused && !it.mapped.Settle && len(follow) > 0 {
 			follow = []ledger.Command{{Kind: ledger.KindRelease, ReservationID: it.rid}}
 			it.released = true
@@ -409,6 +414,12 @@ func (s *Service) decide(ctx context.Context, it *item) error {
 		return err
 	}
 	if res.Err == nil {
+		if it.cmds[0].Kind == ledger.KindReserve && res.Replayed && res.Reservation.State == ledger.StateReleased {
+			// A retry of a check that was refused (its reservation was
+			// released because another descriptor refused): refused again.
+			it.over = true
+			return nil
+		}
 		if it.cmds[0].Kind == ledger.KindSettle && res.Reservation.State == ledger.StateSettledWithDebt {
 			// The usage was recorded, beyond what was free: the account is
 			// frozen until refills repay the debt, so say OVER_LIMIT (Envoy
