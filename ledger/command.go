@@ -147,6 +147,11 @@ type Result struct {
 	Shadow bool
 	// Shard is the issued or reconciled shard.
 	Shard *Shard
+	// Available is the account's available units per dimension right after
+	// a reserve decided (admitted or not; refill applied), for adapters
+	// that report what is left (Envoy's limit_remaining) without reading
+	// the account again. Zero for other commands.
+	Available Amounts
 	// Move is the receipt of a drain or remint.
 	Move *Move
 }

@@ -107,6 +107,9 @@ func reserve(b Book, cmd *Command, now time.Time, res *Result) {
 	if rej.err != nil {
 		*res = rej.result(p)
 		res.Generation = p.Generation
+		for i := 0; i < a.Dims; i++ {
+			res.Available[i] = a.Balances[i].Available
+		}
 		if p.Rollout == RolloutShadow {
 			res.Shadow = true
 			before := a.Balances
@@ -133,6 +136,9 @@ func reserve(b Book, cmd *Command, now time.Time, res *Result) {
 	// Filling *res, rather than returning a literal, spares a
 	// copy of the 500-byte Result on the hot path.
 	res.Reservation, res.Generation = *r, p.Generation
+	for i := 0; i < a.Dims; i++ {
+		res.Available[i] = a.Balances[i].Available
+	}
 	return
 }
 

@@ -95,6 +95,9 @@ type Server struct {
 	handler  http.Handler
 	resolver ResolverView
 	clock    func() time.Time
+	// mux and options are kept for Mount and HandlerOptions (adapter.go).
+	mux     *http.ServeMux
+	options []connect.HandlerOption
 }
 
 // New returns a server over l.
@@ -147,6 +150,7 @@ func New(l Ledger, cfg Config) *Server {
 	mux.HandleFunc("GET /statusz", s.statusz)
 	mux.Handle("GET /metrics", s.metrics.Handler())
 	mux.HandleFunc("/", unknownPath)
+	s.mux, s.options = mux, options
 	s.handler = s.limitBody(mux)
 	return s
 }

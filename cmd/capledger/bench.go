@@ -51,6 +51,11 @@ Modes:
              per subject) in JSON to the HTTP gateway of a gubernator at
              --addr (its GUBER_HTTP_ADDRESS): an in-memory limiter that
              keeps nothing durable, measured on the same machine
+  envoy      one ShouldRateLimit (Envoy's rate limit service, gRPC) of
+             one descriptor {tenant: subject} in --envoy-domain with hits
+             --units, to capledger serve --envoy-config or to the
+             reference envoyproxy/ratelimit at --addr (its gRPC port;
+             --setup=false there): the same client for both
 
 To keep its own cost per call low on a machine it shares with the server,
 bench runs with a GC target of 400 and, at --concurrency 1, on one
@@ -61,8 +66,9 @@ Unless --setup=false, bench first publishes a policy for subject "*" on
 so every reservation is admitted and none expires during the run.
 
 Flags:
-  --mode MODE        reserve, lifecycle, batch, echo or gubernator
+  --mode MODE        reserve, lifecycle, batch, echo, gubernator or envoy
                      (default reserve)
+  --envoy-domain D   rate limit domain of --mode envoy (default bench)
   --concurrency N    concurrent callers (default 64)
   --duration DUR     measured time (default 10s)
   --warmup DUR       unmeasured time before it (default 1s)
@@ -112,6 +118,7 @@ type benchConfig struct {
 	prefill     bool
 	addrs       []string
 	epochLength time.Duration
+	envoyDomain string
 	// conn is the connection flags: the SDK client for the ledger modes,
 	// the address alone for the baselines.
 	conn *clientFlags
@@ -133,6 +140,7 @@ func runBench(ctx context.Context, e *env, args []string) error {
 	protocol := fs.String("protocol", "connect", "")
 	fs.BoolVar(&cfg.setup, "setup", true, "")
 	fs.BoolVar(&cfg.progress, "progress", true, "")
+	fs.StringVar(&cfg.envoyDomain, "envoy-domain", "bench", "")
 	echoServer := fs.Bool("echo-server", false, "")
 	prefill := fs.String("prefill", "", "")
 	addrs := fs.String("addrs", "", "")
@@ -151,8 +159,8 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		return usagef("--protocol: %v", err)
 	}
 	switch {
-	case !slices.Contains([]string{"reserve", "lifecycle", "batch", "echo", "gubernator"}, cfg.mode):
-		return usagef("--mode %q: want reserve, lifecycle, batch, echo or gubernator", cfg.mode)
+	case !slices.Contains([]string{"reserve", "lifecycle", "batch", "echo", "gubernator", "envoy"}, cfg.mode):
+		return usagef("--mode %q: want reserve, lifecycle, batch, echo, gubernator or envoy", cfg.mode)
 	case cfg.concurrency < 1:
 		return usagef("--concurrency must be at least 1")
 	case cfg.duration <= 0 || cfg.warmup < 0:
@@ -188,6 +196,8 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		op, err = echoOp(&cfg)
 	case "gubernator":
 		op, err = gubernatorOp(&cfg)
+	case "envoy":
+		op, err = envoyOp(ctx, &cfg)
 	default:
 		op, err = ledgerOp(ctx, &cfg)
 	}

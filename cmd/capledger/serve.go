@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/capledger/capledger/engine"
+	"github.com/capledger/capledger/envoyrls"
 	"github.com/capledger/capledger/server"
 	"github.com/capledger/capledger/store/open"
 	"github.com/capledger/capledger/store/sqlite"
@@ -59,6 +60,9 @@ Flags:
                       replacing them, no restart. A pair that fails to load
                       is logged and the previous certificate kept.
   --tls-key FILE      PEM private key of --tls-cert
+  --envoy-config FILE serve Envoy's rate limit service (ShouldRateLimit) on
+                      the same port, mapping domains and descriptors to
+                      subjects, routes and units as FILE says (docs/ENVOY.md)
   --insecure          allow listening on a non-loopback address without
                       --tokens (anyone who can connect may publish policies)
   --resolver-config FILE
@@ -113,6 +117,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	logLevel := fs.String("log-level", "info", "")
 	logFormat := fs.String("log-format", "text", "")
 	resolverPath := fs.String("resolver-config", "", "")
+	envoyConfigPath := fs.String("envoy-config", "", "")
 	if err := parseNoArgs(fs, args); err != nil {
 		return err
 	}
@@ -158,6 +163,13 @@ func runServe(ctx context.Context, e *env, args []string) error {
 		}
 	}
 
+	var envoyConfig *envoyrls.Config
+	if *envoyConfigPath != "" {
+		if envoyConfig, err = envoyrls.LoadConfig(*envoyConfigPath); err != nil {
+			return usagef("%v", err)
+		}
+	}
+
 	// The pair loads before anything listens or opens, so a wrong path or
 	// a key of another certificate fails at start, not at the first
 	// handshake.
@@ -197,6 +209,10 @@ func runServe(ctx context.Context, e *env, args []string) error {
 		srvCfg.Resolver = eng
 	}
 	srv := server.New(eng, srvCfg)
+	if envoyConfig != nil {
+		envoyrls.New(srv, envoyConfig, log).Mount()
+		log.Info("serving Envoy's rate limit service", "procedure", envoyrls.Procedure, "domains", len(envoyConfig.Domains))
+	}
 	httpServer := server.HTTPServer(srv.Handler(), log)
 	if certs != nil {
 		// HTTPServer offers HTTP/1.1 and cleartext HTTP/2; over TLS,

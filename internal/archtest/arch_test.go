@@ -47,8 +47,8 @@ type layer struct {
 
 // layers is DESIGN.md's "Layout" as rules. Arrows point down only:
 // cmd -> server, sim -> engine -> ledger; engine -> store -> ledger;
-// server -> api; client -> api (and ledger). Nothing imports server or cmd
-// except cmd (which is a main package and cannot be imported at all).
+// server -> api; client -> api (and ledger); envoyrls -> server. Nothing
+// else imports server, and nothing imports cmd (a main package).
 var layers = []layer{
 	{pkg: "ledger", imports: nil, testImports: []string{}, stdOnly: true, pure: true, pureTests: true,
 		why: "the pure state machine: standard library only, no I/O, no clock, no rand; it never knows which store it runs on"},
@@ -89,6 +89,13 @@ var layers = []layer{
 		// (store.ErrNotFound -> NOT_FOUND, ErrConflict -> ABORTED); the
 		// server is handed an engine and never opens or names a driver.
 		why: "the network face over the engine"},
+
+	{pkg: "envoyrls", imports: []string{"api/...", "ledger", "server"},
+		// The one package beside the server that imports it: a protocol
+		// adapter reaches the ledger only through the server's exported
+		// command path (ReserveCommand, SettleCommand, Run), never the
+		// engine or a store, so there is no second accounting.
+		why: "Envoy's rate limit service, translated into the LedgerService's commands"},
 
 	{pkg: "sched", imports: nil, testImports: []string{}, stdOnly: true, pure: true,
 		why: "weighted fair selection among already-RESERVED requests; a leaf that admits nothing"},

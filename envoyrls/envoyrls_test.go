@@ -1,0 +1,501 @@
+package envoyrls_test
+
+import (
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	rlscommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	v1 "github.com/capledger/capledger/api/capledger/v1"
+	"github.com/capledger/capledger/envoyrls"
+	"github.com/capledger/capledger/store"
+)
+
+// testMapping is the mapping file of docs/ENVOY.md (TestDocsEnvoyYAML
+// checks that the two agree).
+func testMapping(t testing.TB) string {
+	t.Helper()
+	data, err := os.ReadFile("testdata/mapping.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(data)
+}
+
+const (
+	OK   = rlsv3.RateLimitResponse_OK
+	OVER = rlsv3.RateLimitResponse_OVER_LIMIT
+)
+
+// TestClassicCounter: without an id a check is a reserve-and-settle of
+// its hits, answered with the remaining capacity, the IETF headers, and
+// Retry-After once over the limit.
+func TestClassicCounter(t *testing.T) {
+	h := newHarness(t, options{config: testMapping(t), auth: true})
+	h.publish("acme", "search", "requests", 10, 1, 2*time.Second, false)
+	req := &rlsv3.RateLimitRequest{Domain: "api", HitsAddend: 4,
+		Descriptors: []*rlscommon.RateLimitDescriptor{descriptor(nil, "tenant", "acme", "route", "search")}}
+
+	for i, want := range []struct {
+		code      rlsv3.RateLimitResponse_Code
+		remaining uint32
+	}{{OK, 6}, {OK, 2}, {OVER, 2}} {
+		resp := h.mustCheck(req)
+		st := resp.GetStatuses()[0]
+		if resp.GetOverallCode() != want.code || st.GetCode() != want.code || st.GetLimitRemaining() != want.remaining {
+			t.Fatalf("check %d: want %v remaining %d, got %v", i, want.code, want.remaining, resp)
+		}
+		if l := st.GetCurrentLimit(); l.GetRequestsPerUnit() != 30 || l.GetUnit() != rlsv3.RateLimitResponse_RateLimit_MINUTE {
+			t.Fatalf("check %d: current limit %v, want 30 per minute (1 per 2s)", i, l)
+		}
+		if got := header(resp, "RateLimit-Policy"); got != `"search-requests";q=10;w=20` {
+			t.Fatalf("check %d: RateLimit-Policy %q", i, got)
+		}
+		if got := header(resp, "RateLimit"); !strings.HasPrefix(got, `"search-requests";r=`) {
+			t.Fatalf("check %d: RateLimit %q", i, got)
+		}
+	}
+	// The third was refused: 2 short at 1 per 2 s is 4 s.
+	resp := h.mustCheck(req)
+	if got := header(resp, "Retry-After"); got != "4" {
+		t.Fatalf("Retry-After %q, want 4: %v", got, resp)
+	}
+	if got := resp.GetStatuses()[0].GetDurationUntilReset().AsDuration(); got != 4*time.Second {
+		t.Fatalf("duration_until_reset %v, want 4s", got)
+	}
+	// Two checks of 4 were spent (durably, settled), nothing held.
+	if b := h.balance("acme", "search"); b.Spent != 8 || b.Reserved != 0 || b.Available != 2 {
+		t.Fatalf("balance %+v, want spent 8, reserved 0, available 2", b)
+	}
+	// The request-level hits_addend 0 means 1.
+	h.clock.Advance(4 * time.Second)
+	req.HitsAddend = 0
+	if resp := h.mustCheck(req); resp.GetOverallCode() != OK || resp.GetStatuses()[0].GetLimitRemaining() != 3 {
+		t.Fatalf("hits 1: %v", resp)
+	}
+}
+
+// TestEnvoyFilterSequence replays what Envoy's HTTP ratelimit filter sends
+// for a route with two rate_limits (docs/ENVOY.md): on the request headers
+// a check carrying x-request-id, and after the stream (apply_on_stream_done)
+// the same descriptor with the phase entry and the actual cost. The check
+// reserves and starts, the second call settles; retries of either replay.
+func TestEnvoyFilterSequence(t *testing.T) {
+	h := newHarness(t, options{config: testMapping(t), auth: true})
+	h.publish("acme", "chat", "tokens", 1000, 100, time.Second, false)
+	id := "6f1a7c2e-0d4b-4c55-9a51-2b1f7e0c9d10"
+	checkReq := &rlsv3.RateLimitRequest{Domain: "llm", HitsAddend: 300, Descriptors: []*rlscommon.RateLimitDescriptor{
+		descriptor(nil, "tenant", "acme", "x-request-id", id)}}
+	doneReq := &rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlscommon.RateLimitDescriptor{
+		descriptor(hits(120), "tenant", "acme", "x-request-id", id, "capledger-phase", "settle")}}
+	rid := "envoy:" + id + "/acme/chat/global"
+
+	for range 2 { // the second is Envoy retrying a check whose answer was lost
+		if resp := h.mustCheck(checkReq); resp.GetOverallCode() != OK || resp.GetStatuses()[0].GetLimitRemaining() != 700 {
+			t.Fatalf("check: %v", resp)
+		}
+		if r := h.reservation(rid); r.GetState() != v1.ReservationState_RESERVATION_STATE_STARTED || r.GetReservedUnits()["tokens"] != 300 {
+			t.Fatalf("after check: %v", r)
+		}
+	}
+	for range 2 {
+		if resp := h.mustCheck(doneReq); resp.GetOverallCode() != OK {
+			t.Fatalf("stream done: %v", resp)
+		}
+		r := h.reservation(rid)
+		if r.GetState() != v1.ReservationState_RESERVATION_STATE_SETTLED || r.GetActualUnits()["tokens"] != 120 {
+			t.Fatalf("after stream done: %v", r)
+		}
+	}
+	if b := h.balance("acme", "chat"); b.Spent != 120 || b.Reserved != 0 || b.Available != 880 {
+		t.Fatalf("balance %+v, want spent 120 once, the other 180 of the estimate refunded", b)
+	}
+	// A stream-done call that contradicts the recorded settle is an error
+	// of the call (Envoy ignores answers after the stream; the ledger
+	// keeps the first settle).
+	doneReq.Descriptors[0].HitsAddend.Value = 121
+	if _, err := h.check(doneReq); status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("contradicting settle: want FAILED_PRECONDITION, got %v", err)
+	}
+	// The same id with another estimate is another request: refused.
+	checkReq.HitsAddend = 301
+	if _, err := h.check(checkReq); status.Code(err) != codes.AlreadyExists {
+		t.Fatalf("reused id: want ALREADY_EXISTS, got %v", err)
+	}
+}
+
+// TestAIGatewayTokenCost replays Envoy AI Gateway's token-cost pattern:
+// the request-time check sends hits_addend 0 (a check that must not
+// consume), and after the response the stream-done call sends the real
+// token count from dynamic metadata. With an id, the check reserves the
+// rule's estimate and the cost settles it; a cost above what was free is
+// recorded as debt and freezes the tenant, so the next check is refused.
+func TestAIGatewayTokenCost(t *testing.T) {
+	h := newHarness(t, options{config: testMapping(t), auth: true})
+	h.publish("acme", "chat", "tokens", 2000, 10, time.Second, false)
+	check := func(id string) *rlsv3.RateLimitResponse {
+		return h.mustCheck(&rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlscommon.RateLimitDescriptor{
+			descriptor(hits(0), "tenant", "acme", "x-request-id", id)}})
+	}
+	done := func(id string, tokens uint64) *rlsv3.RateLimitResponse {
+		return h.mustCheck(&rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlscommon.RateLimitDescriptor{
+			descriptor(hits(tokens), "tenant", "acme", "x-request-id", id, "capledger-phase", "settle")}})
+	}
+	if resp := check("req-1"); resp.GetOverallCode() != OK || resp.GetStatuses()[0].GetLimitRemaining() != 1500 {
+		t.Fatalf("check 1 (estimate 500 of 2000): %v", resp)
+	}
+	if resp := check("req-2"); resp.GetOverallCode() != OK {
+		t.Fatalf("check 2: %v", resp)
+	}
+	if resp := done("req-1", 380); resp.GetOverallCode() != OK {
+		t.Fatalf("cost 1: %v", resp)
+	}
+	// req-2 used far more than estimated: its 500 held plus the 1120 free
+	// (2000 - 380 - 500) cover 1620 of 2900; the other 1280 are debt.
+	resp := done("req-2", 2900)
+	if resp.GetOverallCode() != OVER {
+		t.Fatalf("cost 2 beyond the free capacity: want OVER_LIMIT (debt), got %v", resp)
+	}
+	if r := h.reservation("envoy:req-2/acme/chat/global"); r.GetState() != v1.ReservationState_RESERVATION_STATE_SETTLED_WITH_DEBT || r.GetActualUnits()["tokens"] != 2900 {
+		t.Fatalf("req-2: %v", r)
+	}
+	b := h.balance("acme", "chat")
+	if b.Spent != 380+2900 || b.Reserved != 0 || b.Debt() != 1280 || b.Available != 0 {
+		t.Fatalf("balance %+v: want every token spent, the excess as debt", b)
+	}
+	// Frozen until refills repay the debt: the next check is refused with a
+	// Retry-After from the refill rate.
+	resp = check("req-3")
+	if resp.GetOverallCode() != OVER || header(resp, "Retry-After") == "" {
+		t.Fatalf("check while in debt: %v", resp)
+	}
+	// A request whose check failed open (no reservation) still has its
+	// cost recorded, once, under its id.
+	h.clock.Advance(10 * time.Minute)
+	for range 2 {
+		if resp := done("req-4", 50); resp.GetOverallCode() != OK {
+			t.Fatalf("cost without a check: %v", resp)
+		}
+	}
+	if r := h.reservation("envoy:req-4/acme/chat/global"); r.GetActualUnits()["tokens"] != 50 {
+		t.Fatalf("req-4: %v", r)
+	}
+	if got := h.balance("acme", "chat").Spent; got != 380+2900+50 {
+		t.Fatalf("spent %d after the uncovered cost, want %d", got, 380+2900+50)
+	}
+}
+
+// TestProbeHoldsNothing: hits 0 without an id (or an id and no estimate)
+// asks whether one unit would be admitted, and keeps nothing.
+func TestProbeHoldsNothing(t *testing.T) {
+	h := newHarness(t, options{config: testMapping(t), auth: true})
+	h.publish("acme", "search", "requests", 3, 1, time.Hour, false)
+	req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*rlscommon.RateLimitDescriptor{
+		descriptor(hits(0), "tenant", "acme", "route", "search")}}
+	for range 3 {
+		if resp := h.mustCheck(req); resp.GetOverallCode() != OK || resp.GetStatuses()[0].GetLimitRemaining() != 3 {
+			t.Fatalf("probe: %v", resp)
+		}
+	}
+	if b := h.balance("acme", "search"); b.Available != 3 || b.Spent != 0 || b.Reserved != 0 {
+		t.Fatalf("after probes %+v", b)
+	}
+	req.Descriptors[0].HitsAddend.Value = 3
+	h.mustCheck(req)
+	req.Descriptors[0].HitsAddend.Value = 0
+	if resp := h.mustCheck(req); resp.GetOverallCode() != OVER {
+		t.Fatalf("probe of an empty account: %v", resp)
+	}
+}
+
+// TestSeveralDescriptors: one request checked against two tenants'
+// limits; when one refuses, the other keeps nothing (Envoy refuses the
+// request as a whole), and statuses come in the descriptors' order.
+func TestSeveralDescriptors(t *testing.T) {
+	h := newHarness(t, options{config: testMapping(t), auth: true})
+	h.publish("acme", "search", "requests", 10, 1, time.Hour, false)
+	h.publish("global", "search", "requests", 2, 1, time.Hour, false)
+	req := &rlsv3.RateLimitRequest{Domain: "api", HitsAddend: 2, Descriptors: []*rlscommon.RateLimitDescriptor{
+		descriptor(nil, "tenant", "acme", "route", "search"),
+		descriptor(nil, "tenant", "global", "route", "search")}}
+	if resp := h.mustCheck(req); resp.GetOverallCode() != OK || len(resp.GetStatuses()) != 2 {
+		t.Fatalf("first: %v", resp)
+	}
+	resp := h.mustCheck(req)
+	if resp.GetOverallCode() != OVER || resp.GetStatuses()[0].GetCode() != OK || resp.GetStatuses()[1].GetCode() != OVER ||
+		resp.GetStatuses()[0].GetLimitRemaining() != 8 {
+		t.Fatalf("second: want acme OK, global OVER_LIMIT, overall OVER_LIMIT; got %v", resp)
+	}
+	if b := h.balance("acme", "search"); b.Spent != 2 || b.Reserved != 0 || b.Available != 8 {
+		t.Fatalf("acme %+v: the refused request must not be charged to it", b)
+	}
+}
+
+// TestUnknownDescriptor: a descriptor no rule maps, or that maps to no
+// policy, answers per unknown_descriptor.
+func TestUnknownDescriptor(t *testing.T) {
+	for _, mode := range []string{"allow", "deny"} {
+		t.Run(mode, func(t *testing.T) {
+			cfg := strings.Replace(testMapping(t), "unknown_descriptor: deny", "unknown_descriptor: "+mode, 1)
+			h := newHarness(t, options{config: cfg, auth: true})
+			want := OVER
+			if mode == "allow" {
+				want = OK
+			}
+			for _, req := range []*rlsv3.RateLimitRequest{
+				{Domain: "nowhere", Descriptors: []*rlscommon.RateLimitDescriptor{descriptor(nil, "tenant", "acme")}},
+				{Domain: "api", Descriptors: []*rlscommon.RateLimitDescriptor{descriptor(nil, "user", "acme")}},
+				{Domain: "api", Descriptors: []*rlscommon.RateLimitDescriptor{descriptor(nil, "tenant", "nobody", "route", "search")}},
+			} {
+				if resp := h.mustCheck(req); resp.GetOverallCode() != want {
+					t.Fatalf("%v: want %v, got %v", req, want, resp)
+				}
+			}
+		})
+	}
+}
+
+// TestShadowPolicyAlwaysOK: a shadow policy's would-be refusal lets the
+// request through and is counted in the rejection metrics.
+func TestShadowPolicyAlwaysOK(t *testing.T) {
+	h := newHarness(t, options{config: testMapping(t)})
+	h.publish("acme", "search", "requests", 1, 1, time.Hour, true)
+	req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*rlscommon.RateLimitDescriptor{
+		descriptor(nil, "tenant", "acme", "route", "search")}}
+	for range 3 {
+		if resp := h.mustCheck(req); resp.GetOverallCode() != OK {
+			t.Fatalf("shadow: %v", resp)
+		}
+	}
+	resp, err := http.Get("http://" + h.addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if !strings.Contains(string(body), `capledger_rejections_total{dimension="requests",reason="INSUFFICIENT_CAPACITY",rollout="shadow"} 2`) {
+		t.Fatalf("shadow rejections not counted:\n%s", grepLines(string(body), "rejections"))
+	}
+}
+
+func grepLines(s, word string) string {
+	var out []string
+	for _, line := range strings.Split(s, "\n") {
+		if strings.Contains(line, word) {
+			out = append(out, line)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// TestStoreUnavailable: while the store cannot commit, ShouldRateLimit
+// fails with UNAVAILABLE, so Envoy applies its failure_mode_deny; nothing
+// is charged, and the next call works.
+func TestStoreUnavailable(t *testing.T) {
+	h := newHarness(t, options{config: testMapping(t), faults: true})
+	h.publish("acme", "search", "requests", 10, 1, time.Hour, false)
+	req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*rlscommon.RateLimitDescriptor{
+		descriptor(nil, "tenant", "acme", "route", "search")}}
+	h.faults.FailNextCommit(store.ErrUnavailable)
+	if _, err := h.check(req); status.Code(err) != codes.Unavailable {
+		t.Fatalf("want UNAVAILABLE, got %v", err)
+	}
+	if resp := h.mustCheck(req); resp.GetStatuses()[0].GetLimitRemaining() != 9 {
+		t.Fatalf("after recovery: %v", resp)
+	}
+}
+
+// TestAuth: Envoy sends the bearer token as initial_metadata of its
+// grpc_service; without it, or with an unknown one, the call is
+// UNAUTHENTICATED.
+func TestAuth(t *testing.T) {
+	h := newHarness(t, options{config: testMapping(t), auth: true})
+	h.publish("acme", "search", "requests", 10, 1, time.Hour, false)
+	req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*rlscommon.RateLimitDescriptor{
+		descriptor(nil, "tenant", "acme", "route", "search")}}
+	ctx := t.Context()
+	if _, err := h.rls.ShouldRateLimit(ctx, req); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("no token: %v", err)
+	}
+	h.mustCheck(req)
+}
+
+// TestBadRequests: malformed requests are INVALID_ARGUMENT and charge
+// nothing.
+func TestBadRequests(t *testing.T) {
+	h := newHarness(t, options{config: testMapping(t)})
+	h.publish("acme", "search", "requests", 10, 1, time.Hour, false)
+	d := descriptor(nil, "tenant", "acme", "route", "search")
+	neg := descriptor(nil, "tenant", "acme", "route", "search")
+	neg.IsNegativeHits = true
+	many := make([]*rlscommon.RateLimitDescriptor, 65)
+	for i := range many {
+		many[i] = d
+	}
+	for name, req := range map[string]*rlsv3.RateLimitRequest{
+		"none":     {Domain: "api"},
+		"negative": {Domain: "api", Descriptors: []*rlscommon.RateLimitDescriptor{neg}},
+		"too many": {Domain: "api", Descriptors: many},
+		"huge":     {Domain: "api", Descriptors: []*rlscommon.RateLimitDescriptor{descriptor(hits(1<<60), "tenant", "acme", "route", "search")}},
+	} {
+		if _, err := h.check(req); status.Code(err) != codes.InvalidArgument {
+			t.Fatalf("%s: want INVALID_ARGUMENT, got %v", name, err)
+		}
+	}
+	if resp := h.mustCheck(&rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*rlscommon.RateLimitDescriptor{d}}); resp.GetStatuses()[0].GetLimitRemaining() != 9 {
+		t.Fatalf("first valid check after bad requests: %v", resp)
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	for name, cfg := range map[string]string{
+		"no domains":      `unknown_descriptor: deny`,
+		"bad mode":        "unknown_descriptor: maybe\ndomains: [{name: a, rules: [{subject: {key: t}, unit: u}]}]",
+		"unknown field":   "domains: [{name: a, rules: [{subject: {key: t}, unit: u, units: v}]}]",
+		"no unit":         "domains: [{name: a, rules: [{subject: {key: t}}]}]",
+		"no subject":      "domains: [{name: a, rules: [{unit: u}]}]",
+		"key and value":   "domains: [{name: a, rules: [{subject: {key: t, value: v}, unit: u}]}]",
+		"phase, no id":    "domains: [{name: a, rules: [{subject: {key: t}, unit: u, phase_key: p}]}]",
+		"key twice":       "domains: [{name: a, rules: [{subject: {key: t}, route: {key: t}, unit: u}]}]",
+		"domain twice":    "domains: [{name: a, rules: [{subject: {key: t}, unit: u}]}, {name: a, rules: [{subject: {key: t}, unit: u}]}]",
+		"every subject":   "domains: [{name: a, rules: [{subject: {value: '*'}, unit: u}]}]",
+		"negative estim.": "domains: [{name: a, rules: [{subject: {key: t}, unit: u, estimate: -1}]}]",
+	} {
+		if _, err := envoyrls.ParseConfig([]byte(cfg)); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	if _, err := envoyrls.ParseConfig([]byte(testMapping(t))); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestMapRules(t *testing.T) {
+	c, err := envoyrls.ParseConfig([]byte(testMapping(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := func(kv ...string) []envoyrls.Entry {
+		var out []envoyrls.Entry
+		for i := 0; i+1 < len(kv); i += 2 {
+			out = append(out, envoyrls.Entry{Key: kv[i], Value: kv[i+1]})
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		domain  string
+		entries []envoyrls.Entry
+		ok      bool
+		key     string
+		id      string
+		settle  bool
+	}{
+		{"api", e("tenant", "a", "route", "r"), true, "a/r@global", "", false},
+		{"api", e("route", "r", "tenant", "a"), true, "a/r@global", "", false},
+		{"api", e("tenant", "a"), false, "", "", false},                              // route key missing
+		{"api", e("tenant", "a", "route", "r", "x", "y"), false, "", "", false},      // extra entry
+		{"api", e("tenant", "a", "tenant", "b", "route", "r"), false, "", "", false}, // repeated key
+		{"llm", e("tenant", "a"), true, "a/chat@global", "", false},
+		{"llm", e("tenant", "a", "x-request-id", "q"), true, "a/chat@global", "q", false},
+		{"llm", e("tenant", "a", "x-request-id", "q", "capledger-phase", "settle"), true, "a/chat@global", "q", true},
+		{"llm", e("tenant", "a", "x-request-id", "q", "capledger-phase", "other"), false, "", "", false},
+		{"other", e("tenant", "a"), false, "", "", false},
+	} {
+		m, ok := c.Map(tc.domain, tc.entries)
+		if ok != tc.ok || (ok && (m.Key.String() != tc.key || m.ID != tc.id || m.Settle != tc.settle)) {
+			t.Errorf("%s %v: got %v %+v", tc.domain, tc.entries, ok, m)
+		}
+	}
+}
+
+var _ = errors.Is
+
+// TestConcurrentChecksAdmitExactlyTheBurst: 64 callers race for a burst
+// of 100 without refill; exactly 100 checks are admitted, over gRPC, and
+// the ledger holds exactly what they took.
+func TestConcurrentChecksAdmitExactlyTheBurst(t *testing.T) {
+	h := newHarness(t, options{config: testMapping(t), auth: true})
+	h.publish("acme", "search", "requests", 100, 0, time.Hour, false)
+	req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*rlscommon.RateLimitDescriptor{
+		descriptor(nil, "tenant", "acme", "route", "search")}}
+	var mu sync.Mutex
+	admitted, refused := 0, 0
+	var wg sync.WaitGroup
+	for range 64 {
+		wg.Go(func() {
+			for range 3 {
+				resp, err := h.check(req)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				if resp.GetOverallCode() == OK {
+					admitted++
+				} else {
+					refused++
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if admitted != 100 || refused != 92 {
+		t.Fatalf("admitted %d, refused %d; want 100 and 92", admitted, refused)
+	}
+	if b := h.balance("acme", "search"); b.Spent != 100 || b.Available != 0 || b.Reserved != 0 {
+		t.Fatalf("balance %+v", b)
+	}
+}
+
+// TestSeveralDescriptorsRetried: a request with an id checked against two
+// tenants. Refused by one, it holds nothing at the other; a retry of it
+// stays refused even once the refusing tenant has room again (its
+// reservation at the other was released, and a released id is final), and
+// leaves nothing held. An admitted request's retry replays.
+func TestSeveralDescriptorsRetried(t *testing.T) {
+	h := newHarness(t, options{config: testMapping(t), auth: true})
+	h.publish("acme", "chat", "tokens", 1000, 1, time.Hour, false)
+	h.publish("global", "chat", "tokens", 400, 100, time.Minute, false)
+	req := func(id string, n uint64) *rlsv3.RateLimitRequest {
+		return &rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlscommon.RateLimitDescriptor{
+			descriptor(hits(n), "tenant", "acme", "x-request-id", id),
+			descriptor(hits(n), "tenant", "global", "x-request-id", id)}}
+	}
+	// 200 spent at global by a check without an id.
+	if resp := h.mustCheck(&rlsv3.RateLimitRequest{Domain: "llm", HitsAddend: 200, Descriptors: []*rlscommon.RateLimitDescriptor{
+		descriptor(nil, "tenant", "global")}}); resp.GetOverallCode() != OK {
+		t.Fatalf("q0: %v", resp)
+	}
+	resp := h.mustCheck(req("q1", 300))
+	if resp.GetOverallCode() != OVER || resp.GetStatuses()[0].GetCode() != OK || resp.GetStatuses()[1].GetCode() != OVER {
+		t.Fatalf("q1: %v", resp)
+	}
+	if r := h.reservation("envoy:q1/acme/chat/global"); r.GetState() != v1.ReservationState_RESERVATION_STATE_RELEASED {
+		t.Fatalf("q1 at acme: %v", r)
+	}
+	h.clock.Advance(2 * time.Minute) // global refilled to 400: room for q1
+	if resp := h.mustCheck(req("q1", 300)); resp.GetOverallCode() != OVER {
+		t.Fatalf("q1 retried: %v", resp)
+	}
+	for range 2 {
+		if resp := h.mustCheck(req("q2", 50)); resp.GetOverallCode() != OK {
+			t.Fatalf("q2: %v", resp)
+		}
+	}
+	if b := h.balance("acme", "chat"); b.Reserved != 50 || b.Available != 950 {
+		t.Fatalf("acme %+v: want only q2's 50 held", b)
+	}
+	if b := h.balance("global", "chat"); b.Reserved != 50 || b.Available != 350 {
+		t.Fatalf("global %+v: want only q2's 50 held, 350 free", b)
+	}
+}

@@ -1,0 +1,632 @@
+// Package envoyrls serves Envoy's rate limit service,
+// envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit, on the
+// serve port (gRPC over h2c or h2, beside the LedgerService), so that
+// Envoy, Envoy AI Gateway, Istio, Contour or Gloo call capledger unchanged.
+//
+// It translates only: a descriptor maps (Config) to a subject, route,
+// region and unit, and each check becomes the very engine commands the
+// LedgerService handlers issue (server.Server's ReserveCommand,
+// SettleCommand and Run), with their unit mapping, error classification,
+// metrics and bearer-token auth. There is no second accounting.
+//
+// Semantics per descriptor (docs/ENVOY.md):
+//   - no id: a reserve-and-settle of the hits in one durable step (one
+//     store transaction), Envoy's classic counter; idempotent by nothing,
+//     a retried call counts twice.
+//   - an id (e.g. x-request-id): the check reserves the estimate and starts
+//     it; the call after the stream (apply_on_stream_done, marked by the
+//     rule's phase entry) settles the actual usage for that id. A retry of
+//     either with the same id and hits replays.
+package envoyrls
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	v1 "github.com/capledger/capledger/api/capledger/v1"
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/server"
+)
+
+// Procedure is the gRPC path of ShouldRateLimit.
+const Procedure = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+
+// maxDescriptors bounds the descriptors of one request (Envoy sends a
+// handful; a request with thousands is a mistake or an attack).
+const maxDescriptors = 64
+
+// maxIDBytes is the reservation id limit of the LedgerService.
+const maxIDBytes = 256
+
+// Service answers ShouldRateLimit over a server.Server.
+type Service struct {
+	srv *server.Server
+	cfg *Config
+	log *slog.Logger
+	// now is the clock of the reset durations (default time.Now).
+	now func() time.Time
+}
+
+// New returns the service of cfg over srv.
+func New(srv *server.Server, cfg *Config, log *slog.Logger) *Service {
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Service{srv: srv, cfg: cfg, log: log, now: time.Now}
+}
+
+// Mount serves ShouldRateLimit on srv's port (gRPC, gRPC-Web and Connect,
+// with srv's auth and size limits) under Procedure.
+func (s *Service) Mount() {
+	s.srv.Mount(Procedure, connect.NewUnaryHandler(Procedure, s.handle, s.srv.HandlerOptions()...))
+}
+
+// Handler returns the ShouldRateLimit handler alone (for a test or a
+// separate listener).
+func (s *Service) Handler() http.Handler {
+	return connect.NewUnaryHandler(Procedure, s.handle, s.srv.HandlerOptions()...)
+}
+
+func (s *Service) handle(ctx context.Context, req *connect.Request[rlsv3.RateLimitRequest]) (*connect.Response[rlsv3.RateLimitResponse], error) {
+	resp, err := s.ShouldRateLimit(ctx, req.Msg)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(resp), nil
+}
+
+// item is one descriptor on its way through.
+type item struct {
+	mapped Mapped
+	hits   int64
+	// unknown: maps to no rule or no policy; answered per UnknownDescriptor.
+	unknown bool
+	// rid is the reservation id: derived from the request id, or random.
+	rid string
+	// policy decides (set once the reserve or settle was mapped).
+	policy ledger.Policy
+	dim    int
+	// cmds are this descriptor's commands, in order; first is the reserve
+	// or the settle whose result decides.
+	cmds    []ledger.Command
+	results []ledger.Result
+	// over: a capacity rejection under an enforced policy.
+	over       bool
+	retryAfter time.Duration
+	// released: admitted, then released because another descriptor of
+	// the request refused.
+	released bool
+}
+
+// ShouldRateLimit answers one request. It returns a connect error (the
+// gRPC status Envoy sees, which then applies failure_mode_deny) when the
+// ledger cannot answer: UNAVAILABLE while the store is unavailable,
+// DEADLINE_EXCEEDED past the caller's deadline, INVALID_ARGUMENT for a
+// malformed request, and the LedgerService's code for an outcome that is
+// neither admission nor rejection (e.g. ALREADY_EXISTS when an id is
+// reused for another estimate, FAILED_PRECONDITION for a settle that
+// contradicts the recorded one).
+func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	if len(req.GetDescriptors()) == 0 {
+		return nil, invalid("no descriptors")
+	}
+	if len(req.GetDescriptors()) > maxDescriptors {
+		return nil, invalid("%d descriptors; at most %d", len(req.GetDescriptors()), maxDescriptors)
+	}
+	requestHits := int64(req.GetHitsAddend())
+	if requestHits == 0 {
+		requestHits = 1
+	}
+	items := make([]item, len(req.GetDescriptors()))
+	var entries []Entry
+	for i, d := range req.GetDescriptors() {
+		it := &items[i]
+		if d.GetIsNegativeHits() {
+			return nil, invalid("descriptor %d: negative hits are not supported; capacity returns through a settle below the reservation", i)
+		}
+		it.hits = requestHits
+		if h := d.GetHitsAddend(); h != nil {
+			if h.GetValue() > uint64(ledger.MaxUnits) {
+				return nil, invalid("descriptor %d: hits_addend %d exceeds %d", i, h.GetValue(), ledger.MaxUnits)
+			}
+			it.hits = int64(h.GetValue())
+		}
+		entries = entries[:0]
+		for _, e := range d.GetEntries() {
+			entries = append(entries, Entry{Key: e.GetKey(), Value: e.GetValue()})
+		}
+		m, ok := s.cfg.Map(req.GetDomain(), entries)
+		if !ok {
+			it.unknown = true
+			continue
+		}
+		it.mapped = m
+		if m.ID != "" {
+			it.rid = reservationID(m.ID, m.Key)
+			if len(it.rid) > maxIDBytes {
+				return nil, invalid("descriptor %d: reservation id %q is longer than %d bytes", i, it.rid, maxIDBytes)
+			}
+		} else {
+			it.rid = randomID()
+		}
+	}
+	if err := s.run(ctx, items); err != nil {
+		return nil, err
+	}
+	return s.respond(ctx, items)
+}
+
+// reservationID is the reservation id of a request id for one capacity:
+// readable (an operator looks the request up by its x-request-id), and
+// distinct per descriptor, since one request may be checked against
+// several subjects or routes.
+func reservationID(id string, key ledger.PolicyKey) string {
+	return "envoy:" + id + "/" + key.Subject + "/" + key.Route + "/" + key.Region
+}
+
+func randomID() string {
+	var b [16]byte
+	rand.Read(b[:])
+	return "envoy:" + hex.EncodeToString(b[:])
+}
+
+// run plans and runs every descriptor's commands. A check's reserve and
+// its follow-up (start, settle, release) go in one engine call when the
+// request has one descriptor; with several, the reserves go first and the
+// follow-ups second, so that a request refused by one descriptor keeps no
+// capacity of the others (Envoy refuses the request as a whole).
+func (s *Service) run(ctx context.Context, items []item) error {
+	for attempt := 0; ; attempt++ {
+		stale := false
+		var first []ledger.Command
+		var owners []int
+		for i := range items {
+			it := &items[i]
+			if it.unknown || it.results != nil {
+				continue
+			}
+			if err := s.plan(ctx, it); err != nil {
+				return err
+			}
+			if it.unknown || len(it.cmds) == 0 {
+				continue
+			}
+			n := 1
+			if len(items) == 1 {
+				n = len(it.cmds)
+			}
+			for _, c := range it.cmds[:n] {
+				first = append(first, c)
+				owners = append(owners, i)
+			}
+		}
+		results, cerr := s.srv.Run(ctx, first)
+		if cerr != nil {
+			return cerr
+		}
+		for j, i := range owners {
+			items[i].results = append(items[i].results, results[j])
+		}
+		for i := range items {
+			it := &items[i]
+			if it.results == nil || it.cmds[0].Kind != ledger.KindReserve {
+				continue
+			}
+			if server.Stale(&it.cmds[0], &it.results[0]) && attempt < server.StaleRetries {
+				// Mapped for a generation that no longer decides: map
+				// again. The reservation id stays, so a reserve that did
+				// commit meanwhile replays.
+				it.results, it.cmds = nil, nil
+				stale = true
+			}
+		}
+		if stale {
+			if cerr := s.srv.RefreshPolicies(ctx); cerr != nil {
+				return cerr
+			}
+			continue
+		}
+		break
+	}
+	if len(items) == 1 {
+		return s.decide(ctx, &items[0])
+	}
+	// Several descriptors: every reserve decided; now either all follow-ups
+	// or, if any enforced policy refused, releases of those admitted.
+	refused := false
+	for i := range items {
+		if err := s.decide(ctx, &items[i]); err != nil {
+			return err
+		}
+		refused = refused || (items[i].over && !items[i].mapped.Settle)
+	}
+	var second []ledger.Command
+	var owners []int
+	for i := range items {
+		it := &items[i]
+		if it.unknown || len(it.results) == 0 || it.results[0].Err != nil || it.cmds[0].Kind != ledger.KindReserve {
+			continue
+		}
+		follow := it.cmds[1:]
+		if first := &it.results[0]; first.Replayed && first.Reservation.State != ledger.StateReserved && refused {
+			// A retry: its follow-ups ran in the first call (a started
+			// reservation cannot be released, a released one is done).
+			continue
+		}
+		if refused && !it.mapped.Settle && len(follow) > 0 {
+			follow = []ledger.Command{{Kind: ledger.KindRelease, ReservationID: it.rid}}
+			it.released = true
+		}
+		for _, c := range follow {
+			second = append(second, c)
+			owners = append(owners, i)
+		}
+	}
+	results, cerr := s.srv.Run(ctx, second)
+	if cerr != nil {
+		return cerr
+	}
+	for j, i := range owners {
+		items[i].results = append(items[i].results, results[j])
+	}
+	for i := range items {
+		if err := followErr(&items[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// plan maps one descriptor to its commands:
+//
+//	check, no id, hits > 0:  reserve(hits), start, settle(hits)
+//	check with an id:        reserve(hits, or the rule's estimate when hits is 0), start
+//	check, hits = 0, no id or no estimate: reserve(1), release — a probe
+//	                         that holds nothing
+//	settle with an id:       settle(hits) of the id's reservation; if there
+//	                         is none (the check failed open or was a probe),
+//	                         reserve(1), start, settle(hits) under the id
+//	settle without an id:    reserve(1), start, settle(hits)
+//
+// A settle of 0 hits without a reservation records nothing. plan sets
+// unknown when the descriptor maps to no policy or unit.
+func (s *Service) plan(ctx context.Context, it *item) error {
+	m := &it.mapped
+	if m.Settle {
+		if m.ID != "" {
+			cmd, cerr := s.srv.SettleCommand(ctx, &v1.SettleRequest{
+				ReservationId: it.rid, OperationId: it.rid, ActualUnits: map[string]int64{m.Rule.Unit: it.hits},
+			})
+			switch {
+			case cerr == nil:
+				it.cmds = []ledger.Command{cmd}
+				return nil
+			case reasonOf(cerr) == server.ReasonUnknownUnit:
+				s.srv.Refused(ledger.KindSettle, cerr)
+				it.unknown = true
+				return nil
+			case reasonOf(cerr) != server.ReasonReservationNotFound:
+				return cerr
+			}
+		}
+		if it.hits == 0 {
+			return nil // nothing used, nothing to record
+		}
+		return s.planReserve(ctx, it, 1, true, it.hits)
+	}
+	switch {
+	case m.ID == "" && it.hits > 0:
+		return s.planReserve(ctx, it, it.hits, true, it.hits)
+	case m.ID != "" && it.hits > 0:
+		return s.planReserve(ctx, it, it.hits, true, -1)
+	case m.ID != "" && m.Rule.Estimate > 0:
+		return s.planReserve(ctx, it, m.Rule.Estimate, true, -1)
+	}
+	it.rid = randomID() // a probe holds nothing, under the request's id least of all
+	if err := s.planReserve(ctx, it, 1, false, -1); err != nil || it.unknown {
+		return err
+	}
+	it.cmds = append(it.cmds, ledger.Command{Kind: ledger.KindRelease, ReservationID: it.rid})
+	return nil
+}
+
+// planReserve sets it.cmds to a reserve of units under it.rid, then a
+// start when start is set, then a settle of settle units when settle >= 0.
+// A reserve the server cannot map (no policy, no such unit) makes the
+// descriptor unknown.
+func (s *Service) planReserve(ctx context.Context, it *item, units int64, start bool, settle int64) error {
+	m := &it.mapped
+	// unmapped (the id exists but its policy no longer maps) needs nothing
+	// here: the ledger then replays the reserve, the retry of an admitted
+	// check, or answers why not.
+	cmd, _, refused := s.srv.ReserveCommand(ctx, &v1.ReserveRequest{
+		ReservationId: it.rid, Subject: m.Key.Subject, Route: m.Key.Route, Region: m.Key.Region,
+		Units: map[string]int64{m.Rule.Unit: units},
+	})
+	if refused != nil {
+		switch reasonOf(refused) {
+		case server.ReasonNoPolicy, server.ReasonUnknownUnit:
+			s.srv.Refused(ledger.KindReserve, refused)
+			it.unknown = true
+			return nil
+		}
+		return refused
+	}
+	it.cmds = []ledger.Command{cmd}
+	if start {
+		it.cmds = append(it.cmds, ledger.Command{Kind: ledger.KindStart, ReservationID: it.rid, OperationID: it.rid})
+	}
+	if settle >= 0 {
+		settleCmd := ledger.Command{Kind: ledger.KindSettle, ReservationID: it.rid, OperationID: it.rid}
+		// The settle's units go in the positions the reserve's were mapped
+		// to (the same generation, since both run in one transaction, or the
+		// stale check refuses the reserve and the whole plan is redone).
+		for i, u := range cmd.Units {
+			if u > 0 {
+				settleCmd.Units[i] = settle
+			}
+		}
+		it.cmds = append(it.cmds, settleCmd)
+	}
+	return nil
+}
+
+// setPolicy remembers the policy that decided res, for the status.
+func (s *Service) setPolicy(ctx context.Context, it *item, res *ledger.Result) error {
+	gen := res.Generation
+	if gen == 0 {
+		gen = res.Reservation.Account.Generation
+	}
+	if gen == 0 {
+		return nil
+	}
+	p, cerr := s.srv.Policy(ctx, gen)
+	if cerr != nil {
+		return cerr
+	}
+	it.policy, it.dim = p, p.DimensionIndex(it.mapped.Rule.Unit)
+	return nil
+}
+
+// decide reads the deciding result of one descriptor: admitted, refused
+// by capacity (over), admitted under a shadow policy's would-be refusal
+// (counted), unknown (no policy), or an outcome that is an error of the
+// whole call.
+func (s *Service) decide(ctx context.Context, it *item) error {
+	if it.unknown || len(it.results) == 0 {
+		return nil
+	}
+	res := &it.results[0]
+	if err := s.setPolicy(ctx, it, res); err != nil {
+		return err
+	}
+	if res.Err == nil {
+		if it.cmds[0].Kind == ledger.KindReserve && res.Replayed && res.Reservation.State == ledger.StateReleased {
+			// A retry of a check that was refused (its reservation was
+			// released because another descriptor refused): refused again.
+			it.over = true
+			return nil
+		}
+		if it.cmds[0].Kind == ledger.KindSettle && res.Reservation.State == ledger.StateSettledWithDebt {
+			// The usage was recorded, beyond what was free: the account is
+			// frozen until refills repay the debt, so say OVER_LIMIT (Envoy
+			// does not enforce an answer after the stream; it tells).
+			it.over = true
+		}
+		return nil
+	}
+	out := server.Classify(res.Err)
+	if out.Capacity {
+		s.srv.CountRejection(res)
+		if res.Shadow {
+			return nil // a shadow policy lets everything through
+		}
+		it.over = true
+		it.retryAfter = res.RetryAfter
+		return nil
+	}
+	if out.Reason == server.ReasonNoPolicy {
+		it.unknown = true
+		return nil
+	}
+	return connect.NewError(out.Code, fmt.Errorf("%s %s: %w", it.cmds[0].Kind, it.rid, res.Err))
+}
+
+// followErr returns the error of a follow-up command that failed for a
+// reason other than its reserve having been refused.
+func followErr(it *item) error {
+	if len(it.results) < 2 || it.results[0].Err != nil {
+		return nil
+	}
+	for j := 1; j < len(it.results); j++ {
+		if err := it.results[j].Err; err != nil {
+			return connect.NewError(server.Classify(err).Code, fmt.Errorf("%s %s: %w", it.cmds[min(j, len(it.cmds)-1)].Kind, it.rid, err))
+		}
+	}
+	return nil
+}
+
+// respond builds the answer: one status per descriptor, the overall code,
+// and the RateLimit / RateLimit-Policy headers (Retry-After on OVER_LIMIT).
+func (s *Service) respond(ctx context.Context, items []item) (*rlsv3.RateLimitResponse, error) {
+	if len(items) == 1 {
+		if err := followErr(&items[0]); err != nil {
+			return nil, err
+		}
+	}
+	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}
+	var policies, limits []string
+	var retryAfter time.Duration
+	for i := range items {
+		it := &items[i]
+		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+		resp.Statuses = append(resp.Statuses, st)
+		switch {
+		case it.unknown:
+			if s.cfg.UnknownDescriptor == "deny" {
+				st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+			}
+		case it.over:
+			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+			retryAfter = max(retryAfter, it.retryAfter)
+		}
+		if st.Code == rlsv3.RateLimitResponse_OVER_LIMIT {
+			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+		}
+		if it.unknown || it.policy.Generation == 0 || it.dim < 0 {
+			continue
+		}
+		d := &it.policy.Dimensions[it.dim]
+		name := it.mapped.Key.Route + "-" + d.Unit
+		st.CurrentLimit = currentLimit(d, name)
+		remaining, reset, cerr := s.remaining(ctx, it, d)
+		if cerr != nil {
+			return nil, cerr
+		}
+		if it.over && it.retryAfter > 0 {
+			reset = it.retryAfter
+		}
+		st.LimitRemaining = uint32(min(remaining, int64(^uint32(0))))
+		if reset > 0 {
+			st.DurationUntilReset = durationpb.New(server.RetryAfterSeconds(reset))
+		}
+		window := untilFull(d, 0)
+		policies = append(policies, fmt.Sprintf("%s;q=%d;w=%d", quote(name), d.Burst, seconds(window)))
+		limits = append(limits, fmt.Sprintf("%s;r=%d;t=%d", quote(name), remaining, seconds(reset)))
+	}
+	if len(policies) > 0 {
+		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd,
+			&corev3.HeaderValue{Key: "RateLimit-Policy", Value: strings.Join(policies, ", ")},
+			&corev3.HeaderValue{Key: "RateLimit", Value: strings.Join(limits, ", ")})
+	}
+	if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT && retryAfter > 0 {
+		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd,
+			&corev3.HeaderValue{Key: "Retry-After", Value: strconv.FormatInt(seconds(retryAfter), 10)})
+	}
+	return resp, nil
+}
+
+// remaining returns what is left of the descriptor's dimension after its
+// commands, and how long refills take to fill it to the burst. A check's
+// reserve reports its account's available units (Result.Available), so the
+// common paths need no second read; a replay, a settle after the stream,
+// or a cost recorded after the fact read the account as committed.
+func (s *Service) remaining(ctx context.Context, it *item, d *ledger.Dimension) (int64, time.Duration, *connect.Error) {
+	res := &it.results[0]
+	if it.cmds[0].Kind == ledger.KindReserve && !it.mapped.Settle && !res.Replayed &&
+		(res.Err == nil || server.Classify(res.Err).Capacity) {
+		if errors.Is(res.Err, ledger.ErrAdmissionFrozen) {
+			return 0, untilFull(d, 0), nil
+		}
+		left := res.Available[it.dim]
+		if res.Err == nil && (it.released || len(it.cmds) == 2 && it.cmds[1].Kind == ledger.KindRelease) {
+			left += it.cmds[0].Units[it.dim] // a probe, or a refused request, gives its units back
+		}
+		return left, untilFull(d, left), nil
+	}
+	a, ok, cerr := s.srv.Account(ctx, it.mapped.Key, it.policy.Generation)
+	if cerr != nil || !ok {
+		return 0, 0, cerr
+	}
+	bal := &a.Balances[it.dim]
+	if bal.Debt() > 0 {
+		return 0, untilFull(d, -bal.Debt()), nil
+	}
+	return bal.Available, untilFull(d, bal.Available), nil
+}
+
+// currentLimit expresses a token bucket's refill as Envoy's
+// requests_per_unit: the refill per interval when the interval is one of
+// Envoy's units, else the rate over the smallest unit it fits, rounded
+// down; with no refill, the burst per year (it never refills).
+func currentLimit(d *ledger.Dimension, name string) *rlsv3.RateLimitResponse_RateLimit {
+	units := []struct {
+		unit rlsv3.RateLimitResponse_RateLimit_Unit
+		dur  time.Duration
+	}{
+		{rlsv3.RateLimitResponse_RateLimit_SECOND, time.Second},
+		{rlsv3.RateLimitResponse_RateLimit_MINUTE, time.Minute},
+		{rlsv3.RateLimitResponse_RateLimit_HOUR, time.Hour},
+		{rlsv3.RateLimitResponse_RateLimit_DAY, 24 * time.Hour},
+	}
+	limit := &rlsv3.RateLimitResponse_RateLimit{Name: name}
+	if d.RefillUnits <= 0 || d.RefillInterval <= 0 {
+		limit.Unit, limit.RequestsPerUnit = rlsv3.RateLimitResponse_RateLimit_YEAR, clamp32(d.Burst)
+		return limit
+	}
+	for _, u := range units {
+		if d.RefillInterval <= u.dur {
+			perUnit := float64(d.RefillUnits) * float64(u.dur) / float64(d.RefillInterval)
+			limit.Unit, limit.RequestsPerUnit = u.unit, clamp32(int64(perUnit))
+			return limit
+		}
+	}
+	perDay := float64(d.RefillUnits) * float64(24*time.Hour) / float64(d.RefillInterval)
+	limit.Unit, limit.RequestsPerUnit = rlsv3.RateLimitResponse_RateLimit_DAY, clamp32(int64(perDay))
+	return limit
+}
+
+// untilFull is how long refills take from level to the burst (0 without
+// refill or when full); a negative level is debt, repaid first. Units held
+// by reservations are not counted: it is the wait until the bucket would
+// be full if nothing were held.
+func untilFull(d *ledger.Dimension, level int64) time.Duration {
+	missing := d.Burst - level
+	if missing <= 0 || d.RefillUnits <= 0 || d.RefillInterval <= 0 {
+		return 0
+	}
+	intervals := (missing + d.RefillUnits - 1) / d.RefillUnits
+	return time.Duration(intervals) * d.RefillInterval
+}
+
+func seconds(d time.Duration) int64 { return int64(server.RetryAfterSeconds(d) / time.Second) }
+
+func clamp32(v int64) uint32 { return uint32(max(0, min(v, int64(^uint32(0))))) }
+
+// quote renders a structured-field string (RFC 8941): printable ASCII,
+// with " and \ escaped; anything else becomes '_'.
+func quote(s string) string {
+	var b strings.Builder
+	b.WriteByte('"')
+	for _, r := range s {
+		switch {
+		case r == '"' || r == '\\':
+			b.WriteByte('\\')
+			b.WriteRune(r)
+		case r < 0x20 || r > 0x7e:
+			b.WriteByte('_')
+		default:
+			b.WriteRune(r)
+		}
+	}
+	b.WriteByte('"')
+	return b.String()
+}
+
+func reasonOf(cerr *connect.Error) string {
+	for _, d := range cerr.Details() {
+		if msg, err := d.Value(); err == nil {
+			if detail, ok := msg.(*v1.ErrorDetail); ok {
+				return detail.GetReason()
+			}
+		}
+	}
+	return ""
+}
+
+func invalid(format string, args ...any) *connect.Error {
+	return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf(format, args...))
+}

@@ -1,0 +1,78 @@
+package envoyrls_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	rlscommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/capledger/capledger/envoyrls"
+	"github.com/capledger/capledger/server"
+)
+
+// okService answers every ShouldRateLimit with OK at once: the transport
+// alone, without the ledger.
+type okService struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+}
+
+func (okService) ShouldRateLimit(context.Context, *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	return &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}, nil
+}
+
+// BenchmarkTransport compares the two ways of serving ShouldRateLimit on
+// the net/http port the LedgerService uses: connect-go's gRPC protocol
+// (what envoyrls mounts) and grpc-go's (*grpc.Server).ServeHTTP, both
+// behind server.HTTPServer's h2c, driven by the grpc-go client of
+// go-control-plane over a real socket, 64 calls in flight.
+func BenchmarkTransport(b *testing.B) {
+	handlers := map[string]http.Handler{
+		"connect": connect.NewUnaryHandler(envoyrls.Procedure, func(ctx context.Context, req *connect.Request[rlsv3.RateLimitRequest]) (*connect.Response[rlsv3.RateLimitResponse], error) {
+			resp, err := okService{}.ShouldRateLimit(ctx, req.Msg)
+			return connect.NewResponse(resp), err
+		}),
+	}
+	gs := grpc.NewServer()
+	rlsv3.RegisterRateLimitServiceServer(gs, okService{})
+	handlers["grpc-go-ServeHTTP"] = gs
+	for _, name := range []string{"connect", "grpc-go-ServeHTTP"} {
+		b.Run(name, func(b *testing.B) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				b.Fatal(err)
+			}
+			srv := server.HTTPServer(handlers[name], slog.New(slog.NewTextHandler(io.Discard, nil)))
+			go srv.Serve(ln)
+			defer srv.Close()
+			conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer conn.Close()
+			client := rlsv3.NewRateLimitServiceClient(conn)
+			req := &rlsv3.RateLimitRequest{Domain: "bench", Descriptors: []*rlscommon.RateLimitDescriptor{descriptor(nil, "tenant", "t1")}}
+			b.SetParallelism(32) // 64 goroutines on 2 Ps
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+					_, err := client.ShouldRateLimit(ctx, req)
+					cancel()
+					if err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
+	}
+}

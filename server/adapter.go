@@ -1,0 +1,161 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"time"
+
+	"connectrpc.com/connect"
+
+	v1 "github.com/capledger/capledger/api/capledger/v1"
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+)
+
+// This file is what protocol adapters beside the server (envoyrls) use, so
+// that a foreign protocol reaches the ledger by the very path the
+// LedgerService handlers take: the same unit mapping by the cached policy,
+// the same stale-generation retry, the same error classification, the same
+// metrics and the same auth. An adapter translates; it decides nothing the
+// handlers would decide otherwise.
+
+// Mount serves h under pattern on the server's port, behind the same body
+// limit as the LedgerService. Call it before serving.
+func (s *Server) Mount(pattern string, h http.Handler) { s.mux.Handle(pattern, h) }
+
+// HandlerOptions returns the connect options the LedgerService is served
+// with (message size limit, compression threshold, and the bearer-token
+// auth interceptor when auth is on), for a handler mounted with Mount.
+func (s *Server) HandlerOptions() []connect.HandlerOption { return s.options }
+
+// ReserveCommand validates req and maps its units by the policy the server
+// believes decides, exactly as Reserve does. invalid is a refusal decided
+// before the ledger (the caller answers it); unmapped is set when the units
+// could not be mapped but the id exists, so the ledger is to answer a
+// replay (see reserveCommand).
+func (s *Server) ReserveCommand(ctx context.Context, req *v1.ReserveRequest) (cmd ledger.Command, unmapped, invalid *connect.Error) {
+	return s.reserveCommand(ctx, req)
+}
+
+// SettleCommand validates req and maps its units by the reservation's own
+// generation, exactly as Settle does.
+func (s *Server) SettleCommand(ctx context.Context, req *v1.SettleRequest) (ledger.Command, *connect.Error) {
+	return s.settleCommand(ctx, req)
+}
+
+// Run applies cmds in order in one engine call (one store transaction when
+// they fit one batch) and counts each answer in the command metrics. The
+// error is an operating failure (store unavailable, shutting down; the
+// outcome is then unknown), mapped as on every LedgerService method.
+func (s *Server) Run(ctx context.Context, cmds []ledger.Command) ([]ledger.Result, *connect.Error) {
+	if len(cmds) == 0 {
+		return nil, nil
+	}
+	results, err := s.ledger.DoBatch(ctx, cmds)
+	if err != nil {
+		for i := range cmds {
+			s.metrics.command(cmds[i].Kind, "unavailable")
+		}
+		return nil, operatingError(cmds[0].Kind.String(), err)
+	}
+	for i := range results {
+		s.metrics.command(cmds[i].Kind, outcomeLabel(&results[i]))
+	}
+	return results, nil
+}
+
+// Refused counts a command refused before it reached the ledger.
+func (s *Server) Refused(kind ledger.Kind, cerr *connect.Error) { s.refused(kind, cerr) }
+
+// RefreshPolicies reloads the policy cache (after the ledger said another
+// generation decides than the one a reserve was mapped for).
+func (s *Server) RefreshPolicies(ctx context.Context) *connect.Error {
+	if _, err := s.policies.refresh(ctx); err != nil {
+		return readError("policies", ReasonNoPolicy, err)
+	}
+	return nil
+}
+
+// Policy returns generation's policy from the cache (or the store).
+func (s *Server) Policy(ctx context.Context, generation uint64) (ledger.Policy, *connect.Error) {
+	p, err := s.policies.get(ctx, generation)
+	if err != nil {
+		return p, readError("policy", ReasonPolicyNotFound, err)
+	}
+	return p, nil
+}
+
+// Account returns the current account of the concrete subject key under
+// generation, as the store holds it after the last commit; ok is false when
+// there is none yet.
+func (s *Server) Account(ctx context.Context, key ledger.PolicyKey, generation uint64) (ledger.Account, bool, *connect.Error) {
+	accounts, err := s.ledger.Accounts(ctx, key)
+	if err != nil {
+		if errors.Is(err, store.ErrNotFound) {
+			return ledger.Account{}, false, nil
+		}
+		return ledger.Account{}, false, readError("account "+key.String(), ReasonAccountNotFound, err)
+	}
+	var best *ledger.Account
+	for i := range accounts {
+		a := &accounts[i]
+		if a.Key.SubjectKey() != key || a.Key.Generation != generation {
+			continue
+		}
+		if best == nil || a.EpochStart.After(best.EpochStart) {
+			best = a
+		}
+	}
+	if best == nil {
+		return ledger.Account{}, false, nil
+	}
+	return *best, true, nil
+}
+
+// Stale reports whether the ledger refused a reserve because another
+// generation decides than the one its units were mapped for; the caller
+// refreshes the policies and maps the reserve again (at most StaleRetries
+// times).
+func Stale(cmd *ledger.Command, res *ledger.Result) bool { return stale(cmd, res) }
+
+// StaleRetries bounds the remapping of a stale reserve.
+const StaleRetries = staleRetries
+
+// Outcome is the wire meaning of one ledger outcome: the status code, the
+// reason of ErrorDetail / RejectionDetail, and whether it is a capacity
+// rejection (RESOURCE_EXHAUSTED, 429).
+type Outcome struct {
+	Code     connect.Code
+	Reason   string
+	Capacity bool
+}
+
+// Classify returns the wire meaning of a ledger error, as every
+// LedgerService method maps it.
+func Classify(err error) Outcome {
+	c := classify(err)
+	return Outcome{Code: c.code, Reason: c.reason, Capacity: c.capacity}
+}
+
+// CountRejection counts a capacity rejection of res in the rejection
+// metrics, under shadow when res.Shadow (a shadow policy's would-be
+// rejection, which lets the request through).
+func (s *Server) CountRejection(res *ledger.Result) {
+	reason := classify(res.Err).reason
+	if res.Shadow {
+		s.metrics.shadowRejection(res.Dimension, reason)
+		return
+	}
+	s.metrics.rejection(res.Dimension, reason)
+}
+
+// RetryAfterSeconds rounds a wait up to whole seconds, as the Retry-After
+// header of a 429 does.
+func RetryAfterSeconds(d time.Duration) time.Duration { return retryAfterSeconds(d) }
+
+// RequestDigest is the digest the server derives for a reserve that names
+// none (the canonical request digest over subject, route, region, units).
+func RequestDigest(subject, route, region string, units map[string]int64) string {
+	return requestDigest(subject, route, region, units)
+}
