@@ -108,6 +108,9 @@ var layers = []layer{
 	{pkg: "cmd/capledger", imports: []string{"*"},
 		why: "the one binary wires everything: flags -> calls"},
 
+	{pkg: "internal/pgformation", imports: nil, testImports: []string{},
+		why: "a test helper that runs a real pg_auto_failover formation; it knows nothing of the ledger"},
+
 	{pkg: "internal/archtest", imports: nil, testImports: []string{},
 		why: "this test"},
 }
