@@ -336,8 +336,8 @@ func (n *Node) Rejoin() {
 
 // NodeState is what the monitor knows of a node.
 type NodeState struct {
-	Name              string
-	Port              int
+	Name               string
+	Port               int
 	Reported, Assigned string
 }
 
