@@ -76,6 +76,11 @@ type Config struct {
 	// Clock is the time the metrics measure ages against; give it the
 	// engine's clock (default time.Now).
 	Clock func() time.Time
+	// ReadyCheck, if set, is asked on every /readyz after the store
+	// answered: an error makes the replica not ready (503, the error as
+	// the reason); a detail is shown under "ready" (e.g. the PostgreSQL
+	// primary and its replication).
+	ReadyCheck func(ctx context.Context) (detail string, err error)
 }
 
 // Server implements capledgerv1connect.LedgerServiceHandler over a Ledger.
@@ -86,6 +91,7 @@ type Server struct {
 	log      *slog.Logger
 	maxBody  int64
 	handler  http.Handler
+	ready    func(ctx context.Context) (string, error)
 }
 
 // New returns a server over l.
@@ -108,6 +114,7 @@ func New(l Ledger, cfg Config) *Server {
 		metrics:  cfg.Metrics,
 		log:      cfg.Logger,
 		maxBody:  cfg.MaxBodyBytes,
+		ready:    cfg.ReadyCheck,
 	}
 	s.metrics.registerEngine(l)
 	s.metrics.registerBacklog(l, s.log, cfg.Clock)
@@ -204,10 +211,19 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 			err = nil
 		}
 	}
+	var detail string
+	if err == nil && s.ready != nil {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		detail, err = s.ready(ctx)
+		cancel()
+	}
 	if err != nil {
 		w.WriteHeader(http.StatusServiceUnavailable)
 		fmt.Fprintf(w, "not ready: %v\n", err)
 		return
 	}
 	fmt.Fprintln(w, "ready")
+	if detail != "" {
+		fmt.Fprintln(w, detail)
+	}
 }
