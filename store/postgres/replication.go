@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-
 )
 
 // Replication is what the server the store writes to promises about an
