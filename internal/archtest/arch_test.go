@@ -65,6 +65,8 @@ var layers = []layer{
 		why: "a driver: stores rows, never ledger semantics, never the engine or the server"},
 	{pkg: "store/postgres", imports: []string{"ledger", "store", "store/codec", "store/migration"}, pure: true, waits: true,
 		why: "a driver: stores rows, never ledger semantics, never the engine or the server"},
+	{pkg: "store/postgres/failovergate", imports: nil,
+		why: "test files only: the failover gate runs real serve processes on a pg_auto_failover formation"},
 	{pkg: "store/storetest", imports: []string{"ledger", "store", "store/codec"},
 		// Not pure: testTimePrecision stores a time.Now() on purpose, to
 		// prove that a monotonic clock reading is dropped on the way in.

@@ -387,7 +387,7 @@ func (f *Formation) node(port int) *Node {
 // WaitHealthy waits until the monitor reports one primary and every other
 // node a secondary (reported and assigned), every node registered. While
 // a standby clones or catches up it asks the primary for a CHECKPOINT
-// every two seconds: pg_basebackup otherwise waits for a spread checkpoint
+// every second: pg_basebackup otherwise waits for a spread checkpoint
 // that can take minutes.
 func (f *Formation) WaitHealthy(ctx context.Context) error {
 	want := map[string]int{"primary": 1, "secondary": len(f.Nodes) - 1}
@@ -421,7 +421,7 @@ func (f *Formation) waitStates(ctx context.Context, want map[string]int) error {
 			if done {
 				return nil
 			}
-			if cloning && time.Since(checkpoint) > 2*time.Second {
+			if cloning && time.Since(checkpoint) > time.Second {
 				checkpoint = time.Now()
 				for _, s := range states {
 					if s.Reported == "primary" || s.Reported == "wait_primary" || s.Reported == "single" {
