@@ -140,7 +140,6 @@ func (r *replica) stop() {
 	}
 }
 
-
 // refused reports whether err is a definite refusal by the ledger (as
 // opposed to a lost answer or an unavailable server).
 func refused(err error) bool {
@@ -153,7 +152,6 @@ func refused(err error) bool {
 	}
 	return false
 }
-
 
 // The linearizability model of one account as its gateways see it: a
 // capacity with no refill, reservations that hold units until they are
@@ -273,7 +271,6 @@ func (h *history) now() int64 { return int64(time.Since(h.start)) }
 // neverReturned is the return time of an operation whose answer was lost:
 // later than everything, so porcupine may place it anywhere after its call.
 const neverReturned = int64(1) << 62
-
 
 func admin(t testing.TB, dsn, sql string) {
 	t.Helper()
