@@ -608,14 +608,18 @@ func (f *Formation) teardown() {
 			}
 		}
 	}
+	// Every process the formation started runs in its directory (spawn
+	// sets it as the working directory; postgres moves into its data
+	// directory below it) or names it on its command line.
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil {
 			continue
 		}
-		cmdline, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
-		if err == nil && bytes.Contains(cmdline, []byte(f.dir)) {
+		cwd, _ := os.Readlink("/proc/" + e.Name() + "/cwd")
+		cmdline, _ := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if cwd == f.dir || strings.HasPrefix(cwd, f.dir+"/") || bytes.Contains(cmdline, []byte(f.dir)) {
 			leftover[pid] = true
 		}
 	}
