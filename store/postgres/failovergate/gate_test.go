@@ -443,7 +443,15 @@ func getReadyz(addr string) (int, string) {
 // that is missing or differs, every oversold account and every audit
 // finding. It returns the number of acknowledged reservations checked and
 // of acknowledgements lost.
-func checkAcknowledged(t *testing.T, s *postgres.Store, rec *failoverRecord) (acknowledged int64, lost int) {
+// reporter is where checkAcknowledged reports: the test, or a recorder in
+// the test of the check itself.
+type reporter interface {
+	Helper()
+	Errorf(format string, args ...any)
+	Fatalf(format string, args ...any)
+}
+
+func checkAcknowledged(t reporter, s *postgres.Store, rec *failoverRecord) (acknowledged int64, lost int) {
 	t.Helper()
 	reserved, started, settled := rec.copy()
 	var snap *ledger.Snapshot
@@ -511,4 +519,68 @@ func checkAcknowledged(t *testing.T, s *postgres.Store, rec *failoverRecord) (ac
 func hasKey[V any](m map[string]V, k string) bool {
 	_, ok := m[k]
 	return ok
+}
+
+// findings records what checkAcknowledged reports.
+type findings struct{ msgs []string }
+
+func (f *findings) Helper() {}
+func (f *findings) Errorf(format string, args ...any) {
+	f.msgs = append(f.msgs, fmt.Sprintf(format, args...))
+}
+func (f *findings) Fatalf(format string, args ...any) { f.Errorf(format, args...) }
+
+// The gate's check must be able to fail: on a standalone server (no
+// formation needed), an acknowledged reservation that is not stored, one
+// stored with other units, and an acknowledged settle of a reservation
+// that is only reserved are each reported as lost.
+func TestGateCheckReportsLoss(t *testing.T) {
+	dsn := os.Getenv("CAPLEDGER_TEST_POSTGRES")
+	if dsn == "" {
+		t.Skip("needs CAPLEDGER_TEST_POSTGRES, e.g. postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
+	}
+	schema := fmt.Sprintf("capledger_gatecheck_%d", time.Now().UnixNano())
+	admin(t, dsn, "CREATE SCHEMA "+schema)
+	t.Cleanup(func() { admin(t, dsn, "DROP SCHEMA "+schema+" CASCADE") })
+	sep := "?"
+	if strings.Contains(dsn, "?") {
+		sep = "&"
+	}
+	bin := buildCapledger(t)
+	r := startReplica(t, bin, dsn+sep+"search_path="+schema)
+	c, err := client.New(r.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	publishFailoverPolicy(t, c, failoverSubject(0))
+	subject := failoverSubject(0)
+	for _, id := range []string{"fo0-c0-0", "fo0-c0-1"} {
+		if _, err := c.Reserve(ctx, client.ReserveRequest{ReservationID: id, Subject: subject.Subject,
+			Route: subject.Route, Region: subject.Region, Units: client.Units{"tokens": 5000}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, err := postgres.Open(ctx, dsn+sep+"search_path="+schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+
+	truth := &failoverRecord{reserved: map[string]int64{"fo0-c0-0": 5000, "fo0-c0-1": 5000},
+		started: map[string]string{}, settled: map[string]int64{}}
+	var clean findings
+	if n, lost := checkAcknowledged(&clean, s, truth); n != 2 || lost != 0 || len(clean.msgs) != 0 {
+		t.Fatalf("the stored truth: %d checked, %d lost, %q", n, lost, clean.msgs)
+	}
+	lies := &failoverRecord{
+		reserved: map[string]int64{"fo0-c0-0": 5000, "fo0-c0-1": 4000, "fo0-c0-9": 100},
+		started:  map[string]string{"fo0-c0-0": "op-fo0-c0-0"},
+		settled:  map[string]int64{"fo0-c0-0": 7},
+	}
+	var got findings
+	if _, lost := checkAcknowledged(&got, s, lies); lost != 3 || len(got.msgs) != 3 {
+		t.Fatalf("three acknowledgements the store does not hold: %d lost, findings %q", lost, got.msgs)
+	}
 }
