@@ -83,6 +83,11 @@ type Config struct {
 	// Resolver, when set, flags overdue USAGE_UNKNOWN reservations in
 	// ListUsageUnknown and exports the resolver's metrics (resolver.go).
 	Resolver ResolverView
+	// ReadyCheck, if set, is asked on every /readyz after the store
+	// answered: an error makes the replica not ready (503, the error as
+	// the reason); a detail is shown under "ready" (e.g. the PostgreSQL
+	// primary and its replication).
+	ReadyCheck func(ctx context.Context) (detail string, err error)
 }
 
 // Server implements capledgerv1connect.LedgerServiceHandler over a Ledger.
@@ -98,6 +103,7 @@ type Server struct {
 	// mux and options are kept for Mount and HandlerOptions (adapter.go).
 	mux     *http.ServeMux
 	options []connect.HandlerOption
+	ready   func(ctx context.Context) (string, error)
 }
 
 // New returns a server over l.
@@ -122,6 +128,7 @@ func New(l Ledger, cfg Config) *Server {
 		maxBody:  cfg.MaxBodyBytes,
 		resolver: cfg.Resolver,
 		clock:    cfg.Clock,
+		ready:    cfg.ReadyCheck,
 	}
 	s.metrics.registerEngine(l)
 	s.metrics.registerLeader(l)
@@ -269,10 +276,19 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 			err = nil
 		}
 	}
+	var detail string
+	if err == nil && s.ready != nil {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		detail, err = s.ready(ctx)
+		cancel()
+	}
 	if err != nil {
 		w.WriteHeader(http.StatusServiceUnavailable)
 		fmt.Fprintf(w, "not ready: %v\n", err)
 		return
 	}
 	fmt.Fprintln(w, "ready")
+	if detail != "" {
+		fmt.Fprintln(w, detail)
+	}
 }

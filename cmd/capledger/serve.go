@@ -15,7 +15,9 @@ import (
 	"github.com/capledger/capledger/engine"
 	"github.com/capledger/capledger/envoyrls"
 	"github.com/capledger/capledger/server"
+	"github.com/capledger/capledger/store"
 	"github.com/capledger/capledger/store/open"
+	"github.com/capledger/capledger/store/postgres"
 	"github.com/capledger/capledger/store/sqlite"
 )
 
@@ -71,6 +73,14 @@ Flags:
                       optional unknownDeadline (docs/OPERATIONS.md, "The
                       USAGE_UNKNOWN resolver"). Without it nothing resolves
                       USAGE_UNKNOWN but a settle.
+  --allow-async-replication
+                      with a postgres:// store, run even when the primary
+                      could lose acknowledged commits on a failover
+                      (asynchronous standbys, synchronous_commit off, local
+                      or remote_write, fsync off). Without it serve refuses
+                      to start against such a primary and /readyz reports
+                      not ready while it is one. A standalone server with no
+                      standbys needs no flag.
   --max-body BYTES    request body limit (default 1048576)
   --max-batch N       commands per store transaction (default 512)
   --cache-rows N      SQLite row cache: the most rows of each hot table
@@ -108,6 +118,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	shardKeysPath := fs.String("shard-keys", "", "")
 	shardMaxTTL := fs.Duration("shard-max-ttl", server.DefaultMaxShardTTL, "")
 	insecure := fs.Bool("insecure", false, "")
+	allowAsync := fs.Bool("allow-async-replication", false, "")
 	tlsCert := fs.String("tls-cert", "", "")
 	tlsKey := fs.String("tls-key", "", "")
 	maxBody := fs.Int64("max-body", server.DefaultMaxBodyBytes, "")
@@ -192,6 +203,11 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return usagef("open store: %v", err)
 	}
+	readyCheck, err := replicationCheck(ctx, st, *allowAsync, log)
+	if err != nil {
+		st.Close()
+		return err
+	}
 	metrics := server.NewMetrics()
 	engineOpts := engine.Options{MaxBatch: *maxBatch, OnBatch: metrics.ObserveBatch, Logger: log, LeaseTTL: *leaseTTL}
 	if resolver != nil {
@@ -204,7 +220,8 @@ func runServe(ctx context.Context, e *env, args []string) error {
 		st.Close()
 		return usagef("shard keys: %v", err)
 	}
-	srvCfg := server.Config{Tokens: tokens, MaxBodyBytes: *maxBody, Metrics: metrics, Logger: log, Shards: shards}
+	srvCfg := server.Config{Tokens: tokens, MaxBodyBytes: *maxBody, Metrics: metrics, Logger: log, Shards: shards,
+		ReadyCheck: readyCheck}
 	if resolver != nil {
 		srvCfg.Resolver = eng
 	}
@@ -257,6 +274,44 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	}
 	log.Info("stopped")
 	return runErr
+}
+
+// replicationCheck checks, for a PostgreSQL store, that the primary cannot
+// lose a commit the ledger acknowledged (see postgres.Replication.Risk),
+// and returns the readiness check that keeps checking it. It returns an
+// error (exit 1) when the primary is at risk and allowAsync is false; with
+// allowAsync it logs a warning and readiness reports it. For other stores
+// it returns a nil check.
+func replicationCheck(ctx context.Context, st store.Store, allowAsync bool, log *slog.Logger) (func(context.Context) (string, error), error) {
+	pg, ok := st.(*postgres.Store)
+	if !ok {
+		return nil, nil
+	}
+	r, err := pg.Replication(ctx)
+	if err != nil {
+		return nil, usagef("check replication: %v", err)
+	}
+	if risk := r.Risk(); risk != "" {
+		if !allowAsync {
+			return nil, usagef("refusing to serve: %s (%s); make the standbys synchronous, or pass --allow-async-replication to accept the risk", risk, r)
+		}
+		log.Warn("acknowledged commits could be lost on failover (--allow-async-replication)", "risk", risk, "replication", r.String())
+	} else {
+		log.Info("replication", "primary", r.String())
+	}
+	return func(ctx context.Context) (string, error) {
+		r, err := pg.Replication(ctx)
+		if err != nil {
+			return "", err
+		}
+		if risk := r.Risk(); risk != "" {
+			if !allowAsync {
+				return "", fmt.Errorf("%s (%s)", risk, r)
+			}
+			return fmt.Sprintf("%s\nwarning (--allow-async-replication): %s", r, risk), nil
+		}
+		return r.String(), nil
+	}, nil
 }
 
 // requireLoopback refuses a listen address that other machines can reach

@@ -65,6 +65,8 @@ var layers = []layer{
 		why: "a driver: stores rows, never ledger semantics, never the engine or the server"},
 	{pkg: "store/postgres", imports: []string{"ledger", "store", "store/codec", "store/migration"}, pure: true, waits: true,
 		why: "a driver: stores rows, never ledger semantics, never the engine or the server"},
+	{pkg: "store/postgres/failovergate", imports: nil,
+		why: "test files only: the failover gate runs real serve processes on a pg_auto_failover formation"},
 	{pkg: "store/storetest", imports: []string{"ledger", "store", "store/codec"},
 		// Not pure: testTimePrecision stores a time.Now() on purpose, to
 		// prove that a monotonic clock reading is dropped on the way in.
@@ -116,6 +118,9 @@ var layers = []layer{
 
 	{pkg: "cmd/capledger", imports: []string{"*"},
 		why: "the one binary wires everything: flags -> calls"},
+
+	{pkg: "internal/pgformation", imports: nil, testImports: []string{},
+		why: "a test helper that runs a real pg_auto_failover formation; it knows nothing of the ledger"},
 
 	{pkg: "internal/archtest", imports: nil, testImports: []string{},
 		why: "this test"},

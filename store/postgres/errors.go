@@ -37,6 +37,8 @@ type counters struct {
 	lockNotAvailable                       atomic.Uint64
 	duplicates, unavailable, commitUnknown atomic.Uint64
 	checkViolations                        atomic.Uint64
+	// onLost, if set, is told of every error reported as ErrUnavailable.
+	onLost func(error)
 }
 
 // classify is the one place that turns driver errors into the store's
@@ -117,6 +119,9 @@ func (c *counters) classify(op string, err error, commit bool) error {
 
 func (c *counters) lost(op string, err error, commit bool) error {
 	c.unavailable.Add(1)
+	if c.onLost != nil {
+		c.onLost(err)
+	}
 	if commit {
 		c.commitUnknown.Add(1)
 		return fmt.Errorf("%s: outcome unknown: %w: %w", op, store.ErrUnavailable, err)

@@ -104,6 +104,7 @@ func Open(ctx context.Context, dsn string) (*Store, error) {
 		return nil, s.c.classify("open: pool", err, false)
 	}
 	s.pool = pool
+	s.c.onLost = s.resetOnLostServer
 	return s, nil
 }
 

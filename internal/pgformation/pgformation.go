@@ -1,0 +1,632 @@
+// Package pgformation runs a real pg_auto_failover formation for tests: a
+// monitor and three PostgreSQL 15 nodes on loopback ports, one primary and
+// two synchronous-quorum standbys (number-sync-standbys 1), trust
+// authentication on 127.0.0.1, each in its own temporary directory, with
+// the monitor tuned to fail over within seconds of a primary's death.
+//
+// The processes run as the `postgres` user when the test runs as root
+// (initdb refuses root), with /usr/lib/postgresql/15/bin first on PATH and
+// their own HOME and XDG directories, so nothing of the machine's own
+// PostgreSQL (its data directory, its port 5432, its configuration) is
+// touched. Every process a formation starts is killed, waited for, and its
+// directories removed when the test ends, pass or fail.
+//
+// Start skips the test, saying what to install, where the Debian packages
+// postgresql-15-auto-failover and pg-auto-failover-cli are missing, unless
+// CAPLEDGER_TEST_PGAUTOFAILOVER is set (CI sets it after installing them):
+// then a missing package fails the test, so CI never passes by skipping.
+package pgformation
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// EnvRequire names the variable that turns a missing installation from a
+// skip into a failure.
+const EnvRequire = "CAPLEDGER_TEST_PGAUTOFAILOVER"
+
+// BinDir holds the PostgreSQL 15 server binaries pg_autoctl drives.
+const BinDir = "/usr/lib/postgresql/15/bin"
+
+// Database is the database every node serves (created by pg_autoctl).
+const Database = "test"
+
+// MonitorSettings are the monitor's health-check settings: a dead primary
+// is noticed within about a second and demoted after 3 s, instead of the
+// defaults' 20-30 s.
+var MonitorSettings = map[string]string{
+	"pgautofailover.health_check_period":               "1000",
+	"pgautofailover.health_check_timeout":              "1000",
+	"pgautofailover.health_check_max_retries":          "1",
+	"pgautofailover.health_check_retry_delay":          "500",
+	"pgautofailover.node_considered_unhealthy_timeout": "3000",
+	"pgautofailover.primary_demote_timeout":            "3000",
+}
+
+// Node is one PostgreSQL node of the formation, supervised by its own
+// `pg_autoctl run` process.
+type Node struct {
+	Name   string
+	Port   int
+	PGData string
+
+	f    *Formation
+	mu   sync.Mutex
+	proc *process
+	runs int
+}
+
+// Formation is a running monitor and its nodes.
+type Formation struct {
+	t       testing.TB
+	dir     string
+	cred    *syscall.Credential
+	env     []string
+	monitor *process
+	// MonitorPort is the monitor's PostgreSQL port.
+	MonitorPort int
+	Nodes       []*Node
+}
+
+// process is one pg_autoctl process tree: the command, its log, and a
+// channel closed when the command has been waited for.
+type process struct {
+	cmd  *exec.Cmd
+	log  *bytes.Buffer
+	mu   *sync.Mutex
+	done chan struct{}
+}
+
+// lockedBuffer is a bytes.Buffer safe to write from the process's output
+// copier while a failing test reads it.
+type lockedBuffer struct {
+	mu  *sync.Mutex
+	buf *bytes.Buffer
+}
+
+func (b lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+// Missing returns why a formation cannot run on this machine ("" when it
+// can): a package not installed, or no `postgres` user to run it as.
+func Missing() string {
+	var missing []string
+	if _, err := exec.LookPath("pg_autoctl"); err != nil {
+		missing = append(missing, "pg_autoctl (Debian package pg-auto-failover-cli)")
+	}
+	if _, err := os.Stat("/usr/share/postgresql/15/extension/pgautofailover.control"); err != nil {
+		missing = append(missing, "the pgautofailover extension for PostgreSQL 15 (Debian package postgresql-15-auto-failover)")
+	}
+	if _, err := os.Stat(filepath.Join(BinDir, "pg_ctl")); err != nil {
+		missing = append(missing, BinDir+"/pg_ctl (Debian package postgresql-15)")
+	}
+	if os.Geteuid() == 0 {
+		if _, err := user.Lookup("postgres"); err != nil {
+			missing = append(missing, "a postgres user to run PostgreSQL as (initdb refuses root)")
+		}
+	}
+	if len(missing) == 0 {
+		return ""
+	}
+	return "missing " + strings.Join(missing, ", ") +
+		"; install with: apt-get install -y postgresql-15-auto-failover pg-auto-failover-cli"
+}
+
+// Start brings a formation up (a monitor and nodes nodes, the first one
+// primary) and returns it once every standby is a synchronous-quorum
+// secondary; it registers the teardown with t.Cleanup. On this machine
+// kind it takes about 20-40 s. It fails the test if the formation does not
+// come up within three minutes.
+func Start(t testing.TB, nodes int) *Formation {
+	t.Helper()
+	if why := Missing(); why != "" {
+		if os.Getenv(EnvRequire) != "" {
+			t.Fatalf("pg_auto_failover formation: %s (%s is set, so this is a failure, not a skip)", why, EnvRequire)
+		}
+		t.Skipf("pg_auto_failover formation: %s (set %s to make this a failure)", why, EnvRequire)
+	}
+	if nodes < 2 {
+		t.Fatalf("pgformation: %d nodes: a failover needs at least 2", nodes)
+	}
+	dir, err := os.MkdirTemp("", "capledger-pgaf-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &Formation{t: t, dir: dir}
+	t.Cleanup(f.teardown)
+	if os.Geteuid() == 0 {
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			t.Fatal(err)
+		}
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		f.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+		if err := os.Chown(dir, uid, gid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.env = []string{
+		"PATH=" + BinDir + ":/usr/bin:/bin:/usr/sbin:/sbin",
+		"HOME=" + dir,
+		"XDG_CONFIG_HOME=" + filepath.Join(dir, "config"),
+		"XDG_DATA_HOME=" + filepath.Join(dir, "share"),
+		"XDG_RUNTIME_DIR=" + filepath.Join(dir, "run"),
+		"PGHOST=127.0.0.1",
+		"LANG=C.UTF-8",
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
+	f.MonitorPort = freePort(t)
+	f.monitor = f.spawn("monitor", "create", "monitor", "--pgdata", filepath.Join(dir, "monitor"),
+		"--pgport", strconv.Itoa(f.MonitorPort), "--hostname", "127.0.0.1", "--listen", "127.0.0.1",
+		"--auth", "trust", "--no-ssl", "--run")
+	if err := f.waitMonitor(ctx); err != nil {
+		t.Fatalf("pg_auto_failover monitor did not come up: %v\n%s", err, f.monitor.output())
+	}
+	for i := range nodes {
+		n := &Node{Name: fmt.Sprintf("node%d", i+1), Port: freePort(t), f: f}
+		n.PGData = filepath.Join(dir, n.Name)
+		f.Nodes = append(f.Nodes, n)
+	}
+	// The first node alone becomes "single" (the primary); the standbys
+	// then clone it together.
+	f.Nodes[0].create()
+	if err := f.waitStates(ctx, map[string]int{"single": 1}); err != nil {
+		t.Fatalf("first node did not become single: %v\n%s", err, f.Nodes[0].output())
+	}
+	for _, n := range f.Nodes[1:] {
+		n.create()
+	}
+	if err := f.WaitHealthy(ctx); err != nil {
+		t.Fatalf("formation did not become healthy: %v\n%s", err, f.logs())
+	}
+	if err := f.monitorExec(ctx, "SELECT pgautofailover.set_formation_number_sync_standbys('default', 1)"); err != nil {
+		t.Fatalf("number-sync-standbys 1: %v", err)
+	}
+	if err := f.WaitHealthy(ctx); err != nil {
+		t.Fatalf("formation did not become healthy: %v\n%s", err, f.logs())
+	}
+	return f
+}
+
+func freePort(t testing.TB) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// MonitorDSN is the monitor database's connection string.
+func (f *Formation) MonitorDSN() string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/pg_auto_failover?sslmode=disable&connect_timeout=2", f.MonitorPort)
+}
+
+// DSN is a multi-host connection string listing every node with
+// target_session_attrs=read-write, as an operator gives it to
+// `capledger serve --store`: it reaches whichever node is primary.
+// params are appended ("search_path=x").
+func (f *Formation) DSN(params ...string) string {
+	hosts := make([]string, len(f.Nodes))
+	for i, n := range f.Nodes {
+		hosts[i] = fmt.Sprintf("127.0.0.1:%d", n.Port)
+	}
+	q := append([]string{"sslmode=disable", "target_session_attrs=read-write", "connect_timeout=2"}, params...)
+	return "postgres://postgres@" + strings.Join(hosts, ",") + "/" + Database + "?" + strings.Join(q, "&")
+}
+
+// NodeDSN is one node's connection string, whatever its role.
+func (n *Node) DSN() string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable&connect_timeout=2", n.Port, Database)
+}
+
+// spawn starts `pg_autoctl args...` as the postgres user in its own process
+// group.
+func (f *Formation) spawn(name string, args ...string) *process {
+	cmd := exec.Command("pg_autoctl", args...)
+	cmd.Env = f.env
+	cmd.Dir = f.dir
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: f.cred}
+	p := &process{cmd: cmd, log: &bytes.Buffer{}, mu: &sync.Mutex{}, done: make(chan struct{})}
+	out := lockedBuffer{mu: p.mu, buf: p.log}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		f.t.Fatalf("start pg_autoctl %s: %v", name, err)
+	}
+	go func() { cmd.Wait(); close(p.done) }()
+	return p
+}
+
+func (p *process) output() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s := p.log.String()
+	if len(s) > 8000 {
+		s = "…" + s[len(s)-8000:]
+	}
+	return s
+}
+
+func (f *Formation) logs() string {
+	var b strings.Builder
+	for _, n := range f.Nodes {
+		fmt.Fprintf(&b, "--- %s (port %d)\n%s\n", n.Name, n.Port, n.output())
+	}
+	return b.String()
+}
+
+func (n *Node) create() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	monitor := fmt.Sprintf("postgres://autoctl_node@127.0.0.1:%d/pg_auto_failover?sslmode=disable", n.f.MonitorPort)
+	n.proc = n.f.spawn(n.Name, "create", "postgres", "--pgdata", n.PGData, "--pgport", strconv.Itoa(n.Port),
+		"--hostname", "127.0.0.1", "--listen", "127.0.0.1", "--name", n.Name, "--dbname", Database,
+		"--monitor", monitor, "--auth", "trust", "--no-ssl", "--run")
+	n.runs++
+}
+
+func (n *Node) output() string {
+	n.mu.Lock()
+	p := n.proc
+	n.mu.Unlock()
+	if p == nil {
+		return "(not running)"
+	}
+	return p.output()
+}
+
+// Running reports whether the node's pg_autoctl supervisor is running.
+func (n *Node) Running() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.proc != nil
+}
+
+// Kill SIGKILLs the node's whole process tree (pg_autoctl, its services,
+// the postmaster and every backend) at once, as a machine crash would, and
+// waits until every one of those processes is gone. It returns the number
+// of processes killed.
+func (n *Node) Kill() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.proc == nil {
+		return 0
+	}
+	killed := n.f.killTree(n.proc.cmd.Process.Pid)
+	<-n.proc.done
+	n.proc = nil
+	return killed
+}
+
+// Rejoin starts the node's supervisor again (`pg_autoctl run`) after Kill;
+// pg_auto_failover then rewinds or re-clones it and it rejoins as a
+// standby. Wait with WaitHealthy.
+func (n *Node) Rejoin() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.proc != nil {
+		return
+	}
+	n.proc = n.f.spawn(n.Name, "run", "--pgdata", n.PGData)
+	n.runs++
+}
+
+// NodeState is what the monitor knows of a node.
+type NodeState struct {
+	Name               string
+	Port               int
+	Reported, Assigned string
+}
+
+// States returns the monitor's view of every node.
+func (f *Formation) States(ctx context.Context) ([]NodeState, error) {
+	conn, err := pgx.Connect(ctx, f.MonitorDSN())
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	rows, err := conn.Query(ctx, `SELECT nodename, nodeport, reportedstate::text, goalstate::text
+		FROM pgautofailover.node ORDER BY nodeid`)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (NodeState, error) {
+		var s NodeState
+		err := row.Scan(&s.Name, &s.Port, &s.Reported, &s.Assigned)
+		return s, err
+	})
+}
+
+// Primary returns the node the monitor has assigned and seen as primary,
+// or nil while there is none.
+func (f *Formation) Primary(ctx context.Context) (*Node, error) {
+	states, err := f.States(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, s := range states {
+		if s.Reported == "primary" && s.Assigned == "primary" {
+			return f.node(s.Port), nil
+		}
+	}
+	return nil, nil
+}
+
+func (f *Formation) node(port int) *Node {
+	for _, n := range f.Nodes {
+		if n.Port == port {
+			return n
+		}
+	}
+	return nil
+}
+
+// WaitHealthy waits until the monitor reports one primary and every other
+// node a secondary (reported and assigned), every node registered. While
+// a standby clones or catches up it asks the primary for a CHECKPOINT
+// every second: pg_basebackup otherwise waits for a spread checkpoint
+// that can take minutes.
+func (f *Formation) WaitHealthy(ctx context.Context) error {
+	want := map[string]int{"primary": 1, "secondary": len(f.Nodes) - 1}
+	return f.waitStates(ctx, want)
+}
+
+func (f *Formation) waitStates(ctx context.Context, want map[string]int) error {
+	var last []NodeState
+	var lastErr error
+	checkpoint := time.Now()
+	for {
+		states, err := f.States(ctx)
+		if err == nil {
+			last = states
+			got := map[string]int{}
+			cloning := false
+			for _, s := range states {
+				if s.Reported == s.Assigned {
+					got[s.Reported]++
+				}
+				if s.Reported == "wait_standby" || s.Reported == "catchingup" || s.Assigned == "catchingup" {
+					cloning = true
+				}
+			}
+			done := true
+			for state, n := range want {
+				if got[state] != n {
+					done = false
+				}
+			}
+			if done {
+				return nil
+			}
+			if cloning && time.Since(checkpoint) > time.Second {
+				checkpoint = time.Now()
+				for _, s := range states {
+					if s.Reported == "primary" || s.Reported == "wait_primary" || s.Reported == "single" {
+						if n := f.node(s.Port); n != nil {
+							execOn(ctx, n.DSN(), "CHECKPOINT")
+						}
+					}
+				}
+			}
+		} else {
+			lastErr = err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("want %v, monitor says %+v (last error %v): %w", want, last, lastErr, ctx.Err())
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+func (f *Formation) waitMonitor(ctx context.Context) error {
+	for {
+		conn, err := pgx.Connect(ctx, f.MonitorDSN())
+		if err == nil {
+			var n int
+			err = conn.QueryRow(ctx, `SELECT count(*) FROM pg_extension WHERE extname = 'pgautofailover'`).Scan(&n)
+			conn.Close(ctx)
+			if err == nil && n == 1 {
+				for name, value := range MonitorSettings {
+					if err := f.monitorExec(ctx, fmt.Sprintf("ALTER SYSTEM SET %s = %s", name, value)); err != nil {
+						return err
+					}
+				}
+				return f.monitorExec(ctx, "SELECT pg_reload_conf()")
+			}
+		}
+		select {
+		case <-f.monitor.done:
+			return errors.New("pg_autoctl create monitor exited")
+		case <-ctx.Done():
+			return fmt.Errorf("%w (last error %v)", ctx.Err(), err)
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+func (f *Formation) monitorExec(ctx context.Context, sql string) error {
+	return execOn(ctx, f.MonitorDSN(), sql)
+}
+
+func execOn(ctx context.Context, dsn, sql string) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	_, err = conn.Exec(ctx, sql)
+	return err
+}
+
+// killTree SIGSTOPs root and all its descendants (so none can fork or
+// restart another while the tree is collected), then SIGKILLs them all and
+// waits until each is gone. It returns how many processes it killed.
+func (f *Formation) killTree(root int) int {
+	stopped := map[int]bool{}
+	for {
+		grew := false
+		for _, pid := range descendants(root) {
+			if !stopped[pid] {
+				syscall.Kill(pid, syscall.SIGSTOP)
+				stopped[pid] = true
+				grew = true
+			}
+		}
+		if !grew {
+			break
+		}
+	}
+	for pid := range stopped {
+		syscall.Kill(pid, syscall.SIGKILL)
+	}
+	waitGone(stopped)
+	return len(stopped)
+}
+
+// waitGone waits (up to 30 s) until no pid of the set is alive; a zombie
+// counts as gone (its parent reaps it).
+func waitGone(pids map[int]bool) {
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		alive := false
+		for pid := range pids {
+			if isAlive(pid) {
+				alive = true
+				break
+			}
+		}
+		if !alive {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func isAlive(pid int) bool {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// pid (comm) S ...: the state follows the last ')'.
+	s := string(stat)
+	i := strings.LastIndexByte(s, ')')
+	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
+}
+
+// descendants returns root and every live process below it, read from
+// /proc.
+func descendants(root int) []int {
+	children := map[int][]int{}
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		s := string(stat)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 {
+			continue
+		}
+		fields := strings.Fields(s[i+1:])
+		if len(fields) < 2 {
+			continue
+		}
+		ppid, _ := strconv.Atoi(fields[1])
+		children[ppid] = append(children[ppid], pid)
+	}
+	var out []int
+	if isAlive(root) {
+		out = append(out, root)
+	}
+	queue := []int{root}
+	for len(queue) > 0 {
+		p := queue[0]
+		queue = queue[1:]
+		for _, c := range children[p] {
+			out = append(out, c)
+			queue = append(queue, c)
+		}
+	}
+	return out
+}
+
+// teardown kills every process tree the formation started, then any
+// process still running out of its directory (a postmaster whose
+// supervisor died first), waits for them, and removes the directory.
+func (f *Formation) teardown() {
+	for _, n := range f.Nodes {
+		n.Kill()
+	}
+	if f.monitor != nil {
+		f.killTree(f.monitor.cmd.Process.Pid)
+		<-f.monitor.done
+	}
+	// Postmasters named by their pid files, and anything whose command
+	// line names our directory.
+	leftover := map[int]bool{}
+	pidFiles, _ := filepath.Glob(filepath.Join(f.dir, "*", "postmaster.pid"))
+	for _, file := range pidFiles {
+		if b, err := os.ReadFile(file); err == nil {
+			pid, err := strconv.Atoi(strings.TrimSpace(strings.SplitN(string(b), "\n", 2)[0]))
+			// A stale pid file's number may belong to someone else's
+			// process by now: only a process running out of our
+			// directory is ours.
+			cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+			if err == nil && bytes.Contains(cmdline, []byte(f.dir)) {
+				leftover[pid] = true
+			}
+		}
+	}
+	// Every process the formation started runs in its directory (spawn
+	// sets it as the working directory; postgres moves into its data
+	// directory below it) or names it on its command line.
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cwd, _ := os.Readlink("/proc/" + e.Name() + "/cwd")
+		cmdline, _ := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if cwd == f.dir || strings.HasPrefix(cwd, f.dir+"/") || bytes.Contains(cmdline, []byte(f.dir)) {
+			leftover[pid] = true
+		}
+	}
+	for pid := range leftover {
+		f.killTree(pid)
+	}
+	if err := os.RemoveAll(f.dir); err != nil {
+		f.t.Errorf("remove formation directory: %v", err)
+	}
+}

@@ -1,0 +1,586 @@
+// Package failovergate holds the PostgreSQL failover gate, in a package of
+// its own so that its minutes run beside store/postgres's tests (and under
+// their own go test timeout) rather than after them.
+package failovergate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	ledgerv1 "github.com/capledger/capledger/api/capledger/v1"
+	"github.com/capledger/capledger/client"
+	"github.com/capledger/capledger/internal/pgformation"
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store/postgres"
+)
+
+// The failover gate's shape. Every account has a fixed capacity and no
+// refill; its clients hold reservations big enough that they contend for
+// it (about 1.7x the capacity wanted at once) and spend little, so the
+// capacity lasts the run.
+const (
+	failoverKills    = 5
+	failoverClients  = 48
+	failoverAccounts = 6 // 8 clients per account
+	failoverCapacity = 100_000
+)
+
+var failoverSizes = []int64{40_000, 20_000, 10_000, 5_000}
+
+// failoverRecord is what the clients were told, by reservation id: the
+// acknowledged reserves (units), starts (operation id) and settles
+// (actual units).
+type failoverRecord struct {
+	mu       sync.Mutex
+	reserved map[string]int64
+	started  map[string]string
+	settled  map[string]int64
+}
+
+func (r *failoverRecord) copy() (reserved map[string]int64, started map[string]string, settled map[string]int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	reserved, started, settled = map[string]int64{}, map[string]string{}, map[string]int64{}
+	for k, v := range r.reserved {
+		reserved[k] = v
+	}
+	for k, v := range r.started {
+		started[k] = v
+	}
+	for k, v := range r.settled {
+		settled[k] = v
+	}
+	return reserved, started, settled
+}
+
+// failoverSubject names account a's subject.
+func failoverSubject(a int) ledger.PolicyKey {
+	return ledger.PolicyKey{Subject: fmt.Sprintf("fo-%d", a), Route: "chat.generate", Region: "eu"}
+}
+
+// failoverAccountOf returns the account index encoded in a reservation id
+// "fo<a>-c<client>-<n>".
+func failoverAccountOf(id string) int {
+	a, _, _ := strings.Cut(strings.TrimPrefix(id, "fo"), "-")
+	n, _ := strconv.Atoi(a)
+	return n
+}
+
+// definite reports whether err is an answer the ledger decided (success,
+// a capacity rejection, or a refusal), as opposed to an unavailable or
+// lost one that must be repeated with the same ids.
+func definite(err error) bool {
+	var rejection *client.RejectedError
+	return err == nil || errors.As(err, &rejection) || refused(err)
+}
+
+// The failover gate: a pg_auto_failover formation (monitor, primary, two
+// synchronous-quorum standbys), three `capledger serve` processes on its
+// multi-host DSN, 48 clients doing whole lifecycles (reserve, start,
+// settle) with unique ids on six no-refill accounts, repeating every call
+// that was not answered with the same ids. Five times the primary's whole
+// process tree is SIGKILLed mid-load, a standby takes over, and the killed
+// node rejoins. After each failover: every acknowledged reserve, start and
+// settle is stored with the same state and units, no account is
+// oversold, the audit is clean, and readiness said why while no primary
+// was reachable. Over the whole run the clients' history is linearizable
+// (porcupine, one partition per account).
+func TestFailoverGate(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a pg_auto_failover formation and three server processes through five failovers")
+	}
+	runStart := time.Now()
+	f := pgformation.Start(t, 3)
+	formationUp := time.Since(runStart)
+	ctx := context.Background()
+	admin(t, f.DSN(), "CREATE SCHEMA capledger_failover")
+	dsn := f.DSN("search_path=capledger_failover")
+	bin := buildCapledger(t)
+	var replicas []*replica
+	var clients []*client.Client
+	for range 3 {
+		r := startReplica(t, bin, dsn)
+		replicas = append(replicas, r)
+		c, err := client.New(r.addr, client.WithTimeout(4*time.Second), client.WithMaxIdleConns(64),
+			client.WithRetryPolicy(client.RetryPolicy{MaxAttempts: 3, BaseDelay: 100 * time.Millisecond, MaxDelay: 500 * time.Millisecond}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		clients = append(clients, c)
+	}
+	for a := range failoverAccounts {
+		publishFailoverPolicy(t, clients[0], failoverSubject(a))
+	}
+	// The gate's own view of the database, through the same multi-host
+	// DSN: it follows the primary like the replicas do.
+	check, err := postgres.Open(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer check.Close()
+
+	rec := &failoverRecord{reserved: map[string]int64{}, started: map[string]string{}, settled: map[string]int64{}}
+	h := &history{start: time.Now()}
+	var (
+		histMu      sync.Mutex
+		acks        atomic.Int64 // definite answers
+		unavailable atomic.Int64 // calls repeated because no answer was decided
+		// killedAt is h.now() of the last kill (0 before the first);
+		// firstOK the call time of the first success called after it.
+		killedAt, firstOK atomic.Int64
+	)
+	record := func(clientID int, call int64, in accountInput, out accountOutput) {
+		ret := h.now()
+		if out.unknown {
+			ret = neverReturned
+		}
+		histMu.Lock()
+		h.ops = append(h.ops, porcupine.Operation{ClientId: clientID, Call: call, Return: ret, Input: in, Output: out})
+		histMu.Unlock()
+	}
+	// persist repeats op with the same ids until the ledger decides it
+	// (up to 90 s, far longer than a failover), moving to the next
+	// replica each time; it counts the repeats.
+	persist := func(c int, op func(*client.Client) error) error {
+		deadline := time.Now().Add(90 * time.Second)
+		for attempt := 0; ; attempt++ {
+			call := h.now()
+			err := op(clients[(c+attempt)%len(clients)])
+			if definite(err) {
+				if err == nil && killedAt.Load() > 0 && call > killedAt.Load() {
+					firstOK.CompareAndSwap(0, call)
+				}
+				acks.Add(1)
+				return err
+			}
+			unavailable.Add(1)
+			if time.Now().After(deadline) {
+				return err
+			}
+			// Patient, as a gateway should be: 48 clients hammering the
+			// nodes mid-promotion would slow the promotion itself.
+			time.Sleep(time.Duration(300+rand.IntN(500)) * time.Millisecond)
+		}
+	}
+
+	stop := make(chan struct{})
+	var load sync.WaitGroup
+	for c := range failoverClients {
+		load.Add(1)
+		go func() {
+			defer load.Done()
+			a := c % failoverAccounts
+			subject := failoverSubject(a)
+			rng := rand.New(rand.NewPCG(uint64(c), 21))
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				id := fmt.Sprintf("fo%d-c%d-%d", a, c, i)
+				units := failoverSizes[rng.IntN(len(failoverSizes))]
+				in := accountInput{id: id, units: units}
+				call := h.now()
+				err := persist(c, func(cl *client.Client) error {
+					_, err := cl.Reserve(ctx, client.ReserveRequest{ReservationID: id, Subject: subject.Subject,
+						Route: subject.Route, Region: subject.Region, Units: client.Units{"tokens": units}})
+					return err
+				})
+				var rejection *client.RejectedError
+				switch {
+				case err == nil:
+					record(c, call, in, accountOutput{ok: true})
+					rec.mu.Lock()
+					rec.reserved[id] = units
+					rec.mu.Unlock()
+				case errors.As(err, &rejection):
+					record(c, call, in, accountOutput{rejected: true})
+					time.Sleep(time.Duration(20+rng.IntN(30)) * time.Millisecond)
+					continue
+				default:
+					if refused(err) {
+						t.Errorf("reserve %s refused: %v", id, err)
+					}
+					record(c, call, in, accountOutput{unknown: true})
+					continue
+				}
+				// Hold it a moment, as a request runs.
+				time.Sleep(time.Duration(10+rng.IntN(40)) * time.Millisecond)
+				op := "op-" + id
+				actual := rng.Int64N(50)
+				settle := accountInput{settle: true, id: id, units: units, actual: actual}
+				call = h.now()
+				err = persist(c, func(cl *client.Client) error { _, err := cl.Start(ctx, id, op); return err })
+				if err == nil {
+					rec.mu.Lock()
+					rec.started[id] = op
+					rec.mu.Unlock()
+					err = persist(c, func(cl *client.Client) error {
+						_, err := cl.Settle(ctx, id, op, client.Units{"tokens": actual})
+						return err
+					})
+				}
+				switch {
+				case err == nil:
+					record(c, call, settle, accountOutput{ok: true})
+					rec.mu.Lock()
+					rec.settled[id] = actual
+					rec.mu.Unlock()
+				case refused(err):
+					t.Errorf("start/settle %s refused: %v", id, err)
+					record(c, call, settle, accountOutput{unknown: true})
+				default:
+					record(c, call, settle, accountOutput{unknown: true})
+				}
+			}
+		}()
+	}
+
+	type failover struct {
+		killedNode          string
+		processes           int
+		promoted            time.Duration // kill -> the monitor saw a standby report promotion, or a write succeeded
+		unavailable         time.Duration // kill -> first acknowledged call begun after the old primary was gone
+		rejoin              time.Duration // restart of the killed node -> formation healthy
+		repeated            int64         // calls repeated for want of an answer, kill -> healthy
+		acknowledged        int64         // acknowledged reserves when checked
+		lost                int
+		notReady, readyText string
+	}
+	var failovers []failover
+	for k := range failoverKills {
+		// Let the load run on a healthy formation before each kill.
+		before := acks.Load()
+		for acks.Load() < before+150 {
+			time.Sleep(100 * time.Millisecond)
+		}
+		wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		primary, err := f.Primary(wctx)
+		if err != nil || primary == nil {
+			cancel()
+			t.Fatalf("failover %d: no primary to kill: %v", k+1, err)
+		}
+		repeatedBefore := unavailable.Load()
+		killedAt.Store(0)
+		firstOK.Store(0)
+		killTime := h.now()
+		fo := failover{killedNode: primary.Name}
+		fo.processes = primary.Kill()
+		// Only a call begun after every process of the old primary is
+		// gone proves the new one: a call begun while the kill was still
+		// collecting the tree may have committed on the old primary.
+		killedAt.Store(h.now())
+
+		// While no primary is reachable, readiness must say so (and why).
+		// The killed node rejoins as soon as the monitor has promoted a
+		// standby (restarted earlier, it would simply be primary again).
+		var rejoinStart time.Time
+		for firstOK.Load() == 0 || rejoinStart.IsZero() {
+			if wctx.Err() != nil {
+				cancel()
+				t.Fatalf("failover %d: no promotion or no call succeeded within 2 minutes of the kill", k+1)
+			}
+			if rejoinStart.IsZero() && firstOK.Load() != 0 {
+				// A write was acknowledged after the old primary was gone:
+				// a standby has been promoted, whatever the monitor has
+				// heard yet (under load its view lags by seconds).
+				fo.promoted = time.Duration(h.now() - killTime)
+				rejoinStart = time.Now()
+				primary.Rejoin()
+			}
+			if rejoinStart.IsZero() {
+				if states, err := f.States(wctx); err == nil {
+					for _, st := range states {
+						if st.Name != primary.Name && (st.Reported == "wait_primary" || st.Reported == "primary") {
+							fo.promoted = time.Duration(h.now() - killTime)
+							rejoinStart = time.Now()
+							primary.Rejoin()
+							break
+						}
+					}
+				}
+			}
+			if status, body := getReadyz(replicas[k%len(replicas)].addr); status == http.StatusServiceUnavailable && fo.notReady == "" {
+				fo.notReady = strings.TrimSpace(body)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		fo.unavailable = time.Duration(firstOK.Load() - killTime)
+		if err := f.WaitHealthy(wctx); err != nil {
+			cancel()
+			t.Fatalf("failover %d: formation not healthy after rejoin: %v", k+1, err)
+		}
+		cancel()
+		fo.rejoin = time.Since(rejoinStart)
+		fo.repeated = unavailable.Load() - repeatedBefore
+		// Readiness on a healthy formation: ready, naming the primary and
+		// its synchronous standbys. The new primary may still be taking
+		// its standbys back into the quorum; give it a few seconds.
+		for range 50 {
+			status, body := getReadyz(replicas[0].addr)
+			fo.readyText = strings.TrimSpace(body)
+			if status == http.StatusOK {
+				break
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		fo.acknowledged, fo.lost = checkAcknowledged(t, check, rec)
+		failovers = append(failovers, fo)
+		t.Logf("failover %d: killed %s (%d processes); promoted after %.1fs, unavailable %.1fs, rejoin %.1fs, %d calls repeated; %d acknowledged reservations, %d lost",
+			k+1, fo.killedNode, fo.processes, fo.promoted.Seconds(), fo.unavailable.Seconds(), fo.rejoin.Seconds(), fo.repeated, fo.acknowledged, fo.lost)
+		if fo.notReady == "" {
+			t.Errorf("failover %d: /readyz never answered 503 while no primary was reachable", k+1)
+		} else if !strings.Contains(fo.notReady, "not ready") {
+			t.Errorf("failover %d: /readyz while no primary: %q", k+1, fo.notReady)
+		}
+		if !strings.HasPrefix(fo.readyText, "ready") || !strings.Contains(fo.readyText, "synchronous_standby_names=\"ANY 1") {
+			t.Errorf("failover %d: /readyz after rejoin: %q", k+1, fo.readyText)
+		}
+	}
+	close(stop)
+	load.Wait()
+	acknowledged, lost := checkAcknowledged(t, check, rec)
+
+	model := accountModel(failoverCapacity)
+	model.Partition = func(ops []porcupine.Operation) [][]porcupine.Operation {
+		parts := make([][]porcupine.Operation, failoverAccounts)
+		for _, op := range ops {
+			a := failoverAccountOf(op.Input.(accountInput).id)
+			parts[a] = append(parts[a], op)
+		}
+		return parts
+	}
+	checkStart := time.Now()
+	res, info := porcupine.CheckOperationsVerbose(model, h.ops, 60*time.Second)
+	checked := time.Since(checkStart)
+	switch res {
+	case porcupine.Ok:
+	case porcupine.Illegal:
+		path := filepath.Join(os.TempDir(), fmt.Sprintf("capledger-failover-%d.html", time.Now().UnixNano()))
+		if err := porcupine.VisualizePath(model, info, path); err == nil {
+			t.Errorf("history of %d operations is not linearizable; visualization: %s", len(h.ops), path)
+		} else {
+			t.Errorf("history of %d operations is not linearizable", len(h.ops))
+		}
+	default:
+		t.Errorf("linearizability check of %d operations did not finish in 60s", len(h.ops))
+	}
+	var unknown, rejected int
+	for _, op := range h.ops {
+		switch out := op.Output.(accountOutput); {
+		case out.unknown:
+			unknown++
+		case out.rejected:
+			rejected++
+		}
+	}
+	_, started, settled := rec.copy()
+	var sumUnavailable time.Duration
+	var worst time.Duration
+	var parts []string
+	for _, fo := range failovers {
+		sumUnavailable += fo.unavailable
+		worst = max(worst, fo.unavailable)
+		parts = append(parts, fmt.Sprintf("%.1f", fo.unavailable.Seconds()))
+	}
+	t.Logf("FAILOVER GATE: %d failovers (formation up in %.0fs, run %.0fs); %d operations in the history (%d rejected for capacity, %d never answered); "+
+		"acknowledged %d reservations, %d starts, %d settles; lost %d; %d calls repeated for want of an answer; "+
+		"unavailable seconds per failover [%s] (worst %.1f); linearizability checked in %s",
+		len(failovers), formationUp.Seconds(), time.Since(runStart).Seconds(), len(h.ops), rejected, unknown,
+		acknowledged, len(started), len(settled), lost, unavailable.Load(),
+		strings.Join(parts, " "), worst.Seconds(), checked.Round(time.Millisecond))
+	if rejected == 0 {
+		t.Error("no reserve was ever rejected: the accounts never ran short, so the run tested no oversell")
+	}
+}
+
+func publishFailoverPolicy(t *testing.T, c *client.Client, key ledger.PolicyKey) {
+	t.Helper()
+	_, _, err := c.PublishPolicy(context.Background(), &ledgerv1.Policy{
+		Subject: key.Subject, Route: key.Route, Region: key.Region,
+		// No refill: what the clients hold and spend must fit in the
+		// capacity, or it was oversold.
+		Dimensions: []*ledgerv1.Dimension{{Unit: "tokens", Burst: failoverCapacity, MaxReservation: failoverCapacity}},
+		HoldTtl:    durationpb.New(time.Hour),
+	})
+	if err != nil {
+		t.Fatalf("publish %s: %v", key.Subject, err)
+	}
+}
+
+func getReadyz(addr string) (int, string) {
+	hc := http.Client{Timeout: 3 * time.Second}
+	resp, err := hc.Get("http://" + addr + "/readyz")
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
+
+// checkAcknowledged reads the database (after copying what the clients
+// were told, so every acknowledgement it checks happened before the read)
+// and reports, as test errors, every acknowledged reserve, start or settle
+// that is missing or differs, every oversold account and every audit
+// finding. It returns the number of acknowledged reservations checked and
+// of acknowledgements lost.
+// reporter is where checkAcknowledged reports: the test, or a recorder in
+// the test of the check itself.
+type reporter interface {
+	Helper()
+	Errorf(format string, args ...any)
+	Fatalf(format string, args ...any)
+}
+
+func checkAcknowledged(t reporter, s *postgres.Store, rec *failoverRecord) (acknowledged int64, lost int) {
+	t.Helper()
+	reserved, started, settled := rec.copy()
+	var snap *ledger.Snapshot
+	var err error
+	for range 50 { // the gate's own pool may still be finding the primary
+		if snap, err = s.Snapshot(context.Background()); err == nil {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("snapshot: %v", err)
+	}
+	for _, d := range ledger.Audit(snap) {
+		t.Errorf("audit: %s", d)
+	}
+	for _, acc := range snap.Accounts {
+		b := acc.Balances[0]
+		if b.Opening+b.Minted != failoverCapacity || b.Reserved+b.Spent > b.Opening+b.Minted || b.Available < 0 {
+			t.Errorf("account %s oversold or refilled: opening %d minted %d, reserved %d spent %d available %d",
+				acc.Key.Subject, b.Opening, b.Minted, b.Reserved, b.Spent, b.Available)
+		}
+	}
+	stored := map[string]ledger.Reservation{}
+	for _, r := range snap.Reservations {
+		stored[r.ID] = r
+	}
+	ids := slices.Sorted(func(yield func(string) bool) {
+		for id := range reserved {
+			if !yield(id) {
+				return
+			}
+		}
+	})
+	for _, id := range ids {
+		units := reserved[id]
+		r, ok := stored[id]
+		bad := ""
+		switch {
+		case !ok:
+			bad = "missing"
+		case r.Reserved[0] != units:
+			bad = fmt.Sprintf("reserved %d", r.Reserved[0])
+		case hasKey(settled, id):
+			if r.State != ledger.StateSettled || r.Actual[0] != settled[id] || r.OperationID != started[id] {
+				bad = fmt.Sprintf("settle acknowledged (%d) but stored %s actual %v op %q", settled[id], r.State, r.Actual, r.OperationID)
+			}
+		case hasKey(started, id):
+			if (r.State != ledger.StateStarted && r.State != ledger.StateSettled) || r.OperationID != started[id] {
+				bad = fmt.Sprintf("start acknowledged (%s) but stored %s op %q", started[id], r.State, r.OperationID)
+			}
+		default:
+			if r.State != ledger.StateReserved && r.State != ledger.StateStarted && r.State != ledger.StateSettled {
+				bad = fmt.Sprintf("reserve acknowledged but stored %s", r.State)
+			}
+		}
+		if bad != "" {
+			lost++
+			t.Errorf("acknowledged reservation %s (%d units): %s", id, units, bad)
+		}
+	}
+	return int64(len(reserved)), lost
+}
+
+func hasKey[V any](m map[string]V, k string) bool {
+	_, ok := m[k]
+	return ok
+}
+
+// findings records what checkAcknowledged reports.
+type findings struct{ msgs []string }
+
+func (f *findings) Helper() {}
+func (f *findings) Errorf(format string, args ...any) {
+	f.msgs = append(f.msgs, fmt.Sprintf(format, args...))
+}
+func (f *findings) Fatalf(format string, args ...any) { f.Errorf(format, args...) }
+
+// The gate's check must be able to fail: on a standalone server (no
+// formation needed), an acknowledged reservation that is not stored, one
+// stored with other units, and an acknowledged settle of a reservation
+// that is only reserved are each reported as lost.
+func TestGateCheckReportsLoss(t *testing.T) {
+	dsn := os.Getenv("CAPLEDGER_TEST_POSTGRES")
+	if dsn == "" {
+		t.Skip("needs CAPLEDGER_TEST_POSTGRES, e.g. postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
+	}
+	schema := fmt.Sprintf("capledger_gatecheck_%d", time.Now().UnixNano())
+	admin(t, dsn, "CREATE SCHEMA "+schema)
+	t.Cleanup(func() { admin(t, dsn, "DROP SCHEMA "+schema+" CASCADE") })
+	sep := "?"
+	if strings.Contains(dsn, "?") {
+		sep = "&"
+	}
+	bin := buildCapledger(t)
+	r := startReplica(t, bin, dsn+sep+"search_path="+schema)
+	c, err := client.New(r.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	publishFailoverPolicy(t, c, failoverSubject(0))
+	subject := failoverSubject(0)
+	for _, id := range []string{"fo0-c0-0", "fo0-c0-1"} {
+		if _, err := c.Reserve(ctx, client.ReserveRequest{ReservationID: id, Subject: subject.Subject,
+			Route: subject.Route, Region: subject.Region, Units: client.Units{"tokens": 5000}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, err := postgres.Open(ctx, dsn+sep+"search_path="+schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+
+	truth := &failoverRecord{reserved: map[string]int64{"fo0-c0-0": 5000, "fo0-c0-1": 5000},
+		started: map[string]string{}, settled: map[string]int64{}}
+	var clean findings
+	if n, lost := checkAcknowledged(&clean, s, truth); n != 2 || lost != 0 || len(clean.msgs) != 0 {
+		t.Fatalf("the stored truth: %d checked, %d lost, %q", n, lost, clean.msgs)
+	}
+	lies := &failoverRecord{
+		reserved: map[string]int64{"fo0-c0-0": 5000, "fo0-c0-1": 4000, "fo0-c0-9": 100},
+		started:  map[string]string{"fo0-c0-0": "op-fo0-c0-0"},
+		settled:  map[string]int64{"fo0-c0-0": 7},
+	}
+	var got findings
+	if _, lost := checkAcknowledged(&got, s, lies); lost != 3 || len(got.msgs) != 3 {
+		t.Fatalf("three acknowledgements the store does not hold: %d lost, findings %q", lost, got.msgs)
+	}
+}

@@ -1,0 +1,122 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Replication is what the server the store writes to promises about an
+// acknowledged commit: the settings and standbys that decide whether a
+// commit the ledger has answered "ok" for survives a crash of that server
+// and a failover to one of its standbys.
+type Replication struct {
+	// Server is host:port of the primary the pool reached.
+	Server string
+	// SynchronousCommit and SynchronousStandbyNames are the primary's
+	// settings as the ledger's sessions see them; Fsync is fsync.
+	SynchronousCommit, SynchronousStandbyNames string
+	Fsync                                      bool
+	// Standbys counts the standbys streaming from the primary now
+	// (pg_stat_replication); SyncStandbys those of them acknowledging
+	// commits (sync_state sync or quorum).
+	Standbys, SyncStandbys int
+}
+
+// Risk returns "" when every commit this primary acknowledges is flushed
+// to its own disk and, if it has standbys, to a synchronous standby's WAL
+// before COMMIT returns, so neither a crash nor a failover to the standby
+// that the failover manager promotes can lose it. Otherwise it says why an
+// acknowledged commit could be lost.
+//
+// The rule, per case:
+//   - fsync off or synchronous_commit off: a crash of the primary alone
+//     can lose acknowledged commits, standbys or not;
+//   - no standby streaming and synchronous_standby_names empty: a
+//     standalone server. Nothing can be failed over to, and what it
+//     acknowledged is on its disk: no risk. (A standby that is configured
+//     but disconnected and asynchronous is invisible from here; the
+//     operator's failover manager must not promote it.)
+//   - standbys streaming but synchronous_standby_names empty: every one of
+//     them is asynchronous, and a failover to any loses the commits it had
+//     not received yet (pg_auto_failover's wait_primary state is this,
+//     for the seconds a standby takes to catch up);
+//   - synchronous_standby_names set but synchronous_commit local or
+//     remote_write: COMMIT returns before a standby has the commit on
+//     disk (local: not even received).
+//
+// synchronous_commit on or remote_apply with synchronous_standby_names set
+// is safe even while no synchronous standby is connected: COMMIT then
+// waits (the ledger stalls, answers 503 after its batch timeout with
+// outcome unknown) rather than acknowledging.
+func (r Replication) Risk() string {
+	switch {
+	case !r.Fsync:
+		return "fsync is off: a crash of the primary can lose acknowledged commits"
+	case r.SynchronousCommit == "off":
+		return "synchronous_commit is off: a crash of the primary can lose acknowledged commits"
+	case r.SynchronousStandbyNames == "" && r.Standbys == 0:
+		return ""
+	case r.SynchronousStandbyNames == "":
+		return fmt.Sprintf("%d standby(s) replicate asynchronously (synchronous_standby_names is empty): "+
+			"a failover to one of them can lose acknowledged commits", r.Standbys)
+	case r.SynchronousCommit == "local" || r.SynchronousCommit == "remote_write":
+		return fmt.Sprintf("synchronous_commit is %s: COMMIT returns before a synchronous standby has flushed it, "+
+			"so a failover can lose acknowledged commits; set it to on or remote_apply", r.SynchronousCommit)
+	}
+	return ""
+}
+
+// String describes the replication for logs and readiness.
+func (r Replication) String() string {
+	if r.SynchronousStandbyNames == "" && r.Standbys == 0 {
+		return fmt.Sprintf("primary %s: standalone (no standbys), synchronous_commit=%s", r.Server, r.SynchronousCommit)
+	}
+	return fmt.Sprintf("primary %s: synchronous_commit=%s synchronous_standby_names=%q, %d standby(s) streaming, %d synchronous",
+		r.Server, r.SynchronousCommit, r.SynchronousStandbyNames, r.Standbys, r.SyncStandbys)
+}
+
+// Replication reads the primary's replication settings and standbys
+// through the pool (so through the DSN's read-write host selection).
+// It returns an error wrapping store.ErrUnavailable when no primary can be
+// reached; the error names every host the DSN lists.
+func (s *Store) Replication(ctx context.Context) (Replication, error) {
+	var r Replication
+	var fsync string
+	err := s.pool.QueryRow(ctx, `SELECT coalesce(inet_server_addr()::text, 'local') || ':' || current_setting('port'),
+			current_setting('synchronous_commit'), current_setting('synchronous_standby_names'), current_setting('fsync'),
+			(SELECT count(*) FROM pg_stat_replication),
+			(SELECT count(*) FROM pg_stat_replication WHERE sync_state IN ('sync', 'quorum'))`).
+		Scan(&r.Server, &r.SynchronousCommit, &r.SynchronousStandbyNames, &fsync, &r.Standbys, &r.SyncStandbys)
+	if err != nil {
+		return Replication{}, s.c.classify("replication: no read-write primary reachable among "+s.hosts(), err, false)
+	}
+	r.Server = strings.TrimSuffix(strings.Replace(r.Server, "/32", "", 1), "/128")
+	r.Fsync = fsync == "on"
+	return r, nil
+}
+
+// hosts lists the host:port pairs the DSN names, for messages.
+func (s *Store) hosts() string {
+	cfg := s.pool.Config().ConnConfig
+	list := []string{fmt.Sprintf("%s:%d", cfg.Host, cfg.Port)}
+	for _, fb := range cfg.Fallbacks {
+		list = append(list, fmt.Sprintf("%s:%d", fb.Host, fb.Port))
+	}
+	return strings.Join(list, ", ")
+}
+
+// resetOnLostServer empties the pool after an error classified as
+// ErrUnavailable (the server went away: a failover, a restart, a cut
+// connection): every idle connection likely points at the same dead or
+// demoted server, and without the reset each would fail one more batch in
+// turn before the pool dialed the new primary. Connections in use are
+// closed when they are returned. A cancelled or timed-out context says
+// nothing about the server and resets nothing.
+func (s *Store) resetOnLostServer(err error) {
+	if s.pool == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return
+	}
+	s.pool.Reset()
+}

@@ -1,0 +1,66 @@
+package postgres_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/capledger/capledger/store/postgres"
+)
+
+// Which primaries can lose an acknowledged commit on a crash or failover.
+func TestReplicationRisk(t *testing.T) {
+	safe := postgres.Replication{Fsync: true, SynchronousCommit: "on",
+		SynchronousStandbyNames: "ANY 1 (a, b)", Standbys: 2, SyncStandbys: 2}
+	for _, c := range []struct {
+		name string
+		edit func(*postgres.Replication)
+		want string // "" = safe, else a phrase of the risk
+	}{
+		{"quorum of synchronous standbys", func(r *postgres.Replication) {}, ""},
+		{"remote_apply", func(r *postgres.Replication) { r.SynchronousCommit = "remote_apply" }, ""},
+		{"synchronous standby configured but none connected: COMMIT waits", func(r *postgres.Replication) { r.Standbys, r.SyncStandbys = 0, 0 }, ""},
+		{"standalone", func(r *postgres.Replication) { r.SynchronousStandbyNames, r.Standbys, r.SyncStandbys = "", 0, 0 }, ""},
+		{"standalone, synchronous_commit local", func(r *postgres.Replication) {
+			r.SynchronousStandbyNames, r.Standbys, r.SyncStandbys, r.SynchronousCommit = "", 0, 0, "local"
+		}, ""},
+		{"standalone, synchronous_commit off", func(r *postgres.Replication) {
+			r.SynchronousStandbyNames, r.Standbys, r.SyncStandbys, r.SynchronousCommit = "", 0, 0, "off"
+		}, "synchronous_commit is off"},
+		{"fsync off", func(r *postgres.Replication) { r.Fsync = false }, "fsync is off"},
+		{"asynchronous standbys (pg_auto_failover wait_primary)", func(r *postgres.Replication) {
+			r.SynchronousStandbyNames, r.SyncStandbys = "", 0
+		}, "replicate asynchronously"},
+		{"remote_write", func(r *postgres.Replication) { r.SynchronousCommit = "remote_write" }, "synchronous_commit is remote_write"},
+		{"local with standbys", func(r *postgres.Replication) { r.SynchronousCommit = "local" }, "synchronous_commit is local"},
+		{"off with standbys", func(r *postgres.Replication) { r.SynchronousCommit = "off" }, "synchronous_commit is off"},
+	} {
+		r := safe
+		c.edit(&r)
+		got := r.Risk()
+		if (c.want == "") != (got == "") || !strings.Contains(got, c.want) {
+			t.Errorf("%s (%s): risk %q, want %q", c.name, r, got, c.want)
+		}
+	}
+}
+
+// The test server is standalone: Replication reads it as such, with no
+// risk, and a session that turns synchronous_commit off is seen as at risk.
+func TestReplicationOfTestServer(t *testing.T) {
+	s, dsn := openStore(t)
+	r, err := s.Replication(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Standbys != 0 || r.SynchronousStandbyNames != "" || r.Risk() != "" || !strings.HasPrefix(r.Server, "127.0.0.1:") {
+		t.Fatalf("test server: %+v, risk %q", r, r.Risk())
+	}
+	off, err := postgres.Open(context.Background(), withParam(t, dsn, "synchronous_commit", "off"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer off.Close()
+	if r, err := off.Replication(context.Background()); err != nil || !strings.Contains(r.Risk(), "synchronous_commit is off") {
+		t.Fatalf("synchronous_commit=off session: %+v, %v", r, err)
+	}
+}
