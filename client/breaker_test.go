@@ -300,3 +300,42 @@ func TestBreakerFigures(t *testing.T) {
 		}
 	}
 }
+
+// TestBreakerOverheadFigures measures what the breaker costs a healthy
+// ledger's Reserve: the same calls through a Client with the breaker and
+// one without, interleaved. Only with CAPLEDGER_BREAKER_FIGURES=1.
+func TestBreakerOverheadFigures(t *testing.T) {
+	if os.Getenv("CAPLEDGER_BREAKER_FIGURES") == "" {
+		t.Skip("set CAPLEDGER_BREAKER_FIGURES=1 to measure")
+	}
+	l := startLedger(t)
+	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 1 << 40})
+	on, err := New(l.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer on.Close()
+	off, err := New(l.addr, WithBreaker(BreakerPolicy{Disabled: true}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer off.Close()
+	ctx := context.Background()
+	var withB, without []time.Duration
+	for i := range 4000 {
+		c, into := on, &withB
+		if i%2 == 1 {
+			c, into = off, &without
+		}
+		s := time.Now()
+		if _, err := c.Reserve(ctx, ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 1}}); err != nil {
+			t.Fatal(err)
+		}
+		*into = append(*into, time.Since(s))
+	}
+	slices.Sort(withB)
+	slices.Sort(without)
+	q := func(d []time.Duration, p float64) time.Duration { return d[int(p*float64(len(d)-1))] }
+	t.Logf("healthy Reserve: breaker on p50 %s p99 %s; off p50 %s p99 %s (ratio p50 %.2f)",
+		q(withB, .5), q(withB, .99), q(without, .5), q(without, .99), float64(q(withB, .5))/float64(q(without, .5)))
+}

@@ -83,7 +83,9 @@ type ShardServiceClient interface {
 	// has no signing key; PERMISSION_DENIED (PERMISSION_DENIED) when a
 	// gateway token asks for another gateway id.
 	IssueShard(context.Context, *connect.Request[v1.IssueShardRequest]) (*connect.Response[v1.IssueShardResponse], error)
-	// GetShard returns one shard. Errors: NOT_FOUND (SHARD_NOT_FOUND).
+	// GetShard returns one shard and, for the receipt_ids asked for, where
+	// each receipt stands centrally (pending, resolved, not pending).
+	// Errors: NOT_FOUND (SHARD_NOT_FOUND); INVALID_ARGUMENT (too many ids).
 	GetShard(context.Context, *connect.Request[v1.GetShardRequest]) (*connect.Response[v1.GetShardResponse], error)
 	// ListShards returns shards, optionally filtered, ordered by issuance.
 	ListShards(context.Context, *connect.Request[v1.ListShardsRequest]) (*connect.Response[v1.ListShardsResponse], error)
@@ -95,7 +97,10 @@ type ShardServiceClient interface {
 	// SHARD_ALREADY_RECONCILED (a second submission, or a receipt resolved
 	// before: refused and counted; the response detail is empty, read the
 	// shard with GetShard) or SHARD_FOREIGN (another gateway's shard: refused
-	// and counted); INVALID_ARGUMENT (malformed receipts, unknown units);
+	// and counted) or SHARD_RECEIPT_CONTRADICTS (a RELEASED or EXPIRED
+	// receipt for work an earlier submission reported STARTED or
+	// USAGE_UNKNOWN: only a settled receipt resolves it; refused and
+	// counted); INVALID_ARGUMENT (malformed receipts, unknown units);
 	// PERMISSION_DENIED (PERMISSION_DENIED) when a gateway token reports as
 	// another gateway id.
 	ReconcileShard(context.Context, *connect.Request[v1.ReconcileShardRequest]) (*connect.Response[v1.ReconcileShardResponse], error)
@@ -200,7 +205,9 @@ type ShardServiceHandler interface {
 	// has no signing key; PERMISSION_DENIED (PERMISSION_DENIED) when a
 	// gateway token asks for another gateway id.
 	IssueShard(context.Context, *connect.Request[v1.IssueShardRequest]) (*connect.Response[v1.IssueShardResponse], error)
-	// GetShard returns one shard. Errors: NOT_FOUND (SHARD_NOT_FOUND).
+	// GetShard returns one shard and, for the receipt_ids asked for, where
+	// each receipt stands centrally (pending, resolved, not pending).
+	// Errors: NOT_FOUND (SHARD_NOT_FOUND); INVALID_ARGUMENT (too many ids).
 	GetShard(context.Context, *connect.Request[v1.GetShardRequest]) (*connect.Response[v1.GetShardResponse], error)
 	// ListShards returns shards, optionally filtered, ordered by issuance.
 	ListShards(context.Context, *connect.Request[v1.ListShardsRequest]) (*connect.Response[v1.ListShardsResponse], error)
@@ -212,7 +219,10 @@ type ShardServiceHandler interface {
 	// SHARD_ALREADY_RECONCILED (a second submission, or a receipt resolved
 	// before: refused and counted; the response detail is empty, read the
 	// shard with GetShard) or SHARD_FOREIGN (another gateway's shard: refused
-	// and counted); INVALID_ARGUMENT (malformed receipts, unknown units);
+	// and counted) or SHARD_RECEIPT_CONTRADICTS (a RELEASED or EXPIRED
+	// receipt for work an earlier submission reported STARTED or
+	// USAGE_UNKNOWN: only a settled receipt resolves it; refused and
+	// counted); INVALID_ARGUMENT (malformed receipts, unknown units);
 	// PERMISSION_DENIED (PERMISSION_DENIED) when a gateway token reports as
 	// another gateway id.
 	ReconcileShard(context.Context, *connect.Request[v1.ReconcileShardRequest]) (*connect.Response[v1.ReconcileShardResponse], error)
