@@ -14,7 +14,9 @@ import "os"
 //     hold ran out;
 //   - debt_admits: outstanding debt does not freeze admission;
 //   - unknown_without_limit: the execution-limit worker's unknown-marking
-//     takes STARTED work whose execution deadline is unset or not passed.
+//     takes STARTED work whose execution deadline is unset or not passed;
+//   - retry_after_ignores_holds: a rejection promises a Retry-After from
+//     refill even when only outstanding holds ending can make room.
 //
 // The variable is read on every call so that a test can switch variants
 // between runs in one process.

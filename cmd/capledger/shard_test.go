@@ -81,6 +81,15 @@ func TestCLIShardLifecycle(t *testing.T) {
 	code, out, errOut = cli(t, url, "shard", "inspect", "--token-file", tokenPath, "--keys", keysPath)
 	wantExit(t, exitConflict, code, out, errOut)
 
+	// A misspelt field must not read as zero usage: refused before sending.
+	typoPath := filepath.Join(dir, "typo.json")
+	os.WriteFile(typoPath, []byte(`[{"reservation_id": "l1", "state": "SETTLED", "reserved_units": {"tokens": 500}, "actual_unit": {"tokens": 450}}]`), 0o600)
+	code, out, errOut = cli(t, url, "shard", "reconcile", "sh-cli", "--gateway", "gw-1", "--receipts", typoPath)
+	wantExit(t, exitUsage, code, out, errOut)
+	if !strings.Contains(errOut, "actual_unit") {
+		t.Fatalf("misspelt receipt field: %s", errOut)
+	}
+
 	receiptsPath := filepath.Join(dir, "receipts.json")
 	os.WriteFile(receiptsPath, []byte(`[
 	  {"reservation_id": "l1", "state": "SETTLED", "reserved_units": {"tokens": 500}, "actual_units": {"tokens": 450}},
