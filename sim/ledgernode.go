@@ -143,6 +143,7 @@ func (w *world) ledgerReceive(m *message) {
 		return
 	}
 	w.log(recDeliver, ledgerNodeID, m.cmd.Kind, m.cmd.ReservationID, int64(m.from), msgNames[m.kind])
+	w.shardDelivered(m)
 	n.inbox = append(n.inbox, m)
 	w.scheduleBatch()
 }
@@ -245,7 +246,7 @@ func (w *world) ledgerBatch() {
 		}
 		m := inbox[owner]
 		n.answers++
-		answer := &message{from: ledgerNodeID, to: m.from, owner: m.owner, attempt: m.attempt, probe: m.probe, cmd: m.cmd, answerID: n.answers}
+		answer := &message{from: ledgerNodeID, to: m.from, owner: m.owner, attempt: m.attempt, probe: m.probe, cmd: m.cmd, answerID: n.answers, sub: m.sub}
 		if err != nil {
 			answer.kind = msgUnavailable
 		} else {

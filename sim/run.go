@@ -255,6 +255,10 @@ func (w *world) final() {
 	if w.fail != nil {
 		return
 	}
+	w.shardFinal()
+	if w.fail != nil {
+		return
+	}
 	for _, r := range w.requests {
 		if !r.started {
 			continue

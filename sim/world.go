@@ -94,6 +94,9 @@ type message struct {
 	// res is the answer (nil on requests and on "unavailable").
 	res   *ledger.Result
 	found bool
+	// sub numbers a shard reconciliation's submission (1 the first) on the
+	// gateway's side, so that the answer to a copy is matched to it.
+	sub int32
 }
 
 // world is one interleaving: every actor, the ledger, the network and the
