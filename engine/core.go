@@ -107,7 +107,12 @@ func (c *Core) Due(ctx context.Context, now time.Time, limit int) ([]ledger.Comm
 		case ledger.StateExpiring:
 			cmds = append(cmds, ledger.Command{Kind: ledger.KindExpire, ReservationID: id})
 		case ledger.StateStarted:
-			cmds = append(cmds, ledger.Command{Kind: ledger.KindMarkUsageUnknown, ReservationID: id})
+			// Listed as an expired hold and started since (the start's
+			// batch committed between the listing and this re-read): due
+			// only once its own execution deadline has passed.
+			if !r.ExecutionDeadline.IsZero() && !now.Before(r.ExecutionDeadline) {
+				cmds = append(cmds, ledger.Command{Kind: ledger.KindMarkUsageUnknown, ReservationID: id})
+			}
 		}
 	}
 	return cmds, nil

@@ -12,7 +12,12 @@ import "os"
 //     hold back again instead of replaying;
 //   - expire_started: an expiry claim takes a STARTED reservation whose
 //     hold ran out;
-//   - debt_admits: outstanding debt does not freeze admission.
+//   - debt_admits: outstanding debt does not freeze admission;
+//   - shard_unknown_reminted: a shard's first reconciliation counts the
+//     holds of STARTED / USAGE_UNKNOWN receipts as unused and remints them;
+//   - worker_marks_started_unknown: the expiry worker's claim of a hold
+//     that ran out after its work started marks the work USAGE_UNKNOWN
+//     (before any execution limit passed) instead of failing.
 //
 // The variable is read on every call so that a test can switch variants
 // between runs in one process.

@@ -54,6 +54,9 @@ const (
 	GateLiveness
 	// GateFairness: a tenant's fairness error exceeded its budget.
 	GateFairness
+	// GateUnknownWithoutCause: a reservation became USAGE_UNKNOWN with no
+	// request to mark it and before its execution limit passed.
+	GateUnknownWithoutCause
 
 	numGates
 )
@@ -74,6 +77,7 @@ var gateNames = [numGates]string{
 	GateProtocol:                  "protocol",
 	GateLiveness:                  "liveness",
 	GateFairness:                  "fairness",
+	GateUnknownWithoutCause:       "unknown_without_cause",
 }
 
 func (g Gate) String() string {
@@ -370,6 +374,18 @@ func (c *checker) transition(e *ledger.JournalEntry, a *acctState, before *ledge
 			c.w.usageUnknown = append(c.w.usageUnknown, c.w.now-rs.unknownAt)
 		}
 	case ledger.KindMarkUsageUnknown:
+		// API.md: STARTED -> USAGE_UNKNOWN only on a request
+		// (MarkUsageUnknown, which no simulated actor sends) or by the
+		// worker once the execution limit passed.
+		if row.ExecutionDeadline.IsZero() || e.At.Before(row.ExecutionDeadline) {
+			deadline := "no execution limit"
+			if !row.ExecutionDeadline.IsZero() {
+				deadline = "its execution deadline " + row.ExecutionDeadline.Format("15:04:05.000")
+			}
+			c.violate(GateUnknownWithoutCause, "%s marked USAGE_UNKNOWN at %s (started %s), with no request and before %s",
+				id, e.At.Format("15:04:05.000"), row.StartedAt.Format("15:04:05.000"), deadline)
+			return
+		}
 		rs.unknownAt = c.w.now
 	}
 	if e.To.Terminal() {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/capledger/capledger/engine"
 	"github.com/capledger/capledger/ledger"
@@ -41,6 +42,18 @@ type recStore struct {
 	fault     commitFault
 	committed []*store.Changes
 	commits   int // Commit calls in the current batch
+	// beforeGet, when set, runs once before the next ReservationGet: the
+	// simulation uses it to commit a batch between engine.Core.Due's
+	// listing of due reservations and its re-read of one.
+	beforeGet func()
+}
+
+func (s *recStore) ReservationGet(ctx context.Context, id string) (ledger.Reservation, error) {
+	if f := s.beforeGet; f != nil {
+		s.beforeGet = nil
+		f()
+	}
+	return s.Store.ReservationGet(ctx, id)
 }
 
 func (s *recStore) Begin(ctx context.Context) (store.Tx, error) {
@@ -146,7 +159,60 @@ func (w *world) ledgerReceive(m *message) {
 	w.shardDelivered(m)
 	n.inbox = append(n.inbox, m)
 	w.scheduleBatch()
+	if m.kind == msgCommand && m.cmd.Kind == ledger.KindStart && !m.probe {
+		// A start that lands just before its hold runs out: the expiry
+		// worker may list the hold while the start's batch is in flight.
+		r := w.requests[m.owner]
+		if left := r.expiresAt - w.now; left > 0 && left <= raceSkew && w.f.fire(SiteWorkerRereadRace) {
+			w.schedule(event{at: w.now, kind: evRaceWorker, a: r.idx, b: n.incarnation})
+		}
+	}
 }
+
+// raceSkew is how far ahead of a batch's clock the expiry worker's clock
+// may be in the worker_reread_race site: the batch took its time before
+// the worker took its own, and commits after the worker listed.
+const raceSkew = int64(10 * time.Millisecond)
+
+// raceWorker runs the real expiry worker code, engine.Core.Due, at the
+// hold's expiry (a clock at most raceSkew ahead of the ledger's batch
+// clock), and commits the ledger's pending batch, which holds the start,
+// between Due's listing of the due holds and its re-read of them: the
+// interleaving of a worker goroutine and a gateway's batch in the real
+// server. The worker's commands then run in the next batch, as any
+// worker's do.
+func (w *world) raceWorker(idx, incarnation int32) {
+	n := &w.ledger
+	r := w.requests[idx]
+	if !n.up || n.incarnation != incarnation || len(n.inbox) == 0 {
+		return
+	}
+	listAt := epoch0.Add(time.Duration(max(r.expiresAt, w.now)))
+	n.st.beforeGet = func() {
+		w.log(recWorker, ledgerNodeID, ledger.KindStart, r.id, int64(len(n.inbox)), "batch commits between Due's list and re-read")
+		w.ledgerBatch()
+	}
+	due, err := n.core.Due(w.ctx, listAt, 64)
+	n.st.beforeGet = nil
+	if w.fail != nil {
+		return
+	}
+	if err != nil {
+		w.violate(GateJournal, fmt.Sprintf("engine.Core.Due: %v", err))
+		return
+	}
+	if !n.up || n.incarnation != incarnation {
+		return // the nested batch crashed the process: the worker died with it
+	}
+	for _, c := range due {
+		n.internal = append(n.internal, internalCmd{cmd: c, from: fromWorker})
+	}
+	if len(n.internal) > 0 {
+		w.log(recWorker, ledgerNodeID, 0, "", int64(len(n.internal)), "")
+		w.scheduleBatch()
+	}
+}
+
 
 func (w *world) scheduleBatch() {
 	n := &w.ledger

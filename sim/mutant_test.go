@@ -20,6 +20,8 @@ func TestMutants(t *testing.T) {
 		{"refund_twice", GateDuplicateRefund},
 		{"expire_started", GateUnknownAsUnconsumed},
 		{"debt_admits", GateAdmissionWhileDebt},
+		{"shard_unknown_reminted", GateUnknownAsUnconsumed},
+		{"worker_marks_started_unknown", GateUnknownWithoutCause},
 	}
 	for _, m := range mutants {
 		t.Run(m.name, func(t *testing.T) {

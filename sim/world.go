@@ -54,6 +54,7 @@ const (
 	evHeal
 	evDeadline
 	evShard
+	evRaceWorker
 )
 
 // event is one scheduled happening. Events run in (at, seq) order: seq is
@@ -335,6 +336,8 @@ func (w *world) run() {
 			w.deadline()
 		case evShard:
 			w.shardEvent(e.a, e.b, e.c)
+		case evRaceWorker:
+			w.raceWorker(e.a, e.b)
 		}
 	}
 	if w.fail == nil && !w.finished {
