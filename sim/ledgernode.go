@@ -213,7 +213,6 @@ func (w *world) raceWorker(idx, incarnation int32) {
 	}
 }
 
-
 func (w *world) scheduleBatch() {
 	n := &w.ledger
 	if !n.pending {
