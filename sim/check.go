@@ -396,6 +396,28 @@ func (c *checker) transition(e *ledger.JournalEntry, a *acctState, before *ledge
 	rs.state = e.To
 }
 
+// inDebt reports whether the account owes debt in some dimension.
+func (c *checker) inDebt(key ledger.AccountKey) bool {
+	a := c.accounts[key]
+	return a != nil && debtDim(&a.bal, max(a.dims, 1)) >= 0
+}
+
+// commandOnDebt reports whether a gateway's or executor's command runs on
+// an indebted account, so that the refill it runs first repays debt: a
+// reserve on the subject's current account, a settle on its reservation's.
+func (c *checker) commandOnDebt(cmd *ledger.Command) bool {
+	switch cmd.Kind {
+	case ledger.KindReserve:
+		subject := ledger.PolicyKey{Subject: cmd.Subject, Route: cmd.Route, Region: cmd.Region}
+		active := c.w.op.activeGeneration(subject)
+		return active != 0 && c.inDebt(ledger.AccountKey{Subject: cmd.Subject, Route: cmd.Route, Region: cmd.Region, Generation: active})
+	case ledger.KindSettle:
+		rs := c.resv[cmd.ReservationID]
+		return rs != nil && c.inDebt(rs.account)
+	}
+	return false
+}
+
 func debtDim(b *ledger.Balances, dims int) int {
 	for d := 0; d < dims; d++ {
 		if b[d].Debt() > 0 {

@@ -258,6 +258,9 @@ func (w *world) ledgerBatch() {
 			cmds = append(cmds, m.cmd)
 			owners = append(owners, i)
 			refunds = refunds || m.cmd.Kind == ledger.KindSettle || m.cmd.Kind == ledger.KindRelease
+			// A reserve or settle on an indebted account repays debt
+			// through the refill it runs first.
+			debtPay = debtPay || w.chk.commandOnDebt(&m.cmd)
 		}
 	}
 	if !internalFirst {
@@ -424,11 +427,14 @@ func (w *world) ledgerRestart() {
 	w.op.policiesStale = true
 }
 
-// workerTick runs the ledger's background workers: engine.Core.Due (expiry
-// claims and completions, USAGE_UNKNOWN marking), engine.Core.EpochsDue,
-// refills of indebted accounts (debt repayment) and drains of superseded
-// generations. It reschedules itself unless extra is set (an extra run the
-// start-vs-expire site asks for).
+// workerTick runs the ledger's background workers as the server's engine
+// does, through the engine's own functions: engine.Core.Due every tick
+// (expiry claims and completions, USAGE_UNKNOWN marking), and every
+// epochEvery engine.Core.EpochsDue (epoch close) and engine.Core.DrainsDue
+// (superseded generations' capacity and debt). Debt is repaid as in the
+// server, lazily by the refill inside the subject's next command: no
+// worker repays it. It reschedules itself unless extra is set (an extra
+// run the start-vs-expire site asks for).
 func (w *world) workerTick(extra bool) {
 	if !extra {
 		w.after(workerEvery, evWorker, 0, 0, 0)
@@ -459,9 +465,10 @@ func (w *world) workerTick(extra bool) {
 		for _, c := range cmds {
 			n.internal = append(n.internal, internalCmd{cmd: c, from: fromWorker})
 		}
+		w.drainWork()
 	}
-	if !extra {
-		w.debtAndDrainWork()
+	if !extra && w.healed {
+		w.debtTraffic()
 	}
 	if len(n.internal) > 0 {
 		w.log(recWorker, ledgerNodeID, 0, "", int64(len(n.internal)), "")
@@ -469,42 +476,61 @@ func (w *world) workerTick(extra bool) {
 	}
 }
 
-// debtAndDrainWork queues a refill for every current account with debt
-// (refills repay debt first) and a drain for every account of a superseded
-// generation that still holds debt, or available capacity that the active
-// generation's account has room for (moves mint only up to the burst; what
-// does not fit stays on the superseded account, which admits nothing).
-func (w *world) debtAndDrainWork() {
+// drainWork queues the drains engine.Core.DrainsDue returns. A drain of
+// an indebted account repays debt (lost_debt_repayment_ack may hit its
+// batch), and duplicate_recovery delivers a drain twice: once more in this
+// batch and once in a later one.
+func (w *world) drainWork() {
 	n := &w.ledger
-	w.op.refresh(w)
-	for _, a := range w.chk.accountsInOrder() {
-		st := w.chk.accounts[a]
-		debt := false
-		available := false
-		for d := 0; d < st.dims; d++ {
-			debt = debt || st.bal[d].Debt() > 0
-			available = available || st.bal[d].Available > 0
-		}
-		active := w.op.activeGeneration(a.SubjectKey())
-		switch {
-		case active == 0:
-		case a.Generation == active && debt:
-			n.internal = append(n.internal, internalCmd{cmd: ledger.Command{Kind: ledger.KindRefill, Account: a}, from: fromWorker, debtPay: true})
-		case a.Generation != active && (debt || available && w.chk.roomAt(a.SubjectKey(), active)):
-			c := internalCmd{cmd: ledger.Command{Kind: ledger.KindDrain, Account: a}, from: fromWorker, debtPay: debt}
+	drains, err := n.core.DrainsDue(w.ctx)
+	if err != nil {
+		w.violate(GateJournal, fmt.Sprintf("engine.Core.DrainsDue: %v", err))
+		return
+	}
+	for _, cmd := range drains {
+		c := internalCmd{cmd: cmd, from: fromWorker, debtPay: w.chk.inDebt(cmd.Account)}
+		n.internal = append(n.internal, c)
+		if w.f.fire(SiteDuplicateRecovery) {
 			n.internal = append(n.internal, c)
-			if w.f.fire(SiteDuplicateRecovery) {
-				// The same recovery twice: once more in this batch, and
-				// once in a later one.
-				n.internal = append(n.internal, c)
-				w.ledger.lateDrains = append(w.ledger.lateDrains, c)
-			}
+			n.lateDrains = append(n.lateDrains, c)
 		}
 	}
 	if len(n.lateDrains) > 0 && w.chance(0.5) {
 		n.internal = append(n.internal, n.lateDrains...)
 		n.lateDrains = n.lateDrains[:0]
 	}
+}
+
+// debtTraffic is the gateways' traffic after the faults healed: a tenant
+// whose current account owes debt and who has no request open gets a new
+// request. Its reserve is refused while the debt freezes admission (and
+// retried after Retry-After), and the refill inside each of those reserves
+// repays the debt, as in production; no simulated worker repays it.
+func (w *world) debtTraffic() {
+	w.op.refresh(w)
+	for t := range w.tenants {
+		subject := ledger.PolicyKey{Subject: w.tenants[t].subject, Route: route, Region: region}
+		active := w.op.activeGeneration(subject)
+		if active == 0 {
+			continue
+		}
+		key := ledger.AccountKey{Subject: subject.Subject, Route: route, Region: region, Generation: active}
+		if !w.chk.inDebt(key) || w.tenantBusy(t) {
+			continue
+		}
+		r := w.newRequest(w.rng.IntN(w.shape.gateways), t, w.now)
+		w.schedule(event{at: w.now, kind: evArrival, a: r.idx})
+	}
+}
+
+// tenantBusy reports whether tenant t has a request that is not done.
+func (w *world) tenantBusy(t int) bool {
+	for _, r := range w.requests {
+		if r.tenant == t && r.phase != phDone {
+			return true
+		}
+	}
+	return false
 }
 
 // internalAnswer delivers a committed internal command's result. Worker
