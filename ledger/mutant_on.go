@@ -17,7 +17,9 @@ import "os"
 //     holds of STARTED / USAGE_UNKNOWN receipts as unused and remints them;
 //   - worker_marks_started_unknown: the expiry worker's claim of a hold
 //     that ran out after its work started marks the work USAGE_UNKNOWN
-//     (before any execution limit passed) instead of failing.
+//     (before any execution limit passed) instead of failing;
+//   - refill_half_debt: a refill repays only half the debt its minted
+//     units could repay, and makes the rest available.
 //
 // The variable is read on every call so that a test can switch variants
 // between runs in one process.

@@ -57,6 +57,9 @@ const (
 	// GateUnknownWithoutCause: a reservation became USAGE_UNKNOWN with no
 	// request to mark it and before its execution limit passed.
 	GateUnknownWithoutCause
+	// GateDebtRepaidFirst: a refill made capacity available while the
+	// account still owed debt its minted units could have repaid.
+	GateDebtRepaidFirst
 
 	numGates
 )
@@ -78,6 +81,7 @@ var gateNames = [numGates]string{
 	GateLiveness:                  "liveness",
 	GateFairness:                  "fairness",
 	GateUnknownWithoutCause:       "unknown_without_cause",
+	GateDebtRepaidFirst:           "debt_repaid_first",
 }
 
 func (g Gate) String() string {
@@ -263,6 +267,18 @@ func (c *checker) entry(e *ledger.JournalEntry, ch *store.Changes) {
 		c.receipts[e.ReceiptID] = append(ends, e.Account)
 		if e.Kind == ledger.KindShardIssue {
 			c.w.shards.shardIssued(e)
+		}
+	}
+	if e.Kind == ledger.KindRefill {
+		// The seed: minted capacity repays debt first, then fills
+		// available.
+		for d := 0; d < max(a.dims, 1); d++ {
+			minted, repaid := e.Delta[d].Minted, e.Delta[d].OverdraftRepaid
+			if want := min(minted, before[d].Debt()); repaid != want || e.Delta[d].Available != minted-repaid {
+				c.violate(GateDebtRepaidFirst, "refill of %s dimension %d minted %d with %d owed: repaid %d and made %+d available, want repaid %d",
+					e.Account, d, minted, before[d].Debt(), repaid, e.Delta[d].Available, want)
+				return
+			}
 		}
 	}
 	a.bal.Add(&e.Delta)

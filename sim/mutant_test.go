@@ -22,6 +22,7 @@ func TestMutants(t *testing.T) {
 		{"debt_admits", GateAdmissionWhileDebt},
 		{"shard_unknown_reminted", GateUnknownAsUnconsumed},
 		{"worker_marks_started_unknown", GateUnknownWithoutCause},
+		{"refill_half_debt", GateDebtRepaidFirst},
 	}
 	for _, m := range mutants {
 		t.Run(m.name, func(t *testing.T) {
