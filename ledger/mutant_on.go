@@ -19,7 +19,9 @@ import "os"
 //     that ran out after its work started marks the work USAGE_UNKNOWN
 //     (before any execution limit passed) instead of failing;
 //   - refill_half_debt: a refill repays only half the debt its minted
-//     units could repay, and makes the rest available.
+//     units could repay, and makes the rest available;
+//   - fairness_weight_ignored: the first policy published (generation 1)
+//     is stored with fairness weight 1, whatever it asked for.
 //
 // The variable is read on every call so that a test can switch variants
 // between runs in one process.

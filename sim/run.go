@@ -236,11 +236,39 @@ func (w *world) start() {
 			w.schedule(event{at: at, kind: evArrival, a: r.idx})
 		}
 	}
+	if w.chance(backlogShare) && w.shape.executors >= 2 {
+		w.backlogOn = true
+		w.backlogBurst()
+	}
 	w.after(workerEvery, evWorker, 0, 0, 0)
 	w.after(chaosEvery, evChaos, 0, 0, 0)
 	w.shards.init(w)
 	w.schedule(event{at: int64(w.cfg.HealAt), kind: evHeal})
 	w.schedule(event{at: int64(w.cfg.HealAt + w.cfg.Deadline), kind: evDeadline})
+}
+
+// backlogShare is the share of interleavings with a backlog burst.
+const backlogShare = 0.25
+
+// backlogBurst plans a burst of small, short requests from every tenant
+// within a few seconds, all run by executor 0: enough queued work for its
+// scheduler's fairness to be judged per tenant (tenantFairness).
+func (w *world) backlogBurst() {
+	at := w.between(int64(10*time.Second), int64(w.cfg.ArrivalWindow)-int64(10*time.Second))
+	for t := 0; t < w.shape.tenants; t++ {
+		n := 12 + w.rng.IntN(16)
+		for i := 0; i < n; i++ {
+			r := w.newRequest(w.rng.IntN(w.shape.gateways), t, 0)
+			r.backlog = true
+			r.units[0] = w.between(10, 40)
+			for d := 1; d < w.shape.dims; d++ {
+				r.units[d] = 0 // no request-count hold: the token bucket decides
+			}
+			r.digest = digestOf(r)
+			r.arrival = at + w.between(0, int64(3*time.Second))
+			w.schedule(event{at: r.arrival, kind: evArrival, a: r.idx})
+		}
+	}
 }
 
 func (w *world) finish() {
@@ -256,6 +284,10 @@ func (w *world) final() {
 		return
 	}
 	w.shardFinal()
+	if w.fail != nil {
+		return
+	}
+	w.tenantFairness()
 	if w.fail != nil {
 		return
 	}

@@ -136,6 +136,10 @@ type world struct {
 	chk checker
 	tr  tracer
 
+	// backlogOn: this interleaving has a backlog burst (executor 0 runs
+	// only its requests).
+	backlogOn bool
+
 	healed   bool
 	finished bool
 	fail     *Violation
