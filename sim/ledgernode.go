@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/capledger/capledger/engine"
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
 	"github.com/capledger/capledger/store/memstore"
+	"github.com/capledger/capledger/store/sqlite"
 )
 
 // crash variants of the ledger process.
@@ -38,6 +41,8 @@ const (
 // including the ones whose acknowledgement was lost.
 type recStore struct {
 	store.Store
+	// mem is the memstore below, or nil when the interleaving runs on
+	// SQLite; then the recording store injects the commit faults itself.
 	mem       *memstore.Store
 	fault     commitFault
 	committed []*store.Changes
@@ -83,6 +88,9 @@ func (t *recTx) Commit(ctx context.Context) error {
 	s.commits++
 	fault := s.fault
 	s.fault = faultNone
+	if s.mem == nil {
+		return t.commitSQLite(ctx, fault)
+	}
 	switch fault {
 	case faultFail:
 		s.mem.FailNextCommit(fmt.Errorf("%w: injected commit failure", store.ErrUnavailable))
@@ -100,11 +108,40 @@ func (t *recTx) Commit(ctx context.Context) error {
 	return err
 }
 
+// commitSQLite is Commit over the SQLite store, whose faults the
+// recording store injects around the real commit: a failure or a
+// conflict (and a crash inside the commit) rolls back and applies
+// nothing; a lost acknowledgement commits and reports failure.
+func (t *recTx) commitSQLite(ctx context.Context, fault commitFault) error {
+	s := t.s
+	switch fault {
+	case faultFail, faultConflict, faultCrash:
+		t.Tx.Rollback(ctx)
+		if fault == faultConflict {
+			return fmt.Errorf("%w: injected", store.ErrConflict)
+		}
+		return fmt.Errorf("%w: injected commit failure", store.ErrUnavailable)
+	}
+	err := t.Tx.Commit(ctx)
+	if err == nil && t.changes != nil {
+		s.committed = append(s.committed, t.changes)
+	}
+	if err == nil && fault == faultLoseAck {
+		return fmt.Errorf("%w: acknowledgement lost", store.ErrUnavailable)
+	}
+	return err
+}
+
 // ledgerNode is the central ledger process: the real engine.Core over a
 // memstore, fed batches of commands (group commit), with its background
 // workers. It can crash and restart; the store keeps what was committed.
 type ledgerNode struct {
-	mem         *memstore.Store
+	mem *memstore.Store
+	// sqlitePath is the database file when the interleaving runs on the
+	// real SQLite store (in a temporary directory), "" on the memstore.
+	sqlitePath  string
+	sqliteDir   string
+	sqlite      *sqlite.Store
 	st          *recStore
 	core        *engine.Core
 	up          bool
@@ -139,6 +176,10 @@ const (
 // wrapper goes between the recording store and the memstore, so the
 // checker sees what the engine wrote, not what a broken store kept.
 func (w *world) newLedger() {
+	if w.onSQLite {
+		w.newSQLiteLedger()
+		return
+	}
 	mem := memstore.New()
 	var inner store.Store = mem
 	if w.hooks.wrapStore != nil {
@@ -147,6 +188,62 @@ func (w *world) newLedger() {
 	st := &recStore{Store: inner, mem: mem}
 	w.ledger = ledgerNode{mem: mem, st: st, core: engine.NewCore(st), up: true}
 	w.ledgerStore = st
+}
+
+// newSQLiteLedger opens the ledger process over the real SQLite store, in
+// a fresh temporary directory (on /dev/shm where there is one: the
+// store's fsyncs then cost nothing, and the file is still closed and
+// reopened on every ledger crash).
+func (w *world) newSQLiteLedger() {
+	dir, err := os.MkdirTemp(sqliteTempRoot(), "capledger-sim-")
+	if err != nil {
+		w.violate(GateJournal, fmt.Sprintf("sqlite temp dir: %v", err))
+		w.fail.Detail += " (the SQLite store mode needs a writable temp dir)"
+		return
+	}
+	path := filepath.Join(dir, "ledger.db")
+	st := &recStore{}
+	w.ledger = ledgerNode{st: st, up: true, sqlitePath: path, sqliteDir: dir}
+	w.ledgerStore = st
+	w.openSQLite()
+}
+
+// openSQLite (re)opens the database file as the ledger process's store.
+func (w *world) openSQLite() {
+	n := &w.ledger
+	db, err := sqlite.Open(w.ctx, n.sqlitePath)
+	if err != nil {
+		w.violate(GateJournal, fmt.Sprintf("open sqlite %s: %v", n.sqlitePath, err))
+		return
+	}
+	var inner store.Store = db
+	if w.hooks.wrapStore != nil {
+		inner = w.hooks.wrapStore(db)
+	}
+	n.st.Store = inner
+	n.sqlite = db
+	n.core = engine.NewCore(n.st)
+}
+
+// closeLedgerStore closes the SQLite store and removes its directory at
+// the end of an interleaving.
+func (w *world) closeLedgerStore() {
+	n := &w.ledger
+	if n.sqliteDir == "" {
+		return
+	}
+	if n.sqlite != nil {
+		n.sqlite.Close()
+		n.sqlite = nil
+	}
+	os.RemoveAll(n.sqliteDir)
+}
+
+func sqliteTempRoot() string {
+	if st, err := os.Stat("/dev/shm"); err == nil && st.IsDir() {
+		return "/dev/shm"
+	}
+	return ""
 }
 
 func (w *world) ledgerReceive(m *message) {
@@ -400,7 +497,16 @@ func (w *world) commit(cmds []ledger.Command, fault commitFault) ([]ledger.Resul
 
 func (w *world) crashLedger(when string) {
 	n := &w.ledger
-	n.mem.Crash()
+	if n.mem != nil {
+		n.mem.Crash()
+	} else if n.sqlite != nil {
+		// The process dies, its database handle with it; the file keeps
+		// what was committed, and is opened afresh (the observers read it
+		// while the process is down, as they read the memstore).
+		n.sqlite.Close()
+		n.sqlite = nil
+		w.openSQLite()
+	}
 	n.up = false
 	n.dying = crashNone
 	n.inbox = nil

@@ -36,6 +36,8 @@ type Outcome struct {
 	UsageUnknown       []time.Duration
 	// Fairness is the fairness figure of the interleaving's scheduler.
 	Fairness FairnessResult
+	// SQLite says the interleaving ran on the real SQLite store.
+	SQLite bool
 }
 
 // Violation says which gate a run broke, where, and how to replay it.
@@ -131,8 +133,11 @@ type hooks struct {
 // runOne is RunOne with hooks.
 func runOne(cfg *Config, seed uint64, h hooks) Outcome {
 	w := newWorld(cfg, seed, h)
-	w.start()
-	w.run()
+	defer w.closeLedgerStore()
+	if w.fail == nil {
+		w.start()
+		w.run()
+	}
 	if w.fail == nil && w.finished {
 		w.final()
 	}
@@ -146,6 +151,7 @@ func runOne(cfg *Config, seed uint64, h hooks) Outcome {
 		Violation: w.fail,
 		TraceHash: w.tr.hash,
 		Fairness:  w.fair.result(),
+		SQLite:    w.onSQLite,
 	}
 	out.ReservationUnknown = make([]time.Duration, len(w.resUnknown))
 	for i, d := range w.resUnknown {
@@ -189,6 +195,11 @@ func newWorld(cfg *Config, seed uint64, h hooks) *world {
 		w.execs[i].q.slots = 1 + rng.IntN(3)
 	}
 	w.chk = newChecker(w)
+	if cfg.SQLiteShare > 0 {
+		// Drawn only when asked for, so that a run without SQLite keeps
+		// every seed's interleaving as it was.
+		w.onSQLite = rng.Float64() < cfg.SQLiteShare
+	}
 	w.newLedger()
 	return w
 }

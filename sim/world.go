@@ -139,6 +139,8 @@ type world struct {
 	// backlogOn: this interleaving has a backlog burst (executor 0 runs
 	// only its requests).
 	backlogOn bool
+	// onSQLite: this interleaving's ledger runs on the real SQLite store.
+	onSQLite bool
 
 	healed   bool
 	finished bool
