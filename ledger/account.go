@@ -239,7 +239,15 @@ func bringToNow(b Book, a *Account, p *Policy, now time.Time, refill bool) {
 			if !minted {
 				before, minted = a.Balances, true
 			}
-			mint(bal, due)
+			if mutantOn("refill_half_debt") {
+				// The mutant: the refill repays half the debt it could.
+				bal.Minted += due
+				repay := min(due, bal.Debt()) / 2
+				bal.OverdraftRepaid += repay
+				bal.Available += due - repay
+			} else {
+				mint(bal, due)
+			}
 		}
 	}
 	if minted {

@@ -17,6 +17,15 @@ import "os"
 //     takes STARTED work whose execution deadline is unset or not passed;
 //   - retry_after_ignores_holds: a rejection promises a Retry-After from
 //     refill even when only outstanding holds ending can make room.
+//   - shard_unknown_reminted: a shard's first reconciliation counts the
+//     holds of STARTED / USAGE_UNKNOWN receipts as unused and remints them;
+//   - worker_marks_started_unknown: the expiry worker's claim of a hold
+//     that ran out after its work started marks the work USAGE_UNKNOWN
+//     (before any execution limit passed) instead of failing;
+//   - refill_half_debt: a refill repays only half the debt its minted
+//     units could repay, and makes the rest available;
+//   - fairness_weight_ignored: the first policy published (generation 1)
+//     is stored with fairness weight 1, whatever it asked for.
 //
 // The variable is read on every call so that a test can switch variants
 // between runs in one process.

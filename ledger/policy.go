@@ -139,6 +139,10 @@ func PublishPolicy(b Book, p *Policy, now time.Time) Result {
 	published.Generation = generation
 	published.PublishedAt = now
 	published.RolledBack = false
+	if mutantOn("fairness_weight_ignored") && generation == 1 {
+		// The mutant: the first policy's fairness weight is dropped.
+		published.FairnessWeight = DefaultFairnessWeight
+	}
 	b.PolicyPut(&published)
 	head.Active = generation
 	head.Latest = generation

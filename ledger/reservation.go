@@ -564,6 +564,11 @@ func ExpireClaim(b Book, id string, now time.Time) Result {
 			transition(b, r, StateStarted, KindExpireClaim, now)
 			return Result{Reservation: *r, Generation: r.Account.Generation}
 		}
+		if mutantOn("worker_marks_started_unknown") && r.State == StateStarted && !now.Before(r.ExpiresAt) {
+			r.State, r.UnknownAt = StateUsageUnknown, now
+			transition(b, r, StateStarted, KindMarkUsageUnknown, now)
+			return Result{Reservation: *r, Generation: r.Account.Generation}
+		}
 		return Result{Err: ErrReservationAlreadyStarted, Reservation: *r}
 	}
 	return Result{Err: stateError(r.State), Reservation: *r}

@@ -373,6 +373,8 @@ func ReconcileShard(b Book, args *ShardArgs, now time.Time) Result {
 			r := &args.Receipts[i]
 			for d := range used {
 				switch {
+				case r.unknown() && mutantOn("shard_unknown_reminted"):
+					// The mutant: unknown work counted as unused.
 				case r.unknown():
 					unknown[d] += r.Reserved[d]
 				case r.State == StateSettled || r.State == StateSettledWithDebt:

@@ -54,6 +54,12 @@ const (
 	GateLiveness
 	// GateFairness: a tenant's fairness error exceeded its budget.
 	GateFairness
+	// GateUnknownWithoutCause: a reservation became USAGE_UNKNOWN with no
+	// request to mark it and before its execution limit passed.
+	GateUnknownWithoutCause
+	// GateDebtRepaidFirst: a refill made capacity available while the
+	// account still owed debt its minted units could have repaid.
+	GateDebtRepaidFirst
 
 	numGates
 )
@@ -74,6 +80,8 @@ var gateNames = [numGates]string{
 	GateProtocol:                  "protocol",
 	GateLiveness:                  "liveness",
 	GateFairness:                  "fairness",
+	GateUnknownWithoutCause:       "unknown_without_cause",
+	GateDebtRepaidFirst:           "debt_repaid_first",
 }
 
 func (g Gate) String() string {
@@ -261,6 +269,18 @@ func (c *checker) entry(e *ledger.JournalEntry, ch *store.Changes) {
 			c.w.shards.shardIssued(e)
 		}
 	}
+	if e.Kind == ledger.KindRefill {
+		// The seed: minted capacity repays debt first, then fills
+		// available.
+		for d := 0; d < max(a.dims, 1); d++ {
+			minted, repaid := e.Delta[d].Minted, e.Delta[d].OverdraftRepaid
+			if want := min(minted, before[d].Debt()); repaid != want || e.Delta[d].Available != minted-repaid {
+				c.violate(GateDebtRepaidFirst, "refill of %s dimension %d minted %d with %d owed: repaid %d and made %+d available, want repaid %d",
+					e.Account, d, minted, before[d].Debt(), repaid, e.Delta[d].Available, want)
+				return
+			}
+		}
+	}
 	a.bal.Add(&e.Delta)
 	for d := 0; d < max(a.dims, 1); d++ {
 		b := &a.bal[d]
@@ -370,6 +390,18 @@ func (c *checker) transition(e *ledger.JournalEntry, a *acctState, before *ledge
 			c.w.usageUnknown = append(c.w.usageUnknown, c.w.now-rs.unknownAt)
 		}
 	case ledger.KindMarkUsageUnknown:
+		// API.md: STARTED -> USAGE_UNKNOWN only on a request
+		// (MarkUsageUnknown, which no simulated actor sends) or by the
+		// worker once the execution limit passed.
+		if row.ExecutionDeadline.IsZero() || e.At.Before(row.ExecutionDeadline) {
+			deadline := "no execution limit"
+			if !row.ExecutionDeadline.IsZero() {
+				deadline = "its execution deadline " + row.ExecutionDeadline.Format("15:04:05.000")
+			}
+			c.violate(GateUnknownWithoutCause, "%s marked USAGE_UNKNOWN at %s (started %s), with no request and before %s",
+				id, e.At.Format("15:04:05.000"), row.StartedAt.Format("15:04:05.000"), deadline)
+			return
+		}
 		rs.unknownAt = c.w.now
 	}
 	if e.To.Terminal() {
@@ -378,6 +410,28 @@ func (c *checker) transition(e *ledger.JournalEntry, a *acctState, before *ledge
 		}
 	}
 	rs.state = e.To
+}
+
+// inDebt reports whether the account owes debt in some dimension.
+func (c *checker) inDebt(key ledger.AccountKey) bool {
+	a := c.accounts[key]
+	return a != nil && debtDim(&a.bal, max(a.dims, 1)) >= 0
+}
+
+// commandOnDebt reports whether a gateway's or executor's command runs on
+// an indebted account, so that the refill it runs first repays debt: a
+// reserve on the subject's current account, a settle on its reservation's.
+func (c *checker) commandOnDebt(cmd *ledger.Command) bool {
+	switch cmd.Kind {
+	case ledger.KindReserve:
+		subject := ledger.PolicyKey{Subject: cmd.Subject, Route: cmd.Route, Region: cmd.Region}
+		active := c.w.op.activeGeneration(subject)
+		return active != 0 && c.inDebt(ledger.AccountKey{Subject: cmd.Subject, Route: cmd.Route, Region: cmd.Region, Generation: active})
+	case ledger.KindSettle:
+		rs := c.resv[cmd.ReservationID]
+		return rs != nil && c.inDebt(rs.account)
+	}
+	return false
 }
 
 func debtDim(b *ledger.Balances, dims int) int {

@@ -43,6 +43,10 @@ type Config struct {
 	// Trace, when set, receives every event of every interleaving as one
 	// line of text (use with one interleaving).
 	Trace io.Writer
+	// SQLiteShare is the share of interleavings (0..1, drawn per seed)
+	// whose ledger runs on the real SQLite store in a temporary directory
+	// instead of the memstore.
+	SQLiteShare float64
 }
 
 // DefaultConfig returns the sizes the gates run with.
@@ -81,6 +85,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("audit-every %d: negative", c.AuditEvery)
 	case c.LastEvents < 0:
 		return fmt.Errorf("last %d: negative", c.LastEvents)
+	case !(c.SQLiteShare >= 0 && c.SQLiteShare <= 1):
+		return fmt.Errorf("sqlite-share %v: outside [0, 1]", c.SQLiteShare)
 	}
 	return nil
 }
@@ -114,6 +120,9 @@ func (c *Config) Flags() string {
 	}
 	if c.AuditEvery != d.AuditEvery {
 		add("audit-every", c.AuditEvery)
+	}
+	if c.SQLiteShare != d.SQLiteShare {
+		add("sqlite-share", c.SQLiteShare)
 	}
 	if len(c.Only) > 0 {
 		names := make([]string, len(c.Only))

@@ -133,6 +133,9 @@ func (w *world) startAnswer(r *request, res *ledger.Result) {
 		p := w.op.base[w.tenants[r.tenant].key]
 		limit := int64(p.ExecutionLimit)
 		run := w.between(int64(200*time.Millisecond), min(limit-int64(time.Second), int64(15*time.Second)))
+		if r.backlog {
+			run = w.between(int64(50*time.Millisecond), int64(300*time.Millisecond))
+		}
 		if w.f.fire(SiteExecutionOverrun) {
 			run = limit + w.between(int64(time.Second), int64(60*time.Second))
 		}
@@ -153,6 +156,12 @@ func (w *world) startAnswer(r *request, res *ledger.Result) {
 // over-estimate fault fires; every other dimension exactly as estimated.
 func (w *world) drawActual(r *request) {
 	over := w.f.fire(SiteUsageOverEstimate)
+	if r.backlog && !over {
+		// A backlog request uses what it reserved, so that the fairness
+		// of its scheduler is measured without estimate noise.
+		r.actual = r.units
+		return
+	}
 	for d := range r.units {
 		switch {
 		case r.units[d] == 0:

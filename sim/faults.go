@@ -73,6 +73,12 @@ const (
 	// SiteDigestReuse: a gateway sends an existing reservation id with a
 	// different request digest; the ledger must refuse it and debit nothing.
 	SiteDigestReuse
+	// SiteWorkerRereadRace: a start reaches the ledger a few milliseconds
+	// before its hold expires, and the expiry worker (engine.Core.Due,
+	// with a clock a little ahead of the batch's) lists the hold as due
+	// while the start's batch is in flight; the batch commits between
+	// Due's listing and its re-read of the reservation.
+	SiteWorkerRereadRace
 
 	numSites
 )
@@ -98,6 +104,7 @@ var siteNames = [numSites]string{
 	SiteExecutorCrash:           "executor_crash",
 	SiteExecutionOverrun:        "execution_overrun",
 	SiteDigestReuse:             "digest_reuse",
+	SiteWorkerRereadRace:        "worker_reread_race",
 }
 
 func (s Site) String() string {
@@ -152,6 +159,7 @@ var profiles = [numSites]siteProfile{
 	SiteExecutorCrash:           {0.4, [3]float64{0.1, 0.2, 0.4}},
 	SiteExecutionOverrun:        {0.5, [3]float64{0.05, 0.15, 0.3}},
 	SiteDigestReuse:             {0.4, [3]float64{0.05, 0.1, 0.2}},
+	SiteWorkerRereadRace:        {0.6, [3]float64{0.5, 0.8, 1}},
 }
 
 // faults is one interleaving's fault plan and counters.

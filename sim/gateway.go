@@ -87,6 +87,9 @@ type request struct {
 	viaShard           int32 // 1 + index of the shard that admitted it, 0 for the ledger
 	slot               bool  // holds one of its executor's slots
 	schedKnown         bool  // queued or in flight in its executor's scheduler
+	// backlog marks a request of a backlog burst: small, short, and all
+	// run on executor 0, so that its scheduler has queues to be fair with.
+	backlog bool
 }
 
 // gateway is a gateway replica. Its requests live in world.requests.
@@ -350,6 +353,13 @@ func (w *world) adoptReceipt(r *request, resv *ledger.Reservation, via string) {
 		}
 		r.phase = phDispatched
 		r.exec = w.rng.IntN(w.shape.executors)
+		if w.backlogOn {
+			// Executor 0 runs the backlog burst alone.
+			r.exec = 1 + w.rng.IntN(w.shape.executors-1)
+			if r.backlog {
+				r.exec = 0
+			}
+		}
 		w.after(w.between(netMin, jobDelayMax), evJob, 0, r.idx, 0)
 	case ledger.StateExpiring, ledger.StateExpired:
 		w.done(r, outExpired)

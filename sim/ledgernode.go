@@ -4,11 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
+	"time"
 
 	"github.com/capledger/capledger/engine"
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
 	"github.com/capledger/capledger/store/memstore"
+	"github.com/capledger/capledger/store/sqlite"
 )
 
 // crash variants of the ledger process.
@@ -37,10 +41,24 @@ const (
 // including the ones whose acknowledgement was lost.
 type recStore struct {
 	store.Store
+	// mem is the memstore below, or nil when the interleaving runs on
+	// SQLite; then the recording store injects the commit faults itself.
 	mem       *memstore.Store
 	fault     commitFault
 	committed []*store.Changes
 	commits   int // Commit calls in the current batch
+	// beforeGet, when set, runs once before the next ReservationGet: the
+	// simulation uses it to commit a batch between engine.Core.Due's
+	// listing of due reservations and its re-read of one.
+	beforeGet func()
+}
+
+func (s *recStore) ReservationGet(ctx context.Context, id string) (ledger.Reservation, error) {
+	if f := s.beforeGet; f != nil {
+		s.beforeGet = nil
+		f()
+	}
+	return s.Store.ReservationGet(ctx, id)
 }
 
 func (s *recStore) Begin(ctx context.Context) (store.Tx, error) {
@@ -70,6 +88,9 @@ func (t *recTx) Commit(ctx context.Context) error {
 	s.commits++
 	fault := s.fault
 	s.fault = faultNone
+	if s.mem == nil {
+		return t.commitSQLite(ctx, fault)
+	}
 	switch fault {
 	case faultFail:
 		s.mem.FailNextCommit(fmt.Errorf("%w: injected commit failure", store.ErrUnavailable))
@@ -87,11 +108,40 @@ func (t *recTx) Commit(ctx context.Context) error {
 	return err
 }
 
+// commitSQLite is Commit over the SQLite store, whose faults the
+// recording store injects around the real commit: a failure or a
+// conflict (and a crash inside the commit) rolls back and applies
+// nothing; a lost acknowledgement commits and reports failure.
+func (t *recTx) commitSQLite(ctx context.Context, fault commitFault) error {
+	s := t.s
+	switch fault {
+	case faultFail, faultConflict, faultCrash:
+		t.Tx.Rollback(ctx)
+		if fault == faultConflict {
+			return fmt.Errorf("%w: injected", store.ErrConflict)
+		}
+		return fmt.Errorf("%w: injected commit failure", store.ErrUnavailable)
+	}
+	err := t.Tx.Commit(ctx)
+	if err == nil && t.changes != nil {
+		s.committed = append(s.committed, t.changes)
+	}
+	if err == nil && fault == faultLoseAck {
+		return fmt.Errorf("%w: acknowledgement lost", store.ErrUnavailable)
+	}
+	return err
+}
+
 // ledgerNode is the central ledger process: the real engine.Core over a
 // memstore, fed batches of commands (group commit), with its background
 // workers. It can crash and restart; the store keeps what was committed.
 type ledgerNode struct {
-	mem         *memstore.Store
+	mem *memstore.Store
+	// sqlitePath is the database file when the interleaving runs on the
+	// real SQLite store (in a temporary directory), "" on the memstore.
+	sqlitePath  string
+	sqliteDir   string
+	sqlite      *sqlite.Store
 	st          *recStore
 	core        *engine.Core
 	up          bool
@@ -126,6 +176,10 @@ const (
 // wrapper goes between the recording store and the memstore, so the
 // checker sees what the engine wrote, not what a broken store kept.
 func (w *world) newLedger() {
+	if w.onSQLite {
+		w.newSQLiteLedger()
+		return
+	}
 	mem := memstore.New()
 	var inner store.Store = mem
 	if w.hooks.wrapStore != nil {
@@ -136,6 +190,62 @@ func (w *world) newLedger() {
 	w.ledgerStore = st
 }
 
+// newSQLiteLedger opens the ledger process over the real SQLite store, in
+// a fresh temporary directory (on /dev/shm where there is one: the
+// store's fsyncs then cost nothing, and the file is still closed and
+// reopened on every ledger crash).
+func (w *world) newSQLiteLedger() {
+	dir, err := os.MkdirTemp(sqliteTempRoot(), "capledger-sim-")
+	if err != nil {
+		w.violate(GateJournal, fmt.Sprintf("sqlite temp dir: %v", err))
+		w.fail.Detail += " (the SQLite store mode needs a writable temp dir)"
+		return
+	}
+	path := filepath.Join(dir, "ledger.db")
+	st := &recStore{}
+	w.ledger = ledgerNode{st: st, up: true, sqlitePath: path, sqliteDir: dir}
+	w.ledgerStore = st
+	w.openSQLite()
+}
+
+// openSQLite (re)opens the database file as the ledger process's store.
+func (w *world) openSQLite() {
+	n := &w.ledger
+	db, err := sqlite.Open(w.ctx, n.sqlitePath)
+	if err != nil {
+		w.violate(GateJournal, fmt.Sprintf("open sqlite %s: %v", n.sqlitePath, err))
+		return
+	}
+	var inner store.Store = db
+	if w.hooks.wrapStore != nil {
+		inner = w.hooks.wrapStore(db)
+	}
+	n.st.Store = inner
+	n.sqlite = db
+	n.core = engine.NewCore(n.st)
+}
+
+// closeLedgerStore closes the SQLite store and removes its directory at
+// the end of an interleaving.
+func (w *world) closeLedgerStore() {
+	n := &w.ledger
+	if n.sqliteDir == "" {
+		return
+	}
+	if n.sqlite != nil {
+		n.sqlite.Close()
+		n.sqlite = nil
+	}
+	os.RemoveAll(n.sqliteDir)
+}
+
+func sqliteTempRoot() string {
+	if st, err := os.Stat("/dev/shm"); err == nil && st.IsDir() {
+		return "/dev/shm"
+	}
+	return ""
+}
+
 func (w *world) ledgerReceive(m *message) {
 	n := &w.ledger
 	if !n.up {
@@ -143,8 +253,61 @@ func (w *world) ledgerReceive(m *message) {
 		return
 	}
 	w.log(recDeliver, ledgerNodeID, m.cmd.Kind, m.cmd.ReservationID, int64(m.from), msgNames[m.kind])
+	w.shardDelivered(m)
 	n.inbox = append(n.inbox, m)
 	w.scheduleBatch()
+	if m.kind == msgCommand && m.cmd.Kind == ledger.KindStart && !m.probe {
+		// A start that lands just before its hold runs out: the expiry
+		// worker may list the hold while the start's batch is in flight.
+		r := w.requests[m.owner]
+		if left := r.expiresAt - w.now; left > 0 && left <= raceSkew && w.f.fire(SiteWorkerRereadRace) {
+			w.schedule(event{at: w.now, kind: evRaceWorker, a: r.idx, b: n.incarnation})
+		}
+	}
+}
+
+// raceSkew is how far ahead of a batch's clock the expiry worker's clock
+// may be in the worker_reread_race site: the batch took its time before
+// the worker took its own, and commits after the worker listed.
+const raceSkew = int64(10 * time.Millisecond)
+
+// raceWorker runs the real expiry worker code, engine.Core.Due, at the
+// hold's expiry (a clock at most raceSkew ahead of the ledger's batch
+// clock), and commits the ledger's pending batch, which holds the start,
+// between Due's listing of the due holds and its re-read of them: the
+// interleaving of a worker goroutine and a gateway's batch in the real
+// server. The worker's commands then run in the next batch, as any
+// worker's do.
+func (w *world) raceWorker(idx, incarnation int32) {
+	n := &w.ledger
+	r := w.requests[idx]
+	if !n.up || n.incarnation != incarnation || len(n.inbox) == 0 {
+		return
+	}
+	listAt := epoch0.Add(time.Duration(max(r.expiresAt, w.now)))
+	n.st.beforeGet = func() {
+		w.log(recWorker, ledgerNodeID, ledger.KindStart, r.id, int64(len(n.inbox)), "batch commits between Due's list and re-read")
+		w.ledgerBatch()
+	}
+	due, err := n.core.Due(w.ctx, listAt, 64)
+	n.st.beforeGet = nil
+	if w.fail != nil {
+		return
+	}
+	if err != nil {
+		w.violate(GateJournal, fmt.Sprintf("engine.Core.Due: %v", err))
+		return
+	}
+	if !n.up || n.incarnation != incarnation {
+		return // the nested batch crashed the process: the worker died with it
+	}
+	for _, c := range due {
+		n.internal = append(n.internal, internalCmd{cmd: c, from: fromWorker})
+	}
+	if len(n.internal) > 0 {
+		w.log(recWorker, ledgerNodeID, 0, "", int64(len(n.internal)), "")
+		w.scheduleBatch()
+	}
 }
 
 func (w *world) scheduleBatch() {
@@ -192,6 +355,9 @@ func (w *world) ledgerBatch() {
 			cmds = append(cmds, m.cmd)
 			owners = append(owners, i)
 			refunds = refunds || m.cmd.Kind == ledger.KindSettle || m.cmd.Kind == ledger.KindRelease
+			// A reserve or settle on an indebted account repays debt
+			// through the refill it runs first.
+			debtPay = debtPay || w.chk.commandOnDebt(&m.cmd)
 		}
 	}
 	if !internalFirst {
@@ -245,7 +411,7 @@ func (w *world) ledgerBatch() {
 		}
 		m := inbox[owner]
 		n.answers++
-		answer := &message{from: ledgerNodeID, to: m.from, owner: m.owner, attempt: m.attempt, probe: m.probe, cmd: m.cmd, answerID: n.answers}
+		answer := &message{from: ledgerNodeID, to: m.from, owner: m.owner, attempt: m.attempt, probe: m.probe, cmd: m.cmd, answerID: n.answers, sub: m.sub}
 		if err != nil {
 			answer.kind = msgUnavailable
 		} else {
@@ -331,7 +497,16 @@ func (w *world) commit(cmds []ledger.Command, fault commitFault) ([]ledger.Resul
 
 func (w *world) crashLedger(when string) {
 	n := &w.ledger
-	n.mem.Crash()
+	if n.mem != nil {
+		n.mem.Crash()
+	} else if n.sqlite != nil {
+		// The process dies, its database handle with it; the file keeps
+		// what was committed, and is opened afresh (the observers read it
+		// while the process is down, as they read the memstore).
+		n.sqlite.Close()
+		n.sqlite = nil
+		w.openSQLite()
+	}
 	n.up = false
 	n.dying = crashNone
 	n.inbox = nil
@@ -358,11 +533,14 @@ func (w *world) ledgerRestart() {
 	w.op.policiesStale = true
 }
 
-// workerTick runs the ledger's background workers: engine.Core.Due (expiry
-// claims and completions, USAGE_UNKNOWN marking), engine.Core.EpochsDue,
-// refills of indebted accounts (debt repayment) and drains of superseded
-// generations. It reschedules itself unless extra is set (an extra run the
-// start-vs-expire site asks for).
+// workerTick runs the ledger's background workers as the server's engine
+// does, through the engine's own functions: engine.Core.Due every tick
+// (expiry claims and completions, USAGE_UNKNOWN marking), and every
+// epochEvery engine.Core.EpochsDue (epoch close) and engine.Core.DrainsDue
+// (superseded generations' capacity and debt). Debt is repaid as in the
+// server, lazily by the refill inside the subject's next command: no
+// worker repays it. It reschedules itself unless extra is set (an extra
+// run the start-vs-expire site asks for).
 func (w *world) workerTick(extra bool) {
 	if !extra {
 		w.after(workerEvery, evWorker, 0, 0, 0)
@@ -393,9 +571,10 @@ func (w *world) workerTick(extra bool) {
 		for _, c := range cmds {
 			n.internal = append(n.internal, internalCmd{cmd: c, from: fromWorker})
 		}
+		w.drainWork()
 	}
-	if !extra {
-		w.debtAndDrainWork()
+	if !extra && w.healed {
+		w.debtTraffic()
 	}
 	if len(n.internal) > 0 {
 		w.log(recWorker, ledgerNodeID, 0, "", int64(len(n.internal)), "")
@@ -403,42 +582,61 @@ func (w *world) workerTick(extra bool) {
 	}
 }
 
-// debtAndDrainWork queues a refill for every current account with debt
-// (refills repay debt first) and a drain for every account of a superseded
-// generation that still holds debt, or available capacity that the active
-// generation's account has room for (moves mint only up to the burst; what
-// does not fit stays on the superseded account, which admits nothing).
-func (w *world) debtAndDrainWork() {
+// drainWork queues the drains engine.Core.DrainsDue returns. A drain of
+// an indebted account repays debt (lost_debt_repayment_ack may hit its
+// batch), and duplicate_recovery delivers a drain twice: once more in this
+// batch and once in a later one.
+func (w *world) drainWork() {
 	n := &w.ledger
-	w.op.refresh(w)
-	for _, a := range w.chk.accountsInOrder() {
-		st := w.chk.accounts[a]
-		debt := false
-		available := false
-		for d := 0; d < st.dims; d++ {
-			debt = debt || st.bal[d].Debt() > 0
-			available = available || st.bal[d].Available > 0
-		}
-		active := w.op.activeGeneration(a.SubjectKey())
-		switch {
-		case active == 0:
-		case a.Generation == active && debt:
-			n.internal = append(n.internal, internalCmd{cmd: ledger.Command{Kind: ledger.KindRefill, Account: a}, from: fromWorker, debtPay: true})
-		case a.Generation != active && (debt || available && w.chk.roomAt(a.SubjectKey(), active)):
-			c := internalCmd{cmd: ledger.Command{Kind: ledger.KindDrain, Account: a}, from: fromWorker, debtPay: debt}
+	drains, err := n.core.DrainsDue(w.ctx)
+	if err != nil {
+		w.violate(GateJournal, fmt.Sprintf("engine.Core.DrainsDue: %v", err))
+		return
+	}
+	for _, cmd := range drains {
+		c := internalCmd{cmd: cmd, from: fromWorker, debtPay: w.chk.inDebt(cmd.Account)}
+		n.internal = append(n.internal, c)
+		if w.f.fire(SiteDuplicateRecovery) {
 			n.internal = append(n.internal, c)
-			if w.f.fire(SiteDuplicateRecovery) {
-				// The same recovery twice: once more in this batch, and
-				// once in a later one.
-				n.internal = append(n.internal, c)
-				w.ledger.lateDrains = append(w.ledger.lateDrains, c)
-			}
+			n.lateDrains = append(n.lateDrains, c)
 		}
 	}
 	if len(n.lateDrains) > 0 && w.chance(0.5) {
 		n.internal = append(n.internal, n.lateDrains...)
 		n.lateDrains = n.lateDrains[:0]
 	}
+}
+
+// debtTraffic is the gateways' traffic after the faults healed: a tenant
+// whose current account owes debt and who has no request open gets a new
+// request. Its reserve is refused while the debt freezes admission (and
+// retried after Retry-After), and the refill inside each of those reserves
+// repays the debt, as in production; no simulated worker repays it.
+func (w *world) debtTraffic() {
+	w.op.refresh(w)
+	for t := range w.tenants {
+		subject := ledger.PolicyKey{Subject: w.tenants[t].subject, Route: route, Region: region}
+		active := w.op.activeGeneration(subject)
+		if active == 0 {
+			continue
+		}
+		key := ledger.AccountKey{Subject: subject.Subject, Route: route, Region: region, Generation: active}
+		if !w.chk.inDebt(key) || w.tenantBusy(t) {
+			continue
+		}
+		r := w.newRequest(w.rng.IntN(w.shape.gateways), t, w.now)
+		w.schedule(event{at: w.now, kind: evArrival, a: r.idx})
+	}
+}
+
+// tenantBusy reports whether tenant t has a request that is not done.
+func (w *world) tenantBusy(t int) bool {
+	for _, r := range w.requests {
+		if r.tenant == t && r.phase != phDone {
+			return true
+		}
+	}
+	return false
 }
 
 // internalAnswer delivers a committed internal command's result. Worker

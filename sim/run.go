@@ -36,6 +36,8 @@ type Outcome struct {
 	UsageUnknown       []time.Duration
 	// Fairness is the fairness figure of the interleaving's scheduler.
 	Fairness FairnessResult
+	// SQLite says the interleaving ran on the real SQLite store.
+	SQLite bool
 }
 
 // Violation says which gate a run broke, where, and how to replay it.
@@ -131,8 +133,11 @@ type hooks struct {
 // runOne is RunOne with hooks.
 func runOne(cfg *Config, seed uint64, h hooks) Outcome {
 	w := newWorld(cfg, seed, h)
-	w.start()
-	w.run()
+	defer w.closeLedgerStore()
+	if w.fail == nil {
+		w.start()
+		w.run()
+	}
 	if w.fail == nil && w.finished {
 		w.final()
 	}
@@ -146,6 +151,7 @@ func runOne(cfg *Config, seed uint64, h hooks) Outcome {
 		Violation: w.fail,
 		TraceHash: w.tr.hash,
 		Fairness:  w.fair.result(),
+		SQLite:    w.onSQLite,
 	}
 	out.ReservationUnknown = make([]time.Duration, len(w.resUnknown))
 	for i, d := range w.resUnknown {
@@ -189,6 +195,11 @@ func newWorld(cfg *Config, seed uint64, h hooks) *world {
 		w.execs[i].q.slots = 1 + rng.IntN(3)
 	}
 	w.chk = newChecker(w)
+	if cfg.SQLiteShare > 0 {
+		// Drawn only when asked for, so that a run without SQLite keeps
+		// every seed's interleaving as it was.
+		w.onSQLite = rng.Float64() < cfg.SQLiteShare
+	}
 	w.newLedger()
 	return w
 }
@@ -236,11 +247,39 @@ func (w *world) start() {
 			w.schedule(event{at: at, kind: evArrival, a: r.idx})
 		}
 	}
+	if w.chance(backlogShare) && w.shape.executors >= 2 {
+		w.backlogOn = true
+		w.backlogBurst()
+	}
 	w.after(workerEvery, evWorker, 0, 0, 0)
 	w.after(chaosEvery, evChaos, 0, 0, 0)
 	w.shards.init(w)
 	w.schedule(event{at: int64(w.cfg.HealAt), kind: evHeal})
 	w.schedule(event{at: int64(w.cfg.HealAt + w.cfg.Deadline), kind: evDeadline})
+}
+
+// backlogShare is the share of interleavings with a backlog burst.
+const backlogShare = 0.25
+
+// backlogBurst plans a burst of small, short requests from every tenant
+// within a few seconds, all run by executor 0: enough queued work for its
+// scheduler's fairness to be judged per tenant (tenantFairness).
+func (w *world) backlogBurst() {
+	at := w.between(int64(10*time.Second), int64(w.cfg.ArrivalWindow)-int64(10*time.Second))
+	for t := 0; t < w.shape.tenants; t++ {
+		n := 12 + w.rng.IntN(16)
+		for i := 0; i < n; i++ {
+			r := w.newRequest(w.rng.IntN(w.shape.gateways), t, 0)
+			r.backlog = true
+			r.units[0] = w.between(10, 40)
+			for d := 1; d < w.shape.dims; d++ {
+				r.units[d] = 0 // no request-count hold: the token bucket decides
+			}
+			r.digest = digestOf(r)
+			r.arrival = at + w.between(0, int64(3*time.Second))
+			w.schedule(event{at: r.arrival, kind: evArrival, a: r.idx})
+		}
+	}
 }
 
 func (w *world) finish() {
@@ -252,6 +291,14 @@ func (w *world) finish() {
 // operation that ran recorded with exactly its receipt's usage.
 func (w *world) final() {
 	w.chk.fullAudit("at the end")
+	if w.fail != nil {
+		return
+	}
+	w.shardFinal()
+	if w.fail != nil {
+		return
+	}
+	w.tenantFairness()
 	if w.fail != nil {
 		return
 	}

@@ -66,8 +66,10 @@ type Report struct {
 	UsageUnknown       Histogram
 	Fairness           FairnessSummary
 	MinFires           int64
-	Wall               time.Duration
-	CPU                time.Duration
+	// OnSQLite counts the interleavings that ran on the SQLite store.
+	OnSQLite int64
+	Wall     time.Duration
+	CPU      time.Duration
 }
 
 // acc is one worker's share of a Report.
@@ -79,6 +81,7 @@ type acc struct {
 	resUnknown      Histogram
 	usageUnknown    Histogram
 	fair            FairnessSummary
+	onSQLite        int64
 }
 
 func (a *acc) add(o *Outcome) {
@@ -101,6 +104,9 @@ func (a *acc) add(o *Outcome) {
 		a.usageUnknown.Add(d)
 	}
 	a.fair.add(&o.Fairness)
+	if o.SQLite {
+		a.onSQLite++
+	}
 }
 
 // Run runs opts.Interleavings interleavings under cfg on opts.Workers
@@ -195,6 +201,7 @@ func Run(ctx context.Context, cfg *Config, opts Options) *Report {
 		rep.ReservationUnknown.Merge(&a.resUnknown)
 		rep.UsageUnknown.Merge(&a.usageUnknown)
 		rep.Fairness.merge(&a.fair)
+		rep.OnSQLite += a.onSQLite
 	}
 	rep.Interleavings = done.Load()
 	return rep
@@ -295,6 +302,7 @@ func (r *Report) WriteTable(w, timing io.Writer) {
 	fmt.Fprintf(w, "\ncapledger sim: %d interleavings, seeds %d..%d\n", r.Interleavings, r.Seed, r.Seed+uint64(n)-1)
 	fmt.Fprintf(w, "  %d events (%d per interleaving), %d store commits, %s simulated\n",
 		r.Events, r.Events/n, r.Commits, r.SimTime.Round(time.Second))
+	fmt.Fprintf(w, "  %d interleavings on the memstore, %d on the SQLite store\n", r.Interleavings-r.OnSQLite, r.OnSQLite)
 	fmt.Fprintf(timing, "  wall %s on %d workers, cpu %s (%.2f ms cpu per interleaving)\n",
 		r.Wall.Round(time.Millisecond), r.Workers, r.CPU.Round(time.Millisecond), float64(r.CPU)/float64(n)/1e6)
 	fmt.Fprintln(w)

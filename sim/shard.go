@@ -65,6 +65,12 @@ type simShard struct {
 	// an "already reconciled" answer is about these very receipts.
 	inflight   []ledger.ShardReceipt
 	submitting bool
+	// subs are the distinct submissions this gateway sent, in order (a
+	// retry resends the last one); delivered[k] counts the copies of
+	// subs[k] that reached the ledger process. They are the gateway's side
+	// of reconciliation, against which the central shard row is checked.
+	subs      [][]ledger.ShardReceipt
+	delivered []int
 	// localReqs are the requests this shard admitted.
 	localReqs []int32
 }
@@ -80,6 +86,11 @@ type shardSim struct {
 	rows     map[string]ledger.Shard
 	reminted map[string]ledger.Amounts
 	issued   map[string]ledger.Amounts // RetiredForEmergency journaled per shard id
+	// applied counts, per shard id, the reconciliations the central row
+	// shows applied; charged sums the debt its remint moves charged.
+	applied map[string]int
+	charged map[string]ledger.Amounts
+	byID    map[string]*simShard
 }
 
 func gatewayID(gw int) string { return "gw" + strconv.Itoa(gw) }
@@ -89,6 +100,9 @@ func (s *shardSim) init(w *world) {
 	s.rows = map[string]ledger.Shard{}
 	s.reminted = map[string]ledger.Amounts{}
 	s.issued = map[string]ledger.Amounts{}
+	s.applied = map[string]int{}
+	s.charged = map[string]ledger.Amounts{}
+	s.byID = map[string]*simShard{}
 	if s.on {
 		w.after(shardEvery, evShard, shardEvTick, 0, 0)
 	}
@@ -116,7 +130,7 @@ func (w *world) shardEvent(kind, b, c int32) {
 			w.sendIssue(sh)
 		case shSealed, shResolving, shClosing:
 			if sh.submitting {
-				w.sendReconcile(sh, sh.inflight)
+				w.sendReconcile(sh, sh.inflight, false)
 			}
 		}
 	case shardEvOpDone:
@@ -152,13 +166,13 @@ func (w *world) shardTick() {
 			}
 		case shClosing:
 			if !sh.submitting && !cut && w.now-sh.lastSend > shardQuietWait {
-				w.sendReconcile(sh, nil)
+				w.sendReconcile(sh, nil, true)
 			}
 			continue
 		}
 		if (sh.phase == shSealed || sh.phase == shResolving) && !sh.submitting && !cut {
 			if receipts, ok := sh.local.Submission(); ok {
-				w.sendReconcile(sh, receipts)
+				w.sendReconcile(sh, receipts, true)
 			} else if sh.phase == shResolving {
 				w.maybeShardDone(sh)
 			}
@@ -204,6 +218,7 @@ func (w *world) issueShard(g, tenant int) {
 		sh.units[d] = 2
 	}
 	s.list = append(s.list, sh)
+	s.byID[sh.id] = sh
 	w.log(recShard, w.gatewayNode(g), ledger.KindShardIssue, sh.id, sh.units[0], "issue")
 	w.sendIssue(sh)
 }
@@ -221,14 +236,19 @@ func (w *world) sendIssue(sh *simShard) {
 }
 
 // sendReconcile submits receipts (nil: an empty submission, to close a
-// shard whose issuance was refused, in case a late copy issued it).
-func (w *world) sendReconcile(sh *simShard, receipts []ledger.ShardReceipt) {
+// shard whose issuance was refused, in case a late copy issued it). fresh
+// says it is a new submission rather than a resend of the one in flight.
+func (w *world) sendReconcile(sh *simShard, receipts []ledger.ShardReceipt, fresh bool) {
 	sh.attempt++
 	sh.lastSend = w.now
 	sh.inflight = receipts
 	sh.submitting = true
+	if fresh || len(sh.subs) == 0 {
+		sh.subs = append(sh.subs, receipts)
+		sh.delivered = append(sh.delivered, 0)
+	}
 	node := w.gatewayNode(sh.gw)
-	m := &message{kind: msgCommand, from: node, to: ledgerNodeID, owner: sh.idx, attempt: sh.attempt,
+	m := &message{kind: msgCommand, from: node, to: ledgerNodeID, owner: sh.idx, attempt: sh.attempt, sub: int32(len(sh.subs)),
 		cmd: ledger.Command{Kind: ledger.KindShardReconcile,
 			Shard: &ledger.ShardArgs{ShardID: sh.id, GatewayID: gatewayID(sh.gw), Receipts: receipts}}}
 	w.send(m)
@@ -256,7 +276,7 @@ func (w *world) shardAnswer(m *message) {
 		if sh.phase == shIssuing {
 			w.sendIssue(sh)
 		} else if sh.submitting {
-			w.sendReconcile(sh, sh.inflight)
+			w.sendReconcile(sh, sh.inflight, false)
 		}
 		return
 	}
@@ -269,7 +289,7 @@ func (w *world) shardAnswer(m *message) {
 		}
 		w.issueAnswer(sh, res)
 	case ledger.KindShardReconcile:
-		w.reconcileAnswer(sh, m.cmd.Shard.Receipts, res)
+		w.reconcileAnswer(sh, m)
 	}
 }
 
@@ -313,7 +333,8 @@ func (w *world) issueAnswer(sh *simShard, res *ledger.Result) {
 	}
 }
 
-func (w *world) reconcileAnswer(sh *simShard, receipts []ledger.ShardReceipt, res *ledger.Result) {
+func (w *world) reconcileAnswer(sh *simShard, m *message) {
+	receipts, res := m.cmd.Shard.Receipts, m.res
 	if !sh.submitting {
 		return
 	}
@@ -326,9 +347,17 @@ func (w *world) reconcileAnswer(sh *simShard, receipts []ledger.ShardReceipt, re
 	switch {
 	case res.Err == nil:
 	case errors.Is(res.Err, ledger.ErrShardAlreadyReconciled):
-		// An earlier copy of this submission was accepted and its answer
-		// lost (or a duplicate got there first).
+		// Correct only when an earlier copy of this very submission reached
+		// the ledger and was applied (its answer lost, or a duplicate got
+		// there first): a refusal of a submission the ledger never applied
+		// would leave its receipts unresolved for good.
+		if !w.shardCopyApplied(sh, int(m.sub)) {
+			return
+		}
 	case errors.Is(res.Err, ledger.ErrInvalidCommand) && !firstAccepted && res.Shard != nil && res.Shard.Reconciled:
+		if !w.shardCopyApplied(sh, int(m.sub)) {
+			return
+		}
 		// The retry of a first submission made only of unknown receipts is
 		// refused as invalid (it looks like a later submission of
 		// non-terminal receipts), but the shard shows that the earlier
@@ -538,11 +567,13 @@ func (w *world) shardChanges(ch *store.Changes) {
 		if k := strings.LastIndexByte(id, ':'); k >= 0 {
 			id = id[:k]
 		}
-		sum := s.reminted[id]
+		sum, debt := s.reminted[id], s.charged[id]
 		for d := range sum {
 			sum[d] += m.Units[d]
+			debt[d] += m.Debt[d]
 		}
 		s.reminted[id] = sum
+		s.charged[id] = debt
 	}
 	for i := range ch.Shards {
 		row := &ch.Shards[i]
@@ -570,6 +601,14 @@ func (w *world) shardChanges(ch *store.Changes) {
 		}
 		if s.reminted[row.ID] != row.Reminted {
 			w.violate(GateDuplicateRecovery, fmt.Sprintf("shard %s records %v reminted, its remint moves carried %v", row.ID, row.Reminted, s.reminted[row.ID]))
+			return
+		}
+		if row.Reconciled {
+			// Only an accepted submission writes a reconciled row (a
+			// refusal counts itself in meta only).
+			w.shardRowApplied(row)
+		}
+		if w.fail != nil {
 			return
 		}
 		s.rows[row.ID] = *row

@@ -187,6 +187,7 @@ func TestSmoke(t *testing.T) {
 		n, minFires = 2000, 0
 	}
 	cfg := DefaultConfig()
+	cfg.SQLiteShare = ciSQLiteShare
 	rep := Run(context.Background(), &cfg, Options{Seed: 1, Interleavings: n, Workers: runtime.GOMAXPROCS(0), MinFires: minFires})
 	var table bytes.Buffer
 	rep.WriteTable(&table, &table)
@@ -196,7 +197,7 @@ func TestSmoke(t *testing.T) {
 		}
 		t.Fatalf("gates failed: %v\n%s", f, table.String())
 	}
-	if rep.Interleavings != n || rep.ReservationUnknown.Count() == 0 || rep.UsageUnknown.Count() == 0 || rep.Fairness.Windows == 0 {
+	if rep.Interleavings != n || rep.ReservationUnknown.Count() == 0 || rep.UsageUnknown.Count() == 0 || rep.Fairness.Windows == 0 || rep.OnSQLite == 0 {
 		t.Fatalf("the run did not exercise what it should:\n%s", table.String())
 	}
 	t.Log(table.String())
@@ -228,4 +229,47 @@ func TestFairnessGateCatchesWeightBlindScheduler(t *testing.T) {
 		t.Fatalf("a weight-blind scheduler passed: worst class error %.4f, no window above its RFE bound", worst)
 	}
 	t.Logf("weight-blind scheduler: worst class error %.4f (budget %.2f), %d interleavings over the RFE bound", worst, ledger.DefaultFairnessBudget, blindRFE)
+}
+
+// ciSQLiteShare is the share of the smoke run's interleavings on SQLite.
+const ciSQLiteShare = 0.01
+
+// The SQLite store mode runs the interleaving on the real SQLite store
+// (closed and reopened on every ledger crash), deterministically, and its
+// checks catch a broken store there as on the memstore.
+func TestSQLiteStoreMode(t *testing.T) {
+	if raceEnabled {
+		t.Skip("too slow under the race detector")
+	}
+	cfg := DefaultConfig()
+	cfg.SQLiteShare = 1
+	crashes := 0
+	for seed := uint64(1); seed <= 40; seed++ {
+		o := RunOne(&cfg, seed)
+		if !o.SQLite {
+			t.Fatalf("seed %d did not run on SQLite with share 1", seed)
+		}
+		if o.Violation != nil {
+			t.Fatalf("seed %d on SQLite:\n%s", seed, o.Violation.Report())
+		}
+		if o.Fired[SiteLedgerCrash] > 0 {
+			crashes++
+		}
+		if seed <= 3 {
+			if again := RunOne(&cfg, seed); again.TraceHash != o.TraceHash {
+				t.Fatalf("seed %d on SQLite: two runs differ", seed)
+			}
+		}
+	}
+	if crashes == 0 {
+		t.Fatal("no SQLite interleaving crashed its ledger (nothing reopened the file)")
+	}
+	wrap := func(s store.Store) store.Store { return loseReservationWrites{s} }
+	for seed := uint64(1); seed <= 50; seed++ {
+		if v := runOne(&cfg, seed, hooks{wrapStore: wrap}).Violation; v != nil {
+			t.Logf("a lossy store over SQLite caught in seed %d by %s", seed, v.Gate)
+			return
+		}
+	}
+	t.Fatal("a store over SQLite that drops reservation updates went unnoticed for 50 seeds")
 }

@@ -54,6 +54,7 @@ const (
 	evHeal
 	evDeadline
 	evShard
+	evRaceWorker
 )
 
 // event is one scheduled happening. Events run in (at, seq) order: seq is
@@ -94,6 +95,9 @@ type message struct {
 	// res is the answer (nil on requests and on "unavailable").
 	res   *ledger.Result
 	found bool
+	// sub numbers a shard reconciliation's submission (1 the first) on the
+	// gateway's side, so that the answer to a copy is matched to it.
+	sub int32
 }
 
 // world is one interleaving: every actor, the ledger, the network and the
@@ -131,6 +135,12 @@ type world struct {
 
 	chk checker
 	tr  tracer
+
+	// backlogOn: this interleaving has a backlog burst (executor 0 runs
+	// only its requests).
+	backlogOn bool
+	// onSQLite: this interleaving's ledger runs on the real SQLite store.
+	onSQLite bool
 
 	healed   bool
 	finished bool
@@ -332,6 +342,8 @@ func (w *world) run() {
 			w.deadline()
 		case evShard:
 			w.shardEvent(e.a, e.b, e.c)
+		case evRaceWorker:
+			w.raceWorker(e.a, e.b)
 		}
 	}
 	if w.fail == nil && !w.finished {

@@ -51,6 +51,9 @@ Flags:
   --audit-every N     full ledger.Audit after every N-th commit, besides
                       after every restart and at the end (default 0: only
                       there; the incremental checks run after every commit)
+  --sqlite-share F    share of interleavings (0..1, drawn per seed) whose
+                      ledger runs on the real SQLite store in a temporary
+                      directory instead of the in-memory store (default 0)
 
 Examples:
   capledger sim --interleavings 1000000           # the release gate
@@ -78,6 +81,7 @@ func runSim(ctx context.Context, e *env, args []string) error {
 	healAt := fs.Duration("heal-at", def.HealAt, "")
 	deadline := fs.Duration("deadline", def.Deadline, "")
 	auditEvery := fs.Int("audit-every", def.AuditEvery, "")
+	sqliteShare := fs.Float64("sqlite-share", def.SQLiteShare, "")
 	if err := parseNoArgs(fs, args); err != nil {
 		return err
 	}
@@ -98,7 +102,7 @@ func runSim(ctx context.Context, e *env, args []string) error {
 	cfg := sim.Config{
 		Gateways: *gateways, Executors: *executors, Tenants: *tenants, Requests: *requests,
 		ArrivalWindow: *arrival, HealAt: *healAt, Deadline: *deadline,
-		AuditEvery: *auditEvery, LastEvents: *last,
+		AuditEvery: *auditEvery, LastEvents: *last, SQLiteShare: *sqliteShare,
 	}
 	if *only != "" {
 		sites, err := sim.ParseSites(*only)

@@ -110,8 +110,8 @@ var layers = []layer{
 	{pkg: "client/internal/faultproxy", imports: nil, stdOnly: true,
 		why: "a TCP proxy that injects faults into the SDK's tests"},
 
-	{pkg: "sim", imports: []string{"engine", "ledger", "store", "store/memstore", "sched"},
-		why: "the deterministic simulator drives the very engine and ledger that run in production, on the in-memory store"},
+	{pkg: "sim", imports: []string{"engine", "ledger", "store", "store/memstore", "store/sqlite", "sched"},
+		why: "the deterministic simulator drives the very engine and ledger that run in production, on the in-memory store (and, for a share of interleavings, the real SQLite store)"},
 
 	{pkg: "examples/gateway", imports: []string{"api/...", "client"},
 		why: "an example gateway uses only what a real gateway can: the SDK and the API"},
