@@ -13,7 +13,10 @@ type Snapshot struct {
 	Moves        []Move
 	Shards       []Shard
 	Statements   []Statement
-	Journal      []JournalEntry
+	// Retained holds, per account, what retention removed (Retire): the
+	// spent and debt checks add it to the reservations still stored.
+	Retained []Retained
+	Journal  []JournalEntry
 	// JournalComplete says Journal holds every entry since the beginning, so
 	// replay checks apply.
 	JournalComplete bool
@@ -94,7 +97,7 @@ func checkBalance(b *Balance) error {
 //     counted as unconsumed);
 //   - each account's Spent equals the actual usage of its settled
 //     reservations, and its OverdraftIssued covers their overdraft (no
-//     unrecorded debt);
+//     unrecorded debt), counting those retention removed (Retained);
 //   - each shard account's RetiredForEmergency equals its shards' allocation,
 //     and each reconciled shard splits its allocation exactly;
 //   - with a complete journal: replaying it gives every account's balances,
@@ -133,6 +136,14 @@ func Audit(s *Snapshot) []Discrepancy {
 		}
 		if r.State == StateSettledWithDebt && r.Overdraft == (Amounts{}) {
 			add(CheckDebt, r.Account, r.ID, "SETTLED_WITH_DEBT without overdraft")
+		}
+	}
+	for i := range s.Retained {
+		rt := &s.Retained[i]
+		t := get(rt.Account)
+		for d := range rt.Spent {
+			t.spent[d] += rt.Spent[d]
+			t.overdraft[d] += rt.Overdraft[d]
 		}
 	}
 	for i := range s.Shards {
@@ -431,7 +442,9 @@ func CheckStep(before, after *Snapshot, cmd *Command, res *Result) []Discrepancy
 		reservationsAfter[after.Reservations[i].ID] = true
 	}
 	for id := range reservationsBefore {
-		if !reservationsAfter[id] {
+		retired := cmd.Kind == KindRetire && id == cmd.ReservationID && res.Err == nil && !res.Replayed &&
+			reservationsBefore[id].State.Terminal()
+		if !reservationsAfter[id] && !retired {
 			add(CheckStepTransition, AccountKey{}, id, "reservation disappeared on %s", cmd.Kind)
 		}
 	}

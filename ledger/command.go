@@ -23,6 +23,8 @@ const (
 	KindDrain
 	KindShardIssue
 	KindShardReconcile
+	KindRetire
+	KindForget
 )
 
 var kindNames = [...]string{
@@ -40,6 +42,8 @@ var kindNames = [...]string{
 	KindDrain:            "drain",
 	KindShardIssue:       "shard_issue",
 	KindShardReconcile:   "shard_reconcile",
+	KindRetire:           "retire",
+	KindForget:           "forget",
 }
 
 func (k Kind) String() string {
@@ -88,6 +92,10 @@ type Command struct {
 	Account AccountKey
 	// Shard carries the arguments of shard issuance and reconciliation.
 	Shard *ShardArgs
+	// Before is the cutoff of retire and forget: only a reservation that
+	// finished at or before it is removed (retire), only a tombstone of
+	// one is dropped (forget).
+	Before time.Time
 }
 
 // Result is a command's outcome. Err is nil on success, or one of the
@@ -187,6 +195,10 @@ var (
 	// lifetime terms above MaxLifetimeUnits (see there). Nothing changed;
 	// a new generation of the policy gives the subject a fresh account.
 	ErrLifetimeExhausted = errors.New("account lifetime counters exhausted")
+	// ErrReservationNotFinished: retire of a reservation that is not
+	// terminal (RESERVED, STARTED, EXPIRING, USAGE_UNKNOWN), which
+	// retention never removes.
+	ErrReservationNotFinished = errors.New("reservation not finished")
 )
 
 // Apply runs one command against the book at time now and returns its
@@ -225,6 +237,10 @@ func Apply(b Book, cmd *Command, now time.Time) (res Result) {
 		return IssueShard(b, cmd, now)
 	case KindShardReconcile:
 		return ReconcileShard(b, cmd.Shard, now)
+	case KindRetire:
+		return Retire(b, cmd.ReservationID, cmd.Before)
+	case KindForget:
+		return Forget(b, cmd.ReservationID, cmd.Before)
 	}
 	return Result{Err: invalid("unknown command kind %d", cmd.Kind)}
 }
