@@ -577,6 +577,9 @@ func (s *Store) Snapshot(ctx context.Context) (*ledger.Snapshot, error) {
 	if _, err := queryAll(ctx, q("SELECT seq, entries FROM journal_batches ORDER BY seq"), decode, "snapshot journal batches"); err != nil {
 		return nil, err
 	}
+	if snap.Retained, err = queryAll(ctx, q(retainedSnapshotSQL), scanRetained, "snapshot retained"); err != nil {
+		return nil, err
+	}
 	return snap, nil
 }
 

@@ -389,6 +389,9 @@ func (tx *Tx) write(ctx context.Context, c *store.Changes) error {
 			return err
 		}
 	}
+	if err := tx.writeRetention(ctx, &c.Retention); err != nil {
+		return err
+	}
 	if len(c.Journal) == 0 {
 		return nil
 	}
