@@ -34,6 +34,18 @@ type Options struct {
 	// OnBatch, when set, is called after every batch (metrics).
 	OnBatch func(BatchInfo)
 	Logger  *slog.Logger
+
+	// Retention, when positive, removes terminal reservations that
+	// finished longer ago than it (engine/retention.go), leaving a
+	// tombstone that TombstoneRetention later drops (0: never). The pass
+	// runs every RetentionInterval (default 1 minute) in pages of
+	// RetentionBatch rows (default DefaultRetentionBatch), RetentionPause
+	// apart (default 20ms).
+	Retention          time.Duration
+	TombstoneRetention time.Duration
+	RetentionInterval  time.Duration
+	RetentionBatch     int
+	RetentionPause     time.Duration
 }
 
 // BatchInfo describes one committed (or failed) batch.
@@ -77,6 +89,12 @@ type Engine struct {
 	commands, batches, conflicts, failures, workerRuns, workerCmds atomic.Uint64
 	lastBatch                                                      atomic.Int64
 	lastErr                                                        atomic.Pointer[errBox]
+	retention                                                      retentionCounters
+}
+
+type retentionCounters struct {
+	passes, retired, forgotten, failed atomic.Uint64
+	lastPassAt, lastPass               atomic.Int64
 }
 
 type errBox struct{ err error }
@@ -117,6 +135,15 @@ func New(st store.Store, opts Options) *Engine {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	if opts.RetentionInterval <= 0 {
+		opts.RetentionInterval = time.Minute
+	}
+	if opts.RetentionBatch <= 0 {
+		opts.RetentionBatch = DefaultRetentionBatch
+	}
+	if opts.RetentionPause <= 0 {
+		opts.RetentionPause = 20 * time.Millisecond
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	e := &Engine{
 		core:    NewCore(st),
@@ -133,6 +160,10 @@ func New(st store.Store, opts Options) *Engine {
 		e.workers.Add(2)
 		go e.every(ctx, opts.WorkerInterval, e.runDue)
 		go e.every(ctx, opts.EpochInterval, e.runEpochs)
+		if opts.Retention > 0 {
+			e.workers.Add(1)
+			go e.every(ctx, opts.RetentionInterval, e.runRetention)
+		}
 	}
 	return e
 }
