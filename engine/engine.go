@@ -408,9 +408,11 @@ func (e *Engine) runWorkerCommands(ctx context.Context, cmds []ledger.Command) {
 }
 
 // Reservation returns the committed reservation (store.ErrNotFound when
-// there is none): the recovery path for a lost reserve answer.
+// there is none): the recovery path for a lost reserve answer. For a
+// reservation retention removed it returns its tombstone's receipt
+// (Retired set; see ReservationOrTombstone).
 func (e *Engine) Reservation(ctx context.Context, id string) (ledger.Reservation, error) {
-	return e.core.store.ReservationGet(ctx, id)
+	return e.ReservationOrTombstone(ctx, id)
 }
 
 // ReservationsUnknown returns a page of the USAGE_UNKNOWN backlog, the

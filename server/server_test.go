@@ -73,6 +73,8 @@ type harnessOptions struct {
 	// commit, a lost commit acknowledgement) a SQLite file cannot offer;
 	// otherwise the store is a SQLite file in a temporary directory.
 	faults bool
+	// retention is the engine's retention window (0: off).
+	retention time.Duration
 }
 
 // newHarness serves a real server on 127.0.0.1:0 over a real engine.
@@ -94,6 +96,7 @@ func newHarness(t testing.TB, opts harnessOptions) *harness {
 	h.engine = engine.New(h.store, engine.Options{
 		Clock: h.clock.Now, DisableWorkers: !opts.workers, WorkerInterval: 5 * time.Millisecond,
 		OnBatch: metrics.ObserveBatch, Logger: logger,
+		Retention: opts.retention, TombstoneRetention: 10 * opts.retention,
 	})
 	cfg := server.Config{Metrics: metrics, Logger: logger, MaxBodyBytes: opts.maxBody, Clock: h.clock.Now}
 	if opts.auth {

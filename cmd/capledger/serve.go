@@ -62,6 +62,14 @@ Flags:
                       --tokens (anyone who can connect may publish policies)
   --max-body BYTES    request body limit (default 1048576)
   --max-batch N       commands per store transaction (default 512)
+  --retention DUR     remove finished reservations (settled, released,
+                      expired) this long after they finished (default 72h;
+                      0 keeps every row forever). See docs/OPERATIONS.md,
+                      "Retention and compaction".
+  --tombstone-retention DUR
+                      how long a removed reservation's tombstone answers a
+                      retry of its id (default 720h = 30 days; at least
+                      --retention; 0 keeps tombstones forever)
   --log-level LEVEL   debug, info, warn or error (default info)
   --log-format FMT    text or json (default text)
 
@@ -92,6 +100,8 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	tlsKey := fs.String("tls-key", "", "")
 	maxBody := fs.Int64("max-body", server.DefaultMaxBodyBytes, "")
 	maxBatch := fs.Int("max-batch", 512, "")
+	retention := fs.Duration("retention", engine.DefaultRetention, "")
+	tombstoneRetention := fs.Duration("tombstone-retention", engine.DefaultTombstoneRetention, "")
 	logLevel := fs.String("log-level", "info", "")
 	logFormat := fs.String("log-format", "text", "")
 	if err := parseNoArgs(fs, args); err != nil {
@@ -109,6 +119,13 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	}
 	if *maxBody <= 0 || *maxBatch <= 0 {
 		return usagef("--max-body and --max-batch must be positive")
+	}
+
+	if *retention < 0 || *tombstoneRetention < 0 {
+		return usagef("--retention and --tombstone-retention may not be negative")
+	}
+	if *retention > 0 && *tombstoneRetention > 0 && *tombstoneRetention < *retention {
+		return usagef("--tombstone-retention %s is shorter than --retention %s: a tombstone must outlive the window", *tombstoneRetention, *retention)
 	}
 
 	if (*tlsCert == "") != (*tlsKey == "") {
@@ -149,7 +166,8 @@ func runServe(ctx context.Context, e *env, args []string) error {
 		return usagef("open store: %v", err)
 	}
 	metrics := server.NewMetrics()
-	eng := engine.New(st, engine.Options{MaxBatch: *maxBatch, OnBatch: metrics.ObserveBatch, Logger: log})
+	eng := engine.New(st, engine.Options{MaxBatch: *maxBatch, OnBatch: metrics.ObserveBatch, Logger: log,
+		Retention: *retention, TombstoneRetention: *tombstoneRetention})
 	shards, err := shardConfig(*shardKeysPath, *dataDir, *storeSpec, *shardMaxTTL, log)
 	if err != nil {
 		eng.Close()
