@@ -56,6 +56,8 @@ const DefaultReadConns = 4
 type config struct {
 	busyTimeout time.Duration
 	readConns   int
+	// convertAutoVacuum: see WithAutoVacuumConversion.
+	convertAutoVacuum bool
 }
 
 // Option configures Open.
@@ -111,10 +113,12 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 	}
 	pragmas := url.Values{}
 	pragmas.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", cfg.busyTimeout.Milliseconds()))
+	pragmas.Add("_pragma", fmt.Sprintf("auto_vacuum(%d)", AutoVacuumIncremental)) // before WAL: see vacuum.go
 	pragmas.Add("_pragma", "journal_mode(WAL)")
 	pragmas.Add("_pragma", "synchronous(FULL)")
 	pragmas.Add("_pragma", "foreign_keys(ON)")
 	pragmas.Add("_pragma", fmt.Sprintf("wal_autocheckpoint(%d)", autocheckpointBackstop))
+	pragmas.Add("_pragma", fmt.Sprintf("journal_size_limit(%d)", walSizeLimit))
 	s := &Store{path: path, writer: make(chan struct{}, 1), cache: newRowCache(), debtScanRows: debtScanChunk}
 	connector, err := sqlite.NewConnector(path + "?" + pragmas.Encode())
 	if err != nil {
@@ -126,6 +130,9 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 	setupDB := sql.OpenDB(connector)
 	setupDB.SetMaxOpenConns(1)
 	err = setup(ctx, setupDB)
+	if err == nil && cfg.convertAutoVacuum {
+		err = convertAutoVacuum(ctx, setupDB)
+	}
 	if closeErr := setupDB.Close(); err == nil {
 		err = closeErr
 	}
