@@ -100,7 +100,51 @@ func (t *tx) TombstoneGet(ctx context.Context, id string) (*ledger.Tombstone, er
 	if t.done {
 		return nil, fmt.Errorf("tombstone: %w", pgx.ErrTxClosed)
 	}
+	if tb, ok := t.tombs[id]; ok {
+		if tb == nil {
+			return nil, notFound("tombstone " + id)
+		}
+		copied := *tb
+		return &copied, nil
+	}
 	return t.s.tombstoneGet(ctx, t.tx, id)
+}
+
+// prefetchTombstones reads, in one query, the tombstones of the prefetched
+// ids that have no reservation row, so that the tombstone lookup of a
+// batch's new reserves costs one round trip, not one per reserve.
+// Tombstones are immutable, so what it read stays true for the
+// transaction (a forget racing it only makes a replay answer where a new
+// reserve could have been).
+func (t *tx) prefetchTombstones(ctx context.Context, ids []string, found map[string]*ledger.Reservation) error {
+	var missing []string
+	for _, id := range ids {
+		if found[id] == nil {
+			missing = append(missing, id)
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	rows, err := t.tx.Query(ctx, tombstoneSelect+` WHERE id = ANY($1)`, missing)
+	if err != nil {
+		return t.s.c.classify("tombstones prefetch", err, false)
+	}
+	defer rows.Close()
+	if t.tombs == nil {
+		t.tombs = make(map[string]*ledger.Tombstone, len(missing))
+	}
+	for _, id := range missing {
+		t.tombs[id] = nil
+	}
+	for rows.Next() {
+		tb, err := scanTombstone(rows)
+		if err != nil {
+			return t.s.c.classify("tombstones prefetch", err, false)
+		}
+		t.tombs[tb.ID] = tb
+	}
+	return t.s.c.classify("tombstones prefetch", rows.Err(), false)
 }
 
 // RetainedGet returns the account's retained totals, locked, or
@@ -160,6 +204,7 @@ func (t *tx) writeRetention(w *batchWriter, c *store.RetentionChanges) {
 
 // retentionWritten updates what the transaction knows after c was stored.
 func (t *tx) retentionWritten(c *store.RetentionChanges) {
+	t.tombs = nil
 	for i := range c.Retained {
 		delete(t.absent, retainedRow(c.Retained[i].Account))
 	}

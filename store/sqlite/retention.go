@@ -114,6 +114,16 @@ func (tx *Tx) retentionGet(ctx context.Context, q, what string, args []any, scan
 
 // TombstoneGet returns the tombstone, or store.ErrNotFound.
 func (tx *Tx) TombstoneGet(ctx context.Context, id string) (*ledger.Tombstone, error) {
+	if t, ok := tx.tombs[id]; ok {
+		if err := tx.check(ctx); err != nil {
+			return nil, err
+		}
+		if t == nil {
+			return nil, fmt.Errorf("tombstone %s: %w", id, store.ErrNotFound)
+		}
+		out := *t
+		return &out, nil
+	}
 	v, err := tx.retentionGet(ctx, tombstoneGetSQL, "tombstone "+id, []any{id},
 		func(sc scanner) (any, error) { return scanTombstone(sc) })
 	if err != nil {
@@ -242,3 +252,51 @@ func (s *Store) TombstoneGet(ctx context.Context, id string) (ledger.Tombstone, 
 	}
 	return t, nil
 }
+
+// prefetchTombstones reads the tombstones of the prefetched ids that have
+// no reservation row in statements of up to prefetchChunk ids, so that a
+// batch of new reserves looks its tombstones up in one statement, not one
+// each.
+func (tx *Tx) prefetchTombstones(ctx context.Context, ids []string, found map[string]*ledger.Reservation) error {
+	var missing []string
+	for _, id := range ids {
+		if found[id] == nil {
+			missing = append(missing, id)
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	tombs := make(map[string]*ledger.Tombstone, len(missing))
+	st, err := tx.w.stmt(stmtCtx(ctx), tombstonePrefetchSQL)
+	if err != nil {
+		return fmt.Errorf("prefetch tombstones: %w", tx.err(ctx, err))
+	}
+	args := make([]any, prefetchChunk)
+	for start := 0; start < len(missing); start += prefetchChunk {
+		chunk := missing[start:min(start+prefetchChunk, len(missing))]
+		for i := range args {
+			args[i] = chunk[min(i, len(chunk)-1)] // IN ignores repeats
+		}
+		err := tx.w.query(stmtCtx(ctx), st, args, func(sc scanner) error {
+			t, err := scanTombstone(sc)
+			if err != nil {
+				return err
+			}
+			tombs[t.ID] = &t
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("prefetch tombstones: %w", tx.err(ctx, err))
+		}
+	}
+	for _, id := range missing {
+		if _, ok := tombs[id]; !ok {
+			tombs[id] = nil
+		}
+	}
+	tx.tombs = tombs
+	return nil
+}
+
+var tombstonePrefetchSQL = "SELECT " + tombstoneCols + " FROM tombstones WHERE id IN (" + params(prefetchChunk) + ")"

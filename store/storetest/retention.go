@@ -159,6 +159,14 @@ func testRetention(t *testing.T, s store.Store) {
 	if res.Err != nil || !res.Replayed {
 		t.Fatalf("second retire: %+v", res)
 	}
+	// The same replay in a batch whose reservations are prefetched (the
+	// engine's path): the prefetch must not hide the tombstone.
+	batch := []ledger.Command{*reserve, {Kind: ledger.KindRelease, ReservationID: "r"}}
+	results := applyPrefetched(t, s, batch, later)
+	if results[0].Err != nil || !results[0].Replayed || !results[0].Reservation.Retired ||
+		results[1].Err != nil || !results[1].Replayed || !results[1].Reservation.Retired {
+		t.Fatalf("prefetched batch of replays from tombstones: %+v", results)
+	}
 	after, _ := s.AccountGet(ctx, key)
 	if after.Balances != before.Balances {
 		t.Fatalf("retention or a replay changed the account: %+v -> %+v", before.Balances, after.Balances)
@@ -285,4 +293,42 @@ func sameIDs(t *testing.T, what string, got, want []string) {
 	if !slices.Equal(got, want) {
 		t.Errorf("%s: got %q, want %q", what, got, want)
 	}
+}
+
+// applyPrefetched runs cmds in one transaction as the engine does,
+// prefetching their reservations when the store can.
+func applyPrefetched(t *testing.T, s store.Store, cmds []ledger.Command, now time.Time) []ledger.Result {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := s.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if p, ok := tx.(store.Prefetcher); ok {
+		var ids []string
+		for i := range cmds {
+			ids = append(ids, cmds[i].ReservationID)
+		}
+		if err := p.ReservationsPrefetch(ctx, ids); err != nil {
+			t.Fatalf("prefetch: %v", err)
+		}
+	}
+	book := store.NewBook(ctx, tx, len(cmds))
+	results := make([]ledger.Result, len(cmds))
+	for i := range cmds {
+		results[i] = ledger.Apply(book, &cmds[i], now)
+	}
+	if err := book.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if c := book.Changes(); !c.Empty() {
+		if err := tx.Write(ctx, c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return results
 }
