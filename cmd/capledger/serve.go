@@ -70,6 +70,8 @@ Flags:
                       how long a removed reservation's tombstone answers a
                       retry of its id (default 720h = 30 days; at least
                       --retention; 0 keeps tombstones forever)
+  --retention-interval DUR
+                      how often the retention pass runs (default 1m)
   --log-level LEVEL   debug, info, warn or error (default info)
   --log-format FMT    text or json (default text)
 
@@ -102,6 +104,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	maxBatch := fs.Int("max-batch", 512, "")
 	retention := fs.Duration("retention", engine.DefaultRetention, "")
 	tombstoneRetention := fs.Duration("tombstone-retention", engine.DefaultTombstoneRetention, "")
+	retentionInterval := fs.Duration("retention-interval", time.Minute, "")
 	logLevel := fs.String("log-level", "info", "")
 	logFormat := fs.String("log-format", "text", "")
 	if err := parseNoArgs(fs, args); err != nil {
@@ -121,8 +124,8 @@ func runServe(ctx context.Context, e *env, args []string) error {
 		return usagef("--max-body and --max-batch must be positive")
 	}
 
-	if *retention < 0 || *tombstoneRetention < 0 {
-		return usagef("--retention and --tombstone-retention may not be negative")
+	if *retention < 0 || *tombstoneRetention < 0 || *retentionInterval <= 0 {
+		return usagef("--retention and --tombstone-retention may not be negative, --retention-interval must be positive")
 	}
 	if *retention > 0 && *tombstoneRetention > 0 && *tombstoneRetention < *retention {
 		return usagef("--tombstone-retention %s is shorter than --retention %s: a tombstone must outlive the window", *tombstoneRetention, *retention)
@@ -167,7 +170,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	}
 	metrics := server.NewMetrics()
 	eng := engine.New(st, engine.Options{MaxBatch: *maxBatch, OnBatch: metrics.ObserveBatch, Logger: log,
-		Retention: *retention, TombstoneRetention: *tombstoneRetention})
+		Retention: *retention, TombstoneRetention: *tombstoneRetention, RetentionInterval: *retentionInterval})
 	shards, err := shardConfig(*shardKeysPath, *dataDir, *storeSpec, *shardMaxTTL, log)
 	if err != nil {
 		eng.Close()
