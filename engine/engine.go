@@ -530,6 +530,9 @@ func (e *Engine) Shards(ctx context.Context) ([]ledger.Shard, error) {
 // Audit reads every row and returns the discrepancies ledger.Audit finds
 // (none for a sound ledger).
 func (e *Engine) Audit(ctx context.Context) ([]ledger.Discrepancy, error) {
+	if streaming, ok := e.core.store.(SnapshotStreamer); ok {
+		return auditStreaming(ctx, streaming)
+	}
 	snapshot, err := e.core.store.Snapshot(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("audit: %w", err)

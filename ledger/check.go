@@ -20,6 +20,24 @@ type Snapshot struct {
 	// JournalComplete says Journal holds every entry since the beginning, so
 	// replay checks apply.
 	JournalComplete bool
+	// JournalStream, when set, is the journal instead of Journal: it calls
+	// yield with every entry in journal order (the entry is valid only
+	// during the call) and returns the first error of yield or of its
+	// read. Audit then holds one account's replay per account, not the
+	// history.
+	JournalStream func(yield func(e *JournalEntry) error) error
+}
+
+// forEachJournal calls f with every journal entry of s, from
+// JournalStream when set.
+func (s *Snapshot) forEachJournal(f func(e *JournalEntry)) error {
+	if s.JournalStream != nil {
+		return s.JournalStream(func(e *JournalEntry) error { f(e); return nil })
+	}
+	for i := range s.Journal {
+		f(&s.Journal[i])
+	}
+	return nil
 }
 
 // Discrepancy is one failed audit check.
@@ -202,8 +220,7 @@ func Audit(s *Snapshot) []Discrepancy {
 		replayed := map[AccountKey]*Balances{}
 		refunds := map[string]int{}
 		receipts := map[string]map[AccountKey]bool{}
-		for i := range s.Journal {
-			e := &s.Journal[i]
+		err := s.forEachJournal(func(e *JournalEntry) {
 			if replayed[e.Account] == nil {
 				replayed[e.Account] = &Balances{}
 			}
@@ -217,6 +234,9 @@ func Audit(s *Snapshot) []Discrepancy {
 				}
 				receipts[e.ReceiptID][e.Account] = true
 			}
+		})
+		if err != nil {
+			add(CheckJournal, AccountKey{}, "", "journal could not be read whole: %v", err)
 		}
 		for i := range s.Accounts {
 			a := &s.Accounts[i]

@@ -541,6 +541,13 @@ func (s *Store) Snapshot(ctx context.Context) (*ledger.Snapshot, error) {
 		return nil, fmt.Errorf("snapshot: %w", translate(ctx, err))
 	}
 	defer tx.Rollback()
+	return s.snapshotRows(ctx, tx, true)
+}
+
+// snapshotRows reads every row of a snapshot in tx, the journal only when
+// journal is set.
+func (s *Store) snapshotRows(ctx context.Context, tx *sql.Tx, journal bool) (*ledger.Snapshot, error) {
+	var err error
 	q := func(query string) queryer { return txQuery{tx, query} }
 	snap := &ledger.Snapshot{JournalComplete: true}
 	if snap.Policies, err = queryAll(ctx, q("SELECT "+policyCols+" FROM policies ORDER BY generation"), scanPolicy, "snapshot policies"); err != nil {
@@ -560,6 +567,12 @@ func (s *Store) Snapshot(ctx context.Context) (*ledger.Snapshot, error) {
 	}
 	if snap.Statements, err = queryAll(ctx, q("SELECT "+statementCols+" FROM statements ORDER BY seq"), scanStatement, "snapshot statements"); err != nil {
 		return nil, err
+	}
+	if snap.Retained, err = queryAll(ctx, q(retainedSnapshotSQL), scanRetained, "snapshot retained"); err != nil {
+		return nil, err
+	}
+	if !journal {
+		return snap, nil
 	}
 	// Rows of the journal table (written by schema versions 1 and 2) come
 	// before every batch.
@@ -582,9 +595,6 @@ func (s *Store) Snapshot(ctx context.Context) (*ledger.Snapshot, error) {
 		return struct{}{}, nil
 	}
 	if _, err := queryAll(ctx, q("SELECT seq, entries FROM journal_batches ORDER BY seq"), decode, "snapshot journal batches"); err != nil {
-		return nil, err
-	}
-	if snap.Retained, err = queryAll(ctx, q(retainedSnapshotSQL), scanRetained, "snapshot retained"); err != nil {
 		return nil, err
 	}
 	return snap, nil
