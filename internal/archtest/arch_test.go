@@ -108,6 +108,9 @@ var layers = []layer{
 	{pkg: "cmd/capledger", imports: []string{"*"},
 		why: "the one binary wires everything: flags -> calls"},
 
+	{pkg: "scripts/auditsize", imports: []string{"engine", "ledger", "store/sqlite"},
+		why: "a measurement tool: fills a SQLite store through the engine and audits it (docs/PERFORMANCE.md)"},
+
 	{pkg: "internal/archtest", imports: nil, testImports: []string{},
 		why: "this test"},
 }
