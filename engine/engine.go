@@ -52,6 +52,18 @@ type Options struct {
 	// Resolver, when set, runs the USAGE_UNKNOWN resolver (resolver.go)
 	// with the other workers.
 	Resolver *ResolverOptions
+
+	// Retention, when positive, removes terminal reservations that
+	// finished longer ago than it (engine/retention.go), leaving a
+	// tombstone that TombstoneRetention later drops (0: never). The pass
+	// runs every RetentionInterval (default 1 minute) in pages of
+	// RetentionBatch rows (default DefaultRetentionBatch), RetentionPause
+	// apart (default 20ms).
+	Retention          time.Duration
+	TombstoneRetention time.Duration
+	RetentionInterval  time.Duration
+	RetentionBatch     int
+	RetentionPause     time.Duration
 }
 
 // BatchInfo describes one committed (or failed) batch.
@@ -98,8 +110,14 @@ type Engine struct {
 	lastErr                                                        atomic.Pointer[errBox]
 
 	// lead is the worker lease; drains what the drain worker remembers.
-	lead   leader
-	drains drainMemo
+	lead      leader
+	drains    drainMemo
+	retention retentionCounters
+}
+
+type retentionCounters struct {
+	passes, retired, forgotten, failed atomic.Uint64
+	lastPassAt, lastPass               atomic.Int64
 }
 
 type errBox struct{ err error }
@@ -151,6 +169,15 @@ func New(st store.Store, opts Options) *Engine {
 	}
 	if opts.PageSize <= 0 {
 		opts.PageSize = DefaultPageSize
+	}
+	if opts.RetentionInterval <= 0 {
+		opts.RetentionInterval = time.Minute
+	}
+	if opts.RetentionBatch <= 0 {
+		opts.RetentionBatch = DefaultRetentionBatch
+	}
+	if opts.RetentionPause <= 0 {
+		opts.RetentionPause = 20 * time.Millisecond
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	e := &Engine{
@@ -416,9 +443,11 @@ func (e *Engine) RunResolver(ctx context.Context) {
 }
 
 // Reservation returns the committed reservation (store.ErrNotFound when
-// there is none): the recovery path for a lost reserve answer.
+// there is none): the recovery path for a lost reserve answer. For a
+// reservation retention removed it returns its tombstone's receipt
+// (Retired set; see ReservationOrTombstone).
 func (e *Engine) Reservation(ctx context.Context, id string) (ledger.Reservation, error) {
-	return e.core.store.ReservationGet(ctx, id)
+	return e.ReservationOrTombstone(ctx, id)
 }
 
 // ReservationsUnknown returns a page of the USAGE_UNKNOWN backlog, the
@@ -554,6 +583,9 @@ func (e *Engine) Shards(ctx context.Context) ([]ledger.Shard, error) {
 // Audit reads every row and returns the discrepancies ledger.Audit finds
 // (none for a sound ledger).
 func (e *Engine) Audit(ctx context.Context) ([]ledger.Discrepancy, error) {
+	if streaming, ok := e.core.store.(SnapshotStreamer); ok {
+		return auditStreaming(ctx, streaming)
+	}
 	snapshot, err := e.core.store.Snapshot(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("audit: %w", err)

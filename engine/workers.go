@@ -36,6 +36,9 @@ func (e *Engine) leaderWorkers() []worker {
 		{"expiry", e.opts.WorkerInterval, e.runDue},
 		{"epochs", e.opts.EpochInterval, e.runEpochs},
 	}
+	if e.opts.Retention > 0 {
+		workers = append(workers, worker{"retention", e.opts.RetentionInterval, e.runRetention})
+	}
 	if e.resolver != nil {
 		workers = append(workers, worker{"resolver", e.resolver.opts.Interval, e.resolver.Run})
 	}

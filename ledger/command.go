@@ -23,6 +23,8 @@ const (
 	KindDrain
 	KindShardIssue
 	KindShardReconcile
+	KindRetire
+	KindForget
 )
 
 var kindNames = [...]string{
@@ -40,6 +42,8 @@ var kindNames = [...]string{
 	KindDrain:            "drain",
 	KindShardIssue:       "shard_issue",
 	KindShardReconcile:   "shard_reconcile",
+	KindRetire:           "retire",
+	KindForget:           "forget",
 }
 
 func (k Kind) String() string {
@@ -95,6 +99,10 @@ type Command struct {
 	// and the ledger refuses the command when its cause does not hold at
 	// the moment it is applied (see MarkUsageUnknownFor).
 	Cause Cause
+	// Before is the cutoff of retire and forget: only a reservation that
+	// finished at or before it is removed (retire), only a tombstone of
+	// one is dropped (forget).
+	Before time.Time
 }
 
 // Cause is the reason a maintenance command acts on a reservation.
@@ -225,6 +233,10 @@ var (
 	// lifetime terms above MaxLifetimeUnits (see there). Nothing changed;
 	// a new generation of the policy gives the subject a fresh account.
 	ErrLifetimeExhausted = errors.New("account lifetime counters exhausted")
+	// ErrReservationNotFinished: retire of a reservation that is not
+	// terminal (RESERVED, STARTED, EXPIRING, USAGE_UNKNOWN), which
+	// retention never removes.
+	ErrReservationNotFinished = errors.New("reservation not finished")
 )
 
 // Apply runs one command against the book at time now and returns its
@@ -267,6 +279,10 @@ func Apply(b Book, cmd *Command, now time.Time) (res Result) {
 		return IssueShard(b, cmd, now)
 	case KindShardReconcile:
 		return ReconcileShard(b, cmd.Shard, now)
+	case KindRetire:
+		return Retire(b, cmd.ReservationID, cmd.Before)
+	case KindForget:
+		return Forget(b, cmd.ReservationID, cmd.Before)
 	}
 	return Result{Err: invalid("unknown command kind %d", cmd.Kind)}
 }

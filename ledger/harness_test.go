@@ -200,3 +200,25 @@ func policyOf(dims ...ledger.Dimension) *ledger.Policy {
 func tokens(burst, refill ledger.Units) ledger.Dimension {
 	return ledger.Dimension{Unit: "tokens", Burst: burst, RefillUnits: refill, RefillInterval: time.Second, MaxOverdraft: burst / 2}
 }
+
+// storeBook keeps tombstones like a store: copies in and out.
+func (s *storeBook) Tombstone(id string) (*ledger.Tombstone, bool) {
+	t, ok := s.m.Tombstone(id)
+	if !ok {
+		return nil, false
+	}
+	c := *t
+	return &c, true
+}
+func (s *storeBook) TombstonePut(t *ledger.Tombstone) { c := *t; s.m.TombstonePut(&c) }
+func (s *storeBook) TombstoneRemove(id string)        { s.m.TombstoneRemove(id) }
+func (s *storeBook) ReservationRemove(id string)      { s.m.ReservationRemove(id) }
+func (s *storeBook) Retained(k ledger.AccountKey) (*ledger.Retained, bool) {
+	r, ok := s.m.Retained(k)
+	if !ok {
+		return nil, false
+	}
+	c := *r
+	return &c, true
+}
+func (s *storeBook) RetainedPut(r *ledger.Retained) { c := *r; s.m.RetainedPut(&c) }

@@ -16,6 +16,8 @@ type Memory struct {
 	reservations map[string]*Reservation
 	moves        map[string]*Move
 	shards       map[string]*Shard
+	tombstones   map[string]*Tombstone
+	retained     map[AccountKey]*Retained
 	Statements   []Statement
 	// Journal holds every entry unless DiscardJournal is set (benchmarks).
 	Journal        []JournalEntry
@@ -249,5 +251,9 @@ func (m *Memory) Snapshot() *Snapshot {
 	for _, p := range m.Policies() {
 		s.Policies = append(s.Policies, *p)
 	}
+	for _, r := range m.retained {
+		s.Retained = append(s.Retained, *r)
+	}
+	slices.SortFunc(s.Retained, func(a, b Retained) int { return a.Account.Compare(b.Account) })
 	return s
 }

@@ -63,6 +63,10 @@ func reserve(b Book, cmd *Command, now time.Time, res *Result) {
 		*res = Result{Reservation: *existing, Replayed: true, Generation: existing.Account.Generation}
 		return
 	}
+	if t, ok := tombstone(b, cmd.ReservationID); ok {
+		*res = fromTombstone(t, KindReserve, cmd.RequestDigest)
+		return
+	}
 	if cmd.Subject == "" || cmd.Subject == AnySubject || cmd.Route == "" || cmd.Region == "" {
 		*res = Result{Err: invalid("subject, route and region are required (subject may not be %q)", AnySubject)}
 		return
@@ -350,7 +354,7 @@ func Start(b Book, id, operationID string, now time.Time) (res Result) {
 func start(b Book, id, operationID string, now time.Time, res *Result) {
 	r, err := lookup(b, id)
 	if err != nil {
-		*res = Result{Err: err}
+		*res = missing(err, KindStart)
 		return
 	}
 	if operationID == "" {
@@ -416,7 +420,7 @@ func Settle(b Book, id, operationID string, actual Amounts, now time.Time) (res 
 func settle(b Book, id, operationID string, actual Amounts, now time.Time, res *Result) {
 	r, err := lookup(b, id)
 	if err != nil {
-		*res = Result{Err: err}
+		*res = missing(err, KindSettle)
 		return
 	}
 	if operationID == "" {
@@ -517,7 +521,7 @@ func settle(b Book, id, operationID string, actual Amounts, now time.Time, res *
 func Release(b Book, id string, now time.Time) Result {
 	r, err := lookup(b, id)
 	if err != nil {
-		return Result{Err: err}
+		return missing(err, KindRelease)
 	}
 	switch r.State {
 	case StateReserved:
@@ -546,7 +550,7 @@ func Release(b Book, id string, now time.Time) Result {
 func ExpireClaim(b Book, id string, now time.Time) Result {
 	r, err := lookup(b, id)
 	if err != nil {
-		return Result{Err: err}
+		return missing(err, KindExpireClaim)
 	}
 	switch r.State {
 	case StateReserved:
@@ -587,7 +591,7 @@ func ExpireClaim(b Book, id string, now time.Time) Result {
 func Expire(b Book, id string, now time.Time) Result {
 	r, err := lookup(b, id)
 	if err != nil {
-		return Result{Err: err}
+		return missing(err, KindExpire)
 	}
 	switch r.State {
 	case StateExpiring:
@@ -627,7 +631,7 @@ func MarkUsageUnknown(b Book, id string, now time.Time) Result {
 func MarkUsageUnknownFor(b Book, id string, cause Cause, now time.Time) Result {
 	r, err := lookup(b, id)
 	if err != nil {
-		return Result{Err: err}
+		return missing(err, KindMarkUsageUnknown)
 	}
 	switch cause {
 	case CauseRequest, CauseExecutionLimit:
@@ -699,6 +703,9 @@ func lookup(b Book, id string) (*Reservation, error) {
 	}
 	r, ok := b.Reservation(id)
 	if !ok {
+		if t, ok := tombstone(b, id); ok {
+			return nil, retiredError{t}
+		}
 		return nil, fmt.Errorf("%w: %s", ErrReservationNotFound, id)
 	}
 	return r, nil

@@ -365,6 +365,11 @@ type Reservation struct {
 	// Breach is set when the settle exceeded the max overdraft or the
 	// execution limit.
 	Breach bool
+	// Retired is never stored: it is set only on a receipt answered from
+	// a Tombstone, after retention removed the reservation's row. Such a
+	// receipt carries only what the tombstone keeps (ID, RequestDigest,
+	// Account, State, FinishedAt); its amounts are zero.
+	Retired bool
 }
 
 // Refund returns what settlement (or release, or expiry) gave back to

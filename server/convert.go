@@ -235,6 +235,11 @@ func (s *Server) reservationProto(ctx context.Context, r *ledger.Reservation) (*
 		UsageUnknownAt:    timestamp(r.UnknownAt),
 		FinishedAt:        timestamp(r.FinishedAt),
 		Breach:            r.Breach,
+		Retired:           r.Retired,
+	}
+	if r.Retired {
+		pb.ReservedUnits = nil // the tombstone keeps no units
+		return pb, nil
 	}
 	if r.State == ledger.StateSettled || r.State == ledger.StateSettledWithDebt {
 		pb.ActualUnits = unitsMap(&p, &r.Actual)

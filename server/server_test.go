@@ -79,6 +79,8 @@ type harnessOptions struct {
 	// resolver runs the engine's USAGE_UNKNOWN resolver and shows it
 	// (server.Config.Resolver).
 	resolver *engine.ResolverOptions
+	// retention is the engine's retention window (0: off).
+	retention time.Duration
 }
 
 // newHarness serves a real server on 127.0.0.1:0 over a real engine.
@@ -100,6 +102,7 @@ func newHarness(t testing.TB, opts harnessOptions) *harness {
 	h.engine = engine.New(h.store, engine.Options{
 		Clock: h.clock.Now, DisableWorkers: !opts.workers, WorkerInterval: 5 * time.Millisecond,
 		OnBatch: metrics.ObserveBatch, Logger: logger, Resolver: opts.resolver,
+		Retention: opts.retention, TombstoneRetention: 10 * opts.retention,
 	})
 	cfg := server.Config{Metrics: metrics, Logger: logger, MaxBodyBytes: opts.maxBody, Clock: h.clock.Now}
 	if opts.resolver != nil {

@@ -44,6 +44,7 @@ type Book struct {
 	shardDirty   map[string]bool
 	statements   []ledger.Statement
 	journal      []ledger.JournalEntry
+	ret          bookRetention
 }
 
 // NewBook returns the book of a batch of the given number of commands
@@ -273,6 +274,7 @@ func (b *Book) Changes() *Changes {
 	for _, id := range slices.Sorted(maps.Keys(b.shardDirty)) {
 		c.Shards = append(c.Shards, *b.shards[id])
 	}
+	b.retentionChanges(c)
 	return c
 }
 

@@ -83,12 +83,14 @@ type Store interface {
 	// it has found f.Limit in debt.
 	AccountsInDebt(ctx context.Context, f DebtFilter) ([]ledger.Account, error)
 
-	// Snapshot reads every row for an audit, in one consistent read.
+	// Snapshot reads every row for an audit, in one consistent read
+	// (Retained included; tombstones are not rows an audit needs).
 	Snapshot(ctx context.Context) (*ledger.Snapshot, error)
 
 	// Worker indexes and the worker lease (store/due.go).
 	DueIndexes
 	Leases
+	RetentionStore
 
 	Close() error
 }
@@ -105,6 +107,7 @@ type Tx interface {
 	ReservationGet(ctx context.Context, id string) (*ledger.Reservation, error)
 	MoveGet(ctx context.Context, receiptID string) (*ledger.Move, error)
 	ShardGet(ctx context.Context, id string) (*ledger.Shard, error)
+	RetentionTx
 
 	// Write applies a batch of changes inside the transaction. Rows are
 	// written in a fixed order (policies, heads, meta, accounts by key,
@@ -149,13 +152,15 @@ type Changes struct {
 	Shards          []ledger.Shard
 	Statements      []ledger.Statement
 	Journal         []ledger.JournalEntry
+	// Retention is what retire and forget commands wrote.
+	Retention RetentionChanges
 }
 
 // Empty reports whether the batch changed nothing.
 func (c *Changes) Empty() bool {
 	return len(c.Meta) == 0 && len(c.Policies) == 0 && len(c.Heads) == 0 && len(c.Accounts) == 0 &&
 		len(c.Currents) == 0 && len(c.Reservations) == 0 && len(c.Moves) == 0 && len(c.Shards) == 0 &&
-		len(c.Statements) == 0 && len(c.Journal) == 0
+		len(c.Statements) == 0 && len(c.Journal) == 0 && c.Retention.Empty()
 }
 
 // UnknownFilter selects USAGE_UNKNOWN reservations for ReservationsUnknown.

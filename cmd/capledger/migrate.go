@@ -14,7 +14,7 @@ func init() {
 	register(&command{name: "migrate", summary: "bring the store's schema up to this binary's version", help: migrateHelp, run: runMigrate})
 }
 
-const migrateHelp = `Usage: capledger migrate [--store SPEC] [--data-dir DIR]
+const migrateHelp = `Usage: capledger migrate [--store SPEC] [--data-dir DIR] [--auto-vacuum]
 
 Migrate applies the schema migrations embedded in this binary to the store
 and reports the schema version. serve migrates on start too; run migrate
@@ -28,6 +28,12 @@ Flags:
   --store SPEC        "sqlite" (default, in --data-dir), "sqlite:PATH", or a
                       postgres://user@host:5432/db URL
   --data-dir DIR      data directory of the embedded store (default ./capledger-data)
+  --auto-vacuum       SQLite: convert a file created before capledger set
+                      auto_vacuum=INCREMENTAL, so that the space retention
+                      frees goes back to the filesystem. Rewrites the file
+                      once (VACUUM): stop serve first, and have free disk
+                      space of about the file's size. Files created by this
+                      version are INCREMENTAL already.
 
 Example:
   capledger migrate --store postgres://capledger@db:5432/capledger
@@ -40,6 +46,7 @@ func runMigrate(ctx context.Context, e *env, args []string) error {
 	fs := newFlags("migrate")
 	storeSpec := fs.String("store", "", "")
 	dataDir := fs.String("data-dir", "./capledger-data", "")
+	autoVacuum := fs.Bool("auto-vacuum", false, "")
 	if err := parseNoArgs(fs, args); err != nil {
 		return err
 	}
@@ -66,6 +73,18 @@ func runMigrate(ctx context.Context, e *env, args []string) error {
 	}
 	if err := st.Close(); err != nil {
 		return usagef("migrate: close: %v", err)
+	}
+	if sq, ok := st.(*sqlite.Store); ok && *autoVacuum {
+		converted, err := sqlite.Open(ctx, sq.Path(), sqlite.WithAutoVacuumConversion())
+		if err != nil {
+			return usagef("migrate: auto_vacuum: %v", err)
+		}
+		mode, err := converted.AutoVacuum(ctx)
+		converted.Close()
+		if err != nil {
+			return usagef("migrate: auto_vacuum: %v", err)
+		}
+		fmt.Fprintf(e.stdout, "%s auto_vacuum mode %d (2 = incremental)\n", sq.Path(), mode)
 	}
 	fmt.Fprintf(e.stdout, "%s schema at version %d\n", storeName(*storeSpec, *dataDir), sqlite.SchemaVersion())
 	return nil

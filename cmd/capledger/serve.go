@@ -92,6 +92,16 @@ Flags:
                       drains; it renews every third of DUR, and when it dies
                       another replica takes over within DUR + DUR/3
                       (default 15s; see /statusz or "capledger status")
+  --retention DUR     remove finished reservations (settled, released,
+                      expired) this long after they finished (default 72h;
+                      0 keeps every row forever). See docs/OPERATIONS.md,
+                      "Retention and compaction".
+  --tombstone-retention DUR
+                      how long a removed reservation's tombstone answers a
+                      retry of its id (default 720h = 30 days; at least
+                      --retention; 0 keeps tombstones forever)
+  --retention-interval DUR
+                      how often the retention pass runs (default 1m)
   --log-level LEVEL   debug, info, warn or error (default info)
   --log-format FMT    text or json (default text)
 
@@ -125,6 +135,9 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	maxBatch := fs.Int("max-batch", 512, "")
 	leaseTTL := fs.Duration("lease-ttl", engine.DefaultLeaseTTL, "")
 	cacheRows := fs.Int("cache-rows", sqlite.DefaultCacheRows, "")
+	retention := fs.Duration("retention", engine.DefaultRetention, "")
+	tombstoneRetention := fs.Duration("tombstone-retention", engine.DefaultTombstoneRetention, "")
+	retentionInterval := fs.Duration("retention-interval", time.Minute, "")
 	logLevel := fs.String("log-level", "info", "")
 	logFormat := fs.String("log-format", "text", "")
 	resolverPath := fs.String("resolver-config", "", "")
@@ -150,6 +163,13 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	}
 	if *leaseTTL < 300*time.Millisecond {
 		return usagef("--lease-ttl %v: want at least 300ms (the lease is renewed every third of it)", *leaseTTL)
+	}
+
+	if *retention < 0 || *tombstoneRetention < 0 || *retentionInterval <= 0 {
+		return usagef("--retention and --tombstone-retention may not be negative, --retention-interval must be positive")
+	}
+	if *retention > 0 && *tombstoneRetention > 0 && *tombstoneRetention < *retention {
+		return usagef("--tombstone-retention %s is shorter than --retention %s: a tombstone must outlive the window", *tombstoneRetention, *retention)
 	}
 
 	if (*tlsCert == "") != (*tlsKey == "") {
@@ -209,7 +229,8 @@ func runServe(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	metrics := server.NewMetrics()
-	engineOpts := engine.Options{MaxBatch: *maxBatch, OnBatch: metrics.ObserveBatch, Logger: log, LeaseTTL: *leaseTTL}
+	engineOpts := engine.Options{MaxBatch: *maxBatch, OnBatch: metrics.ObserveBatch, Logger: log, LeaseTTL: *leaseTTL,
+		Retention: *retention, TombstoneRetention: *tombstoneRetention, RetentionInterval: *retentionInterval}
 	if resolver != nil {
 		engineOpts.Resolver = &resolver.opts
 	}

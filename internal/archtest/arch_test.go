@@ -121,6 +121,8 @@ var layers = []layer{
 
 	{pkg: "internal/pgformation", imports: nil, testImports: []string{},
 		why: "a test helper that runs a real pg_auto_failover formation; it knows nothing of the ledger"},
+	{pkg: "scripts/auditsize", imports: []string{"engine", "ledger", "store/sqlite"},
+		why: "a measurement tool: fills a SQLite store through the engine and audits it (docs/PERFORMANCE.md)"},
 
 	{pkg: "internal/archtest", imports: nil, testImports: []string{},
 		why: "this test"},

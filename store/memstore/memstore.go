@@ -51,6 +51,7 @@ type rows struct {
 	statements   []ledger.Statement
 	statementIDs map[statementKey]bool
 	journal      []ledger.JournalEntry
+	ret          retention
 }
 
 type statementKey struct {
@@ -71,6 +72,7 @@ func newRows() *rows {
 		moves:        map[string]*ledger.Move{},
 		shards:       map[string]*ledger.Shard{},
 		statementIDs: map[statementKey]bool{},
+		ret:          newRetention(),
 	}
 }
 
@@ -477,6 +479,7 @@ func (s *Store) Snapshot(ctx context.Context) (*ledger.Snapshot, error) {
 		}
 		snap.Statements = slices.Clone(r.statements)
 		snap.Journal = slices.Clone(r.journal)
+		snap.Retained = retainedSnapshot(r)
 		return nil
 	})
 	if err != nil {

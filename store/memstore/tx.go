@@ -139,6 +139,9 @@ func (tx *Tx) AccountCurrentGet(ctx context.Context, subject ledger.PolicyKey) (
 func (tx *Tx) ReservationGet(ctx context.Context, id string) (out *ledger.Reservation, err error) {
 	err = tx.get(ctx, func(p, c *rows) error {
 		v, ok := lookup(p.reservations, c.reservations, id)
+		if _, again := p.reservations[id]; !again && p.ret.goneRes[id] {
+			ok = false
+		}
 		if !ok {
 			return notFound("reservation", id)
 		}
@@ -302,7 +305,7 @@ func (tx *Tx) stage(c *store.Changes) error {
 		}
 		p.journal = append(p.journal, e)
 	}
-	return nil
+	return tx.stageRetention(&c.Retention)
 }
 
 // normalizePolicy returns a private copy of p as the SQL stores would read
@@ -395,6 +398,11 @@ func (tx *Tx) apply() {
 		} else {
 			delete(c.unknown, k)
 		}
+		if v.State.Terminal() {
+			c.ret.finished[k] = true
+		} else {
+			delete(c.ret.finished, k)
+		}
 	}
 	for k, v := range p.moves {
 		c.moves[k] = v
@@ -407,6 +415,7 @@ func (tx *Tx) apply() {
 	}
 	c.statements = append(c.statements, p.statements...)
 	c.journal = append(c.journal, p.journal...)
+	tx.applyRetention()
 }
 
 // Rollback discards the transaction and returns nil; after Commit, a

@@ -483,6 +483,9 @@ func (s *Store) Snapshot(ctx context.Context) (*ledger.Snapshot, error) {
 	if snap.Journal, err = s.journalList(ctx, tx); err != nil {
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}
+	if snap.Retained, err = s.retainedList(ctx, tx); err != nil {
+		return nil, fmt.Errorf("snapshot: %w", err)
+	}
 	if err := tx.Commit(ctx); err != nil {
 		return nil, s.c.classify("snapshot: end", err, false)
 	}

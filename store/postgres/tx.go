@@ -100,7 +100,9 @@ type tx struct {
 	// prefetched holds the reservations ReservationsPrefetch read and
 	// locked (nil for an id found absent), until the next Write.
 	prefetched map[string]*ledger.Reservation
-	done       bool
+	// tombs holds the tombstones prefetched with them (retention.go).
+	tombs map[string]*ledger.Tombstone
+	done  bool
 }
 
 // outOfOrderLockTimeout bounds the wait for a row lock asked out of lock
@@ -300,7 +302,7 @@ func (t *tx) ReservationsPrefetch(ctx context.Context, ids []string) error {
 			t.locked(rowKey{rank: rankReservation, a: id})
 		}
 	}
-	return nil
+	return t.prefetchTombstones(ctx, ids, found)
 }
 
 // MoveGet returns a move receipt (immutable, so not locked) or ErrNotFound.

@@ -206,6 +206,7 @@ func (t *tx) Write(ctx context.Context, c *store.Changes) error {
 	for i := range c.Statements {
 		t.writeStatement(&w, &c.Statements[i])
 	}
+	t.writeRetention(&w, &c.Retention)
 	t.writeJournal(&w, c.Journal)
 	if err := cmp.Or(w.err, w.conv.Err()); err != nil {
 		return fmt.Errorf("write: %w", err)
@@ -249,6 +250,7 @@ func (t *tx) written(c *store.Changes) {
 	for i := range c.Shards {
 		delete(t.absent, rowKey{rank: rankShard, a: c.Shards[i].ID})
 	}
+	t.retentionWritten(&c.Retention)
 }
 
 // split sends rows found absent in this transaction to the insert arrays

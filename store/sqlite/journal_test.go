@@ -368,7 +368,9 @@ func TestLedgerOfAnEarlierSchemaAudits(t *testing.T) {
 		legacyJournalInsert(t, db, &before.Journal[i])
 	}
 	for _, q := range []string{"DROP TABLE journal_batches", "DROP INDEX reservations_usage_unknown_at",
-		"ALTER TABLE reservations DROP COLUMN unknown_at", "DELETE FROM schema_migrations WHERE version > 2"} {
+		"ALTER TABLE reservations DROP COLUMN unknown_at",
+		"DROP TABLE tombstones", "DROP TABLE retained", "DROP INDEX reservations_finished", // version 7
+		"DELETE FROM schema_migrations WHERE version > 2"} {
 		if _, err := db.Exec(q); err != nil {
 			t.Fatal(err)
 		}

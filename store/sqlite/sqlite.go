@@ -57,6 +57,8 @@ type config struct {
 	busyTimeout time.Duration
 	readConns   int
 	cacheRows   int
+	// convertAutoVacuum: see WithAutoVacuumConversion.
+	convertAutoVacuum bool
 }
 
 // Option configures Open.
@@ -115,10 +117,12 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 	}
 	pragmas := url.Values{}
 	pragmas.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", cfg.busyTimeout.Milliseconds()))
+	pragmas.Add("_pragma", fmt.Sprintf("auto_vacuum(%d)", AutoVacuumIncremental)) // before WAL: see vacuum.go
 	pragmas.Add("_pragma", "journal_mode(WAL)")
 	pragmas.Add("_pragma", "synchronous(FULL)")
 	pragmas.Add("_pragma", "foreign_keys(ON)")
 	pragmas.Add("_pragma", fmt.Sprintf("wal_autocheckpoint(%d)", autocheckpointBackstop))
+	pragmas.Add("_pragma", fmt.Sprintf("journal_size_limit(%d)", walSizeLimit))
 	s := &Store{path: path, writer: make(chan struct{}, 1), cache: newRowCache(cfg.cacheRows), debtScanRows: debtScanChunk}
 	connector, err := sqlite.NewConnector(path + "?" + pragmas.Encode())
 	if err != nil {
@@ -130,6 +134,9 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 	setupDB := sql.OpenDB(connector)
 	setupDB.SetMaxOpenConns(1)
 	err = setup(ctx, setupDB)
+	if err == nil && cfg.convertAutoVacuum {
+		err = convertAutoVacuum(ctx, setupDB)
+	}
 	if closeErr := setupDB.Close(); err == nil {
 		err = closeErr
 	}
@@ -538,6 +545,13 @@ func (s *Store) Snapshot(ctx context.Context) (*ledger.Snapshot, error) {
 		return nil, fmt.Errorf("snapshot: %w", translate(ctx, err))
 	}
 	defer tx.Rollback()
+	return s.snapshotRows(ctx, tx, true)
+}
+
+// snapshotRows reads every row of a snapshot in tx, the journal only when
+// journal is set.
+func (s *Store) snapshotRows(ctx context.Context, tx *sql.Tx, journal bool) (*ledger.Snapshot, error) {
+	var err error
 	q := func(query string) queryer { return txQuery{tx, query} }
 	snap := &ledger.Snapshot{JournalComplete: true}
 	if snap.Policies, err = queryAll(ctx, q("SELECT "+policyCols+" FROM policies ORDER BY generation"), scanPolicy, "snapshot policies"); err != nil {
@@ -557,6 +571,12 @@ func (s *Store) Snapshot(ctx context.Context) (*ledger.Snapshot, error) {
 	}
 	if snap.Statements, err = queryAll(ctx, q("SELECT "+statementCols+" FROM statements ORDER BY seq"), scanStatement, "snapshot statements"); err != nil {
 		return nil, err
+	}
+	if snap.Retained, err = queryAll(ctx, q(retainedSnapshotSQL), scanRetained, "snapshot retained"); err != nil {
+		return nil, err
+	}
+	if !journal {
+		return snap, nil
 	}
 	// Rows of the journal table (written by schema versions 1 and 2) come
 	// before every batch.

@@ -31,6 +31,8 @@ type Tx struct {
 	// prefetched answers ReservationGet for the ids ReservationsPrefetch
 	// read (nil: the reservation does not exist), until the first Write.
 	prefetched map[string]*ledger.Reservation
+	// tombs holds the tombstones prefetched with them (retention.go).
+	tombs map[string]*ledger.Tombstone
 }
 
 var _ store.Tx = (*Tx)(nil)
@@ -260,7 +262,7 @@ func (tx *Tx) ReservationsPrefetch(ctx context.Context, ids []string) error {
 		}
 	}
 	tx.prefetched = found
-	return nil
+	return tx.prefetchTombstones(ctx, ids, found)
 }
 
 // MoveGet returns the move receipt, or store.ErrNotFound.
@@ -289,6 +291,7 @@ func (tx *Tx) Write(ctx context.Context, c *store.Changes) error {
 	// From here on reads see the transaction's own writes: no more answers
 	// from the prefetch or the row cache.
 	tx.prefetched = nil
+	tx.tombs = nil
 	tx.written = append(tx.written, c)
 	if err := tx.write(ctx, c); err != nil {
 		tx.failed = err
@@ -388,6 +391,9 @@ func (tx *Tx) write(ctx context.Context, c *store.Changes) error {
 		if err := tx.exec(ctx, wStatementInsert, "insert statement of "+st.Account.String(), &conv, statementArgs(st, &conv)); err != nil {
 			return err
 		}
+	}
+	if err := tx.writeRetention(ctx, &c.Retention); err != nil {
+		return err
 	}
 	if len(c.Journal) == 0 {
 		return nil

@@ -29,6 +29,8 @@ type writer struct {
 	// the arguments of multi-row INSERTs.
 	journalBuf []byte
 	rowArgs    []any
+	// extra holds statements prepared on first use (retention.go).
+	extra map[string]driver.Stmt
 
 	closeOnce sync.Once
 	closeErr  error
@@ -90,6 +92,9 @@ func (w *writer) close() error {
 			if st != nil {
 				st.Close()
 			}
+		}
+		for _, st := range w.extra {
+			st.Close()
 		}
 		w.closeErr = w.conn.Close()
 	})

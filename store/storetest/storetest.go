@@ -91,6 +91,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"Isolation", testIsolation},
 		{"SeedScenario", testSeedScenario},
 	}
+	tests = append(tests, retentionCases...)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.f(t, open(t))

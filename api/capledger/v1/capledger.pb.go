@@ -550,8 +550,14 @@ type Reservation struct {
 	// at the upgrade shows its started_at; one marked and settled before the
 	// upgrade shows none.
 	UsageUnknownAt *timestamppb.Timestamp `protobuf:"bytes,20,opt,name=usage_unknown_at,json=usageUnknownAt,proto3" json:"usage_unknown_at,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Set when retention removed the reservation's row (serve --retention)
+	// and this receipt is answered from its tombstone: only reservation_id,
+	// request_digest, subject, route, region, policy_generation, state and
+	// finished_at are kept; the units are empty. A reserve retried with the
+	// same id and digest is replayed from it (nothing is debited again).
+	Retired       bool `protobuf:"varint,21,opt,name=retired,proto3" json:"retired,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Reservation) Reset() {
@@ -722,6 +728,13 @@ func (x *Reservation) GetUsageUnknownAt() *timestamppb.Timestamp {
 		return x.UsageUnknownAt
 	}
 	return nil
+}
+
+func (x *Reservation) GetRetired() bool {
+	if x != nil {
+		return x.Retired
+	}
+	return false
 }
 
 // RejectionDetail explains a capacity rejection. It is attached as an error
@@ -3198,7 +3211,7 @@ const file_capledger_v1_capledger_proto_rawDesc = "" +
 	"\fpublished_at\x18\x10 \x01(\v2\x1a.google.protobuf.TimestampR\vpublishedAt\x12\x1f\n" +
 	"\vrolled_back\x18\x11 \x01(\bR\n" +
 	"rolledBack\x12\x16\n" +
-	"\x06active\x18\x12 \x01(\bR\x06active\"\xe0\t\n" +
+	"\x06active\x18\x12 \x01(\bR\x06active\"\xfa\t\n" +
 	"\vReservation\x12\x16\n" +
 	"\x06schema\x18\x01 \x01(\tR\x06schema\x12%\n" +
 	"\x0ereservation_id\x18\x02 \x01(\tR\rreservationId\x12%\n" +
@@ -3224,7 +3237,8 @@ const file_capledger_v1_capledger_proto_rawDesc = "" +
 	"\vfinished_at\x18\x12 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"finishedAt\x12\x16\n" +
 	"\x06breach\x18\x13 \x01(\bR\x06breach\x12D\n" +
-	"\x10usage_unknown_at\x18\x14 \x01(\v2\x1a.google.protobuf.TimestampR\x0eusageUnknownAt\x1a@\n" +
+	"\x10usage_unknown_at\x18\x14 \x01(\v2\x1a.google.protobuf.TimestampR\x0eusageUnknownAt\x12\x18\n" +
+	"\aretired\x18\x15 \x01(\bR\aretired\x1a@\n" +
 	"\x12ReservedUnitsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1a>\n" +

@@ -1,0 +1,216 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+)
+
+// Retention defaults (see docs/OPERATIONS.md, "Retention and compaction").
+const (
+	// DefaultRetention is how long a finished reservation stays whole: 72
+	// hours, three times the 24-hour idempotency horizon of the IETF
+	// Idempotency-Key draft and of Stripe, so a retry, a receipt lookup or
+	// a dispute within a long weekend still sees the full receipt.
+	DefaultRetention = 72 * time.Hour
+	// DefaultTombstoneRetention is how long a removed reservation's
+	// tombstone answers a retry of its id: 30 days.
+	DefaultTombstoneRetention = 30 * 24 * time.Hour
+	// DefaultRetentionBatch is how many rows one retention transaction
+	// removes.
+	DefaultRetentionBatch = 256
+)
+
+// Reclaimer is an optional store capability: give back the space freed by
+// removed rows (SQLite's incremental vacuum). The retention worker calls
+// it after a pass that removed something.
+type Reclaimer interface {
+	Reclaim(ctx context.Context) error
+}
+
+// RetentionDue returns the retention commands due at now, for at most
+// limit rows of each kind: retire for terminal reservations that finished
+// at or before now - window, forget for tombstones of reservations that
+// finished at or before now - horizon. The ledger decides each (a row that
+// changed meanwhile answers an error and is left alone), so the commands
+// are safe in any interleaving with gateway commands and with another
+// replica running the same pass. horizon <= 0 keeps tombstones forever.
+func (c *Core) RetentionDue(ctx context.Context, now time.Time, window, horizon time.Duration, limit int) ([]ledger.Command, error) {
+	if window <= 0 {
+		return nil, fmt.Errorf("retention window %s, want a positive one", window)
+	}
+	before := now.Add(-window)
+	ids, err := c.store.ReservationsFinished(ctx, before, limit)
+	if err != nil {
+		return nil, fmt.Errorf("finished reservations: %w", err)
+	}
+	cmds := make([]ledger.Command, 0, len(ids))
+	for _, id := range ids {
+		cmds = append(cmds, ledger.Command{Kind: ledger.KindRetire, ReservationID: id, Before: before})
+	}
+	if horizon <= 0 {
+		return cmds, nil
+	}
+	forgetBefore := now.Add(-horizon)
+	ids, err = c.store.TombstonesDue(ctx, forgetBefore, limit)
+	if err != nil {
+		return nil, fmt.Errorf("tombstones due: %w", err)
+	}
+	for _, id := range ids {
+		cmds = append(cmds, ledger.Command{Kind: ledger.KindForget, ReservationID: id, Before: forgetBefore})
+	}
+	return cmds, nil
+}
+
+// RetentionStats are the retention worker's counters.
+type RetentionStats struct {
+	Passes, Retired, Forgotten, Failed uint64
+	LastPassAt                         time.Time
+	LastPass                           time.Duration
+}
+
+// runRetention is one retention pass: pages of RetentionBatch rows, each
+// committed as one batch through the engine's queue (so gateway commands
+// waiting meanwhile share its commit instead of waiting behind a long
+// transaction), with a pause between pages, until nothing is due or ctx
+// ends. It then asks the store to give back the freed space.
+func (e *Engine) runRetention(ctx context.Context) {
+	start := time.Now()
+	removed := 0
+	for ctx.Err() == nil {
+		cmds, err := e.core.RetentionDue(ctx, e.opts.Clock(), e.opts.Retention, e.opts.TombstoneRetention, e.opts.RetentionBatch)
+		if err != nil {
+			e.log.Warn("retention worker", "err", err)
+			break
+		}
+		if len(cmds) == 0 {
+			break
+		}
+		results, err := e.DoBatch(ctx, cmds)
+		if err != nil {
+			if ctx.Err() == nil {
+				e.log.Warn("retention batch", "commands", len(cmds), "err", err)
+			}
+			break
+		}
+		progress := 0
+		for i := range results {
+			switch {
+			case results[i].Err != nil:
+				e.retention.failed.Add(1)
+			case results[i].Replayed: // another replica got there first
+			case cmds[i].Kind == ledger.KindRetire:
+				e.retention.retired.Add(1)
+				progress++
+			default:
+				e.retention.forgotten.Add(1)
+				progress++
+			}
+		}
+		removed += progress
+		if progress == 0 {
+			break // everything listed was refused or done by another replica: wait for the next pass
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(e.opts.RetentionPause):
+		}
+	}
+	if removed > 0 {
+		if r, ok := e.core.store.(Reclaimer); ok {
+			if err := r.Reclaim(ctx); err != nil && ctx.Err() == nil {
+				e.log.Warn("retention reclaim", "err", err)
+			}
+		}
+	}
+	e.retention.passes.Add(1)
+	e.retention.lastPassAt.Store(time.Now().UnixNano())
+	e.retention.lastPass.Store(int64(time.Since(start)))
+}
+
+// RetentionStats returns the retention worker's counters.
+func (e *Engine) RetentionStats() RetentionStats {
+	s := RetentionStats{Passes: e.retention.passes.Load(), Retired: e.retention.retired.Load(),
+		Forgotten: e.retention.forgotten.Load(), Failed: e.retention.failed.Load(),
+		LastPass: time.Duration(e.retention.lastPass.Load())}
+	if t := e.retention.lastPassAt.Load(); t != 0 {
+		s.LastPassAt = time.Unix(0, t)
+	}
+	return s
+}
+
+// RunRetention runs one retention pass now (tests, operators' tools),
+// with the engine's retention options; it returns once the pass ends.
+func (e *Engine) RunRetention(ctx context.Context) error {
+	if e.opts.Retention <= 0 {
+		return fmt.Errorf("retention is off (no retention window)")
+	}
+	e.runRetention(ctx)
+	return nil
+}
+
+// Tombstone returns the tombstone of a reservation retention removed
+// (store.ErrNotFound when there is none): what Reservation falls back on.
+func (e *Engine) Tombstone(ctx context.Context, id string) (ledger.Tombstone, error) {
+	return e.core.store.TombstoneGet(ctx, id)
+}
+
+// ReservationOrTombstone returns the committed reservation, or the receipt
+// of its tombstone (Retired set) when retention removed it, or
+// store.ErrNotFound.
+func (e *Engine) ReservationOrTombstone(ctx context.Context, id string) (ledger.Reservation, error) {
+	r, err := e.core.store.ReservationGet(ctx, id)
+	if err == nil || !isNotFound(err) {
+		return r, err
+	}
+	t, terr := e.core.store.TombstoneGet(ctx, id)
+	if terr != nil {
+		if isNotFound(terr) {
+			return ledger.Reservation{}, err
+		}
+		return ledger.Reservation{}, terr
+	}
+	return t.Receipt(), nil
+}
+
+func isNotFound(err error) bool { return errors.Is(err, store.ErrNotFound) }
+
+// SnapshotStreamer is an optional store capability: a snapshot whose
+// journal is read as the audit goes (ledger.Snapshot.JournalStream),
+// valid only during f, so an audit holds the rows of the current state
+// but not the journal's history (store/sqlite has it).
+type SnapshotStreamer interface {
+	SnapshotStreaming(ctx context.Context, f func(*ledger.Snapshot) error) error
+}
+
+// auditStreaming audits through a streamed journal. A read error of the
+// stream (or ctx ending) is the audit's error, not a discrepancy.
+func auditStreaming(ctx context.Context, st SnapshotStreamer) ([]ledger.Discrepancy, error) {
+	var out []ledger.Discrepancy
+	var streamErr error
+	err := st.SnapshotStreaming(ctx, func(snap *ledger.Snapshot) error {
+		stream := snap.JournalStream
+		snap.JournalStream = func(yield func(*ledger.JournalEntry) error) error {
+			streamErr = stream(func(e *ledger.JournalEntry) error {
+				if err := ctx.Err(); err != nil {
+					return err
+				}
+				return yield(e)
+			})
+			return streamErr
+		}
+		out = ledger.Audit(snap)
+		return nil
+	})
+	if err == nil {
+		err = streamErr
+	}
+	if err != nil {
+		return nil, fmt.Errorf("audit: %w", err)
+	}
+	return out, nil
+}

@@ -1,0 +1,99 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+	"github.com/capledger/capledger/store/memstore"
+)
+
+// A retention pass removes, in pages, exactly the finished reservations
+// past the window, never live ones; the audit stays clean; a retry of a
+// removed reserve is answered from its tombstone without a new hold; past
+// the horizon the tombstones go too.
+func TestRetentionPass(t *testing.T) {
+	ctx := context.Background()
+	clk := newClock()
+	st := memstore.New()
+	e := New(st, Options{Clock: clk.Now, DisableWorkers: true, Retention: time.Hour,
+		TombstoneRetention: 10 * time.Hour, RetentionBatch: 7, RetentionPause: time.Millisecond})
+	defer e.Close()
+	publish(t, e, 1_000_000, time.Minute, 0)
+	const finished = 40
+	for i := range finished + 3 {
+		id := fmt.Sprintf("r%02d", i)
+		if res, err := e.Do(ctx, reserveCmd(id, 10)); err != nil || res.Err != nil {
+			t.Fatalf("reserve %s: %+v %v", id, res, err)
+		}
+		if i < finished {
+			if res, err := e.Do(ctx, ledger.Command{Kind: ledger.KindRelease, ReservationID: id}); err != nil || res.Err != nil {
+				t.Fatalf("release %s: %+v %v", id, res, err)
+			}
+		}
+	}
+	// Not yet past the window: nothing goes.
+	clk.Advance(59 * time.Minute)
+	if err := e.RunRetention(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if s := e.RetentionStats(); s.Retired != 0 {
+		t.Fatalf("retired %d inside the window", s.Retired)
+	}
+	clk.Advance(2 * time.Minute)
+	if err := e.RunRetention(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if s := e.RetentionStats(); s.Retired != finished || s.Failed != 0 {
+		t.Fatalf("stats after a pass: %+v", s)
+	}
+	for i := range finished + 3 {
+		id := fmt.Sprintf("r%02d", i)
+		_, err := st.ReservationGet(ctx, id)
+		if live := i >= finished; live != (err == nil) {
+			t.Fatalf("%s: live %v, get %v", id, live, err)
+		}
+		r, err := e.ReservationOrTombstone(ctx, id)
+		if err != nil || r.Retired == live(i, finished) {
+			t.Fatalf("%s: %+v %v", id, r, err)
+		}
+	}
+	auditClean(t, e)
+	accounts, _ := e.Accounts(ctx, ledger.PolicyKey{Subject: "tenant-7", Route: "chat.generate", Region: "eu"})
+	res, err := e.Do(ctx, reserveCmd("r00", 10))
+	if err != nil || res.Err != nil || !res.Replayed || !res.Reservation.Retired || res.Reservation.State != ledger.StateReleased {
+		t.Fatalf("retried reserve after retention: %+v %v", res, err)
+	}
+	after, _ := e.Accounts(ctx, ledger.PolicyKey{Subject: "tenant-7", Route: "chat.generate", Region: "eu"})
+	if after[0].Balances[0].Reserved != accounts[0].Balances[0].Reserved {
+		t.Fatalf("the replay reserved again: %d -> %d", accounts[0].Balances[0].Reserved, after[0].Balances[0].Reserved)
+	}
+	clk.Advance(10 * time.Hour)
+	if err := e.RunRetention(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if s := e.RetentionStats(); s.Forgotten != finished {
+		t.Fatalf("forgotten %d, want %d", s.Forgotten, finished)
+	}
+	if _, err := e.Tombstone(ctx, "r00"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("tombstone past the horizon: %v", err)
+	}
+	auditClean(t, e)
+}
+
+func live(i, finished int) bool { return i >= finished }
+
+func TestRetentionOff(t *testing.T) {
+	e := New(memstore.New(), Options{DisableWorkers: true})
+	defer e.Close()
+	if err := e.RunRetention(context.Background()); err == nil {
+		t.Fatal("a pass without a window ran")
+	}
+	if _, err := e.core.RetentionDue(context.Background(), t0, 0, 0, 10); err == nil {
+		t.Fatal("RetentionDue without a window answered")
+	}
+}

@@ -1,0 +1,44 @@
+package server_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/capledger/capledger/server"
+)
+
+// After retention removed a finished reservation, the API answers from its
+// tombstone over real HTTP: a retried reserve is replayed (retired set, no
+// units, nothing held again), a retried settle is ALREADY_SETTLED, and
+// GetReservation shows the tombstone's receipt.
+func TestReplayAfterRetentionOverJSON(t *testing.T) {
+	h := newHarness(t, harnessOptions{retention: time.Hour})
+	h.ok("PublishPolicy", tokensPolicy, "")
+	h.ok("Reserve", reserveBody("kept-short", 600), "")
+	h.ok("Start", `{"reservationId":"kept-short","operationId":"op-1"}`, "")
+	h.ok("Settle", `{"reservationId":"kept-short","operationId":"op-1","actualUnits":{"tokens":200,"requests":1}}`, "")
+	h.clock.Advance(2 * time.Hour)
+	if err := h.engine.RunRetention(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if s := h.engine.RetentionStats(); s.Retired != 1 {
+		t.Fatalf("retention stats %+v", s)
+	}
+	acct := h.ok("GetAccount", `{"subject":"tenant-7","route":"chat.generate"}`, "")
+	again := h.ok("Reserve", reserveBody("kept-short", 600), "")
+	if again["replayed"] != true || field(again, "reservation", "retired") != true ||
+		field(again, "reservation", "state") != "RESERVATION_STATE_SETTLED" || field(again, "reservation", "reservedUnits") != nil {
+		t.Fatalf("reserve replay from the tombstone: %v", again)
+	}
+	if after := h.ok("GetAccount", `{"subject":"tenant-7","route":"chat.generate"}`, ""); fmt.Sprint(after["accounts"]) != fmt.Sprint(acct["accounts"]) {
+		t.Fatalf("a replay from the tombstone changed the account: %v -> %v", acct, after)
+	}
+	h.wantError(h.call("Settle", `{"reservationId":"kept-short","operationId":"op-1","actualUnits":{"tokens":200,"requests":1}}`, ""),
+		400, "failed_precondition", server.ReasonAlreadySettled)
+	got := h.ok("GetReservation", `{"reservationId":"kept-short"}`, "")
+	if field(got, "reservation", "retired") != true || field(got, "reservation", "finishedAt") == nil {
+		t.Fatalf("get after retention: %v", got)
+	}
+}

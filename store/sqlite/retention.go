@@ -1,0 +1,302 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql/driver"
+	"fmt"
+	"time"
+
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+	"github.com/capledger/capledger/store/codec"
+)
+
+// Retention rows (schema version 7): tombstones of removed reservations
+// and the per-account totals of what was removed.
+
+const (
+	tombstoneCols = "id, request_digest, subject, route, region, generation, state, finished_at"
+	retainedCols  = "subject, route, region, generation, reservations, spent, overdraft"
+	// terminalStates must match the WHERE of the partial index
+	// reservations_finished, literally.
+	terminalStates = "state IN (3, 4, 5, 7)"
+)
+
+func init() {
+	// The literal states of the partial index are the ledger's terminal
+	// states; a build whose numbering moved fails every test here.
+	for _, s := range []ledger.State{3, 4, 5, 7} {
+		if !s.Terminal() {
+			panic(fmt.Sprintf("state %d is not terminal: reservations_finished is stale", s))
+		}
+	}
+}
+
+var (
+	tombstoneGetSQL     = "SELECT " + tombstoneCols + " FROM tombstones WHERE id = ?"
+	tombstoneInsertSQL  = "INSERT INTO tombstones (" + tombstoneCols + ") VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+	tombstoneDeleteSQL  = "DELETE FROM tombstones WHERE id = ?"
+	reservationDelSQL   = "DELETE FROM reservations WHERE id = ?"
+	retainedGetSQL      = "SELECT " + retainedCols + " FROM retained WHERE subject = ? AND route = ? AND region = ? AND generation = ?"
+	retainedPutSQL      = upsertSQL("retained", retainedCols, "subject, route, region, generation")
+	finishedSQL         = "SELECT id FROM reservations WHERE " + terminalStates + " AND finished_at <= ? ORDER BY finished_at, id LIMIT ?"
+	tombstonesDueSQL    = "SELECT id FROM tombstones WHERE finished_at <= ? ORDER BY finished_at, id LIMIT ?"
+	retainedSnapshotSQL = "SELECT " + retainedCols + " FROM retained ORDER BY subject, route, region, generation"
+)
+
+func scanTombstone(sc scanner) (ledger.Tombstone, error) {
+	var (
+		t               ledger.Tombstone
+		generation      int64
+		state, finished int64
+	)
+	if err := sc.Scan(&t.ID, &t.RequestDigest, &t.Account.Subject, &t.Account.Route, &t.Account.Region,
+		&generation, &state, &finished); err != nil {
+		return t, err
+	}
+	var conv codec.Conv
+	t.Account.Generation = uint64(generation)
+	t.State = ledger.State(state)
+	t.FinishedAt = conv.Time(finished)
+	return t, conv.Err()
+}
+
+func scanRetained(sc scanner) (ledger.Retained, error) {
+	var (
+		r                ledger.Retained
+		generation       int64
+		spent, overdraft []byte
+	)
+	if err := sc.Scan(&r.Account.Subject, &r.Account.Route, &r.Account.Region, &generation, &r.Reservations, &spent, &overdraft); err != nil {
+		return r, err
+	}
+	r.Account.Generation = uint64(generation)
+	var err error
+	if r.Spent, err = codec.DecodeAmounts(spent); err != nil {
+		return r, err
+	}
+	r.Overdraft, err = codec.DecodeAmounts(overdraft)
+	return r, err
+}
+
+// stmt returns the write connection's prepared statement for q, preparing
+// it on first use (retention's statements are kept apart from the hot
+// path's numbered ones).
+func (w *writer) stmt(ctx context.Context, q string) (driver.Stmt, error) {
+	if st, ok := w.extra[q]; ok {
+		return st, nil
+	}
+	st, err := w.conn.(driver.ConnPrepareContext).PrepareContext(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	if w.extra == nil {
+		w.extra = map[string]driver.Stmt{}
+	}
+	w.extra[q] = st
+	return st, nil
+}
+
+func (tx *Tx) retentionGet(ctx context.Context, q, what string, args []any, scan func(scanner) (any, error)) (any, error) {
+	if err := tx.check(ctx); err != nil {
+		return nil, err
+	}
+	st, err := tx.w.stmt(stmtCtx(ctx), q)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, tx.err(ctx, err))
+	}
+	v, err := queryOneRow(stmtCtx(ctx), tx.w, st, args, scan)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, tx.err(ctx, err))
+	}
+	return v, nil
+}
+
+// TombstoneGet returns the tombstone, or store.ErrNotFound.
+func (tx *Tx) TombstoneGet(ctx context.Context, id string) (*ledger.Tombstone, error) {
+	if t, ok := tx.tombs[id]; ok {
+		if err := tx.check(ctx); err != nil {
+			return nil, err
+		}
+		if t == nil {
+			return nil, fmt.Errorf("tombstone %s: %w", id, store.ErrNotFound)
+		}
+		out := *t
+		return &out, nil
+	}
+	v, err := tx.retentionGet(ctx, tombstoneGetSQL, "tombstone "+id, []any{id},
+		func(sc scanner) (any, error) { return scanTombstone(sc) })
+	if err != nil {
+		return nil, err
+	}
+	t := v.(ledger.Tombstone)
+	return &t, nil
+}
+
+// RetainedGet returns the account's retained totals, or store.ErrNotFound.
+func (tx *Tx) RetainedGet(ctx context.Context, key ledger.AccountKey) (*ledger.Retained, error) {
+	if !storable(key.Generation) {
+		return nil, fmt.Errorf("retained totals of %s: %w", key, store.ErrNotFound)
+	}
+	v, err := tx.retentionGet(ctx, retainedGetSQL, "retained totals of "+key.String(),
+		[]any{key.Subject, key.Route, key.Region, int64(key.Generation)},
+		func(sc scanner) (any, error) { return scanRetained(sc) })
+	if err != nil {
+		return nil, err
+	}
+	r := v.(ledger.Retained)
+	return &r, nil
+}
+
+// writeRetention writes c's retention changes: reservation rows deleted,
+// tombstones inserted (ErrDuplicate for an id that has one) or deleted,
+// retained totals upserted.
+func (tx *Tx) writeRetention(ctx context.Context, c *store.RetentionChanges) error {
+	if c.Empty() {
+		return nil
+	}
+	var conv codec.Conv
+	run := func(q, what string, args ...any) error {
+		if err := conv.Err(); err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		st, err := tx.w.stmt(stmtCtx(ctx), q)
+		if err == nil {
+			err = tx.w.exec(stmtCtx(ctx), st, args)
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w", what, tx.err(ctx, err))
+		}
+		return nil
+	}
+	for _, id := range c.RemovedReservations {
+		if err := run(reservationDelSQL, "delete reservation "+id, id); err != nil {
+			return err
+		}
+	}
+	for i := range c.Tombstones {
+		t := &c.Tombstones[i]
+		if err := run(tombstoneInsertSQL, "insert tombstone "+t.ID, t.ID, t.RequestDigest, t.Account.Subject, t.Account.Route,
+			t.Account.Region, conv.Int(t.Account.Generation), int64(t.State), conv.Nanos(t.FinishedAt)); err != nil {
+			return err
+		}
+	}
+	for _, id := range c.RemovedTombstones {
+		if err := run(tombstoneDeleteSQL, "delete tombstone "+id, id); err != nil {
+			return err
+		}
+	}
+	for i := range c.Retained {
+		r := &c.Retained[i]
+		if err := run(retainedPutSQL, "retained totals of "+r.Account.String(), r.Account.Subject, r.Account.Route, r.Account.Region,
+			conv.Int(r.Account.Generation), r.Reservations, codec.EncodeAmounts(&r.Spent), codec.EncodeAmounts(&r.Overdraft)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ReservationsFinished returns up to limit ids of terminal reservations
+// finished at or before before, in (finished_at, id) order, through the
+// partial index reservations_finished.
+func (s *Store) ReservationsFinished(ctx context.Context, before time.Time, limit int) ([]string, error) {
+	return s.retentionIDs(ctx, finishedSQL, "finished reservations", before, limit)
+}
+
+// TombstonesDue returns up to limit ids of tombstones of reservations
+// finished at or before before, in (finished_at, id) order, through the
+// index tombstones_finished.
+func (s *Store) TombstonesDue(ctx context.Context, before time.Time, limit int) ([]string, error) {
+	return s.retentionIDs(ctx, tombstonesDueSQL, "tombstones due", before, limit)
+}
+
+func (s *Store) retentionIDs(ctx context.Context, q, what string, before time.Time, limit int) ([]string, error) {
+	if s.closed.Load() {
+		return nil, errClosed
+	}
+	if limit <= 0 {
+		return nil, fmt.Errorf("%s: limit %d, want a positive one", what, limit)
+	}
+	var conv codec.Conv
+	cutoff := conv.Nanos(before)
+	if err := conv.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	rows, err := s.readDB.QueryContext(ctx, q, cutoff, limit)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, translate(ctx, err))
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		id, err := scanID(rows)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", what, translate(ctx, err))
+		}
+		out = append(out, id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %w", what, translate(ctx, err))
+	}
+	return out, nil
+}
+
+// TombstoneGet returns the committed tombstone, or store.ErrNotFound.
+func (s *Store) TombstoneGet(ctx context.Context, id string) (ledger.Tombstone, error) {
+	if s.closed.Load() {
+		return ledger.Tombstone{}, errClosed
+	}
+	t, err := scanTombstone(s.readDB.QueryRowContext(ctx, tombstoneGetSQL, id))
+	if err != nil {
+		return ledger.Tombstone{}, fmt.Errorf("tombstone %s: %w", id, translate(ctx, err))
+	}
+	return t, nil
+}
+
+// prefetchTombstones reads the tombstones of the prefetched ids that have
+// no reservation row in statements of up to prefetchChunk ids, so that a
+// batch of new reserves looks its tombstones up in one statement, not one
+// each.
+func (tx *Tx) prefetchTombstones(ctx context.Context, ids []string, found map[string]*ledger.Reservation) error {
+	var missing []string
+	for _, id := range ids {
+		if found[id] == nil {
+			missing = append(missing, id)
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	tombs := make(map[string]*ledger.Tombstone, len(missing))
+	st, err := tx.w.stmt(stmtCtx(ctx), tombstonePrefetchSQL)
+	if err != nil {
+		return fmt.Errorf("prefetch tombstones: %w", tx.err(ctx, err))
+	}
+	args := make([]any, prefetchChunk)
+	for start := 0; start < len(missing); start += prefetchChunk {
+		chunk := missing[start:min(start+prefetchChunk, len(missing))]
+		for i := range args {
+			args[i] = chunk[min(i, len(chunk)-1)] // IN ignores repeats
+		}
+		err := tx.w.query(stmtCtx(ctx), st, args, func(sc scanner) error {
+			t, err := scanTombstone(sc)
+			if err != nil {
+				return err
+			}
+			tombs[t.ID] = &t
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("prefetch tombstones: %w", tx.err(ctx, err))
+		}
+	}
+	for _, id := range missing {
+		if _, ok := tombs[id]; !ok {
+			tombs[id] = nil
+		}
+	}
+	tx.tombs = tombs
+	return nil
+}
+
+var tombstonePrefetchSQL = "SELECT " + tombstoneCols + " FROM tombstones WHERE id IN (" + params(prefetchChunk) + ")"

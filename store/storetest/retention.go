@@ -1,0 +1,334 @@
+package storetest
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+)
+
+// retentionCases are the retention checks, run by Run.
+var retentionCases = []struct {
+	name string
+	f    func(t *testing.T, s store.Store)
+}{
+	{"Retention", testRetention},
+	{"RetentionConcurrentReplicas", testRetentionConcurrent},
+	{"TombstoneDuplicate", testTombstoneDuplicate},
+}
+
+// retentionWorld publishes one policy and drives reservations into every
+// state through the ledger: settled "s" (with debt), released "r",
+// expired "x", and live ones: RESERVED "h", STARTED "g", USAGE_UNKNOWN "u".
+// It returns the time after the last command and the account's key.
+func retentionWorld(t *testing.T, s store.Store, now time.Time) (time.Time, ledger.AccountKey) {
+	t.Helper()
+	ctx := context.Background()
+	key := ledger.PolicyKey{Subject: "tenant-r", Route: "chat", Region: "eu"}
+	policy := ledger.Policy{
+		Key:        key,
+		Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: 1000, RefillUnits: 1, RefillInterval: time.Hour, MaxOverdraft: 500}},
+		HoldTTL:    30 * time.Second,
+	}.WithDefaults()
+	run := func(cmd *ledger.Command, want State) ledger.Result {
+		t.Helper()
+		res, err := apply(ctx, s, cmd, now)
+		if err != nil || res.Err != nil || want != 0 && res.Reservation.State != ledger.State(want) {
+			t.Fatalf("%s %s at %s: %+v, %v", cmd.Kind, cmd.ReservationID, now, res, err)
+		}
+		now = now.Add(time.Second)
+		return res
+	}
+	res := run(&ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &policy}, 0)
+	reserve := func(id string, units ledger.Units) {
+		run(&ledger.Command{Kind: ledger.KindReserve, ReservationID: id, RequestDigest: "sha256:" + id,
+			Subject: key.Subject, Route: key.Route, Region: key.Region, Units: ledger.Amounts{units}}, State(ledger.StateReserved))
+	}
+	for _, id := range []string{"x", "s", "r", "h", "g", "u"} {
+		reserve(id, 100)
+	}
+	run(&ledger.Command{Kind: ledger.KindStart, ReservationID: "s", OperationID: "op-s"}, State(ledger.StateStarted))
+	run(&ledger.Command{Kind: ledger.KindStart, ReservationID: "g", OperationID: "op-g"}, State(ledger.StateStarted))
+	run(&ledger.Command{Kind: ledger.KindStart, ReservationID: "u", OperationID: "op-u"}, State(ledger.StateStarted))
+	run(&ledger.Command{Kind: ledger.KindMarkUsageUnknown, ReservationID: "u"}, State(ledger.StateUsageUnknown))
+	now = now.Add(time.Minute) // x's hold runs out
+	run(&ledger.Command{Kind: ledger.KindExpireClaim, ReservationID: "x"}, State(ledger.StateExpiring))
+	run(&ledger.Command{Kind: ledger.KindExpire, ReservationID: "x"}, State(ledger.StateExpired))
+	run(&ledger.Command{Kind: ledger.KindSettle, ReservationID: "s", OperationID: "op-s", Units: ledger.Amounts{700}}, State(ledger.StateSettledWithDebt))
+	run(&ledger.Command{Kind: ledger.KindRelease, ReservationID: "r"}, State(ledger.StateReleased))
+	return now, ledger.AccountKey{Subject: key.Subject, Route: key.Route, Region: key.Region, Generation: res.Generation}
+}
+
+// State is a ledger.State usable as "no expectation" at zero.
+type State = ledger.State
+
+func auditClean(t *testing.T, s store.Store) *ledger.Snapshot {
+	t.Helper()
+	snap, err := s.Snapshot(context.Background())
+	if err != nil {
+		t.Fatalf("snapshot: %v", err)
+	}
+	for _, d := range ledger.Audit(snap) {
+		t.Errorf("audit: %s", d)
+	}
+	return snap
+}
+
+// testRetention: ReservationsFinished finds exactly the terminal rows due,
+// in finish order, in pages; retire removes them, leaves tombstones and
+// retained totals the audit adds up; every later command on a removed id
+// is answered from its tombstone and debits nothing; live reservations are
+// never removed; TombstonesDue and forget end the tombstones.
+func testRetention(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	start := time.Date(2026, 7, 19, 14, 0, 0, 0, time.UTC)
+	now, key := retentionWorld(t, s, start)
+	if _, err := s.ReservationsFinished(ctx, now, 0); err == nil {
+		t.Error("ReservationsFinished with limit 0: no error")
+	}
+	ids, err := s.ReservationsFinished(ctx, now, 10)
+	sameIDs(t, "finished reservations", ids, []string{"x", "s", "r"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ := s.ReservationsFinished(ctx, now, 2)
+	sameIDs(t, "first page", page, []string{"x", "s"})
+	x, _ := s.ReservationGet(ctx, "x")
+	cut, _ := s.ReservationsFinished(ctx, x.FinishedAt, 10)
+	sameIDs(t, "finished at or before x", cut, []string{"x"})
+	early, _ := s.ReservationsFinished(ctx, x.FinishedAt.Add(-time.Nanosecond), 10)
+	sameIDs(t, "finished before x", early, []string(nil))
+
+	before, _ := s.AccountGet(ctx, key)
+	settled, _ := s.ReservationGet(ctx, "s")
+	for _, id := range []string{"h", "g", "u"} {
+		res, err := apply(ctx, s, &ledger.Command{Kind: ledger.KindRetire, ReservationID: id, Before: now}, now)
+		if err != nil || !errors.Is(res.Err, ledger.ErrReservationNotFinished) {
+			t.Fatalf("retire of live %s: %+v, %v", id, res, err)
+		}
+	}
+	for _, id := range ids {
+		res, err := apply(ctx, s, &ledger.Command{Kind: ledger.KindRetire, ReservationID: id, Before: now}, now)
+		if err != nil || res.Err != nil || res.Replayed || !res.Reservation.Retired {
+			t.Fatalf("retire %s: %+v, %v", id, res, err)
+		}
+		_, err = s.ReservationGet(ctx, id)
+		mustNotFound(t, "retired reservation "+id, err)
+	}
+	tomb, err := s.TombstoneGet(ctx, "s")
+	same(t, "tombstone", tomb, ledger.Tombstone{ID: "s", RequestDigest: "sha256:s", Account: key,
+		State: ledger.StateSettledWithDebt, FinishedAt: settled.FinishedAt})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.TombstoneGet(ctx, "h")
+	mustNotFound(t, "tombstone of a live reservation", err)
+	left, _ := s.ReservationsFinished(ctx, now, 10)
+	sameIDs(t, "finished after retention", left, []string(nil))
+	snap := auditClean(t, s)
+	same(t, "retained", snap.Retained, []ledger.Retained{{Account: key, Reservations: 3,
+		Spent: settled.Actual, Overdraft: settled.Overdraft}})
+	for _, r := range snap.Reservations {
+		if r.State.Terminal() {
+			t.Errorf("terminal %s still in the snapshot", r.ID)
+		}
+	}
+
+	// Replays from the tombstones change nothing.
+	later := now.Add(time.Hour)
+	reserve := &ledger.Command{Kind: ledger.KindReserve, ReservationID: "s", RequestDigest: "sha256:s",
+		Subject: key.Subject, Route: key.Route, Region: key.Region, Units: ledger.Amounts{100}}
+	res, err := apply(ctx, s, reserve, later)
+	if err != nil || res.Err != nil || !res.Replayed || !res.Reservation.Retired || res.Reservation.State != ledger.StateSettledWithDebt {
+		t.Fatalf("reserve replay from the tombstone: %+v, %v", res, err)
+	}
+	res, _ = apply(ctx, s, &ledger.Command{Kind: ledger.KindSettle, ReservationID: "s", OperationID: "op-s", Units: ledger.Amounts{700}}, later)
+	if !errors.Is(res.Err, ledger.ErrReservationAlreadySettled) || !errors.Is(res.Err, ledger.ErrReservationRetired) {
+		t.Fatalf("settle replay from the tombstone: %+v", res)
+	}
+	res, _ = apply(ctx, s, &ledger.Command{Kind: ledger.KindRelease, ReservationID: "r"}, later)
+	if res.Err != nil || !res.Replayed || !res.Reservation.Retired {
+		t.Fatalf("release replay from the tombstone: %+v", res)
+	}
+	res, _ = apply(ctx, s, &ledger.Command{Kind: ledger.KindRetire, ReservationID: "x", Before: later}, later)
+	if res.Err != nil || !res.Replayed {
+		t.Fatalf("second retire: %+v", res)
+	}
+	// The same replay in a batch whose reservations are prefetched (the
+	// engine's path): the prefetch must not hide the tombstone.
+	batch := []ledger.Command{*reserve, {Kind: ledger.KindRelease, ReservationID: "r"}}
+	results := applyPrefetched(t, s, batch, later)
+	if results[0].Err != nil || !results[0].Replayed || !results[0].Reservation.Retired ||
+		results[1].Err != nil || !results[1].Replayed || !results[1].Reservation.Retired {
+		t.Fatalf("prefetched batch of replays from tombstones: %+v", results)
+	}
+	after, _ := s.AccountGet(ctx, key)
+	if after.Balances != before.Balances {
+		t.Fatalf("retention or a replay changed the account: %+v -> %+v", before.Balances, after.Balances)
+	}
+	auditClean(t, s)
+
+	// Tombstones end past the horizon, in finish order.
+	if _, err := s.TombstonesDue(ctx, later, 0); err == nil {
+		t.Error("TombstonesDue with limit 0: no error")
+	}
+	due, err := s.TombstonesDue(ctx, later, 10)
+	sameIDs(t, "tombstones due", due, []string{"x", "s", "r"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	due, _ = s.TombstonesDue(ctx, x.FinishedAt, 10)
+	sameIDs(t, "tombstones due at x", due, []string{"x"})
+	for _, id := range []string{"x", "s", "r"} {
+		res, err := apply(ctx, s, &ledger.Command{Kind: ledger.KindForget, ReservationID: id, Before: later}, later)
+		if err != nil || res.Err != nil {
+			t.Fatalf("forget %s: %+v, %v", id, res, err)
+		}
+		_, err = s.TombstoneGet(ctx, id)
+		mustNotFound(t, "forgotten tombstone "+id, err)
+	}
+	due, _ = s.TombstonesDue(ctx, later, 10)
+	sameIDs(t, "tombstones after forget", due, []string(nil))
+	// Past the horizon the id is new: the retained totals still hold the
+	// usage, so the audit stays clean after it is admitted again.
+	reserve.RequestDigest = "sha256:s2"
+	res, err = apply(ctx, s, reserve, later.Add(10*time.Hour))
+	if err != nil || res.Replayed || res.Reservation.Retired {
+		t.Fatalf("reserve of a forgotten id: %+v, %v", res, err)
+	}
+	auditClean(t, s)
+}
+
+// testRetentionConcurrent: replicas retiring the same reservations at once
+// remove each once, count it once in the retained totals, and every
+// retire answers success or a replay.
+func testRetentionConcurrent(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	now, key := retentionWorld(t, s, time.Date(2026, 7, 19, 14, 0, 0, 0, time.UTC))
+	ids, err := s.ReservationsFinished(ctx, now, 10)
+	if err != nil || len(ids) != 3 {
+		t.Fatalf("finished: %v, %v", ids, err)
+	}
+	const replicas = 4
+	var wg sync.WaitGroup
+	results := make([][]ledger.Result, replicas)
+	errs := make([]error, replicas)
+	for i := range replicas {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for _, id := range ids {
+				res, err := apply(ctx, s, &ledger.Command{Kind: ledger.KindRetire, ReservationID: id, Before: now}, now)
+				if err != nil {
+					errs[i] = err
+					return
+				}
+				results[i] = append(results[i], res)
+			}
+		}()
+	}
+	wg.Wait()
+	removed := 0
+	for i := range replicas {
+		if errs[i] != nil {
+			t.Fatalf("replica %d: %v", i, errs[i])
+		}
+		for _, res := range results[i] {
+			switch {
+			case res.Err != nil:
+				t.Fatalf("replica %d: %+v", i, res)
+			case !res.Replayed:
+				removed++
+			}
+		}
+	}
+	if removed != len(ids) {
+		t.Fatalf("%d removals for %d reservations", removed, len(ids))
+	}
+	snap := auditClean(t, s)
+	if len(snap.Retained) != 1 || snap.Retained[0].Account != key || snap.Retained[0].Reservations != int64(len(ids)) {
+		t.Fatalf("retained %+v", snap.Retained)
+	}
+}
+
+// testTombstoneDuplicate: a second tombstone for an id is ErrDuplicate and
+// the transaction leaves nothing.
+func testTombstoneDuplicate(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	tomb := ledger.Tombstone{ID: "dup", RequestDigest: "sha256:dup", Account: ledger.AccountKey{Subject: "a", Route: "b", Region: "c", Generation: 1},
+		State: ledger.StateReleased, FinishedAt: time.Date(2026, 7, 19, 14, 0, 0, 0, time.UTC)}
+	commit(t, s, &store.Changes{Retention: store.RetentionChanges{Tombstones: []ledger.Tombstone{tomb}}})
+	tx, err := s.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	other := tomb
+	other.ID = "dup-2"
+	err = tx.Write(ctx, &store.Changes{Retention: store.RetentionChanges{Tombstones: []ledger.Tombstone{other, tomb}}})
+	if err == nil {
+		err = tx.Commit(ctx)
+	}
+	if !errors.Is(err, store.ErrDuplicate) {
+		t.Fatalf("second tombstone: %v, want ErrDuplicate", err)
+	}
+	tx.Rollback(ctx)
+	_, err = s.TombstoneGet(ctx, "dup-2")
+	mustNotFound(t, "tombstone of the failed transaction", err)
+	got, err := s.TombstoneGet(ctx, "dup")
+	same(t, "first tombstone", got, tomb)
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// sameIDs compares id lists; no ids may be nil or empty.
+func sameIDs(t *testing.T, what string, got, want []string) {
+	t.Helper()
+	if !slices.Equal(got, want) {
+		t.Errorf("%s: got %q, want %q", what, got, want)
+	}
+}
+
+// applyPrefetched runs cmds in one transaction as the engine does,
+// prefetching their reservations when the store can.
+func applyPrefetched(t *testing.T, s store.Store, cmds []ledger.Command, now time.Time) []ledger.Result {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := s.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if p, ok := tx.(store.Prefetcher); ok {
+		var ids []string
+		for i := range cmds {
+			ids = append(ids, cmds[i].ReservationID)
+		}
+		if err := p.ReservationsPrefetch(ctx, ids); err != nil {
+			t.Fatalf("prefetch: %v", err)
+		}
+	}
+	book := store.NewBook(ctx, tx, len(cmds))
+	results := make([]ledger.Result, len(cmds))
+	for i := range cmds {
+		results[i] = ledger.Apply(book, &cmds[i], now)
+	}
+	if err := book.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if c := book.Changes(); !c.Empty() {
+		if err := tx.Write(ctx, c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return results
+}
