@@ -12,7 +12,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
-	"os"
 	"runtime"
 	"runtime/debug"
 	"slices"
@@ -112,6 +111,7 @@ type benchConfig struct {
 	prefill     bool
 	addrs       []string
 	epochLength time.Duration
+	stderr      io.Writer
 	// conn is the connection flags: the SDK client for the ledger modes,
 	// the address alone for the baselines.
 	conn *clientFlags
@@ -180,6 +180,7 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		}
 	}
 	cfg.conn = &cf
+	cfg.stderr = e.stderr
 	defer benchRuntime(e, cfg.concurrency)()
 
 	var op func(ctx context.Context, w *benchWorker) (units int, err error)
@@ -359,7 +360,7 @@ func prefillSubjects(ctx context.Context, cfg *benchConfig, c *client.Client) er
 	if p := firstErr.Load(); p != nil {
 		return fmt.Errorf("prefill %d subjects: %w", cfg.subjects, *p)
 	}
-	fmt.Fprintf(os.Stderr, "prefilled %d subjects in %s\n", cfg.subjects, time.Since(started).Round(time.Millisecond))
+	fmt.Fprintf(cfg.stderr, "prefilled %d subjects in %s\n", cfg.subjects, time.Since(started).Round(time.Millisecond))
 	return ctx.Err()
 }
 
