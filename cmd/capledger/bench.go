@@ -12,7 +12,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
-	"os"
 	"runtime"
 	"runtime/debug"
 	"slices"
@@ -119,6 +118,7 @@ type benchConfig struct {
 	addrs       []string
 	epochLength time.Duration
 	envoyDomain string
+	stderr      io.Writer
 	// conn is the connection flags: the SDK client for the ledger modes,
 	// the address alone for the baselines.
 	conn *clientFlags
@@ -188,6 +188,7 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		}
 	}
 	cfg.conn = &cf
+	cfg.stderr = e.stderr
 	defer benchRuntime(e, cfg.concurrency)()
 
 	var op func(ctx context.Context, w *benchWorker) (units int, err error)
@@ -369,7 +370,7 @@ func prefillSubjects(ctx context.Context, cfg *benchConfig, c *client.Client) er
 	if p := firstErr.Load(); p != nil {
 		return fmt.Errorf("prefill %d subjects: %w", cfg.subjects, *p)
 	}
-	fmt.Fprintf(os.Stderr, "prefilled %d subjects in %s\n", cfg.subjects, time.Since(started).Round(time.Millisecond))
+	fmt.Fprintf(cfg.stderr, "prefilled %d subjects in %s\n", cfg.subjects, time.Since(started).Round(time.Millisecond))
 	return ctx.Err()
 }
 

@@ -132,3 +132,38 @@ func TestBenchGubernatorRequest(t *testing.T) {
 		t.Fatalf("an OVER_LIMIT answer was not reported:\n%s", out)
 	}
 }
+
+// --subjects N prefills an account for every subject before it measures,
+// and --addrs spreads the callers over several servers.
+func TestBenchPrefillAndAddrs(t *testing.T) {
+	first, second := startInProcess(t), startInProcess(t)
+	code, out, errOut := cli(t, first, "bench", "--concurrency", "4", "--duration", "200ms", "--warmup", "0s",
+		"--progress=false", "--subjects", "600")
+	wantExit(t, exitOK, code, out, errOut)
+	if !strings.Contains(errOut, "prefilled 600 subjects") {
+		t.Fatalf("no prefill report:\n%s", errOut)
+	}
+	code, out, errOut = cli(t, first, "account", "--subject", "bench-599", "--route", "bench.reserve")
+	wantExit(t, exitOK, code, out, errOut)
+
+	// Servers of their own stores here (replicas would share one): the
+	// bench policy is published through the first address only, so the
+	// second lacks it and its callers' errors are counted by reason.
+	code, out, errOut = cli(t, first, "bench", "--addrs", first+","+second, "--concurrency", "4", "--duration", "300ms",
+		"--warmup", "0s", "--progress=false", "--subjects", "1")
+	wantExit(t, exitOK, code, out, errOut)
+	if benchRow(t, out, "errors") == "0" || benchRow(t, out, "errors NO_POLICY") != benchRow(t, out, "errors") {
+		t.Fatalf("want the second server's NO_POLICY errors, counted by reason:\n%s", out)
+	}
+	code, out, errOut = cli(t, second, "bench", "--concurrency", "1", "--duration", "50ms", "--warmup", "0s", "--progress=false")
+	wantExit(t, exitOK, code, out, errOut)
+	code, out, errOut = cli(t, first, "bench", "--addrs", first+","+second, "--concurrency", "4", "--duration", "300ms",
+		"--warmup", "0s", "--progress=false", "--subjects", "1")
+	wantExit(t, exitOK, code, out, errOut)
+	if e := benchRow(t, out, "errors"); e != "0" {
+		t.Fatalf("errors %s:\n%s", e, out)
+	}
+	// Both servers served reserves: the second has the hot subject's account.
+	code, out, errOut = cli(t, second, "account", "--subject", "bench-0", "--route", "bench.reserve")
+	wantExit(t, exitOK, code, out, errOut)
+}
