@@ -457,33 +457,11 @@ func (s *Store) Snapshot(ctx context.Context) (*ledger.Snapshot, error) {
 		return nil, s.c.classify("snapshot: begin", err, false)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	snap := &ledger.Snapshot{JournalComplete: true}
-	if snap.Policies, err = s.policyList(ctx, tx); err != nil {
-		return nil, fmt.Errorf("snapshot: %w", err)
-	}
-	rows, err := tx.Query(ctx, accountSelect+` ORDER BY a.subject, a.route, a.region, a.generation, t.dim`)
+	snap, err := s.snapshotRows(ctx, tx)
 	if err != nil {
-		return nil, s.c.classify("snapshot: accounts", err, false)
-	}
-	if snap.Accounts, _, err = scanAccounts(rows); err != nil {
-		return nil, s.c.classify("snapshot: accounts", err, false)
-	}
-	if snap.Reservations, err = s.reservationList(ctx, tx); err != nil {
-		return nil, fmt.Errorf("snapshot: %w", err)
-	}
-	if snap.Moves, err = s.moveList(ctx, tx); err != nil {
-		return nil, fmt.Errorf("snapshot: %w", err)
-	}
-	if snap.Shards, err = s.shardList(ctx, tx); err != nil {
-		return nil, fmt.Errorf("snapshot: %w", err)
-	}
-	if snap.Statements, err = s.statementList(ctx, tx); err != nil {
-		return nil, fmt.Errorf("snapshot: %w", err)
+		return nil, err
 	}
 	if snap.Journal, err = s.journalList(ctx, tx); err != nil {
-		return nil, fmt.Errorf("snapshot: %w", err)
-	}
-	if snap.Retained, err = s.retainedList(ctx, tx); err != nil {
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}
 	if err := tx.Commit(ctx); err != nil {

@@ -420,38 +420,51 @@ func (s *Store) statementList(ctx context.Context, q querier) ([]ledger.Statemen
 }
 
 func (s *Store) journalList(ctx context.Context, q querier) ([]ledger.JournalEntry, error) {
+	var out []ledger.JournalEntry
+	err := s.journalEach(ctx, q, func(e *ledger.JournalEntry) error {
+		out = append(out, *e)
+		return nil
+	})
+	return out, err
+}
+
+// journalEach calls yield with every journal entry in order (the entry is
+// valid only during the call) and returns the first error.
+func (s *Store) journalEach(ctx context.Context, q querier, yield func(*ledger.JournalEntry) error) error {
 	rows, err := q.Query(ctx, `SELECT subject, route, region, generation, at, kind,
 		reservation_id, from_state, to_state, receipt_id, delta FROM journal ORDER BY seq`)
 	if err != nil {
-		return nil, s.c.classify("journal", err, false)
+		return s.c.classify("journal", err, false)
 	}
 	defer rows.Close()
-	var out []ledger.JournalEntry
+	var e ledger.JournalEntry
 	for rows.Next() {
 		var (
-			e              ledger.JournalEntry
 			conv           codec.Conv
 			generation, at int64
 			kind, from, to int16
 			delta          []byte
 		)
+		e = ledger.JournalEntry{}
 		if err := rows.Scan(&e.Account.Subject, &e.Account.Route, &e.Account.Region, &generation, &at, &kind,
 			&e.ReservationID, &from, &to, &e.ReceiptID, &delta); err != nil {
-			return nil, s.c.classify("journal", err, false)
+			return s.c.classify("journal", err, false)
 		}
 		e.Account.Generation = conv.Uint(generation)
 		e.At = conv.Time(at)
 		e.Kind = conv.Kind(int64(kind))
 		e.From, e.To = conv.State(int64(from)), conv.State(int64(to))
 		if err := conv.Err(); err != nil {
-			return nil, fmt.Errorf("journal: %w", err)
+			return fmt.Errorf("journal: %w", err)
 		}
 		d, err := codec.DecodeBalances(delta)
 		if err != nil {
-			return nil, fmt.Errorf("journal: %w", err)
+			return fmt.Errorf("journal: %w", err)
 		}
 		e.Delta = d
-		out = append(out, e)
+		if err := yield(&e); err != nil {
+			return err
+		}
 	}
-	return out, s.c.classify("journal", rows.Err(), false)
+	return s.c.classify("journal", rows.Err(), false)
 }

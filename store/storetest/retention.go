@@ -20,6 +20,7 @@ var retentionCases = []struct {
 	{"Retention", testRetention},
 	{"RetentionConcurrentReplicas", testRetentionConcurrent},
 	{"TombstoneDuplicate", testTombstoneDuplicate},
+	{"SnapshotStreaming", testSnapshotStreaming},
 }
 
 // retentionWorld publishes one policy and drives reservations into every
@@ -331,4 +332,58 @@ func applyPrefetched(t *testing.T, s store.Store, cmds []ledger.Command, now tim
 		t.Fatal(err)
 	}
 	return results
+}
+
+// snapshotStreamer is the optional streaming snapshot (engine.SnapshotStreamer).
+type snapshotStreamer interface {
+	SnapshotStreaming(ctx context.Context, f func(*ledger.Snapshot) error) error
+}
+
+// testSnapshotStreaming: a store that streams its journal to the audit
+// streams exactly Snapshot's journal, in order, with the same other rows.
+func testSnapshotStreaming(t *testing.T, s store.Store) {
+	ss, ok := s.(snapshotStreamer)
+	if !ok {
+		t.Skip("the store has no streaming snapshot")
+	}
+	ctx := context.Background()
+	now, _ := retentionWorld(t, s, time.Date(2026, 7, 19, 14, 0, 0, 0, time.UTC))
+	ids, _ := s.ReservationsFinished(ctx, now, 1)
+	for _, id := range ids {
+		if _, err := apply(ctx, s, &ledger.Command{Kind: ledger.KindRetire, ReservationID: id, Before: now}, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := s.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got *ledger.Snapshot
+	var journal []ledger.JournalEntry
+	err = ss.SnapshotStreaming(ctx, func(snap *ledger.Snapshot) error {
+		got = snap
+		if snap.Journal != nil || snap.JournalStream == nil {
+			t.Errorf("streaming snapshot holds a journal of %d entries, stream %v", len(snap.Journal), snap.JournalStream != nil)
+			return nil
+		}
+		return snap.JournalStream(func(e *ledger.JournalEntry) error {
+			journal = append(journal, *e)
+			return nil
+		})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	same(t, "streamed journal", journal, want.Journal)
+	same(t, "streamed accounts", got.Accounts, want.Accounts)
+	same(t, "streamed reservations", got.Reservations, want.Reservations)
+	same(t, "streamed retained", got.Retained, want.Retained)
+	stop := errors.New("stop")
+	n := 0
+	err = ss.SnapshotStreaming(ctx, func(snap *ledger.Snapshot) error {
+		return snap.JournalStream(func(*ledger.JournalEntry) error { n++; return stop })
+	})
+	if !errors.Is(err, stop) || n != 1 {
+		t.Fatalf("a yield error: %v after %d entries, want it back after 1", err, n)
+	}
 }
