@@ -246,6 +246,43 @@ func (s *FileOperationStore) Unknown() ([]OperationRecord, error) {
 	return out, nil
 }
 
+// Prune removes the final records (finished, never started) last written
+// before before, and returns how many it removed; records that are
+// starting, running or unknown are never removed, since the resolver may
+// still ask for them. Without it the directory grows by one small file
+// per operation for good: call it periodically with a horizon longer than
+// the ledger's resolver could still ask about settled work, i.e. at least
+// the longest unknownDeadline of the server's resolver config (an hour or
+// a day is typical). A pruned operation the resolver asks about answers
+// "unknown" (404), which keeps its capacity held, never refunds it.
+func (s *FileOperationStore) Prune(before time.Time) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	entries, err := os.ReadDir(s.dir)
+	if err != nil {
+		return 0, fmt.Errorf("operation store: %w", err)
+	}
+	removed := 0
+	for _, e := range entries {
+		if !strings.HasSuffix(e.Name(), ".json") {
+			continue
+		}
+		path := filepath.Join(s.dir, e.Name())
+		rec, err := s.read(path)
+		if err != nil {
+			return removed, err
+		}
+		if !final(rec.Status) || !rec.UpdatedAt.Before(before) {
+			continue
+		}
+		if err := os.Remove(path); err != nil {
+			return removed, fmt.Errorf("operation store: %w", err)
+		}
+		removed++
+	}
+	return removed, nil
+}
+
 // Finish records that an operation ended with actual units: a gateway
 // that learned them after a restart lets the resolver settle with them.
 func Finish(ctx context.Context, s OperationStore, reservationID, operationID string, actual Units) error {

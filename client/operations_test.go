@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/capledger/capledger/api/opstatus"
 )
@@ -131,4 +132,40 @@ func TestRunRecordsOperationsAndTheHandlerAnswersFromThem(t *testing.T) {
 		t.Fatalf("unknown work: %+v %v, want unknown", got, err)
 	}
 	l.audit(t)
+}
+
+// Prune removes old final records only: work that is starting, running or
+// unknown stays answerable, and so does a final record newer than the
+// horizon.
+func TestOperationStorePruneRemovesOnlyOldFinalRecords(t *testing.T) {
+	ctx := context.Background()
+	s, err := OpenOperationStore(filepath.Join(t.TempDir(), "ops"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	recent := old.Add(48 * time.Hour)
+	for _, r := range []OperationRecord{
+		{OperationID: "op-old-done", Status: OperationFinished, ActualUnits: Units{"tokens": 3}, UpdatedAt: old},
+		{OperationID: "op-old-never", Status: OperationNeverStarted, UpdatedAt: old},
+		{OperationID: "op-old-running", Status: OperationRunning, UpdatedAt: old},
+		{OperationID: "op-old-unknown", Status: OperationUnknown, UpdatedAt: old},
+		{OperationID: "op-old-starting", Status: OperationStarting, UpdatedAt: old},
+		{OperationID: "op-recent-done", Status: OperationFinished, ActualUnits: Units{"tokens": 4}, UpdatedAt: recent},
+	} {
+		r.ReservationID = "rsv-" + r.OperationID
+		if err := s.Put(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	removed, err := s.Prune(old.Add(24 * time.Hour))
+	if err != nil || removed != 2 {
+		t.Fatalf("Prune: removed %d, %v; want the 2 old final records", removed, err)
+	}
+	for op, want := range map[string]bool{"op-old-done": false, "op-old-never": false, "op-old-running": true,
+		"op-old-unknown": true, "op-old-starting": true, "op-recent-done": true} {
+		if _, ok, err := s.Get(ctx, op); err != nil || ok != want {
+			t.Errorf("%s after Prune: present %v (%v), want %v", op, ok, err, want)
+		}
+	}
 }

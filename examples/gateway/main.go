@@ -257,6 +257,14 @@ func openOperations(dir, secretFile string) (*client.FileOperationStore, []byte,
 	if err != nil {
 		return nil, nil, err
 	}
+	// Final records older than a day are no longer needed by the
+	// resolver (longer than any unknownDeadline this demo configures);
+	// without pruning the directory grows by a file per operation.
+	if n, err := ops.Prune(time.Now().Add(-24 * time.Hour)); err != nil {
+		return nil, nil, err
+	} else if n > 0 {
+		log.Printf("pruned %d finished operation records older than 24h", n)
+	}
 	unknown, err := ops.Unknown()
 	if err != nil {
 		return nil, nil, err
