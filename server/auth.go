@@ -53,12 +53,20 @@ var viewerMay = map[string]bool{
 	capledgerv1connect.ShardServiceGetShardProcedure:          true,
 	capledgerv1connect.ShardServiceListShardsProcedure:        true,
 	capledgerv1connect.ShardServiceListShardKeysProcedure:     true,
+	// The console's reads (console.proto).
+	capledgerv1connect.ConsoleServiceGetOverviewProcedure:          true,
+	capledgerv1connect.ConsoleServiceListAccountStandingsProcedure: true,
+	capledgerv1connect.ConsoleServiceGetFairnessProcedure:          true,
 }
 
 // gatewayMayNot are the procedures beyond adminOnly a gateway may not call.
 var gatewayMayNot = map[string]bool{
 	capledgerv1connect.LedgerServiceListUsageUnknownProcedure: true,
 	capledgerv1connect.LedgerServiceListDebtsProcedure:        true,
+	// The ConsoleService spans tenants like the lists above.
+	capledgerv1connect.ConsoleServiceGetOverviewProcedure:          true,
+	capledgerv1connect.ConsoleServiceListAccountStandingsProcedure: true,
+	capledgerv1connect.ConsoleServiceGetFairnessProcedure:          true,
 }
 
 // RoleMay reports whether role may call procedure (a full procedure name,

@@ -104,6 +104,8 @@ type Server struct {
 	mux     *http.ServeMux
 	options []connect.HandlerOption
 	ready   func(ctx context.Context) (string, error)
+	// console counts what the ConsoleService reports beyond the metrics.
+	console *consoleCounters
 }
 
 // New returns a server over l.
@@ -129,6 +131,7 @@ func New(l Ledger, cfg Config) *Server {
 		resolver: cfg.Resolver,
 		clock:    cfg.Clock,
 		ready:    cfg.ReadyCheck,
+		console:  &consoleCounters{},
 	}
 	s.metrics.registerEngine(l)
 	s.metrics.registerLeader(l)
@@ -148,10 +151,12 @@ func New(l Ledger, cfg Config) *Server {
 	if cfg.Tokens != nil {
 		options = append(options, connect.WithInterceptors(authInterceptor(cfg.Tokens)))
 	}
+	options = append(options, connect.WithInterceptors(s.console.observe()))
 	path, service := capledgerv1connect.NewLedgerServiceHandler(s, options...)
 	mux := http.NewServeMux()
 	mountProcedures(mux, path, service, v1.File_capledger_v1_capledger_proto.Services().ByName("LedgerService"))
 	registerShardService(mux, s, cfg.Shards, options)
+	registerConsoleService(mux, s, options)
 	mux.HandleFunc("GET /healthz", s.healthz)
 	mux.HandleFunc("GET /readyz", s.readyz)
 	mux.HandleFunc("GET /statusz", s.statusz)

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/capledger/capledger/console"
 	"github.com/capledger/capledger/engine"
 	"github.com/capledger/capledger/envoyrls"
 	"github.com/capledger/capledger/server"
@@ -29,7 +30,8 @@ const serveHelp = `Usage: capledger serve [flags]
 
 Serve runs the ledger: the LedgerService API as gRPC, gRPC-Web and
 Connect/JSON over HTTP/1.1 and cleartext HTTP/2 on one port, plus /healthz,
-/readyz, /statusz (JSON: readiness, worker lease) and /metrics (Prometheus). With no flags it needs no configuration:
+/readyz, /statusz (JSON: readiness, worker lease), /metrics (Prometheus) and
+the operator console at /ui (docs/CONSOLE.md). With no flags it needs no configuration:
 it keeps its data in an embedded SQLite database under ./capledger-data and
 listens on 127.0.0.1:7070. Several replicas share one PostgreSQL with
 --store postgres://...
@@ -247,6 +249,11 @@ func runServe(ctx context.Context, e *env, args []string) error {
 		srvCfg.Resolver = eng
 	}
 	srv := server.New(eng, srvCfg)
+	// The operator console: static files; every number on it comes from
+	// the API above, called with the operator's token.
+	ui := console.Handler()
+	srv.Mount("/ui", ui)
+	srv.Mount(console.Prefix, ui)
 	if envoyConfig != nil {
 		envoyrls.New(srv, envoyConfig, log).Mount()
 		log.Info("serving Envoy's rate limit service", "procedure", envoyrls.Procedure, "domains", len(envoyConfig.Domains))

@@ -1,0 +1,583 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	v1 "github.com/capledger/capledger/api/capledger/v1"
+)
+
+// The console's browser tests: a real `capledger serve` on a real socket,
+// real traffic through the JSON API (a 429, a debt, a USAGE_UNKNOWN, a
+// shard), and headless Chromium loading every page of /ui. Each page's
+// numbers are compared with what the API answers the same token, the
+// browser's console must stay free of errors and exceptions, and a
+// screenshot of every page is saved (CAPLEDGER_TEST_ARTIFACTS, or a
+// directory under the system's temp dir; never in the tree).
+//
+// Without a Chromium binary the tests skip, unless CAPLEDGER_TEST_BROWSER=1
+// (set by .ci/run) turns the skip into a failure.
+
+const (
+	consoleAdminToken  = "console-admin-token-0001"
+	consoleViewerToken = "console-viewer-token-0001"
+	consoleScopedToken = "console-scoped-token-0001"
+)
+
+// chromiumPath returns the browser to drive, or skips (fails under
+// CAPLEDGER_TEST_BROWSER=1) when there is none.
+func chromiumPath(t *testing.T) string {
+	t.Helper()
+	candidates := []string{os.Getenv("CAPLEDGER_CHROMIUM"), "chromium", "chromium-browser", "google-chrome", "headless-shell"}
+	for _, c := range candidates {
+		if c == "" {
+			continue
+		}
+		if p, err := exec.LookPath(c); err == nil {
+			return p
+		}
+	}
+	msg := "no Chromium binary (looked for $CAPLEDGER_CHROMIUM, chromium, chromium-browser, google-chrome, headless-shell): install it with `apt-get install chromium` to run the console's browser tests"
+	if os.Getenv("CAPLEDGER_TEST_BROWSER") == "1" {
+		t.Fatal(msg + " (CAPLEDGER_TEST_BROWSER=1 wants them run)")
+	}
+	t.Skip(msg)
+	return ""
+}
+
+// artifactDir is where the screenshots go.
+func artifactDir(t *testing.T) string {
+	dir := os.Getenv("CAPLEDGER_TEST_ARTIFACTS")
+	if dir == "" {
+		dir = filepath.Join(os.TempDir(), "capledger-test-artifacts")
+	}
+	dir = filepath.Join(dir, "console", t.Name())
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// apiCall posts req as Connect JSON to procedure ("Service/Method") with
+// token (none when empty), decodes the answer into resp and returns the
+// HTTP status.
+func apiCall(t *testing.T, base, token, procedure string, req, resp proto.Message) int {
+	t.Helper()
+	body, err := protojson.Marshal(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hr, _ := http.NewRequest(http.MethodPost, base+"/capledger.v1."+procedure, bytes.NewReader(body))
+	hr.Header.Set("Content-Type", "application/json")
+	if token != "" {
+		hr.Header.Set("Authorization", "Bearer "+token)
+	}
+	r, err := http.DefaultClient.Do(hr)
+	if err != nil {
+		t.Fatalf("%s: %v", procedure, err)
+	}
+	defer r.Body.Close()
+	raw, _ := io.ReadAll(r.Body)
+	if r.StatusCode == http.StatusOK && resp != nil {
+		if err := protojson.Unmarshal(raw, resp); err != nil {
+			t.Fatalf("%s: %v: %s", procedure, err, raw)
+		}
+	}
+	return r.StatusCode
+}
+
+// mustCall is apiCall wanting 200.
+func mustCall(t *testing.T, base, token, procedure string, req, resp proto.Message) {
+	t.Helper()
+	if code := apiCall(t, base, token, procedure, req, resp); code != http.StatusOK {
+		t.Fatalf("%s: HTTP %d", procedure, code)
+	}
+}
+
+// consoleTraffic publishes three tenants' policies and makes the traffic
+// the pages show: tenant-a owes debt, tenant-b got a 429 and has a
+// USAGE_UNKNOWN reservation, tenant-c has an emergency shard. Refill is
+// hourly and epochs are long, so nothing changes by itself during the test.
+func consoleTraffic(t *testing.T, base string) {
+	t.Helper()
+	publish := func(subject string, weight int64, emergency bool) {
+		mustCall(t, base, consoleAdminToken, "LedgerService/PublishPolicy", &v1.PublishPolicyRequest{Policy: &v1.Policy{
+			Subject: subject, Route: "chat.generate",
+			Dimensions: []*v1.Dimension{{Unit: "tokens", RefillUnits: 10, RefillInterval: durationpb.New(time.Hour), Burst: 100, MaxOverdraft: 1000}},
+			HoldTtl:    durationpb.New(time.Hour), EpochLength: durationpb.New(8760 * time.Hour), FairnessWeight: weight, EmergencyMode: emergency,
+		}}, &v1.PublishPolicyResponse{})
+	}
+	publish("tenant-a", 1, false)
+	publish("tenant-b", 2, false)
+	publish("tenant-c", 1, true)
+	reserve := func(id, subject string, tokens int64) int {
+		return apiCall(t, base, consoleAdminToken, "LedgerService/Reserve", &v1.ReserveRequest{
+			ReservationId: id, Subject: subject, Route: "chat.generate", Units: map[string]int64{"tokens": tokens},
+		}, &v1.ReserveResponse{})
+	}
+	start := func(id string) {
+		mustCall(t, base, consoleAdminToken, "LedgerService/Start", &v1.StartRequest{ReservationId: id, OperationId: "op-" + id}, &v1.StartResponse{})
+	}
+	// tenant-a: 50 reserved, 200 used: 50 from the hold, 50 from available, 100 debt.
+	if code := reserve("r-a1", "tenant-a", 50); code != http.StatusOK {
+		t.Fatalf("reserve r-a1: HTTP %d", code)
+	}
+	start("r-a1")
+	mustCall(t, base, consoleAdminToken, "LedgerService/Settle", &v1.SettleRequest{
+		ReservationId: "r-a1", OperationId: "op-r-a1", ActualUnits: map[string]int64{"tokens": 200},
+	}, &v1.SettleResponse{})
+	// tenant-b: 80 held, then 50 does not fit (429), then 10 started and unknown.
+	if code := reserve("r-b1", "tenant-b", 80); code != http.StatusOK {
+		t.Fatalf("reserve r-b1: HTTP %d", code)
+	}
+	if code := reserve("r-b2", "tenant-b", 50); code != http.StatusTooManyRequests {
+		t.Fatalf("reserve r-b2: HTTP %d, want 429", code)
+	}
+	if code := reserve("r-b3", "tenant-b", 10); code != http.StatusOK {
+		t.Fatalf("reserve r-b3: HTTP %d", code)
+	}
+	start("r-b3")
+	mustCall(t, base, consoleAdminToken, "LedgerService/MarkUsageUnknown", &v1.MarkUsageUnknownRequest{ReservationId: "r-b3"}, &v1.MarkUsageUnknownResponse{})
+	// tenant-c: one reserve settled exactly, and a shard of 20.
+	if code := reserve("r-c1", "tenant-c", 30); code != http.StatusOK {
+		t.Fatalf("reserve r-c1: HTTP %d", code)
+	}
+	start("r-c1")
+	mustCall(t, base, consoleAdminToken, "LedgerService/Settle", &v1.SettleRequest{
+		ReservationId: "r-c1", OperationId: "op-r-c1", ActualUnits: map[string]int64{"tokens": 30},
+	}, &v1.SettleResponse{})
+	mustCall(t, base, consoleAdminToken, "ShardService/IssueShard", &v1.IssueShardRequest{
+		ShardId: "shard-c1", Subject: "tenant-c", Route: "chat.generate", Units: map[string]int64{"tokens": 20},
+		GatewayId: "gw-1", BootEpoch: 1, Ttl: durationpb.New(time.Hour),
+	}, &v1.IssueShardResponse{})
+	// An audit, so the overview has a last clean audit to show.
+	var audit v1.AuditResponse
+	mustCall(t, base, consoleAdminToken, "LedgerService/Audit", &v1.AuditRequest{}, &audit)
+	if len(audit.Discrepancies) != 0 {
+		t.Fatalf("audit: %v", audit.Discrepancies)
+	}
+}
+
+// browser is one headless Chromium tab with its console collected.
+type browser struct {
+	t    *testing.T
+	ctx  context.Context
+	base string
+
+	mu       sync.Mutex
+	messages []chromedp.ConsoleMessage
+	shots    string
+}
+
+// newBrowser starts headless Chromium with a fresh profile. Everything the
+// tab does is bounded by one generous deadline (the machine may be loaded).
+func newBrowser(t *testing.T, base string) *browser {
+	t.Helper()
+	opts := []chromedp.ExecAllocatorOption{
+		chromedp.ExecPath(chromiumPath(t)),
+		chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun, chromedp.NoDefaultBrowserCheck,
+		chromedp.Flag("disable-quic", true),
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.WindowSize(1000, 800),
+	}
+	deadline, cancelDeadline := context.WithTimeout(context.Background(), 5*time.Minute)
+	alloc, cancelAlloc := chromedp.NewExecAllocator(deadline, opts...)
+	ctx, cancelCtx := chromedp.NewContext(alloc)
+	b := &browser{t: t, ctx: ctx, base: base, shots: artifactDir(t)}
+	messages := chromedp.Console(ctx) // starts the browser
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for m, err := range messages {
+			if err != nil {
+				return
+			}
+			b.mu.Lock()
+			b.messages = append(b.messages, m)
+			b.mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		cancelCtx()
+		cancelAlloc()
+		cancelDeadline()
+		<-done
+		t.Logf("screenshots in %s", b.shots)
+	})
+	return b
+}
+
+func (b *browser) do(actions ...chromedp.Action[chromedp.Void]) {
+	b.t.Helper()
+	if err := chromedp.Do(b.ctx, actions...); err != nil {
+		b.t.Fatalf("browser: %v", err)
+	}
+}
+
+// open shows page (a hash route such as "tenants") and waits until it has
+// rendered an answer of the API; it fails when the page reported an error.
+func (b *browser) open(page string) {
+	b.t.Helper()
+	b.unready()
+	b.eval(fmt.Sprintf("location.hash = %q", "#"+page))
+	b.waitRendered(page)
+}
+
+// unready clears the current page's rendered mark, so waitRendered waits
+// for the next render (an action that re-renders follows).
+func (b *browser) unready() {
+	b.t.Helper()
+	b.eval(`(() => { const m = document.getElementById("main"); if (m) m.removeAttribute("data-ready"); return ""; })()`)
+}
+
+// waitRendered waits until the page of route (a hash route) has rendered,
+// and fails when it reported an error.
+func (b *browser) waitRendered(route string) {
+	b.t.Helper()
+	sel := `main[data-route="` + route + `"][data-ready]`
+	b.do(chromedp.WaitVisible(sel))
+	if failed := b.eval(fmt.Sprintf(`(document.querySelector(%q) || {}).getAttribute?.("data-failed") || ""`, sel)); failed != "" {
+		b.t.Fatalf("page %s failed (%s): %s", route, failed, b.eval(`document.getElementById("error").textContent`))
+	}
+}
+
+// eval evaluates a JavaScript expression that yields a string.
+func (b *browser) eval(expr string) string {
+	b.t.Helper()
+	out, err := chromedp.Run(b.ctx, chromedp.Evaluate[string](expr))
+	if err != nil {
+		b.t.Fatalf("evaluate %s: %v", expr, err)
+	}
+	return out
+}
+
+// text returns the text of the first element sel matches in the current
+// page ("<missing>" when none does), read in one evaluation so a refresh
+// of the page cannot interleave.
+func (b *browser) text(sel string) string {
+	b.t.Helper()
+	return b.eval(fmt.Sprintf(`(() => { const e = document.querySelector(%q); return e ? e.textContent : "<missing>"; })()`, sel))
+}
+
+// count returns how many elements sel matches.
+func (b *browser) count(sel string) int {
+	b.t.Helper()
+	var n int
+	fmt.Sscan(b.eval(fmt.Sprintf(`String(document.querySelectorAll(%q).length)`, sel)), &n)
+	return n
+}
+
+// want checks that the element sel shows exactly want.
+func (b *browser) want(sel, want string) {
+	b.t.Helper()
+	if got := b.text(sel); got != want {
+		b.t.Errorf("%s shows %q, the API says %q", sel, got, want)
+	}
+}
+
+// screenshot saves the page as a PNG.
+func (b *browser) screenshot(name string) {
+	b.t.Helper()
+	png, err := chromedp.Run(b.ctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		b.t.Fatalf("screenshot %s: %v", name, err)
+	}
+	if err := os.WriteFile(filepath.Join(b.shots, name+".png"), png, 0o644); err != nil {
+		b.t.Fatal(err)
+	}
+}
+
+// setToken types token into the page's token form.
+func (b *browser) setToken(token string) {
+	b.t.Helper()
+	b.unready()
+	b.do(chromedp.SendKeys("#token", token), chromedp.Click(`#token-form button[type="submit"]`))
+}
+
+// noConsoleErrors fails for every exception, console.error / warning, and
+// browser log error (a CSP violation, a failed script) the tab reported,
+// except the 401s of calls made before a token was given when allow401.
+func (b *browser) noConsoleErrors(allow401 bool) {
+	b.t.Helper()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, m := range b.messages {
+		switch m.Type {
+		case chromedp.ConsoleError, chromedp.ConsoleWarning, chromedp.ConsoleException:
+			if allow401 && m.Source == "network" && strings.Contains(m.Text, "401") {
+				continue
+			}
+			b.t.Errorf("browser console: %s (%s:%d)", m, m.URL, m.Line)
+		}
+	}
+}
+
+func fmtInt(v int64) string {
+	s := fmt.Sprint(v)
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	if neg {
+		return "-" + s
+	}
+	return s
+}
+
+func writeConsoleTokens(t *testing.T) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "tokens")
+	tokens := consoleAdminToken + " admin ops\n" +
+		consoleViewerToken + " viewer oncall\n" +
+		consoleScopedToken + " viewer tenant-a-team subjects=tenant-a\n"
+	if err := os.WriteFile(path, []byte(tokens), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// TestConsolePagesShowTheAPIsNumbers loads every page with a viewer token
+// and compares what it shows with the API's answers.
+func TestConsolePagesShowTheAPIsNumbers(t *testing.T) {
+	chromiumPath(t)
+	base := startInProcess(t, "--tokens", writeConsoleTokens(t))
+	consoleTraffic(t, base)
+	b := newBrowser(t, base)
+	tok := consoleViewerToken
+
+	// Without a token the page says what it needs, and throws nothing.
+	b.do(chromedp.Navigate(base + "/ui"))
+	b.do(chromedp.WaitVisible(`main[data-failed="unauthenticated"]`))
+	if msg := b.text("#error"); !strings.Contains(msg, "bearer token") {
+		t.Errorf("without a token the page says %q", msg)
+	}
+	b.setToken(tok)
+	b.waitRendered("overview")
+	if got := b.eval(`sessionStorage.getItem("capledger.token")`); got != tok {
+		t.Errorf("sessionStorage holds %q", got)
+	}
+
+	// Overview.
+	var ov v1.GetOverviewResponse
+	mustCall(t, base, tok, "ConsoleService/GetOverview", &v1.GetOverviewRequest{}, &ov)
+	b.want(`[data-value="ready"]`, "ready")
+	b.want(`[data-value="backlog"]`, fmtInt(ov.UsageUnknownBacklog))
+	if ov.UsageUnknownBacklog != 1 {
+		t.Errorf("backlog %d, want 1", ov.UsageUnknownBacklog)
+	}
+	b.want(`[data-value="audit"]`, "clean")
+	if ov.Audit.GetLastCleanAuditAt() == nil {
+		t.Error("the overview has no last clean audit")
+	}
+	var rejected bool
+	for _, d := range ov.Decisions {
+		b.want(fmt.Sprintf(`tr[data-key="g%d/%s"] td[data-field="count"]`, d.PolicyGeneration, d.Outcome), fmtInt(d.Count))
+		rejected = rejected || d.Outcome == "rejected"
+	}
+	for _, r := range ov.Rejections {
+		b.want(fmt.Sprintf(`tr[data-key="%s/%s/%s"] td[data-field="count"]`, r.Dimension, r.Reason, r.Rollout), fmtInt(r.Count))
+	}
+	for _, c := range ov.Commands {
+		b.want(fmt.Sprintf(`tr[data-key="%s/%s"] td[data-field="count"]`, c.Kind, c.Outcome), fmtInt(c.Count))
+	}
+	if !rejected || len(ov.Rejections) == 0 || len(ov.Commands) == 0 {
+		t.Errorf("the overview misses the traffic: decisions %v, rejections %v", ov.Decisions, ov.Rejections)
+	}
+	b.screenshot("overview")
+
+	// Tenants: the account in debt first, then the fullest.
+	b.open("tenants")
+	var st v1.ListAccountStandingsResponse
+	mustCall(t, base, tok, "ConsoleService/ListAccountStandings", &v1.ListAccountStandingsRequest{Limit: 20}, &st)
+	b.want(`[data-value="matched"]`, fmtInt(st.Matched))
+	if n := b.count(`main tbody tr`); n != len(st.Accounts) || n != 3 {
+		t.Errorf("tenants shows %d rows, the API %d (want 3)", n, len(st.Accounts))
+	}
+	for i, s := range st.Accounts {
+		a := s.Account
+		row := fmt.Sprintf(`main tbody tr:nth-child(%d)`, i+1)
+		b.want(row+` td[data-field="subject"]`, a.Subject)
+		d := s.Dimensions[0]
+		b.want(row+` td[data-field="available"]`, fmt.Sprintf("tokens %s/%s", fmtInt(d.Available), fmtInt(d.Burst)))
+		wantDebt := "0"
+		if d.Debt > 0 {
+			wantDebt = "tokens " + fmtInt(d.Debt)
+		}
+		b.want(row+` td[data-field="debt"]`, wantDebt)
+	}
+	if st.Accounts[0].Account.Subject != "tenant-a" || st.Accounts[0].Dimensions[0].Debt != 100 {
+		t.Errorf("first standing %v, want tenant-a owing 100", st.Accounts[0])
+	}
+	b.screenshot("tenants")
+
+	// One tenant: every conservation term as GetAccount answers it.
+	b.unready()
+	b.do(chromedp.Click(`main tbody tr:nth-child(1) td[data-field="subject"] a`))
+	b.waitRendered("tenants/tenant-a/chat.generate/global")
+	var acc v1.GetAccountResponse
+	mustCall(t, base, tok, "LedgerService/GetAccount", &v1.GetAccountRequest{Subject: "tenant-a", Route: "chat.generate"}, &acc)
+	for _, a := range acc.Accounts {
+		for _, bal := range a.Balances {
+			row := fmt.Sprintf(`tr[data-key="g%d/%s"]`, a.PolicyGeneration, bal.Unit)
+			for field, v := range map[string]int64{
+				"opening": bal.Opening, "minted": bal.Minted, "overdraftIssued": bal.OverdraftIssued, "available": bal.Available,
+				"reserved": bal.Reserved, "spent": bal.Spent, "retiredForEmergency": bal.RetiredForEmergency,
+				"retiredForMove": bal.RetiredForMove, "overdraftRepaid": bal.OverdraftRepaid, "debt": bal.Debt,
+			} {
+				b.want(row+` td[data-field="`+field+`"]`, fmtInt(v))
+			}
+			if got := b.text(row + ` td[data-field="conservation"]`); !strings.Contains(got, " = ") {
+				t.Errorf("conservation cell %q", got)
+			}
+		}
+	}
+	b.screenshot("tenant")
+
+	// Backlog.
+	b.open("backlog")
+	var unknown v1.ListUsageUnknownResponse
+	mustCall(t, base, tok, "LedgerService/ListUsageUnknown", &v1.ListUsageUnknownRequest{PageSize: 1000}, &unknown)
+	b.want(`[data-value="listed"]`, fmtInt(int64(len(unknown.Reservations))))
+	for _, r := range unknown.Reservations {
+		b.want(`tr[data-key="`+r.ReservationId+`"] td[data-field="subject"]`, r.Subject)
+		b.want(`tr[data-key="`+r.ReservationId+`"] td[data-field="held"]`, "tokens "+fmtInt(r.ReservedUnits["tokens"]))
+		if age := b.text(`tr[data-key="` + r.ReservationId + `"] td[data-field="age"]`); !strings.HasSuffix(age, " s") && !strings.HasSuffix(age, " min") {
+			t.Errorf("age %q", age)
+		}
+	}
+	if len(unknown.Reservations) != 1 || unknown.Reservations[0].ReservationId != "r-b3" {
+		t.Errorf("backlog %v, want r-b3", unknown.Reservations)
+	}
+	b.screenshot("backlog")
+
+	// Debts.
+	b.open("debts")
+	var debts v1.ListDebtsResponse
+	mustCall(t, base, tok, "LedgerService/ListDebts", &v1.ListDebtsRequest{PageSize: 1000}, &debts)
+	b.want(`[data-value="frozen"]`, fmtInt(int64(len(debts.Accounts))))
+	for _, a := range debts.Accounts {
+		key := fmt.Sprintf("%s/%s@%s#%d/tokens", a.Subject, a.Route, a.Region, a.PolicyGeneration)
+		b.want(`tr[data-key="`+key+`"] td[data-field="debt"]`, fmtInt(a.Balances[0].Debt))
+		if at := b.text(`tr[data-key="` + key + `"] td[data-field="repaidAt"]`); !strings.HasSuffix(at, "Z") {
+			t.Errorf("projected repayment %q", at)
+		}
+	}
+	if len(debts.Accounts) != 1 {
+		t.Errorf("%d debtors, want 1", len(debts.Accounts))
+	}
+	b.screenshot("debts")
+
+	// Policies and generations.
+	b.open("policies")
+	var pols v1.ListPoliciesResponse
+	mustCall(t, base, tok, "LedgerService/ListPolicies", &v1.ListPoliciesRequest{}, &pols)
+	if n := b.count(`main tbody tr`); n != len(pols.Policies) {
+		t.Errorf("policies shows %d rows, the API %d", n, len(pols.Policies))
+	}
+	for _, p := range pols.Policies {
+		b.want(fmt.Sprintf(`tr[data-key="g%d"] td[data-field="subject"]`, p.Generation), p.Subject)
+		b.want(fmt.Sprintf(`tr[data-key="g%d"] td[data-field="state"]`, p.Generation), "active")
+	}
+	b.screenshot("policies")
+
+	// Shards.
+	b.open("shards")
+	var sh v1.ListShardsResponse
+	mustCall(t, base, tok, "ShardService/ListShards", &v1.ListShardsRequest{}, &sh)
+	b.want(`[data-value="issued"]`, fmtInt(int64(len(sh.Shards))))
+	b.want(`[data-value="live"]`, "1")
+	b.want(`tr[data-key="shard-c1"] td[data-field="allocated"]`, "tokens 20")
+	b.screenshot("shards")
+
+	// Fairness.
+	b.open("fairness")
+	var fair v1.GetFairnessResponse
+	mustCall(t, base, tok, "ConsoleService/GetFairness", &v1.GetFairnessRequest{}, &fair)
+	if len(fair.Groups) != 1 || len(fair.Groups[0].Subjects) != 3 {
+		t.Fatalf("fairness %v", fair.Groups)
+	}
+	for _, g := range fair.Groups {
+		for _, s := range g.Subjects {
+			row := fmt.Sprintf(`tr[data-key="%s@%s/%s/%s"]`, g.Route, g.Region, g.Unit, s.Subject)
+			b.want(row+` td[data-field="spent"]`, fmtInt(s.Spent))
+			b.want(row+` td[data-field="error"]`, fmt.Sprintf("%.3f", s.Error))
+		}
+	}
+	b.screenshot("fairness")
+
+	// The overview's rate charts (uPlot) draw once the page has sampled
+	// the API three times (every 5 s): wait for them, then look again.
+	b.open("overview")
+	b.do(chromedp.WaitVisible(`[data-chart="decisions/s by outcome"] .uplot canvas`))
+	b.noConsoleErrors(true)
+}
+
+// TestConsoleScopedTokenSeesOnlyItsTenant loads every page with a viewer
+// token scoped to tenant-a: no other tenant's name or number appears.
+func TestConsoleScopedTokenSeesOnlyItsTenant(t *testing.T) {
+	chromiumPath(t)
+	base := startInProcess(t, "--tokens", writeConsoleTokens(t))
+	consoleTraffic(t, base)
+	b := newBrowser(t, base)
+	b.do(chromedp.Navigate(base + "/ui/#tenants"))
+	b.do(chromedp.WaitVisible(`main[data-failed]`))
+	b.setToken(consoleScopedToken)
+	b.waitRendered("tenants")
+	for _, page := range []string{"overview", "tenants", "tenants/tenant-a/chat.generate/global", "backlog", "debts", "policies", "shards", "fairness"} {
+		b.open(page)
+		body := b.eval(`document.body.innerText`)
+		for _, other := range []string{"tenant-b", "tenant-c", "r-b3", "shard-c1"} {
+			if strings.Contains(body, other) {
+				t.Errorf("page %s shows %q to a token scoped to tenant-a:\n%s", page, other, body)
+			}
+		}
+		switch page {
+		case "overview":
+			if b.count(`[data-scoped]`) != 1 || b.count(`[data-value="backlog"]`) != 0 {
+				t.Errorf("the overview shows process-wide figures to a scoped token:\n%s", body)
+			}
+		case "tenants":
+			if n := b.count(`main tbody tr`); n != 1 || !strings.Contains(body, "tenant-a") {
+				t.Errorf("tenants shows %d rows to the tenant-a token, want its one:\n%s", n, body)
+			}
+		case "debts":
+			b.want(`[data-value="frozen"]`, "1") // tenant-a's own debt
+		}
+		b.screenshot(strings.ReplaceAll(page, "/", "_"))
+	}
+	b.noConsoleErrors(true)
+}
+
+// TestConsoleWithoutAuth: zero-config serve has auth off, and the console
+// works without a token.
+func TestConsoleWithoutAuth(t *testing.T) {
+	chromiumPath(t)
+	base := startInProcess(t)
+	b := newBrowser(t, base)
+	b.do(chromedp.Navigate(base + "/ui/"))
+	b.waitRendered("overview")
+	b.want(`[data-value="ready"]`, "ready")
+	b.want(`[data-value="backlog"]`, "0")
+	b.open("tenants")
+	b.want(`[data-value="matched"]`, "0")
+	b.noConsoleErrors(false)
+}

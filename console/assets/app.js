@@ -1,0 +1,496 @@
+// capledger operator console. A client of the public JSON API (Connect
+// JSON: POST /capledger.v1.<Service>/<Method>) with the caller's bearer
+// token; it computes nothing the API does not answer except rates between
+// two answers and sums of what it shows. See docs/CONSOLE.md.
+"use strict";
+
+const TOKEN_KEY = "capledger.token";
+const REFRESH_MS = 5000;
+const HISTORY_POINTS = 180;
+
+// ---- API ---------------------------------------------------------------
+
+class APIError extends Error {
+  constructor(status, code, message) {
+    super(message || code || ("HTTP " + status));
+    this.status = status;
+    this.code = code || "";
+  }
+}
+
+async function call(service, method, body) {
+  const headers = { "Content-Type": "application/json" };
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  if (token) headers["Authorization"] = "Bearer " + token;
+  const resp = await fetch("/capledger.v1." + service + "/" + method, {
+    method: "POST", headers, body: JSON.stringify(body || {}), cache: "no-store",
+  });
+  let payload = {};
+  try { payload = await resp.json(); } catch (e) { payload = {}; }
+  if (!resp.ok) throw new APIError(resp.status, payload.code, payload.message);
+  return payload;
+}
+const ledger = (m, b) => call("LedgerService", m, b);
+const console_ = (m, b) => call("ConsoleService", m, b);
+const shards = (m, b) => call("ShardService", m, b);
+
+// ---- formatting --------------------------------------------------------
+
+// protojson writes 64-bit integers as strings and leaves zeros out.
+const n = (v) => (v === undefined || v === null || v === "" ? 0 : Number(v));
+const fmtInt = (v) => n(v).toLocaleString("en-US");
+const fmtPct = (f) => (100 * f).toFixed(1) + "%";
+const fmtSec = (s) => (s >= 1 ? s.toFixed(2) + " s" : (s * 1000).toFixed(s < 0.01 ? 2 : 1) + " ms");
+const fmtTime = (t) => (t ? new Date(t).toISOString().replace("T", " ").replace(/\.\d+Z$/, "Z") : "—");
+function fmtAge(t, now) {
+  if (!t) return "—";
+  let s = Math.max(0, Math.round(((now || Date.now()) - new Date(t).getTime()) / 1000));
+  if (s < 120) return s + " s";
+  if (s < 7200) return Math.round(s / 60) + " min";
+  if (s < 172800) return (s / 3600).toFixed(1) + " h";
+  return (s / 86400).toFixed(1) + " d";
+}
+const mode = (m) => (m || "ROLLOUT_MODE_ENFORCE").replace("ROLLOUT_MODE_", "").toLowerCase();
+const stateName = (s) => (s || "").replace("RESERVATION_STATE_", "");
+const units = (m) => Object.entries(m || {}).map(([k, v]) => k + " " + fmtInt(v)).join(", ") || "—";
+
+// el builds an element: el("td", {class: "num", "data-field": "x"}, "text", child...).
+function el(tag, attrs, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k === "onclick" || k === "onsubmit" || k === "oninput") e[k] = v; else e.setAttribute(k, v === true ? "" : v);
+  }
+  for (const c of children.flat()) {
+    if (c === undefined || c === null) continue;
+    e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return e;
+}
+function table(headers, rows, empty) {
+  if (!rows.length) return el("p", { class: "empty", "data-empty": "1" }, empty || "None.");
+  return el("table", {},
+    el("thead", {}, el("tr", {}, headers.map((h) => el("th", { class: h.num ? "num" : null }, h.label || h)))),
+    el("tbody", {}, rows));
+}
+const td = (field, value, num) => el("td", { "data-field": field, class: num ? "num" : null }, value);
+const card = (id, label, value, sub, cls) =>
+  el("div", { class: "card", "data-card": id }, el("div", { class: "label" }, label),
+    el("div", { class: "value " + (cls || ""), "data-value": id }, value), sub ? el("div", { class: "sub" }, sub) : null);
+function bar(frac) {
+  const w = Math.max(0, Math.min(1, frac));
+  return el("span", { class: "bar" }, el("span", { class: frac >= 0.9 ? "hot" : null, style: "width:" + (100 * w).toFixed(0) + "%" }));
+}
+
+// ---- charts (uPlot) ----------------------------------------------------
+
+// Series is a rolling window of samples taken by this page since it opened.
+class Series {
+  constructor(names) { this.names = names; this.t = []; this.v = names.map(() => []); }
+  push(t, values) {
+    this.t.push(t);
+    this.names.forEach((name, i) => this.v[i].push(values[name] ?? 0));
+    if (this.t.length > HISTORY_POINTS) { this.t.shift(); this.v.forEach((a) => a.shift()); }
+  }
+  data() { return [this.t, ...this.v]; }
+}
+const palette = ["#2e90fa", "#f04438", "#12b76a", "#f79009", "#7a5af8", "#ee46bc", "#667085", "#0ba5ec"];
+function chart(container, title, series, yLabel) {
+  const opts = {
+    title, width: 440, height: 200,
+    scales: { x: { time: true } },
+    axes: [{}, { label: yLabel, size: 60 }],
+    series: [{}].concat(series.names.map((name, i) => ({ label: name, stroke: palette[i % palette.length], width: 2 }))),
+  };
+  const box = el("div", { class: "chart", "data-chart": title });
+  container.append(box);
+  if (series.t.length < 2) {
+    box.append(el("p", { class: "empty" }, title + ": the chart fills in as this page samples the API every " + REFRESH_MS / 1000 + " s."));
+    return;
+  }
+  new uPlot(opts, series.data(), box);
+}
+
+// ---- state -------------------------------------------------------------
+
+const state = {
+  prevOverview: null,
+  decisionRates: null, // Series of decisions/s by outcome
+  rejectionRates: null, // Series of 429/s by dimension
+  accountHistory: {}, // "subject\0route\0region" -> Series per unit term
+  lastAudit: null, // the audit this page ran, if any
+  timer: null,
+  seq: 0, // the latest render; an older one still in flight is dropped
+};
+
+function showError(err) {
+  const box = document.getElementById("error");
+  if (!err) { box.hidden = true; box.textContent = ""; return; }
+  let text = err.message;
+  if (err.status === 401) text = "This server wants a bearer token (" + err.message + "): type one above.";
+  if (err.status === 403) text = "Your token's role may not read this (" + err.message + ").";
+  box.textContent = text;
+  box.hidden = false;
+}
+
+function tokenState() {
+  const t = sessionStorage.getItem(TOKEN_KEY);
+  document.getElementById("token-state").textContent = t ? "token set (this tab)" : "no token";
+}
+
+// ---- pages -------------------------------------------------------------
+
+const pages = {};
+
+pages.overview = async function (main) {
+  const ov = await console_("GetOverview");
+  const now = new Date(ov.serverTime).getTime();
+  main.append(el("h1", {}, "Overview"));
+  const ready = !!ov.ready;
+  const cards = el("div", { class: "cards" },
+    card("ready", "Readiness", ready ? "ready" : "not ready", ov.readyError || (ov.workerLeader ? "runs the workers (leader)" : "not the worker leader"), ready ? "ok" : "bad"));
+  main.append(cards);
+  if (ov.scoped) {
+    main.append(el("p", { class: "note", "data-scoped": "1" },
+      "Your token is scoped to some tenants: this replica's counters, commit latency, backlog and audit count every tenant, so they are not shown. The other pages show your tenants."));
+    return;
+  }
+  const backlog = n(ov.usageUnknownBacklog);
+  cards.append(card("backlog", "USAGE_UNKNOWN backlog", fmtInt(backlog),
+    backlog ? "oldest " + fmtAge(ov.oldestUsageUnknownAt, now) + " ago" : "nothing waiting", backlog ? "warn" : "ok"));
+  const c = ov.commit || {};
+  const batches = n(c.batches);
+  cards.append(card("commit", "Commit latency (p50 / p99)", batches ? fmtSec(n(c.p50Seconds)) + " / " + fmtSec(n(c.p99Seconds)) : "—",
+    batches ? fmtInt(batches) + " batches, mean " + fmtSec(n(c.sumSeconds) / batches) + " (bucket bounds)" : "no batch yet"));
+  const a = ov.audit;
+  let auditCard;
+  if (!a) {
+    auditCard = card("audit", "Audit", "not run", "no audit since this replica started");
+  } else {
+    const found = n(a.lastDiscrepancies);
+    auditCard = card("audit", "Audit", found ? fmtInt(found) + " discrepancies" : "clean",
+      "last " + fmtTime(a.lastAuditAt) + "; last clean " + fmtTime(a.lastCleanAuditAt), found ? "bad" : "ok");
+  }
+  auditCard.append(el("div", {}, el("button", { id: "run-audit", onclick: runAudit }, "Run audit (admin)")));
+  cards.append(auditCard);
+
+  // Rates: differences of cumulative counters between two answers.
+  const decided = {}, rejected = {};
+  for (const d of ov.decisions || []) decided[d.outcome] = (decided[d.outcome] || 0) + n(d.count);
+  for (const r of ov.rejections || []) if (r.rollout === "enforce") rejected[r.dimension] = (rejected[r.dimension] || 0) + n(r.count);
+  const prev = state.prevOverview;
+  const outcomes = ["admitted", "rejected", "shadow_rejected", "replayed"];
+  if (!state.decisionRates) state.decisionRates = new Series(outcomes);
+  const dims = Object.keys(rejected).sort();
+  if (!state.rejectionRates || state.rejectionRates.names.join() !== dims.join()) state.rejectionRates = new Series(dims);
+  if (prev && now > prev.at) {
+    const dt = (now - prev.at) / 1000;
+    const rate = (cur, old) => Object.fromEntries(Object.keys(cur).map((k) => [k, Math.max(0, (cur[k] - (old[k] || 0)) / dt)]));
+    state.decisionRates.push(now / 1000, rate(decided, prev.decided));
+    state.rejectionRates.push(now / 1000, rate(rejected, prev.rejected));
+  }
+  state.prevOverview = { at: now, decided, rejected };
+  const charts = el("div", {});
+  main.append(el("h2", {}, "Rates (sampled by this page)"), charts);
+  chart(charts, "decisions/s by outcome", state.decisionRates, "per s");
+  if (dims.length) chart(charts, "429/s by limiting dimension", state.rejectionRates, "per s");
+
+  main.append(el("h2", {}, "Reserve decisions by generation (since this replica started)"));
+  main.append(table(["generation", "outcome", { label: "count", num: true }],
+    (ov.decisions || []).map((d) => el("tr", { "data-key": "g" + n(d.policyGeneration) + "/" + d.outcome },
+      td("generation", n(d.policyGeneration)), td("outcome", d.outcome), td("count", fmtInt(d.count), true))),
+    "No reserve decided yet."));
+  main.append(el("h2", {}, "Capacity rejections (429) by limiting dimension"));
+  main.append(table(["dimension", "reason", "rollout", { label: "count", num: true }],
+    (ov.rejections || []).map((r) => el("tr", { "data-key": r.dimension + "/" + r.reason + "/" + r.rollout },
+      td("dimension", r.dimension), td("reason", r.reason), td("rollout", r.rollout), td("count", fmtInt(r.count), true))),
+    "No capacity rejection yet."));
+  main.append(el("h2", {}, "Commands by kind and outcome"));
+  main.append(table(["kind", "outcome", { label: "count", num: true }],
+    (ov.commands || []).map((c) => el("tr", { "data-key": c.kind + "/" + c.outcome },
+      td("kind", c.kind), td("outcome", c.outcome), td("count", fmtInt(c.count), true))),
+    "No command yet."));
+  if (state.lastAudit) main.append(auditTable(state.lastAudit));
+};
+
+async function runAudit() {
+  try {
+    state.lastAudit = await ledger("Audit");
+    showError(null);
+  } catch (err) { showError(err); return; }
+  render();
+}
+
+function auditTable(audit, only) {
+  const found = (audit.discrepancies || []).filter((d) => !only || d.check === only);
+  return el("div", { "data-audit": "1" },
+    el("h2", {}, "Discrepancies of the audit run from this page at " + fmtTime(audit.checkedAt)),
+    table(["check", "account", "reservation", "detail"],
+      found.map((d) => el("tr", {}, td("check", d.check), td("account", d.account || ""), td("reservation", d.reservationId || ""), td("detail", d.detail || ""))),
+      "None: the ledger is sound."));
+}
+
+function standingRow(s) {
+  const acc = s.account;
+  const key = acc.subject + "/" + acc.route + "@" + acc.region + "#" + n(acc.policyGeneration);
+  const dims = s.dimensions || [];
+  const repaid = dims.filter((d) => d.repaidAt).map((d) => d.unit + " " + fmtTime(d.repaidAt)).join(", ");
+  return el("tr", { "data-key": key, class: acc.frozen ? "frozen" : null },
+    td("subject", el("a", { class: "subject", href: "#tenants/" + encodeURIComponent(acc.subject) + "/" + encodeURIComponent(acc.route) + "/" + encodeURIComponent(acc.region) }, acc.subject)),
+    td("route", acc.route), td("region", acc.region), td("generation", n(acc.policyGeneration)),
+    td("used", el("span", {}, bar(n(s.usedFraction)), fmtPct(n(s.usedFraction))), true),
+    td("available", dims.map((d) => d.unit + " " + fmtInt(d.available) + "/" + fmtInt(d.burst)).join(", ")),
+    td("debt", dims.filter((d) => n(d.debt)).map((d) => d.unit + " " + fmtInt(d.debt)).join(", ") || "0"),
+    td("repaid", repaid || "—"),
+    td("state", (s.active ? "active" : s.rolledBack ? "rolled back" : "superseded") + ", " + mode(s.rollout)));
+}
+const standingHeaders = ["subject", "route", "region", "gen", { label: "used", num: true }, "available / burst", "debt", "debt repaid by refill at", "generation"];
+
+pages.tenants = async function (main, args) {
+  if (args.length >= 2) return tenantDetail(main, args[0], args[1], args[2] || "global");
+  main.append(el("h1", {}, "Tenants"));
+  const q = sessionStorage.getItem("capledger.search") || "";
+  const limit = Number(sessionStorage.getItem("capledger.limit") || 20);
+  const form = el("form", { class: "filters", id: "search", onsubmit: (e) => {
+    e.preventDefault();
+    sessionStorage.setItem("capledger.search", document.getElementById("search-subject").value);
+    sessionStorage.setItem("capledger.limit", document.getElementById("search-limit").value);
+    render();
+  } },
+  "subject contains", el("input", { id: "search-subject", value: q }),
+  "top", el("input", { id: "search-limit", type: "number", min: 1, max: 1000, value: limit, style: "width:70px" }),
+  el("button", { type: "submit" }, "Search"));
+  main.append(form);
+  const resp = await console_("ListAccountStandings", { subjectContains: q, limit });
+  main.append(el("p", { class: "note" }, "Nearest their limit first (accounts in debt before all others): ",
+    el("span", { "data-value": "matched" }, fmtInt(resp.matched)), " accounts match, showing ", String((resp.accounts || []).length), "."));
+  main.append(table(standingHeaders, (resp.accounts || []).map(standingRow), "No account matches."));
+};
+
+async function tenantDetail(main, subject, route, region) {
+  subject = decodeURIComponent(subject); route = decodeURIComponent(route); region = decodeURIComponent(region);
+  main.append(el("p", {}, el("a", { href: "#tenants" }, "← all tenants")));
+  main.append(el("h1", {}, "Tenant ", el("span", { "data-value": "subject" }, subject), " on ", route, " @ ", region));
+  const [acc, standing, unknown] = await Promise.all([
+    ledger("GetAccount", { subject, route, region }),
+    console_("ListAccountStandings", { subjectContains: subject, route, region, limit: 1000 }),
+    ledger("ListUsageUnknown", { subject, route, pageSize: 1000 }).catch((err) => ({ error: err })),
+  ]);
+  const accounts = acc.accounts || [];
+  if (!accounts.length) { main.append(el("p", { class: "empty" }, "This subject has no account on this route (it never reserved).")); return; }
+  const standings = (standing.accounts || []).filter((s) => s.account.subject === subject);
+  main.append(table(standingHeaders, standings.map(standingRow)));
+  const now = Date.now();
+  for (const a of accounts) {
+    const gen = n(a.policyGeneration);
+    main.append(el("h2", {}, "Generation " + gen + " — balances (conservation terms, cumulative)" + (a.frozen ? " — FROZEN by debt" : "")));
+    const terms = ["opening", "minted", "overdraftIssued", "available", "reserved", "spent", "retiredForEmergency", "retiredForMove", "overdraftRepaid", "debt"];
+    const labels = { overdraftIssued: "overdraft issued", retiredForEmergency: "retired (emergency)", retiredForMove: "retired (move)", overdraftRepaid: "overdraft repaid" };
+    main.append(table(["unit"].concat(terms.map((t) => ({ label: labels[t] || t, num: true }))).concat([{ label: "in = out", num: true }]),
+      (a.balances || []).map((b) => {
+        const lhs = n(b.opening) + n(b.minted) + n(b.overdraftIssued);
+        const rhs = n(b.available) + n(b.reserved) + n(b.spent) + n(b.retiredForEmergency) + n(b.retiredForMove) + n(b.overdraftRepaid);
+        return el("tr", { "data-key": "g" + gen + "/" + b.unit },
+          td("unit", b.unit), terms.map((t) => td(t, fmtInt(b[t]), true)),
+          td("conservation", fmtInt(lhs) + (lhs === rhs ? " = " : " ≠ ") + fmtInt(rhs), true));
+      })));
+    main.append(el("p", { class: "note" }, "Breaches: ", el("span", { "data-value": "breaches-g" + gen }, fmtInt(a.breaches)),
+      ". Reservations by state: the reserved term is what live holds (RESERVED, STARTED, USAGE_UNKNOWN) keep; a per-state list of one subject's reservations is not in the API yet."));
+    // Sampled history of the deciding account (while this page is open).
+    const hk = subject + "\0" + route + "\0" + region + "\0" + gen;
+    for (const b of a.balances || []) {
+      const sk = hk + "\0" + b.unit;
+      if (!state.accountHistory[sk]) state.accountHistory[sk] = new Series(["available", "reserved", "spent", "debt"]);
+      state.accountHistory[sk].push(now / 1000, { available: n(b.available), reserved: n(b.reserved), spent: n(b.spent), debt: n(b.debt) });
+      const box = el("div", {});
+      main.append(box);
+      chart(box, b.unit + " over time (gen " + gen + ")", state.accountHistory[sk], b.unit);
+    }
+  }
+  main.append(el("h2", {}, "USAGE_UNKNOWN reservations of this subject"));
+  if (unknown.error) main.append(el("p", { class: "note" }, "Cannot list: " + unknown.error.message));
+  else main.append(backlogTable(unknown, now));
+  main.append(el("p", { class: "note" }, "The charts are sampled from GetAccount by this page every " + REFRESH_MS / 1000 +
+    " s while it is open; the ledger's own per-epoch statements are not exposed by the API yet."));
+}
+
+function backlogTable(resp, now) {
+  const overdue = new Set(resp.overdueReservationIds || []);
+  return table(["reservation", "subject", "route", "gen", "operation", "marked unknown at", { label: "age", num: true }, "held", "overdue"],
+    (resp.reservations || []).map((r) => el("tr", { "data-key": r.reservationId },
+      td("reservation", r.reservationId), td("subject", r.subject), td("route", r.route), td("generation", n(r.policyGeneration)),
+      td("operation", r.operationId || ""), td("markedAt", fmtTime(r.usageUnknownAt)), td("age", fmtAge(r.usageUnknownAt, now), true),
+      td("held", units(r.reservedUnits)), td("overdue", overdue.has(r.reservationId) ? "OVERDUE" : ""))),
+    "No USAGE_UNKNOWN reservation.");
+}
+
+pages.backlog = async function (main) {
+  const resp = await ledger("ListUsageUnknown", { pageSize: 1000 });
+  const now = Date.now();
+  main.append(el("h1", {}, "USAGE_UNKNOWN backlog"));
+  const shown = (resp.reservations || []).length;
+  const cards = el("div", { class: "cards" }, card("listed", "Listed (your scope)", fmtInt(shown), resp.nextPageToken ? "first 1000" : ""));
+  if (n(resp.backlog) || resp.oldestUsageUnknownAt) {
+    cards.append(card("backlog", "Whole backlog", fmtInt(resp.backlog), "oldest marked " + fmtAge(resp.oldestUsageUnknownAt, now) + " ago"));
+  }
+  cards.append(card("overdue", "Past unknownDeadline", fmtInt(resp.overdue), "at the resolver's last scan"));
+  main.append(cards);
+  main.append(el("p", { class: "note" }, "Oldest first. Their capacity stays reserved until a settle with the operation id resolves them. " +
+    "The resolver's last answer per reservation is not in the API yet: this page shows whether one is past its route's deadline."));
+  main.append(backlogTable(resp, now));
+};
+
+pages.debts = async function (main) {
+  const [debts, standing] = await Promise.all([
+    ledger("ListDebts", { pageSize: 1000 }),
+    console_("ListAccountStandings", { limit: 1000 }),
+  ]);
+  main.append(el("h1", {}, "Debts"));
+  const repaid = {};
+  for (const s of standing.accounts || []) {
+    const a = s.account;
+    repaid[a.subject + "/" + a.route + "@" + a.region + "#" + n(a.policyGeneration)] = s.dimensions || [];
+  }
+  const accounts = debts.accounts || [];
+  main.append(el("div", { class: "cards" }, card("frozen", "Accounts frozen by debt", fmtInt(accounts.length), debts.nextPageToken ? "first page" : "", accounts.length ? "bad" : "ok")));
+  main.append(el("p", { class: "note" }, "A settle used more than was reserved and available could not cover it: the route admits nothing for the subject until refill repays the debt."));
+  const rows = [];
+  for (const a of accounts) {
+    const key = a.subject + "/" + a.route + "@" + a.region + "#" + n(a.policyGeneration);
+    for (const b of a.balances || []) {
+      if (!n(b.debt)) continue;
+      const dim = (repaid[key] || []).find((d) => d.unit === b.unit) || {};
+      rows.push(el("tr", { "data-key": key + "/" + b.unit, class: "frozen" },
+        td("subject", a.subject), td("route", a.route), td("region", a.region), td("generation", n(a.policyGeneration)), td("unit", b.unit),
+        td("debt", fmtInt(b.debt), true), td("issued", fmtInt(b.overdraftIssued), true), td("repaid", fmtInt(b.overdraftRepaid), true),
+        td("breaches", fmtInt(a.breaches), true), td("repaidAt", dim.repaidAt ? fmtTime(dim.repaidAt) : "no refill rule")));
+    }
+  }
+  main.append(table(["subject", "route", "region", "gen", "unit", { label: "debt", num: true }, { label: "overdraft issued", num: true },
+    { label: "repaid", num: true }, { label: "breaches", num: true }, "repaid by refill at"], rows, "No account owes debt."));
+};
+
+pages.policies = async function (main) {
+  const resp = await ledger("ListPolicies");
+  const policies = resp.policies || [];
+  main.append(el("h1", {}, "Policies and generations"));
+  main.append(el("p", { class: "note" }, "Every published generation, oldest first. Staged rollout state (percentages, gates) is not in this console yet; " +
+    "each generation's rollout mode (enforce or shadow) is. For a rolled-back generation, the last column is what is left on its accounts until the drain reaches zero."));
+  const drains = {};
+  await Promise.all(policies.filter((p) => p.rolledBack).map(async (p) => {
+    const st = await console_("ListAccountStandings", { policyGeneration: p.generation, limit: 1000 });
+    let left = 0;
+    for (const s of st.accounts || []) for (const b of s.account.balances || []) left += n(b.available) + n(b.reserved) + n(b.debt);
+    drains[n(p.generation)] = { left, accounts: (st.accounts || []).length };
+  }));
+  main.append(table(["gen", "subject", "route", "region", "published", "mode", "state", "dimensions", { label: "left to drain", num: true }],
+    policies.map((p) => {
+      const gen = n(p.generation);
+      const d = drains[gen];
+      return el("tr", { "data-key": "g" + gen },
+        td("generation", gen), td("subject", p.subject), td("route", p.route), td("region", p.region), td("published", fmtTime(p.publishedAt)),
+        td("mode", mode(p.rollout)), td("state", p.rolledBack ? "rolled back" : p.active ? "active" : "superseded"),
+        td("dimensions", (p.dimensions || []).map((x) => x.unit + ": burst " + fmtInt(x.burst) + ", +" + fmtInt(x.refillUnits) + "/" + (x.refillInterval || "—")).join("; ")),
+        td("drain", d ? fmtInt(d.left) + " on " + d.accounts + " accounts" : "", true));
+    }), "No policy published."));
+};
+
+pages.shards = async function (main) {
+  let resp;
+  try { resp = await shards("ListShards"); } catch (err) {
+    if (err.code === "unimplemented" || err.status === 404) { main.append(el("h1", {}, "Shards"), el("p", { class: "empty" }, "This server issues no emergency shards.")); return; }
+    throw err;
+  }
+  const list = resp.shards || [];
+  const now = Date.now();
+  const soon = now + 10 * 60 * 1000;
+  let live = 0, expiring = 0, expired = 0, reconciled = 0, refused = 0, invalid = 0;
+  for (const s of list) {
+    const exp = new Date(s.expiresAt).getTime();
+    if (s.reconciled) reconciled++;
+    else if (exp <= now) expired++;
+    else { live++; if (exp <= soon) expiring++; }
+    refused += n(s.refusedSubmissions);
+    if (!s.signatureValid) invalid++;
+  }
+  main.append(el("h1", {}, "Emergency shards"));
+  main.append(el("div", { class: "cards" },
+    card("issued", "Issued", fmtInt(list.length)), card("live", "Live", fmtInt(live), fmtInt(expiring) + " expire within 10 min"),
+    card("expired", "Expired, not reconciled", fmtInt(expired), "", expired ? "warn" : ""), card("reconciled", "Reconciled", fmtInt(reconciled)),
+    card("refused", "Refused submissions", fmtInt(refused), "", refused ? "warn" : ""), card("invalid", "Signature no longer valid", fmtInt(invalid))));
+  main.append(table(["shard", "subject", "route", "gen", "gateway", "fence", "allocated", "issued", "expires", "reconciled", "spent", "unknown", "reminted"],
+    list.map((s) => el("tr", { "data-key": s.shardId },
+      td("shard", s.shardId), td("subject", s.subject), td("route", s.route), td("generation", n(s.policyGeneration)), td("gateway", s.gatewayId + " (boot " + n(s.bootEpoch) + ")"),
+      td("fence", n(s.fence), true), td("allocated", units(s.allocatedUnits)), td("issued", fmtTime(s.issuedAt)), td("expires", fmtTime(s.expiresAt)),
+      td("reconciled", s.reconciled ? "yes" : "no"), td("spent", units(s.spentUnits)), td("unknown", units(s.unknownUnits)), td("reminted", units(s.remintedUnits)))),
+    "No shard issued."));
+  main.append(el("p", { class: "note" }, "Audit discrepancies of shard conservation show here after an admin runs the audit from the overview."));
+  if (state.lastAudit) main.append(auditTable(state.lastAudit, "shard_conservation"));
+};
+
+pages.fairness = async function (main) {
+  const resp = await console_("GetFairness");
+  main.append(el("h1", {}, "Fairness"));
+  main.append(el("p", { class: "note" }, "Per route and unit: each subject's spent units against its weighted share of what the group spent, " +
+    "e_i = |served − fair| / fair, against the policy's budget. This is the ledger's lifetime view of the active accounts, with shares by weight regardless of demand; " +
+    "a tenant that asks less than its share shows a large e_i without being treated unfairly. The scheduler's exact window figure (docs/FAIRNESS.md) lives in the gateway."));
+  const groups = resp.groups || [];
+  if (!groups.length) main.append(el("p", { class: "empty" }, "No account yet."));
+  for (const g of groups) {
+    main.append(el("h2", {}, g.route + " @ " + g.region + " — " + g.unit + " (" + fmtInt(g.totalSpent) + " spent)"));
+    main.append(table(["subject", "gen", { label: "weight", num: true }, { label: "spent", num: true }, { label: "served", num: true },
+      { label: "fair share", num: true }, { label: "e_i", num: true }, { label: "budget", num: true }, "within"],
+    (g.subjects || []).map((s) => el("tr", { "data-key": g.route + "@" + g.region + "/" + g.unit + "/" + s.subject },
+      td("subject", s.subject), td("generation", n(s.policyGeneration)), td("weight", fmtInt(s.weight), true), td("spent", fmtInt(s.spent), true),
+      td("served", fmtPct(n(s.servedShare)), true), td("fair", fmtPct(n(s.fairShare)), true), td("error", n(s.error).toFixed(3), true),
+      td("budget", n(s.budget).toFixed(3), true), td("within", s.withinBudget ? "yes" : "NO")))));
+  }
+};
+
+// ---- router ------------------------------------------------------------
+
+async function render() {
+  clearTimeout(state.timer);
+  const route = location.hash.replace(/^#/, "") || "overview";
+  const [name, ...args] = route.split("/");
+  const page = pages[name] ? name : "overview";
+  const seq = ++state.seq;
+  for (const a of document.querySelectorAll("#nav a")) a.classList.toggle("current", a.getAttribute("href") === "#" + page);
+  const fresh = el("main", { id: "main", "data-page": page, "data-route": route });
+  try {
+    await pages[page](fresh, args);
+    showError(null);
+    fresh.setAttribute("data-ready", page);
+  } catch (err) {
+    showError(err);
+    fresh.setAttribute("data-ready", page);
+    fresh.setAttribute("data-failed", err.code || String(err.status || "error"));
+  }
+  if (seq !== state.seq) return; // a newer render (hash change, token) took over
+  // A refresh of the same page keeps what the operator is typing in a
+  // search box (the next refresh after it loses focus shows the new data).
+  const old = document.getElementById("main");
+  const typing = document.activeElement && document.activeElement.tagName === "INPUT" &&
+    old.contains(document.activeElement) && old.getAttribute("data-route") === route;
+  if (!typing) old.replaceWith(fresh);
+  state.timer = setTimeout(render, REFRESH_MS);
+}
+
+document.getElementById("token-form").addEventListener("submit", (e) => {
+  e.preventDefault();
+  const input = document.getElementById("token");
+  if (input.value.trim()) sessionStorage.setItem(TOKEN_KEY, input.value.trim());
+  input.value = "";
+  state.prevOverview = null;
+  tokenState();
+  render();
+});
+document.getElementById("token-forget").addEventListener("click", () => {
+  sessionStorage.removeItem(TOKEN_KEY);
+  state.prevOverview = null; state.lastAudit = null;
+  tokenState();
+  render();
+});
+window.addEventListener("hashchange", render);
+tokenState();
+render();

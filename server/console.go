@@ -1,0 +1,413 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	v1 "github.com/capledger/capledger/api/capledger/v1"
+	"github.com/capledger/capledger/api/capledger/v1/capledgerv1connect"
+	"github.com/capledger/capledger/ledger"
+)
+
+// The ConsoleService (console.proto): the cross-tenant reads the operator
+// console needs beside the LedgerService and ShardService. Every number it
+// answers comes from the same place the other methods take theirs from (the
+// engine's reads, the Prometheus metrics), and every account passes the
+// token's scope (InScope) before it is counted or shown.
+
+// Default and largest limit of ListAccountStandings.
+const (
+	defaultStandings = 20
+	maxStandings     = 1000
+)
+
+// consoleService implements capledgerv1connect.ConsoleServiceHandler.
+type consoleService struct {
+	s *Server
+}
+
+var _ capledgerv1connect.ConsoleServiceHandler = consoleService{}
+
+func registerConsoleService(mux *http.ServeMux, s *Server, options []connect.HandlerOption) {
+	path, handler := capledgerv1connect.NewConsoleServiceHandler(consoleService{s: s}, options...)
+	mountProcedures(mux, path, handler, v1.File_capledger_v1_console_proto.Services().ByName("ConsoleService"))
+}
+
+// decisionKey labels one counter of consoleCounters.decisions.
+type decisionKey struct {
+	generation uint64
+	outcome    string
+}
+
+// consoleCounters are what GetOverview reports beyond the Prometheus
+// metrics: reserve decisions by deciding generation (a label the metrics do
+// not carry, since generations are unbounded) and the last audit answered.
+type consoleCounters struct {
+	decisions sync.Map // decisionKey -> *atomic.Int64
+
+	mu             sync.Mutex
+	lastAudit      time.Time
+	lastFound      int
+	lastCleanAudit time.Time
+}
+
+func (c *consoleCounters) decision(generation uint64, outcome string) {
+	key := decisionKey{generation, outcome}
+	v, ok := c.decisions.Load(key)
+	if !ok {
+		v, _ = c.decisions.LoadOrStore(key, new(atomic.Int64))
+	}
+	v.(*atomic.Int64).Add(1)
+}
+
+func (c *consoleCounters) audited(at time.Time, found int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.lastAudit, c.lastFound = at, found
+	if found == 0 {
+		c.lastCleanAudit = at
+	}
+}
+
+// observe is an interceptor that counts the answers of Reserve,
+// ReserveBatch and Audit for GetOverview, after the handler answered. It
+// decides nothing and changes no answer.
+func (c *consoleCounters) observe() connect.Interceptor {
+	return connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
+		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+			resp, err := next(ctx, req)
+			switch req.Spec().Procedure {
+			case capledgerv1connect.LedgerServiceReserveProcedure:
+				if err == nil {
+					if r, ok := resp.Any().(*v1.ReserveResponse); ok {
+						c.reserved(r)
+					}
+				} else if gen, ok := rejectedGeneration(err); ok {
+					c.decision(gen, "rejected")
+				}
+			case capledgerv1connect.LedgerServiceReserveBatchProcedure:
+				if r, ok := resp.Any().(*v1.ReserveBatchResponse); err == nil && ok {
+					for _, o := range r.GetOutcomes() {
+						if ok := o.GetOk(); ok != nil {
+							c.reserved(ok)
+						} else if rej := o.GetError().GetRejection(); rej != nil {
+							c.decision(rej.GetPolicyGeneration(), "rejected")
+						}
+					}
+				}
+			case capledgerv1connect.LedgerServiceAuditProcedure:
+				if r, ok := resp.Any().(*v1.AuditResponse); err == nil && ok {
+					c.audited(r.GetCheckedAt().AsTime(), len(r.GetDiscrepancies()))
+				}
+			}
+			return resp, err
+		}
+	})
+}
+
+func (c *consoleCounters) reserved(r *v1.ReserveResponse) {
+	switch {
+	case r.GetShadowRejected():
+		c.decision(r.GetPolicyGeneration(), "shadow_rejected")
+	case r.GetReplayed():
+		c.decision(r.GetPolicyGeneration(), "replayed")
+	default:
+		c.decision(r.GetPolicyGeneration(), "admitted")
+	}
+}
+
+// rejectedGeneration returns the deciding generation of a capacity
+// rejection (its RejectionDetail); ok is false for any other error.
+func rejectedGeneration(err error) (uint64, bool) {
+	var cerr *connect.Error
+	if !errors.As(err, &cerr) || cerr.Code() != connect.CodeResourceExhausted {
+		return 0, false
+	}
+	for _, d := range cerr.Details() {
+		if msg, err := d.Value(); err == nil {
+			if rej, ok := msg.(*v1.RejectionDetail); ok {
+				return rej.GetPolicyGeneration(), true
+			}
+		}
+	}
+	return 0, false
+}
+
+// GetOverview implements ConsoleService.GetOverview.
+func (c consoleService) GetOverview(ctx context.Context, _ *connect.Request[v1.GetOverviewRequest]) (*connect.Response[v1.GetOverviewResponse], error) {
+	s := c.s
+	st := s.status()
+	resp := &v1.GetOverviewResponse{
+		ServerTime: timestamp(s.clock()), Ready: st.Ready, ReadyError: st.ReadyError, WorkerLeader: st.Workers.Leader,
+	}
+	if scoped(ctx) {
+		// Every figure below counts all tenants' traffic.
+		resp.Scoped = true
+		return connect.NewResponse(resp), nil
+	}
+	for _, m := range collect(s.metrics.commands) {
+		resp.Commands = append(resp.Commands, &v1.CommandCount{
+			Kind: label(m, "kind"), Outcome: label(m, "outcome"), Count: int64(m.GetCounter().GetValue()),
+		})
+	}
+	sort.Slice(resp.Commands, func(i, j int) bool {
+		a, b := resp.Commands[i], resp.Commands[j]
+		return a.Kind < b.Kind || (a.Kind == b.Kind && a.Outcome < b.Outcome)
+	})
+	for _, m := range collect(s.metrics.rejections) {
+		resp.Rejections = append(resp.Rejections, &v1.RejectionCount{
+			Dimension: label(m, "dimension"), Reason: label(m, "reason"), Rollout: label(m, "rollout"),
+			Count: int64(m.GetCounter().GetValue()),
+		})
+	}
+	sort.Slice(resp.Rejections, func(i, j int) bool {
+		a, b := resp.Rejections[i], resp.Rejections[j]
+		return a.Dimension+"\x00"+a.Reason+"\x00"+a.Rollout < b.Dimension+"\x00"+b.Reason+"\x00"+b.Rollout
+	})
+	s.console.decisions.Range(func(k, v any) bool {
+		key := k.(decisionKey)
+		resp.Decisions = append(resp.Decisions, &v1.DecisionCount{
+			PolicyGeneration: key.generation, Outcome: key.outcome, Count: v.(*atomic.Int64).Load(),
+		})
+		return true
+	})
+	sort.Slice(resp.Decisions, func(i, j int) bool {
+		a, b := resp.Decisions[i], resp.Decisions[j]
+		return a.PolicyGeneration < b.PolicyGeneration || (a.PolicyGeneration == b.PolicyGeneration && a.Outcome < b.Outcome)
+	})
+	if ms := collect(s.metrics.commitTime); len(ms) == 1 {
+		h := ms[0].GetHistogram()
+		resp.Commit = &v1.CommitLatency{
+			Batches: int64(h.GetSampleCount()), SumSeconds: h.GetSampleSum(),
+			P50Seconds: bucketQuantile(h, 0.5), P99Seconds: bucketQuantile(h, 0.99),
+		}
+	}
+	backlog, err := s.ledger.UnknownBacklog(ctx)
+	if err != nil {
+		return nil, readError("usage unknown backlog", ReasonStoreUnavailable, err)
+	}
+	resp.UsageUnknownBacklog, resp.OldestUsageUnknownAt = backlog.Count, timestamp(backlog.OldestMarkedAt)
+	s.console.mu.Lock()
+	if !s.console.lastAudit.IsZero() {
+		resp.Audit = &v1.AuditStatus{
+			LastAuditAt: timestamp(s.console.lastAudit), LastDiscrepancies: int64(s.console.lastFound),
+			LastCleanAuditAt: timestamp(s.console.lastCleanAudit),
+		}
+	}
+	s.console.mu.Unlock()
+	return connect.NewResponse(resp), nil
+}
+
+// collect reads the current values of one collector of the server's
+// metrics (a vector: one per label set).
+func collect(c prometheus.Collector) []*dto.Metric {
+	ch := make(chan prometheus.Metric, 64)
+	go func() { c.Collect(ch); close(ch) }()
+	var out []*dto.Metric
+	for m := range ch {
+		var pb dto.Metric
+		if m.Write(&pb) == nil {
+			out = append(out, &pb)
+		}
+	}
+	return out
+}
+
+func label(m *dto.Metric, name string) string {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name {
+			return l.GetValue()
+		}
+	}
+	return ""
+}
+
+// bucketQuantile returns the upper bound of the bucket holding the q-th
+// quantile of h (the largest finite bound when it lies in +Inf), 0 for an
+// empty histogram.
+func bucketQuantile(h *dto.Histogram, q float64) float64 {
+	total := h.GetSampleCount()
+	if total == 0 {
+		return 0
+	}
+	rank := uint64(q*float64(total) + 0.999999)
+	var last float64
+	for _, b := range h.GetBucket() {
+		last = b.GetUpperBound()
+		if b.GetCumulativeCount() >= rank {
+			return last
+		}
+	}
+	return last
+}
+
+// ListAccountStandings implements ConsoleService.ListAccountStandings.
+func (c consoleService) ListAccountStandings(ctx context.Context, req *connect.Request[v1.ListAccountStandingsRequest]) (*connect.Response[v1.ListAccountStandingsResponse], error) {
+	s, m := c.s, req.Msg
+	limit := int(m.GetLimit())
+	switch {
+	case limit < 0 || limit > maxStandings:
+		return nil, invalidArgument(ReasonInvalidCommand, "limit %d: want 1 to %d (0 for %d)", limit, maxStandings, defaultStandings)
+	case limit == 0:
+		limit = defaultStandings
+	}
+	accounts, policies, err := c.accounts(ctx)
+	if err != nil {
+		return nil, err
+	}
+	active := ledger.NewActiveGenerations(policies)
+	now := s.clock()
+	var standings []*v1.AccountStanding
+	for i := range accounts {
+		a := &accounts[i]
+		k := a.Key
+		if (m.GetSubjectContains() != "" && !strings.Contains(k.Subject, m.GetSubjectContains())) ||
+			(m.GetRoute() != "" && m.GetRoute() != k.Route) || (m.GetRegion() != "" && m.GetRegion() != k.Region) ||
+			(m.GetPolicyGeneration() != 0 && m.GetPolicyGeneration() != k.Generation) {
+			continue
+		}
+		p, cerr := s.Policy(ctx, k.Generation)
+		if cerr != nil {
+			return nil, cerr
+		}
+		deciding, _ := active.Deciding(k.SubjectKey())
+		standings = append(standings, standing(a, &p, deciding == k.Generation, now))
+	}
+	sort.SliceStable(standings, func(i, j int) bool {
+		a, b := standings[i], standings[j]
+		if a.Account.Frozen != b.Account.Frozen {
+			return a.Account.Frozen
+		}
+		return a.UsedFraction > b.UsedFraction
+	})
+	resp := &v1.ListAccountStandingsResponse{Matched: int64(len(standings))}
+	resp.Accounts = standings[:min(limit, len(standings))]
+	return connect.NewResponse(resp), nil
+}
+
+// accounts returns every account in the caller's scope (as GetAccount
+// shows them, in key order) and every policy.
+func (c consoleService) accounts(ctx context.Context) ([]ledger.Account, []ledger.Policy, *connect.Error) {
+	all, err := c.s.ledger.Accounts(ctx, ledger.PolicyKey{})
+	if err != nil {
+		return nil, nil, readError("accounts", ReasonAccountNotFound, err)
+	}
+	visible := all[:0]
+	for i := range all {
+		if InScope(ctx, all[i].Key.Subject, all[i].Key.Route) {
+			visible = append(visible, all[i])
+		}
+	}
+	policies, err := c.s.ledger.Policies(ctx)
+	if err != nil {
+		return nil, nil, readError("policies", ReasonPolicyNotFound, err)
+	}
+	return visible, policies, nil
+}
+
+// standing renders one account with its limits.
+func standing(a *ledger.Account, p *ledger.Policy, active bool, now time.Time) *v1.AccountStanding {
+	out := &v1.AccountStanding{
+		Account: accountProto(a, p), Active: active, RolledBack: p.RolledBack, Rollout: rolloutToProto[p.Rollout],
+	}
+	for i := 0; i < a.Dims && i < len(p.Dimensions); i++ {
+		d, b := &p.Dimensions[i], &a.Balances[i]
+		ds := &v1.DimensionStanding{
+			Unit: d.Unit, Burst: d.Burst, Available: b.Available, RefillUnits: d.RefillUnits,
+			RefillInterval: duration(d.RefillInterval), Debt: b.Debt(),
+		}
+		if d.Burst > 0 {
+			ds.UsedFraction = float64(d.Burst-b.Available+ds.Debt) / float64(d.Burst)
+		}
+		if ds.Debt > 0 && d.RefillUnits > 0 && d.RefillInterval > 0 {
+			// Refill mints RefillUnits per whole interval from the refill
+			// cursor on, and minting repays debt before anything else.
+			intervals := (ds.Debt + d.RefillUnits - 1) / d.RefillUnits
+			from := now
+			if t := a.RefilledTo[i]; t > 0 {
+				from = time.Unix(0, t)
+			}
+			ds.RepaidAt = timestamp(from.Add(time.Duration(intervals) * d.RefillInterval))
+		}
+		out.Dimensions = append(out.Dimensions, ds)
+		out.UsedFraction = max(out.UsedFraction, ds.UsedFraction)
+	}
+	return out
+}
+
+// GetFairness implements ConsoleService.GetFairness.
+func (c consoleService) GetFairness(ctx context.Context, req *connect.Request[v1.GetFairnessRequest]) (*connect.Response[v1.GetFairnessResponse], error) {
+	accounts, policies, cerr := c.accounts(ctx)
+	if cerr != nil {
+		return nil, cerr
+	}
+	active := ledger.NewActiveGenerations(policies)
+	type groupKey struct{ route, region, unit string }
+	groups := map[groupKey]*v1.FairnessGroup{}
+	var order []groupKey
+	for i := range accounts {
+		a := &accounts[i]
+		k := a.Key
+		if deciding, _ := active.Deciding(k.SubjectKey()); deciding != k.Generation ||
+			(req.Msg.GetRoute() != "" && req.Msg.GetRoute() != k.Route) {
+			continue // only the account that admits for the subject now
+		}
+		p, cerr := c.s.Policy(ctx, k.Generation)
+		if cerr != nil {
+			return nil, cerr
+		}
+		for d := 0; d < a.Dims && d < len(p.Dimensions); d++ {
+			gk := groupKey{k.Route, k.Region, p.Dimensions[d].Unit}
+			g := groups[gk]
+			if g == nil {
+				g = &v1.FairnessGroup{Route: gk.route, Region: gk.region, Unit: gk.unit}
+				groups[gk] = g
+				order = append(order, gk)
+			}
+			g.TotalSpent += a.Balances[d].Spent
+			g.Subjects = append(g.Subjects, &v1.FairnessShare{
+				Subject: k.Subject, PolicyGeneration: k.Generation, Weight: max(p.FairnessWeight, 1),
+				Spent: a.Balances[d].Spent, Budget: p.FairnessBudget,
+			})
+		}
+	}
+	sort.Slice(order, func(i, j int) bool {
+		a, b := order[i], order[j]
+		return a.route+"\x00"+a.region+"\x00"+a.unit < b.route+"\x00"+b.region+"\x00"+b.unit
+	})
+	resp := &v1.GetFairnessResponse{}
+	for _, gk := range order {
+		g := groups[gk]
+		var weights int64
+		for _, sh := range g.Subjects {
+			weights += sh.Weight
+		}
+		for _, sh := range g.Subjects {
+			sh.FairShare = float64(sh.Weight) / float64(weights)
+			if g.TotalSpent > 0 {
+				sh.ServedShare = float64(sh.Spent) / float64(g.TotalSpent)
+			}
+			sh.Error = abs(sh.ServedShare-sh.FairShare) / sh.FairShare
+			sh.WithinBudget = sh.Error <= sh.Budget
+		}
+		resp.Groups = append(resp.Groups, g)
+	}
+	return connect.NewResponse(resp), nil
+}
+
+func abs(x float64) float64 {
+	if x < 0 {
+		return -x
+	}
+	return x
+}

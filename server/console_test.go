@@ -1,0 +1,196 @@
+package server_test
+
+import (
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/capledger/capledger/server"
+)
+
+const (
+	consoleViewer = "console-viewer-0123456789"
+	consoleScoped = "console-scoped-0123456789"
+	consoleTokens = adminToken + " admin ops\n" +
+		gatewayToken + " gateway gw-1\n" +
+		consoleViewer + " viewer oncall\n" +
+		consoleScoped + " viewer team-b subjects=tenant-b/*\n"
+)
+
+// consoleCall POSTs a JSON body to a ConsoleService method.
+func (h *harness) consoleCall(method, body, token string) response {
+	h.t.Helper()
+	req, err := http.NewRequest(http.MethodPost, h.url+"/capledger.v1.ConsoleService/"+method, strings.NewReader(body))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+token)
+	return h.do(req)
+}
+
+func (h *harness) consoleOK(method, body, token string) map[string]any {
+	h.t.Helper()
+	r := h.consoleCall(method, body, token)
+	if r.status != http.StatusOK {
+		h.t.Fatalf("%s %s: status %d: %s", method, body, r.status, r.raw)
+	}
+	return r.body
+}
+
+// consoleTraffic: tenant-a/u1 owes 100 tokens, tenant-b/u1 spent 50 and got
+// a 429, under one "*" policy (generation 1) refilling 10 tokens an hour.
+func consoleTraffic(h *harness) {
+	h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"chat.generate",
+	  "dimensions":[{"unit":"tokens","burst":"100","refillUnits":"10","refillInterval":"3600s","maxOverdraft":"1000"}]}}`, adminToken)
+	h.ok("Reserve", reserveFor("a1", "tenant-a/u1", 50), adminToken)
+	h.ok("Start", `{"reservationId":"a1","operationId":"op"}`, adminToken)
+	h.ok("Settle", `{"reservationId":"a1","operationId":"op","actualUnits":{"tokens":200}}`, adminToken)
+	h.ok("Reserve", reserveFor("b1", "tenant-b/u1", 50), adminToken)
+	h.ok("Start", `{"reservationId":"b1","operationId":"op"}`, adminToken)
+	h.ok("Settle", `{"reservationId":"b1","operationId":"op","actualUnits":{"tokens":50}}`, adminToken)
+	h.wantError(h.call("Reserve", reserveFor("b2", "tenant-b/u1", 60), adminToken), http.StatusTooManyRequests, "resource_exhausted", "INSUFFICIENT_CAPACITY")
+}
+
+func reserveFor(id, subject string, tokens int) string {
+	return `{"reservationId":"` + id + `","subject":"` + subject + `","route":"chat.generate","units":{"tokens":` + strconv.Itoa(tokens) + `}}`
+}
+
+func TestConsoleAccountStandingsNearestLimitFirst(t *testing.T) {
+	h := newHarness(t, harnessOptions{auth: true, tokens: consoleTokens})
+	consoleTraffic(h)
+	got := h.consoleOK("ListAccountStandings", `{}`, consoleViewer)
+	accounts := got["accounts"].([]any)
+	if num(got["matched"]) != 2 || len(accounts) != 2 {
+		t.Fatalf("standings: %v", got)
+	}
+	first, second := accounts[0].(map[string]any), accounts[1].(map[string]any)
+	if field(first, "account", "subject") != "tenant-a/u1" || field(first, "account", "frozen") != true {
+		t.Fatalf("first standing %v, want tenant-a/u1 frozen", first)
+	}
+	dim := first["dimensions"].([]any)[0].(map[string]any)
+	// Debt 100 at an hourly refill of 10: ten hours after the refill cursor
+	// (the harness clock stands still).
+	if num(dim["debt"]) != 100 || num(dim["available"]) != 0 || first["usedFraction"].(float64) != 2 {
+		t.Errorf("tenant-a's standing %v", first)
+	}
+	if at, _ := time.Parse(time.RFC3339, dim["repaidAt"].(string)); !at.Equal(h.clock.Now().Add(10 * time.Hour)) {
+		t.Errorf("repaid at %v, want %v", dim["repaidAt"], h.clock.Now().Add(10*time.Hour))
+	}
+	if field(second, "account", "subject") != "tenant-b/u1" || second["usedFraction"].(float64) != 0.5 || second["active"] != true {
+		t.Errorf("second standing %v, want tenant-b/u1 half used", second)
+	}
+	// Search by subject, and limit.
+	if got := h.consoleOK("ListAccountStandings", `{"subjectContains":"b/u"}`, consoleViewer); num(got["matched"]) != 1 ||
+		field(got["accounts"].([]any)[0].(map[string]any), "account", "subject") != "tenant-b/u1" {
+		t.Errorf("search b/u: %v", got)
+	}
+	if got := h.consoleOK("ListAccountStandings", `{"limit":1}`, consoleViewer); num(got["matched"]) != 2 || len(got["accounts"].([]any)) != 1 {
+		t.Errorf("limit 1: %v", got)
+	}
+	h.wantError(h.consoleCall("ListAccountStandings", `{"limit":1001}`, consoleViewer), http.StatusBadRequest, "invalid_argument", server.ReasonInvalidCommand)
+}
+
+func TestConsoleOverviewCountsDecisionsAndAudits(t *testing.T) {
+	h := newHarness(t, harnessOptions{auth: true, tokens: consoleTokens})
+	consoleTraffic(h)
+	ov := h.consoleOK("GetOverview", `{}`, consoleViewer)
+	if ov["ready"] != true || ov["scoped"] == true || ov["audit"] != nil {
+		t.Fatalf("overview %v", ov)
+	}
+	decisions := map[string]int64{}
+	for _, d := range ov["decisions"].([]any) {
+		d := d.(map[string]any)
+		decisions[d["policyGeneration"].(string)+"/"+d["outcome"].(string)] = num(d["count"])
+	}
+	if decisions["1/admitted"] != 2 || decisions["1/rejected"] != 1 || len(decisions) != 2 {
+		t.Errorf("decisions %v, want 2 admitted and 1 rejected under generation 1", decisions)
+	}
+	rej := ov["rejections"].([]any)
+	if len(rej) != 1 || field(rej[0].(map[string]any), "dimension") != "tokens" || num(rej[0].(map[string]any)["count"]) != 1 {
+		t.Errorf("rejections %v", rej)
+	}
+	var reserves int64
+	for _, c := range ov["commands"].([]any) {
+		if c := c.(map[string]any); c["kind"] == "reserve" {
+			reserves += num(c["count"])
+		}
+	}
+	if reserves != 3 {
+		t.Errorf("reserve commands %d, want 3: %v", reserves, ov["commands"])
+	}
+	if num(field(ov, "commit", "batches")) == 0 || field(ov, "commit", "p99Seconds").(float64) <= 0 {
+		t.Errorf("commit latency %v", ov["commit"])
+	}
+	// An audit through the API is what the overview reports.
+	h.ok("Audit", `{}`, adminToken)
+	ov = h.consoleOK("GetOverview", `{}`, consoleViewer)
+	if field(ov, "audit", "lastCleanAuditAt") == nil || field(ov, "audit", "lastAuditAt") != field(ov, "audit", "lastCleanAuditAt") {
+		t.Errorf("audit after a clean audit: %v", ov["audit"])
+	}
+}
+
+func TestConsoleFairnessShares(t *testing.T) {
+	h := newHarness(t, harnessOptions{auth: true, tokens: consoleTokens})
+	consoleTraffic(h)
+	got := h.consoleOK("GetFairness", `{}`, consoleViewer)
+	groups := got["groups"].([]any)
+	if len(groups) != 1 {
+		t.Fatalf("fairness %v", got)
+	}
+	g := groups[0].(map[string]any)
+	if num(g["totalSpent"]) != 250 || g["unit"] != "tokens" {
+		t.Fatalf("group %v", g)
+	}
+	for _, s := range g["subjects"].([]any) {
+		s := s.(map[string]any)
+		// Equal weights: fair 0.5 each; tenant-a spent 200 of 250.
+		want := map[string]float64{"tenant-a/u1": 0.6, "tenant-b/u1": 0.6}[s["subject"].(string)]
+		if s["fairShare"].(float64) != 0.5 || abs(s["error"].(float64)-want) > 1e-9 || s["withinBudget"] == true {
+			t.Errorf("share %v, want error %v", s, want)
+		}
+	}
+}
+
+func abs(x float64) float64 {
+	if x < 0 {
+		return -x
+	}
+	return x
+}
+
+// A scoped token sees only its tenants' accounts and none of the
+// process-wide figures; a gateway token may not call the ConsoleService.
+func TestConsoleServiceRespectsScopes(t *testing.T) {
+	h := newHarness(t, harnessOptions{auth: true, tokens: consoleTokens})
+	consoleTraffic(h)
+	h.ok("Audit", `{}`, adminToken)
+	for _, c := range []struct{ method, body string }{
+		{"GetOverview", `{}`}, {"ListAccountStandings", `{}`}, {"ListAccountStandings", `{"subjectContains":"tenant-a"}`},
+		{"GetFairness", `{}`},
+	} {
+		r := h.consoleCall(c.method, c.body, consoleScoped)
+		if r.status != http.StatusOK {
+			t.Fatalf("%s as the scoped viewer: %d %s", c.method, r.status, r.raw)
+		}
+		if strings.Contains(string(r.raw), "tenant-a") {
+			t.Errorf("%s %s shows tenant-a to a token scoped to tenant-b/*: %s", c.method, c.body, r.raw)
+		}
+		h.wantError(h.consoleCall(c.method, c.body, gatewayToken), http.StatusForbidden, "permission_denied", server.ReasonPermissionDenied)
+	}
+	ov := h.consoleOK("GetOverview", `{}`, consoleScoped)
+	if ov["scoped"] != true || ov["commands"] != nil || ov["decisions"] != nil || ov["audit"] != nil || ov["usageUnknownBacklog"] != nil {
+		t.Errorf("the scoped overview shows process-wide figures: %v", ov)
+	}
+	st := h.consoleOK("ListAccountStandings", `{}`, consoleScoped)
+	if num(st["matched"]) != 1 || field(st["accounts"].([]any)[0].(map[string]any), "account", "subject") != "tenant-b/u1" {
+		t.Errorf("scoped standings %v", st)
+	}
+	fair := h.consoleOK("GetFairness", `{}`, consoleScoped)
+	g := fair["groups"].([]any)[0].(map[string]any)
+	if num(g["totalSpent"]) != 50 || len(g["subjects"].([]any)) != 1 {
+		t.Errorf("scoped fairness counts another tenant: %v", g)
+	}
+}
