@@ -402,7 +402,6 @@ func TestConsolePagesShowTheAPIsNumbers(t *testing.T) {
 	if !rejected || len(ov.Rejections) == 0 || len(ov.Commands) == 0 {
 		t.Errorf("the overview misses the traffic: decisions %v, rejections %v", ov.Decisions, ov.Rejections)
 	}
-	b.screenshot("overview")
 
 	// Tenants: the account in debt first, then the fullest.
 	b.open("tenants")
@@ -524,10 +523,38 @@ func TestConsolePagesShowTheAPIsNumbers(t *testing.T) {
 	}
 	b.screenshot("fairness")
 
-	// The overview's rate charts (uPlot) draw once the page has sampled
-	// the API three times (every 5 s): wait for them, then look again.
+	// The overview's rate charts (uPlot) draw from the page's own samples
+	// (every 5 s): keep reserving 1 token for tenant-c (50 admitted, then
+	// 429s) until the charts hold five samples.
+	stop := make(chan struct{})
+	traffic := make(chan struct{})
+	go func() {
+		defer close(traffic)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+			body := fmt.Sprintf(`{"reservationId":"r-c-load-%d","subject":"tenant-c","route":"chat.generate","units":{"tokens":1}}`, i)
+			req, _ := http.NewRequest(http.MethodPost, base+"/capledger.v1.LedgerService/Reserve", strings.NewReader(body))
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Authorization", "Bearer "+consoleAdminToken)
+			if resp, err := http.DefaultClient.Do(req); err == nil {
+				resp.Body.Close()
+			}
+		}
+	}()
 	b.open("overview")
 	b.do(chromedp.WaitVisible(`[data-chart="decisions/s by outcome"] .uplot canvas`))
+	_, err := chromedp.Run(b.ctx, chromedp.Poll[bool](`state.decisionRates.t.length >= 5`, chromedp.WithPollingTimeout(0)))
+	close(stop)
+	<-traffic
+	if err != nil {
+		t.Fatalf("waiting for the rate samples: %v", err)
+	}
+	b.do(chromedp.WaitVisible(`[data-chart="429/s by limiting dimension"] .uplot canvas`))
+	b.screenshot("overview")
 	b.noConsoleErrors(true)
 }
 
