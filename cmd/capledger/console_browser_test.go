@@ -109,18 +109,21 @@ func mustCall(t *testing.T, base, token, procedure string, req, resp proto.Messa
 	}
 }
 
-// consoleTraffic publishes three tenants' policies and makes the traffic
+// consoleTraffic publishes four tenants' policies and makes the traffic
 // the pages show: tenant-a owes debt, tenant-b got a 429 and has a
-// USAGE_UNKNOWN reservation, tenant-c has an emergency shard. Refill is
+// USAGE_UNKNOWN reservation, tenant-c has an emergency shard, tenant-d has
+// a rolled-back generation. Refill is
 // hourly and epochs are long, so nothing changes by itself during the test.
 func consoleTraffic(t *testing.T, base string) {
 	t.Helper()
-	publish := func(subject string, weight int64, emergency bool) {
+	publish := func(subject string, weight int64, emergency bool) uint64 {
+		var resp v1.PublishPolicyResponse
 		mustCall(t, base, consoleAdminToken, "LedgerService/PublishPolicy", &v1.PublishPolicyRequest{Policy: &v1.Policy{
 			Subject: subject, Route: "chat.generate",
 			Dimensions: []*v1.Dimension{{Unit: "tokens", RefillUnits: 10, RefillInterval: durationpb.New(time.Hour), Burst: 100, MaxOverdraft: 1000}},
 			HoldTtl:    durationpb.New(time.Hour), EpochLength: durationpb.New(8760 * time.Hour), FairnessWeight: weight, EmergencyMode: emergency,
-		}}, &v1.PublishPolicyResponse{})
+		}}, &resp)
+		return resp.Policy.GetGeneration()
 	}
 	publish("tenant-a", 1, false)
 	publish("tenant-b", 2, false)
@@ -165,6 +168,17 @@ func consoleTraffic(t *testing.T, base string) {
 		ShardId: "shard-c1", Subject: "tenant-c", Route: "chat.generate", Units: map[string]int64{"tokens": 20},
 		GatewayId: "gw-1", BootEpoch: 1, Ttl: durationpb.New(time.Hour),
 	}, &v1.IssueShardResponse{})
+	// tenant-d: a second generation, reserved under, then rolled back:
+	// what is left on it drains to the first.
+	publish("tenant-d", 1, false)
+	if code := reserve("r-d1", "tenant-d", 10); code != http.StatusOK {
+		t.Fatalf("reserve r-d1: HTTP %d", code)
+	}
+	second := publish("tenant-d", 3, false)
+	if code := reserve("r-d2", "tenant-d", 5); code != http.StatusOK {
+		t.Fatalf("reserve r-d2: HTTP %d", code)
+	}
+	mustCall(t, base, consoleAdminToken, "LedgerService/RollbackPolicy", &v1.RollbackPolicyRequest{Generation: second}, &v1.RollbackPolicyResponse{})
 	// An audit, so the overview has a last clean audit to show.
 	var audit v1.AuditResponse
 	mustCall(t, base, consoleAdminToken, "LedgerService/Audit", &v1.AuditRequest{}, &audit)
@@ -293,6 +307,26 @@ func (b *browser) want(sel, want string) {
 	}
 }
 
+// wantEventually is want for a figure a worker may change at any time: on
+// a difference it waits for the page's next refresh (every 5 s) and
+// compares with a fresh answer again, a few times.
+func (b *browser) wantEventually(route, sel string, want func() string) {
+	b.t.Helper()
+	for try := 1; ; try++ {
+		w := want()
+		got := b.text(sel)
+		if got == w {
+			return
+		}
+		if try == 5 {
+			b.t.Errorf("%s shows %q, the API says %q", sel, got, w)
+			return
+		}
+		b.unready()
+		b.waitRendered(route)
+	}
+}
+
 // screenshot saves the page as a PNG.
 func (b *browser) screenshot(name string) {
 	b.t.Helper()
@@ -408,8 +442,8 @@ func TestConsolePagesShowTheAPIsNumbers(t *testing.T) {
 	var st v1.ListAccountStandingsResponse
 	mustCall(t, base, tok, "ConsoleService/ListAccountStandings", &v1.ListAccountStandingsRequest{Limit: 20}, &st)
 	b.want(`[data-value="matched"]`, fmtInt(st.Matched))
-	if n := b.count(`main tbody tr`); n != len(st.Accounts) || n != 3 {
-		t.Errorf("tenants shows %d rows, the API %d (want 3)", n, len(st.Accounts))
+	if n := b.count(`main tbody tr`); n != len(st.Accounts) || n != 5 {
+		t.Errorf("tenants shows %d rows, the API %d (want 5: tenant-d has two generations)", n, len(st.Accounts))
 	}
 	for i, s := range st.Accounts {
 		a := s.Account
@@ -492,9 +526,36 @@ func TestConsolePagesShowTheAPIsNumbers(t *testing.T) {
 	if n := b.count(`main tbody tr`); n != len(pols.Policies) {
 		t.Errorf("policies shows %d rows, the API %d", n, len(pols.Policies))
 	}
+	var rolledBack int
 	for _, p := range pols.Policies {
-		b.want(fmt.Sprintf(`tr[data-key="g%d"] td[data-field="subject"]`, p.Generation), p.Subject)
-		b.want(fmt.Sprintf(`tr[data-key="g%d"] td[data-field="state"]`, p.Generation), "active")
+		row := fmt.Sprintf(`tr[data-key="g%d"]`, p.Generation)
+		b.want(row+` td[data-field="subject"]`, p.Subject)
+		switch {
+		case p.RolledBack:
+			rolledBack++
+			b.want(row+` td[data-field="state"]`, "rolled back")
+			// What is left on the rolled-back generation's accounts: the
+			// epoch worker may drain it meanwhile, so compare again after
+			// the page's next refresh when they differ.
+			b.wantEventually("policies", row+` td[data-field="drain"]`, func() string {
+				var left v1.ListAccountStandingsResponse
+				mustCall(t, base, tok, "ConsoleService/ListAccountStandings", &v1.ListAccountStandingsRequest{PolicyGeneration: p.Generation, Limit: 1000}, &left)
+				var sum int64
+				for _, s := range left.Accounts {
+					for _, bal := range s.Account.Balances {
+						sum += bal.Available + bal.Reserved + bal.Debt
+					}
+				}
+				return fmt.Sprintf("%s on %d accounts", fmtInt(sum), len(left.Accounts))
+			})
+		case p.Active:
+			b.want(row+` td[data-field="state"]`, "active")
+		default:
+			b.want(row+` td[data-field="state"]`, "superseded")
+		}
+	}
+	if rolledBack != 1 {
+		t.Errorf("%d rolled-back generations, want 1", rolledBack)
 	}
 	b.screenshot("policies")
 
@@ -511,7 +572,7 @@ func TestConsolePagesShowTheAPIsNumbers(t *testing.T) {
 	b.open("fairness")
 	var fair v1.GetFairnessResponse
 	mustCall(t, base, tok, "ConsoleService/GetFairness", &v1.GetFairnessRequest{}, &fair)
-	if len(fair.Groups) != 1 || len(fair.Groups[0].Subjects) != 3 {
+	if len(fair.Groups) != 1 || len(fair.Groups[0].Subjects) != 4 {
 		t.Fatalf("fairness %v", fair.Groups)
 	}
 	for _, g := range fair.Groups {
@@ -546,7 +607,7 @@ func TestConsolePagesShowTheAPIsNumbers(t *testing.T) {
 		}
 	}()
 	b.open("overview")
-	b.do(chromedp.WaitVisible(`[data-chart="decisions/s by outcome"] .uplot canvas`))
+	b.do(chromedp.WaitVisible(`[data-chart="decisions/s by generation and outcome"] .uplot canvas`))
 	_, err := chromedp.Run(b.ctx, chromedp.Poll[bool](`state.decisionRates.t.length >= 5`, chromedp.WithPollingTimeout(0)))
 	close(stop)
 	<-traffic
@@ -572,7 +633,7 @@ func TestConsoleScopedTokenSeesOnlyItsTenant(t *testing.T) {
 	for _, page := range []string{"overview", "tenants", "tenants/tenant-a/chat.generate/global", "backlog", "debts", "policies", "shards", "fairness"} {
 		b.open(page)
 		body := b.eval(`document.body.innerText`)
-		for _, other := range []string{"tenant-b", "tenant-c", "r-b3", "shard-c1"} {
+		for _, other := range []string{"tenant-b", "tenant-c", "tenant-d", "r-b3", "shard-c1"} {
 			if strings.Contains(body, other) {
 				t.Errorf("page %s shows %q to a token scoped to tenant-a:\n%s", page, other, body)
 			}

@@ -92,6 +92,13 @@ class Series {
     this.names.forEach((name, i) => this.v[i].push(values[name] ?? 0));
     if (this.t.length > HISTORY_POINTS) { this.t.shift(); this.v.forEach((a) => a.shift()); }
   }
+  // ensure adds series that appeared since (a new generation), with zeros
+  // for the samples taken before.
+  ensure(names) {
+    for (const name of names) {
+      if (!this.names.includes(name)) { this.names.push(name); this.v.push(this.t.map(() => 0)); }
+    }
+  }
   data() { return [this.t, ...this.v]; }
 }
 const palette = ["#2e90fa", "#f04438", "#12b76a", "#f79009", "#7a5af8", "#ee46bc", "#667085", "#0ba5ec"];
@@ -176,11 +183,11 @@ pages.overview = async function (main) {
 
   // Rates: differences of cumulative counters between two answers.
   const decided = {}, rejected = {};
-  for (const d of ov.decisions || []) decided[d.outcome] = (decided[d.outcome] || 0) + n(d.count);
+  for (const d of ov.decisions || []) decided["g" + n(d.policyGeneration) + " " + d.outcome] = n(d.count);
   for (const r of ov.rejections || []) if (r.rollout === "enforce") rejected[r.dimension] = (rejected[r.dimension] || 0) + n(r.count);
   const prev = state.prevOverview;
-  const outcomes = ["admitted", "rejected", "shadow_rejected", "replayed"];
-  if (!state.decisionRates) state.decisionRates = new Series(outcomes);
+  if (!state.decisionRates) state.decisionRates = new Series([]);
+  state.decisionRates.ensure(Object.keys(decided).sort());
   const dims = Object.keys(rejected).sort();
   if (!state.rejectionRates || state.rejectionRates.names.join() !== dims.join()) state.rejectionRates = new Series(dims);
   if (prev && now > prev.at) {
@@ -192,7 +199,7 @@ pages.overview = async function (main) {
   state.prevOverview = { at: now, decided, rejected };
   const charts = el("div", {});
   main.append(el("h2", {}, "Rates (sampled by this page)"), charts);
-  chart(charts, "decisions/s by outcome", state.decisionRates, "per s");
+  if (state.decisionRates.names.length) chart(charts, "decisions/s by generation and outcome", state.decisionRates, "per s");
   if (dims.length) chart(charts, "429/s by limiting dimension", state.rejectionRates, "per s");
 
   main.append(el("h2", {}, "Reserve decisions by generation (since this replica started)"));

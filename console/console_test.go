@@ -1,0 +1,71 @@
+package console_test
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/capledger/capledger/console"
+)
+
+func get(t *testing.T, h http.Handler, method, path string) *http.Response {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(method, path, nil))
+	return rec.Result()
+}
+
+func TestHandlerServesTheEmbeddedFiles(t *testing.T) {
+	h := console.Handler()
+	for path, wantType := range map[string]string{
+		"/ui/":                               "text/html",
+		"/ui/app.js":                         "text/javascript",
+		"/ui/style.css":                      "text/css",
+		"/ui/vendor/uplot/uPlot.iife.min.js": "text/javascript",
+		"/ui/vendor/uplot/uPlot.min.css":     "text/css",
+		"/ui/vendor/uplot/LICENSE":           "text/plain",
+	} {
+		resp := get(t, h, http.MethodGet, path)
+		if resp.StatusCode != http.StatusOK || !strings.HasPrefix(resp.Header.Get("Content-Type"), wantType) {
+			t.Errorf("GET %s: %d %s, want 200 %s", path, resp.StatusCode, resp.Header.Get("Content-Type"), wantType)
+		}
+		if csp := resp.Header.Get("Content-Security-Policy"); !strings.Contains(csp, "script-src 'self'") || !strings.Contains(csp, "connect-src 'self'") {
+			t.Errorf("GET %s: Content-Security-Policy %q", path, csp)
+		}
+	}
+	if resp := get(t, h, http.MethodGet, "/ui"); resp.StatusCode != http.StatusMovedPermanently || resp.Header.Get("Location") != "/ui/" {
+		t.Errorf("GET /ui: %d to %q, want a redirect to /ui/", resp.StatusCode, resp.Header.Get("Location"))
+	}
+	if resp := get(t, h, http.MethodPost, "/ui/"); resp.StatusCode != http.StatusMethodNotAllowed {
+		t.Errorf("POST /ui/: %d, want 405", resp.StatusCode)
+	}
+	if resp := get(t, h, http.MethodGet, "/ui/missing.js"); resp.StatusCode != http.StatusNotFound {
+		t.Errorf("GET /ui/missing.js: %d, want 404", resp.StatusCode)
+	}
+}
+
+// The vendored uPlot is the version UPlotVersion names, the page and the
+// docs say, and its license is beside it.
+func TestVendoredUPlotVersion(t *testing.T) {
+	lib, err := os.ReadFile("assets/vendor/uplot/uPlot.iife.min.js")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`uPlot \(v([0-9.]+)\)`).FindSubmatch(lib)
+	if m == nil || string(m[1]) != console.UPlotVersion {
+		t.Fatalf("vendored uPlot header %q, UPlotVersion %s", m, console.UPlotVersion)
+	}
+	page := get(t, console.Handler(), http.MethodGet, "/ui/")
+	body, _ := io.ReadAll(page.Body)
+	if !strings.Contains(string(body), "uPlot "+console.UPlotVersion) {
+		t.Errorf("index.html does not name uPlot %s", console.UPlotVersion)
+	}
+	license, err := os.ReadFile("assets/vendor/uplot/LICENSE")
+	if err != nil || !strings.Contains(string(license), "MIT License") {
+		t.Errorf("uPlot's license: %v", err)
+	}
+}
