@@ -146,9 +146,11 @@ func rejectedGeneration(err error) (uint64, bool) {
 // GetOverview implements ConsoleService.GetOverview.
 func (c consoleService) GetOverview(ctx context.Context, _ *connect.Request[v1.GetOverviewRequest]) (*connect.Response[v1.GetOverviewResponse], error) {
 	s := c.s
-	st := s.status()
-	resp := &v1.GetOverviewResponse{
-		ServerTime: timestamp(s.clock()), Ready: st.Ready, ReadyError: st.ReadyError, WorkerLeader: st.Workers.Leader,
+	resp := &v1.GetOverviewResponse{ServerTime: timestamp(s.clock()), WorkerLeader: s.status().Workers.Leader}
+	if _, err := s.readiness(ctx); err != nil {
+		resp.ReadyError = err.Error()
+	} else {
+		resp.Ready = true
 	}
 	if scoped(ctx) {
 		// Every figure below counts all tenants' traffic.

@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	"github.com/capledger/capledger/server"
+	"github.com/capledger/capledger/store"
 )
 
 const (
@@ -27,7 +29,9 @@ func (h *harness) consoleCall(method, body, token string) response {
 		h.t.Fatal(err)
 	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Authorization", "Bearer "+token)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
 	return h.do(req)
 }
 
@@ -192,5 +196,22 @@ func TestConsoleServiceRespectsScopes(t *testing.T) {
 	g := fair["groups"].([]any)[0].(map[string]any)
 	if num(g["totalSpent"]) != 50 || len(g["subjects"].([]any)) != 1 {
 		t.Errorf("scoped fairness counts another tenant: %v", g)
+	}
+}
+
+// The overview's readiness is /readyz's: not ready after a failed commit,
+// with the reason, and ready again after the next commit worked.
+func TestConsoleOverviewReadinessIsReadyz(t *testing.T) {
+	h := newHarness(t, harnessOptions{faults: true})
+	h.ok("PublishPolicy", tokensPolicy, "")
+	h.faults.FailNextCommit(fmt.Errorf("disk gone: %w", store.ErrUnavailable))
+	h.wantError(h.call("Reserve", reserveBody("lost", 10), ""), http.StatusServiceUnavailable, "unavailable", server.ReasonStoreUnavailable)
+	ov := h.consoleOK("GetOverview", `{}`, "")
+	if ov["ready"] == true || !strings.Contains(fmt.Sprint(ov["readyError"]), "disk gone") {
+		t.Errorf("overview after a failed commit: %v", ov)
+	}
+	h.ok("Reserve", reserveBody("lost", 10), "")
+	if ov := h.consoleOK("GetOverview", `{}`, ""); ov["ready"] != true || ov["readyError"] != nil {
+		t.Errorf("overview after recovery: %v", ov)
 	}
 }

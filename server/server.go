@@ -270,23 +270,7 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 // takes a replica whose store is unreachable out of rotation.
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	err := s.ledger.Ready()
-	if err == nil {
-		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
-		// Generation 0 never exists: the read proves the store answers,
-		// whatever it holds, at the cost of one indexed lookup.
-		_, err = s.ledger.Policy(ctx, 0)
-		cancel()
-		if errors.Is(err, store.ErrNotFound) {
-			err = nil
-		}
-	}
-	var detail string
-	if err == nil && s.ready != nil {
-		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
-		detail, err = s.ready(ctx)
-		cancel()
-	}
+	detail, err := s.readiness(r.Context())
 	if err != nil {
 		w.WriteHeader(http.StatusServiceUnavailable)
 		fmt.Fprintf(w, "not ready: %v\n", err)
@@ -296,4 +280,27 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	if detail != "" {
 		fmt.Fprintln(w, detail)
 	}
+}
+
+// readiness is the check of /readyz (and of the console's overview): nil
+// when the engine's last store access worked, a read of the store works
+// now and the ReadyCheck, if any, passes; detail is the ReadyCheck's.
+func (s *Server) readiness(ctx context.Context) (detail string, err error) {
+	err = s.ledger.Ready()
+	if err == nil {
+		readCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		// Generation 0 never exists: the read proves the store answers,
+		// whatever it holds, at the cost of one indexed lookup.
+		_, err = s.ledger.Policy(readCtx, 0)
+		cancel()
+		if errors.Is(err, store.ErrNotFound) {
+			err = nil
+		}
+	}
+	if err == nil && s.ready != nil {
+		checkCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		detail, err = s.ready(checkCtx)
+		cancel()
+	}
+	return detail, err
 }

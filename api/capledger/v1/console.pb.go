@@ -77,8 +77,9 @@ func (*GetOverviewRequest) Descriptor() ([]byte, []int) {
 type GetOverviewResponse struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	ServerTime *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=server_time,json=serverTime,proto3" json:"server_time,omitempty"`
-	// Whether the engine's last store access worked (as /readyz's first
-	// check) and, if not, why.
+	// What /readyz answers: ready when the engine's last store access
+	// worked, a store read works now and the replication check (PostgreSQL)
+	// passes; if not, why.
 	Ready      bool   `protobuf:"varint,2,opt,name=ready,proto3" json:"ready,omitempty"`
 	ReadyError string `protobuf:"bytes,3,opt,name=ready_error,json=readyError,proto3" json:"ready_error,omitempty"`
 	// Whether this replica holds the worker lease (runs expiry, epoch close,
