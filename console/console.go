@@ -22,8 +22,8 @@ const Prefix = "/ui/"
 //go:embed assets
 var assets embed.FS
 
-// UPlotVersion is the vendored uPlot release (assets/vendor/uplot; the
-// README of docs/CONSOLE.md says how to update it).
+// UPlotVersion is the vendored uPlot release (assets/vendor/uplot;
+// docs/CONSOLE.md, "Updating uPlot", says how to move to another one).
 const UPlotVersion = "1.6.32"
 
 // Handler serves the console's files under Prefix and redirects the bare

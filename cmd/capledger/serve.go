@@ -51,7 +51,8 @@ Flags:
                       "sqlite:PATH", "memory" (not durable: for trying
                       things out), or a postgres://user@host:5432/db URL
   --tokens FILE       bearer tokens, one "token role name" per line, role
-                      gateway or admin (# comments allowed). Without it auth
+                      gateway, viewer (read-only, e.g. for the console at
+                      /ui) or admin (# comments allowed). Without it auth
                       is off and serve listens on loopback addresses only.
   --shard-keys PATH   emergency-shard signing keys: a keys file or a directory
                       of them (see "capledger shard --help"); default: the
