@@ -389,9 +389,9 @@ func writeConsoleTokens(t *testing.T) string {
 	return path
 }
 
-// TestConsolePagesShowTheAPIsNumbers loads every page with a viewer token
+// TestConsoleBrowserPagesShowTheAPIsNumbers loads every page with a viewer token
 // and compares what it shows with the API's answers.
-func TestConsolePagesShowTheAPIsNumbers(t *testing.T) {
+func TestConsoleBrowserPagesShowTheAPIsNumbers(t *testing.T) {
 	chromiumPath(t)
 	base := startInProcess(t, "--tokens", writeConsoleTokens(t))
 	consoleTraffic(t, base)
@@ -619,9 +619,9 @@ func TestConsolePagesShowTheAPIsNumbers(t *testing.T) {
 	b.noConsoleErrors(true)
 }
 
-// TestConsoleScopedTokenSeesOnlyItsTenant loads every page with a viewer
+// TestConsoleBrowserScopedTokenSeesOnlyItsTenant loads every page with a viewer
 // token scoped to tenant-a: no other tenant's name or number appears.
-func TestConsoleScopedTokenSeesOnlyItsTenant(t *testing.T) {
+func TestConsoleBrowserScopedTokenSeesOnlyItsTenant(t *testing.T) {
 	chromiumPath(t)
 	base := startInProcess(t, "--tokens", writeConsoleTokens(t))
 	consoleTraffic(t, base)
@@ -655,9 +655,9 @@ func TestConsoleScopedTokenSeesOnlyItsTenant(t *testing.T) {
 	b.noConsoleErrors(true)
 }
 
-// TestConsoleWithoutAuth: zero-config serve has auth off, and the console
+// TestConsoleBrowserWithoutAuth: zero-config serve has auth off, and the console
 // works without a token.
-func TestConsoleWithoutAuth(t *testing.T) {
+func TestConsoleBrowserWithoutAuth(t *testing.T) {
 	chromiumPath(t)
 	base := startInProcess(t)
 	b := newBrowser(t, base)
