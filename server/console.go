@@ -86,17 +86,23 @@ func (c *consoleCounters) observe() connect.Interceptor {
 	return connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
 		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
 			resp, err := next(ctx, req)
+			if err != nil {
+				// A capacity rejection of a single Reserve is a decision;
+				// any other failure decided nothing (and resp is nil).
+				if req.Spec().Procedure == capledgerv1connect.LedgerServiceReserveProcedure {
+					if gen, ok := rejectedGeneration(err); ok {
+						c.decision(gen, "rejected")
+					}
+				}
+				return resp, err
+			}
 			switch req.Spec().Procedure {
 			case capledgerv1connect.LedgerServiceReserveProcedure:
-				if err == nil {
-					if r, ok := resp.Any().(*v1.ReserveResponse); ok {
-						c.reserved(r)
-					}
-				} else if gen, ok := rejectedGeneration(err); ok {
-					c.decision(gen, "rejected")
+				if r, ok := resp.Any().(*v1.ReserveResponse); ok {
+					c.reserved(r)
 				}
 			case capledgerv1connect.LedgerServiceReserveBatchProcedure:
-				if r, ok := resp.Any().(*v1.ReserveBatchResponse); err == nil && ok {
+				if r, ok := resp.Any().(*v1.ReserveBatchResponse); ok {
 					for _, o := range r.GetOutcomes() {
 						if ok := o.GetOk(); ok != nil {
 							c.reserved(ok)
@@ -106,7 +112,7 @@ func (c *consoleCounters) observe() connect.Interceptor {
 					}
 				}
 			case capledgerv1connect.LedgerServiceAuditProcedure:
-				if r, ok := resp.Any().(*v1.AuditResponse); err == nil && ok {
+				if r, ok := resp.Any().(*v1.AuditResponse); ok {
 					c.audited(r.GetCheckedAt().AsTime(), len(r.GetDiscrepancies()))
 				}
 			}

@@ -215,3 +215,25 @@ func TestConsoleOverviewReadinessIsReadyz(t *testing.T) {
 		t.Errorf("overview after recovery: %v", ov)
 	}
 }
+
+// ReserveBatch items count as decisions one by one; a refused call (over
+// the item limit) decided nothing and is answered as without the console.
+func TestConsoleOverviewCountsBatchDecisions(t *testing.T) {
+	h := newHarness(t, harnessOptions{auth: true, tokens: consoleTokens})
+	consoleTraffic(h) // 2 admitted, 1 rejected
+	h.ok("ReserveBatch", `{"requests":[`+reserveFor("c1", "tenant-c/u1", 10)+`,`+reserveFor("c2", "tenant-c/u1", 95)+`,`+reserveFor("c1", "tenant-c/u1", 10)+`]}`, adminToken)
+	many := make([]string, server.MaxBatchItems+1)
+	for i := range many {
+		many[i] = reserveFor(fmt.Sprint("m", i), "tenant-c/u1", 1)
+	}
+	h.wantError(h.call("ReserveBatch", `{"requests":[`+strings.Join(many, ",")+`]}`, adminToken), http.StatusBadRequest, "invalid_argument", server.ReasonInvalidCommand)
+	h.wantError(h.call("Reserve", reserveFor("x", "", 1), adminToken), http.StatusBadRequest, "invalid_argument", server.ReasonInvalidCommand)
+	decisions := map[string]int64{}
+	for _, d := range h.consoleOK("GetOverview", `{}`, consoleViewer)["decisions"].([]any) {
+		d := d.(map[string]any)
+		decisions[d["outcome"].(string)] += num(d["count"])
+	}
+	if decisions["admitted"] != 3 || decisions["rejected"] != 2 || decisions["replayed"] != 1 || len(decisions) != 3 {
+		t.Errorf("decisions %v, want 3 admitted, 2 rejected, 1 replayed", decisions)
+	}
+}
