@@ -38,6 +38,11 @@ var adminOnly = map[string]bool{
 	capledgerv1connect.LedgerServicePublishPolicyProcedure:  true,
 	capledgerv1connect.LedgerServiceRollbackPolicyProcedure: true,
 	capledgerv1connect.LedgerServiceAuditProcedure:          true,
+	// Rollout changes and rollbacks are the operator's (rollout.proto).
+	capledgerv1connect.RolloutServiceCreateRolloutProcedure:       true,
+	capledgerv1connect.RolloutServiceSetRolloutShareProcedure:     true,
+	capledgerv1connect.RolloutServiceUndoRolloutStepProcedure:     true,
+	capledgerv1connect.RolloutServiceRollbackGenerationsProcedure: true,
 }
 
 // viewerMay are the procedures of the viewer role (reads only). The
@@ -53,12 +58,20 @@ var viewerMay = map[string]bool{
 	capledgerv1connect.ShardServiceGetShardProcedure:          true,
 	capledgerv1connect.ShardServiceListShardsProcedure:        true,
 	capledgerv1connect.ShardServiceListShardKeysProcedure:     true,
+	capledgerv1connect.RolloutServiceGetRolloutProcedure:      true,
+	capledgerv1connect.RolloutServiceListRolloutsProcedure:    true,
+	capledgerv1connect.RolloutServiceShadowReportProcedure:    true,
+	capledgerv1connect.RolloutServiceDrainProgressProcedure:   true,
 }
 
 // gatewayMayNot are the procedures beyond adminOnly a gateway may not call.
 var gatewayMayNot = map[string]bool{
 	capledgerv1connect.LedgerServiceListUsageUnknownProcedure: true,
 	capledgerv1connect.LedgerServiceListDebtsProcedure:        true,
+	capledgerv1connect.RolloutServiceGetRolloutProcedure:      true,
+	capledgerv1connect.RolloutServiceListRolloutsProcedure:    true,
+	capledgerv1connect.RolloutServiceShadowReportProcedure:    true,
+	capledgerv1connect.RolloutServiceDrainProgressProcedure:   true,
 }
 
 // RoleMay reports whether role may call procedure (a full procedure name,

@@ -246,6 +246,10 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	if resolver != nil {
 		srvCfg.Resolver = eng
 	}
+	if rollouts, ok := st.(store.Rollouts); ok {
+		srvCfg.Rollouts = rollouts
+	}
+	srvCfg.Drains = eng
 	srv := server.New(eng, srvCfg)
 	if envoyConfig != nil {
 		envoyrls.New(srv, envoyConfig, log).Mount()
