@@ -136,7 +136,7 @@ func TestRolloutStepDecidesReserves(t *testing.T) {
 func TestShadowComparison(t *testing.T) {
 	h := newHarness(t, harnessOptions{auth: true, tokens: rolloutTokens()})
 	h.ok("PublishPolicy", shadowPolicy("chat.generate"), adminToken)
-	const gen = "1" // the store's first generation
+	const gen = "1"                                                               // the store's first generation
 	h.ok("Reserve", reserveOn("a1", "chat.generate", 600, "allow"), gatewayToken) // both allow
 	h.ok("Reserve", reserveOn("a1", "chat.generate", 600, "allow"), gatewayToken) // replay: not counted
 	h.ok("Reserve", reserveOn("a2", "chat.generate", 600, "allow"), gatewayToken) // legacy allow, capledger deny (shadow)
