@@ -1,0 +1,103 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// A rollback drains to zero across a restart, on a real SQLite data
+// directory: generation 2 is rolled back with a hold, started work and
+// debt on it; the drain shows them, the server stops and starts again on
+// the same directory, the work settles, the hold expires, and `rollback
+// --status --wait` sees everything reach zero; the audit then finds
+// nothing.
+func TestRollbackDrainsToZeroAcrossRestart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	bin := buildBinary(t)
+	dir := t.TempDir()
+	dataDir := filepath.Join(dir, "data")
+	srv := startServer(t, bin, dataDir)
+	policy := func(name, mode string) string {
+		path := filepath.Join(dir, name)
+		body := "subject: \"*\"\nroute: chat.generate\nrollout: " + mode + "\nholdTTL: 3s\n" +
+			"dimensions:\n  - unit: tokens\n    burst: 1000\n    refillUnits: 1\n    refillInterval: 1h\n    maxOverdraft: 1000\n"
+		if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	run := func(want int, args ...string) string {
+		t.Helper()
+		code, out, errOut := cli(t, srv.url, args...)
+		wantExit(t, want, code, out, errOut)
+		return out + errOut
+	}
+	run(0, "policy", "publish", policy("shadow.yaml", "shadow")) // generation 1
+	run(0, "policy", "publish", policy("enforce.yaml", "enforce"))
+	units := func(n string) string { return "tokens=" + n }
+	reserve := func(id, n string) {
+		run(0, "reserve", "--subject", "tenant-7", "--route", "chat.generate", "--units", units(n), "--id", id)
+	}
+	reserve("hold", "100")
+	reserve("run", "200")
+	run(0, "start", "--id", "run", "--operation", "op-run")
+	reserve("over", "100")
+	run(0, "start", "--id", "over", "--operation", "op-over")
+	// 900 against a hold of 100: 600 from available, 200 as debt.
+	run(0, "settle", "--id", "over", "--operation", "op-over", "--units", units("900"))
+
+	out := run(0, "rollback", "2")
+	if !strings.Contains(out, "rolled back generation 2 of */chat.generate@global; active now: generation 1") {
+		t.Fatalf("rollback said:\n%s", out)
+	}
+	// The hold and the started work are still reserved; the drain moved
+	// the debt to generation 1, where refill repays it.
+	if !regexpLine(out, `^2\s+\*/chat.generate@global\s+rolled back\s+1\s+tokens=300\s+0\s+0\s+-\s+0\s+false$`) {
+		t.Fatalf("drain progress right after the rollback:\n%s", out)
+	}
+	out = run(4, "rollback", "--status", "2", "--wait", "--max-wait", "1ms", "--interval", "1ms")
+	if !strings.Contains(out, "not drained after 1ms") || !strings.Contains(out, "300 units left") {
+		t.Fatalf("--wait that gives up:\n%s", out)
+	}
+
+	if err := srv.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.cmd.Wait(); err != nil {
+		t.Fatalf("serve after SIGTERM: %v\n%s", err, srv.logs.String())
+	}
+	srv = startServer(t, bin, dataDir)
+	out = run(0, "rollback", "--status", "2")
+	if !regexpLine(out, `^2\s+\*/chat.generate@global\s+rolled back\s+1\s+tokens=300\s+`) {
+		t.Fatalf("after the restart:\n%s", out)
+	}
+	run(0, "settle", "--id", "run", "--operation", "op-run", "--units", units("150"))
+	started := time.Now()
+	out = run(0, "rollback", "--status", "2", "--wait", "--interval", "100ms", "--max-wait", "2m")
+	if !regexpLine(out, `^2\s+\*/chat.generate@global\s+rolled back\s+1\s+0\s+0\s+0\s+-\s+0\s+true$`) || !strings.Contains(out, "100%") {
+		t.Fatalf("drained after %s:\n%s", time.Since(started), out)
+	}
+	run(0, "audit")
+	out = run(0, "get", "hold")
+	if !strings.Contains(out, "RESERVATION_STATE_EXPIRED") {
+		t.Errorf("the hold did not expire:\n%s", out)
+	}
+}
+
+// regexpLine reports whether some line of out matches pattern.
+func regexpLine(out, pattern string) bool {
+	re := regexp.MustCompile(pattern)
+	for _, line := range strings.Split(out, "\n") {
+		if re.MatchString(strings.TrimRight(line, " ")) {
+			return true
+		}
+	}
+	return false
+}
