@@ -14,6 +14,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/capledger/capledger/api/capledger/v1/capledgerv1connect"
+	"github.com/capledger/capledger/ledger"
 )
 
 // Role is what a token may do.
@@ -43,6 +44,7 @@ var adminOnly = map[string]bool{
 	capledgerv1connect.RolloutServiceSetRolloutShareProcedure:     true,
 	capledgerv1connect.RolloutServiceUndoRolloutStepProcedure:     true,
 	capledgerv1connect.RolloutServiceRollbackGenerationsProcedure: true,
+	capledgerv1connect.RolloutServiceCarveLegacyBudgetProcedure:   true,
 }
 
 // viewerMay are the procedures of the viewer role (reads only). The
@@ -244,7 +246,9 @@ func bearerToken(header string) (string, bool) {
 // with reason PERMISSION_DENIED otherwise.
 func authorizeGateway(ctx context.Context, procedure, gatewayID string) *connect.Error {
 	id, ok := IdentityFrom(ctx)
-	if !ok || id.Role == RoleAdmin || id.Name == gatewayID {
+	if !ok || id.Role == RoleAdmin || id.Name == gatewayID || gatewayID == ledger.LegacyGateway(id.Name) {
+		// A legacy limiter's token acts for its budgets' gateway id,
+		// "legacy:" + its name (ledger.LegacyGateway).
 		return nil
 	}
 	return withReason(connect.NewError(connect.CodePermissionDenied,

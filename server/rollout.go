@@ -501,3 +501,28 @@ func stepProto(s *ledger.RolloutStep) *v1.RolloutStep {
 	return &v1.RolloutStep{Seq: int32(s.Seq), Action: string(s.Action), Percent: percent(s.Share), PriorPercent: percent(s.Prior),
 		Who: s.Who, At: timestamppb.New(s.At), Undoes: int32(s.Undoes), UndoneBy: int32(s.UndoneBy)}
 }
+
+// CarveLegacyBudget implements RolloutService.CarveLegacyBudget: the
+// ShardService's issuance for gateway id ledger.LegacyGateway(identity),
+// with ShardArgs.Legacy set (the admin role alone may call it).
+func (svc *rolloutService) CarveLegacyBudget(ctx context.Context, req *connect.Request[v1.CarveLegacyBudgetRequest]) (*connect.Response[v1.CarveLegacyBudgetResponse], error) {
+	m := req.Msg
+	if cerr := checkID("budget_id", m.GetBudgetId()); cerr != nil {
+		return nil, cerr
+	}
+	if cerr := checkID("identity", m.GetIdentity()); cerr != nil {
+		return nil, cerr
+	}
+	if svc.s.shards == nil {
+		return nil, connect.NewError(connect.CodeUnimplemented, errors.New("this server issues no shards"))
+	}
+	gateway := ledger.LegacyGateway(m.GetIdentity())
+	resp, err := svc.s.shards.issue(ctx, &v1.IssueShardRequest{ShardId: m.GetBudgetId(), GatewayId: gateway, BootEpoch: 1,
+		Subject: m.GetSubject(), Route: m.GetRoute(), Region: m.GetRegion(), Units: m.GetUnits(), Ttl: m.GetTtl()}, true)
+	if err != nil {
+		return nil, err
+	}
+	svc.s.log.Info("legacy budget carved", "budget", m.GetBudgetId(), "identity", m.GetIdentity(), "subject", m.GetSubject(),
+		"route", m.GetRoute(), "replayed", resp.Msg.GetReplayed(), "who", who(ctx))
+	return connect.NewResponse(&v1.CarveLegacyBudgetResponse{Budget: resp.Msg.GetShard(), Replayed: resp.Msg.GetReplayed()}), nil
+}

@@ -115,6 +115,8 @@ type Server struct {
 	// the legacy limiter's decisions against the ledger's (rollout.go).
 	rollouts *rolloutCache
 	shadow   *shadowCounts
+	// shards is the ShardService, which also carves legacy budgets.
+	shards *shardService
 }
 
 // New returns a server over l.

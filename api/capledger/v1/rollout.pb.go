@@ -24,6 +24,7 @@ package capledgerv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -36,6 +37,153 @@ const (
 	// Verify that runtime/protoimpl is sufficiently up-to-date.
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
+
+type CarveLegacyBudgetRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The budget's id (its shard id), the idempotency key.
+	BudgetId string `protobuf:"bytes,1,opt,name=budget_id,json=budgetId,proto3" json:"budget_id,omitempty"`
+	// The legacy limiter's token name (the name column of the tokens file).
+	Identity string           `protobuf:"bytes,2,opt,name=identity,proto3" json:"identity,omitempty"`
+	Subject  string           `protobuf:"bytes,3,opt,name=subject,proto3" json:"subject,omitempty"`
+	Route    string           `protobuf:"bytes,4,opt,name=route,proto3" json:"route,omitempty"`
+	Region   string           `protobuf:"bytes,5,opt,name=region,proto3" json:"region,omitempty"`
+	Units    map[string]int64 `protobuf:"bytes,6,rep,name=units,proto3" json:"units,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// How long the limiter may spend it (at most serve --shard-max-ttl).
+	Ttl           *durationpb.Duration `protobuf:"bytes,7,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CarveLegacyBudgetRequest) Reset() {
+	*x = CarveLegacyBudgetRequest{}
+	mi := &file_capledger_v1_rollout_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CarveLegacyBudgetRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CarveLegacyBudgetRequest) ProtoMessage() {}
+
+func (x *CarveLegacyBudgetRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_capledger_v1_rollout_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CarveLegacyBudgetRequest.ProtoReflect.Descriptor instead.
+func (*CarveLegacyBudgetRequest) Descriptor() ([]byte, []int) {
+	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *CarveLegacyBudgetRequest) GetBudgetId() string {
+	if x != nil {
+		return x.BudgetId
+	}
+	return ""
+}
+
+func (x *CarveLegacyBudgetRequest) GetIdentity() string {
+	if x != nil {
+		return x.Identity
+	}
+	return ""
+}
+
+func (x *CarveLegacyBudgetRequest) GetSubject() string {
+	if x != nil {
+		return x.Subject
+	}
+	return ""
+}
+
+func (x *CarveLegacyBudgetRequest) GetRoute() string {
+	if x != nil {
+		return x.Route
+	}
+	return ""
+}
+
+func (x *CarveLegacyBudgetRequest) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *CarveLegacyBudgetRequest) GetUnits() map[string]int64 {
+	if x != nil {
+		return x.Units
+	}
+	return nil
+}
+
+func (x *CarveLegacyBudgetRequest) GetTtl() *durationpb.Duration {
+	if x != nil {
+		return x.Ttl
+	}
+	return nil
+}
+
+type CarveLegacyBudgetResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Budget        *Shard                 `protobuf:"bytes,1,opt,name=budget,proto3" json:"budget,omitempty"`
+	Replayed      bool                   `protobuf:"varint,2,opt,name=replayed,proto3" json:"replayed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CarveLegacyBudgetResponse) Reset() {
+	*x = CarveLegacyBudgetResponse{}
+	mi := &file_capledger_v1_rollout_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CarveLegacyBudgetResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CarveLegacyBudgetResponse) ProtoMessage() {}
+
+func (x *CarveLegacyBudgetResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_capledger_v1_rollout_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CarveLegacyBudgetResponse.ProtoReflect.Descriptor instead.
+func (*CarveLegacyBudgetResponse) Descriptor() ([]byte, []int) {
+	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *CarveLegacyBudgetResponse) GetBudget() *Shard {
+	if x != nil {
+		return x.Budget
+	}
+	return nil
+}
+
+func (x *CarveLegacyBudgetResponse) GetReplayed() bool {
+	if x != nil {
+		return x.Replayed
+	}
+	return false
+}
 
 type RolloutRoute struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -52,7 +200,7 @@ type RolloutRoute struct {
 
 func (x *RolloutRoute) Reset() {
 	*x = RolloutRoute{}
-	mi := &file_capledger_v1_rollout_proto_msgTypes[0]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -64,7 +212,7 @@ func (x *RolloutRoute) String() string {
 func (*RolloutRoute) ProtoMessage() {}
 
 func (x *RolloutRoute) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_rollout_proto_msgTypes[0]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -77,7 +225,7 @@ func (x *RolloutRoute) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RolloutRoute.ProtoReflect.Descriptor instead.
 func (*RolloutRoute) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{0}
+	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *RolloutRoute) GetRoute() string {
@@ -123,7 +271,7 @@ type RolloutStep struct {
 
 func (x *RolloutStep) Reset() {
 	*x = RolloutStep{}
-	mi := &file_capledger_v1_rollout_proto_msgTypes[1]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -135,7 +283,7 @@ func (x *RolloutStep) String() string {
 func (*RolloutStep) ProtoMessage() {}
 
 func (x *RolloutStep) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_rollout_proto_msgTypes[1]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -148,7 +296,7 @@ func (x *RolloutStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RolloutStep.ProtoReflect.Descriptor instead.
 func (*RolloutStep) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{1}
+	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *RolloutStep) GetSeq() int32 {
@@ -225,7 +373,7 @@ type Rollout struct {
 
 func (x *Rollout) Reset() {
 	*x = Rollout{}
-	mi := &file_capledger_v1_rollout_proto_msgTypes[2]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -237,7 +385,7 @@ func (x *Rollout) String() string {
 func (*Rollout) ProtoMessage() {}
 
 func (x *Rollout) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_rollout_proto_msgTypes[2]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -250,7 +398,7 @@ func (x *Rollout) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rollout.ProtoReflect.Descriptor instead.
 func (*Rollout) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{2}
+	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Rollout) GetName() string {
@@ -306,7 +454,7 @@ type CreateRolloutRequest struct {
 
 func (x *CreateRolloutRequest) Reset() {
 	*x = CreateRolloutRequest{}
-	mi := &file_capledger_v1_rollout_proto_msgTypes[3]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -318,7 +466,7 @@ func (x *CreateRolloutRequest) String() string {
 func (*CreateRolloutRequest) ProtoMessage() {}
 
 func (x *CreateRolloutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_rollout_proto_msgTypes[3]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -331,7 +479,7 @@ func (x *CreateRolloutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRolloutRequest.ProtoReflect.Descriptor instead.
 func (*CreateRolloutRequest) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{3}
+	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *CreateRolloutRequest) GetName() string {
@@ -364,7 +512,7 @@ type CreateRolloutResponse struct {
 
 func (x *CreateRolloutResponse) Reset() {
 	*x = CreateRolloutResponse{}
-	mi := &file_capledger_v1_rollout_proto_msgTypes[4]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -376,7 +524,7 @@ func (x *CreateRolloutResponse) String() string {
 func (*CreateRolloutResponse) ProtoMessage() {}
 
 func (x *CreateRolloutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_rollout_proto_msgTypes[4]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -389,7 +537,7 @@ func (x *CreateRolloutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRolloutResponse.ProtoReflect.Descriptor instead.
 func (*CreateRolloutResponse) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{4}
+	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *CreateRolloutResponse) GetRollout() *Rollout {
@@ -408,7 +556,7 @@ type GetRolloutRequest struct {
 
 func (x *GetRolloutRequest) Reset() {
 	*x = GetRolloutRequest{}
-	mi := &file_capledger_v1_rollout_proto_msgTypes[5]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -420,7 +568,7 @@ func (x *GetRolloutRequest) String() string {
 func (*GetRolloutRequest) ProtoMessage() {}
 
 func (x *GetRolloutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_rollout_proto_msgTypes[5]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -433,7 +581,7 @@ func (x *GetRolloutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRolloutRequest.ProtoReflect.Descriptor instead.
 func (*GetRolloutRequest) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{5}
+	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *GetRolloutRequest) GetName() string {
@@ -452,7 +600,7 @@ type GetRolloutResponse struct {
 
 func (x *GetRolloutResponse) Reset() {
 	*x = GetRolloutResponse{}
-	mi := &file_capledger_v1_rollout_proto_msgTypes[6]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -464,7 +612,7 @@ func (x *GetRolloutResponse) String() string {
 func (*GetRolloutResponse) ProtoMessage() {}
 
 func (x *GetRolloutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_rollout_proto_msgTypes[6]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -477,7 +625,7 @@ func (x *GetRolloutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRolloutResponse.ProtoReflect.Descriptor instead.
 func (*GetRolloutResponse) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{6}
+	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GetRolloutResponse) GetRollout() *Rollout {
@@ -495,7 +643,7 @@ type ListRolloutsRequest struct {
 
 func (x *ListRolloutsRequest) Reset() {
 	*x = ListRolloutsRequest{}
-	mi := &file_capledger_v1_rollout_proto_msgTypes[7]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -507,7 +655,7 @@ func (x *ListRolloutsRequest) String() string {
 func (*ListRolloutsRequest) ProtoMessage() {}
 
 func (x *ListRolloutsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_rollout_proto_msgTypes[7]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -520,7 +668,7 @@ func (x *ListRolloutsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRolloutsRequest.ProtoReflect.Descriptor instead.
 func (*ListRolloutsRequest) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{7}
+	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{9}
 }
 
 type ListRolloutsResponse struct {
@@ -532,7 +680,7 @@ type ListRolloutsResponse struct {
 
 func (x *ListRolloutsResponse) Reset() {
 	*x = ListRolloutsResponse{}
-	mi := &file_capledger_v1_rollout_proto_msgTypes[8]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -544,7 +692,7 @@ func (x *ListRolloutsResponse) String() string {
 func (*ListRolloutsResponse) ProtoMessage() {}
 
 func (x *ListRolloutsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_rollout_proto_msgTypes[8]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -557,7 +705,7 @@ func (x *ListRolloutsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRolloutsResponse.ProtoReflect.Descriptor instead.
 func (*ListRolloutsResponse) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{8}
+	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ListRolloutsResponse) GetRollouts() []*Rollout {
@@ -578,7 +726,7 @@ type SetRolloutShareRequest struct {
 
 func (x *SetRolloutShareRequest) Reset() {
 	*x = SetRolloutShareRequest{}
-	mi := &file_capledger_v1_rollout_proto_msgTypes[9]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -590,7 +738,7 @@ func (x *SetRolloutShareRequest) String() string {
 func (*SetRolloutShareRequest) ProtoMessage() {}
 
 func (x *SetRolloutShareRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_rollout_proto_msgTypes[9]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -603,7 +751,7 @@ func (x *SetRolloutShareRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetRolloutShareRequest.ProtoReflect.Descriptor instead.
 func (*SetRolloutShareRequest) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{9}
+	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SetRolloutShareRequest) GetName() string {
@@ -631,7 +779,7 @@ type SetRolloutShareResponse struct {
 
 func (x *SetRolloutShareResponse) Reset() {
 	*x = SetRolloutShareResponse{}
-	mi := &file_capledger_v1_rollout_proto_msgTypes[10]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -643,7 +791,7 @@ func (x *SetRolloutShareResponse) String() string {
 func (*SetRolloutShareResponse) ProtoMessage() {}
 
 func (x *SetRolloutShareResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_rollout_proto_msgTypes[10]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -656,7 +804,7 @@ func (x *SetRolloutShareResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetRolloutShareResponse.ProtoReflect.Descriptor instead.
 func (*SetRolloutShareResponse) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{10}
+	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *SetRolloutShareResponse) GetRollout() *Rollout {
@@ -682,7 +830,7 @@ type UndoRolloutStepRequest struct {
 
 func (x *UndoRolloutStepRequest) Reset() {
 	*x = UndoRolloutStepRequest{}
-	mi := &file_capledger_v1_rollout_proto_msgTypes[11]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -694,7 +842,7 @@ func (x *UndoRolloutStepRequest) String() string {
 func (*UndoRolloutStepRequest) ProtoMessage() {}
 
 func (x *UndoRolloutStepRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_rollout_proto_msgTypes[11]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -707,7 +855,7 @@ func (x *UndoRolloutStepRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UndoRolloutStepRequest.ProtoReflect.Descriptor instead.
 func (*UndoRolloutStepRequest) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{11}
+	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *UndoRolloutStepRequest) GetName() string {
@@ -728,7 +876,7 @@ type UndoRolloutStepResponse struct {
 
 func (x *UndoRolloutStepResponse) Reset() {
 	*x = UndoRolloutStepResponse{}
-	mi := &file_capledger_v1_rollout_proto_msgTypes[12]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -740,7 +888,7 @@ func (x *UndoRolloutStepResponse) String() string {
 func (*UndoRolloutStepResponse) ProtoMessage() {}
 
 func (x *UndoRolloutStepResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_rollout_proto_msgTypes[12]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -753,7 +901,7 @@ func (x *UndoRolloutStepResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UndoRolloutStepResponse.ProtoReflect.Descriptor instead.
 func (*UndoRolloutStepResponse) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{12}
+	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *UndoRolloutStepResponse) GetRollout() *Rollout {
@@ -780,7 +928,7 @@ type ShadowReportRequest struct {
 
 func (x *ShadowReportRequest) Reset() {
 	*x = ShadowReportRequest{}
-	mi := &file_capledger_v1_rollout_proto_msgTypes[13]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -792,7 +940,7 @@ func (x *ShadowReportRequest) String() string {
 func (*ShadowReportRequest) ProtoMessage() {}
 
 func (x *ShadowReportRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_rollout_proto_msgTypes[13]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -805,7 +953,7 @@ func (x *ShadowReportRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShadowReportRequest.ProtoReflect.Descriptor instead.
 func (*ShadowReportRequest) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{13}
+	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ShadowReportRequest) GetRoute() string {
@@ -838,7 +986,7 @@ type ShadowComparison struct {
 
 func (x *ShadowComparison) Reset() {
 	*x = ShadowComparison{}
-	mi := &file_capledger_v1_rollout_proto_msgTypes[14]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -850,7 +998,7 @@ func (x *ShadowComparison) String() string {
 func (*ShadowComparison) ProtoMessage() {}
 
 func (x *ShadowComparison) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_rollout_proto_msgTypes[14]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -863,7 +1011,7 @@ func (x *ShadowComparison) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShadowComparison.ProtoReflect.Descriptor instead.
 func (*ShadowComparison) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{14}
+	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ShadowComparison) GetRoute() string {
@@ -940,7 +1088,7 @@ type ShadowReportResponse struct {
 
 func (x *ShadowReportResponse) Reset() {
 	*x = ShadowReportResponse{}
-	mi := &file_capledger_v1_rollout_proto_msgTypes[15]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -952,7 +1100,7 @@ func (x *ShadowReportResponse) String() string {
 func (*ShadowReportResponse) ProtoMessage() {}
 
 func (x *ShadowReportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_rollout_proto_msgTypes[15]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -965,7 +1113,7 @@ func (x *ShadowReportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShadowReportResponse.ProtoReflect.Descriptor instead.
 func (*ShadowReportResponse) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{15}
+	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ShadowReportResponse) GetComparisons() []*ShadowComparison {
@@ -991,7 +1139,7 @@ type RollbackGenerationsRequest struct {
 
 func (x *RollbackGenerationsRequest) Reset() {
 	*x = RollbackGenerationsRequest{}
-	mi := &file_capledger_v1_rollout_proto_msgTypes[16]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1003,7 +1151,7 @@ func (x *RollbackGenerationsRequest) String() string {
 func (*RollbackGenerationsRequest) ProtoMessage() {}
 
 func (x *RollbackGenerationsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_rollout_proto_msgTypes[16]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1016,7 +1164,7 @@ func (x *RollbackGenerationsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackGenerationsRequest.ProtoReflect.Descriptor instead.
 func (*RollbackGenerationsRequest) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{16}
+	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RollbackGenerationsRequest) GetGenerations() []uint64 {
@@ -1041,7 +1189,7 @@ type GenerationRollback struct {
 
 func (x *GenerationRollback) Reset() {
 	*x = GenerationRollback{}
-	mi := &file_capledger_v1_rollout_proto_msgTypes[17]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1053,7 +1201,7 @@ func (x *GenerationRollback) String() string {
 func (*GenerationRollback) ProtoMessage() {}
 
 func (x *GenerationRollback) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_rollout_proto_msgTypes[17]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1066,7 +1214,7 @@ func (x *GenerationRollback) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerationRollback.ProtoReflect.Descriptor instead.
 func (*GenerationRollback) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{17}
+	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *GenerationRollback) GetGeneration() uint64 {
@@ -1120,7 +1268,7 @@ type RollbackGenerationsResponse struct {
 
 func (x *RollbackGenerationsResponse) Reset() {
 	*x = RollbackGenerationsResponse{}
-	mi := &file_capledger_v1_rollout_proto_msgTypes[18]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1132,7 +1280,7 @@ func (x *RollbackGenerationsResponse) String() string {
 func (*RollbackGenerationsResponse) ProtoMessage() {}
 
 func (x *RollbackGenerationsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_rollout_proto_msgTypes[18]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1145,7 +1293,7 @@ func (x *RollbackGenerationsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackGenerationsResponse.ProtoReflect.Descriptor instead.
 func (*RollbackGenerationsResponse) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{18}
+	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RollbackGenerationsResponse) GetRollbacks() []*GenerationRollback {
@@ -1167,7 +1315,7 @@ type DrainProgressRequest struct {
 
 func (x *DrainProgressRequest) Reset() {
 	*x = DrainProgressRequest{}
-	mi := &file_capledger_v1_rollout_proto_msgTypes[19]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1179,7 +1327,7 @@ func (x *DrainProgressRequest) String() string {
 func (*DrainProgressRequest) ProtoMessage() {}
 
 func (x *DrainProgressRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_rollout_proto_msgTypes[19]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1192,7 +1340,7 @@ func (x *DrainProgressRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainProgressRequest.ProtoReflect.Descriptor instead.
 func (*DrainProgressRequest) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{19}
+	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *DrainProgressRequest) GetGenerations() []uint64 {
@@ -1248,7 +1396,7 @@ type GenerationDrain struct {
 
 func (x *GenerationDrain) Reset() {
 	*x = GenerationDrain{}
-	mi := &file_capledger_v1_rollout_proto_msgTypes[20]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1260,7 +1408,7 @@ func (x *GenerationDrain) String() string {
 func (*GenerationDrain) ProtoMessage() {}
 
 func (x *GenerationDrain) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_rollout_proto_msgTypes[20]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1273,7 +1421,7 @@ func (x *GenerationDrain) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerationDrain.ProtoReflect.Descriptor instead.
 func (*GenerationDrain) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{20}
+	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *GenerationDrain) GetGeneration() uint64 {
@@ -1395,7 +1543,7 @@ type DrainProgressResponse struct {
 
 func (x *DrainProgressResponse) Reset() {
 	*x = DrainProgressResponse{}
-	mi := &file_capledger_v1_rollout_proto_msgTypes[21]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1407,7 +1555,7 @@ func (x *DrainProgressResponse) String() string {
 func (*DrainProgressResponse) ProtoMessage() {}
 
 func (x *DrainProgressResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_rollout_proto_msgTypes[21]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1420,7 +1568,7 @@ func (x *DrainProgressResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainProgressResponse.ProtoReflect.Descriptor instead.
 func (*DrainProgressResponse) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{21}
+	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *DrainProgressResponse) GetGenerations() []*GenerationDrain {
@@ -1455,7 +1603,22 @@ var File_capledger_v1_rollout_proto protoreflect.FileDescriptor
 
 const file_capledger_v1_rollout_proto_rawDesc = "" +
 	"\n" +
-	"\x1acapledger/v1/rollout.proto\x12\fcapledger.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"P\n" +
+	"\x1acapledger/v1/rollout.proto\x12\fcapledger.v1\x1a\x18capledger/v1/shard.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xcb\x02\n" +
+	"\x18CarveLegacyBudgetRequest\x12\x1b\n" +
+	"\tbudget_id\x18\x01 \x01(\tR\bbudgetId\x12\x1a\n" +
+	"\bidentity\x18\x02 \x01(\tR\bidentity\x12\x18\n" +
+	"\asubject\x18\x03 \x01(\tR\asubject\x12\x14\n" +
+	"\x05route\x18\x04 \x01(\tR\x05route\x12\x16\n" +
+	"\x06region\x18\x05 \x01(\tR\x06region\x12G\n" +
+	"\x05units\x18\x06 \x03(\v21.capledger.v1.CarveLegacyBudgetRequest.UnitsEntryR\x05units\x12+\n" +
+	"\x03ttl\x18\a \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x1a8\n" +
+	"\n" +
+	"UnitsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"d\n" +
+	"\x19CarveLegacyBudgetResponse\x12+\n" +
+	"\x06budget\x18\x01 \x01(\v2\x13.capledger.v1.ShardR\x06budget\x12\x1a\n" +
+	"\breplayed\x18\x02 \x01(\bR\breplayed\"P\n" +
 	"\fRolloutRoute\x12\x14\n" +
 	"\x05route\x18\x01 \x01(\tR\x05route\x12\x16\n" +
 	"\x06region\x18\x02 \x01(\tR\x06region\x12\x12\n" +
@@ -1571,7 +1734,7 @@ const file_capledger_v1_rollout_proto_rawDesc = "" +
 	"\vgenerations\x18\x01 \x03(\v2\x1d.capledger.v1.GenerationDrainR\vgenerations\x12%\n" +
 	"\x0edrain_commands\x18\x02 \x01(\x03R\rdrainCommands\x12\x18\n" +
 	"\adrained\x18\x03 \x01(\bR\adrained\x12*\n" +
-	"\x02at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x02at2\xfe\x05\n" +
+	"\x02at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x02at2\xe4\x06\n" +
 	"\x0eRolloutService\x12X\n" +
 	"\rCreateRollout\x12\".capledger.v1.CreateRolloutRequest\x1a#.capledger.v1.CreateRolloutResponse\x12T\n" +
 	"\n" +
@@ -1581,7 +1744,8 @@ const file_capledger_v1_rollout_proto_rawDesc = "" +
 	"\x0fUndoRolloutStep\x12$.capledger.v1.UndoRolloutStepRequest\x1a%.capledger.v1.UndoRolloutStepResponse\x12Z\n" +
 	"\fShadowReport\x12!.capledger.v1.ShadowReportRequest\x1a\".capledger.v1.ShadowReportResponse\"\x03\x90\x02\x01\x12j\n" +
 	"\x13RollbackGenerations\x12(.capledger.v1.RollbackGenerationsRequest\x1a).capledger.v1.RollbackGenerationsResponse\x12X\n" +
-	"\rDrainProgress\x12\".capledger.v1.DrainProgressRequest\x1a#.capledger.v1.DrainProgressResponseB=Z;github.com/capledger/capledger/api/capledger/v1;capledgerv1b\x06proto3"
+	"\rDrainProgress\x12\".capledger.v1.DrainProgressRequest\x1a#.capledger.v1.DrainProgressResponse\x12d\n" +
+	"\x11CarveLegacyBudget\x12&.capledger.v1.CarveLegacyBudgetRequest\x1a'.capledger.v1.CarveLegacyBudgetResponseB=Z;github.com/capledger/capledger/api/capledger/v1;capledgerv1b\x06proto3"
 
 var (
 	file_capledger_v1_rollout_proto_rawDescOnce sync.Once
@@ -1595,77 +1759,87 @@ func file_capledger_v1_rollout_proto_rawDescGZIP() []byte {
 	return file_capledger_v1_rollout_proto_rawDescData
 }
 
-var file_capledger_v1_rollout_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_capledger_v1_rollout_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_capledger_v1_rollout_proto_goTypes = []any{
-	(*RolloutRoute)(nil),                // 0: capledger.v1.RolloutRoute
-	(*RolloutStep)(nil),                 // 1: capledger.v1.RolloutStep
-	(*Rollout)(nil),                     // 2: capledger.v1.Rollout
-	(*CreateRolloutRequest)(nil),        // 3: capledger.v1.CreateRolloutRequest
-	(*CreateRolloutResponse)(nil),       // 4: capledger.v1.CreateRolloutResponse
-	(*GetRolloutRequest)(nil),           // 5: capledger.v1.GetRolloutRequest
-	(*GetRolloutResponse)(nil),          // 6: capledger.v1.GetRolloutResponse
-	(*ListRolloutsRequest)(nil),         // 7: capledger.v1.ListRolloutsRequest
-	(*ListRolloutsResponse)(nil),        // 8: capledger.v1.ListRolloutsResponse
-	(*SetRolloutShareRequest)(nil),      // 9: capledger.v1.SetRolloutShareRequest
-	(*SetRolloutShareResponse)(nil),     // 10: capledger.v1.SetRolloutShareResponse
-	(*UndoRolloutStepRequest)(nil),      // 11: capledger.v1.UndoRolloutStepRequest
-	(*UndoRolloutStepResponse)(nil),     // 12: capledger.v1.UndoRolloutStepResponse
-	(*ShadowReportRequest)(nil),         // 13: capledger.v1.ShadowReportRequest
-	(*ShadowComparison)(nil),            // 14: capledger.v1.ShadowComparison
-	(*ShadowReportResponse)(nil),        // 15: capledger.v1.ShadowReportResponse
-	(*RollbackGenerationsRequest)(nil),  // 16: capledger.v1.RollbackGenerationsRequest
-	(*GenerationRollback)(nil),          // 17: capledger.v1.GenerationRollback
-	(*RollbackGenerationsResponse)(nil), // 18: capledger.v1.RollbackGenerationsResponse
-	(*DrainProgressRequest)(nil),        // 19: capledger.v1.DrainProgressRequest
-	(*GenerationDrain)(nil),             // 20: capledger.v1.GenerationDrain
-	(*DrainProgressResponse)(nil),       // 21: capledger.v1.DrainProgressResponse
-	nil,                                 // 22: capledger.v1.GenerationDrain.ReservedEntry
-	nil,                                 // 23: capledger.v1.GenerationDrain.DebtEntry
-	nil,                                 // 24: capledger.v1.GenerationDrain.AvailableEntry
-	nil,                                 // 25: capledger.v1.GenerationDrain.UnreconciledShardUnitsEntry
-	(*timestamppb.Timestamp)(nil),       // 26: google.protobuf.Timestamp
+	(*CarveLegacyBudgetRequest)(nil),    // 0: capledger.v1.CarveLegacyBudgetRequest
+	(*CarveLegacyBudgetResponse)(nil),   // 1: capledger.v1.CarveLegacyBudgetResponse
+	(*RolloutRoute)(nil),                // 2: capledger.v1.RolloutRoute
+	(*RolloutStep)(nil),                 // 3: capledger.v1.RolloutStep
+	(*Rollout)(nil),                     // 4: capledger.v1.Rollout
+	(*CreateRolloutRequest)(nil),        // 5: capledger.v1.CreateRolloutRequest
+	(*CreateRolloutResponse)(nil),       // 6: capledger.v1.CreateRolloutResponse
+	(*GetRolloutRequest)(nil),           // 7: capledger.v1.GetRolloutRequest
+	(*GetRolloutResponse)(nil),          // 8: capledger.v1.GetRolloutResponse
+	(*ListRolloutsRequest)(nil),         // 9: capledger.v1.ListRolloutsRequest
+	(*ListRolloutsResponse)(nil),        // 10: capledger.v1.ListRolloutsResponse
+	(*SetRolloutShareRequest)(nil),      // 11: capledger.v1.SetRolloutShareRequest
+	(*SetRolloutShareResponse)(nil),     // 12: capledger.v1.SetRolloutShareResponse
+	(*UndoRolloutStepRequest)(nil),      // 13: capledger.v1.UndoRolloutStepRequest
+	(*UndoRolloutStepResponse)(nil),     // 14: capledger.v1.UndoRolloutStepResponse
+	(*ShadowReportRequest)(nil),         // 15: capledger.v1.ShadowReportRequest
+	(*ShadowComparison)(nil),            // 16: capledger.v1.ShadowComparison
+	(*ShadowReportResponse)(nil),        // 17: capledger.v1.ShadowReportResponse
+	(*RollbackGenerationsRequest)(nil),  // 18: capledger.v1.RollbackGenerationsRequest
+	(*GenerationRollback)(nil),          // 19: capledger.v1.GenerationRollback
+	(*RollbackGenerationsResponse)(nil), // 20: capledger.v1.RollbackGenerationsResponse
+	(*DrainProgressRequest)(nil),        // 21: capledger.v1.DrainProgressRequest
+	(*GenerationDrain)(nil),             // 22: capledger.v1.GenerationDrain
+	(*DrainProgressResponse)(nil),       // 23: capledger.v1.DrainProgressResponse
+	nil,                                 // 24: capledger.v1.CarveLegacyBudgetRequest.UnitsEntry
+	nil,                                 // 25: capledger.v1.GenerationDrain.ReservedEntry
+	nil,                                 // 26: capledger.v1.GenerationDrain.DebtEntry
+	nil,                                 // 27: capledger.v1.GenerationDrain.AvailableEntry
+	nil,                                 // 28: capledger.v1.GenerationDrain.UnreconciledShardUnitsEntry
+	(*durationpb.Duration)(nil),         // 29: google.protobuf.Duration
+	(*Shard)(nil),                       // 30: capledger.v1.Shard
+	(*timestamppb.Timestamp)(nil),       // 31: google.protobuf.Timestamp
 }
 var file_capledger_v1_rollout_proto_depIdxs = []int32{
-	26, // 0: capledger.v1.RolloutStep.at:type_name -> google.protobuf.Timestamp
-	0,  // 1: capledger.v1.Rollout.routes:type_name -> capledger.v1.RolloutRoute
-	1,  // 2: capledger.v1.Rollout.steps:type_name -> capledger.v1.RolloutStep
-	0,  // 3: capledger.v1.CreateRolloutRequest.routes:type_name -> capledger.v1.RolloutRoute
-	2,  // 4: capledger.v1.CreateRolloutResponse.rollout:type_name -> capledger.v1.Rollout
-	2,  // 5: capledger.v1.GetRolloutResponse.rollout:type_name -> capledger.v1.Rollout
-	2,  // 6: capledger.v1.ListRolloutsResponse.rollouts:type_name -> capledger.v1.Rollout
-	2,  // 7: capledger.v1.SetRolloutShareResponse.rollout:type_name -> capledger.v1.Rollout
-	2,  // 8: capledger.v1.UndoRolloutStepResponse.rollout:type_name -> capledger.v1.Rollout
-	1,  // 9: capledger.v1.UndoRolloutStepResponse.undone:type_name -> capledger.v1.RolloutStep
-	14, // 10: capledger.v1.ShadowReportResponse.comparisons:type_name -> capledger.v1.ShadowComparison
-	26, // 11: capledger.v1.ShadowReportResponse.since:type_name -> google.protobuf.Timestamp
-	17, // 12: capledger.v1.RollbackGenerationsResponse.rollbacks:type_name -> capledger.v1.GenerationRollback
-	22, // 13: capledger.v1.GenerationDrain.reserved:type_name -> capledger.v1.GenerationDrain.ReservedEntry
-	23, // 14: capledger.v1.GenerationDrain.debt:type_name -> capledger.v1.GenerationDrain.DebtEntry
-	24, // 15: capledger.v1.GenerationDrain.available:type_name -> capledger.v1.GenerationDrain.AvailableEntry
-	25, // 16: capledger.v1.GenerationDrain.unreconciled_shard_units:type_name -> capledger.v1.GenerationDrain.UnreconciledShardUnitsEntry
-	20, // 17: capledger.v1.DrainProgressResponse.generations:type_name -> capledger.v1.GenerationDrain
-	26, // 18: capledger.v1.DrainProgressResponse.at:type_name -> google.protobuf.Timestamp
-	3,  // 19: capledger.v1.RolloutService.CreateRollout:input_type -> capledger.v1.CreateRolloutRequest
-	5,  // 20: capledger.v1.RolloutService.GetRollout:input_type -> capledger.v1.GetRolloutRequest
-	7,  // 21: capledger.v1.RolloutService.ListRollouts:input_type -> capledger.v1.ListRolloutsRequest
-	9,  // 22: capledger.v1.RolloutService.SetRolloutShare:input_type -> capledger.v1.SetRolloutShareRequest
-	11, // 23: capledger.v1.RolloutService.UndoRolloutStep:input_type -> capledger.v1.UndoRolloutStepRequest
-	13, // 24: capledger.v1.RolloutService.ShadowReport:input_type -> capledger.v1.ShadowReportRequest
-	16, // 25: capledger.v1.RolloutService.RollbackGenerations:input_type -> capledger.v1.RollbackGenerationsRequest
-	19, // 26: capledger.v1.RolloutService.DrainProgress:input_type -> capledger.v1.DrainProgressRequest
-	4,  // 27: capledger.v1.RolloutService.CreateRollout:output_type -> capledger.v1.CreateRolloutResponse
-	6,  // 28: capledger.v1.RolloutService.GetRollout:output_type -> capledger.v1.GetRolloutResponse
-	8,  // 29: capledger.v1.RolloutService.ListRollouts:output_type -> capledger.v1.ListRolloutsResponse
-	10, // 30: capledger.v1.RolloutService.SetRolloutShare:output_type -> capledger.v1.SetRolloutShareResponse
-	12, // 31: capledger.v1.RolloutService.UndoRolloutStep:output_type -> capledger.v1.UndoRolloutStepResponse
-	15, // 32: capledger.v1.RolloutService.ShadowReport:output_type -> capledger.v1.ShadowReportResponse
-	18, // 33: capledger.v1.RolloutService.RollbackGenerations:output_type -> capledger.v1.RollbackGenerationsResponse
-	21, // 34: capledger.v1.RolloutService.DrainProgress:output_type -> capledger.v1.DrainProgressResponse
-	27, // [27:35] is the sub-list for method output_type
-	19, // [19:27] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	24, // 0: capledger.v1.CarveLegacyBudgetRequest.units:type_name -> capledger.v1.CarveLegacyBudgetRequest.UnitsEntry
+	29, // 1: capledger.v1.CarveLegacyBudgetRequest.ttl:type_name -> google.protobuf.Duration
+	30, // 2: capledger.v1.CarveLegacyBudgetResponse.budget:type_name -> capledger.v1.Shard
+	31, // 3: capledger.v1.RolloutStep.at:type_name -> google.protobuf.Timestamp
+	2,  // 4: capledger.v1.Rollout.routes:type_name -> capledger.v1.RolloutRoute
+	3,  // 5: capledger.v1.Rollout.steps:type_name -> capledger.v1.RolloutStep
+	2,  // 6: capledger.v1.CreateRolloutRequest.routes:type_name -> capledger.v1.RolloutRoute
+	4,  // 7: capledger.v1.CreateRolloutResponse.rollout:type_name -> capledger.v1.Rollout
+	4,  // 8: capledger.v1.GetRolloutResponse.rollout:type_name -> capledger.v1.Rollout
+	4,  // 9: capledger.v1.ListRolloutsResponse.rollouts:type_name -> capledger.v1.Rollout
+	4,  // 10: capledger.v1.SetRolloutShareResponse.rollout:type_name -> capledger.v1.Rollout
+	4,  // 11: capledger.v1.UndoRolloutStepResponse.rollout:type_name -> capledger.v1.Rollout
+	3,  // 12: capledger.v1.UndoRolloutStepResponse.undone:type_name -> capledger.v1.RolloutStep
+	16, // 13: capledger.v1.ShadowReportResponse.comparisons:type_name -> capledger.v1.ShadowComparison
+	31, // 14: capledger.v1.ShadowReportResponse.since:type_name -> google.protobuf.Timestamp
+	19, // 15: capledger.v1.RollbackGenerationsResponse.rollbacks:type_name -> capledger.v1.GenerationRollback
+	25, // 16: capledger.v1.GenerationDrain.reserved:type_name -> capledger.v1.GenerationDrain.ReservedEntry
+	26, // 17: capledger.v1.GenerationDrain.debt:type_name -> capledger.v1.GenerationDrain.DebtEntry
+	27, // 18: capledger.v1.GenerationDrain.available:type_name -> capledger.v1.GenerationDrain.AvailableEntry
+	28, // 19: capledger.v1.GenerationDrain.unreconciled_shard_units:type_name -> capledger.v1.GenerationDrain.UnreconciledShardUnitsEntry
+	22, // 20: capledger.v1.DrainProgressResponse.generations:type_name -> capledger.v1.GenerationDrain
+	31, // 21: capledger.v1.DrainProgressResponse.at:type_name -> google.protobuf.Timestamp
+	5,  // 22: capledger.v1.RolloutService.CreateRollout:input_type -> capledger.v1.CreateRolloutRequest
+	7,  // 23: capledger.v1.RolloutService.GetRollout:input_type -> capledger.v1.GetRolloutRequest
+	9,  // 24: capledger.v1.RolloutService.ListRollouts:input_type -> capledger.v1.ListRolloutsRequest
+	11, // 25: capledger.v1.RolloutService.SetRolloutShare:input_type -> capledger.v1.SetRolloutShareRequest
+	13, // 26: capledger.v1.RolloutService.UndoRolloutStep:input_type -> capledger.v1.UndoRolloutStepRequest
+	15, // 27: capledger.v1.RolloutService.ShadowReport:input_type -> capledger.v1.ShadowReportRequest
+	18, // 28: capledger.v1.RolloutService.RollbackGenerations:input_type -> capledger.v1.RollbackGenerationsRequest
+	21, // 29: capledger.v1.RolloutService.DrainProgress:input_type -> capledger.v1.DrainProgressRequest
+	0,  // 30: capledger.v1.RolloutService.CarveLegacyBudget:input_type -> capledger.v1.CarveLegacyBudgetRequest
+	6,  // 31: capledger.v1.RolloutService.CreateRollout:output_type -> capledger.v1.CreateRolloutResponse
+	8,  // 32: capledger.v1.RolloutService.GetRollout:output_type -> capledger.v1.GetRolloutResponse
+	10, // 33: capledger.v1.RolloutService.ListRollouts:output_type -> capledger.v1.ListRolloutsResponse
+	12, // 34: capledger.v1.RolloutService.SetRolloutShare:output_type -> capledger.v1.SetRolloutShareResponse
+	14, // 35: capledger.v1.RolloutService.UndoRolloutStep:output_type -> capledger.v1.UndoRolloutStepResponse
+	17, // 36: capledger.v1.RolloutService.ShadowReport:output_type -> capledger.v1.ShadowReportResponse
+	20, // 37: capledger.v1.RolloutService.RollbackGenerations:output_type -> capledger.v1.RollbackGenerationsResponse
+	23, // 38: capledger.v1.RolloutService.DrainProgress:output_type -> capledger.v1.DrainProgressResponse
+	1,  // 39: capledger.v1.RolloutService.CarveLegacyBudget:output_type -> capledger.v1.CarveLegacyBudgetResponse
+	31, // [31:40] is the sub-list for method output_type
+	22, // [22:31] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_capledger_v1_rollout_proto_init() }
@@ -1673,13 +1847,14 @@ func file_capledger_v1_rollout_proto_init() {
 	if File_capledger_v1_rollout_proto != nil {
 		return
 	}
+	file_capledger_v1_shard_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_capledger_v1_rollout_proto_rawDesc), len(file_capledger_v1_rollout_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   26,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

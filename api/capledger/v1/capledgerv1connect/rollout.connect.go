@@ -72,6 +72,9 @@ const (
 	// RolloutServiceDrainProgressProcedure is the fully-qualified name of the RolloutService's
 	// DrainProgress RPC.
 	RolloutServiceDrainProgressProcedure = "/capledger.v1.RolloutService/DrainProgress"
+	// RolloutServiceCarveLegacyBudgetProcedure is the fully-qualified name of the RolloutService's
+	// CarveLegacyBudget RPC.
+	RolloutServiceCarveLegacyBudgetProcedure = "/capledger.v1.RolloutService/CarveLegacyBudget"
 )
 
 // RolloutServiceClient is a client for the capledger.v1.RolloutService service.
@@ -114,6 +117,19 @@ type RolloutServiceClient interface {
 	// decides (and why it cannot move), unreconciled shards. When
 	// run_drains is set it first runs the drain worker's pass on demand.
 	DrainProgress(context.Context, *connect.Request[v1.DrainProgressRequest]) (*connect.Response[v1.DrainProgressResponse], error)
+	// CarveLegacyBudget carves the legacy limiter's budget: the units move
+	// from the subject's available capacity to retired_for_emergency in one
+	// command, into a shard (emergencyShard.v1) issued to gateway id
+	// "legacy:" + identity, where identity is the name of the legacy
+	// limiter's token. The deciding policy's emergency mode is not needed
+	// (and no gateway can take a shard meanwhile). Only that token (or an
+	// admin) may reconcile it (ShardService.ReconcileShard with that gateway
+	// id), and its first reconciliation must report usage or unknown work:
+	// one that would return the whole block is refused (FAILED_PRECONDITION,
+	// LEGACY_WHOLE_BLOCK). Retrying with the same budget_id returns the
+	// same budget (replayed). Errors as ShardService.IssueShard, but never
+	// EMERGENCY_DISABLED.
+	CarveLegacyBudget(context.Context, *connect.Request[v1.CarveLegacyBudgetRequest]) (*connect.Response[v1.CarveLegacyBudgetResponse], error)
 }
 
 // NewRolloutServiceClient constructs a client for the capledger.v1.RolloutService service. By
@@ -178,6 +194,12 @@ func NewRolloutServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(rolloutServiceMethods.ByName("DrainProgress")),
 			connect.WithClientOptions(opts...),
 		),
+		carveLegacyBudget: connect.NewClient[v1.CarveLegacyBudgetRequest, v1.CarveLegacyBudgetResponse](
+			httpClient,
+			baseURL+RolloutServiceCarveLegacyBudgetProcedure,
+			connect.WithSchema(rolloutServiceMethods.ByName("CarveLegacyBudget")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -191,6 +213,7 @@ type rolloutServiceClient struct {
 	shadowReport        *connect.Client[v1.ShadowReportRequest, v1.ShadowReportResponse]
 	rollbackGenerations *connect.Client[v1.RollbackGenerationsRequest, v1.RollbackGenerationsResponse]
 	drainProgress       *connect.Client[v1.DrainProgressRequest, v1.DrainProgressResponse]
+	carveLegacyBudget   *connect.Client[v1.CarveLegacyBudgetRequest, v1.CarveLegacyBudgetResponse]
 }
 
 // CreateRollout calls capledger.v1.RolloutService.CreateRollout.
@@ -233,6 +256,11 @@ func (c *rolloutServiceClient) DrainProgress(ctx context.Context, req *connect.R
 	return c.drainProgress.CallUnary(ctx, req)
 }
 
+// CarveLegacyBudget calls capledger.v1.RolloutService.CarveLegacyBudget.
+func (c *rolloutServiceClient) CarveLegacyBudget(ctx context.Context, req *connect.Request[v1.CarveLegacyBudgetRequest]) (*connect.Response[v1.CarveLegacyBudgetResponse], error) {
+	return c.carveLegacyBudget.CallUnary(ctx, req)
+}
+
 // RolloutServiceHandler is an implementation of the capledger.v1.RolloutService service.
 type RolloutServiceHandler interface {
 	// CreateRollout creates a rollout of routes at 0% (every route in shadow
@@ -273,6 +301,19 @@ type RolloutServiceHandler interface {
 	// decides (and why it cannot move), unreconciled shards. When
 	// run_drains is set it first runs the drain worker's pass on demand.
 	DrainProgress(context.Context, *connect.Request[v1.DrainProgressRequest]) (*connect.Response[v1.DrainProgressResponse], error)
+	// CarveLegacyBudget carves the legacy limiter's budget: the units move
+	// from the subject's available capacity to retired_for_emergency in one
+	// command, into a shard (emergencyShard.v1) issued to gateway id
+	// "legacy:" + identity, where identity is the name of the legacy
+	// limiter's token. The deciding policy's emergency mode is not needed
+	// (and no gateway can take a shard meanwhile). Only that token (or an
+	// admin) may reconcile it (ShardService.ReconcileShard with that gateway
+	// id), and its first reconciliation must report usage or unknown work:
+	// one that would return the whole block is refused (FAILED_PRECONDITION,
+	// LEGACY_WHOLE_BLOCK). Retrying with the same budget_id returns the
+	// same budget (replayed). Errors as ShardService.IssueShard, but never
+	// EMERGENCY_DISABLED.
+	CarveLegacyBudget(context.Context, *connect.Request[v1.CarveLegacyBudgetRequest]) (*connect.Response[v1.CarveLegacyBudgetResponse], error)
 }
 
 // NewRolloutServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -333,6 +374,12 @@ func NewRolloutServiceHandler(svc RolloutServiceHandler, opts ...connect.Handler
 		connect.WithSchema(rolloutServiceMethods.ByName("DrainProgress")),
 		connect.WithHandlerOptions(opts...),
 	)
+	rolloutServiceCarveLegacyBudgetHandler := connect.NewUnaryHandler(
+		RolloutServiceCarveLegacyBudgetProcedure,
+		svc.CarveLegacyBudget,
+		connect.WithSchema(rolloutServiceMethods.ByName("CarveLegacyBudget")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/capledger.v1.RolloutService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case RolloutServiceCreateRolloutProcedure:
@@ -351,6 +398,8 @@ func NewRolloutServiceHandler(svc RolloutServiceHandler, opts ...connect.Handler
 			rolloutServiceRollbackGenerationsHandler.ServeHTTP(w, r)
 		case RolloutServiceDrainProgressProcedure:
 			rolloutServiceDrainProgressHandler.ServeHTTP(w, r)
+		case RolloutServiceCarveLegacyBudgetProcedure:
+			rolloutServiceCarveLegacyBudgetHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -390,4 +439,8 @@ func (UnimplementedRolloutServiceHandler) RollbackGenerations(context.Context, *
 
 func (UnimplementedRolloutServiceHandler) DrainProgress(context.Context, *connect.Request[v1.DrainProgressRequest]) (*connect.Response[v1.DrainProgressResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("capledger.v1.RolloutService.DrainProgress is not implemented"))
+}
+
+func (UnimplementedRolloutServiceHandler) CarveLegacyBudget(context.Context, *connect.Request[v1.CarveLegacyBudgetRequest]) (*connect.Response[v1.CarveLegacyBudgetResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("capledger.v1.RolloutService.CarveLegacyBudget is not implemented"))
 }
