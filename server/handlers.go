@@ -683,5 +683,6 @@ func (s *Server) Audit(ctx context.Context, req *connect.Request[v1.AuditRequest
 	if len(found) > 0 {
 		s.log.Warn("audit found discrepancies", "count", len(found), "first", found[0].String())
 	}
+	s.recordGates(ctx, found)
 	return connect.NewResponse(resp), nil
 }

@@ -175,3 +175,40 @@ func TestShadowComparison(t *testing.T) {
 		t.Errorf("metrics lack %s", line)
 	}
 }
+
+// The gates measured at audit: every check at 0 on a sound ledger, the
+// debt outstanding by unit, the USAGE_UNKNOWN age p99.
+func TestGateMetricsAtAudit(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"chat.generate","executionLimit":"600s",
+  "dimensions":[{"unit":"tokens","burst":"1000","refillUnits":"1","refillInterval":"3600s","maxOverdraft":"1000"}],"holdTtl":"30s"}}`, "")
+	for _, id := range []string{"over", "lost"} {
+		h.ok("Reserve", reserveOn(id, "chat.generate", 100, ""), "")
+		h.ok("Start", fmt.Sprintf(`{"reservationId":%q,"operationId":"op-%s"}`, id, id), "")
+	}
+	h.ok("Reserve", reserveOn("big", "chat.generate", 700, ""), "")
+	// 900 against 100: 100 from available, 700 of debt.
+	h.ok("Settle", `{"reservationId":"over","operationId":"op-over","actualUnits":{"tokens":900}}`, "")
+	h.ok("MarkUsageUnknown", `{"reservationId":"lost"}`, "")
+	h.clock.Advance(90 * time.Second)
+	h.ok("Audit", `{}`, "")
+	resp, err := http.Get(h.url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	body := string(raw)
+	for _, line := range []string{
+		`capledger_audit_discrepancies{check="conservation"} 0`,
+		`capledger_audit_discrepancies{check="unrecorded_debt"} 0`,
+		`capledger_audit_discrepancies{check="shard_remint_once"} 0`,
+		`capledger_debt_outstanding_units{unit="tokens"} 700`,
+		`capledger_debt_accounts 1`,
+		`capledger_usage_unknown_age_p99_seconds 90`,
+	} {
+		if !strings.Contains(body, line+"\n") {
+			t.Errorf("metrics lack %q", line)
+		}
+	}
+}

@@ -117,6 +117,8 @@ type Server struct {
 	shadow   *shadowCounts
 	// shards is the ShardService, which also carves legacy budgets.
 	shards *shardService
+	// gates are the seed's release gates measured at audit (gates.go).
+	gates *gateMetrics
 }
 
 // New returns a server over l.
@@ -145,6 +147,7 @@ func New(l Ledger, cfg Config) *Server {
 	}
 	s.rollouts = &rolloutCache{store: cfg.Rollouts, log: s.log}
 	s.shadow = newShadowCounts(s.metrics.registry, cfg.Clock())
+	s.gates = newGateMetrics(s.metrics.registry)
 	s.metrics.registerEngine(l)
 	s.metrics.registerLeader(l)
 	s.metrics.registerBacklog(l, s.log, cfg.Clock)
