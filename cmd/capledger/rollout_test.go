@@ -101,3 +101,68 @@ func regexpLine(out, pattern string) bool {
 	}
 	return false
 }
+
+// The rollout commands against a real serve: create, a step chosen by the
+// stable hash (moderate.text has the lowest bucket of the four routes),
+// the step decides reserves, a repeated step records nothing, undo walks
+// back, get shows the history, report shows the legacy comparison, and
+// bad input is refused without a change.
+func TestRolloutCommands(t *testing.T) {
+	url := startInProcess(t)
+	dir := t.TempDir()
+	run := func(want int, args ...string) string {
+		t.Helper()
+		code, out, errOut := cli(t, url, args...)
+		wantExit(t, want, code, out, errOut)
+		return out + errOut
+	}
+	for _, route := range []string{"chat.generate", "embed.create", "moderate.text", "rerank.query"} {
+		path := filepath.Join(dir, route+".yaml")
+		body := "subject: \"*\"\nroute: " + route + "\nrollout: shadow\ndimensions:\n  - unit: tokens\n    burst: 1000\n"
+		if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		run(0, "policy", "publish", path)
+	}
+	run(1, "rollout", "set", "--percent", "1") // no rollout yet: name it
+	run(0, "rollout", "create", "llm", "--routes", "chat.generate,embed.create,moderate.text,rerank.query", "--by", "route")
+	run(4, "rollout", "create", "other", "--routes", "chat.generate")
+	run(1, "rollout", "set", "--percent", "101")
+	run(1, "rollout", "set", "--percent", "abc")
+	run(4, "rollout", "undo") // nothing to undo yet
+	reserve := func(want int, id, route, legacy string) string {
+		return run(want, "reserve", "--subject", "t-1", "--route", route, "--units", "tokens=600", "--id", id, "--legacy", legacy)
+	}
+	reserve(0, "m-1", "moderate.text", "allow")
+	if out := reserve(0, "m-2", "moderate.text", "allow"); !strings.Contains(out, `"shadowRejected": true`) {
+		t.Fatalf("shadow at 0%%:\n%s", out)
+	}
+	out := run(0, "rollout", "set", "--percent", "1")
+	if !regexpLine(out, `^moderate\.text@global\s+enforce$`) || !regexpLine(out, `^chat\.generate@global\s+shadow$`) {
+		t.Fatalf("at 1%%:\n%s", out)
+	}
+	reserve(2, "m-3", "moderate.text", "deny") // enforced now: 429
+	if out := run(0, "rollout", "set", "llm", "--percent", "1"); !strings.Contains(out, "nothing recorded") {
+		t.Errorf("a repeated step:\n%s", out)
+	}
+	run(0, "rollout", "set", "--percent", "50")
+	out = run(0, "rollout", "list")
+	if !regexpLine(out, `^llm\s+route\s+50%\s+embed\.create@global,moderate\.text@global\s+chat\.generate@global,rerank\.query@global$`) {
+		t.Fatalf("list at 50%%:\n%s", out)
+	}
+	if out := run(0, "rollout", "undo"); !strings.Contains(out, "undid step 3 (1% -> 50%") {
+		t.Fatalf("undo:\n%s", out)
+	}
+	out = run(0, "rollout", "get", "llm")
+	for _, pattern := range []string{`^2\s+set\s+0% -> 1%\s+\(no auth\)`, `^3\s+set\s+1% -> 50%.*undone by step 4$`, `^4\s+undo\s+50% -> 1%.*undoes step 3$`} {
+		if !regexpLine(out, pattern) {
+			t.Errorf("history lacks %s:\n%s", pattern, out)
+		}
+	}
+	out = run(0, "rollout", "report", "--route", "moderate.text")
+	if !regexpLine(out, `^moderate\.text@global\s+3\s+shadow\s+1\s+0\s+1\s+0\s+50\.0%$`) ||
+		!regexpLine(out, `^moderate\.text@global\s+3\s+enforce\s+0\s+1\s+0\s+0\s+0\.0%$`) {
+		t.Fatalf("report:\n%s", out)
+	}
+	run(1, "reserve", "--subject", "t-1", "--route", "moderate.text", "--units", "tokens=1", "--legacy", "maybe")
+}
