@@ -212,3 +212,23 @@ func TestGateMetricsAtAudit(t *testing.T) {
 		}
 	}
 }
+
+// Subject hashing over the API: tenant-7's bucket on chat.generate is
+// 8287 (TestRolloutBucketFixedVectors), so it is enforced from 82.88% and
+// in shadow at 82.87%.
+func TestRolloutBySubjectOverTheAPI(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	h.ok("PublishPolicy", shadowPolicy("chat.generate"), "")
+	h.rolloutOK("CreateRollout", `{"name":"chat","hashBy":"subject","routes":[{"route":"chat.generate"}]}`, "")
+	h.ok("Reserve", reserveOn("fill", "chat.generate", 900, ""), "")
+	for i, tc := range []struct {
+		percent  string
+		enforced bool
+	}{{"82.88", true}, {"82.87", false}, {"100", true}, {"0", false}} {
+		h.rolloutOK("SetRolloutShare", `{"name":"chat","percent":`+tc.percent+`}`, "")
+		r := h.call("Reserve", reserveOn(fmt.Sprintf("r-%d", i), "chat.generate", 500, ""), "")
+		if enforced := r.status == http.StatusTooManyRequests; enforced != tc.enforced || (!enforced && r.body["shadowRejected"] != true) {
+			t.Errorf("at %s%%: %d %s, want enforced %v", tc.percent, r.status, r.raw, tc.enforced)
+		}
+	}
+}
