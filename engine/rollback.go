@@ -28,6 +28,10 @@ type GenerationDrain struct {
 	// reconciled; ShardUnits their allocations.
 	UnreconciledShards int64
 	ShardUnits         ledger.Amounts
+	// LegacyBudgets and LegacyUnits are the legacy limiter's budgets among
+	// them (ledger.Shard.IsLegacyBudget).
+	LegacyBudgets int64
+	LegacyUnits   ledger.Amounts
 }
 
 // Drained reports whether the generation holds nothing any more: not
@@ -115,6 +119,12 @@ func (e *Engine) DrainProgress(ctx context.Context, generations []uint64) ([]Gen
 				d.UnreconciledShards++
 				for j := range s.Allocated {
 					d.ShardUnits[j] += s.Allocated[j]
+				}
+				if s.IsLegacyBudget() {
+					d.LegacyBudgets++
+					for j := range s.Allocated {
+						d.LegacyUnits[j] += s.Allocated[j]
+					}
 				}
 			}
 		}

@@ -469,6 +469,7 @@ func (svc *rolloutService) DrainProgress(ctx context.Context, req *connect.Reque
 			Reserved: unitsMap(p, &d.Reserved), Debt: unitsMap(p, &d.Debt), Available: unitsMap(p, &d.Available),
 			BlockedByBurst: d.BlockedByBurst, BlockedNoPolicy: d.BlockedNoPolicy,
 			UnreconciledShards: d.UnreconciledShards, UnreconciledShardUnits: unitsMap(p, &d.ShardUnits),
+			UnreconciledLegacyBudgets: d.LegacyBudgets, UnreconciledLegacyUnits: unitsMap(p, &d.LegacyUnits),
 			Drained: d.Drained(),
 		})
 		resp.Drained = resp.Drained && d.Drained()

@@ -537,6 +537,9 @@ func printDrain(w io.Writer, msg *v1.DrainProgressResponse) {
 		if g.GetUnreconciledShards() > 0 {
 			shards += " (" + unitsText(g.GetUnreconciledShardUnits()) + ")"
 		}
+		if n := g.GetUnreconciledLegacyBudgets(); n > 0 {
+			shards += fmt.Sprintf(", %d legacy (%s)", n, unitsText(g.GetUnreconciledLegacyUnits()))
+		}
 		fmt.Fprintf(tw, "%d\t%s/%s@%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%v\n", g.GetGeneration(), g.GetSubject(), g.GetRoute(), g.GetRegion(), state,
 			g.GetAccounts(), unitsText(g.GetReserved()), unitsText(g.GetDebt()), unitsText(g.GetAvailable()), blocked, shards, g.GetDrained())
 	}

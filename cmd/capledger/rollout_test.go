@@ -50,7 +50,10 @@ func TestRollbackDrainsToZeroAcrossRestart(t *testing.T) {
 	run(0, "start", "--id", "run", "--operation", "op-run")
 	reserve("over", "100")
 	run(0, "start", "--id", "over", "--operation", "op-over")
-	// 900 against a hold of 100: 600 from available, 200 as debt.
+	// The legacy limiter's budget of 50, carved under generation 2.
+	run(0, "legacy", "carve", "--identity", "legacy-limiter", "--subject", "tenant-7", "--route", "chat.generate",
+		"--units", units("50"), "--ttl", "1h", "--id", "lb-1")
+	// 900 against a hold of 100: 550 from available, 250 as debt.
 	run(0, "settle", "--id", "over", "--operation", "op-over", "--units", units("900"))
 
 	out := run(0, "rollback", "2")
@@ -59,11 +62,11 @@ func TestRollbackDrainsToZeroAcrossRestart(t *testing.T) {
 	}
 	// The hold and the started work are still reserved; the drain moved
 	// the debt to generation 1, where refill repays it.
-	if !regexpLine(out, `^2\s+\*/chat.generate@global\s+rolled back\s+1\s+tokens=300\s+0\s+0\s+-\s+0\s+false$`) {
+	if !regexpLine(out, `^2\s+\*/chat.generate@global\s+rolled back\s+1\s+tokens=300\s+0\s+0\s+-\s+1 \(tokens=50\), 1 legacy \(tokens=50\)\s+false$`) {
 		t.Fatalf("drain progress right after the rollback:\n%s", out)
 	}
 	out = run(4, "rollback", "--status", "2", "--wait", "--max-wait", "1ms", "--interval", "1ms")
-	if !strings.Contains(out, "not drained after 1ms") || !strings.Contains(out, "300 units left") {
+	if !strings.Contains(out, "not drained after 1ms") || !strings.Contains(out, "350 units left, 1 shards open") {
 		t.Fatalf("--wait that gives up:\n%s", out)
 	}
 
@@ -79,6 +82,11 @@ func TestRollbackDrainsToZeroAcrossRestart(t *testing.T) {
 		t.Fatalf("after the restart:\n%s", out)
 	}
 	run(0, "settle", "--id", "run", "--operation", "op-run", "--units", units("150"))
+	receipts := filepath.Join(dir, "receipts.json")
+	if err := os.WriteFile(receipts, []byte(`[{"reservation_id":"l-1","state":"SETTLED","reserved_units":{"tokens":20},"actual_units":{"tokens":10}}]`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	run(0, "shard", "reconcile", "lb-1", "--gateway", "legacy:legacy-limiter", "--receipts", receipts)
 	started := time.Now()
 	out = run(0, "rollback", "--status", "2", "--wait", "--interval", "100ms", "--max-wait", "2m")
 	if !regexpLine(out, `^2\s+\*/chat.generate@global\s+rolled back\s+1\s+0\s+0\s+0\s+-\s+0\s+true$`) || !strings.Contains(out, "100%") {

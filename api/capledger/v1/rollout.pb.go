@@ -1389,9 +1389,13 @@ type GenerationDrain struct {
 	UnreconciledShardUnits map[string]int64 `protobuf:"bytes,14,rep,name=unreconciled_shard_units,json=unreconciledShardUnits,proto3" json:"unreconciled_shard_units,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	// True when reserved, debt, available and unreconciled shards are all
 	// zero.
-	Drained       bool `protobuf:"varint,15,opt,name=drained,proto3" json:"drained,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Drained bool `protobuf:"varint,15,opt,name=drained,proto3" json:"drained,omitempty"`
+	// Of the unreconciled shards, the legacy limiter's budgets
+	// (CarveLegacyBudget) and their allocated units.
+	UnreconciledLegacyBudgets int64            `protobuf:"varint,16,opt,name=unreconciled_legacy_budgets,json=unreconciledLegacyBudgets,proto3" json:"unreconciled_legacy_budgets,omitempty"`
+	UnreconciledLegacyUnits   map[string]int64 `protobuf:"bytes,17,rep,name=unreconciled_legacy_units,json=unreconciledLegacyUnits,proto3" json:"unreconciled_legacy_units,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	unknownFields             protoimpl.UnknownFields
+	sizeCache                 protoimpl.SizeCache
 }
 
 func (x *GenerationDrain) Reset() {
@@ -1527,6 +1531,20 @@ func (x *GenerationDrain) GetDrained() bool {
 		return x.Drained
 	}
 	return false
+}
+
+func (x *GenerationDrain) GetUnreconciledLegacyBudgets() int64 {
+	if x != nil {
+		return x.UnreconciledLegacyBudgets
+	}
+	return 0
+}
+
+func (x *GenerationDrain) GetUnreconciledLegacyUnits() map[string]int64 {
+	if x != nil {
+		return x.UnreconciledLegacyUnits
+	}
+	return nil
 }
 
 type DrainProgressResponse struct {
@@ -1697,7 +1715,7 @@ const file_capledger_v1_rollout_proto_rawDesc = "" +
 	"\x14DrainProgressRequest\x12 \n" +
 	"\vgenerations\x18\x01 \x03(\x04R\vgenerations\x12\x1d\n" +
 	"\n" +
-	"run_drains\x18\x02 \x01(\bR\trunDrains\"\xb5\a\n" +
+	"run_drains\x18\x02 \x01(\bR\trunDrains\"\xb9\t\n" +
 	"\x0fGenerationDrain\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x01 \x01(\x04R\n" +
@@ -1717,7 +1735,9 @@ const file_capledger_v1_rollout_proto_rawDesc = "" +
 	"\x11blocked_no_policy\x18\f \x01(\x03R\x0fblockedNoPolicy\x12/\n" +
 	"\x13unreconciled_shards\x18\r \x01(\x03R\x12unreconciledShards\x12s\n" +
 	"\x18unreconciled_shard_units\x18\x0e \x03(\v29.capledger.v1.GenerationDrain.UnreconciledShardUnitsEntryR\x16unreconciledShardUnits\x12\x18\n" +
-	"\adrained\x18\x0f \x01(\bR\adrained\x1a;\n" +
+	"\adrained\x18\x0f \x01(\bR\adrained\x12>\n" +
+	"\x1bunreconciled_legacy_budgets\x18\x10 \x01(\x03R\x19unreconciledLegacyBudgets\x12v\n" +
+	"\x19unreconciled_legacy_units\x18\x11 \x03(\v2:.capledger.v1.GenerationDrain.UnreconciledLegacyUnitsEntryR\x17unreconciledLegacyUnits\x1a;\n" +
 	"\rReservedEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1a7\n" +
@@ -1728,6 +1748,9 @@ const file_capledger_v1_rollout_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1aI\n" +
 	"\x1bUnreconciledShardUnitsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1aJ\n" +
+	"\x1cUnreconciledLegacyUnitsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\xc5\x01\n" +
 	"\x15DrainProgressResponse\x12?\n" +
@@ -1759,7 +1782,7 @@ func file_capledger_v1_rollout_proto_rawDescGZIP() []byte {
 	return file_capledger_v1_rollout_proto_rawDescData
 }
 
-var file_capledger_v1_rollout_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_capledger_v1_rollout_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_capledger_v1_rollout_proto_goTypes = []any{
 	(*CarveLegacyBudgetRequest)(nil),    // 0: capledger.v1.CarveLegacyBudgetRequest
 	(*CarveLegacyBudgetResponse)(nil),   // 1: capledger.v1.CarveLegacyBudgetResponse
@@ -1790,15 +1813,16 @@ var file_capledger_v1_rollout_proto_goTypes = []any{
 	nil,                                 // 26: capledger.v1.GenerationDrain.DebtEntry
 	nil,                                 // 27: capledger.v1.GenerationDrain.AvailableEntry
 	nil,                                 // 28: capledger.v1.GenerationDrain.UnreconciledShardUnitsEntry
-	(*durationpb.Duration)(nil),         // 29: google.protobuf.Duration
-	(*Shard)(nil),                       // 30: capledger.v1.Shard
-	(*timestamppb.Timestamp)(nil),       // 31: google.protobuf.Timestamp
+	nil,                                 // 29: capledger.v1.GenerationDrain.UnreconciledLegacyUnitsEntry
+	(*durationpb.Duration)(nil),         // 30: google.protobuf.Duration
+	(*Shard)(nil),                       // 31: capledger.v1.Shard
+	(*timestamppb.Timestamp)(nil),       // 32: google.protobuf.Timestamp
 }
 var file_capledger_v1_rollout_proto_depIdxs = []int32{
 	24, // 0: capledger.v1.CarveLegacyBudgetRequest.units:type_name -> capledger.v1.CarveLegacyBudgetRequest.UnitsEntry
-	29, // 1: capledger.v1.CarveLegacyBudgetRequest.ttl:type_name -> google.protobuf.Duration
-	30, // 2: capledger.v1.CarveLegacyBudgetResponse.budget:type_name -> capledger.v1.Shard
-	31, // 3: capledger.v1.RolloutStep.at:type_name -> google.protobuf.Timestamp
+	30, // 1: capledger.v1.CarveLegacyBudgetRequest.ttl:type_name -> google.protobuf.Duration
+	31, // 2: capledger.v1.CarveLegacyBudgetResponse.budget:type_name -> capledger.v1.Shard
+	32, // 3: capledger.v1.RolloutStep.at:type_name -> google.protobuf.Timestamp
 	2,  // 4: capledger.v1.Rollout.routes:type_name -> capledger.v1.RolloutRoute
 	3,  // 5: capledger.v1.Rollout.steps:type_name -> capledger.v1.RolloutStep
 	2,  // 6: capledger.v1.CreateRolloutRequest.routes:type_name -> capledger.v1.RolloutRoute
@@ -1809,37 +1833,38 @@ var file_capledger_v1_rollout_proto_depIdxs = []int32{
 	4,  // 11: capledger.v1.UndoRolloutStepResponse.rollout:type_name -> capledger.v1.Rollout
 	3,  // 12: capledger.v1.UndoRolloutStepResponse.undone:type_name -> capledger.v1.RolloutStep
 	16, // 13: capledger.v1.ShadowReportResponse.comparisons:type_name -> capledger.v1.ShadowComparison
-	31, // 14: capledger.v1.ShadowReportResponse.since:type_name -> google.protobuf.Timestamp
+	32, // 14: capledger.v1.ShadowReportResponse.since:type_name -> google.protobuf.Timestamp
 	19, // 15: capledger.v1.RollbackGenerationsResponse.rollbacks:type_name -> capledger.v1.GenerationRollback
 	25, // 16: capledger.v1.GenerationDrain.reserved:type_name -> capledger.v1.GenerationDrain.ReservedEntry
 	26, // 17: capledger.v1.GenerationDrain.debt:type_name -> capledger.v1.GenerationDrain.DebtEntry
 	27, // 18: capledger.v1.GenerationDrain.available:type_name -> capledger.v1.GenerationDrain.AvailableEntry
 	28, // 19: capledger.v1.GenerationDrain.unreconciled_shard_units:type_name -> capledger.v1.GenerationDrain.UnreconciledShardUnitsEntry
-	22, // 20: capledger.v1.DrainProgressResponse.generations:type_name -> capledger.v1.GenerationDrain
-	31, // 21: capledger.v1.DrainProgressResponse.at:type_name -> google.protobuf.Timestamp
-	5,  // 22: capledger.v1.RolloutService.CreateRollout:input_type -> capledger.v1.CreateRolloutRequest
-	7,  // 23: capledger.v1.RolloutService.GetRollout:input_type -> capledger.v1.GetRolloutRequest
-	9,  // 24: capledger.v1.RolloutService.ListRollouts:input_type -> capledger.v1.ListRolloutsRequest
-	11, // 25: capledger.v1.RolloutService.SetRolloutShare:input_type -> capledger.v1.SetRolloutShareRequest
-	13, // 26: capledger.v1.RolloutService.UndoRolloutStep:input_type -> capledger.v1.UndoRolloutStepRequest
-	15, // 27: capledger.v1.RolloutService.ShadowReport:input_type -> capledger.v1.ShadowReportRequest
-	18, // 28: capledger.v1.RolloutService.RollbackGenerations:input_type -> capledger.v1.RollbackGenerationsRequest
-	21, // 29: capledger.v1.RolloutService.DrainProgress:input_type -> capledger.v1.DrainProgressRequest
-	0,  // 30: capledger.v1.RolloutService.CarveLegacyBudget:input_type -> capledger.v1.CarveLegacyBudgetRequest
-	6,  // 31: capledger.v1.RolloutService.CreateRollout:output_type -> capledger.v1.CreateRolloutResponse
-	8,  // 32: capledger.v1.RolloutService.GetRollout:output_type -> capledger.v1.GetRolloutResponse
-	10, // 33: capledger.v1.RolloutService.ListRollouts:output_type -> capledger.v1.ListRolloutsResponse
-	12, // 34: capledger.v1.RolloutService.SetRolloutShare:output_type -> capledger.v1.SetRolloutShareResponse
-	14, // 35: capledger.v1.RolloutService.UndoRolloutStep:output_type -> capledger.v1.UndoRolloutStepResponse
-	17, // 36: capledger.v1.RolloutService.ShadowReport:output_type -> capledger.v1.ShadowReportResponse
-	20, // 37: capledger.v1.RolloutService.RollbackGenerations:output_type -> capledger.v1.RollbackGenerationsResponse
-	23, // 38: capledger.v1.RolloutService.DrainProgress:output_type -> capledger.v1.DrainProgressResponse
-	1,  // 39: capledger.v1.RolloutService.CarveLegacyBudget:output_type -> capledger.v1.CarveLegacyBudgetResponse
-	31, // [31:40] is the sub-list for method output_type
-	22, // [22:31] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	29, // 20: capledger.v1.GenerationDrain.unreconciled_legacy_units:type_name -> capledger.v1.GenerationDrain.UnreconciledLegacyUnitsEntry
+	22, // 21: capledger.v1.DrainProgressResponse.generations:type_name -> capledger.v1.GenerationDrain
+	32, // 22: capledger.v1.DrainProgressResponse.at:type_name -> google.protobuf.Timestamp
+	5,  // 23: capledger.v1.RolloutService.CreateRollout:input_type -> capledger.v1.CreateRolloutRequest
+	7,  // 24: capledger.v1.RolloutService.GetRollout:input_type -> capledger.v1.GetRolloutRequest
+	9,  // 25: capledger.v1.RolloutService.ListRollouts:input_type -> capledger.v1.ListRolloutsRequest
+	11, // 26: capledger.v1.RolloutService.SetRolloutShare:input_type -> capledger.v1.SetRolloutShareRequest
+	13, // 27: capledger.v1.RolloutService.UndoRolloutStep:input_type -> capledger.v1.UndoRolloutStepRequest
+	15, // 28: capledger.v1.RolloutService.ShadowReport:input_type -> capledger.v1.ShadowReportRequest
+	18, // 29: capledger.v1.RolloutService.RollbackGenerations:input_type -> capledger.v1.RollbackGenerationsRequest
+	21, // 30: capledger.v1.RolloutService.DrainProgress:input_type -> capledger.v1.DrainProgressRequest
+	0,  // 31: capledger.v1.RolloutService.CarveLegacyBudget:input_type -> capledger.v1.CarveLegacyBudgetRequest
+	6,  // 32: capledger.v1.RolloutService.CreateRollout:output_type -> capledger.v1.CreateRolloutResponse
+	8,  // 33: capledger.v1.RolloutService.GetRollout:output_type -> capledger.v1.GetRolloutResponse
+	10, // 34: capledger.v1.RolloutService.ListRollouts:output_type -> capledger.v1.ListRolloutsResponse
+	12, // 35: capledger.v1.RolloutService.SetRolloutShare:output_type -> capledger.v1.SetRolloutShareResponse
+	14, // 36: capledger.v1.RolloutService.UndoRolloutStep:output_type -> capledger.v1.UndoRolloutStepResponse
+	17, // 37: capledger.v1.RolloutService.ShadowReport:output_type -> capledger.v1.ShadowReportResponse
+	20, // 38: capledger.v1.RolloutService.RollbackGenerations:output_type -> capledger.v1.RollbackGenerationsResponse
+	23, // 39: capledger.v1.RolloutService.DrainProgress:output_type -> capledger.v1.DrainProgressResponse
+	1,  // 40: capledger.v1.RolloutService.CarveLegacyBudget:output_type -> capledger.v1.CarveLegacyBudgetResponse
+	32, // [32:41] is the sub-list for method output_type
+	23, // [23:32] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_capledger_v1_rollout_proto_init() }
@@ -1854,7 +1879,7 @@ func file_capledger_v1_rollout_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_capledger_v1_rollout_proto_rawDesc), len(file_capledger_v1_rollout_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   29,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
