@@ -99,6 +99,10 @@ type Command struct {
 	// and the ledger refuses the command when its cause does not hold at
 	// the moment it is applied (see MarkUsageUnknownFor).
 	Cause Cause
+	// Rollout, when set on a reserve, is the mode RolloutModeFor decided
+	// for the request (its route belongs to a rollout): it replaces the
+	// deciding policy's own mode. Empty: the policy's mode decides.
+	Rollout RolloutMode
 	// Before is the cutoff of retire and forget: only a reservation that
 	// finished at or before it is removed (retire), only a tombstone of
 	// one is dropped (forget).

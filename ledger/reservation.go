@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"time"
@@ -71,6 +72,10 @@ func reserve(b Book, cmd *Command, now time.Time, res *Result) {
 		*res = Result{Err: invalid("subject, route and region are required (subject may not be %q)", AnySubject)}
 		return
 	}
+	if cmd.Rollout != "" && cmd.Rollout != RolloutEnforce && cmd.Rollout != RolloutShadow {
+		*res = Result{Err: invalid("rollout mode %q is neither %q nor %q", cmd.Rollout, RolloutEnforce, RolloutShadow)}
+		return
+	}
 	subject := PolicyKey{Subject: cmd.Subject, Route: cmd.Route, Region: cmd.Region}
 	p, ok := activePolicy(b, subject)
 	if !ok {
@@ -114,7 +119,7 @@ func reserve(b Book, cmd *Command, now time.Time, res *Result) {
 		for i := 0; i < a.Dims; i++ {
 			res.Available[i] = a.Balances[i].Available
 		}
-		if p.Rollout == RolloutShadow {
+		if cmp.Or(cmd.Rollout, p.Rollout) == RolloutShadow {
 			res.Shadow = true
 			before := a.Balances
 			journal(b, a, &before, KindReserve, cmd.ReservationID, StateRequested, StateRequested, "shadow", now)

@@ -66,6 +66,10 @@ type ShardArgs struct {
 	Sign  func(canonical []byte) []byte
 	// Receipts are the gateway's local receipts (reconcile).
 	Receipts []ShardReceipt
+	// Legacy carves a legacy limiter's budget (legacy.go): GatewayID must
+	// be a LegacyGateway id, and the deciding policy's emergency mode is
+	// not required. Without it a legacy gateway id is refused.
+	Legacy bool
 }
 
 // ShardReceipt is one local reservation of a shard as its gateway reports
@@ -218,6 +222,12 @@ func IssueShard(b Book, cmd *Command, now time.Time) Result {
 	if args.ShardID == "" || args.GatewayID == "" {
 		return Result{Err: invalid("shard id and gateway id are required")}
 	}
+	if _, legacy := LegacyIdentity(args.GatewayID); legacy != args.Legacy {
+		if legacy {
+			return Result{Err: invalid("gateway id %q names a legacy limiter: its budget is carved by the operator (CarveLegacyBudget), not issued as a shard", args.GatewayID)}
+		}
+		return Result{Err: invalid("a legacy budget's gateway id must start with %q, not %q", LegacyGatewayPrefix, args.GatewayID)}
+	}
 	if existing, ok := b.Shard(args.ShardID); ok {
 		same := existing.GatewayID == args.GatewayID && existing.BootEpoch == args.BootEpoch &&
 			existing.Account.Subject == cmd.Subject && existing.Account.Route == cmd.Route &&
@@ -245,7 +255,7 @@ func IssueShard(b Book, cmd *Command, now time.Time) Result {
 	if cmd.Generation != 0 && cmd.Generation != p.Generation {
 		return Result{Err: invalid("units are ordered for policy generation %d, but generation %d decides", cmd.Generation, p.Generation), Generation: p.Generation}
 	}
-	if !p.EmergencyMode {
+	if !p.EmergencyMode && !args.Legacy {
 		return Result{Err: fmt.Errorf("%w: %s generation %d", ErrEmergencyDisabled, subject, p.Generation), Generation: p.Generation}
 	}
 	if err := checkUnits(p, &cmd.Units, true); err != nil {
@@ -399,6 +409,10 @@ func ReconcileShard(b Book, args *ShardArgs, now time.Time) Result {
 			charged[d] = used[d] - next.Spent[d]
 			next.Reminted[d] = s.Allocated[d] - next.Spent[d] - next.Unknown[d]
 			reminted[d] = next.Reminted[d]
+		}
+		if legacyWholeBlock(s, next.Spent, next.Unknown) {
+			return Result{Err: fmt.Errorf("%w: shard %s: the receipts report nothing spent and nothing unknown; report every request the legacy limiter admitted (its usage, or USAGE_UNKNOWN), or leave the budget unreconciled",
+				ErrLegacyWholeBlock, s.ID), Shard: cloneShard(s), Generation: s.Account.Generation}
 		}
 		next.Reconciled = true
 	} else {

@@ -45,6 +45,9 @@ func auditShards(s *Snapshot) []Discrepancy {
 		if !sh.Reconciled && (sh.Spent != Amounts{} || sh.Unknown != Amounts{} || sh.Reminted != Amounts{}) {
 			add(CheckShardRecord, sh.Account, "shard %s is not reconciled but records spent %v, unknown %v, reminted %v", sh.ID, sh.Spent, sh.Unknown, sh.Reminted)
 		}
+		if sh.Reconciled && legacyWholeBlock(sh, sh.Spent, sh.Unknown) {
+			add(CheckLegacyBudget, sh.Account, "legacy budget %s of %s returned its whole allocation %v: nothing reported spent or unknown", sh.ID, sh.GatewayID, sh.Allocated)
+		}
 		if !sh.ExpiresAt.After(sh.IssuedAt) {
 			add(CheckShardRecord, sh.Account, "shard %s expires at %s, not after its issuance at %s", sh.ID, sh.ExpiresAt, sh.IssuedAt)
 		}

@@ -14,6 +14,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/capledger/capledger/api/capledger/v1/capledgerv1connect"
+	"github.com/capledger/capledger/ledger"
 )
 
 // Role is what a token may do.
@@ -38,6 +39,12 @@ var adminOnly = map[string]bool{
 	capledgerv1connect.LedgerServicePublishPolicyProcedure:  true,
 	capledgerv1connect.LedgerServiceRollbackPolicyProcedure: true,
 	capledgerv1connect.LedgerServiceAuditProcedure:          true,
+	// Rollout changes and rollbacks are the operator's (rollout.proto).
+	capledgerv1connect.RolloutServiceCreateRolloutProcedure:       true,
+	capledgerv1connect.RolloutServiceSetRolloutShareProcedure:     true,
+	capledgerv1connect.RolloutServiceUndoRolloutStepProcedure:     true,
+	capledgerv1connect.RolloutServiceRollbackGenerationsProcedure: true,
+	capledgerv1connect.RolloutServiceCarveLegacyBudgetProcedure:   true,
 }
 
 // viewerMay are the procedures of the viewer role (reads only). The
@@ -57,6 +64,10 @@ var viewerMay = map[string]bool{
 	capledgerv1connect.ConsoleServiceGetOverviewProcedure:          true,
 	capledgerv1connect.ConsoleServiceListAccountStandingsProcedure: true,
 	capledgerv1connect.ConsoleServiceGetFairnessProcedure:          true,
+	capledgerv1connect.RolloutServiceGetRolloutProcedure:           true,
+	capledgerv1connect.RolloutServiceListRolloutsProcedure:         true,
+	capledgerv1connect.RolloutServiceShadowReportProcedure:         true,
+	capledgerv1connect.RolloutServiceDrainProgressProcedure:        true,
 }
 
 // gatewayMayNot are the procedures beyond adminOnly a gateway may not call.
@@ -67,6 +78,10 @@ var gatewayMayNot = map[string]bool{
 	capledgerv1connect.ConsoleServiceGetOverviewProcedure:          true,
 	capledgerv1connect.ConsoleServiceListAccountStandingsProcedure: true,
 	capledgerv1connect.ConsoleServiceGetFairnessProcedure:          true,
+	capledgerv1connect.RolloutServiceGetRolloutProcedure:           true,
+	capledgerv1connect.RolloutServiceListRolloutsProcedure:         true,
+	capledgerv1connect.RolloutServiceShadowReportProcedure:         true,
+	capledgerv1connect.RolloutServiceDrainProgressProcedure:        true,
 }
 
 // RoleMay reports whether role may call procedure (a full procedure name,
@@ -239,7 +254,9 @@ func bearerToken(header string) (string, bool) {
 // with reason PERMISSION_DENIED otherwise.
 func authorizeGateway(ctx context.Context, procedure, gatewayID string) *connect.Error {
 	id, ok := IdentityFrom(ctx)
-	if !ok || id.Role == RoleAdmin || id.Name == gatewayID {
+	if !ok || id.Role == RoleAdmin || id.Name == gatewayID || gatewayID == ledger.LegacyGateway(id.Name) {
+		// A legacy limiter's token acts for its budgets' gateway id,
+		// "legacy:" + its name (ledger.LegacyGateway).
 		return nil
 	}
 	return withReason(connect.NewError(connect.CodePermissionDenied,

@@ -213,6 +213,9 @@ func (s *Server) reserveCommand(ctx context.Context, req *v1.ReserveRequest) (cm
 	if cerr := checkID("reservation_id", req.GetReservationId()); cerr != nil {
 		return cmd, nil, cerr
 	}
+	if cerr := checkLegacyDecision(req.GetLegacyDecision()); cerr != nil {
+		return cmd, nil, cerr
+	}
 	if req.GetSubject() == ledger.AnySubject {
 		return cmd, nil, invalidArgument(ReasonInvalidCommand, "subject %q names every subject; reserve for a concrete one", ledger.AnySubject)
 	}
@@ -260,6 +263,7 @@ func (s *Server) reserveCommand(ctx context.Context, req *v1.ReserveRequest) (cm
 	} else {
 		cmd.Units = units
 		cmd.Generation = p.Generation
+		cmd.Rollout = s.rollouts.mode(ctx, ledger.RouteKey{Route: cmd.Route, Region: cmd.Region}, cmd.Subject, p.Rollout)
 		return cmd, nil, nil
 	}
 	if _, err := s.ledger.Reservation(ctx, cmd.ReservationID); err != nil {
@@ -329,6 +333,7 @@ func (s *Server) reserveOne(ctx context.Context, req *v1.ReserveRequest) outcome
 			}
 			continue
 		}
+		s.shadow.compare(&cmd, req.GetLegacyDecision(), &res)
 		return s.reserveOutcome(ctx, &res, unmapped)
 	}
 }
@@ -377,6 +382,7 @@ func (s *Server) ReserveBatch(ctx context.Context, req *connect.Request[v1.Reser
 			outcomes[i] = s.reserveOne(ctx, items[i])
 			continue
 		}
+		s.shadow.compare(&cmds[j], items[i].GetLegacyDecision(), &results[j])
 		outcomes[i] = s.reserveOutcome(ctx, &results[j], unmapped[i])
 	}
 	resp := &v1.ReserveBatchResponse{Outcomes: make([]*v1.ReserveOutcome, len(items))}
@@ -677,5 +683,6 @@ func (s *Server) Audit(ctx context.Context, req *connect.Request[v1.AuditRequest
 	if len(found) > 0 {
 		s.log.Warn("audit found discrepancies", "count", len(found), "first", found[0].String())
 	}
+	s.recordGates(ctx, found)
 	return connect.NewResponse(resp), nil
 }

@@ -88,6 +88,13 @@ type Config struct {
 	// the reason); a detail is shown under "ready" (e.g. the PostgreSQL
 	// primary and its replication).
 	ReadyCheck func(ctx context.Context) (detail string, err error)
+	// Rollouts, when set, keeps the rollouts of the RolloutService and
+	// decides the mode of reserves on their routes (rollout.go); without
+	// it the RolloutService's rollout methods answer UNIMPLEMENTED.
+	Rollouts store.Rollouts
+	// Drains, when set, lets RolloutService.DrainProgress follow a
+	// rollback (give it the engine).
+	Drains Drains
 }
 
 // Server implements capledgerv1connect.LedgerServiceHandler over a Ledger.
@@ -106,6 +113,14 @@ type Server struct {
 	ready   func(ctx context.Context) (string, error)
 	// console counts what the ConsoleService reports beyond the metrics.
 	console *consoleCounters
+	// rollouts decides reserves' modes on rollout routes; shadow counts
+	// the legacy limiter's decisions against the ledger's (rollout.go).
+	rollouts *rolloutCache
+	shadow   *shadowCounts
+	// shards is the ShardService, which also carves legacy budgets.
+	shards *shardService
+	// gates are the seed's release gates measured at audit (gates.go).
+	gates *gateMetrics
 }
 
 // New returns a server over l.
@@ -133,6 +148,9 @@ func New(l Ledger, cfg Config) *Server {
 		ready:    cfg.ReadyCheck,
 		console:  &consoleCounters{},
 	}
+	s.rollouts = &rolloutCache{store: cfg.Rollouts, log: s.log}
+	s.shadow = newShadowCounts(s.metrics.registry, cfg.Clock())
+	s.gates = newGateMetrics(s.metrics.registry)
 	s.metrics.registerEngine(l)
 	s.metrics.registerLeader(l)
 	s.metrics.registerBacklog(l, s.log, cfg.Clock)
@@ -157,6 +175,7 @@ func New(l Ledger, cfg Config) *Server {
 	mountProcedures(mux, path, service, v1.File_capledger_v1_capledger_proto.Services().ByName("LedgerService"))
 	registerShardService(mux, s, cfg.Shards, options)
 	registerConsoleService(mux, s, options)
+	registerRolloutService(mux, s, cfg.Rollouts, cfg.Drains, options)
 	mux.HandleFunc("GET /healthz", s.healthz)
 	mux.HandleFunc("GET /readyz", s.readyz)
 	mux.HandleFunc("GET /statusz", s.statusz)

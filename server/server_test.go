@@ -108,6 +108,10 @@ func newHarness(t testing.TB, opts harnessOptions) *harness {
 	if opts.resolver != nil {
 		cfg.Resolver = h.engine
 	}
+	if rollouts, ok := h.store.(store.Rollouts); ok {
+		cfg.Rollouts = rollouts
+	}
+	cfg.Drains = h.engine
 	if opts.auth {
 		file := "# role per token\n" + adminToken + " admin ops\n\n" + gatewayToken + " gateway gw-1\n"
 		if opts.tokens != "" {

@@ -71,7 +71,12 @@ var shardErrors = []struct {
 	{ledger.ErrShardReceiptContradicts, connect.CodeFailedPrecondition, ReasonShardReceiptContradicts},
 	{ledger.ErrShardIDReused, connect.CodeAlreadyExists, ReasonShardIDReused},
 	{ledger.ErrEmergencyDisabled, connect.CodeFailedPrecondition, ReasonEmergencyDisabled},
+	{ledger.ErrLegacyWholeBlock, connect.CodeFailedPrecondition, ReasonLegacyWholeBlock},
 }
+
+// ReasonLegacyWholeBlock: a legacy budget's reconciliation would return
+// its whole allocation (ledger.ErrLegacyWholeBlock).
+const ReasonLegacyWholeBlock = "LEGACY_WHOLE_BLOCK"
 
 // shardReads is what the service reads besides the Ledger interface
 // (*engine.Engine has it).
@@ -114,6 +119,7 @@ func registerShardService(mux *http.ServeMux, s *Server, cfg *ShardConfig, optio
 			svc.metrics = already.ExistingCollector.(*prometheus.CounterVec)
 		}
 	}
+	s.shards = svc
 	path, handler := capledgerv1connect.NewShardServiceHandler(svc, options...)
 	mountProcedures(mux, path, handler, v1.File_capledger_v1_shard_proto.Services().ByName("ShardService"))
 }
@@ -159,6 +165,12 @@ func (svc *shardService) IssueShard(ctx context.Context, req *connect.Request[v1
 	if cerr := authorizeGateway(ctx, "issue shard", m.GetGatewayId()); cerr != nil {
 		return nil, cerr
 	}
+	return svc.issue(ctx, m, false)
+}
+
+// issue carves a shard (legacy: a legacy limiter's budget, for
+// RolloutService.CarveLegacyBudget) once the caller was authorized.
+func (svc *shardService) issue(ctx context.Context, m *v1.IssueShardRequest, legacy bool) (*connect.Response[v1.IssueShardResponse], error) {
 	if m.GetSubject() == "" || m.GetSubject() == ledger.AnySubject || m.GetRoute() == "" {
 		return nil, invalidArgument(ReasonInvalidCommand, "a concrete subject (not %q) and a route are required", ledger.AnySubject)
 	}
@@ -204,7 +216,7 @@ func (svc *shardService) IssueShard(ctx context.Context, req *connect.Request[v1
 			Kind: ledger.KindShardIssue, Subject: key.Subject, Route: key.Route, Region: key.Region,
 			Units: units, Generation: p.Generation,
 			Shard: &ledger.ShardArgs{ShardID: m.GetShardId(), GatewayID: m.GetGatewayId(), BootEpoch: m.GetBootEpoch(),
-				TTL: ttl, KeyID: keyID, Sign: sign},
+				TTL: ttl, KeyID: keyID, Sign: sign, Legacy: legacy},
 		}
 		res, cerr := svc.do(ctx, cmd)
 		if cerr != nil && stale(&cmd, &res) && attempt < staleRetries {

@@ -83,6 +83,20 @@ func (c *clientFlags) shardClient() (capledgerv1connect.ShardServiceClient, erro
 	return capledgerv1connect.NewShardServiceClient(hc, base, options...), nil
 }
 
+// rolloutClient returns a RolloutService client with the same address,
+// token and trusted CAs as client.
+func (c *clientFlags) rolloutClient() (capledgerv1connect.RolloutServiceClient, error) {
+	base, options, err := c.endpoint()
+	if err != nil {
+		return nil, err
+	}
+	hc, err := c.httpClient()
+	if err != nil {
+		return nil, err
+	}
+	return capledgerv1connect.NewRolloutServiceClient(hc, base, options...), nil
+}
+
 // tlsConfig returns the TLS settings for --ca-file: TLS 1.2 or newer,
 // trusting only the file's CA certificates (a private CA's server is then
 // verified, and nothing the system roots sign is mistaken for it). It

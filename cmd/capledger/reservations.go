@@ -40,6 +40,8 @@ Flags:
   --id ID           reservation id (default: a new ULID)
   --digest D        canonical request digest (default: derived by the server
                     from subject, route, region and units)
+  --legacy allow|deny  the legacy limiter's decision for this request, for
+                    the shadow comparison ("capledger rollout report")
 `
 
 const startHelp = `Usage: capledger start --id ID --operation OP [flags]
@@ -131,8 +133,12 @@ func runReserve(ctx context.Context, e *env, args []string) error {
 	region := fs.String("region", "", "")
 	unitSpec := fs.String("units", "", "")
 	digest := fs.String("digest", "", "")
+	legacy := fs.String("legacy", "", "")
 	if err := parseNoArgs(fs, args); err != nil {
 		return err
+	}
+	if *legacy != "" && *legacy != "allow" && *legacy != "deny" {
+		return usagef("--legacy %q: want allow or deny (the legacy limiter's decision, for the shadow comparison)", *legacy)
 	}
 	if *subject == "" || *route == "" || *unitSpec == "" {
 		return usagef("--subject, --route and --units are required")
@@ -151,6 +157,7 @@ func runReserve(ctx context.Context, e *env, args []string) error {
 	}
 	msg, err := unary(ctx, cf.timeout, client.Reserve, &v1.ReserveRequest{
 		ReservationId: *id, RequestDigest: *digest, Subject: *subject, Route: *route, Region: *region, Units: units,
+		LegacyDecision: *legacy,
 	})
 	if err != nil {
 		return err

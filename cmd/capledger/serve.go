@@ -249,6 +249,10 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	if resolver != nil {
 		srvCfg.Resolver = eng
 	}
+	if rollouts, ok := st.(store.Rollouts); ok {
+		srvCfg.Rollouts = rollouts
+	}
+	srvCfg.Drains = eng
 	srv := server.New(eng, srvCfg)
 	// The operator console: static files; every number on it comes from
 	// the API above, called with the operator's token.

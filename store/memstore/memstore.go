@@ -52,6 +52,8 @@ type rows struct {
 	statementIDs map[statementKey]bool
 	journal      []ledger.JournalEntry
 	ret          retention
+	// rollouts holds each rollout's stored form (store/codec), by name.
+	rollouts map[string][]byte
 }
 
 type statementKey struct {
@@ -73,6 +75,7 @@ func newRows() *rows {
 		shards:       map[string]*ledger.Shard{},
 		statementIDs: map[statementKey]bool{},
 		ret:          newRetention(),
+		rollouts:     map[string][]byte{},
 	}
 }
 

@@ -1291,9 +1291,16 @@ type ReserveRequest struct {
 	Route   string `protobuf:"bytes,4,opt,name=route,proto3" json:"route,omitempty"`
 	Region  string `protobuf:"bytes,5,opt,name=region,proto3" json:"region,omitempty"`
 	// Estimated units by unit name, at least one positive.
-	Units         map[string]int64 `protobuf:"bytes,6,rep,name=units,proto3" json:"units,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Units map[string]int64 `protobuf:"bytes,6,rep,name=units,proto3" json:"units,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// The legacy limiter's own decision for this request, "allow" or "deny"
+	// (optional, empty: not reported). capledger compares it with its own
+	// decision (admitted, or shadow-rejected / rejected) and counts agreement
+	// and disagreement per route and generation (RolloutService.ShadowReport,
+	// capledger_shadow_decisions_total). It changes nothing about the
+	// reservation and is not part of the request digest.
+	LegacyDecision string `protobuf:"bytes,7,opt,name=legacy_decision,json=legacyDecision,proto3" json:"legacy_decision,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ReserveRequest) Reset() {
@@ -1366,6 +1373,13 @@ func (x *ReserveRequest) GetUnits() map[string]int64 {
 		return x.Units
 	}
 	return nil
+}
+
+func (x *ReserveRequest) GetLegacyDecision() string {
+	if x != nil {
+		return x.LegacyDecision
+	}
+	return ""
 }
 
 type ReserveResponse struct {
@@ -3280,14 +3294,15 @@ const file_capledger_v1_capledger_proto_rawDesc = "" +
 	"generation\"a\n" +
 	"\x16RollbackPolicyResponse\x12+\n" +
 	"\x11active_generation\x18\x01 \x01(\x04R\x10activeGeneration\x12\x1a\n" +
-	"\breplayed\x18\x02 \x01(\bR\breplayed\"\x9f\x02\n" +
+	"\breplayed\x18\x02 \x01(\bR\breplayed\"\xc8\x02\n" +
 	"\x0eReserveRequest\x12%\n" +
 	"\x0ereservation_id\x18\x01 \x01(\tR\rreservationId\x12%\n" +
 	"\x0erequest_digest\x18\x02 \x01(\tR\rrequestDigest\x12\x18\n" +
 	"\asubject\x18\x03 \x01(\tR\asubject\x12\x14\n" +
 	"\x05route\x18\x04 \x01(\tR\x05route\x12\x16\n" +
 	"\x06region\x18\x05 \x01(\tR\x06region\x12=\n" +
-	"\x05units\x18\x06 \x03(\v2'.capledger.v1.ReserveRequest.UnitsEntryR\x05units\x1a8\n" +
+	"\x05units\x18\x06 \x03(\v2'.capledger.v1.ReserveRequest.UnitsEntryR\x05units\x12'\n" +
+	"\x0flegacy_decision\x18\a \x01(\tR\x0elegacyDecision\x1a8\n" +
 	"\n" +
 	"UnitsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +

@@ -1,0 +1,547 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	v1 "github.com/capledger/capledger/api/capledger/v1"
+	"github.com/capledger/capledger/api/capledger/v1/capledgerv1connect"
+)
+
+func init() {
+	register(&command{name: "rollout", summary: "shadow-to-enforce rollouts: create, step, undo, list, report", help: rolloutHelp, run: runRollout})
+	register(&command{name: "rollback", summary: "roll generations (or a rollout step) back and follow the drain to zero", help: rollbackHelp, run: runRollback})
+}
+
+const rolloutHelp = `Usage:
+  capledger rollout create NAME --routes R[@REGION],... [--by route|subject]
+  capledger rollout set [NAME] --percent N
+  capledger rollout undo [NAME]
+  capledger rollout list
+  capledger rollout get NAME [--json]
+  capledger rollout report [--route R] [--json]
+
+A rollout moves a set of routes from shadow mode to enforcement in steps.
+While a route belongs to a rollout, the rollout decides whether its
+reserves are enforced or shadowed (the policy's own "rollout:" mode applies
+to the other routes). The share is chosen by a stable hash, stated at
+create and never changed:
+  --by route     a share of the routes: the routes ordered by the hash of
+                 route and region, the first ceil(N% of them) enforced (at
+                 least one above 0%); every request of an enforced route is
+  --by subject   a share of the subjects (tenants) on every route of the
+                 rollout: a request is enforced when the hash of its route,
+                 region and subject falls below N%
+Growing N only adds routes (subjects); it never moves one back to shadow.
+
+set takes a step (e.g. 1, 5, 25, 100; steps of 0.01 allowed); setting the
+share the rollout has records nothing. undo reverts the newest step that
+stands. Every step is recorded with the token's name and the time (get
+shows the history). NAME may be left out when there is one rollout.
+create, set and undo need an admin token; list, get and report a viewer or
+admin token.
+
+report shows, per route, generation and mode, how often the legacy
+limiter's decision (the reserve's legacyDecision, "capledger reserve
+--legacy allow|deny") agreed with capledger's, as counted by the replica
+that answers since it started (sum capledger_shadow_decisions_total over
+replicas in Prometheus for the fleet).
+
+Example:
+  capledger rollout create llm --routes chat.generate,embed.create --by route
+  capledger rollout set --percent 1
+  capledger rollout report
+  capledger rollout undo
+
+` + clientFlagsHelp + "\n" + exitCodesHelp
+
+func runRollout(ctx context.Context, e *env, args []string) error {
+	if len(args) == 0 {
+		return usagef("want a subcommand: create, set, undo, list, get or report")
+	}
+	switch args[0] {
+	case "create":
+		return runRolloutCreate(ctx, e, args[1:])
+	case "set":
+		return runRolloutSet(ctx, e, args[1:])
+	case "undo":
+		return runRolloutUndo(ctx, e, args[1:])
+	case "list":
+		return runRolloutList(ctx, e, args[1:])
+	case "get":
+		return runRolloutGet(ctx, e, args[1:])
+	case "report":
+		return runRolloutReport(ctx, e, args[1:])
+	case "-h", "--help", "help":
+		return flag.ErrHelp
+	}
+	return usagef("unknown subcommand %q: want create, set, undo, list, get or report", args[0])
+}
+
+func runRolloutCreate(ctx context.Context, e *env, args []string) error {
+	fs := newFlags("rollout create")
+	var cf clientFlags
+	cf.register(fs, e)
+	routeSpec := fs.String("routes", "", "")
+	by := fs.String("by", "route", "")
+	positional, err := parseFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := wantArgs(positional, 1, "the rollout's name"); err != nil {
+		return err
+	}
+	if *routeSpec == "" {
+		return usagef("--routes is required (route[@region],...)")
+	}
+	req := &v1.CreateRolloutRequest{Name: positional[0], HashBy: *by}
+	for _, spec := range strings.Split(*routeSpec, ",") {
+		route, region, _ := strings.Cut(strings.TrimSpace(spec), "@")
+		req.Routes = append(req.Routes, &v1.RolloutRoute{Route: route, Region: region})
+	}
+	client, err := cf.rolloutClient()
+	if err != nil {
+		return err
+	}
+	msg, err := unary(ctx, cf.timeout, client.CreateRollout, req)
+	if err != nil {
+		return err
+	}
+	printRollout(e.stdout, msg.GetRollout(), false)
+	return nil
+}
+
+// rolloutName returns the positional name, or the only rollout's name.
+func rolloutName(ctx context.Context, cf *clientFlags, client capledgerv1connect.RolloutServiceClient, positional []string) (string, error) {
+	switch len(positional) {
+	case 1:
+		return positional[0], nil
+	case 0:
+	default:
+		return "", usagef("want at most one rollout name, got %d arguments", len(positional))
+	}
+	list, err := unary(ctx, cf.timeout, client.ListRollouts, &v1.ListRolloutsRequest{})
+	if err != nil {
+		return "", err
+	}
+	if n := len(list.GetRollouts()); n != 1 {
+		return "", usagef("there are %d rollouts: name the one you mean", n)
+	}
+	return list.GetRollouts()[0].GetName(), nil
+}
+
+func runRolloutSet(ctx context.Context, e *env, args []string) error {
+	fs := newFlags("rollout set")
+	var cf clientFlags
+	cf.register(fs, e)
+	percentFlag := fs.String("percent", "", "")
+	positional, err := parseFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	if *percentFlag == "" {
+		return usagef("--percent is required (0 to 100)")
+	}
+	percent, err := strconv.ParseFloat(strings.TrimSuffix(*percentFlag, "%"), 64)
+	if err != nil {
+		return usagef("--percent %q is not a number", *percentFlag)
+	}
+	client, err := cf.rolloutClient()
+	if err != nil {
+		return err
+	}
+	name, err := rolloutName(ctx, &cf, client, positional)
+	if err != nil {
+		return err
+	}
+	msg, err := unary(ctx, cf.timeout, client.SetRolloutShare, &v1.SetRolloutShareRequest{Name: name, Percent: percent})
+	if err != nil {
+		return err
+	}
+	if !msg.GetChanged() {
+		fmt.Fprintf(e.stderr, "rollout %s is at %s already: nothing recorded\n", name, percentText(percent))
+	}
+	printRollout(e.stdout, msg.GetRollout(), false)
+	return nil
+}
+
+func runRolloutUndo(ctx context.Context, e *env, args []string) error {
+	fs := newFlags("rollout undo")
+	var cf clientFlags
+	cf.register(fs, e)
+	positional, err := parseFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	client, err := cf.rolloutClient()
+	if err != nil {
+		return err
+	}
+	name, err := rolloutName(ctx, &cf, client, positional)
+	if err != nil {
+		return err
+	}
+	return undoStep(ctx, e, &cf, client, name)
+}
+
+func undoStep(ctx context.Context, e *env, cf *clientFlags, client capledgerv1connect.RolloutServiceClient, name string) error {
+	msg, err := unary(ctx, cf.timeout, client.UndoRolloutStep, &v1.UndoRolloutStepRequest{Name: name})
+	if err != nil {
+		return err
+	}
+	u := msg.GetUndone()
+	fmt.Fprintf(e.stdout, "undid step %d (%s -> %s, by %s at %s)\n", u.GetSeq(), percentText(u.GetPriorPercent()), percentText(u.GetPercent()),
+		whoText(u.GetWho()), u.GetAt().AsTime().Format(time.RFC3339))
+	printRollout(e.stdout, msg.GetRollout(), false)
+	return nil
+}
+
+func runRolloutList(ctx context.Context, e *env, args []string) error {
+	fs := newFlags("rollout list")
+	var cf clientFlags
+	cf.register(fs, e)
+	if err := parseNoArgs(fs, args); err != nil {
+		return err
+	}
+	client, err := cf.rolloutClient()
+	if err != nil {
+		return err
+	}
+	msg, err := unary(ctx, cf.timeout, client.ListRollouts, &v1.ListRolloutsRequest{})
+	if err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "ROLLOUT\tBY\tSHARE\tENFORCED\tSHADOW")
+	for _, r := range msg.GetRollouts() {
+		enforced, shadow := routesByMode(r)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", r.GetName(), r.GetHashBy(), percentText(r.GetPercent()), orDash(enforced), orDash(shadow))
+	}
+	return tw.Flush()
+}
+
+func runRolloutGet(ctx context.Context, e *env, args []string) error {
+	fs := newFlags("rollout get")
+	var cf clientFlags
+	cf.register(fs, e)
+	asJSON := fs.Bool("json", false, "")
+	positional, err := parseFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := wantArgs(positional, 1, "the rollout's name"); err != nil {
+		return err
+	}
+	client, err := cf.rolloutClient()
+	if err != nil {
+		return err
+	}
+	msg, err := unary(ctx, cf.timeout, client.GetRollout, &v1.GetRolloutRequest{Name: positional[0]})
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return printJSON(e.stdout, msg)
+	}
+	printRollout(e.stdout, msg.GetRollout(), true)
+	return nil
+}
+
+func runRolloutReport(ctx context.Context, e *env, args []string) error {
+	fs := newFlags("rollout report")
+	var cf clientFlags
+	cf.register(fs, e)
+	route := fs.String("route", "", "")
+	asJSON := fs.Bool("json", false, "")
+	if err := parseNoArgs(fs, args); err != nil {
+		return err
+	}
+	client, err := cf.rolloutClient()
+	if err != nil {
+		return err
+	}
+	msg, err := unary(ctx, cf.timeout, client.ShadowReport, &v1.ShadowReportRequest{Route: *route})
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return printJSON(e.stdout, msg)
+	}
+	fmt.Fprintf(e.stdout, "legacy decisions compared since %s (this replica)\n", msg.GetSince().AsTime().Format(time.RFC3339))
+	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "ROUTE\tGEN\tMODE\tBOTH ALLOW\tBOTH DENY\tLEGACY ALLOW, CAPLEDGER DENY\tLEGACY DENY, CAPLEDGER ALLOW\tDISAGREE")
+	for _, c := range msg.GetComparisons() {
+		fmt.Fprintf(tw, "%s@%s\t%d\t%s\t%d\t%d\t%d\t%d\t%.1f%%\n", c.GetRoute(), c.GetRegion(), c.GetGeneration(), c.GetMode(),
+			c.GetBothAllowed(), c.GetBothDenied(), c.GetLegacyAllowedCapledgerDenied(), c.GetLegacyDeniedCapledgerAllowed(), 100*c.GetDisagreementRate())
+	}
+	return tw.Flush()
+}
+
+func routesByMode(r *v1.Rollout) (enforced, shadow []string) {
+	for _, rt := range r.GetRoutes() {
+		name := rt.GetRoute() + "@" + rt.GetRegion()
+		if rt.GetMode() == "enforce" {
+			enforced = append(enforced, name)
+		} else {
+			shadow = append(shadow, name)
+		}
+	}
+	return enforced, shadow
+}
+
+func orDash(list []string) string {
+	if len(list) == 0 {
+		return "-"
+	}
+	return strings.Join(list, ",")
+}
+
+func percentText(p float64) string { return strconv.FormatFloat(p, 'f', -1, 64) + "%" }
+
+func whoText(who string) string {
+	if who == "" {
+		return "(no auth)"
+	}
+	return who
+}
+
+// printRollout shows a rollout: its share, the mode of each route and,
+// with history, every step.
+func printRollout(w io.Writer, r *v1.Rollout, history bool) {
+	fmt.Fprintf(w, "rollout %s: %s by %s, version %d\n", r.GetName(), percentText(r.GetPercent()), r.GetHashBy(), r.GetVersion())
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "ROUTE\tMODE")
+	for _, rt := range r.GetRoutes() {
+		mode := rt.GetMode()
+		if r.GetHashBy() == "subject" && mode == "enforce" {
+			mode = "enforce for " + percentText(r.GetPercent()) + " of subjects"
+		}
+		fmt.Fprintf(tw, "%s@%s\t%s\n", rt.GetRoute(), rt.GetRegion(), mode)
+	}
+	tw.Flush()
+	if !history {
+		return
+	}
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "STEP\tACTION\tSHARE\tWHO\tAT\tNOTE")
+	for _, s := range r.GetSteps() {
+		note := ""
+		switch {
+		case s.GetUndoes() != 0:
+			note = fmt.Sprintf("undoes step %d", s.GetUndoes())
+		case s.GetUndoneBy() != 0:
+			note = fmt.Sprintf("undone by step %d", s.GetUndoneBy())
+		}
+		share := percentText(s.GetPriorPercent()) + " -> " + percentText(s.GetPercent())
+		if s.GetAction() == "create" {
+			share = "0%"
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", s.GetSeq(), s.GetAction(), share, whoText(s.GetWho()), s.GetAt().AsTime().Format(time.RFC3339), note)
+	}
+	tw.Flush()
+}
+
+const rollbackHelp = `Usage:
+  capledger rollback GEN [GEN...] [--wait] [--max-wait DUR] [--interval DUR]
+  capledger rollback --status GEN [GEN...] [--wait]
+  capledger rollback --rollout NAME
+
+Rollback of generations stops admission under each at once (one call for
+all of them; rolling back one rolled back already is harmless), then shows
+what they still hold: reserved units (holds that will settle, be released
+or expire), debt, available capacity the drain has not moved to the
+generation that decides, and emergency shards not reconciled. Settlement,
+expiry, debt repayment and shard reconciliation go on as usual. Each poll
+runs the drain pass on demand (what the epoch worker does once a minute).
+Available capacity that cannot move because the deciding account is at its
+burst is counted as "blocked by burst", never hidden.
+
+  --wait          poll until everything is zero, with a progress bar on
+                  stderr; exit 0 when drained, 4 after --max-wait
+  --max-wait DUR  give up waiting after this long (default 1h)
+  --interval DUR  poll interval (default 2s)
+  --status        do not roll back: only show (and drain) what the
+                  generations hold
+  --no-drain      do not run the drain pass (read only: a viewer token may
+                  then follow the progress)
+
+--rollout NAME undoes the newest step of that rollout (as "capledger rollout
+undo NAME"): its routes go back to shadow mode at once. A rollout step
+publishes no generation, so there is nothing to drain: holds admitted while
+the step stood settle or expire on the same accounts.
+
+Rollback needs an admin token.
+
+Example:
+  capledger rollback 7 8 --wait
+
+` + clientFlagsHelp + "\n" + exitCodesHelp
+
+func runRollback(ctx context.Context, e *env, args []string) error {
+	fs := newFlags("rollback")
+	var cf clientFlags
+	cf.register(fs, e)
+	wait := fs.Bool("wait", false, "")
+	maxWait := fs.Duration("max-wait", time.Hour, "")
+	interval := fs.Duration("interval", 2*time.Second, "")
+	status := fs.Bool("status", false, "")
+	noDrain := fs.Bool("no-drain", false, "")
+	rollout := fs.String("rollout", "", "")
+	positional, err := parseFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	client, err := cf.rolloutClient()
+	if err != nil {
+		return err
+	}
+	if *rollout != "" {
+		if len(positional) > 0 {
+			return usagef("--rollout takes no generations")
+		}
+		return undoStep(ctx, e, &cf, client, *rollout)
+	}
+	if len(positional) == 0 {
+		return usagef("want the generations to roll back (or --rollout NAME)")
+	}
+	gens := make([]uint64, len(positional))
+	for i, p := range positional {
+		if gens[i], err = strconv.ParseUint(p, 10, 64); err != nil || gens[i] == 0 {
+			return usagef("generation %q is not a positive integer", p)
+		}
+	}
+	if *interval <= 0 {
+		return usagef("--interval must be positive")
+	}
+	if !*status {
+		msg, err := unary(ctx, cf.timeout, client.RollbackGenerations, &v1.RollbackGenerationsRequest{Generations: gens})
+		if err != nil {
+			return err
+		}
+		for _, r := range msg.GetRollbacks() {
+			note := ""
+			if r.GetReplayed() {
+				note = " (was rolled back already)"
+			}
+			fmt.Fprintf(e.stdout, "rolled back generation %d of %s/%s@%s%s; active now: %s\n", r.GetGeneration(), r.GetSubject(), r.GetRoute(),
+				r.GetRegion(), note, generationText(r.GetActiveGeneration()))
+		}
+	}
+	deadline := time.Now().Add(*maxWait)
+	var first int64 = -1
+	for {
+		msg, err := unary(ctx, cf.timeout, client.DrainProgress, &v1.DrainProgressRequest{Generations: gens, RunDrains: !*noDrain})
+		if err != nil {
+			return err
+		}
+		left := drainLeft(msg)
+		if first < 0 {
+			first = left
+		}
+		if !*wait {
+			printDrain(e.stdout, msg)
+			return nil
+		}
+		fmt.Fprintln(e.stderr, progressLine(first, left, msg))
+		if msg.GetDrained() {
+			printDrain(e.stdout, msg)
+			return nil
+		}
+		if time.Now().After(deadline) {
+			printDrain(e.stdout, msg)
+			return exitError{code: exitConflict, err: fmt.Errorf("not drained after %s", *maxWait)}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(*interval):
+		}
+	}
+}
+
+func generationText(g uint64) string {
+	if g == 0 {
+		return "none (the route's \"*\" policy, if any, decides)"
+	}
+	return "generation " + strconv.FormatUint(g, 10)
+}
+
+// drainLeft is every unit the generations still hold, for the progress
+// bar.
+func drainLeft(msg *v1.DrainProgressResponse) int64 {
+	var n int64
+	for _, g := range msg.GetGenerations() {
+		for _, m := range []map[string]int64{g.GetReserved(), g.GetDebt(), g.GetAvailable(), g.GetUnreconciledShardUnits()} {
+			for _, v := range m {
+				n += v
+			}
+		}
+	}
+	return n
+}
+
+func progressLine(first, left int64, msg *v1.DrainProgressResponse) string {
+	const width = 30
+	done := width
+	if first > 0 {
+		done = int(int64(width) * (first - left) / first)
+	}
+	if msg.GetDrained() {
+		done = width
+	}
+	var shards int64
+	for _, g := range msg.GetGenerations() {
+		shards += g.GetUnreconciledShards()
+	}
+	return fmt.Sprintf("[%s%s] %3d%%  %d units left, %d shards open, %d drain commands",
+		strings.Repeat("#", done), strings.Repeat(".", width-done), 100*done/width, left, shards, msg.GetDrainCommands())
+}
+
+func unitsText(m map[string]int64) string {
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		if m[k] != 0 {
+			parts = append(parts, fmt.Sprintf("%s=%d", k, m[k]))
+		}
+	}
+	if len(parts) == 0 {
+		return "0"
+	}
+	return strings.Join(parts, ",")
+}
+
+func printDrain(w io.Writer, msg *v1.DrainProgressResponse) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "GEN\tKEY\tSTATE\tACCOUNTS\tRESERVED\tDEBT\tAVAILABLE\tBLOCKED\tSHARDS OPEN\tDRAINED")
+	for _, g := range msg.GetGenerations() {
+		state := "live"
+		switch {
+		case g.GetActive():
+			state = "active"
+		case g.GetRolledBack():
+			state = "rolled back"
+		}
+		blocked := "-"
+		if n := g.GetBlockedByBurst() + g.GetBlockedNoPolicy(); n > 0 {
+			blocked = fmt.Sprintf("%d by burst, %d no policy", g.GetBlockedByBurst(), g.GetBlockedNoPolicy())
+		}
+		shards := strconv.FormatInt(g.GetUnreconciledShards(), 10)
+		if g.GetUnreconciledShards() > 0 {
+			shards += " (" + unitsText(g.GetUnreconciledShardUnits()) + ")"
+		}
+		if n := g.GetUnreconciledLegacyBudgets(); n > 0 {
+			shards += fmt.Sprintf(", %d legacy (%s)", n, unitsText(g.GetUnreconciledLegacyUnits()))
+		}
+		fmt.Fprintf(tw, "%d\t%s/%s@%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%v\n", g.GetGeneration(), g.GetSubject(), g.GetRoute(), g.GetRegion(), state,
+			g.GetAccounts(), unitsText(g.GetReserved()), unitsText(g.GetDebt()), unitsText(g.GetAvailable()), blocked, shards, g.GetDrained())
+	}
+	tw.Flush()
+}

@@ -1,0 +1,176 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// A rollback drains to zero across a restart, on a real SQLite data
+// directory: generation 2 is rolled back with a hold, started work and
+// debt on it; the drain shows them, the server stops and starts again on
+// the same directory, the work settles, the hold expires, and `rollback
+// --status --wait` sees everything reach zero; the audit then finds
+// nothing.
+func TestRollbackDrainsToZeroAcrossRestart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	bin := buildBinary(t)
+	dir := t.TempDir()
+	dataDir := filepath.Join(dir, "data")
+	srv := startServer(t, bin, dataDir)
+	policy := func(name, mode string) string {
+		path := filepath.Join(dir, name)
+		body := "subject: \"*\"\nroute: chat.generate\nrollout: " + mode + "\nholdTTL: 3s\n" +
+			"dimensions:\n  - unit: tokens\n    burst: 1000\n    refillUnits: 1\n    refillInterval: 1h\n    maxOverdraft: 1000\n"
+		if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	run := func(want int, args ...string) string {
+		t.Helper()
+		code, out, errOut := cli(t, srv.url, args...)
+		wantExit(t, want, code, out, errOut)
+		return out + errOut
+	}
+	run(0, "policy", "publish", policy("shadow.yaml", "shadow")) // generation 1
+	run(0, "policy", "publish", policy("enforce.yaml", "enforce"))
+	units := func(n string) string { return "tokens=" + n }
+	reserve := func(id, n string) {
+		run(0, "reserve", "--subject", "tenant-7", "--route", "chat.generate", "--units", units(n), "--id", id)
+	}
+	reserve("hold", "100")
+	reserve("run", "200")
+	run(0, "start", "--id", "run", "--operation", "op-run")
+	reserve("over", "100")
+	run(0, "start", "--id", "over", "--operation", "op-over")
+	// The legacy limiter's budget of 50, carved under generation 2.
+	run(0, "legacy", "carve", "--identity", "legacy-limiter", "--subject", "tenant-7", "--route", "chat.generate",
+		"--units", units("50"), "--ttl", "1h", "--id", "lb-1")
+	// 900 against a hold of 100: 550 from available, 250 as debt.
+	run(0, "settle", "--id", "over", "--operation", "op-over", "--units", units("900"))
+
+	out := run(0, "rollback", "2")
+	if !strings.Contains(out, "rolled back generation 2 of */chat.generate@global; active now: generation 1") {
+		t.Fatalf("rollback said:\n%s", out)
+	}
+	// The hold and the started work are still reserved; the drain moved
+	// the debt to generation 1, where refill repays it.
+	if !regexpLine(out, `^2\s+\*/chat.generate@global\s+rolled back\s+1\s+tokens=300\s+0\s+0\s+-\s+1 \(tokens=50\), 1 legacy \(tokens=50\)\s+false$`) {
+		t.Fatalf("drain progress right after the rollback:\n%s", out)
+	}
+	out = run(4, "rollback", "--status", "2", "--wait", "--max-wait", "1ms", "--interval", "1ms")
+	if !strings.Contains(out, "not drained after 1ms") || !strings.Contains(out, "350 units left, 1 shards open") {
+		t.Fatalf("--wait that gives up:\n%s", out)
+	}
+
+	if err := srv.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.cmd.Wait(); err != nil {
+		t.Fatalf("serve after SIGTERM: %v\n%s", err, srv.logs.String())
+	}
+	srv = startServer(t, bin, dataDir)
+	out = run(0, "rollback", "--status", "2")
+	if !regexpLine(out, `^2\s+\*/chat.generate@global\s+rolled back\s+1\s+tokens=300\s+`) {
+		t.Fatalf("after the restart:\n%s", out)
+	}
+	run(0, "settle", "--id", "run", "--operation", "op-run", "--units", units("150"))
+	receipts := filepath.Join(dir, "receipts.json")
+	if err := os.WriteFile(receipts, []byte(`[{"reservation_id":"l-1","state":"SETTLED","reserved_units":{"tokens":20},"actual_units":{"tokens":10}}]`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	run(0, "shard", "reconcile", "lb-1", "--gateway", "legacy:legacy-limiter", "--receipts", receipts)
+	started := time.Now()
+	out = run(0, "rollback", "--status", "2", "--wait", "--interval", "100ms", "--max-wait", "2m")
+	if !regexpLine(out, `^2\s+\*/chat.generate@global\s+rolled back\s+1\s+0\s+0\s+0\s+-\s+0\s+true$`) || !strings.Contains(out, "100%") {
+		t.Fatalf("drained after %s:\n%s", time.Since(started), out)
+	}
+	run(0, "audit")
+	out = run(0, "get", "hold")
+	if !strings.Contains(out, "RESERVATION_STATE_EXPIRED") {
+		t.Errorf("the hold did not expire:\n%s", out)
+	}
+}
+
+// regexpLine reports whether some line of out matches pattern.
+func regexpLine(out, pattern string) bool {
+	re := regexp.MustCompile(pattern)
+	for _, line := range strings.Split(out, "\n") {
+		if re.MatchString(strings.TrimRight(line, " ")) {
+			return true
+		}
+	}
+	return false
+}
+
+// The rollout commands against a real serve: create, a step chosen by the
+// stable hash (moderate.text has the lowest bucket of the four routes),
+// the step decides reserves, a repeated step records nothing, undo walks
+// back, get shows the history, report shows the legacy comparison, and
+// bad input is refused without a change.
+func TestRolloutCommands(t *testing.T) {
+	url := startInProcess(t)
+	dir := t.TempDir()
+	run := func(want int, args ...string) string {
+		t.Helper()
+		code, out, errOut := cli(t, url, args...)
+		wantExit(t, want, code, out, errOut)
+		return out + errOut
+	}
+	for _, route := range []string{"chat.generate", "embed.create", "moderate.text", "rerank.query"} {
+		path := filepath.Join(dir, route+".yaml")
+		body := "subject: \"*\"\nroute: " + route + "\nrollout: shadow\ndimensions:\n  - unit: tokens\n    burst: 1000\n"
+		if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		run(0, "policy", "publish", path)
+	}
+	run(1, "rollout", "set", "--percent", "1") // no rollout yet: name it
+	run(0, "rollout", "create", "llm", "--routes", "chat.generate,embed.create,moderate.text,rerank.query", "--by", "route")
+	run(4, "rollout", "create", "other", "--routes", "chat.generate")
+	run(1, "rollout", "set", "--percent", "101")
+	run(1, "rollout", "set", "--percent", "abc")
+	run(4, "rollout", "undo") // nothing to undo yet
+	reserve := func(want int, id, route, legacy string) string {
+		return run(want, "reserve", "--subject", "t-1", "--route", route, "--units", "tokens=600", "--id", id, "--legacy", legacy)
+	}
+	reserve(0, "m-1", "moderate.text", "allow")
+	if out := reserve(0, "m-2", "moderate.text", "allow"); !strings.Contains(out, `"shadowRejected": true`) {
+		t.Fatalf("shadow at 0%%:\n%s", out)
+	}
+	out := run(0, "rollout", "set", "--percent", "1")
+	if !regexpLine(out, `^moderate\.text@global\s+enforce$`) || !regexpLine(out, `^chat\.generate@global\s+shadow$`) {
+		t.Fatalf("at 1%%:\n%s", out)
+	}
+	reserve(2, "m-3", "moderate.text", "deny") // enforced now: 429
+	if out := run(0, "rollout", "set", "llm", "--percent", "1"); !strings.Contains(out, "nothing recorded") {
+		t.Errorf("a repeated step:\n%s", out)
+	}
+	run(0, "rollout", "set", "--percent", "50")
+	out = run(0, "rollout", "list")
+	if !regexpLine(out, `^llm\s+route\s+50%\s+embed\.create@global,moderate\.text@global\s+chat\.generate@global,rerank\.query@global$`) {
+		t.Fatalf("list at 50%%:\n%s", out)
+	}
+	if out := run(0, "rollout", "undo"); !strings.Contains(out, "undid step 3 (1% -> 50%") {
+		t.Fatalf("undo:\n%s", out)
+	}
+	out = run(0, "rollout", "get", "llm")
+	for _, pattern := range []string{`^2\s+set\s+0% -> 1%\s+\(no auth\)`, `^3\s+set\s+1% -> 50%.*undone by step 4$`, `^4\s+undo\s+50% -> 1%.*undoes step 3$`} {
+		if !regexpLine(out, pattern) {
+			t.Errorf("history lacks %s:\n%s", pattern, out)
+		}
+	}
+	out = run(0, "rollout", "report", "--route", "moderate.text")
+	if !regexpLine(out, `^moderate\.text@global\s+3\s+shadow\s+1\s+0\s+1\s+0\s+50\.0%$`) ||
+		!regexpLine(out, `^moderate\.text@global\s+3\s+enforce\s+0\s+1\s+0\s+0\s+0\.0%$`) {
+		t.Fatalf("report:\n%s", out)
+	}
+	run(1, "reserve", "--subject", "t-1", "--route", "moderate.text", "--units", "tokens=1", "--legacy", "maybe")
+}

@@ -1,0 +1,182 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+)
+
+// GenerationDrain is what one generation still holds, for following a
+// rollback to zero (RolloutService.DrainProgress, `capledger rollback
+// --wait`). Amounts are by dimension, in the order of the generation's
+// policy.
+type GenerationDrain struct {
+	Policy ledger.Policy
+	// Active is whether the generation is its key's active one now.
+	Active   bool
+	Accounts int64
+	// Reserved, Debt and Available sum the generation's accounts.
+	Reserved, Debt, Available ledger.Amounts
+	// BlockedByBurst counts accounts holding available capacity that the
+	// drain cannot move because the deciding account is at its burst;
+	// BlockedNoPolicy those whose subject no generation decides for.
+	BlockedByBurst, BlockedNoPolicy int64
+	// UnreconciledShards are shards issued under the generation and not
+	// reconciled; ShardUnits their allocations.
+	UnreconciledShards int64
+	ShardUnits         ledger.Amounts
+	// LegacyBudgets and LegacyUnits are the legacy limiter's budgets among
+	// them (ledger.Shard.IsLegacyBudget).
+	LegacyBudgets int64
+	LegacyUnits   ledger.Amounts
+}
+
+// Drained reports whether the generation holds nothing any more: not
+// active, no holds, no debt, no capacity left to move, no shard open.
+func (d *GenerationDrain) Drained() bool {
+	return !d.Active && d.Reserved == (ledger.Amounts{}) && d.Debt == (ledger.Amounts{}) &&
+		d.Available == (ledger.Amounts{}) && d.UnreconciledShards == 0
+}
+
+// RunDrains runs one full pass of the drain worker now, on this replica
+// (leader or not: drains are ledger commands, safe next to the leader's),
+// and returns how many drain commands it ran. The worker does the same
+// once per epoch interval; this is for an operator following a rollback.
+func (e *Engine) RunDrains(ctx context.Context) (int, error) {
+	p, _, err := e.core.DrainPager(ctx, e.opts.PageSize, nil)
+	if err != nil {
+		return 0, fmt.Errorf("drains: %w", err)
+	}
+	ran := 0
+	for {
+		cmds, err := p.Next(ctx)
+		if err != nil {
+			return ran, fmt.Errorf("drains: %w", err)
+		}
+		if len(cmds) == 0 {
+			return ran, nil
+		}
+		e.workerRuns.Add(1)
+		e.workerCmds.Add(uint64(len(cmds)))
+		for start := 0; start < len(cmds); start += e.opts.MaxBatch {
+			end := min(start+e.opts.MaxBatch, len(cmds))
+			if _, err := e.DoBatch(ctx, cmds[start:end]); err != nil {
+				return ran, fmt.Errorf("drains: %w", err)
+			}
+			ran += end - start
+		}
+	}
+}
+
+// DrainProgress returns what each of generations still holds (see
+// GenerationDrain), reading its accounts page by page and every shard;
+// store.ErrNotFound for a generation that does not exist.
+func (e *Engine) DrainProgress(ctx context.Context, generations []uint64) ([]GenerationDrain, error) {
+	policies, err := e.core.store.PolicyList(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("policies: %w", err)
+	}
+	active := ledger.NewActiveGenerations(policies)
+	byGeneration := make(map[uint64]*ledger.Policy, len(policies))
+	for i := range policies {
+		byGeneration[policies[i].Generation] = &policies[i]
+	}
+	shards, err := e.core.store.ShardList(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("shards: %w", err)
+	}
+	out := make([]GenerationDrain, 0, len(generations))
+	for _, g := range generations {
+		p, ok := byGeneration[g]
+		if !ok {
+			return nil, fmt.Errorf("policy generation %d: %w", g, store.ErrNotFound)
+		}
+		d := GenerationDrain{Policy: *p}
+		if a, ok := active.Active(p.Key); ok && a == g {
+			d.Active = true
+		}
+		f := store.EpochFilter{Generation: g, Limit: e.opts.PageSize}
+		for {
+			page, err := e.core.store.AccountsByEpoch(ctx, f)
+			if err != nil {
+				return nil, fmt.Errorf("accounts of generation %d: %w", g, err)
+			}
+			for i := range page {
+				if err := e.addDrain(ctx, &d, &page[i], active, byGeneration); err != nil {
+					return nil, err
+				}
+			}
+			if len(page) < f.Limit {
+				break
+			}
+			f.After = store.EpochCursorOf(&page[len(page)-1])
+		}
+		for i := range shards {
+			if s := &shards[i]; s.Account.Generation == g && !s.Reconciled {
+				d.UnreconciledShards++
+				for j := range s.Allocated {
+					d.ShardUnits[j] += s.Allocated[j]
+				}
+				if s.IsLegacyBudget() {
+					d.LegacyBudgets++
+					for j := range s.Allocated {
+						d.LegacyUnits[j] += s.Allocated[j]
+					}
+				}
+			}
+		}
+		out = append(out, d)
+	}
+	return out, nil
+}
+
+// addDrain adds one account to d, and says whether the capacity it still
+// holds can move: a drain moves available capacity only up to the deciding
+// account's burst, and nowhere when nothing decides for the subject.
+func (e *Engine) addDrain(ctx context.Context, d *GenerationDrain, a *ledger.Account, active ledger.ActiveGenerations, byGeneration map[uint64]*ledger.Policy) error {
+	d.Accounts++
+	left := false
+	for i := 0; i < a.Dims; i++ {
+		b := &a.Balances[i]
+		d.Reserved[i] += b.Reserved
+		d.Debt[i] += b.Debt()
+		d.Available[i] += b.Available
+		left = left || b.Available > 0
+	}
+	if !left || d.Active {
+		return nil
+	}
+	deciding, ok := active.Deciding(a.Key.SubjectKey())
+	if !ok {
+		d.BlockedNoPolicy++
+		return nil
+	}
+	if deciding == a.Key.Generation {
+		return nil
+	}
+	target, err := e.core.store.AccountGet(ctx, ledger.AccountKey{Subject: a.Key.Subject, Route: a.Key.Route, Region: a.Key.Region, Generation: deciding})
+	if errors.Is(err, store.ErrNotFound) {
+		return nil // the subject's next command (or the next drain) switches
+	}
+	if err != nil {
+		return fmt.Errorf("account %s: %w", a.Key, err)
+	}
+	p := byGeneration[deciding]
+	if p == nil {
+		return nil
+	}
+	for i := 0; i < a.Dims && i < len(d.Policy.Dimensions); i++ {
+		j := p.DimensionIndex(d.Policy.Dimensions[i].Unit)
+		if j < 0 || j >= target.Dims || a.Balances[i].Available == 0 {
+			continue
+		}
+		if tb := &target.Balances[j]; tb.Available+tb.Reserved >= p.Dimensions[j].Burst {
+			d.BlockedByBurst++
+			return nil
+		}
+	}
+	return nil
+}

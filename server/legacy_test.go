@@ -1,0 +1,107 @@
+package server_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	v1 "github.com/capledger/capledger/api/capledger/v1"
+	"github.com/capledger/capledger/api/capledger/v1/capledgerv1connect"
+	"github.com/capledger/capledger/engine"
+	"github.com/capledger/capledger/server"
+	"github.com/capledger/capledger/store/sqlite"
+)
+
+const legacyToken = "legacy-token-0123456789"
+
+// The legacy limiter's budget over a real server with auth on: only an
+// admin carves it, with emergency mode off; it is bound to the legacy
+// limiter's token, which alone (besides an admin) reconciles it; a
+// reconciliation that would return the whole block is refused; the
+// confirmed-unused units come back; the audit finds nothing.
+func TestLegacyBudgetOverTheAPI(t *testing.T) {
+	dir := t.TempDir()
+	st, err := sqlite.Open(context.Background(), filepath.Join(dir, "ledger.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	eng := engine.New(st, engine.Options{DisableWorkers: true, Logger: logger})
+	t.Cleanup(func() { eng.Close(); st.Close() })
+	keys, _, err := server.EnsureShardKeys(filepath.Join(dir, "shard-keys"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokens, err := server.ParseTokens(strings.NewReader(
+		shardAdminToken + " admin ops\n" + gw1Token + " gateway gw-1\n" + legacyToken + " gateway legacy-limiter\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := serve(t, server.New(eng, server.Config{Logger: logger, Tokens: tokens, Rollouts: st, Drains: eng,
+		Shards: &server.ShardConfig{Keys: keys, MaxTTL: time.Hour}}).Handler())
+	hc := &http.Client{Timeout: 10 * time.Second}
+	rolloutAs := func(token string) capledgerv1connect.RolloutServiceClient {
+		return capledgerv1connect.NewRolloutServiceClient(hc, url, connect.WithInterceptors(bearer(token)))
+	}
+	shardsAs := func(token string) capledgerv1connect.ShardServiceClient {
+		return capledgerv1connect.NewShardServiceClient(hc, url, connect.WithInterceptors(bearer(token)))
+	}
+	ledgerAdmin := capledgerv1connect.NewLedgerServiceClient(hc, url, connect.WithInterceptors(bearer(shardAdminToken)))
+	h := &shardHarness{ledger: ledgerAdmin}
+	h.publish(t, false) // emergency mode off
+	ctx := context.Background()
+	carve := &v1.CarveLegacyBudgetRequest{BudgetId: "legacy-t7", Identity: "legacy-limiter", Subject: "tenant-7", Route: "chat.generate",
+		Region: "eu", Units: map[string]int64{"tokens": 200}, Ttl: durationpb.New(30 * time.Minute)}
+
+	_, err = rolloutAs(gw1Token).CarveLegacyBudget(ctx, connect.NewRequest(carve))
+	wantShardError(t, err, connect.CodePermissionDenied, server.ReasonPermissionDenied)
+	_, err = rolloutAs(legacyToken).CarveLegacyBudget(ctx, connect.NewRequest(carve))
+	wantShardError(t, err, connect.CodePermissionDenied, server.ReasonPermissionDenied)
+	// Shard issuance for the legacy gateway id is no way around it.
+	_, err = shardsAs(legacyToken).IssueShard(ctx, connect.NewRequest(issueRequest("sneak", "legacy:legacy-limiter", 10)))
+	wantShardError(t, err, connect.CodeInvalidArgument, server.ReasonInvalidCommand)
+
+	resp, err := rolloutAs(shardAdminToken).CarveLegacyBudget(ctx, connect.NewRequest(carve))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := resp.Msg.GetBudget()
+	if b.GetGatewayId() != "legacy:legacy-limiter" || b.GetAllocatedUnits()["tokens"] != 200 || !b.GetSignatureValid() {
+		t.Fatalf("carved %v", b)
+	}
+	again, err := rolloutAs(shardAdminToken).CarveLegacyBudget(ctx, connect.NewRequest(carve))
+	if err != nil || !again.Msg.GetReplayed() {
+		t.Fatalf("retried carve: %v, %v", again, err)
+	}
+
+	receipts := []*v1.ShardReceipt{
+		{ReservationId: "l-1", State: v1.ReservationState_RESERVATION_STATE_SETTLED, ReservedUnits: map[string]int64{"tokens": 120}, ActualUnits: map[string]int64{"tokens": 110}},
+		{ReservationId: "l-2", State: v1.ReservationState_RESERVATION_STATE_USAGE_UNKNOWN, ReservedUnits: map[string]int64{"tokens": 50}},
+	}
+	_, err = shardsAs(gw1Token).ReconcileShard(ctx, connect.NewRequest(&v1.ReconcileShardRequest{ShardId: "legacy-t7", GatewayId: "legacy:legacy-limiter", Receipts: receipts}))
+	wantShardError(t, err, connect.CodePermissionDenied, server.ReasonPermissionDenied)
+	_, err = shardsAs(legacyToken).ReconcileShard(ctx, connect.NewRequest(&v1.ReconcileShardRequest{ShardId: "legacy-t7", GatewayId: "legacy:legacy-limiter"}))
+	wantShardError(t, err, connect.CodeFailedPrecondition, server.ReasonLegacyWholeBlock)
+	rec, err := shardsAs(legacyToken).ReconcileShard(ctx, connect.NewRequest(&v1.ReconcileShardRequest{ShardId: "legacy-t7", GatewayId: "legacy:legacy-limiter", Receipts: receipts}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := rec.Msg.GetRemintedUnits()["tokens"]; got != 40 {
+		t.Fatalf("reminted %d, want the 40 confirmed unused", got)
+	}
+	audit, err := ledgerAdmin.Audit(ctx, connect.NewRequest(&v1.AuditRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(audit.Msg.GetDiscrepancies()); n != 0 {
+		t.Fatalf("audit: %v", audit.Msg.GetDiscrepancies())
+	}
+}

@@ -1,0 +1,529 @@
+package server
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	v1 "github.com/capledger/capledger/api/capledger/v1"
+	"github.com/capledger/capledger/api/capledger/v1/capledgerv1connect"
+	"github.com/capledger/capledger/engine"
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+)
+
+// Reasons of the RolloutService.
+const (
+	ReasonInvalidRollout  = "INVALID_ROLLOUT"
+	ReasonRolloutNotFound = "ROLLOUT_NOT_FOUND"
+	ReasonRolloutExists   = "ROLLOUT_EXISTS"
+	ReasonRouteInRollout  = "ROUTE_IN_ROLLOUT"
+	ReasonNothingToUndo   = "NOTHING_TO_UNDO"
+	ReasonRolloutConflict = "ROLLOUT_CONFLICT"
+)
+
+// Drains is what the RolloutService needs of the engine to follow a
+// rollback (*engine.Engine implements it).
+type Drains interface {
+	RunDrains(ctx context.Context) (int, error)
+	DrainProgress(ctx context.Context, generations []uint64) ([]engine.GenerationDrain, error)
+}
+
+var _ Drains = (*engine.Engine)(nil)
+
+// rolloutRefresh is how old the reserve path's copy of the rollouts may
+// get: a step taken on another replica decides this replica's reserves at
+// most this much later (the replica that took it applies it at once).
+const rolloutRefresh = time.Second
+
+// rolloutView is the reserve path's copy of the rollouts.
+type rolloutView struct {
+	idx      ledger.Rollouts
+	loadedAt time.Time
+}
+
+// rolloutCache keeps the rollouts for RolloutModeFor, reloading them from
+// the store when its copy is older than rolloutRefresh. The reserve path
+// only loads a pointer; one caller at a time reloads, the others go on
+// with the copy they have.
+type rolloutCache struct {
+	store   store.Rollouts
+	view    atomic.Pointer[rolloutView]
+	loading sync.Mutex
+	log     interface{ Warn(string, ...any) }
+}
+
+// mode returns the mode of a reserve of subject on route whose deciding
+// policy has policyMode (ledger.RolloutModeFor over the cached rollouts).
+func (c *rolloutCache) mode(ctx context.Context, route ledger.RouteKey, subject string, policyMode ledger.RolloutMode) ledger.RolloutMode {
+	if c == nil || c.store == nil {
+		return policyMode
+	}
+	v := c.view.Load()
+	if v == nil || time.Since(v.loadedAt) > rolloutRefresh {
+		if fresh := c.reload(ctx, v == nil); fresh != nil {
+			v = fresh
+		}
+	}
+	if v == nil {
+		return policyMode
+	}
+	mode, _ := ledger.RolloutModeFor(v.idx, route, subject, policyMode)
+	return mode
+}
+
+// reload reads the rollouts again (waiting for a reload under way when
+// wait, skipping it otherwise) and returns the new view, nil if it
+// failed or was skipped.
+func (c *rolloutCache) reload(ctx context.Context, wait bool) *rolloutView {
+	if wait {
+		c.loading.Lock()
+	} else if !c.loading.TryLock() {
+		return nil
+	}
+	defer c.loading.Unlock()
+	if v := c.view.Load(); v != nil && time.Since(v.loadedAt) <= rolloutRefresh {
+		return v
+	}
+	started := time.Now()
+	list, err := c.store.RolloutList(ctx)
+	if err != nil {
+		c.log.Warn("rollouts: reload", "err", err)
+		return nil
+	}
+	v := &rolloutView{idx: ledger.NewRollouts(list), loadedAt: started}
+	c.view.Store(v)
+	return v
+}
+
+// invalidate makes the next reserve reload (after a change on this
+// replica).
+func (c *rolloutCache) invalidate() {
+	c.loading.Lock()
+	c.view.Store(nil)
+	c.loading.Unlock()
+}
+
+// Legacy decisions a reserve may carry.
+const (
+	legacyAllow = "allow"
+	legacyDeny  = "deny"
+)
+
+type shadowKey struct {
+	route      ledger.RouteKey
+	generation uint64
+	mode       ledger.RolloutMode
+}
+
+// shadowCells are the four cells of one comparison: [legacy][capledger],
+// 0 allow, 1 deny.
+type shadowCells [2][2]atomic.Uint64
+
+// shadowCounts counts the legacy limiter's decisions against capledger's.
+type shadowCounts struct {
+	since  time.Time
+	mu     sync.RWMutex
+	cells  map[shadowKey]*shadowCells
+	metric *prometheus.CounterVec
+}
+
+func newShadowCounts(registry *prometheus.Registry, now time.Time) *shadowCounts {
+	c := &shadowCounts{since: now, cells: map[shadowKey]*shadowCells{},
+		metric: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "capledger_shadow_decisions_total",
+			Help: "Reserves that carried the legacy limiter's decision, by route, region, generation, mode, the legacy decision and capledger's (allow or deny).",
+		}, []string{"route", "region", "generation", "mode", "legacy", "capledger"})}
+	if err := registry.Register(c.metric); err != nil {
+		var already prometheus.AlreadyRegisteredError
+		if errors.As(err, &already) {
+			c.metric = already.ExistingCollector.(*prometheus.CounterVec)
+		}
+	}
+	return c
+}
+
+// compare counts one reserve that carried legacy (allow|deny): capledger
+// allowed it when it reserved, denied it when it rejected it or would
+// have (shadow). Replays, and answers that are not a decision (no policy,
+// invalid), count nothing: a retry must not count twice.
+func (c *shadowCounts) compare(cmd *ledger.Command, legacy string, res *ledger.Result) {
+	if legacy == "" || cmd.Kind != ledger.KindReserve || res.Replayed {
+		return
+	}
+	var ours int
+	switch {
+	case res.Err == nil:
+		ours = 0
+	case res.Shadow || res.Rejected():
+		ours = 1
+	default:
+		return
+	}
+	theirs := 0
+	if legacy == legacyDeny {
+		theirs = 1
+	}
+	mode := cmd.Rollout
+	if mode == "" {
+		mode = ledger.RolloutEnforce
+	}
+	key := shadowKey{route: ledger.RouteKey{Route: cmd.Route, Region: cmd.Region}, generation: res.Generation, mode: mode}
+	c.mu.RLock()
+	cells := c.cells[key]
+	c.mu.RUnlock()
+	if cells == nil {
+		c.mu.Lock()
+		if cells = c.cells[key]; cells == nil {
+			cells = new(shadowCells)
+			c.cells[key] = cells
+		}
+		c.mu.Unlock()
+	}
+	cells[theirs][ours].Add(1)
+	names := [2]string{legacyAllow, legacyDeny}
+	c.metric.WithLabelValues(key.route.Route, key.route.Region, strconv.FormatUint(key.generation, 10), string(mode), names[theirs], names[ours]).Inc()
+}
+
+// report returns the comparisons, ordered by route, region, generation
+// and mode.
+func (sc *shadowCounts) report(route string) []*v1.ShadowComparison {
+	sc.mu.RLock()
+	defer sc.mu.RUnlock()
+	keys := make([]shadowKey, 0, len(sc.cells))
+	for k := range sc.cells {
+		if route == "" || k.route.Route == route {
+			keys = append(keys, k)
+		}
+	}
+	slices.SortFunc(keys, func(a, b shadowKey) int {
+		return cmp.Or(a.route.Compare(b.route), cmp.Compare(a.generation, b.generation), cmp.Compare(a.mode, b.mode))
+	})
+	out := make([]*v1.ShadowComparison, len(keys))
+	for i, k := range keys {
+		cells := sc.cells[k]
+		c := &v1.ShadowComparison{Route: k.route.Route, Region: k.route.Region, Generation: k.generation, Mode: string(k.mode),
+			BothAllowed: cells[0][0].Load(), BothDenied: cells[1][1].Load(),
+			LegacyAllowedCapledgerDenied: cells[0][1].Load(), LegacyDeniedCapledgerAllowed: cells[1][0].Load()}
+		if total := c.BothAllowed + c.BothDenied + c.LegacyAllowedCapledgerDenied + c.LegacyDeniedCapledgerAllowed; total > 0 {
+			c.DisagreementRate = float64(c.LegacyAllowedCapledgerDenied+c.LegacyDeniedCapledgerAllowed) / float64(total)
+		}
+		out[i] = c
+	}
+	return out
+}
+
+// checkLegacyDecision refuses a legacy_decision other than "", "allow"
+// and "deny".
+func checkLegacyDecision(d string) *connect.Error {
+	if d != "" && d != legacyAllow && d != legacyDeny {
+		return invalidArgument(ReasonInvalidCommand, "legacy_decision %q is neither %q nor %q", d, legacyAllow, legacyDeny)
+	}
+	return nil
+}
+
+// rolloutService implements capledgerv1connect.RolloutServiceHandler.
+type rolloutService struct {
+	s      *Server
+	store  store.Rollouts
+	drains Drains
+}
+
+func registerRolloutService(mux *http.ServeMux, s *Server, rollouts store.Rollouts, drains Drains, options []connect.HandlerOption) {
+	svc := &rolloutService{s: s, store: rollouts, drains: drains}
+	path, handler := capledgerv1connect.NewRolloutServiceHandler(svc, options...)
+	mountProcedures(mux, path, handler, v1.File_capledger_v1_rollout_proto.Services().ByName("RolloutService"))
+}
+
+func (svc *rolloutService) ready() *connect.Error {
+	if svc.store == nil {
+		return connect.NewError(connect.CodeUnimplemented, errors.New("this server keeps no rollouts (its store has no rollout table)"))
+	}
+	return nil
+}
+
+// who is the identity recorded with a step: the token's name, "" when
+// auth is off.
+func who(ctx context.Context) string {
+	id, _ := IdentityFrom(ctx)
+	return id.Name
+}
+
+func rolloutError(what string, err error) *connect.Error {
+	switch {
+	case errors.Is(err, ledger.ErrInvalidRollout):
+		return invalidArgument(ReasonInvalidRollout, "%s: %v", what, err)
+	case errors.Is(err, ledger.ErrRolloutExists), errors.Is(err, store.ErrDuplicate):
+		return withReason(connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("%s: %w", what, err)), ReasonRolloutExists)
+	case errors.Is(err, ledger.ErrRouteInRollout):
+		return withReason(connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("%s: %w", what, err)), ReasonRouteInRollout)
+	case errors.Is(err, ledger.ErrNothingToUndo):
+		return withReason(connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("%s: %w", what, err)), ReasonNothingToUndo)
+	case errors.Is(err, store.ErrConflict):
+		return withReason(connect.NewError(connect.CodeAborted, fmt.Errorf("%s: changed concurrently, read it again and retry: %w", what, err)), ReasonRolloutConflict)
+	}
+	return readError(what, ReasonRolloutNotFound, err)
+}
+
+// CreateRollout implements RolloutService.CreateRollout.
+func (svc *rolloutService) CreateRollout(ctx context.Context, req *connect.Request[v1.CreateRolloutRequest]) (*connect.Response[v1.CreateRolloutResponse], error) {
+	if cerr := svc.ready(); cerr != nil {
+		return nil, cerr
+	}
+	routes := make([]ledger.RouteKey, len(req.Msg.GetRoutes()))
+	for i, r := range req.Msg.GetRoutes() {
+		routes[i] = ledger.RouteKey{Route: r.GetRoute(), Region: r.GetRegion()}
+	}
+	others, err := svc.store.RolloutList(ctx)
+	if err != nil {
+		return nil, readError("create rollout: rollouts", ReasonRolloutNotFound, err)
+	}
+	r, err := ledger.NewRollout(req.Msg.GetName(), ledger.RolloutHash(req.Msg.GetHashBy()), routes, others, who(ctx), svc.s.clock().UTC())
+	if err != nil {
+		return nil, rolloutError("create rollout", err)
+	}
+	if err := svc.store.RolloutPut(ctx, &r); err != nil {
+		return nil, rolloutError("create rollout "+r.Name, err)
+	}
+	svc.s.rollouts.invalidate()
+	svc.s.log.Info("rollout created", "rollout", r.Name, "by", r.By, "routes", len(r.Routes), "who", who(ctx))
+	return connect.NewResponse(&v1.CreateRolloutResponse{Rollout: rolloutProto(&r)}), nil
+}
+
+// GetRollout implements RolloutService.GetRollout.
+func (svc *rolloutService) GetRollout(ctx context.Context, req *connect.Request[v1.GetRolloutRequest]) (*connect.Response[v1.GetRolloutResponse], error) {
+	if cerr := svc.ready(); cerr != nil {
+		return nil, cerr
+	}
+	r, err := svc.store.RolloutGet(ctx, req.Msg.GetName())
+	if err != nil {
+		return nil, rolloutError("rollout "+req.Msg.GetName(), err)
+	}
+	return connect.NewResponse(&v1.GetRolloutResponse{Rollout: rolloutProto(&r)}), nil
+}
+
+// ListRollouts implements RolloutService.ListRollouts.
+func (svc *rolloutService) ListRollouts(ctx context.Context, req *connect.Request[v1.ListRolloutsRequest]) (*connect.Response[v1.ListRolloutsResponse], error) {
+	if cerr := svc.ready(); cerr != nil {
+		return nil, cerr
+	}
+	list, err := svc.store.RolloutList(ctx)
+	if err != nil {
+		return nil, readError("rollouts", ReasonRolloutNotFound, err)
+	}
+	resp := &v1.ListRolloutsResponse{}
+	for i := range list {
+		resp.Rollouts = append(resp.Rollouts, rolloutProto(&list[i]))
+	}
+	return connect.NewResponse(resp), nil
+}
+
+// share converts a percent to basis points: INVALID_ROLLOUT outside
+// [0, 100] or finer than 0.01.
+func share(percent float64) (ledger.BasisPoints, *connect.Error) {
+	bp := math.Round(percent * 100)
+	if math.IsNaN(percent) || percent < 0 || percent > 100 || math.Abs(bp-percent*100) > 1e-6 {
+		return 0, invalidArgument(ReasonInvalidRollout, "percent %v: want 0 to 100 in steps of 0.01", percent)
+	}
+	return ledger.BasisPoints(bp), nil
+}
+
+// SetRolloutShare implements RolloutService.SetRolloutShare.
+func (svc *rolloutService) SetRolloutShare(ctx context.Context, req *connect.Request[v1.SetRolloutShareRequest]) (*connect.Response[v1.SetRolloutShareResponse], error) {
+	if cerr := svc.ready(); cerr != nil {
+		return nil, cerr
+	}
+	bp, cerr := share(req.Msg.GetPercent())
+	if cerr != nil {
+		return nil, cerr
+	}
+	name := req.Msg.GetName()
+	r, err := svc.store.RolloutGet(ctx, name)
+	if err != nil {
+		return nil, rolloutError("rollout "+name, err)
+	}
+	prior := r.Share
+	changed, err := r.SetShare(bp, who(ctx), svc.s.clock().UTC())
+	if err != nil {
+		return nil, rolloutError("rollout "+name, err)
+	}
+	if changed {
+		if err := svc.store.RolloutPut(ctx, &r); err != nil {
+			return nil, rolloutError("rollout "+name, err)
+		}
+		svc.s.rollouts.invalidate()
+		svc.s.log.Info("rollout step", "rollout", name, "from", prior.String(), "to", bp.String(), "who", who(ctx))
+	}
+	return connect.NewResponse(&v1.SetRolloutShareResponse{Rollout: rolloutProto(&r), Changed: changed}), nil
+}
+
+// UndoRolloutStep implements RolloutService.UndoRolloutStep.
+func (svc *rolloutService) UndoRolloutStep(ctx context.Context, req *connect.Request[v1.UndoRolloutStepRequest]) (*connect.Response[v1.UndoRolloutStepResponse], error) {
+	if cerr := svc.ready(); cerr != nil {
+		return nil, cerr
+	}
+	name := req.Msg.GetName()
+	r, err := svc.store.RolloutGet(ctx, name)
+	if err != nil {
+		return nil, rolloutError("rollout "+name, err)
+	}
+	undone, err := r.Undo(who(ctx), svc.s.clock().UTC())
+	if err != nil {
+		return nil, rolloutError("rollout "+name, err)
+	}
+	if err := svc.store.RolloutPut(ctx, &r); err != nil {
+		return nil, rolloutError("rollout "+name, err)
+	}
+	svc.s.rollouts.invalidate()
+	svc.s.log.Info("rollout step undone", "rollout", name, "step", undone.Seq, "share", r.Share.String(), "who", who(ctx))
+	return connect.NewResponse(&v1.UndoRolloutStepResponse{Rollout: rolloutProto(&r), Undone: stepProto(&undone)}), nil
+}
+
+// ShadowReport implements RolloutService.ShadowReport.
+func (svc *rolloutService) ShadowReport(ctx context.Context, req *connect.Request[v1.ShadowReportRequest]) (*connect.Response[v1.ShadowReportResponse], error) {
+	sc := svc.s.shadow
+	return connect.NewResponse(&v1.ShadowReportResponse{Comparisons: sc.report(req.Msg.GetRoute()), Since: timestamppb.New(sc.since)}), nil
+}
+
+// MaxRollbackGenerations bounds RollbackGenerations.
+const MaxRollbackGenerations = 1000
+
+// RollbackGenerations implements RolloutService.RollbackGenerations.
+func (svc *rolloutService) RollbackGenerations(ctx context.Context, req *connect.Request[v1.RollbackGenerationsRequest]) (*connect.Response[v1.RollbackGenerationsResponse], error) {
+	gens := req.Msg.GetGenerations()
+	if len(gens) == 0 || len(gens) > MaxRollbackGenerations {
+		return nil, invalidArgument(ReasonInvalidCommand, "%d generations; give 1 to %d", len(gens), MaxRollbackGenerations)
+	}
+	cmds := make([]ledger.Command, len(gens))
+	for i, g := range gens {
+		p, err := svc.s.policies.get(ctx, g)
+		if err != nil {
+			return nil, readError(fmt.Sprintf("rollback generation %d", g), ReasonPolicyNotFound, err)
+		}
+		cmds[i] = ledger.Command{Kind: ledger.KindRollbackPolicy, PolicyKey: p.Key, Generation: g}
+	}
+	results, cerr := svc.s.doBatch(ctx, ledger.KindRollbackPolicy, cmds)
+	if cerr != nil {
+		return nil, cerr
+	}
+	if _, err := svc.s.policies.refresh(ctx); err != nil {
+		svc.s.log.Warn("policy cache refresh after rollback", "err", err)
+	}
+	resp := &v1.RollbackGenerationsResponse{}
+	for i := range results {
+		if results[i].Err != nil {
+			return nil, svc.s.outcomeError(ctx, &results[i])
+		}
+		k := cmds[i].PolicyKey
+		resp.Rollbacks = append(resp.Rollbacks, &v1.GenerationRollback{Generation: gens[i], Subject: k.Subject, Route: k.Route, Region: k.Region,
+			ActiveGeneration: results[i].Generation, Replayed: results[i].Replayed})
+		svc.s.log.Info("policy rolled back", "generation", gens[i], "key", k.String(), "active", results[i].Generation, "replayed", results[i].Replayed, "who", who(ctx))
+	}
+	return connect.NewResponse(resp), nil
+}
+
+// DrainProgress implements RolloutService.DrainProgress.
+func (svc *rolloutService) DrainProgress(ctx context.Context, req *connect.Request[v1.DrainProgressRequest]) (*connect.Response[v1.DrainProgressResponse], error) {
+	if svc.drains == nil {
+		return nil, connect.NewError(connect.CodeUnimplemented, errors.New("this server cannot report drains"))
+	}
+	gens := req.Msg.GetGenerations()
+	if len(gens) == 0 || len(gens) > MaxRollbackGenerations {
+		return nil, invalidArgument(ReasonInvalidCommand, "%d generations; give 1 to %d", len(gens), MaxRollbackGenerations)
+	}
+	resp := &v1.DrainProgressResponse{}
+	if req.Msg.GetRunDrains() {
+		if id, ok := IdentityFrom(ctx); ok && id.Role != RoleAdmin {
+			return nil, withReason(connect.NewError(connect.CodePermissionDenied,
+				fmt.Errorf("run_drains writes: token %q (role %s) may only read the progress", id.Name, id.Role)), ReasonPermissionDenied)
+		}
+		n, err := svc.drains.RunDrains(ctx)
+		resp.DrainCommands = int64(n)
+		if err != nil {
+			return nil, operatingError("drains", err)
+		}
+	}
+	drains, err := svc.drains.DrainProgress(ctx, gens)
+	if err != nil {
+		return nil, readError("drain progress", ReasonPolicyNotFound, err)
+	}
+	resp.Drained = true
+	for i := range drains {
+		d := &drains[i]
+		p := &d.Policy
+		resp.Generations = append(resp.Generations, &v1.GenerationDrain{
+			Generation: p.Generation, Subject: p.Key.Subject, Route: p.Key.Route, Region: p.Key.Region,
+			RolledBack: p.RolledBack, Active: d.Active, Accounts: d.Accounts,
+			Reserved: unitsMap(p, &d.Reserved), Debt: unitsMap(p, &d.Debt), Available: unitsMap(p, &d.Available),
+			BlockedByBurst: d.BlockedByBurst, BlockedNoPolicy: d.BlockedNoPolicy,
+			UnreconciledShards: d.UnreconciledShards, UnreconciledShardUnits: unitsMap(p, &d.ShardUnits),
+			UnreconciledLegacyBudgets: d.LegacyBudgets, UnreconciledLegacyUnits: unitsMap(p, &d.LegacyUnits),
+			Drained: d.Drained(),
+		})
+		resp.Drained = resp.Drained && d.Drained()
+	}
+	resp.At = timestamppb.New(svc.s.clock())
+	return connect.NewResponse(resp), nil
+}
+
+func percent(s ledger.BasisPoints) float64 { return float64(s) / 100 }
+
+func rolloutProto(r *ledger.Rollout) *v1.Rollout {
+	out := &v1.Rollout{Name: r.Name, HashBy: string(r.By), Percent: percent(r.Share), Version: r.Version}
+	idx := ledger.NewRollouts([]ledger.Rollout{*r})
+	for _, rk := range r.Routes {
+		// The route's mode for a subject outside any share: under subject
+		// hashing the route is "enforce" while some subjects are.
+		mode, _ := ledger.RolloutModeFor(idx, rk, "", ledger.RolloutShadow)
+		if r.By == ledger.RolloutBySubject && r.Share > 0 {
+			mode = ledger.RolloutEnforce
+		}
+		out.Routes = append(out.Routes, &v1.RolloutRoute{Route: rk.Route, Region: rk.Region, Mode: string(mode)})
+	}
+	for i := range r.Steps {
+		out.Steps = append(out.Steps, stepProto(&r.Steps[i]))
+	}
+	return out
+}
+
+func stepProto(s *ledger.RolloutStep) *v1.RolloutStep {
+	return &v1.RolloutStep{Seq: int32(s.Seq), Action: string(s.Action), Percent: percent(s.Share), PriorPercent: percent(s.Prior),
+		Who: s.Who, At: timestamppb.New(s.At), Undoes: int32(s.Undoes), UndoneBy: int32(s.UndoneBy)}
+}
+
+// CarveLegacyBudget implements RolloutService.CarveLegacyBudget: the
+// ShardService's issuance for gateway id ledger.LegacyGateway(identity),
+// with ShardArgs.Legacy set (the admin role alone may call it).
+func (svc *rolloutService) CarveLegacyBudget(ctx context.Context, req *connect.Request[v1.CarveLegacyBudgetRequest]) (*connect.Response[v1.CarveLegacyBudgetResponse], error) {
+	m := req.Msg
+	if cerr := checkID("budget_id", m.GetBudgetId()); cerr != nil {
+		return nil, cerr
+	}
+	if cerr := checkID("identity", m.GetIdentity()); cerr != nil {
+		return nil, cerr
+	}
+	if svc.s.shards == nil {
+		return nil, connect.NewError(connect.CodeUnimplemented, errors.New("this server issues no shards"))
+	}
+	gateway := ledger.LegacyGateway(m.GetIdentity())
+	resp, err := svc.s.shards.issue(ctx, &v1.IssueShardRequest{ShardId: m.GetBudgetId(), GatewayId: gateway, BootEpoch: 1,
+		Subject: m.GetSubject(), Route: m.GetRoute(), Region: m.GetRegion(), Units: m.GetUnits(), Ttl: m.GetTtl()}, true)
+	if err != nil {
+		return nil, err
+	}
+	svc.s.log.Info("legacy budget carved", "budget", m.GetBudgetId(), "identity", m.GetIdentity(), "subject", m.GetSubject(),
+		"route", m.GetRoute(), "replayed", resp.Msg.GetReplayed(), "who", who(ctx))
+	return connect.NewResponse(&v1.CarveLegacyBudgetResponse{Budget: resp.Msg.GetShard(), Replayed: resp.Msg.GetReplayed()}), nil
+}

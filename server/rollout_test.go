@@ -1,0 +1,234 @@
+package server_test
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/capledger/capledger/server"
+)
+
+const rolloutViewerToken = "viewer-token-0123456789"
+
+func rolloutTokens() string {
+	return adminToken + " admin ops\n" + gatewayToken + " gateway gw-1\n" + rolloutViewerToken + " viewer watcher\n"
+}
+
+// rollout calls a RolloutService method.
+func (h *harness) rollout(method, body, token string) response {
+	h.t.Helper()
+	req, err := http.NewRequest(http.MethodPost, h.url+"/capledger.v1.RolloutService/"+method, strings.NewReader(body))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	return h.do(req)
+}
+
+func (h *harness) rolloutOK(method, body, token string) map[string]any {
+	h.t.Helper()
+	r := h.rollout(method, body, token)
+	if r.status != http.StatusOK {
+		h.t.Fatalf("%s %s: status %d: %s", method, body, r.status, r.raw)
+	}
+	return r.body
+}
+
+// shadowPolicy is a shadow-mode "*" policy on route with a burst of 1000.
+func shadowPolicy(route string) string {
+	return fmt.Sprintf(`{"policy":{"subject":"*","route":%q,"rollout":"ROLLOUT_MODE_SHADOW",
+  "dimensions":[{"unit":"tokens","burst":"1000","refillUnits":"1","refillInterval":"1s"}],"holdTtl":"30s"}}`, route)
+}
+
+func reserveOn(id, route string, tokens int, legacy string) string {
+	return fmt.Sprintf(`{"reservationId":%q,"subject":"tenant-7","route":%q,"units":{"tokens":%d},"legacyDecision":%q}`, id, route, tokens, legacy)
+}
+
+// A rollout's step decides which routes enforce, at once on the replica
+// that took it; undo puts them back in shadow; every step is recorded
+// with the token's name and the time; only the admin role changes a
+// rollout, a viewer reads it, a gateway does neither.
+func TestRolloutStepDecidesReserves(t *testing.T) {
+	h := newHarness(t, harnessOptions{auth: true, tokens: rolloutTokens()})
+	for _, route := range []string{"chat.generate", "embed.create"} {
+		h.ok("PublishPolicy", shadowPolicy(route), adminToken)
+	}
+	created := h.rolloutOK("CreateRollout", `{"name":"llm","hashBy":"route","routes":[{"route":"chat.generate"},{"route":"embed.create"}]}`, adminToken)
+	if got := fmt.Sprint(created["rollout"].(map[string]any)["routes"]); strings.Contains(got, "enforce") {
+		t.Fatalf("a new rollout enforces: %s", got)
+	}
+	// Fill both routes' 1000 with one admitted reserve each.
+	for _, route := range []string{"chat.generate", "embed.create"} {
+		h.ok("Reserve", reserveOn("fill-"+route, route, 900, ""), gatewayToken)
+	}
+	overflow := func(id, route string) response {
+		return h.call("Reserve", reserveOn(id, route, 500, ""), gatewayToken)
+	}
+	for _, route := range []string{"chat.generate", "embed.create"} {
+		if r := overflow("before-"+route, route); r.status != 200 || r.body["shadowRejected"] != true {
+			t.Fatalf("%s at 0%%: %d %s", route, r.status, r.raw)
+		}
+	}
+
+	h.wantError(h.rollout("SetRolloutShare", `{"name":"llm","percent":1}`, gatewayToken), 403, "permission_denied", server.ReasonPermissionDenied)
+	h.wantError(h.rollout("SetRolloutShare", `{"name":"llm","percent":1}`, rolloutViewerToken), 403, "permission_denied", server.ReasonPermissionDenied)
+	h.wantError(h.rollout("SetRolloutShare", `{"name":"llm","percent":100.5}`, adminToken), 400, "invalid_argument", server.ReasonInvalidRollout)
+	h.wantError(h.rollout("SetRolloutShare", `{"name":"llm","percent":0.001}`, adminToken), 400, "invalid_argument", server.ReasonInvalidRollout)
+	h.wantError(h.rollout("SetRolloutShare", `{"name":"nope","percent":1}`, adminToken), 404, "not_found", server.ReasonRolloutNotFound)
+
+	// 1% of two routes is one: embed.create, whose stable-hash bucket
+	// (5097) is below chat.generate's (7309).
+	step := h.rolloutOK("SetRolloutShare", `{"name":"llm","percent":1}`, adminToken)
+	if step["changed"] != true {
+		t.Fatalf("step: %v", step)
+	}
+	if r := overflow("step1-embed", "embed.create"); r.status != http.StatusTooManyRequests {
+		t.Fatalf("embed.create enforced at 1%%: %d %s", r.status, r.raw)
+	}
+	if r := overflow("step1-chat", "chat.generate"); r.status != 200 || r.body["shadowRejected"] != true {
+		t.Fatalf("chat.generate still shadow at 1%%: %d %s", r.status, r.raw)
+	}
+	if again := h.rolloutOK("SetRolloutShare", `{"name":"llm","percent":1}`, adminToken); again["changed"] == true {
+		t.Errorf("a repeated step changed the rollout: %v", again)
+	}
+
+	h.clock.Advance(time.Minute)
+	undone := h.rolloutOK("UndoRolloutStep", `{"name":"llm"}`, adminToken)
+	if got := undone["undone"].(map[string]any); got["percent"] != 1.0 || got["who"] != "ops" {
+		t.Errorf("undone step %v", got)
+	}
+	if r := overflow("undone-embed", "embed.create"); r.status != 200 || r.body["shadowRejected"] != true {
+		t.Fatalf("embed.create after undo: %d %s", r.status, r.raw)
+	}
+	h.wantError(h.rollout("UndoRolloutStep", `{"name":"llm"}`, adminToken), 400, "failed_precondition", server.ReasonNothingToUndo)
+
+	// The viewer reads the history: create, set 1% at t0 by ops, undo a
+	// minute later by ops.
+	got := h.rolloutOK("GetRollout", `{"name":"llm"}`, rolloutViewerToken)["rollout"].(map[string]any)
+	steps := got["steps"].([]any)
+	if len(steps) != 3 {
+		t.Fatalf("steps %v", steps)
+	}
+	set, undo := steps[1].(map[string]any), steps[2].(map[string]any)
+	if set["action"] != "set" || set["who"] != "ops" || set["at"] != "2026-07-19T14:00:00Z" || set["undoneBy"] != 3.0 {
+		t.Errorf("set step recorded as %v", set)
+	}
+	if undo["action"] != "undo" || undo["at"] != "2026-07-19T14:01:00Z" || undo["undoes"] != 2.0 || undo["priorPercent"] != 1.0 {
+		t.Errorf("undo step recorded as %v", undo)
+	}
+	h.wantError(h.rollout("GetRollout", `{"name":"llm"}`, gatewayToken), 403, "permission_denied", server.ReasonPermissionDenied)
+	h.wantError(h.rollout("CreateRollout", `{"name":"other","hashBy":"route","routes":[{"route":"chat.generate"}]}`, adminToken),
+		400, "failed_precondition", server.ReasonRouteInRollout)
+	h.wantError(h.rollout("CreateRollout", `{"name":"x","hashBy":"tenant","routes":[{"route":"r"}]}`, adminToken),
+		400, "invalid_argument", server.ReasonInvalidRollout)
+}
+
+// The legacy limiter's decisions are compared with capledger's, per
+// route, generation and mode, in both directions; a replay counts
+// nothing; a decision other than allow or deny is refused; the counts
+// are in /metrics too.
+func TestShadowComparison(t *testing.T) {
+	h := newHarness(t, harnessOptions{auth: true, tokens: rolloutTokens()})
+	h.ok("PublishPolicy", shadowPolicy("chat.generate"), adminToken)
+	const gen = "1"                                                               // the store's first generation
+	h.ok("Reserve", reserveOn("a1", "chat.generate", 600, "allow"), gatewayToken) // both allow
+	h.ok("Reserve", reserveOn("a1", "chat.generate", 600, "allow"), gatewayToken) // replay: not counted
+	h.ok("Reserve", reserveOn("a2", "chat.generate", 600, "allow"), gatewayToken) // legacy allow, capledger deny (shadow)
+	h.ok("Reserve", reserveOn("a3", "chat.generate", 600, "deny"), gatewayToken)  // both deny
+	h.ok("Reserve", reserveOn("a4", "chat.generate", 100, "deny"), gatewayToken)  // legacy deny, capledger allow
+	h.ok("Reserve", reserveOn("a5", "chat.generate", 100, ""), gatewayToken)      // not reported
+	h.wantError(h.call("Reserve", reserveOn("a6", "chat.generate", 1, "maybe"), gatewayToken), 400, "invalid_argument", server.ReasonInvalidCommand)
+	batch := `{"requests":[` + reserveOn("b1", "chat.generate", 50, "deny") + `,` + reserveOn("b2", "chat.generate", 900, "deny") + `]}`
+	h.ok("ReserveBatch", batch, gatewayToken) // legacy deny / capledger allow, both deny
+
+	h.wantError(h.rollout("ShadowReport", `{}`, gatewayToken), 403, "permission_denied", server.ReasonPermissionDenied)
+	report := h.rolloutOK("ShadowReport", `{}`, rolloutViewerToken)
+	rows := report["comparisons"].([]any)
+	if len(rows) != 1 {
+		t.Fatalf("report %v", report)
+	}
+	row := rows[0].(map[string]any)
+	want := map[string]any{"route": "chat.generate", "region": "global", "generation": gen, "mode": "shadow",
+		"bothAllowed": "1", "bothDenied": "2", "legacyAllowedCapledgerDenied": "1", "legacyDeniedCapledgerAllowed": "2"}
+	for k, v := range want {
+		if row[k] != v {
+			t.Errorf("%s = %v, want %v (row %v)", k, row[k], v, row)
+		}
+	}
+	if rate := row["disagreementRate"].(float64); rate != 0.5 {
+		t.Errorf("disagreement rate %v, want 0.5", rate)
+	}
+	resp, err := http.Get(h.url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	line := fmt.Sprintf(`capledger_shadow_decisions_total{capledger="allow",generation="%s",legacy="deny",mode="shadow",region="global",route="chat.generate"} 2`, gen)
+	if !strings.Contains(string(body), line) {
+		t.Errorf("metrics lack %s", line)
+	}
+}
+
+// The gates measured at audit: every check at 0 on a sound ledger, the
+// debt outstanding by unit, the USAGE_UNKNOWN age p99.
+func TestGateMetricsAtAudit(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"chat.generate","executionLimit":"600s",
+  "dimensions":[{"unit":"tokens","burst":"1000","refillUnits":"1","refillInterval":"3600s","maxOverdraft":"1000"}],"holdTtl":"30s"}}`, "")
+	for _, id := range []string{"over", "lost"} {
+		h.ok("Reserve", reserveOn(id, "chat.generate", 100, ""), "")
+		h.ok("Start", fmt.Sprintf(`{"reservationId":%q,"operationId":"op-%s"}`, id, id), "")
+	}
+	h.ok("Reserve", reserveOn("big", "chat.generate", 700, ""), "")
+	// 900 against 100: 100 from available, 700 of debt.
+	h.ok("Settle", `{"reservationId":"over","operationId":"op-over","actualUnits":{"tokens":900}}`, "")
+	h.ok("MarkUsageUnknown", `{"reservationId":"lost"}`, "")
+	h.clock.Advance(90 * time.Second)
+	h.ok("Audit", `{}`, "")
+	resp, err := http.Get(h.url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	body := string(raw)
+	for _, line := range []string{
+		`capledger_audit_discrepancies{check="conservation"} 0`,
+		`capledger_audit_discrepancies{check="unrecorded_debt"} 0`,
+		`capledger_audit_discrepancies{check="shard_remint_once"} 0`,
+		`capledger_debt_outstanding_units{unit="tokens"} 700`,
+		`capledger_debt_accounts 1`,
+		`capledger_usage_unknown_age_p99_seconds 90`,
+	} {
+		if !strings.Contains(body, line+"\n") {
+			t.Errorf("metrics lack %q", line)
+		}
+	}
+}
+
+// Subject hashing over the API: tenant-7's bucket on chat.generate is
+// 8287 (TestRolloutBucketFixedVectors), so it is enforced from 82.88% and
+// in shadow at 82.87%.
+func TestRolloutBySubjectOverTheAPI(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	h.ok("PublishPolicy", shadowPolicy("chat.generate"), "")
+	h.rolloutOK("CreateRollout", `{"name":"chat","hashBy":"subject","routes":[{"route":"chat.generate"}]}`, "")
+	h.ok("Reserve", reserveOn("fill", "chat.generate", 900, ""), "")
+	for i, tc := range []struct {
+		percent  string
+		enforced bool
+	}{{"82.88", true}, {"82.87", false}, {"100", true}, {"0", false}} {
+		h.rolloutOK("SetRolloutShare", `{"name":"chat","percent":`+tc.percent+`}`, "")
+		r := h.call("Reserve", reserveOn(fmt.Sprintf("r-%d", i), "chat.generate", 500, ""), "")
+		if enforced := r.status == http.StatusTooManyRequests; enforced != tc.enforced || (!enforced && r.body["shadowRejected"] != true) {
+			t.Errorf("at %s%%: %d %s, want enforced %v", tc.percent, r.status, r.raw, tc.enforced)
+		}
+	}
+}
