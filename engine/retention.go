@@ -178,39 +178,3 @@ func (e *Engine) ReservationOrTombstone(ctx context.Context, id string) (ledger.
 }
 
 func isNotFound(err error) bool { return errors.Is(err, store.ErrNotFound) }
-
-// SnapshotStreamer is an optional store capability: a snapshot whose
-// journal is read as the audit goes (ledger.Snapshot.JournalStream),
-// valid only during f, so an audit holds the rows of the current state
-// but not the journal's history (store/sqlite has it).
-type SnapshotStreamer interface {
-	SnapshotStreaming(ctx context.Context, f func(*ledger.Snapshot) error) error
-}
-
-// auditStreaming audits through a streamed journal. A read error of the
-// stream (or ctx ending) is the audit's error, not a discrepancy.
-func auditStreaming(ctx context.Context, st SnapshotStreamer) ([]ledger.Discrepancy, error) {
-	var out []ledger.Discrepancy
-	var streamErr error
-	err := st.SnapshotStreaming(ctx, func(snap *ledger.Snapshot) error {
-		stream := snap.JournalStream
-		snap.JournalStream = func(yield func(*ledger.JournalEntry) error) error {
-			streamErr = stream(func(e *ledger.JournalEntry) error {
-				if err := ctx.Err(); err != nil {
-					return err
-				}
-				return yield(e)
-			})
-			return streamErr
-		}
-		out = ledger.Audit(snap)
-		return nil
-	})
-	if err == nil {
-		err = streamErr
-	}
-	if err != nil {
-		return nil, fmt.Errorf("audit: %w", err)
-	}
-	return out, nil
-}

@@ -52,6 +52,7 @@ type rows struct {
 	statementIDs map[statementKey]bool
 	journal      []ledger.JournalEntry
 	ret          retention
+	cp           checkpoints
 }
 
 type statementKey struct {
@@ -456,8 +457,8 @@ func (s *Store) AccountsInDebt(ctx context.Context, f store.DebtFilter) (out []l
 
 // Snapshot returns copies of every committed row in one consistent read:
 // accounts by key, reservations by id, moves by receipt id, shards by id,
-// policies by generation, statements and journal in insertion order, with
-// JournalComplete set (the store never discards journal entries).
+// policies by generation, statements and journal in insertion order (the
+// journal after the last checkpoint), with JournalComplete set.
 func (s *Store) Snapshot(ctx context.Context) (*ledger.Snapshot, error) {
 	snap := &ledger.Snapshot{JournalComplete: true}
 	err := s.read(ctx, func(r *rows) error {
@@ -478,7 +479,8 @@ func (s *Store) Snapshot(ctx context.Context) (*ledger.Snapshot, error) {
 			snap.Shards = append(snap.Shards, copyShard(r.shards[id]))
 		}
 		snap.Statements = slices.Clone(r.statements)
-		snap.Journal = slices.Clone(r.journal)
+		snap.Journal, _ = r.journalSince()
+		snap.Checkpoints = r.chainCopy()
 		snap.Retained = retainedSnapshot(r)
 		return nil
 	})

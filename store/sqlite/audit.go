@@ -2,17 +2,23 @@ package sqlite
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 
 	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store/codec"
 )
 
-// SnapshotStreaming is Snapshot without the journal in memory: it calls f
-// with a snapshot whose JournalStream reads the journal inside the same
-// read transaction, one batch at a time, so an audit holds one batch of
-// entries rather than the history. The snapshot is valid only during f.
-// It returns f's error, or the read's.
-func (s *Store) SnapshotStreaming(ctx context.Context, f func(*ledger.Snapshot) error) error {
+// auditPage is how many reservations one query of an audit reads.
+const auditPage = 4096
+
+// AuditSnapshot implements store.CheckpointStore: one read transaction,
+// the reservations read a page at a time in id order and the journal a
+// batch at a time after the last checkpoint, so an audit holds a page
+// rather than the history. A journal position is a journal_batches seq;
+// rows of the journal table (schema versions 1 and 2) are at position 0,
+// before every batch, and the first checkpoint summarises them.
+func (s *Store) AuditSnapshot(ctx context.Context, cut bool, f func(*ledger.Snapshot, int64) error) error {
 	if s.closed.Load() {
 		return errClosed
 	}
@@ -25,45 +31,133 @@ func (s *Store) SnapshotStreaming(ctx context.Context, f func(*ledger.Snapshot) 
 	if err != nil {
 		return err
 	}
-	snap.JournalStream = func(yield func(*ledger.JournalEntry) error) error {
-		// Rows of the journal table (schema versions 1 and 2) first.
+	// One writer at a time: every batch up to the last one read is in the
+	// snapshot, and a later one gets a greater seq.
+	var through int64
+	if !cut {
+	} else if err := tx.QueryRowContext(ctx, "SELECT COALESCE(MAX(seq), 0) FROM journal_batches").Scan(&through); err != nil {
+		return fmt.Errorf("snapshot journal: %w", translate(ctx, err))
+	}
+	snap.ReservationStream = func(yield func(*ledger.Reservation) error) error {
+		after := ""
+		for {
+			page, err := queryAll(ctx, txQuery{tx, "SELECT " + reservationCols + " FROM reservations WHERE id > ? ORDER BY id LIMIT ?"},
+				scanReservation, "snapshot reservations", after, auditPage)
+			if err != nil {
+				return err
+			}
+			for i := range page {
+				if err := yield(&page[i]); err != nil {
+					return err
+				}
+			}
+			if len(page) < auditPage {
+				return nil
+			}
+			after = page[len(page)-1].ID
+		}
+	}
+	last := snap.LastCheckpoint()
+	snap.JournalStream = func(yield func(int64, *ledger.JournalEntry) error) error {
+		return journalSince(ctx, tx, last, func(pos int64, batch []ledger.JournalEntry) error {
+			for i := range batch {
+				if err := yield(pos, &batch[i]); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	return f(snap, through)
+}
+
+// journalSince calls f with the journal after checkpoint last (every entry
+// when last is nil), a batch at a time with its position; the slice is
+// reused between calls.
+func journalSince(ctx context.Context, tx *sql.Tx, last *ledger.Checkpoint, f func(pos int64, batch []ledger.JournalEntry) error) error {
+	var after int64
+	if last != nil {
+		after = last.Through
+	} else {
 		legacy, err := queryAll(ctx, txQuery{tx, "SELECT " + journalCols + " FROM journal ORDER BY seq"}, scanJournal, "snapshot journal")
 		if err != nil {
 			return err
 		}
-		for i := range legacy {
-			if err := yield(&legacy[i]); err != nil {
+		if len(legacy) > 0 {
+			if err := f(0, legacy); err != nil {
 				return err
 			}
 		}
-		legacy = nil
-		rows, err := tx.QueryContext(ctx, "SELECT seq, entries FROM journal_batches ORDER BY seq")
-		if err != nil {
-			return fmt.Errorf("snapshot journal batches: %w", translate(ctx, err))
-		}
-		defer rows.Close()
-		var batch []ledger.JournalEntry
-		for rows.Next() {
-			var (
-				seq     int64
-				entries []byte
-			)
-			if err := rows.Scan(&seq, &entries); err != nil {
-				return fmt.Errorf("snapshot journal batches: %w", translate(ctx, err))
-			}
-			if batch, err = decodeJournalBatch(batch[:0], entries); err != nil {
-				return fmt.Errorf("journal batch %d: %w", seq, err)
-			}
-			for i := range batch {
-				if err := yield(&batch[i]); err != nil {
-					return err
-				}
-			}
-		}
-		if err := rows.Err(); err != nil {
-			return fmt.Errorf("snapshot journal batches: %w", translate(ctx, err))
-		}
-		return nil
 	}
-	return f(snap)
+	rows, err := tx.QueryContext(ctx, "SELECT seq, entries FROM journal_batches WHERE seq > ? ORDER BY seq", after)
+	if err != nil {
+		return fmt.Errorf("snapshot journal batches: %w", translate(ctx, err))
+	}
+	defer rows.Close()
+	var batch []ledger.JournalEntry
+	for rows.Next() {
+		var (
+			seq     int64
+			entries []byte
+		)
+		if err := rows.Scan(&seq, &entries); err != nil {
+			return fmt.Errorf("snapshot journal batches: %w", translate(ctx, err))
+		}
+		if batch, err = decodeJournalBatch(batch[:0], entries); err != nil {
+			return fmt.Errorf("journal batch %d: %w", seq, err)
+		}
+		if err := f(seq, batch); err != nil {
+			return err
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("snapshot journal batches: %w", translate(ctx, err))
+	}
+	return nil
+}
+
+const (
+	checkpointCols        = "seq, through, cut_at, entries, moves, prev, accounts_digest, digest"
+	checkpointAccountCols = "subject, route, region, generation, balances, entries, journal"
+)
+
+// checkpointChain reads every checkpoint header, oldest first, and the
+// last one's accounts.
+func checkpointChain(ctx context.Context, tx *sql.Tx) ([]ledger.Checkpoint, error) {
+	chain, err := queryAll(ctx, txQuery{tx, "SELECT " + checkpointCols + " FROM checkpoints ORDER BY seq"}, scanCheckpoint, "snapshot checkpoints")
+	if err != nil || len(chain) == 0 {
+		return chain, err
+	}
+	last := &chain[len(chain)-1]
+	last.Accounts, err = queryAll(ctx, txQuery{tx, "SELECT " + checkpointAccountCols + " FROM checkpoint_accounts WHERE seq = ? ORDER BY subject, route, region, generation"},
+		scanCheckpointAccount, "snapshot checkpoint accounts", last.Seq)
+	return chain, err
+}
+
+func scanCheckpoint(sc scanner) (ledger.Checkpoint, error) {
+	var (
+		c     ledger.Checkpoint
+		cutAt int64
+		conv  codec.Conv
+	)
+	if err := sc.Scan(&c.Seq, &c.Through, &cutAt, &c.Entries, &c.Moves, &c.Prev, &c.AccountsDigest, &c.Digest); err != nil {
+		return c, err
+	}
+	c.CutAt = conv.Time(cutAt)
+	return c, conv.Err()
+}
+
+func scanCheckpointAccount(sc scanner) (ledger.CheckpointAccount, error) {
+	var (
+		a          ledger.CheckpointAccount
+		generation int64
+		balances   []byte
+	)
+	if err := sc.Scan(&a.Account.Subject, &a.Account.Route, &a.Account.Region, &generation, &balances, &a.Entries, &a.Journal); err != nil {
+		return a, err
+	}
+	a.Account.Generation = uint64(generation)
+	var err error
+	a.Balances, err = codec.DecodeBalances(balances)
+	return a, err
 }

@@ -92,6 +92,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"SeedScenario", testSeedScenario},
 	}
 	tests = append(tests, retentionCases...)
+	tests = append(tests, checkpointCases...)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.f(t, open(t))
