@@ -114,9 +114,9 @@ type Engine struct {
 	lastErr                                                        atomic.Pointer[errBox]
 
 	// lead is the worker lease; drains what the drain worker remembers.
-	lead      leader
-	drains    drainMemo
-	retention retentionCounters
+	lead       leader
+	drains     drainMemo
+	retention  retentionCounters
 	compaction compactionCounters
 }
 

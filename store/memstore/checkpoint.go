@@ -145,4 +145,3 @@ func (s *Store) JournalCompact(ctx context.Context, limit int) (int, error) {
 	r.cp.journalBase += int64(n)
 	return n, nil
 }
-

@@ -441,7 +441,7 @@ func (s *Store) journalEach(ctx context.Context, q querier, after int64, yield f
 	var e ledger.JournalEntry
 	for rows.Next() {
 		var (
-			conv           codec.Conv
+			conv                codec.Conv
 			seq, generation, at int64
 			kind, from, to      int16
 			delta               []byte
