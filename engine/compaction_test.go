@@ -79,7 +79,7 @@ func TestCompactionCutsVerifiedCheckpoints(t *testing.T) {
 				if err != nil || len(found) > 0 {
 					t.Fatalf("audit (since checkpoint %v): %v %v", mode, found, err)
 				}
-				if !last.Done || last.Fraction != 1 || last.Rows < int64(since) {
+				if !last.Done || last.Fraction != 1 || last.Rows < int64(since) || last.Estimate <= 0 {
 					t.Fatalf("audit (since checkpoint %v) ended with progress %+v, %d entries since", mode, last, since)
 				}
 			}

@@ -75,6 +75,13 @@ func (s *Store) AuditSnapshot(ctx context.Context, cut bool, f func(*ledger.Snap
 		}
 		return nil
 	}
+	snap.Estimate = func(withReservations bool) (int64, error) {
+		n := int64(len(journal))
+		if withReservations {
+			n += int64(len(reservations))
+		}
+		return n, nil
+	}
 	snap.ReservationStream = func(yield func(*ledger.Reservation) error) error {
 		for i := range reservations {
 			if err := yield(&reservations[i]); err != nil {

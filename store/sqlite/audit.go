@@ -3,6 +3,7 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"encoding/binary"
 	"fmt"
 
 	"github.com/capledger/capledger/ledger"
@@ -58,6 +59,7 @@ func (s *Store) AuditSnapshot(ctx context.Context, cut bool, f func(*ledger.Snap
 		}
 	}
 	last := snap.LastCheckpoint()
+	snap.Estimate = func(reservations bool) (int64, error) { return estimateRows(ctx, tx, last, reservations) }
 	snap.JournalStream = func(yield func(int64, *ledger.JournalEntry) error) error {
 		return journalSince(ctx, tx, last, func(pos int64, batch []ledger.JournalEntry) error {
 			for i := range batch {
@@ -160,4 +162,51 @@ func scanCheckpointAccount(sc scanner) (ledger.CheckpointAccount, error) {
 	var err error
 	a.Balances, err = codec.DecodeBalances(balances)
 	return a, err
+}
+
+// estimateRows estimates the journal entries after checkpoint last, plus
+// the reservations when asked: the batches since times the mean entry
+// count of the newest 32 (each blob starts with its count).
+func estimateRows(ctx context.Context, tx *sql.Tx, last *ledger.Checkpoint, reservations bool) (int64, error) {
+	var after, rows, batches int64
+	if last != nil {
+		after = last.Through
+	} else if err := tx.QueryRowContext(ctx, "SELECT count(*) FROM journal").Scan(&rows); err != nil {
+		return 0, translate(ctx, err)
+	}
+	if err := tx.QueryRowContext(ctx, "SELECT count(*) FROM journal_batches WHERE seq > ?", after).Scan(&batches); err != nil {
+		return 0, translate(ctx, err)
+	}
+	sample, err := tx.QueryContext(ctx, "SELECT substr(entries, 1, 11) FROM journal_batches WHERE seq > ? ORDER BY seq DESC LIMIT 32", after)
+	if err != nil {
+		return 0, translate(ctx, err)
+	}
+	defer sample.Close()
+	var entries, sampled int64
+	for sample.Next() {
+		var head []byte
+		if err := sample.Scan(&head); err != nil {
+			return 0, translate(ctx, err)
+		}
+		if len(head) > 1 {
+			if n, k := binary.Uvarint(head[1:]); k > 0 {
+				entries += int64(n)
+				sampled++
+			}
+		}
+	}
+	if err := sample.Err(); err != nil {
+		return 0, translate(ctx, err)
+	}
+	if sampled > 0 {
+		rows += batches * entries / sampled
+	}
+	if reservations {
+		var n int64
+		if err := tx.QueryRowContext(ctx, "SELECT count(*) FROM reservations").Scan(&n); err != nil {
+			return 0, translate(ctx, err)
+		}
+		rows += n
+	}
+	return rows, nil
 }

@@ -361,6 +361,11 @@ func testSnapshotStreaming(t *testing.T, s store.Store) {
 				len(snap.Journal), len(snap.Reservations), snap.JournalStream != nil, snap.ReservationStream != nil)
 			return nil
 		}
+		if snap.Estimate == nil {
+			t.Error("streaming snapshot without an estimate")
+		} else if n, err := snap.Estimate(true); err != nil || n <= 0 {
+			t.Errorf("estimate of a non-empty ledger: %d, %v", n, err)
+		}
 		if err := snap.ReservationStream(func(r *ledger.Reservation) error {
 			reservations = append(reservations, *r)
 			return nil
