@@ -12,7 +12,8 @@ type Snapshot struct {
 	Accounts []Account
 	// Reservations, or ReservationStream when set: it calls yield with
 	// every reservation (valid only during the call), so an audit holds a
-	// page of them, not the history.
+	// page of them, not the history. A stream may fill only the fields
+	// Audit reads: ID, Account, State, Reserved, Actual and Overdraft.
 	Reservations      []Reservation
 	ReservationStream func(yield func(r *Reservation) error) error
 	Moves             []Move

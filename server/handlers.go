@@ -668,6 +668,12 @@ func (s *Server) Audit(ctx context.Context, req *connect.Request[v1.AuditRequest
 	if err != nil {
 		return nil, readError("audit", ReasonStoreUnavailable, err)
 	}
+	return connect.NewResponse(s.auditResponse(found)), nil
+}
+
+// auditResponse is the answer of an audit that found found, logged when
+// it is not empty.
+func (s *Server) auditResponse(found []ledger.Discrepancy) *v1.AuditResponse {
 	resp := &v1.AuditResponse{CheckedAt: timestamp(time.Now())}
 	for _, d := range found {
 		resp.Discrepancies = append(resp.Discrepancies, &v1.Discrepancy{
@@ -677,5 +683,5 @@ func (s *Server) Audit(ctx context.Context, req *connect.Request[v1.AuditRequest
 	if len(found) > 0 {
 		s.log.Warn("audit found discrepancies", "count", len(found), "first", found[0].String())
 	}
-	return connect.NewResponse(resp), nil
+	return resp
 }

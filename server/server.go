@@ -152,6 +152,7 @@ func New(l Ledger, cfg Config) *Server {
 	mux := http.NewServeMux()
 	mountProcedures(mux, path, service, v1.File_capledger_v1_capledger_proto.Services().ByName("LedgerService"))
 	registerShardService(mux, s, cfg.Shards, options)
+	registerAuditService(mux, s, options)
 	mux.HandleFunc("GET /healthz", s.healthz)
 	mux.HandleFunc("GET /readyz", s.readyz)
 	mux.HandleFunc("GET /statusz", s.statusz)

@@ -334,6 +334,12 @@ func applyPrefetched(t *testing.T, s store.Store, cmds []ledger.Command, now tim
 	return results
 }
 
+// auditFields is the part of a reservation an audit stream must fill
+// (ledger.Snapshot.ReservationStream).
+func auditFields(r *ledger.Reservation) ledger.Reservation {
+	return ledger.Reservation{ID: r.ID, Account: r.Account, State: r.State, Reserved: r.Reserved, Actual: r.Actual, Overdraft: r.Overdraft}
+}
+
 // testSnapshotStreaming: AuditSnapshot streams exactly Snapshot's
 // journal and reservations, in order, with the same other rows, and holds
 // neither in memory.
@@ -367,7 +373,7 @@ func testSnapshotStreaming(t *testing.T, s store.Store) {
 			t.Errorf("estimate of a non-empty ledger: %d, %v", n, err)
 		}
 		if err := snap.ReservationStream(func(r *ledger.Reservation) error {
-			reservations = append(reservations, *r)
+			reservations = append(reservations, auditFields(r))
 			return nil
 		}); err != nil {
 			return err
@@ -382,7 +388,11 @@ func testSnapshotStreaming(t *testing.T, s store.Store) {
 		t.Fatal(err)
 	}
 	same(t, "streamed journal", journal, want.Journal)
-	same(t, "streamed reservations", reservations, want.Reservations)
+	var wantReservations []ledger.Reservation
+	for i := range want.Reservations {
+		wantReservations = append(wantReservations, auditFields(&want.Reservations[i]))
+	}
+	same(t, "streamed reservations", reservations, wantReservations)
 	same(t, "streamed accounts", got.Accounts, want.Accounts)
 	same(t, "streamed retained", got.Retained, want.Retained)
 	for i := 1; i < len(positions); i++ {
