@@ -49,12 +49,11 @@ func (r *rows) journalSince() ([]ledger.JournalEntry, int64) {
 // AuditSnapshot implements store.CheckpointStore. The memstore holds
 // everything in memory anyway; the snapshot is a copy, as Snapshot's.
 func (s *Store) AuditSnapshot(ctx context.Context, cut bool, f func(*ledger.Snapshot, int64) error) error {
-	snap, err := s.Snapshot(ctx)
-	if err != nil {
-		return err
-	}
+	// One read: the copy and the cut position agree.
+	var snap *ledger.Snapshot
 	var first, through int64
-	err = s.read(ctx, func(r *rows) error {
+	err := s.read(ctx, func(r *rows) error {
+		snap = r.snapshot()
 		_, first = r.journalSince()
 		through = r.cp.journalBase + int64(len(r.journal))
 		return nil
