@@ -10,7 +10,8 @@
 // Usage: go run ./scripts/auditsize -n 1000000 -dir /tmp/auditsize
 //
 //	(fills, then runs itself with -phase full, since, checkpoint, full,
-//	since; -phase retire removes every reservation, as retention would)
+//	since, or the -phases given; -phase retire removes every reservation,
+//	as retention would)
 package main
 
 import (
@@ -37,6 +38,7 @@ func main() {
 	dir := flag.String("dir", "", "data directory (new)")
 	phase := flag.String("phase", "", "fill and every phase (default), full, since, checkpoint or retire")
 	batch := flag.Int("batch", 10000, "lifecycles per fill transaction")
+	phases := flag.String("phases", "full,since,checkpoint,full,since", "the phases run after the fill, in order")
 	profile := flag.String("cpuprofile", "", "write a CPU profile of the phase to this file")
 	flag.Parse()
 	if *profile != "" {
@@ -53,7 +55,7 @@ func main() {
 		start := time.Now()
 		fill(ctx, path, *n, *batch)
 		fmt.Printf("fill %d reservations: %s (CPU %s), file %d bytes\n", *n, time.Since(start).Round(time.Millisecond), cpu(), size(path))
-		for _, p := range []string{"full", "since", "checkpoint", "full", "since"} {
+		for _, p := range strings.Split(*phases, ",") {
 			cmd := exec.Command(os.Args[0], "-phase", p, "-dir", *dir)
 			cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 			must(cmd.Run())
