@@ -17,8 +17,10 @@ import (
 // closing vector of every conservation term (what replaying the account's
 // entries up to there gives) and a digest of those entries; for the whole
 // ledger, how many entries and how many moves it summarises. It is cut by
-// an audit (AuditCheckpoint) that found the ledger sound, at an epoch
-// close, so it carries what the epoch's statements closed with. Once
+// an audit (AuditWith with a Cut) that found the ledger sound. The engine
+// cuts one per epoch length, after the epoch closes, so an account with no
+// entry since its statement closes in the checkpoint with the statement's
+// closing vector (nothing here depends on that). Once
 // stored, the journal entries it summarises may be deleted: an audit then
 // replays the journal since the last checkpoint starting from the
 // checkpoint's vectors, and verifies the checkpoints' own chain
@@ -36,7 +38,7 @@ type Checkpoint struct {
 	Seq int64
 	// Through is the journal position summarised up to, inclusive.
 	Through int64
-	// CutAt is when the checkpoint was cut (the epoch close it follows).
+	// CutAt is when the checkpoint was cut.
 	CutAt time.Time
 	// Entries and Moves count the journal entries and the move receipts
 	// summarised since the beginning (this checkpoint and all before it).
