@@ -1,8 +1,8 @@
 package ledger
 
 import (
+	"crypto/sha256"
 	"fmt"
-	"hash/maphash"
 	"slices"
 	"time"
 )
@@ -318,12 +318,11 @@ func AuditWith(s *Snapshot, o AuditOptions) ([]Discrepancy, *Checkpoint) {
 				replayed[last.Accounts[i].Account] = &b
 			}
 		}
-		// Endings are counted by a 64-bit hash of the reservation id,
-		// several times smaller than the ids over a long journal. Two ids of
-		// one hash (a chance of about n²/2^65, 3e-6 for 10 million) would
-		// be reported as one reservation ended twice, never the reverse.
-		seed := maphash.MakeSeed()
-		refunds := map[uint64]int32{}
+		// Endings are counted by the first 128 bits of the SHA-256 of the
+		// reservation id, a fixed size smaller than most ids over a long
+		// journal, deterministic, and not open to ids crafted to collide
+		// (two ids of one key would be reported as one ended twice).
+		refunds := map[idKey]int32{}
 		var twice []string
 		receipts := map[string]map[AccountKey]bool{}
 		err := s.forEachJournal(func(pos int64, e *JournalEntry) {
@@ -339,7 +338,7 @@ func AuditWith(s *Snapshot, o AuditOptions) ([]Discrepancy, *Checkpoint) {
 			}
 			replayed[e.Account].Add(&e.Delta)
 			if e.ReservationID != "" && e.To.Terminal() && e.From != e.To {
-				h := maphash.String(seed, e.ReservationID)
+				h := keyOf(e.ReservationID)
 				if refunds[h]++; refunds[h] == 2 {
 					twice = append(twice, e.ReservationID)
 				}
@@ -363,7 +362,7 @@ func AuditWith(s *Snapshot, o AuditOptions) ([]Discrepancy, *Checkpoint) {
 			}
 		}
 		for _, id := range twice {
-			add(CheckRefundOnce, AccountKey{}, id, "ended %d times", refunds[maphash.String(seed, id)])
+			add(CheckRefundOnce, AccountKey{}, id, "ended %d times", refunds[keyOf(id)])
 		}
 		// A move's entries are written in one batch, so either the last
 		// checkpoint summarised both ends (it counts such moves) or the
@@ -425,6 +424,14 @@ func AuditWith(s *Snapshot, o AuditOptions) ([]Discrepancy, *Checkpoint) {
 		return out, nil
 	}
 	return out, builder.finish(o.CutAt)
+}
+
+// idKey is the refund-once check's key of a reservation id.
+type idKey [16]byte
+
+func keyOf(id string) idKey {
+	sum := sha256.Sum256([]byte(id))
+	return idKey(sum[:16])
 }
 
 // Step check names.
