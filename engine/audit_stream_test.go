@@ -24,7 +24,6 @@ func TestStreamingAuditMatchesSnapshotAudit(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	var _ SnapshotStreamer = st
 	clk := newClock()
 	e := New(st, Options{Clock: clk.Now, DisableWorkers: true})
 	defer e.Close()

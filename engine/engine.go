@@ -64,6 +64,10 @@ type Options struct {
 	RetentionInterval  time.Duration
 	RetentionBatch     int
 	RetentionPause     time.Duration
+
+	// Compaction, when set, cuts statement checkpoints and deletes the
+	// journal they summarise (engine/compaction.go).
+	Compaction *CompactionOptions
 }
 
 // BatchInfo describes one committed (or failed) batch.
@@ -110,9 +114,10 @@ type Engine struct {
 	lastErr                                                        atomic.Pointer[errBox]
 
 	// lead is the worker lease; drains what the drain worker remembers.
-	lead      leader
-	drains    drainMemo
-	retention retentionCounters
+	lead       leader
+	drains     drainMemo
+	retention  retentionCounters
+	compaction compactionCounters
 }
 
 type retentionCounters struct {
@@ -179,6 +184,7 @@ func New(st store.Store, opts Options) *Engine {
 	if opts.RetentionPause <= 0 {
 		opts.RetentionPause = 20 * time.Millisecond
 	}
+	opts.Compaction = opts.Compaction.withDefaults()
 	ctx, cancel := context.WithCancel(context.Background())
 	e := &Engine{
 		core:    NewCore(st),
@@ -580,17 +586,10 @@ func (e *Engine) Shards(ctx context.Context) ([]ledger.Shard, error) {
 	return e.core.store.ShardList(ctx)
 }
 
-// Audit reads every row and returns the discrepancies ledger.Audit finds
-// (none for a sound ledger).
+// Audit runs a full audit (AuditWith, engine/compaction.go) and returns
+// the discrepancies ledger.Audit finds (none for a sound ledger).
 func (e *Engine) Audit(ctx context.Context) ([]ledger.Discrepancy, error) {
-	if streaming, ok := e.core.store.(SnapshotStreamer); ok {
-		return auditStreaming(ctx, streaming)
-	}
-	snapshot, err := e.core.store.Snapshot(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("audit: %w", err)
-	}
-	return ledger.Audit(snapshot), nil
+	return e.AuditWith(ctx, AuditOptions{})
 }
 
 // Stats returns the engine's counters.

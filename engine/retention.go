@@ -76,8 +76,8 @@ type RetentionStats struct {
 // runRetention is one retention pass: pages of RetentionBatch rows, each
 // committed as one batch through the engine's queue (so gateway commands
 // waiting meanwhile share its commit instead of waiting behind a long
-// transaction), with a pause between pages, until nothing is due or ctx
-// ends. It then asks the store to give back the freed space.
+// transaction), with a pause between pages as long as the page took, until
+// nothing is due or ctx ends. It then asks the store to give back the freed space.
 func (e *Engine) runRetention(ctx context.Context) {
 	start := time.Now()
 	removed := 0
@@ -90,6 +90,7 @@ func (e *Engine) runRetention(ctx context.Context) {
 		if len(cmds) == 0 {
 			break
 		}
+		started := time.Now()
 		results, err := e.DoBatch(ctx, cmds)
 		if err != nil {
 			if ctx.Err() == nil {
@@ -115,9 +116,12 @@ func (e *Engine) runRetention(ctx context.Context) {
 		if progress == 0 {
 			break // everything listed was refused or done by another replica: wait for the next pass
 		}
+		// Pause for as long as the page took, at least RetentionPause: on
+		// a busy store a page's commit takes longer, and the worker then
+		// leaves the committer to admission at least half of the time.
 		select {
 		case <-ctx.Done():
-		case <-time.After(e.opts.RetentionPause):
+		case <-time.After(max(e.opts.RetentionPause, time.Since(started))):
 		}
 	}
 	if removed > 0 {
@@ -178,39 +182,3 @@ func (e *Engine) ReservationOrTombstone(ctx context.Context, id string) (ledger.
 }
 
 func isNotFound(err error) bool { return errors.Is(err, store.ErrNotFound) }
-
-// SnapshotStreamer is an optional store capability: a snapshot whose
-// journal is read as the audit goes (ledger.Snapshot.JournalStream),
-// valid only during f, so an audit holds the rows of the current state
-// but not the journal's history (store/sqlite has it).
-type SnapshotStreamer interface {
-	SnapshotStreaming(ctx context.Context, f func(*ledger.Snapshot) error) error
-}
-
-// auditStreaming audits through a streamed journal. A read error of the
-// stream (or ctx ending) is the audit's error, not a discrepancy.
-func auditStreaming(ctx context.Context, st SnapshotStreamer) ([]ledger.Discrepancy, error) {
-	var out []ledger.Discrepancy
-	var streamErr error
-	err := st.SnapshotStreaming(ctx, func(snap *ledger.Snapshot) error {
-		stream := snap.JournalStream
-		snap.JournalStream = func(yield func(*ledger.JournalEntry) error) error {
-			streamErr = stream(func(e *ledger.JournalEntry) error {
-				if err := ctx.Err(); err != nil {
-					return err
-				}
-				return yield(e)
-			})
-			return streamErr
-		}
-		out = ledger.Audit(snap)
-		return nil
-	})
-	if err == nil {
-		err = streamErr
-	}
-	if err != nil {
-		return nil, fmt.Errorf("audit: %w", err)
-	}
-	return out, nil
-}

@@ -39,6 +39,9 @@ func (e *Engine) leaderWorkers() []worker {
 	if e.opts.Retention > 0 {
 		workers = append(workers, worker{"retention", e.opts.RetentionInterval, e.runRetention})
 	}
+	if e.opts.Compaction != nil {
+		workers = append(workers, worker{"compaction", e.opts.Compaction.Interval, e.runCompaction})
+	}
 	if e.resolver != nil {
 		workers = append(workers, worker{"resolver", e.resolver.opts.Interval, e.resolver.Run})
 	}

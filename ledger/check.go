@@ -1,41 +1,81 @@
 package ledger
 
 import (
+	"crypto/sha256"
 	"fmt"
 	"slices"
+	"time"
 )
 
 // Snapshot is a whole ledger's rows, as an audit reads them from any store.
 type Snapshot struct {
-	Policies     []Policy
-	Accounts     []Account
-	Reservations []Reservation
-	Moves        []Move
-	Shards       []Shard
-	Statements   []Statement
+	Policies []Policy
+	Accounts []Account
+	// Reservations, or ReservationStream when set: it calls yield with
+	// every reservation (valid only during the call), so an audit holds a
+	// page of them, not the history. A stream may fill only the fields
+	// Audit reads: ID, Account, State, Reserved, Actual and Overdraft.
+	Reservations      []Reservation
+	ReservationStream func(yield func(r *Reservation) error) error
+	Moves             []Move
+	Shards            []Shard
+	Statements        []Statement
 	// Retained holds, per account, what retention removed (Retire): the
 	// spent and debt checks add it to the reservations still stored.
 	Retained []Retained
-	Journal  []JournalEntry
-	// JournalComplete says Journal holds every entry since the beginning, so
-	// replay checks apply.
+	// Checkpoints is the checkpoint chain, oldest first; the last one
+	// carries its accounts, the others may be headers. Journal then holds
+	// the entries after the last one only.
+	Checkpoints []Checkpoint
+	Journal     []JournalEntry
+	// JournalComplete says Journal holds every entry since the last
+	// checkpoint (since the beginning without one), so replay checks apply.
 	JournalComplete bool
 	// JournalStream, when set, is the journal instead of Journal: it calls
-	// yield with every entry in journal order (the entry is valid only
-	// during the call) and returns the first error of yield or of its
-	// read. Audit then holds one account's replay per account, not the
-	// history.
-	JournalStream func(yield func(e *JournalEntry) error) error
+	// yield with every entry in journal order and its position (the entry
+	// is valid only during the call) and returns the first error of yield
+	// or of its read. Audit then holds one account's replay per account,
+	// not the history. Without it, Journal[i] is at position i+1 after the
+	// last checkpoint's Through (0 without one).
+	JournalStream func(yield func(pos int64, e *JournalEntry) error) error
+	// Estimate, when set, estimates how many journal entries the snapshot
+	// holds, plus its reservations when asked: what an audit's progress
+	// is measured against.
+	Estimate func(reservations bool) (int64, error)
 }
 
-// forEachJournal calls f with every journal entry of s, from
-// JournalStream when set.
-func (s *Snapshot) forEachJournal(f func(e *JournalEntry)) error {
+// LastCheckpoint returns the newest checkpoint, nil without one.
+func (s *Snapshot) LastCheckpoint() *Checkpoint {
+	if len(s.Checkpoints) == 0 {
+		return nil
+	}
+	return &s.Checkpoints[len(s.Checkpoints)-1]
+}
+
+// forEachJournal calls f with every journal entry of s and its position,
+// from JournalStream when set.
+func (s *Snapshot) forEachJournal(f func(pos int64, e *JournalEntry)) error {
 	if s.JournalStream != nil {
-		return s.JournalStream(func(e *JournalEntry) error { f(e); return nil })
+		return s.JournalStream(func(pos int64, e *JournalEntry) error { f(pos, e); return nil })
+	}
+	var base int64
+	if last := s.LastCheckpoint(); last != nil {
+		base = last.Through
 	}
 	for i := range s.Journal {
-		f(&s.Journal[i])
+		f(base+int64(i+1), &s.Journal[i])
+	}
+	return nil
+}
+
+// forEachReservation calls f with every reservation of s, from
+// ReservationStream when set.
+func (s *Snapshot) forEachReservation(f func(r *Reservation)) error {
+	if s.ReservationStream != nil {
+		return s.ReservationStream(func(r *Reservation) error { f(r); return nil })
+	}
+	for i := range s.Reservations {
+		f(&s.Reservations[i])
 	}
 	return nil
 }
@@ -121,9 +161,45 @@ func checkBalance(b *Balance) error {
 //   - with a complete journal: replaying it gives every account's balances,
 //     no reservation was refunded twice, every move is journaled at both
 //     ends;
-//   - statements chain: each epoch opens with the previous closing.
+//   - statements chain: each epoch opens with the previous closing;
+//   - the checkpoint chain verifies (VerifyCheckpoints), and the journal
+//     since the last checkpoint replays from its closing vectors.
 func Audit(s *Snapshot) []Discrepancy {
+	out, _ := AuditWith(s, AuditOptions{})
+	return out
+}
+
+// AuditOptions choose what AuditWith checks and whether it cuts a
+// checkpoint.
+type AuditOptions struct {
+	// SinceCheckpoint skips the checks that read every reservation
+	// (reserved vs holds, spent vs settled, unrecorded debt): what is left
+	// reads the accounts and the journal since the last checkpoint, so it
+	// costs what happened since, not the history.
+	SinceCheckpoint bool
+	// Cut, when positive, asks for the next checkpoint, summarising the
+	// journal up to position Cut, cut at CutAt. It needs a complete
+	// journal; it is returned only when the audit found nothing.
+	Cut   int64
+	CutAt time.Time
+	// Progress, when set, is called now and then with the reservations and
+	// journal entries read so far.
+	Progress func(rows int64)
+}
+
+// progressEvery is how many rows an audit reads between Progress calls.
+const progressEvery = 1 << 14
+
+// AuditWith is Audit with options: every discrepancy, and the checkpoint
+// asked for by o.Cut when the ledger is sound.
+func AuditWith(s *Snapshot, o AuditOptions) ([]Discrepancy, *Checkpoint) {
 	var out []Discrepancy
+	var rows int64
+	tick := func() {
+		if rows++; o.Progress != nil && rows%progressEvery == 0 {
+			o.Progress(rows)
+		}
+	}
 	add := func(check string, account AccountKey, reservation, format string, args ...any) {
 		acc := ""
 		if account != (AccountKey{}) {
@@ -140,8 +216,17 @@ func Audit(s *Snapshot) []Discrepancy {
 		}
 		return per[k]
 	}
-	for i := range s.Reservations {
-		r := &s.Reservations[i]
+	readErr := func(what string, err error) {
+		if err != nil {
+			add(CheckJournal, AccountKey{}, "", "%s could not be read whole: %v", what, err)
+		}
+	}
+	forEachReservation := s.forEachReservation
+	if o.SinceCheckpoint {
+		forEachReservation = func(func(*Reservation)) error { return nil }
+	}
+	readErr("reservations", forEachReservation(func(r *Reservation) {
+		tick()
 		t := get(r.Account)
 		for d := range r.Reserved {
 			switch {
@@ -155,7 +240,7 @@ func Audit(s *Snapshot) []Discrepancy {
 		if r.State == StateSettledWithDebt && r.Overdraft == (Amounts{}) {
 			add(CheckDebt, r.Account, r.ID, "SETTLED_WITH_DEBT without overdraft")
 		}
-	}
+	}))
 	for i := range s.Retained {
 		rt := &s.Retained[i]
 		t := get(rt.Account)
@@ -201,6 +286,12 @@ func Audit(s *Snapshot) []Discrepancy {
 		t := get(a.Key)
 		for d := 0; d < MaxDimensions; d++ {
 			bal := &a.Balances[d]
+			if bal.RetiredForEmergency != t.shards[d] {
+				add(CheckShard, a.Key, "", "dimension %d: retiredForEmergency %d, shards allocated %d", d, bal.RetiredForEmergency, t.shards[d])
+			}
+			if o.SinceCheckpoint {
+				continue
+			}
 			if bal.Reserved != t.held[d] {
 				add(CheckReserved, a.Key, "", "dimension %d: reserved %d, holds %d", d, bal.Reserved, t.held[d])
 			}
@@ -210,23 +301,47 @@ func Audit(s *Snapshot) []Discrepancy {
 			if bal.OverdraftIssued < t.overdraft[d] {
 				add(CheckDebt, a.Key, "", "dimension %d: overdraft issued %d < settled overdraft %d", d, bal.OverdraftIssued, t.overdraft[d])
 			}
-			if bal.RetiredForEmergency != t.shards[d] {
-				add(CheckShard, a.Key, "", "dimension %d: retiredForEmergency %d, shards allocated %d", d, bal.RetiredForEmergency, t.shards[d])
-			}
 		}
 	}
 
+	out = append(out, VerifyCheckpoints(s.Checkpoints)...)
+	last := s.LastCheckpoint()
+	var builder *checkpointBuilder
+	if o.Cut > 0 && s.JournalComplete {
+		builder = newCheckpointBuilder(last, o.Cut, s.Moves)
+	}
 	if s.JournalComplete {
 		replayed := map[AccountKey]*Balances{}
-		refunds := map[string]int{}
+		if last != nil {
+			for i := range last.Accounts {
+				b := last.Accounts[i].Balances
+				replayed[last.Accounts[i].Account] = &b
+			}
+		}
+		// Endings are counted by the first 128 bits of the SHA-256 of the
+		// reservation id, a fixed size smaller than most ids over a long
+		// journal, deterministic, and not open to ids crafted to collide
+		// (two ids of one key would be reported as one ended twice).
+		refunds := map[idKey]int32{}
+		var twice []string
 		receipts := map[string]map[AccountKey]bool{}
-		err := s.forEachJournal(func(e *JournalEntry) {
+		err := s.forEachJournal(func(pos int64, e *JournalEntry) {
+			tick()
+			if last != nil && pos <= last.Through {
+				return // summarised by the checkpoint (a store that has not compacted yet)
+			}
+			if builder != nil {
+				builder.add(pos, e)
+			}
 			if replayed[e.Account] == nil {
 				replayed[e.Account] = &Balances{}
 			}
 			replayed[e.Account].Add(&e.Delta)
 			if e.ReservationID != "" && e.To.Terminal() && e.From != e.To {
-				refunds[e.ReservationID]++
+				h := keyOf(e.ReservationID)
+				if refunds[h]++; refunds[h] == 2 {
+					twice = append(twice, e.ReservationID)
+				}
 			}
 			if e.ReceiptID != "" {
 				if receipts[e.ReceiptID] == nil {
@@ -235,9 +350,7 @@ func Audit(s *Snapshot) []Discrepancy {
 				receipts[e.ReceiptID][e.Account] = true
 			}
 		})
-		if err != nil {
-			add(CheckJournal, AccountKey{}, "", "journal could not be read whole: %v", err)
-		}
+		readErr("journal", err)
 		for i := range s.Accounts {
 			a := &s.Accounts[i]
 			got := replayed[a.Key]
@@ -248,14 +361,20 @@ func Audit(s *Snapshot) []Discrepancy {
 				add(CheckJournal, a.Key, "", "journal replays to %+v, account holds %+v", got[:a.Dims], a.Balances[:a.Dims])
 			}
 		}
-		for id, n := range refunds {
-			if n > 1 {
-				add(CheckRefundOnce, AccountKey{}, id, "ended %d times", n)
-			}
+		for _, id := range twice {
+			add(CheckRefundOnce, AccountKey{}, id, "ended %d times", refunds[keyOf(id)])
 		}
+		// A move's entries are written in one batch, so either the last
+		// checkpoint summarised both ends (it counts such moves) or the
+		// journal since holds them.
+		var summarised int64
 		for i := range s.Moves {
 			m := &s.Moves[i]
 			ends := receipts[m.ReceiptID]
+			if ends == nil && last != nil {
+				summarised++
+				continue
+			}
 			if m.Kind != MoveShardRemint && !ends[m.From] {
 				add(CheckMove, m.From, "", "move %s not journaled at its source", m.ReceiptID)
 			}
@@ -263,6 +382,13 @@ func Audit(s *Snapshot) []Discrepancy {
 				add(CheckMove, m.To, "", "move %s not journaled at its destination", m.ReceiptID)
 			}
 		}
+		if last != nil && summarised != last.Moves {
+			add(CheckMove, AccountKey{}, "", "%d moves are not in the journal since checkpoint %d, which summarises %d",
+				summarised, last.Seq, last.Moves)
+		}
+	}
+	if o.Progress != nil {
+		o.Progress(rows)
 	}
 
 	out = append(out, auditShards(s)...)
@@ -294,7 +420,18 @@ func Audit(s *Snapshot) []Discrepancy {
 			}
 		}
 	}
-	return out
+	if builder == nil || len(out) > 0 {
+		return out, nil
+	}
+	return out, builder.finish(o.CutAt)
+}
+
+// idKey is the refund-once check's key of a reservation id.
+type idKey [16]byte
+
+func keyOf(id string) idKey {
+	sum := sha256.Sum256([]byte(id))
+	return idKey(sum[:16])
 }
 
 // Step check names.

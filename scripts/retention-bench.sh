@@ -11,8 +11,13 @@
 # the worker runs for the whole measurement. Variants are interleaved,
 # ROUNDS times.
 #
+# "on+compaction" also cuts a statement checkpoint every 10 s (checked
+# every 2 s) and deletes the journal it summarises.
+#
 # Usage: scripts/retention-bench.sh NEW_BINARY [BASELINE_BINARY]
-# Environment: ROUNDS (2), PREFILL (30), MEASURE (30), ADDR (127.0.0.1:7392).
+# Environment: ROUNDS (2), PREFILL (30), MEASURE (30), ADDR (127.0.0.1:7392),
+# BASE_FLAGS (serve flags of the baseline, none by default: e.g. the "on"
+# flags, to compare the retention worker of two binaries).
 set -euo pipefail
 new=$1
 base=${2:-}
@@ -45,7 +50,10 @@ run() { # name binary serve-flags...
 	rm -rf "$dir" "$dir".*
 }
 for r in $(seq "$rounds"); do
-	[[ -n "$base" ]] && run "baseline" "$base"
-	run "off" "$new" --retention 0
-	run "on" "$new" --retention 10s --tombstone-retention 20s --retention-interval 2s
+	# shellcheck disable=SC2086
+	[[ -n "$base" ]] && run "baseline" "$base" ${BASE_FLAGS:-}
+	run "off" "$new" --retention 0 --compaction 0
+	run "on" "$new" --retention 10s --tombstone-retention 20s --retention-interval 2s --compaction 0
+	run "on+compaction" "$new" --retention 10s --tombstone-retention 20s --retention-interval 2s \
+		--compaction 10s --compaction-interval 2s
 done

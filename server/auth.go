@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"strings"
 
@@ -45,6 +46,7 @@ var adminOnly = map[string]bool{
 	capledgerv1connect.RolloutServiceUndoRolloutStepProcedure:     true,
 	capledgerv1connect.RolloutServiceRollbackGenerationsProcedure: true,
 	capledgerv1connect.RolloutServiceCarveLegacyBudgetProcedure:   true,
+	capledgerv1connect.AuditServiceStreamAuditProcedure:           true,
 }
 
 // viewerMay are the procedures of the viewer role (reads only). The
@@ -210,25 +212,52 @@ func IdentityFrom(ctx context.Context) (Identity, bool) {
 // authInterceptor checks the bearer token and the role for every call.
 // Missing or unknown token: UNAUTHENTICATED (401); a gateway token on an
 // admin procedure: PERMISSION_DENIED (403).
-func authInterceptor(tokens *Tokens) connect.Interceptor {
-	return connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
-		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-			token, ok := bearerToken(req.Header().Get("Authorization"))
-			if !ok {
-				return nil, withReason(connect.NewError(connect.CodeUnauthenticated,
-					errors.New("missing bearer token: send `Authorization: Bearer <token>`")), ReasonUnauthenticated)
-			}
-			id, ok := tokens.lookup(token)
-			if !ok {
-				return nil, withReason(connect.NewError(connect.CodeUnauthenticated, errors.New("unknown token")), ReasonUnauthenticated)
-			}
-			if !RoleMay(id.Role, req.Spec().Procedure) {
-				return nil, withReason(connect.NewError(connect.CodePermissionDenied,
-					fmt.Errorf("%s is not open to the %s role (token %q)", req.Spec().Procedure, id.Role, id.Name)), ReasonPermissionDenied)
-			}
-			return next(context.WithValue(ctx, identityKey{}, id), req)
+func authInterceptor(tokens *Tokens) connect.Interceptor { return authCheck{tokens} }
+
+// authCheck is authInterceptor's interceptor: unary calls and streaming
+// handlers (AuditService.StreamAudit) pass the same check.
+type authCheck struct{ tokens *Tokens }
+
+// authorize returns the caller's identity, or the error to answer.
+func (a authCheck) authorize(header http.Header, procedure string) (Identity, error) {
+	token, ok := bearerToken(header.Get("Authorization"))
+	if !ok {
+		return Identity{}, withReason(connect.NewError(connect.CodeUnauthenticated,
+			errors.New("missing bearer token: send `Authorization: Bearer <token>`")), ReasonUnauthenticated)
+	}
+	id, ok := a.tokens.lookup(token)
+	if !ok {
+		return Identity{}, withReason(connect.NewError(connect.CodeUnauthenticated, errors.New("unknown token")), ReasonUnauthenticated)
+	}
+	if !RoleMay(id.Role, procedure) {
+		return Identity{}, withReason(connect.NewError(connect.CodePermissionDenied,
+			fmt.Errorf("%s is not open to the %s role (token %q)", procedure, id.Role, id.Name)), ReasonPermissionDenied)
+	}
+	return id, nil
+}
+
+func (a authCheck) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		id, err := a.authorize(req.Header(), req.Spec().Procedure)
+		if err != nil {
+			return nil, err
 		}
-	})
+		return next(context.WithValue(ctx, identityKey{}, id), req)
+	}
+}
+
+func (a authCheck) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return next
+}
+
+func (a authCheck) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
+		id, err := a.authorize(conn.RequestHeader(), conn.Spec().Procedure)
+		if err != nil {
+			return err
+		}
+		return next(context.WithValue(ctx, identityKey{}, id), conn)
+	}
 }
 
 // bearerToken returns the token of an Authorization header value. The

@@ -79,8 +79,9 @@ func (c *consoleCounters) audited(at time.Time, found int) {
 	}
 }
 
-// observe is an interceptor that counts the answers of Reserve,
-// ReserveBatch and Audit for GetOverview, after the handler answered. It
+// observe is an interceptor that counts the answers of Reserve and
+// ReserveBatch for GetOverview (audits are counted by auditResponse, which
+// the unary and the streamed audit share), after the handler answered. It
 // decides nothing and changes no answer.
 func (c *consoleCounters) observe() connect.Interceptor {
 	return connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
@@ -110,10 +111,6 @@ func (c *consoleCounters) observe() connect.Interceptor {
 							c.decision(rej.GetPolicyGeneration(), "rejected")
 						}
 					}
-				}
-			case capledgerv1connect.LedgerServiceAuditProcedure:
-				if r, ok := resp.Any().(*v1.AuditResponse); ok {
-					c.audited(r.GetCheckedAt().AsTime(), len(r.GetDiscrepancies()))
 				}
 			}
 			return resp, err

@@ -674,6 +674,12 @@ func (s *Server) Audit(ctx context.Context, req *connect.Request[v1.AuditRequest
 	if err != nil {
 		return nil, readError("audit", ReasonStoreUnavailable, err)
 	}
+	return connect.NewResponse(s.auditResponse(ctx, found)), nil
+}
+
+// auditResponse is the answer of an audit that found found, logged when
+// it is not empty.
+func (s *Server) auditResponse(ctx context.Context, found []ledger.Discrepancy) *v1.AuditResponse {
 	resp := &v1.AuditResponse{CheckedAt: timestamp(time.Now())}
 	for _, d := range found {
 		resp.Discrepancies = append(resp.Discrepancies, &v1.Discrepancy{
@@ -683,6 +689,9 @@ func (s *Server) Audit(ctx context.Context, req *connect.Request[v1.AuditRequest
 	if len(found) > 0 {
 		s.log.Warn("audit found discrepancies", "count", len(found), "first", found[0].String())
 	}
+	// Every audit answered, unary or streamed, feeds the seed's gate
+	// metrics and the console's audit status: one place for both.
 	s.recordGates(ctx, found)
-	return connect.NewResponse(resp), nil
+	s.console.audited(resp.GetCheckedAt().AsTime(), len(found))
+	return resp
 }

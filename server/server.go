@@ -176,6 +176,7 @@ func New(l Ledger, cfg Config) *Server {
 	registerShardService(mux, s, cfg.Shards, options)
 	registerConsoleService(mux, s, options)
 	registerRolloutService(mux, s, cfg.Rollouts, cfg.Drains, options)
+	registerAuditService(mux, s, options)
 	mux.HandleFunc("GET /healthz", s.healthz)
 	mux.HandleFunc("GET /readyz", s.readyz)
 	mux.HandleFunc("GET /statusz", s.statusz)

@@ -37,7 +37,23 @@ type Status struct {
 	Conflicts      uint64 `json:"conflicts"`
 	Failures       uint64 `json:"failures"`
 	WorkerCommands uint64 `json:"workerCommands"`
+	// Compaction: the statement checkpoints this replica cut and the
+	// journal rows it deleted (docs/OPERATIONS.md, "Retention and
+	// compaction"); absent when the ledger has no compaction counters.
+	Compaction *CompactionStatus `json:"compaction,omitempty"`
 }
+
+// CompactionStatus is the compaction worker's part of Status.
+type CompactionStatus struct {
+	Checkpoints uint64     `json:"checkpoints"`
+	Deleted     uint64     `json:"journalRowsDeleted"`
+	Refused     uint64     `json:"refused"`
+	LastSeq     int64      `json:"lastCheckpoint"`
+	LastCutAt   *time.Time `json:"lastCutAt,omitempty"`
+}
+
+// compactionReporter is the Ledger capability behind Status.Compaction.
+type compactionReporter interface{ CompactionStats() engine.CompactionStats }
 
 func timePtr(t time.Time) *time.Time {
 	if t.IsZero() {
@@ -58,6 +74,11 @@ func (s *Server) status() Status {
 		l := lr.Leader()
 		st.Workers.Leader, st.Workers.Self, st.Workers.Holder, st.Workers.Fence = l.Leader, l.Self, l.Holder, l.Fence
 		st.Workers.LeaseExpires, st.Workers.LeaderSince, st.Workers.LeaseError = timePtr(l.Expires), timePtr(l.Since), l.Err
+	}
+	if cr, ok := s.ledger.(compactionReporter); ok {
+		c := cr.CompactionStats()
+		st.Compaction = &CompactionStatus{Checkpoints: c.Checkpoints, Deleted: c.Deleted, Refused: c.Refused,
+			LastSeq: c.LastSeq, LastCutAt: timePtr(c.LastCutAt)}
 	}
 	stats := s.ledger.Stats()
 	st.Commands, st.Batches, st.Conflicts, st.Failures, st.WorkerCommands =

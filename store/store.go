@@ -84,13 +84,16 @@ type Store interface {
 	AccountsInDebt(ctx context.Context, f DebtFilter) ([]ledger.Account, error)
 
 	// Snapshot reads every row for an audit, in one consistent read
-	// (Retained included; tombstones are not rows an audit needs).
+	// (Retained included; tombstones are not rows an audit needs), the
+	// journal after the last checkpoint only (Checkpoints holds the chain,
+	// as in AuditSnapshot), all in memory: tests and small ledgers.
 	Snapshot(ctx context.Context) (*ledger.Snapshot, error)
 
 	// Worker indexes and the worker lease (store/due.go).
 	DueIndexes
 	Leases
 	RetentionStore
+	CheckpointStore
 
 	Close() error
 }

@@ -2,9 +2,17 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
 
 	v1 "github.com/capledger/capledger/api/capledger/v1"
+	"github.com/capledger/capledger/api/capledger/v1/capledgerv1connect"
 )
 
 func init() {
@@ -36,12 +44,28 @@ const auditHelp = `Usage: capledger audit [flags]
 Audit asks the server to read the whole ledger in one consistent snapshot
 and check it: conservation of every account in every dimension, reserved
 equal to the holds of live reservations, spent and debt equal to settled
-usage, journal replay, exactly-once refunds and moves. It prints the
-discrepancies (none for a sound ledger) and exits 6 if there are any, so it
-can gate a release or page an operator. Needs an admin token.
+usage, journal replay from the last statement checkpoint, the checkpoint
+chain, exactly-once refunds and moves. It prints the discrepancies (none
+for a sound ledger) and exits 6 if there are any, so it can gate a
+release or page an operator. Needs an admin token.
+
+The audit streams (AuditService.StreamAudit): the server reads a page at
+a time and sends its progress about every second; --timeout is how long
+to wait for the next message, not for the whole audit. A server without
+the stream is asked with LedgerService.Audit instead (full audit only).
+
+Flags:
+  --since-checkpoint  skip the checks that read every reservation
+                      (reserved vs holds, spent vs settled, unrecorded
+                      debt): check the accounts and the journal since the
+                      last statement checkpoint only, which costs what
+                      happened since, not the history
+  --progress          draw a progress bar on stderr (default: when stderr
+                      is a terminal)
 
 Example:
   capledger audit --token $ADMIN_TOKEN && echo sound
+  capledger audit --since-checkpoint --progress
 
 ` + clientFlagsHelp + "\n" + exitCodesHelp
 
@@ -73,14 +97,21 @@ func runAudit(ctx context.Context, e *env, args []string) error {
 	fs := newFlags("audit")
 	var cf clientFlags
 	cf.register(fs, e)
+	since := fs.Bool("since-checkpoint", false, "")
+	progress := fs.Bool("progress", isTerminal(e.stderr), "")
 	if err := parseNoArgs(fs, args); err != nil {
 		return err
 	}
-	client, err := cf.client()
-	if err != nil {
-		return err
+	msg, err := streamAudit(ctx, &cf, *since, *progress, e.stderr)
+	if connect.CodeOf(err) == connect.CodeUnimplemented && !*since {
+		client, cerr := cf.client()
+		if cerr != nil {
+			return cerr
+		}
+		msg, err = unary(ctx, cf.timeout, client.Audit, &v1.AuditRequest{})
+	} else if err != nil {
+		err = describe(err)
 	}
-	msg, err := unary(ctx, cf.timeout, client.Audit, &v1.AuditRequest{})
 	if err != nil {
 		return err
 	}
@@ -91,4 +122,79 @@ func runAudit(ctx context.Context, e *env, args []string) error {
 		return exitError{code: exitDiscrepancies, err: fmt.Errorf("%d discrepancies", n)}
 	}
 	return nil
+}
+
+// streamAudit runs AuditService.StreamAudit and returns its result,
+// drawing progress on bar when draw is set. timeout bounds the wait for
+// each message.
+func streamAudit(ctx context.Context, cf *clientFlags, since, draw bool, bar io.Writer) (*v1.AuditResponse, error) {
+	base, options, err := cf.endpoint()
+	if err != nil {
+		return nil, err
+	}
+	hc, err := cf.httpClient()
+	if err != nil {
+		return nil, err
+	}
+	client := capledgerv1connect.NewAuditServiceClient(hc, base, options...)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	idle := time.AfterFunc(cf.timeout, cancel)
+	defer idle.Stop()
+	stream, err := client.StreamAudit(ctx, connect.NewRequest(&v1.StreamAuditRequest{SinceCheckpoint: since}))
+	if err != nil {
+		return nil, err
+	}
+	defer stream.Close()
+	drawn := false
+	defer func() {
+		if drawn {
+			fmt.Fprintln(bar)
+		}
+	}()
+	for stream.Receive() {
+		idle.Reset(cf.timeout)
+		switch ev := stream.Msg().Event.(type) {
+		case *v1.AuditEvent_Progress:
+			if draw {
+				drawProgress(bar, ev.Progress.GetFraction(), ev.Progress.GetRows())
+				drawn = true
+			}
+		case *v1.AuditEvent_Result:
+			if drawn {
+				drawProgress(bar, 1, -1)
+			}
+			return ev.Result, nil
+		}
+	}
+	if err := stream.Err(); err != nil {
+		if ctx.Err() != nil && connect.CodeOf(err) == connect.CodeCanceled {
+			return nil, fmt.Errorf("no message from the audit for %s (--timeout): %w", cf.timeout, err)
+		}
+		return nil, err
+	}
+	return nil, errors.New("the audit stream ended without a result")
+}
+
+// drawProgress redraws the progress bar line: 40 cells, the percentage
+// and the rows read (omitted when rows < 0).
+func drawProgress(w io.Writer, fraction float64, rows int64) {
+	const cells = 40
+	fraction = min(max(fraction, 0), 1)
+	full := int(fraction * cells)
+	line := fmt.Sprintf("\raudit [%s%s] %3.0f%%", strings.Repeat("#", full), strings.Repeat("-", cells-full), fraction*100)
+	if rows >= 0 {
+		line += fmt.Sprintf("  %d rows", rows)
+	}
+	fmt.Fprint(w, line+"   ")
+}
+
+// isTerminal reports whether w is a character device (a terminal).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }

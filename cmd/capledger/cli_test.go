@@ -185,6 +185,11 @@ func TestCLIAgainstServer(t *testing.T) {
 	wantExit(t, exitOK, code, out, errOut)
 	code, out, errOut = cli(t, url, "audit")
 	wantExit(t, exitOK, code, out, errOut)
+	code, out, errOut = cli(t, url, "audit", "--since-checkpoint", "--progress")
+	wantExit(t, exitOK, code, out, errOut)
+	if !strings.Contains(errOut, "audit [") || !strings.Contains(errOut, "100%") || !strings.Contains(out, "checkedAt") {
+		t.Fatalf("audit --progress printed %q / %q", out, errOut)
+	}
 	code, out, errOut = cli(t, url, "policy", "rollback", "1")
 	wantExit(t, exitOK, code, out, errOut)
 	// Nothing admits after the rollback: no policy is "not found".

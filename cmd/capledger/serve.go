@@ -105,6 +105,13 @@ Flags:
                       --retention; 0 keeps tombstones forever)
   --retention-interval DUR
                       how often the retention pass runs (default 1m)
+  --compaction DUR    cut a statement checkpoint this often (at the first
+                      pass after each multiple of DUR, UTC) once an audit
+                      since the last one is clean, then delete the journal
+                      it summarises (default 1h, the default epoch length;
+                      0 keeps the whole journal)
+  --compaction-interval DUR
+                      how often the compaction pass runs (default 1m)
   --log-level LEVEL   debug, info, warn or error (default info)
   --log-format FMT    text or json (default text)
 
@@ -141,6 +148,8 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	retention := fs.Duration("retention", engine.DefaultRetention, "")
 	tombstoneRetention := fs.Duration("tombstone-retention", engine.DefaultTombstoneRetention, "")
 	retentionInterval := fs.Duration("retention-interval", time.Minute, "")
+	compaction := fs.Duration("compaction", time.Hour, "")
+	compactionInterval := fs.Duration("compaction-interval", time.Minute, "")
 	logLevel := fs.String("log-level", "info", "")
 	logFormat := fs.String("log-format", "text", "")
 	resolverPath := fs.String("resolver-config", "", "")
@@ -170,6 +179,9 @@ func runServe(ctx context.Context, e *env, args []string) error {
 
 	if *retention < 0 || *tombstoneRetention < 0 || *retentionInterval <= 0 {
 		return usagef("--retention and --tombstone-retention may not be negative, --retention-interval must be positive")
+	}
+	if *compaction < 0 || *compactionInterval <= 0 {
+		return usagef("--compaction may not be negative, --compaction-interval must be positive")
 	}
 	if *retention > 0 && *tombstoneRetention > 0 && *tombstoneRetention < *retention {
 		return usagef("--tombstone-retention %s is shorter than --retention %s: a tombstone must outlive the window", *tombstoneRetention, *retention)
@@ -236,6 +248,9 @@ func runServe(ctx context.Context, e *env, args []string) error {
 		Retention: *retention, TombstoneRetention: *tombstoneRetention, RetentionInterval: *retentionInterval}
 	if resolver != nil {
 		engineOpts.Resolver = &resolver.opts
+	}
+	if *compaction > 0 {
+		engineOpts.Compaction = &engine.CompactionOptions{Every: *compaction, Interval: *compactionInterval}
 	}
 	eng := engine.New(st, engineOpts)
 	shards, err := shardConfig(*shardKeysPath, *dataDir, *storeSpec, *shardMaxTTL, log)

@@ -1,13 +1,17 @@
-// Command auditsize measures what a full audit costs over a SQLite store
-// of N finished reservations, before and after retention removed them
-// (docs/PERFORMANCE.md, "Bounded history"). It fills a new store through
-// engine.Core in batches (reserve, start, settle), then in separate
-// processes (so that each peak RSS is its own) audits, retires every
-// reservation, and audits again.
+// Command auditsize measures what an audit costs over a SQLite store of N
+// finished reservations (docs/PERFORMANCE.md): full (every reservation,
+// the journal since the last checkpoint) and since the last checkpoint,
+// before and after a statement checkpoint compacted the journal. It fills
+// a new store through engine.Core in large batches (reserve, start,
+// settle: about 10,000 lifecycles a transaction, far faster than commands
+// one by one over the network), then runs each phase in a process of its
+// own, so that each peak RSS is its own.
 //
 // Usage: go run ./scripts/auditsize -n 1000000 -dir /tmp/auditsize
 //
-//	(fills, then runs itself with -phase audit, -phase retire, -phase audit)
+//	(fills, then runs itself with -phase full, since, checkpoint, full,
+//	since, or the -phases given; -phase retire removes every reservation,
+//	as retention would)
 package main
 
 import (
@@ -17,7 +21,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/capledger/capledger/engine"
@@ -30,37 +36,58 @@ var t0 = time.Date(2026, 7, 19, 14, 0, 0, 0, time.UTC)
 func main() {
 	n := flag.Int("n", 100000, "finished reservations to write")
 	dir := flag.String("dir", "", "data directory (new)")
-	phase := flag.String("phase", "", "fill (default: all), audit (in-memory snapshot), stream (engine.Audit, journal streamed) or retire")
+	phase := flag.String("phase", "", "fill and every phase (default), full, since, checkpoint or retire")
+	batch := flag.Int("batch", 10000, "lifecycles per fill transaction")
+	phases := flag.String("phases", "full,since,checkpoint,full,since", "the phases run after the fill, in order")
+	profile := flag.String("cpuprofile", "", "write a CPU profile of the phase to this file")
 	flag.Parse()
+	if *profile != "" {
+		f, err := os.Create(*profile)
+		must(err)
+		must(pprof.StartCPUProfile(f))
+		defer pprof.StopCPUProfile()
+	}
 	ctx := context.Background()
 	path := filepath.Join(*dir, "capledger.db")
 	switch *phase {
 	case "":
 		must(os.MkdirAll(*dir, 0o700))
 		start := time.Now()
-		fill(ctx, path, *n)
-		fmt.Printf("fill %d reservations: %s, file %d bytes\n", *n, time.Since(start).Round(time.Millisecond), size(path))
-		for _, p := range []string{"audit", "stream", "retire", "audit", "stream"} {
+		fill(ctx, path, *n, *batch)
+		fmt.Printf("fill %d reservations: %s (CPU %s), file %d bytes\n", *n, time.Since(start).Round(time.Millisecond), cpu(), size(path))
+		for _, p := range strings.Split(*phases, ",") {
 			cmd := exec.Command(os.Args[0], "-phase", p, "-dir", *dir)
 			cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 			must(cmd.Run())
 		}
-	case "audit":
-		st := open(ctx, path)
-		start := time.Now()
-		snap, err := st.Snapshot(ctx)
-		must(err)
-		d := ledger.Audit(snap)
-		fmt.Printf("audit: %s, %d reservations, %d journal entries, %d discrepancies, peak RSS %s\n",
-			time.Since(start).Round(time.Millisecond), len(snap.Reservations), len(snap.Journal), len(d), peakRSS())
-		st.Close()
-	case "stream":
+	case "full", "since":
 		st := open(ctx, path)
 		e := engine.New(st, engine.Options{DisableWorkers: true})
 		start := time.Now()
-		d, err := e.Audit(ctx)
+		var last engine.AuditProgress
+		d, err := e.AuditWith(ctx, engine.AuditOptions{SinceCheckpoint: *phase == "since", Progress: func(p engine.AuditProgress) { last = p }})
 		must(err)
-		fmt.Printf("streamed audit: %s, %d discrepancies, peak RSS %s\n", time.Since(start).Round(time.Millisecond), len(d), peakRSS())
+		fmt.Printf("%s audit: %s (CPU %s), %d rows read (estimate %d), %d discrepancies, peak RSS %s\n", *phase,
+			time.Since(start).Round(time.Millisecond), cpu(), last.Rows, last.Estimate, len(d), peakRSS())
+		e.Close()
+		st.Close()
+	case "checkpoint":
+		st := open(ctx, path)
+		e := engine.New(st, engine.Options{DisableWorkers: true, Compaction: &engine.CompactionOptions{Batch: 4096}})
+		start := time.Now()
+		cp, found, err := e.CutCheckpoint(ctx, t0.Add(time.Hour))
+		must(err)
+		if cp == nil || len(found) > 0 {
+			must(fmt.Errorf("no checkpoint: %v", found))
+		}
+		cut := time.Since(start)
+		start = time.Now()
+		deleted, err := e.CompactJournal(ctx)
+		must(err)
+		fmt.Printf("checkpoint %d (%d entries, %d accounts): cut %s (CPU %s), compaction of %d batches %s, file %d bytes, peak RSS %s\n",
+			cp.Seq, cp.Entries, len(cp.Accounts), cut.Round(time.Millisecond), cpu(), deleted, time.Since(start).Round(time.Millisecond), size(path), peakRSS())
+		must(st.Reclaim(ctx))
+		fmt.Printf("after reclaim: file %d bytes\n", size(path))
 		e.Close()
 		st.Close()
 	case "retire":
@@ -85,7 +112,7 @@ func main() {
 	}
 }
 
-func fill(ctx context.Context, path string, n int) {
+func fill(ctx context.Context, path string, n, batch int) {
 	st := open(ctx, path)
 	defer st.Close()
 	core := engine.NewCore(st)
@@ -93,7 +120,6 @@ func fill(ctx context.Context, path string, n int) {
 		Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: 1 << 50, RefillUnits: 1 << 40, RefillInterval: time.Second}}}.WithDefaults()
 	_, err := core.Commit(ctx, []ledger.Command{{Kind: ledger.KindPublishPolicy, Policy: &p}}, t0)
 	must(err)
-	const batch = 500
 	for start := 0; start < n; start += batch {
 		var cmds []ledger.Command
 		for i := start; i < start+batch && i < n; i++ {
@@ -129,6 +155,16 @@ func size(path string) int64 {
 		}
 	}
 	return total
+}
+
+// cpu is the process's user and system CPU time so far: on a loaded
+// machine a truer cost than the wall time.
+func cpu() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Round(time.Millisecond)
 }
 
 func peakRSS() string {

@@ -54,6 +54,7 @@ type rows struct {
 	ret          retention
 	// rollouts holds each rollout's stored form (store/codec), by name.
 	rollouts map[string][]byte
+	cp       checkpoints
 }
 
 type statementKey struct {
@@ -459,36 +460,44 @@ func (s *Store) AccountsInDebt(ctx context.Context, f store.DebtFilter) (out []l
 
 // Snapshot returns copies of every committed row in one consistent read:
 // accounts by key, reservations by id, moves by receipt id, shards by id,
-// policies by generation, statements and journal in insertion order, with
-// JournalComplete set (the store never discards journal entries).
+// policies by generation, statements and journal in insertion order (the
+// journal after the last checkpoint), with JournalComplete set.
 func (s *Store) Snapshot(ctx context.Context) (*ledger.Snapshot, error) {
-	snap := &ledger.Snapshot{JournalComplete: true}
+	var snap *ledger.Snapshot
 	err := s.read(ctx, func(r *rows) error {
-		for _, g := range slices.Sorted(maps.Keys(r.policies)) {
-			snap.Policies = append(snap.Policies, copyPolicy(r.policies[g]))
-		}
-		keys := slices.SortedFunc(maps.Keys(r.accounts), ledger.AccountKey.Compare)
-		for _, k := range keys {
-			snap.Accounts = append(snap.Accounts, *r.accounts[k])
-		}
-		for _, id := range slices.Sorted(maps.Keys(r.reservations)) {
-			snap.Reservations = append(snap.Reservations, *r.reservations[id])
-		}
-		for _, id := range slices.Sorted(maps.Keys(r.moves)) {
-			snap.Moves = append(snap.Moves, *r.moves[id])
-		}
-		for _, id := range slices.Sorted(maps.Keys(r.shards)) {
-			snap.Shards = append(snap.Shards, copyShard(r.shards[id]))
-		}
-		snap.Statements = slices.Clone(r.statements)
-		snap.Journal = slices.Clone(r.journal)
-		snap.Retained = retainedSnapshot(r)
+		snap = r.snapshot()
 		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
 	return snap, nil
+}
+
+// snapshot copies every row for Snapshot and AuditSnapshot.
+func (r *rows) snapshot() *ledger.Snapshot {
+	snap := &ledger.Snapshot{JournalComplete: true}
+	for _, g := range slices.Sorted(maps.Keys(r.policies)) {
+		snap.Policies = append(snap.Policies, copyPolicy(r.policies[g]))
+	}
+	keys := slices.SortedFunc(maps.Keys(r.accounts), ledger.AccountKey.Compare)
+	for _, k := range keys {
+		snap.Accounts = append(snap.Accounts, *r.accounts[k])
+	}
+	for _, id := range slices.Sorted(maps.Keys(r.reservations)) {
+		snap.Reservations = append(snap.Reservations, *r.reservations[id])
+	}
+	for _, id := range slices.Sorted(maps.Keys(r.moves)) {
+		snap.Moves = append(snap.Moves, *r.moves[id])
+	}
+	for _, id := range slices.Sorted(maps.Keys(r.shards)) {
+		snap.Shards = append(snap.Shards, copyShard(r.shards[id]))
+	}
+	snap.Statements = slices.Clone(r.statements)
+	snap.Journal, _ = r.journalSince()
+	snap.Checkpoints = r.chainCopy()
+	snap.Retained = retainedSnapshot(r)
+	return snap
 }
 
 func copyPolicy(p *ledger.Policy) ledger.Policy {

@@ -2,32 +2,89 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+	"github.com/capledger/capledger/store/codec"
 )
 
-// SnapshotStreaming is Snapshot without the journal in memory: it calls f
-// with a snapshot whose JournalStream reads the journal, row by row, in
-// the same REPEATABLE READ transaction, so an audit does not hold the
-// history. The snapshot is valid only during f. It returns f's error, or
-// the read's.
-func (s *Store) SnapshotStreaming(ctx context.Context, f func(*ledger.Snapshot) error) error {
+// auditPage is how many reservations one query of an audit reads.
+const auditPage = 4096
+
+// AuditSnapshot implements store.CheckpointStore in one REPEATABLE READ,
+// read-only transaction: reservations are read a page at a time in id
+// order and the journal after the last checkpoint row by row, so an audit
+// holds a page rather than the history. A journal position is journal.seq.
+//
+// Journal rows get their seq when inserted, not when committed, so a
+// snapshot may hold seq 12 while seq 11 is still uncommitted. With cut, a
+// short transaction first takes a SHARE lock on journal, which waits for
+// every open writer of it (and holds new ones for that long) and reads the
+// greatest seq then: every row up to it is committed, and the snapshot
+// taken after sees them all.
+func (s *Store) AuditSnapshot(ctx context.Context, cut bool, f func(*ledger.Snapshot, int64) error) error {
+	var through int64
+	if cut {
+		var err error
+		if through, err = s.committedThrough(ctx); err != nil {
+			return err
+		}
+	}
 	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
 		return s.c.classify("snapshot: begin", err, false)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	snap, err := s.snapshotRows(ctx, tx)
+	snap, err := s.snapshotRows(ctx, tx, false)
 	if err != nil {
 		return err
 	}
-	snap.JournalStream = func(yield func(*ledger.JournalEntry) error) error {
-		return s.journalEach(ctx, tx, yield)
+	snap.ReservationStream = func(yield func(*ledger.Reservation) error) error {
+		after := ""
+		for {
+			page, err := s.reservationsQuery(ctx, tx, "snapshot reservations", reservationSelect+` WHERE id > $1 ORDER BY id LIMIT $2`, after, auditPage)
+			if err != nil {
+				return err
+			}
+			for i := range page {
+				if err := yield(&page[i]); err != nil {
+					return err
+				}
+			}
+			if len(page) < auditPage {
+				return nil
+			}
+			after = page[len(page)-1].ID
+		}
 	}
-	if err := f(snap); err != nil {
+	var after int64
+	if last := snap.LastCheckpoint(); last != nil {
+		after = last.Through
+	}
+	snap.JournalStream = func(yield func(int64, *ledger.JournalEntry) error) error {
+		return s.journalEach(ctx, tx, after, yield)
+	}
+	snap.Estimate = func(reservations bool) (int64, error) {
+		// The seq span since the checkpoint (exact but for gaps), and the
+		// planner's row count of reservations: no count(*) over the table.
+		var rows int64
+		if err := tx.QueryRow(ctx, `SELECT COALESCE(MAX(seq), $1) - $1 FROM journal`, after).Scan(&rows); err != nil {
+			return 0, s.c.classify("snapshot: estimate", err, false)
+		}
+		if reservations {
+			var n float64
+			if err := tx.QueryRow(ctx, `SELECT GREATEST(reltuples, 0) FROM pg_class WHERE oid = 'reservations'::regclass`).Scan(&n); err != nil {
+				return 0, s.c.classify("snapshot: estimate", err, false)
+			}
+			rows += int64(n)
+		}
+		return rows, nil
+	}
+	if err := f(snap, through); err != nil {
 		return err
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -36,8 +93,25 @@ func (s *Store) SnapshotStreaming(ctx context.Context, f func(*ledger.Snapshot) 
 	return nil
 }
 
-// snapshotRows reads every row of a snapshot but the journal, in tx.
-func (s *Store) snapshotRows(ctx context.Context, tx pgx.Tx) (*ledger.Snapshot, error) {
+// committedThrough returns the greatest journal seq all of whose rows
+// before it are committed (AuditSnapshot).
+func (s *Store) committedThrough(ctx context.Context) (int64, error) {
+	var through int64
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '5s'`); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `LOCK TABLE journal IN SHARE MODE`); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, `SELECT COALESCE(MAX(seq), 0) FROM journal`).Scan(&through)
+	})
+	return through, s.c.classify("snapshot: journal position", err, false)
+}
+
+// snapshotRows reads every row of a snapshot but the journal (and the
+// reservations, unless reservations is set), in tx.
+func (s *Store) snapshotRows(ctx context.Context, tx pgx.Tx, reservations bool) (*ledger.Snapshot, error) {
 	var err error
 	snap := &ledger.Snapshot{JournalComplete: true}
 	if snap.Policies, err = s.policyList(ctx, tx); err != nil {
@@ -50,8 +124,10 @@ func (s *Store) snapshotRows(ctx context.Context, tx pgx.Tx) (*ledger.Snapshot, 
 	if snap.Accounts, _, err = scanAccounts(rows); err != nil {
 		return nil, s.c.classify("snapshot: accounts", err, false)
 	}
-	if snap.Reservations, err = s.reservationList(ctx, tx); err != nil {
-		return nil, fmt.Errorf("snapshot: %w", err)
+	if reservations {
+		if snap.Reservations, err = s.reservationList(ctx, tx); err != nil {
+			return nil, fmt.Errorf("snapshot: %w", err)
+		}
 	}
 	if snap.Moves, err = s.moveList(ctx, tx); err != nil {
 		return nil, fmt.Errorf("snapshot: %w", err)
@@ -65,5 +141,127 @@ func (s *Store) snapshotRows(ctx context.Context, tx pgx.Tx) (*ledger.Snapshot, 
 	if snap.Retained, err = s.retainedList(ctx, tx); err != nil {
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}
+	if snap.Checkpoints, err = s.checkpointChain(ctx, tx); err != nil {
+		return nil, fmt.Errorf("snapshot: %w", err)
+	}
 	return snap, nil
+}
+
+// checkpointChain reads every checkpoint header, oldest first, and the
+// last one's accounts.
+func (s *Store) checkpointChain(ctx context.Context, q querier) ([]ledger.Checkpoint, error) {
+	rows, err := q.Query(ctx, `SELECT seq, through, cut_at, entries, moves, prev, accounts_digest, digest FROM checkpoints ORDER BY seq`)
+	if err != nil {
+		return nil, s.c.classify("checkpoints", err, false)
+	}
+	var chain []ledger.Checkpoint
+	for rows.Next() {
+		var (
+			c     ledger.Checkpoint
+			cutAt int64
+			conv  codec.Conv
+		)
+		if err := rows.Scan(&c.Seq, &c.Through, &cutAt, &c.Entries, &c.Moves, &c.Prev, &c.AccountsDigest, &c.Digest); err != nil {
+			rows.Close()
+			return nil, s.c.classify("checkpoints", err, false)
+		}
+		c.CutAt = conv.Time(cutAt)
+		chain = append(chain, c)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil || len(chain) == 0 {
+		return chain, s.c.classify("checkpoints", err, false)
+	}
+	last := &chain[len(chain)-1]
+	rows, err = q.Query(ctx, `SELECT subject, route, region, generation, balances, entries, journal
+		FROM checkpoint_accounts WHERE seq = $1 ORDER BY subject, route, region, generation`, last.Seq)
+	if err != nil {
+		return nil, s.c.classify("checkpoint accounts", err, false)
+	}
+	defer rows.Close()
+	last.Accounts = []ledger.CheckpointAccount{}
+	for rows.Next() {
+		var (
+			a          ledger.CheckpointAccount
+			generation int64
+			balances   []byte
+		)
+		if err := rows.Scan(&a.Account.Subject, &a.Account.Route, &a.Account.Region, &generation, &balances, &a.Entries, &a.Journal); err != nil {
+			return nil, s.c.classify("checkpoint accounts", err, false)
+		}
+		a.Account.Generation = uint64(generation)
+		if a.Balances, err = codec.DecodeBalances(balances); err != nil {
+			return nil, fmt.Errorf("checkpoint %d accounts: %w", last.Seq, err)
+		}
+		last.Accounts = append(last.Accounts, a)
+	}
+	return chain, s.c.classify("checkpoint accounts", rows.Err(), false)
+}
+
+// CheckpointPut implements store.CheckpointStore, in one transaction that
+// locks the chain's last row, so two replicas cannot both append.
+func (s *Store) CheckpointPut(ctx context.Context, c *ledger.Checkpoint) error {
+	var conv codec.Conv
+	cutAt := conv.Nanos(c.CutAt)
+	for i := range c.Accounts {
+		conv.Int(c.Accounts[i].Account.Generation)
+	}
+	if err := conv.Err(); err != nil {
+		return fmt.Errorf("checkpoint %d: %w", c.Seq, err)
+	}
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `LOCK TABLE checkpoints IN EXCLUSIVE MODE`); err != nil {
+			return err
+		}
+		var seq, through int64
+		var prev string
+		err := tx.QueryRow(ctx, `SELECT seq, through, digest FROM checkpoints ORDER BY seq DESC LIMIT 1`).Scan(&seq, &through, &prev)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return err
+		}
+		if c.Seq != seq+1 || c.Prev != prev || c.Through <= through {
+			return fmt.Errorf("checkpoint %d (previous %q, through %d) does not follow %d (%q, through %d): %w",
+				c.Seq, c.Prev, c.Through, seq, prev, through, store.ErrConflict)
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO checkpoints (seq, through, cut_at, entries, moves, prev, accounts_digest, digest)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`, c.Seq, c.Through, cutAt, c.Entries, c.Moves, c.Prev, c.AccountsDigest, c.Digest); err != nil {
+			return err
+		}
+		if len(c.Accounts) > 0 {
+			n := len(c.Accounts)
+			subject, route, region := make([]string, n), make([]string, n), make([]string, n)
+			generation, entries := make([]int64, n), make([]int64, n)
+			balances, journal := make([][]byte, n), make([]string, n)
+			for i := range c.Accounts {
+				a := &c.Accounts[i]
+				subject[i], route[i], region[i], generation[i] = a.Account.Subject, a.Account.Route, a.Account.Region, int64(a.Account.Generation)
+				balances[i], entries[i], journal[i] = codec.EncodeBalances(&a.Balances), a.Entries, a.Journal
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO checkpoint_accounts (seq, subject, route, region, generation, balances, entries, journal)
+				SELECT $1, * FROM unnest($2::text[], $3::text[], $4::text[], $5::bigint[], $6::bytea[], $7::bigint[], $8::text[])`,
+				c.Seq, subject, route, region, generation, balances, entries, journal); err != nil {
+				return err
+			}
+		}
+		_, err = tx.Exec(ctx, `DELETE FROM checkpoint_accounts WHERE seq <= $1`, c.Seq-2)
+		return err
+	})
+	if errors.Is(err, store.ErrConflict) {
+		return err
+	}
+	return s.c.classify("checkpoint", err, true)
+}
+
+// JournalCompact implements store.CheckpointStore: one DELETE of the
+// oldest rows the last checkpoint summarises, through the primary key.
+func (s *Store) JournalCompact(ctx context.Context, limit int) (int, error) {
+	if limit <= 0 {
+		return 0, fmt.Errorf("journal compaction: limit %d, want a positive one", limit)
+	}
+	tag, err := s.pool.Exec(ctx, `DELETE FROM journal WHERE seq IN (
+		SELECT seq FROM journal WHERE seq <= (SELECT COALESCE(MAX(through), 0) FROM checkpoints) ORDER BY seq LIMIT $1)`, limit)
+	if err != nil {
+		return 0, s.c.classify("journal compaction", err, true)
+	}
+	return int(tag.RowsAffected()), nil
 }

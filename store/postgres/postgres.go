@@ -457,11 +457,15 @@ func (s *Store) Snapshot(ctx context.Context) (*ledger.Snapshot, error) {
 		return nil, s.c.classify("snapshot: begin", err, false)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	snap, err := s.snapshotRows(ctx, tx)
+	snap, err := s.snapshotRows(ctx, tx, true)
 	if err != nil {
 		return nil, err
 	}
-	if snap.Journal, err = s.journalList(ctx, tx); err != nil {
+	var after int64
+	if last := snap.LastCheckpoint(); last != nil {
+		after = last.Through
+	}
+	if snap.Journal, err = s.journalList(ctx, tx, after); err != nil {
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}
 	if err := tx.Commit(ctx); err != nil {

@@ -419,20 +419,21 @@ func (s *Store) statementList(ctx context.Context, q querier) ([]ledger.Statemen
 	return out, s.c.classify("statement list", rows.Err(), false)
 }
 
-func (s *Store) journalList(ctx context.Context, q querier) ([]ledger.JournalEntry, error) {
+func (s *Store) journalList(ctx context.Context, q querier, after int64) ([]ledger.JournalEntry, error) {
 	var out []ledger.JournalEntry
-	err := s.journalEach(ctx, q, func(e *ledger.JournalEntry) error {
+	err := s.journalEach(ctx, q, after, func(_ int64, e *ledger.JournalEntry) error {
 		out = append(out, *e)
 		return nil
 	})
 	return out, err
 }
 
-// journalEach calls yield with every journal entry in order (the entry is
-// valid only during the call) and returns the first error.
-func (s *Store) journalEach(ctx context.Context, q querier, yield func(*ledger.JournalEntry) error) error {
-	rows, err := q.Query(ctx, `SELECT subject, route, region, generation, at, kind,
-		reservation_id, from_state, to_state, receipt_id, delta FROM journal ORDER BY seq`)
+// journalEach calls yield with every journal entry after position after,
+// in order, with its position (the entry is valid only during the call),
+// and returns the first error.
+func (s *Store) journalEach(ctx context.Context, q querier, after int64, yield func(int64, *ledger.JournalEntry) error) error {
+	rows, err := q.Query(ctx, `SELECT seq, subject, route, region, generation, at, kind,
+		reservation_id, from_state, to_state, receipt_id, delta FROM journal WHERE seq > $1 ORDER BY seq`, after)
 	if err != nil {
 		return s.c.classify("journal", err, false)
 	}
@@ -440,13 +441,13 @@ func (s *Store) journalEach(ctx context.Context, q querier, yield func(*ledger.J
 	var e ledger.JournalEntry
 	for rows.Next() {
 		var (
-			conv           codec.Conv
-			generation, at int64
-			kind, from, to int16
-			delta          []byte
+			conv                codec.Conv
+			seq, generation, at int64
+			kind, from, to      int16
+			delta               []byte
 		)
 		e = ledger.JournalEntry{}
-		if err := rows.Scan(&e.Account.Subject, &e.Account.Route, &e.Account.Region, &generation, &at, &kind,
+		if err := rows.Scan(&seq, &e.Account.Subject, &e.Account.Route, &e.Account.Region, &generation, &at, &kind,
 			&e.ReservationID, &from, &to, &e.ReceiptID, &delta); err != nil {
 			return s.c.classify("journal", err, false)
 		}
@@ -462,7 +463,7 @@ func (s *Store) journalEach(ctx context.Context, q querier, yield func(*ledger.J
 			return fmt.Errorf("journal: %w", err)
 		}
 		e.Delta = d
-		if err := yield(&e); err != nil {
+		if err := yield(seq, &e); err != nil {
 			return err
 		}
 	}

@@ -370,7 +370,8 @@ func TestLedgerOfAnEarlierSchemaAudits(t *testing.T) {
 	for _, q := range []string{"DROP TABLE journal_batches", "DROP INDEX reservations_usage_unknown_at",
 		"ALTER TABLE reservations DROP COLUMN unknown_at",
 		"DROP TABLE tombstones", "DROP TABLE retained", "DROP INDEX reservations_finished", // version 7
-		"DROP TABLE rollouts", // version 8
+		"DROP TABLE rollouts",                                      // version 8
+		"DROP TABLE checkpoint_accounts", "DROP TABLE checkpoints", // version 9
 		"DELETE FROM schema_migrations WHERE version > 2"} {
 		if _, err := db.Exec(q); err != nil {
 			t.Fatal(err)

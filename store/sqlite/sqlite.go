@@ -548,9 +548,11 @@ func (s *Store) Snapshot(ctx context.Context) (*ledger.Snapshot, error) {
 	return s.snapshotRows(ctx, tx, true)
 }
 
-// snapshotRows reads every row of a snapshot in tx, the journal only when
-// journal is set.
-func (s *Store) snapshotRows(ctx context.Context, tx *sql.Tx, journal bool) (*ledger.Snapshot, error) {
+// snapshotRows reads the rows of a snapshot in tx: always the policies,
+// accounts, moves, shards, statements, retained totals and checkpoint
+// chain; the reservations and the journal after the last checkpoint only
+// when full is set (AuditSnapshot streams them instead).
+func (s *Store) snapshotRows(ctx context.Context, tx *sql.Tx, full bool) (*ledger.Snapshot, error) {
 	var err error
 	q := func(query string) queryer { return txQuery{tx, query} }
 	snap := &ledger.Snapshot{JournalComplete: true}
@@ -560,8 +562,10 @@ func (s *Store) snapshotRows(ctx context.Context, tx *sql.Tx, journal bool) (*le
 	if snap.Accounts, err = queryAll(ctx, q("SELECT "+accountCols+" FROM accounts ORDER BY subject, route, region, generation"), scanAccount, "snapshot accounts"); err != nil {
 		return nil, err
 	}
-	if snap.Reservations, err = queryAll(ctx, q("SELECT "+reservationCols+" FROM reservations ORDER BY id"), scanReservation, "snapshot reservations"); err != nil {
-		return nil, err
+	if full {
+		if snap.Reservations, err = queryAll(ctx, q("SELECT "+reservationCols+" FROM reservations ORDER BY id"), scanReservation, "snapshot reservations"); err != nil {
+			return nil, err
+		}
 	}
 	if snap.Moves, err = queryAll(ctx, q("SELECT "+moveCols+" FROM moves ORDER BY receipt_id"), scanMove, "snapshot moves"); err != nil {
 		return nil, err
@@ -575,30 +579,17 @@ func (s *Store) snapshotRows(ctx context.Context, tx *sql.Tx, journal bool) (*le
 	if snap.Retained, err = queryAll(ctx, q(retainedSnapshotSQL), scanRetained, "snapshot retained"); err != nil {
 		return nil, err
 	}
-	if !journal {
-		return snap, nil
-	}
-	// Rows of the journal table (written by schema versions 1 and 2) come
-	// before every batch.
-	if snap.Journal, err = queryAll(ctx, q("SELECT "+journalCols+" FROM journal ORDER BY seq"), scanJournal, "snapshot journal"); err != nil {
+	if snap.Checkpoints, err = checkpointChain(ctx, tx); err != nil {
 		return nil, err
 	}
-	// Each batch is decoded as it is read, not kept.
-	decode := func(sc scanner) (struct{}, error) {
-		var (
-			seq     int64
-			entries []byte
-		)
-		if err := sc.Scan(&seq, &entries); err != nil {
-			return struct{}{}, err
-		}
-		var err error
-		if snap.Journal, err = decodeJournalBatch(snap.Journal, entries); err != nil {
-			return struct{}{}, fmt.Errorf("batch %d: %w", seq, err)
-		}
-		return struct{}{}, nil
+	if !full {
+		return snap, nil
 	}
-	if _, err := queryAll(ctx, q("SELECT seq, entries FROM journal_batches ORDER BY seq"), decode, "snapshot journal batches"); err != nil {
+	err = journalSince(ctx, tx, snap.LastCheckpoint(), func(_ int64, batch []ledger.JournalEntry) error {
+		snap.Journal = append(snap.Journal, batch...)
+		return nil
+	})
+	if err != nil {
 		return nil, err
 	}
 	return snap, nil

@@ -334,18 +334,16 @@ func applyPrefetched(t *testing.T, s store.Store, cmds []ledger.Command, now tim
 	return results
 }
 
-// snapshotStreamer is the optional streaming snapshot (engine.SnapshotStreamer).
-type snapshotStreamer interface {
-	SnapshotStreaming(ctx context.Context, f func(*ledger.Snapshot) error) error
+// auditFields is the part of a reservation an audit stream must fill
+// (ledger.Snapshot.ReservationStream).
+func auditFields(r *ledger.Reservation) ledger.Reservation {
+	return ledger.Reservation{ID: r.ID, Account: r.Account, State: r.State, Reserved: r.Reserved, Actual: r.Actual, Overdraft: r.Overdraft}
 }
 
-// testSnapshotStreaming: a store that streams its journal to the audit
-// streams exactly Snapshot's journal, in order, with the same other rows.
+// testSnapshotStreaming: AuditSnapshot streams exactly Snapshot's
+// journal and reservations, in order, with the same other rows, and holds
+// neither in memory.
 func testSnapshotStreaming(t *testing.T, s store.Store) {
-	ss, ok := s.(snapshotStreamer)
-	if !ok {
-		t.Skip("the store has no streaming snapshot")
-	}
 	ctx := context.Background()
 	now, _ := retentionWorld(t, s, time.Date(2026, 7, 19, 14, 0, 0, 0, time.UTC))
 	ids, _ := s.ReservationsFinished(ctx, now, 1)
@@ -360,14 +358,29 @@ func testSnapshotStreaming(t *testing.T, s store.Store) {
 	}
 	var got *ledger.Snapshot
 	var journal []ledger.JournalEntry
-	err = ss.SnapshotStreaming(ctx, func(snap *ledger.Snapshot) error {
+	var reservations []ledger.Reservation
+	var positions []int64
+	err = s.AuditSnapshot(ctx, false, func(snap *ledger.Snapshot, _ int64) error {
 		got = snap
-		if snap.Journal != nil || snap.JournalStream == nil {
-			t.Errorf("streaming snapshot holds a journal of %d entries, stream %v", len(snap.Journal), snap.JournalStream != nil)
+		if snap.Journal != nil || snap.JournalStream == nil || snap.Reservations != nil || snap.ReservationStream == nil {
+			t.Errorf("streaming snapshot holds a journal of %d entries and %d reservations, streams %v %v",
+				len(snap.Journal), len(snap.Reservations), snap.JournalStream != nil, snap.ReservationStream != nil)
 			return nil
 		}
-		return snap.JournalStream(func(e *ledger.JournalEntry) error {
+		if snap.Estimate == nil {
+			t.Error("streaming snapshot without an estimate")
+		} else if n, err := snap.Estimate(true); err != nil || n <= 0 {
+			t.Errorf("estimate of a non-empty ledger: %d, %v", n, err)
+		}
+		if err := snap.ReservationStream(func(r *ledger.Reservation) error {
+			reservations = append(reservations, auditFields(r))
+			return nil
+		}); err != nil {
+			return err
+		}
+		return snap.JournalStream(func(pos int64, e *ledger.JournalEntry) error {
 			journal = append(journal, *e)
+			positions = append(positions, pos)
 			return nil
 		})
 	})
@@ -375,13 +388,22 @@ func testSnapshotStreaming(t *testing.T, s store.Store) {
 		t.Fatal(err)
 	}
 	same(t, "streamed journal", journal, want.Journal)
+	var wantReservations []ledger.Reservation
+	for i := range want.Reservations {
+		wantReservations = append(wantReservations, auditFields(&want.Reservations[i]))
+	}
+	same(t, "streamed reservations", reservations, wantReservations)
 	same(t, "streamed accounts", got.Accounts, want.Accounts)
-	same(t, "streamed reservations", got.Reservations, want.Reservations)
 	same(t, "streamed retained", got.Retained, want.Retained)
+	for i := 1; i < len(positions); i++ {
+		if positions[i] < positions[i-1] || positions[i] <= 0 {
+			t.Fatalf("journal positions %v do not increase", positions)
+		}
+	}
 	stop := errors.New("stop")
 	n := 0
-	err = ss.SnapshotStreaming(ctx, func(snap *ledger.Snapshot) error {
-		return snap.JournalStream(func(*ledger.JournalEntry) error { n++; return stop })
+	err = s.AuditSnapshot(ctx, false, func(snap *ledger.Snapshot, _ int64) error {
+		return snap.JournalStream(func(int64, *ledger.JournalEntry) error { n++; return stop })
 	})
 	if !errors.Is(err, stop) || n != 1 {
 		t.Fatalf("a yield error: %v after %d entries, want it back after 1", err, n)

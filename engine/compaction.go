@@ -1,0 +1,289 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+)
+
+// Journal compaction at statement checkpoints (see docs/OPERATIONS.md,
+// "Retention and compaction"). Not to be confused with SQLite's WAL
+// checkpointer (store/sqlite/checkpoint.go).
+//
+// Once per Every (at the first pass after each multiple of it, so at the
+// epoch close when Every is the policies' epoch length), the worker audits
+// the ledger since the last checkpoint; when the audit finds nothing, the
+// ledger cuts the next checkpoint from that same read (ledger.AuditWith)
+// and the store appends it to the chain. Then the worker deletes the
+// journal the last checkpoint summarises, in transactions of Batch rows,
+// pausing after each for as long as it took so admission goes on between
+// them. A discrepancy stops compaction: nothing is deleted that an
+// operator may need to see why.
+
+// CompactionOptions configure the compaction worker.
+type CompactionOptions struct {
+	// Every is how often a checkpoint is cut (default 1 hour,
+	// ledger.DefaultEpochLength).
+	Every time.Duration
+	// Interval is how often the worker runs (default 1 minute).
+	Interval time.Duration
+	// Batch is how many stored journal rows one deletion removes
+	// (default 1024).
+	Batch int
+}
+
+func (o *CompactionOptions) withDefaults() *CompactionOptions {
+	if o == nil {
+		return nil
+	}
+	out := *o
+	if out.Every <= 0 {
+		out.Every = ledger.DefaultEpochLength
+	}
+	if out.Interval <= 0 {
+		out.Interval = time.Minute
+	}
+	if out.Batch <= 0 {
+		out.Batch = 1024
+	}
+	return &out
+}
+
+type compactionCounters struct {
+	checkpoints, deleted, refused atomic.Uint64
+	lastCut                       atomic.Int64 // Unix nanoseconds of the last CutAt seen
+	lastSeq                       atomic.Int64
+}
+
+// CompactionStats are the compaction worker's counters.
+type CompactionStats struct {
+	// Checkpoints cut by this engine; Deleted journal rows; Refused: cuts
+	// not made because the audit found discrepancies.
+	Checkpoints, Deleted, Refused uint64
+	// LastSeq and LastCutAt name the newest checkpoint this engine saw.
+	LastSeq   int64
+	LastCutAt time.Time
+}
+
+// CompactionStats returns the compaction worker's counters.
+func (e *Engine) CompactionStats() CompactionStats {
+	s := CompactionStats{Checkpoints: e.compaction.checkpoints.Load(), Deleted: e.compaction.deleted.Load(),
+		Refused: e.compaction.refused.Load(), LastSeq: e.compaction.lastSeq.Load()}
+	if t := e.compaction.lastCut.Load(); t != 0 {
+		s.LastCutAt = time.Unix(0, t).UTC()
+	}
+	return s
+}
+
+// errAuditFound is CutCheckpoint's error when the audit found
+// discrepancies.
+var errAuditFound = errors.New("the audit found discrepancies")
+
+// CutCheckpoint audits the ledger since the last checkpoint and, when it
+// is sound, stores the next checkpoint, cut at now. It returns the
+// checkpoint (nil when the journal holds nothing new), the discrepancies
+// found (then no checkpoint is cut), and store.ErrConflict when another
+// replica appended first.
+func (e *Engine) CutCheckpoint(ctx context.Context, now time.Time) (*ledger.Checkpoint, []ledger.Discrepancy, error) {
+	var cp *ledger.Checkpoint
+	var found []ledger.Discrepancy
+	err := e.core.store.AuditSnapshot(ctx, true, func(snap *ledger.Snapshot, through int64) error {
+		last := snap.LastCheckpoint()
+		if last != nil {
+			e.compaction.lastCut.Store(last.CutAt.UnixNano())
+			e.compaction.lastSeq.Store(last.Seq)
+		}
+		if through <= 0 || last != nil && through <= last.Through {
+			return nil
+		}
+		found, cp = ledger.AuditWith(withContext(ctx, snap), ledger.AuditOptions{SinceCheckpoint: true, Cut: through, CutAt: now})
+		return ctx.Err()
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	if len(found) > 0 {
+		e.compaction.refused.Add(1)
+		return nil, found, nil
+	}
+	if cp == nil {
+		return nil, nil, nil
+	}
+	if err := e.core.store.CheckpointPut(ctx, cp); err != nil {
+		return nil, nil, fmt.Errorf("checkpoint %d: %w", cp.Seq, err)
+	}
+	e.compaction.checkpoints.Add(1)
+	e.compaction.lastCut.Store(cp.CutAt.UnixNano())
+	e.compaction.lastSeq.Store(cp.Seq)
+	return cp, nil, nil
+}
+
+// CompactJournal deletes the journal the last checkpoint summarises, in
+// transactions of the configured batch (1024 rows without Compaction),
+// pausing after each for as long as it took, until none is left, ctx ends
+// or this engine, running its workers, stops leading. It returns the rows
+// deleted.
+func (e *Engine) CompactJournal(ctx context.Context) (int, error) {
+	batch := 1024
+	if e.opts.Compaction != nil {
+		batch = e.opts.Compaction.Batch
+	}
+	total := 0
+	for ctx.Err() == nil && (e.opts.DisableWorkers || e.IsLeader()) {
+		started := time.Now()
+		n, err := e.core.store.JournalCompact(ctx, batch)
+		total += n
+		e.compaction.deleted.Add(uint64(n))
+		if err != nil || n == 0 {
+			return total, err
+		}
+		pause := time.NewTimer(time.Since(started))
+		select {
+		case <-ctx.Done():
+		case <-pause.C:
+		}
+		pause.Stop()
+	}
+	return total, ctx.Err()
+}
+
+// runCompaction is the compaction worker's pass.
+func (e *Engine) runCompaction(ctx context.Context) {
+	o := e.opts.Compaction
+	now := e.opts.Clock()
+	last := time.Unix(0, e.compaction.lastCut.Load())
+	if e.compaction.lastCut.Load() == 0 || now.Truncate(o.Every).After(last) {
+		_, found, err := e.CutCheckpoint(ctx, now)
+		switch {
+		case errors.Is(err, store.ErrConflict): // another replica cut it
+		case err != nil:
+			if ctx.Err() == nil {
+				e.log.Warn("compaction: checkpoint", "err", err)
+			}
+			return
+		case len(found) > 0:
+			e.log.Error("compaction: the audit found discrepancies; no checkpoint cut, nothing deleted",
+				"count", len(found), "first", found[0].String())
+			return
+		}
+	}
+	n, err := e.CompactJournal(ctx)
+	if err != nil && ctx.Err() == nil {
+		e.log.Warn("compaction: journal", "err", err)
+	}
+	if n > 0 {
+		if r, ok := e.core.store.(Reclaimer); ok {
+			if err := r.Reclaim(ctx); err != nil && ctx.Err() == nil {
+				e.log.Warn("compaction reclaim", "err", err)
+			}
+		}
+	}
+}
+
+// AuditOptions choose an audit's mode.
+type AuditOptions struct {
+	// SinceCheckpoint audits the accounts and the journal since the last
+	// checkpoint only, not every reservation (ledger.AuditOptions).
+	SinceCheckpoint bool
+	// Progress, when set, is called as the audit reads.
+	Progress func(AuditProgress)
+}
+
+// AuditProgress is how far an audit got.
+type AuditProgress struct {
+	// Rows counts the reservations and journal entries read so far;
+	// Estimate is the store's estimate of how many there are (0 when it
+	// has none). Fraction is Rows/Estimate, below 1 until Done.
+	Rows, Estimate int64
+	Fraction       float64
+	Done           bool
+}
+
+// AuditWith audits the ledger through the store's AuditSnapshot: one
+// consistent read, reservations and journal streamed, so the audit holds
+// the accounts and a page, not the history. A read error or ctx ending is
+// the audit's error; whatever it held is garbage once it returns.
+func (e *Engine) AuditWith(ctx context.Context, o AuditOptions) ([]ledger.Discrepancy, error) {
+	var out []ledger.Discrepancy
+	var streamErr error
+	err := e.core.store.AuditSnapshot(ctx, false, func(snap *ledger.Snapshot, _ int64) error {
+		var estimate int64
+		if o.Progress != nil && snap.Estimate != nil {
+			estimate, _ = snap.Estimate(!o.SinceCheckpoint)
+		}
+		report := func(rows int64, done bool) {
+			p := AuditProgress{Rows: rows, Estimate: estimate, Done: done}
+			switch {
+			case done:
+				p.Fraction = 1
+			case estimate > 0:
+				p.Fraction = min(float64(rows)/float64(estimate), 0.99)
+			}
+			o.Progress(p)
+		}
+		lo := ledger.AuditOptions{SinceCheckpoint: o.SinceCheckpoint}
+		var read int64
+		if o.Progress != nil {
+			report(0, false)
+			lo.Progress = func(rows int64) { read = rows; report(rows, false) }
+		}
+		snap = withContext(ctx, snap)
+		journal, reservations := snap.JournalStream, snap.ReservationStream
+		snap.JournalStream = func(yield func(int64, *ledger.JournalEntry) error) error {
+			err := journal(yield)
+			if err != nil && streamErr == nil {
+				streamErr = err
+			}
+			return err
+		}
+		snap.ReservationStream = func(yield func(*ledger.Reservation) error) error {
+			err := reservations(yield)
+			if err != nil && streamErr == nil {
+				streamErr = err
+			}
+			return err
+		}
+		out, _ = ledger.AuditWith(snap, lo)
+		if o.Progress != nil && streamErr == nil {
+			report(read, true)
+		}
+		return nil
+	})
+	if err == nil {
+		err = streamErr
+	}
+	if err != nil {
+		return nil, fmt.Errorf("audit: %w", err)
+	}
+	return out, nil
+}
+
+// withContext makes snap's streams stop when ctx ends.
+func withContext(ctx context.Context, snap *ledger.Snapshot) *ledger.Snapshot {
+	if j := snap.JournalStream; j != nil {
+		snap.JournalStream = func(yield func(int64, *ledger.JournalEntry) error) error {
+			return j(func(pos int64, e *ledger.JournalEntry) error {
+				if err := ctx.Err(); err != nil {
+					return err
+				}
+				return yield(pos, e)
+			})
+		}
+	}
+	if r := snap.ReservationStream; r != nil {
+		snap.ReservationStream = func(yield func(*ledger.Reservation) error) error {
+			return r(func(res *ledger.Reservation) error {
+				if err := ctx.Err(); err != nil {
+					return err
+				}
+				return yield(res)
+			})
+		}
+	}
+	return snap
+}

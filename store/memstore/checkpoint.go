@@ -1,0 +1,153 @@
+package memstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+)
+
+// checkpoints holds the checkpoint chain of one rows set, and where the
+// journal starts: r.journal[i] is at position journalBase+i+1.
+type checkpoints struct {
+	chain       []ledger.Checkpoint
+	journalBase int64
+}
+
+func (r *rows) lastCheckpoint() *ledger.Checkpoint {
+	if len(r.cp.chain) == 0 {
+		return nil
+	}
+	return &r.cp.chain[len(r.cp.chain)-1]
+}
+
+// chainCopy copies the chain: headers, the last with its accounts.
+func (r *rows) chainCopy() []ledger.Checkpoint {
+	out := make([]ledger.Checkpoint, len(r.cp.chain))
+	for i := range r.cp.chain {
+		out[i] = r.cp.chain[i].Header()
+	}
+	if n := len(out); n > 0 {
+		out[n-1].Accounts = slices.Clone(r.cp.chain[n-1].Accounts)
+	}
+	return out
+}
+
+// journalSince returns copies of the entries after the last checkpoint,
+// and the position of the first of them.
+func (r *rows) journalSince() ([]ledger.JournalEntry, int64) {
+	from := 0
+	if last := r.lastCheckpoint(); last != nil {
+		from = int(min(max(last.Through-r.cp.journalBase, 0), int64(len(r.journal))))
+	}
+	return slices.Clone(r.journal[from:]), r.cp.journalBase + int64(from) + 1
+}
+
+// AuditSnapshot implements store.CheckpointStore. The memstore holds
+// everything in memory anyway; the snapshot is a copy, as Snapshot's.
+func (s *Store) AuditSnapshot(ctx context.Context, cut bool, f func(*ledger.Snapshot, int64) error) error {
+	// One read: the copy and the cut position agree.
+	var snap *ledger.Snapshot
+	var first, through int64
+	err := s.read(ctx, func(r *rows) error {
+		snap = r.snapshot()
+		_, first = r.journalSince()
+		through = r.cp.journalBase + int64(len(r.journal))
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	journal, reservations := snap.Journal, snap.Reservations
+	snap.Journal, snap.Reservations = nil, nil
+	snap.JournalStream = func(yield func(int64, *ledger.JournalEntry) error) error {
+		for i := range journal {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			if err := yield(first+int64(i), &journal[i]); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	snap.Estimate = func(withReservations bool) (int64, error) {
+		n := int64(len(journal))
+		if withReservations {
+			n += int64(len(reservations))
+		}
+		return n, nil
+	}
+	snap.ReservationStream = func(yield func(*ledger.Reservation) error) error {
+		for i := range reservations {
+			if err := yield(&reservations[i]); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if !cut {
+		through = 0
+	}
+	return f(snap, through)
+}
+
+var errCheckpointArgs = errors.New("memstore: checkpoint")
+
+// CheckpointPut implements store.CheckpointStore.
+func (s *Store) CheckpointPut(ctx context.Context, c *ledger.Checkpoint) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return errClosed
+	}
+	r := s.committed
+	seq, prev, through := int64(1), "", int64(0)
+	if last := r.lastCheckpoint(); last != nil {
+		seq, prev, through = last.Seq+1, last.Digest, last.Through
+	}
+	if c.Seq != seq || c.Prev != prev || c.Through <= through {
+		return fmt.Errorf("%w %d (previous %q, through %d) does not follow %d (%q, through %d): %w",
+			errCheckpointArgs, c.Seq, c.Prev, c.Through, seq-1, prev, through, store.ErrConflict)
+	}
+	cp := *c
+	cp.Accounts = slices.Clone(c.Accounts)
+	r.cp.chain = append(r.cp.chain, cp)
+	if n := len(r.cp.chain); n > 2 {
+		r.cp.chain[n-3].Accounts = nil
+	}
+	return nil
+}
+
+// JournalCompact implements store.CheckpointStore.
+func (s *Store) JournalCompact(ctx context.Context, limit int) (int, error) {
+	if limit <= 0 {
+		return 0, fmt.Errorf("%w: compaction limit %d, want a positive one", errCheckpointArgs, limit)
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return 0, errClosed
+	}
+	r := s.committed
+	last := r.lastCheckpoint()
+	if last == nil {
+		return 0, nil
+	}
+	n := int(min(max(last.Through-r.cp.journalBase, 0), int64(limit), int64(len(r.journal))))
+	if n == 0 {
+		return 0, nil
+	}
+	r.journal = slices.Clone(r.journal[n:])
+	r.cp.journalBase += int64(n)
+	return n, nil
+}
