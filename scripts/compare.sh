@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # compare.sh: capledger against its baselines, interleaved, on this machine.
 #
-# Starts, on loopback ports of its own (BASE_PORT..BASE_PORT+6):
+# Starts, on loopback ports of its own (BASE_PORT..BASE_PORT+5):
 #   - capledger serve (embedded SQLite, synchronous=FULL: every decision
 #     fsynced before its answer), built from this checkout;
 #   - gubernator v2.13.0 (in memory, nothing durable), found on PATH or in
@@ -84,14 +84,20 @@ GUBER_GRPC_PORT=$((BASE_PORT + 2))
 GUBER_HTTP_PORT=$((BASE_PORT + 3))
 REDIS_MEM_PORT=$((BASE_PORT + 4))
 REDIS_AOF_PORT=$((BASE_PORT + 5))
-GUBER_PEER_PORT=$((BASE_PORT + 6))
 
+declare -A SERVER_PID
 start() { # name, command...
 	local name=$1
 	shift
 	"$@" >"$WORKDIR/$name.log" 2>&1 &
 	PIDS+=($!)
+	SERVER_PID[$name]=$!
 }
+
+# cpu_ticks pid: the user + system CPU time the process has used, in clock
+# ticks (env execs gubernator, so its pid is gubernator's).
+cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+TICK=$(getconf CLK_TCK)
 
 wait_port() { # name, port
 	for _ in $(seq 100); do
@@ -108,9 +114,9 @@ wait_port() { # name, port
 mkdir -p "$WORKDIR/data" "$WORKDIR/redis-mem" "$WORKDIR/redis-aof"
 start capledger "$CAPLEDGER" serve --data-dir "$WORKDIR/data" --addr "127.0.0.1:$CAP_PORT"
 start echo "$CAPLEDGER" bench --echo-server --addr "127.0.0.1:$ECHO_PORT"
-[[ $GUBERNATOR == skip ]] || start gubernator env GUBER_GRPC_ADDRESS="127.0.0.1:$GUBER_GRPC_PORT" GUBER_HTTP_ADDRESS="127.0.0.1:$GUBER_HTTP_PORT" \
-	GUBER_ADVERTISE_ADDRESS="127.0.0.1:$GUBER_GRPC_PORT" GUBER_MEMBERLIST_ADDRESS="127.0.0.1:$GUBER_PEER_PORT" \
-	GUBER_PEER_DISCOVERY_TYPE=member-list GUBER_LOG_LEVEL=error "$GUBERNATOR"
+# One gubernator instance, no peers.
+[[ $GUBERNATOR == skip ]] || start gubernator env GUBER_GRPC_ADDRESS="127.0.0.1:$GUBER_GRPC_PORT" \
+	GUBER_HTTP_ADDRESS="127.0.0.1:$GUBER_HTTP_PORT" GUBER_LOG_LEVEL=error "$GUBERNATOR"
 start redis-mem "$REDIS" --port "$REDIS_MEM_PORT" --bind 127.0.0.1 --save '' --appendonly no --dir "$WORKDIR/redis-mem"
 start redis-aof "$REDIS" --port "$REDIS_AOF_PORT" --bind 127.0.0.1 --save '' --appendonly yes --appendfsync always --dir "$WORKDIR/redis-aof"
 for s in capledger:$CAP_PORT echo:$ECHO_PORT $([[ $GUBERNATOR == skip ]] || echo gubernator:$GUBER_GRPC_PORT) redis-mem:$REDIS_MEM_PORT redis-aof:$REDIS_AOF_PORT; do
@@ -118,32 +124,56 @@ for s in capledger:$CAP_PORT echo:$ECHO_PORT $([[ $GUBERNATOR == skip ]] || echo
 done
 
 # --- runs -----------------------------------------------------------------
-RESULTS="$WORKDIR/results.tsv" # round scenario system throughput p50 p99 load
+RESULTS="$WORKDIR/results.tsv" # round scenario system throughput p50 p99 load server-cpu client-cpu
 : >"$RESULTS"
 
 # bench_row: the value of a row of bench's table (the number before a unit).
 bench_row() { sed -n "s#^$2   *\([^ ]*\).*#\1#p" "$1" | head -1; }
 
+# server_of system: the name its server was started under.
+server_of() {
+	case $1 in
+	capledger-*) echo capledger ;;
+	gubernator-*) echo gubernator ;;
+	redis-aof-always) echo redis-aof ;;
+	redis-memory) echo redis-mem ;;
+	echo-*) echo echo ;;
+	esac
+}
+
 # run round scenario system -- bench args...
+# Records per run: per second (reservations, or calls), p50, p99, the load
+# average, and the CPU each side used per reservation (or call), in µs:
+# the server's from /proc over the whole run (warm-up included, which runs
+# at the same rate), the client's (bench) over the measured time.
 run() {
 	local round=$1 scenario=$2 system=$3
 	shift 4
 	local out="$WORKDIR/run-$round-$scenario-$system.txt"
+	local pid=${SERVER_PID[$(server_of "$system")]}
+	local ticks0 t0 t1
+	ticks0=$(cpu_ticks "$pid")
+	t0=$(date +%s.%N)
 	if ! "$CAPLEDGER" bench --progress=false --duration "$DURATION" --warmup "$WARMUP" "$@" >"$out" 2>"$out.err"; then
 		log "round $round $scenario $system failed:"
 		cat "$out" "$out.err" >&2
 		return 1
 	fi
-	local rate
+	t1=$(date +%s.%N)
+	local rate server_cpu client_cpu
 	rate=$(bench_row "$out" "reservations/s")
 	[[ -n $rate ]] || rate=$(bench_row "$out" "ops/s")
+	server_cpu=$(awk -v d="$(($(cpu_ticks "$pid") - ticks0))" -v tick="$TICK" -v t0="$t0" -v t1="$t1" -v rate="$rate" \
+		'BEGIN { if (rate > 0) printf "%.1f", d / tick * 1e6 / (rate * (t1 - t0)); else print 0 }')
+	client_cpu=$(awk -v c="$(bench_row "$out" "client cpu/op")" -v ops="$(bench_row "$out" "ops/s")" -v rate="$rate" \
+		'BEGIN { if (rate > 0) printf "%.1f", c * ops / rate; else print 0 }')
 	local errors
 	errors=$(bench_row "$out" "errors")
 	[[ $errors == 0 ]] || log "round $round $scenario $system: $errors errors ($(grep '^first error' "$out" || true))"
-	printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$scenario" "$system" "$rate" \
-		"$(bench_row "$out" p50)" "$(bench_row "$out" p99)" "$(cut -d' ' -f1 /proc/loadavg)" >>"$RESULTS"
-	printf '  %-9s %-20s %10s/s  p50 %8s ms  p99 %8s ms  load %s\n' "$scenario" "$system" "$rate" \
-		"$(bench_row "$out" p50)" "$(bench_row "$out" p99)" "$(cut -d' ' -f1 /proc/loadavg)" >&2
+	printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$scenario" "$system" "$rate" \
+		"$(bench_row "$out" p50)" "$(bench_row "$out" p99)" "$(cut -d' ' -f1 /proc/loadavg)" "$server_cpu" "$client_cpu" >>"$RESULTS"
+	printf '  %-9s %-20s %10s/s  p50 %8s ms  p99 %8s ms  cpu µs server %7s client %7s  load %s\n' "$scenario" "$system" "$rate" \
+		"$(bench_row "$out" p50)" "$(bench_row "$out" p99)" "$server_cpu" "$client_cpu" "$(cut -d' ' -f1 /proc/loadavg)" >&2
 }
 
 CAP="--addr http://127.0.0.1:$CAP_PORT"
@@ -214,11 +244,12 @@ function median(list,   n, a, i, j, t) {
 	key = $2 SUBSEP $3
 	if (!(key in seen)) { seen[key] = 1; order[++n] = key }
 	rate[key] = rate[key] " " $4; p50[key] = p50[key] " " $5; p99[key] = p99[key] " " $6
+	scpu[key] = scpu[key] " " $8; ccpu[key] = ccpu[key] " " $9
 	R[$1, $2, $3, "rate"] = $4; R[$1, $2, $3, "p50"] = $5; R[$1, $2, $3, "p99"] = $6
 	rounds[$1] = 1
 }
 END {
-	printf "%-9s %-20s %12s %10s %10s   %-32s\n", "scenario", "system", "per second", "p50 ms", "p99 ms", "capledger-connect / this (median of rounds)"
+	printf "%-9s %-18s %10s %9s %9s %8s %8s   %s\n", "scenario", "system", "per second", "p50 ms", "p99 ms", "srv µs", "cli µs", "capledger-connect / this (median of rounds)"
 	for (i = 1; i <= n; i++) {
 		split(order[i], k, SUBSEP); sc = k[1]; sys = k[2]
 		ratio = ""
@@ -243,8 +274,9 @@ END {
 			else
 				ratio = sprintf("rate %.2fx  p50 %.2fx  p99 %.2fx", median(tr), median(t50), median(t99))
 		}
-		printf "%-9s %-20s %12.0f %10.3f %10.3f   %s\n", sc, sys, median(rate[order[i]]), median(p50[order[i]]), median(p99[order[i]]), ratio
+		printf "%-9s %-18s %10.0f %9.3f %9.3f %8.1f %8.1f   %s\n", sc, sys, median(rate[order[i]]), median(p50[order[i]]), median(p99[order[i]]), median(scpu[order[i]]), median(ccpu[order[i]]), ratio
 	}
 }' "$RESULTS"
 echo
 echo "c64: $CONCURRENCY callers, one reserve (or one limiter call) each; batch: $BATCH_CONCURRENCY callers, $BATCH reservations per call (Redis: $BATCH EVALSHAs pipelined), per second = reservations; c1: one caller."
+echo "srv µs / cli µs: CPU time (user + system) of the server and of the load generator per reservation (or call): what two shared cores must pay for each."

@@ -18,6 +18,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -582,8 +583,12 @@ func serveEchoOn(ctx context.Context, e *env, ln net.Listener) error {
 }
 
 type benchResult struct {
-	reasons   map[string]int64
-	elapsed   time.Duration
+	reasons map[string]int64
+	elapsed time.Duration
+	// cpu is the CPU time (user and system) bench itself used while it
+	// measured: on a machine where client and server share the cores,
+	// the client's cost per call bounds the server's share.
+	cpu       time.Duration
 	ops       int64
 	units     int64
 	errs      int64
@@ -651,9 +656,11 @@ func drive(ctx context.Context, e *env, cfg *benchConfig, op func(context.Contex
 	var measureStart time.Time
 	ticker := time.NewTicker(100 * time.Millisecond)
 	defer ticker.Stop()
+	var cpuStart time.Duration
 	if cfg.warmup == 0 {
 		measuring.Store(true)
 		measureStart = start
+		cpuStart = processCPU()
 	}
 	for ctx.Err() == nil {
 		<-ticker.C
@@ -661,6 +668,7 @@ func drive(ctx context.Context, e *env, cfg *benchConfig, op func(context.Contex
 		if !measuring.Load() && elapsed >= cfg.warmup {
 			measuring.Store(true)
 			measureStart = time.Now()
+			cpuStart = processCPU()
 		}
 		if bar != nil {
 			if measuring.Load() {
@@ -675,12 +683,13 @@ func drive(ctx context.Context, e *env, cfg *benchConfig, op func(context.Contex
 	}
 	measuring.Store(false)
 	elapsed := time.Since(measureStart)
+	cpu := processCPU() - cpuStart
 	stop.Store(true)
 	wg.Wait()
 	if bar != nil {
 		bar.Finish()
 	}
-	res := &benchResult{elapsed: elapsed, reasons: map[string]int64{}}
+	res := &benchResult{elapsed: elapsed, cpu: cpu, reasons: map[string]int64{}}
 	for _, w := range workers {
 		for reason, n := range w.reasons {
 			res.reasons[reason] += n
@@ -748,6 +757,9 @@ func printBench(w io.Writer, cfg *benchConfig, r *benchResult) {
 	if len(r.latencies) > 0 {
 		fmt.Fprintf(tw, "max\t%s\n", fmtLatency(r.latencies[len(r.latencies)-1]))
 	}
+	if r.ops > 0 && r.cpu > 0 {
+		fmt.Fprintf(tw, "client cpu/op\t%.1f µs\n", float64(r.cpu.Microseconds())/float64(r.ops))
+	}
 	fmt.Fprintf(tw, "rejected\t%d\n", r.rejected)
 	fmt.Fprintf(tw, "errors\t%d\n", r.errs)
 	for _, reason := range slices.Sorted(maps.Keys(r.reasons)) {
@@ -761,4 +773,14 @@ func printBench(w io.Writer, cfg *benchConfig, r *benchResult) {
 
 func fmtLatency(d time.Duration) string {
 	return fmt.Sprintf("%.3f ms", float64(d)/float64(time.Millisecond))
+}
+
+// processCPU returns the CPU time (user and system) this process has used,
+// or 0 where getrusage is unavailable.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
