@@ -122,6 +122,16 @@ start redis-aof "$REDIS" --port "$REDIS_AOF_PORT" --bind 127.0.0.1 --save '' --a
 for s in capledger:$CAP_PORT echo:$ECHO_PORT $([[ $GUBERNATOR == skip ]] || echo gubernator:$GUBER_GRPC_PORT) redis-mem:$REDIS_MEM_PORT redis-aof:$REDIS_AOF_PORT; do
 	wait_port "${s%%:*}" "${s##*:}"
 done
+# gubernator adds itself to its peer pool shortly after it listens (until
+# then every call fails with "pool is empty"): wait for a call to pass.
+if [[ $GUBERNATOR != skip ]]; then
+	for i in $(seq 50); do
+		"$CAPLEDGER" bench --mode gubernator --protocol grpc --addr "127.0.0.1:$GUBER_GRPC_PORT" --concurrency 1 \
+			--duration 100ms --warmup 0s --progress=false >/dev/null 2>&1 && break
+		[[ $i == 50 ]] && { log "gubernator never answered; its log:"; cat "$WORKDIR/gubernator.log" >&2; exit 1; }
+		sleep 0.2
+	done
+fi
 
 # --- runs -----------------------------------------------------------------
 RESULTS="$WORKDIR/results.tsv" # round scenario system throughput p50 p99 load server-cpu client-cpu
