@@ -48,8 +48,14 @@ Modes:
              "capledger bench --echo-server --addr 127.0.0.1:7071"
   gubernator baseline: one GetRateLimits call (hits = --units, one key
              per subject) in JSON to the HTTP gateway of a gubernator at
-             --addr (its GUBER_HTTP_ADDRESS): an in-memory limiter that
+             --addr (its GUBER_HTTP_ADDRESS), or with --protocol grpc to
+             its gRPC API (GUBER_GRPC_ADDRESS): an in-memory limiter that
              keeps nothing durable, measured on the same machine
+  redis      baseline: one EVALSHA of a Lua token bucket (one key per
+             subject) to the redis-server at --addr (host:port), on one
+             connection per caller; run redis-server with --appendonly yes
+             --appendfsync always for decisions as durable as capledger's
+  redis-batch  --batch-size such EVALSHAs pipelined in one write per op
   envoy      one ShouldRateLimit (Envoy's rate limit service, gRPC) of
              one descriptor {tenant: subject} in --envoy-domain with hits
              --units, to capledger serve --envoy-config or to the
@@ -65,8 +71,8 @@ Unless --setup=false, bench first publishes a policy for subject "*" on
 so every reservation is admitted and none expires during the run.
 
 Flags:
-  --mode MODE        reserve, lifecycle, batch, echo, gubernator or envoy
-                     (default reserve)
+  --mode MODE        reserve, lifecycle, batch, echo, gubernator, redis,
+                     redis-batch or envoy (default reserve)
   --envoy-domain D   rate limit domain of --mode envoy (default bench)
   --concurrency N    concurrent callers (default 64)
   --duration DUR     measured time (default 10s)
@@ -101,6 +107,8 @@ Example:
   capledger bench --mode batch --batch-size 100 --concurrency 8
   capledger bench --concurrency 1 --duration 5s
 `
+
+var benchModes = []string{"reserve", "lifecycle", "batch", "echo", "gubernator", "redis", "redis-batch", "envoy"}
 
 type benchConfig struct {
 	mode        string
@@ -159,8 +167,8 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		return usagef("--protocol: %v", err)
 	}
 	switch {
-	case !slices.Contains([]string{"reserve", "lifecycle", "batch", "echo", "gubernator", "envoy"}, cfg.mode):
-		return usagef("--mode %q: want reserve, lifecycle, batch, echo, gubernator or envoy", cfg.mode)
+	case !slices.Contains(benchModes, cfg.mode):
+		return usagef("--mode %q: want one of %s", cfg.mode, strings.Join(benchModes, ", "))
 	case cfg.concurrency < 1:
 		return usagef("--concurrency must be at least 1")
 	case cfg.duration <= 0 || cfg.warmup < 0:
@@ -196,7 +204,13 @@ func runBench(ctx context.Context, e *env, args []string) error {
 	case "echo":
 		op, err = echoOp(&cfg)
 	case "gubernator":
-		op, err = gubernatorOp(&cfg)
+		if cfg.protocol == client.ProtocolGRPC {
+			op, err = gubernatorGRPCOp(&cfg)
+		} else {
+			op, err = gubernatorOp(&cfg)
+		}
+	case "redis", "redis-batch":
+		op, err = redisOp(ctx, &cfg)
 	case "envoy":
 		op, err = envoyOp(ctx, &cfg)
 	default:
@@ -568,8 +582,12 @@ func serveEchoOn(ctx context.Context, e *env, ln net.Listener) error {
 }
 
 type benchResult struct {
-	reasons   map[string]int64
-	elapsed   time.Duration
+	reasons map[string]int64
+	elapsed time.Duration
+	// cpu is the CPU time (user and system) bench itself used while it
+	// measured: on a machine where client and server share the cores,
+	// the client's cost per call bounds the server's share.
+	cpu       time.Duration
 	ops       int64
 	units     int64
 	errs      int64
@@ -637,9 +655,11 @@ func drive(ctx context.Context, e *env, cfg *benchConfig, op func(context.Contex
 	var measureStart time.Time
 	ticker := time.NewTicker(100 * time.Millisecond)
 	defer ticker.Stop()
+	var cpuStart time.Duration
 	if cfg.warmup == 0 {
 		measuring.Store(true)
 		measureStart = start
+		cpuStart = processCPU()
 	}
 	for ctx.Err() == nil {
 		<-ticker.C
@@ -647,6 +667,7 @@ func drive(ctx context.Context, e *env, cfg *benchConfig, op func(context.Contex
 		if !measuring.Load() && elapsed >= cfg.warmup {
 			measuring.Store(true)
 			measureStart = time.Now()
+			cpuStart = processCPU()
 		}
 		if bar != nil {
 			if measuring.Load() {
@@ -661,12 +682,13 @@ func drive(ctx context.Context, e *env, cfg *benchConfig, op func(context.Contex
 	}
 	measuring.Store(false)
 	elapsed := time.Since(measureStart)
+	cpu := processCPU() - cpuStart
 	stop.Store(true)
 	wg.Wait()
 	if bar != nil {
 		bar.Finish()
 	}
-	res := &benchResult{elapsed: elapsed, reasons: map[string]int64{}}
+	res := &benchResult{elapsed: elapsed, cpu: cpu, reasons: map[string]int64{}}
 	for _, w := range workers {
 		for reason, n := range w.reasons {
 			res.reasons[reason] += n
@@ -709,19 +731,21 @@ func printBench(w io.Writer, cfg *benchConfig, r *benchResult) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	secs := max(r.elapsed.Seconds(), 1e-9)
 	fmt.Fprintf(tw, "mode\t%s\n", cfg.mode)
-	if cfg.mode != "echo" && cfg.mode != "gubernator" {
+	switch cfg.mode {
+	case "echo", "redis", "redis-batch":
+	default:
 		fmt.Fprintf(tw, "protocol\t%s\n", cfg.protocol)
 	}
 	fmt.Fprintf(tw, "concurrency\t%d\n", cfg.concurrency)
 	fmt.Fprintf(tw, "subjects\t%d\n", cfg.subjects)
-	if cfg.mode == "batch" {
+	if cfg.mode == "batch" || cfg.mode == "redis-batch" {
 		fmt.Fprintf(tw, "batch size\t%d\n", cfg.batchSize)
 	}
 	fmt.Fprintf(tw, "duration\t%s\n", r.elapsed.Round(time.Millisecond))
 	fmt.Fprintf(tw, "ops\t%d\n", r.ops)
 	fmt.Fprintf(tw, "ops/s\t%.0f\n", float64(r.ops)/secs)
 	switch cfg.mode {
-	case "batch":
+	case "batch", "redis-batch":
 		fmt.Fprintf(tw, "reservations/s\t%.0f\n", float64(r.units)/secs)
 	case "lifecycle":
 		fmt.Fprintf(tw, "calls/s\t%.0f\n", 3*float64(r.ops)/secs)
@@ -731,6 +755,9 @@ func printBench(w io.Writer, cfg *benchConfig, r *benchResult) {
 	fmt.Fprintf(tw, "p999\t%s\n", fmtLatency(percentile(r.latencies, 0.999)))
 	if len(r.latencies) > 0 {
 		fmt.Fprintf(tw, "max\t%s\n", fmtLatency(r.latencies[len(r.latencies)-1]))
+	}
+	if r.ops > 0 && r.cpu > 0 {
+		fmt.Fprintf(tw, "client cpu/op\t%.1f µs\n", float64(r.cpu.Microseconds())/float64(r.ops))
 	}
 	fmt.Fprintf(tw, "rejected\t%d\n", r.rejected)
 	fmt.Fprintf(tw, "errors\t%d\n", r.errs)

@@ -159,7 +159,8 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	}
 	// The ledger's rows are short-lived garbage: a larger GC target trades
 	// memory for fewer collections (+11-22% at concurrency 64 in
-	// docs/PERFORMANCE.md's serve path section). GOGC, when set, wins.
+	// the serve path section of docs/PERFORMANCE.md's git history). GOGC, when
+	// set, wins.
 	if os.Getenv("GOGC") == "" {
 		defer debug.SetGCPercent(debug.SetGCPercent(400))
 	}
