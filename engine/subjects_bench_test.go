@@ -2,10 +2,8 @@ package engine
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"math/rand/v2"
-	_ "modernc.org/sqlite"
 	"os"
 	"path/filepath"
 	"runtime/pprof"
@@ -31,16 +29,17 @@ func BenchmarkBatchSubjects(b *testing.B) {
 	cacheRows := envInt(b, "CAPLEDGER_BENCH_CACHE_ROWS", max(accounts/10, 1))
 	ctx := context.Background()
 	path := filepath.Join(b.TempDir(), "capledger.db")
+	// CAPLEDGER_BENCH_DB names a file "capledger bench --subjects N" filled
+	// (N = CAPLEDGER_BENCH_ACCOUNTS; subjects bench-0.., route
+	// bench.reserve, region global): the benchmark writes to it.
+	subject, route, region := "tenant-", "chat.generate", "eu"
+	existing := os.Getenv("CAPLEDGER_BENCH_DB")
+	if existing != "" {
+		path, subject, route, region = existing, "bench-", "bench.reserve", "global"
+	}
 	st, err := sqlite.Open(ctx, path, sqlite.WithCacheRows(cacheRows))
 	if err != nil {
 		b.Fatal(err)
-	}
-	if os.Getenv("XDROP") != "" {
-		db, _ := sql.Open("sqlite", path)
-		if _, err := db.Exec("DROP INDEX accounts_by_epoch"); err != nil {
-			b.Fatal(err)
-		}
-		db.Close()
 	}
 	e := New(st, Options{DisableWorkers: true})
 	b.Cleanup(func() { e.Close(); st.Close() })
@@ -49,13 +48,15 @@ func BenchmarkBatchSubjects(b *testing.B) {
 		Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: 1 << 50, RefillUnits: 1, RefillInterval: time.Hour}},
 		HoldTTL:    time.Hour,
 	}.WithDefaults()
-	if res, err := e.Do(ctx, ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p}); err != nil || res.Err != nil {
-		b.Fatalf("publish: %v %v", err, res.Err)
+	if existing == "" {
+		if res, err := e.Do(ctx, ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p}); err != nil || res.Err != nil {
+			b.Fatalf("publish: %v %v", err, res.Err)
+		}
 	}
-	reserve := func(subject int) ledger.Command {
+	reserve := func(i int) ledger.Command {
 		id := fmt.Sprintf("rl-bench-%012d", benchSeq.Add(1))
 		return ledger.Command{Kind: ledger.KindReserve, ReservationID: id, RequestDigest: "sha256:" + id,
-			Subject: "tenant-" + strconv.Itoa(subject), Route: "chat.generate", Region: "eu", Units: ledger.Amounts{1}}
+			Subject: subject + strconv.Itoa(i), Route: route, Region: region, Units: ledger.Amounts{1}}
 	}
 	batch := func(b *testing.B, subjectOf func(i int) int, size int) {
 		cmds := make([]ledger.Command, size)
@@ -72,7 +73,7 @@ func BenchmarkBatchSubjects(b *testing.B) {
 			}
 		}
 	}
-	for from := 0; from < accounts; from += 500 {
+	for from := 0; existing == "" && from < accounts; from += 500 {
 		batch(b, func(i int) int { return min(from+i, accounts-1) }, 500)
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
