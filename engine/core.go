@@ -53,6 +53,11 @@ func (c *Core) Commit(ctx context.Context, cmds []ledger.Command, now time.Time)
 			return nil, fmt.Errorf("prefetch: %w", err)
 		}
 	}
+	if prefetcher, ok := tx.(store.AccountsPrefetcher); ok && len(cmds) > 1 {
+		if err := prefetcher.AccountsPrefetch(ctx, reserveSubjects(cmds)); err != nil {
+			return nil, fmt.Errorf("prefetch accounts: %w", err)
+		}
+	}
 	book := store.NewBook(ctx, tx, len(cmds))
 	results := make([]ledger.Result, len(cmds))
 	for i := range cmds {
@@ -77,6 +82,24 @@ func (c *Core) Commit(ctx context.Context, cmds []ledger.Command, now time.Time)
 		return nil, fmt.Errorf("commit: %w", err)
 	}
 	return results, nil
+}
+
+// reserveSubjects returns the distinct subjects the reserves of cmds
+// name: the accounts a batch of reserves reads.
+func reserveSubjects(cmds []ledger.Command) []ledger.PolicyKey {
+	var subjects []ledger.PolicyKey
+	seen := map[ledger.PolicyKey]bool{}
+	for i := range cmds {
+		if cmds[i].Kind != ledger.KindReserve {
+			continue
+		}
+		k := ledger.PolicyKey{Subject: cmds[i].Subject, Route: cmds[i].Route, Region: cmds[i].Region}
+		if !seen[k] {
+			seen[k] = true
+			subjects = append(subjects, k)
+		}
+	}
+	return subjects
 }
 
 // Due returns the worker commands due at now, for at most limit

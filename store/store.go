@@ -131,6 +131,14 @@ type Prefetcher interface {
 	ReservationsPrefetch(ctx context.Context, ids []string) error
 }
 
+// AccountsPrefetcher is an optional Tx capability: read the current
+// generation of each named subject and that generation's account in a few
+// statements, so that a batch's commands over many subjects do not each
+// read two rows of their own. Getters then answer them without a query.
+type AccountsPrefetcher interface {
+	AccountsPrefetch(ctx context.Context, subjects []ledger.PolicyKey) error
+}
+
 // Current is one subject's pointer to the generation holding its capacity.
 type Current struct {
 	Subject    ledger.PolicyKey

@@ -292,6 +292,12 @@ func ledgerOp(ctx context.Context, cfg *benchConfig) (func(context.Context, *ben
 			// A benchmark measures single calls: a lost answer is an error, not
 			// a retry.
 			client.WithRetryPolicy(client.RetryPolicy{MaxAttempts: 1}),
+			// Nor does it abandon slow calls: the breaker's detector
+			// (no answer for 1 s) cancelled every call in flight when a
+			// loaded server was slow to answer, at a cold start over
+			// 1M subjects or an epoch rollover, and the failed-fast
+			// calls then counted as thousands of errors.
+			client.WithBreaker(client.BreakerPolicy{Disabled: true}),
 			client.WithMaxIdleConns(max(cfg.concurrency*2, 16)),
 		)
 		if err != nil {

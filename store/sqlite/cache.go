@@ -43,6 +43,10 @@ type clockTable[K comparable, T any] struct {
 	slots []clockSlot[K, T]
 	hand  int
 	limit int
+	// complete is set while the table holds every row of its SQL table,
+	// so a key it does not hold does not exist (completeHeads); an
+	// eviction or a reset clears it.
+	complete bool
 	// evictions counts rows evicted to make room (tests, metrics).
 	evictions uint64
 }
@@ -78,6 +82,7 @@ func (t *clockTable[K, T]) put(key K, val cached[T]) {
 		t.slots[t.hand].used = false
 		t.hand = (t.hand + 1) % len(t.slots)
 	}
+	t.complete = false
 	victim := &t.slots[t.hand]
 	delete(t.index, victim.key)
 	*victim = clockSlot[K, T]{key: key, val: val}
@@ -111,6 +116,7 @@ func (t *clockTable[K, T]) reset() {
 	clear(t.slots)
 	t.slots = t.slots[:0]
 	t.hand = 0
+	t.complete = false
 }
 
 func (t *clockTable[K, T]) len() int { return len(t.slots) }
@@ -137,6 +143,9 @@ type rowCache struct {
 	heads       *clockTable[ledger.PolicyKey, ledger.PolicyHead]
 	accounts    *clockTable[ledger.AccountKey, ledger.Account]
 	currents    *clockTable[ledger.PolicyKey, uint64]
+	// headsTooMany is set when the policy heads were too many to load
+	// whole (completeHeads), until the cache starts over.
+	headsTooMany bool
 }
 
 func newRowCache(rows int) *rowCache {
@@ -157,6 +166,7 @@ func (c *rowCache) resetLocked() {
 	c.heads.reset()
 	c.accounts.reset()
 	c.currents.reset()
+	c.headsTooMany = false
 }
 
 // sync empties the cache unless version is the data_version it was filled
@@ -214,7 +224,9 @@ func lookup[K comparable, T any](c *rowCache, m *clockTable[K, T], key K, clone 
 	defer c.mu.Unlock()
 	e, ok := m.get(key)
 	if !ok {
-		return nil, false
+		// In a complete table, a key not held is a row that does not
+		// exist.
+		return nil, m.complete
 	}
 	if e.row == nil {
 		return nil, true

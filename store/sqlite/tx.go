@@ -33,6 +33,9 @@ type Tx struct {
 	prefetched map[string]*ledger.Reservation
 	// tombs holds the tombstones prefetched with them (retention.go).
 	tombs map[string]*ledger.Tombstone
+	// storedEpochs is the epoch_start the file holds for the accounts
+	// this transaction read or wrote (accountwrite.go).
+	storedEpochs map[ledger.AccountKey]int64
 }
 
 var _ store.Tx = (*Tx)(nil)
@@ -164,6 +167,9 @@ func (tx *Tx) PolicyGet(ctx context.Context, generation uint64) (*ledger.Policy,
 
 // PolicyHeadGet returns the key's head, or store.ErrNotFound.
 func (tx *Tx) PolicyHeadGet(ctx context.Context, key ledger.PolicyKey) (*ledger.PolicyHead, error) {
+	if err := tx.completeHeads(ctx); err != nil {
+		return nil, err
+	}
 	return cachedGet(ctx, tx, tx.s.cache.heads, key, copyRow, "policy head", func() (*ledger.PolicyHead, error) {
 		return getOne(ctx, tx, wHeadGet, scanHead, "policy head "+key.String(), key.Subject, key.Route, key.Region)
 	})
@@ -176,10 +182,15 @@ func (tx *Tx) AccountGet(ctx context.Context, key ledger.AccountKey) (*ledger.Ac
 	if !storable(key.Generation) {
 		return nil, fmt.Errorf("account %s: %w", key, store.ErrNotFound)
 	}
-	return cachedGet(ctx, tx, tx.s.cache.accounts, key, copyRow, "account", func() (*ledger.Account, error) {
+	a, err := cachedGet(ctx, tx, tx.s.cache.accounts, key, copyRow, "account", func() (*ledger.Account, error) {
 		return getOne(ctx, tx, wAccountGet, scanAccount, "account "+key.String(),
 			key.Subject, key.Route, key.Region, int64(key.Generation))
 	})
+	if err == nil {
+		var c codec.Conv // as accountArgs stores it
+		tx.noteAccountEpoch(key, c.Nanos(a.EpochStart))
+	}
+	return a, err
 }
 
 // AccountCurrentGet returns the subject's current generation, or
@@ -334,7 +345,7 @@ func (tx *Tx) write(ctx context.Context, c *store.Changes) error {
 		if conv.Dims(int64(a.Dims)); conv.Err() != nil {
 			return fmt.Errorf("account %s: %w", a.Key, conv.Err())
 		}
-		if err := tx.exec(ctx, wAccountPut, "account "+a.Key.String(), &conv, accountArgs(a, &conv)); err != nil {
+		if err := tx.putAccount(ctx, a, &conv); err != nil {
 			return err
 		}
 	}

@@ -1,0 +1,166 @@
+package sqlite_test
+
+import (
+	"context"
+	"database/sql"
+	"encoding/binary"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+	"github.com/capledger/capledger/store/sqlite"
+)
+
+// walPages returns the page numbers of the frames in the WAL file at path
+// (32-byte header, then frames of a 24-byte header and a page).
+func walPages(t *testing.T, path string, pageSize int) []uint32 {
+	t.Helper()
+	b, err := os.ReadFile(path + "-wal")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pages []uint32
+	for off := 32; off+24+pageSize <= len(b); off += 24 + pageSize {
+		pages = append(pages, binary.BigEndian.Uint32(b[off:]))
+	}
+	return pages
+}
+
+// TestAccountWriteKeepsTheEpochIndex checks that writing an account this
+// transaction read, its epoch unchanged, leaves the pages of the
+// accounts_by_epoch index alone (SQLite rewrites an index on every UPDATE
+// naming one of its columns, so the upsert wrote a second random page per
+// account), while a rolled epoch and a blind write still update it, and
+// AccountsByEpoch then finds the account under its new epoch.
+func TestAccountWriteKeepsTheEpochIndex(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "capledger.db")
+	s, err := sqlite.Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	epoch := time.Date(2026, 7, 19, 14, 0, 0, 0, time.UTC)
+	account := func(i int, epochStart time.Time, available ledger.Units) ledger.Account {
+		return ledger.Account{Key: ledger.AccountKey{Subject: fmt.Sprintf("tenant-%05d", i), Route: "chat", Region: "eu", Generation: 1},
+			Dims: 1, EpochStart: epochStart, Balances: ledger.Balances{{Opening: 1000, Available: available}}}
+	}
+	// Enough accounts that the table and the index span many pages.
+	all := make([]ledger.Account, 3000)
+	for i := range all {
+		all[i] = account(i, epoch, 1000)
+	}
+	commit := func(read bool, a ledger.Account) {
+		t.Helper()
+		tx, err := s.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		if read {
+			if _, err := tx.AccountGet(ctx, a.Key); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := tx.Write(ctx, &store.Changes{Accounts: []ledger.Account{a}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tx, err := s.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Write(ctx, &store.Changes{Accounts: all}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	db, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(1)
+	var pageSize int
+	if err := db.QueryRow("PRAGMA page_size").Scan(&pageSize); err != nil {
+		t.Fatal(err)
+	}
+	// indexPagesWritten empties the WAL, runs one commit and reports
+	// whether its frames hold a page of the index.
+	indexPagesWritten := func(read bool, a ledger.Account) bool {
+		t.Helper()
+		for busy, tries := 1, 0; busy != 0; tries++ {
+			if tries == 1000 {
+				t.Fatal("the WAL checkpoint stayed busy")
+			}
+			var log, done int
+			if err := db.QueryRow("PRAGMA wal_checkpoint(TRUNCATE)").Scan(&busy, &log, &done); err != nil {
+				t.Fatal(err)
+			}
+			if busy != 0 {
+				time.Sleep(10 * time.Millisecond) // the store's checkpointer runs one
+			}
+		}
+		commit(read, a)
+		rows, err := db.Query("SELECT pageno FROM dbstat WHERE name = 'accounts_by_epoch'")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		var index []uint32
+		for rows.Next() {
+			var p uint32
+			if err := rows.Scan(&p); err != nil {
+				t.Fatal(err)
+			}
+			index = append(index, p)
+		}
+		if len(index) < 3 {
+			t.Fatalf("the index has %d pages; the test needs more", len(index))
+		}
+		written := walPages(t, path, pageSize)
+		if len(written) == 0 {
+			t.Fatal("the commit wrote no WAL frame")
+		}
+		for _, p := range written {
+			if slices.Contains(index, p) {
+				return true
+			}
+		}
+		return false
+	}
+
+	if indexPagesWritten(true, account(1500, epoch, 900)) {
+		t.Error("a read account written with its epoch unchanged rewrote the epoch index")
+	}
+	if !indexPagesWritten(false, account(1501, epoch, 900)) {
+		t.Error("a blind write did not go through the upsert (the check above would prove nothing)")
+	}
+	next := epoch.Add(time.Hour)
+	if !indexPagesWritten(true, account(1502, next, 800)) {
+		t.Error("a rolled epoch did not update the epoch index")
+	}
+	for i, want := range map[int]ledger.Units{1500: 900, 1501: 900, 1502: 800, 1503: 1000} {
+		got, err := s.AccountGet(ctx, account(i, epoch, 0).Key)
+		if err != nil || got.Balances[0].Available != want {
+			t.Errorf("account %d: available %d, %v; want %d", i, got.Balances[0].Available, err, want)
+		}
+	}
+	rolled, err := s.AccountsByEpoch(ctx, store.EpochFilter{Generation: 1, Limit: 10, After: store.EpochCursor{EpochStart: epoch, Subject: "tenant-99999"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rolled) != 1 || rolled[0].Key.Subject != "tenant-01502" || !rolled[0].EpochStart.Equal(next) {
+		t.Errorf("accounts after the first epoch: %+v; want tenant-01502 at %s", rolled, next)
+	}
+}
