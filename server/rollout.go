@@ -302,8 +302,24 @@ func (svc *rolloutService) CreateRollout(ctx context.Context, req *connect.Reque
 	return connect.NewResponse(&v1.CreateRolloutResponse{Rollout: rolloutProto(&r)}), nil
 }
 
+// refuseScoped is the answer of the RolloutService's reads to a token
+// scoped to some subjects or routes: rollouts, shadow counts and drain
+// progress are figures over every tenant of a route or generation, so a
+// tenant-scoped token may not read them (nil for an unscoped caller).
+func refuseScoped(ctx context.Context, what string) *connect.Error {
+	if !scoped(ctx) {
+		return nil
+	}
+	id, _ := IdentityFrom(ctx)
+	return withReason(connect.NewError(connect.CodePermissionDenied,
+		fmt.Errorf("%s spans tenants: token %q is scoped (%s)", what, id.Name, id.Scope)), ReasonPermissionDenied)
+}
+
 // GetRollout implements RolloutService.GetRollout.
 func (svc *rolloutService) GetRollout(ctx context.Context, req *connect.Request[v1.GetRolloutRequest]) (*connect.Response[v1.GetRolloutResponse], error) {
+	if cerr := refuseScoped(ctx, "a rollout"); cerr != nil {
+		return nil, cerr
+	}
 	if cerr := svc.ready(); cerr != nil {
 		return nil, cerr
 	}
@@ -316,6 +332,9 @@ func (svc *rolloutService) GetRollout(ctx context.Context, req *connect.Request[
 
 // ListRollouts implements RolloutService.ListRollouts.
 func (svc *rolloutService) ListRollouts(ctx context.Context, req *connect.Request[v1.ListRolloutsRequest]) (*connect.Response[v1.ListRolloutsResponse], error) {
+	if cerr := refuseScoped(ctx, "the rollouts"); cerr != nil {
+		return nil, cerr
+	}
 	if cerr := svc.ready(); cerr != nil {
 		return nil, cerr
 	}
@@ -393,6 +412,9 @@ func (svc *rolloutService) UndoRolloutStep(ctx context.Context, req *connect.Req
 
 // ShadowReport implements RolloutService.ShadowReport.
 func (svc *rolloutService) ShadowReport(ctx context.Context, req *connect.Request[v1.ShadowReportRequest]) (*connect.Response[v1.ShadowReportResponse], error) {
+	if cerr := refuseScoped(ctx, "the shadow report"); cerr != nil {
+		return nil, cerr
+	}
 	sc := svc.s.shadow
 	return connect.NewResponse(&v1.ShadowReportResponse{Comparisons: sc.report(req.Msg.GetRoute()), Since: timestamppb.New(sc.since)}), nil
 }
@@ -436,6 +458,9 @@ func (svc *rolloutService) RollbackGenerations(ctx context.Context, req *connect
 
 // DrainProgress implements RolloutService.DrainProgress.
 func (svc *rolloutService) DrainProgress(ctx context.Context, req *connect.Request[v1.DrainProgressRequest]) (*connect.Response[v1.DrainProgressResponse], error) {
+	if cerr := refuseScoped(ctx, "drain progress"); cerr != nil {
+		return nil, cerr
+	}
 	if svc.drains == nil {
 		return nil, connect.NewError(connect.CodeUnimplemented, errors.New("this server cannot report drains"))
 	}

@@ -13,8 +13,12 @@ import (
 
 const rolloutViewerToken = "viewer-token-0123456789"
 
+// rolloutScopedViewer is a viewer of one tenant's subjects.
+const rolloutScopedViewer = "scoped-viewer-token-0123456789"
+
 func rolloutTokens() string {
-	return adminToken + " admin ops\n" + gatewayToken + " gateway gw-1\n" + rolloutViewerToken + " viewer watcher\n"
+	return adminToken + " admin ops\n" + gatewayToken + " gateway gw-1\n" + rolloutViewerToken + " viewer watcher\n" +
+		rolloutScopedViewer + " viewer tenant-7-watcher subjects=tenant-7\n"
 }
 
 // rollout calls a RolloutService method.
@@ -229,6 +233,27 @@ func TestRolloutBySubjectOverTheAPI(t *testing.T) {
 		r := h.call("Reserve", reserveOn(fmt.Sprintf("r-%d", i), "chat.generate", 500, ""), "")
 		if enforced := r.status == http.StatusTooManyRequests; enforced != tc.enforced || (!enforced && r.body["shadowRejected"] != true) {
 			t.Errorf("at %s%%: %d %s, want enforced %v", tc.percent, r.status, r.raw, tc.enforced)
+		}
+	}
+}
+
+// The RolloutService's reads are figures over every tenant of a route or
+// generation: a viewer scoped to some subjects gets 403 on each, while the
+// unscoped viewer reads them.
+func TestRolloutReadsRefuseScopedTokens(t *testing.T) {
+	h := newHarness(t, harnessOptions{auth: true, tokens: rolloutTokens()})
+	h.ok("PublishPolicy", shadowPolicy("chat.generate"), adminToken)
+	h.rolloutOK("CreateRollout", `{"name":"llm","hashBy":"route","routes":[{"route":"chat.generate"}]}`, adminToken)
+	reads := map[string]string{
+		"GetRollout":    `{"name":"llm"}`,
+		"ListRollouts":  `{}`,
+		"ShadowReport":  `{}`,
+		"DrainProgress": `{"generations":["1"]}`,
+	}
+	for method, body := range reads {
+		h.wantError(h.rollout(method, body, rolloutScopedViewer), 403, "permission_denied", server.ReasonPermissionDenied)
+		if r := h.rollout(method, body, rolloutViewerToken); r.status != 200 {
+			t.Errorf("%s by the unscoped viewer: %d %s", method, r.status, r.raw)
 		}
 	}
 }
