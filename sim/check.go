@@ -52,7 +52,8 @@ const (
 	GateProtocol
 	// GateLiveness: something did not converge after the faults healed.
 	GateLiveness
-	// GateFairness: a tenant's fairness error exceeded its budget.
+	// GateFairness: a fairness window's RFE exceeded the scheduler's bound
+	// (or the scheduler was not work-conserving).
 	GateFairness
 	// GateUnknownWithoutCause: a reservation became USAGE_UNKNOWN with no
 	// request to mark it and before its execution limit passed.
@@ -60,6 +61,9 @@ const (
 	// GateDebtRepaidFirst: a refill made capacity available while the
 	// account still owed debt its minted units could have repaid.
 	GateDebtRepaidFirst
+	// GateTenantFairness: a tenant's fairness error over an interleaving
+	// exceeded its policy's fairness budget.
+	GateTenantFairness
 
 	numGates
 )
@@ -82,6 +86,7 @@ var gateNames = [numGates]string{
 	GateFairness:                  "fairness",
 	GateUnknownWithoutCause:       "unknown_without_cause",
 	GateDebtRepaidFirst:           "debt_repaid_first",
+	GateTenantFairness:            "tenant_fairness",
 }
 
 func (g Gate) String() string {

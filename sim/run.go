@@ -191,7 +191,7 @@ func newWorld(cfg *Config, seed uint64, h hooks) *world {
 	}
 	w.execs = make([]executor, w.shape.executors)
 	for i := range w.execs {
-		w.execs[i].up = true
+		w.execs[i].index, w.execs[i].up = i, true
 		w.execs[i].q.slots = 1 + rng.IntN(3)
 	}
 	w.chk = newChecker(w)
@@ -208,6 +208,9 @@ func newWorld(cfg *Config, seed uint64, h hooks) *world {
 // the requests' arrivals and schedules the periodic actors.
 func (w *world) start() {
 	w.op.base = map[ledger.PolicyKey]*ledger.Policy{}
+	// Drawn first: a backlog interleaving's policies hold long enough for
+	// the burst's queue to drain (initialPolicy).
+	w.backlogOn = w.shape.executors >= 2 && w.chance(backlogShare)
 	shareAny := w.shape.tenants >= 2 && w.chance(0.5)
 	var publish []ledger.Command
 	for t := 0; t < w.shape.tenants; t++ {
@@ -247,8 +250,7 @@ func (w *world) start() {
 			w.schedule(event{at: at, kind: evArrival, a: r.idx})
 		}
 	}
-	if w.chance(backlogShare) && w.shape.executors >= 2 {
-		w.backlogOn = true
+	if w.backlogOn {
 		w.backlogBurst()
 	}
 	w.after(workerEvery, evWorker, 0, 0, 0)
@@ -258,25 +260,40 @@ func (w *world) start() {
 	w.schedule(event{at: int64(w.cfg.HealAt + w.cfg.Deadline), kind: evDeadline})
 }
 
-// backlogShare is the share of interleavings with a backlog burst.
-const backlogShare = 0.25
+// backlogShare is the share of interleavings (with 2+ executors) with a
+// backlog burst.
+const backlogShare = 0.08
+
+// Backlog bursts: each tenant sends backlogMin..backlogMax requests of
+// backlogCost tokens within a second. Equal costs and actual = estimate
+// keep the scheduler's fairness bound (M + 3·c·E, with E = 0) at one
+// request, so a tenant's fair share in the stretches it stays backlogged
+// soon outgrows the bound divided by its budget and is judged
+// (tenantFairness).
+const (
+	backlogMin, backlogMax = 40, 110
+	backlogCost            = 10
+)
 
 // backlogBurst plans a burst of small, short requests from every tenant
-// within a few seconds, all run by executor 0: enough queued work for its
+// within a second, all run by executor 0: enough queued work for its
 // scheduler's fairness to be judged per tenant (tenantFairness).
 func (w *world) backlogBurst() {
-	at := w.between(int64(10*time.Second), int64(w.cfg.ArrivalWindow)-int64(10*time.Second))
+	// After the faults heal: the burst measures the scheduler, and a
+	// partition, crash or overrun holding executor 0's slots for a minute
+	// would only end the stretches early (every other request meets them).
+	at := int64(w.cfg.HealAt) + w.between(int64(time.Second), int64(10*time.Second))
 	for t := 0; t < w.shape.tenants; t++ {
-		n := 12 + w.rng.IntN(16)
+		n := backlogMin + w.rng.IntN(backlogMax-backlogMin+1)
 		for i := 0; i < n; i++ {
 			r := w.newRequest(w.rng.IntN(w.shape.gateways), t, 0)
 			r.backlog = true
-			r.units[0] = w.between(10, 40)
+			r.units[0] = backlogCost
 			for d := 1; d < w.shape.dims; d++ {
 				r.units[d] = 0 // no request-count hold: the token bucket decides
 			}
 			r.digest = digestOf(r)
-			r.arrival = at + w.between(0, int64(3*time.Second))
+			r.arrival = at + w.between(0, int64(time.Second))
 			w.schedule(event{at: r.arrival, kind: evArrival, a: r.idx})
 		}
 	}
