@@ -207,6 +207,11 @@ func (w *world) settleAnswer(r *request, res *ledger.Result) {
 		}
 		r.opPhase = opDone
 		w.done(r, outSettled)
+	case settledBeforeRetention(res.Err):
+		// An earlier copy of this settle was applied (the checker checked
+		// its usage then) and retention has removed the row since.
+		r.opPhase = opDone
+		w.done(r, outSettled)
 	case errors.Is(res.Err, ledger.ErrReservationExpired), errors.Is(res.Err, ledger.ErrReservationReleased):
 		w.violate(GateUnknownAsUnconsumed, fmt.Sprintf("started operation %s of %s used %v, but its settle was refused: %v", r.opID, r.id, r.actual, res.Err))
 	default:

@@ -22,6 +22,7 @@ func TestMutants(t *testing.T) {
 		{"worker_marks_started_unknown", GateUnknownWithoutCause},
 		{"refill_half_debt", GateDebtRepaidFirst},
 		{"fairness_weight_ignored", GateTenantFairness},
+		{"reserve_ignores_tombstone", GateRetention},
 	}
 	for _, m := range mutants {
 		t.Run(m.name, func(t *testing.T) {

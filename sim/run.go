@@ -2,6 +2,7 @@ package sim
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -38,6 +39,11 @@ type Outcome struct {
 	Fairness FairnessResult
 	// SQLite says the interleaving ran on the real SQLite store.
 	SQLite bool
+	// Retention says the retention worker ran; TombstoneReplays counts the
+	// retried reserves the ledger answered from a tombstone.
+	Retention        bool
+	TombstoneReplays int64
+	Retired          int64
 }
 
 // Violation says which gate a run broke, where, and how to replay it.
@@ -152,6 +158,10 @@ func runOne(cfg *Config, seed uint64, h hooks) Outcome {
 		TraceHash: w.tr.hash,
 		Fairness:  w.fair.result(),
 		SQLite:    w.onSQLite,
+
+		Retention:        w.retention.on,
+		TombstoneReplays: w.retention.tombstoneReplays,
+		Retired:          int64(w.chk.retired),
 	}
 	out.ReservationUnknown = make([]time.Duration, len(w.resUnknown))
 	for i, d := range w.resUnknown {
@@ -208,6 +218,7 @@ func newWorld(cfg *Config, seed uint64, h hooks) *world {
 // the requests' arrivals and schedules the periodic actors.
 func (w *world) start() {
 	w.op.base = map[ledger.PolicyKey]*ledger.Policy{}
+	w.drawRetention()
 	// Drawn first: a backlog interleaving's policies hold long enough for
 	// the burst's queue to drain (initialPolicy).
 	w.backlogOn = w.shape.executors >= 2 && w.chance(backlogShare)
@@ -324,6 +335,17 @@ func (w *world) final() {
 			continue
 		}
 		got, err := w.ledgerStore.ReservationGet(w.ctx, r.id)
+		if rs := w.chk.resv[r.id]; errors.Is(err, store.ErrNotFound) && rs != nil && rs.retired {
+			// Removed by retention: its tombstone says how it ended (until
+			// the horizon forgot it), the checker saw what its settle
+			// recorded.
+			got, err = ledger.Reservation{ID: r.id, State: rs.state, Actual: rs.actual}, nil
+			if t, terr := w.ledgerStore.TombstoneGet(w.ctx, r.id); terr == nil {
+				got.State = t.State
+			} else if !rs.forgotten {
+				err = fmt.Errorf("tombstone of %s: %w", r.id, terr)
+			}
+		}
 		if err != nil || (got.State != ledger.StateSettled && got.State != ledger.StateSettledWithDebt) || got.Actual != r.actual {
 			w.violate(GateUnknownAsUnconsumed, fmt.Sprintf("operation %s ran and used %v, but the ledger holds %s with %v (%v)",
 				r.opID, r.actual, got.State, got.Actual, err))

@@ -72,8 +72,13 @@ type Report struct {
 	MinFires           int64
 	// OnSQLite counts the interleavings that ran on the SQLite store.
 	OnSQLite int64
-	Wall     time.Duration
-	CPU      time.Duration
+	// OnRetention counts the interleavings whose retention worker ran;
+	// TombstoneReplays the retried reserves answered from a tombstone.
+	OnRetention      int64
+	TombstoneReplays int64
+	Retired          int64
+	Wall             time.Duration
+	CPU              time.Duration
 }
 
 // acc is one worker's share of a Report.
@@ -86,6 +91,9 @@ type acc struct {
 	usageUnknown    Histogram
 	fair            FairnessSummary
 	onSQLite        int64
+	onRetention     int64
+	tombReplays     int64
+	retired         int64
 }
 
 func (a *acc) add(o *Outcome) {
@@ -111,6 +119,11 @@ func (a *acc) add(o *Outcome) {
 	if o.SQLite {
 		a.onSQLite++
 	}
+	if o.Retention {
+		a.onRetention++
+	}
+	a.tombReplays += o.TombstoneReplays
+	a.retired += o.Retired
 }
 
 // Run runs opts.Interleavings interleavings under cfg on opts.Workers
@@ -214,6 +227,9 @@ func Run(ctx context.Context, cfg *Config, opts Options) *Report {
 		rep.UsageUnknown.Merge(&a.usageUnknown)
 		rep.Fairness.merge(&a.fair)
 		rep.OnSQLite += a.onSQLite
+		rep.OnRetention += a.onRetention
+		rep.TombstoneReplays += a.tombReplays
+		rep.Retired += a.retired
 	}
 	rep.Interleavings = done.Load()
 	return rep
@@ -315,6 +331,7 @@ func (r *Report) WriteTable(w, timing io.Writer) {
 	fmt.Fprintf(w, "  %d events (%d per interleaving), %d store commits, %s simulated\n",
 		r.Events, r.Events/n, r.Commits, r.SimTime.Round(time.Second))
 	fmt.Fprintf(w, "  %d interleavings on the memstore, %d on the SQLite store\n", r.Interleavings-r.OnSQLite, r.OnSQLite)
+	fmt.Fprintf(w, "  %d with the retention worker (engine.Core.RetentionDue): %d reservations removed, %d retried reserves answered from a tombstone\n", r.OnRetention, r.Retired, r.TombstoneReplays)
 	fmt.Fprintf(timing, "  wall %s on %d workers, cpu %s (%.2f ms cpu per interleaving)\n",
 		r.Wall.Round(time.Millisecond), r.Workers, r.CPU.Round(time.Millisecond), float64(r.CPU)/float64(n)/1e6)
 	fmt.Fprintln(w)
