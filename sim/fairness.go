@@ -25,8 +25,14 @@ import (
 //     largest estimate error seen); above it is a GateFairness violation;
 //   - each tenant's served cost and weighted max-min fair share, summed by
 //     tenant weight over all windows of all interleavings: the per-tenant
-//     error of a weight class, |served - fair| / fair, must stay within the
-//     fairness budget (the policies' default, ledger.DefaultFairnessBudget).
+//     error of a weight class, |served - fair| / fair, must stay within
+//     ledger.DefaultFairnessBudget over the run.
+//
+// Each tenant is also judged on its own, in each interleaving, against its
+// own policy's budget: over stretches (syncStretch, closeStretch), long
+// spans with the same backlogged tenants, once its fair share is large
+// enough that the scheduler's proven bound promises the budget
+// (tenantFairness, GateTenantFairness).
 
 // maxWeight is the largest tenant weight the simulated policies draw.
 const maxWeight = 4
