@@ -25,7 +25,9 @@ import "os"
 //   - refill_half_debt: a refill repays only half the debt its minted
 //     units could repay, and makes the rest available;
 //   - fairness_weight_ignored: the first policy published (generation 1)
-//     is stored with fairness weight 1, whatever it asked for.
+//     is stored with fairness weight 1, whatever it asked for;
+//   - reserve_ignores_tombstone: a reserve of an id retention removed does
+//     not look at its tombstone and reserves (debits) it anew.
 //
 // The variable is read on every call so that a test can switch variants
 // between runs in one process.

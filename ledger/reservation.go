@@ -64,7 +64,7 @@ func reserve(b Book, cmd *Command, now time.Time, res *Result) {
 		*res = Result{Reservation: *existing, Replayed: true, Generation: existing.Account.Generation}
 		return
 	}
-	if t, ok := tombstone(b, cmd.ReservationID); ok {
+	if t, ok := tombstone(b, cmd.ReservationID); ok && !mutantOn("reserve_ignores_tombstone") {
 		*res = fromTombstone(t, KindReserve, cmd.RequestDigest)
 		return
 	}

@@ -52,7 +52,8 @@ const (
 	GateProtocol
 	// GateLiveness: something did not converge after the faults healed.
 	GateLiveness
-	// GateFairness: a tenant's fairness error exceeded its budget.
+	// GateFairness: a fairness window's RFE exceeded the scheduler's bound
+	// (or the scheduler was not work-conserving).
 	GateFairness
 	// GateUnknownWithoutCause: a reservation became USAGE_UNKNOWN with no
 	// request to mark it and before its execution limit passed.
@@ -60,6 +61,13 @@ const (
 	// GateDebtRepaidFirst: a refill made capacity available while the
 	// account still owed debt its minted units could have repaid.
 	GateDebtRepaidFirst
+	// GateTenantFairness: a tenant's fairness error over an interleaving
+	// exceeded its policy's fairness budget.
+	GateTenantFairness
+	// GateRetention: retention removed a reservation that was not finished
+	// or left a tombstone that is not the reservation's, or a retried
+	// reserve of a removed id debited again.
+	GateRetention
 
 	numGates
 )
@@ -82,6 +90,8 @@ var gateNames = [numGates]string{
 	GateFairness:                  "fairness",
 	GateUnknownWithoutCause:       "unknown_without_cause",
 	GateDebtRepaidFirst:           "debt_repaid_first",
+	GateTenantFairness:            "tenant_fairness",
+	GateRetention:                 "retention",
 }
 
 func (g Gate) String() string {
@@ -110,6 +120,8 @@ type checker struct {
 	order    []ledger.AccountKey // accounts in creation order (map order is random)
 	resv     map[string]*resvState
 	receipts map[string][]ledger.AccountKey
+	// retired counts the reservations retention removed.
+	retired int
 }
 
 type acctState struct {
@@ -123,6 +135,12 @@ type resvState struct {
 	account   ledger.AccountKey
 	reserved  ledger.Amounts
 	unknownAt int64
+	// actual is the usage its settle recorded; retired is set once
+	// retention removed the row (its tombstone answers for it).
+	actual    ledger.Amounts
+	retired   bool
+	forgotten bool // its tombstone is gone too (past the horizon)
+	digest    string
 }
 
 func newChecker(w *world) checker {
@@ -241,7 +259,42 @@ func (c *checker) changes(ch *store.Changes) {
 			return
 		}
 	}
+	c.retention(&ch.Retention)
+	if c.w.fail != nil {
+		return
+	}
 	c.w.shardChanges(ch)
+}
+
+// retention follows what retire and forget commands removed: only a
+// finished reservation goes, its tombstone is its own (id, digest,
+// account, terminal state), and it goes once.
+func (c *checker) retention(ch *store.RetentionChanges) {
+	for _, id := range ch.RemovedReservations {
+		rs := c.resv[id]
+		if rs == nil || rs.retired || !rs.state.Terminal() {
+			c.violate(GateRetention, "retention removed reservation %s, which was not a finished live one (%+v)", id, rs)
+			return
+		}
+		rs.retired = true
+		c.retired++
+	}
+	for _, id := range ch.RemovedTombstones {
+		rs := c.resv[id]
+		if rs == nil || !rs.retired || rs.forgotten {
+			c.violate(GateRetention, "retention forgot tombstone %s, which it had not left (%+v)", id, rs)
+			return
+		}
+		rs.forgotten = true
+	}
+	for i := range ch.Tombstones {
+		t := &ch.Tombstones[i]
+		rs := c.resv[t.ID]
+		if rs == nil || !rs.retired || t.State != rs.state || t.Account != rs.account || t.RequestDigest != rs.digest {
+			c.violate(GateRetention, "tombstone %+v is not that of the reservation retention removed (%+v)", *t, rs)
+			return
+		}
+	}
 }
 
 func (c *checker) entry(e *ledger.JournalEntry, ch *store.Changes) {
@@ -312,6 +365,9 @@ func (c *checker) transition(e *ledger.JournalEntry, a *acctState, before *ledge
 	}
 	moved := e.Delta != ledger.Balances{}
 	switch {
+	case e.Kind == ledger.KindReserve && rs != nil && rs.retired:
+		c.violate(GateRetention, "reservation %s debited again (%s -> %s) after retention removed it (%s): a retry must replay from its tombstone", id, e.From, e.To, rs.state)
+		return
 	case e.Kind == ledger.KindReserve && rs != nil:
 		c.violate(GateSecondReservation, "reservation %s debited again (%s -> %s) while %s", id, e.From, e.To, rs.state)
 		return
@@ -352,7 +408,7 @@ func (c *checker) transition(e *ledger.JournalEntry, a *acctState, before *ledge
 				return
 			}
 		}
-		rs = &resvState{account: e.Account, reserved: row.Reserved, unknownAt: -1}
+		rs = &resvState{account: e.Account, reserved: row.Reserved, unknownAt: -1, digest: row.RequestDigest}
 		c.resv[id] = rs
 		for d := range a.holds {
 			a.holds[d] += row.Reserved[d]
@@ -386,6 +442,7 @@ func (c *checker) transition(e *ledger.JournalEntry, a *acctState, before *ledge
 				return
 			}
 		}
+		rs.actual = row.Actual
 		if rs.state == ledger.StateUsageUnknown && rs.unknownAt >= 0 {
 			c.w.usageUnknown = append(c.w.usageUnknown, c.w.now-rs.unknownAt)
 		}
@@ -553,8 +610,8 @@ func (c *checker) fullAudit(why string) {
 			return
 		}
 	}
-	if len(snap.Reservations) != len(c.resv) {
-		w.violate(GateJournal, fmt.Sprintf("%s: the store has %d reservations, %d were committed", why, len(snap.Reservations), len(c.resv)))
+	if len(snap.Reservations) != len(c.resv)-c.retired {
+		w.violate(GateJournal, fmt.Sprintf("%s: the store has %d reservations, %d were committed and %d removed by retention", why, len(snap.Reservations), len(c.resv), c.retired))
 		return
 	}
 	w.shardAudit(snap, why)

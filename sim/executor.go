@@ -14,8 +14,9 @@ import (
 // receipt. Its job log and the receipts are durable; the rest dies with the
 // process.
 type executor struct {
-	up bool
-	q  execSched
+	index int
+	up    bool
+	q     execSched
 }
 
 // job hands a dispatched request to its executor.
@@ -38,7 +39,8 @@ func (w *world) job(idx int32) {
 func (w *world) startOp(r *request) {
 	r.opPhase = opStarting
 	r.slot = true
-	if r.expiresAt > w.now+int64(10*time.Millisecond) && w.f.fire(SiteStartVersusExpire) {
+	// A backlog request starts at once (see drawActual).
+	if !r.backlog && r.expiresAt > w.now+int64(10*time.Millisecond) && w.f.fire(SiteStartVersusExpire) {
 		r.opAttempt++
 		at := r.expiresAt - netMin + w.between(-int64(3*time.Millisecond), int64(3*time.Millisecond))
 		w.schedule(event{at: at, kind: evStart, b: r.idx, c: r.opAttempt})
@@ -155,13 +157,15 @@ func (w *world) startAnswer(r *request, res *ledger.Result) {
 // dimension) anywhere up to the estimate, or above it when the
 // over-estimate fault fires; every other dimension exactly as estimated.
 func (w *world) drawActual(r *request) {
-	over := w.f.fire(SiteUsageOverEstimate)
-	if r.backlog && !over {
-		// A backlog request uses what it reserved, so that the fairness
-		// of its scheduler is measured without estimate noise.
+	if r.backlog {
+		// A backlog request uses what it reserved and is never timed
+		// against its hold's expiry, so that its scheduler's fairness
+		// bound has no estimate error in it (E = 0); the over-estimate
+		// and start-vs-expire sites fire on every other request.
 		r.actual = r.units
 		return
 	}
+	over := w.f.fire(SiteUsageOverEstimate)
 	for d := range r.units {
 		switch {
 		case r.units[d] == 0:
@@ -203,6 +207,11 @@ func (w *world) settleAnswer(r *request, res *ledger.Result) {
 		}
 		r.opPhase = opDone
 		w.done(r, outSettled)
+	case settledBeforeRetention(res.Err):
+		// An earlier copy of this settle was applied (the checker checked
+		// its usage then) and retention has removed the row since.
+		r.opPhase = opDone
+		w.done(r, outSettled)
 	case errors.Is(res.Err, ledger.ErrReservationExpired), errors.Is(res.Err, ledger.ErrReservationReleased):
 		w.violate(GateUnknownAsUnconsumed, fmt.Sprintf("started operation %s of %s used %v, but its settle was refused: %v", r.opID, r.id, r.actual, res.Err))
 	default:
@@ -224,7 +233,7 @@ func (w *world) crashExecutor(i int) {
 			r.schedKnown = false
 		}
 	}
-	e.q.open = false // the fairness window dies with it
+	e.q.open, e.q.stretchOn = false, false // the fairness window and stretch die with it
 	w.log(recExecCrash, w.executorNode(i), 0, "", 0, "")
 	w.after(w.between(execRestartLo, execRestartHi), evExecRestart, int32(i), 0, 0)
 }

@@ -25,8 +25,14 @@ import (
 //     largest estimate error seen); above it is a GateFairness violation;
 //   - each tenant's served cost and weighted max-min fair share, summed by
 //     tenant weight over all windows of all interleavings: the per-tenant
-//     error of a weight class, |served - fair| / fair, must stay within the
-//     fairness budget (the policies' default, ledger.DefaultFairnessBudget).
+//     error of a weight class, |served - fair| / fair, must stay within
+//     ledger.DefaultFairnessBudget over the run.
+//
+// Each tenant is also judged on its own, in each interleaving, against its
+// own policy's budget: over stretches (syncStretch, closeStretch), long
+// spans with the same backlogged tenants, once its fair share is large
+// enough that the scheduler's proven bound promises the budget
+// (tenantFairness, GateTenantFairness).
 
 // maxWeight is the largest tenant weight the simulated policies draw.
 const maxWeight = 4
@@ -47,12 +53,17 @@ type FairnessResult struct {
 	WindowsBy [maxWeight + 1]int64
 	// WorstRFE is the largest RFE / bound of a window.
 	WorstRFE float64
-	// Judged counts the tenants whose fair share over the interleaving's
-	// windows reached MinFairServed, so their error e_i was checked
-	// against their policy's fairness budget; WorstTenant is the largest
-	// e_i / budget among them.
+	// Judged counts the tenants whose fair share over the stretches they
+	// were backlogged through was large enough to judge (tenantFairness),
+	// so their error e_i was checked against their policy's fairness
+	// budget; WorstTenant is the largest e_i / budget among them.
 	Judged      int64
 	WorstTenant float64
+	// Stretches counts the stretches; WorstBound is the largest
+	// |served - fair| / bound of a tenant over its stretches (judged or
+	// not): the share of the scheduler's proven bound it used.
+	Stretches  int64
+	WorstBound float64
 }
 
 // FairnessSummary aggregates FairnessResults.
@@ -70,6 +81,8 @@ func (s *FairnessSummary) add(r *FairnessResult) {
 	s.WorstRFE = math.Max(s.WorstRFE, r.WorstRFE)
 	s.Judged += r.Judged
 	s.WorstTenant = math.Max(s.WorstTenant, r.WorstTenant)
+	s.Stretches += r.Stretches
+	s.WorstBound = math.Max(s.WorstBound, r.WorstBound)
 }
 
 func (s *FairnessSummary) merge(o *FairnessSummary) { s.add(&o.FairnessResult) }
@@ -109,7 +122,9 @@ func (s *FairnessSummary) write(out io.Writer) {
 			s.ClassError(w), ledger.DefaultFairnessBudget, mark)
 	}
 	fmt.Fprintf(tw, "worst window RFE / bound\t\t\t\t%.3f\t1.00\t\n", s.WorstRFE)
-	fmt.Fprintf(tw, "worst tenant e_i / budget (not gated)\t%d\t\t>= %d\t%.3f\t\t\n", s.Judged, MinFairServed, s.WorstTenant)
+	fmt.Fprintf(tw, "tenants judged, each in its interleaving (%d stretches)\t%d\t\t\t\t\t\n", s.Stretches, s.Judged)
+	fmt.Fprintf(tw, "worst tenant e_i / its budget\t\t\t\t%.3f\t1.00\t\n", s.WorstTenant)
+	fmt.Fprintf(tw, "worst tenant |served - fair| / bound\t\t\t\t%.3f\t\t\n", s.WorstBound)
 	tw.Flush()
 }
 
@@ -120,9 +135,13 @@ type fairness struct {
 	// requests dispatched so far.
 	maxEstimate int64
 	maxError    int64
-	// served and fair sum, per tenant subject, the cost served and the
-	// fair share over the interleaving's closed windows (all executors).
-	served, fair map[string]float64
+	// served, fair and bound sum, per executor and tenant (index
+	// executor*len(world.tenants)+tenant), the cost served, the fair
+	// share and the scheduler's bound on their difference over the
+	// stretches the tenant was backlogged through at that executor. Each
+	// executor's scheduler is judged on its own: their bounds differ by
+	// the size of the requests each runs.
+	served, fair, bound []float64
 }
 
 func (f *fairness) result() FairnessResult { return f.res }
@@ -137,6 +156,18 @@ type execSched struct {
 	count  int  // dispatches in the open window
 	minW   int64
 	weight map[string]int64
+
+	// The stretch meter judges each tenant (tenantFairness): a stretch is
+	// a span of time in which the set of backlogged tenants (a request
+	// queued) stays the same and has 2 or more members. It ends, and is
+	// summed into its tenants' figures, when a tenant joins (before its
+	// request is counted) or one runs dry (just after its last dispatch).
+	stretch    *sched.Meter
+	stretchOn  bool
+	stretchSet uint64 // bit t: tenant t was backlogged when it began
+	// maxEstimate and maxError are M and E of the bound for this
+	// scheduler, over every request it was given since it was created.
+	maxEstimate, maxError int64
 }
 
 func (w *world) newExecSched(e *executor) {
@@ -148,7 +179,7 @@ func (w *world) newExecSched(e *executor) {
 	if err != nil {
 		panic("sim: sched.New with a valid config: " + err.Error())
 	}
-	e.q = execSched{s: s, meter: meter, slots: e.q.slots, busy: e.q.busy, weight: map[string]int64{}}
+	e.q = execSched{s: s, meter: meter, stretch: sched.NewMeter(), slots: e.q.slots, busy: e.q.busy, weight: map[string]int64{}}
 	w.op.refresh(w)
 	for t := range w.tenants {
 		name := w.tenants[t].subject
@@ -177,12 +208,19 @@ func (w *world) newExecSched(e *executor) {
 func (w *world) enqueue(r *request) {
 	e := &w.execs[r.exec]
 	name, cost := w.tenants[r.tenant].subject, max(r.units[0], 1)
+	if e.q.s.QueueLen(name) == 0 {
+		// A tenant joining the backlogged ones ends the stretch before its
+		// demand is counted: it was not there to be served.
+		w.closeStretch(e)
+	}
 	err := e.q.s.Enqueue(sched.Request{ReservationID: r.id, Tenant: name, EstimatedCost: cost})
 	if err != nil {
 		w.violate(GateProtocol, fmt.Sprintf("sched.Enqueue %s: %v", r.id, err))
 		return
 	}
 	e.q.meter.Enqueued(name, 0, e.q.weight[name], cost)
+	e.q.stretch.Enqueued(name, 0, e.q.weight[name], cost)
+	e.q.maxEstimate = max(e.q.maxEstimate, cost)
 	w.pump(r.exec)
 }
 
@@ -195,6 +233,7 @@ func (w *world) pump(i int) {
 	}
 	for e.q.busy < e.q.slots && e.q.s.Len() > 0 {
 		w.fairnessWindow(e)
+		w.syncStretch(e)
 		req, ok := e.q.s.Dispatch()
 		if !ok {
 			w.violate(GateFairness, "sched.Dispatch returned nothing with requests queued (not work-conserving)")
@@ -202,6 +241,10 @@ func (w *world) pump(i int) {
 		}
 		e.q.busy++
 		e.q.meter.Dispatched(req.ReservationID, req.Tenant, req.EstimatedCost)
+		e.q.stretch.Dispatched(req.ReservationID, req.Tenant, req.EstimatedCost)
+		if e.q.s.QueueLen(req.Tenant) == 0 {
+			w.closeStretch(e) // it ran dry: its last dispatch is the stretch's last
+		}
 		if e.q.open {
 			e.q.count++
 		}
@@ -214,6 +257,7 @@ func (w *world) pump(i int) {
 		w.startOp(r)
 	}
 	w.fairnessWindow(e)
+	w.syncStretch(e)
 }
 
 func (w *world) requestByID(id string, exec int) *request {
@@ -240,7 +284,9 @@ func (w *world) slotFree(r *request, actual int64) {
 			return
 		}
 		e.q.meter.Settled(r.id, actual)
+		e.q.stretch.Settled(r.id, actual)
 		w.fair.maxError = max(w.fair.maxError, abs64(r.units[0]-actual))
+		e.q.maxError = max(e.q.maxError, abs64(max(r.units[0], 1)-actual))
 	}
 	w.pump(r.exec)
 }
@@ -309,48 +355,133 @@ func (w *world) closeWindow(e *executor) {
 		f.Served[tf.Weight] += float64(tf.Served)
 		f.Fair[tf.Weight] += tf.FairShare * capacity
 		f.WindowsBy[tf.Weight]++
-		if w.fair.served == nil {
-			w.fair.served, w.fair.fair = map[string]float64{}, map[string]float64{}
-		}
-		if tf.Backlogged {
-			// Judged per tenant only where its demand was unlimited the
-			// whole window, so its fair share does not rest on an estimate
-			// of demand that expiry or rejection took away.
-			w.fair.served[tf.Tenant] += float64(tf.Served)
-			w.fair.fair[tf.Tenant] += tf.FairShare * capacity
-		}
 	}
 }
 
+// syncStretch begins a stretch when two or more tenants are backlogged and
+// none is open, and ends the open one if its set of backlogged tenants
+// changed.
+func (w *world) syncStretch(e *executor) {
+	q := &e.q
+	if len(w.tenants) > 64 {
+		return // the set is a bit mask: no stretches with --tenants above 64
+	}
+	var set uint64
+	n := 0
+	for t := range w.tenants {
+		if q.s.QueueLen(w.tenants[t].subject) > 0 {
+			set |= 1 << t
+			n++
+		}
+	}
+	if q.stretchOn && set != q.stretchSet {
+		w.closeStretch(e)
+	}
+	if !q.stretchOn && n >= 2 {
+		q.stretch.StartWindow()
+		q.stretchOn, q.stretchSet = true, set
+	}
+}
+
+// closeStretch ends the executor's open stretch and adds, for each tenant
+// still backlogged at its end, what it was served, its weighted max-min fair
+// share (the meter's, from the actual costs) and the scheduler's bound on
+// their difference: with M the largest estimate, c the slots, E the largest
+// estimate error and w_min the smallest weight of the stretch's tenants,
+// docs/FAIRNESS.md bounds |S_i/w_i - S_j/w_j| by (M + 3·c·E)·(1/w_i + 1/w_j);
+// the fair share is w_i times a weighted mean of the S_j/w_j, so
+// |S_i - F_i| <= (M + 3·c·E)·(1 + w_i/w_min).
+func (w *world) closeStretch(e *executor) {
+	q := &e.q
+	if !q.stretchOn {
+		return
+	}
+	q.stretchOn = false
+	// Every tenant of the set was backlogged from the stretch's start to
+	// its end (one that ran dry did so at the last dispatch), so each one's
+	// fair share is its weight's part of what they were served together.
+	snap := q.stretch.Snapshot()
+	var capacity, weights float64
+	minW := int64(math.MaxInt64)
+	for _, tf := range snap {
+		capacity += float64(tf.Served) // one priority level
+	}
+	for t := range w.tenants {
+		if q.stretchSet&(1<<t) != 0 {
+			weight := q.weight[w.tenants[t].subject]
+			weights += float64(weight)
+			minW = min(minW, weight)
+		}
+	}
+	if capacity == 0 {
+		return
+	}
+	f := &w.fair
+	if f.served == nil {
+		n := len(w.execs) * len(w.tenants)
+		f.served, f.fair, f.bound = make([]float64, n), make([]float64, n), make([]float64, n)
+	}
+	f.res.Stretches++
+	m := float64(q.maxEstimate + 3*int64(q.slots)*q.maxError)
+	for _, tf := range snap {
+		t := w.tenantIndex(tf.Tenant)
+		if q.stretchSet&(1<<t) == 0 {
+			w.violate(GateProtocol, fmt.Sprintf("executor %d served tenant %s in a stretch it was not backlogged in", e.index, tf.Tenant))
+			return
+		}
+		i := e.index*len(w.tenants) + t
+		f.served[i] += float64(tf.Served)
+		f.fair[i] += capacity * float64(tf.Weight) / weights
+		f.bound[i] += m * (1 + float64(tf.Weight)/float64(minW))
+	}
+}
+
+func (w *world) tenantIndex(subject string) int {
+	for t := range w.tenants {
+		if w.tenants[t].subject == subject {
+			return t
+		}
+	}
+	panic("sim: a scheduler served an unknown tenant " + subject)
+}
+
 // tenantFairness checks, at the end of an interleaving, each tenant's
-// fairness error over its windows, e_i = |served - fair| / fair, against
-// the fairness budget of the tenant's policy, for every tenant whose fair
-// share reached MinFairServed (tiny samples do not decide).
+// fairness error at each executor over the stretches it was backlogged
+// through, e_i = |served - fair| / fair, against its own policy's fairness
+// budget.
+// A tenant is judged once its fair share is large enough that the
+// scheduler's bound promises the budget (fair >= bound / budget) and at
+// least MinFairServed: a correct scheduler then cannot fail, and a smaller
+// sample does not decide.
 func (w *world) tenantFairness() {
 	f := &w.fair
-	for t := range w.tenants {
-		name := w.tenants[t].subject
-		fair := f.fair[name]
-		if fair < MinFairServed {
+	for i := range f.fair {
+		t := i % len(w.tenants)
+		fair := f.fair[i]
+		if fair == 0 {
 			continue
 		}
-		budget := w.op.base[w.tenants[t].key].FairnessBudget
-		e := math.Abs(f.served[name]-fair) / fair
+		diff := math.Abs(f.served[i] - fair)
+		if f.bound[i] > 0 {
+			f.res.WorstBound = math.Max(f.res.WorstBound, diff/f.bound[i])
+		}
+		p := w.op.base[w.tenants[t].key]
+		budget := p.FairnessBudget
+		if fair < MinFairServed || fair < f.bound[i]/budget {
+			continue
+		}
+		e := diff / fair
 		f.res.Judged++
 		f.res.WorstTenant = math.Max(f.res.WorstTenant, e/budget)
-		if e > budget && gateTenantFairness {
-			w.violate(GateFairness, fmt.Sprintf("tenant %s (weight %d) was served %.0f against a fair share of %.0f over %d windows: error %.4f > its policy's fairness budget %.2f",
-				name, w.op.base[w.tenants[t].key].FairnessWeight, f.served[name], fair, f.res.Windows, e, budget))
+		if e > budget {
+			w.violate(GateTenantFairness, fmt.Sprintf("tenant %s (weight %d) was served %.0f by executor %d against a fair share of %.0f over the stretches it was backlogged through: error %.4f > its policy's fairness budget %.2f (the scheduler's bound allows %.0f)",
+				w.tenants[t].subject, p.FairnessWeight, f.served[i], i/len(w.tenants), fair, e, budget, f.bound[i]))
 			return
 		}
 	}
 }
 
-// MinFairServed is the fair share (in cost units) a tenant must reach over
-// an interleaving before its fairness error is judged.
-const MinFairServed = 1000
-
-// gateTenantFairness: the per-tenant, per-interleaving error is measured
-// and reported (FairnessResult.WorstTenant), not gated: see
-// docs/SIMULATOR.md, "Fairness", for why the samples are too small.
-const gateTenantFairness = false
+// MinFairServed is the least fair share (in cost units, over the stretches
+// a tenant was backlogged through) at which a tenant's fairness error is
+// judged, whatever the bound allows.
+const MinFairServed = 200

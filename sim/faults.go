@@ -79,6 +79,11 @@ const (
 	// while the start's batch is in flight; the batch commits between
 	// Due's listing and its re-read of the reservation.
 	SiteWorkerRereadRace
+	// SiteRetentionRetry: a gateway sends a finished request's reserve
+	// again (same id and digest) after the retention worker may have
+	// removed its reservation: the ledger must answer it from the row or
+	// the tombstone as a replay and debit nothing.
+	SiteRetentionRetry
 
 	numSites
 )
@@ -105,6 +110,7 @@ var siteNames = [numSites]string{
 	SiteExecutionOverrun:        "execution_overrun",
 	SiteDigestReuse:             "digest_reuse",
 	SiteWorkerRereadRace:        "worker_reread_race",
+	SiteRetentionRetry:          "retention_retry",
 }
 
 func (s Site) String() string {
@@ -160,6 +166,7 @@ var profiles = [numSites]siteProfile{
 	SiteExecutionOverrun:        {0.5, [3]float64{0.05, 0.15, 0.3}},
 	SiteDigestReuse:             {0.4, [3]float64{0.05, 0.1, 0.2}},
 	SiteWorkerRereadRace:        {0.6, [3]float64{0.5, 0.8, 1}},
+	SiteRetentionRetry:          {0.6, [3]float64{0.1, 0.2, 0.4}},
 }
 
 // faults is one interleaving's fault plan and counters.

@@ -273,6 +273,10 @@ func (w *world) gatewayReceive(m *message) {
 		w.probeAnswer(r, m)
 		return
 	}
+	if m.late {
+		w.lateRetryAnswer(r, m)
+		return
+	}
 	if m.attempt != r.attempt || r.phase == phDone {
 		w.log(recStale, node, m.cmd.Kind, r.id, int64(m.attempt), "")
 		return
@@ -336,6 +340,16 @@ func (w *world) retryReserve(idx, attempt int32) {
 // adoptReceipt continues from a reservation receipt (a reserve answer or a
 // lookup). The receipt must be this request's: same id, digest and units.
 func (w *world) adoptReceipt(r *request, resv *ledger.Reservation, via string) {
+	if resv.Retired && resv.ID == r.id && resv.RequestDigest == r.digest {
+		// Retention removed it (the tombstone keeps no amounts): it
+		// finished while the gateway did not know, which only expiry does.
+		if resv.State == ledger.StateExpired {
+			w.done(r, outExpired)
+			return
+		}
+		w.violate(GateProtocol, fmt.Sprintf("%s of %s found it %s and removed by retention before the gateway dispatched or released it", via, r.id, resv.State))
+		return
+	}
 	if resv.ID != r.id || resv.RequestDigest != r.digest || resv.Reserved != r.units {
 		w.violate(GateProtocol, fmt.Sprintf("%s of %s returned the receipt of %s (digest %s, units %v), not the request's (digest %s, units %v)",
 			via, r.id, resv.ID, resv.RequestDigest, resv.Reserved, r.digest, r.units))
@@ -434,4 +448,5 @@ func (w *world) done(r *request, out outcome) {
 	r.phase = phDone
 	r.outcome = out
 	w.log(recDone, w.gatewayNode(r.gw), 0, r.id, 0, outcomeNames[out])
+	w.retryAfterRetention(r)
 }

@@ -152,7 +152,9 @@ type ledgerNode struct {
 	dying       int  // crash variant armed for the next batch
 	commits     int64
 	lastEpochs  int64
-	answers     int64
+	// lastRetention is when the retention worker last ran.
+	lastRetention int64
+	answers       int64
 	// lateDrains are duplicate recoveries held back for a later batch.
 	lateDrains []internalCmd
 }
@@ -411,7 +413,7 @@ func (w *world) ledgerBatch() {
 		}
 		m := inbox[owner]
 		n.answers++
-		answer := &message{from: ledgerNodeID, to: m.from, owner: m.owner, attempt: m.attempt, probe: m.probe, cmd: m.cmd, answerID: n.answers, sub: m.sub}
+		answer := &message{from: ledgerNodeID, to: m.from, owner: m.owner, attempt: m.attempt, probe: m.probe, late: m.late, cmd: m.cmd, answerID: n.answers, sub: m.sub}
 		if err != nil {
 			answer.kind = msgUnavailable
 		} else {
@@ -431,6 +433,14 @@ func (w *world) ledgerBatch() {
 		}
 		answer := &message{kind: msgLookupAnswer, from: ledgerNodeID, to: m.from, owner: m.owner, attempt: m.attempt, cmd: m.cmd}
 		r, gerr := w.ledgerStore.ReservationGet(w.ctx, m.cmd.ReservationID)
+		if errors.Is(gerr, store.ErrNotFound) {
+			// Removed by retention: the server answers from the tombstone
+			// (engine.Engine.ReservationOrTombstone).
+			var t ledger.Tombstone
+			if t, gerr = w.ledgerStore.TombstoneGet(w.ctx, m.cmd.ReservationID); gerr == nil {
+				r = t.Receipt()
+			}
+		}
 		switch {
 		case gerr == nil:
 			answer.found = true
@@ -572,6 +582,17 @@ func (w *world) workerTick(extra bool) {
 			n.internal = append(n.internal, internalCmd{cmd: c, from: fromWorker})
 		}
 		w.drainWork()
+	}
+	if !extra && w.retention.on && w.now-n.lastRetention >= retentionEvery {
+		n.lastRetention = w.now
+		cmds, err := n.core.RetentionDue(w.ctx, w.time(), w.retention.window, w.retention.horizon, 64)
+		if err != nil {
+			w.violate(GateJournal, fmt.Sprintf("engine.Core.RetentionDue: %v", err))
+			return
+		}
+		for _, c := range cmds {
+			n.internal = append(n.internal, internalCmd{cmd: c, from: fromWorker})
+		}
 	}
 	if !extra && w.healed {
 		w.debtTraffic()

@@ -20,11 +20,20 @@ type operator struct {
 	published     int
 }
 
+// fairnessBudgets are the fairness budgets the simulated policies draw (0
+// leaves the default, ledger.DefaultFairnessBudget): each tenant is judged
+// against its own policy's.
+var fairnessBudgets = []float64{0, 0.1, 0.2}
+
 // initialPolicy draws the first generation of a policy key.
 func (w *world) initialPolicy(key ledger.PolicyKey) *ledger.Policy {
+	burstLo := int64(600)
+	if w.backlogOn {
+		burstLo = 1500 // room for most of a tenant's backlog burst at once
+	}
 	dims := []ledger.Dimension{{
 		Unit:           "tokens",
-		Burst:          w.between(600, 3000),
+		Burst:          w.between(burstLo, 3000),
 		RefillUnits:    w.between(10, 80),
 		RefillInterval: time.Second,
 		MaxOverdraft:   w.between(0, 1500),
@@ -37,9 +46,10 @@ func (w *world) initialPolicy(key ledger.PolicyKey) *ledger.Policy {
 		Key:             key,
 		Dimensions:      dims,
 		EstimatorDigest: "estimator-v1",
-		HoldTTL:         time.Duration(w.between(int64(4*time.Second), int64(30*time.Second))),
+		HoldTTL:         w.holdTTL(),
 		ExecutionLimit:  time.Duration(w.between(int64(10*time.Second), int64(30*time.Second))),
 		FairnessWeight:  w.between(1, 4),
+		FairnessBudget:  fairnessBudgets[w.rng.IntN(len(fairnessBudgets))],
 		EpochLength:     time.Minute,
 		EmergencyMode:   w.shards.on,
 	}.WithDefaults()
@@ -58,8 +68,19 @@ func (w *world) nextPolicy(key ledger.PolicyKey) *ledger.Policy {
 	p.Dimensions[0].MaxOverdraft = w.between(0, 1500)
 	w.op.published++
 	p.EstimatorDigest = "estimator-v" + strconv.Itoa(1+w.op.published)
-	p.HoldTTL = time.Duration(w.between(int64(4*time.Second), int64(30*time.Second)))
+	p.HoldTTL = w.holdTTL()
 	return &p
+}
+
+// holdTTL draws a policy's hold TTL: 4-30 s, or 90-150 s in an
+// interleaving with a backlog burst, which queues up to a minute of work at
+// executor 0 (a hold that ran out in the queue would end its request
+// unstarted, and the burst would measure nothing).
+func (w *world) holdTTL() time.Duration {
+	if w.backlogOn {
+		return time.Duration(w.between(int64(90*time.Second), int64(150*time.Second)))
+	}
+	return time.Duration(w.between(int64(4*time.Second), int64(30*time.Second)))
 }
 
 // refresh re-reads the published generations when they may have changed.

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -38,6 +39,11 @@ type Outcome struct {
 	Fairness FairnessResult
 	// SQLite says the interleaving ran on the real SQLite store.
 	SQLite bool
+	// Retention says the retention worker ran; TombstoneReplays counts the
+	// retried reserves the ledger answered from a tombstone.
+	Retention        bool
+	TombstoneReplays int64
+	Retired          int64
 }
 
 // Violation says which gate a run broke, where, and how to replay it.
@@ -152,6 +158,10 @@ func runOne(cfg *Config, seed uint64, h hooks) Outcome {
 		TraceHash: w.tr.hash,
 		Fairness:  w.fair.result(),
 		SQLite:    w.onSQLite,
+
+		Retention:        w.retention.on,
+		TombstoneReplays: w.retention.tombstoneReplays,
+		Retired:          int64(w.chk.retired),
 	}
 	out.ReservationUnknown = make([]time.Duration, len(w.resUnknown))
 	for i, d := range w.resUnknown {
@@ -191,7 +201,7 @@ func newWorld(cfg *Config, seed uint64, h hooks) *world {
 	}
 	w.execs = make([]executor, w.shape.executors)
 	for i := range w.execs {
-		w.execs[i].up = true
+		w.execs[i].index, w.execs[i].up = i, true
 		w.execs[i].q.slots = 1 + rng.IntN(3)
 	}
 	w.chk = newChecker(w)
@@ -208,6 +218,10 @@ func newWorld(cfg *Config, seed uint64, h hooks) *world {
 // the requests' arrivals and schedules the periodic actors.
 func (w *world) start() {
 	w.op.base = map[ledger.PolicyKey]*ledger.Policy{}
+	w.drawRetention()
+	// Drawn first: a backlog interleaving's policies hold long enough for
+	// the burst's queue to drain (initialPolicy).
+	w.backlogOn = w.shape.executors >= 2 && w.chance(backlogShare)
 	shareAny := w.shape.tenants >= 2 && w.chance(0.5)
 	var publish []ledger.Command
 	for t := 0; t < w.shape.tenants; t++ {
@@ -247,8 +261,7 @@ func (w *world) start() {
 			w.schedule(event{at: at, kind: evArrival, a: r.idx})
 		}
 	}
-	if w.chance(backlogShare) && w.shape.executors >= 2 {
-		w.backlogOn = true
+	if w.backlogOn {
 		w.backlogBurst()
 	}
 	w.after(workerEvery, evWorker, 0, 0, 0)
@@ -258,25 +271,40 @@ func (w *world) start() {
 	w.schedule(event{at: int64(w.cfg.HealAt + w.cfg.Deadline), kind: evDeadline})
 }
 
-// backlogShare is the share of interleavings with a backlog burst.
-const backlogShare = 0.25
+// backlogShare is the share of interleavings (with 2+ executors) with a
+// backlog burst.
+const backlogShare = 0.08
+
+// Backlog bursts: each tenant sends backlogMin..backlogMax requests of
+// backlogCost tokens within a second. Equal costs and actual = estimate
+// keep the scheduler's fairness bound (M + 3·c·E, with E = 0) at one
+// request, so a tenant's fair share in the stretches it stays backlogged
+// soon outgrows the bound divided by its budget and is judged
+// (tenantFairness).
+const (
+	backlogMin, backlogMax = 40, 110
+	backlogCost            = 10
+)
 
 // backlogBurst plans a burst of small, short requests from every tenant
-// within a few seconds, all run by executor 0: enough queued work for its
+// within a second, all run by executor 0: enough queued work for its
 // scheduler's fairness to be judged per tenant (tenantFairness).
 func (w *world) backlogBurst() {
-	at := w.between(int64(10*time.Second), int64(w.cfg.ArrivalWindow)-int64(10*time.Second))
+	// After the faults heal: the burst measures the scheduler, and a
+	// partition, crash or overrun holding executor 0's slots for a minute
+	// would only end the stretches early (every other request meets them).
+	at := int64(w.cfg.HealAt) + w.between(int64(time.Second), int64(10*time.Second))
 	for t := 0; t < w.shape.tenants; t++ {
-		n := 12 + w.rng.IntN(16)
+		n := backlogMin + w.rng.IntN(backlogMax-backlogMin+1)
 		for i := 0; i < n; i++ {
 			r := w.newRequest(w.rng.IntN(w.shape.gateways), t, 0)
 			r.backlog = true
-			r.units[0] = w.between(10, 40)
+			r.units[0] = backlogCost
 			for d := 1; d < w.shape.dims; d++ {
 				r.units[d] = 0 // no request-count hold: the token bucket decides
 			}
 			r.digest = digestOf(r)
-			r.arrival = at + w.between(0, int64(3*time.Second))
+			r.arrival = at + w.between(0, int64(time.Second))
 			w.schedule(event{at: r.arrival, kind: evArrival, a: r.idx})
 		}
 	}
@@ -307,6 +335,17 @@ func (w *world) final() {
 			continue
 		}
 		got, err := w.ledgerStore.ReservationGet(w.ctx, r.id)
+		if rs := w.chk.resv[r.id]; errors.Is(err, store.ErrNotFound) && rs != nil && rs.retired {
+			// Removed by retention: its tombstone says how it ended (until
+			// the horizon forgot it), the checker saw what its settle
+			// recorded.
+			got, err = ledger.Reservation{ID: r.id, State: rs.state, Actual: rs.actual}, nil
+			if t, terr := w.ledgerStore.TombstoneGet(w.ctx, r.id); terr == nil {
+				got.State = t.State
+			} else if !rs.forgotten {
+				err = fmt.Errorf("tombstone of %s: %w", r.id, terr)
+			}
+		}
 		if err != nil || (got.State != ledger.StateSettled && got.State != ledger.StateSettledWithDebt) || got.Actual != r.actual {
 			w.violate(GateUnknownAsUnconsumed, fmt.Sprintf("operation %s ran and used %v, but the ledger holds %s with %v (%v)",
 				r.opID, r.actual, got.State, got.Actual, err))

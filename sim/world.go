@@ -55,6 +55,7 @@ const (
 	evDeadline
 	evShard
 	evRaceWorker
+	evLateRetry
 )
 
 // event is one scheduled happening. Events run in (at, seq) order: seq is
@@ -88,6 +89,7 @@ type message struct {
 	owner   int32
 	attempt int32
 	probe   bool
+	late    bool // a retention_retry reserve
 	// answerID numbers the ledger's answers; a network duplicate of an
 	// answer carries the same number.
 	answerID int64
@@ -141,6 +143,8 @@ type world struct {
 	backlogOn bool
 	// onSQLite: this interleaving's ledger runs on the real SQLite store.
 	onSQLite bool
+	// retention is the interleaving's retention worker (off in some).
+	retention retentionSim
 
 	healed   bool
 	finished bool
@@ -344,6 +348,8 @@ func (w *world) run() {
 			w.shardEvent(e.a, e.b, e.c)
 		case evRaceWorker:
 			w.raceWorker(e.a, e.b)
+		case evLateRetry:
+			w.lateRetry(e.b)
 		}
 	}
 	if w.fail == nil && !w.finished {
@@ -365,7 +371,7 @@ func (w *world) heal() {
 // nothing reserved and owes no debt, no message is in flight, and every
 // process is up.
 func (w *world) quiescent() bool {
-	if !w.healed || w.inflight > 0 || !w.ledger.up {
+	if !w.healed || w.inflight > 0 || !w.ledger.up || w.now <= w.retention.retriesUntil {
 		return false
 	}
 	for _, r := range w.requests {
