@@ -30,8 +30,8 @@ const (
 	// RoleAdmin may do everything; it alone publishes and rolls back
 	// policies and reads audits.
 	RoleAdmin Role = "admin"
-	// RoleViewer may only read: reservations, accounts, policies, the
-	// USAGE_UNKNOWN backlog, debts and shards. It writes nothing.
+	// RoleViewer may only read: reservations, accounts, policies, shards
+	// and the cross-tenant reads (crossTenantReads). It writes nothing.
 	RoleViewer Role = "viewer"
 )
 
@@ -49,41 +49,44 @@ var adminOnly = map[string]bool{
 	capledgerv1connect.AuditServiceStreamAuditProcedure:           true,
 }
 
-// viewerMay are the procedures of the viewer role (reads only). The
-// backlog and the debts list span tenants: a gateway may not call them, a
-// viewer may (a scoped viewer sees only its scope's rows).
-var viewerMay = map[string]bool{
-	capledgerv1connect.LedgerServiceGetPolicyProcedure:        true,
-	capledgerv1connect.LedgerServiceListPoliciesProcedure:     true,
-	capledgerv1connect.LedgerServiceGetReservationProcedure:   true,
-	capledgerv1connect.LedgerServiceGetAccountProcedure:       true,
-	capledgerv1connect.LedgerServiceListUsageUnknownProcedure: true,
-	capledgerv1connect.LedgerServiceListDebtsProcedure:        true,
-	capledgerv1connect.ShardServiceGetShardProcedure:          true,
-	capledgerv1connect.ShardServiceListShardsProcedure:        true,
-	capledgerv1connect.ShardServiceListShardKeysProcedure:     true,
-	// The console's reads (console.proto).
-	capledgerv1connect.ConsoleServiceGetOverviewProcedure:          true,
-	capledgerv1connect.ConsoleServiceListAccountStandingsProcedure: true,
-	capledgerv1connect.ConsoleServiceGetFairnessProcedure:          true,
-	capledgerv1connect.RolloutServiceGetRolloutProcedure:           true,
-	capledgerv1connect.RolloutServiceListRolloutsProcedure:         true,
-	capledgerv1connect.RolloutServiceShadowReportProcedure:         true,
-	capledgerv1connect.RolloutServiceDrainProgressProcedure:        true,
+// crossTenantReads are the reads whose answers span tenants: the
+// USAGE_UNKNOWN backlog, the debts list, the console's figures and the
+// rollouts. A viewer may call them (a scoped viewer sees only its scope's
+// rows, or is refused where rows cannot be told apart by tenant); a
+// gateway may not. Listed once, for both roles.
+var crossTenantReads = []string{
+	capledgerv1connect.LedgerServiceListUsageUnknownProcedure,
+	capledgerv1connect.LedgerServiceListDebtsProcedure,
+	capledgerv1connect.ConsoleServiceGetOverviewProcedure,
+	capledgerv1connect.ConsoleServiceListAccountStandingsProcedure,
+	capledgerv1connect.ConsoleServiceGetFairnessProcedure,
+	capledgerv1connect.RolloutServiceGetRolloutProcedure,
+	capledgerv1connect.RolloutServiceListRolloutsProcedure,
+	capledgerv1connect.RolloutServiceShadowReportProcedure,
+	capledgerv1connect.RolloutServiceDrainProgressProcedure,
 }
 
+// viewerMay are the procedures of the viewer role (reads only): one
+// tenant's reads and the cross-tenant ones.
+var viewerMay = procedureSet(append([]string{
+	capledgerv1connect.LedgerServiceGetPolicyProcedure,
+	capledgerv1connect.LedgerServiceListPoliciesProcedure,
+	capledgerv1connect.LedgerServiceGetReservationProcedure,
+	capledgerv1connect.LedgerServiceGetAccountProcedure,
+	capledgerv1connect.ShardServiceGetShardProcedure,
+	capledgerv1connect.ShardServiceListShardsProcedure,
+	capledgerv1connect.ShardServiceListShardKeysProcedure,
+}, crossTenantReads...))
+
 // gatewayMayNot are the procedures beyond adminOnly a gateway may not call.
-var gatewayMayNot = map[string]bool{
-	capledgerv1connect.LedgerServiceListUsageUnknownProcedure: true,
-	capledgerv1connect.LedgerServiceListDebtsProcedure:        true,
-	// The ConsoleService spans tenants like the lists above.
-	capledgerv1connect.ConsoleServiceGetOverviewProcedure:          true,
-	capledgerv1connect.ConsoleServiceListAccountStandingsProcedure: true,
-	capledgerv1connect.ConsoleServiceGetFairnessProcedure:          true,
-	capledgerv1connect.RolloutServiceGetRolloutProcedure:           true,
-	capledgerv1connect.RolloutServiceListRolloutsProcedure:         true,
-	capledgerv1connect.RolloutServiceShadowReportProcedure:         true,
-	capledgerv1connect.RolloutServiceDrainProgressProcedure:        true,
+var gatewayMayNot = procedureSet(crossTenantReads)
+
+func procedureSet(procedures []string) map[string]bool {
+	set := make(map[string]bool, len(procedures))
+	for _, p := range procedures {
+		set[p] = true
+	}
+	return set
 }
 
 // RoleMay reports whether role may call procedure (a full procedure name,
