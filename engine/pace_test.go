@@ -1,0 +1,67 @@
+package engine
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store/memstore"
+)
+
+// A maintenance step is followed by a pause that leaves it
+// MaintenanceShare of the time when gateways' commands were committed
+// since the step before, its idle share when none were, and the
+// maintenance workers' own commands do not count as admission.
+func TestPacerYieldsToAdmission(t *testing.T) {
+	ctx := context.Background()
+	clk := newClock()
+	e := New(memstore.New(), Options{Clock: clk.Now, DisableWorkers: true, MaintenanceShare: 0.25,
+		Retention: time.Hour, RetentionBatch: 10})
+	defer e.Close()
+	publish(t, e, 1_000_000, time.Minute, 0)
+	p := e.newPacer(0.5)
+	const step = 10 * time.Millisecond
+	if got := p.pause(step, 0); got != step {
+		t.Fatalf("idle: pause %s after a step of %s, want %s (half of the time)", got, step, step)
+	}
+	if got := p.pause(step, 40*time.Millisecond); got != 40*time.Millisecond {
+		t.Fatalf("idle with a floor of 40ms: pause %s", got)
+	}
+	if res, err := e.Do(ctx, reserveCmd("gw-1", 10)); err != nil || res.Err != nil {
+		t.Fatalf("reserve: %+v %v", res, err)
+	}
+	if got := p.pause(step, 0); got != 3*step {
+		t.Fatalf("after an admission: pause %s after a step of %s, want %s (a quarter of the time)", got, step, 3*step)
+	}
+	if got := p.pause(step, 0); got != step {
+		t.Fatalf("no admission since: pause %s, want %s", got, step)
+	}
+	// A retention pass's own pages are not admission.
+	if res, err := e.Do(ctx, ledger.Command{Kind: ledger.KindRelease, ReservationID: "gw-1"}); err != nil || res.Err != nil {
+		t.Fatalf("release: %+v %v", res, err)
+	}
+	p.pause(step, 0)
+	clk.Advance(2 * time.Hour)
+	if err := e.RunRetention(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if e.RetentionStats().Retired != 1 {
+		t.Fatalf("retention stats %+v, want one retired", e.RetentionStats())
+	}
+	if got := p.pause(step, 0); got != step {
+		t.Fatalf("after a retention page only: pause %s, want the idle %s", got, step)
+	}
+	// An idle share of 1 (the audit's) pauses only while admission is
+	// busy.
+	audit := e.newPacer(1)
+	if _, err := e.Do(ctx, reserveCmd("gw-2", 10)); err != nil {
+		t.Fatal(err)
+	}
+	if got := audit.pause(step, 0); got != 3*step {
+		t.Fatalf("idle share 1 after an admission: pause %s, want %s", got, 3*step)
+	}
+	if got := audit.pause(step, 0); got != 0 {
+		t.Fatalf("idle share 1 when idle: pause %s, want none", got)
+	}
+}
