@@ -257,12 +257,15 @@ func (e *Engine) AuditWith(ctx context.Context, o AuditOptions) ([]ledger.Discre
 	return out, nil
 }
 
-// auditStepRows is how many rows an audit reads between two looks at
-// its pacer: about 5 ms of reading and checking.
-const auditStepRows = 2048
+// An audit looks at the clock every auditCheckRows rows, and at its
+// pacer once a step has taken auditStep.
+const (
+	auditCheckRows = 256
+	auditStep      = 2 * time.Millisecond
+)
 
-// paced makes snap's streams stop when ctx ends and pause every
-// auditStepRows rows as pace.go says: while gateways are admitted, the
+// paced makes snap's streams stop when ctx ends and pause after every
+// auditStep of reading as pace.go says: while gateways are admitted, the
 // audit takes MaintenanceShare of the time (it runs beside the committer
 // on the same cores and reads on a read connection of its own, so what it
 // takes from admission is CPU), and idle of it otherwise (1: full speed).
@@ -276,12 +279,14 @@ func (e *Engine) paced(ctx context.Context, snap *ledger.Snapshot, idle float64)
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if rows++; rows%auditStepRows == 0 {
-			pace.wait(ctx, time.Since(stepStart), 0)
-			stepStart = time.Now()
-			return ctx.Err()
+		if rows++; rows%auditCheckRows != 0 {
+			return nil
 		}
-		return nil
+		if took := time.Since(stepStart); took >= auditStep {
+			pace.wait(ctx, took, 0)
+			stepStart = time.Now()
+		}
+		return ctx.Err()
 	}
 	if j := snap.JournalStream; j != nil {
 		snap.JournalStream = func(yield func(int64, *ledger.JournalEntry) error) error {
