@@ -21,11 +21,13 @@
 # finished reservations (they finished long ago) while the measurement
 # runs, a pass with a real backlog, and one "audit" reads all of them.
 # Variants are interleaved, ROUNDS times, each round in a rotated order.
-# Every run prints one line; the end prints, per variant, the median and
-# the range of reserve ops/s, reserve p99 and server CPU per command (the
-# server's user + system time over the measurement divided by the
-# reserves and lifecycle calls answered in it: the load-insensitive
-# figure), and the medians' ratios to "off".
+# Every run prints one line: reserve ops/s, reserve p99, and server CPU
+# per call (the server's user + system time over the measurement divided
+# by the reserves and lifecycle calls answered in it: the load-insensitive
+# figure), then the retention worker's counters from /statusz. The end
+# prints, per variant, the median and the range over the rounds of its
+# ratio to "off" in the same round: on a shared machine the load drifts
+# between rounds by more than the variants differ.
 #
 # Usage: scripts/retention-bench.sh BINARY [BASELINE_BINARY]
 # Environment: SEED, ROUNDS (4), PREFILL (10), MEASURE (15), ADDR
@@ -102,6 +104,7 @@ run() { # variant
 			n, ops, p99, lc, 1e6 * cpu / calls, a, la }')
 	echo "$line"
 	echo "$line" >>"$results"
+	curl -fs "http://$addr/statusz" | tr -d ' \n' | grep -o '"retention":{[^}]*}' || true
 	kill $server
 	wait $server 2>/dev/null || true
 	pids=()
@@ -115,29 +118,32 @@ for r in $(seq "$rounds"); do
 	done
 done
 
-echo "# medians [min-max] over $rounds rounds; ratio = median / median of off"
-awk '{
-	name = $1
-	for (i = 2; i <= NF; i++) { split($i, kv, "="); v[name, kv[1], ++cnt[name, kv[1]]] = kv[2] }
-	names[name] = 1
+# Each run's figures divided by those of "off" in the same round, then
+# the median and range of those ratios over the rounds.
+echo "# per round, variant / off of the same round: median [min-max] over $rounds rounds"
+awk '{ c[$1]++; print c[$1], $0 }' "$results" | awk '
+function median(arr, n,    i, j, t) {
+	for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (arr[j] < arr[i]) { t = arr[i]; arr[i] = arr[j]; arr[j] = t }
+	return n % 2 ? arr[(n + 1) / 2] : (arr[n / 2] + arr[n / 2 + 1]) / 2
 }
-function median(name, key,    n, i, j, a, t) {
-	n = cnt[name, key]
-	for (i = 1; i <= n; i++) a[i] = v[name, key, i]
-	for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (a[j] + 0 < a[i] + 0) { t = a[i]; a[i] = a[j]; a[j] = t }
-	lo[name, key] = a[1]; hi[name, key] = a[n]
-	return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+{
+	round = $1; name = $2
+	for (i = 3; i <= NF; i++) { split($i, kv, "="); v[round, name, kv[1]] = kv[2] }
+	names[name] = 1; rounds[round] = 1
 }
 END {
 	split("reserve_ops/s reserve_p99_ms server_cpu_us/call", keys, " ")
-	for (name in names) for (k = 1; k <= 3; k++) m[name, keys[k]] = median(name, keys[k])
 	for (name in names) {
+		if (name == "off") continue
 		line = name
 		for (k = 1; k <= 3; k++) {
-			key = keys[k]
-			line = line sprintf(" %s=%.1f [%.1f-%.1f]", key, m[name, key], lo[name, key], hi[name, key])
-			if (("off", key) in m && m["off", key] > 0) line = line sprintf(" (%.2fx)", m[name, key] / m["off", key])
+			n = 0; delete r
+			for (round in rounds) if ((round, name, keys[k]) in v && v[round, "off", keys[k]] > 0) r[++n] = v[round, name, keys[k]] / v[round, "off", keys[k]]
+			if (n == 0) continue
+			m = median(r, n)
+			line = line sprintf(" %s %.2fx [%.2f-%.2f]", keys[k], m, r[1], r[n])
 		}
-		print line
+		print line " (" n " rounds)"
 	}
-}' "$results"
+}
+'
