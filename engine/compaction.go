@@ -266,13 +266,13 @@ const (
 
 // paced makes snap's streams stop when ctx ends and pause after every
 // auditStep of reading as pace.go says: while gateways are admitted, the
-// audit takes MaintenanceShare of the time (it runs beside the committer
+// audit takes a quarter of MaintenanceShare of the time (it runs beside the committer
 // on the same cores and reads on a read connection of its own, so what it
 // takes from admission is CPU), and idle of it otherwise (1: full speed).
 // The read transaction stays open meanwhile: on SQLite the WAL then
 // grows until the audit ends (docs/OPERATIONS.md).
 func (e *Engine) paced(ctx context.Context, snap *ledger.Snapshot, idle float64) *ledger.Snapshot {
-	pace := e.newPacer(idle)
+	pace := e.newAuditPacer(idle)
 	var rows int
 	stepStart := time.Now()
 	step := func() error {

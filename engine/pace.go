@@ -38,6 +38,21 @@ func (e *Engine) newPacer(idle float64) *pacer {
 	return &pacer{e: e, busy: e.opts.MaintenanceShare, idle: idle, seen: e.admitted()}
 }
 
+// auditShareDivisor: an audit's steps take a quarter of MaintenanceShare
+// while admission is busy. An audit is CPU alone, on the cores admission
+// needs, and whoever waits for it sees its progress; retention must keep
+// up with what finishes and gets the whole share. Measured
+// (docs/PERFORMANCE.md): back-to-back full audits at a share of 0.2 cost
+// reserves 0.58x their throughput, at 0.05 0.96x.
+const auditShareDivisor = 4
+
+// newAuditPacer is newPacer for an audit.
+func (e *Engine) newAuditPacer(idle float64) *pacer {
+	p := e.newPacer(idle)
+	p.busy /= auditShareDivisor
+	return p
+}
+
 // admitted counts the commands this engine committed that none of its
 // maintenance workers submitted.
 func (e *Engine) admitted() uint64 {

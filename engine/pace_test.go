@@ -11,8 +11,9 @@ import (
 
 // A maintenance step is followed by a pause that leaves it
 // MaintenanceShare of the time when gateways' commands were committed
-// since the step before, its idle share when none were, and the
-// maintenance workers' own commands do not count as admission.
+// since the step before (an audit a quarter of it), its idle share when
+// none were, and the maintenance workers' own commands do not count as
+// admission.
 func TestPacerYieldsToAdmission(t *testing.T) {
 	ctx := context.Background()
 	clk := newClock()
@@ -52,14 +53,14 @@ func TestPacerYieldsToAdmission(t *testing.T) {
 	if got := p.pause(step, 0); got != step {
 		t.Fatalf("after a retention page only: pause %s, want the idle %s", got, step)
 	}
-	// An idle share of 1 (the audit's) pauses only while admission is
-	// busy.
-	audit := e.newPacer(1)
+	// An audit pauses only while admission is busy, and then leaves
+	// itself a quarter of the share.
+	audit := e.newAuditPacer(1)
 	if _, err := e.Do(ctx, reserveCmd("gw-2", 10)); err != nil {
 		t.Fatal(err)
 	}
-	if got := audit.pause(step, 0); got != 3*step {
-		t.Fatalf("idle share 1 after an admission: pause %s, want %s", got, 3*step)
+	if got := audit.pause(step, 0); got != 15*step {
+		t.Fatalf("audit after an admission: pause %s, want %s (a sixteenth of the time)", got, 15*step)
 	}
 	if got := audit.pause(step, 0); got != 0 {
 		t.Fatalf("idle share 1 when idle: pause %s, want none", got)
