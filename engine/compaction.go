@@ -21,8 +21,9 @@ import (
 // ledger cuts the next checkpoint from that same read (ledger.AuditWith)
 // and the store appends it to the chain. Then the worker deletes the
 // journal the last checkpoint summarises, in transactions of Batch rows,
-// paced like retention (pace.go) so admission goes on between them. A discrepancy stops compaction: nothing is deleted that an
-// operator may need to see why.
+// paced like retention (pace.go) so admission goes on between them. A
+// discrepancy stops compaction: nothing is deleted that an operator may
+// need to see why.
 
 // CompactionOptions configure the compaction worker.
 type CompactionOptions struct {
@@ -266,9 +267,10 @@ const (
 
 // paced makes snap's streams stop when ctx ends and pause after every
 // auditStep of reading as pace.go says: while gateways are admitted, the
-// audit takes a quarter of MaintenanceShare of the time (it runs beside the committer
-// on the same cores and reads on a read connection of its own, so what it
-// takes from admission is CPU), and idle of it otherwise (1: full speed).
+// audit takes a quarter of MaintenanceShare of the time (it runs beside
+// the committer on the same cores and reads on a read connection of its
+// own, so what it takes from admission is CPU), and idle of it otherwise
+// (1: full speed).
 // The read transaction stays open meanwhile: on SQLite the WAL then
 // grows until the audit ends (docs/OPERATIONS.md).
 func (e *Engine) paced(ctx context.Context, snap *ledger.Snapshot, idle float64) *ledger.Snapshot {

@@ -22,8 +22,10 @@ const (
 	DefaultTombstoneRetention = 30 * 24 * time.Hour
 	// DefaultRetentionBatch is how many rows one retention page removes.
 	// A page rides in the engine's next batch beside gateways' commands
-	// and lengthens that batch's commit by about 25 µs of store work per
-	// row (docs/PERFORMANCE.md), so 128 rows add about 3 ms to one batch.
+	// and lengthens that batch's commit by about 30 µs of store work per
+	// row (a profile of scripts/auditsize -phase retire: the prefetch,
+	// the deletes and the tombstone), so 128 rows add about 4 ms to one
+	// batch.
 	DefaultRetentionBatch = 128
 )
 
