@@ -66,3 +66,53 @@ func TestPacerYieldsToAdmission(t *testing.T) {
 		t.Fatalf("idle share 1 when idle: pause %s, want none", got)
 	}
 }
+
+// reclaimingStore is a memstore that gives space back like SQLite's
+// ReclaimStep: free pages beyond a reserve, up to the pages asked for.
+type reclaimingStore struct {
+	*memstore.Store
+	free, reserve int
+	steps         []int // the pages each step was asked for
+}
+
+func (s *reclaimingStore) ReclaimStep(_ context.Context, pages int) (bool, error) {
+	s.steps = append(s.steps, pages)
+	s.free -= min(pages, s.free-s.reserve)
+	return s.free > s.reserve, nil
+}
+
+// After a pass that removed rows, the retention worker gives space back a
+// bounded step at a time until the store keeps only its reserve; after a
+// pass that removed nothing, it does not.
+func TestRetentionGivesSpaceBackInSteps(t *testing.T) {
+	ctx := context.Background()
+	clk := newClock()
+	st := &reclaimingStore{Store: memstore.New(), free: 3*reclaimStepPages + 10, reserve: 10}
+	e := New(st, Options{Clock: clk.Now, DisableWorkers: true, Retention: time.Hour, RetentionPause: time.Millisecond})
+	defer e.Close()
+	publish(t, e, 1_000_000, time.Minute, 0)
+	if err := e.RunRetention(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if len(st.steps) != 0 {
+		t.Fatalf("a pass that removed nothing reclaimed: %v", st.steps)
+	}
+	if res, err := e.Do(ctx, reserveCmd("done", 10)); err != nil || res.Err != nil {
+		t.Fatalf("reserve: %+v %v", res, err)
+	}
+	if res, err := e.Do(ctx, ledger.Command{Kind: ledger.KindRelease, ReservationID: "done"}); err != nil || res.Err != nil {
+		t.Fatalf("release: %+v %v", res, err)
+	}
+	clk.Advance(2 * time.Hour)
+	if err := e.RunRetention(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if e.RetentionStats().Retired != 1 || len(st.steps) != 3 || st.free != st.reserve {
+		t.Fatalf("after removing a row: %+v, steps %v, %d pages free (reserve %d)", e.RetentionStats(), st.steps, st.free, st.reserve)
+	}
+	for _, pages := range st.steps {
+		if pages != reclaimStepPages {
+			t.Fatalf("a step of %d pages, want %d", pages, reclaimStepPages)
+		}
+	}
+}
