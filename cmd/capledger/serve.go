@@ -117,8 +117,9 @@ Flags:
   --maintenance-share F
                       share of the time (0 < F <= 1) that retention,
                       compaction, giving disk space back and audits take
-                      while gateways are being served; they pause between
-                      steps for the rest (default 0.2; 1: no pauses)
+                      while gateways are being served (audits a quarter of
+                      it); they pause between steps for the rest (default
+                      0.2; 1: no pauses)
   --log-level LEVEL   debug, info, warn or error (default info)
   --log-format FMT    text or json (default text)
 
