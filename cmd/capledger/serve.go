@@ -119,7 +119,7 @@ Flags:
                       compaction, giving disk space back and audits take
                       while gateways are being served (audits a quarter of
                       it); they pause between steps for the rest (default
-                      0.2; 1: no pauses)
+                      0.2; at 1 only audits pause)
   --log-level LEVEL   debug, info, warn or error (default info)
   --log-format FMT    text or json (default text)
 
