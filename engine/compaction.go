@@ -21,9 +21,9 @@ import (
 // ledger cuts the next checkpoint from that same read (ledger.AuditWith)
 // and the store appends it to the chain. Then the worker deletes the
 // journal the last checkpoint summarises, in transactions of Batch rows,
-// pausing after each for as long as it took so admission goes on between
-// them. A discrepancy stops compaction: nothing is deleted that an
-// operator may need to see why.
+// paced like retention (pace.go) so admission goes on between them. A
+// discrepancy stops compaction: nothing is deleted that an operator may
+// need to see why.
 
 // CompactionOptions configure the compaction worker.
 type CompactionOptions struct {
@@ -33,7 +33,8 @@ type CompactionOptions struct {
 	// Interval is how often the worker runs (default 1 minute).
 	Interval time.Duration
 	// Batch is how many stored journal rows one deletion removes
-	// (default 1024).
+	// (default 256: a stored row is a whole batch's journal, a few KiB
+	// under load, so a deletion frees about a MiB).
 	Batch int
 }
 
@@ -49,10 +50,12 @@ func (o *CompactionOptions) withDefaults() *CompactionOptions {
 		out.Interval = time.Minute
 	}
 	if out.Batch <= 0 {
-		out.Batch = 1024
+		out.Batch = defaultCompactionBatch
 	}
 	return &out
 }
+
+const defaultCompactionBatch = 256
 
 type compactionCounters struct {
 	checkpoints, deleted, refused atomic.Uint64
@@ -101,7 +104,7 @@ func (e *Engine) CutCheckpoint(ctx context.Context, now time.Time) (*ledger.Chec
 		if through <= 0 || last != nil && through <= last.Through {
 			return nil
 		}
-		found, cp = ledger.AuditWith(withContext(ctx, snap), ledger.AuditOptions{SinceCheckpoint: true, Cut: through, CutAt: now})
+		found, cp = ledger.AuditWith(e.paced(ctx, snap, 0.5), ledger.AuditOptions{SinceCheckpoint: true, Cut: through, CutAt: now})
 		return ctx.Err()
 	})
 	if err != nil {
@@ -124,16 +127,17 @@ func (e *Engine) CutCheckpoint(ctx context.Context, now time.Time) (*ledger.Chec
 }
 
 // CompactJournal deletes the journal the last checkpoint summarises, in
-// transactions of the configured batch (1024 rows without Compaction),
-// pausing after each for as long as it took, until none is left, ctx ends
-// or this engine, running its workers, stops leading. It returns the rows
+// transactions of the configured batch (defaultCompactionBatch rows
+// without Compaction), paced (pace.go), until none is left, ctx ends or
+// this engine, running its workers, stops leading. It returns the rows
 // deleted.
 func (e *Engine) CompactJournal(ctx context.Context) (int, error) {
-	batch := 1024
+	batch := defaultCompactionBatch
 	if e.opts.Compaction != nil {
 		batch = e.opts.Compaction.Batch
 	}
 	total := 0
+	pace := e.newPacer(0.5)
 	for ctx.Err() == nil && (e.opts.DisableWorkers || e.IsLeader()) {
 		started := time.Now()
 		n, err := e.core.store.JournalCompact(ctx, batch)
@@ -142,12 +146,7 @@ func (e *Engine) CompactJournal(ctx context.Context) (int, error) {
 		if err != nil || n == 0 {
 			return total, err
 		}
-		pause := time.NewTimer(time.Since(started))
-		select {
-		case <-ctx.Done():
-		case <-pause.C:
-		}
-		pause.Stop()
+		pace.wait(ctx, time.Since(started), 0)
 	}
 	return total, ctx.Err()
 }
@@ -177,11 +176,7 @@ func (e *Engine) runCompaction(ctx context.Context) {
 		e.log.Warn("compaction: journal", "err", err)
 	}
 	if n > 0 {
-		if r, ok := e.core.store.(Reclaimer); ok {
-			if err := r.Reclaim(ctx); err != nil && ctx.Err() == nil {
-				e.log.Warn("compaction reclaim", "err", err)
-			}
-		}
+		e.reclaim(ctx, "compaction")
 	}
 }
 
@@ -232,7 +227,7 @@ func (e *Engine) AuditWith(ctx context.Context, o AuditOptions) ([]ledger.Discre
 			report(0, false)
 			lo.Progress = func(rows int64) { read = rows; report(rows, false) }
 		}
-		snap = withContext(ctx, snap)
+		snap = e.paced(ctx, snap, 1)
 		journal, reservations := snap.JournalStream, snap.ReservationStream
 		snap.JournalStream = func(yield func(int64, *ledger.JournalEntry) error) error {
 			err := journal(yield)
@@ -263,12 +258,42 @@ func (e *Engine) AuditWith(ctx context.Context, o AuditOptions) ([]ledger.Discre
 	return out, nil
 }
 
-// withContext makes snap's streams stop when ctx ends.
-func withContext(ctx context.Context, snap *ledger.Snapshot) *ledger.Snapshot {
+// An audit looks at the clock every auditCheckRows rows, and at its
+// pacer once a step has taken auditStep.
+const (
+	auditCheckRows = 256
+	auditStep      = 2 * time.Millisecond
+)
+
+// paced makes snap's streams stop when ctx ends and pause after every
+// auditStep of reading as pace.go says: while gateways are admitted, the
+// audit takes a quarter of MaintenanceShare of the time (it runs beside
+// the committer on the same cores and reads on a read connection of its
+// own, so what it takes from admission is CPU), and idle of it otherwise
+// (1: full speed).
+// The read transaction stays open meanwhile: on SQLite the WAL then
+// grows until the audit ends (docs/OPERATIONS.md).
+func (e *Engine) paced(ctx context.Context, snap *ledger.Snapshot, idle float64) *ledger.Snapshot {
+	pace := e.newAuditPacer(idle)
+	var rows int
+	stepStart := time.Now()
+	step := func() error {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if rows++; rows%auditCheckRows != 0 {
+			return nil
+		}
+		if took := time.Since(stepStart); took >= auditStep {
+			pace.wait(ctx, took, 0)
+			stepStart = time.Now()
+		}
+		return ctx.Err()
+	}
 	if j := snap.JournalStream; j != nil {
 		snap.JournalStream = func(yield func(int64, *ledger.JournalEntry) error) error {
 			return j(func(pos int64, e *ledger.JournalEntry) error {
-				if err := ctx.Err(); err != nil {
+				if err := step(); err != nil {
 					return err
 				}
 				return yield(pos, e)
@@ -278,7 +303,7 @@ func withContext(ctx context.Context, snap *ledger.Snapshot) *ledger.Snapshot {
 	if r := snap.ReservationStream; r != nil {
 		snap.ReservationStream = func(yield func(*ledger.Reservation) error) error {
 			return r(func(res *ledger.Reservation) error {
-				if err := ctx.Err(); err != nil {
+				if err := step(); err != nil {
 					return err
 				}
 				return yield(res)

@@ -57,8 +57,8 @@ type Options struct {
 	// finished longer ago than it (engine/retention.go), leaving a
 	// tombstone that TombstoneRetention later drops (0: never). The pass
 	// runs every RetentionInterval (default 1 minute) in pages of
-	// RetentionBatch rows (default DefaultRetentionBatch), RetentionPause
-	// apart (default 20ms).
+	// RetentionBatch rows (default DefaultRetentionBatch), paced
+	// (engine/pace.go) and at least RetentionPause apart (default 20ms).
 	Retention          time.Duration
 	TombstoneRetention time.Duration
 	RetentionInterval  time.Duration
@@ -68,6 +68,12 @@ type Options struct {
 	// Compaction, when set, cuts statement checkpoints and deletes the
 	// journal they summarise (engine/compaction.go).
 	Compaction *CompactionOptions
+
+	// MaintenanceShare is the share of wall time that retention,
+	// compaction, giving space back and audits take while gateways'
+	// commands are being committed (engine/pace.go; default
+	// DefaultMaintenanceShare, 1 for no pacing).
+	MaintenanceShare float64
 }
 
 // BatchInfo describes one committed (or failed) batch.
@@ -121,8 +127,9 @@ type Engine struct {
 }
 
 type retentionCounters struct {
-	passes, retired, forgotten, failed atomic.Uint64
-	lastPassAt, lastPass               atomic.Int64
+	// submitted counts the commands retention submitted (pace.go).
+	passes, retired, forgotten, failed, submitted atomic.Uint64
+	lastPassAt, lastPass                          atomic.Int64
 }
 
 type errBox struct{ err error }
@@ -184,6 +191,10 @@ func New(st store.Store, opts Options) *Engine {
 	if opts.RetentionPause <= 0 {
 		opts.RetentionPause = 20 * time.Millisecond
 	}
+	if opts.MaintenanceShare <= 0 {
+		opts.MaintenanceShare = DefaultMaintenanceShare
+	}
+	opts.MaintenanceShare = min(opts.MaintenanceShare, 1)
 	opts.Compaction = opts.Compaction.withDefaults()
 	ctx, cancel := context.WithCancel(context.Background())
 	e := &Engine{

@@ -20,16 +20,52 @@ const (
 	// DefaultTombstoneRetention is how long a removed reservation's
 	// tombstone answers a retry of its id: 30 days.
 	DefaultTombstoneRetention = 30 * 24 * time.Hour
-	// DefaultRetentionBatch is how many rows one retention transaction
-	// removes.
-	DefaultRetentionBatch = 256
+	// DefaultRetentionBatch is how many rows one retention page removes.
+	// A page rides in the engine's next batch beside gateways' commands
+	// and lengthens that batch's commit by about 30 µs of store work per
+	// row (a profile of scripts/auditsize -phase retire: the prefetch,
+	// the deletes and the tombstone), so 128 rows add about 4 ms to one
+	// batch.
+	DefaultRetentionBatch = 128
 )
 
 // Reclaimer is an optional store capability: give back the space freed by
-// removed rows (SQLite's incremental vacuum). The retention worker calls
-// it after a pass that removed something.
+// removed rows (SQLite's incremental vacuum). The retention and
+// compaction workers call it after a pass that removed something, a step
+// at a time, paced like their other steps.
 type Reclaimer interface {
-	Reclaim(ctx context.Context) error
+	// ReclaimStep gives back up to pages free pages in one short write
+	// transaction and reports whether more free pages are left than the
+	// store keeps for reuse.
+	ReclaimStep(ctx context.Context, pages int) (more bool, err error)
+}
+
+// reclaimStepPages is how many pages one ReclaimStep moves: 256 SQLite
+// pages of 4 KiB hold the writer for about as long as a retention page.
+const reclaimStepPages = 256
+
+// reclaim gives space back through the store's Reclaimer, if any, a
+// paced step at a time, until the store keeps no more than its reserve
+// or ctx ends.
+func (e *Engine) reclaim(ctx context.Context, what string) {
+	r, ok := e.core.store.(Reclaimer)
+	if !ok {
+		return
+	}
+	pace := e.newPacer(0.5)
+	for ctx.Err() == nil {
+		started := time.Now()
+		more, err := r.ReclaimStep(ctx, reclaimStepPages)
+		if err != nil {
+			if ctx.Err() == nil {
+				e.log.Warn(what+" reclaim", "err", err)
+			}
+			return
+		}
+		if !more || !pace.wait(ctx, time.Since(started), 0) {
+			return
+		}
+	}
 }
 
 // RetentionDue returns the retention commands due at now, for at most
@@ -76,11 +112,14 @@ type RetentionStats struct {
 // runRetention is one retention pass: pages of RetentionBatch rows, each
 // committed as one batch through the engine's queue (so gateway commands
 // waiting meanwhile share its commit instead of waiting behind a long
-// transaction), with a pause between pages as long as the page took, until
-// nothing is due or ctx ends. It then asks the store to give back the freed space.
+// transaction), paced (pace.go: while gateways are admitted the pages
+// take MaintenanceShare of the time, otherwise half) and at least
+// RetentionPause apart, until nothing is due or ctx ends. It then asks
+// the store to give back the freed space, paced the same way.
 func (e *Engine) runRetention(ctx context.Context) {
 	start := time.Now()
 	removed := 0
+	pace := e.newPacer(0.5)
 	for ctx.Err() == nil {
 		cmds, err := e.core.RetentionDue(ctx, e.opts.Clock(), e.opts.Retention, e.opts.TombstoneRetention, e.opts.RetentionBatch)
 		if err != nil {
@@ -91,6 +130,7 @@ func (e *Engine) runRetention(ctx context.Context) {
 			break
 		}
 		started := time.Now()
+		e.retention.submitted.Add(uint64(len(cmds)))
 		results, err := e.DoBatch(ctx, cmds)
 		if err != nil {
 			if ctx.Err() == nil {
@@ -116,20 +156,14 @@ func (e *Engine) runRetention(ctx context.Context) {
 		if progress == 0 {
 			break // everything listed was refused or done by another replica: wait for the next pass
 		}
-		// Pause for as long as the page took, at least RetentionPause: on
-		// a busy store a page's commit takes longer, and the worker then
-		// leaves the committer to admission at least half of the time.
-		select {
-		case <-ctx.Done():
-		case <-time.After(max(e.opts.RetentionPause, time.Since(started))):
+		// The page's time includes waiting for the batch before it: on
+		// a busy store both grow, and so does the pause.
+		if !pace.wait(ctx, time.Since(started), e.opts.RetentionPause) {
+			break
 		}
 	}
 	if removed > 0 {
-		if r, ok := e.core.store.(Reclaimer); ok {
-			if err := r.Reclaim(ctx); err != nil && ctx.Err() == nil {
-				e.log.Warn("retention reclaim", "err", err)
-			}
-		}
+		e.reclaim(ctx, "retention")
 	}
 	e.retention.passes.Add(1)
 	e.retention.lastPassAt.Store(time.Now().UnixNano())

@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"testing"
 	"time"
@@ -25,6 +26,14 @@ func TestReplayAfterRetentionOverJSON(t *testing.T) {
 	}
 	if s := h.engine.RetentionStats(); s.Retired != 1 {
 		t.Fatalf("retention stats %+v", s)
+	}
+	// /statusz shows the pass to an operator.
+	var st server.Status
+	if err := json.Unmarshal([]byte(h.get("/statusz")), &st); err != nil {
+		t.Fatal(err)
+	}
+	if r := st.Retention; r == nil || r.Passes != 1 || r.Retired != 1 || r.LastPassAt == nil {
+		t.Fatalf("/statusz retention: %+v", st.Retention)
 	}
 	acct := h.ok("GetAccount", `{"subject":"tenant-7","route":"chat.generate"}`, "")
 	again := h.ok("Reserve", reserveBody("kept-short", 600), "")

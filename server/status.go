@@ -41,7 +41,24 @@ type Status struct {
 	// journal rows it deleted (docs/OPERATIONS.md, "Retention and
 	// compaction"); absent when the ledger has no compaction counters.
 	Compaction *CompactionStatus `json:"compaction,omitempty"`
+	// Retention: the retention worker's passes on this replica; a
+	// lastPassSeconds near the retention interval or above it means the
+	// worker does not keep up (docs/OPERATIONS.md).
+	Retention *RetentionStatus `json:"retention,omitempty"`
 }
+
+// RetentionStatus is the retention worker's part of Status.
+type RetentionStatus struct {
+	Passes          uint64     `json:"passes"`
+	Retired         uint64     `json:"retired"`
+	Forgotten       uint64     `json:"tombstonesForgotten"`
+	Failed          uint64     `json:"failed"`
+	LastPassAt      *time.Time `json:"lastPassAt,omitempty"`
+	LastPassSeconds float64    `json:"lastPassSeconds"`
+}
+
+// retentionReporter is the Ledger capability behind Status.Retention.
+type retentionReporter interface{ RetentionStats() engine.RetentionStats }
 
 // CompactionStatus is the compaction worker's part of Status.
 type CompactionStatus struct {
@@ -79,6 +96,11 @@ func (s *Server) status() Status {
 		c := cr.CompactionStats()
 		st.Compaction = &CompactionStatus{Checkpoints: c.Checkpoints, Deleted: c.Deleted, Refused: c.Refused,
 			LastSeq: c.LastSeq, LastCutAt: timePtr(c.LastCutAt)}
+	}
+	if rr, ok := s.ledger.(retentionReporter); ok {
+		r := rr.RetentionStats()
+		st.Retention = &RetentionStatus{Passes: r.Passes, Retired: r.Retired, Forgotten: r.Forgotten, Failed: r.Failed,
+			LastPassAt: timePtr(r.LastPassAt), LastPassSeconds: r.LastPass.Seconds()}
 	}
 	stats := s.ledger.Stats()
 	st.Commands, st.Batches, st.Conflicts, st.Failures, st.WorkerCommands =

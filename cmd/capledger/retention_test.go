@@ -21,3 +21,16 @@ func TestServeRefusesBadRetentionFlags(t *testing.T) {
 		}
 	}
 }
+
+// A maintenance share outside (0, 1] is refused before anything listens
+// or opens.
+func TestServeRefusesBadMaintenanceShare(t *testing.T) {
+	dir := t.TempDir()
+	for _, share := range []string{"0", "-0.5", "1.5", "NaN", "many"} {
+		code, out, errOut := cli(t, "", "serve", "--addr", "127.0.0.1:0", "--data-dir", dir, "--maintenance-share", share)
+		wantExit(t, exitUsage, code, out, errOut)
+		if !strings.Contains(errOut, "maintenance-share") {
+			t.Fatalf("--maintenance-share %s: %q does not say what is wrong", share, errOut)
+		}
+	}
+}

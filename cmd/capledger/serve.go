@@ -114,6 +114,12 @@ Flags:
                       0 keeps the whole journal)
   --compaction-interval DUR
                       how often the compaction pass runs (default 1m)
+  --maintenance-share F
+                      share of the time (0 < F <= 1) that retention,
+                      compaction, giving disk space back and audits take
+                      while gateways are being served (audits a quarter of
+                      it); they pause between steps for the rest (default
+                      0.2; at 1 only audits pause)
   --log-level LEVEL   debug, info, warn or error (default info)
   --log-format FMT    text or json (default text)
 
@@ -152,6 +158,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	retentionInterval := fs.Duration("retention-interval", time.Minute, "")
 	compaction := fs.Duration("compaction", time.Hour, "")
 	compactionInterval := fs.Duration("compaction-interval", time.Minute, "")
+	maintenanceShare := fs.Float64("maintenance-share", engine.DefaultMaintenanceShare, "")
 	logLevel := fs.String("log-level", "info", "")
 	logFormat := fs.String("log-format", "text", "")
 	resolverPath := fs.String("resolver-config", "", "")
@@ -189,6 +196,9 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	}
 	if *compaction < 0 || *compactionInterval <= 0 {
 		return usagef("--compaction may not be negative, --compaction-interval must be positive")
+	}
+	if !(*maintenanceShare > 0 && *maintenanceShare <= 1) {
+		return usagef("--maintenance-share %v: want a share above 0 and at most 1", *maintenanceShare)
 	}
 	if *retention > 0 && *tombstoneRetention > 0 && *tombstoneRetention < *retention {
 		return usagef("--tombstone-retention %s is shorter than --retention %s: a tombstone must outlive the window", *tombstoneRetention, *retention)
@@ -252,7 +262,8 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	}
 	metrics := server.NewMetrics()
 	engineOpts := engine.Options{MaxBatch: *maxBatch, OnBatch: metrics.ObserveBatch, Logger: log, LeaseTTL: *leaseTTL,
-		Retention: *retention, TombstoneRetention: *tombstoneRetention, RetentionInterval: *retentionInterval}
+		Retention: *retention, TombstoneRetention: *tombstoneRetention, RetentionInterval: *retentionInterval,
+		MaintenanceShare: *maintenanceShare}
 	if resolver != nil {
 		engineOpts.Resolver = &resolver.opts
 	}

@@ -10,8 +10,17 @@
 // Usage: go run ./scripts/auditsize -n 1000000 -dir /tmp/auditsize
 //
 //	(fills, then runs itself with -phase full, since, checkpoint, full,
-//	since, or the -phases given; -phase retire removes every reservation,
-//	as retention would)
+//	since, or the -phases given, none with -phases none; -phase retire
+//	removes every reservation, as retention would)
+//
+// With -checkpoint-every K the fill does what a running server's
+// compaction worker does while the store grows: after every K lifecycles
+// (one simulated hour of commits) it cuts a statement checkpoint through
+// engine.CutCheckpoint, which audits the journal since the previous one,
+// and compacts the journal it summarises. -fill-only stops after the fill
+// and -from resumes an interrupted fill at lifecycle number FROM (a fill
+// is split into runs of its own that way; each prints its progress every
+// -report lifecycles).
 package main
 
 import (
@@ -38,7 +47,10 @@ func main() {
 	dir := flag.String("dir", "", "data directory (new)")
 	phase := flag.String("phase", "", "fill and every phase (default), full, since, checkpoint or retire")
 	batch := flag.Int("batch", 10000, "lifecycles per fill transaction")
-	phases := flag.String("phases", "full,since,checkpoint,full,since", "the phases run after the fill, in order")
+	phases := flag.String("phases", "full,since,checkpoint,full,since", "the phases run after the fill, in order (none: no phase)")
+	every := flag.Int("checkpoint-every", 0, "cut a checkpoint and compact the journal after every this many lifecycles of the fill (0: never)")
+	from := flag.Int("from", 0, "resume a fill at this lifecycle number (the store holds lifecycles 0 to from-1)")
+	report := flag.Int("report", 1000000, "print the fill's progress every this many lifecycles")
 	profile := flag.String("cpuprofile", "", "write a CPU profile of the phase to this file")
 	flag.Parse()
 	if *profile != "" {
@@ -53,8 +65,11 @@ func main() {
 	case "":
 		must(os.MkdirAll(*dir, 0o700))
 		start := time.Now()
-		fill(ctx, path, *n, *batch)
-		fmt.Printf("fill %d reservations: %s (CPU %s), file %d bytes\n", *n, time.Since(start).Round(time.Millisecond), cpu(), size(path))
+		fill(ctx, path, *from, *n, *batch, *every, *report)
+		fmt.Printf("fill %d to %d reservations: %s (CPU %s), file %d bytes\n", *from, *n, time.Since(start).Round(time.Millisecond), cpu(), size(path))
+		if *phases == "none" {
+			return
+		}
 		for _, p := range strings.Split(*phases, ",") {
 			cmd := exec.Command(os.Args[0], "-phase", p, "-dir", *dir)
 			cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
@@ -105,24 +120,48 @@ func main() {
 			must(err)
 			removed += len(cmds)
 		}
-		fmt.Printf("retire %d: %s, file %d bytes\n", removed, time.Since(start).Round(time.Millisecond), size(path))
+		fmt.Printf("retire %d: %s (CPU %s), file %d bytes\n", removed, time.Since(start).Round(time.Millisecond), cpu(), size(path))
 		must(st.Reclaim(ctx))
 		fmt.Printf("after reclaim: file %d bytes\n", size(path))
 		st.Close()
 	}
 }
 
-func fill(ctx context.Context, path string, n, batch int) {
+// fillAt is the simulated time of lifecycle i of a fill with a
+// checkpoint every `every` lifecycles: every block of them is one hour
+// after the one before, so the compaction worker's hourly cut falls
+// between blocks.
+func fillAt(i, every int) time.Time {
+	if every <= 0 {
+		return t0
+	}
+	return t0.Add(time.Duration(i/every) * time.Hour)
+}
+
+func fill(ctx context.Context, path string, from, n, batch, every, report int) {
 	st := open(ctx, path)
 	defer st.Close()
 	core := engine.NewCore(st)
-	p := ledger.Policy{Key: ledger.PolicyKey{Subject: ledger.AnySubject, Route: "bench", Region: "eu"}, HoldTTL: time.Hour,
-		Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: 1 << 50, RefillUnits: 1 << 40, RefillInterval: time.Second}}}.WithDefaults()
-	_, err := core.Commit(ctx, []ledger.Command{{Kind: ledger.KindPublishPolicy, Policy: &p}}, t0)
-	must(err)
-	for start := 0; start < n; start += batch {
-		var cmds []ledger.Command
-		for i := start; i < start+batch && i < n; i++ {
+	if from == 0 {
+		p := ledger.Policy{Key: ledger.PolicyKey{Subject: ledger.AnySubject, Route: "bench", Region: "eu"}, HoldTTL: time.Hour,
+			Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: 1 << 50, RefillUnits: 1 << 40, RefillInterval: time.Second}}}.WithDefaults()
+		_, err := core.Commit(ctx, []ledger.Command{{Kind: ledger.KindPublishPolicy, Policy: &p}}, t0)
+		must(err)
+	}
+	var e *engine.Engine
+	if every > 0 {
+		e = engine.New(st, engine.Options{DisableWorkers: true, Compaction: &engine.CompactionOptions{Batch: 4096}})
+		defer e.Close()
+	}
+	began, lastReport := time.Now(), time.Now()
+	cmds := make([]ledger.Command, 0, 3*batch)
+	for start := from; start < n; {
+		end := min(start+batch, n)
+		if every > 0 {
+			end = min(end, (start/every+1)*every) // a block ends with its hour
+		}
+		cmds = cmds[:0]
+		for i := start; i < end; i++ {
 			id := fmt.Sprintf("rl-%09d", i)
 			subject := fmt.Sprintf("tenant-%d", i%100)
 			cmds = append(cmds,
@@ -131,13 +170,32 @@ func fill(ctx context.Context, path string, n, batch int) {
 				ledger.Command{Kind: ledger.KindStart, ReservationID: id, OperationID: "op-" + id},
 				ledger.Command{Kind: ledger.KindSettle, ReservationID: id, OperationID: "op-" + id, Units: ledger.Amounts{60}})
 		}
-		res, err := core.Commit(ctx, cmds, t0)
+		res, err := core.Commit(ctx, cmds, fillAt(start, every))
 		must(err)
 		for i := range res {
 			if res[i].Err != nil {
 				must(fmt.Errorf("%s %s: %w", cmds[i].Kind, cmds[i].ReservationID, res[i].Err))
 			}
 		}
+		if every > 0 && end%every == 0 {
+			cutAt := fillAt(end, every)
+			cp, found, err := e.CutCheckpoint(ctx, cutAt)
+			must(err)
+			if len(found) > 0 {
+				must(fmt.Errorf("checkpoint at %d: the audit found %d discrepancies, first %s", end, len(found), found[0]))
+			}
+			deleted, err := e.CompactJournal(ctx)
+			must(err)
+			if cp != nil {
+				fmt.Printf("  checkpoint %d at %d lifecycles: %d entries, %d journal rows deleted\n", cp.Seq, end, cp.Entries, deleted)
+			}
+		}
+		if end/report != start/report || end == n {
+			fmt.Printf("  %d lifecycles, %s since start (%s for the last %d), CPU %s, file %d bytes\n", end,
+				time.Since(began).Round(time.Second), time.Since(lastReport).Round(time.Second), report, cpu(), size(path))
+			lastReport = time.Now()
+		}
+		start = end
 	}
 }
 

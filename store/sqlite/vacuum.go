@@ -84,13 +84,13 @@ func (s *Store) withWriter(ctx context.Context, f func(w *writer) error) error {
 	return f(s.w)
 }
 
-// Reclaim gives the file's free pages back to the filesystem (PRAGMA
-// incremental_vacuum) when the file is INCREMENTAL, in steps of
+// Reclaim gives all of the file's free pages back to the filesystem
+// (PRAGMA incremental_vacuum) when the file is INCREMENTAL, in steps of
 // reclaimPages, each a write transaction of its own that waits for the
 // writer like a batch does, so batches run between steps; otherwise it
 // does nothing (later writes reuse the freelist). It returns when the
-// freelist is empty or ctx ends. The engine's retention worker calls it
-// after a pass that removed rows.
+// freelist is empty or ctx ends. Operators' tools call it; the engine's
+// workers call ReclaimStep, which keeps a reserve for reuse.
 func (s *Store) Reclaim(ctx context.Context) error {
 	mode, err := s.AutoVacuum(ctx)
 	if err != nil || mode != AutoVacuumIncremental {
@@ -101,23 +101,60 @@ func (s *Store) Reclaim(ctx context.Context) error {
 		if err != nil || free == 0 {
 			return err
 		}
-		err = s.withWriter(ctx, func(w *writer) error {
-			st, err := w.stmt(stmtCtx(ctx), fmt.Sprintf("PRAGMA incremental_vacuum(%d)", reclaimPages))
-			if err != nil {
-				return fmt.Errorf("reclaim: %w", translate(ctx, err))
-			}
-			// incremental_vacuum answers a row per page freed: read them.
-			if err := w.query(stmtCtx(ctx), st, nil, func(scanner) error { return nil }); err != nil {
-				return fmt.Errorf("reclaim: %w", translate(ctx, err))
-			}
-			s.commits.Add(1) // the checkpointer copies the truncation
-			return nil
-		})
-		if err != nil {
+		if err := s.vacuumStep(ctx, reclaimPages); err != nil {
 			return err
 		}
 	}
 	return ctx.Err()
+}
+
+// reclaimReserve is the share of the file's pages ReclaimStep leaves on
+// the freelist: under steady retention the pages freed by one pass are
+// the pages the next rows need, and returning them only to grow the file
+// again would cost a write of every moved page and its WAL frame.
+const reclaimReserve = 8 // one eighth
+
+// ReclaimStep implements engine.Reclaimer: one incremental_vacuum of up
+// to pages pages, leaving a reserve of an eighth of the file's pages on
+// the freelist, when the file is INCREMENTAL (otherwise it does nothing).
+// It reports whether more than the reserve is still free.
+func (s *Store) ReclaimStep(ctx context.Context, pages int) (bool, error) {
+	if pages <= 0 {
+		return false, fmt.Errorf("reclaim: %d pages, want a positive number", pages)
+	}
+	mode, err := s.AutoVacuum(ctx)
+	if err != nil || mode != AutoVacuumIncremental {
+		return false, err
+	}
+	free, total, err := s.FreePages(ctx)
+	if err != nil {
+		return false, err
+	}
+	keep := total / reclaimReserve
+	if free <= keep {
+		return false, nil
+	}
+	n := min(int64(pages), free-keep)
+	if err := s.vacuumStep(ctx, n); err != nil {
+		return false, err
+	}
+	return free-n > keep, nil
+}
+
+// vacuumStep runs PRAGMA incremental_vacuum(pages) on the writer.
+func (s *Store) vacuumStep(ctx context.Context, pages int64) error {
+	return s.withWriter(ctx, func(w *writer) error {
+		st, err := w.stmt(stmtCtx(ctx), fmt.Sprintf("PRAGMA incremental_vacuum(%d)", pages))
+		if err != nil {
+			return fmt.Errorf("reclaim: %w", translate(ctx, err))
+		}
+		// incremental_vacuum answers a row per page freed: read them.
+		if err := w.query(stmtCtx(ctx), st, nil, func(scanner) error { return nil }); err != nil {
+			return fmt.Errorf("reclaim: %w", translate(ctx, err))
+		}
+		s.commits.Add(1) // the checkpointer copies the truncation
+		return nil
+	})
 }
 
 // WithAutoVacuumConversion makes Open convert a file created with

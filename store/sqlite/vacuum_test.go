@@ -16,6 +16,13 @@ import (
 // the ledger's retire command, as the retention worker does.
 func fillAndRetire(t *testing.T, s *Store, n int) {
 	t.Helper()
+	fillRetireForget(t, s, n, false)
+}
+
+// fillRetireForget is fillAndRetire, then, when forget is set, the
+// tombstones' removal (the ledger's forget command).
+func fillRetireForget(t *testing.T, s *Store, n int, forget bool) {
+	t.Helper()
 	ctx := context.Background()
 	now := time.Date(2026, 7, 19, 14, 0, 0, 0, time.UTC)
 	key := ledger.PolicyKey{Subject: "tenant-v", Route: "chat", Region: "eu"}
@@ -56,6 +63,13 @@ func fillAndRetire(t *testing.T, s *Store, n int) {
 		var cmds []ledger.Command
 		for i := start; i < start+500 && i < n; i++ {
 			cmds = append(cmds, ledger.Command{Kind: ledger.KindRetire, ReservationID: fmt.Sprintf("vac-%07d-%s", i, "padding-to-make-rows-realistic"), Before: now})
+		}
+		batch(cmds)
+	}
+	for start := 0; forget && start < n; start += 500 {
+		var cmds []ledger.Command
+		for i := start; i < start+500 && i < n; i++ {
+			cmds = append(cmds, ledger.Command{Kind: ledger.KindForget, ReservationID: fmt.Sprintf("vac-%07d-%s", i, "padding-to-make-rows-realistic"), Before: now})
 		}
 		batch(cmds)
 	}
@@ -131,5 +145,42 @@ func TestConvertAutoVacuum(t *testing.T) {
 	}
 	if free, _, _ := s.FreePages(ctx); free != 0 {
 		t.Fatalf("%d free pages after VACUUM", free)
+	}
+}
+
+// ReclaimStep, the workers' step, gives pages back a bounded step at a
+// time and stops at a reserve of an eighth of the file for reuse.
+func TestReclaimStepKeepsAReserve(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(ctx, filepath.Join(t.TempDir(), "vac.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	fillRetireForget(t, s, 5000, true)
+	free, total, err := s.FreePages(ctx)
+	if err != nil || free < 4*(total/reclaimReserve) {
+		t.Fatalf("after retention: %d free of %d pages, %v; the test needs more", free, total, err)
+	}
+	if _, err := s.ReclaimStep(ctx, 0); err == nil {
+		t.Fatal("ReclaimStep of 0 pages: no error")
+	}
+	steps := 0
+	for more := true; more; steps++ {
+		if more, err = s.ReclaimStep(ctx, 10); err != nil {
+			t.Fatal(err)
+		}
+		f, _, _ := s.FreePages(ctx)
+		if f < free-10 {
+			t.Fatalf("one step of 10 pages freed %d -> %d", free, f)
+		}
+		free = f
+	}
+	free, total, err = s.FreePages(ctx)
+	if err != nil || free == 0 || free > total/reclaimReserve+1 || steps < 2 {
+		t.Fatalf("after the steps: %d free of %d pages (reserve %d), %d steps, %v", free, total, total/reclaimReserve, steps, err)
+	}
+	if more, err := s.ReclaimStep(ctx, 10); more || err != nil {
+		t.Fatalf("at the reserve: more %v, %v", more, err)
 	}
 }

@@ -1,0 +1,99 @@
+package engine
+
+import (
+	"context"
+	"time"
+)
+
+// Maintenance pacing. Retention pages, journal compaction, giving space
+// back and audits all run on the same store as admission (on SQLite, the
+// same single writer and the same cores), so each works in steps and,
+// after every step, pauses long enough that its steps take at most a
+// share of the wall time: MaintenanceShare while gateways' commands are
+// being committed, more when nothing else is (a step that took d is
+// followed by a pause of d*(1-share)/share). The busy test is this
+// engine's own admissions since the step before: on PostgreSQL the worker
+// leader does not see what the other replicas admit.
+
+// DefaultMaintenanceShare is the share of wall time maintenance steps
+// take while gateways are being admitted: retention then gets a fifth of
+// the time, enough to remove about 1,500 rows a second when each page
+// waits 20 ms for a busy committer (docs/OPERATIONS.md, "Retention and
+// compaction"), and admission keeps the rest.
+const DefaultMaintenanceShare = 0.2
+
+// pacer spaces one worker's steps.
+type pacer struct {
+	e *Engine
+	// busy and idle are the shares of wall time the steps take while
+	// admission is busy and while it is idle; 1 means no pause.
+	busy, idle float64
+	seen       uint64
+}
+
+// newPacer returns a pacer whose steps take the engine's
+// MaintenanceShare of the time while admission is busy and idle of it
+// otherwise.
+func (e *Engine) newPacer(idle float64) *pacer {
+	return &pacer{e: e, busy: e.opts.MaintenanceShare, idle: idle, seen: e.admitted()}
+}
+
+// auditShareDivisor: an audit's steps take a quarter of MaintenanceShare
+// while admission is busy. An audit is CPU alone, on the cores admission
+// needs, and whoever waits for it sees its progress; retention must keep
+// up with what finishes and gets the whole share. Measured
+// (docs/PERFORMANCE.md): back-to-back full audits at a share of 0.2 cost
+// reserves 0.58x their throughput, at 0.05 0.96x.
+const auditShareDivisor = 4
+
+// newAuditPacer is newPacer for an audit.
+func (e *Engine) newAuditPacer(idle float64) *pacer {
+	p := e.newPacer(idle)
+	p.busy /= auditShareDivisor
+	return p
+}
+
+// admitted counts the commands this engine committed that none of its
+// maintenance workers submitted.
+func (e *Engine) admitted() uint64 {
+	return e.commands.Load() - e.workerCmds.Load() - e.retention.submitted.Load()
+}
+
+// share is the share of time the next pause leaves the steps, and
+// whether admission was busy since the last call.
+func (p *pacer) share() (float64, bool) {
+	now := p.e.admitted()
+	busy := now != p.seen
+	p.seen = now
+	if busy {
+		return p.busy, true
+	}
+	return p.idle, false
+}
+
+// pause is how long to pause after a step that took took, at least
+// floor.
+func (p *pacer) pause(took, floor time.Duration) time.Duration {
+	share, _ := p.share()
+	if share >= 1 {
+		return floor
+	}
+	return max(floor, time.Duration(float64(took)*(1-share)/share))
+}
+
+// wait pauses after a step that took took, at least floor, and reports
+// whether ctx is still live.
+func (p *pacer) wait(ctx context.Context, took, floor time.Duration) bool {
+	d := p.pause(took, floor)
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	pause := time.NewTimer(d)
+	defer pause.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-pause.C:
+		return true
+	}
+}

@@ -1,0 +1,118 @@
+package engine
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store/memstore"
+)
+
+// A maintenance step is followed by a pause that leaves it
+// MaintenanceShare of the time when gateways' commands were committed
+// since the step before (an audit a quarter of it), its idle share when
+// none were, and the maintenance workers' own commands do not count as
+// admission.
+func TestPacerYieldsToAdmission(t *testing.T) {
+	ctx := context.Background()
+	clk := newClock()
+	e := New(memstore.New(), Options{Clock: clk.Now, DisableWorkers: true, MaintenanceShare: 0.25,
+		Retention: time.Hour, RetentionBatch: 10})
+	defer e.Close()
+	publish(t, e, 1_000_000, time.Minute, 0)
+	p := e.newPacer(0.5)
+	const step = 10 * time.Millisecond
+	if got := p.pause(step, 0); got != step {
+		t.Fatalf("idle: pause %s after a step of %s, want %s (half of the time)", got, step, step)
+	}
+	if got := p.pause(step, 40*time.Millisecond); got != 40*time.Millisecond {
+		t.Fatalf("idle with a floor of 40ms: pause %s", got)
+	}
+	if res, err := e.Do(ctx, reserveCmd("gw-1", 10)); err != nil || res.Err != nil {
+		t.Fatalf("reserve: %+v %v", res, err)
+	}
+	if got := p.pause(step, 0); got != 3*step {
+		t.Fatalf("after an admission: pause %s after a step of %s, want %s (a quarter of the time)", got, step, 3*step)
+	}
+	if got := p.pause(step, 0); got != step {
+		t.Fatalf("no admission since: pause %s, want %s", got, step)
+	}
+	// A retention pass's own pages are not admission.
+	if res, err := e.Do(ctx, ledger.Command{Kind: ledger.KindRelease, ReservationID: "gw-1"}); err != nil || res.Err != nil {
+		t.Fatalf("release: %+v %v", res, err)
+	}
+	p.pause(step, 0)
+	clk.Advance(2 * time.Hour)
+	if err := e.RunRetention(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if e.RetentionStats().Retired != 1 {
+		t.Fatalf("retention stats %+v, want one retired", e.RetentionStats())
+	}
+	if got := p.pause(step, 0); got != step {
+		t.Fatalf("after a retention page only: pause %s, want the idle %s", got, step)
+	}
+	// An audit pauses only while admission is busy, and then leaves
+	// itself a quarter of the share.
+	audit := e.newAuditPacer(1)
+	if _, err := e.Do(ctx, reserveCmd("gw-2", 10)); err != nil {
+		t.Fatal(err)
+	}
+	if got := audit.pause(step, 0); got != 15*step {
+		t.Fatalf("audit after an admission: pause %s, want %s (a sixteenth of the time)", got, 15*step)
+	}
+	if got := audit.pause(step, 0); got != 0 {
+		t.Fatalf("idle share 1 when idle: pause %s, want none", got)
+	}
+}
+
+// reclaimingStore is a memstore that gives space back like SQLite's
+// ReclaimStep: free pages beyond a reserve, up to the pages asked for.
+type reclaimingStore struct {
+	*memstore.Store
+	free, reserve int
+	steps         []int // the pages each step was asked for
+}
+
+func (s *reclaimingStore) ReclaimStep(_ context.Context, pages int) (bool, error) {
+	s.steps = append(s.steps, pages)
+	s.free -= min(pages, s.free-s.reserve)
+	return s.free > s.reserve, nil
+}
+
+// After a pass that removed rows, the retention worker gives space back a
+// bounded step at a time until the store keeps only its reserve; after a
+// pass that removed nothing, it does not.
+func TestRetentionGivesSpaceBackInSteps(t *testing.T) {
+	ctx := context.Background()
+	clk := newClock()
+	st := &reclaimingStore{Store: memstore.New(), free: 3*reclaimStepPages + 10, reserve: 10}
+	e := New(st, Options{Clock: clk.Now, DisableWorkers: true, Retention: time.Hour, RetentionPause: time.Millisecond})
+	defer e.Close()
+	publish(t, e, 1_000_000, time.Minute, 0)
+	if err := e.RunRetention(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if len(st.steps) != 0 {
+		t.Fatalf("a pass that removed nothing reclaimed: %v", st.steps)
+	}
+	if res, err := e.Do(ctx, reserveCmd("done", 10)); err != nil || res.Err != nil {
+		t.Fatalf("reserve: %+v %v", res, err)
+	}
+	if res, err := e.Do(ctx, ledger.Command{Kind: ledger.KindRelease, ReservationID: "done"}); err != nil || res.Err != nil {
+		t.Fatalf("release: %+v %v", res, err)
+	}
+	clk.Advance(2 * time.Hour)
+	if err := e.RunRetention(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if e.RetentionStats().Retired != 1 || len(st.steps) != 3 || st.free != st.reserve {
+		t.Fatalf("after removing a row: %+v, steps %v, %d pages free (reserve %d)", e.RetentionStats(), st.steps, st.free, st.reserve)
+	}
+	for _, pages := range st.steps {
+		if pages != reclaimStepPages {
+			t.Fatalf("a step of %d pages, want %d", pages, reclaimStepPages)
+		}
+	}
+}
