@@ -102,8 +102,8 @@ type GetOverviewResponse struct {
 	// The USAGE_UNKNOWN backlog, store-wide.
 	UsageUnknownBacklog  int64                  `protobuf:"varint,10,opt,name=usage_unknown_backlog,json=usageUnknownBacklog,proto3" json:"usage_unknown_backlog,omitempty"`
 	OldestUsageUnknownAt *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=oldest_usage_unknown_at,json=oldestUsageUnknownAt,proto3" json:"oldest_usage_unknown_at,omitempty"`
-	// The last Audit this replica answered since it started (any caller,
-	// e.g. `capledger audit`); unset when none ran.
+	// The last audit and the last clean audit (see AuditStatus); unset
+	// when none is known.
 	Audit         *AuditStatus `protobuf:"bytes,12,opt,name=audit,proto3" json:"audit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

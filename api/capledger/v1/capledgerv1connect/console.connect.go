@@ -73,9 +73,10 @@ type ConsoleServiceClient interface {
 	// GetOverview returns this replica's readiness and counters since it
 	// started: commands by kind and outcome, reserve decisions by policy
 	// generation, capacity rejections by limiting dimension, batch commit
-	// latency, the USAGE_UNKNOWN backlog and the last audit this replica
-	// answered. Counters are cumulative: a rate is the difference of two
-	// answers over the difference of their server_time.
+	// latency, the USAGE_UNKNOWN backlog, and the last audits (from the
+	// store: the same on every replica). Counters are cumulative: a rate is
+	// the difference of two answers over the difference of their
+	// server_time.
 	GetOverview(context.Context, *connect.Request[v1.GetOverviewRequest]) (*connect.Response[v1.GetOverviewResponse], error)
 	// ListAccountStandings returns accounts with how close each is to its
 	// limit, nearest first: the dimension with the least available capacity
@@ -217,9 +218,10 @@ type ConsoleServiceHandler interface {
 	// GetOverview returns this replica's readiness and counters since it
 	// started: commands by kind and outcome, reserve decisions by policy
 	// generation, capacity rejections by limiting dimension, batch commit
-	// latency, the USAGE_UNKNOWN backlog and the last audit this replica
-	// answered. Counters are cumulative: a rate is the difference of two
-	// answers over the difference of their server_time.
+	// latency, the USAGE_UNKNOWN backlog, and the last audits (from the
+	// store: the same on every replica). Counters are cumulative: a rate is
+	// the difference of two answers over the difference of their
+	// server_time.
 	GetOverview(context.Context, *connect.Request[v1.GetOverviewRequest]) (*connect.Response[v1.GetOverviewResponse], error)
 	// ListAccountStandings returns accounts with how close each is to its
 	// limit, nearest first: the dimension with the least available capacity
