@@ -270,6 +270,7 @@ func (r *Resolver) Run(ctx context.Context) {
 		if len(rows) < r.opts.PageSize {
 			r.endPass()
 			r.mu.Unlock()
+			r.pruneAnswers(ctx)
 			return
 		}
 		last := rows[len(rows)-1]
@@ -296,6 +297,7 @@ func (r *Resolver) endPass() {
 // page handles one page of the backlog.
 func (r *Resolver) page(ctx context.Context, rows []ledger.Reservation) {
 	now := r.clock()
+	stored := r.storedAnswers(ctx, rows)
 	var due []*ledger.Reservation
 	r.mu.Lock()
 	for i := range rows {
@@ -303,6 +305,11 @@ func (r *Resolver) page(ctx context.Context, rows []ledger.Reservation) {
 		a := r.attempts[row.ID]
 		if a == nil {
 			a = &attempt{}
+			if prev, ok := stored[row.ID]; ok {
+				// Asked before this resolver started (a restart, or
+				// another replica led): go on with that backoff.
+				a.polls, a.next = int(prev.Attempts), prev.NextAt
+			}
 			r.attempts[row.ID] = a
 		}
 		a.pass = r.pass
@@ -348,6 +355,10 @@ func (r *Resolver) page(ctx context.Context, rows []ledger.Reservation) {
 	}
 	wg.Wait()
 
+	// heard[i] is the answer recorded for due[i] once its next question
+	// is scheduled (recordAnswers); a settled one is not recorded.
+	heard := make([]store.ResolverAnswer, len(due))
+	defer r.recordAnswers(ctx, due, heard, now)
 	var cmds []ledger.Command
 	var settling []int
 	r.mu.Lock()
@@ -368,18 +379,24 @@ func (r *Resolver) page(ctx context.Context, rows []ledger.Reservation) {
 	r.mu.Unlock()
 	for i, row := range due {
 		if errors.Is(errs[i], ErrNoStatusEndpoint) {
+			heard[i] = store.ResolverAnswer{Answer: AnswerNoEndpoint}
 			r.later(row.ID, true) // not a question asked: not counted
 			continue
 		}
 		r.polls.Add(1)
 		cmd, err := r.settleCommand(ctx, row, answers[i], errs[i])
 		if err != nil {
+			heard[i] = store.ResolverAnswer{Answer: AnswerError, Detail: err.Error()}
+			if errs[i] == nil {
+				heard[i].Answer = AnswerSettleRefused // an answer that cannot settle
+			}
 			r.failures.Add(1)
 			r.later(row.ID, false)
 			r.log.Debug("resolver: stays USAGE_UNKNOWN", "reservation", row.ID, "operation", row.OperationID, "err", err)
 			continue
 		}
 		if cmd == nil {
+			heard[i] = store.ResolverAnswer{Answer: answers[i].State.String()}
 			r.later(row.ID, false) // running or unknown
 			continue
 		}
@@ -397,6 +414,7 @@ func (r *Resolver) page(ctx context.Context, rows []ledger.Reservation) {
 			r.log.Warn("resolver: settle batch", "commands", len(cmds), "err", err)
 		}
 		for _, i := range settling {
+			heard[i] = store.ResolverAnswer{Answer: AnswerError, Detail: "settle: " + err.Error()}
 			r.later(due[i].ID, false)
 		}
 		return
@@ -416,6 +434,7 @@ func (r *Resolver) page(ctx context.Context, rows []ledger.Reservation) {
 			// Refused (the lifetime bound, a mismatched operation):
 			// it stays USAGE_UNKNOWN for an operator.
 			r.log.Warn("resolver: settle refused; stays USAGE_UNKNOWN", "reservation", row.ID, "err", res.Err)
+			heard[i] = store.ResolverAnswer{Answer: AnswerSettleRefused, Detail: res.Err.Error()}
 			r.later(row.ID, true)
 		}
 	}

@@ -73,6 +73,10 @@ func (a *auditService) StreamAudit(ctx context.Context, req *connect.Request[v1.
 	if err != nil {
 		return readError("audit", ReasonStoreUnavailable, err)
 	}
-	send(&v1.AuditEvent{Event: &v1.AuditEvent_Result{Result: a.s.auditResponse(ctx, found)}})
+	mode := auditModeFull
+	if req.Msg.SinceCheckpoint {
+		mode = auditModeSinceCheckpoint
+	}
+	send(&v1.AuditEvent{Event: &v1.AuditEvent_Result{Result: a.s.auditResponse(ctx, found, mode)}})
 	return sendErr
 }

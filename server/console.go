@@ -3,7 +3,10 @@ package server
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"maps"
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -17,6 +20,7 @@ import (
 	v1 "github.com/capledger/capledger/api/capledger/v1"
 	"github.com/capledger/capledger/api/capledger/v1/capledgerv1connect"
 	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
 )
 
 // The ConsoleService (console.proto): the cross-tenant reads the operator
@@ -55,6 +59,10 @@ type decisionKey struct {
 type consoleCounters struct {
 	decisions sync.Map // decisionKey -> *atomic.Int64
 
+	// store, when set, keeps the audit status for every replica and
+	// across restarts (the fields below are then only a fallback).
+	store store.ConsoleStore
+
 	mu             sync.Mutex
 	lastAudit      time.Time
 	lastFound      int
@@ -70,13 +78,63 @@ func (c *consoleCounters) decision(generation uint64, outcome string) {
 	v.(*atomic.Int64).Add(1)
 }
 
-func (c *consoleCounters) audited(at time.Time, found int) {
+// auditRecordTimeout bounds the store write of an audit's record.
+const auditRecordTimeout = 5 * time.Second
+
+// audited records an audit that found found, in memory and, with a store,
+// in the store (store.AuditRecord: who ran it, the mode, the count per
+// check). A failed store write is logged; the audit's answer stands.
+func (c *consoleCounters) audited(ctx context.Context, log *slog.Logger, at time.Time, found []ledger.Discrepancy, mode string) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.lastAudit, c.lastFound = at, found
-	if found == 0 {
+	c.lastAudit, c.lastFound = at, len(found)
+	if len(found) == 0 {
 		c.lastCleanAudit = at
 	}
+	c.mu.Unlock()
+	if c.store == nil {
+		return
+	}
+	rec := &store.AuditRecord{At: at, By: tokenName(ctx), Mode: mode, Discrepancies: int64(len(found)), Checks: map[string]int64{}}
+	for _, d := range found {
+		rec.Checks[d.Check]++
+	}
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), auditRecordTimeout)
+	defer cancel()
+	if err := c.store.AuditRecordPut(wctx, rec); err != nil {
+		log.Warn("console: cannot record the audit", "err", err)
+	}
+}
+
+// auditStatus returns the audit status GetOverview shows: from the store
+// when there is one, else this replica's memory; nil when no audit is
+// known.
+func (c *consoleCounters) auditStatus(ctx context.Context) (*v1.AuditStatus, error) {
+	if c.store == nil {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if c.lastAudit.IsZero() {
+			return nil, nil
+		}
+		return &v1.AuditStatus{
+			LastAuditAt: timestamp(c.lastAudit), LastDiscrepancies: int64(c.lastFound),
+			LastCleanAuditAt: timestamp(c.lastCleanAudit),
+		}, nil
+	}
+	last, clean, err := c.store.AuditRecordsGet(ctx)
+	if err != nil || last == nil {
+		return nil, err
+	}
+	st := &v1.AuditStatus{
+		LastAuditAt: timestamp(last.At), LastDiscrepancies: last.Discrepancies, LastBy: last.By, LastMode: last.Mode,
+		Persisted: true,
+	}
+	for _, check := range slices.Sorted(maps.Keys(last.Checks)) {
+		st.LastChecks = append(st.LastChecks, &v1.AuditCheckCount{Check: check, Count: last.Checks[check]})
+	}
+	if clean != nil {
+		st.LastCleanAuditAt, st.LastCleanBy, st.LastCleanMode = timestamp(clean.At), clean.By, clean.Mode
+	}
+	return st, nil
 }
 
 // observe is an interceptor that counts the answers of Reserve and
@@ -202,14 +260,9 @@ func (c consoleService) GetOverview(ctx context.Context, _ *connect.Request[v1.G
 		return nil, readError("usage unknown backlog", ReasonStoreUnavailable, err)
 	}
 	resp.UsageUnknownBacklog, resp.OldestUsageUnknownAt = backlog.Count, timestamp(backlog.OldestMarkedAt)
-	s.console.mu.Lock()
-	if !s.console.lastAudit.IsZero() {
-		resp.Audit = &v1.AuditStatus{
-			LastAuditAt: timestamp(s.console.lastAudit), LastDiscrepancies: int64(s.console.lastFound),
-			LastCleanAuditAt: timestamp(s.console.lastCleanAudit),
-		}
+	if resp.Audit, err = s.console.auditStatus(ctx); err != nil {
+		return nil, readError("audit status", ReasonStoreUnavailable, err)
 	}
-	s.console.mu.Unlock()
 	return connect.NewResponse(resp), nil
 }
 

@@ -674,12 +674,18 @@ func (s *Server) Audit(ctx context.Context, req *connect.Request[v1.AuditRequest
 	if err != nil {
 		return nil, readError("audit", ReasonStoreUnavailable, err)
 	}
-	return connect.NewResponse(s.auditResponse(ctx, found)), nil
+	return connect.NewResponse(s.auditResponse(ctx, found, auditModeFull)), nil
 }
 
-// auditResponse is the answer of an audit that found found, logged when
-// it is not empty.
-func (s *Server) auditResponse(ctx context.Context, found []ledger.Discrepancy) *v1.AuditResponse {
+// The modes of an audit, as the console's audit status names them.
+const (
+	auditModeFull            = "full"
+	auditModeSinceCheckpoint = "since_checkpoint"
+)
+
+// auditResponse is the answer of an audit in mode that found found,
+// logged when it is not empty.
+func (s *Server) auditResponse(ctx context.Context, found []ledger.Discrepancy, mode string) *v1.AuditResponse {
 	resp := &v1.AuditResponse{CheckedAt: timestamp(time.Now())}
 	for _, d := range found {
 		resp.Discrepancies = append(resp.Discrepancies, &v1.Discrepancy{
@@ -692,6 +698,6 @@ func (s *Server) auditResponse(ctx context.Context, found []ledger.Discrepancy) 
 	// Every audit answered, unary or streamed, feeds the seed's gate
 	// metrics and the console's audit status: one place for both.
 	s.recordGates(ctx, found)
-	s.console.audited(resp.GetCheckedAt().AsTime(), len(found))
+	s.console.audited(ctx, s.log, resp.GetCheckedAt().AsTime(), found, mode)
 	return resp
 }

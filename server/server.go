@@ -95,6 +95,12 @@ type Config struct {
 	// Drains, when set, lets RolloutService.DrainProgress follow a
 	// rollback (give it the engine).
 	Drains Drains
+	// Console, when set, serves the ConsoleService's reads of one
+	// subject's reservations, one account's statements and the
+	// resolver's answers, and keeps the audit status (console_reads.go);
+	// without it those reads answer UNIMPLEMENTED and the audit status is
+	// this replica's memory.
+	Console store.ConsoleStore
 }
 
 // Server implements capledgerv1connect.LedgerServiceHandler over a Ledger.
@@ -146,7 +152,7 @@ func New(l Ledger, cfg Config) *Server {
 		resolver: cfg.Resolver,
 		clock:    cfg.Clock,
 		ready:    cfg.ReadyCheck,
-		console:  &consoleCounters{},
+		console:  &consoleCounters{store: cfg.Console},
 	}
 	s.rollouts = &rolloutCache{store: cfg.Rollouts, log: s.log}
 	s.shadow = newShadowCounts(s.metrics.registry, cfg.Clock())

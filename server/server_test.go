@@ -112,6 +112,9 @@ func newHarness(t testing.TB, opts harnessOptions) *harness {
 		cfg.Rollouts = rollouts
 	}
 	cfg.Drains = h.engine
+	if cs, ok := h.store.(store.ConsoleStore); ok {
+		cfg.Console = cs
+	}
 	if opts.auth {
 		file := "# role per token\n" + adminToken + " admin ops\n\n" + gatewayToken + " gateway gw-1\n"
 		if opts.tokens != "" {

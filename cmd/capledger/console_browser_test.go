@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,8 +19,10 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	v1 "github.com/capledger/capledger/api/capledger/v1"
+	"github.com/capledger/capledger/api/opstatus"
 )
 
 // The console's browser tests: a real `capledger serve` on a real socket,
@@ -179,6 +182,27 @@ func consoleTraffic(t *testing.T, base string) {
 		t.Fatalf("reserve r-d2: HTTP %d", code)
 	}
 	mustCall(t, base, consoleAdminToken, "LedgerService/RollbackPolicy", &v1.RollbackPolicyRequest{Generation: second}, &v1.RollbackPolicyResponse{})
+	// tenant-e: epochs of 2 s, a reserve in each of three: the second and
+	// third close the epoch before, writing two statements.
+	var pe v1.PublishPolicyResponse
+	mustCall(t, base, consoleAdminToken, "LedgerService/PublishPolicy", &v1.PublishPolicyRequest{Policy: &v1.Policy{
+		Subject: "tenant-e", Route: "chat.generate",
+		Dimensions: []*v1.Dimension{{Unit: "tokens", RefillUnits: 10, RefillInterval: durationpb.New(time.Hour), Burst: 100}},
+		HoldTtl:    durationpb.New(time.Hour), EpochLength: durationpb.New(2 * time.Second),
+	}}, &pe)
+	for i := range 3 {
+		if i > 0 {
+			time.Sleep(2100 * time.Millisecond)
+		}
+		if code := reserve(fmt.Sprintf("r-e%d", i+1), "tenant-e", 5); code != http.StatusOK {
+			t.Fatalf("reserve r-e%d: HTTP %d", i+1, code)
+		}
+	}
+	// A staged rollout on a route without traffic, at 25 %.
+	mustCall(t, base, consoleAdminToken, "RolloutService/CreateRollout", &v1.CreateRolloutRequest{
+		Name: "embed-rollout", HashBy: "route", Routes: []*v1.RolloutRoute{{Route: "embed.create"}, {Route: "embed.search"}},
+	}, &v1.CreateRolloutResponse{})
+	mustCall(t, base, consoleAdminToken, "RolloutService/SetRolloutShare", &v1.SetRolloutShareRequest{Name: "embed-rollout", Percent: 25}, &v1.SetRolloutShareResponse{})
 	// An audit, so the overview has a last clean audit to show.
 	var audit v1.AuditResponse
 	mustCall(t, base, consoleAdminToken, "LedgerService/Audit", &v1.AuditRequest{}, &audit)
@@ -389,12 +413,57 @@ func writeConsoleTokens(t *testing.T) string {
 	return path
 }
 
+// runningGateway serves the operation-status endpoint of docs/CLIENTS.md
+// for the USAGE_UNKNOWN resolver, answering "running" for every operation,
+// and returns a --resolver-config file pointing at it.
+func runningGateway(t *testing.T) string {
+	t.Helper()
+	secret := []byte("console-test-secret-0123456789")
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		op := strings.TrimPrefix(r.URL.Path, "/operations/")
+		rid := r.URL.Query().Get("reservationId")
+		if err := opstatus.VerifyRequest(secret, r, rid, op, time.Now()); err != nil {
+			http.Error(w, err.Error(), http.StatusUnauthorized)
+			return
+		}
+		opstatus.WriteAnswer(w, r, secret, opstatus.Answer{OperationID: op, ReservationID: rid, Status: opstatus.StatusRunning})
+	}))
+	t.Cleanup(srv.Close)
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "secret"), secret, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := `{"interval":"200ms","routes":{"chat.generate":{"statusUrl":"` + srv.URL + `","secretFile":"secret"}}}`
+	path := filepath.Join(dir, "resolver.json")
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// fmtTime is the page's fmtTime: UTC, to the second.
+func fmtTime(ts *timestamppb.Timestamp) string {
+	if ts == nil {
+		return "—"
+	}
+	return ts.AsTime().UTC().Format("2006-01-02 15:04:05Z")
+}
+
 // TestConsoleBrowserPagesShowTheAPIsNumbers loads every page with a viewer token
 // and compares what it shows with the API's answers.
 func TestConsoleBrowserPagesShowTheAPIsNumbers(t *testing.T) {
 	chromiumPath(t)
-	base := startInProcess(t, "--tokens", writeConsoleTokens(t))
+	base := startInProcess(t, "--tokens", writeConsoleTokens(t), "--resolver-config", runningGateway(t))
 	consoleTraffic(t, base)
+	// The resolver asks about r-b3 within a second of its marking.
+	var answers v1.GetResolverAnswersResponse
+	for deadline := time.Now().Add(30 * time.Second); len(answers.Answers) == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("the resolver recorded no answer about r-b3 in 30 s")
+		}
+		time.Sleep(100 * time.Millisecond)
+		mustCall(t, base, consoleViewerToken, "ConsoleService/GetResolverAnswers", &v1.GetResolverAnswersRequest{ReservationIds: []string{"r-b3"}}, &answers)
+	}
 	b := newBrowser(t, base)
 	tok := consoleViewerToken
 
@@ -419,9 +488,13 @@ func TestConsoleBrowserPagesShowTheAPIsNumbers(t *testing.T) {
 		t.Errorf("backlog %d, want 1", ov.UsageUnknownBacklog)
 	}
 	b.want(`[data-value="audit"]`, "clean")
-	if ov.Audit.GetLastCleanAuditAt() == nil {
-		t.Error("the overview has no last clean audit")
+	if ov.Audit.GetLastCleanAuditAt() == nil || !ov.Audit.GetPersisted() || ov.Audit.GetLastBy() != "ops" {
+		t.Errorf("the overview's audit status %v, want a persisted clean audit by ops", ov.Audit)
 	}
+	b.want(`[data-value="audit-last"]`, fmtTime(ov.Audit.GetLastAuditAt()))
+	b.want(`[data-value="audit-clean"]`, fmtTime(ov.Audit.GetLastCleanAuditAt()))
+	b.want(`[data-value="audit-last-by"]`, " by "+ov.Audit.GetLastBy()+", "+strings.ReplaceAll(ov.Audit.GetLastMode(), "_", " "))
+	b.want(`[data-value="audit-source"]`, "recorded in the store: the same on every replica")
 	var rejected bool
 	for _, d := range ov.Decisions {
 		b.want(fmt.Sprintf(`tr[data-key="g%d/%s"] td[data-field="count"]`, d.PolicyGeneration, d.Outcome), fmtInt(d.Count))
@@ -442,8 +515,8 @@ func TestConsoleBrowserPagesShowTheAPIsNumbers(t *testing.T) {
 	var st v1.ListAccountStandingsResponse
 	mustCall(t, base, tok, "ConsoleService/ListAccountStandings", &v1.ListAccountStandingsRequest{Limit: 20}, &st)
 	b.want(`[data-value="matched"]`, fmtInt(st.Matched))
-	if n := b.count(`main tbody tr`); n != len(st.Accounts) || n != 5 {
-		t.Errorf("tenants shows %d rows, the API %d (want 5: tenant-d has two generations)", n, len(st.Accounts))
+	if n := b.count(`main tbody tr`); n != len(st.Accounts) || n != 6 {
+		t.Errorf("tenants shows %d rows, the API %d (want 6: tenant-d has two generations)", n, len(st.Accounts))
 	}
 	for i, s := range st.Accounts {
 		a := s.Account
@@ -483,7 +556,66 @@ func TestConsoleBrowserPagesShowTheAPIsNumbers(t *testing.T) {
 			}
 		}
 	}
+	// tenant-a's reservations by state, as ListSubjectReservations says.
+	var res v1.ListSubjectReservationsResponse
+	mustCall(t, base, tok, "ConsoleService/ListSubjectReservations", &v1.ListSubjectReservationsRequest{Subject: "tenant-a", PageSize: 20}, &res)
+	checkSubjectReservations(t, b, &res)
+	if len(res.Reservations) != 1 || res.Reservations[0].ReservationId != "r-a1" {
+		t.Errorf("tenant-a's reservations %v, want r-a1", res.Reservations)
+	}
 	b.screenshot("tenant")
+
+	// tenant-e: its balance history from the statements, its three
+	// reservations, filtered by state.
+	b.open("tenants/tenant-e/chat.generate/global")
+	var accE v1.GetAccountResponse
+	mustCall(t, base, tok, "LedgerService/GetAccount", &v1.GetAccountRequest{Subject: "tenant-e", Route: "chat.generate"}, &accE)
+	gen := accE.Accounts[0].PolicyGeneration
+	var sts v1.ListStatementsResponse
+	listStatements := func() *v1.ListStatementsResponse {
+		sts.Reset()
+		mustCall(t, base, tok, "ConsoleService/ListStatements", &v1.ListStatementsRequest{Subject: "tenant-e", Route: "chat.generate", PolicyGeneration: gen, PageSize: 50}, &sts)
+		return &sts
+	}
+	// The epoch worker may close another epoch meanwhile.
+	b.wantEventually("tenants/tenant-e/chat.generate/global", fmt.Sprintf(`[data-value="statements-g%d"]`, gen), func() string {
+		return fmtInt(int64(len(listStatements().Statements)))
+	})
+	if len(sts.Statements) < 2 {
+		t.Errorf("tenant-e has %d statements, want at least 2", len(sts.Statements))
+	}
+	for _, st := range sts.Statements {
+		for _, c := range st.Closing {
+			start, _ := protojson.Marshal(st.EpochStart) // as the page has it: the API's JSON
+			row := fmt.Sprintf(`tr[data-key="st/g%d/%s/%s"]`, gen, strings.Trim(string(start), `"`), c.Unit)
+			if b.count(row) == 0 {
+				continue // closed after the page's last refresh
+			}
+			b.want(row+` td[data-field="available"]`, fmtInt(c.Available))
+			b.want(row+` td[data-field="reserved"]`, fmtInt(c.Reserved))
+			b.want(row+` td[data-field="spent"]`, fmtInt(c.Spent))
+			b.want(row+` td[data-field="epochEnd"]`, fmtTime(st.EpochEnd))
+		}
+	}
+	b.do(chromedp.WaitVisible(`[data-chart^="tokens at each epoch close"] .uplot canvas`))
+	mustCall(t, base, tok, "ConsoleService/ListSubjectReservations", &v1.ListSubjectReservationsRequest{Subject: "tenant-e", PageSize: 20}, &res)
+	checkSubjectReservations(t, b, &res)
+	if len(res.Reservations) != 3 || res.Reservations[0].ReservationId != "r-e3" {
+		t.Errorf("tenant-e's reservations %v, want r-e3, r-e2, r-e1", res.Reservations)
+	}
+	b.screenshot("tenant-history")
+	// Filter: only RELEASED (none) and back to RESERVED (all three).
+	for _, filter := range []v1.ReservationState{v1.ReservationState_RESERVATION_STATE_RELEASED, v1.ReservationState_RESERVATION_STATE_RESERVED} {
+		b.unready()
+		b.eval(fmt.Sprintf(`(() => { const s = document.getElementById("state-filter"); s.value = %q; s.dispatchEvent(new Event("change")); return ""; })()`, filter.String()))
+		b.waitRendered("tenants/tenant-e/chat.generate/global")
+		mustCall(t, base, tok, "ConsoleService/ListSubjectReservations", &v1.ListSubjectReservationsRequest{Subject: "tenant-e", PageSize: 20, States: []v1.ReservationState{filter}}, &res)
+		if n := b.count(`tr[data-key^="res/"]`); n != len(res.Reservations) {
+			t.Errorf("filter %v: the page lists %d reservations, the API %d", filter, n, len(res.Reservations))
+		}
+		checkSubjectReservations(t, b, &res)
+	}
+	b.eval(`(() => { sessionStorage.removeItem("capledger.stateFilter"); return ""; })()`)
 
 	// Backlog.
 	b.open("backlog")
@@ -500,6 +632,19 @@ func TestConsoleBrowserPagesShowTheAPIsNumbers(t *testing.T) {
 	if len(unknown.Reservations) != 1 || unknown.Reservations[0].ReservationId != "r-b3" {
 		t.Errorf("backlog %v, want r-b3", unknown.Reservations)
 	}
+	// The resolver's last answer: it asks again as its backoff passes, so
+	// compare with a fresh answer after the page's next refresh if needed.
+	answer := func() *v1.ResolverAnswer {
+		var resp v1.GetResolverAnswersResponse
+		mustCall(t, base, tok, "ConsoleService/GetResolverAnswers", &v1.GetResolverAnswersRequest{ReservationIds: []string{"r-b3"}}, &resp)
+		if len(resp.Answers) != 1 {
+			t.Fatalf("resolver answers %v", resp.Answers)
+		}
+		return resp.Answers[0]
+	}
+	b.want(`tr[data-key="r-b3"] td[data-field="answer"]`, "running")
+	b.wantEventually("backlog", `tr[data-key="r-b3"] td[data-field="attempts"]`, func() string { return fmtInt(answer().Attempts) })
+	b.wantEventually("backlog", `tr[data-key="r-b3"] td[data-field="nextAt"]`, func() string { return fmtTime(answer().NextAttemptAt) })
 	b.screenshot("backlog")
 
 	// Debts.
@@ -523,7 +668,7 @@ func TestConsoleBrowserPagesShowTheAPIsNumbers(t *testing.T) {
 	b.open("policies")
 	var pols v1.ListPoliciesResponse
 	mustCall(t, base, tok, "LedgerService/ListPolicies", &v1.ListPoliciesRequest{}, &pols)
-	if n := b.count(`main tbody tr`); n != len(pols.Policies) {
+	if n := b.count(`main tbody tr[data-key^="g"]`); n != len(pols.Policies) {
 		t.Errorf("policies shows %d rows, the API %d", n, len(pols.Policies))
 	}
 	var rolledBack int
@@ -557,6 +702,36 @@ func TestConsoleBrowserPagesShowTheAPIsNumbers(t *testing.T) {
 	if rolledBack != 1 {
 		t.Errorf("%d rolled-back generations, want 1", rolledBack)
 	}
+	var ro v1.ListRolloutsResponse
+	mustCall(t, base, tok, "RolloutService/ListRollouts", &v1.ListRolloutsRequest{}, &ro)
+	if len(ro.Rollouts) != 1 {
+		t.Fatalf("rollouts %v", ro.Rollouts)
+	}
+	for _, r := range ro.Rollouts {
+		row := `tr[data-key="rollout/` + r.Name + `"]`
+		last := r.Steps[len(r.Steps)-1]
+		b.want(row+` td[data-field="percent"]`, fmt.Sprintf("%.2f%%", r.Percent))
+		b.want(row+` td[data-field="who"]`, last.Who)
+		b.want(row+` td[data-field="at"]`, fmtTime(last.At))
+		b.want(row+` td[data-field="version"]`, fmtInt(int64(r.Version)))
+		b.want(row+` td[data-field="steps"]`, fmtInt(int64(len(r.Steps))))
+		if r.Percent != 25 || last.Who != "ops" {
+			t.Errorf("rollout %v, want 25%% set by ops", r)
+		}
+	}
+	for _, p := range pols.Policies {
+		if !p.RolledBack {
+			continue
+		}
+		b.wantEventually("policies", fmt.Sprintf(`tr[data-key="drain/g%d"] td[data-field="drained"]`, p.Generation), func() string {
+			var dp v1.DrainProgressResponse
+			mustCall(t, base, tok, "RolloutService/DrainProgress", &v1.DrainProgressRequest{Generations: []uint64{p.Generation}}, &dp)
+			if dp.Generations[0].Drained {
+				return "yes"
+			}
+			return "no"
+		})
+	}
 	b.screenshot("policies")
 
 	// Shards.
@@ -572,7 +747,7 @@ func TestConsoleBrowserPagesShowTheAPIsNumbers(t *testing.T) {
 	b.open("fairness")
 	var fair v1.GetFairnessResponse
 	mustCall(t, base, tok, "ConsoleService/GetFairness", &v1.GetFairnessRequest{}, &fair)
-	if len(fair.Groups) != 1 || len(fair.Groups[0].Subjects) != 4 {
+	if len(fair.Groups) != 1 || len(fair.Groups[0].Subjects) != 5 {
 		t.Fatalf("fairness %v", fair.Groups)
 	}
 	for _, g := range fair.Groups {
@@ -619,6 +794,25 @@ func TestConsoleBrowserPagesShowTheAPIsNumbers(t *testing.T) {
 	b.noConsoleErrors(true)
 }
 
+// checkSubjectReservations compares the tenant page's reservations by
+// state with the API's answer.
+func checkSubjectReservations(t *testing.T, b *browser, res *v1.ListSubjectReservationsResponse) {
+	t.Helper()
+	var total int64
+	for _, c := range res.Counts {
+		total += c.Count
+		state := strings.TrimPrefix(c.State.String(), "RESERVATION_STATE_")
+		b.want(`tr[data-key="counts/`+c.Route+`/`+state+`"] td[data-field="count"]`, fmtInt(c.Count))
+	}
+	b.want(`[data-value="reservations-total"]`, fmtInt(total))
+	b.want(`[data-value="retained"]`, fmtInt(res.Retained))
+	for _, r := range res.Reservations {
+		row := `tr[data-key="res/` + r.ReservationId + `"]`
+		b.want(row+` td[data-field="state"]`, strings.TrimPrefix(r.State.String(), "RESERVATION_STATE_"))
+		b.want(row+` td[data-field="created"]`, fmtTime(r.CreatedAt))
+	}
+}
+
 // TestConsoleBrowserScopedTokenSeesOnlyItsTenant loads every page with a viewer
 // token scoped to tenant-a: no other tenant's name or number appears.
 func TestConsoleBrowserScopedTokenSeesOnlyItsTenant(t *testing.T) {
@@ -633,7 +827,7 @@ func TestConsoleBrowserScopedTokenSeesOnlyItsTenant(t *testing.T) {
 	for _, page := range []string{"overview", "tenants", "tenants/tenant-a/chat.generate/global", "backlog", "debts", "policies", "shards", "fairness"} {
 		b.open(page)
 		body := b.eval(`document.body.innerText`)
-		for _, other := range []string{"tenant-b", "tenant-c", "tenant-d", "r-b3", "shard-c1"} {
+		for _, other := range []string{"tenant-b", "tenant-c", "tenant-d", "tenant-e", "r-b3", "r-e1", "shard-c1", "embed-rollout"} {
 			if strings.Contains(body, other) {
 				t.Errorf("page %s shows %q to a token scoped to tenant-a:\n%s", page, other, body)
 			}
@@ -649,6 +843,12 @@ func TestConsoleBrowserScopedTokenSeesOnlyItsTenant(t *testing.T) {
 			}
 		case "debts":
 			b.want(`[data-value="frozen"]`, "1") // tenant-a's own debt
+		case "tenants/tenant-a/chat.generate/global":
+			b.want(`tr[data-key="res/r-a1"] td[data-field="state"]`, "SETTLED_WITH_DEBT")
+		case "policies":
+			if b.count(`[data-rollouts="scoped"]`) != 1 {
+				t.Errorf("the policies page does not say why rollouts are not shown:\n%s", body)
+			}
 		}
 		b.screenshot(strings.ReplaceAll(page, "/", "_"))
 	}

@@ -286,6 +286,9 @@ func runServe(ctx context.Context, e *env, args []string) error {
 		srvCfg.Rollouts = rollouts
 	}
 	srvCfg.Drains = eng
+	if cs, ok := st.(store.ConsoleStore); ok {
+		srvCfg.Console = cs
+	}
 	srv := server.New(eng, srvCfg)
 	// The operator console: static files; every number on it comes from
 	// the API above, called with the operator's token.

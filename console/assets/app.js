@@ -33,6 +33,7 @@ async function call(service, method, body) {
 const ledger = (m, b) => call("LedgerService", m, b);
 const console_ = (m, b) => call("ConsoleService", m, b);
 const shards = (m, b) => call("ShardService", m, b);
+const rollouts = (m, b) => call("RolloutService", m, b);
 
 // ---- formatting --------------------------------------------------------
 
@@ -102,7 +103,7 @@ class Series {
   data() { return [this.t, ...this.v]; }
 }
 const palette = ["#2e90fa", "#f04438", "#12b76a", "#f79009", "#7a5af8", "#ee46bc", "#667085", "#0ba5ec"];
-function chart(container, title, series, yLabel) {
+function chart(container, title, series, yLabel, emptyText) {
   const opts = {
     title, width: 440, height: 200,
     scales: { x: { time: true } },
@@ -112,7 +113,7 @@ function chart(container, title, series, yLabel) {
   const box = el("div", { class: "chart", "data-chart": title });
   container.append(box);
   if (series.t.length < 2) {
-    box.append(el("p", { class: "empty" }, title + ": the chart fills in as this page samples the API every " + REFRESH_MS / 1000 + " s."));
+    box.append(el("p", { class: "empty" }, title + ": " + (emptyText || "the chart fills in as this page samples the API every " + REFRESH_MS / 1000 + " s.")));
     return;
   }
   new uPlot(opts, series.data(), box);
@@ -124,7 +125,7 @@ const state = {
   prevOverview: null,
   decisionRates: null, // Series of decisions/s by outcome
   rejectionRates: null, // Series of 429/s by dimension
-  accountHistory: {}, // "subject\0route\0region" -> Series per unit term
+  reservationPages: {}, // subject -> page tokens of its reservations list (the first is "")
   lastAudit: null, // the audit this page ran, if any
   timer: null,
   seq: 0, // the latest render; an older one still in flight is dropped
@@ -172,11 +173,21 @@ pages.overview = async function (main) {
   const a = ov.audit;
   let auditCard;
   if (!a) {
-    auditCard = card("audit", "Audit", "not run", "no audit since this replica started");
+    auditCard = card("audit", "Audit", "not run", "no audit recorded");
   } else {
     const found = n(a.lastDiscrepancies);
-    auditCard = card("audit", "Audit", found ? fmtInt(found) + " discrepancies" : "clean",
-      "last " + fmtTime(a.lastAuditAt) + "; last clean " + fmtTime(a.lastCleanAuditAt), found ? "bad" : "ok");
+    const who = (by, how) => " by " + (by || "(auth off)") + ", " + (how || "full").replace("_", " ");
+    auditCard = card("audit", "Audit", found ? fmtInt(found) + " discrepancies" : "clean", null, found ? "bad" : "ok");
+    auditCard.append(el("div", { class: "sub" }, "last ", el("span", { "data-value": "audit-last" }, fmtTime(a.lastAuditAt)),
+      a.persisted ? el("span", { "data-value": "audit-last-by" }, who(a.lastBy, a.lastMode)) : null));
+    auditCard.append(el("div", { class: "sub" }, "last clean ", el("span", { "data-value": "audit-clean" }, fmtTime(a.lastCleanAuditAt)),
+      a.persisted && a.lastCleanAuditAt ? el("span", { "data-value": "audit-clean-by" }, who(a.lastCleanBy, a.lastCleanMode)) : null));
+    if ((a.lastChecks || []).length) {
+      auditCard.append(el("div", { class: "sub" }, (a.lastChecks || []).map((c) =>
+        el("span", { "data-check": c.check }, c.check + " " + fmtInt(c.count) + " "))));
+    }
+    auditCard.append(el("div", { class: "sub", "data-value": "audit-source" },
+      a.persisted ? "recorded in the store: the same on every replica" : "this replica's memory since it started"));
   }
   auditCard.append(el("div", {}, el("button", { id: "run-audit", onclick: runAudit }, "Run audit (admin)")));
   cards.append(auditCard);
@@ -301,33 +312,109 @@ async function tenantDetail(main, subject, route, region) {
           td("unit", b.unit), terms.map((t) => td(t, fmtInt(b[t]), true)),
           td("conservation", fmtInt(lhs) + (lhs === rhs ? " = " : " ≠ ") + fmtInt(rhs), true));
       })));
-    main.append(el("p", { class: "note" }, "Breaches: ", el("span", { "data-value": "breaches-g" + gen }, fmtInt(a.breaches)),
-      ". Reservations by state: the reserved term is what live holds (RESERVED, STARTED, USAGE_UNKNOWN) keep; a per-state list of one subject's reservations is not in the API yet."));
-    // Sampled history of the deciding account (while this page is open).
-    const hk = subject + "\0" + route + "\0" + region + "\0" + gen;
-    for (const b of a.balances || []) {
-      const sk = hk + "\0" + b.unit;
-      if (!state.accountHistory[sk]) state.accountHistory[sk] = new Series(["available", "reserved", "spent", "debt"]);
-      state.accountHistory[sk].push(now / 1000, { available: n(b.available), reserved: n(b.reserved), spent: n(b.spent), debt: n(b.debt) });
-      const box = el("div", {});
-      main.append(box);
-      chart(box, b.unit + " over time (gen " + gen + ")", state.accountHistory[sk], b.unit);
-    }
+    main.append(el("p", { class: "note" }, "Breaches: ", el("span", { "data-value": "breaches-g" + gen }, fmtInt(a.breaches)), "."));
+    await statementsPanel(main, subject, route, region, a);
   }
   main.append(el("h2", {}, "USAGE_UNKNOWN reservations of this subject"));
   if (unknown.error) main.append(el("p", { class: "note" }, "Cannot list: " + unknown.error.message));
-  else main.append(backlogTable(unknown, now));
-  main.append(el("p", { class: "note" }, "The charts are sampled from GetAccount by this page every " + REFRESH_MS / 1000 +
-    " s while it is open; the ledger's own per-epoch statements are not exposed by the API yet."));
+  else main.append(backlogTable(unknown, now, await resolverAnswers(unknown.reservations)));
+  await subjectReservationsPanel(main, subject);
 }
 
-function backlogTable(resp, now) {
+// statementsPanel shows one account's balance history: its epoch
+// statements (the billing record, kept forever), latest first, and a chart
+// of each unit's closing balances per epoch ending with the current
+// account.
+async function statementsPanel(main, subject, route, region, account) {
+  const gen = n(account.policyGeneration);
+  const resp = await console_("ListStatements", { subject, route, region, policyGeneration: gen, pageSize: 50 });
+  const list = resp.statements || [];
+  main.append(el("h3", {}, "Balance history of generation " + gen + " (epoch statements, latest first)"));
+  main.append(el("p", { class: "note" }, el("span", { "data-value": "statements-g" + gen }, fmtInt(list.length)),
+    " closed epochs" + (resp.nextPageToken ? " (the latest 50)" : "") + ". Each row is an epoch's closing balance; the chart ends with the account now."));
+  for (const b of account.balances || []) {
+    const series = new Series(["available", "reserved", "spent", "debt"]);
+    for (const st of list.slice().reverse()) {
+      const c = (st.closing || []).find((x) => x.unit === b.unit) || {};
+      series.push(new Date(st.epochEnd).getTime() / 1000, { available: n(c.available), reserved: n(c.reserved), spent: n(c.spent), debt: n(c.debt) });
+    }
+    series.push(Date.now() / 1000, { available: n(b.available), reserved: n(b.reserved), spent: n(b.spent), debt: n(b.debt) });
+    const box = el("div", {});
+    main.append(box);
+    chart(box, b.unit + " at each epoch close, then now (gen " + gen + ")", series, b.unit, "no epoch has closed yet: the chart starts at the first statement");
+  }
+  const rows = [];
+  for (const st of list) {
+    for (const c of st.closing || []) {
+      rows.push(el("tr", { "data-key": "st/g" + gen + "/" + st.epochStart + "/" + c.unit },
+        td("epochStart", fmtTime(st.epochStart)), td("epochEnd", fmtTime(st.epochEnd)), td("unit", c.unit),
+        td("available", fmtInt(c.available), true), td("reserved", fmtInt(c.reserved), true), td("spent", fmtInt(c.spent), true),
+        td("minted", fmtInt(c.minted), true), td("debt", fmtInt(c.debt), true)));
+    }
+  }
+  main.append(table(["epoch start", "epoch end", "unit", { label: "available", num: true }, { label: "reserved", num: true },
+    { label: "spent", num: true }, { label: "minted", num: true }, { label: "debt", num: true }], rows, "No epoch of this account has closed yet."));
+}
+
+// subjectReservationsPanel shows one subject's reservations: counts by
+// route and state, and a page of them newest first, filtered by state.
+async function subjectReservationsPanel(main, subject) {
+  const filter = sessionStorage.getItem("capledger.stateFilter") || "";
+  const tokens = state.reservationPages[subject] || [""];
+  const resp = await console_("ListSubjectReservations", {
+    subject, states: filter ? [filter] : [], pageSize: 20, pageToken: tokens[tokens.length - 1],
+  });
+  main.append(el("h2", {}, "Reservations of " + subject + " by state"));
+  const counts = resp.counts || [];
+  let total = 0;
+  for (const c of counts) total += n(c.count);
+  main.append(el("p", { class: "note" }, el("span", { "data-value": "reservations-total" }, fmtInt(total)),
+    " kept reservations; ", el("span", { "data-value": "retained" }, fmtInt(resp.retained)),
+    " finished ones were removed by retention (serve --retention) and are neither listed nor counted here."));
+  main.append(table(["route", "state", { label: "count", num: true }],
+    counts.map((c) => el("tr", { "data-key": "counts/" + c.route + "/" + stateName(c.state) },
+      td("route", c.route), td("state", stateName(c.state)), td("count", fmtInt(c.count), true))), "No reservation kept."));
+  const states = ["", "RESERVED", "STARTED", "SETTLED", "SETTLED_WITH_DEBT", "RELEASED", "EXPIRING", "EXPIRED", "USAGE_UNKNOWN"];
+  const select = el("select", { id: "state-filter" }, states.map((s) =>
+    el("option", { value: s ? "RESERVATION_STATE_" + s : "", selected: (s ? "RESERVATION_STATE_" + s : "") === filter }, s || "every state")));
+  select.addEventListener("change", () => {
+    sessionStorage.setItem("capledger.stateFilter", select.value);
+    state.reservationPages[subject] = [""];
+    render();
+  });
+  const pager = el("span", {},
+    el("button", { id: "res-newer", disabled: tokens.length <= 1, onclick: () => { tokens.pop(); state.reservationPages[subject] = tokens; render(); } }, "newer"),
+    el("button", { id: "res-older", disabled: !resp.nextPageToken, onclick: () => { state.reservationPages[subject] = tokens.concat([resp.nextPageToken]); render(); } }, "older"));
+  main.append(el("div", { class: "filters" }, "state ", select, " page ", el("span", { "data-value": "res-page" }, String(tokens.length)), " ", pager));
+  main.append(table(["reservation", "route", "gen", "state", "created", "held", "actual", "operation"],
+    (resp.reservations || []).map((r) => el("tr", { "data-key": "res/" + r.reservationId },
+      td("reservation", r.reservationId), td("route", r.route), td("generation", n(r.policyGeneration)), td("state", stateName(r.state)),
+      td("created", fmtTime(r.createdAt)), td("held", units(r.reservedUnits)), td("actual", units(r.actualUnits)), td("operation", r.operationId || ""))),
+    "No reservation in this state."));
+}
+
+// resolverAnswers returns the resolver's last answer per reservation id
+// for the listed reservations ({} when the server keeps none).
+async function resolverAnswers(list) {
+  const ids = (list || []).map((r) => r.reservationId);
+  if (!ids.length) return {};
+  const resp = await console_("GetResolverAnswers", { reservationIds: ids });
+  return Object.fromEntries((resp.answers || []).map((a) => [a.reservationId, a]));
+}
+
+function backlogTable(resp, now, answers) {
   const overdue = new Set(resp.overdueReservationIds || []);
-  return table(["reservation", "subject", "route", "gen", "operation", "marked unknown at", { label: "age", num: true }, "held", "overdue"],
-    (resp.reservations || []).map((r) => el("tr", { "data-key": r.reservationId },
-      td("reservation", r.reservationId), td("subject", r.subject), td("route", r.route), td("generation", n(r.policyGeneration)),
-      td("operation", r.operationId || ""), td("markedAt", fmtTime(r.usageUnknownAt)), td("age", fmtAge(r.usageUnknownAt, now), true),
-      td("held", units(r.reservedUnits)), td("overdue", overdue.has(r.reservationId) ? "OVERDUE" : ""))),
+  return table(["reservation", "subject", "route", "gen", "operation", "marked unknown at", { label: "age", num: true }, "held", "overdue",
+    "resolver's last answer", "asked at", { label: "attempts", num: true }, "next attempt"],
+    (resp.reservations || []).map((r) => {
+      const a = answers[r.reservationId];
+      return el("tr", { "data-key": r.reservationId },
+        td("reservation", r.reservationId), td("subject", r.subject), td("route", r.route), td("generation", n(r.policyGeneration)),
+        td("operation", r.operationId || ""), td("markedAt", fmtTime(r.usageUnknownAt)), td("age", fmtAge(r.usageUnknownAt, now), true),
+        td("held", units(r.reservedUnits)), td("overdue", overdue.has(r.reservationId) ? "OVERDUE" : ""),
+        td("answer", a ? a.answer + (a.detail ? ": " + a.detail : "") : "not asked yet"), td("askedAt", a ? fmtTime(a.askedAt) : "—"),
+        td("attempts", a ? fmtInt(a.attempts) : "0", true), td("nextAt", a ? fmtTime(a.nextAttemptAt) : "—"));
+    }),
     "No USAGE_UNKNOWN reservation.");
 }
 
@@ -343,8 +430,8 @@ pages.backlog = async function (main) {
   cards.append(card("overdue", "Past unknownDeadline", fmtInt(resp.overdue), "at the resolver's last scan"));
   main.append(cards);
   main.append(el("p", { class: "note" }, "Oldest first. Their capacity stays reserved until a settle with the operation id resolves them. " +
-    "The resolver's last answer per reservation is not in the API yet: this page shows whether one is past its route's deadline."));
-  main.append(backlogTable(resp, now));
+    "The resolver's last answer is what the worker leader heard from the route's operation-status endpoint (serve --resolver-config), read from the store."));
+  main.append(backlogTable(resp, now, await resolverAnswers(resp.reservations)));
 };
 
 pages.debts = async function (main) {
@@ -378,11 +465,18 @@ pages.debts = async function (main) {
 };
 
 pages.policies = async function (main) {
-  const resp = await ledger("ListPolicies");
+  // Rollouts and drain progress span tenants: the RolloutService refuses
+  // them to a scoped token, so the page does not ask.
+  const [resp, ov] = await Promise.all([ledger("ListPolicies"), console_("GetOverview")]);
+  const scoped = !!ov.scoped;
   const policies = resp.policies || [];
   main.append(el("h1", {}, "Policies and generations"));
-  main.append(el("p", { class: "note" }, "Every published generation, oldest first. Staged rollout state (percentages, gates) is not in this console yet; " +
-    "each generation's rollout mode (enforce or shadow) is. For a rolled-back generation, the last column is what is left on its accounts until the drain reaches zero."));
+  if (scoped) main.append(el("h2", {}, "Rollouts"), el("p", { class: "note", "data-rollouts": "scoped" },
+    "Rollouts and drain progress span tenants: a scoped token does not see them."));
+  else await rolloutsPanel(main);
+  main.append(el("h2", {}, "Generations"));
+  main.append(el("p", { class: "note" }, "Every published generation, oldest first, with its rollout mode (enforce or shadow). " +
+    "For a rolled-back generation, the last column is what is left on its accounts until the drain reaches zero."));
   const drains = {};
   await Promise.all(policies.filter((p) => p.rolledBack).map(async (p) => {
     const st = await console_("ListAccountStandings", { policyGeneration: p.generation, limit: 1000 });
@@ -400,7 +494,50 @@ pages.policies = async function (main) {
         td("dimensions", (p.dimensions || []).map((x) => x.unit + ": burst " + fmtInt(x.burst) + ", +" + fmtInt(x.refillUnits) + "/" + (x.refillInterval || "—")).join("; ")),
         td("drain", d ? fmtInt(d.left) + " on " + d.accounts + " accounts" : "", true));
     }), "No policy published."));
+  const rolledBack = policies.filter((p) => p.rolledBack).map((p) => n(p.generation));
+  if (rolledBack.length && !scoped) await drainPanel(main, rolledBack);
 };
+
+// rolloutsPanel shows the staged rollouts (RolloutService): routes and
+// their mode, the enforced share and the last step, who and when.
+async function rolloutsPanel(main) {
+  main.append(el("h2", {}, "Rollouts"));
+  let resp;
+  try { resp = await rollouts("ListRollouts"); } catch (err) {
+    if (err.status === 403) { main.append(el("p", { class: "note", "data-rollouts": "refused" }, "Rollouts span tenants: a scoped token does not see them.")); return; }
+    if (err.code === "unimplemented") { main.append(el("p", { class: "note" }, "This server keeps no rollouts.")); return; }
+    throw err;
+  }
+  const list = resp.rollouts || [];
+  main.append(table(["rollout", "hash by", { label: "enforced", num: true }, "routes (mode now)", { label: "version", num: true }, "last step", "by", "at", { label: "steps", num: true }],
+    list.map((r) => {
+      const steps = r.steps || [];
+      const last = steps[steps.length - 1] || {};
+      return el("tr", { "data-key": "rollout/" + r.name },
+        td("name", r.name), td("hashBy", r.hashBy), td("percent", n(r.percent).toFixed(2) + "%", true),
+        td("routes", (r.routes || []).map((x) => x.route + "@" + (x.region || "global") + " " + x.mode).join(", ")),
+        td("version", fmtInt(r.version), true),
+        td("step", last.action ? last.action + " " + n(last.priorPercent).toFixed(2) + "% → " + n(last.percent).toFixed(2) + "%" : "—"),
+        td("who", last.who || "—"), td("at", fmtTime(last.at)), td("steps", fmtInt(steps.length), true));
+    }), "No staged rollout."));
+}
+
+// drainPanel shows what rolled-back generations still hold
+// (RolloutService.DrainProgress), until they are drained.
+async function drainPanel(main, generations) {
+  main.append(el("h2", {}, "Drain progress of rolled-back generations"));
+  let resp;
+  try { resp = await rollouts("DrainProgress", { generations }); } catch (err) {
+    main.append(el("p", { class: "note" }, "Cannot read the drain progress: " + err.message)); return;
+  }
+  main.append(table(["gen", "subject", "route", { label: "accounts", num: true }, "reserved", "debt", "available", { label: "unreconciled shards", num: true }, "blocked", "drained"],
+    (resp.generations || []).map((d) => el("tr", { "data-key": "drain/g" + n(d.generation) },
+      td("generation", n(d.generation)), td("subject", d.subject), td("route", d.route), td("accounts", fmtInt(d.accounts), true),
+      td("reserved", units(d.reserved)), td("debt", units(d.debt)), td("available", units(d.available)),
+      td("shards", fmtInt(d.unreconciledShards), true),
+      td("blocked", n(d.blockedByBurst) + n(d.blockedNoPolicy) ? fmtInt(d.blockedByBurst) + " at burst, " + fmtInt(d.blockedNoPolicy) + " without a policy" : "—"),
+      td("drained", d.drained ? "yes" : "no"))), "Nothing to drain."));
+}
 
 pages.shards = async function (main) {
   let resp;

@@ -55,6 +55,9 @@ type rows struct {
 	// rollouts holds each rollout's stored form (store/codec), by name.
 	rollouts map[string][]byte
 	cp       checkpoints
+	// console holds the resolver's answers and the audit records
+	// (console.go).
+	console consoleRows
 }
 
 type statementKey struct {

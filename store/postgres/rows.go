@@ -364,14 +364,24 @@ func (s *Store) shardGet(ctx context.Context, q querier, id string, lock lockMod
 	return sh, nil
 }
 
-func (s *Store) statementList(ctx context.Context, q querier) ([]ledger.Statement, error) {
-	rows, err := q.Query(ctx, `SELECT st.id, st.subject, st.route, st.region, st.generation, st.epoch_start,
+// statementSelect reads statements with their term rows, one row per
+// term (or one with NULL terms for a statement without any); a query adds
+// its WHERE and an ORDER BY that keeps a statement's rows together.
+const statementSelect = `SELECT st.id, st.subject, st.route, st.region, st.generation, st.epoch_start,
 		st.epoch_end, st.dims, t.dim, t.closing, t.opening, t.minted, t.overdraft_issued, t.available,
 		t.reserved, t.spent, t.retired_for_emergency, t.retired_for_move, t.overdraft_repaid
-		FROM statements st LEFT JOIN statement_terms t ON t.statement_id = st.id
-		ORDER BY st.id, t.dim, t.closing`)
+		FROM statements st LEFT JOIN statement_terms t ON t.statement_id = st.id`
+
+func (s *Store) statementList(ctx context.Context, q querier) ([]ledger.Statement, error) {
+	return s.statementsQuery(ctx, q, "statement list", statementSelect+` ORDER BY st.id, t.dim, t.closing`)
+}
+
+// statementsQuery runs query (a statementSelect with its clauses) and
+// decodes the statements, in the order their first rows come.
+func (s *Store) statementsQuery(ctx context.Context, q querier, what, query string, args ...any) ([]ledger.Statement, error) {
+	rows, err := q.Query(ctx, query, args...)
 	if err != nil {
-		return nil, s.c.classify("statement list", err, false)
+		return nil, s.c.classify(what, err, false)
 	}
 	defer rows.Close()
 	var (
@@ -389,7 +399,7 @@ func (s *Store) statementList(ctx context.Context, q querier) ([]ledger.Statemen
 		)
 		if err := rows.Scan(&id, &key.Subject, &key.Route, &key.Region, &generation, &start, &end, &dims,
 			&dim, &closing, &b[0], &b[1], &b[2], &b[3], &b[4], &b[5], &b[6], &b[7], &b[8]); err != nil {
-			return nil, s.c.classify("statement list", err, false)
+			return nil, s.c.classify(what, err, false)
 		}
 		if id != lastID {
 			var conv codec.Conv
@@ -397,7 +407,7 @@ func (s *Store) statementList(ctx context.Context, q querier) ([]ledger.Statemen
 			st := ledger.Statement{Account: key, EpochStart: conv.Time(start), EpochEnd: conv.Time(end),
 				Dims: conv.Dims(int64(dims))}
 			if err := conv.Err(); err != nil {
-				return nil, fmt.Errorf("statement list: %s: %w", key, err)
+				return nil, fmt.Errorf("%s: %s: %w", what, key, err)
 			}
 			out = append(out, st)
 			lastID = id
@@ -406,7 +416,7 @@ func (s *Store) statementList(ctx context.Context, q querier) ([]ledger.Statemen
 			continue
 		}
 		if *dim < 0 || int(*dim) >= ledger.MaxDimensions {
-			return nil, fmt.Errorf("statement list: %w: dimension %d", codec.ErrCorrupt, *dim)
+			return nil, fmt.Errorf("%s: %w: dimension %d", what, codec.ErrCorrupt, *dim)
 		}
 		st := &out[len(out)-1]
 		bal := &st.Opening[*dim]
@@ -416,7 +426,7 @@ func (s *Store) statementList(ctx context.Context, q querier) ([]ledger.Statemen
 		*bal = ledger.Balance{Opening: *b[0], Minted: *b[1], OverdraftIssued: *b[2], Available: *b[3],
 			Reserved: *b[4], Spent: *b[5], RetiredForEmergency: *b[6], RetiredForMove: *b[7], OverdraftRepaid: *b[8]}
 	}
-	return out, s.c.classify("statement list", rows.Err(), false)
+	return out, s.c.classify(what, rows.Err(), false)
 }
 
 func (s *Store) journalList(ctx context.Context, q querier, after int64) ([]ledger.JournalEntry, error) {

@@ -49,6 +49,10 @@ func TestQueriesUseIndexes(t *testing.T) {
 		{"accounts by epoch, first page", epochFirstSQL, "accounts_by_epoch", []any{1, 100, 512}},
 		{"accounts by epoch, page after a position", epochAfterSQL,
 			"SEARCH accounts USING INDEX accounts_by_epoch", []any{1, 100, 512, 5, "a", "b", "c"}},
+		{"a subject's reservations of a state, first page", subjectFirstSQL, "reservations_by_subject", []any{"a", 3, 21}},
+		{"a subject's reservations of a state, page before a cursor", subjectBeforeSQL,
+			"SEARCH reservations USING INDEX reservations_by_subject", []any{"a", 3, 21, 5, "x"}},
+		{"an account's statements", statementsOfSQL, "", []any{"a", "b", "c", 1, 5, 51}},
 		{"journal", "SELECT " + journalCols + " FROM journal ORDER BY seq", "", nil},
 		{"journal batches", "SELECT seq, entries FROM journal_batches ORDER BY seq", "", nil},
 	} {

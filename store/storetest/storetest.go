@@ -94,6 +94,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 	tests = append(tests, retentionCases...)
 	tests = append(tests, rolloutCases...)
 	tests = append(tests, checkpointCases...)
+	tests = append(tests, consoleCases...)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.f(t, open(t))

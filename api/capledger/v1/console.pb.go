@@ -102,8 +102,8 @@ type GetOverviewResponse struct {
 	// The USAGE_UNKNOWN backlog, store-wide.
 	UsageUnknownBacklog  int64                  `protobuf:"varint,10,opt,name=usage_unknown_backlog,json=usageUnknownBacklog,proto3" json:"usage_unknown_backlog,omitempty"`
 	OldestUsageUnknownAt *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=oldest_usage_unknown_at,json=oldestUsageUnknownAt,proto3" json:"oldest_usage_unknown_at,omitempty"`
-	// The last Audit this replica answered since it started (any caller,
-	// e.g. `capledger audit`); unset when none ran.
+	// The last audit and the last clean audit (see AuditStatus); unset
+	// when none is known.
 	Audit         *AuditStatus `protobuf:"bytes,12,opt,name=audit,proto3" json:"audit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -481,14 +481,30 @@ func (x *CommitLatency) GetP99Seconds() float64 {
 	return 0
 }
 
+// AuditStatus is the last audit and the last clean audit. With a store
+// that keeps them (every store of `serve`), they are read from it: the
+// same on every replica and across restarts, whoever ran them (Audit,
+// StreamAudit, `capledger audit`, the compaction worker's audits are not
+// included). Otherwise they are this replica's since it started.
 type AuditStatus struct {
 	state             protoimpl.MessageState `protogen:"open.v1"`
 	LastAuditAt       *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=last_audit_at,json=lastAuditAt,proto3" json:"last_audit_at,omitempty"`
 	LastDiscrepancies int64                  `protobuf:"varint,2,opt,name=last_discrepancies,json=lastDiscrepancies,proto3" json:"last_discrepancies,omitempty"`
 	// The last audit that found nothing; unset when none was clean.
 	LastCleanAuditAt *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=last_clean_audit_at,json=lastCleanAuditAt,proto3" json:"last_clean_audit_at,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Who ran the last audit (its token's name; empty with auth off) and
+	// how: "full" or "since_checkpoint".
+	LastBy   string `protobuf:"bytes,4,opt,name=last_by,json=lastBy,proto3" json:"last_by,omitempty"`
+	LastMode string `protobuf:"bytes,5,opt,name=last_mode,json=lastMode,proto3" json:"last_mode,omitempty"`
+	// The last audit's discrepancies by check, ordered by check.
+	LastChecks    []*AuditCheckCount `protobuf:"bytes,6,rep,name=last_checks,json=lastChecks,proto3" json:"last_checks,omitempty"`
+	LastCleanBy   string             `protobuf:"bytes,7,opt,name=last_clean_by,json=lastCleanBy,proto3" json:"last_clean_by,omitempty"`
+	LastCleanMode string             `protobuf:"bytes,8,opt,name=last_clean_mode,json=lastCleanMode,proto3" json:"last_clean_mode,omitempty"`
+	// True when the status was read from the store, false when it is this
+	// replica's memory.
+	Persisted     bool `protobuf:"varint,9,opt,name=persisted,proto3" json:"persisted,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AuditStatus) Reset() {
@@ -542,6 +558,724 @@ func (x *AuditStatus) GetLastCleanAuditAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *AuditStatus) GetLastBy() string {
+	if x != nil {
+		return x.LastBy
+	}
+	return ""
+}
+
+func (x *AuditStatus) GetLastMode() string {
+	if x != nil {
+		return x.LastMode
+	}
+	return ""
+}
+
+func (x *AuditStatus) GetLastChecks() []*AuditCheckCount {
+	if x != nil {
+		return x.LastChecks
+	}
+	return nil
+}
+
+func (x *AuditStatus) GetLastCleanBy() string {
+	if x != nil {
+		return x.LastCleanBy
+	}
+	return ""
+}
+
+func (x *AuditStatus) GetLastCleanMode() string {
+	if x != nil {
+		return x.LastCleanMode
+	}
+	return ""
+}
+
+func (x *AuditStatus) GetPersisted() bool {
+	if x != nil {
+		return x.Persisted
+	}
+	return false
+}
+
+type AuditCheckCount struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Check         string                 `protobuf:"bytes,1,opt,name=check,proto3" json:"check,omitempty"`
+	Count         int64                  `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AuditCheckCount) Reset() {
+	*x = AuditCheckCount{}
+	mi := &file_capledger_v1_console_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuditCheckCount) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuditCheckCount) ProtoMessage() {}
+
+func (x *AuditCheckCount) ProtoReflect() protoreflect.Message {
+	mi := &file_capledger_v1_console_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuditCheckCount.ProtoReflect.Descriptor instead.
+func (*AuditCheckCount) Descriptor() ([]byte, []int) {
+	return file_capledger_v1_console_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *AuditCheckCount) GetCheck() string {
+	if x != nil {
+		return x.Check
+	}
+	return ""
+}
+
+func (x *AuditCheckCount) GetCount() int64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+type ListSubjectReservationsRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Subject string                 `protobuf:"bytes,1,opt,name=subject,proto3" json:"subject,omitempty"`
+	// Only these states; empty: every state.
+	States []ReservationState `protobuf:"varint,2,rep,packed,name=states,proto3,enum=capledger.v1.ReservationState" json:"states,omitempty"`
+	// At most this many reservations: default 100, at most 1000.
+	PageSize int32 `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// next_page_token of the previous page; empty for the first.
+	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSubjectReservationsRequest) Reset() {
+	*x = ListSubjectReservationsRequest{}
+	mi := &file_capledger_v1_console_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSubjectReservationsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSubjectReservationsRequest) ProtoMessage() {}
+
+func (x *ListSubjectReservationsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_capledger_v1_console_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSubjectReservationsRequest.ProtoReflect.Descriptor instead.
+func (*ListSubjectReservationsRequest) Descriptor() ([]byte, []int) {
+	return file_capledger_v1_console_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ListSubjectReservationsRequest) GetSubject() string {
+	if x != nil {
+		return x.Subject
+	}
+	return ""
+}
+
+func (x *ListSubjectReservationsRequest) GetStates() []ReservationState {
+	if x != nil {
+		return x.States
+	}
+	return nil
+}
+
+func (x *ListSubjectReservationsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListSubjectReservationsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+type ListSubjectReservationsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The subject's reservations by route and state (every state, whatever
+	// the filter), ordered by route then state.
+	Counts       []*ReservationStateCount `protobuf:"bytes,1,rep,name=counts,proto3" json:"counts,omitempty"`
+	Reservations []*Reservation           `protobuf:"bytes,2,rep,name=reservations,proto3" json:"reservations,omitempty"`
+	// Set when there may be more: pass it as page_token.
+	NextPageToken string `protobuf:"bytes,3,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	// How many of the subject's reservations retention removed (their
+	// receipts stay answerable as tombstones until the tombstone horizon).
+	Retained      int64 `protobuf:"varint,4,opt,name=retained,proto3" json:"retained,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSubjectReservationsResponse) Reset() {
+	*x = ListSubjectReservationsResponse{}
+	mi := &file_capledger_v1_console_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSubjectReservationsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSubjectReservationsResponse) ProtoMessage() {}
+
+func (x *ListSubjectReservationsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_capledger_v1_console_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSubjectReservationsResponse.ProtoReflect.Descriptor instead.
+func (*ListSubjectReservationsResponse) Descriptor() ([]byte, []int) {
+	return file_capledger_v1_console_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *ListSubjectReservationsResponse) GetCounts() []*ReservationStateCount {
+	if x != nil {
+		return x.Counts
+	}
+	return nil
+}
+
+func (x *ListSubjectReservationsResponse) GetReservations() []*Reservation {
+	if x != nil {
+		return x.Reservations
+	}
+	return nil
+}
+
+func (x *ListSubjectReservationsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+func (x *ListSubjectReservationsResponse) GetRetained() int64 {
+	if x != nil {
+		return x.Retained
+	}
+	return 0
+}
+
+type ReservationStateCount struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Route         string                 `protobuf:"bytes,1,opt,name=route,proto3" json:"route,omitempty"`
+	State         ReservationState       `protobuf:"varint,2,opt,name=state,proto3,enum=capledger.v1.ReservationState" json:"state,omitempty"`
+	Count         int64                  `protobuf:"varint,3,opt,name=count,proto3" json:"count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReservationStateCount) Reset() {
+	*x = ReservationStateCount{}
+	mi := &file_capledger_v1_console_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReservationStateCount) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReservationStateCount) ProtoMessage() {}
+
+func (x *ReservationStateCount) ProtoReflect() protoreflect.Message {
+	mi := &file_capledger_v1_console_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReservationStateCount.ProtoReflect.Descriptor instead.
+func (*ReservationStateCount) Descriptor() ([]byte, []int) {
+	return file_capledger_v1_console_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *ReservationStateCount) GetRoute() string {
+	if x != nil {
+		return x.Route
+	}
+	return ""
+}
+
+func (x *ReservationStateCount) GetState() ReservationState {
+	if x != nil {
+		return x.State
+	}
+	return ReservationState_RESERVATION_STATE_UNSPECIFIED
+}
+
+func (x *ReservationStateCount) GetCount() int64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+type ListStatementsRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Subject string                 `protobuf:"bytes,1,opt,name=subject,proto3" json:"subject,omitempty"`
+	Route   string                 `protobuf:"bytes,2,opt,name=route,proto3" json:"route,omitempty"`
+	// Empty: "global".
+	Region           string `protobuf:"bytes,3,opt,name=region,proto3" json:"region,omitempty"`
+	PolicyGeneration uint64 `protobuf:"varint,4,opt,name=policy_generation,json=policyGeneration,proto3" json:"policy_generation,omitempty"`
+	// At most this many statements: default 100, at most 1000.
+	PageSize      int32  `protobuf:"varint,5,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	PageToken     string `protobuf:"bytes,6,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListStatementsRequest) Reset() {
+	*x = ListStatementsRequest{}
+	mi := &file_capledger_v1_console_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListStatementsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListStatementsRequest) ProtoMessage() {}
+
+func (x *ListStatementsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_capledger_v1_console_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListStatementsRequest.ProtoReflect.Descriptor instead.
+func (*ListStatementsRequest) Descriptor() ([]byte, []int) {
+	return file_capledger_v1_console_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *ListStatementsRequest) GetSubject() string {
+	if x != nil {
+		return x.Subject
+	}
+	return ""
+}
+
+func (x *ListStatementsRequest) GetRoute() string {
+	if x != nil {
+		return x.Route
+	}
+	return ""
+}
+
+func (x *ListStatementsRequest) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *ListStatementsRequest) GetPolicyGeneration() uint64 {
+	if x != nil {
+		return x.PolicyGeneration
+	}
+	return 0
+}
+
+func (x *ListStatementsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListStatementsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+type ListStatementsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Statements    []*Statement           `protobuf:"bytes,1,rep,name=statements,proto3" json:"statements,omitempty"`
+	NextPageToken string                 `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListStatementsResponse) Reset() {
+	*x = ListStatementsResponse{}
+	mi := &file_capledger_v1_console_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListStatementsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListStatementsResponse) ProtoMessage() {}
+
+func (x *ListStatementsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_capledger_v1_console_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListStatementsResponse.ProtoReflect.Descriptor instead.
+func (*ListStatementsResponse) Descriptor() ([]byte, []int) {
+	return file_capledger_v1_console_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ListStatementsResponse) GetStatements() []*Statement {
+	if x != nil {
+		return x.Statements
+	}
+	return nil
+}
+
+func (x *ListStatementsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+// Statement is one closed accounting epoch of an account: its balances at
+// the epoch's opening and at its close, one per dimension.
+type Statement struct {
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	Subject          string                 `protobuf:"bytes,1,opt,name=subject,proto3" json:"subject,omitempty"`
+	Route            string                 `protobuf:"bytes,2,opt,name=route,proto3" json:"route,omitempty"`
+	Region           string                 `protobuf:"bytes,3,opt,name=region,proto3" json:"region,omitempty"`
+	PolicyGeneration uint64                 `protobuf:"varint,4,opt,name=policy_generation,json=policyGeneration,proto3" json:"policy_generation,omitempty"`
+	EpochStart       *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=epoch_start,json=epochStart,proto3" json:"epoch_start,omitempty"`
+	EpochEnd         *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=epoch_end,json=epochEnd,proto3" json:"epoch_end,omitempty"`
+	Opening          []*Balance             `protobuf:"bytes,7,rep,name=opening,proto3" json:"opening,omitempty"`
+	Closing          []*Balance             `protobuf:"bytes,8,rep,name=closing,proto3" json:"closing,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *Statement) Reset() {
+	*x = Statement{}
+	mi := &file_capledger_v1_console_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Statement) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Statement) ProtoMessage() {}
+
+func (x *Statement) ProtoReflect() protoreflect.Message {
+	mi := &file_capledger_v1_console_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Statement.ProtoReflect.Descriptor instead.
+func (*Statement) Descriptor() ([]byte, []int) {
+	return file_capledger_v1_console_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *Statement) GetSubject() string {
+	if x != nil {
+		return x.Subject
+	}
+	return ""
+}
+
+func (x *Statement) GetRoute() string {
+	if x != nil {
+		return x.Route
+	}
+	return ""
+}
+
+func (x *Statement) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *Statement) GetPolicyGeneration() uint64 {
+	if x != nil {
+		return x.PolicyGeneration
+	}
+	return 0
+}
+
+func (x *Statement) GetEpochStart() *timestamppb.Timestamp {
+	if x != nil {
+		return x.EpochStart
+	}
+	return nil
+}
+
+func (x *Statement) GetEpochEnd() *timestamppb.Timestamp {
+	if x != nil {
+		return x.EpochEnd
+	}
+	return nil
+}
+
+func (x *Statement) GetOpening() []*Balance {
+	if x != nil {
+		return x.Opening
+	}
+	return nil
+}
+
+func (x *Statement) GetClosing() []*Balance {
+	if x != nil {
+		return x.Closing
+	}
+	return nil
+}
+
+type GetResolverAnswersRequest struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	ReservationIds []string               `protobuf:"bytes,1,rep,name=reservation_ids,json=reservationIds,proto3" json:"reservation_ids,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *GetResolverAnswersRequest) Reset() {
+	*x = GetResolverAnswersRequest{}
+	mi := &file_capledger_v1_console_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetResolverAnswersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetResolverAnswersRequest) ProtoMessage() {}
+
+func (x *GetResolverAnswersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_capledger_v1_console_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetResolverAnswersRequest.ProtoReflect.Descriptor instead.
+func (*GetResolverAnswersRequest) Descriptor() ([]byte, []int) {
+	return file_capledger_v1_console_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *GetResolverAnswersRequest) GetReservationIds() []string {
+	if x != nil {
+		return x.ReservationIds
+	}
+	return nil
+}
+
+type GetResolverAnswersResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Answers       []*ResolverAnswer      `protobuf:"bytes,1,rep,name=answers,proto3" json:"answers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetResolverAnswersResponse) Reset() {
+	*x = GetResolverAnswersResponse{}
+	mi := &file_capledger_v1_console_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetResolverAnswersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetResolverAnswersResponse) ProtoMessage() {}
+
+func (x *GetResolverAnswersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_capledger_v1_console_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetResolverAnswersResponse.ProtoReflect.Descriptor instead.
+func (*GetResolverAnswersResponse) Descriptor() ([]byte, []int) {
+	return file_capledger_v1_console_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *GetResolverAnswersResponse) GetAnswers() []*ResolverAnswer {
+	if x != nil {
+		return x.Answers
+	}
+	return nil
+}
+
+// ResolverAnswer is what the USAGE_UNKNOWN resolver last heard about one
+// reservation's operation.
+type ResolverAnswer struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ReservationId string                 `protobuf:"bytes,1,opt,name=reservation_id,json=reservationId,proto3" json:"reservation_id,omitempty"`
+	// "running", "unknown" (the gateway has no usage either), "error" (no
+	// verified answer: timeout, refused, bad reply), "no_endpoint" (the
+	// route has none configured) or "settle_refused" (an answer that could
+	// not settle, e.g. a unit the policy does not limit).
+	Answer string `protobuf:"bytes,2,opt,name=answer,proto3" json:"answer,omitempty"`
+	// The error of "error" and "settle_refused".
+	Detail  string                 `protobuf:"bytes,3,opt,name=detail,proto3" json:"detail,omitempty"`
+	AskedAt *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=asked_at,json=askedAt,proto3" json:"asked_at,omitempty"`
+	// Questions asked so far, and when the next one is due.
+	Attempts      int64                  `protobuf:"varint,5,opt,name=attempts,proto3" json:"attempts,omitempty"`
+	NextAttemptAt *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=next_attempt_at,json=nextAttemptAt,proto3" json:"next_attempt_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResolverAnswer) Reset() {
+	*x = ResolverAnswer{}
+	mi := &file_capledger_v1_console_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResolverAnswer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResolverAnswer) ProtoMessage() {}
+
+func (x *ResolverAnswer) ProtoReflect() protoreflect.Message {
+	mi := &file_capledger_v1_console_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResolverAnswer.ProtoReflect.Descriptor instead.
+func (*ResolverAnswer) Descriptor() ([]byte, []int) {
+	return file_capledger_v1_console_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ResolverAnswer) GetReservationId() string {
+	if x != nil {
+		return x.ReservationId
+	}
+	return ""
+}
+
+func (x *ResolverAnswer) GetAnswer() string {
+	if x != nil {
+		return x.Answer
+	}
+	return ""
+}
+
+func (x *ResolverAnswer) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
+func (x *ResolverAnswer) GetAskedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.AskedAt
+	}
+	return nil
+}
+
+func (x *ResolverAnswer) GetAttempts() int64 {
+	if x != nil {
+		return x.Attempts
+	}
+	return 0
+}
+
+func (x *ResolverAnswer) GetNextAttemptAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.NextAttemptAt
+	}
+	return nil
+}
+
 type ListAccountStandingsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Only subjects containing this text; empty: every subject.
@@ -558,7 +1292,7 @@ type ListAccountStandingsRequest struct {
 
 func (x *ListAccountStandingsRequest) Reset() {
 	*x = ListAccountStandingsRequest{}
-	mi := &file_capledger_v1_console_proto_msgTypes[7]
+	mi := &file_capledger_v1_console_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -570,7 +1304,7 @@ func (x *ListAccountStandingsRequest) String() string {
 func (*ListAccountStandingsRequest) ProtoMessage() {}
 
 func (x *ListAccountStandingsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_console_proto_msgTypes[7]
+	mi := &file_capledger_v1_console_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -583,7 +1317,7 @@ func (x *ListAccountStandingsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAccountStandingsRequest.ProtoReflect.Descriptor instead.
 func (*ListAccountStandingsRequest) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_console_proto_rawDescGZIP(), []int{7}
+	return file_capledger_v1_console_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListAccountStandingsRequest) GetSubjectContains() string {
@@ -633,7 +1367,7 @@ type ListAccountStandingsResponse struct {
 
 func (x *ListAccountStandingsResponse) Reset() {
 	*x = ListAccountStandingsResponse{}
-	mi := &file_capledger_v1_console_proto_msgTypes[8]
+	mi := &file_capledger_v1_console_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -645,7 +1379,7 @@ func (x *ListAccountStandingsResponse) String() string {
 func (*ListAccountStandingsResponse) ProtoMessage() {}
 
 func (x *ListAccountStandingsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_console_proto_msgTypes[8]
+	mi := &file_capledger_v1_console_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -658,7 +1392,7 @@ func (x *ListAccountStandingsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAccountStandingsResponse.ProtoReflect.Descriptor instead.
 func (*ListAccountStandingsResponse) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_console_proto_rawDescGZIP(), []int{8}
+	return file_capledger_v1_console_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListAccountStandingsResponse) GetAccounts() []*AccountStanding {
@@ -693,7 +1427,7 @@ type AccountStanding struct {
 
 func (x *AccountStanding) Reset() {
 	*x = AccountStanding{}
-	mi := &file_capledger_v1_console_proto_msgTypes[9]
+	mi := &file_capledger_v1_console_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -705,7 +1439,7 @@ func (x *AccountStanding) String() string {
 func (*AccountStanding) ProtoMessage() {}
 
 func (x *AccountStanding) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_console_proto_msgTypes[9]
+	mi := &file_capledger_v1_console_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -718,7 +1452,7 @@ func (x *AccountStanding) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AccountStanding.ProtoReflect.Descriptor instead.
 func (*AccountStanding) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_console_proto_rawDescGZIP(), []int{9}
+	return file_capledger_v1_console_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *AccountStanding) GetAccount() *Account {
@@ -783,7 +1517,7 @@ type DimensionStanding struct {
 
 func (x *DimensionStanding) Reset() {
 	*x = DimensionStanding{}
-	mi := &file_capledger_v1_console_proto_msgTypes[10]
+	mi := &file_capledger_v1_console_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -795,7 +1529,7 @@ func (x *DimensionStanding) String() string {
 func (*DimensionStanding) ProtoMessage() {}
 
 func (x *DimensionStanding) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_console_proto_msgTypes[10]
+	mi := &file_capledger_v1_console_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -808,7 +1542,7 @@ func (x *DimensionStanding) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DimensionStanding.ProtoReflect.Descriptor instead.
 func (*DimensionStanding) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_console_proto_rawDescGZIP(), []int{10}
+	return file_capledger_v1_console_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *DimensionStanding) GetUnit() string {
@@ -877,7 +1611,7 @@ type GetFairnessRequest struct {
 
 func (x *GetFairnessRequest) Reset() {
 	*x = GetFairnessRequest{}
-	mi := &file_capledger_v1_console_proto_msgTypes[11]
+	mi := &file_capledger_v1_console_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -889,7 +1623,7 @@ func (x *GetFairnessRequest) String() string {
 func (*GetFairnessRequest) ProtoMessage() {}
 
 func (x *GetFairnessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_console_proto_msgTypes[11]
+	mi := &file_capledger_v1_console_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -902,7 +1636,7 @@ func (x *GetFairnessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetFairnessRequest.ProtoReflect.Descriptor instead.
 func (*GetFairnessRequest) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_console_proto_rawDescGZIP(), []int{11}
+	return file_capledger_v1_console_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *GetFairnessRequest) GetRoute() string {
@@ -921,7 +1655,7 @@ type GetFairnessResponse struct {
 
 func (x *GetFairnessResponse) Reset() {
 	*x = GetFairnessResponse{}
-	mi := &file_capledger_v1_console_proto_msgTypes[12]
+	mi := &file_capledger_v1_console_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -933,7 +1667,7 @@ func (x *GetFairnessResponse) String() string {
 func (*GetFairnessResponse) ProtoMessage() {}
 
 func (x *GetFairnessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_console_proto_msgTypes[12]
+	mi := &file_capledger_v1_console_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -946,7 +1680,7 @@ func (x *GetFairnessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetFairnessResponse.ProtoReflect.Descriptor instead.
 func (*GetFairnessResponse) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_console_proto_rawDescGZIP(), []int{12}
+	return file_capledger_v1_console_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *GetFairnessResponse) GetGroups() []*FairnessGroup {
@@ -971,7 +1705,7 @@ type FairnessGroup struct {
 
 func (x *FairnessGroup) Reset() {
 	*x = FairnessGroup{}
-	mi := &file_capledger_v1_console_proto_msgTypes[13]
+	mi := &file_capledger_v1_console_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -983,7 +1717,7 @@ func (x *FairnessGroup) String() string {
 func (*FairnessGroup) ProtoMessage() {}
 
 func (x *FairnessGroup) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_console_proto_msgTypes[13]
+	mi := &file_capledger_v1_console_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -996,7 +1730,7 @@ func (x *FairnessGroup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FairnessGroup.ProtoReflect.Descriptor instead.
 func (*FairnessGroup) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_console_proto_rawDescGZIP(), []int{13}
+	return file_capledger_v1_console_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *FairnessGroup) GetRoute() string {
@@ -1055,7 +1789,7 @@ type FairnessShare struct {
 
 func (x *FairnessShare) Reset() {
 	*x = FairnessShare{}
-	mi := &file_capledger_v1_console_proto_msgTypes[14]
+	mi := &file_capledger_v1_console_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1067,7 +1801,7 @@ func (x *FairnessShare) String() string {
 func (*FairnessShare) ProtoMessage() {}
 
 func (x *FairnessShare) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_console_proto_msgTypes[14]
+	mi := &file_capledger_v1_console_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1080,7 +1814,7 @@ func (x *FairnessShare) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FairnessShare.ProtoReflect.Descriptor instead.
 func (*FairnessShare) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_console_proto_rawDescGZIP(), []int{14}
+	return file_capledger_v1_console_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *FairnessShare) GetSubject() string {
@@ -1190,11 +1924,70 @@ const file_capledger_v1_console_proto_rawDesc = "" +
 	"\vp50_seconds\x18\x03 \x01(\x01R\n" +
 	"p50Seconds\x12\x1f\n" +
 	"\vp99_seconds\x18\x04 \x01(\x01R\n" +
-	"p99Seconds\"\xc7\x01\n" +
+	"p99Seconds\"\xa7\x03\n" +
 	"\vAuditStatus\x12>\n" +
 	"\rlast_audit_at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\vlastAuditAt\x12-\n" +
 	"\x12last_discrepancies\x18\x02 \x01(\x03R\x11lastDiscrepancies\x12I\n" +
-	"\x13last_clean_audit_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x10lastCleanAuditAt\"\xb9\x01\n" +
+	"\x13last_clean_audit_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x10lastCleanAuditAt\x12\x17\n" +
+	"\alast_by\x18\x04 \x01(\tR\x06lastBy\x12\x1b\n" +
+	"\tlast_mode\x18\x05 \x01(\tR\blastMode\x12>\n" +
+	"\vlast_checks\x18\x06 \x03(\v2\x1d.capledger.v1.AuditCheckCountR\n" +
+	"lastChecks\x12\"\n" +
+	"\rlast_clean_by\x18\a \x01(\tR\vlastCleanBy\x12&\n" +
+	"\x0flast_clean_mode\x18\b \x01(\tR\rlastCleanMode\x12\x1c\n" +
+	"\tpersisted\x18\t \x01(\bR\tpersisted\"=\n" +
+	"\x0fAuditCheckCount\x12\x14\n" +
+	"\x05check\x18\x01 \x01(\tR\x05check\x12\x14\n" +
+	"\x05count\x18\x02 \x01(\x03R\x05count\"\xae\x01\n" +
+	"\x1eListSubjectReservationsRequest\x12\x18\n" +
+	"\asubject\x18\x01 \x01(\tR\asubject\x126\n" +
+	"\x06states\x18\x02 \x03(\x0e2\x1e.capledger.v1.ReservationStateR\x06states\x12\x1b\n" +
+	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\"\xe1\x01\n" +
+	"\x1fListSubjectReservationsResponse\x12;\n" +
+	"\x06counts\x18\x01 \x03(\v2#.capledger.v1.ReservationStateCountR\x06counts\x12=\n" +
+	"\freservations\x18\x02 \x03(\v2\x19.capledger.v1.ReservationR\freservations\x12&\n" +
+	"\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken\x12\x1a\n" +
+	"\bretained\x18\x04 \x01(\x03R\bretained\"y\n" +
+	"\x15ReservationStateCount\x12\x14\n" +
+	"\x05route\x18\x01 \x01(\tR\x05route\x124\n" +
+	"\x05state\x18\x02 \x01(\x0e2\x1e.capledger.v1.ReservationStateR\x05state\x12\x14\n" +
+	"\x05count\x18\x03 \x01(\x03R\x05count\"\xc8\x01\n" +
+	"\x15ListStatementsRequest\x12\x18\n" +
+	"\asubject\x18\x01 \x01(\tR\asubject\x12\x14\n" +
+	"\x05route\x18\x02 \x01(\tR\x05route\x12\x16\n" +
+	"\x06region\x18\x03 \x01(\tR\x06region\x12+\n" +
+	"\x11policy_generation\x18\x04 \x01(\x04R\x10policyGeneration\x12\x1b\n" +
+	"\tpage_size\x18\x05 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x06 \x01(\tR\tpageToken\"y\n" +
+	"\x16ListStatementsResponse\x127\n" +
+	"\n" +
+	"statements\x18\x01 \x03(\v2\x17.capledger.v1.StatementR\n" +
+	"statements\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xd8\x02\n" +
+	"\tStatement\x12\x18\n" +
+	"\asubject\x18\x01 \x01(\tR\asubject\x12\x14\n" +
+	"\x05route\x18\x02 \x01(\tR\x05route\x12\x16\n" +
+	"\x06region\x18\x03 \x01(\tR\x06region\x12+\n" +
+	"\x11policy_generation\x18\x04 \x01(\x04R\x10policyGeneration\x12;\n" +
+	"\vepoch_start\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"epochStart\x127\n" +
+	"\tepoch_end\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\bepochEnd\x12/\n" +
+	"\aopening\x18\a \x03(\v2\x15.capledger.v1.BalanceR\aopening\x12/\n" +
+	"\aclosing\x18\b \x03(\v2\x15.capledger.v1.BalanceR\aclosing\"D\n" +
+	"\x19GetResolverAnswersRequest\x12'\n" +
+	"\x0freservation_ids\x18\x01 \x03(\tR\x0ereservationIds\"T\n" +
+	"\x1aGetResolverAnswersResponse\x126\n" +
+	"\aanswers\x18\x01 \x03(\v2\x1c.capledger.v1.ResolverAnswerR\aanswers\"\xfe\x01\n" +
+	"\x0eResolverAnswer\x12%\n" +
+	"\x0ereservation_id\x18\x01 \x01(\tR\rreservationId\x12\x16\n" +
+	"\x06answer\x18\x02 \x01(\tR\x06answer\x12\x16\n" +
+	"\x06detail\x18\x03 \x01(\tR\x06detail\x125\n" +
+	"\basked_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\aaskedAt\x12\x1a\n" +
+	"\battempts\x18\x05 \x01(\x03R\battempts\x12B\n" +
+	"\x0fnext_attempt_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\rnextAttemptAt\"\xb9\x01\n" +
 	"\x1bListAccountStandingsRequest\x12)\n" +
 	"\x10subject_contains\x18\x01 \x01(\tR\x0fsubjectContains\x12\x14\n" +
 	"\x05route\x18\x02 \x01(\tR\x05route\x12\x16\n" +
@@ -1244,11 +2037,14 @@ const file_capledger_v1_console_proto_rawDesc = "" +
 	"fair_share\x18\x06 \x01(\x01R\tfairShare\x12\x14\n" +
 	"\x05error\x18\a \x01(\x01R\x05error\x12\x16\n" +
 	"\x06budget\x18\b \x01(\x01R\x06budget\x12#\n" +
-	"\rwithin_budget\x18\t \x01(\bR\fwithinBudget2\xb6\x02\n" +
+	"\rwithin_budget\x18\t \x01(\bR\fwithinBudget2\x83\x05\n" +
 	"\x0eConsoleService\x12W\n" +
 	"\vGetOverview\x12 .capledger.v1.GetOverviewRequest\x1a!.capledger.v1.GetOverviewResponse\"\x03\x90\x02\x01\x12r\n" +
 	"\x14ListAccountStandings\x12).capledger.v1.ListAccountStandingsRequest\x1a*.capledger.v1.ListAccountStandingsResponse\"\x03\x90\x02\x01\x12W\n" +
-	"\vGetFairness\x12 .capledger.v1.GetFairnessRequest\x1a!.capledger.v1.GetFairnessResponse\"\x03\x90\x02\x01B=Z;github.com/capledger/capledger/api/capledger/v1;capledgerv1b\x06proto3"
+	"\vGetFairness\x12 .capledger.v1.GetFairnessRequest\x1a!.capledger.v1.GetFairnessResponse\"\x03\x90\x02\x01\x12{\n" +
+	"\x17ListSubjectReservations\x12,.capledger.v1.ListSubjectReservationsRequest\x1a-.capledger.v1.ListSubjectReservationsResponse\"\x03\x90\x02\x01\x12`\n" +
+	"\x0eListStatements\x12#.capledger.v1.ListStatementsRequest\x1a$.capledger.v1.ListStatementsResponse\"\x03\x90\x02\x01\x12l\n" +
+	"\x12GetResolverAnswers\x12'.capledger.v1.GetResolverAnswersRequest\x1a(.capledger.v1.GetResolverAnswersResponse\"\x03\x90\x02\x01B=Z;github.com/capledger/capledger/api/capledger/v1;capledgerv1b\x06proto3"
 
 var (
 	file_capledger_v1_console_proto_rawDescOnce sync.Once
@@ -1262,57 +2058,89 @@ func file_capledger_v1_console_proto_rawDescGZIP() []byte {
 	return file_capledger_v1_console_proto_rawDescData
 }
 
-var file_capledger_v1_console_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_capledger_v1_console_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_capledger_v1_console_proto_goTypes = []any{
-	(*GetOverviewRequest)(nil),           // 0: capledger.v1.GetOverviewRequest
-	(*GetOverviewResponse)(nil),          // 1: capledger.v1.GetOverviewResponse
-	(*CommandCount)(nil),                 // 2: capledger.v1.CommandCount
-	(*DecisionCount)(nil),                // 3: capledger.v1.DecisionCount
-	(*RejectionCount)(nil),               // 4: capledger.v1.RejectionCount
-	(*CommitLatency)(nil),                // 5: capledger.v1.CommitLatency
-	(*AuditStatus)(nil),                  // 6: capledger.v1.AuditStatus
-	(*ListAccountStandingsRequest)(nil),  // 7: capledger.v1.ListAccountStandingsRequest
-	(*ListAccountStandingsResponse)(nil), // 8: capledger.v1.ListAccountStandingsResponse
-	(*AccountStanding)(nil),              // 9: capledger.v1.AccountStanding
-	(*DimensionStanding)(nil),            // 10: capledger.v1.DimensionStanding
-	(*GetFairnessRequest)(nil),           // 11: capledger.v1.GetFairnessRequest
-	(*GetFairnessResponse)(nil),          // 12: capledger.v1.GetFairnessResponse
-	(*FairnessGroup)(nil),                // 13: capledger.v1.FairnessGroup
-	(*FairnessShare)(nil),                // 14: capledger.v1.FairnessShare
-	(*timestamppb.Timestamp)(nil),        // 15: google.protobuf.Timestamp
-	(*Account)(nil),                      // 16: capledger.v1.Account
-	(RolloutMode)(0),                     // 17: capledger.v1.RolloutMode
-	(*durationpb.Duration)(nil),          // 18: google.protobuf.Duration
+	(*GetOverviewRequest)(nil),              // 0: capledger.v1.GetOverviewRequest
+	(*GetOverviewResponse)(nil),             // 1: capledger.v1.GetOverviewResponse
+	(*CommandCount)(nil),                    // 2: capledger.v1.CommandCount
+	(*DecisionCount)(nil),                   // 3: capledger.v1.DecisionCount
+	(*RejectionCount)(nil),                  // 4: capledger.v1.RejectionCount
+	(*CommitLatency)(nil),                   // 5: capledger.v1.CommitLatency
+	(*AuditStatus)(nil),                     // 6: capledger.v1.AuditStatus
+	(*AuditCheckCount)(nil),                 // 7: capledger.v1.AuditCheckCount
+	(*ListSubjectReservationsRequest)(nil),  // 8: capledger.v1.ListSubjectReservationsRequest
+	(*ListSubjectReservationsResponse)(nil), // 9: capledger.v1.ListSubjectReservationsResponse
+	(*ReservationStateCount)(nil),           // 10: capledger.v1.ReservationStateCount
+	(*ListStatementsRequest)(nil),           // 11: capledger.v1.ListStatementsRequest
+	(*ListStatementsResponse)(nil),          // 12: capledger.v1.ListStatementsResponse
+	(*Statement)(nil),                       // 13: capledger.v1.Statement
+	(*GetResolverAnswersRequest)(nil),       // 14: capledger.v1.GetResolverAnswersRequest
+	(*GetResolverAnswersResponse)(nil),      // 15: capledger.v1.GetResolverAnswersResponse
+	(*ResolverAnswer)(nil),                  // 16: capledger.v1.ResolverAnswer
+	(*ListAccountStandingsRequest)(nil),     // 17: capledger.v1.ListAccountStandingsRequest
+	(*ListAccountStandingsResponse)(nil),    // 18: capledger.v1.ListAccountStandingsResponse
+	(*AccountStanding)(nil),                 // 19: capledger.v1.AccountStanding
+	(*DimensionStanding)(nil),               // 20: capledger.v1.DimensionStanding
+	(*GetFairnessRequest)(nil),              // 21: capledger.v1.GetFairnessRequest
+	(*GetFairnessResponse)(nil),             // 22: capledger.v1.GetFairnessResponse
+	(*FairnessGroup)(nil),                   // 23: capledger.v1.FairnessGroup
+	(*FairnessShare)(nil),                   // 24: capledger.v1.FairnessShare
+	(*timestamppb.Timestamp)(nil),           // 25: google.protobuf.Timestamp
+	(ReservationState)(0),                   // 26: capledger.v1.ReservationState
+	(*Reservation)(nil),                     // 27: capledger.v1.Reservation
+	(*Balance)(nil),                         // 28: capledger.v1.Balance
+	(*Account)(nil),                         // 29: capledger.v1.Account
+	(RolloutMode)(0),                        // 30: capledger.v1.RolloutMode
+	(*durationpb.Duration)(nil),             // 31: google.protobuf.Duration
 }
 var file_capledger_v1_console_proto_depIdxs = []int32{
-	15, // 0: capledger.v1.GetOverviewResponse.server_time:type_name -> google.protobuf.Timestamp
+	25, // 0: capledger.v1.GetOverviewResponse.server_time:type_name -> google.protobuf.Timestamp
 	2,  // 1: capledger.v1.GetOverviewResponse.commands:type_name -> capledger.v1.CommandCount
 	3,  // 2: capledger.v1.GetOverviewResponse.decisions:type_name -> capledger.v1.DecisionCount
 	4,  // 3: capledger.v1.GetOverviewResponse.rejections:type_name -> capledger.v1.RejectionCount
 	5,  // 4: capledger.v1.GetOverviewResponse.commit:type_name -> capledger.v1.CommitLatency
-	15, // 5: capledger.v1.GetOverviewResponse.oldest_usage_unknown_at:type_name -> google.protobuf.Timestamp
+	25, // 5: capledger.v1.GetOverviewResponse.oldest_usage_unknown_at:type_name -> google.protobuf.Timestamp
 	6,  // 6: capledger.v1.GetOverviewResponse.audit:type_name -> capledger.v1.AuditStatus
-	15, // 7: capledger.v1.AuditStatus.last_audit_at:type_name -> google.protobuf.Timestamp
-	15, // 8: capledger.v1.AuditStatus.last_clean_audit_at:type_name -> google.protobuf.Timestamp
-	9,  // 9: capledger.v1.ListAccountStandingsResponse.accounts:type_name -> capledger.v1.AccountStanding
-	16, // 10: capledger.v1.AccountStanding.account:type_name -> capledger.v1.Account
-	10, // 11: capledger.v1.AccountStanding.dimensions:type_name -> capledger.v1.DimensionStanding
-	17, // 12: capledger.v1.AccountStanding.rollout:type_name -> capledger.v1.RolloutMode
-	18, // 13: capledger.v1.DimensionStanding.refill_interval:type_name -> google.protobuf.Duration
-	15, // 14: capledger.v1.DimensionStanding.repaid_at:type_name -> google.protobuf.Timestamp
-	13, // 15: capledger.v1.GetFairnessResponse.groups:type_name -> capledger.v1.FairnessGroup
-	14, // 16: capledger.v1.FairnessGroup.subjects:type_name -> capledger.v1.FairnessShare
-	0,  // 17: capledger.v1.ConsoleService.GetOverview:input_type -> capledger.v1.GetOverviewRequest
-	7,  // 18: capledger.v1.ConsoleService.ListAccountStandings:input_type -> capledger.v1.ListAccountStandingsRequest
-	11, // 19: capledger.v1.ConsoleService.GetFairness:input_type -> capledger.v1.GetFairnessRequest
-	1,  // 20: capledger.v1.ConsoleService.GetOverview:output_type -> capledger.v1.GetOverviewResponse
-	8,  // 21: capledger.v1.ConsoleService.ListAccountStandings:output_type -> capledger.v1.ListAccountStandingsResponse
-	12, // 22: capledger.v1.ConsoleService.GetFairness:output_type -> capledger.v1.GetFairnessResponse
-	20, // [20:23] is the sub-list for method output_type
-	17, // [17:20] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	25, // 7: capledger.v1.AuditStatus.last_audit_at:type_name -> google.protobuf.Timestamp
+	25, // 8: capledger.v1.AuditStatus.last_clean_audit_at:type_name -> google.protobuf.Timestamp
+	7,  // 9: capledger.v1.AuditStatus.last_checks:type_name -> capledger.v1.AuditCheckCount
+	26, // 10: capledger.v1.ListSubjectReservationsRequest.states:type_name -> capledger.v1.ReservationState
+	10, // 11: capledger.v1.ListSubjectReservationsResponse.counts:type_name -> capledger.v1.ReservationStateCount
+	27, // 12: capledger.v1.ListSubjectReservationsResponse.reservations:type_name -> capledger.v1.Reservation
+	26, // 13: capledger.v1.ReservationStateCount.state:type_name -> capledger.v1.ReservationState
+	13, // 14: capledger.v1.ListStatementsResponse.statements:type_name -> capledger.v1.Statement
+	25, // 15: capledger.v1.Statement.epoch_start:type_name -> google.protobuf.Timestamp
+	25, // 16: capledger.v1.Statement.epoch_end:type_name -> google.protobuf.Timestamp
+	28, // 17: capledger.v1.Statement.opening:type_name -> capledger.v1.Balance
+	28, // 18: capledger.v1.Statement.closing:type_name -> capledger.v1.Balance
+	16, // 19: capledger.v1.GetResolverAnswersResponse.answers:type_name -> capledger.v1.ResolverAnswer
+	25, // 20: capledger.v1.ResolverAnswer.asked_at:type_name -> google.protobuf.Timestamp
+	25, // 21: capledger.v1.ResolverAnswer.next_attempt_at:type_name -> google.protobuf.Timestamp
+	19, // 22: capledger.v1.ListAccountStandingsResponse.accounts:type_name -> capledger.v1.AccountStanding
+	29, // 23: capledger.v1.AccountStanding.account:type_name -> capledger.v1.Account
+	20, // 24: capledger.v1.AccountStanding.dimensions:type_name -> capledger.v1.DimensionStanding
+	30, // 25: capledger.v1.AccountStanding.rollout:type_name -> capledger.v1.RolloutMode
+	31, // 26: capledger.v1.DimensionStanding.refill_interval:type_name -> google.protobuf.Duration
+	25, // 27: capledger.v1.DimensionStanding.repaid_at:type_name -> google.protobuf.Timestamp
+	23, // 28: capledger.v1.GetFairnessResponse.groups:type_name -> capledger.v1.FairnessGroup
+	24, // 29: capledger.v1.FairnessGroup.subjects:type_name -> capledger.v1.FairnessShare
+	0,  // 30: capledger.v1.ConsoleService.GetOverview:input_type -> capledger.v1.GetOverviewRequest
+	17, // 31: capledger.v1.ConsoleService.ListAccountStandings:input_type -> capledger.v1.ListAccountStandingsRequest
+	21, // 32: capledger.v1.ConsoleService.GetFairness:input_type -> capledger.v1.GetFairnessRequest
+	8,  // 33: capledger.v1.ConsoleService.ListSubjectReservations:input_type -> capledger.v1.ListSubjectReservationsRequest
+	11, // 34: capledger.v1.ConsoleService.ListStatements:input_type -> capledger.v1.ListStatementsRequest
+	14, // 35: capledger.v1.ConsoleService.GetResolverAnswers:input_type -> capledger.v1.GetResolverAnswersRequest
+	1,  // 36: capledger.v1.ConsoleService.GetOverview:output_type -> capledger.v1.GetOverviewResponse
+	18, // 37: capledger.v1.ConsoleService.ListAccountStandings:output_type -> capledger.v1.ListAccountStandingsResponse
+	22, // 38: capledger.v1.ConsoleService.GetFairness:output_type -> capledger.v1.GetFairnessResponse
+	9,  // 39: capledger.v1.ConsoleService.ListSubjectReservations:output_type -> capledger.v1.ListSubjectReservationsResponse
+	12, // 40: capledger.v1.ConsoleService.ListStatements:output_type -> capledger.v1.ListStatementsResponse
+	15, // 41: capledger.v1.ConsoleService.GetResolverAnswers:output_type -> capledger.v1.GetResolverAnswersResponse
+	36, // [36:42] is the sub-list for method output_type
+	30, // [30:36] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_capledger_v1_console_proto_init() }
@@ -1327,7 +2155,7 @@ func file_capledger_v1_console_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_capledger_v1_console_proto_rawDesc), len(file_capledger_v1_console_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   15,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -57,6 +57,15 @@ const (
 	// ConsoleServiceGetFairnessProcedure is the fully-qualified name of the ConsoleService's
 	// GetFairness RPC.
 	ConsoleServiceGetFairnessProcedure = "/capledger.v1.ConsoleService/GetFairness"
+	// ConsoleServiceListSubjectReservationsProcedure is the fully-qualified name of the
+	// ConsoleService's ListSubjectReservations RPC.
+	ConsoleServiceListSubjectReservationsProcedure = "/capledger.v1.ConsoleService/ListSubjectReservations"
+	// ConsoleServiceListStatementsProcedure is the fully-qualified name of the ConsoleService's
+	// ListStatements RPC.
+	ConsoleServiceListStatementsProcedure = "/capledger.v1.ConsoleService/ListStatements"
+	// ConsoleServiceGetResolverAnswersProcedure is the fully-qualified name of the ConsoleService's
+	// GetResolverAnswers RPC.
+	ConsoleServiceGetResolverAnswersProcedure = "/capledger.v1.ConsoleService/GetResolverAnswers"
 )
 
 // ConsoleServiceClient is a client for the capledger.v1.ConsoleService service.
@@ -64,9 +73,10 @@ type ConsoleServiceClient interface {
 	// GetOverview returns this replica's readiness and counters since it
 	// started: commands by kind and outcome, reserve decisions by policy
 	// generation, capacity rejections by limiting dimension, batch commit
-	// latency, the USAGE_UNKNOWN backlog and the last audit this replica
-	// answered. Counters are cumulative: a rate is the difference of two
-	// answers over the difference of their server_time.
+	// latency, the USAGE_UNKNOWN backlog, and the last audits (from the
+	// store: the same on every replica). Counters are cumulative: a rate is
+	// the difference of two answers over the difference of their
+	// server_time.
 	GetOverview(context.Context, *connect.Request[v1.GetOverviewRequest]) (*connect.Response[v1.GetOverviewResponse], error)
 	// ListAccountStandings returns accounts with how close each is to its
 	// limit, nearest first: the dimension with the least available capacity
@@ -81,6 +91,30 @@ type ConsoleServiceClient interface {
 	// ledger's view over the accounts' whole lives; the scheduler's exact
 	// window figure lives in the gateway (docs/FAIRNESS.md).
 	GetFairness(context.Context, *connect.Request[v1.GetFairnessRequest]) (*connect.Response[v1.GetFairnessResponse], error)
+	// ListSubjectReservations returns one subject's reservations: how many
+	// are in each state, and a page of them, the newest first (by creation
+	// time, then id), optionally only some states. Retention removes
+	// finished reservations (serve --retention): they are neither listed
+	// nor counted by state; retained says how many it removed. A scoped
+	// token sees only the routes of its scope; a subject outside it answers
+	// exactly as a subject without reservations.
+	// Errors: INVALID_ARGUMENT (no subject, page_size above 1000, a
+	// page_token not from this method, an unknown state).
+	ListSubjectReservations(context.Context, *connect.Request[v1.ListSubjectReservationsRequest]) (*connect.Response[v1.ListSubjectReservationsResponse], error)
+	// ListStatements returns one account's epoch statements (written when
+	// an accounting epoch closes, kept forever as the billing record), the
+	// latest epoch first. An account outside the token's scope answers
+	// exactly as one without statements.
+	// Errors: INVALID_ARGUMENT (no subject or route, page_size above 1000,
+	// a page_token not from this method).
+	ListStatements(context.Context, *connect.Request[v1.ListStatementsRequest]) (*connect.Response[v1.ListStatementsResponse], error)
+	// GetResolverAnswers returns the USAGE_UNKNOWN resolver's last answer
+	// about each of the given reservations that is USAGE_UNKNOWN and has
+	// one (the resolver records it in the store, so every replica answers
+	// the same). Reservations without an answer, not USAGE_UNKNOWN, unknown
+	// or outside the token's scope are left out alike.
+	// Errors: INVALID_ARGUMENT (more than 1000 ids).
+	GetResolverAnswers(context.Context, *connect.Request[v1.GetResolverAnswersRequest]) (*connect.Response[v1.GetResolverAnswersResponse], error)
 }
 
 // NewConsoleServiceClient constructs a client for the capledger.v1.ConsoleService service. By
@@ -115,14 +149,38 @@ func NewConsoleServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
+		listSubjectReservations: connect.NewClient[v1.ListSubjectReservationsRequest, v1.ListSubjectReservationsResponse](
+			httpClient,
+			baseURL+ConsoleServiceListSubjectReservationsProcedure,
+			connect.WithSchema(consoleServiceMethods.ByName("ListSubjectReservations")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
+		listStatements: connect.NewClient[v1.ListStatementsRequest, v1.ListStatementsResponse](
+			httpClient,
+			baseURL+ConsoleServiceListStatementsProcedure,
+			connect.WithSchema(consoleServiceMethods.ByName("ListStatements")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
+		getResolverAnswers: connect.NewClient[v1.GetResolverAnswersRequest, v1.GetResolverAnswersResponse](
+			httpClient,
+			baseURL+ConsoleServiceGetResolverAnswersProcedure,
+			connect.WithSchema(consoleServiceMethods.ByName("GetResolverAnswers")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // consoleServiceClient implements ConsoleServiceClient.
 type consoleServiceClient struct {
-	getOverview          *connect.Client[v1.GetOverviewRequest, v1.GetOverviewResponse]
-	listAccountStandings *connect.Client[v1.ListAccountStandingsRequest, v1.ListAccountStandingsResponse]
-	getFairness          *connect.Client[v1.GetFairnessRequest, v1.GetFairnessResponse]
+	getOverview             *connect.Client[v1.GetOverviewRequest, v1.GetOverviewResponse]
+	listAccountStandings    *connect.Client[v1.ListAccountStandingsRequest, v1.ListAccountStandingsResponse]
+	getFairness             *connect.Client[v1.GetFairnessRequest, v1.GetFairnessResponse]
+	listSubjectReservations *connect.Client[v1.ListSubjectReservationsRequest, v1.ListSubjectReservationsResponse]
+	listStatements          *connect.Client[v1.ListStatementsRequest, v1.ListStatementsResponse]
+	getResolverAnswers      *connect.Client[v1.GetResolverAnswersRequest, v1.GetResolverAnswersResponse]
 }
 
 // GetOverview calls capledger.v1.ConsoleService.GetOverview.
@@ -140,14 +198,30 @@ func (c *consoleServiceClient) GetFairness(ctx context.Context, req *connect.Req
 	return c.getFairness.CallUnary(ctx, req)
 }
 
+// ListSubjectReservations calls capledger.v1.ConsoleService.ListSubjectReservations.
+func (c *consoleServiceClient) ListSubjectReservations(ctx context.Context, req *connect.Request[v1.ListSubjectReservationsRequest]) (*connect.Response[v1.ListSubjectReservationsResponse], error) {
+	return c.listSubjectReservations.CallUnary(ctx, req)
+}
+
+// ListStatements calls capledger.v1.ConsoleService.ListStatements.
+func (c *consoleServiceClient) ListStatements(ctx context.Context, req *connect.Request[v1.ListStatementsRequest]) (*connect.Response[v1.ListStatementsResponse], error) {
+	return c.listStatements.CallUnary(ctx, req)
+}
+
+// GetResolverAnswers calls capledger.v1.ConsoleService.GetResolverAnswers.
+func (c *consoleServiceClient) GetResolverAnswers(ctx context.Context, req *connect.Request[v1.GetResolverAnswersRequest]) (*connect.Response[v1.GetResolverAnswersResponse], error) {
+	return c.getResolverAnswers.CallUnary(ctx, req)
+}
+
 // ConsoleServiceHandler is an implementation of the capledger.v1.ConsoleService service.
 type ConsoleServiceHandler interface {
 	// GetOverview returns this replica's readiness and counters since it
 	// started: commands by kind and outcome, reserve decisions by policy
 	// generation, capacity rejections by limiting dimension, batch commit
-	// latency, the USAGE_UNKNOWN backlog and the last audit this replica
-	// answered. Counters are cumulative: a rate is the difference of two
-	// answers over the difference of their server_time.
+	// latency, the USAGE_UNKNOWN backlog, and the last audits (from the
+	// store: the same on every replica). Counters are cumulative: a rate is
+	// the difference of two answers over the difference of their
+	// server_time.
 	GetOverview(context.Context, *connect.Request[v1.GetOverviewRequest]) (*connect.Response[v1.GetOverviewResponse], error)
 	// ListAccountStandings returns accounts with how close each is to its
 	// limit, nearest first: the dimension with the least available capacity
@@ -162,6 +236,30 @@ type ConsoleServiceHandler interface {
 	// ledger's view over the accounts' whole lives; the scheduler's exact
 	// window figure lives in the gateway (docs/FAIRNESS.md).
 	GetFairness(context.Context, *connect.Request[v1.GetFairnessRequest]) (*connect.Response[v1.GetFairnessResponse], error)
+	// ListSubjectReservations returns one subject's reservations: how many
+	// are in each state, and a page of them, the newest first (by creation
+	// time, then id), optionally only some states. Retention removes
+	// finished reservations (serve --retention): they are neither listed
+	// nor counted by state; retained says how many it removed. A scoped
+	// token sees only the routes of its scope; a subject outside it answers
+	// exactly as a subject without reservations.
+	// Errors: INVALID_ARGUMENT (no subject, page_size above 1000, a
+	// page_token not from this method, an unknown state).
+	ListSubjectReservations(context.Context, *connect.Request[v1.ListSubjectReservationsRequest]) (*connect.Response[v1.ListSubjectReservationsResponse], error)
+	// ListStatements returns one account's epoch statements (written when
+	// an accounting epoch closes, kept forever as the billing record), the
+	// latest epoch first. An account outside the token's scope answers
+	// exactly as one without statements.
+	// Errors: INVALID_ARGUMENT (no subject or route, page_size above 1000,
+	// a page_token not from this method).
+	ListStatements(context.Context, *connect.Request[v1.ListStatementsRequest]) (*connect.Response[v1.ListStatementsResponse], error)
+	// GetResolverAnswers returns the USAGE_UNKNOWN resolver's last answer
+	// about each of the given reservations that is USAGE_UNKNOWN and has
+	// one (the resolver records it in the store, so every replica answers
+	// the same). Reservations without an answer, not USAGE_UNKNOWN, unknown
+	// or outside the token's scope are left out alike.
+	// Errors: INVALID_ARGUMENT (more than 1000 ids).
+	GetResolverAnswers(context.Context, *connect.Request[v1.GetResolverAnswersRequest]) (*connect.Response[v1.GetResolverAnswersResponse], error)
 }
 
 // NewConsoleServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -192,6 +290,27 @@ func NewConsoleServiceHandler(svc ConsoleServiceHandler, opts ...connect.Handler
 		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
+	consoleServiceListSubjectReservationsHandler := connect.NewUnaryHandler(
+		ConsoleServiceListSubjectReservationsProcedure,
+		svc.ListSubjectReservations,
+		connect.WithSchema(consoleServiceMethods.ByName("ListSubjectReservations")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
+	consoleServiceListStatementsHandler := connect.NewUnaryHandler(
+		ConsoleServiceListStatementsProcedure,
+		svc.ListStatements,
+		connect.WithSchema(consoleServiceMethods.ByName("ListStatements")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
+	consoleServiceGetResolverAnswersHandler := connect.NewUnaryHandler(
+		ConsoleServiceGetResolverAnswersProcedure,
+		svc.GetResolverAnswers,
+		connect.WithSchema(consoleServiceMethods.ByName("GetResolverAnswers")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/capledger.v1.ConsoleService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case ConsoleServiceGetOverviewProcedure:
@@ -200,6 +319,12 @@ func NewConsoleServiceHandler(svc ConsoleServiceHandler, opts ...connect.Handler
 			consoleServiceListAccountStandingsHandler.ServeHTTP(w, r)
 		case ConsoleServiceGetFairnessProcedure:
 			consoleServiceGetFairnessHandler.ServeHTTP(w, r)
+		case ConsoleServiceListSubjectReservationsProcedure:
+			consoleServiceListSubjectReservationsHandler.ServeHTTP(w, r)
+		case ConsoleServiceListStatementsProcedure:
+			consoleServiceListStatementsHandler.ServeHTTP(w, r)
+		case ConsoleServiceGetResolverAnswersProcedure:
+			consoleServiceGetResolverAnswersHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -219,4 +344,16 @@ func (UnimplementedConsoleServiceHandler) ListAccountStandings(context.Context, 
 
 func (UnimplementedConsoleServiceHandler) GetFairness(context.Context, *connect.Request[v1.GetFairnessRequest]) (*connect.Response[v1.GetFairnessResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("capledger.v1.ConsoleService.GetFairness is not implemented"))
+}
+
+func (UnimplementedConsoleServiceHandler) ListSubjectReservations(context.Context, *connect.Request[v1.ListSubjectReservationsRequest]) (*connect.Response[v1.ListSubjectReservationsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("capledger.v1.ConsoleService.ListSubjectReservations is not implemented"))
+}
+
+func (UnimplementedConsoleServiceHandler) ListStatements(context.Context, *connect.Request[v1.ListStatementsRequest]) (*connect.Response[v1.ListStatementsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("capledger.v1.ConsoleService.ListStatements is not implemented"))
+}
+
+func (UnimplementedConsoleServiceHandler) GetResolverAnswers(context.Context, *connect.Request[v1.GetResolverAnswersRequest]) (*connect.Response[v1.GetResolverAnswersResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("capledger.v1.ConsoleService.GetResolverAnswers is not implemented"))
 }

@@ -1,0 +1,106 @@
+package engine
+
+import (
+	"context"
+	"time"
+
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+)
+
+// The resolver's last answer per USAGE_UNKNOWN reservation, kept in the
+// store (store.ResolverAnswers) when the store keeps them: every replica
+// can then show it (ConsoleService.GetResolverAnswers), and a resolver
+// that starts (a restart, a new worker leader) goes on with the backoff
+// the last one reached instead of asking every gateway again at once.
+
+// The answers recorded beside OperationState's names.
+const (
+	// AnswerError: no verified answer (a timeout, a refused connection,
+	// a 5xx, garbage), or a settle whose outcome is unknown.
+	AnswerError = "error"
+	// AnswerNoEndpoint: the route has no operation-status endpoint.
+	AnswerNoEndpoint = "no_endpoint"
+	// AnswerSettleRefused: an answer that cannot settle (a unit the
+	// policy does not limit) or a settle the ledger refused.
+	AnswerSettleRefused = "settle_refused"
+)
+
+// answerStore returns the store's ResolverAnswers, nil when it keeps none.
+func (r *Resolver) answerStore() store.ResolverAnswers {
+	a, _ := r.store.(store.ResolverAnswers)
+	return a
+}
+
+// storedAnswers returns the stored answers of the rows this resolver has
+// no attempt for yet, by reservation id; none when the store keeps none
+// or cannot be read (the resolver then starts them afresh).
+func (r *Resolver) storedAnswers(ctx context.Context, rows []ledger.Reservation) map[string]store.ResolverAnswer {
+	as := r.answerStore()
+	if as == nil {
+		return nil
+	}
+	var ids []string
+	r.mu.Lock()
+	for i := range rows {
+		if r.attempts[rows[i].ID] == nil {
+			ids = append(ids, rows[i].ID)
+		}
+	}
+	r.mu.Unlock()
+	if len(ids) == 0 {
+		return nil
+	}
+	list, err := as.ResolverAnswersGet(ctx, ids)
+	if err != nil {
+		if ctx.Err() == nil {
+			r.log.Warn("resolver: read stored answers", "err", err)
+		}
+		return nil
+	}
+	out := make(map[string]store.ResolverAnswer, len(list))
+	for _, a := range list {
+		out[a.ReservationID] = a
+	}
+	return out
+}
+
+// recordAnswers stores what each of due heard (heard[i], empty for one
+// that settled or was not asked) with its attempt count and next
+// question, asked at now.
+func (r *Resolver) recordAnswers(ctx context.Context, due []*ledger.Reservation, heard []store.ResolverAnswer, now time.Time) {
+	as := r.answerStore()
+	if as == nil {
+		return
+	}
+	var put []store.ResolverAnswer
+	r.mu.Lock()
+	for i, row := range due {
+		a := r.attempts[row.ID]
+		if heard[i].Answer == "" || a == nil {
+			continue
+		}
+		rec := heard[i]
+		rec.ReservationID, rec.AskedAt, rec.Attempts, rec.NextAt = row.ID, now, int64(a.polls), a.next
+		put = append(put, rec)
+	}
+	r.mu.Unlock()
+	if len(put) == 0 {
+		return
+	}
+	if err := as.ResolverAnswersPut(ctx, put); err != nil && ctx.Err() == nil {
+		r.log.Warn("resolver: record answers", "answers", len(put), "err", err)
+	}
+}
+
+// pruneAnswers deletes the stored answers of reservations that left
+// USAGE_UNKNOWN, once per pass over the backlog.
+func (r *Resolver) pruneAnswers(ctx context.Context) {
+	as := r.answerStore()
+	if as == nil {
+		return
+	}
+	if _, err := as.ResolverAnswersPrune(ctx); err != nil && ctx.Err() == nil {
+		r.log.Warn("resolver: prune answers", "err", err)
+	}
+}

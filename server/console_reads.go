@@ -1,0 +1,250 @@
+package server
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"strconv"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+
+	v1 "github.com/capledger/capledger/api/capledger/v1"
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+)
+
+// The ConsoleService's reads of the store (console.proto): one subject's
+// reservations by state, one account's statements, the resolver's last
+// answers. Each answers a caller outside the subject's scope exactly as
+// it answers for a subject, account or reservation that does not exist.
+
+// maxResolverAnswerIDs bounds GetResolverAnswers.
+const maxResolverAnswerIDs = 1000
+
+func (c consoleService) consoleStore() (store.ConsoleStore, *connect.Error) {
+	if c.s.console.store == nil {
+		return nil, connect.NewError(connect.CodeUnimplemented, errors.New("this server keeps no console store"))
+	}
+	return c.s.console.store, nil
+}
+
+// subjectInScope reports whether the caller's scope admits subject on
+// some route (true when auth is off or the token is unscoped).
+func subjectInScope(ctx context.Context, subject string) bool {
+	id, ok := IdentityFrom(ctx)
+	return !ok || matchesAny(id.Scope.Subjects, subject)
+}
+
+// ListSubjectReservations implements ConsoleService.ListSubjectReservations.
+func (c consoleService) ListSubjectReservations(ctx context.Context, req *connect.Request[v1.ListSubjectReservationsRequest]) (*connect.Response[v1.ListSubjectReservationsResponse], error) {
+	cs, cerr := c.consoleStore()
+	if cerr != nil {
+		return nil, cerr
+	}
+	m := req.Msg
+	if m.GetSubject() == "" {
+		return nil, invalidArgument(ReasonInvalidCommand, "subject is required")
+	}
+	size, cerr := pageSize(m.GetPageSize())
+	if cerr != nil {
+		return nil, cerr
+	}
+	before, err := parseSubjectToken(m.GetPageToken())
+	if err != nil {
+		return nil, invalidArgument(ReasonInvalidCommand, "page_token: %v", err)
+	}
+	var states []ledger.State
+	for _, pb := range m.GetStates() {
+		st, ok := stateFromProto(pb)
+		if !ok || st == ledger.StateReservationUnknown {
+			return nil, invalidArgument(ReasonInvalidCommand, "states: %v is not a stored reservation state", pb)
+		}
+		states = append(states, st)
+	}
+	resp := &v1.ListSubjectReservationsResponse{}
+	if !subjectInScope(ctx, m.GetSubject()) {
+		return connect.NewResponse(resp), nil // as for a subject without reservations
+	}
+	counts, err := cs.ReservationStatesOfSubject(ctx, m.GetSubject())
+	if err != nil {
+		return nil, readError("reservation states", ReasonStoreUnavailable, err)
+	}
+	for _, n := range counts.Counts {
+		if InScope(ctx, m.GetSubject(), n.Route) {
+			resp.Counts = append(resp.Counts, &v1.ReservationStateCount{Route: n.Route, State: stateToProto[n.State], Count: n.Count})
+		}
+	}
+	for _, n := range counts.Retained {
+		if InScope(ctx, m.GetSubject(), n.Account.Route) {
+			resp.Retained += n.Reservations
+		}
+	}
+	// Read pages of the store until size+1 rows in scope are found (one
+	// more than the page tells whether there is a next one) or the store
+	// has no more: the next token then follows the last row shown, so it
+	// never reveals a row outside the scope.
+	var shown []ledger.Reservation
+	for {
+		rows, err := cs.ReservationsOfSubject(ctx, store.SubjectFilter{Subject: m.GetSubject(), States: states, Before: before, Limit: size + 1})
+		if err != nil {
+			return nil, readError("reservations of "+m.GetSubject(), ReasonStoreUnavailable, err)
+		}
+		for i := range rows {
+			if InScope(ctx, rows[i].Account.Subject, rows[i].Account.Route) {
+				shown = append(shown, rows[i])
+			}
+		}
+		if len(shown) > size || len(rows) <= size {
+			break
+		}
+		last := rows[len(rows)-1]
+		before = store.SubjectCursor{CreatedAt: last.CreatedAt, ID: last.ID}
+	}
+	if len(shown) > size {
+		shown = shown[:size]
+		last := shown[size-1]
+		resp.NextPageToken = subjectToken(store.SubjectCursor{CreatedAt: last.CreatedAt, ID: last.ID})
+	}
+	for i := range shown {
+		pb, err := c.s.reservationProto(ctx, &shown[i])
+		if err != nil {
+			return nil, readError("reservations of "+m.GetSubject(), ReasonPolicyNotFound, err)
+		}
+		resp.Reservations = append(resp.Reservations, pb)
+	}
+	return connect.NewResponse(resp), nil
+}
+
+// subjectToken encodes a cursor of ListSubjectReservations: "s", the
+// creation time in Unix nanoseconds and the id, base64url.
+func subjectToken(c store.SubjectCursor) string {
+	return base64.RawURLEncoding.EncodeToString([]byte("s" + strconv.FormatInt(c.CreatedAt.UnixNano(), 10) + "/" + c.ID))
+}
+
+func parseSubjectToken(token string) (store.SubjectCursor, error) {
+	if token == "" {
+		return store.SubjectCursor{}, nil
+	}
+	raw, err := base64.RawURLEncoding.DecodeString(token)
+	if err != nil || !strings.HasPrefix(string(raw), "s") {
+		return store.SubjectCursor{}, errNotSubjectToken
+	}
+	nanos, id, ok := strings.Cut(string(raw[1:]), "/")
+	n, err := strconv.ParseInt(nanos, 10, 64)
+	if !ok || err != nil || n == 0 || id == "" || len(id) > maxIDBytes {
+		return store.SubjectCursor{}, errNotSubjectToken
+	}
+	return store.SubjectCursor{CreatedAt: time.Unix(0, n), ID: id}, nil
+}
+
+var errNotSubjectToken = errors.New("not a next_page_token of ListSubjectReservations")
+
+// ListStatements implements ConsoleService.ListStatements.
+func (c consoleService) ListStatements(ctx context.Context, req *connect.Request[v1.ListStatementsRequest]) (*connect.Response[v1.ListStatementsResponse], error) {
+	cs, cerr := c.consoleStore()
+	if cerr != nil {
+		return nil, cerr
+	}
+	m := req.Msg
+	if m.GetSubject() == "" || m.GetRoute() == "" {
+		return nil, invalidArgument(ReasonInvalidCommand, "subject and route are required")
+	}
+	size, cerr := pageSize(m.GetPageSize())
+	if cerr != nil {
+		return nil, cerr
+	}
+	before, err := parseStatementToken(m.GetPageToken())
+	if err != nil {
+		return nil, invalidArgument(ReasonInvalidCommand, "page_token: %v", err)
+	}
+	key := ledger.AccountKey{Subject: m.GetSubject(), Route: m.GetRoute(), Region: regionOrDefault(m.GetRegion()), Generation: m.GetPolicyGeneration()}
+	resp := &v1.ListStatementsResponse{}
+	if !InScope(ctx, key.Subject, key.Route) {
+		return connect.NewResponse(resp), nil // as for an account without statements
+	}
+	list, err := cs.StatementsOf(ctx, store.StatementFilter{Account: key, Before: before, Limit: size + 1})
+	if err != nil {
+		return nil, readError("statements of "+key.String(), ReasonStoreUnavailable, err)
+	}
+	if len(list) > size {
+		list = list[:size]
+		resp.NextPageToken = statementToken(list[size-1].EpochStart)
+	}
+	if len(list) == 0 {
+		return connect.NewResponse(resp), nil
+	}
+	p, cerr := c.s.Policy(ctx, key.Generation)
+	if cerr != nil {
+		return nil, cerr
+	}
+	for i := range list {
+		st := &list[i]
+		opening := &ledger.Account{Key: key, Dims: st.Dims, Balances: st.Opening}
+		closing := &ledger.Account{Key: key, Dims: st.Dims, Balances: st.Closing}
+		resp.Statements = append(resp.Statements, &v1.Statement{
+			Subject: key.Subject, Route: key.Route, Region: key.Region, PolicyGeneration: key.Generation,
+			EpochStart: timestamp(st.EpochStart), EpochEnd: timestamp(st.EpochEnd),
+			Opening: accountProto(opening, &p).GetBalances(), Closing: accountProto(closing, &p).GetBalances(),
+		})
+	}
+	return connect.NewResponse(resp), nil
+}
+
+// statementToken encodes a cursor of ListStatements: "e" and the epoch
+// start in Unix nanoseconds, base64url.
+func statementToken(epochStart time.Time) string {
+	return base64.RawURLEncoding.EncodeToString([]byte("e" + strconv.FormatInt(epochStart.UnixNano(), 10)))
+}
+
+func parseStatementToken(token string) (time.Time, error) {
+	if token == "" {
+		return time.Time{}, nil
+	}
+	raw, err := base64.RawURLEncoding.DecodeString(token)
+	if err != nil || !strings.HasPrefix(string(raw), "e") {
+		return time.Time{}, errNotStatementToken
+	}
+	n, err := strconv.ParseInt(string(raw[1:]), 10, 64)
+	if err != nil || n == 0 {
+		return time.Time{}, errNotStatementToken
+	}
+	return time.Unix(0, n), nil
+}
+
+var errNotStatementToken = errors.New("not a next_page_token of ListStatements")
+
+// GetResolverAnswers implements ConsoleService.GetResolverAnswers.
+func (c consoleService) GetResolverAnswers(ctx context.Context, req *connect.Request[v1.GetResolverAnswersRequest]) (*connect.Response[v1.GetResolverAnswersResponse], error) {
+	cs, cerr := c.consoleStore()
+	if cerr != nil {
+		return nil, cerr
+	}
+	ids := req.Msg.GetReservationIds()
+	if len(ids) > maxResolverAnswerIDs {
+		return nil, invalidArgument(ReasonInvalidCommand, "%d reservation_ids: at most %d", len(ids), maxResolverAnswerIDs)
+	}
+	answers, err := cs.ResolverAnswersGet(ctx, ids)
+	if err != nil {
+		return nil, readError("resolver answers", ReasonStoreUnavailable, err)
+	}
+	resp := &v1.GetResolverAnswersResponse{}
+	for _, a := range answers {
+		if scoped(ctx) {
+			// The answer names no tenant: the reservation's row does.
+			r, err := c.s.ledger.Reservation(ctx, a.ReservationID)
+			if isNotFound(err) || (err == nil && !InScope(ctx, r.Account.Subject, r.Account.Route)) {
+				continue // as for a reservation without an answer
+			}
+			if err != nil {
+				return nil, readError("resolver answers", ReasonStoreUnavailable, err)
+			}
+		}
+		resp.Answers = append(resp.Answers, &v1.ResolverAnswer{
+			ReservationId: a.ReservationID, Answer: a.Answer, Detail: a.Detail, AskedAt: timestamp(a.AskedAt),
+			Attempts: a.Attempts, NextAttemptAt: timestamp(a.NextAt),
+		})
+	}
+	return connect.NewResponse(resp), nil
+}

@@ -1,0 +1,269 @@
+package server_test
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/capledger/capledger/engine"
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/server"
+	"github.com/capledger/capledger/store"
+)
+
+// subjectTraffic: tenant-b/u1 has one reservation in each of four states,
+// tenant-a/u1 one settled with debt, under consoleTraffic's "*" policy.
+func subjectTraffic(h *harness) {
+	consoleTraffic(h) // a1 (tenant-a, with debt), b1 (tenant-b, settled)
+	h.clock.Advance(time.Second)
+	h.ok("Reserve", reserveFor("b3", "tenant-b/u1", 5), adminToken)
+	h.clock.Advance(time.Second)
+	h.ok("Reserve", reserveFor("b4", "tenant-b/u1", 5), adminToken)
+	h.ok("Start", `{"reservationId":"b4","operationId":"op-b4"}`, adminToken)
+	h.ok("MarkUsageUnknown", `{"reservationId":"b4"}`, adminToken)
+	h.clock.Advance(time.Second)
+	h.ok("Reserve", reserveFor("b5", "tenant-b/u1", 5), adminToken)
+	h.ok("Release", `{"reservationId":"b5"}`, adminToken)
+}
+
+func reservationIDs(t *testing.T, page map[string]any) []string {
+	t.Helper()
+	var out []string
+	list, _ := page["reservations"].([]any)
+	for _, r := range list {
+		out = append(out, r.(map[string]any)["reservationId"].(string))
+	}
+	return out
+}
+
+func TestConsoleSubjectReservationsByState(t *testing.T) {
+	h := newHarness(t, harnessOptions{auth: true, tokens: consoleTokens})
+	subjectTraffic(h)
+	page := h.consoleOK("ListSubjectReservations", `{"subject":"tenant-b/u1"}`, consoleViewer)
+	if got := strings.Join(reservationIDs(t, page), ","); got != "b5,b4,b3,b1" {
+		t.Errorf("newest first: %s", got)
+	}
+	counts := map[string]int64{}
+	for _, c := range page["counts"].([]any) {
+		c := c.(map[string]any)
+		counts[c["route"].(string)+"/"+c["state"].(string)] = num(c["count"])
+	}
+	want := map[string]int64{
+		"chat.generate/RESERVATION_STATE_RESERVED": 1, "chat.generate/RESERVATION_STATE_SETTLED": 1,
+		"chat.generate/RESERVATION_STATE_RELEASED": 1, "chat.generate/RESERVATION_STATE_USAGE_UNKNOWN": 1,
+	}
+	if len(counts) != len(want) {
+		t.Errorf("counts %v, want %v", counts, want)
+	}
+	for k, v := range want {
+		if counts[k] != v {
+			t.Errorf("counts %v, want %v", counts, want)
+		}
+	}
+	if page["retained"] != nil {
+		t.Errorf("retained %v without retention", page["retained"])
+	}
+
+	// Filtered, and paged two at a time.
+	page = h.consoleOK("ListSubjectReservations", `{"subject":"tenant-b/u1","states":["RESERVATION_STATE_USAGE_UNKNOWN","RESERVATION_STATE_SETTLED"]}`, consoleViewer)
+	if got := strings.Join(reservationIDs(t, page), ","); got != "b4,b1" {
+		t.Errorf("USAGE_UNKNOWN and SETTLED: %s", got)
+	}
+	var pages []string
+	token := ""
+	for range 5 {
+		page = h.consoleOK("ListSubjectReservations", `{"subject":"tenant-b/u1","pageSize":2,"pageToken":"`+token+`"}`, consoleViewer)
+		pages = append(pages, strings.Join(reservationIDs(t, page), ","))
+		token, _ = page["nextPageToken"].(string)
+		if token == "" {
+			break
+		}
+	}
+	if got := strings.Join(pages, " | "); got != "b5,b4 | b3,b1" {
+		t.Errorf("pages of two: %s", got)
+	}
+
+	for _, body := range []string{`{}`, `{"subject":"tenant-b/u1","pageToken":"nope"}`, `{"subject":"tenant-b/u1","pageSize":1001}`,
+		`{"subject":"tenant-b/u1","states":["RESERVATION_STATE_RESERVATION_UNKNOWN"]}`} {
+		h.wantError(h.consoleCall("ListSubjectReservations", body, consoleViewer), http.StatusBadRequest, "invalid_argument", server.ReasonInvalidCommand)
+	}
+	h.wantError(h.consoleCall("ListSubjectReservations", `{"subject":"tenant-b/u1"}`, gatewayToken), http.StatusForbidden, "permission_denied", server.ReasonPermissionDenied)
+
+	// The token scoped to tenant-b/* sees tenant-b/u1's, and asking for
+	// tenant-a/u1 answers exactly as for a subject that never reserved.
+	if got := strings.Join(reservationIDs(t, h.consoleOK("ListSubjectReservations", `{"subject":"tenant-b/u1"}`, consoleScoped)), ","); got != "b5,b4,b3,b1" {
+		t.Errorf("scoped, own subject: %s", got)
+	}
+	other := h.consoleCall("ListSubjectReservations", `{"subject":"tenant-a/u1"}`, consoleScoped)
+	nobody := h.consoleCall("ListSubjectReservations", `{"subject":"tenant-z/u1"}`, consoleScoped)
+	if other.status != http.StatusOK || string(other.raw) != string(nobody.raw) {
+		t.Errorf("out of scope %d %s, unknown %d %s", other.status, other.raw, nobody.status, nobody.raw)
+	}
+	if got := reservationIDs(t, h.consoleOK("ListSubjectReservations", `{"subject":"tenant-a/u1"}`, consoleViewer)); len(got) != 1 {
+		t.Errorf("the unscoped viewer sees tenant-a/u1's %v, want a1", got)
+	}
+}
+
+func TestConsoleStatementsNewestFirst(t *testing.T) {
+	h := newHarness(t, harnessOptions{auth: true, tokens: consoleTokens})
+	h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"chat.generate","epochLength":"60s",
+	  "dimensions":[{"unit":"tokens","burst":"100","refillUnits":"10","refillInterval":"3600s"}]}}`, adminToken)
+	// Three epochs with a reserve in each; the reserve of the next epoch
+	// closes the one before.
+	for i, id := range []string{"s1", "s2", "s3", "s4"} {
+		if i > 0 {
+			h.clock.Advance(61 * time.Second)
+		}
+		h.ok("Reserve", reserveFor(id, "tenant-b/u1", 10), adminToken)
+	}
+	list := func(body, token string) map[string]any {
+		t.Helper()
+		return h.consoleOK("ListStatements", body, token)
+	}
+	all := list(`{"subject":"tenant-b/u1","route":"chat.generate","policyGeneration":"1"}`, consoleViewer)
+	sts, _ := all["statements"].([]any)
+	if len(sts) != 3 {
+		t.Fatalf("%d statements after three epochs closed: %v", len(sts), all)
+	}
+	var prev time.Time
+	for i, s := range sts {
+		s := s.(map[string]any)
+		start, _ := time.Parse(time.RFC3339Nano, s["epochStart"].(string))
+		if i > 0 && !start.Before(prev) {
+			t.Errorf("statement %d starts %v, not before %v: want the latest first", i, start, prev)
+		}
+		prev = start
+		closing := s["closing"].([]any)[0].(map[string]any)
+		// Each epoch held one more 10-token reservation than the last.
+		if got, want := num(closing["reserved"]), int64(10*(3-i)); got != want || closing["unit"] != "tokens" {
+			t.Errorf("statement %d closing %v: reserved %d, want %d", i, closing, got, want)
+		}
+	}
+	first := list(`{"subject":"tenant-b/u1","route":"chat.generate","policyGeneration":"1","pageSize":2}`, consoleViewer)
+	token, _ := first["nextPageToken"].(string)
+	second := list(`{"subject":"tenant-b/u1","route":"chat.generate","policyGeneration":"1","pageSize":2,"pageToken":"`+token+`"}`, consoleViewer)
+	if len(first["statements"].([]any)) != 2 || token == "" || len(second["statements"].([]any)) != 1 || second["nextPageToken"] != nil {
+		t.Errorf("pages of two: %v / %v", first, second)
+	}
+	if field(second["statements"].([]any)[0].(map[string]any), "epochStart") != field(sts[2].(map[string]any), "epochStart") {
+		t.Errorf("the second page is not the oldest statement")
+	}
+	for _, body := range []string{`{"route":"chat.generate"}`, `{"subject":"tenant-b/u1"}`,
+		`{"subject":"tenant-b/u1","route":"chat.generate","pageToken":"x"}`} {
+		h.wantError(h.consoleCall("ListStatements", body, consoleViewer), http.StatusBadRequest, "invalid_argument", server.ReasonInvalidCommand)
+	}
+	// tenant-a/u1's statements, to a token scoped to tenant-b/*: exactly
+	// the answer for an account without any.
+	h.ok("Reserve", reserveFor("a-late", "tenant-a/u1", 10), adminToken)
+	h.clock.Advance(61 * time.Second)
+	h.ok("Reserve", reserveFor("a-later", "tenant-a/u1", 10), adminToken)
+	body := `{"subject":"tenant-a/u1","route":"chat.generate","policyGeneration":"1"}`
+	if n := len(list(body, consoleViewer)["statements"].([]any)); n != 1 {
+		t.Fatalf("tenant-a/u1 has %d statements, want 1", n)
+	}
+	other := h.consoleCall("ListStatements", body, consoleScoped)
+	nobody := h.consoleCall("ListStatements", `{"subject":"tenant-z/u1","route":"chat.generate","policyGeneration":"1"}`, consoleScoped)
+	if other.status != http.StatusOK || string(other.raw) != string(nobody.raw) {
+		t.Errorf("out of scope %d %s, unknown %d %s", other.status, other.raw, nobody.status, nobody.raw)
+	}
+}
+
+// runningSource answers "running" for every operation.
+type runningSource struct{}
+
+func (runningSource) OperationStatus(context.Context, *ledger.Reservation) (engine.OperationStatus, error) {
+	return engine.OperationStatus{State: engine.OperationRunning}, nil
+}
+
+func TestConsoleResolverAnswers(t *testing.T) {
+	h := newHarness(t, harnessOptions{auth: true, tokens: consoleTokens, resolver: &engine.ResolverOptions{Source: runningSource{}}})
+	consoleTraffic(h)
+	for _, id := range []string{"ua", "ub"} {
+		subject := "tenant-a/u2" // tenant-a/u1 is frozen by debt
+		if id == "ub" {
+			subject = "tenant-b/u1"
+		}
+		h.ok("Reserve", reserveFor(id, subject, 1), adminToken)
+		h.ok("Start", `{"reservationId":"`+id+`","operationId":"op-`+id+`"}`, adminToken)
+		h.ok("MarkUsageUnknown", `{"reservationId":"`+id+`"}`, adminToken)
+	}
+	asked := h.clock.Now()
+	h.engine.RunResolver(context.Background())
+	answers := func(body, token string) []map[string]any {
+		t.Helper()
+		var out []map[string]any
+		list, _ := h.consoleOK("GetResolverAnswers", body, token)["answers"].([]any)
+		for _, a := range list {
+			out = append(out, a.(map[string]any))
+		}
+		return out
+	}
+	got := answers(`{"reservationIds":["ub","nope","ua","b1"]}`, consoleViewer)
+	if len(got) != 2 || got[0]["reservationId"] != "ub" || got[1]["reservationId"] != "ua" {
+		t.Fatalf("answers %v, want ub and ua in that order (b1 is settled, nope unknown)", got)
+	}
+	for _, a := range got {
+		at, _ := time.Parse(time.RFC3339Nano, a["askedAt"].(string))
+		next, _ := time.Parse(time.RFC3339Nano, a["nextAttemptAt"].(string))
+		if a["answer"] != "running" || num(a["attempts"]) != 1 || !at.Equal(asked) || !next.After(asked) {
+			t.Errorf("answer %v, want running, asked once at %v, next later", a, asked)
+		}
+	}
+	// The token scoped to tenant-b/*: ub's answer only; ua answers as an
+	// unknown id does.
+	if got := answers(`{"reservationIds":["ua","ub"]}`, consoleScoped); len(got) != 1 || got[0]["reservationId"] != "ub" {
+		t.Errorf("scoped answers %v, want ub's only", got)
+	}
+	other := h.consoleCall("GetResolverAnswers", `{"reservationIds":["ua"]}`, consoleScoped)
+	nobody := h.consoleCall("GetResolverAnswers", `{"reservationIds":["nope"]}`, consoleScoped)
+	if other.status != http.StatusOK || string(other.raw) != string(nobody.raw) {
+		t.Errorf("out of scope %d %s, unknown %d %s", other.status, other.raw, nobody.status, nobody.raw)
+	}
+	h.wantError(h.consoleCall("GetResolverAnswers", `{"reservationIds":["ua"]}`, gatewayToken), http.StatusForbidden, "permission_denied", server.ReasonPermissionDenied)
+	// Settled by its gateway: its answer is gone.
+	h.ok("Settle", `{"reservationId":"ub","operationId":"op-ub","actualUnits":{"tokens":0}}`, adminToken)
+	if got := answers(`{"reservationIds":["ub"]}`, consoleViewer); len(got) != 0 {
+		t.Errorf("answer of a settled reservation: %v", got)
+	}
+}
+
+// The audit status comes from the store: who ran it and how, the same on
+// another replica over the same store (and so after a restart).
+func TestConsoleAuditStatusLastsInTheStore(t *testing.T) {
+	h := newHarness(t, harnessOptions{auth: true, tokens: consoleTokens})
+	consoleTraffic(h)
+	h.ok("Audit", `{}`, adminToken)
+	ov := h.consoleOK("GetOverview", `{}`, consoleViewer)
+	audit, _ := ov["audit"].(map[string]any)
+	if audit == nil || audit["persisted"] != true || audit["lastBy"] != "ops" || audit["lastMode"] != "full" ||
+		audit["lastCleanAuditAt"] == nil || audit["lastCleanAuditAt"] != audit["lastAuditAt"] || audit["lastChecks"] != nil {
+		t.Fatalf("audit status %v", audit)
+	}
+	// A second replica (a new server: nothing in memory) over the store.
+	tokens, err := server.ParseTokens(strings.NewReader(consoleTokens))
+	if err != nil {
+		t.Fatal(err)
+	}
+	replica := &harness{t: t, clock: h.clock, store: h.store, engine: h.engine, http: h.http}
+	replica.url = serve(t, server.New(h.engine, server.Config{Tokens: tokens, Clock: h.clock.Now, Console: h.store.(store.ConsoleStore)}).Handler())
+	again := replica.consoleOK("GetOverview", `{}`, consoleViewer)
+	if got, want := field(again, "audit"), ov["audit"]; !sameJSON(got, want) {
+		t.Errorf("the other replica shows %v, this one %v", got, want)
+	}
+}
+
+func sameJSON(a, b any) bool {
+	am, aok := a.(map[string]any)
+	bm, bok := b.(map[string]any)
+	if !aok || !bok || len(am) != len(bm) {
+		return false
+	}
+	for k, v := range am {
+		if bm[k] != v {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,344 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+	"github.com/capledger/capledger/store/codec"
+)
+
+var _ store.ConsoleStore = (*Store)(nil)
+
+// The console's reads run on the read connections; its two small records
+// (resolver answers, audit records) are written in write transactions of
+// their own, like rollouts.
+const (
+	subjectFirstSQL = "SELECT " + reservationCols + " FROM reservations WHERE subject = ?1 AND state = ?2" +
+		" ORDER BY created_at DESC, id DESC LIMIT ?3"
+	subjectBeforeSQL = "SELECT " + reservationCols + " FROM reservations WHERE subject = ?1 AND state = ?2" +
+		" AND (created_at, id) < (?4, ?5) ORDER BY created_at DESC, id DESC LIMIT ?3"
+	// Per state an index range: count reads the index only; route needs
+	// the row.
+	subjectStatesSQL = "SELECT route, state, count(*) FROM reservations WHERE subject = ? GROUP BY route, state ORDER BY route, state"
+	retainedOfSQL    = "SELECT subject, route, region, generation, reservations FROM retained WHERE subject = ? AND reservations > 0" +
+		" ORDER BY subject, route, region, generation"
+	statementsOfSQL = "SELECT " + statementCols + " FROM statements WHERE subject = ?1 AND route = ?2 AND region = ?3" +
+		" AND generation = ?4 AND epoch_start < ?5 ORDER BY epoch_start DESC LIMIT ?6"
+	answerCols        = "reservation_id, answer, detail, asked_at, attempts, next_at"
+	answerPutSQL      = "INSERT OR REPLACE INTO resolver_answers (" + answerCols + ") VALUES (?, ?, ?, ?, ?, ?)"
+	answersStaleSQL   = "SELECT reservation_id FROM resolver_answers WHERE reservation_id NOT IN (SELECT id FROM reservations WHERE state = 8)"
+	answerDeleteSQL   = "DELETE FROM resolver_answers WHERE reservation_id = ?"
+	auditCols         = "at, by, mode, discrepancies, checks"
+	auditRecordsSQL   = "SELECT name, " + auditCols + " FROM audit_records"
+	auditRecordPutSQL = "INSERT INTO audit_records (name, " + auditCols + ") VALUES (?, ?, ?, ?, ?, ?)" +
+		" ON CONFLICT (name) DO UPDATE SET at = excluded.at, by = excluded.by, mode = excluded.mode," +
+		" discrepancies = excluded.discrepancies, checks = excluded.checks WHERE excluded.at >= audit_records.at"
+)
+
+// readQuery is a query text run on the read connections, in the shape
+// queryAll takes.
+type readQuery struct {
+	db *sql.DB
+	q  string
+}
+
+func (r readQuery) QueryContext(ctx context.Context, args ...any) (*sql.Rows, error) {
+	return r.db.QueryContext(ctx, r.q, args...)
+}
+
+func (s *Store) reader(q string) readQuery { return readQuery{s.readDB, q} }
+
+// ReservationsOfSubject returns up to f.Limit of the subject's
+// reservations in f's states, newest first: one range of the index
+// reservations_by_subject per state, merged.
+func (s *Store) ReservationsOfSubject(ctx context.Context, f store.SubjectFilter) ([]ledger.Reservation, error) {
+	if s.closed.Load() {
+		return nil, errClosed
+	}
+	if f.Limit <= 0 {
+		return nil, fmt.Errorf("reservations of %s: limit %d is not positive", f.Subject, f.Limit)
+	}
+	var c codec.Conv
+	before := c.Nanos(f.Before.CreatedAt)
+	if err := c.Err(); err != nil {
+		return nil, fmt.Errorf("reservations of %s: cursor: %w", f.Subject, err)
+	}
+	what := "reservations of " + f.Subject
+	var lists [][]ledger.Reservation
+	for _, state := range f.StatesList() {
+		var (
+			rows []ledger.Reservation
+			err  error
+		)
+		if f.Before == (store.SubjectCursor{}) {
+			rows, err = queryAll(ctx, s.reader(subjectFirstSQL), scanReservation, what, f.Subject, int64(state), f.Limit)
+		} else {
+			rows, err = queryAll(ctx, s.reader(subjectBeforeSQL), scanReservation, what, f.Subject, int64(state), f.Limit,
+				before, f.Before.ID)
+		}
+		if err != nil {
+			return nil, err
+		}
+		lists = append(lists, rows)
+	}
+	return store.MergeNewestFirst(lists, f.Limit), nil
+}
+
+// ReservationStatesOfSubject counts the subject's reservations by route
+// and state, and reads what retention removed from its accounts.
+func (s *Store) ReservationStatesOfSubject(ctx context.Context, subject string) (store.SubjectStates, error) {
+	if s.closed.Load() {
+		return store.SubjectStates{}, errClosed
+	}
+	var out store.SubjectStates
+	var err error
+	out.Counts, err = queryAll(ctx, s.reader(subjectStatesSQL), func(sc scanner) (store.StateCount, error) {
+		var (
+			n     store.StateCount
+			state int64
+			c     codec.Conv
+		)
+		if err := sc.Scan(&n.Route, &state, &n.Count); err != nil {
+			return n, err
+		}
+		n.State = c.State(state)
+		return n, c.Err()
+	}, "reservation states of "+subject, subject)
+	if err != nil {
+		return out, err
+	}
+	out.Retained, err = queryAll(ctx, s.reader(retainedOfSQL), func(sc scanner) (store.RetainedCount, error) {
+		var (
+			n          store.RetainedCount
+			generation int64
+			c          codec.Conv
+		)
+		if err := sc.Scan(&n.Account.Subject, &n.Account.Route, &n.Account.Region, &generation, &n.Reservations); err != nil {
+			return n, err
+		}
+		n.Account.Generation = c.Uint(generation)
+		return n, c.Err()
+	}, "retained of "+subject, subject)
+	return out, err
+}
+
+// StatementsOf returns the account's statements, the latest epoch first,
+// from the statements' unique key (subject, route, region, generation,
+// epoch_start).
+func (s *Store) StatementsOf(ctx context.Context, f store.StatementFilter) ([]ledger.Statement, error) {
+	if s.closed.Load() {
+		return nil, errClosed
+	}
+	if f.Limit <= 0 {
+		return nil, fmt.Errorf("statements of %s: limit %d is not positive", f.Account, f.Limit)
+	}
+	if !storable(f.Account.Generation) {
+		return nil, nil
+	}
+	var c codec.Conv
+	before := int64(1<<63 - 1)
+	if !f.Before.IsZero() {
+		before = c.Nanos(f.Before)
+	}
+	if err := c.Err(); err != nil {
+		return nil, fmt.Errorf("statements of %s: cursor: %w", f.Account, err)
+	}
+	return queryAll(ctx, s.reader(statementsOfSQL), scanStatement, "statements of "+f.Account.String(),
+		f.Account.Subject, f.Account.Route, f.Account.Region, int64(f.Account.Generation), before, f.Limit)
+}
+
+// writeOwn runs f in a write transaction of its own and commits it.
+func (s *Store) writeOwn(ctx context.Context, what string, f func(exec func(q string, args ...any) error) error) error {
+	t, err := s.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	tx := t.(*Tx)
+	defer tx.Rollback(ctx)
+	exec := func(q string, args ...any) error {
+		st, err := tx.w.stmt(stmtCtx(ctx), q)
+		if err == nil {
+			err = tx.w.exec(stmtCtx(ctx), st, args)
+		}
+		return tx.err(ctx, err)
+	}
+	if err := f(exec); err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	return nil
+}
+
+// ResolverAnswersPut upserts answers by reservation id, in one write
+// transaction.
+func (s *Store) ResolverAnswersPut(ctx context.Context, answers []store.ResolverAnswer) error {
+	if len(answers) == 0 {
+		return nil
+	}
+	var c codec.Conv
+	args := make([][]any, len(answers))
+	for i, a := range answers {
+		if a.ReservationID == "" {
+			return fmt.Errorf("resolver answer without a reservation id")
+		}
+		args[i] = []any{a.ReservationID, a.Answer, a.Detail, c.Nanos(a.AskedAt), a.Attempts, c.Nanos(a.NextAt)}
+	}
+	if err := c.Err(); err != nil {
+		return fmt.Errorf("resolver answers: %w", err)
+	}
+	return s.writeOwn(ctx, "resolver answers", func(exec func(string, ...any) error) error {
+		for _, a := range args {
+			if err := exec(answerPutSQL, a...); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// ResolverAnswersGet returns the answers of ids whose reservation is
+// USAGE_UNKNOWN, in the order of ids.
+func (s *Store) ResolverAnswersGet(ctx context.Context, ids []string) ([]store.ResolverAnswer, error) {
+	if s.closed.Load() {
+		return nil, errClosed
+	}
+	var out []store.ResolverAnswer
+	for len(ids) > 0 {
+		chunk := ids[:min(len(ids), 500)]
+		ids = ids[len(chunk):]
+		q := "SELECT a.reservation_id, a.answer, a.detail, a.asked_at, a.attempts, a.next_at FROM resolver_answers a" +
+			" JOIN reservations r ON r.id = a.reservation_id AND r.state = 8" +
+			" WHERE a.reservation_id IN (?" + strings.Repeat(", ?", len(chunk)-1) + ")"
+		args := make([]any, len(chunk))
+		for i, id := range chunk {
+			args[i] = id
+		}
+		found, err := queryAll(ctx, s.reader(q), scanAnswer, "resolver answers", args...)
+		if err != nil {
+			return nil, err
+		}
+		byID := make(map[string]store.ResolverAnswer, len(found))
+		for _, a := range found {
+			byID[a.ReservationID] = a
+		}
+		for _, id := range chunk {
+			if a, ok := byID[id]; ok {
+				out = append(out, a)
+			}
+		}
+	}
+	return out, nil
+}
+
+func scanAnswer(sc scanner) (store.ResolverAnswer, error) {
+	var (
+		a           store.ResolverAnswer
+		c           codec.Conv
+		asked, next int64
+	)
+	if err := sc.Scan(&a.ReservationID, &a.Answer, &a.Detail, &asked, &a.Attempts, &next); err != nil {
+		return a, err
+	}
+	a.AskedAt, a.NextAt = c.Time(asked), c.Time(next)
+	return a, c.Err()
+}
+
+// ResolverAnswersPrune deletes the answers of reservations that are no
+// longer USAGE_UNKNOWN. It finds them on a read connection first: a
+// reservation that left USAGE_UNKNOWN never returns to it, so an answer
+// found stale is still stale when the delete runs.
+func (s *Store) ResolverAnswersPrune(ctx context.Context) (int, error) {
+	if s.closed.Load() {
+		return 0, errClosed
+	}
+	stale, err := queryAll(ctx, s.reader(answersStaleSQL), func(sc scanner) (string, error) {
+		var id string
+		err := sc.Scan(&id)
+		return id, err
+	}, "stale resolver answers")
+	if err != nil || len(stale) == 0 {
+		return 0, err
+	}
+	err = s.writeOwn(ctx, "prune resolver answers", func(exec func(string, ...any) error) error {
+		for _, id := range stale {
+			if err := exec(answerDeleteSQL, id); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	return len(stale), nil
+}
+
+// AuditRecordPut records rec as the last audit (and, clean, the last
+// clean one) unless a later one is recorded: the upsert's WHERE keeps the
+// later row.
+func (s *Store) AuditRecordPut(ctx context.Context, rec *store.AuditRecord) error {
+	var c codec.Conv
+	at := c.Nanos(rec.At)
+	if err := c.Err(); err != nil {
+		return fmt.Errorf("audit record: %w", err)
+	}
+	checks, err := json.Marshal(rec.Checks)
+	if err != nil {
+		return fmt.Errorf("audit record: %w", err)
+	}
+	return s.writeOwn(ctx, "audit record", func(exec func(string, ...any) error) error {
+		if err := exec(auditRecordPutSQL, store.AuditRecordLast, at, rec.By, rec.Mode, rec.Discrepancies, string(checks)); err != nil {
+			return err
+		}
+		if rec.Clean() {
+			return exec(auditRecordPutSQL, store.AuditRecordClean, at, rec.By, rec.Mode, rec.Discrepancies, string(checks))
+		}
+		return nil
+	})
+}
+
+// AuditRecordsGet returns the last audit and the last clean one.
+func (s *Store) AuditRecordsGet(ctx context.Context) (last, lastClean *store.AuditRecord, err error) {
+	if s.closed.Load() {
+		return nil, nil, errClosed
+	}
+	type named struct {
+		name string
+		rec  store.AuditRecord
+	}
+	rows, err := queryAll(ctx, s.reader(auditRecordsSQL), func(sc scanner) (named, error) {
+		var (
+			n      named
+			c      codec.Conv
+			at     int64
+			checks string
+		)
+		if err := sc.Scan(&n.name, &at, &n.rec.By, &n.rec.Mode, &n.rec.Discrepancies, &checks); err != nil {
+			return n, err
+		}
+		n.rec.At = c.Time(at)
+		if err := json.Unmarshal([]byte(checks), &n.rec.Checks); err != nil {
+			return n, fmt.Errorf("%w: checks: %v", codec.ErrCorrupt, err)
+		}
+		return n, c.Err()
+	}, "audit records")
+	if err != nil {
+		return nil, nil, err
+	}
+	for i := range rows {
+		switch rows[i].name {
+		case store.AuditRecordLast:
+			last = &rows[i].rec
+		case store.AuditRecordClean:
+			lastClean = &rows[i].rec
+		}
+	}
+	return last, lastClean, nil
+}

@@ -1,0 +1,103 @@
+package sqlite_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+	"github.com/capledger/capledger/store/sqlite"
+)
+
+// BenchmarkSubjectIndexCost measures what the console's index
+// reservations_by_subject (migration 0010) costs the ledger's writes: per
+// op, 100 reservations are inserted, then started, then settled, in three
+// durable transactions (every write of a reservation row names its state,
+// so each moves the row's index entry). "index=false" drops the index
+// first: the baseline, measured in the same run. It reports CPU time per
+// op and, where SQLite's dbstat table is compiled in, the index's bytes
+// per reservation.
+//
+//	go test -run '^$' -bench SubjectIndexCost -benchtime 200x ./store/sqlite
+func BenchmarkSubjectIndexCost(b *testing.B) {
+	const perBatch = 100
+	ctx := context.Background()
+	for _, indexed := range []bool{true, false} {
+		b.Run(fmt.Sprintf("index=%v", indexed), func(b *testing.B) {
+			path := filepath.Join(b.TempDir(), "capledger.db")
+			s, err := sqlite.Open(ctx, path)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if !indexed {
+				s.Close()
+				db, err := sql.Open("sqlite", path)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, err := db.Exec("DROP INDEX reservations_by_subject"); err != nil {
+					b.Fatal(err)
+				}
+				db.Close()
+				if s, err = sqlite.Open(ctx, path); err != nil {
+					b.Fatal(err)
+				}
+			}
+			defer s.Close()
+			commit := func(c *store.Changes) {
+				tx, err := s.Begin(ctx)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := tx.Write(ctx, c); err != nil {
+					b.Fatal(err)
+				}
+				if err := tx.Commit(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+			rows := make([]ledger.Reservation, perBatch)
+			b.ReportAllocs()
+			cpu := cpuTime()
+			b.ResetTimer()
+			for n := 0; n < b.N; n++ {
+				c := &store.Changes{NewReservations: make(map[string]bool, perBatch)}
+				for i := range rows {
+					r := reservation(fmt.Sprintf("rl-%08d-%03d", n, i))
+					// Subjects spread as tenants would be.
+					r.Account.Subject = fmt.Sprintf("tenant-%03d", (n*perBatch+i)%1000)
+					r.CreatedAt = t0.Add(time.Duration(n*perBatch+i) * time.Millisecond)
+					rows[i] = r
+					c.NewReservations[r.ID] = true
+				}
+				c.Reservations = rows
+				commit(c)
+				for i := range rows {
+					rows[i].State, rows[i].OperationID, rows[i].StartedAt = ledger.StateStarted, "op", rows[i].CreatedAt
+				}
+				commit(&store.Changes{Reservations: rows})
+				for i := range rows {
+					rows[i].State, rows[i].Actual, rows[i].FinishedAt = ledger.StateSettled, ledger.Amounts{300}, rows[i].CreatedAt
+				}
+				commit(&store.Changes{Reservations: rows})
+			}
+			b.StopTimer()
+			b.ReportMetric(float64((cpuTime()-cpu).Microseconds())/float64(b.N), "cpu-µs/op")
+			if indexed {
+				db, err := sql.Open("sqlite", path)
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer db.Close()
+				var bytes int64
+				if db.QueryRow("SELECT sum(pgsize) FROM dbstat WHERE name = 'reservations_by_subject'").Scan(&bytes) == nil {
+					b.ReportMetric(float64(bytes)/float64(b.N*perBatch), "index-B/reservation")
+				}
+			}
+		})
+	}
+}
