@@ -40,6 +40,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/capledger/capledger/api/capledger/v1/capledgerv1connect"
+	"github.com/capledger/capledger/api/hotjson"
 )
 
 // Protocol selects the wire protocol. All three reach the same service on
@@ -206,7 +207,10 @@ func New(addr string, options ...Option) (*Client, error) {
 	switch cfg.protocol {
 	case ProtocolConnect:
 	case ProtocolConnectJSON:
-		opts = append(opts, connect.WithProtoJSON())
+		// connect's protojson codec, with the hot messages written and
+		// read without reflection (unknown fields of a newer server are
+		// discarded, as connect's own codec does).
+		opts = append(opts, connect.WithCodec(hotjson.Codec{CodecName: "json"}))
 	case ProtocolGRPC:
 		opts = append(opts, connect.WithGRPC())
 	default:

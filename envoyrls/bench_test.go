@@ -1,9 +1,15 @@
+//go:build unix
+
 package envoyrls_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
+	"path/filepath"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -16,6 +22,7 @@ import (
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/server"
 	"github.com/capledger/capledger/store/memstore"
+	"github.com/capledger/capledger/store/sqlite"
 
 	"connectrpc.com/connect"
 	v1 "github.com/capledger/capledger/api/capledger/v1"
@@ -52,5 +59,72 @@ func BenchmarkShouldRateLimit(b *testing.B) {
 		if err != nil || resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
 			b.Fatalf("%v %v", resp, err)
 		}
+	}
+}
+
+// BenchmarkCheckCommands is what the durable classic check costs against
+// a plain reserve: 64 callers run either one reserve or the check's
+// reserve + start + settle (one engine call, one SQLite transaction, one
+// fsync per group commit) through the server's Run, on SQLite, and it
+// reports the process's CPU per call. The difference is the price of the
+// two extra commands (their ledger steps and journal rows).
+//
+//	go test -run '^$' -bench CheckCommands -benchtime 5000x ./envoyrls/
+func BenchmarkCheckCommands(b *testing.B) {
+	for _, variant := range []string{"reserve", "reserve+start+settle"} {
+		b.Run(variant, func(b *testing.B) {
+			logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+			st, err := sqlite.Open(context.Background(), filepath.Join(b.TempDir(), "ledger.db"))
+			if err != nil {
+				b.Fatal(err)
+			}
+			eng := engine.New(st, engine.Options{DisableWorkers: true, Logger: logger})
+			defer func() { eng.Close(); st.Close() }()
+			srv := server.New(eng, server.Config{Logger: logger})
+			ctx := context.Background()
+			if _, err := srv.PublishPolicy(ctx, connect.NewRequest(&v1.PublishPolicyRequest{Policy: &v1.Policy{
+				Subject: ledger.AnySubject, Route: "bench",
+				Dimensions: []*v1.Dimension{{Unit: "tokens", Burst: 1 << 50, RefillUnits: 1 << 40, RefillInterval: durationpb.New(time.Second)}},
+				HoldTtl:    durationpb.New(time.Hour),
+			}})); err != nil {
+				b.Fatal(err)
+			}
+			var next atomic.Int64
+			b.SetParallelism(32) // 64 goroutines on 2 Ps
+			var before syscall.Rusage
+			syscall.Getrusage(syscall.RUSAGE_SELF, &before)
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					id := fmt.Sprintf("check-%d", next.Add(1))
+					reserve, _, refused := srv.ReserveCommand(ctx, &v1.ReserveRequest{ReservationId: id, Subject: "t1", Route: "bench", Units: map[string]int64{"tokens": 1}})
+					if refused != nil {
+						b.Error(refused)
+						return
+					}
+					cmds := []ledger.Command{reserve}
+					if variant != "reserve" {
+						settle := ledger.Command{Kind: ledger.KindSettle, ReservationID: id, OperationID: id, Units: reserve.Units}
+						cmds = append(cmds, ledger.Command{Kind: ledger.KindStart, ReservationID: id, OperationID: id}, settle)
+					}
+					results, cerr := srv.Run(ctx, cmds)
+					if cerr != nil {
+						b.Error(cerr)
+						return
+					}
+					for _, r := range results {
+						if r.Err != nil {
+							b.Error(r.Err)
+							return
+						}
+					}
+				}
+			})
+			b.StopTimer()
+			var after syscall.Rusage
+			syscall.Getrusage(syscall.RUSAGE_SELF, &after)
+			cpu := time.Duration(after.Utime.Nano() + after.Stime.Nano() - before.Utime.Nano() - before.Stime.Nano())
+			b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-µs/op")
+		})
 	}
 }

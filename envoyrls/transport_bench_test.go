@@ -1,3 +1,5 @@
+//go:build unix
+
 package envoyrls_test
 
 import (
@@ -6,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"syscall"
 	"testing"
 	"time"
 
@@ -29,11 +32,14 @@ func (okService) ShouldRateLimit(context.Context, *rlsv3.RateLimitRequest) (*rls
 	return &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}, nil
 }
 
-// BenchmarkTransport compares the two ways of serving ShouldRateLimit on
-// the net/http port the LedgerService uses: connect-go's gRPC protocol
-// (what envoyrls mounts) and grpc-go's (*grpc.Server).ServeHTTP, both
-// behind server.HTTPServer's h2c, driven by the grpc-go client of
-// go-control-plane over a real socket, 64 calls in flight.
+// BenchmarkTransport compares the ways of serving ShouldRateLimit: on the
+// net/http port the LedgerService uses, connect-go's gRPC protocol (what
+// envoyrls mounts) and grpc-go's (*grpc.Server).ServeHTTP, both behind
+// server.HTTPServer's h2c; and grpc-go's own transport,
+// (*grpc.Server).Serve on a listener of its own (the upper bound of
+// sniffing connections onto it), driven by the grpc-go client of
+// go-control-plane over a real socket, 64 calls in flight. It reports the
+// process's CPU per call (client and server together).
 func BenchmarkTransport(b *testing.B) {
 	handlers := map[string]http.Handler{
 		"connect": connect.NewUnaryHandler(envoyrls.Procedure, func(ctx context.Context, req *connect.Request[rlsv3.RateLimitRequest]) (*connect.Response[rlsv3.RateLimitResponse], error) {
@@ -44,15 +50,22 @@ func BenchmarkTransport(b *testing.B) {
 	gs := grpc.NewServer()
 	rlsv3.RegisterRateLimitServiceServer(gs, okService{})
 	handlers["grpc-go-ServeHTTP"] = gs
-	for _, name := range []string{"connect", "grpc-go-ServeHTTP"} {
+	for _, name := range []string{"connect", "grpc-go-ServeHTTP", "grpc-go-Serve"} {
 		b.Run(name, func(b *testing.B) {
 			ln, err := net.Listen("tcp", "127.0.0.1:0")
 			if err != nil {
 				b.Fatal(err)
 			}
-			srv := server.HTTPServer(handlers[name], slog.New(slog.NewTextHandler(io.Discard, nil)))
-			go srv.Serve(ln)
-			defer srv.Close()
+			if name == "grpc-go-Serve" {
+				native := grpc.NewServer()
+				rlsv3.RegisterRateLimitServiceServer(native, okService{})
+				go native.Serve(ln)
+				defer native.Stop()
+			} else {
+				srv := server.HTTPServer(handlers[name], slog.New(slog.NewTextHandler(io.Discard, nil)))
+				go srv.Serve(ln)
+				defer srv.Close()
+			}
 			conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 			if err != nil {
 				b.Fatal(err)
@@ -61,6 +74,8 @@ func BenchmarkTransport(b *testing.B) {
 			client := rlsv3.NewRateLimitServiceClient(conn)
 			req := &rlsv3.RateLimitRequest{Domain: "bench", Descriptors: []*rlscommon.RateLimitDescriptor{descriptor(nil, "tenant", "t1")}}
 			b.SetParallelism(32) // 64 goroutines on 2 Ps
+			var before syscall.Rusage
+			syscall.Getrusage(syscall.RUSAGE_SELF, &before)
 			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
@@ -73,6 +88,11 @@ func BenchmarkTransport(b *testing.B) {
 					}
 				}
 			})
+			b.StopTimer()
+			var after syscall.Rusage
+			syscall.Getrusage(syscall.RUSAGE_SELF, &after)
+			cpu := time.Duration(after.Utime.Nano() + after.Stime.Nano() - before.Utime.Nano() - before.Stime.Nano())
+			b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-µs/op")
 		})
 	}
 }

@@ -12,8 +12,10 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"os"
 	"runtime"
 	"runtime/debug"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync"
@@ -95,6 +97,8 @@ Flags:
   --protocol P       connect (binary protobuf, default), connect-json or grpc
   --setup BOOL       publish the bench policy first (default true)
   --progress BOOL    draw the progress bar (default true)
+  --cpuprofile FILE  write a pprof CPU profile of the load generator (the
+                     SDK's side of every call) to FILE
   --echo-server      serve the echo baseline on --addr instead (until Ctrl-C)
 ` + clientFlagsHelp + `
 Exit codes: 0 when operations succeeded (errors during the run are
@@ -107,6 +111,19 @@ Example:
   capledger bench --mode batch --batch-size 100 --concurrency 8
   capledger bench --concurrency 1 --duration 5s
 `
+
+// startCPUProfile profiles the process into path until the returned stop.
+func startCPUProfile(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("--cpuprofile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("--cpuprofile: %w", err)
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
+}
 
 var benchModes = []string{"reserve", "lifecycle", "batch", "echo", "gubernator", "redis", "redis-batch", "envoy"}
 
@@ -153,6 +170,7 @@ func runBench(ctx context.Context, e *env, args []string) error {
 	prefill := fs.String("prefill", "", "")
 	addrs := fs.String("addrs", "", "")
 	fs.DurationVar(&cfg.epochLength, "epoch-length", 0, "")
+	cpuProfile := fs.String("cpuprofile", "", "")
 	positional, err := parseFlags(fs, args)
 	if err != nil {
 		return err
@@ -218,6 +236,13 @@ func runBench(ctx context.Context, e *env, args []string) error {
 	}
 	if err != nil {
 		return err
+	}
+	if *cpuProfile != "" {
+		stop, err := startCPUProfile(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer stop()
 	}
 	res := drive(ctx, e, &cfg, op)
 	if ctx.Err() != nil {
