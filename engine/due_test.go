@@ -284,6 +284,53 @@ func TestIdleEpochsFoldIntoTheNextStatement(t *testing.T) {
 	}
 }
 
+// downStore fails the next Begin calls while failBegins is positive.
+type downStore struct {
+	store.Store
+	failBegins atomic.Int32
+}
+
+func (s *downStore) Begin(ctx context.Context) (store.Tx, error) {
+	if s.failBegins.Add(-1) >= 0 {
+		return nil, errors.New("store down")
+	}
+	return s.Store.Begin(ctx)
+}
+
+// An epoch pass whose chunk failed is not remembered as done: the next
+// pass reads those accounts again and closes their epochs.
+func TestFailedEpochChunkIsClosedByTheNextPass(t *testing.T) {
+	clk := newClock()
+	st := &downStore{Store: memstore.New()}
+	e := New(st, Options{DisableWorkers: true, Clock: clk.Now})
+	defer e.Close()
+	e.lead.mu.Lock()
+	e.lead.status.Leader, e.lead.until = true, time.Now().Add(time.Hour)
+	e.lead.mu.Unlock()
+	ctx := context.Background()
+	publish(t, e, 1000, time.Hour, time.Hour)
+	const accounts = 100
+	for i := range accounts {
+		cmd := reserveCmd(fmt.Sprintf("rl-%d", i), 1)
+		cmd.Subject = fmt.Sprintf("tenant-%03d", i)
+		if res, err := e.Do(ctx, cmd); err != nil || res.Err != nil {
+			t.Fatal(err, res.Err)
+		}
+	}
+	clk.Advance(time.Hour + 10*time.Minute)
+	st.failBegins.Store(1)
+	e.runEpochs(ctx)
+	clk.Advance(time.Minute)
+	e.runEpochs(ctx)
+	snapshot, err := st.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(snapshot.Statements); n != accounts {
+		t.Fatalf("%d statements after a failed chunk and one more pass, want %d", n, accounts)
+	}
+}
+
 // A batch that keeps losing races is rerun past MaxConflictRetries while
 // ConflictRetryBudget lasts, and fails with store.ErrConflict only once
 // both are spent.

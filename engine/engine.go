@@ -441,7 +441,7 @@ func (e *Engine) runEpochs(ctx context.Context) {
 // runWorkerCommands commits a worker's commands in chunks of at most
 // workerChunk, each after the pacer's pause (workerPacer), so gateway
 // commands never wait behind more than one small chunk. It returns false
-// if ctx ended before all were committed.
+// if a chunk failed or ctx ended before all were committed.
 func (e *Engine) runWorkerCommands(ctx context.Context, cmds []ledger.Command) bool {
 	if len(cmds) == 0 {
 		return true
@@ -456,10 +456,12 @@ func (e *Engine) runWorkerCommands(ctx context.Context, cmds []ledger.Command) b
 		started := time.Now()
 		_, err := e.DoBatch(ctx, cmds[start:end])
 		e.pace.done(time.Since(started))
-		if err != nil && ctx.Err() == nil {
-			e.log.Warn("worker batch", "commands", end-start, "err", err)
-		}
-		if ctx.Err() != nil {
+		if err != nil {
+			// Stop the pass: the pager's memory (EpochScans, the drain
+			// memo) must not count these commands as done.
+			if ctx.Err() == nil {
+				e.log.Warn("worker batch", "commands", end-start, "err", err)
+			}
 			return false
 		}
 	}
