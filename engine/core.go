@@ -145,11 +145,12 @@ func (c *Core) Due(ctx context.Context, now time.Time, limit int) ([]ledger.Comm
 }
 
 // EpochsDue returns close-epoch commands for every account whose
-// accounting epoch ended by now, so idle accounts get their statements too:
-// every page of EpochPager at once (the simulator's stores are small; the
-// engine's worker commits page by page instead).
+// accounting epoch ended by now and whose balances changed in it (an idle
+// one's next command closes its epochs): every page of EpochPager at once
+// (the simulator's stores are small; the engine's worker commits page by
+// page instead).
 func (c *Core) EpochsDue(ctx context.Context, now time.Time) ([]ledger.Command, error) {
-	p, err := c.EpochPager(ctx, now, DefaultPageSize)
+	p, err := c.EpochPager(ctx, now, DefaultPageSize, nil)
 	if err != nil {
 		return nil, err
 	}

@@ -41,18 +41,27 @@ type Pager struct {
 	make func(a *ledger.Account) (ledger.Command, bool)
 }
 
-// scan is one generation's pass over AccountsByEpoch.
+// scan is one generation's pass over AccountsByEpoch, from from (the zero
+// cursor: the start) up to epoch starts at startedBy.
 type scan struct {
 	generation uint64
 	startedBy  time.Time
+	from       store.EpochCursor
 }
 
 // EpochPager returns a pager over the accounts whose accounting epoch
 // ended by now (EpochStart + the generation's EpochLength <= now), one
-// generation after another, each in epoch-start order: their close-epoch
-// commands, so idle accounts get their statements too. It reads the
-// policies once and then only accounts that are due.
-func (c *Core) EpochPager(ctx context.Context, now time.Time, pageSize int) (*Pager, error) {
+// generation after another, each in epoch-start order: the close-epoch
+// commands of those whose balances changed in the epoch. An idle account
+// (ledger.Account.EpochIdle) gets none: its next command closes its idle
+// epochs in one statement. It reads the policies once and then only
+// accounts that are due.
+//
+// since, when not nil, says for a generation which epoch starts an earlier
+// full pass has read already (EpochScans): the pager reads that generation
+// from there on, so accounts that stayed idle are not read again every
+// pass.
+func (c *Core) EpochPager(ctx context.Context, now time.Time, pageSize int, since *EpochScans) (*Pager, error) {
 	policies, err := c.store.PolicyList(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("policies: %w", err)
@@ -60,13 +69,63 @@ func (c *Core) EpochPager(ctx context.Context, now time.Time, pageSize int) (*Pa
 	p := &Pager{core: c, size: max(pageSize, 1)}
 	for i := range policies {
 		if length := policies[i].EpochLength; length > 0 {
-			p.scans = append(p.scans, scan{generation: policies[i].Generation, startedBy: now.Add(-length)})
+			s := scan{generation: policies[i].Generation, startedBy: now.Add(-length)}
+			s.from = since.from(s.generation)
+			p.scans = append(p.scans, s)
 		}
 	}
+	if len(p.scans) > 0 {
+		p.after = p.scans[0].from
+	}
 	p.make = func(a *ledger.Account) (ledger.Command, bool) {
+		if a.EpochIdle() {
+			return ledger.Command{}, false
+		}
 		return ledger.Command{Kind: ledger.KindCloseEpoch, Account: a.Key}, true
 	}
 	return p, nil
+}
+
+// EpochLateness is how much earlier than the epoch worker's clock a
+// command may be stamped and still commit after the worker's pass read
+// its account (a transaction's length, clock skew between replicas):
+// a pass reads again the epoch starts that recent, so such an account is
+// still closed in time.
+const EpochLateness = 2 * time.Minute
+
+// EpochScans remembers, per generation, up to which epoch start the last
+// full epoch pass read: an account left there was idle and stays so until
+// a command touches it, which moves its epoch start to the command's epoch,
+// past the mark (less EpochLateness). The zero value remembers nothing
+// (a new leader reads every due account once).
+type EpochScans struct {
+	through map[uint64]time.Time
+}
+
+func (s *EpochScans) from(generation uint64) store.EpochCursor {
+	if s == nil {
+		return store.EpochCursor{}
+	}
+	t, ok := s.through[generation]
+	if !ok {
+		return store.EpochCursor{}
+	}
+	// The empty subject sorts first, so the cursor resumes at this epoch
+	// start itself.
+	return store.EpochCursor{EpochStart: t.Add(-EpochLateness)}
+}
+
+// Update records a pass's outcome: complete is whether it ran to its end
+// (otherwise everything is forgotten and the next pass reads everything).
+func (s *EpochScans) Update(p *Pager, complete bool) {
+	if !complete {
+		s.through = nil
+		return
+	}
+	s.through = make(map[uint64]time.Time, len(p.scans))
+	for _, sc := range p.scans {
+		s.through[sc.generation] = sc.startedBy
+	}
 }
 
 // DrainPager returns a pager over the accounts of superseded or
@@ -165,6 +224,9 @@ func (p *Pager) Next(ctx context.Context) ([]ledger.Command, error) {
 			}
 			p.cur++
 			p.after = store.EpochCursor{}
+			if p.cur < len(p.scans) {
+				p.after = p.scans[p.cur].from
+			}
 			p.found = 0
 		} else {
 			p.after = store.EpochCursorOf(&page[len(page)-1])

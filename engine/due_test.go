@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -96,7 +97,7 @@ func TestWorkersReadOnlyWhatIsDue(t *testing.T) {
 	// Ten minutes into the hour-long epoch nothing is due: no row read.
 	now = t0.Add(10 * time.Minute)
 	st.reset()
-	epochs, err := core.EpochPager(ctx, now, pageSize)
+	epochs, err := core.EpochPager(ctx, now, pageSize, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,7 +119,7 @@ func TestWorkersReadOnlyWhatIsDue(t *testing.T) {
 	// The epoch ends: every account closes once, in bounded pages, and
 	// then none is due.
 	now = t0.Add(time.Hour + time.Minute)
-	epochs, err = core.EpochPager(ctx, now, pageSize)
+	epochs, err = core.EpochPager(ctx, now, pageSize, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -180,6 +181,153 @@ func TestWorkersReadOnlyWhatIsDue(t *testing.T) {
 	}
 	for _, d := range ledger.Audit(snapshot) {
 		t.Errorf("audit: %s", d)
+	}
+}
+
+// An account whose balances did not change in an epoch gets no close from
+// the epoch worker: its next command closes the idle epochs in one
+// statement that opens and closes on the same vector, so the chain stays
+// unbroken and the audit clean. A full pass is remembered (EpochScans):
+// the next one does not read the idle accounts again.
+func TestIdleEpochsFoldIntoTheNextStatement(t *testing.T) {
+	ctx := context.Background()
+	st := &countingStore{Store: memstore.New()}
+	core := NewCore(st)
+	now := t0
+	run := func(cmds ...ledger.Command) {
+		t.Helper()
+		results, err := core.Commit(ctx, cmds, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, r := range results {
+			if r.Err != nil {
+				t.Fatalf("%s: %v", cmds[i].Kind, r.Err)
+			}
+		}
+	}
+	p := ledger.Policy{Key: ledger.PolicyKey{Subject: ledger.AnySubject, Route: "chat.generate", Region: "eu"},
+		Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: 1000}}}.WithDefaults()
+	run(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p})
+	const accounts, pageSize = 100, 16
+	for i := range accounts {
+		cmd := reserveCmd(fmt.Sprintf("rl-%d", i), 10)
+		cmd.Subject = fmt.Sprintf("tenant-%03d", i)
+		run(cmd)
+	}
+	var scans EpochScans
+	pass := func(at time.Time) []ledger.Command {
+		t.Helper()
+		now = at
+		st.reset()
+		epochs, err := core.EpochPager(ctx, now, pageSize, &scans)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmds, _ := pages(t, core, epochs, now)
+		scans.Update(epochs, true)
+		return cmds
+	}
+
+	// Epoch 0 saw every account reserve: each closes once.
+	if cmds := pass(t0.Add(time.Hour + 10*time.Minute)); len(cmds) != accounts {
+		t.Fatalf("epoch 0: %d closes, want %d", len(cmds), accounts)
+	}
+	// Epoch 1 was idle: nothing closes, and the pass after that reads no
+	// account at all.
+	if cmds := pass(t0.Add(2*time.Hour + 10*time.Minute)); len(cmds) != 0 {
+		t.Fatalf("idle epoch 1: %d closes, want none", len(cmds))
+	}
+	if cmds := pass(t0.Add(2*time.Hour + 11*time.Minute)); len(cmds) != 0 || st.byEpoch.Load() != 0 {
+		t.Fatalf("second pass over idle accounts: %d closes, %d rows read; want none", len(cmds), st.byEpoch.Load())
+	}
+
+	// One tenant comes back in epoch 3: its command closes epochs 1-2 in
+	// one statement, and the worker closes its epoch 3, reading only it.
+	now = t0.Add(3*time.Hour + 20*time.Minute)
+	back := reserveCmd("rl-back", 5)
+	back.Subject = "tenant-007"
+	run(back)
+	cmds := pass(t0.Add(4*time.Hour + 10*time.Minute))
+	if len(cmds) != 1 || cmds[0].Account.Subject != "tenant-007" || st.byEpoch.Load() != 1 {
+		t.Fatalf("after the return: %v, %d rows read; want tenant-007's close alone, one row", cmds, st.byEpoch.Load())
+	}
+
+	snapshot, err := st.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var spans []ledger.Statement
+	for _, s := range snapshot.Statements {
+		if s.Account.Subject == "tenant-007" {
+			spans = append(spans, s)
+		}
+	}
+	slices.SortFunc(spans, func(a, b ledger.Statement) int { return a.EpochStart.Compare(b.EpochStart) })
+	want := [][2]time.Time{{t0, t0.Add(time.Hour)}, {t0.Add(time.Hour), t0.Add(3 * time.Hour)}, {t0.Add(3 * time.Hour), t0.Add(4 * time.Hour)}}
+	if len(spans) != len(want) {
+		t.Fatalf("tenant-007 has %d statements, want %d: %+v", len(spans), len(want), spans)
+	}
+	for i, w := range want {
+		if !spans[i].EpochStart.Equal(w[0]) || !spans[i].EpochEnd.Equal(w[1]) {
+			t.Errorf("statement %d spans %s-%s, want %s-%s", i, spans[i].EpochStart, spans[i].EpochEnd, w[0], w[1])
+		}
+	}
+	if spans[1].Opening != spans[1].Closing {
+		t.Errorf("the idle span's statement changes balances: %v -> %v", spans[1].Opening, spans[1].Closing)
+	}
+	if n := len(snapshot.Statements); n != accounts+2 {
+		t.Errorf("%d statements, want %d (one per account for epoch 0, two more for tenant-007)", n, accounts+2)
+	}
+	for _, d := range ledger.Audit(snapshot) {
+		t.Errorf("audit: %s", d)
+	}
+}
+
+// downStore fails the next Begin calls while failBegins is positive.
+type downStore struct {
+	store.Store
+	failBegins atomic.Int32
+}
+
+func (s *downStore) Begin(ctx context.Context) (store.Tx, error) {
+	if s.failBegins.Add(-1) >= 0 {
+		return nil, errors.New("store down")
+	}
+	return s.Store.Begin(ctx)
+}
+
+// An epoch pass whose chunk failed is not remembered as done: the next
+// pass reads those accounts again and closes their epochs.
+func TestFailedEpochChunkIsClosedByTheNextPass(t *testing.T) {
+	clk := newClock()
+	st := &downStore{Store: memstore.New()}
+	e := New(st, Options{DisableWorkers: true, Clock: clk.Now})
+	defer e.Close()
+	e.lead.mu.Lock()
+	e.lead.status.Leader, e.lead.until = true, time.Now().Add(time.Hour)
+	e.lead.mu.Unlock()
+	ctx := context.Background()
+	publish(t, e, 1000, time.Hour, time.Hour)
+	const accounts = 100
+	for i := range accounts {
+		cmd := reserveCmd(fmt.Sprintf("rl-%d", i), 1)
+		cmd.Subject = fmt.Sprintf("tenant-%03d", i)
+		if res, err := e.Do(ctx, cmd); err != nil || res.Err != nil {
+			t.Fatal(err, res.Err)
+		}
+	}
+	clk.Advance(time.Hour + 10*time.Minute)
+	st.failBegins.Store(1)
+	e.runEpochs(ctx)
+	clk.Advance(time.Minute)
+	e.runEpochs(ctx)
+	snapshot, err := st.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(snapshot.Statements); n != accounts {
+		t.Fatalf("%d statements after a failed chunk and one more pass, want %d", n, accounts)
 	}
 }
 

@@ -122,6 +122,8 @@ type Engine struct {
 	// lead is the worker lease; drains what the drain worker remembers.
 	lead       leader
 	drains     drainMemo
+	epochScans EpochScans
+	pace       workerPacer
 	retention  retentionCounters
 	compaction compactionCounters
 }
@@ -403,15 +405,24 @@ func (e *Engine) failPending() {
 }
 
 // runDue expires holds past their TTL and marks overrunning work
-// USAGE_UNKNOWN, through the same queue as gateway commands.
+// USAGE_UNKNOWN, through the same queue as gateway commands: up to
+// dueBudget pages of duePage reservations a tick, committed in paced
+// chunks (runWorkerCommands), so a mass expiry (a million holds made in
+// the same minute) is spread over ticks instead of taking the committer.
 func (e *Engine) runDue(ctx context.Context) {
-	const limit = 1024
-	cmds, err := e.core.Due(ctx, e.opts.Clock(), limit)
-	if err != nil {
-		e.log.Warn("expiry worker", "err", err)
-		return
+	for page := range dueBudget {
+		if ctx.Err() != nil || page > 0 && !e.IsLeader() {
+			return
+		}
+		cmds, err := e.core.Due(ctx, e.opts.Clock(), duePage)
+		if err != nil {
+			e.log.Warn("expiry worker", "err", err)
+			return
+		}
+		if len(cmds) == 0 || !e.runWorkerCommands(ctx, cmds) {
+			return
+		}
 	}
-	e.runWorkerCommands(ctx, cmds)
 }
 
 // runEpochs closes idle accounts' epochs and drains what superseded or
@@ -419,12 +430,14 @@ func (e *Engine) runDue(ctx context.Context) {
 // so a rollback reaches zero without waiting for new traffic. Both read
 // only the rows their indexes say are due, a page at a time (runPages).
 func (e *Engine) runEpochs(ctx context.Context) {
-	epochs, err := e.core.EpochPager(ctx, e.opts.Clock(), e.opts.PageSize)
+	epochs, err := e.core.EpochPager(ctx, e.opts.Clock(), e.opts.PageSize, &e.epochScans)
 	if err != nil {
 		e.log.Warn("epoch worker", "err", err)
 		return
 	}
-	if !e.runPages(ctx, "epoch", epochs) {
+	complete := e.runPages(ctx, "epoch", epochs)
+	e.epochScans.Update(epochs, complete)
+	if !complete {
 		return
 	}
 	drains, active, err := e.core.DrainPager(ctx, e.opts.PageSize, e.drains.skip)
@@ -432,22 +445,38 @@ func (e *Engine) runEpochs(ctx context.Context) {
 		e.log.Warn("drain worker", "err", err)
 		return
 	}
-	complete := e.runPages(ctx, "drain", drains)
+	complete = e.runPages(ctx, "drain", drains)
 	e.drains.update(active, drains, complete)
 }
 
-func (e *Engine) runWorkerCommands(ctx context.Context, cmds []ledger.Command) {
+// runWorkerCommands commits a worker's commands in chunks of at most
+// workerChunk, each after the pacer's pause (workerPacer), so gateway
+// commands never wait behind more than one small chunk. It returns false
+// if a chunk failed or ctx ended before all were committed.
+func (e *Engine) runWorkerCommands(ctx context.Context, cmds []ledger.Command) bool {
 	if len(cmds) == 0 {
-		return
+		return true
 	}
 	e.workerRuns.Add(1)
 	e.workerCmds.Add(uint64(len(cmds)))
-	for start := 0; start < len(cmds); start += e.opts.MaxBatch {
-		end := min(start+e.opts.MaxBatch, len(cmds))
-		if _, err := e.DoBatch(ctx, cmds[start:end]); err != nil && ctx.Err() == nil {
-			e.log.Warn("worker batch", "commands", end-start, "err", err)
+	for start := 0; start < len(cmds); start += workerChunk {
+		end := min(start+workerChunk, len(cmds))
+		if !e.pace.turn(ctx) {
+			return false
+		}
+		started := time.Now()
+		_, err := e.DoBatch(ctx, cmds[start:end])
+		e.pace.done(time.Since(started))
+		if err != nil {
+			// Stop the pass: the pager's memory (EpochScans, the drain
+			// memo) must not count these commands as done.
+			if ctx.Err() == nil {
+				e.log.Warn("worker batch", "commands", end-start, "err", err)
+			}
+			return false
 		}
 	}
+	return true
 }
 
 // RunResolver runs one scan of the USAGE_UNKNOWN resolver now (the

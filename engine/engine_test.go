@@ -201,6 +201,65 @@ func TestLostCommitAckConvergesOnRetryWithSameID(t *testing.T) {
 	auditClean(t, e)
 }
 
+// A mass expiry is committed in chunks of at most workerChunk commands,
+// and after each chunk the workers pause for twice as long as it took, so
+// admission keeps at least two thirds of the committer.
+func TestWorkerCommitsAreChunkedAndPaced(t *testing.T) {
+	clk := newClock()
+	type batch struct {
+		commands int
+		start    time.Time
+		took     time.Duration
+	}
+	var mu sync.Mutex
+	var batches []batch
+	e := New(memstore.New(), Options{DisableWorkers: true, Clock: clk.Now, OnBatch: func(b BatchInfo) {
+		mu.Lock()
+		defer mu.Unlock()
+		end := time.Now()
+		batches = append(batches, batch{b.Commands, end.Add(-b.Duration), b.Duration})
+	}})
+	defer e.Close()
+	ctx := context.Background()
+	publish(t, e, 1000, 10*time.Second, 30*time.Second)
+	const holds = 200
+	cmds := make([]ledger.Command, holds)
+	for i := range cmds {
+		cmds[i] = reserveCmd(fmt.Sprintf("rl-%d", i), 1)
+	}
+	if _, err := e.DoBatch(ctx, cmds); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(11 * time.Second)
+	mu.Lock()
+	batches = nil
+	mu.Unlock()
+	e.runDue(ctx)
+
+	for i := range holds {
+		if r, _ := e.Reservation(ctx, fmt.Sprintf("rl-%d", i)); r.State != ledger.StateExpired {
+			t.Fatalf("rl-%d: %s, want EXPIRED", i, r.State)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if want := (2*holds + workerChunk - 1) / workerChunk; len(batches) < want {
+		t.Fatalf("%d worker batches for %d commands, want at least %d", len(batches), 2*holds, want)
+	}
+	for i, b := range batches {
+		if b.commands > workerChunk {
+			t.Errorf("batch %d carried %d worker commands, more than %d", i, b.commands, workerChunk)
+		}
+		if i > 0 {
+			prev := batches[i-1]
+			// At most a third of the committer: a pause of twice the chunk.
+			if gap := b.start.Sub(prev.start.Add(prev.took)); gap < 2*prev.took {
+				t.Errorf("batch %d started %s after batch %d, which took %s: want a pause of at least %s", i, gap, i-1, prev.took, 2*prev.took)
+			}
+		}
+	}
+}
+
 func TestWorkersExpireHoldsAndMarkOverrunsUnknown(t *testing.T) {
 	clk := newClock()
 	e := New(memstore.New(), Options{DisableWorkers: true, Clock: clk.Now})

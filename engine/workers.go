@@ -196,11 +196,10 @@ func (e *Engine) everyAsLeader(ctx context.Context, w worker) {
 }
 
 // runPages commits a pager's commands page by page while this engine
-// leads, pausing after each page for as long as it took, so a worker with
-// much to do (the epoch rollover of a million accounts) takes at most
-// about half of the committer and admission goes on between its pages.
-// It returns false if it stopped early (ctx ended, leadership lost, a
-// read failed).
+// leads, in paced chunks (runWorkerCommands), so a worker with much to do
+// (the epoch rollover of a million accounts) is spread out and admission
+// goes on between its chunks. It returns false if it stopped early (ctx
+// ended, leadership lost, a read failed).
 func (e *Engine) runPages(ctx context.Context, what string, p *Pager) bool {
 	for ctx.Err() == nil {
 		if !e.IsLeader() {
@@ -216,17 +215,79 @@ func (e *Engine) runPages(ctx context.Context, what string, p *Pager) bool {
 		if len(cmds) == 0 {
 			return true
 		}
-		started := time.Now()
-		e.runWorkerCommands(ctx, cmds)
-		pause := time.NewTimer(time.Since(started))
-		select {
-		case <-ctx.Done():
-			pause.Stop()
+		if !e.runWorkerCommands(ctx, cmds) {
 			return false
-		case <-pause.C:
 		}
 	}
 	return false
+}
+
+// How the maintenance workers share the committer with admission.
+const (
+	// workerChunk is the most worker commands one transaction carries:
+	// a gateway command that arrives behind a worker's chunk waits for
+	// at most that many more rows.
+	workerChunk = 64
+	// workerPauseRatio is how long the workers pause after a chunk, as a
+	// multiple of how long the chunk took to commit (queueing included):
+	// 2 keeps them to at most a third of the committer's time while they
+	// have a backlog, and slows them further when admission is busy
+	// (their chunks then wait longer in the queue).
+	workerPauseRatio = 2
+	// duePage and dueBudget bound the expiry worker: reservations read a
+	// page, pages a tick (the rest waits for the next tick).
+	duePage   = 256
+	dueBudget = 16
+)
+
+// workerPacer spreads the commits of all the leader's workers (expiry,
+// epoch close, drains) so that together they keep to their share of the
+// committer: one chunk at a time, and no chunk before the pause after
+// the previous one has passed.
+type workerPacer struct {
+	slot chan struct{} // one token: the right to commit the next chunk
+	mu   sync.Mutex
+	next time.Time // no chunk starts before
+}
+
+// turn waits for this worker's turn to commit a chunk; it returns false
+// if ctx ended first. The caller must call done afterwards.
+func (p *workerPacer) turn(ctx context.Context) bool {
+	p.mu.Lock()
+	if p.slot == nil {
+		p.slot = make(chan struct{}, 1)
+	}
+	slot := p.slot
+	p.mu.Unlock()
+	select {
+	case slot <- struct{}{}:
+	case <-ctx.Done():
+		return false
+	}
+	p.mu.Lock()
+	wait := time.Until(p.next)
+	p.mu.Unlock()
+	if wait <= 0 {
+		return true
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		<-slot
+		return false
+	}
+}
+
+// done ends a turn whose chunk took took to commit.
+func (p *workerPacer) done(took time.Duration) {
+	p.mu.Lock()
+	p.next = time.Now().Add(workerPauseRatio * took)
+	slot := p.slot
+	p.mu.Unlock()
+	<-slot
 }
 
 // drainMemo remembers the superseded generations whose last full drain

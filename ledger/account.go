@@ -261,6 +261,15 @@ func startEpoch(a *Account, p *Policy, now time.Time) {
 	a.EpochOpening = a.Balances
 }
 
+// EpochIdle reports whether nothing changed the account's balances since
+// its accounting epoch opened. The epoch worker leaves such an account
+// alone when its epoch ends: every command brings the account to now first
+// (bringToNow), which closes the elapsed epochs in one statement that spans
+// them and opens and closes on the same vector. So the statement chain
+// stays unbroken, every epoch in which something changed still gets its
+// own statement, and an idle account costs no write per epoch.
+func (a *Account) EpochIdle() bool { return a.Balances == a.EpochOpening }
+
 // rollEpoch closes the account's epoch if now is past it: a statement with
 // the epoch's opening and closing term vectors, and the next epoch opens
 // with this closing. Empty epochs in between are covered by the one

@@ -145,6 +145,27 @@ func TestBenchPrefillAndAddrs(t *testing.T) {
 	}
 	code, out, errOut = cli(t, first, "account", "--subject", "bench-599", "--route", "bench.reserve")
 	wantExit(t, exitOK, code, out, errOut)
+	// An interrupted prefill resumes where it stopped.
+	code, out, errOut = cli(t, first, "bench", "--concurrency", "4", "--duration", "500ms", "--warmup", "0s",
+		"--progress=false", "--subjects", "700", "--prefill-from", "600")
+	wantExit(t, exitOK, code, out, errOut)
+	if !strings.Contains(errOut, "prefilled 100 subjects") {
+		t.Fatalf("no resumed prefill report:\n%s", errOut)
+	}
+	code, out, errOut = cli(t, first, "account", "--subject", "bench-699", "--route", "bench.reserve")
+	wantExit(t, exitOK, code, out, errOut)
+	// Prefill reservations have fixed ids: on a fresh server, a prefill
+	// from 600 leaves subject 0 without one and gives subject 600 its own.
+	fresh := startInProcess(t)
+	code, out, errOut = cli(t, fresh, "bench", "--concurrency", "1", "--duration", "500ms", "--warmup", "0s",
+		"--progress=false", "--subjects", "700", "--prefill-from", "600")
+	wantExit(t, exitOK, code, out, errOut)
+	code, out, errOut = cli(t, fresh, "get", "prefill-bench.reserve-600")
+	wantExit(t, exitOK, code, out, errOut)
+	code, out, errOut = cli(t, fresh, "get", "prefill-bench.reserve-0")
+	wantExit(t, 3, code, out, errOut)
+	code, out, errOut = cli(t, first, "bench", "--subjects", "700", "--prefill-from", "701")
+	wantExit(t, exitUsage, code, out, errOut)
 
 	// Servers of their own stores here (replicas would share one): the
 	// bench policy is published through the first address only, so the
