@@ -75,10 +75,18 @@ func (p *pacer) share() (float64, bool) {
 // floor.
 func (p *pacer) pause(took, floor time.Duration) time.Duration {
 	share, _ := p.share()
+	return max(floor, pauseFor(took, share))
+}
+
+// pauseFor is the pause after a step that took took which keeps a series
+// of such steps to share of the wall time: took*(1-share)/share, none at
+// a share of 1 or more. Every pacing of maintenance work (this file's
+// pacer, the workers' workerPacer) uses it.
+func pauseFor(took time.Duration, share float64) time.Duration {
 	if share >= 1 {
-		return floor
+		return 0
 	}
-	return max(floor, time.Duration(float64(took)*(1-share)/share))
+	return time.Duration(float64(took) * (1 - share) / share)
 }
 
 // wait pauses after a step that took took, at least floor, and reports

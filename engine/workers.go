@@ -228,12 +228,11 @@ const (
 	// a gateway command that arrives behind a worker's chunk waits for
 	// at most that many more rows.
 	workerChunk = 64
-	// workerPauseRatio is how long the workers pause after a chunk, as a
-	// multiple of how long the chunk took to commit (queueing included):
-	// 2 keeps them to at most a third of the committer's time while they
-	// have a backlog, and slows them further when admission is busy
-	// (their chunks then wait longer in the queue).
-	workerPauseRatio = 2
+	// workerShare is the share of the committer's time the workers take
+	// while they have a backlog (pauseFor: a pause of twice each chunk's
+	// commit, queueing included); they slow further when admission is
+	// busy, since their chunks then wait longer in the queue.
+	workerShare = 1.0 / 3
 	// duePage and dueBudget bound the expiry worker: reservations read a
 	// page, pages a tick (the rest waits for the next tick).
 	duePage   = 256
@@ -284,7 +283,7 @@ func (p *workerPacer) turn(ctx context.Context) bool {
 // done ends a turn whose chunk took took to commit.
 func (p *workerPacer) done(took time.Duration) {
 	p.mu.Lock()
-	p.next = time.Now().Add(workerPauseRatio * took)
+	p.next = time.Now().Add(pauseFor(took, workerShare))
 	slot := p.slot
 	p.mu.Unlock()
 	<-slot
