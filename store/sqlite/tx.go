@@ -503,14 +503,33 @@ func insertRows[T any](ctx context.Context, tx *Tx, conv *codec.Conv, prefix []a
 }
 
 // Commit makes the transaction durable (the WAL is fsynced before it
-// returns) and returns nil. Otherwise it returns: the Write error after a
+// returns: by the COMMIT itself, or in a pipelined store by Store.Sync
+// right after it) and returns nil. Otherwise it returns: the Write error after a
 // failed Write, having rolled back; the context's error when the Begin or
 // Commit context has ended, having rolled back (nothing visible);
 // store.ErrUnavailable after Close, having rolled back;
 // store.ErrConflict or store.ErrUnavailable from the driver (for an I/O
 // error during COMMIT the outcome is unknown, as store.ErrUnavailable
-// says). Every outcome ends the transaction.
+// says; a failed fsync fails the store for good, see store.Syncer). Every
+// outcome ends the transaction.
 func (tx *Tx) Commit(ctx context.Context) error {
+	if err := tx.commit(ctx); err != nil {
+		return err
+	}
+	if err := tx.s.Sync(ctx); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	return nil
+}
+
+// CommitDeferred is Commit without the fsync in a pipelined store
+// (store.DeferredCommitter): the commit is visible to this process's
+// writer at once, and durable (and visible to the read methods) once a
+// later Store.Sync returned nil. In a store not opened WithPipelinedSync
+// it is Commit.
+func (tx *Tx) CommitDeferred(ctx context.Context) error { return tx.commit(ctx) }
+
+func (tx *Tx) commit(ctx context.Context) error {
 	if tx.done {
 		return errors.New("commit: transaction already ended")
 	}
@@ -531,7 +550,11 @@ func (tx *Tx) Commit(ctx context.Context) error {
 		tx.rollback(ctx)
 		return fmt.Errorf("commit: %w", err)
 	}
-	if err := tx.w.exec(stmtCtx(ctx), tx.w.commit, nil); err != nil {
+	seq := tx.s.beginWrite()
+	err := tx.w.exec(stmtCtx(ctx), tx.w.commit, nil)
+	tx.s.endWrite(seq)
+	if err != nil {
+		tx.s.noteFsyncFailure(err)
 		// The outcome may be unknown: the cache reads everything again.
 		// A COMMIT that failed may leave the transaction open (SQLITE_BUSY
 		// does): end it, or the next BEGIN would fail.
