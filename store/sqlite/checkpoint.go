@@ -29,7 +29,7 @@ type checkpointer struct {
 	// (Store.noteFsyncFailure).
 	onErr func(error)
 	stop  context.CancelFunc
-	done    chan struct{}
+	done  chan struct{}
 }
 
 func startCheckpointer(db *sql.DB, commits *atomic.Uint64, onErr func(error)) *checkpointer {
