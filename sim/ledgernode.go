@@ -473,6 +473,9 @@ func (w *world) ledgerBatch() {
 		return
 	}
 	w.ledgerAnswer(inbox, internal, owners, results, err)
+	// A commit whose acknowledgement was lost is in the store all the
+	// same, waiting for an fsync like any other.
+	w.startSync()
 }
 
 // ledgerAnswer sends a batch's answers (or its failure) and answers its
@@ -771,7 +774,7 @@ const (
 // the batches committed before it began.
 func (w *world) startSync() {
 	n := &w.ledger
-	if n.syncing || len(n.awaiting) == 0 {
+	if n.syncing || len(n.awaiting) == 0 && len(n.st.unsynced) == 0 {
 		return
 	}
 	n.syncing = true

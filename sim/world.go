@@ -380,7 +380,7 @@ func (w *world) quiescent() bool {
 	if !w.healed || w.inflight > 0 || !w.ledger.up || w.now <= w.retention.retriesUntil {
 		return false
 	}
-	if w.ledger.syncing || len(w.ledger.awaiting) > 0 {
+	if w.ledger.syncing || len(w.ledger.awaiting) > 0 || len(w.ledger.st.unsynced) > 0 {
 		return false // committed batches wait for their fsync
 	}
 	for _, r := range w.requests {
