@@ -27,6 +27,17 @@ func (s *syncGatedStore) Sync(ctx context.Context) error {
 	return s.Store.Sync(ctx)
 }
 
+// fsyncBegins waits for the next fsync to begin, failing the test when
+// none does: a pipelined batch must be synced before it is answered.
+func (s *syncGatedStore) fsyncBegins(t *testing.T, what string) {
+	t.Helper()
+	select {
+	case <-s.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("no fsync began %s", what)
+	}
+}
+
 func pipelinedMem() *memstore.Store {
 	m := memstore.New()
 	m.SetPipelined(true)
@@ -61,7 +72,7 @@ func TestPipelinedBatchAnsweredAfterItsSyncWhileTheNextCommits(t *testing.T) {
 		answered <- id
 	}
 	go do("first")
-	<-st.entered // first is committed, its fsync in flight
+	st.fsyncBegins(t, "for first's batch") // first is committed, its fsync in flight
 	if !mem.Unsynced() {
 		t.Fatal("first's batch is not waiting for its fsync")
 	}
@@ -146,7 +157,7 @@ func TestPipelinedReplayWaitsForTheFsyncOfWhatItRead(t *testing.T) {
 	ctx := context.Background()
 	done := make(chan struct{}, 2)
 	go func() { e.Do(ctx, reserveCmd("r", 10)); done <- struct{}{} }()
-	<-st.entered // r committed, fsync held
+	st.fsyncBegins(t, "for the reserve") // r committed, fsync held
 	go func() {
 		res, err := e.Do(ctx, reserveCmd("r", 10))
 		if err != nil || res.Err != nil || !res.Replayed {
