@@ -6,6 +6,11 @@
 // whose Commit returned nil survives a process kill and a power loss (on
 // storage that honours fsync); one whose Commit did not return is either
 // wholly present or wholly absent after recovery, never half-present.
+// Opened WithPipelinedSync, the write connection runs synchronous=NORMAL
+// and Store.Sync fsyncs the log instead (pipeline.go): Commit still
+// returns only once durable, CommitDeferred leaves that to a later Sync,
+// and the read methods answer only from durable commits. A failed fsync
+// fails the store for good, in either mode.
 //
 // Concurrency: one write connection, so one writer at a time in this
 // process; Begin waits for it (honouring its context) and then issues BEGIN
