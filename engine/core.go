@@ -37,6 +37,36 @@ func (c *Core) Store() store.Store { return c.store }
 // callers must resolve it by retrying with the same ids); err wraps
 // store.ErrConflict when the whole batch may simply be run again.
 func (c *Core) Commit(ctx context.Context, cmds []ledger.Command, now time.Time) ([]ledger.Result, error) {
+	return c.commit(ctx, cmds, now, false)
+}
+
+// CommitDeferred is Commit for pipelined durability: over a store that is
+// a store.Syncer opened Pipelined, the batch is committed without waiting
+// for its fsync, and its results may be given to the callers only once a
+// Sync that began after CommitDeferred returned has returned nil (a crash
+// before that may lose the batch, with every later one). Over any other
+// store it is Commit.
+func (c *Core) CommitDeferred(ctx context.Context, cmds []ledger.Command, now time.Time) ([]ledger.Result, error) {
+	return c.commit(ctx, cmds, now, true)
+}
+
+// Pipelined reports whether the store defers its fsyncs to Sync.
+func (c *Core) Pipelined() bool {
+	s, ok := c.store.(store.Syncer)
+	return ok && s.Pipelined()
+}
+
+// Sync makes every batch CommitDeferred committed before it durable
+// (store.Syncer.Sync); over a store that is not pipelined it does nothing.
+// Its error is permanent.
+func (c *Core) Sync(ctx context.Context) error {
+	if s, ok := c.store.(store.Syncer); ok {
+		return s.Sync(ctx)
+	}
+	return nil
+}
+
+func (c *Core) commit(ctx context.Context, cmds []ledger.Command, now time.Time, deferred bool) ([]ledger.Result, error) {
 	tx, err := c.store.Begin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("begin: %w", err)
@@ -78,7 +108,11 @@ func (c *Core) Commit(ctx context.Context, cmds []ledger.Command, now time.Time)
 		}
 		return nil, fmt.Errorf("write: %w", err)
 	}
-	if err := tx.Commit(ctx); err != nil {
+	commit := tx.Commit
+	if dc, ok := tx.(store.DeferredCommitter); ok && deferred {
+		commit = dc.CommitDeferred
+	}
+	if err := commit(ctx); err != nil {
 		return nil, fmt.Errorf("commit: %w", err)
 	}
 	return results, nil

@@ -114,6 +114,9 @@ type Engine struct {
 	workers  sync.WaitGroup
 	closeErr sync.Once
 	resolver *Resolver // nil without Options.Resolver
+	// pipe is pipelined durability (pipeline.go), nil unless the store
+	// is a pipelined store.Syncer.
+	pipe *pipeline
 
 	commands, batches, conflicts, failures, workerRuns, workerCmds atomic.Uint64
 	lastBatch                                                      atomic.Int64
@@ -209,6 +212,9 @@ func New(st store.Store, opts Options) *Engine {
 		stop:    cancel,
 		stopped: make(chan struct{}),
 	}
+	if e.core.Pipelined() {
+		e.pipe = newPipeline(e.core, opts.Logger)
+	}
 	e.lead.status.Self = opts.LeaseHolder
 	if opts.Resolver != nil {
 		e.resolver = NewResolver(st, *opts.Resolver, opts.Clock, e.DoBatch, opts.Logger)
@@ -240,6 +246,9 @@ func (e *Engine) DoBatch(ctx context.Context, cmds []ledger.Command) ([]ledger.R
 	if len(cmds) == 0 {
 		return nil, nil
 	}
+	if err := e.failure(); err != nil {
+		return nil, err
+	}
 	req := &request{cmds: cmds, done: make(chan struct{})}
 	if len(e.queue) == 0 && e.running.TryLock() {
 		// Idle engine: run the batch here, taking along whatever was queued
@@ -251,8 +260,10 @@ func (e *Engine) DoBatch(ctx context.Context, cmds []ledger.Command) ([]ledger.R
 			e.running.Unlock()
 			return nil, ErrClosed
 		}
-		e.runBatch([]*request{req})
+		batch, out := e.runBatch([]*request{req})
 		e.running.Unlock()
+		// Pipelined, the next batch runs while this one's fsync does.
+		e.settle(batch, out)
 		return req.results, req.err
 	}
 	select {
@@ -297,13 +308,26 @@ func (e *Engine) commitLoop(ctx context.Context) {
 			// running stays held: no caller runs a batch after Close.
 			e.running.Lock()
 			e.failPending()
+			if e.pipe != nil {
+				close(e.pipe.queue)
+				<-e.pipe.done
+			}
 			return
 		}
 		// Requests stay queued (and keep piling up) while a caller runs
 		// a batch; they are taken only once this goroutine runs.
 		e.running.Lock()
 		for len(e.queue) > 0 {
-			batch = e.runBatch(batch[:0])
+			var out outcome
+			batch, out = e.runBatch(batch[:0])
+			if e.pipe != nil && out.err == nil && len(batch) > 0 {
+				// The syncer answers it once durable; meanwhile the
+				// next batch is applied and written.
+				e.pipe.queue <- &syncWait{batch: batch, out: out}
+				batch = make([]*request, 0, 64)
+				continue
+			}
+			answer(batch, out)
 			clear(batch)
 		}
 		e.running.Unlock()
@@ -311,10 +335,11 @@ func (e *Engine) commitLoop(ctx context.Context) {
 }
 
 // runBatch adds waiting requests to batch (up to MaxBatch commands in
-// all), commits their commands as one transaction and answers every
-// request. It returns batch for reuse. The caller holds running; batch
-// holds a request or the queue does.
-func (e *Engine) runBatch(batch []*request) []*request {
+// all) and commits their commands as one transaction. It returns batch
+// and the outcome, for the caller to answer (answer, or settle, or the
+// syncer when pipelined). The caller holds running; batch holds a request
+// or the queue does.
+func (e *Engine) runBatch(batch []*request) ([]*request, outcome) {
 	var cmds []ledger.Command
 	if len(batch) == 1 && len(e.queue) == 0 {
 		cmds = batch[0].cmds
@@ -337,32 +362,31 @@ func (e *Engine) runBatch(batch []*request) []*request {
 		}
 	}
 	if len(batch) == 0 {
-		return batch
+		return batch, outcome{}
 	}
-	results, err := e.commit(e.ctx, cmds)
-	offset := 0
-	for _, req := range batch {
-		if err != nil {
-			req.err = err
-		} else {
-			req.results = results[offset : offset+len(req.cmds) : offset+len(req.cmds)]
-		}
-		offset += len(req.cmds)
-		close(req.done)
-	}
-	return batch
+	return batch, e.commit(e.ctx, cmds)
 }
 
 // commit runs one batch, retrying it whole while it loses races.
-func (e *Engine) commit(ctx context.Context, cmds []ledger.Command) ([]ledger.Result, error) {
+// Pipelined, the batch gets a number (before it commits: a batch that
+// writes nothing read what the batches before it wrote, so it waits for
+// their fsync too) and is committed without its fsync.
+func (e *Engine) commit(ctx context.Context, cmds []ledger.Command) outcome {
 	start := time.Now()
 	var results []ledger.Result
 	var err error
+	var seq uint64
+	commit := e.core.Commit
+	if e.pipe != nil {
+		seq = e.pipe.started.Add(1)
+		commit = e.core.CommitDeferred
+		defer e.pipe.committed.Store(seq)
+	}
 	attempts := 0
 	for attempts < e.opts.MaxConflictRetries || time.Since(start) < e.opts.ConflictRetryBudget {
 		attempts++
 		batchCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.opts.BatchTimeout)
-		results, err = e.core.Commit(batchCtx, cmds, e.opts.Clock())
+		results, err = commit(batchCtx, cmds, e.opts.Clock())
 		cancel()
 		if !errors.Is(err, store.ErrConflict) {
 			break
@@ -389,7 +413,7 @@ func (e *Engine) commit(ctx context.Context, cmds []ledger.Command) ([]ledger.Re
 	if e.opts.OnBatch != nil {
 		e.opts.OnBatch(BatchInfo{Commands: len(cmds), Attempts: attempts, Duration: time.Since(start), Err: err})
 	}
-	return results, err
+	return outcome{results: results, err: err, seq: seq}
 }
 
 func (e *Engine) failPending() {
@@ -645,8 +669,12 @@ func (e *Engine) Stats() Stats {
 }
 
 // Ready returns nil when the last batch reached the store, or the error of
-// the last failed one.
+// the last failed one; after a failed fsync (pipelined), that error for
+// good.
 func (e *Engine) Ready() error {
+	if err := e.failure(); err != nil {
+		return err
+	}
 	if box := e.lastErr.Load(); box != nil {
 		return box.err
 	}

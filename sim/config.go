@@ -47,6 +47,15 @@ type Config struct {
 	// whose ledger runs on the real SQLite store in a temporary directory
 	// instead of the memstore.
 	SQLiteShare float64
+	// PipelinedShare is the share of interleavings (0..1, drawn per seed)
+	// whose ledger commits with pipelined durability: a batch is committed
+	// without its fsync (engine.Core.CommitDeferred), its answers wait for
+	// a simulated fsync (engine.Core.Sync) 0.2-5 ms later while the next
+	// batches commit, and a crash before that fsync loses every batch
+	// since the last one (on the memstore, in half of such crashes: the
+	// other half the OS had kept the writes; on SQLite never, a killed
+	// process's writes stay in the page cache).
+	PipelinedShare float64
 }
 
 // DefaultConfig returns the sizes the gates run with.
@@ -87,6 +96,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("last %d: negative", c.LastEvents)
 	case !(c.SQLiteShare >= 0 && c.SQLiteShare <= 1):
 		return fmt.Errorf("sqlite-share %v: outside [0, 1]", c.SQLiteShare)
+	case !(c.PipelinedShare >= 0 && c.PipelinedShare <= 1):
+		return fmt.Errorf("pipelined-share %v: outside [0, 1]", c.PipelinedShare)
 	}
 	return nil
 }
@@ -123,6 +134,9 @@ func (c *Config) Flags() string {
 	}
 	if c.SQLiteShare != d.SQLiteShare {
 		add("sqlite-share", c.SQLiteShare)
+	}
+	if c.PipelinedShare != d.PipelinedShare {
+		add("pipelined-share", c.PipelinedShare)
 	}
 	if len(c.Only) > 0 {
 		names := make([]string, len(c.Only))

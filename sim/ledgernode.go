@@ -46,7 +46,12 @@ type recStore struct {
 	mem       *memstore.Store
 	fault     commitFault
 	committed []*store.Changes
-	commits   int // Commit calls in the current batch
+	// unsynced are the change sets of deferred commits (pipelined
+	// durability) not yet made durable by a Sync: they move to committed
+	// when a Sync (or a crash that keeps them) makes them durable, and
+	// vanish with a crash that loses them.
+	unsynced []*store.Changes
+	commits  int // Commit calls in the current batch
 	// beforeGet, when set, runs once before the next ReservationGet: the
 	// simulation uses it to commit a batch between engine.Core.Due's
 	// listing of due reservations and its re-read of one.
@@ -59,6 +64,26 @@ func (s *recStore) ReservationGet(ctx context.Context, id string) (ledger.Reserv
 		f()
 	}
 	return s.Store.ReservationGet(ctx, id)
+}
+
+// Pipelined and Sync make the recording store a store.Syncer when the
+// store below is one.
+func (s *recStore) Pipelined() bool {
+	inner, ok := s.Store.(store.Syncer)
+	return ok && inner.Pipelined()
+}
+
+func (s *recStore) Sync(ctx context.Context) error {
+	if inner, ok := s.Store.(store.Syncer); ok {
+		return inner.Sync(ctx)
+	}
+	return nil
+}
+
+// synced moves the unsynced change sets to the durable ones.
+func (s *recStore) synced() {
+	s.committed = append(s.committed, s.unsynced...)
+	s.unsynced = nil
 }
 
 func (s *recStore) Begin(ctx context.Context) (store.Tx, error) {
@@ -83,13 +108,32 @@ func (t *recTx) Write(ctx context.Context, c *store.Changes) error {
 	return nil
 }
 
-func (t *recTx) Commit(ctx context.Context) error {
+func (t *recTx) Commit(ctx context.Context) error { return t.commit(ctx, false) }
+
+// CommitDeferred commits without the fsync when the store below is
+// pipelined; the changes then wait in unsynced for a Sync.
+func (t *recTx) CommitDeferred(ctx context.Context) error { return t.commit(ctx, true) }
+
+func (t *recTx) commit(ctx context.Context, deferred bool) error {
 	s := t.s
 	s.commits++
 	fault := s.fault
 	s.fault = faultNone
+	inner, ok := t.Tx.(store.DeferredCommitter)
+	deferred = deferred && ok && s.Pipelined()
+	commitInner := t.Tx.Commit
+	if deferred {
+		commitInner = inner.CommitDeferred
+	}
+	record := func() {
+		if deferred {
+			s.unsynced = append(s.unsynced, t.changes)
+		} else {
+			s.committed = append(s.committed, t.changes)
+		}
+	}
 	if s.mem == nil {
-		return t.commitSQLite(ctx, fault)
+		return t.commitSQLite(ctx, fault, commitInner, record)
 	}
 	switch fault {
 	case faultFail:
@@ -101,9 +145,9 @@ func (t *recTx) Commit(ctx context.Context) error {
 	case faultCrash:
 		s.mem.Crash()
 	}
-	err := t.Tx.Commit(ctx)
+	err := commitInner(ctx)
 	if t.changes != nil && (err == nil || fault == faultLoseAck) {
-		s.committed = append(s.committed, t.changes)
+		record()
 	}
 	return err
 }
@@ -112,8 +156,7 @@ func (t *recTx) Commit(ctx context.Context) error {
 // recording store injects around the real commit: a failure or a
 // conflict (and a crash inside the commit) rolls back and applies
 // nothing; a lost acknowledgement commits and reports failure.
-func (t *recTx) commitSQLite(ctx context.Context, fault commitFault) error {
-	s := t.s
+func (t *recTx) commitSQLite(ctx context.Context, fault commitFault, commitInner func(context.Context) error, record func()) error {
 	switch fault {
 	case faultFail, faultConflict, faultCrash:
 		t.Tx.Rollback(ctx)
@@ -122,9 +165,9 @@ func (t *recTx) commitSQLite(ctx context.Context, fault commitFault) error {
 		}
 		return fmt.Errorf("%w: injected commit failure", store.ErrUnavailable)
 	}
-	err := t.Tx.Commit(ctx)
+	err := commitInner(ctx)
 	if err == nil && t.changes != nil {
-		s.committed = append(s.committed, t.changes)
+		record()
 	}
 	if err == nil && fault == faultLoseAck {
 		return fmt.Errorf("%w: acknowledgement lost", store.ErrUnavailable)
@@ -157,6 +200,22 @@ type ledgerNode struct {
 	answers       int64
 	// lateDrains are duplicate recoveries held back for a later batch.
 	lateDrains []internalCmd
+	// Pipelined durability: awaiting holds the committed batches whose
+	// answers wait for an fsync, oldest first; syncing is set while one
+	// is in flight, which covers the first syncCovers of them.
+	awaiting   []*batchAnswers
+	syncing    bool
+	syncCovers int
+	// lostUnsynced counts the commits crashes lost before their fsync.
+	lostUnsynced int
+}
+
+// batchAnswers is a committed batch's answers, held until it is durable.
+type batchAnswers struct {
+	inbox    []*message
+	internal []internalCmd
+	owners   []int
+	results  []ledger.Result
 }
 
 // internalCmd is a command from inside the ledger process: a worker or an
@@ -183,6 +242,7 @@ func (w *world) newLedger() {
 		return
 	}
 	mem := memstore.New()
+	mem.SetPipelined(w.pipelined)
 	var inner store.Store = mem
 	if w.hooks.wrapStore != nil {
 		inner = w.hooks.wrapStore(mem)
@@ -213,7 +273,11 @@ func (w *world) newSQLiteLedger() {
 // openSQLite (re)opens the database file as the ledger process's store.
 func (w *world) openSQLite() {
 	n := &w.ledger
-	db, err := sqlite.Open(w.ctx, n.sqlitePath)
+	var opts []sqlite.Option
+	if w.pipelined {
+		opts = append(opts, sqlite.WithPipelinedSync())
+	}
+	db, err := sqlite.Open(w.ctx, n.sqlitePath, opts...)
 	if err != nil {
 		w.violate(GateJournal, fmt.Sprintf("open sqlite %s: %v", n.sqlitePath, err))
 		return
@@ -401,6 +465,23 @@ func (w *world) ledgerBatch() {
 	if err != nil {
 		w.log(recCommitFailed, ledgerNodeID, 0, "", int64(len(cmds)), err.Error())
 	}
+	if w.pipelined && err == nil && !w.hooks.answerBeforeSync {
+		// Committed without its fsync: answered (lookups read) once a
+		// simulated fsync that began after the commit returns.
+		n.awaiting = append(n.awaiting, &batchAnswers{inbox: inbox, internal: internal, owners: owners, results: results})
+		w.startSync()
+		return
+	}
+	w.ledgerAnswer(inbox, internal, owners, results, err)
+	// A commit whose acknowledgement was lost is in the store all the
+	// same, waiting for an fsync like any other.
+	w.startSync()
+}
+
+// ledgerAnswer sends a batch's answers (or its failure) and answers its
+// lookups from committed state.
+func (w *world) ledgerAnswer(inbox []*message, internal []internalCmd, owners []int, results []ledger.Result, err error) {
+	n := &w.ledger
 	for k, owner := range owners {
 		if owner < 0 {
 			ic := &internal[-1-owner]
@@ -463,10 +544,14 @@ func (w *world) commit(cmds []ledger.Command, fault commitFault) ([]ledger.Resul
 	st := n.st
 	var results []ledger.Result
 	var err error
+	commit := n.core.Commit
+	if w.pipelined {
+		commit = n.core.CommitDeferred
+	}
 	for attempt := 0; attempt < 4; attempt++ {
 		st.fault = fault
 		st.commits = 0
-		results, err = n.core.Commit(w.ctx, cmds, w.time())
+		results, err = commit(w.ctx, cmds, w.time())
 		if st.commits == 0 && fault != faultNone && fault != faultCrash {
 			// Nothing was written, so the store saw no commit; the fault
 			// still hits the transaction (a read-only transaction that
@@ -494,7 +579,7 @@ func (w *world) commit(cmds []ledger.Command, fault commitFault) ([]ledger.Resul
 	}
 	if err == nil {
 		w.log(recCommit, ledgerNodeID, 0, "", int64(len(cmds)), "")
-		if w.cfg.AuditEvery > 0 && n.commits%int64(w.cfg.AuditEvery) == 0 {
+		if w.cfg.AuditEvery > 0 && n.commits%int64(w.cfg.AuditEvery) == 0 && len(st.unsynced) == 0 {
 			w.chk.fullAudit("periodic audit")
 		}
 		return results, nil
@@ -507,6 +592,7 @@ func (w *world) commit(cmds []ledger.Command, fault commitFault) ([]ledger.Resul
 
 func (w *world) crashLedger(when string) {
 	n := &w.ledger
+	w.crashUnsynced()
 	if n.mem != nil {
 		n.mem.Crash()
 	} else if n.sqlite != nil {
@@ -674,4 +760,91 @@ func (w *world) internalFailed(ic *internalCmd) {
 	if ic.from == fromOperator {
 		w.op.failed(w, ic)
 	}
+}
+
+// Pipelined durability (Config.PipelinedShare).
+
+// fsyncMin and fsyncMax bound a simulated fsync of the ledger's log.
+const (
+	fsyncMin = int64(200 * time.Microsecond)
+	fsyncMax = int64(5 * time.Millisecond)
+)
+
+// startSync starts a simulated fsync unless one is in flight; it covers
+// the batches committed before it began.
+func (w *world) startSync() {
+	n := &w.ledger
+	if n.syncing || len(n.awaiting) == 0 && len(n.st.unsynced) == 0 {
+		return
+	}
+	n.syncing = true
+	n.syncCovers = len(n.awaiting)
+	w.after(w.between(fsyncMin, fsyncMax), evSync, n.incarnation, 0, 0)
+}
+
+// ledgerSynced is the end of a simulated fsync: engine.Core.Sync makes
+// the store's deferred commits durable, the checker sees them, and the
+// batches the fsync covered are answered; a later batch waits for the
+// next fsync, which starts at once.
+func (w *world) ledgerSynced(incarnation int32) {
+	n := &w.ledger
+	if !n.up || n.incarnation != incarnation || !n.syncing {
+		return // the process died with the fsync in flight
+	}
+	n.syncing = false
+	if err := n.core.Sync(w.ctx); err != nil {
+		w.violate(GateJournal, fmt.Sprintf("engine.Core.Sync: %v", err))
+		return
+	}
+	n.st.synced()
+	w.chk.afterCommit(nil)
+	if w.fail != nil {
+		return
+	}
+	w.log(recSync, ledgerNodeID, 0, "", int64(n.syncCovers), "")
+	covered := n.awaiting[:n.syncCovers]
+	n.awaiting = n.awaiting[n.syncCovers:]
+	for _, b := range covered {
+		w.ledgerAnswer(b.inbox, b.internal, b.owners, b.results, nil)
+	}
+	w.startSync()
+}
+
+// crashUnsynced settles what a crash does to the commits no fsync has
+// made durable yet: their answers are never sent (the internal commands'
+// origins hear that the outcome is unknown), and the commits either
+// survive (the OS kept the writes: a process crash, and always on SQLite,
+// whose file is only closed) or vanish together (a power loss with the
+// process: memstore.LoseUnsynced).
+func (w *world) crashUnsynced() {
+	n := &w.ledger
+	for _, b := range n.awaiting {
+		for i := range b.internal {
+			w.internalFailed(&b.internal[i])
+		}
+	}
+	n.awaiting = nil
+	n.syncing = false
+	if len(n.st.unsynced) == 0 {
+		return
+	}
+	if n.mem != nil && w.chance(0.5) {
+		w.log(recUnsyncedLost, ledgerNodeID, 0, "", int64(len(n.st.unsynced)), "commits after the last fsync lost with the process")
+		n.mem.LoseUnsynced()
+		n.lostUnsynced += len(n.st.unsynced)
+		n.st.unsynced = nil
+		return
+	}
+	// Kept: durable now, as if synced (SQLite: Close leaves them in the
+	// file).
+	if n.sqlite != nil {
+		if err := n.core.Sync(w.ctx); err != nil {
+			w.violate(GateJournal, fmt.Sprintf("engine.Core.Sync: %v", err))
+			return
+		}
+	} else {
+		n.mem.Sync(w.ctx)
+	}
+	n.st.synced()
+	w.chk.afterCommit(nil)
 }

@@ -39,6 +39,10 @@ type Outcome struct {
 	Fairness FairnessResult
 	// SQLite says the interleaving ran on the real SQLite store.
 	SQLite bool
+	// Pipelined says it ran with pipelined durability, and Lost how
+	// many commits crashes took before their fsync.
+	Pipelined bool
+	Lost      int
 	// Retention says the retention worker ran; TombstoneReplays counts the
 	// retried reserves the ledger answered from a tombstone.
 	Retention        bool
@@ -134,6 +138,9 @@ type hooks struct {
 	// ignoreWeights gives every tenant weight 1 in the executors'
 	// schedulers (the meter keeps the policies' weights).
 	ignoreWeights bool
+	// answerBeforeSync breaks pipelined durability: a batch is answered
+	// as soon as it committed, before its fsync.
+	answerBeforeSync bool
 }
 
 // runOne is RunOne with hooks.
@@ -158,6 +165,8 @@ func runOne(cfg *Config, seed uint64, h hooks) Outcome {
 		TraceHash: w.tr.hash,
 		Fairness:  w.fair.result(),
 		SQLite:    w.onSQLite,
+		Pipelined: w.pipelined,
+		Lost:      w.ledger.lostUnsynced,
 
 		Retention:        w.retention.on,
 		TombstoneReplays: w.retention.tombstoneReplays,
@@ -209,6 +218,10 @@ func newWorld(cfg *Config, seed uint64, h hooks) *world {
 		// Drawn only when asked for, so that a run without SQLite keeps
 		// every seed's interleaving as it was.
 		w.onSQLite = rng.Float64() < cfg.SQLiteShare
+	}
+	if cfg.PipelinedShare > 0 {
+		// Drawn only when asked for, as SQLiteShare is.
+		w.pipelined = rng.Float64() < cfg.PipelinedShare
 	}
 	w.newLedger()
 	return w

@@ -72,6 +72,9 @@ type Report struct {
 	MinFires           int64
 	// OnSQLite counts the interleavings that ran on the SQLite store.
 	OnSQLite int64
+	// Pipelined counts the interleavings with pipelined durability, and
+	// LostUnsynced the commits their crashes lost before an fsync.
+	Pipelined, LostUnsynced int64
 	// OnRetention counts the interleavings whose retention worker ran;
 	// TombstoneReplays the retried reserves answered from a tombstone.
 	OnRetention      int64
@@ -91,6 +94,7 @@ type acc struct {
 	usageUnknown    Histogram
 	fair            FairnessSummary
 	onSQLite        int64
+	pipelined, lost int64
 	onRetention     int64
 	tombReplays     int64
 	retired         int64
@@ -118,6 +122,10 @@ func (a *acc) add(o *Outcome) {
 	a.fair.add(&o.Fairness)
 	if o.SQLite {
 		a.onSQLite++
+	}
+	if o.Pipelined {
+		a.pipelined++
+		a.lost += int64(o.Lost)
 	}
 	if o.Retention {
 		a.onRetention++
@@ -227,6 +235,8 @@ func Run(ctx context.Context, cfg *Config, opts Options) *Report {
 		rep.UsageUnknown.Merge(&a.usageUnknown)
 		rep.Fairness.merge(&a.fair)
 		rep.OnSQLite += a.onSQLite
+		rep.Pipelined += a.pipelined
+		rep.LostUnsynced += a.lost
 		rep.OnRetention += a.onRetention
 		rep.TombstoneReplays += a.tombReplays
 		rep.Retired += a.retired
@@ -331,6 +341,9 @@ func (r *Report) WriteTable(w, timing io.Writer) {
 	fmt.Fprintf(w, "  %d events (%d per interleaving), %d store commits, %s simulated\n",
 		r.Events, r.Events/n, r.Commits, r.SimTime.Round(time.Second))
 	fmt.Fprintf(w, "  %d interleavings on the memstore, %d on the SQLite store\n", r.Interleavings-r.OnSQLite, r.OnSQLite)
+	if r.Pipelined > 0 {
+		fmt.Fprintf(w, "  %d with pipelined durability; their crashes lost %d commits made before an fsync\n", r.Pipelined, r.LostUnsynced)
+	}
 	fmt.Fprintf(w, "  %d with the retention worker (engine.Core.RetentionDue): %d reservations removed, %d retried reserves answered from a tombstone\n", r.OnRetention, r.Retired, r.TombstoneReplays)
 	fmt.Fprintf(timing, "  wall %s on %d workers, cpu %s (%.2f ms cpu per interleaving)\n",
 		r.Wall.Round(time.Millisecond), r.Workers, r.CPU.Round(time.Millisecond), float64(r.CPU)/float64(n)/1e6)

@@ -188,6 +188,7 @@ func TestSmoke(t *testing.T) {
 	}
 	cfg := DefaultConfig()
 	cfg.SQLiteShare = ciSQLiteShare
+	cfg.PipelinedShare = ciPipelinedShare
 	rep := Run(context.Background(), &cfg, Options{Seed: 1, Interleavings: n, Workers: runtime.GOMAXPROCS(0), MinFires: minFires})
 	var table bytes.Buffer
 	rep.WriteTable(&table, &table)
@@ -197,7 +198,7 @@ func TestSmoke(t *testing.T) {
 		}
 		t.Fatalf("gates failed: %v\n%s", f, table.String())
 	}
-	if rep.Interleavings != n || rep.ReservationUnknown.Count() == 0 || rep.UsageUnknown.Count() == 0 || rep.Fairness.Windows == 0 || rep.OnSQLite == 0 ||
+	if rep.Interleavings != n || rep.ReservationUnknown.Count() == 0 || rep.UsageUnknown.Count() == 0 || rep.Fairness.Windows == 0 || rep.OnSQLite == 0 || rep.Pipelined == 0 ||
 		rep.Fairness.Judged == 0 || rep.TombstoneReplays == 0 || rep.Retired == 0 {
 		t.Fatalf("the run did not exercise what it should:\n%s", table.String())
 	}
@@ -247,8 +248,60 @@ func BenchmarkInterleaving(b *testing.B) {
 	}
 }
 
-// ciSQLiteShare is the share of the smoke run's interleavings on SQLite.
-const ciSQLiteShare = 0.01
+// ciSQLiteShare is the share of the smoke run's interleavings on SQLite,
+// ciPipelinedShare of those with pipelined durability.
+const (
+	ciSQLiteShare    = 0.01
+	ciPipelinedShare = 0.2
+)
+
+// Pipelined durability: the ledger answers a batch only after a
+// simulated fsync, crashes before it lose the commits since the last one,
+// and every gate still holds; a ledger that answers before the fsync is
+// caught.
+func TestPipelinedMode(t *testing.T) {
+	if raceEnabled {
+		t.Skip("too slow under the race detector")
+	}
+	cfg := DefaultConfig()
+	cfg.PipelinedShare = 1
+	lost, sqliteRuns := 0, 0
+	for seed := uint64(1); seed <= 400; seed++ {
+		o := RunOne(&cfg, seed)
+		if !o.Pipelined {
+			t.Fatalf("seed %d not pipelined with share 1", seed)
+		}
+		if o.Violation != nil {
+			t.Fatalf("seed %d pipelined:\n%s", seed, o.Violation.Report())
+		}
+		lost += o.Lost
+	}
+	if lost == 0 {
+		t.Fatal("no crash lost a commit made before its fsync: the mode tested nothing")
+	}
+	both := cfg
+	both.SQLiteShare = 1
+	for seed := uint64(1); seed <= 20; seed++ {
+		o := RunOne(&both, seed)
+		if o.Violation != nil {
+			t.Fatalf("seed %d pipelined on SQLite:\n%s", seed, o.Violation.Report())
+		}
+		if o.SQLite && o.Pipelined {
+			sqliteRuns++
+		}
+	}
+	if sqliteRuns == 0 {
+		t.Fatal("no pipelined interleaving ran on SQLite")
+	}
+	for seed := uint64(1); seed <= 2000; seed++ {
+		if v := runOne(&cfg, seed, hooks{answerBeforeSync: true}).Violation; v != nil {
+			t.Logf("a ledger answering before its fsync caught in seed %d by %s: %s", seed, v.Gate, v.Detail)
+			t.Logf("%d commits lost before their fsync in 400 correct interleavings", lost)
+			return
+		}
+	}
+	t.Fatal("a ledger that answers before its fsync went unnoticed for 2000 seeds")
+}
 
 // The SQLite store mode runs the interleaving on the real SQLite store
 // (closed and reopened on every ledger crash), deterministically, and its

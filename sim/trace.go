@@ -44,6 +44,8 @@ const (
 	recWorker
 	recViolation
 	recShard
+	recSync
+	recUnsyncedLost
 )
 
 var recNames = [...]string{
@@ -78,6 +80,8 @@ var recNames = [...]string{
 	recWorker:        "worker",
 	recViolation:     "VIOLATION",
 	recShard:         "shard",
+	recSync:          "fsync",
+	recUnsyncedLost:  "unsynced-lost",
 }
 
 // rec is one trace record. It is kept unformatted (formatting every event

@@ -56,6 +56,7 @@ const (
 	evShard
 	evRaceWorker
 	evLateRetry
+	evSync
 )
 
 // event is one scheduled happening. Events run in (at, seq) order: seq is
@@ -143,6 +144,9 @@ type world struct {
 	backlogOn bool
 	// onSQLite: this interleaving's ledger runs on the real SQLite store.
 	onSQLite bool
+	// pipelined: this interleaving's ledger commits with pipelined
+	// durability (Config.PipelinedShare, pipeline.go).
+	pipelined bool
 	// retention is the interleaving's retention worker (off in some).
 	retention retentionSim
 
@@ -348,6 +352,8 @@ func (w *world) run() {
 			w.shardEvent(e.a, e.b, e.c)
 		case evRaceWorker:
 			w.raceWorker(e.a, e.b)
+		case evSync:
+			w.ledgerSynced(e.a)
 		case evLateRetry:
 			w.lateRetry(e.b)
 		}
@@ -373,6 +379,9 @@ func (w *world) heal() {
 func (w *world) quiescent() bool {
 	if !w.healed || w.inflight > 0 || !w.ledger.up || w.now <= w.retention.retriesUntil {
 		return false
+	}
+	if w.ledger.syncing || len(w.ledger.awaiting) > 0 || len(w.ledger.st.unsynced) > 0 {
+		return false // committed batches wait for their fsync
 	}
 	for _, r := range w.requests {
 		if r.phase != phDone {

@@ -225,3 +225,35 @@ type DebtFilter struct {
 	// Limit is the most accounts returned; it must be positive.
 	Limit int
 }
+
+// Syncer is an optional Store capability: pipelined durability. A store
+// opened for it commits without waiting for its log to reach the disk
+// when asked to (DeferredCommitter), and Sync then makes those commits
+// durable, so that a caller may apply and write its next batch while the
+// previous one's fsync is in flight, and answer that batch's callers only
+// once Sync has returned nil.
+//
+// Whatever the mode, Tx.Commit keeps its contract (durable when it returns
+// nil), and the Store's read methods never return a deferred commit that
+// is not durable yet: they sync before they answer. After a failed sync
+// the store is failed for good (a failed fsync may have dropped the dirty
+// pages it was to write, so retrying it could report success for data that
+// is gone): Sync, Begin and every read return the error until the process
+// opens the store again.
+type Syncer interface {
+	// Pipelined reports whether the store was opened for deferred commits;
+	// when it is false, DeferredCommitter commits are durable at once and
+	// Sync does nothing.
+	Pipelined() bool
+	// Sync makes every transaction whose CommitDeferred returned before
+	// Sync was called durable, and returns nil; or the permanent error.
+	Sync(ctx context.Context) error
+}
+
+// DeferredCommitter is the Tx capability of a Syncer store: CommitDeferred
+// is Commit except that, in a Pipelined store, the commit is durable only
+// once a later Sync returns nil. A crash before that may lose it, and every
+// commit after it with it (never a commit without the ones before).
+type DeferredCommitter interface {
+	CommitDeferred(ctx context.Context) error
+}

@@ -314,13 +314,22 @@ func stopGracefully(t *testing.T, p *serverProcess) {
 // acknowledged is either wholly applied or absent (never half: the audit
 // would see reserved, spent or refund terms that disagree with the
 // reservations); and the audit finds nothing.
+//
+// It runs twice: with the default commit (the WAL fsynced inside each
+// COMMIT), and with --pipelined-sync (a batch's callers answered after a
+// separate fsync, while the next batch commits).
 func TestCrashSafety(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary and runs two server processes")
 	}
 	bin := buildBinary(t)
+	t.Run("default", func(t *testing.T) { testCrashSafety(t, bin) })
+	t.Run("pipelined", func(t *testing.T) { testCrashSafety(t, bin, "--pipelined-sync") })
+}
+
+func testCrashSafety(t *testing.T, bin string, flags ...string) {
 	dataDir := t.TempDir()
-	srv := startServer(t, bin, dataDir)
+	srv := startServer(t, bin, dataDir, flags...)
 	stop, done := load(t, srv.url, 600)
 	if err := srv.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -329,7 +338,7 @@ func TestCrashSafety(t *testing.T) {
 	stop()
 	records := done()
 
-	restarted := startServer(t, bin, dataDir)
+	restarted := startServer(t, bin, dataDir, flags...)
 	verify(t, restarted.url, records)
 	stopGracefully(t, restarted)
 }

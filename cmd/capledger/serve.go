@@ -92,6 +92,12 @@ Flags:
                       131072, about 130 MiB). Unless GOMEMLIMIT is set,
                       serve sets a soft memory limit of 256 MiB + 2 KiB
                       per cached row (512 MiB at the default)
+  --pipelined-sync    SQLite: commit a batch without its fsync and answer
+                      its callers after a separate fsync of the WAL, while
+                      the next batch is applied (off by default; see
+                      docs/PERFORMANCE.md for why). A failed fsync makes
+                      the server refuse every command, and /readyz report
+                      it, until it is restarted
   --lease-ttl DUR     worker lease: with several replicas on one PostgreSQL
                       only the lease holder runs expiry, epoch close and
                       drains; it renews every third of DUR, and when it dies
@@ -153,6 +159,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	maxBatch := fs.Int("max-batch", 512, "")
 	leaseTTL := fs.Duration("lease-ttl", engine.DefaultLeaseTTL, "")
 	cacheRows := fs.Int("cache-rows", sqlite.DefaultCacheRows, "")
+	pipelinedSync := fs.Bool("pipelined-sync", false, "")
 	retention := fs.Duration("retention", engine.DefaultRetention, "")
 	tombstoneRetention := fs.Duration("tombstone-retention", engine.DefaultTombstoneRetention, "")
 	retentionInterval := fs.Duration("retention-interval", time.Minute, "")
@@ -251,7 +258,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	}
 	defer ln.Close()
 
-	st, err := open.OpenWith(ctx, *storeSpec, *dataDir, open.Options{CacheRows: *cacheRows})
+	st, err := open.OpenWith(ctx, *storeSpec, *dataDir, open.Options{CacheRows: *cacheRows, PipelinedSync: *pipelinedSync})
 	if err != nil {
 		return usagef("open store: %v", err)
 	}

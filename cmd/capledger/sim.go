@@ -53,6 +53,10 @@ Flags:
   --sqlite-share F    share of interleavings (0..1, drawn per seed) whose
                       ledger runs on the real SQLite store in a temporary
                       directory instead of the in-memory store (default 0)
+  --pipelined-share F share of interleavings (0..1, drawn per seed) whose
+                      ledger answers a batch only after a simulated fsync,
+                      committing the next ones meanwhile; a crash before
+                      it may lose every commit since the last (default 0)
 
 Examples:
   capledger sim --interleavings 1000000           # the release gate
@@ -81,6 +85,7 @@ func runSim(ctx context.Context, e *env, args []string) error {
 	deadline := fs.Duration("deadline", def.Deadline, "")
 	auditEvery := fs.Int("audit-every", def.AuditEvery, "")
 	sqliteShare := fs.Float64("sqlite-share", def.SQLiteShare, "")
+	pipelinedShare := fs.Float64("pipelined-share", def.PipelinedShare, "")
 	if err := parseNoArgs(fs, args); err != nil {
 		return err
 	}
@@ -101,7 +106,7 @@ func runSim(ctx context.Context, e *env, args []string) error {
 	cfg := sim.Config{
 		Gateways: *gateways, Executors: *executors, Tenants: *tenants, Requests: *requests,
 		ArrivalWindow: *arrival, HealAt: *healAt, Deadline: *deadline,
-		AuditEvery: *auditEvery, LastEvents: *last, SQLiteShare: *sqliteShare,
+		AuditEvery: *auditEvery, LastEvents: *last, SQLiteShare: *sqliteShare, PipelinedShare: *pipelinedShare,
 	}
 	if *only != "" {
 		sites, err := sim.ParseSites(*only)

@@ -108,6 +108,7 @@ func (s *Store) CheckpointPut(ctx context.Context, c *ledger.Checkpoint) error {
 		return errClosed
 	}
 	r := s.committed
+	s.beforeApply(false) // durable at once, as the SQL stores' are
 	seq, prev, through := int64(1), "", int64(0)
 	if last := r.lastCheckpoint(); last != nil {
 		seq, prev, through = last.Seq+1, last.Digest, last.Through
@@ -139,6 +140,7 @@ func (s *Store) JournalCompact(ctx context.Context, limit int) (int, error) {
 		return 0, errClosed
 	}
 	r := s.committed
+	s.beforeApply(false) // durable at once, as the SQL stores' are
 	last := r.lastCheckpoint()
 	if last == nil {
 		return 0, nil

@@ -96,6 +96,12 @@ type Store struct {
 	closed    bool
 	failNext  error
 	loseAck   bool
+	// Pipelined durability (pipeline.go): durable is the rows as of the
+	// last Sync while deferred commits are not synced (nil otherwise).
+	pipelined    bool
+	durable      *rows
+	failNextSync error
+	syncFailed   error
 }
 
 var _ store.Store = (*Store)(nil)
@@ -165,6 +171,10 @@ func (s *Store) Begin(ctx context.Context) (store.Tx, error) {
 		<-s.writer
 		return nil, errClosed
 	}
+	if s.syncFailed != nil {
+		<-s.writer
+		return nil, s.syncFailed
+	}
 	tx := &Tx{s: s, ctx: ctx, pending: newRows()}
 	s.open = tx
 	return tx, nil
@@ -218,6 +228,9 @@ func (s *Store) read(ctx context.Context, f func(r *rows) error) error {
 	defer s.mu.RUnlock()
 	if s.closed {
 		return errClosed
+	}
+	if s.syncFailed != nil {
+		return s.syncFailed
 	}
 	return f(s.committed)
 }

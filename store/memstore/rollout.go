@@ -56,6 +56,7 @@ func (s *Store) RolloutPut(ctx context.Context, r *ledger.Rollout) error {
 		return errClosed
 	}
 	rows := s.committed
+	s.beforeApply(false) // durable at once, as the SQL stores' are
 	old, exists := rows.rollouts[r.Name]
 	switch {
 	case r.Version == 0:

@@ -337,7 +337,9 @@ func sortedKeys[V any](m map[string]V) []string {
 // ended; store.ErrUnavailable after Crash or Close; the injected error of
 // FailNextCommit. Under LoseNextCommitAck it applies everything and returns
 // store.ErrUnavailable. Every outcome ends the transaction.
-func (tx *Tx) Commit(ctx context.Context) error {
+func (tx *Tx) Commit(ctx context.Context) error { return tx.commit(ctx, false) }
+
+func (tx *Tx) commit(ctx context.Context, deferred bool) error {
 	s := tx.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -358,6 +360,7 @@ func (tx *Tx) Commit(ctx context.Context) error {
 		s.endLocked(tx, nil)
 		return fmt.Errorf("commit: %w", err)
 	}
+	s.beforeApply(deferred)
 	tx.apply()
 	s.endLocked(tx, nil)
 	if s.loseAck {

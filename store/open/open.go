@@ -46,6 +46,12 @@ type Options struct {
 	// (sqlite.WithCacheRows; default sqlite.DefaultCacheRows). Other stores
 	// ignore it.
 	CacheRows int
+	// PipelinedSync opens SQLite for pipelined durability
+	// (sqlite.WithPipelinedSync). The other stores refuse it: PostgreSQL's
+	// COMMIT waits for its own WAL flush (the server group-commits
+	// concurrent transactions itself), and the memory store is not
+	// durable.
+	PipelinedSync bool
 }
 
 // OpenWith is Open with options.
@@ -62,6 +68,9 @@ func OpenWith(ctx context.Context, spec, dataDir string, opts Options) (store.St
 		return openSQLite(ctx, filepath.Join(dataDir, DefaultFile), opts)
 
 	case spec == "memory":
+		if opts.PipelinedSync {
+			return nil, errors.New("open store: pipelined sync needs a durable store; the memory store has no fsync to pipeline")
+		}
 		return memstore.New(), nil
 
 	case hasScheme && scheme == "sqlite":
@@ -81,6 +90,9 @@ func OpenWith(ctx context.Context, spec, dataDir string, opts Options) (store.St
 
 	// PostgreSQL: the store for several `capledger serve` replicas.
 	case hasScheme && (scheme == "postgres" || scheme == "postgresql"):
+		if opts.PipelinedSync {
+			return nil, errors.New("open store: pipelined sync is for SQLite; a PostgreSQL COMMIT waits for its own WAL flush (keep synchronous_commit on)")
+		}
 		s, err := postgres.Open(ctx, spec)
 		if err != nil {
 			return nil, fmt.Errorf("open store postgres: %w", err)
@@ -94,6 +106,9 @@ func openSQLite(ctx context.Context, path string, opts Options) (store.Store, er
 	var sqliteOpts []sqlite.Option
 	if opts.CacheRows != 0 {
 		sqliteOpts = append(sqliteOpts, sqlite.WithCacheRows(opts.CacheRows))
+	}
+	if opts.PipelinedSync {
+		sqliteOpts = append(sqliteOpts, sqlite.WithPipelinedSync())
 	}
 	s, err := sqlite.Open(ctx, path, sqliteOpts...)
 	if err != nil {

@@ -193,3 +193,33 @@ func adminExec(t *testing.T, dsn, sql string) {
 		t.Fatalf("%s: %v", sql, err)
 	}
 }
+
+// --pipelined-sync opens SQLite pipelined and is refused, with the reason,
+// by the stores it does not apply to.
+func TestPipelinedSyncOption(t *testing.T) {
+	ctx := context.Background()
+	st, err := open.OpenWith(ctx, "", t.TempDir(), open.Options{PipelinedSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if s, ok := st.(store.Syncer); !ok || !s.Pipelined() {
+		t.Fatal("the SQLite store did not open pipelined")
+	}
+	plain, err := open.OpenWith(ctx, "", t.TempDir(), open.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	if s, ok := plain.(store.Syncer); ok && s.Pipelined() {
+		t.Fatal("the SQLite store opened pipelined without the option")
+	}
+	for _, spec := range []string{"memory", "postgres://localhost/x"} {
+		if s, err := open.OpenWith(ctx, spec, "", open.Options{PipelinedSync: true}); err == nil || !strings.Contains(err.Error(), "pipelined sync") {
+			if s != nil {
+				s.Close()
+			}
+			t.Fatalf("%s with pipelined sync: %v, want a refusal", spec, err)
+		}
+	}
+}

@@ -17,7 +17,8 @@ import (
 // than the history. A journal position is a journal_batches seq;
 // rows of the journal table (schema versions 1 and 2) are at position 0,
 // before every batch, and the first checkpoint summarises them.
-func (s *Store) AuditSnapshot(ctx context.Context, cut bool, f func(*ledger.Snapshot, int64) error) error {
+func (s *Store) AuditSnapshot(ctx context.Context, cut bool, f func(*ledger.Snapshot, int64) error) (err error) {
+	defer s.readBarrier(ctx, &err)
 	if s.closed.Load() {
 		return errClosed
 	}

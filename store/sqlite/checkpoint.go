@@ -25,14 +25,17 @@ const autocheckpointBackstop = 8000
 type checkpointer struct {
 	db      *sql.DB
 	commits *atomic.Uint64 // Store's commit counter
-	stop    context.CancelFunc
-	done    chan struct{}
+	// onErr sees every checkpoint error: a failed fsync fails the store
+	// (Store.noteFsyncFailure).
+	onErr func(error)
+	stop  context.CancelFunc
+	done  chan struct{}
 }
 
-func startCheckpointer(db *sql.DB, commits *atomic.Uint64) *checkpointer {
+func startCheckpointer(db *sql.DB, commits *atomic.Uint64, onErr func(error)) *checkpointer {
 	db.SetMaxOpenConns(1)
 	ctx, stop := context.WithCancel(context.Background())
-	c := &checkpointer{db: db, commits: commits, stop: stop, done: make(chan struct{})}
+	c := &checkpointer{db: db, commits: commits, onErr: onErr, stop: stop, done: make(chan struct{})}
 	go c.run(ctx)
 	return c
 }
@@ -55,6 +58,8 @@ func (c *checkpointer) run(ctx context.Context) {
 			// backstop checkpoint, which reports it to a caller.
 			if _, err := c.db.ExecContext(ctx, "PRAGMA wal_checkpoint(PASSIVE)"); err == nil {
 				checkpointed = n
+			} else {
+				c.onErr(err)
 			}
 		}
 	}

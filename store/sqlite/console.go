@@ -56,7 +56,8 @@ func (s *Store) reader(q string) readQuery { return readQuery{s.readDB, q} }
 // ReservationsOfSubject returns up to f.Limit of the subject's
 // reservations in f's states, newest first: one range of the index
 // reservations_by_subject per state, merged.
-func (s *Store) ReservationsOfSubject(ctx context.Context, f store.SubjectFilter) ([]ledger.Reservation, error) {
+func (s *Store) ReservationsOfSubject(ctx context.Context, f store.SubjectFilter) (_ []ledger.Reservation, err error) {
+	defer s.readBarrier(ctx, &err)
 	if s.closed.Load() {
 		return nil, errClosed
 	}
@@ -91,12 +92,12 @@ func (s *Store) ReservationsOfSubject(ctx context.Context, f store.SubjectFilter
 
 // ReservationStatesOfSubject counts the subject's reservations by route
 // and state, and reads what retention removed from its accounts.
-func (s *Store) ReservationStatesOfSubject(ctx context.Context, subject string) (store.SubjectStates, error) {
+func (s *Store) ReservationStatesOfSubject(ctx context.Context, subject string) (_ store.SubjectStates, err error) {
+	defer s.readBarrier(ctx, &err)
 	if s.closed.Load() {
 		return store.SubjectStates{}, errClosed
 	}
 	var out store.SubjectStates
-	var err error
 	out.Counts, err = queryAll(ctx, s.reader(subjectStatesSQL), func(sc scanner) (store.StateCount, error) {
 		var (
 			n     store.StateCount
@@ -130,7 +131,8 @@ func (s *Store) ReservationStatesOfSubject(ctx context.Context, subject string) 
 // StatementsOf returns the account's statements, the latest epoch first,
 // from the statements' unique key (subject, route, region, generation,
 // epoch_start).
-func (s *Store) StatementsOf(ctx context.Context, f store.StatementFilter) ([]ledger.Statement, error) {
+func (s *Store) StatementsOf(ctx context.Context, f store.StatementFilter) (_ []ledger.Statement, err error) {
+	defer s.readBarrier(ctx, &err)
 	if s.closed.Load() {
 		return nil, errClosed
 	}
@@ -205,7 +207,8 @@ func (s *Store) ResolverAnswersPut(ctx context.Context, answers []store.Resolver
 
 // ResolverAnswersGet returns the answers of ids whose reservation is
 // USAGE_UNKNOWN, in the order of ids.
-func (s *Store) ResolverAnswersGet(ctx context.Context, ids []string) ([]store.ResolverAnswer, error) {
+func (s *Store) ResolverAnswersGet(ctx context.Context, ids []string) (_ []store.ResolverAnswer, err error) {
+	defer s.readBarrier(ctx, &err)
 	if s.closed.Load() {
 		return nil, errClosed
 	}
@@ -306,6 +309,7 @@ func (s *Store) AuditRecordPut(ctx context.Context, rec *store.AuditRecord) erro
 
 // AuditRecordsGet returns the last audit and the last clean one.
 func (s *Store) AuditRecordsGet(ctx context.Context) (last, lastClean *store.AuditRecord, err error) {
+	defer s.readBarrier(ctx, &err)
 	if s.closed.Load() {
 		return nil, nil, errClosed
 	}

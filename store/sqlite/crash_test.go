@@ -22,7 +22,12 @@ const (
 	crashPathEnv  = "CAPLEDGER_SQLITE_CRASH_DB"
 	crashStartEnv = "CAPLEDGER_SQLITE_CRASH_START"
 	crashSeedEnv  = "CAPLEDGER_SQLITE_CRASH_SEED"
-	batchSize     = 10
+	// crashPipelinedEnv runs the helper WithPipelinedSync: it commits
+	// pipelineDepth batches with CommitDeferred, then Syncs and only then
+	// acknowledges them.
+	crashPipelinedEnv = "CAPLEDGER_SQLITE_CRASH_PIPELINED"
+	pipelineDepth     = 3
+	batchSize         = 10
 )
 
 var crashAccount = ledger.AccountKey{Subject: "tenant7", Route: "chat", Region: "eu", Generation: 1}
@@ -63,16 +68,26 @@ func TestCrashHelperProcess(t *testing.T) {
 		os.Exit(2)
 	}
 	ctx := context.Background()
-	s, err := sqlite.Open(ctx, path)
+	pipelined := os.Getenv(crashPipelinedEnv) != ""
+	var opts []sqlite.Option
+	if pipelined {
+		opts = append(opts, sqlite.WithPipelinedSync())
+	}
+	s, err := sqlite.Open(ctx, path, opts...)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "open:", err)
 		os.Exit(2)
 	}
+	var unsynced []int
 	for batch := start; batch < start+100_000; batch++ {
 		tx, err := s.Begin(ctx)
 		if err == nil {
 			if err = tx.Write(ctx, crashBatch(batch)); err == nil {
-				err = tx.Commit(ctx)
+				if pipelined {
+					err = tx.(store.DeferredCommitter).CommitDeferred(ctx)
+				} else {
+					err = tx.Commit(ctx)
+				}
 			}
 			tx.Rollback(ctx)
 		}
@@ -80,9 +95,21 @@ func TestCrashHelperProcess(t *testing.T) {
 			fmt.Fprintln(os.Stderr, "batch", batch, err)
 			os.Exit(2)
 		}
+		unsynced = append(unsynced, batch)
+		if pipelined && len(unsynced) < pipelineDepth {
+			continue // the next batch is written before this one is synced
+		}
+		if err := s.Sync(ctx); err != nil {
+			fmt.Fprintln(os.Stderr, "sync", batch, err)
+			os.Exit(2)
+		}
 		// os.Stdout is unbuffered: the line leaves the process only after
-		// Commit returned, so every line the parent reads is an ack.
-		fmt.Fprintf(os.Stdout, "committed %d\n", batch)
+		// Commit (pipelined: Sync) returned, so every line the parent
+		// reads is an ack.
+		for _, b := range unsynced {
+			fmt.Fprintf(os.Stdout, "committed %d\n", b)
+		}
+		unsynced = unsynced[:0]
 	}
 	os.Exit(3) // never killed: the parent failed to kill us
 }
@@ -96,6 +123,11 @@ func TestCrashDurability(t *testing.T) {
 	if testing.Short() {
 		t.Skip("spawns processes")
 	}
+	t.Run("full", func(t *testing.T) { testCrashDurability(t, false) })
+	t.Run("pipelined", func(t *testing.T) { testCrashDurability(t, true) })
+}
+
+func testCrashDurability(t *testing.T, pipelined bool) {
 	seed := uint64(time.Now().UnixNano())
 	if v := os.Getenv(crashSeedEnv); v != "" {
 		var err error
@@ -108,18 +140,21 @@ func TestCrashDurability(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "crash.db")
 	next := 1
 	for round := 0; round < 4; round++ {
-		acked := runUntilKilled(t, path, next, 1+rng.IntN(40), time.Duration(rng.IntN(3000))*time.Microsecond)
-		next = checkAfterCrash(t, path, next, acked) + 1
+		acked := runUntilKilled(t, path, pipelined, next, 1+rng.IntN(40), time.Duration(rng.IntN(3000))*time.Microsecond)
+		next = checkAfterCrash(t, path, pipelined, next, acked) + 1
 	}
 }
 
 // runUntilKilled starts the helper at batch start, kills it with SIGKILL
 // after it acknowledged killAfter batches plus a delay, and returns every
 // batch it acknowledged.
-func runUntilKilled(t *testing.T, path string, start, killAfter int, delay time.Duration) []int {
+func runUntilKilled(t *testing.T, path string, pipelined bool, start, killAfter int, delay time.Duration) []int {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestCrashHelperProcess$")
 	cmd.Env = append(os.Environ(), crashPathEnv+"="+path, crashStartEnv+"="+strconv.Itoa(start))
+	if pipelined {
+		cmd.Env = append(cmd.Env, crashPipelinedEnv+"=1")
+	}
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.StdoutPipe()
@@ -161,7 +196,7 @@ func runUntilKilled(t *testing.T, path string, start, killAfter int, delay time.
 }
 
 // checkAfterCrash reopens the file and returns the last batch present.
-func checkAfterCrash(t *testing.T, path string, start int, acked []int) int {
+func checkAfterCrash(t *testing.T, path string, pipelined bool, start int, acked []int) int {
 	t.Helper()
 	ctx := context.Background()
 	s, err := sqlite.Open(ctx, path)
@@ -203,8 +238,12 @@ func checkAfterCrash(t *testing.T, path string, start int, acked []int) int {
 		}
 	}
 	lastAcked := acked[len(acked)-1]
-	if last > lastAcked+1 {
-		t.Fatalf("batches up to %d present, but the writer had only reached %d", last, lastAcked+1)
+	ahead := 1 // the batch being committed when the kill came
+	if pipelined {
+		ahead = pipelineDepth // committed, not yet synced nor acknowledged
+	}
+	if last > lastAcked+ahead {
+		t.Fatalf("batches up to %d present, but the writer had only reached %d", last, lastAcked+ahead)
 	}
 	account, err := s.AccountGet(ctx, crashAccount)
 	if err != nil || account.Version != uint64(last) {

@@ -40,7 +40,8 @@ func (q dbQuery) QueryContext(ctx context.Context, args ...any) (*sql.Rows, erro
 // (epoch_start, subject, route, region) order, strictly after f.After
 // unless it is the zero cursor. It reads the index accounts_by_epoch and
 // only the rows it returns.
-func (s *Store) AccountsByEpoch(ctx context.Context, f store.EpochFilter) ([]ledger.Account, error) {
+func (s *Store) AccountsByEpoch(ctx context.Context, f store.EpochFilter) (_ []ledger.Account, err error) {
+	defer s.readBarrier(ctx, &err)
 	if s.closed.Load() {
 		return nil, errClosed
 	}

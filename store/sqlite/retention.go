@@ -199,14 +199,16 @@ func (tx *Tx) writeRetention(ctx context.Context, c *store.RetentionChanges) err
 // ReservationsFinished returns up to limit ids of terminal reservations
 // finished at or before before, in (finished_at, id) order, through the
 // partial index reservations_finished.
-func (s *Store) ReservationsFinished(ctx context.Context, before time.Time, limit int) ([]string, error) {
+func (s *Store) ReservationsFinished(ctx context.Context, before time.Time, limit int) (_ []string, err error) {
+	defer s.readBarrier(ctx, &err)
 	return s.retentionIDs(ctx, finishedSQL, "finished reservations", before, limit)
 }
 
 // TombstonesDue returns up to limit ids of tombstones of reservations
 // finished at or before before, in (finished_at, id) order, through the
 // index tombstones_finished.
-func (s *Store) TombstonesDue(ctx context.Context, before time.Time, limit int) ([]string, error) {
+func (s *Store) TombstonesDue(ctx context.Context, before time.Time, limit int) (_ []string, err error) {
+	defer s.readBarrier(ctx, &err)
 	return s.retentionIDs(ctx, tombstonesDueSQL, "tombstones due", before, limit)
 }
 
@@ -242,7 +244,8 @@ func (s *Store) retentionIDs(ctx context.Context, q, what string, before time.Ti
 }
 
 // TombstoneGet returns the committed tombstone, or store.ErrNotFound.
-func (s *Store) TombstoneGet(ctx context.Context, id string) (ledger.Tombstone, error) {
+func (s *Store) TombstoneGet(ctx context.Context, id string) (_ ledger.Tombstone, err error) {
+	defer s.readBarrier(ctx, &err)
 	if s.closed.Load() {
 		return ledger.Tombstone{}, errClosed
 	}

@@ -18,7 +18,8 @@ const (
 )
 
 // RolloutList returns every rollout, ordered by name.
-func (s *Store) RolloutList(ctx context.Context) ([]ledger.Rollout, error) {
+func (s *Store) RolloutList(ctx context.Context) (_ []ledger.Rollout, err error) {
+	defer s.readBarrier(ctx, &err)
 	if s.closed.Load() {
 		return nil, errClosed
 	}
@@ -46,7 +47,8 @@ func (s *Store) RolloutList(ctx context.Context) ([]ledger.Rollout, error) {
 }
 
 // RolloutGet returns one rollout, or store.ErrNotFound.
-func (s *Store) RolloutGet(ctx context.Context, name string) (ledger.Rollout, error) {
+func (s *Store) RolloutGet(ctx context.Context, name string) (_ ledger.Rollout, err error) {
+	defer s.readBarrier(ctx, &err)
 	if s.closed.Load() {
 		return ledger.Rollout{}, errClosed
 	}

@@ -6,6 +6,11 @@
 // whose Commit returned nil survives a process kill and a power loss (on
 // storage that honours fsync); one whose Commit did not return is either
 // wholly present or wholly absent after recovery, never half-present.
+// Opened WithPipelinedSync, the write connection runs synchronous=NORMAL
+// and Store.Sync fsyncs the log instead (pipeline.go): Commit still
+// returns only once durable, CommitDeferred leaves that to a later Sync,
+// and the read methods answer only from durable commits. A failed fsync
+// fails the store for good, in either mode.
 //
 // Concurrency: one write connection, so one writer at a time in this
 // process; Begin waits for it (honouring its context) and then issues BEGIN
@@ -27,7 +32,6 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
-	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -69,6 +73,8 @@ type config struct {
 	cacheRows   int
 	// convertAutoVacuum: see WithAutoVacuumConversion.
 	convertAutoVacuum bool
+	// pipelined: see WithPipelinedSync (pipeline.go).
+	pipelined bool
 }
 
 // Option configures Open.
@@ -99,6 +105,9 @@ type Store struct {
 	// debtScanRows is how many accounts one query of AccountsInDebt reads
 	// (debtScanChunk; tests lower it to cross chunk boundaries).
 	debtScanRows int
+	// pipelined and sync: pipelined durability (pipeline.go).
+	pipelined bool
+	sync      walSync
 }
 
 // Open opens (creating if needed) the database file at path, applies the
@@ -133,19 +142,38 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 	pragmas.Add("_pragma", "foreign_keys(ON)")
 	pragmas.Add("_pragma", fmt.Sprintf("wal_autocheckpoint(%d)", autocheckpointBackstop))
 	pragmas.Add("_pragma", fmt.Sprintf("journal_size_limit(%d)", walSizeLimit))
-	s := &Store{path: path, writer: make(chan struct{}, 1), cache: newRowCache(cfg.cacheRows), debtScanRows: debtScanChunk}
+	s := &Store{path: path, writer: make(chan struct{}, 1), cache: newRowCache(cfg.cacheRows), debtScanRows: debtScanChunk,
+		pipelined: cfg.pipelined}
+	s.sync.walPath = path + "-wal"
+	s.sync.datasync = datasync
 	// The write connection (and the checkpointer's, which shares its
 	// connector) gets a page cache of writerCacheKiB; the read pool keeps
-	// SQLite's default per connection.
-	writerPragmas := url.Values{"_pragma": append(slices.Clone(pragmas["_pragma"]), fmt.Sprintf("cache_size(-%d)", writerCacheKiB))}
+	// SQLite's default per connection. Pipelined, the writer commits with
+	// synchronous=NORMAL and Sync fsyncs (pipeline.go).
+	writerSync := syncFull
+	if cfg.pipelined {
+		writerSync = syncNormal
+	}
+	writerPragmas := url.Values{}
+	for _, p := range pragmas["_pragma"] {
+		if !strings.HasPrefix(p, "synchronous(") {
+			writerPragmas.Add("_pragma", p)
+		}
+	}
+	writerPragmas.Add("_pragma", fmt.Sprintf("cache_size(-%d)", writerCacheKiB))
+	writerPragmas.Add("_pragma", fmt.Sprintf("synchronous(%d)", writerSync))
 	connector, err := sqlite.NewConnector(path + "?" + writerPragmas.Encode())
 	if err != nil {
 		return nil, fmt.Errorf("open sqlite %s: %w", path, err)
 	}
 	// Setup (checks and migrations) runs through database/sql on a
 	// connection of its own, closed before the writer opens: one write
-	// connection at a time.
-	setupDB := sql.OpenDB(connector)
+	// connection at a time. It commits with synchronous=FULL in every mode.
+	setupConnector, err := sqlite.NewConnector(path + "?" + pragmas.Encode())
+	if err != nil {
+		return nil, fmt.Errorf("open sqlite %s: %w", path, err)
+	}
+	setupDB := sql.OpenDB(setupConnector)
 	setupDB.SetMaxOpenConns(1)
 	err = setup(ctx, setupDB)
 	if err == nil && cfg.convertAutoVacuum {
@@ -157,10 +185,10 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open sqlite %s: %w", path, err)
 	}
-	if s.w, err = openWriter(ctx, connector); err != nil {
+	if s.w, err = openWriter(ctx, connector, writerSync); err != nil {
 		return nil, fmt.Errorf("open sqlite %s: %w", path, translate(ctx, err))
 	}
-	s.checkpointer = startCheckpointer(sql.OpenDB(connector), &s.commits)
+	s.checkpointer = startCheckpointer(sql.OpenDB(connector), &s.commits, s.noteFsyncFailure)
 	pragmas.Add("_pragma", "query_only(1)")
 	s.readDB, err = sql.Open("sqlite", path+"?"+pragmas.Encode())
 	if err == nil {
@@ -185,12 +213,12 @@ func setup(ctx context.Context, db *sql.DB) error {
 	if !strings.EqualFold(mode, "wal") {
 		return fmt.Errorf("journal_mode is %q, not WAL (does the filesystem support shared memory?)", mode)
 	}
-	var sync int
+	var sync int64
 	if err := db.QueryRowContext(ctx, "PRAGMA synchronous").Scan(&sync); err != nil {
 		return translate(ctx, err)
 	}
-	if sync != 2 {
-		return fmt.Errorf("synchronous is %d, not FULL (2)", sync)
+	if sync != syncFull {
+		return fmt.Errorf("synchronous is %d, not FULL (%d)", sync, syncFull)
 	}
 	return migrate(ctx, db)
 }
@@ -263,6 +291,7 @@ func (s *Store) Close() error {
 	if s.checkpointer != nil {
 		errs = append(errs, s.checkpointer.close())
 	}
+	s.sync.close()
 	if s.readDB != nil {
 		s.r.close()
 		errs = append(errs, s.readDB.Close())
@@ -295,6 +324,9 @@ func durationOf(ns int64) time.Duration { return time.Duration(ns) }
 func (s *Store) Begin(ctx context.Context) (store.Tx, error) {
 	if s.closed.Load() {
 		return nil, errClosed
+	}
+	if err := s.sync.failure(); err != nil {
+		return nil, fmt.Errorf("begin: %w", err)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("begin: %w", err)
@@ -331,7 +363,11 @@ func queryOne[T any](ctx context.Context, s *Store, stmt *sql.Stmt, scan func(sc
 	}
 	v, err := scan(stmt.QueryRowContext(ctx, args...))
 	if err != nil {
-		return zero, fmt.Errorf("%s: %w", what, translate(ctx, err))
+		err = fmt.Errorf("%s: %w", what, translate(ctx, err))
+	}
+	s.readBarrier(ctx, &err)
+	if err != nil {
+		return zero, err
 	}
 	return v, nil
 }
@@ -376,7 +412,8 @@ func (s *Store) AccountGet(ctx context.Context, key ledger.AccountKey) (ledger.A
 // AccountList returns the accounts of subject ordered by generation, or
 // every account ordered by key when subject.Subject is empty; no match is
 // an empty list.
-func (s *Store) AccountList(ctx context.Context, subject ledger.PolicyKey) ([]ledger.Account, error) {
+func (s *Store) AccountList(ctx context.Context, subject ledger.PolicyKey) (_ []ledger.Account, err error) {
+	defer s.readBarrier(ctx, &err)
 	if s.closed.Load() {
 		return nil, errClosed
 	}
@@ -396,7 +433,8 @@ func (s *Store) PolicyGet(ctx context.Context, generation uint64) (ledger.Policy
 }
 
 // PolicyList returns every policy generation, oldest first.
-func (s *Store) PolicyList(ctx context.Context) ([]ledger.Policy, error) {
+func (s *Store) PolicyList(ctx context.Context) (_ []ledger.Policy, err error) {
+	defer s.readBarrier(ctx, &err)
 	if s.closed.Load() {
 		return nil, errClosed
 	}
@@ -409,7 +447,8 @@ func (s *Store) ShardGet(ctx context.Context, id string) (ledger.Shard, error) {
 }
 
 // ShardList returns every shard, ordered by id.
-func (s *Store) ShardList(ctx context.Context) ([]ledger.Shard, error) {
+func (s *Store) ShardList(ctx context.Context) (_ []ledger.Shard, err error) {
+	defer s.readBarrier(ctx, &err)
 	if s.closed.Load() {
 		return nil, errClosed
 	}
@@ -426,7 +465,8 @@ func scanID(sc scanner) (string, error) {
 // (RESERVED with ExpiresAt <= now, every EXPIRING, STARTED with a non-zero
 // ExecutionDeadline <= now), ordered by the time they became due, ties by
 // id; none for limit <= 0. It reads the partial index reservations_due.
-func (s *Store) ReservationsDue(ctx context.Context, now time.Time, limit int) ([]string, error) {
+func (s *Store) ReservationsDue(ctx context.Context, now time.Time, limit int) (_ []string, err error) {
+	defer s.readBarrier(ctx, &err)
 	if s.closed.Load() {
 		return nil, errClosed
 	}
@@ -442,7 +482,8 @@ func (s *Store) ReservationsDue(ctx context.Context, now time.Time, limit int) (
 // empty list. It returns an error for f.Limit <= 0 and for a cursor time
 // no row can hold (one codec.Conv.Nanos refuses). It reads the partial
 // index reservations_usage_unknown_at.
-func (s *Store) ReservationsUnknown(ctx context.Context, f store.UnknownFilter) ([]ledger.Reservation, error) {
+func (s *Store) ReservationsUnknown(ctx context.Context, f store.UnknownFilter) (_ []ledger.Reservation, err error) {
+	defer s.readBarrier(ctx, &err)
 	if s.closed.Load() {
 		return nil, errClosed
 	}
@@ -501,7 +542,8 @@ const debtScanChunk = 512
 // the one before read, so no statement runs unbounded; each query is its
 // own snapshot, so a row written between two of them is seen as it was
 // when its chunk was read.
-func (s *Store) AccountsInDebt(ctx context.Context, f store.DebtFilter) ([]ledger.Account, error) {
+func (s *Store) AccountsInDebt(ctx context.Context, f store.DebtFilter) (_ []ledger.Account, err error) {
+	defer s.readBarrier(ctx, &err)
 	if s.closed.Load() {
 		return nil, errClosed
 	}
@@ -550,7 +592,8 @@ func (s *Store) AccountsInDebt(ctx context.Context, f store.DebtFilter) ([]ledge
 // shards by id, policies by generation, statements and journal in
 // insertion order (the journal table's rows, then every journal batch's
 // entries), JournalComplete set.
-func (s *Store) Snapshot(ctx context.Context) (*ledger.Snapshot, error) {
+func (s *Store) Snapshot(ctx context.Context) (_ *ledger.Snapshot, err error) {
+	defer s.readBarrier(ctx, &err)
 	if s.closed.Load() {
 		return nil, errClosed
 	}

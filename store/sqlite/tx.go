@@ -312,11 +312,19 @@ func (tx *Tx) Write(ctx context.Context, c *store.Changes) error {
 }
 
 func (tx *Tx) exec(ctx context.Context, i int, what string, conv *codec.Conv, args []any) error {
+	return tx.run(ctx, i, func() string { return what }, conv, args)
+}
+
+// run is exec with the statement's description built only for an error:
+// Write runs a statement per row kind and chunk, and building every
+// description (a concatenation or a Sprintf each) cost allocations on
+// every batch for messages almost never shown.
+func (tx *Tx) run(ctx context.Context, i int, describe func() string, conv *codec.Conv, args []any) error {
 	if err := conv.Err(); err != nil {
-		return fmt.Errorf("%s: %w", what, err)
+		return fmt.Errorf("%s: %w", describe(), err)
 	}
 	if err := tx.w.exec(stmtCtx(ctx), tx.w.stmts[i], args); err != nil {
-		return fmt.Errorf("%s: %w", what, tx.err(ctx, err))
+		return fmt.Errorf("%s: %w", describe(), tx.err(ctx, err))
 	}
 	return nil
 }
@@ -324,19 +332,19 @@ func (tx *Tx) exec(ctx context.Context, i int, what string, conv *codec.Conv, ar
 func (tx *Tx) write(ctx context.Context, c *store.Changes) error {
 	var conv codec.Conv
 	for _, name := range slices.Sorted(maps.Keys(c.Meta)) {
-		if err := tx.exec(ctx, wMetaPut, "meta "+name, &conv, []any{name, c.Meta[name]}); err != nil {
+		if err := tx.run(ctx, wMetaPut, func() string { return "meta " + name }, &conv, []any{name, c.Meta[name]}); err != nil {
 			return err
 		}
 	}
 	for i := range c.Policies {
 		p := &c.Policies[i]
-		if err := tx.exec(ctx, wPolicyPut, fmt.Sprintf("policy generation %d", p.Generation), &conv, policyArgs(p, &conv)); err != nil {
+		if err := tx.run(ctx, wPolicyPut, func() string { return fmt.Sprintf("policy generation %d", p.Generation) }, &conv, policyArgs(p, &conv)); err != nil {
 			return err
 		}
 	}
 	for i := range c.Heads {
 		h := &c.Heads[i]
-		if err := tx.exec(ctx, wHeadPut, "policy head "+h.Key.String(), &conv, headArgs(h, &conv)); err != nil {
+		if err := tx.run(ctx, wHeadPut, func() string { return "policy head " + h.Key.String() }, &conv, headArgs(h, &conv)); err != nil {
 			return err
 		}
 	}
@@ -350,7 +358,7 @@ func (tx *Tx) write(ctx context.Context, c *store.Changes) error {
 		}
 	}
 	for _, cur := range c.Currents {
-		if err := tx.exec(ctx, wCurrentPut, "current of "+cur.Subject.String(), &conv, currentArgs(cur.Subject, cur.Generation, &conv)); err != nil {
+		if err := tx.run(ctx, wCurrentPut, func() string { return "current of " + cur.Subject.String() }, &conv, currentArgs(cur.Subject, cur.Generation, &conv)); err != nil {
 			return err
 		}
 	}
@@ -365,7 +373,7 @@ func (tx *Tx) write(ctx context.Context, c *store.Changes) error {
 			}
 			continue
 		}
-		if err := tx.exec(ctx, wReservationPut, "reservation "+r.ID, &conv, reservationArgs(r, &conv)); err != nil {
+		if err := tx.run(ctx, wReservationPut, func() string { return "reservation " + r.ID }, &conv, reservationArgs(r, &conv)); err != nil {
 			return err
 		}
 	}
@@ -387,19 +395,19 @@ func (tx *Tx) write(ctx context.Context, c *store.Changes) error {
 	}
 	for i := range c.Moves {
 		m := &c.Moves[i]
-		if err := tx.exec(ctx, wMoveInsert, "insert move "+m.ReceiptID, &conv, moveArgs(m, &conv)); err != nil {
+		if err := tx.run(ctx, wMoveInsert, func() string { return "insert move " + m.ReceiptID }, &conv, moveArgs(m, &conv)); err != nil {
 			return err
 		}
 	}
 	for i := range c.Shards {
 		sh := &c.Shards[i]
-		if err := tx.exec(ctx, wShardPut, "shard "+sh.ID, &conv, shardArgs(sh, &conv)); err != nil {
+		if err := tx.run(ctx, wShardPut, func() string { return "shard " + sh.ID }, &conv, shardArgs(sh, &conv)); err != nil {
 			return err
 		}
 	}
 	for i := range c.Statements {
 		st := &c.Statements[i]
-		if err := tx.exec(ctx, wStatementInsert, "insert statement of "+st.Account.String(), &conv, statementArgs(st, &conv)); err != nil {
+		if err := tx.run(ctx, wStatementInsert, func() string { return "insert statement of " + st.Account.String() }, &conv, statementArgs(st, &conv)); err != nil {
 			return err
 		}
 	}
@@ -410,13 +418,13 @@ func (tx *Tx) write(ctx context.Context, c *store.Changes) error {
 		return nil
 	}
 	// The driver copies the blob into C memory: the buffer is reused.
-	what := fmt.Sprintf("journal of %d entries", len(c.Journal))
+	what := func() string { return fmt.Sprintf("journal of %d entries", len(c.Journal)) }
 	blob, err := appendJournalBatch(tx.w.journalBuf[:0], c.Journal)
 	if err != nil {
-		return fmt.Errorf("%s: %w", what, err)
+		return fmt.Errorf("%s: %w", what(), err)
 	}
 	tx.w.journalBuf = blob
-	return tx.exec(ctx, wJournalBatchInsert, what, &conv, []any{blob})
+	return tx.run(ctx, wJournalBatchInsert, what, &conv, []any{blob})
 }
 
 // minSharedRows is the fewest fresh reservations sharing freshSharedCols
@@ -489,11 +497,14 @@ func insertRows[T any](ctx context.Context, tx *Tx, conv *codec.Conv, prefix []a
 			for _, r := range rows[:size] {
 				args = appendArgs(args, r, conv)
 			}
-			what := name(rows[0])
-			if size > 1 {
-				what += fmt.Sprintf(" (and %d more)", size-1)
+			describe := func() string {
+				what := name(rows[0])
+				if size > 1 {
+					what += fmt.Sprintf(" (and %d more)", size-1)
+				}
+				return what
 			}
-			if err := tx.exec(ctx, first+k, what, conv, args); err != nil {
+			if err := tx.run(ctx, first+k, describe, conv, args); err != nil {
 				return err
 			}
 			rows = rows[size:]
@@ -503,14 +514,33 @@ func insertRows[T any](ctx context.Context, tx *Tx, conv *codec.Conv, prefix []a
 }
 
 // Commit makes the transaction durable (the WAL is fsynced before it
-// returns) and returns nil. Otherwise it returns: the Write error after a
+// returns: by the COMMIT itself, or in a pipelined store by Store.Sync
+// right after it) and returns nil. Otherwise it returns: the Write error after a
 // failed Write, having rolled back; the context's error when the Begin or
 // Commit context has ended, having rolled back (nothing visible);
 // store.ErrUnavailable after Close, having rolled back;
 // store.ErrConflict or store.ErrUnavailable from the driver (for an I/O
 // error during COMMIT the outcome is unknown, as store.ErrUnavailable
-// says). Every outcome ends the transaction.
+// says; a failed fsync fails the store for good, see store.Syncer). Every
+// outcome ends the transaction.
 func (tx *Tx) Commit(ctx context.Context) error {
+	if err := tx.commit(ctx); err != nil {
+		return err
+	}
+	if err := tx.s.Sync(ctx); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	return nil
+}
+
+// CommitDeferred is Commit without the fsync in a pipelined store
+// (store.DeferredCommitter): the commit is visible to this process's
+// writer at once, and durable (and visible to the read methods) once a
+// later Store.Sync returned nil. In a store not opened WithPipelinedSync
+// it is Commit.
+func (tx *Tx) CommitDeferred(ctx context.Context) error { return tx.commit(ctx) }
+
+func (tx *Tx) commit(ctx context.Context) error {
 	if tx.done {
 		return errors.New("commit: transaction already ended")
 	}
@@ -531,7 +561,11 @@ func (tx *Tx) Commit(ctx context.Context) error {
 		tx.rollback(ctx)
 		return fmt.Errorf("commit: %w", err)
 	}
-	if err := tx.w.exec(stmtCtx(ctx), tx.w.commit, nil); err != nil {
+	seq := tx.s.beginWrite()
+	err := tx.w.exec(stmtCtx(ctx), tx.w.commit, nil)
+	tx.s.endWrite(seq)
+	if err != nil {
+		tx.s.noteFsyncFailure(err)
 		// The outcome may be unknown: the cache reads everything again.
 		// A COMMIT that failed may leave the transaction open (SQLITE_BUSY
 		// does): end it, or the next BEGIN would fail.

@@ -81,7 +81,18 @@ func (s *Store) withWriter(ctx context.Context, f func(w *writer) error) error {
 	if s.closed.Load() {
 		return errClosed
 	}
-	return f(s.w)
+	if err := s.sync.failure(); err != nil {
+		return err
+	}
+	// Pipelined, what f commits is durable once the Sync returns.
+	seq := s.beginWrite()
+	err := f(s.w)
+	s.endWrite(seq)
+	s.noteFsyncFailure(err)
+	if err != nil {
+		return err
+	}
+	return s.Sync(ctx)
 }
 
 // Reclaim gives all of the file's free pages back to the filesystem

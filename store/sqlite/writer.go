@@ -36,9 +36,17 @@ type writer struct {
 	closeErr  error
 }
 
-// openWriter opens the write connection through connector and prepares
-// every write statement on it.
-func openWriter(ctx context.Context, connector driver.Connector) (*writer, error) {
+// PRAGMA synchronous values: FULL fsyncs the WAL in every COMMIT; NORMAL
+// leaves that to a checkpoint or to Store.Sync (pipeline.go).
+const (
+	syncNormal int64 = 1
+	syncFull   int64 = 2
+)
+
+// openWriter opens the write connection through connector, checks that
+// it runs with synchronous wantSync and prepares every write statement on
+// it.
+func openWriter(ctx context.Context, connector driver.Connector, wantSync int64) (*writer, error) {
 	conn, err := connector.Connect(ctx)
 	if err != nil {
 		return nil, err
@@ -67,14 +75,14 @@ func openWriter(ctx context.Context, connector driver.Connector) (*writer, error
 		return nil, err
 	}
 	// synchronous is per connection: check this one's, which every
-	// acknowledged commit relies on.
+	// acknowledged commit relies on (with Store.Sync when it is NORMAL).
 	check, err := prepare("PRAGMA synchronous")
 	if err == nil {
 		var sync int64
 		sync, err = queryOneRow(ctx, w, check, nil, scanInt)
 		check.Close()
-		if err == nil && sync != 2 {
-			err = fmt.Errorf("synchronous is %d, not FULL (2)", sync)
+		if err == nil && sync != wantSync {
+			err = fmt.Errorf("synchronous is %d, not %d", sync, wantSync)
 		}
 	}
 	if err != nil {

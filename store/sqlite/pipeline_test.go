@@ -1,0 +1,167 @@
+package sqlite_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"syscall"
+	"testing"
+
+	"github.com/capledger/capledger/store"
+	"github.com/capledger/capledger/store/sqlite"
+	"github.com/capledger/capledger/store/storetest"
+)
+
+func openPipelined(t *testing.T) *sqlite.Store {
+	t.Helper()
+	s, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "capledger.db"), sqlite.WithPipelinedSync())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// Every store contract holds for a pipelined store too (Tx.Commit syncs
+// before it returns).
+func TestConformancePipelined(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) store.Store { return openPipelined(t) })
+}
+
+// countSyncs makes s count its fdatasyncs (still doing them).
+func countSyncs(s *sqlite.Store) *atomic.Int64 {
+	var n atomic.Int64
+	sqlite.SetDatasync(s, func(f *os.File) error {
+		n.Add(1)
+		return f.Sync()
+	})
+	return &n
+}
+
+func commitDeferred(t *testing.T, s *sqlite.Store, c *store.Changes) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := s.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if err := tx.Write(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.(store.DeferredCommitter).CommitDeferred(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A pipelined store commits with synchronous=NORMAL and fsyncs in Sync:
+// one fdatasync for every commit before it, none when nothing is new.
+func TestPipelinedCommitsAreSyncedBySync(t *testing.T) {
+	s := openPipelined(t)
+	if mode, err := sqlite.WriterSynchronous(s); err != nil || mode != 1 {
+		t.Fatalf("writer synchronous %d, %v; want NORMAL (1)", mode, err)
+	}
+	syncs := countSyncs(s)
+	ctx := context.Background()
+	commitDeferred(t, s, insert("a"))
+	commitDeferred(t, s, insert("b"))
+	if n := syncs.Load(); n != 0 {
+		t.Fatalf("%d fsyncs inside deferred commits", n)
+	}
+	if err := s.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := syncs.Load(); n != 1 {
+		t.Fatalf("%d fsyncs for two commits and two Syncs; want 1", n)
+	}
+	// Tx.Commit keeps its contract: synced before it returns.
+	commit(t, s, insert("c"))
+	if n := syncs.Load(); n != 2 {
+		t.Fatalf("Commit in a pipelined store: %d fsyncs in all, want 2", n)
+	}
+
+	// A store opened without the option fsyncs in COMMIT, never in Sync.
+	full := openTemp(t)
+	if mode, err := sqlite.WriterSynchronous(full); err != nil || mode != 2 {
+		t.Fatalf("default writer synchronous %d, %v; want FULL (2)", mode, err)
+	}
+}
+
+// The read methods never answer from a commit that is not durable: a read
+// after a deferred commit syncs it first.
+func TestPipelinedReadsWaitForTheSync(t *testing.T) {
+	s := openPipelined(t)
+	syncs := countSyncs(s)
+	ctx := context.Background()
+	commitDeferred(t, s, insert("a"))
+	if _, err := s.ReservationGet(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	if n := syncs.Load(); n != 1 {
+		t.Fatalf("a read answered a deferred commit after %d fsyncs; want 1 before it", n)
+	}
+	commitDeferred(t, s, insert("b"))
+	if _, err := s.ReservationGet(ctx, "no-such"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatal(err)
+	}
+	if n := syncs.Load(); n != 2 {
+		t.Fatalf("not found answered over a deferred commit after %d fsyncs; want 2", n)
+	}
+	commitDeferred(t, s, insert("c"))
+	if _, err := s.Snapshot(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := syncs.Load(); n != 3 {
+		t.Fatalf("a snapshot over a deferred commit after %d fsyncs; want 3", n)
+	}
+}
+
+// fsyncgate: after a failed fsync the store never tries another and
+// refuses every read and write until it is opened again.
+func TestFailedSyncFailsTheStoreForGood(t *testing.T) {
+	s := openPipelined(t)
+	var calls atomic.Int64
+	sqlite.SetDatasync(s, func(*os.File) error {
+		calls.Add(1)
+		return syscall.EIO
+	})
+	ctx := context.Background()
+	commitDeferred(t, s, insert("a"))
+	err := s.Sync(ctx)
+	if !errors.Is(err, store.ErrUnavailable) || !errors.Is(err, sqlite.ErrSyncFailed) || !errors.Is(err, syscall.EIO) {
+		t.Fatalf("failed sync: %v", err)
+	}
+	if err := s.Sync(ctx); !errors.Is(err, sqlite.ErrSyncFailed) {
+		t.Fatalf("second Sync: %v", err)
+	}
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("%d fsync attempts; a failed fsync must never be retried", n)
+	}
+	if _, err := s.Begin(ctx); !errors.Is(err, sqlite.ErrSyncFailed) {
+		t.Fatalf("Begin after a failed fsync: %v", err)
+	}
+	if _, err := s.ReservationGet(ctx, "a"); !errors.Is(err, sqlite.ErrSyncFailed) {
+		t.Fatalf("read after a failed fsync: %v", err)
+	}
+	if _, err := s.PolicyList(ctx); !errors.Is(err, sqlite.ErrSyncFailed) {
+		t.Fatalf("list after a failed fsync: %v", err)
+	}
+	// A Commit (not deferred) whose sync fails reports it too.
+	s2 := openPipelined(t)
+	sqlite.SetDatasync(s2, func(*os.File) error { return syscall.EIO })
+	tx, err := s2.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Write(ctx, insert("x")); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); !errors.Is(err, sqlite.ErrSyncFailed) {
+		t.Fatalf("Commit whose fsync failed: %v", err)
+	}
+}
