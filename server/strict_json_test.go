@@ -101,3 +101,19 @@ func TestSettleMustStateEveryReservedUnit(t *testing.T) {
 		t.Fatalf("settle with an explicit 0: %v", settled)
 	}
 }
+
+// A batch's list given twice is refused as protojson refuses any field
+// given twice, also when the first is empty (the hand-written codec once
+// took the second list then).
+func TestBatchListGivenTwiceIsRefused(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	for _, c := range []struct{ method, body string }{
+		{"ReserveBatch", `{"requests":[],"requests":[{"reservationId":"d-1","subject":"tenant-7","route":"chat.generate","units":{"tokens":1}}]}`},
+		{"SettleBatch", `{"requests":[],"requests":[{"reservationId":"d-1","operationId":"op","actualUnits":{"tokens":1}}]}`},
+	} {
+		r := h.call(c.method, c.body, "")
+		if r.status != http.StatusBadRequest || !strings.Contains(string(r.raw), `duplicate field`) {
+			t.Errorf("%s with its list twice: %d %s", c.method, r.status, r.raw)
+		}
+	}
+}
