@@ -50,6 +50,24 @@ func TestPublishMakesImmutableGenerations(t *testing.T) {
 	}
 }
 
+// A refused amount is named by its unit, as the caller wrote it (a map of
+// unit names), not only by the policy's dimension index.
+func TestInvalidUnitsNameTheUnit(t *testing.T) {
+	c := newChecked(t)
+	c.publish(policyOf(tokens(1000, 100), ledger.Dimension{Unit: "requests", Burst: 10, MaxReservation: 5,
+		RefillUnits: 1, RefillInterval: time.Second}))
+	if res := c.reserve("a", 5, -1); !errors.Is(res.Err, ledger.ErrInvalidCommand) ||
+		!strings.Contains(res.Err.Error(), `"requests"`) {
+		t.Errorf("negative requests: %v, want INVALID_COMMAND naming \"requests\"", res.Err)
+	}
+	c.must(c.reserve("b", 5, 1))
+	c.must(c.start("b"))
+	if res := c.settle("b", ledger.MaxUnits+1, 1); !errors.Is(res.Err, ledger.ErrInvalidCommand) ||
+		!strings.Contains(res.Err.Error(), `"tokens"`) {
+		t.Errorf("settle above MaxUnits: %v, want INVALID_COMMAND naming \"tokens\"", res.Err)
+	}
+}
+
 // Every way Reserve says no, with what the rejection carries.
 func TestReserveRejections(t *testing.T) {
 	twoDims := func() *ledger.Policy {

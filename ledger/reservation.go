@@ -315,6 +315,16 @@ func aboveMaxUnits(p *Policy, units *Amounts) int {
 	return dim
 }
 
+// dimensionName names dimension i for an error: by its unit, which is
+// what the caller wrote (units are a map of names in the API), and its
+// index.
+func dimensionName(p *Policy, i int) string {
+	if i < len(p.Dimensions) {
+		return fmt.Sprintf("%q (dimension %d)", p.Dimensions[i].Unit, i)
+	}
+	return fmt.Sprintf("dimension %d", i)
+}
+
 // checkUnits validates amounts against a policy: no negative amounts, none
 // above MaxUnits, none in dimensions the policy lacks, and (when positive
 // is set) at least one positive amount.
@@ -322,10 +332,10 @@ func checkUnits(p *Policy, units *Amounts, positive bool) error {
 	any := false
 	for i, u := range units {
 		if u < 0 {
-			return invalid("units in dimension %d are negative (%d)", i, u)
+			return invalid("units in %s are negative (%d)", dimensionName(p, i), u)
 		}
 		if u > MaxUnits {
-			return invalid("units in dimension %d exceed %d (%d)", i, MaxUnits, u)
+			return invalid("units in %s exceed %d (%d)", dimensionName(p, i), MaxUnits, u)
 		}
 		if u > 0 && i >= len(p.Dimensions) {
 			return invalid("units in dimension %d, which policy generation %d does not have", i, p.Generation)

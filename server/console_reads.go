@@ -148,8 +148,10 @@ func (c consoleService) ListStatements(ctx context.Context, req *connect.Request
 		return nil, cerr
 	}
 	m := req.Msg
-	if m.GetSubject() == "" || m.GetRoute() == "" {
-		return nil, invalidArgument(ReasonInvalidCommand, "subject and route are required")
+	if m.GetSubject() == "" || m.GetRoute() == "" || m.GetPolicyGeneration() == 0 {
+		// Generations start at 1: without one no account is named, and an
+		// empty answer would read as "no statements".
+		return nil, invalidArgument(ReasonInvalidCommand, "subject, route and policy_generation are required")
 	}
 	size, cerr := pageSize(m.GetPageSize())
 	if cerr != nil {

@@ -151,7 +151,10 @@ func TestConsoleStatementsNewestFirst(t *testing.T) {
 		t.Errorf("the second page is not the oldest statement")
 	}
 	for _, body := range []string{`{"route":"chat.generate"}`, `{"subject":"tenant-b/u1"}`,
-		`{"subject":"tenant-b/u1","route":"chat.generate","pageToken":"x"}`} {
+		`{"subject":"tenant-b/u1","route":"chat.generate","pageToken":"x"}`,
+		// Generations start at 1: without one the call names no account,
+		// and an empty answer would read as "no statements".
+		`{"subject":"tenant-b/u1","route":"chat.generate"}`} {
 		h.wantError(h.consoleCall("ListStatements", body, consoleViewer), http.StatusBadRequest, "invalid_argument", server.ReasonInvalidCommand)
 	}
 	// tenant-a/u1's statements, to a token scoped to tenant-b/*: exactly

@@ -36,13 +36,11 @@ func Decode(data []byte, m proto.Message) bool {
 	case *v1.ReserveRequest:
 		ok = d.reserveRequest(m)
 	case *v1.ReserveBatchRequest:
+		var seen uint8 // not m.Requests != nil: an empty list leaves it nil
 		ok = d.object(func(key []byte) bool {
 			switch string(key) {
 			case "requests":
-				if m.Requests != nil {
-					return false
-				}
-				return d.array(func() bool {
+				return d.once(&seen, 1) && d.array(func() bool {
 					r := &v1.ReserveRequest{}
 					m.Requests = append(m.Requests, r)
 					return d.reserveRequest(r)
@@ -64,13 +62,11 @@ func Decode(data []byte, m proto.Message) bool {
 	case *v1.SettleRequest:
 		ok = d.settleRequest(m)
 	case *v1.SettleBatchRequest:
+		var seen uint8 // not m.Requests != nil: an empty list leaves it nil
 		ok = d.object(func(key []byte) bool {
 			switch string(key) {
 			case "requests":
-				if m.Requests != nil {
-					return false
-				}
-				return d.array(func() bool {
+				return d.once(&seen, 1) && d.array(func() bool {
 					r := &v1.SettleRequest{}
 					m.Requests = append(m.Requests, r)
 					return d.settleRequest(r)

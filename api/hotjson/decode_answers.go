@@ -20,8 +20,9 @@ func (d *decoder) answer(m any) (handled, ok bool) {
 	case *v1.ReserveResponse:
 		return true, d.reserveResponse(m)
 	case *v1.ReserveBatchResponse:
+		var seen uint8 // not m.Outcomes != nil: an empty list leaves it nil
 		return true, d.object(func(key []byte) bool {
-			if string(key) != "outcomes" || m.Outcomes != nil {
+			if string(key) != "outcomes" || !d.once(&seen, 1) {
 				return false
 			}
 			return d.array(func() bool {
@@ -59,8 +60,9 @@ func (d *decoder) answer(m any) (handled, ok bool) {
 	case *v1.SettleResponse:
 		return true, d.settleResponse(m)
 	case *v1.SettleBatchResponse:
+		var seen uint8 // not m.Outcomes != nil: an empty list leaves it nil
 		return true, d.object(func(key []byte) bool {
-			if string(key) != "outcomes" || m.Outcomes != nil {
+			if string(key) != "outcomes" || !d.once(&seen, 1) {
 				return false
 			}
 			return d.array(func() bool {

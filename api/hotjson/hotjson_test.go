@@ -325,6 +325,21 @@ func TestDecodeLeavesTheUnusualToProtojson(t *testing.T) {
 	if Decode([]byte(`{"outcomes":[{"ok":{},"error":{}}]}`), &v1.ReserveBatchResponse{}) {
 		t.Error("Decode took a oneof set twice")
 	}
+	// A batch's list given twice, the first time empty: protojson refuses
+	// the duplicate field; the second list must not pass for the only one.
+	for _, c := range []struct {
+		in string
+		m  proto.Message
+	}{
+		{`{"requests":[],"requests":[{"reservationId":"r1"}]}`, &v1.ReserveBatchRequest{}},
+		{`{"requests":[],"requests":[{"reservationId":"r1"}]}`, &v1.SettleBatchRequest{}},
+		{`{"outcomes":[],"outcomes":[{"ok":{}}]}`, &v1.ReserveBatchResponse{}},
+		{`{"outcomes":[],"outcomes":[{"ok":{}}]}`, &v1.SettleBatchResponse{}},
+	} {
+		if Decode([]byte(c.in), c.m) {
+			t.Errorf("Decode took %s into %T", c.in, c.m)
+		}
+	}
 	// And the strict codec then answers with protojson's error.
 	err := Codec{CodecName: "json", Strict: true}.Unmarshal([]byte(`{"reservationId":"r1","actualUnit":{"tokens":5}}`), &v1.SettleRequest{})
 	if err == nil || !strings.Contains(err.Error(), `unknown field "actualUnit"`) {
@@ -357,6 +372,8 @@ func FuzzDecodeAgreesWithProtojson(f *testing.F) {
 	f.Add([]byte(`{"outcomes":[{"ok":{"reservation":{"createdAt":"2026-12-02T06:00:00.5Z","state":"RESERVATION_STATE_RESERVED"}}}]}`))
 	f.Add([]byte(`{"shadowRejection":{"retryAfter":"-1.5s"},"replayed":true}`))
 	f.Add([]byte(`{"requests":[{"subject":"a"},{}]}`))
+	f.Add([]byte(`{"requests":[],"requests":[{}]}`))
+	f.Add([]byte(`{"outcomes":[],"outcomes":[{}]}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		for _, m := range []proto.Message{&v1.ReserveRequest{}, &v1.ReserveBatchRequest{}, &v1.StartRequest{},
 			&v1.SettleRequest{}, &v1.SettleBatchRequest{}, &v1.ReleaseRequest{},

@@ -81,6 +81,8 @@ var layers = []layer{
 		why: "the canonical request digest, shared by the SDK (which sends it) and the server (which derives it)"},
 	{pkg: "api/opstatus", imports: nil, testImports: []string{}, stdOnly: true,
 		why: "the operation-status endpoint's wire form and signatures, shared by the SDK (which serves it) and the resolver's HTTP client (which cmd wires)"},
+	{pkg: "api/hotjson", imports: []string{"api/capledger/v1"}, testImports: []string{"api/capledger/v1"}, pure: true,
+		why: "the hand-written JSON codec of the hot messages (protojson for the rest), shared by the server (which decodes requests) and the SDK (which decodes answers)"},
 	{pkg: "api/capledger/v1", imports: nil,
 		why: "generated protobuf code"},
 	{pkg: "api/capledger/v1/capledgerv1connect", imports: []string{"api/capledger/v1"},

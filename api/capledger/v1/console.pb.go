@@ -861,7 +861,8 @@ type ListStatementsRequest struct {
 	Subject string                 `protobuf:"bytes,1,opt,name=subject,proto3" json:"subject,omitempty"`
 	Route   string                 `protobuf:"bytes,2,opt,name=route,proto3" json:"route,omitempty"`
 	// Empty: "global".
-	Region           string `protobuf:"bytes,3,opt,name=region,proto3" json:"region,omitempty"`
+	Region string `protobuf:"bytes,3,opt,name=region,proto3" json:"region,omitempty"`
+	// Required: the account's generation (generations start at 1).
 	PolicyGeneration uint64 `protobuf:"varint,4,opt,name=policy_generation,json=policyGeneration,proto3" json:"policy_generation,omitempty"`
 	// At most this many statements: default 100, at most 1000.
 	PageSize      int32  `protobuf:"varint,5,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
