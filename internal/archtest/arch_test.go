@@ -87,8 +87,6 @@ var layers = []layer{
 		why: "generated protobuf code"},
 	{pkg: "api/capledger/v1/capledgerv1connect", imports: []string{"api/capledger/v1"},
 		why: "generated Connect code"},
-	{pkg: "api/hotjson", imports: []string{"api/capledger/v1"}, testImports: []string{"api/capledger/v1"},
-		why: "the hot messages' JSON written and read without reflection (protojson for the rest), shared by the server's strict codec and the SDK"},
 
 	{pkg: "server", imports: []string{"api/...", "engine", "ledger", "store"},
 		// store (the interface package) only for its driver-neutral errors
