@@ -283,7 +283,12 @@ func AuditWith(s *Snapshot, o AuditOptions) ([]Discrepancy, *Checkpoint) {
 				}
 			}
 		}
-		t := get(a.Key)
+		// Read, not get: an entry per account would hold a million
+		// zero sums for the whole audit.
+		t := per[a.Key]
+		if t == nil {
+			t = &sums{}
+		}
 		for d := 0; d < MaxDimensions; d++ {
 			bal := &a.Balances[d]
 			if bal.RetiredForEmergency != t.shards[d] {
