@@ -165,7 +165,11 @@ func (c *Checkpoint) Header() Checkpoint {
 
 // checkpointBuilder accumulates the next checkpoint while an audit reads
 // the journal: the previous checkpoint's vectors plus every entry up to
-// the cut.
+// the cut. It holds a replay only for the accounts with entries since the
+// previous checkpoint; the others are read from the previous checkpoint's
+// accounts (in key order) when one is touched or the checkpoint finished,
+// so a ledger of a million accounts of which a thousand moved in an epoch
+// costs a thousand replays, not a million hashes.
 type checkpointBuilder struct {
 	prev     *Checkpoint
 	through  int64
@@ -189,14 +193,27 @@ func newCheckpointBuilder(prev *Checkpoint, through int64, moves []Move) *checkp
 	}
 	if prev != nil {
 		b.entries = prev.Entries
-		for i := range prev.Accounts {
-			a := &prev.Accounts[i]
-			h := sha256.New()
-			writeString(h, a.Journal)
-			b.accounts[a.Account] = &building{balances: a.Balances, entries: a.Entries, h: h}
-		}
 	}
 	return b
+}
+
+// prevAccount returns the previous checkpoint's part of account k, nil
+// when it has none.
+func (b *checkpointBuilder) prevAccount(k AccountKey) *CheckpointAccount {
+	if b.prev == nil {
+		return nil
+	}
+	return findCheckpointAccount(b.prev.Accounts, k)
+}
+
+// findCheckpointAccount finds k in accounts, which are in key order (as
+// VerifyCheckpoints requires of a checkpoint's), nil when absent.
+func findCheckpointAccount(accounts []CheckpointAccount, k AccountKey) *CheckpointAccount {
+	i, found := slices.BinarySearchFunc(accounts, k, func(a CheckpointAccount, k AccountKey) int { return a.Account.Compare(k) })
+	if !found {
+		return nil
+	}
+	return &accounts[i]
 }
 
 // add takes one entry at position pos, if it is within the cut.
@@ -207,7 +224,12 @@ func (b *checkpointBuilder) add(pos int64, e *JournalEntry) {
 	a := b.accounts[e.Account]
 	if a == nil {
 		a = &building{h: sha256.New()}
-		writeString(a.h, "")
+		if p := b.prevAccount(e.Account); p != nil {
+			a.balances, a.entries = p.Balances, p.Entries
+			writeString(a.h, p.Journal)
+		} else {
+			writeString(a.h, "")
+		}
 		b.accounts[e.Account] = a
 	}
 	a.balances.Add(&e.Delta)
@@ -219,17 +241,59 @@ func (b *checkpointBuilder) add(pos int64, e *JournalEntry) {
 	}
 }
 
+// each calls f with every account of the checkpoint in key order: the
+// previous checkpoint's accounts merged with those touched since. An
+// untouched account keeps its vector and entry count; its journal digest
+// is that of the previous one's followed by nothing, as if its replay had
+// been held all along.
+func (b *checkpointBuilder) each(f func(a *CheckpointAccount)) {
+	touched := slices.SortedFunc(maps.Keys(b.accounts), AccountKey.Compare)
+	var prev []CheckpointAccount
+	if b.prev != nil {
+		prev = b.prev.Accounts
+	}
+	h := sha256.New()
+	var out CheckpointAccount
+	for i, j := 0, 0; i < len(prev) || j < len(touched); {
+		var c int
+		switch {
+		case i == len(prev):
+			c = 1
+		case j == len(touched):
+			c = -1
+		default:
+			c = prev[i].Account.Compare(touched[j])
+		}
+		if c < 0 {
+			p := &prev[i]
+			h.Reset()
+			writeString(h, p.Journal)
+			out = CheckpointAccount{Account: p.Account, Balances: p.Balances, Entries: p.Entries, Journal: digestHex(h)}
+			i++
+		} else {
+			k := touched[j]
+			a := b.accounts[k]
+			out = CheckpointAccount{Account: k, Balances: a.balances, Entries: a.entries, Journal: digestHex(a.h)}
+			j++
+			if c == 0 {
+				i++
+			}
+		}
+		f(&out)
+	}
+}
+
 func (b *checkpointBuilder) finish(cutAt time.Time) *Checkpoint {
 	c := &Checkpoint{Seq: 1, Through: b.through, CutAt: cutAt.UTC(), Entries: b.entries, Moves: int64(len(b.moves))}
 	if b.prev != nil {
 		c.Seq, c.Prev, c.Moves = b.prev.Seq+1, b.prev.Digest, b.prev.Moves+int64(len(b.moves))
 	}
-	keys := slices.SortedFunc(maps.Keys(b.accounts), AccountKey.Compare)
-	c.Accounts = make([]CheckpointAccount, 0, len(keys))
-	for _, k := range keys {
-		a := b.accounts[k]
-		c.Accounts = append(c.Accounts, CheckpointAccount{Account: k, Balances: a.balances, Entries: a.entries, Journal: digestHex(a.h)})
+	n := len(b.accounts)
+	if b.prev != nil {
+		n = max(n, len(b.prev.Accounts))
 	}
+	c.Accounts = make([]CheckpointAccount, 0, n)
+	b.each(func(a *CheckpointAccount) { c.Accounts = append(c.Accounts, *a) })
 	c.Seal()
 	return c
 }

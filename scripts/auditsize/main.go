@@ -52,7 +52,16 @@ func main() {
 	from := flag.Int("from", 0, "resume a fill at this lifecycle number (the store holds lifecycles 0 to from-1)")
 	report := flag.Int("report", 1000000, "print the fill's progress every this many lifecycles")
 	profile := flag.String("cpuprofile", "", "write a CPU profile of the phase to this file")
+	memprofile := flag.String("memprofile", "", "write a heap profile (allocations included) at the end of the phase to this file")
 	flag.Parse()
+	if *memprofile != "" {
+		defer func() {
+			f, err := os.Create(*memprofile)
+			must(err)
+			must(pprof.Lookup("allocs").WriteTo(f, 0))
+			must(f.Close())
+		}()
+	}
 	if *profile != "" {
 		f, err := os.Create(*profile)
 		must(err)
@@ -96,6 +105,7 @@ func main() {
 			must(fmt.Errorf("no checkpoint: %v", found))
 		}
 		cut := time.Since(start)
+		fmt.Printf("cut: peak RSS %s\n", peakRSS())
 		start = time.Now()
 		deleted, err := e.CompactJournal(ctx)
 		must(err)

@@ -114,8 +114,12 @@ func checkpointChain(ctx context.Context, tx *sql.Tx) ([]ledger.Checkpoint, erro
 		return chain, err
 	}
 	last := &chain[len(chain)-1]
-	last.Accounts, err = queryAll(ctx, txQuery{tx, "SELECT " + checkpointAccountCols + " FROM checkpoint_accounts WHERE seq = ? ORDER BY subject, route, region, generation"},
-		scanCheckpointAccount, "snapshot checkpoint accounts", last.Seq)
+	var accounts int64
+	if err := tx.QueryRowContext(ctx, "SELECT count(*) FROM checkpoint_accounts WHERE seq = ?", last.Seq).Scan(&accounts); err != nil {
+		return nil, fmt.Errorf("snapshot checkpoint accounts: %w", translate(ctx, err))
+	}
+	last.Accounts, err = queryAllSized(ctx, txQuery{tx, "SELECT " + checkpointAccountCols + " FROM checkpoint_accounts WHERE seq = ? ORDER BY subject, route, region, generation"},
+		accounts, scanCheckpointAccount, "snapshot checkpoint accounts", last.Seq)
 	return chain, err
 }
 

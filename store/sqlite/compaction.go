@@ -5,6 +5,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"math"
 
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
@@ -18,7 +19,20 @@ import (
 // write connection between batches (withWriter), each in a transaction
 // of its own.
 
-// CheckpointPut implements store.CheckpointStore.
+// checkpointPage is how many checkpoint account rows one write
+// transaction of CheckpointPut inserts or deletes: a few milliseconds on
+// the writer, after which the batches queued for it go first. A million
+// accounts in one transaction held the writer for seconds.
+const checkpointPage = 1024
+
+// CheckpointPut implements store.CheckpointStore without holding the
+// writer for long: it stages the accounts in transactions of
+// checkpointPage rows under c.Seq (invisible: readers read the accounts of
+// the last stored header only), then stores the header in one short
+// transaction that checks c still follows the chain, and then deletes the
+// accounts older checkpoints no longer need, a page at a time. Rows
+// staged by an attempt that ended before its header (a crash, ctx, a
+// conflict) are deleted by the next attempt first.
 func (s *Store) CheckpointPut(ctx context.Context, c *ledger.Checkpoint) error {
 	var conv codec.Conv
 	cutAt := conv.Nanos(c.CutAt)
@@ -28,38 +42,82 @@ func (s *Store) CheckpointPut(ctx context.Context, c *ledger.Checkpoint) error {
 	if err := conv.Err(); err != nil {
 		return fmt.Errorf("checkpoint %d: %w", c.Seq, err)
 	}
-	return s.withWriter(ctx, func(w *writer) error {
-		return s.inWriteTx(ctx, w, "checkpoint", func(tx *writeTx) error {
-			var seq, through int64
-			var prev string
-			found, err := tx.queryRow("SELECT seq, through, digest FROM checkpoints ORDER BY seq DESC LIMIT 1", nil,
-				func(sc scanner) error { return sc.Scan(&seq, &through, &prev) })
-			if err != nil {
+	// follows checks that c extends the stored chain.
+	follows := func(tx *writeTx) error {
+		var seq, through int64
+		var prev string
+		found, err := tx.queryRow("SELECT seq, through, digest FROM checkpoints ORDER BY seq DESC LIMIT 1", nil,
+			func(sc scanner) error { return sc.Scan(&seq, &through, &prev) })
+		if err != nil {
+			return err
+		}
+		if !found {
+			seq = 0
+		}
+		if c.Seq != seq+1 || c.Prev != prev || c.Through <= through {
+			return fmt.Errorf("checkpoint %d (previous %q, through %d) does not follow %d (%q, through %d): %w",
+				c.Seq, c.Prev, c.Through, seq, prev, through, store.ErrConflict)
+		}
+		return nil
+	}
+	inTx := func(f func(tx *writeTx) error) error {
+		return s.withWriter(ctx, func(w *writer) error { return s.inWriteTx(ctx, w, "checkpoint", f) })
+	}
+	// deletePages deletes the account rows of seqs from lo to hi, a page
+	// per transaction.
+	deletePages := func(lo, hi int64) error {
+		for {
+			var n int64
+			err := inTx(func(tx *writeTx) error {
+				var err error
+				n, err = tx.exec(`DELETE FROM checkpoint_accounts WHERE (seq, subject, route, region, generation) IN
+					(SELECT seq, subject, route, region, generation FROM checkpoint_accounts WHERE seq BETWEEN ? AND ? LIMIT ?)`,
+					lo, hi, int64(checkpointPage))
+				return err
+			})
+			if err != nil || n < checkpointPage {
 				return err
 			}
-			if !found {
-				seq = 0
-			}
-			if c.Seq != seq+1 || c.Prev != prev || c.Through <= through {
-				return fmt.Errorf("checkpoint %d (previous %q, through %d) does not follow %d (%q, through %d): %w",
-					c.Seq, c.Prev, c.Through, seq, prev, through, store.ErrConflict)
-			}
-			if _, err := tx.exec("INSERT INTO checkpoints ("+checkpointCols+") VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-				c.Seq, c.Through, cutAt, c.Entries, c.Moves, c.Prev, c.AccountsDigest, c.Digest); err != nil {
-				return err
-			}
-			for i := range c.Accounts {
-				a := &c.Accounts[i]
+		}
+	}
+	if err := inTx(follows); err != nil {
+		return err
+	}
+	if err := deletePages(c.Seq, math.MaxInt64); err != nil {
+		return err
+	}
+	for start := 0; start < len(c.Accounts); start += checkpointPage {
+		page := c.Accounts[start:min(start+checkpointPage, len(c.Accounts))]
+		err := inTx(func(tx *writeTx) error {
+			for i := range page {
+				a := &page[i]
 				if _, err := tx.exec("INSERT INTO checkpoint_accounts (seq, "+checkpointAccountCols+") VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
 					c.Seq, a.Account.Subject, a.Account.Route, a.Account.Region, int64(a.Account.Generation),
 					codec.EncodeBalances(&a.Balances), a.Entries, a.Journal); err != nil {
 					return err
 				}
 			}
-			_, err = tx.exec("DELETE FROM checkpoint_accounts WHERE seq <= ?", c.Seq-2)
-			return err
+			return nil
 		})
+		if err != nil {
+			return err
+		}
+	}
+	err := inTx(func(tx *writeTx) error {
+		if err := follows(tx); err != nil {
+			return err
+		}
+		_, err := tx.exec("INSERT INTO checkpoints ("+checkpointCols+") VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+			c.Seq, c.Through, cutAt, c.Entries, c.Moves, c.Prev, c.AccountsDigest, c.Digest)
+		return err
 	})
+	if err != nil {
+		return err
+	}
+	// The header is stored: what follows only frees space, and what it
+	// leaves (an error, ctx ending) the next checkpoint's put deletes.
+	_ = deletePages(math.MinInt64, c.Seq-2)
+	return nil
 }
 
 // JournalCompact implements store.CheckpointStore.

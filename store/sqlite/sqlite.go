@@ -376,12 +376,25 @@ func queryOne[T any](ctx context.Context, s *Store, stmt *sql.Stmt, scan func(sc
 func queryAll[T any](ctx context.Context, q interface {
 	QueryContext(context.Context, ...any) (*sql.Rows, error)
 }, scan func(scanner) (T, error), what string, args ...any) ([]T, error) {
+	return queryAllSized(ctx, q, 0, scan, what, args...)
+}
+
+// queryAllSized is queryAll into a slice of capacity size: for the large
+// reads of a snapshot (a million accounts), growing the slice by
+// appending allocated about five times the rows' size, which the heap
+// then grew to.
+func queryAllSized[T any](ctx context.Context, q interface {
+	QueryContext(context.Context, ...any) (*sql.Rows, error)
+}, size int64, scan func(scanner) (T, error), what string, args ...any) ([]T, error) {
 	rows, err := q.QueryContext(ctx, args...)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", what, translate(ctx, err))
 	}
 	defer rows.Close()
 	var out []T
+	if size > 0 {
+		out = make([]T, 0, size)
+	}
 	for rows.Next() {
 		v, err := scan(rows)
 		if err != nil {
@@ -616,7 +629,11 @@ func (s *Store) snapshotRows(ctx context.Context, tx *sql.Tx, full bool) (*ledge
 	if snap.Policies, err = queryAll(ctx, q("SELECT "+policyCols+" FROM policies ORDER BY generation"), scanPolicy, "snapshot policies"); err != nil {
 		return nil, err
 	}
-	if snap.Accounts, err = queryAll(ctx, q("SELECT "+accountCols+" FROM accounts ORDER BY subject, route, region, generation"), scanAccount, "snapshot accounts"); err != nil {
+	var accounts int64
+	if err := tx.QueryRowContext(ctx, "SELECT count(*) FROM accounts").Scan(&accounts); err != nil {
+		return nil, fmt.Errorf("snapshot accounts: %w", translate(ctx, err))
+	}
+	if snap.Accounts, err = queryAllSized(ctx, q("SELECT "+accountCols+" FROM accounts ORDER BY subject, route, region, generation"), accounts, scanAccount, "snapshot accounts"); err != nil {
 		return nil, err
 	}
 	if full {
