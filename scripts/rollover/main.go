@@ -8,7 +8,9 @@
 // engine.Core in batches of 500), then runs rounds. Each round:
 //
 //  1. touch: one reserve on every account, so each is busy in the
-//     current epoch (the first round's fill is its touch);
+//     current epoch (the first round's fill is its touch); with
+//     -hold-read, a window with a read transaction open throughout, and
+//     one after it ended (the WAL the reader kept is copied then);
 //  2. outside: -window of reserves on random accounts from -concurrency
 //     callers, the epoch still open;
 //  3. the clock jumps to -after past the epoch's end;
@@ -65,6 +67,7 @@ func main() {
 	after := flag.Duration("after", 2*time.Second, "how far past the epoch's end the clock jumps")
 	intervals := flag.String("epoch-interval", "1s", "how often the epoch worker runs; a list (1s,off) alternates by round, off: no epoch worker")
 	cacheRows := flag.Int("cache-rows", 0, "row cache (default accounts/10)")
+	holdRead := flag.Bool("hold-read", false, "before each round's outside window, a window with a read transaction open throughout (as an audit's snapshot keeps one), then a window after it ended")
 	flag.Parse()
 	if *dir == "" {
 		fmt.Fprintln(os.Stderr, "rollover: -dir is required")
@@ -145,6 +148,18 @@ func main() {
 		}
 		if r > 1 {
 			touch(func(cmds []ledger.Command) ([]ledger.Result, error) { return e.DoBatch(ctx, cmds) })
+		}
+		if *holdRead {
+			// A reader keeps the WAL from being copied into the file
+			// while the window writes to it; the window after it shows
+			// what copying it costs the commits.
+			read, err := statementsDB.BeginTx(ctx, nil)
+			must(err)
+			var n sql.NullInt64
+			must(read.QueryRow("SELECT max(seq) FROM statements").Scan(&n))
+			load(ctx, e, *accounts, *concurrency, *window, reserve).print(r, "reading", variant)
+			must(read.Rollback())
+			load(ctx, e, *accounts, *concurrency, *window, reserve).print(r, "after", variant)
 		}
 		out := load(ctx, e, *accounts, *concurrency, *window, reserve)
 		out.print(r, "outside", variant)
