@@ -65,7 +65,7 @@ func main() {
 	window := flag.Duration("window", 10*time.Second, "measured time per window")
 	rounds := flag.Int("rounds", 2, "outside/rollover pairs")
 	after := flag.Duration("after", 2*time.Second, "how far past the epoch's end the clock jumps")
-	intervals := flag.String("epoch-interval", "1s", "how often the epoch worker runs; a list (1s,off) alternates by round, off: no epoch worker")
+	intervals := flag.String("epoch-interval", "1s", "how often the epoch worker runs; a list (1s,off) alternates by round, off: no workers")
 	cacheRows := flag.Int("cache-rows", 0, "row cache (default accounts/10)")
 	holdRead := flag.Bool("hold-read", false, "before each round's outside window, a window with a read transaction open throughout (as an audit's snapshot keeps one), then a window after it ended")
 	flag.Parse()
@@ -134,16 +134,18 @@ func main() {
 	for r := 1; r <= *rounds; r++ {
 		// A new engine per round, with the round's epoch worker.
 		variant := variants[(r-1)%len(variants)]
-		interval := 24 * time.Hour // "off": never within a round
-		if variant != "off" {
-			interval, err = time.ParseDuration(variant)
+		opts := engine.Options{Clock: clock, Logger: slog.New(slog.DiscardHandler)}
+		if variant == "off" {
+			opts.DisableWorkers = true // nothing expires: holds last a week
+		} else {
+			opts.EpochInterval, err = time.ParseDuration(variant)
 			must(err)
 		}
 		if e != nil {
 			must(e.Close())
 		}
-		e = engine.New(st, engine.Options{Clock: clock, EpochInterval: interval, Logger: slog.New(slog.DiscardHandler)})
-		for !e.IsLeader() {
+		e = engine.New(st, opts)
+		for !opts.DisableWorkers && !e.IsLeader() {
 			time.Sleep(10 * time.Millisecond)
 		}
 		if r > 1 {
