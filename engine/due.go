@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/capledger/capledger/ledger"
@@ -36,7 +37,10 @@ type Pager struct {
 	// subject's own-policy account under a still-active AnySubject
 	// generation).
 	points []ledger.AccountKey
-	done   bool
+	// lengths are the epoch lengths of the generations an EpochPager
+	// scans (the engine's epochWatch).
+	lengths []time.Duration
+	done    bool
 	// make turns an account of a page into a command, or reports none.
 	make func(a *ledger.Account) (ledger.Command, bool)
 }
@@ -72,6 +76,9 @@ func (c *Core) EpochPager(ctx context.Context, now time.Time, pageSize int, sinc
 			s := scan{generation: policies[i].Generation, startedBy: now.Add(-length)}
 			s.from = since.from(s.generation)
 			p.scans = append(p.scans, s)
+			if !slices.Contains(p.lengths, length) {
+				p.lengths = append(p.lengths, length)
+			}
 		}
 	}
 	if len(p.scans) > 0 {

@@ -21,9 +21,10 @@ type Options struct {
 	// Clock returns the time commands are applied at (default time.Now).
 	Clock func() time.Time
 	// WorkerInterval is how often expiry and unknown-usage marking run
-	// (default 250ms); EpochInterval how often idle accounts' epochs are
-	// closed and superseded generations drained (default 1 minute).
-	// Workers are off when DisableWorkers is set.
+	// (default 250ms); EpochInterval how often ended epochs are closed
+	// and superseded generations drained (default 1 minute), and besides
+	// within a second of the end of any policy's accounting epoch
+	// (epochWatch). Workers are off when DisableWorkers is set.
 	WorkerInterval time.Duration
 	EpochInterval  time.Duration
 	DisableWorkers bool
@@ -126,6 +127,7 @@ type Engine struct {
 	lead       leader
 	drains     drainMemo
 	epochScans EpochScans
+	epochWatch epochWatch
 	pace       workerPacer
 	retention  retentionCounters
 	compaction compactionCounters
@@ -449,16 +451,57 @@ func (e *Engine) runDue(ctx context.Context) {
 	}
 }
 
+// epochWatchInterval is how often the epoch worker looks whether an
+// accounting epoch ended since its last pass (epochWatch.due): a look is
+// a few time comparisons, no store read.
+const epochWatchInterval = time.Second
+
+// epochWatch decides when the epoch worker runs a pass: every
+// EpochInterval, and at once (within epochWatchInterval) when an epoch of
+// one of the policies the last pass read has ended since that pass
+// started. So the busy accounts of an epoch that just ended are closed by
+// the worker right after the boundary, in due order and paced, ahead of
+// their next commands, rather than up to an EpochInterval later, while
+// every command on such an account pays its close inline.
+type epochWatch struct {
+	last    time.Time       // the engine clock when the last pass started
+	lengths []time.Duration // the epoch lengths of the policies it read
+}
+
+// due reports whether a pass should start at now.
+func (w *epochWatch) due(now time.Time, every time.Duration) bool {
+	if w.last.IsZero() || now.Before(w.last) || now.Sub(w.last) >= every {
+		return true
+	}
+	for _, length := range w.lengths {
+		// The ledger's epochs start at multiples of their length
+		// (ledger.startEpoch): one ended when now is in a later one.
+		if now.Truncate(length).After(w.last.Truncate(length)) {
+			return true
+		}
+	}
+	return false
+}
+
+// runEpochsWhenDue runs runEpochs when epochWatch says so.
+func (e *Engine) runEpochsWhenDue(ctx context.Context) {
+	if e.epochWatch.due(e.opts.Clock(), e.opts.EpochInterval) {
+		e.runEpochs(ctx)
+	}
+}
+
 // runEpochs closes idle accounts' epochs and drains what superseded or
 // rolled-back generations still hold into the subjects' current accounts,
 // so a rollback reaches zero without waiting for new traffic. Both read
 // only the rows their indexes say are due, a page at a time (runPages).
 func (e *Engine) runEpochs(ctx context.Context) {
-	epochs, err := e.core.EpochPager(ctx, e.opts.Clock(), e.opts.PageSize, &e.epochScans)
+	now := e.opts.Clock()
+	epochs, err := e.core.EpochPager(ctx, now, e.opts.PageSize, &e.epochScans)
 	if err != nil {
 		e.log.Warn("epoch worker", "err", err)
 		return
 	}
+	e.epochWatch = epochWatch{last: now, lengths: epochs.lengths}
 	complete := e.runPages(ctx, "epoch", epochs)
 	e.epochScans.Update(epochs, complete)
 	if !complete {

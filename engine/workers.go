@@ -34,7 +34,7 @@ type worker struct {
 func (e *Engine) leaderWorkers() []worker {
 	workers := []worker{
 		{"expiry", e.opts.WorkerInterval, e.runDue},
-		{"epochs", e.opts.EpochInterval, e.runEpochs},
+		{"epochs", min(e.opts.EpochInterval, epochWatchInterval), e.runEpochsWhenDue},
 	}
 	if e.opts.Retention > 0 {
 		workers = append(workers, worker{"retention", e.opts.RetentionInterval, e.runRetention})

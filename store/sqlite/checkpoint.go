@@ -11,16 +11,23 @@ import (
 // frames into the database file when something was committed.
 const checkpointInterval = 100 * time.Millisecond
 
-// autocheckpointBackstop is the WAL size, in pages, at which a commit runs
-// a checkpoint itself (SQLite's default is 1000): only when the
-// checkpointer falls that far behind.
-const autocheckpointBackstop = 8000
+// No connection checkpoints on commit (wal_autocheckpoint(0) on every
+// connection): only the checkpointer does. A commit that grows the WAL
+// past the autocheckpoint size copies the whole WAL into the database
+// file inside the committing batch, holding the one writer, and after a
+// long read (an audit's or a checkpoint cut's snapshot of a million
+// accounts) kept the WAL from being copied, that is every frame written
+// meanwhile: 2.2 s for 200 MB on an idle machine, past the engine's 10 s
+// batch timeout under load, so every batch queued behind it failed at
+// "begin" (docs/PERFORMANCE.md, a million tenants). The checkpointer's
+// copy, on its own connection, holds neither the writer nor a lock a
+// writer or reader waits for.
 
-// checkpointer runs PASSIVE WAL checkpoints on a connection of its own.
-// Left to SQLite, the commit that grows the WAL past 1000 pages copies them
-// into the database file and fsyncs it, a stall of milliseconds during
-// which every caller of that batch, and of the batches queued behind it,
-// waits. A checkpoint changes no data, so nothing about durability depends
+// checkpointer runs PASSIVE WAL checkpoints on a connection of its own,
+// the only checkpoints the store runs (see above). Left to SQLite, the
+// commit that grows the WAL past 1000 pages copies them into the database
+// file and fsyncs it, a stall during which every caller of that batch,
+// and of the batches queued behind it, waits. A checkpoint changes no data, so nothing about durability depends
 // on when it runs: each commit's WAL frames are fsynced before it returns.
 type checkpointer struct {
 	db      *sql.DB
@@ -53,9 +60,10 @@ func (c *checkpointer) run(ctx context.Context) {
 		}
 		if n := c.commits.Load(); n != checkpointed {
 			// PASSIVE neither waits for nor blocks the writer or readers;
-			// what it cannot copy now it copies on a later tick. An error
-			// (say, a full disk) leaves the WAL to grow until the writer's
-			// backstop checkpoint, which reports it to a caller.
+			// what it cannot copy now (frames newer than the oldest open
+			// read) it copies on a later tick. An error (say, a full
+			// disk) leaves the WAL to grow, and is tried again on the
+			// next tick.
 			if _, err := c.db.ExecContext(ctx, "PRAGMA wal_checkpoint(PASSIVE)"); err == nil {
 				checkpointed = n
 			} else {

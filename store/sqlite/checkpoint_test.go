@@ -3,13 +3,13 @@ package sqlite
 import (
 	"context"
 	"database/sql/driver"
+	"os"
 	"path/filepath"
 	"testing"
 )
 
-// The writer leaves checkpoints to the checkpointer up to the backstop,
-// and Close stops the checkpointer.
-func TestWriterCheckpointsOnlyAsBackstop(t *testing.T) {
+// The writer never checkpoints, and Close stops the checkpointer.
+func TestWriterNeverCheckpoints(t *testing.T) {
 	ctx := context.Background()
 	s, err := Open(ctx, filepath.Join(t.TempDir(), "capledger.db"))
 	if err != nil {
@@ -21,8 +21,8 @@ func TestWriterCheckpointsOnlyAsBackstop(t *testing.T) {
 	}
 	pages, err := queryOneRow(ctx, s.w, check, nil, scanInt)
 	check.Close()
-	if err != nil || pages != autocheckpointBackstop {
-		t.Fatalf("writer wal_autocheckpoint %d, %v; want %d", pages, err, autocheckpointBackstop)
+	if err != nil || pages != 0 {
+		t.Fatalf("writer wal_autocheckpoint %d, %v; want 0", pages, err)
 	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
@@ -31,5 +31,71 @@ func TestWriterCheckpointsOnlyAsBackstop(t *testing.T) {
 	case <-s.checkpointer.done:
 	default:
 		t.Fatal("Close left the checkpointer running")
+	}
+}
+
+// TestNoCommitCopiesTheWAL: a commit never copies the WAL into the
+// database file, however large the WAL grew behind a long read (an
+// audit's snapshot): that copy ran inside the committing batch, holding
+// the one writer for seconds, and the batches queued behind it failed at
+// "begin" after the engine's batch timeout. With the checkpointer
+// stopped, the database file must not change size across commits that
+// write more than SQLite's autocheckpoint size (and more than the 8,000
+// pages the writer used to copy at), before and after the read ends; the
+// checkpointer's connection then copies it.
+func TestNoCommitCopiesTheWAL(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(ctx, filepath.Join(t.TempDir(), "capledger.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	s.checkpointer.stop()
+	<-s.checkpointer.done
+	write := func(q string) {
+		t.Helper()
+		err := s.withWriter(ctx, func(w *writer) error {
+			return s.inWriteTx(ctx, w, "filler", func(tx *writeTx) error { _, err := tx.exec(q); return err })
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("CREATE TABLE filler (b BLOB)")
+	if _, err := s.checkpointer.db.ExecContext(ctx, "PRAGMA wal_checkpoint(PASSIVE)"); err != nil {
+		t.Fatal(err)
+	}
+	size := func() int64 {
+		t.Helper()
+		fi, err := os.Stat(s.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fi.Size()
+	}
+	before := size()
+	read, err := s.readDB.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := read.QueryRow("SELECT count(*) FROM filler").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	for range 9 { // 9 x 4 MiB: 9,216 pages
+		write("INSERT INTO filler VALUES (randomblob(4 << 20))")
+	}
+	if err := read.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	write("INSERT INTO filler VALUES (randomblob(100))")
+	if got := size(); got != before {
+		t.Fatalf("database file went from %d to %d bytes across commits: a commit copied the WAL", before, got)
+	}
+	if _, err := s.checkpointer.db.ExecContext(ctx, "PRAGMA wal_checkpoint(PASSIVE)"); err != nil {
+		t.Fatal(err)
+	}
+	if got := size(); got < before+36<<20 {
+		t.Fatalf("database file %d bytes after the checkpointer's checkpoint, want at least %d", got, before+36<<20)
 	}
 }

@@ -140,7 +140,7 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 	pragmas.Add("_pragma", "journal_mode(WAL)")
 	pragmas.Add("_pragma", "synchronous(FULL)")
 	pragmas.Add("_pragma", "foreign_keys(ON)")
-	pragmas.Add("_pragma", fmt.Sprintf("wal_autocheckpoint(%d)", autocheckpointBackstop))
+	pragmas.Add("_pragma", "wal_autocheckpoint(0)") // only the checkpointer checkpoints: checkpoint.go
 	pragmas.Add("_pragma", fmt.Sprintf("journal_size_limit(%d)", walSizeLimit))
 	s := &Store{path: path, writer: make(chan struct{}, 1), cache: newRowCache(cfg.cacheRows), debtScanRows: debtScanChunk,
 		pipelined: cfg.pipelined}

@@ -1,0 +1,174 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+	"github.com/capledger/capledger/store/memstore"
+	"github.com/capledger/capledger/store/sqlite"
+)
+
+// The epoch worker runs a pass as soon as an accounting epoch has ended,
+// not only every EpochInterval: with an interval of an hour, a pass a
+// minute into the epoch and a look half an hour later run nothing, and a
+// look a second past the epoch's end closes every busy account's epoch
+// then, ahead of the accounts' next commands.
+func TestEpochWorkerRunsAtTheBoundary(t *testing.T) {
+	clk := newClock()
+	st := memstore.New()
+	e := New(st, Options{DisableWorkers: true, Clock: clk.Now, EpochInterval: time.Hour})
+	defer e.Close()
+	e.lead.mu.Lock()
+	e.lead.status.Leader, e.lead.until = true, time.Now().Add(time.Hour)
+	e.lead.mu.Unlock()
+	ctx := context.Background()
+	publish(t, e, 1000, time.Hour, time.Hour) // epochs of ledger.DefaultEpochLength, one hour from t0
+	const accounts = 10
+	for i := range accounts {
+		cmd := reserveCmd(fmt.Sprintf("rl-%d", i), 1)
+		cmd.Subject = fmt.Sprintf("tenant-%03d", i)
+		if res, err := e.Do(ctx, cmd); err != nil || res.Err != nil {
+			t.Fatal(err, res.Err)
+		}
+	}
+	statements := func() int {
+		t.Helper()
+		snap, err := st.Snapshot(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(snap.Statements)
+	}
+	clk.Advance(time.Minute)
+	e.runEpochsWhenDue(ctx) // a new leader's first pass: nothing has ended
+	first := e.epochWatch.last
+	clk.Advance(30 * time.Minute)
+	passes := e.workerRuns.Load()
+	e.runEpochsWhenDue(ctx)
+	if n := statements(); n != 0 || !e.epochWatch.last.Equal(first) {
+		t.Fatalf("a look within the epoch: %d statements, last pass at %s; want none, and no pass after %s", n, e.epochWatch.last, first)
+	}
+	clk.Advance(29*time.Minute + time.Second) // t0 + 1h + 1s: 59 minutes after the last pass
+	e.runEpochsWhenDue(ctx)
+	if n := statements(); n != accounts {
+		t.Fatalf("a second past the epoch's end: %d statements, want %d (one per busy account)", n, accounts)
+	}
+	if e.workerRuns.Load() == passes {
+		t.Fatal("the closes were not the worker's")
+	}
+	auditClean(t, e)
+}
+
+// An epoch the worker closed right after its end and the same epoch
+// closed inline by the account's next command give the same statement,
+// field for field, and the same account afterwards, on the in-memory
+// store and on SQLite (where the worker's close writes the account alone
+// and the inline one writes it in the reserve's batch, with its
+// reservation and journal). The chain of statements and the audit stay
+// exact either way.
+func TestWorkerAndInlineClosesWriteTheSameStatement(t *testing.T) {
+	for _, kind := range []string{"memstore", "sqlite"} {
+		t.Run(kind, func(t *testing.T) {
+			open := func() store.Store {
+				if kind == "memstore" {
+					return memstore.New()
+				}
+				st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "capledger.db"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { st.Close() })
+				return st
+			}
+			worker, inline := run(t, open(), true), run(t, open(), false)
+			if len(worker.Statements) != len(inline.Statements) {
+				t.Fatalf("%d statements closed by the worker, %d inline", len(worker.Statements), len(inline.Statements))
+			}
+			for i := range worker.Statements {
+				w, in := worker.Statements[i], inline.Statements[i]
+				if fmt.Sprintf("%+v", w) != fmt.Sprintf("%+v", in) {
+					t.Errorf("statement %d:\n worker %+v\n inline %+v", i, w, in)
+				}
+			}
+			if len(worker.Accounts) != len(inline.Accounts) {
+				t.Fatalf("%d accounts, %d", len(worker.Accounts), len(inline.Accounts))
+			}
+			for i := range worker.Accounts {
+				if fmt.Sprintf("%+v", worker.Accounts[i]) != fmt.Sprintf("%+v", inline.Accounts[i]) {
+					t.Errorf("account %d:\n worker %+v\n inline %+v", i, worker.Accounts[i], inline.Accounts[i])
+				}
+			}
+			for _, snap := range []*ledger.Snapshot{worker, inline} {
+				for _, d := range ledger.Audit(snap) {
+					t.Errorf("audit: %s", d)
+				}
+			}
+		})
+	}
+}
+
+// run drives three accounts through two epochs (reserves, a settle with
+// refill between), closing the first epoch with the epoch worker a second
+// after its end when byWorker is set, and otherwise leaving it to the
+// accounts' next commands five minutes later; it returns the snapshot.
+func run(t *testing.T, st store.Store, byWorker bool) *ledger.Snapshot {
+	t.Helper()
+	ctx := context.Background()
+	core := NewCore(st)
+	do := func(now time.Time, cmds ...ledger.Command) {
+		t.Helper()
+		results, err := core.Commit(ctx, cmds, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range results {
+			if results[i].Err != nil {
+				t.Fatalf("%s: %v", cmds[i].Kind, results[i].Err)
+			}
+		}
+	}
+	p := ledger.Policy{Key: ledger.PolicyKey{Subject: ledger.AnySubject, Route: "chat.generate", Region: "eu"},
+		Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: 1000, RefillUnits: 7, RefillInterval: time.Minute}},
+		HoldTTL:    2 * time.Hour}.WithDefaults()
+	do(t0, ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p})
+	reserve := func(id, subject string, units int64) ledger.Command {
+		cmd := reserveCmd(id, units)
+		cmd.Subject = subject
+		return cmd
+	}
+	subjects := []string{"tenant-a", "tenant-b", "tenant-c"}
+	for i, s := range subjects {
+		do(t0.Add(time.Duration(10+i)*time.Minute), reserve("rl-1-"+s, s, int64(100+i)))
+	}
+	do(t0.Add(20*time.Minute), ledger.Command{Kind: ledger.KindStart, ReservationID: "rl-1-tenant-a", OperationID: "op-a"})
+	do(t0.Add(30*time.Minute), ledger.Command{Kind: ledger.KindSettle, ReservationID: "rl-1-tenant-a", OperationID: "op-a", Units: ledger.Amounts{40}})
+	end := t0.Add(ledger.DefaultEpochLength)
+	if byWorker {
+		at := end.Add(time.Second)
+		pager, err := core.EpochPager(ctx, at, DefaultPageSize, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmds, err := pager.all(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(cmds) != len(subjects) {
+			t.Fatalf("the worker closes %d epochs, want %d", len(cmds), len(subjects))
+		}
+		do(at, cmds...)
+	}
+	for i, s := range subjects {
+		do(end.Add(time.Duration(5+i)*time.Minute), reserve("rl-2-"+s, s, 5))
+	}
+	snap, err := st.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return snap
+}
