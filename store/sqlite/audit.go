@@ -198,44 +198,44 @@ func estimateRows(ctx context.Context, tx *sql.Tx, last *ledger.Checkpoint, rese
 	return rows, nil
 }
 
-// auditReservationCols are the columns of a reservation the audit reads
-// (ledger.Snapshot.ReservationStream).
-const auditReservationCols = "id, subject, route, region, generation, state, reserved, actual, overdraft"
+// auditReservationsQuery reads, per reservation in id order, what the
+// audit needs (ledger.Snapshot.ReservationStream) in three columns: the
+// generation, the state, and one packed column (auditRow). The driver
+// makes two or three calls into SQLite per column, each behind the
+// connection's mutex, and allocates a copy of every text and blob: with
+// the nine columns read apiece before, those calls and copies were most
+// of a full audit's CPU (docs/PERFORMANCE.md, "Audit"). char(n) is the
+// character of code point n, the byte length of the string after it.
+const auditReservationsQuery = "SELECT generation, state, " +
+	"char(length(CAST(id AS BLOB))) || id || char(length(CAST(subject AS BLOB))) || subject || " +
+	"char(length(CAST(route AS BLOB))) || route || char(length(CAST(region AS BLOB))) || region || " +
+	"reserved || actual || overdraft FROM reservations ORDER BY id"
 
 // auditReservations calls yield with every reservation in id order, only
 // the audit's fields filled, through one reused row: reading the 19
 // columns of each and allocating a row apiece cost the audit of a large
 // store more than everything else it does.
 func auditReservations(ctx context.Context, tx *sql.Tx, yield func(*ledger.Reservation) error) error {
-	rows, err := tx.QueryContext(ctx, "SELECT "+auditReservationCols+" FROM reservations ORDER BY id")
+	rows, err := tx.QueryContext(ctx, auditReservationsQuery)
 	if err != nil {
 		return fmt.Errorf("snapshot reservations: %w", translate(ctx, err))
 	}
 	defer rows.Close()
 	var (
-		r                           ledger.Reservation
-		conv                        codec.Conv
-		subject, route, region      sql.RawBytes
-		reserved, actual, overdraft sql.RawBytes
-		generation, state           int64
+		r                 ledger.Reservation
+		conv              codec.Conv
+		packed            sql.RawBytes
+		generation, state int64
 	)
 	for rows.Next() {
-		if err := rows.Scan(&r.ID, &subject, &route, &region, &generation, &state, &reserved, &actual, &overdraft); err != nil {
+		if err := rows.Scan(&generation, &state, &packed); err != nil {
 			return fmt.Errorf("snapshot reservations: %w", translate(ctx, err))
 		}
-		// Most rows name the account of the row before: keep its strings.
-		if string(subject) != r.Account.Subject {
-			r.Account.Subject = string(subject)
-		}
-		if string(route) != r.Account.Route {
-			r.Account.Route = string(route)
-		}
-		if string(region) != r.Account.Region {
-			r.Account.Region = string(region)
+		if err := decodeAuditRow(&r, packed); err != nil {
+			return err
 		}
 		r.Account.Generation = conv.Uint(generation)
 		r.State = conv.State(state)
-		r.Reserved, r.Actual, r.Overdraft = conv.Amounts(reserved), conv.Amounts(actual), conv.Amounts(overdraft)
 		if err := conv.Err(); err != nil {
 			return fmt.Errorf("reservation %s: %w", r.ID, err)
 		}
@@ -247,4 +247,64 @@ func auditReservations(ctx context.Context, tx *sql.Tx, yield func(*ledger.Reser
 		return fmt.Errorf("snapshot reservations: %w", translate(ctx, err))
 	}
 	return nil
+}
+
+// decodeAuditRow fills r's id, account key and amounts from the packed
+// column of auditReservationsQuery. The account's strings are kept when
+// they are the row before's (most rows name the same account).
+func decodeAuditRow(r *ledger.Reservation, packed []byte) error {
+	var id, subject, route, region []byte
+	rest, ok := packed, true
+	for _, field := range []*[]byte{&id, &subject, &route, &region} {
+		if *field, rest, ok = cutPrefixed(rest); !ok {
+			return fmt.Errorf("snapshot reservations: a packed row of %d bytes is cut short", len(packed))
+		}
+	}
+	r.ID = string(id)
+	if string(subject) != r.Account.Subject {
+		r.Account.Subject = string(subject)
+	}
+	if string(route) != r.Account.Route {
+		r.Account.Route = string(route)
+	}
+	if string(region) != r.Account.Region {
+		r.Account.Region = string(region)
+	}
+	amounts := codec.NewReader("reservation amounts", rest)
+	r.Reserved, r.Actual, r.Overdraft = amounts.Amounts(), amounts.Amounts(), amounts.Amounts()
+	amounts.End()
+	if err := amounts.Err(); err != nil {
+		return fmt.Errorf("reservation %s: %w", r.ID, err)
+	}
+	return nil
+}
+
+// cutPrefixed splits b after its first string, which SQLite's char(n)
+// prefixes with its byte length n (UTF-8 encoded, one to four bytes), and
+// returns the string, the rest, and whether b held all of it.
+func cutPrefixed(b []byte) (s, rest []byte, ok bool) {
+	if len(b) == 0 {
+		return nil, nil, false
+	}
+	var n, k int
+	switch c := int(b[0]); {
+	case c < 0x80:
+		n, k = c, 1
+	case c < 0xe0:
+		n, k = c&0x1f, 2
+	case c < 0xf0:
+		n, k = c&0x0f, 3
+	default:
+		n, k = c&0x07, 4
+	}
+	if len(b) < k {
+		return nil, nil, false
+	}
+	for _, c := range b[1:k] {
+		n = n<<6 | int(c&0x3f)
+	}
+	if len(b) < k+n {
+		return nil, nil, false
+	}
+	return b[k : k+n], b[k+n:], true
 }
