@@ -14,24 +14,23 @@ import (
 // BenchmarkCommitBesideAudit measures what an open audit read costs the
 // commits and reads beside it: each op commits 16 reserves (reservation,
 // journal entry, account) and then reads 4 reservations through the read
-// pool, on a store of 100,000 reservations. "pinned" holds an AuditSnapshot
-// open (its callback waits) for the whole run, as an audit paced beside
-// admission does for tens of seconds: SQLite cannot reset the WAL past the
-// audit's read mark, so the WAL grows with every commit. wal-MB is its
-// size at the end. Run the two interleaved, e.g.
+// pool, on a store of 100,000 reservations. "pinned" holds an audit's read
+// transaction open for the whole run (its journal stream waits after the
+// first entry), as an audit paced beside admission did for tens of
+// seconds: SQLite cannot reset the WAL past the audit's read mark, so the
+// WAL grows with every commit. "spilled" waits the same way in the
+// reservation stream of a full audit, which reads from its spill file
+// once the transaction has ended. wal-MB is the WAL's size at the end.
+// Run them interleaved, e.g.
 //
 //	go test -run '^$' -bench CommitBesideAudit -benchtime 4000x -count 3 ./store/sqlite/
 func BenchmarkCommitBesideAudit(b *testing.B) {
-	for _, pinned := range []bool{false, true} {
-		name := "alone"
-		if pinned {
-			name = "pinned"
-		}
-		b.Run(name, func(b *testing.B) { commitBesideAudit(b, pinned) })
+	for _, audit := range []string{"alone", "pinned", "spilled"} {
+		b.Run(audit, func(b *testing.B) { commitBesideAudit(b, audit) })
 	}
 }
 
-func commitBesideAudit(b *testing.B, pinned bool) {
+func commitBesideAudit(b *testing.B, audit string) {
 	ctx := context.Background()
 	s := openTempB(b)
 	path := walPath(b, s)
@@ -65,18 +64,20 @@ func commitBesideAudit(b *testing.B, pinned bool) {
 	for range 100 {
 		commit("seed", 1000)
 	}
-	if pinned {
+	if audit != "alone" {
 		held, release := make(chan struct{}), make(chan struct{})
 		go s.AuditSnapshot(ctx, false, func(snap *ledger.Snapshot, _ int64) error {
 			n := 0
-			err := snap.ReservationStream(func(*ledger.Reservation) error {
+			wait := func() {
 				if n++; n == 1 {
 					close(held)
 					<-release
 				}
-				return nil
-			})
-			return err
+			}
+			if audit == "spilled" {
+				return snap.ReservationStream(func(*ledger.Reservation) error { wait(); return nil })
+			}
+			return snap.JournalStream(func(int64, *ledger.JournalEntry) error { wait(); return nil })
 		})
 		<-held
 		defer close(release)
