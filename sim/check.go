@@ -594,6 +594,12 @@ func (c *checker) fullAudit(why string) {
 		w.violate(GateJournal, fmt.Sprintf("%s: snapshot: %v", why, err))
 		return
 	}
+	c.auditSnapshot(snap, why)
+}
+
+// auditSnapshot is fullAudit of a snapshot already read.
+func (c *checker) auditSnapshot(snap *ledger.Snapshot, why string) {
+	w := c.w
 	for _, d := range ledger.Audit(snap) {
 		w.violate(auditGate(d), fmt.Sprintf("%s: ledger.Audit: %s", why, d))
 		return

@@ -20,7 +20,7 @@ import (
 //     checkpoint when the audit is clean (as engine.CutCheckpoint does,
 //     without its pacing: that is the engine's goroutine and wall clock);
 //  2. Store.CheckpointPut, a few milliseconds later;
-//  3. Store.JournalCompact of a few rows at a time, a few milliseconds
+//  3. Store.JournalCompact of 4-32 rows at a time, a few milliseconds
 //     apart, until it deletes none.
 //
 // The crash_mid_cut site, drawn once per cut, kills the ledger process
@@ -80,8 +80,8 @@ func (w *world) drawCompaction() {
 	}
 	w.compaction = compactionSim{
 		on:      true,
-		every:   w.between(int64(10*time.Second), int64(40*time.Second)),
-		batch:   1 + w.rng.IntN(8),
+		every:   w.between(int64(15*time.Second), int64(45*time.Second)),
+		batch:   4 + w.rng.IntN(29),
 		lastCut: -1,
 		cutAt:   map[int64]int64{},
 	}
@@ -191,9 +191,14 @@ func (w *world) compactionStep(incarnation int32) {
 		return
 	}
 	cs.busy, cs.cutBalances = false, nil
-	w.checkJournalSince("after compaction")
+	snap, err := w.ledgerStore.Snapshot(w.ctx)
+	if err != nil {
+		w.violate(GateJournal, fmt.Sprintf("after compaction: snapshot: %v", err))
+		return
+	}
+	w.checkJournalSince(snap, "after compaction")
 	if w.fail == nil {
-		w.chk.fullAudit("after compaction")
+		w.chk.auditSnapshot(snap, "after compaction")
 	}
 }
 
@@ -238,15 +243,10 @@ func (w *world) checkCheckpoint(seq int64) {
 	}
 }
 
-// checkJournalSince checks that the store's journal since its last
+// checkJournalSince checks that snap's journal since its last
 // checkpoint holds every entry committed after that checkpoint's cut:
 // compaction deleted only what the checkpoint summarises.
-func (w *world) checkJournalSince(why string) {
-	snap, err := w.ledgerStore.Snapshot(w.ctx)
-	if err != nil {
-		w.violate(GateJournal, fmt.Sprintf("%s: snapshot: %v", why, err))
-		return
-	}
+func (w *world) checkJournalSince(snap *ledger.Snapshot, why string) {
 	last := snap.LastCheckpoint()
 	if last == nil {
 		return
