@@ -58,9 +58,9 @@ type compactionSim struct {
 	cutEntries  int64
 	cutBalances map[ledger.AccountKey]ledger.Balances
 	// crashAt is the step before which crash_mid_cut kills the process
-	// (0: before storing the checkpoint, k: before the k-th deletion;
-	// -1: none).
-	crashAt, step int
+	// (-1: none); step counts the cut's steps (the put, then each
+	// deletion), deletions its JournalCompact calls.
+	crashAt, step, deletions int
 	// cutAt maps each stored checkpoint's Seq to the checker's journal
 	// entry count at its cut.
 	cutAt map[int64]int64
@@ -119,11 +119,13 @@ func (w *world) compactionTick() {
 		w.violate(auditGate(d), fmt.Sprintf("compaction: the audit before a cut: %s", d))
 		return
 	}
-	cs.busy, cs.incarnation, cs.cp, cs.step, cs.crashAt = true, n.incarnation, cp, 0, -1
+	cs.busy, cs.incarnation, cs.cp, cs.step, cs.deletions, cs.crashAt = true, n.incarnation, cp, 0, 0, -1
 	if w.f.fire(SiteCrashMidCut) {
-		cs.crashAt = w.rng.IntN(4)
-		if cp == nil {
-			cs.crashAt++
+		// Before the put or the 1st-3rd deletion (without a checkpoint
+		// to store, before the 1st-3rd deletion).
+		cs.crashAt = w.rng.IntN(3)
+		if cp != nil {
+			cs.crashAt = w.rng.IntN(4)
 		}
 	}
 	cs.cutEntries = w.chk.entries
@@ -157,7 +159,7 @@ func (w *world) compactionStep(incarnation int32) {
 		if cs.cp != nil {
 			w.crashLedger(fmt.Sprintf("mid-cut, before storing checkpoint %d", cs.cp.Seq))
 		} else {
-			w.crashLedger(fmt.Sprintf("mid-cut, before journal deletion %d", cs.step))
+			w.crashLedger(fmt.Sprintf("mid-cut, before journal deletion %d", cs.deletions+1))
 		}
 		return
 	}
@@ -177,6 +179,7 @@ func (w *world) compactionStep(incarnation int32) {
 		}
 		return
 	}
+	cs.deletions++
 	deleted, err := w.ledgerStore.JournalCompact(w.ctx, cs.batch)
 	if err != nil {
 		w.violate(GateCompaction, fmt.Sprintf("JournalCompact: %v", err))
