@@ -15,6 +15,8 @@
 #               deleted
 #   audit       no retention; full audits back to back (capledger audit)
 #               for the whole measurement
+#   baseline-audit  audit, on BASELINE_BINARY's server (name it in
+#               VARIANTS, e.g. VARIANTS="off audit baseline-audit")
 # With SEED set (a data directory, e.g. made by
 #   go run ./scripts/auditsize -n 300000 -checkpoint-every 300000 -phases none -dir SEED
 # ), every run starts from a copy of it: then "retention" removes its
@@ -24,7 +26,8 @@
 # Every run prints one line: reserve ops/s, reserve p99, and server CPU
 # per call (the server's user + system time over the measurement divided
 # by the reserves and lifecycle calls answered in it: the load-insensitive
-# figure), then the retention worker's counters from /statusz. The end
+# figure) and the largest size the WAL file reached during the
+# measurement, then the retention worker's counters from /statusz. The end
 # prints, per variant, the median and the range over the rounds of its
 # ratio to "off" in the same round: on a shared machine the load drifts
 # between rounds by more than the variants differ.
@@ -34,7 +37,7 @@
 # (127.0.0.1:7392), VARIANTS ("off retention compaction audit"),
 # SERVE_FLAGS (added to every server, e.g. --maintenance-share 1),
 # BASE_FLAGS (serve flags of the baseline binary's run, named
-# "baseline"; none by default).
+# "baseline" and added when VARIANTS is not set; none by default).
 set -euo pipefail
 bin=$1
 base=${2:-}
@@ -43,7 +46,7 @@ prefill=${PREFILL:-10}
 measure=${MEASURE:-15}
 addr=${ADDR:-127.0.0.1:7392}
 read -r -a variants <<<"${VARIANTS:-off retention compaction audit}"
-[[ -n "$base" ]] && variants+=(baseline)
+[[ -n "$base" && -z ${VARIANTS:-} ]] && variants+=(baseline)
 tick=$(getconf CLK_TCK)
 results=$(mktemp)
 
@@ -59,6 +62,7 @@ run() { # variant
 	compaction) flags=(--retention 10s --tombstone-retention 20s --retention-interval 2s --compaction 10s --compaction-interval 2s) ;;
 	# shellcheck disable=SC2206
 	baseline) b=$base flags=(${BASE_FLAGS:-}) ;;
+	baseline-audit) b=$base flags=(--retention 0 --compaction 0) ;;
 	esac
 	local dir
 	dir=$(mktemp -d)
@@ -74,11 +78,19 @@ run() { # variant
 	pids+=("$load")
 	sleep "$prefill"
 	local auditor=
-	if [[ $name == audit ]]; then
+	if [[ $name == audit || $name == baseline-audit ]]; then
 		(while :; do "$bin" audit --addr "http://$addr" >>"$dir.audits" 2>&1 || true; echo . >>"$dir.count"; done) &
 		auditor=$!
 		pids+=("$auditor")
 	fi
+	# The largest the WAL grew during the measurement, sampled every 0.2 s.
+	(max=0; while :; do
+		sz=$(stat -c %s "$dir/capledger.db-wal" 2>/dev/null || echo 0)
+		((sz > max)) && max=$sz && echo "$max" >"$dir.walmax"
+		sleep 0.2
+	done) &
+	local sampler=$!
+	pids+=("$sampler")
 	local cpu0 t0 cpu1 t1
 	cpu0=$(ticks $server)
 	t0=$(date +%s.%N)
@@ -86,6 +98,8 @@ run() { # variant
 		--warmup 0s --progress=false >"$dir.reserve" 2>&1
 	cpu1=$(ticks $server)
 	t1=$(date +%s.%N)
+	kill "$sampler" 2>/dev/null || true
+	wait "$sampler" 2>/dev/null || true
 	if [[ -n $auditor ]]; then
 		kill "$auditor" 2>/dev/null || true
 		wait "$auditor" 2>/dev/null || true
@@ -96,12 +110,14 @@ run() { # variant
 	p99=$(awk '$1=="p99" {print $2}' "$dir.reserve")
 	lcalls=$(awk '$1=="calls/s" {print $2}' "$dir.lifecycle")
 	audits=$( [[ -f $dir.count ]] && wc -l <"$dir.count" || echo 0)
+	local walmax
+	walmax=$( [[ -f $dir.walmax ]] && cat "$dir.walmax" || echo 0)
 	local line
 	line=$(awk -v n="$name" -v ops="$ops" -v p99="$p99" -v lc="$lcalls" -v c0="$cpu0" -v c1="$cpu1" \
-		-v t0="$t0" -v t1="$t1" -v tick="$tick" -v a="$audits" -v la="$(cut -d" " -f1 /proc/loadavg)" 'BEGIN {
+		-v t0="$t0" -v t1="$t1" -v tick="$tick" -v a="$audits" -v wal="$walmax" -v la="$(cut -d" " -f1 /proc/loadavg)" 'BEGIN {
 		secs = t1 - t0; calls = (ops + lc) * secs; cpu = (c1 - c0) / tick
-		printf "%s reserve_ops/s=%.0f reserve_p99_ms=%s lifecycle_calls/s=%.0f server_cpu_us/call=%.1f audits=%d load=%s\n",
-			n, ops, p99, lc, 1e6 * cpu / calls, a, la }')
+		printf "%s reserve_ops/s=%.0f reserve_p99_ms=%s lifecycle_calls/s=%.0f server_cpu_us/call=%.1f audits=%d wal_max_mb=%.1f load=%s\n",
+			n, ops, p99, lc, 1e6 * cpu / calls, a, wal / 1048576, la }')
 	echo "$line"
 	echo "$line" >>"$results"
 	curl -fs "http://$addr/statusz" | tr -d ' \n' | grep -o '"retention":{[^}]*}' || true

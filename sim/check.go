@@ -68,6 +68,11 @@ const (
 	// or left a tombstone that is not the reservation's, or a retried
 	// reserve of a removed id debited again.
 	GateRetention
+	// GateCompaction: a checkpoint's closing vectors are not the balances
+	// committed up to its cut, compaction deleted journal entries the
+	// last checkpoint does not summarise, or the checkpoint chain does
+	// not verify.
+	GateCompaction
 
 	numGates
 )
@@ -92,6 +97,7 @@ var gateNames = [numGates]string{
 	GateDebtRepaidFirst:           "debt_repaid_first",
 	GateTenantFairness:            "tenant_fairness",
 	GateRetention:                 "retention",
+	GateCompaction:                "compaction",
 }
 
 func (g Gate) String() string {
@@ -122,6 +128,8 @@ type checker struct {
 	receipts map[string][]ledger.AccountKey
 	// retired counts the reservations retention removed.
 	retired int
+	// entries counts the durable journal entries.
+	entries int64
 }
 
 type acctState struct {
@@ -220,6 +228,7 @@ func legal(kind ledger.Kind, from, to ledger.State) bool {
 }
 
 func (c *checker) changes(ch *store.Changes) {
+	c.entries += int64(len(ch.Journal))
 	for i := range ch.Journal {
 		c.entry(&ch.Journal[i], ch)
 		if c.w.fail != nil {
@@ -585,6 +594,12 @@ func (c *checker) fullAudit(why string) {
 		w.violate(GateJournal, fmt.Sprintf("%s: snapshot: %v", why, err))
 		return
 	}
+	c.auditSnapshot(snap, why)
+}
+
+// auditSnapshot is fullAudit of a snapshot already read.
+func (c *checker) auditSnapshot(snap *ledger.Snapshot, why string) {
+	w := c.w
 	for _, d := range ledger.Audit(snap) {
 		w.violate(auditGate(d), fmt.Sprintf("%s: ledger.Audit: %s", why, d))
 		return
@@ -631,6 +646,8 @@ func auditGate(d ledger.Discrepancy) Gate {
 		return GateDuplicateRecovery
 	case ledger.CheckShard:
 		return GateShardConservation
+	case ledger.CheckCheckpoint:
+		return GateCompaction
 	}
 	return GateJournal
 }

@@ -84,6 +84,10 @@ const (
 	// removed its reservation: the ledger must answer it from the row or
 	// the tombstone as a replay and debit nothing.
 	SiteRetentionRetry
+	// SiteCrashMidCut: (compaction on) the ledger process dies in the
+	// middle of a compaction cut: after its audit, before the checkpoint
+	// is stored, or between two journal deletions.
+	SiteCrashMidCut
 
 	numSites
 )
@@ -111,6 +115,7 @@ var siteNames = [numSites]string{
 	SiteDigestReuse:             "digest_reuse",
 	SiteWorkerRereadRace:        "worker_reread_race",
 	SiteRetentionRetry:          "retention_retry",
+	SiteCrashMidCut:             "crash_mid_cut",
 }
 
 func (s Site) String() string {
@@ -167,6 +172,7 @@ var profiles = [numSites]siteProfile{
 	SiteDigestReuse:             {0.4, [3]float64{0.05, 0.1, 0.2}},
 	SiteWorkerRereadRace:        {0.6, [3]float64{0.5, 0.8, 1}},
 	SiteRetentionRetry:          {0.6, [3]float64{0.1, 0.2, 0.4}},
+	SiteCrashMidCut:             {0.6, [3]float64{0.1, 0.2, 0.4}},
 }
 
 // faults is one interleaving's fault plan and counters.

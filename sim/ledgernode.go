@@ -624,6 +624,8 @@ func (w *world) ledgerRestart() {
 	n := &w.ledger
 	n.core = engine.NewCore(w.ledgerStore)
 	n.up = true
+	// A new process: no cut under way, the first worker pass cuts.
+	w.compaction.busy, w.compaction.cp, w.compaction.lastCut = false, nil, -1
 	w.log(recRestart, ledgerNodeID, 0, "", int64(n.incarnation), "")
 	w.chk.fullAudit("after restart")
 	w.op.policiesStale = true
@@ -678,6 +680,12 @@ func (w *world) workerTick(extra bool) {
 		}
 		for _, c := range cmds {
 			n.internal = append(n.internal, internalCmd{cmd: c, from: fromWorker})
+		}
+	}
+	if !extra {
+		w.compactionTick()
+		if w.fail != nil {
+			return
 		}
 	}
 	if !extra && w.healed {

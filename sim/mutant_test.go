@@ -4,7 +4,8 @@ package sim
 
 import "testing"
 
-// Each deliberately broken ledger (ledger/mutant_on.go, selected by
+// Each deliberately broken ledger (ledger/mutant_on.go, and the broken
+// compactions of store/memstore/mutant_on.go, selected by
 // CAPLEDGER_MUTANT in a binary built with -tags capledger_mutants) is caught
 // within 10,000 interleavings, by the gate that names its bug, and the
 // failing seed replays to the same report. Run it with
@@ -23,6 +24,8 @@ func TestMutants(t *testing.T) {
 		{"refill_half_debt", GateDebtRepaidFirst},
 		{"fairness_weight_ignored", GateTenantFairness},
 		{"reserve_ignores_tombstone", GateRetention},
+		{"compaction_drops_entry", GateCompaction},
+		{"checkpoint_wrong_closing", GateCompaction},
 	}
 	for _, m := range mutants {
 		t.Run(m.name, func(t *testing.T) {

@@ -48,6 +48,11 @@ type Outcome struct {
 	Retention        bool
 	TombstoneReplays int64
 	Retired          int64
+	// Compaction says the compaction worker ran; Checkpoints counts the
+	// checkpoints it stored, Compacted the journal rows it deleted,
+	// CutCrashes the cuts crash_mid_cut ended.
+	Compaction                         bool
+	Checkpoints, Compacted, CutCrashes int64
 }
 
 // Violation says which gate a run broke, where, and how to replay it.
@@ -171,6 +176,11 @@ func runOne(cfg *Config, seed uint64, h hooks) Outcome {
 		Retention:        w.retention.on,
 		TombstoneReplays: w.retention.tombstoneReplays,
 		Retired:          int64(w.chk.retired),
+
+		Compaction:  w.compaction.on,
+		Checkpoints: w.compaction.checkpoints,
+		Compacted:   w.compaction.deleted,
+		CutCrashes:  w.compaction.crashed,
 	}
 	out.ReservationUnknown = make([]time.Duration, len(w.resUnknown))
 	for i, d := range w.resUnknown {
@@ -232,6 +242,7 @@ func newWorld(cfg *Config, seed uint64, h hooks) *world {
 func (w *world) start() {
 	w.op.base = map[ledger.PolicyKey]*ledger.Policy{}
 	w.drawRetention()
+	w.drawCompaction()
 	// Drawn first: a backlog interleaving's policies hold long enough for
 	// the burst's queue to drain (initialPolicy).
 	w.backlogOn = w.shape.executors >= 2 && w.chance(backlogShare)

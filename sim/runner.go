@@ -80,8 +80,13 @@ type Report struct {
 	OnRetention      int64
 	TombstoneReplays int64
 	Retired          int64
-	Wall             time.Duration
-	CPU              time.Duration
+	// OnCompaction counts the interleavings whose compaction worker ran;
+	// Checkpoints the checkpoints it stored, Compacted the journal rows it
+	// deleted, CutCrashes the cuts a crash ended.
+	OnCompaction                       int64
+	Checkpoints, Compacted, CutCrashes int64
+	Wall                               time.Duration
+	CPU                                time.Duration
 }
 
 // acc is one worker's share of a Report.
@@ -98,6 +103,10 @@ type acc struct {
 	onRetention     int64
 	tombReplays     int64
 	retired         int64
+	onCompaction    int64
+	checkpoints     int64
+	compacted       int64
+	cutCrashes      int64
 }
 
 func (a *acc) add(o *Outcome) {
@@ -132,6 +141,12 @@ func (a *acc) add(o *Outcome) {
 	}
 	a.tombReplays += o.TombstoneReplays
 	a.retired += o.Retired
+	if o.Compaction {
+		a.onCompaction++
+	}
+	a.checkpoints += o.Checkpoints
+	a.compacted += o.Compacted
+	a.cutCrashes += o.CutCrashes
 }
 
 // Run runs opts.Interleavings interleavings under cfg on opts.Workers
@@ -240,6 +255,10 @@ func Run(ctx context.Context, cfg *Config, opts Options) *Report {
 		rep.OnRetention += a.onRetention
 		rep.TombstoneReplays += a.tombReplays
 		rep.Retired += a.retired
+		rep.OnCompaction += a.onCompaction
+		rep.Checkpoints += a.checkpoints
+		rep.Compacted += a.compacted
+		rep.CutCrashes += a.cutCrashes
 	}
 	rep.Interleavings = done.Load()
 	return rep
@@ -345,6 +364,7 @@ func (r *Report) WriteTable(w, timing io.Writer) {
 		fmt.Fprintf(w, "  %d with pipelined durability; their crashes lost %d commits made before an fsync\n", r.Pipelined, r.LostUnsynced)
 	}
 	fmt.Fprintf(w, "  %d with the retention worker (engine.Core.RetentionDue): %d reservations removed, %d retried reserves answered from a tombstone\n", r.OnRetention, r.Retired, r.TombstoneReplays)
+	fmt.Fprintf(w, "  %d with the compaction worker: %d checkpoints stored, %d journal rows deleted, %d cuts ended by a crash\n", r.OnCompaction, r.Checkpoints, r.Compacted, r.CutCrashes)
 	fmt.Fprintf(timing, "  wall %s on %d workers, cpu %s (%.2f ms cpu per interleaving)\n",
 		r.Wall.Round(time.Millisecond), r.Workers, r.CPU.Round(time.Millisecond), float64(r.CPU)/float64(n)/1e6)
 	fmt.Fprintln(w)

@@ -46,6 +46,7 @@ const (
 	recShard
 	recSync
 	recUnsyncedLost
+	recCompaction
 )
 
 var recNames = [...]string{
@@ -82,6 +83,7 @@ var recNames = [...]string{
 	recShard:         "shard",
 	recSync:          "fsync",
 	recUnsyncedLost:  "unsynced-lost",
+	recCompaction:    "compaction",
 }
 
 // rec is one trace record. It is kept unformatted (formatting every event

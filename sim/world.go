@@ -57,6 +57,7 @@ const (
 	evRaceWorker
 	evLateRetry
 	evSync
+	evCompaction
 )
 
 // event is one scheduled happening. Events run in (at, seq) order: seq is
@@ -149,6 +150,8 @@ type world struct {
 	pipelined bool
 	// retention is the interleaving's retention worker (off in some).
 	retention retentionSim
+	// compaction is the interleaving's compaction worker (off in some).
+	compaction compactionSim
 
 	healed   bool
 	finished bool
@@ -356,6 +359,8 @@ func (w *world) run() {
 			w.ledgerSynced(e.a)
 		case evLateRetry:
 			w.lateRetry(e.b)
+		case evCompaction:
+			w.compactionStep(e.a)
 		}
 	}
 	if w.fail == nil && !w.finished {

@@ -309,6 +309,16 @@ func (r *Reader) Bytes() []byte {
 	return b
 }
 
+// Amounts reads one encoded Amounts (as DecodeAmounts decodes it whole)
+// from where the reader is: values written back to back (the SQLite
+// audit reads three in one column) are read one after the other.
+func (r *Reader) Amounts() ledger.Amounts {
+	var a ledger.Amounts
+	r.Tag(TagAmountsV1)
+	r.amountsBody(&a)
+	return a
+}
+
 func (r *Reader) amountsBody(a *ledger.Amounts) {
 	n := r.count()
 	for i := 0; i < n; i++ {

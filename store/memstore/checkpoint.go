@@ -119,6 +119,13 @@ func (s *Store) CheckpointPut(ctx context.Context, c *ledger.Checkpoint) error {
 	}
 	cp := *c
 	cp.Accounts = slices.Clone(c.Accounts)
+	if mutantOn("checkpoint_wrong_closing") && len(cp.Accounts) > 0 {
+		// The mutant: a wrong closing vector that still balances (one
+		// unit more minted and available), its digests made to agree.
+		cp.Accounts[0].Balances[0].Minted++
+		cp.Accounts[0].Balances[0].Available++
+		cp.Seal()
+	}
 	r.cp.chain = append(r.cp.chain, cp)
 	if n := len(r.cp.chain); n > 2 {
 		r.cp.chain[n-3].Accounts = nil
@@ -146,6 +153,9 @@ func (s *Store) JournalCompact(ctx context.Context, limit int) (int, error) {
 		return 0, nil
 	}
 	n := int(min(max(last.Through-r.cp.journalBase, 0), int64(limit), int64(len(r.journal))))
+	if mutantOn("compaction_drops_entry") && n > 0 && n < limit && n < len(r.journal) {
+		n++ // the mutant: the first entry after the checkpoint goes too
+	}
 	if n == 0 {
 		return 0, nil
 	}

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/binary"
 	"fmt"
+	"path/filepath"
 
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store/codec"
@@ -17,6 +18,18 @@ import (
 // than the history. A journal position is a journal_batches seq;
 // rows of the journal table (schema versions 1 and 2) are at position 0,
 // before every batch, and the first checkpoint summarises them.
+//
+// The first call of ReservationStream (a full audit) copies the
+// reservations and the journal from the read transaction into a spill
+// file at full speed and ends the transaction; the streams then read the
+// file (auditSpill). An audit is paced beside admission for many times
+// its CPU time, and while a read transaction is open SQLite cannot reset
+// its WAL past it: the WAL grew by everything committed during the
+// audit, and every commit and read beside it paid for the longer WAL
+// (docs/PERFORMANCE.md, "Bounded history"). The audit is just as
+// consistent: everything it reads still comes from the one transaction.
+// A since-checkpoint audit reads only the journal since the last
+// checkpoint, which compaction bounds, from the transaction itself.
 func (s *Store) AuditSnapshot(ctx context.Context, cut bool, f func(*ledger.Snapshot, int64) error) (err error) {
 	defer s.readBarrier(ctx, &err)
 	if s.closed.Load() {
@@ -38,20 +51,52 @@ func (s *Store) AuditSnapshot(ctx context.Context, cut bool, f func(*ledger.Snap
 	} else if err := tx.QueryRowContext(ctx, "SELECT COALESCE(MAX(seq), 0) FROM journal_batches").Scan(&through); err != nil {
 		return fmt.Errorf("snapshot journal: %w", translate(ctx, err))
 	}
-	snap.ReservationStream = func(yield func(*ledger.Reservation) error) error {
-		return auditReservations(ctx, tx, yield)
-	}
 	last := snap.LastCheckpoint()
-	snap.Estimate = func(reservations bool) (int64, error) { return estimateRows(ctx, tx, last, reservations) }
+	var spill *auditSpill
+	defer func() {
+		if spill != nil {
+			spill.close()
+		}
+	}()
+	// spilled copies the transaction's reservations and journal into the
+	// spill file and ends the transaction, once.
+	spilled := func() (*auditSpill, error) {
+		if spill != nil {
+			return spill, nil
+		}
+		sp, err := newAuditSpill(ctx, filepath.Dir(s.path), tx, last)
+		if err != nil {
+			return nil, err
+		}
+		spill = sp
+		return sp, tx.Rollback()
+	}
+	snap.ReservationStream = func(yield func(*ledger.Reservation) error) error {
+		sp, err := spilled()
+		if err != nil {
+			return err
+		}
+		return sp.reservations(ctx, yield)
+	}
+	snap.Estimate = func(reservations bool) (int64, error) {
+		if spill != nil {
+			return spill.estimate(reservations), nil
+		}
+		return estimateRows(ctx, tx, last, reservations)
+	}
 	snap.JournalStream = func(yield func(int64, *ledger.JournalEntry) error) error {
-		return journalSince(ctx, tx, last, func(pos int64, batch []ledger.JournalEntry) error {
+		each := func(pos int64, batch []ledger.JournalEntry) error {
 			for i := range batch {
 				if err := yield(pos, &batch[i]); err != nil {
 					return err
 				}
 			}
 			return nil
-		})
+		}
+		if spill != nil {
+			return spill.journal(ctx, each)
+		}
+		return journalSince(ctx, tx, last, each)
 	}
 	return f(snap, through)
 }
@@ -198,48 +243,36 @@ func estimateRows(ctx context.Context, tx *sql.Tx, last *ledger.Checkpoint, rese
 	return rows, nil
 }
 
-// auditReservationCols are the columns of a reservation the audit reads
-// (ledger.Snapshot.ReservationStream).
-const auditReservationCols = "id, subject, route, region, generation, state, reserved, actual, overdraft"
+// auditReservationsQuery reads, per reservation in id order, what the
+// audit needs (ledger.Snapshot.ReservationStream) in three columns: the
+// generation, the state, and one packed column (auditRow). The driver
+// makes two or three calls into SQLite per column, each behind the
+// connection's mutex, and allocates a copy of every text and blob: with
+// the nine columns read apiece before, those calls and copies were most
+// of a full audit's CPU (docs/PERFORMANCE.md, "Audit"). char(n) is the
+// character of code point n, the byte length of the string after it.
+const auditReservationsQuery = "SELECT generation, state, " +
+	"char(length(CAST(id AS BLOB))) || id || char(length(CAST(subject AS BLOB))) || subject || " +
+	"char(length(CAST(route AS BLOB))) || route || char(length(CAST(region AS BLOB))) || region || " +
+	"reserved || actual || overdraft FROM reservations ORDER BY id"
 
-// auditReservations calls yield with every reservation in id order, only
-// the audit's fields filled, through one reused row: reading the 19
-// columns of each and allocating a row apiece cost the audit of a large
-// store more than everything else it does.
-func auditReservations(ctx context.Context, tx *sql.Tx, yield func(*ledger.Reservation) error) error {
-	rows, err := tx.QueryContext(ctx, "SELECT "+auditReservationCols+" FROM reservations ORDER BY id")
+// auditRows calls each with every row of auditReservationsQuery read in
+// tx, in id order; packed is reused between calls.
+func auditRows(ctx context.Context, tx *sql.Tx, each func(generation, state int64, packed []byte) error) error {
+	rows, err := tx.QueryContext(ctx, auditReservationsQuery)
 	if err != nil {
 		return fmt.Errorf("snapshot reservations: %w", translate(ctx, err))
 	}
 	defer rows.Close()
 	var (
-		r                           ledger.Reservation
-		conv                        codec.Conv
-		subject, route, region      sql.RawBytes
-		reserved, actual, overdraft sql.RawBytes
-		generation, state           int64
+		packed            sql.RawBytes
+		generation, state int64
 	)
 	for rows.Next() {
-		if err := rows.Scan(&r.ID, &subject, &route, &region, &generation, &state, &reserved, &actual, &overdraft); err != nil {
+		if err := rows.Scan(&generation, &state, &packed); err != nil {
 			return fmt.Errorf("snapshot reservations: %w", translate(ctx, err))
 		}
-		// Most rows name the account of the row before: keep its strings.
-		if string(subject) != r.Account.Subject {
-			r.Account.Subject = string(subject)
-		}
-		if string(route) != r.Account.Route {
-			r.Account.Route = string(route)
-		}
-		if string(region) != r.Account.Region {
-			r.Account.Region = string(region)
-		}
-		r.Account.Generation = conv.Uint(generation)
-		r.State = conv.State(state)
-		r.Reserved, r.Actual, r.Overdraft = conv.Amounts(reserved), conv.Amounts(actual), conv.Amounts(overdraft)
-		if err := conv.Err(); err != nil {
-			return fmt.Errorf("reservation %s: %w", r.ID, err)
-		}
-		if err := yield(&r); err != nil {
+		if err := each(generation, state, packed); err != nil {
 			return err
 		}
 	}
@@ -247,4 +280,81 @@ func auditReservations(ctx context.Context, tx *sql.Tx, yield func(*ledger.Reser
 		return fmt.Errorf("snapshot reservations: %w", translate(ctx, err))
 	}
 	return nil
+}
+
+// fillAuditRow fills r, the audit's one reused row, from a row of
+// auditReservationsQuery: only the audit's fields (reading the 19 columns
+// of each reservation and allocating a row apiece cost the audit of a
+// large store more than everything else it does).
+func fillAuditRow(r *ledger.Reservation, generation, state int64, packed []byte) error {
+	if err := decodeAuditRow(r, packed); err != nil {
+		return err
+	}
+	var conv codec.Conv
+	r.Account.Generation = conv.Uint(generation)
+	r.State = conv.State(state)
+	if err := conv.Err(); err != nil {
+		return fmt.Errorf("reservation %s: %w", r.ID, err)
+	}
+	return nil
+}
+
+// decodeAuditRow fills r's id, account key and amounts from the packed
+// column of auditReservationsQuery. The account's strings are kept when
+// they are the row before's (most rows name the same account).
+func decodeAuditRow(r *ledger.Reservation, packed []byte) error {
+	var id, subject, route, region []byte
+	rest, ok := packed, true
+	for _, field := range []*[]byte{&id, &subject, &route, &region} {
+		if *field, rest, ok = cutPrefixed(rest); !ok {
+			return fmt.Errorf("snapshot reservations: a packed row of %d bytes is cut short", len(packed))
+		}
+	}
+	r.ID = string(id)
+	if string(subject) != r.Account.Subject {
+		r.Account.Subject = string(subject)
+	}
+	if string(route) != r.Account.Route {
+		r.Account.Route = string(route)
+	}
+	if string(region) != r.Account.Region {
+		r.Account.Region = string(region)
+	}
+	amounts := codec.NewReader("reservation amounts", rest)
+	r.Reserved, r.Actual, r.Overdraft = amounts.Amounts(), amounts.Amounts(), amounts.Amounts()
+	amounts.End()
+	if err := amounts.Err(); err != nil {
+		return fmt.Errorf("reservation %s: %w", r.ID, err)
+	}
+	return nil
+}
+
+// cutPrefixed splits b after its first string, which SQLite's char(n)
+// prefixes with its byte length n (UTF-8 encoded, one to four bytes), and
+// returns the string, the rest, and whether b held all of it.
+func cutPrefixed(b []byte) (s, rest []byte, ok bool) {
+	if len(b) == 0 {
+		return nil, nil, false
+	}
+	var n, k int
+	switch c := int(b[0]); {
+	case c < 0x80:
+		n, k = c, 1
+	case c < 0xe0:
+		n, k = c&0x1f, 2
+	case c < 0xf0:
+		n, k = c&0x0f, 3
+	default:
+		n, k = c&0x07, 4
+	}
+	if len(b) < k {
+		return nil, nil, false
+	}
+	for _, c := range b[1:k] {
+		n = n<<6 | int(c&0x3f)
+	}
+	if len(b) < k+n {
+		return nil, nil, false
+	}
+	return b[k : k+n], b[k+n:], true
 }

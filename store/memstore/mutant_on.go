@@ -1,0 +1,17 @@
+//go:build capledger_mutants
+
+package memstore
+
+import "os"
+
+// mutantOn reports whether the named, deliberately broken variant of the
+// in-memory store is switched on: CAPLEDGER_MUTANT names it (as for the
+// ledger's, ledger/mutant_on.go). The variants break journal compaction:
+//
+//   - compaction_drops_entry: JournalCompact deletes one entry more than
+//     the last checkpoint summarises (the first entry after it);
+//   - checkpoint_wrong_closing: CheckpointPut stores the checkpoint with
+//     one unit more minted and available in its first account's closing
+//     vector (which still balances), sealed again so that its digests
+//     still verify.
+func mutantOn(name string) bool { return os.Getenv("CAPLEDGER_MUTANT") == name }

@@ -1,0 +1,173 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+)
+
+// TestAuditStreamsLongKeys: the audit's packed row prefixes each string
+// with its byte length as SQLite's char(n) encodes it, in one to four
+// UTF-8 bytes; ids and account strings of every such width (and empty
+// ones) come back whole, with their amounts, in id order.
+func TestAuditStreamsLongKeys(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(ctx, filepath.Join(t.TempDir(), "ledger.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	now := time.Date(2026, 7, 19, 14, 0, 0, 0, time.UTC)
+	var want []ledger.Reservation
+	for i, n := range []int{1, 127, 128, 2047, 2048, 55296, 65535, 65536, 70000} {
+		id := string(rune('a'+i)) + strings.Repeat("i", n-1)
+		r := ledger.Reservation{
+			ID:            id,
+			RequestDigest: "d",
+			Account:       ledger.AccountKey{Subject: strings.Repeat("s", n), Route: strings.Repeat("é", n/2), Region: "", Generation: uint64(i + 1)},
+			State:         ledger.StateSettledWithDebt,
+			Reserved:      ledger.Amounts{int64(n), 1 << 40},
+			Actual:        ledger.Amounts{int64(n) + 5},
+			Overdraft:     ledger.Amounts{5, 0, 0, -1},
+			CreatedAt:     now, ExpiresAt: now.Add(time.Minute), FinishedAt: now,
+		}
+		if i%2 == 1 {
+			r.Account.Region = "eu"
+		}
+		want = append(want, r)
+	}
+	tx, err := s.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Write(ctx, &store.Changes{Reservations: want}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var got []ledger.Reservation
+	err = s.AuditSnapshot(ctx, false, func(snap *ledger.Snapshot, _ int64) error {
+		return snap.ReservationStream(func(r *ledger.Reservation) error {
+			got = append(got, ledger.Reservation{ID: r.ID, Account: r.Account, State: r.State, Reserved: r.Reserved, Actual: r.Actual, Overdraft: r.Overdraft})
+			return nil
+		})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(want) {
+		t.Fatalf("streamed %d reservations, wrote %d", len(got), len(want))
+	}
+	for i := range want {
+		w := ledger.Reservation{ID: want[i].ID, Account: want[i].Account, State: want[i].State, Reserved: want[i].Reserved, Actual: want[i].Actual, Overdraft: want[i].Overdraft}
+		if got[i] != w {
+			t.Errorf("reservation %d (id of %d bytes): streamed id %d bytes, account %d/%d/%d bytes gen %d, %v %v %v %v; wrote account %d/%d/%d bytes gen %d, %v %v %v %v",
+				i, len(w.ID), len(got[i].ID), len(got[i].Account.Subject), len(got[i].Account.Route), len(got[i].Account.Region), got[i].Account.Generation,
+				got[i].State, got[i].Reserved, got[i].Actual, got[i].Overdraft,
+				len(w.Account.Subject), len(w.Account.Route), len(w.Account.Region), w.Account.Generation, w.State, w.Reserved, w.Actual, w.Overdraft)
+		}
+	}
+}
+
+// cutPrefixed refuses a row cut short rather than reading past it.
+func TestCutPrefixedShortRows(t *testing.T) {
+	for _, b := range [][]byte{nil, {5, 'a'}, {0xc2}, {0xc2, 0x80, 'a'}, {0xe0, 0x80}, {0xf0, 0x90, 0x80, 0x80}} {
+		if _, _, ok := cutPrefixed(b); ok {
+			t.Errorf("cutPrefixed(%v) = ok", b)
+		}
+	}
+	if s, rest, ok := cutPrefixed([]byte{0xc2, 0x80, 'x'}); ok || s != nil || rest != nil {
+		t.Errorf("a 128-byte prefix over 1 byte: %q %q %v", s, rest, ok)
+	}
+}
+
+// TestFullAuditEndsItsReadTransaction: a full audit's first read of the
+// reservations copies them and the journal into the spill file and ends
+// its read transaction, so a WAL checkpoint beside it copies every frame
+// (the WAL can be reset) — before that read it cannot — and the audit
+// still sees only what was committed before it began.
+func TestFullAuditEndsItsReadTransaction(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "ledger.db")
+	s, err := Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	now := time.Date(2026, 7, 19, 14, 0, 0, 0, time.UTC)
+	account := ledger.AccountKey{Subject: "s", Route: "r", Region: "eu", Generation: 1}
+	batch := 0
+	commit := func(n int) {
+		t.Helper()
+		batch++
+		c := &store.Changes{NewReservations: map[string]bool{}}
+		for i := range n {
+			id := fmt.Sprintf("b%03d-%04d", batch, i)
+			c.Reservations = append(c.Reservations, ledger.Reservation{ID: id, RequestDigest: "d", Account: account, State: ledger.StateReserved,
+				Reserved: ledger.Amounts{1}, CreatedAt: now, ExpiresAt: now.Add(time.Hour)})
+			c.NewReservations[id] = true
+			c.Journal = append(c.Journal, ledger.JournalEntry{At: now, Kind: ledger.KindReserve, Account: account, ReservationID: id,
+				From: ledger.StateRequested, To: ledger.StateReserved, Delta: ledger.Balances{{Available: -1, Reserved: 1}}})
+		}
+		tx, err := s.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Write(ctx, c); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// walCheckpoint runs a PASSIVE checkpoint on a connection of its own
+	// and returns the WAL's frames and how many it could copy.
+	other, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	walCheckpoint := func() (frames, copied int) {
+		t.Helper()
+		var busy int
+		if err := other.QueryRowContext(ctx, "PRAGMA wal_checkpoint(PASSIVE)").Scan(&busy, &frames, &copied); err != nil {
+			t.Fatal(err)
+		}
+		return frames, copied
+	}
+	for range 3 {
+		commit(200)
+	}
+	var reservations, entries int
+	err = s.AuditSnapshot(ctx, false, func(snap *ledger.Snapshot, _ int64) error {
+		commit(200)
+		if frames, copied := walCheckpoint(); copied >= frames {
+			t.Errorf("with the audit's read transaction open, a checkpoint copied %d of %d WAL frames", copied, frames)
+		}
+		if err := snap.ReservationStream(func(*ledger.Reservation) error { reservations++; return nil }); err != nil {
+			return err
+		}
+		commit(200)
+		if frames, copied := walCheckpoint(); copied != frames {
+			t.Errorf("after the reservations were read, a checkpoint copied %d of %d WAL frames: the read transaction is still open", copied, frames)
+		}
+		if n, err := snap.Estimate(true); err != nil || n != 1200 {
+			t.Errorf("estimate after the spill: %d, %v; want 600 reservations + 600 entries", n, err)
+		}
+		return snap.JournalStream(func(int64, *ledger.JournalEntry) error { entries++; return nil })
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if reservations != 600 || entries != 600 {
+		t.Fatalf("the audit read %d reservations and %d journal entries, want the 600 of each committed before it began", reservations, entries)
+	}
+}
