@@ -38,6 +38,7 @@ func (s *Store) AuditSnapshot(ctx context.Context, cut bool, f func(*ledger.Snap
 	} else if err := tx.QueryRowContext(ctx, "SELECT COALESCE(MAX(seq), 0) FROM journal_batches").Scan(&through); err != nil {
 		return fmt.Errorf("snapshot journal: %w", translate(ctx, err))
 	}
+	streamAccounts(ctx, tx, snap)
 	snap.ReservationStream = func(yield func(*ledger.Reservation) error) error {
 		return auditReservations(ctx, tx, yield)
 	}
@@ -107,10 +108,10 @@ const (
 )
 
 // checkpointChain reads every checkpoint header, oldest first, and the
-// last one's accounts.
-func checkpointChain(ctx context.Context, tx *sql.Tx) ([]ledger.Checkpoint, error) {
+// last one's accounts when asked.
+func checkpointChain(ctx context.Context, tx *sql.Tx, withAccounts bool) ([]ledger.Checkpoint, error) {
 	chain, err := queryAll(ctx, txQuery{tx, "SELECT " + checkpointCols + " FROM checkpoints ORDER BY seq"}, scanCheckpoint, "snapshot checkpoints")
-	if err != nil || len(chain) == 0 {
+	if err != nil || len(chain) == 0 || !withAccounts {
 		return chain, err
 	}
 	last := &chain[len(chain)-1]

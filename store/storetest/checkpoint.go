@@ -108,7 +108,7 @@ func testCheckpointCompaction(t *testing.T, s store.Store) {
 	if cp.Seq != 1 || cp.Prev != "" || cp.Entries != int64(len(full.Journal)) || len(cp.Accounts) == 0 {
 		t.Fatalf("first checkpoint: seq %d prev %q, %d entries of %d, %d accounts", cp.Seq, cp.Prev, cp.Entries, len(full.Journal), len(cp.Accounts))
 	}
-	if err := s.CheckpointPut(ctx, cp); err != nil {
+	if err := store.PutCheckpoint(ctx, s, cp); err != nil {
 		t.Fatal(err)
 	}
 	// Commands after the checkpoint: their entries must survive.
@@ -144,7 +144,7 @@ func testCheckpointCompaction(t *testing.T, s store.Store) {
 	if cp2.Seq != 2 || cp2.Prev != cp.Digest || cp2.Entries != cp.Entries+int64(len(before.Journal)) {
 		t.Fatalf("second checkpoint: seq %d prev %q (want %q), %d entries (want %d)", cp2.Seq, cp2.Prev, cp.Digest, cp2.Entries, cp.Entries+int64(len(before.Journal)))
 	}
-	if err := s.CheckpointPut(ctx, cp2); err != nil {
+	if err := store.PutCheckpoint(ctx, s, cp2); err != nil {
 		t.Fatal(err)
 	}
 	// (A store may keep its newest row even when summarised: SQLite does,
@@ -180,13 +180,13 @@ func testCheckpointConflict(t *testing.T, s store.Store) {
 	cp := cutCheckpoint(t, s, now)
 	bad := *cp
 	bad.Seq = 2
-	if err := s.CheckpointPut(ctx, &bad); !errors.Is(err, store.ErrConflict) {
+	if err := store.PutCheckpoint(ctx, s, &bad); !errors.Is(err, store.ErrConflict) {
 		t.Fatalf("checkpoint 2 on an empty chain: %v, want ErrConflict", err)
 	}
-	if err := s.CheckpointPut(ctx, cp); err != nil {
+	if err := store.PutCheckpoint(ctx, s, cp); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.CheckpointPut(ctx, cp); !errors.Is(err, store.ErrConflict) {
+	if err := store.PutCheckpoint(ctx, s, cp); !errors.Is(err, store.ErrConflict) {
 		t.Fatalf("the same checkpoint twice: %v, want ErrConflict", err)
 	}
 	snap, err := s.Snapshot(ctx)
