@@ -10,6 +10,7 @@ import (
 
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
+	"github.com/capledger/capledger/store/storetest"
 )
 
 // manyAccountCheckpoint is a checkpoint of n accounts following prev
@@ -112,4 +113,21 @@ func TestCheckpointPutInBoundedTransactions(t *testing.T) {
 	if got := checkpointRows(t, s); got[4] != 10 {
 		t.Fatalf("a refused put changed checkpoint 4's rows: %v", got)
 	}
+}
+
+// TestAuditReadsInPagesOfOne: with pages of one row, the account streams
+// of an audit snapshot read every account and checkpoint account in key
+// order across page boundaries (the keyset condition), and checkpoints
+// still cut, store and verify.
+func TestAuditReadsInPagesOfOne(t *testing.T) {
+	defer func(n int) { auditPage = n }(auditPage)
+	auditPage = 1
+	storetest.RunAuditReads(t, func(t *testing.T) store.Store {
+		s, err := Open(context.Background(), filepath.Join(t.TempDir(), "pages.db"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	})
 }
