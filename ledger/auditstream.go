@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"hash"
 	"iter"
 	"slices"
 )
@@ -17,44 +18,83 @@ import (
 
 // replay is one account's journal since the last checkpoint, as an audit
 // holds it: the entries' deltas summed, and for a cut, what the
-// checkpoint builder needs. Deltas are kept up to the highest dimension
-// the entries touch (most accounts have one), not MaxDimensions.
+// checkpoint builder needs. It is kept small (128 bytes), and keyed by
+// accountID rather than by the key's strings, because an audit holds one
+// per account with entries since the last checkpoint: a million of them
+// when a million tenants moved in an epoch.
 type replay struct {
-	delta   []Balance // every entry since the last checkpoint
-	beyond  []Balance // of those, the entries after the cut
-	entries int64     // entries up to the cut
+	dim0    Balance      // the sum of the entries' first dimension
+	more    *replayMore  // nil while the entries touch no other dimension and none is beyond the cut
+	entries int64        // entries up to the cut
 	chain   [sha256.Size]byte
-	seen    bool // the account was met by the merge
 }
 
-// addDelta adds d to the compact sum to, growing it to d's highest
-// non-zero dimension, and returns it.
-func addDelta(to []Balance, d *Balances) []Balance {
-	for i := len(d) - 1; i >= 0; i-- {
-		if d[i] == (Balance{}) {
-			continue
-		}
-		if len(to) <= i {
-			to = append(to, make([]Balance, i+1-len(to))...)
-		}
-		for j := 0; j <= i; j++ {
-			to[j].add(&d[j])
-		}
-		return to
-	}
-	return to
+// replayMore is the rest of a replay that most accounts do not need.
+type replayMore struct {
+	rest   [MaxDimensions - 1]Balance // the other dimensions
+	beyond Balances                   // of the entries summed, those after the cut
 }
 
-// addTo adds sign times the compact sum d to b.
-func addTo(b *Balances, d []Balance, sign Units) {
-	for i := range d {
-		x := &d[i]
-		neg := Balance{Opening: sign * x.Opening, Minted: sign * x.Minted, OverdraftIssued: sign * x.OverdraftIssued,
-			Available: sign * x.Available, Reserved: sign * x.Reserved, Spent: sign * x.Spent,
-			RetiredForEmergency: sign * x.RetiredForEmergency, RetiredForMove: sign * x.RetiredForMove,
-			OverdraftRepaid: sign * x.OverdraftRepaid}
-		b[i].add(&neg)
+// add sums delta into r; beyond says the entry is after the cut.
+func (r *replay) add(d *Balances, beyond bool) {
+	for i := 1; i < len(d); i++ {
+		if d[i] != (Balance{}) && r.more == nil {
+			r.more = &replayMore{}
+		}
 	}
+	r.dim0.add(&d[0])
+	if r.more != nil {
+		for i := 1; i < len(d); i++ {
+			r.more.rest[i-1].add(&d[i])
+		}
+	}
+	if beyond {
+		if r.more == nil {
+			r.more = &replayMore{}
+		}
+		r.more.beyond.Add(d)
+	}
+}
+
+// addTo adds to b what r sums, and with cut leaves out what is beyond the
+// cut.
+func (r *replay) addTo(b *Balances, cut bool) {
+	b[0].add(&r.dim0)
+	if r.more == nil {
+		return
+	}
+	for i := range r.more.rest {
+		b[i+1].add(&r.more.rest[i])
+	}
+	if cut {
+		for i := range r.more.beyond {
+			x := &r.more.beyond[i]
+			neg := Balance{Opening: -x.Opening, Minted: -x.Minted, OverdraftIssued: -x.OverdraftIssued,
+				Available: -x.Available, Reserved: -x.Reserved, Spent: -x.Spent,
+				RetiredForEmergency: -x.RetiredForEmergency, RetiredForMove: -x.RetiredForMove,
+				OverdraftRepaid: -x.OverdraftRepaid}
+			b[i].add(&neg)
+		}
+	}
+}
+
+// accountID names an account in an audit's replays: the first 128 bits of
+// the SHA-256 of its key's canonical encoding, 16 bytes instead of a key's
+// three strings, and not open to keys crafted to collide.
+type accountID [16]byte
+
+// accountIDs computes accountIDs with one reused hash.
+type accountIDs struct {
+	h   hash.Hash
+	sum [sha256.Size]byte
+}
+
+func newAccountIDs() *accountIDs { return &accountIDs{h: sha256.New()} }
+
+func (ids *accountIDs) of(k AccountKey) accountID {
+	ids.h.Reset()
+	writeKey(ids.h, k)
+	return accountID(ids.h.Sum(ids.sum[:0])[:16])
 }
 
 // eachAccount calls f with every account of s in key order, from
@@ -206,8 +246,13 @@ type auditPass struct {
 	policies   map[uint64]*Policy
 	per        func(AccountKey) *sums
 	statements map[AccountKey][]Statement
-	replays    map[AccountKey]*replay // nil without a complete journal
+	replays    map[accountID]*replay // nil without a complete journal
 	builder    *checkpointBuilder
+	ids        *accountIDs
+	// touched counts the replays with entries within the cut; rereadKeys
+	// reads the keys of the given ones again from the journal.
+	touched    int64
+	rereadKeys func(ids map[accountID]bool) []AccountKey
 
 	// Found, in the order Audit reports them: the account checks, the
 	// last checkpoint's accounts, the replays, the current epochs against
@@ -229,6 +274,7 @@ func (s *Snapshot) auditAccounts(pass auditPass) *auditPass {
 		*out = append(*out, Discrepancy{Check: check, Account: account.String(), Detail: fmt.Sprintf(format, args...)})
 	}
 	var verify *checkpointVerifier
+	var met int64 // replays with entries within the cut met by the merge
 	last := s.LastCheckpoint()
 	if s.hasCheckpointAccounts() {
 		verify = newCheckpointVerifier(last)
@@ -236,8 +282,9 @@ func (s *Snapshot) auditAccounts(pass auditPass) *auditPass {
 	accountsErr, checkpointErr := s.merge(nil, func(k AccountKey, a *Account, p *CheckpointAccount) {
 		var r *replay
 		if ps.replays != nil {
-			if r = ps.replays[k]; r != nil {
-				r.seen = true
+			r = ps.replays[ps.ids.of(k)]
+			if r != nil && r.entries > 0 {
+				met++
 			}
 		}
 		if p != nil && verify != nil {
@@ -294,7 +341,7 @@ func (s *Snapshot) auditAccounts(pass auditPass) *auditPass {
 				got = p.Balances
 			}
 			if r != nil {
-				addTo(&got, r.delta, 1)
+				r.addTo(&got, false)
 			}
 			if got != a.Balances {
 				add(&ps.replayOut, CheckJournal, a.Key, "journal replays to %+v, account holds %+v", got[:a.Dims], a.Balances[:a.Dims])
@@ -316,12 +363,19 @@ func (s *Snapshot) auditAccounts(pass auditPass) *auditPass {
 		}
 		ps.checkpointOut = verify.finish(s.eachCheckpointAccount)
 	}
-	if ps.builder != nil {
-		for k, r := range ps.replays {
-			if !r.seen && r.entries > 0 {
-				ps.extra = append(ps.extra, k)
+	if ps.builder != nil && met < ps.touched {
+		// Entries of accounts that are neither in the ledger nor in the
+		// last checkpoint (a store that lost an account row): they are in
+		// the checkpoint too, under keys read again from the journal.
+		seen := map[accountID]bool{}
+		_, _ = s.merge(nil, func(k AccountKey, _ *Account, _ *CheckpointAccount) { seen[ps.ids.of(k)] = true })
+		missing := map[accountID]bool{}
+		for id, r := range ps.replays {
+			if r.entries > 0 && !seen[id] {
+				missing[id] = true
 			}
 		}
+		ps.extra = ps.rereadKeys(missing)
 		slices.SortFunc(ps.extra, AccountKey.Compare)
 		ps.cutAccounts += int64(len(ps.extra))
 	}
@@ -334,7 +388,7 @@ func (s *Snapshot) auditAccounts(pass auditPass) *auditPass {
 // folded as they go. It returns the checkpoint, or nil and what went
 // wrong when a read failed, the accounts changed between the two reads,
 // or Emit failed (then the caller has Emit's error).
-func (s *Snapshot) cutCheckpoint(b *checkpointBuilder, replays map[AccountKey]*replay, pass *auditPass, o AuditOptions) (*Checkpoint, []Discrepancy) {
+func (s *Snapshot) cutCheckpoint(b *checkpointBuilder, replays map[accountID]*replay, pass *auditPass, o AuditOptions) (*Checkpoint, []Discrepancy) {
 	c := b.header(o.CutAt)
 	h := sha256.New()
 	writeInt(h, pass.cutAccounts)
@@ -347,7 +401,7 @@ func (s *Snapshot) cutCheckpoint(b *checkpointBuilder, replays map[AccountKey]*r
 		if emitErr != nil {
 			return
 		}
-		a, ok := b.nextAccount(k, p, replays[k])
+		a, ok := b.nextAccount(k, p, replays[pass.ids.of(k)])
 		if !ok {
 			return
 		}

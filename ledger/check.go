@@ -301,15 +301,17 @@ func AuditWith(s *Snapshot, o AuditOptions) ([]Discrepancy, *Checkpoint) {
 	if o.Cut > 0 && s.JournalComplete {
 		builder = newCheckpointBuilder(last, o.Cut, s.Moves)
 	}
+	ids := newAccountIDs()
 	var (
-		replays   map[AccountKey]*replay
+		replays   map[accountID]*replay
+		touched   int64
 		twice     []string
 		refunds   map[idKey]int32
 		receipts  map[string]map[AccountKey]bool
 		journalRd error
 	)
 	if s.JournalComplete {
-		replays = map[AccountKey]*replay{}
+		replays = map[accountID]*replay{}
 		// Endings are counted by the first 128 bits of the SHA-256 of the
 		// reservation id, a fixed size smaller than most ids over a long
 		// journal, deterministic, and not open to ids crafted to collide
@@ -321,13 +323,17 @@ func AuditWith(s *Snapshot, o AuditOptions) ([]Discrepancy, *Checkpoint) {
 			if last != nil && pos <= last.Through {
 				return // summarised by the checkpoint (a store that has not compacted yet)
 			}
-			r := replays[e.Account]
+			id := ids.of(e.Account)
+			r := replays[id]
 			if r == nil {
 				r = &replay{}
-				replays[e.Account] = r
+				replays[id] = r
 			}
-			r.delta = addDelta(r.delta, &e.Delta)
+			r.add(&e.Delta, builder != nil && pos > builder.through)
 			if builder != nil {
+				if r.entries == 0 && pos <= builder.through {
+					touched++
+				}
 				builder.add(pos, e, r)
 			}
 			if e.ReservationID != "" && e.To.Terminal() && e.From != e.To {
@@ -346,7 +352,17 @@ func AuditWith(s *Snapshot, o AuditOptions) ([]Discrepancy, *Checkpoint) {
 	}
 
 	pass := s.auditAccounts(auditPass{o: o, policies: policies, per: func(k AccountKey) *sums { return per[k] },
-		statements: byAccount, replays: replays, builder: builder})
+		statements: byAccount, replays: replays, builder: builder, ids: ids, touched: touched,
+		rereadKeys: func(missing map[accountID]bool) []AccountKey {
+			var keys []AccountKey
+			_ = s.forEachJournal(func(pos int64, e *JournalEntry) {
+				if id := ids.of(e.Account); missing[id] && (last == nil || pos > last.Through) && pos <= builder.through {
+					delete(missing, id)
+					keys = append(keys, e.Account)
+				}
+			})
+			return keys
+		}})
 	out = append(out, pass.accountOut...)
 	readErr("accounts", pass.accountsRead)
 	out = append(out, verifyCheckpointHeaders(s.Checkpoints)...)

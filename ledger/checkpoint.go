@@ -200,11 +200,11 @@ func newCheckpointBuilder(prev *Checkpoint, through int64, moves []Move) *checkp
 }
 
 // add takes one entry at position pos into r, its account's replay: an
-// entry within the cut is chained into r's digest and counted, one after
-// it is kept aside (r.beyond) so the checkpoint's vector leaves it out.
+// entry within the cut is chained into r's digest and counted (the
+// caller sums its delta into r, apart when after the cut, so the
+// checkpoint's vector leaves it out).
 func (b *checkpointBuilder) add(pos int64, e *JournalEntry, r *replay) {
 	if pos > b.through {
-		r.beyond = addDelta(r.beyond, &e.Delta)
 		return
 	}
 	// The chain is SHA-256(previous link || entry), 32 bytes per account
@@ -250,8 +250,7 @@ func (b *checkpointBuilder) nextAccount(k AccountKey, p *CheckpointAccount, r *r
 	b.h.Reset()
 	writeString(b.h, prevJournal)
 	if touched {
-		addTo(&out.Balances, r.delta, 1)
-		addTo(&out.Balances, r.beyond, -1)
+		r.addTo(&out.Balances, true)
 		out.Entries += r.entries
 		b.h.Write(r.chain[:])
 	}
