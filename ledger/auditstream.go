@@ -23,9 +23,9 @@ import (
 // per account with entries since the last checkpoint: a million of them
 // when a million tenants moved in an epoch.
 type replay struct {
-	dim0    Balance      // the sum of the entries' first dimension
-	more    *replayMore  // nil while the entries touch no other dimension and none is beyond the cut
-	entries int64        // entries up to the cut
+	dim0    Balance     // the sum of the entries' first dimension
+	more    *replayMore // nil while the entries touch no other dimension and none is beyond the cut
+	entries int64       // entries up to the cut
 	chain   [sha256.Size]byte
 }
 
