@@ -1,10 +1,11 @@
 // Command cutheap cuts a statement checkpoint of a data directory's SQLite
 // store through engine.CutCheckpoint, as serve's compaction pass does, and
-// writes a heap profile (after a GC) when the first page of the new
-// checkpoint's accounts reaches the store: the point where the cut holds
-// the most (docs/PERFORMANCE.md, "A million tenants").
+// writes a heap profile (after a GC) when page -at of the new
+// checkpoint's accounts reaches the store (the first: the audit is done
+// and the cut holds its replays; later ones: while it writes)
+// (docs/PERFORMANCE.md, "A million tenants").
 //
-//	go run ./scripts/cutheap -dir COPY -memprofile heap.pprof
+//	go run ./scripts/cutheap -dir COPY -memprofile heap.pprof -at 1
 package main
 
 import (
@@ -25,8 +26,9 @@ import (
 
 type profiling struct {
 	store.Store
-	path string
-	done bool
+	path  string
+	at    int // the page to profile at (1: the first)
+	pages int
 }
 
 func (p *profiling) CheckpointWrite(ctx context.Context, seq int64) (store.CheckpointWriter, error) {
@@ -43,12 +45,11 @@ type profilingWriter struct {
 }
 
 func (w *profilingWriter) Put(ctx context.Context, page []ledger.CheckpointAccount) error {
-	if !w.p.done {
-		w.p.done = true
+	if w.p.pages++; w.p.pages == w.p.at {
 		runtime.GC()
 		var m runtime.MemStats
 		runtime.ReadMemStats(&m)
-		fmt.Printf("first page: live heap %d MB after a GC, heap sys %d MB\n", m.HeapAlloc>>20, m.HeapSys>>20)
+		fmt.Printf("page %d: live heap %d MB after a GC, heap sys %d MB\n", w.p.pages, m.HeapAlloc>>20, m.HeapSys>>20)
 		if w.p.path != "" {
 			f, err := os.Create(w.p.path)
 			if err == nil {
@@ -62,7 +63,8 @@ func (w *profilingWriter) Put(ctx context.Context, page []ledger.CheckpointAccou
 
 func main() {
 	dir := flag.String("dir", "", "data directory (a copy: the cut is stored)")
-	memprofile := flag.String("memprofile", "", "heap profile at the first page")
+	memprofile := flag.String("memprofile", "", "heap profile at page -at")
+	at := flag.Int("at", 1, "the page of the new checkpoint's accounts to profile at (1: the first)")
 	flag.Parse()
 	ctx := context.Background()
 	st, err := sqlite.Open(ctx, filepath.Join(*dir, "capledger.db"))
@@ -71,7 +73,7 @@ func main() {
 		os.Exit(1)
 	}
 	defer st.Close()
-	p := &profiling{Store: st, path: *memprofile}
+	p := &profiling{Store: st, path: *memprofile, at: *at}
 	e := engine.New(p, engine.Options{DisableWorkers: true, Compaction: &engine.CompactionOptions{}})
 	defer e.Close()
 	start := time.Now()
