@@ -90,9 +90,16 @@ var errAuditFound = errors.New("the audit found discrepancies")
 
 // CutCheckpoint audits the ledger since the last checkpoint and, when it
 // is sound, stores the next checkpoint, cut at now. It returns the
-// checkpoint (nil when the journal holds nothing new), the discrepancies
-// found (then no checkpoint is cut), and store.ErrConflict when another
-// replica appended first.
+// checkpoint's header (nil when the journal holds nothing new), the
+// discrepancies found (then no checkpoint is cut), and store.ErrConflict
+// when another replica appended first or is writing one.
+//
+// Nothing is held whole: the audit reads the accounts and the last
+// checkpoint's accounts a page at a time, and once every check has passed
+// the checkpoint's accounts go to the store's writer as the audit makes
+// them, a page of checkpointPage per transaction, paced like compaction
+// (pace.go), the header last. What the cut holds for its length is the
+// replay of each account with journal entries since the last checkpoint.
 func (e *Engine) CutCheckpoint(ctx context.Context, now time.Time) (*ledger.Checkpoint, []ledger.Discrepancy, error) {
 	var cp *ledger.Checkpoint
 	var found []ledger.Discrepancy
@@ -105,10 +112,29 @@ func (e *Engine) CutCheckpoint(ctx context.Context, now time.Time) (*ledger.Chec
 		if through <= 0 || last != nil && through <= last.Through {
 			return nil
 		}
-		found, cp = ledger.AuditWith(e.paced(ctx, snap, 0.5), ledger.AuditOptions{SinceCheckpoint: true, Cut: through, CutAt: now})
+		seq := int64(1)
+		if last != nil {
+			seq = last.Seq + 1
+		}
+		out := e.newCheckpointOutput(ctx, seq)
+		defer out.close()
+		found, cp = ledger.AuditWith(e.paced(ctx, snap, 0.5), ledger.AuditOptions{SinceCheckpoint: true, Cut: through, CutAt: now, Emit: out.emit})
+		if out.err != nil {
+			cp = nil
+			return out.err
+		}
+		if cp != nil {
+			if err := out.finish(cp); err != nil {
+				cp = nil
+				return err
+			}
+		}
 		return ctx.Err()
 	})
 	if err != nil {
+		if cp == nil && errors.Is(err, store.ErrConflict) {
+			return nil, nil, err
+		}
 		return nil, nil, fmt.Errorf("checkpoint: %w", err)
 	}
 	if len(found) > 0 {
@@ -118,13 +144,80 @@ func (e *Engine) CutCheckpoint(ctx context.Context, now time.Time) (*ledger.Chec
 	if cp == nil {
 		return nil, nil, nil
 	}
-	if err := e.core.store.CheckpointPut(ctx, cp); err != nil {
-		return nil, nil, fmt.Errorf("checkpoint %d: %w", cp.Seq, err)
-	}
 	e.compaction.checkpoints.Add(1)
 	e.compaction.lastCut.Store(cp.CutAt.UnixNano())
 	e.compaction.lastSeq.Store(cp.Seq)
 	return cp, nil, nil
+}
+
+// checkpointPage is how many accounts of a checkpoint the engine hands
+// the store's writer at a time (a variable: tests lower it).
+var checkpointPage = store.CheckpointPage
+
+// checkpointOutput takes a cut checkpoint's accounts from the audit
+// (ledger.AuditOptions.Emit) a page at a time into the store's writer,
+// opened at the first page: the audit emits only once every check has
+// passed, so a refused cut writes nothing.
+type checkpointOutput struct {
+	e    *Engine
+	ctx  context.Context
+	seq  int64
+	w    store.CheckpointWriter
+	page []ledger.CheckpointAccount
+	pace *pacer
+	err  error
+	// held is the most accounts the output held at once (tests).
+	held int
+}
+
+func (e *Engine) newCheckpointOutput(ctx context.Context, seq int64) *checkpointOutput {
+	return &checkpointOutput{e: e, ctx: ctx, seq: seq, page: make([]ledger.CheckpointAccount, 0, checkpointPage), pace: e.newPacer(0.5)}
+}
+
+func (o *checkpointOutput) emit(a *ledger.CheckpointAccount) error {
+	o.page = append(o.page, *a)
+	o.held = max(o.held, len(o.page))
+	if len(o.page) < checkpointPage {
+		return nil
+	}
+	return o.flush()
+}
+
+// flush puts the page, then pauses as pace.go says.
+func (o *checkpointOutput) flush() error {
+	if o.err != nil {
+		return o.err
+	}
+	if o.w == nil {
+		if o.w, o.err = o.e.core.store.CheckpointWrite(o.ctx, o.seq); o.err != nil {
+			o.w = nil
+			return o.err
+		}
+	}
+	if len(o.page) > 0 {
+		started := time.Now()
+		if o.err = o.w.Put(o.ctx, o.page); o.err != nil {
+			return o.err
+		}
+		o.page = o.page[:0]
+		o.pace.wait(o.ctx, time.Since(started), 0)
+	}
+	o.err = o.ctx.Err()
+	return o.err
+}
+
+// finish puts the last page and stores cp's header.
+func (o *checkpointOutput) finish(cp *ledger.Checkpoint) error {
+	if err := o.flush(); err != nil {
+		return err
+	}
+	return o.w.Finish(o.ctx, cp)
+}
+
+func (o *checkpointOutput) close() {
+	if o.w != nil {
+		o.w.Close()
+	}
 }
 
 // CompactJournal deletes the journal the last checkpoint summarises, in
@@ -249,6 +342,24 @@ func (e *Engine) AuditWith(ctx context.Context, o AuditOptions) ([]ledger.Discre
 			}
 			return err
 		}
+		if accounts := snap.AccountStream; accounts != nil {
+			snap.AccountStream = func(yield func(*ledger.Account) error) error {
+				err := accounts(yield)
+				if err != nil && streamErr == nil && !errors.Is(err, ledger.ErrStopped) {
+					streamErr = err
+				}
+				return err
+			}
+		}
+		if cps := snap.CheckpointAccountStream; cps != nil {
+			snap.CheckpointAccountStream = func(yield func(*ledger.CheckpointAccount) error) error {
+				err := cps(yield)
+				if err != nil && streamErr == nil && !errors.Is(err, ledger.ErrStopped) {
+					streamErr = err
+				}
+				return err
+			}
+		}
 		out, _ = ledger.AuditWith(snap, lo)
 		if o.Progress != nil && streamErr == nil {
 			report(read, true)
@@ -303,6 +414,26 @@ func (e *Engine) paced(ctx context.Context, snap *ledger.Snapshot, idle float64)
 					return err
 				}
 				return yield(pos, e)
+			})
+		}
+	}
+	if a := snap.AccountStream; a != nil {
+		snap.AccountStream = func(yield func(*ledger.Account) error) error {
+			return a(func(acc *ledger.Account) error {
+				if err := step(); err != nil {
+					return err
+				}
+				return yield(acc)
+			})
+		}
+	}
+	if c := snap.CheckpointAccountStream; c != nil {
+		snap.CheckpointAccountStream = func(yield func(*ledger.CheckpointAccount) error) error {
+			return c(func(acc *ledger.CheckpointAccount) error {
+				if err := step(); err != nil {
+					return err
+				}
+				return yield(acc)
 			})
 		}
 	}

@@ -118,3 +118,113 @@ func TestCompactionCutsVerifiedCheckpoints(t *testing.T) {
 		})
 	}
 }
+
+// materialising counts the most accounts its store hands over or takes
+// at once around a checkpoint cut: account slices in an audit snapshot
+// (the ledger's, the last checkpoint's), pages put to a checkpoint
+// writer and accounts carried by a finished header.
+type materialising struct {
+	store.Store
+	most int
+}
+
+func (m *materialising) note(n int) { m.most = max(m.most, n) }
+
+func (m *materialising) AuditSnapshot(ctx context.Context, cut bool, f func(*ledger.Snapshot, int64) error) error {
+	return m.Store.AuditSnapshot(ctx, cut, func(snap *ledger.Snapshot, through int64) error {
+		m.note(len(snap.Accounts))
+		if last := snap.LastCheckpoint(); last != nil {
+			m.note(len(last.Accounts))
+		}
+		return f(snap, through)
+	})
+}
+
+func (m *materialising) CheckpointWrite(ctx context.Context, seq int64) (store.CheckpointWriter, error) {
+	w, err := m.Store.CheckpointWrite(ctx, seq)
+	if err != nil {
+		return nil, err
+	}
+	return &materialisingWriter{CheckpointWriter: w, m: m}, nil
+}
+
+type materialisingWriter struct {
+	store.CheckpointWriter
+	m *materialising
+}
+
+func (w *materialisingWriter) Put(ctx context.Context, page []ledger.CheckpointAccount) error {
+	w.m.note(len(page))
+	return w.CheckpointWriter.Put(ctx, page)
+}
+
+func (w *materialisingWriter) Finish(ctx context.Context, c *ledger.Checkpoint) error {
+	w.m.note(len(c.Accounts))
+	return w.CheckpointWriter.Finish(ctx, c)
+}
+
+// TestCheckpointCutHoldsAPage: cutting a checkpoint of many accounts, the
+// first and then one over the previous checkpoint's accounts, never has
+// more than a page of accounts in hand across the store interface: the
+// accounts and the last checkpoint's accounts are streamed, the new
+// checkpoint's go to the writer a page at a time. The chain is whole and
+// the ledger audits clean.
+func TestCheckpointCutHoldsAPage(t *testing.T) {
+	defer func(page int) { checkpointPage = page }(checkpointPage)
+	checkpointPage = 16
+	const accounts = 600
+	for name, open := range map[string]func(t *testing.T) store.Store{
+		"memstore": func(*testing.T) store.Store { return memstore.New() },
+		"sqlite": func(t *testing.T) store.Store {
+			st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "page.db"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { st.Close() })
+			return st
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			st := &materialising{Store: open(t)}
+			clk := newClock()
+			e := New(st, Options{Clock: clk.Now, DisableWorkers: true, Compaction: &CompactionOptions{Every: time.Hour}})
+			defer e.Close()
+			publish(t, e, 1_000_000, time.Minute, 0)
+			reserveAll := func(round string, n int) {
+				var cmds []ledger.Command
+				for i := range n {
+					cmd := reserveCmd(fmt.Sprintf("%s-%04d", round, i), 1)
+					cmd.Subject = fmt.Sprintf("tenant-%04d", i)
+					cmds = append(cmds, cmd)
+				}
+				if _, err := e.DoBatch(ctx, cmds); err != nil {
+					t.Fatal(err)
+				}
+			}
+			reserveAll("a", accounts)
+			for seq, touched := range []int{accounts, accounts / 10} {
+				if seq > 0 {
+					reserveAll("b", touched)
+				}
+				st.most = 0
+				cp, found, err := e.CutCheckpoint(ctx, clk.Now())
+				if err != nil || len(found) > 0 || cp == nil || cp.Seq != int64(seq+1) {
+					t.Fatalf("cut %d: %+v, %v, %v", seq+1, cp, found, err)
+				}
+				if st.most > checkpointPage {
+					t.Fatalf("cut %d over %d accounts (%d touched) had %d accounts in hand at once, a page is %d",
+						cp.Seq, accounts, touched, st.most, checkpointPage)
+				}
+				snap, err := st.Snapshot(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if last := snap.LastCheckpoint(); last == nil || last.Digest != cp.Digest || len(last.Accounts) != accounts {
+					t.Fatalf("stored checkpoint %v with %d accounts, want %s with %d", last != nil, len(last.Accounts), cp.Digest, accounts)
+				}
+				auditClean(t, e)
+			}
+		})
+	}
+}

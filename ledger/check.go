@@ -10,7 +10,12 @@ import (
 // Snapshot is a whole ledger's rows, as an audit reads them from any store.
 type Snapshot struct {
 	Policies []Policy
-	Accounts []Account
+	// Accounts, or AccountStream when set: it calls yield with every
+	// account in key order (AccountKey.Compare; valid only during the
+	// call) and may be called more than once, so an audit holds one
+	// account at a time, not all of them.
+	Accounts      []Account
+	AccountStream func(yield func(a *Account) error) error
 	// Reservations, or ReservationStream when set: it calls yield with
 	// every reservation (valid only during the call), so an audit holds a
 	// page of them, not the history. A stream may fill only the fields
@@ -27,7 +32,11 @@ type Snapshot struct {
 	// carries its accounts, the others may be headers. Journal then holds
 	// the entries after the last one only.
 	Checkpoints []Checkpoint
-	Journal     []JournalEntry
+	// CheckpointAccountStream, when set, is the last checkpoint's accounts
+	// instead of its Accounts: it calls yield with each in key order
+	// (valid only during the call) and may be called more than once.
+	CheckpointAccountStream func(yield func(a *CheckpointAccount) error) error
+	Journal                 []JournalEntry
 	// JournalComplete says Journal holds every entry since the last
 	// checkpoint (since the beginning without one), so replay checks apply.
 	JournalComplete bool
@@ -182,6 +191,14 @@ type AuditOptions struct {
 	// journal; it is returned only when the audit found nothing.
 	Cut   int64
 	CutAt time.Time
+	// Emit, when set, takes the cut checkpoint's accounts in key order,
+	// one at a time (valid only during the call), and the checkpoint
+	// returned has none (its digests cover them): memory is then bounded
+	// by the accounts touched since the last checkpoint, not by all of
+	// them. Emit is called only once every check has passed; when it
+	// returns an error, no checkpoint is returned and the caller has the
+	// error.
+	Emit func(a *CheckpointAccount) error
 	// Progress, when set, is called now and then with the reservations and
 	// journal entries read so far.
 	Progress func(rows int64)
@@ -208,7 +225,6 @@ func AuditWith(s *Snapshot, o AuditOptions) ([]Discrepancy, *Checkpoint) {
 		out = append(out, Discrepancy{Check: check, Account: acc, Reservation: reservation, Detail: fmt.Sprintf(format, args...)})
 	}
 
-	type sums struct{ held, spent, overdraft, shards Amounts }
 	per := map[AccountKey]*sums{}
 	get := func(k AccountKey) *sums {
 		if per[k] == nil {
@@ -268,89 +284,58 @@ func AuditWith(s *Snapshot, o AuditOptions) ([]Discrepancy, *Checkpoint) {
 	for i := range s.Policies {
 		policies[s.Policies[i].Generation] = &s.Policies[i]
 	}
-	for i := range s.Accounts {
-		a := &s.Accounts[i]
-		for d := 0; d < a.Dims; d++ {
-			if err := checkBalance(&a.Balances[d]); err != nil {
-				add(CheckConservation, a.Key, "", "dimension %d: %v", d, err)
-			}
-		}
-		if p := policies[a.Key.Generation]; p != nil {
-			for d := 0; d < a.Dims && d < len(p.Dimensions); d++ {
-				if held := a.Balances[d].Available + a.Balances[d].Reserved; held > p.Dimensions[d].Burst {
-					add(CheckBurst, a.Key, "", "dimension %d: available + reserved = %d above the burst %d",
-						d, held, p.Dimensions[d].Burst)
-				}
-			}
-		}
-		// Read, not get: an entry per account would hold a million
-		// zero sums for the whole audit.
-		t := per[a.Key]
-		if t == nil {
-			t = &sums{}
-		}
-		for d := 0; d < MaxDimensions; d++ {
-			bal := &a.Balances[d]
-			if bal.RetiredForEmergency != t.shards[d] {
-				add(CheckShard, a.Key, "", "dimension %d: retiredForEmergency %d, shards allocated %d", d, bal.RetiredForEmergency, t.shards[d])
-			}
-			if o.SinceCheckpoint {
-				continue
-			}
-			if bal.Reserved != t.held[d] {
-				add(CheckReserved, a.Key, "", "dimension %d: reserved %d, holds %d", d, bal.Reserved, t.held[d])
-			}
-			if bal.Spent != t.spent[d] {
-				add(CheckSpent, a.Key, "", "dimension %d: spent %d, settled actual usage %d", d, bal.Spent, t.spent[d])
-			}
-			if bal.OverdraftIssued < t.overdraft[d] {
-				add(CheckDebt, a.Key, "", "dimension %d: overdraft issued %d < settled overdraft %d", d, bal.OverdraftIssued, t.overdraft[d])
-			}
-		}
+	byAccount := map[AccountKey][]Statement{}
+	for _, st := range s.Statements {
+		byAccount[st.Account] = append(byAccount[st.Account], st)
+	}
+	for _, list := range byAccount {
+		slices.SortFunc(list, func(a, b Statement) int { return a.EpochStart.Compare(b.EpochStart) })
 	}
 
-	out = append(out, VerifyCheckpoints(s.Checkpoints)...)
+	// The journal first: what an account's replay adds to the last
+	// checkpoint's closing vector, for the accounts with entries since
+	// (replays); then one pass over the accounts merged in key order with
+	// the last checkpoint's (auditAccounts), so neither is held whole.
 	last := s.LastCheckpoint()
 	var builder *checkpointBuilder
 	if o.Cut > 0 && s.JournalComplete {
 		builder = newCheckpointBuilder(last, o.Cut, s.Moves)
 	}
+	ids := newAccountIDs()
+	var (
+		replays   map[accountID]*replay
+		touched   int64
+		twice     []string
+		refunds   map[idKey]int32
+		receipts  map[string]map[AccountKey]bool
+		journalRd error
+	)
 	if s.JournalComplete {
-		// replayed holds the accounts with entries since the last
-		// checkpoint; the others replay to its closing vectors, looked up
-		// when needed rather than copied (a million accounts of which few
-		// moved since).
-		replayed := map[AccountKey]*Balances{}
-		var lastAccounts []CheckpointAccount
-		if last != nil {
-			lastAccounts = last.Accounts
-		}
-		closing := func(k AccountKey) Balances {
-			if a := findCheckpointAccount(lastAccounts, k); a != nil {
-				return a.Balances
-			}
-			return Balances{}
-		}
+		replays = map[accountID]*replay{}
 		// Endings are counted by the first 128 bits of the SHA-256 of the
 		// reservation id, a fixed size smaller than most ids over a long
 		// journal, deterministic, and not open to ids crafted to collide
 		// (two ids of one key would be reported as one ended twice).
-		refunds := map[idKey]int32{}
-		var twice []string
-		receipts := map[string]map[AccountKey]bool{}
-		err := s.forEachJournal(func(pos int64, e *JournalEntry) {
+		refunds = map[idKey]int32{}
+		receipts = map[string]map[AccountKey]bool{}
+		journalRd = s.forEachJournal(func(pos int64, e *JournalEntry) {
 			tick()
 			if last != nil && pos <= last.Through {
 				return // summarised by the checkpoint (a store that has not compacted yet)
 			}
+			id := ids.of(e.Account)
+			r := replays[id]
+			if r == nil {
+				r = &replay{}
+				replays[id] = r
+			}
+			r.add(&e.Delta, builder != nil && pos > builder.through)
 			if builder != nil {
-				builder.add(pos, e)
+				if r.entries == 0 && pos <= builder.through {
+					touched++
+				}
+				builder.add(pos, e, r)
 			}
-			if replayed[e.Account] == nil {
-				b := closing(e.Account)
-				replayed[e.Account] = &b
-			}
-			replayed[e.Account].Add(&e.Delta)
 			if e.ReservationID != "" && e.To.Terminal() && e.From != e.To {
 				h := keyOf(e.ReservationID)
 				if refunds[h]++; refunds[h] == 2 {
@@ -364,19 +349,27 @@ func AuditWith(s *Snapshot, o AuditOptions) ([]Discrepancy, *Checkpoint) {
 				receipts[e.ReceiptID][e.Account] = true
 			}
 		})
-		readErr("journal", err)
-		for i := range s.Accounts {
-			a := &s.Accounts[i]
-			var got Balances
-			if r := replayed[a.Key]; r != nil {
-				got = *r
-			} else {
-				got = closing(a.Key)
-			}
-			if got != a.Balances {
-				add(CheckJournal, a.Key, "", "journal replays to %+v, account holds %+v", got[:a.Dims], a.Balances[:a.Dims])
-			}
-		}
+	}
+
+	pass := s.auditAccounts(auditPass{o: o, policies: policies, per: func(k AccountKey) *sums { return per[k] },
+		statements: byAccount, replays: replays, builder: builder, ids: ids, touched: touched,
+		rereadKeys: func(missing map[accountID]bool) []AccountKey {
+			var keys []AccountKey
+			_ = s.forEachJournal(func(pos int64, e *JournalEntry) {
+				if id := ids.of(e.Account); missing[id] && (last == nil || pos > last.Through) && pos <= builder.through {
+					delete(missing, id)
+					keys = append(keys, e.Account)
+				}
+			})
+			return keys
+		}})
+	out = append(out, pass.accountOut...)
+	readErr("accounts", pass.accountsRead)
+	out = append(out, verifyCheckpointHeaders(s.Checkpoints)...)
+	out = append(out, pass.checkpointOut...)
+	if s.JournalComplete {
+		readErr("journal", journalRd)
+		out = append(out, pass.replayOut...)
 		for _, id := range twice {
 			add(CheckRefundOnce, AccountKey{}, id, "ended %d times", refunds[keyOf(id)])
 		}
@@ -409,16 +402,7 @@ func AuditWith(s *Snapshot, o AuditOptions) ([]Discrepancy, *Checkpoint) {
 
 	out = append(out, auditShards(s)...)
 
-	byAccount := map[AccountKey][]Statement{}
-	for _, st := range s.Statements {
-		byAccount[st.Account] = append(byAccount[st.Account], st)
-	}
-	accountByKey := map[AccountKey]*Account{}
-	for i := range s.Accounts {
-		accountByKey[s.Accounts[i].Key] = &s.Accounts[i]
-	}
 	for key, list := range byAccount {
-		slices.SortFunc(list, func(a, b Statement) int { return a.EpochStart.Compare(b.EpochStart) })
 		for i, st := range list {
 			for d := 0; d < st.Dims; d++ {
 				if err := checkBalance(&st.Closing[d]); err != nil {
@@ -429,18 +413,18 @@ func AuditWith(s *Snapshot, o AuditOptions) ([]Discrepancy, *Checkpoint) {
 				add(CheckStatement, key, "", "epoch %s does not open where %s closed", st.EpochStart, list[i-1].EpochStart)
 			}
 		}
-		if a := accountByKey[key]; a != nil {
-			last := list[len(list)-1]
-			if last.Closing != a.EpochOpening || !last.EpochEnd.Equal(a.EpochStart) {
-				add(CheckStatement, key, "", "current epoch %s does not open where %s closed", a.EpochStart, last.EpochStart)
-			}
-		}
 	}
+	out = append(out, pass.statementOut...)
 	if builder == nil || len(out) > 0 {
 		return out, nil
 	}
-	return out, builder.finish(o.CutAt)
+	cp, found := s.cutCheckpoint(builder, replays, pass, o)
+	return append(out, found...), cp
 }
+
+// sums are what an audit adds up per account from the reservations, what
+// retention removed and the shards.
+type sums struct{ held, spent, overdraft, shards Amounts }
 
 // idKey is the refund-once check's key of a reservation id.
 type idKey [16]byte

@@ -6,8 +6,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"hash"
-	"maps"
-	"slices"
 	"time"
 )
 
@@ -64,7 +62,10 @@ type CheckpointAccount struct {
 	Balances Balances
 	// Entries counts the account's entries summarised since the beginning;
 	// Journal is the hex SHA-256 chain of them: the digest of the previous
-	// checkpoint's Journal followed by the encoding of each entry since.
+	// checkpoint's Journal followed, when the account has entries since, by
+	// the link of the last of them, where a link is the SHA-256 of the
+	// link before (32 zero bytes before the first) followed by the
+	// encoding of the entry.
 	Entries int64
 	Journal string
 }
@@ -125,13 +126,18 @@ func accountsDigest(accounts []CheckpointAccount) string {
 	h := sha256.New()
 	writeInt(h, int64(len(accounts)))
 	for i := range accounts {
-		a := &accounts[i]
-		writeKey(h, a.Account)
-		writeBalances(h, &a.Balances)
-		writeInt(h, a.Entries)
-		writeString(h, a.Journal)
+		writeAccount(h, &accounts[i])
 	}
 	return digestHex(h)
+}
+
+// writeAccount writes one account of a checkpoint into its accounts
+// digest.
+func writeAccount(h hash.Hash, a *CheckpointAccount) {
+	writeKey(h, a.Account)
+	writeBalances(h, &a.Balances)
+	writeInt(h, a.Entries)
+	writeString(h, a.Journal)
 }
 
 // headerDigest is the digest of a checkpoint: every field but Digest and
@@ -163,31 +169,27 @@ func (c *Checkpoint) Header() Checkpoint {
 	return h
 }
 
-// checkpointBuilder accumulates the next checkpoint while an audit reads
-// the journal: the previous checkpoint's vectors plus every entry up to
-// the cut. It holds a replay only for the accounts with entries since the
-// previous checkpoint; the others are read from the previous checkpoint's
-// accounts (in key order) when one is touched or the checkpoint finished,
-// so a ledger of a million accounts of which a thousand moved in an epoch
-// costs a thousand replays, not a million hashes.
+// checkpointBuilder counts what the next checkpoint summarises while an
+// audit reads the journal: the entries up to the cut and the moves among
+// them. Each account's part (its replay since the previous checkpoint,
+// and the SHA-256 chain of its entries) is kept in the audit's replay of
+// the account, only for the accounts with entries since; the checkpoint's
+// accounts are merged in key order from those, the previous checkpoint's
+// accounts and the ledger's accounts at the end (Snapshot.cutCheckpoint),
+// so a ledger of a million accounts of which a thousand moved costs a
+// thousand replays, not a million.
 type checkpointBuilder struct {
-	prev     *Checkpoint
-	through  int64
-	accounts map[AccountKey]*building
-	entries  int64
-	moves    map[string]bool
-	isMove   map[string]bool
-}
-
-type building struct {
-	balances Balances
-	entries  int64
-	h        hash.Hash
+	prev    *Checkpoint
+	through int64
+	entries int64
+	moves   map[string]bool
+	isMove  map[string]bool
+	h       hash.Hash
 }
 
 func newCheckpointBuilder(prev *Checkpoint, through int64, moves []Move) *checkpointBuilder {
-	b := &checkpointBuilder{prev: prev, through: through, accounts: map[AccountKey]*building{},
-		moves: map[string]bool{}, isMove: make(map[string]bool, len(moves))}
+	b := &checkpointBuilder{prev: prev, through: through, moves: map[string]bool{},
+		isMove: make(map[string]bool, len(moves)), h: sha256.New()}
 	for i := range moves {
 		b.isMove[moves[i].ReceiptID] = true
 	}
@@ -197,105 +199,63 @@ func newCheckpointBuilder(prev *Checkpoint, through int64, moves []Move) *checkp
 	return b
 }
 
-// prevAccount returns the previous checkpoint's part of account k, nil
-// when it has none.
-func (b *checkpointBuilder) prevAccount(k AccountKey) *CheckpointAccount {
-	if b.prev == nil {
-		return nil
-	}
-	return findCheckpointAccount(b.prev.Accounts, k)
-}
-
-// findCheckpointAccount finds k in accounts, which are in key order (as
-// VerifyCheckpoints requires of a checkpoint's), nil when absent.
-func findCheckpointAccount(accounts []CheckpointAccount, k AccountKey) *CheckpointAccount {
-	i, found := slices.BinarySearchFunc(accounts, k, func(a CheckpointAccount, k AccountKey) int { return a.Account.Compare(k) })
-	if !found {
-		return nil
-	}
-	return &accounts[i]
-}
-
-// add takes one entry at position pos, if it is within the cut.
-func (b *checkpointBuilder) add(pos int64, e *JournalEntry) {
+// add takes one entry at position pos into r, its account's replay: an
+// entry within the cut is chained into r's digest and counted (the
+// caller sums its delta into r, apart when after the cut, so the
+// checkpoint's vector leaves it out).
+func (b *checkpointBuilder) add(pos int64, e *JournalEntry, r *replay) {
 	if pos > b.through {
 		return
 	}
-	a := b.accounts[e.Account]
-	if a == nil {
-		a = &building{h: sha256.New()}
-		if p := b.prevAccount(e.Account); p != nil {
-			a.balances, a.entries = p.Balances, p.Entries
-			writeString(a.h, p.Journal)
-		} else {
-			writeString(a.h, "")
-		}
-		b.accounts[e.Account] = a
-	}
-	a.balances.Add(&e.Delta)
-	a.entries++
-	writeEntry(a.h, e)
+	// The chain is SHA-256(previous link || entry), 32 bytes per account
+	// rather than a running hash's state.
+	b.h.Reset()
+	b.h.Write(r.chain[:])
+	writeEntry(b.h, e)
+	b.h.Sum(r.chain[:0])
+	r.entries++
 	b.entries++
 	if e.ReceiptID != "" && b.isMove[e.ReceiptID] {
 		b.moves[e.ReceiptID] = true
 	}
 }
 
-// each calls f with every account of the checkpoint in key order: the
-// previous checkpoint's accounts merged with those touched since. An
-// untouched account keeps its vector and entry count; its journal digest
-// is that of the previous one's followed by nothing, as if its replay had
-// been held all along.
-func (b *checkpointBuilder) each(f func(a *CheckpointAccount)) {
-	touched := slices.SortedFunc(maps.Keys(b.accounts), AccountKey.Compare)
-	var prev []CheckpointAccount
-	if b.prev != nil {
-		prev = b.prev.Accounts
-	}
-	h := sha256.New()
-	var out CheckpointAccount
-	for i, j := 0, 0; i < len(prev) || j < len(touched); {
-		var c int
-		switch {
-		case i == len(prev):
-			c = 1
-		case j == len(touched):
-			c = -1
-		default:
-			c = prev[i].Account.Compare(touched[j])
-		}
-		if c < 0 {
-			p := &prev[i]
-			h.Reset()
-			writeString(h, p.Journal)
-			out = CheckpointAccount{Account: p.Account, Balances: p.Balances, Entries: p.Entries, Journal: digestHex(h)}
-			i++
-		} else {
-			k := touched[j]
-			a := b.accounts[k]
-			out = CheckpointAccount{Account: k, Balances: a.balances, Entries: a.entries, Journal: digestHex(a.h)}
-			j++
-			if c == 0 {
-				i++
-			}
-		}
-		f(&out)
-	}
-}
-
-func (b *checkpointBuilder) finish(cutAt time.Time) *Checkpoint {
+// header returns the next checkpoint's header, cut at cutAt, without its
+// accounts or digests.
+func (b *checkpointBuilder) header(cutAt time.Time) *Checkpoint {
 	c := &Checkpoint{Seq: 1, Through: b.through, CutAt: cutAt.UTC(), Entries: b.entries, Moves: int64(len(b.moves))}
 	if b.prev != nil {
 		c.Seq, c.Prev, c.Moves = b.prev.Seq+1, b.prev.Digest, b.prev.Moves+int64(len(b.moves))
 	}
-	n := len(b.accounts)
-	if b.prev != nil {
-		n = max(n, len(b.prev.Accounts))
-	}
-	c.Accounts = make([]CheckpointAccount, 0, n)
-	b.each(func(a *CheckpointAccount) { c.Accounts = append(c.Accounts, *a) })
-	c.Seal()
 	return c
+}
+
+// nextAccount returns account k's part of the next checkpoint from its
+// part of the previous one (p, nil when it had none) and its replay since
+// (r, nil when it has no entry since), and whether it has one: an account
+// untouched since keeps its vector and entry count, and its journal
+// digest is that of the previous one's followed by nothing; a touched one
+// adds its entries up to the cut, and its digest follows the previous
+// one's with the chain of those entries.
+func (b *checkpointBuilder) nextAccount(k AccountKey, p *CheckpointAccount, r *replay) (CheckpointAccount, bool) {
+	touched := r != nil && r.entries > 0
+	if p == nil && !touched {
+		return CheckpointAccount{}, false
+	}
+	out := CheckpointAccount{Account: k}
+	prevJournal := ""
+	if p != nil {
+		out.Balances, out.Entries, prevJournal = p.Balances, p.Entries, p.Journal
+	}
+	b.h.Reset()
+	writeString(b.h, prevJournal)
+	if touched {
+		r.addTo(&out.Balances, true)
+		out.Entries += r.entries
+		b.h.Write(r.chain[:])
+	}
+	out.Journal = digestHex(b.h)
+	return out, true
 }
 
 // VerifyCheckpoints checks a checkpoint chain, oldest first: headers (their
@@ -309,36 +269,7 @@ func (b *checkpointBuilder) finish(cutAt time.Time) *Checkpoint {
 //     equation with no negative term, its accounts are in key order and
 //     their entry counts add up to its Entries.
 func VerifyCheckpoints(chain []Checkpoint) []Discrepancy {
-	var out []Discrepancy
-	add := func(account AccountKey, format string, args ...any) {
-		acc := ""
-		if account != (AccountKey{}) {
-			acc = account.String()
-		}
-		out = append(out, Discrepancy{Check: CheckCheckpoint, Account: acc, Detail: fmt.Sprintf(format, args...)})
-	}
-	for i := range chain {
-		c := &chain[i]
-		if got := headerDigest(c); got != c.Digest {
-			add(AccountKey{}, "checkpoint %d: digest %s, its fields give %s", c.Seq, c.Digest, got)
-		}
-		if i == 0 {
-			if c.Seq < 1 || (c.Seq == 1) != (c.Prev == "") {
-				add(AccountKey{}, "checkpoint %d names previous %q", c.Seq, c.Prev)
-			}
-			continue
-		}
-		p := &chain[i-1]
-		switch {
-		case c.Seq != p.Seq+1:
-			add(AccountKey{}, "checkpoint %d follows %d", c.Seq, p.Seq)
-		case c.Prev != p.Digest:
-			add(AccountKey{}, "checkpoint %d names previous %s, checkpoint %d is %s", c.Seq, c.Prev, p.Seq, p.Digest)
-		case c.Through <= p.Through || c.Entries < p.Entries || c.Moves < p.Moves:
-			add(AccountKey{}, "checkpoint %d (through %d, %d entries, %d moves) does not extend %d (through %d, %d entries, %d moves)",
-				c.Seq, c.Through, c.Entries, c.Moves, p.Seq, p.Through, p.Entries, p.Moves)
-		}
-	}
+	out := verifyCheckpointHeaders(chain)
 	if len(chain) == 0 {
 		return out
 	}
@@ -346,24 +277,116 @@ func VerifyCheckpoints(chain []Checkpoint) []Discrepancy {
 	if last.Accounts == nil && last.Entries == 0 {
 		return out
 	}
-	if got := accountsDigest(last.Accounts); got != last.AccountsDigest {
-		add(AccountKey{}, "checkpoint %d: accounts digest %s, its accounts give %s", last.Seq, last.AccountsDigest, got)
-	}
-	var entries int64
+	v := newCheckpointVerifier(last)
 	for i := range last.Accounts {
-		a := &last.Accounts[i]
-		entries += a.Entries
-		if i > 0 && last.Accounts[i-1].Account.Compare(a.Account) >= 0 {
-			add(a.Account, "checkpoint %d: accounts out of key order", last.Seq)
-		}
-		for d := range a.Balances {
-			if err := checkBalance(&a.Balances[d]); err != nil {
-				add(a.Account, "checkpoint %d dimension %d: %v", last.Seq, d, err)
+		v.account(&last.Accounts[i])
+	}
+	return append(out, v.finish(func(yield func(*CheckpointAccount) error) error {
+		for i := range last.Accounts {
+			if err := yield(&last.Accounts[i]); err != nil {
+				return err
 			}
 		}
+		return nil
+	})...)
+}
+
+// verifyCheckpointHeaders checks every header of a chain, oldest first
+// (VerifyCheckpoints' first check and its second).
+func verifyCheckpointHeaders(chain []Checkpoint) []Discrepancy {
+	var out []Discrepancy
+	add := func(format string, args ...any) {
+		out = append(out, Discrepancy{Check: CheckCheckpoint, Detail: fmt.Sprintf(format, args...)})
 	}
-	if entries != last.Entries {
-		add(AccountKey{}, "checkpoint %d: accounts summarise %d entries, the checkpoint %d", last.Seq, entries, last.Entries)
+	for i := range chain {
+		c := &chain[i]
+		if got := headerDigest(c); got != c.Digest {
+			add("checkpoint %d: digest %s, its fields give %s", c.Seq, c.Digest, got)
+		}
+		if i == 0 {
+			if c.Seq < 1 || (c.Seq == 1) != (c.Prev == "") {
+				add("checkpoint %d names previous %q", c.Seq, c.Prev)
+			}
+			continue
+		}
+		p := &chain[i-1]
+		switch {
+		case c.Seq != p.Seq+1:
+			add("checkpoint %d follows %d", c.Seq, p.Seq)
+		case c.Prev != p.Digest:
+			add("checkpoint %d names previous %s, checkpoint %d is %s", c.Seq, c.Prev, p.Seq, p.Digest)
+		case c.Through <= p.Through || c.Entries < p.Entries || c.Moves < p.Moves:
+			add("checkpoint %d (through %d, %d entries, %d moves) does not extend %d (through %d, %d entries, %d moves)",
+				c.Seq, c.Through, c.Entries, c.Moves, p.Seq, p.Through, p.Entries, p.Moves)
+		}
 	}
 	return out
+}
+
+// checkpointVerifier checks the last checkpoint's accounts as they are
+// read in key order, one at a time (VerifyCheckpoints' last checks).
+type checkpointVerifier struct {
+	last    *Checkpoint
+	count   int64
+	entries int64
+	prevKey AccountKey
+	out     []Discrepancy
+}
+
+func newCheckpointVerifier(last *Checkpoint) *checkpointVerifier {
+	return &checkpointVerifier{last: last}
+}
+
+func (v *checkpointVerifier) add(account AccountKey, format string, args ...any) {
+	acc := ""
+	if account != (AccountKey{}) {
+		acc = account.String()
+	}
+	v.out = append(v.out, Discrepancy{Check: CheckCheckpoint, Account: acc, Detail: fmt.Sprintf(format, args...)})
+}
+
+// account checks the next of the last checkpoint's accounts.
+func (v *checkpointVerifier) account(a *CheckpointAccount) {
+	v.entries += a.Entries
+	if v.count > 0 && v.prevKey.Compare(a.Account) >= 0 {
+		v.add(a.Account, "checkpoint %d: accounts out of key order", v.last.Seq)
+	}
+	v.count++
+	v.prevKey = a.Account
+	for d := range a.Balances {
+		if err := checkBalance(&a.Balances[d]); err != nil {
+			v.add(a.Account, "checkpoint %d dimension %d: %v", v.last.Seq, d, err)
+		}
+	}
+}
+
+// finish returns what the checks found, once every account was given to
+// account: the accounts digest, read again through accounts (its count
+// comes first), the order, the vectors and the entry counts.
+func (v *checkpointVerifier) finish(accounts func(yield func(*CheckpointAccount) error) error) []Discrepancy {
+	perAccount := v.out
+	v.out = nil
+	h := sha256.New()
+	writeInt(h, v.count)
+	var again int64
+	err := accounts(func(a *CheckpointAccount) error {
+		again++
+		writeAccount(h, a)
+		return nil
+	})
+	switch {
+	case err != nil:
+		v.add(AccountKey{}, "checkpoint %d: accounts could not be read whole: %v", v.last.Seq, err)
+	case again != v.count:
+		v.add(AccountKey{}, "checkpoint %d: %d accounts, then %d read again", v.last.Seq, v.count, again)
+	default:
+		if got := digestHex(h); got != v.last.AccountsDigest {
+			v.add(AccountKey{}, "checkpoint %d: accounts digest %s, its accounts give %s", v.last.Seq, v.last.AccountsDigest, got)
+		}
+	}
+	v.out = append(v.out, perAccount...)
+	if v.entries != v.last.Entries {
+		v.add(AccountKey{}, "checkpoint %d: accounts summarise %d entries, the checkpoint %d", v.last.Seq, v.entries, v.last.Entries)
+	}
+	return v.out
 }

@@ -3,6 +3,7 @@ package ledger
 import (
 	"crypto/sha256"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 )
@@ -22,47 +23,49 @@ func builderPrev(n int) *Checkpoint {
 	return c
 }
 
-// TestCheckpointBuilderHoldsOnlyTouchedAccounts: building the next
-// checkpoint allocates per account touched since the previous one, not
-// per account of the previous one (a million accounts once held a hash
-// each for the whole audit).
-func TestCheckpointBuilderHoldsOnlyTouchedAccounts(t *testing.T) {
-	allocs := func(n int) float64 {
-		prev := builderPrev(n)
-		entries := make([]JournalEntry, 8)
-		for i := range entries {
-			entries[i] = JournalEntry{Kind: 1, Account: prev.Accounts[i*(n/8)].Account}
-			entries[i].Delta[0] = Balance{Available: -1, Spent: 1}
+// builderLedger is a ledger whose last checkpoint is prev and whose
+// journal since is entries at positions from 11 on: the accounts hold
+// what the replay gives.
+func builderLedger(prev *Checkpoint, entries []JournalEntry) *Snapshot {
+	balances := map[AccountKey]*Balances{}
+	var keys []AccountKey
+	for i := range prev.Accounts {
+		b := prev.Accounts[i].Balances
+		balances[prev.Accounts[i].Account] = &b
+		keys = append(keys, prev.Accounts[i].Account)
+	}
+	for i := range entries {
+		e := &entries[i]
+		if balances[e.Account] == nil {
+			balances[e.Account] = &Balances{}
+			keys = append(keys, e.Account)
 		}
-		return testing.AllocsPerRun(5, func() {
-			b := newCheckpointBuilder(prev, 20, nil)
-			for i := range entries {
-				b.add(11, &entries[i])
-			}
-		})
+		balances[e.Account].Add(&e.Delta)
 	}
-	small, large := allocs(1_000), allocs(100_000)
-	if large > small+4 {
-		t.Fatalf("the builder allocates %.0f times over 100,000 previous accounts, %.0f over 1,000: it grows with the untouched accounts", large, small)
+	s := &Snapshot{Checkpoints: []Checkpoint{*prev}, Journal: entries, JournalComplete: true}
+	for _, k := range keys {
+		s.Accounts = append(s.Accounts, Account{Key: k, Dims: 1, Balances: *balances[k]})
 	}
+	return s
 }
 
-// TestCheckpointBuilderMergesUntouchedAccounts: the lazily merged
-// checkpoint is the one holding every account's replay gives: untouched
+// TestCheckpointBuilderMergesUntouchedAccounts: the checkpoint merged in
+// key order is the one holding every account's replay gives: untouched
 // accounts keep their vectors and chain their digest, touched ones add
-// their entries, new ones join in key order.
+// their entries up to the cut, new ones join in key order; emitted one at
+// a time, it is the same checkpoint.
 func TestCheckpointBuilderMergesUntouchedAccounts(t *testing.T) {
 	prev := builderPrev(5)
 	fresh := AccountKey{Subject: "t0000002a", Route: "r", Region: "x", Generation: 1}
-	entries := []JournalEntry{{Kind: 1, Account: prev.Accounts[1].Account}, {Kind: 1, Account: fresh}}
+	entries := []JournalEntry{{Kind: 1, Account: prev.Accounts[1].Account}, {Kind: 1, Account: fresh}, {Kind: 1, Account: prev.Accounts[1].Account}}
 	entries[0].Delta[0] = Balance{Available: -2, Spent: 2}
 	entries[1].Delta[0] = Balance{Minted: 3, Available: 3}
-	b := newCheckpointBuilder(prev, 20, nil)
-	for i := range entries {
-		b.add(11+int64(i), &entries[i])
+	entries[2].Delta[0] = Balance{Available: -1, Spent: 1} // position 13, beyond the cut
+	snap := builderLedger(prev, entries)
+	found, c := AuditWith(snap, AuditOptions{SinceCheckpoint: true, Cut: 12, CutAt: time.Unix(1, 0)})
+	if len(found) != 0 || c == nil {
+		t.Fatalf("audit: %v, checkpoint %v", found, c != nil)
 	}
-	b.add(21, &entries[0]) // beyond the cut
-	c := b.finish(time.Unix(1, 0))
 	if got := VerifyCheckpoints([]Checkpoint{prev.Header(), *c}); len(got) != 0 {
 		t.Fatalf("the chain does not verify: %v", got)
 	}
@@ -78,10 +81,94 @@ func TestCheckpointBuilderMergesUntouchedAccounts(t *testing.T) {
 		}
 	}
 	touched := c.Accounts[1]
+	link := sha256.New()
+	link.Write(make([]byte, sha256.Size))
+	writeEntry(link, &entries[0])
 	h := sha256.New()
 	writeString(h, prev.Accounts[1].Journal)
-	writeEntry(h, &entries[0])
+	h.Write(link.Sum(nil))
 	if touched.Balances[0] != (Balance{Opening: 5, Available: 3, Spent: 2}) || touched.Entries != 2 || touched.Journal != digestHex(h) {
 		t.Fatalf("touched account: %+v", touched)
+	}
+
+	// The same cut from streams, emitted an account at a time.
+	streamed := streams(snap)
+	var emitted []CheckpointAccount
+	found, e := AuditWith(streamed, AuditOptions{SinceCheckpoint: true, Cut: 12, CutAt: time.Unix(1, 0),
+		Emit: func(a *CheckpointAccount) error { emitted = append(emitted, *a); return nil }})
+	if len(found) != 0 || e == nil || e.Accounts != nil {
+		t.Fatalf("streamed audit: %v, checkpoint %+v", found, e)
+	}
+	if e.Digest != c.Digest || e.AccountsDigest != c.AccountsDigest || fmt.Sprint(emitted) != fmt.Sprint(c.Accounts) {
+		t.Fatalf("streamed checkpoint %+v\nemitted %+v\nwant %+v", e.Header(), emitted, c.Accounts)
+	}
+}
+
+// streams returns s with its accounts, its last checkpoint's accounts and
+// its journal as streams, the way a store hands them over.
+func streams(s *Snapshot) *Snapshot {
+	out := *s
+	accounts := slices.SortedFunc(slices.Values(s.Accounts), func(a, b Account) int { return a.Key.Compare(b.Key) })
+	journal := s.Journal
+	out.Accounts, out.Journal = nil, nil
+	out.AccountStream = func(yield func(*Account) error) error {
+		for i := range accounts {
+			a := accounts[i]
+			if err := yield(&a); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if last := s.LastCheckpoint(); last != nil {
+		out.Checkpoints = append([]Checkpoint(nil), s.Checkpoints...)
+		cps := last.Accounts
+		out.Checkpoints[len(out.Checkpoints)-1].Accounts = nil
+		out.CheckpointAccountStream = func(yield func(*CheckpointAccount) error) error {
+			for i := range cps {
+				a := cps[i]
+				if err := yield(&a); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+	}
+	var base int64
+	if last := s.LastCheckpoint(); last != nil {
+		base = last.Through
+	}
+	out.JournalStream = func(yield func(int64, *JournalEntry) error) error {
+		for i := range journal {
+			if err := yield(base+int64(i+1), &journal[i]); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	return &out
+}
+
+// TestCheckpointKeepsEntriesOfAMissingAccount: entries of an account with
+// no account row (a store that lost one) still go into the checkpoint,
+// under the key the journal names, as they did when the builder held
+// every key; streamed or not, the same checkpoint.
+func TestCheckpointKeepsEntriesOfAMissingAccount(t *testing.T) {
+	prev := builderPrev(3)
+	lost := AccountKey{Subject: "t0000001a", Route: "r", Region: "x", Generation: 1}
+	entries := []JournalEntry{{Kind: 1, Account: lost}, {Kind: 1, Account: prev.Accounts[2].Account}}
+	entries[0].Delta[0] = Balance{Minted: 3, Available: 3}
+	entries[1].Delta[0] = Balance{Available: -1, Spent: 1}
+	snap := builderLedger(prev, entries)
+	snap.Accounts = slices.DeleteFunc(snap.Accounts, func(a Account) bool { return a.Key == lost })
+	found, c := AuditWith(snap, AuditOptions{SinceCheckpoint: true, Cut: 12, CutAt: time.Unix(1, 0)})
+	if len(found) != 0 || c == nil || len(c.Accounts) != 4 || c.Accounts[2].Account != lost || c.Accounts[2].Entries != 1 {
+		t.Fatalf("audit: %v, checkpoint %+v", found, c)
+	}
+	var emitted []CheckpointAccount
+	_, e := AuditWith(streams(snap), AuditOptions{SinceCheckpoint: true, Cut: 12, CutAt: time.Unix(1, 0),
+		Emit: func(a *CheckpointAccount) error { emitted = append(emitted, *a); return nil }})
+	if e == nil || e.Digest != c.Digest || fmt.Sprint(emitted) != fmt.Sprint(c.Accounts) {
+		t.Fatalf("streamed: %+v, emitted %v", e, emitted)
 	}
 }

@@ -1,7 +1,7 @@
 #!/bin/bash
 # checkpoint-rss.sh BIN DATA PORT OUT (docs/PERFORMANCE.md, a million tenants): serve a copy of the 1M store, sample RSS
 # and the compaction counters every 5 s until the first checkpoint is
-# stored plus 30 s (at most 540 s), then stop it.
+# stored plus 30 s (at most $MAX s, default 540), then stop it.
 bin=$1 data=$2 port=$3 out=$4
 echo "start $(date -u +%T) $(uptime)" > $out
 $bin serve --data-dir $data --addr 127.0.0.1:$port > $out.serve.log 2>&1 &
@@ -15,7 +15,7 @@ while sleep 5; do
   set -- $cps
   if [ "${1:-0}" -ge 1 ] && [ $done_at = 0 ]; then done_at=$now; fi
   if [ $done_at != 0 ] && [ $((now-done_at)) -ge 30 ]; then break; fi
-  if [ $el -ge 540 ]; then echo timeout >> $out; break; fi
+  if [ $el -ge ${MAX:-540} ]; then echo timeout >> $out; break; fi
 done
 kill -TERM $pid; wait $pid
 echo "end $(date -u +%T) $(uptime)" >> $out

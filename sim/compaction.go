@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
 )
 
 // Journal compaction in the simulation: in some interleavings the ledger
@@ -165,8 +166,8 @@ func (w *world) compactionStep(incarnation int32) {
 	}
 	cs.step++
 	if cp := cs.cp; cp != nil {
-		if err := w.ledgerStore.CheckpointPut(w.ctx, cp); err != nil {
-			w.violate(GateCompaction, fmt.Sprintf("CheckpointPut %d: %v", cp.Seq, err))
+		if err := store.PutCheckpoint(w.ctx, w.ledgerStore, cp); err != nil {
+			w.violate(GateCompaction, fmt.Sprintf("PutCheckpoint %d: %v", cp.Seq, err))
 			return
 		}
 		cs.cp = nil

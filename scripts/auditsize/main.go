@@ -109,8 +109,8 @@ func main() {
 		start = time.Now()
 		deleted, err := e.CompactJournal(ctx)
 		must(err)
-		fmt.Printf("checkpoint %d (%d entries, %d accounts): cut %s (CPU %s), compaction of %d batches %s, file %d bytes, peak RSS %s\n",
-			cp.Seq, cp.Entries, len(cp.Accounts), cut.Round(time.Millisecond), cpu(), deleted, time.Since(start).Round(time.Millisecond), size(path), peakRSS())
+		fmt.Printf("checkpoint %d (%d entries): cut %s (CPU %s), compaction of %d batches %s, file %d bytes, peak RSS %s\n",
+			cp.Seq, cp.Entries, cut.Round(time.Millisecond), cpu(), deleted, time.Since(start).Round(time.Millisecond), size(path), peakRSS())
 		must(st.Reclaim(ctx))
 		fmt.Printf("after reclaim: file %d bytes\n", size(path))
 		e.Close()

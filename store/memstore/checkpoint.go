@@ -63,6 +63,30 @@ func (s *Store) AuditSnapshot(ctx context.Context, cut bool, f func(*ledger.Snap
 	}
 	journal, reservations := snap.Journal, snap.Reservations
 	snap.Journal, snap.Reservations = nil, nil
+	// Accounts and the last checkpoint's accounts are streamed in key
+	// order, as the SQL stores read them.
+	accounts := slices.SortedFunc(slices.Values(snap.Accounts), func(a, b ledger.Account) int { return a.Key.Compare(b.Key) })
+	snap.Accounts = nil
+	snap.AccountStream = func(yield func(*ledger.Account) error) error {
+		for i := range accounts {
+			if err := yield(&accounts[i]); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if last := snap.LastCheckpoint(); last != nil {
+		cpAccounts := last.Accounts
+		last.Accounts = nil
+		snap.CheckpointAccountStream = func(yield func(*ledger.CheckpointAccount) error) error {
+			for i := range cpAccounts {
+				if err := yield(&cpAccounts[i]); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+	}
 	snap.JournalStream = func(yield func(int64, *ledger.JournalEntry) error) error {
 		for i := range journal {
 			if err := ctx.Err(); err != nil {
@@ -97,11 +121,54 @@ func (s *Store) AuditSnapshot(ctx context.Context, cut bool, f func(*ledger.Snap
 
 var errCheckpointArgs = errors.New("memstore: checkpoint")
 
-// CheckpointPut implements store.CheckpointStore.
-func (s *Store) CheckpointPut(ctx context.Context, c *ledger.Checkpoint) error {
+// CheckpointWrite implements store.CheckpointStore: the writer keeps the
+// pages it is given and Finish appends the checkpoint with them at once.
+func (s *Store) CheckpointWrite(ctx context.Context, seq int64) (store.CheckpointWriter, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if !s.checkpointWriting.CompareAndSwap(false, true) {
+		return nil, fmt.Errorf("%w %d: another checkpoint is being written: %w", errCheckpointArgs, seq, store.ErrConflict)
+	}
+	s.mu.RLock()
+	last, closed := s.committed.lastCheckpoint(), s.closed
+	s.mu.RUnlock()
+	var err error
+	switch {
+	case closed:
+		err = errClosed
+	case last == nil && seq != 1 || last != nil && seq != last.Seq+1:
+		err = fmt.Errorf("%w %d does not follow the last one: %w", errCheckpointArgs, seq, store.ErrConflict)
+	}
+	if err != nil {
+		s.checkpointWriting.Store(false)
+		return nil, err
+	}
+	return &checkpointWriter{s: s, seq: seq}, nil
+}
+
+type checkpointWriter struct {
+	s        *Store
+	seq      int64
+	accounts []ledger.CheckpointAccount
+	closed   bool
+}
+
+// Put implements store.CheckpointWriter.
+func (w *checkpointWriter) Put(ctx context.Context, page []ledger.CheckpointAccount) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	w.accounts = append(w.accounts, page...)
+	return nil
+}
+
+// Finish implements store.CheckpointWriter.
+func (w *checkpointWriter) Finish(ctx context.Context, c *ledger.Checkpoint) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s := w.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -113,12 +180,16 @@ func (s *Store) CheckpointPut(ctx context.Context, c *ledger.Checkpoint) error {
 	if last := r.lastCheckpoint(); last != nil {
 		seq, prev, through = last.Seq+1, last.Digest, last.Through
 	}
-	if c.Seq != seq || c.Prev != prev || c.Through <= through {
+	if c.Seq != w.seq || c.Seq != seq || c.Prev != prev || c.Through <= through {
 		return fmt.Errorf("%w %d (previous %q, through %d) does not follow %d (%q, through %d): %w",
 			errCheckpointArgs, c.Seq, c.Prev, c.Through, seq-1, prev, through, store.ErrConflict)
 	}
-	cp := *c
-	cp.Accounts = slices.Clone(c.Accounts)
+	cp := c.Header()
+	cp.Accounts = slices.Clip(w.accounts)
+	if cp.Accounts == nil {
+		cp.Accounts = []ledger.CheckpointAccount{}
+	}
+	w.accounts = nil
 	if mutantOn("checkpoint_wrong_closing") && len(cp.Accounts) > 0 {
 		// The mutant: a wrong closing vector that still balances (one
 		// unit more minted and available), its digests made to agree.
@@ -131,6 +202,15 @@ func (s *Store) CheckpointPut(ctx context.Context, c *ledger.Checkpoint) error {
 		r.cp.chain[n-3].Accounts = nil
 	}
 	return nil
+}
+
+// Close implements store.CheckpointWriter.
+func (w *checkpointWriter) Close() {
+	if !w.closed {
+		w.closed = true
+		w.accounts = nil
+		w.s.checkpointWriting.Store(false)
+	}
 }
 
 // JournalCompact implements store.CheckpointStore.

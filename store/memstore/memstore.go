@@ -24,6 +24,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/capledger/capledger/ledger"
@@ -102,6 +103,9 @@ type Store struct {
 	durable      *rows
 	failNextSync error
 	syncFailed   error
+	// checkpointWriting is held by the one checkpoint writer
+	// (checkpoint.go).
+	checkpointWriting atomic.Bool
 }
 
 var _ store.Store = (*Store)(nil)

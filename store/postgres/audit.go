@@ -2,13 +2,11 @@ package postgres
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/capledger/capledger/ledger"
-	"github.com/capledger/capledger/store"
 	"github.com/capledger/capledger/store/codec"
 )
 
@@ -43,6 +41,7 @@ func (s *Store) AuditSnapshot(ctx context.Context, cut bool, f func(*ledger.Snap
 	if err != nil {
 		return err
 	}
+	s.streamAccounts(ctx, tx, snap)
 	snap.ReservationStream = func(yield func(*ledger.Reservation) error) error {
 		after := ""
 		for {
@@ -117,14 +116,14 @@ func (s *Store) snapshotRows(ctx context.Context, tx pgx.Tx, reservations bool) 
 	if snap.Policies, err = s.policyList(ctx, tx); err != nil {
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}
-	rows, err := tx.Query(ctx, accountSelect+` ORDER BY a.subject, a.route, a.region, a.generation, t.dim`)
-	if err != nil {
-		return nil, s.c.classify("snapshot: accounts", err, false)
-	}
-	if snap.Accounts, _, err = scanAccounts(rows); err != nil {
-		return nil, s.c.classify("snapshot: accounts", err, false)
-	}
-	if reservations {
+	if reservations { // else streamed (streamAccounts)
+		rows, err := tx.Query(ctx, accountSelect+` ORDER BY a.subject, a.route, a.region, a.generation, t.dim`)
+		if err != nil {
+			return nil, s.c.classify("snapshot: accounts", err, false)
+		}
+		if snap.Accounts, _, err = scanAccounts(rows); err != nil {
+			return nil, s.c.classify("snapshot: accounts", err, false)
+		}
 		if snap.Reservations, err = s.reservationList(ctx, tx); err != nil {
 			return nil, fmt.Errorf("snapshot: %w", err)
 		}
@@ -141,15 +140,15 @@ func (s *Store) snapshotRows(ctx context.Context, tx pgx.Tx, reservations bool) 
 	if snap.Retained, err = s.retainedList(ctx, tx); err != nil {
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}
-	if snap.Checkpoints, err = s.checkpointChain(ctx, tx); err != nil {
+	if snap.Checkpoints, err = s.checkpointChain(ctx, tx, reservations); err != nil {
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}
 	return snap, nil
 }
 
 // checkpointChain reads every checkpoint header, oldest first, and the
-// last one's accounts.
-func (s *Store) checkpointChain(ctx context.Context, q querier) ([]ledger.Checkpoint, error) {
+// last one's accounts when asked.
+func (s *Store) checkpointChain(ctx context.Context, q querier, withAccounts bool) ([]ledger.Checkpoint, error) {
 	rows, err := q.Query(ctx, `SELECT seq, through, cut_at, entries, moves, prev, accounts_digest, digest FROM checkpoints ORDER BY seq`)
 	if err != nil {
 		return nil, s.c.classify("checkpoints", err, false)
@@ -169,7 +168,7 @@ func (s *Store) checkpointChain(ctx context.Context, q querier) ([]ledger.Checkp
 		chain = append(chain, c)
 	}
 	rows.Close()
-	if err := rows.Err(); err != nil || len(chain) == 0 {
+	if err := rows.Err(); err != nil || len(chain) == 0 || !withAccounts {
 		return chain, s.c.classify("checkpoints", err, false)
 	}
 	last := &chain[len(chain)-1]
@@ -196,60 +195,6 @@ func (s *Store) checkpointChain(ctx context.Context, q querier) ([]ledger.Checkp
 		last.Accounts = append(last.Accounts, a)
 	}
 	return chain, s.c.classify("checkpoint accounts", rows.Err(), false)
-}
-
-// CheckpointPut implements store.CheckpointStore, in one transaction that
-// locks the chain's last row, so two replicas cannot both append.
-func (s *Store) CheckpointPut(ctx context.Context, c *ledger.Checkpoint) error {
-	var conv codec.Conv
-	cutAt := conv.Nanos(c.CutAt)
-	for i := range c.Accounts {
-		conv.Int(c.Accounts[i].Account.Generation)
-	}
-	if err := conv.Err(); err != nil {
-		return fmt.Errorf("checkpoint %d: %w", c.Seq, err)
-	}
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `LOCK TABLE checkpoints IN EXCLUSIVE MODE`); err != nil {
-			return err
-		}
-		var seq, through int64
-		var prev string
-		err := tx.QueryRow(ctx, `SELECT seq, through, digest FROM checkpoints ORDER BY seq DESC LIMIT 1`).Scan(&seq, &through, &prev)
-		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-			return err
-		}
-		if c.Seq != seq+1 || c.Prev != prev || c.Through <= through {
-			return fmt.Errorf("checkpoint %d (previous %q, through %d) does not follow %d (%q, through %d): %w",
-				c.Seq, c.Prev, c.Through, seq, prev, through, store.ErrConflict)
-		}
-		if _, err := tx.Exec(ctx, `INSERT INTO checkpoints (seq, through, cut_at, entries, moves, prev, accounts_digest, digest)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`, c.Seq, c.Through, cutAt, c.Entries, c.Moves, c.Prev, c.AccountsDigest, c.Digest); err != nil {
-			return err
-		}
-		if len(c.Accounts) > 0 {
-			n := len(c.Accounts)
-			subject, route, region := make([]string, n), make([]string, n), make([]string, n)
-			generation, entries := make([]int64, n), make([]int64, n)
-			balances, journal := make([][]byte, n), make([]string, n)
-			for i := range c.Accounts {
-				a := &c.Accounts[i]
-				subject[i], route[i], region[i], generation[i] = a.Account.Subject, a.Account.Route, a.Account.Region, int64(a.Account.Generation)
-				balances[i], entries[i], journal[i] = codec.EncodeBalances(&a.Balances), a.Entries, a.Journal
-			}
-			if _, err := tx.Exec(ctx, `INSERT INTO checkpoint_accounts (seq, subject, route, region, generation, balances, entries, journal)
-				SELECT $1, * FROM unnest($2::text[], $3::text[], $4::text[], $5::bigint[], $6::bytea[], $7::bigint[], $8::text[])`,
-				c.Seq, subject, route, region, generation, balances, entries, journal); err != nil {
-				return err
-			}
-		}
-		_, err = tx.Exec(ctx, `DELETE FROM checkpoint_accounts WHERE seq <= $1`, c.Seq-2)
-		return err
-	})
-	if errors.Is(err, store.ErrConflict) {
-		return err
-	}
-	return s.c.classify("checkpoint", err, true)
 }
 
 // JournalCompact implements store.CheckpointStore: one DELETE of the

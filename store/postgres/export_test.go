@@ -7,3 +7,11 @@ var (
 	DebtFirstSQL      = debtFirstSQL
 	DebtAfterSQL      = debtAfterSQL
 )
+
+// SetAccountPage sets how many rows a page of an audit's account streams
+// holds, and returns a function restoring it.
+func SetAccountPage(n int) (restore func()) {
+	old := accountPage
+	accountPage = n
+	return func() { accountPage = old }
+}

@@ -20,7 +20,8 @@ import (
 // before every batch, and the first checkpoint summarises them.
 //
 // The first call of ReservationStream (a full audit) copies the
-// reservations and the journal from the read transaction into a spill
+// reservations, the journal, the accounts and the last checkpoint's
+// accounts from the read transaction into a spill
 // file at full speed and ends the transaction; the streams then read the
 // file (auditSpill). An audit is paced beside admission for many times
 // its CPU time, and while a read transaction is open SQLite cannot reset
@@ -51,6 +52,7 @@ func (s *Store) AuditSnapshot(ctx context.Context, cut bool, f func(*ledger.Snap
 	} else if err := tx.QueryRowContext(ctx, "SELECT COALESCE(MAX(seq), 0) FROM journal_batches").Scan(&through); err != nil {
 		return fmt.Errorf("snapshot journal: %w", translate(ctx, err))
 	}
+	streamAccounts(ctx, tx, snap)
 	last := snap.LastCheckpoint()
 	var spill *auditSpill
 	defer func() {
@@ -70,6 +72,25 @@ func (s *Store) AuditSnapshot(ctx context.Context, cut bool, f func(*ledger.Snap
 		}
 		spill = sp
 		return sp, tx.Rollback()
+	}
+	// The ledger reads the accounts after the reservations and the
+	// journal; once a full audit has spilled and ended the transaction,
+	// they come from the spill, which copied them in key order from the
+	// same transaction.
+	txAccounts, txCheckpointAccounts := snap.AccountStream, snap.CheckpointAccountStream
+	snap.AccountStream = func(yield func(*ledger.Account) error) error {
+		if spill != nil {
+			return spill.accounts(ctx, yield)
+		}
+		return txAccounts(yield)
+	}
+	if txCheckpointAccounts != nil {
+		snap.CheckpointAccountStream = func(yield func(*ledger.CheckpointAccount) error) error {
+			if spill != nil {
+				return spill.checkpointAccounts(ctx, yield)
+			}
+			return txCheckpointAccounts(yield)
+		}
 	}
 	snap.ReservationStream = func(yield func(*ledger.Reservation) error) error {
 		sp, err := spilled()
@@ -152,10 +173,10 @@ const (
 )
 
 // checkpointChain reads every checkpoint header, oldest first, and the
-// last one's accounts.
-func checkpointChain(ctx context.Context, tx *sql.Tx) ([]ledger.Checkpoint, error) {
+// last one's accounts when asked.
+func checkpointChain(ctx context.Context, tx *sql.Tx, withAccounts bool) ([]ledger.Checkpoint, error) {
 	chain, err := queryAll(ctx, txQuery{tx, "SELECT " + checkpointCols + " FROM checkpoints ORDER BY seq"}, scanCheckpoint, "snapshot checkpoints")
-	if err != nil || len(chain) == 0 {
+	if err != nil || len(chain) == 0 || !withAccounts {
 		return chain, err
 	}
 	last := &chain[len(chain)-1]

@@ -2,6 +2,7 @@ package sqlite
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"database/sql"
 	"encoding/binary"
@@ -25,14 +26,17 @@ import (
 //
 // Layout: the reservations in [0, reservationsEnd), each as varint
 // generation, varint state, uvarint length and the packed column; then
-// the journal batches to the end, each as uvarint seq, uvarint length and
-// the stored batch.
+// the journal batches up to journalEnd, each as uvarint seq, uvarint
+// length and the stored batch; then the accounts up to accountsEnd and
+// the last checkpoint's accounts to the end, in key order, each row as
+// its columns (spillRow), so that the ledger, which reads the accounts
+// after the journal, reads them from the same transaction.
 type auditSpill struct {
 	f *os.File
 	// path is the file to remove at close ("" once unlinked).
-	path            string
-	reservationsEnd int64
-	size            int64
+	path                                     string
+	reservationsEnd, journalEnd, accountsEnd int64
+	size                                     int64
 	// legacy holds the rows of the journal table (schema versions 1 and
 	// 2) when there is no checkpoint: position 0, before every batch.
 	legacy                    []ledger.JournalEntry
@@ -42,8 +46,8 @@ type auditSpill struct {
 // spillBuffer is the spill's read and write buffer.
 const spillBuffer = 64 << 10
 
-// newAuditSpill copies tx's reservations and its journal after checkpoint
-// last into a new spill file in dir.
+// newAuditSpill copies tx's reservations, its journal after checkpoint
+// last, its accounts and last's accounts into a new spill file in dir.
 func newAuditSpill(ctx context.Context, dir string, tx *sql.Tx, last *ledger.Checkpoint) (sp *auditSpill, err error) {
 	f, err := os.CreateTemp(dir, ".capledger-audit-*")
 	if err != nil {
@@ -112,6 +116,24 @@ func newAuditSpill(ctx context.Context, dir string, tx *sql.Tx, last *ledger.Che
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("snapshot journal batches: %w", translate(ctx, err))
 	}
+	sp.journalEnd = sp.size
+	var row []byte
+	copyRows := func(q string, args []any, columns int, what string) error {
+		return pagedByKey(ctx, tx, q, args, scanSpillRow(columns), spillRowKey, what, func(r *spillRow) error {
+			row = r.append(row[:0])
+			b := binary.AppendUvarint(head[:0], uint64(len(row)))
+			return record(b, row)
+		})
+	}
+	if err := copyRows(accountsByKey, nil, accountColumns, "audit spill accounts"); err != nil {
+		return nil, err
+	}
+	sp.accountsEnd = sp.size
+	if last != nil {
+		if err := copyRows(checkpointAccountsByKey, []any{last.Seq}, checkpointAccountColumns, "audit spill checkpoint accounts"); err != nil {
+			return nil, err
+		}
+	}
 	if err := w.Flush(); err != nil {
 		return nil, fmt.Errorf("audit spill: %w", err)
 	}
@@ -159,7 +181,7 @@ func (sp *auditSpill) journal(ctx context.Context, each func(pos int64, batch []
 			return err
 		}
 	}
-	r := bufio.NewReaderSize(io.NewSectionReader(sp.f, sp.reservationsEnd, sp.size-sp.reservationsEnd), spillBuffer)
+	r := bufio.NewReaderSize(io.NewSectionReader(sp.f, sp.reservationsEnd, sp.journalEnd-sp.reservationsEnd), spillBuffer)
 	var (
 		batch []ledger.JournalEntry
 		blob  []byte
@@ -182,6 +204,49 @@ func (sp *auditSpill) journal(ctx context.Context, each func(pos int64, batch []
 			return fmt.Errorf("journal batch %d: %w", seq, err)
 		}
 		if err := each(int64(seq), batch); err != nil {
+			return err
+		}
+	}
+}
+
+// accounts calls yield with every spilled account, in key order.
+func (sp *auditSpill) accounts(ctx context.Context, yield func(*ledger.Account) error) error {
+	return spilledRows(ctx, sp, sp.journalEnd, sp.accountsEnd, scanAccount, yield)
+}
+
+// checkpointAccounts calls yield with every spilled account of the last
+// checkpoint, in key order.
+func (sp *auditSpill) checkpointAccounts(ctx context.Context, yield func(*ledger.CheckpointAccount) error) error {
+	return spilledRows(ctx, sp, sp.accountsEnd, sp.size, scanCheckpointAccount, yield)
+}
+
+// spilledRows calls yield with each row spilled in [from, to), scanned
+// by scan as if it came from the transaction.
+func spilledRows[T any](ctx context.Context, sp *auditSpill, from, to int64, scan func(scanner) (T, error), yield func(*T) error) error {
+	r := bufio.NewReaderSize(io.NewSectionReader(sp.f, from, to-from), spillBuffer)
+	var (
+		blob []byte
+		row  spillRow
+	)
+	for n := 0; ; n++ {
+		if n%4096 == 0 && ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if _, err := r.Peek(1); errors.Is(err, io.EOF) {
+			return nil
+		}
+		var err error
+		if blob, err = readSpilled(r, blob); err != nil {
+			return err
+		}
+		if err := row.decode(blob); err != nil {
+			return err
+		}
+		v, err := scan(&row)
+		if err != nil {
+			return fmt.Errorf("audit spill: %w", err)
+		}
+		if err := yield(&v); err != nil {
 			return err
 		}
 	}
@@ -221,4 +286,153 @@ func spillErr(err error) error {
 		err = io.ErrUnexpectedEOF
 	}
 	return fmt.Errorf("audit spill: %w", err)
+}
+
+// The columns of accountCols and checkpointAccountCols.
+const (
+	accountColumns           = 11
+	checkpointAccountColumns = 7
+)
+
+// spillRow is one row of the accounts or of checkpoint_accounts as the
+// driver gave it (int64, string, []byte or nil per column), so that the
+// spill can hand it to the very scan function that reads the table.
+type spillRow struct{ values []any }
+
+// Tags of a spilled column's type.
+const (
+	spillNull byte = iota
+	spillInt
+	spillText
+	spillBlob
+)
+
+// scanSpillRow returns a scan function that copies a row of the given
+// number of columns.
+func scanSpillRow(columns int) func(scanner) (spillRow, error) {
+	return func(sc scanner) (spillRow, error) {
+		row := spillRow{values: make([]any, columns)}
+		dest := make([]any, columns)
+		for i := range dest {
+			dest[i] = &row.values[i]
+		}
+		return row, sc.Scan(dest...)
+	}
+}
+
+// spillRowKey is the account key of a row whose first four columns are
+// subject, route, region and generation, as in both tables.
+func spillRowKey(r *spillRow) ledger.AccountKey {
+	var k ledger.AccountKey
+	k.Subject, _ = r.values[0].(string)
+	k.Route, _ = r.values[1].(string)
+	k.Region, _ = r.values[2].(string)
+	if g, ok := r.values[3].(int64); ok {
+		k.Generation = uint64(g)
+	}
+	return k
+}
+
+// append encodes r: per column its tag, then a varint or a uvarint length
+// and the bytes.
+func (r *spillRow) append(dst []byte) []byte {
+	dst = binary.AppendUvarint(dst, uint64(len(r.values)))
+	for _, v := range r.values {
+		switch v := v.(type) {
+		case nil:
+			dst = append(dst, spillNull)
+		case int64:
+			dst = binary.AppendVarint(append(dst, spillInt), v)
+		case string:
+			dst = append(binary.AppendUvarint(append(dst, spillText), uint64(len(v))), v...)
+		case []byte:
+			dst = append(binary.AppendUvarint(append(dst, spillBlob), uint64(len(v))), v...)
+		default:
+			// The accounts' and checkpoints' columns are integers, text
+			// and blobs; anything else is a schema this code does not know.
+			panic(fmt.Sprintf("audit spill: column of type %T", v))
+		}
+	}
+	return dst
+}
+
+// decode reads r back from src (reusing r's slice of values).
+func (r *spillRow) decode(src []byte) error {
+	bad := errors.New("audit spill: malformed row")
+	n, k := binary.Uvarint(src)
+	if k <= 0 || n > 64 {
+		return bad
+	}
+	src = src[k:]
+	r.values = slices.Grow(r.values[:0], int(n))[:n]
+	for i := range r.values {
+		if len(src) == 0 {
+			return bad
+		}
+		tag := src[0]
+		src = src[1:]
+		switch tag {
+		case spillNull:
+			r.values[i] = nil
+		case spillInt:
+			v, k := binary.Varint(src)
+			if k <= 0 {
+				return bad
+			}
+			r.values[i], src = v, src[k:]
+		case spillText, spillBlob:
+			l, k := binary.Uvarint(src)
+			if k <= 0 || uint64(len(src)-k) < l {
+				return bad
+			}
+			body := src[k : k+int(l)]
+			if tag == spillText {
+				r.values[i] = string(body)
+			} else {
+				r.values[i] = bytes.Clone(body)
+			}
+			src = src[k+int(l):]
+		default:
+			return bad
+		}
+	}
+	return nil
+}
+
+// Scan implements scanner over the row's values, for the column types of
+// scanAccount and scanCheckpointAccount.
+func (r *spillRow) Scan(dest ...any) error {
+	if len(dest) != len(r.values) {
+		return fmt.Errorf("audit spill: %d columns, scanned into %d", len(r.values), len(dest))
+	}
+	for i, d := range dest {
+		v := r.values[i]
+		ok := true
+		switch d := d.(type) {
+		case *string:
+			switch v := v.(type) {
+			case string:
+				*d = v
+			case []byte:
+				*d = string(v)
+			default:
+				ok = false
+			}
+		case *int64:
+			var n int64
+			n, ok = v.(int64)
+			*d = n
+		case *[]byte:
+			var b []byte
+			b, ok = v.([]byte)
+			ok = ok || v == nil
+			*d = b
+		default:
+			ok = false
+		}
+		if !ok {
+			return fmt.Errorf("audit spill: column %d is %T, scanned into %T", i, v, d)
+		}
+	}
+	return nil
 }

@@ -2,10 +2,12 @@ package sqlite
 
 import (
 	"context"
+	"database/sql"
 	"database/sql/driver"
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
@@ -20,79 +22,98 @@ import (
 // of its own.
 
 // checkpointPage is how many checkpoint account rows one write
-// transaction of CheckpointPut inserts or deletes: a few milliseconds on
-// the writer, after which the batches queued for it go first. A million
-// accounts in one transaction held the writer for seconds.
+// transaction of a checkpoint writer inserts or deletes: a few
+// milliseconds on the writer, after which the batches queued for it go
+// first. A million accounts in one transaction held the writer for
+// seconds.
 const checkpointPage = 1024
 
-// CheckpointPut implements store.CheckpointStore without holding the
-// writer for long: it stages the accounts in transactions of
-// checkpointPage rows under c.Seq (invisible: readers read the accounts of
-// the last stored header only), then stores the header in one short
-// transaction that checks c still follows the chain, and then deletes the
-// accounts older checkpoints no longer need, a page at a time. Rows
-// staged by an attempt that ended before its header (a crash, ctx, a
-// conflict) are deleted by the next attempt first.
-func (s *Store) CheckpointPut(ctx context.Context, c *ledger.Checkpoint) error {
-	var conv codec.Conv
-	cutAt := conv.Nanos(c.CutAt)
-	for i := range c.Accounts {
-		conv.Int(c.Accounts[i].Account.Generation)
+// CheckpointWrite implements store.CheckpointStore without holding the
+// writer for long: the writer stages the accounts in transactions of
+// checkpointPage rows under their seq (invisible: readers read the
+// accounts of the last stored header only), then stores the header in
+// one short transaction that checks it still follows the chain, and then
+// deletes the accounts older checkpoints no longer need, a page at a
+// time. Rows staged by an attempt that ended before its header (a crash,
+// ctx, a conflict) are deleted here first. One writer at a time per
+// store: a second gets ErrConflict.
+func (s *Store) CheckpointWrite(ctx context.Context, seq int64) (store.CheckpointWriter, error) {
+	if !s.checkpointWriting.CompareAndSwap(false, true) {
+		return nil, fmt.Errorf("checkpoint %d: another checkpoint is being written: %w", seq, store.ErrConflict)
 	}
-	if err := conv.Err(); err != nil {
-		return fmt.Errorf("checkpoint %d: %w", c.Seq, err)
+	w := &checkpointWriter{s: s, seq: seq}
+	err := w.inTx(ctx, func(tx *writeTx) error {
+		last, _, _, err := lastCheckpoint(tx)
+		if err == nil && seq != last+1 {
+			err = fmt.Errorf("checkpoint %d does not follow %d: %w", seq, last, store.ErrConflict)
+		}
+		return err
+	})
+	if err == nil {
+		err = w.deletePages(ctx, seq, math.MaxInt64)
 	}
-	// follows checks that c extends the stored chain.
-	follows := func(tx *writeTx) error {
-		var seq, through int64
-		var prev string
-		found, err := tx.queryRow("SELECT seq, through, digest FROM checkpoints ORDER BY seq DESC LIMIT 1", nil,
-			func(sc scanner) error { return sc.Scan(&seq, &through, &prev) })
-		if err != nil {
+	if err != nil {
+		w.Close()
+		return nil, err
+	}
+	return w, nil
+}
+
+// lastCheckpoint returns the last stored checkpoint's seq, through and
+// digest (0, 0, "" without one).
+func lastCheckpoint(tx *writeTx) (seq, through int64, digest string, err error) {
+	_, err = tx.queryRow("SELECT seq, through, digest FROM checkpoints ORDER BY seq DESC LIMIT 1", nil,
+		func(sc scanner) error { return sc.Scan(&seq, &through, &digest) })
+	return seq, through, digest, err
+}
+
+// checkpointWriter is the SQLite store.CheckpointWriter.
+type checkpointWriter struct {
+	s      *Store
+	seq    int64
+	closed bool
+}
+
+// inTx runs f in a write transaction of its own between batches.
+func (w *checkpointWriter) inTx(ctx context.Context, f func(tx *writeTx) error) error {
+	return w.s.withWriter(ctx, func(wr *writer) error { return w.s.inWriteTx(ctx, wr, "checkpoint", f) })
+}
+
+// deletePages deletes the account rows of seqs from lo to hi, a page per
+// transaction.
+func (w *checkpointWriter) deletePages(ctx context.Context, lo, hi int64) error {
+	for {
+		var n int64
+		err := w.inTx(ctx, func(tx *writeTx) error {
+			var err error
+			n, err = tx.exec(`DELETE FROM checkpoint_accounts WHERE (seq, subject, route, region, generation) IN
+				(SELECT seq, subject, route, region, generation FROM checkpoint_accounts WHERE seq BETWEEN ? AND ? LIMIT ?)`,
+				lo, hi, int64(checkpointPage))
+			return err
+		})
+		if err != nil || n < checkpointPage {
 			return err
 		}
-		if !found {
-			seq = 0
-		}
-		if c.Seq != seq+1 || c.Prev != prev || c.Through <= through {
-			return fmt.Errorf("checkpoint %d (previous %q, through %d) does not follow %d (%q, through %d): %w",
-				c.Seq, c.Prev, c.Through, seq, prev, through, store.ErrConflict)
-		}
-		return nil
 	}
-	inTx := func(f func(tx *writeTx) error) error {
-		return s.withWriter(ctx, func(w *writer) error { return s.inWriteTx(ctx, w, "checkpoint", f) })
+}
+
+// Put implements store.CheckpointWriter: a transaction per
+// checkpointPage rows.
+func (w *checkpointWriter) Put(ctx context.Context, page []ledger.CheckpointAccount) error {
+	var conv codec.Conv
+	for i := range page {
+		conv.Int(page[i].Account.Generation)
 	}
-	// deletePages deletes the account rows of seqs from lo to hi, a page
-	// per transaction.
-	deletePages := func(lo, hi int64) error {
-		for {
-			var n int64
-			err := inTx(func(tx *writeTx) error {
-				var err error
-				n, err = tx.exec(`DELETE FROM checkpoint_accounts WHERE (seq, subject, route, region, generation) IN
-					(SELECT seq, subject, route, region, generation FROM checkpoint_accounts WHERE seq BETWEEN ? AND ? LIMIT ?)`,
-					lo, hi, int64(checkpointPage))
-				return err
-			})
-			if err != nil || n < checkpointPage {
-				return err
-			}
-		}
+	if err := conv.Err(); err != nil {
+		return fmt.Errorf("checkpoint %d: %w", w.seq, err)
 	}
-	if err := inTx(follows); err != nil {
-		return err
-	}
-	if err := deletePages(c.Seq, math.MaxInt64); err != nil {
-		return err
-	}
-	for start := 0; start < len(c.Accounts); start += checkpointPage {
-		page := c.Accounts[start:min(start+checkpointPage, len(c.Accounts))]
-		err := inTx(func(tx *writeTx) error {
-			for i := range page {
-				a := &page[i]
+	for start := 0; start < len(page); start += checkpointPage {
+		part := page[start:min(start+checkpointPage, len(page))]
+		err := w.inTx(ctx, func(tx *writeTx) error {
+			for i := range part {
+				a := &part[i]
 				if _, err := tx.exec("INSERT INTO checkpoint_accounts (seq, "+checkpointAccountCols+") VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-					c.Seq, a.Account.Subject, a.Account.Route, a.Account.Region, int64(a.Account.Generation),
+					w.seq, a.Account.Subject, a.Account.Route, a.Account.Region, int64(a.Account.Generation),
 					codec.EncodeBalances(&a.Balances), a.Entries, a.Journal); err != nil {
 					return err
 				}
@@ -103,11 +124,29 @@ func (s *Store) CheckpointPut(ctx context.Context, c *ledger.Checkpoint) error {
 			return err
 		}
 	}
-	err := inTx(func(tx *writeTx) error {
-		if err := follows(tx); err != nil {
+	return nil
+}
+
+// Finish implements store.CheckpointWriter.
+func (w *checkpointWriter) Finish(ctx context.Context, c *ledger.Checkpoint) error {
+	var conv codec.Conv
+	cutAt := conv.Nanos(c.CutAt)
+	if err := conv.Err(); err != nil {
+		return fmt.Errorf("checkpoint %d: %w", c.Seq, err)
+	}
+	if c.Seq != w.seq {
+		return fmt.Errorf("checkpoint %d finished by the writer of %d", c.Seq, w.seq)
+	}
+	err := w.inTx(ctx, func(tx *writeTx) error {
+		seq, through, prev, err := lastCheckpoint(tx)
+		if err != nil {
 			return err
 		}
-		_, err := tx.exec("INSERT INTO checkpoints ("+checkpointCols+") VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+		if c.Seq != seq+1 || c.Prev != prev || c.Through <= through {
+			return fmt.Errorf("checkpoint %d (previous %q, through %d) does not follow %d (%q, through %d): %w",
+				c.Seq, c.Prev, c.Through, seq, prev, through, store.ErrConflict)
+		}
+		_, err = tx.exec("INSERT INTO checkpoints ("+checkpointCols+") VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
 			c.Seq, c.Through, cutAt, c.Entries, c.Moves, c.Prev, c.AccountsDigest, c.Digest)
 		return err
 	})
@@ -115,9 +154,95 @@ func (s *Store) CheckpointPut(ctx context.Context, c *ledger.Checkpoint) error {
 		return err
 	}
 	// The header is stored: what follows only frees space, and what it
-	// leaves (an error, ctx ending) the next checkpoint's put deletes.
-	_ = deletePages(math.MinInt64, c.Seq-2)
+	// leaves (an error, ctx ending) the next checkpoint's write deletes.
+	_ = w.deletePages(ctx, math.MinInt64, c.Seq-2)
 	return nil
+}
+
+// Close implements store.CheckpointWriter.
+func (w *checkpointWriter) Close() {
+	if !w.closed {
+		w.closed = true
+		w.s.checkpointWriting.Store(false)
+	}
+}
+
+// auditPage is how many rows one query of an audit's account streams
+// reads (AuditSnapshot): a page is what the audit holds of them.
+var auditPage = 1024
+
+// accountKeyAfter is the keyset condition of the next page of a table
+// keyed by (subject, route, region, generation): SQLite compares the row
+// value through the primary key.
+const accountKeyAfter = "(subject, route, region, generation) > (?, ?, ?, ?)"
+
+// pagedByKey calls yield with every row q reads in pages of auditPage
+// (q has a %s for the keyset condition, its first argument after args,
+// and ends in ORDER BY the key LIMIT ?), each row scanned by scan into
+// the page and valid only during the call.
+func pagedByKey[T any](ctx context.Context, tx *sql.Tx, q string, args []any, scan func(scanner) (T, error),
+	key func(*T) ledger.AccountKey, what string, yield func(*T) error) error {
+	page := make([]T, 0, auditPage)
+	first := fmt.Sprintf(q, "1")
+	next := fmt.Sprintf(q, accountKeyAfter)
+	var after ledger.AccountKey
+	for n := 0; ; n++ {
+		page = page[:0]
+		var rows *sql.Rows
+		var err error
+		if n == 0 {
+			rows, err = tx.QueryContext(ctx, first, append(slices.Clip(args), auditPage)...)
+		} else {
+			rows, err = tx.QueryContext(ctx, next, append(slices.Clip(args), after.Subject, after.Route, after.Region, int64(after.Generation), auditPage)...)
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w", what, translate(ctx, err))
+		}
+		for rows.Next() {
+			v, err := scan(rows)
+			if err != nil {
+				rows.Close()
+				return fmt.Errorf("%s: %w", what, translate(ctx, err))
+			}
+			page = append(page, v)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("%s: %w", what, translate(ctx, err))
+		}
+		for i := range page {
+			if err := yield(&page[i]); err != nil {
+				return err
+			}
+		}
+		if len(page) < auditPage {
+			return nil
+		}
+		after = key(&page[len(page)-1])
+	}
+}
+
+// accountsByKey and checkpointAccountsByKey read the accounts and one
+// checkpoint's accounts in key order, a page at a time (pagedByKey).
+const (
+	accountsByKey           = "SELECT " + accountCols + " FROM accounts WHERE %s ORDER BY subject, route, region, generation LIMIT ?"
+	checkpointAccountsByKey = "SELECT " + checkpointAccountCols + " FROM checkpoint_accounts WHERE seq = ? AND %s ORDER BY subject, route, region, generation LIMIT ?"
+)
+
+// streamAccounts sets snap's account streams: the accounts and the last
+// checkpoint's accounts, read in key order a page at a time in tx.
+func streamAccounts(ctx context.Context, tx *sql.Tx, snap *ledger.Snapshot) {
+	snap.AccountStream = func(yield func(*ledger.Account) error) error {
+		return pagedByKey(ctx, tx, accountsByKey,
+			nil, scanAccount, func(a *ledger.Account) ledger.AccountKey { return a.Key }, "snapshot accounts", yield)
+	}
+	if last := snap.LastCheckpoint(); last != nil {
+		seq := last.Seq
+		snap.CheckpointAccountStream = func(yield func(*ledger.CheckpointAccount) error) error {
+			return pagedByKey(ctx, tx, checkpointAccountsByKey,
+				[]any{seq}, scanCheckpointAccount, func(a *ledger.CheckpointAccount) ledger.AccountKey { return a.Account }, "snapshot checkpoint accounts", yield)
+		}
+	}
 }
 
 // JournalCompact implements store.CheckpointStore.

@@ -108,6 +108,9 @@ type Store struct {
 	// pipelined and sync: pipelined durability (pipeline.go).
 	pipelined bool
 	sync      walSync
+	// checkpointWriting is held by the one checkpoint writer
+	// (compaction.go).
+	checkpointWriting atomic.Bool
 }
 
 // Open opens (creating if needed) the database file at path, applies the
@@ -629,12 +632,14 @@ func (s *Store) snapshotRows(ctx context.Context, tx *sql.Tx, full bool) (*ledge
 	if snap.Policies, err = queryAll(ctx, q("SELECT "+policyCols+" FROM policies ORDER BY generation"), scanPolicy, "snapshot policies"); err != nil {
 		return nil, err
 	}
-	var accounts int64
-	if err := tx.QueryRowContext(ctx, "SELECT count(*) FROM accounts").Scan(&accounts); err != nil {
-		return nil, fmt.Errorf("snapshot accounts: %w", translate(ctx, err))
-	}
-	if snap.Accounts, err = queryAllSized(ctx, q("SELECT "+accountCols+" FROM accounts ORDER BY subject, route, region, generation"), accounts, scanAccount, "snapshot accounts"); err != nil {
-		return nil, err
+	if full { // else streamed (streamAccounts)
+		var accounts int64
+		if err := tx.QueryRowContext(ctx, "SELECT count(*) FROM accounts").Scan(&accounts); err != nil {
+			return nil, fmt.Errorf("snapshot accounts: %w", translate(ctx, err))
+		}
+		if snap.Accounts, err = queryAllSized(ctx, q("SELECT "+accountCols+" FROM accounts ORDER BY subject, route, region, generation"), accounts, scanAccount, "snapshot accounts"); err != nil {
+			return nil, err
+		}
 	}
 	if full {
 		if snap.Reservations, err = queryAll(ctx, q("SELECT "+reservationCols+" FROM reservations ORDER BY id"), scanReservation, "snapshot reservations"); err != nil {
@@ -653,7 +658,7 @@ func (s *Store) snapshotRows(ctx context.Context, tx *sql.Tx, full bool) (*ledge
 	if snap.Retained, err = queryAll(ctx, q(retainedSnapshotSQL), scanRetained, "snapshot retained"); err != nil {
 		return nil, err
 	}
-	if snap.Checkpoints, err = checkpointChain(ctx, tx); err != nil {
+	if snap.Checkpoints, err = checkpointChain(ctx, tx, full); err != nil {
 		return nil, err
 	}
 	if !full {

@@ -18,6 +18,7 @@ var checkpointCases = []struct {
 }{
 	{"CheckpointCompaction", testCheckpointCompaction},
 	{"CheckpointConflict", testCheckpointConflict},
+	{"CheckpointWriterPaged", testCheckpointWriterPaged},
 }
 
 // cutCheckpoint audits s through AuditSnapshot and returns the checkpoint
@@ -108,7 +109,7 @@ func testCheckpointCompaction(t *testing.T, s store.Store) {
 	if cp.Seq != 1 || cp.Prev != "" || cp.Entries != int64(len(full.Journal)) || len(cp.Accounts) == 0 {
 		t.Fatalf("first checkpoint: seq %d prev %q, %d entries of %d, %d accounts", cp.Seq, cp.Prev, cp.Entries, len(full.Journal), len(cp.Accounts))
 	}
-	if err := s.CheckpointPut(ctx, cp); err != nil {
+	if err := store.PutCheckpoint(ctx, s, cp); err != nil {
 		t.Fatal(err)
 	}
 	// Commands after the checkpoint: their entries must survive.
@@ -144,7 +145,7 @@ func testCheckpointCompaction(t *testing.T, s store.Store) {
 	if cp2.Seq != 2 || cp2.Prev != cp.Digest || cp2.Entries != cp.Entries+int64(len(before.Journal)) {
 		t.Fatalf("second checkpoint: seq %d prev %q (want %q), %d entries (want %d)", cp2.Seq, cp2.Prev, cp.Digest, cp2.Entries, cp.Entries+int64(len(before.Journal)))
 	}
-	if err := s.CheckpointPut(ctx, cp2); err != nil {
+	if err := store.PutCheckpoint(ctx, s, cp2); err != nil {
 		t.Fatal(err)
 	}
 	// (A store may keep its newest row even when summarised: SQLite does,
@@ -180,13 +181,13 @@ func testCheckpointConflict(t *testing.T, s store.Store) {
 	cp := cutCheckpoint(t, s, now)
 	bad := *cp
 	bad.Seq = 2
-	if err := s.CheckpointPut(ctx, &bad); !errors.Is(err, store.ErrConflict) {
+	if err := store.PutCheckpoint(ctx, s, &bad); !errors.Is(err, store.ErrConflict) {
 		t.Fatalf("checkpoint 2 on an empty chain: %v, want ErrConflict", err)
 	}
-	if err := s.CheckpointPut(ctx, cp); err != nil {
+	if err := store.PutCheckpoint(ctx, s, cp); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.CheckpointPut(ctx, cp); !errors.Is(err, store.ErrConflict) {
+	if err := store.PutCheckpoint(ctx, s, cp); !errors.Is(err, store.ErrConflict) {
 		t.Fatalf("the same checkpoint twice: %v, want ErrConflict", err)
 	}
 	snap, err := s.Snapshot(ctx)
@@ -195,5 +196,124 @@ func testCheckpointConflict(t *testing.T, s store.Store) {
 	}
 	if len(snap.Checkpoints) != 1 {
 		t.Fatalf("chain of %d after refusals, want 1", len(snap.Checkpoints))
+	}
+}
+
+// streamedCheckpoint returns the last checkpoint of an audit snapshot and
+// its accounts as CheckpointAccountStream reads them (nil, nil without a
+// checkpoint).
+func streamedCheckpoint(t *testing.T, s store.Store) (*ledger.Checkpoint, []ledger.CheckpointAccount) {
+	t.Helper()
+	var last *ledger.Checkpoint
+	var accounts []ledger.CheckpointAccount
+	err := s.AuditSnapshot(context.Background(), false, func(snap *ledger.Snapshot, _ int64) error {
+		if l := snap.LastCheckpoint(); l != nil {
+			h := l.Header()
+			last = &h
+		}
+		if snap.CheckpointAccountStream == nil {
+			if last != nil {
+				t.Error("a checkpoint without an account stream")
+			}
+			return nil
+		}
+		return snap.CheckpointAccountStream(func(a *ledger.CheckpointAccount) error {
+			accounts = append(accounts, *a)
+			return nil
+		})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return last, accounts
+}
+
+// testCheckpointWriterPaged: a checkpoint written a page at a time is
+// invisible until its header is stored: a writer closed before Finish
+// leaves nothing an audit reads, and the next writer deletes what it put;
+// one writer at a time; a header that no longer follows the chain is
+// refused with ErrConflict and nothing becomes visible. The stored
+// checkpoint streams back page for page as it was cut, and audits clean.
+func testCheckpointWriterPaged(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	now, _ := retentionWorld(t, s, time.Date(2026, 7, 22, 9, 0, 0, 0, time.UTC))
+	cp := cutCheckpoint(t, s, now)
+	if len(cp.Accounts) == 0 {
+		t.Fatal("a checkpoint without accounts")
+	}
+	stale := cp.Accounts[0]
+	stale.Account.Subject = "zz-stale-" + stale.Account.Subject
+
+	// An attempt that ends before its header.
+	w, err := s.CheckpointWrite(ctx, cp.Seq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.CheckpointWrite(ctx, cp.Seq); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("a second writer beside an open one: %v, want ErrConflict", err)
+	}
+	if err := w.Put(ctx, append(append([]ledger.CheckpointAccount(nil), cp.Accounts...), stale)); err != nil {
+		t.Fatal(err)
+	}
+	if last, accounts := streamedCheckpoint(t, s); last != nil || len(accounts) != 0 {
+		t.Fatalf("a checkpoint without its header is visible: %+v, %d accounts", last, len(accounts))
+	}
+	w.Close()
+	auditAll(t, s, "after an unfinished checkpoint")
+	if _, err := s.CheckpointWrite(ctx, cp.Seq+1); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("checkpoint %d on an empty chain: %v, want ErrConflict", cp.Seq+1, err)
+	}
+
+	// A header that does not follow is refused; nothing shows.
+	w, err = s.CheckpointWrite(ctx, cp.Seq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Put(ctx, cp.Accounts); err != nil {
+		t.Fatal(err)
+	}
+	bad := cp.Header()
+	bad.Prev = "not-the-last"
+	if err := w.Finish(ctx, &bad); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("a header that does not follow: %v, want ErrConflict", err)
+	}
+	w.Close()
+	if last, _ := streamedCheckpoint(t, s); last != nil {
+		t.Fatalf("a refused checkpoint is visible: %+v", last)
+	}
+
+	// The whole checkpoint, one account per page.
+	w, err = s.CheckpointWrite(ctx, cp.Seq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range cp.Accounts {
+		if err := w.Put(ctx, cp.Accounts[i:i+1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	header := cp.Header()
+	if err := w.Finish(ctx, &header); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	last, accounts := streamedCheckpoint(t, s)
+	if last == nil || last.Digest != cp.Digest {
+		t.Fatalf("stored checkpoint %+v, want %s", last, cp.Digest)
+	}
+	same(t, "checkpoint accounts streamed back", accounts, cp.Accounts)
+	auditAll(t, s, "after a paged checkpoint")
+}
+
+// RunAuditReads runs the checks of what an audit reads (the streamed
+// snapshot, checkpoints and their paged writes) alone: a driver runs them
+// again with its read pages made tiny, so every page boundary is crossed.
+func RunAuditReads(t *testing.T, open func(t *testing.T) store.Store) {
+	cases := append([]struct {
+		name string
+		f    func(t *testing.T, s store.Store)
+	}{{"SnapshotStreaming", testSnapshotStreaming}}, checkpointCases...)
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) { tc.f(t, open(t)) })
 	}
 }

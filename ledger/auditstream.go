@@ -1,0 +1,429 @@
+package ledger
+
+import (
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"hash"
+	"iter"
+	"slices"
+)
+
+// An audit holds the ledger's accounts and the last checkpoint's accounts
+// one at a time: it reads both in key order (Snapshot.AccountStream and
+// CheckpointAccountStream, or the slices) and merges them, and a cut
+// checkpoint's accounts go out one at a time too (AuditOptions.Emit).
+// What it holds for the whole audit is one replay per account with
+// journal entries since the last checkpoint.
+
+// replay is one account's journal since the last checkpoint, as an audit
+// holds it: the entries' deltas summed, and for a cut, what the
+// checkpoint builder needs. It is kept small (128 bytes), and keyed by
+// accountID rather than by the key's strings, because an audit holds one
+// per account with entries since the last checkpoint: a million of them
+// when a million tenants moved in an epoch.
+type replay struct {
+	dim0    Balance     // the sum of the entries' first dimension
+	more    *replayMore // nil while the entries touch no other dimension and none is beyond the cut
+	entries int64       // entries up to the cut
+	chain   [sha256.Size]byte
+}
+
+// replayMore is the rest of a replay that most accounts do not need.
+type replayMore struct {
+	rest   [MaxDimensions - 1]Balance // the other dimensions
+	beyond Balances                   // of the entries summed, those after the cut
+}
+
+// add sums delta into r; beyond says the entry is after the cut.
+func (r *replay) add(d *Balances, beyond bool) {
+	for i := 1; i < len(d); i++ {
+		if d[i] != (Balance{}) && r.more == nil {
+			r.more = &replayMore{}
+		}
+	}
+	r.dim0.add(&d[0])
+	if r.more != nil {
+		for i := 1; i < len(d); i++ {
+			r.more.rest[i-1].add(&d[i])
+		}
+	}
+	if beyond {
+		if r.more == nil {
+			r.more = &replayMore{}
+		}
+		r.more.beyond.Add(d)
+	}
+}
+
+// addTo adds to b what r sums, and with cut leaves out what is beyond the
+// cut.
+func (r *replay) addTo(b *Balances, cut bool) {
+	b[0].add(&r.dim0)
+	if r.more == nil {
+		return
+	}
+	for i := range r.more.rest {
+		b[i+1].add(&r.more.rest[i])
+	}
+	if cut {
+		for i := range r.more.beyond {
+			x := &r.more.beyond[i]
+			neg := Balance{Opening: -x.Opening, Minted: -x.Minted, OverdraftIssued: -x.OverdraftIssued,
+				Available: -x.Available, Reserved: -x.Reserved, Spent: -x.Spent,
+				RetiredForEmergency: -x.RetiredForEmergency, RetiredForMove: -x.RetiredForMove,
+				OverdraftRepaid: -x.OverdraftRepaid}
+			b[i].add(&neg)
+		}
+	}
+}
+
+// accountID names an account in an audit's replays: the first 128 bits of
+// the SHA-256 of its key's canonical encoding, 16 bytes instead of a key's
+// three strings, and not open to keys crafted to collide.
+type accountID [16]byte
+
+// accountIDs computes accountIDs with one reused hash.
+type accountIDs struct {
+	h   hash.Hash
+	sum [sha256.Size]byte
+}
+
+func newAccountIDs() *accountIDs { return &accountIDs{h: sha256.New()} }
+
+func (ids *accountIDs) of(k AccountKey) accountID {
+	ids.h.Reset()
+	writeKey(ids.h, k)
+	return accountID(ids.h.Sum(ids.sum[:0])[:16])
+}
+
+// eachAccount calls f with every account of s in key order, from
+// AccountStream when set.
+func (s *Snapshot) eachAccount(f func(*Account) error) error {
+	if s.AccountStream != nil {
+		return s.AccountStream(f)
+	}
+	accounts := s.Accounts
+	if !slices.IsSortedFunc(accounts, func(a, b Account) int { return a.Key.Compare(b.Key) }) {
+		accounts = slices.SortedFunc(slices.Values(accounts), func(a, b Account) int { return a.Key.Compare(b.Key) })
+	}
+	for i := range accounts {
+		if err := f(&accounts[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// eachCheckpointAccount calls f with every account of the last checkpoint
+// in the order they are stored (key order), from CheckpointAccountStream
+// when set; nothing without a checkpoint.
+func (s *Snapshot) eachCheckpointAccount(f func(*CheckpointAccount) error) error {
+	last := s.LastCheckpoint()
+	switch {
+	case last == nil:
+		return nil
+	case s.CheckpointAccountStream != nil:
+		return s.CheckpointAccountStream(f)
+	}
+	for i := range last.Accounts {
+		if err := f(&last.Accounts[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// hasCheckpointAccounts reports whether the last checkpoint's accounts
+// are to be verified: VerifyCheckpoints skips a header without accounts
+// that summarises nothing.
+func (s *Snapshot) hasCheckpointAccounts() bool {
+	last := s.LastCheckpoint()
+	return last != nil && (s.CheckpointAccountStream != nil || last.Accounts != nil || last.Entries != 0)
+}
+
+// ErrStopped is what an audit's yield returns to a stream it no longer
+// reads (a merge that ended early): not a read error.
+var ErrStopped = errors.New("ledger: stream stopped")
+
+// puller reads a push stream one item at a time (iter.Pull): the item is
+// valid until the next call of next, and a key that does not follow the
+// one before is an error of the stream.
+type puller[T any] struct {
+	next    func() (*T, bool)
+	stop    func()
+	key     func(*T) AccountKey
+	cur     *T
+	err     error // the stream's own error
+	order   error // the first key out of order
+	last    AccountKey
+	started bool
+}
+
+func pull[T any](stream func(yield func(*T) error) error, key func(*T) AccountKey) *puller[T] {
+	p := &puller[T]{key: key}
+	p.next, p.stop = iter.Pull(func(yield func(*T) bool) {
+		err := stream(func(t *T) error {
+			if !yield(t) {
+				return ErrStopped
+			}
+			return nil
+		})
+		if err != nil && !errors.Is(err, ErrStopped) {
+			p.err = err
+		}
+	})
+	p.advance()
+	return p
+}
+
+// advance moves to the next item; p.cur is nil at the end.
+func (p *puller[T]) advance() {
+	t, ok := p.next()
+	if !ok {
+		p.cur = nil
+		return
+	}
+	k := p.key(t)
+	if p.started && p.last.Compare(k) >= 0 && p.order == nil {
+		p.order = fmt.Errorf("%s read after %s: not in key order", k, p.last)
+	}
+	p.started, p.last, p.cur = true, k, t
+}
+
+// merge calls f with every key of the ledger's accounts, the last
+// checkpoint's accounts and the extra keys (sorted), in key order, with
+// the account and the checkpoint account of that key (nil where there is
+// none), and returns the streams' errors: the accounts' first, then the
+// checkpoint's (orderErr: a stream out of key order).
+func (s *Snapshot) merge(extra []AccountKey, f func(k AccountKey, a *Account, p *CheckpointAccount)) (accountsErr, checkpointErr error) {
+	as := pull(s.eachAccount, func(a *Account) AccountKey { return a.Key })
+	defer as.stop()
+	ps := pull(s.eachCheckpointAccount, func(a *CheckpointAccount) AccountKey { return a.Account })
+	defer ps.stop()
+	for as.cur != nil || ps.cur != nil || len(extra) > 0 {
+		var k AccountKey
+		have := false
+		pick := func(c AccountKey) {
+			if !have || c.Compare(k) < 0 {
+				k, have = c, true
+			}
+		}
+		if as.cur != nil {
+			pick(as.cur.Key)
+		}
+		if ps.cur != nil {
+			pick(ps.cur.Account)
+		}
+		if len(extra) > 0 {
+			pick(extra[0])
+		}
+		var a *Account
+		var p *CheckpointAccount
+		if as.cur != nil && as.cur.Key == k {
+			a = as.cur
+		}
+		if ps.cur != nil && ps.cur.Account == k {
+			p = ps.cur
+		}
+		if len(extra) > 0 && extra[0] == k {
+			extra = extra[1:]
+		}
+		f(k, a, p)
+		if a != nil {
+			as.advance()
+		}
+		if p != nil {
+			ps.advance()
+		}
+	}
+	return errors.Join(as.err, as.order), errors.Join(ps.err, ps.order)
+}
+
+// auditPass is what one pass over the accounts checks and finds.
+type auditPass struct {
+	o          AuditOptions
+	policies   map[uint64]*Policy
+	per        func(AccountKey) *sums
+	statements map[AccountKey][]Statement
+	replays    map[accountID]*replay // nil without a complete journal
+	builder    *checkpointBuilder
+	ids        *accountIDs
+	// touched counts the replays with entries within the cut; rereadKeys
+	// reads the keys of the given ones again from the journal.
+	touched    int64
+	rereadKeys func(ids map[accountID]bool) []AccountKey
+
+	// Found, in the order Audit reports them: the account checks, the
+	// last checkpoint's accounts, the replays, the current epochs against
+	// their statements.
+	accountOut, checkpointOut, replayOut, statementOut []Discrepancy
+	accountsRead                                       error
+	// cutAccounts counts the accounts of the checkpoint to cut; extra are
+	// the keys with entries within the cut that are neither accounts nor
+	// in the last checkpoint, in key order.
+	cutAccounts int64
+	extra       []AccountKey
+}
+
+// auditAccounts runs the checks of one account at a time: the ledger's
+// accounts merged with the last checkpoint's, in key order.
+func (s *Snapshot) auditAccounts(pass auditPass) *auditPass {
+	ps := &pass
+	add := func(out *[]Discrepancy, check string, account AccountKey, format string, args ...any) {
+		*out = append(*out, Discrepancy{Check: check, Account: account.String(), Detail: fmt.Sprintf(format, args...)})
+	}
+	var verify *checkpointVerifier
+	var met int64 // replays with entries within the cut met by the merge
+	last := s.LastCheckpoint()
+	if s.hasCheckpointAccounts() {
+		verify = newCheckpointVerifier(last)
+	}
+	accountsErr, checkpointErr := s.merge(nil, func(k AccountKey, a *Account, p *CheckpointAccount) {
+		var r *replay
+		if ps.replays != nil {
+			r = ps.replays[ps.ids.of(k)]
+			if r != nil && r.entries > 0 {
+				met++
+			}
+		}
+		if p != nil && verify != nil {
+			verify.account(p)
+		}
+		if ps.builder != nil && (p != nil || r != nil && r.entries > 0) {
+			ps.cutAccounts++
+		}
+		if a == nil {
+			return
+		}
+		for d := 0; d < a.Dims; d++ {
+			if err := checkBalance(&a.Balances[d]); err != nil {
+				add(&ps.accountOut, CheckConservation, a.Key, "dimension %d: %v", d, err)
+			}
+		}
+		if pol := ps.policies[a.Key.Generation]; pol != nil {
+			for d := 0; d < a.Dims && d < len(pol.Dimensions); d++ {
+				if held := a.Balances[d].Available + a.Balances[d].Reserved; held > pol.Dimensions[d].Burst {
+					add(&ps.accountOut, CheckBurst, a.Key, "dimension %d: available + reserved = %d above the burst %d",
+						d, held, pol.Dimensions[d].Burst)
+				}
+			}
+		}
+		// Read, not get: an entry per account would hold a million
+		// zero sums for the whole audit.
+		t := ps.per(a.Key)
+		if t == nil {
+			t = &sums{}
+		}
+		for d := 0; d < MaxDimensions; d++ {
+			bal := &a.Balances[d]
+			if bal.RetiredForEmergency != t.shards[d] {
+				add(&ps.accountOut, CheckShard, a.Key, "dimension %d: retiredForEmergency %d, shards allocated %d", d, bal.RetiredForEmergency, t.shards[d])
+			}
+			if ps.o.SinceCheckpoint {
+				continue
+			}
+			if bal.Reserved != t.held[d] {
+				add(&ps.accountOut, CheckReserved, a.Key, "dimension %d: reserved %d, holds %d", d, bal.Reserved, t.held[d])
+			}
+			if bal.Spent != t.spent[d] {
+				add(&ps.accountOut, CheckSpent, a.Key, "dimension %d: spent %d, settled actual usage %d", d, bal.Spent, t.spent[d])
+			}
+			if bal.OverdraftIssued < t.overdraft[d] {
+				add(&ps.accountOut, CheckDebt, a.Key, "dimension %d: overdraft issued %d < settled overdraft %d", d, bal.OverdraftIssued, t.overdraft[d])
+			}
+		}
+		if ps.replays != nil {
+			// An account with no entry since the last checkpoint replays
+			// to its closing vector there (zero without one).
+			var got Balances
+			if p != nil {
+				got = p.Balances
+			}
+			if r != nil {
+				r.addTo(&got, false)
+			}
+			if got != a.Balances {
+				add(&ps.replayOut, CheckJournal, a.Key, "journal replays to %+v, account holds %+v", got[:a.Dims], a.Balances[:a.Dims])
+			}
+		}
+		if list := ps.statements[k]; len(list) > 0 {
+			st := &list[len(list)-1]
+			if st.Closing != a.EpochOpening || !st.EpochEnd.Equal(a.EpochStart) {
+				add(&ps.statementOut, CheckStatement, k, "current epoch %s does not open where %s closed", a.EpochStart, st.EpochStart)
+			}
+		}
+	})
+	if accountsErr != nil {
+		ps.accountsRead = accountsErr
+	}
+	if verify != nil {
+		if checkpointErr != nil {
+			verify.add(AccountKey{}, "checkpoint %d: accounts could not be read whole: %v", last.Seq, checkpointErr)
+		}
+		ps.checkpointOut = verify.finish(s.eachCheckpointAccount)
+	}
+	if ps.builder != nil && met < ps.touched {
+		// Entries of accounts that are neither in the ledger nor in the
+		// last checkpoint (a store that lost an account row): they are in
+		// the checkpoint too, under keys read again from the journal.
+		seen := map[accountID]bool{}
+		_, _ = s.merge(nil, func(k AccountKey, _ *Account, _ *CheckpointAccount) { seen[ps.ids.of(k)] = true })
+		missing := map[accountID]bool{}
+		for id, r := range ps.replays {
+			if r.entries > 0 && !seen[id] {
+				missing[id] = true
+			}
+		}
+		ps.extra = ps.rereadKeys(missing)
+		slices.SortFunc(ps.extra, AccountKey.Compare)
+		ps.cutAccounts += int64(len(ps.extra))
+	}
+	return ps
+}
+
+// cutCheckpoint builds the checkpoint an audit that found nothing cuts:
+// its accounts merged once more in key order, each handed to o.Emit as it
+// is made (or kept in the checkpoint without Emit), its accounts digest
+// folded as they go. It returns the checkpoint, or nil and what went
+// wrong when a read failed, the accounts changed between the two reads,
+// or Emit failed (then the caller has Emit's error).
+func (s *Snapshot) cutCheckpoint(b *checkpointBuilder, replays map[accountID]*replay, pass *auditPass, o AuditOptions) (*Checkpoint, []Discrepancy) {
+	c := b.header(o.CutAt)
+	h := sha256.New()
+	writeInt(h, pass.cutAccounts)
+	if o.Emit == nil {
+		c.Accounts = make([]CheckpointAccount, 0, pass.cutAccounts)
+	}
+	var n int64
+	var emitErr error
+	accountsErr, checkpointErr := s.merge(pass.extra, func(k AccountKey, _ *Account, p *CheckpointAccount) {
+		if emitErr != nil {
+			return
+		}
+		a, ok := b.nextAccount(k, p, replays[pass.ids.of(k)])
+		if !ok {
+			return
+		}
+		n++
+		writeAccount(h, &a)
+		if o.Emit == nil {
+			c.Accounts = append(c.Accounts, a)
+		} else {
+			emitErr = o.Emit(&a)
+		}
+	})
+	switch {
+	case emitErr != nil:
+		return nil, nil
+	case accountsErr != nil || checkpointErr != nil:
+		return nil, []Discrepancy{{Check: CheckCheckpoint, Detail: fmt.Sprintf("checkpoint %d: accounts could not be read again: %v",
+			c.Seq, errors.Join(accountsErr, checkpointErr))}}
+	case n != pass.cutAccounts:
+		return nil, []Discrepancy{{Check: CheckCheckpoint, Detail: fmt.Sprintf("checkpoint %d: %d accounts, then %d read again",
+			c.Seq, pass.cutAccounts, n)}}
+	}
+	c.AccountsDigest = digestHex(h)
+	c.Digest = headerDigest(c)
+	return c, nil
+}

@@ -1,0 +1,262 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+	"github.com/capledger/capledger/store/codec"
+)
+
+// checkpointPage is how many checkpoint account rows one transaction of
+// a checkpoint writer inserts or deletes.
+const checkpointPage = 1024
+
+// accountPage is how many accounts one query of an audit's account
+// streams reads (AuditSnapshot): a page is what the audit holds of them.
+var accountPage = 1024
+
+// streamAccounts sets snap's account streams: the accounts and the last
+// checkpoint's accounts, read in key order a page at a time in tx, each
+// page by a keyset query on the key's unique index.
+func (s *Store) streamAccounts(ctx context.Context, tx pgx.Tx, snap *ledger.Snapshot) {
+	snap.AccountStream = func(yield func(*ledger.Account) error) error {
+		var after ledger.AccountKey
+		for n := 0; ; n++ {
+			var rows pgx.Rows
+			var err error
+			if n == 0 {
+				rows, err = tx.Query(ctx, accountSelect+` WHERE a.id IN (SELECT id FROM accounts
+					ORDER BY subject, route, region, generation LIMIT $1)
+					ORDER BY a.subject, a.route, a.region, a.generation, t.dim`, accountPage)
+			} else {
+				rows, err = tx.Query(ctx, accountSelect+` WHERE a.id IN (SELECT id FROM accounts
+					WHERE (subject, route, region, generation) > ($1, $2, $3, $4)
+					ORDER BY subject, route, region, generation LIMIT $5)
+					ORDER BY a.subject, a.route, a.region, a.generation, t.dim`,
+					after.Subject, after.Route, after.Region, int64(after.Generation), accountPage)
+			}
+			if err != nil {
+				return s.c.classify("snapshot: accounts", err, false)
+			}
+			page, _, err := scanAccounts(rows)
+			if err != nil {
+				return s.c.classify("snapshot: accounts", err, false)
+			}
+			for i := range page {
+				if err := yield(&page[i]); err != nil {
+					return err
+				}
+			}
+			if len(page) < accountPage {
+				return nil
+			}
+			after = page[len(page)-1].Key
+		}
+	}
+	last := snap.LastCheckpoint()
+	if last == nil {
+		return
+	}
+	seq := last.Seq
+	snap.CheckpointAccountStream = func(yield func(*ledger.CheckpointAccount) error) error {
+		page := make([]ledger.CheckpointAccount, 0, accountPage)
+		// The row comparison leads with seq, so it walks the primary key.
+		after := []any{seq, "", "", "", int64(-1 << 63)}
+		for {
+			page = page[:0]
+			rows, err := tx.Query(ctx, `SELECT subject, route, region, generation, balances, entries, journal
+				FROM checkpoint_accounts WHERE seq = $1 AND (seq, subject, route, region, generation) > ($1, $2, $3, $4, $5)
+				ORDER BY subject, route, region, generation LIMIT $6`, append(after, accountPage)...)
+			if err != nil {
+				return s.c.classify("checkpoint accounts", err, false)
+			}
+			for rows.Next() {
+				var (
+					a          ledger.CheckpointAccount
+					generation int64
+					balances   []byte
+				)
+				if err := rows.Scan(&a.Account.Subject, &a.Account.Route, &a.Account.Region, &generation, &balances, &a.Entries, &a.Journal); err != nil {
+					rows.Close()
+					return s.c.classify("checkpoint accounts", err, false)
+				}
+				a.Account.Generation = uint64(generation)
+				if a.Balances, err = codec.DecodeBalances(balances); err != nil {
+					rows.Close()
+					return fmt.Errorf("checkpoint %d accounts: %w", seq, err)
+				}
+				page = append(page, a)
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				return s.c.classify("checkpoint accounts", err, false)
+			}
+			for i := range page {
+				if err := yield(&page[i]); err != nil {
+					return err
+				}
+			}
+			if len(page) < accountPage {
+				return nil
+			}
+			k := page[len(page)-1].Account
+			after = []any{seq, k.Subject, k.Route, k.Region, int64(k.Generation)}
+		}
+	}
+}
+
+// checkpointLock is the session advisory lock a checkpoint writer holds,
+// per schema: one writer at a time across replicas, so no attempt deletes
+// the rows another is staging.
+const checkpointLock = `hashtextextended('capledger.checkpoint.' || current_schema(), 0)`
+
+// CheckpointWrite implements store.CheckpointStore: the writer holds a
+// connection with the session advisory lock checkpointLock (another
+// replica writing gets ErrConflict), stages the accounts a transaction of
+// checkpointPage rows at a time under their seq (invisible: readers read
+// the accounts of the last stored header only) and stores the header
+// last in a short transaction that locks the chain and checks it still
+// follows. Rows staged by an attempt that never stored its header are
+// deleted first.
+func (s *Store) CheckpointWrite(ctx context.Context, seq int64) (store.CheckpointWriter, error) {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return nil, s.c.classify("checkpoint: connect", err, false)
+	}
+	var locked bool
+	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock(`+checkpointLock+`)`).Scan(&locked); err != nil {
+		conn.Release()
+		return nil, s.c.classify("checkpoint: lock", err, false)
+	}
+	if !locked {
+		conn.Release()
+		return nil, fmt.Errorf("checkpoint %d: another checkpoint is being written: %w", seq, store.ErrConflict)
+	}
+	w := &checkpointWriter{s: s, conn: conn, seq: seq}
+	var last int64
+	if err := conn.QueryRow(ctx, `SELECT COALESCE(MAX(seq), 0) FROM checkpoints`).Scan(&last); err != nil {
+		w.Close()
+		return nil, s.c.classify("checkpoint", err, false)
+	}
+	if seq != last+1 {
+		w.Close()
+		return nil, fmt.Errorf("checkpoint %d does not follow %d: %w", seq, last, store.ErrConflict)
+	}
+	if err := w.deletePages(ctx, `seq >= $1`, seq); err != nil {
+		w.Close()
+		return nil, err
+	}
+	return w, nil
+}
+
+// checkpointWriter is the PostgreSQL store.CheckpointWriter.
+type checkpointWriter struct {
+	s    *Store
+	conn *pgxpool.Conn // holds checkpointLock
+	seq  int64
+}
+
+// deletePages deletes the checkpoint account rows where cond ($1 is arg),
+// a page per transaction.
+func (w *checkpointWriter) deletePages(ctx context.Context, cond string, arg int64) error {
+	for {
+		tag, err := w.conn.Exec(ctx, `DELETE FROM checkpoint_accounts WHERE ctid IN (
+			SELECT ctid FROM checkpoint_accounts WHERE `+cond+` LIMIT $2)`, arg, checkpointPage)
+		if err != nil {
+			return w.s.c.classify("checkpoint: delete accounts", err, true)
+		}
+		if tag.RowsAffected() < checkpointPage {
+			return nil
+		}
+	}
+}
+
+// Put implements store.CheckpointWriter: one transaction (one INSERT) per
+// checkpointPage rows.
+func (w *checkpointWriter) Put(ctx context.Context, page []ledger.CheckpointAccount) error {
+	var conv codec.Conv
+	for i := range page {
+		conv.Int(page[i].Account.Generation)
+	}
+	if err := conv.Err(); err != nil {
+		return fmt.Errorf("checkpoint %d: %w", w.seq, err)
+	}
+	for start := 0; start < len(page); start += checkpointPage {
+		part := page[start:min(start+checkpointPage, len(page))]
+		n := len(part)
+		subject, route, region := make([]string, n), make([]string, n), make([]string, n)
+		generation, entries := make([]int64, n), make([]int64, n)
+		balances, journal := make([][]byte, n), make([]string, n)
+		for i := range part {
+			a := &part[i]
+			subject[i], route[i], region[i], generation[i] = a.Account.Subject, a.Account.Route, a.Account.Region, int64(a.Account.Generation)
+			balances[i], entries[i], journal[i] = codec.EncodeBalances(&a.Balances), a.Entries, a.Journal
+		}
+		if _, err := w.conn.Exec(ctx, `INSERT INTO checkpoint_accounts (seq, subject, route, region, generation, balances, entries, journal)
+			SELECT $1, * FROM unnest($2::text[], $3::text[], $4::text[], $5::bigint[], $6::bytea[], $7::bigint[], $8::text[])`,
+			w.seq, subject, route, region, generation, balances, entries, journal); err != nil {
+			return w.s.c.classify("checkpoint: accounts", err, true)
+		}
+	}
+	return nil
+}
+
+// Finish implements store.CheckpointWriter.
+func (w *checkpointWriter) Finish(ctx context.Context, c *ledger.Checkpoint) error {
+	var conv codec.Conv
+	cutAt := conv.Nanos(c.CutAt)
+	if err := conv.Err(); err != nil {
+		return fmt.Errorf("checkpoint %d: %w", c.Seq, err)
+	}
+	if c.Seq != w.seq {
+		return fmt.Errorf("checkpoint %d finished by the writer of %d", c.Seq, w.seq)
+	}
+	err := pgx.BeginFunc(ctx, w.conn, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `LOCK TABLE checkpoints IN EXCLUSIVE MODE`); err != nil {
+			return err
+		}
+		var seq, through int64
+		var prev string
+		err := tx.QueryRow(ctx, `SELECT seq, through, digest FROM checkpoints ORDER BY seq DESC LIMIT 1`).Scan(&seq, &through, &prev)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return err
+		}
+		if c.Seq != seq+1 || c.Prev != prev || c.Through <= through {
+			return fmt.Errorf("checkpoint %d (previous %q, through %d) does not follow %d (%q, through %d): %w",
+				c.Seq, c.Prev, c.Through, seq, prev, through, store.ErrConflict)
+		}
+		_, err = tx.Exec(ctx, `INSERT INTO checkpoints (seq, through, cut_at, entries, moves, prev, accounts_digest, digest)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`, c.Seq, c.Through, cutAt, c.Entries, c.Moves, c.Prev, c.AccountsDigest, c.Digest)
+		return err
+	})
+	if errors.Is(err, store.ErrConflict) {
+		return err
+	}
+	if err != nil {
+		return w.s.c.classify("checkpoint", err, true)
+	}
+	// The header is stored: what follows only frees space, and what it
+	// leaves the next checkpoint's write deletes.
+	_ = w.deletePages(ctx, `seq <= $1`, c.Seq-2)
+	return nil
+}
+
+// Close implements store.CheckpointWriter: it releases the lock and the
+// connection (a connection that cannot unlock is closed, which does).
+func (w *checkpointWriter) Close() {
+	if w.conn == nil {
+		return
+	}
+	ctx := context.Background()
+	if _, err := w.conn.Exec(ctx, `SELECT pg_advisory_unlock(`+checkpointLock+`)`); err != nil {
+		_ = w.conn.Conn().Close(ctx)
+	}
+	w.conn.Release()
+	w.conn = nil
+}
