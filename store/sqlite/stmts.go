@@ -35,6 +35,7 @@ const (
 	wReservationPrefetchSmall
 	wReservationPrefetch
 	wJournalBatchInsert
+	wReservationUpdate
 	nBaseStmts
 )
 
@@ -191,6 +192,7 @@ var baseWriteSQL = [nWriteStmts]string{
 	wReservationPrefetchSmall: "SELECT " + reservationCols + " FROM reservations WHERE id IN (" + params(prefetchSmall) + ")",
 	wReservationPrefetch:      "SELECT " + reservationCols + " FROM reservations WHERE id IN (" + params(prefetchChunk) + ")",
 	wJournalBatchInsert:       "INSERT INTO journal_batches (entries) VALUES (?)",
+	wReservationUpdate:        reservationUpdateSQL,
 }
 
 // params returns n comma-separated placeholders.

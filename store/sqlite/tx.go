@@ -36,6 +36,9 @@ type Tx struct {
 	// storedEpochs is the epoch_start the file holds for the accounts
 	// this transaction read or wrote (accountwrite.go).
 	storedEpochs map[ledger.AccountKey]int64
+	// storedReservations is the fixed columns the file holds for the
+	// reservations this transaction read (reservationwrite.go).
+	storedReservations map[string]reservationFixed
 }
 
 var _ store.Tx = (*Tx)(nil)
@@ -222,9 +225,14 @@ func (tx *Tx) ReservationGet(ctx context.Context, id string) (*ledger.Reservatio
 			return nil, fmt.Errorf("reservation %s: %w", id, store.ErrNotFound)
 		}
 		out := *r
+		tx.noteReservation(&out)
 		return &out, nil
 	}
-	return getOne(ctx, tx, wReservationGet, scanReservation, "reservation "+id, id)
+	r, err := getOne(ctx, tx, wReservationGet, scanReservation, "reservation "+id, id)
+	if err == nil {
+		tx.noteReservation(r)
+	}
+	return r, err
 }
 
 // ReservationsPrefetch reads the reservations named by ids in a few
@@ -373,7 +381,7 @@ func (tx *Tx) write(ctx context.Context, c *store.Changes) error {
 			}
 			continue
 		}
-		if err := tx.run(ctx, wReservationPut, func() string { return "reservation " + r.ID }, &conv, reservationArgs(r, &conv)); err != nil {
+		if err := tx.putReservation(ctx, r, &conv); err != nil {
 			return err
 		}
 	}
