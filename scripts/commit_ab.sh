@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
-# commit_ab.sh: store/sqlite's BenchmarkCommitLifecycles at two git
-# revisions, interleaved: each round runs the old binary, then the new one,
-# so load from elsewhere hits both alike. Prints every run, then per
-# sub-benchmark the medians over rounds and new/old for CPU per lifecycle
-# and WAL pages per transaction (lower is better for both).
+# commit_ab.sh: store/sqlite's BenchmarkCommitLifecycles at several git
+# revisions, interleaved: each round runs every revision's binary in turn,
+# so load from elsewhere hits all alike. Prints every run, then per
+# sub-benchmark and revision the medians over rounds of CPU per lifecycle
+# and WAL pages per transaction, and their ratio to the previous revision
+# (lower is better for both).
 #
-#   ROUNDS=3 BENCHTIME=150x ACCOUNTS=1000000 scripts/commit_ab.sh OLD_REV NEW_REV
+#   ROUNDS=3 BENCHTIME=150x ACCOUNTS=1000000 scripts/commit_ab.sh REV1 REV2 [REV...]
 #
-# Filled files are kept in CACHE (default /tmp/capledger-commit-ab), one per
-# schema version and account count: the first run of a revision fills it.
+# The binaries are built first; the runs hold /work/bench.lock (LOCK) when
+# it exists. Filled files are kept in CACHE (default
+# /tmp/capledger-commit-ab), one per schema version and account count: the
+# first run that needs one fills it (a minute for a million accounts).
 set -euo pipefail
-OLD=$1 NEW=$2
+REVS=("$@")
+LOCK=${LOCK:-/work/bench.lock}
 ROUNDS=${ROUNDS:-3} BENCHTIME=${BENCHTIME:-150x} ACCOUNTS=${ACCOUNTS:-1000000}
 BENCH=${BENCH:-CommitLifecycles}
 CACHE=${CACHE:-/tmp/capledger-commit-ab}
@@ -18,23 +22,28 @@ REPO=$(cd "$(dirname "$0")/.." && pwd)
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 mkdir -p "$CACHE"
-for rev in "$OLD" "$NEW"; do
+for rev in "${REVS[@]}"; do
 	mkdir -p "$WORK/$rev/src"
 	git -C "$REPO" archive "$rev" | tar -x -C "$WORK/$rev/src"
 	(cd "$WORK/$rev/src" && go test -c -o "$WORK/$rev/sqlite.test" ./store/sqlite)
 done
+if [[ -e $LOCK ]]; then
+	exec 9>>"$LOCK"
+	flock 9
+fi
 for round in $(seq "$ROUNDS"); do
-	for rev in "$OLD" "$NEW"; do
+	for rev in "${REVS[@]}"; do
 		echo "# round $round $rev load $(cut -d' ' -f1-3 /proc/loadavg)"
 		(cd "$WORK/$rev/src/store/sqlite" && CAPLEDGER_BENCH_ACCOUNTS=$ACCOUNTS CAPLEDGER_BENCH_CACHE=$CACHE \
 			"$WORK/$rev/sqlite.test" -test.run '^$' -test.bench "$BENCH" -test.benchtime "$BENCHTIME") |
 			grep '^Benchmark' | sed "s/^/$rev /" | tee -a "$WORK/runs"
 	done
 done
-awk -v old="$OLD" -v new="$NEW" '
+exec 9>&-
+awk -v revs="${REVS[*]}" '
 function median(list,   n, a, i, j, t) {
 	n = split(list, a, " ")
-	for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t }
+	for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (a[j] + 0 < a[i] + 0) { t = a[i]; a[i] = a[j]; a[j] = t }
 	return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
 }
 {
@@ -46,9 +55,12 @@ function median(list,   n, a, i, j, t) {
 	names[name] = 1
 }
 END {
-	printf "%-50s %10s %10s %7s %9s %9s %7s\n", "benchmark", "old µs/lc", "new µs/lc", "ratio", "old pg/tx", "new pg/tx", "ratio"
-	for (n in names) {
-		co = median(cpu[old, n]); cn = median(cpu[new, n]); po = median(pages[old, n]); pn = median(pages[new, n])
-		printf "%-50s %10.1f %10.1f %6.2fx %9.1f %9.1f %6.2fx\n", n, co, cn, cn / co, po, pn, pn / po
+	nr = split(revs, r, " ")
+	printf "%-48s %-12s %10s %7s %9s %7s\n", "benchmark", "revision", "µs/lc", "ratio", "pages/tx", "ratio"
+	for (n in names) for (k = 1; k <= nr; k++) {
+		c = median(cpu[r[k], n]); p = median(pages[r[k], n])
+		if (k == 1) printf "%-48s %-12s %10.1f %7s %9.1f %7s\n", n, r[k], c, "", p, ""
+		else printf "%-48s %-12s %10.1f %6.2fx %9.1f %6.2fx\n", n, r[k], c, c / pc, p, p / pp
+		pc = c; pp = p
 	}
-}' "$WORK/runs" | sort
+}' "$WORK/runs"
