@@ -53,6 +53,10 @@ func TestQueriesUseIndexes(t *testing.T) {
 		{"a subject's reservations of a state, page before a cursor", subjectBeforeSQL,
 			"SEARCH reservations USING INDEX reservations_by_subject", []any{"a", 3, 21, 5, "x"}},
 		{"an account's statements", statementsOfSQL, "", []any{"a", "b", "c", 1, 5, 51}},
+		{"reservations' short update, many rows", writeSQL[wReservationUpdateRows],
+			"SEARCH reservations USING PRIMARY KEY (id=?)", make([]any, 64*11)},
+		{"reservations' short update, one row", writeSQL[wReservationUpdateRows+len(chunkSizes)-1],
+			"SEARCH reservations USING PRIMARY KEY (id=?)", make([]any, 11)},
 		{"journal", "SELECT " + journalCols + " FROM journal ORDER BY seq", "", nil},
 		{"journal batches", "SELECT seq, entries FROM journal_batches ORDER BY seq", "", nil},
 	} {

@@ -2,8 +2,8 @@ package sqlite
 
 import (
 	"context"
-	"database/sql/driver"
 	"fmt"
+	"strings"
 
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store/codec"
@@ -17,10 +17,13 @@ import (
 // and naming fewer columns is cheaper, and SQLite maintains only the
 // indexes whose columns an UPDATE names: none of the key columns of
 // reservations_by_subject is named here.
-var reservationUpdateSQL = "UPDATE reservations SET " + reservationUpdateSet + " WHERE id = ?"
+var reservationUpdateSQL = "UPDATE OR FAIL reservations SET " +
+	strings.ReplaceAll(reservationUpdateCols, ",", " = ?,") + " = ? WHERE id = ?"
 
-const reservationUpdateSet = "actual = ?, overdraft = ?, operation_id = ?, state = ?, started_at = ?, " +
-	"execution_deadline = ?, unknown_at = ?, finished_at = ?, breach = ?, due_at = ?"
+// reservationUpdateCols are the columns the short UPDATE writes, in the
+// order appendReservationUpdateArgs binds them (then the id).
+const reservationUpdateCols = "actual, overdraft, operation_id, state, started_at, execution_deadline, unknown_at, " +
+	"finished_at, breach, due_at"
 
 // reservationFixed is what a reservation's row holds that
 // reservationUpdateSQL does not write, as the row stores it.
@@ -57,29 +60,90 @@ func appendReservationUpdateArgs(dst []any, r *ledger.Reservation, c *codec.Conv
 		dueAt(r, c), r.ID)
 }
 
-// putReservation writes r over its existing row: with
-// reservationUpdateSQL when this transaction read the row and r keeps its
-// fixed columns, else (a blind write, a changed fixed column, or an update
-// that found no row) with the upsert, which writes every column.
-func (tx *Tx) putReservation(ctx context.Context, r *ledger.Reservation, conv *codec.Conv) error {
-	describe := func() string { return "reservation " + r.ID }
-	if stored, ok := tx.storedReservations[r.ID]; ok && stored == fixedOf(r, conv) {
-		args := appendReservationUpdateArgs(tx.w.rowArgs[:0], r, conv)
-		defer func() { clear(args); tx.w.rowArgs = args[:0] }()
-		if err := conv.Err(); err != nil {
-			return fmt.Errorf("%s: %w", describe(), err)
-		}
-		nv, err := tx.w.named(args)
-		if err != nil {
-			return fmt.Errorf("%s: %w", describe(), err)
-		}
-		res, err := tx.w.stmts[wReservationUpdate].(driver.StmtExecContext).ExecContext(stmtCtx(ctx), nv)
-		if err != nil {
-			return fmt.Errorf("%s: %w", describe(), tx.err(ctx, err))
-		}
-		if n, err := res.RowsAffected(); err == nil && n == 1 {
-			return nil
+// putReservations writes rows over their existing rows. Those this
+// transaction read, keeping their fixed columns, are written by the short
+// UPDATE, as many rows a statement as the largest of chunkSizes that fits
+// (wReservationUpdateRows); the others (a blind write, a changed fixed
+// column, an id given twice) and the rows of a chunk that did not update
+// as many rows as it holds are written one at a time by the upsert, which
+// writes every column.
+func (tx *Tx) putReservations(ctx context.Context, rows []*ledger.Reservation, conv *codec.Conv) error {
+	short := make([]*ledger.Reservation, 0, len(rows))
+	var upserts []*ledger.Reservation
+	var seen map[string]int
+	if len(rows) > 1 {
+		seen = make(map[string]int, len(rows))
+		for _, r := range rows {
+			seen[r.ID]++
 		}
 	}
-	return tx.run(ctx, wReservationPut, describe, conv, reservationArgs(r, conv))
+	for _, r := range rows {
+		if stored, ok := tx.storedReservations[r.ID]; ok && stored == fixedOf(r, conv) && seen[r.ID] <= 1 {
+			short = append(short, r)
+		} else {
+			upserts = append(upserts, r)
+		}
+	}
+	if err := conv.Err(); err != nil {
+		return fmt.Errorf("reservation: %w", err)
+	}
+	args := tx.w.rowArgs
+	defer func() {
+		clear(args) // keep no row's strings alive
+		tx.w.rowArgs = args[:0]
+	}()
+	for k, size := range chunkSizes {
+		for len(short) >= size {
+			chunk := short[:size]
+			short = short[size:]
+			args = args[:0]
+			for _, r := range chunk {
+				args = appendReservationUpdateArgs(args, r, conv)
+			}
+			describe := func() string {
+				what := "reservation " + chunk[0].ID
+				if size > 1 {
+					what += fmt.Sprintf(" (and %d more)", size-1)
+				}
+				return what
+			}
+			if err := conv.Err(); err != nil {
+				return fmt.Errorf("%s: %w", describe(), err)
+			}
+			n, err := tx.w.execCount(stmtCtx(ctx), tx.w.stmts[wReservationUpdateRows+k], args)
+			if err != nil {
+				return fmt.Errorf("%s: %w", describe(), tx.err(ctx, err))
+			}
+			if n != int64(size) {
+				upserts = append(upserts, chunk...)
+			}
+		}
+	}
+	for _, r := range upserts {
+		if err := tx.run(ctx, wReservationPut, func() string { return "reservation " + r.ID }, conv, reservationArgs(r, conv)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// reservationUpdateRowsSQL returns the short UPDATE of rows reservations,
+// bound as appendReservationUpdateArgs appends them, row after row: for
+// one row a plain UPDATE, for more an UPDATE ... FROM a VALUES list, one
+// seek by id per row. OR FAIL: a row that breaks a constraint ends the
+// statement without undoing its earlier rows, so SQLite keeps no
+// statement journal for them (see insertFresh).
+func reservationUpdateRowsSQL(rows int) string {
+	if rows == 1 {
+		return reservationUpdateSQL
+	}
+	var set []string
+	for i, c := range strings.Split(reservationUpdateCols, ", ") {
+		set = append(set, fmt.Sprintf("%s = v.column%d", c, i+1))
+	}
+	n := len(set) + 1
+	row := "(" + params(n) + ")"
+	return "UPDATE OR FAIL reservations SET " + strings.Join(set, ", ") +
+		" FROM (VALUES " + strings.TrimSuffix(strings.Repeat(row+", ", rows), ", ") + ") AS v" +
+		fmt.Sprintf(" WHERE reservations.id = v.column%d", n)
 }

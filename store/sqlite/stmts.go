@@ -35,7 +35,6 @@ const (
 	wReservationPrefetchSmall
 	wReservationPrefetch
 	wJournalBatchInsert
-	wReservationUpdate
 	nBaseStmts
 )
 
@@ -55,6 +54,9 @@ const (
 	// at one time (see freshSharedCols): what they share is bound once per
 	// statement, and a row binds 3 values.
 	wFreshSharedRows
+	// wReservationUpdateRows updates reservations the transaction read
+	// (reservationwrite.go): their lifecycle columns only.
+	wReservationUpdateRows
 	nWriteStmts
 )
 
@@ -79,6 +81,7 @@ func buildWriteSQL() [nWriteStmts]string {
 		sql[wReservationRows+k] = insertRowsSQL("reservations", reservationCols, rows, "due_at")
 		sql[wFreshReservationRows+k] = freshReservationsSQL(rows)
 		sql[wFreshSharedRows+k] = freshSharedSQL(rows)
+		sql[wReservationUpdateRows+k] = reservationUpdateRowsSQL(rows)
 	}
 	return sql
 }
@@ -192,7 +195,6 @@ var baseWriteSQL = [nWriteStmts]string{
 	wReservationPrefetchSmall: "SELECT " + reservationCols + " FROM reservations WHERE id IN (" + params(prefetchSmall) + ")",
 	wReservationPrefetch:      "SELECT " + reservationCols + " FROM reservations WHERE id IN (" + params(prefetchChunk) + ")",
 	wJournalBatchInsert:       "INSERT INTO journal_batches (entries) VALUES (?)",
-	wReservationUpdate:        reservationUpdateSQL,
 }
 
 // params returns n comma-separated placeholders.

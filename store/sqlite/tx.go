@@ -370,7 +370,7 @@ func (tx *Tx) write(ctx context.Context, c *store.Changes) error {
 			return err
 		}
 	}
-	var inserts, freshInserts []*ledger.Reservation
+	var inserts, freshInserts, updates []*ledger.Reservation
 	for i := range c.Reservations {
 		r := &c.Reservations[i]
 		if c.NewReservations[r.ID] {
@@ -381,9 +381,10 @@ func (tx *Tx) write(ctx context.Context, c *store.Changes) error {
 			}
 			continue
 		}
-		if err := tx.putReservation(ctx, r, &conv); err != nil {
-			return err
-		}
+		updates = append(updates, r)
+	}
+	if err := tx.putReservations(ctx, updates, &conv); err != nil {
+		return err
 	}
 	reservationName := func(r *ledger.Reservation) string { return "insert reservation " + r.ID }
 	shared, freshInserts := groupFresh(freshInserts, &conv)
