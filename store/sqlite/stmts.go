@@ -57,6 +57,10 @@ const (
 	// wReservationUpdateRows updates reservations the transaction read
 	// (reservationwrite.go): their lifecycle columns only.
 	wReservationUpdateRows
+	// wAccountUpdateRows updates accounts the transaction read, their
+	// epoch unchanged (accountwrite.go): every column but the key and
+	// epoch_start.
+	wAccountUpdateRows
 	nWriteStmts
 )
 
@@ -82,6 +86,7 @@ func buildWriteSQL() [nWriteStmts]string {
 		sql[wFreshReservationRows+k] = freshReservationsSQL(rows)
 		sql[wFreshSharedRows+k] = freshSharedSQL(rows)
 		sql[wReservationUpdateRows+k] = reservationUpdateRowsSQL(rows)
+		sql[wAccountUpdateRows+k] = accountUpdateRowsSQL(rows)
 	}
 	return sql
 }

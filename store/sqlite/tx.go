@@ -361,9 +361,9 @@ func (tx *Tx) write(ctx context.Context, c *store.Changes) error {
 		if conv.Dims(int64(a.Dims)); conv.Err() != nil {
 			return fmt.Errorf("account %s: %w", a.Key, conv.Err())
 		}
-		if err := tx.putAccount(ctx, a, &conv); err != nil {
-			return err
-		}
+	}
+	if err := tx.putAccounts(ctx, c.Accounts, &conv); err != nil {
+		return err
 	}
 	for _, cur := range c.Currents {
 		if err := tx.run(ctx, wCurrentPut, func() string { return "current of " + cur.Subject.String() }, &conv, currentArgs(cur.Subject, cur.Generation, &conv)); err != nil {
