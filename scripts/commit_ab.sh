@@ -8,7 +8,9 @@
 #
 #   ROUNDS=3 BENCHTIME=150x ACCOUNTS=1000000 scripts/commit_ab.sh REV1 REV2 [REV...]
 #
-# The binaries are built first; the runs hold /work/bench.lock (LOCK) when
+# Every revision runs the benchmark file of BENCH_FROM (default the last
+# revision), so a revision older than a fix to the benchmark measures the
+# same thing. The binaries are built first; the runs hold /work/bench.lock (LOCK) when
 # it exists. Filled files are kept in CACHE (default
 # /tmp/capledger-commit-ab), one per schema version and account count: the
 # first run that needs one fills it (a minute for a million accounts).
@@ -25,6 +27,8 @@ mkdir -p "$CACHE"
 for rev in "${REVS[@]}"; do
 	mkdir -p "$WORK/$rev/src"
 	git -C "$REPO" archive "$rev" | tar -x -C "$WORK/$rev/src"
+	# The benchmark as of BENCH_FROM runs at every revision.
+	git -C "$REPO" show "${BENCH_FROM:-${REVS[-1]}}:store/sqlite/commit_bench_test.go" >"$WORK/$rev/src/store/sqlite/commit_bench_test.go"
 	(cd "$WORK/$rev/src" && go test -c -o "$WORK/$rev/sqlite.test" ./store/sqlite)
 done
 if [[ -e $LOCK ]]; then
