@@ -2,13 +2,17 @@ package sqlite
 
 import (
 	"context"
+	"database/sql"
 	"encoding/binary"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -36,6 +40,9 @@ import (
 // and system, of the whole process, the checkpointer included) per
 // lifecycle (three commands), and the WAL frames (pages) each transaction
 // appends, read from the WAL index.
+//
+// With CAPLEDGER_BENCH_PAGES set it also logs, from three more
+// transactions, the pages written per b-tree.
 //
 // The filled file is built once per binary and account count; with
 // CAPLEDGER_BENCH_CACHE set it is kept in that directory between runs.
@@ -85,6 +92,9 @@ func BenchmarkCommitLifecycles(b *testing.B) {
 				b.StopTimer()
 				b.ReportMetric(float64((benchCPU()-cpu).Microseconds())/l.lifecycles, "cpu-µs/lifecycle")
 				b.ReportMetric(float64(frames)/float64(txs), "wal-pages/tx")
+				if os.Getenv("CAPLEDGER_BENCH_PAGES") != "" {
+					b.Logf("WAL pages per transaction by b-tree: %s", pagesByTree(b, path, step, 3))
+				}
 			})
 		}
 	}
@@ -301,6 +311,74 @@ func (l *lifecycles) commit(b *testing.B, cmds []command) {
 	if err := tx.Commit(ctx); err != nil {
 		b.Fatal(err)
 	}
+}
+
+// pagesByTree runs step txs times, each after emptying the WAL, and
+// returns the pages their WAL frames hold per b-tree (as dbstat names
+// them; "-" for pages no b-tree holds, such as the file header's and
+// free pages), per transaction.
+func pagesByTree(b *testing.B, path string, step func(*testing.B) int, txs int) string {
+	db, err := sql.Open("sqlite", path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(1)
+	var pageSize int
+	if err := db.QueryRow("PRAGMA page_size").Scan(&pageSize); err != nil {
+		b.Fatal(err)
+	}
+	written := map[uint32]int{}
+	for range txs {
+		for busy := 1; busy != 0; {
+			var log, done int
+			if err := db.QueryRow("PRAGMA wal_checkpoint(TRUNCATE)").Scan(&busy, &log, &done); err != nil {
+				b.Fatal(err)
+			}
+			if busy != 0 {
+				time.Sleep(10 * time.Millisecond) // the store's checkpointer runs one
+			}
+		}
+		step(b)
+		wal, err := os.ReadFile(path + "-wal")
+		if err != nil {
+			b.Fatal(err)
+		}
+		seen := map[uint32]bool{}
+		for off := 32; off+24+pageSize <= len(wal); off += 24 + pageSize {
+			if p := binary.BigEndian.Uint32(wal[off:]); !seen[p] {
+				seen[p] = true
+				written[p]++
+			}
+		}
+	}
+	rows, err := db.Query("SELECT pageno, name FROM dbstat")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer rows.Close()
+	tree := map[uint32]string{}
+	for rows.Next() {
+		var p uint32
+		var name string
+		if err := rows.Scan(&p, &name); err != nil {
+			b.Fatal(err)
+		}
+		tree[p] = name
+	}
+	byTree := map[string]int{}
+	for p, n := range written {
+		name := tree[p]
+		if name == "" {
+			name = "-"
+		}
+		byTree[name] += n
+	}
+	var out []string
+	for _, name := range slices.Sorted(maps.Keys(byTree)) {
+		out = append(out, fmt.Sprintf("%s %.1f", name, float64(byTree[name])/float64(txs)))
+	}
+	return strings.Join(out, ", ")
 }
 
 // walFrames returns mxFrame of the WAL index header (the first copy, at
