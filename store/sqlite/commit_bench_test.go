@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -236,13 +237,14 @@ func (l *lifecycles) commit(b *testing.B, cmds []command) {
 	var ids []string
 	var subjects []ledger.PolicyKey
 	keys := make([]ledger.AccountKey, len(cmds))
-	for i, c := range cmds {
-		if c.kind == ledger.KindReserve {
+	for i := range cmds {
+		if cmds[i].kind == ledger.KindReserve {
+			l.seq++
+			cmds[i].id = fmt.Sprintf("rl-%012d", l.seq)
 			keys[i] = benchAccount(l.rng.IntN(l.over))
 			subjects = append(subjects, keys[i].SubjectKey())
-		} else {
-			ids = append(ids, c.id)
 		}
+		ids = append(ids, cmds[i].id)
 	}
 	if err := tx.ReservationsPrefetch(ctx, ids); err != nil {
 		b.Fatal(err)
@@ -273,8 +275,15 @@ func (l *lifecycles) commit(b *testing.B, cmds []command) {
 		from := ledger.StateRequested
 		switch cmd.kind {
 		case ledger.KindReserve:
-			l.seq++
-			id := fmt.Sprintf("rl-%012d", l.seq)
+			// A reserve looks for its id, as a reservation and as a
+			// retired one (prefetched, like every command's id).
+			id := cmd.id
+			if _, err := tx.ReservationGet(ctx, id); !errors.Is(err, store.ErrNotFound) {
+				b.Fatalf("reservation %s: %v, want not found", id, err)
+			}
+			if _, err := tx.TombstoneGet(ctx, id); !errors.Is(err, store.ErrNotFound) {
+				b.Fatalf("tombstone %s: %v, want not found", id, err)
+			}
 			r = ledger.Reservation{ID: id, RequestDigest: "sha256:" + id, Account: keys[i], AccountingEpoch: t0Bench,
 				Reserved: ledger.Amounts{600}, State: ledger.StateReserved, CreatedAt: l.now, ExpiresAt: l.now.Add(time.Hour)}
 			c.NewReservations[id] = true
