@@ -39,8 +39,10 @@ import (
 // CAPLEDGER_BENCH_ACCOUNTS (default 100,000) with the default row cache,
 // so the difference is the page spread only. It reports CPU time (user
 // and system, of the whole process, the checkpointer included) per
-// lifecycle (three commands), and the WAL frames (pages) each transaction
-// appends, read from the WAL index.
+// lifecycle (three commands), the WAL frames (pages) each transaction
+// appends, read from the WAL index, and the read system calls per
+// transaction (pages read from the file or the WAL: not in the writer's
+// page cache).
 //
 // With CAPLEDGER_BENCH_PAGES set it also logs, from three more
 // transactions, the pages written per b-tree.
@@ -77,6 +79,7 @@ func BenchmarkCommitLifecycles(b *testing.B) {
 					step(b)
 				}
 				var frames, txs int64
+				reads := readSyscalls(b)
 				cpu := benchCPU()
 				b.ResetTimer()
 				for range b.N {
@@ -93,6 +96,7 @@ func BenchmarkCommitLifecycles(b *testing.B) {
 				b.StopTimer()
 				b.ReportMetric(float64((benchCPU()-cpu).Microseconds())/l.lifecycles, "cpu-µs/lifecycle")
 				b.ReportMetric(float64(frames)/float64(txs), "wal-pages/tx")
+				b.ReportMetric(float64(readSyscalls(b)-reads)/float64(txs), "reads/tx")
 				if os.Getenv("CAPLEDGER_BENCH_PAGES") != "" {
 					b.Logf("WAL pages per transaction by b-tree: %s", pagesByTree(b, path, step, 3))
 				}
@@ -422,6 +426,22 @@ func copyFile(b *testing.B, from, to string) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// readSyscalls returns the read system calls the process has made
+// (/proc/self/io's syscr): SQLite reads a page it does not cache with one.
+func readSyscalls(b *testing.B) int64 {
+	io, err := os.ReadFile("/proc/self/io")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(io), "\n") {
+		if v, ok := strings.CutPrefix(line, "syscr: "); ok {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			return n
+		}
+	}
+	return 0
 }
 
 // benchCPU returns the CPU time (user and system) the process has used.
