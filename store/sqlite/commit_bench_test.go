@@ -40,9 +40,9 @@ import (
 // so the difference is the page spread only. It reports CPU time (user
 // and system, of the whole process, the checkpointer included) per
 // lifecycle (three commands), the WAL frames (pages) each transaction
-// appends, read from the WAL index, and the read system calls per
-// transaction (pages read from the file or the WAL: not in the writer's
-// page cache).
+// appends, read from the WAL index, and the read system calls of the
+// process per transaction: the pages the writer's cache missed and the
+// WAL frames the checkpointer copied into the file.
 //
 // With CAPLEDGER_BENCH_PAGES set it also logs, from three more
 // transactions, the pages written per b-tree.
@@ -429,7 +429,8 @@ func copyFile(b *testing.B, from, to string) {
 }
 
 // readSyscalls returns the read system calls the process has made
-// (/proc/self/io's syscr): SQLite reads a page it does not cache with one.
+// (/proc/self/io's syscr): SQLite reads a page with one, the writer a page
+// its cache misses, the checkpointer each WAL frame it copies.
 func readSyscalls(b *testing.B) int64 {
 	io, err := os.ReadFile("/proc/self/io")
 	if err != nil {
