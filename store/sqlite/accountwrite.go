@@ -2,25 +2,68 @@ package sqlite
 
 import (
 	"context"
-	"database/sql/driver"
 	"fmt"
+	"strings"
 
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store/codec"
 )
 
-// accountUpdateSQL rewrites an account's columns other than its key and
-// epoch_start. SQLite maintains an index on every UPDATE (or upsert) that
-// names one of its columns, whatever the values: the upsert of
-// wAccountPut names epoch_start and so rewrote the account's entry of
-// accounts_by_epoch on every command, a second random page per account
-// written (measured: 2.5x the time of a batch over many accounts). This
-// statement names no indexed column, so it writes the table's page only.
-var accountUpdateSQL = "UPDATE accounts SET dims = ?5, balances = ?6, epoch_opening = ?8, refilled_to = ?9, breaches = ?10, version = ?11" +
-	" WHERE subject = ?1 AND route = ?2 AND region = ?3 AND generation = ?4 AND epoch_start = ?7"
+// accountUpdateCols are the columns the short account UPDATE rewrites: all
+// but the key and epoch_start. SQLite maintains an index on every UPDATE
+// (or upsert) that names one of its columns, whatever the values: the
+// upsert of wAccountPut names epoch_start and so rewrote the account's
+// entry of accounts_by_epoch on every command, a second random page per
+// account written (measured: 2.5x the time of a batch over many
+// accounts). The short UPDATE names no indexed column, so it writes the
+// table's page only. Its value columns are bound as accountArgs binds
+// them (the numbers are their positions there).
+var accountUpdateCols = []struct {
+	name string
+	arg  int
+}{{"dims", 5}, {"balances", 6}, {"epoch_opening", 8}, {"refilled_to", 9}, {"breaches", 10}, {"version", 11}}
+
+// accountKeyArgs are the positions in accountArgs of what the short UPDATE
+// matches: the key and epoch_start.
+var accountKeyArgs = []struct {
+	name string
+	arg  int
+}{{"subject", 1}, {"route", 2}, {"region", 3}, {"generation", 4}, {"epoch_start", 7}}
+
+// accountUpdateRowsSQL returns the short UPDATE of rows accounts, bound as
+// accountArgs binds them, row after row: for one row a plain UPDATE, for
+// more an UPDATE ... FROM a VALUES list, one primary-key seek per row. OR
+// FAIL: see insertFresh.
+func accountUpdateRowsSQL(rows int) string {
+	var set, where []string
+	if rows == 1 {
+		for _, c := range accountUpdateCols {
+			set = append(set, fmt.Sprintf("%s = ?%d", c.name, c.arg))
+		}
+		for _, c := range accountKeyArgs {
+			where = append(where, fmt.Sprintf("%s = ?%d", c.name, c.arg))
+		}
+		return "UPDATE OR FAIL accounts SET " + strings.Join(set, ", ") + " WHERE " + strings.Join(where, " AND ")
+	}
+	for _, c := range accountUpdateCols {
+		set = append(set, fmt.Sprintf("%s = v.column%d", c.name, c.arg))
+	}
+	for _, c := range accountKeyArgs {
+		where = append(where, fmt.Sprintf("accounts.%s = v.column%d", c.name, c.arg))
+	}
+	// The unary + keeps SQLite from seeking through accounts_by_epoch
+	// (generation, epoch_start, then the key): it would, with every
+	// column of that index matched, and then seek the table's primary
+	// key as well, a second random page per account.
+	where[len(where)-1] = "+" + where[len(where)-1]
+	row := "(" + params(len(strings.Split(accountCols, ", "))) + ")"
+	return "UPDATE OR FAIL accounts SET " + strings.Join(set, ", ") +
+		" FROM (VALUES " + strings.TrimSuffix(strings.Repeat(row+", ", rows), ", ") + ") AS v WHERE " +
+		strings.Join(where, " AND ")
+}
 
 // noteAccountEpoch records the epoch_start the file holds for key, so a
-// write of the account that keeps it can use accountUpdateSQL.
+// write of the account that keeps it can use the short UPDATE.
 func (tx *Tx) noteAccountEpoch(key ledger.AccountKey, epochStart int64) {
 	if tx.storedEpochs == nil {
 		tx.storedEpochs = map[ledger.AccountKey]int64{}
@@ -28,37 +71,71 @@ func (tx *Tx) noteAccountEpoch(key ledger.AccountKey, epochStart int64) {
 	tx.storedEpochs[key] = epochStart
 }
 
-// putAccount writes a: with accountUpdateSQL when this transaction read
-// the row and the epoch it holds is a's, else (a new account, an epoch
-// rolled, a blind write, or an update that found no such row) with the
-// upsert, which also maintains the epoch index.
-func (tx *Tx) putAccount(ctx context.Context, a *ledger.Account, conv *codec.Conv) error {
-	what := "account " + a.Key.String()
-	args := accountArgs(a, conv)
-	if err := conv.Err(); err != nil {
-		return fmt.Errorf("%s: %w", what, err)
-	}
-	epoch := args[6].(int64)
-	if stored, ok := tx.storedEpochs[a.Key]; ok && stored == epoch {
-		st, err := tx.w.stmt(stmtCtx(ctx), accountUpdateSQL)
-		if err != nil {
-			return fmt.Errorf("%s: %w", what, tx.err(ctx, err))
-		}
-		nv, err := tx.w.named(args)
-		if err != nil {
-			return fmt.Errorf("%s: %w", what, err)
-		}
-		res, err := st.(driver.StmtExecContext).ExecContext(stmtCtx(ctx), nv)
-		if err != nil {
-			return fmt.Errorf("%s: %w", what, tx.err(ctx, err))
-		}
-		if n, err := res.RowsAffected(); err == nil && n == 1 {
-			return nil
+// putAccounts writes accounts. Those this transaction read, their epoch
+// the one the file holds, go through the short UPDATE, as many a statement
+// as the largest of chunkSizes that fits (wAccountUpdateRows); the others
+// (a new account, an epoch rolled, a blind write, a key given twice) and
+// the rows of a chunk that did not update as many rows as it holds go one
+// at a time through the upsert, which also maintains the epoch index.
+func (tx *Tx) putAccounts(ctx context.Context, accounts []ledger.Account, conv *codec.Conv) error {
+	var seen map[ledger.AccountKey]int
+	if len(accounts) > 1 {
+		seen = make(map[ledger.AccountKey]int, len(accounts))
+		for i := range accounts {
+			seen[accounts[i].Key]++
 		}
 	}
-	if err := tx.exec(ctx, wAccountPut, what, conv, args); err != nil {
-		return err
+	short := make([]*ledger.Account, 0, len(accounts))
+	var upserts []*ledger.Account
+	for i := range accounts {
+		a := &accounts[i]
+		epoch := conv.Nanos(a.EpochStart)
+		if err := conv.Err(); err != nil {
+			return fmt.Errorf("account %s: %w", a.Key, err)
+		}
+		if stored, ok := tx.storedEpochs[a.Key]; ok && stored == epoch && seen[a.Key] <= 1 {
+			short = append(short, a)
+		} else {
+			upserts = append(upserts, a)
+		}
 	}
-	tx.noteAccountEpoch(a.Key, epoch)
+	args := tx.w.rowArgs
+	defer func() {
+		clear(args) // keep no row's strings alive
+		tx.w.rowArgs = args[:0]
+	}()
+	for k, size := range chunkSizes {
+		for len(short) >= size {
+			chunk := short[:size]
+			short = short[size:]
+			args = args[:0]
+			for _, a := range chunk {
+				args = append(args, accountArgs(a, conv)...)
+			}
+			describe := func() string {
+				what := "account " + chunk[0].Key.String()
+				if size > 1 {
+					what += fmt.Sprintf(" (and %d more)", size-1)
+				}
+				return what
+			}
+			if err := conv.Err(); err != nil {
+				return fmt.Errorf("%s: %w", describe(), err)
+			}
+			n, err := tx.w.execCount(stmtCtx(ctx), tx.w.stmts[wAccountUpdateRows+k], args)
+			if err != nil {
+				return fmt.Errorf("%s: %w", describe(), tx.err(ctx, err))
+			}
+			if n != int64(size) {
+				upserts = append(upserts, chunk...)
+			}
+		}
+	}
+	for _, a := range upserts {
+		if err := tx.exec(ctx, wAccountPut, "account "+a.Key.String(), conv, accountArgs(a, conv)); err != nil {
+			return err
+		}
+		tx.noteAccountEpoch(a.Key, conv.Nanos(a.EpochStart))
+	}
 	return nil
 }

@@ -164,3 +164,67 @@ func TestAccountWriteKeepsTheEpochIndex(t *testing.T) {
 		t.Errorf("accounts after the first epoch: %+v; want tenant-01502 at %s", rolled, next)
 	}
 }
+
+// TestAccountWritesInChunks checks the multi-row short UPDATE of accounts
+// (71 = 64 + 4 + 2 + 1 rows in one Write): every account gets its own
+// values, an account whose epoch rolled goes through the upsert (sent
+// there by its epoch, or else by its chunk changing a row too few) and is
+// found under its new epoch, and a key given twice ends as its last copy.
+func TestAccountWritesInChunks(t *testing.T) {
+	ctx := context.Background()
+	s := openTemp(t)
+	epoch := time.Date(2026, 7, 19, 14, 0, 0, 0, time.UTC)
+	next := epoch.Add(time.Hour)
+	var all []ledger.Account
+	for i := range 71 {
+		all = append(all, ledger.Account{Key: ledger.AccountKey{Subject: fmt.Sprintf("tenant-%05d", i), Route: "chat", Region: "eu", Generation: 1},
+			Dims: 1, EpochStart: epoch, Balances: ledger.Balances{{Opening: 1000, Available: 1000}}, Version: 1})
+	}
+	writeTx(t, s, &store.Changes{Accounts: all})
+	tx, err := s.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	var want []ledger.Account
+	for i := range all {
+		a, err := tx.AccountGet(ctx, all[i].Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.Balances[0].Available -= ledger.Units(i)
+		a.Balances[0].Reserved += ledger.Units(i)
+		a.Breaches, a.Version = int64(i%3), a.Version+uint64(i)
+		if i == 10 {
+			a.EpochStart, a.EpochOpening = next, a.Balances
+		}
+		want = append(want, *a)
+	}
+	twice := want[20]
+	twice.Balances[0].Available, twice.Version = 1, 99
+	rows := append(append(append([]ledger.Account(nil), want[:21]...), twice), want[21:]...)
+	if err := tx.Write(ctx, &store.Changes{Accounts: rows}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	want[20] = twice
+	for _, w := range want {
+		got, err := s.AccountGet(ctx, w.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Balances != w.Balances || !got.EpochStart.Equal(w.EpochStart) || got.EpochOpening != w.EpochOpening ||
+			got.Breaches != w.Breaches || got.Version != w.Version {
+			t.Errorf("account %s stored\n%+v\nwant\n%+v", w.Key, got, w)
+		}
+	}
+	rolled, err := s.AccountsByEpoch(ctx, store.EpochFilter{Generation: 1, Limit: 10, After: store.EpochCursor{EpochStart: epoch, Subject: "tenant-99999"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rolled) != 1 || rolled[0].Key.Subject != "tenant-00010" {
+		t.Errorf("accounts after the first epoch: %+v; want tenant-00010 alone", rolled)
+	}
+}

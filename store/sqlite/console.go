@@ -18,12 +18,14 @@ var _ store.ConsoleStore = (*Store)(nil)
 // (resolver answers, audit records) are written in write transactions of
 // their own, like rollouts.
 const (
-	subjectFirstSQL = "SELECT " + reservationCols + " FROM reservations WHERE subject = ?1 AND state = ?2" +
+	// ?2 is the set of states listed, bit s for state s (see statesMask):
+	// one backwards range of reservations_by_subject (subject, created_at,
+	// id), each row's state tested on the row, which is read anyway.
+	subjectFirstSQL = "SELECT " + reservationCols + " FROM reservations WHERE subject = ?1 AND (?2 >> state) & 1" +
 		" ORDER BY created_at DESC, id DESC LIMIT ?3"
-	subjectBeforeSQL = "SELECT " + reservationCols + " FROM reservations WHERE subject = ?1 AND state = ?2" +
+	subjectBeforeSQL = "SELECT " + reservationCols + " FROM reservations WHERE subject = ?1 AND (?2 >> state) & 1" +
 		" AND (created_at, id) < (?4, ?5) ORDER BY created_at DESC, id DESC LIMIT ?3"
-	// Per state an index range: count reads the index only; route needs
-	// the row.
+	// The subject's range of the index, and its rows for route and state.
 	subjectStatesSQL = "SELECT route, state, count(*) FROM reservations WHERE subject = ? GROUP BY route, state ORDER BY route, state"
 	retainedOfSQL    = "SELECT subject, route, region, generation, reservations FROM retained WHERE subject = ? AND reservations > 0" +
 		" ORDER BY subject, route, region, generation"
@@ -55,7 +57,7 @@ func (s *Store) reader(q string) readQuery { return readQuery{s.readDB, q} }
 
 // ReservationsOfSubject returns up to f.Limit of the subject's
 // reservations in f's states, newest first: one range of the index
-// reservations_by_subject per state, merged.
+// reservations_by_subject, the rows of other states skipped.
 func (s *Store) ReservationsOfSubject(ctx context.Context, f store.SubjectFilter) (_ []ledger.Reservation, err error) {
 	defer s.readBarrier(ctx, &err)
 	if s.closed.Load() {
@@ -70,24 +72,22 @@ func (s *Store) ReservationsOfSubject(ctx context.Context, f store.SubjectFilter
 		return nil, fmt.Errorf("reservations of %s: cursor: %w", f.Subject, err)
 	}
 	what := "reservations of " + f.Subject
-	var lists [][]ledger.Reservation
-	for _, state := range f.StatesList() {
-		var (
-			rows []ledger.Reservation
-			err  error
-		)
-		if f.Before == (store.SubjectCursor{}) {
-			rows, err = queryAll(ctx, s.reader(subjectFirstSQL), scanReservation, what, f.Subject, int64(state), f.Limit)
-		} else {
-			rows, err = queryAll(ctx, s.reader(subjectBeforeSQL), scanReservation, what, f.Subject, int64(state), f.Limit,
-				before, f.Before.ID)
-		}
-		if err != nil {
-			return nil, err
-		}
-		lists = append(lists, rows)
+	states := statesMask(f.StatesList())
+	if f.Before == (store.SubjectCursor{}) {
+		return queryAll(ctx, s.reader(subjectFirstSQL), scanReservation, what, f.Subject, states, f.Limit)
 	}
-	return store.MergeNewestFirst(lists, f.Limit), nil
+	return queryAll(ctx, s.reader(subjectBeforeSQL), scanReservation, what, f.Subject, states, f.Limit,
+		before, f.Before.ID)
+}
+
+// statesMask returns states as a set of bits, bit s for state s (every
+// state is below 64).
+func statesMask(states []ledger.State) int64 {
+	var mask int64
+	for _, st := range states {
+		mask |= 1 << st
+	}
+	return mask
 }
 
 // ReservationStatesOfSubject counts the subject's reservations by route

@@ -54,6 +54,13 @@ const (
 	// at one time (see freshSharedCols): what they share is bound once per
 	// statement, and a row binds 3 values.
 	wFreshSharedRows
+	// wReservationUpdateRows updates reservations the transaction read
+	// (reservationwrite.go): their lifecycle columns only.
+	wReservationUpdateRows
+	// wAccountUpdateRows updates accounts the transaction read, their
+	// epoch unchanged (accountwrite.go): every column but the key and
+	// epoch_start.
+	wAccountUpdateRows
 	nWriteStmts
 )
 
@@ -78,6 +85,8 @@ func buildWriteSQL() [nWriteStmts]string {
 		sql[wReservationRows+k] = insertRowsSQL("reservations", reservationCols, rows, "due_at")
 		sql[wFreshReservationRows+k] = freshReservationsSQL(rows)
 		sql[wFreshSharedRows+k] = freshSharedSQL(rows)
+		sql[wReservationUpdateRows+k] = reservationUpdateRowsSQL(rows)
+		sql[wAccountUpdateRows+k] = accountUpdateRowsSQL(rows)
 	}
 	return sql
 }

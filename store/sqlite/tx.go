@@ -36,6 +36,9 @@ type Tx struct {
 	// storedEpochs is the epoch_start the file holds for the accounts
 	// this transaction read or wrote (accountwrite.go).
 	storedEpochs map[ledger.AccountKey]int64
+	// storedReservations is the fixed columns the file holds for the
+	// reservations this transaction read (reservationwrite.go).
+	storedReservations map[string]reservationFixed
 }
 
 var _ store.Tx = (*Tx)(nil)
@@ -222,9 +225,14 @@ func (tx *Tx) ReservationGet(ctx context.Context, id string) (*ledger.Reservatio
 			return nil, fmt.Errorf("reservation %s: %w", id, store.ErrNotFound)
 		}
 		out := *r
+		tx.noteReservation(&out)
 		return &out, nil
 	}
-	return getOne(ctx, tx, wReservationGet, scanReservation, "reservation "+id, id)
+	r, err := getOne(ctx, tx, wReservationGet, scanReservation, "reservation "+id, id)
+	if err == nil {
+		tx.noteReservation(r)
+	}
+	return r, err
 }
 
 // ReservationsPrefetch reads the reservations named by ids in a few
@@ -353,16 +361,16 @@ func (tx *Tx) write(ctx context.Context, c *store.Changes) error {
 		if conv.Dims(int64(a.Dims)); conv.Err() != nil {
 			return fmt.Errorf("account %s: %w", a.Key, conv.Err())
 		}
-		if err := tx.putAccount(ctx, a, &conv); err != nil {
-			return err
-		}
+	}
+	if err := tx.putAccounts(ctx, c.Accounts, &conv); err != nil {
+		return err
 	}
 	for _, cur := range c.Currents {
 		if err := tx.run(ctx, wCurrentPut, func() string { return "current of " + cur.Subject.String() }, &conv, currentArgs(cur.Subject, cur.Generation, &conv)); err != nil {
 			return err
 		}
 	}
-	var inserts, freshInserts []*ledger.Reservation
+	var inserts, freshInserts, updates []*ledger.Reservation
 	for i := range c.Reservations {
 		r := &c.Reservations[i]
 		if c.NewReservations[r.ID] {
@@ -373,9 +381,10 @@ func (tx *Tx) write(ctx context.Context, c *store.Changes) error {
 			}
 			continue
 		}
-		if err := tx.run(ctx, wReservationPut, func() string { return "reservation " + r.ID }, &conv, reservationArgs(r, &conv)); err != nil {
-			return err
-		}
+		updates = append(updates, r)
+	}
+	if err := tx.putReservations(ctx, updates, &conv); err != nil {
+		return err
 	}
 	reservationName := func(r *ledger.Reservation) string { return "insert reservation " + r.ID }
 	shared, freshInserts := groupFresh(freshInserts, &conv)

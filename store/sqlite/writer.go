@@ -141,6 +141,19 @@ func (w *writer) exec(ctx context.Context, st driver.Stmt, args []any) error {
 	return err
 }
 
+// execCount runs statement st with args and returns the rows it changed.
+func (w *writer) execCount(ctx context.Context, st driver.Stmt, args []any) (int64, error) {
+	nv, err := w.named(args)
+	if err != nil {
+		return 0, err
+	}
+	res, err := st.(driver.StmtExecContext).ExecContext(ctx, nv)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
 // query runs statement st with args and calls row for every row, with a
 // scanner over it.
 func (w *writer) query(ctx context.Context, st driver.Stmt, args []any, row func(scanner) error) error {
