@@ -34,6 +34,7 @@ import (
 	"connectrpc.com/connect"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	v1 "github.com/capledger/capledger/api/capledger/v1"
@@ -73,6 +74,17 @@ func New(srv *server.Server, cfg *Config, log *slog.Logger) *Service {
 func (s *Service) Mount() {
 	s.srv.Mount(Procedure, connect.NewUnaryHandler(Procedure, s.handle, s.srv.HandlerOptions()...))
 }
+
+// RegisterGRPC serves ShouldRateLimit directly on gs, the grpc-go server
+// of srv (server.Server.GRPCServer), which puts it behind the same auth,
+// size limit and error mapping as every direct method: Envoy's calls skip
+// connect's envelope handling. Without it gs still serves
+// ShouldRateLimit, through its bridge to the mounted handler.
+func (s *Service) RegisterGRPC(gs *grpc.Server) {
+	rlsv3.RegisterRateLimitServiceServer(gs, s)
+}
+
+var _ rlsv3.RateLimitServiceServer = (*Service)(nil)
 
 // Handler returns the ShouldRateLimit handler alone (for a test or a
 // separate listener).
