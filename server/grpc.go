@@ -57,6 +57,13 @@ type GRPCOptions struct {
 // that net/http served without complaint.
 const grpcPingMinTime = 10 * time.Second
 
+// grpcMaxConcurrentStreams and grpcMaxHeaderListSize are net/http's
+// HTTP/2 defaults under HTTPServer, kept for gRPC clients on grpc-go.
+const (
+	grpcMaxConcurrentStreams = 250
+	grpcMaxHeaderListSize    = 64 << 10
+)
+
 // GRPCServer returns a grpc.Server that serves every method of the
 // server's Handler (mounted adapters included): the hot LedgerService
 // methods directly, everything else through the bridge. Call it after
@@ -73,6 +80,10 @@ func (s *Server) GRPCServer(opts GRPCOptions) *grpc.Server {
 		grpc.UnaryInterceptor(s.grpcUnary),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: grpcPingMinTime, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: opts.IdleTimeout}),
+		// As net/http's HTTP/2 server (HTTPServer): 250 concurrent
+		// streams per connection, 64 KiB of request headers.
+		grpc.MaxConcurrentStreams(grpcMaxConcurrentStreams),
+		grpc.MaxHeaderListSize(grpcMaxHeaderListSize),
 	)
 	gs.RegisterService(&grpc.ServiceDesc{
 		ServiceName: capledgerv1connect.LedgerServiceName,
