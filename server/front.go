@@ -54,6 +54,9 @@ type Front struct {
 	toHTTP   *connQueue
 	toGRPC   *connQueue
 	sniffing sync.WaitGroup
+	// pending are the connections being sniffed; Shutdown cuts their
+	// sniff short.
+	pending map[net.Conn]struct{}
 }
 
 const (
@@ -103,15 +106,39 @@ func (f *Front) Serve(ln net.Listener) error {
 			return err
 		}
 		delay = 0
+		f.mu.Lock()
+		if f.closing {
+			f.mu.Unlock()
+			conn.Close()
+			continue
+		}
+		if f.pending == nil {
+			f.pending = map[net.Conn]struct{}{}
+		}
+		f.pending[conn] = struct{}{}
 		f.sniffing.Add(1)
+		f.mu.Unlock()
 		go f.route(conn)
 	}
 }
 
 // route sniffs conn and hands it to the server that speaks its protocol.
-func (f *Front) route(conn net.Conn) {
+func (f *Front) route(raw net.Conn) {
 	defer f.sniffing.Done()
+	conn := raw
 	conn.SetReadDeadline(time.Now().Add(sniffTimeout))
+	// sniffed ends the sniff: false when Shutdown began meanwhile, and
+	// the connection is then closed.
+	sniffed := func() bool {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		delete(f.pending, raw)
+		if f.closing {
+			raw.Close()
+			return false
+		}
+		return true
+	}
 	if f.TLS != nil {
 		tc := tls.Server(conn, f.TLS)
 		ctx, cancel := context.WithTimeout(context.Background(), sniffTimeout)
@@ -122,27 +149,34 @@ func (f *Front) route(conn net.Conn) {
 			if f.HTTP.ErrorLog != nil {
 				f.HTTP.ErrorLog.Printf("http: TLS handshake error from %s: %v", conn.RemoteAddr(), err)
 			}
-			conn.Close()
+			if sniffed() {
+				conn.Close()
+			}
 			return
 		}
 		if tc.ConnectionState().NegotiatedProtocol != "h2" {
 			// HTTP/1.1: net/http's own TLS path (it sees the *tls.Conn).
 			tc.SetReadDeadline(time.Time{})
-			f.httpConns.Add(1)
-			f.toHTTP.deliver(tc)
+			if sniffed() {
+				f.httpConns.Add(1)
+				f.toHTTP.deliver(tc)
+			}
 			return
 		}
 		conn = tc
 	}
-	sniffed, grpcConn := sniff(conn)
+	replay, grpcConn := sniff(conn)
 	conn.SetReadDeadline(time.Time{})
+	if !sniffed() {
+		return
+	}
 	if grpcConn {
 		f.grpcConns.Add(1)
-		f.toGRPC.deliver(sniffed)
+		f.toGRPC.deliver(replay)
 		return
 	}
 	f.httpConns.Add(1)
-	f.toHTTP.deliver(sniffed)
+	f.toHTTP.deliver(replay)
 }
 
 // Routed returns how many connections went to grpc-go and to net/http.
@@ -162,6 +196,11 @@ func (f *Front) Shutdown(ctx context.Context) error {
 		return nil
 	}
 	ln.Close()
+	f.mu.Lock()
+	for conn := range f.pending {
+		conn.SetReadDeadline(time.Now())
+	}
+	f.mu.Unlock()
 	f.sniffing.Wait()
 	grpcDone := make(chan struct{})
 	go func() {
