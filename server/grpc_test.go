@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"sort"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"golang.org/x/net/http2"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -343,4 +345,50 @@ func mdString(md metadata.MD) string {
 		fmt.Fprintf(&b, "%s=%q ", k, md[k])
 	}
 	return b.String()
+}
+
+// TestSniffFallsBackToNetHTTP: a connection that is not gRPC, or whose
+// HTTP/2 start is malformed (a DATA frame before any HEADERS), goes to
+// net/http, which answers it as it always did.
+func TestSniffFallsBackToNetHTTP(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	addr := strings.TrimPrefix(h.url, "http://")
+	dial := func() net.Conn {
+		conn, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		conn.SetDeadline(time.Now().Add(10 * time.Second)) // a hang fails instead of blocking the run
+		return conn
+	}
+	// HTTP/1.1 on a raw socket.
+	conn := dial()
+	io.WriteString(conn, "GET /healthz HTTP/1.1\r\nHost: capledger\r\nConnection: close\r\n\r\n")
+	answer, err := io.ReadAll(conn)
+	if err != nil || !strings.HasPrefix(string(answer), "HTTP/1.1 200") || !strings.HasSuffix(string(answer), "ok\n") {
+		t.Fatalf("HTTP/1.1 on a raw socket: %q, %v", answer, err)
+	}
+	// An HTTP/2 preface, then DATA on stream 1: net/http's HTTP/2 server
+	// gets it and ends the connection with GOAWAY PROTOCOL_ERROR.
+	_, httpBefore := h.front.Routed()
+	conn = dial()
+	io.WriteString(conn, http2.ClientPreface)
+	framer := http2.NewFramer(conn, conn)
+	framer.WriteSettings()
+	framer.WriteData(1, true, []byte("not a request"))
+	var goAway *http2.GoAwayFrame
+	for goAway == nil {
+		frame, err := framer.ReadFrame()
+		if err != nil {
+			t.Fatalf("reading the answer to a malformed HTTP/2 start: %v", err)
+		}
+		goAway, _ = frame.(*http2.GoAwayFrame)
+	}
+	if goAway.ErrCode != http2.ErrCodeProtocol {
+		t.Fatalf("GOAWAY %v, want PROTOCOL_ERROR", goAway.ErrCode)
+	}
+	if grpcConns, httpConns := h.front.Routed(); grpcConns != 0 || httpConns != httpBefore+1 {
+		t.Fatalf("routed to grpc-go %d, to net/http %d more; want 0 and 1", grpcConns, httpConns-httpBefore)
+	}
 }
