@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -165,8 +166,11 @@ func (f *Front) route(raw net.Conn) {
 		}
 		conn = tc
 	}
-	replay, grpcConn := sniff(conn)
+	replay, grpcConn, err := sniff(conn)
 	conn.SetReadDeadline(time.Time{})
+	if err != nil {
+		f.Log.Debug("connection start not understood; net/http serves it", "remote", raw.RemoteAddr().String(), "err", err)
+	}
 	if !sniffed() {
 		return
 	}
@@ -227,27 +231,31 @@ func (f *Front) Shutdown(ctx context.Context) error {
 // read, and whether it speaks gRPC. It writes one empty SETTINGS frame
 // (grpc-go clients send no request before the server's SETTINGS) and
 // drops the client's ACK of it, which the server conn is handed to never
-// asked for (net/http would hang up on it).
-func sniff(conn net.Conn) (net.Conn, bool) {
+// asked for (net/http would hang up on it). err says why a connection
+// that began as HTTP/2 (or began to) could not be sniffed.
+func sniff(conn net.Conn) (replay net.Conn, grpcConn bool, err error) {
 	rec := &recorder{r: conn}
 	preface := []byte(http2.ClientPreface)
 	for len(rec.buf) < len(preface) {
-		if _, err := rec.readUpTo(len(preface) - len(rec.buf)); err != nil || !bytes.HasPrefix(preface, rec.buf) {
-			return rec.replay(conn, false), false
+		if _, err := rec.readUpTo(len(preface) - len(rec.buf)); err != nil {
+			return rec.replay(conn, false), false, err
+		}
+		if !bytes.HasPrefix(preface, rec.buf) {
+			return rec.replay(conn, false), false, nil // HTTP/1.x
 		}
 	}
 	framer := http2.NewFramer(conn, rec)
 	framer.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
 	framer.MaxHeaderListSize = sniffMaxBytes
 	if err := framer.WriteSettings(); err != nil {
-		return rec.replay(conn, false), false
+		return rec.replay(conn, false), false, err
 	}
 	acked := false
 	for {
 		start := len(rec.buf)
 		frame, err := framer.ReadFrame()
 		if err != nil {
-			return rec.replay(conn, !acked), false
+			return rec.replay(conn, !acked), false, err
 		}
 		switch fr := frame.(type) {
 		case *http2.SettingsFrame:
@@ -257,9 +265,9 @@ func sniff(conn net.Conn) (net.Conn, bool) {
 			}
 		case *http2.WindowUpdateFrame, *http2.PriorityFrame, *http2.PingFrame:
 		case *http2.MetaHeadersFrame:
-			return rec.replay(conn, !acked), grpcContentType(fr.PseudoValue("method"), fr.Fields)
+			return rec.replay(conn, !acked), grpcContentType(fr.PseudoValue("method"), fr.Fields), nil
 		default:
-			return rec.replay(conn, !acked), false
+			return rec.replay(conn, !acked), false, fmt.Errorf("sniff: %v frame before the first request", fr.Header().Type)
 		}
 	}
 }
