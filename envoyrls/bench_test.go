@@ -67,11 +67,14 @@ func BenchmarkShouldRateLimit(b *testing.B) {
 // reserve + start + settle (one engine call, one SQLite transaction, one
 // fsync per group commit) through the server's Run, on SQLite, and it
 // reports the process's CPU per call. The difference is the price of the
-// two extra commands (their ledger steps and journal rows).
+// two extra commands (their ledger steps and journal rows). The variant
+// ShouldRateLimit runs the whole adapter (descriptor mapping, the same
+// three commands, the answer with its headers) in-process: its difference
+// to reserve+start+settle is the adapter's own cost.
 //
 //	go test -run '^$' -bench CheckCommands -benchtime 5000x ./envoyrls/
 func BenchmarkCheckCommands(b *testing.B) {
-	for _, variant := range []string{"reserve", "reserve+start+settle"} {
+	for _, variant := range []string{"reserve", "reserve+start+settle", "ShouldRateLimit"} {
 		b.Run(variant, func(b *testing.B) {
 			logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 			st, err := sqlite.Open(context.Background(), filepath.Join(b.TempDir(), "ledger.db"))
@@ -89,6 +92,12 @@ func BenchmarkCheckCommands(b *testing.B) {
 			}})); err != nil {
 				b.Fatal(err)
 			}
+			cfg, err := envoyrls.ParseConfig([]byte("domains: [{name: bench, rules: [{subject: {key: tenant}, route: {value: bench}, unit: tokens}]}]"))
+			if err != nil {
+				b.Fatal(err)
+			}
+			svc := envoyrls.New(srv, cfg, logger)
+			check := &rlsv3.RateLimitRequest{Domain: "bench", Descriptors: []*rlscommon.RateLimitDescriptor{descriptor(nil, "tenant", "t1")}}
 			var next atomic.Int64
 			b.SetParallelism(32) // 64 goroutines on 2 Ps
 			var before syscall.Rusage
@@ -96,6 +105,13 @@ func BenchmarkCheckCommands(b *testing.B) {
 			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
+					if variant == "ShouldRateLimit" {
+						if resp, err := svc.ShouldRateLimit(ctx, check); err != nil || resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+							b.Error(resp, err)
+							return
+						}
+						continue
+					}
 					id := fmt.Sprintf("check-%d", next.Add(1))
 					reserve, _, refused := srv.ReserveCommand(ctx, &v1.ReserveRequest{ReservationId: id, Subject: "t1", Route: "bench", Units: map[string]int64{"tokens": 1}})
 					if refused != nil {

@@ -1,6 +1,7 @@
 package envoyrls_test
 
 import (
+	"context"
 	"errors"
 	"io"
 	"net/http"
@@ -13,7 +14,9 @@ import (
 	rlscommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	v1 "github.com/capledger/capledger/api/capledger/v1"
 	"github.com/capledger/capledger/envoyrls"
@@ -497,5 +500,52 @@ func TestSeveralDescriptorsRetried(t *testing.T) {
 	}
 	if b := h.balance("global", "chat"); b.Reserved != 50 || b.Available != 350 {
 		t.Fatalf("global %+v: want only q2's 50 held, 350 free", b)
+	}
+}
+
+// TestDirectAndBridgedAnswerAlike: ShouldRateLimit registered directly on
+// grpc-go (as serve runs it) and served through grpc-go's bridge to the
+// connect handler (what every other method gets) answer the same calls
+// identically: admissions, OVER_LIMIT with its headers, refusals without
+// a token and of malformed requests.
+func TestDirectAndBridgedAnswerAlike(t *testing.T) {
+	direct := newHarness(t, options{config: testMapping(t), auth: true})
+	bridged := newHarness(t, options{config: testMapping(t), auth: true, bridged: true})
+	for _, h := range []*harness{direct, bridged} {
+		h.publish("acme", "search", "requests", 10, 1, 2*time.Second, false)
+	}
+	check := func(h *harness, token string, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, *status.Status) {
+		ctx := context.Background()
+		if token != "" {
+			ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)
+		}
+		resp, err := h.rls.ShouldRateLimit(ctx, req)
+		return resp, status.Convert(err)
+	}
+	counter := &rlsv3.RateLimitRequest{Domain: "api", HitsAddend: 4,
+		Descriptors: []*rlscommon.RateLimitDescriptor{descriptor(nil, "tenant", "acme", "route", "search")}}
+	for i, c := range []struct {
+		token string
+		req   *rlsv3.RateLimitRequest
+		code  codes.Code
+	}{
+		{gatewayToken, counter, codes.OK},
+		{gatewayToken, counter, codes.OK},
+		{gatewayToken, counter, codes.OK}, // OVER_LIMIT, Retry-After 4
+		{"", counter, codes.Unauthenticated},
+		{adminToken + "x", counter, codes.Unauthenticated},
+		{gatewayToken, &rlsv3.RateLimitRequest{Domain: "api"}, codes.InvalidArgument},
+	} {
+		wantResp, want := check(bridged, c.token, c.req)
+		gotResp, got := check(direct, c.token, c.req)
+		if want.Code() != c.code {
+			t.Fatalf("call %d: bridged answered %v, want %v", i, want.Err(), c.code)
+		}
+		if !proto.Equal(want.Proto(), got.Proto()) || !proto.Equal(wantResp, gotResp) {
+			t.Errorf("call %d: bridged answered %v %v, direct %v %v", i, wantResp, want.Proto(), gotResp, got.Proto())
+		}
+	}
+	if resp, _ := check(direct, gatewayToken, counter); resp.GetOverallCode() != OVER || header(resp, "Retry-After") != "4" {
+		t.Fatalf("direct: want OVER_LIMIT with Retry-After 4, got %v", resp)
 	}
 }

@@ -66,6 +66,7 @@ type harness struct {
 	faults *memstore.Store
 	engine *engine.Engine
 	rls    rlsv3.RateLimitServiceClient
+	front  *server.Front
 	ledger capledgerv1connect.LedgerServiceClient
 }
 
@@ -75,6 +76,9 @@ type options struct {
 	// faults runs on the in-memory store (commit failures on demand);
 	// otherwise a SQLite file.
 	faults bool
+	// bridged leaves ShouldRateLimit unregistered on grpc-go, which then
+	// serves it through its bridge to the connect handler.
+	bridged bool
 }
 
 func newHarness(t testing.TB, opts options) *harness {
@@ -106,15 +110,22 @@ func newHarness(t testing.TB, opts options) *harness {
 	if err != nil {
 		t.Fatalf("config: %v", err)
 	}
-	envoyrls.New(srv, mapping, logger).Mount()
+	rls := envoyrls.New(srv, mapping, logger)
+	rls.Mount()
 
+	// As serve does: gRPC connections on grpc-go (ShouldRateLimit
+	// registered directly), the rest on net/http.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	httpServer := server.HTTPServer(srv.Handler(), logger)
-	go httpServer.Serve(ln)
-	h.addr = ln.Addr().String()
+	grpcServer := srv.GRPCServer(server.GRPCOptions{})
+	if !opts.bridged {
+		rls.RegisterGRPC(grpcServer)
+	}
+	front := &server.Front{HTTP: server.HTTPServer(srv.Handler(), logger), GRPC: grpcServer, Log: logger}
+	go front.Serve(ln)
+	h.addr, h.front = ln.Addr().String(), front
 
 	conn, err := grpc.NewClient(h.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -132,7 +143,7 @@ func newHarness(t testing.TB, opts options) *harness {
 		transport.CloseIdleConnections()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		httpServer.Shutdown(ctx)
+		front.Shutdown(ctx)
 		h.engine.Close()
 		st.Close()
 	})

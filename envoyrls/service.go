@@ -21,8 +21,6 @@ package envoyrls
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -34,6 +32,8 @@ import (
 	"connectrpc.com/connect"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/oklog/ulid/v2"
+	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	v1 "github.com/capledger/capledger/api/capledger/v1"
@@ -73,6 +73,17 @@ func New(srv *server.Server, cfg *Config, log *slog.Logger) *Service {
 func (s *Service) Mount() {
 	s.srv.Mount(Procedure, connect.NewUnaryHandler(Procedure, s.handle, s.srv.HandlerOptions()...))
 }
+
+// RegisterGRPC serves ShouldRateLimit directly on gs, the grpc-go server
+// of srv (server.Server.GRPCServer), which puts it behind the same auth,
+// size limit and error mapping as every direct method: Envoy's calls skip
+// connect's envelope handling. Without it gs still serves
+// ShouldRateLimit, through its bridge to the mounted handler.
+func (s *Service) RegisterGRPC(gs *grpc.Server) {
+	rlsv3.RegisterRateLimitServiceServer(gs, s)
+}
+
+var _ rlsv3.RateLimitServiceServer = (*Service)(nil)
 
 // Handler returns the ShouldRateLimit handler alone (for a test or a
 // separate listener).
@@ -177,10 +188,12 @@ func reservationID(id string, key ledger.PolicyKey) string {
 	return "envoy:" + id + "/" + key.Subject + "/" + key.Route + "/" + key.Region
 }
 
+// randomID is the reservation id of a check without a request id: a ULID
+// (oklog/ulid's process-wide monotonic source), so that ids minted one
+// after the other sort one after the other and SQLite inserts them at the
+// end of the reservations index instead of at random pages of it.
 func randomID() string {
-	var b [16]byte
-	rand.Read(b[:])
-	return "envoy:" + hex.EncodeToString(b[:])
+	return "envoy:" + ulid.Make().String()
 }
 
 // run plans and runs every descriptor's commands. A check's reserve and

@@ -29,6 +29,12 @@
 #   WORKDIR     (default a new mktemp -d, removed at exit unless KEEP=1)
 #   GUBERNATOR  (path of a gubernator binary; default: find or install;
 #               "skip" leaves gubernator out)
+#   REF         (capledger-connect) the capledger system the ratios are
+#               of; capledger-grpcgo is capledger driven by a grpc-go
+#               client (bench --protocol grpc-go), the client stack of
+#               gubernator-grpc, served by grpc-go's transport
+#   ONLY        (unset) a space-separated list of systems to run, e.g.
+#               "capledger-grpcgo gubernator-grpc redis-aof-always"
 set -euo pipefail
 
 ROUNDS=${ROUNDS:-3}
@@ -159,6 +165,9 @@ server_of() {
 run() {
 	local round=$1 scenario=$2 system=$3
 	shift 4
+	if [[ -n ${ONLY:-} && " $ONLY " != *" $system "* ]]; then
+		return 0
+	fi
 	local out="$WORKDIR/run-$round-$scenario-$system.txt"
 	local pid=${SERVER_PID[$(server_of "$system")]}
 	local ticks0 t0 t1
@@ -191,6 +200,7 @@ c64() {
 	local r=$1 c="--concurrency $CONCURRENCY"
 	run "$r" c64 capledger-connect -- --mode reserve $c $CAP --protocol connect
 	run "$r" c64 capledger-grpc -- --mode reserve $c $CAP --protocol grpc
+	run "$r" c64 capledger-grpcgo -- --mode reserve $c $CAP --protocol grpc-go
 	if [[ $GUBERNATOR != skip ]]; then
 		run "$r" c64 gubernator-grpc -- --mode gubernator $c --addr "127.0.0.1:$GUBER_GRPC_PORT" --protocol grpc
 		run "$r" c64 gubernator-json -- --mode gubernator $c --addr "127.0.0.1:$GUBER_HTTP_PORT"
@@ -209,6 +219,7 @@ batch() {
 c1() {
 	local r=$1
 	run "$r" c1 capledger-connect -- --mode reserve --concurrency 1 $CAP --protocol connect
+	run "$r" c1 capledger-grpcgo -- --mode reserve --concurrency 1 $CAP --protocol grpc-go
 	run "$r" c1 redis-aof-always -- --mode redis --concurrency 1 --addr "127.0.0.1:$REDIS_AOF_PORT"
 	run "$r" c1 echo-json -- --mode echo --concurrency 1 --addr "127.0.0.1:$ECHO_PORT"
 }
@@ -221,6 +232,7 @@ hog() {
 		hogs+=($!)
 	done
 	run "$r" hog capledger-connect -- --mode reserve --concurrency "$CONCURRENCY" $CAP --protocol connect || true
+	run "$r" hog capledger-grpcgo -- --mode reserve --concurrency "$CONCURRENCY" $CAP --protocol grpc-go || true
 	kill "${hogs[@]}" 2>/dev/null || true
 	wait "${hogs[@]}" 2>/dev/null || true
 }
@@ -243,7 +255,8 @@ done
 echo "capledger compare: $(nproc) vCPU ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')), $ROUNDS rounds x $DURATION, $(date -u +%Y-%m-%dT%H:%MZ)"
 echo "load average per run: min $(cut -f7 "$RESULTS" | sort -n | head -1), max $(cut -f7 "$RESULTS" | sort -n | tail -1)"
 echo
-awk -F'\t' '
+REF=${REF:-capledger-connect}
+awk -F'\t' -v ref_sys="$REF" '
 function median(list,   n, a, i, j, t) {
 	n = split(list, a, " ")
 	for (i = 2; i <= n; i++) { t = a[i] + 0; for (j = i - 1; j >= 1 && a[j] + 0 > t; j--) a[j + 1] = a[j]; a[j + 1] = t }
@@ -259,23 +272,23 @@ function median(list,   n, a, i, j, t) {
 	rounds[$1] = 1
 }
 END {
-	printf "%-9s %-18s %10s %9s %9s %8s %8s   %s\n", "scenario", "system", "per second", "p50 ms", "p99 ms", "srv µs", "cli µs", "capledger-connect / this (median of rounds)"
+	printf "%-9s %-18s %10s %9s %9s %8s %8s   %s\n", "scenario", "system", "per second", "p50 ms", "p99 ms", "srv µs", "cli µs", ref_sys " / this (median of rounds)"
 	for (i = 1; i <= n; i++) {
 		split(order[i], k, SUBSEP); sc = k[1]; sys = k[2]
 		ratio = ""
 		ref = (sc == "hog") ? "c64" : sc
-		if (sys != "capledger-connect" || sc == "hog") {
+		if (sys != ref_sys || sc == "hog") {
 			tr = ""; t50 = ""; t99 = ""
 			for (r in rounds) {
-				if ((r, ref, "capledger-connect", "rate") in R && (r, sc, sys, "rate") in R && R[r, sc, sys, "rate"] > 0) {
-					num = (sc == "hog") ? R[r, sc, sys, "rate"] : R[r, ref, "capledger-connect", "rate"]
-					den = (sc == "hog") ? R[r, ref, "capledger-connect", "rate"] : R[r, sc, sys, "rate"]
+				if ((r, ref, ref_sys, "rate") in R && (r, sc, sys, "rate") in R && R[r, sc, sys, "rate"] > 0) {
+					num = (sc == "hog") ? R[r, sc, sys, "rate"] : R[r, ref, ref_sys, "rate"]
+					den = (sc == "hog") ? R[r, ref, ref_sys, "rate"] : R[r, sc, sys, "rate"]
 					tr = tr " " num / den
 					if (sc == "hog") {
-						t99 = t99 " " R[r, sc, sys, "p99"] / R[r, ref, "capledger-connect", "p99"]
+						t99 = t99 " " R[r, sc, sys, "p99"] / R[r, ref, ref_sys, "p99"]
 					} else {
-						t50 = t50 " " R[r, ref, "capledger-connect", "p50"] / R[r, sc, sys, "p50"]
-						t99 = t99 " " R[r, ref, "capledger-connect", "p99"] / R[r, sc, sys, "p99"]
+						t50 = t50 " " R[r, ref, ref_sys, "p50"] / R[r, sc, sys, "p50"]
+						t99 = t99 " " R[r, ref, ref_sys, "p99"] / R[r, sc, sys, "p99"]
 					}
 				}
 			}

@@ -55,7 +55,7 @@ func TestConflictsRetriedInsideTheServer(t *testing.T) {
 		MaxConflictRetries: 5, ConflictRetryBudget: 50 * time.Millisecond})
 	defer eng.Close()
 	h := &harness{t: t, store: st, engine: eng, http: &http.Client{Timeout: 10 * time.Second}}
-	h.url = serve(t, server.New(eng, server.Config{Metrics: server.NewMetrics(), Logger: logger}).Handler())
+	h.url = serve(t, server.New(eng, server.Config{Metrics: server.NewMetrics(), Logger: logger}))
 	h.ok("PublishPolicy", tokensPolicy, "")
 
 	st.conflicts.Store(3)

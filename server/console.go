@@ -138,42 +138,53 @@ func (c *consoleCounters) auditStatus(ctx context.Context) (*v1.AuditStatus, err
 }
 
 // observe is an interceptor that counts the answers of Reserve and
-// ReserveBatch for GetOverview (audits are counted by auditResponse, which
-// the unary and the streamed audit share), after the handler answered. It
+// ReserveBatch for GetOverview (count), after the handler answered. It
 // decides nothing and changes no answer.
 func (c *consoleCounters) observe() connect.Interceptor {
 	return connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
 		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
 			resp, err := next(ctx, req)
-			if err != nil {
-				// A capacity rejection of a single Reserve is a decision;
-				// any other failure decided nothing (and resp is nil).
-				if req.Spec().Procedure == capledgerv1connect.LedgerServiceReserveProcedure {
-					if gen, ok := rejectedGeneration(err); ok {
-						c.decision(gen, "rejected")
-					}
-				}
-				return resp, err
+			var msg any
+			if err == nil {
+				msg = resp.Any()
 			}
-			switch req.Spec().Procedure {
-			case capledgerv1connect.LedgerServiceReserveProcedure:
-				if r, ok := resp.Any().(*v1.ReserveResponse); ok {
-					c.reserved(r)
-				}
-			case capledgerv1connect.LedgerServiceReserveBatchProcedure:
-				if r, ok := resp.Any().(*v1.ReserveBatchResponse); ok {
-					for _, o := range r.GetOutcomes() {
-						if ok := o.GetOk(); ok != nil {
-							c.reserved(ok)
-						} else if rej := o.GetError().GetRejection(); rej != nil {
-							c.decision(rej.GetPolicyGeneration(), "rejected")
-						}
-					}
-				}
-			}
+			c.count(req.Spec().Procedure, msg, err)
 			return resp, err
 		}
 	})
+}
+
+// count counts one answer of procedure (its message, or its error) for
+// GetOverview: Reserve and ReserveBatch decisions (audits are counted by
+// auditResponse, which the unary and the streamed audit share). The
+// connect interceptor and the grpc-go path (grpcUnary) both call it.
+func (c *consoleCounters) count(procedure string, msg any, err error) {
+	if err != nil {
+		// A capacity rejection of a single Reserve is a decision; any
+		// other failure decided nothing.
+		if procedure == capledgerv1connect.LedgerServiceReserveProcedure {
+			if gen, ok := rejectedGeneration(err); ok {
+				c.decision(gen, "rejected")
+			}
+		}
+		return
+	}
+	switch procedure {
+	case capledgerv1connect.LedgerServiceReserveProcedure:
+		if r, ok := msg.(*v1.ReserveResponse); ok {
+			c.reserved(r)
+		}
+	case capledgerv1connect.LedgerServiceReserveBatchProcedure:
+		if r, ok := msg.(*v1.ReserveBatchResponse); ok {
+			for _, o := range r.GetOutcomes() {
+				if ok := o.GetOk(); ok != nil {
+					c.reserved(ok)
+				} else if rej := o.GetError().GetRejection(); rej != nil {
+					c.decision(rej.GetPolicyGeneration(), "rejected")
+				}
+			}
+		}
+	}
 }
 
 func (c *consoleCounters) reserved(r *v1.ReserveResponse) {

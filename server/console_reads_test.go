@@ -250,7 +250,7 @@ func TestConsoleAuditStatusLastsInTheStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	replica := &harness{t: t, clock: h.clock, store: h.store, engine: h.engine, http: h.http}
-	replica.url = serve(t, server.New(h.engine, server.Config{Tokens: tokens, Clock: h.clock.Now, Console: h.store.(store.ConsoleStore)}).Handler())
+	replica.url = serve(t, server.New(h.engine, server.Config{Tokens: tokens, Clock: h.clock.Now, Console: h.store.(store.ConsoleStore)}))
 	again := replica.consoleOK("GetOverview", `{}`, consoleViewer)
 	if got, want := field(again, "audit"), ov["audit"]; !sameJSON(got, want) {
 		t.Errorf("the other replica shows %v, this one %v", got, want)

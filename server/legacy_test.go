@@ -46,7 +46,7 @@ func TestLegacyBudgetOverTheAPI(t *testing.T) {
 		t.Fatal(err)
 	}
 	url := serve(t, server.New(eng, server.Config{Logger: logger, Tokens: tokens, Rollouts: st, Drains: eng,
-		Shards: &server.ShardConfig{Keys: keys, MaxTTL: time.Hour}}).Handler())
+		Shards: &server.ShardConfig{Keys: keys, MaxTTL: time.Hour}}))
 	hc := &http.Client{Timeout: 10 * time.Second}
 	rolloutAs := func(token string) capledgerv1connect.RolloutServiceClient {
 		return capledgerv1connect.NewRolloutServiceClient(hc, url, connect.WithInterceptors(bearer(token)))

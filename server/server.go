@@ -127,6 +127,9 @@ type Server struct {
 	shards *shardService
 	// gates are the seed's release gates measured at audit (gates.go).
 	gates *gateMetrics
+	// auth checks bearer tokens (nil with auth off), for the connect
+	// interceptor and the grpc-go path alike (grpc.go).
+	auth *authCheck
 }
 
 // New returns a server over l.
@@ -173,7 +176,8 @@ func New(l Ledger, cfg Config) *Server {
 	}
 	options = append(options, jsonCodecs()...)
 	if cfg.Tokens != nil {
-		options = append(options, connect.WithInterceptors(authInterceptor(cfg.Tokens)))
+		s.auth = &authCheck{cfg.Tokens}
+		options = append(options, connect.WithInterceptors(s.auth))
 	}
 	options = append(options, connect.WithInterceptors(s.console.observe()))
 	path, service := capledgerv1connect.NewLedgerServiceHandler(s, options...)

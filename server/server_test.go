@@ -63,6 +63,8 @@ type harness struct {
 	faults *memstore.Store // set with harnessOptions.faults
 	engine *engine.Engine
 	http   *http.Client
+	srv    *server.Server
+	front  *server.Front
 }
 
 type harnessOptions struct {
@@ -126,7 +128,8 @@ func newHarness(t testing.TB, opts harnessOptions) *harness {
 		}
 		cfg.Tokens = tokens
 	}
-	h.url = serve(t, server.New(h.engine, cfg).Handler())
+	h.srv = server.New(h.engine, cfg)
+	h.url, h.front = serveFront(t, h.srv)
 	h.http = &http.Client{Timeout: 10 * time.Second}
 	t.Cleanup(func() {
 		h.engine.Close()
@@ -135,18 +138,45 @@ func newHarness(t testing.TB, opts harnessOptions) *harness {
 	return h
 }
 
-func serve(t testing.TB, handler http.Handler) string {
+func serve(t testing.TB, srv *server.Server) string {
+	t.Helper()
+	url, _ := serveFront(t, srv)
+	return url
+}
+
+// serveFront serves srv as serve does by default (server.Front: gRPC on
+// grpc-go, the rest on net/http) on 127.0.0.1:0.
+func serveFront(t testing.TB, srv *server.Server) (string, *server.Front) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := server.HTTPServer(handler, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	go srv.Serve(ln)
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	front := &server.Front{HTTP: server.HTTPServer(srv.Handler(), logger), GRPC: srv.GRPCServer(server.GRPCOptions{}), Log: logger}
+	go front.Serve(ln)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		srv.Shutdown(ctx)
+		front.Shutdown(ctx)
+	})
+	return "http://" + ln.Addr().String(), front
+}
+
+// serveNetHTTP serves srv as serve --grpc-transport net/http does: every
+// protocol, gRPC included, on net/http (connect-go's gRPC).
+func serveNetHTTP(t testing.TB, srv *server.Server) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	httpServer := server.HTTPServer(srv.Handler(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	go httpServer.Serve(ln)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		httpServer.Shutdown(ctx)
 	})
 	return "http://" + ln.Addr().String()
 }
@@ -754,7 +784,7 @@ func TestStaleUnitMapping(t *testing.T) {
 	h.ok("PublishPolicy", tokensPolicy, "")
 	h.ok("Reserve", reserveBody("warm", 10), "") // caches generation 1
 
-	other := serve(t, server.New(h.engine, server.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}).Handler())
+	other := serve(t, server.New(h.engine, server.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}))
 	req, _ := http.NewRequest(http.MethodPost, other+"/capledger.v1.LedgerService/PublishPolicy", strings.NewReader(
 		`{"policy":{"subject":"tenant-7","route":"chat.generate","dimensions":[{"unit":"requests","burst":"10"},{"unit":"tokens","burst":"1000"}]}}`))
 	req.Header.Set("Content-Type", "application/json")

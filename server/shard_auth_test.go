@@ -64,7 +64,7 @@ func TestShardCallsBoundToTheTokensGateway(t *testing.T) {
 		t.Fatal(err)
 	}
 	url := serve(t, server.New(eng, server.Config{Logger: logger, Tokens: tokens,
-		Shards: &server.ShardConfig{Keys: keys, MaxTTL: time.Hour}}).Handler())
+		Shards: &server.ShardConfig{Keys: keys, MaxTTL: time.Hour}}))
 	hc := &http.Client{Timeout: 10 * time.Second}
 	shardsAs := func(token string) capledgerv1connect.ShardServiceClient {
 		return capledgerv1connect.NewShardServiceClient(hc, url, connect.WithInterceptors(bearer(token)))

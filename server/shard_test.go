@@ -51,7 +51,7 @@ func newShardHarness(t *testing.T) *shardHarness {
 	if info, _ := os.Stat(keyPath); info.Mode().Perm() != 0o600 {
 		t.Fatalf("generated key file has mode %v", info.Mode().Perm())
 	}
-	url := serve(t, server.New(eng, server.Config{Logger: logger, Shards: &server.ShardConfig{Keys: keys, MaxTTL: time.Hour}}).Handler())
+	url := serve(t, server.New(eng, server.Config{Logger: logger, Shards: &server.ShardConfig{Keys: keys, MaxTTL: time.Hour}}))
 	hc := &http.Client{Timeout: 10 * time.Second}
 	return &shardHarness{
 		ledger: capledgerv1connect.NewLedgerServiceClient(hc, url),

@@ -101,6 +101,10 @@ Flags:
   --route ROUTE      route of the reservations (default bench.reserve)
   --units N          tokens per reservation (default 1)
   --protocol P       connect (binary protobuf, default), connect-json or grpc
+                     (the SDK's connect-go client), or grpc-go: reserve,
+                     lifecycle and batch with a grpc-go client (one
+                     HTTP/2 connection, as gubernator's gRPC baseline and
+                     --mode envoy use); gubernator takes grpc or grpc-go
   --setup BOOL       publish the bench policy first (default true)
   --progress BOOL    draw the progress bar (default true)
   --cpuprofile FILE  write a pprof CPU profile of the load generator (the
@@ -143,6 +147,9 @@ type benchConfig struct {
 	route       string
 	units       int64
 	protocol    client.Protocol
+	// grpcGo drives the LedgerService with a grpc-go client (--protocol
+	// grpc-go) instead of the SDK.
+	grpcGo      bool
 	setup       bool
 	progress    bool
 	prefill     bool
@@ -188,6 +195,11 @@ func runBench(ctx context.Context, e *env, args []string) error {
 	}
 	if *echoServer {
 		return serveEcho(ctx, e, cf.addr)
+	}
+	if *protocol == "grpc-go" {
+		// The grpc-go client for the measured calls (grpcGoOp); setup
+		// and prefill go through the SDK's gRPC.
+		cfg.grpcGo, *protocol = true, "grpc"
 	}
 	if cfg.protocol, err = client.ParseProtocol(*protocol); err != nil {
 		return usagef("--protocol: %v", err)
@@ -243,7 +255,11 @@ func runBench(ctx context.Context, e *env, args []string) error {
 	case "envoy":
 		op, err = envoyOp(ctx, &cfg)
 	default:
-		op, err = ledgerOp(ctx, &cfg)
+		if cfg.grpcGo {
+			op, err = grpcGoOp(ctx, &cfg)
+		} else {
+			op, err = ledgerOp(ctx, &cfg)
+		}
 	}
 	if err != nil {
 		return err
@@ -781,7 +797,11 @@ func printBench(w io.Writer, cfg *benchConfig, r *benchResult) {
 	switch cfg.mode {
 	case "echo", "redis", "redis-batch":
 	default:
-		fmt.Fprintf(tw, "protocol\t%s\n", cfg.protocol)
+		if cfg.grpcGo {
+			fmt.Fprintf(tw, "protocol\tgrpc-go\n")
+		} else {
+			fmt.Fprintf(tw, "protocol\t%s\n", cfg.protocol)
+		}
 	}
 	fmt.Fprintf(tw, "concurrency\t%d\n", cfg.concurrency)
 	fmt.Fprintf(tw, "subjects\t%d\n", cfg.subjects)

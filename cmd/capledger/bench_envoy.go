@@ -33,29 +33,9 @@ func envoyOp(ctx context.Context, cfg *benchConfig) (func(context.Context, *benc
 			return nil, err
 		}
 	}
-	target := cfg.conn.addr
-	creds := insecure.NewCredentials()
-	switch {
-	case strings.HasPrefix(target, "https://"):
-		tc := &tls.Config{MinVersion: tls.VersionTLS12}
-		if cfg.conn.caFile != "" {
-			pem, err := os.ReadFile(cfg.conn.caFile)
-			if err != nil {
-				return nil, usagef("--ca-file: %v", err)
-			}
-			tc.RootCAs = x509.NewCertPool()
-			if !tc.RootCAs.AppendCertsFromPEM(pem) {
-				return nil, usagef("--ca-file %s: no PEM certificates", cfg.conn.caFile)
-			}
-		}
-		creds = credentials.NewTLS(tc)
-		target = strings.TrimPrefix(target, "https://")
-	default:
-		target = strings.TrimPrefix(target, "http://")
-	}
-	conn, err := grpc.NewClient(strings.TrimRight(target, "/"), grpc.WithTransportCredentials(creds))
+	conn, err := grpcGoConn(cfg, "envoy")
 	if err != nil {
-		return nil, fmt.Errorf("envoy: %w", err)
+		return nil, err
 	}
 	rls := rlsv3.NewRateLimitServiceClient(conn)
 	var md metadata.MD
@@ -82,4 +62,35 @@ func envoyOp(ctx context.Context, cfg *benchConfig) (func(context.Context, *benc
 		}
 		return 1, nil
 	}, nil
+}
+
+// grpcGoConn is one grpc-go client connection to --addr (http:// or none
+// for cleartext h2c, https:// for TLS with --ca-file), as Envoy's cluster
+// and gRPC gateways keep one.
+func grpcGoConn(cfg *benchConfig, what string) (*grpc.ClientConn, error) {
+	target := cfg.conn.addr
+	creds := insecure.NewCredentials()
+	switch {
+	case strings.HasPrefix(target, "https://"):
+		tc := &tls.Config{MinVersion: tls.VersionTLS12}
+		if cfg.conn.caFile != "" {
+			pem, err := os.ReadFile(cfg.conn.caFile)
+			if err != nil {
+				return nil, usagef("--ca-file: %v", err)
+			}
+			tc.RootCAs = x509.NewCertPool()
+			if !tc.RootCAs.AppendCertsFromPEM(pem) {
+				return nil, usagef("--ca-file %s: no PEM certificates", cfg.conn.caFile)
+			}
+		}
+		creds = credentials.NewTLS(tc)
+		target = strings.TrimPrefix(target, "https://")
+	default:
+		target = strings.TrimPrefix(target, "http://")
+	}
+	conn, err := grpc.NewClient(strings.TrimRight(target, "/"), grpc.WithTransportCredentials(creds))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	return conn, nil
 }

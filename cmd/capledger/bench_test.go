@@ -32,6 +32,9 @@ func TestBenchModesAgainstServer(t *testing.T) {
 		{"--mode", "reserve", "--subjects", "7", "--protocol", "grpc"},
 		{"--mode", "lifecycle", "--protocol", "connect-json"},
 		{"--mode", "batch", "--batch-size", "20"},
+		{"--mode", "reserve", "--protocol", "grpc-go"},
+		{"--mode", "lifecycle", "--protocol", "grpc-go"},
+		{"--mode", "batch", "--batch-size", "20", "--protocol", "grpc-go"},
 	} {
 		t.Run(strings.Join(args, " "), func(t *testing.T) {
 			full := append([]string{"bench", "--concurrency", "4", "--duration", "300ms", "--warmup", "50ms", "--progress=false"}, args...)

@@ -29,7 +29,9 @@ func init() {
 const serveHelp = `Usage: capledger serve [flags]
 
 Serve runs the ledger: the LedgerService API as gRPC, gRPC-Web and
-Connect/JSON over HTTP/1.1 and cleartext HTTP/2 on one port, plus /healthz,
+Connect/JSON over HTTP/1.1 and cleartext HTTP/2 on one port (gRPC
+connections are served by grpc-go's own transport, everything else by
+net/http), plus /healthz,
 /readyz, /statusz (JSON: readiness, worker lease), /metrics (Prometheus) and
 the operator console at /ui (docs/CONSOLE.md). With no flags it needs no configuration:
 it keeps its data in an embedded SQLite database under ./capledger-data and
@@ -68,6 +70,12 @@ Flags:
   --envoy-config FILE serve Envoy's rate limit service (ShouldRateLimit) on
                       the same port, mapping domains and descriptors to
                       subjects, routes and units as FILE says (docs/ENVOY.md)
+  --grpc-transport T  what serves gRPC calls (application/grpc and
+                      application/grpc+proto over HTTP/2): grpc-go, its
+                      own HTTP/2 transport on the same port (default; about
+                      half the CPU per call), or net/http, connect-go on
+                      net/http's HTTP/2 server like every other protocol
+                      (docs/OPERATIONS.md, "gRPC on the serve port")
   --insecure          allow listening on a non-loopback address without
                       --tokens (anyone who can connect may publish policies)
   --resolver-config FILE
@@ -170,6 +178,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	logFormat := fs.String("log-format", "text", "")
 	resolverPath := fs.String("resolver-config", "", "")
 	envoyConfigPath := fs.String("envoy-config", "", "")
+	grpcTransport := fs.String("grpc-transport", "grpc-go", "")
 	if err := parseNoArgs(fs, args); err != nil {
 		return err
 	}
@@ -211,6 +220,9 @@ func runServe(ctx context.Context, e *env, args []string) error {
 		return usagef("--tombstone-retention %s is shorter than --retention %s: a tombstone must outlive the window", *tombstoneRetention, *retention)
 	}
 
+	if *grpcTransport != "grpc-go" && *grpcTransport != "net/http" {
+		return usagef("--grpc-transport %q: want grpc-go or net/http", *grpcTransport)
+	}
 	if (*tlsCert == "") != (*tlsKey == "") {
 		return usagef("--tls-cert and --tls-key go together: give both files, or neither for cleartext")
 	}
@@ -302,8 +314,10 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	ui := console.Handler()
 	srv.Mount("/ui", ui)
 	srv.Mount(console.Prefix, ui)
+	var rls *envoyrls.Service
 	if envoyConfig != nil {
-		envoyrls.New(srv, envoyConfig, log).Mount()
+		rls = envoyrls.New(srv, envoyConfig, log)
+		rls.Mount()
 		log.Info("serving Envoy's rate limit service", "procedure", envoyrls.Procedure, "domains", len(envoyConfig.Domains))
 	}
 	httpServer := server.HTTPServer(srv.Handler(), log)
@@ -318,16 +332,38 @@ func runServe(ctx context.Context, e *env, args []string) error {
 		httpServer.ErrorLog = tlsServerErrorLog(log)
 		log.Info("tls certificate", certAttrs(certs.cert.Load().Leaf)...)
 	}
-
+	// shutdown stops what serves the port, gracefully.
+	shutdown := httpServer.Shutdown
 	served := make(chan error, 1)
-	go func() {
-		if certs != nil {
-			served <- httpServer.ServeTLS(ln, "", "")
-			return
+	switch *grpcTransport {
+	case "grpc-go":
+		// gRPC connections go to grpc-go's own transport, the rest to
+		// net/http (server.Front).
+		grpcServer := srv.GRPCServer(server.GRPCOptions{IdleTimeout: httpServer.IdleTimeout})
+		if rls != nil {
+			rls.RegisterGRPC(grpcServer)
 		}
-		served <- httpServer.Serve(ln)
-	}()
-	log.Info("listening", "addr", ln.Addr().String(), "tls", certs != nil, "store", storeName(*storeSpec, *dataDir), "auth", tokens != nil)
+		front := &server.Front{HTTP: httpServer, GRPC: grpcServer, Log: log}
+		srv.ObserveFront(front)
+		if certs != nil {
+			// Front does the handshake; the h2 connections it hands
+			// net/http are decrypted already.
+			front.TLS = httpServer.TLSConfig
+			front.TLS.NextProtos = []string{"h2", "http/1.1"}
+			httpServer.Protocols.SetUnencryptedHTTP2(true)
+		}
+		shutdown = front.Shutdown
+		go func() { served <- front.Serve(ln) }()
+	default:
+		go func() {
+			if certs != nil {
+				served <- httpServer.ServeTLS(ln, "", "")
+				return
+			}
+			served <- httpServer.Serve(ln)
+		}()
+	}
+	log.Info("listening", "addr", ln.Addr().String(), "grpc", *grpcTransport, "tls", certs != nil, "store", storeName(*storeSpec, *dataDir), "auth", tokens != nil)
 
 	var runErr error
 	select {
@@ -341,7 +377,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	// committed goes unanswered.
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := httpServer.Shutdown(shutdownCtx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+	if err := shutdown(shutdownCtx); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		log.Warn("shutdown", "err", err)
 	}
 	eng.Close()

@@ -9,6 +9,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"io"
 	"log/slog"
 	"math/big"
 	"net"
@@ -20,6 +21,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	v1 "github.com/capledger/capledger/api/capledger/v1"
@@ -232,6 +235,42 @@ func TestServeTLSProtocols(t *testing.T) {
 	if got := res.Reservation.GetState(); got != v1.ReservationState_RESERVATION_STATE_RESERVED {
 		t.Fatalf("reserve over gRPC+TLS: state %s", got)
 	}
+
+	// A grpc-go client over TLS (ALPN h2) reaches grpc-go's transport,
+	// which serves the LedgerService's hot methods directly.
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: pki.pool})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	var reserved v1.ReserveResponse
+	if err := conn.Invoke(ctx, "/capledger.v1.LedgerService/Reserve", &v1.ReserveRequest{ReservationId: "grpc-go-tls",
+		Subject: "tenant-7", Route: "chat.generate", Units: map[string]int64{"tokens": 1}}, &reserved); err != nil {
+		t.Fatalf("reserve with grpc-go over TLS: %v", err)
+	}
+	resp, err := (&http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pki.pool}}}).Get(url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	// The SDK's and grpc-go's connections went to grpc-go; the HTTP/2 and
+	// HTTP/1.1 GETs (and the start-up probes) to net/http.
+	for _, want := range []string{`capledger_connections_total{server="grpc-go"} 2` + "\n", `capledger_connections_total{server="net/http"} `} {
+		if !strings.Contains(string(metrics), want) || strings.Contains(string(metrics), `{server="net/http"} 0`) {
+			t.Errorf("metrics lack %s:\n%s", want, grepLines(string(metrics), "capledger_connections_total"))
+		}
+	}
+}
+
+func grepLines(text, word string) string {
+	var out []string
+	for _, line := range strings.Split(text, "\n") {
+		if strings.Contains(line, word) {
+			out = append(out, line)
+		}
+	}
+	return strings.Join(out, "\n")
 }
 
 // peerSerial makes a new TLS connection to addr and returns the serial of

@@ -1,0 +1,394 @@
+package server_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"golang.org/x/net/http2"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	v1 "github.com/capledger/capledger/api/capledger/v1"
+	"github.com/capledger/capledger/api/capledger/v1/capledgerv1connect"
+	"github.com/capledger/capledger/server"
+)
+
+// grpcConn is a grpc-go client connection to url (http://host:port).
+func grpcConn(t testing.TB, url string) *grpc.ClientConn {
+	t.Helper()
+	conn, err := grpc.NewClient(strings.TrimPrefix(url, "http://"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// grpcAnswer is what a grpc-go client sees of one unary call.
+type grpcAnswer struct {
+	Code    codes.Code
+	Message string
+	Details []any
+	Header  metadata.MD
+	Trailer metadata.MD
+	Resp    proto.Message
+}
+
+// invoke calls method with a grpc-go client, as a gRPC gateway in another
+// language would, and returns what it saw, leaving out the metadata only
+// the transport adds.
+func invoke(t testing.TB, conn *grpc.ClientConn, method, token string, req, resp proto.Message) grpcAnswer {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if token != "" {
+		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)
+	}
+	var header, trailer metadata.MD
+	err := conn.Invoke(ctx, method, req, resp, grpc.Header(&header), grpc.Trailer(&trailer))
+	st := status.Convert(err)
+	answer := grpcAnswer{Code: st.Code(), Message: st.Message(), Details: st.Details(), Header: callMetadata(header), Trailer: callMetadata(trailer)}
+	if err == nil {
+		answer.Resp = resp
+	}
+	return answer
+}
+
+// callMetadata drops what the transport adds (content type, encodings).
+func callMetadata(md metadata.MD) metadata.MD {
+	out := metadata.MD{}
+	for k, v := range md {
+		switch k {
+		case "content-type", "grpc-accept-encoding", "grpc-encoding":
+			continue
+		}
+		out[k] = v
+	}
+	return out
+}
+
+// TestGRPCGoAnswersAsConnectDid drives the grpc-go path (the serve port)
+// and connect-go's gRPC on net/http (serve --grpc-transport net/http,
+// today's answers) with one grpc-go client and the same calls, directly
+// registered methods and bridged ones, and wants identical answers: auth,
+// scopes, capacity rejections with their details and Retry-After, state
+// errors, unknown methods, oversized messages.
+func TestGRPCGoAnswersAsConnectDid(t *testing.T) {
+	h := newHarness(t, harnessOptions{auth: true, tokens: scopedTokens, maxBody: 4096})
+	viaGRPCGo := grpcConn(t, h.url)
+	viaNetHTTP := grpcConn(t, serveNetHTTP(t, h.srv))
+	h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"chat.generate",
+	  "dimensions":[{"unit":"tokens","burst":"10","refillUnits":"1","refillInterval":"2s"}]}}`, adminToken)
+
+	const ledger = "/" + capledgerv1connect.LedgerServiceName + "/"
+	reserve := func(id, subject string, n int64) *v1.ReserveRequest {
+		return &v1.ReserveRequest{ReservationId: id, Subject: subject, Route: "chat.generate", Units: map[string]int64{"tokens": n}}
+	}
+	// Fill tenant-a/u1's bucket and spend it, so its next reserve is
+	// refused with a Retry-After (3 short at 1 per 2 s: 6 s).
+	h.ok("Reserve", `{"reservationId":"fill","subject":"tenant-a/u1","route":"chat.generate","units":{"tokens":8}}`, gwAToken)
+	h.ok("Start", `{"reservationId":"fill","operationId":"op"}`, gwAToken)
+	h.ok("Settle", `{"reservationId":"fill","operationId":"op","actualUnits":{"tokens":8}}`, gwAToken)
+
+	cases := []struct {
+		name, method, token string
+		req, resp           func() proto.Message
+		code                codes.Code
+		// sameMessage is false where the two transports word a refusal
+		// differently (an oversized message: grpc-go's limit answers
+		// before connect's, with the same code).
+		differentMessage bool
+	}{
+		{name: "no token, direct", method: "Reserve", req: func() proto.Message { return reserve("x1", "tenant-a/u1", 1) },
+			resp: func() proto.Message { return new(v1.ReserveResponse) }, code: codes.Unauthenticated},
+		{name: "unknown token, direct", method: "Settle", token: "not-a-token-0123456789",
+			req:  func() proto.Message { return &v1.SettleRequest{ReservationId: "fill", OperationId: "op"} },
+			resp: func() proto.Message { return new(v1.SettleResponse) }, code: codes.Unauthenticated},
+		{name: "no token, bridged", method: "GetReservation", req: func() proto.Message { return &v1.GetReservationRequest{ReservationId: "fill"} },
+			resp: func() proto.Message { return new(v1.GetReservationResponse) }, code: codes.Unauthenticated},
+		{name: "gateway on an admin method", method: "PublishPolicy", token: gwAToken,
+			req:  func() proto.Message { return &v1.PublishPolicyRequest{} },
+			resp: func() proto.Message { return new(v1.PublishPolicyResponse) }, code: codes.PermissionDenied},
+		{name: "scoped token, other tenant's reserve", method: "Reserve", token: gwBToken,
+			req:  func() proto.Message { return reserve("x2", "tenant-a/u1", 1) },
+			resp: func() proto.Message { return new(v1.ReserveResponse) }, code: codes.NotFound},
+		{name: "scoped token, other tenant's reservation", method: "Release", token: gwBToken,
+			req:  func() proto.Message { return &v1.ReleaseRequest{ReservationId: "fill"} },
+			resp: func() proto.Message { return new(v1.ReleaseResponse) }, code: codes.NotFound},
+		{name: "scoped token, other tenant's account", method: "GetAccount", token: gwBToken,
+			req:  func() proto.Message { return &v1.GetAccountRequest{Subject: "tenant-a/u1", Route: "chat.generate"} },
+			resp: func() proto.Message { return new(v1.GetAccountResponse) }, code: codes.OK},
+		{name: "capacity rejection", method: "Reserve", token: gwAToken,
+			req:  func() proto.Message { return reserve("x3", "tenant-a/u1", 5) },
+			resp: func() proto.Message { return new(v1.ReserveResponse) }, code: codes.ResourceExhausted},
+		{name: "state error with the reservation", method: "Start", token: gwAToken,
+			req:  func() proto.Message { return &v1.StartRequest{ReservationId: "fill", OperationId: "other"} },
+			resp: func() proto.Message { return new(v1.StartResponse) }, code: codes.FailedPrecondition},
+		{name: "invalid argument", method: "Settle", token: gwAToken,
+			req:  func() proto.Message { return &v1.SettleRequest{} },
+			resp: func() proto.Message { return new(v1.SettleResponse) }, code: codes.InvalidArgument},
+		{name: "batch with a refused item", method: "ReserveBatch", token: gwAToken,
+			req: func() proto.Message {
+				return &v1.ReserveBatchRequest{Requests: []*v1.ReserveRequest{reserve("x4", "tenant-a/u1", 5), reserve("x5", "tenant-b/u1", 1)}}
+			},
+			resp: func() proto.Message { return new(v1.ReserveBatchResponse) }, code: codes.OK},
+		{name: "unknown method", method: "Reserv", token: gwAToken,
+			req:  func() proto.Message { return reserve("x6", "tenant-a/u1", 1) },
+			resp: func() proto.Message { return new(v1.ReserveResponse) }, code: codes.Unimplemented, differentMessage: true},
+		{name: "oversized message, direct", method: "Reserve", token: gwAToken,
+			req:  func() proto.Message { return reserve(strings.Repeat("x", 5000), "tenant-a/u1", 1) },
+			resp: func() proto.Message { return new(v1.ReserveResponse) }, code: codes.ResourceExhausted, differentMessage: true},
+		{name: "oversized message, bridged", method: "GetReservation", token: gwAToken,
+			req:  func() proto.Message { return &v1.GetReservationRequest{ReservationId: strings.Repeat("x", 5000)} },
+			resp: func() proto.Message { return new(v1.GetReservationResponse) }, code: codes.ResourceExhausted, differentMessage: true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			want := invoke(t, viaNetHTTP, ledger+c.method, c.token, c.req(), c.resp())
+			got := invoke(t, viaGRPCGo, ledger+c.method, c.token, c.req(), c.resp())
+			if want.Code != c.code {
+				t.Fatalf("net/http answered %v (%s), want %v", want.Code, want.Message, c.code)
+			}
+			if c.differentMessage {
+				want.Message, got.Message = "", ""
+			}
+			// Header metadata: net/http's gRPC answers always carry headers
+			// before trailers; a grpc-go error without headers is
+			// trailers-only. What a client reads (status, details,
+			// trailers, response) must be the same.
+			want.Header, got.Header = nil, nil
+			if diff := want.diff(got); diff != "" {
+				t.Errorf("grpc-go answers otherwise than net/http (net/http's first):\n%s", diff)
+			}
+		})
+	}
+	// The rejection carries its detail and Retry-After on the grpc-go path
+	// (not only "the same as before").
+	got := invoke(t, viaGRPCGo, ledger+"Reserve", gwAToken, reserve("x7", "tenant-a/u1", 5), new(v1.ReserveResponse))
+	if got.Code != codes.ResourceExhausted || len(got.Details) != 1 || got.Trailer.Get("retry-after")[0] != "6" {
+		t.Fatalf("rejection over grpc-go: %+v", got)
+	}
+	if d, ok := got.Details[0].(*v1.RejectionDetail); !ok || d.GetLimitingDimension() != "tokens" || d.GetReason() != server.ReasonInsufficientCapacity {
+		t.Fatalf("rejection detail over grpc-go: %v", got.Details[0])
+	}
+	if grpcConns, _ := h.front.Routed(); grpcConns == 0 {
+		t.Fatalf("no connection was routed to grpc-go")
+	}
+}
+
+// TestGRPCGoStreamsAudit: StreamAudit (server streaming, bridged) over a
+// grpc-go client streams its events and refuses a gateway token.
+func TestGRPCGoStreamsAudit(t *testing.T) {
+	h := newHarness(t, harnessOptions{auth: true})
+	h.ok("PublishPolicy", tokensPolicy, adminToken)
+	h.ok("Reserve", reserveBody("r", 10), gatewayToken)
+	conn := grpcConn(t, h.url)
+	desc := &grpc.StreamDesc{StreamName: "StreamAudit", ServerStreams: true}
+	run := func(token string) ([]*v1.AuditEvent, error) {
+		ctx := metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+token)
+		stream, err := conn.NewStream(ctx, desc, capledgerv1connect.AuditServiceStreamAuditProcedure)
+		if err != nil {
+			return nil, err
+		}
+		if err := stream.SendMsg(&v1.StreamAuditRequest{}); err != nil {
+			return nil, err
+		}
+		if err := stream.CloseSend(); err != nil {
+			return nil, err
+		}
+		var events []*v1.AuditEvent
+		for {
+			ev := new(v1.AuditEvent)
+			if err := stream.RecvMsg(ev); err != nil {
+				if errors.Is(err, io.EOF) {
+					return events, nil
+				}
+				return events, err
+			}
+			events = append(events, ev)
+		}
+	}
+	if events, err := run(gatewayToken); status.Code(err) != codes.PermissionDenied || len(events) > 0 {
+		t.Fatalf("gateway token: %d events, %v", len(events), err)
+	}
+	events, err := run(adminToken)
+	if err != nil || len(events) < 2 {
+		t.Fatalf("admin: %d events, %v", len(events), err)
+	}
+	if last := events[len(events)-1].GetResult(); last == nil || len(last.GetDiscrepancies()) > 0 {
+		t.Fatalf("last event %v", events[len(events)-1])
+	}
+}
+
+// TestOnePortServesEveryProtocol: beside grpc-go's gRPC, the serve port
+// still answers HTTP/1.1 JSON, Connect (binary, over h2c), gRPC-Web and
+// gRPC with JSON messages on net/http, and each connection went where its
+// protocol belongs.
+func TestOnePortServesEveryProtocol(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	h.ok("PublishPolicy", tokensPolicy, "")
+	ctx := context.Background()
+	reserveReq := func(id string) *connect.Request[v1.ReserveRequest] {
+		return connect.NewRequest(&v1.ReserveRequest{ReservationId: id, Subject: "tenant-7", Route: "chat.generate", Units: map[string]int64{"tokens": 1, "requests": 1}})
+	}
+	_, httpBefore := h.front.Routed()
+	for _, c := range []struct {
+		name string
+		opts []connect.ClientOption
+	}{
+		{"connect", nil},
+		{"connect-json", []connect.ClientOption{connect.WithProtoJSON()}},
+		{"grpc-web", []connect.ClientOption{connect.WithGRPCWeb()}},
+		{"grpc-json", []connect.ClientOption{connect.WithGRPC(), connect.WithProtoJSON()}},
+	} {
+		if _, err := h.grpcClient(c.opts...).Reserve(ctx, reserveReq("p-"+c.name)); err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+	}
+	h.ok("Reserve", reserveBody("p-http1", 1), "")
+	grpcConns, httpConns := h.front.Routed()
+	// Each connect client has a transport of its own (4 connections);
+	// the HTTP/1.1 call may reuse the harness's connection.
+	if grpcConns != 0 || httpConns-httpBefore < 4 {
+		t.Fatalf("routed %d connections to grpc-go, %d to net/http; want 0 and at least 4", grpcConns, httpConns-httpBefore)
+	}
+	// Connect's gRPC client and grpc-go's both land on grpc-go.
+	if _, err := h.grpcClient(connect.WithGRPC()).Reserve(ctx, reserveReq("p-grpc-connect")); err != nil {
+		t.Fatal(err)
+	}
+	var resp v1.ReserveResponse
+	if a := invoke(t, grpcConn(t, h.url), "/capledger.v1.LedgerService/Reserve", "", reserveReq("p-grpc-go").Msg, &resp); a.Code != codes.OK {
+		t.Fatalf("grpc-go client: %+v", a)
+	}
+	if grpcConns, _ := h.front.Routed(); grpcConns != 2 {
+		t.Fatalf("routed %d gRPC connections to grpc-go, want 2", grpcConns)
+	}
+	// Health and metrics over HTTP/1.1 still work.
+	if got := h.get("/healthz"); got != "ok\n" {
+		t.Fatalf("healthz %q", got)
+	}
+	if !strings.Contains(h.get("/metrics"), `capledger_commands_total{kind="reserve",outcome="ok"} 7`) {
+		t.Errorf("metrics do not count the 7 reserves:\n%s", grep(h.get("/metrics"), "capledger_commands_total"))
+	}
+}
+
+// TestGRPCGoShutdownIsGraceful: Shutdown lets a call in flight on grpc-go
+// finish, and refuses new connections after.
+func TestGRPCGoShutdownIsGraceful(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	h.ok("PublishPolicy", tokensPolicy, "")
+	conn := grpcConn(t, h.url)
+	var resp v1.ReserveResponse
+	if a := invoke(t, conn, "/capledger.v1.LedgerService/Reserve", "", &v1.ReserveRequest{ReservationId: "s1", Subject: "tenant-7", Route: "chat.generate", Units: map[string]int64{"tokens": 1, "requests": 1}}, &resp); a.Code != codes.OK {
+		t.Fatalf("reserve: %+v", a)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := h.front.Shutdown(ctx); err != nil {
+		t.Fatalf("shutdown: %v", err)
+	}
+	if _, err := http.Get(h.url + "/healthz"); err == nil {
+		t.Fatalf("the port still answers after Shutdown")
+	}
+}
+
+// diff describes how two answers differ ("" when they do not).
+func (a grpcAnswer) diff(b grpcAnswer) string {
+	var out []string
+	if a.Code != b.Code || a.Message != b.Message {
+		out = append(out, fmt.Sprintf("status %v %q, then %v %q", a.Code, a.Message, b.Code, b.Message))
+	}
+	if len(a.Details) != len(b.Details) {
+		out = append(out, fmt.Sprintf("details %v, then %v", a.Details, b.Details))
+	} else {
+		for i := range a.Details {
+			da, okA := a.Details[i].(proto.Message)
+			db, okB := b.Details[i].(proto.Message)
+			if !okA || !okB || !proto.Equal(da, db) {
+				out = append(out, fmt.Sprintf("detail %d: %v, then %v", i, a.Details[i], b.Details[i]))
+			}
+		}
+	}
+	if ma, mb := mdString(a.Header), mdString(b.Header); ma != mb {
+		out = append(out, "header "+ma+", then "+mb)
+	}
+	if ma, mb := mdString(a.Trailer), mdString(b.Trailer); ma != mb {
+		out = append(out, "trailer "+ma+", then "+mb)
+	}
+	if (a.Resp == nil) != (b.Resp == nil) || (a.Resp != nil && !proto.Equal(a.Resp, b.Resp)) {
+		out = append(out, fmt.Sprintf("response %v, then %v", a.Resp, b.Resp))
+	}
+	return strings.Join(out, "\n")
+}
+
+func mdString(md metadata.MD) string {
+	keys := make([]string, 0, len(md))
+	for k := range md {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var b strings.Builder
+	for _, k := range keys {
+		fmt.Fprintf(&b, "%s=%q ", k, md[k])
+	}
+	return b.String()
+}
+
+// TestSniffFallsBackToNetHTTP: a connection that is not gRPC, or whose
+// HTTP/2 start is malformed (a DATA frame before any HEADERS), goes to
+// net/http, which answers it as it always did.
+func TestSniffFallsBackToNetHTTP(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	addr := strings.TrimPrefix(h.url, "http://")
+	dial := func() net.Conn {
+		conn, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		conn.SetDeadline(time.Now().Add(10 * time.Second)) // a hang fails instead of blocking the run
+		return conn
+	}
+	// HTTP/1.1 on a raw socket.
+	conn := dial()
+	io.WriteString(conn, "GET /healthz HTTP/1.1\r\nHost: capledger\r\nConnection: close\r\n\r\n")
+	answer, err := io.ReadAll(conn)
+	if err != nil || !strings.HasPrefix(string(answer), "HTTP/1.1 200") || !strings.HasSuffix(string(answer), "ok\n") {
+		t.Fatalf("HTTP/1.1 on a raw socket: %q, %v", answer, err)
+	}
+	// An HTTP/2 preface, then DATA on stream 1: net/http's HTTP/2 server
+	// gets it and ends the connection with GOAWAY PROTOCOL_ERROR.
+	_, httpBefore := h.front.Routed()
+	conn = dial()
+	io.WriteString(conn, http2.ClientPreface)
+	framer := http2.NewFramer(conn, conn)
+	framer.WriteSettings()
+	framer.WriteData(1, true, []byte("not a request"))
+	var goAway *http2.GoAwayFrame
+	for goAway == nil {
+		frame, err := framer.ReadFrame()
+		if err != nil {
+			t.Fatalf("reading the answer to a malformed HTTP/2 start: %v", err)
+		}
+		goAway, _ = frame.(*http2.GoAwayFrame)
+	}
+	if goAway.ErrCode != http2.ErrCodeProtocol {
+		t.Fatalf("GOAWAY %v, want PROTOCOL_ERROR", goAway.ErrCode)
+	}
+	if grpcConns, httpConns := h.front.Routed(); grpcConns != 0 || httpConns != httpBefore+1 {
+		t.Fatalf("routed to grpc-go %d, to net/http %d more; want 0 and 1", grpcConns, httpConns-httpBefore)
+	}
+}
