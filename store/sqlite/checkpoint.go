@@ -64,18 +64,27 @@ func (c *checkpointer) run(ctx context.Context) {
 			// read) it copies on a later tick. An error (say, a full
 			// disk) leaves the WAL to grow, and is tried again on the
 			// next tick.
-			var busy, frames, copied int64
-			err := c.db.QueryRowContext(ctx, "PRAGMA wal_checkpoint(PASSIVE)").Scan(&busy, &frames, &copied)
-			if err != nil {
+			if err := c.checkpoint(ctx); err != nil {
 				c.onErr(err)
 				continue
 			}
 			checkpointed = n
-			if frames >= walRestartFrames && copied == frames {
-				c.restart(ctx)
-			}
 		}
 	}
+}
+
+// checkpoint copies what it can of the WAL into the database file
+// (PASSIVE), then restarts the WAL when it is past walRestartFrames and
+// was wholly copied.
+func (c *checkpointer) checkpoint(ctx context.Context) error {
+	var busy, frames, copied int64
+	if err := c.db.QueryRowContext(ctx, "PRAGMA wal_checkpoint(PASSIVE)").Scan(&busy, &frames, &copied); err != nil {
+		return err
+	}
+	if frames >= walRestartFrames && copied == frames {
+		c.restart(ctx)
+	}
+	return nil
 }
 
 // walRestartFrames is the WAL size, in frames (pages), past which the
