@@ -99,38 +99,13 @@ func (tx *Tx) putAccounts(ctx context.Context, accounts []ledger.Account, conv *
 			upserts = append(upserts, a)
 		}
 	}
-	args := tx.w.rowArgs
-	defer func() {
-		clear(args) // keep no row's strings alive
-		tx.w.rowArgs = args[:0]
-	}()
-	for k, size := range chunkSizes {
-		for len(short) >= size {
-			chunk := short[:size]
-			short = short[size:]
-			args = args[:0]
-			for _, a := range chunk {
-				args = append(args, accountArgs(a, conv)...)
-			}
-			describe := func() string {
-				what := "account " + chunk[0].Key.String()
-				if size > 1 {
-					what += fmt.Sprintf(" (and %d more)", size-1)
-				}
-				return what
-			}
-			if err := conv.Err(); err != nil {
-				return fmt.Errorf("%s: %w", describe(), err)
-			}
-			n, err := tx.w.execCount(stmtCtx(ctx), tx.w.stmts[wAccountUpdateRows+k], args)
-			if err != nil {
-				return fmt.Errorf("%s: %w", describe(), tx.err(ctx, err))
-			}
-			if n != int64(size) {
-				upserts = append(upserts, chunk...)
-			}
-		}
+	more, err := updateInChunks(ctx, tx, short, wAccountUpdateRows,
+		func(args []any, a *ledger.Account) []any { return append(args, accountArgs(a, conv)...) },
+		func(a *ledger.Account) string { return "account " + a.Key.String() }, conv)
+	if err != nil {
+		return err
 	}
+	upserts = append(upserts, more...)
 	for _, a := range upserts {
 		if err := tx.exec(ctx, wAccountPut, "account "+a.Key.String(), conv, accountArgs(a, conv)); err != nil {
 			return err
