@@ -120,7 +120,7 @@ func TestRetentionPause(t *testing.T) {
 		{"idle: the idle share", 32, 0.5, false, 0, 10 * time.Millisecond},
 		{"idle, finishing fast: the idle share", 32, 0.5, false, 100_000, 10 * time.Millisecond},
 	} {
-		if got := retentionPause(took, c.rows, c.share, c.busy, c.rate); (got-c.want).Abs() > time.Microsecond {
+		if got := retentionPause(took, c.rows, c.share, c.busy, c.rate); (got - c.want).Abs() > time.Microsecond {
 			t.Errorf("%s: pause %s, want %s", c.name, got, c.want)
 		}
 	}
