@@ -310,7 +310,13 @@ func (e *Engine) AuditWith(ctx context.Context, o AuditOptions) ([]ledger.Discre
 	// quarter: its read transaction stays open while it runs, and the
 	// WAL grows meanwhile.
 	spill := e.newPacer(1)
-	spillCtx := store.WithPause(ctx, func(took time.Duration) { spill.wait(ctx, took, 0) })
+	spillStart := time.Now()
+	spillCtx := store.WithPause(ctx, func() {
+		if took := time.Since(spillStart); took >= auditStep {
+			spill.wait(ctx, took, 0)
+			spillStart = time.Now()
+		}
+	})
 	err := e.core.store.AuditSnapshot(spillCtx, false, func(snap *ledger.Snapshot, _ int64) error {
 		var estimate int64
 		if o.Progress != nil && snap.Estimate != nil {

@@ -11,7 +11,6 @@ import (
 	"io"
 	"os"
 	"slices"
-	"time"
 
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
@@ -48,11 +47,9 @@ type auditSpill struct {
 // spillBuffer is the spill's read and write buffer.
 const spillBuffer = 64 << 10
 
-// The spill looks at the clock every spillCheckRows rows, and pauses
-// (store.Pause) once a step has taken spillStep (a variable for tests).
+// spillCheckRows: the spill offers to pause (store.Pause) every this
+// many rows.
 const spillCheckRows = 256
-
-var spillStep = 2 * time.Millisecond
 
 // newAuditSpill copies tx's reservations, its journal after checkpoint
 // last, its accounts and last's accounts into a new spill file in dir.
@@ -73,21 +70,16 @@ func newAuditSpill(ctx context.Context, dir string, tx *sql.Tx, last *ledger.Che
 	w := bufio.NewWriterSize(f, spillBuffer)
 	var head [3 * binary.MaxVarintLen64]byte
 	// The copy is paced as the caller's ctx says (store.WithPause: the
-	// engine's maintenance share), a step of spillStep at a time: at full
-	// speed it took a core beside admission for as long as it ran. The
-	// read transaction stays open across the pauses, so the WAL grows
-	// meanwhile (by what is committed during the copy, not during the
-	// whole audit).
+	// engine's maintenance share): at full speed it took a core beside
+	// admission for as long as it ran. The read transaction stays open
+	// across the pauses, so the WAL grows meanwhile (by what is committed
+	// during the copy, not during the whole audit).
 	var copied int
-	stepStart := time.Now()
 	record := func(b []byte, body []byte) error {
 		if copied++; copied%spillCheckRows == 0 {
-			if took := time.Since(stepStart); took >= spillStep {
-				store.Pause(ctx, took)
-				stepStart = time.Now()
-				if err := ctx.Err(); err != nil {
-					return err
-				}
+			store.Pause(ctx)
+			if err := ctx.Err(); err != nil {
+				return err
 			}
 		}
 		if _, err := w.Write(b); err != nil {
