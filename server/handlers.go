@@ -355,8 +355,8 @@ func (s *Server) Reserve(ctx context.Context, req *connect.Request[v1.ReserveReq
 // batch); items whose mapping went stale are run again one by one.
 func (s *Server) ReserveBatch(ctx context.Context, req *connect.Request[v1.ReserveBatchRequest]) (*connect.Response[v1.ReserveBatchResponse], error) {
 	items := req.Msg.GetRequests()
-	if len(items) > MaxBatchItems {
-		return nil, invalidArgument(ReasonInvalidCommand, "%d requests in one batch; at most %d", len(items), MaxBatchItems)
+	if cerr := checkBatchSize(len(items)); cerr != nil {
+		return nil, cerr
 	}
 	outcomes := make([]outcome[*v1.ReserveResponse], len(items))
 	unmapped := make([]*connect.Error, len(items))
@@ -397,6 +397,21 @@ func (s *Server) ReserveBatch(ctx context.Context, req *connect.Request[v1.Reser
 		}
 	}
 	return connect.NewResponse(resp), nil
+}
+
+// checkBatchSize refuses a batch without items or with more than
+// MaxBatchItems. An empty batch is refused rather than answered with no
+// outcomes: JSON `"requests": null`, `[]` and a missing field all decode to
+// no items, and a 200 `{}` would hide a client that lost its list (a
+// wrong field name inside a nested object, a serializer writing null).
+func checkBatchSize(n int) *connect.Error {
+	switch {
+	case n == 0:
+		return invalidArgument(ReasonInvalidCommand, "requests: a batch needs at least one item (the field is missing, null or empty)")
+	case n > MaxBatchItems:
+		return invalidArgument(ReasonInvalidCommand, "requests: %d items in one batch; at most %d", n, MaxBatchItems)
+	}
+	return nil
 }
 
 // itemFromConnect carries a server-decided error as a batch item.
@@ -527,8 +542,8 @@ func (s *Server) Settle(ctx context.Context, req *connect.Request[v1.SettleReque
 // SettleBatch implements LedgerService.SettleBatch.
 func (s *Server) SettleBatch(ctx context.Context, req *connect.Request[v1.SettleBatchRequest]) (*connect.Response[v1.SettleBatchResponse], error) {
 	items := req.Msg.GetRequests()
-	if len(items) > MaxBatchItems {
-		return nil, invalidArgument(ReasonInvalidCommand, "%d requests in one batch; at most %d", len(items), MaxBatchItems)
+	if cerr := checkBatchSize(len(items)); cerr != nil {
+		return nil, cerr
 	}
 	outcomes := make([]outcome[*v1.SettleResponse], len(items))
 	var cmds []ledger.Command
