@@ -1,6 +1,8 @@
 package server_test
 
 import (
+	"bytes"
+	"compress/gzip"
 	"net/http"
 	"strings"
 	"testing"
@@ -75,5 +77,41 @@ func TestLimitsAnswerTheirDocumentedCodes(t *testing.T) {
 	// Left out, the default applies.
 	if pub := h.ok("PublishPolicy", `{"policy":{"subject":"t2","route":"r","dimensions":[{"unit":"tokens","burst":"10"}]}}`, ""); field(pub, "policy", "holdTtl") != "60s" {
 		t.Errorf("default holdTtl: %v", pub)
+	}
+}
+
+// A gzip-compressed Connect body that inflates past the limit gets the
+// same 413 as a large one on the wire, never connect's 429 (a capacity
+// rejection to a client), and nothing of it is applied; one within the
+// limit is served, and a broken gzip stream is a 400.
+func TestCompressedBodyOverTheLimitIs413(t *testing.T) {
+	h := newHarness(t, harnessOptions{maxBody: 4096})
+	h.ok("PublishPolicy", tokensPolicy, "")
+	send := func(body []byte) response {
+		req, _ := http.NewRequest(http.MethodPost, h.url+"/capledger.v1.LedgerService/Reserve", bytes.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Content-Encoding", "gzip")
+		return h.do(req)
+	}
+	gz := func(s string) []byte {
+		var buf bytes.Buffer
+		zw := gzip.NewWriter(&buf)
+		zw.Write([]byte(s))
+		zw.Close()
+		return buf.Bytes()
+	}
+	bomb := `{"reservationId":"bomb","subject":"tenant-7","route":"chat.generate","units":{"tokens":1},"requestDigest":"` +
+		strings.Repeat("x", 100_000) + `"}`
+	r := send(gz(bomb))
+	if r.status != http.StatusRequestEntityTooLarge || r.body["code"] != "resource_exhausted" ||
+		!strings.Contains(r.body["message"].(string), "once decompressed") {
+		t.Errorf("gzip body inflating past the limit: %d %s", r.status, r.raw)
+	}
+	h.wantError(h.call("GetReservation", `{"reservationId":"bomb"}`, ""), http.StatusNotFound, "not_found", server.ReasonReservationNotFound)
+	if r := send(gz(reserveBody("small", 1))); r.status != http.StatusOK {
+		t.Errorf("gzip body within the limit: %d %s", r.status, r.raw)
+	}
+	if r := send([]byte("not gzip at all")); r.status != http.StatusBadRequest || r.body["code"] != "invalid_argument" {
+		t.Errorf("broken gzip body: %d %s", r.status, r.raw)
 	}
 }

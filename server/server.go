@@ -11,6 +11,7 @@ package server
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"errors"
@@ -250,6 +251,23 @@ func (s *Server) limitBody(next http.Handler) http.Handler {
 			}
 			r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
 		}
+		if !grpc && strings.EqualFold(r.Header.Get("Content-Encoding"), "gzip") && r.Body != nil && r.Body != http.NoBody {
+			// A compressed Connect body is decompressed here, up to the
+			// limit, for the same reason: one that inflates past it would
+			// otherwise reach connect's read limit and answer 429.
+			body, err := gunzipAtMost(r.Body, s.maxBody+1)
+			r.Body.Close()
+			if err != nil {
+				s.badBody(w, "request body: gzip: "+err.Error())
+				return
+			}
+			if int64(len(body)) > s.maxBody {
+				s.tooLarge(w, fmt.Sprintf("request body is larger than the limit of %d bytes once decompressed", s.maxBody))
+				return
+			}
+			r.Header.Del("Content-Encoding")
+			r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+		}
 		if r.Body != nil {
 			// Slack for gRPC framing and compression headers: the message
 			// limit proper is connect's, which answers in the protocol.
@@ -257,6 +275,24 @@ func (s *Server) limitBody(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// gunzipAtMost returns up to limit bytes of the gzip stream in body.
+func gunzipAtMost(body io.Reader, limit int64) ([]byte, error) {
+	zr, err := gzip.NewReader(body)
+	if err != nil {
+		return nil, err
+	}
+	defer zr.Close()
+	return io.ReadAll(io.LimitReader(zr, limit))
+}
+
+// badBody answers 400 with a Connect error body (code invalid_argument),
+// as connect answers a body it cannot decode.
+func (s *Server) badBody(w http.ResponseWriter, message string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusBadRequest)
+	json.NewEncoder(w).Encode(map[string]string{"code": connect.CodeInvalidArgument.String(), "message": message})
 }
 
 // tooLarge answers 413 with a Connect error body (code
