@@ -80,10 +80,25 @@ func outcomeLabel(res *ledger.Result) string {
 
 func checkID(field, id string) *connect.Error {
 	switch {
+	case strings.IndexByte(id, 0) >= 0:
+		return checkText(field, id)
 	case id == "":
 		return invalidArgument(ReasonInvalidCommand, "%s is required", field)
 	case len(id) > maxIDBytes:
 		return invalidArgument(ReasonInvalidCommand, "%s is %d bytes long; at most %d", field, len(id), maxIDBytes)
+	}
+	return nil
+}
+
+// checkText refuses a name holding a NUL byte (JSON "\u0000"): the
+// PostgreSQL store cannot keep one, and would fail the command as
+// unavailable, which a client retries forever. fields pairs each field
+// name with its value.
+func checkText(fields ...string) *connect.Error {
+	for i := 0; i+1 < len(fields); i += 2 {
+		if strings.IndexByte(fields[i+1], 0) >= 0 {
+			return invalidArgument(ReasonInvalidCommand, "%s contains a NUL byte", fields[i])
+		}
 	}
 	return nil
 }
@@ -102,6 +117,13 @@ func (s *Server) PublishPolicy(ctx context.Context, req *connect.Request[v1.Publ
 	p, err := PolicyFromProto(req.Msg.GetPolicy())
 	if err != nil {
 		return nil, invalidArgument(ReasonInvalidPolicy, "%v", err)
+	}
+	names := []string{"subject", p.Key.Subject, "route", p.Key.Route, "region", p.Key.Region, "estimator_digest", p.EstimatorDigest}
+	for _, d := range p.Dimensions {
+		names = append(names, "unit", d.Unit)
+	}
+	if cerr := checkText(names...); cerr != nil {
+		return nil, invalidArgument(ReasonInvalidPolicy, "%s", cerr.Message())
 	}
 	res, cerr := s.do(ctx, ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p})
 	if cerr != nil {
@@ -218,6 +240,9 @@ func (s *Server) reserveCommand(ctx context.Context, req *v1.ReserveRequest) (cm
 	}
 	if req.GetSubject() == ledger.AnySubject {
 		return cmd, nil, invalidArgument(ReasonInvalidCommand, "subject %q names every subject; reserve for a concrete one", ledger.AnySubject)
+	}
+	if cerr := checkText("subject", req.GetSubject(), "route", req.GetRoute(), "region", req.GetRegion(), "request_digest", req.GetRequestDigest()); cerr != nil {
+		return cmd, nil, cerr
 	}
 	region := regionOrDefault(req.GetRegion())
 	digest := req.GetRequestDigest()
@@ -659,6 +684,9 @@ func (s *Server) GetAccount(ctx context.Context, req *connect.Request[v1.GetAcco
 	key := ledger.PolicyKey{Subject: req.Msg.GetSubject(), Route: req.Msg.GetRoute(), Region: regionOrDefault(req.Msg.GetRegion())}
 	if key.Subject == "" || key.Subject == ledger.AnySubject || key.Route == "" {
 		return nil, invalidArgument(ReasonInvalidCommand, "subject (concrete, not %q) and route are required", ledger.AnySubject)
+	}
+	if cerr := checkText("subject", key.Subject, "route", key.Route, "region", key.Region); cerr != nil {
+		return nil, cerr
 	}
 	if !InScope(ctx, key.Subject, key.Route) {
 		// Answered as a subject that never reserved.

@@ -115,3 +115,28 @@ func TestCompressedBodyOverTheLimitIs413(t *testing.T) {
 		t.Errorf("broken gzip body: %d %s", r.status, r.raw)
 	}
 }
+
+// A name holding a NUL byte (JSON "\u0000") is refused as invalid: the
+// PostgreSQL store cannot keep one and would answer unavailable, which a
+// client retries forever.
+func TestNULInANameIsRefused(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"chat.generate","dimensions":[{"unit":"tokens","burst":"100"}]}}`, "")
+	for _, c := range []struct{ method, body, reason string }{
+		{"Reserve", `{"reservationId":"a\u0000b","subject":"tenant-7","route":"chat.generate","units":{"tokens":1}}`, server.ReasonInvalidCommand},
+		{"Reserve", `{"reservationId":"nul-subject","subject":"tenant\u0000","route":"chat.generate","units":{"tokens":1}}`, server.ReasonInvalidCommand},
+		{"Start", `{"reservationId":"x","operationId":"op\u0000"}`, server.ReasonInvalidCommand},
+		{"GetAccount", `{"subject":"tenant\u0000","route":"chat.generate"}`, server.ReasonInvalidCommand},
+		{"PublishPolicy", `{"policy":{"subject":"t","route":"r\u0000","dimensions":[{"unit":"tokens","burst":"10"}]}}`, server.ReasonInvalidPolicy},
+		{"PublishPolicy", `{"policy":{"subject":"t","route":"r","dimensions":[{"unit":"tok\u0000ens","burst":"10"}]}}`, server.ReasonInvalidPolicy},
+	} {
+		r := h.call(c.method, c.body, "")
+		h.wantError(r, http.StatusBadRequest, "invalid_argument", c.reason)
+		if msg, _ := r.body["message"].(string); !strings.Contains(msg, "NUL byte") {
+			t.Errorf("%s %s: %s", c.method, c.body, r.raw)
+		}
+	}
+	if got := h.ok("GetAccount", `{"subject":"tenant","route":"chat.generate"}`, ""); len(got) != 0 {
+		t.Errorf("a refused reserve opened an account: %v", got)
+	}
+}
