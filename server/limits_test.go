@@ -3,7 +3,9 @@ package server_test
 import (
 	"bytes"
 	"compress/gzip"
+	"encoding/base64"
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 
@@ -138,5 +140,31 @@ func TestNULInANameIsRefused(t *testing.T) {
 	}
 	if got := h.ok("GetAccount", `{"subject":"tenant","route":"chat.generate"}`, ""); len(got) != 0 {
 		t.Errorf("a refused reserve opened an account: %v", got)
+	}
+}
+
+// The same for a Connect GET whose message parameter is gzip-compressed
+// (compression=gzip, base64=1): 413 past the limit once decompressed, the
+// call served within it.
+func TestCompressedGetMessageOverTheLimitIs413(t *testing.T) {
+	h := newHarness(t, harnessOptions{maxBody: 4096})
+	h.ok("PublishPolicy", tokensPolicy, "")
+	h.ok("Reserve", reserveBody("get-me", 1), "")
+	get := func(message string) response {
+		var buf bytes.Buffer
+		zw := gzip.NewWriter(&buf)
+		zw.Write([]byte(message))
+		zw.Close()
+		q := url.Values{"encoding": {"json"}, "base64": {"1"}, "compression": {"gzip"},
+			"message": {base64.RawURLEncoding.EncodeToString(buf.Bytes())}}
+		req, _ := http.NewRequest(http.MethodGet, h.url+"/capledger.v1.LedgerService/GetReservation?"+q.Encode(), nil)
+		return h.do(req)
+	}
+	r := get(`{"reservationId":"` + strings.Repeat("x", 100_000) + `"}`)
+	if r.status != http.StatusRequestEntityTooLarge || r.body["code"] != "resource_exhausted" {
+		t.Errorf("compressed GET message past the limit: %d %s", r.status, r.raw)
+	}
+	if r := get(`{"reservationId":"get-me"}`); r.status != http.StatusOK || field(r.body, "reservation", "reservationId") != "get-me" {
+		t.Errorf("compressed GET message within the limit: %d %s", r.status, r.raw)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -251,6 +252,17 @@ func (s *Server) limitBody(next http.Handler) http.Handler {
 			}
 			r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
 		}
+		if q := r.URL.Query(); r.Method == http.MethodGet && q.Has("message") && strings.EqualFold(q.Get("compression"), "gzip") {
+			// A Connect GET's compressed message, likewise.
+			if status, message := s.gunzipGetMessage(r); status != 0 {
+				if status == http.StatusRequestEntityTooLarge {
+					s.tooLarge(w, message)
+				} else {
+					s.badBody(w, message)
+				}
+				return
+			}
+		}
 		if !grpc && strings.EqualFold(r.Header.Get("Content-Encoding"), "gzip") && r.Body != nil && r.Body != http.NoBody {
 			// A compressed Connect body is decompressed here, up to the
 			// limit, for the same reason: one that inflates past it would
@@ -275,6 +287,39 @@ func (s *Server) limitBody(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// gunzipGetMessage decompresses a Connect GET's gzip-compressed message
+// parameter in r's URL, up to the body limit, and puts it back
+// uncompressed (base64, so binary messages survive): 0 when it did, or
+// the status (413 past the limit, 400 for bad base64 or gzip) and the
+// message to answer.
+func (s *Server) gunzipGetMessage(r *http.Request) (int, string) {
+	q := r.URL.Query()
+	raw := []byte(q.Get("message"))
+	if q.Get("base64") == "1" {
+		unpadded := strings.TrimRight(string(raw), "=")
+		decoded, err := base64.RawURLEncoding.DecodeString(unpadded)
+		if err != nil {
+			decoded, err = base64.RawStdEncoding.DecodeString(unpadded)
+		}
+		if err != nil {
+			return http.StatusBadRequest, "message: base64: " + err.Error()
+		}
+		raw = decoded
+	}
+	body, err := gunzipAtMost(bytes.NewReader(raw), s.maxBody+1)
+	if err != nil {
+		return http.StatusBadRequest, "message: gzip: " + err.Error()
+	}
+	if int64(len(body)) > s.maxBody {
+		return http.StatusRequestEntityTooLarge, fmt.Sprintf("request message is larger than the limit of %d bytes once decompressed", s.maxBody)
+	}
+	q.Set("message", base64.RawURLEncoding.EncodeToString(body))
+	q.Set("base64", "1")
+	q.Del("compression")
+	r.URL.RawQuery = q.Encode()
+	return 0, ""
 }
 
 // gunzipAtMost returns up to limit bytes of the gzip stream in body.
