@@ -171,3 +171,27 @@ func TestFullAuditEndsItsReadTransaction(t *testing.T) {
 		t.Fatalf("the audit read %d reservations and %d journal entries, want the 600 of each committed before it began", reservations, entries)
 	}
 }
+
+// A spill that fails part-way (here the caller's context ended) returns
+// the error and closes its file; it once closed the nil it was about to
+// return, a panic that dropped the audit's connection and leaked the
+// spill's file descriptor.
+func TestAuditSpillFailureClosesItsFile(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(ctx, filepath.Join(t.TempDir(), "ledger.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	tx, err := s.readDB.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	ended, cancel := context.WithCancel(ctx)
+	cancel()
+	sp, err := newAuditSpill(ended, t.TempDir(), tx, nil)
+	if err == nil || sp != nil {
+		t.Fatalf("spill under an ended context: %v, %v", sp, err)
+	}
+}
