@@ -323,3 +323,26 @@ func TestNewRejectsBadAddresses(t *testing.T) {
 		t.Errorf("TLS without scheme: %v", err)
 	}
 }
+
+// An empty batch makes no call (the ledger refuses one as
+// invalid_argument) and answers no outcomes.
+func TestEmptyBatchMakesNoCall(t *testing.T) {
+	l := startLedger(t)
+	var sent int64
+	c, err := New(l.addr, WithHTTPClient(&http.Client{Transport: countingTransport{next: http.DefaultTransport, n: &sent}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	reserved, err := c.ReserveBatch(context.Background(), nil)
+	if err != nil || len(reserved) != 0 {
+		t.Fatalf("ReserveBatch of none: %v, %v", reserved, err)
+	}
+	settled, err := c.SettleBatch(context.Background(), []SettleItem{})
+	if err != nil || len(settled) != 0 {
+		t.Fatalf("SettleBatch of none: %v, %v", settled, err)
+	}
+	if sent != 0 {
+		t.Fatalf("%d calls sent for empty batches", sent)
+	}
+}

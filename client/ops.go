@@ -321,8 +321,12 @@ const MaxBatch = 1000
 // admitted items replay). It returns an error only for a bad item (no
 // digest possible), more than MaxBatch items, an answer the ledger gave for
 // the whole call, or *LostError when every answer was lost (look the ids up
-// or repeat the batch).
+// or repeat the batch). No items is no call and no outcomes (the ledger
+// refuses an empty batch as invalid_argument).
 func (c *Client) ReserveBatch(ctx context.Context, reqs []ReserveRequest) ([]ReserveOutcome, error) {
+	if len(reqs) == 0 {
+		return nil, nil
+	}
 	if len(reqs) > MaxBatch {
 		return nil, fmt.Errorf("reserve batch: %d items, at most %d", len(reqs), MaxBatch)
 	}
@@ -376,8 +380,11 @@ type SettleOutcome struct {
 
 // SettleBatch settles several reservations in one call, each on its own,
 // outcomes in request order, retried as a whole on a lost answer. Errors
-// as for ReserveBatch.
+// as for ReserveBatch; no items is no call.
 func (c *Client) SettleBatch(ctx context.Context, items []SettleItem) ([]SettleOutcome, error) {
+	if len(items) == 0 {
+		return nil, nil
+	}
 	if len(items) > MaxBatch {
 		return nil, fmt.Errorf("settle batch: %d items, at most %d", len(items), MaxBatch)
 	}

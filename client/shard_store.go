@@ -354,7 +354,9 @@ func (s *ShardStore) install(sh *ledger.Shard, token []byte, units []string, at 
 			other.local.Seal(at)
 		}
 	}
-	s.shards[sh.ID] = &storedShard{local: ledger.NewShardLocal(sh), token: slices.Clone(token), units: slices.Clone(units)}
+	local := ledger.NewShardLocal(sh)
+	local.Units = slices.Clone(units)
+	s.shards[sh.ID] = &storedShard{local: local, token: slices.Clone(token), units: slices.Clone(units)}
 	s.order = append(s.order, sh.ID)
 	if sh.Fence > s.newestFence[key] {
 		s.newestFence[key] = sh.Fence

@@ -134,8 +134,10 @@ func TestShardStoreLocalLedgerAndRestart(t *testing.T) {
 	must(st.Start("r2", "op2")) // in flight when the process dies
 	must(st.Reserve("r3", "d3", "tenant-7", "chat", "", Units{"tokens": 50}))
 	// The bound holds: 300 - 40 - 200 - 50 = 10 left.
-	if _, err := st.Reserve("r4", "d4", "tenant-7", "chat", "", Units{"tokens": 11}); !errors.Is(err, ledger.ErrInsufficientCapacity) {
-		t.Fatalf("beyond the shard: %v", err)
+	// The error names the unit as the caller wrote it, not its index.
+	if _, err := st.Reserve("r4", "d4", "tenant-7", "chat", "", Units{"tokens": 11}); !errors.Is(err, ledger.ErrInsufficientCapacity) ||
+		!strings.Contains(err.Error(), `"tokens"`) {
+		t.Fatalf("beyond the shard: %v, want it to name \"tokens\"", err)
 	}
 	if _, err := st.Reserve("r5", "d5", "tenant-9", "chat", "", Units{"tokens": 1}); !errors.Is(err, ErrNoShard) {
 		t.Fatalf("subject without a shard: %v", err)

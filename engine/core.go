@@ -118,6 +118,30 @@ func (c *Core) commit(ctx context.Context, cmds []ledger.Command, now time.Time,
 	return results, nil
 }
 
+// MetaReadyProbe is the meta row Probe writes: the time of the last probe
+// that committed, in Unix nanoseconds. Nothing reads it.
+const MetaReadyProbe = "engine_ready_probe"
+
+// Probe commits one small write transaction (MetaReadyProbe set to now)
+// durably, with Commit's fsync: nil when the store takes a write now;
+// otherwise the Begin, Write or Commit error. A write, not a read: a store
+// that answers reads but refuses writes (a full disk, a PostgreSQL
+// primary demoted to a read-only standby) is not ready.
+func (c *Core) Probe(ctx context.Context, now time.Time) error {
+	tx, err := c.store.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback(ctx)
+	if err := tx.Write(ctx, &store.Changes{Meta: map[string]int64{MetaReadyProbe: now.UnixNano()}}); err != nil {
+		return fmt.Errorf("write: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	return nil
+}
+
 // reserveSubjects returns the distinct subjects the reserves of cmds
 // name: the accounts a batch of reserves reads.
 func reserveSubjects(cmds []ledger.Command) []ledger.PolicyKey {

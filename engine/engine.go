@@ -125,6 +125,8 @@ type Engine struct {
 	finished  atomic.Uint64
 	lastBatch atomic.Int64
 	lastErr   atomic.Pointer[errBox]
+	// lastProbe is when Ready last probed the store (Unix nanoseconds).
+	lastProbe atomic.Int64
 
 	// lead is the worker lease; drains what the drain worker remembers.
 	lead       leader
@@ -721,17 +723,51 @@ func (e *Engine) Stats() Stats {
 	return s
 }
 
-// Ready returns nil when the last batch reached the store, or the error of
-// the last failed one; after a failed fsync (pipelined), that error for
-// good.
+// readyProbeEvery is how often, at most, Ready probes a store whose last
+// batch failed.
+const readyProbeEvery = time.Second
+
+// Ready returns nil when the last batch reached the store. After a failed
+// batch it probes the store (Core.Probe, at most once per readyProbeEvery,
+// not while a batch runs) and returns nil once a probe commits, so a
+// replica that readiness took out of rotation, and so gets no commands,
+// comes back when its store does; until then it returns the error of the
+// failed batch or of the last failed probe. After a failed fsync
+// (pipelined) it returns that error for good.
 func (e *Engine) Ready() error {
 	if err := e.failure(); err != nil {
 		return err
 	}
-	if box := e.lastErr.Load(); box != nil {
+	box := e.lastErr.Load()
+	if box == nil || box.err == nil {
+		return nil
+	}
+	if box = e.probe(box); box.err != nil {
 		return box.err
 	}
-	return nil
+	return e.failure()
+}
+
+// probe runs Core.Probe after the failed batch of failed, unless one ran
+// within readyProbeEvery or a batch runs now (its outcome will say), and
+// records the outcome where no batch has since: nil error when the store
+// took the write. It returns lastErr's box as it stands then.
+func (e *Engine) probe(failed *errBox) *errBox {
+	now := time.Now().UnixNano()
+	last := e.lastProbe.Load()
+	if now-last < int64(readyProbeEvery) || !e.lastProbe.CompareAndSwap(last, now) || !e.running.TryLock() {
+		return e.lastErr.Load()
+	}
+	defer e.running.Unlock()
+	ctx, cancel := context.WithTimeout(e.ctx, min(e.opts.BatchTimeout, 2*time.Second))
+	err := e.core.Probe(ctx, e.opts.Clock())
+	cancel()
+	next := &errBox{}
+	if err != nil {
+		next.err = fmt.Errorf("%w: ready probe after a failed batch: %w", store.ErrUnavailable, err)
+	}
+	e.lastErr.CompareAndSwap(failed, next)
+	return e.lastErr.Load()
 }
 
 // Close stops the workers and the committer; commands already taken into a

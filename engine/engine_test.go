@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -168,15 +169,64 @@ func TestFailedCommitAnswersErrorAndAppliesNothing(t *testing.T) {
 	if _, err := e.Reservation(context.Background(), "rl-1"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("a failed batch left its reservation behind: %v", err)
 	}
-	if err := e.Ready(); err == nil {
-		t.Fatal("Ready must report the failed batch")
-	}
 	res, err := e.Do(context.Background(), reserveCmd("rl-1", 600))
 	if err != nil || res.Err != nil || res.Replayed {
 		t.Fatalf("retry after a failed commit: %v %+v", err, res)
 	}
 	if err := e.Ready(); err != nil {
 		t.Fatalf("Ready after recovery: %v", err)
+	}
+	auditClean(t, e)
+}
+
+// Ready reports a failed batch while the store still refuses writes, and
+// comes back once the store takes one again, without any command: a
+// replica that readiness took out of rotation gets none.
+func TestReadyComesBackWhenTheStoreDoesWithoutTraffic(t *testing.T) {
+	ms := memstore.New()
+	e := New(ms, Options{DisableWorkers: true})
+	defer e.Close()
+	publish(t, e, 1000, time.Minute, 0)
+	ms.FailCommits(errors.New("disk on fire"))
+	if _, err := e.Do(context.Background(), reserveCmd("rl-1", 600)); !errors.Is(err, store.ErrUnavailable) {
+		t.Fatalf("a failed commit must reach the caller as unavailable, got %v", err)
+	}
+	if err := e.Ready(); !errors.Is(err, store.ErrUnavailable) || !strings.Contains(err.Error(), "disk on fire") {
+		t.Fatalf("Ready while the store refuses writes: %v", err)
+	}
+	ms.FailCommits(nil)
+	// Within readyProbeEvery of the last probe Ready does not probe again.
+	if err := e.Ready(); err == nil {
+		t.Fatal("Ready probed again within readyProbeEvery")
+	}
+	e.lastProbe.Store(0) // as if readyProbeEvery had passed
+	if err := e.Ready(); err != nil {
+		t.Fatalf("Ready after the store recovered, without traffic: %v", err)
+	}
+	tx, err := ms.Begin(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, err := tx.MetaGet(context.Background(), MetaReadyProbe); err != nil || v == 0 {
+		t.Fatalf("the probe's write: %d %v", v, err)
+	}
+	tx.Rollback(context.Background())
+	// A failure after recovery is reported again.
+	ms.FailCommits(errors.New("disk on fire again"))
+	if _, err := e.Do(context.Background(), reserveCmd("rl-2", 1)); !errors.Is(err, store.ErrUnavailable) {
+		t.Fatalf("second failure: %v", err)
+	}
+	e.lastProbe.Store(0)
+	if err := e.Ready(); err == nil || !strings.Contains(err.Error(), "again") {
+		t.Fatalf("Ready after the second failure: %v", err)
+	}
+	ms.FailCommits(nil)
+	res, err := e.Do(context.Background(), reserveCmd("rl-1", 600))
+	if err != nil || res.Err != nil || res.Replayed {
+		t.Fatalf("retry after the store recovered: %v %+v", err, res)
+	}
+	if err := e.Ready(); err != nil {
+		t.Fatalf("Ready after a batch worked: %v", err)
 	}
 	auditClean(t, e)
 }

@@ -274,8 +274,8 @@ func AuditWith(s *Snapshot, o AuditOptions) ([]Discrepancy, *Checkpoint) {
 		if sh.Reconciled {
 			for d := range sh.Allocated {
 				if sh.Spent[d]+sh.Unknown[d]+sh.Reminted[d] != sh.Allocated[d] || sh.Spent[d] < 0 || sh.Unknown[d] < 0 || sh.Reminted[d] < 0 {
-					add(CheckShard, sh.Account, "", "shard %s dimension %d: allocated %d != spent %d + unknown %d + reminted %d",
-						sh.ID, d, sh.Allocated[d], sh.Spent[d], sh.Unknown[d], sh.Reminted[d])
+					add(CheckShard, sh.Account, "", "shard %s %s: allocated %d != spent %d + unknown %d + reminted %d",
+						sh.ID, dimensionName(snapshotPolicy(s, sh.Account.Generation), d), sh.Allocated[d], sh.Spent[d], sh.Unknown[d], sh.Reminted[d])
 				}
 			}
 		}

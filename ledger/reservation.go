@@ -317,9 +317,9 @@ func aboveMaxUnits(p *Policy, units *Amounts) int {
 
 // dimensionName names dimension i for an error: by its unit, which is
 // what the caller wrote (units are a map of names in the API), and its
-// index.
+// index; by the index alone when p is nil or lacks the dimension.
 func dimensionName(p *Policy, i int) string {
-	if i < len(p.Dimensions) {
+	if p != nil && i < len(p.Dimensions) {
 		return fmt.Sprintf("%q (dimension %d)", p.Dimensions[i].Unit, i)
 	}
 	return fmt.Sprintf("dimension %d", i)

@@ -281,8 +281,8 @@ func IssueShard(b Book, cmd *Command, now time.Time) Result {
 
 	for i := 0; i < a.Dims; i++ {
 		if a.Balances[i].RetiredForEmergency > MaxLifetimeUnits-cmd.Units[i] {
-			return Result{Err: fmt.Errorf("%w: dimension %d has %d retired for emergency; %d more would pass %d (publish a new generation for a fresh account)",
-				ErrLifetimeExhausted, i, a.Balances[i].RetiredForEmergency, cmd.Units[i], MaxLifetimeUnits), Generation: p.Generation}
+			return Result{Err: fmt.Errorf("%w: %s has %d retired for emergency; %d more would pass %d (publish a new generation for a fresh account)",
+				ErrLifetimeExhausted, dimensionName(p, i), a.Balances[i].RetiredForEmergency, cmd.Units[i], MaxLifetimeUnits), Generation: p.Generation}
 		}
 	}
 
@@ -367,7 +367,10 @@ func ReconcileShard(b Book, args *ShardArgs, now time.Time) Result {
 		return Result{Err: fmt.Errorf("%w: shard %s is %s's, not %q's", ErrShardForeign, s.ID, s.GatewayID, args.GatewayID),
 			Shard: cloneShard(s), Generation: s.Account.Generation}
 	}
-	if err := checkReceipts(args.Receipts); err != nil {
+	// The receipts' amounts are in the shard generation's dimension order:
+	// its policy names them in errors (nil if unreadable: then by index).
+	unitsOf, _ := b.Policy(s.Account.Generation)
+	if err := checkReceipts(args.Receipts, unitsOf); err != nil {
 		return Result{Err: err, Shard: cloneShard(s), Generation: s.Account.Generation}
 	}
 
@@ -394,12 +397,12 @@ func ReconcileShard(b Book, args *ShardArgs, now time.Time) Result {
 				// overflow int64 however many receipts arrive: each
 				// amount is at most MaxUnits.
 				if unknown[d] > s.Allocated[d] {
-					return Result{Err: invalid("receipts hold at least %d units of unknown work in dimension %d, more than the %d allocated",
-						unknown[d], d, s.Allocated[d]), Shard: cloneShard(s)}
+					return Result{Err: invalid("receipts hold at least %d units of unknown work in %s, more than the %d allocated",
+						unknown[d], dimensionName(unitsOf, d), s.Allocated[d]), Shard: cloneShard(s)}
 				}
 				if used[d] > MaxLifetimeUnits {
-					return Result{Err: fmt.Errorf("%w: receipts of shard %s report more than %d units used in dimension %d",
-						ErrLifetimeExhausted, s.ID, MaxLifetimeUnits, d), Shard: cloneShard(s), Generation: s.Account.Generation}
+					return Result{Err: fmt.Errorf("%w: receipts of shard %s report more than %d units used in %s",
+						ErrLifetimeExhausted, s.ID, MaxLifetimeUnits, dimensionName(unitsOf, d)), Shard: cloneShard(s), Generation: s.Account.Generation}
 				}
 			}
 		}
@@ -480,8 +483,8 @@ func ReconcileShard(b Book, args *ShardArgs, now time.Time) Result {
 				// number of them does not bound the charge: check it
 				// receipt by receipt (each adds at most MaxUnits).
 				if charged[d] > MaxLifetimeUnits {
-					return Result{Err: fmt.Errorf("%w: receipts of shard %s charge more than %d units of usage beyond their holds in dimension %d",
-						ErrLifetimeExhausted, s.ID, MaxLifetimeUnits, d), Shard: cloneShard(s), Generation: s.Account.Generation}
+					return Result{Err: fmt.Errorf("%w: receipts of shard %s charge more than %d units of usage beyond their holds in %s",
+						ErrLifetimeExhausted, s.ID, MaxLifetimeUnits, dimensionName(unitsOf, d)), Shard: cloneShard(s), Generation: s.Account.Generation}
 				}
 			}
 		}
@@ -510,8 +513,9 @@ func ReconcileShard(b Book, args *ShardArgs, now time.Time) Result {
 	return Result{Shard: cloneShard(s), Move: move, Generation: s.Account.Generation}
 }
 
-// checkReceipts validates a submission's shape.
-func checkReceipts(receipts []ShardReceipt) error {
+// checkReceipts validates a submission's shape; p (nil: unknown) names
+// the amounts' dimensions in its errors.
+func checkReceipts(receipts []ShardReceipt, p *Policy) error {
 	seen := make(map[string]bool, len(receipts))
 	for i := range receipts {
 		r := &receipts[i]
@@ -524,7 +528,7 @@ func checkReceipts(receipts []ShardReceipt) error {
 		seen[r.ReservationID] = true
 		for d := range r.Reserved {
 			if r.Reserved[d] < 0 || r.Actual[d] < 0 || r.Reserved[d] > MaxUnits || r.Actual[d] > MaxUnits {
-				return invalid("receipt %s: amounts in dimension %d are outside [0, %d]", r.ReservationID, d, MaxUnits)
+				return invalid("receipt %s: amounts in %s are outside [0, %d]", r.ReservationID, dimensionName(p, d), MaxUnits)
 			}
 		}
 		switch r.State {
@@ -600,8 +604,8 @@ func remintTarget(b Book, s *Shard, units, debt Amounts, now time.Time) (*remint
 		}
 		// debt and units are at most MaxLifetimeUnits and MaxUnits here.
 		if retired := to.Balances[j].RetiredForMove; retired > MaxLifetimeUnits-debt[i]-units[i] {
-			return nil, fmt.Errorf("%w: %s dimension %d has %d retired for moves; a remint of %d and a charge of %d could pass %d (publish a new generation for a fresh account)",
-				ErrLifetimeExhausted, to.Key, j, retired, units[i], debt[i], MaxLifetimeUnits)
+			return nil, fmt.Errorf("%w: %s %s has %d retired for moves; a remint of %d and a charge of %d could pass %d (publish a new generation for a fresh account)",
+				ErrLifetimeExhausted, to.Key, dimensionName(toPolicy, j), retired, units[i], debt[i], MaxLifetimeUnits)
 		}
 	}
 	return &remintDest{to: to, toPolicy: toPolicy, fromPolicy: fromPolicy}, nil

@@ -78,12 +78,22 @@ func auditShards(s *Snapshot) []Discrepancy {
 		sh := shards[id]
 		for d := range sum {
 			if sum[d] > sh.Reminted[d] {
-				add(CheckShardRemint, sh.Account, "shard %s dimension %d: remint moves minted %d, the shard confirmed %d unused",
-					id, d, sum[d], sh.Reminted[d])
+				add(CheckShardRemint, sh.Account, "shard %s %s: remint moves minted %d, the shard confirmed %d unused",
+					id, dimensionName(snapshotPolicy(s, sh.Account.Generation), d), sum[d], sh.Reminted[d])
 			}
 		}
 	}
 	return out
+}
+
+// snapshotPolicy returns generation's policy in s, or nil.
+func snapshotPolicy(s *Snapshot, generation uint64) *Policy {
+	for i := range s.Policies {
+		if s.Policies[i].Generation == generation {
+			return &s.Policies[i]
+		}
+	}
+	return nil
 }
 
 // shardOfRemint returns the shard id of a ShardRemintReceipt id.

@@ -37,6 +37,10 @@ type ShardLocal struct {
 	// Sealed is set once the shard admits nothing more: it was handed back
 	// for reconciliation, or a later boot of the gateway inherited it.
 	Sealed bool
+	// Units, when set, are the unit names of the amounts' positions (the
+	// shard generation's dimensions, in order); errors name a dimension by
+	// its unit then, as the caller wrote it, and by its index otherwise.
+	Units []string
 
 	reservations map[string]*Reservation
 	order        []string
@@ -79,20 +83,28 @@ func (l *ShardLocal) Check() error {
 	}
 	for d := range l.Shard.Allocated {
 		if held[d] != l.Reserved[d] || used[d] != l.Spent[d]+l.Overdraft[d] {
-			return fmt.Errorf("shard %s dimension %d: reserved %d, holds %d; spent %d + overdraft %d, settled usage %d",
-				l.Shard.ID, d, l.Reserved[d], held[d], l.Spent[d], l.Overdraft[d], used[d])
+			return fmt.Errorf("shard %s %s: reserved %d, holds %d; spent %d + overdraft %d, settled usage %d",
+				l.Shard.ID, l.dimension(d), l.Reserved[d], held[d], l.Spent[d], l.Overdraft[d], used[d])
 		}
 		sum := l.Available[d] + l.Reserved[d] + l.Spent[d] + l.Retired[d]
 		if sum != l.Shard.Allocated[d] {
-			return fmt.Errorf("shard %s dimension %d: allocated %d != available %d + reserved %d + spent %d + retired %d",
-				l.Shard.ID, d, l.Shard.Allocated[d], l.Available[d], l.Reserved[d], l.Spent[d], l.Retired[d])
+			return fmt.Errorf("shard %s %s: allocated %d != available %d + reserved %d + spent %d + retired %d",
+				l.Shard.ID, l.dimension(d), l.Shard.Allocated[d], l.Available[d], l.Reserved[d], l.Spent[d], l.Retired[d])
 		}
 		if l.Available[d] < 0 || l.Reserved[d] < 0 || l.Spent[d] < 0 || l.Retired[d] < 0 || l.Overdraft[d] < 0 {
-			return fmt.Errorf("shard %s dimension %d: negative term (available %d, reserved %d, spent %d, retired %d, overdraft %d)",
-				l.Shard.ID, d, l.Available[d], l.Reserved[d], l.Spent[d], l.Retired[d], l.Overdraft[d])
+			return fmt.Errorf("shard %s %s: negative term (available %d, reserved %d, spent %d, retired %d, overdraft %d)",
+				l.Shard.ID, l.dimension(d), l.Available[d], l.Reserved[d], l.Spent[d], l.Retired[d], l.Overdraft[d])
 		}
 	}
 	return nil
+}
+
+// dimension names dimension d for an error (see Units).
+func (l *ShardLocal) dimension(d int) string {
+	if d < len(l.Units) && l.Units[d] != "" {
+		return fmt.Sprintf("%q (dimension %d)", l.Units[d], d)
+	}
+	return fmt.Sprintf("dimension %d", d)
 }
 
 // Reservation returns the local receipt of id.
@@ -136,7 +148,7 @@ func (l *ShardLocal) Reserve(id, digest string, units Amounts, now time.Time) Re
 	positive := false
 	for d, u := range units {
 		if u < 0 || u > MaxUnits {
-			return Result{Err: invalid("units in dimension %d are outside [0, %d] (%d)", d, MaxUnits, u)}
+			return Result{Err: invalid("units in %s are outside [0, %d] (%d)", l.dimension(d), MaxUnits, u)}
 		}
 		positive = positive || u > 0
 	}
@@ -148,8 +160,8 @@ func (l *ShardLocal) Reserve(id, digest string, units Amounts, now time.Time) Re
 	}
 	for d, u := range units {
 		if u > l.Available[d] {
-			return Result{Err: fmt.Errorf("%w: shard %s has %d left in dimension %d, %d asked",
-				ErrInsufficientCapacity, l.Shard.ID, l.Available[d], d, u), Generation: l.Shard.Account.Generation}
+			return Result{Err: fmt.Errorf("%w: shard %s has %d left in %s, %d asked",
+				ErrInsufficientCapacity, l.Shard.ID, l.Available[d], l.dimension(d), u), Generation: l.Shard.Account.Generation}
 		}
 	}
 	for d, u := range units {
@@ -249,7 +261,7 @@ func (l *ShardLocal) Settle(id, operationID string, actual Amounts, now time.Tim
 	}
 	for d, u := range actual {
 		if u < 0 || u > MaxUnits {
-			return Result{Err: invalid("actual units in dimension %d are outside [0, %d] (%d)", d, MaxUnits, u), Reservation: *r}
+			return Result{Err: invalid("actual units in %s are outside [0, %d] (%d)", l.dimension(d), MaxUnits, u), Reservation: *r}
 		}
 	}
 	var refunded Amounts

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/ed25519"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -594,5 +595,61 @@ func TestShardLateReceiptMayNotReleaseStartedWork(t *testing.T) {
 				t.Fatalf("standing of a resolved receipt: %v", got)
 			}
 		})
+	}
+}
+
+// Shard errors and audit details name a dimension by its unit, which is
+// what the caller wrote (units are maps of names in the API and the SDK),
+// not only by its index.
+func TestShardErrorsNameTheUnit(t *testing.T) {
+	c := newChecked(t)
+	c.publish(emergencyPolicy())
+	c.must(c.apply(issueCmd("sh-1", "gw-a", 1, 100)))
+	for name, receipts := range map[string][]ledger.ShardReceipt{
+		"negative":    {{ReservationID: "a", State: ledger.StateSettled, Actual: ledger.Amounts{-1}}},
+		"unknown>all": {{ReservationID: "a", State: ledger.StateUsageUnknown, Reserved: ledger.Amounts{101}}},
+	} {
+		if res := c.apply(reconcileCmd("sh-1", "gw-a", receipts)); !errors.Is(res.Err, ledger.ErrInvalidCommand) ||
+			!strings.Contains(res.Err.Error(), `"tokens"`) {
+			t.Errorf("%s: %v, want ErrInvalidCommand naming \"tokens\"", name, res.Err)
+		}
+	}
+
+	issued, _ := c.m.Shard("sh-1")
+	local := ledger.NewShardLocal(issued)
+	local.Units = []string{"tokens"}
+	if res := local.Reserve("r1", "d", ledger.Amounts{101}, c.now); !errors.Is(res.Err, ledger.ErrInsufficientCapacity) ||
+		!strings.Contains(res.Err.Error(), `"tokens"`) {
+		t.Errorf("local reserve above the shard: %v, want it to name \"tokens\"", res.Err)
+	}
+	if res := local.Reserve("r2", "d", ledger.Amounts{-1}, c.now); !errors.Is(res.Err, ledger.ErrInvalidCommand) ||
+		!strings.Contains(res.Err.Error(), `"tokens"`) {
+		t.Errorf("local reserve of a negative amount: %v, want it to name \"tokens\"", res.Err)
+	}
+	// Without names (the simulator's shards), by index.
+	if res := ledger.NewShardLocal(issued).Reserve("r1", "d", ledger.Amounts{101}, c.now); res.Err == nil ||
+		!strings.Contains(res.Err.Error(), "dimension 0") {
+		t.Errorf("local reserve without unit names: %v, want it to name dimension 0", res.Err)
+	}
+
+	c.must(c.apply(reconcileCmd("sh-1", "gw-a", nil)))
+	for name, broken := range map[string]func(*ledger.Snapshot){
+		"duplicate remint": func(s *ledger.Snapshot) {
+			again := s.Moves[0]
+			again.ReceiptID = ledger.ShardRemintReceipt("sh-1", 2)
+			s.Moves = append(s.Moves, again)
+		},
+		"split": func(s *ledger.Snapshot) { s.Shards[0].Spent[0] = 1 },
+	} {
+		snap := c.m.Snapshot()
+		broken(snap)
+		ds := ledger.Audit(snap)
+		named := false
+		for _, d := range ds {
+			named = named || (strings.HasPrefix(d.Check, "shard") && strings.Contains(d.Detail, `"tokens"`))
+		}
+		if !named {
+			t.Errorf("%s: %v, want a shard discrepancy naming \"tokens\"", name, ds)
+		}
 	}
 }

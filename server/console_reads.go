@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"time"
@@ -224,8 +225,19 @@ func (c consoleService) GetResolverAnswers(ctx context.Context, req *connect.Req
 		return nil, cerr
 	}
 	ids := req.Msg.GetReservationIds()
-	if len(ids) > maxResolverAnswerIDs {
+	switch {
+	case len(ids) == 0:
+		return nil, invalidArgument(ReasonInvalidCommand, "reservation_ids: at least one id is required")
+	case len(ids) > maxResolverAnswerIDs:
 		return nil, invalidArgument(ReasonInvalidCommand, "%d reservation_ids: at most %d", len(ids), maxResolverAnswerIDs)
+	}
+	// An empty (or over-long) id names no reservation: refused as every
+	// other method refuses it, rather than answered as an id without an
+	// answer, which would read as "not asked about yet".
+	for i, id := range ids {
+		if cerr := checkID(fmt.Sprintf("reservation_ids[%d]", i), id); cerr != nil {
+			return nil, cerr
+		}
 	}
 	answers, err := cs.ResolverAnswersGet(ctx, ids)
 	if err != nil {

@@ -225,6 +225,20 @@ func TestConsoleResolverAnswers(t *testing.T) {
 		t.Errorf("out of scope %d %s, unknown %d %s", other.status, other.raw, nobody.status, nobody.raw)
 	}
 	h.wantError(h.consoleCall("GetResolverAnswers", `{"reservationIds":["ua"]}`, gatewayToken), http.StatusForbidden, "permission_denied", server.ReasonPermissionDenied)
+	// An empty id, an over-long one, or none at all is refused, naming
+	// the field: not answered as ids nobody asked about.
+	for body, want := range map[string]string{
+		`{"reservationIds":["ua",""]}`:                            "reservation_ids[1] is required",
+		`{"reservationIds":["` + strings.Repeat("x", 257) + `"]}`: "reservation_ids[0] is 257 bytes long",
+		`{"reservationIds":[]}`:                                   "reservation_ids: at least one id",
+		`{}`:                                                      "reservation_ids: at least one id",
+	} {
+		r := h.consoleCall("GetResolverAnswers", body, consoleViewer)
+		h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidCommand)
+		if msg, _ := r.body["message"].(string); !strings.Contains(msg, want) {
+			t.Errorf("%.40s: message %q, want it to say %q", body, msg, want)
+		}
+	}
 	// Settled by its gateway: its answer is gone.
 	h.ok("Settle", `{"reservationId":"ub","operationId":"op-ub","actualUnits":{"tokens":0}}`, adminToken)
 	if got := answers(`{"reservationIds":["ub"]}`, consoleViewer); len(got) != 0 {

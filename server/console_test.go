@@ -199,17 +199,18 @@ func TestConsoleServiceRespectsScopes(t *testing.T) {
 	}
 }
 
-// The overview's readiness is /readyz's: not ready after a failed commit,
+// The overview's readiness is /readyz's: not ready while commits fail,
 // with the reason, and ready again after the next commit worked.
 func TestConsoleOverviewReadinessIsReadyz(t *testing.T) {
 	h := newHarness(t, harnessOptions{faults: true})
 	h.ok("PublishPolicy", tokensPolicy, "")
-	h.faults.FailNextCommit(fmt.Errorf("disk gone: %w", store.ErrUnavailable))
+	h.faults.FailCommits(fmt.Errorf("disk gone: %w", store.ErrUnavailable))
 	h.wantError(h.call("Reserve", reserveBody("lost", 10), ""), http.StatusServiceUnavailable, "unavailable", server.ReasonStoreUnavailable)
 	ov := h.consoleOK("GetOverview", `{}`, "")
 	if ov["ready"] == true || !strings.Contains(fmt.Sprint(ov["readyError"]), "disk gone") {
 		t.Errorf("overview after a failed commit: %v", ov)
 	}
+	h.faults.FailCommits(nil)
 	h.ok("Reserve", reserveBody("lost", 10), "")
 	if ov := h.consoleOK("GetOverview", `{}`, ""); ov["ready"] != true || ov["readyError"] != nil {
 		t.Errorf("overview after recovery: %v", ov)

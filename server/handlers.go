@@ -80,10 +80,25 @@ func outcomeLabel(res *ledger.Result) string {
 
 func checkID(field, id string) *connect.Error {
 	switch {
+	case strings.IndexByte(id, 0) >= 0:
+		return checkText(field, id)
 	case id == "":
 		return invalidArgument(ReasonInvalidCommand, "%s is required", field)
 	case len(id) > maxIDBytes:
 		return invalidArgument(ReasonInvalidCommand, "%s is %d bytes long; at most %d", field, len(id), maxIDBytes)
+	}
+	return nil
+}
+
+// checkText refuses a name holding a NUL byte (JSON "\u0000"): the
+// PostgreSQL store cannot keep one, and would fail the command as
+// unavailable, which a client retries forever. fields pairs each field
+// name with its value.
+func checkText(fields ...string) *connect.Error {
+	for i := 0; i+1 < len(fields); i += 2 {
+		if strings.IndexByte(fields[i+1], 0) >= 0 {
+			return invalidArgument(ReasonInvalidCommand, "%s contains a NUL byte", fields[i])
+		}
 	}
 	return nil
 }
@@ -102,6 +117,13 @@ func (s *Server) PublishPolicy(ctx context.Context, req *connect.Request[v1.Publ
 	p, err := PolicyFromProto(req.Msg.GetPolicy())
 	if err != nil {
 		return nil, invalidArgument(ReasonInvalidPolicy, "%v", err)
+	}
+	names := []string{"subject", p.Key.Subject, "route", p.Key.Route, "region", p.Key.Region, "estimator_digest", p.EstimatorDigest}
+	for _, d := range p.Dimensions {
+		names = append(names, "unit", d.Unit)
+	}
+	if cerr := checkText(names...); cerr != nil {
+		return nil, invalidArgument(ReasonInvalidPolicy, "%s", cerr.Message())
 	}
 	res, cerr := s.do(ctx, ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p})
 	if cerr != nil {
@@ -218,6 +240,9 @@ func (s *Server) reserveCommand(ctx context.Context, req *v1.ReserveRequest) (cm
 	}
 	if req.GetSubject() == ledger.AnySubject {
 		return cmd, nil, invalidArgument(ReasonInvalidCommand, "subject %q names every subject; reserve for a concrete one", ledger.AnySubject)
+	}
+	if cerr := checkText("subject", req.GetSubject(), "route", req.GetRoute(), "region", req.GetRegion(), "request_digest", req.GetRequestDigest()); cerr != nil {
+		return cmd, nil, cerr
 	}
 	region := regionOrDefault(req.GetRegion())
 	digest := req.GetRequestDigest()
@@ -355,8 +380,8 @@ func (s *Server) Reserve(ctx context.Context, req *connect.Request[v1.ReserveReq
 // batch); items whose mapping went stale are run again one by one.
 func (s *Server) ReserveBatch(ctx context.Context, req *connect.Request[v1.ReserveBatchRequest]) (*connect.Response[v1.ReserveBatchResponse], error) {
 	items := req.Msg.GetRequests()
-	if len(items) > MaxBatchItems {
-		return nil, invalidArgument(ReasonInvalidCommand, "%d requests in one batch; at most %d", len(items), MaxBatchItems)
+	if cerr := checkBatchSize(len(items)); cerr != nil {
+		return nil, cerr
 	}
 	outcomes := make([]outcome[*v1.ReserveResponse], len(items))
 	unmapped := make([]*connect.Error, len(items))
@@ -397,6 +422,21 @@ func (s *Server) ReserveBatch(ctx context.Context, req *connect.Request[v1.Reser
 		}
 	}
 	return connect.NewResponse(resp), nil
+}
+
+// checkBatchSize refuses a batch without items or with more than
+// MaxBatchItems. An empty batch is refused rather than answered with no
+// outcomes: JSON `"requests": null`, `[]` and a missing field all decode to
+// no items, and a 200 `{}` would hide a client that lost its list (a
+// wrong field name inside a nested object, a serializer writing null).
+func checkBatchSize(n int) *connect.Error {
+	switch {
+	case n == 0:
+		return invalidArgument(ReasonInvalidCommand, "requests: a batch needs at least one item (the field is missing, null or empty)")
+	case n > MaxBatchItems:
+		return invalidArgument(ReasonInvalidCommand, "requests: %d items in one batch; at most %d", n, MaxBatchItems)
+	}
+	return nil
 }
 
 // itemFromConnect carries a server-decided error as a batch item.
@@ -527,8 +567,8 @@ func (s *Server) Settle(ctx context.Context, req *connect.Request[v1.SettleReque
 // SettleBatch implements LedgerService.SettleBatch.
 func (s *Server) SettleBatch(ctx context.Context, req *connect.Request[v1.SettleBatchRequest]) (*connect.Response[v1.SettleBatchResponse], error) {
 	items := req.Msg.GetRequests()
-	if len(items) > MaxBatchItems {
-		return nil, invalidArgument(ReasonInvalidCommand, "%d requests in one batch; at most %d", len(items), MaxBatchItems)
+	if cerr := checkBatchSize(len(items)); cerr != nil {
+		return nil, cerr
 	}
 	outcomes := make([]outcome[*v1.SettleResponse], len(items))
 	var cmds []ledger.Command
@@ -644,6 +684,9 @@ func (s *Server) GetAccount(ctx context.Context, req *connect.Request[v1.GetAcco
 	key := ledger.PolicyKey{Subject: req.Msg.GetSubject(), Route: req.Msg.GetRoute(), Region: regionOrDefault(req.Msg.GetRegion())}
 	if key.Subject == "" || key.Subject == ledger.AnySubject || key.Route == "" {
 		return nil, invalidArgument(ReasonInvalidCommand, "subject (concrete, not %q) and route are required", ledger.AnySubject)
+	}
+	if cerr := checkText("subject", key.Subject, "route", key.Route, "region", key.Region); cerr != nil {
+		return nil, cerr
 	}
 	if !InScope(ctx, key.Subject, key.Route) {
 		// Answered as a subject that never reserved.

@@ -1,7 +1,11 @@
 package server_test
 
 import (
+	"bytes"
+	"compress/gzip"
+	"encoding/base64"
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 
@@ -75,5 +79,92 @@ func TestLimitsAnswerTheirDocumentedCodes(t *testing.T) {
 	// Left out, the default applies.
 	if pub := h.ok("PublishPolicy", `{"policy":{"subject":"t2","route":"r","dimensions":[{"unit":"tokens","burst":"10"}]}}`, ""); field(pub, "policy", "holdTtl") != "60s" {
 		t.Errorf("default holdTtl: %v", pub)
+	}
+}
+
+// A gzip-compressed Connect body that inflates past the limit gets the
+// same 413 as a large one on the wire, never connect's 429 (a capacity
+// rejection to a client), and nothing of it is applied; one within the
+// limit is served, and a broken gzip stream is a 400.
+func TestCompressedBodyOverTheLimitIs413(t *testing.T) {
+	h := newHarness(t, harnessOptions{maxBody: 4096})
+	h.ok("PublishPolicy", tokensPolicy, "")
+	send := func(body []byte) response {
+		req, _ := http.NewRequest(http.MethodPost, h.url+"/capledger.v1.LedgerService/Reserve", bytes.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Content-Encoding", "gzip")
+		return h.do(req)
+	}
+	gz := func(s string) []byte {
+		var buf bytes.Buffer
+		zw := gzip.NewWriter(&buf)
+		zw.Write([]byte(s))
+		zw.Close()
+		return buf.Bytes()
+	}
+	bomb := `{"reservationId":"bomb","subject":"tenant-7","route":"chat.generate","units":{"tokens":1},"requestDigest":"` +
+		strings.Repeat("x", 100_000) + `"}`
+	r := send(gz(bomb))
+	if r.status != http.StatusRequestEntityTooLarge || r.body["code"] != "resource_exhausted" ||
+		!strings.Contains(r.body["message"].(string), "once decompressed") {
+		t.Errorf("gzip body inflating past the limit: %d %s", r.status, r.raw)
+	}
+	h.wantError(h.call("GetReservation", `{"reservationId":"bomb"}`, ""), http.StatusNotFound, "not_found", server.ReasonReservationNotFound)
+	if r := send(gz(reserveBody("small", 1))); r.status != http.StatusOK {
+		t.Errorf("gzip body within the limit: %d %s", r.status, r.raw)
+	}
+	if r := send([]byte("not gzip at all")); r.status != http.StatusBadRequest || r.body["code"] != "invalid_argument" {
+		t.Errorf("broken gzip body: %d %s", r.status, r.raw)
+	}
+}
+
+// A name holding a NUL byte (JSON "\u0000") is refused as invalid: the
+// PostgreSQL store cannot keep one and would answer unavailable, which a
+// client retries forever.
+func TestNULInANameIsRefused(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"chat.generate","dimensions":[{"unit":"tokens","burst":"100"}]}}`, "")
+	for _, c := range []struct{ method, body, reason string }{
+		{"Reserve", `{"reservationId":"a\u0000b","subject":"tenant-7","route":"chat.generate","units":{"tokens":1}}`, server.ReasonInvalidCommand},
+		{"Reserve", `{"reservationId":"nul-subject","subject":"tenant\u0000","route":"chat.generate","units":{"tokens":1}}`, server.ReasonInvalidCommand},
+		{"Start", `{"reservationId":"x","operationId":"op\u0000"}`, server.ReasonInvalidCommand},
+		{"GetAccount", `{"subject":"tenant\u0000","route":"chat.generate"}`, server.ReasonInvalidCommand},
+		{"PublishPolicy", `{"policy":{"subject":"t","route":"r\u0000","dimensions":[{"unit":"tokens","burst":"10"}]}}`, server.ReasonInvalidPolicy},
+		{"PublishPolicy", `{"policy":{"subject":"t","route":"r","dimensions":[{"unit":"tok\u0000ens","burst":"10"}]}}`, server.ReasonInvalidPolicy},
+	} {
+		r := h.call(c.method, c.body, "")
+		h.wantError(r, http.StatusBadRequest, "invalid_argument", c.reason)
+		if msg, _ := r.body["message"].(string); !strings.Contains(msg, "NUL byte") {
+			t.Errorf("%s %s: %s", c.method, c.body, r.raw)
+		}
+	}
+	if got := h.ok("GetAccount", `{"subject":"tenant","route":"chat.generate"}`, ""); len(got) != 0 {
+		t.Errorf("a refused reserve opened an account: %v", got)
+	}
+}
+
+// The same for a Connect GET whose message parameter is gzip-compressed
+// (compression=gzip, base64=1): 413 past the limit once decompressed, the
+// call served within it.
+func TestCompressedGetMessageOverTheLimitIs413(t *testing.T) {
+	h := newHarness(t, harnessOptions{maxBody: 4096})
+	h.ok("PublishPolicy", tokensPolicy, "")
+	h.ok("Reserve", reserveBody("get-me", 1), "")
+	get := func(message string) response {
+		var buf bytes.Buffer
+		zw := gzip.NewWriter(&buf)
+		zw.Write([]byte(message))
+		zw.Close()
+		q := url.Values{"encoding": {"json"}, "base64": {"1"}, "compression": {"gzip"},
+			"message": {base64.RawURLEncoding.EncodeToString(buf.Bytes())}}
+		req, _ := http.NewRequest(http.MethodGet, h.url+"/capledger.v1.LedgerService/GetReservation?"+q.Encode(), nil)
+		return h.do(req)
+	}
+	r := get(`{"reservationId":"` + strings.Repeat("x", 100_000) + `"}`)
+	if r.status != http.StatusRequestEntityTooLarge || r.body["code"] != "resource_exhausted" {
+		t.Errorf("compressed GET message past the limit: %d %s", r.status, r.raw)
+	}
+	if r := get(`{"reservationId":"get-me"}`); r.status != http.StatusOK || field(r.body, "reservation", "reservationId") != "get-me" {
+		t.Errorf("compressed GET message within the limit: %d %s", r.status, r.raw)
 	}
 }

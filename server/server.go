@@ -11,7 +11,9 @@ package server
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -250,6 +252,34 @@ func (s *Server) limitBody(next http.Handler) http.Handler {
 			}
 			r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
 		}
+		if q := r.URL.Query(); r.Method == http.MethodGet && q.Has("message") && strings.EqualFold(q.Get("compression"), "gzip") {
+			// A Connect GET's compressed message, likewise.
+			if status, message := s.gunzipGetMessage(r); status != 0 {
+				if status == http.StatusRequestEntityTooLarge {
+					s.tooLarge(w, message)
+				} else {
+					s.badBody(w, message)
+				}
+				return
+			}
+		}
+		if !grpc && strings.EqualFold(r.Header.Get("Content-Encoding"), "gzip") && r.Body != nil && r.Body != http.NoBody {
+			// A compressed Connect body is decompressed here, up to the
+			// limit, for the same reason: one that inflates past it would
+			// otherwise reach connect's read limit and answer 429.
+			body, err := gunzipAtMost(r.Body, s.maxBody+1)
+			r.Body.Close()
+			if err != nil {
+				s.badBody(w, "request body: gzip: "+err.Error())
+				return
+			}
+			if int64(len(body)) > s.maxBody {
+				s.tooLarge(w, fmt.Sprintf("request body is larger than the limit of %d bytes once decompressed", s.maxBody))
+				return
+			}
+			r.Header.Del("Content-Encoding")
+			r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+		}
 		if r.Body != nil {
 			// Slack for gRPC framing and compression headers: the message
 			// limit proper is connect's, which answers in the protocol.
@@ -257,6 +287,57 @@ func (s *Server) limitBody(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// gunzipGetMessage decompresses a Connect GET's gzip-compressed message
+// parameter in r's URL, up to the body limit, and puts it back
+// uncompressed (base64, so binary messages survive): 0 when it did, or
+// the status (413 past the limit, 400 for bad base64 or gzip) and the
+// message to answer.
+func (s *Server) gunzipGetMessage(r *http.Request) (int, string) {
+	q := r.URL.Query()
+	raw := []byte(q.Get("message"))
+	if q.Get("base64") == "1" {
+		unpadded := strings.TrimRight(string(raw), "=")
+		decoded, err := base64.RawURLEncoding.DecodeString(unpadded)
+		if err != nil {
+			decoded, err = base64.RawStdEncoding.DecodeString(unpadded)
+		}
+		if err != nil {
+			return http.StatusBadRequest, "message: base64: " + err.Error()
+		}
+		raw = decoded
+	}
+	body, err := gunzipAtMost(bytes.NewReader(raw), s.maxBody+1)
+	if err != nil {
+		return http.StatusBadRequest, "message: gzip: " + err.Error()
+	}
+	if int64(len(body)) > s.maxBody {
+		return http.StatusRequestEntityTooLarge, fmt.Sprintf("request message is larger than the limit of %d bytes once decompressed", s.maxBody)
+	}
+	q.Set("message", base64.RawURLEncoding.EncodeToString(body))
+	q.Set("base64", "1")
+	q.Del("compression")
+	r.URL.RawQuery = q.Encode()
+	return 0, ""
+}
+
+// gunzipAtMost returns up to limit bytes of the gzip stream in body.
+func gunzipAtMost(body io.Reader, limit int64) ([]byte, error) {
+	zr, err := gzip.NewReader(body)
+	if err != nil {
+		return nil, err
+	}
+	defer zr.Close()
+	return io.ReadAll(io.LimitReader(zr, limit))
+}
+
+// badBody answers 400 with a Connect error body (code invalid_argument),
+// as connect answers a body it cannot decode.
+func (s *Server) badBody(w http.ResponseWriter, message string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusBadRequest)
+	json.NewEncoder(w).Encode(map[string]string{"code": connect.CodeInvalidArgument.String(), "message": message})
 }
 
 // tooLarge answers 413 with a Connect error body (code

@@ -714,22 +714,34 @@ func TestParseTokensRejectsBadFiles(t *testing.T) {
 func TestUnavailableStoreAndReadiness(t *testing.T) {
 	h := newHarness(t, harnessOptions{faults: true})
 	h.ok("PublishPolicy", tokensPolicy, "")
-	h.faults.FailNextCommit(fmt.Errorf("disk gone: %w", store.ErrUnavailable))
+	h.faults.FailCommits(fmt.Errorf("disk gone: %w", store.ErrUnavailable))
 	r := h.call("Reserve", reserveBody("lost", 10), "")
 	h.wantError(r, http.StatusServiceUnavailable, "unavailable", server.ReasonStoreUnavailable)
 	if !strings.Contains(r.body["message"].(string), "retry with the same ids") {
 		t.Fatalf("message does not teach the retry: %s", r.raw)
 	}
 	req, _ := http.NewRequest(http.MethodGet, h.url+"/readyz", nil)
-	if ready := h.do(req); ready.status != http.StatusServiceUnavailable {
-		t.Fatalf("readyz after a failed commit: %d %s", ready.status, ready.raw)
+	if ready := h.do(req); ready.status != http.StatusServiceUnavailable || !strings.Contains(string(ready.raw), "disk gone") {
+		t.Fatalf("readyz while the store fails: %d %s", ready.status, ready.raw)
 	}
-	// The retry with the same id succeeds, and readiness comes back.
+	// The store comes back: readiness does too, without any command (a
+	// replica out of rotation gets none), once its probe writes (at most
+	// once a second).
+	h.faults.FailCommits(nil)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		req, _ = http.NewRequest(http.MethodGet, h.url+"/readyz", nil)
+		ready := h.do(req)
+		if ready.status == http.StatusOK {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("readyz after the store recovered, without traffic: %d %s", ready.status, ready.raw)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// The retry with the same id succeeds.
 	h.ok("Reserve", reserveBody("lost", 10), "")
-	req, _ = http.NewRequest(http.MethodGet, h.url+"/readyz", nil)
-	if ready := h.do(req); ready.status != http.StatusOK {
-		t.Fatalf("readyz after recovery: %d %s", ready.status, ready.raw)
-	}
 	// A lost commit acknowledgement: applied, but the caller hears
 	// UNAVAILABLE; the retry replays the receipt instead of debiting again.
 	h.faults.LoseNextCommitAck()

@@ -244,6 +244,16 @@ func (svc *shardService) GetShard(ctx context.Context, req *connect.Request[v1.G
 	if cerr := checkID("shard_id", req.Msg.GetShardId()); cerr != nil {
 		return nil, cerr
 	}
+	ids := req.Msg.GetReceiptIds()
+	if len(ids) > maxShardStandings {
+		return nil, invalidArgument(ReasonInvalidCommand, "%d receipt ids; at most %d per call", len(ids), maxShardStandings)
+	}
+	// An empty id names no receipt: refused, not answered NOT_PENDING.
+	for i, id := range ids {
+		if cerr := checkID(fmt.Sprintf("receipt_ids[%d]", i), id); cerr != nil {
+			return nil, cerr
+		}
+	}
 	if svc.reads == nil {
 		return nil, connect.NewError(connect.CodeUnimplemented, errors.New("this ledger cannot read shards"))
 	}
@@ -259,10 +269,7 @@ func (svc *shardService) GetShard(ctx context.Context, req *connect.Request[v1.G
 		return nil, readError("get shard: render", ReasonPolicyNotFound, err)
 	}
 	resp := &v1.GetShardResponse{Shard: pb}
-	if ids := req.Msg.GetReceiptIds(); len(ids) > 0 {
-		if len(ids) > maxShardStandings {
-			return nil, invalidArgument(ReasonInvalidCommand, "%d receipt ids; at most %d per call", len(ids), maxShardStandings)
-		}
+	if len(ids) > 0 {
 		for _, id := range ids {
 			v, err := svc.reads.Meta(ctx, ledger.MetaShardReceipt(sh.ID, id))
 			if err != nil {

@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"connectrpc.com/connect"
@@ -56,5 +57,12 @@ func TestShardReceiptStandingsAndContradictions(t *testing.T) {
 	}
 	if sh := got.Msg.Shard; sh.UnknownUnits["tokens"] != 100 || sh.SpentUnits["tokens"] != 140 || sh.RefusedSubmissions != 1 {
 		t.Fatalf("shard after the refused and the settled late receipt: %+v", sh)
+	}
+	// An empty receipt id names no receipt: refused naming it, not
+	// answered as a receipt that is not pending.
+	_, err = h.shards.GetShard(ctx, connect.NewRequest(&v1.GetShardRequest{ShardId: "sh-1", ReceiptIds: []string{"lost", ""}}))
+	wantShardError(t, err, connect.CodeInvalidArgument, server.ReasonInvalidCommand)
+	if !strings.Contains(err.Error(), "receipt_ids[1] is required") {
+		t.Errorf("empty receipt id: %v", err)
 	}
 }

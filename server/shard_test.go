@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -172,6 +173,14 @@ func TestShardServiceIssueReconcile(t *testing.T) {
 			ReservedUnits: map[string]int64{"requests": 1}, ActualUnits: map[string]int64{"requests": 1}},
 		{ReservationId: "l3", State: v1.ReservationState_RESERVATION_STATE_USAGE_UNKNOWN,
 			ReservedUnits: map[string]int64{"tokens": 50, "requests": 1}},
+	}
+	// A negative amount is refused, naming the unit as the request did.
+	negative := []*v1.ShardReceipt{{ReservationId: "l1", State: v1.ReservationState_RESERVATION_STATE_SETTLED,
+		ReservedUnits: map[string]int64{"tokens": 150, "requests": 1}, ActualUnits: map[string]int64{"tokens": 120, "requests": -1}}}
+	_, err = h.shards.ReconcileShard(ctx, connect.NewRequest(&v1.ReconcileShardRequest{ShardId: "sh-1", GatewayId: "gw-a", Receipts: negative}))
+	wantShardError(t, err, connect.CodeInvalidArgument, server.ReasonInvalidCommand)
+	if !strings.Contains(err.Error(), `"requests"`) {
+		t.Errorf("negative receipt amount: %v, want it to name \"requests\"", err)
 	}
 	rec, err := h.shards.ReconcileShard(ctx, connect.NewRequest(&v1.ReconcileShardRequest{ShardId: "sh-1", GatewayId: "gw-a", Receipts: receipts}))
 	if err != nil {

@@ -1,11 +1,13 @@
 package server_test
 
 import (
+	"context"
 	"net/http"
 	"net/url"
 	"strings"
 	"testing"
 
+	"connectrpc.com/connect"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	v1 "github.com/capledger/capledger/api/capledger/v1"
@@ -115,5 +117,31 @@ func TestBatchListGivenTwiceIsRefused(t *testing.T) {
 		if r.status != http.StatusBadRequest || !strings.Contains(string(r.raw), `duplicate field`) {
 			t.Errorf("%s with its list twice: %d %s", c.method, r.status, r.raw)
 		}
+	}
+}
+
+// An empty batch is a 400 naming the field, whichever way the list is
+// empty: JSON null, [] and a missing field all decode to no items, and a
+// 200 `{}` once hid a client that lost its list. Over gRPC too.
+func TestEmptyBatchIsRefused(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	h.ok("PublishPolicy", tokensPolicy, "")
+	for _, method := range []string{"ReserveBatch", "SettleBatch"} {
+		for _, body := range []string{`{"requests":null}`, `{"requests":[]}`, `{}`} {
+			r := h.call(method, body, "")
+			h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidCommand)
+			if msg, _ := r.body["message"].(string); !strings.Contains(msg, "requests") || !strings.Contains(msg, "at least one item") {
+				t.Errorf("%s %s: the message does not name the field: %s", method, body, r.raw)
+			}
+		}
+	}
+	rpc := h.grpcClient(connect.WithGRPC())
+	_, err := rpc.ReserveBatch(context.Background(), connect.NewRequest(&v1.ReserveBatchRequest{}))
+	if connect.CodeOf(err) != connect.CodeInvalidArgument {
+		t.Errorf("gRPC ReserveBatch without items: %v", err)
+	}
+	_, err = rpc.SettleBatch(context.Background(), connect.NewRequest(&v1.SettleBatchRequest{}))
+	if connect.CodeOf(err) != connect.CodeInvalidArgument {
+		t.Errorf("gRPC SettleBatch without items: %v", err)
 	}
 }

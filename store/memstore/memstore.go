@@ -96,6 +96,7 @@ type Store struct {
 	open      *Tx // the open transaction, nil when none
 	closed    bool
 	failNext  error
+	failAll   error // FailCommits: every Commit fails while set
 	loseAck   bool
 	// Pipelined durability (pipeline.go): durable is the rows as of the
 	// last Sync while deferred commits are not synced (nil otherwise).
@@ -136,6 +137,15 @@ func (s *Store) FailNextCommit(err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.failNext = err
+}
+
+// FailCommits makes every Commit apply nothing and return err until it
+// is called again with nil: a store that stays down (FailNextCommit is a
+// one-off).
+func (s *Store) FailCommits(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.failAll = err
 }
 
 // LoseNextCommitAck makes the next Commit apply its changes durably and

@@ -360,6 +360,10 @@ func (tx *Tx) commit(ctx context.Context, deferred bool) error {
 		s.endLocked(tx, nil)
 		return fmt.Errorf("commit: %w", err)
 	}
+	if err := s.failAll; err != nil {
+		s.endLocked(tx, nil)
+		return fmt.Errorf("commit: %w", err)
+	}
 	s.beforeApply(deferred)
 	tx.apply()
 	s.endLocked(tx, nil)

@@ -71,7 +71,9 @@ func (s *Store) AuditSnapshot(ctx context.Context, cut bool, f func(*ledger.Snap
 			return nil, err
 		}
 		spill = sp
-		return sp, tx.Rollback()
+		// database/sql rolls the transaction back itself when ctx ends:
+		// ErrTxDone then is the caller's deadline, not the store's fault.
+		return sp, translate(ctx, tx.Rollback())
 	}
 	// The ledger reads the accounts after the reservations and the
 	// journal; once a full audit has spilled and ended the transaction,

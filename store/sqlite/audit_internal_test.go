@@ -221,3 +221,27 @@ func TestAuditSpillIsPaced(t *testing.T) {
 		t.Fatalf("read %d reservations, want %d", read, n)
 	}
 }
+
+// A spill that fails part-way (here the caller's context ended) returns
+// the error and closes its file; it once closed the nil it was about to
+// return, a panic that dropped the audit's connection and leaked the
+// spill's file descriptor.
+func TestAuditSpillFailureClosesItsFile(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(ctx, filepath.Join(t.TempDir(), "ledger.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	tx, err := s.readDB.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	ended, cancel := context.WithCancel(ctx)
+	cancel()
+	sp, err := newAuditSpill(ended, t.TempDir(), tx, nil)
+	if err == nil || sp != nil {
+		t.Fatalf("spill under an ended context: %v, %v", sp, err)
+	}
+}

@@ -53,12 +53,14 @@ const spillCheckRows = 256
 
 // newAuditSpill copies tx's reservations, its journal after checkpoint
 // last, its accounts and last's accounts into a new spill file in dir.
-func newAuditSpill(ctx context.Context, dir string, tx *sql.Tx, last *ledger.Checkpoint) (sp *auditSpill, err error) {
+func newAuditSpill(ctx context.Context, dir string, tx *sql.Tx, last *ledger.Checkpoint) (_ *auditSpill, err error) {
 	f, err := os.CreateTemp(dir, ".capledger-audit-*")
 	if err != nil {
 		return nil, fmt.Errorf("audit spill: %w", err)
 	}
-	sp = &auditSpill{f: f}
+	// A local, not the named result: every failure returns nil, and the
+	// deferred close must still close the file.
+	sp := &auditSpill{f: f}
 	if os.Remove(f.Name()) != nil {
 		sp.path = f.Name()
 	}
