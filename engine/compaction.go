@@ -305,7 +305,19 @@ type AuditProgress struct {
 func (e *Engine) AuditWith(ctx context.Context, o AuditOptions) ([]ledger.Discrepancy, error) {
 	var out []ledger.Discrepancy
 	var streamErr error
-	err := e.core.store.AuditSnapshot(ctx, false, func(snap *ledger.Snapshot, _ int64) error {
+	// A copy the store makes inside its read (SQLite's audit spill) is
+	// paced at the whole MaintenanceShare rather than the audit's
+	// quarter: its read transaction stays open while it runs, and the
+	// WAL grows meanwhile.
+	spill := e.newPacer(1)
+	spillStart := time.Now()
+	spillCtx := store.WithPause(ctx, func() {
+		if took := time.Since(spillStart); took >= auditStep {
+			spill.wait(ctx, took, 0)
+			spillStart = time.Now()
+		}
+	})
+	err := e.core.store.AuditSnapshot(spillCtx, false, func(snap *ledger.Snapshot, _ int64) error {
 		var estimate int64
 		if o.Progress != nil && snap.Estimate != nil {
 			estimate, _ = snap.Estimate(!o.SinceCheckpoint)

@@ -59,7 +59,7 @@ type Options struct {
 	// tombstone that TombstoneRetention later drops (0: never). The pass
 	// runs every RetentionInterval (default 1 minute) in pages of
 	// RetentionBatch rows (default DefaultRetentionBatch), paced
-	// (engine/pace.go) and at least RetentionPause apart (default 20ms).
+	// (engine/pace.go) and at least RetentionPause apart (default 5ms).
 	Retention          time.Duration
 	TombstoneRetention time.Duration
 	RetentionInterval  time.Duration
@@ -120,8 +120,11 @@ type Engine struct {
 	pipe *pipeline
 
 	commands, batches, conflicts, failures, workerRuns, workerCmds atomic.Uint64
-	lastBatch                                                      atomic.Int64
-	lastErr                                                        atomic.Pointer[errBox]
+	// finished counts the reservations this engine's commands made
+	// terminal: what retention will have to remove (retention.go).
+	finished  atomic.Uint64
+	lastBatch atomic.Int64
+	lastErr   atomic.Pointer[errBox]
 	// lastProbe is when Ready last probed the store (Unix nanoseconds).
 	lastProbe atomic.Int64
 
@@ -139,6 +142,10 @@ type retentionCounters struct {
 	// submitted counts the commands retention submitted (pace.go).
 	passes, retired, forgotten, failed, submitted atomic.Uint64
 	lastPassAt, lastPass                          atomic.Int64
+	// rate is where the finish rate is measured from: the previous
+	// pass's start (retention.go).
+	rateMu sync.Mutex
+	rate   retentionRate
 }
 
 type errBox struct{ err error }
@@ -198,7 +205,7 @@ func New(st store.Store, opts Options) *Engine {
 		opts.RetentionBatch = DefaultRetentionBatch
 	}
 	if opts.RetentionPause <= 0 {
-		opts.RetentionPause = 20 * time.Millisecond
+		opts.RetentionPause = 5 * time.Millisecond
 	}
 	if opts.MaintenanceShare <= 0 {
 		opts.MaintenanceShare = DefaultMaintenanceShare
@@ -403,6 +410,9 @@ func (e *Engine) commit(ctx context.Context, cmds []ledger.Command) outcome {
 	}
 	e.batches.Add(1)
 	e.commands.Add(uint64(len(cmds)))
+	if err == nil {
+		e.finished.Add(finishedBy(cmds, results))
+	}
 	e.lastBatch.Store(time.Now().UnixNano())
 	if err != nil {
 		e.failures.Add(1)

@@ -22,12 +22,77 @@ const (
 	DefaultTombstoneRetention = 30 * 24 * time.Hour
 	// DefaultRetentionBatch is how many rows one retention page removes.
 	// A page rides in the engine's next batch beside gateways' commands
-	// and lengthens that batch's commit by about 30 µs of store work per
-	// row (a profile of scripts/auditsize -phase retire: the prefetch,
-	// the deletes and the tombstone), so 128 rows add about 4 ms to one
-	// batch.
-	DefaultRetentionBatch = 128
+	// and lengthens that batch's commit by its store work, about 50 µs
+	// of CPU per row (a profile of scripts/auditsize -phase retire: the
+	// prefetch, the deletes, the tombstones, the WAL frames), so 32 rows
+	// add about 1.6 ms to one batch: each of the gateways' calls in that
+	// batch waits for it, which is what reserve p99 sees.
+	DefaultRetentionBatch = 32
+	// retentionKeepUp: while gateways are admitted, retention removes at
+	// least this many times the rate at which reservations finish (within
+	// MaintenanceShare), so that it keeps up with what finishes and wears
+	// a backlog down besides.
+	retentionKeepUp = 2
+	// retentionBacklogDivisor: beyond that rate, a backlog is removed at
+	// a quarter of MaintenanceShare. A backlog (a retention window just
+	// shortened, a store upgraded to retention, a pass after an outage)
+	// is old rows that cost nothing where they are; clearing it at the
+	// full share cost reserves 0.83x their throughput and 1.70x their
+	// p99 (docs/PERFORMANCE.md, "Bounded history").
+	retentionBacklogDivisor = 4
 )
+
+// finishedBy counts the reservations that cmds made terminal (results
+// are theirs): settles, releases and expiries that were not replays.
+func finishedBy(cmds []ledger.Command, results []ledger.Result) uint64 {
+	var n uint64
+	for i := range min(len(cmds), len(results)) {
+		switch cmds[i].Kind {
+		case ledger.KindSettle, ledger.KindRelease, ledger.KindExpire, ledger.KindExpireClaim:
+			if r := &results[i]; r.Err == nil && !r.Replayed && r.Reservation.State.Terminal() {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// retentionRate is the rate at which reservations finished, per second,
+// measured over the span since the previous pass began (or since this
+// pass began, for the first), and the time and count it measures from
+// next time.
+type retentionRate struct {
+	at    time.Time
+	count uint64
+}
+
+// perSecond is the finish rate from r to now.
+func (r retentionRate) perSecond(now time.Time, count uint64) float64 {
+	d := now.Sub(r.at).Seconds()
+	if r.at.IsZero() || d < 0.1 || count < r.count {
+		return 0
+	}
+	return float64(count-r.count) / d
+}
+
+// retentionPause is the pause after a page of rows that took took, given
+// the share of time pacing allows now (busy: gateways were admitted
+// since the last page) and the rate at which reservations finish: the
+// pause that keeps the pages to a quarter of share, shortened to one
+// that removes retentionKeepUp times the finish rate, but never shorter
+// than share allows. Idle, the share alone decides.
+func retentionPause(took time.Duration, rows int, share float64, busy bool, finishRate float64) time.Duration {
+	least := pauseFor(took, share)
+	if !busy {
+		return least
+	}
+	pause := pauseFor(took, share/retentionBacklogDivisor)
+	if finishRate > 0 && rows > 0 {
+		keepUp := time.Duration(float64(rows)/(retentionKeepUp*finishRate)*float64(time.Second)) - took
+		pause = min(pause, keepUp)
+	}
+	return max(least, pause)
+}
 
 // Reclaimer is an optional store capability: give back the space freed by
 // removed rows (SQLite's incremental vacuum). The retention and
@@ -112,14 +177,23 @@ type RetentionStats struct {
 // runRetention is one retention pass: pages of RetentionBatch rows, each
 // committed as one batch through the engine's queue (so gateway commands
 // waiting meanwhile share its commit instead of waiting behind a long
-// transaction), paced (pace.go: while gateways are admitted the pages
-// take MaintenanceShare of the time, otherwise half) and at least
-// RetentionPause apart, until nothing is due or ctx ends. It then asks
-// the store to give back the freed space, paced the same way.
+// transaction), paced (retentionPause: while gateways are admitted, at
+// least retentionKeepUp times the rate at which reservations finish and
+// otherwise a quarter of MaintenanceShare, never more than
+// MaintenanceShare; idle, half the time) and at least RetentionPause
+// apart, until nothing is due or ctx ends. It then asks the store to give
+// back the freed space, paced the same way.
 func (e *Engine) runRetention(ctx context.Context) {
 	start := time.Now()
 	removed := 0
 	pace := e.newPacer(0.5)
+	e.retention.rateMu.Lock()
+	rate := e.retention.rate
+	e.retention.rate = retentionRate{at: start, count: e.finished.Load()}
+	e.retention.rateMu.Unlock()
+	if rate.at.IsZero() {
+		rate = retentionRate{at: start, count: e.finished.Load()}
+	}
 	for ctx.Err() == nil {
 		cmds, err := e.core.RetentionDue(ctx, e.opts.Clock(), e.opts.Retention, e.opts.TombstoneRetention, e.opts.RetentionBatch)
 		if err != nil {
@@ -158,7 +232,10 @@ func (e *Engine) runRetention(ctx context.Context) {
 		}
 		// The page's time includes waiting for the batch before it: on
 		// a busy store both grow, and so does the pause.
-		if !pace.wait(ctx, time.Since(started), e.opts.RetentionPause) {
+		took := time.Since(started)
+		share, busy := pace.share()
+		pause := max(e.opts.RetentionPause, retentionPause(took, len(cmds), share, busy, rate.perSecond(time.Now(), e.finished.Load())))
+		if !sleep(ctx, pause) {
 			break
 		}
 	}
@@ -168,6 +245,21 @@ func (e *Engine) runRetention(ctx context.Context) {
 	e.retention.passes.Add(1)
 	e.retention.lastPassAt.Store(time.Now().UnixNano())
 	e.retention.lastPass.Store(int64(time.Since(start)))
+}
+
+// sleep pauses for d and reports whether ctx is still live.
+func sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
 }
 
 // RetentionStats returns the retention worker's counters.

@@ -97,3 +97,51 @@ func TestRetentionOff(t *testing.T) {
 		t.Fatal("RetentionDue without a window answered")
 	}
 }
+
+// TestRetentionPause: while gateways are admitted, a backlog is removed
+// at a quarter of the maintenance share, unless reservations finish so
+// fast that keeping up (retentionKeepUp times their rate) needs more,
+// and never at more than the share; idle, the share alone decides.
+func TestRetentionPause(t *testing.T) {
+	const took = 10 * time.Millisecond
+	for _, c := range []struct {
+		name  string
+		rows  int
+		share float64
+		busy  bool
+		rate  float64
+		want  time.Duration
+	}{
+		{"backlog, nothing finishing: a quarter of the share", 32, 0.2, true, 0, 190 * time.Millisecond},
+		{"backlog, a slow trickle finishing: a quarter of the share", 32, 0.2, true, 10, 190 * time.Millisecond},
+		// 32 rows at 2 x 200/s: a page every 80 ms.
+		{"keeping up needs more than a quarter", 32, 0.2, true, 200, 70 * time.Millisecond},
+		{"keeping up would need more than the share: the share", 32, 0.2, true, 100_000, 40 * time.Millisecond},
+		{"idle: the idle share", 32, 0.5, false, 0, 10 * time.Millisecond},
+		{"idle, finishing fast: the idle share", 32, 0.5, false, 100_000, 10 * time.Millisecond},
+	} {
+		if got := retentionPause(took, c.rows, c.share, c.busy, c.rate); (got - c.want).Abs() > time.Microsecond {
+			t.Errorf("%s: pause %s, want %s", c.name, got, c.want)
+		}
+	}
+}
+
+// TestFinishedBy counts the reservations a batch made terminal, and no
+// replay, failure or non-terminal step.
+func TestFinishedBy(t *testing.T) {
+	cmds := []ledger.Command{{Kind: ledger.KindSettle}, {Kind: ledger.KindSettle}, {Kind: ledger.KindRelease},
+		{Kind: ledger.KindStart}, {Kind: ledger.KindExpire}, {Kind: ledger.KindExpireClaim}, {Kind: ledger.KindRetire}, {Kind: ledger.KindRelease}}
+	results := []ledger.Result{
+		{Reservation: ledger.Reservation{State: ledger.StateSettled}},
+		{Reservation: ledger.Reservation{State: ledger.StateSettled}, Replayed: true},
+		{Reservation: ledger.Reservation{State: ledger.StateReleased}},
+		{Reservation: ledger.Reservation{State: ledger.StateStarted}},
+		{Reservation: ledger.Reservation{State: ledger.StateExpired}},
+		{Reservation: ledger.Reservation{State: ledger.StateExpiring}},
+		{Reservation: ledger.Reservation{State: ledger.StateSettled}},
+		{Err: ledger.ErrReservationNotFound},
+	}
+	if got := finishedBy(cmds, results); got != 3 {
+		t.Fatalf("finishedBy = %d, want 3 (a settle, a release, an expiry)", got)
+	}
+}

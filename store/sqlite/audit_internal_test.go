@@ -172,6 +172,56 @@ func TestFullAuditEndsItsReadTransaction(t *testing.T) {
 	}
 }
 
+// TestAuditSpillIsPaced: a full audit's copy into its spill file pauses
+// as its ctx says (store.WithPause), every spillCheckRows rows, and the audit
+// still reads every reservation.
+func TestAuditSpillIsPaced(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(ctx, filepath.Join(t.TempDir(), "ledger.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	now := time.Date(2026, 7, 19, 14, 0, 0, 0, time.UTC)
+	const n = 10 * spillCheckRows
+	var rs []ledger.Reservation
+	for i := range n {
+		rs = append(rs, ledger.Reservation{ID: fmt.Sprintf("r%05d", i), RequestDigest: "d",
+			Account: ledger.AccountKey{Subject: "s", Route: "r", Region: "eu", Generation: 1}, State: ledger.StateReleased,
+			Reserved: ledger.Amounts{1}, CreatedAt: now, ExpiresAt: now.Add(time.Minute), FinishedAt: now})
+	}
+	tx, err := s.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Write(ctx, &store.Changes{Reservations: rs}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pauses, read, early := 0, 0, 0
+	paced := store.WithPause(ctx, func() { pauses++ })
+	err = s.AuditSnapshot(paced, false, func(snap *ledger.Snapshot, _ int64) error {
+		return snap.ReservationStream(func(*ledger.Reservation) error {
+			if pauses < n/spillCheckRows {
+				early++
+			}
+			read++
+			return nil
+		})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if early > 0 {
+		t.Errorf("%d reservations read before the spill had paused %d times: its copy was not paced", early, n/spillCheckRows)
+	}
+	if read != n {
+		t.Fatalf("read %d reservations, want %d", read, n)
+	}
+}
+
 // A spill that fails part-way (here the caller's context ended) returns
 // the error and closes its file; it once closed the nil it was about to
 // return, a panic that dropped the audit's connection and leaked the

@@ -13,6 +13,7 @@ import (
 	"slices"
 
 	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
 )
 
 // auditSpill is a full audit's copy of what its read transaction streams:
@@ -46,6 +47,10 @@ type auditSpill struct {
 // spillBuffer is the spill's read and write buffer.
 const spillBuffer = 64 << 10
 
+// spillCheckRows: the spill offers to pause (store.Pause) every this
+// many rows.
+const spillCheckRows = 256
+
 // newAuditSpill copies tx's reservations, its journal after checkpoint
 // last, its accounts and last's accounts into a new spill file in dir.
 func newAuditSpill(ctx context.Context, dir string, tx *sql.Tx, last *ledger.Checkpoint) (_ *auditSpill, err error) {
@@ -66,7 +71,19 @@ func newAuditSpill(ctx context.Context, dir string, tx *sql.Tx, last *ledger.Che
 	}()
 	w := bufio.NewWriterSize(f, spillBuffer)
 	var head [3 * binary.MaxVarintLen64]byte
+	// The copy is paced as the caller's ctx says (store.WithPause: the
+	// engine's maintenance share): at full speed it took a core beside
+	// admission for as long as it ran. The read transaction stays open
+	// across the pauses, so the WAL grows meanwhile (by what is committed
+	// during the copy, not during the whole audit).
+	var copied int
 	record := func(b []byte, body []byte) error {
+		if copied++; copied%spillCheckRows == 0 {
+			store.Pause(ctx)
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+		}
 		if _, err := w.Write(b); err != nil {
 			return err
 		}

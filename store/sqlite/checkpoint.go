@@ -37,6 +37,9 @@ type checkpointer struct {
 	onErr func(error)
 	stop  context.CancelFunc
 	done  chan struct{}
+	// afterCopy, when set (tests), runs between the pass's PASSIVE copy
+	// and its restart: where, under load, the committer commits again.
+	afterCopy func()
 }
 
 func startCheckpointer(db *sql.DB, commits *atomic.Uint64, onErr func(error)) *checkpointer {
@@ -80,6 +83,9 @@ func (c *checkpointer) checkpoint(ctx context.Context) error {
 	var busy, frames, copied int64
 	if err := c.db.QueryRowContext(ctx, "PRAGMA wal_checkpoint(PASSIVE)").Scan(&busy, &frames, &copied); err != nil {
 		return err
+	}
+	if c.afterCopy != nil {
+		c.afterCopy()
 	}
 	if frames >= walRestartFrames && copied == frames {
 		c.restart(ctx)

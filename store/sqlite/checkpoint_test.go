@@ -99,3 +99,92 @@ func TestNoCommitCopiesTheWAL(t *testing.T) {
 		t.Fatalf("database file %d bytes after the checkpointer's checkpoint, want at least %d", got, before+36<<20)
 	}
 }
+
+// TestCheckpointerRestartsTheWAL: under back-to-back commits and
+// overlapping reads the WAL stays bounded, because the checkpointer's
+// pass restarts it (RESTART) once it is past walRestartFrames and wholly
+// copied. A writer restarts the WAL itself only when the WAL was wholly
+// copied as its transaction began; under load a commit always lands
+// between the checkpointer's copy and the committer's next BEGIN, so
+// that never happens and, without the RESTART, the WAL grows by
+// everything written. Each round here: a reader reads while the writer's
+// transaction is open (its snapshot taken with the WAL not wholly
+// copied), the reader ends, the pass copies everything, the writer
+// commits between the copy and the pass's restart (afterCopy), as the
+// committer does under load. 48 rounds write 48 MiB; the WAL file must
+// stay near walRestartFrames' 16 MiB.
+func TestCheckpointerRestartsTheWAL(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(ctx, filepath.Join(t.TempDir(), "capledger.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	s.checkpointer.stop()
+	<-s.checkpointer.done
+	write := func(q string, inside func()) {
+		t.Helper()
+		err := s.withWriter(ctx, func(w *writer) error {
+			return s.inWriteTx(ctx, w, "filler", func(tx *writeTx) error {
+				if _, err := tx.exec(q); err != nil {
+					return err
+				}
+				inside()
+				return nil
+			})
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("CREATE TABLE filler (b BLOB)", func() {})
+	// The checkpointer's connection sets its pragmas as it opens, which
+	// waits for an open write transaction: open it now.
+	if err := s.checkpointer.checkpoint(ctx); err != nil {
+		t.Fatal(err)
+	}
+	walSize := func() int64 {
+		t.Helper()
+		fi, err := os.Stat(s.path + "-wal")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fi.Size()
+	}
+	var largest int64
+	for i := range 48 {
+		// The writer's transaction is open when the pass starts, and
+		// commits after its PASSIVE copy.
+		inTx, commit, committed := make(chan struct{}), make(chan struct{}), make(chan struct{})
+		go func() {
+			defer close(committed)
+			write("INSERT INTO filler VALUES (randomblob(1 << 20))", func() {
+				close(inTx)
+				<-commit
+			})
+		}()
+		<-inTx
+		read, err := s.readDB.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n int
+		if err := read.QueryRow("SELECT count(*) FROM filler").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if err := read.Rollback(); err != nil {
+			t.Fatal(err)
+		}
+		s.checkpointer.afterCopy = func() {
+			close(commit)
+			<-committed
+		}
+		if err := s.checkpointer.checkpoint(ctx); err != nil {
+			t.Fatalf("round %d: %v", i, err)
+		}
+		largest = max(largest, walSize())
+	}
+	if limit := int64(2 * walRestartFrames * 4096); largest > limit {
+		t.Fatalf("the WAL grew to %d bytes over 48 MiB of commits, want at most %d: the checkpointer did not restart it", largest, limit)
+	}
+}

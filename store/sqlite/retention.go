@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql/driver"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/capledger/capledger/ledger"
@@ -34,9 +36,6 @@ func init() {
 
 var (
 	tombstoneGetSQL     = "SELECT " + tombstoneCols + " FROM tombstones WHERE id = ?"
-	tombstoneInsertSQL  = "INSERT INTO tombstones (" + tombstoneCols + ") VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-	tombstoneDeleteSQL  = "DELETE FROM tombstones WHERE id = ?"
-	reservationDelSQL   = "DELETE FROM reservations WHERE id = ?"
 	retainedGetSQL      = "SELECT " + retainedCols + " FROM retained WHERE subject = ? AND route = ? AND region = ? AND generation = ?"
 	retainedPutSQL      = upsertSQL("retained", retainedCols, "subject, route, region, generation")
 	finishedSQL         = "SELECT id FROM reservations WHERE " + terminalStates + " AND finished_at <= ? ORDER BY finished_at, id LIMIT ?"
@@ -150,13 +149,17 @@ func (tx *Tx) RetainedGet(ctx context.Context, key ledger.AccountKey) (*ledger.R
 
 // writeRetention writes c's retention changes: reservation rows deleted,
 // tombstones inserted (ErrDuplicate for an id that has one) or deleted,
-// retained totals upserted.
+// retained totals upserted. Deletes and inserts run in id order, up to
+// retentionChunk rows per statement (a retention page is mostly these):
+// one statement per row cost a VDBE program's setup and a B-tree descent
+// from the root per row, where in key order neighbours share the leaf
+// the previous row left in the page cache.
 func (tx *Tx) writeRetention(ctx context.Context, c *store.RetentionChanges) error {
 	if c.Empty() {
 		return nil
 	}
 	var conv codec.Conv
-	run := func(q, what string, args ...any) error {
+	run := func(q, what string, args []any) error {
 		if err := conv.Err(); err != nil {
 			return fmt.Errorf("%s: %w", what, err)
 		}
@@ -169,31 +172,89 @@ func (tx *Tx) writeRetention(ctx context.Context, c *store.RetentionChanges) err
 		}
 		return nil
 	}
-	for _, id := range c.RemovedReservations {
-		if err := run(reservationDelSQL, "delete reservation "+id, id); err != nil {
+	var args []any
+	if ids := slices.Sorted(slices.Values(c.RemovedReservations)); len(ids) > 0 {
+		err := inChunks(len(ids), func(from, n int) error {
+			args = args[:0]
+			for _, id := range ids[from : from+n] {
+				args = append(args, id)
+			}
+			return run(reservationDelSQL(n), fmt.Sprintf("delete %d reservations from %s", n, ids[from]), args)
+		})
+		if err != nil {
 			return err
 		}
 	}
-	for i := range c.Tombstones {
-		t := &c.Tombstones[i]
-		if err := run(tombstoneInsertSQL, "insert tombstone "+t.ID, t.ID, t.RequestDigest, t.Account.Subject, t.Account.Route,
-			t.Account.Region, conv.Int(t.Account.Generation), int64(t.State), conv.Nanos(t.FinishedAt)); err != nil {
+	if len(c.Tombstones) > 0 {
+		tombs := slices.SortedFunc(slices.Values(c.Tombstones), func(a, b ledger.Tombstone) int { return strings.Compare(a.ID, b.ID) })
+		err := inChunks(len(tombs), func(from, n int) error {
+			args = args[:0]
+			for i := range tombs[from : from+n] {
+				t := &tombs[from+i]
+				args = append(args, t.ID, t.RequestDigest, t.Account.Subject, t.Account.Route,
+					t.Account.Region, conv.Int(t.Account.Generation), int64(t.State), conv.Nanos(t.FinishedAt))
+			}
+			return run(tombstoneInsertSQL(n), fmt.Sprintf("insert %d tombstones from %s", n, tombs[from].ID), args)
+		})
+		if err != nil {
 			return err
 		}
 	}
-	for _, id := range c.RemovedTombstones {
-		if err := run(tombstoneDeleteSQL, "delete tombstone "+id, id); err != nil {
+	if ids := slices.Sorted(slices.Values(c.RemovedTombstones)); len(ids) > 0 {
+		err := inChunks(len(ids), func(from, n int) error {
+			args = args[:0]
+			for _, id := range ids[from : from+n] {
+				args = append(args, id)
+			}
+			return run(tombstoneDeleteSQL(n), fmt.Sprintf("delete %d tombstones from %s", n, ids[from]), args)
+		})
+		if err != nil {
 			return err
 		}
 	}
 	for i := range c.Retained {
 		r := &c.Retained[i]
-		if err := run(retainedPutSQL, "retained totals of "+r.Account.String(), r.Account.Subject, r.Account.Route, r.Account.Region,
-			conv.Int(r.Account.Generation), r.Reservations, codec.EncodeAmounts(&r.Spent), codec.EncodeAmounts(&r.Overdraft)); err != nil {
+		if err := run(retainedPutSQL, "retained totals of "+r.Account.String(), []any{r.Account.Subject, r.Account.Route, r.Account.Region,
+			conv.Int(r.Account.Generation), r.Reservations, codec.EncodeAmounts(&r.Spent), codec.EncodeAmounts(&r.Overdraft)}); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// retentionChunk is the most rows one retention statement deletes or
+// inserts.
+const retentionChunk = 64
+
+// inChunks calls f with consecutive pieces [from, from+n) of n items:
+// retentionChunk rows at a time, the rest in pieces of a power of two,
+// so that a handful of statement texts (prepared once each) serve every
+// page size.
+func inChunks(n int, f func(from, n int) error) error {
+	for from := 0; from < n; {
+		k := retentionChunk
+		for k > n-from {
+			k /= 2
+		}
+		if err := f(from, k); err != nil {
+			return err
+		}
+		from += k
+	}
+	return nil
+}
+
+func reservationDelSQL(n int) string {
+	return "DELETE FROM reservations WHERE id IN (" + params(n) + ")"
+}
+
+func tombstoneDeleteSQL(n int) string {
+	return "DELETE FROM tombstones WHERE id IN (" + params(n) + ")"
+}
+
+func tombstoneInsertSQL(n int) string {
+	return "INSERT INTO tombstones (" + tombstoneCols + ") VALUES " +
+		strings.TrimSuffix(strings.Repeat("(?, ?, ?, ?, ?, ?, ?, ?), ", n), ", ")
 }
 
 // ReservationsFinished returns up to limit ids of terminal reservations
