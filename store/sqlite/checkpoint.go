@@ -8,17 +8,11 @@ import (
 )
 
 // checkpointInterval is how often the checkpointer copies committed WAL
-// frames into the database file when something was committed. Each pass
-// copies the newest frame of every page written since the last one and
-// fsyncs the file, so a page that many commits rewrite (a B-tree's
-// interior pages, the tails the journal and the reservations append to)
-// is copied once a pass, not once a commit. Every 100 ms the passes took
-// 14 % of the server's CPU under random reserves over 1,000,000 accounts
-// (3.4 % on one hot account); once a second, 0.67-0.90x the CPU per
-// reserve there (docs/PERFORMANCE.md, a million tenants). A checkpoint
-// changes no data: each commit's WAL frames are fsynced before it returns
-// whenever the copy runs.
-const checkpointInterval = time.Second
+// frames into the database file when something was committed. Once a
+// second instead measured no gain over 1,000,000 accounts (the pages a
+// pass copies are nearly all distinct there) and no better rollover p99
+// (docs/PERFORMANCE.md, a million tenants).
+const checkpointInterval = 100 * time.Millisecond
 
 // No connection checkpoints on commit (wal_autocheckpoint(0) on every
 // connection): only the checkpointer does. A commit that grows the WAL
@@ -44,10 +38,8 @@ type checkpointer struct {
 	// onErr sees every checkpoint error: a failed fsync fails the store
 	// (Store.noteFsyncFailure).
 	onErr func(error)
-	// passes counts the checkpoints run (tests).
-	passes atomic.Uint64
-	stop   context.CancelFunc
-	done   chan struct{}
+	stop  context.CancelFunc
+	done  chan struct{}
 }
 
 func startCheckpointer(db *sql.DB, commits *atomic.Uint64, onErr func(error)) *checkpointer {
@@ -88,7 +80,6 @@ func (c *checkpointer) run(ctx context.Context) {
 // (PASSIVE), then restarts the WAL when it is past walRestartFrames and
 // was wholly copied.
 func (c *checkpointer) checkpoint(ctx context.Context) error {
-	c.passes.Add(1)
 	var busy, frames, copied int64
 	if err := c.db.QueryRowContext(ctx, "PRAGMA wal_checkpoint(PASSIVE)").Scan(&busy, &frames, &copied); err != nil {
 		return err

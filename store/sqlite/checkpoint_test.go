@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
-	"time"
 )
 
 // The writer never checkpoints, and Close stops the checkpointer.
@@ -99,45 +98,6 @@ func TestNoCommitCopiesTheWAL(t *testing.T) {
 	}
 	if got := size(); got < before+36<<20 {
 		t.Fatalf("database file %d bytes after the checkpointer's checkpoint, want at least %d", got, before+36<<20)
-	}
-}
-
-// TestCheckpointerPassesOnceAnInterval: under commits back to back the
-// checkpointer copies the WAL once per checkpointInterval (a second), not
-// on every tick of a shorter one: each pass fsyncs the file and copies
-// again the pages every commit rewrites, which cost 14 % of the server's
-// CPU over a million accounts at 100 ms.
-func TestCheckpointerPassesOnceAnInterval(t *testing.T) {
-	ctx := context.Background()
-	s, err := Open(ctx, filepath.Join(t.TempDir(), "capledger.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	write := func(q string) {
-		t.Helper()
-		err := s.withWriter(ctx, func(w *writer) error {
-			return s.inWriteTx(ctx, w, "filler", func(tx *writeTx) error { _, err := tx.exec(q); return err })
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	write("CREATE TABLE filler (b BLOB)")
-	// It copies what was committed.
-	for deadline := time.Now().Add(10 * checkpointInterval); s.checkpointer.passes.Load() == 0; {
-		if time.Now().After(deadline) {
-			t.Fatal("the checkpointer never copied the committed WAL")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	// Commits for 0.45 s: a 100 ms ticker runs 4 passes in that time.
-	before := s.checkpointer.passes.Load()
-	for start := time.Now(); time.Since(start) < 450*time.Millisecond; {
-		write("INSERT INTO filler VALUES (randomblob(100))")
-	}
-	if n := s.checkpointer.passes.Load() - before; n > 1 {
-		t.Fatalf("%d checkpoint passes in 0.45 s of commits; want at most 1 (one every %s)", n, checkpointInterval)
 	}
 }
 
