@@ -228,3 +228,49 @@ func TestAccountWritesInChunks(t *testing.T) {
 		t.Errorf("accounts after the first epoch: %+v; want tenant-00010 alone", rolled)
 	}
 }
+
+// TestStatementsInChunks: a batch's statements go in multi-row INSERTs
+// (64, then the smaller chunk sizes); every column of every statement
+// reads back as written, in the order written.
+func TestStatementsInChunks(t *testing.T) {
+	ctx := context.Background()
+	s, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "capledger.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	key := ledger.AccountKey{Subject: "tenant-1", Route: "chat", Region: "eu", Generation: 3}
+	epoch := time.Date(2026, 7, 19, 14, 0, 0, 0, time.UTC)
+	var want []ledger.Statement
+	for i := range 71 { // 64 + 4 + 2 + 1
+		want = append(want, ledger.Statement{Account: key, Dims: 2,
+			EpochStart: epoch.Add(time.Duration(i) * time.Hour), EpochEnd: epoch.Add(time.Duration(i+1) * time.Hour),
+			Opening: ledger.Balances{{Opening: ledger.Units(i), Available: 7}, {Opening: 2, Reserved: ledger.Units(i)}},
+			Closing: ledger.Balances{{Opening: ledger.Units(i), Available: 5}, {Opening: 2, Spent: ledger.Units(i) + 1}}})
+	}
+	tx, err := s.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Write(ctx, &store.Changes{Statements: want}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.StatementsOf(ctx, store.StatementFilter{Account: key, Limit: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.SortFunc(got, func(a, b ledger.Statement) int { return a.EpochStart.Compare(b.EpochStart) })
+	if len(got) != len(want) {
+		t.Fatalf("%d statements read back, want %d", len(got), len(want))
+	}
+	for i := range want {
+		g, w := got[i], want[i]
+		if g.Account != w.Account || !g.EpochStart.Equal(w.EpochStart) || !g.EpochEnd.Equal(w.EpochEnd) || g.Dims != w.Dims ||
+			g.Opening != w.Opening || g.Closing != w.Closing {
+			t.Fatalf("statement %d read back as %+v, want %+v", i, g, w)
+		}
+	}
+}

@@ -2,6 +2,7 @@ package sqlite
 
 import (
 	"context"
+	"database/sql"
 	"database/sql/driver"
 	"os"
 	"path/filepath"
@@ -186,5 +187,57 @@ func TestCheckpointerRestartsTheWAL(t *testing.T) {
 	}
 	if limit := int64(2 * walRestartFrames * 4096); largest > limit {
 		t.Fatalf("the WAL grew to %d bytes over 48 MiB of commits, want at most %d: the checkpointer did not restart it", largest, limit)
+	}
+}
+
+// TestNewConnectionsLeaveTheWriterCache: opening the checkpointer's
+// connection or read connections commits nothing, so the writer's
+// PRAGMA data_version stays put and neither its page cache nor the row
+// cache starts over (syncCache). A connection that set auto_vacuum wrote
+// the file's header in a transaction of its own, which the writer counted
+// as another connection's commit.
+func TestNewConnectionsLeaveTheWriterCache(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(ctx, filepath.Join(t.TempDir(), "capledger.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	version := func() int64 {
+		t.Helper()
+		var v int64
+		err := s.withWriter(ctx, func(w *writer) (err error) {
+			v, err = queryOneRow(ctx, w, w.stmts[wDataVersion], nil, scanInt)
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	before := version()
+	if err := s.checkpointer.checkpoint(ctx); err != nil { // opens its connection
+		t.Fatal(err)
+	}
+	var conns []*sql.Conn
+	for range DefaultReadConns {
+		c, err := s.readDB.Conn(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+	}
+	for _, c := range conns {
+		var n int
+		if err := c.QueryRowContext(ctx, "SELECT count(*) FROM schema_migrations").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		c.Close()
+	}
+	if after := version(); after != before {
+		t.Fatalf("writer's data_version %d -> %d across new connections: another connection committed", before, after)
+	}
+	if mode, err := s.AutoVacuum(ctx); err != nil || mode != AutoVacuumIncremental {
+		t.Fatalf("auto_vacuum %d, %v; want INCREMENTAL (%d)", mode, err, AutoVacuumIncremental)
 	}
 }

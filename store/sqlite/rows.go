@@ -269,10 +269,11 @@ func scanShard(sc scanner) (ledger.Shard, error) {
 	return s, c.Err()
 }
 
-func statementArgs(s *ledger.Statement, c *codec.Conv) []any {
-	return []any{s.Account.Subject, s.Account.Route, s.Account.Region, c.Int(s.Account.Generation),
+// appendStatementArgs appends a statement's statementCols (wStatementRows).
+func appendStatementArgs(dst []any, s *ledger.Statement, c *codec.Conv) []any {
+	return append(dst, s.Account.Subject, s.Account.Route, s.Account.Region, c.Int(s.Account.Generation),
 		c.Nanos(s.EpochStart), c.Nanos(s.EpochEnd), int64(c.Dims(int64(s.Dims))), codec.EncodeBalances(&s.Opening),
-		codec.EncodeBalances(&s.Closing)}
+		codec.EncodeBalances(&s.Closing))
 }
 
 func scanStatement(sc scanner) (ledger.Statement, error) {

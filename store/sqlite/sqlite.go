@@ -139,7 +139,6 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 	}
 	pragmas := url.Values{}
 	pragmas.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", cfg.busyTimeout.Milliseconds()))
-	pragmas.Add("_pragma", fmt.Sprintf("auto_vacuum(%d)", AutoVacuumIncremental)) // before WAL: see vacuum.go
 	pragmas.Add("_pragma", "journal_mode(WAL)")
 	pragmas.Add("_pragma", "synchronous(FULL)")
 	pragmas.Add("_pragma", "foreign_keys(ON)")
@@ -172,7 +171,15 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 	// Setup (checks and migrations) runs through database/sql on a
 	// connection of its own, closed before the writer opens: one write
 	// connection at a time. It commits with synchronous=FULL in every mode.
-	setupConnector, err := sqlite.NewConnector(path + "?" + pragmas.Encode())
+	// Only setup's connection sets auto_vacuum (before WAL: see
+	// vacuum.go). On an existing file the pragma still writes the file's
+	// header in a transaction of its own, and any other connection's
+	// commit makes the writer's next transaction discard its page cache
+	// and the row cache (PRAGMA data_version changes): every connection
+	// the checkpointer or the read pool opened did that.
+	setupPragmas := url.Values{"_pragma": append([]string{pragmas["_pragma"][0],
+		fmt.Sprintf("auto_vacuum(%d)", AutoVacuumIncremental)}, pragmas["_pragma"][1:]...)}
+	setupConnector, err := sqlite.NewConnector(path + "?" + setupPragmas.Encode())
 	if err != nil {
 		return nil, fmt.Errorf("open sqlite %s: %w", path, err)
 	}

@@ -30,7 +30,6 @@ const (
 	wReservationPut
 	wMoveInsert
 	wShardPut
-	wStatementInsert
 	wDataVersion
 	wReservationPrefetchSmall
 	wReservationPrefetch
@@ -61,6 +60,9 @@ const (
 	// epoch unchanged (accountwrite.go): every column but the key and
 	// epoch_start.
 	wAccountUpdateRows
+	// wStatementRows inserts the statements of closed epochs: a rollover
+	// closes every busy account's epoch, 64 a worker chunk.
+	wStatementRows
 	nWriteStmts
 )
 
@@ -87,6 +89,7 @@ func buildWriteSQL() [nWriteStmts]string {
 		sql[wFreshSharedRows+k] = freshSharedSQL(rows)
 		sql[wReservationUpdateRows+k] = reservationUpdateRowsSQL(rows)
 		sql[wAccountUpdateRows+k] = accountUpdateRowsSQL(rows)
+		sql[wStatementRows+k] = insertRowsSQL("statements", statementCols, rows)
 	}
 	return sql
 }
@@ -178,23 +181,22 @@ func freshSharedSQL(rows int) string {
 }
 
 var baseWriteSQL = [nWriteStmts]string{
-	wMetaGet:         "SELECT value FROM meta WHERE name = ?",
-	wPolicyGet:       "SELECT " + policyCols + " FROM policies WHERE generation = ?",
-	wHeadGet:         "SELECT " + headCols + " FROM policy_heads WHERE subject = ? AND route = ? AND region = ?",
-	wAccountGet:      "SELECT " + accountCols + " FROM accounts WHERE subject = ? AND route = ? AND region = ? AND generation = ?",
-	wCurrentGet:      "SELECT generation FROM account_currents WHERE subject = ? AND route = ? AND region = ?",
-	wReservationGet:  "SELECT " + reservationCols + " FROM reservations WHERE id = ?",
-	wMoveGet:         "SELECT " + moveCols + " FROM moves WHERE receipt_id = ?",
-	wShardGet:        "SELECT " + shardCols + " FROM shards WHERE id = ?",
-	wMetaPut:         upsertSQL("meta", "name, value", "name"),
-	wPolicyPut:       upsertSQL("policies", policyCols, "generation"),
-	wHeadPut:         upsertSQL("policy_heads", headCols, "subject, route, region"),
-	wAccountPut:      upsertSQL("accounts", accountCols, "subject, route, region, generation"),
-	wCurrentPut:      upsertSQL("account_currents", currentCols, "subject, route, region"),
-	wReservationPut:  upsertSQL("reservations", reservationCols, "id", "due_at"),
-	wMoveInsert:      insertSQL("moves", moveCols),
-	wShardPut:        upsertSQL("shards", shardCols, "id"),
-	wStatementInsert: insertSQL("statements", statementCols),
+	wMetaGet:        "SELECT value FROM meta WHERE name = ?",
+	wPolicyGet:      "SELECT " + policyCols + " FROM policies WHERE generation = ?",
+	wHeadGet:        "SELECT " + headCols + " FROM policy_heads WHERE subject = ? AND route = ? AND region = ?",
+	wAccountGet:     "SELECT " + accountCols + " FROM accounts WHERE subject = ? AND route = ? AND region = ? AND generation = ?",
+	wCurrentGet:     "SELECT generation FROM account_currents WHERE subject = ? AND route = ? AND region = ?",
+	wReservationGet: "SELECT " + reservationCols + " FROM reservations WHERE id = ?",
+	wMoveGet:        "SELECT " + moveCols + " FROM moves WHERE receipt_id = ?",
+	wShardGet:       "SELECT " + shardCols + " FROM shards WHERE id = ?",
+	wMetaPut:        upsertSQL("meta", "name, value", "name"),
+	wPolicyPut:      upsertSQL("policies", policyCols, "generation"),
+	wHeadPut:        upsertSQL("policy_heads", headCols, "subject, route, region"),
+	wAccountPut:     upsertSQL("accounts", accountCols, "subject, route, region, generation"),
+	wCurrentPut:     upsertSQL("account_currents", currentCols, "subject, route, region"),
+	wReservationPut: upsertSQL("reservations", reservationCols, "id", "due_at"),
+	wMoveInsert:     insertSQL("moves", moveCols),
+	wShardPut:       upsertSQL("shards", shardCols, "id"),
 
 	wDataVersion:              "PRAGMA data_version",
 	wReservationPrefetchSmall: "SELECT " + reservationCols + " FROM reservations WHERE id IN (" + params(prefetchSmall) + ")",

@@ -414,11 +414,13 @@ func (tx *Tx) write(ctx context.Context, c *store.Changes) error {
 			return err
 		}
 	}
+	statements := make([]*ledger.Statement, len(c.Statements))
 	for i := range c.Statements {
-		st := &c.Statements[i]
-		if err := tx.run(ctx, wStatementInsert, func() string { return "insert statement of " + st.Account.String() }, &conv, statementArgs(st, &conv)); err != nil {
-			return err
-		}
+		statements[i] = &c.Statements[i]
+	}
+	if err := insertRows(ctx, tx, &conv, nil, statements, wStatementRows, appendStatementArgs,
+		func(st *ledger.Statement) string { return "insert statement of " + st.Account.String() }); err != nil {
+		return err
 	}
 	if err := tx.writeRetention(ctx, &c.Retention); err != nil {
 		return err
