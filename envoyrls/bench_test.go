@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -70,12 +71,16 @@ func BenchmarkShouldRateLimit(b *testing.B) {
 // two extra commands (their ledger steps and journal rows). The variant
 // ShouldRateLimit runs the whole adapter (descriptor mapping, the same
 // three commands, the answer with its headers) in-process: its difference
-// to reserve+start+settle is the adapter's own cost.
+// to reserve+start+settle is the adapter's own cost. The variants
+// ending in "/goroutine" run each call on a goroutine of its own, as
+// grpc-go runs each call: they add what growing a new goroutine's stack
+// costs at each depth.
 //
 //	go test -run '^$' -bench CheckCommands -benchtime 5000x ./envoyrls/
 func BenchmarkCheckCommands(b *testing.B) {
-	for _, variant := range []string{"reserve", "reserve+start+settle", "ShouldRateLimit"} {
-		b.Run(variant, func(b *testing.B) {
+	for _, name := range []string{"reserve", "reserve+start+settle", "ShouldRateLimit", "reserve+start+settle/goroutine", "ShouldRateLimit/goroutine"} {
+		variant, perCall, _ := strings.Cut(name, "/")
+		b.Run(name, func(b *testing.B) {
 			logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 			st, err := sqlite.Open(context.Background(), filepath.Join(b.TempDir(), "ledger.db"))
 			if err != nil {
@@ -103,36 +108,50 @@ func BenchmarkCheckCommands(b *testing.B) {
 			var before syscall.Rusage
 			syscall.Getrusage(syscall.RUSAGE_SELF, &before)
 			b.ResetTimer()
+			call := func() bool {
+				if variant == "ShouldRateLimit" {
+					if resp, err := svc.ShouldRateLimit(ctx, check); err != nil || resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+						b.Error(resp, err)
+						return false
+					}
+					return true
+				}
+				id := fmt.Sprintf("check-%d", next.Add(1))
+				reserve, _, refused := srv.ReserveCommand(ctx, &v1.ReserveRequest{ReservationId: id, Subject: "t1", Route: "bench", Units: map[string]int64{"tokens": 1}})
+				if refused != nil {
+					b.Error(refused)
+					return false
+				}
+				cmds := []ledger.Command{reserve}
+				if variant != "reserve" {
+					settle := ledger.Command{Kind: ledger.KindSettle, ReservationID: id, OperationID: id, Units: reserve.Units}
+					cmds = append(cmds, ledger.Command{Kind: ledger.KindStart, ReservationID: id, OperationID: id}, settle)
+				}
+				results, cerr := srv.Run(ctx, cmds)
+				if cerr != nil {
+					b.Error(cerr)
+					return false
+				}
+				for _, r := range results {
+					if r.Err != nil {
+						b.Error(r.Err)
+						return false
+					}
+				}
+				return true
+			}
 			b.RunParallel(func(pb *testing.PB) {
+				done := make(chan bool)
 				for pb.Next() {
-					if variant == "ShouldRateLimit" {
-						if resp, err := svc.ShouldRateLimit(ctx, check); err != nil || resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
-							b.Error(resp, err)
+					if perCall == "" {
+						if !call() {
 							return
 						}
 						continue
 					}
-					id := fmt.Sprintf("check-%d", next.Add(1))
-					reserve, _, refused := srv.ReserveCommand(ctx, &v1.ReserveRequest{ReservationId: id, Subject: "t1", Route: "bench", Units: map[string]int64{"tokens": 1}})
-					if refused != nil {
-						b.Error(refused)
+					go func() { done <- call() }()
+					if !<-done {
 						return
-					}
-					cmds := []ledger.Command{reserve}
-					if variant != "reserve" {
-						settle := ledger.Command{Kind: ledger.KindSettle, ReservationID: id, OperationID: id, Units: reserve.Units}
-						cmds = append(cmds, ledger.Command{Kind: ledger.KindStart, ReservationID: id, OperationID: id}, settle)
-					}
-					results, cerr := srv.Run(ctx, cmds)
-					if cerr != nil {
-						b.Error(cerr)
-						return
-					}
-					for _, r := range results {
-						if r.Err != nil {
-							b.Error(r.Err)
-							return
-						}
 					}
 				}
 			})

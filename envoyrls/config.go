@@ -226,13 +226,15 @@ func (c *Config) Map(domain string, entries []Entry) (m Mapped, ok bool) {
 func (r *Rule) match(domain string, entries []Entry) (Mapped, bool) {
 	m := Mapped{Rule: r, Key: ledger.PolicyKey{Subject: r.Subject.Value, Route: r.Route.Value, Region: r.Region.Value}}
 	matched := 0
-	seen := make(map[string]bool, len(entries))
-	for _, e := range entries {
-		if e.Key == "" || seen[e.Key] {
-			// A repeated key is ambiguous: which value names the capacity?
+	var seen map[string]bool // only for descriptors of many entries
+	if len(entries) > smallEntries {
+		seen = make(map[string]bool, len(entries))
+	}
+	for i, e := range entries {
+		// A repeated key is ambiguous: which value names the capacity?
+		if e.Key == "" || repeated(entries, i, seen) {
 			return Mapped{}, false
 		}
-		seen[e.Key] = true
 		switch {
 		case e.Key == r.Subject.Key:
 			m.Key.Subject = e.Value
@@ -274,4 +276,29 @@ func (r *Rule) match(domain string, entries []Entry) (Mapped, bool) {
 		m.Key.Region = ledger.DefaultRegion
 	}
 	return m, true
+}
+
+// smallEntries is the most entries a descriptor may have for match to
+// look for a repeated key by comparing with the entries before it
+// instead of in a map (Envoy's descriptors have a handful).
+const smallEntries = 16
+
+// repeated reports whether entries[i]'s key appears before it: by
+// comparison when seen is nil (few entries), else in seen, which it
+// updates.
+func repeated(entries []Entry, i int, seen map[string]bool) bool {
+	key := entries[i].Key
+	if seen == nil {
+		for j := range i {
+			if entries[j].Key == key {
+				return true
+			}
+		}
+		return false
+	}
+	if seen[key] {
+		return true
+	}
+	seen[key] = true
+	return false
 }

@@ -3,6 +3,7 @@ package envoyrls_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -84,6 +85,42 @@ func TestClassicCounter(t *testing.T) {
 	req.HitsAddend = 0
 	if resp := h.mustCheck(req); resp.GetOverallCode() != OK || resp.GetStatuses()[0].GetLimitRemaining() != 3 {
 		t.Fatalf("hits 1: %v", resp)
+	}
+}
+
+// TestNewGenerationNewLimits: the limits a check reports (current_limit,
+// RateLimit-Policy, RateLimit's name) follow the generation that decided
+// it, also after a new one is published for the same subject and route.
+func TestNewGenerationNewLimits(t *testing.T) {
+	h := newHarness(t, options{config: testMapping(t), auth: true})
+	req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*rlscommon.RateLimitDescriptor{
+		descriptor(nil, "tenant", "acme", "route", "search")}}
+	for _, tc := range []struct {
+		burst, refill int64
+		unit          string
+		policy        string
+		perUnit       uint32
+	}{
+		{10, 1, "requests", `"search-requests";q=10;w=10`, 1},
+		{50, 5, "requests", `"search-requests";q=50;w=10`, 5},
+		{7, 7, "calls", "", 0}, // the rule's unit is gone: unknown, no limits
+		{20, 2, "requests", `"search-requests";q=20;w=10`, 2},
+	} {
+		h.publish("acme", "search", tc.unit, tc.burst, tc.refill, time.Second, false)
+		resp, err := h.check(req)
+		if err != nil {
+			t.Fatalf("burst %d: %v", tc.burst, err)
+		}
+		st := resp.GetStatuses()[0]
+		if got := header(resp, "RateLimit-Policy"); got != tc.policy {
+			t.Fatalf("burst %d: RateLimit-Policy %q, want %q", tc.burst, got, tc.policy)
+		}
+		if got := st.GetCurrentLimit().GetRequestsPerUnit(); got != tc.perUnit {
+			t.Fatalf("burst %d: %d per unit, want %d: %v", tc.burst, got, tc.perUnit, resp)
+		}
+		if want := tc.policy != ""; (resp.GetOverallCode() == OK) != want {
+			t.Fatalf("burst %d: admitted %v, want %v: %v", tc.burst, !want, want, resp)
+		}
 	}
 }
 
@@ -407,6 +444,7 @@ func TestMapRules(t *testing.T) {
 		{"api", e("tenant", "a"), false, "", "", false},                              // route key missing
 		{"api", e("tenant", "a", "route", "r", "x", "y"), false, "", "", false},      // extra entry
 		{"api", e("tenant", "a", "tenant", "b", "route", "r"), false, "", "", false}, // repeated key
+		{"api", e("tenant", "a", "tenant", "b"), false, "", "", false},               // repeated key, as many entries as the rule wants
 		{"llm", e("tenant", "a"), true, "a/chat@global", "", false},
 		{"llm", e("tenant", "a", "x-request-id", "q"), true, "a/chat@global", "q", false},
 		{"llm", e("tenant", "a", "x-request-id", "q", "capledger-phase", "settle"), true, "a/chat@global", "q", true},
@@ -417,6 +455,35 @@ func TestMapRules(t *testing.T) {
 		if ok != tc.ok || (ok && (m.Key.String() != tc.key || m.ID != tc.id || m.Settle != tc.settle)) {
 			t.Errorf("%s %v: got %v %+v", tc.domain, tc.entries, ok, m)
 		}
+	}
+}
+
+// TestMapRepeatedKeyInLongDescriptor: a descriptor with more entries than
+// match compares one by one (smallEntries) is refused for a repeated key
+// too, even when its count of entries is what the rule wants.
+func TestMapRepeatedKeyInLongDescriptor(t *testing.T) {
+	var match, entries []string
+	for i := range 20 {
+		match = append(match, fmt.Sprintf("k%d: v", i))
+		entries = append(entries, fmt.Sprintf("k%d", i), "v")
+	}
+	c, err := envoyrls.ParseConfig([]byte("domains: [{name: d, rules: [{subject: {key: tenant}, route: {value: r}, unit: u, match: {" + strings.Join(match, ", ") + "}}]}]"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := func(kv ...string) []envoyrls.Entry {
+		var out []envoyrls.Entry
+		for i := 0; i+1 < len(kv); i += 2 {
+			out = append(out, envoyrls.Entry{Key: kv[i], Value: kv[i+1]})
+		}
+		return out
+	}
+	if m, ok := c.Map("d", e(append([]string{"tenant", "a"}, entries...)...)); !ok || m.Key.Subject != "a" {
+		t.Fatalf("every entry once: %v %+v", ok, m)
+	}
+	// k19 left out, tenant twice: as many entries as the rule wants.
+	if m, ok := c.Map("d", e(append([]string{"tenant", "a", "tenant", "b"}, entries[:38]...)...)); ok {
+		t.Fatalf("repeated tenant mapped: %+v", m)
 	}
 }
 

@@ -27,6 +27,8 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -58,6 +60,9 @@ type Service struct {
 	log *slog.Logger
 	// now is the clock of the reset durations (default time.Now).
 	now func() time.Time
+	// views caches what an answer needs of a policy's dimension
+	// (limitView), by generation, route and unit.
+	views viewCache
 }
 
 // New returns the service of cfg over srv.
@@ -107,9 +112,10 @@ type item struct {
 	unknown bool
 	// rid is the reservation id: derived from the request id, or random.
 	rid string
-	// policy decides (set once the reserve or settle was mapped).
-	policy ledger.Policy
-	dim    int
+	// generation decided and view is its policy's dimension (set once
+	// the reserve or settle was decided; 0 and nil when none decided).
+	generation uint64
+	view       *limitView
 	// cmds are this descriptor's commands, in order; first is the reserve
 	// or the settle whose result decides.
 	cmds    []ledger.Command
@@ -120,6 +126,9 @@ type item struct {
 	// released: admitted, then released because another descriptor of
 	// the request refused.
 	released bool
+	// cmdBuf backs cmds: plan makes at most three commands (reserve,
+	// start, settle), so a check allocates none of its own.
+	cmdBuf [3]ledger.Command
 }
 
 // ShouldRateLimit answers one request. It returns a connect error (the
@@ -142,7 +151,10 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		requestHits = 1
 	}
 	items := make([]item, len(req.GetDescriptors()))
-	var entries []Entry
+	// Descriptors have a handful of entries: map them from a buffer on
+	// the stack (Map keeps none of them).
+	var entryBuf [8]Entry
+	entries := entryBuf[:0]
 	for i, d := range req.GetDescriptors() {
 		it := &items[i]
 		if d.GetIsNegativeHits() {
@@ -193,7 +205,11 @@ func reservationID(id string, key ledger.PolicyKey) string {
 // after the other sort one after the other and SQLite inserts them at the
 // end of the reservations index instead of at random pages of it.
 func randomID() string {
-	return "envoy:" + ulid.Make().String()
+	const prefix = "envoy:"
+	var b [len(prefix) + ulid.EncodedSize]byte
+	copy(b[:], prefix)
+	_ = ulid.Make().MarshalTextTo(b[len(prefix):]) // cannot fail: the size is right
+	return string(b[:])
 }
 
 // run plans and runs every descriptor's commands. A check's reserve and
@@ -203,36 +219,10 @@ func randomID() string {
 // capacity of the others (Envoy refuses the request as a whole).
 func (s *Service) run(ctx context.Context, items []item) error {
 	for attempt := 0; ; attempt++ {
+		if err := s.runFirst(ctx, items); err != nil {
+			return err
+		}
 		stale := false
-		var first []ledger.Command
-		var owners []int
-		for i := range items {
-			it := &items[i]
-			if it.unknown || it.results != nil {
-				continue
-			}
-			if err := s.plan(ctx, it); err != nil {
-				return err
-			}
-			if it.unknown || len(it.cmds) == 0 {
-				continue
-			}
-			n := 1
-			if len(items) == 1 {
-				n = len(it.cmds)
-			}
-			for _, c := range it.cmds[:n] {
-				first = append(first, c)
-				owners = append(owners, i)
-			}
-		}
-		results, cerr := s.srv.Run(ctx, first)
-		if cerr != nil {
-			return cerr
-		}
-		for j, i := range owners {
-			items[i].results = append(items[i].results, results[j])
-		}
 		for i := range items {
 			it := &items[i]
 			if it.results == nil || it.cmds[0].Kind != ledger.KindReserve {
@@ -246,19 +236,76 @@ func (s *Service) run(ctx context.Context, items []item) error {
 				stale = true
 			}
 		}
-		if stale {
-			if cerr := s.srv.RefreshPolicies(ctx); cerr != nil {
-				return cerr
-			}
-			continue
+		if !stale {
+			break
 		}
-		break
+		if cerr := s.srv.RefreshPolicies(ctx); cerr != nil {
+			return cerr
+		}
 	}
 	if len(items) == 1 {
 		return s.decide(ctx, &items[0])
 	}
-	// Several descriptors: every reserve decided; now either all follow-ups
-	// or, if any enforced policy refused, releases of those admitted.
+	return s.runSecond(ctx, items)
+}
+
+// runFirst plans every descriptor not yet run and runs, in one engine
+// call, a single descriptor's commands or several descriptors' reserves.
+func (s *Service) runFirst(ctx context.Context, items []item) error {
+	if len(items) == 1 {
+		// The common case: the commands go as planned and the results
+		// come back as they are, with no copy of either.
+		it := &items[0]
+		if it.unknown || it.results != nil {
+			return nil
+		}
+		if err := s.plan(ctx, it); err != nil || it.unknown || len(it.cmds) == 0 {
+			return err
+		}
+		results, cerr := s.srv.Run(ctx, it.cmds)
+		if cerr != nil {
+			return cerr
+		}
+		it.results = results
+		return nil
+	}
+	return s.runFirstSeveral(ctx, items)
+}
+
+// runFirstSeveral is runFirst of several descriptors: their reserves (or
+// settles) in one engine call.
+func (s *Service) runFirstSeveral(ctx context.Context, items []item) error {
+	first := make([]ledger.Command, 0, len(items))
+	owners := make([]int, 0, len(items))
+	for i := range items {
+		it := &items[i]
+		if it.unknown || it.results != nil {
+			continue
+		}
+		if err := s.plan(ctx, it); err != nil {
+			return err
+		}
+		if it.unknown || len(it.cmds) == 0 {
+			continue
+		}
+		first = append(first, it.cmds[0])
+		owners = append(owners, i)
+	}
+	results, cerr := s.srv.Run(ctx, first)
+	if cerr != nil {
+		return cerr
+	}
+	for j, i := range owners {
+		it := &items[i]
+		it.results = append(make([]ledger.Result, 0, len(it.cmds)), results[j])
+	}
+	return nil
+}
+
+// runSecond decides several descriptors' reserves, then runs either all
+// their follow-ups or, if any enforced policy refused, releases of those
+// admitted (Envoy refuses the request as a whole).
+func (s *Service) runSecond(ctx context.Context, items []item) error {
 	refused := false
 	for i := range items {
 		if err := s.decide(ctx, &items[i]); err != nil {
@@ -325,7 +372,8 @@ func (s *Service) plan(ctx context.Context, it *item) error {
 			})
 			switch {
 			case cerr == nil:
-				it.cmds = []ledger.Command{cmd}
+				it.cmdBuf[0] = cmd
+				it.cmds = it.cmdBuf[:1]
 				return nil
 			case reasonOf(cerr) == server.ReasonUnknownUnit:
 				s.srv.Refused(ledger.KindSettle, cerr)
@@ -352,7 +400,8 @@ func (s *Service) plan(ctx context.Context, it *item) error {
 	if err := s.planReserve(ctx, it, 1, false, -1); err != nil || it.unknown {
 		return err
 	}
-	it.cmds = append(it.cmds, ledger.Command{Kind: ledger.KindRelease, ReservationID: it.rid})
+	it.cmdBuf[1] = ledger.Command{Kind: ledger.KindRelease, ReservationID: it.rid}
+	it.cmds = it.cmdBuf[:2]
 	return nil
 }
 
@@ -378,12 +427,17 @@ func (s *Service) planReserve(ctx context.Context, it *item, units int64, start 
 		}
 		return refused
 	}
-	it.cmds = []ledger.Command{cmd}
+	it.cmdBuf[0] = cmd
+	clear(it.cmdBuf[1:]) // in place: no command-sized temporaries on the stack
+	n := 1
 	if start {
-		it.cmds = append(it.cmds, ledger.Command{Kind: ledger.KindStart, ReservationID: it.rid, OperationID: it.rid})
+		startCmd := &it.cmdBuf[n]
+		startCmd.Kind, startCmd.ReservationID, startCmd.OperationID = ledger.KindStart, it.rid, it.rid
+		n++
 	}
 	if settle >= 0 {
-		settleCmd := ledger.Command{Kind: ledger.KindSettle, ReservationID: it.rid, OperationID: it.rid}
+		settleCmd := &it.cmdBuf[n]
+		settleCmd.Kind, settleCmd.ReservationID, settleCmd.OperationID = ledger.KindSettle, it.rid, it.rid
 		// The settle's units go in the positions the reserve's were mapped
 		// to (the same generation, since both run in one transaction, or the
 		// stale check refuses the reserve and the whole plan is redone).
@@ -392,13 +446,14 @@ func (s *Service) planReserve(ctx context.Context, it *item, units int64, start 
 				settleCmd.Units[i] = settle
 			}
 		}
-		it.cmds = append(it.cmds, settleCmd)
+		n++
 	}
+	it.cmds = it.cmdBuf[:n]
 	return nil
 }
 
-// setPolicy remembers the policy that decided res, for the status.
-func (s *Service) setPolicy(ctx context.Context, it *item, res *ledger.Result) error {
+// setView remembers the policy dimension that decided res, for the status.
+func (s *Service) setView(ctx context.Context, it *item, res *ledger.Result) error {
 	gen := res.Generation
 	if gen == 0 {
 		gen = res.Reservation.Account.Generation
@@ -406,12 +461,94 @@ func (s *Service) setPolicy(ctx context.Context, it *item, res *ledger.Result) e
 	if gen == 0 {
 		return nil
 	}
-	p, cerr := s.srv.Policy(ctx, gen)
+	v, cerr := s.view(ctx, gen, it.mapped.Key.Route, it.mapped.Rule.Unit)
 	if cerr != nil {
 		return cerr
 	}
-	it.policy, it.dim = p, p.DimensionIndex(it.mapped.Rule.Unit)
+	it.generation, it.view = gen, v
 	return nil
+}
+
+// limitView is what an answer says of one dimension of one policy
+// generation, on one route: its dimension and the parts of the status and
+// headers that follow from the policy alone. A generation never changes
+// once published, so a view is computed once and kept (viewCache).
+type limitView struct {
+	// dim is the dimension's index in the policy, -1 when the policy has
+	// no dimension of the unit (then d is zero and the rest unset).
+	dim int
+	d   ledger.Dimension
+	// name is route-unit, the RateLimit header's and the status's name.
+	name string
+	// policyHeader is this dimension's RateLimit-Policy item.
+	policyHeader string
+	// quoted is name as a structured-field string.
+	quoted       string
+	limitUnit    rlsv3.RateLimitResponse_RateLimit_Unit
+	limitPerUnit uint32
+}
+
+type viewKey struct {
+	generation  uint64
+	route, unit string
+}
+
+// viewCache holds limitViews by generation, route and unit. It is
+// bounded: past maxViews entries (many generations published over a long
+// run) it starts again empty.
+type viewCache struct {
+	m sync.Map // viewKey -> *limitView
+	n atomic.Int64
+}
+
+const maxViews = 4096
+
+// view returns the limitView of the policy generation for route and unit,
+// reading the policy (server.Server's cache, or the store) only the first
+// time.
+func (s *Service) view(ctx context.Context, generation uint64, route, unit string) (*limitView, *connect.Error) {
+	key := viewKey{generation: generation, route: route, unit: unit}
+	if v, ok := s.views.get(key); ok {
+		return v, nil
+	}
+	p, cerr := s.srv.Policy(ctx, generation)
+	if cerr != nil {
+		return nil, cerr
+	}
+	v := newLimitView(&p, route, unit)
+	s.views.put(key, v)
+	return v, nil
+}
+
+func (c *viewCache) get(key viewKey) (*limitView, bool) {
+	v, ok := c.m.Load(key)
+	if !ok {
+		return nil, false
+	}
+	return v.(*limitView), true
+}
+
+// put stores v under key, first emptying the cache when it holds
+// maxViews views.
+func (c *viewCache) put(key viewKey, v *limitView) {
+	if c.n.Add(1) > maxViews {
+		c.m.Clear()
+		c.n.Store(1)
+	}
+	c.m.Store(key, v)
+}
+
+func newLimitView(p *ledger.Policy, route, unit string) *limitView {
+	v := &limitView{dim: p.DimensionIndex(unit)}
+	if v.dim < 0 {
+		return v
+	}
+	v.d = p.Dimensions[v.dim]
+	v.name = route + "-" + v.d.Unit
+	v.quoted = quote(v.name)
+	v.policyHeader = v.quoted + ";q=" + strconv.FormatInt(v.d.Burst, 10) + ";w=" + strconv.FormatInt(seconds(untilFull(&v.d, 0)), 10)
+	v.limitUnit, v.limitPerUnit = currentLimit(&v.d)
+	return v
 }
 
 // decide reads the deciding result of one descriptor: admitted, refused
@@ -423,7 +560,7 @@ func (s *Service) decide(ctx context.Context, it *item) error {
 		return nil
 	}
 	res := &it.results[0]
-	if err := s.setPolicy(ctx, it, res); err != nil {
+	if err := s.setView(ctx, it, res); err != nil {
 		return err
 	}
 	if res.Err == nil {
@@ -480,13 +617,22 @@ func (s *Service) respond(ctx context.Context, items []item) (*rlsv3.RateLimitRe
 			return nil, err
 		}
 	}
-	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}
-	var policies, limits []string
+	// One allocation holds every status with its limit and reset.
+	type status struct {
+		st    rlsv3.RateLimitResponse_DescriptorStatus
+		limit rlsv3.RateLimitResponse_RateLimit
+		reset durationpb.Duration
+	}
+	statuses := make([]status, len(items))
+	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(items))}
+	var policies string
+	var limits []byte
 	var retryAfter time.Duration
 	for i := range items {
 		it := &items[i]
-		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
-		resp.Statuses = append(resp.Statuses, st)
+		st := &statuses[i].st
+		st.Code = rlsv3.RateLimitResponse_OK
+		resp.Statuses[i] = st
 		switch {
 		case it.unknown:
 			if s.cfg.UnknownDescriptor == "deny" {
@@ -499,13 +645,14 @@ func (s *Service) respond(ctx context.Context, items []item) (*rlsv3.RateLimitRe
 		if st.Code == rlsv3.RateLimitResponse_OVER_LIMIT {
 			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 		}
-		if it.unknown || it.policy.Generation == 0 || it.dim < 0 {
+		v := it.view
+		if it.unknown || v == nil || v.dim < 0 {
 			continue
 		}
-		d := &it.policy.Dimensions[it.dim]
-		name := it.mapped.Key.Route + "-" + d.Unit
-		st.CurrentLimit = currentLimit(d, name)
-		remaining, reset, cerr := s.remaining(ctx, it, d)
+		limit := &statuses[i].limit
+		limit.Name, limit.Unit, limit.RequestsPerUnit = v.name, v.limitUnit, v.limitPerUnit
+		st.CurrentLimit = limit
+		remaining, reset, cerr := s.remaining(ctx, it, v)
 		if cerr != nil {
 			return nil, cerr
 		}
@@ -514,20 +661,35 @@ func (s *Service) respond(ctx context.Context, items []item) (*rlsv3.RateLimitRe
 		}
 		st.LimitRemaining = uint32(min(remaining, int64(^uint32(0))))
 		if reset > 0 {
-			st.DurationUntilReset = durationpb.New(server.RetryAfterSeconds(reset))
+			statuses[i].reset.Seconds = seconds(reset)
+			st.DurationUntilReset = &statuses[i].reset
 		}
-		window := untilFull(d, 0)
-		policies = append(policies, fmt.Sprintf("%s;q=%d;w=%d", quote(name), d.Burst, seconds(window)))
-		limits = append(limits, fmt.Sprintf("%s;r=%d;t=%d", quote(name), remaining, seconds(reset)))
+		if policies == "" {
+			policies = v.policyHeader
+			limits = make([]byte, 0, len(v.quoted)+32)
+		} else {
+			policies += ", " + v.policyHeader
+			limits = append(limits, ", "...)
+		}
+		limits = append(limits, v.quoted...)
+		limits = append(limits, ";r="...)
+		limits = strconv.AppendInt(limits, remaining, 10)
+		limits = append(limits, ";t="...)
+		limits = strconv.AppendInt(limits, seconds(reset), 10)
 	}
-	if len(policies) > 0 {
-		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd,
-			&corev3.HeaderValue{Key: "RateLimit-Policy", Value: strings.Join(policies, ", ")},
-			&corev3.HeaderValue{Key: "RateLimit", Value: strings.Join(limits, ", ")})
+	var headers *[3]corev3.HeaderValue
+	if policies != "" {
+		headers = new([3]corev3.HeaderValue)
+		headers[0].Key, headers[0].Value = "RateLimit-Policy", policies
+		headers[1].Key, headers[1].Value = "RateLimit", string(limits)
+		resp.ResponseHeadersToAdd = append(make([]*corev3.HeaderValue, 0, 3), &headers[0], &headers[1])
 	}
 	if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT && retryAfter > 0 {
-		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd,
-			&corev3.HeaderValue{Key: "Retry-After", Value: strconv.FormatInt(seconds(retryAfter), 10)})
+		if headers == nil {
+			headers = new([3]corev3.HeaderValue)
+		}
+		headers[2].Key, headers[2].Value = "Retry-After", strconv.FormatInt(seconds(retryAfter), 10)
+		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &headers[2])
 	}
 	return resp, nil
 }
@@ -536,36 +698,46 @@ func (s *Service) respond(ctx context.Context, items []item) (*rlsv3.RateLimitRe
 // commands, and how long refills take to fill it to the burst. A check's
 // reserve reports its account's available units (Result.Available), so the
 // common paths need no second read; a replay, a settle after the stream,
-// or a cost recorded after the fact read the account as committed.
-func (s *Service) remaining(ctx context.Context, it *item, d *ledger.Dimension) (int64, time.Duration, *connect.Error) {
+// or a cost recorded after the fact read the account as committed
+// (accountRemaining).
+func (s *Service) remaining(ctx context.Context, it *item, v *limitView) (int64, time.Duration, *connect.Error) {
 	res := &it.results[0]
 	if it.cmds[0].Kind == ledger.KindReserve && !it.mapped.Settle && !res.Replayed &&
 		(res.Err == nil || server.Classify(res.Err).Capacity) {
 		if errors.Is(res.Err, ledger.ErrAdmissionFrozen) {
-			return 0, untilFull(d, 0), nil
+			return 0, untilFull(&v.d, 0), nil
 		}
-		left := res.Available[it.dim]
+		left := res.Available[v.dim]
 		if res.Err == nil && (it.released || len(it.cmds) == 2 && it.cmds[1].Kind == ledger.KindRelease) {
-			left += it.cmds[0].Units[it.dim] // a probe, or a refused request, gives its units back
+			left += it.cmds[0].Units[v.dim] // a probe, or a refused request, gives its units back
 		}
-		return left, untilFull(d, left), nil
+		return left, untilFull(&v.d, left), nil
 	}
-	a, ok, cerr := s.srv.Account(ctx, it.mapped.Key, it.policy.Generation)
+	return s.accountRemaining(ctx, it.mapped.Key, it.generation, v)
+}
+
+// accountRemaining is remaining read from the account as committed. It is
+// a function of its own so that the account (a large value) is on the
+// stack only on this path.
+//
+//go:noinline
+func (s *Service) accountRemaining(ctx context.Context, key ledger.PolicyKey, generation uint64, v *limitView) (int64, time.Duration, *connect.Error) {
+	a, ok, cerr := s.srv.Account(ctx, key, generation)
 	if cerr != nil || !ok {
 		return 0, 0, cerr
 	}
-	bal := &a.Balances[it.dim]
+	bal := &a.Balances[v.dim]
 	if bal.Debt() > 0 {
-		return 0, untilFull(d, -bal.Debt()), nil
+		return 0, untilFull(&v.d, -bal.Debt()), nil
 	}
-	return bal.Available, untilFull(d, bal.Available), nil
+	return bal.Available, untilFull(&v.d, bal.Available), nil
 }
 
 // currentLimit expresses a token bucket's refill as Envoy's
 // requests_per_unit: the refill per interval when the interval is one of
 // Envoy's units, else the rate over the smallest unit it fits, rounded
 // down; with no refill, the burst per year (it never refills).
-func currentLimit(d *ledger.Dimension, name string) *rlsv3.RateLimitResponse_RateLimit {
+func currentLimit(d *ledger.Dimension) (rlsv3.RateLimitResponse_RateLimit_Unit, uint32) {
 	units := []struct {
 		unit rlsv3.RateLimitResponse_RateLimit_Unit
 		dur  time.Duration
@@ -575,21 +747,17 @@ func currentLimit(d *ledger.Dimension, name string) *rlsv3.RateLimitResponse_Rat
 		{rlsv3.RateLimitResponse_RateLimit_HOUR, time.Hour},
 		{rlsv3.RateLimitResponse_RateLimit_DAY, 24 * time.Hour},
 	}
-	limit := &rlsv3.RateLimitResponse_RateLimit{Name: name}
 	if d.RefillUnits <= 0 || d.RefillInterval <= 0 {
-		limit.Unit, limit.RequestsPerUnit = rlsv3.RateLimitResponse_RateLimit_YEAR, clamp32(d.Burst)
-		return limit
+		return rlsv3.RateLimitResponse_RateLimit_YEAR, clamp32(d.Burst)
 	}
 	for _, u := range units {
 		if d.RefillInterval <= u.dur {
 			perUnit := float64(d.RefillUnits) * float64(u.dur) / float64(d.RefillInterval)
-			limit.Unit, limit.RequestsPerUnit = u.unit, clamp32(int64(perUnit))
-			return limit
+			return u.unit, clamp32(int64(perUnit))
 		}
 	}
 	perDay := float64(d.RefillUnits) * float64(24*time.Hour) / float64(d.RefillInterval)
-	limit.Unit, limit.RequestsPerUnit = rlsv3.RateLimitResponse_RateLimit_DAY, clamp32(int64(perDay))
-	return limit
+	return rlsv3.RateLimitResponse_RateLimit_DAY, clamp32(int64(perDay))
 }
 
 // untilFull is how long refills take from level to the burst (0 without

@@ -11,8 +11,15 @@
 #   SYSTEMS="capledger reference" leaves capledger-nethttp out;
 #   CONCURRENCIES="64" leaves c1 out.
 #
+# It prints a row per round, concurrency and system (the 1-minute load
+# average at its end in the last column), then a summary per round:
+# capledger's and the reference's checks/s and p99 side by side and their
+# ratio, and the median ratio, so that a p99 that only machine load made
+# long shows as long for the reference too.
+#
 # Needs redis-server (Debian) and service_cmd on PATH or in $(go env
 # GOPATH)/bin: go install github.com/envoyproxy/ratelimit/src/service_cmd@v1.4.1-0.20260122083618-3fb702589d36
+# (about 6 minutes on 2 cores).
 set -euo pipefail
 ROUNDS=${ROUNDS:-3} DURATION=${DURATION:-5s} WARMUP=${WARMUP:-1s} BASE=${BASE_PORT:-27500}
 SYSTEMS=${SYSTEMS:-"capledger capledger-nethttp reference"} CONCURRENCIES=${CONCURRENCIES:-"64 1"}
@@ -23,6 +30,10 @@ if [[ -z $CAPLEDGER ]]; then
 	(cd "$(dirname "$0")/.." && go build -o "$CAPLEDGER" ./cmd/capledger)
 fi
 RL=$(command -v service_cmd || echo "$(go env GOPATH)/bin/service_cmd")
+if [[ $SYSTEMS == *reference* && ! -x $RL ]]; then
+	echo "envoy-compare: no envoyproxy/ratelimit at $RL; install it (see the top of $0) or set SYSTEMS=\"capledger\"" >&2
+	exit 2
+fi
 PIDS=()
 trap 'kill "${PIDS[@]}" 2>/dev/null; wait 2>/dev/null; rm -rf "$WORK"' EXIT
 mkdir -p "$WORK/rt/ratelimit/config" "$WORK/redis" "$WORK/data" "$WORK/data-nethttp"
@@ -78,7 +89,29 @@ for r in $(seq "$ROUNDS"); do
 			k1=$(ticks "${pids[@]}") t1=$(date +%s.%N)
 			rate=$(row "$WORK/out" "ops/s")
 			srv=$(awk -v d=$((k1 - k0)) -v tick="$TICK" -v t0="$t0" -v t1="$t1" -v rate="$rate" 'BEGIN { printf "%.1f", d / tick * 1e6 / (rate * (t1 - t0)) }')
-			printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$r" "$c" "$sys" "$rate" "$(row "$WORK/out" p50)" "$(row "$WORK/out" p99)" "$srv" "$(row "$WORK/out" "client cpu/op")" "$(row "$WORK/out" errors)" "$(cut -d' ' -f1 /proc/loadavg)"
+			printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$r" "$c" "$sys" "$rate" "$(row "$WORK/out" p50)" "$(row "$WORK/out" p99)" "$srv" "$(row "$WORK/out" "client cpu/op")" "$(row "$WORK/out" errors)" "$(cut -d' ' -f1 /proc/loadavg)" | tee -a "$WORK/rows"
 		done
 	done
 done
+# Summary: capledger (grpc-go) against the reference, per round and
+# concurrency, from the rows above.
+awk -F'\t' '
+	{ key = $1 "\t" $2; rate[key, $3] = $4; p99[key, $3] = $6; srv[key, $3] = $7; load[key] = $10
+	  if (!(key in seen)) { seen[key] = 1; keys[++n] = key } }
+	END {
+		print ""
+		print "round\tc\tcapledger/s\treference/s\tratio\tp99 capledger ms\tp99 reference ms\tsrv µs capledger\tsrv µs reference\tload"
+		for (i = 1; i <= n; i++) {
+			k = keys[i]
+			if (rate[k, "capledger"] == "" || rate[k, "reference"] == "") continue
+			ratio = rate[k, "capledger"] / rate[k, "reference"]
+			split(k, rc, "\t"); ratios[rc[2]] = ratios[rc[2]] " " ratio
+			printf "%s\t%.0f\t%.0f\t%.2fx\t%s\t%s\t%s\t%s\t%s\n", k, rate[k, "capledger"], rate[k, "reference"], ratio, p99[k, "capledger"], p99[k, "reference"], srv[k, "capledger"], srv[k, "reference"], load[k]
+		}
+		for (c in ratios) {
+			m = split(substr(ratios[c], 2), v, " ")
+			for (a = 1; a <= m; a++) for (b = a + 1; b <= m; b++) if (v[b] < v[a]) { t = v[a]; v[a] = v[b]; v[b] = t }
+			med = (m % 2) ? v[(m + 1) / 2] : (v[m / 2] + v[m / 2 + 1]) / 2
+			printf "c%s: capledger/reference median %.2fx over %d rounds (%.2f-%.2fx)\n", c, med, m, v[1], v[m]
+		}
+	}' "$WORK/rows"
