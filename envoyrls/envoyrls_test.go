@@ -386,6 +386,10 @@ func TestBadRequests(t *testing.T) {
 		"negative": {Domain: "api", Descriptors: []*rlscommon.RateLimitDescriptor{neg}},
 		"too many": {Domain: "api", Descriptors: many},
 		"huge":     {Domain: "api", Descriptors: []*rlscommon.RateLimitDescriptor{descriptor(hits(1<<60), "tenant", "acme", "route", "search")}},
+		// PostgreSQL cannot keep a NUL byte: refused (by the server's
+		// command checks the adapter shares), not a retryable 503.
+		"NUL subject": {Domain: "api", Descriptors: []*rlscommon.RateLimitDescriptor{descriptor(nil, "tenant", "ac\x00me", "route", "search")}},
+		"NUL id":      {Domain: "llm", Descriptors: []*rlscommon.RateLimitDescriptor{descriptor(nil, "tenant", "acme", "x-request-id", "r\x001")}},
 	} {
 		if _, err := h.check(req); status.Code(err) != codes.InvalidArgument {
 			t.Fatalf("%s: want INVALID_ARGUMENT, got %v", name, err)
