@@ -4,7 +4,6 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
-	"hash"
 	"iter"
 	"slices"
 )
@@ -83,18 +82,17 @@ func (r *replay) addTo(b *Balances, cut bool) {
 // three strings, and not open to keys crafted to collide.
 type accountID [16]byte
 
-// accountIDs computes accountIDs with one reused hash.
+// accountIDs computes accountIDs over one reused buffer.
 type accountIDs struct {
-	h   hash.Hash
-	sum [sha256.Size]byte
+	buf []byte
 }
 
-func newAccountIDs() *accountIDs { return &accountIDs{h: sha256.New()} }
+func newAccountIDs() *accountIDs { return &accountIDs{buf: make([]byte, 0, 128)} }
 
 func (ids *accountIDs) of(k AccountKey) accountID {
-	ids.h.Reset()
-	writeKey(ids.h, k)
-	return accountID(ids.h.Sum(ids.sum[:0])[:16])
+	ids.buf = appendKey(ids.buf[:0], k)
+	sum := sha256.Sum256(ids.buf)
+	return accountID(sum[:16])
 }
 
 // eachAccount calls f with every account of s in key order, from
@@ -390,8 +388,7 @@ func (s *Snapshot) auditAccounts(pass auditPass) *auditPass {
 // or Emit failed (then the caller has Emit's error).
 func (s *Snapshot) cutCheckpoint(b *checkpointBuilder, replays map[accountID]*replay, pass *auditPass, o AuditOptions) (*Checkpoint, []Discrepancy) {
 	c := b.header(o.CutAt)
-	h := sha256.New()
-	writeInt(h, pass.cutAccounts)
+	d := newAccountsDigester(pass.cutAccounts)
 	if o.Emit == nil {
 		c.Accounts = make([]CheckpointAccount, 0, pass.cutAccounts)
 	}
@@ -406,7 +403,7 @@ func (s *Snapshot) cutCheckpoint(b *checkpointBuilder, replays map[accountID]*re
 			return
 		}
 		n++
-		writeAccount(h, &a)
+		d.add(&a)
 		if o.Emit == nil {
 			c.Accounts = append(c.Accounts, a)
 		} else {
@@ -423,7 +420,7 @@ func (s *Snapshot) cutCheckpoint(b *checkpointBuilder, replays map[accountID]*re
 		return nil, []Discrepancy{{Check: CheckCheckpoint, Detail: fmt.Sprintf("checkpoint %d: %d accounts, then %d read again",
 			c.Seq, pass.cutAccounts, n)}}
 	}
-	c.AccountsDigest = digestHex(h)
+	c.AccountsDigest = d.sum()
 	c.Digest = headerDigest(c)
 	return c, nil
 }
