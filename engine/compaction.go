@@ -427,6 +427,16 @@ func (e *Engine) paced(ctx context.Context, snap *ledger.Snapshot, idle float64)
 			})
 		}
 	}
+	if k := snap.AccountKeyStream; k != nil {
+		snap.AccountKeyStream = func(yield func(*ledger.AccountKey) error) error {
+			return k(func(key *ledger.AccountKey) error {
+				if err := step(); err != nil {
+					return err
+				}
+				return yield(key)
+			})
+		}
+	}
 	if c := snap.CheckpointAccountStream; c != nil {
 		snap.CheckpointAccountStream = func(yield func(*ledger.CheckpointAccount) error) error {
 			return c(func(acc *ledger.CheckpointAccount) error {

@@ -113,6 +113,15 @@ func (s *Snapshot) eachAccount(f func(*Account) error) error {
 	return nil
 }
 
+// eachAccountKey calls f with every account key of s in key order, from
+// AccountKeyStream when set.
+func (s *Snapshot) eachAccountKey(f func(*AccountKey) error) error {
+	if s.AccountKeyStream != nil {
+		return s.AccountKeyStream(f)
+	}
+	return s.eachAccount(func(a *Account) error { return f(&a.Key) })
+}
+
 // eachCheckpointAccount calls f with every account of the last checkpoint
 // in the order they are stored (key order), from CheckpointAccountStream
 // when set; nothing without a checkpoint.
@@ -195,9 +204,20 @@ func (p *puller[T]) advance() {
 // none), and returns the streams' errors: the accounts' first, then the
 // checkpoint's (orderErr: a stream out of key order).
 func (s *Snapshot) merge(extra []AccountKey, f func(k AccountKey, a *Account, p *CheckpointAccount)) (accountsErr, checkpointErr error) {
-	as := pull(s.eachAccount, func(a *Account) AccountKey { return a.Key })
+	return mergeStreams(s.eachAccount, func(a *Account) AccountKey { return a.Key }, s.eachCheckpointAccount, extra, f)
+}
+
+// mergeKeys is merge over the accounts' keys alone (eachAccountKey): f
+// gets the key for a, or nil where there is no account of the key.
+func (s *Snapshot) mergeKeys(extra []AccountKey, f func(k AccountKey, a *AccountKey, p *CheckpointAccount)) (accountsErr, checkpointErr error) {
+	return mergeStreams(s.eachAccountKey, func(k *AccountKey) AccountKey { return *k }, s.eachCheckpointAccount, extra, f)
+}
+
+func mergeStreams[A any](accounts func(func(*A) error) error, key func(*A) AccountKey, checkpoint func(func(*CheckpointAccount) error) error,
+	extra []AccountKey, f func(k AccountKey, a *A, p *CheckpointAccount)) (accountsErr, checkpointErr error) {
+	as := pull(accounts, key)
 	defer as.stop()
-	ps := pull(s.eachCheckpointAccount, func(a *CheckpointAccount) AccountKey { return a.Account })
+	ps := pull(checkpoint, func(a *CheckpointAccount) AccountKey { return a.Account })
 	defer ps.stop()
 	for as.cur != nil || ps.cur != nil || len(extra) > 0 {
 		var k AccountKey
@@ -208,7 +228,7 @@ func (s *Snapshot) merge(extra []AccountKey, f func(k AccountKey, a *Account, p 
 			}
 		}
 		if as.cur != nil {
-			pick(as.cur.Key)
+			pick(key(as.cur))
 		}
 		if ps.cur != nil {
 			pick(ps.cur.Account)
@@ -216,9 +236,9 @@ func (s *Snapshot) merge(extra []AccountKey, f func(k AccountKey, a *Account, p 
 		if len(extra) > 0 {
 			pick(extra[0])
 		}
-		var a *Account
+		var a *A
 		var p *CheckpointAccount
-		if as.cur != nil && as.cur.Key == k {
+		if as.cur != nil && key(as.cur) == k {
 			a = as.cur
 		}
 		if ps.cur != nil && ps.cur.Account == k {
@@ -366,7 +386,7 @@ func (s *Snapshot) auditAccounts(pass auditPass) *auditPass {
 		// last checkpoint (a store that lost an account row): they are in
 		// the checkpoint too, under keys read again from the journal.
 		seen := map[accountID]bool{}
-		_, _ = s.merge(nil, func(k AccountKey, _ *Account, _ *CheckpointAccount) { seen[ps.ids.of(k)] = true })
+		_, _ = s.mergeKeys(nil, func(k AccountKey, _ *AccountKey, _ *CheckpointAccount) { seen[ps.ids.of(k)] = true })
 		missing := map[accountID]bool{}
 		for id, r := range ps.replays {
 			if r.entries > 0 && !seen[id] {
@@ -394,7 +414,7 @@ func (s *Snapshot) cutCheckpoint(b *checkpointBuilder, replays map[accountID]*re
 	}
 	var n int64
 	var emitErr error
-	accountsErr, checkpointErr := s.merge(pass.extra, func(k AccountKey, _ *Account, p *CheckpointAccount) {
+	accountsErr, checkpointErr := s.mergeKeys(pass.extra, func(k AccountKey, _ *AccountKey, p *CheckpointAccount) {
 		if emitErr != nil {
 			return
 		}

@@ -16,6 +16,11 @@ type Snapshot struct {
 	// account at a time, not all of them.
 	Accounts      []Account
 	AccountStream func(yield func(a *Account) error) error
+	// AccountKeyStream, when set, is the accounts' keys alone, as
+	// AccountStream would give them: a cut reads the accounts a second
+	// time for their keys only (to merge them with its replays once every
+	// check has passed), and a store reads a key cheaper than an account.
+	AccountKeyStream func(yield func(k *AccountKey) error) error
 	// Reservations, or ReservationStream when set: it calls yield with
 	// every reservation (valid only during the call), so an audit holds a
 	// page of them, not the history. A stream may fill only the fields

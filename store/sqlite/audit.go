@@ -84,6 +84,13 @@ func (s *Store) AuditSnapshot(ctx context.Context, cut bool, f func(*ledger.Snap
 		}
 		return txAccounts(yield)
 	}
+	txKeys := snap.AccountKeyStream
+	snap.AccountKeyStream = func(yield func(*ledger.AccountKey) error) error {
+		if spill != nil {
+			return spill.accounts(ctx, func(a *ledger.Account) error { return yield(&a.Key) })
+		}
+		return txKeys(yield)
+	}
 	if txCheckpointAccounts != nil {
 		snap.CheckpointAccountStream = func(yield func(*ledger.CheckpointAccount) error) error {
 			if spill != nil {

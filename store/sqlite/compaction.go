@@ -226,8 +226,38 @@ func pagedByKey[T any](ctx context.Context, tx *sql.Tx, q string, args []any, sc
 // checkpoint's accounts in key order, a page at a time (pagedByKey).
 const (
 	accountsByKey           = "SELECT " + accountCols + " FROM accounts WHERE %s ORDER BY subject, route, region, generation LIMIT ?"
+	accountKeysByKey        = "SELECT subject, route, region, generation FROM accounts WHERE %s ORDER BY subject, route, region, generation LIMIT ?"
 	checkpointAccountsByKey = "SELECT " + checkpointAccountCols + " FROM checkpoint_accounts WHERE seq = ? AND %s ORDER BY subject, route, region, generation LIMIT ?"
 )
+
+// keyScanner scans account keys (accountKeysByKey), keeping the route
+// and the region of the key before when they repeat (most keys of a
+// ledger share them): one string allocated per key, not three.
+type keyScanner struct {
+	route, region sql.RawBytes
+	last          ledger.AccountKey
+}
+
+func (ks *keyScanner) scan(sc scanner) (ledger.AccountKey, error) {
+	var (
+		k          ledger.AccountKey
+		generation int64
+		c          codec.Conv
+	)
+	if err := sc.Scan(&k.Subject, &ks.route, &ks.region, &generation); err != nil {
+		return k, err
+	}
+	k.Route, k.Region = ks.last.Route, ks.last.Region
+	if string(ks.route) != k.Route {
+		k.Route = string(ks.route)
+	}
+	if string(ks.region) != k.Region {
+		k.Region = string(ks.region)
+	}
+	k.Generation = c.Uint(generation)
+	ks.last = k
+	return k, c.Err()
+}
 
 // streamAccounts sets snap's account streams: the accounts and the last
 // checkpoint's accounts, read in key order a page at a time in tx.
@@ -235,6 +265,11 @@ func streamAccounts(ctx context.Context, tx *sql.Tx, snap *ledger.Snapshot) {
 	snap.AccountStream = func(yield func(*ledger.Account) error) error {
 		return pagedByKey(ctx, tx, accountsByKey,
 			nil, scanAccount, func(a *ledger.Account) ledger.AccountKey { return a.Key }, "snapshot accounts", yield)
+	}
+	snap.AccountKeyStream = func(yield func(*ledger.AccountKey) error) error {
+		var sc keyScanner
+		return pagedByKey(ctx, tx, accountKeysByKey,
+			nil, sc.scan, func(k *ledger.AccountKey) ledger.AccountKey { return *k }, "snapshot account keys", yield)
 	}
 	if last := snap.LastCheckpoint(); last != nil {
 		seq := last.Seq
