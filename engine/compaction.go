@@ -37,6 +37,13 @@ type CompactionOptions struct {
 	// (default 256: a stored row is a whole batch's journal, a few KiB
 	// under load, so a deletion frees about a MiB).
 	Batch int
+	// CutGCPercent, when positive, is the GC target (debug.SetGCPercent)
+	// while a checkpoint is cut, restored afterwards: a cut holds a replay
+	// per account touched since the last checkpoint (about 160 bytes
+	// each) for its length, and under a large target its garbage grows
+	// the heap to several times that (docs/PERFORMANCE.md, a million
+	// tenants). 0 leaves the target alone.
+	CutGCPercent int
 }
 
 func (o *CompactionOptions) withDefaults() *CompactionOptions {
@@ -101,6 +108,9 @@ var errAuditFound = errors.New("the audit found discrepancies")
 // (pace.go), the header last. What the cut holds for its length is the
 // replay of each account with journal entries since the last checkpoint.
 func (e *Engine) CutCheckpoint(ctx context.Context, now time.Time) (*ledger.Checkpoint, []ledger.Discrepancy, error) {
+	if o := e.opts.Compaction; o != nil && o.CutGCPercent > 0 {
+		defer debug.SetGCPercent(debug.SetGCPercent(o.CutGCPercent))
+	}
 	var cp *ledger.Checkpoint
 	var found []ledger.Discrepancy
 	err := e.core.store.AuditSnapshot(ctx, true, func(snap *ledger.Snapshot, through int64) error {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"runtime/debug"
 	"testing"
 	"time"
 
@@ -126,6 +127,14 @@ func TestCompactionCutsVerifiedCheckpoints(t *testing.T) {
 type materialising struct {
 	store.Store
 	most int
+	gc   int // the GC target at the last page put
+}
+
+// gcPercent is the GC target (debug.SetGCPercent's).
+func gcPercent() int {
+	p := debug.SetGCPercent(100)
+	debug.SetGCPercent(p)
+	return p
 }
 
 func (m *materialising) note(n int) { m.most = max(m.most, n) }
@@ -155,12 +164,35 @@ type materialisingWriter struct {
 
 func (w *materialisingWriter) Put(ctx context.Context, page []ledger.CheckpointAccount) error {
 	w.m.note(len(page))
+	w.m.gc = gcPercent()
 	return w.CheckpointWriter.Put(ctx, page)
 }
 
 func (w *materialisingWriter) Finish(ctx context.Context, c *ledger.Checkpoint) error {
 	w.m.note(len(c.Accounts))
 	return w.CheckpointWriter.Finish(ctx, c)
+}
+
+// TestCheckpointCutLowersTheGCTarget: with CutGCPercent, the GC target
+// is that while the cut writes its pages, and what it was afterwards.
+func TestCheckpointCutLowersTheGCTarget(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(400))
+	ctx := context.Background()
+	st := &materialising{Store: memstore.New()}
+	clk := newClock()
+	e := New(st, Options{Clock: clk.Now, DisableWorkers: true, Compaction: &CompactionOptions{Every: time.Hour, CutGCPercent: 37}})
+	defer e.Close()
+	publish(t, e, 1_000_000, time.Minute, 0)
+	if _, err := e.DoBatch(ctx, []ledger.Command{reserveCmd("gc-1", 1)}); err != nil {
+		t.Fatal(err)
+	}
+	cp, found, err := e.CutCheckpoint(ctx, clk.Now())
+	if err != nil || len(found) > 0 || cp == nil {
+		t.Fatalf("cut: %+v, %v, %v", cp, found, err)
+	}
+	if st.gc != 37 || gcPercent() != 400 {
+		t.Fatalf("GC target %d while the cut wrote, %d after it; want 37 and 400", st.gc, gcPercent())
+	}
 }
 
 // TestCheckpointCutHoldsAPage: cutting a checkpoint of many accounts, the
