@@ -103,10 +103,15 @@ var errAuditFound = errors.New("the audit found discrepancies")
 //
 // Nothing is held whole: the audit reads the accounts and the last
 // checkpoint's accounts a page at a time, and once every check has passed
-// the checkpoint's accounts go to the store's writer as the audit makes
-// them, a page of checkpointPage per transaction, paced like compaction
-// (pace.go), the header last. What the cut holds for its length is the
-// replay of each account with journal entries since the last checkpoint.
+// the checkpoint's accounts go to the store's writer, a page of
+// checkpointPage per transaction, paced like compaction (pace.go), the
+// header last. What the audit holds is the replay of each account with
+// journal entries since the last checkpoint. When the store's snapshot
+// names a directory (SQLite), the audit's one pass over the accounts
+// stages the checkpoint's accounts in an unlinked file there
+// (fileStage); once every check has passed, the replays and the store's
+// read are let go and the rows are written from the file. Otherwise the
+// accounts' keys are read a second time to merge them with the replays.
 func (e *Engine) CutCheckpoint(ctx context.Context, now time.Time) (*ledger.Checkpoint, []ledger.Discrepancy, error) {
 	if o := e.opts.Compaction; o != nil && o.CutGCPercent > 0 {
 		defer debug.SetGCPercent(debug.SetGCPercent(o.CutGCPercent))
@@ -128,10 +133,26 @@ func (e *Engine) CutCheckpoint(ctx context.Context, now time.Time) (*ledger.Chec
 		}
 		out := e.newCheckpointOutput(ctx, seq)
 		defer out.close()
-		found, cp = ledger.AuditWith(e.paced(ctx, snap, 0.5), ledger.AuditOptions{SinceCheckpoint: true, Cut: through, CutAt: now, Emit: out.emit})
+		opts := ledger.AuditOptions{SinceCheckpoint: true, Cut: through, CutAt: now, Emit: out.emit}
+		var stage *fileStage
+		if snap.TempDir != "" {
+			// The accounts read once, and the store's read ended before
+			// the rows are written (ledger.AuditOptions.Stage).
+			var err error
+			if stage, err = newFileStage(snap.TempDir); err != nil {
+				return err
+			}
+			defer stage.close()
+			opts.Stage = stage
+		}
+		found, cp = ledger.AuditWith(e.paced(ctx, snap, 0.5), opts)
 		if out.err != nil {
 			cp = nil
 			return out.err
+		}
+		if stage != nil && stage.err != nil {
+			cp = nil
+			return stage.err
 		}
 		if cp != nil {
 			if err := out.finish(cp); err != nil {
@@ -399,7 +420,7 @@ const (
 // own, so what it takes from admission is CPU), and idle of it otherwise
 // (1: full speed).
 // The read transaction stays open meanwhile: on SQLite the WAL then
-// grows until the audit ends (docs/OPERATIONS.md).
+// grows until the audit ends or releases its read (docs/OPERATIONS.md).
 func (e *Engine) paced(ctx context.Context, snap *ledger.Snapshot, idle float64) *ledger.Snapshot {
 	pace := e.newAuditPacer(idle)
 	var rows int

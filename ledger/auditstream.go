@@ -282,12 +282,18 @@ type auditPass struct {
 	// in the last checkpoint, in key order.
 	cutAccounts int64
 	extra       []AccountKey
+	// staged says the pass put the cut's accounts into o.Stage (all of
+	// them but the extra keys', in key order); stageErr is the stage's
+	// first error (the pass then puts no more).
+	staged   bool
+	stageErr error
 }
 
 // auditAccounts runs the checks of one account at a time: the ledger's
 // accounts merged with the last checkpoint's, in key order.
 func (s *Snapshot) auditAccounts(pass auditPass) *auditPass {
 	ps := &pass
+	ps.staged = ps.builder != nil && ps.o.Stage != nil && ps.o.Emit != nil
 	add := func(out *[]Discrepancy, check string, account AccountKey, format string, args ...any) {
 		*out = append(*out, Discrepancy{Check: check, Account: account.String(), Detail: fmt.Sprintf(format, args...)})
 	}
@@ -310,6 +316,11 @@ func (s *Snapshot) auditAccounts(pass auditPass) *auditPass {
 		}
 		if ps.builder != nil && (p != nil || r != nil && r.entries > 0) {
 			ps.cutAccounts++
+			if ps.staged && ps.stageErr == nil {
+				if next, ok := ps.builder.nextAccount(k, p, r); ok {
+					ps.stageErr = ps.o.Stage.Put(&next)
+				}
+			}
 		}
 		if a == nil {
 			return
@@ -398,6 +409,47 @@ func (s *Snapshot) auditAccounts(pass auditPass) *auditPass {
 		ps.cutAccounts += int64(len(ps.extra))
 	}
 	return ps
+}
+
+// emitStaged emits the checkpoint an audit that found nothing cuts from
+// its stage merged with extra (the extra keys' accounts, in key order),
+// folding its accounts digest as they go, as cutCheckpoint does from a
+// second pass. It returns the checkpoint, or nil when the stage or Emit
+// failed (the caller has the error) or the count is not the pass's.
+func (ps *auditPass) emitStaged(b *checkpointBuilder, extra []CheckpointAccount, o AuditOptions) (*Checkpoint, []Discrepancy) {
+	if ps.stageErr != nil {
+		return nil, nil
+	}
+	c := b.header(o.CutAt)
+	d := newAccountsDigester(ps.cutAccounts)
+	var n int64
+	emit := func(a *CheckpointAccount) error {
+		n++
+		d.add(a)
+		return o.Emit(a)
+	}
+	err := o.Stage.Each(func(a *CheckpointAccount) error {
+		for len(extra) > 0 && extra[0].Account.Compare(a.Account) < 0 {
+			if err := emit(&extra[0]); err != nil {
+				return err
+			}
+			extra = extra[1:]
+		}
+		return emit(a)
+	})
+	for ; err == nil && len(extra) > 0; extra = extra[1:] {
+		err = emit(&extra[0])
+	}
+	switch {
+	case err != nil:
+		return nil, nil
+	case n != ps.cutAccounts:
+		return nil, []Discrepancy{{Check: CheckCheckpoint, Detail: fmt.Sprintf("checkpoint %d: %d accounts, then %d staged",
+			c.Seq, ps.cutAccounts, n)}}
+	}
+	c.AccountsDigest = d.sum()
+	c.Digest = headerDigest(c)
+	return c, nil
 }
 
 // cutCheckpoint builds the checkpoint an audit that found nothing cuts:

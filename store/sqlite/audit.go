@@ -126,6 +126,11 @@ func (s *Store) AuditSnapshot(ctx context.Context, cut bool, f func(*ledger.Snap
 		}
 		return journalSince(ctx, tx, last, each)
 	}
+	// A staged cut (ledger.AuditOptions.Stage) ends the read before it
+	// writes the checkpoint's rows, so the checkpointer can copy and
+	// restart the WAL meanwhile instead of it growing with every row.
+	snap.TempDir = filepath.Dir(s.path)
+	snap.Release = func() { _ = tx.Rollback() }
 	return f(snap, through)
 }
 
