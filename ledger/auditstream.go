@@ -287,7 +287,12 @@ type auditPass struct {
 	// first error (the pass then puts no more).
 	staged   bool
 	stageErr error
+	next     CheckpointAccount // the account staged, reused (Put takes it by pointer)
 }
+
+// noSums is what an account without reservations, retained totals or
+// shards sums to (read only).
+var noSums sums
 
 // auditAccounts runs the checks of one account at a time: the ledger's
 // accounts merged with the last checkpoint's, in key order.
@@ -317,8 +322,9 @@ func (s *Snapshot) auditAccounts(pass auditPass) *auditPass {
 		if ps.builder != nil && (p != nil || r != nil && r.entries > 0) {
 			ps.cutAccounts++
 			if ps.staged && ps.stageErr == nil {
-				if next, ok := ps.builder.nextAccount(k, p, r); ok {
-					ps.stageErr = ps.o.Stage.Put(&next)
+				var ok bool
+				if ps.next, ok = ps.builder.nextAccount(k, p, r); ok {
+					ps.stageErr = ps.o.Stage.Put(&ps.next)
 				}
 			}
 		}
@@ -342,7 +348,7 @@ func (s *Snapshot) auditAccounts(pass auditPass) *auditPass {
 		// zero sums for the whole audit.
 		t := ps.per(a.Key)
 		if t == nil {
-			t = &sums{}
+			t = &noSums
 		}
 		for d := 0; d < MaxDimensions; d++ {
 			bal := &a.Balances[d]

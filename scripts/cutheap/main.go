@@ -68,8 +68,17 @@ func sampleHeap(d time.Duration) {
 	samples := []metrics.Sample{{Name: "/gc/heap/live:bytes"}, {Name: "/gc/heap/goal:bytes"},
 		{Name: "/gc/heap/allocs:bytes"}, {Name: "/memory/classes/total:bytes"}}
 	start := time.Now()
+	profiled := false
 	for range time.Tick(d) {
 		metrics.Read(samples)
+		if path := os.Getenv("CUTHEAP_PEAK_PROFILE"); path != "" && !profiled && samples[0].Value.Uint64() > 300<<20 {
+			// The live heap past 300 MB: what holds it.
+			profiled = true
+			if f, err := os.Create(path); err == nil {
+				_ = pprof.WriteHeapProfile(f)
+				f.Close()
+			}
+		}
 		fmt.Printf("t=%.0fs live %d MB goal %d MB allocated %d MB mapped %d MB\n", time.Since(start).Seconds(),
 			samples[0].Value.Uint64()>>20, samples[1].Value.Uint64()>>20, samples[2].Value.Uint64()>>20, samples[3].Value.Uint64()>>20)
 	}
