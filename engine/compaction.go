@@ -37,6 +37,13 @@ type CompactionOptions struct {
 	// (default 256: a stored row is a whole batch's journal, a few KiB
 	// under load, so a deletion frees about a MiB).
 	Batch int
+	// CutGCPercent, when positive, is the GC target (debug.SetGCPercent)
+	// while a checkpoint is cut, restored afterwards: a cut holds a replay
+	// per account touched since the last checkpoint (about 220 bytes
+	// each) for its length, and under a large target its garbage grows
+	// the heap to several times that (docs/PERFORMANCE.md, a million
+	// tenants). 0 leaves the target alone.
+	CutGCPercent int
 }
 
 func (o *CompactionOptions) withDefaults() *CompactionOptions {
@@ -96,11 +103,19 @@ var errAuditFound = errors.New("the audit found discrepancies")
 //
 // Nothing is held whole: the audit reads the accounts and the last
 // checkpoint's accounts a page at a time, and once every check has passed
-// the checkpoint's accounts go to the store's writer as the audit makes
-// them, a page of checkpointPage per transaction, paced like compaction
-// (pace.go), the header last. What the cut holds for its length is the
-// replay of each account with journal entries since the last checkpoint.
+// the checkpoint's accounts go to the store's writer, a page of
+// checkpointPage per transaction, paced like compaction (pace.go), the
+// header last. What the audit holds is the replay of each account with
+// journal entries since the last checkpoint. When the store's snapshot
+// names a directory (SQLite), the audit's one pass over the accounts
+// stages the checkpoint's accounts in an unlinked file there
+// (fileStage); once every check has passed, the replays and the store's
+// read are let go and the rows are written from the file. Otherwise the
+// accounts' keys are read a second time to merge them with the replays.
 func (e *Engine) CutCheckpoint(ctx context.Context, now time.Time) (*ledger.Checkpoint, []ledger.Discrepancy, error) {
+	if o := e.opts.Compaction; o != nil && o.CutGCPercent > 0 {
+		defer debug.SetGCPercent(debug.SetGCPercent(o.CutGCPercent))
+	}
 	var cp *ledger.Checkpoint
 	var found []ledger.Discrepancy
 	err := e.core.store.AuditSnapshot(ctx, true, func(snap *ledger.Snapshot, through int64) error {
@@ -118,10 +133,26 @@ func (e *Engine) CutCheckpoint(ctx context.Context, now time.Time) (*ledger.Chec
 		}
 		out := e.newCheckpointOutput(ctx, seq)
 		defer out.close()
-		found, cp = ledger.AuditWith(e.paced(ctx, snap, 0.5), ledger.AuditOptions{SinceCheckpoint: true, Cut: through, CutAt: now, Emit: out.emit})
+		opts := ledger.AuditOptions{SinceCheckpoint: true, Cut: through, CutAt: now, Emit: out.emit}
+		var stage *fileStage
+		if snap.TempDir != "" {
+			// The accounts read once, and the store's read ended before
+			// the rows are written (ledger.AuditOptions.Stage).
+			var err error
+			if stage, err = newFileStage(snap.TempDir); err != nil {
+				return err
+			}
+			defer stage.close()
+			opts.Stage = stage
+		}
+		found, cp = ledger.AuditWith(e.paced(ctx, snap, 0.5), opts)
 		if out.err != nil {
 			cp = nil
 			return out.err
+		}
+		if stage != nil && stage.err != nil {
+			cp = nil
+			return stage.err
 		}
 		if cp != nil {
 			if err := out.finish(cp); err != nil {
@@ -401,7 +432,7 @@ const (
 // own, so what it takes from admission is CPU), and idle of it otherwise
 // (1: full speed).
 // The read transaction stays open meanwhile: on SQLite the WAL then
-// grows until the audit ends (docs/OPERATIONS.md).
+// grows until the audit ends or releases its read (docs/OPERATIONS.md).
 func (e *Engine) paced(ctx context.Context, snap *ledger.Snapshot, idle float64) *ledger.Snapshot {
 	pace := e.newAuditPacer(idle)
 	var rows int
@@ -436,6 +467,16 @@ func (e *Engine) paced(ctx context.Context, snap *ledger.Snapshot, idle float64)
 					return err
 				}
 				return yield(acc)
+			})
+		}
+	}
+	if k := snap.AccountKeyStream; k != nil {
+		snap.AccountKeyStream = func(yield func(*ledger.AccountKey) error) error {
+			return k(func(key *ledger.AccountKey) error {
+				if err := step(); err != nil {
+					return err
+				}
+				return yield(key)
 			})
 		}
 	}

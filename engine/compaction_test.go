@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"runtime/debug"
 	"testing"
 	"time"
 
@@ -126,6 +127,19 @@ func TestCompactionCutsVerifiedCheckpoints(t *testing.T) {
 type materialising struct {
 	store.Store
 	most int
+	gc   int // the GC target at the last page put
+	// reads counts the passes over the accounts (or their keys) of the
+	// last snapshot; released says its read was released (Release),
+	// early says a page was put before that although it could be.
+	reads           int
+	released, early bool
+}
+
+// gcPercent is the GC target (debug.SetGCPercent's).
+func gcPercent() int {
+	p := debug.SetGCPercent(100)
+	debug.SetGCPercent(p)
+	return p
 }
 
 func (m *materialising) note(n int) { m.most = max(m.most, n) }
@@ -135,6 +149,18 @@ func (m *materialising) AuditSnapshot(ctx context.Context, cut bool, f func(*led
 		m.note(len(snap.Accounts))
 		if last := snap.LastCheckpoint(); last != nil {
 			m.note(len(last.Accounts))
+		}
+		m.reads, m.released, m.early = 0, false, false
+		if accounts := snap.AccountStream; accounts != nil {
+			snap.AccountStream = func(yield func(*ledger.Account) error) error { m.reads++; return accounts(yield) }
+		}
+		if keys := snap.AccountKeyStream; keys != nil {
+			snap.AccountKeyStream = func(yield func(*ledger.AccountKey) error) error { m.reads++; return keys(yield) }
+		}
+		if release := snap.Release; release != nil {
+			snap.Release = func() { m.released = true; release() }
+		} else {
+			m.released = true // nothing to release
 		}
 		return f(snap, through)
 	})
@@ -155,6 +181,10 @@ type materialisingWriter struct {
 
 func (w *materialisingWriter) Put(ctx context.Context, page []ledger.CheckpointAccount) error {
 	w.m.note(len(page))
+	w.m.gc = gcPercent()
+	if !w.m.released {
+		w.m.early = true
+	}
 	return w.CheckpointWriter.Put(ctx, page)
 }
 
@@ -163,12 +193,35 @@ func (w *materialisingWriter) Finish(ctx context.Context, c *ledger.Checkpoint) 
 	return w.CheckpointWriter.Finish(ctx, c)
 }
 
+// TestCheckpointCutLowersTheGCTarget: with CutGCPercent, the GC target
+// is that while the cut writes its pages, and what it was afterwards.
+func TestCheckpointCutLowersTheGCTarget(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(400))
+	ctx := context.Background()
+	st := &materialising{Store: memstore.New()}
+	clk := newClock()
+	e := New(st, Options{Clock: clk.Now, DisableWorkers: true, Compaction: &CompactionOptions{Every: time.Hour, CutGCPercent: 37}})
+	defer e.Close()
+	publish(t, e, 1_000_000, time.Minute, 0)
+	if _, err := e.DoBatch(ctx, []ledger.Command{reserveCmd("gc-1", 1)}); err != nil {
+		t.Fatal(err)
+	}
+	cp, found, err := e.CutCheckpoint(ctx, clk.Now())
+	if err != nil || len(found) > 0 || cp == nil {
+		t.Fatalf("cut: %+v, %v, %v", cp, found, err)
+	}
+	if st.gc != 37 || gcPercent() != 400 {
+		t.Fatalf("GC target %d while the cut wrote, %d after it; want 37 and 400", st.gc, gcPercent())
+	}
+}
+
 // TestCheckpointCutHoldsAPage: cutting a checkpoint of many accounts, the
 // first and then one over the previous checkpoint's accounts, never has
 // more than a page of accounts in hand across the store interface: the
 // accounts and the last checkpoint's accounts are streamed, the new
-// checkpoint's go to the writer a page at a time. The chain is whole and
-// the ledger audits clean.
+// checkpoint's go to the writer a page at a time. On SQLite the cut is
+// staged: one pass over the accounts, the read ended before the writes.
+// The chain is whole and the ledger audits clean.
 func TestCheckpointCutHoldsAPage(t *testing.T) {
 	defer func(page int) { checkpointPage = page }(checkpointPage)
 	checkpointPage = 16
@@ -215,6 +268,13 @@ func TestCheckpointCutHoldsAPage(t *testing.T) {
 				if st.most > checkpointPage {
 					t.Fatalf("cut %d over %d accounts (%d touched) had %d accounts in hand at once, a page is %d",
 						cp.Seq, accounts, touched, st.most, checkpointPage)
+				}
+				// SQLite's snapshot has a directory to stage the cut in:
+				// the accounts are read once, and its read is ended
+				// before the first row is written.
+				if want := map[string]int{"memstore": 2, "sqlite": 1}[name]; st.reads != want || st.early {
+					t.Fatalf("cut %d: the accounts read %d times (want %d), a page put before the read was released: %v",
+						cp.Seq, st.reads, want, st.early)
 				}
 				snap, err := st.Snapshot(ctx)
 				if err != nil {

@@ -4,7 +4,6 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
-	"hash"
 	"iter"
 	"slices"
 )
@@ -83,18 +82,17 @@ func (r *replay) addTo(b *Balances, cut bool) {
 // three strings, and not open to keys crafted to collide.
 type accountID [16]byte
 
-// accountIDs computes accountIDs with one reused hash.
+// accountIDs computes accountIDs over one reused buffer.
 type accountIDs struct {
-	h   hash.Hash
-	sum [sha256.Size]byte
+	buf []byte
 }
 
-func newAccountIDs() *accountIDs { return &accountIDs{h: sha256.New()} }
+func newAccountIDs() *accountIDs { return &accountIDs{buf: make([]byte, 0, 128)} }
 
 func (ids *accountIDs) of(k AccountKey) accountID {
-	ids.h.Reset()
-	writeKey(ids.h, k)
-	return accountID(ids.h.Sum(ids.sum[:0])[:16])
+	ids.buf = appendKey(ids.buf[:0], k)
+	sum := sha256.Sum256(ids.buf)
+	return accountID(sum[:16])
 }
 
 // eachAccount calls f with every account of s in key order, from
@@ -113,6 +111,15 @@ func (s *Snapshot) eachAccount(f func(*Account) error) error {
 		}
 	}
 	return nil
+}
+
+// eachAccountKey calls f with every account key of s in key order, from
+// AccountKeyStream when set.
+func (s *Snapshot) eachAccountKey(f func(*AccountKey) error) error {
+	if s.AccountKeyStream != nil {
+		return s.AccountKeyStream(f)
+	}
+	return s.eachAccount(func(a *Account) error { return f(&a.Key) })
 }
 
 // eachCheckpointAccount calls f with every account of the last checkpoint
@@ -197,9 +204,20 @@ func (p *puller[T]) advance() {
 // none), and returns the streams' errors: the accounts' first, then the
 // checkpoint's (orderErr: a stream out of key order).
 func (s *Snapshot) merge(extra []AccountKey, f func(k AccountKey, a *Account, p *CheckpointAccount)) (accountsErr, checkpointErr error) {
-	as := pull(s.eachAccount, func(a *Account) AccountKey { return a.Key })
+	return mergeStreams(s.eachAccount, func(a *Account) AccountKey { return a.Key }, s.eachCheckpointAccount, extra, f)
+}
+
+// mergeKeys is merge over the accounts' keys alone (eachAccountKey): f
+// gets the key for a, or nil where there is no account of the key.
+func (s *Snapshot) mergeKeys(extra []AccountKey, f func(k AccountKey, a *AccountKey, p *CheckpointAccount)) (accountsErr, checkpointErr error) {
+	return mergeStreams(s.eachAccountKey, func(k *AccountKey) AccountKey { return *k }, s.eachCheckpointAccount, extra, f)
+}
+
+func mergeStreams[A any](accounts func(func(*A) error) error, key func(*A) AccountKey, checkpoint func(func(*CheckpointAccount) error) error,
+	extra []AccountKey, f func(k AccountKey, a *A, p *CheckpointAccount)) (accountsErr, checkpointErr error) {
+	as := pull(accounts, key)
 	defer as.stop()
-	ps := pull(s.eachCheckpointAccount, func(a *CheckpointAccount) AccountKey { return a.Account })
+	ps := pull(checkpoint, func(a *CheckpointAccount) AccountKey { return a.Account })
 	defer ps.stop()
 	for as.cur != nil || ps.cur != nil || len(extra) > 0 {
 		var k AccountKey
@@ -210,7 +228,7 @@ func (s *Snapshot) merge(extra []AccountKey, f func(k AccountKey, a *Account, p 
 			}
 		}
 		if as.cur != nil {
-			pick(as.cur.Key)
+			pick(key(as.cur))
 		}
 		if ps.cur != nil {
 			pick(ps.cur.Account)
@@ -218,9 +236,9 @@ func (s *Snapshot) merge(extra []AccountKey, f func(k AccountKey, a *Account, p 
 		if len(extra) > 0 {
 			pick(extra[0])
 		}
-		var a *Account
+		var a *A
 		var p *CheckpointAccount
-		if as.cur != nil && as.cur.Key == k {
+		if as.cur != nil && key(as.cur) == k {
 			a = as.cur
 		}
 		if ps.cur != nil && ps.cur.Account == k {
@@ -264,12 +282,23 @@ type auditPass struct {
 	// in the last checkpoint, in key order.
 	cutAccounts int64
 	extra       []AccountKey
+	// staged says the pass put the cut's accounts into o.Stage (all of
+	// them but the extra keys', in key order); stageErr is the stage's
+	// first error (the pass then puts no more).
+	staged   bool
+	stageErr error
+	next     CheckpointAccount // the account staged, reused (Put takes it by pointer)
 }
+
+// noSums is what an account without reservations, retained totals or
+// shards sums to (read only).
+var noSums sums
 
 // auditAccounts runs the checks of one account at a time: the ledger's
 // accounts merged with the last checkpoint's, in key order.
 func (s *Snapshot) auditAccounts(pass auditPass) *auditPass {
 	ps := &pass
+	ps.staged = ps.builder != nil && ps.o.Stage != nil && ps.o.Emit != nil
 	add := func(out *[]Discrepancy, check string, account AccountKey, format string, args ...any) {
 		*out = append(*out, Discrepancy{Check: check, Account: account.String(), Detail: fmt.Sprintf(format, args...)})
 	}
@@ -292,6 +321,12 @@ func (s *Snapshot) auditAccounts(pass auditPass) *auditPass {
 		}
 		if ps.builder != nil && (p != nil || r != nil && r.entries > 0) {
 			ps.cutAccounts++
+			if ps.staged && ps.stageErr == nil {
+				var ok bool
+				if ps.next, ok = ps.builder.nextAccount(k, p, r); ok {
+					ps.stageErr = ps.o.Stage.Put(&ps.next)
+				}
+			}
 		}
 		if a == nil {
 			return
@@ -313,7 +348,7 @@ func (s *Snapshot) auditAccounts(pass auditPass) *auditPass {
 		// zero sums for the whole audit.
 		t := ps.per(a.Key)
 		if t == nil {
-			t = &sums{}
+			t = &noSums
 		}
 		for d := 0; d < MaxDimensions; d++ {
 			bal := &a.Balances[d]
@@ -368,7 +403,7 @@ func (s *Snapshot) auditAccounts(pass auditPass) *auditPass {
 		// last checkpoint (a store that lost an account row): they are in
 		// the checkpoint too, under keys read again from the journal.
 		seen := map[accountID]bool{}
-		_, _ = s.merge(nil, func(k AccountKey, _ *Account, _ *CheckpointAccount) { seen[ps.ids.of(k)] = true })
+		_, _ = s.mergeKeys(nil, func(k AccountKey, _ *AccountKey, _ *CheckpointAccount) { seen[ps.ids.of(k)] = true })
 		missing := map[accountID]bool{}
 		for id, r := range ps.replays {
 			if r.entries > 0 && !seen[id] {
@@ -382,6 +417,47 @@ func (s *Snapshot) auditAccounts(pass auditPass) *auditPass {
 	return ps
 }
 
+// emitStaged emits the checkpoint an audit that found nothing cuts from
+// its stage merged with extra (the extra keys' accounts, in key order),
+// folding its accounts digest as they go, as cutCheckpoint does from a
+// second pass. It returns the checkpoint, or nil when the stage or Emit
+// failed (the caller has the error) or the count is not the pass's.
+func (ps *auditPass) emitStaged(b *checkpointBuilder, extra []CheckpointAccount, o AuditOptions) (*Checkpoint, []Discrepancy) {
+	if ps.stageErr != nil {
+		return nil, nil
+	}
+	c := b.header(o.CutAt)
+	d := newAccountsDigester(ps.cutAccounts)
+	var n int64
+	emit := func(a *CheckpointAccount) error {
+		n++
+		d.add(a)
+		return o.Emit(a)
+	}
+	err := o.Stage.Each(func(a *CheckpointAccount) error {
+		for len(extra) > 0 && extra[0].Account.Compare(a.Account) < 0 {
+			if err := emit(&extra[0]); err != nil {
+				return err
+			}
+			extra = extra[1:]
+		}
+		return emit(a)
+	})
+	for ; err == nil && len(extra) > 0; extra = extra[1:] {
+		err = emit(&extra[0])
+	}
+	switch {
+	case err != nil:
+		return nil, nil
+	case n != ps.cutAccounts:
+		return nil, []Discrepancy{{Check: CheckCheckpoint, Detail: fmt.Sprintf("checkpoint %d: %d accounts, then %d staged",
+			c.Seq, ps.cutAccounts, n)}}
+	}
+	c.AccountsDigest = d.sum()
+	c.Digest = headerDigest(c)
+	return c, nil
+}
+
 // cutCheckpoint builds the checkpoint an audit that found nothing cuts:
 // its accounts merged once more in key order, each handed to o.Emit as it
 // is made (or kept in the checkpoint without Emit), its accounts digest
@@ -390,14 +466,13 @@ func (s *Snapshot) auditAccounts(pass auditPass) *auditPass {
 // or Emit failed (then the caller has Emit's error).
 func (s *Snapshot) cutCheckpoint(b *checkpointBuilder, replays map[accountID]*replay, pass *auditPass, o AuditOptions) (*Checkpoint, []Discrepancy) {
 	c := b.header(o.CutAt)
-	h := sha256.New()
-	writeInt(h, pass.cutAccounts)
+	d := newAccountsDigester(pass.cutAccounts)
 	if o.Emit == nil {
 		c.Accounts = make([]CheckpointAccount, 0, pass.cutAccounts)
 	}
 	var n int64
 	var emitErr error
-	accountsErr, checkpointErr := s.merge(pass.extra, func(k AccountKey, _ *Account, p *CheckpointAccount) {
+	accountsErr, checkpointErr := s.mergeKeys(pass.extra, func(k AccountKey, _ *AccountKey, p *CheckpointAccount) {
 		if emitErr != nil {
 			return
 		}
@@ -406,7 +481,7 @@ func (s *Snapshot) cutCheckpoint(b *checkpointBuilder, replays map[accountID]*re
 			return
 		}
 		n++
-		writeAccount(h, &a)
+		d.add(&a)
 		if o.Emit == nil {
 			c.Accounts = append(c.Accounts, a)
 		} else {
@@ -423,7 +498,7 @@ func (s *Snapshot) cutCheckpoint(b *checkpointBuilder, replays map[accountID]*re
 		return nil, []Discrepancy{{Check: CheckCheckpoint, Detail: fmt.Sprintf("checkpoint %d: %d accounts, then %d read again",
 			c.Seq, pass.cutAccounts, n)}}
 	}
-	c.AccountsDigest = digestHex(h)
+	c.AccountsDigest = d.sum()
 	c.Digest = headerDigest(c)
 	return c, nil
 }

@@ -16,6 +16,11 @@ type Snapshot struct {
 	// account at a time, not all of them.
 	Accounts      []Account
 	AccountStream func(yield func(a *Account) error) error
+	// AccountKeyStream, when set, is the accounts' keys alone, as
+	// AccountStream would give them: a cut reads the accounts a second
+	// time for their keys only (to merge them with its replays once every
+	// check has passed), and a store reads a key cheaper than an account.
+	AccountKeyStream func(yield func(k *AccountKey) error) error
 	// Reservations, or ReservationStream when set: it calls yield with
 	// every reservation (valid only during the call), so an audit holds a
 	// page of them, not the history. A stream may fill only the fields
@@ -51,6 +56,14 @@ type Snapshot struct {
 	// holds, plus its reservations when asked: what an audit's progress
 	// is measured against.
 	Estimate func(reservations bool) (int64, error)
+	// TempDir, when set, is where an audit may keep a temporary file (a
+	// staged cut: AuditOptions.Stage), on the store's disk.
+	TempDir string
+	// Release, when set, ends the store's read: AuditWith calls it once it
+	// reads nothing more from the streams, before a staged cut emits its
+	// accounts, so the store's writes meanwhile do not pile up behind the
+	// read (SQLite's WAL). Nothing may be read from the streams after it.
+	Release func()
 }
 
 // LastCheckpoint returns the newest checkpoint, nil without one.
@@ -199,9 +212,27 @@ type AuditOptions struct {
 	// returns an error, no checkpoint is returned and the caller has the
 	// error.
 	Emit func(a *CheckpointAccount) error
+	// Stage, when set with Emit, keeps the cut checkpoint's accounts from
+	// the audit's one pass over the accounts, which makes them as it
+	// checks them, to Emit: the accounts are read once, not twice, the
+	// replays are let go before the first Emit, and Snapshot.Release ends
+	// the store's read then. A refused cut leaves the stage to the caller
+	// to discard. When Put or Each fails, no checkpoint is returned and
+	// the caller has the error (as with Emit's).
+	Stage CheckpointStage
 	// Progress, when set, is called now and then with the reservations and
 	// journal entries read so far.
 	Progress func(rows int64)
+}
+
+// CheckpointStage holds a cut checkpoint's accounts, in key order,
+// between the pass that makes them and their emission (AuditOptions.Stage).
+type CheckpointStage interface {
+	// Put appends an account (valid only during the call).
+	Put(a *CheckpointAccount) error
+	// Each calls yield with every account put, in order (each valid only
+	// during its call), and returns the first error of yield or its own.
+	Each(yield func(a *CheckpointAccount) error) error
 }
 
 // progressEvery is how many rows an audit reads between Progress calls.
@@ -417,6 +448,23 @@ func AuditWith(s *Snapshot, o AuditOptions) ([]Discrepancy, *Checkpoint) {
 	out = append(out, pass.statementOut...)
 	if builder == nil || len(out) > 0 {
 		return out, nil
+	}
+	if pass.staged {
+		// Everything is read and checked: the accounts of the cut are in
+		// the stage but for the extra keys'; let the replays and the
+		// store's read go before writing.
+		extra := make([]CheckpointAccount, 0, len(pass.extra))
+		for _, k := range pass.extra {
+			if a, ok := builder.nextAccount(k, nil, replays[ids.of(k)]); ok {
+				extra = append(extra, a)
+			}
+		}
+		replays, pass.replays, refunds, receipts = nil, nil, nil, nil
+		if s.Release != nil {
+			s.Release()
+		}
+		cp, found := pass.emitStaged(builder, extra, o)
+		return append(out, found...), cp
 	}
 	cp, found := s.cutCheckpoint(builder, replays, pass, o)
 	return append(out, found...), cp

@@ -186,8 +186,14 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	// memory for fewer collections (+11-22% at concurrency 64 in
 	// the serve path section of docs/PERFORMANCE.md's git history). GOGC, when
 	// set, wins.
+	cutGCPercent := 0
 	if os.Getenv("GOGC") == "" {
 		defer debug.SetGCPercent(debug.SetGCPercent(400))
+		// Not while a checkpoint is cut: it holds about 220 bytes per
+		// account touched since the last one for minutes, and five times
+		// that is over the 600 MB a million accounts may take
+		// (docs/PERFORMANCE.md, a million tenants).
+		cutGCPercent = serveCutGCPercent
 	}
 	log, err := newLogger(e, *logLevel, *logFormat)
 	if err != nil {
@@ -287,7 +293,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 		engineOpts.Resolver = &resolver.opts
 	}
 	if *compaction > 0 {
-		engineOpts.Compaction = &engine.CompactionOptions{Every: *compaction, Interval: *compactionInterval}
+		engineOpts.Compaction = &engine.CompactionOptions{Every: *compaction, Interval: *compactionInterval, CutGCPercent: cutGCPercent}
 	}
 	eng := engine.New(st, engineOpts)
 	shards, err := shardConfig(*shardKeysPath, *dataDir, *storeSpec, *shardMaxTTL, log)
@@ -470,6 +476,9 @@ func storeName(spec, dataDir string) string {
 	}
 	return spec
 }
+
+// serveCutGCPercent is serve's GC target while a checkpoint is cut.
+const serveCutGCPercent = 100
 
 // serveMemoryLimit is serve's soft memory limit for a row cache of
 // cacheRows rows: 256 MiB plus 2 KiB a row (512 MiB at the default).

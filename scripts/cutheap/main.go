@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/metrics"
 	"runtime/pprof"
 	"time"
 
@@ -61,11 +62,37 @@ func (w *profilingWriter) Put(ctx context.Context, page []ledger.CheckpointAccou
 	return w.CheckpointWriter.Put(ctx, page)
 }
 
+// sampleHeap prints, every d, the live heap (as of the last GC), the
+// heap goal, the total allocated and the mapped memory, from runtime/metrics.
+func sampleHeap(d time.Duration) {
+	samples := []metrics.Sample{{Name: "/gc/heap/live:bytes"}, {Name: "/gc/heap/goal:bytes"},
+		{Name: "/gc/heap/allocs:bytes"}, {Name: "/memory/classes/total:bytes"}}
+	start := time.Now()
+	profiled := false
+	for range time.Tick(d) {
+		metrics.Read(samples)
+		if path := os.Getenv("CUTHEAP_PEAK_PROFILE"); path != "" && !profiled && samples[0].Value.Uint64() > 300<<20 {
+			// The live heap past 300 MB: what holds it.
+			profiled = true
+			if f, err := os.Create(path); err == nil {
+				_ = pprof.WriteHeapProfile(f)
+				f.Close()
+			}
+		}
+		fmt.Printf("t=%.0fs live %d MB goal %d MB allocated %d MB mapped %d MB\n", time.Since(start).Seconds(),
+			samples[0].Value.Uint64()>>20, samples[1].Value.Uint64()>>20, samples[2].Value.Uint64()>>20, samples[3].Value.Uint64()>>20)
+	}
+}
+
 func main() {
 	dir := flag.String("dir", "", "data directory (a copy: the cut is stored)")
 	memprofile := flag.String("memprofile", "", "heap profile at page -at")
 	at := flag.Int("at", 1, "the page of the new checkpoint's accounts to profile at (1: the first)")
+	sample := flag.Duration("sample", 0, "print the live heap, the heap goal and the bytes allocated so far this often (0: never)")
 	flag.Parse()
+	if *sample > 0 {
+		go sampleHeap(*sample)
+	}
 	ctx := context.Background()
 	st, err := sqlite.Open(ctx, filepath.Join(*dir, "capledger.db"))
 	if err != nil {

@@ -86,6 +86,13 @@ func (s *Store) AuditSnapshot(ctx context.Context, cut bool, f func(*ledger.Snap
 		}
 		return txAccounts(yield)
 	}
+	txKeys := snap.AccountKeyStream
+	snap.AccountKeyStream = func(yield func(*ledger.AccountKey) error) error {
+		if spill != nil {
+			return spill.accounts(ctx, func(a *ledger.Account) error { return yield(&a.Key) })
+		}
+		return txKeys(yield)
+	}
 	if txCheckpointAccounts != nil {
 		snap.CheckpointAccountStream = func(yield func(*ledger.CheckpointAccount) error) error {
 			if spill != nil {
@@ -121,6 +128,11 @@ func (s *Store) AuditSnapshot(ctx context.Context, cut bool, f func(*ledger.Snap
 		}
 		return journalSince(ctx, tx, last, each)
 	}
+	// A staged cut (ledger.AuditOptions.Stage) ends the read before it
+	// writes the checkpoint's rows, so the checkpointer can copy and
+	// restart the WAL meanwhile instead of it growing with every row.
+	snap.TempDir = filepath.Dir(s.path)
+	snap.Release = func() { _ = tx.Rollback() }
 	return f(snap, through)
 }
 

@@ -4,9 +4,12 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/capledger/capledger/ledger"
 )
 
 // The writer never checkpoints, and Close stops the checkpointer.
@@ -239,5 +242,56 @@ func TestNewConnectionsLeaveTheWriterCache(t *testing.T) {
 	}
 	if mode, err := s.AutoVacuum(ctx); err != nil || mode != AutoVacuumIncremental {
 		t.Fatalf("auto_vacuum %d, %v; want INCREMENTAL (%d)", mode, err, AutoVacuumIncremental)
+	}
+}
+
+// TestAuditReleaseEndsTheRead: once a cut calls its snapshot's Release,
+// the WAL written after it can be copied whole (and so restarted) while
+// the cut goes on writing; while the read is held, it cannot.
+func TestAuditReleaseEndsTheRead(t *testing.T) {
+	for _, release := range []bool{true, false} {
+		t.Run(fmt.Sprintf("release=%v", release), func(t *testing.T) {
+			ctx := context.Background()
+			s, err := Open(ctx, filepath.Join(t.TempDir(), "capledger.db"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			s.checkpointer.stop()
+			<-s.checkpointer.done
+			write := func(q string) {
+				t.Helper()
+				err := s.withWriter(ctx, func(w *writer) error {
+					return s.inWriteTx(ctx, w, "filler", func(tx *writeTx) error { _, err := tx.exec(q); return err })
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			write("CREATE TABLE filler (b BLOB)")
+			err = s.AuditSnapshot(ctx, true, func(snap *ledger.Snapshot, _ int64) error {
+				if err := snap.AccountStream(func(*ledger.Account) error { return nil }); err != nil {
+					return err
+				}
+				if snap.TempDir != filepath.Dir(s.path) {
+					t.Errorf("TempDir %q, want the store's directory", snap.TempDir)
+				}
+				if release {
+					snap.Release()
+				}
+				write("INSERT INTO filler VALUES (randomblob(1 << 20))")
+				var busy, log, copied int
+				if err := s.checkpointer.db.QueryRowContext(ctx, "PRAGMA wal_checkpoint(PASSIVE)").Scan(&busy, &log, &copied); err != nil {
+					return err
+				}
+				if whole := copied == log; whole != release {
+					t.Errorf("%d of %d WAL frames copied with the audit's read released %v", copied, log, release)
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }

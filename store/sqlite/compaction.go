@@ -226,15 +226,95 @@ func pagedByKey[T any](ctx context.Context, tx *sql.Tx, q string, args []any, sc
 // checkpoint's accounts in key order, a page at a time (pagedByKey).
 const (
 	accountsByKey           = "SELECT " + accountCols + " FROM accounts WHERE %s ORDER BY subject, route, region, generation LIMIT ?"
+	accountKeysByKey        = "SELECT subject, route, region, generation FROM accounts WHERE %s ORDER BY subject, route, region, generation LIMIT ?"
 	checkpointAccountsByKey = "SELECT " + checkpointAccountCols + " FROM checkpoint_accounts WHERE seq = ? AND %s ORDER BY subject, route, region, generation LIMIT ?"
 )
+
+// keyScanner scans account keys (accountKeysByKey), keeping the route
+// and the region of the key before when they repeat (most keys of a
+// ledger share them): one string allocated per key, not three.
+type keyScanner struct {
+	route, region sql.RawBytes
+	last          ledger.AccountKey
+}
+
+func (ks *keyScanner) scan(sc scanner) (ledger.AccountKey, error) {
+	var (
+		k          ledger.AccountKey
+		generation int64
+		c          codec.Conv
+	)
+	if err := sc.Scan(&k.Subject, &ks.route, &ks.region, &generation); err != nil {
+		return k, err
+	}
+	k.Route, k.Region = ks.last.Route, ks.last.Region
+	if string(ks.route) != k.Route {
+		k.Route = string(ks.route)
+	}
+	if string(ks.region) != k.Region {
+		k.Region = string(ks.region)
+	}
+	k.Generation = c.Uint(generation)
+	ks.last = k
+	return k, c.Err()
+}
+
+// accountScanner is scanAccount for a stream of many rows: the values
+// are scanned into its own fields, reused from row to row (scanning into
+// a fresh ledger.Account made each row escape whole, about 1 KB, and the
+// blobs were copied first), and the route and the region kept when they
+// repeat.
+type accountScanner struct {
+	keys                               keyScanner
+	dims, epochStart, ver              int64
+	balances, epochOpening, refilledTo sql.RawBytes
+	breaches                           int64
+	subject                            string
+	generation                         int64
+}
+
+func (as *accountScanner) scan(sc scanner) (ledger.Account, error) {
+	var (
+		a ledger.Account
+		c codec.Conv
+	)
+	ks := &as.keys
+	err := sc.Scan(&as.subject, &ks.route, &ks.region, &as.generation, &as.dims, &as.balances, &as.epochStart,
+		&as.epochOpening, &as.refilledTo, &as.breaches, &as.ver)
+	if err != nil {
+		return a, err
+	}
+	a.Key = ledger.AccountKey{Subject: as.subject, Route: ks.last.Route, Region: ks.last.Region}
+	if string(ks.route) != a.Key.Route {
+		a.Key.Route = string(ks.route)
+	}
+	if string(ks.region) != a.Key.Region {
+		a.Key.Region = string(ks.region)
+	}
+	ks.last = a.Key
+	a.Key.Generation = c.Uint(as.generation)
+	a.Dims = c.Dims(as.dims)
+	a.Balances = c.Balances(as.balances)
+	a.EpochStart = c.Time(as.epochStart)
+	a.EpochOpening = c.Balances(as.epochOpening)
+	a.RefilledTo = c.Amounts(as.refilledTo)
+	a.Breaches = as.breaches
+	a.Version = c.Uint(as.ver)
+	return a, c.Err()
+}
 
 // streamAccounts sets snap's account streams: the accounts and the last
 // checkpoint's accounts, read in key order a page at a time in tx.
 func streamAccounts(ctx context.Context, tx *sql.Tx, snap *ledger.Snapshot) {
 	snap.AccountStream = func(yield func(*ledger.Account) error) error {
+		var sc accountScanner
 		return pagedByKey(ctx, tx, accountsByKey,
-			nil, scanAccount, func(a *ledger.Account) ledger.AccountKey { return a.Key }, "snapshot accounts", yield)
+			nil, sc.scan, func(a *ledger.Account) ledger.AccountKey { return a.Key }, "snapshot accounts", yield)
+	}
+	snap.AccountKeyStream = func(yield func(*ledger.AccountKey) error) error {
+		var sc keyScanner
+		return pagedByKey(ctx, tx, accountKeysByKey,
+			nil, sc.scan, func(k *ledger.AccountKey) ledger.AccountKey { return *k }, "snapshot account keys", yield)
 	}
 	if last := snap.LastCheckpoint(); last != nil {
 		seq := last.Seq
