@@ -99,9 +99,9 @@ func (tx *Tx) putAccounts(ctx context.Context, accounts []ledger.Account, conv *
 			upserts = append(upserts, a)
 		}
 	}
-	more, err := updateInChunks(ctx, tx, short, wAccountUpdateRows,
+	more, err := execChunks(ctx, tx, conv, nil, short, wAccountUpdateRows,
 		func(args []any, a *ledger.Account) []any { return append(args, accountArgs(a, conv)...) },
-		func(a *ledger.Account) string { return "account " + a.Key.String() }, conv)
+		func(a *ledger.Account) string { return "account " + a.Key.String() })
 	if err != nil {
 		return err
 	}

@@ -87,9 +87,9 @@ func (tx *Tx) putReservations(ctx context.Context, rows []*ledger.Reservation, c
 	if err := conv.Err(); err != nil {
 		return fmt.Errorf("reservation: %w", err)
 	}
-	more, err := updateInChunks(ctx, tx, short, wReservationUpdateRows,
+	more, err := execChunks(ctx, tx, conv, nil, short, wReservationUpdateRows,
 		func(args []any, r *ledger.Reservation) []any { return appendReservationUpdateArgs(args, r, conv) },
-		func(r *ledger.Reservation) string { return "reservation " + r.ID }, conv)
+		func(r *ledger.Reservation) string { return "reservation " + r.ID })
 	if err != nil {
 		return err
 	}
@@ -121,47 +121,4 @@ func reservationUpdateRowsSQL(rows int) string {
 	return "UPDATE OR FAIL reservations SET " + strings.Join(set, ", ") +
 		" FROM (VALUES " + strings.TrimSuffix(strings.Repeat(row+", ", rows), ", ") + ") AS v" +
 		fmt.Sprintf(" WHERE reservations.id = v.column%d", n)
-}
-
-// updateInChunks writes rows through the short multi-row UPDATE whose
-// statements start at first (one per chunkSizes entry), as many rows a
-// statement as the largest chunk size that fits. It returns the rows of
-// each chunk that did not update as many rows as it holds, for the
-// caller's upsert.
-func updateInChunks[T any](ctx context.Context, tx *Tx, rows []T, first int,
-	appendArgs func([]any, T) []any, name func(T) string, conv *codec.Conv) ([]T, error) {
-	var upserts []T
-	args := tx.w.rowArgs
-	defer func() {
-		clear(args) // keep no row's strings alive
-		tx.w.rowArgs = args[:0]
-	}()
-	for k, size := range chunkSizes {
-		for len(rows) >= size {
-			chunk := rows[:size]
-			rows = rows[size:]
-			args = args[:0]
-			for _, r := range chunk {
-				args = appendArgs(args, r)
-			}
-			describe := func() string {
-				what := name(chunk[0])
-				if size > 1 {
-					what += fmt.Sprintf(" (and %d more)", size-1)
-				}
-				return what
-			}
-			if err := conv.Err(); err != nil {
-				return nil, fmt.Errorf("%s: %w", describe(), err)
-			}
-			n, err := tx.w.execCount(stmtCtx(ctx), tx.w.stmts[first+k], args)
-			if err != nil {
-				return nil, fmt.Errorf("%s: %w", describe(), tx.err(ctx, err))
-			}
-			if n != int64(size) {
-				upserts = append(upserts, chunk...)
-			}
-		}
-	}
-	return upserts, nil
 }

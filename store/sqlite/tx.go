@@ -491,12 +491,25 @@ func groupFresh(rows []*ledger.Reservation, c *codec.Conv) (groups [][]*ledger.R
 }
 
 // insertRows inserts rows in order through the multi-row statements
-// first..first+len(chunkSizes)-1: as many rows per statement as the
-// largest size that fits. prefix are the statement's leading arguments,
-// the same for every chunk.
+// first..first+len(chunkSizes)-1 (execChunks).
 func insertRows[T any](ctx context.Context, tx *Tx, conv *codec.Conv, prefix []any, rows []*T, first int,
 	appendArgs func([]any, *T, *codec.Conv) []any, name func(*T) string) error {
-	// w.exec copies the arguments: the slice is reused.
+	_, err := execChunks(ctx, tx, conv, prefix, rows, first,
+		func(args []any, r *T) []any { return appendArgs(args, r, conv) }, name)
+	return err
+}
+
+// execChunks runs rows in order through the multi-row statements
+// first..first+len(chunkSizes)-1 (one per chunkSizes entry): as many rows
+// per statement as the largest size that fits, each statement bound to
+// prefix (the same for every chunk) and then each row's arguments. It
+// returns the rows of each chunk whose statement changed fewer rows than
+// the chunk holds: for an UPDATE, rows that are not stored as the
+// transaction read them, which the caller writes by its upsert.
+func execChunks[T any](ctx context.Context, tx *Tx, conv *codec.Conv, prefix []any, rows []T, first int,
+	appendArgs func([]any, T) []any, name func(T) string) ([]T, error) {
+	var missed []T
+	// w.execCount copies the arguments: the slice is reused.
 	args := tx.w.rowArgs
 	defer func() {
 		clear(args) // keep no row's strings alive
@@ -504,24 +517,32 @@ func insertRows[T any](ctx context.Context, tx *Tx, conv *codec.Conv, prefix []a
 	}()
 	for k, size := range chunkSizes {
 		for len(rows) >= size {
+			chunk := rows[:size]
+			rows = rows[size:]
 			args = append(args[:0], prefix...)
-			for _, r := range rows[:size] {
-				args = appendArgs(args, r, conv)
+			for _, r := range chunk {
+				args = appendArgs(args, r)
 			}
 			describe := func() string {
-				what := name(rows[0])
+				what := name(chunk[0])
 				if size > 1 {
 					what += fmt.Sprintf(" (and %d more)", size-1)
 				}
 				return what
 			}
-			if err := tx.run(ctx, first+k, describe, conv, args); err != nil {
-				return err
+			if err := conv.Err(); err != nil {
+				return nil, fmt.Errorf("%s: %w", describe(), err)
 			}
-			rows = rows[size:]
+			n, err := tx.w.execCount(stmtCtx(ctx), tx.w.stmts[first+k], args)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", describe(), tx.err(ctx, err))
+			}
+			if n != int64(size) {
+				missed = append(missed, chunk...)
+			}
 		}
 	}
-	return nil
+	return missed, nil
 }
 
 // Commit makes the transaction durable (the WAL is fsynced before it

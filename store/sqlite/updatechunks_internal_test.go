@@ -11,7 +11,7 @@ import (
 	"github.com/capledger/capledger/store"
 )
 
-// TestChunkWithARowMissingGoesToTheUpsert pins updateInChunks's row-count
+// TestChunkWithARowMissingGoesToTheUpsert pins execChunks's row-count
 // fallback alone: a chunk of the short multi-row UPDATE that changes fewer
 // rows than it holds sends its rows to the upsert. Each row here was read
 // by the transaction, so the short UPDATE is chosen; then one row of the
