@@ -49,22 +49,8 @@ func TestWriterNeverCheckpoints(t *testing.T) {
 // checkpointer's connection then copies it.
 func TestNoCommitCopiesTheWAL(t *testing.T) {
 	ctx := context.Background()
-	s, err := Open(ctx, filepath.Join(t.TempDir(), "capledger.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	s.checkpointer.stop()
-	<-s.checkpointer.done
-	write := func(q string) {
-		t.Helper()
-		err := s.withWriter(ctx, func(w *writer) error {
-			return s.inWriteTx(ctx, w, "filler", func(tx *writeTx) error { _, err := tx.exec(q); return err })
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	s := openWithoutCheckpointer(t)
+	write := func(q string) { t.Helper(); execWrite(t, s, q, nil) }
 	write("CREATE TABLE filler (b BLOB)")
 	if _, err := s.checkpointer.db.ExecContext(ctx, "PRAGMA wal_checkpoint(PASSIVE)"); err != nil {
 		t.Fatal(err)
@@ -119,28 +105,8 @@ func TestNoCommitCopiesTheWAL(t *testing.T) {
 // stay near walRestartFrames' 16 MiB.
 func TestCheckpointerRestartsTheWAL(t *testing.T) {
 	ctx := context.Background()
-	s, err := Open(ctx, filepath.Join(t.TempDir(), "capledger.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	s.checkpointer.stop()
-	<-s.checkpointer.done
-	write := func(q string, inside func()) {
-		t.Helper()
-		err := s.withWriter(ctx, func(w *writer) error {
-			return s.inWriteTx(ctx, w, "filler", func(tx *writeTx) error {
-				if _, err := tx.exec(q); err != nil {
-					return err
-				}
-				inside()
-				return nil
-			})
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	s := openWithoutCheckpointer(t)
+	write := func(q string, inside func()) { execWrite(t, s, q, inside) }
 	write("CREATE TABLE filler (b BLOB)", func() {})
 	// The checkpointer's connection sets its pragmas as it opens, which
 	// waits for an open write transaction: open it now.
@@ -252,24 +218,10 @@ func TestAuditReleaseEndsTheRead(t *testing.T) {
 	for _, release := range []bool{true, false} {
 		t.Run(fmt.Sprintf("release=%v", release), func(t *testing.T) {
 			ctx := context.Background()
-			s, err := Open(ctx, filepath.Join(t.TempDir(), "capledger.db"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer s.Close()
-			s.checkpointer.stop()
-			<-s.checkpointer.done
-			write := func(q string) {
-				t.Helper()
-				err := s.withWriter(ctx, func(w *writer) error {
-					return s.inWriteTx(ctx, w, "filler", func(tx *writeTx) error { _, err := tx.exec(q); return err })
-				})
-				if err != nil {
-					t.Fatal(err)
-				}
-			}
+			s := openWithoutCheckpointer(t)
+			write := func(q string) { t.Helper(); execWrite(t, s, q, nil) }
 			write("CREATE TABLE filler (b BLOB)")
-			err = s.AuditSnapshot(ctx, true, func(snap *ledger.Snapshot, _ int64) error {
+			err := s.AuditSnapshot(ctx, true, func(snap *ledger.Snapshot, _ int64) error {
 				if err := snap.AccountStream(func(*ledger.Account) error { return nil }); err != nil {
 					return err
 				}
@@ -293,5 +245,41 @@ func TestAuditReleaseEndsTheRead(t *testing.T) {
 				t.Fatal(err)
 			}
 		})
+	}
+}
+
+// openWithoutCheckpointer opens a store whose checkpointer is stopped, so
+// that the test decides when the WAL is copied. The store closes with the
+// test.
+func openWithoutCheckpointer(t *testing.T) *Store {
+	t.Helper()
+	s, err := Open(context.Background(), filepath.Join(t.TempDir(), "capledger.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	s.checkpointer.stop()
+	<-s.checkpointer.done
+	return s
+}
+
+// execWrite runs q in one write transaction of s; inside, if not nil,
+// runs after q and before the commit.
+func execWrite(t *testing.T, s *Store, q string, inside func()) {
+	t.Helper()
+	ctx := context.Background()
+	err := s.withWriter(ctx, func(w *writer) error {
+		return s.inWriteTx(ctx, w, "filler", func(tx *writeTx) error {
+			if _, err := tx.exec(q); err != nil {
+				return err
+			}
+			if inside != nil {
+				inside()
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }
