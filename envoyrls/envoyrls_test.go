@@ -2,7 +2,6 @@ package envoyrls_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -428,13 +427,6 @@ func TestMapRules(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := func(kv ...string) []envoyrls.Entry {
-		var out []envoyrls.Entry
-		for i := 0; i+1 < len(kv); i += 2 {
-			out = append(out, envoyrls.Entry{Key: kv[i], Value: kv[i+1]})
-		}
-		return out
-	}
 	for _, tc := range []struct {
 		domain  string
 		entries []envoyrls.Entry
@@ -443,23 +435,32 @@ func TestMapRules(t *testing.T) {
 		id      string
 		settle  bool
 	}{
-		{"api", e("tenant", "a", "route", "r"), true, "a/r@global", "", false},
-		{"api", e("route", "r", "tenant", "a"), true, "a/r@global", "", false},
-		{"api", e("tenant", "a"), false, "", "", false},                              // route key missing
-		{"api", e("tenant", "a", "route", "r", "x", "y"), false, "", "", false},      // extra entry
-		{"api", e("tenant", "a", "tenant", "b", "route", "r"), false, "", "", false}, // repeated key
-		{"api", e("tenant", "a", "tenant", "b"), false, "", "", false},               // repeated key, as many entries as the rule wants
-		{"llm", e("tenant", "a"), true, "a/chat@global", "", false},
-		{"llm", e("tenant", "a", "x-request-id", "q"), true, "a/chat@global", "q", false},
-		{"llm", e("tenant", "a", "x-request-id", "q", "capledger-phase", "settle"), true, "a/chat@global", "q", true},
-		{"llm", e("tenant", "a", "x-request-id", "q", "capledger-phase", "other"), false, "", "", false},
-		{"other", e("tenant", "a"), false, "", "", false},
+		{"api", mapEntries("tenant", "a", "route", "r"), true, "a/r@global", "", false},
+		{"api", mapEntries("route", "r", "tenant", "a"), true, "a/r@global", "", false},
+		{"api", mapEntries("tenant", "a"), false, "", "", false},                              // route key missing
+		{"api", mapEntries("tenant", "a", "route", "r", "x", "y"), false, "", "", false},      // extra entry
+		{"api", mapEntries("tenant", "a", "tenant", "b", "route", "r"), false, "", "", false}, // repeated key
+		{"api", mapEntries("tenant", "a", "tenant", "b"), false, "", "", false},               // repeated key, as many entries as the rule wants
+		{"llm", mapEntries("tenant", "a"), true, "a/chat@global", "", false},
+		{"llm", mapEntries("tenant", "a", "x-request-id", "q"), true, "a/chat@global", "q", false},
+		{"llm", mapEntries("tenant", "a", "x-request-id", "q", "capledger-phase", "settle"), true, "a/chat@global", "q", true},
+		{"llm", mapEntries("tenant", "a", "x-request-id", "q", "capledger-phase", "other"), false, "", "", false},
+		{"other", mapEntries("tenant", "a"), false, "", "", false},
 	} {
 		m, ok := c.Map(tc.domain, tc.entries)
 		if ok != tc.ok || (ok && (m.Key.String() != tc.key || m.ID != tc.id || m.Settle != tc.settle)) {
 			t.Errorf("%s %v: got %v %+v", tc.domain, tc.entries, ok, m)
 		}
 	}
+}
+
+// mapEntries makes a descriptor's entries from key, value pairs.
+func mapEntries(kv ...string) []envoyrls.Entry {
+	var out []envoyrls.Entry
+	for i := 0; i+1 < len(kv); i += 2 {
+		out = append(out, envoyrls.Entry{Key: kv[i], Value: kv[i+1]})
+	}
+	return out
 }
 
 // TestMapRepeatedKeyInLongDescriptor: a descriptor with more entries than
@@ -475,23 +476,14 @@ func TestMapRepeatedKeyInLongDescriptor(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := func(kv ...string) []envoyrls.Entry {
-		var out []envoyrls.Entry
-		for i := 0; i+1 < len(kv); i += 2 {
-			out = append(out, envoyrls.Entry{Key: kv[i], Value: kv[i+1]})
-		}
-		return out
-	}
-	if m, ok := c.Map("d", e(append([]string{"tenant", "a"}, entries...)...)); !ok || m.Key.Subject != "a" {
+	if m, ok := c.Map("d", mapEntries(append([]string{"tenant", "a"}, entries...)...)); !ok || m.Key.Subject != "a" {
 		t.Fatalf("every entry once: %v %+v", ok, m)
 	}
 	// k19 left out, tenant twice: as many entries as the rule wants.
-	if m, ok := c.Map("d", e(append([]string{"tenant", "a", "tenant", "b"}, entries[:38]...)...)); ok {
+	if m, ok := c.Map("d", mapEntries(append([]string{"tenant", "a", "tenant", "b"}, entries[:38]...)...)); ok {
 		t.Fatalf("repeated tenant mapped: %+v", m)
 	}
 }
-
-var _ = errors.Is
 
 // TestConcurrentChecksAdmitExactlyTheBurst: 64 callers race for a burst
 // of 100 without refill; exactly 100 checks are admitted, over gRPC, and
