@@ -130,18 +130,14 @@ type stagedReader struct {
 	err error
 }
 
-func (r *stagedReader) uvarint() uint64 {
-	v, n := binary.Uvarint(r.b)
-	if n <= 0 {
-		r.err, r.b = errors.New("a record cut short"), nil
-		return 0
-	}
-	r.b = r.b[n:]
-	return v
-}
+func (r *stagedReader) uvarint() uint64 { return decodeNext(r, binary.Uvarint) }
 
-func (r *stagedReader) varint() int64 {
-	v, n := binary.Varint(r.b)
+func (r *stagedReader) varint() int64 { return decodeNext(r, binary.Varint) }
+
+// decodeNext decodes the next number with decode, or records a record cut
+// short.
+func decodeNext[T uint64 | int64](r *stagedReader, decode func([]byte) (T, int)) T {
+	v, n := decode(r.b)
 	if n <= 0 {
 		r.err, r.b = errors.New("a record cut short"), nil
 		return 0
