@@ -315,6 +315,18 @@ func TestCLIAuthToken(t *testing.T) {
 	code, out, errOut = cli(t, url, "reserve", "--subject", "tenant-7", "--route", "chat.generate", "--units", "tokens=1",
 		"--token", "gateway-secret-0123456789")
 	wantExit(t, exitOK, code, out, errOut)
+
+	// The audit is a streaming call (AuditService.StreamAudit): the token
+	// must reach it too, with or without the progress bar.
+	code, out, errOut = cli(t, url, "audit")
+	wantExit(t, exitUsage, code, out, errOut)
+	for _, args := range [][]string{{"audit"}, {"audit", "--since-checkpoint", "--progress"}} {
+		code, out, errOut = cli(t, url, append(args, "--token", "admin-secret-0123456789")...)
+		wantExit(t, exitOK, code, out, errOut)
+		if !strings.Contains(out, "checkedAt") {
+			t.Fatalf("%v printed %q / %q", args, out, errOut)
+		}
+	}
 }
 
 func TestMigrate(t *testing.T) {
