@@ -341,6 +341,9 @@ func TestMigrate(t *testing.T) {
 	}
 	code, out, errOut = cli(t, "", "migrate", "--store", "bogus:thing")
 	wantExit(t, exitUsage, code, out, errOut)
+	if strings.Count(errOut, "migrate:") != 1 || !strings.Contains(errOut, "open store: unknown store") {
+		t.Fatalf("migrate of a bogus store says %q: want the command named once, then the cause", errOut)
+	}
 
 	dsn := postgresSchema(t)
 	for range 2 { // the second run finds the schema current

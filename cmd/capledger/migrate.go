@@ -53,7 +53,7 @@ func runMigrate(ctx context.Context, e *env, args []string) error {
 	if strings.HasPrefix(*storeSpec, "postgres://") || strings.HasPrefix(*storeSpec, "postgresql://") {
 		applied, err := postgres.Migrate(ctx, *storeSpec)
 		if err != nil {
-			return usagef("migrate: %v", err)
+			return usagef("%v", err)
 		}
 		if len(applied) == 0 {
 			fmt.Fprintf(e.stdout, "postgres schema already at version %d\n", postgres.SchemaVersion())
@@ -69,7 +69,7 @@ func runMigrate(ctx context.Context, e *env, args []string) error {
 	// The SQLite store migrates when it opens; opening is migrating.
 	st, err := open.Open(ctx, *storeSpec, *dataDir)
 	if err != nil {
-		return usagef("migrate: %v", err)
+		return usagef("%v", err)
 	}
 	if err := st.Close(); err != nil {
 		return usagef("migrate: close: %v", err)

@@ -278,7 +278,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 
 	st, err := open.OpenWith(ctx, *storeSpec, *dataDir, open.Options{CacheRows: *cacheRows, PipelinedSync: *pipelinedSync})
 	if err != nil {
-		return usagef("open store: %v", err)
+		return usagef("%v", err)
 	}
 	readyCheck, err := replicationCheck(ctx, st, *allowAsync, log)
 	if err != nil {
