@@ -92,6 +92,17 @@ func (a *auditService) StreamAudit(ctx context.Context, req *connect.Request[v1.
 		}
 	}()
 	found, err := au.AuditWith(ctx, engine.AuditOptions{SinceCheckpoint: req.Msg.SinceCheckpoint, Progress: progress})
+	var result *v1.AuditResponse
+	if err == nil {
+		// The result's gauges (debts, the USAGE_UNKNOWN backlog) are
+		// read under the heartbeat too: on a million accounts that
+		// takes seconds.
+		mode := auditModeFull
+		if req.Msg.SinceCheckpoint {
+			mode = auditModeSinceCheckpoint
+		}
+		result = a.s.auditResponse(ctx, found, mode)
+	}
 	close(stopped)
 	<-done
 	if sendErr != nil {
@@ -100,11 +111,6 @@ func (a *auditService) StreamAudit(ctx context.Context, req *connect.Request[v1.
 	if err != nil {
 		return readError("audit", ReasonStoreUnavailable, err)
 	}
-	mode := auditModeFull
-	if req.Msg.SinceCheckpoint {
-		mode = auditModeSinceCheckpoint
-	}
-	result := a.s.auditResponse(ctx, found, mode)
 	mu.Lock()
 	defer mu.Unlock()
 	send(&v1.AuditEvent{Event: &v1.AuditEvent_Result{Result: result}})

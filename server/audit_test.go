@@ -15,6 +15,7 @@ import (
 	"github.com/capledger/capledger/engine"
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/server"
+	"github.com/capledger/capledger/store"
 	"github.com/capledger/capledger/store/memstore"
 )
 
@@ -71,6 +72,19 @@ func TestStreamAuditRolesAndResult(t *testing.T) {
 type stallingAuditor struct {
 	*engine.Engine
 	release chan struct{}
+	// releaseGates holds the read of the accounts in debt that the
+	// result's gauges make after the audit (seconds on a million
+	// accounts).
+	releaseGates chan struct{}
+}
+
+func (s stallingAuditor) AccountsInDebt(ctx context.Context, f store.DebtFilter) ([]ledger.Account, ledger.AccountKey, bool, error) {
+	select {
+	case <-s.releaseGates:
+	case <-ctx.Done():
+		return nil, ledger.AccountKey{}, false, ctx.Err()
+	}
+	return s.Engine.AccountsInDebt(ctx, f)
 }
 
 func (s stallingAuditor) AuditWith(ctx context.Context, o engine.AuditOptions) ([]ledger.Discrepancy, error) {
@@ -90,7 +104,7 @@ func (s stallingAuditor) AuditWith(ctx context.Context, o engine.AuditOptions) (
 func TestStreamAuditSendsProgressWhileTheAuditIsQuiet(t *testing.T) {
 	eng := engine.New(memstore.New(), engine.Options{DisableWorkers: true})
 	t.Cleanup(func() { eng.Close() })
-	quiet := stallingAuditor{Engine: eng, release: make(chan struct{})}
+	quiet := stallingAuditor{Engine: eng, release: make(chan struct{}), releaseGates: make(chan struct{})}
 	url, _ := serveFront(t, server.New(quiet, server.Config{Metrics: server.NewMetrics(),
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}))
 
@@ -108,12 +122,15 @@ func TestStreamAuditSendsProgressWhileTheAuditIsQuiet(t *testing.T) {
 			if p.GetRows() != 7 || p.GetEstimate() != 100 {
 				t.Fatalf("progress %v, want the last figures reported (7 of 100)", p)
 			}
-			if progress++; progress == 3 {
+			switch progress++; progress {
+			case 3: // the audit proper ends; its result's gauges stall
 				close(quiet.release)
+			case 5:
+				close(quiet.releaseGates)
 			}
 			continue
 		}
-		if progress < 3 || stream.Msg().GetResult() == nil {
+		if progress < 5 || stream.Msg().GetResult() == nil {
 			t.Fatalf("after %d progress events: %v", progress, stream.Msg())
 		}
 		return
