@@ -434,3 +434,27 @@ func TestTwoReplicasOnPostgres(t *testing.T) {
 	code, out, errOut = cli(t, urls[1], "audit")
 	wantExit(t, exitOK, code, out, errOut)
 }
+
+// One serve owns a SQLite store (docs/OPERATIONS.md, "Worker leader"): a
+// second serve, or a migrate, on the same data directory refuses to start
+// while the first runs, instead of leading the workers beside it.
+func TestSecondServeOnOneDataDirRefused(t *testing.T) {
+	dir := t.TempDir()
+	serveInProcess(t, "--data-dir", dir)
+	// Bounded, so that a second serve that does start ends the test.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	code, out, errOut := runWithEnv(ctx, nil, "serve", "--addr", "127.0.0.1:0", "--data-dir", dir)
+	wantExit(t, exitUsage, code, out, errOut)
+	if !strings.Contains(errOut, "another capledger serve") {
+		t.Fatalf("second serve: %s", errOut)
+	}
+	code, out, errOut = cli(t, "", "migrate", "--data-dir", dir)
+	wantExit(t, exitUsage, code, out, errOut)
+	if !strings.Contains(errOut, "stop serve first") {
+		t.Fatalf("migrate beside serve: %s", errOut)
+	}
+	// Another data directory is another store.
+	code, out, errOut = cli(t, "", "migrate", "--data-dir", t.TempDir())
+	wantExit(t, exitOK, code, out, errOut)
+}

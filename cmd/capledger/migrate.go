@@ -66,7 +66,14 @@ func runMigrate(ctx context.Context, e *env, args []string) error {
 		fmt.Fprintln(e.stdout, "the in-memory store has no schema to migrate")
 		return nil
 	}
-	// The SQLite store migrates when it opens; opening is migrating.
+	// The SQLite store migrates when it opens; opening is migrating. Not
+	// under a running serve: the file is its (and --auto-vacuum rewrites
+	// it).
+	unlock, err := open.LockSQLite(*storeSpec, *dataDir)
+	if err != nil {
+		return usagef("%v: stop serve first", err)
+	}
+	defer unlock()
 	st, err := open.Open(ctx, *storeSpec, *dataDir)
 	if err != nil {
 		return usagef("%v", err)
