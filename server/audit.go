@@ -33,9 +33,11 @@ func registerAuditService(mux *http.ServeMux, s *Server, options []connect.Handl
 }
 
 // StreamAudit implements AuditService.StreamAudit: the audit runs in this
-// call's goroutine, a progress event goes out at most every
-// auditProgressEvery, and the result is the last message. A send error
-// (the client went away) cancels the audit.
+// call's goroutine, a progress event goes out every auditProgressEvery
+// (the latest figures again while a phase of the audit reports none, so a
+// client waiting for the next message never takes a long phase for a dead
+// server), and the result is the last message. A send error (the client
+// went away) cancels the audit.
 func (a *auditService) StreamAudit(ctx context.Context, req *connect.Request[v1.StreamAuditRequest], stream *connect.ServerStream[v1.AuditEvent]) error {
 	au, ok := a.s.ledger.(auditor)
 	if !ok {
@@ -44,13 +46,12 @@ func (a *auditService) StreamAudit(ctx context.Context, req *connect.Request[v1.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var (
-		mu      sync.Mutex
+		mu      sync.Mutex // guards the stream and what follows
 		sendErr error
 		last    time.Time
+		latest  *v1.AuditProgress
 	)
-	send := func(ev *v1.AuditEvent) {
-		mu.Lock()
-		defer mu.Unlock()
+	send := func(ev *v1.AuditEvent) { // with mu held
 		if sendErr != nil {
 			return
 		}
@@ -58,25 +59,60 @@ func (a *auditService) StreamAudit(ctx context.Context, req *connect.Request[v1.
 			cancel()
 		}
 	}
-	progress := func(p engine.AuditProgress) {
-		if p.Done || time.Since(last) < auditProgressEvery {
+	sendProgress := func() { // with mu held
+		if latest == nil || time.Since(last) < auditProgressEvery {
 			return
 		}
 		last = time.Now()
-		send(&v1.AuditEvent{Event: &v1.AuditEvent_Progress{Progress: &v1.AuditProgress{
-			Rows: p.Rows, Estimate: p.Estimate, Fraction: p.Fraction}}})
+		send(&v1.AuditEvent{Event: &v1.AuditEvent_Progress{Progress: latest}})
 	}
+	progress := func(p engine.AuditProgress) {
+		if p.Done {
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		latest = &v1.AuditProgress{Rows: p.Rows, Estimate: p.Estimate, Fraction: p.Fraction}
+		sendProgress()
+	}
+	heartbeat := time.NewTicker(auditProgressEvery / 4)
+	stopped, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		defer heartbeat.Stop()
+		for {
+			select {
+			case <-stopped:
+				return
+			case <-heartbeat.C:
+				mu.Lock()
+				sendProgress()
+				mu.Unlock()
+			}
+		}
+	}()
 	found, err := au.AuditWith(ctx, engine.AuditOptions{SinceCheckpoint: req.Msg.SinceCheckpoint, Progress: progress})
+	var result *v1.AuditResponse
+	if err == nil {
+		// The result's gauges (debts, the USAGE_UNKNOWN backlog) are
+		// read under the heartbeat too: on a million accounts that
+		// takes seconds.
+		mode := auditModeFull
+		if req.Msg.SinceCheckpoint {
+			mode = auditModeSinceCheckpoint
+		}
+		result = a.s.auditResponse(ctx, found, mode)
+	}
+	close(stopped)
+	<-done
 	if sendErr != nil {
 		return sendErr
 	}
 	if err != nil {
 		return readError("audit", ReasonStoreUnavailable, err)
 	}
-	mode := auditModeFull
-	if req.Msg.SinceCheckpoint {
-		mode = auditModeSinceCheckpoint
-	}
-	send(&v1.AuditEvent{Event: &v1.AuditEvent_Result{Result: a.s.auditResponse(ctx, found, mode)}})
+	mu.Lock()
+	defer mu.Unlock()
+	send(&v1.AuditEvent{Event: &v1.AuditEvent_Result{Result: result}})
 	return sendErr
 }

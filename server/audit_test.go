@@ -2,13 +2,21 @@ package server_test
 
 import (
 	"context"
+	"io"
+	"log/slog"
 	"net/http"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 
 	v1 "github.com/capledger/capledger/api/capledger/v1"
 	"github.com/capledger/capledger/api/capledger/v1/capledgerv1connect"
+	"github.com/capledger/capledger/engine"
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/server"
+	"github.com/capledger/capledger/store"
+	"github.com/capledger/capledger/store/memstore"
 )
 
 // streamAudit runs StreamAudit over the harness's real HTTP server with
@@ -56,4 +64,76 @@ func TestStreamAuditRolesAndResult(t *testing.T) {
 			t.Fatalf("admin (since checkpoint %v): last event %v", since, events[len(events)-1])
 		}
 	}
+}
+
+// stallingAuditor is a real engine whose audit reports progress once and
+// then goes quiet until released: a long phase (reading a million
+// accounts, checking statements) that reports nothing.
+type stallingAuditor struct {
+	*engine.Engine
+	release chan struct{}
+	// releaseGates holds the read of the accounts in debt that the
+	// result's gauges make after the audit (seconds on a million
+	// accounts).
+	releaseGates chan struct{}
+}
+
+func (s stallingAuditor) AccountsInDebt(ctx context.Context, f store.DebtFilter) ([]ledger.Account, ledger.AccountKey, bool, error) {
+	select {
+	case <-s.releaseGates:
+	case <-ctx.Done():
+		return nil, ledger.AccountKey{}, false, ctx.Err()
+	}
+	return s.Engine.AccountsInDebt(ctx, f)
+}
+
+func (s stallingAuditor) AuditWith(ctx context.Context, o engine.AuditOptions) ([]ledger.Discrepancy, error) {
+	o.Progress(engine.AuditProgress{Rows: 7, Estimate: 100, Fraction: 0.07})
+	select {
+	case <-s.release:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return s.Engine.AuditWith(ctx, engine.AuditOptions{SinceCheckpoint: o.SinceCheckpoint})
+}
+
+// While the audit reports nothing, StreamAudit still sends progress about
+// every second (the latest figures again), so a client that waits a
+// bounded time for the next message (capledger audit --timeout, 10 s by
+// default) does not give up on a long audit.
+func TestStreamAuditSendsProgressWhileTheAuditIsQuiet(t *testing.T) {
+	eng := engine.New(memstore.New(), engine.Options{DisableWorkers: true})
+	t.Cleanup(func() { eng.Close() })
+	quiet := stallingAuditor{Engine: eng, release: make(chan struct{}), releaseGates: make(chan struct{})}
+	url, _ := serveFront(t, server.New(quiet, server.Config{Metrics: server.NewMetrics(),
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}))
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	client := capledgerv1connect.NewAuditServiceClient(http.DefaultClient, url)
+	stream, err := client.StreamAudit(ctx, connect.NewRequest(&v1.StreamAuditRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stream.Close()
+	progress := 0
+	for stream.Receive() {
+		if p := stream.Msg().GetProgress(); p != nil {
+			if p.GetRows() != 7 || p.GetEstimate() != 100 {
+				t.Fatalf("progress %v, want the last figures reported (7 of 100)", p)
+			}
+			switch progress++; progress {
+			case 3: // the audit proper ends; its result's gauges stall
+				close(quiet.release)
+			case 5:
+				close(quiet.releaseGates)
+			}
+			continue
+		}
+		if progress < 5 || stream.Msg().GetResult() == nil {
+			t.Fatalf("after %d progress events: %v", progress, stream.Msg())
+		}
+		return
+	}
+	t.Fatalf("the stream ended after %d progress events without a result: %v (before the fix the server sent one, then nothing until the audit ended)", progress, stream.Err())
 }

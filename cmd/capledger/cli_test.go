@@ -315,6 +315,18 @@ func TestCLIAuthToken(t *testing.T) {
 	code, out, errOut = cli(t, url, "reserve", "--subject", "tenant-7", "--route", "chat.generate", "--units", "tokens=1",
 		"--token", "gateway-secret-0123456789")
 	wantExit(t, exitOK, code, out, errOut)
+
+	// The audit is a streaming call (AuditService.StreamAudit): the token
+	// must reach it too, with or without the progress bar.
+	code, out, errOut = cli(t, url, "audit")
+	wantExit(t, exitUsage, code, out, errOut)
+	for _, args := range [][]string{{"audit"}, {"audit", "--since-checkpoint", "--progress"}} {
+		code, out, errOut = cli(t, url, append(args, "--token", "admin-secret-0123456789")...)
+		wantExit(t, exitOK, code, out, errOut)
+		if !strings.Contains(out, "checkedAt") {
+			t.Fatalf("%v printed %q / %q", args, out, errOut)
+		}
+	}
 }
 
 func TestMigrate(t *testing.T) {
@@ -329,6 +341,9 @@ func TestMigrate(t *testing.T) {
 	}
 	code, out, errOut = cli(t, "", "migrate", "--store", "bogus:thing")
 	wantExit(t, exitUsage, code, out, errOut)
+	if strings.Count(errOut, "migrate:") != 1 || !strings.Contains(errOut, "open store: unknown store") {
+		t.Fatalf("migrate of a bogus store says %q: want the command named once, then the cause", errOut)
+	}
 
 	dsn := postgresSchema(t)
 	for range 2 { // the second run finds the schema current
@@ -417,5 +432,29 @@ func TestTwoReplicasOnPostgres(t *testing.T) {
 		t.Fatalf("admitted %d, rejected %d; want 10 and 30", admitted.Load(), rejected.Load())
 	}
 	code, out, errOut = cli(t, urls[1], "audit")
+	wantExit(t, exitOK, code, out, errOut)
+}
+
+// One serve owns a SQLite store (docs/OPERATIONS.md, "Worker leader"): a
+// second serve, or a migrate, on the same data directory refuses to start
+// while the first runs, instead of leading the workers beside it.
+func TestSecondServeOnOneDataDirRefused(t *testing.T) {
+	dir := t.TempDir()
+	serveInProcess(t, "--data-dir", dir)
+	// Bounded, so that a second serve that does start ends the test.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	code, out, errOut := runWithEnv(ctx, nil, "serve", "--addr", "127.0.0.1:0", "--data-dir", dir)
+	wantExit(t, exitUsage, code, out, errOut)
+	if !strings.Contains(errOut, "another capledger serve") {
+		t.Fatalf("second serve: %s", errOut)
+	}
+	code, out, errOut = cli(t, "", "migrate", "--data-dir", dir)
+	wantExit(t, exitUsage, code, out, errOut)
+	if !strings.Contains(errOut, "stop serve first") {
+		t.Fatalf("migrate beside serve: %s", errOut)
+	}
+	// Another data directory is another store.
+	code, out, errOut = cli(t, "", "migrate", "--data-dir", t.TempDir())
 	wantExit(t, exitOK, code, out, errOut)
 }

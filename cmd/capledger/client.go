@@ -161,16 +161,33 @@ func (c *clientFlags) endpoint() (string, []connect.ClientOption, error) {
 	}
 	var options []connect.ClientOption
 	if c.token != "" {
-		token := c.token
-		options = append(options, connect.WithInterceptors(connect.UnaryInterceptorFunc(
-			func(next connect.UnaryFunc) connect.UnaryFunc {
-				return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-					req.Header().Set("Authorization", "Bearer "+token)
-					return next(ctx, req)
-				}
-			})))
+		options = append(options, connect.WithInterceptors(bearerToken("Bearer "+c.token)))
 	}
 	return strings.TrimSuffix(addr, "/"), options, nil
+}
+
+// bearerToken sets the Authorization header (its value) on every call,
+// unary and streaming: capledger audit reads AuditService.StreamAudit, which
+// a unary-only interceptor would send without the token.
+type bearerToken string
+
+func (b bearerToken) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		req.Header().Set("Authorization", string(b))
+		return next(ctx, req)
+	}
+}
+
+func (b bearerToken) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return func(ctx context.Context, spec connect.Spec) connect.StreamingClientConn {
+		conn := next(ctx, spec)
+		conn.RequestHeader().Set("Authorization", string(b))
+		return conn
+	}
+}
+
+func (b bearerToken) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return next
 }
 
 func (c *clientFlags) context(ctx context.Context) (context.Context, context.CancelFunc) {

@@ -53,7 +53,7 @@ func runMigrate(ctx context.Context, e *env, args []string) error {
 	if strings.HasPrefix(*storeSpec, "postgres://") || strings.HasPrefix(*storeSpec, "postgresql://") {
 		applied, err := postgres.Migrate(ctx, *storeSpec)
 		if err != nil {
-			return usagef("migrate: %v", err)
+			return usagef("%v", err)
 		}
 		if len(applied) == 0 {
 			fmt.Fprintf(e.stdout, "postgres schema already at version %d\n", postgres.SchemaVersion())
@@ -66,10 +66,17 @@ func runMigrate(ctx context.Context, e *env, args []string) error {
 		fmt.Fprintln(e.stdout, "the in-memory store has no schema to migrate")
 		return nil
 	}
-	// The SQLite store migrates when it opens; opening is migrating.
+	// The SQLite store migrates when it opens; opening is migrating. Not
+	// under a running serve: the file is its (and --auto-vacuum rewrites
+	// it).
+	unlock, err := open.LockSQLite(*storeSpec, *dataDir)
+	if err != nil {
+		return usagef("%v: stop serve first", err)
+	}
+	defer unlock()
 	st, err := open.Open(ctx, *storeSpec, *dataDir)
 	if err != nil {
-		return usagef("migrate: %v", err)
+		return usagef("%v", err)
 	}
 	if err := st.Close(); err != nil {
 		return usagef("migrate: close: %v", err)

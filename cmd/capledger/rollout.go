@@ -17,7 +17,7 @@ import (
 )
 
 func init() {
-	register(&command{name: "rollout", summary: "shadow-to-enforce rollouts: create, step, undo, list, report", help: rolloutHelp, run: runRollout})
+	register(&command{name: "rollout", summary: "shadow-to-enforce rollouts: create, set, undo, list, get, report", help: rolloutHelp, run: runRollout})
 	register(&command{name: "rollback", summary: "roll generations (or a rollout step) back and follow the drain to zero", help: rollbackHelp, run: runRollback})
 }
 

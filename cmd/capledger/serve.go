@@ -276,9 +276,16 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	}
 	defer ln.Close()
 
+	// One serve owns a SQLite store: a second on the same file would
+	// lead the workers beside the first.
+	unlock, err := open.LockSQLite(*storeSpec, *dataDir)
+	if err != nil {
+		return usagef("%v", err)
+	}
+	defer unlock()
 	st, err := open.OpenWith(ctx, *storeSpec, *dataDir, open.Options{CacheRows: *cacheRows, PipelinedSync: *pipelinedSync})
 	if err != nil {
-		return usagef("open store: %v", err)
+		return usagef("%v", err)
 	}
 	readyCheck, err := replicationCheck(ctx, st, *allowAsync, log)
 	if err != nil {

@@ -54,6 +54,9 @@ func runStatus(ctx context.Context, e *env, args []string) error {
 	}
 	resp, err := hc.Do(req)
 	if err != nil {
+		if hint := certificateHint(err); hint != "" {
+			err = fmt.Errorf("%w; %s", err, hint)
+		}
 		return exitError{code: exitUnavailable, err: fmt.Errorf("status: %w", err)}
 	}
 	defer resp.Body.Close()

@@ -164,6 +164,14 @@ func TestServeTLSCLI(t *testing.T) {
 	if !strings.Contains(errOut, "certificate") || !strings.Contains(errOut, "--ca-file") {
 		t.Fatalf("an untrusted server certificate is not explained: %s", errOut)
 	}
+	// status reads /statusz over plain HTTP GET, and says the same.
+	code, out, errOut = cli(t, url, "status")
+	wantExit(t, exitUnavailable, code, out, errOut)
+	if !strings.Contains(errOut, "--ca-file") {
+		t.Fatalf("status: an untrusted server certificate is not explained: %s", errOut)
+	}
+	code, out, errOut = cli(t, url, "status", "--ca-file", pki.caFile)
+	wantExit(t, exitOK, code, out, errOut)
 	// The server logs the refused handshake at debug level, not warn
 	// (load balancers' TCP checks and port scans fail handshakes too).
 	waitFor(t, "the failed handshake in the server log", func() bool {

@@ -74,17 +74,9 @@ func OpenWith(ctx context.Context, spec, dataDir string, opts Options) (store.St
 		return memstore.New(), nil
 
 	case hasScheme && scheme == "sqlite":
-		path := rest
-		if strings.HasPrefix(rest, "//") {
-			// URL form: sqlite:///abs/path has an empty host.
-			host, p, _ := strings.Cut(strings.TrimPrefix(rest, "//"), "/")
-			if host != "" {
-				return nil, fmt.Errorf("open store %q: a sqlite URL has no host; write sqlite:///%s/%s for an absolute path", spec, host, p)
-			}
-			path = "/" + p
-		}
-		if path == "" || path == "/" {
-			return nil, fmt.Errorf("open store %q: no file path; accepted forms: %s", spec, Forms)
+		path, err := sqliteURLPath(spec, rest)
+		if err != nil {
+			return nil, err
 		}
 		return openSQLite(ctx, path, opts)
 
@@ -100,6 +92,52 @@ func OpenWith(ctx context.Context, spec, dataDir string, opts Options) (store.St
 		return s, nil
 	}
 	return nil, fmt.Errorf("open store: unknown store %q; accepted forms: %s", spec, Forms)
+}
+
+// sqliteURLPath returns the file a "sqlite:REST" spec names.
+func sqliteURLPath(spec, rest string) (string, error) {
+	path := rest
+	if strings.HasPrefix(rest, "//") {
+		// URL form: sqlite:///abs/path has an empty host.
+		host, p, _ := strings.Cut(strings.TrimPrefix(rest, "//"), "/")
+		if host != "" {
+			return "", fmt.Errorf("open store %q: a sqlite URL has no host; write sqlite:///%s/%s for an absolute path", spec, host, p)
+		}
+		path = "/" + p
+	}
+	if path == "" || path == "/" {
+		return "", fmt.Errorf("open store %q: no file path; accepted forms: %s", spec, Forms)
+	}
+	return path, nil
+}
+
+// LockSQLite takes the lock that makes one serve process the owner of the
+// SQLite file spec names (in dataDir for "" and "sqlite"): an exclusive
+// lock on the file PATH.lock beside it, held until unlock is called or the
+// process ends. Another process holding it is an error naming the file,
+// so a second serve on one data directory refuses to start instead of
+// running the workers beside the first. For other stores it does
+// nothing; a malformed spec is left to OpenWith to report.
+func LockSQLite(spec, dataDir string) (unlock func(), err error) {
+	var path string
+	scheme, rest, hasScheme := strings.Cut(spec, ":")
+	switch {
+	case spec == "" || spec == "sqlite":
+		if dataDir == "" {
+			return func() {}, nil
+		}
+		if err := os.MkdirAll(dataDir, 0o700); err != nil {
+			return nil, fmt.Errorf("open store: data directory: %w", err)
+		}
+		path = filepath.Join(dataDir, DefaultFile)
+	case hasScheme && scheme == "sqlite":
+		if path, err = sqliteURLPath(spec, rest); err != nil {
+			return func() {}, nil
+		}
+	default:
+		return func() {}, nil
+	}
+	return lockFile(path + ".lock")
 }
 
 func openSQLite(ctx context.Context, path string, opts Options) (store.Store, error) {

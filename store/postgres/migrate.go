@@ -63,13 +63,17 @@ func migrate(ctx context.Context, conn *pgx.Conn) ([]int, error) {
 		return nil, c.classify("migrate: begin", err, false)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	var schema string
-	if err := tx.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema); err != nil {
+	// current_schema() is NULL when no schema of the search_path exists.
+	var current *string
+	if err := tx.QueryRow(ctx, `SELECT current_schema()`).Scan(&current); err != nil {
 		return nil, c.classify("migrate: current schema", err, false)
 	}
-	if schema == "" {
-		return nil, fmt.Errorf("migrate: no schema to migrate: the search_path names no existing schema (create it first)")
+	if current == nil || *current == "" {
+		var searchPath string
+		_ = tx.QueryRow(ctx, `SHOW search_path`).Scan(&searchPath)
+		return nil, fmt.Errorf("migrate: no schema to migrate: no schema of the search_path (%s) exists; create it first (CREATE SCHEMA ...)", searchPath)
 	}
+	schema := *current
 	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('capledger.migrate.' || $1::text, 0))`, schema); err != nil {
 		return nil, c.classify("migrate: lock", err, false)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/url"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -419,6 +420,20 @@ func TestMigrateFreshSchemaAppliesEverything(t *testing.T) {
 	}
 	if len(ran) != postgres.SchemaVersion() || ran[0] != 1 {
 		t.Fatalf("ran %v, want 1..%d", ran, postgres.SchemaVersion())
+	}
+}
+
+// A search_path that names no existing schema is refused with what to do
+// (OPERATIONS.md: create the schema before the first start), not with a
+// driver error about scanning NULL.
+func TestMigrateNamesAMissingSchema(t *testing.T) {
+	dsn := withParam(t, serverDSN(t), "search_path", "capledger_test_no_such_schema")
+	_, err := postgres.Migrate(context.Background(), dsn)
+	if err == nil || !strings.Contains(err.Error(), "create it first") || !strings.Contains(err.Error(), "capledger_test_no_such_schema") {
+		t.Fatalf("Migrate with a missing schema: %v", err)
+	}
+	if _, err := postgres.Open(context.Background(), dsn); err == nil || !strings.Contains(err.Error(), "create it first") {
+		t.Fatalf("Open with a missing schema: %v", err)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"path/filepath"
 
@@ -231,9 +232,17 @@ func scanCheckpointAccount(sc scanner) (ledger.CheckpointAccount, error) {
 	return a, err
 }
 
+// estimateSamples is how many journal batches estimateRows reads the
+// entry counts of.
+const estimateSamples = 32
+
 // estimateRows estimates the journal entries after checkpoint last, plus
 // the reservations when asked: the batches since times the mean entry
-// count of the newest 32 (each blob starts with its count).
+// count of up to estimateSamples of them spread evenly over their
+// sequence (each blob starts with its count). The newest batches alone
+// would not do: a prefill's or a burst's batches of hundreds of entries
+// followed by quiet ones of a few made a since-checkpoint audit's
+// progress stick at 99% from its first rows.
 func estimateRows(ctx context.Context, tx *sql.Tx, last *ledger.Checkpoint, reservations bool) (int64, error) {
 	var after, rows, batches int64
 	if last != nil {
@@ -241,29 +250,31 @@ func estimateRows(ctx context.Context, tx *sql.Tx, last *ledger.Checkpoint, rese
 	} else if err := tx.QueryRowContext(ctx, "SELECT count(*) FROM journal").Scan(&rows); err != nil {
 		return 0, translate(ctx, err)
 	}
-	if err := tx.QueryRowContext(ctx, "SELECT count(*) FROM journal_batches WHERE seq > ?", after).Scan(&batches); err != nil {
+	var lo, hi sql.NullInt64
+	if err := tx.QueryRowContext(ctx, "SELECT count(*), min(seq), max(seq) FROM journal_batches WHERE seq > ?", after).Scan(&batches, &lo, &hi); err != nil {
 		return 0, translate(ctx, err)
 	}
-	sample, err := tx.QueryContext(ctx, "SELECT substr(entries, 1, 11) FROM journal_batches WHERE seq > ? ORDER BY seq DESC LIMIT 32", after)
-	if err != nil {
-		return 0, translate(ctx, err)
-	}
-	defer sample.Close()
 	var entries, sampled int64
-	for sample.Next() {
+	n := min(batches, estimateSamples)
+	for i := range n {
+		at := lo.Int64
+		if n > 1 {
+			at += (hi.Int64 - lo.Int64) * i / (n - 1)
+		}
 		var head []byte
-		if err := sample.Scan(&head); err != nil {
+		err := tx.QueryRowContext(ctx, "SELECT substr(entries, 1, 11) FROM journal_batches WHERE seq >= ? ORDER BY seq LIMIT 1", at).Scan(&head)
+		if errors.Is(err, sql.ErrNoRows) {
+			continue
+		}
+		if err != nil {
 			return 0, translate(ctx, err)
 		}
 		if len(head) > 1 {
-			if n, k := binary.Uvarint(head[1:]); k > 0 {
-				entries += int64(n)
+			if count, k := binary.Uvarint(head[1:]); k > 0 {
+				entries += int64(count)
 				sampled++
 			}
 		}
-	}
-	if err := sample.Err(); err != nil {
-		return 0, translate(ctx, err)
 	}
 	if sampled > 0 {
 		rows += batches * entries / sampled
