@@ -36,10 +36,12 @@ import (
 	"database/sql"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -68,6 +70,8 @@ func main() {
 	intervals := flag.String("epoch-interval", "1s", "how often the epoch worker runs; a list (1s,off) alternates by round, off: no workers")
 	cacheRows := flag.Int("cache-rows", 0, "row cache (default accounts/10)")
 	holdRead := flag.Bool("hold-read", false, "before each round's outside window, a window with a read transaction open throughout (as an audit's snapshot keeps one), then a window after it ended")
+	template := flag.String("template", "", "a filled store to start from: when it holds none yet, the fill is written there too, then copied (faster runs on one machine; the fill's reservations then count)")
+	flag.StringVar(&profilePrefix, "profile", "", "write a CPU profile of each window to PREFIX-rN-WINDOW.pprof")
 	flag.Parse()
 	if *dir == "" {
 		fmt.Fprintln(os.Stderr, "rollover: -dir is required")
@@ -78,6 +82,15 @@ func main() {
 	}
 	must(os.MkdirAll(*dir, 0o755))
 	ctx := context.Background()
+	filled := false
+	if *template != "" {
+		if _, err := os.Stat(filepath.Join(*template, "capledger.db")); err == nil {
+			for _, f := range []string{"capledger.db", "capledger.db-wal"} {
+				copyFile(filepath.Join(*template, f), filepath.Join(*dir, f))
+			}
+			filled = true
+		}
+	}
 	st, err := sqlite.Open(ctx, filepath.Join(*dir, "capledger.db"), sqlite.WithCacheRows(*cacheRows))
 	must(err)
 	defer st.Close()
@@ -96,12 +109,19 @@ func main() {
 		HoldTTL:     7 * 24 * time.Hour,
 		EpochLength: epoch,
 	}.WithDefaults()
-	res, err := core.Commit(ctx, []ledger.Command{{Kind: ledger.KindPublishPolicy, Policy: &p}}, clock())
-	must(err)
-	must(res[0].Err)
+	if !filled {
+		res, err := core.Commit(ctx, []ledger.Command{{Kind: ledger.KindPublishPolicy, Policy: &p}}, clock())
+		must(err)
+		must(res[0].Err)
+	}
 	var seq atomic.Uint64
+	// The ids of a run from a template must not repeat the fill's.
+	idPrefix := "rl-roll-"
+	if filled {
+		idPrefix = "rl-roll-" + strconv.FormatInt(time.Now().UnixNano()%1e9, 36) + "-"
+	}
 	reserve := func(subject int) ledger.Command {
-		id := "rl-roll-" + strconv.FormatUint(seq.Add(1), 10)
+		id := idPrefix + strconv.FormatUint(seq.Add(1), 10)
 		return ledger.Command{Kind: ledger.KindReserve, ReservationID: id, RequestDigest: "sha256:" + id,
 			Subject: "tenant-" + strconv.Itoa(subject), Route: "chat.generate", Region: "eu", Units: ledger.Amounts{1}}
 	}
@@ -120,7 +140,20 @@ func main() {
 		}
 		fmt.Printf("touched %d accounts in %.1f s\n", *accounts, time.Since(began).Seconds())
 	}
-	touch(func(cmds []ledger.Command) ([]ledger.Result, error) { return core.Commit(ctx, cmds, clock()) })
+	if !filled {
+		touch(func(cmds []ledger.Command) ([]ledger.Result, error) { return core.Commit(ctx, cmds, clock()) })
+		if *template != "" {
+			// Closed, the store's files are whole; copy them, then reopen.
+			must(st.Close())
+			must(os.MkdirAll(*template, 0o755))
+			for _, f := range []string{"capledger.db", "capledger.db-wal"} {
+				copyFile(filepath.Join(*dir, f), filepath.Join(*template, f))
+			}
+			st, err = sqlite.Open(ctx, filepath.Join(*dir, "capledger.db"), sqlite.WithCacheRows(*cacheRows))
+			must(err)
+			core = engine.NewCore(st)
+		}
+	}
 
 	variants := strings.Split(*intervals, ",")
 	var e *engine.Engine
@@ -163,13 +196,17 @@ func main() {
 			must(read.Rollback())
 			load(ctx, e, *accounts, *concurrency, *window, reserve).print(r, "after", variant)
 		}
+		stop := startProfile(r, "outside")
 		out := load(ctx, e, *accounts, *concurrency, *window, reserve)
+		stop()
 		out.print(r, "outside", variant)
 		// Jump to just past the end of the current epoch.
 		now := clock()
 		end := now.Truncate(epoch).Add(epoch)
 		offset.Add(int64(end.Sub(now) + *after))
+		stop = startProfile(r, "rollover")
 		in := load(ctx, e, *accounts, *concurrency, *window, reserve)
+		stop()
 		in.print(r, "rollover", variant)
 		fmt.Printf("round %d (epochs %s): p99 rollover/outside %.2f, reserves/s %.2f, cpu/reserve %.2f\n", r, variant,
 			in.p99.Seconds()/out.p99.Seconds(), in.rate/out.rate, in.cpu/out.cpu)
@@ -256,4 +293,37 @@ func must(err error) {
 		fmt.Fprintln(os.Stderr, "rollover:", err)
 		os.Exit(1)
 	}
+}
+
+var profilePrefix string
+
+// startProfile starts a CPU profile of one window when -profile is set and
+// returns what stops it.
+func startProfile(round int, what string) func() {
+	if profilePrefix == "" {
+		return func() {}
+	}
+	f, err := os.Create(fmt.Sprintf("%s-r%d-%s.pprof", profilePrefix, round, what))
+	must(err)
+	must(pprof.StartCPUProfile(f))
+	return func() {
+		pprof.StopCPUProfile()
+		must(f.Close())
+	}
+}
+
+// copyFile copies from to to; a missing from is no error (a closed
+// store may have no WAL).
+func copyFile(from, to string) {
+	in, err := os.Open(from)
+	if os.IsNotExist(err) {
+		return
+	}
+	must(err)
+	defer in.Close()
+	out, err := os.Create(to)
+	must(err)
+	_, err = io.Copy(out, in)
+	must(err)
+	must(out.Close())
 }

@@ -107,7 +107,7 @@ func (tx *Tx) putAccounts(ctx context.Context, accounts []ledger.Account, conv *
 	}
 	upserts = append(upserts, more...)
 	for _, a := range upserts {
-		if err := tx.exec(ctx, wAccountPut, "account "+a.Key.String(), conv, accountArgs(a, conv)); err != nil {
+		if err := tx.run(ctx, wAccountPut, func() string { return "account " + a.Key.String() }, conv, accountArgs(a, conv)); err != nil {
 			return err
 		}
 		tx.noteAccountEpoch(a.Key, conv.Nanos(a.EpochStart))

@@ -274,3 +274,37 @@ func TestStatementsInChunks(t *testing.T) {
 		}
 	}
 }
+
+// TestDuplicateStatementRollsBackTheBatch: a chunk of statements (INSERT OR
+// FAIL) that repeats an account's epoch fails the Write, and nothing of the
+// transaction is stored, not even the chunk's rows before the duplicate.
+func TestDuplicateStatementRollsBackTheBatch(t *testing.T) {
+	ctx := context.Background()
+	s := openTemp(t)
+	key := ledger.AccountKey{Subject: "tenant-1", Route: "chat", Region: "eu", Generation: 3}
+	epoch := time.Date(2026, 7, 19, 14, 0, 0, 0, time.UTC)
+	var sts []ledger.Statement
+	for i := range 4 {
+		sts = append(sts, ledger.Statement{Account: key, Dims: 1, EpochStart: epoch.Add(time.Duration(i) * time.Hour),
+			EpochEnd: epoch.Add(time.Duration(i+1) * time.Hour)})
+	}
+	sts = append(sts, sts[2])       // 5 rows: a chunk of 4 and one
+	sts[3], sts[4] = sts[4], sts[3] // the duplicate inside the chunk of 4
+	tx, err := s.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Write(ctx, &store.Changes{Statements: sts}); err == nil {
+		t.Error("a duplicate statement was written")
+	}
+	if err := tx.Commit(ctx); err == nil {
+		t.Error("the transaction committed after a failed Write")
+	}
+	got, err := s.StatementsOf(ctx, store.StatementFilter{Account: key, Limit: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 0 {
+		t.Errorf("%d statements stored after the failed transaction, want 0", len(got))
+	}
+}

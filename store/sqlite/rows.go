@@ -32,12 +32,19 @@ func insertSQL(table, cols string, extra ...string) string {
 
 // insertRowsSQL returns an INSERT of rows rows of cols (plus extra) into
 // table: one statement for many rows saves the per-statement work of the
-// driver and of database/sql, which dominates a batch's CPU time.
+// driver and of database/sql, which dominates a batch's CPU time. More
+// than one row: INSERT OR FAIL, so SQLite keeps no statement journal for
+// it (see insertFresh; a plain multi-row INSERT into a table with a UNIQUE
+// index copied every page it changed into a temporary file first).
 func insertRowsSQL(table, cols string, rows int, extra ...string) string {
 	all := strings.Split(cols, ", ")
 	all = append(all, extra...)
 	row := "(" + strings.TrimSuffix(strings.Repeat("?, ", len(all)), ", ") + ")"
-	return "INSERT INTO " + table + " (" + strings.Join(all, ", ") + ") VALUES " +
+	insert := "INSERT INTO "
+	if rows > 1 {
+		insert = "INSERT OR FAIL INTO "
+	}
+	return insert + table + " (" + strings.Join(all, ", ") + ") VALUES " +
 		strings.TrimSuffix(strings.Repeat(row+", ", rows), ", ")
 }
 
