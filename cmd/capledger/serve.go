@@ -134,6 +134,11 @@ Flags:
                       while gateways are being served (audits a quarter of
                       it); they pause between steps for the rest (default
                       0.2; at 1 only audits pause)
+  --pprof-addr HOST:PORT
+                      serve Go's profiles (net/http/pprof: /debug/pprof/heap,
+                      /debug/pprof/profile, ...) on a second, loopback-only
+                      listener (off by default; docs/OPERATIONS.md,
+                      "Profiling serve")
   --log-level LEVEL   debug, info, warn or error (default info)
   --log-format FMT    text or json (default text)
 
@@ -179,6 +184,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	resolverPath := fs.String("resolver-config", "", "")
 	envoyConfigPath := fs.String("envoy-config", "", "")
 	grpcTransport := fs.String("grpc-transport", "grpc-go", "")
+	pprofAddr := fs.String("pprof-addr", "", "")
 	if err := parseNoArgs(fs, args); err != nil {
 		return err
 	}
@@ -275,6 +281,13 @@ func runServe(ctx context.Context, e *env, args []string) error {
 		return usagef("listen: %v", err)
 	}
 	defer ln.Close()
+	if *pprofAddr != "" {
+		stopProfiles, err := serveProfiles(*pprofAddr, log)
+		if err != nil {
+			return err
+		}
+		defer stopProfiles()
+	}
 
 	st, err := open.OpenWith(ctx, *storeSpec, *dataDir, open.Options{CacheRows: *cacheRows, PipelinedSync: *pipelinedSync})
 	if err != nil {
