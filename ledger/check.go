@@ -334,7 +334,7 @@ func AuditWith(s *Snapshot, o AuditOptions) ([]Discrepancy, *Checkpoint) {
 	}
 	ids := newAccountIDs()
 	var (
-		replays   map[accountID]*replay
+		replays   *replaySet
 		touched   int64
 		twice     []string
 		refunds   map[idKey]int32
@@ -342,7 +342,7 @@ func AuditWith(s *Snapshot, o AuditOptions) ([]Discrepancy, *Checkpoint) {
 		journalRd error
 	)
 	if s.JournalComplete {
-		replays = map[accountID]*replay{}
+		replays = newReplaySet()
 		// Endings are counted by the first 128 bits of the SHA-256 of the
 		// reservation id, a fixed size smaller than most ids over a long
 		// journal, deterministic, and not open to ids crafted to collide
@@ -355,12 +355,8 @@ func AuditWith(s *Snapshot, o AuditOptions) ([]Discrepancy, *Checkpoint) {
 				return // summarised by the checkpoint (a store that has not compacted yet)
 			}
 			id := ids.of(e.Account)
-			r := replays[id]
-			if r == nil {
-				r = &replay{}
-				replays[id] = r
-			}
-			r.add(&e.Delta, builder != nil && pos > builder.through)
+			r := replays.getOrAdd(id)
+			replays.add(r, &e.Delta, builder != nil && pos > builder.through)
 			if builder != nil {
 				if r.entries == 0 && pos <= builder.through {
 					touched++
@@ -450,7 +446,7 @@ func AuditWith(s *Snapshot, o AuditOptions) ([]Discrepancy, *Checkpoint) {
 		// store's read go before writing.
 		extra := make([]CheckpointAccount, 0, len(pass.extra))
 		for _, k := range pass.extra {
-			if a, ok := builder.nextAccount(k, nil, replays[ids.of(k)]); ok {
+			if a, ok := builder.nextAccount(k, nil, replays, replays.get(ids.of(k))); ok {
 				extra = append(extra, a)
 			}
 		}
