@@ -120,7 +120,7 @@ type Engine struct {
 	pipe *pipeline
 
 	commands, batches, conflicts, failures, workerRuns, workerCmds atomic.Uint64
-	// admitted counts the committed commands no maintenance worker
+	// admittedCmds counts the committed commands no maintenance worker
 	// submitted (pace.go).
 	admittedCmds atomic.Uint64
 	// finished counts the reservations this engine's commands made
