@@ -120,6 +120,9 @@ type Engine struct {
 	pipe *pipeline
 
 	commands, batches, conflicts, failures, workerRuns, workerCmds atomic.Uint64
+	// admittedCmds counts the committed commands no maintenance worker
+	// submitted (pace.go).
+	admittedCmds atomic.Uint64
 	// finished counts the reservations this engine's commands made
 	// terminal: what retention will have to remove (retention.go).
 	finished  atomic.Uint64
@@ -139,9 +142,8 @@ type Engine struct {
 }
 
 type retentionCounters struct {
-	// submitted counts the commands retention submitted (pace.go).
-	passes, retired, forgotten, failed, submitted atomic.Uint64
-	lastPassAt, lastPass                          atomic.Int64
+	passes, retired, forgotten, failed atomic.Uint64
+	lastPassAt, lastPass               atomic.Int64
 	// rate is where the finish rate is measured from: the previous
 	// pass's start (retention.go).
 	rateMu sync.Mutex
@@ -155,6 +157,9 @@ type request struct {
 	results []ledger.Result
 	err     error
 	done    chan struct{}
+	// maintenance says a maintenance worker submitted the commands
+	// (doMaintenance): they are not admission (pace.go).
+	maintenance bool
 }
 
 // ErrClosed is returned for commands submitted after Close.
@@ -254,13 +259,23 @@ func (e *Engine) Do(ctx context.Context, cmd ledger.Command) (ledger.Result, err
 // DoBatch applies several commands in order, in one transaction, and
 // returns one result per command; errors as for Do.
 func (e *Engine) DoBatch(ctx context.Context, cmds []ledger.Command) ([]ledger.Result, error) {
+	return e.doBatch(ctx, cmds, false)
+}
+
+// doMaintenance is DoBatch for a maintenance worker's commands: the
+// pacers of the other maintenance work do not count them as admission.
+func (e *Engine) doMaintenance(ctx context.Context, cmds []ledger.Command) ([]ledger.Result, error) {
+	return e.doBatch(ctx, cmds, true)
+}
+
+func (e *Engine) doBatch(ctx context.Context, cmds []ledger.Command, maintenance bool) ([]ledger.Result, error) {
 	if len(cmds) == 0 {
 		return nil, nil
 	}
 	if err := e.failure(); err != nil {
 		return nil, err
 	}
-	req := &request{cmds: cmds, done: make(chan struct{})}
+	req := &request{cmds: cmds, done: make(chan struct{}), maintenance: maintenance}
 	if len(e.queue) == 0 && e.running.TryLock() {
 		// Idle engine: run the batch here, taking along whatever was queued
 		// meanwhile, instead of waking the committer and being woken by it
@@ -375,7 +390,15 @@ func (e *Engine) runBatch(batch []*request) ([]*request, outcome) {
 	if len(batch) == 0 {
 		return batch, outcome{}
 	}
-	return batch, e.commit(e.ctx, cmds)
+	out := e.commit(e.ctx, cmds)
+	var admitted int
+	for _, req := range batch {
+		if !req.maintenance {
+			admitted += len(req.cmds)
+		}
+	}
+	e.admittedCmds.Add(uint64(admitted))
+	return batch, out
 }
 
 // commit runs one batch, retrying it whole while it loses races.
@@ -544,7 +567,7 @@ func (e *Engine) runWorkerCommands(ctx context.Context, cmds []ledger.Command) b
 			return false
 		}
 		started := time.Now()
-		_, err := e.DoBatch(ctx, cmds[start:end])
+		_, err := e.doMaintenance(ctx, cmds[start:end])
 		e.pace.done(time.Since(started))
 		if err != nil {
 			// Stop the pass: the pager's memory (EpochScans, the drain

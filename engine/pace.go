@@ -54,9 +54,14 @@ func (e *Engine) newAuditPacer(idle float64) *pacer {
 }
 
 // admitted counts the commands this engine committed that none of its
-// maintenance workers submitted.
+// maintenance workers submitted (doMaintenance). Counted per committed
+// request: a count of what the workers had submitted, taken apart from
+// the committed total, differed from it while a worker's page was being
+// committed chunk by chunk, and a pass of the expiry worker read as
+// admission to every pacer for its whole length (docs/PERFORMANCE.md,
+// "RSS and the checkpoint cut").
 func (e *Engine) admitted() uint64 {
-	return e.commands.Load() - e.workerCmds.Load() - e.retention.submitted.Load()
+	return e.admittedCmds.Load()
 }
 
 // share is the share of time the next pause leaves the steps, and

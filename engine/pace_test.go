@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -114,5 +115,58 @@ func TestRetentionGivesSpaceBackInSteps(t *testing.T) {
 		if pages != reclaimStepPages {
 			t.Fatalf("a step of %d pages, want %d", pages, reclaimStepPages)
 		}
+	}
+}
+
+// The expiry worker's chunks are not admission to a pacer sampled while
+// they commit: a mass expiry beside a checkpoint cut made the cut's
+// audit yield as if gateways were busy (a twentieth of the time instead
+// of a half), so it held its read, its replays and the WAL for many
+// times as long (docs/PERFORMANCE.md, "RSS and the checkpoint cut").
+func TestExpiryIsNotAdmission(t *testing.T) {
+	ctx := context.Background()
+	clk := newClock()
+	var (
+		p     *pacer
+		busy  int
+		ticks int
+	)
+	e := New(memstore.New(), Options{Clock: clk.Now, DisableWorkers: true, MaintenanceShare: 0.2,
+		OnBatch: func(BatchInfo) {
+			if p != nil {
+				ticks++
+				if _, b := p.share(); b {
+					busy++
+				}
+			}
+		}})
+	defer e.Close()
+	publish(t, e, 1_000_000, time.Minute, 0)
+	const holds = 3*workerChunk + 10
+	cmds := make([]ledger.Command, holds)
+	for i := range cmds {
+		cmds[i] = reserveCmd(fmt.Sprintf("gw-%d", i), 1)
+	}
+	if _, err := e.DoBatch(ctx, cmds); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(2 * time.Minute)
+	p = e.newAuditPacer(0.5)
+	e.runDue(ctx)
+	if ticks < 2*holds/workerChunk {
+		t.Fatalf("%d batches seen; want the expiry's chunks", ticks)
+	}
+	if busy > 0 {
+		t.Fatalf("the expiry's chunks read as admission at %d of %d batches", busy, ticks)
+	}
+	if _, b := p.share(); b {
+		t.Fatal("the expiry's pass read as admission")
+	}
+	// Whereas a gateway's command is admission.
+	if _, err := e.Do(ctx, reserveCmd("gw-late", 1)); err != nil {
+		t.Fatal(err)
+	}
+	if _, b := p.share(); !b {
+		t.Fatal("a reserve after the expiry did not read as admission")
 	}
 }

@@ -204,8 +204,7 @@ func (e *Engine) runRetention(ctx context.Context) {
 			break
 		}
 		started := time.Now()
-		e.retention.submitted.Add(uint64(len(cmds)))
-		results, err := e.DoBatch(ctx, cmds)
+		results, err := e.doMaintenance(ctx, cmds)
 		if err != nil {
 			if ctx.Err() == nil {
 				e.log.Warn("retention batch", "commands", len(cmds), "err", err)

@@ -63,7 +63,7 @@ func (e *Engine) RunDrains(ctx context.Context) (int, error) {
 		e.workerCmds.Add(uint64(len(cmds)))
 		for start := 0; start < len(cmds); start += e.opts.MaxBatch {
 			end := min(start+e.opts.MaxBatch, len(cmds))
-			if _, err := e.DoBatch(ctx, cmds[start:end]); err != nil {
+			if _, err := e.doMaintenance(ctx, cmds[start:end]); err != nil {
 				return ran, fmt.Errorf("drains: %w", err)
 			}
 			ran += end - start

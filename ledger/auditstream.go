@@ -17,14 +17,15 @@ import (
 
 // replay is one account's journal since the last checkpoint, as an audit
 // holds it: the entries' deltas summed, and for a cut, what the
-// checkpoint builder needs. It is kept small (128 bytes), and keyed by
-// accountID rather than by the key's strings, because an audit holds one
-// per account with entries since the last checkpoint: a million of them
-// when a million tenants moved in an epoch.
+// checkpoint builder needs. It is kept small (120 bytes) and free of
+// pointers, and keyed by accountID rather than by the key's strings,
+// because an audit holds one per account with entries since the last
+// checkpoint: a million of them when a million tenants moved in an epoch
+// (replaySet).
 type replay struct {
-	dim0    Balance     // the sum of the entries' first dimension
-	more    *replayMore // nil while the entries touch no other dimension and none is beyond the cut
-	entries int64       // entries up to the cut
+	dim0    Balance // the sum of the entries' first dimension
+	more    int32   // 1 + the index of the rest in replaySet.more; 0 while the entries touch no other dimension and none is beyond the cut
+	entries int64   // entries up to the cut
 	chain   [sha256.Size]byte
 }
 
@@ -34,40 +35,84 @@ type replayMore struct {
 	beyond Balances                   // of the entries summed, those after the cut
 }
 
+// replaySet holds an audit's replays by account without a pointer the
+// garbage collector must follow: the index maps an accountID to a
+// position, and the replays sit in chunks (slab). A map of a
+// million pointers to a million small objects, as before, was most of
+// what the collector marked during a cut, and serve collects often then:
+// beside the expiry of a million holds, the heap sits at its soft limit
+// (docs/PERFORMANCE.md, "RSS and the checkpoint cut").
+type replaySet struct {
+	index map[accountID]int32
+	all   slab[replay]
+	more  slab[replayMore]
+}
+
+func newReplaySet() *replaySet { return &replaySet{index: map[accountID]int32{}} }
+
+// get returns id's replay, nil when it has none (or rs is nil).
+func (rs *replaySet) get(id accountID) *replay {
+	if rs == nil {
+		return nil
+	}
+	i, ok := rs.index[id]
+	if !ok {
+		return nil
+	}
+	return rs.all.at(i)
+}
+
+// getOrAdd returns id's replay, a new empty one when it had none.
+func (rs *replaySet) getOrAdd(id accountID) *replay {
+	if r := rs.get(id); r != nil {
+		return r
+	}
+	i, r := rs.all.add()
+	rs.index[id] = i
+	return r
+}
+
 // add sums delta into r; beyond says the entry is after the cut.
-func (r *replay) add(d *Balances, beyond bool) {
+func (rs *replaySet) add(r *replay, d *Balances, beyond bool) {
 	for i := 1; i < len(d); i++ {
-		if d[i] != (Balance{}) && r.more == nil {
-			r.more = &replayMore{}
+		if d[i] != (Balance{}) && r.more == 0 {
+			r.more = rs.newMore()
 		}
 	}
 	r.dim0.add(&d[0])
-	if r.more != nil {
+	if r.more != 0 {
+		m := rs.more.at(r.more - 1)
 		for i := 1; i < len(d); i++ {
-			r.more.rest[i-1].add(&d[i])
+			m.rest[i-1].add(&d[i])
 		}
 	}
 	if beyond {
-		if r.more == nil {
-			r.more = &replayMore{}
+		if r.more == 0 {
+			r.more = rs.newMore()
 		}
-		r.more.beyond.Add(d)
+		rs.more.at(r.more - 1).beyond.Add(d)
 	}
+}
+
+func (rs *replaySet) newMore() int32 {
+	i, _ := rs.more.add()
+	return i + 1
 }
 
 // addTo adds to b what r sums, and with cut leaves out what is beyond the
 // cut.
-func (r *replay) addTo(b *Balances, cut bool) {
+func (rs *replaySet) addTo(r *replay, b *Balances, cut bool) {
 	b[0].add(&r.dim0)
-	if r.more == nil {
+	if r.more == 0 {
 		return
 	}
-	for i := range r.more.rest {
-		b[i+1].add(&r.more.rest[i])
+	m := rs.more.at(r.more - 1)
+	for i := range m.rest {
+		b[i+1].add(&m.rest[i])
 	}
 	if cut {
-		for i := range r.more.beyond {
-			x := &r.more.beyond[i]
+		for i := range m.beyond {
+			x := &m.beyond[i]
 			neg := Balance{Opening: -x.Opening, Minted: -x.Minted, OverdraftIssued: -x.OverdraftIssued,
 				Available: -x.Available, Reserved: -x.Reserved, Spent: -x.Spent,
 				RetiredForEmergency: -x.RetiredForEmergency, RetiredForMove: -x.RetiredForMove,
@@ -76,6 +121,37 @@ func (r *replay) addTo(b *Balances, cut bool) {
 		}
 	}
 }
+
+// slabChunk is how many values one chunk of a slab holds.
+const slabChunk = 1 << 12
+
+// slab holds values in chunks of slabChunk, so that a million of them
+// are a few hundred objects and a growing slice never copies them all.
+// The first chunk starts small and grows like a slice (most audits are
+// small), so a pointer from add or at is valid until the next add.
+type slab[T any] struct {
+	chunks [][]T
+	n      int32
+}
+
+// add returns a new zero value and its index.
+func (s *slab[T]) add() (int32, *T) {
+	i := s.n
+	switch {
+	case len(s.chunks) == 0:
+		s.chunks = append(s.chunks, make([]T, 0, 16))
+	case len(s.chunks[len(s.chunks)-1]) == slabChunk:
+		s.chunks = append(s.chunks, make([]T, 0, slabChunk))
+	}
+	last := &s.chunks[len(s.chunks)-1]
+	var zero T
+	*last = append(*last, zero)
+	s.n++
+	return i, &(*last)[len(*last)-1]
+}
+
+// at returns the value at index i.
+func (s *slab[T]) at(i int32) *T { return &s.chunks[i/slabChunk][i%slabChunk] }
 
 // accountID names an account in an audit's replays: the first 128 bits of
 // the SHA-256 of its key's canonical encoding, 16 bytes instead of a key's
@@ -264,7 +340,7 @@ type auditPass struct {
 	policies   map[uint64]*Policy
 	per        func(AccountKey) *sums
 	statements map[AccountKey][]Statement
-	replays    map[accountID]*replay // nil without a complete journal
+	replays    *replaySet // nil without a complete journal
 	builder    *checkpointBuilder
 	ids        *accountIDs
 	// touched counts the replays with entries within the cut; rereadKeys
@@ -311,7 +387,7 @@ func (s *Snapshot) auditAccounts(pass auditPass) *auditPass {
 	accountsErr, checkpointErr := s.merge(nil, func(k AccountKey, a *Account, p *CheckpointAccount) {
 		var r *replay
 		if ps.replays != nil {
-			r = ps.replays[ps.ids.of(k)]
+			r = ps.replays.get(ps.ids.of(k))
 			if r != nil && r.entries > 0 {
 				met++
 			}
@@ -323,7 +399,7 @@ func (s *Snapshot) auditAccounts(pass auditPass) *auditPass {
 			ps.cutAccounts++
 			if ps.staged && ps.stageErr == nil {
 				var ok bool
-				if ps.next, ok = ps.builder.nextAccount(k, p, r); ok {
+				if ps.next, ok = ps.builder.nextAccount(k, p, ps.replays, r); ok {
 					ps.stageErr = ps.o.Stage.Put(&ps.next)
 				}
 			}
@@ -376,7 +452,7 @@ func (s *Snapshot) auditAccounts(pass auditPass) *auditPass {
 				got = p.Balances
 			}
 			if r != nil {
-				r.addTo(&got, false)
+				ps.replays.addTo(r, &got, false)
 			}
 			if got != a.Balances {
 				add(&ps.replayOut, CheckJournal, a.Key, "journal replays to %+v, account holds %+v", got[:a.Dims], a.Balances[:a.Dims])
@@ -405,8 +481,8 @@ func (s *Snapshot) auditAccounts(pass auditPass) *auditPass {
 		seen := map[accountID]bool{}
 		_, _ = s.mergeKeys(nil, func(k AccountKey, _ *AccountKey, _ *CheckpointAccount) { seen[ps.ids.of(k)] = true })
 		missing := map[accountID]bool{}
-		for id, r := range ps.replays {
-			if r.entries > 0 && !seen[id] {
+		for id, i := range ps.replays.index {
+			if ps.replays.all.at(i).entries > 0 && !seen[id] {
 				missing[id] = true
 			}
 		}
@@ -464,7 +540,7 @@ func (ps *auditPass) emitStaged(b *checkpointBuilder, extra []CheckpointAccount,
 // folded as they go. It returns the checkpoint, or nil and what went
 // wrong when a read failed, the accounts changed between the two reads,
 // or Emit failed (then the caller has Emit's error).
-func (s *Snapshot) cutCheckpoint(b *checkpointBuilder, replays map[accountID]*replay, pass *auditPass, o AuditOptions) (*Checkpoint, []Discrepancy) {
+func (s *Snapshot) cutCheckpoint(b *checkpointBuilder, replays *replaySet, pass *auditPass, o AuditOptions) (*Checkpoint, []Discrepancy) {
 	c := b.header(o.CutAt)
 	d := newAccountsDigester(pass.cutAccounts)
 	if o.Emit == nil {
@@ -476,7 +552,7 @@ func (s *Snapshot) cutCheckpoint(b *checkpointBuilder, replays map[accountID]*re
 		if emitErr != nil {
 			return
 		}
-		a, ok := b.nextAccount(k, p, replays[pass.ids.of(k)])
+		a, ok := b.nextAccount(k, p, replays, replays.get(pass.ids.of(k)))
 		if !ok {
 			return
 		}

@@ -334,33 +334,29 @@ func AuditWith(s *Snapshot, o AuditOptions) ([]Discrepancy, *Checkpoint) {
 	}
 	ids := newAccountIDs()
 	var (
-		replays   map[accountID]*replay
+		replays   *replaySet
 		touched   int64
 		twice     []string
 		refunds   map[idKey]int32
-		receipts  map[string]map[AccountKey]bool
+		receipts  moveEnds
 		journalRd error
 	)
 	if s.JournalComplete {
-		replays = map[accountID]*replay{}
+		replays = newReplaySet()
 		// Endings are counted by the first 128 bits of the SHA-256 of the
 		// reservation id, a fixed size smaller than most ids over a long
 		// journal, deterministic, and not open to ids crafted to collide
 		// (two ids of one key would be reported as one ended twice).
 		refunds = map[idKey]int32{}
-		receipts = map[string]map[AccountKey]bool{}
+		receipts = newMoveEnds(s.Moves)
 		journalRd = s.forEachJournal(func(pos int64, e *JournalEntry) {
 			tick()
 			if last != nil && pos <= last.Through {
 				return // summarised by the checkpoint (a store that has not compacted yet)
 			}
 			id := ids.of(e.Account)
-			r := replays[id]
-			if r == nil {
-				r = &replay{}
-				replays[id] = r
-			}
-			r.add(&e.Delta, builder != nil && pos > builder.through)
+			r := replays.getOrAdd(id)
+			replays.add(r, &e.Delta, builder != nil && pos > builder.through)
 			if builder != nil {
 				if r.entries == 0 && pos <= builder.through {
 					touched++
@@ -373,12 +369,7 @@ func AuditWith(s *Snapshot, o AuditOptions) ([]Discrepancy, *Checkpoint) {
 					twice = append(twice, e.ReservationID)
 				}
 			}
-			if e.ReceiptID != "" {
-				if receipts[e.ReceiptID] == nil {
-					receipts[e.ReceiptID] = map[AccountKey]bool{}
-				}
-				receipts[e.ReceiptID][e.Account] = true
-			}
+			receipts.note(e)
 		})
 	}
 
@@ -410,7 +401,7 @@ func AuditWith(s *Snapshot, o AuditOptions) ([]Discrepancy, *Checkpoint) {
 		var summarised int64
 		for i := range s.Moves {
 			m := &s.Moves[i]
-			ends := receipts[m.ReceiptID]
+			ends := receipts.ends[m.ReceiptID]
 			if ends == nil && last != nil {
 				summarised++
 				continue
@@ -455,11 +446,11 @@ func AuditWith(s *Snapshot, o AuditOptions) ([]Discrepancy, *Checkpoint) {
 		// store's read go before writing.
 		extra := make([]CheckpointAccount, 0, len(pass.extra))
 		for _, k := range pass.extra {
-			if a, ok := builder.nextAccount(k, nil, replays[ids.of(k)]); ok {
+			if a, ok := builder.nextAccount(k, nil, replays, replays.get(ids.of(k))); ok {
 				extra = append(extra, a)
 			}
 		}
-		replays, pass.replays, refunds, receipts = nil, nil, nil, nil
+		replays, pass.replays, refunds, receipts = nil, nil, nil, moveEnds{}
 		if s.Release != nil {
 			s.Release()
 		}
@@ -468,6 +459,52 @@ func AuditWith(s *Snapshot, o AuditOptions) ([]Discrepancy, *Checkpoint) {
 	}
 	cp, found := s.cutCheckpoint(builder, replays, pass, o)
 	return append(out, found...), cp
+}
+
+// moveEnds are the accounts whose journal since the last checkpoint
+// names each stored move's receipt, for the audit's check that a move is
+// journaled at both ends. Only the receipts of the snapshot's moves are
+// kept: other entries name a receipt too (every account's opening names
+// "open", a shard issue its shard), and keeping those cost about 110
+// bytes per account opened since the last checkpoint, its subject
+// included, for the whole audit (docs/PERFORMANCE.md, a million
+// tenants).
+type moveEnds struct {
+	ends map[string]map[AccountKey]bool // receipt id -> accounts; a key per move
+}
+
+func newMoveEnds(moves []Move) moveEnds {
+	m := moveEnds{ends: make(map[string]map[AccountKey]bool, len(moves))}
+	for i := range moves {
+		m.ends[moves[i].ReceiptID] = nil
+	}
+	return m
+}
+
+// note records e's account as an end of the move e's receipt names, if
+// it names one.
+func (m moveEnds) note(e *JournalEntry) {
+	if e.ReceiptID == "" {
+		return
+	}
+	accounts, isMove := m.ends[e.ReceiptID]
+	if !isMove {
+		return
+	}
+	if accounts == nil {
+		accounts = map[AccountKey]bool{}
+		m.ends[e.ReceiptID] = accounts
+	}
+	accounts[e.Account] = true
+}
+
+// held counts the accounts recorded (tests).
+func (m moveEnds) held() int {
+	n := 0
+	for _, accounts := range m.ends {
+		n += len(accounts)
+	}
+	return n
 }
 
 // sums are what an audit adds up per account from the reservations, what

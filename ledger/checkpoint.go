@@ -259,12 +259,12 @@ func (b *checkpointBuilder) header(cutAt time.Time) *Checkpoint {
 
 // nextAccount returns account k's part of the next checkpoint from its
 // part of the previous one (p, nil when it had none) and its replay since
-// (r, nil when it has no entry since), and whether it has one: an account
+// (r of rs, nil when it has no entry since), and whether it has one: an account
 // untouched since keeps its vector and entry count, and its journal
 // digest is that of the previous one's followed by nothing; a touched one
 // adds its entries up to the cut, and its digest follows the previous
 // one's with the chain of those entries.
-func (b *checkpointBuilder) nextAccount(k AccountKey, p *CheckpointAccount, r *replay) (CheckpointAccount, bool) {
+func (b *checkpointBuilder) nextAccount(k AccountKey, p *CheckpointAccount, rs *replaySet, r *replay) (CheckpointAccount, bool) {
 	touched := r != nil && r.entries > 0
 	if p == nil && !touched {
 		return CheckpointAccount{}, false
@@ -276,7 +276,7 @@ func (b *checkpointBuilder) nextAccount(k AccountKey, p *CheckpointAccount, r *r
 	}
 	b.buf = appendVarString(b.buf[:0], prevJournal)
 	if touched {
-		r.addTo(&out.Balances, true)
+		rs.addTo(r, &out.Balances, true)
 		out.Entries += r.entries
 		b.buf = append(b.buf, r.chain[:]...)
 	}

@@ -3,6 +3,7 @@ package ledger
 import (
 	"crypto/sha256"
 	"fmt"
+	"reflect"
 	"slices"
 	"testing"
 	"time"
@@ -171,4 +172,103 @@ func TestCheckpointKeepsEntriesOfAMissingAccount(t *testing.T) {
 	if e == nil || e.Digest != c.Digest || fmt.Sprint(emitted) != fmt.Sprint(c.Accounts) {
 		t.Fatalf("streamed: %+v, emitted %v", e, emitted)
 	}
+}
+
+// The audit keeps the accounts of the snapshot's moves' receipts only:
+// every account's opening entry names the receipt "open" and a shard
+// issue its shard, and keeping those held a map entry and a subject per
+// account opened since the last checkpoint for the whole audit.
+func TestMoveEndsKeepOnlyMoves(t *testing.T) {
+	m := newMoveEnds([]Move{{ReceiptID: "move-1"}, {ReceiptID: "move-2"}})
+	for i := range 1000 {
+		m.note(&JournalEntry{Kind: KindReserve, Account: AccountKey{Subject: fmt.Sprintf("t%d", i), Route: "r", Generation: 1}, ReceiptID: "open"})
+	}
+	m.note(&JournalEntry{Kind: KindShardIssue, Account: AccountKey{Subject: "t1", Route: "r", Generation: 1}, ReceiptID: "shard-1"})
+	m.note(&JournalEntry{Kind: KindReserve, Account: AccountKey{Subject: "t2", Route: "r", Generation: 1}})
+	from, to := AccountKey{Subject: "t1", Route: "r", Generation: 1}, AccountKey{Subject: "t1", Route: "r", Generation: 2}
+	m.note(&JournalEntry{Kind: KindDrain, Account: from, ReceiptID: "move-1"})
+	m.note(&JournalEntry{Kind: KindDrain, Account: to, ReceiptID: "move-1"})
+	if got := m.held(); got != 2 {
+		t.Fatalf("%d accounts held; want the 2 ends of move-1", got)
+	}
+	if ends := m.ends["move-1"]; !ends[from] || !ends[to] {
+		t.Fatalf("move-1's ends: %v", ends)
+	}
+	if ends := m.ends["move-2"]; ends != nil {
+		t.Fatalf("move-2, never journaled, has ends %v", ends)
+	}
+}
+
+// An audit's replays give the garbage collector nothing to follow: no
+// pointer in a replay, none in the index, and the replays in a few
+// chunks, not one object each (a million of them during a cut over a
+// million accounts).
+func TestReplaysHoldNoPointers(t *testing.T) {
+	for _, typ := range []reflect.Type{reflect.TypeFor[replay](), reflect.TypeFor[replayMore](), reflect.TypeFor[accountID]()} {
+		if hasPointers(typ) {
+			t.Errorf("%s holds pointers", typ)
+		}
+	}
+	if typ := reflect.TypeFor[replaySet]().Field(0).Type; typ.Kind() != reflect.Map || hasPointers(typ.Key()) || hasPointers(typ.Elem()) {
+		t.Errorf("the index is a %s", typ)
+	}
+	rs := newReplaySet()
+	ids := newAccountIDs()
+	const n = 3*slabChunk + 5
+	for i := range n {
+		k := AccountKey{Subject: fmt.Sprintf("t%d", i), Route: "r", Generation: 1}
+		var d Balances
+		d[0].Minted, d[0].Available = int64(i), int64(i)
+		if i%3 == 0 {
+			d[1].Minted, d[1].Available = 1, 1 // a second dimension
+		}
+		r := rs.getOrAdd(ids.of(k))
+		rs.add(r, &d, i%5 == 0)
+		r.entries++
+	}
+	if len(rs.all.chunks) != 4 {
+		t.Fatalf("%d replays in %d chunks", n, len(rs.all.chunks))
+	}
+	for i := range n {
+		k := AccountKey{Subject: fmt.Sprintf("t%d", i), Route: "r", Generation: 1}
+		r := rs.get(ids.of(k))
+		var got Balances
+		rs.addTo(r, &got, false)
+		want := Balances{{Minted: int64(i), Available: int64(i)}}
+		if i%3 == 0 {
+			want[1] = Balance{Minted: 1, Available: 1}
+		}
+		if r.entries != 1 || got != want {
+			t.Fatalf("account %d: %d entries, %+v; want 1, %+v", i, r.entries, got[:2], want[:2])
+		}
+		var cut Balances
+		rs.addTo(r, &cut, true)
+		if i%5 == 0 && cut != (Balances{}) || i%5 != 0 && cut != want {
+			t.Fatalf("account %d cut: %+v", i, cut[:2])
+		}
+	}
+	if rs.get(ids.of(AccountKey{Subject: "none"})) != nil {
+		t.Fatal("a replay of an account never added")
+	}
+}
+
+// hasPointers reports whether a value of typ holds a pointer the garbage
+// collector follows.
+func hasPointers(typ reflect.Type) bool {
+	switch typ.Kind() {
+	case reflect.Array:
+		return typ.Len() > 0 && hasPointers(typ.Elem())
+	case reflect.Struct:
+		for i := range typ.NumField() {
+			if hasPointers(typ.Field(i).Type) {
+				return true
+			}
+		}
+		return false
+	case reflect.Bool, reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uintptr,
+		reflect.Float32, reflect.Float64, reflect.Complex64, reflect.Complex128:
+		return false
+	}
+	return true
 }

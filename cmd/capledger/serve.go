@@ -98,8 +98,8 @@ Flags:
                       (accounts, ...) kept in memory, least recently used
                       evicted first; about 1 KiB per account (default
                       131072, about 130 MiB). Unless GOMEMLIMIT is set,
-                      serve sets a soft memory limit of 256 MiB + 2 KiB
-                      per cached row (512 MiB at the default)
+                      serve sets a soft memory limit of 192 MiB + 2 KiB
+                      per cached row (448 MiB at the default)
   --pipelined-sync    SQLite: commit a batch without its fsync and answer
                       its callers after a separate fsync of the WAL, while
                       the next batch is applied (off by default; see
@@ -134,6 +134,11 @@ Flags:
                       while gateways are being served (audits a quarter of
                       it); they pause between steps for the rest (default
                       0.2; at 1 only audits pause)
+  --pprof-addr HOST:PORT
+                      serve Go's profiles (net/http/pprof: /debug/pprof/heap,
+                      /debug/pprof/profile, ...) on a second, loopback-only
+                      listener (off by default; docs/OPERATIONS.md,
+                      "Profiling serve")
   --log-level LEVEL   debug, info, warn or error (default info)
   --log-format FMT    text or json (default text)
 
@@ -179,6 +184,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	resolverPath := fs.String("resolver-config", "", "")
 	envoyConfigPath := fs.String("envoy-config", "", "")
 	grpcTransport := fs.String("grpc-transport", "grpc-go", "")
+	pprofAddr := fs.String("pprof-addr", "", "")
 	if err := parseNoArgs(fs, args); err != nil {
 		return err
 	}
@@ -275,6 +281,13 @@ func runServe(ctx context.Context, e *env, args []string) error {
 		return usagef("listen: %v", err)
 	}
 	defer ln.Close()
+	if *pprofAddr != "" {
+		stopProfiles, err := serveProfiles(*pprofAddr, log)
+		if err != nil {
+			return err
+		}
+		defer stopProfiles()
+	}
 
 	// One serve owns a SQLite store: a second on the same file would
 	// lead the workers beside the first.
@@ -488,12 +501,18 @@ func storeName(spec, dataDir string) string {
 const serveCutGCPercent = 100
 
 // serveMemoryLimit is serve's soft memory limit for a row cache of
-// cacheRows rows: 256 MiB plus 2 KiB a row (512 MiB at the default).
+// cacheRows rows: 192 MiB plus 2 KiB a row (448 MiB at the default).
 // With a GC target of 400 the heap would otherwise grow to five times its
 // live data (1.15 GB RSS with a million accounts); near the limit the GC
-// runs more often instead, and the live data (about 1 KiB per cached
+// runs more often instead, and the live data (about 1.3 KiB per cached
 // account) stays well below it. It is soft: past it the GC works
-// harder, it does not fail allocations.
+// harder, it does not fail allocations. The limit counts the Go runtime's
+// memory only: serve's RSS is about 70 MiB more (SQLite's page caches
+// and the binary), and the heap sits at the limit whenever its
+// live data and garbage would pass it (the expiry of a million holds
+// beside a cut), so the limit is what keeps a million accounts within
+// 600 MB (docs/PERFORMANCE.md, "RSS and the checkpoint cut"; with 256 MiB
+// plus 2 KiB a row, VmHWM reached 605 MB there).
 func serveMemoryLimit(cacheRows int) int64 {
-	return 256<<20 + int64(cacheRows)*2<<10
+	return 192<<20 + int64(cacheRows)*2<<10
 }
