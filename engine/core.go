@@ -142,24 +142,6 @@ func (c *Core) Probe(ctx context.Context, now time.Time) error {
 	return nil
 }
 
-// warm hands the subjects cmds reserve from to the store's warmer
-// (store.AccountsWarmer), if it has one.
-func (e *Engine) warm(cmds []ledger.Command) {
-	w, ok := e.core.store.(store.AccountsWarmer)
-	if !ok {
-		return
-	}
-	if len(cmds) == 1 {
-		if c := &cmds[0]; c.Kind == ledger.KindReserve {
-			w.WarmAccounts([]ledger.PolicyKey{{Subject: c.Subject, Route: c.Route, Region: c.Region}})
-		}
-		return
-	}
-	if subjects := reserveSubjects(cmds); len(subjects) > 0 {
-		w.WarmAccounts(subjects)
-	}
-}
-
 // reserveSubjects returns the distinct subjects the reserves of cmds
 // name: the accounts a batch of reserves reads.
 func reserveSubjects(cmds []ledger.Command) []ledger.PolicyKey {

@@ -277,9 +277,6 @@ func (e *Engine) DoBatch(ctx context.Context, cmds []ledger.Command) ([]ledger.R
 		e.settle(batch, out)
 		return req.results, req.err
 	}
-	// The batch waits for the committer: meanwhile the store may read the
-	// accounts it reserves from off the committer.
-	e.warm(cmds)
 	select {
 	case e.queue <- req:
 		select {

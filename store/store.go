@@ -139,16 +139,6 @@ type AccountsPrefetcher interface {
 	AccountsPrefetch(ctx context.Context, subjects []ledger.PolicyKey) error
 }
 
-// AccountsWarmer is an optional Store capability: WarmAccounts is handed
-// the subjects whose accounts a batch that waits for the committer will
-// reserve from, and reads those its row cache misses on a read
-// connection, off the committer, so the batch's transaction finds them
-// cached instead of reading them itself. It never blocks and may drop
-// subjects; it never changes what a transaction reads.
-type AccountsWarmer interface {
-	WarmAccounts(subjects []ledger.PolicyKey)
-}
-
 // Current is one subject's pointer to the generation holding its capacity.
 type Current struct {
 	Subject    ledger.PolicyKey

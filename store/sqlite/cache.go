@@ -1,7 +1,6 @@
 package sqlite
 
 import (
-	"hash/maphash"
 	"slices"
 	"sync"
 
@@ -147,26 +146,6 @@ type rowCache struct {
 	// headsTooMany is set when the policy heads were too many to load
 	// whole (completeHeads), until the cache starts over.
 	headsTooMany bool
-
-	// What the warmer (warm.go) checks before it caches a row it read on
-	// a read connection: seq counts the commits recorded and the resets;
-	// touched[h] is the seq of the last commit that wrote an account or a
-	// current of a subject hashing to h (subjectSlot), resetAt that of the
-	// last reset. A row read after seq was s may be cached only while its
-	// slot and resetAt are at most s: no commit recorded since can have
-	// changed it.
-	seq, resetAt uint64
-	touched      [touchedSlots]uint64
-	seed         maphash.Seed
-}
-
-// touchedSlots is the size of rowCache.touched: subjects that share a
-// slot only make the warmer skip a row it could have cached.
-const touchedSlots = 4096
-
-// subjectSlot returns k's slot in touched.
-func (c *rowCache) subjectSlot(k ledger.PolicyKey) int {
-	return int(maphash.Comparable(c.seed, k) % touchedSlots)
 }
 
 func newRowCache(rows int) *rowCache {
@@ -176,7 +155,6 @@ func newRowCache(rows int) *rowCache {
 		heads:    newClockTable[ledger.PolicyKey, ledger.PolicyHead](rows),
 		accounts: newClockTable[ledger.AccountKey, ledger.Account](rows),
 		currents: newClockTable[ledger.PolicyKey, uint64](rows),
-		seed:     maphash.MakeSeed(),
 	}
 }
 
@@ -189,8 +167,6 @@ func (c *rowCache) resetLocked() {
 	c.accounts.reset()
 	c.currents.reset()
 	c.headsTooMany = false
-	c.seq++
-	c.resetAt = c.seq
 }
 
 // sync empties the cache unless version is the data_version it was filled
@@ -220,9 +196,6 @@ type CacheStats struct {
 	Accounts, Limit int
 	// Evictions counts account rows evicted to make room.
 	Evictions uint64
-	// Warmed counts the subjects the warmer cached (warm.go), WarmSkipped
-	// those it read but left because a commit may have changed them.
-	Warmed, WarmSkipped uint64
 }
 
 // CacheStats returns the row cache's account figures.
@@ -230,11 +203,7 @@ func (s *Store) CacheStats() CacheStats {
 	c := s.cache
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	st := CacheStats{Accounts: c.accounts.len(), Limit: c.accounts.limit, Evictions: c.accounts.evictions}
-	if s.warm != nil {
-		st.Warmed, st.WarmSkipped = s.warm.warmed.Load(), s.warm.skipped.Load()
-	}
-	return st
+	return CacheStats{Accounts: c.accounts.len(), Limit: c.accounts.limit, Evictions: c.accounts.evictions}
 }
 
 func copyPolicy(p *ledger.Policy) *ledger.Policy {
@@ -279,19 +248,6 @@ func remember[K comparable, T any](c *rowCache, m *clockTable[K, T], key K, row 
 // tables, as a read would return it. Policies (written once per
 // generation) are only forgotten, to be read again.
 func (c *rowCache) committed(ch *store.Changes) {
-	// Marked before the rows are: a warmer that read before this commit
-	// then skips them (warm.go).
-	if len(ch.Accounts) > 0 || len(ch.Currents) > 0 {
-		c.mu.Lock()
-		c.seq++
-		for i := range ch.Accounts {
-			c.touched[c.subjectSlot(ch.Accounts[i].Key.SubjectKey())] = c.seq
-		}
-		for _, cur := range ch.Currents {
-			c.touched[c.subjectSlot(cur.Subject)] = c.seq
-		}
-		c.mu.Unlock()
-	}
 	for name, v := range ch.Meta {
 		remember(c, c.meta, name, &v, copyRow)
 	}

@@ -16,7 +16,7 @@ var _ store.AccountsPrefetcher = (*Tx)(nil)
 // accountPrefetchSizes are the key counts of the prefetch statements,
 // largest first; a shorter chunk repeats its last key up to the next size
 // (a repeated key returns its row again, which changes nothing).
-var accountPrefetchSizes = []int{128, 32, 8, 1}
+var accountPrefetchSizes = []int{128, 32, 8}
 
 // accountPrefetchSQL reads, for n (subject, route, region) keys bound in
 // order, each subject's current generation and, when it exists, that
@@ -61,20 +61,53 @@ func (tx *Tx) AccountsPrefetch(ctx context.Context, subjects []ledger.PolicyKey)
 	}
 	slices.SortFunc(missing, ledger.PolicyKey.Compare)
 	missing = slices.Compact(missing)
-	return prefetchChunks(missing, func(n int, chunk []ledger.PolicyKey, args []any) error {
+	args := make([]any, 0, 3*accountPrefetchSizes[0])
+	for start := 0; start < len(missing); {
+		n := accountPrefetchSizes[0]
+		for _, size := range accountPrefetchSizes {
+			if size >= len(missing)-start {
+				n = size
+			}
+		}
+		chunk := missing[start:min(start+n, len(missing))]
+		start += len(chunk)
+		args = args[:0]
+		for i := range n {
+			k := chunk[min(i, len(chunk)-1)]
+			args = append(args, k.Subject, k.Route, k.Region)
+		}
 		st, err := tx.w.stmt(stmtCtx(ctx), accountPrefetchSQL(n))
 		if err != nil {
 			return fmt.Errorf("prefetch accounts: %w", tx.err(ctx, err))
 		}
 		found := make(map[ledger.PolicyKey]bool, len(chunk))
 		err = tx.w.query(stmtCtx(ctx), st, args, func(sc scanner) error {
-			r, err := scanPrefetched(sc.(driverRow))
-			if err != nil {
+			var (
+				k          ledger.PolicyKey
+				generation int64
+				hasAccount bool
+			)
+			row := sc.(driverRow)
+			if err := row[:5].Scan(&k.Subject, &k.Route, &k.Region, &generation, &hasAccount); err != nil {
 				return err
 			}
-			found[r.subject] = true
-			remember(c, c.currents, r.subject, &r.key.Generation, copyRow)
-			remember(c, c.accounts, r.key, r.account, copyRow)
+			var conv codec.Conv
+			g := conv.Uint(generation)
+			if err := conv.Err(); err != nil {
+				return err
+			}
+			found[k] = true
+			remember(c, c.currents, k, &g, copyRow)
+			key := ledger.AccountKey{Subject: k.Subject, Route: k.Route, Region: k.Region, Generation: g}
+			if hasAccount {
+				a, err := scanAccount(row[5:])
+				if err != nil {
+					return err
+				}
+				remember(c, c.accounts, key, &a, copyRow)
+			} else {
+				remember(c, c.accounts, key, nil, copyRow)
+			}
 			return nil
 		})
 		if err != nil {
@@ -84,66 +117,6 @@ func (tx *Tx) AccountsPrefetch(ctx context.Context, subjects []ledger.PolicyKey)
 			if !found[k] {
 				remember[ledger.PolicyKey, uint64](c, c.currents, k, nil, copyRow)
 			}
-		}
-		return nil
-	})
-}
-
-// prefetched is one row of accountPrefetchSQL: a subject's current
-// generation and that generation's account (nil when it has none).
-type prefetched struct {
-	subject ledger.PolicyKey
-	key     ledger.AccountKey
-	account *ledger.Account
-}
-
-func scanPrefetched(row driverRow) (prefetched, error) {
-	var (
-		r          prefetched
-		generation int64
-		hasAccount bool
-	)
-	if err := row[:5].Scan(&r.subject.Subject, &r.subject.Route, &r.subject.Region, &generation, &hasAccount); err != nil {
-		return r, err
-	}
-	var conv codec.Conv
-	g := conv.Uint(generation)
-	if err := conv.Err(); err != nil {
-		return r, err
-	}
-	r.key = ledger.AccountKey{Subject: r.subject.Subject, Route: r.subject.Route, Region: r.subject.Region, Generation: g}
-	if hasAccount {
-		a, err := scanAccount(row[5:])
-		if err != nil {
-			return r, err
-		}
-		r.account = &a
-	}
-	return r, nil
-}
-
-// prefetchChunks calls f with the chunks of keys (sorted, without
-// repeats) a prefetch statement reads at a time, each with the statement
-// size it runs under and its arguments (a shorter chunk repeats its last
-// key up to the size; a repeated key returns its row again).
-func prefetchChunks(keys []ledger.PolicyKey, f func(n int, chunk []ledger.PolicyKey, args []any) error) error {
-	args := make([]any, 0, 3*accountPrefetchSizes[0])
-	for start := 0; start < len(keys); {
-		n := accountPrefetchSizes[0]
-		for _, size := range accountPrefetchSizes {
-			if size >= len(keys)-start {
-				n = size
-			}
-		}
-		chunk := keys[start:min(start+n, len(keys))]
-		start += len(chunk)
-		args = args[:0]
-		for i := range n {
-			k := chunk[min(i, len(chunk)-1)]
-			args = append(args, k.Subject, k.Route, k.Region)
-		}
-		if err := f(n, chunk, args); err != nil {
-			return err
 		}
 	}
 	return nil

@@ -111,8 +111,6 @@ type Store struct {
 	// checkpointWriting is held by the one checkpoint writer
 	// (compaction.go).
 	checkpointWriting atomic.Bool
-	// warm reads accounts into the row cache off the committer (warm.go).
-	warm *warmer
 }
 
 // Open opens (creating if needed) the database file at path, applies the
@@ -212,7 +210,6 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 		s.Close()
 		return nil, fmt.Errorf("open sqlite %s: %w", path, translate(ctx, err))
 	}
-	s.startWarmer()
 	return s, nil
 }
 
@@ -305,7 +302,6 @@ func (s *Store) Close() error {
 		errs = append(errs, s.checkpointer.close())
 	}
 	s.sync.close()
-	s.stopWarmer()
 	if s.readDB != nil {
 		s.r.close()
 		errs = append(errs, s.readDB.Close())
