@@ -21,12 +21,15 @@
 #
 # Environment: SUBJECTS (1000000), ROUNDS (2), PAIRS (2), DURATION (10s),
 # WARMUP (10s), CONCURRENCY (64), PORT (27493), SERVE_FLAGS (added to
-# every server), WORK (a directory for the copies; default mktemp -d).
+# every server), WORK (a directory for the copies; default mktemp -d),
+# MODE (reserve; batch: one ReserveBatch of BATCH reservations per op, and
+# "cpu" is then per reservation), BATCH (100), HOT (the subjects of the
+# other window: 1; the batch goal compares with 10).
 set -euo pipefail
 [[ -n ${SEED:-} ]] || { echo "subjects.sh: SEED is required" >&2; exit 2; }
 SUBJECTS=${SUBJECTS:-1000000} ROUNDS=${ROUNDS:-2} PAIRS=${PAIRS:-2}
 DURATION=${DURATION:-10s} WARMUP=${WARMUP:-10s} CONCURRENCY=${CONCURRENCY:-64}
-PORT=${PORT:-27493}
+PORT=${PORT:-27493} MODE=${MODE:-reserve} BATCH=${BATCH:-100} HOT=${HOT:-1}
 WORK=${WORK:-$(mktemp -d)}
 TICK=$(getconf CLK_TCK)
 SERVER=
@@ -37,14 +40,15 @@ window() { # binary subjects -> "ops/s p99_ms cpu_us_per_reserve"
 	local t0 t1
 	t0=$(ticks "$SERVER")
 	"$1" bench --addr "http://127.0.0.1:$PORT" --setup=false --prefill=false --subjects "$2" \
+		--mode "$MODE" --batch-size "$BATCH" \
 		--concurrency "$CONCURRENCY" --duration "$DURATION" --warmup 0s --progress=false >"$WORK/out" 2>&1 || true
 	t1=$(ticks "$SERVER")
-	awk -v d=$((t1 - t0)) -v tick="$TICK" '
-		$1 == "ops" { ops = $2 } $1 == "ops/s" { rate = $2 }
+	awk -v d=$((t1 - t0)) -v tick="$TICK" -v per=$([[ $MODE == batch ]] && echo "$BATCH" || echo 1) '
+		$1 == "ops" { ops = $2 * per } $1 == "ops/s" { rate = $2 }
 		$1 == "p99" { p99 = $2; if ($3 == "s") p99 *= 1000; else if ($3 == "µs") p99 /= 1000 }
 		END { printf "%.0f %.1f %.0f\n", rate, p99, (ops > 0 ? d / tick * 1e6 / ops : 0) }' "$WORK/out"
 }
-echo "# SEED=$SEED SUBJECTS=$SUBJECTS DURATION=$DURATION CONCURRENCY=$CONCURRENCY; $(uptime)"
+echo "# SEED=$SEED SUBJECTS=$SUBJECTS HOT=$HOT MODE=$MODE BATCH=$BATCH DURATION=$DURATION CONCURRENCY=$CONCURRENCY; $(uptime)"
 for r in $(seq "$ROUNDS"); do
 	for bin in "$@"; do
 		rm -rf "$WORK/data"
@@ -55,12 +59,12 @@ for r in $(seq "$ROUNDS"); do
 		SERVER=$!
 		for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break; sleep 0.1; done
 		"$bin" bench --addr "http://127.0.0.1:$PORT" --setup=false --prefill=false --subjects "$SUBJECTS" \
-			--concurrency "$CONCURRENCY" --duration "$WARMUP" --warmup 0s --progress=false >/dev/null 2>&1 || true
+			--mode "$MODE" --batch-size "$BATCH" --concurrency "$CONCURRENCY" --duration "$WARMUP" --warmup 0s --progress=false >/dev/null 2>&1 || true
 		for p in $(seq "$PAIRS"); do
 			if ((p % 2)); then
-				many=$(window "$bin" "$SUBJECTS"); hot=$(window "$bin" 1)
+				many=$(window "$bin" "$SUBJECTS"); hot=$(window "$bin" "$HOT")
 			else
-				hot=$(window "$bin" 1); many=$(window "$bin" "$SUBJECTS")
+				hot=$(window "$bin" "$HOT"); many=$(window "$bin" "$SUBJECTS")
 			fi
 			read -r mr mp mc <<<"$many"
 			read -r hr hp hc <<<"$hot"
