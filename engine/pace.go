@@ -53,6 +53,10 @@ func (e *Engine) newAuditPacer(idle float64) *pacer {
 	return p
 }
 
+// newSpillPacer is the pacer of a store's copy inside an audit's read
+// (SQLite's spill, AuditWith): an audit's, at full speed when idle.
+func (e *Engine) newSpillPacer() *pacer { return e.newAuditPacer(1) }
+
 // admitted counts the commands this engine committed that none of its
 // maintenance workers submitted.
 func (e *Engine) admitted() uint64 {

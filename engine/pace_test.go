@@ -65,6 +65,18 @@ func TestPacerYieldsToAdmission(t *testing.T) {
 	if got := audit.pause(step, 0); got != 0 {
 		t.Fatalf("idle share 1 when idle: pause %s, want none", got)
 	}
+	// So does a store's copy inside an audit's read (SQLite's spill): it
+	// is most of a full audit's CPU.
+	spill := e.newSpillPacer()
+	if _, err := e.Do(ctx, reserveCmd("gw-3", 10)); err != nil {
+		t.Fatal(err)
+	}
+	if got := spill.pause(step, 0); got != 15*step {
+		t.Fatalf("spill copy after an admission: pause %s, want %s (a sixteenth of the time)", got, 15*step)
+	}
+	if got := spill.pause(step, 0); got != 0 {
+		t.Fatalf("spill copy when idle: pause %s, want none", got)
+	}
 }
 
 // reclaimingStore is a memstore that gives space back like SQLite's
