@@ -253,7 +253,8 @@ func (o *checkpointOutput) close() {
 
 // CompactJournal deletes the journal the last checkpoint summarises, in
 // transactions of the configured batch (defaultCompactionBatch rows
-// without Compaction), paced (pace.go), until none is left, ctx ends or
+// without Compaction), paced (pace.go, newDeferrablePacer), until none
+// is left, ctx ends or
 // this engine, running its workers, stops leading. It returns the rows
 // deleted.
 func (e *Engine) CompactJournal(ctx context.Context) (int, error) {
@@ -262,7 +263,7 @@ func (e *Engine) CompactJournal(ctx context.Context) (int, error) {
 		batch = e.opts.Compaction.Batch
 	}
 	total := 0
-	pace := e.newPacer(0.5)
+	pace := e.newDeferrablePacer(0.5)
 	for ctx.Err() == nil && (e.opts.DisableWorkers || e.IsLeader()) {
 		started := time.Now()
 		n, err := e.core.store.JournalCompact(ctx, batch)

@@ -35,7 +35,17 @@ type pacer struct {
 // MaintenanceShare of the time while admission is busy and idle of it
 // otherwise.
 func (e *Engine) newPacer(idle float64) *pacer {
-	return &pacer{e: e, busy: e.opts.MaintenanceShare, idle: idle, seen: e.admitted()}
+	return e.makePacer(e.opts.MaintenanceShare, idle)
+}
+
+// makePacer returns a pacer with these shares (and shows it to
+// pacerMade, in tests).
+func (e *Engine) makePacer(busy, idle float64) *pacer {
+	p := &pacer{e: e, busy: busy, idle: idle, seen: e.admitted()}
+	if e.pacerMade != nil {
+		e.pacerMade(p)
+	}
+	return p
 }
 
 // auditShareDivisor: an audit's steps take a quarter of MaintenanceShare
@@ -48,10 +58,17 @@ const auditShareDivisor = 4
 
 // newAuditPacer is newPacer for an audit.
 func (e *Engine) newAuditPacer(idle float64) *pacer {
-	p := e.newPacer(idle)
-	p.busy /= auditShareDivisor
-	return p
+	return e.makePacer(e.opts.MaintenanceShare/auditShareDivisor, idle)
 }
+
+// newDeferrablePacer is the pacer of maintenance that nothing in steady
+// state waits for: giving freed space back (SQLite reuses free pages
+// without it) and deleting journal rows a checkpoint already summarises
+// (a 256-row transaction deletes the journal of 256 batches, far more than
+// commits write in the time a quarter of the share leaves it). Like an
+// audit it takes a quarter of MaintenanceShare while gateways are
+// admitted, and idle of the time otherwise.
+func (e *Engine) newDeferrablePacer(idle float64) *pacer { return e.newAuditPacer(idle) }
 
 // newSpillPacer is the pacer of a store's copy inside an audit's read
 // (SQLite's spill, AuditWith): an audit's, at full speed when idle.

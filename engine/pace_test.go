@@ -77,6 +77,19 @@ func TestPacerYieldsToAdmission(t *testing.T) {
 	if got := spill.pause(step, 0); got != 0 {
 		t.Fatalf("spill copy when idle: pause %s, want none", got)
 	}
+	// Giving space back and deleting a summarised journal yield like an
+	// audit while gateways are admitted, and take their idle share
+	// otherwise.
+	deferrable := e.newDeferrablePacer(0.5)
+	if _, err := e.Do(ctx, reserveCmd("gw-4", 10)); err != nil {
+		t.Fatal(err)
+	}
+	if got := deferrable.pause(step, 0); got != 15*step {
+		t.Fatalf("reclaim or journal deletion after an admission: pause %s, want %s (a sixteenth of the time)", got, 15*step)
+	}
+	if got := deferrable.pause(step, 0); got != step {
+		t.Fatalf("reclaim or journal deletion when idle: pause %s, want %s", got, step)
+	}
 }
 
 // reclaimingStore is a memstore that gives space back like SQLite's

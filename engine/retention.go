@@ -128,14 +128,14 @@ type Reclaimer interface {
 const reclaimStepPages = 256
 
 // reclaim gives space back through the store's Reclaimer, if any, a
-// paced step at a time, until the store keeps no more than its reserve
-// or ctx ends.
+// paced step at a time (newDeferrablePacer: nothing waits for it), until
+// the store keeps no more than its reserve or ctx ends.
 func (e *Engine) reclaim(ctx context.Context, what string) {
 	r, ok := e.core.store.(Reclaimer)
 	if !ok {
 		return
 	}
-	pace := e.newPacer(0.5)
+	pace := e.newDeferrablePacer(0.5)
 	for ctx.Err() == nil {
 		started := time.Now()
 		more, err := r.ReclaimStep(ctx, reclaimStepPages)

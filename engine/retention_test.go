@@ -156,6 +156,39 @@ func TestRetentionPause(t *testing.T) {
 	}
 }
 
+// Giving space back after a retention pass and deleting the journal a
+// checkpoint summarises pace at a quarter of the maintenance share while
+// gateways are admitted (newDeferrablePacer), not the whole share: no
+// steady state waits for either. The retention pages keep the whole.
+func TestDeferrableMaintenanceYields(t *testing.T) {
+	ctx := context.Background()
+	clk := newClock()
+	st := &reclaimingStore{Store: memstore.New(), free: reclaimStepPages + 10, reserve: 10}
+	e := New(st, Options{Clock: clk.Now, DisableWorkers: true, Retention: time.Hour, RetentionPause: time.Millisecond,
+		MaintenanceShare: 0.2})
+	defer e.Close()
+	var shares []float64
+	e.pacerMade = func(p *pacer) { shares = append(shares, p.busy) }
+	publish(t, e, 1_000_000, time.Minute, 0)
+	if res, err := e.DoBatch(ctx, []ledger.Command{reserveCmd("done", 10), {Kind: ledger.KindRelease, ReservationID: "done"}}); err != nil || res[1].Err != nil {
+		t.Fatalf("%+v %v", res, err)
+	}
+	clk.Advance(2 * time.Hour)
+	if err := e.RunRetention(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if len(st.steps) == 0 || len(shares) != 2 || shares[0] != 0.2 || shares[1] != 0.2/auditShareDivisor {
+		t.Fatalf("retention pass: pacers with busy shares %v (reclaim steps %v), want the pages' 0.2 and the reclaim's %v", shares, st.steps, 0.2/auditShareDivisor)
+	}
+	shares = nil
+	if _, err := e.CompactJournal(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if len(shares) != 1 || shares[0] != 0.2/auditShareDivisor {
+		t.Fatalf("journal compaction: pacers with busy shares %v, want %v", shares, 0.2/auditShareDivisor)
+	}
+}
+
 // A retention page's rows for pacing are those of its more numerous
 // kind: retires and forgets each keep up with what finishes on their own,
 // so a page of 32 of each paces like 32 rows, not 64.
