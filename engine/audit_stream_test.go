@@ -81,9 +81,9 @@ func TestStreamingAuditMatchesSnapshotAudit(t *testing.T) {
 
 // A full audit of a SQLite store reports progress while the store copies
 // its rows into the spill file, before it reads a row: the copy is paced
-// at an audit's share, and without reports a streaming client would wait
-// past its --timeout for the next message. The fraction never goes back,
-// and the copy takes the first auditCopyFraction of it.
+// at an audit's share, and without reports a streaming client saw no rows
+// read for all of it. The fraction never goes back, and the copy takes
+// the first auditCopyFraction of it.
 func TestAuditReportsProgressDuringItsCopy(t *testing.T) {
 	ctx := context.Background()
 	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "audit.db"))

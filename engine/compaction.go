@@ -350,8 +350,7 @@ func (e *Engine) AuditWith(ctx context.Context, o AuditOptions) ([]ledger.Discre
 	// 300,000 reservations took at a quarter of the share beside a
 	// saturating load), so after that it goes at the whole share.
 	// The copy reports its progress as the first half of the audit's:
-	// without it a stream would be silent for the whole copy, longer than
-	// a client waits for the next message (capledger audit --timeout).
+	// without it a stream showed no rows read for the whole copy.
 	spill := e.newSpillPacing(time.Now())
 	spillStart := time.Now()
 	var copyProgress func(copied int64)

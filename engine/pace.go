@@ -66,10 +66,10 @@ func (e *Engine) newAuditPacer(idle float64) *pacer {
 }
 
 // auditMaxPause is the longest pause of an audit's step (or a copy's in
-// its read): a step's time is wall time, which on a loaded machine can be
-// long, and at an audit's share a step of 0.6 s was followed by a pause
-// longer than a client waits for the audit's next progress message
-// (capledger audit --timeout, 10 s by default).
+// its read): a step's time is wall time, which on a loaded machine is
+// mostly waiting for a core, and at an audit's share a step of 0.6 s was
+// followed by more than 10 s of nothing, the audit (and on SQLite the
+// read that holds the WAL) that much longer for no CPU saved.
 const auditMaxPause = time.Second
 
 // newDeferrablePacer is the pacer of maintenance that nothing in steady
