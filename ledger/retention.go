@@ -132,7 +132,8 @@ func fromTombstone(t *Tombstone, kind Kind, digest string) Result {
 // Returns: success (Reservation is the tombstone's receipt, or what it
 // would have been) once removed;
 // Replayed when it was removed already; ErrReservationNotFound when there
-// is neither a row nor a tombstone; ErrReservationNotFinished for a
+// is neither a row nor a tombstone (a second retire of one removed past
+// the horizon, too: the retention worker counts it failed); ErrReservationNotFinished for a
 // reservation that is not terminal (it holds capacity or awaits a
 // receipt, and is never removed); ErrReservationNotDue when it finished
 // after before; ErrInvalidCommand for an empty id or a book that keeps no
