@@ -78,3 +78,53 @@ func TestStreamingAuditMatchesSnapshotAudit(t *testing.T) {
 		t.Fatalf("cancelled audit answered %v", d)
 	}
 }
+
+// A full audit of a SQLite store reports progress while the store copies
+// its rows into the spill file, before it reads a row: the copy is paced
+// at an audit's share, and without reports a streaming client saw no rows
+// read for all of it. The fraction never goes back, and the copy takes
+// the first auditCopyFraction of it.
+func TestAuditReportsProgressDuringItsCopy(t *testing.T) {
+	ctx := context.Background()
+	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "audit.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	clk := newClock()
+	e := New(st, Options{Clock: clk.Now, DisableWorkers: true})
+	defer e.Close()
+	publish(t, e, 1_000_000, time.Minute, 0)
+	const n = 2000
+	for b := range n / 100 {
+		var cmds []ledger.Command
+		for i := range 100 {
+			id := fmt.Sprintf("p%02d-%03d", b, i)
+			cmds = append(cmds, reserveCmd(id, 1), ledger.Command{Kind: ledger.KindRelease, ReservationID: id})
+		}
+		if _, err := e.DoBatch(ctx, cmds); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var reports []AuditProgress
+	found, err := e.AuditWith(ctx, AuditOptions{Progress: func(p AuditProgress) { reports = append(reports, p) }})
+	if err != nil || len(found) > 0 {
+		t.Fatalf("audit: %v %v", found, err)
+	}
+	copying, last := 0, 0.0
+	for i, p := range reports {
+		if p.Fraction < last {
+			t.Fatalf("progress went back from %.3f to %.3f at report %d: %+v", last, p.Fraction, i, reports)
+		}
+		last = p.Fraction
+		if p.Rows > 0 && p.Fraction > 0 && p.Fraction <= auditCopyFraction && i < len(reports)-1 {
+			copying++
+		}
+	}
+	if copying < 2 {
+		t.Fatalf("%d reports during the copy of %d reservations, want several: %+v", copying, n, reports)
+	}
+	if end := reports[len(reports)-1]; !end.Done || end.Fraction != 1 {
+		t.Fatalf("the audit ended with progress %+v", end)
+	}
+}

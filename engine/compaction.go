@@ -253,7 +253,8 @@ func (o *checkpointOutput) close() {
 
 // CompactJournal deletes the journal the last checkpoint summarises, in
 // transactions of the configured batch (defaultCompactionBatch rows
-// without Compaction), paced (pace.go), until none is left, ctx ends or
+// without Compaction), paced (pace.go, newDeferrablePacer), until none
+// is left, ctx ends or
 // this engine, running its workers, stops leading. It returns the rows
 // deleted.
 func (e *Engine) CompactJournal(ctx context.Context) (int, error) {
@@ -262,7 +263,7 @@ func (e *Engine) CompactJournal(ctx context.Context) (int, error) {
 		batch = e.opts.Compaction.Batch
 	}
 	total := 0
-	pace := e.newPacer(0.5)
+	pace := e.newDeferrablePacer(0.5)
 	for ctx.Err() == nil && (e.opts.DisableWorkers || e.IsLeader()) {
 		started := time.Now()
 		n, err := e.core.store.JournalCompact(ctx, batch)
@@ -321,9 +322,12 @@ type AuditOptions struct {
 
 // AuditProgress is how far an audit got.
 type AuditProgress struct {
-	// Rows counts the reservations and journal entries read so far;
-	// Estimate is the store's estimate of how many there are (0 when it
-	// has none). Fraction is Rows/Estimate, below 1 until Done.
+	// Rows counts the reservations and journal entries read so far (while
+	// a store copies them before the audit reads them, SQLite's spill:
+	// copied so far); Estimate is the store's estimate of how many there
+	// are (0 when it has none). Fraction is Rows/Estimate, below 1 until
+	// Done; after a copy, which takes the first auditCopyFraction of it,
+	// it goes on from there and never goes back.
 	Rows, Estimate int64
 	Fraction       float64
 	Done           bool
@@ -337,14 +341,25 @@ func (e *Engine) AuditWith(ctx context.Context, o AuditOptions) ([]ledger.Discre
 	var out []ledger.Discrepancy
 	var streamErr error
 	// A copy the store makes inside its read (SQLite's audit spill) is
-	// paced at the whole MaintenanceShare rather than the audit's
-	// quarter: its read transaction stays open while it runs, and the
-	// WAL grows meanwhile.
-	spill := e.newPacer(1)
+	// paced like the rest of the audit, at a quarter of MaintenanceShare
+	// while gateways are admitted, for its first spillHurryAfter: it is
+	// most of a full audit's CPU, and at the whole share back-to-back
+	// audits cost reserves 0.81x their throughput (docs/PERFORMANCE.md,
+	// "Bounded history"). Its read transaction stays open meanwhile and
+	// the WAL grows by everything committed (484 MB in the 57 s a copy of
+	// 300,000 reservations took at a quarter of the share beside a
+	// saturating load), so after that it goes at the whole share.
+	// The copy reports its progress as the first half of the audit's:
+	// without it a stream showed no rows read for the whole copy.
+	spill := e.newSpillPacing(time.Now())
 	spillStart := time.Now()
-	spillCtx := store.WithPause(ctx, func() {
+	var copyProgress func(copied int64)
+	spillCtx := store.WithPause(ctx, func(copied int64) {
+		if copyProgress != nil {
+			copyProgress(copied)
+		}
 		if took := time.Since(spillStart); took >= auditStep {
-			spill.wait(ctx, took, 0)
+			spill.pacer(time.Now()).wait(ctx, took, 0)
 			spillStart = time.Now()
 		}
 	})
@@ -353,6 +368,9 @@ func (e *Engine) AuditWith(ctx context.Context, o AuditOptions) ([]ledger.Discre
 		if o.Progress != nil && snap.Estimate != nil {
 			estimate, _ = snap.Estimate(!o.SinceCheckpoint)
 		}
+		// copied: the store copied rows before the audit read them, and
+		// reading them is the second half of the progress.
+		copied := false
 		report := func(rows int64, done bool) {
 			p := AuditProgress{Rows: rows, Estimate: estimate, Done: done}
 			switch {
@@ -360,8 +378,21 @@ func (e *Engine) AuditWith(ctx context.Context, o AuditOptions) ([]ledger.Discre
 				p.Fraction = 1
 			case estimate > 0:
 				p.Fraction = min(float64(rows)/float64(estimate), 0.99)
+				if copied {
+					p.Fraction = auditCopyFraction + (1-auditCopyFraction)*p.Fraction
+				}
 			}
 			o.Progress(p)
+		}
+		if o.Progress != nil {
+			copyProgress = func(rows int64) {
+				copied = true
+				p := AuditProgress{Rows: rows, Estimate: estimate}
+				if estimate > 0 {
+					p.Fraction = auditCopyFraction * min(float64(rows)/float64(estimate), 1)
+				}
+				o.Progress(p)
+			}
 		}
 		lo := ledger.AuditOptions{SinceCheckpoint: o.SinceCheckpoint}
 		var read int64
@@ -419,10 +450,13 @@ func (e *Engine) AuditWith(ctx context.Context, o AuditOptions) ([]ledger.Discre
 }
 
 // An audit looks at the clock every auditCheckRows rows, and at its
-// pacer once a step has taken auditStep.
+// pacer once a step has taken auditStep. auditCopyFraction is the share
+// of an audit's progress a store's copy before it (SQLite's spill)
+// reports: roughly what the copy takes of the whole audit.
 const (
-	auditCheckRows = 256
-	auditStep      = 2 * time.Millisecond
+	auditCheckRows    = 256
+	auditStep         = 2 * time.Millisecond
+	auditCopyFraction = 0.5
 )
 
 // paced makes snap's streams stop when ctx ends and pause after every

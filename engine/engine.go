@@ -99,11 +99,13 @@ type Stats struct {
 // Engine serves ledger commands over a store with group commit. Its
 // methods are safe for concurrent use.
 type Engine struct {
-	core  *Core
-	opts  Options
-	queue chan *request
-	wake  chan struct{} // one pending wake-up for the committer
-	log   *slog.Logger
+	core *Core
+	opts Options
+	// pacerMade, when set (tests), sees every maintenance pacer made.
+	pacerMade func(*pacer)
+	queue     chan *request
+	wake      chan struct{} // one pending wake-up for the committer
+	log       *slog.Logger
 
 	ctx     context.Context // ends when Close starts
 	stop    context.CancelFunc

@@ -29,13 +29,25 @@ type pacer struct {
 	// admission is busy and while it is idle; 1 means no pause.
 	busy, idle float64
 	seen       uint64
+	// most, when positive, caps every pause.
+	most time.Duration
 }
 
 // newPacer returns a pacer whose steps take the engine's
 // MaintenanceShare of the time while admission is busy and idle of it
 // otherwise.
 func (e *Engine) newPacer(idle float64) *pacer {
-	return &pacer{e: e, busy: e.opts.MaintenanceShare, idle: idle, seen: e.admitted()}
+	return e.makePacer(e.opts.MaintenanceShare, idle)
+}
+
+// makePacer returns a pacer with these shares (and shows it to
+// pacerMade, in tests).
+func (e *Engine) makePacer(busy, idle float64) *pacer {
+	p := &pacer{e: e, busy: busy, idle: idle, seen: e.admitted()}
+	if e.pacerMade != nil {
+		e.pacerMade(p)
+	}
+	return p
 }
 
 // auditShareDivisor: an audit's steps take a quarter of MaintenanceShare
@@ -48,9 +60,54 @@ const auditShareDivisor = 4
 
 // newAuditPacer is newPacer for an audit.
 func (e *Engine) newAuditPacer(idle float64) *pacer {
-	p := e.newPacer(idle)
-	p.busy /= auditShareDivisor
+	p := e.makePacer(e.opts.MaintenanceShare/auditShareDivisor, idle)
+	p.most = auditMaxPause
 	return p
+}
+
+// auditMaxPause is the longest pause of an audit's step (or a copy's in
+// its read): a step's time is wall time, which on a loaded machine is
+// mostly waiting for a core, and at an audit's share a step of 0.6 s was
+// followed by more than 10 s of nothing, the audit (and on SQLite the
+// read that holds the WAL) that much longer for no CPU saved.
+const auditMaxPause = time.Second
+
+// newDeferrablePacer is the pacer of maintenance that nothing in steady
+// state waits for: giving freed space back (SQLite reuses free pages
+// without it) and deleting journal rows a checkpoint already summarises
+// (a 256-row transaction deletes the journal of 256 batches, far more than
+// commits write in the time a quarter of the share leaves it). Like an
+// audit it takes a quarter of MaintenanceShare while gateways are
+// admitted, and idle of the time otherwise.
+func (e *Engine) newDeferrablePacer(idle float64) *pacer { return e.newAuditPacer(idle) }
+
+// spillHurryAfter: a store's copy inside an audit's read (SQLite's
+// spill) goes at an audit's share for this long after the read began,
+// then at the whole MaintenanceShare, so that the WAL the open read keeps
+// from being reset grows for about as long as it did with the whole
+// share from the start.
+const spillHurryAfter = 10 * time.Second
+
+// spillPacing paces a store's copy inside an audit's read (AuditWith):
+// slow (an audit's share) until spillHurryAfter after begun, fast (the
+// whole share) after; both at full speed when idle.
+type spillPacing struct {
+	slow, fast *pacer
+	begun      time.Time
+}
+
+func (e *Engine) newSpillPacing(begun time.Time) *spillPacing {
+	fast := e.newPacer(1)
+	fast.most = auditMaxPause
+	return &spillPacing{slow: e.newAuditPacer(1), fast: fast, begun: begun}
+}
+
+// pacer is the pacer of the copy's step at now.
+func (s *spillPacing) pacer(now time.Time) *pacer {
+	if now.Sub(s.begun) >= spillHurryAfter {
+		return s.fast
+	}
+	return s.slow
 }
 
 // admitted counts the commands this engine committed that none of its
@@ -80,7 +137,11 @@ func (p *pacer) share() (float64, bool) {
 // floor.
 func (p *pacer) pause(took, floor time.Duration) time.Duration {
 	share, _ := p.share()
-	return max(floor, pauseFor(took, share))
+	d := max(floor, pauseFor(took, share))
+	if p.most > 0 {
+		d = min(d, p.most)
+	}
+	return d
 }
 
 // pauseFor is the pause after a step that took took which keeps a series

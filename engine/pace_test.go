@@ -66,6 +66,57 @@ func TestPacerYieldsToAdmission(t *testing.T) {
 	if got := audit.pause(step, 0); got != 0 {
 		t.Fatalf("idle share 1 when idle: pause %s, want none", got)
 	}
+	// A step so long (wall time, on a loaded machine) that its pause would
+	// outlast a client's wait for the next progress message pauses
+	// auditMaxPause.
+	if _, err := e.Do(ctx, reserveCmd("gw-2b", 10)); err != nil {
+		t.Fatal(err)
+	}
+	if got := audit.pause(time.Second, 0); got != auditMaxPause {
+		t.Fatalf("audit after a step of 1s: pause %s, want %s", got, auditMaxPause)
+	}
+	// So does a store's copy inside an audit's read (SQLite's spill): it
+	// is most of a full audit's CPU. Once the read has been open for
+	// spillHurryAfter, the copy takes the whole share, so that the WAL
+	// the read holds stops growing sooner.
+	begun := time.Now()
+	spilling := e.newSpillPacing(begun)
+	spill := spilling.pacer(begun.Add(spillHurryAfter - time.Millisecond))
+	if _, err := e.Do(ctx, reserveCmd("gw-3", 10)); err != nil {
+		t.Fatal(err)
+	}
+	if got := spill.pause(step, 0); got != 15*step {
+		t.Fatalf("spill copy after an admission: pause %s, want %s (a sixteenth of the time)", got, 15*step)
+	}
+	if got := spill.pause(step, 0); got != 0 {
+		t.Fatalf("spill copy when idle: pause %s, want none", got)
+	}
+	hurried := spilling.pacer(begun.Add(spillHurryAfter))
+	if _, err := e.Do(ctx, reserveCmd("gw-3b", 10)); err != nil {
+		t.Fatal(err)
+	}
+	if got := hurried.pause(step, 0); got != 3*step {
+		t.Fatalf("spill copy %s into its read, after an admission: pause %s, want %s (a quarter of the time)", spillHurryAfter, got, 3*step)
+	}
+	if _, err := e.Do(ctx, reserveCmd("gw-3c", 10)); err != nil {
+		t.Fatal(err)
+	}
+	if got := hurried.pause(time.Second, 0); got != auditMaxPause {
+		t.Fatalf("hurried spill copy after a step of 1s: pause %s, want %s", got, auditMaxPause)
+	}
+	// Giving space back and deleting a summarised journal yield like an
+	// audit while gateways are admitted, and take their idle share
+	// otherwise.
+	deferrable := e.newDeferrablePacer(0.5)
+	if _, err := e.Do(ctx, reserveCmd("gw-4", 10)); err != nil {
+		t.Fatal(err)
+	}
+	if got := deferrable.pause(step, 0); got != 15*step {
+		t.Fatalf("reclaim or journal deletion after an admission: pause %s, want %s (a sixteenth of the time)", got, 15*step)
+	}
+	if got := deferrable.pause(step, 0); got != step {
+		t.Fatalf("reclaim or journal deletion when idle: pause %s, want %s", got, step)
+	}
 }
 
 // reclaimingStore is a memstore that gives space back like SQLite's

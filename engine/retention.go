@@ -28,18 +28,23 @@ const (
 	// add about 1.6 ms to one batch: each of the gateways' calls in that
 	// batch waits for it, which is what reserve p99 sees.
 	DefaultRetentionBatch = 32
-	// retentionKeepUp: while gateways are admitted, retention removes at
-	// least this many times the rate at which reservations finish (within
-	// MaintenanceShare), so that it keeps up with what finishes and wears
-	// a backlog down besides.
-	retentionKeepUp = 2
+	// retentionKeepUp: while gateways are admitted, retention removes
+	// reservations, and forgets tombstones, each at least this many times
+	// the rate at which reservations finish (within MaintenanceShare):
+	// what comes due in steady state is what finished a window (or a
+	// tombstone horizon) ago, so it keeps up with a quarter to spare and
+	// wears a backlog down with that quarter. Twice the rate counted over
+	// both kinds together cost reserves 0.88x their throughput beside a
+	// backlog, and had nothing to spare once tombstones came due too.
+	retentionKeepUp = 1.25
 	// retentionBacklogDivisor: beyond that rate, a backlog is removed at
-	// a quarter of MaintenanceShare. A backlog (a retention window just
+	// an eighth of MaintenanceShare. A backlog (a retention window just
 	// shortened, a store upgraded to retention, a pass after an outage)
 	// is old rows that cost nothing where they are; clearing it at the
 	// full share cost reserves 0.83x their throughput and 1.70x their
-	// p99 (docs/PERFORMANCE.md, "Bounded history").
-	retentionBacklogDivisor = 4
+	// p99, at a quarter 0.88x and 1.20x (docs/PERFORMANCE.md, "Bounded
+	// history"). Idle, it goes at half the time.
+	retentionBacklogDivisor = 8
 )
 
 // finishedBy counts the reservations that cmds made terminal (results
@@ -75,12 +80,13 @@ func (r retentionRate) perSecond(now time.Time, count uint64) float64 {
 	return float64(count-r.count) / d
 }
 
-// retentionPause is the pause after a page of rows that took took, given
-// the share of time pacing allows now (busy: gateways were admitted
-// since the last page) and the rate at which reservations finish: the
-// pause that keeps the pages to a quarter of share, shortened to one
-// that removes retentionKeepUp times the finish rate, but never shorter
-// than share allows. Idle, the share alone decides.
+// retentionPause is the pause after a page that took took and removed up
+// to rows of each kind (reservations, tombstones), given the share of
+// time pacing allows now (busy: gateways were admitted since the last
+// page) and the rate at which reservations finish: the pause that keeps
+// the pages to share/retentionBacklogDivisor, shortened to one that
+// removes retentionKeepUp times the finish rate, but never shorter than
+// share allows. Idle, the share alone decides.
 func retentionPause(took time.Duration, rows int, share float64, busy bool, finishRate float64) time.Duration {
 	least := pauseFor(took, share)
 	if !busy {
@@ -92,6 +98,18 @@ func retentionPause(took time.Duration, rows int, share float64, busy bool, fini
 		pause = min(pause, keepUp)
 	}
 	return max(least, pause)
+}
+
+// pageRows is how many rows of one kind a retention page removes: its
+// retires or its forgets, whichever are more.
+func pageRows(cmds []ledger.Command) int {
+	retires := 0
+	for i := range cmds {
+		if cmds[i].Kind == ledger.KindRetire {
+			retires++
+		}
+	}
+	return max(retires, len(cmds)-retires)
 }
 
 // Reclaimer is an optional store capability: give back the space freed by
@@ -110,14 +128,14 @@ type Reclaimer interface {
 const reclaimStepPages = 256
 
 // reclaim gives space back through the store's Reclaimer, if any, a
-// paced step at a time, until the store keeps no more than its reserve
-// or ctx ends.
+// paced step at a time (newDeferrablePacer: nothing waits for it), until
+// the store keeps no more than its reserve or ctx ends.
 func (e *Engine) reclaim(ctx context.Context, what string) {
 	r, ok := e.core.store.(Reclaimer)
 	if !ok {
 		return
 	}
-	pace := e.newPacer(0.5)
+	pace := e.newDeferrablePacer(0.5)
 	for ctx.Err() == nil {
 		started := time.Now()
 		more, err := r.ReclaimStep(ctx, reclaimStepPages)
@@ -149,14 +167,19 @@ func (c *Core) RetentionDue(ctx context.Context, now time.Time, window, horizon 
 	if err != nil {
 		return nil, fmt.Errorf("finished reservations: %w", err)
 	}
+	// A reservation that finished before the tombstone horizon is retired
+	// without a tombstone (ledger.Retire): this pass would forget it.
+	var forgetBefore time.Time
+	if horizon > 0 {
+		forgetBefore = now.Add(-horizon)
+	}
 	cmds := make([]ledger.Command, 0, len(ids))
 	for _, id := range ids {
-		cmds = append(cmds, ledger.Command{Kind: ledger.KindRetire, ReservationID: id, Before: before})
+		cmds = append(cmds, ledger.Command{Kind: ledger.KindRetire, ReservationID: id, Before: before, ForgetBefore: forgetBefore})
 	}
 	if horizon <= 0 {
 		return cmds, nil
 	}
-	forgetBefore := now.Add(-horizon)
 	ids, err = c.store.TombstonesDue(ctx, forgetBefore, limit)
 	if err != nil {
 		return nil, fmt.Errorf("tombstones due: %w", err)
@@ -177,9 +200,9 @@ type RetentionStats struct {
 // runRetention is one retention pass: pages of RetentionBatch rows, each
 // committed as one batch through the engine's queue (so gateway commands
 // waiting meanwhile share its commit instead of waiting behind a long
-// transaction), paced (retentionPause: while gateways are admitted, at
-// least retentionKeepUp times the rate at which reservations finish and
-// otherwise a quarter of MaintenanceShare, never more than
+// transaction), paced (retentionPause: while gateways are admitted, each
+// kind at least retentionKeepUp times the rate at which reservations
+// finish and otherwise an eighth of MaintenanceShare, never more than
 // MaintenanceShare; idle, half the time) and at least RetentionPause
 // apart, until nothing is due or ctx ends. It then asks the store to give
 // back the freed space, paced the same way.
@@ -230,10 +253,11 @@ func (e *Engine) runRetention(ctx context.Context) {
 			break // everything listed was refused or done by another replica: wait for the next pass
 		}
 		// The page's time includes waiting for the batch before it: on
-		// a busy store both grow, and so does the pause.
+		// a busy store both grow, and so does the pause. Each kind keeps
+		// up on its own: the page's rows are the more numerous kind's.
 		took := time.Since(started)
 		share, busy := pace.share()
-		pause := max(e.opts.RetentionPause, retentionPause(took, len(cmds), share, busy, rate.perSecond(time.Now(), e.finished.Load())))
+		pause := max(e.opts.RetentionPause, retentionPause(took, pageRows(cmds), share, busy, rate.perSecond(time.Now(), e.finished.Load())))
 		if !sleep(ctx, pause) {
 			break
 		}

@@ -87,6 +87,36 @@ func TestRetentionPass(t *testing.T) {
 
 func live(i, finished int) bool { return i >= finished }
 
+// A pass over reservations that finished before the tombstone horizon
+// removes each with one retire and writes no tombstone for it to forget
+// again; the audit stays clean.
+func TestRetentionPastTheHorizonWritesNoTombstones(t *testing.T) {
+	ctx := context.Background()
+	clk := newClock()
+	e := New(memstore.New(), Options{Clock: clk.Now, DisableWorkers: true, Retention: time.Hour,
+		TombstoneRetention: 2 * time.Hour, RetentionBatch: 4, RetentionPause: time.Millisecond})
+	defer e.Close()
+	publish(t, e, 1_000_000, time.Minute, 0)
+	const n = 10
+	for i := range n {
+		id := fmt.Sprintf("old%02d", i)
+		if res, err := e.DoBatch(ctx, []ledger.Command{reserveCmd(id, 10), {Kind: ledger.KindRelease, ReservationID: id}}); err != nil || res[1].Err != nil {
+			t.Fatalf("%s: %+v %v", id, res, err)
+		}
+	}
+	clk.Advance(3 * time.Hour)
+	if err := e.RunRetention(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if s := e.RetentionStats(); s.Retired != n || s.Forgotten != 0 || s.Failed != 0 {
+		t.Fatalf("stats %+v, want %d retired and none forgotten", s, n)
+	}
+	if _, err := e.Tombstone(ctx, "old00"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("tombstone of a reservation retired past the horizon: %v", err)
+	}
+	auditClean(t, e)
+}
+
 func TestRetentionOff(t *testing.T) {
 	e := New(memstore.New(), Options{DisableWorkers: true})
 	defer e.Close()
@@ -99,7 +129,7 @@ func TestRetentionOff(t *testing.T) {
 }
 
 // TestRetentionPause: while gateways are admitted, a backlog is removed
-// at a quarter of the maintenance share, unless reservations finish so
+// at an eighth of the maintenance share, unless reservations finish so
 // fast that keeping up (retentionKeepUp times their rate) needs more,
 // and never at more than the share; idle, the share alone decides.
 func TestRetentionPause(t *testing.T) {
@@ -112,16 +142,70 @@ func TestRetentionPause(t *testing.T) {
 		rate  float64
 		want  time.Duration
 	}{
-		{"backlog, nothing finishing: a quarter of the share", 32, 0.2, true, 0, 190 * time.Millisecond},
-		{"backlog, a slow trickle finishing: a quarter of the share", 32, 0.2, true, 10, 190 * time.Millisecond},
-		// 32 rows at 2 x 200/s: a page every 80 ms.
-		{"keeping up needs more than a quarter", 32, 0.2, true, 200, 70 * time.Millisecond},
+		{"backlog, nothing finishing: an eighth of the share", 32, 0.2, true, 0, 390 * time.Millisecond},
+		{"backlog, a slow trickle finishing: an eighth of the share", 32, 0.2, true, 10, 390 * time.Millisecond},
+		// 32 rows at 1.25 x 200/s: a page every 128 ms.
+		{"keeping up needs more than an eighth", 32, 0.2, true, 200, 118 * time.Millisecond},
 		{"keeping up would need more than the share: the share", 32, 0.2, true, 100_000, 40 * time.Millisecond},
 		{"idle: the idle share", 32, 0.5, false, 0, 10 * time.Millisecond},
 		{"idle, finishing fast: the idle share", 32, 0.5, false, 100_000, 10 * time.Millisecond},
 	} {
 		if got := retentionPause(took, c.rows, c.share, c.busy, c.rate); (got - c.want).Abs() > time.Microsecond {
 			t.Errorf("%s: pause %s, want %s", c.name, got, c.want)
+		}
+	}
+}
+
+// Giving space back after a retention pass and deleting the journal a
+// checkpoint summarises pace at a quarter of the maintenance share while
+// gateways are admitted (newDeferrablePacer), not the whole share: no
+// steady state waits for either. The retention pages keep the whole.
+func TestDeferrableMaintenanceYields(t *testing.T) {
+	ctx := context.Background()
+	clk := newClock()
+	st := &reclaimingStore{Store: memstore.New(), free: reclaimStepPages + 10, reserve: 10}
+	e := New(st, Options{Clock: clk.Now, DisableWorkers: true, Retention: time.Hour, RetentionPause: time.Millisecond,
+		MaintenanceShare: 0.2})
+	defer e.Close()
+	var shares []float64
+	e.pacerMade = func(p *pacer) { shares = append(shares, p.busy) }
+	publish(t, e, 1_000_000, time.Minute, 0)
+	if res, err := e.DoBatch(ctx, []ledger.Command{reserveCmd("done", 10), {Kind: ledger.KindRelease, ReservationID: "done"}}); err != nil || res[1].Err != nil {
+		t.Fatalf("%+v %v", res, err)
+	}
+	clk.Advance(2 * time.Hour)
+	if err := e.RunRetention(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if len(st.steps) == 0 || len(shares) != 2 || shares[0] != 0.2 || shares[1] != 0.2/auditShareDivisor {
+		t.Fatalf("retention pass: pacers with busy shares %v (reclaim steps %v), want the pages' 0.2 and the reclaim's %v", shares, st.steps, 0.2/auditShareDivisor)
+	}
+	shares = nil
+	if _, err := e.CompactJournal(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if len(shares) != 1 || shares[0] != 0.2/auditShareDivisor {
+		t.Fatalf("journal compaction: pacers with busy shares %v, want %v", shares, 0.2/auditShareDivisor)
+	}
+}
+
+// A retention page's rows for pacing are those of its more numerous
+// kind: retires and forgets each keep up with what finishes on their own,
+// so a page of 32 of each paces like 32 rows, not 64.
+func TestPageRows(t *testing.T) {
+	page := func(retires, forgets int) []ledger.Command {
+		var cmds []ledger.Command
+		for range retires {
+			cmds = append(cmds, ledger.Command{Kind: ledger.KindRetire})
+		}
+		for range forgets {
+			cmds = append(cmds, ledger.Command{Kind: ledger.KindForget})
+		}
+		return cmds
+	}
+	for _, c := range []struct{ retires, forgets, want int }{{32, 32, 32}, {32, 0, 32}, {0, 20, 20}, {5, 32, 32}} {
+		if got := pageRows(page(c.retires, c.forgets)); got != c.want {
+			t.Errorf("a page of %d retires and %d forgets: %d rows, want %d", c.retires, c.forgets, got, c.want)
 		}
 	}
 }

@@ -107,6 +107,10 @@ type Command struct {
 	// finished at or before it is removed (retire), only a tombstone of
 	// one is dropped (forget).
 	Before time.Time
+	// ForgetBefore, when set on a retire, is the tombstone horizon's
+	// cutoff: a reservation that finished at or before it is removed
+	// without a tombstone (Retire).
+	ForgetBefore time.Time
 }
 
 // Cause is the reason a maintenance command acts on a reservation.
@@ -284,7 +288,7 @@ func Apply(b Book, cmd *Command, now time.Time) (res Result) {
 	case KindShardReconcile:
 		return ReconcileShard(b, cmd.Shard, now)
 	case KindRetire:
-		return Retire(b, cmd.ReservationID, cmd.Before)
+		return Retire(b, cmd.ReservationID, cmd.Before, cmd.ForgetBefore)
 	case KindForget:
 		return Forget(b, cmd.ReservationID, cmd.Before)
 	}

@@ -121,16 +121,24 @@ func fromTombstone(t *Tombstone, kind Kind, digest string) Result {
 }
 
 // Retire removes a finished reservation, leaving its tombstone: the
-// retention worker's command. before is the retention cutoff.
+// retention worker's command. before is the retention cutoff;
+// forgetBefore, when not zero, the tombstone horizon's: a reservation that
+// finished at or before it leaves no tombstone, since Forget would drop it
+// at once (a backlog older than the horizon: retention switched on over an
+// old store, a pass after a long outage), and so costs one removal, not
+// a tombstone written and then deleted. A retry of its id is then
+// unknown, as it would be a moment later.
 //
-// Returns: success (Reservation is the tombstone's receipt) once removed;
+// Returns: success (Reservation is the tombstone's receipt, or what it
+// would have been) once removed;
 // Replayed when it was removed already; ErrReservationNotFound when there
-// is neither a row nor a tombstone; ErrReservationNotFinished for a
+// is neither a row nor a tombstone (a second retire of one removed past
+// the horizon, too: the retention worker counts it failed); ErrReservationNotFinished for a
 // reservation that is not terminal (it holds capacity or awaits a
 // receipt, and is never removed); ErrReservationNotDue when it finished
 // after before; ErrInvalidCommand for an empty id or a book that keeps no
 // tombstones.
-func Retire(b Book, id string, before time.Time) Result {
+func Retire(b Book, id string, before, forgetBefore time.Time) Result {
 	rb, ok := b.(RetentionBook)
 	if !ok {
 		return Result{Err: invalid("this book keeps no tombstones")}
@@ -167,7 +175,9 @@ func Retire(b Book, id string, before time.Time) Result {
 	}
 	t := &Tombstone{ID: r.ID, RequestDigest: r.RequestDigest, Account: r.Account, State: r.State, FinishedAt: r.FinishedAt}
 	rb.RetainedPut(totals)
-	rb.TombstonePut(t)
+	if forgetBefore.IsZero() || r.FinishedAt.After(forgetBefore) {
+		rb.TombstonePut(t)
+	}
 	rb.ReservationRemove(id)
 	return Result{Reservation: t.Receipt(), Generation: t.Account.Generation}
 }

@@ -88,6 +88,39 @@ func TestRetireAndReplayFromTombstone(t *testing.T) {
 	}
 }
 
+// A reservation that finished at or before the tombstone horizon's cutoff
+// (ForgetBefore) is retired without a tombstone: one later would be
+// forgotten at once. One that finished after it keeps its tombstone. The
+// audit holds either way.
+func TestRetirePastTheHorizonLeavesNoTombstone(t *testing.T) {
+	c := newChecked(t)
+	c.publish(policyOf(tokens(1000, 1)))
+	c.must(c.reserve("old", 10))
+	c.must(c.apply(ledger.Command{Kind: ledger.KindRelease, ReservationID: "old"}))
+	oldFinished := c.now
+	c.advance(time.Minute)
+	c.must(c.reserve("recent", 10))
+	c.must(c.apply(ledger.Command{Kind: ledger.KindRelease, ReservationID: "recent"}))
+	for _, id := range []string{"old", "recent"} {
+		res := c.must(c.apply(ledger.Command{Kind: ledger.KindRetire, ReservationID: id, Before: c.now, ForgetBefore: oldFinished}))
+		if !res.Reservation.Retired || res.Reservation.State != ledger.StateReleased {
+			t.Fatalf("retire %s answered %+v", id, res)
+		}
+		if _, ok := c.m.Reservation(id); ok {
+			t.Fatalf("%s: the row is still there", id)
+		}
+	}
+	if _, ok := c.m.Tombstone("old"); ok {
+		t.Fatal("a reservation that finished before the tombstone horizon left a tombstone")
+	}
+	if _, ok := c.m.Tombstone("recent"); !ok {
+		t.Fatal("a reservation that finished after the tombstone horizon left no tombstone")
+	}
+	if res := c.reserve("old", 1); res.Err != nil || res.Replayed || res.Reservation.Retired {
+		t.Fatalf("reserve of an id retired past the horizon: %+v", res)
+	}
+}
+
 // A book without tombstones cannot retire: removing the row would lose
 // the answer to a retry.
 func TestRetireNeedsATombstoneBook(t *testing.T) {

@@ -15,7 +15,8 @@
 #               deleted
 #   audit       no retention; full audits back to back (capledger audit)
 #               for the whole measurement
-#   baseline-audit  audit, on BASELINE_BINARY's server (name it in
+#   baseline-retention, baseline-compaction, baseline-audit
+#               that variant on BASELINE_BINARY's server (name them in
 #               VARIANTS, e.g. VARIANTS="off audit baseline-audit")
 # With SEED set (a data directory, e.g. made by
 #   go run ./scripts/auditsize -n 300000 -checkpoint-every 300000 -phases none -dir SEED
@@ -56,13 +57,15 @@ trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -f "$res
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
 run() { # variant
-	local name=$1 b=$bin flags=(--retention 0 --compaction 0)
-	case $name in
+	local name=$1 b=$bin flags=(--retention 0 --compaction 0) what=$1
+	if [[ $name == baseline-* ]]; then
+		b=$base what=${name#baseline-}
+	fi
+	case $what in
 	retention) flags=(--retention 10s --tombstone-retention 20s --retention-interval 2s --compaction 0) ;;
 	compaction) flags=(--retention 10s --tombstone-retention 20s --retention-interval 2s --compaction 10s --compaction-interval 2s) ;;
 	# shellcheck disable=SC2206
 	baseline) b=$base flags=(${BASE_FLAGS:-}) ;;
-	baseline-audit) b=$base flags=(--retention 0 --compaction 0) ;;
 	esac
 	local dir
 	dir=$(mktemp -d)
@@ -78,7 +81,7 @@ run() { # variant
 	pids+=("$load")
 	sleep "$prefill"
 	local auditor=
-	if [[ $name == audit || $name == baseline-audit ]]; then
+	if [[ $what == audit ]]; then
 		(while :; do "$bin" audit --addr "http://$addr" >>"$dir.audits" 2>&1 || true; echo . >>"$dir.count"; done) &
 		auditor=$!
 		pids+=("$auditor")

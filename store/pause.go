@@ -5,17 +5,19 @@ import "context"
 type pauseKey struct{}
 
 // WithPause returns ctx carrying pause, which a store's long copies
-// inside one read (SQLite's audit spill) call every few hundred rows, so
-// that the caller's pacing (engine's maintenance share) applies to them
-// too: pause times the work since its last call and sleeps as the
-// pacing says, returning early when ctx ends.
-func WithPause(ctx context.Context, pause func()) context.Context {
+// inside one read (SQLite's audit spill) call every few hundred rows with
+// how many rows they copied so far (reservations and journal entries, the
+// units of ledger.Snapshot.Estimate), so that the caller's pacing
+// (engine's maintenance share) applies to them too and the caller can
+// report their progress: pause times the work since its last call and
+// sleeps as the pacing says, returning early when ctx ends.
+func WithPause(ctx context.Context, pause func(copied int64)) context.Context {
 	return context.WithValue(ctx, pauseKey{}, pause)
 }
 
-// Pause calls ctx's pause (WithPause), if ctx carries one.
-func Pause(ctx context.Context) {
-	if pause, ok := ctx.Value(pauseKey{}).(func()); ok {
-		pause()
+// Pause calls ctx's pause (WithPause) with copied, if ctx carries one.
+func Pause(ctx context.Context, copied int64) {
+	if pause, ok := ctx.Value(pauseKey{}).(func(int64)); ok {
+		pause(copied)
 	}
 }

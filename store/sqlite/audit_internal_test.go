@@ -201,7 +201,7 @@ func TestAuditSpillIsPaced(t *testing.T) {
 		t.Fatal(err)
 	}
 	pauses, read, early := 0, 0, 0
-	paced := store.WithPause(ctx, func() { pauses++ })
+	paced := store.WithPause(ctx, func(int64) { pauses++ })
 	err = s.AuditSnapshot(paced, false, func(snap *ledger.Snapshot, _ int64) error {
 		return snap.ReservationStream(func(*ledger.Reservation) error {
 			if pauses < n/spillCheckRows {
