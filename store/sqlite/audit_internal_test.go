@@ -2,7 +2,6 @@ package sqlite
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -93,15 +92,13 @@ func TestCutPrefixedShortRows(t *testing.T) {
 // reservations copies them and the journal into the spill file and ends
 // its read transaction, so a WAL checkpoint beside it copies every frame
 // (the WAL can be reset) — before that read it cannot — and the audit
-// still sees only what was committed before it began.
+// still sees only what was committed before it began. The store's own
+// checkpointer is stopped: a checkpoint of its running beside the test's
+// holds the checkpoint lock, and the test's then copies nothing (-1 of -1
+// frames, busy), whatever the audit holds.
 func TestFullAuditEndsItsReadTransaction(t *testing.T) {
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "ledger.db")
-	s, err := Open(ctx, path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := openWithoutCheckpointer(t)
 	now := time.Date(2026, 7, 19, 14, 0, 0, 0, time.UTC)
 	account := ledger.AccountKey{Subject: "s", Route: "r", Region: "eu", Generation: 1}
 	batch := 0
@@ -128,18 +125,18 @@ func TestFullAuditEndsItsReadTransaction(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// walCheckpoint runs a PASSIVE checkpoint on a connection of its own
-	// and returns the WAL's frames and how many it could copy.
-	other, err := sql.Open("sqlite", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close()
+	// walCheckpoint runs a PASSIVE checkpoint on the (stopped)
+	// checkpointer's connection and returns the WAL's frames and how many
+	// it could copy. With no other checkpoint running it is never busy;
+	// a busy one reports -1 of -1 frames, which proves nothing either way.
 	walCheckpoint := func() (frames, copied int) {
 		t.Helper()
 		var busy int
-		if err := other.QueryRowContext(ctx, "PRAGMA wal_checkpoint(PASSIVE)").Scan(&busy, &frames, &copied); err != nil {
+		if err := s.checkpointer.db.QueryRowContext(ctx, "PRAGMA wal_checkpoint(PASSIVE)").Scan(&busy, &frames, &copied); err != nil {
 			t.Fatal(err)
+		}
+		if busy != 0 || frames <= 0 {
+			t.Fatalf("checkpoint busy %d, %d frames (%d copied): want a checkpoint that ran over a WAL with the test's commits", busy, frames, copied)
 		}
 		return frames, copied
 	}
@@ -147,7 +144,7 @@ func TestFullAuditEndsItsReadTransaction(t *testing.T) {
 		commit(200)
 	}
 	var reservations, entries int
-	err = s.AuditSnapshot(ctx, false, func(snap *ledger.Snapshot, _ int64) error {
+	err := s.AuditSnapshot(ctx, false, func(snap *ledger.Snapshot, _ int64) error {
 		commit(200)
 		if frames, copied := walCheckpoint(); copied >= frames {
 			t.Errorf("with the audit's read transaction open, a checkpoint copied %d of %d WAL frames", copied, frames)
