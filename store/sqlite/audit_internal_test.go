@@ -303,3 +303,63 @@ func TestAuditEstimateSpansTheJournal(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestAuditEstimateCountsTheAccounts: the audit's estimate counts the
+// accounts, which it reads after the journal, before the spill (from the
+// read transaction) and after it (from the spill's counts), as
+// ledger.Snapshot.Estimate says.
+func TestAuditEstimateCountsTheAccounts(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(ctx, filepath.Join(t.TempDir(), "ledger.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	now := time.Date(2026, 7, 19, 14, 0, 0, 0, time.UTC)
+	const accounts, reservations = 300, 40
+	c := &store.Changes{NewReservations: map[string]bool{}}
+	for i := range accounts {
+		c.Accounts = append(c.Accounts, ledger.Account{Key: ledger.AccountKey{Subject: fmt.Sprintf("tenant-%05d", i), Route: "chat", Region: "eu", Generation: 1},
+			Dims: 1, EpochStart: now, Balances: ledger.Balances{{Opening: 1000, Available: 1000}}})
+	}
+	account := c.Accounts[0].Key
+	for i := range reservations {
+		id := fmt.Sprintf("r%04d", i)
+		c.Reservations = append(c.Reservations, ledger.Reservation{ID: id, RequestDigest: "d", Account: account, State: ledger.StateReserved,
+			Reserved: ledger.Amounts{1}, CreatedAt: now, ExpiresAt: now.Add(time.Hour)})
+		c.NewReservations[id] = true
+		c.Journal = append(c.Journal, ledger.JournalEntry{At: now, Kind: ledger.KindReserve, Account: account, ReservationID: id,
+			From: ledger.StateRequested, To: ledger.StateReserved, Delta: ledger.Balances{{Available: -1, Reserved: 1}}})
+	}
+	tx, err := s.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Write(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	err = s.AuditSnapshot(ctx, false, func(snap *ledger.Snapshot, _ int64) error {
+		check := func(when string) {
+			t.Helper()
+			// One batch: the estimate of the journal is exact.
+			if n, err := snap.Estimate(false); err != nil || n != reservations+accounts {
+				t.Errorf("%s: estimate without the reservations %d, %v; want %d entries + %d accounts", when, n, err, reservations, accounts)
+			}
+			if n, err := snap.Estimate(true); err != nil || n != 2*reservations+accounts {
+				t.Errorf("%s: estimate %d, %v; want %d reservations + %d entries + %d accounts", when, n, err, reservations, reservations, accounts)
+			}
+		}
+		check("before the spill")
+		if err := snap.ReservationStream(func(*ledger.Reservation) error { return nil }); err != nil {
+			return err
+		}
+		check("after the spill")
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
