@@ -79,7 +79,7 @@ func newAuditSpill(ctx context.Context, dir string, tx *sql.Tx, last *ledger.Che
 	var copied int
 	record := func(b []byte, body []byte) error {
 		if copied++; copied%spillCheckRows == 0 {
-			store.Pause(ctx, sp.reservationCount+sp.entries)
+			store.Pause(ctx, sp.reservationCount+sp.entries+sp.accountCount)
 			if err := ctx.Err(); err != nil {
 				return err
 			}
