@@ -322,9 +322,9 @@ type AuditOptions struct {
 
 // AuditProgress is how far an audit got.
 type AuditProgress struct {
-	// Rows counts the reservations and journal entries read so far (while
-	// a store copies them before the audit reads them, SQLite's spill:
-	// copied so far); Estimate is the store's estimate of how many there
+	// Rows counts the reservations, journal entries and accounts read so
+	// far (while a store copies them before the audit reads them,
+	// SQLite's spill: copied so far); Estimate is the store's estimate of how many there
 	// are (0 when it has none). Fraction is Rows/Estimate, below 1 until
 	// Done; after a copy, which takes the first auditCopyFraction of it,
 	// it goes on from there and never goes back.

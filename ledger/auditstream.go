@@ -347,6 +347,9 @@ type auditPass struct {
 	// reads the keys of the given ones again from the journal.
 	touched    int64
 	rereadKeys func(ids map[accountID]bool) []AccountKey
+	// tick counts one row read towards the audit's progress
+	// (AuditOptions.Progress): the pass counts each account.
+	tick func()
 
 	// Found, in the order Audit reports them: the account checks, the
 	// last checkpoint's accounts, the replays, the current epochs against
@@ -407,6 +410,7 @@ func (s *Snapshot) auditAccounts(pass auditPass) *auditPass {
 		if a == nil {
 			return
 		}
+		ps.tick()
 		for d := 0; d < a.Dims; d++ {
 			if err := checkBalance(&a.Balances[d]); err != nil {
 				add(&ps.accountOut, CheckConservation, a.Key, "dimension %d: %v", d, err)

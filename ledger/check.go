@@ -52,9 +52,9 @@ type Snapshot struct {
 	// not the history. Without it, Journal[i] is at position i+1 after the
 	// last checkpoint's Through (0 without one).
 	JournalStream func(yield func(pos int64, e *JournalEntry) error) error
-	// Estimate, when set, estimates how many journal entries the snapshot
-	// holds, plus its reservations when asked: what an audit's progress
-	// is measured against.
+	// Estimate, when set, estimates how many journal entries and accounts
+	// the snapshot holds, plus its reservations when asked: what an
+	// audit's progress (AuditOptions.Progress) is measured against.
 	Estimate func(reservations bool) (int64, error)
 	// TempDir, when set, is where an audit may keep a temporary file (a
 	// staged cut: AuditOptions.Stage), on the store's disk.
@@ -220,8 +220,8 @@ type AuditOptions struct {
 	// to discard. When Put or Each fails, no checkpoint is returned and
 	// the caller has the error (as with Emit's).
 	Stage CheckpointStage
-	// Progress, when set, is called now and then with the reservations and
-	// journal entries read so far.
+	// Progress, when set, is called now and then with the reservations,
+	// journal entries and accounts read so far.
 	Progress func(rows int64)
 }
 
@@ -374,7 +374,7 @@ func AuditWith(s *Snapshot, o AuditOptions) ([]Discrepancy, *Checkpoint) {
 	}
 
 	pass := s.auditAccounts(auditPass{o: o, policies: policies, per: func(k AccountKey) *sums { return per[k] },
-		statements: byAccount, replays: replays, builder: builder, ids: ids, touched: touched,
+		statements: byAccount, replays: replays, builder: builder, ids: ids, touched: touched, tick: tick,
 		rereadKeys: func(missing map[accountID]bool) []AccountKey {
 			var keys []AccountKey
 			_ = s.forEachJournal(func(pos int64, e *JournalEntry) {

@@ -57,6 +57,7 @@ func serveInProcess(t *testing.T, extra ...string) (string, *lockedBuffer) {
 		}
 		select {
 		case code := <-done:
+			done <- code // for the cleanup, which waits for it
 			t.Fatalf("serve exited %d:\n%s", code, logs.String())
 		default:
 		}

@@ -34,3 +34,19 @@ func TestServeRefusesBadMaintenanceShare(t *testing.T) {
 		}
 	}
 }
+
+// --cache-rows is SQLite's row cache: given with a store that has none
+// (PostgreSQL, memory) serve refuses it rather than take it for a memory
+// setting, and says why.
+func TestServeRefusesCacheRowsWithoutSQLite(t *testing.T) {
+	for _, spec := range []string{"memory", "postgres://127.0.0.1:1/none"} {
+		code, out, errOut := cli(t, "", "serve", "--addr", "127.0.0.1:0", "--store", spec, "--cache-rows", "1000")
+		wantExit(t, exitUsage, code, out, errOut)
+		if !strings.Contains(errOut, "row cache is for SQLite") {
+			t.Fatalf("--store %s --cache-rows 1000: %q does not say what is wrong", spec, errOut)
+		}
+	}
+	// Not given, its default is no refusal, and with SQLite it is taken.
+	startInProcess(t, "--store", "memory")
+	startInProcess(t, "--cache-rows", "1000")
+}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
 	"net"
@@ -97,9 +98,11 @@ Flags:
   --cache-rows N      SQLite row cache: the most rows of each hot table
                       (accounts, ...) kept in memory, least recently used
                       evicted first; about 1 KiB per account (default
-                      131072, about 130 MiB). Unless GOMEMLIMIT is set,
-                      serve sets a soft memory limit of 192 MiB + 2 KiB
-                      per cached row (448 MiB at the default)
+                      131072, about 130 MiB); refused with the other
+                      stores, which have no row cache. Unless GOMEMLIMIT
+                      is set, serve sets a soft memory limit of 192 MiB +
+                      2 KiB per cached row (448 MiB at the default, and
+                      with the other stores)
   --pipelined-sync    SQLite: commit a batch without its fsync and answer
                       its callers after a separate fsync of the WAL, while
                       the next batch is applied (off by default; see
@@ -296,7 +299,15 @@ func runServe(ctx context.Context, e *env, args []string) error {
 		return usagef("%v", err)
 	}
 	defer unlock()
-	st, err := open.OpenWith(ctx, *storeSpec, *dataDir, open.Options{CacheRows: *cacheRows, PipelinedSync: *pipelinedSync})
+	// --cache-rows given with a store that has no row cache is refused
+	// (open.Options.CacheRows); its default is SQLite's anyway.
+	openOpts := open.Options{PipelinedSync: *pipelinedSync}
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "cache-rows" {
+			openOpts.CacheRows = *cacheRows
+		}
+	})
+	st, err := open.OpenWith(ctx, *storeSpec, *dataDir, openOpts)
 	if err != nil {
 		return usagef("%v", err)
 	}

@@ -99,7 +99,7 @@ func (s *Store) AuditSnapshot(ctx context.Context, cut bool, f func(*ledger.Snap
 		return nil
 	}
 	snap.Estimate = func(withReservations bool) (int64, error) {
-		n := int64(len(journal))
+		n := int64(len(journal) + len(accounts))
 		if withReservations {
 			n += int64(len(reservations))
 		}

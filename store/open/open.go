@@ -43,8 +43,8 @@ func Open(ctx context.Context, spec, dataDir string) (store.Store, error) {
 // defaults.
 type Options struct {
 	// CacheRows bounds the SQLite row cache, rows per cached table
-	// (sqlite.WithCacheRows; default sqlite.DefaultCacheRows). Other stores
-	// ignore it.
+	// (sqlite.WithCacheRows; default sqlite.DefaultCacheRows). The other
+	// stores, which have no row cache, refuse it.
 	CacheRows int
 	// PipelinedSync opens SQLite for pipelined durability
 	// (sqlite.WithPipelinedSync). The other stores refuse it: PostgreSQL's
@@ -68,6 +68,9 @@ func OpenWith(ctx context.Context, spec, dataDir string, opts Options) (store.St
 		return openSQLite(ctx, filepath.Join(dataDir, DefaultFile), opts)
 
 	case spec == "memory":
+		if opts.CacheRows != 0 {
+			return nil, errors.New("open store: a row cache is for SQLite; the memory store holds every row in memory")
+		}
 		if opts.PipelinedSync {
 			return nil, errors.New("open store: pipelined sync needs a durable store; the memory store has no fsync to pipeline")
 		}
@@ -82,6 +85,9 @@ func OpenWith(ctx context.Context, spec, dataDir string, opts Options) (store.St
 
 	// PostgreSQL: the store for several `capledger serve` replicas.
 	case hasScheme && (scheme == "postgres" || scheme == "postgresql"):
+		if opts.CacheRows != 0 {
+			return nil, errors.New("open store: a row cache is for SQLite; the PostgreSQL store has none (its server caches pages: shared_buffers)")
+		}
 		if opts.PipelinedSync {
 			return nil, errors.New("open store: pipelined sync is for SQLite; a PostgreSQL COMMIT waits for its own WAL flush (keep synchronous_commit on)")
 		}

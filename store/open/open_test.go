@@ -223,3 +223,27 @@ func TestPipelinedSyncOption(t *testing.T) {
 		}
 	}
 }
+
+// CacheRows bounds SQLite's row cache and is refused, with the reason,
+// by the stores that have none (before PostgreSQL is dialled).
+func TestCacheRowsOption(t *testing.T) {
+	ctx := context.Background()
+	st, err := open.OpenWith(ctx, "", t.TempDir(), open.Options{CacheRows: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	for _, spec := range []string{"memory", "postgres://127.0.0.1:1/x", "postgresql://127.0.0.1:1/x"} {
+		if s, err := open.OpenWith(ctx, spec, "", open.Options{CacheRows: 1000}); err == nil || !strings.Contains(err.Error(), "row cache is for SQLite") {
+			if s != nil {
+				s.Close()
+			}
+			t.Fatalf("%s with a row cache: %v, want a refusal", spec, err)
+		}
+	}
+	mem, err := open.OpenWith(ctx, "memory", "", open.Options{})
+	if err != nil {
+		t.Fatalf("memory without a row cache: %v", err)
+	}
+	mem.Close()
+}

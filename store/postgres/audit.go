@@ -69,14 +69,19 @@ func (s *Store) AuditSnapshot(ctx context.Context, cut bool, f func(*ledger.Snap
 	}
 	snap.Estimate = func(reservations bool) (int64, error) {
 		// The seq span since the checkpoint (exact but for gaps), and the
-		// planner's row count of reservations: no count(*) over the table.
+		// planner's row counts of the accounts (read after the journal)
+		// and the reservations: no count(*) over the tables.
 		var rows int64
 		if err := tx.QueryRow(ctx, `SELECT COALESCE(MAX(seq), $1) - $1 FROM journal`, after).Scan(&rows); err != nil {
 			return 0, s.c.classify("snapshot: estimate", err, false)
 		}
+		tables := []string{"accounts"}
 		if reservations {
+			tables = append(tables, "reservations")
+		}
+		for _, table := range tables {
 			var n float64
-			if err := tx.QueryRow(ctx, `SELECT GREATEST(reltuples, 0) FROM pg_class WHERE oid = 'reservations'::regclass`).Scan(&n); err != nil {
+			if err := tx.QueryRow(ctx, `SELECT GREATEST(reltuples, 0) FROM pg_class WHERE oid = $1::regclass`, table).Scan(&n); err != nil {
 				return 0, s.c.classify("snapshot: estimate", err, false)
 			}
 			rows += int64(n)

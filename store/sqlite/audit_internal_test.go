@@ -2,7 +2,6 @@ package sqlite
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -93,15 +92,13 @@ func TestCutPrefixedShortRows(t *testing.T) {
 // reservations copies them and the journal into the spill file and ends
 // its read transaction, so a WAL checkpoint beside it copies every frame
 // (the WAL can be reset) — before that read it cannot — and the audit
-// still sees only what was committed before it began.
+// still sees only what was committed before it began. The store's own
+// checkpointer is stopped: a checkpoint of its running beside the test's
+// holds the checkpoint lock, and the test's then copies nothing (-1 of -1
+// frames, busy), whatever the audit holds.
 func TestFullAuditEndsItsReadTransaction(t *testing.T) {
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "ledger.db")
-	s, err := Open(ctx, path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := openWithoutCheckpointer(t)
 	now := time.Date(2026, 7, 19, 14, 0, 0, 0, time.UTC)
 	account := ledger.AccountKey{Subject: "s", Route: "r", Region: "eu", Generation: 1}
 	batch := 0
@@ -128,18 +125,18 @@ func TestFullAuditEndsItsReadTransaction(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// walCheckpoint runs a PASSIVE checkpoint on a connection of its own
-	// and returns the WAL's frames and how many it could copy.
-	other, err := sql.Open("sqlite", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close()
+	// walCheckpoint runs a PASSIVE checkpoint on the (stopped)
+	// checkpointer's connection and returns the WAL's frames and how many
+	// it could copy. With no other checkpoint running it is never busy;
+	// a busy one reports -1 of -1 frames, which proves nothing either way.
 	walCheckpoint := func() (frames, copied int) {
 		t.Helper()
 		var busy int
-		if err := other.QueryRowContext(ctx, "PRAGMA wal_checkpoint(PASSIVE)").Scan(&busy, &frames, &copied); err != nil {
+		if err := s.checkpointer.db.QueryRowContext(ctx, "PRAGMA wal_checkpoint(PASSIVE)").Scan(&busy, &frames, &copied); err != nil {
 			t.Fatal(err)
+		}
+		if busy != 0 || frames <= 0 {
+			t.Fatalf("checkpoint busy %d, %d frames (%d copied): want a checkpoint that ran over a WAL with the test's commits", busy, frames, copied)
 		}
 		return frames, copied
 	}
@@ -147,7 +144,7 @@ func TestFullAuditEndsItsReadTransaction(t *testing.T) {
 		commit(200)
 	}
 	var reservations, entries int
-	err = s.AuditSnapshot(ctx, false, func(snap *ledger.Snapshot, _ int64) error {
+	err := s.AuditSnapshot(ctx, false, func(snap *ledger.Snapshot, _ int64) error {
 		commit(200)
 		if frames, copied := walCheckpoint(); copied >= frames {
 			t.Errorf("with the audit's read transaction open, a checkpoint copied %d of %d WAL frames", copied, frames)
@@ -300,6 +297,66 @@ func TestAuditEstimateSpansTheJournal(t *testing.T) {
 		if estimate < int64(total)/2 || estimate > 2*int64(total) {
 			t.Errorf("estimate %d journal entries, want within 2x of the %d there are", estimate, total)
 		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestAuditEstimateCountsTheAccounts: the audit's estimate counts the
+// accounts, which it reads after the journal, before the spill (from the
+// read transaction) and after it (from the spill's counts), as
+// ledger.Snapshot.Estimate says.
+func TestAuditEstimateCountsTheAccounts(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(ctx, filepath.Join(t.TempDir(), "ledger.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	now := time.Date(2026, 7, 19, 14, 0, 0, 0, time.UTC)
+	const accounts, reservations = 300, 40
+	c := &store.Changes{NewReservations: map[string]bool{}}
+	for i := range accounts {
+		c.Accounts = append(c.Accounts, ledger.Account{Key: ledger.AccountKey{Subject: fmt.Sprintf("tenant-%05d", i), Route: "chat", Region: "eu", Generation: 1},
+			Dims: 1, EpochStart: now, Balances: ledger.Balances{{Opening: 1000, Available: 1000}}})
+	}
+	account := c.Accounts[0].Key
+	for i := range reservations {
+		id := fmt.Sprintf("r%04d", i)
+		c.Reservations = append(c.Reservations, ledger.Reservation{ID: id, RequestDigest: "d", Account: account, State: ledger.StateReserved,
+			Reserved: ledger.Amounts{1}, CreatedAt: now, ExpiresAt: now.Add(time.Hour)})
+		c.NewReservations[id] = true
+		c.Journal = append(c.Journal, ledger.JournalEntry{At: now, Kind: ledger.KindReserve, Account: account, ReservationID: id,
+			From: ledger.StateRequested, To: ledger.StateReserved, Delta: ledger.Balances{{Available: -1, Reserved: 1}}})
+	}
+	tx, err := s.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Write(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	err = s.AuditSnapshot(ctx, false, func(snap *ledger.Snapshot, _ int64) error {
+		check := func(when string) {
+			t.Helper()
+			// One batch: the estimate of the journal is exact.
+			if n, err := snap.Estimate(false); err != nil || n != reservations+accounts {
+				t.Errorf("%s: estimate without the reservations %d, %v; want %d entries + %d accounts", when, n, err, reservations, accounts)
+			}
+			if n, err := snap.Estimate(true); err != nil || n != 2*reservations+accounts {
+				t.Errorf("%s: estimate %d, %v; want %d reservations + %d entries + %d accounts", when, n, err, reservations, reservations, accounts)
+			}
+		}
+		check("before the spill")
+		if err := snap.ReservationStream(func(*ledger.Reservation) error { return nil }); err != nil {
+			return err
+		}
+		check("after the spill")
 		return nil
 	})
 	if err != nil {

@@ -40,8 +40,8 @@ type auditSpill struct {
 	size                                     int64
 	// legacy holds the rows of the journal table (schema versions 1 and
 	// 2) when there is no checkpoint: position 0, before every batch.
-	legacy                    []ledger.JournalEntry
-	reservationCount, entries int64
+	legacy                                  []ledger.JournalEntry
+	reservationCount, entries, accountCount int64
 }
 
 // spillBuffer is the spill's read and write buffer.
@@ -79,7 +79,7 @@ func newAuditSpill(ctx context.Context, dir string, tx *sql.Tx, last *ledger.Che
 	var copied int
 	record := func(b []byte, body []byte) error {
 		if copied++; copied%spillCheckRows == 0 {
-			store.Pause(ctx, sp.reservationCount+sp.entries)
+			store.Pause(ctx, sp.reservationCount+sp.entries+sp.accountCount)
 			if err := ctx.Err(); err != nil {
 				return err
 			}
@@ -137,16 +137,22 @@ func newAuditSpill(ctx context.Context, dir string, tx *sql.Tx, last *ledger.Che
 	}
 	sp.journalEnd = sp.size
 	var row []byte
+	var counted *int64 // counts the rows copyRows copies, when set
 	copyRows := func(q string, args []any, columns int, what string) error {
 		return pagedByKey(ctx, tx, q, args, scanSpillRow(columns), spillRowKey, what, func(r *spillRow) error {
+			if counted != nil {
+				*counted++
+			}
 			row = r.append(row[:0])
 			b := binary.AppendUvarint(head[:0], uint64(len(row)))
 			return record(b, row)
 		})
 	}
+	counted = &sp.accountCount
 	if err := copyRows(accountsByKey, nil, accountColumns, "audit spill accounts"); err != nil {
 		return nil, err
 	}
+	counted = nil
 	sp.accountsEnd = sp.size
 	if last != nil {
 		if err := copyRows(checkpointAccountsByKey, []any{last.Seq}, checkpointAccountColumns, "audit spill checkpoint accounts"); err != nil {
@@ -273,7 +279,7 @@ func spilledRows[T any](ctx context.Context, sp *auditSpill, from, to int64, sca
 
 // estimate is Snapshot.Estimate once spilled: exact counts.
 func (sp *auditSpill) estimate(reservations bool) int64 {
-	n := sp.entries + int64(len(sp.legacy))
+	n := sp.entries + int64(len(sp.legacy)) + sp.accountCount
 	if reservations {
 		n += sp.reservationCount
 	}
