@@ -11,7 +11,9 @@
 # measure only the journal growing until its first checkpoint.
 # Environment: CAPLEDGER (binary, default: go build to a temporary file),
 #   SOAK_DIR (data directory, default a new temporary one), SAMPLE (seconds
-#   between samples, default 30), ADDR (default 127.0.0.1:7391).
+#   between samples, default 30), ADDR (default 127.0.0.1:7391), TOMBSTONES
+#   (--tombstone-retention, default RETENTION: rows retired then are
+#   already past it and leave no tombstone; longer exercises forgetting).
 # Prints one line per sample (elapsed s, data dir bytes, RSS KiB, WAL
 # bytes) and, at the end, the growth over the last half of the run.
 set -euo pipefail
@@ -29,7 +31,7 @@ fi
 dir=${SOAK_DIR:-$(mktemp -d)}
 log=$dir.serve.log
 "$bin" serve --addr "$addr" --data-dir "$dir" --retention "$retention" \
-	--tombstone-retention "$retention" --compaction "$retention" \
+	--tombstone-retention "${TOMBSTONES:-$retention}" --compaction "$retention" \
 	--compaction-interval 30s --log-level warn >"$log" 2>&1 &
 server=$!
 trap 'kill $server 2>/dev/null; kill $load 2>/dev/null || true' EXIT
