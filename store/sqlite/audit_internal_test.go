@@ -107,23 +107,9 @@ func TestFullAuditEndsItsReadTransaction(t *testing.T) {
 		batch++
 		c := &store.Changes{NewReservations: map[string]bool{}}
 		for i := range n {
-			id := fmt.Sprintf("b%03d-%04d", batch, i)
-			c.Reservations = append(c.Reservations, ledger.Reservation{ID: id, RequestDigest: "d", Account: account, State: ledger.StateReserved,
-				Reserved: ledger.Amounts{1}, CreatedAt: now, ExpiresAt: now.Add(time.Hour)})
-			c.NewReservations[id] = true
-			c.Journal = append(c.Journal, ledger.JournalEntry{At: now, Kind: ledger.KindReserve, Account: account, ReservationID: id,
-				From: ledger.StateRequested, To: ledger.StateReserved, Delta: ledger.Balances{{Available: -1, Reserved: 1}}})
+			appendReserve(c, account, fmt.Sprintf("b%03d-%04d", batch, i), now)
 		}
-		tx, err := s.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := tx.Write(ctx, c); err != nil {
-			t.Fatal(err)
-		}
-		if err := tx.Commit(ctx); err != nil {
-			t.Fatal(err)
-		}
+		commitChanges(t, s, c)
 	}
 	// walCheckpoint runs a PASSIVE checkpoint on the (stopped)
 	// checkpointer's connection and returns the WAL's frames and how many
@@ -264,24 +250,10 @@ func TestAuditEstimateSpansTheJournal(t *testing.T) {
 		batch++
 		c := &store.Changes{NewReservations: map[string]bool{}}
 		for i := range n {
-			id := fmt.Sprintf("b%03d-%04d", batch, i)
-			c.Reservations = append(c.Reservations, ledger.Reservation{ID: id, RequestDigest: "d", Account: account, State: ledger.StateReserved,
-				Reserved: ledger.Amounts{1}, CreatedAt: now, ExpiresAt: now.Add(time.Hour)})
-			c.NewReservations[id] = true
-			c.Journal = append(c.Journal, ledger.JournalEntry{At: now, Kind: ledger.KindReserve, Account: account, ReservationID: id,
-				From: ledger.StateRequested, To: ledger.StateReserved, Delta: ledger.Balances{{Available: -1, Reserved: 1}}})
+			appendReserve(c, account, fmt.Sprintf("b%03d-%04d", batch, i), now)
 		}
 		total += n
-		tx, err := s.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := tx.Write(ctx, c); err != nil {
-			t.Fatal(err)
-		}
-		if err := tx.Commit(ctx); err != nil {
-			t.Fatal(err)
-		}
+		commitChanges(t, s, c)
 	}
 	for range 20 {
 		commit(250)
@@ -324,23 +296,9 @@ func TestAuditEstimateCountsTheAccounts(t *testing.T) {
 	}
 	account := c.Accounts[0].Key
 	for i := range reservations {
-		id := fmt.Sprintf("r%04d", i)
-		c.Reservations = append(c.Reservations, ledger.Reservation{ID: id, RequestDigest: "d", Account: account, State: ledger.StateReserved,
-			Reserved: ledger.Amounts{1}, CreatedAt: now, ExpiresAt: now.Add(time.Hour)})
-		c.NewReservations[id] = true
-		c.Journal = append(c.Journal, ledger.JournalEntry{At: now, Kind: ledger.KindReserve, Account: account, ReservationID: id,
-			From: ledger.StateRequested, To: ledger.StateReserved, Delta: ledger.Balances{{Available: -1, Reserved: 1}}})
+		appendReserve(c, account, fmt.Sprintf("r%04d", i), now)
 	}
-	tx, err := s.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Write(ctx, c); err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
+	commitChanges(t, s, c)
 	err = s.AuditSnapshot(ctx, false, func(snap *ledger.Snapshot, _ int64) error {
 		check := func(when string) {
 			t.Helper()
@@ -360,6 +318,32 @@ func TestAuditEstimateCountsTheAccounts(t *testing.T) {
 		return nil
 	})
 	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// appendReserve adds to c a new reservation id holding one unit of
+// account, and its reserve's journal entry.
+func appendReserve(c *store.Changes, account ledger.AccountKey, id string, now time.Time) {
+	c.Reservations = append(c.Reservations, ledger.Reservation{ID: id, RequestDigest: "d", Account: account, State: ledger.StateReserved,
+		Reserved: ledger.Amounts{1}, CreatedAt: now, ExpiresAt: now.Add(time.Hour)})
+	c.NewReservations[id] = true
+	c.Journal = append(c.Journal, ledger.JournalEntry{At: now, Kind: ledger.KindReserve, Account: account, ReservationID: id,
+		From: ledger.StateRequested, To: ledger.StateReserved, Delta: ledger.Balances{{Available: -1, Reserved: 1}}})
+}
+
+// commitChanges writes c in one write transaction of its own.
+func commitChanges(t *testing.T, s *Store, c *store.Changes) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := s.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Write(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
 }
