@@ -19,15 +19,7 @@ import (
 // cancelled audit is an error, not a verdict.
 func TestStreamingAuditMatchesSnapshotAudit(t *testing.T) {
 	ctx := context.Background()
-	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "audit.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	clk := newClock()
-	e := New(st, Options{Clock: clk.Now, DisableWorkers: true})
-	defer e.Close()
-	publish(t, e, 1_000_000, time.Minute, 0)
+	st, e := sqliteAuditEngine(t)
 	for i := range 300 {
 		id := fmt.Sprintf("a%03d", i)
 		cmds := []ledger.Command{reserveCmd(id, 10), {Kind: ledger.KindStart, ReservationID: id, OperationID: "op"},
@@ -86,15 +78,7 @@ func TestStreamingAuditMatchesSnapshotAudit(t *testing.T) {
 // the first auditCopyFraction of it.
 func TestAuditReportsProgressDuringItsCopy(t *testing.T) {
 	ctx := context.Background()
-	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "audit.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	clk := newClock()
-	e := New(st, Options{Clock: clk.Now, DisableWorkers: true})
-	defer e.Close()
-	publish(t, e, 1_000_000, time.Minute, 0)
+	_, e := sqliteAuditEngine(t)
 	const n = 2000
 	for b := range n / 100 {
 		var cmds []ledger.Command
@@ -127,4 +111,19 @@ func TestAuditReportsProgressDuringItsCopy(t *testing.T) {
 	if end := reports[len(reports)-1]; !end.Done || end.Fraction != 1 {
 		t.Fatalf("the audit ended with progress %+v", end)
 	}
+}
+
+// sqliteAuditEngine returns an engine without workers over a new SQLite
+// store with a policy published, both closed when the test ends.
+func sqliteAuditEngine(t *testing.T) (*sqlite.Store, *Engine) {
+	t.Helper()
+	st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "audit.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	e := New(st, Options{Clock: newClock().Now, DisableWorkers: true})
+	t.Cleanup(func() { e.Close() })
+	publish(t, e, 1_000_000, time.Minute, 0)
+	return st, e
 }
