@@ -341,7 +341,8 @@ func (n *Node) kill() (int, error) {
 	roots := []int{root}
 	outside := map[int]bool{}
 	for _, pid := range n.f.processesIn(n.PGData) {
-		if !tree[pid] {
+		// Not in the tree read above, and not forked into it since.
+		if !tree[pid] && !descendsFrom(pid, root) {
 			outside[pid] = true
 			roots = append(roots, pid)
 		}
@@ -708,6 +709,17 @@ func (f *Formation) processesIn(dir string) []int {
 		pids = append(pids, pid)
 	}
 	return pids
+}
+
+// descendsFrom reports whether root is pid or one of its ancestors.
+func descendsFrom(pid, root int) bool {
+	for i := 0; pid > 1 && i < 64; i++ {
+		if pid == root {
+			return true
+		}
+		pid = parentPID(pid)
+	}
+	return false
 }
 
 // parentPID returns pid's parent, or 0.
