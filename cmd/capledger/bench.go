@@ -77,7 +77,9 @@ Flags:
                      redis-batch or envoy (default reserve)
   --envoy-domain D   rate limit domain of --mode envoy (default bench)
   --concurrency N    concurrent callers (default 64)
-  --duration DUR     measured time (default 10s)
+  --duration DUR     measured time (default 10s); it goes on until at
+                     least one call has finished, so a short run on a
+                     loaded machine still measures one
   --warmup DUR       unmeasured time before it (default 1s)
   --subjects N       subjects to spread over; 1 = one hot subject (default 1)
   --prefill BOOL     before the warmup, reserve once for every subject (in
@@ -660,9 +662,15 @@ type benchResult struct {
 }
 
 // drive runs op from cfg.concurrency goroutines: warmup first (not
-// recorded), then the measured duration.
+// recorded), then the measured duration, which goes on past
+// cfg.duration until a call begun in it has finished (succeeded, been
+// rejected or failed): on a loaded machine the first calls, which also
+// open the connections, can take longer than a short --duration, and a
+// window in which nothing finished measured nothing. A call that never
+// finishes is ended by the client's timeout.
 func drive(ctx context.Context, e *env, cfg *benchConfig, op func(context.Context, *benchWorker) (int, error)) *benchResult {
 	var measuring atomic.Bool
+	var finished atomic.Int64 // calls finished while measuring
 	var stop atomic.Bool
 	var done atomic.Int64
 	var firstErr atomic.Pointer[error]
@@ -681,6 +689,7 @@ func drive(ctx context.Context, e *env, cfg *benchConfig, op func(context.Contex
 				if !measuring.Load() {
 					continue
 				}
+				finished.Add(1)
 				if err != nil {
 					var rej *client.RejectedError
 					if errors.As(err, &rej) {
@@ -739,7 +748,7 @@ func drive(ctx context.Context, e *env, cfg *benchConfig, op func(context.Contex
 			}
 			bar.Set64(min(elapsed.Milliseconds(), total.Milliseconds()))
 		}
-		if measuring.Load() && time.Since(measureStart) >= cfg.duration {
+		if measuring.Load() && time.Since(measureStart) >= cfg.duration && finished.Load() > 0 {
 			break
 		}
 	}

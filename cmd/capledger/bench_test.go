@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // benchRow returns the value of a row of bench's table.
@@ -190,4 +191,23 @@ func TestBenchPrefillAndAddrs(t *testing.T) {
 	// Both servers served reserves: the second has the hot subject's account.
 	code, out, errOut = cli(t, second, "account", "--subject", "bench-0", "--route", "bench.reserve")
 	wantExit(t, exitOK, code, out, errOut)
+}
+
+// A measured window shorter than the first calls (as on a loaded machine,
+// where the first calls also open the connections) goes on until a call
+// has finished, instead of ending with nothing measured and bench failing
+// with "no operation finished".
+func TestBenchWindowWaitsForAFinishedCall(t *testing.T) {
+	cfg := &benchConfig{mode: "reserve", concurrency: 2, duration: 20 * time.Millisecond}
+	var calls atomic.Int64
+	res := drive(context.Background(), &env{stdout: io.Discard, stderr: io.Discard, getenv: func(string) string { return "" }}, cfg,
+		func(ctx context.Context, w *benchWorker) (int, error) {
+			calls.Add(1)
+			time.Sleep(300 * time.Millisecond) // 15 times --duration
+			return 1, nil
+		})
+	if res.ops == 0 || len(res.latencies) == 0 || res.firstErr != nil {
+		t.Fatalf("a window in which the first calls outlast --duration measured %d ops (%d latencies, error %v) of %d calls begun",
+			res.ops, len(res.latencies), res.firstErr, calls.Load())
+	}
 }

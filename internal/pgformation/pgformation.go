@@ -192,7 +192,7 @@ func Start(t testing.TB, nodes int) *Formation {
 	// The first node alone becomes "single" (the primary); the standbys
 	// then clone it together.
 	f.Nodes[0].create()
-	if err := f.waitStates(ctx, map[string]int{"single": 1}); err != nil {
+	if err := f.waitStates(ctx, map[string]int{"single": 1}, nil); err != nil {
 		t.Fatalf("first node did not become single: %v\n%s", err, f.Nodes[0].output())
 	}
 	for _, n := range f.Nodes[1:] {
@@ -309,16 +309,77 @@ func (n *Node) Running() bool {
 // the postmaster and every backend) at once, as a machine crash would, and
 // waits until every one of those processes is gone. It returns the number
 // of processes killed.
+//
+// The node's PostgreSQL processes die with it even where they have left
+// pg_autoctl's tree: when pg_autoctl's "start/stop postgres" service dies,
+// its supervisor starts another, which adopts the running postmaster, now
+// a child of init. Kill finds them by the postmaster.pid file and by their
+// working directory (the data directory), and says so in the test log.
+// Afterwards it fails the test unless every process is gone and the
+// node's port refuses connections: a kill that leaves the node serving
+// would make a failover test pass without a failover.
 func (n *Node) Kill() int {
+	killed, err := n.kill()
+	if err != nil {
+		n.f.t.Fatalf("pgformation: kill %s: %v", n.Name, err)
+	}
+	return killed
+}
+
+func (n *Node) kill() (int, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.proc == nil {
-		return 0
+		return 0, nil
 	}
-	killed := n.f.killTree(n.proc.cmd.Process.Pid)
+	root := n.proc.cmd.Process.Pid
+	tree := map[int]bool{}
+	for _, pid := range descendants(root) {
+		tree[pid] = true
+	}
+	pm := postmasterPID(n.PGData)
+	roots := []int{root}
+	outside := map[int]bool{}
+	for _, pid := range n.f.processesIn(n.PGData) {
+		// Not in the tree read above, and not forked into it since.
+		if !tree[pid] && !descendsFrom(pid, root) {
+			outside[pid] = true
+			roots = append(roots, pid)
+		}
+	}
+	if len(outside) > 0 {
+		// Name the tops of the escaped trees (the postmaster, typically).
+		var tops []string
+		for pid := range outside {
+			if parent := parentPID(pid); !outside[parent] {
+				what := "process"
+				if pid == pm {
+					what = "postmaster"
+				}
+				tops = append(tops, fmt.Sprintf("%s %d (parent %d)", what, pid, parent))
+			}
+		}
+		n.f.t.Logf("pgformation: kill %s: %d PostgreSQL processes outside pg_autoctl's process tree (pid %d), killed with it: %s",
+			n.Name, len(outside), root, strings.Join(tops, ", "))
+	}
+	killed, survivors := n.f.killTrees(roots...)
 	<-n.proc.done
 	n.proc = nil
-	return killed
+	// Whatever a stopped process forked before it stopped is found here.
+	if more := n.f.processesIn(n.PGData); len(more) > 0 {
+		k, s := n.f.killTrees(more...)
+		killed += k
+		survivors = append(survivors, s...)
+	}
+	if len(survivors) > 0 {
+		return killed, fmt.Errorf("processes %v still alive 30 s after SIGKILL", survivors)
+	}
+	if conn, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", n.Port), 2*time.Second); err == nil {
+		conn.Close()
+		return killed, fmt.Errorf("port %d still accepts connections after %d processes were killed (postmaster.pid names %d)",
+			n.Port, killed, postmasterPID(n.PGData))
+	}
+	return killed, nil
 }
 
 // Rejoin starts the node's supervisor again (`pg_autoctl run`) after Kill;
@@ -361,18 +422,54 @@ func (f *Formation) States(ctx context.Context) ([]NodeState, error) {
 }
 
 // Primary returns the node the monitor has assigned and seen as primary,
-// or nil while there is none.
+// or nil while there is none. The monitor's view can be stale, so Primary
+// confirms it on the nodes: the primary must answer as writable (not in
+// recovery) and no other node may; otherwise it returns an error saying
+// what it found.
 func (f *Formation) Primary(ctx context.Context) (*Node, error) {
 	states, err := f.States(ctx)
 	if err != nil {
 		return nil, err
 	}
+	var primary *Node
 	for _, s := range states {
 		if s.Reported == "primary" && s.Assigned == "primary" {
-			return f.node(s.Port), nil
+			primary = f.node(s.Port)
+			break
 		}
 	}
-	return nil, nil
+	if primary == nil {
+		return nil, nil
+	}
+	if writable, err := primary.writable(ctx); err != nil {
+		return nil, fmt.Errorf("the monitor's primary %s (port %d) does not answer: %w", primary.Name, primary.Port, err)
+	} else if !writable {
+		return nil, fmt.Errorf("the monitor's primary %s (port %d) is in recovery", primary.Name, primary.Port)
+	}
+	for _, n := range f.Nodes {
+		if n == primary {
+			continue
+		}
+		if writable, err := n.writable(ctx); err == nil && writable {
+			return nil, fmt.Errorf("%s (port %d) is writable too, though the monitor's primary is %s (monitor says %+v)",
+				n.Name, n.Port, primary.Name, states)
+		}
+	}
+	return primary, nil
+}
+
+// writable asks the node itself whether it is a primary (not in recovery).
+func (n *Node) writable(ctx context.Context) (bool, error) {
+	var primary bool
+	err := queryOn(ctx, n.DSN(), "SELECT NOT pg_is_in_recovery()", &primary)
+	return primary, err
+}
+
+// streaming returns how many standbys the node (a primary) streams to.
+func (n *Node) streaming(ctx context.Context) (int, error) {
+	var standbys int
+	err := queryOn(ctx, n.DSN(), "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'", &standbys)
+	return standbys, err
 }
 
 func (f *Formation) node(port int) *Node {
@@ -385,16 +482,39 @@ func (f *Formation) node(port int) *Node {
 }
 
 // WaitHealthy waits until the monitor reports one primary and every other
-// node a secondary (reported and assigned), every node registered. While
-// a standby clones or catches up it asks the primary for a CHECKPOINT
-// every second: pg_basebackup otherwise waits for a spread checkpoint
-// that can take minutes.
+// node a secondary (reported and assigned), every node registered, and
+// the nodes confirm it: the primary answers as writable and its
+// pg_stat_replication lists every other node as a streaming standby (the
+// monitor's view lags, and a standby it calls secondary may not stream
+// yet). While a standby clones or catches up it asks the primary for a
+// CHECKPOINT every second: pg_basebackup otherwise waits for a spread
+// checkpoint that can take minutes.
 func (f *Formation) WaitHealthy(ctx context.Context) error {
 	want := map[string]int{"primary": 1, "secondary": len(f.Nodes) - 1}
-	return f.waitStates(ctx, want)
+	return f.waitStates(ctx, want, func(states []NodeState) error {
+		var primary *Node
+		for _, s := range states {
+			if s.Reported == "primary" {
+				primary = f.node(s.Port)
+			}
+		}
+		if primary == nil {
+			return errors.New("the monitor's primary is not a node of this formation")
+		}
+		if writable, err := primary.writable(ctx); err != nil || !writable {
+			return fmt.Errorf("primary %s: writable %v (%v)", primary.Name, writable, err)
+		}
+		standbys, err := primary.streaming(ctx)
+		if err != nil || standbys != len(f.Nodes)-1 {
+			return fmt.Errorf("primary %s streams to %d standbys (%v), want %d", primary.Name, standbys, err, len(f.Nodes)-1)
+		}
+		return nil
+	})
 }
 
-func (f *Formation) waitStates(ctx context.Context, want map[string]int) error {
+// waitStates waits until the monitor's view counts want (reported and
+// assigned) and then confirm, if not nil, accepts it.
+func (f *Formation) waitStates(ctx context.Context, want map[string]int, confirm func([]NodeState) error) error {
 	var last []NodeState
 	var lastErr error
 	checkpoint := time.Now()
@@ -418,6 +538,12 @@ func (f *Formation) waitStates(ctx context.Context, want map[string]int) error {
 					done = false
 				}
 			}
+			if done && confirm != nil {
+				if err := confirm(states); err != nil {
+					lastErr = err
+					done = false
+				}
+			}
 			if done {
 				return nil
 			}
@@ -436,7 +562,7 @@ func (f *Formation) waitStates(ctx context.Context, want map[string]int) error {
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("want %v, monitor says %+v (last error %v): %w", want, last, lastErr, ctx.Err())
+			return fmt.Errorf("want %v, monitor says %+v (last error: %v): %w", want, last, lastErr, ctx.Err())
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
@@ -472,6 +598,17 @@ func (f *Formation) monitorExec(ctx context.Context, sql string) error {
 	return execOn(ctx, f.MonitorDSN(), sql)
 }
 
+func queryOn(ctx context.Context, dsn, sql string, dest ...any) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	return conn.QueryRow(ctx, sql).Scan(dest...)
+}
+
 func execOn(ctx context.Context, dsn, sql string) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -484,18 +621,21 @@ func execOn(ctx context.Context, dsn, sql string) error {
 	return err
 }
 
-// killTree SIGSTOPs root and all its descendants (so none can fork or
-// restart another while the tree is collected), then SIGKILLs them all and
-// waits until each is gone. It returns how many processes it killed.
-func (f *Formation) killTree(root int) int {
+// killTrees SIGSTOPs the roots and all their descendants (so none can
+// fork or restart another while the trees are collected), then SIGKILLs
+// them all and waits until each is gone. It returns how many processes it
+// killed and those still alive after 30 s.
+func (f *Formation) killTrees(roots ...int) (killed int, survivors []int) {
 	stopped := map[int]bool{}
 	for {
 		grew := false
-		for _, pid := range descendants(root) {
-			if !stopped[pid] {
-				syscall.Kill(pid, syscall.SIGSTOP)
-				stopped[pid] = true
-				grew = true
+		for _, root := range roots {
+			for _, pid := range descendants(root) {
+				if !stopped[pid] {
+					syscall.Kill(pid, syscall.SIGSTOP)
+					stopped[pid] = true
+					grew = true
+				}
 			}
 		}
 		if !grew {
@@ -505,27 +645,100 @@ func (f *Formation) killTree(root int) int {
 	for pid := range stopped {
 		syscall.Kill(pid, syscall.SIGKILL)
 	}
-	waitGone(stopped)
-	return len(stopped)
+	return len(stopped), waitGone(stopped)
 }
 
 // waitGone waits (up to 30 s) until no pid of the set is alive; a zombie
-// counts as gone (its parent reaps it).
-func waitGone(pids map[int]bool) {
+// counts as gone (its parent reaps it). It returns the pids still alive.
+func waitGone(pids map[int]bool) []int {
 	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		alive := false
+	for {
+		var alive []int
 		for pid := range pids {
 			if isAlive(pid) {
-				alive = true
-				break
+				alive = append(alive, pid)
 			}
 		}
-		if !alive {
-			return
+		if len(alive) == 0 || time.Now().After(deadline) {
+			return alive
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// postmasterPID returns the pid the data directory's postmaster.pid
+// names, or 0.
+func postmasterPID(pgdata string) int {
+	b, err := os.ReadFile(filepath.Join(pgdata, "postmaster.pid"))
+	if err != nil {
+		return 0
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(strings.SplitN(string(b), "\n", 2)[0]))
+	if err != nil {
+		return 0
+	}
+	return pid
+}
+
+// processesIn returns the live processes running in dir: those whose
+// working directory is dir or below it (a postmaster moves into its data
+// directory and its children inherit it), and the postmaster its
+// postmaster.pid names if that process names dir on its command line (a
+// stale pid file's number may belong to someone else's process by now).
+func (f *Formation) processesIn(dir string) []int {
+	found := map[int]bool{}
+	if pid := postmasterPID(dir); pid > 0 && isAlive(pid) {
+		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if bytes.Contains(cmdline, []byte(dir)) {
+			found[pid] = true
+		}
+	}
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		cwd, _ := os.Readlink("/proc/" + e.Name() + "/cwd")
+		if (cwd == dir || strings.HasPrefix(cwd, dir+"/")) && isAlive(pid) {
+			found[pid] = true
+		}
+	}
+	var pids []int
+	for pid := range found {
+		pids = append(pids, pid)
+	}
+	return pids
+}
+
+// descendsFrom reports whether root is pid or one of its ancestors.
+func descendsFrom(pid, root int) bool {
+	for i := 0; pid > 1 && i < 64; i++ {
+		if pid == root {
+			return true
+		}
+		pid = parentPID(pid)
+	}
+	return false
+}
+
+// parentPID returns pid's parent, or 0.
+func parentPID(pid int) int {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	s := string(stat)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0
+	}
+	fields := strings.Fields(s[i+1:])
+	if len(fields) < 2 {
+		return 0
+	}
+	ppid, _ := strconv.Atoi(fields[1])
+	return ppid
 }
 
 func isAlive(pid int) bool {
@@ -586,45 +799,38 @@ func descendants(root int) []int {
 // supervisor died first), waits for them, and removes the directory.
 func (f *Formation) teardown() {
 	for _, n := range f.Nodes {
-		n.Kill()
+		if _, err := n.kill(); err != nil {
+			f.t.Errorf("pgformation teardown: kill %s: %v", n.Name, err)
+		}
 	}
 	if f.monitor != nil {
-		f.killTree(f.monitor.cmd.Process.Pid)
+		f.killTrees(f.monitor.cmd.Process.Pid)
 		<-f.monitor.done
-	}
-	// Postmasters named by their pid files, and anything whose command
-	// line names our directory.
-	leftover := map[int]bool{}
-	pidFiles, _ := filepath.Glob(filepath.Join(f.dir, "*", "postmaster.pid"))
-	for _, file := range pidFiles {
-		if b, err := os.ReadFile(file); err == nil {
-			pid, err := strconv.Atoi(strings.TrimSpace(strings.SplitN(string(b), "\n", 2)[0]))
-			// A stale pid file's number may belong to someone else's
-			// process by now: only a process running out of our
-			// directory is ours.
-			cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-			if err == nil && bytes.Contains(cmdline, []byte(f.dir)) {
-				leftover[pid] = true
-			}
-		}
 	}
 	// Every process the formation started runs in its directory (spawn
 	// sets it as the working directory; postgres moves into its data
-	// directory below it) or names it on its command line.
+	// directory below it), is a postmaster its pid file names, or names
+	// the directory on its command line.
+	leftover := f.processesIn(f.dir)
+	pidFiles, _ := filepath.Glob(filepath.Join(f.dir, "*", "postmaster.pid"))
+	for _, file := range pidFiles {
+		leftover = append(leftover, f.processesIn(filepath.Dir(file))...)
+	}
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil {
 			continue
 		}
-		cwd, _ := os.Readlink("/proc/" + e.Name() + "/cwd")
 		cmdline, _ := os.ReadFile("/proc/" + e.Name() + "/cmdline")
-		if cwd == f.dir || strings.HasPrefix(cwd, f.dir+"/") || bytes.Contains(cmdline, []byte(f.dir)) {
-			leftover[pid] = true
+		if bytes.Contains(cmdline, []byte(f.dir)) {
+			leftover = append(leftover, pid)
 		}
 	}
-	for pid := range leftover {
-		f.killTree(pid)
+	if len(leftover) > 0 {
+		if _, survivors := f.killTrees(leftover...); len(survivors) > 0 {
+			f.t.Errorf("pgformation teardown: processes %v still alive 30 s after SIGKILL", survivors)
+		}
 	}
 	if err := os.RemoveAll(f.dir); err != nil {
 		f.t.Errorf("remove formation directory: %v", err)

@@ -1,0 +1,132 @@
+package pgformation
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The harness's own checks, each against the way it once failed. On one
+// formation:
+//   - WaitHealthy does not call a formation healthy while the standbys
+//     the monitor calls secondaries do not stream (the primary refuses
+//     their replication connections; the monitor's view lags), and
+//     returns once they stream again;
+//   - Kill takes down a primary whose postmaster left pg_autoctl's process
+//     tree (its "start/stop postgres" service was killed and restarted,
+//     the postmaster adopted by init) and leaves its port refusing
+//     connections; before Kill looked past the tree it killed the 3
+//     pg_autoctl processes and the node went on serving as primary;
+//   - Primary reports an error, not the monitor's stale primary, while
+//     another node is writable too.
+func TestHarnessChecks(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a four-process pg_auto_failover formation")
+	}
+	f := Start(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	primary, err := f.Primary(ctx)
+	if err != nil || primary == nil {
+		t.Fatalf("primary: %v %v", primary, err)
+	}
+
+	// While the primary refuses replication connections and its
+	// walsenders are gone, the monitor still calls the standbys
+	// secondaries for a while, but WaitHealthy does not return; once the
+	// standbys may connect again, it waits until they stream.
+	hba := filepath.Join(primary.PGData, "pg_hba.conf")
+	conf, err := os.ReadFile(hba)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(hba, append([]byte("host replication all 0.0.0.0/0 reject\n"), conf...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := execOn(ctx, primary.DSN(), "SELECT pg_reload_conf()"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	if err := execOn(ctx, primary.DSN(), "SELECT pg_terminate_backend(pid) FROM pg_stat_replication"); err != nil {
+		t.Fatal(err)
+	}
+	short, cancelShort := context.WithTimeout(ctx, 3*time.Second)
+	err = f.WaitHealthy(short)
+	cancelShort()
+	if err == nil {
+		n, err := primary.streaming(ctx)
+		t.Fatalf("WaitHealthy returned while the primary refused its standbys (it streams to %d, %v)", n, err)
+	}
+	t.Logf("WaitHealthy while the standbys cannot connect: %v", err)
+	if err := os.WriteFile(hba, conf, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := execOn(ctx, primary.DSN(), "SELECT pg_reload_conf()"); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.WaitHealthy(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := primary.streaming(ctx); err != nil || n != len(f.Nodes)-1 {
+		t.Fatalf("WaitHealthy returned while the primary streams to %d standbys (%v), want %d", n, err, len(f.Nodes)-1)
+	}
+
+	// A postmaster outside pg_autoctl's tree dies with the node.
+	pm := postmasterPID(primary.PGData)
+	service := parentPID(pm)
+	root := primary.proc.cmd.Process.Pid
+	if err := syscall.Kill(service, syscall.SIGKILL); err != nil {
+		t.Fatalf("kill %s's postgres service %d: %v", primary.Name, service, err)
+	}
+	escaped := func() bool {
+		for _, pid := range descendants(root) {
+			if pid == pm {
+				return false
+			}
+		}
+		return len(descendants(root)) >= 3 // pg_autoctl and its two services
+	}
+	for !escaped() {
+		if ctx.Err() != nil {
+			t.Fatalf("the postmaster %d did not leave pg_autoctl's tree after its service %d died", pm, service)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if w, err := primary.writable(ctx); err != nil || !w {
+		t.Fatalf("%s after its postgres service died: writable %v (%v), want still serving", primary.Name, w, err)
+	}
+	killed := primary.Kill() // fails the test if the port still accepts connections
+	if isAlive(pm) {
+		t.Fatalf("postmaster %d alive after Kill", pm)
+	}
+	t.Logf("killed %s: %d processes, its escaped postmaster %d among them", primary.Name, killed, pm)
+
+	// Once another node is promoted, a second writable node makes Primary
+	// fail.
+	var next *Node
+	for next == nil || next == primary {
+		if ctx.Err() != nil {
+			t.Fatalf("no promotion after the kill: %v", err)
+		}
+		time.Sleep(250 * time.Millisecond)
+		next, err = f.Primary(ctx)
+	}
+	var standby *Node
+	for _, n := range f.Nodes {
+		if n != primary && n != next {
+			standby = n
+		}
+	}
+	if err := execOn(ctx, standby.DSN(), "SELECT pg_promote()"); err != nil {
+		t.Fatal(err)
+	}
+	got, err := f.Primary(ctx)
+	if err == nil || !strings.Contains(err.Error(), standby.Name+" (port") {
+		t.Fatalf("with %s promoted behind the monitor's back, Primary returned %v, %v; want an error naming %s", standby.Name, got, err, standby.Name)
+	}
+	t.Logf("Primary with two writable nodes: %v", err)
+}
