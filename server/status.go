@@ -39,22 +39,29 @@ type Status struct {
 	WorkerCommands uint64 `json:"workerCommands"`
 	// Compaction: the statement checkpoints this replica cut and the
 	// journal rows it deleted (docs/OPERATIONS.md, "Retention and
-	// compaction"); absent when the ledger has no compaction counters.
+	// compaction"); absent when compaction is off (serve --compaction 0).
 	Compaction *CompactionStatus `json:"compaction,omitempty"`
 	// Retention: the retention worker's passes on this replica; a
-	// lastPassSeconds near the retention interval or above it means the
-	// worker does not keep up (docs/OPERATIONS.md).
+	// lastPassSeconds or passRunningSeconds near the retention interval
+	// or above it means the worker does not keep up (docs/OPERATIONS.md);
+	// absent when retention is off (serve --retention 0).
 	Retention *RetentionStatus `json:"retention,omitempty"`
 }
 
 // RetentionStatus is the retention worker's part of Status.
 type RetentionStatus struct {
-	Passes          uint64     `json:"passes"`
-	Retired         uint64     `json:"retired"`
-	Forgotten       uint64     `json:"tombstonesForgotten"`
-	Failed          uint64     `json:"failed"`
+	Passes    uint64 `json:"passes"`
+	Retired   uint64 `json:"retired"`
+	Forgotten uint64 `json:"tombstonesForgotten"`
+	Failed    uint64 `json:"failed"`
+	// LastPassAt and LastPassSeconds: the start and length of the last
+	// finished pass.
 	LastPassAt      *time.Time `json:"lastPassAt,omitempty"`
 	LastPassSeconds float64    `json:"lastPassSeconds"`
+	// PassRunningSince and PassRunningSeconds: the start of the pass
+	// under way and how long it has run so far (absent when none runs).
+	PassRunningSince   *time.Time `json:"passRunningSince,omitempty"`
+	PassRunningSeconds float64    `json:"passRunningSeconds,omitempty"`
 }
 
 // retentionReporter is the Ledger capability behind Status.Retention.
@@ -92,15 +99,19 @@ func (s *Server) status() Status {
 		st.Workers.Leader, st.Workers.Self, st.Workers.Holder, st.Workers.Fence = l.Leader, l.Self, l.Holder, l.Fence
 		st.Workers.LeaseExpires, st.Workers.LeaderSince, st.Workers.LeaseError = timePtr(l.Expires), timePtr(l.Since), l.Err
 	}
-	if cr, ok := s.ledger.(compactionReporter); ok {
+	if cr, ok := s.ledger.(compactionReporter); ok && cr.CompactionStats().On {
 		c := cr.CompactionStats()
 		st.Compaction = &CompactionStatus{Checkpoints: c.Checkpoints, Deleted: c.Deleted, Refused: c.Refused,
 			LastSeq: c.LastSeq, LastCutAt: timePtr(c.LastCutAt)}
 	}
 	if rr, ok := s.ledger.(retentionReporter); ok {
-		r := rr.RetentionStats()
-		st.Retention = &RetentionStatus{Passes: r.Passes, Retired: r.Retired, Forgotten: r.Forgotten, Failed: r.Failed,
-			LastPassAt: timePtr(r.LastPassAt), LastPassSeconds: r.LastPass.Seconds()}
+		if r := rr.RetentionStats(); r.On {
+			st.Retention = &RetentionStatus{Passes: r.Passes, Retired: r.Retired, Forgotten: r.Forgotten, Failed: r.Failed,
+				LastPassAt: timePtr(r.LastPassAt), LastPassSeconds: r.LastPass.Seconds(), PassRunningSince: timePtr(r.RunningSince)}
+			if !r.RunningSince.IsZero() {
+				st.Retention.PassRunningSeconds = max(time.Since(r.RunningSince).Seconds(), 1e-9)
+			}
+		}
 	}
 	stats := s.ledger.Stats()
 	st.Commands, st.Batches, st.Conflicts, st.Failures, st.WorkerCommands =

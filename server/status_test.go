@@ -37,3 +37,27 @@ func TestStatusShowsTheWorkerLeader(t *testing.T) {
 		}
 	}
 }
+
+// /statusz shows the retention and compaction blocks only where they are
+// configured (docs/API.md: "when they run"): a replica with retention
+// off must not show a retention worker whose passes stay at 0, which
+// reads as a stuck one. No pass is under way here, so none is shown.
+func TestStatusShowsOnlyTheMaintenanceThatIsOn(t *testing.T) {
+	for _, retention := range []time.Duration{0, time.Hour} {
+		h := newHarness(t, harnessOptions{retention: retention})
+		var st map[string]any
+		if err := json.Unmarshal([]byte(h.get("/statusz")), &st); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := st["compaction"]; ok {
+			t.Fatalf("retention %s, compaction off: /statusz shows compaction: %v", retention, st)
+		}
+		r, ok := st["retention"].(map[string]any)
+		if ok != (retention > 0) {
+			t.Fatalf("retention %s: /statusz retention %v", retention, st["retention"])
+		}
+		if _, running := r["passRunningSeconds"]; running {
+			t.Fatalf("no pass under way, /statusz shows one: %v", r)
+		}
+	}
+}
