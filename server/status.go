@@ -151,3 +151,52 @@ func (m *Metrics) registerLeader(l Ledger) {
 			func() float64 { return float64(lr.Leader().Fence) }),
 	)
 }
+
+// registerMaintenance exports the retention and compaction workers'
+// counters for alerting (the same figures /statusz shows), only for the
+// workers the engine runs: capledger_retention_pass_running_seconds
+// above the retention interval means retention is behind while the long
+// pass that shows it still runs.
+func (m *Metrics) registerMaintenance(l Ledger) {
+	if rr, ok := l.(retentionReporter); ok && rr.RetentionStats().On {
+		counter := func(name, help string, labels prometheus.Labels, f func(engine.RetentionStats) uint64) prometheus.Collector {
+			return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels},
+				func() float64 { return float64(f(rr.RetentionStats())) })
+		}
+		m.registry.MustRegister(
+			counter("capledger_retention_passes_total", "Retention passes finished on this replica.", nil,
+				func(s engine.RetentionStats) uint64 { return s.Passes }),
+			counter("capledger_retention_removed_total", "Finished reservations (kind=reservation) and tombstones (kind=tombstone) retention removed.",
+				prometheus.Labels{"kind": "reservation"}, func(s engine.RetentionStats) uint64 { return s.Retired }),
+			counter("capledger_retention_removed_total", "Finished reservations (kind=reservation) and tombstones (kind=tombstone) retention removed.",
+				prometheus.Labels{"kind": "tombstone"}, func(s engine.RetentionStats) uint64 { return s.Forgotten }),
+			counter("capledger_retention_failed_total", "Retention commands the ledger refused.", nil,
+				func(s engine.RetentionStats) uint64 { return s.Failed }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "capledger_retention_last_pass_seconds",
+				Help: "Length of the last finished retention pass."},
+				func() float64 { return rr.RetentionStats().LastPass.Seconds() }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "capledger_retention_pass_running_seconds",
+				Help: "How long the retention pass under way has run; 0 when none runs."},
+				func() float64 {
+					if t := rr.RetentionStats().RunningSince; !t.IsZero() {
+						return time.Since(t).Seconds()
+					}
+					return 0
+				}),
+		)
+	}
+	if cr, ok := l.(compactionReporter); ok && cr.CompactionStats().On {
+		counter := func(name, help string, f func(engine.CompactionStats) uint64) prometheus.Collector {
+			return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help},
+				func() float64 { return float64(f(cr.CompactionStats())) })
+		}
+		m.registry.MustRegister(
+			counter("capledger_compaction_checkpoints_total", "Statement checkpoints this replica cut.",
+				func(s engine.CompactionStats) uint64 { return s.Checkpoints }),
+			counter("capledger_compaction_journal_rows_deleted_total", "Journal rows deleted behind checkpoints.",
+				func(s engine.CompactionStats) uint64 { return s.Deleted }),
+			counter("capledger_compaction_refused_total", "Checkpoint cuts refused because their audit found discrepancies.",
+				func(s engine.CompactionStats) uint64 { return s.Refused }),
+		)
+	}
+}

@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"context"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -59,5 +60,39 @@ func TestStatusShowsOnlyTheMaintenanceThatIsOn(t *testing.T) {
 		if _, running := r["passRunningSeconds"]; running {
 			t.Fatalf("no pass under way, /statusz shows one: %v", r)
 		}
+	}
+}
+
+// /metrics carries the retention and compaction counters /statusz shows,
+// so that an alert can see retention fall behind; only for the workers
+// that are on.
+func TestMetricsShowRetention(t *testing.T) {
+	off := newHarness(t, harnessOptions{})
+	if got := grep(off.get("/metrics"), "capledger_retention_"); got != "" {
+		t.Fatalf("retention off, /metrics shows %q", got)
+	}
+	h := newHarness(t, harnessOptions{retention: time.Hour})
+	h.ok("PublishPolicy", tokensPolicy, "")
+	h.ok("Reserve", reserveBody("gone-soon", 600), "")
+	h.ok("Release", `{"reservationId":"gone-soon"}`, "")
+	h.clock.Advance(2 * time.Hour)
+	if err := h.engine.RunRetention(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	metrics := h.get("/metrics")
+	for _, want := range []string{
+		"capledger_retention_passes_total 1",
+		`capledger_retention_removed_total{kind="reservation"} 1`,
+		`capledger_retention_removed_total{kind="tombstone"} 0`,
+		"capledger_retention_failed_total 0",
+		"capledger_retention_pass_running_seconds 0",
+		"capledger_retention_last_pass_seconds ",
+	} {
+		if !strings.Contains(metrics, want) {
+			t.Fatalf("/metrics lacks %q:\n%s", want, grep(metrics, "capledger_retention_"))
+		}
+	}
+	if got := grep(metrics, "capledger_compaction_"); got != "" {
+		t.Fatalf("compaction off, /metrics shows %q", got)
 	}
 }
