@@ -73,6 +73,9 @@ type compactionCounters struct {
 
 // CompactionStats are the compaction worker's counters.
 type CompactionStats struct {
+	// On: the engine cuts checkpoints (Options.Compaction is set), on
+	// the lease holder.
+	On bool
 	// Checkpoints cut by this engine; Deleted journal rows; Refused: cuts
 	// not made because the audit found discrepancies.
 	Checkpoints, Deleted, Refused uint64
@@ -83,7 +86,7 @@ type CompactionStats struct {
 
 // CompactionStats returns the compaction worker's counters.
 func (e *Engine) CompactionStats() CompactionStats {
-	s := CompactionStats{Checkpoints: e.compaction.checkpoints.Load(), Deleted: e.compaction.deleted.Load(),
+	s := CompactionStats{On: e.opts.Compaction != nil, Checkpoints: e.compaction.checkpoints.Load(), Deleted: e.compaction.deleted.Load(),
 		Refused: e.compaction.refused.Load(), LastSeq: e.compaction.lastSeq.Load()}
 	if t := e.compaction.lastCut.Load(); t != 0 {
 		s.LastCutAt = time.Unix(0, t).UTC()

@@ -146,6 +146,7 @@ type Engine struct {
 type retentionCounters struct {
 	passes, retired, forgotten, failed atomic.Uint64
 	lastPassAt, lastPass               atomic.Int64
+	runningSince                       atomic.Int64 // the pass under way's start, 0 when none runs
 	// rate is where the finish rate is measured from: the previous
 	// pass's start (retention.go).
 	rateMu sync.Mutex

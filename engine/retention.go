@@ -192,9 +192,19 @@ func (c *Core) RetentionDue(ctx context.Context, now time.Time, window, horizon 
 
 // RetentionStats are the retention worker's counters.
 type RetentionStats struct {
+	// On: the engine has a retention window (Options.Retention > 0),
+	// so the worker runs on the lease holder.
+	On                                 bool
 	Passes, Retired, Forgotten, Failed uint64
-	LastPassAt                         time.Time
-	LastPass                           time.Duration
+	// LastPassAt and LastPass are the start and length of the last
+	// finished pass.
+	LastPassAt time.Time
+	LastPass   time.Duration
+	// RunningSince is the start of the pass under way (zero when none
+	// is): a pass runs until nothing is due, so one that has run longer
+	// than the retention interval shows the worker is behind before it
+	// ends, which under a saturating load may be hours away.
+	RunningSince time.Time
 }
 
 // runRetention is one retention pass: pages of RetentionBatch rows, each
@@ -208,6 +218,7 @@ type RetentionStats struct {
 // back the freed space, paced the same way.
 func (e *Engine) runRetention(ctx context.Context) {
 	start := time.Now()
+	e.retention.runningSince.Store(start.UnixNano())
 	removed := 0
 	pace := e.newPacer(0.5)
 	e.retention.rateMu.Lock()
@@ -266,8 +277,9 @@ func (e *Engine) runRetention(ctx context.Context) {
 		e.reclaim(ctx, "retention")
 	}
 	e.retention.passes.Add(1)
-	e.retention.lastPassAt.Store(time.Now().UnixNano())
+	e.retention.lastPassAt.Store(start.UnixNano())
 	e.retention.lastPass.Store(int64(time.Since(start)))
+	e.retention.runningSince.Store(0)
 }
 
 // sleep pauses for d and reports whether ctx is still live.
@@ -287,11 +299,14 @@ func sleep(ctx context.Context, d time.Duration) bool {
 
 // RetentionStats returns the retention worker's counters.
 func (e *Engine) RetentionStats() RetentionStats {
-	s := RetentionStats{Passes: e.retention.passes.Load(), Retired: e.retention.retired.Load(),
+	s := RetentionStats{On: e.opts.Retention > 0, Passes: e.retention.passes.Load(), Retired: e.retention.retired.Load(),
 		Forgotten: e.retention.forgotten.Load(), Failed: e.retention.failed.Load(),
 		LastPass: time.Duration(e.retention.lastPass.Load())}
 	if t := e.retention.lastPassAt.Load(); t != 0 {
 		s.LastPassAt = time.Unix(0, t)
+	}
+	if t := e.retention.runningSince.Load(); t != 0 {
+		s.RunningSince = time.Unix(0, t)
 	}
 	return s
 }

@@ -164,6 +164,7 @@ func New(l Ledger, cfg Config) *Server {
 	s.gates = newGateMetrics(s.metrics.registry)
 	s.metrics.registerEngine(l)
 	s.metrics.registerLeader(l)
+	s.metrics.registerMaintenance(l)
 	s.metrics.registerBacklog(l, s.log, cfg.Clock)
 	if cfg.Resolver != nil {
 		s.metrics.registerResolver(cfg.Resolver)

@@ -39,22 +39,29 @@ type Status struct {
 	WorkerCommands uint64 `json:"workerCommands"`
 	// Compaction: the statement checkpoints this replica cut and the
 	// journal rows it deleted (docs/OPERATIONS.md, "Retention and
-	// compaction"); absent when the ledger has no compaction counters.
+	// compaction"); absent when compaction is off (serve --compaction 0).
 	Compaction *CompactionStatus `json:"compaction,omitempty"`
 	// Retention: the retention worker's passes on this replica; a
-	// lastPassSeconds near the retention interval or above it means the
-	// worker does not keep up (docs/OPERATIONS.md).
+	// lastPassSeconds or passRunningSeconds near the retention interval
+	// or above it means the worker does not keep up (docs/OPERATIONS.md);
+	// absent when retention is off (serve --retention 0).
 	Retention *RetentionStatus `json:"retention,omitempty"`
 }
 
 // RetentionStatus is the retention worker's part of Status.
 type RetentionStatus struct {
-	Passes          uint64     `json:"passes"`
-	Retired         uint64     `json:"retired"`
-	Forgotten       uint64     `json:"tombstonesForgotten"`
-	Failed          uint64     `json:"failed"`
+	Passes    uint64 `json:"passes"`
+	Retired   uint64 `json:"retired"`
+	Forgotten uint64 `json:"tombstonesForgotten"`
+	Failed    uint64 `json:"failed"`
+	// LastPassAt and LastPassSeconds: the start and length of the last
+	// finished pass.
 	LastPassAt      *time.Time `json:"lastPassAt,omitempty"`
 	LastPassSeconds float64    `json:"lastPassSeconds"`
+	// PassRunningSince and PassRunningSeconds: the start of the pass
+	// under way and how long it has run so far (absent when none runs).
+	PassRunningSince   *time.Time `json:"passRunningSince,omitempty"`
+	PassRunningSeconds float64    `json:"passRunningSeconds,omitempty"`
 }
 
 // retentionReporter is the Ledger capability behind Status.Retention.
@@ -92,15 +99,19 @@ func (s *Server) status() Status {
 		st.Workers.Leader, st.Workers.Self, st.Workers.Holder, st.Workers.Fence = l.Leader, l.Self, l.Holder, l.Fence
 		st.Workers.LeaseExpires, st.Workers.LeaderSince, st.Workers.LeaseError = timePtr(l.Expires), timePtr(l.Since), l.Err
 	}
-	if cr, ok := s.ledger.(compactionReporter); ok {
+	if cr, ok := s.ledger.(compactionReporter); ok && cr.CompactionStats().On {
 		c := cr.CompactionStats()
 		st.Compaction = &CompactionStatus{Checkpoints: c.Checkpoints, Deleted: c.Deleted, Refused: c.Refused,
 			LastSeq: c.LastSeq, LastCutAt: timePtr(c.LastCutAt)}
 	}
 	if rr, ok := s.ledger.(retentionReporter); ok {
-		r := rr.RetentionStats()
-		st.Retention = &RetentionStatus{Passes: r.Passes, Retired: r.Retired, Forgotten: r.Forgotten, Failed: r.Failed,
-			LastPassAt: timePtr(r.LastPassAt), LastPassSeconds: r.LastPass.Seconds()}
+		if r := rr.RetentionStats(); r.On {
+			st.Retention = &RetentionStatus{Passes: r.Passes, Retired: r.Retired, Forgotten: r.Forgotten, Failed: r.Failed,
+				LastPassAt: timePtr(r.LastPassAt), LastPassSeconds: r.LastPass.Seconds(), PassRunningSince: timePtr(r.RunningSince)}
+			if !r.RunningSince.IsZero() {
+				st.Retention.PassRunningSeconds = max(time.Since(r.RunningSince).Seconds(), 1e-9)
+			}
+		}
 	}
 	stats := s.ledger.Stats()
 	st.Commands, st.Batches, st.Conflicts, st.Failures, st.WorkerCommands =
@@ -139,4 +150,53 @@ func (m *Metrics) registerLeader(l Ledger) {
 			Help: "The worker lease's fence as last read: it grows by one with every change of leader."},
 			func() float64 { return float64(lr.Leader().Fence) }),
 	)
+}
+
+// registerMaintenance exports the retention and compaction workers'
+// counters for alerting (the same figures /statusz shows), only for the
+// workers the engine runs: capledger_retention_pass_running_seconds
+// above the retention interval means retention is behind while the long
+// pass that shows it still runs.
+func (m *Metrics) registerMaintenance(l Ledger) {
+	if rr, ok := l.(retentionReporter); ok && rr.RetentionStats().On {
+		counter := func(name, help string, labels prometheus.Labels, f func(engine.RetentionStats) uint64) prometheus.Collector {
+			return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels},
+				func() float64 { return float64(f(rr.RetentionStats())) })
+		}
+		m.registry.MustRegister(
+			counter("capledger_retention_passes_total", "Retention passes finished on this replica.", nil,
+				func(s engine.RetentionStats) uint64 { return s.Passes }),
+			counter("capledger_retention_removed_total", "Finished reservations (kind=reservation) and tombstones (kind=tombstone) retention removed.",
+				prometheus.Labels{"kind": "reservation"}, func(s engine.RetentionStats) uint64 { return s.Retired }),
+			counter("capledger_retention_removed_total", "Finished reservations (kind=reservation) and tombstones (kind=tombstone) retention removed.",
+				prometheus.Labels{"kind": "tombstone"}, func(s engine.RetentionStats) uint64 { return s.Forgotten }),
+			counter("capledger_retention_failed_total", "Retention commands the ledger refused.", nil,
+				func(s engine.RetentionStats) uint64 { return s.Failed }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "capledger_retention_last_pass_seconds",
+				Help: "Length of the last finished retention pass."},
+				func() float64 { return rr.RetentionStats().LastPass.Seconds() }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "capledger_retention_pass_running_seconds",
+				Help: "How long the retention pass under way has run; 0 when none runs."},
+				func() float64 {
+					if t := rr.RetentionStats().RunningSince; !t.IsZero() {
+						return time.Since(t).Seconds()
+					}
+					return 0
+				}),
+		)
+	}
+	if cr, ok := l.(compactionReporter); ok && cr.CompactionStats().On {
+		counter := func(name, help string, f func(engine.CompactionStats) uint64) prometheus.Collector {
+			return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help},
+				func() float64 { return float64(f(cr.CompactionStats())) })
+		}
+		m.registry.MustRegister(
+			counter("capledger_compaction_checkpoints_total", "Statement checkpoints this replica cut.",
+				func(s engine.CompactionStats) uint64 { return s.Checkpoints }),
+			counter("capledger_compaction_journal_rows_deleted_total", "Journal rows deleted behind checkpoints.",
+				func(s engine.CompactionStats) uint64 { return s.Deleted }),
+			counter("capledger_compaction_refused_total", "Checkpoint cuts refused because their audit found discrepancies.",
+				func(s engine.CompactionStats) uint64 { return s.Refused }),
+		)
+	}
 }

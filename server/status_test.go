@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"context"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -35,5 +36,63 @@ func TestStatusShowsTheWorkerLeader(t *testing.T) {
 		if got := grep(h.get("/metrics"), "capledger_worker_leader"); !strings.Contains(got, want) {
 			t.Fatalf("workers %v: metrics %q, want %q", workers, got, want)
 		}
+	}
+}
+
+// /statusz shows the retention and compaction blocks only where they are
+// configured (docs/API.md: "when they run"): a replica with retention
+// off must not show a retention worker whose passes stay at 0, which
+// reads as a stuck one. No pass is under way here, so none is shown.
+func TestStatusShowsOnlyTheMaintenanceThatIsOn(t *testing.T) {
+	for _, retention := range []time.Duration{0, time.Hour} {
+		h := newHarness(t, harnessOptions{retention: retention})
+		var st map[string]any
+		if err := json.Unmarshal([]byte(h.get("/statusz")), &st); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := st["compaction"]; ok {
+			t.Fatalf("retention %s, compaction off: /statusz shows compaction: %v", retention, st)
+		}
+		r, ok := st["retention"].(map[string]any)
+		if ok != (retention > 0) {
+			t.Fatalf("retention %s: /statusz retention %v", retention, st["retention"])
+		}
+		if _, running := r["passRunningSeconds"]; running {
+			t.Fatalf("no pass under way, /statusz shows one: %v", r)
+		}
+	}
+}
+
+// /metrics carries the retention and compaction counters /statusz shows,
+// so that an alert can see retention fall behind; only for the workers
+// that are on.
+func TestMetricsShowRetention(t *testing.T) {
+	off := newHarness(t, harnessOptions{})
+	if got := grep(off.get("/metrics"), "capledger_retention_"); got != "" {
+		t.Fatalf("retention off, /metrics shows %q", got)
+	}
+	h := newHarness(t, harnessOptions{retention: time.Hour})
+	h.ok("PublishPolicy", tokensPolicy, "")
+	h.ok("Reserve", reserveBody("gone-soon", 600), "")
+	h.ok("Release", `{"reservationId":"gone-soon"}`, "")
+	h.clock.Advance(2 * time.Hour)
+	if err := h.engine.RunRetention(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	metrics := h.get("/metrics")
+	for _, want := range []string{
+		"capledger_retention_passes_total 1",
+		`capledger_retention_removed_total{kind="reservation"} 1`,
+		`capledger_retention_removed_total{kind="tombstone"} 0`,
+		"capledger_retention_failed_total 0",
+		"capledger_retention_pass_running_seconds 0",
+		"capledger_retention_last_pass_seconds ",
+	} {
+		if !strings.Contains(metrics, want) {
+			t.Fatalf("/metrics lacks %q:\n%s", want, grep(metrics, "capledger_retention_"))
+		}
+	}
+	if got := grep(metrics, "capledger_compaction_"); got != "" {
+		t.Fatalf("compaction off, /metrics shows %q", got)
 	}
 }

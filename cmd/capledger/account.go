@@ -137,13 +137,24 @@ func streamAudit(ctx context.Context, cf *clientFlags, since, draw bool, bar io.
 		return nil, err
 	}
 	client := capledgerv1connect.NewAuditServiceClient(hc, base, options...)
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	idle := time.AfterFunc(cf.timeout, cancel)
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	errIdle := errors.New("idle")
+	idle := time.AfterFunc(cf.timeout, func() { cancel(errIdle) })
 	defer idle.Stop()
+	// timedOut names --timeout when the wait for the next message ran
+	// out (before the stream's first answer or between messages), as a
+	// plain error so that describe does not put the bare "canceled"
+	// back; an interrupt or any other error passes through.
+	timedOut := func(err error) error {
+		if errors.Is(context.Cause(ctx), errIdle) {
+			return exitError{code: exitUnavailable, err: fmt.Errorf("no message from the audit for %s (--timeout): %v", cf.timeout, err)}
+		}
+		return err
+	}
 	stream, err := client.StreamAudit(ctx, connect.NewRequest(&v1.StreamAuditRequest{SinceCheckpoint: since}))
 	if err != nil {
-		return nil, err
+		return nil, timedOut(err)
 	}
 	defer stream.Close()
 	drawn := false
@@ -168,10 +179,7 @@ func streamAudit(ctx context.Context, cf *clientFlags, since, draw bool, bar io.
 		}
 	}
 	if err := stream.Err(); err != nil {
-		if ctx.Err() != nil && connect.CodeOf(err) == connect.CodeCanceled {
-			return nil, fmt.Errorf("no message from the audit for %s (--timeout): %w", cf.timeout, err)
-		}
-		return nil, err
+		return nil, timedOut(err)
 	}
 	return nil, errors.New("the audit stream ended without a result")
 }

@@ -459,3 +459,21 @@ func TestSecondServeOnOneDataDirRefused(t *testing.T) {
 	code, out, errOut = cli(t, "", "migrate", "--data-dir", t.TempDir())
 	wantExit(t, exitOK, code, out, errOut)
 }
+
+// migrate --auto-vacuum converts a SQLite file; asked of a store without
+// one it is refused before anything runs, not silently ignored with exit
+// 0 (an operator would take that for space given back).
+func TestMigrateAutoVacuumOnlyForSQLite(t *testing.T) {
+	for _, spec := range []string{"memory", "postgres://postgres@127.0.0.1:1/none?sslmode=disable"} {
+		code, out, errOut := cli(t, "", "migrate", "--store", spec, "--auto-vacuum")
+		wantExit(t, exitUsage, code, out, errOut)
+		if !strings.Contains(errOut, "--auto-vacuum converts a SQLite file") {
+			t.Fatalf("migrate --store %s --auto-vacuum says %q", spec, errOut)
+		}
+	}
+	code, out, errOut := cli(t, "", "migrate", "--data-dir", t.TempDir(), "--auto-vacuum")
+	wantExit(t, exitOK, code, out, errOut)
+	if !strings.Contains(out, "auto_vacuum mode 2") {
+		t.Fatalf("migrate --auto-vacuum of a SQLite file printed %q", out)
+	}
+}

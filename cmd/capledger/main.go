@@ -18,6 +18,7 @@ import (
 	"slices"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // Exit codes, the same for every subcommand (documented in --help and the
@@ -177,7 +178,7 @@ func parseFlags(fs *flag.FlagSet, args []string) ([]string, error) {
 			if errors.Is(err, flag.ErrHelp) {
 				return nil, err
 			}
-			return nil, usageError{err.Error()}
+			return nil, flagValueError(fs, err)
 		}
 		args = fs.Args()
 		if len(args) == 0 {
@@ -186,6 +187,45 @@ func parseFlags(fs *flag.FlagSet, args []string) ([]string, error) {
 		positional = append(positional, args[0])
 		args = args[1:]
 	}
+}
+
+// flagValueError turns the flag package's `invalid value "5" for flag
+// -retention: parse error` into what the flag wants (`--retention "5":
+// want a duration with a unit, such as 500ms, 30s, 5m or 72h`); other
+// errors pass through as usage errors.
+func flagValueError(fs *flag.FlagSet, err error) error {
+	const suffix = ": parse error"
+	msg := err.Error()
+	prefix, marker := "invalid value ", " for flag -"
+	if strings.HasPrefix(msg, "invalid boolean value ") {
+		prefix, marker = "invalid boolean value ", " for -"
+	}
+	i := strings.LastIndex(msg, marker)
+	if !strings.HasPrefix(msg, prefix) || !strings.HasSuffix(msg, suffix) || i < len(prefix) {
+		return usageError{msg}
+	}
+	name, value := msg[i+len(marker):len(msg)-len(suffix)], msg[len(prefix):i]
+	f := fs.Lookup(name)
+	if f == nil {
+		return usageError{msg}
+	}
+	want := ""
+	if g, ok := f.Value.(flag.Getter); ok {
+		switch g.Get().(type) {
+		case time.Duration:
+			want = "a duration with a unit, such as 500ms, 30s, 5m or 72h"
+		case int, int64, uint, uint64:
+			want = "a whole number"
+		case float64:
+			want = "a number"
+		case bool:
+			want = "true or false"
+		}
+	}
+	if want == "" {
+		return usageError{msg}
+	}
+	return usagef("--%s %s: want %s", name, value, want)
 }
 
 // parseNoArgs parses the flags of a command that takes no positional

@@ -33,7 +33,8 @@ Flags:
                       frees goes back to the filesystem. Rewrites the file
                       once (VACUUM): stop serve first, and have free disk
                       space of about the file's size. Files created by this
-                      version are INCREMENTAL already.
+                      version are INCREMENTAL already. Refused with the
+                      PostgreSQL and memory stores, which have no such file.
 
 Example:
   capledger migrate --store postgres://capledger@db:5432/capledger
@@ -50,7 +51,16 @@ func runMigrate(ctx context.Context, e *env, args []string) error {
 	if err := parseNoArgs(fs, args); err != nil {
 		return err
 	}
-	if strings.HasPrefix(*storeSpec, "postgres://") || strings.HasPrefix(*storeSpec, "postgresql://") {
+	pg := strings.HasPrefix(*storeSpec, "postgres://") || strings.HasPrefix(*storeSpec, "postgresql://")
+	if *autoVacuum && (pg || *storeSpec == "memory") {
+		// Refused before anything is migrated: an operator who asked for
+		// space back must not read a clean exit as having got it.
+		if pg {
+			return usagef("--auto-vacuum converts a SQLite file; PostgreSQL has none to convert (its autovacuum reclaims removed rows for reuse, docs/OPERATIONS.md \"Retention and compaction\")")
+		}
+		return usagef("--auto-vacuum converts a SQLite file; the in-memory store has none")
+	}
+	if pg {
 		applied, err := postgres.Migrate(ctx, *storeSpec)
 		if err != nil {
 			return usagef("%v", err)

@@ -64,7 +64,10 @@ difference exactly once (printed as refundedUnits). Usage above the
 reservation takes available capacity first; the rest becomes debt, the
 reservation ends SETTLED_WITH_DEBT and the subject's route admits nothing
 until refills repay it. Settling a USAGE_UNKNOWN reservation resolves it.
-Retrying the same settle replays the receipt with nothing refunded twice.
+Retrying the same settle replays the receipt with nothing refunded twice;
+once retention has removed the reservation (serve --retention, default
+72h after it ended) a retry answers exit 4, RESERVATION_ALREADY_SETTLED,
+and still refunds nothing.
 
 Flags:
   --id ID           reservation id (required)
@@ -99,7 +102,10 @@ Get prints a reservation (limitReservation.v1) by id: its state, reserved,
 actual and overdraft units, operation id and times. It is the recovery path
 when a reserve answer was lost (RESERVATION_UNKNOWN): exit 3 means the id
 was never admitted, anything else is its receipt. Never reserve again under
-a new id for the same request.
+a new id for the same request. A reservation retention removed prints its
+tombstone ("retired": true, its terminal state, no units) until the
+tombstone horizon (serve --tombstone-retention, default 30 days after it
+ended); after that its id is unknown (exit 3) like one never used.
 `
 
 func examples(lines ...string) string {

@@ -50,3 +50,25 @@ func TestServeRefusesCacheRowsWithoutSQLite(t *testing.T) {
 	startInProcess(t, "--store", "memory")
 	startInProcess(t, "--cache-rows", "1000")
 }
+
+// A flag value of the wrong form says what the flag wants: a duration
+// without a unit (--retention 72, read by a new user as hours) must not
+// answer only "parse error".
+func TestFlagValueErrorsSayWhatTheFlagWants(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"serve", "--data-dir", dir, "--retention", "72"}, `--retention "72": want a duration with a unit`},
+		{[]string{"serve", "--data-dir", dir, "--tombstone-retention=30d"}, `--tombstone-retention "30d": want a duration with a unit`},
+		{[]string{"serve", "--data-dir", dir, "--max-body", "1k"}, `--max-body "1k": want a whole number`},
+		{[]string{"audit", "--progress=maybe"}, `--progress "maybe": want true or false`},
+	} {
+		code, out, errOut := cli(t, "", tc.args...)
+		wantExit(t, exitUsage, code, out, errOut)
+		if !strings.Contains(errOut, tc.want) || strings.Contains(errOut, "parse error") {
+			t.Fatalf("%v: %q, want %q", tc.args, errOut, tc.want)
+		}
+	}
+}
