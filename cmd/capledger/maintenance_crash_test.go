@@ -604,3 +604,138 @@ func checkIntegrity(t *testing.T, dir string) {
 		t.Fatalf("integrity check: %q %v", verdict, err)
 	}
 }
+
+// TestCrashMidCompaction kills serve with SIGKILL, at seeded random
+// points, while it cuts a statement checkpoint (its accounts staged and
+// written a page per transaction, the header last), while it deletes the
+// journal the checkpoint summarises, and while it gives the space back,
+// with gateways admitting meanwhile. After each restart no acknowledged
+// step is lost, the next checkpoint is cut past the last one, and the
+// audit, full and since the checkpoint (which verifies the chain), passes.
+func TestCrashMidCompaction(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary and runs several server processes")
+	}
+	bin := buildBinary(t)
+	rng := crashRand(t)
+	dir := t.TempDir()
+	flags := []string{"--retention", "0", "--compaction", "1s", "--compaction-interval", "50ms"}
+	srv := startServer(t, bin, dir, flags...)
+	mustPost(t, srv.url, "PublishPolicy", crashPolicy)
+	// Many accounts, so that a cut (a pass over every account, its pages
+	// written a transaction each) takes a while.
+	for from := 0; from < 10_000; from += 1000 {
+		var items []string
+		for i := from; i < from+1000; i++ {
+			items = append(items, fmt.Sprintf(`{"reservationId":"hold-%d","subject":"ac-%d","route":"chat","units":{"tokens":1,"requests":1}}`, i, i))
+		}
+		checkOutcomes(t, mustPost(t, srv.url, "ReserveBatch", `{"requests":[`+strings.Join(items, ",")+`]}`), "reserve")
+	}
+	records := map[string]*record{}
+	compaction := func(st map[string]any, name string) int64 { return counter(st, "compaction", name) }
+	for round := range 5 {
+		g := startGatewayLoad(t, srv.url, fmt.Sprintf("cmp%d", round), records)
+		st := statusz(t, srv.url)
+		cuts, deleted := compaction(st, "checkpoints"), compaction(st, "journalRowsDeleted")
+		var what string
+		var ok bool
+		switch mode := rng.IntN(3); mode {
+		case 0:
+			what = "mid-cut (its stage file open)"
+			ok = pollUntil(30*time.Second, func() bool { return len(openTempFiles(srv, ".capledger-cut-")) > 0 })
+			time.Sleep(time.Duration(rng.IntN(20_000)) * time.Microsecond)
+		case 1:
+			what = "after a checkpoint's header, deleting the journal"
+			ok = pollUntil(30*time.Second, func() bool { return compaction(statusz(t, srv.url), "checkpoints") > cuts })
+			time.Sleep(time.Duration(rng.IntN(3000)) * time.Microsecond)
+		case 2:
+			what = "deleting the journal or giving the space back"
+			ok = pollUntil(30*time.Second, func() bool { return compaction(statusz(t, srv.url), "journalRowsDeleted") > deleted })
+			time.Sleep(time.Duration(rng.IntN(30_000)) * time.Microsecond)
+		}
+		if !ok {
+			t.Fatalf("round %d: never %s: %v", round, what, statusz(t, srv.url))
+		}
+		st = statusz(t, srv.url)
+		kill9(t, srv)
+		g.done()
+		lastSeq := compaction(st, "lastCheckpoint")
+		t.Logf("round %d: killed %s: %v", round, what, st["compaction"])
+		checkNoTempFiles(t, dir)
+
+		srv = startServer(t, bin, dir, flags...)
+		verifyGateways(t, srv.url, records, false)
+		auditProcess(t, bin, srv.url)
+		auditProcess(t, bin, srv.url, "--since-checkpoint")
+		// The next cut succeeds: past the last checkpoint seen, once
+		// something new is journaled.
+		mustPost(t, srv.url, "Reserve", fmt.Sprintf(`{"reservationId":"probe-%d","subject":"probe","route":"chat","units":{"tokens":1,"requests":1}}`, round))
+		if !pollUntil(30*time.Second, func() bool {
+			st = statusz(t, srv.url)
+			return compaction(st, "checkpoints") >= 1 && compaction(st, "lastCheckpoint") > lastSeq
+		}) || compaction(st, "refused") != 0 {
+			t.Fatalf("round %d: no checkpoint cut after the restart (the last one seen before the kill: %d): %v", round, lastSeq, st["compaction"])
+		}
+		auditProcess(t, bin, srv.url, "--since-checkpoint")
+		if t.Failed() {
+			t.FailNow()
+		}
+	}
+	stopGracefully(t, srv)
+	checkIntegrity(t, dir)
+}
+
+// TestCrashMidAuditSpill kills serve with SIGKILL while a full audit
+// (`capledger audit`) copies the ledger into its spill file, at seeded
+// random points, with gateways admitting meanwhile: the spill leaves no
+// file behind, nothing acknowledged is lost, and the next audits pass.
+func TestCrashMidAuditSpill(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary and runs several server processes")
+	}
+	bin := buildBinary(t)
+	rng := crashRand(t)
+	dir := t.TempDir()
+	flags := []string{"--retention", "0", "--compaction", "0"}
+	srv := startServer(t, bin, dir, flags...)
+	mustPost(t, srv.url, "PublishPolicy", crashPolicy)
+	// Reservations for the spill to copy.
+	for from := 0; from < 30_000; from += 1000 {
+		var items []string
+		for i := from; i < from+1000; i++ {
+			items = append(items, fmt.Sprintf(`{"reservationId":"held-%d","subject":"sp-%d","route":"chat","units":{"tokens":1,"requests":1}}`, i, i%100))
+		}
+		checkOutcomes(t, mustPost(t, srv.url, "ReserveBatch", `{"requests":[`+strings.Join(items, ",")+`]}`), "reserve")
+	}
+	records := map[string]*record{}
+	for round := range 3 {
+		g := startGatewayLoad(t, srv.url, fmt.Sprintf("sp%d", round), records)
+		audit := exec.Command(bin, "audit", "--addr", srv.url, "--timeout", "60s")
+		var auditOut strings.Builder
+		audit.Stdout, audit.Stderr = &auditOut, &auditOut
+		if err := audit.Start(); err != nil {
+			t.Fatal(err)
+		}
+		opened := time.Now()
+		if !pollUntil(30*time.Second, func() bool { return len(openTempFiles(srv, ".capledger-audit-")) > 0 }) {
+			t.Fatalf("round %d: the audit opened no spill file", round)
+		}
+		time.Sleep(time.Duration(rng.IntN(1_500_000)) * time.Microsecond)
+		spilling := len(openTempFiles(srv, ".capledger-audit-")) > 0
+		kill9(t, srv)
+		g.done()
+		err := audit.Wait()
+		t.Logf("round %d: killed %s after the spill opened (still open: %v); the audit: %v", round, time.Since(opened), spilling, err)
+		checkNoTempFiles(t, dir)
+
+		srv = startServer(t, bin, dir, flags...)
+		verifyGateways(t, srv.url, records, false)
+		auditProcess(t, bin, srv.url)
+		auditProcess(t, bin, srv.url, "--since-checkpoint")
+		if t.Failed() {
+			t.FailNow()
+		}
+	}
+	stopGracefully(t, srv)
+	checkIntegrity(t, dir)
+}
