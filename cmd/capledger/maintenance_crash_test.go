@@ -26,8 +26,9 @@ import (
 // it, the incremental vacuum and a full audit's spill, at several random
 // points, and restarted on the same data directory; clients talk JSON to
 // it over a socket, and the audits run as `capledger audit` processes.
-// The kill points are drawn from a seed the test prints; replay them with
-// CAPLEDGER_CRASH_SEED=<seed>.
+// The kill points (counts reached, delays, the order of the modes) are
+// drawn from a seed the test prints; CAPLEDGER_CRASH_SEED=<seed> draws
+// them again (where the server then is still depends on timing).
 
 const crashSeedEnv = "CAPLEDGER_CRASH_SEED"
 
@@ -41,7 +42,7 @@ func crashRand(t *testing.T) *rand.Rand {
 			t.Fatalf("%s: %v", crashSeedEnv, err)
 		}
 	}
-	t.Logf("seed %d (replay the kill points with %s=%d)", seed, crashSeedEnv, seed)
+	t.Logf("seed %d (draw the same kill points with %s=%d)", seed, crashSeedEnv, seed)
 	return rand.New(rand.NewPCG(seed, 0xdeadbeef))
 }
 
@@ -51,11 +52,23 @@ var crashClient = &http.Client{Timeout: 30 * time.Second}
 // mustPost sends one call and fails the test unless it answers 200.
 func mustPost(t *testing.T, url, method, body string) map[string]any {
 	t.Helper()
-	status, out := post(crashClient, url, method, body)
-	if status != 200 {
-		t.Fatalf("%s %s: %d %v", method, body, status, out)
+	out, ok := postOK(t, url, method, body)
+	if !ok {
+		t.FailNow()
 	}
 	return out
+}
+
+// postOK sends one call and marks the test failed unless it answers 200
+// (for goroutines other than the test's).
+func postOK(t *testing.T, url, method, body string) (map[string]any, bool) {
+	t.Helper()
+	status, out := post(crashClient, url, method, body)
+	if status != 200 {
+		t.Errorf("%s %.200s: %d %v", method, body, status, out)
+		return out, false
+	}
+	return out, true
 }
 
 // parallel calls f for 0..n-1 on 8 goroutines.
@@ -125,11 +138,14 @@ func makeBacklog(t *testing.T, url string, n, subjects int) []*finished {
 	parallel(n, func(i int) {
 		f := out[i]
 		if f.state == "RESERVATION_STATE_RELEASED" {
-			mustPost(t, url, "Release", fmt.Sprintf(`{"reservationId":%q}`, f.id))
+			postOK(t, url, "Release", fmt.Sprintf(`{"reservationId":%q}`, f.id))
 			return
 		}
-		mustPost(t, url, "Start", fmt.Sprintf(`{"reservationId":%q,"operationId":"op-%s"}`, f.id, f.id))
+		postOK(t, url, "Start", fmt.Sprintf(`{"reservationId":%q,"operationId":"op-%s"}`, f.id, f.id))
 	})
+	if t.Failed() {
+		t.FailNow()
+	}
 	var settles []string
 	for _, f := range out {
 		if f.state == "RESERVATION_STATE_SETTLED" {
