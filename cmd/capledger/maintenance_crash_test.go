@@ -328,7 +328,7 @@ type gatewayLoad struct {
 func startGatewayLoad(t *testing.T, url, prefix string, records map[string]*record) *gatewayLoad {
 	g := &gatewayLoad{records: records, stopped: make(chan struct{})}
 	client := &http.Client{Timeout: 5 * time.Second}
-	for w := range 4 {
+	for w := range 3 {
 		g.wg.Add(1)
 		go func() {
 			defer g.wg.Done()
@@ -469,11 +469,15 @@ func checkBacklog(t *testing.T, bin, url string, backlog []*finished, before map
 	checkHoldings("after the restart")
 	var mu sync.Mutex
 	var c backlogCheck
+	wasGone := make([]bool, len(backlog)) // gone is written below
+	for i, f := range backlog {
+		wasGone[i] = gone[f.id]
+	}
 	parallel(len(backlog), func(i int) {
 		f := backlog[i]
 		status, body := post(crashClient, url, "GetReservation", fmt.Sprintf(`{"reservationId":%q}`, f.id))
 		if status == 404 {
-			if !forgetting && !gone[f.id] {
+			if !forgetting && !wasGone[i] {
 				t.Errorf("%s: finished and acknowledged, but neither its row nor its tombstone is there", f.id)
 			}
 			mu.Lock()
@@ -487,14 +491,15 @@ func checkBacklog(t *testing.T, bin, url string, backlog []*finished, before map
 			return
 		}
 		res := body["reservation"].(map[string]any)
-		if gone[f.id] {
+		if wasGone[i] {
 			t.Errorf("%s: its tombstone was forgotten, but it answers again: %v", f.id, res)
 		}
 		if res["state"] != f.state || res["subject"] != f.subject || res["requestDigest"] != f.digest {
 			t.Errorf("%s: stored %v, the client finished it as %s for %s (digest %s)", f.id, res, f.state, f.subject, f.digest)
 		}
+		retired := res["retired"] == true
 		mu.Lock()
-		if res["retired"] == true {
+		if retired {
 			c.tombstones++
 		} else {
 			c.rows++
@@ -504,6 +509,9 @@ func checkBacklog(t *testing.T, bin, url string, backlog []*finished, before map
 			}
 		}
 		mu.Unlock()
+		if !retired && i%8 != 0 {
+			return // the retries of live rows are another test's; a sample
+		}
 		// A gateway's retry of the same request replays and debits
 		// nothing; the id reused for another request is refused.
 		status, body = post(crashClient, url, "Reserve", f.reserveBody(f.tokens))
@@ -555,6 +563,7 @@ func TestCrashMidRetention(t *testing.T) {
 	// until the retention counter named reaches target, lets delay pass,
 	// kills it, and restarts it without retention to check.
 	kill := func(round int, flags []string, name string, target int64, delay time.Duration, load, forgetting bool) backlogCheck {
+		began := time.Now()
 		srv := startServer(t, bin, dir, flags...)
 		var g *gatewayLoad
 		if load {
@@ -579,7 +588,7 @@ func TestCrashMidRetention(t *testing.T) {
 		c := checkBacklog(t, bin, srv.url, backlog, before, forgetting, gone)
 		verifyGateways(t, srv.url, records, forgetting)
 		stopGracefully(t, srv)
-		t.Logf("round %d: %d rows, %d tombstones, %d forgotten", round, c.rows, c.tombstones, c.gone)
+		t.Logf("round %d: %d rows, %d tombstones, %d forgotten (round took %s)", round, c.rows, c.tombstones, c.gone, time.Since(began).Round(time.Millisecond))
 		if t.Failed() {
 			t.FailNow()
 		}
@@ -595,7 +604,9 @@ func TestCrashMidRetention(t *testing.T) {
 	// At the end of the removal: the last pages, then the pass giving
 	// their space back (TestCrashMidReclaim kills that for sure). No
 	// gateways: their reservations would keep the pass going.
-	c = kill(3, retire, "retired", int64(c.rows), time.Duration(rng.IntN(40_000))*time.Microsecond, false, false)
+	if c.rows > 0 {
+		c = kill(3, retire, "retired", int64(c.rows), time.Duration(rng.IntN(40_000))*time.Microsecond, false, false)
+	}
 	if c.rows != 0 || c.tombstones != len(backlog) {
 		t.Fatalf("after the passes: %d rows, %d tombstones, want every reservation a tombstone", c.rows, c.tombstones)
 	}
