@@ -123,6 +123,9 @@ type record struct {
 	reserved int64
 	actual   int64
 	acked    step
+	// settleSent: a settle was sent (acknowledged or not); retention may
+	// since have removed the reservation.
+	settleSent bool
 }
 
 // load runs concurrent gateways against url, each reserving, starting and
