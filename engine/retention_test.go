@@ -131,7 +131,8 @@ func TestRetentionOff(t *testing.T) {
 // TestRetentionPause: while gateways are admitted, a backlog is removed
 // at an eighth of the maintenance share, unless reservations finish so
 // fast that keeping up (retentionKeepUp times their rate) needs more,
-// and never at more than the share; idle, the share alone decides.
+// and then at the keep-up rate whatever the share allows; idle, the share
+// alone decides.
 func TestRetentionPause(t *testing.T) {
 	const took = 10 * time.Millisecond
 	for _, c := range []struct {
@@ -144,14 +145,38 @@ func TestRetentionPause(t *testing.T) {
 	}{
 		{"backlog, nothing finishing: an eighth of the share", 32, 0.2, true, 0, 390 * time.Millisecond},
 		{"backlog, a slow trickle finishing: an eighth of the share", 32, 0.2, true, 10, 390 * time.Millisecond},
-		// 32 rows at 1.25 x 200/s: a page every 128 ms.
-		{"keeping up needs more than an eighth", 32, 0.2, true, 200, 118 * time.Millisecond},
-		{"keeping up would need more than the share: the share", 32, 0.2, true, 100_000, 40 * time.Millisecond},
+		// 32 rows at 2 x 200/s: a page every 80 ms.
+		{"keeping up needs more than an eighth", 32, 0.2, true, 200, 70 * time.Millisecond},
+		// 32 rows at 2 x 1,000/s: a page every 16 ms, more than the share's one every 50 ms.
+		{"keeping up needs more than the share: keeping up", 32, 0.2, true, 1_000, 6 * time.Millisecond},
+		{"keeping up needs more than the pages can: no pause", 32, 0.2, true, 100_000, 0},
 		{"idle: the idle share", 32, 0.5, false, 0, 10 * time.Millisecond},
 		{"idle, finishing fast: the idle share", 32, 0.5, false, 100_000, 10 * time.Millisecond},
 	} {
 		if got := retentionPause(took, c.rows, c.share, c.busy, c.rate); (got - c.want).Abs() > time.Microsecond {
 			t.Errorf("%s: pause %s, want %s", c.name, got, c.want)
+		}
+	}
+}
+
+// While gateways are admitted, retention removes at least
+// retentionKeepUp times the finish rate however long a loaded machine
+// makes each page (or as fast as pages go, when a page alone takes
+// longer): the maintenance share does not cap keeping up, or removal
+// falls below what finishes and the store grows without bound.
+func TestRetentionKeepsUpWhateverAPageTakes(t *testing.T) {
+	const rows = 32
+	for _, took := range []time.Duration{time.Millisecond, 5 * time.Millisecond, 20 * time.Millisecond, 50 * time.Millisecond, 200 * time.Millisecond} {
+		for _, rate := range []float64{50, 300, 1_000, 5_000} {
+			for _, share := range []float64{0.05, 0.2, 1} {
+				pause := retentionPause(took, rows, share, true, rate)
+				removal := rows / (took + pause).Seconds()
+				want := min(retentionKeepUp*rate, rows/took.Seconds())
+				if removal < want*0.999 {
+					t.Errorf("pages of %d rows taking %s, %.0f finishing a second, share %.2f: pause %s removes %.0f a second, want at least %.0f",
+						rows, took, rate, share, pause, removal, want)
+				}
+			}
 		}
 	}
 }
