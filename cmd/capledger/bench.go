@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"math"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -81,6 +82,11 @@ Flags:
                      least one call has finished, so a short run on a
                      loaded machine still measures one
   --warmup DUR       unmeasured time before it (default 1s)
+  --rate N           pace all callers together to N ops a second (an open
+                     schedule: call k is due at k/N s; one that is overdue
+                     starts at once), a steady load whatever else the
+                     machine runs; latency counts from the call's start.
+                     0 = as fast as the callers go (default 0)
   --subjects N       subjects to spread over; 1 = one hot subject (default 1)
   --prefill BOOL     before the warmup, reserve once for every subject (in
                      batches of 250, one at a time), so
@@ -158,6 +164,10 @@ type benchConfig struct {
 	prefillFrom int
 	addrs       []string
 	epochLength time.Duration
+	// rate, when positive, paces the callers together to this many ops a
+	// second (an open schedule, as a steady fleet of gateways sends): a
+	// soak's load then stays the same whatever else the machine runs.
+	rate        float64
 	envoyDomain string
 	stderr      io.Writer
 	// conn is the connection flags: the SDK client for the ledger modes,
@@ -187,6 +197,7 @@ func runBench(ctx context.Context, e *env, args []string) error {
 	fs.IntVar(&cfg.prefillFrom, "prefill-from", 0, "")
 	addrs := fs.String("addrs", "", "")
 	fs.DurationVar(&cfg.epochLength, "epoch-length", 0, "")
+	fs.Float64Var(&cfg.rate, "rate", 0, "")
 	cpuProfile := fs.String("cpuprofile", "", "")
 	positional, err := parseFlags(fs, args)
 	if err != nil {
@@ -219,6 +230,8 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		return usagef("--batch-size must be in [1, %d]", client.MaxBatch)
 	case cfg.units < 1:
 		return usagef("--units must be at least 1")
+	case cfg.rate < 0 || math.IsNaN(cfg.rate) || math.IsInf(cfg.rate, 0):
+		return usagef("--rate must be a number of ops a second, 0 for as fast as the callers go")
 	}
 	if cfg.prefillFrom < 0 || cfg.prefillFrom > cfg.subjects {
 		return usagef("--prefill-from must be in [0, --subjects]")
@@ -676,6 +689,12 @@ func drive(ctx context.Context, e *env, cfg *benchConfig, op func(context.Contex
 	var firstErr atomic.Pointer[error]
 	workers := make([]*benchWorker, cfg.concurrency)
 	var wg sync.WaitGroup
+	// With --rate, call k (counted over all callers) is due at
+	// paceStart + k/rate; a caller that finds its call overdue starts it
+	// at once, so a server slower than the rate sees every caller busy,
+	// as a closed loop would.
+	var slots atomic.Int64
+	paceStart := time.Now()
 	for i := range workers {
 		w := &benchWorker{index: i, rng: rand.New(rand.NewPCG(uint64(i), 1)), reasons: map[string]int64{}}
 		workers[i] = w
@@ -683,6 +702,16 @@ func drive(ctx context.Context, e *env, cfg *benchConfig, op func(context.Contex
 		go func() {
 			defer wg.Done()
 			for !stop.Load() && ctx.Err() == nil {
+				if cfg.rate > 0 {
+					due := paceStart.Add(time.Duration(float64(slots.Add(1)-1) / cfg.rate * float64(time.Second)))
+					if wait := time.Until(due); wait > 0 {
+						select {
+						case <-time.After(wait):
+						case <-ctx.Done():
+							return
+						}
+					}
+				}
 				t0 := time.Now()
 				n, err := op(ctx, w)
 				lat := time.Since(t0)

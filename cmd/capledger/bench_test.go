@@ -211,3 +211,25 @@ func TestBenchWindowWaitsForAFinishedCall(t *testing.T) {
 			res.ops, len(res.latencies), res.firstErr, calls.Load())
 	}
 }
+
+// --rate paces all callers together: over a window of 1 s at 40 ops a
+// second, 8 callers whose calls take no time make about 40 calls, not the
+// millions a closed loop would. (Only the upper bound is asserted: a slow
+// machine may make fewer, never more than the schedule allows.)
+func TestBenchRatePacesAllCallers(t *testing.T) {
+	cfg := &benchConfig{mode: "reserve", concurrency: 8, duration: time.Second, rate: 40}
+	var calls atomic.Int64
+	res := drive(context.Background(), &env{stdout: io.Discard, stderr: io.Discard, getenv: func(string) string { return "" }}, cfg,
+		func(ctx context.Context, w *benchWorker) (int, error) {
+			calls.Add(1)
+			return 1, nil
+		})
+	// The window ends at the first 100 ms tick past 1 s; the schedule
+	// allows one call per 25 ms from the start, plus one per caller
+	// already due when the window ends.
+	if n := calls.Load(); n == 0 || n > 40*12/10+int64(cfg.concurrency) {
+		t.Fatalf("--rate 40 for 1 s made %d calls (%d measured ops)", n, res.ops)
+	}
+	code, out, errOut := cli(t, "127.0.0.1:1", "bench", "--rate", "-1")
+	wantExit(t, exitUsage, code, out, errOut)
+}
