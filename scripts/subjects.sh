@@ -4,8 +4,11 @@
 # 1,000,000 subjects >= 0.8x one hot subject), on copies of a prefilled
 # data directory, one server per binary and round.
 #
-#   SEED=DIR scripts/subjects.sh BINARY [BINARY...]
+#   SEED=DIR scripts/subjects.sh BINARY[@SEEDDIR] [BINARY[@SEEDDIR]...]
 #
+# BINARY@SEEDDIR runs that binary on a copy of SEEDDIR instead of SEED
+# (the same binary on two files, e.g. one rebuilt with another
+# page_size: main@/tmp/seed4096 main@/tmp/seed2048).
 # SEED is a data directory prefilled with
 #   capledger serve --data-dir SEED --retention 0 --compaction 0 &
 #   capledger bench --subjects 1000000 --epoch-length 24h --duration 1s
@@ -24,9 +27,14 @@
 # every server), WORK (a directory for the copies; default mktemp -d),
 # MODE (reserve; batch: one ReserveBatch of BATCH reservations per op, and
 # "cpu" is then per reservation), BATCH (100), HOT (the subjects of the
-# other window: 1; the batch goal compares with 10).
+# other window: 1; the batch goal compares with 10), BENCH (the binary
+# whose bench drives the load; default each measured binary: give one
+# with --seed, which draws new subjects per window, when a measured
+# binary's bench predates it and would revisit the same subjects).
 set -euo pipefail
-[[ -n ${SEED:-} ]] || { echo "subjects.sh: SEED is required" >&2; exit 2; }
+for arg in "$@"; do
+	[[ $arg == *@* || -n ${SEED:-} ]] || { echo "subjects.sh: SEED is required (or BINARY@SEEDDIR)" >&2; exit 2; }
+done
 SUBJECTS=${SUBJECTS:-1000000} ROUNDS=${ROUNDS:-2} PAIRS=${PAIRS:-2}
 DURATION=${DURATION:-10s} WARMUP=${WARMUP:-10s} CONCURRENCY=${CONCURRENCY:-64}
 PORT=${PORT:-27493} MODE=${MODE:-reserve} BATCH=${BATCH:-100} HOT=${HOT:-1}
@@ -39,7 +47,7 @@ row() { sed -n "s#^$2   *\([^ ]*\).*#\1#p" "$1" | head -1; }
 window() { # binary subjects -> "ops/s p99_ms cpu_us_per_reserve"
 	local t0 t1
 	t0=$(ticks "$SERVER")
-	"$1" bench --addr "http://127.0.0.1:$PORT" --setup=false --prefill=false --subjects "$2" \
+	"${BENCH:-$1}" bench --addr "http://127.0.0.1:$PORT" --setup=false --prefill=false --subjects "$2" \
 		--mode "$MODE" --batch-size "$BATCH" \
 		--concurrency "$CONCURRENCY" --duration "$DURATION" --warmup 0s --progress=false >"$WORK/out" 2>&1 || true
 	t1=$(ticks "$SERVER")
@@ -48,17 +56,21 @@ window() { # binary subjects -> "ops/s p99_ms cpu_us_per_reserve"
 		$1 == "p99" { p99 = $2; if ($3 == "s") p99 *= 1000; else if ($3 == "µs") p99 /= 1000 }
 		END { printf "%.0f %.1f %.0f\n", rate, p99, (ops > 0 ? d / tick * 1e6 / ops : 0) }' "$WORK/out"
 }
-echo "# SEED=$SEED SUBJECTS=$SUBJECTS HOT=$HOT MODE=$MODE BATCH=$BATCH DURATION=$DURATION CONCURRENCY=$CONCURRENCY; $(uptime)"
+echo "# SEED=${SEED:-} SUBJECTS=$SUBJECTS HOT=$HOT MODE=$MODE BATCH=$BATCH DURATION=$DURATION CONCURRENCY=$CONCURRENCY; $(uptime)"
 for r in $(seq "$ROUNDS"); do
-	for bin in "$@"; do
+	for arg in "$@"; do
+		bin=${arg%%@*} seed=${SEED:-} label=$(basename "$bin")
+		if [[ $arg == *@* ]]; then
+			seed=${arg#*@} label="$label@$(basename "$seed")"
+		fi
 		rm -rf "$WORK/data"
-		cp -r "$SEED" "$WORK/data"
+		cp -r "$seed" "$WORK/data"
 		# shellcheck disable=SC2086
 		"$bin" serve --data-dir "$WORK/data" --addr "127.0.0.1:$PORT" --log-level warn \
 			--retention 0 --compaction 0 ${SERVE_FLAGS:-} >"$WORK/serve.log" 2>&1 &
 		SERVER=$!
 		for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break; sleep 0.1; done
-		"$bin" bench --addr "http://127.0.0.1:$PORT" --setup=false --prefill=false --subjects "$SUBJECTS" \
+		"${BENCH:-$bin}" bench --addr "http://127.0.0.1:$PORT" --setup=false --prefill=false --subjects "$SUBJECTS" \
 			--mode "$MODE" --batch-size "$BATCH" --concurrency "$CONCURRENCY" --duration "$WARMUP" --warmup 0s --progress=false >/dev/null 2>&1 || true
 		for p in $(seq "$PAIRS"); do
 			if ((p % 2)); then
@@ -68,7 +80,7 @@ for r in $(seq "$ROUNDS"); do
 			fi
 			read -r mr mp mc <<<"$many"
 			read -r hr hp hc <<<"$hot"
-			awk -v b="$(basename "$bin")" -v r="$r" -v p="$p" -v mr="$mr" -v hr="$hr" -v mc="$mc" -v hc="$hc" \
+			awk -v b="$label" -v r="$r" -v p="$p" -v mr="$mr" -v hr="$hr" -v mc="$mc" -v hc="$hc" \
 				-v mp="$mp" -v hp="$hp" -v ld="$(cut -d' ' -f1-3 /proc/loadavg)" \
 				'BEGIN { printf "%-22s round %d pair %d: many %s/s p99 %s ms cpu %s µs | hot %s/s p99 %s ms cpu %s µs | ratio %.2f, cpu %.2fx | load %s\n", b, r, p, mr, mp, mc, hr, hp, hc, (hr > 0 ? mr / hr : 0), (hc > 0 ? mc / hc : 0), ld }'
 		done

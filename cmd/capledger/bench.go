@@ -18,6 +18,7 @@ import (
 	"runtime/debug"
 	"runtime/pprof"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -106,6 +107,12 @@ Flags:
   --addrs A,B,...    spread the callers over several servers (replicas of
                      one store) round-robin, instead of --addr
   --batch-size N     reservations per ReserveBatch (default 100, at most 1000)
+  --seed N           seed of the callers' subject choice (caller i draws
+                     from seed N, stream i); default a new one per run,
+                     printed in the table, so that successive runs over
+                     many subjects do not revisit the same subjects in
+                     the same order (a warm cache flatters them); give a
+                     printed seed to repeat a run's subjects
   --route ROUTE      route of the reservations (default bench.reserve)
   --units N          tokens per reservation (default 1)
   --protocol P       connect (binary protobuf, default), connect-json or grpc
@@ -169,7 +176,10 @@ type benchConfig struct {
 	// soak's load then stays the same whatever else the machine runs.
 	rate        float64
 	envoyDomain string
-	stderr      io.Writer
+	// seed is the callers' subject choice: caller i draws from
+	// PCG(seed, i).
+	seed   uint64
+	stderr io.Writer
 	// conn is the connection flags: the SDK client for the ledger modes,
 	// the address alone for the baselines.
 	conn *clientFlags
@@ -199,6 +209,7 @@ func runBench(ctx context.Context, e *env, args []string) error {
 	fs.DurationVar(&cfg.epochLength, "epoch-length", 0, "")
 	fs.Float64Var(&cfg.rate, "rate", 0, "")
 	cpuProfile := fs.String("cpuprofile", "", "")
+	seed := fs.String("seed", "", "")
 	positional, err := parseFlags(fs, args)
 	if err != nil {
 		return err
@@ -250,6 +261,11 @@ func runBench(ctx context.Context, e *env, args []string) error {
 				cfg.addrs = append(cfg.addrs, a)
 			}
 		}
+	}
+	if *seed == "" {
+		cfg.seed = rand.Uint64()
+	} else if cfg.seed, err = strconv.ParseUint(*seed, 10, 64); err != nil {
+		return usagef("--seed %q: want an unsigned integer", *seed)
 	}
 	cfg.conn = &cf
 	cfg.stderr = e.stderr
@@ -337,6 +353,12 @@ type benchWorker struct {
 	units     int64
 	errs      int64
 	rejected  int64
+}
+
+// newBenchWorker returns caller i, drawing its subjects from stream i of
+// cfg.seed.
+func newBenchWorker(cfg *benchConfig, i int) *benchWorker {
+	return &benchWorker{index: i, rng: rand.New(rand.NewPCG(cfg.seed, uint64(i))), reasons: map[string]int64{}}
 }
 
 func (w *benchWorker) subject(cfg *benchConfig) string {
@@ -696,7 +718,7 @@ func drive(ctx context.Context, e *env, cfg *benchConfig, op func(context.Contex
 	var slots atomic.Int64
 	paceStart := time.Now()
 	for i := range workers {
-		w := &benchWorker{index: i, rng: rand.New(rand.NewPCG(uint64(i), 1)), reasons: map[string]int64{}}
+		w := newBenchWorker(cfg, i)
 		workers[i] = w
 		wg.Add(1)
 		go func() {
@@ -843,6 +865,7 @@ func printBench(w io.Writer, cfg *benchConfig, r *benchResult) {
 	}
 	fmt.Fprintf(tw, "concurrency\t%d\n", cfg.concurrency)
 	fmt.Fprintf(tw, "subjects\t%d\n", cfg.subjects)
+	fmt.Fprintf(tw, "seed\t%d\n", cfg.seed)
 	if cfg.mode == "batch" || cfg.mode == "redis-batch" {
 		fmt.Fprintf(tw, "batch size\t%d\n", cfg.batchSize)
 	}

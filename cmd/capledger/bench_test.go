@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -24,6 +25,48 @@ func benchRow(t *testing.T, out, name string) string {
 		t.Fatalf("no %q row in:\n%s", name, out)
 	}
 	return strings.TrimSpace(m[1])
+}
+
+// The callers' subjects come from --seed: the same seed repeats a run's
+// subjects, another seed (a new one per run by default) draws others, and
+// two callers of one run draw different ones.
+func TestBenchSeedChoosesSubjects(t *testing.T) {
+	draw := func(seed uint64, caller int) []string {
+		cfg := &benchConfig{subjects: 1000000, seed: seed}
+		w := newBenchWorker(cfg, caller)
+		var got []string
+		for range 8 {
+			got = append(got, w.subject(cfg))
+		}
+		return got
+	}
+	if a, b := draw(7, 0), draw(7, 0); !slices.Equal(a, b) {
+		t.Fatalf("seed 7 drew %v, then %v", a, b)
+	}
+	if a, b := draw(7, 0), draw(8, 0); slices.Equal(a, b) {
+		t.Fatalf("seeds 7 and 8 both drew %v", a)
+	}
+	if a, b := draw(7, 0), draw(7, 1); slices.Equal(a, b) {
+		t.Fatalf("callers 0 and 1 both drew %v", a)
+	}
+}
+
+// bench prints the seed it drew (a new one per run) or the one given.
+func TestBenchPrintsSeed(t *testing.T) {
+	url := startInProcess(t)
+	run := func(args ...string) string {
+		code, out, errOut := cli(t, url, append([]string{"bench", "--concurrency", "1", "--duration", "50ms", "--warmup", "0s", "--progress=false"}, args...)...)
+		wantExit(t, exitOK, code, out, errOut)
+		return benchRow(t, out, "seed")
+	}
+	if a, b := run(), run(); a == b {
+		t.Fatalf("two runs drew the same seed %s", a)
+	}
+	if s := run("--seed", "12345"); s != "12345" {
+		t.Fatalf("--seed 12345 printed seed %s", s)
+	}
+	code, out, errOut := cli(t, url, "bench", "--seed", "-1")
+	wantExit(t, exitUsage, code, out, errOut)
 }
 
 func TestBenchModesAgainstServer(t *testing.T) {

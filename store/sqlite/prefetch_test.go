@@ -12,6 +12,28 @@ import (
 	"github.com/capledger/capledger/store"
 )
 
+// TestAccountPrefetchChunksRepeatAtMostOneKey: the prefetch reads n keys
+// in statements of the sizes it prepares, repeating at most one key to
+// fill the last one, in few statements.
+func TestAccountPrefetchChunksRepeatAtMostOneKey(t *testing.T) {
+	for n := 2; n <= 1000; n++ {
+		chunks := accountPrefetchChunks(n)
+		sum := 0
+		for _, c := range chunks {
+			if accountPrefetchQueries[c] == "" {
+				t.Fatalf("%d keys: a statement of %d, not a prepared size %v", n, c, accountPrefetchSizes)
+			}
+			sum += c
+		}
+		if sum < n || sum > n+1 {
+			t.Fatalf("%d keys in statements %v (%d keys): want n or n+1", n, chunks, sum)
+		}
+		if max := n/accountPrefetchSizes[0] + len(accountPrefetchSizes); len(chunks) > max {
+			t.Fatalf("%d keys in %d statements %v, want at most %d", n, len(chunks), chunks, max)
+		}
+	}
+}
+
 // TestAccountsPrefetchAnswersFromTheCache: AccountsPrefetch reads the
 // current generation and its account of many subjects (more than one
 // statement carries) into the row cache, a subject without a current row
