@@ -280,12 +280,31 @@ func (e *Engine) CompactJournal(ctx context.Context) (int, error) {
 	return total, ctx.Err()
 }
 
-// runCompaction is the compaction worker's pass.
+// runCompaction is the compaction worker's pass. A checkpoint is due
+// once a period boundary (a multiple of Every) has passed since the last
+// stored checkpoint's cut time, read from the store at every pass (one
+// row): so a restarted server, or a replica that just took the lease,
+// cuts on the schedule the chain already follows instead of at its
+// first pass, which on a large ledger is a row per account and a staged
+// file of the same size every deploy or crash loop. Only a store without
+// any checkpoint is due at once. The journal the last checkpoint
+// summarises is deleted at every pass, due or not, so what a process
+// that died mid-deletion left goes at the next one's first pass.
 func (e *Engine) runCompaction(ctx context.Context) {
 	o := e.opts.Compaction
 	now := e.opts.Clock()
-	last := time.Unix(0, e.compaction.lastCut.Load())
-	if e.compaction.lastCut.Load() == 0 || now.Truncate(o.Every).After(last) {
+	last, ok, err := e.core.store.CheckpointLast(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			e.log.Warn("compaction: last checkpoint", "err", err)
+		}
+		return
+	}
+	if ok {
+		e.compaction.lastCut.Store(last.CutAt.UnixNano())
+		e.compaction.lastSeq.Store(last.Seq)
+	}
+	if !ok || now.Truncate(o.Every).After(last.CutAt) {
 		_, found, err := e.CutCheckpoint(ctx, now)
 		// The cut's snapshot (every account, the last checkpoint's
 		// accounts) and the checkpoint are garbage now: hand the heap

@@ -120,6 +120,49 @@ func TestCompactionCutsVerifiedCheckpoints(t *testing.T) {
 	}
 }
 
+// A restarted server (a new engine over the same store) takes when it
+// last cut from the store's last checkpoint: its first pass cuts nothing
+// while that checkpoint is of the current period, and cuts once a period
+// boundary has passed since it. Before, a zero last-cut time made every
+// restart cut at its first pass.
+func TestCompactionAfterRestartFollowsTheStoredCheckpoint(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	clk := newClock()
+	clk.Advance(10 * time.Minute) // not on the hour: a boundary is not due at once
+	opts := Options{Clock: clk.Now, DisableWorkers: true, Compaction: &CompactionOptions{Every: time.Hour, Batch: 7}}
+	first := New(st, opts)
+	publish(t, first, 1_000_000, time.Minute, 0)
+	lifecycle(t, first, "a", 20)
+	first.runCompaction(ctx)
+	if s := first.CompactionStats(); s.Checkpoints != 1 || s.LastSeq != 1 {
+		t.Fatalf("first process, first pass: %+v", s)
+	}
+	cutAt := first.CompactionStats().LastCutAt
+	first.Close()
+
+	// Restart within the same hour, with journal since the checkpoint.
+	clk.Advance(20 * time.Minute)
+	second := New(st, opts)
+	defer second.Close()
+	lifecycle(t, second, "b", 10)
+	since := journalLen(t, st)
+	second.runCompaction(ctx)
+	if s := second.CompactionStats(); s.Checkpoints != 0 || s.LastSeq != 1 || !s.LastCutAt.Equal(cutAt) || journalLen(t, st) != since || since == 0 {
+		t.Fatalf("restart with a checkpoint of this hour: %+v (cut at %v), %d entries of %d", s, cutAt, journalLen(t, st), since)
+	}
+
+	// Restart after the hour turned: the stored checkpoint is old, cut.
+	clk.Advance(time.Hour)
+	third := New(st, opts)
+	defer third.Close()
+	third.runCompaction(ctx)
+	if s := third.CompactionStats(); s.Checkpoints != 1 || s.LastSeq != 2 || journalLen(t, st) != 0 {
+		t.Fatalf("restart with a checkpoint of an earlier hour: %+v, %d entries", s, journalLen(t, st))
+	}
+	auditClean(t, third)
+}
+
 // materialising counts the most accounts its store hands over or takes
 // at once around a checkpoint cut: account slices in an audit snapshot
 // (the ledger's, the last checkpoint's), pages put to a checkpoint

@@ -556,3 +556,28 @@ func TestWorkerUnknownMarkingNeedsAPassedExecutionLimit(t *testing.T) {
 		t.Fatalf("explicit marking: %s", res.Reservation.State)
 	}
 }
+
+// A malformed start or settle is ErrInvalidCommand whatever its id names:
+// the command's shape is checked before the reservation's existence or
+// state, so a bad retry never reads as "not found" or "already settled".
+func TestShapeBeforeState(t *testing.T) {
+	c := newChecked(t)
+	c.publish(policyOf(tokens(1000, 100)))
+	c.must(c.reserve("done", 5))
+	c.must(c.start("done"))
+	c.must(c.settle("done", 3))
+	c.must(c.reserve("freed", 5))
+	c.must(c.apply(ledger.Command{Kind: ledger.KindRelease, ReservationID: "freed"}))
+	for _, id := range []string{"unknown", "done", "freed"} {
+		for name, units := range map[string]ledger.Units{"negative": -1, "above MaxUnits": ledger.MaxUnits + 1} {
+			if res := c.settle(id, units); !errors.Is(res.Err, ledger.ErrInvalidCommand) {
+				t.Errorf("settle %s with %s units: %v, want INVALID_COMMAND", id, name, res.Err)
+			}
+		}
+		for _, kind := range []ledger.Kind{ledger.KindStart, ledger.KindSettle} {
+			if res := c.apply(ledger.Command{Kind: kind, ReservationID: id, Units: ledger.Amounts{1}}); !errors.Is(res.Err, ledger.ErrInvalidCommand) {
+				t.Errorf("%s %s without an operation id: %v, want INVALID_COMMAND", kind, id, res.Err)
+			}
+		}
+	}
+}

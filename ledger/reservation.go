@@ -325,6 +325,21 @@ func dimensionName(p *Policy, i int) string {
 	return fmt.Sprintf("dimension %d", i)
 }
 
+// checkAmounts is the part of checkUnits that needs no policy (p, when
+// not nil, only names the unit): no negative amounts and none above
+// MaxUnits, in whichever dimension.
+func checkAmounts(p *Policy, units *Amounts) error {
+	for i, u := range units {
+		if u < 0 {
+			return invalid("units in %s are negative (%d)", dimensionName(p, i), u)
+		}
+		if u > MaxUnits {
+			return invalid("units in %s exceed %d (%d)", dimensionName(p, i), MaxUnits, u)
+		}
+	}
+	return nil
+}
+
 // checkUnits validates amounts against a policy: no negative amounts, none
 // above MaxUnits, none in dimensions the policy lacks, and (when positive
 // is set) at least one positive amount.
@@ -367,13 +382,15 @@ func Start(b Book, id, operationID string, now time.Time) (res Result) {
 // passes its own result, so the receipt is not copied once more on the way
 // out.
 func start(b Book, id, operationID string, now time.Time, res *Result) {
+	// The command's shape before the reservation: a malformed start is
+	// ErrInvalidCommand whatever the id names (or whether it exists).
+	if operationID == "" && id != "" {
+		*res = Result{Err: invalid("operation id is empty")}
+		return
+	}
 	r, err := lookup(b, id)
 	if err != nil {
 		*res = missing(err, KindStart)
-		return
-	}
-	if operationID == "" {
-		*res = Result{Err: invalid("operation id is empty"), Reservation: *r}
 		return
 	}
 	switch r.State {
@@ -433,13 +450,28 @@ func Settle(b Book, id, operationID string, actual Amounts, now time.Time) (res 
 // passes its own result, so the receipt is not copied once more on the way
 // out.
 func settle(b Book, id, operationID string, actual Amounts, now time.Time, res *Result) {
+	// The command's shape decides before the reservation's state: a
+	// malformed settle (no operation id, a negative amount or one above
+	// MaxUnits) is ErrInvalidCommand whatever the id names, even an
+	// unknown, removed or finished one. The reservation is read first
+	// only so the message can name the unit.
 	r, err := lookup(b, id)
+	if id != "" {
+		var p *Policy
+		if err == nil {
+			p, _ = b.Policy(r.Account.Generation)
+		}
+		if operationID == "" {
+			*res = Result{Err: invalid("operation id is empty: only an operation receipt settles")}
+			return
+		}
+		if err := checkAmounts(p, &actual); err != nil {
+			*res = Result{Err: err}
+			return
+		}
+	}
 	if err != nil {
 		*res = missing(err, KindSettle)
-		return
-	}
-	if operationID == "" {
-		*res = Result{Err: invalid("operation id is empty: only an operation receipt settles"), Reservation: *r}
 		return
 	}
 	switch r.State {

@@ -330,6 +330,17 @@ func (s State) Holds() bool {
 	return s == StateReserved || s == StateStarted || s == StateExpiring || s == StateUsageUnknown
 }
 
+// Stored reports whether a reservation row can be in this state:
+// REQUESTED exists only inside a reserve command (a rejected reserve
+// stores no row) and RESERVATION_UNKNOWN only at the caller.
+func (s State) Stored() bool {
+	return s >= StateReserved && s <= StateUsageUnknown
+}
+
+// StoredStates are the states a reservation row can be in, in order.
+var StoredStates = []State{StateReserved, StateStarted, StateSettled, StateSettledWithDebt,
+	StateReleased, StateExpiring, StateExpired, StateUsageUnknown}
+
 // Terminal reports whether no further transition is possible.
 func (s State) Terminal() bool {
 	return s == StateSettled || s == StateSettledWithDebt || s == StateReleased || s == StateExpired

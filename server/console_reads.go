@@ -59,7 +59,7 @@ func (c consoleService) ListSubjectReservations(ctx context.Context, req *connec
 	var states []ledger.State
 	for _, pb := range m.GetStates() {
 		st, ok := stateFromProto(pb)
-		if !ok || st == ledger.StateReservationUnknown {
+		if !ok || !st.Stored() {
 			return nil, invalidArgument(ReasonInvalidCommand, "states: %v is not a stored reservation state", pb)
 		}
 		states = append(states, st)

@@ -89,6 +89,16 @@ func TestConsoleSubjectReservationsByState(t *testing.T) {
 		`{"subject":"tenant-b/u1","states":["RESERVATION_STATE_RESERVATION_UNKNOWN"]}`} {
 		h.wantError(h.consoleCall("ListSubjectReservations", body, consoleViewer), http.StatusBadRequest, "invalid_argument", server.ReasonInvalidCommand)
 	}
+	// A state no reservation row is ever in (REQUESTED lives only inside
+	// a reserve command, RESERVATION_UNKNOWN only at the caller) is a bad
+	// request naming the field, not an empty page (API.md).
+	for _, state := range []string{"RESERVATION_STATE_REQUESTED", "RESERVATION_STATE_RESERVATION_UNKNOWN"} {
+		r := h.consoleCall("ListSubjectReservations", `{"subject":"tenant-b/u1","states":["RESERVATION_STATE_RESERVED","`+state+`"]}`, consoleViewer)
+		h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidCommand)
+		if msg, _ := r.body["message"].(string); !strings.Contains(msg, "states") {
+			t.Errorf("%s: message %q does not name the field states", state, msg)
+		}
+	}
 	h.wantError(h.consoleCall("ListSubjectReservations", `{"subject":"tenant-b/u1"}`, gatewayToken), http.StatusForbidden, "permission_denied", server.ReasonPermissionDenied)
 
 	// The token scoped to tenant-b/* sees tenant-b/u1's, and asking for

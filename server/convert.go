@@ -3,11 +3,13 @@ package server
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -131,6 +133,32 @@ func amounts(p *ledger.Policy, units map[string]int64) (ledger.Amounts, error) {
 		out[i] = value
 	}
 	return out, nil
+}
+
+// checkUnitValues is the shape check of a units map, made before any
+// reservation, shard or policy is read, so bad input gets the same clear
+// answer whatever state (or absence) the id names: 400 INVALID_COMMAND
+// naming field and unit for an empty unit name or a negative amount and,
+// when capped, an amount above ledger.MaxUnits. (A Reserve above the cap
+// is not capped here: it is RESERVATION_TOO_LARGE, which needs the
+// policy.) It returns nil for a map of well-formed amounts.
+func checkUnitValues(field string, units map[string]int64, capped bool) *connect.Error {
+	names := make([]string, 0, len(units))
+	for name := range units {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		switch u := units[name]; {
+		case name == "":
+			return invalidArgument(ReasonInvalidCommand, "%s: a unit name is empty", field)
+		case u < 0:
+			return invalidArgument(ReasonInvalidCommand, "%s: %q is negative (%d)", field, name, u)
+		case capped && u > int64(ledger.MaxUnits):
+			return invalidArgument(ReasonInvalidCommand, "%s: %q exceeds %d (%d)", field, name, int64(ledger.MaxUnits), u)
+		}
+	}
+	return nil
 }
 
 // unstated names, quoted and comma-separated, the units reserved (a

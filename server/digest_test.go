@@ -44,10 +44,11 @@ func TestServerDerivesTheCanonicalDigest(t *testing.T) {
 
 	// The id reused for other units is another request.
 	h.wantError(h.call("Reserve", reserveBody("rl-derived", 601), ""), http.StatusConflict, "already_exists", "DIGEST_MISMATCH")
-	// Negative units: no digest can be derived; the ledger refuses the
-	// request as invalid, and for an existing id as another request.
+	// Negative units: no digest can be derived; the request is refused
+	// as invalid before any lookup, for a new id and an existing one alike
+	// (API.md, "Order of checks").
 	h.wantError(h.call("Reserve", reserveBody("rl-negative", -1), ""), http.StatusBadRequest, "invalid_argument", "INVALID_COMMAND")
-	h.wantError(h.call("Reserve", reserveBody("rl-derived", -1), ""), http.StatusConflict, "already_exists", "DIGEST_MISMATCH")
+	h.wantError(h.call("Reserve", reserveBody("rl-derived", -1), ""), http.StatusBadRequest, "invalid_argument", "INVALID_COMMAND")
 }
 
 func mustDigest(t *testing.T, tokens int64) string {

@@ -244,6 +244,9 @@ func (s *Server) reserveCommand(ctx context.Context, req *v1.ReserveRequest) (cm
 	if cerr := checkText("subject", req.GetSubject(), "route", req.GetRoute(), "region", req.GetRegion(), "request_digest", req.GetRequestDigest()); cerr != nil {
 		return cmd, nil, cerr
 	}
+	if cerr := checkUnitValues("units", req.GetUnits(), false); cerr != nil {
+		return cmd, nil, cerr
+	}
 	region := regionOrDefault(req.GetRegion())
 	digest := req.GetRequestDigest()
 	if digest == "" {
@@ -500,6 +503,9 @@ func (s *Server) settleCommand(ctx context.Context, req *v1.SettleRequest) (ledg
 		return ledger.Command{}, cerr
 	}
 	if cerr := checkID("operation_id", req.GetOperationId()); cerr != nil {
+		return ledger.Command{}, cerr
+	}
+	if cerr := checkUnitValues("actual_units", req.GetActualUnits(), true); cerr != nil {
 		return ledger.Command{}, cerr
 	}
 	r, err := s.ledger.Reservation(ctx, req.GetReservationId())

@@ -174,12 +174,11 @@ func (svc *shardService) issue(ctx context.Context, m *v1.IssueShardRequest, leg
 	if m.GetSubject() == "" || m.GetSubject() == ledger.AnySubject || m.GetRoute() == "" {
 		return nil, invalidArgument(ReasonInvalidCommand, "a concrete subject (not %q) and a route are required", ledger.AnySubject)
 	}
-	if !InScope(ctx, m.GetSubject(), m.GetRoute()) {
-		key := ledger.PolicyKey{Subject: m.GetSubject(), Route: m.GetRoute(), Region: regionOrDefault(m.GetRegion())}
-		return nil, withReason(connect.NewError(connect.CodeNotFound, fmt.Errorf("%w: %s", ledger.ErrNoPolicy, key)), ReasonNoPolicy)
-	}
 	if m.GetBootEpoch() == 0 {
 		return nil, invalidArgument(ReasonInvalidCommand, "boot_epoch is required (a gateway numbers its boots from 1)")
+	}
+	if cerr := checkUnitValues("units", m.GetUnits(), false); cerr != nil {
+		return nil, cerr
 	}
 	ttl, err := durationFromProto("ttl", m.GetTtl())
 	if err != nil {
@@ -187,6 +186,10 @@ func (svc *shardService) issue(ctx context.Context, m *v1.IssueShardRequest, leg
 	}
 	if ttl <= 0 || ttl > svc.maxTTL {
 		return nil, invalidArgument(ReasonInvalidCommand, "ttl %s is outside (0, %s]", ttl, svc.maxTTL)
+	}
+	if !InScope(ctx, m.GetSubject(), m.GetRoute()) {
+		key := ledger.PolicyKey{Subject: m.GetSubject(), Route: m.GetRoute(), Region: regionOrDefault(m.GetRegion())}
+		return nil, withReason(connect.NewError(connect.CodeNotFound, fmt.Errorf("%w: %s", ledger.ErrNoPolicy, key)), ReasonNoPolicy)
 	}
 	if svc.keys == nil {
 		return nil, withReason(connect.NewError(connect.CodeFailedPrecondition, errors.New("this server has no shard signing keys")), ReasonShardsDisabled)
@@ -334,6 +337,17 @@ func (svc *shardService) ReconcileShard(ctx context.Context, req *connect.Reques
 	}
 	if len(m.GetReceipts()) > maxShardReceipts {
 		return nil, invalidArgument(ReasonInvalidCommand, "%d receipts; at most %d per submission", len(m.GetReceipts()), maxShardReceipts)
+	}
+	for i, r := range m.GetReceipts() {
+		if _, ok := stateFromProto(r.GetState()); !ok {
+			return nil, invalidArgument(ReasonInvalidCommand, "receipt %q: state %s", r.GetReservationId(), r.GetState())
+		}
+		if cerr := checkUnitValues(fmt.Sprintf("receipts[%d].reserved_units", i), r.GetReservedUnits(), true); cerr != nil {
+			return nil, cerr
+		}
+		if cerr := checkUnitValues(fmt.Sprintf("receipts[%d].actual_units", i), r.GetActualUnits(), true); cerr != nil {
+			return nil, cerr
+		}
 	}
 	if svc.reads == nil {
 		return nil, connect.NewError(connect.CodeUnimplemented, errors.New("this ledger cannot read shards"))

@@ -26,9 +26,16 @@ import (
 //
 // The crash_mid_cut site, drawn once per cut, kills the ledger process
 // before step 2 or before one of the calls of step 3 (or, when the
-// deletion ends sooner, before the checks that end the cut); the next
-// process cuts at its first worker pass, as a restarted server's worker
-// does, and deletes what the dead one left.
+// deletion ends sooner, before the checks that end the cut). The next
+// process takes when it last cut from the store's last checkpoint
+// (Store.CheckpointLast), as a restarted server's worker does
+// (engine.runCompaction): it cuts when every has passed since that
+// checkpoint, not at its first pass. (It used to cut at its first pass,
+// which the engine did too: on a large ledger that is a checkpoint row
+// per account at every deploy or crash loop.) A cut whose put was stored
+// before the crash leaves its deletions to the next cut here; the
+// engine's worker deletes at every pass, due or not, so it gets to them
+// sooner. Either way no entry after the last checkpoint is deleted.
 //
 // The checker follows every step (GateCompaction): the stored checkpoint's
 // closing vectors must be the balances the checker replayed from every
@@ -45,8 +52,9 @@ type compactionSim struct {
 	// one JournalCompact call deletes.
 	every int64
 	batch int
-	// lastCut is when the current process last began a cut (-1: not yet,
-	// it cuts at its first worker pass).
+	// lastCut is when the current process last began a cut, or at a
+	// restart when the store's last checkpoint was cut (-1: no
+	// checkpoint stored, it cuts at its first worker pass).
 	lastCut int64
 	// busy is set while a cut is under way, by process incarnation; cp
 	// is its checkpoint until stored (nil when the journal held nothing
@@ -264,4 +272,19 @@ func (w *world) checkJournalSince(snap *ledger.Snapshot, why string) {
 		w.violate(GateCompaction, fmt.Sprintf("%s: the journal since checkpoint %d holds %d entries, %d were committed after its cut",
 			why, last.Seq, got, want))
 	}
+}
+
+// lastStoredCut returns when the store's last checkpoint was cut, in
+// simulated nanoseconds, or -1 when none is stored: what a restarted
+// process's compaction worker starts from (engine.runCompaction).
+func (w *world) lastStoredCut() int64 {
+	c, ok, err := w.ledgerStore.CheckpointLast(w.ctx)
+	if err != nil {
+		w.violate(GateJournal, fmt.Sprintf("compaction: CheckpointLast: %v", err))
+		return -1
+	}
+	if !ok {
+		return -1
+	}
+	return int64(c.CutAt.Sub(epoch0))
 }

@@ -624,8 +624,12 @@ func (w *world) ledgerRestart() {
 	n := &w.ledger
 	n.core = engine.NewCore(w.ledgerStore)
 	n.up = true
-	// A new process: no cut under way, the first worker pass cuts.
-	w.compaction.busy, w.compaction.cp, w.compaction.lastCut = false, nil, -1
+	// A new process: no cut under way; the next cut is due every after
+	// the store's last checkpoint, as for a restarted server.
+	w.compaction.busy, w.compaction.cp = false, nil
+	if w.compaction.on {
+		w.compaction.lastCut = w.lastStoredCut()
+	}
 	w.log(recRestart, ledgerNodeID, 0, "", int64(n.incarnation), "")
 	w.chk.fullAudit("after restart")
 	w.op.policiesStale = true

@@ -27,6 +27,12 @@ type CheckpointStore interface {
 	// without cut, always 0). f's error is returned, else the read's.
 	AuditSnapshot(ctx context.Context, cut bool, f func(snap *ledger.Snapshot, through int64) error) error
 
+	// CheckpointLast returns the header of the last stored checkpoint
+	// (no accounts), and false when none is stored: one indexed row, read
+	// by the compaction worker at every pass to know when it last cut,
+	// including across restarts and leader changes.
+	CheckpointLast(ctx context.Context) (ledger.Checkpoint, bool, error)
+
 	// CheckpointWrite starts writing checkpoint seq, which must be one
 	// past the last stored checkpoint's (1 for the first), else
 	// ErrConflict; ErrConflict too while another writer (another replica)

@@ -3,6 +3,7 @@ package store
 import (
 	"cmp"
 	"context"
+	"fmt"
 	"slices"
 	"time"
 
@@ -196,11 +197,27 @@ func MergeNewestFirst(lists [][]ledger.Reservation, limit int) []ledger.Reservat
 }
 
 // StatesList returns the states ReservationsOfSubject lists for f: f's,
-// or every stored state.
+// or every stored state (ledger.StoredStates).
 func (f SubjectFilter) StatesList() []ledger.State {
 	if len(f.States) > 0 {
 		return f.States
 	}
-	return []ledger.State{ledger.StateRequested, ledger.StateReserved, ledger.StateStarted, ledger.StateSettled,
-		ledger.StateSettledWithDebt, ledger.StateReleased, ledger.StateExpiring, ledger.StateExpired, ledger.StateUsageUnknown}
+	return ledger.StoredStates
+}
+
+// Check returns an error naming the field when f cannot be served: a
+// limit that is not positive, or a state no reservation row is ever in
+// (ledger.State.Stored). Every driver calls it first, so a filter the
+// server let through fails alike on each store instead of listing
+// nothing on one and something on another.
+func (f SubjectFilter) Check() error {
+	if f.Limit <= 0 {
+		return fmt.Errorf("reservations of %s: limit %d is not positive", f.Subject, f.Limit)
+	}
+	for _, st := range f.States {
+		if !st.Stored() {
+			return fmt.Errorf("reservations of %s: states: %v is not a stored reservation state", f.Subject, st)
+		}
+	}
+	return nil
 }

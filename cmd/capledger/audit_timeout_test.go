@@ -1,10 +1,12 @@
 package main
 
 import (
+	"context"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 )
 
 // An audit whose server sends nothing within --timeout says so, naming
@@ -26,5 +28,34 @@ func TestAuditTimeoutNamesTheFlag(t *testing.T) {
 		if !strings.Contains(errOut, "--timeout") {
 			t.Fatalf("audit --timeout %s against a silent server says %q, want it to name --timeout", timeout, errOut)
 		}
+	}
+}
+
+// An audit interrupted (Ctrl-C: main's signal context ends) exits 130
+// and says "interrupted", not 5 "server unavailable": the server was
+// fine, the operator stopped the command.
+func TestInterruptedAuditExits130(t *testing.T) {
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select { // a server still working on the audit
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	defer srv.Close()
+	defer close(release)
+	var stdout, stderr strings.Builder
+	e := &env{stdout: &stdout, stderr: &stderr, getenv: func(k string) string {
+		if k == "CAPLEDGER_ADDR" {
+			return srv.URL
+		}
+		return ""
+	}}
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(100*time.Millisecond, cancel) // the Ctrl-C
+	code := run(ctx, e, []string{"audit", "--timeout", "1m"})
+	wantExit(t, exitInterrupted, code, stdout.String(), stderr.String())
+	if !strings.Contains(stderr.String(), "interrupted") {
+		t.Fatalf("an interrupted audit says %q, want \"interrupted\"", stderr.String())
 	}
 }

@@ -24,13 +24,14 @@ import (
 // Exit codes, the same for every subcommand (documented in --help and the
 // README).
 const (
-	exitOK            = 0 // success
-	exitUsage         = 1 // bad flags or arguments, invalid request, refused credentials
-	exitRejected      = 2 // capacity rejection (HTTP 429 / RESOURCE_EXHAUSTED)
-	exitNotFound      = 3 // no such reservation, policy or active policy
-	exitConflict      = 4 // conflict or failed precondition (already settled, digest mismatch, ...)
-	exitUnavailable   = 5 // server or store unavailable, or the server failed
-	exitDiscrepancies = 6 // audit found discrepancies
+	exitOK            = 0   // success
+	exitUsage         = 1   // bad flags or arguments, invalid request, refused credentials
+	exitRejected      = 2   // capacity rejection (HTTP 429 / RESOURCE_EXHAUSTED)
+	exitNotFound      = 3   // no such reservation, policy or active policy
+	exitConflict      = 4   // conflict or failed precondition (already settled, digest mismatch, ...)
+	exitUnavailable   = 5   // server or store unavailable, or the server failed
+	exitDiscrepancies = 6   // audit found discrepancies
+	exitInterrupted   = 130 // interrupted (Ctrl-C or SIGTERM) before it finished: 128 + SIGINT, as shells report
 )
 
 const exitCodesHelp = `Exit codes:
@@ -42,6 +43,7 @@ const exitCodesHelp = `Exit codes:
      operation mismatch, reservation id reused for another request)
   5  server unavailable (cannot connect, store down, shutting down)
   6  audit found discrepancies
+130  interrupted (Ctrl-C or SIGTERM) before it finished; serve stops with 0
 `
 
 // command is one subcommand.
@@ -122,6 +124,13 @@ func run(ctx context.Context, e *env, args []string) int {
 	}
 	if err == nil {
 		return exitOK
+	}
+	if ctx.Err() != nil && c.name != "serve" {
+		// Interrupted: whatever the cut-off call failed with (a canceled
+		// stream reads as "unavailable"), the command did not finish
+		// because it was told to stop. (serve's stop is its Ctrl-C.)
+		fmt.Fprintf(e.stderr, "capledger %s: interrupted (%v)\n", c.name, err)
+		return exitInterrupted
 	}
 	code := exitCode(err)
 	fmt.Fprintf(e.stderr, "capledger %s: %v\n", c.name, err)

@@ -62,7 +62,7 @@ Examples:
   capledger sim --interleavings 1000000           # the release gate
   capledger sim --seed 42 --interleavings 1 --trace   # replay one seed
 
-Exit codes: 0 every gate passed, 1 usage error or interrupted, 6 a gate failed.
+Exit codes: 0 every gate passed, 1 usage error, 6 a gate failed, 130 interrupted.
 `
 
 func runSim(ctx context.Context, e *env, args []string) error {

@@ -24,6 +24,17 @@ func (r *rows) lastCheckpoint() *ledger.Checkpoint {
 	return &r.cp.chain[len(r.cp.chain)-1]
 }
 
+// CheckpointLast implements store.CheckpointStore.
+func (s *Store) CheckpointLast(ctx context.Context) (c ledger.Checkpoint, ok bool, err error) {
+	err = s.read(ctx, func(r *rows) error {
+		if last := r.lastCheckpoint(); last != nil {
+			c, ok = last.Header(), true
+		}
+		return nil
+	})
+	return c, ok, err
+}
+
 // chainCopy copies the chain: headers, the last with its accounts.
 func (r *rows) chainCopy() []ledger.Checkpoint {
 	out := make([]ledger.Checkpoint, len(r.cp.chain))

@@ -115,8 +115,8 @@ func (s *Store) ResolverAnswersPrune(ctx context.Context) (n int, err error) {
 // The in-memory store scans every reservation: it serves tests and the
 // simulator, not large ledgers.
 func (s *Store) ReservationsOfSubject(ctx context.Context, f store.SubjectFilter) (out []ledger.Reservation, err error) {
-	if f.Limit <= 0 {
-		return nil, fmt.Errorf("reservations of %s: limit %d is not positive", f.Subject, f.Limit)
+	if err := f.Check(); err != nil {
+		return nil, err
 	}
 	states := map[ledger.State]bool{}
 	for _, st := range f.StatesList() {

@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -149,6 +150,25 @@ func (s *Store) snapshotRows(ctx context.Context, tx pgx.Tx, reservations bool) 
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}
 	return snap, nil
+}
+
+// CheckpointLast implements store.CheckpointStore.
+func (s *Store) CheckpointLast(ctx context.Context) (ledger.Checkpoint, bool, error) {
+	var (
+		c     ledger.Checkpoint
+		cutAt int64
+		conv  codec.Conv
+	)
+	err := s.pool.QueryRow(ctx, `SELECT seq, through, cut_at, entries, moves, prev, accounts_digest, digest FROM checkpoints ORDER BY seq DESC LIMIT 1`).
+		Scan(&c.Seq, &c.Through, &cutAt, &c.Entries, &c.Moves, &c.Prev, &c.AccountsDigest, &c.Digest)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ledger.Checkpoint{}, false, nil
+	}
+	if err != nil {
+		return ledger.Checkpoint{}, false, s.c.classify("last checkpoint", err, false)
+	}
+	c.CutAt = conv.Time(cutAt)
+	return c, true, conv.Err()
 }
 
 // checkpointChain reads every checkpoint header, oldest first, and the

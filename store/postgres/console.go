@@ -54,8 +54,8 @@ const (
 // reservations in f's states, newest first: one range of
 // reservations_by_subject per state, merged.
 func (s *Store) ReservationsOfSubject(ctx context.Context, f store.SubjectFilter) ([]ledger.Reservation, error) {
-	if f.Limit <= 0 {
-		return nil, fmt.Errorf("reservations of %s: limit %d is not positive", f.Subject, f.Limit)
+	if err := f.Check(); err != nil {
+		return nil, err
 	}
 	var conv codec.Conv
 	before := conv.Nanos(f.Before.CreatedAt)

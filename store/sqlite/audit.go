@@ -204,6 +204,19 @@ func checkpointChain(ctx context.Context, tx *sql.Tx, withAccounts bool) ([]ledg
 	return chain, err
 }
 
+// CheckpointLast implements store.CheckpointStore.
+func (s *Store) CheckpointLast(ctx context.Context) (_ ledger.Checkpoint, _ bool, err error) {
+	defer s.readBarrier(ctx, &err)
+	if s.closed.Load() {
+		return ledger.Checkpoint{}, false, errClosed
+	}
+	last, err := queryAll(ctx, s.reader("SELECT "+checkpointCols+" FROM checkpoints ORDER BY seq DESC LIMIT 1"), scanCheckpoint, "last checkpoint")
+	if err != nil || len(last) == 0 {
+		return ledger.Checkpoint{}, false, err
+	}
+	return last[0], true, nil
+}
+
 func scanCheckpoint(sc scanner) (ledger.Checkpoint, error) {
 	var (
 		c     ledger.Checkpoint

@@ -63,8 +63,8 @@ func (s *Store) ReservationsOfSubject(ctx context.Context, f store.SubjectFilter
 	if s.closed.Load() {
 		return nil, errClosed
 	}
-	if f.Limit <= 0 {
-		return nil, fmt.Errorf("reservations of %s: limit %d is not positive", f.Subject, f.Limit)
+	if err := f.Check(); err != nil {
+		return nil, err
 	}
 	var c codec.Conv
 	before := c.Nanos(f.Before.CreatedAt)

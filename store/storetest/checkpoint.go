@@ -105,6 +105,9 @@ func testCheckpointCompaction(t *testing.T, s store.Store) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if c, ok, err := s.CheckpointLast(ctx); err != nil || ok {
+		t.Fatalf("last checkpoint of an empty chain: %+v, %v, %v", c, ok, err)
+	}
 	cp := cutCheckpoint(t, s, now)
 	if cp.Seq != 1 || cp.Prev != "" || cp.Entries != int64(len(full.Journal)) || len(cp.Accounts) == 0 {
 		t.Fatalf("first checkpoint: seq %d prev %q, %d entries of %d, %d accounts", cp.Seq, cp.Prev, cp.Entries, len(full.Journal), len(cp.Accounts))
@@ -147,6 +150,13 @@ func testCheckpointCompaction(t *testing.T, s store.Store) {
 	}
 	if err := store.PutCheckpoint(ctx, s, cp2); err != nil {
 		t.Fatal(err)
+	}
+	// CheckpointLast: the newest header, its cut time kept to the
+	// nanosecond (the compaction worker reads when it last cut from it).
+	if c, ok, err := s.CheckpointLast(ctx); err != nil || !ok {
+		t.Fatalf("last checkpoint: %v, %v", ok, err)
+	} else {
+		same(t, "last checkpoint", c, cp2.Header())
 	}
 	// (A store may keep its newest row even when summarised: SQLite does,
 	// so that its rowids never go back. This one may delete nothing.)

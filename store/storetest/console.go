@@ -3,6 +3,7 @@ package storetest
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -137,6 +138,14 @@ func testReservationsOfSubject(t *testing.T, s store.Store) {
 	for _, limit := range []int{0, -1} {
 		if got, err := cs.ReservationsOfSubject(ctx, store.SubjectFilter{Subject: "tenant7", Limit: limit}); err == nil {
 			t.Errorf("limit %d: %v and no error", limit, got)
+		}
+	}
+	// A state no row is ever in is an error naming the field on every
+	// store, not an empty (or, listing REQUESTED, a silently full) page.
+	for _, st := range []ledger.State{ledger.StateRequested, ledger.StateReservationUnknown} {
+		got, err := cs.ReservationsOfSubject(ctx, store.SubjectFilter{Subject: "tenant7", States: []ledger.State{ledger.StateSettled, st}, Limit: 10})
+		if err == nil || !strings.Contains(err.Error(), "states") {
+			t.Errorf("states %v: %d rows, error %v; want an error naming states", st, len(got), err)
 		}
 	}
 

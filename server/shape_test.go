@@ -1,0 +1,68 @@
+package server_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	v1 "github.com/capledger/capledger/api/capledger/v1"
+	"github.com/capledger/capledger/server"
+)
+
+// A command of a bad shape (negative units, above 2^53 in a settle) is
+// 400 INVALID_COMMAND whatever its id names: unknown, removed by
+// retention, settled or released. The shape is checked before the
+// reservation is looked up (API.md, "Order of checks"), alone and in
+// batches, so a gateway's bug never reads as a lost reservation or a
+// finished one.
+func TestShapeBeforeLookup(t *testing.T) {
+	h := newHarness(t, harnessOptions{retention: time.Hour})
+	h.ok("PublishPolicy", tokensPolicy, "")
+	h.ok("Reserve", reserveBody("removed", 600), "")
+	h.ok("Start", `{"reservationId":"removed","operationId":"op-1"}`, "")
+	h.ok("Settle", `{"reservationId":"removed","operationId":"op-1","actualUnits":{"tokens":200,"requests":1}}`, "")
+	h.clock.Advance(2 * time.Hour)
+	if err := h.engine.RunRetention(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	h.ok("Reserve", reserveBody("done", 600), "")
+	h.ok("Start", `{"reservationId":"done","operationId":"op-1"}`, "")
+	h.ok("Settle", `{"reservationId":"done","operationId":"op-1","actualUnits":{"tokens":200,"requests":1}}`, "")
+	h.ok("Reserve", reserveBody("freed", 600), "")
+	h.ok("Release", `{"reservationId":"freed"}`, "")
+
+	bad := []string{`{"tokens":-1,"requests":1}`, `{"tokens":"9007199254740993","requests":1}`, `{"":1}`}
+	for _, id := range []string{"unknown", "removed", "done", "freed"} {
+		for _, units := range bad {
+			body := `{"reservationId":"` + id + `","operationId":"op-1","actualUnits":` + units + `}`
+			h.wantError(h.call("Settle", body, ""), 400, "invalid_argument", server.ReasonInvalidCommand)
+			res := h.ok("SettleBatch", `{"requests":[`+body+`]}`, "")
+			if o := field(res["outcomes"].([]any)[0].(map[string]any), "error", "detail", "reason"); o != server.ReasonInvalidCommand {
+				t.Errorf("SettleBatch %s %s: %v, want INVALID_COMMAND", id, units, res)
+			}
+		}
+	}
+	// Reserve: negative units are INVALID_COMMAND even where no policy
+	// admits (NO_POLICY needs the policy; the shape does not).
+	nowhere := `{"reservationId":"r-1","subject":"tenant-7","route":"no.such.route","units":{"tokens":-1}}`
+	h.wantError(h.call("Reserve", nowhere, ""), 400, "invalid_argument", server.ReasonInvalidCommand)
+	res := h.ok("ReserveBatch", `{"requests":[`+nowhere+`]}`, "")
+	if o := field(res["outcomes"].([]any)[0].(map[string]any), "error", "detail", "reason"); o != server.ReasonInvalidCommand {
+		t.Errorf("ReserveBatch with negative units and no policy: %v, want INVALID_COMMAND", res)
+	}
+}
+
+// ReconcileShard: a receipt of a bad shape is INVALID_COMMAND before the
+// shard is looked up.
+func TestShardReceiptShapeBeforeLookup(t *testing.T) {
+	h := newShardHarness(t)
+	h.publish(t, true)
+	_, err := h.shards.ReconcileShard(context.Background(), connect.NewRequest(&v1.ReconcileShardRequest{
+		ShardId: "no-such-shard", GatewayId: "gw-a",
+		Receipts: []*v1.ShardReceipt{{ReservationId: "l-1", State: v1.ReservationState_RESERVATION_STATE_SETTLED,
+			ReservedUnits: map[string]int64{"tokens": 5}, ActualUnits: map[string]int64{"tokens": -1}}},
+	}))
+	wantShardError(t, err, connect.CodeInvalidArgument, server.ReasonInvalidCommand)
+}
