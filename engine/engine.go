@@ -103,9 +103,12 @@ type Engine struct {
 	opts Options
 	// pacerMade, when set (tests), sees every maintenance pacer made.
 	pacerMade func(*pacer)
-	queue     chan *request
-	wake      chan struct{} // one pending wake-up for the committer
-	log       *slog.Logger
+	// retentionPaced, when set (tests), sees the finish rate each
+	// retention page's pause keeps up with.
+	retentionPaced func(finishRate float64)
+	queue          chan *request
+	wake           chan struct{} // one pending wake-up for the committer
+	log            *slog.Logger
 
 	ctx     context.Context // ends when Close starts
 	stop    context.CancelFunc
@@ -151,6 +154,9 @@ type retentionCounters struct {
 	// pass's start (retention.go).
 	rateMu sync.Mutex
 	rate   retentionRate
+	// dueRate is the rate at which the last pass's rows came due, per
+	// second, from their finish times (retention.go, dueSpan).
+	dueRate float64
 }
 
 type errBox struct{ err error }

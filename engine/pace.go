@@ -75,9 +75,8 @@ const auditMaxPause = time.Second
 // newDeferrablePacer is the pacer of maintenance that nothing in steady
 // state waits for: giving freed space back (SQLite reuses free pages
 // without it) and deleting journal rows a checkpoint already summarises
-// (a 256-row transaction deletes the journal of 256 batches, far more than
-// commits write in the time a quarter of the share leaves it). Like an
-// audit it takes a quarter of MaintenanceShare while gateways are
+// beyond keeping up with what is written (CompactJournal: journalKeepUp).
+// Like an audit it takes a quarter of MaintenanceShare while gateways are
 // admitted, and idle of the time otherwise.
 func (e *Engine) newDeferrablePacer(idle float64) *pacer { return e.newAuditPacer(idle) }
 

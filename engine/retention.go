@@ -28,9 +28,10 @@ const (
 	// add about 1.6 ms to one batch: each of the gateways' calls in that
 	// batch waits for it, which is what reserve p99 sees.
 	DefaultRetentionBatch = 32
-	// retentionKeepUp: while gateways are admitted, retention removes
-	// reservations, and forgets tombstones, each at least this many times
-	// the rate at which reservations finish, whatever MaintenanceShare
+	// retentionKeepUp: retention removes reservations, and forgets
+	// tombstones, each at least this many times the rate at which
+	// reservations finish (in the store, whichever replica committed
+	// them: dueSpan), whatever MaintenanceShare
 	// allows: what comes due in steady state is what finished a window
 	// (or a tombstone horizon) ago, each row once, so keeping up costs
 	// what the workload itself makes due (about 50 µs a row, some 5 % of
@@ -86,25 +87,61 @@ func (r retentionRate) perSecond(now time.Time, count uint64) float64 {
 	return float64(count-r.count) / d
 }
 
+// dueSpan measures the rate at which rows of one kind came due from the
+// finish times of the rows retention removed: rows finished after the
+// earliest one, over the time from it to the latest. The rows are the
+// store's, whichever replica committed them, so on PostgreSQL the lease
+// holder sees what every replica finishes without a query of its own.
+// Rows of one batch share a finish time, so the rows at the earliest
+// instant open the span and count for nothing in it.
+type dueSpan struct {
+	first, last time.Time
+	n, atFirst  int
+}
+
+// add counts a removed row that finished at t.
+func (s *dueSpan) add(t time.Time) {
+	switch {
+	case t.IsZero():
+		return
+	case s.n == 0 || t.Before(s.first):
+		s.first, s.atFirst = t, 1
+		if s.n == 0 {
+			s.last = t
+		}
+	case t.Equal(s.first):
+		s.atFirst++
+	case t.After(s.last):
+		s.last = t
+	}
+	s.n++
+}
+
+// perSecond is the rate at which the rows came due (0 while they span no
+// time).
+func (s *dueSpan) perSecond() float64 {
+	d := s.last.Sub(s.first).Seconds()
+	if d <= 0 {
+		return 0
+	}
+	return float64(s.n-s.atFirst) / d
+}
+
 // retentionPause is the pause after a page that took took and removed up
 // to rows of each kind (reservations, tombstones), given the share of
 // time pacing allows now (busy: gateways were admitted since the last
-// page) and the rate at which reservations finish: while busy, the pause
-// that keeps the pages to share/retentionBacklogDivisor, shortened to one
-// that removes retentionKeepUp times the finish rate (none, when the page
-// itself took longer): the keep-up is not capped by share, so removal
-// never falls behind what finishes however long a loaded machine makes
-// each page. Idle, the share alone decides.
+// page) and the rate at which reservations finish: the pause that keeps
+// the pages to share/retentionBacklogDivisor while busy (to share, idle),
+// shortened to one that removes retentionKeepUp times the finish rate
+// (none, when the page itself took longer): the keep-up is not capped by
+// share, so removal never falls behind what finishes however long a
+// loaded machine makes each page. It holds idle too: on PostgreSQL the
+// lease holder may admit nothing of what the other replicas finish.
 func retentionPause(took time.Duration, rows int, share float64, busy bool, finishRate float64) time.Duration {
-	if !busy {
-		return pauseFor(took, share)
+	if busy {
+		share /= retentionBacklogDivisor
 	}
-	pause := pauseFor(took, share/retentionBacklogDivisor)
-	if finishRate > 0 && rows > 0 {
-		keepUp := time.Duration(float64(rows)/(retentionKeepUp*finishRate)*float64(time.Second)) - took
-		pause = min(pause, max(0, keepUp))
-	}
-	return pause
+	return keepUpPause(pauseFor(took, share), took, rows, retentionKeepUp, finishRate)
 }
 
 // pageRows is how many rows of one kind a retention page removes: its
@@ -217,10 +254,10 @@ type RetentionStats struct {
 // runRetention is one retention pass: pages of RetentionBatch rows, each
 // committed as one batch through the engine's queue (so gateway commands
 // waiting meanwhile share its commit instead of waiting behind a long
-// transaction), paced (retentionPause: while gateways are admitted, each
-// kind at least retentionKeepUp times the rate at which reservations
-// finish, whatever MaintenanceShare, and a backlog beyond that at an
-// eighth of MaintenanceShare; idle, half the time) and at least RetentionPause
+// transaction), paced (retentionPause: each kind at least retentionKeepUp
+// times the rate at which reservations finish, whatever MaintenanceShare,
+// and a backlog beyond that at an eighth of MaintenanceShare while
+// gateways are admitted, idle half the time) and at least RetentionPause
 // apart, until nothing is due or ctx ends. It then asks the store to give
 // back the freed space, paced the same way.
 func (e *Engine) runRetention(ctx context.Context) {
@@ -235,6 +272,15 @@ func (e *Engine) runRetention(ctx context.Context) {
 	if rate.at.IsZero() {
 		rate = retentionRate{at: start, count: e.finished.Load()}
 	}
+	// What finishes is measured twice: from this replica's commits (a
+	// lower bound), and from the finish times of the rows each kind
+	// removes (dueSpan: what every replica finished, a window or a
+	// tombstone horizon ago), the previous pass's until this one's rows
+	// span some time.
+	e.retention.rateMu.Lock()
+	prevDue := e.retention.dueRate
+	e.retention.rateMu.Unlock()
+	var retired, forgot dueSpan
 	for ctx.Err() == nil {
 		cmds, err := e.core.RetentionDue(ctx, e.opts.Clock(), e.opts.Retention, e.opts.TombstoneRetention, e.opts.RetentionBatch)
 		if err != nil {
@@ -260,9 +306,11 @@ func (e *Engine) runRetention(ctx context.Context) {
 			case results[i].Replayed: // another replica got there first
 			case cmds[i].Kind == ledger.KindRetire:
 				e.retention.retired.Add(1)
+				retired.add(results[i].Reservation.FinishedAt)
 				progress++
 			default:
 				e.retention.forgotten.Add(1)
+				forgot.add(results[i].Reservation.FinishedAt)
 				progress++
 			}
 		}
@@ -275,10 +323,26 @@ func (e *Engine) runRetention(ctx context.Context) {
 		// up on its own: the page's rows are the more numerous kind's.
 		took := time.Since(started)
 		share, busy := pace.share()
-		pause := max(e.opts.RetentionPause, retentionPause(took, pageRows(cmds), share, busy, rate.perSecond(time.Now(), e.finished.Load())))
+		// Each kind's rate, the faster: a kind whose page was full (the
+		// one that can fall behind) has at most that rate and the most
+		// rows, so it keeps up.
+		due := max(retired.perSecond(), forgot.perSecond())
+		if due > 0 {
+			prevDue = due
+		}
+		finishRate := max(rate.perSecond(time.Now(), e.finished.Load()), prevDue)
+		if e.retentionPaced != nil {
+			e.retentionPaced(finishRate)
+		}
+		pause := max(e.opts.RetentionPause, retentionPause(took, pageRows(cmds), share, busy, finishRate))
 		if !sleep(ctx, pause) {
 			break
 		}
+	}
+	if due := max(retired.perSecond(), forgot.perSecond()); due > 0 {
+		e.retention.rateMu.Lock()
+		e.retention.dueRate = due
+		e.retention.rateMu.Unlock()
 	}
 	if removed > 0 {
 		e.reclaim(ctx, "retention")
