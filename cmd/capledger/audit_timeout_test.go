@@ -13,15 +13,7 @@ import (
 // the flag, whether the wait ran out before the stream's first answer or
 // between its messages; never a bare "context canceled".
 func TestAuditTimeoutNamesTheFlag(t *testing.T) {
-	release := make(chan struct{})
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		select { // a server that never answers the audit
-		case <-release:
-		case <-r.Context().Done():
-		}
-	}))
-	defer srv.Close()
-	defer close(release)
+	srv := silentServer(t)
 	for _, timeout := range []string{"200ms", "1ns"} {
 		code, out, errOut := cli(t, srv.URL, "audit", "--timeout", timeout)
 		wantExit(t, exitUnavailable, code, out, errOut)
@@ -35,15 +27,7 @@ func TestAuditTimeoutNamesTheFlag(t *testing.T) {
 // and says "interrupted", not 5 "server unavailable": the server was
 // fine, the operator stopped the command.
 func TestInterruptedAuditExits130(t *testing.T) {
-	release := make(chan struct{})
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		select { // a server still working on the audit
-		case <-release:
-		case <-r.Context().Done():
-		}
-	}))
-	defer srv.Close()
-	defer close(release)
+	srv := silentServer(t) // a server still working on the audit
 	var stdout, stderr strings.Builder
 	e := &env{stdout: &stdout, stderr: &stderr, getenv: func(k string) string {
 		if k == "CAPLEDGER_ADDR" {
@@ -58,4 +42,20 @@ func TestInterruptedAuditExits130(t *testing.T) {
 	if !strings.Contains(stderr.String(), "interrupted") {
 		t.Fatalf("an interrupted audit says %q, want \"interrupted\"", stderr.String())
 	}
+}
+
+// silentServer is an HTTP server that answers nothing until the client
+// gives up or the test ends.
+func silentServer(t *testing.T) *httptest.Server {
+	t.Helper()
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() { close(release) })
+	return srv
 }

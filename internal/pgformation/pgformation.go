@@ -598,7 +598,9 @@ func (f *Formation) monitorExec(ctx context.Context, sql string) error {
 	return execOn(ctx, f.MonitorDSN(), sql)
 }
 
-func queryOn(ctx context.Context, dsn, sql string, dest ...any) error {
+// onConn runs f on a connection of its own to dsn, all within 10 s: a
+// node being killed or promoted must not hang the harness.
+func onConn(ctx context.Context, dsn string, f func(context.Context, *pgx.Conn) error) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	conn, err := pgx.Connect(ctx, dsn)
@@ -606,19 +608,20 @@ func queryOn(ctx context.Context, dsn, sql string, dest ...any) error {
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	return conn.QueryRow(ctx, sql).Scan(dest...)
+	return f(ctx, conn)
+}
+
+func queryOn(ctx context.Context, dsn, sql string, dest ...any) error {
+	return onConn(ctx, dsn, func(ctx context.Context, conn *pgx.Conn) error {
+		return conn.QueryRow(ctx, sql).Scan(dest...)
+	})
 }
 
 func execOn(ctx context.Context, dsn, sql string) error {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
+	return onConn(ctx, dsn, func(ctx context.Context, conn *pgx.Conn) error {
+		_, err := conn.Exec(ctx, sql)
 		return err
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	_, err = conn.Exec(ctx, sql)
-	return err
+	})
 }
 
 // killTrees SIGSTOPs the roots and all their descendants (so none can
