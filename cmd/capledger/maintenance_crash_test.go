@@ -640,13 +640,9 @@ func TestCrashMidCompaction(t *testing.T) {
 	mustPost(t, srv.url, "PublishPolicy", crashPolicy)
 	// Many accounts, so that a cut (a pass over every account, its pages
 	// written a transaction each) takes a while.
-	for from := 0; from < 6000; from += 1000 {
-		var items []string
-		for i := from; i < from+1000; i++ {
-			items = append(items, fmt.Sprintf(`{"reservationId":"hold-%d","subject":"ac-%d","route":"chat","units":{"tokens":1,"requests":1}}`, i, i))
-		}
-		checkOutcomes(t, mustPost(t, srv.url, "ReserveBatch", `{"requests":[`+strings.Join(items, ",")+`]}`), "reserve")
-	}
+	reserveInBatches(t, srv.url, 6000, func(i int) string {
+		return fmt.Sprintf(`{"reservationId":"hold-%d","subject":"ac-%d","route":"chat","units":{"tokens":1,"requests":1}}`, i, i)
+	})
 	watch := watchDB(t, dir)
 	records := map[string]*record{}
 	// Every kill point at least once, in a seeded order.
@@ -731,13 +727,9 @@ func TestCrashMidAuditSpill(t *testing.T) {
 	srv := startServer(t, bin, dir, flags...)
 	mustPost(t, srv.url, "PublishPolicy", crashPolicy)
 	// Reservations for the spill to copy.
-	for from := 0; from < 30_000; from += 1000 {
-		var items []string
-		for i := from; i < from+1000; i++ {
-			items = append(items, fmt.Sprintf(`{"reservationId":"held-%d","subject":"sp-%d","route":"chat","units":{"tokens":1,"requests":1}}`, i, i%100))
-		}
-		checkOutcomes(t, mustPost(t, srv.url, "ReserveBatch", `{"requests":[`+strings.Join(items, ",")+`]}`), "reserve")
-	}
+	reserveInBatches(t, srv.url, 30_000, func(i int) string {
+		return fmt.Sprintf(`{"reservationId":"held-%d","subject":"sp-%d","route":"chat","units":{"tokens":1,"requests":1}}`, i, i%100)
+	})
 	watch := watchDB(t, dir)
 	records := map[string]*record{}
 	for round := range 3 {
@@ -834,31 +826,28 @@ func TestCrashMidReclaim(t *testing.T) {
 	  "dimensions":[{"unit":"tokens","burst":"1000000000"}]}}`)
 	watch := watchDB(t, dir)
 	for round := range 3 {
-		for from := 0; from < 10_000; from += 1000 {
-			var items []string
-			for i := from; i < from+1000; i++ {
-				items = append(items, fmt.Sprintf(`{"reservationId":"brief-%d-%d","subject":"br-%d","route":"brief","units":{"tokens":1}}`, round, i, i%50))
-			}
-			checkOutcomes(t, mustPost(t, srv.url, "ReserveBatch", `{"requests":[`+strings.Join(items, ",")+`]}`), "reserve")
-		}
+		reserveInBatches(t, srv.url, 10_000, func(i int) string {
+			return fmt.Sprintf(`{"reservationId":"brief-%d-%d","subject":"br-%d","route":"brief","units":{"tokens":1}}`, round, i, i%50)
+		})
 		// The holds expire over a few seconds, and after each retention
 		// pass that removed some the vacuum gives their pages back: the
 		// file shrinks a step at a time. Kill after a random number of
 		// steps, a random moment after the last.
 		// A later round's holds partly fit in pages an earlier one freed,
-		// so fewer may come free than steps would take: once the file has
-		// shrunk and has no free page left, the vacuum is done, and the
-		// kill lands just after it.
+		// so fewer may come free than steps would take (and the store
+		// keeps a reserve of free pages): once the file has shrunk and
+		// then not for 2 s, 40 retention intervals, the vacuum is done,
+		// and the kill lands after it.
 		steps := 1 + rng.IntN(4)
-		last, seen := watch.pages(), 0
+		last, seen, shrunkAt := watch.pages(), 0, time.Time{}
 		if !pollUntil(45*time.Second, func() bool {
 			if n := watch.pages(); n > 0 && n < last {
 				seen++
-				last = n
+				last, shrunkAt = n, time.Now()
 			} else if n > last {
 				last = n
 			}
-			return seen >= steps || seen > 0 && watch.freePages() == 0
+			return seen >= steps || seen > 0 && time.Since(shrunkAt) > 2*time.Second
 		}) {
 			t.Fatalf("round %d: the file did not shrink %d times (%d pages)", round, steps, last)
 		}
@@ -889,5 +878,19 @@ func (w *dbWatch) checkIntegrity(t *testing.T) {
 	var verdict string
 	if err := w.db.QueryRow("PRAGMA integrity_check").Scan(&verdict); err != nil || verdict != "ok" {
 		t.Fatalf("integrity check after the kill: %q %v", verdict, err)
+	}
+}
+
+// reserveInBatches admits n reservations, item(i) the JSON of the i-th,
+// in ReserveBatches of 1,000, and fails the test unless every one was
+// admitted.
+func reserveInBatches(t *testing.T, url string, n int, item func(i int) string) {
+	t.Helper()
+	for from := 0; from < n; from += 1000 {
+		var items []string
+		for i := from; i < min(from+1000, n); i++ {
+			items = append(items, item(i))
+		}
+		checkOutcomes(t, mustPost(t, url, "ReserveBatch", `{"requests":[`+strings.Join(items, ",")+`]}`), "reserve")
 	}
 }
