@@ -221,3 +221,35 @@ func TestForwardedRefundStaysWithinBurst(t *testing.T) {
 		t.Fatalf("generation with burst 300 holds %+v", bal)
 	}
 }
+
+// The command's shape decides before the id is looked up (docs/API.md,
+// "Order of checks"): a command carrying negative units is
+// ErrInvalidCommand whether its id exists or not, whichever entry point
+// (server, Envoy adapter, simulator, in-process engine) brought it. A
+// reserve used to replay, an issue to say ErrShardIDReused and a
+// reconcile ErrShardNotFound or ErrShardForeign.
+func TestNegativeUnitsAreInvalidBeforeTheLookup(t *testing.T) {
+	c := newChecked(t)
+	c.publish(emergencyPolicy())
+	c.must(c.reserve("a", 10))
+	for _, id := range []string{"a", "unknown"} {
+		if res := c.reserve(id, -5); !errors.Is(res.Err, ledger.ErrInvalidCommand) || res.Replayed {
+			t.Fatalf("reserve %s with -5 units: %+v, want ErrInvalidCommand", id, res)
+		}
+	}
+
+	c.must(c.apply(issueCmd("sh-1", "gw-a", 1, 100)))
+	for _, id := range []string{"sh-1", "sh-unknown"} {
+		if res := c.apply(issueCmd(id, "gw-a", 1, -100)); !errors.Is(res.Err, ledger.ErrInvalidCommand) {
+			t.Fatalf("issue shard %s with -100 units: %v, want ErrInvalidCommand", id, res.Err)
+		}
+	}
+	bad := []ledger.ShardReceipt{{ReservationID: "r1", State: ledger.StateSettled, Actual: ledger.Amounts{-1}}}
+	for _, id := range []string{"sh-1", "sh-unknown"} {
+		for _, gateway := range []string{"gw-a", "gw-b"} {
+			if res := c.apply(reconcileCmd(id, gateway, bad)); !errors.Is(res.Err, ledger.ErrInvalidCommand) {
+				t.Fatalf("reconcile shard %s as %s with a negative receipt: %v, want ErrInvalidCommand", id, gateway, res.Err)
+			}
+		}
+	}
+}

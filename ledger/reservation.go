@@ -14,7 +14,7 @@ import (
 // same step.
 //
 // Returns, in the order they are checked:
-//   - ErrInvalidCommand for a missing id;
+//   - ErrInvalidCommand for a missing id or negative units;
 //   - success with Replayed and the stored receipt, whatever its state now,
 //     when the id exists with the same digest (a retry never debits twice);
 //   - ErrDigestMismatch (with the stored receipt) when the id exists with
@@ -23,8 +23,8 @@ import (
 //     AnySubject subject;
 //   - ErrNoPolicy when nothing admits for the subject;
 //   - ErrInvalidCommand when cmd.Generation is set and another generation
-//     decides (Result.Generation names it), or for negative units, no
-//     units, or units in a dimension the policy does not have;
+//     decides (Result.Generation names it), or for no units, or units in
+//     a dimension the policy does not have;
 //   - ErrReservationTooLarge for units above MaxUnits (no policy allows
 //     them: burst is at most MaxUnits);
 //   - ErrReservationTooLarge when a dimension exceeds its max reservation
@@ -54,6 +54,13 @@ func Reserve(b Book, cmd *Command, now time.Time) (res Result) {
 func reserve(b Book, cmd *Command, now time.Time, res *Result) {
 	if cmd.ReservationID == "" {
 		*res = Result{Err: invalid("reservation id is empty")}
+		return
+	}
+	// The units' shape before the id is looked up (docs/API.md, "Order of
+	// checks"): a retry with negative units is ErrInvalidCommand, never a
+	// replay, whichever way it reaches the ledger.
+	if err := checkAmounts(nil, &cmd.Units, false); err != nil {
+		*res = Result{Err: checkAmounts(namingPolicy(b, cmd), &cmd.Units, false)}
 		return
 	}
 	if existing, ok := b.Reservation(cmd.ReservationID); ok {
@@ -325,16 +332,47 @@ func dimensionName(p *Policy, i int) string {
 	return fmt.Sprintf("dimension %d", i)
 }
 
-// checkAmounts is the part of checkUnits that needs no policy (p, when
-// not nil, only names the unit): no negative amounts and none above
-// MaxUnits, in whichever dimension.
-func checkAmounts(p *Policy, units *Amounts) error {
-	for i, u := range units {
-		if u < 0 {
-			return invalid("units in %s are negative (%d)", dimensionName(p, i), u)
+// AmountShapeProblem is the shape rule for one amount of a command, the
+// part of docs/API.md's "Order of checks" step 2 an amount takes part in:
+// decided from the command alone, before any policy, reservation or shard
+// is read, so a malformed amount gets the same answer whatever the id
+// names (or whether it exists). It returns "" for a well-formed amount,
+// else what is wrong, phrased to follow the amount's name: "is negative
+// (-3)", or, when capped (a Settle's usage, a shard receipt's amounts),
+// "exceeds 9007199254740992 (...)". A Reserve's or shard issue's amount
+// above MaxUnits is not a shape error: it is ErrReservationTooLarge, which
+// needs the policy. The ledger and the server (on its units maps) both
+// call it, so they cannot disagree on the rule.
+func AmountShapeProblem(u Units, capped bool) string {
+	switch {
+	case u < 0:
+		return fmt.Sprintf("is negative (%d)", u)
+	case capped && u > MaxUnits:
+		return fmt.Sprintf("exceeds %d (%d)", MaxUnits, u)
+	}
+	return ""
+}
+
+// namingPolicy returns the policy whose dimension order cmd.Units are in,
+// only to name a unit in an error: cmd.Generation's, else the one that
+// decides for cmd's subject; nil when neither is known (units are then
+// named by index).
+func namingPolicy(b Book, cmd *Command) *Policy {
+	if cmd.Generation != 0 {
+		if p, ok := b.Policy(cmd.Generation); ok {
+			return p
 		}
-		if u > MaxUnits {
-			return invalid("units in %s exceed %d (%d)", dimensionName(p, i), MaxUnits, u)
+	}
+	p, _ := activePolicy(b, PolicyKey{Subject: cmd.Subject, Route: cmd.Route, Region: cmd.Region})
+	return p
+}
+
+// checkAmounts applies AmountShapeProblem to every dimension of units (p,
+// when not nil, only names the unit).
+func checkAmounts(p *Policy, units *Amounts, capped bool) error {
+	for i, u := range units {
+		if problem := AmountShapeProblem(u, capped); problem != "" {
+			return invalid("units in %s: amount %s", dimensionName(p, i), problem)
 		}
 	}
 	return nil
@@ -342,12 +380,14 @@ func checkAmounts(p *Policy, units *Amounts) error {
 
 // checkUnits validates amounts against a policy: no negative amounts, none
 // above MaxUnits, none in dimensions the policy lacks, and (when positive
-// is set) at least one positive amount.
+// is set) at least one positive amount. The commands have checked the
+// shape (checkAmounts) before reading any row; it is checked again here
+// so the function stands on its own.
 func checkUnits(p *Policy, units *Amounts, positive bool) error {
 	any := false
 	for i, u := range units {
-		if u < 0 {
-			return invalid("units in %s are negative (%d)", dimensionName(p, i), u)
+		if problem := AmountShapeProblem(u, false); problem != "" {
+			return invalid("units in %s: amount %s", dimensionName(p, i), problem)
 		}
 		if u > MaxUnits {
 			return invalid("units in %s exceed %d (%d)", dimensionName(p, i), MaxUnits, u)
@@ -465,7 +505,7 @@ func settle(b Book, id, operationID string, actual Amounts, now time.Time, res *
 			*res = Result{Err: invalid("operation id is empty: only an operation receipt settles")}
 			return
 		}
-		if err := checkAmounts(p, &actual); err != nil {
+		if err := checkAmounts(p, &actual, true); err != nil {
 			*res = Result{Err: err}
 			return
 		}

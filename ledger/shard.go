@@ -199,13 +199,15 @@ func ShardRemintReceipt(shardID string, n int64) string {
 // boot epoch, TTL and the signer.
 //
 // Returns:
+//   - ErrInvalidCommand, before the id is looked up, for a missing shard
+//     or gateway id or negative units;
 //   - success with the new shard (fence = the gateway's previous fence + 1,
 //     ExpiresAt = now + TTL, signed);
 //   - success with Replayed and the stored shard when the id exists for the
 //     same gateway, boot epoch, subject and allocation (nothing moves twice);
 //   - ErrShardIDReused when the id names a different shard;
-//   - ErrInvalidCommand for missing arguments, a non-positive TTL, bad units,
-//     or a Generation that does not decide;
+//   - ErrInvalidCommand for other missing arguments, a non-positive TTL,
+//     units the policy does not have, or a Generation that does not decide;
 //   - ErrNoPolicy when nothing admits for the subject;
 //   - ErrEmergencyDisabled when the deciding policy's emergency mode is off;
 //   - ErrAdmissionFrozen while the account carries debt, and
@@ -227,6 +229,10 @@ func IssueShard(b Book, cmd *Command, now time.Time) Result {
 			return Result{Err: invalid("gateway id %q names a legacy limiter: its budget is carved by the operator (CarveLegacyBudget), not issued as a shard", args.GatewayID)}
 		}
 		return Result{Err: invalid("a legacy budget's gateway id must start with %q, not %q", LegacyGatewayPrefix, args.GatewayID)}
+	}
+	// The units' shape before the id is looked up, as for Reserve.
+	if err := checkAmounts(nil, &cmd.Units, false); err != nil {
+		return Result{Err: checkAmounts(namingPolicy(b, cmd), &cmd.Units, false)}
 	}
 	if existing, ok := b.Shard(args.ShardID); ok {
 		same := existing.GatewayID == args.GatewayID && existing.BootEpoch == args.BootEpoch &&
@@ -334,6 +340,9 @@ func IssueShard(b Book, cmd *Command, now time.Time) Result {
 // Returns:
 //   - success with the shard after the submission and the remint Move
 //     (nil when nothing was reminted or charged);
+//   - ErrInvalidCommand, before the shard's existence or owner is
+//     checked, for a receipt malformed on its own: an empty or repeated
+//     id, an amount negative or above MaxUnits, a RESERVED receipt;
 //   - ErrShardNotFound;
 //   - ErrShardForeign when args.GatewayID is not the shard's gateway
 //     (refused and counted);
@@ -350,15 +359,29 @@ func IssueShard(b Book, cmd *Command, now time.Time) Result {
 //   - ErrShardReceiptContradicts when a later submission says RELEASED or
 //     EXPIRED for a receipt the first one reported STARTED or
 //     USAGE_UNKNOWN (refused and counted; nothing changed);
-//   - ErrInvalidCommand for malformed receipts: an empty or repeated id,
-//     negative amounts, a RESERVED receipt, holds of unknown work larger
-//     than the allocation, a later submission mixing terminal receipts with
-//     ones still unknown.
+//   - ErrInvalidCommand for receipts that contradict the shard: holds of
+//     unknown work larger than the allocation, a later submission mixing
+//     terminal receipts with ones still unknown.
 func ReconcileShard(b Book, args *ShardArgs, now time.Time) Result {
 	if args == nil || args.ShardID == "" {
 		return Result{Err: invalid("shard id is required")}
 	}
+	// The receipts' shape decides before the shard's existence or owner
+	// (docs/API.md, "Order of checks"). The shard is read first only so
+	// the message can name the unit: the amounts are in the shard
+	// generation's dimension order (by index when it or its policy is
+	// unknown).
 	s, ok := b.Shard(args.ShardID)
+	var unitsOf *Policy
+	if ok {
+		unitsOf, _ = b.Policy(s.Account.Generation)
+	}
+	if err := checkReceipts(args.Receipts, unitsOf); err != nil {
+		if !ok {
+			return Result{Err: err}
+		}
+		return Result{Err: err, Shard: cloneShard(s), Generation: s.Account.Generation}
+	}
 	if !ok {
 		return Result{Err: fmt.Errorf("%w: %s", ErrShardNotFound, args.ShardID)}
 	}
@@ -366,12 +389,6 @@ func ReconcileShard(b Book, args *ShardArgs, now time.Time) Result {
 		refuseShard(b, s.ID)
 		return Result{Err: fmt.Errorf("%w: shard %s is %s's, not %q's", ErrShardForeign, s.ID, s.GatewayID, args.GatewayID),
 			Shard: cloneShard(s), Generation: s.Account.Generation}
-	}
-	// The receipts' amounts are in the shard generation's dimension order:
-	// its policy names them in errors (nil if unreadable: then by index).
-	unitsOf, _ := b.Policy(s.Account.Generation)
-	if err := checkReceipts(args.Receipts, unitsOf); err != nil {
-		return Result{Err: err, Shard: cloneShard(s), Generation: s.Account.Generation}
 	}
 
 	// Everything is computed into locals first and written only once the
@@ -527,8 +544,11 @@ func checkReceipts(receipts []ShardReceipt, p *Policy) error {
 		}
 		seen[r.ReservationID] = true
 		for d := range r.Reserved {
-			if r.Reserved[d] < 0 || r.Actual[d] < 0 || r.Reserved[d] > MaxUnits || r.Actual[d] > MaxUnits {
-				return invalid("receipt %s: amounts in %s are outside [0, %d]", r.ReservationID, dimensionName(p, d), MaxUnits)
+			if problem := AmountShapeProblem(r.Reserved[d], true); problem != "" {
+				return invalid("receipt %s: reserved units in %s: amount %s", r.ReservationID, dimensionName(p, d), problem)
+			}
+			if problem := AmountShapeProblem(r.Actual[d], true); problem != "" {
+				return invalid("receipt %s: actual units in %s: amount %s", r.ReservationID, dimensionName(p, d), problem)
 			}
 		}
 		switch r.State {

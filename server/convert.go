@@ -138,10 +138,10 @@ func amounts(p *ledger.Policy, units map[string]int64) (ledger.Amounts, error) {
 // checkUnitValues is the shape check of a units map, made before any
 // reservation, shard or policy is read, so bad input gets the same clear
 // answer whatever state (or absence) the id names: 400 INVALID_COMMAND
-// naming field and unit for an empty unit name or a negative amount and,
-// when capped, an amount above ledger.MaxUnits. (A Reserve above the cap
-// is not capped here: it is RESERVATION_TOO_LARGE, which needs the
-// policy.) It returns nil for a map of well-formed amounts.
+// naming field and unit for an empty unit name or an amount
+// ledger.AmountShapeProblem refuses (negative and, when capped, above
+// ledger.MaxUnits: the ledger applies the same rule to its amounts). It
+// returns nil for a map of well-formed amounts.
 func checkUnitValues(field string, units map[string]int64, capped bool) *connect.Error {
 	names := make([]string, 0, len(units))
 	for name := range units {
@@ -149,13 +149,11 @@ func checkUnitValues(field string, units map[string]int64, capped bool) *connect
 	}
 	slices.Sort(names)
 	for _, name := range names {
-		switch u := units[name]; {
-		case name == "":
+		if name == "" {
 			return invalidArgument(ReasonInvalidCommand, "%s: a unit name is empty", field)
-		case u < 0:
-			return invalidArgument(ReasonInvalidCommand, "%s: %q is negative (%d)", field, name, u)
-		case capped && u > int64(ledger.MaxUnits):
-			return invalidArgument(ReasonInvalidCommand, "%s: %q exceeds %d (%d)", field, name, int64(ledger.MaxUnits), u)
+		}
+		if problem := ledger.AmountShapeProblem(units[name], capped); problem != "" {
+			return invalidArgument(ReasonInvalidCommand, "%s: %q %s", field, name, problem)
 		}
 	}
 	return nil

@@ -24,6 +24,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"reflect"
 	"strings"
 	"time"
 
@@ -67,14 +69,64 @@ func parseConfig(dsn string) (*pgxpool.Config, error) {
 			cfg.ConnConfig.RuntimeParams[name] = value
 		}
 	}
-	// The ledger writes on every command: connect only to a server that
-	// accepts writes (target_session_attrs=read-write), so a DSN listing
-	// every member of a cluster (host=pg-a,pg-b,pg-c) finds the primary
-	// after a failover and never settles on a standby.
-	if cfg.ConnConfig.ValidateConnect == nil {
-		cfg.ConnConfig.ValidateConnect = pgconn.ValidateConnectTargetSessionAttrsReadWrite
+	if err := requireReadWrite(dsn, cfg.ConnConfig.ValidateConnect); err != nil {
+		return nil, err
 	}
+	cfg.ConnConfig.ValidateConnect = pgconn.ValidateConnectTargetSessionAttrsReadWrite
 	return cfg, nil
+}
+
+// targetSessionAttrs names the connect validators pgconn.ParseConfig sets
+// for each target_session_attrs value but "any" (which sets none).
+var targetSessionAttrs = map[uintptr]string{
+	funcAddr(pgconn.ValidateConnectTargetSessionAttrsReadWrite):     "read-write",
+	funcAddr(pgconn.ValidateConnectTargetSessionAttrsReadOnly):      "read-only",
+	funcAddr(pgconn.ValidateConnectTargetSessionAttrsPrimary):       "primary",
+	funcAddr(pgconn.ValidateConnectTargetSessionAttrsStandby):       "standby",
+	funcAddr(pgconn.ValidateConnectTargetSessionAttrsPreferStandby): "prefer-standby",
+}
+
+func funcAddr(f pgconn.ValidateConnectFunc) uintptr { return reflect.ValueOf(f).Pointer() }
+
+// requireReadWrite returns nil when the DSN (or PGTARGETSESSIONATTRS)
+// leaves target_session_attrs unset or sets it to read-write, and an error
+// saying why for any other value. The ledger writes on every command, so
+// it connects only to a server that accepts writes: a DSN listing every
+// member of a cluster (host=pg-a,pg-b,pg-c) then finds the primary after a
+// failover and never settles on a standby. "primary" is refused too: it
+// accepts a primary made read-only (default_transaction_read_only, as a
+// fence), where every command would fail. validate is what
+// pgconn.ParseConfig made of the setting; it is nil both for an explicit
+// "any" and for no setting (libpq's default is "any"), so those are told
+// apart by parsing dsn again behind a setting of its own.
+func requireReadWrite(dsn string, validate pgconn.ValidateConnectFunc) error {
+	value := "any"
+	if validate != nil {
+		value = targetSessionAttrs[funcAddr(validate)]
+	} else if os.Getenv("PGTARGETSESSIONATTRS") == "" && !dsnSetsTargetSessionAttrs(dsn) {
+		return nil
+	}
+	if value == "read-write" {
+		return nil
+	}
+	return fmt.Errorf("postgres dsn: target_session_attrs=%s: capledger writes on every command, so it connects only to a server that accepts writes; "+
+		"leave target_session_attrs out or set it to read-write", value)
+}
+
+// dsnSetsTargetSessionAttrs reports whether dsn itself sets
+// target_session_attrs: it parses dsn with read-only set ahead of dsn's
+// own parameters, which a setting in dsn overrides.
+func dsnSetsTargetSessionAttrs(dsn string) bool {
+	probe := "target_session_attrs=read-only " + dsn
+	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
+		base, query, _ := strings.Cut(dsn, "?")
+		probe = base + "?target_session_attrs=read-only"
+		if query != "" {
+			probe += "&" + query
+		}
+	}
+	cfg, err := pgconn.ParseConfig(probe)
+	return err == nil && funcAddr(cfg.ValidateConnect) != funcAddr(pgconn.ValidateConnectTargetSessionAttrsReadOnly)
 }
 
 // Open connects to the database named by dsn (a postgres:// URL or a

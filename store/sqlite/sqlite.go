@@ -32,6 +32,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -137,13 +138,15 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 	if cfg.readConns < 1 {
 		return nil, fmt.Errorf("open sqlite %s: %d read connections", path, cfg.readConns)
 	}
-	pragmas := url.Values{}
-	pragmas.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", cfg.busyTimeout.Milliseconds()))
-	pragmas.Add("_pragma", "journal_mode(WAL)")
-	pragmas.Add("_pragma", "synchronous(FULL)")
-	pragmas.Add("_pragma", "foreign_keys(ON)")
-	pragmas.Add("_pragma", "wal_autocheckpoint(0)") // only the checkpointer checkpoints: checkpoint.go
-	pragmas.Add("_pragma", fmt.Sprintf("journal_size_limit(%d)", walSizeLimit))
+	// Every connection's pragmas. journal_mode(WAL) is left out of setup's
+	// connection: setup sets it itself, after what must precede it.
+	pragmas := []string{
+		fmt.Sprintf("busy_timeout(%d)", cfg.busyTimeout.Milliseconds()),
+		"synchronous(FULL)",
+		"foreign_keys(ON)",
+		"wal_autocheckpoint(0)", // only the checkpointer checkpoints: checkpoint.go
+		fmt.Sprintf("journal_size_limit(%d)", walSizeLimit),
+	}
 	s := &Store{path: path, writer: make(chan struct{}, 1), cache: newRowCache(cfg.cacheRows), debtScanRows: debtScanChunk,
 		pipelined: cfg.pipelined}
 	s.sync.walPath = path + "-wal"
@@ -156,30 +159,35 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 	if cfg.pipelined {
 		writerSync = syncNormal
 	}
-	writerPragmas := url.Values{}
-	for _, p := range pragmas["_pragma"] {
+	var writerPragmas []string
+	for _, p := range pragmas {
 		if !strings.HasPrefix(p, "synchronous(") {
-			writerPragmas.Add("_pragma", p)
+			writerPragmas = append(writerPragmas, p)
 		}
 	}
-	writerPragmas.Add("_pragma", fmt.Sprintf("cache_size(-%d)", writerCacheKiB))
-	writerPragmas.Add("_pragma", fmt.Sprintf("synchronous(%d)", writerSync))
-	connector, err := sqlite.NewConnector(path + "?" + writerPragmas.Encode())
+	writerPragmas = append(writerPragmas, "journal_mode(WAL)", fmt.Sprintf("cache_size(-%d)", writerCacheKiB),
+		fmt.Sprintf("synchronous(%d)", writerSync))
+	writerDSN, err := dsn(path, writerPragmas...)
+	if err != nil {
+		return nil, fmt.Errorf("open sqlite %s: %w", path, err)
+	}
+	connector, err := sqlite.NewConnector(writerDSN)
 	if err != nil {
 		return nil, fmt.Errorf("open sqlite %s: %w", path, err)
 	}
 	// Setup (checks and migrations) runs through database/sql on a
 	// connection of its own, closed before the writer opens: one write
-	// connection at a time. It commits with synchronous=FULL in every mode.
-	// Only setup's connection sets auto_vacuum (before WAL: see
-	// vacuum.go). On an existing file the pragma still writes the file's
-	// header in a transaction of its own, and any other connection's
-	// commit makes the writer's next transaction discard its page cache
-	// and the row cache (PRAGMA data_version changes): every connection
-	// the checkpointer or the read pool opened did that.
-	setupPragmas := url.Values{"_pragma": append([]string{pragmas["_pragma"][0],
-		fmt.Sprintf("auto_vacuum(%d)", AutoVacuumIncremental)}, pragmas["_pragma"][1:]...)}
-	setupConnector, err := sqlite.NewConnector(path + "?" + setupPragmas.Encode())
+	// connection at a time. It commits with synchronous=FULL in every mode,
+	// and only it sets auto_vacuum, on a new file only (setup): on an
+	// existing file the pragma would write the file's header in a
+	// transaction of its own, and any other connection's commit makes the
+	// writer's next transaction discard its page cache and the row cache
+	// (PRAGMA data_version changes).
+	setupDSN, err := dsn(path, pragmas...)
+	if err != nil {
+		return nil, fmt.Errorf("open sqlite %s: %w", path, err)
+	}
+	setupConnector, err := sqlite.NewConnector(setupDSN)
 	if err != nil {
 		return nil, fmt.Errorf("open sqlite %s: %w", path, err)
 	}
@@ -199,8 +207,10 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 		return nil, fmt.Errorf("open sqlite %s: %w", path, translate(ctx, err))
 	}
 	s.checkpointer = startCheckpointer(sql.OpenDB(connector), &s.commits, s.noteFsyncFailure)
-	pragmas.Add("_pragma", "query_only(1)")
-	s.readDB, err = sql.Open("sqlite", path+"?"+pragmas.Encode())
+	readDSN, err := dsn(path, append(pragmas, "journal_mode(WAL)", "query_only(1)")...)
+	if err == nil {
+		s.readDB, err = sql.Open("sqlite", readDSN)
+	}
 	if err == nil {
 		s.readDB.SetMaxOpenConns(cfg.readConns)
 		s.readDB.SetMaxIdleConns(cfg.readConns)
@@ -213,24 +223,94 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 	return s, nil
 }
 
-// setup checks the pragmas took effect on a write connection and
-// migrates.
+// fileFormatPragmas take effect only before the file's first page is
+// written, which journal_mode(WAL) or the first table does; afterwards
+// they change nothing, silently (auto_vacuum from NONE only by a VACUUM
+// outside WAL: convertAutoVacuum). The driver does not run a DSN's
+// _pragma parameters in the order given but sorted by their text
+// (busy_timeout first), so one of these in a DSN runs after
+// journal_mode(WAL) (page_size) or before it only because its name sorts
+// first (auto_vacuum). dsn refuses them; setup sets them, in order, on a
+// new file.
+var fileFormatPragmas = []string{"auto_vacuum", "encoding", "page_size"}
+
+// dsn returns the driver DSN for path with each of pragmas as a _pragma
+// parameter (written "name(value)"), or an error naming the first one in
+// fileFormatPragmas: in a DSN it could not be relied on to take effect.
+func dsn(path string, pragmas ...string) (string, error) {
+	q := url.Values{}
+	for _, p := range pragmas {
+		name := strings.ToLower(strings.TrimSpace(p))
+		if i := strings.IndexAny(name, "(= "); i >= 0 {
+			name = name[:i]
+		}
+		if slices.Contains(fileFormatPragmas, name) {
+			return "", fmt.Errorf("pragma %q cannot go in a DSN: it takes effect only before the file's first page is written, "+
+				"and the driver runs DSN pragmas in name order, journal_mode(WAL) perhaps first; setup sets it on a new file", p)
+		}
+		q.Add("_pragma", p)
+	}
+	return path + "?" + q.Encode(), nil
+}
+
+// setup gives a new file its format (auto_vacuum INCREMENTAL, vacuum.go)
+// before WAL mode writes its first page, puts the file in WAL mode, checks
+// the pragmas took effect on a write connection and migrates. It returns
+// an error when one did not: a file that is not in WAL mode or not
+// synchronous=FULL, or a new file that did not become INCREMENTAL.
 func setup(ctx context.Context, db *sql.DB) error {
+	// One connection for the pragmas: auto_vacuum applies to the file only
+	// if the connection that set it is the one that writes the first page.
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return translate(ctx, err)
+	}
+	err = setFormat(ctx, conn)
+	if closeErr := conn.Close(); err == nil {
+		err = closeErr
+	}
+	if err != nil {
+		return err
+	}
+	return migrate(ctx, db)
+}
+
+// setFormat is setup's part on one connection.
+func setFormat(ctx context.Context, conn *sql.Conn) error {
+	var pages int64
+	if err := conn.QueryRowContext(ctx, "PRAGMA page_count").Scan(&pages); err != nil {
+		return translate(ctx, err)
+	}
+	created := pages == 0
+	if created {
+		if _, err := conn.ExecContext(ctx, fmt.Sprintf("PRAGMA auto_vacuum = %d", AutoVacuumIncremental)); err != nil {
+			return fmt.Errorf("auto_vacuum: %w", translate(ctx, err))
+		}
+	}
 	var mode string
-	if err := db.QueryRowContext(ctx, "PRAGMA journal_mode").Scan(&mode); err != nil {
+	if err := conn.QueryRowContext(ctx, "PRAGMA journal_mode = WAL").Scan(&mode); err != nil {
 		return translate(ctx, err)
 	}
 	if !strings.EqualFold(mode, "wal") {
 		return fmt.Errorf("journal_mode is %q, not WAL (does the filesystem support shared memory?)", mode)
 	}
+	if created {
+		var vacuum int
+		if err := conn.QueryRowContext(ctx, "PRAGMA auto_vacuum").Scan(&vacuum); err != nil {
+			return translate(ctx, err)
+		}
+		if vacuum != AutoVacuumIncremental {
+			return fmt.Errorf("a new file's auto_vacuum is %d, not INCREMENTAL (%d)", vacuum, AutoVacuumIncremental)
+		}
+	}
 	var sync int64
-	if err := db.QueryRowContext(ctx, "PRAGMA synchronous").Scan(&sync); err != nil {
+	if err := conn.QueryRowContext(ctx, "PRAGMA synchronous").Scan(&sync); err != nil {
 		return translate(ctx, err)
 	}
 	if sync != syncFull {
 		return fmt.Errorf("synchronous is %d, not FULL (%d)", sync, syncFull)
 	}
-	return migrate(ctx, db)
+	return nil
 }
 
 // migrations returns the embedded migrations in version order.

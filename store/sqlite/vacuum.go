@@ -34,10 +34,10 @@ const reclaimPages = 1024
 // checkpoint resets it.
 const walSizeLimit = 64 << 20
 
-// A new file gets INCREMENTAL from the DSN: the pragma comes before
-// journal_mode(WAL), which writes the file's first page. On an existing
-// file of another mode the pragma changes nothing (only a VACUUM outside
-// WAL mode would: convertAutoVacuum).
+// A new file gets INCREMENTAL from setup, which sets it before
+// journal_mode(WAL) writes the file's first page (not from the DSN: see
+// fileFormatPragmas). An existing file of another mode keeps it (only a
+// VACUUM outside WAL mode changes it: convertAutoVacuum).
 
 // AutoVacuum returns the file's PRAGMA auto_vacuum mode.
 func (s *Store) AutoVacuum(ctx context.Context) (int, error) {
