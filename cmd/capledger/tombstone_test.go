@@ -1,0 +1,135 @@
+package main
+
+import (
+	"fmt"
+	"testing"
+	"time"
+)
+
+// API.md, "Retention: removed reservations", over the real serve with
+// short windows: while a removed reservation's tombstone lives every call
+// on its id is answered from it (the table there, row by row) and changes
+// no account; after the tombstone horizon the id is unknown (404) and a
+// Reserve with it admits a new reservation.
+func TestTombstoneAnswersOverTheAPI(t *testing.T) {
+	url := startInProcess(t, "--retention", "1s", "--tombstone-retention", "6s", "--retention-interval", "100ms", "--compaction", "0")
+	mustPost(t, url, "PublishPolicy", `{"policy":{"subject":"*","route":"chat","holdTtl":"0.1s",
+	  "dimensions":[{"unit":"tokens","burst":"1000","refillUnits":"1","refillInterval":"3600s"}]}}`)
+	reserve := func(id string, tokens int) string {
+		return fmt.Sprintf(`{"reservationId":%q,"subject":"tenant-1","route":"chat","units":{"tokens":%d}}`, id, tokens)
+	}
+	mustPost(t, url, "Reserve", reserve("settled", 10))
+	mustPost(t, url, "Start", `{"reservationId":"settled","operationId":"op-1"}`)
+	mustPost(t, url, "Settle", `{"reservationId":"settled","operationId":"op-1","actualUnits":{"tokens":4}}`)
+	mustPost(t, url, "Reserve", reserve("released", 10))
+	mustPost(t, url, "Release", `{"reservationId":"released"}`)
+	mustPost(t, url, "Reserve", reserve("expired", 10)) // the expiry worker takes it after 0.1 s
+	ids := []string{"settled", "released", "expired"}
+
+	// Wait for retention to remove all three (1 s after they finished).
+	deadline := time.Now().Add(30 * time.Second)
+	for _, id := range ids {
+		for {
+			status, body := post(crashClient, url, "GetReservation", `{"reservationId":"`+id+`"}`)
+			if status == 200 && field(body, "reservation", "retired") == true {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s not removed by retention: %d %v", id, status, body)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	account := `{"subject":"tenant-1","route":"chat"}`
+	before := fmt.Sprint(mustPost(t, url, "GetAccount", account))
+
+	type call struct {
+		method, body string
+		status       int
+		reason       string // "" for 200
+	}
+	stateError := map[string]string{"settled": "RESERVATION_ALREADY_SETTLED", "released": "RESERVATION_RELEASED", "expired": "RESERVATION_EXPIRED"}
+	states := map[string]string{"settled": "RESERVATION_STATE_SETTLED", "released": "RESERVATION_STATE_RELEASED", "expired": "RESERVATION_STATE_EXPIRED"}
+	for _, id := range ids {
+		release := call{"Release", `{"reservationId":"` + id + `"}`, 400, stateError[id]}
+		if id == "released" {
+			release.status, release.reason = 200, "" // a replay
+		}
+		calls := []call{
+			{"Reserve", reserve(id, 10), 200, ""},
+			{"Reserve", reserve(id, 11), 409, "DIGEST_MISMATCH"},
+			{"Settle", `{"reservationId":"` + id + `","operationId":"op-1","actualUnits":{"tokens":4}}`, 400, stateError[id]},
+			{"Start", `{"reservationId":"` + id + `","operationId":"op-1"}`, 400, stateError[id]},
+			{"MarkUsageUnknown", `{"reservationId":"` + id + `"}`, 400, stateError[id]},
+			{"GetReservation", `{"reservationId":"` + id + `"}`, 200, ""},
+			release,
+		}
+		for _, c := range calls {
+			status, body := post(crashClient, url, c.method, c.body)
+			reason, _ := field(body, "details", "0", "debug", "reason").(string)
+			if status != c.status || reason != c.reason {
+				t.Errorf("%s %s: %d %s %v, want %d %s", c.method, c.body, status, reason, body, c.status, c.reason)
+				continue
+			}
+			// The receipt (the answer's, or the error detail's) is the
+			// tombstone's: retired, terminal, without units.
+			receipt := field(body, "reservation")
+			if status != 200 {
+				receipt = field(body, "details", "0", "debug", "reservation")
+			}
+			if c.reason == "DIGEST_MISMATCH" {
+				continue // the detail carries no reservation
+			}
+			r, _ := receipt.(map[string]any)
+			if r["retired"] != true || r["state"] != states[id] || r["reservedUnits"] != nil || r["finishedAt"] == nil {
+				t.Errorf("%s %s: receipt %v, want the tombstone's (retired, %s, no units)", c.method, c.body, receipt, states[id])
+			}
+			if c.method != "GetReservation" && status == 200 && field(body, "replayed") != true {
+				t.Errorf("%s %s: %v, want replayed", c.method, c.body, body)
+			}
+		}
+	}
+	if after := fmt.Sprint(mustPost(t, url, "GetAccount", account)); after != before {
+		t.Errorf("calls answered from tombstones changed the account:\n%s\n%s", before, after)
+	}
+
+	// Past the tombstone horizon (6 s after each finished) the id is
+	// unknown again, and a Reserve with it is a new reservation.
+	deadline = time.Now().Add(30 * time.Second)
+	for _, id := range ids {
+		for {
+			status, body := post(crashClient, url, "GetReservation", `{"reservationId":"`+id+`"}`)
+			if status == 404 && field(body, "details", "0", "debug", "reason") == "RESERVATION_NOT_FOUND" {
+				break
+			}
+			if status != 200 || time.Now().After(deadline) {
+				t.Fatalf("%s after the tombstone horizon: %d %v, want 404 RESERVATION_NOT_FOUND", id, status, body)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	again := mustPost(t, url, "Reserve", reserve("settled", 10))
+	if again["replayed"] == true || field(again, "reservation", "state") != "RESERVATION_STATE_RESERVED" {
+		t.Fatalf("Reserve of an id past its tombstone: %v, want a new RESERVED reservation", again)
+	}
+}
+
+// field walks decoded JSON by object keys and, for arrays, decimal
+// indexes ("0"); nil when the path is absent.
+func field(v any, path ...string) any {
+	for _, p := range path {
+		switch x := v.(type) {
+		case map[string]any:
+			v = x[p]
+		case []any:
+			var i int
+			if _, err := fmt.Sscan(p, &i); err != nil || i < 0 || i >= len(x) {
+				return nil
+			}
+			v = x[i]
+		default:
+			return nil
+		}
+	}
+	return v
+}
