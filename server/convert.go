@@ -161,17 +161,6 @@ func checkUnitValues(field string, units map[string]int64, capped bool) *connect
 	return nil
 }
 
-// anyPositive reports whether units reserves anything: at least one
-// amount above 0 (a Reserve of none can never be admitted).
-func anyPositive(units map[string]int64) bool {
-	for _, u := range units {
-		if u > 0 {
-			return true
-		}
-	}
-	return false
-}
-
 // unstated names, quoted and comma-separated, the units reserved (a
 // positive amount in reserved) that the units map does not state; "" when
 // it states them all. A settle must state each, 0 included: a unit left
@@ -445,4 +434,15 @@ func durationFromProto(name string, d *durationpb.Duration) (time.Duration, erro
 		return 0, fmt.Errorf("%w: %s: %v", ledger.ErrInvalidPolicy, name, err)
 	}
 	return d.AsDuration(), nil
+}
+
+// anyPositive reports whether units reserves anything: at least one
+// amount above 0 (a Reserve of none can never be admitted).
+func anyPositive(units map[string]int64) bool {
+	for _, u := range units {
+		if u > 0 {
+			return true
+		}
+	}
+	return false
 }

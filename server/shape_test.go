@@ -55,17 +55,48 @@ func TestShapeBeforeLookup(t *testing.T) {
 	}
 }
 
-// ReconcileShard: a receipt of a bad shape is INVALID_COMMAND before the
-// shard is looked up.
+// ReconcileShard: a receipt of a bad shape (negative units, no id, an id
+// twice, a RESERVED receipt) is INVALID_COMMAND before the shard is
+// looked up: for an unknown shard, and for another gateway's, which
+// counts no refused submission for it. IssueShard of nothing is
+// INVALID_COMMAND before its shard id is looked up.
 func TestShardReceiptShapeBeforeLookup(t *testing.T) {
 	h := newShardHarness(t)
 	h.publish(t, true)
-	_, err := h.shards.ReconcileShard(context.Background(), connect.NewRequest(&v1.ReconcileShardRequest{
-		ShardId: "no-such-shard", GatewayId: "gw-a",
-		Receipts: []*v1.ShardReceipt{{ReservationId: "l-1", State: v1.ReservationState_RESERVATION_STATE_SETTLED,
+	ctx := context.Background()
+	if _, err := h.shards.IssueShard(ctx, connect.NewRequest(issueRequest("sh-b", "gw-b", 10))); err != nil {
+		t.Fatal(err)
+	}
+	settled := v1.ReservationState_RESERVATION_STATE_SETTLED
+	bad := map[string][]*v1.ShardReceipt{
+		"negative": {{ReservationId: "l-1", State: settled,
 			ReservedUnits: map[string]int64{"tokens": 5}, ActualUnits: map[string]int64{"tokens": -1}}},
-	}))
-	wantShardError(t, err, connect.CodeInvalidArgument, server.ReasonInvalidCommand)
+		"no id":    {{State: settled}},
+		"id twice": {{ReservationId: "l-1", State: settled}, {ReservationId: "l-1", State: settled}},
+		"reserved": {{ReservationId: "l-1", State: v1.ReservationState_RESERVATION_STATE_RESERVED}},
+	}
+	for _, shard := range []string{"no-such-shard", "sh-b"} {
+		for name, receipts := range bad {
+			_, err := h.shards.ReconcileShard(ctx, connect.NewRequest(&v1.ReconcileShardRequest{
+				ShardId: shard, GatewayId: "gw-a", Receipts: receipts}))
+			if connect.CodeOf(err) != connect.CodeInvalidArgument {
+				t.Errorf("ReconcileShard %s, receipts %s: %v, want invalid_argument", shard, name, err)
+			}
+		}
+	}
+	got, err := h.shards.GetShard(ctx, connect.NewRequest(&v1.GetShardRequest{ShardId: "sh-b"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := got.Msg.GetShard().GetRefusedSubmissions(); n != 0 {
+		t.Errorf("malformed submissions counted %d refusals on another gateway's shard", n)
+	}
+	for _, id := range []string{"sh-b", "sh-new"} {
+		req := issueRequest(id, "gw-b", 0)
+		req.Units = map[string]int64{"tokens": 0}
+		_, err := h.shards.IssueShard(ctx, connect.NewRequest(req))
+		wantShardError(t, err, connect.CodeInvalidArgument, server.ReasonInvalidCommand)
+	}
 }
 
 // A Reserve without a subject, a route or anything to reserve is 400
