@@ -277,9 +277,9 @@ func (c *Client) Settle(ctx context.Context, id, operationID string, actual Unit
 }
 
 // Release gives an unstarted reservation back in full. It returns a
-// *LedgerError matching ErrAlreadyStarted (settle it instead), ErrExpired or
-// ErrNotFound when the ledger refuses, *LostError when every answer was
-// lost.
+// *LedgerError matching ErrAlreadyStarted (settle it instead),
+// ErrAlreadySettled, ErrExpired or ErrNotFound when the ledger refuses,
+// *LostError when every answer was lost.
 func (c *Client) Release(ctx context.Context, id string) (*SettleResult, error) {
 	m, err := call(ctx, c, "release", id, func(actx context.Context) (*connect.Response[ledgerv1.ReleaseResponse], error) {
 		return c.rpc.Release(actx, connect.NewRequest(&ledgerv1.ReleaseRequest{ReservationId: id}))

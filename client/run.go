@@ -284,7 +284,7 @@ func (c *Client) abandonStart(ctx context.Context, receipt OperationReceipt) {
 		c.keepPending(receipt)
 		return
 	case !errors.Is(err, ErrAlreadyStarted):
-		return // expired or released: nothing is held
+		return // expired, released or settled: nothing is held
 	}
 	if _, err := c.Settle(actx, receipt.ReservationID, receipt.OperationID, receipt.Actual); errors.As(err, &lost) {
 		c.keepPending(receipt)

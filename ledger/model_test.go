@@ -449,8 +449,6 @@ func (m *refModel) release(id string) modelAnswer {
 		return modelAnswer{refunded: m.end(r, ledger.StateReleased, [modelDims]int64{}), generation: r.generation, checkGen: true}
 	case r.state == ledger.StateReleased:
 		return modelAnswer{replayed: true}
-	case r.state == ledger.StateSettled || r.state == ledger.StateSettledWithDebt:
-		return modelAnswer{err: ledger.ErrReservationAlreadyStarted}
 	}
 	return modelAnswer{err: finishedError(r.state)}
 }

@@ -601,8 +601,10 @@ func settle(b Book, id, operationID string, actual Amounts, now time.Time, res *
 //
 // Returns: success with the RELEASED receipt and Refunded (the whole
 // hold); Replayed (Refunded zero) when already released;
-// ErrReservationAlreadyStarted for started, unknown or settled work, which
-// may be using its capacity; ErrReservationExpired (EXPIRING or EXPIRED);
+// ErrReservationAlreadyStarted for started or unknown work, which may be
+// using its capacity; ErrReservationAlreadySettled for settled work (as a
+// retired one answers from its tombstone); ErrReservationExpired
+// (EXPIRING or EXPIRED);
 // ErrReservationNotFound; ErrInvalidCommand for a missing id. A release on
 // a superseded generation forwards like a settle.
 func Release(b Book, id string, now time.Time) Result {
@@ -618,7 +620,7 @@ func Release(b Book, id string, now time.Time) Result {
 			return refundHold(b, r, StateReleased, KindRelease, now)
 		}
 		return Result{Reservation: *r, Replayed: true, Generation: r.Account.Generation}
-	case StateStarted, StateUsageUnknown, StateSettled, StateSettledWithDebt:
+	case StateStarted, StateUsageUnknown:
 		return Result{Err: ErrReservationAlreadyStarted, Reservation: *r}
 	}
 	return Result{Err: stateError(r.State), Reservation: *r}

@@ -530,6 +530,14 @@ func ReconcileShard(b Book, args *ShardArgs, now time.Time) Result {
 	return Result{Shard: cloneShard(s), Move: move, Generation: s.Account.Generation}
 }
 
+// CheckShardReceipts validates a submission's shape as ReconcileShard
+// does (checkReceipts): ids present and not repeated, amounts in [0,
+// MaxUnits], states a gateway may report (not RESERVED). It returns nil
+// for a well-formed submission, else ErrInvalidCommand naming the
+// receipt; p (nil: unknown) names the amounts' dimensions. The server
+// calls it before reading the shard.
+func CheckShardReceipts(receipts []ShardReceipt, p *Policy) error { return checkReceipts(receipts, p) }
+
 // checkReceipts validates a submission's shape; p (nil: unknown) names
 // the amounts' dimensions in its errors.
 func checkReceipts(receipts []ShardReceipt, p *Policy) error {

@@ -307,8 +307,9 @@ func (l *ShardLocal) refund(d int, units Units) {
 // Release gives an unstarted local hold back in full.
 //
 // Returns: success with the RELEASED receipt and Refunded; Replayed when
-// already released; ErrReservationAlreadyStarted for started or settled
-// work; ErrReservationNotFound; ErrInvalidCommand.
+// already released; ErrReservationAlreadyStarted for started work,
+// ErrReservationAlreadySettled for settled work (as the ledger's Release);
+// ErrReservationNotFound; ErrInvalidCommand.
 func (l *ShardLocal) Release(id string, now time.Time) Result {
 	r, res, ok := l.lookup(id)
 	if !ok {
@@ -325,7 +326,7 @@ func (l *ShardLocal) Release(id string, now time.Time) Result {
 		return Result{Reservation: *r, Refunded: r.Reserved, Generation: l.Shard.Account.Generation}
 	case StateReleased:
 		return Result{Reservation: *r, Replayed: true, Generation: l.Shard.Account.Generation}
-	case StateStarted, StateUsageUnknown, StateSettled, StateSettledWithDebt:
+	case StateStarted, StateUsageUnknown:
 		return Result{Err: ErrReservationAlreadyStarted, Reservation: *r}
 	}
 	return Result{Err: stateError(r.State), Reservation: *r}

@@ -86,7 +86,7 @@ func transitionTable() map[ledger.State]map[string]outcome {
 			cmdReserveSame: replay(s), cmdReserveOther: fail(s, errDigest),
 			cmdStartSame: replay(s), cmdStartOther: fail(s, errOperation),
 			cmdSettleSame: replay(s), cmdSettleDifferent: fail(s, errSettled), cmdSettleOtherOp: fail(s, errSettled),
-			cmdRelease: fail(s, errStarted), cmdClaimDue: fail(s, errSettled), cmdClaimEarly: fail(s, errSettled),
+			cmdRelease: fail(s, errSettled), cmdClaimDue: fail(s, errSettled), cmdClaimEarly: fail(s, errSettled),
 			cmdExpire: fail(s, errSettled), cmdMarkUnknown: fail(s, errSettled),
 		}
 	}

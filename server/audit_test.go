@@ -5,6 +5,9 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
+	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -136,4 +139,41 @@ func TestStreamAuditSendsProgressWhileTheAuditIsQuiet(t *testing.T) {
 		return
 	}
 	t.Fatalf("the stream ended after %d progress events without a result: %v (before the fix the server sent one, then nothing until the audit ended)", progress, stream.Err())
+}
+
+// After a clean audit /metrics has capledger_audit_discrepancies at 0 for
+// every check docs/API.md's Audit table names (API.md, Metrics: "every
+// check at 0 after a clean audit"), so an alert on any of them has a
+// series before it first fires.
+func TestCleanAuditShowsEveryDocumentedCheckAtZero(t *testing.T) {
+	raw, err := os.ReadFile("../docs/API.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(raw)
+	start := strings.Index(doc, "| `check` | finds |")
+	if start < 0 {
+		t.Fatal("API.md has no Audit check table")
+	}
+	_, table, _ := strings.Cut(doc[start:], "\n") // the rows after the header
+	table, _, _ = strings.Cut(table, "\n\n")
+	var checks []string
+	for _, m := range regexp.MustCompile("(?m)^\\| `([a-z_]+)` \\|").FindAllStringSubmatch(table, -1) {
+		checks = append(checks, m[1])
+	}
+	if len(checks) < 10 {
+		t.Fatalf("read %d checks from API.md's Audit table: %v", len(checks), checks)
+	}
+	h := newHarness(t, harnessOptions{})
+	h.ok("PublishPolicy", tokensPolicy, "")
+	h.ok("Reserve", reserveBody("r-1", 100), "")
+	if res := h.ok("Audit", `{}`, ""); res["discrepancies"] != nil {
+		t.Fatalf("audit: %v", res)
+	}
+	metrics := h.get("/metrics")
+	for _, check := range checks {
+		if line := `capledger_audit_discrepancies{check="` + check + `"} 0`; !strings.Contains(metrics, line+"\n") {
+			t.Errorf("after a clean audit /metrics lacks %q", line)
+		}
+	}
 }

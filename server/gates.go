@@ -41,6 +41,7 @@ var auditChecks = []string{
 	ledger.CheckConservation, ledger.CheckNegative, ledger.CheckReserved, ledger.CheckSpent, ledger.CheckDebt,
 	ledger.CheckJournal, ledger.CheckRefundOnce, ledger.CheckMove, ledger.CheckStatement, ledger.CheckShard,
 	ledger.CheckBurst, ledger.CheckShardRemint, ledger.CheckShardRecord, ledger.CheckLegacyBudget,
+	ledger.CheckCheckpoint,
 }
 
 func newGateMetrics(registry *prometheus.Registry) *gateMetrics {

@@ -247,6 +247,18 @@ func (s *Server) reserveCommand(ctx context.Context, req *v1.ReserveRequest) (cm
 	if cerr := checkUnitValues("units", req.GetUnits(), false); cerr != nil {
 		return cmd, nil, cerr
 	}
+	// The rest of the shape, from the request alone: a subject, a route
+	// and something to reserve. Checked before the id is looked up, so a
+	// malformed retry is INVALID_COMMAND whatever the id names (a live
+	// reservation, a tombstone) rather than DIGEST_MISMATCH or a replay,
+	// and before the scope, so it is not NO_POLICY either (API.md, "Order
+	// of checks").
+	if req.GetSubject() == "" || req.GetRoute() == "" {
+		return cmd, nil, invalidArgument(ReasonInvalidCommand, "subject and route are required")
+	}
+	if !anyPositive(req.GetUnits()) {
+		return cmd, nil, invalidArgument(ReasonInvalidCommand, "units: no units to reserve (at least one amount above 0)")
+	}
 	region := regionOrDefault(req.GetRegion())
 	digest := req.GetRequestDigest()
 	if digest == "" {
@@ -259,15 +271,6 @@ func (s *Server) reserveCommand(ctx context.Context, req *v1.ReserveRequest) (cm
 		Subject:       req.GetSubject(),
 		Route:         req.GetRoute(),
 		Region:        region,
-	}
-	if cmd.Subject == "" || cmd.Route == "" {
-		if scoped(ctx) {
-			// No replay for a scoped caller without a subject: the id may
-			// belong to another tenant.
-			return cmd, nil, invalidArgument(ReasonInvalidCommand, "subject and route are required")
-		}
-		// The ledger answers a replay, or ErrInvalidCommand.
-		return cmd, nil, nil
 	}
 	key := ledger.PolicyKey{Subject: cmd.Subject, Route: cmd.Route, Region: cmd.Region}
 	if !InScope(ctx, cmd.Subject, cmd.Route) {

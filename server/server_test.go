@@ -458,6 +458,8 @@ func TestErrorMapping(t *testing.T) {
 		{"unknown policy rollback", "RollbackPolicy", `{"generation":"99"}`, 404, "not_found", server.ReasonPolicyNotFound},
 		{"settle unstarted", "Settle", `{"reservationId":"held","operationId":"op","actualUnits":{"tokens":1,"requests":1}}`, 400, "failed_precondition", server.ReasonNotStarted},
 		{"release started", "Release", `{"reservationId":"started"}`, 400, "failed_precondition", server.ReasonAlreadyStarted},
+		// Settled work is past starting: the answer a retired one's tombstone gives too.
+		{"release settled", "Release", `{"reservationId":"settled"}`, 400, "failed_precondition", server.ReasonAlreadySettled},
 		{"start released", "Start", `{"reservationId":"released","operationId":"op"}`, 400, "failed_precondition", server.ReasonReleased},
 		{"operation mismatch", "Start", `{"reservationId":"started","operationId":"other"}`, 400, "failed_precondition", server.ReasonOperationMismatch},
 		{"settle differently", "Settle", `{"reservationId":"settled","operationId":"op-2","actualUnits":{"tokens":60,"requests":1}}`, 400, "failed_precondition", server.ReasonAlreadySettled},

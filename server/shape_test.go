@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"net/http"
 	"testing"
 	"time"
 
@@ -54,15 +55,96 @@ func TestShapeBeforeLookup(t *testing.T) {
 	}
 }
 
-// ReconcileShard: a receipt of a bad shape is INVALID_COMMAND before the
-// shard is looked up.
+// ReconcileShard: a receipt of a bad shape (negative units, no id, an id
+// twice, a RESERVED receipt) is INVALID_COMMAND before the shard is
+// looked up: for an unknown shard, and for another gateway's, which
+// counts no refused submission for it. IssueShard of nothing is
+// INVALID_COMMAND before its shard id is looked up.
 func TestShardReceiptShapeBeforeLookup(t *testing.T) {
 	h := newShardHarness(t)
 	h.publish(t, true)
-	_, err := h.shards.ReconcileShard(context.Background(), connect.NewRequest(&v1.ReconcileShardRequest{
-		ShardId: "no-such-shard", GatewayId: "gw-a",
-		Receipts: []*v1.ShardReceipt{{ReservationId: "l-1", State: v1.ReservationState_RESERVATION_STATE_SETTLED,
+	ctx := context.Background()
+	if _, err := h.shards.IssueShard(ctx, connect.NewRequest(issueRequest("sh-b", "gw-b", 10))); err != nil {
+		t.Fatal(err)
+	}
+	settled := v1.ReservationState_RESERVATION_STATE_SETTLED
+	bad := map[string][]*v1.ShardReceipt{
+		"negative": {{ReservationId: "l-1", State: settled,
 			ReservedUnits: map[string]int64{"tokens": 5}, ActualUnits: map[string]int64{"tokens": -1}}},
-	}))
-	wantShardError(t, err, connect.CodeInvalidArgument, server.ReasonInvalidCommand)
+		"no id":    {{State: settled}},
+		"id twice": {{ReservationId: "l-1", State: settled}, {ReservationId: "l-1", State: settled}},
+		"reserved": {{ReservationId: "l-1", State: v1.ReservationState_RESERVATION_STATE_RESERVED}},
+	}
+	for _, shard := range []string{"no-such-shard", "sh-b"} {
+		for name, receipts := range bad {
+			_, err := h.shards.ReconcileShard(ctx, connect.NewRequest(&v1.ReconcileShardRequest{
+				ShardId: shard, GatewayId: "gw-a", Receipts: receipts}))
+			if connect.CodeOf(err) != connect.CodeInvalidArgument {
+				t.Errorf("ReconcileShard %s, receipts %s: %v, want invalid_argument", shard, name, err)
+			}
+		}
+	}
+	got, err := h.shards.GetShard(ctx, connect.NewRequest(&v1.GetShardRequest{ShardId: "sh-b"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := got.Msg.GetShard().GetRefusedSubmissions(); n != 0 {
+		t.Errorf("malformed submissions counted %d refusals on another gateway's shard", n)
+	}
+	for _, id := range []string{"sh-b", "sh-new"} {
+		req := issueRequest(id, "gw-b", 0)
+		req.Units = map[string]int64{"tokens": 0}
+		_, err := h.shards.IssueShard(ctx, connect.NewRequest(req))
+		wantShardError(t, err, connect.CodeInvalidArgument, server.ReasonInvalidCommand)
+	}
+}
+
+// A Reserve without a subject, a route or anything to reserve is 400
+// INVALID_COMMAND whatever its id names: a live reservation and one
+// removed by retention answer it as an unknown id does (never
+// DIGEST_MISMATCH, never a replay), and for a scoped token it is not the
+// out-of-scope NO_POLICY either (API.md, "Order of checks": the shape
+// before the scope and before the reservation).
+func TestReserveShapeBeforeLookup(t *testing.T) {
+	h := newHarness(t, harnessOptions{retention: time.Hour, auth: true, tokens: scopedTokens})
+	h.ok("PublishPolicy", tokensPolicy, adminToken)
+	h.ok("Reserve", reserveBody("removed", 600), adminToken)
+	h.ok("Release", `{"reservationId":"removed"}`, adminToken)
+	h.clock.Advance(2 * time.Hour)
+	if err := h.engine.RunRetention(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	live := h.ok("Reserve", reserveBody("live", 600), adminToken)
+	digest := field(live, "reservation", "requestDigest")
+
+	bad := map[string]string{
+		"no subject":    `"route":"chat.generate","units":{"tokens":600,"requests":1}`,
+		"no route":      `"subject":"tenant-7","units":{"tokens":600,"requests":1}`,
+		"no units":      `"subject":"tenant-7","route":"chat.generate","units":{}`,
+		"only zeros":    `"subject":"tenant-7","route":"chat.generate","units":{"tokens":0}`,
+		"units omitted": `"subject":"tenant-7","route":"chat.generate"`,
+	}
+	for _, id := range []string{"unknown", "removed", "live"} {
+		for name, rest := range bad {
+			// The live reservation's own digest too: a malformed request
+			// is refused even when its digest would replay.
+			for _, dig := range []string{"", `"requestDigest":"` + digest.(string) + `",`} {
+				body := `{"reservationId":"` + id + `",` + dig + rest + `}`
+				r := h.call("Reserve", body, adminToken)
+				if r.status != http.StatusBadRequest || detailReason(t, r) != server.ReasonInvalidCommand {
+					t.Errorf("Reserve %s (%s): %d %s, want 400 INVALID_COMMAND", id, name, r.status, r.raw)
+				}
+				res := h.ok("ReserveBatch", `{"requests":[`+body+`]}`, adminToken)
+				if o := field(res["outcomes"].([]any)[0].(map[string]any), "error", "detail", "reason"); o != server.ReasonInvalidCommand {
+					t.Errorf("ReserveBatch %s (%s): %v, want INVALID_COMMAND", id, name, res)
+				}
+			}
+		}
+	}
+	// A scoped gateway: nothing to reserve for a subject outside its
+	// scope is still the shape's answer, not NO_POLICY.
+	r := h.call("Reserve", `{"reservationId":"b-1","subject":"tenant-7","route":"chat.generate","units":{}}`, gwBToken)
+	if r.status != http.StatusBadRequest || detailReason(t, r) != server.ReasonInvalidCommand {
+		t.Errorf("scoped Reserve of no units outside the scope: %d %s, want 400 INVALID_COMMAND", r.status, r.raw)
+	}
 }

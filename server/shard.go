@@ -180,6 +180,10 @@ func (svc *shardService) issue(ctx context.Context, m *v1.IssueShardRequest, leg
 	if cerr := checkUnitValues("units", m.GetUnits(), false); cerr != nil {
 		return nil, cerr
 	}
+	if !anyPositive(m.GetUnits()) {
+		// Shape, like a Reserve's: before the scope and the shard id.
+		return nil, invalidArgument(ReasonInvalidCommand, "units: no units to carve (at least one amount above 0)")
+	}
 	ttl, err := durationFromProto("ttl", m.GetTtl())
 	if err != nil {
 		return nil, invalidArgument(ReasonInvalidCommand, "%v", err)
@@ -338,16 +342,26 @@ func (svc *shardService) ReconcileShard(ctx context.Context, req *connect.Reques
 	if len(m.GetReceipts()) > maxShardReceipts {
 		return nil, invalidArgument(ReasonInvalidCommand, "%d receipts; at most %d per submission", len(m.GetReceipts()), maxShardReceipts)
 	}
+	shapes := make([]ledger.ShardReceipt, len(m.GetReceipts()))
 	for i, r := range m.GetReceipts() {
-		if _, ok := stateFromProto(r.GetState()); !ok {
+		state, ok := stateFromProto(r.GetState())
+		if !ok {
 			return nil, invalidArgument(ReasonInvalidCommand, "receipt %q: state %s", r.GetReservationId(), r.GetState())
 		}
+		shapes[i] = ledger.ShardReceipt{ReservationID: r.GetReservationId(), State: state}
 		if cerr := checkUnitValues(fmt.Sprintf("receipts[%d].reserved_units", i), r.GetReservedUnits(), true); cerr != nil {
 			return nil, cerr
 		}
 		if cerr := checkUnitValues(fmt.Sprintf("receipts[%d].actual_units", i), r.GetActualUnits(), true); cerr != nil {
 			return nil, cerr
 		}
+	}
+	// The ids and states by the ledger's own rule, before the shard is
+	// read: a malformed submission is INVALID_COMMAND whatever the shard
+	// id names (unknown, another gateway's, reconciled), never a refusal
+	// counted against the shard.
+	if err := ledger.CheckShardReceipts(shapes, nil); err != nil {
+		return nil, invalidArgument(ReasonInvalidCommand, "%v", err)
 	}
 	if svc.reads == nil {
 		return nil, connect.NewError(connect.CodeUnimplemented, errors.New("this ledger cannot read shards"))

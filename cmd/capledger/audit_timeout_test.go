@@ -2,9 +2,12 @@ package main
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
+	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -58,4 +61,47 @@ func silentServer(t *testing.T) *httptest.Server {
 	t.Cleanup(srv.Close)
 	t.Cleanup(func() { close(release) })
 	return srv
+}
+
+// The built binary, not run(): SIGINT (Ctrl-C) and SIGTERM while a
+// command waits for its server end it with exit 130 and "interrupted"
+// (the exit codes of every command's --help), for the streamed audit
+// and a unary call alike.
+func TestSignalledCommandExits130(t *testing.T) {
+	bin := buildBinary(t)
+	arrived := make(chan struct{}, 16)
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
+		select { // a server still working on the answer
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() { close(release) })
+	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM} {
+		for _, args := range [][]string{{"audit"}, {"get", "--id", "r-1"}} {
+			cmd := exec.Command(bin, append(args, "--addr", srv.URL, "--timeout", "1m")...)
+			var stderr strings.Builder
+			cmd.Stderr = &stderr
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-arrived:
+			case <-time.After(30 * time.Second):
+				cmd.Process.Kill()
+				t.Fatalf("%v: no request arrived", args)
+			}
+			if err := cmd.Process.Signal(sig); err != nil {
+				t.Fatal(err)
+			}
+			err := cmd.Wait()
+			var exit *exec.ExitError
+			if !errors.As(err, &exit) || exit.ExitCode() != exitInterrupted || !strings.Contains(stderr.String(), "interrupted") {
+				t.Errorf("%v after %s: %v, stderr %q; want exit %d and \"interrupted\"", args, sig, err, stderr.String(), exitInterrupted)
+			}
+		}
+	}
 }

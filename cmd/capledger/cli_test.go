@@ -227,6 +227,12 @@ func TestCLIUsageErrors(t *testing.T) {
 		{[]string{"policy", "publish", badDuration}, exitUsage, "30s, 5m, 1h"},
 		{[]string{"policy", "publish", invalid}, exitUsage, "INVALID_POLICY"},
 		{[]string{"reserve", "--subject", "t", "--route", "r", "--units", "x=1", "--addr", "ftp://host"}, exitUsage, "http://"},
+		// A --timeout that cannot wait for any answer is a bad flag (1),
+		// not an unavailable server (5).
+		{[]string{"audit", "--timeout", "0s"}, exitUsage, "--timeout 0s: want a duration above 0"},
+		{[]string{"get", "--id", "x", "--timeout", "-1s"}, exitUsage, "--timeout -1s"},
+		{[]string{"status", "--timeout", "0s"}, exitUsage, "--timeout 0s"},
+		{[]string{"backlog", "--timeout", "0s"}, exitUsage, "--timeout 0s"},
 		{[]string{"serve", "--addr", "0.0.0.0:0", "--data-dir", dir}, exitUsage, "--tokens"},
 		{[]string{"serve", "--tokens", filepath.Join(dir, "missing-tokens")}, exitUsage, "tokens file"},
 	} {

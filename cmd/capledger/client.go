@@ -118,6 +118,9 @@ func (c *clientFlags) tlsConfig() (*tls.Config, error) {
 // --ca-file applied, then opts; a usageError for a malformed --addr or an
 // unusable --ca-file.
 func (c *clientFlags) sdk(opts ...client.Option) (*client.Client, error) {
+	if err := c.checkTimeout(); err != nil {
+		return nil, err
+	}
 	tlsConfig, err := c.tlsConfig()
 	if err != nil {
 		return nil, err
@@ -150,8 +153,11 @@ func (c *clientFlags) httpClient() (*http.Client, error) {
 
 // endpoint returns the base URL of --addr ("host:port" means http) and the
 // options that send --token as a bearer token on every call; a usageError
-// if --addr is neither http nor https.
+// if --addr is neither http nor https or --timeout is not above 0.
 func (c *clientFlags) endpoint() (string, []connect.ClientOption, error) {
+	if err := c.checkTimeout(); err != nil {
+		return "", nil, err
+	}
 	addr := c.addr
 	if !strings.Contains(addr, "://") {
 		addr = "http://" + addr
@@ -164,6 +170,16 @@ func (c *clientFlags) endpoint() (string, []connect.ClientOption, error) {
 		options = append(options, connect.WithInterceptors(bearerToken("Bearer "+c.token)))
 	}
 	return strings.TrimSuffix(addr, "/"), options, nil
+}
+
+// checkTimeout returns a usageError for a --timeout of 0 or less, which
+// would give up before any answer could come and read as an unavailable
+// server (exit 5) instead of a bad flag.
+func (c *clientFlags) checkTimeout() error {
+	if c.timeout <= 0 {
+		return usagef("--timeout %s: want a duration above 0, such as 10s", c.timeout)
+	}
+	return nil
 }
 
 // bearerToken sets the Authorization header (its value) on every call,
