@@ -103,9 +103,9 @@ type Engine struct {
 	opts Options
 	// pacerMade, when set (tests), sees every maintenance pacer made.
 	pacerMade func(*pacer)
-	// retentionPaced, when set (tests), sees the finish rate each
-	// retention page's pause keeps up with.
-	retentionPaced func(finishRate float64)
+	// retentionPaced, when set (tests), sees how each retention page
+	// was paced.
+	retentionPaced func(pagePacing)
 	queue          chan *request
 	wake           chan struct{} // one pending wake-up for the committer
 	log            *slog.Logger
