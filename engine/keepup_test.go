@@ -212,6 +212,49 @@ func TestJournalRateIsEveryReplicas(t *testing.T) {
 	}
 }
 
+// A replica that holds the lease while another replica's cut lands paces
+// the deletion of the journal that cut made deletable by the rate it was
+// written at, read at its compaction pass from the two checkpoints'
+// headers: before, only a cut of its own set the rate, and here b would
+// have deleted a's journal at the deferrable share alone. The first
+// checkpoint b sees gives no rate.
+func TestJournalRateFollowsOtherReplicasCuts(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	clk := newClock()
+	a := New(st, Options{Clock: clk.Now, DisableWorkers: true, Compaction: &CompactionOptions{Every: time.Hour}})
+	defer a.Close()
+	b := New(st, Options{Clock: clk.Now, DisableWorkers: true, Compaction: &CompactionOptions{Every: time.Hour}})
+	defer b.Close()
+	publish(t, a, 1_000_000, time.Minute, 0)
+	lifecycle(t, a, "x", 10)
+	cp, found, err := a.CutCheckpoint(ctx, clk.Now())
+	if err != nil || len(found) > 0 || cp == nil {
+		t.Fatalf("first cut: %v %v %v", cp, found, err)
+	}
+	b.runCompaction(ctx)
+	if s := b.CompactionStats(); s.Checkpoints != 0 || s.LastSeq != cp.Seq {
+		t.Fatalf("b's first pass: %+v, want no cut of its own and checkpoint %d seen", s, cp.Seq)
+	}
+	if got := math.Float64frombits(b.compaction.written.Load()); got != 0 {
+		t.Fatalf("journal written at %.2f rows a second from one checkpoint, want 0 (unknown)", got)
+	}
+	lifecycle(t, a, "y", 50)
+	clk.Advance(10 * time.Second)
+	cp2, found, err := a.CutCheckpoint(ctx, clk.Now())
+	if err != nil || len(found) > 0 || cp2 == nil {
+		t.Fatalf("second cut: %v %v %v", cp2, found, err)
+	}
+	b.runCompaction(ctx)
+	want := float64(cp2.Through-cp.Through) / 10
+	if got := math.Float64frombits(b.compaction.written.Load()); want <= 0 || math.Abs(got-want) > 1e-9 {
+		t.Fatalf("b paced a's journal by %.2f rows written a second, want %.2f", got, want)
+	}
+	if s := b.CompactionStats(); s.Checkpoints != 0 || s.Deleted == 0 {
+		t.Fatalf("b's second pass: %+v, want no cut of its own and a's journal deleted", s)
+	}
+}
+
 // Journal deletion removes at least journalKeepUp times the rate at which
 // journal rows are written however long a step takes (or as fast as
 // steps go), whatever the deferrable pacer's share and its 1 s cap on a
