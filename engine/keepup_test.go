@@ -93,6 +93,30 @@ func retentionReplicas(t *testing.T) (a, b *Engine, clk *clock, paced *[]pagePac
 	return a, b, clk, paced
 }
 
+// This replica's finish rate is measured over the last one to two
+// retention intervals, not since a pass began: a pass in a backlog runs
+// for as long as the backlog lasts, and beside a load that slowed from
+// 800 to 330 finishing a second, measured since the pass began, it
+// removed 540 a second. Here 800 a second for 10 s, then 330 a second,
+// read every 100 ms with intervals of 2 s: 800, then 330 from two
+// intervals after the change.
+func TestFinishWindow(t *testing.T) {
+	const interval = 2 * time.Second
+	w := finishWindow{from: retentionRate{at: t0}, mark: retentionRate{at: t0}}
+	var count uint64
+	for at := 100 * time.Millisecond; at <= 20*time.Second; at += 100 * time.Millisecond {
+		want := 800.0
+		if at > 10*time.Second {
+			want = 330
+		}
+		count += uint64(want / 10)
+		got := w.perSecond(t0.Add(at), count, interval)
+		if (at <= 10*time.Second || at >= 10*time.Second+2*interval) && math.Abs(got-want) > 0.01 {
+			t.Errorf("at %s: %.2f finishing a second, want %.0f", at, got, want)
+		}
+	}
+}
+
 // With several replicas on one store, the one running retention keeps up
 // with what every replica finishes, not only with what it commits: here
 // replica a finishes 250 reservations a second and replica b, which
