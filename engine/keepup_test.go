@@ -95,9 +95,9 @@ func retentionReplicas(t *testing.T) (a, b *Engine, clk *clock, paced *[]pagePac
 
 // This replica's finish rate is measured over the last one to two
 // retention intervals, not since a pass began: a pass in a backlog runs
-// for as long as the backlog lasts, and beside a load that slowed from
-// 800 to 330 finishing a second, measured since the pass began, it
-// removed 540 a second. Here 800 a second for 10 s, then 330 a second,
+// for as long as the backlog lasts, and measured since it began, beside a
+// load that slowed from about 800 to 330 finishing a second, it removed
+// 546 a second. Here 800 a second for 10 s, then 330 a second,
 // read every 100 ms with intervals of 2 s: 800, then 330 from two
 // intervals after the change.
 func TestFinishWindow(t *testing.T) {
@@ -171,8 +171,8 @@ func TestRetentionBacklogDoesNotPaceByItsPastRate(t *testing.T) {
 // A pass in a backlog while reservations finish now paces its pages as a
 // backlog (retentionPause: once the finish rate, the rest at the share),
 // not at the keep-up rate of twice the finish rate, which drained the
-// seed's 300,000 old rows at 1,600 a second beside a lifecycle load
-// finishing 800 (reserves 0.87x their rate, 1.22x their p99); the pages
+// seed's 300,000 old rows at 1,200-2,000 a second beside a lifecycle load
+// finishing 600-900 (reserves 0.87x their rate, 1.22x their p99); the pages
 // of recent rows after it keep up at twice. Here b's first pass measures
 // 250 finishing a second; then 200 rows due for two hours precede 200
 // due now: b's second pass paces the 7 pages holding old rows as a

@@ -50,10 +50,10 @@ const (
 	// holds a row due longer ago than that), it removes once the finish
 	// rate, so the store does not grow while the backlog drains, and the
 	// backlog itself at the share (retentionBacklogDivisor). At twice
-	// the rate, a backlog beside a lifecycle load finishing 800
-	// reservations a second went at 1,600 rows a second, whatever the
-	// share, and reserves beside it ran at 0.87x their rate and 1.22x
-	// their p99 (docs/PERFORMANCE.md, "Bounded history").
+	// the rate, a backlog beside a lifecycle load finishing 600-900
+	// reservations a second went at 1,200-2,000 rows a second, whatever
+	// the share, and reserves beside it ran at 0.87x their rate and
+	// 1.22x their p99 (docs/PERFORMANCE.md, "Bounded history").
 	retentionBacklogKeepUp = 1.0
 	// retentionRecentIntervals: a row is recent, and its finish time
 	// measures the finish rate (dueSpan), while it has been due for at
@@ -335,9 +335,10 @@ func (e *Engine) runRetention(ctx context.Context) {
 	// This replica's finish rate is measured over the last one to two
 	// retention intervals: from the previous pass's last mark, then,
 	// as a pass runs on (a backlog may take hours), from a mark moved
-	// every interval. Measured since the pass began, beside a lifecycle
-	// load that slowed from 800 to 330 finished a second when reserves
-	// joined it, a backlog went at 540 a second.
+	// every interval. Measured since the pass began, a backlog pass
+	// that began beside a lifecycle load alone (about 800 finished a
+	// second) went on at 546 a second after reserves joined and the
+	// load finished about 330.
 	mark := retentionRate{at: start, count: e.finished.Load()}
 	e.retention.rateMu.Lock()
 	rate := finishWindow{from: e.retention.rate, mark: mark}
