@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"runtime/debug"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -71,9 +72,42 @@ type compactionCounters struct {
 	lastCut                       atomic.Int64 // Unix nanoseconds of the last CutAt seen
 	lastSeq                       atomic.Int64
 	// written is the rate at which journal rows were stored, per second
-	// (math.Float64bits), from the last checkpoint to the last audit's
-	// read: journal positions, so every replica's batches count.
+	// (math.Float64bits), between the cuts of the last two checkpoints
+	// this engine saw (sawCheckpoint): journal positions, so every
+	// replica's batches count.
 	written atomic.Uint64
+	// seenMu guards seen, the newest checkpoint header this engine saw.
+	seenMu sync.Mutex
+	seen   ledger.Checkpoint
+}
+
+// sawCheckpoint notes c, a checkpoint header read from the store or just
+// cut, whichever replica cut it. When c is newer than the newest this
+// engine saw before, the rate at which the journal was written between
+// their cuts becomes the rate journal deletion keeps up with: the rows c
+// made deletable are exactly those, so the rate is theirs, and it is
+// refreshed at every compaction pass that finds a new checkpoint (the
+// pass reads the last header anyway), not only when this engine cuts
+// one: a replica that holds the lease while another replica's cut lands
+// (its own cut refused with store.ErrConflict, or the lease moving back
+// and forth) paced the deletion by a rate a period or more old, or by
+// none. Only the first checkpoint an engine sees (after a start or a
+// first lease) gives no rate: what an earlier holder left undeleted, at
+// most the rows of one period, then goes at the deferrable share until
+// this engine sees the next checkpoint, whose deletion keeps up with
+// both at journalKeepUp times the rate.
+func (e *Engine) sawCheckpoint(c ledger.Checkpoint) {
+	e.compaction.seenMu.Lock()
+	defer e.compaction.seenMu.Unlock()
+	seen := &e.compaction.seen
+	if c.Seq <= seen.Seq {
+		return
+	}
+	if seen.Seq > 0 {
+		e.compaction.written.Store(math.Float64bits(journalRate(seen.Through, seen.CutAt, c.Through, c.CutAt)))
+	}
+	*seen = c
+	seen.Accounts = nil
 }
 
 // journalKeepUp: while gateways are admitted, journal deletion removes at
@@ -85,8 +119,8 @@ type compactionCounters struct {
 // second, below a load of 1,000 batches a second.
 const journalKeepUp = 2.0
 
-// journalRate is the rate at which journal rows were written between a
-// checkpoint through from at fromAt and position through at now.
+// journalRate is the rate at which journal rows were written between
+// position from at fromAt and position through at now.
 func journalRate(from int64, fromAt time.Time, through int64, now time.Time) float64 {
 	d := now.Sub(fromAt).Seconds()
 	if d <= 0 || through <= from {
@@ -160,9 +194,7 @@ func (e *Engine) CutCheckpoint(ctx context.Context, now time.Time) (*ledger.Chec
 		if last != nil {
 			e.compaction.lastCut.Store(last.CutAt.UnixNano())
 			e.compaction.lastSeq.Store(last.Seq)
-		}
-		if last != nil {
-			e.compaction.written.Store(math.Float64bits(journalRate(last.Through, last.CutAt, through, now)))
+			e.sawCheckpoint(*last)
 		}
 		if through <= 0 || last != nil && through <= last.Through {
 			return nil
@@ -218,6 +250,7 @@ func (e *Engine) CutCheckpoint(ctx context.Context, now time.Time) (*ledger.Chec
 	e.compaction.checkpoints.Add(1)
 	e.compaction.lastCut.Store(cp.CutAt.UnixNano())
 	e.compaction.lastSeq.Store(cp.Seq)
+	e.sawCheckpoint(*cp)
 	return cp, nil, nil
 }
 
@@ -347,6 +380,7 @@ func (e *Engine) runCompaction(ctx context.Context) {
 	if ok {
 		e.compaction.lastCut.Store(last.CutAt.UnixNano())
 		e.compaction.lastSeq.Store(last.Seq)
+		e.sawCheckpoint(last)
 	}
 	if !ok || now.Truncate(o.Every).After(last.CutAt) {
 		_, found, err := e.CutCheckpoint(ctx, now)

@@ -103,9 +103,9 @@ type Engine struct {
 	opts Options
 	// pacerMade, when set (tests), sees every maintenance pacer made.
 	pacerMade func(*pacer)
-	// retentionPaced, when set (tests), sees the finish rate each
-	// retention page's pause keeps up with.
-	retentionPaced func(finishRate float64)
+	// retentionPaced, when set (tests), sees how each retention page
+	// was paced.
+	retentionPaced func(pagePacing)
 	queue          chan *request
 	wake           chan struct{} // one pending wake-up for the committer
 	log            *slog.Logger
@@ -150,8 +150,9 @@ type retentionCounters struct {
 	passes, retired, forgotten, failed atomic.Uint64
 	lastPassAt, lastPass               atomic.Int64
 	runningSince                       atomic.Int64 // the pass under way's start, 0 when none runs
-	// rate is where the finish rate is measured from: the previous
-	// pass's start (retention.go).
+	// rate is where the next pass measures this replica's finish rate
+	// from: the last mark of the previous pass (retention.go,
+	// finishWindow).
 	rateMu sync.Mutex
 	rate   retentionRate
 	// dueRate is the rate at which the last pass's rows came due, per

@@ -28,22 +28,39 @@ const (
 	// add about 1.6 ms to one batch: each of the gateways' calls in that
 	// batch waits for it, which is what reserve p99 sees.
 	DefaultRetentionBatch = 32
-	// retentionKeepUp: retention removes reservations, and forgets
+	// retentionKeepUp: while a pass removes what comes due now (rows
+	// that finished within retentionRecentIntervals retention intervals
+	// of their due time), it removes reservations, and forgets
 	// tombstones, each at least this many times the rate at which
 	// reservations finish (in the store, whichever replica committed
-	// them: dueSpan), whatever MaintenanceShare
-	// allows: what comes due in steady state is what finished a window
-	// (or a tombstone horizon) ago, each row once, so keeping up costs
-	// what the workload itself makes due (about 50 µs a row, some 5 % of
-	// what writing its lifecycle cost), and only the rate above the
-	// finish rate is extra. Capped by the share (1.25x, before), a loaded
-	// machine's slower pages cut removal below the finish rate: beside a
-	// CI run the 30-minute soak retained 62,620 settled reservations
-	// against about 36,000 due and grew its data directory 41 %
-	// (docs/PERFORMANCE.md, "Bounded history"). Twice the rate leaves
-	// room for what finished a window ago to have come faster than what
-	// finishes now, and wears a backlog down at the finish rate.
+	// them: dueSpan), whatever MaintenanceShare allows: what comes due
+	// in steady state is what finished a window (or a tombstone horizon)
+	// ago, each row once, so keeping up costs what the workload itself
+	// makes due (about 50 µs a row, some 5 % of what writing its
+	// lifecycle cost), and only the rate above the finish rate is extra.
+	// Capped by the share (1.25x, before), a loaded machine's slower
+	// pages cut removal below the finish rate: beside a CI run the
+	// 30-minute soak retained 62,620 settled reservations against about
+	// 36,000 due and grew its data directory 41 % (docs/PERFORMANCE.md,
+	// "Bounded history"). Twice the rate leaves room for what finished a
+	// window ago to have come faster than what finishes now, and wears a
+	// lag of a few intervals down at the finish rate.
 	retentionKeepUp = 2.0
+	// retentionBacklogKeepUp: while a pass is in a backlog (its page
+	// holds a row due longer ago than that), it removes once the finish
+	// rate, so the store does not grow while the backlog drains, and the
+	// backlog itself at the share (retentionBacklogDivisor). At twice
+	// the rate, a backlog beside a lifecycle load finishing 600-900
+	// reservations a second went at 1,200-2,000 rows a second, whatever
+	// the share, and reserves beside it ran at 0.87x their rate and
+	// 1.22x their p99 (docs/PERFORMANCE.md, "Bounded history").
+	retentionBacklogKeepUp = 1.0
+	// retentionRecentIntervals: a row is recent, and its finish time
+	// measures the finish rate (dueSpan), while it has been due for at
+	// most this many retention intervals: a pass starts at most one
+	// interval after a row came due, and one more covers a pass that
+	// runs long.
+	retentionRecentIntervals = 2
 	// retentionBacklogDivisor: beyond that rate, a backlog is removed at
 	// an eighth of MaintenanceShare. A backlog (a retention window just
 	// shortened, a store upgraded to retention, a pass after an outage)
@@ -69,22 +86,49 @@ func finishedBy(cmds []ledger.Command, results []ledger.Result) uint64 {
 	return n
 }
 
-// retentionRate is the rate at which reservations finished, per second,
-// measured over the span since the previous pass began (or since this
-// pass began, for the first), and the time and count it measures from
-// next time.
+// retentionRate is a mark this replica's finish rate is measured from:
+// a time and the count of reservations its commands had finished by then.
 type retentionRate struct {
 	at    time.Time
 	count uint64
 }
 
-// perSecond is the finish rate from r to now.
+// finishWindow measures this replica's finish rate over the last one to
+// two retention intervals: from is where it measures from, mark where it
+// will once an interval has passed since mark.
+type finishWindow struct {
+	from, mark retentionRate
+}
+
+// perSecond is the finish rate at now, count reservations finished,
+// moving the marks when interval has passed since the last.
+func (w *finishWindow) perSecond(now time.Time, count uint64, interval time.Duration) float64 {
+	if now.Sub(w.mark.at) >= interval {
+		w.from, w.mark = w.mark, retentionRate{at: now, count: count}
+	}
+	return w.from.perSecond(now, count)
+}
+
+// Rates are trusted only when measured over enough time and rows: the
+// finish times of two batches committed microseconds apart read as
+// millions a second, and the pass paced by that rate did not pause.
+const (
+	// minRateSpan is the shortest time a rate is measured over.
+	minRateSpan = 100 * time.Millisecond
+	// minDueRows is the fewest rows a dueSpan's rate counts: below
+	// that, what finished is too few to say how fast rows finish (and
+	// at so few a pass, the share's pace removes them anyway).
+	minDueRows = 16
+)
+
+// perSecond is the finish rate from r to now (0 over less than
+// minRateSpan).
 func (r retentionRate) perSecond(now time.Time, count uint64) float64 {
-	d := now.Sub(r.at).Seconds()
-	if r.at.IsZero() || d < 0.1 || count < r.count {
+	d := now.Sub(r.at)
+	if r.at.IsZero() || d < minRateSpan || count < r.count {
 		return 0
 	}
-	return float64(count-r.count) / d
+	return float64(count-r.count) / d.Seconds()
 }
 
 // dueSpan measures the rate at which rows of one kind came due from the
@@ -117,31 +161,54 @@ func (s *dueSpan) add(t time.Time) {
 	s.n++
 }
 
-// perSecond is the rate at which the rows came due (0 while they span no
-// time).
+// perSecond is the rate at which the rows came due: 0 (unknown) until
+// they span minRateSpan and count minDueRows after the earliest.
 func (s *dueSpan) perSecond() float64 {
-	d := s.last.Sub(s.first).Seconds()
-	if d <= 0 {
+	d := s.last.Sub(s.first)
+	if d < minRateSpan || s.n-s.atFirst < minDueRows {
 		return 0
 	}
-	return float64(s.n-s.atFirst) / d
+	return float64(s.n-s.atFirst) / d.Seconds()
 }
 
 // retentionPause is the pause after a page that took took and removed up
 // to rows of each kind (reservations, tombstones), given the share of
 // time pacing allows now (busy: gateways were admitted since the last
-// page) and the rate at which reservations finish: the pause that keeps
-// the pages to share/retentionBacklogDivisor while busy (to share, idle),
-// shortened to one that removes retentionKeepUp times the finish rate
-// (none, when the page itself took longer): the keep-up is not capped by
-// share, so removal never falls behind what finishes however long a
-// loaded machine makes each page. It holds idle too: on PostgreSQL the
-// lease holder may admit nothing of what the other replicas finish.
-func retentionPause(took time.Duration, rows int, share float64, busy bool, finishRate float64) time.Duration {
+// page), the rate at which reservations finish, and whether the pass is
+// in a backlog. The share's pause keeps the pages to
+// share/retentionBacklogDivisor of the time while busy (to share, idle).
+// Keeping up with what comes due now, it is shortened to one that removes
+// retentionKeepUp times the finish rate; in a backlog, to one that
+// removes retentionBacklogKeepUp times the finish rate on top of what the
+// share removes, so the store does not grow while the backlog drains and
+// the backlog goes at the share. Neither is capped by the share (no pause
+// when the page itself took longer), so removal never falls behind what
+// finishes however long a loaded machine makes each page. It holds idle
+// too: on PostgreSQL the lease holder may admit nothing of what the other
+// replicas finish.
+func retentionPause(took time.Duration, rows int, share float64, busy, backlog bool, finishRate float64) time.Duration {
 	if busy {
 		share /= retentionBacklogDivisor
 	}
-	return keepUpPause(pauseFor(took, share), took, rows, retentionKeepUp, finishRate)
+	pause := pauseFor(took, share)
+	if !backlog {
+		return keepUpPause(pause, took, rows, retentionKeepUp, finishRate)
+	}
+	if finishRate <= 0 || rows <= 0 || took+pause <= 0 {
+		return pause
+	}
+	shareRate := float64(rows) / (took + pause).Seconds()
+	return keepUpPause(pause, took, rows, 1, shareRate+retentionBacklogKeepUp*finishRate)
+}
+
+// pagePacing is how one retention page was paced (tests see it).
+type pagePacing struct {
+	// finishRate is the rate at which reservations finish, per second,
+	// that the page's pause kept up with.
+	finishRate float64
+	// backlog: the page held a row due for longer than
+	// retentionRecentIntervals retention intervals.
+	backlog bool
 }
 
 // pageRows is how many rows of one kind a retention page removes: its
@@ -254,9 +321,9 @@ type RetentionStats struct {
 // runRetention is one retention pass: pages of RetentionBatch rows, each
 // committed as one batch through the engine's queue (so gateway commands
 // waiting meanwhile share its commit instead of waiting behind a long
-// transaction), paced (retentionPause: each kind at least retentionKeepUp
-// times the rate at which reservations finish, whatever MaintenanceShare,
-// and a backlog beyond that at an eighth of MaintenanceShare while
+// transaction), paced (retentionPause: what comes due now at
+// retentionKeepUp times the rate at which reservations finish, a backlog
+// at that rate once and beyond it at an eighth of MaintenanceShare while
 // gateways are admitted, idle half the time) and at least RetentionPause
 // apart, until nothing is due or ctx ends. It then asks the store to give
 // back the freed space, paced the same way.
@@ -265,12 +332,19 @@ func (e *Engine) runRetention(ctx context.Context) {
 	e.retention.runningSince.Store(start.UnixNano())
 	removed := 0
 	pace := e.newPacer(0.5)
+	// This replica's finish rate is measured over the last one to two
+	// retention intervals: from the previous pass's last mark, then,
+	// as a pass runs on (a backlog may take hours), from a mark moved
+	// every interval. Measured since the pass began, a backlog pass
+	// that began beside a lifecycle load alone (about 800 finished a
+	// second) went on at 546 a second after reserves joined and the
+	// load finished about 330.
+	mark := retentionRate{at: start, count: e.finished.Load()}
 	e.retention.rateMu.Lock()
-	rate := e.retention.rate
-	e.retention.rate = retentionRate{at: start, count: e.finished.Load()}
+	rate := finishWindow{from: e.retention.rate, mark: mark}
 	e.retention.rateMu.Unlock()
-	if rate.at.IsZero() {
-		rate = retentionRate{at: start, count: e.finished.Load()}
+	if rate.from.at.IsZero() {
+		rate.from = mark
 	}
 	// What finishes is measured twice: from this replica's commits (a
 	// lower bound), and from the finish times of the rows each kind
@@ -290,14 +364,15 @@ func (e *Engine) runRetention(ctx context.Context) {
 		if len(cmds) == 0 {
 			break
 		}
-		// Only rows that came due since about the previous pass measure
-		// the rate at which rows finish: a row due long ago is backlog,
-		// and its finish time says how fast the store once wrote, not
-		// how fast rows finish now (a backlog written at 25,000 a second
-		// read that rate and drained at it, reserves beside it 0.90x
-		// their rate and 1.26x their p99). Backlog goes at the share.
+		// Only rows that came due since about the previous pass are
+		// recent: they measure the rate at which rows finish, and a page
+		// of them keeps up with it. A row due long ago is backlog, and
+		// its finish time says how fast the store once wrote, not how
+		// fast rows finish now (a backlog written at 25,000 a second read
+		// that rate and drained at it, reserves beside it 0.90x their
+		// rate and 1.26x their p99).
 		now := e.opts.Clock()
-		recent := 2 * e.opts.RetentionInterval
+		recent := retentionRecentIntervals * e.opts.RetentionInterval
 		retireRecent := now.Add(-e.opts.Retention - recent)
 		forgetRecent := now.Add(-e.opts.TombstoneRetention - recent)
 		started := time.Now()
@@ -309,6 +384,7 @@ func (e *Engine) runRetention(ctx context.Context) {
 			break
 		}
 		progress := 0
+		backlog := false
 		for i := range results {
 			switch {
 			case results[i].Err != nil:
@@ -318,12 +394,16 @@ func (e *Engine) runRetention(ctx context.Context) {
 				e.retention.retired.Add(1)
 				if t := results[i].Reservation.FinishedAt; !t.Before(retireRecent) {
 					retired.add(t)
+				} else {
+					backlog = true
 				}
 				progress++
 			default:
 				e.retention.forgotten.Add(1)
 				if t := results[i].Reservation.FinishedAt; !t.Before(forgetRecent) {
 					forgot.add(t)
+				} else {
+					backlog = true
 				}
 				progress++
 			}
@@ -344,20 +424,21 @@ func (e *Engine) runRetention(ctx context.Context) {
 		if due > 0 {
 			prevDue = due
 		}
-		finishRate := max(rate.perSecond(time.Now(), e.finished.Load()), prevDue)
+		finishRate := max(rate.perSecond(time.Now(), e.finished.Load(), e.opts.RetentionInterval), prevDue)
 		if e.retentionPaced != nil {
-			e.retentionPaced(finishRate)
+			e.retentionPaced(pagePacing{finishRate: finishRate, backlog: backlog})
 		}
-		pause := max(e.opts.RetentionPause, retentionPause(took, pageRows(cmds), share, busy, finishRate))
+		pause := max(e.opts.RetentionPause, retentionPause(took, pageRows(cmds), share, busy, backlog, finishRate))
 		if !sleep(ctx, pause) {
 			break
 		}
 	}
+	e.retention.rateMu.Lock()
+	e.retention.rate = rate.mark
 	if due := max(retired.perSecond(), forgot.perSecond()); due > 0 {
-		e.retention.rateMu.Lock()
 		e.retention.dueRate = due
-		e.retention.rateMu.Unlock()
 	}
+	e.retention.rateMu.Unlock()
 	if removed > 0 {
 		e.reclaim(ctx, "retention")
 	}

@@ -128,55 +128,85 @@ func TestRetentionOff(t *testing.T) {
 	}
 }
 
-// TestRetentionPause: while gateways are admitted, a backlog is removed
-// at an eighth of the maintenance share, unless reservations finish so
-// fast that keeping up (retentionKeepUp times their rate) needs more,
-// and then at the keep-up rate whatever the share allows; idle, the idle
-// share, or the keep-up rate if that is faster.
+// TestRetentionPause: while gateways are admitted, rows beyond keeping
+// up are removed at an eighth of the maintenance share. Keeping up with
+// what comes due now, reservations that finish so fast that
+// retentionKeepUp times their rate needs more are removed at that rate
+// whatever the share allows; in a backlog, at once their rate on top of
+// what the share removes. Idle, the idle share, or keeping up if that is
+// faster. (The first cases were named "backlog" when every page kept up
+// at twice the finish rate; they are the keeping-up pages now, their
+// pauses unchanged.)
 func TestRetentionPause(t *testing.T) {
 	const took = 10 * time.Millisecond
 	for _, c := range []struct {
-		name  string
-		rows  int
-		share float64
-		busy  bool
-		rate  float64
-		want  time.Duration
+		name    string
+		rows    int
+		share   float64
+		busy    bool
+		backlog bool
+		rate    float64
+		want    time.Duration
 	}{
-		{"backlog, nothing finishing: an eighth of the share", 32, 0.2, true, 0, 390 * time.Millisecond},
-		{"backlog, a slow trickle finishing: an eighth of the share", 32, 0.2, true, 10, 390 * time.Millisecond},
+		{"nothing finishing: an eighth of the share", 32, 0.2, true, false, 0, 390 * time.Millisecond},
+		{"a slow trickle finishing: an eighth of the share", 32, 0.2, true, false, 10, 390 * time.Millisecond},
 		// 32 rows at 2 x 200/s: a page every 80 ms.
-		{"keeping up needs more than an eighth", 32, 0.2, true, 200, 70 * time.Millisecond},
+		{"keeping up needs more than an eighth", 32, 0.2, true, false, 200, 70 * time.Millisecond},
 		// 32 rows at 2 x 1,000/s: a page every 16 ms, more than the share's one every 50 ms.
-		{"keeping up needs more than the share: keeping up", 32, 0.2, true, 1_000, 6 * time.Millisecond},
-		{"keeping up needs more than the pages can: no pause", 32, 0.2, true, 100_000, 0},
-		{"idle: the idle share", 32, 0.5, false, 0, 10 * time.Millisecond},
-		{"idle, a trickle finishing: the idle share", 32, 0.5, false, 10, 10 * time.Millisecond},
+		{"keeping up needs more than the share: keeping up", 32, 0.2, true, false, 1_000, 6 * time.Millisecond},
+		{"keeping up needs more than the pages can: no pause", 32, 0.2, true, false, 100_000, 0},
+		{"idle: the idle share", 32, 0.5, false, false, 0, 10 * time.Millisecond},
+		{"idle, a trickle finishing: the idle share", 32, 0.5, false, false, 10, 10 * time.Millisecond},
 		// The lease holder on PostgreSQL may admit nothing of what other replicas finish.
-		{"idle, finishing fast: keeping up", 32, 0.5, false, 100_000, 0},
+		{"idle, finishing fast: keeping up", 32, 0.5, false, false, 100_000, 0},
+		// The share's pages, one every 400 ms, remove 80/s.
+		{"backlog, nothing finishing: an eighth of the share", 32, 0.2, true, true, 0, 390 * time.Millisecond},
+		// 32 rows at 10/s + 80/s.
+		{"backlog, a trickle finishing: the trickle and the share", 32, 0.2, true, true, 10, 32*time.Second/90 - took},
+		// 32 rows at 200/s + 80/s, where keeping up removed 400/s.
+		{"backlog, 200 finishing: 200 and the share", 32, 0.2, true, true, 200, 32*time.Second/280 - took},
+		{"backlog, 1,000 finishing: 1,000 and the share", 32, 0.2, true, true, 1_000, 32*time.Second/1_080 - took},
+		{"backlog, more finishing than the pages can remove: no pause", 32, 0.2, true, true, 100_000, 0},
+		// Idle, the share's pages remove 1,600/s.
+		{"backlog, idle: the idle share and what finishes", 32, 0.5, false, true, 400, 32*time.Second/2_000 - took},
 	} {
-		if got := retentionPause(took, c.rows, c.share, c.busy, c.rate); (got - c.want).Abs() > time.Microsecond {
+		if got := retentionPause(took, c.rows, c.share, c.busy, c.backlog, c.rate); (got - c.want).Abs() > time.Microsecond {
 			t.Errorf("%s: pause %s, want %s", c.name, got, c.want)
 		}
 	}
 }
 
-// While gateways are admitted, retention removes at least
-// retentionKeepUp times the finish rate however long a loaded machine
-// makes each page (or as fast as pages go, when a page alone takes
-// longer): the maintenance share does not cap keeping up, or removal
-// falls below what finishes and the store grows without bound.
+// However long a loaded machine makes each page (or as fast as pages go,
+// when a page alone takes longer), retention removes at least
+// retentionKeepUp times the finish rate while it keeps up with what comes
+// due now, and at least retentionBacklogKeepUp times it in a backlog: the
+// maintenance share does not cap either, or removal falls below what
+// finishes and the store grows without bound. In a backlog it removes no
+// more than that rate and what the share's pace alone removes: the
+// backlog goes at the share.
 func TestRetentionKeepsUpWhateverAPageTakes(t *testing.T) {
 	const rows = 32
-	for _, took := range []time.Duration{time.Millisecond, 5 * time.Millisecond, 20 * time.Millisecond, 50 * time.Millisecond, 200 * time.Millisecond} {
-		for _, rate := range []float64{50, 300, 1_000, 5_000} {
-			for _, share := range []float64{0.05, 0.2, 1} {
-				pause := retentionPause(took, rows, share, true, rate)
-				removal := rows / (took + pause).Seconds()
-				want := min(retentionKeepUp*rate, rows/took.Seconds())
-				if removal < want*0.999 {
-					t.Errorf("pages of %d rows taking %s, %.0f finishing a second, share %.2f: pause %s removes %.0f a second, want at least %.0f",
-						rows, took, rate, share, pause, removal, want)
+	for _, backlog := range []bool{false, true} {
+		keepUp := retentionKeepUp
+		if backlog {
+			keepUp = retentionBacklogKeepUp
+		}
+		for _, took := range []time.Duration{time.Millisecond, 5 * time.Millisecond, 20 * time.Millisecond, 50 * time.Millisecond, 200 * time.Millisecond} {
+			for _, rate := range []float64{50, 300, 1_000, 5_000} {
+				for _, share := range []float64{0.05, 0.2, 1} {
+					pause := retentionPause(took, rows, share, true, backlog, rate)
+					removal := rows / (took + pause).Seconds()
+					fastest := rows / took.Seconds()
+					want := min(keepUp*rate, fastest)
+					if removal < want*0.999 {
+						t.Errorf("pages of %d rows taking %s, %.0f finishing a second, share %.2f, backlog %v: pause %s removes %.0f a second, want at least %.0f",
+							rows, took, rate, share, backlog, pause, removal, want)
+					}
+					byShare := rows / (took + pauseFor(took, share/retentionBacklogDivisor)).Seconds()
+					if most := min(rate+byShare, fastest); backlog && removal > most*1.001 {
+						t.Errorf("backlog pages of %d rows taking %s, %.0f finishing a second, share %.2f: pause %s removes %.0f a second, want at most %.0f (the finish rate and the share's %.0f)",
+							rows, took, rate, share, pause, removal, most, byShare)
+					}
 				}
 			}
 		}
