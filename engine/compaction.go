@@ -440,27 +440,30 @@ type AuditProgress struct {
 func (e *Engine) AuditWith(ctx context.Context, o AuditOptions) ([]ledger.Discrepancy, error) {
 	var out []ledger.Discrepancy
 	var streamErr error
-	// A copy the store makes inside its read (SQLite's audit spill) is
-	// paced like the rest of the audit, at a quarter of MaintenanceShare
-	// while gateways are admitted, for its first spillHurryAfter: it is
-	// most of a full audit's CPU, and at the whole share back-to-back
-	// audits cost reserves 0.81x their throughput (docs/PERFORMANCE.md,
-	// "Bounded history"). Its read transaction stays open meanwhile and
-	// the WAL grows by everything committed (484 MB in the 57 s a copy of
-	// 300,000 reservations took at a quarter of the share beside a
-	// saturating load), so after that it goes at the whole share.
-	// The copy reports its progress as the first half of the audit's:
-	// without it a stream showed no rows read for the whole copy.
-	spill := e.newSpillPacing(time.Now())
-	spillStart := time.Now()
+	// A copy the store makes inside its read (SQLite's audit spill) runs
+	// at full speed and owes its pauses: its read transaction is open
+	// while it copies, SQLite cannot restart the WAL behind it, and the
+	// WAL grows by everything committed meanwhile (paced between its
+	// steps, a copy of 300,000 reservations, about 0.5 s of CPU, held it
+	// for many seconds beside a saturating load and the WAL reached
+	// 389-648 MB, docs/PERFORMANCE.md, "Bounded history"). The pauses the
+	// audit's pacing would have taken between its steps are taken at
+	// once when the read has ended, before the audit reads the copy
+	// (repay, at the first reservation): the copy still takes a quarter
+	// of MaintenanceShare of the time while gateways are admitted, and
+	// the read is held for the copy's work alone. The copy reports its
+	// progress as the first half of the audit's: without it a stream
+	// showed no rows read for the whole copy.
+	copyPace := e.newAuditPacer(1)
+	stepStart := time.Now()
 	var copyProgress func(copied int64)
 	spillCtx := store.WithPause(ctx, func(copied int64) {
 		if copyProgress != nil {
 			copyProgress(copied)
 		}
-		if took := time.Since(spillStart); took >= auditStep {
-			spill.pacer(time.Now()).wait(ctx, took, 0)
-			spillStart = time.Now()
+		if took := time.Since(stepStart); took >= spillStep {
+			copyPace.owe(took)
+			stepStart = time.Now()
 		}
 	})
 	err := e.core.store.AuditSnapshot(spillCtx, false, func(snap *ledger.Snapshot, _ int64) error {
@@ -510,7 +513,17 @@ func (e *Engine) AuditWith(ctx context.Context, o AuditOptions) ([]ledger.Discre
 			return err
 		}
 		snap.ReservationStream = func(yield func(*ledger.Reservation) error) error {
-			err := reservations(yield)
+			// The store has copied and ended its read by the first
+			// reservation it yields (or by returning).
+			err := reservations(func(r *ledger.Reservation) error {
+				if copyPace.owed > 0 && !copyPace.repay(ctx) {
+					return ctx.Err()
+				}
+				return yield(r)
+			})
+			if err == nil && !copyPace.repay(ctx) {
+				err = ctx.Err()
+			}
 			if err != nil && streamErr == nil {
 				streamErr = err
 			}

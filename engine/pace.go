@@ -31,6 +31,12 @@ type pacer struct {
 	seen       uint64
 	// most, when positive, caps every pause.
 	most time.Duration
+	// owed is the pause of the steps counted by owe and not yet taken
+	// by repay.
+	owed time.Duration
+	// sleep pauses for d and reports whether ctx is still live;
+	// pacerMade (tests) may replace it.
+	sleep func(ctx context.Context, d time.Duration) bool
 }
 
 // newPacer returns a pacer whose steps take the engine's
@@ -43,7 +49,7 @@ func (e *Engine) newPacer(idle float64) *pacer {
 // makePacer returns a pacer with these shares (and shows it to
 // pacerMade, in tests).
 func (e *Engine) makePacer(busy, idle float64) *pacer {
-	p := &pacer{e: e, busy: busy, idle: idle, seen: e.admitted()}
+	p := &pacer{e: e, busy: busy, idle: idle, seen: e.admitted(), sleep: sleepFor}
 	if e.pacerMade != nil {
 		e.pacerMade(p)
 	}
@@ -80,34 +86,12 @@ const auditMaxPause = time.Second
 // admitted, and idle of the time otherwise.
 func (e *Engine) newDeferrablePacer(idle float64) *pacer { return e.newAuditPacer(idle) }
 
-// spillHurryAfter: a store's copy inside an audit's read (SQLite's
-// spill) goes at an audit's share for this long after the read began,
-// then at the whole MaintenanceShare, so that the WAL the open read keeps
-// from being reset grows for about as long as it did with the whole
-// share from the start.
-const spillHurryAfter = 10 * time.Second
-
-// spillPacing paces a store's copy inside an audit's read (AuditWith):
-// slow (an audit's share) until spillHurryAfter after begun, fast (the
-// whole share) after; both at full speed when idle.
-type spillPacing struct {
-	slow, fast *pacer
-	begun      time.Time
-}
-
-func (e *Engine) newSpillPacing(begun time.Time) *spillPacing {
-	fast := e.newPacer(1)
-	fast.most = auditMaxPause
-	return &spillPacing{slow: e.newAuditPacer(1), fast: fast, begun: begun}
-}
-
-// pacer is the pacer of the copy's step at now.
-func (s *spillPacing) pacer(now time.Time) *pacer {
-	if now.Sub(s.begun) >= spillHurryAfter {
-		return s.fast
-	}
-	return s.slow
-}
+// spillStep is the least a step of a store's copy inside an audit's
+// read (SQLite's spill) lasts before the pause it owes is counted
+// (pacer.owe): the copy does not stop between its steps, and a step as
+// short as auditStep (2 ms) can see no admission since the one before
+// while the committer commits a batch, count as idle and owe nothing.
+const spillStep = 50 * time.Millisecond
 
 // admitted counts the commands this engine committed that none of its
 // maintenance workers submitted (doMaintenance). Counted per committed
@@ -157,7 +141,28 @@ func pauseFor(took time.Duration, share float64) time.Duration {
 // wait pauses after a step that took took, at least floor, and reports
 // whether ctx is still live.
 func (p *pacer) wait(ctx context.Context, took, floor time.Duration) bool {
-	d := p.pause(took, floor)
+	return p.sleep(ctx, p.pause(took, floor))
+}
+
+// owe counts the pause that wait would take after a step that took took,
+// without taking it: for work that must not stop (a store's copy inside
+// an audit's read, which keeps SQLite from restarting its WAL) and pays
+// its pauses afterwards (repay), so that it still takes no more than its
+// share of the time.
+func (p *pacer) owe(took time.Duration) {
+	p.owed += p.pause(took, 0)
+}
+
+// repay takes the pauses owed so far in one, and reports whether ctx is
+// still live.
+func (p *pacer) repay(ctx context.Context) bool {
+	d := p.owed
+	p.owed = 0
+	return p.sleep(ctx, d)
+}
+
+// sleepFor pauses for d, returning early with false when ctx ends.
+func sleepFor(ctx context.Context, d time.Duration) bool {
 	if d <= 0 {
 		return ctx.Err() == nil
 	}

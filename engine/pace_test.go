@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
 	"github.com/capledger/capledger/store/memstore"
 )
 
@@ -74,35 +75,6 @@ func TestPacerYieldsToAdmission(t *testing.T) {
 	}
 	if got := audit.pause(time.Second, 0); got != auditMaxPause {
 		t.Fatalf("audit after a step of 1s: pause %s, want %s", got, auditMaxPause)
-	}
-	// So does a store's copy inside an audit's read (SQLite's spill): it
-	// is most of a full audit's CPU. Once the read has been open for
-	// spillHurryAfter, the copy takes the whole share, so that the WAL
-	// the read holds stops growing sooner.
-	begun := time.Now()
-	spilling := e.newSpillPacing(begun)
-	spill := spilling.pacer(begun.Add(spillHurryAfter - time.Millisecond))
-	if _, err := e.Do(ctx, reserveCmd("gw-3", 10)); err != nil {
-		t.Fatal(err)
-	}
-	if got := spill.pause(step, 0); got != 15*step {
-		t.Fatalf("spill copy after an admission: pause %s, want %s (a sixteenth of the time)", got, 15*step)
-	}
-	if got := spill.pause(step, 0); got != 0 {
-		t.Fatalf("spill copy when idle: pause %s, want none", got)
-	}
-	hurried := spilling.pacer(begun.Add(spillHurryAfter))
-	if _, err := e.Do(ctx, reserveCmd("gw-3b", 10)); err != nil {
-		t.Fatal(err)
-	}
-	if got := hurried.pause(step, 0); got != 3*step {
-		t.Fatalf("spill copy %s into its read, after an admission: pause %s, want %s (a quarter of the time)", spillHurryAfter, got, 3*step)
-	}
-	if _, err := e.Do(ctx, reserveCmd("gw-3c", 10)); err != nil {
-		t.Fatal(err)
-	}
-	if got := hurried.pause(time.Second, 0); got != auditMaxPause {
-		t.Fatalf("hurried spill copy after a step of 1s: pause %s, want %s", got, auditMaxPause)
 	}
 	// Giving space back and deleting a summarised journal yield like an
 	// audit while gateways are admitted, and take their idle share
@@ -219,5 +191,87 @@ func TestExpiryIsNotAdmission(t *testing.T) {
 	}
 	if _, b := p.share(); !b {
 		t.Fatal("a reserve after the expiry did not read as admission")
+	}
+}
+
+// copyingStore is a memstore whose full audit first copies inside its
+// read, as SQLite's spill does: the first call of ReservationStream takes
+// steps of spillStep while gateways' commands are committed, offering the
+// caller a pause after each (store.Pause), then ends the read and yields
+// the reservations.
+type copyingStore struct {
+	*memstore.Store
+	steps int
+	// admit commits a gateway's command.
+	admit    func()
+	readOpen bool
+}
+
+func (s *copyingStore) AuditSnapshot(ctx context.Context, cut bool, f func(*ledger.Snapshot, int64) error) error {
+	return s.Store.AuditSnapshot(ctx, cut, func(snap *ledger.Snapshot, through int64) error {
+		reservations := snap.ReservationStream
+		snap.ReservationStream = func(yield func(*ledger.Reservation) error) error {
+			s.readOpen = true
+			for i := range s.steps {
+				s.admit()
+				time.Sleep(spillStep)
+				store.Pause(ctx, int64(i+1))
+			}
+			s.readOpen = false
+			return reservations(yield)
+		}
+		return f(snap, through)
+	})
+}
+
+// TestAuditCopyPausesAfterItsRead: a store's copy inside an audit's read
+// (SQLite's spill, whose open read keeps the WAL from being restarted)
+// never pauses while the read is open, however busy admission is; the
+// pauses an audit's share owes for it are taken once the read has ended,
+// before the audit reads the copy.
+func TestAuditCopyPausesAfterItsRead(t *testing.T) {
+	ctx := context.Background()
+	st := &copyingStore{Store: memstore.New(), steps: 3}
+	e := New(st, Options{Clock: newClock().Now, DisableWorkers: true, MaintenanceShare: 0.4})
+	defer e.Close()
+	publish(t, e, 1_000_000, time.Minute, 0)
+	for i := range 10 {
+		if res, err := e.Do(ctx, reserveCmd(fmt.Sprintf("r%d", i), 1)); err != nil || res.Err != nil {
+			t.Fatalf("reserve: %+v %v", res, err)
+		}
+	}
+	admitted := 0
+	st.admit = func() {
+		admitted++
+		if res, err := e.Do(ctx, reserveCmd(fmt.Sprintf("during-%d", admitted), 1)); err != nil || res.Err != nil {
+			t.Fatalf("reserve during the copy: %+v %v", res, err)
+		}
+	}
+	var duringRead, afterRead time.Duration
+	e.pacerMade = func(p *pacer) {
+		p.sleep = func(ctx context.Context, d time.Duration) bool {
+			if st.readOpen {
+				duringRead += d
+			} else {
+				afterRead += d
+			}
+			return ctx.Err() == nil
+		}
+	}
+	var read int64
+	found, err := e.AuditWith(ctx, AuditOptions{Progress: func(p AuditProgress) { read = p.Rows }})
+	if err != nil || len(found) > 0 {
+		t.Fatalf("audit: %v %v", found, err)
+	}
+	if read < 10 {
+		t.Fatalf("the audit read %d rows, want the 10 reservations at least", read)
+	}
+	if duringRead > 0 {
+		t.Errorf("the copy paused %s while its read was open", duringRead)
+	}
+	// Each step of at least spillStep owes at least what a quarter of the
+	// share leaves it (0.1 of the time: nine times the step).
+	if want := time.Duration(st.steps) * min(pauseFor(spillStep, 0.1), auditMaxPause); afterRead < want {
+		t.Errorf("after the read the audit paused %s, want at least %s for %d steps of the copy beside admission", afterRead, want, st.steps)
 	}
 }

@@ -10,7 +10,9 @@ type pauseKey struct{}
 // units of ledger.Snapshot.Estimate), so that the caller's pacing
 // (engine's maintenance share) applies to them too and the caller can
 // report their progress: pause times the work since its last call and
-// sleeps as the pacing says, returning early when ctx ends.
+// sleeps as the pacing says, or counts the sleep and takes it once the
+// read has ended (the engine, for SQLite's spill), returning early when
+// ctx ends.
 func WithPause(ctx context.Context, pause func(copied int64)) context.Context {
 	return context.WithValue(ctx, pauseKey{}, pause)
 }

@@ -71,11 +71,11 @@ func newAuditSpill(ctx context.Context, dir string, tx *sql.Tx, last *ledger.Che
 	}()
 	w := bufio.NewWriterSize(f, spillBuffer)
 	var head [3 * binary.MaxVarintLen64]byte
-	// The copy is paced as the caller's ctx says (store.WithPause: the
-	// engine's maintenance share): at full speed it took a core beside
-	// admission for as long as it ran. The read transaction stays open
-	// across the pauses, so the WAL grows meanwhile (by what is committed
-	// during the copy, not during the whole audit).
+	// The copy offers the caller's pacing a pause every spillCheckRows
+	// rows (store.WithPause). The read transaction stays open across
+	// whatever the caller does there, and the WAL grows by everything
+	// committed meanwhile: the engine only counts its pauses here and
+	// takes them once the transaction has ended (engine.AuditWith).
 	var copied int
 	record := func(b []byte, body []byte) error {
 		if copied++; copied%spillCheckRows == 0 {
