@@ -232,6 +232,9 @@ func TestReservationStepKeepsTheSubjectIndex(t *testing.T) {
 	})) {
 		t.Error("settling a reservation wrote a page of reservation_subjects")
 	}
+	if n := s.SubjectIndexPending(); n != 0 {
+		t.Errorf("a start and a settle of a reservation read first left %d subject index entries pending", n)
+	}
 	if indexPagesWritten(func(tx store.Tx) {
 		r := reservation("rl-new")
 		r.Account.Subject = "tenant-0234"

@@ -306,8 +306,9 @@ func migrate(ctx context.Context, db *sql.DB) error {
 }
 
 // closeFlushWait bounds how long Close waits for the writer to flush the
-// pending subject index entries.
-const closeFlushWait = 5 * time.Second
+// pending subject index entries (a transaction may hold it, even the
+// caller's own).
+const closeFlushWait = time.Second
 
 var errClosed = fmt.Errorf("%w: sqlite store closed", store.ErrUnavailable)
 

@@ -306,16 +306,16 @@ func (s *Store) flushSubjects(ctx context.Context) error {
 				}
 				chunk = p.current(keys[:min(len(keys), subjectFlushChunk)])
 				keys = keys[min(len(keys), subjectFlushChunk):]
-				for from := 0; from < len(chunk); {
-					n := min(len(chunk)-from, retentionChunk)
+				err := inChunks(len(chunk), func(from, n int) error {
 					args := make([]any, 0, 3*n)
 					for _, k := range chunk[from : from+n] {
 						args = append(args, k.subject, k.created, k.id)
 					}
-					if _, err := tx.exec(subjectInsertSQL(n), args...); err != nil {
-						return err
-					}
-					from += n
+					_, err := tx.exec(subjectInsertSQL(n), args...)
+					return err
+				})
+				if err != nil {
+					return err
 				}
 				if len(keys) == 0 && !p.hold.Load() {
 					_, err := tx.exec("INSERT OR REPLACE INTO meta (name, value) VALUES (?, ?)", subjectIndexMeta, through)

@@ -613,8 +613,8 @@ func (tx *Tx) commit(ctx context.Context) error {
 		return fmt.Errorf("commit: %w", tx.err(ctx, err))
 	}
 	tx.s.commits.Add(1)
-	tx.s.subjects.remove(tx.subjectsRemoved)
 	tx.s.subjects.add(tx.subjectKeys)
+	tx.s.subjects.remove(tx.subjectsRemoved)
 	for _, c := range tx.written {
 		tx.s.cache.committed(c)
 	}
