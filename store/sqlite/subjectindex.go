@@ -75,10 +75,14 @@ func compareSubjectKeys(a, b subjectKey) int {
 
 // subjectPending is the entries committed and not yet in the table.
 type subjectPending struct {
-	mu        sync.Mutex
-	bySubject map[string]map[string]int64 // subject -> id -> created_at
-	subjectOf map[string]string           // id -> subject
-	oldest    time.Time                   // when the oldest entry was added; zero when none
+	mu sync.Mutex
+	// bySubject holds each subject's entries in the order they were
+	// committed; keyOf each entry by id (for retention's removal and to
+	// tell whether an entry is still pending). About 110 bytes an entry
+	// beside its strings (a map per subject took 340).
+	bySubject map[string][]pendingEntry
+	keyOf     map[string]subjectKey
+	oldest    time.Time // when the oldest entry was added; zero when none
 	// hold is set once a COMMIT failed (its outcome unknown): its entries
 	// may be in the file and not pending, so no flush advances the
 	// watermark past it before the next Open rebuilds from the journal.
@@ -91,8 +95,13 @@ type subjectPending struct {
 	done  chan struct{}
 }
 
+type pendingEntry struct {
+	id      string
+	created int64
+}
+
 func newSubjectPending(age time.Duration, count int) *subjectPending {
-	return &subjectPending{bySubject: map[string]map[string]int64{}, subjectOf: map[string]string{},
+	return &subjectPending{bySubject: map[string][]pendingEntry{}, keyOf: map[string]subjectKey{},
 		age: age, count: count, wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 }
 
@@ -103,21 +112,16 @@ func (p *subjectPending) add(keys []subjectKey) {
 	}
 	p.mu.Lock()
 	for _, k := range keys {
-		if old, ok := p.subjectOf[k.id]; ok && old != k.subject {
-			delete(p.bySubject[old], k.id)
+		if _, ok := p.keyOf[k.id]; ok {
+			p.forget(k.id) // written again (a blind write): the new key wins
 		}
-		ids := p.bySubject[k.subject]
-		if ids == nil {
-			ids = map[string]int64{}
-			p.bySubject[k.subject] = ids
-		}
-		ids[k.id] = k.created
-		p.subjectOf[k.id] = k.subject
+		p.bySubject[k.subject] = append(p.bySubject[k.subject], pendingEntry{k.id, k.created})
+		p.keyOf[k.id] = k
 	}
 	if p.oldest.IsZero() {
 		p.oldest = time.Now()
 	}
-	full := len(p.subjectOf) >= p.count
+	full := len(p.keyOf) >= p.count
 	p.mu.Unlock()
 	if full {
 		select {
@@ -129,6 +133,9 @@ func (p *subjectPending) add(keys []subjectKey) {
 
 // remove forgets the entries of ids (reservations deleted).
 func (p *subjectPending) remove(ids []string) {
+	if len(ids) == 0 {
+		return
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, id := range ids {
@@ -136,18 +143,35 @@ func (p *subjectPending) remove(ids []string) {
 	}
 }
 
+// forget drops id's entry; p.mu is held. It scans the subject's entries:
+// retention removes reservations long flushed, so this is rare.
 func (p *subjectPending) forget(id string) {
-	subject, ok := p.subjectOf[id]
+	k, ok := p.keyOf[id]
 	if !ok {
 		return
 	}
-	delete(p.subjectOf, id)
-	if ids := p.bySubject[subject]; len(ids) <= 1 {
+	p.drop(k.subject, map[string]int64{id: k.created})
+}
+
+// drop removes the subject's entries named in gone (id -> created_at) in
+// one pass over them; p.mu is held.
+func (p *subjectPending) drop(subject string, gone map[string]int64) {
+	entries := p.bySubject[subject]
+	kept := entries[:0]
+	for _, e := range entries {
+		if created, ok := gone[e.id]; ok && created == e.created {
+			delete(p.keyOf, e.id)
+			continue
+		}
+		kept = append(kept, e)
+	}
+	clear(entries[len(kept):]) // keep no id alive
+	if len(kept) == 0 {
 		delete(p.bySubject, subject)
 	} else {
-		delete(ids, id)
+		p.bySubject[subject] = kept
 	}
-	if len(p.subjectOf) == 0 {
+	if len(p.keyOf) == 0 {
 		p.oldest = time.Time{}
 	}
 }
@@ -156,10 +180,18 @@ func (p *subjectPending) forget(id string) {
 func (p *subjectPending) flushed(keys []subjectKey) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	gone := map[string]map[string]int64{}
 	for _, k := range keys {
-		if created, ok := p.bySubject[k.subject][k.id]; ok && created == k.created {
-			p.forget(k.id)
+		if p.keyOf[k.id] != k {
+			continue
 		}
+		if gone[k.subject] == nil {
+			gone[k.subject] = map[string]int64{}
+		}
+		gone[k.subject][k.id] = k.created
+	}
+	for subject, ids := range gone {
+		p.drop(subject, ids)
 	}
 }
 
@@ -170,7 +202,7 @@ func (p *subjectPending) current(keys []subjectKey) []subjectKey {
 	defer p.mu.Unlock()
 	out := keys[:0:0]
 	for _, k := range keys {
-		if created, ok := p.bySubject[k.subject][k.id]; ok && created == k.created {
+		if p.keyOf[k.id] == k {
 			out = append(out, k)
 		}
 	}
@@ -180,11 +212,9 @@ func (p *subjectPending) current(keys []subjectKey) []subjectKey {
 // all returns every pending entry in key order.
 func (p *subjectPending) all() []subjectKey {
 	p.mu.Lock()
-	out := make([]subjectKey, 0, len(p.subjectOf))
-	for subject, ids := range p.bySubject {
-		for id, created := range ids {
-			out = append(out, subjectKey{subject, created, id})
-		}
+	out := make([]subjectKey, 0, len(p.keyOf))
+	for _, k := range p.keyOf {
+		out = append(out, k)
 	}
 	p.mu.Unlock()
 	slices.SortFunc(out, compareSubjectKeys)
@@ -195,10 +225,10 @@ func (p *subjectPending) all() []subjectKey {
 // before is nil), newest first.
 func (p *subjectPending) of(subject string, before *subjectKey) []subjectKey {
 	p.mu.Lock()
-	ids := p.bySubject[subject]
-	out := make([]subjectKey, 0, len(ids))
-	for id, created := range ids {
-		k := subjectKey{subject, created, id}
+	entries := p.bySubject[subject]
+	out := make([]subjectKey, 0, len(entries))
+	for _, e := range entries {
+		k := subjectKey{subject, e.created, e.id}
 		if before == nil || compareSubjectKeys(k, *before) < 0 {
 			out = append(out, k)
 		}
@@ -212,13 +242,13 @@ func (p *subjectPending) of(subject string, before *subjectKey) []subjectKey {
 func (p *subjectPending) due(now time.Time) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return len(p.subjectOf) > 0 && (len(p.subjectOf) >= p.count || now.Sub(p.oldest) >= p.age)
+	return len(p.keyOf) > 0 && (len(p.keyOf) >= p.count || now.Sub(p.oldest) >= p.age)
 }
 
 func (p *subjectPending) len() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return len(p.subjectOf)
+	return len(p.keyOf)
 }
 
 // noteSubjects records the subject index keys of the reservation rows c
