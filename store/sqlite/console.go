@@ -106,6 +106,13 @@ func (s *Store) ReservationsOfSubject(ctx context.Context, f store.SubjectFilter
 	// Pending first: an entry a flush moves meanwhile is in the table
 	// when the table is read.
 	pending := s.subjects.of(f.Subject, cursor)
+	if len(pending) == 0 { // one statement, no transaction to begin
+		if cursor == nil {
+			return queryAll(ctx, s.reader(subjectFirstSQL), scanReservation, what, f.Subject, states, f.Limit)
+		}
+		return queryAll(ctx, s.reader(subjectBeforeSQL), scanReservation, what, f.Subject, states, f.Limit,
+			before, f.Before.ID)
+	}
 	tx, err := s.readDB.BeginTx(ctx, nil)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", what, translate(ctx, err))
@@ -183,12 +190,18 @@ func (s *Store) ReservationStatesOfSubject(ctx context.Context, subject string) 
 	// with the table's counts, a pending entry is counted unless the
 	// table holds it.
 	pending := s.subjects.of(subject, nil)
-	tx, err := s.readDB.BeginTx(ctx, nil)
-	if err != nil {
-		return out, fmt.Errorf("%s: %w", what, translate(ctx, err))
+	var (
+		q  queryer = s.reader(subjectStatesSQL) // one statement when nothing is pending
+		tx *sql.Tx
+	)
+	if len(pending) > 0 {
+		if tx, err = s.readDB.BeginTx(ctx, nil); err != nil {
+			return out, fmt.Errorf("%s: %w", what, translate(ctx, err))
+		}
+		defer tx.Rollback()
+		q = txQuery{tx, subjectStatesSQL}
 	}
-	defer tx.Rollback()
-	out.Counts, err = queryAll(ctx, txQuery{tx, subjectStatesSQL}, func(sc scanner) (store.StateCount, error) {
+	out.Counts, err = queryAll(ctx, q, func(sc scanner) (store.StateCount, error) {
 		var (
 			n     store.StateCount
 			state int64
