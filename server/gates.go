@@ -18,7 +18,8 @@ import (
 // USAGE_UNKNOWN backlog at its 99th percentile) are measured when an audit
 // runs (LedgerService.Audit, `capledger audit`, e.g. from a cron job) and
 // exported as of that run, with its time: a scrape never reads the whole
-// ledger. docs/OPERATIONS.md lists every gate and its metric.
+// ledger. docs/ROLLOUT.md ("The seed's gates as metrics") lists every
+// gate and its metric.
 //
 //	capledger_audit_discrepancies{check}        discrepancies per audit check
 //	capledger_audit_last_run_timestamp_seconds  when the figures were taken
