@@ -77,10 +77,14 @@ func compareSubjectKeys(a, b subjectKey) int {
 type subjectPending struct {
 	mu sync.Mutex
 	// bySubject holds each subject's entries in the order they were
-	// committed; keyOf each entry by id (for retention's removal and to
-	// tell whether an entry is still pending). About 110 bytes an entry
-	// beside its strings (a map per subject took 340).
-	bySubject map[string][]pendingEntry
+	// committed, keyOf each live entry by id (for retention's removal
+	// and to tell whether an entry is still pending): an entry of
+	// bySubject whose key keyOf no longer holds is dead, and a subject's
+	// entries are compacted once half are dead, so that forgetting a
+	// flushed chunk costs its own entries, not a scan of a hot subject's.
+	// About 110 bytes an entry beside its strings (a map per subject
+	// took 340).
+	bySubject map[string]*subjectEntries
 	keyOf     map[string]subjectKey
 	oldest    time.Time // when the oldest entry was added; zero when none
 	// hold is set once a COMMIT failed (its outcome unknown): its entries
@@ -100,8 +104,13 @@ type pendingEntry struct {
 	created int64
 }
 
+type subjectEntries struct {
+	entries []pendingEntry
+	dead    int
+}
+
 func newSubjectPending(age time.Duration, count int) *subjectPending {
-	return &subjectPending{bySubject: map[string][]pendingEntry{}, keyOf: map[string]subjectKey{},
+	return &subjectPending{bySubject: map[string]*subjectEntries{}, keyOf: map[string]subjectKey{},
 		age: age, count: count, wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 }
 
@@ -112,10 +121,18 @@ func (p *subjectPending) add(keys []subjectKey) {
 	}
 	p.mu.Lock()
 	for _, k := range keys {
-		if _, ok := p.keyOf[k.id]; ok {
+		if old, ok := p.keyOf[k.id]; ok {
+			if old == k {
+				continue // written again with the same key
+			}
 			p.forget(k.id) // written again (a blind write): the new key wins
 		}
-		p.bySubject[k.subject] = append(p.bySubject[k.subject], pendingEntry{k.id, k.created})
+		se := p.bySubject[k.subject]
+		if se == nil {
+			se = &subjectEntries{}
+			p.bySubject[k.subject] = se
+		}
+		se.entries = append(se.entries, pendingEntry{k.id, k.created})
 		p.keyOf[k.id] = k
 	}
 	if p.oldest.IsZero() {
@@ -143,33 +160,39 @@ func (p *subjectPending) remove(ids []string) {
 	}
 }
 
-// forget drops id's entry; p.mu is held. It scans the subject's entries:
-// retention removes reservations long flushed, so this is rare.
+// forget drops id's entry; p.mu is held.
 func (p *subjectPending) forget(id string) {
-	k, ok := p.keyOf[id]
-	if !ok {
-		return
+	if k, ok := p.keyOf[id]; ok {
+		p.drop(k.subject, []subjectKey{k})
 	}
-	p.drop(k.subject, map[string]int64{id: k.created})
 }
 
-// drop removes the subject's entries named in gone (id -> created_at) in
-// one pass over them; p.mu is held.
-func (p *subjectPending) drop(subject string, gone map[string]int64) {
-	entries := p.bySubject[subject]
-	kept := entries[:0]
-	for _, e := range entries {
-		if created, ok := gone[e.id]; ok && created == e.created {
-			delete(p.keyOf, e.id)
-			continue
+// drop forgets those of the subject's keys still pending unchanged;
+// p.mu is held.
+func (p *subjectPending) drop(subject string, keys []subjectKey) {
+	se := p.bySubject[subject]
+	for _, k := range keys {
+		if p.keyOf[k.id] == k {
+			delete(p.keyOf, k.id)
+			se.dead++
 		}
-		kept = append(kept, e)
 	}
-	clear(entries[len(kept):]) // keep no id alive
-	if len(kept) == 0 {
-		delete(p.bySubject, subject)
-	} else {
-		p.bySubject[subject] = kept
+	if se != nil && 2*se.dead >= len(se.entries) {
+		kept := se.entries[:0]
+		seen := make(map[string]bool, len(se.entries)-se.dead)
+		for _, e := range se.entries {
+			// A dead entry's key may be live again (flushed, then
+			// written again): keep one.
+			if p.keyOf[e.id] == (subjectKey{subject, e.created, e.id}) && !seen[e.id] {
+				seen[e.id] = true
+				kept = append(kept, e)
+			}
+		}
+		clear(se.entries[len(kept):]) // keep no id alive
+		se.entries, se.dead = kept, 0
+		if len(kept) == 0 {
+			delete(p.bySubject, subject)
+		}
 	}
 	if len(p.keyOf) == 0 {
 		p.oldest = time.Time{}
@@ -180,18 +203,14 @@ func (p *subjectPending) drop(subject string, gone map[string]int64) {
 func (p *subjectPending) flushed(keys []subjectKey) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	gone := map[string]map[string]int64{}
-	for _, k := range keys {
-		if p.keyOf[k.id] != k {
-			continue
+	// keys are in key order: each subject's are one run.
+	for from := 0; from < len(keys); {
+		to := from + 1
+		for to < len(keys) && keys[to].subject == keys[from].subject {
+			to++
 		}
-		if gone[k.subject] == nil {
-			gone[k.subject] = map[string]int64{}
-		}
-		gone[k.subject][k.id] = k.created
-	}
-	for subject, ids := range gone {
-		p.drop(subject, ids)
+		p.drop(keys[from].subject, keys[from:to])
+		from = to
 	}
 }
 
@@ -225,12 +244,16 @@ func (p *subjectPending) all() []subjectKey {
 // before is nil), newest first.
 func (p *subjectPending) of(subject string, before *subjectKey) []subjectKey {
 	p.mu.Lock()
-	entries := p.bySubject[subject]
-	out := make([]subjectKey, 0, len(entries))
-	for _, e := range entries {
-		k := subjectKey{subject, e.created, e.id}
-		if before == nil || compareSubjectKeys(k, *before) < 0 {
-			out = append(out, k)
+	var out []subjectKey
+	if se := p.bySubject[subject]; se != nil {
+		out = make([]subjectKey, 0, len(se.entries)-se.dead)
+		seen := make(map[string]bool, len(se.entries)-se.dead)
+		for _, e := range se.entries {
+			k := subjectKey{subject, e.created, e.id}
+			if p.keyOf[e.id] == k && !seen[e.id] && (before == nil || compareSubjectKeys(k, *before) < 0) {
+				seen[e.id] = true
+				out = append(out, k)
+			}
 		}
 	}
 	p.mu.Unlock()
