@@ -330,15 +330,36 @@ func (s *Store) JournalCompact(ctx context.Context, limit int) (int, error) {
 	if limit <= 0 {
 		return 0, fmt.Errorf("journal compaction: limit %d, want a positive one", limit)
 	}
-	var deleted int64
+	deleted, behind, err := s.journalCompact(ctx, limit)
+	if err == nil && deleted == 0 && behind {
+		// The subject index's watermark holds back batches the
+		// checkpoint summarises: flush it, and compact once more.
+		if err := s.flushSubjects(ctx); err != nil {
+			return 0, fmt.Errorf("journal compaction: %w", err)
+		}
+		deleted, _, err = s.journalCompact(ctx, limit)
+	}
+	return deleted, err
+}
+
+// journalCompact deletes up to limit journal rows the last checkpoint
+// summarises, keeping the batches after subject_index_through, and
+// reports whether any of them is one the checkpoint summarises.
+func (s *Store) journalCompact(ctx context.Context, limit int) (int, bool, error) {
+	var (
+		deleted int64
+		behind  bool
+	)
 	err := s.withWriter(ctx, func(w *writer) error {
 		return s.inWriteTx(ctx, w, "journal compaction", func(tx *writeTx) error {
-			var through int64
-			found, err := tx.queryRow("SELECT through FROM checkpoints ORDER BY seq DESC LIMIT 1", nil,
-				func(sc scanner) error { return sc.Scan(&through) })
+			var through, indexed int64
+			found, err := tx.queryRow("SELECT c.through, m.value FROM checkpoints c, meta m WHERE m.name = '"+subjectIndexMeta+"'"+
+				" ORDER BY c.seq DESC LIMIT 1", nil,
+				func(sc scanner) error { return sc.Scan(&through, &indexed) })
 			if err != nil || !found {
 				return err
 			}
+			behind = indexed < through
 			// Rows of the journal table (schema versions 1 and 2) are at
 			// position 0: every checkpoint summarises them.
 			n, err := tx.exec("DELETE FROM journal WHERE seq IN (SELECT seq FROM journal ORDER BY seq LIMIT ?)", int64(limit))
@@ -351,14 +372,16 @@ func (s *Store) JournalCompact(ctx context.Context, limit int) (int, error) {
 				// rowid, and SQLite hands out max(rowid)+1, so an empty
 				// table would give the next batch a position the
 				// checkpoint already covers.
+				// The batches after subject_index_through stay too: Open
+				// rebuilds the subject index from them (subjectindex.go).
 				n, err = tx.exec(`DELETE FROM journal_batches WHERE seq IN (SELECT seq FROM journal_batches
-					WHERE seq <= ? AND seq < (SELECT MAX(seq) FROM journal_batches) ORDER BY seq LIMIT ?)`, through, left)
+					WHERE seq <= ? AND seq < (SELECT MAX(seq) FROM journal_batches) ORDER BY seq LIMIT ?)`, min(through, indexed), left)
 				deleted += n
 			}
 			return err
 		})
 	})
-	return int(deleted), err
+	return int(deleted), behind, err
 }
 
 // writeTx is a transaction of the write connection outside a batch.

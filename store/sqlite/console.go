@@ -1,10 +1,12 @@
 package sqlite
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/capledger/capledger/ledger"
@@ -18,16 +20,10 @@ var _ store.ConsoleStore = (*Store)(nil)
 // (resolver answers, audit records) are written in write transactions of
 // their own, like rollouts.
 const (
-	// ?2 is the set of states listed, bit s for state s (see statesMask):
-	// one backwards range of reservations_by_subject (subject, created_at,
-	// id), each row's state tested on the row, which is read anyway.
-	subjectFirstSQL = "SELECT " + reservationCols + " FROM reservations WHERE subject = ?1 AND (?2 >> state) & 1" +
-		" ORDER BY created_at DESC, id DESC LIMIT ?3"
-	subjectBeforeSQL = "SELECT " + reservationCols + " FROM reservations WHERE subject = ?1 AND (?2 >> state) & 1" +
-		" AND (created_at, id) < (?4, ?5) ORDER BY created_at DESC, id DESC LIMIT ?3"
 	// The subject's range of the index, and its rows for route and state.
-	subjectStatesSQL = "SELECT route, state, count(*) FROM reservations WHERE subject = ? GROUP BY route, state ORDER BY route, state"
-	retainedOfSQL    = "SELECT subject, route, region, generation, reservations FROM retained WHERE subject = ? AND reservations > 0" +
+	subjectStatesSQL = "SELECT r.route, r.state, count(*) FROM reservation_subjects s CROSS JOIN reservations r ON r.id = s.id" +
+		" WHERE s.subject = ?1 AND r.subject = ?1 GROUP BY r.route, r.state ORDER BY r.route, r.state"
+	retainedOfSQL = "SELECT subject, route, region, generation, reservations FROM retained WHERE subject = ? AND reservations > 0" +
 		" ORDER BY subject, route, region, generation"
 	statementsOfSQL = "SELECT " + statementCols + " FROM statements WHERE subject = ?1 AND route = ?2 AND region = ?3" +
 		" AND generation = ?4 AND epoch_start < ?5 ORDER BY epoch_start DESC LIMIT ?6"
@@ -41,6 +37,34 @@ const (
 		" ON CONFLICT (name) DO UPDATE SET at = excluded.at, by = excluded.by, mode = excluded.mode," +
 		" discrepancies = excluded.discrepancies, checks = excluded.checks WHERE excluded.at >= audit_records.at"
 )
+
+var (
+	// subjectRowCols are reservationCols of the row r.
+	subjectRowCols = "r." + strings.ReplaceAll(reservationCols, ", ", ", r.")
+	// ?2 is the set of states listed, bit s for state s (see statesMask):
+	// one backwards range of reservation_subjects (subject, created_at,
+	// id), each entry's row read by id and its state tested. CROSS JOIN
+	// keeps the index the outer loop. An entry whose row is gone or names
+	// another subject is skipped.
+	subjectFirstSQL = "SELECT " + subjectRowCols + " FROM reservation_subjects s CROSS JOIN reservations r ON r.id = s.id" +
+		" WHERE s.subject = ?1 AND r.subject = ?1 AND (?2 >> r.state) & 1 ORDER BY s.created_at DESC, s.id DESC LIMIT ?3"
+	subjectBeforeSQL = "SELECT " + subjectRowCols + " FROM reservation_subjects s CROSS JOIN reservations r ON r.id = s.id" +
+		" WHERE s.subject = ?1 AND r.subject = ?1 AND (?2 >> r.state) & 1 AND (s.created_at, s.id) < (?4, ?5)" +
+		" ORDER BY s.created_at DESC, s.id DESC LIMIT ?3"
+)
+
+// pendingRowsSQL reads the rows of n pending entries by id.
+func pendingRowsSQL(n int) string {
+	return "SELECT " + reservationCols + " FROM reservations WHERE id IN (" + params(n) + ")"
+}
+
+// pendingStatesSQL reads the route and state of those of n pending
+// entries' rows (?1 the subject, then the ids) whose entry the table does
+// not hold yet: a flush may have written some since pending was read.
+func pendingStatesSQL(n int) string {
+	return "SELECT r.route, r.state FROM reservations r WHERE r.id IN (" + params(n) + ") AND r.subject = ?" +
+		" AND NOT EXISTS (SELECT 1 FROM reservation_subjects s WHERE s.subject = r.subject AND s.created_at = r.created_at AND s.id = r.id)"
+}
 
 // readQuery is a query text run on the read connections, in the shape
 // queryAll takes.
@@ -56,8 +80,10 @@ func (r readQuery) QueryContext(ctx context.Context, args ...any) (*sql.Rows, er
 func (s *Store) reader(q string) readQuery { return readQuery{s.readDB, q} }
 
 // ReservationsOfSubject returns up to f.Limit of the subject's
-// reservations in f's states, newest first: one range of the index
-// reservations_by_subject, the rows of other states skipped.
+// reservations in f's states, newest first: the subject's pending subject
+// index entries (subjectindex.go), read first, merged with one range of
+// reservation_subjects, the rows of other states skipped. An entry in
+// both is listed once.
 func (s *Store) ReservationsOfSubject(ctx context.Context, f store.SubjectFilter) (_ []ledger.Reservation, err error) {
 	defer s.readBarrier(ctx, &err)
 	if s.closed.Load() {
@@ -73,11 +99,72 @@ func (s *Store) ReservationsOfSubject(ctx context.Context, f store.SubjectFilter
 	}
 	what := "reservations of " + f.Subject
 	states := statesMask(f.StatesList())
-	if f.Before == (store.SubjectCursor{}) {
-		return queryAll(ctx, s.reader(subjectFirstSQL), scanReservation, what, f.Subject, states, f.Limit)
+	var cursor *subjectKey
+	if f.Before != (store.SubjectCursor{}) {
+		cursor = &subjectKey{f.Subject, before, f.Before.ID}
 	}
-	return queryAll(ctx, s.reader(subjectBeforeSQL), scanReservation, what, f.Subject, states, f.Limit,
-		before, f.Before.ID)
+	// Pending first: an entry a flush moves meanwhile is in the table
+	// when the table is read.
+	pending := s.subjects.of(f.Subject, cursor)
+	if len(pending) == 0 { // one statement, no transaction to begin
+		if cursor == nil {
+			return queryAll(ctx, s.reader(subjectFirstSQL), scanReservation, what, f.Subject, states, f.Limit)
+		}
+		return queryAll(ctx, s.reader(subjectBeforeSQL), scanReservation, what, f.Subject, states, f.Limit,
+			before, f.Before.ID)
+	}
+	tx, err := s.readDB.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, translate(ctx, err))
+	}
+	defer tx.Rollback()
+	var out []ledger.Reservation
+	for from := 0; from < len(pending) && len(out) < f.Limit; {
+		n := min(len(pending)-from, retentionChunk)
+		for n&(n-1) != 0 {
+			n &= n - 1 // a power of two: a few statement texts serve every page
+		}
+		args := make([]any, n)
+		for i, k := range pending[from : from+n] {
+			args[i] = k.id
+		}
+		from += n
+		rows, err := queryAll(ctx, txQuery{tx, pendingRowsSQL(n)}, scanReservation, what, args...)
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range rows {
+			if r.Account.Subject == f.Subject && states>>r.State&1 == 1 {
+				out = append(out, r)
+			}
+		}
+	}
+	var table []ledger.Reservation
+	if cursor == nil {
+		table, err = queryAll(ctx, txQuery{tx, subjectFirstSQL}, scanReservation, what, f.Subject, states, f.Limit)
+	} else {
+		table, err = queryAll(ctx, txQuery{tx, subjectBeforeSQL}, scanReservation, what, f.Subject, states, f.Limit,
+			before, f.Before.ID)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if len(out) == 0 {
+		return table, nil
+	}
+	seen := make(map[string]bool, len(out))
+	for _, r := range out {
+		seen[r.ID] = true
+	}
+	for _, r := range table {
+		if !seen[r.ID] {
+			out = append(out, r)
+		}
+	}
+	slices.SortFunc(out, func(a, b ledger.Reservation) int {
+		return cmp.Or(b.CreatedAt.Compare(a.CreatedAt), strings.Compare(b.ID, a.ID))
+	})
+	return out[:min(len(out), f.Limit)], nil
 }
 
 // statesMask returns states as a set of bits, bit s for state s (every
@@ -98,7 +185,23 @@ func (s *Store) ReservationStatesOfSubject(ctx context.Context, subject string) 
 		return store.SubjectStates{}, errClosed
 	}
 	var out store.SubjectStates
-	out.Counts, err = queryAll(ctx, s.reader(subjectStatesSQL), func(sc scanner) (store.StateCount, error) {
+	what := "reservation states of " + subject
+	// Pending first, as in ReservationsOfSubject; in one read transaction
+	// with the table's counts, a pending entry is counted unless the
+	// table holds it.
+	pending := s.subjects.of(subject, nil)
+	var (
+		q  queryer = s.reader(subjectStatesSQL) // one statement when nothing is pending
+		tx *sql.Tx
+	)
+	if len(pending) > 0 {
+		if tx, err = s.readDB.BeginTx(ctx, nil); err != nil {
+			return out, fmt.Errorf("%s: %w", what, translate(ctx, err))
+		}
+		defer tx.Rollback()
+		q = txQuery{tx, subjectStatesSQL}
+	}
+	out.Counts, err = queryAll(ctx, q, func(sc scanner) (store.StateCount, error) {
 		var (
 			n     store.StateCount
 			state int64
@@ -109,9 +212,53 @@ func (s *Store) ReservationStatesOfSubject(ctx context.Context, subject string) 
 		}
 		n.State = c.State(state)
 		return n, c.Err()
-	}, "reservation states of "+subject, subject)
+	}, what, subject)
 	if err != nil {
 		return out, err
+	}
+	if len(pending) > 0 {
+		type routeState struct {
+			route string
+			state ledger.State
+		}
+		more := map[routeState]int64{}
+		err := inChunks(len(pending), func(from, n int) error {
+			args := make([]any, 0, n+1)
+			for _, k := range pending[from : from+n] {
+				args = append(args, k.id)
+			}
+			rows, err := queryAll(ctx, txQuery{tx, pendingStatesSQL(n)}, func(sc scanner) (routeState, error) {
+				var (
+					rs    routeState
+					state int64
+					c     codec.Conv
+				)
+				if err := sc.Scan(&rs.route, &state); err != nil {
+					return rs, err
+				}
+				rs.state = c.State(state)
+				return rs, c.Err()
+			}, what, append(args, subject)...)
+			for _, rs := range rows {
+				more[rs]++
+			}
+			return err
+		})
+		if err != nil {
+			return out, err
+		}
+		for i := range out.Counts {
+			n := &out.Counts[i]
+			rs := routeState{n.Route, n.State}
+			n.Count += more[rs]
+			delete(more, rs)
+		}
+		for rs, n := range more {
+			out.Counts = append(out.Counts, store.StateCount{Route: rs.route, State: rs.state, Count: n})
+		}
+		slices.SortFunc(out.Counts, func(a, b store.StateCount) int {
+			return cmp.Or(strings.Compare(a.Route, b.Route), cmp.Compare(a.State, b.State))
+		})
 	}
 	out.Retained, err = queryAll(ctx, s.reader(retainedOfSQL), func(sc scanner) (store.RetainedCount, error) {
 		var (

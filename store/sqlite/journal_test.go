@@ -372,7 +372,8 @@ func TestLedgerOfAnEarlierSchemaAudits(t *testing.T) {
 		"DROP TABLE tombstones", "DROP TABLE retained", "DROP INDEX reservations_finished", // version 7
 		"DROP TABLE rollouts",                                      // version 8
 		"DROP TABLE checkpoint_accounts", "DROP TABLE checkpoints", // version 9
-		"DROP INDEX reservations_by_subject", "DROP TABLE resolver_answers", "DROP TABLE audit_records", // version 10
+		"DROP TABLE resolver_answers", "DROP TABLE audit_records", // version 10
+		"DROP TABLE reservation_subjects", // version 12 (which dropped version 10's index)
 		"DELETE FROM schema_migrations WHERE version > 2"} {
 		if _, err := db.Exec(q); err != nil {
 			t.Fatal(err)

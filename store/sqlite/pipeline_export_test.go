@@ -21,3 +21,10 @@ func WriterSynchronous(s *Store) (int64, error) {
 	}
 	return queryOneRow(context.Background(), s.w, st, nil, scanInt)
 }
+
+// FlushSubjectIndex writes every pending subject index entry
+// (subjectindex.go) now.
+func (s *Store) FlushSubjectIndex(ctx context.Context) error { return s.flushSubjects(ctx) }
+
+// SubjectIndexPending is how many subject index entries are pending.
+func (s *Store) SubjectIndexPending() int { return s.subjects.len() }

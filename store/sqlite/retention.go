@@ -179,6 +179,11 @@ func (tx *Tx) writeRetention(ctx context.Context, c *store.RetentionChanges) err
 			for _, id := range ids[from : from+n] {
 				args = append(args, id)
 			}
+			// The subject index's entries first, read from the rows
+			// (those still pending are forgotten at Commit).
+			if err := run(subjectDeleteSQL(n), fmt.Sprintf("delete the subject index entries of %d reservations from %s", n, ids[from]), args); err != nil {
+				return err
+			}
 			return run(reservationDelSQL(n), fmt.Sprintf("delete %d reservations from %s", n, ids[from]), args)
 		})
 		if err != nil {

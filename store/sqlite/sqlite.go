@@ -34,6 +34,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -76,6 +77,10 @@ type config struct {
 	convertAutoVacuum bool
 	// pipelined: see WithPipelinedSync (pipeline.go).
 	pipelined bool
+	// subjectFlushAge and subjectFlushCount: see WithSubjectIndexFlush
+	// (subjectindex.go).
+	subjectFlushAge   time.Duration
+	subjectFlushCount int
 }
 
 // Option configures Open.
@@ -112,6 +117,10 @@ type Store struct {
 	// checkpointWriting is held by the one checkpoint writer
 	// (compaction.go).
 	checkpointWriting atomic.Bool
+	// subjects is the console's subject index entries not yet in
+	// reservation_subjects, and its flusher (subjectindex.go).
+	subjects        *subjectPending
+	stopSubjectsOne sync.Once
 }
 
 // Open opens (creating if needed) the database file at path, applies the
@@ -120,7 +129,8 @@ type Store struct {
 // error for a path the DSN cannot carry, a file that is not a SQLite
 // database, or a filesystem where WAL or synchronous=FULL cannot be set.
 func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
-	cfg := config{busyTimeout: DefaultBusyTimeout, readConns: DefaultReadConns, cacheRows: DefaultCacheRows}
+	cfg := config{busyTimeout: DefaultBusyTimeout, readConns: DefaultReadConns, cacheRows: DefaultCacheRows,
+		subjectFlushAge: DefaultSubjectFlushAge, subjectFlushCount: DefaultSubjectFlushCount}
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -134,6 +144,9 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 	}
 	if cfg.cacheRows < 1 {
 		return nil, fmt.Errorf("open sqlite %s: a row cache of %d rows; want at least 1", path, cfg.cacheRows)
+	}
+	if cfg.subjectFlushAge <= 0 || cfg.subjectFlushCount < 1 {
+		return nil, fmt.Errorf("open sqlite %s: subject index flush after %s or %d entries; want both positive", path, cfg.subjectFlushAge, cfg.subjectFlushCount)
 	}
 	if cfg.readConns < 1 {
 		return nil, fmt.Errorf("open sqlite %s: %d read connections", path, cfg.readConns)
@@ -194,6 +207,9 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 	setupDB := sql.OpenDB(setupConnector)
 	setupDB.SetMaxOpenConns(1)
 	err = setup(ctx, setupDB)
+	if err == nil {
+		err = rebuildSubjectIndex(ctx, setupDB)
+	}
 	if err == nil && cfg.convertAutoVacuum {
 		err = convertAutoVacuum(ctx, setupDB)
 	}
@@ -207,6 +223,8 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 		return nil, fmt.Errorf("open sqlite %s: %w", path, translate(ctx, err))
 	}
 	s.checkpointer = startCheckpointer(sql.OpenDB(connector), &s.commits, s.noteFsyncFailure)
+	s.subjects = newSubjectPending(cfg.subjectFlushAge, cfg.subjectFlushCount)
+	go s.runSubjectFlusher()
 	readDSN, err := dsn(path, append(pragmas, "journal_mode(WAL)", "query_only(1)")...)
 	if err == nil {
 		s.readDB, err = sql.Open("sqlite", readDSN)
@@ -367,6 +385,11 @@ func migrate(ctx context.Context, db *sql.DB) error {
 	return nil
 }
 
+// closeFlushWait bounds how long Close waits for the writer to flush the
+// pending subject index entries (a transaction may hold it, even the
+// caller's own).
+const closeFlushWait = time.Second
+
 var errClosed = fmt.Errorf("%w: sqlite store closed", store.ErrUnavailable)
 
 // Close closes the write connection and the read pool and returns the
@@ -374,6 +397,18 @@ var errClosed = fmt.Errorf("%w: sqlite store closed", store.ErrUnavailable)
 // when it ends, and its Commit fails with store.ErrUnavailable. Later calls
 // return store.ErrUnavailable.
 func (s *Store) Close() error {
+	if s.subjects != nil && !s.closed.Load() {
+		s.stopSubjectsOne.Do(func() {
+			close(s.subjects.stop)
+			<-s.subjects.done
+			// What is still pending goes to the table now, unless a
+			// transaction holds the writer past the wait: the next Open
+			// rebuilds it from the journal then.
+			ctx, cancel := context.WithTimeout(context.Background(), closeFlushWait)
+			defer cancel()
+			_ = s.flushSubjects(ctx)
+		})
+	}
 	if s.closed.Swap(true) {
 		return nil
 	}

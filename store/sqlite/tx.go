@@ -39,6 +39,10 @@ type Tx struct {
 	// storedReservations is the fixed columns the file holds for the
 	// reservations this transaction read (reservationwrite.go).
 	storedReservations map[string]reservationFixed
+	// subjectKeys and subjectsRemoved are what Commit hands to the
+	// subject index's pending entries (subjectindex.go).
+	subjectKeys     []subjectKey
+	subjectsRemoved []string
 }
 
 var _ store.Tx = (*Tx)(nil)
@@ -316,6 +320,8 @@ func (tx *Tx) Write(ctx context.Context, c *store.Changes) error {
 		tx.failed = err
 		return err
 	}
+	tx.noteSubjects(c.Reservations, c.NewReservations)
+	tx.subjectsRemoved = append(tx.subjectsRemoved, c.Retention.RemovedReservations...)
 	return nil
 }
 
@@ -602,10 +608,13 @@ func (tx *Tx) commit(ctx context.Context) error {
 		// A COMMIT that failed may leave the transaction open (SQLITE_BUSY
 		// does): end it, or the next BEGIN would fail.
 		tx.s.cache.invalidate()
+		tx.s.subjects.hold.Store(true)
 		tx.rollback(ctx)
 		return fmt.Errorf("commit: %w", tx.err(ctx, err))
 	}
 	tx.s.commits.Add(1)
+	tx.s.subjects.add(tx.subjectKeys)
+	tx.s.subjects.remove(tx.subjectsRemoved)
 	for _, c := range tx.written {
 		tx.s.cache.committed(c)
 	}
