@@ -86,7 +86,12 @@ type subjectPending struct {
 	// took 340).
 	bySubject map[string]*subjectEntries
 	keyOf     map[string]subjectKey
-	oldest    time.Time // when the oldest entry was added; zero when none
+	// ticks counts the flusher's ticks, oldestTick the tick at which the
+	// oldest pending entry arrived (-1 when none): the store reads no
+	// clock (internal/archtest), so an entry's age is in ticks, each
+	// tickEvery long, and known to within one.
+	ticks, oldestTick int64
+	tickEvery         time.Duration
 	// hold is set once a COMMIT failed (its outcome unknown): its entries
 	// may be in the file and not pending, so no flush advances the
 	// watermark past it before the next Open rebuilds from the journal.
@@ -111,6 +116,7 @@ type subjectEntries struct {
 
 func newSubjectPending(age time.Duration, count int) *subjectPending {
 	return &subjectPending{bySubject: map[string]*subjectEntries{}, keyOf: map[string]subjectKey{},
+		oldestTick: -1, tickEvery: min(time.Second, max(age/4, time.Millisecond)),
 		age: age, count: count, wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 }
 
@@ -135,8 +141,8 @@ func (p *subjectPending) add(keys []subjectKey) {
 		se.entries = append(se.entries, pendingEntry{k.id, k.created})
 		p.keyOf[k.id] = k
 	}
-	if p.oldest.IsZero() {
-		p.oldest = time.Now()
+	if p.oldestTick < 0 {
+		p.oldestTick = p.ticks
 	}
 	full := len(p.keyOf) >= p.count
 	p.mu.Unlock()
@@ -195,7 +201,7 @@ func (p *subjectPending) drop(subject string, keys []subjectKey) {
 		}
 	}
 	if len(p.keyOf) == 0 {
-		p.oldest = time.Time{}
+		p.oldestTick = -1
 	}
 }
 
@@ -261,11 +267,16 @@ func (p *subjectPending) of(subject string, before *subjectKey) []subjectKey {
 	return out
 }
 
-// due reports whether the flusher should write pending now.
-func (p *subjectPending) due(now time.Time) bool {
+// due counts a tick of the flusher when tick is set, and reports whether
+// the flusher should write pending now.
+func (p *subjectPending) due(tick bool) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return len(p.keyOf) > 0 && (len(p.keyOf) >= p.count || now.Sub(p.oldest) >= p.age)
+	if tick {
+		p.ticks++
+	}
+	return len(p.keyOf) > 0 && (len(p.keyOf) >= p.count ||
+		time.Duration(p.ticks-p.oldestTick)*p.tickEvery >= p.age)
 }
 
 func (p *subjectPending) len() int {
@@ -306,16 +317,18 @@ func subjectDeleteSQL(n int) string {
 func (s *Store) runSubjectFlusher() {
 	p := s.subjects
 	defer close(p.done)
-	tick := time.NewTicker(min(time.Second, max(p.age/4, time.Millisecond)))
+	tick := time.NewTicker(p.tickEvery)
 	defer tick.Stop()
 	for {
+		ticked := false
 		select {
 		case <-p.stop:
 			return
 		case <-tick.C:
+			ticked = true
 		case <-p.wake:
 		}
-		if !p.due(time.Now()) {
+		if !p.due(ticked) {
 			continue
 		}
 		ctx, cancel := context.WithCancel(context.Background())

@@ -394,3 +394,24 @@ func copyDB(t *testing.T, from, to string) {
 		t.Fatal(err)
 	}
 }
+
+// TestSubjectIndexFlushesByAge: a pending entry far below the count is
+// written once it is the flush age old (counted in the flusher's ticks:
+// the store reads no clock).
+func TestSubjectIndexFlushesByAge(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "capledger.db")
+	s, err := sqlite.Open(context.Background(), path, sqlite.WithSubjectIndexFlush(400*time.Millisecond, 1<<30))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	commit(t, s, insert("aged"))
+	if n := s.SubjectIndexPending(); n != 1 {
+		t.Fatalf("%d entries pending right after the commit, want 1", n)
+	}
+	for deadline := time.Now().Add(10 * time.Second); s.SubjectIndexPending() != 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("an entry older than the flush age is still pending after 10 s")
+		}
+	}
+}
