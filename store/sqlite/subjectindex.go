@@ -5,6 +5,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -437,13 +438,7 @@ func rebuildSubjectIndex(ctx context.Context, db *sql.DB) error {
 	if err != nil {
 		return fmt.Errorf("rebuild subject index: %w", err)
 	}
-	sorted := slices.Sorted(func(yield func(string) bool) {
-		for id := range ids {
-			if !yield(id) {
-				return
-			}
-		}
-	})
+	sorted := slices.Sorted(maps.Keys(ids))
 	err = inChunks(len(sorted), func(from, n int) error {
 		args := make([]any, n)
 		for i, id := range sorted[from : from+n] {
