@@ -106,3 +106,35 @@ func TestSimQuantilesAtTheirResolution(t *testing.T) {
 		t.Fatalf("found %d convergence rows, want 2:\n%s", rows, out)
 	}
 }
+
+// docs/SIMULATOR.md: a run fails the liveness gate when converging takes
+// more than --deadline after healing. Seed 1 converges at some whole
+// second T after the heal (the workers notice it on their tick): with
+// --deadline T it passes, with T-1s it fails liveness.
+func TestSimDeadlineIsInclusive(t *testing.T) {
+	code, out, stderr := runSimCLI(t, "--seed", "1", "--interleavings", "1", "--heal-at", "3m", "--trace")
+	if code != exitOK {
+		t.Fatalf("exit %d\n%s\n%s", code, out, stderr)
+	}
+	var at time.Duration
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) >= 4 && f[2] == "done" && f[3] == "converged" {
+			d, err := time.ParseDuration(strings.TrimPrefix(f[0], "+"))
+			if err != nil {
+				t.Fatalf("%q: %v", line, err)
+			}
+			at = d
+		}
+	}
+	took := at - 3*time.Minute
+	if took < 2*time.Second || took%time.Second != 0 {
+		t.Fatalf("seed 1 converged at +%s, %s after healing: want a whole number of seconds, at least 2", at, took)
+	}
+	if code, out, _ := runSimCLI(t, "--seed", "1", "--interleavings", "1", "--deadline", took.String()); code != exitOK {
+		t.Errorf("--deadline %s, the time seed 1 took to converge: exit %d, want 0\n%s", took, code, out)
+	}
+	code, out, _ = runSimCLI(t, "--seed", "1", "--interleavings", "1", "--deadline", (took - time.Second).String())
+	if code != exitDiscrepancies || !strings.Contains(out, "VIOLATION of gate liveness") {
+		t.Errorf("--deadline %s, a second short of what seed 1 took: exit %d, want %d with a liveness violation\n%s", took-time.Second, code, exitDiscrepancies, out)
+	}
+}
