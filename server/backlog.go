@@ -74,15 +74,22 @@ func (s *Server) ListUsageUnknown(ctx context.Context, req *connect.Request[v1.L
 		resp.NextPageToken = unknownToken(store.UnknownCursor{MarkedAt: last.UnknownAt, ID: last.ID})
 	}
 	// The cursor is the page's last row in the store's order, taken
-	// above, before overdue ones move to the front.
+	// above, before rows outside the scope are left out and overdue ones
+	// move to the front.
+	visible := rows[:0]
+	for i := range rows {
+		if InScope(ctx, rows[i].Account.Subject, rows[i].Account.Route) {
+			visible = append(visible, rows[i])
+		}
+	}
+	rows = visible
 	if s.resolver != nil {
 		resp.OverdueReservationIds = overdueFirst(s.resolver, rows, s.clock())
-		resp.Overdue = s.resolver.ResolverStats().Overdue
+		if !scoped(ctx) { // store-wide, as the backlog
+			resp.Overdue = s.resolver.ResolverStats().Overdue
+		}
 	}
 	for i := range rows {
-		if !InScope(ctx, rows[i].Account.Subject, rows[i].Account.Route) {
-			continue
-		}
 		pb, err := s.reservationProto(ctx, &rows[i])
 		if err != nil {
 			return nil, readError("list usage unknown", ReasonPolicyNotFound, err)

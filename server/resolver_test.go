@@ -63,3 +63,27 @@ func TestOverdueUnknownAreListedFirstAndCounted(t *testing.T) {
 		t.Fatalf("second page: %v %v", got, next["overdueReservationIds"])
 	}
 }
+
+// A scoped token's ListUsageUnknown names no overdue reservation outside
+// its scope and gives no store-wide overdue count, as it gives no
+// store-wide backlog (docs/API.md, scopes; the console's Backlog page).
+func TestOverdueUnknownStayInScope(t *testing.T) {
+	h := newHarness(t, harnessOptions{auth: true, tokens: consoleTokens,
+		resolver: &engine.ResolverOptions{Deadline: func(*ledger.Reservation) time.Duration { return time.Minute }}})
+	h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"chat.generate",
+	  "dimensions":[{"unit":"tokens","burst":"100","refillUnits":"10","refillInterval":"3600s"}]}}`, adminToken)
+	h.ok("Reserve", reserveFor("a-unknown", "tenant-a/u1", 10), adminToken)
+	h.ok("Start", `{"reservationId":"a-unknown","operationId":"op"}`, adminToken)
+	h.ok("MarkUsageUnknown", `{"reservationId":"a-unknown"}`, adminToken)
+	h.clock.Advance(2 * time.Minute)
+	h.engine.RunResolver(context.Background())
+
+	all := h.ok("ListUsageUnknown", `{}`, consoleViewer)
+	if overdue, _ := all["overdueReservationIds"].([]any); len(overdue) != 1 || overdue[0] != "a-unknown" || all["overdue"] != "1" {
+		t.Fatalf("unscoped viewer: %v", all)
+	}
+	scoped := h.ok("ListUsageUnknown", `{}`, consoleScoped)
+	if scoped["reservations"] != nil || scoped["overdueReservationIds"] != nil || scoped["overdue"] != nil || scoped["backlog"] != nil {
+		t.Errorf("a token scoped to tenant-b/* is told of tenant-a's backlog: %v", scoped)
+	}
+}
