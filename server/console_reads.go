@@ -2,9 +2,12 @@ package server
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -52,10 +55,6 @@ func (c consoleService) ListSubjectReservations(ctx context.Context, req *connec
 	if cerr != nil {
 		return nil, cerr
 	}
-	before, err := parseSubjectToken(m.GetPageToken())
-	if err != nil {
-		return nil, invalidArgument(ReasonInvalidCommand, "page_token: %v", err)
-	}
 	var states []ledger.State
 	for _, pb := range m.GetStates() {
 		st, ok := stateFromProto(pb)
@@ -63,6 +62,11 @@ func (c consoleService) ListSubjectReservations(ctx context.Context, req *connec
 			return nil, invalidArgument(ReasonInvalidCommand, "states: %v is not a stored reservation state", pb)
 		}
 		states = append(states, st)
+	}
+	query := subjectQueryDigest(m.GetSubject(), states)
+	before, err := parseSubjectToken(m.GetPageToken(), query)
+	if err != nil {
+		return nil, invalidArgument(ReasonInvalidCommand, "page_token: %v", err)
 	}
 	resp := &v1.ListSubjectReservationsResponse{}
 	if !subjectInScope(ctx, m.GetSubject()) {
@@ -106,7 +110,7 @@ func (c consoleService) ListSubjectReservations(ctx context.Context, req *connec
 	if len(shown) > size {
 		shown = shown[:size]
 		last := shown[size-1]
-		resp.NextPageToken = subjectToken(store.SubjectCursor{CreatedAt: last.CreatedAt, ID: last.ID})
+		resp.NextPageToken = subjectToken(store.SubjectCursor{CreatedAt: last.CreatedAt, ID: last.ID}, query)
 	}
 	for i := range shown {
 		pb, err := c.s.reservationProto(ctx, &shown[i])
@@ -119,12 +123,35 @@ func (c consoleService) ListSubjectReservations(ctx context.Context, req *connec
 }
 
 // subjectToken encodes a cursor of ListSubjectReservations: "s", the
-// creation time in Unix nanoseconds and the id, base64url.
-func subjectToken(c store.SubjectCursor) string {
-	return base64.RawURLEncoding.EncodeToString([]byte("s" + strconv.FormatInt(c.CreatedAt.UnixNano(), 10) + "/" + c.ID))
+// creation time in Unix nanoseconds, the query's digest (subjectQueryDigest)
+// and the id, base64url. The cursor alone is only a time and an id, which
+// would page any subject: the digest binds the token to the subject and
+// states it was issued for.
+func subjectToken(c store.SubjectCursor, query string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte("s" + strconv.FormatInt(c.CreatedAt.UnixNano(), 10) + "/" + query + "/" + c.ID))
 }
 
-func parseSubjectToken(token string) (store.SubjectCursor, error) {
+// subjectQueryDigest names one query of ListSubjectReservations: the
+// first 8 bytes of SHA-256 over the subject and the filter's states (as
+// a set: order and repeats do not make another query), in hex.
+func subjectQueryDigest(subject string, states []ledger.State) string {
+	set := slices.Clone(states)
+	slices.Sort(set)
+	set = slices.Compact(set)
+	h := sha256.New()
+	h.Write([]byte(subject))
+	for _, st := range set {
+		h.Write([]byte{0})
+		h.Write([]byte(st.String()))
+	}
+	return hex.EncodeToString(h.Sum(nil)[:8])
+}
+
+// parseSubjectToken returns the cursor of token (the zero cursor for an
+// empty one), errNotSubjectToken for a token this method did not issue,
+// and errSubjectTokenOtherQuery for one issued for another subject or
+// another states filter than query.
+func parseSubjectToken(token, query string) (store.SubjectCursor, error) {
 	if token == "" {
 		return store.SubjectCursor{}, nil
 	}
@@ -132,13 +159,19 @@ func parseSubjectToken(token string) (store.SubjectCursor, error) {
 	if err != nil || !strings.HasPrefix(string(raw), "s") {
 		return store.SubjectCursor{}, errNotSubjectToken
 	}
-	nanos, id, ok := strings.Cut(string(raw[1:]), "/")
+	nanos, rest, ok1 := strings.Cut(string(raw[1:]), "/")
+	digest, id, ok2 := strings.Cut(rest, "/")
 	n, err := strconv.ParseInt(nanos, 10, 64)
-	if !ok || err != nil || n == 0 || id == "" || len(id) > maxIDBytes {
+	if !ok1 || !ok2 || err != nil || n == 0 || len(digest) != len(query) || id == "" || len(id) > maxIDBytes {
 		return store.SubjectCursor{}, errNotSubjectToken
+	}
+	if digest != query {
+		return store.SubjectCursor{}, errSubjectTokenOtherQuery
 	}
 	return store.SubjectCursor{CreatedAt: time.Unix(0, n), ID: id}, nil
 }
+
+var errSubjectTokenOtherQuery = errors.New("issued for another subject or states filter: ask for the first page (no page_token) when either changes")
 
 var errNotSubjectToken = errors.New("not a next_page_token of ListSubjectReservations")
 
