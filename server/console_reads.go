@@ -2,9 +2,7 @@ package server
 
 import (
 	"context"
-	"crypto/sha256"
 	"encoding/base64"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
@@ -132,19 +130,17 @@ func subjectToken(c store.SubjectCursor, query string) string {
 }
 
 // subjectQueryDigest names one query of ListSubjectReservations: the
-// first 8 bytes of SHA-256 over the subject and the filter's states (as
-// a set: order and repeats do not make another query), in hex.
+// subject and the filter's states (as a set: order and repeats do not
+// make another query).
 func subjectQueryDigest(subject string, states []ledger.State) string {
 	set := slices.Clone(states)
 	slices.Sort(set)
 	set = slices.Compact(set)
-	h := sha256.New()
-	h.Write([]byte(subject))
+	parts := []string{subject}
 	for _, st := range set {
-		h.Write([]byte{0})
-		h.Write([]byte(st.String()))
+		parts = append(parts, st.String())
 	}
-	return hex.EncodeToString(h.Sum(nil)[:8])
+	return queryDigest(parts...)
 }
 
 // parseSubjectToken returns the cursor of token (the zero cursor for an
@@ -191,11 +187,12 @@ func (c consoleService) ListStatements(ctx context.Context, req *connect.Request
 	if cerr != nil {
 		return nil, cerr
 	}
-	before, err := parseStatementToken(m.GetPageToken())
+	key := ledger.AccountKey{Subject: m.GetSubject(), Route: m.GetRoute(), Region: regionOrDefault(m.GetRegion()), Generation: m.GetPolicyGeneration()}
+	query := queryDigest(key.Subject, key.Route, key.Region, strconv.FormatUint(key.Generation, 10))
+	before, err := parseStatementToken(m.GetPageToken(), query)
 	if err != nil {
 		return nil, invalidArgument(ReasonInvalidCommand, "page_token: %v", err)
 	}
-	key := ledger.AccountKey{Subject: m.GetSubject(), Route: m.GetRoute(), Region: regionOrDefault(m.GetRegion()), Generation: m.GetPolicyGeneration()}
 	resp := &v1.ListStatementsResponse{}
 	if !InScope(ctx, key.Subject, key.Route) {
 		return connect.NewResponse(resp), nil // as for an account without statements
@@ -206,7 +203,7 @@ func (c consoleService) ListStatements(ctx context.Context, req *connect.Request
 	}
 	if len(list) > size {
 		list = list[:size]
-		resp.NextPageToken = statementToken(list[size-1].EpochStart)
+		resp.NextPageToken = statementToken(list[size-1].EpochStart, query)
 	}
 	if len(list) == 0 {
 		return connect.NewResponse(resp), nil
@@ -228,13 +225,17 @@ func (c consoleService) ListStatements(ctx context.Context, req *connect.Request
 	return connect.NewResponse(resp), nil
 }
 
-// statementToken encodes a cursor of ListStatements: "e" and the epoch
-// start in Unix nanoseconds, base64url.
-func statementToken(epochStart time.Time) string {
-	return base64.RawURLEncoding.EncodeToString([]byte("e" + strconv.FormatInt(epochStart.UnixNano(), 10)))
+// statementToken encodes a cursor of ListStatements: "e", the epoch
+// start in Unix nanoseconds and the account's digest (queryDigest),
+// base64url. The digest binds the token to the account it pages.
+func statementToken(epochStart time.Time, query string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte("e" + strconv.FormatInt(epochStart.UnixNano(), 10) + "/" + query))
 }
 
-func parseStatementToken(token string) (time.Time, error) {
+// parseStatementToken returns the cursor of token (zero for an empty
+// one), errNotStatementToken for a token this method did not issue and
+// errStatementTokenOtherAccount for one issued for another account.
+func parseStatementToken(token, query string) (time.Time, error) {
 	if token == "" {
 		return time.Time{}, nil
 	}
@@ -242,12 +243,18 @@ func parseStatementToken(token string) (time.Time, error) {
 	if err != nil || !strings.HasPrefix(string(raw), "e") {
 		return time.Time{}, errNotStatementToken
 	}
-	n, err := strconv.ParseInt(string(raw[1:]), 10, 64)
-	if err != nil || n == 0 {
+	nanos, digest, ok := strings.Cut(string(raw[1:]), "/")
+	n, err := strconv.ParseInt(nanos, 10, 64)
+	if !ok || err != nil || n == 0 || len(digest) != len(query) {
 		return time.Time{}, errNotStatementToken
+	}
+	if digest != query {
+		return time.Time{}, errStatementTokenOtherAccount
 	}
 	return time.Unix(0, n), nil
 }
+
+var errStatementTokenOtherAccount = errors.New("issued for another account (subject, route, region or policy_generation): ask for the first page (no page_token) when it changes")
 
 var errNotStatementToken = errors.New("not a next_page_token of ListStatements")
 

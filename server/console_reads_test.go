@@ -160,6 +160,19 @@ func TestConsoleStatementsNewestFirst(t *testing.T) {
 	if field(second["statements"].([]any)[0].(map[string]any), "epochStart") != field(sts[2].(map[string]any), "epochStart") {
 		t.Errorf("the second page is not the oldest statement")
 	}
+	// The token belongs to its account: another's is refused, not a page
+	// of that account's statements before a foreign epoch.
+	for _, body := range []string{
+		`{"subject":"tenant-a/u1","route":"chat.generate","policyGeneration":"1","pageSize":2,"pageToken":"` + token + `"}`,
+		`{"subject":"tenant-b/u1","route":"chat.generate","region":"eu","policyGeneration":"1","pageSize":2,"pageToken":"` + token + `"}`,
+		`{"subject":"tenant-b/u1","route":"chat.generate","policyGeneration":"2","pageSize":2,"pageToken":"` + token + `"}`,
+	} {
+		r := h.consoleCall("ListStatements", body, consoleViewer)
+		h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidCommand)
+		if msg, _ := r.body["message"].(string); !strings.Contains(msg, "another account") {
+			t.Errorf("%s: message %q does not say the token is another account's", body, msg)
+		}
+	}
 	for _, body := range []string{`{"route":"chat.generate"}`, `{"subject":"tenant-b/u1"}`,
 		`{"subject":"tenant-b/u1","route":"chat.generate","pageToken":"x"}`,
 		// Generations start at 1: without one the call names no account,
