@@ -3,9 +3,7 @@ package ledger
 import (
 	"cmp"
 	"fmt"
-	"iter"
 	"math"
-	"slices"
 	"time"
 )
 
@@ -69,7 +67,7 @@ func reserve(b Book, cmd *Command, now time.Time, res *Result) {
 	// The rest of the shape too (the server calls the same rule): a
 	// retry without a subject or without units is ErrInvalidCommand, not
 	// its receipt or a digest mismatch.
-	if problem := ReserveShapeProblem(cmd.Subject, cmd.Route, cmd.Region, slices.Values(cmd.Units[:])); problem != "" {
+	if problem := ReserveShapeProblem(cmd.Subject, cmd.Route, cmd.Region, cmd.Units[:]); problem != "" {
 		*res = Result{Err: invalid("%s", problem)}
 		return
 	}
@@ -368,7 +366,7 @@ func AmountShapeProblem(u Units, capped bool) string {
 // Reserve, else what is wrong. The ledger (Reserve) and the server (on
 // its request, the region defaulted) both call it, so they check the
 // same rule in the same order.
-func ReserveShapeProblem(subject, route, region string, units iter.Seq[Units]) string {
+func ReserveShapeProblem(subject, route, region string, units []Units) string {
 	switch {
 	case subject == AnySubject:
 		return fmt.Sprintf("subject %q names every subject; reserve for a concrete one", AnySubject)
@@ -377,7 +375,7 @@ func ReserveShapeProblem(subject, route, region string, units iter.Seq[Units]) s
 	case region == "":
 		return "region is required"
 	}
-	for u := range units {
+	for _, u := range units {
 		if u > 0 {
 			return ""
 		}

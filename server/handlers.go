@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -252,7 +253,7 @@ func (s *Server) reserveCommand(ctx context.Context, req *v1.ReserveRequest) (cm
 	// tombstone) rather than DIGEST_MISMATCH or a replay, and before the
 	// scope, so it is not NO_POLICY either (API.md, "Order of checks").
 	region := regionOrDefault(req.GetRegion())
-	if problem := ledger.ReserveShapeProblem(req.GetSubject(), req.GetRoute(), region, maps.Values(req.GetUnits())); problem != "" {
+	if problem := ledger.ReserveShapeProblem(req.GetSubject(), req.GetRoute(), region, slices.Collect(maps.Values(req.GetUnits()))); problem != "" {
 		return cmd, nil, invalidArgument(ReasonInvalidCommand, "%s", problem)
 	}
 	digest := req.GetRequestDigest()
