@@ -121,6 +121,9 @@ type Store struct {
 	// reservation_subjects, and its flusher (subjectindex.go).
 	subjects        *subjectPending
 	stopSubjectsOne sync.Once
+	// commitFault, when set (tests), makes a COMMIT that worked answer
+	// its error: a COMMIT whose outcome the caller cannot know.
+	commitFault atomic.Pointer[func() error]
 }
 
 // Open opens (creating if needed) the database file at path, applies the
