@@ -4,9 +4,9 @@
 // and no network beyond its own port.
 //
 // The page is a client of the public JSON API: it calls the LedgerService,
-// ShardService and ConsoleService over Connect JSON with the token the
-// operator typed in (kept in the browser's sessionStorage), exactly as curl
-// would. Nothing here reads the ledger; this package imports nothing of
+// ShardService, RolloutService and ConsoleService over Connect JSON with
+// the token the operator typed in (kept in the browser's sessionStorage),
+// exactly as curl would. Nothing here reads the ledger; this package imports nothing of
 // capledger's, and cmd mounts it on the server's port (docs/CONSOLE.md).
 package console
 

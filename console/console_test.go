@@ -1,13 +1,16 @@
 package console_test
 
 import (
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/capledger/capledger/console"
 )
@@ -67,5 +70,36 @@ func TestVendoredUPlotVersion(t *testing.T) {
 	license, err := os.ReadFile("assets/vendor/uplot/LICENSE")
 	if err != nil || !strings.Contains(string(license), "MIT License") {
 		t.Errorf("uPlot's license: %v", err)
+	}
+}
+
+// docs/CONSOLE.md states how often the shown page reloads its data and how
+// much of the page's own sampling the overview's rate charts keep: the
+// figures app.js uses (REFRESH_MS, and HISTORY_POINTS samples of it).
+func TestDocStatesRefreshAndChartWindow(t *testing.T) {
+	js, err := os.ReadFile("assets/app.js")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc, err := os.ReadFile("../docs/CONSOLE.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	constant := func(name string) int {
+		m := regexp.MustCompile(`const ` + name + ` = ([0-9]+);`).FindSubmatch(js)
+		if m == nil {
+			t.Fatalf("app.js has no const %s", name)
+		}
+		n, _ := strconv.Atoi(string(m[1]))
+		return n
+	}
+	refresh := time.Duration(constant("REFRESH_MS")) * time.Millisecond
+	window := time.Duration(constant("HISTORY_POINTS")) * refresh
+	text := strings.Join(strings.Fields(string(doc)), " ")
+	if want := fmt.Sprintf("reloads its data every %d s", int(refresh.Seconds())); !strings.Contains(text, want) {
+		t.Errorf("CONSOLE.md does not say %q", want)
+	}
+	if want := fmt.Sprintf("the last %d minutes", int(window.Minutes())); !strings.Contains(text, want) {
+		t.Errorf("the rate charts keep %s of samples; CONSOLE.md does not say %q", window, want)
 	}
 }

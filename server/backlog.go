@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	v1 "github.com/capledger/capledger/api/capledger/v1"
+	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
 )
 
@@ -55,13 +56,28 @@ func (s *Server) ListUsageUnknown(ctx context.Context, req *connect.Request[v1.L
 	if err != nil {
 		return nil, invalidArgument(ReasonInvalidCommand, "page_token: %v", err)
 	}
-	// One row more than the page tells whether there is a next page
-	// without a second query.
-	rows, err := s.ledger.ReservationsUnknown(ctx, store.UnknownFilter{
-		Subject: req.Msg.GetSubject(), Route: req.Msg.GetRoute(), After: after, Limit: size + 1,
-	})
-	if err != nil {
-		return nil, readError("list usage unknown", ReasonStoreUnavailable, err)
+	// Read pages of the store until size+1 rows in the caller's scope are
+	// found (one more than the page tells whether there is a next one) or
+	// the store has no more: the next token then follows the last row
+	// shown, so it never names a row outside the scope (as
+	// ListSubjectReservations). Unscoped, the first read is the page.
+	filter := store.UnknownFilter{Subject: req.Msg.GetSubject(), Route: req.Msg.GetRoute(), After: after, Limit: size + 1}
+	var rows []ledger.Reservation
+	for {
+		page, err := s.ledger.ReservationsUnknown(ctx, filter)
+		if err != nil {
+			return nil, readError("list usage unknown", ReasonStoreUnavailable, err)
+		}
+		for i := range page {
+			if InScope(ctx, page[i].Account.Subject, page[i].Account.Route) {
+				rows = append(rows, page[i])
+			}
+		}
+		if len(rows) > size || len(page) <= size {
+			break
+		}
+		last := page[len(page)-1]
+		filter.After = store.UnknownCursor{MarkedAt: last.UnknownAt, ID: last.ID}
 	}
 	backlog, err := s.ledger.UnknownBacklog(ctx)
 	if err != nil {
@@ -72,21 +88,20 @@ func (s *Server) ListUsageUnknown(ctx context.Context, req *connect.Request[v1.L
 		// The store-wide figures span tenants outside the token's scope.
 		resp.Backlog, resp.OldestUsageUnknownAt = 0, nil
 	}
+	// The cursor is the page's last row in the store's order, taken
+	// before overdue ones move to the front.
 	if len(rows) > size {
 		rows = rows[:size]
 		last := rows[size-1]
 		resp.NextPageToken = unknownToken(store.UnknownCursor{MarkedAt: last.UnknownAt, ID: last.ID}, query)
 	}
-	// The cursor is the page's last row in the store's order, taken
-	// above, before overdue ones move to the front.
 	if s.resolver != nil {
 		resp.OverdueReservationIds = overdueFirst(s.resolver, rows, s.clock())
-		resp.Overdue = s.resolver.ResolverStats().Overdue
+		if !scoped(ctx) { // store-wide, as the backlog
+			resp.Overdue = s.resolver.ResolverStats().Overdue
+		}
 	}
 	for i := range rows {
-		if !InScope(ctx, rows[i].Account.Subject, rows[i].Account.Route) {
-			continue
-		}
 		pb, err := s.reservationProto(ctx, &rows[i])
 		if err != nil {
 			return nil, readError("list usage unknown", ReasonPolicyNotFound, err)

@@ -350,7 +350,14 @@ func (c consoleService) ListAccountStandings(ctx context.Context, req *connect.R
 			return nil, cerr
 		}
 		deciding, _ := active.Deciding(k.SubjectKey())
-		standings = append(standings, standing(a, &p, deciding == k.Generation, now))
+		st := standing(a, &p, deciding == k.Generation, now)
+		if st.Active {
+			// The mode the account's reserves get now: a staged
+			// rollout's on its routes, as the reserve path decides.
+			mode := s.rollouts.mode(ctx, ledger.RouteKey{Route: k.Route, Region: k.Region}, k.Subject, p.Rollout)
+			st.Rollout = rolloutToProto[mode]
+		}
+		standings = append(standings, st)
 	}
 	sort.SliceStable(standings, func(i, j int) bool {
 		a, b := standings[i], standings[j]

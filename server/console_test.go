@@ -238,3 +238,28 @@ func TestConsoleOverviewCountsBatchDecisions(t *testing.T) {
 		t.Errorf("decisions %v, want 3 admitted, 2 rejected, 1 replayed", decisions)
 	}
 }
+
+// A standing's rollout mode is the one the account's reserves get now: on
+// a route a staged rollout holds, the rollout's (docs/CONSOLE.md, Tenants:
+// "generation state and rollout mode"), not the policy's own.
+func TestConsoleStandingShowsTheRolloutsMode(t *testing.T) {
+	h := newHarness(t, harnessOptions{auth: true, tokens: rolloutTokens()})
+	h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"chat.generate",
+	  "dimensions":[{"unit":"tokens","burst":"1000","refillUnits":"1","refillInterval":"1s"}],"holdTtl":"30s"}}`, adminToken)
+	h.ok("Reserve", reserveOn("fill", "chat.generate", 900, ""), gatewayToken)
+	mode := func(want string) {
+		t.Helper()
+		got := h.consoleOK("ListAccountStandings", `{}`, rolloutViewerToken)["accounts"].([]any)
+		if len(got) != 1 || got[0].(map[string]any)["rollout"] != want {
+			t.Errorf("standings %v, want one with rollout %s", got, want)
+		}
+	}
+	mode("ROLLOUT_MODE_ENFORCE")
+	h.rolloutOK("CreateRollout", `{"name":"llm","hashBy":"route","routes":[{"route":"chat.generate"}]}`, adminToken)
+	if r := h.call("Reserve", reserveOn("over", "chat.generate", 500, ""), gatewayToken); r.status != 200 || r.body["shadowRejected"] != true {
+		t.Fatalf("the route at 0%% of its rollout: %d %s, want a shadow rejection", r.status, r.raw)
+	}
+	mode("ROLLOUT_MODE_SHADOW")
+	h.rolloutOK("SetRolloutShare", `{"name":"llm","percent":100}`, adminToken)
+	mode("ROLLOUT_MODE_ENFORCE")
+}

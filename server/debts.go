@@ -26,18 +26,45 @@ func (s *Server) ListDebts(ctx context.Context, req *connect.Request[v1.ListDebt
 	if err != nil {
 		return nil, invalidArgument(ReasonInvalidCommand, "page_token: %v", err)
 	}
-	accounts, next, more, err := s.ledger.AccountsInDebt(ctx, store.DebtFilter{After: after, Limit: size})
-	if err != nil {
-		return nil, readError("list debts", ReasonStoreUnavailable, err)
+	var accounts []ledger.Account
+	var next ledger.AccountKey
+	var more bool
+	if !scoped(ctx) {
+		accounts, next, more, err = s.ledger.AccountsInDebt(ctx, store.DebtFilter{After: after, Limit: size})
+		if err != nil {
+			return nil, readError("list debts", ReasonStoreUnavailable, err)
+		}
+	} else {
+		// A scoped viewer sees its own tenants' debts only, and its page
+		// token must not name another's account: read on until size+1
+		// accounts in the scope are found (one more than the page tells
+		// whether there is a next one) or the store has no more, and
+		// follow the last one shown (as ListSubjectReservations).
+		filter := store.DebtFilter{After: after, Limit: size + 1}
+		for {
+			page, pageNext, pageMore, err := s.ledger.AccountsInDebt(ctx, filter)
+			if err != nil {
+				return nil, readError("list debts", ReasonStoreUnavailable, err)
+			}
+			for i := range page {
+				if InScope(ctx, page[i].Key.Subject, page[i].Key.Route) {
+					accounts = append(accounts, page[i])
+				}
+			}
+			if len(accounts) > size || !pageMore {
+				break
+			}
+			filter.After = pageNext
+		}
+		if len(accounts) > size {
+			accounts, more, next = accounts[:size], true, accounts[size-1].Key
+		}
 	}
 	resp := &v1.ListDebtsResponse{}
 	if more {
 		resp.NextPageToken = debtToken(next)
 	}
 	for i := range accounts {
-		if !InScope(ctx, accounts[i].Key.Subject, accounts[i].Key.Route) {
-			continue // a scoped viewer sees its own tenants' debts only
-		}
 		p, err := s.policies.get(ctx, accounts[i].Key.Generation)
 		if err != nil {
 			return nil, readError("list debts", ReasonPolicyNotFound, err)

@@ -1,8 +1,10 @@
 package server_test
 
 import (
+	"encoding/base64"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -101,4 +103,40 @@ func TestListDebtsRefusesBadPages(t *testing.T) {
 	// Debtors span every tenant: admin only.
 	h.wantError(h.call("ListDebts", `{}`, gatewayToken), 403, "permission_denied", server.ReasonPermissionDenied)
 	h.ok("ListDebts", `{}`, adminToken)
+}
+
+// A scoped token's pages of ListDebts skip the accounts outside its scope
+// and its page tokens never name one (they are base64 of an account key
+// anybody can decode): pages of one for tenant-b/* hold its two debtors,
+// never an empty page whose token names tenant-a's or tenant-c's account.
+func TestDebtPagesOfAScopedTokenNameOnlyItsAccounts(t *testing.T) {
+	h := newHarness(t, harnessOptions{auth: true, tokens: consoleTokens})
+	h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"chat.generate",
+	  "dimensions":[{"unit":"tokens","burst":"100","refillUnits":"10","refillInterval":"3600s","maxOverdraft":"1000"}]}}`, adminToken)
+	for i, subject := range []string{"tenant-a/u1", "tenant-b/u1", "tenant-b/u2", "tenant-c/u1"} {
+		id := fmt.Sprintf("d%d", i)
+		h.ok("Reserve", reserveFor(id, subject, 50), adminToken)
+		h.ok("Start", `{"reservationId":"`+id+`","operationId":"op"}`, adminToken)
+		h.ok("Settle", `{"reservationId":"`+id+`","operationId":"op","actualUnits":{"tokens":200}}`, adminToken)
+	}
+	var got []string
+	token := ""
+	for range 5 {
+		page := h.ok("ListDebts", `{"pageSize":1,"pageToken":"`+token+`"}`, consoleScoped)
+		accounts, _ := page["accounts"].([]any)
+		for _, a := range accounts {
+			got = append(got, a.(map[string]any)["subject"].(string))
+		}
+		token, _ = page["nextPageToken"].(string)
+		raw, _ := base64.RawURLEncoding.DecodeString(token)
+		if strings.Contains(string(raw), "tenant-a") || strings.Contains(string(raw), "tenant-c") {
+			t.Fatalf("a tenant-b/* token's page token names another tenant's account: %q", raw)
+		}
+		if token == "" {
+			break
+		}
+	}
+	if !slices.Equal(got, []string{"tenant-b/u1", "tenant-b/u2"}) {
+		t.Errorf("pages of one for tenant-b/*: %v, want tenant-b/u1 then tenant-b/u2", got)
+	}
 }

@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"encoding/base64"
 	"slices"
 	"strings"
 	"testing"
@@ -61,5 +62,62 @@ func TestOverdueUnknownAreListedFirstAndCounted(t *testing.T) {
 	next := h.ok("ListUsageUnknown", `{"pageSize":2,"pageToken":"`+page["nextPageToken"].(string)+`"}`, "")
 	if got := ids(t, next); !slices.Equal(got, []string{"u-young"}) || next["overdueReservationIds"] == nil {
 		t.Fatalf("second page: %v %v", got, next["overdueReservationIds"])
+	}
+}
+
+// A scoped token's ListUsageUnknown names no overdue reservation outside
+// its scope and gives no store-wide overdue count, as it gives no
+// store-wide backlog (docs/API.md, scopes; the console's Backlog page).
+func TestOverdueUnknownStayInScope(t *testing.T) {
+	h := newHarness(t, harnessOptions{auth: true, tokens: consoleTokens,
+		resolver: &engine.ResolverOptions{Deadline: func(*ledger.Reservation) time.Duration { return time.Minute }}})
+	h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"chat.generate",
+	  "dimensions":[{"unit":"tokens","burst":"100","refillUnits":"10","refillInterval":"3600s"}]}}`, adminToken)
+	h.ok("Reserve", reserveFor("a-unknown", "tenant-a/u1", 10), adminToken)
+	h.ok("Start", `{"reservationId":"a-unknown","operationId":"op"}`, adminToken)
+	h.ok("MarkUsageUnknown", `{"reservationId":"a-unknown"}`, adminToken)
+	h.clock.Advance(2 * time.Minute)
+	h.engine.RunResolver(context.Background())
+
+	all := h.ok("ListUsageUnknown", `{}`, consoleViewer)
+	if overdue, _ := all["overdueReservationIds"].([]any); len(overdue) != 1 || overdue[0] != "a-unknown" || all["overdue"] != "1" {
+		t.Fatalf("unscoped viewer: %v", all)
+	}
+	scoped := h.ok("ListUsageUnknown", `{}`, consoleScoped)
+	if scoped["reservations"] != nil || scoped["overdueReservationIds"] != nil || scoped["overdue"] != nil || scoped["backlog"] != nil {
+		t.Errorf("a token scoped to tenant-b/* is told of tenant-a's backlog: %v", scoped)
+	}
+}
+
+// A scoped token's pages of ListUsageUnknown skip the rows outside its
+// scope and its page tokens never name one (they are base64 of a cursor
+// anybody can decode): the next page after tenant-b's oldest holds its
+// next one, not an empty page whose token names tenant-a's reservation.
+func TestUnknownPagesOfAScopedTokenNameOnlyItsRows(t *testing.T) {
+	h := newHarness(t, harnessOptions{auth: true, tokens: consoleTokens})
+	h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"chat.generate",
+	  "dimensions":[{"unit":"tokens","burst":"100","refillUnits":"10","refillInterval":"3600s"}]}}`, adminToken)
+	for _, r := range []struct{ id, subject string }{{"b-old", "tenant-b/u1"}, {"a-mid", "tenant-a/u1"}, {"b-young", "tenant-b/u1"}} {
+		h.ok("Reserve", reserveFor(r.id, r.subject, 10), adminToken)
+		h.ok("Start", `{"reservationId":"`+r.id+`","operationId":"op"}`, adminToken)
+		h.ok("MarkUsageUnknown", `{"reservationId":"`+r.id+`"}`, adminToken)
+		h.clock.Advance(time.Second)
+	}
+	var got []string
+	token := ""
+	for range 4 {
+		page := h.ok("ListUsageUnknown", `{"pageSize":1,"pageToken":"`+token+`"}`, consoleScoped)
+		got = append(got, ids(t, page)...)
+		token, _ = page["nextPageToken"].(string)
+		raw, _ := base64.RawURLEncoding.DecodeString(token)
+		if strings.Contains(string(raw), "a-mid") {
+			t.Fatalf("a tenant-b/* token's page token names tenant-a's a-mid: %q", raw)
+		}
+		if token == "" {
+			break
+		}
+	}
+	if !slices.Equal(got, []string{"b-old", "b-young"}) {
+		t.Errorf("pages of one for tenant-b/*: %v, want b-old then b-young", got)
 	}
 }

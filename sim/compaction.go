@@ -20,7 +20,7 @@ import (
 //     since the last checkpoint by ledger.AuditWith, which cuts the next
 //     checkpoint when the audit is clean (as engine.CutCheckpoint does,
 //     without its pacing: that is the engine's goroutine and wall clock);
-//  2. Store.CheckpointPut, a few milliseconds later;
+//  2. store.PutCheckpoint (Store.CheckpointWrite), a few milliseconds later;
 //  3. Store.JournalCompact of 4-32 rows at a time, a few milliseconds
 //     apart, until it deletes none.
 //

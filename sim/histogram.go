@@ -4,8 +4,9 @@ import "time"
 
 // Histogram counts durations in buckets of HistogramStep up to
 // HistogramSpan, plus one overflow bucket, and keeps the exact maximum.
-// Quantiles are reported as the upper edge of their bucket, so they are
-// never below the true value by more than one step and never above it.
+// Quantiles are reported as the upper edge of their bucket, capped at the
+// maximum, so they are never below the true value and never above it by
+// more than one step.
 type Histogram struct {
 	buckets []int64
 	count   int64

@@ -403,7 +403,8 @@ func (r *Report) WriteTable(w, timing io.Writer) {
 		if row.h.Quantile(0.99) > MaxUnknownP99 {
 			mark = "FAIL"
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t\n", row.name, row.h.Count(), row.h.Quantile(0.5), row.h.Quantile(0.99), row.h.Max().Round(time.Millisecond), mark)
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t\n", row.name, row.h.Count(),
+			upToMillisecond(row.h.Quantile(0.5)), upToMillisecond(row.h.Quantile(0.99)), upToMillisecond(row.h.Max()), mark)
 	}
 	tw.Flush()
 	fmt.Fprintln(w)
@@ -423,4 +424,15 @@ func (r *Report) WriteTable(w, timing io.Writer) {
 		fmt.Fprintf(w, "; the fault-site gate applies to runs of %d interleavings or more", MinFiresFrom)
 	}
 	fmt.Fprintf(w, ")\n")
+}
+
+// upToMillisecond rounds d up to the millisecond for the convergence
+// table: a quantile is a bucket's upper edge (a multiple of HistogramStep,
+// unchanged) or, when the maximum is lower, the exact maximum, which then
+// prints like the maximum's own column, and neither below its true value.
+func upToMillisecond(d time.Duration) time.Duration {
+	if r := d % time.Millisecond; r != 0 {
+		d += time.Millisecond - r
+	}
+	return d
 }

@@ -408,6 +408,12 @@ func (w *world) deadline() {
 	if w.finished || w.fail != nil {
 		return
 	}
+	// Converged at this very instant, before the worker tick that would
+	// have noticed: that took the deadline, not more.
+	if w.quiescent() {
+		w.finish()
+		return
+	}
 	var open []string
 	for _, r := range w.requests {
 		if r.phase != phDone {

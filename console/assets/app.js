@@ -428,8 +428,11 @@ pages.backlog = async function (main) {
   const cards = el("div", { class: "cards" }, card("listed", "Listed (your scope)", fmtInt(shown), resp.nextPageToken ? "first 1000" : ""));
   if (n(resp.backlog) || resp.oldestUsageUnknownAt) {
     cards.append(card("backlog", "Whole backlog", fmtInt(resp.backlog), "oldest marked " + fmtAge(resp.oldestUsageUnknownAt, now) + " ago"));
+    cards.append(card("overdue", "Past unknownDeadline", fmtInt(resp.overdue), "at the resolver's last scan"));
+  } else {
+    // A scoped token gets no store-wide figures: count what is listed.
+    cards.append(card("overdue", "Past unknownDeadline", fmtInt((resp.overdueReservationIds || []).length), "of those listed"));
   }
-  cards.append(card("overdue", "Past unknownDeadline", fmtInt(resp.overdue), "at the resolver's last scan"));
   main.append(cards);
   main.append(el("p", { class: "note" }, "Oldest first. Their capacity stays reserved until a settle with the operation id resolves them. " +
     "The resolver's last answer is what the worker leader heard from the route's operation-status endpoint (serve --resolver-config), read from the store."));

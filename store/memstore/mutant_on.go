@@ -10,7 +10,7 @@ import "os"
 //
 //   - compaction_drops_entry: JournalCompact deletes one entry more than
 //     the last checkpoint summarises (the first entry after it);
-//   - checkpoint_wrong_closing: CheckpointPut stores the checkpoint with
+//   - checkpoint_wrong_closing: the checkpoint writer's Finish stores it with
 //     one unit more minted and available in its first account's closing
 //     vector (which still balances), sealed again so that its digests
 //     still verify.
