@@ -612,3 +612,39 @@ func TestDirectAndBridgedAnswerAlike(t *testing.T) {
 		t.Fatalf("direct: want OVER_LIMIT with Retry-After 4, got %v", resp)
 	}
 }
+
+// TestUnmappedDescriptorsCounted: every descriptor answered per
+// unknown_descriptor is counted as a refused reserve, as docs/ENVOY.md and
+// OPERATIONS.md say: an unknown domain and a descriptor no rule matches as
+// outcome="no_policy" like one whose key has no policy, so that a typo in
+// Envoy's domain or descriptor keys shows on a dashboard instead of
+// silently allowing (or denying) everything.
+func TestUnmappedDescriptorsCounted(t *testing.T) {
+	cfg := strings.Replace(testMapping(t), "unknown_descriptor: deny", "unknown_descriptor: allow", 1)
+	h := newHarness(t, options{config: cfg})
+	h.publish("*", "search", "widgets", 10, 1, time.Hour, false)
+	for _, req := range []*rlsv3.RateLimitRequest{
+		{Domain: "nowhere", Descriptors: []*rlscommon.RateLimitDescriptor{descriptor(nil, "tenant", "acme")}},
+		{Domain: "api", Descriptors: []*rlscommon.RateLimitDescriptor{descriptor(nil, "user", "acme")}},
+		{Domain: "api", Descriptors: []*rlscommon.RateLimitDescriptor{descriptor(nil, "tenant", "nobody", "route", "nopolicy")}},
+		{Domain: "api", Descriptors: []*rlscommon.RateLimitDescriptor{descriptor(nil, "tenant", "acme", "route", "search")}},
+	} {
+		if resp := h.mustCheck(req); resp.GetOverallCode() != OK {
+			t.Fatalf("%v: want OK (allow), got %v", req, resp)
+		}
+	}
+	resp, err := http.Get("http://" + h.addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for _, want := range []string{
+		`capledger_commands_total{kind="reserve",outcome="no_policy"} 3`,
+		`capledger_commands_total{kind="reserve",outcome="unknown_unit"} 1`,
+	} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("want %s in:\n%s", want, grepLines(string(body), "commands_total"))
+		}
+	}
+}

@@ -173,6 +173,10 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		}
 		m, ok := s.cfg.Map(req.GetDomain(), entries)
 		if !ok {
+			// An unknown domain or a descriptor no rule matches maps to no
+			// policy: counted as such, so that a mistyped domain or key
+			// shows on a dashboard (whatever unknown_descriptor answers).
+			s.srv.RefusedNoPolicy(ledger.KindReserve)
 			it.unknown = true
 			continue
 		}

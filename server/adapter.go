@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"strings"
 	"time"
 
 	"connectrpc.com/connect"
@@ -67,6 +68,14 @@ func (s *Server) Run(ctx context.Context, cmds []ledger.Command) ([]ledger.Resul
 
 // Refused counts a command refused before it reached the ledger.
 func (s *Server) Refused(kind ledger.Kind, cerr *connect.Error) { s.refused(kind, cerr) }
+
+// RefusedNoPolicy counts a command refused before the ledger because what
+// it names maps to no policy at all (an adapter's request that matches none
+// of its mapping rules), under the outcome a reserve without an active
+// policy gets.
+func (s *Server) RefusedNoPolicy(kind ledger.Kind) {
+	s.metrics.command(kind, strings.ToLower(ReasonNoPolicy))
+}
 
 // RefreshPolicies reloads the policy cache (after the ledger said another
 // generation decides than the one a reserve was mapped for).
