@@ -648,3 +648,47 @@ func TestUnmappedDescriptorsCounted(t *testing.T) {
 		}
 	}
 }
+
+// TestRefusedCheckCountsOnlyItsReserve: a check refused by capacity (or
+// under a shadow policy) shows in capledger_commands_total as its refused
+// reserve alone. Its start and settle, sent in the same transaction, find
+// no reservation; counting them as start and settle outcomes
+// "reservation_not_found" would tell an operator that gateways settle ids
+// the ledger never admitted.
+func TestRefusedCheckCountsOnlyItsReserve(t *testing.T) {
+	h := newHarness(t, options{config: testMapping(t)})
+	h.publish("acme", "search", "requests", 1, 1, time.Hour, false)
+	h.publish("shade", "search", "requests", 1, 1, time.Hour, true)
+	for _, tenant := range []string{"acme", "shade"} {
+		req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*rlscommon.RateLimitDescriptor{
+			descriptor(nil, "tenant", tenant, "route", "search")}}
+		h.mustCheck(req)
+		h.mustCheck(req) // refused (acme) or shadow-refused (shade)
+	}
+	llm := &rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlscommon.RateLimitDescriptor{
+		descriptor(hits(5), "tenant", "acme", "x-request-id", "too-big")}}
+	h.publish("acme", "chat", "tokens", 1, 1, time.Hour, false)
+	if resp := h.mustCheck(llm); resp.GetOverallCode() != OVER {
+		t.Fatalf("want OVER_LIMIT: %v", resp)
+	}
+	resp, err := http.Get("http://" + h.addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if got := grepLines(string(body), `outcome="reservation_not_found"`); got != "" {
+		t.Errorf("a refused check counted follow-ups that never ran:\n%s", got)
+	}
+	for _, want := range []string{
+		`capledger_commands_total{kind="reserve",outcome="insufficient_capacity"} 1`,
+		`capledger_commands_total{kind="reserve",outcome="shadow_rejected"} 1`,
+		`capledger_commands_total{kind="reserve",outcome="reservation_too_large"} 1`,
+		`capledger_commands_total{kind="start",outcome="ok"} 2`,
+		`capledger_commands_total{kind="settle",outcome="ok"} 2`,
+	} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("want %s in:\n%s", want, grepLines(string(body), "commands_total"))
+		}
+	}
+}

@@ -61,9 +61,28 @@ func (s *Server) Run(ctx context.Context, cmds []ledger.Command) ([]ledger.Resul
 		return nil, operatingError(cmds[0].Kind.String(), err)
 	}
 	for i := range results {
+		if followsRefusal(cmds, results, i) {
+			continue
+		}
 		s.metrics.command(cmds[i].Kind, outcomeLabel(&results[i]))
 	}
 	return results, nil
+}
+
+// followsRefusal reports whether cmds[i] is a follow-up (a start or settle
+// of a check) of an earlier command of the same call, on the same
+// reservation, that failed: it found no reservation because that one was
+// refused, and is not counted as a command of its own (the refusal is).
+func followsRefusal(cmds []ledger.Command, results []ledger.Result, i int) bool {
+	if results[i].Err == nil {
+		return false
+	}
+	for j := range i {
+		if results[j].Err != nil && cmds[j].ReservationID == cmds[i].ReservationID {
+			return true
+		}
+	}
+	return false
 }
 
 // Refused counts a command refused before it reached the ledger.
