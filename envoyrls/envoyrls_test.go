@@ -365,6 +365,11 @@ func TestAuth(t *testing.T) {
 	if _, err := h.rls.ShouldRateLimit(ctx, req); status.Code(err) != codes.Unauthenticated {
 		t.Fatalf("no token: %v", err)
 	}
+	// A viewer token reads; ShouldRateLimit writes (ENVOY.md's failure table).
+	viewer := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+viewerToken)
+	if _, err := h.rls.ShouldRateLimit(viewer, req); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("viewer token: %v", err)
+	}
 	h.mustCheck(req)
 }
 
