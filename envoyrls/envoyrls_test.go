@@ -20,6 +20,7 @@ import (
 
 	v1 "github.com/capledger/capledger/api/capledger/v1"
 	"github.com/capledger/capledger/envoyrls"
+	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
 )
 
@@ -695,5 +696,35 @@ func TestRefusedCheckCountsOnlyItsReserve(t *testing.T) {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("want %s in:\n%s", want, grepLines(string(body), "commands_total"))
 		}
+	}
+}
+
+// TestScopedTokenSeesNoPolicy: a gateway token scoped to some subjects
+// sees the others as having no policy, so unknown_descriptor answers them
+// (docs/ENVOY.md, "Auth"): with allow, they go through uncharged.
+func TestScopedTokenSeesNoPolicy(t *testing.T) {
+	cfg := strings.Replace(testMapping(t), "unknown_descriptor: deny", "unknown_descriptor: allow", 1)
+	h := newHarness(t, options{config: cfg, auth: true})
+	h.publish("*", "search", "requests", 1, 1, time.Hour, false)
+	ctx := metadata.AppendToOutgoingContext(t.Context(), "authorization", "Bearer "+scopedToken)
+	check := func(tenant string) rlsv3.RateLimitResponse_Code {
+		resp, err := h.rls.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*rlscommon.RateLimitDescriptor{
+			descriptor(nil, "tenant", tenant, "route", "search")}})
+		if err != nil {
+			t.Fatalf("%s: %v", tenant, err)
+		}
+		return resp.GetOverallCode()
+	}
+	if a, b := check("tenant-a/1"), check("tenant-a/1"); a != OK || b != OVER {
+		t.Fatalf("in scope: %v then %v, want OK then OVER_LIMIT", a, b)
+	}
+	for range 3 {
+		if got := check("tenant-b/1"); got != OK {
+			t.Fatalf("out of scope with allow: %v, want OK", got)
+		}
+	}
+	accounts, err := h.engine.Accounts(t.Context(), ledger.PolicyKey{Subject: "tenant-b/1", Route: "search", Region: ledger.DefaultRegion})
+	if err != nil || len(accounts) != 0 {
+		t.Fatalf("out of scope charged: %v %v", accounts, err)
 	}
 }
