@@ -728,3 +728,35 @@ func TestScopedTokenSeesNoPolicy(t *testing.T) {
 		t.Fatalf("out of scope charged: %v %v", accounts, err)
 	}
 }
+
+// TestNoRefillHeadersNameNoReset: a dimension without refill never resets,
+// so its RateLimit item has no t and its RateLimit-Policy item no w (both
+// optional in the IETF fields). A "t=0" would tell a client the quota
+// resets now, and one refused with r=0;t=0 would retry at once, forever.
+func TestNoRefillHeadersNameNoReset(t *testing.T) {
+	h := newHarness(t, options{config: testMapping(t)})
+	h.publish("acme", "search", "requests", 2, 0, 0, false)
+	req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*rlscommon.RateLimitDescriptor{
+		descriptor(nil, "tenant", "acme", "route", "search")}}
+	for i, want := range []struct {
+		code  rlsv3.RateLimitResponse_Code
+		limit string
+	}{{OK, `"search-requests";r=1`}, {OK, `"search-requests";r=0`}, {OVER, `"search-requests";r=0`}} {
+		resp := h.mustCheck(req)
+		if resp.GetOverallCode() != want.code {
+			t.Fatalf("check %d: %v", i, resp)
+		}
+		if got := header(resp, "RateLimit-Policy"); got != `"search-requests";q=2` {
+			t.Errorf("check %d: RateLimit-Policy %q, want no w", i, got)
+		}
+		if got := header(resp, "RateLimit"); got != want.limit {
+			t.Errorf("check %d: RateLimit %q, want %q", i, got, want.limit)
+		}
+		if got := header(resp, "Retry-After"); got != "" {
+			t.Errorf("check %d: Retry-After %q: no refill can help", i, got)
+		}
+		if resp.GetStatuses()[0].GetDurationUntilReset() != nil {
+			t.Errorf("check %d: duration_until_reset %v without refill", i, resp.GetStatuses()[0].GetDurationUntilReset())
+		}
+	}
+}

@@ -487,7 +487,10 @@ type limitView struct {
 	// policyHeader is this dimension's RateLimit-Policy item.
 	policyHeader string
 	// quoted is name as a structured-field string.
-	quoted       string
+	quoted string
+	// refills is false for a dimension without refill: it never resets,
+	// so the headers name no reset (t) and no window (w).
+	refills      bool
 	limitUnit    rlsv3.RateLimitResponse_RateLimit_Unit
 	limitPerUnit uint32
 }
@@ -550,7 +553,11 @@ func newLimitView(p *ledger.Policy, route, unit string) *limitView {
 	v.d = p.Dimensions[v.dim]
 	v.name = route + "-" + v.d.Unit
 	v.quoted = quote(v.name)
-	v.policyHeader = v.quoted + ";q=" + strconv.FormatInt(v.d.Burst, 10) + ";w=" + strconv.FormatInt(seconds(untilFull(&v.d, 0)), 10)
+	v.refills = v.d.RefillUnits > 0 && v.d.RefillInterval > 0
+	v.policyHeader = v.quoted + ";q=" + strconv.FormatInt(v.d.Burst, 10)
+	if v.refills {
+		v.policyHeader += ";w=" + strconv.FormatInt(seconds(untilFull(&v.d, 0)), 10)
+	}
 	v.limitUnit, v.limitPerUnit = currentLimit(&v.d)
 	return v
 }
@@ -678,8 +685,10 @@ func (s *Service) respond(ctx context.Context, items []item) (*rlsv3.RateLimitRe
 		limits = append(limits, v.quoted...)
 		limits = append(limits, ";r="...)
 		limits = strconv.AppendInt(limits, remaining, 10)
-		limits = append(limits, ";t="...)
-		limits = strconv.AppendInt(limits, seconds(reset), 10)
+		if v.refills {
+			limits = append(limits, ";t="...)
+			limits = strconv.AppendInt(limits, seconds(reset), 10)
+		}
 	}
 	var headers *[3]corev3.HeaderValue
 	if policies != "" {
