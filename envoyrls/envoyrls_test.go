@@ -760,3 +760,100 @@ func TestNoRefillHeadersNameNoReset(t *testing.T) {
 		}
 	}
 }
+
+// egMapping maps descriptors the way Envoy Gateway generates them for a
+// rule with a request and a response cost: the same entries on the check
+// before the request (cost 0) and on the call after the stream (the cost,
+// e.g. Envoy AI Gateway's token count), with no phase entry.
+const egMapping = `
+domains:
+  - name: eg
+    rules:
+      - subject: {key: tenant}
+        route: {value: chat}
+        unit: tokens
+        settle_on_hits: true
+  - name: egid
+    rules:
+      - subject: {key: tenant}
+        route: {value: chat}
+        unit: tokens
+        id_key: x-request-id
+        estimate: 300
+        settle_on_hits: true
+`
+
+// TestSameDescriptorResponseCost: with settle_on_hits, the call after the
+// stream that carries the same descriptor as the check is recorded as the
+// response's cost, also beyond what is free (as debt, freezing the tenant),
+// instead of being a classic check of its hits that a large cost fails and
+// leaves unrecorded (docs/ENVOY.md, Envoy Gateway and Envoy AI Gateway).
+func TestSameDescriptorResponseCost(t *testing.T) {
+	h := newHarness(t, options{config: egMapping})
+	h.publish("*", "chat", "tokens", 1000, 10, time.Second, false)
+	call := func(domain string, n uint64, kv ...string) *rlsv3.RateLimitResponse {
+		return h.mustCheck(&rlsv3.RateLimitRequest{Domain: domain, Descriptors: []*rlscommon.RateLimitDescriptor{
+			descriptor(hits(n), kv...)}})
+	}
+	// Without an id: a probe, then the cost after the fact.
+	if resp := call("eg", 0, "tenant", "acme"); resp.GetOverallCode() != OK {
+		t.Fatalf("request-time check: %v", resp)
+	}
+	if resp := call("eg", 3000, "tenant", "acme"); resp.GetOverallCode() != OVER {
+		t.Fatalf("response cost beyond the free capacity: want OVER_LIMIT (debt), got %v", resp)
+	}
+	if b := h.balance("acme", "chat"); b.Spent != 3000 || b.Debt() != 2000 || b.Reserved != 0 {
+		t.Fatalf("after a response cost of 3000 on 1000: %+v, want all 3000 spent, 2000 as debt", b)
+	}
+	if resp := call("eg", 0, "tenant", "acme"); resp.GetOverallCode() != OVER {
+		t.Fatalf("request-time check while in debt: %v", resp)
+	}
+	// With an id: the check reserves the estimate, the response settles it.
+	if resp := call("egid", 0, "tenant", "beta", "x-request-id", "r-1"); resp.GetOverallCode() != OK {
+		t.Fatalf("request-time check with an id: %v", resp)
+	}
+	if r := h.reservation("envoy:r-1/beta/chat/global"); r.GetReservedUnits()["tokens"] != 300 {
+		t.Fatalf("check with an id reserved %v, want the estimate 300", r.GetReservedUnits())
+	}
+	for range 2 { // a retried response cost replays
+		if resp := call("egid", 700, "tenant", "beta", "x-request-id", "r-1"); resp.GetOverallCode() != OK {
+			t.Fatalf("response cost with an id: %v", resp)
+		}
+	}
+	if r := h.reservation("envoy:r-1/beta/chat/global"); r.GetState() != v1.ReservationState_RESERVATION_STATE_SETTLED || r.GetActualUnits()["tokens"] != 700 {
+		t.Fatalf("r-1 after its response cost: %v", r)
+	}
+	if b := h.balance("beta", "chat"); b.Spent != 700 || b.Reserved != 0 {
+		t.Fatalf("beta: %+v", b)
+	}
+}
+
+// TestCostAfterTheFactIntoDebtIsOverLimit: a call after the stream with no
+// reservation to settle (the check failed open) records its cost after the
+// fact; when that cost goes beyond what is free it is recorded as debt and
+// the answer is OVER_LIMIT, as for the settle of a reservation
+// (docs/ENVOY.md, "What a check does"), alone or beside another descriptor.
+func TestCostAfterTheFactIntoDebtIsOverLimit(t *testing.T) {
+	h := newHarness(t, options{config: testMapping(t)})
+	h.publish("*", "chat", "tokens", 1000, 10, time.Second, false)
+	after := func(tenant, id string, n uint64) *rlscommon.RateLimitDescriptor {
+		return descriptor(hits(n), "tenant", tenant, "x-request-id", id, "capledger-phase", "settle")
+	}
+	resp := h.mustCheck(&rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlscommon.RateLimitDescriptor{after("acme", "r-1", 3000)}})
+	if resp.GetOverallCode() != OVER {
+		t.Fatalf("cost of 3000 on 1000 free, alone: want OVER_LIMIT, got %v", resp)
+	}
+	resp = h.mustCheck(&rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlscommon.RateLimitDescriptor{
+		after("beta", "r-2", 10), after("gamma", "r-2", 3000)}})
+	if resp.GetOverallCode() != OVER || resp.GetStatuses()[0].GetCode() != OK || resp.GetStatuses()[1].GetCode() != OVER {
+		t.Fatalf("costs of 10 and 3000 on 1000 free each: want OK then OVER_LIMIT, got %v", resp)
+	}
+	for _, c := range []struct {
+		tenant      string
+		spent, debt int64
+	}{{"acme", 3000, 2000}, {"beta", 10, 0}, {"gamma", 3000, 2000}} {
+		if b := h.balance(c.tenant, "chat"); b.Spent != c.spent || b.Debt() != c.debt {
+			t.Fatalf("%s: %+v, want spent %d, debt %d", c.tenant, b, c.spent, c.debt)
+		}
+	}
+}

@@ -180,6 +180,9 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 			it.unknown = true
 			continue
 		}
+		if m.Rule.SettleOnHits && it.hits > 0 {
+			m.Settle = true // the call after the stream, told by its cost
+		}
 		it.mapped = m
 		if m.ID != "" {
 			it.rid = reservationID(m.ID, m.Key)
@@ -606,6 +609,21 @@ func (s *Service) decide(ctx context.Context, it *item) error {
 	return connect.NewError(out.Code, fmt.Errorf("%s %s: %w", it.cmds[0].Kind, it.rid, res.Err))
 }
 
+// endedInDebt reports whether the descriptor's call after the stream was
+// a cost recorded after the fact (reserve 1, start, settle) whose settle
+// took more than was free: the usage is recorded, the excess as debt that
+// freezes the tenant, so the answer is OVER_LIMIT as for the settle of a
+// reservation (decide). The settle's result is the last one: with several
+// descriptors it arrives after decide ran.
+func endedInDebt(it *item) bool {
+	n := len(it.results)
+	if !it.mapped.Settle || n < 2 || n > len(it.cmds) || it.cmds[n-1].Kind != ledger.KindSettle {
+		return false
+	}
+	last := &it.results[n-1]
+	return last.Err == nil && last.Reservation.State == ledger.StateSettledWithDebt
+}
+
 // followErr returns the error of a follow-up command that failed for a
 // reason other than its reserve having been refused.
 func followErr(it *item) error {
@@ -652,6 +670,8 @@ func (s *Service) respond(ctx context.Context, items []item) (*rlsv3.RateLimitRe
 		case it.over:
 			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 			retryAfter = max(retryAfter, it.retryAfter)
+		case endedInDebt(it):
+			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 		}
 		if st.Code == rlsv3.RateLimitResponse_OVER_LIMIT {
 			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
