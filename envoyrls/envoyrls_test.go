@@ -407,17 +407,18 @@ func TestBadRequests(t *testing.T) {
 
 func TestConfigErrors(t *testing.T) {
 	for name, cfg := range map[string]string{
-		"no domains":      `unknown_descriptor: deny`,
-		"bad mode":        "unknown_descriptor: maybe\ndomains: [{name: a, rules: [{subject: {key: t}, unit: u}]}]",
-		"unknown field":   "domains: [{name: a, rules: [{subject: {key: t}, unit: u, units: v}]}]",
-		"no unit":         "domains: [{name: a, rules: [{subject: {key: t}}]}]",
-		"no subject":      "domains: [{name: a, rules: [{unit: u}]}]",
-		"key and value":   "domains: [{name: a, rules: [{subject: {key: t, value: v}, unit: u}]}]",
-		"phase, no id":    "domains: [{name: a, rules: [{subject: {key: t}, unit: u, phase_key: p}]}]",
-		"key twice":       "domains: [{name: a, rules: [{subject: {key: t}, route: {key: t}, unit: u}]}]",
-		"domain twice":    "domains: [{name: a, rules: [{subject: {key: t}, unit: u}]}, {name: a, rules: [{subject: {key: t}, unit: u}]}]",
-		"every subject":   "domains: [{name: a, rules: [{subject: {value: '*'}, unit: u}]}]",
-		"negative estim.": "domains: [{name: a, rules: [{subject: {key: t}, unit: u, estimate: -1}]}]",
+		"no domains":       `unknown_descriptor: deny`,
+		"bad mode":         "unknown_descriptor: maybe\ndomains: [{name: a, rules: [{subject: {key: t}, unit: u}]}]",
+		"unknown field":    "domains: [{name: a, rules: [{subject: {key: t}, unit: u, units: v}]}]",
+		"no unit":          "domains: [{name: a, rules: [{subject: {key: t}}]}]",
+		"no subject":       "domains: [{name: a, rules: [{unit: u}]}]",
+		"key and value":    "domains: [{name: a, rules: [{subject: {key: t, value: v}, unit: u}]}]",
+		"phase, no id":     "domains: [{name: a, rules: [{subject: {key: t}, unit: u, phase_key: p}]}]",
+		"key twice":        "domains: [{name: a, rules: [{subject: {key: t}, route: {key: t}, unit: u}]}]",
+		"domain twice":     "domains: [{name: a, rules: [{subject: {key: t}, unit: u}]}, {name: a, rules: [{subject: {key: t}, unit: u}]}]",
+		"every subject":    "domains: [{name: a, rules: [{subject: {value: '*'}, unit: u}]}]",
+		"negative estim.":  "domains: [{name: a, rules: [{subject: {key: t}, unit: u, estimate: -1}]}]",
+		"two settle marks": "domains: [{name: a, rules: [{subject: {key: t}, unit: u, id_key: i, phase_key: p, settle_on_hits: true}]}]",
 	} {
 		if _, err := envoyrls.ParseConfig([]byte(cfg)); err == nil {
 			t.Errorf("%s: accepted", name)
