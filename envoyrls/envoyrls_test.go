@@ -640,6 +640,14 @@ func TestUnmappedDescriptorsCounted(t *testing.T) {
 			t.Fatalf("%v: want OK (allow), got %v", req, resp)
 		}
 	}
+	// A malformed request decided nothing: its unmapped descriptor is not
+	// counted.
+	negative := descriptor(nil, "tenant", "acme", "route", "search")
+	negative.IsNegativeHits = true
+	if _, err := h.check(&rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*rlscommon.RateLimitDescriptor{
+		descriptor(nil, "user", "acme"), negative}}); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("negative hits: %v", err)
+	}
 	resp, err := http.Get("http://" + h.addr + "/metrics")
 	if err != nil {
 		t.Fatal(err)

@@ -155,6 +155,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	// the stack (Map keeps none of them).
 	var entryBuf [8]Entry
 	entries := entryBuf[:0]
+	unmapped := 0
 	for i, d := range req.GetDescriptors() {
 		it := &items[i]
 		if d.GetIsNegativeHits() {
@@ -173,10 +174,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		}
 		m, ok := s.cfg.Map(req.GetDomain(), entries)
 		if !ok {
-			// An unknown domain or a descriptor no rule matches maps to no
-			// policy: counted as such, so that a mistyped domain or key
-			// shows on a dashboard (whatever unknown_descriptor answers).
-			s.srv.RefusedNoPolicy(ledger.KindReserve)
+			unmapped++
 			it.unknown = true
 			continue
 		}
@@ -192,6 +190,13 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		} else {
 			it.rid = randomID()
 		}
+	}
+	// An unknown domain or a descriptor no rule matches maps to no policy:
+	// counted as such (once the request is known to be well formed), so
+	// that a mistyped domain or key shows on a dashboard whatever
+	// unknown_descriptor answers.
+	for range unmapped {
+		s.srv.RefusedNoPolicy(ledger.KindReserve)
 	}
 	if err := s.run(ctx, items); err != nil {
 		return nil, err
