@@ -441,17 +441,17 @@ func (e *Engine) AuditWith(ctx context.Context, o AuditOptions) ([]ledger.Discre
 	var out []ledger.Discrepancy
 	var streamErr error
 	// A copy the store makes inside its read (SQLite's audit spill) runs
-	// at full speed and owes its pauses: its read transaction is open
-	// while it copies, SQLite cannot restart the WAL behind it, and the
-	// WAL grows by everything committed meanwhile (paced between its
-	// steps, a copy of 300,000 reservations, about 0.5 s of CPU, held it
-	// for many seconds beside a saturating load and the WAL reached
-	// 389-648 MB, docs/PERFORMANCE.md, "Bounded history"). The pauses the
-	// audit's pacing would have taken between its steps are taken at
-	// once when the read has ended, before the audit reads the copy
-	// (repay, at the first reservation): the copy still takes a quarter
-	// of MaintenanceShare of the time while gateways are admitted, and
-	// the read is held for the copy's work alone. The copy reports its
+	// at least at half speed and owes the rest of its pauses (pacer.owe):
+	// its read transaction is open while it copies, SQLite cannot restart
+	// the WAL behind it, and the WAL grows by everything committed
+	// meanwhile (paced between its steps at the audit's share, a copy of
+	// 300,000 reservations, about 0.5 s of CPU, held it for many seconds
+	// beside a saturating load and the WAL reached 389-648 MB,
+	// docs/PERFORMANCE.md, "Bounded history"). The pauses owed are taken
+	// at once when the read has ended, before the audit reads the copy
+	// (repay, at the first reservation): the copy still takes a quarter of
+	// MaintenanceShare of the time while gateways are admitted, and the
+	// read is held for at most twice the copy's work. The copy reports its
 	// progress as the first half of the audit's: without it a stream
 	// showed no rows read for the whole copy.
 	copyPace := e.newAuditPacer(1)
@@ -462,7 +462,7 @@ func (e *Engine) AuditWith(ctx context.Context, o AuditOptions) ([]ledger.Discre
 			copyProgress(copied)
 		}
 		if took := time.Since(stepStart); took >= spillStep {
-			copyPace.owe(took)
+			copyPace.owe(ctx, took)
 			stepStart = time.Now()
 		}
 	})

@@ -163,28 +163,25 @@ func reserveSubjects(cmds []ledger.Command) []ledger.PolicyKey {
 // Due returns the worker commands due at now, for at most limit
 // reservations: an expiry claim and its completion for RESERVED holds past
 // their TTL, the completion for EXPIRING ones, and USAGE_UNKNOWN marking
-// for STARTED work past its execution deadline. Every command carries its
-// cause (ledger.CauseHoldExpired, ledger.CauseExecutionLimit), and the
-// ledger checks that cause again when it applies the command, so the
-// commands are safe in any interleaving with gateway commands: a Start that
-// lands between the listing, the re-read here and the worker's batch makes
-// the claim fail, and never makes the started work unknown unless its own
-// execution deadline has passed.
+// for STARTED work past its execution deadline. It decides from the
+// store's listing alone (store.ReservationsDue: each row's state and due
+// time), without reading the rows again. Every command carries its cause
+// (ledger.CauseHoldExpired, ledger.CauseExecutionLimit), and the ledger
+// checks the row again when it applies the command, inside the batch's
+// transaction, so the commands are safe in any interleaving with gateway
+// commands: a Start, Settle or Release that commits between the listing
+// and the worker's batch makes the claim fail (or the expiry a no-op), and
+// never makes the started work unknown unless its own execution deadline
+// has passed.
 func (c *Core) Due(ctx context.Context, now time.Time, limit int) ([]ledger.Command, error) {
-	ids, err := c.store.ReservationsDue(ctx, now, limit)
+	due, err := c.store.ReservationsDue(ctx, now, limit)
 	if err != nil {
 		return nil, fmt.Errorf("due reservations: %w", err)
 	}
-	cmds := make([]ledger.Command, 0, 2*len(ids))
-	for _, id := range ids {
-		r, err := c.store.ReservationGet(ctx, id)
-		if errors.Is(err, store.ErrNotFound) {
-			continue
-		}
-		if err != nil {
-			return nil, fmt.Errorf("due reservation %s: %w", id, err)
-		}
-		switch r.State {
+	cmds := make([]ledger.Command, 0, 2*len(due))
+	for i := range due {
+		id := due[i].ID
+		switch due[i].State {
 		case ledger.StateReserved:
 			cmds = append(cmds,
 				ledger.Command{Kind: ledger.KindExpireClaim, ReservationID: id, Cause: ledger.CauseHoldExpired},
@@ -192,9 +189,10 @@ func (c *Core) Due(ctx context.Context, now time.Time, limit int) ([]ledger.Comm
 		case ledger.StateExpiring:
 			cmds = append(cmds, ledger.Command{Kind: ledger.KindExpire, ReservationID: id, Cause: ledger.CauseHoldExpired})
 		case ledger.StateStarted:
-			// Listed as an expired hold and started since: due only if
-			// its own execution deadline has passed too.
-			if !r.ExecutionDeadline.IsZero() && !now.Before(r.ExecutionDeadline) {
+			// Listed for its execution deadline, the only reason a
+			// store lists started work; the rule is kept here too, where
+			// the command is chosen.
+			if !due[i].DueAt.IsZero() && !now.Before(due[i].DueAt) {
 				cmds = append(cmds, ledger.Command{Kind: ledger.KindMarkUsageUnknown, ReservationID: id, Cause: ledger.CauseExecutionLimit})
 			}
 		}

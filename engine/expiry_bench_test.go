@@ -11,9 +11,9 @@ import (
 )
 
 // BenchmarkExpiry measures the expiry worker's path per hold, over SQLite:
-// Due lists and re-reads the holds past their TTL, and the claim and
-// expire commands go through the engine's queue, the ledger and one store
-// transaction per chunk. One op is one expired hold; the holds are made
+// Due lists the holds past their TTL (id, state and due time, no re-read),
+// and the claim and expire commands go through the engine's queue, the
+// ledger and one store transaction per chunk. One op is one expired hold; the holds are made
 // (and the clock moved past their TTL) before the timer starts.
 //
 //	go test -run '^$' -bench Expiry -benchmem -benchtime 5000x ./engine

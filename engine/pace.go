@@ -144,13 +144,20 @@ func (p *pacer) wait(ctx context.Context, took, floor time.Duration) bool {
 	return p.sleep(ctx, p.pause(took, floor))
 }
 
-// owe counts the pause that wait would take after a step that took took,
-// without taking it: for work that must not stop (a store's copy inside
-// an audit's read, which keeps SQLite from restarting its WAL) and pays
-// its pauses afterwards (repay), so that it still takes no more than its
-// share of the time.
-func (p *pacer) owe(took time.Duration) {
-	p.owed += p.pause(took, 0)
+// owe is wait for a copy that may slow down inside its read but must
+// not stop for long (SQLite's spill: its open read keeps the WAL
+// from being restarted): it pauses at most as long as the step took (the
+// copy at least at half speed) and owes the rest of the step's pause,
+// which repay takes once the read has ended, so that the copy still
+// takes no more than its share of the time. At full speed inside the
+// read, a copy of 300,000 reservations took a core for some 0.7 s at once and reserves beside a full audit
+// ran at 1.17-1.19x their p99; at half speed 1.07x, with the WAL behind
+// the read at 67-145 MB (docs/PERFORMANCE.md, "Bounded history").
+func (p *pacer) owe(ctx context.Context, took time.Duration) {
+	d := p.pause(took, 0)
+	inside := min(d, took)
+	p.sleep(ctx, inside)
+	p.owed += d - inside
 }
 
 // repay takes the pauses owed so far in one, and reports whether ctx is

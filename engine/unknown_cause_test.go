@@ -14,23 +14,23 @@ import (
 
 // listHookStore runs afterList once, right after the first ReservationsDue
 // answers: the moment between the worker's listing of due holds and its
-// re-read of each, where a gateway's Start can land.
+// batch, where a gateway's command can land.
 type listHookStore struct {
 	store.Store
 	once      sync.Once
 	afterList func()
 }
 
-func (s *listHookStore) ReservationsDue(ctx context.Context, now time.Time, limit int) ([]string, error) {
-	ids, err := s.Store.ReservationsDue(ctx, now, limit)
+func (s *listHookStore) ReservationsDue(ctx context.Context, now time.Time, limit int) ([]store.DueReservation, error) {
+	due, err := s.Store.ReservationsDue(ctx, now, limit)
 	s.once.Do(s.afterList)
-	return ids, err
+	return due, err
 }
 
 // TestStartBetweenDueListingAndWorkerBatchStaysStarted reproduces the
 // interleaving of issue 13: the worker lists a RESERVED hold past its TTL,
-// a Start commits, and only then does the worker re-read the row and run
-// its batch. Started work without an execution limit (or before its
+// a Start commits, and only then does the worker run its batch, decided
+// from the listing. Started work without an execution limit (or before its
 // deadline) must stay STARTED: only MarkUsageUnknown or a passed execution
 // limit makes it USAGE_UNKNOWN.
 func TestStartBetweenDueListingAndWorkerBatchStaysStarted(t *testing.T) {

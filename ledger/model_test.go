@@ -303,6 +303,12 @@ func (m *refModel) rollback(subject string, generation uint64) modelAnswer {
 }
 
 func (m *refModel) reserve(id, digest, subject string, units [modelDims]int64) modelAnswer {
+	// No unit above 0 is the command's shape: refused before the id is
+	// looked up or a policy read, so no generation decides it
+	// (ledger.ReserveShapeProblem).
+	if units == ([modelDims]int64{}) {
+		return modelAnswer{err: ledger.ErrInvalidCommand, checkGen: true}
+	}
 	if r := m.reservations[id]; r != nil {
 		if r.digest != digest {
 			return modelAnswer{err: ledger.ErrDigestMismatch}
@@ -312,9 +318,6 @@ func (m *refModel) reserve(id, digest, subject string, units [modelDims]int64) m
 	p := m.active(subject)
 	if p == nil {
 		return modelAnswer{err: ledger.ErrNoPolicy}
-	}
-	if units == ([modelDims]int64{}) {
-		return modelAnswer{err: ledger.ErrInvalidCommand, generation: p.generation, checkGen: true}
 	}
 	a, _, _ := m.switchTo(subject, p)
 	m.refill(a, p)

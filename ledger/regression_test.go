@@ -222,6 +222,39 @@ func TestForwardedRefundStaysWithinBurst(t *testing.T) {
 	}
 }
 
+// The rest of a Reserve's shape decides before the id is looked up too
+// (ledger.ReserveShapeProblem, which the server calls as well): a retry
+// without a subject, route or region, for AnySubject, or without a unit
+// above 0 is ErrInvalidCommand whether its id exists or not, never its
+// receipt or a digest mismatch, and names no generation (no policy is
+// read). It used to be checked after the lookup, so the ledger answered a
+// malformed retry with its receipt while the server refused it.
+func TestReserveShapeIsInvalidBeforeTheLookup(t *testing.T) {
+	c := newChecked(t)
+	c.publish(emergencyPolicy())
+	c.must(c.reserve("a", 10))
+	malformed := map[string]func(*ledger.Command){
+		"no subject":      func(cmd *ledger.Command) { cmd.Subject = "" },
+		"any subject":     func(cmd *ledger.Command) { cmd.Subject = ledger.AnySubject },
+		"no route":        func(cmd *ledger.Command) { cmd.Route = "" },
+		"no region":       func(cmd *ledger.Command) { cmd.Region = "" },
+		"no unit above 0": func(cmd *ledger.Command) { cmd.Units = ledger.Amounts{} },
+	}
+	for name, spoil := range malformed {
+		for _, id := range []string{"a", "unknown"} {
+			cmd := ledger.Command{Kind: ledger.KindReserve, ReservationID: id, RequestDigest: "sha256:" + id,
+				Subject: testSubject.Subject, Route: testSubject.Route, Region: testSubject.Region, Units: ledger.Amounts{10}}
+			spoil(&cmd)
+			if res := c.apply(cmd); !errors.Is(res.Err, ledger.ErrInvalidCommand) || res.Replayed || res.Generation != 0 {
+				t.Errorf("%s, id %s: %v (replayed %v, generation %d), want ErrInvalidCommand naming no generation", name, id, res.Err, res.Replayed, res.Generation)
+			}
+		}
+	}
+	if res := c.reserve("a", 10); res.Err != nil || !res.Replayed {
+		t.Fatalf("a well-formed retry: %+v, want its receipt", res)
+	}
+}
+
 // The command's shape decides before the id is looked up (docs/API.md,
 // "Order of checks"): a command carrying negative units is
 // ErrInvalidCommand whether its id exists or not, whichever entry point

@@ -14,17 +14,18 @@ import (
 // same step.
 //
 // Returns, in the order they are checked:
-//   - ErrInvalidCommand for a missing id or negative units;
+//   - ErrInvalidCommand for a missing id, negative units, a missing
+//     subject, route or region, the AnySubject subject, or no unit above
+//     0 (AmountShapeProblem, ReserveShapeProblem: the shape, whatever the
+//     id names);
 //   - success with Replayed and the stored receipt, whatever its state now,
 //     when the id exists with the same digest (a retry never debits twice);
 //   - ErrDigestMismatch (with the stored receipt) when the id exists with
 //     another digest;
-//   - ErrInvalidCommand for a missing subject, route or region, or the
-//     AnySubject subject;
 //   - ErrNoPolicy when nothing admits for the subject;
 //   - ErrInvalidCommand when cmd.Generation is set and another generation
-//     decides (Result.Generation names it), or for no units, or units in
-//     a dimension the policy does not have;
+//     decides (Result.Generation names it), or for units in a dimension
+//     the policy does not have;
 //   - ErrReservationTooLarge for units above MaxUnits (no policy allows
 //     them: burst is at most MaxUnits);
 //   - ErrReservationTooLarge when a dimension exceeds its max reservation
@@ -63,6 +64,13 @@ func reserve(b Book, cmd *Command, now time.Time, res *Result) {
 		*res = Result{Err: checkAmounts(namingPolicy(b, cmd), &cmd.Units, false)}
 		return
 	}
+	// The rest of the shape too (the server calls the same rule): a
+	// retry without a subject or without units is ErrInvalidCommand, not
+	// its receipt or a digest mismatch.
+	if problem := ReserveShapeProblem(cmd.Subject, cmd.Route, cmd.Region, cmd.Units[:]); problem != "" {
+		*res = Result{Err: invalid("%s", problem)}
+		return
+	}
 	if existing, ok := b.Reservation(cmd.ReservationID); ok {
 		if existing.RequestDigest != cmd.RequestDigest {
 			*res = Result{Err: ErrDigestMismatch, Reservation: *existing}
@@ -73,10 +81,6 @@ func reserve(b Book, cmd *Command, now time.Time, res *Result) {
 	}
 	if t, ok := tombstone(b, cmd.ReservationID); ok && !mutantOn("reserve_ignores_tombstone") {
 		*res = fromTombstone(t, KindReserve, cmd.RequestDigest)
-		return
-	}
-	if cmd.Subject == "" || cmd.Subject == AnySubject || cmd.Route == "" || cmd.Region == "" {
-		*res = Result{Err: invalid("subject, route and region are required (subject may not be %q)", AnySubject)}
 		return
 	}
 	if cmd.Rollout != "" && cmd.Rollout != RolloutEnforce && cmd.Rollout != RolloutShadow {
@@ -351,6 +355,32 @@ func AmountShapeProblem(u Units, capped bool) string {
 		return fmt.Sprintf("exceeds %d (%d)", MaxUnits, u)
 	}
 	return ""
+}
+
+// ReserveShapeProblem is the rest of a Reserve's shape in docs/API.md's
+// "Order of checks" step 2, beside each amount's (AmountShapeProblem): a
+// concrete subject (not AnySubject), a route, a region, and at least one
+// amount above 0. Decided from the command alone, before the reservation
+// id is looked up, so a malformed retry is refused whatever the id names
+// (a live reservation, a tombstone). It returns "" for a well-formed
+// Reserve, else what is wrong. The ledger (Reserve) and the server (on
+// its request, the region defaulted) both call it, so they check the
+// same rule in the same order.
+func ReserveShapeProblem(subject, route, region string, units []Units) string {
+	switch {
+	case subject == AnySubject:
+		return fmt.Sprintf("subject %q names every subject; reserve for a concrete one", AnySubject)
+	case subject == "" || route == "":
+		return "subject and route are required"
+	case region == "":
+		return "region is required"
+	}
+	for _, u := range units {
+		if u > 0 {
+			return ""
+		}
+	}
+	return "units: no units to reserve (at least one amount above 0)"
 }
 
 // namingPolicy returns the policy whose dimension order cmd.Units are in,

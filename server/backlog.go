@@ -2,7 +2,10 @@ package server
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"log/slog"
 	"strconv"
@@ -47,7 +50,8 @@ func (s *Server) ListUsageUnknown(ctx context.Context, req *connect.Request[v1.L
 	if cerr != nil {
 		return nil, cerr
 	}
-	after, err := parseUnknownToken(req.Msg.GetPageToken())
+	query := queryDigest(req.Msg.GetSubject(), req.Msg.GetRoute())
+	after, err := parseUnknownToken(req.Msg.GetPageToken(), query)
 	if err != nil {
 		return nil, invalidArgument(ReasonInvalidCommand, "page_token: %v", err)
 	}
@@ -71,7 +75,7 @@ func (s *Server) ListUsageUnknown(ctx context.Context, req *connect.Request[v1.L
 	if len(rows) > size {
 		rows = rows[:size]
 		last := rows[size-1]
-		resp.NextPageToken = unknownToken(store.UnknownCursor{MarkedAt: last.UnknownAt, ID: last.ID})
+		resp.NextPageToken = unknownToken(store.UnknownCursor{MarkedAt: last.UnknownAt, ID: last.ID}, query)
 	}
 	// The cursor is the page's last row in the store's order, taken
 	// above, before overdue ones move to the front.
@@ -93,12 +97,16 @@ func (s *Server) ListUsageUnknown(ctx context.Context, req *connect.Request[v1.L
 }
 
 // unknownToken encodes a cursor as an opaque page token: the time of the
-// marking in Unix nanoseconds and the id, base64url.
-func unknownToken(c store.UnknownCursor) string {
-	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(c.MarkedAt.UnixNano(), 10) + "/" + c.ID))
+// marking in Unix nanoseconds, the filters' digest (queryDigest) and the
+// id, base64url. The digest binds the token to the filters it pages.
+func unknownToken(c store.UnknownCursor, query string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(c.MarkedAt.UnixNano(), 10) + "/" + query + "/" + c.ID))
 }
 
-func parseUnknownToken(token string) (store.UnknownCursor, error) {
+// parseUnknownToken returns the cursor of token (zero for an empty one),
+// errNotOurToken for a token this method did not issue and
+// errUnknownTokenOtherFilter for one issued for other filters.
+func parseUnknownToken(token, query string) (store.UnknownCursor, error) {
 	if token == "" {
 		return store.UnknownCursor{}, nil
 	}
@@ -106,15 +114,35 @@ func parseUnknownToken(token string) (store.UnknownCursor, error) {
 	if err != nil {
 		return store.UnknownCursor{}, errNotOurToken
 	}
-	nanos, id, ok := strings.Cut(string(raw), "/")
+	nanos, rest, ok1 := strings.Cut(string(raw), "/")
+	digest, id, ok2 := strings.Cut(rest, "/")
 	n, err := strconv.ParseInt(nanos, 10, 64)
 	// 0 is the Unix epoch, which the stores refuse as a cursor (it reads
 	// back as the zero time) and no marked reservation holds: left to
 	// the store, it would answer UNAVAILABLE instead of a bad token.
-	if !ok || err != nil || n == 0 || id == "" || len(id) > maxIDBytes {
+	if !ok1 || !ok2 || err != nil || n == 0 || len(digest) != len(query) || id == "" || len(id) > maxIDBytes {
 		return store.UnknownCursor{}, errNotOurToken
 	}
+	if digest != query {
+		return store.UnknownCursor{}, errUnknownTokenOtherFilter
+	}
 	return store.UnknownCursor{MarkedAt: time.Unix(0, n), ID: id}, nil
+}
+
+var errUnknownTokenOtherFilter = errors.New("issued for another subject or route filter: ask for the first page (no page_token) when either changes")
+
+// queryDigest names the query a page token belongs to: the first 8 bytes
+// of SHA-256 over its parts (each length-prefixed), in hex. The list
+// methods whose cursor is a position only (a time and an id) write it
+// into their tokens and refuse a token of another query, which would
+// page another subject, account or filter from a foreign position.
+func queryDigest(parts ...string) string {
+	h := sha256.New()
+	for _, part := range parts {
+		h.Write(binary.AppendUvarint(nil, uint64(len(part))))
+		h.Write([]byte(part))
+	}
+	return hex.EncodeToString(h.Sum(nil)[:8])
 }
 
 var errNotOurToken = errors.New("not a next_page_token of ListUsageUnknown")

@@ -176,3 +176,36 @@ func TestUsageUnknownMetrics(t *testing.T) {
 		}
 	}
 }
+
+// A ListUsageUnknown page token is a marking time and an id: it belongs to
+// the subject and route filters it was issued for, and is refused (400
+// INVALID_COMMAND, the message says why) with others, rather than paging
+// another filter's backlog from a foreign position (API.md).
+func TestListUsageUnknownTokenBoundToFilters(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	h.ok("PublishPolicy", tokensPolicy, "")
+	for _, id := range []string{"u-a", "u-b", "u-c"} {
+		h.startWork(id)
+		h.markUnknown(id)
+		h.clock.Advance(time.Second)
+	}
+	first := h.ok("ListUsageUnknown", `{"route":"chat.generate","pageSize":1}`, "")
+	token, _ := first["nextPageToken"].(string)
+	if token == "" {
+		t.Fatalf("no next page: %v", first)
+	}
+	if got := ids(t, h.ok("ListUsageUnknown", `{"route":"chat.generate","pageSize":1,"pageToken":"`+token+`"}`, "")); strings.Join(got, " ") != "u-b" {
+		t.Errorf("its own filter's second page: %v", got)
+	}
+	for _, body := range []string{
+		`{"pageSize":1,"pageToken":"` + token + `"}`,
+		`{"route":"embed.create","pageSize":1,"pageToken":"` + token + `"}`,
+		`{"subject":"tenant-7","route":"chat.generate","pageSize":1,"pageToken":"` + token + `"}`,
+	} {
+		r := h.call("ListUsageUnknown", body, "")
+		h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidCommand)
+		if msg, _ := r.body["message"].(string); !strings.Contains(msg, "another subject or route filter") {
+			t.Errorf("%s: message %q does not say the token is another filter's", body, msg)
+		}
+	}
+}

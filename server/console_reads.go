@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -52,10 +53,6 @@ func (c consoleService) ListSubjectReservations(ctx context.Context, req *connec
 	if cerr != nil {
 		return nil, cerr
 	}
-	before, err := parseSubjectToken(m.GetPageToken())
-	if err != nil {
-		return nil, invalidArgument(ReasonInvalidCommand, "page_token: %v", err)
-	}
 	var states []ledger.State
 	for _, pb := range m.GetStates() {
 		st, ok := stateFromProto(pb)
@@ -63,6 +60,11 @@ func (c consoleService) ListSubjectReservations(ctx context.Context, req *connec
 			return nil, invalidArgument(ReasonInvalidCommand, "states: %v is not a stored reservation state", pb)
 		}
 		states = append(states, st)
+	}
+	query := subjectQueryDigest(m.GetSubject(), states)
+	before, err := parseSubjectToken(m.GetPageToken(), query)
+	if err != nil {
+		return nil, invalidArgument(ReasonInvalidCommand, "page_token: %v", err)
 	}
 	resp := &v1.ListSubjectReservationsResponse{}
 	if !subjectInScope(ctx, m.GetSubject()) {
@@ -106,7 +108,7 @@ func (c consoleService) ListSubjectReservations(ctx context.Context, req *connec
 	if len(shown) > size {
 		shown = shown[:size]
 		last := shown[size-1]
-		resp.NextPageToken = subjectToken(store.SubjectCursor{CreatedAt: last.CreatedAt, ID: last.ID})
+		resp.NextPageToken = subjectToken(store.SubjectCursor{CreatedAt: last.CreatedAt, ID: last.ID}, query)
 	}
 	for i := range shown {
 		pb, err := c.s.reservationProto(ctx, &shown[i])
@@ -119,12 +121,33 @@ func (c consoleService) ListSubjectReservations(ctx context.Context, req *connec
 }
 
 // subjectToken encodes a cursor of ListSubjectReservations: "s", the
-// creation time in Unix nanoseconds and the id, base64url.
-func subjectToken(c store.SubjectCursor) string {
-	return base64.RawURLEncoding.EncodeToString([]byte("s" + strconv.FormatInt(c.CreatedAt.UnixNano(), 10) + "/" + c.ID))
+// creation time in Unix nanoseconds, the query's digest (subjectQueryDigest)
+// and the id, base64url. The cursor alone is only a time and an id, which
+// would page any subject: the digest binds the token to the subject and
+// states it was issued for.
+func subjectToken(c store.SubjectCursor, query string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte("s" + strconv.FormatInt(c.CreatedAt.UnixNano(), 10) + "/" + query + "/" + c.ID))
 }
 
-func parseSubjectToken(token string) (store.SubjectCursor, error) {
+// subjectQueryDigest names one query of ListSubjectReservations: the
+// subject and the filter's states (as a set: order and repeats do not
+// make another query).
+func subjectQueryDigest(subject string, states []ledger.State) string {
+	set := slices.Clone(states)
+	slices.Sort(set)
+	set = slices.Compact(set)
+	parts := []string{subject}
+	for _, st := range set {
+		parts = append(parts, st.String())
+	}
+	return queryDigest(parts...)
+}
+
+// parseSubjectToken returns the cursor of token (the zero cursor for an
+// empty one), errNotSubjectToken for a token this method did not issue,
+// and errSubjectTokenOtherQuery for one issued for another subject or
+// another states filter than query.
+func parseSubjectToken(token, query string) (store.SubjectCursor, error) {
 	if token == "" {
 		return store.SubjectCursor{}, nil
 	}
@@ -132,13 +155,19 @@ func parseSubjectToken(token string) (store.SubjectCursor, error) {
 	if err != nil || !strings.HasPrefix(string(raw), "s") {
 		return store.SubjectCursor{}, errNotSubjectToken
 	}
-	nanos, id, ok := strings.Cut(string(raw[1:]), "/")
+	nanos, rest, ok1 := strings.Cut(string(raw[1:]), "/")
+	digest, id, ok2 := strings.Cut(rest, "/")
 	n, err := strconv.ParseInt(nanos, 10, 64)
-	if !ok || err != nil || n == 0 || id == "" || len(id) > maxIDBytes {
+	if !ok1 || !ok2 || err != nil || n == 0 || len(digest) != len(query) || id == "" || len(id) > maxIDBytes {
 		return store.SubjectCursor{}, errNotSubjectToken
+	}
+	if digest != query {
+		return store.SubjectCursor{}, errSubjectTokenOtherQuery
 	}
 	return store.SubjectCursor{CreatedAt: time.Unix(0, n), ID: id}, nil
 }
+
+var errSubjectTokenOtherQuery = errors.New("issued for another subject or states filter: ask for the first page (no page_token) when either changes")
 
 var errNotSubjectToken = errors.New("not a next_page_token of ListSubjectReservations")
 
@@ -158,11 +187,12 @@ func (c consoleService) ListStatements(ctx context.Context, req *connect.Request
 	if cerr != nil {
 		return nil, cerr
 	}
-	before, err := parseStatementToken(m.GetPageToken())
+	key := ledger.AccountKey{Subject: m.GetSubject(), Route: m.GetRoute(), Region: regionOrDefault(m.GetRegion()), Generation: m.GetPolicyGeneration()}
+	query := queryDigest(key.Subject, key.Route, key.Region, strconv.FormatUint(key.Generation, 10))
+	before, err := parseStatementToken(m.GetPageToken(), query)
 	if err != nil {
 		return nil, invalidArgument(ReasonInvalidCommand, "page_token: %v", err)
 	}
-	key := ledger.AccountKey{Subject: m.GetSubject(), Route: m.GetRoute(), Region: regionOrDefault(m.GetRegion()), Generation: m.GetPolicyGeneration()}
 	resp := &v1.ListStatementsResponse{}
 	if !InScope(ctx, key.Subject, key.Route) {
 		return connect.NewResponse(resp), nil // as for an account without statements
@@ -173,7 +203,7 @@ func (c consoleService) ListStatements(ctx context.Context, req *connect.Request
 	}
 	if len(list) > size {
 		list = list[:size]
-		resp.NextPageToken = statementToken(list[size-1].EpochStart)
+		resp.NextPageToken = statementToken(list[size-1].EpochStart, query)
 	}
 	if len(list) == 0 {
 		return connect.NewResponse(resp), nil
@@ -195,13 +225,17 @@ func (c consoleService) ListStatements(ctx context.Context, req *connect.Request
 	return connect.NewResponse(resp), nil
 }
 
-// statementToken encodes a cursor of ListStatements: "e" and the epoch
-// start in Unix nanoseconds, base64url.
-func statementToken(epochStart time.Time) string {
-	return base64.RawURLEncoding.EncodeToString([]byte("e" + strconv.FormatInt(epochStart.UnixNano(), 10)))
+// statementToken encodes a cursor of ListStatements: "e", the epoch
+// start in Unix nanoseconds and the account's digest (queryDigest),
+// base64url. The digest binds the token to the account it pages.
+func statementToken(epochStart time.Time, query string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte("e" + strconv.FormatInt(epochStart.UnixNano(), 10) + "/" + query))
 }
 
-func parseStatementToken(token string) (time.Time, error) {
+// parseStatementToken returns the cursor of token (zero for an empty
+// one), errNotStatementToken for a token this method did not issue and
+// errStatementTokenOtherAccount for one issued for another account.
+func parseStatementToken(token, query string) (time.Time, error) {
 	if token == "" {
 		return time.Time{}, nil
 	}
@@ -209,12 +243,18 @@ func parseStatementToken(token string) (time.Time, error) {
 	if err != nil || !strings.HasPrefix(string(raw), "e") {
 		return time.Time{}, errNotStatementToken
 	}
-	n, err := strconv.ParseInt(string(raw[1:]), 10, 64)
-	if err != nil || n == 0 {
+	nanos, digest, ok := strings.Cut(string(raw[1:]), "/")
+	n, err := strconv.ParseInt(nanos, 10, 64)
+	if !ok || err != nil || n == 0 || len(digest) != len(query) {
 		return time.Time{}, errNotStatementToken
+	}
+	if digest != query {
+		return time.Time{}, errStatementTokenOtherAccount
 	}
 	return time.Unix(0, n), nil
 }
+
+var errStatementTokenOtherAccount = errors.New("issued for another account (subject, route, region or policy_generation): ask for the first page (no page_token) when it changes")
 
 var errNotStatementToken = errors.New("not a next_page_token of ListStatements")
 

@@ -160,6 +160,19 @@ func TestConsoleStatementsNewestFirst(t *testing.T) {
 	if field(second["statements"].([]any)[0].(map[string]any), "epochStart") != field(sts[2].(map[string]any), "epochStart") {
 		t.Errorf("the second page is not the oldest statement")
 	}
+	// The token belongs to its account: another's is refused, not a page
+	// of that account's statements before a foreign epoch.
+	for _, body := range []string{
+		`{"subject":"tenant-a/u1","route":"chat.generate","policyGeneration":"1","pageSize":2,"pageToken":"` + token + `"}`,
+		`{"subject":"tenant-b/u1","route":"chat.generate","region":"eu","policyGeneration":"1","pageSize":2,"pageToken":"` + token + `"}`,
+		`{"subject":"tenant-b/u1","route":"chat.generate","policyGeneration":"2","pageSize":2,"pageToken":"` + token + `"}`,
+	} {
+		r := h.consoleCall("ListStatements", body, consoleViewer)
+		h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidCommand)
+		if msg, _ := r.body["message"].(string); !strings.Contains(msg, "another account") {
+			t.Errorf("%s: message %q does not say the token is another account's", body, msg)
+		}
+	}
 	for _, body := range []string{`{"route":"chat.generate"}`, `{"subject":"tenant-b/u1"}`,
 		`{"subject":"tenant-b/u1","route":"chat.generate","pageToken":"x"}`,
 		// Generations start at 1: without one the call names no account,
@@ -293,4 +306,41 @@ func sameJSON(a, b any) bool {
 		}
 	}
 	return true
+}
+
+// A page token of ListSubjectReservations is a time and an id: it belongs
+// to the subject and states filter it was issued for, and is refused (400
+// INVALID_COMMAND, the message says why) for another, rather than paging
+// another subject from a foreign position (API.md).
+func TestConsoleSubjectPageTokenBoundToQuery(t *testing.T) {
+	h := newHarness(t, harnessOptions{auth: true, tokens: consoleTokens})
+	subjectTraffic(h)
+	first := h.consoleOK("ListSubjectReservations", `{"subject":"tenant-b/u1","pageSize":1}`, consoleViewer)
+	token, _ := first["nextPageToken"].(string)
+	if token == "" {
+		t.Fatalf("no next page: %v", first)
+	}
+	if got := strings.Join(reservationIDs(t, h.consoleOK("ListSubjectReservations", `{"subject":"tenant-b/u1","pageSize":1,"pageToken":"`+token+`"}`, consoleViewer)), ","); got != "b4" {
+		t.Errorf("its own subject's second page: %s", got)
+	}
+	for _, body := range []string{
+		`{"subject":"tenant-a/u1","pageSize":1,"pageToken":"` + token + `"}`,
+		`{"subject":"tenant-b/u1","pageSize":1,"states":["RESERVATION_STATE_RESERVED"],"pageToken":"` + token + `"}`,
+	} {
+		r := h.consoleCall("ListSubjectReservations", body, consoleViewer)
+		h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidCommand)
+		if msg, _ := r.body["message"].(string); !strings.Contains(msg, "another subject or states filter") {
+			t.Errorf("%s: message %q does not say the token is another query's", body, msg)
+		}
+	}
+
+	// The filter is a set: its order and repeats make the same query.
+	filtered := h.consoleOK("ListSubjectReservations", `{"subject":"tenant-b/u1","pageSize":1,"states":["RESERVATION_STATE_SETTLED","RESERVATION_STATE_USAGE_UNKNOWN"]}`, consoleViewer)
+	token, _ = filtered["nextPageToken"].(string)
+	again := h.consoleOK("ListSubjectReservations", `{"subject":"tenant-b/u1","pageSize":1,"states":["RESERVATION_STATE_USAGE_UNKNOWN","RESERVATION_STATE_SETTLED","RESERVATION_STATE_SETTLED"],"pageToken":"`+token+`"}`, consoleViewer)
+	if got := strings.Join(reservationIDs(t, filtered), ",") + " | " + strings.Join(reservationIDs(t, again), ","); got != "b4 | b1" {
+		t.Errorf("filtered pages: %s", got)
+	}
+	r := h.consoleCall("ListSubjectReservations", `{"subject":"tenant-b/u1","pageSize":1,"pageToken":"`+token+`"}`, consoleViewer)
+	h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidCommand)
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -238,28 +240,22 @@ func (s *Server) reserveCommand(ctx context.Context, req *v1.ReserveRequest) (cm
 	if cerr := checkLegacyDecision(req.GetLegacyDecision()); cerr != nil {
 		return cmd, nil, cerr
 	}
-	if req.GetSubject() == ledger.AnySubject {
-		return cmd, nil, invalidArgument(ReasonInvalidCommand, "subject %q names every subject; reserve for a concrete one", ledger.AnySubject)
-	}
 	if cerr := checkText("subject", req.GetSubject(), "route", req.GetRoute(), "region", req.GetRegion(), "request_digest", req.GetRequestDigest()); cerr != nil {
 		return cmd, nil, cerr
 	}
 	if cerr := checkUnitValues("units", req.GetUnits(), false); cerr != nil {
 		return cmd, nil, cerr
 	}
-	// The rest of the shape, from the request alone: a subject, a route
-	// and something to reserve. Checked before the id is looked up, so a
-	// malformed retry is INVALID_COMMAND whatever the id names (a live
-	// reservation, a tombstone) rather than DIGEST_MISMATCH or a replay,
-	// and before the scope, so it is not NO_POLICY either (API.md, "Order
-	// of checks").
-	if req.GetSubject() == "" || req.GetRoute() == "" {
-		return cmd, nil, invalidArgument(ReasonInvalidCommand, "subject and route are required")
-	}
-	if !anyPositive(req.GetUnits()) {
-		return cmd, nil, invalidArgument(ReasonInvalidCommand, "units: no units to reserve (at least one amount above 0)")
-	}
+	// The rest of the shape, from the request alone: a concrete subject,
+	// a route and something to reserve, by the ledger's own rule.
+	// Checked before the id is looked up, so a malformed retry is
+	// INVALID_COMMAND whatever the id names (a live reservation, a
+	// tombstone) rather than DIGEST_MISMATCH or a replay, and before the
+	// scope, so it is not NO_POLICY either (API.md, "Order of checks").
 	region := regionOrDefault(req.GetRegion())
+	if problem := ledger.ReserveShapeProblem(req.GetSubject(), req.GetRoute(), region, slices.Collect(maps.Values(req.GetUnits()))); problem != "" {
+		return cmd, nil, invalidArgument(ReasonInvalidCommand, "%s", problem)
+	}
 	digest := req.GetRequestDigest()
 	if digest == "" {
 		digest = requestDigest(req.GetSubject(), req.GetRoute(), region, req.GetUnits())
@@ -297,11 +293,26 @@ func (s *Server) reserveCommand(ctx context.Context, req *v1.ReserveRequest) (cm
 		cmd.Rollout = s.rollouts.mode(ctx, ledger.RouteKey{Route: cmd.Route, Region: cmd.Region}, cmd.Subject, p.Rollout)
 		return cmd, nil, nil
 	}
-	if _, err := s.ledger.Reservation(ctx, cmd.ReservationID); err != nil {
+	existing, err := s.ledger.Reservation(ctx, cmd.ReservationID)
+	if err != nil {
 		if errors.Is(err, store.ErrNotFound) {
 			return cmd, nil, refusal
 		}
 		return cmd, nil, readError("reserve "+cmd.ReservationID, ReasonReservationNotFound, err)
+	}
+	// The id is taken: the ledger answers from it (a replay or a digest
+	// mismatch) before it reads a policy, but after the command's shape,
+	// which wants a unit above 0. The units go in the order of the
+	// reservation's own generation (a retry's were admitted under it);
+	// when it lacks one of them (not the request that reserved, unless
+	// the digest says so), they are the reservation's own amounts. The
+	// generation makes the ledger refuse them as stale, should the id
+	// vanish before it looks.
+	cmd.Generation, cmd.Units = existing.Account.Generation, existing.Reserved
+	if p, err := s.policies.get(ctx, existing.Account.Generation); err == nil {
+		if units, err := amounts(&p, req.GetUnits()); err == nil {
+			cmd.Units = units
+		}
 	}
 	return cmd, refusal, nil
 }

@@ -886,7 +886,10 @@ func TestMetrics(t *testing.T) {
 // TestRetryAfterPolicyChange: a reserve retried after its policy was
 // rolled back, or with units the new generation does not know, still gets
 // its receipt (nothing is debited twice); a new id gets the refusal
-// without touching the ledger.
+// without touching the ledger. The ledger checks the command's shape
+// (a unit above 0) before the id, so the server sends a retry it cannot
+// map under the deciding generation with the units mapped under the
+// reservation's own.
 func TestRetryAfterPolicyChange(t *testing.T) {
 	h := newHarness(t, harnessOptions{})
 	h.ok("PublishPolicy", tokensPolicy, "")
@@ -903,6 +906,10 @@ func TestRetryAfterPolicyChange(t *testing.T) {
 		t.Fatalf("retry with no policy left: %v", again)
 	}
 	h.wantError(h.call("Reserve", reserveBody("fresh", 100), ""), 404, "not_found", server.ReasonNoPolicy)
+	// Units no generation has: not the request that reserved kept, which
+	// the id still answers (API.md, "Order of checks").
+	h.wantError(h.call("Reserve", `{"reservationId":"kept","subject":"tenant-7","route":"chat.generate","units":{"bogus":1}}`, ""),
+		409, "already_exists", server.ReasonDigestMismatch)
 	metrics := h.get("/metrics")
 	for _, want := range []string{
 		`capledger_commands_total{kind="reserve",outcome="unknown_unit"} 1`,

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -31,6 +32,31 @@ func TestStatusShowsTheWorkerLeader(t *testing.T) {
 		}
 		if !st.Ready || st.Workers.Leader != workers || st.Workers.Self == "" || (workers && st.Workers.Holder != st.Workers.Self) {
 			t.Fatalf("workers %v: status %+v", workers, st)
+		}
+		// The fields API.md names for an embedded store, and no other:
+		// the process owns the lease, which never lapses, so there is no
+		// leaseExpires; leaderSince only while leading; no leaseError
+		// without a failed attempt.
+		var raw struct {
+			Workers map[string]any `json:"workers"`
+		}
+		if err := json.Unmarshal([]byte(h.get("/statusz")), &raw); err != nil {
+			t.Fatal(err)
+		}
+		var keys []string
+		for k := range raw.Workers {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		wantKeys := "fence,leader,self"
+		if workers {
+			wantKeys = "fence,holder,leader,leaderSince,self"
+			if raw.Workers["fence"] != 1.0 {
+				t.Errorf("embedded store: fence %v, want 1", raw.Workers["fence"])
+			}
+		}
+		if got := strings.Join(keys, ","); got != wantKeys {
+			t.Errorf("workers %v: /statusz workers has %s, want %s (docs/API.md)", workers, got, wantKeys)
 		}
 		want := "capledger_worker_leader 0"
 		if workers {

@@ -77,7 +77,7 @@ const (
 	// before its hold expires, and the expiry worker (engine.Core.Due,
 	// with a clock a little ahead of the batch's) lists the hold as due
 	// while the start's batch is in flight; the batch commits between
-	// Due's listing and its re-read of the reservation.
+	// Due's listing (the rows Due decides from) and the worker's batch.
 	SiteWorkerRereadRace
 	// SiteRetentionRetry: a gateway sends a finished request's reserve
 	// again (same id and digest) after the retention worker may have

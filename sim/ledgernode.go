@@ -52,18 +52,20 @@ type recStore struct {
 	// vanish with a crash that loses them.
 	unsynced []*store.Changes
 	commits  int // Commit calls in the current batch
-	// beforeGet, when set, runs once before the next ReservationGet: the
+	// afterDue, when set, runs once after the next ReservationsDue: the
 	// simulation uses it to commit a batch between engine.Core.Due's
-	// listing of due reservations and its re-read of one.
-	beforeGet func()
+	// listing of due reservations (which Due turns into commands without
+	// reading the rows again) and the worker's batch.
+	afterDue func()
 }
 
-func (s *recStore) ReservationGet(ctx context.Context, id string) (ledger.Reservation, error) {
-	if f := s.beforeGet; f != nil {
-		s.beforeGet = nil
+func (s *recStore) ReservationsDue(ctx context.Context, now time.Time, limit int) ([]store.DueReservation, error) {
+	due, err := s.Store.ReservationsDue(ctx, now, limit)
+	if f := s.afterDue; f != nil {
+		s.afterDue = nil
 		f()
 	}
-	return s.Store.ReservationGet(ctx, id)
+	return due, err
 }
 
 // Pipelined and Sync make the recording store a store.Syncer when the
@@ -340,10 +342,10 @@ const raceSkew = int64(10 * time.Millisecond)
 // raceWorker runs the real expiry worker code, engine.Core.Due, at the
 // hold's expiry (a clock at most raceSkew ahead of the ledger's batch
 // clock), and commits the ledger's pending batch, which holds the start,
-// between Due's listing of the due holds and its re-read of them: the
-// interleaving of a worker goroutine and a gateway's batch in the real
-// server. The worker's commands then run in the next batch, as any
-// worker's do.
+// right after Due's listing of the due holds, from which Due makes its
+// commands: the interleaving of a worker goroutine and a gateway's batch
+// in the real server. The worker's commands, made from the stale listing,
+// then run in the next batch, as any worker's do.
 func (w *world) raceWorker(idx, incarnation int32) {
 	n := &w.ledger
 	r := w.requests[idx]
@@ -351,12 +353,12 @@ func (w *world) raceWorker(idx, incarnation int32) {
 		return
 	}
 	listAt := epoch0.Add(time.Duration(max(r.expiresAt, w.now)))
-	n.st.beforeGet = func() {
-		w.log(recWorker, ledgerNodeID, ledger.KindStart, r.id, int64(len(n.inbox)), "batch commits between Due's list and re-read")
+	n.st.afterDue = func() {
+		w.log(recWorker, ledgerNodeID, ledger.KindStart, r.id, int64(len(n.inbox)), "batch commits between Due's listing and the worker's batch")
 		w.ledgerBatch()
 	}
 	due, err := n.core.Due(w.ctx, listAt, 64)
-	n.st.beforeGet = nil
+	n.st.afterDue = nil
 	if w.fail != nil {
 		return
 	}

@@ -26,6 +26,16 @@ type DueIndexes interface {
 	AccountsByEpoch(ctx context.Context, f EpochFilter) ([]ledger.Account, error)
 }
 
+// DueReservation is one reservation ReservationsDue lists: what the
+// expiry worker needs to pick its commands.
+type DueReservation struct {
+	ID    string
+	State ledger.State
+	// DueAt is when it became due: ExpiresAt for RESERVED and EXPIRING,
+	// ExecutionDeadline for STARTED (the due_at the drivers index).
+	DueAt time.Time
+}
+
 // EpochFilter selects and pages AccountsByEpoch.
 type EpochFilter struct {
 	Generation uint64

@@ -50,10 +50,14 @@ type Store interface {
 	ShardGet(ctx context.Context, id string) (ledger.Shard, error)
 	ShardList(ctx context.Context) ([]ledger.Shard, error)
 
-	// ReservationsDue returns up to limit ids of reservations that need a
-	// worker at now: RESERVED with ExpiresAt <= now, EXPIRING, and STARTED
-	// with a non-zero ExecutionDeadline <= now. Oldest first.
-	ReservationsDue(ctx context.Context, now time.Time, limit int) ([]string, error)
+	// ReservationsDue returns up to limit reservations that need a worker
+	// at now: RESERVED with ExpiresAt <= now, EXPIRING, and STARTED with a
+	// non-zero ExecutionDeadline <= now, each as its committed row read
+	// (id, state and due time from one row, one read), ordered by DueAt,
+	// ties by id; none for limit <= 0. The worker decides its commands
+	// from them without reading the rows again: they may be stale by the
+	// time its batch commits, and the ledger checks each again there.
+	ReservationsDue(ctx context.Context, now time.Time, limit int) ([]DueReservation, error)
 
 	// ReservationsUnknown returns up to f.Limit USAGE_UNKNOWN reservations,
 	// the longest-waiting first (by UnknownAt, then ID), that come after

@@ -379,7 +379,9 @@ async function subjectReservationsPanel(main, subject) {
     el("option", { value: s ? "RESERVATION_STATE_" + s : "", selected: (s ? "RESERVATION_STATE_" + s : "") === filter }, s || "every state")));
   select.addEventListener("change", () => {
     sessionStorage.setItem("capledger.stateFilter", select.value);
-    state.reservationPages[subject] = [""];
+    // The filter is every subject's, and a page token is bound to its
+    // subject and filter: every subject's list starts again.
+    state.reservationPages = {};
     render();
   });
   const pager = el("span", {},

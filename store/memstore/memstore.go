@@ -370,29 +370,33 @@ func dueAt(r *ledger.Reservation, now int64) (int64, bool) {
 	return 0, false
 }
 
-// ReservationsDue returns up to limit ids of reservations due at now,
-// ordered by the time they became due (ExpiresAt, or ExecutionDeadline for
-// STARTED), ties by id. limit <= 0 returns none.
-func (s *Store) ReservationsDue(ctx context.Context, now time.Time, limit int) (out []string, err error) {
+// ReservationsDue returns up to limit reservations due at now (id, state
+// and due time of each), ordered by the time they became due (ExpiresAt,
+// or ExecutionDeadline for STARTED), ties by id. limit <= 0 returns none.
+func (s *Store) ReservationsDue(ctx context.Context, now time.Time, limit int) (out []store.DueReservation, err error) {
 	if limit <= 0 {
 		return nil, s.read(ctx, func(*rows) error { return nil })
 	}
 	type due struct {
-		at int64
-		id string
+		at  int64
+		row store.DueReservation
 	}
-	var list []due
+	var (
+		list []due
+		conv codec.Conv // DueAt as the SQL stores read it back: nanos, UTC
+	)
 	err = s.read(ctx, func(r *rows) error {
 		for id := range r.live {
-			if at, ok := dueAt(r.reservations[id], now.UnixNano()); ok {
-				list = append(list, due{at, id})
+			res := r.reservations[id]
+			if at, ok := dueAt(res, now.UnixNano()); ok {
+				list = append(list, due{at, store.DueReservation{ID: id, State: res.State, DueAt: conv.Time(at)}})
 			}
 		}
 		return nil
 	})
-	slices.SortFunc(list, func(a, b due) int { return cmp.Or(cmp.Compare(a.at, b.at), cmp.Compare(a.id, b.id)) })
+	slices.SortFunc(list, func(a, b due) int { return cmp.Or(cmp.Compare(a.at, b.at), cmp.Compare(a.row.ID, b.row.ID)) })
 	for i := 0; i < len(list) && i < limit; i++ {
-		out = append(out, list[i].id)
+		out = append(out, list[i].row)
 	}
 	return out, err
 }

@@ -6,6 +6,7 @@ var (
 	UnknownBacklogSQL = unknownBacklogSQL
 	DebtFirstSQL      = debtFirstSQL
 	DebtAfterSQL      = debtAfterSQL
+	DueSQL            = dueSQL
 )
 
 // SetAccountPage sets how many rows a page of an audit's account streams

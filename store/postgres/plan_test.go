@@ -13,6 +13,46 @@ import (
 	"github.com/capledger/capledger/store/postgres"
 )
 
+// ReservationsDue runs on every worker tick and now reads each listed
+// row's state too: it must still reach the due rows through its two
+// partial indexes (reservations_due up to now, reservations_expiring for
+// the EXPIRING rows ahead of it), never by scanning the table, in the
+// generic plan, on a table where few rows are due.
+func TestDueQueryUsesItsIndexes(t *testing.T) {
+	_, dsn := openStore(t)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	for _, q := range []string{
+		`INSERT INTO reservations (id, request_digest, subject, route, region, generation, accounting_epoch,
+			reserved, actual, overdraft, operation_id, state, created_at, expires_at, started_at,
+			execution_deadline, unknown_at, finished_at, breach)
+		SELECT 'rl-' || i, 'sha256:' || i, 'tenant' || i % 10, 'chat.generate', 'eu', 1, 0,
+			'{1,0,0,0}', '{0,0,0,0}', '{0,0,0,0}', 'op-' || i, i % 8,
+			i, i + 30, i + 1, 0, 0, 0, false
+		FROM generate_series(1, 20000) AS i`,
+		`ANALYZE reservations`,
+		`SET plan_cache_mode = force_generic_plan`,
+	} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	plan := genericPlan(t, conn, postgres.DueSQL, []any{int64(200), 10})
+	t.Logf("due:\n%s", plan)
+	for _, index := range []string{"reservations_due", "reservations_expiring"} {
+		if !strings.Contains(plan, index) {
+			t.Errorf("due query does not use %s:\n%s", index, plan)
+		}
+	}
+	if strings.Contains(plan, "Seq Scan") {
+		t.Errorf("due query scans the reservations table:\n%s", plan)
+	}
+}
+
 // The USAGE_UNKNOWN list and backlog must read the partial index
 // reservations_usage_unknown_at, never the whole reservations table, and the
 // list must not sort: pgx prepares each query and PostgreSQL may switch

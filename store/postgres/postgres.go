@@ -329,17 +329,18 @@ func (s *Store) shardList(ctx context.Context, q querier) ([]ledger.Shard, error
 // and the EXPIRING rows still ahead of it through the small
 // reservations_expiring index (the state is a literal so that the planner
 // can match that partial index).
-var dueSQL = fmt.Sprintf(`SELECT id FROM (
-		(SELECT id, due_at FROM reservations WHERE due_at IS NOT NULL AND due_at <= $1 ORDER BY due_at, id LIMIT $2)
+var dueSQL = fmt.Sprintf(`SELECT id, state, due_at FROM (
+		(SELECT id, state, due_at FROM reservations WHERE due_at IS NOT NULL AND due_at <= $1 ORDER BY due_at, id LIMIT $2)
 		UNION ALL
-		(SELECT id, due_at FROM reservations WHERE state = %d AND due_at > $1 ORDER BY due_at, id LIMIT $2)
+		(SELECT id, state, due_at FROM reservations WHERE state = %d AND due_at > $1 ORDER BY due_at, id LIMIT $2)
 	) due ORDER BY due_at, id LIMIT $2`, ledger.StateExpiring)
 
-// ReservationsDue returns up to limit ids of reservations that need a
-// worker at now (RESERVED past ExpiresAt, EXPIRING, STARTED past a non-zero
-// ExecutionDeadline), the longest overdue first. An EXPIRING reservation
-// is due whatever now is: its claim already found the hold run out.
-func (s *Store) ReservationsDue(ctx context.Context, now time.Time, limit int) ([]string, error) {
+// ReservationsDue returns up to limit reservations that need a worker at
+// now (RESERVED past ExpiresAt, EXPIRING, STARTED past a non-zero
+// ExecutionDeadline), each with its state and due time (the generated
+// due_at), the longest overdue first. An EXPIRING reservation is due
+// whatever now is: its claim already found the hold run out.
+func (s *Store) ReservationsDue(ctx context.Context, now time.Time, limit int) ([]store.DueReservation, error) {
 	if limit <= 0 {
 		return nil, nil
 	}
@@ -352,8 +353,19 @@ func (s *Store) ReservationsDue(ctx context.Context, now time.Time, limit int) (
 	if err != nil {
 		return nil, s.c.classify("reservations due", err, false)
 	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	return ids, s.c.classify("reservations due", err, false)
+	due, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (store.DueReservation, error) {
+		var (
+			d     store.DueReservation
+			state int16
+			dueAt int64
+		)
+		if err := row.Scan(&d.ID, &state, &dueAt); err != nil {
+			return d, err
+		}
+		d.State, d.DueAt = ledger.State(state), conv.Time(dueAt)
+		return d, nil
+	})
+	return due, s.c.classify("reservations due", err, false)
 }
 
 // unknownSQL returns ReservationsUnknown's query for f, with its

@@ -218,8 +218,12 @@ func TestFreshReservationsRoundTrip(t *testing.T) {
 			wantDue = append(wantDue, batchID(2, i))
 		}
 	}
-	if !reflect.DeepEqual(due, wantDue) {
-		t.Fatalf("due: %v, want %v", due, wantDue)
+	var dueIDs []string
+	for _, d := range due {
+		dueIDs = append(dueIDs, d.ID)
+	}
+	if !reflect.DeepEqual(dueIDs, wantDue) {
+		t.Fatalf("due: %v, want %v", dueIDs, wantDue)
 	}
 }
 

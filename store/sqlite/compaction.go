@@ -407,6 +407,15 @@ func (t *writeTx) exec(q string, args ...any) (int64, error) {
 	return res.RowsAffected()
 }
 
+// query calls row with each row of q.
+func (t *writeTx) query(q string, args []any, row func(scanner) error) error {
+	st, err := t.w.stmt(t.ctx, q)
+	if err != nil {
+		return err
+	}
+	return t.w.query(t.ctx, st, args, row)
+}
+
 // queryRow calls scan with the first row of q, if any, and reports
 // whether there was one.
 func (t *writeTx) queryRow(q string, args []any, scan func(scanner) error) (bool, error) {

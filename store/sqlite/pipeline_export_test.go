@@ -28,3 +28,34 @@ func (s *Store) FlushSubjectIndex(ctx context.Context) error { return s.flushSub
 
 // SubjectIndexPending is how many subject index entries are pending.
 func (s *Store) SubjectIndexPending() int { return s.subjects.len() }
+
+// SetCommitFault makes every COMMIT of an engine transaction that worked
+// answer f's error (nil f: none), as a COMMIT whose outcome is unknown.
+func SetCommitFault(s *Store, f func() error) {
+	if f == nil {
+		s.commitFault.Store(nil)
+		return
+	}
+	s.commitFault.Store(&f)
+}
+
+// SetSubjectFlushFault makes every subject index flush and catch-up
+// transaction fail with err (nil: none).
+func SetSubjectFlushFault(s *Store, err error) {
+	if err == nil {
+		s.subjects.fault.Store(nil)
+		return
+	}
+	s.subjects.fault.Store(&err)
+}
+
+// SubjectIndexCatchingUp reports whether the subject index waits for a
+// catch-up from the journal.
+func (s *Store) SubjectIndexCatchingUp() bool { return s.subjects.catchUp.Load() }
+
+// SubjectIndexThrough reads the watermark subject_index_through.
+func (s *Store) SubjectIndexThrough(ctx context.Context) (int64, error) {
+	var n int64
+	err := s.readDB.QueryRowContext(ctx, "SELECT value FROM meta WHERE name = ?", subjectIndexMeta).Scan(&n)
+	return n, err
+}

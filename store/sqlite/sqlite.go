@@ -121,6 +121,9 @@ type Store struct {
 	// reservation_subjects, and its flusher (subjectindex.go).
 	subjects        *subjectPending
 	stopSubjectsOne sync.Once
+	// commitFault, when set (tests), makes a COMMIT that worked answer
+	// its error: a COMMIT whose outcome the caller cannot know.
+	commitFault atomic.Pointer[func() error]
 }
 
 // Open opens (creating if needed) the database file at path, applies the
@@ -599,11 +602,27 @@ func scanID(sc scanner) (string, error) {
 	return id, err
 }
 
-// ReservationsDue returns up to limit ids of reservations due at now
-// (RESERVED with ExpiresAt <= now, every EXPIRING, STARTED with a non-zero
-// ExecutionDeadline <= now), ordered by the time they became due, ties by
-// id; none for limit <= 0. It reads the partial index reservations_due.
-func (s *Store) ReservationsDue(ctx context.Context, now time.Time, limit int) (_ []string, err error) {
+// scanDue reads a row of dueSQL.
+func scanDue(sc scanner) (store.DueReservation, error) {
+	var (
+		d     store.DueReservation
+		state int64
+		at    int64
+		c     codec.Conv
+	)
+	if err := sc.Scan(&d.ID, &state, &at); err != nil {
+		return d, err
+	}
+	d.State, d.DueAt = ledger.State(state), c.Time(at)
+	return d, c.Err()
+}
+
+// ReservationsDue returns up to limit reservations due at now (RESERVED
+// with ExpiresAt <= now, every EXPIRING, STARTED with a non-zero
+// ExecutionDeadline <= now), each with its state and due time, ordered by
+// the time they became due, ties by id; none for limit <= 0. It reads the
+// partial index reservations_due, and the table for each row's state.
+func (s *Store) ReservationsDue(ctx context.Context, now time.Time, limit int) (_ []store.DueReservation, err error) {
 	defer s.readBarrier(ctx, &err)
 	if s.closed.Load() {
 		return nil, errClosed
@@ -611,7 +630,7 @@ func (s *Store) ReservationsDue(ctx context.Context, now time.Time, limit int) (
 	if limit <= 0 {
 		return nil, nil
 	}
-	return queryAll(ctx, s.r.due, scanID, "reservations due", now.UnixNano(), limit)
+	return queryAllSized(ctx, s.r.due, int64(min(limit, 1024)), scanDue, "reservations due", now.UnixNano(), limit)
 }
 
 // ReservationsUnknown returns up to f.Limit USAGE_UNKNOWN reservations

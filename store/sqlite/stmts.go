@@ -251,7 +251,9 @@ func (r *readStmts) close() {
 	}
 }
 
-// dueSQL is ReservationsDue's query, with ?1 = now and ?2 = limit.
+// dueSQL is ReservationsDue's query, with ?1 = now and ?2 = limit: id,
+// state and due_at of each row (state from the table, one lookup per row
+// the index found).
 // Two index range scans, each stopping early: what is due by time
 // (the partial index reservations_due, read in (due_at, id) order up to
 // now), and the EXPIRING rows whose due_at is still ahead (the small
@@ -259,11 +261,11 @@ func (r *readStmts) close() {
 // EXPIRING" scan would instead walk every live reservation on each
 // worker tick. The state literal must match the index's WHERE for
 // SQLite to use it.
-var dueSQL = fmt.Sprintf(`SELECT id FROM (
-		SELECT id, due_at FROM (SELECT id, due_at FROM reservations
+var dueSQL = fmt.Sprintf(`SELECT id, state, due_at FROM (
+		SELECT id, state, due_at FROM (SELECT id, state, due_at FROM reservations
 			WHERE due_at IS NOT NULL AND due_at <= ?1 ORDER BY due_at, id LIMIT ?2)
 		UNION ALL
-		SELECT id, due_at FROM reservations WHERE state = %d AND due_at > ?1
+		SELECT id, state, due_at FROM reservations WHERE state = %d AND due_at > ?1
 	) ORDER BY due_at, id LIMIT ?2`, ledger.StateExpiring)
 
 // The USAGE_UNKNOWN queries read the partial index

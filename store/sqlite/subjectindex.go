@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
 	"github.com/capledger/capledger/store/codec"
 )
 
@@ -41,11 +42,24 @@ import (
 // journal compaction keeps those batches (compaction.go). The listing
 // reads pending first, then the table, so an acknowledged reservation is
 // always in one of them.
+//
+// Two events leave entries neither pending nor in the table, and set
+// catchUp: a COMMIT whose outcome is unknown (its entries may be in the
+// file; they are not pending), and pending reaching its cap (4 times the
+// flush count) because flushes keep failing (a full disk), when pending
+// is dropped so that memory stays bounded. The listing then answers
+// store.ErrUnavailable rather than a page that may lack acknowledged
+// reservations, and the flusher's next run does under the writer what
+// Open does: it inserts the entries of the journal batches after the
+// watermark, subjectCatchUpBatches a transaction, moving the watermark
+// with each, and clears catchUp with the last. Nothing is lost: the
+// journal holds every batch after the watermark until then.
 
 // Defaults of the flusher: at 5,000 reserves/s over ~15,000 leaves of the
 // table (a million subjects), 10 s of entries touch each leaf about 3
 // times less often than an insert per commit; 100,000 entries (about
-// 15 MB of pending keys) bound the memory when reserves come faster.
+// 15 MB of pending keys) make a flush due when reserves come faster, and
+// 4 times that (subjectPendingCap) bound the memory when flushes fail.
 const (
 	DefaultSubjectFlushAge   = 10 * time.Second
 	DefaultSubjectFlushCount = 100_000
@@ -53,6 +67,12 @@ const (
 	// inserts: short enough (a few ms) that admission waits for it no
 	// longer than for a batch of its own.
 	subjectFlushChunk = 512
+	// subjectCatchUpBatches is the most journal batches one catch-up
+	// transaction reads.
+	subjectCatchUpBatches = 256
+	// subjectPendingCap times the flush count is the most entries pending
+	// holds: beyond it they are dropped for a catch-up from the journal.
+	subjectPendingCap = 4
 	subjectIndexMeta  = "subject_index_through"
 )
 
@@ -93,13 +113,19 @@ type subjectPending struct {
 	// tickEvery long, and known to within one.
 	ticks, oldestTick int64
 	tickEvery         time.Duration
-	// hold is set once a COMMIT failed (its outcome unknown): its entries
-	// may be in the file and not pending, so no flush advances the
-	// watermark past it before the next Open rebuilds from the journal.
-	hold atomic.Bool
+	// catchUp is set when the table and pending may lack entries of
+	// committed reservations (a COMMIT whose outcome is unknown, pending
+	// dropped at its cap): no flush advances the watermark past them, the
+	// listing answers store.ErrUnavailable, and the flusher catches up
+	// from the journal (catchUpSubjects), which clears it.
+	catchUp atomic.Bool
+	// fault, when set (tests), fails each flush and catch-up transaction
+	// with its error.
+	fault atomic.Pointer[error]
 
 	age   time.Duration
 	count int
+	limit int           // the cap: subjectPendingCap * count
 	wake  chan struct{} // count reached
 	stop  chan struct{}
 	done  chan struct{}
@@ -118,7 +144,35 @@ type subjectEntries struct {
 func newSubjectPending(age time.Duration, count int) *subjectPending {
 	return &subjectPending{bySubject: map[string]*subjectEntries{}, keyOf: map[string]subjectKey{},
 		oldestTick: -1, tickEvery: min(time.Second, max(age/4, time.Millisecond)),
-		age: age, count: count, wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+		age: age, count: count, limit: subjectPendingCap * max(count, 1),
+		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+}
+
+// behind records that committed entries may be neither pending nor in the
+// table, and wakes the flusher to catch up from the journal.
+func (p *subjectPending) behind() {
+	p.catchUp.Store(true)
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+// complete replaces a read's nil *err with store.ErrUnavailable while the
+// index waits for a catch-up: the read may lack committed reservations.
+// Checked after the read (deferred), so an event during it is seen.
+func (p *subjectPending) complete(what string, err *error) {
+	if *err == nil && p.catchUp.Load() {
+		*err = fmt.Errorf("%s: the subject index is catching up from the journal (a commit's outcome was unknown, or flushes failed): %w", what, store.ErrUnavailable)
+	}
+}
+
+// injected returns the fault a test set, if any.
+func (p *subjectPending) injected() error {
+	if err := p.fault.Load(); err != nil {
+		return *err
+	}
+	return nil
 }
 
 // add records keys a transaction committed.
@@ -144,6 +198,14 @@ func (p *subjectPending) add(keys []subjectKey) {
 	}
 	if p.oldestTick < 0 {
 		p.oldestTick = p.ticks
+	}
+	if len(p.keyOf) >= p.limit {
+		// Flushes keep failing: drop what is pending (its journal batches
+		// are after the watermark) and catch up from the journal.
+		p.bySubject, p.keyOf, p.oldestTick = map[string]*subjectEntries{}, map[string]subjectKey{}, -1
+		p.mu.Unlock()
+		p.behind()
+		return
 	}
 	full := len(p.keyOf) >= p.count
 	p.mu.Unlock()
@@ -276,6 +338,9 @@ func (p *subjectPending) due(tick bool) bool {
 	if tick {
 		p.ticks++
 	}
+	if p.catchUp.Load() {
+		return true
+	}
 	return len(p.keyOf) > 0 && (len(p.keyOf) >= p.count ||
 		time.Duration(p.ticks-p.oldestTick)*p.tickEvery >= p.age)
 }
@@ -352,6 +417,11 @@ func (s *Store) runSubjectFlusher() {
 // entries not written stay pending.
 func (s *Store) flushSubjects(ctx context.Context) error {
 	p := s.subjects
+	if p.catchUp.Load() {
+		if err := s.catchUpSubjects(ctx); err != nil {
+			return err
+		}
+	}
 	var (
 		keys    []subjectKey
 		through int64
@@ -371,6 +441,9 @@ func (s *Store) flushSubjects(ctx context.Context) error {
 					}
 					started = true
 				}
+				if err := p.injected(); err != nil {
+					return err
+				}
 				chunk = p.current(keys[:min(len(keys), subjectFlushChunk)])
 				keys = keys[min(len(keys), subjectFlushChunk):]
 				err := inChunks(len(chunk), func(from, n int) error {
@@ -384,7 +457,7 @@ func (s *Store) flushSubjects(ctx context.Context) error {
 				if err != nil {
 					return err
 				}
-				if len(keys) == 0 && !p.hold.Load() {
+				if len(keys) == 0 && !p.catchUp.Load() {
 					_, err := tx.exec("INSERT OR REPLACE INTO meta (name, value) VALUES (?, ?)", subjectIndexMeta, through)
 					return err
 				}
@@ -392,6 +465,78 @@ func (s *Store) flushSubjects(ctx context.Context) error {
 			})
 			if err == nil {
 				p.flushed(chunk)
+			}
+			return err
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// catchUpSubjects inserts the entries of the reservations named by the
+// journal batches after subject_index_through that still exist,
+// subjectCatchUpBatches a transaction, each moving the watermark to its
+// last batch, and clears catchUp with the transaction that reads the last
+// batch (holding the writer: no commit can fall behind meanwhile). What
+// Open's rebuildSubjectIndex does, in bounded transactions on the writer.
+func (s *Store) catchUpSubjects(ctx context.Context) error {
+	p := s.subjects
+	for done := false; !done; {
+		err := s.withWriter(ctx, func(w *writer) error {
+			err := s.inWriteTx(ctx, w, "subject index catch-up", func(tx *writeTx) error {
+				if err := p.injected(); err != nil {
+					return err
+				}
+				var through int64
+				if _, err := tx.queryRow("SELECT value FROM meta WHERE name = ?", []any{subjectIndexMeta},
+					func(sc scanner) error { return sc.Scan(&through) }); err != nil {
+					return err
+				}
+				ids := map[string]bool{}
+				last, read := through, 0
+				var batch []ledger.JournalEntry
+				err := tx.query("SELECT seq, entries FROM journal_batches WHERE seq > ? ORDER BY seq LIMIT ?",
+					[]any{through, subjectCatchUpBatches}, func(sc scanner) error {
+						var entries []byte
+						if err := sc.Scan(&last, &entries); err != nil {
+							return err
+						}
+						read++
+						var err error
+						if batch, err = decodeJournalBatch(batch[:0], entries); err != nil {
+							return fmt.Errorf("journal batch %d: %w", last, err)
+						}
+						for i := range batch {
+							if id := batch[i].ReservationID; id != "" {
+								ids[id] = true
+							}
+						}
+						return nil
+					})
+				if err != nil {
+					return err
+				}
+				sorted := slices.Sorted(maps.Keys(ids))
+				err = inChunks(len(sorted), func(from, n int) error {
+					args := make([]any, n)
+					for i, id := range sorted[from : from+n] {
+						args[i] = id
+					}
+					_, err := tx.exec("INSERT OR IGNORE INTO reservation_subjects (subject, created_at, id)"+
+						" SELECT subject, created_at, id FROM reservations WHERE id IN ("+params(n)+")", args...)
+					return err
+				})
+				if err != nil {
+					return err
+				}
+				done = read < subjectCatchUpBatches
+				_, err = tx.exec("UPDATE meta SET value = ? WHERE name = ?", last, subjectIndexMeta)
+				return err
+			})
+			if err == nil && done {
+				p.catchUp.Store(false) // still holding the writer
 			}
 			return err
 		})

@@ -415,3 +415,154 @@ func TestSubjectIndexFlushesByAge(t *testing.T) {
 		}
 	}
 }
+
+// journaled is insert(id) with the journal entry naming it, so the
+// reservation is in a journal batch of its own.
+func journaled(id string) *store.Changes {
+	c := insert(id)
+	c.Journal = []ledger.JournalEntry{{At: t0, Kind: ledger.KindReserve, Account: c.Reservations[0].Account, ReservationID: id,
+		From: ledger.StateRequested, To: ledger.StateReserved}}
+	return c
+}
+
+// Journal compaction deletes the batches a checkpoint summarises up to
+// subject_index_through only: the batches after it name the reservations
+// whose entries are still pending, and a process killed before its next
+// flush rebuilds them from those batches at Open (OPERATIONS.md).
+func TestJournalCompactionKeepsBatchesAfterTheSubjectWatermark(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "capledger.db")
+	s, err := sqlite.Open(ctx, path, sqlite.WithSubjectIndexFlush(time.Hour, 1<<30))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	commit(t, s, journaled("a")) // batch 1
+	commit(t, s, journaled("b")) // batch 2
+	if err := s.FlushSubjectIndex(ctx); err != nil {
+		t.Fatal(err)
+	}
+	commit(t, s, journaled("c")) // batch 3, pending
+	commit(t, s, journaled("d")) // batch 4, pending
+	cp := &ledger.Checkpoint{Seq: 1, Through: 4, CutAt: t0}
+	cp.Seal()
+	if err := store.PutCheckpoint(ctx, s, cp); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.JournalCompact(ctx, 1000); err != nil || n != 2 {
+		t.Fatalf("compaction deleted %d rows (%v), want batches 1 and 2", n, err)
+	}
+	db, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var kept []int64
+	rows, err := db.Query("SELECT seq FROM journal_batches ORDER BY seq")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var seq int64
+		if err := rows.Scan(&seq); err != nil {
+			t.Fatal(err)
+		}
+		kept = append(kept, seq)
+	}
+	rows.Close()
+	if !slices.Equal(kept, []int64{3, 4}) {
+		t.Errorf("journal batches kept %v, want [3 4] (after the watermark 2)", kept)
+	}
+	// A killed process: the copy has c and d only in the journal.
+	copyDB(t, path, path+"-copy")
+	s2, err := sqlite.Open(ctx, path+"-copy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	if got := listedIDs(t, s2, "tenant7"); !slices.Equal(got, []string{"d", "c", "b", "a"}) {
+		t.Errorf("listed after a rebuild: %v, want [d c b a]", got)
+	}
+}
+
+// A COMMIT that worked but answered an error (its outcome unknown to the
+// caller) leaves its entry neither pending nor in the table. The next
+// flush catches up from the journal: the reservation is listed, and the
+// watermark moves on past it instead of staying behind until the next
+// Open (which kept every later journal batch from compaction meanwhile).
+func TestSubjectIndexCatchesUpAfterAnUnknownCommit(t *testing.T) {
+	ctx := context.Background()
+	s, _ := openSubjectIndexed(t)
+	commit(t, s, journaled("a")) // batch 1
+	sqlite.SetCommitFault(s, func() error { return errors.New("disk I/O error") })
+	tx, err := s.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Write(ctx, journaled("x")); err != nil { // batch 2
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err == nil {
+		t.Fatal("the injected COMMIT error was not answered")
+	}
+	sqlite.SetCommitFault(s, nil)
+	commit(t, s, journaled("y")) // batch 3
+	if err := s.FlushSubjectIndex(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := listedIDs(t, s, "tenant7"); !slices.Equal(got, []string{"y", "x", "a"}) {
+		t.Errorf("listed %v, want [y x a]", got)
+	}
+	if n := countOf(t, s, "tenant7"); n != 3 {
+		t.Errorf("counted %d, want 3", n)
+	}
+	if through, err := s.SubjectIndexThrough(ctx); err != nil || through != 3 {
+		t.Errorf("subject_index_through %d (%v), want 3", through, err)
+	}
+	if s.SubjectIndexCatchingUp() {
+		t.Error("still catching up after a flush")
+	}
+}
+
+// Flushes that keep failing (a full disk) do not grow pending without
+// bound: at 4 times the flush count it is dropped, the listing answers
+// ErrUnavailable instead of a page missing acknowledged reservations, and
+// once a flush works the journal restores every entry.
+func TestSubjectIndexPendingBoundedWhenFlushesFail(t *testing.T) {
+	ctx := context.Background()
+	s, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "capledger.db"), sqlite.WithSubjectIndexFlush(time.Hour, 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	sqlite.SetSubjectFlushFault(s, errors.New("database or disk is full"))
+	var want []string
+	for i := range 20 {
+		id := fmt.Sprintf("r%02d", i)
+		commit(t, s, journaled(id))
+		want = append([]string{id}, want...)
+		if n := s.SubjectIndexPending(); n >= 8 {
+			t.Fatalf("%d entries pending after %d commits, want fewer than 8 (4 times the flush count)", n, i+1)
+		}
+	}
+	if !s.SubjectIndexCatchingUp() {
+		t.Fatal("pending was dropped without a catch-up due")
+	}
+	if _, err := s.ReservationsOfSubject(ctx, store.SubjectFilter{Subject: "tenant7", Limit: 100}); !errors.Is(err, store.ErrUnavailable) {
+		t.Errorf("listing while catching up: %v, want ErrUnavailable", err)
+	}
+	if _, err := s.ReservationStatesOfSubject(ctx, "tenant7"); !errors.Is(err, store.ErrUnavailable) {
+		t.Errorf("counts while catching up: %v, want ErrUnavailable", err)
+	}
+	sqlite.SetSubjectFlushFault(s, nil)
+	if err := s.FlushSubjectIndex(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The reservations share one creation time: newest first is by id.
+	if got := listedIDs(t, s, "tenant7"); !slices.Equal(got, want) {
+		t.Errorf("listed %v, want %v", got, want)
+	}
+	if through, err := s.SubjectIndexThrough(ctx); err != nil || through != 20 {
+		t.Errorf("subject_index_through %d (%v), want 20", through, err)
+	}
+}

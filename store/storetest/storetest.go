@@ -21,6 +21,7 @@
 //   - ReservationsDue orders by the time a reservation became due
 //     (ExpiresAt for RESERVED and EXPIRING, ExecutionDeadline for STARTED),
 //     ties by id; an EXPIRING reservation is due whatever its ExpiresAt;
+//     each comes with its committed state and that due time;
 //   - ReservationsUnknown orders USAGE_UNKNOWN reservations by UnknownAt
 //     (when they were marked, not when they started), ties by id, and
 //     pages strictly after its cursor, so that following the last row of
@@ -712,15 +713,39 @@ func testReservationsDue(t *testing.T, s store.Store) {
 		c.NewReservations[r.ID] = true
 	}
 	commit(t, s, c)
-	want := []string{"rl-started-due", "rl-a", "rl-b", "rl-reserved-due", "rl-expiring",
-		"rl-reserved-exact", "rl-started-exact", "rl-expiring-late"}
+	byID := map[string]ledger.Reservation{}
+	for _, r := range rows {
+		byID[r.ID] = r
+	}
+	// listed is what ReservationsDue must say of each row: its state and
+	// when it became due (the deadline of started work, else the hold's
+	// expiry).
+	listed := func(ids ...string) []store.DueReservation {
+		out := []store.DueReservation{}
+		for _, id := range ids {
+			r := byID[id]
+			d := store.DueReservation{ID: id, State: r.State, DueAt: r.ExpiresAt}
+			if r.State == ledger.StateStarted {
+				d.DueAt = r.ExecutionDeadline
+			}
+			out = append(out, d)
+		}
+		return out
+	}
+	same := func(got, want []store.DueReservation) bool {
+		return slices.EqualFunc(got, want, func(a, b store.DueReservation) bool {
+			return a.ID == b.ID && a.State == b.State && a.DueAt.Equal(b.DueAt)
+		})
+	}
+	want := listed("rl-started-due", "rl-a", "rl-b", "rl-reserved-due", "rl-expiring",
+		"rl-reserved-exact", "rl-started-exact", "rl-expiring-late")
 	for _, limit := range []int{100, len(want), 3, 1} {
 		got, err := s.ReservationsDue(ctx, now, limit)
 		if err != nil {
 			t.Fatalf("limit %d: %v", limit, err)
 		}
 		w := want[:min(limit, len(want))]
-		if !slices.Equal(got, w) {
+		if !same(got, w) {
 			t.Errorf("limit %d:\n got %v\nwant %v", limit, got, w)
 		}
 	}
@@ -729,18 +754,31 @@ func testReservationsDue(t *testing.T, s store.Store) {
 		t.Errorf("limit 0: %v, %v", got, err)
 	}
 	got, err = s.ReservationsDue(ctx, at(-time.Hour-time.Second), 100)
-	if err != nil || !slices.Equal(got, []string{"rl-expiring", "rl-expiring-late"}) {
+	if err != nil || !same(got, listed("rl-expiring", "rl-expiring-late")) {
 		t.Errorf("before anything is due: %v, %v; want only the EXPIRING ones", got, err)
 	}
-	// Moving a due reservation on takes it out of the list.
-	started := rows[3]
+	// Moving a due reservation on takes it out of the list, or lists it
+	// with its new state and due time: the worker decides from the list.
+	started := byID["rl-reserved-due"]
 	started.State = ledger.StateStarted
 	started.StartedAt = now
 	started.OperationID = "op-x"
-	commit(t, s, &store.Changes{Reservations: []ledger.Reservation{started}})
+	claimed := byID["rl-a"]
+	claimed.State = ledger.StateExpiring
+	overrun := byID["rl-b"]
+	overrun.State = ledger.StateStarted
+	overrun.StartedAt = at(-30 * time.Second)
+	overrun.OperationID = "op-b"
+	overrun.ExecutionDeadline = at(-11 * time.Second)
+	commit(t, s, &store.Changes{Reservations: []ledger.Reservation{claimed, overrun, started}})
+	byID[claimed.ID], byID[overrun.ID] = claimed, overrun
 	got, err = s.ReservationsDue(ctx, now, 100)
-	if err != nil || slices.Contains(got, started.ID) || len(got) != len(want)-1 {
-		t.Errorf("after starting %s: %v, %v", started.ID, got, err)
+	want = listed("rl-started-due", "rl-a", "rl-b", "rl-expiring",
+		"rl-reserved-exact", "rl-started-exact", "rl-expiring-late")
+	want[1], want[2] = want[2], want[1] // rl-b is due a second earlier now
+	if err != nil || !same(got, want) {
+		t.Errorf("after starting %s, claiming %s and starting %s with a past deadline:\n got %v, %v\nwant %v",
+			started.ID, claimed.ID, overrun.ID, got, err, want)
 	}
 }
 
