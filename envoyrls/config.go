@@ -66,6 +66,14 @@ type Rule struct {
 	// stream (apply_on_stream_done) with the actual usage: its value must
 	// be SettleValue. A descriptor without it is a check before the request.
 	PhaseKey string `json:"phase_key,omitempty"`
+	// SettleOnHits makes a descriptor's hits tell the two calls apart
+	// instead of a phase entry: hits > 0 is the call after the stream (as
+	// with PhaseKey's settle), hits 0 the check before the request. For
+	// gateways that send the same descriptor on both calls, with cost 0 on
+	// the request (Envoy Gateway's and Envoy AI Gateway's request and
+	// response costs): without it the response's cost is a classic check of
+	// its hits, refused and not recorded when it does not fit.
+	SettleOnHits bool `json:"settle_on_hits,omitempty"`
 	// Estimate is what a check with an id reserves when its hits are 0
 	// (an explicit hits_addend of 0, as Envoy AI Gateway sends before the
 	// response); 0 makes such a check a probe that reserves nothing.
@@ -171,6 +179,9 @@ func (r *Rule) validate() error {
 		// reserve-and-settle after the fact), but a rule that names the
 		// phase key and no id key is almost certainly a mistake.
 		return errors.New("phase_key needs id_key: the settle closes the reservation the id names")
+	}
+	if r.SettleOnHits && r.PhaseKey != "" {
+		return errors.New("settle_on_hits and phase_key both say which call settles; use one")
 	}
 	keys := r.keys()
 	for i, k := range keys {

@@ -20,6 +20,7 @@ import (
 
 	v1 "github.com/capledger/capledger/api/capledger/v1"
 	"github.com/capledger/capledger/envoyrls"
+	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
 )
 
@@ -365,6 +366,11 @@ func TestAuth(t *testing.T) {
 	if _, err := h.rls.ShouldRateLimit(ctx, req); status.Code(err) != codes.Unauthenticated {
 		t.Fatalf("no token: %v", err)
 	}
+	// A viewer token reads; ShouldRateLimit writes (ENVOY.md's failure table).
+	viewer := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+viewerToken)
+	if _, err := h.rls.ShouldRateLimit(viewer, req); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("viewer token: %v", err)
+	}
 	h.mustCheck(req)
 }
 
@@ -401,17 +407,18 @@ func TestBadRequests(t *testing.T) {
 
 func TestConfigErrors(t *testing.T) {
 	for name, cfg := range map[string]string{
-		"no domains":      `unknown_descriptor: deny`,
-		"bad mode":        "unknown_descriptor: maybe\ndomains: [{name: a, rules: [{subject: {key: t}, unit: u}]}]",
-		"unknown field":   "domains: [{name: a, rules: [{subject: {key: t}, unit: u, units: v}]}]",
-		"no unit":         "domains: [{name: a, rules: [{subject: {key: t}}]}]",
-		"no subject":      "domains: [{name: a, rules: [{unit: u}]}]",
-		"key and value":   "domains: [{name: a, rules: [{subject: {key: t, value: v}, unit: u}]}]",
-		"phase, no id":    "domains: [{name: a, rules: [{subject: {key: t}, unit: u, phase_key: p}]}]",
-		"key twice":       "domains: [{name: a, rules: [{subject: {key: t}, route: {key: t}, unit: u}]}]",
-		"domain twice":    "domains: [{name: a, rules: [{subject: {key: t}, unit: u}]}, {name: a, rules: [{subject: {key: t}, unit: u}]}]",
-		"every subject":   "domains: [{name: a, rules: [{subject: {value: '*'}, unit: u}]}]",
-		"negative estim.": "domains: [{name: a, rules: [{subject: {key: t}, unit: u, estimate: -1}]}]",
+		"no domains":       `unknown_descriptor: deny`,
+		"bad mode":         "unknown_descriptor: maybe\ndomains: [{name: a, rules: [{subject: {key: t}, unit: u}]}]",
+		"unknown field":    "domains: [{name: a, rules: [{subject: {key: t}, unit: u, units: v}]}]",
+		"no unit":          "domains: [{name: a, rules: [{subject: {key: t}}]}]",
+		"no subject":       "domains: [{name: a, rules: [{unit: u}]}]",
+		"key and value":    "domains: [{name: a, rules: [{subject: {key: t, value: v}, unit: u}]}]",
+		"phase, no id":     "domains: [{name: a, rules: [{subject: {key: t}, unit: u, phase_key: p}]}]",
+		"key twice":        "domains: [{name: a, rules: [{subject: {key: t}, route: {key: t}, unit: u}]}]",
+		"domain twice":     "domains: [{name: a, rules: [{subject: {key: t}, unit: u}]}, {name: a, rules: [{subject: {key: t}, unit: u}]}]",
+		"every subject":    "domains: [{name: a, rules: [{subject: {value: '*'}, unit: u}]}]",
+		"negative estim.":  "domains: [{name: a, rules: [{subject: {key: t}, unit: u, estimate: -1}]}]",
+		"two settle marks": "domains: [{name: a, rules: [{subject: {key: t}, unit: u, id_key: i, phase_key: p, settle_on_hits: true}]}]",
 	} {
 		if _, err := envoyrls.ParseConfig([]byte(cfg)); err == nil {
 			t.Errorf("%s: accepted", name)
@@ -610,5 +617,252 @@ func TestDirectAndBridgedAnswerAlike(t *testing.T) {
 	}
 	if resp, _ := check(direct, gatewayToken, counter); resp.GetOverallCode() != OVER || header(resp, "Retry-After") != "4" {
 		t.Fatalf("direct: want OVER_LIMIT with Retry-After 4, got %v", resp)
+	}
+}
+
+// TestUnmappedDescriptorsCounted: every descriptor answered per
+// unknown_descriptor is counted as a refused reserve, as docs/ENVOY.md and
+// OPERATIONS.md say: an unknown domain and a descriptor no rule matches as
+// outcome="no_policy" like one whose key has no policy, so that a typo in
+// Envoy's domain or descriptor keys shows on a dashboard instead of
+// silently allowing (or denying) everything.
+func TestUnmappedDescriptorsCounted(t *testing.T) {
+	cfg := strings.Replace(testMapping(t), "unknown_descriptor: deny", "unknown_descriptor: allow", 1)
+	h := newHarness(t, options{config: cfg})
+	h.publish("*", "search", "widgets", 10, 1, time.Hour, false)
+	for _, req := range []*rlsv3.RateLimitRequest{
+		{Domain: "nowhere", Descriptors: []*rlscommon.RateLimitDescriptor{descriptor(nil, "tenant", "acme")}},
+		{Domain: "api", Descriptors: []*rlscommon.RateLimitDescriptor{descriptor(nil, "user", "acme")}},
+		{Domain: "api", Descriptors: []*rlscommon.RateLimitDescriptor{descriptor(nil, "tenant", "nobody", "route", "nopolicy")}},
+		{Domain: "api", Descriptors: []*rlscommon.RateLimitDescriptor{descriptor(nil, "tenant", "acme", "route", "search")}},
+	} {
+		if resp := h.mustCheck(req); resp.GetOverallCode() != OK {
+			t.Fatalf("%v: want OK (allow), got %v", req, resp)
+		}
+	}
+	// A malformed request decided nothing: its unmapped descriptor is not
+	// counted.
+	negative := descriptor(nil, "tenant", "acme", "route", "search")
+	negative.IsNegativeHits = true
+	if _, err := h.check(&rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*rlscommon.RateLimitDescriptor{
+		descriptor(nil, "user", "acme"), negative}}); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("negative hits: %v", err)
+	}
+	resp, err := http.Get("http://" + h.addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for _, want := range []string{
+		`capledger_commands_total{kind="reserve",outcome="no_policy"} 3`,
+		`capledger_commands_total{kind="reserve",outcome="unknown_unit"} 1`,
+	} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("want %s in:\n%s", want, grepLines(string(body), "commands_total"))
+		}
+	}
+}
+
+// TestRefusedCheckCountsOnlyItsReserve: a check refused by capacity (or
+// under a shadow policy) shows in capledger_commands_total as its refused
+// reserve alone. Its start and settle, sent in the same transaction, find
+// no reservation; counting them as start and settle outcomes
+// "reservation_not_found" would tell an operator that gateways settle ids
+// the ledger never admitted.
+func TestRefusedCheckCountsOnlyItsReserve(t *testing.T) {
+	h := newHarness(t, options{config: testMapping(t)})
+	h.publish("acme", "search", "requests", 1, 1, time.Hour, false)
+	h.publish("shade", "search", "requests", 1, 1, time.Hour, true)
+	for _, tenant := range []string{"acme", "shade"} {
+		req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*rlscommon.RateLimitDescriptor{
+			descriptor(nil, "tenant", tenant, "route", "search")}}
+		h.mustCheck(req)
+		h.mustCheck(req) // refused (acme) or shadow-refused (shade)
+	}
+	llm := &rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlscommon.RateLimitDescriptor{
+		descriptor(hits(5), "tenant", "acme", "x-request-id", "too-big")}}
+	h.publish("acme", "chat", "tokens", 1, 1, time.Hour, false)
+	if resp := h.mustCheck(llm); resp.GetOverallCode() != OVER {
+		t.Fatalf("want OVER_LIMIT: %v", resp)
+	}
+	resp, err := http.Get("http://" + h.addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if got := grepLines(string(body), `outcome="reservation_not_found"`); got != "" {
+		t.Errorf("a refused check counted follow-ups that never ran:\n%s", got)
+	}
+	for _, want := range []string{
+		`capledger_commands_total{kind="reserve",outcome="insufficient_capacity"} 1`,
+		`capledger_commands_total{kind="reserve",outcome="shadow_rejected"} 1`,
+		`capledger_commands_total{kind="reserve",outcome="reservation_too_large"} 1`,
+		`capledger_commands_total{kind="start",outcome="ok"} 2`,
+		`capledger_commands_total{kind="settle",outcome="ok"} 2`,
+	} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("want %s in:\n%s", want, grepLines(string(body), "commands_total"))
+		}
+	}
+}
+
+// TestScopedTokenSeesNoPolicy: a gateway token scoped to some subjects
+// sees the others as having no policy, so unknown_descriptor answers them
+// (docs/ENVOY.md, "Auth"): with allow, they go through uncharged.
+func TestScopedTokenSeesNoPolicy(t *testing.T) {
+	cfg := strings.Replace(testMapping(t), "unknown_descriptor: deny", "unknown_descriptor: allow", 1)
+	h := newHarness(t, options{config: cfg, auth: true})
+	h.publish("*", "search", "requests", 1, 1, time.Hour, false)
+	ctx := metadata.AppendToOutgoingContext(t.Context(), "authorization", "Bearer "+scopedToken)
+	check := func(tenant string) rlsv3.RateLimitResponse_Code {
+		resp, err := h.rls.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*rlscommon.RateLimitDescriptor{
+			descriptor(nil, "tenant", tenant, "route", "search")}})
+		if err != nil {
+			t.Fatalf("%s: %v", tenant, err)
+		}
+		return resp.GetOverallCode()
+	}
+	if a, b := check("tenant-a/1"), check("tenant-a/1"); a != OK || b != OVER {
+		t.Fatalf("in scope: %v then %v, want OK then OVER_LIMIT", a, b)
+	}
+	for range 3 {
+		if got := check("tenant-b/1"); got != OK {
+			t.Fatalf("out of scope with allow: %v, want OK", got)
+		}
+	}
+	accounts, err := h.engine.Accounts(t.Context(), ledger.PolicyKey{Subject: "tenant-b/1", Route: "search", Region: ledger.DefaultRegion})
+	if err != nil || len(accounts) != 0 {
+		t.Fatalf("out of scope charged: %v %v", accounts, err)
+	}
+}
+
+// TestNoRefillHeadersNameNoReset: a dimension without refill never resets,
+// so its RateLimit item has no t and its RateLimit-Policy item no w (both
+// optional in the IETF fields). A "t=0" would tell a client the quota
+// resets now, and one refused with r=0;t=0 would retry at once, forever.
+func TestNoRefillHeadersNameNoReset(t *testing.T) {
+	h := newHarness(t, options{config: testMapping(t)})
+	h.publish("acme", "search", "requests", 2, 0, 0, false)
+	req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*rlscommon.RateLimitDescriptor{
+		descriptor(nil, "tenant", "acme", "route", "search")}}
+	for i, want := range []struct {
+		code  rlsv3.RateLimitResponse_Code
+		limit string
+	}{{OK, `"search-requests";r=1`}, {OK, `"search-requests";r=0`}, {OVER, `"search-requests";r=0`}} {
+		resp := h.mustCheck(req)
+		if resp.GetOverallCode() != want.code {
+			t.Fatalf("check %d: %v", i, resp)
+		}
+		if got := header(resp, "RateLimit-Policy"); got != `"search-requests";q=2` {
+			t.Errorf("check %d: RateLimit-Policy %q, want no w", i, got)
+		}
+		if got := header(resp, "RateLimit"); got != want.limit {
+			t.Errorf("check %d: RateLimit %q, want %q", i, got, want.limit)
+		}
+		if got := header(resp, "Retry-After"); got != "" {
+			t.Errorf("check %d: Retry-After %q: no refill can help", i, got)
+		}
+		if resp.GetStatuses()[0].GetDurationUntilReset() != nil {
+			t.Errorf("check %d: duration_until_reset %v without refill", i, resp.GetStatuses()[0].GetDurationUntilReset())
+		}
+	}
+}
+
+// egMapping maps descriptors the way Envoy Gateway generates them for a
+// rule with a request and a response cost: the same entries on the check
+// before the request (cost 0) and on the call after the stream (the cost,
+// e.g. Envoy AI Gateway's token count), with no phase entry.
+const egMapping = `
+domains:
+  - name: eg
+    rules:
+      - subject: {key: tenant}
+        route: {value: chat}
+        unit: tokens
+        settle_on_hits: true
+  - name: egid
+    rules:
+      - subject: {key: tenant}
+        route: {value: chat}
+        unit: tokens
+        id_key: x-request-id
+        estimate: 300
+        settle_on_hits: true
+`
+
+// TestSameDescriptorResponseCost: with settle_on_hits, the call after the
+// stream that carries the same descriptor as the check is recorded as the
+// response's cost, also beyond what is free (as debt, freezing the tenant),
+// instead of being a classic check of its hits that a large cost fails and
+// leaves unrecorded (docs/ENVOY.md, Envoy Gateway and Envoy AI Gateway).
+func TestSameDescriptorResponseCost(t *testing.T) {
+	h := newHarness(t, options{config: egMapping})
+	h.publish("*", "chat", "tokens", 1000, 10, time.Second, false)
+	call := func(domain string, n uint64, kv ...string) *rlsv3.RateLimitResponse {
+		return h.mustCheck(&rlsv3.RateLimitRequest{Domain: domain, Descriptors: []*rlscommon.RateLimitDescriptor{
+			descriptor(hits(n), kv...)}})
+	}
+	// Without an id: a probe, then the cost after the fact.
+	if resp := call("eg", 0, "tenant", "acme"); resp.GetOverallCode() != OK {
+		t.Fatalf("request-time check: %v", resp)
+	}
+	if resp := call("eg", 3000, "tenant", "acme"); resp.GetOverallCode() != OVER {
+		t.Fatalf("response cost beyond the free capacity: want OVER_LIMIT (debt), got %v", resp)
+	}
+	if b := h.balance("acme", "chat"); b.Spent != 3000 || b.Debt() != 2000 || b.Reserved != 0 {
+		t.Fatalf("after a response cost of 3000 on 1000: %+v, want all 3000 spent, 2000 as debt", b)
+	}
+	if resp := call("eg", 0, "tenant", "acme"); resp.GetOverallCode() != OVER {
+		t.Fatalf("request-time check while in debt: %v", resp)
+	}
+	// With an id: the check reserves the estimate, the response settles it.
+	if resp := call("egid", 0, "tenant", "beta", "x-request-id", "r-1"); resp.GetOverallCode() != OK {
+		t.Fatalf("request-time check with an id: %v", resp)
+	}
+	if r := h.reservation("envoy:r-1/beta/chat/global"); r.GetReservedUnits()["tokens"] != 300 {
+		t.Fatalf("check with an id reserved %v, want the estimate 300", r.GetReservedUnits())
+	}
+	for range 2 { // a retried response cost replays
+		if resp := call("egid", 700, "tenant", "beta", "x-request-id", "r-1"); resp.GetOverallCode() != OK {
+			t.Fatalf("response cost with an id: %v", resp)
+		}
+	}
+	if r := h.reservation("envoy:r-1/beta/chat/global"); r.GetState() != v1.ReservationState_RESERVATION_STATE_SETTLED || r.GetActualUnits()["tokens"] != 700 {
+		t.Fatalf("r-1 after its response cost: %v", r)
+	}
+	if b := h.balance("beta", "chat"); b.Spent != 700 || b.Reserved != 0 {
+		t.Fatalf("beta: %+v", b)
+	}
+}
+
+// TestCostAfterTheFactIntoDebtIsOverLimit: a call after the stream with no
+// reservation to settle (the check failed open) records its cost after the
+// fact; when that cost goes beyond what is free it is recorded as debt and
+// the answer is OVER_LIMIT, as for the settle of a reservation
+// (docs/ENVOY.md, "What a check does"), alone or beside another descriptor.
+func TestCostAfterTheFactIntoDebtIsOverLimit(t *testing.T) {
+	h := newHarness(t, options{config: testMapping(t)})
+	h.publish("*", "chat", "tokens", 1000, 10, time.Second, false)
+	after := func(tenant, id string, n uint64) *rlscommon.RateLimitDescriptor {
+		return descriptor(hits(n), "tenant", tenant, "x-request-id", id, "capledger-phase", "settle")
+	}
+	resp := h.mustCheck(&rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlscommon.RateLimitDescriptor{after("acme", "r-1", 3000)}})
+	if resp.GetOverallCode() != OVER {
+		t.Fatalf("cost of 3000 on 1000 free, alone: want OVER_LIMIT, got %v", resp)
+	}
+	resp = h.mustCheck(&rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlscommon.RateLimitDescriptor{
+		after("beta", "r-2", 10), after("gamma", "r-2", 3000)}})
+	if resp.GetOverallCode() != OVER || resp.GetStatuses()[0].GetCode() != OK || resp.GetStatuses()[1].GetCode() != OVER {
+		t.Fatalf("costs of 10 and 3000 on 1000 free each: want OK then OVER_LIMIT, got %v", resp)
+	}
+	for _, c := range []struct {
+		tenant      string
+		spent, debt int64
+	}{{"acme", 3000, 2000}, {"beta", 10, 0}, {"gamma", 3000, 2000}} {
+		if b := h.balance(c.tenant, "chat"); b.Spent != c.spent || b.Debt() != c.debt {
+			t.Fatalf("%s: %+v, want spent %d, debt %d", c.tenant, b, c.spent, c.debt)
+		}
 	}
 }

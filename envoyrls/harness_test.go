@@ -53,6 +53,8 @@ func (c *clock) Advance(d time.Duration) {
 const (
 	adminToken   = "admin-token-0123456789"
 	gatewayToken = "gateway-token-0123456789"
+	viewerToken  = "viewer-token-0123456789"
+	scopedToken  = "scoped-gateway-token-0123456789"
 )
 
 // harness is a real capledger server (engine, store, server, envoyrls)
@@ -99,7 +101,7 @@ func newHarness(t testing.TB, opts options) *harness {
 	h.engine = engine.New(st, engine.Options{Clock: h.clock.Now, DisableWorkers: true, OnBatch: metrics.ObserveBatch, Logger: logger})
 	cfg := server.Config{Metrics: metrics, Logger: logger, Clock: h.clock.Now}
 	if opts.auth {
-		tokens, err := server.ParseTokens(strings.NewReader(adminToken + " admin ops\n" + gatewayToken + " gateway envoy\n"))
+		tokens, err := server.ParseTokens(strings.NewReader(adminToken + " admin ops\n" + gatewayToken + " gateway envoy\n" + viewerToken + " viewer watcher\n" + scopedToken + " gateway gw-a subjects=tenant-a/*\n"))
 		if err != nil {
 			t.Fatal(err)
 		}

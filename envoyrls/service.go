@@ -155,6 +155,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	// the stack (Map keeps none of them).
 	var entryBuf [8]Entry
 	entries := entryBuf[:0]
+	unmapped := 0
 	for i, d := range req.GetDescriptors() {
 		it := &items[i]
 		if d.GetIsNegativeHits() {
@@ -173,8 +174,12 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		}
 		m, ok := s.cfg.Map(req.GetDomain(), entries)
 		if !ok {
+			unmapped++
 			it.unknown = true
 			continue
+		}
+		if m.Rule.SettleOnHits && it.hits > 0 {
+			m.Settle = true // the call after the stream, told by its cost
 		}
 		it.mapped = m
 		if m.ID != "" {
@@ -185,6 +190,13 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		} else {
 			it.rid = randomID()
 		}
+	}
+	// An unknown domain or a descriptor no rule matches maps to no policy:
+	// counted as such (once the request is known to be well formed), so
+	// that a mistyped domain or key shows on a dashboard whatever
+	// unknown_descriptor answers.
+	for range unmapped {
+		s.srv.RefusedNoPolicy(ledger.KindReserve)
 	}
 	if err := s.run(ctx, items); err != nil {
 		return nil, err
@@ -483,7 +495,10 @@ type limitView struct {
 	// policyHeader is this dimension's RateLimit-Policy item.
 	policyHeader string
 	// quoted is name as a structured-field string.
-	quoted       string
+	quoted string
+	// refills is false for a dimension without refill: it never resets,
+	// so the headers name no reset (t) and no window (w).
+	refills      bool
 	limitUnit    rlsv3.RateLimitResponse_RateLimit_Unit
 	limitPerUnit uint32
 }
@@ -546,7 +561,11 @@ func newLimitView(p *ledger.Policy, route, unit string) *limitView {
 	v.d = p.Dimensions[v.dim]
 	v.name = route + "-" + v.d.Unit
 	v.quoted = quote(v.name)
-	v.policyHeader = v.quoted + ";q=" + strconv.FormatInt(v.d.Burst, 10) + ";w=" + strconv.FormatInt(seconds(untilFull(&v.d, 0)), 10)
+	v.refills = v.d.RefillUnits > 0 && v.d.RefillInterval > 0
+	v.policyHeader = v.quoted + ";q=" + strconv.FormatInt(v.d.Burst, 10)
+	if v.refills {
+		v.policyHeader += ";w=" + strconv.FormatInt(seconds(untilFull(&v.d, 0)), 10)
+	}
 	v.limitUnit, v.limitPerUnit = currentLimit(&v.d)
 	return v
 }
@@ -595,6 +614,21 @@ func (s *Service) decide(ctx context.Context, it *item) error {
 	return connect.NewError(out.Code, fmt.Errorf("%s %s: %w", it.cmds[0].Kind, it.rid, res.Err))
 }
 
+// endedInDebt reports whether the descriptor's call after the stream was
+// a cost recorded after the fact (reserve 1, start, settle) whose settle
+// took more than was free: the usage is recorded, the excess as debt that
+// freezes the tenant, so the answer is OVER_LIMIT as for the settle of a
+// reservation (decide). The settle's result is the last one: with several
+// descriptors it arrives after decide ran.
+func endedInDebt(it *item) bool {
+	n := len(it.results)
+	if !it.mapped.Settle || n < 2 || n > len(it.cmds) || it.cmds[n-1].Kind != ledger.KindSettle {
+		return false
+	}
+	last := &it.results[n-1]
+	return last.Err == nil && last.Reservation.State == ledger.StateSettledWithDebt
+}
+
 // followErr returns the error of a follow-up command that failed for a
 // reason other than its reserve having been refused.
 func followErr(it *item) error {
@@ -641,6 +675,8 @@ func (s *Service) respond(ctx context.Context, items []item) (*rlsv3.RateLimitRe
 		case it.over:
 			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 			retryAfter = max(retryAfter, it.retryAfter)
+		case endedInDebt(it):
+			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 		}
 		if st.Code == rlsv3.RateLimitResponse_OVER_LIMIT {
 			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
@@ -674,8 +710,10 @@ func (s *Service) respond(ctx context.Context, items []item) (*rlsv3.RateLimitRe
 		limits = append(limits, v.quoted...)
 		limits = append(limits, ";r="...)
 		limits = strconv.AppendInt(limits, remaining, 10)
-		limits = append(limits, ";t="...)
-		limits = strconv.AppendInt(limits, seconds(reset), 10)
+		if v.refills {
+			limits = append(limits, ";t="...)
+			limits = strconv.AppendInt(limits, seconds(reset), 10)
+		}
 	}
 	var headers *[3]corev3.HeaderValue
 	if policies != "" {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"strings"
 	"time"
 
 	"connectrpc.com/connect"
@@ -60,13 +61,40 @@ func (s *Server) Run(ctx context.Context, cmds []ledger.Command) ([]ledger.Resul
 		return nil, operatingError(cmds[0].Kind.String(), err)
 	}
 	for i := range results {
+		if followsRefusal(cmds, results, i) {
+			continue
+		}
 		s.metrics.command(cmds[i].Kind, outcomeLabel(&results[i]))
 	}
 	return results, nil
 }
 
+// followsRefusal reports whether cmds[i] is a follow-up (a start or settle
+// of a check) of an earlier command of the same call, on the same
+// reservation, that failed: it found no reservation because that one was
+// refused, and is not counted as a command of its own (the refusal is).
+func followsRefusal(cmds []ledger.Command, results []ledger.Result, i int) bool {
+	if results[i].Err == nil {
+		return false
+	}
+	for j := range i {
+		if results[j].Err != nil && cmds[j].ReservationID == cmds[i].ReservationID {
+			return true
+		}
+	}
+	return false
+}
+
 // Refused counts a command refused before it reached the ledger.
 func (s *Server) Refused(kind ledger.Kind, cerr *connect.Error) { s.refused(kind, cerr) }
+
+// RefusedNoPolicy counts a command refused before the ledger because what
+// it names maps to no policy at all (an adapter's request that matches none
+// of its mapping rules), under the outcome a reserve without an active
+// policy gets.
+func (s *Server) RefusedNoPolicy(kind ledger.Kind) {
+	s.metrics.command(kind, strings.ToLower(ReasonNoPolicy))
+}
 
 // RefreshPolicies reloads the policy cache (after the ledger said another
 // generation decides than the one a reserve was mapped for).

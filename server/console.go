@@ -218,7 +218,7 @@ func rejectedGeneration(err error) (uint64, bool) {
 // GetOverview implements ConsoleService.GetOverview.
 func (c consoleService) GetOverview(ctx context.Context, _ *connect.Request[v1.GetOverviewRequest]) (*connect.Response[v1.GetOverviewResponse], error) {
 	s := c.s
-	resp := &v1.GetOverviewResponse{ServerTime: timestamp(s.clock()), WorkerLeader: s.status().Workers.Leader}
+	resp := &v1.GetOverviewResponse{ServerTime: timestamp(s.clock()), WorkerLeader: s.workerLeader()}
 	if _, err := s.readiness(ctx); err != nil {
 		resp.ReadyError = err.Error()
 	} else {

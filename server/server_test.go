@@ -83,6 +83,8 @@ type harnessOptions struct {
 	resolver *engine.ResolverOptions
 	// retention is the engine's retention window (0: off).
 	retention time.Duration
+	// ready is server.Config.ReadyCheck.
+	ready func(ctx context.Context) (string, error)
 }
 
 // newHarness serves a real server on 127.0.0.1:0 over a real engine.
@@ -106,7 +108,7 @@ func newHarness(t testing.TB, opts harnessOptions) *harness {
 		OnBatch: metrics.ObserveBatch, Logger: logger, Resolver: opts.resolver,
 		Retention: opts.retention, TombstoneRetention: 10 * opts.retention,
 	})
-	cfg := server.Config{Metrics: metrics, Logger: logger, MaxBodyBytes: opts.maxBody, Clock: h.clock.Now}
+	cfg := server.Config{Metrics: metrics, Logger: logger, MaxBodyBytes: opts.maxBody, Clock: h.clock.Now, ReadyCheck: opts.ready}
 	if opts.resolver != nil {
 		cfg.Resolver = h.engine
 	}

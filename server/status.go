@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"time"
@@ -79,6 +80,12 @@ type CompactionStatus struct {
 // compactionReporter is the Ledger capability behind Status.Compaction.
 type compactionReporter interface{ CompactionStats() engine.CompactionStats }
 
+// workerLeader reports whether this replica runs the workers.
+func (s *Server) workerLeader() bool {
+	lr, ok := s.ledger.(leaderReporter)
+	return ok && lr.Leader().Leader
+}
+
 func timePtr(t time.Time) *time.Time {
 	if t.IsZero() {
 		return nil
@@ -86,10 +93,13 @@ func timePtr(t time.Time) *time.Time {
 	return &t
 }
 
-// status assembles the replica's Status.
-func (s *Server) status() Status {
+// status assembles the replica's Status. Ready is /readyz's answer (the
+// engine's last store access, a read of the store now, the ReadyCheck), so
+// that a replica a load balancer takes out of rotation never calls itself
+// ready here.
+func (s *Server) status(ctx context.Context) Status {
 	var st Status
-	if err := s.ledger.Ready(); err != nil {
+	if _, err := s.readiness(ctx); err != nil {
 		st.ReadyError = err.Error()
 	} else {
 		st.Ready = true
@@ -120,12 +130,12 @@ func (s *Server) status() Status {
 }
 
 // statusz answers the replica's Status as JSON (200 whether or not it is
-// ready: readiness is /readyz's answer).
+// ready: its ready field is /readyz's answer).
 func (s *Server) statusz(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
-	_ = enc.Encode(s.status())
+	_ = enc.Encode(s.status(r.Context()))
 }
 
 // registerLeader exports the worker lease: capledger_worker_leader is 1 on

@@ -3,8 +3,11 @@ package server_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"net/http"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -120,5 +123,46 @@ func TestMetricsShowRetention(t *testing.T) {
 	}
 	if got := grep(metrics, "capledger_compaction_"); got != "" {
 		t.Fatalf("compaction off, /metrics shows %q", got)
+	}
+}
+
+// /statusz's ready is /readyz's answer (capledger status exits 5 on it):
+// a replica /readyz takes out of rotation, here by its ReadyCheck (as a
+// PostgreSQL primary whose replication is at risk), must not call itself
+// ready on /statusz, and is ready on both again when the check passes.
+func TestStatusReadyIsReadyz(t *testing.T) {
+	var risk atomic.Pointer[error]
+	h := newHarness(t, harnessOptions{ready: func(context.Context) (string, error) {
+		if err := risk.Load(); err != nil {
+			return "", *err
+		}
+		return "primary, 1 synchronous standby", nil
+	}})
+	status := func() server.Status {
+		var st server.Status
+		if err := json.Unmarshal([]byte(h.get("/statusz")), &st); err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	if st := status(); !st.Ready || st.ReadyError != "" {
+		t.Fatalf("ready store and check: status %+v", st)
+	}
+	atRisk := errors.New("replication at risk: no synchronous standby")
+	risk.Store(&atRisk)
+	resp, err := http.Get(h.url + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("readyz with the check failing: %d", resp.StatusCode)
+	}
+	if st := status(); st.Ready || !strings.Contains(st.ReadyError, "replication at risk") {
+		t.Fatalf("statusz while /readyz answers 503: ready %v, readyError %q", st.Ready, st.ReadyError)
+	}
+	risk.Store(nil)
+	if st := status(); !st.Ready || st.ReadyError != "" {
+		t.Fatalf("after the check passes again: status %+v", st)
 	}
 }

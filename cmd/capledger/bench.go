@@ -857,7 +857,8 @@ func printBench(w io.Writer, cfg *benchConfig, r *benchResult) {
 	switch cfg.mode {
 	case "echo", "redis", "redis-batch":
 	default:
-		if cfg.grpcGo {
+		if cfg.grpcGo || cfg.mode == "envoy" {
+			// --mode envoy always calls with go-control-plane's grpc-go client.
 			fmt.Fprintf(tw, "protocol\tgrpc-go\n")
 		} else {
 			fmt.Fprintf(tw, "protocol\t%s\n", cfg.protocol)

@@ -38,6 +38,11 @@ domains:
 		n, _ := strconv.Atoi(m[1])
 		return n
 	}
+	// The table names the client the calls went through: go-control-plane's
+	// grpc-go client, whatever --protocol says (it applies to the SDK modes).
+	if !regexp.MustCompile(`(?m)^protocol\s+grpc-go$`).MatchString(out) {
+		t.Errorf("bench --mode envoy does not say it called over grpc-go:\n%s", out)
+	}
 	ops := field("ops")
 	if ops == 0 || field("errors") != 0 || field("rejected") != 0 {
 		t.Fatalf("bench --mode envoy:\n%s", out)

@@ -96,7 +96,7 @@ Flags:
   --id ID           reservation id (required)
 `
 
-const getHelp = `Usage: capledger get ID [flags]
+const getHelp = `Usage: capledger get ID [flags]   (or: capledger get --id ID [flags])
 
 Get prints a reservation (limitReservation.v1) by id: its state, reserved,
 actual and overdraft units, operation id and times. It is the recovery path
