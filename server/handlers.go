@@ -314,6 +314,14 @@ func (s *Server) reserveCommand(ctx context.Context, req *v1.ReserveRequest) (cm
 			cmd.Units = units
 		}
 	}
+	if ledger.ReserveShapeProblem(cmd.Subject, cmd.Route, cmd.Region, cmd.Units[:]) != "" {
+		// A tombstone keeps no amounts, and its generation cannot place
+		// these: an amount above MaxUnits passes the shape, so the
+		// tombstone answers, and no policy admits it (TooLarge, answered
+		// as unmapped), should the tombstone be forgotten before the
+		// ledger looks.
+		cmd.Units[0] = ledger.MaxUnits + 1
+	}
 	return cmd, refusal, nil
 }
 

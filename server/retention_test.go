@@ -51,3 +51,30 @@ func TestReplayAfterRetentionOverJSON(t *testing.T) {
 		t.Fatalf("get after retention: %v", got)
 	}
 }
+
+// A retry of a retired reservation the server cannot map under the
+// deciding generation (a unit that generation lacks, or no policy at all)
+// is still answered from its tombstone (API.md, "Order of checks"): a
+// replay for the same request, DIGEST_MISMATCH for another, never
+// INVALID_COMMAND for the units the server could not place.
+func TestRetryOfATombstoneAfterPolicyChange(t *testing.T) {
+	h := newHarness(t, harnessOptions{retention: time.Hour})
+	h.ok("PublishPolicy", tokensPolicy, "")
+	h.ok("Reserve", reserveBody("kept", 100), "")
+	h.ok("Release", `{"reservationId":"kept"}`, "")
+	h.clock.Advance(2 * time.Hour)
+	if err := h.engine.RunRetention(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if s := h.engine.RetentionStats(); s.Retired != 1 {
+		t.Fatalf("retention stats %+v", s)
+	}
+	h.ok("PublishPolicy", `{"policy":{"subject":"tenant-7","route":"chat.generate","dimensions":[{"unit":"cost","burst":"50"}]}}`, "")
+	if again := h.ok("Reserve", reserveBody("kept", 100), ""); again["replayed"] != true || field(again, "reservation", "retired") != true {
+		t.Fatalf("retry under a generation without the unit: %v", again)
+	}
+	h.wantError(h.call("Reserve", reserveBody("kept", 101), ""), 409, "already_exists", server.ReasonDigestMismatch)
+	// Units no generation has: not the request that reserved kept.
+	h.wantError(h.call("Reserve", `{"reservationId":"kept","subject":"tenant-7","route":"chat.generate","units":{"bogus":1}}`, ""),
+		409, "already_exists", server.ReasonDigestMismatch)
+}

@@ -86,7 +86,7 @@ func (s *Store) reader(q string) readQuery { return readQuery{s.readDB, q} }
 // both is listed once.
 func (s *Store) ReservationsOfSubject(ctx context.Context, f store.SubjectFilter) (_ []ledger.Reservation, err error) {
 	defer s.readBarrier(ctx, &err)
-	defer s.subjects.complete("reservations of "+f.Subject, &err)
+	defer s.subjects.complete("reservations of "+f.Subject, s.subjects.begin(), &err)
 	if s.closed.Load() {
 		return nil, errClosed
 	}
@@ -182,7 +182,7 @@ func statesMask(states []ledger.State) int64 {
 // and state, and reads what retention removed from its accounts.
 func (s *Store) ReservationStatesOfSubject(ctx context.Context, subject string) (_ store.SubjectStates, err error) {
 	defer s.readBarrier(ctx, &err)
-	defer s.subjects.complete("reservation states of "+subject, &err)
+	defer s.subjects.complete("reservation states of "+subject, s.subjects.begin(), &err)
 	if s.closed.Load() {
 		return store.SubjectStates{}, errClosed
 	}

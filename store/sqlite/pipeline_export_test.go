@@ -59,3 +59,13 @@ func (s *Store) SubjectIndexThrough(ctx context.Context) (int64, error) {
 	err := s.readDB.QueryRowContext(ctx, "SELECT value FROM meta WHERE name = ?", subjectIndexMeta).Scan(&n)
 	return n, err
 }
+
+// SetSubjectReadDone makes f run once a subject listing has read, before
+// it decides whether the index was catching up (nil f: none).
+func SetSubjectReadDone(s *Store, f func()) {
+	if f == nil {
+		s.subjects.readDone.Store(nil)
+		return
+	}
+	s.subjects.readDone.Store(&f)
+}

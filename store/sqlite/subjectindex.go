@@ -119,9 +119,16 @@ type subjectPending struct {
 	// listing answers store.ErrUnavailable, and the flusher catches up
 	// from the journal (catchUpSubjects), which clears it.
 	catchUp atomic.Bool
+	// behinds counts the times catchUp was set (behind): a read that
+	// began with catchUp clear and sees the same count after it read
+	// raced with no event (complete).
+	behinds atomic.Uint64
 	// fault, when set (tests), fails each flush and catch-up transaction
 	// with its error.
 	fault atomic.Pointer[error]
+	// readDone, when set (tests), runs once a listing has read, before
+	// complete decides whether its page may lack entries.
+	readDone atomic.Pointer[func()]
 
 	age   time.Duration
 	count int
@@ -152,17 +159,37 @@ func newSubjectPending(age time.Duration, count int) *subjectPending {
 // table, and wakes the flusher to catch up from the journal.
 func (p *subjectPending) behind() {
 	p.catchUp.Store(true)
+	p.behinds.Add(1)
 	select {
 	case p.wake <- struct{}{}:
 	default:
 	}
 }
 
-// complete replaces a read's nil *err with store.ErrUnavailable while the
-// index waits for a catch-up: the read may lack committed reservations.
-// Checked after the read (deferred), so an event during it is seen.
-func (p *subjectPending) complete(what string, err *error) {
-	if *err == nil && p.catchUp.Load() {
+// subjectRead is the index's state when a read began (begin), for
+// complete.
+type subjectRead struct {
+	behind  bool
+	behinds uint64
+}
+
+// begin returns the index's state for complete; a read calls it before
+// it reads pending or the table (as a deferred complete's argument).
+func (p *subjectPending) begin() subjectRead {
+	behinds := p.behinds.Load() // before catchUp: a behind between the two changes the count
+	return subjectRead{behind: p.catchUp.Load(), behinds: behinds}
+}
+
+// complete replaces a read's nil *err with store.ErrUnavailable when the
+// index may have lacked committed reservations while it read: catchUp set
+// when the read began (begin), set now, or set and cleared meanwhile. Its
+// end alone is not enough: a catch-up that ends during the read inserts
+// entries the read's snapshot of the table predates.
+func (p *subjectPending) complete(what string, began subjectRead, err *error) {
+	if f := p.readDone.Load(); f != nil {
+		(*f)()
+	}
+	if *err == nil && (began.behind || p.catchUp.Load() || p.behinds.Load() != began.behinds) {
 		*err = fmt.Errorf("%s: the subject index is catching up from the journal (a commit's outcome was unknown, or flushes failed): %w", what, store.ErrUnavailable)
 	}
 }

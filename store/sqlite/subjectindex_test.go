@@ -566,3 +566,80 @@ func TestSubjectIndexPendingBoundedWhenFlushesFail(t *testing.T) {
 		t.Errorf("subject_index_through %d (%v), want 20", through, err)
 	}
 }
+
+// A listing during which the index was catching up answers
+// ErrUnavailable even when the catch-up ends before the listing answers:
+// catching up when the listing began (what it read predates the
+// catch-up's entries), or falling behind and catching up while it ran
+// (pending dropped after the listing read it, the table read before the
+// catch-up). A page without the dropped (acknowledged) entries, and no
+// error, would say the subject has no such reservations.
+func TestSubjectIndexCatchUpDuringAListing(t *testing.T) {
+	ctx := context.Background()
+	s, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "capledger.db"), sqlite.WithSubjectIndexFlush(time.Hour, 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	fault := errors.New("database or disk is full")
+	sqlite.SetSubjectFlushFault(s, fault)
+	n := 0
+	// fallBehind commits reservations while flushes fail until pending
+	// is dropped at its cap.
+	fallBehind := func() {
+		for i := 0; !s.SubjectIndexCatchingUp(); i++ {
+			if i == 20 {
+				t.Fatal("pending never reached its cap")
+			}
+			commit(t, s, journaled(fmt.Sprintf("r%03d", n)))
+			n++
+		}
+	}
+	catchUp := func() {
+		sqlite.SetSubjectFlushFault(s, nil)
+		if err := s.FlushSubjectIndex(ctx); err != nil {
+			t.Error(err)
+		}
+		sqlite.SetSubjectFlushFault(s, fault)
+	}
+	reads := []struct {
+		name string
+		read func() (int, error)
+	}{
+		{"listing", func() (int, error) {
+			page, err := s.ReservationsOfSubject(ctx, store.SubjectFilter{Subject: "tenant7", Limit: 1000})
+			return len(page), err
+		}},
+		{"counts", func() (int, error) {
+			st, err := s.ReservationStatesOfSubject(ctx, "tenant7")
+			var n int64
+			for _, c := range st.Counts {
+				n += c.Count
+			}
+			return int(n), err
+		}},
+	}
+	for _, read := range reads {
+		for _, c := range []struct {
+			name   string
+			before func()
+			during func()
+		}{
+			{"begun catching up", fallBehind, catchUp},
+			{"fell behind and caught up meanwhile", catchUp, func() { fallBehind(); catchUp() }},
+		} {
+			c.before()
+			var once sync.Once
+			sqlite.SetSubjectReadDone(s, func() { once.Do(c.during) })
+			got, err := read.read()
+			sqlite.SetSubjectReadDone(s, nil)
+			if s.SubjectIndexCatchingUp() {
+				t.Fatalf("%s, %s: the catch-up did not end", read.name, c.name)
+			}
+			if !errors.Is(err, store.ErrUnavailable) {
+				t.Errorf("%s, %s: %d of %d reservations, %v; want ErrUnavailable", read.name, c.name, got, n, err)
+			}
+		}
+	}
+	sqlite.SetSubjectFlushFault(s, nil)
+}
