@@ -119,6 +119,11 @@ type subjectPending struct {
 	// listing answers store.ErrUnavailable, and the flusher catches up
 	// from the journal (catchUpSubjects), which clears it.
 	catchUp atomic.Bool
+	// catchUps counts the catch-ups begun (catchUp set from clear);
+	// lastErr is the last flush or catch-up error, nil once one worked
+	// (both for SubjectIndexStatus).
+	catchUps atomic.Uint64
+	lastErr  atomic.Pointer[string]
 	// fault, when set (tests), fails each flush and catch-up transaction
 	// with its error.
 	fault atomic.Pointer[error]
@@ -151,7 +156,9 @@ func newSubjectPending(age time.Duration, count int) *subjectPending {
 // behind records that committed entries may be neither pending nor in the
 // table, and wakes the flusher to catch up from the journal.
 func (p *subjectPending) behind() {
-	p.catchUp.Store(true)
+	if !p.catchUp.Swap(true) {
+		p.catchUps.Add(1)
+	}
 	select {
 	case p.wake <- struct{}{}:
 	default:
@@ -378,6 +385,19 @@ func subjectDeleteSQL(n int) string {
 		" (SELECT subject, created_at, id FROM reservations WHERE id IN (" + params(n) + "))"
 }
 
+// SubjectIndexStatus implements store.SubjectIndexReporter: whether the
+// subject index catches up from the journal (its listings answer
+// store.ErrUnavailable meanwhile), how many catch-ups began since Open,
+// how many entries wait for a flush, and the last flush's error.
+func (s *Store) SubjectIndexStatus() store.SubjectIndexStatus {
+	p := s.subjects
+	st := store.SubjectIndexStatus{CatchingUp: p.catchUp.Load(), CatchUps: p.catchUps.Load(), Pending: p.len()}
+	if e := p.lastErr.Load(); e != nil {
+		st.LastError = *e
+	}
+	return st
+}
+
 // runSubjectFlusher writes pending entries whenever they are due, until
 // Close.
 func (s *Store) runSubjectFlusher() {
@@ -415,8 +435,16 @@ func (s *Store) runSubjectFlusher() {
 // batches run between them), and with the last chunk records the journal
 // position the table is now complete to. It returns the first error; the
 // entries not written stay pending.
-func (s *Store) flushSubjects(ctx context.Context) error {
+func (s *Store) flushSubjects(ctx context.Context) (err error) {
 	p := s.subjects
+	defer func() {
+		if err != nil {
+			msg := err.Error()
+			p.lastErr.Store(&msg)
+		} else {
+			p.lastErr.Store(nil)
+		}
+	}()
 	if p.catchUp.Load() {
 		if err := s.catchUpSubjects(ctx); err != nil {
 			return err
