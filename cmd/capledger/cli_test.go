@@ -153,9 +153,13 @@ func TestCLIAgainstServer(t *testing.T) {
 		t.Fatalf("rejection message: %s", errOut)
 	}
 
-	code, out, errOut = cli(t, url, "start", "--id", "req-1", "--operation", "op-1")
+	// start and settle take the id as their argument too, as release,
+	// mark-unknown and get do (and --id, the same id given both ways).
+	code, out, errOut = cli(t, url, "start", "req-1", "--operation", "op-1")
 	wantExit(t, exitOK, code, out, errOut)
-	code, out, errOut = cli(t, url, "settle", "--id", "req-1", "--operation", "op-1", "--units", "tokens=200,requests=1")
+	code, out, errOut = cli(t, url, "start", "--id", "req-1", "req-1", "--operation", "op-1")
+	wantExit(t, exitOK, code, out, errOut)
+	code, out, errOut = cli(t, url, "settle", "req-1", "--operation", "op-1", "--units", "tokens=200,requests=1")
 	wantExit(t, exitOK, code, out, errOut)
 	if !strings.Contains(out, `"tokens": "400"`) {
 		t.Fatalf("settle did not show the refund: %s", out)
@@ -219,6 +223,10 @@ func TestCLIUsageErrors(t *testing.T) {
 		{[]string{"reserve", "--subject", "t", "--route", "r", "--units", "tokens"}, exitUsage, "unit=amount"},
 		{[]string{"reserve", "--bogus"}, exitUsage, "bogus"},
 		{[]string{"settle", "--id", "x"}, exitUsage, "required"},
+		{[]string{"settle", "x"}, exitUsage, "required"},
+		{[]string{"start", "--operation", "op"}, exitUsage, "a reservation id is required"},
+		{[]string{"start", "x", "y", "--operation", "op"}, exitUsage, "want one reservation id"},
+		{[]string{"settle", "x", "--id", "y", "--operation", "op"}, exitUsage, "reservation id given twice"},
 		{[]string{"get"}, exitUsage, "required"},
 		{[]string{"policy"}, exitUsage, "subcommand"},
 		{[]string{"policy", "get", "zero"}, exitUsage, "positive integer"},
