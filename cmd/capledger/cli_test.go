@@ -370,6 +370,18 @@ func TestMigrate(t *testing.T) {
 	}
 }
 
+// A PostgreSQL that cannot be reached is exit 5, the general rule for an
+// unavailable store (--help's exit codes, README), not 1: a deploy script
+// retries a 5 and stops on a 1 (bad flags, a schema newer than the
+// binary). Nothing listens on 47701 (this package's test port range).
+func TestMigrateUnreachablePostgresExits5(t *testing.T) {
+	code, out, errOut := cli(t, "", "migrate", "--store", "postgres://postgres@127.0.0.1:47701/test?sslmode=disable&connect_timeout=5")
+	wantExit(t, exitUnavailable, code, out, errOut)
+	if !strings.Contains(errOut, "migrate: connect") {
+		t.Fatalf("migrate of an unreachable PostgreSQL says %q", errOut)
+	}
+}
+
 // postgresSchema returns a DSN for a fresh schema on the test server
 // (dropped when the test ends), or skips without CAPLEDGER_TEST_POSTGRES.
 func postgresSchema(t *testing.T) string {
