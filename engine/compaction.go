@@ -41,10 +41,10 @@ type CompactionOptions struct {
 	Batch int
 	// CutGCPercent, when positive, is the GC target (debug.SetGCPercent)
 	// while a checkpoint is cut, restored afterwards: a cut holds a replay
-	// per account touched since the last checkpoint (about 220 bytes
-	// each) for its length, and under a large target its garbage grows
-	// the heap to several times that (docs/PERFORMANCE.md, a million
-	// tenants). 0 leaves the target alone.
+	// per account touched since the last checkpoint (about 160 bytes
+	// each with its index entry) for its length, and under a large
+	// target its garbage grows the heap to several times that
+	// (docs/PERFORMANCE.md, a million tenants). 0 leaves the target alone.
 	CutGCPercent int
 }
 

@@ -286,3 +286,38 @@ func TestNegativeUnitsAreInvalidBeforeTheLookup(t *testing.T) {
 		}
 	}
 }
+
+// An IssueShard's shape decides before the shard id is looked up too
+// (ledger.ShardShapeProblem, which the server calls as well): a retry
+// without a subject, route or region, for AnySubject, with boot epoch 0,
+// a TTL not above 0 or no unit above 0 is ErrInvalidCommand whether its
+// id exists or not, never ErrShardIDReused or a replay. It used to be
+// checked after the lookup, so the ledger answered such a retry with
+// ErrShardIDReused (409 SHARD_ID_REUSED) while the server refused it
+// (400 INVALID_COMMAND).
+func TestShardShapeIsInvalidBeforeTheLookup(t *testing.T) {
+	c := newChecked(t)
+	c.publish(emergencyPolicy())
+	c.must(c.apply(issueCmd("sh-1", "gw-a", 1, 100)))
+	malformed := map[string]func(*ledger.Command){
+		"no subject":      func(cmd *ledger.Command) { cmd.Subject = "" },
+		"any subject":     func(cmd *ledger.Command) { cmd.Subject = ledger.AnySubject },
+		"no route":        func(cmd *ledger.Command) { cmd.Route = "" },
+		"no region":       func(cmd *ledger.Command) { cmd.Region = "" },
+		"boot epoch 0":    func(cmd *ledger.Command) { cmd.Shard.BootEpoch = 0 },
+		"TTL 0":           func(cmd *ledger.Command) { cmd.Shard.TTL = 0 },
+		"no unit above 0": func(cmd *ledger.Command) { cmd.Units = ledger.Amounts{} },
+	}
+	for name, spoil := range malformed {
+		for _, id := range []string{"sh-1", "sh-unknown"} {
+			cmd := issueCmd(id, "gw-a", 1, 100)
+			spoil(&cmd)
+			if res := c.apply(cmd); !errors.Is(res.Err, ledger.ErrInvalidCommand) || res.Replayed || res.Shard != nil {
+				t.Errorf("%s, id %s: %v (replayed %v, shard %v), want ErrInvalidCommand", name, id, res.Err, res.Replayed, res.Shard != nil)
+			}
+		}
+	}
+	if res := c.apply(issueCmd("sh-1", "gw-a", 1, 100)); res.Err != nil || !res.Replayed {
+		t.Fatalf("a well-formed retry: %+v, want its shard", res)
+	}
+}

@@ -191,6 +191,36 @@ func ShardRemintReceipt(shardID string, n int64) string {
 	return "shard-remint:" + shardID + ":" + strconv.FormatInt(n, 10)
 }
 
+// ShardShapeProblem is the rest of an IssueShard's shape in docs/API.md's
+// "Order of checks" step 2, beside each amount's (AmountShapeProblem): a
+// concrete subject (not AnySubject), a route, a region, a boot epoch
+// (gateway processes number their boots from 1), a TTL above 0 and at
+// least one amount above 0. Decided from the command alone, before the
+// shard id is looked up, so a malformed retry is refused whatever the id
+// names. It returns "" for a well-formed issue, else what is wrong. The
+// ledger (IssueShard) and the server (on its request, the region
+// defaulted) both call it, so they check the same rule in the same order.
+func ShardShapeProblem(subject, route, region string, bootEpoch uint64, ttl time.Duration, units []Units) string {
+	switch {
+	case subject == AnySubject:
+		return fmt.Sprintf("subject %q names every subject; issue a shard for a concrete one", AnySubject)
+	case subject == "" || route == "":
+		return "subject and route are required"
+	case region == "":
+		return "region is required"
+	case bootEpoch == 0:
+		return "boot epoch is required (a gateway process numbers its boots from 1)"
+	case ttl <= 0:
+		return fmt.Sprintf("shard TTL must be above 0 (%s)", ttl)
+	}
+	for _, u := range units {
+		if u > 0 {
+			return ""
+		}
+	}
+	return "units: no units to carve (at least one amount above 0)"
+}
+
 // IssueShard carves emergency capacity for one gateway process out of the
 // subject's current account: cmd.Units move from available to
 // RetiredForEmergency and the signed shard is recorded, in one step.
@@ -200,14 +230,15 @@ func ShardRemintReceipt(shardID string, n int64) string {
 //
 // Returns:
 //   - ErrInvalidCommand, before the id is looked up, for a missing shard
-//     or gateway id or negative units;
+//     or gateway id, negative units, or a shape ShardShapeProblem refuses
+//     (no subject, route, region, boot epoch, TTL or unit above 0);
 //   - success with the new shard (fence = the gateway's previous fence + 1,
 //     ExpiresAt = now + TTL, signed);
 //   - success with Replayed and the stored shard when the id exists for the
 //     same gateway, boot epoch, subject and allocation (nothing moves twice);
 //   - ErrShardIDReused when the id names a different shard;
-//   - ErrInvalidCommand for other missing arguments, a non-positive TTL,
-//     units the policy does not have, or a Generation that does not decide;
+//   - ErrInvalidCommand for a missing signer, units the policy does not
+//     have, or a Generation that does not decide;
 //   - ErrNoPolicy when nothing admits for the subject;
 //   - ErrEmergencyDisabled when the deciding policy's emergency mode is off;
 //   - ErrAdmissionFrozen while the account carries debt, and
@@ -234,6 +265,12 @@ func IssueShard(b Book, cmd *Command, now time.Time) Result {
 	if err := checkAmounts(nil, &cmd.Units, false); err != nil {
 		return Result{Err: checkAmounts(namingPolicy(b, cmd), &cmd.Units, false)}
 	}
+	// The rest of the shape too (the server calls the same rule): a retry
+	// without a subject, a boot epoch or units is ErrInvalidCommand, not
+	// ErrShardIDReused or a replay.
+	if problem := ShardShapeProblem(cmd.Subject, cmd.Route, cmd.Region, args.BootEpoch, args.TTL, cmd.Units[:]); problem != "" {
+		return Result{Err: invalid("%s", problem)}
+	}
 	if existing, ok := b.Shard(args.ShardID); ok {
 		same := existing.GatewayID == args.GatewayID && existing.BootEpoch == args.BootEpoch &&
 			existing.Account.Subject == cmd.Subject && existing.Account.Route == cmd.Route &&
@@ -243,15 +280,8 @@ func IssueShard(b Book, cmd *Command, now time.Time) Result {
 		}
 		return Result{Shard: cloneShard(existing), Replayed: true, Generation: existing.Account.Generation}
 	}
-	switch {
-	case args.BootEpoch == 0:
-		return Result{Err: invalid("boot epoch is required (a gateway process numbers its boots from 1)")}
-	case args.TTL <= 0:
-		return Result{Err: invalid("shard TTL must be positive")}
-	case args.KeyID == "" || args.Sign == nil:
+	if args.KeyID == "" || args.Sign == nil {
 		return Result{Err: invalid("a signing key is required")}
-	case cmd.Subject == "" || cmd.Subject == AnySubject || cmd.Route == "" || cmd.Region == "":
-		return Result{Err: invalid("subject, route and region are required (subject may not be %q)", AnySubject)}
 	}
 	subject := PolicyKey{Subject: cmd.Subject, Route: cmd.Route, Region: cmd.Region}
 	p, ok := activePolicy(b, subject)

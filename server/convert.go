@@ -433,14 +433,3 @@ func durationFromProto(name string, d *durationpb.Duration) (time.Duration, erro
 	}
 	return d.AsDuration(), nil
 }
-
-// anyPositive reports whether units reserves anything: at least one
-// amount above 0 (a Reserve of none can never be admitted).
-func anyPositive(units map[string]int64) bool {
-	for _, u := range units {
-		if u > 0 {
-			return true
-		}
-	}
-	return false
-}

@@ -166,6 +166,7 @@ func New(l Ledger, cfg Config) *Server {
 	s.metrics.registerLeader(l)
 	s.metrics.registerMaintenance(l)
 	s.metrics.registerBacklog(l, s.log, cfg.Clock)
+	s.metrics.registerSubjectIndex(cfg.Console)
 	if cfg.Resolver != nil {
 		s.metrics.registerResolver(cfg.Resolver)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -171,28 +172,24 @@ func (svc *shardService) IssueShard(ctx context.Context, req *connect.Request[v1
 // issue carves a shard (legacy: a legacy limiter's budget, for
 // RolloutService.CarveLegacyBudget) once the caller was authorized.
 func (svc *shardService) issue(ctx context.Context, m *v1.IssueShardRequest, legacy bool) (*connect.Response[v1.IssueShardResponse], error) {
-	if m.GetSubject() == "" || m.GetSubject() == ledger.AnySubject || m.GetRoute() == "" {
-		return nil, invalidArgument(ReasonInvalidCommand, "a concrete subject (not %q) and a route are required", ledger.AnySubject)
-	}
-	if m.GetBootEpoch() == 0 {
-		return nil, invalidArgument(ReasonInvalidCommand, "boot_epoch is required (a gateway numbers its boots from 1)")
-	}
 	if cerr := checkUnitValues("units", m.GetUnits(), false); cerr != nil {
 		return nil, cerr
-	}
-	if !anyPositive(m.GetUnits()) {
-		// Shape, like a Reserve's: before the scope and the shard id.
-		return nil, invalidArgument(ReasonInvalidCommand, "units: no units to carve (at least one amount above 0)")
 	}
 	ttl, err := durationFromProto("ttl", m.GetTtl())
 	if err != nil {
 		return nil, invalidArgument(ReasonInvalidCommand, "%v", err)
 	}
-	if ttl <= 0 || ttl > svc.maxTTL {
+	// The rest of the shape, by the ledger's own rule, before the scope
+	// and the shard id (API.md, "Order of checks"), as for a Reserve.
+	region := regionOrDefault(m.GetRegion())
+	if problem := ledger.ShardShapeProblem(m.GetSubject(), m.GetRoute(), region, m.GetBootEpoch(), ttl, slices.Collect(maps.Values(m.GetUnits()))); problem != "" {
+		return nil, invalidArgument(ReasonInvalidCommand, "%s", problem)
+	}
+	if ttl > svc.maxTTL {
 		return nil, invalidArgument(ReasonInvalidCommand, "ttl %s is outside (0, %s]", ttl, svc.maxTTL)
 	}
 	if !InScope(ctx, m.GetSubject(), m.GetRoute()) {
-		key := ledger.PolicyKey{Subject: m.GetSubject(), Route: m.GetRoute(), Region: regionOrDefault(m.GetRegion())}
+		key := ledger.PolicyKey{Subject: m.GetSubject(), Route: m.GetRoute(), Region: region}
 		return nil, withReason(connect.NewError(connect.CodeNotFound, fmt.Errorf("%w: %s", ledger.ErrNoPolicy, key)), ReasonNoPolicy)
 	}
 	if svc.keys == nil {
@@ -202,7 +199,6 @@ func (svc *shardService) issue(ctx context.Context, m *v1.IssueShardRequest, leg
 	if !ok {
 		return nil, withReason(connect.NewError(connect.CodeFailedPrecondition, errors.New("this server's shard keys hold no private key")), ReasonShardsDisabled)
 	}
-	region := regionOrDefault(m.GetRegion())
 	key := ledger.PolicyKey{Subject: m.GetSubject(), Route: m.GetRoute(), Region: region}
 	for attempt := 0; ; attempt++ {
 		p, ok := svc.s.policies.active(key)

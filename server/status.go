@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/capledger/capledger/engine"
+	"github.com/capledger/capledger/store"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -47,6 +48,26 @@ type Status struct {
 	// or above it means the worker does not keep up (docs/OPERATIONS.md);
 	// absent when retention is off (serve --retention 0).
 	Retention *RetentionStatus `json:"retention,omitempty"`
+	// SubjectIndex: the SQLite store's subject index, written behind the
+	// commits; while catchingUp the console's listings of a subject
+	// answer 503 (docs/OPERATIONS.md); absent on other stores.
+	SubjectIndex *SubjectIndexStatus `json:"subjectIndex,omitempty"`
+}
+
+// SubjectIndexStatus is the store's subject index part of Status
+// (store.SubjectIndexStatus).
+type SubjectIndexStatus struct {
+	CatchingUp bool   `json:"catchingUp"`
+	CatchUps   uint64 `json:"catchUps"`
+	Pending    int    `json:"pending"`
+	LastError  string `json:"lastError,omitempty"`
+}
+
+// subjectIndexOf returns the store's subject index reporter, if the
+// console store has one (SQLite).
+func subjectIndexOf(cs store.ConsoleStore) (store.SubjectIndexReporter, bool) {
+	r, ok := cs.(store.SubjectIndexReporter)
+	return r, ok
 }
 
 // RetentionStatus is the retention worker's part of Status.
@@ -122,6 +143,10 @@ func (s *Server) status(ctx context.Context) Status {
 				st.Retention.PassRunningSeconds = max(time.Since(r.RunningSince).Seconds(), 1e-9)
 			}
 		}
+	}
+	if r, ok := subjectIndexOf(s.console.store); ok {
+		x := r.SubjectIndexStatus()
+		st.SubjectIndex = &SubjectIndexStatus{CatchingUp: x.CatchingUp, CatchUps: x.CatchUps, Pending: x.Pending, LastError: x.LastError}
 	}
 	stats := s.ledger.Stats()
 	st.Commands, st.Batches, st.Conflicts, st.Failures, st.WorkerCommands =
@@ -209,4 +234,30 @@ func (m *Metrics) registerMaintenance(l Ledger) {
 				func(s engine.CompactionStats) uint64 { return s.Refused }),
 		)
 	}
+}
+
+// registerSubjectIndex exports the store's subject index (SQLite) for
+// alerting, the figures /statusz shows: capledger_subject_index_catching_up
+// is 1 while the console's listings of a subject answer 503.
+func (m *Metrics) registerSubjectIndex(cs store.ConsoleStore) {
+	r, ok := subjectIndexOf(cs)
+	if !ok {
+		return
+	}
+	m.registry.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "capledger_subject_index_catching_up",
+			Help: "1 while the store's subject index catches up from the journal (the console's subject listings answer 503), else 0."},
+			func() float64 {
+				if r.SubjectIndexStatus().CatchingUp {
+					return 1
+				}
+				return 0
+			}),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "capledger_subject_index_catch_ups_total",
+			Help: "Catch-ups of the store's subject index from the journal begun since the store was opened."},
+			func() float64 { return float64(r.SubjectIndexStatus().CatchUps) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "capledger_subject_index_pending",
+			Help: "Committed subject index entries waiting to be written to the store's index."},
+			func() float64 { return float64(r.SubjectIndexStatus().Pending) }),
+	)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"slices"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/capledger/capledger/server"
+	"github.com/capledger/capledger/store"
 )
 
 // /statusz and /metrics show whether the replica runs the workers: on an
@@ -164,5 +166,77 @@ func TestStatusReadyIsReadyz(t *testing.T) {
 	risk.Store(nil)
 	if st := status(); !st.Ready || st.ReadyError != "" {
 		t.Fatalf("after the check passes again: status %+v", st)
+	}
+}
+
+// subjectIndexStore is a console store whose subject index reports a
+// given status (a SQLite store catching up cannot be made to from here).
+type subjectIndexStore struct {
+	store.ConsoleStore
+	status store.SubjectIndexStatus
+}
+
+func (s subjectIndexStore) SubjectIndexStatus() store.SubjectIndexStatus { return s.status }
+
+// /statusz and /metrics show the store's subject index where the store
+// has one written behind the commits (SQLite): an operator whose console
+// listings answer 503 sees the catch-up from the journal under way, and
+// an alert can watch it; other stores show no such block.
+func TestStatusShowsTheSubjectIndex(t *testing.T) {
+	statusOf := func(url string) map[string]any {
+		t.Helper()
+		resp, err := http.Get(url + "/statusz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var st map[string]any
+		if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	metricsOf := func(url string) string {
+		t.Helper()
+		resp, err := http.Get(url + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+
+	h := newHarness(t, harnessOptions{}) // SQLite
+	if got, ok := statusOf(h.url)["subjectIndex"].(map[string]any); !ok || got["catchingUp"] != false || got["catchUps"] != 0.0 {
+		t.Errorf("SQLite: /statusz subjectIndex %v, want catchingUp false, catchUps 0", got)
+	}
+	if got := metricsOf(h.url); !strings.Contains(got, "\ncapledger_subject_index_catching_up 0\n") {
+		t.Errorf("SQLite: /metrics lacks capledger_subject_index_catching_up 0:\n%s", grep(got, "capledger_subject_index_"))
+	}
+
+	cs := h.store.(store.ConsoleStore)
+	behind := subjectIndexStore{cs, store.SubjectIndexStatus{CatchingUp: true, CatchUps: 2, Pending: 7, LastError: "database or disk is full"}}
+	url := serve(t, server.New(h.engine, server.Config{Console: behind}))
+	got, _ := statusOf(url)["subjectIndex"].(map[string]any)
+	if got["catchingUp"] != true || got["catchUps"] != 2.0 || got["pending"] != 7.0 || got["lastError"] != "database or disk is full" {
+		t.Errorf("catching up: /statusz subjectIndex %v", got)
+	}
+	metrics := metricsOf(url)
+	for _, want := range []string{"capledger_subject_index_catching_up 1", "capledger_subject_index_catch_ups_total 2", "capledger_subject_index_pending 7"} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("catching up: /metrics lacks %q:\n%s", want, grep(metrics, "capledger_subject_index_"))
+		}
+	}
+
+	mem := newHarness(t, harnessOptions{faults: true}) // the in-memory store
+	if got, ok := statusOf(mem.url)["subjectIndex"]; ok {
+		t.Errorf("in-memory store: /statusz shows subjectIndex %v", got)
+	}
+	if got := grep(metricsOf(mem.url), "capledger_subject_index_"); got != "" {
+		t.Errorf("in-memory store: /metrics shows %q", got)
 	}
 }

@@ -87,6 +87,10 @@ type Report struct {
 	Checkpoints, Compacted, CutCrashes int64
 	Wall                               time.Duration
 	CPU                                time.Duration
+	// Interrupted: the context ended the run after Interleavings of the
+	// Requested (Ctrl-C); only the gate violations found are judged.
+	Interrupted bool
+	Requested   int64
 }
 
 // acc is one worker's share of a Report.
@@ -261,6 +265,8 @@ func Run(ctx context.Context, cfg *Config, opts Options) *Report {
 		rep.CutCrashes += a.cutCrashes
 	}
 	rep.Interleavings = done.Load()
+	rep.Requested = opts.Interleavings
+	rep.Interrupted = rep.Interleavings < opts.Interleavings
 	return rep
 }
 
@@ -327,13 +333,17 @@ func progress(w io.Writer, total int64, done, violations *atomic.Int64, start ti
 // Failures returns why the run fails its gates (none when it passes):
 // any violation, a fault site that fired fewer than MinFires times, an
 // UNKNOWN convergence p99 above MaxUnknownP99, a fairness error beyond a
-// budget.
+// budget. Of an interrupted run only the violations: the other gates
+// judge the whole run, which more interleavings could still meet.
 func (r *Report) Failures() []string {
 	var out []string
 	for g := Gate(0); g < numGates; g++ {
 		if r.Gates[g] > 0 {
 			out = append(out, fmt.Sprintf("gate %s: %d violations", g, r.Gates[g]))
 		}
+	}
+	if r.Interrupted {
+		return out
 	}
 	for s := Site(0); s < numSites; s++ {
 		if r.Fired[s] < r.MinFires {
@@ -351,7 +361,8 @@ func (r *Report) Failures() []string {
 
 // WriteTable writes the run's summary: the interleavings and events, each
 // gate's figure, each fault site's count, UNKNOWN convergence, fairness,
-// and PASS or FAIL with the reasons. The wall and CPU time line goes to
+// and PASS or FAIL with the reasons (INTERRUPTED, without a verdict,
+// for an interrupted run that found no violation). The wall and CPU time line goes to
 // timing (which may be w): everything else depends only on the seeds and
 // the Config, so a replay prints it byte for byte.
 func (r *Report) WriteTable(w, timing io.Writer) {
@@ -381,7 +392,10 @@ func (r *Report) WriteTable(w, timing io.Writer) {
 	fmt.Fprintf(tw, "FAULT SITE\tFIRED\tON IN\tMIN\t\n")
 	for s := Site(0); s < numSites; s++ {
 		mark := "ok"
-		if r.Fired[s] < r.MinFires {
+		switch {
+		case r.Fired[s] < r.MinFires && r.Interrupted:
+			mark = "-" // not judged: the run was interrupted
+		case r.Fired[s] < r.MinFires:
 			mark = "TOO FEW"
 		}
 		seed := ""
@@ -410,8 +424,18 @@ func (r *Report) WriteTable(w, timing io.Writer) {
 	fmt.Fprintln(w)
 	r.Fairness.write(w)
 
-	if f := r.Failures(); len(f) > 0 {
+	f := r.Failures()
+	switch {
+	case r.Interrupted && len(f) > 0:
+		fmt.Fprintf(w, "\nRESULT: FAIL (interrupted after %d of %d interleavings)\n", r.Interleavings, r.Requested)
+	case r.Interrupted:
+		fmt.Fprintf(w, "\nRESULT: INTERRUPTED after %d of %d interleavings: no violation so far; no verdict on the fault sites, UNKNOWN p99 and fairness, which judge a whole run\n",
+			r.Interleavings, r.Requested)
+		return
+	case len(f) > 0:
 		fmt.Fprintf(w, "\nRESULT: FAIL\n")
+	}
+	if len(f) > 0 {
 		for _, reason := range f {
 			fmt.Fprintf(w, "  %s\n", reason)
 		}

@@ -221,3 +221,28 @@ func (f SubjectFilter) Check() error {
 	}
 	return nil
 }
+
+// SubjectIndexReporter is implemented by a store whose subject index
+// (SubjectReservations) is written behind the commits and may have to
+// catch up (SQLite). The server shows its status on /statusz and
+// /metrics; a store without it shows nothing there.
+type SubjectIndexReporter interface {
+	SubjectIndexStatus() SubjectIndexStatus
+}
+
+// SubjectIndexStatus is a subject index's state as last seen.
+type SubjectIndexStatus struct {
+	// CatchingUp: the index may lack committed reservations (a COMMIT
+	// whose outcome was unknown, or the waiting entries dropped at their
+	// cap) and is being rebuilt from the journal; meanwhile its listings
+	// answer ErrUnavailable.
+	CatchingUp bool
+	// CatchUps counts the catch-ups begun since the store was opened.
+	CatchUps uint64
+	// Pending is how many committed entries wait to be written to the
+	// index.
+	Pending int
+	// LastError is the last flush or catch-up transaction's error, ""
+	// once one worked.
+	LastError string
+}

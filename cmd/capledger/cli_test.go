@@ -153,9 +153,13 @@ func TestCLIAgainstServer(t *testing.T) {
 		t.Fatalf("rejection message: %s", errOut)
 	}
 
-	code, out, errOut = cli(t, url, "start", "--id", "req-1", "--operation", "op-1")
+	// start and settle take the id as their argument too, as release,
+	// mark-unknown and get do (and --id, the same id given both ways).
+	code, out, errOut = cli(t, url, "start", "req-1", "--operation", "op-1")
 	wantExit(t, exitOK, code, out, errOut)
-	code, out, errOut = cli(t, url, "settle", "--id", "req-1", "--operation", "op-1", "--units", "tokens=200,requests=1")
+	code, out, errOut = cli(t, url, "start", "--id", "req-1", "req-1", "--operation", "op-1")
+	wantExit(t, exitOK, code, out, errOut)
+	code, out, errOut = cli(t, url, "settle", "req-1", "--operation", "op-1", "--units", "tokens=200,requests=1")
 	wantExit(t, exitOK, code, out, errOut)
 	if !strings.Contains(out, `"tokens": "400"`) {
 		t.Fatalf("settle did not show the refund: %s", out)
@@ -219,6 +223,10 @@ func TestCLIUsageErrors(t *testing.T) {
 		{[]string{"reserve", "--subject", "t", "--route", "r", "--units", "tokens"}, exitUsage, "unit=amount"},
 		{[]string{"reserve", "--bogus"}, exitUsage, "bogus"},
 		{[]string{"settle", "--id", "x"}, exitUsage, "required"},
+		{[]string{"settle", "x"}, exitUsage, "required"},
+		{[]string{"start", "--operation", "op"}, exitUsage, "a reservation id is required"},
+		{[]string{"start", "x", "y", "--operation", "op"}, exitUsage, "want one reservation id"},
+		{[]string{"settle", "x", "--id", "y", "--operation", "op"}, exitUsage, "reservation id given twice"},
 		{[]string{"get"}, exitUsage, "required"},
 		{[]string{"policy"}, exitUsage, "subcommand"},
 		{[]string{"policy", "get", "zero"}, exitUsage, "positive integer"},
@@ -359,6 +367,18 @@ func TestMigrate(t *testing.T) {
 	}
 	if !strings.Contains(out, "already at version") {
 		t.Fatalf("second postgres migrate printed %q", out)
+	}
+}
+
+// A PostgreSQL that cannot be reached is exit 5, the general rule for an
+// unavailable store (--help's exit codes, README), not 1: a deploy script
+// retries a 5 and stops on a 1 (bad flags, a schema newer than the
+// binary). Nothing listens on 47701 (this package's test port range).
+func TestMigrateUnreachablePostgresExits5(t *testing.T) {
+	code, out, errOut := cli(t, "", "migrate", "--store", "postgres://postgres@127.0.0.1:47701/test?sslmode=disable&connect_timeout=5")
+	wantExit(t, exitUnavailable, code, out, errOut)
+	if !strings.Contains(errOut, "migrate: connect") {
+		t.Fatalf("migrate of an unreachable PostgreSQL says %q", errOut)
 	}
 }
 

@@ -2,9 +2,11 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 
+	"github.com/capledger/capledger/store"
 	"github.com/capledger/capledger/store/open"
 	"github.com/capledger/capledger/store/postgres"
 	"github.com/capledger/capledger/store/sqlite"
@@ -39,8 +41,10 @@ Flags:
 Example:
   capledger migrate --store postgres://capledger@db:5432/capledger
 
-Exit codes: 0 migrated (or already current), 1 bad flags or a store that
-cannot be opened or migrated.
+Exit codes: 0 migrated (or already current); 1 bad flags, or a store that
+refuses the migration (a schema newer than this binary, a migration that
+failed, refused credentials); 5 a store that cannot be reached (PostgreSQL
+down or refusing connections: retry later), as for every command.
 `
 
 func runMigrate(ctx context.Context, e *env, args []string) error {
@@ -63,7 +67,7 @@ func runMigrate(ctx context.Context, e *env, args []string) error {
 	if pg {
 		applied, err := postgres.Migrate(ctx, *storeSpec)
 		if err != nil {
-			return usagef("%v", err)
+			return migrateError(err)
 		}
 		if len(applied) == 0 {
 			fmt.Fprintf(e.stdout, "postgres schema already at version %d\n", postgres.SchemaVersion())
@@ -86,7 +90,7 @@ func runMigrate(ctx context.Context, e *env, args []string) error {
 	defer unlock()
 	st, err := open.Open(ctx, *storeSpec, *dataDir)
 	if err != nil {
-		return usagef("%v", err)
+		return migrateError(err)
 	}
 	if err := st.Close(); err != nil {
 		return usagef("migrate: close: %v", err)
@@ -105,4 +109,14 @@ func runMigrate(ctx context.Context, e *env, args []string) error {
 	}
 	fmt.Fprintf(e.stdout, "%s schema at version %d\n", storeName(*storeSpec, *dataDir), sqlite.SchemaVersion())
 	return nil
+}
+
+// migrateError is the exit for a store that could not be migrated: 5
+// (exitUnavailable) when it could not be reached (store.ErrUnavailable),
+// the general rule a deploy script retries on; otherwise 1.
+func migrateError(err error) error {
+	if errors.Is(err, store.ErrUnavailable) {
+		return exitError{code: exitUnavailable, err: err}
+	}
+	return usagef("%v", err)
 }

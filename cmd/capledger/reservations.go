@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"flag"
 	"fmt"
 	"time"
 
@@ -44,7 +45,7 @@ Flags:
                     the shadow comparison ("capledger rollout report")
 `
 
-const startHelp = `Usage: capledger start --id ID --operation OP [flags]
+const startHelp = `Usage: capledger start ID --operation OP [flags]   (or: --id ID)
 
 Start moves a RESERVED reservation to STARTED and binds the operation id
 (compare-and-set: expiry can no longer take it back). Call it right before
@@ -53,11 +54,11 @@ with the same operation id is a harmless replay; after expiry or release it
 fails with exit 4.
 
 Flags:
-  --id ID           reservation id (required)
+  --id ID           reservation id (required, here or as the argument)
   --operation OP    operation id of the execution (required)
 `
 
-const settleHelp = `Usage: capledger settle --id ID --operation OP --units unit=n[,unit=n] [flags]
+const settleHelp = `Usage: capledger settle ID --operation OP --units unit=n[,unit=n] [flags]   (or: --id ID)
 
 Settle records the actual usage of started work and refunds the unused
 difference exactly once (printed as refundedUnits). Usage above the
@@ -70,30 +71,30 @@ once retention has removed the reservation (serve --retention, default
 and still refunds nothing.
 
 Flags:
-  --id ID           reservation id (required)
+  --id ID           reservation id (required, here or as the argument)
   --operation OP    operation id given to start (required)
   --units SPEC      actual usage by unit name, e.g. tokens=200,requests=1;
                     omitted units count as 0
 `
 
-const releaseHelp = `Usage: capledger release --id ID [flags]
+const releaseHelp = `Usage: capledger release ID [flags]   (or: capledger release --id ID [flags])
 
 Release gives an unstarted (RESERVED) reservation back in full, e.g. when
 the request was cancelled before it ran. Started work cannot be released
 (exit 4): it may be using its capacity, so settle it instead.
 
 Flags:
-  --id ID           reservation id (required)
+  --id ID           reservation id (required, here or as the argument)
 `
 
-const markUnknownHelp = `Usage: capledger mark-unknown --id ID [flags]
+const markUnknownHelp = `Usage: capledger mark-unknown ID [flags]   (or: capledger mark-unknown --id ID [flags])
 
 Mark-unknown records that the outcome of STARTED work is unknown (the
 executor crashed, its answer was lost). The capacity stays reserved and is
 never treated as unused; only a settle with the operation id resolves it.
 
 Flags:
-  --id ID           reservation id (required)
+  --id ID           reservation id (required, here or as the argument)
 `
 
 const getHelp = `Usage: capledger get ID [flags]   (or: capledger get --id ID [flags])
@@ -119,10 +120,10 @@ func examples(lines ...string) string {
 func init() {
 	for name, ex := range map[string]string{
 		"reserve":      examples("capledger reserve --subject tenant-7 --route chat.generate --units tokens=600,requests=1 --id req-42"),
-		"start":        examples("capledger start --id req-42 --operation exec-42"),
-		"settle":       examples("capledger settle --id req-42 --operation exec-42 --units tokens=200,requests=1"),
-		"release":      examples("capledger release --id req-42"),
-		"mark-unknown": examples("capledger mark-unknown --id req-42"),
+		"start":        examples("capledger start req-42 --operation exec-42"),
+		"settle":       examples("capledger settle req-42 --operation exec-42 --units tokens=200,requests=1"),
+		"release":      examples("capledger release req-42"),
+		"mark-unknown": examples("capledger mark-unknown req-42"),
 		"get":          examples("capledger get req-42"),
 	} {
 		commands[name].help += ex
@@ -182,11 +183,11 @@ func runStart(ctx context.Context, e *env, args []string) error {
 	cf.register(fs, e)
 	id := fs.String("id", "", "")
 	operation := fs.String("operation", "", "")
-	if err := parseNoArgs(fs, args); err != nil {
+	if err := parseWithID(fs, id, args); err != nil {
 		return err
 	}
-	if *id == "" || *operation == "" {
-		return usagef("--id and --operation are required")
+	if *operation == "" {
+		return usagef("--operation is required")
 	}
 	client, err := cf.client()
 	if err != nil {
@@ -206,11 +207,11 @@ func runSettle(ctx context.Context, e *env, args []string) error {
 	id := fs.String("id", "", "")
 	operation := fs.String("operation", "", "")
 	unitSpec := fs.String("units", "", "")
-	if err := parseNoArgs(fs, args); err != nil {
+	if err := parseWithID(fs, id, args); err != nil {
 		return err
 	}
-	if *id == "" || *operation == "" {
-		return usagef("--id and --operation are required")
+	if *operation == "" {
+		return usagef("--operation is required")
 	}
 	units, err := parseUnits("units", *unitSpec)
 	if err != nil {
@@ -275,27 +276,39 @@ func runGet(ctx context.Context, e *env, args []string) error {
 	return printJSON(e.stdout, msg.GetReservation())
 }
 
-// parseIDFlags parses the flags of a command that names one reservation,
-// by --id or as its only argument.
+// parseIDFlags parses the flags of a command that names one reservation
+// and has no other flags of its own (release, mark-unknown, get).
 func parseIDFlags(name string, e *env, args []string) (*clientFlags, string, error) {
 	fs := newFlags(name)
 	cf := &clientFlags{}
 	cf.register(fs, e)
 	id := fs.String("id", "", "")
+	if err := parseWithID(fs, id, args); err != nil {
+		return nil, "", err
+	}
+	return cf, *id, nil
+}
+
+// parseWithID parses fs, whose --id flag is id, for a command that names
+// one reservation by --id or as its only argument (every command that
+// acts on one reservation: start, settle, release, mark-unknown, get). It
+// sets *id and returns a usage error for more than one argument, two
+// different ids, or none.
+func parseWithID(fs *flag.FlagSet, id *string, args []string) error {
 	positional, err := parseFlags(fs, args)
 	if err != nil {
-		return nil, "", err
+		return err
 	}
 	switch {
 	case len(positional) > 1:
-		return nil, "", usagef("want one reservation id, got %d arguments", len(positional))
+		return usagef("want one reservation id, got %d arguments", len(positional))
 	case len(positional) == 1 && *id != "" && positional[0] != *id:
-		return nil, "", usagef("reservation id given twice (%q and --id %q)", positional[0], *id)
+		return usagef("reservation id given twice (%q and --id %q)", positional[0], *id)
 	case len(positional) == 1:
 		*id = positional[0]
 	}
 	if *id == "" {
-		return nil, "", usagef("a reservation id is required (--id ID or as the argument)")
+		return usagef("a reservation id is required (--id ID or as the argument)")
 	}
-	return cf, *id, nil
+	return nil
 }

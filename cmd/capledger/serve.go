@@ -198,7 +198,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	cutGCPercent := 0
 	if os.Getenv("GOGC") == "" {
 		defer debug.SetGCPercent(debug.SetGCPercent(400))
-		// Not while a checkpoint is cut: it holds about 220 bytes per
+		// Not while a checkpoint is cut: it holds about 160 bytes per
 		// account touched since the last one for minutes, and five times
 		// that is over the 600 MB a million accounts may take
 		// (docs/PERFORMANCE.md, a million tenants).

@@ -14,7 +14,8 @@ import (
 )
 
 // manyAccountCheckpoint is a checkpoint of n accounts following prev
-// (nil: the first). CheckpointPut checks only the chain's links.
+// (nil: the first). store.PutCheckpoint (CheckpointWrite) checks only
+// the chain's links.
 func manyAccountCheckpoint(prev *ledger.Checkpoint, n int) *ledger.Checkpoint {
 	c := &ledger.Checkpoint{Seq: 1, Through: 1, CutAt: time.Unix(1, 0).UTC(), Accounts: make([]ledger.CheckpointAccount, n)}
 	if prev != nil {
@@ -47,12 +48,12 @@ func checkpointRows(t *testing.T, s *Store) map[int64]int {
 	return out
 }
 
-// TestCheckpointPutInBoundedTransactions: a checkpoint of many accounts is
+// TestCheckpointWriteInBoundedTransactions: a checkpoint of many accounts is
 // written in transactions of at most checkpointPage rows (each lets the
 // writer go), its header last; the accounts of checkpoints two back are
 // deleted the same way, and rows staged by an attempt that never stored
 // its header are replaced, not a conflict.
-func TestCheckpointPutInBoundedTransactions(t *testing.T) {
+func TestCheckpointWriteInBoundedTransactions(t *testing.T) {
 	ctx := context.Background()
 	s, err := Open(ctx, filepath.Join(t.TempDir(), "capledger.db"))
 	if err != nil {

@@ -119,10 +119,12 @@ type subjectPending struct {
 	// listing answers store.ErrUnavailable, and the flusher catches up
 	// from the journal (catchUpSubjects), which clears it.
 	catchUp atomic.Bool
-	// behinds counts the times catchUp was set (behind): a read that
-	// began with catchUp clear and sees the same count after it read
-	// raced with no event (complete).
-	behinds atomic.Uint64
+	// catchUps counts the catch-ups begun (catchUp set from clear): a
+	// read that began with catchUp clear and sees the same count after it
+	// read raced with no catch-up (complete). lastErr is the last flush or
+	// catch-up error, nil once one worked (both for SubjectIndexStatus).
+	catchUps atomic.Uint64
+	lastErr  atomic.Pointer[string]
 	// fault, when set (tests), fails each flush and catch-up transaction
 	// with its error.
 	fault atomic.Pointer[error]
@@ -158,8 +160,9 @@ func newSubjectPending(age time.Duration, count int) *subjectPending {
 // behind records that committed entries may be neither pending nor in the
 // table, and wakes the flusher to catch up from the journal.
 func (p *subjectPending) behind() {
-	p.catchUp.Store(true)
-	p.behinds.Add(1)
+	if !p.catchUp.Swap(true) {
+		p.catchUps.Add(1)
+	}
 	select {
 	case p.wake <- struct{}{}:
 	default:
@@ -169,15 +172,15 @@ func (p *subjectPending) behind() {
 // subjectRead is the index's state when a read began (begin), for
 // complete.
 type subjectRead struct {
-	behind  bool
-	behinds uint64
+	behind   bool
+	catchUps uint64
 }
 
 // begin returns the index's state for complete; a read calls it before
 // it reads pending or the table (as a deferred complete's argument).
 func (p *subjectPending) begin() subjectRead {
-	behinds := p.behinds.Load() // before catchUp: a behind between the two changes the count
-	return subjectRead{behind: p.catchUp.Load(), behinds: behinds}
+	catchUps := p.catchUps.Load() // before catchUp: a behind between the two sets catchUp
+	return subjectRead{behind: p.catchUp.Load(), catchUps: catchUps}
 }
 
 // complete replaces a read's nil *err with store.ErrUnavailable when the
@@ -189,7 +192,7 @@ func (p *subjectPending) complete(what string, began subjectRead, err *error) {
 	if f := p.readDone.Load(); f != nil {
 		(*f)()
 	}
-	if *err == nil && (began.behind || p.catchUp.Load() || p.behinds.Load() != began.behinds) {
+	if *err == nil && (began.behind || p.catchUp.Load() || p.catchUps.Load() != began.catchUps) {
 		*err = fmt.Errorf("%s: the subject index is catching up from the journal (a commit's outcome was unknown, or flushes failed): %w", what, store.ErrUnavailable)
 	}
 }
@@ -405,6 +408,19 @@ func subjectDeleteSQL(n int) string {
 		" (SELECT subject, created_at, id FROM reservations WHERE id IN (" + params(n) + "))"
 }
 
+// SubjectIndexStatus implements store.SubjectIndexReporter: whether the
+// subject index catches up from the journal (its listings answer
+// store.ErrUnavailable meanwhile), how many catch-ups began since Open,
+// how many entries wait for a flush, and the last flush's error.
+func (s *Store) SubjectIndexStatus() store.SubjectIndexStatus {
+	p := s.subjects
+	st := store.SubjectIndexStatus{CatchingUp: p.catchUp.Load(), CatchUps: p.catchUps.Load(), Pending: p.len()}
+	if e := p.lastErr.Load(); e != nil {
+		st.LastError = *e
+	}
+	return st
+}
+
 // runSubjectFlusher writes pending entries whenever they are due, until
 // Close.
 func (s *Store) runSubjectFlusher() {
@@ -442,8 +458,16 @@ func (s *Store) runSubjectFlusher() {
 // batches run between them), and with the last chunk records the journal
 // position the table is now complete to. It returns the first error; the
 // entries not written stay pending.
-func (s *Store) flushSubjects(ctx context.Context) error {
+func (s *Store) flushSubjects(ctx context.Context) (err error) {
 	p := s.subjects
+	defer func() {
+		if err != nil {
+			msg := err.Error()
+			p.lastErr.Store(&msg)
+		} else {
+			p.lastErr.Store(nil)
+		}
+	}()
 	if p.catchUp.Load() {
 		if err := s.catchUpSubjects(ctx); err != nil {
 			return err

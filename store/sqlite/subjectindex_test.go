@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -642,4 +643,48 @@ func TestSubjectIndexCatchUpDuringAListing(t *testing.T) {
 		}
 	}
 	sqlite.SetSubjectFlushFault(s, nil)
+}
+
+// SubjectIndexStatus (store.SubjectIndexReporter, shown on /statusz and
+// /metrics) tells an operator why the console's listings answer 503: a
+// catch-up from the journal is under way after an unknown COMMIT, and a
+// flush keeps failing (its error); both clear once a flush works, and the
+// catch-up stays counted.
+func TestSubjectIndexStatusShowsTheCatchUp(t *testing.T) {
+	ctx := context.Background()
+	s, _ := openSubjectIndexed(t)
+	if got := s.SubjectIndexStatus(); got != (store.SubjectIndexStatus{}) {
+		t.Fatalf("fresh store: %+v, want zero", got)
+	}
+	commit(t, s, journaled("a"))
+	if got := s.SubjectIndexStatus(); got != (store.SubjectIndexStatus{Pending: 1}) {
+		t.Fatalf("one commit: %+v, want 1 pending", got)
+	}
+	sqlite.SetCommitFault(s, func() error { return errors.New("disk I/O error") })
+	tx, err := s.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Write(ctx, journaled("x")); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err == nil {
+		t.Fatal("the injected COMMIT error was not answered")
+	}
+	sqlite.SetCommitFault(s, nil)
+	sqlite.SetSubjectFlushFault(s, errors.New("database or disk is full"))
+	if err := s.FlushSubjectIndex(ctx); err == nil {
+		t.Fatal("the injected flush error was not answered")
+	}
+	got := s.SubjectIndexStatus()
+	if !got.CatchingUp || got.CatchUps != 1 || !strings.Contains(got.LastError, "database or disk is full") {
+		t.Fatalf("catching up with flushes failing: %+v, want CatchingUp, 1 catch-up and the flush's error", got)
+	}
+	sqlite.SetSubjectFlushFault(s, nil)
+	if err := s.FlushSubjectIndex(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.SubjectIndexStatus(); got != (store.SubjectIndexStatus{CatchUps: 1}) {
+		t.Fatalf("after a flush that worked: %+v, want only the 1 catch-up counted", got)
+	}
 }

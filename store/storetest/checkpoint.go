@@ -182,7 +182,7 @@ func testCheckpointCompaction(t *testing.T, s store.Store) {
 	}
 }
 
-// testCheckpointConflict: CheckpointPut refuses a checkpoint that does
+// testCheckpointConflict: store.PutCheckpoint refuses a checkpoint that does
 // not extend the stored chain (another replica cut first), with
 // ErrConflict, and keeps the chain as it was.
 func testCheckpointConflict(t *testing.T, s store.Store) {
