@@ -97,11 +97,12 @@ Flags:
   --max-batch N       commands per store transaction (default 512)
   --cache-rows N      SQLite row cache: the most rows of each hot table
                       (accounts, ...) kept in memory, least recently used
-                      evicted first; about 1 KiB per account (default
-                      131072, about 130 MiB); refused with the other
+                      evicted first, filled with the file's tenants at
+                      start; about 275 bytes per tenant (default 524288,
+                      about 145 MB); refused with the other
                       stores, which have no row cache. Unless GOMEMLIMIT
-                      is set, serve sets a soft memory limit of 192 MiB +
-                      2 KiB per cached row (448 MiB at the default, and
+                      is set, serve sets a soft memory limit of 320 MiB +
+                      256 bytes per cached row (448 MiB at the default, and
                       with the other stores)
   --pipelined-sync    SQLite: commit a batch without its fsync and answer
                       its callers after a separate fsync of the WAL, while
@@ -311,6 +312,17 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return usagef("%v", err)
 	}
+	if w, ok := st.(interface {
+		WarmCache(context.Context) (int, error)
+	}); ok {
+		// Fill SQLite's row cache with the tenants' accounts beside the
+		// first commands, so they do not each read two leaves first.
+		go func() {
+			began := time.Now()
+			n, err := w.WarmCache(ctx)
+			log.Debug("row cache warmed", "accounts", n, "took", time.Since(began), "err", err)
+		}()
+	}
 	readyCheck, err := replicationCheck(ctx, st, *allowAsync, log)
 	if err != nil {
 		st.Close()
@@ -512,11 +524,11 @@ func storeName(spec, dataDir string) string {
 const serveCutGCPercent = 100
 
 // serveMemoryLimit is serve's soft memory limit for a row cache of
-// cacheRows rows: 192 MiB plus 2 KiB a row (448 MiB at the default).
+// cacheRows rows: 320 MiB plus 256 bytes a row (448 MiB at the default).
 // With a GC target of 400 the heap would otherwise grow to five times its
 // live data (1.15 GB RSS with a million accounts); near the limit the GC
-// runs more often instead, and the live data (about 1.3 KiB per cached
-// account) stays well below it. It is soft: past it the GC works
+// runs more often instead, and the live data (about 275 bytes per cached
+// tenant) stays below it. It is soft: past it the GC works
 // harder, it does not fail allocations. The limit counts the Go runtime's
 // memory only: serve's RSS is about 70 MiB more (SQLite's page caches
 // and the binary), and the heap sits at the limit whenever its
@@ -525,5 +537,5 @@ const serveCutGCPercent = 100
 // 600 MB (docs/PERFORMANCE.md, "RSS and the checkpoint cut"; with 256 MiB
 // plus 2 KiB a row, VmHWM reached 605 MB there).
 func serveMemoryLimit(cacheRows int) int64 {
-	return 192<<20 + int64(cacheRows)*2<<10
+	return 320<<20 + int64(cacheRows)*256
 }

@@ -10,11 +10,15 @@ import (
 )
 
 // DefaultCacheRows bounds the row cache: the most rows of each cached
-// table (accounts, account currents, policy heads, ...) it keeps. An
-// account costs about 1 KiB cached (the row, its copy of the key, the
-// index entry), so the default holds the 131,072 most recently used
-// accounts in about 130 MiB whatever the number of accounts in the file.
-const DefaultCacheRows = 1 << 17
+// table (accounts, account currents, policy heads, ...) it keeps. A
+// tenant (its account and current generation, kept encoded) costs about
+// 275 bytes cached, so the default holds the 524,288 most recently used
+// tenants in about 145 MB whatever the number of accounts in the file: as
+// much memory as 131,072 accounts took as structs. A million would fit
+// in about 290 MB, but then a checkpoint cut over a million accounts
+// (about 160 MB more live heap) ran the GC near serve's memory limit and
+// took twice the CPU (docs/PERFORMANCE.md, a million tenants).
+const DefaultCacheRows = 1 << 19
 
 // WithCacheRows sets the row cache's bound, rows per cached table
 // (default DefaultCacheRows; at least 1).
@@ -141,8 +145,9 @@ type rowCache struct {
 	meta        *clockTable[string, int64]
 	policies    *clockTable[uint64, ledger.Policy]
 	heads       *clockTable[ledger.PolicyKey, ledger.PolicyHead]
-	accounts    *clockTable[ledger.AccountKey, ledger.Account]
-	currents    *clockTable[ledger.PolicyKey, uint64]
+	// accounts and currents, one row per tenant, are kept encoded.
+	accounts *packedTable[ledger.AccountKey, ledger.Account]
+	currents *packedTable[ledger.PolicyKey, uint64]
 	// headsTooMany is set when the policy heads were too many to load
 	// whole (completeHeads), until the cache starts over.
 	headsTooMany bool
@@ -153,8 +158,8 @@ func newRowCache(rows int) *rowCache {
 		meta:     newClockTable[string, int64](rows),
 		policies: newClockTable[uint64, ledger.Policy](rows),
 		heads:    newClockTable[ledger.PolicyKey, ledger.PolicyHead](rows),
-		accounts: newClockTable[ledger.AccountKey, ledger.Account](rows),
-		currents: newClockTable[ledger.PolicyKey, uint64](rows),
+		accounts: newPackedTable(rows, accountCodec),
+		currents: newPackedTable(rows, currentCodec),
 	}
 }
 
@@ -217,16 +222,17 @@ func copyRow[T any](v *T) *T {
 	return &out
 }
 
-// lookup returns a copy of the cached row (nil with found true when the row
-// is known not to exist); found is false when the key is not cached.
-func lookup[K comparable, T any](c *rowCache, m *clockTable[K, T], key K, clone func(*T) *T) (row *T, found bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	e, ok := m.get(key)
+func (t *clockTable[K, T]) has(key K) bool {
+	_, ok := t.index[key]
+	return ok
+}
+
+func (t *clockTable[K, T]) lookupRow(key K, clone func(*T) *T) (*T, bool) {
+	e, ok := t.get(key)
 	if !ok {
 		// In a complete table, a key not held is a row that does not
 		// exist.
-		return nil, m.complete
+		return nil, t.complete
 	}
 	if e.row == nil {
 		return nil, true
@@ -234,14 +240,26 @@ func lookup[K comparable, T any](c *rowCache, m *clockTable[K, T], key K, clone 
 	return clone(e.row), true
 }
 
-// remember caches a copy of row (nil: the row does not exist).
-func remember[K comparable, T any](c *rowCache, m *clockTable[K, T], key K, row *T, clone func(*T) *T) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+func (t *clockTable[K, T]) rememberRow(key K, row *T, clone func(*T) *T) {
 	if row != nil {
 		row = clone(row)
 	}
-	m.put(key, cached[T]{row: row})
+	t.put(key, cached[T]{row: row})
+}
+
+// lookup returns a copy of the cached row (nil with found true when the row
+// is known not to exist); found is false when the key is not cached.
+func lookup[K comparable, T any](c *rowCache, m rowTable[K, T], key K, clone func(*T) *T) (row *T, found bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return m.lookupRow(key, clone)
+}
+
+// remember caches a copy of row (nil: the row does not exist).
+func remember[K comparable, T any](c *rowCache, m rowTable[K, T], key K, row *T, clone func(*T) *T) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	m.rememberRow(key, row, clone)
 }
 
 // committed records what a committed transaction wrote to the cached

@@ -83,7 +83,7 @@ func (tx *Tx) AccountsPrefetch(ctx context.Context, subjects []ledger.PolicyKey)
 	var missing []ledger.PolicyKey
 	c.mu.Lock()
 	for _, k := range subjects {
-		if _, ok := c.currents.get(k); !ok {
+		if !c.currents.has(k) {
 			missing = append(missing, k)
 		}
 	}

@@ -114,7 +114,7 @@ func getOne[T any](ctx context.Context, tx *Tx, i int, scan func(scanner) (T, er
 // cachedGet answers a getter from the row cache when it can; otherwise it
 // runs read and, before the transaction wrote anything (so what it reads is
 // the committed row), caches the answer, a row or its absence.
-func cachedGet[K comparable, T any](ctx context.Context, tx *Tx, m *clockTable[K, T], key K, clone func(*T) *T,
+func cachedGet[K comparable, T any](ctx context.Context, tx *Tx, m rowTable[K, T], key K, clone func(*T) *T,
 	what string, read func() (*T, error)) (*T, error) {
 	if err := tx.check(ctx); err != nil {
 		return nil, err
