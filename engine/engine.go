@@ -627,10 +627,15 @@ const maxDebtScans = 8
 // AccountsInDebt returns up to f.Limit accounts that owe debt now, in key
 // order after f.After. The store finds the rows that owed at their last
 // command; each is then shown as Accounts shows it, with the refill due up
-// to now (which repays debt first), and left out if that repaid it. next
-// is the cursor for the following page, and more says whether the store
-// may hold more debtors after it.
-func (e *Engine) AccountsInDebt(ctx context.Context, f store.DebtFilter) (out []ledger.Account, next ledger.AccountKey, more bool, err error) {
+// to now (which repays debt first), and left out if that repaid it. keep,
+// when not nil, leaves out the rows whose key it refuses before anything
+// else is read for them (a scoped caller's filter: a row outside the
+// scope costs its stored row only). One call reads at most maxDebtScans
+// store pages of at most f.Limit rows, whatever keep refuses. next is the
+// cursor for the following page (the last row examined, which may be one
+// keep refused or refill repaid), and more says whether the store may hold
+// more debtors after it.
+func (e *Engine) AccountsInDebt(ctx context.Context, f store.DebtFilter, keep func(ledger.AccountKey) bool) (out []ledger.Account, next ledger.AccountKey, more bool, err error) {
 	if f.Limit <= 0 {
 		return nil, ledger.AccountKey{}, false, fmt.Errorf("accounts in debt: limit %d, want a positive one", f.Limit)
 	}
@@ -643,6 +648,10 @@ func (e *Engine) AccountsInDebt(ctx context.Context, f store.DebtFilter) (out []
 		}
 		for i := range stored {
 			key := stored[i].Key
+			next = key
+			if keep != nil && !keep(key) {
+				continue
+			}
 			// Refill depends on which of the subject's generations holds
 			// its capacity, so read the subject's accounts as Accounts
 			// shows them.
@@ -655,7 +664,6 @@ func (e *Engine) AccountsInDebt(ctx context.Context, f store.DebtFilter) (out []
 					out = append(out, accounts[j])
 				}
 			}
-			next = key
 		}
 		if len(stored) < want {
 			return out, next, false, nil // no more rows that owed

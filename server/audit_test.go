@@ -81,13 +81,13 @@ type stallingAuditor struct {
 	releaseGates chan struct{}
 }
 
-func (s stallingAuditor) AccountsInDebt(ctx context.Context, f store.DebtFilter) ([]ledger.Account, ledger.AccountKey, bool, error) {
+func (s stallingAuditor) AccountsInDebt(ctx context.Context, f store.DebtFilter, keep func(ledger.AccountKey) bool) ([]ledger.Account, ledger.AccountKey, bool, error) {
 	select {
 	case <-s.releaseGates:
 	case <-ctx.Done():
 		return nil, ledger.AccountKey{}, false, ctx.Err()
 	}
-	return s.Engine.AccountsInDebt(ctx, f)
+	return s.Engine.AccountsInDebt(ctx, f, keep)
 }
 
 func (s stallingAuditor) AuditWith(ctx context.Context, o engine.AuditOptions) ([]ledger.Discrepancy, error) {

@@ -52,32 +52,57 @@ func (s *Server) ListUsageUnknown(ctx context.Context, req *connect.Request[v1.L
 		return nil, cerr
 	}
 	query := queryDigest(req.Msg.GetSubject(), req.Msg.GetRoute())
-	after, err := parseUnknownToken(req.Msg.GetPageToken(), query)
+	plain, err := s.unsealPage(ctx, "ListUsageUnknown", req.Msg.GetPageToken())
 	if err != nil {
 		return nil, invalidArgument(ReasonInvalidCommand, "page_token: %v", err)
 	}
-	// Read pages of the store until size+1 rows in the caller's scope are
-	// found (one more than the page tells whether there is a next one) or
-	// the store has no more: the next token then follows the last row
-	// shown, so it never names a row outside the scope (as
-	// ListSubjectReservations). Unscoped, the first read is the page.
-	filter := store.UnknownFilter{Subject: req.Msg.GetSubject(), Route: req.Msg.GetRoute(), After: after, Limit: size + 1}
+	after, err := parseUnknownToken(plain, query)
+	if err != nil {
+		return nil, invalidArgument(ReasonInvalidCommand, "page_token: %v", err)
+	}
+	filter := store.UnknownFilter{Subject: req.Msg.GetSubject(), Route: req.Msg.GetRoute(), After: after}
 	var rows []ledger.Reservation
-	for {
-		page, err := s.ledger.ReservationsUnknown(ctx, filter)
+	var next *store.UnknownCursor
+	if !scoped(ctx) {
+		// One read of size+1 rows: the one more tells whether there is a
+		// next page, and the token follows the last row shown.
+		filter.Limit = size + 1
+		rows, err = s.ledger.ReservationsUnknown(ctx, filter)
 		if err != nil {
 			return nil, readError("list usage unknown", ReasonStoreUnavailable, err)
 		}
-		for i := range page {
-			if InScope(ctx, page[i].Account.Subject, page[i].Account.Route) {
-				rows = append(rows, page[i])
+		if len(rows) > size {
+			rows = rows[:size]
+			next = &store.UnknownCursor{MarkedAt: rows[size-1].UnknownAt, ID: rows[size-1].ID}
+		}
+	} else {
+		// A scoped caller's rows are those in its scope: read on past the
+		// others for at most maxScopedScanPages pages of what the page
+		// still lacks. The next token follows the last row examined,
+		// which may lie outside the scope (sealNext seals it), so a
+		// short or even empty page with a token means "keep paging".
+		for range maxScopedScanPages {
+			filter.Limit = size - len(rows)
+			page, err := s.ledger.ReservationsUnknown(ctx, filter)
+			if err != nil {
+				return nil, readError("list usage unknown", ReasonStoreUnavailable, err)
+			}
+			for i := range page {
+				if InScope(ctx, page[i].Account.Subject, page[i].Account.Route) {
+					rows = append(rows, page[i])
+				}
+			}
+			if len(page) < filter.Limit {
+				next = nil // the store has no more
+				break
+			}
+			last := page[len(page)-1]
+			filter.After = store.UnknownCursor{MarkedAt: last.UnknownAt, ID: last.ID}
+			next = &filter.After
+			if len(rows) == size {
+				break
 			}
 		}
-		if len(rows) > size || len(page) <= size {
-			break
-		}
-		last := page[len(page)-1]
-		filter.After = store.UnknownCursor{MarkedAt: last.UnknownAt, ID: last.ID}
 	}
 	backlog, err := s.ledger.UnknownBacklog(ctx)
 	if err != nil {
@@ -88,12 +113,10 @@ func (s *Server) ListUsageUnknown(ctx context.Context, req *connect.Request[v1.L
 		// The store-wide figures span tenants outside the token's scope.
 		resp.Backlog, resp.OldestUsageUnknownAt = 0, nil
 	}
-	// The cursor is the page's last row in the store's order, taken
-	// before overdue ones move to the front.
-	if len(rows) > size {
-		rows = rows[:size]
-		last := rows[size-1]
-		resp.NextPageToken = unknownToken(store.UnknownCursor{MarkedAt: last.UnknownAt, ID: last.ID}, query)
+	// The cursor (the last row shown, or for a scoped caller examined, in
+	// the store's order) was taken before overdue ones move to the front.
+	if next != nil {
+		resp.NextPageToken = s.sealNext(ctx, "ListUsageUnknown", unknownToken(*next, query))
 	}
 	if s.resolver != nil {
 		resp.OverdueReservationIds = overdueFirst(s.resolver, rows, s.clock())

@@ -22,47 +22,31 @@ func (s *Server) ListDebts(ctx context.Context, req *connect.Request[v1.ListDebt
 	if cerr != nil {
 		return nil, cerr
 	}
-	after, err := parseDebtToken(req.Msg.GetPageToken())
+	plain, err := s.unsealPage(ctx, "ListDebts", req.Msg.GetPageToken())
 	if err != nil {
 		return nil, invalidArgument(ReasonInvalidCommand, "page_token: %v", err)
 	}
-	var accounts []ledger.Account
-	var next ledger.AccountKey
-	var more bool
-	if !scoped(ctx) {
-		accounts, next, more, err = s.ledger.AccountsInDebt(ctx, store.DebtFilter{After: after, Limit: size})
-		if err != nil {
-			return nil, readError("list debts", ReasonStoreUnavailable, err)
-		}
-	} else {
-		// A scoped viewer sees its own tenants' debts only, and its page
-		// token must not name another's account: read on until size+1
-		// accounts in the scope are found (one more than the page tells
-		// whether there is a next one) or the store has no more, and
-		// follow the last one shown (as ListSubjectReservations).
-		filter := store.DebtFilter{After: after, Limit: size + 1}
-		for {
-			page, pageNext, pageMore, err := s.ledger.AccountsInDebt(ctx, filter)
-			if err != nil {
-				return nil, readError("list debts", ReasonStoreUnavailable, err)
-			}
-			for i := range page {
-				if InScope(ctx, page[i].Key.Subject, page[i].Key.Route) {
-					accounts = append(accounts, page[i])
-				}
-			}
-			if len(accounts) > size || !pageMore {
-				break
-			}
-			filter.After = pageNext
-		}
-		if len(accounts) > size {
-			accounts, more, next = accounts[:size], true, accounts[size-1].Key
-		}
+	after, err := parseDebtToken(plain)
+	if err != nil {
+		return nil, invalidArgument(ReasonInvalidCommand, "page_token: %v", err)
+	}
+	// A scoped viewer sees its own tenants' debts only. The engine leaves
+	// the others out before it reads anything more for them, reads a
+	// bounded number of store pages (whatever it leaves out), and the
+	// next token follows the last row it examined, which may lie outside
+	// the scope: sealNext seals it, so a short or empty page with a token
+	// means "keep paging".
+	var keep func(ledger.AccountKey) bool
+	if scoped(ctx) {
+		keep = func(k ledger.AccountKey) bool { return InScope(ctx, k.Subject, k.Route) }
+	}
+	accounts, next, more, err := s.ledger.AccountsInDebt(ctx, store.DebtFilter{After: after, Limit: size}, keep)
+	if err != nil {
+		return nil, readError("list debts", ReasonStoreUnavailable, err)
 	}
 	resp := &v1.ListDebtsResponse{}
 	if more {
-		resp.NextPageToken = debtToken(next)
+		resp.NextPageToken = s.sealNext(ctx, "ListDebts", debtToken(next))
 	}
 	for i := range accounts {
 		p, err := s.policies.get(ctx, accounts[i].Key.Generation)

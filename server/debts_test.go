@@ -106,9 +106,10 @@ func TestListDebtsRefusesBadPages(t *testing.T) {
 }
 
 // A scoped token's pages of ListDebts skip the accounts outside its scope
-// and its page tokens never name one (they are base64 of an account key
-// anybody can decode): pages of one for tenant-b/* hold its two debtors,
-// never an empty page whose token names tenant-a's or tenant-c's account.
+// and its page tokens never name one (an unscoped caller's are base64 of
+// an account key anybody can decode; a scoped one's are sealed): pages of
+// one for tenant-b/* hold its two debtors, and no token names tenant-a's
+// or tenant-c's account.
 func TestDebtPagesOfAScopedTokenNameOnlyItsAccounts(t *testing.T) {
 	h := newHarness(t, harnessOptions{auth: true, tokens: consoleTokens})
 	h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"chat.generate",

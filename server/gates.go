@@ -89,7 +89,7 @@ func (s *Server) recordGates(ctx context.Context, found []ledger.Discrepancy) {
 	accounts := 0
 	var after ledger.AccountKey
 	for {
-		page, next, more, err := s.ledger.AccountsInDebt(ctx, store.DebtFilter{After: after, Limit: 1000})
+		page, next, more, err := s.ledger.AccountsInDebt(ctx, store.DebtFilter{After: after, Limit: 1000}, nil)
 		if err != nil {
 			s.log.Warn("gate metrics: debts", "err", err)
 			debt = nil

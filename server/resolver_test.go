@@ -90,9 +90,10 @@ func TestOverdueUnknownStayInScope(t *testing.T) {
 }
 
 // A scoped token's pages of ListUsageUnknown skip the rows outside its
-// scope and its page tokens never name one (they are base64 of a cursor
-// anybody can decode): the next page after tenant-b's oldest holds its
-// next one, not an empty page whose token names tenant-a's reservation.
+// scope and its page tokens never name one (an unscoped caller's are
+// base64 of a cursor anybody can decode; a scoped one's are sealed): the
+// next page after tenant-b's oldest holds its next one, and no token
+// names tenant-a's reservation.
 func TestUnknownPagesOfAScopedTokenNameOnlyItsRows(t *testing.T) {
 	h := newHarness(t, harnessOptions{auth: true, tokens: consoleTokens})
 	h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"chat.generate",

@@ -45,7 +45,7 @@ type Ledger interface {
 	Audit(ctx context.Context) ([]ledger.Discrepancy, error)
 	ReservationsUnknown(ctx context.Context, f store.UnknownFilter) ([]ledger.Reservation, error)
 	UnknownBacklog(ctx context.Context) (store.UnknownBacklog, error)
-	AccountsInDebt(ctx context.Context, f store.DebtFilter) ([]ledger.Account, ledger.AccountKey, bool, error)
+	AccountsInDebt(ctx context.Context, f store.DebtFilter, keep func(ledger.AccountKey) bool) ([]ledger.Account, ledger.AccountKey, bool, error)
 	Stats() engine.Stats
 	Ready() error
 }
@@ -132,6 +132,9 @@ type Server struct {
 	// auth checks bearer tokens (nil with auth off), for the connect
 	// interceptor and the grpc-go path alike (grpc.go).
 	auth *authCheck
+	// sealer seals scoped callers' page tokens (pagetokens.go; nil with
+	// auth off, where no caller is scoped).
+	sealer *pageSealer
 }
 
 // New returns a server over l.
@@ -181,6 +184,7 @@ func New(l Ledger, cfg Config) *Server {
 	options = append(options, jsonCodecs()...)
 	if cfg.Tokens != nil {
 		s.auth = &authCheck{cfg.Tokens}
+		s.sealer = newPageSealer(cfg.Tokens)
 		options = append(options, connect.WithInterceptors(s.auth))
 	}
 	options = append(options, connect.WithInterceptors(s.console.observe()))

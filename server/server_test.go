@@ -85,6 +85,9 @@ type harnessOptions struct {
 	retention time.Duration
 	// ready is server.Config.ReadyCheck.
 	ready func(ctx context.Context) (string, error)
+	// wrapStore, when set, wraps the store the engine is given (to count
+	// its reads); the harness's own reads use the store itself.
+	wrapStore func(store.Store) store.Store
 }
 
 // newHarness serves a real server on 127.0.0.1:0 over a real engine.
@@ -103,7 +106,11 @@ func newHarness(t testing.TB, opts harnessOptions) *harness {
 	}
 	metrics := server.NewMetrics()
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
-	h.engine = engine.New(h.store, engine.Options{
+	engineStore := h.store
+	if opts.wrapStore != nil {
+		engineStore = opts.wrapStore(h.store)
+	}
+	h.engine = engine.New(engineStore, engine.Options{
 		Clock: h.clock.Now, DisableWorkers: !opts.workers, WorkerInterval: 5 * time.Millisecond,
 		OnBatch: metrics.ObserveBatch, Logger: logger, Resolver: opts.resolver,
 		Retention: opts.retention, TombstoneRetention: 10 * opts.retention,

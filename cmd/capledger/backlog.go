@@ -20,7 +20,10 @@ with the operation receipt resolves them. The longest-waiting (earliest
 "oldestUsageUnknownAt" count the whole backlog, whatever the filters.
 Needs an admin token. With serve --resolver-config, reservations past
 their route's unknownDeadline come first in each page and are listed in
-"overdueReservationIds" ("overdue" counts them store-wide).
+"overdueReservationIds" ("overdue" counts them store-wide). For a token
+scoped to some tenants a page may hold fewer than --limit reservations,
+or none, and still have a nextPageToken: the server reads a bounded
+number of rows per call; keep paging (--all does).
 
 To resolve one: find the real usage of its operationId (the executor's or
 backend's record, the gateway's receipt log), then

@@ -382,6 +382,16 @@ func TestMigrateUnreachablePostgresExits5(t *testing.T) {
 	}
 }
 
+// serve exits 5 when its store cannot be reached, the general rule for an
+// unavailable store (a supervisor retries), not 1 (bad flags or config).
+func TestServeUnreachablePostgresExits5(t *testing.T) {
+	code, out, errOut := cli(t, "", "serve", "--addr", "127.0.0.1:47301", "--store", "postgres://postgres@127.0.0.1:47302/test?sslmode=disable&connect_timeout=5")
+	wantExit(t, exitUnavailable, code, out, errOut)
+	if !strings.Contains(errOut, "127.0.0.1:47302") {
+		t.Fatalf("serve on an unreachable PostgreSQL says %q", errOut)
+	}
+}
+
 // postgresSchema returns a DSN for a fresh schema on the test server
 // (dropped when the test ends), or skips without CAPLEDGER_TEST_POSTGRES.
 func postgresSchema(t *testing.T) string {

@@ -20,8 +20,9 @@ due up to now, in key order (subject, route, region, generation). It ends
 by itself; do not roll back or republish to unfreeze a tenant. Needs an
 admin token.
 
-A page may hold fewer than --limit accounts and still have a
-nextPageToken: the server stops after reading a bounded number of rows.
+A page may hold fewer than --limit accounts, or none, and still have a
+nextPageToken: the server stops after reading a bounded number of rows;
+keep paging (--all does).
 
 Flags:
 ` + pageFlagsHelp + `

@@ -67,7 +67,7 @@ func runMigrate(ctx context.Context, e *env, args []string) error {
 	if pg {
 		applied, err := postgres.Migrate(ctx, *storeSpec)
 		if err != nil {
-			return migrateError(err)
+			return storeError(err)
 		}
 		if len(applied) == 0 {
 			fmt.Fprintf(e.stdout, "postgres schema already at version %d\n", postgres.SchemaVersion())
@@ -90,7 +90,7 @@ func runMigrate(ctx context.Context, e *env, args []string) error {
 	defer unlock()
 	st, err := open.Open(ctx, *storeSpec, *dataDir)
 	if err != nil {
-		return migrateError(err)
+		return storeError(err)
 	}
 	if err := st.Close(); err != nil {
 		return usagef("migrate: close: %v", err)
@@ -111,10 +111,12 @@ func runMigrate(ctx context.Context, e *env, args []string) error {
 	return nil
 }
 
-// migrateError is the exit for a store that could not be migrated: 5
-// (exitUnavailable) when it could not be reached (store.ErrUnavailable),
-// the general rule a deploy script retries on; otherwise 1.
-func migrateError(err error) error {
+// storeError is the exit for a store that could not be opened, checked or
+// migrated (migrate, serve): 5 (exitUnavailable) when it could not be
+// reached (store.ErrUnavailable), the general rule a deploy script or a
+// supervisor retries on; otherwise 1, for a store that refuses (a schema
+// newer than this binary, a failed migration, refused credentials).
+func storeError(err error) error {
 	if errors.Is(err, store.ErrUnavailable) {
 		return exitError{code: exitUnavailable, err: err}
 	}

@@ -155,9 +155,11 @@ Example:
   (clients then use --addr https://ledger.example:7443, and --ca-file when a
   private CA signed the certificate)
 
-Exit codes: 0 after a graceful shutdown, 1 for bad flags or a store or
-address that cannot be opened or a TLS pair that does not load, 5 when the
-server fails while running.
+Exit codes: 0 after a graceful shutdown; 1 for bad flags, an address that
+cannot be opened, a TLS pair that does not load, or a store that refuses
+(a schema newer than this binary, refused credentials, replication at
+risk); 5 for a store that cannot be reached (PostgreSQL down or refusing
+connections: retry later) and when the server fails while running.
 `
 
 func runServe(ctx context.Context, e *env, args []string) error {
@@ -310,7 +312,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	})
 	st, err := open.OpenWith(ctx, *storeSpec, *dataDir, openOpts)
 	if err != nil {
-		return usagef("%v", err)
+		return storeError(err)
 	}
 	if w, ok := st.(interface {
 		WarmCache(context.Context) (int, error)
@@ -440,7 +442,8 @@ func runServe(ctx context.Context, e *env, args []string) error {
 // replicationCheck checks, for a PostgreSQL store, that the primary cannot
 // lose a commit the ledger acknowledged (see postgres.Replication.Risk),
 // and returns the readiness check that keeps checking it. It returns an
-// error (exit 1) when the primary is at risk and allowAsync is false; with
+// error (exit 1) when the primary is at risk and allowAsync is false (exit
+// 5 when the store cannot be reached to tell); with
 // allowAsync it logs a warning and readiness reports it. For other stores
 // it returns a nil check.
 func replicationCheck(ctx context.Context, st store.Store, allowAsync bool, log *slog.Logger) (func(context.Context) (string, error), error) {
@@ -450,7 +453,7 @@ func replicationCheck(ctx context.Context, st store.Store, allowAsync bool, log 
 	}
 	r, err := pg.Replication(ctx)
 	if err != nil {
-		return nil, usagef("check replication: %v", err)
+		return nil, storeError(fmt.Errorf("check replication: %w", err))
 	}
 	if risk := r.Risk(); risk != "" {
 		if !allowAsync {

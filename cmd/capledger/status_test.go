@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"net"
+	"strings"
 	"testing"
 	"time"
 )
@@ -46,4 +47,16 @@ func TestCLIStatus(t *testing.T) {
 
 	code, out, errOut = cli(t, url, "serve", "--lease-ttl", "1ms")
 	wantExit(t, exitUsage, code, out, errOut)
+}
+
+// status --help names the optional blocks of /statusz that API.md lists,
+// so an operator who sees them knows they are expected.
+func TestStatusHelpNamesTheOptionalBlocks(t *testing.T) {
+	code, out, errOut := cli(t, "", "status", "--help")
+	wantExit(t, exitOK, code, out, errOut)
+	for _, block := range []string{"compaction", "retention", "subjectIndex"} {
+		if !strings.Contains(out, block) {
+			t.Errorf("status --help does not name /statusz's %s block:\n%s", block, out)
+		}
+	}
 }

@@ -31,6 +31,25 @@ async function call(service, method, body) {
   return payload;
 }
 const ledger = (m, b) => call("LedgerService", m, b);
+
+// ledgerPage asks a LedgerService list for up to size rows (field names
+// them), following nextPageToken while the rows fall short: a scoped
+// token's reads are bounded per call, so a short or empty page with a
+// token means "keep paging" (API.md). At most 8 calls; the answer is the
+// last page's with the rows (and overdueReservationIds) of all of them.
+async function ledgerPage(method, body, field, size) {
+  let resp = await ledger(method, Object.assign({}, body, { pageSize: size }));
+  const rows = resp[field] || [];
+  const overdue = resp.overdueReservationIds || [];
+  for (let calls = 1; resp.nextPageToken && rows.length < size && calls < 8; calls++) {
+    resp = await ledger(method, Object.assign({}, body, { pageSize: size - rows.length, pageToken: resp.nextPageToken }));
+    rows.push(...(resp[field] || []));
+    overdue.push(...(resp.overdueReservationIds || []));
+  }
+  resp[field] = rows;
+  if (overdue.length) resp.overdueReservationIds = overdue;
+  return resp;
+}
 const console_ = (m, b) => call("ConsoleService", m, b);
 const shards = (m, b) => call("ShardService", m, b);
 const rollouts = (m, b) => call("RolloutService", m, b);
@@ -421,7 +440,7 @@ function backlogTable(resp, now, answers) {
 }
 
 pages.backlog = async function (main) {
-  const resp = await ledger("ListUsageUnknown", { pageSize: 1000 });
+  const resp = await ledgerPage("ListUsageUnknown", {}, "reservations", 1000);
   const now = Date.now();
   main.append(el("h1", {}, "USAGE_UNKNOWN backlog"));
   const shown = (resp.reservations || []).length;
@@ -441,7 +460,7 @@ pages.backlog = async function (main) {
 
 pages.debts = async function (main) {
   const [debts, standing] = await Promise.all([
-    ledger("ListDebts", { pageSize: 1000 }),
+    ledgerPage("ListDebts", {}, "accounts", 1000),
     console_("ListAccountStandings", { limit: 1000 }),
   ]);
   main.append(el("h1", {}, "Debts"));

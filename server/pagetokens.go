@@ -1,0 +1,121 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"crypto/aes"
+	"crypto/cipher"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"errors"
+	"slices"
+	"strings"
+)
+
+// Page tokens of scoped callers. A scoped token's list read examines a
+// bounded number of stored rows per call (maxScopedScanPages), so a page
+// may end on a row outside the scope, or hold none at all, and the next
+// token must continue after that row. Its cursor (a reservation id, an
+// account key) must not reach the caller, so such tokens are sealed:
+// encrypted and authenticated (AES-256-GCM) under a key derived from
+// every token of the tokens file (pageSealer), bound to the method and to
+// the token's name. Replicas given the same tokens file share the key, and
+// it survives restarts; a sealed token from another tokens file is
+// refused as not this method's (the caller starts again).
+
+// maxScopedScanPages bounds the store pages one scoped list call reads
+// (each at most the page size), whatever the scope leaves out: a scoped
+// token over a store holding nothing in its scope costs a bounded read per
+// call, not the whole backlog or every debtor. The engine's AccountsInDebt
+// bounds its own pages alike (maxDebtScans).
+const maxScopedScanPages = 8
+
+// sealedPrefix starts every sealed token; base64url has no '.', so no
+// plain token starts so.
+const sealedPrefix = "p1."
+
+// pageSealer seals and opens the page tokens of scoped callers.
+type pageSealer struct {
+	aead cipher.AEAD
+}
+
+// newPageSealer derives the sealing key from the digests of every token
+// of the tokens file (sorted, so line order does not matter): a caller
+// must hold every token of the file to derive it.
+func newPageSealer(t *Tokens) *pageSealer {
+	digests := make([][]byte, len(t.entries))
+	for i := range t.entries {
+		digests[i] = t.entries[i].digest[:]
+	}
+	slices.SortFunc(digests, bytes.Compare)
+	h := sha256.New()
+	h.Write([]byte("capledger page tokens v1\x00"))
+	for _, d := range digests {
+		h.Write(d)
+	}
+	block, err := aes.NewCipher(h.Sum(nil))
+	if err != nil {
+		panic(err) // a 32-byte key always makes a cipher
+	}
+	aead, err := cipher.NewGCM(block)
+	if err != nil {
+		panic(err)
+	}
+	return &pageSealer{aead: aead}
+}
+
+// seal returns plain sealed for holder's calls of method.
+func (p *pageSealer) seal(method, holder, plain string) string {
+	nonce := make([]byte, p.aead.NonceSize())
+	rand.Read(nonce) // never fails (crypto/rand)
+	sealed := p.aead.Seal(nonce, nonce, []byte(plain), sealedAD(method, holder))
+	return sealedPrefix + base64.RawURLEncoding.EncodeToString(sealed)
+}
+
+// open returns the plain token sealed in token, or errSealedElsewhere when
+// it is not one sealed with this key for holder's calls of method.
+func (p *pageSealer) open(method, holder, token string) (string, error) {
+	raw, err := base64.RawURLEncoding.DecodeString(strings.TrimPrefix(token, sealedPrefix))
+	if err != nil || len(raw) < p.aead.NonceSize() {
+		return "", errSealedElsewhere
+	}
+	nonce, body := raw[:p.aead.NonceSize()], raw[p.aead.NonceSize():]
+	plain, err := p.aead.Open(nil, nonce, body, sealedAD(method, holder))
+	if err == nil {
+		return string(plain), nil
+	}
+	return "", errSealedElsewhere
+}
+
+func sealedAD(method, holder string) []byte {
+	return []byte(method + "\x00" + holder)
+}
+
+var errSealedElsewhere = errors.New("not a next_page_token this server issued for this method and token (sealed tokens are bound to the token they were issued to and to the tokens file): ask for the first page (no page_token)")
+
+// sealNext returns a list method's next page token for the caller: plain
+// for an unscoped caller (it names rows the caller may see), sealed for a
+// scoped one (it may follow a row outside the scope).
+func (s *Server) sealNext(ctx context.Context, method, plain string) string {
+	if plain == "" || !scoped(ctx) || s.sealer == nil {
+		return plain
+	}
+	id, _ := IdentityFrom(ctx)
+	return s.sealer.seal(method, id.Name, plain)
+}
+
+// unsealPage returns the plain token of a list request's page_token: a
+// sealed one opened for the caller, any other as it is (a plain token
+// only says where to start reading; what is shown is still filtered by
+// the caller's scope).
+func (s *Server) unsealPage(ctx context.Context, method, token string) (string, error) {
+	if !strings.HasPrefix(token, sealedPrefix) {
+		return token, nil
+	}
+	id, ok := IdentityFrom(ctx)
+	if !ok || s.sealer == nil {
+		return "", errSealedElsewhere
+	}
+	return s.sealer.open(method, id.Name, token)
+}

@@ -1,0 +1,205 @@
+package server_test
+
+import (
+	"context"
+	"encoding/base64"
+	"fmt"
+	"net/http"
+	"regexp"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+)
+
+// countingStore counts the rows the engine reads through the list reads
+// of a scoped caller: the USAGE_UNKNOWN index, the debt rows, and the
+// subject reads (AccountList) the engine makes to show a debtor.
+type countingStore struct {
+	store.Store
+	unknownRows, debtRows, accountLists atomic.Int64
+}
+
+func (c *countingStore) ReservationsUnknown(ctx context.Context, f store.UnknownFilter) ([]ledger.Reservation, error) {
+	rows, err := c.Store.ReservationsUnknown(ctx, f)
+	c.unknownRows.Add(int64(len(rows)))
+	return rows, err
+}
+
+func (c *countingStore) AccountsInDebt(ctx context.Context, f store.DebtFilter) ([]ledger.Account, error) {
+	rows, err := c.Store.AccountsInDebt(ctx, f)
+	c.debtRows.Add(int64(len(rows)))
+	return rows, err
+}
+
+func (c *countingStore) AccountList(ctx context.Context, subject ledger.PolicyKey) ([]ledger.Account, error) {
+	c.accountLists.Add(1)
+	return c.Store.AccountList(ctx, subject)
+}
+
+// scopedScanPages is server.maxScopedScanPages (and engine's maxDebtScans):
+// the store pages of at most the page size one scoped list call reads.
+const scopedScanPages = 8
+
+func countingHarness(t *testing.T) (*harness, *countingStore) {
+	var counted *countingStore
+	h := newHarness(t, harnessOptions{auth: true, tokens: consoleTokens, wrapStore: func(st store.Store) store.Store {
+		counted = &countingStore{Store: st}
+		return counted
+	}})
+	h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"chat.generate",
+	  "dimensions":[{"unit":"tokens","burst":"100","refillUnits":"10","refillInterval":"3600s","maxOverdraft":"1000"}]}}`, adminToken)
+	return h, counted
+}
+
+// tokenText is what a holder of a page token can read in it: the token,
+// and its bytes base64-decoded (after any prefix up to a dot).
+func tokenText(token string) string {
+	raw, err := base64.RawURLEncoding.DecodeString(token)
+	if err != nil {
+		raw, _ = base64.RawURLEncoding.DecodeString(token[strings.IndexByte(token, '.')+1:])
+	}
+	return token + " " + string(raw)
+}
+
+// aRow matches the ids of tenant-a's rows below.
+var aRow = regexp.MustCompile(`a-[0-9]+-[0-9]+`)
+
+// A viewer scoped to tenant-b/* over a backlog of 150 tenant-a rows around
+// its 3 pages through it reading at most scopedScanPages pages of the page
+// size per call (it read the whole backlog on each call before), gets
+// short or empty pages with a next token meanwhile, reaches every one of
+// its rows, and no token shows a tenant-a row. The sealed tokens are bound
+// to their filters and to the token they were issued to.
+func TestScopedBacklogReadsAreBounded(t *testing.T) {
+	h, counted := countingHarness(t)
+	mark := func(id, subject string) {
+		h.ok("Reserve", reserveFor(id, subject, 10), adminToken)
+		h.ok("Start", `{"reservationId":"`+id+`","operationId":"op"}`, adminToken)
+		h.ok("MarkUsageUnknown", `{"reservationId":"`+id+`"}`, adminToken)
+		h.clock.Advance(time.Millisecond)
+	}
+	var want []string
+	for i := range 3 {
+		for j := range 50 {
+			mark(fmt.Sprintf("a-%d-%d", i, j), fmt.Sprintf("tenant-a/u%d-%d", i, j))
+		}
+		id := fmt.Sprintf("b-%d", i)
+		mark(id, "tenant-b/u1")
+		want = append(want, id)
+	}
+
+	const size = 2
+	var got []string
+	token, shortWithToken, firstToken := "", 0, ""
+	for calls := 0; ; calls++ {
+		if calls > 40 {
+			t.Fatalf("still paging after %d calls: %v", calls, got)
+		}
+		counted.unknownRows.Store(0)
+		page := h.ok("ListUsageUnknown", fmt.Sprintf(`{"route":"chat.generate","pageSize":%d,"pageToken":%q}`, size, token), consoleScoped)
+		if n := counted.unknownRows.Load(); n > scopedScanPages*size {
+			t.Fatalf("call %d read %d USAGE_UNKNOWN rows, want at most %d", calls, n, scopedScanPages*size)
+		}
+		shown := ids(t, page)
+		got = append(got, shown...)
+		token, _ = page["nextPageToken"].(string)
+		if text := tokenText(token); aRow.MatchString(text) || strings.Contains(text, "tenant-a") {
+			t.Fatalf("a tenant-b/* token's page token shows a tenant-a row: %q", text)
+		}
+		if token == "" {
+			break
+		}
+		if firstToken == "" {
+			firstToken = token
+		}
+		if len(shown) < size {
+			shortWithToken++
+		}
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("pages for tenant-b/*: %v, want %v", got, want)
+	}
+	if shortWithToken == 0 {
+		t.Errorf("no short page with a next token: the reads were not bounded")
+	}
+
+	for _, c := range []struct{ body, token, says string }{
+		{`{"route":"chat.generate","pageToken":"` + firstToken + `"}`, consoleViewer, "not a next_page_token this server issued"},
+		{`{"route":"chat.generate","pageToken":"` + firstToken + `"}`, adminToken, "not a next_page_token this server issued"},
+		{`{"pageToken":"` + firstToken + `"}`, consoleScoped, "another subject or route filter"},
+		{`{"pageToken":"p1.` + strings.Repeat("A", 40) + `"}`, consoleScoped, "not a next_page_token this server issued"},
+	} {
+		r := h.call("ListUsageUnknown", c.body, c.token)
+		h.wantError(r, http.StatusBadRequest, "invalid_argument", "INVALID_COMMAND")
+		if msg, _ := r.body["message"].(string); !strings.Contains(msg, c.says) {
+			t.Errorf("%s with %s: message %q, want it to say %q", c.body, c.token, msg, c.says)
+		}
+	}
+}
+
+// A viewer scoped to tenant-b/* over 100 debtors of tenant-a and tenant-c
+// around its 3 pages through ListDebts reading at most scopedScanPages
+// pages of debt rows per call, showing (AccountList) only its own
+// accounts (every debtor's subject was read, every call, before), and
+// reaches every one of its debtors; no token shows another tenant's.
+func TestScopedDebtReadsAreBounded(t *testing.T) {
+	h, counted := countingHarness(t)
+	owe := func(id, subject string) {
+		h.ok("Reserve", reserveFor(id, subject, 50), adminToken)
+		h.ok("Start", `{"reservationId":"`+id+`","operationId":"op"}`, adminToken)
+		h.ok("Settle", `{"reservationId":"`+id+`","operationId":"op","actualUnits":{"tokens":200}}`, adminToken)
+	}
+	var want []string
+	for i := range 50 {
+		owe(fmt.Sprintf("a%d", i), fmt.Sprintf("tenant-a/u%02d", i))
+		owe(fmt.Sprintf("c%d", i), fmt.Sprintf("tenant-c/u%02d", i))
+	}
+	for i := range 3 {
+		subject := fmt.Sprintf("tenant-b/u%d", i)
+		owe(fmt.Sprintf("b%d", i), subject)
+		want = append(want, subject)
+	}
+
+	const size = 2
+	var got []string
+	token, shortWithToken := "", 0
+	for calls := 0; ; calls++ {
+		if calls > 40 {
+			t.Fatalf("still paging after %d calls: %v", calls, got)
+		}
+		counted.debtRows.Store(0)
+		counted.accountLists.Store(0)
+		page := h.ok("ListDebts", fmt.Sprintf(`{"pageSize":%d,"pageToken":%q}`, size, token), consoleScoped)
+		if n := counted.debtRows.Load(); n > scopedScanPages*size {
+			t.Fatalf("call %d read %d debt rows, want at most %d", calls, n, scopedScanPages*size)
+		}
+		shown := debtors(t, page)
+		if n := counted.accountLists.Load(); n > int64(len(shown)) {
+			t.Fatalf("call %d read the accounts of %d subjects to show %d", calls, n, len(shown))
+		}
+		for _, s := range shown {
+			got = append(got, strings.Split(s, ":")[0])
+		}
+		token, _ = page["nextPageToken"].(string)
+		if text := tokenText(token); strings.Contains(text, "tenant-a") || strings.Contains(text, "tenant-c") {
+			t.Fatalf("a tenant-b/* token's page token shows another tenant's account: %q", text)
+		}
+		if token == "" {
+			break
+		}
+		if len(shown) < size {
+			shortWithToken++
+		}
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("pages for tenant-b/*: %v, want %v", got, want)
+	}
+	if shortWithToken == 0 {
+		t.Errorf("no short page with a next token: the reads were not bounded")
+	}
+}
