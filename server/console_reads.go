@@ -62,7 +62,11 @@ func (c consoleService) ListSubjectReservations(ctx context.Context, req *connec
 		states = append(states, st)
 	}
 	query := subjectQueryDigest(m.GetSubject(), states)
-	before, err := parseSubjectToken(m.GetPageToken(), query)
+	plain, err := c.s.unsealPage(ctx, "ListSubjectReservations", m.GetPageToken())
+	if err != nil {
+		return nil, invalidArgument(ReasonInvalidCommand, "page_token: %v", err)
+	}
+	before, err := parseSubjectToken(plain, query)
 	if err != nil {
 		return nil, invalidArgument(ReasonInvalidCommand, "page_token: %v", err)
 	}
@@ -84,31 +88,54 @@ func (c consoleService) ListSubjectReservations(ctx context.Context, req *connec
 			resp.Retained += n.Reservations
 		}
 	}
-	// Read pages of the store until size+1 rows in scope are found (one
-	// more than the page tells whether there is a next one) or the store
-	// has no more: the next token then follows the last row shown, so it
-	// never reveals a row outside the scope.
+	filter := store.SubjectFilter{Subject: m.GetSubject(), States: states, Before: before}
 	var shown []ledger.Reservation
-	for {
-		rows, err := cs.ReservationsOfSubject(ctx, store.SubjectFilter{Subject: m.GetSubject(), States: states, Before: before, Limit: size + 1})
+	var next *store.SubjectCursor
+	if !scoped(ctx) {
+		// One read of size+1 rows: the one more tells whether there is a
+		// next page, and the token follows the last row shown.
+		filter.Limit = size + 1
+		shown, err = cs.ReservationsOfSubject(ctx, filter)
 		if err != nil {
 			return nil, readError("reservations of "+m.GetSubject(), ReasonStoreUnavailable, err)
 		}
-		for i := range rows {
-			if InScope(ctx, rows[i].Account.Subject, rows[i].Account.Route) {
-				shown = append(shown, rows[i])
+		if len(shown) > size {
+			shown = shown[:size]
+			next = &store.SubjectCursor{CreatedAt: shown[size-1].CreatedAt, ID: shown[size-1].ID}
+		}
+	} else {
+		// A scoped caller's rows are those of its routes (a token limited
+		// with routes= may see a subject whose other routes hold most of
+		// its rows): read on past the others for at most
+		// maxScopedScanPages pages of what the page still lacks, as
+		// ListUsageUnknown. The next token follows the last row examined,
+		// which may lie outside the scope (sealNext seals it), so a short
+		// or even empty page with a token means "keep paging".
+		for range maxScopedScanPages {
+			filter.Limit = size - len(shown)
+			rows, err := cs.ReservationsOfSubject(ctx, filter)
+			if err != nil {
+				return nil, readError("reservations of "+m.GetSubject(), ReasonStoreUnavailable, err)
+			}
+			for i := range rows {
+				if InScope(ctx, rows[i].Account.Subject, rows[i].Account.Route) {
+					shown = append(shown, rows[i])
+				}
+			}
+			if len(rows) < filter.Limit {
+				next = nil // the store has no more
+				break
+			}
+			last := rows[len(rows)-1]
+			filter.Before = store.SubjectCursor{CreatedAt: last.CreatedAt, ID: last.ID}
+			next = &filter.Before
+			if len(shown) == size {
+				break
 			}
 		}
-		if len(shown) > size || len(rows) <= size {
-			break
-		}
-		last := rows[len(rows)-1]
-		before = store.SubjectCursor{CreatedAt: last.CreatedAt, ID: last.ID}
 	}
-	if len(shown) > size {
-		shown = shown[:size]
-		last := shown[size-1]
-		resp.NextPageToken = subjectToken(store.SubjectCursor{CreatedAt: last.CreatedAt, ID: last.ID}, query)
+	if next != nil {
+		resp.NextPageToken = c.s.sealNext(ctx, "ListSubjectReservations", subjectToken(*next, query))
 	}
 	for i := range shown {
 		pb, err := c.s.reservationProto(ctx, &shown[i])

@@ -27,7 +27,9 @@ import (
 // maxScopedScanPages bounds the store pages one scoped list call reads
 // (each at most the page size), whatever the scope leaves out: a scoped
 // token over a store holding nothing in its scope costs a bounded read per
-// call, not the whole backlog or every debtor. The engine's AccountsInDebt
+// call, not the whole backlog, every debtor, or every reservation of a
+// subject on the routes a routes= token excludes (ListUsageUnknown,
+// ListDebts, ListSubjectReservations). The engine's AccountsInDebt
 // bounds its own pages alike (maxDebtScans).
 const maxScopedScanPages = 8
 

@@ -203,3 +203,102 @@ func TestScopedDebtReadsAreBounded(t *testing.T) {
 		t.Errorf("no short page with a next token: the reads were not bounded")
 	}
 }
+
+// countingConsole counts the reservation rows ListSubjectReservations
+// reads from the console store.
+type countingConsole struct {
+	store.ConsoleStore
+	subjectRows atomic.Int64
+}
+
+func (c *countingConsole) ReservationsOfSubject(ctx context.Context, f store.SubjectFilter) ([]ledger.Reservation, error) {
+	rows, err := c.ConsoleStore.ReservationsOfSubject(ctx, f)
+	c.subjectRows.Add(int64(len(rows)))
+	return rows, err
+}
+
+// A viewer scoped to tenant-b/* on route chat.generate (routes=) reading
+// a subject of its tenant with 150 reservations on another route around
+// its 3 pages through ListSubjectReservations reading at most
+// scopedScanPages pages of the page size per call (it read every
+// out-of-route row on each call before), gets short or empty pages with a
+// next token meanwhile, reaches every one of its rows, newest first, and
+// no token shows an out-of-route row. The sealed tokens are bound to the
+// subject and states filter and to the token they were issued to.
+func TestScopedSubjectReservationReadsAreBounded(t *testing.T) {
+	const routesScoped = "console-routes-token-000000001"
+	var counted *countingConsole
+	h := newHarness(t, harnessOptions{auth: true, tokens: consoleTokens +
+		routesScoped + " viewer team-b-chat subjects=tenant-b/* routes=chat.generate\n",
+		wrapConsole: func(cs store.ConsoleStore) store.ConsoleStore {
+			counted = &countingConsole{ConsoleStore: cs}
+			return counted
+		}})
+	for _, route := range []string{"chat.generate", "embed.batch"} {
+		h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"`+route+`",
+		  "dimensions":[{"unit":"tokens","burst":"100000","refillUnits":"10","refillInterval":"3600s"}]}}`, adminToken)
+	}
+	reserve := func(id, route string) {
+		h.ok("Reserve", `{"reservationId":"`+id+`","subject":"tenant-b/u1","route":"`+route+`","units":{"tokens":1}}`, adminToken)
+		h.clock.Advance(time.Millisecond)
+	}
+	var want []string
+	for i := range 3 {
+		id := fmt.Sprintf("chat-%d", i)
+		reserve(id, "chat.generate")
+		want = append([]string{id}, want...) // newest first
+		for j := range 50 {
+			reserve(fmt.Sprintf("e-%d-%d", i, j), "embed.batch")
+		}
+	}
+	embedRow := regexp.MustCompile(`e-[0-9]+-[0-9]+`)
+
+	const size = 2
+	var got []string
+	token, shortWithToken, firstToken := "", 0, ""
+	for calls := 0; ; calls++ {
+		if calls > 40 {
+			t.Fatalf("still paging after %d calls: %v", calls, got)
+		}
+		counted.subjectRows.Store(0)
+		page := h.consoleOK("ListSubjectReservations", fmt.Sprintf(`{"subject":"tenant-b/u1","pageSize":%d,"pageToken":%q}`, size, token), routesScoped)
+		if n := counted.subjectRows.Load(); n > scopedScanPages*size {
+			t.Fatalf("call %d read %d reservation rows, want at most %d", calls, n, scopedScanPages*size)
+		}
+		shown := reservationIDs(t, page)
+		got = append(got, shown...)
+		token, _ = page["nextPageToken"].(string)
+		if text := tokenText(token); embedRow.MatchString(text) {
+			t.Fatalf("a routes=chat.generate token's page token shows an embed.batch row: %q", text)
+		}
+		if token == "" {
+			break
+		}
+		if firstToken == "" {
+			firstToken = token
+		}
+		if len(shown) < size {
+			shortWithToken++
+		}
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("pages for routes=chat.generate: %v, want %v", got, want)
+	}
+	if shortWithToken == 0 {
+		t.Errorf("no short page with a next token: the reads were not bounded")
+	}
+
+	for _, c := range []struct{ body, token, says string }{
+		{`{"subject":"tenant-b/u1","pageToken":"` + firstToken + `"}`, consoleScoped, "not a next_page_token this server issued"},
+		{`{"subject":"tenant-b/u1","pageToken":"` + firstToken + `"}`, consoleViewer, "not a next_page_token this server issued"},
+		{`{"subject":"tenant-b/u2","pageToken":"` + firstToken + `"}`, routesScoped, "another subject or states filter"},
+		{`{"subject":"tenant-b/u1","states":["RESERVATION_STATE_RESERVED"],"pageToken":"` + firstToken + `"}`, routesScoped, "another subject or states filter"},
+		{`{"subject":"tenant-b/u1","pageToken":"p1.` + strings.Repeat("A", 40) + `"}`, routesScoped, "not a next_page_token this server issued"},
+	} {
+		r := h.consoleCall("ListSubjectReservations", c.body, c.token)
+		h.wantError(r, http.StatusBadRequest, "invalid_argument", "INVALID_COMMAND")
+		if msg, _ := r.body["message"].(string); !strings.Contains(msg, c.says) {
+			t.Errorf("%s with %s: message %q, want it to say %q", c.body, c.token, msg, c.says)
+		}
+	}
+}

@@ -88,6 +88,9 @@ type harnessOptions struct {
 	// wrapStore, when set, wraps the store the engine is given (to count
 	// its reads); the harness's own reads use the store itself.
 	wrapStore func(store.Store) store.Store
+	// wrapConsole, when set, wraps the console store the server is given
+	// (to count its reads).
+	wrapConsole func(store.ConsoleStore) store.ConsoleStore
 }
 
 // newHarness serves a real server on 127.0.0.1:0 over a real engine.
@@ -125,6 +128,9 @@ func newHarness(t testing.TB, opts harnessOptions) *harness {
 	cfg.Drains = h.engine
 	if cs, ok := h.store.(store.ConsoleStore); ok {
 		cfg.Console = cs
+		if opts.wrapConsole != nil {
+			cfg.Console = opts.wrapConsole(cs)
+		}
 	}
 	if opts.auth {
 		file := "# role per token\n" + adminToken + " admin ops\n\n" + gatewayToken + " gateway gw-1\n"

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -868,4 +869,91 @@ func TestConsoleBrowserWithoutAuth(t *testing.T) {
 	b.open("tenants")
 	b.want(`[data-value="matched"]`, "0")
 	b.noConsoleErrors(false)
+}
+
+// TestConsoleBrowserRoutesScopedSubjectPages: a viewer token limited to
+// route chat.generate (routes=) on a subject whose embed.batch route holds
+// 1,400 reservations between its two chat.generate ones. The server reads
+// a bounded number of rows per call, so the first page follows the tokens
+// for 8 calls and still ends short, with a token: it shows the newest
+// chat.generate reservation, "older" reads on to the other, and "newer"
+// comes back.
+func TestConsoleBrowserRoutesScopedSubjectPages(t *testing.T) {
+	chromiumPath(t)
+	const routesToken = "console-routes-token-0001"
+	path := filepath.Join(t.TempDir(), "tokens")
+	file := consoleAdminToken + " admin ops\n" + routesToken + " viewer chat-team subjects=tenant-f routes=chat.generate\n"
+	if err := os.WriteFile(path, []byte(file), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	base := startInProcess(t, "--tokens", path)
+	for _, route := range []string{"chat.generate", "embed.batch"} {
+		mustCall(t, base, consoleAdminToken, "LedgerService/PublishPolicy", &v1.PublishPolicyRequest{Policy: &v1.Policy{
+			Subject: "tenant-f", Route: route,
+			Dimensions: []*v1.Dimension{{Unit: "tokens", RefillUnits: 10, RefillInterval: durationpb.New(time.Hour), Burst: 100000}},
+			HoldTtl:    durationpb.New(time.Hour), EpochLength: durationpb.New(8760 * time.Hour),
+		}}, &v1.PublishPolicyResponse{})
+	}
+	reserve := func(id string) {
+		mustCall(t, base, consoleAdminToken, "LedgerService/Reserve", &v1.ReserveRequest{
+			ReservationId: id, Subject: "tenant-f", Route: "chat.generate", Units: map[string]int64{"tokens": 1},
+		}, &v1.ReserveResponse{})
+	}
+	reserve("chat-0")
+	for first := 0; first < 1400; first += 700 {
+		var batch v1.ReserveBatchRequest
+		for i := first; i < first+700; i++ {
+			batch.Requests = append(batch.Requests, &v1.ReserveRequest{
+				ReservationId: fmt.Sprintf("e-%04d", i), Subject: "tenant-f", Route: "embed.batch", Units: map[string]int64{"tokens": 1},
+			})
+		}
+		var out v1.ReserveBatchResponse
+		mustCall(t, base, consoleAdminToken, "LedgerService/ReserveBatch", &batch, &out)
+		for i, o := range out.Outcomes {
+			if o.GetError() != nil {
+				t.Fatalf("reserve e-%04d: %v", first+i, o.GetError())
+			}
+		}
+	}
+	reserve("chat-1")
+	// The API's first page for this token is short and has a token.
+	var res v1.ListSubjectReservationsResponse
+	mustCall(t, base, routesToken, "ConsoleService/ListSubjectReservations", &v1.ListSubjectReservationsRequest{Subject: "tenant-f", PageSize: 20}, &res)
+	if len(res.Reservations) != 1 || res.NextPageToken == "" {
+		t.Fatalf("the first call shows %d reservations, token %q: want chat-1 and a token", len(res.Reservations), res.NextPageToken)
+	}
+
+	b := newBrowser(t, base)
+	b.do(chromedp.Navigate(base + "/ui/#tenants"))
+	b.do(chromedp.WaitVisible(`main[data-failed]`))
+	b.setToken(routesToken)
+	b.waitRendered("tenants")
+	const page = "tenants/tenant-f/chat.generate/global"
+	b.open(page)
+	shows := func(want string, older bool, pageNo string) {
+		t.Helper()
+		if n := b.count(`tr[data-key^="res/"]`); n != 1 || b.count(`tr[data-key="res/`+want+`"]`) != 1 {
+			t.Errorf("page %s lists %d reservations, want %s: %s", pageNo, n, want, b.eval(`document.body.innerText`))
+		}
+		if disabled := b.eval(`String(document.getElementById("res-older").disabled)`); disabled != fmt.Sprint(!older) {
+			t.Errorf("page %s: older disabled %s, want %v", pageNo, disabled, !older)
+		}
+		b.want(`[data-value="res-page"]`, pageNo)
+	}
+	shows("chat-1", true, "1")
+	b.screenshot("routes-scoped-subject")
+	click := func(id string) {
+		t.Helper()
+		b.unready()
+		b.eval(`(() => { document.getElementById("` + id + `").click(); return ""; })()`)
+		b.waitRendered(page)
+	}
+	click("res-older")
+	shows("chat-0", false, "2")
+	if body := b.eval(`document.body.innerText`); regexp.MustCompile(`\be-[0-9]{4}\b`).MatchString(body) || strings.Contains(body, "embed.batch") {
+		t.Errorf("the page shows an embed.batch reservation to a routes=chat.generate token:\n%s", body)
+	}
+	click("res-newer")
+	shows("chat-1", true, "1")
+	b.noConsoleErrors(true)
 }

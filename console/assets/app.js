@@ -32,17 +32,19 @@ async function call(service, method, body) {
 }
 const ledger = (m, b) => call("LedgerService", m, b);
 
-// ledgerPage asks a LedgerService list for up to size rows (field names
-// them), following nextPageToken while the rows fall short: a scoped
-// token's reads are bounded per call, so a short or empty page with a
-// token means "keep paging" (API.md). At most 8 calls; the answer is the
-// last page's with the rows (and overdueReservationIds) of all of them.
-async function ledgerPage(method, body, field, size) {
-  let resp = await ledger(method, Object.assign({}, body, { pageSize: size }));
+// fullPage asks a list method of service for up to size rows (field
+// names them), following nextPageToken while the rows fall short: a
+// scoped token's reads are bounded per call, so a short or empty page with
+// a token means "keep paging" (API.md). body may carry the first
+// pageToken. At most 8 calls; the answer is the last page's (its
+// nextPageToken is where the next page starts) with the rows (and
+// overdueReservationIds) of all of them.
+async function fullPage(service, method, body, field, size) {
+  let resp = await call(service, method, Object.assign({}, body, { pageSize: size }));
   const rows = resp[field] || [];
   const overdue = resp.overdueReservationIds || [];
   for (let calls = 1; resp.nextPageToken && rows.length < size && calls < 8; calls++) {
-    resp = await ledger(method, Object.assign({}, body, { pageSize: size - rows.length, pageToken: resp.nextPageToken }));
+    resp = await call(service, method, Object.assign({}, body, { pageSize: size - rows.length, pageToken: resp.nextPageToken }));
     rows.push(...(resp[field] || []));
     overdue.push(...(resp.overdueReservationIds || []));
   }
@@ -50,6 +52,7 @@ async function ledgerPage(method, body, field, size) {
   if (overdue.length) resp.overdueReservationIds = overdue;
   return resp;
 }
+const ledgerPage = (m, b, field, size) => fullPage("LedgerService", m, b, field, size);
 const console_ = (m, b) => call("ConsoleService", m, b);
 const shards = (m, b) => call("ShardService", m, b);
 const rollouts = (m, b) => call("RolloutService", m, b);
@@ -380,9 +383,12 @@ async function statementsPanel(main, subject, route, region, account) {
 async function subjectReservationsPanel(main, subject) {
   const filter = sessionStorage.getItem("capledger.stateFilter") || "";
   const tokens = state.reservationPages[subject] || [""];
-  const resp = await console_("ListSubjectReservations", {
-    subject, states: filter ? [filter] : [], pageSize: 20, pageToken: tokens[tokens.length - 1],
-  });
+  // A routes= token's page may come short or empty with a token (the
+  // server reads a bounded number of rows per call): fullPage reads on to
+  // fill it, and "older" starts after the last row read.
+  const resp = await fullPage("ConsoleService", "ListSubjectReservations", {
+    subject, states: filter ? [filter] : [], pageToken: tokens[tokens.length - 1],
+  }, "reservations", 20);
   main.append(el("h2", {}, "Reservations of " + subject + " by state"));
   const counts = resp.counts || [];
   let total = 0;
@@ -411,7 +417,7 @@ async function subjectReservationsPanel(main, subject) {
     (resp.reservations || []).map((r) => el("tr", { "data-key": "res/" + r.reservationId },
       td("reservation", r.reservationId), td("route", r.route), td("generation", n(r.policyGeneration)), td("state", stateName(r.state)),
       td("created", fmtTime(r.createdAt)), td("held", units(r.reservedUnits)), td("actual", units(r.actualUnits)), td("operation", r.operationId || ""))),
-    "No reservation in this state."));
+    resp.nextPageToken ? "None in the rows read so far: older reads on." : "No reservation in this state."));
 }
 
 // resolverAnswers returns the resolver's last answer per reservation id
