@@ -15,11 +15,11 @@
 # watch does not see this epoch end: the epoch does not end at a multiple
 # of its length, as real ones do), so with LEAD 59 its second pass starts
 # 1-2 s after the end, about when the watch would start it, and closes
-# accounts through the rollover windows (a LEAD over 60 puts that pass
-# before the end, and the next one a minute later). Prints per window reserves/s,
-# p99, server CPU per reserve (/proc), the workers' commands (/metrics),
-# RSS and load, then each rollover window's p99 over the mean of
-# the outside windows'. With PPROF_PORT, serve listens for profiles there
+# accounts through the rollover windows (LEAD=62 put that pass before the
+# end in one of two rounds, and the next one after the windows). Prints
+# per window reserves/s, p99, server CPU per reserve (/proc), the workers'
+# commands (/metrics), RSS and load, then each rollover window's p99 over
+# the mean of the outside windows'. With PPROF_PORT, serve listens for profiles there
 # and a CPU profile of the second outside and the first rollover window is
 # written to WORK/outside.pprof and WORK/rollover.pprof. With RATE, each
 # bench paces its callers to RATE reserves a second (an open schedule)
