@@ -201,6 +201,10 @@ func (tx *Tx) AccountGet(ctx context.Context, key ledger.AccountKey) (*ledger.Ac
 		var c codec.Conv // as accountArgs stores it
 		tx.noteAccountEpoch(key, c.Nanos(a.EpochStart))
 		tx.noteAccountDebt(key, store.RowInDebt(a))
+	} else if errors.Is(err, store.ErrNotFound) {
+		// No account, so no key in account_debtors: a new account's
+		// first write costs no debtor statement unless it owes.
+		tx.noteAccountDebt(key, false)
 	}
 	return a, err
 }

@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"math"
@@ -276,7 +277,7 @@ func testAccountsInDebtFollowsWrites(t *testing.T, s store.Store) {
 	check := func(when string) {
 		t.Helper()
 		var want []ledger.AccountKey
-		for i := range 300 {
+		for i := range 302 {
 			if owes[i] {
 				want = append(want, key(i))
 			}
@@ -329,6 +330,22 @@ func testAccountsInDebtFollowsWrites(t *testing.T, s store.Store) {
 	readWrite(false, map[int][]ledger.Balance{11: {noDebt()}, 299: {owing(10, 10)}})
 	delete(owes, 299)
 	check("after a rollback")
+	// New accounts, looked up (not found) and then written, owing or not.
+	inTx(t, s, func(ctx context.Context, tx store.Tx) {
+		for _, i := range []int{300, 301} {
+			if _, err := tx.AccountGet(ctx, key(i)); !errors.Is(err, store.ErrNotFound) {
+				t.Fatalf("account %s before it is written: %v, want ErrNotFound", key(i), err)
+			}
+		}
+		if err := tx.Write(ctx, &store.Changes{Accounts: []ledger.Account{account(300, owing(2, 0)), account(301, noDebt())}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
+	owes[300] = true
+	check("new accounts")
 	// Blind writes again, into and out of debt.
 	commit(t, s, &store.Changes{Accounts: []ledger.Account{account(8, owing(3, 3)), account(200, owing(1, 0))}})
 	delete(owes, 8)
