@@ -640,6 +640,9 @@ func (e *Engine) AccountsInDebt(ctx context.Context, f store.DebtFilter, keep fu
 		return nil, ledger.AccountKey{}, false, fmt.Errorf("accounts in debt: limit %d, want a positive one", f.Limit)
 	}
 	next = f.After
+	// Every debtor's refill needs the policies: read them once per call,
+	// when a first row needs them, not once per debtor.
+	var policies []ledger.Policy
 	for range maxDebtScans {
 		want := f.Limit - len(out)
 		stored, err := e.core.store.AccountsInDebt(ctx, store.DebtFilter{After: next, Limit: want})
@@ -654,8 +657,16 @@ func (e *Engine) AccountsInDebt(ctx context.Context, f store.DebtFilter, keep fu
 			}
 			// Refill depends on which of the subject's generations holds
 			// its capacity, so read the subject's accounts as Accounts
-			// shows them.
-			accounts, err := e.Accounts(ctx, key.SubjectKey())
+			// shows them (with the policies read once for the call).
+			if policies == nil {
+				if policies, err = e.core.store.PolicyList(ctx); err != nil {
+					return nil, ledger.AccountKey{}, false, fmt.Errorf("policies: %w", err)
+				}
+			}
+			accounts, err := e.core.store.AccountList(ctx, key.SubjectKey())
+			if err == nil {
+				accounts, err = refilledAsShown(accounts, policies, e.opts.Clock())
+			}
 			if err != nil {
 				return nil, ledger.AccountKey{}, false, err
 			}
@@ -683,11 +694,18 @@ func (e *Engine) Accounts(ctx context.Context, subject ledger.PolicyKey) ([]ledg
 	if err != nil {
 		return nil, err
 	}
-	now := e.opts.Clock()
 	all, err := e.core.store.PolicyList(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("policies: %w", err)
 	}
+	return refilledAsShown(accounts, all, e.opts.Clock())
+}
+
+// refilledAsShown applies to accounts, one subject's (every generation),
+// the refill due up to now, given every published policy (all): what
+// Accounts shows. It returns store.ErrNotFound (wrapped) for an account
+// whose generation all does not hold.
+func refilledAsShown(accounts []ledger.Account, all []ledger.Policy, now time.Time) ([]ledger.Account, error) {
 	byGeneration := make(map[uint64]*ledger.Policy, len(all))
 	for i := range all {
 		byGeneration[all[i].Generation] = &all[i]

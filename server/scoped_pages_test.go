@@ -18,10 +18,16 @@ import (
 
 // countingStore counts the rows the engine reads through the list reads
 // of a scoped caller: the USAGE_UNKNOWN index, the debt rows, and the
-// subject reads (AccountList) the engine makes to show a debtor.
+// subject reads (AccountList) the engine makes to show a debtor, and the
+// policy reads (PolicyList).
 type countingStore struct {
 	store.Store
-	unknownRows, debtRows, accountLists atomic.Int64
+	unknownRows, debtRows, accountLists, policyLists atomic.Int64
+}
+
+func (c *countingStore) PolicyList(ctx context.Context) ([]ledger.Policy, error) {
+	c.policyLists.Add(1)
+	return c.Store.PolicyList(ctx)
 }
 
 func (c *countingStore) ReservationsUnknown(ctx context.Context, f store.UnknownFilter) ([]ledger.Reservation, error) {
@@ -299,6 +305,36 @@ func TestScopedSubjectReservationReadsAreBounded(t *testing.T) {
 		h.wantError(r, http.StatusBadRequest, "invalid_argument", "INVALID_COMMAND")
 		if msg, _ := r.body["message"].(string); !strings.Contains(msg, c.says) {
 			t.Errorf("%s with %s: message %q, want it to say %q", c.body, c.token, msg, c.says)
+		}
+	}
+}
+
+// ListDebts reads the policies once per call, not once per debtor shown
+// (each debtor's refill needs them): a page of 12 debtors, and the pages
+// of 5 after it, each cost one policy read.
+func TestListDebtsReadsThePoliciesOnce(t *testing.T) {
+	h, counted := countingHarness(t)
+	for i := range 12 {
+		id := fmt.Sprintf("d%d", i)
+		h.ok("Reserve", reserveFor(id, fmt.Sprintf("tenant-d/u%02d", i), 50), adminToken)
+		h.ok("Start", `{"reservationId":"`+id+`","operationId":"op"}`, adminToken)
+		h.ok("Settle", `{"reservationId":"`+id+`","operationId":"op","actualUnits":{"tokens":200}}`, adminToken)
+	}
+	for _, size := range []int{100, 5} {
+		token, shown := "", 0
+		for {
+			counted.policyLists.Store(0)
+			page := h.ok("ListDebts", fmt.Sprintf(`{"pageSize":%d,"pageToken":%q}`, size, token), adminToken)
+			shown += len(debtors(t, page))
+			if n := counted.policyLists.Load(); n > 1 {
+				t.Fatalf("pages of %d: a call showing %d debtors read the policies %d times, want once", size, len(debtors(t, page)), n)
+			}
+			if token, _ = page["nextPageToken"].(string); token == "" {
+				break
+			}
+		}
+		if shown != 12 {
+			t.Fatalf("pages of %d showed %d debtors, want 12", size, shown)
 		}
 	}
 }

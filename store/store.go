@@ -81,10 +81,11 @@ type Store interface {
 	// The accounts are whole rows, as AccountGet returns them; every
 	// balance of the row counts, not only the first Dims. None is an empty
 	// list; f.Limit <= 0, or a cursor generation above math.MaxInt64 (no
-	// row can hold one), is an error. What one call reads is the driver's:
-	// PostgreSQL keeps an index of the term rows in debt, while SQLite,
-	// whose balances are encoded, reads every account after f.After until
-	// it has found f.Limit in debt.
+	// row can hold one), is an error. A driver keeps an index of the
+	// accounts whose row owes (RowInDebt), written by the transaction that
+	// writes the account, so a call reads debtors only: PostgreSQL a
+	// partial index of the term rows in debt, SQLite a table of the
+	// debtors' keys (its balances are encoded), the in-memory store a set.
 	AccountsInDebt(ctx context.Context, f DebtFilter) ([]ledger.Account, error)
 
 	// Snapshot reads every row for an audit, in one consistent read
@@ -210,7 +211,9 @@ type UnknownBacklog struct {
 
 // RowInDebt reports whether a stored account row owes debt in any of its
 // balances, those past Dims included (a row holds them all): the test
-// AccountsInDebt applies.
+// AccountsInDebt applies, and the one rule by which every driver keeps
+// its index of debtors (PostgreSQL's account_terms_in_debt repeats it in
+// SQL: overdraft_issued > overdraft_repaid).
 func RowInDebt(a *ledger.Account) bool {
 	for i := range a.Balances {
 		if a.Balances[i].OverdraftIssued > a.Balances[i].OverdraftRepaid {

@@ -34,10 +34,14 @@ import (
 
 // rows is one complete set of the ledger's rows.
 type rows struct {
-	meta         map[string]int64
-	policies     map[uint64]*ledger.Policy
-	heads        map[ledger.PolicyKey]*ledger.PolicyHead
-	accounts     map[ledger.AccountKey]*ledger.Account
+	meta     map[string]int64
+	policies map[uint64]*ledger.Policy
+	heads    map[ledger.PolicyKey]*ledger.PolicyHead
+	accounts map[ledger.AccountKey]*ledger.Account
+	// debtors holds the keys of the accounts whose row owes debt
+	// (store.RowInDebt), as the SQL stores' debtor index does, so
+	// AccountsInDebt need not read the others.
+	debtors      map[ledger.AccountKey]bool
 	currents     map[ledger.PolicyKey]uint64
 	reservations map[string]*ledger.Reservation
 	// live holds the ids of reservations a worker may need (RESERVED,
@@ -76,6 +80,7 @@ func newRows() *rows {
 		reservations: map[string]*ledger.Reservation{},
 		live:         map[string]bool{},
 		unknown:      map[string]bool{},
+		debtors:      map[ledger.AccountKey]bool{},
 		moves:        map[string]*ledger.Move{},
 		shards:       map[string]*ledger.Shard{},
 		statementIDs: map[statementKey]bool{},
@@ -465,8 +470,8 @@ func (s *Store) ReservationsUnknownBacklog(ctx context.Context) (b store.Unknown
 // strictly after f.After unless it is the zero key; none is an empty
 // list. It returns an error for f.Limit <= 0 and for a cursor generation
 // above math.MaxInt64, which the SQL stores cannot compare with theirs.
-// It filters every account and sorts the debtors: the simulator's stores
-// are small.
+// It reads the debtor set only, not the other accounts, and sorts what
+// it finds.
 func (s *Store) AccountsInDebt(ctx context.Context, f store.DebtFilter) (out []ledger.Account, err error) {
 	if f.Limit <= 0 {
 		return nil, fmt.Errorf("accounts in debt: limit %d is not positive", f.Limit)
@@ -478,9 +483,9 @@ func (s *Store) AccountsInDebt(ctx context.Context, f store.DebtFilter) (out []l
 	fromStart := f.After == (ledger.AccountKey{})
 	var list []*ledger.Account
 	err = s.read(ctx, func(r *rows) error {
-		for _, a := range r.accounts {
-			if store.RowInDebt(a) && (fromStart || a.Key.Compare(f.After) > 0) {
-				list = append(list, a)
+		for key := range r.debtors {
+			if fromStart || key.Compare(f.After) > 0 {
+				list = append(list, r.accounts[key])
 			}
 		}
 		slices.SortFunc(list, func(a, b *ledger.Account) int { return a.Key.Compare(b.Key) })

@@ -114,6 +114,7 @@ func (r *rows) clone() *rows {
 	c.reservations = maps.Clone(r.reservations)
 	c.live = maps.Clone(r.live)
 	c.unknown = maps.Clone(r.unknown)
+	c.debtors = maps.Clone(r.debtors)
 	c.moves = maps.Clone(r.moves)
 	c.shards = maps.Clone(r.shards)
 	c.statementIDs = maps.Clone(r.statementIDs)

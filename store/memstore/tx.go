@@ -388,6 +388,11 @@ func (tx *Tx) apply() {
 	}
 	for k, v := range p.accounts {
 		c.accounts[k] = v
+		if store.RowInDebt(v) {
+			c.debtors[k] = true
+		} else {
+			delete(c.debtors, k)
+		}
 	}
 	for k, v := range p.currents {
 		c.currents[k] = v

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
 	"github.com/capledger/capledger/store/codec"
 )
 
@@ -71,12 +72,46 @@ func (tx *Tx) noteAccountEpoch(key ledger.AccountKey, epochStart int64) {
 	tx.storedEpochs[key] = epochStart
 }
 
+// noteAccountDebt records whether the row the file holds for key owes
+// (store.RowInDebt), and so whether account_debtors holds its key.
+func (tx *Tx) noteAccountDebt(key ledger.AccountKey, owes bool) {
+	if tx.storedDebt == nil {
+		tx.storedDebt = map[ledger.AccountKey]bool{}
+	}
+	tx.storedDebt[key] = owes
+}
+
+// putDebtors keeps account_debtors in step with the accounts written: the
+// key of one that owes is added, that of one that does not is removed. An
+// account whose stored row this transaction knows (read or written) costs
+// a statement only when it starts or stops owing, so the commands of
+// accounts out of debt do not touch the table.
+func (tx *Tx) putDebtors(ctx context.Context, accounts []ledger.Account, conv *codec.Conv) error {
+	for i := range accounts {
+		a := &accounts[i]
+		owes := store.RowInDebt(a)
+		if owed, known := tx.storedDebt[a.Key]; !known || owed != owes {
+			stmt := wDebtorDelete
+			if owes {
+				stmt = wDebtorPut
+			}
+			args := []any{a.Key.Subject, a.Key.Route, a.Key.Region, conv.Int(a.Key.Generation)}
+			if err := tx.run(ctx, stmt, func() string { return "debtor " + a.Key.String() }, conv, args); err != nil {
+				return err
+			}
+		}
+		tx.noteAccountDebt(a.Key, owes)
+	}
+	return nil
+}
+
 // putAccounts writes accounts. Those this transaction read, their epoch
 // the one the file holds, go through the short UPDATE, as many a statement
 // as the largest of chunkSizes that fits (wAccountUpdateRows); the others
 // (a new account, an epoch rolled, a blind write, a key given twice) and
 // the rows of a chunk that did not update as many rows as it holds go one
 // at a time through the upsert, which also maintains the epoch index.
+// Then account_debtors follows (putDebtors).
 func (tx *Tx) putAccounts(ctx context.Context, accounts []ledger.Account, conv *codec.Conv) error {
 	var seen map[ledger.AccountKey]int
 	if len(accounts) > 1 {
@@ -112,5 +147,5 @@ func (tx *Tx) putAccounts(ctx context.Context, accounts []ledger.Account, conv *
 		}
 		tx.noteAccountEpoch(a.Key, conv.Nanos(a.EpochStart))
 	}
-	return nil
+	return tx.putDebtors(ctx, accounts, conv)
 }

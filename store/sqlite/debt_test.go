@@ -2,6 +2,7 @@ package sqlite
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"path/filepath"
 	"reflect"
@@ -10,20 +11,35 @@ import (
 
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
+	"github.com/capledger/capledger/store/codec"
 )
 
-// AccountsInDebt reads accounts in chunks of debtScanRows: with chunks
-// smaller than the table, each continuing after the last key of the one
-// before, every page from every cursor must still be the debtors after
-// it, whether debtors sit at the ends of chunks, across them, or a chunk
-// holds none.
-func TestAccountsInDebtAcrossChunks(t *testing.T) {
+// A file of schema version 12, whose accounts' debt only the encoded
+// balances tell, migrates to the debtor index with every account that
+// owes in it: every page from every cursor is still the debtors after it,
+// and the index then follows the writes of the new binary.
+func TestAccountsInDebtOfAnEarlierSchema(t *testing.T) {
 	ctx := context.Background()
-	s, err := Open(ctx, filepath.Join(t.TempDir(), "debt.db"))
+	path := filepath.Join(t.TempDir(), "v12.db")
+	db, err := sql.Open("sqlite", path+"?_pragma=journal_mode(WAL)")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Close()
+	ms, err := migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL)"); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range ms[:12] {
+		if _, err := db.Exec(m.SQL); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := db.Exec("INSERT INTO schema_migrations (version, name) VALUES (?, ?)", m.Version, m.File); err != nil {
+			t.Fatal(err)
+		}
+	}
 
 	var (
 		accounts []ledger.Account
@@ -41,18 +57,19 @@ func TestAccountsInDebtAcrossChunks(t *testing.T) {
 			debtors = append(debtors, a.Key)
 		}
 		accounts = append(accounts, a)
+		var conv codec.Conv
+		if _, err := db.Exec(writeSQL[wAccountPut], accountArgs(&a, &conv)...); err != nil {
+			t.Fatal(err)
+		}
 	}
-	tx, err := s.Begin(ctx)
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(ctx, path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer tx.Rollback(ctx)
-	if err := tx.Write(ctx, &store.Changes{Accounts: accounts}); err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
+	defer s.Close()
 
 	keys := func(list []ledger.Account) []ledger.AccountKey {
 		out := []ledger.AccountKey{}
@@ -61,8 +78,7 @@ func TestAccountsInDebtAcrossChunks(t *testing.T) {
 		}
 		return out
 	}
-	for _, chunk := range []int{1, 2, 3, 4, 5, 7, 40, debtScanChunk} {
-		s.debtScanRows = chunk
+	check := func(when string) {
 		// Every page size from the start.
 		for _, limit := range []int{1, 2, 3, 4, 100} {
 			var got []ledger.AccountKey
@@ -70,10 +86,10 @@ func TestAccountsInDebtAcrossChunks(t *testing.T) {
 			for range 20 {
 				page, err := s.AccountsInDebt(ctx, f)
 				if err != nil {
-					t.Fatalf("chunk %d, %+v: %v", chunk, f, err)
+					t.Fatalf("%s, %+v: %v", when, f, err)
 				}
 				if len(page) > limit {
-					t.Fatalf("chunk %d, %+v: %d accounts", chunk, f, len(page))
+					t.Fatalf("%s, %+v: %d accounts", when, f, len(page))
 				}
 				got = append(got, keys(page)...)
 				if len(page) < limit {
@@ -82,14 +98,14 @@ func TestAccountsInDebtAcrossChunks(t *testing.T) {
 				f.After = page[len(page)-1].Key
 			}
 			if !slices.Equal(got, debtors) {
-				t.Errorf("chunk %d, pages of %d:\n got %v\nwant %v", chunk, limit, got, debtors)
+				t.Errorf("%s, pages of %d:\n got %v\nwant %v", when, limit, got, debtors)
 			}
 		}
 		// Every account's key as the cursor.
 		for i, a := range accounts {
 			page, err := s.AccountsInDebt(ctx, store.DebtFilter{After: a.Key, Limit: 100})
 			if err != nil {
-				t.Fatalf("chunk %d, after %s: %v", chunk, a.Key, err)
+				t.Fatalf("%s, after %s: %v", when, a.Key, err)
 			}
 			want := []ledger.AccountKey{}
 			for j := i + 1; j < len(accounts); j++ {
@@ -98,8 +114,34 @@ func TestAccountsInDebtAcrossChunks(t *testing.T) {
 				}
 			}
 			if got := keys(page); !reflect.DeepEqual(got, want) {
-				t.Errorf("chunk %d, after %s:\n got %v\nwant %v", chunk, a.Key, got, want)
+				t.Errorf("%s, after %s:\n got %v\nwant %v", when, a.Key, got, want)
 			}
 		}
 	}
+	check("migrated")
+
+	// The new binary's writes keep the index: one account repays, one
+	// starts owing.
+	delete(owes, 5)
+	accounts[5].Balances[1] = ledger.Balance{Opening: 10, Minted: 4, OverdraftIssued: 4, Spent: 14, OverdraftRepaid: 4}
+	owes[30] = true
+	accounts[30].Balances[1] = ledger.Balance{Opening: 10, Minted: 1, OverdraftIssued: 4, Spent: 14, OverdraftRepaid: 1}
+	tx, err := s.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if err := tx.Write(ctx, &store.Changes{Accounts: []ledger.Account{accounts[5], accounts[30]}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	debtors = debtors[:0]
+	for i, a := range accounts {
+		if owes[i] {
+			debtors = append(debtors, a.Key)
+		}
+	}
+	check("written")
 }

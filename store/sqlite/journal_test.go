@@ -374,6 +374,7 @@ func TestLedgerOfAnEarlierSchemaAudits(t *testing.T) {
 		"DROP TABLE checkpoint_accounts", "DROP TABLE checkpoints", // version 9
 		"DROP TABLE resolver_answers", "DROP TABLE audit_records", // version 10
 		"DROP TABLE reservation_subjects", // version 12 (which dropped version 10's index)
+		"DROP TABLE account_debtors",      // version 13
 		"DELETE FROM schema_migrations WHERE version > 2"} {
 		if _, err := db.Exec(q); err != nil {
 			t.Fatal(err)

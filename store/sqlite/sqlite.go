@@ -108,9 +108,6 @@ type Store struct {
 	// checkpointer.
 	commits      atomic.Uint64
 	checkpointer *checkpointer
-	// debtScanRows is how many accounts one query of AccountsInDebt reads
-	// (debtScanChunk; tests lower it to cross chunk boundaries).
-	debtScanRows int
 	// pipelined and sync: pipelined durability (pipeline.go).
 	pipelined bool
 	sync      walSync
@@ -163,7 +160,7 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 		"wal_autocheckpoint(0)", // only the checkpointer checkpoints: checkpoint.go
 		fmt.Sprintf("journal_size_limit(%d)", walSizeLimit),
 	}
-	s := &Store{path: path, writer: make(chan struct{}, 1), cache: newRowCache(cfg.cacheRows), debtScanRows: debtScanChunk,
+	s := &Store{path: path, writer: make(chan struct{}, 1), cache: newRowCache(cfg.cacheRows),
 		pipelined: cfg.pipelined}
 	s.sync.walPath = path + "-wal"
 	s.sync.datasync = datasync
@@ -378,12 +375,54 @@ func migrate(ctx context.Context, db *sql.DB) error {
 		if _, err := tx.ExecContext(ctx, m.SQL); err != nil {
 			return fmt.Errorf("migrate %s: %w", m.File, translate(ctx, err))
 		}
+		if step := migrationSteps[m.Version]; step != nil {
+			if err := step(ctx, tx); err != nil {
+				return fmt.Errorf("migrate %s: %w", m.File, translate(ctx, err))
+			}
+		}
 		if _, err := tx.ExecContext(ctx, "INSERT INTO schema_migrations (version, name) VALUES (?, ?)", m.Version, m.File); err != nil {
 			return fmt.Errorf("migrate %s: %w", m.File, translate(ctx, err))
 		}
 	}
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("migrate: %w", translate(ctx, err))
+	}
+	return nil
+}
+
+// migrationSteps are the Go parts of the migrations that need one, run
+// after the version's SQL in the same transaction.
+var migrationSteps = map[int]func(context.Context, *sql.Tx) error{
+	13: fillAccountDebtors,
+}
+
+// fillAccountDebtors adds the key of every stored account that owes to
+// account_debtors (schema version 13): the balances are encoded, so SQL
+// cannot pick them. It reads every account once, keeping only the keys of
+// the debtors.
+func fillAccountDebtors(ctx context.Context, tx *sql.Tx) error {
+	rows, err := tx.QueryContext(ctx, "SELECT "+accountCols+" FROM accounts ORDER BY subject, route, region, generation")
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	var debtors []ledger.AccountKey
+	for rows.Next() {
+		a, err := scanAccount(rows)
+		if err != nil {
+			return err
+		}
+		if store.RowInDebt(&a) {
+			debtors = append(debtors, a.Key)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for _, k := range debtors {
+		if _, err := tx.ExecContext(ctx, writeSQL[wDebtorPut], k.Subject, k.Route, k.Region, int64(k.Generation)); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -679,26 +718,15 @@ func (s *Store) ReservationsUnknownBacklog(ctx context.Context) (store.UnknownBa
 	return queryOne(ctx, s, s.r.unknownBacklog, scan, "reservations unknown backlog")
 }
 
-// debtScanChunk is how many accounts one query of AccountsInDebt reads:
-// enough that a scan of many accounts costs few queries, few enough that
-// no single statement holds a read snapshot (and so the WAL, which a
-// checkpoint cannot reset past an open reader) for long.
-const debtScanChunk = 512
-
 // AccountsInDebt returns up to f.Limit accounts that owe debt in some
 // balance (OverdraftIssued > OverdraftRepaid, any of the row's
 // MaxDimensions), in primary-key order, strictly after f.After unless it
 // is the zero key; none is an empty list. It returns an error for
 // f.Limit <= 0 and for a cursor generation above math.MaxInt64.
 //
-// Balances are an encoded BLOB, so SQL cannot tell a debtor: this reads
-// every account after the cursor, decoding each with scanAccount, until
-// it has found f.Limit in debt or read the last account. When few
-// accounts owe, one call therefore reads the whole table after f.After.
-// It reads in queries of debtScanRows accounts, each after the last key
-// the one before read, so no statement runs unbounded; each query is its
-// own snapshot, so a row written between two of them is seen as it was
-// when its chunk was read.
+// It reads the keys of account_debtors after the cursor, which the
+// transaction writing an account keeps (accountwrite.go), and their
+// accounts only: one query, whatever the number of accounts not in debt.
 func (s *Store) AccountsInDebt(ctx context.Context, f store.DebtFilter) (_ []ledger.Account, err error) {
 	defer s.readBarrier(ctx, &err)
 	if s.closed.Load() {
@@ -708,40 +736,15 @@ func (s *Store) AccountsInDebt(ctx context.Context, f store.DebtFilter) (_ []led
 		return nil, fmt.Errorf("accounts in debt: limit %d is not positive", f.Limit)
 	}
 	var c codec.Conv
-	after, fromStart := f.After, f.After == (ledger.AccountKey{})
-	generation := c.Int(after.Generation)
+	generation := c.Int(f.After.Generation)
 	if err := c.Err(); err != nil {
-		return nil, fmt.Errorf("accounts in debt: cursor %s: %w", after, err)
+		return nil, fmt.Errorf("accounts in debt: cursor %s: %w", f.After, err)
 	}
-	var out []ledger.Account
-	for {
-		var (
-			chunk []ledger.Account
-			err   error
-		)
-		if fromStart {
-			chunk, err = queryAll(ctx, s.r.debtScanFirst, scanAccount, "accounts in debt", s.debtScanRows)
-		} else {
-			chunk, err = queryAll(ctx, s.r.debtScanAfter, scanAccount, "accounts in debt", s.debtScanRows,
-				after.Subject, after.Route, after.Region, generation)
-		}
-		if err != nil {
-			return nil, err
-		}
-		for i := range chunk {
-			if store.RowInDebt(&chunk[i]) {
-				out = append(out, chunk[i])
-				if len(out) == f.Limit {
-					return out, nil
-				}
-			}
-		}
-		if len(chunk) < s.debtScanRows {
-			return out, nil
-		}
-		after, fromStart = chunk[len(chunk)-1].Key, false
-		generation = int64(after.Generation) // read from a row: fits
+	if f.After == (ledger.AccountKey{}) {
+		return queryAll(ctx, s.r.debtFirst, scanAccount, "accounts in debt", f.Limit)
 	}
+	return queryAll(ctx, s.r.debtAfter, scanAccount, "accounts in debt", f.Limit,
+		f.After.Subject, f.After.Route, f.After.Region, generation)
 }
 
 // Snapshot reads every row in one read transaction (a consistent WAL

@@ -34,6 +34,8 @@ const (
 	wReservationPrefetchSmall
 	wReservationPrefetch
 	wJournalBatchInsert
+	wDebtorPut
+	wDebtorDelete
 	nBaseStmts
 )
 
@@ -202,6 +204,8 @@ var baseWriteSQL = [nWriteStmts]string{
 	wReservationPrefetchSmall: "SELECT " + reservationCols + " FROM reservations WHERE id IN (" + params(prefetchSmall) + ")",
 	wReservationPrefetch:      "SELECT " + reservationCols + " FROM reservations WHERE id IN (" + params(prefetchChunk) + ")",
 	wJournalBatchInsert:       "INSERT INTO journal_batches (entries) VALUES (?)",
+	wDebtorPut:                "INSERT OR IGNORE INTO account_debtors (subject, route, region, generation) VALUES (?, ?, ?, ?)",
+	wDebtorDelete:             "DELETE FROM account_debtors WHERE subject = ? AND route = ? AND region = ? AND generation = ?",
 }
 
 // params returns n comma-separated placeholders.
@@ -213,7 +217,7 @@ func params(n int) string {
 type readStmts struct {
 	reservation, account, accountsOf, accountsAll, policy, policies, shard, shards, due *sql.Stmt
 	unknownFirst, unknownAfter, unknownBacklog                                          *sql.Stmt
-	debtScanFirst, debtScanAfter                                                        *sql.Stmt
+	debtFirst, debtAfter                                                                *sql.Stmt
 }
 
 func (r *readStmts) prepare(ctx context.Context, db *sql.DB) error {
@@ -237,14 +241,14 @@ func (r *readStmts) prepare(ctx context.Context, db *sql.DB) error {
 	r.unknownFirst = prep(unknownFirstSQL)
 	r.unknownAfter = prep(unknownAfterSQL)
 	r.unknownBacklog = prep(unknownBacklogSQL)
-	r.debtScanFirst = prep(debtScanFirstSQL)
-	r.debtScanAfter = prep(debtScanAfterSQL)
+	r.debtFirst = prep(debtFirstSQL)
+	r.debtAfter = prep(debtAfterSQL)
 	return errors.Join(errs...)
 }
 
 func (r *readStmts) close() {
 	for _, st := range []*sql.Stmt{r.reservation, r.account, r.accountsOf, r.accountsAll, r.policy, r.policies, r.shard, r.shards, r.due,
-		r.unknownFirst, r.unknownAfter, r.unknownBacklog, r.debtScanFirst, r.debtScanAfter} {
+		r.unknownFirst, r.unknownAfter, r.unknownBacklog, r.debtFirst, r.debtAfter} {
 		if st != nil {
 			st.Close()
 		}
@@ -290,13 +294,15 @@ var (
 		ledger.StateUsageUnknown)
 )
 
-// The AccountsInDebt scan reads up to ?1 accounts in primary-key order:
-// from the first, or strictly after the key (?2, ?3, ?4, ?5), a row-value
-// comparison SQLite turns into a seek into the primary key, so a chunk
-// deep into the table costs what the first one does. The first chunk has
-// a statement of its own because no key value sorts before every row.
+// The AccountsInDebt queries read the keys of account_debtors in order,
+// from the first or strictly after the key (?2, ?3, ?4, ?5) (a seek into
+// its primary key), and each one's account by primary key, up to ?1: they
+// read debtors only, whatever the number of accounts. CROSS JOIN keeps
+// account_debtors the outer loop. The first page has a statement of its
+// own because no key value sorts before every row.
 var (
-	debtScanFirstSQL = "SELECT " + accountCols + " FROM accounts ORDER BY subject, route, region, generation LIMIT ?1"
-	debtScanAfterSQL = "SELECT " + accountCols + " FROM accounts WHERE (subject, route, region, generation) > (?2, ?3, ?4, ?5)" +
-		" ORDER BY subject, route, region, generation LIMIT ?1"
+	debtFrom     = " FROM account_debtors d CROSS JOIN accounts a USING (subject, route, region, generation)"
+	debtFirstSQL = "SELECT " + accountCols + debtFrom + " ORDER BY d.subject, d.route, d.region, d.generation LIMIT ?1"
+	debtAfterSQL = "SELECT " + accountCols + debtFrom +
+		" WHERE (d.subject, d.route, d.region, d.generation) > (?2, ?3, ?4, ?5) ORDER BY d.subject, d.route, d.region, d.generation LIMIT ?1"
 )

@@ -36,6 +36,10 @@ type Tx struct {
 	// storedEpochs is the epoch_start the file holds for the accounts
 	// this transaction read or wrote (accountwrite.go).
 	storedEpochs map[ledger.AccountKey]int64
+	// storedDebt is whether the file's row owes, for the accounts this
+	// transaction read or wrote: whether account_debtors holds the key
+	// (accountwrite.go).
+	storedDebt map[ledger.AccountKey]bool
 	// storedReservations is the fixed columns the file holds for the
 	// reservations this transaction read (reservationwrite.go).
 	storedReservations map[string]reservationFixed
@@ -196,6 +200,11 @@ func (tx *Tx) AccountGet(ctx context.Context, key ledger.AccountKey) (*ledger.Ac
 	if err == nil {
 		var c codec.Conv // as accountArgs stores it
 		tx.noteAccountEpoch(key, c.Nanos(a.EpochStart))
+		tx.noteAccountDebt(key, store.RowInDebt(a))
+	} else if errors.Is(err, store.ErrNotFound) {
+		// No account, so no key in account_debtors: a new account's
+		// first write costs no debtor statement unless it owes.
+		tx.noteAccountDebt(key, false)
 	}
 	return a, err
 }

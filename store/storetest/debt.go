@@ -2,7 +2,9 @@ package storetest
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"testing"
@@ -246,4 +248,107 @@ func testAccountsInDebt(t *testing.T, s store.Store) {
 		t.Fatal(err)
 	}
 	same(t, "the partly repaid account", got, []ledger.Account{partly})
+}
+
+// testAccountsInDebtFollowsWrites: the accounts listed follow every way a
+// transaction writes an account, among many that never owe: read then
+// written (the SQL stores' short update) into and out of debt, written
+// twice in one transaction, written in a transaction rolled back, and
+// written again unchanged. Listed in key order, page after page.
+func testAccountsInDebtFollowsWrites(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	key := func(i int) ledger.AccountKey { return debtKey(fmt.Sprintf("n%03d", i), "chat", "eu", 1) }
+	account := func(i int, b ledger.Balance) ledger.Account {
+		a := ledger.Account{Key: key(i), Dims: 1, EpochStart: at(0), Version: 1}
+		a.Balances[0] = b
+		a.RefilledTo[0] = at(0).UnixNano()
+		return a
+	}
+	owes := map[int]bool{7: true, 150: true, 299: true}
+	var all []ledger.Account
+	for i := range 300 {
+		b := noDebt()
+		if owes[i] {
+			b = owing(10, 0)
+		}
+		all = append(all, account(i, b))
+	}
+	commit(t, s, &store.Changes{Accounts: all})
+	check := func(when string) {
+		t.Helper()
+		var want []ledger.AccountKey
+		for i := range 302 {
+			if owes[i] {
+				want = append(want, key(i))
+			}
+		}
+		for _, limit := range []int{1, 2, 100} {
+			same(t, fmt.Sprintf("%s, pages of %d", when, limit), debtPages(t, s, store.DebtFilter{Limit: limit}), split(want, limit))
+		}
+	}
+	check("written blind")
+
+	// readWrite reads each account in one transaction, applies its change
+	// and writes it; commits unless told to roll back.
+	readWrite := func(rollback bool, changes map[int][]ledger.Balance) {
+		t.Helper()
+		tx, err := s.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		for _, i := range slices.Sorted(maps.Keys(changes)) {
+			a, err := tx.AccountGet(ctx, key(i))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, b := range changes[i] {
+				a.Balances[0] = b
+				a.Version++
+				if err := tx.Write(ctx, &store.Changes{Accounts: []ledger.Account{*a}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		if !rollback {
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// Read, then written out of debt, into debt, or unchanged.
+	readWrite(false, map[int][]ledger.Balance{7: {owing(10, 10)}, 8: {owing(3, 0)}, 150: {owing(10, 2)}, 9: {noDebt()}})
+	delete(owes, 7)
+	owes[8] = true
+	check("read and written")
+	// Written twice in one transaction: the last write decides.
+	readWrite(false, map[int][]ledger.Balance{10: {owing(4, 0), owing(4, 4)}, 150: {owing(10, 10), owing(12, 10)}, 8: {owing(3, 3), owing(3, 1)}})
+	check("written twice")
+	// Rolled back: nothing changes, and later writes still count.
+	readWrite(true, map[int][]ledger.Balance{11: {owing(5, 0)}, 299: {owing(10, 10)}})
+	check("rolled back")
+	readWrite(false, map[int][]ledger.Balance{11: {noDebt()}, 299: {owing(10, 10)}})
+	delete(owes, 299)
+	check("after a rollback")
+	// New accounts, looked up (not found) and then written, owing or not.
+	inTx(t, s, func(ctx context.Context, tx store.Tx) {
+		for _, i := range []int{300, 301} {
+			if _, err := tx.AccountGet(ctx, key(i)); !errors.Is(err, store.ErrNotFound) {
+				t.Fatalf("account %s before it is written: %v, want ErrNotFound", key(i), err)
+			}
+		}
+		if err := tx.Write(ctx, &store.Changes{Accounts: []ledger.Account{account(300, owing(2, 0)), account(301, noDebt())}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
+	owes[300] = true
+	check("new accounts")
+	// Blind writes again, into and out of debt.
+	commit(t, s, &store.Changes{Accounts: []ledger.Account{account(8, owing(3, 3)), account(200, owing(1, 0))}})
+	delete(owes, 8)
+	owes[200] = true
+	check("written blind again")
 }

@@ -82,6 +82,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"ReservationsUnknown", testReservationsUnknown},
 		{"ReservationsUnknownBacklog", testReservationsUnknownBacklog},
 		{"AccountsInDebt", testAccountsInDebt},
+		{"AccountsInDebtFollowsWrites", testAccountsInDebtFollowsWrites},
 		{"AccountsByEpoch", testAccountsByEpoch},
 		{"Leases", testLeases},
 		{"AccountList", testAccountList},
