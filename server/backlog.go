@@ -61,48 +61,17 @@ func (s *Server) ListUsageUnknown(ctx context.Context, req *connect.Request[v1.L
 		return nil, invalidArgument(ReasonInvalidCommand, "page_token: %v", err)
 	}
 	filter := store.UnknownFilter{Subject: req.Msg.GetSubject(), Route: req.Msg.GetRoute(), After: after}
-	var rows []ledger.Reservation
-	var next *store.UnknownCursor
-	if !scoped(ctx) {
-		// One read of size+1 rows: the one more tells whether there is a
-		// next page, and the token follows the last row shown.
-		filter.Limit = size + 1
-		rows, err = s.ledger.ReservationsUnknown(ctx, filter)
-		if err != nil {
-			return nil, readError("list usage unknown", ReasonStoreUnavailable, err)
+	rows, next, err := reservationPage(ctx, size, func(limit int, after *store.UnknownCursor) ([]ledger.Reservation, error) {
+		filter.Limit = limit
+		if after != nil {
+			filter.After = *after
 		}
-		if len(rows) > size {
-			rows = rows[:size]
-			next = &store.UnknownCursor{MarkedAt: rows[size-1].UnknownAt, ID: rows[size-1].ID}
-		}
-	} else {
-		// A scoped caller's rows are those in its scope: read on past the
-		// others for at most maxScopedScanPages pages of what the page
-		// still lacks. The next token follows the last row examined,
-		// which may lie outside the scope (sealNext seals it), so a
-		// short or even empty page with a token means "keep paging".
-		for range maxScopedScanPages {
-			filter.Limit = size - len(rows)
-			page, err := s.ledger.ReservationsUnknown(ctx, filter)
-			if err != nil {
-				return nil, readError("list usage unknown", ReasonStoreUnavailable, err)
-			}
-			for i := range page {
-				if InScope(ctx, page[i].Account.Subject, page[i].Account.Route) {
-					rows = append(rows, page[i])
-				}
-			}
-			if len(page) < filter.Limit {
-				next = nil // the store has no more
-				break
-			}
-			last := page[len(page)-1]
-			filter.After = store.UnknownCursor{MarkedAt: last.UnknownAt, ID: last.ID}
-			next = &filter.After
-			if len(rows) == size {
-				break
-			}
-		}
+		return s.ledger.ReservationsUnknown(ctx, filter)
+	}, func(r *ledger.Reservation) store.UnknownCursor {
+		return store.UnknownCursor{MarkedAt: r.UnknownAt, ID: r.ID}
+	})
+	if err != nil {
+		return nil, readError("list usage unknown", ReasonStoreUnavailable, err)
 	}
 	backlog, err := s.ledger.UnknownBacklog(ctx)
 	if err != nil {

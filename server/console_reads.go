@@ -89,50 +89,19 @@ func (c consoleService) ListSubjectReservations(ctx context.Context, req *connec
 		}
 	}
 	filter := store.SubjectFilter{Subject: m.GetSubject(), States: states, Before: before}
-	var shown []ledger.Reservation
-	var next *store.SubjectCursor
-	if !scoped(ctx) {
-		// One read of size+1 rows: the one more tells whether there is a
-		// next page, and the token follows the last row shown.
-		filter.Limit = size + 1
-		shown, err = cs.ReservationsOfSubject(ctx, filter)
-		if err != nil {
-			return nil, readError("reservations of "+m.GetSubject(), ReasonStoreUnavailable, err)
+	// A token limited with routes= may see a subject whose other routes
+	// hold most of its rows: reservationPage reads on past them, bounded.
+	shown, next, err := reservationPage(ctx, size, func(limit int, after *store.SubjectCursor) ([]ledger.Reservation, error) {
+		filter.Limit = limit
+		if after != nil {
+			filter.Before = *after
 		}
-		if len(shown) > size {
-			shown = shown[:size]
-			next = &store.SubjectCursor{CreatedAt: shown[size-1].CreatedAt, ID: shown[size-1].ID}
-		}
-	} else {
-		// A scoped caller's rows are those of its routes (a token limited
-		// with routes= may see a subject whose other routes hold most of
-		// its rows): read on past the others for at most
-		// maxScopedScanPages pages of what the page still lacks, as
-		// ListUsageUnknown. The next token follows the last row examined,
-		// which may lie outside the scope (sealNext seals it), so a short
-		// or even empty page with a token means "keep paging".
-		for range maxScopedScanPages {
-			filter.Limit = size - len(shown)
-			rows, err := cs.ReservationsOfSubject(ctx, filter)
-			if err != nil {
-				return nil, readError("reservations of "+m.GetSubject(), ReasonStoreUnavailable, err)
-			}
-			for i := range rows {
-				if InScope(ctx, rows[i].Account.Subject, rows[i].Account.Route) {
-					shown = append(shown, rows[i])
-				}
-			}
-			if len(rows) < filter.Limit {
-				next = nil // the store has no more
-				break
-			}
-			last := rows[len(rows)-1]
-			filter.Before = store.SubjectCursor{CreatedAt: last.CreatedAt, ID: last.ID}
-			next = &filter.Before
-			if len(shown) == size {
-				break
-			}
-		}
+		return cs.ReservationsOfSubject(ctx, filter)
+	}, func(r *ledger.Reservation) store.SubjectCursor {
+		return store.SubjectCursor{CreatedAt: r.CreatedAt, ID: r.ID}
+	})
+	if err != nil {
+		return nil, readError("reservations of "+m.GetSubject(), ReasonStoreUnavailable, err)
 	}
 	if next != nil {
 		resp.NextPageToken = c.s.sealNext(ctx, "ListSubjectReservations", subjectToken(*next, query))

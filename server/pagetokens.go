@@ -11,6 +11,8 @@ import (
 	"errors"
 	"slices"
 	"strings"
+
+	"github.com/capledger/capledger/ledger"
 )
 
 // Page tokens of scoped callers. A scoped token's list read examines a
@@ -32,6 +34,47 @@ import (
 // ListDebts, ListSubjectReservations). The engine's AccountsInDebt
 // bounds its own pages alike (maxDebtScans).
 const maxScopedScanPages = 8
+
+// reservationPage reads one page of at most size reservations for the
+// caller: read returns up to limit rows in the list's order, after the
+// given cursor (nil: where the request's token starts), and cursorOf is a
+// row's cursor. An unscoped caller gets one read of size+1 rows (the one
+// more tells whether there is a next page; next follows the last row
+// shown). A scoped caller's rows are those in its scope: it reads on past
+// the others for at most maxScopedScanPages pages of what the page still
+// lacks, and next follows the last row examined, which may lie outside the
+// scope (sealNext seals it), so a short or even empty page with a next
+// cursor means "keep paging". next is nil when the store has no more.
+func reservationPage[C any](ctx context.Context, size int, read func(limit int, after *C) ([]ledger.Reservation, error), cursorOf func(*ledger.Reservation) C) (rows []ledger.Reservation, next *C, err error) {
+	if !scoped(ctx) {
+		if rows, err = read(size+1, nil); err != nil || len(rows) <= size {
+			return rows, nil, err
+		}
+		c := cursorOf(&rows[size-1])
+		return rows[:size], &c, nil
+	}
+	for range maxScopedScanPages {
+		limit := size - len(rows)
+		page, err := read(limit, next)
+		if err != nil {
+			return nil, nil, err
+		}
+		for i := range page {
+			if InScope(ctx, page[i].Account.Subject, page[i].Account.Route) {
+				rows = append(rows, page[i])
+			}
+		}
+		if len(page) < limit {
+			return rows, nil, nil // the store has no more
+		}
+		c := cursorOf(&page[len(page)-1])
+		next = &c
+		if len(rows) == size {
+			break
+		}
+	}
+	return rows, next, nil
+}
 
 // sealedPrefix starts every sealed token; base64url has no '.', so no
 // plain token starts so.
