@@ -47,14 +47,48 @@ func accountPrefetchChunks(n int) []int {
 // account_currents and one into accounts, in one statement.
 func accountPrefetchSQL(n int) string {
 	values := strings.TrimSuffix(strings.Repeat("(?, ?, ?), ", n), ", ")
+	return "SELECT " + currentAccountCols +
+		" FROM (VALUES " + values + ") AS k" +
+		" JOIN account_currents c ON c.subject = k.column1 AND c.route = k.column2 AND c.region = k.column3" +
+		" LEFT JOIN accounts a ON a.subject = c.subject AND a.route = c.route AND a.region = c.region AND a.generation = c.generation"
+}
+
+// currentAccountCols selects, from account_currents c LEFT JOIN accounts
+// a, a subject's key, its current generation, whether that generation's
+// account exists, and the account's columns (scanCurrentAccount).
+var currentAccountCols = func() string {
 	cols := make([]string, 0, 12)
 	for _, c := range strings.Split(accountCols, ", ") {
 		cols = append(cols, "a."+c)
 	}
-	return "SELECT c.subject, c.route, c.region, c.generation, a.subject IS NOT NULL, " + strings.Join(cols, ", ") +
-		" FROM (VALUES " + values + ") AS k" +
-		" JOIN account_currents c ON c.subject = k.column1 AND c.route = k.column2 AND c.region = k.column3" +
-		" LEFT JOIN accounts a ON a.subject = c.subject AND a.route = c.route AND a.region = c.region AND a.generation = c.generation"
+	return "c.subject, c.route, c.region, c.generation, a.subject IS NOT NULL, " + strings.Join(cols, ", ")
+}()
+
+// scanCurrentAccount scans a row of currentAccountCols: the subject, the
+// key of its current generation's account, and that account (nil when
+// the generation has none yet).
+func scanCurrentAccount(row driverRow) (k ledger.PolicyKey, key ledger.AccountKey, a *ledger.Account, err error) {
+	var (
+		generation int64
+		hasAccount bool
+	)
+	if err := row[:5].Scan(&k.Subject, &k.Route, &k.Region, &generation, &hasAccount); err != nil {
+		return k, key, nil, err
+	}
+	var conv codec.Conv
+	g := conv.Uint(generation)
+	if err := conv.Err(); err != nil {
+		return k, key, nil, err
+	}
+	key = ledger.AccountKey{Subject: k.Subject, Route: k.Route, Region: k.Region, Generation: g}
+	if hasAccount {
+		scanned, err := scanAccount(row[5:])
+		if err != nil {
+			return k, key, nil, err
+		}
+		a = &scanned
+	}
+	return k, key, a, nil
 }
 
 // accountPrefetchQueries holds accountPrefetchSQL of every size.
@@ -109,32 +143,13 @@ func (tx *Tx) AccountsPrefetch(ctx context.Context, subjects []ledger.PolicyKey)
 		}
 		found := make(map[ledger.PolicyKey]bool, len(chunk))
 		err = tx.w.query(stmtCtx(ctx), st, args, func(sc scanner) error {
-			var (
-				k          ledger.PolicyKey
-				generation int64
-				hasAccount bool
-			)
-			row := sc.(driverRow)
-			if err := row[:5].Scan(&k.Subject, &k.Route, &k.Region, &generation, &hasAccount); err != nil {
-				return err
-			}
-			var conv codec.Conv
-			g := conv.Uint(generation)
-			if err := conv.Err(); err != nil {
+			k, key, a, err := scanCurrentAccount(sc.(driverRow))
+			if err != nil {
 				return err
 			}
 			found[k] = true
-			remember(c, c.currents, k, &g, copyRow)
-			key := ledger.AccountKey{Subject: k.Subject, Route: k.Route, Region: k.Region, Generation: g}
-			if hasAccount {
-				a, err := scanAccount(row[5:])
-				if err != nil {
-					return err
-				}
-				remember(c, c.accounts, key, &a, copyRow)
-			} else {
-				remember(c, c.accounts, key, nil, copyRow)
-			}
+			remember(c, c.currents, k, &key.Generation, copyRow)
+			remember(c, c.accounts, key, a, copyRow)
 			return nil
 		})
 		if err != nil {

@@ -3,10 +3,8 @@ package sqlite
 import (
 	"context"
 	"fmt"
-	"strings"
 
 	"github.com/capledger/capledger/ledger"
-	"github.com/capledger/capledger/store/codec"
 )
 
 // warmChunk is the most subjects WarmCache reads in one transaction: the
@@ -15,17 +13,11 @@ const warmChunk = 1024
 
 // warmSQL reads the subjects after a key, in key order, with their current
 // generation and that generation's account (as accountPrefetchSQL).
-var warmSQL = func() string {
-	cols := make([]string, 0, 12)
-	for _, c := range strings.Split(accountCols, ", ") {
-		cols = append(cols, "a."+c)
-	}
-	return "SELECT c.subject, c.route, c.region, c.generation, a.subject IS NOT NULL, " + strings.Join(cols, ", ") +
-		" FROM account_currents c" +
-		" LEFT JOIN accounts a ON a.subject = c.subject AND a.route = c.route AND a.region = c.region AND a.generation = c.generation" +
-		" WHERE (c.subject, c.route, c.region) > (?, ?, ?) ORDER BY c.subject, c.route, c.region" +
-		fmt.Sprintf(" LIMIT %d", warmChunk)
-}()
+var warmSQL = "SELECT " + currentAccountCols +
+	" FROM account_currents c" +
+	" LEFT JOIN accounts a ON a.subject = c.subject AND a.route = c.route AND a.region = c.region AND a.generation = c.generation" +
+	" WHERE (c.subject, c.route, c.region) > (?, ?, ?) ORDER BY c.subject, c.route, c.region" +
+	fmt.Sprintf(" LIMIT %d", warmChunk)
 
 // WarmCache reads the subjects' current generations and their accounts
 // into the row cache, in key order, until the cache's account table is
@@ -65,31 +57,13 @@ func (s *Store) warmChunk(ctx context.Context, after ledger.PolicyKey) (n int, l
 	c := s.cache
 	rows := 0
 	err = tx.w.query(stmtCtx(ctx), st, []any{after.Subject, after.Route, after.Region}, func(sc scanner) error {
-		var (
-			k          ledger.PolicyKey
-			generation int64
-			hasAccount bool
-		)
-		row := sc.(driverRow)
-		if err := row[:5].Scan(&k.Subject, &k.Route, &k.Region, &generation, &hasAccount); err != nil {
+		k, key, a, err := scanCurrentAccount(sc.(driverRow))
+		if err != nil {
 			return err
 		}
-		var conv codec.Conv
-		g := conv.Uint(generation)
-		if err := conv.Err(); err != nil {
-			return err
-		}
+		g := key.Generation
 		rows++
 		last = &k
-		var a *ledger.Account
-		if hasAccount {
-			scanned, err := scanAccount(row[5:])
-			if err != nil {
-				return err
-			}
-			a = &scanned
-		}
-		key := ledger.AccountKey{Subject: k.Subject, Route: k.Route, Region: k.Region, Generation: g}
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		if c.accounts.len() >= c.accounts.limit || c.currents.len() >= c.currents.limit {
