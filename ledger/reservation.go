@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 )
 
@@ -367,20 +368,33 @@ func AmountShapeProblem(u Units, capped bool) string {
 // its request, the region defaulted) both call it, so they check the
 // same rule in the same order.
 func ReserveShapeProblem(subject, route, region string, units []Units) string {
+	if problem := accountShapeProblem(subject, route, region, "reserve"); problem != "" {
+		return problem
+	}
+	if !anyAbove0(units) {
+		return "units: no units to reserve (at least one amount above 0)"
+	}
+	return ""
+}
+
+// accountShapeProblem is what a command that takes capacity from an
+// account (what verb says it does) needs of its key: a concrete subject
+// (not AnySubject), a route and a region; "" when it has them.
+func accountShapeProblem(subject, route, region, verb string) string {
 	switch {
 	case subject == AnySubject:
-		return fmt.Sprintf("subject %q names every subject; reserve for a concrete one", AnySubject)
+		return fmt.Sprintf("subject %q names every subject; %s for a concrete one", AnySubject, verb)
 	case subject == "" || route == "":
 		return "subject and route are required"
 	case region == "":
 		return "region is required"
 	}
-	for _, u := range units {
-		if u > 0 {
-			return ""
-		}
-	}
-	return "units: no units to reserve (at least one amount above 0)"
+	return ""
+}
+
+// anyAbove0 reports whether at least one of units is above 0.
+func anyAbove0(units []Units) bool {
+	return slices.ContainsFunc(units, func(u Units) bool { return u > 0 })
 }
 
 // namingPolicy returns the policy whose dimension order cmd.Units are in,

@@ -201,24 +201,18 @@ func ShardRemintReceipt(shardID string, n int64) string {
 // ledger (IssueShard) and the server (on its request, the region
 // defaulted) both call it, so they check the same rule in the same order.
 func ShardShapeProblem(subject, route, region string, bootEpoch uint64, ttl time.Duration, units []Units) string {
+	if problem := accountShapeProblem(subject, route, region, "issue a shard"); problem != "" {
+		return problem
+	}
 	switch {
-	case subject == AnySubject:
-		return fmt.Sprintf("subject %q names every subject; issue a shard for a concrete one", AnySubject)
-	case subject == "" || route == "":
-		return "subject and route are required"
-	case region == "":
-		return "region is required"
 	case bootEpoch == 0:
 		return "boot epoch is required (a gateway process numbers its boots from 1)"
 	case ttl <= 0:
 		return fmt.Sprintf("shard TTL must be above 0 (%s)", ttl)
+	case !anyAbove0(units):
+		return "units: no units to carve (at least one amount above 0)"
 	}
-	for _, u := range units {
-		if u > 0 {
-			return ""
-		}
-	}
-	return "units: no units to carve (at least one amount above 0)"
+	return ""
 }
 
 // IssueShard carves emergency capacity for one gateway process out of the
