@@ -274,7 +274,9 @@ func TestAuditCopyPausesAfterItsRead(t *testing.T) {
 	}
 	// The engine times a step from the end of the last pause to the next,
 	// the store its own work: they differ by the calls in between.
-	if slack := time.Duration(st.steps) * time.Millisecond; duringRead <= 0 || duringRead > st.copyTime+slack {
+	// Half of it again covers those calls on a loaded machine; a pause of
+	// twice the work (or the whole share's) inside the read still fails.
+	if slack := st.copyTime / 2; duringRead <= 0 || duringRead > st.copyTime+slack {
 		t.Errorf("the copy paused %s while its read was open, want more than 0 and at most its own %s", duringRead, st.copyTime)
 	}
 	// Each step of at least spillStep owes at least what a quarter of the
