@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"runtime"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
@@ -464,6 +465,12 @@ func (e *Engine) AuditWith(ctx context.Context, o AuditOptions) ([]ledger.Discre
 		if took := time.Since(stepStart); took >= spillStep {
 			copyPace.owe(ctx, took)
 			stepStart = time.Now()
+		} else {
+			// Between its pauses the copy gives its P up after every
+			// page: Go preempts a goroutine that runs on only after
+			// 10 ms, and a request that became runnable meanwhile would
+			// wait that long behind it (beyond a reserve's p99).
+			runtime.Gosched()
 		}
 	})
 	err := e.core.store.AuditSnapshot(spillCtx, false, func(snap *ledger.Snapshot, _ int64) error {
@@ -594,6 +601,8 @@ func (e *Engine) paced(ctx context.Context, snap *ledger.Snapshot, idle float64)
 		if took := time.Since(stepStart); took >= auditStep {
 			pace.wait(ctx, took, 0)
 			stepStart = time.Now()
+		} else {
+			runtime.Gosched() // as the copy's pages do (AuditWith)
 		}
 		return ctx.Err()
 	}
