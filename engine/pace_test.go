@@ -352,3 +352,42 @@ func TestAuditCopyYieldsBetweenPages(t *testing.T) {
 		t.Errorf("another goroutine ran %d times during a copy of %d pages, want at least once every other page", during, st.pages)
 	}
 }
+
+// TestOwedPausesSpreadOverTheSteps: what a copy owes (pacer.owe) is not
+// taken before its read has ended (repaying), then in parts of at most
+// twice each step's own pause, so the steps after it go on at a third of
+// their speed instead of standing still for the whole debt; repay takes
+// what is left.
+func TestOwedPausesSpreadOverTheSteps(t *testing.T) {
+	ctx := context.Background()
+	e := New(memstore.New(), Options{Clock: newClock().Now, DisableWorkers: true})
+	defer e.Close()
+	var slept []time.Duration
+	p := e.makePacer(0.5, 0.5) // a pause as long as the step, busy or idle
+	p.sleep = func(ctx context.Context, d time.Duration) bool { slept = append(slept, d); return true }
+	const step = 10 * time.Millisecond
+	p.owed = 100 * time.Millisecond
+	p.wait(ctx, step, 0)
+	if slept[0] != step || p.owed != 100*time.Millisecond {
+		t.Fatalf("before repaying: paused %s and owes %s, want %s and all of 100ms", slept[0], p.owed, step)
+	}
+	p.repaying = true
+	slept = nil
+	for range 3 {
+		p.wait(ctx, step, 0)
+	}
+	for i, d := range slept {
+		if d != 3*step {
+			t.Errorf("step %d repaying: paused %s, want its own %s and twice that of the debt", i, d, 3*step)
+		}
+	}
+	if p.owed != 40*time.Millisecond {
+		t.Errorf("after three steps owes %s, want 40ms", p.owed)
+	}
+	p.wait(ctx, 2*time.Millisecond, 0) // takes 4 ms of it
+	slept = nil
+	p.repay(ctx)
+	if len(slept) != 1 || slept[0] != 36*time.Millisecond || p.owed != 0 {
+		t.Errorf("repay paused %v and left %s, want one pause of 36ms and nothing left", slept, p.owed)
+	}
+}
