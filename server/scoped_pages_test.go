@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"fmt"
 	"net/http"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
@@ -22,7 +23,7 @@ import (
 // policy reads (PolicyList).
 type countingStore struct {
 	store.Store
-	unknownRows, debtRows, accountLists, policyLists atomic.Int64
+	unknownRows, debtRows, accountLists, accountRows, policyLists atomic.Int64
 }
 
 func (c *countingStore) PolicyList(ctx context.Context) ([]ledger.Policy, error) {
@@ -44,7 +45,9 @@ func (c *countingStore) AccountsInDebt(ctx context.Context, f store.DebtFilter) 
 
 func (c *countingStore) AccountList(ctx context.Context, subject ledger.PolicyKey) ([]ledger.Account, error) {
 	c.accountLists.Add(1)
-	return c.Store.AccountList(ctx, subject)
+	rows, err := c.Store.AccountList(ctx, subject)
+	c.accountRows.Add(int64(len(rows)))
+	return rows, err
 }
 
 // scopedScanPages is server.maxScopedScanPages (and engine's maxDebtScans):
@@ -338,3 +341,52 @@ func TestListDebtsReadsThePoliciesOnce(t *testing.T) {
 		}
 	}
 }
+
+// The console's Debts page asks ListAccountStandings with in_debt for when
+// refill repays each debt: that reads the debtors' accounts only (the
+// store's index of debtors, as ListDebts), not every account as the call
+// without it does, and answers exactly the standings in debt that the call
+// without it answers; a scoped token gets its own debtors only.
+func TestDebtStandingsReadOnlyTheDebtors(t *testing.T) {
+	h, counted := countingHarness(t)
+	for i := range 40 {
+		h.ok("Reserve", reserveFor(fmt.Sprintf("r%d", i), fmt.Sprintf("tenant-%c/u%02d", 'a'+i%3, i), 10), adminToken)
+	}
+	owe := func(id, subject string) {
+		h.ok("Reserve", reserveFor(id, subject, 50), adminToken)
+		h.ok("Start", `{"reservationId":"`+id+`","operationId":"op"}`, adminToken)
+		h.ok("Settle", `{"reservationId":"`+id+`","operationId":"op","actualUnits":{"tokens":200}}`, adminToken)
+	}
+	owe("d1", "tenant-a/debtor")
+	owe("d2", "tenant-b/debtor")
+
+	counted.accountRows.Store(0)
+	all := h.consoleOK("ListAccountStandings", `{"limit":1000}`, consoleViewer)
+	if n := counted.accountRows.Load(); n < 42 {
+		t.Fatalf("the call without in_debt read %d account rows, want every one of the 42", n)
+	}
+	var want []any
+	for _, st := range all["accounts"].([]any) {
+		if field(st.(map[string]any), "account", "frozen") == true {
+			want = append(want, st)
+		}
+	}
+	if len(want) != 2 {
+		t.Fatalf("%d standings in debt, want 2: %v", len(want), all)
+	}
+
+	counted.accountRows.Store(0)
+	debts := h.consoleOK("ListAccountStandings", `{"inDebt":true,"limit":1000}`, consoleViewer)
+	if n := counted.accountRows.Load(); n > 2 {
+		t.Errorf("in_debt read %d account rows, want only the 2 debtors'", n)
+	}
+	if got, _ := debts["accounts"].([]any); num(debts["matched"]) != 2 || !reflect.DeepEqual(got, want) {
+		t.Errorf("in_debt answered %d standings (matched %v), want the 2 in debt, as the call without it shows them: %v", len(got), debts["matched"], want)
+	}
+
+	scopedDebts := h.consoleOK("ListAccountStandings", `{"inDebt":true}`, consoleScoped)
+	if got, _ := scopedDebts["accounts"].([]any); len(got) != 1 || field(got[0].(map[string]any), "account", "subject") != "tenant-b/debtor" {
+		t.Errorf("a tenant-b/* token's in_debt standings: %d (matched %v), want tenant-b/debtor's only", len(got), scopedDebts["matched"])
+	}
+}
+

@@ -82,7 +82,8 @@ type ConsoleServiceClient interface {
 	// limit, nearest first: the dimension with the least available capacity
 	// relative to its burst decides, and an account in debt comes before
 	// every account without. It reads every account the filters match (the
-	// console's page sizes are small; this is not a hot-path call).
+	// console's page sizes are small; this is not a hot-path call), or with
+	// in_debt only the accounts owing debt.
 	// Errors: INVALID_ARGUMENT (limit above 1000).
 	ListAccountStandings(context.Context, *connect.Request[v1.ListAccountStandingsRequest]) (*connect.Response[v1.ListAccountStandingsResponse], error)
 	// GetFairness compares, per route and unit, what each subject's account
@@ -227,7 +228,8 @@ type ConsoleServiceHandler interface {
 	// limit, nearest first: the dimension with the least available capacity
 	// relative to its burst decides, and an account in debt comes before
 	// every account without. It reads every account the filters match (the
-	// console's page sizes are small; this is not a hot-path call).
+	// console's page sizes are small; this is not a hot-path call), or with
+	// in_debt only the accounts owing debt.
 	// Errors: INVALID_ARGUMENT (limit above 1000).
 	ListAccountStandings(context.Context, *connect.Request[v1.ListAccountStandingsRequest]) (*connect.Response[v1.ListAccountStandingsResponse], error)
 	// GetFairness compares, per route and unit, what each subject's account
