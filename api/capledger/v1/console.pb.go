@@ -729,7 +729,8 @@ type ListSubjectReservationsResponse struct {
 	// the filter), ordered by route then state.
 	Counts       []*ReservationStateCount `protobuf:"bytes,1,rep,name=counts,proto3" json:"counts,omitempty"`
 	Reservations []*Reservation           `protobuf:"bytes,2,rep,name=reservations,proto3" json:"reservations,omitempty"`
-	// Set when there may be more: pass it as page_token.
+	// Set when there may be more: pass it as page_token. A short or empty
+	// page with a token is not the last: keep paging.
 	NextPageToken string `protobuf:"bytes,3,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	// How many of the subject's reservations retention removed (their
 	// receipts stay answerable as tombstones until the tombstone horizon).

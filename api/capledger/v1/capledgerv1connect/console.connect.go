@@ -98,7 +98,10 @@ type ConsoleServiceClient interface {
 	// finished reservations (serve --retention): they are neither listed
 	// nor counted by state; retained says how many it removed. A scoped
 	// token sees only the routes of its scope; a subject outside it answers
-	// exactly as a subject without reservations.
+	// exactly as a subject without reservations. A call reads at most 8
+	// store pages of page_size rows, reading past the rows of routes outside
+	// the scope, so a page may hold fewer than page_size reservations, or
+	// none, while next_page_token is set: keep paging until it is empty.
 	// Errors: INVALID_ARGUMENT (no subject, page_size above 1000, a
 	// page_token not from this method, an unknown state).
 	ListSubjectReservations(context.Context, *connect.Request[v1.ListSubjectReservationsRequest]) (*connect.Response[v1.ListSubjectReservationsResponse], error)
@@ -244,7 +247,10 @@ type ConsoleServiceHandler interface {
 	// finished reservations (serve --retention): they are neither listed
 	// nor counted by state; retained says how many it removed. A scoped
 	// token sees only the routes of its scope; a subject outside it answers
-	// exactly as a subject without reservations.
+	// exactly as a subject without reservations. A call reads at most 8
+	// store pages of page_size rows, reading past the rows of routes outside
+	// the scope, so a page may hold fewer than page_size reservations, or
+	// none, while next_page_token is set: keep paging until it is empty.
 	// Errors: INVALID_ARGUMENT (no subject, page_size above 1000, a
 	// page_token not from this method, an unknown state).
 	ListSubjectReservations(context.Context, *connect.Request[v1.ListSubjectReservationsRequest]) (*connect.Response[v1.ListSubjectReservationsResponse], error)
