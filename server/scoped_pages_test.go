@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -390,3 +391,93 @@ func TestDebtStandingsReadOnlyTheDebtors(t *testing.T) {
 	}
 }
 
+// A list call whose page is exactly full answers no next token when it
+// can tell the store holds no more within its read bound (one row more
+// than the page still lacks): it answered one that led to an empty page
+// before. Scoped ListUsageUnknown with other tenants' rows before the
+// page's, ListDebts for an admin and for a scoped token, and a routes=
+// token's ListSubjectReservations; a page with more after it still gets
+// its token, and that page then none.
+func TestFullLastPageHasNoNextToken(t *testing.T) {
+	const routesScoped = "console-routes-token-000000001"
+	h := newHarness(t, harnessOptions{auth: true, tokens: consoleTokens +
+		routesScoped + " viewer team-b-chat subjects=tenant-b/* routes=chat.generate\n"})
+	h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"chat.generate",
+	  "dimensions":[{"unit":"tokens","burst":"100","refillUnits":"10","refillInterval":"3600s","maxOverdraft":"1000"}]}}`, adminToken)
+	h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"embed.batch",
+	  "dimensions":[{"unit":"tokens","burst":"100000","refillUnits":"10","refillInterval":"3600s"}]}}`, adminToken)
+	mark := func(id, subject string) {
+		h.ok("Reserve", reserveFor(id, subject, 1), adminToken)
+		h.ok("Start", `{"reservationId":"`+id+`","operationId":"op"}`, adminToken)
+		h.ok("MarkUsageUnknown", `{"reservationId":"`+id+`"}`, adminToken)
+		h.clock.Advance(time.Millisecond)
+	}
+	owe := func(id, subject string) {
+		h.ok("Reserve", reserveFor(id, subject, 50), adminToken)
+		h.ok("Start", `{"reservationId":"`+id+`","operationId":"op"}`, adminToken)
+		h.ok("Settle", `{"reservationId":"`+id+`","operationId":"op","actualUnits":{"tokens":200}}`, adminToken)
+	}
+	for i := range 5 {
+		mark(fmt.Sprintf("a-%d", i), fmt.Sprintf("tenant-a/u%d", i))
+		owe(fmt.Sprintf("da-%d", i), fmt.Sprintf("tenant-a/d%d", i))
+	}
+	for i := range 2 {
+		mark(fmt.Sprintf("b-%d", i), fmt.Sprintf("tenant-b/u%d", i))
+		owe(fmt.Sprintf("db-%d", i), fmt.Sprintf("tenant-b/d%d", i))
+	}
+	for i := range 2 {
+		h.ok("Reserve", `{"reservationId":"chat-`+strconv.Itoa(i)+`","subject":"tenant-b/u9","route":"chat.generate","units":{"tokens":1}}`, adminToken)
+		h.clock.Advance(time.Millisecond)
+		for j := range 5 {
+			h.ok("Reserve", fmt.Sprintf(`{"reservationId":"e-%d-%d","subject":"tenant-b/u9","route":"embed.batch","units":{"tokens":1}}`, i, j), adminToken)
+			h.clock.Advance(time.Millisecond)
+		}
+	}
+
+	// pages lists every page of a list call, its rows' count each, and
+	// whether the last one came with a token.
+	pages := func(call func(token string) (map[string]any, int)) []int {
+		t.Helper()
+		var shown []int
+		token := ""
+		for range 10 {
+			page, n := call(token)
+			shown = append(shown, n)
+			if token, _ = page["nextPageToken"].(string); token == "" {
+				return shown
+			}
+		}
+		t.Fatalf("still paging after 10 pages: %v", shown)
+		return nil
+	}
+	for _, c := range []struct {
+		name string
+		want []int
+		call func(token string) (map[string]any, int)
+	}{
+		{"scoped ListUsageUnknown, page of 2", []int{2}, func(token string) (map[string]any, int) {
+			page := h.ok("ListUsageUnknown", fmt.Sprintf(`{"pageSize":2,"pageToken":%q}`, token), consoleScoped)
+			return page, len(ids(t, page))
+		}},
+		{"scoped ListUsageUnknown, page of 1", []int{1, 1}, func(token string) (map[string]any, int) {
+			page := h.ok("ListUsageUnknown", fmt.Sprintf(`{"pageSize":1,"pageToken":%q}`, token), consoleScoped)
+			return page, len(ids(t, page))
+		}},
+		{"admin ListDebts, page of 7", []int{7}, func(token string) (map[string]any, int) {
+			page := h.ok("ListDebts", fmt.Sprintf(`{"pageSize":7,"pageToken":%q}`, token), adminToken)
+			return page, len(debtors(t, page))
+		}},
+		{"scoped ListDebts, page of 2", []int{2}, func(token string) (map[string]any, int) {
+			page := h.ok("ListDebts", fmt.Sprintf(`{"pageSize":2,"pageToken":%q}`, token), consoleScoped)
+			return page, len(debtors(t, page))
+		}},
+		{"routes= ListSubjectReservations, page of 2", []int{2}, func(token string) (map[string]any, int) {
+			page := h.consoleOK("ListSubjectReservations", fmt.Sprintf(`{"subject":"tenant-b/u9","pageSize":2,"pageToken":%q}`, token), routesScoped)
+			return page, len(reservationIDs(t, page))
+		}},
+	} {
+		if got := pages(c.call); !slices.Equal(got, c.want) {
+			t.Errorf("%s: pages of %v rows, want %v (no token after a full last page)", c.name, got, c.want)
+		}
+	}
+}
