@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -22,6 +23,8 @@ import (
 
 	v1 "github.com/capledger/capledger/api/capledger/v1"
 	"github.com/capledger/capledger/api/capledger/v1/capledgerv1connect"
+	"github.com/capledger/capledger/store/postgres"
+	"github.com/capledger/capledger/store/sqlite"
 )
 
 // startInProcess runs `capledger serve` through run() on a free loopback
@@ -380,6 +383,65 @@ func TestMigrateUnreachablePostgresExits5(t *testing.T) {
 	if !strings.Contains(errOut, "migrate: connect") {
 		t.Fatalf("migrate of an unreachable PostgreSQL says %q", errOut)
 	}
+}
+
+// migrate's errors name the command once ("capledger migrate: "), then
+// the step that failed: PostgreSQL unreachable, a schema a newer binary
+// migrated, a search_path naming no schema, and a SQLite file a newer
+// binary migrated (it said "migrate: migrate: connect" before).
+func TestMigrateErrorNamesTheCommandOnce(t *testing.T) {
+	once := func(t *testing.T, errOut, cause string) {
+		t.Helper()
+		if strings.Count(errOut, "migrate:") != 1 || !strings.HasPrefix(errOut, "capledger migrate: ") || !strings.Contains(errOut, cause) {
+			t.Errorf("migrate says %q: want \"capledger migrate: \" once, then %q", errOut, cause)
+		}
+	}
+	code, out, errOut := cli(t, "", "migrate", "--store", "postgres://postgres@127.0.0.1:47251/test?sslmode=disable&connect_timeout=5")
+	wantExit(t, exitUnavailable, code, out, errOut)
+	once(t, errOut, "capledger migrate: connect: ")
+
+	dir := t.TempDir()
+	code, out, errOut = cli(t, "", "migrate", "--data-dir", dir)
+	wantExit(t, exitOK, code, out, errOut)
+	db, err := sql.Open("sqlite", filepath.Join(dir, "capledger.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = db.Exec(`INSERT INTO schema_migrations (version, name) VALUES (?, 'from_the_future')`, sqlite.SchemaVersion()+1)
+	db.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut = cli(t, "", "migrate", "--data-dir", dir)
+	wantExit(t, exitUsage, code, out, errOut)
+	once(t, errOut, "this binary knows up to")
+
+	dsn := postgresSchema(t)
+	u, err := neturl.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("search_path", "capledger_cli_no_such_schema")
+	u.RawQuery = q.Encode()
+	code, out, errOut = cli(t, "", "migrate", "--store", u.String())
+	wantExit(t, exitUsage, code, out, errOut)
+	once(t, errOut, "capledger migrate: no schema of the search_path")
+
+	code, out, errOut = cli(t, "", "migrate", "--store", dsn)
+	wantExit(t, exitOK, code, out, errOut)
+	conn, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = conn.Exec(context.Background(), `INSERT INTO schema_migrations (version, name) VALUES ($1, 'from_the_future')`, postgres.SchemaVersion()+1)
+	conn.Close(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut = cli(t, "", "migrate", "--store", dsn)
+	wantExit(t, exitUsage, code, out, errOut)
+	once(t, errOut, "does not know: a newer capledger migrated it")
 }
 
 // serve exits 5 when its store cannot be reached, the general rule for an

@@ -2481,11 +2481,13 @@ type ListUsageUnknownResponse struct {
 	// Oldest usage_unknown_at first (reservation_id breaks ties): the
 	// longest-waiting first, whenever their work started.
 	Reservations []*Reservation `protobuf:"bytes,1,rep,name=reservations,proto3" json:"reservations,omitempty"`
-	// Pass it as page_token for the next page; empty on the last page.
+	// Pass it as page_token for the next page; empty on the last page. A
+	// short or empty page with a token is not the last: keep paging.
 	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	// The whole USAGE_UNKNOWN backlog, ignoring the filters: how many
 	// reservations, and when the longest-waiting of them was marked
 	// USAGE_UNKNOWN (its usage_unknown_at; unset when there are none).
+	// Unset for a scoped token (they count every tenant), as is overdue.
 	Backlog              int64                  `protobuf:"varint,3,opt,name=backlog,proto3" json:"backlog,omitempty"`
 	OldestUsageUnknownAt *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=oldest_usage_unknown_at,json=oldestUsageUnknownAt,proto3" json:"oldest_usage_unknown_at,omitempty"`
 	// The reservations of this page past their route's unknownDeadline
@@ -2631,7 +2633,8 @@ type ListDebtsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Accounts owing debt in at least one dimension (frozen = true).
 	Accounts []*Account `protobuf:"bytes,1,rep,name=accounts,proto3" json:"accounts,omitempty"`
-	// Pass it as page_token for the next page; empty on the last page.
+	// Pass it as page_token for the next page; empty on the last page. A
+	// short or empty page with a token is not the last: keep paging.
 	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

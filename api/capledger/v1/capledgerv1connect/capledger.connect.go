@@ -207,17 +207,28 @@ type LedgerServiceClient interface {
 	// capacity stays reserved until a Settle with the reservation's
 	// operation id resolves it; only an operation receipt can say what it
 	// used. The answer also counts the whole backlog, whatever the filters.
-	// Role: admin. Errors: INVALID_ARGUMENT (page_size above 1000, a
-	// page_token this API did not issue).
+	// Role: admin or viewer; a viewer scoped to some tenants sees only
+	// their reservations and none of the store-wide figures. A call reads
+	// at most 8 store pages of page_size rows, reading past the rows outside
+	// a scoped token's scope, so a page may hold fewer than page_size
+	// reservations, or none, while next_page_token is set: keep paging until
+	// it is empty. Errors: INVALID_ARGUMENT (page_size above 1000, a
+	// page_token this API did not issue, or issued for other filters or to
+	// another token); PERMISSION_DENIED for a gateway token.
 	ListUsageUnknown(context.Context, *connect.Request[v1.ListUsageUnknownRequest]) (*connect.Response[v1.ListUsageUnknownResponse], error)
 	// ListDebts lists the accounts that owe debt now, in key order (subject,
 	// route, region, generation): a settle reported more usage than was
 	// reserved and available capacity could not cover the rest, so the
 	// subject's route admits nothing (ADMISSION_FROZEN) until refill repays
 	// it. Balances are shown as GetAccount shows them, with the refill due
-	// up to now. A page may hold fewer than page_size accounts while
-	// next_page_token is set. Role: admin. Errors: INVALID_ARGUMENT
-	// (page_size above 1000, a page_token this API did not issue).
+	// up to now. Role: admin or viewer; a viewer scoped to some tenants
+	// sees only their accounts. A call reads at most 8 store pages of
+	// page_size rows, reading past the accounts refill has repaid since and
+	// those outside a scoped token's scope, so a page may hold fewer than
+	// page_size accounts, or none, while next_page_token is set: keep paging
+	// until it is empty. Errors: INVALID_ARGUMENT (page_size above 1000, a
+	// page_token this API did not issue, or issued to another token);
+	// PERMISSION_DENIED for a gateway token.
 	ListDebts(context.Context, *connect.Request[v1.ListDebtsRequest]) (*connect.Response[v1.ListDebtsResponse], error)
 	// Audit reads the whole ledger in one consistent snapshot and checks it:
 	// conservation of every account in every dimension, reserved equal to the
@@ -532,17 +543,28 @@ type LedgerServiceHandler interface {
 	// capacity stays reserved until a Settle with the reservation's
 	// operation id resolves it; only an operation receipt can say what it
 	// used. The answer also counts the whole backlog, whatever the filters.
-	// Role: admin. Errors: INVALID_ARGUMENT (page_size above 1000, a
-	// page_token this API did not issue).
+	// Role: admin or viewer; a viewer scoped to some tenants sees only
+	// their reservations and none of the store-wide figures. A call reads
+	// at most 8 store pages of page_size rows, reading past the rows outside
+	// a scoped token's scope, so a page may hold fewer than page_size
+	// reservations, or none, while next_page_token is set: keep paging until
+	// it is empty. Errors: INVALID_ARGUMENT (page_size above 1000, a
+	// page_token this API did not issue, or issued for other filters or to
+	// another token); PERMISSION_DENIED for a gateway token.
 	ListUsageUnknown(context.Context, *connect.Request[v1.ListUsageUnknownRequest]) (*connect.Response[v1.ListUsageUnknownResponse], error)
 	// ListDebts lists the accounts that owe debt now, in key order (subject,
 	// route, region, generation): a settle reported more usage than was
 	// reserved and available capacity could not cover the rest, so the
 	// subject's route admits nothing (ADMISSION_FROZEN) until refill repays
 	// it. Balances are shown as GetAccount shows them, with the refill due
-	// up to now. A page may hold fewer than page_size accounts while
-	// next_page_token is set. Role: admin. Errors: INVALID_ARGUMENT
-	// (page_size above 1000, a page_token this API did not issue).
+	// up to now. Role: admin or viewer; a viewer scoped to some tenants
+	// sees only their accounts. A call reads at most 8 store pages of
+	// page_size rows, reading past the accounts refill has repaid since and
+	// those outside a scoped token's scope, so a page may hold fewer than
+	// page_size accounts, or none, while next_page_token is set: keep paging
+	// until it is empty. Errors: INVALID_ARGUMENT (page_size above 1000, a
+	// page_token this API did not issue, or issued to another token);
+	// PERMISSION_DENIED for a gateway token.
 	ListDebts(context.Context, *connect.Request[v1.ListDebtsRequest]) (*connect.Response[v1.ListDebtsResponse], error)
 	// Audit reads the whole ledger in one consistent snapshot and checks it:
 	// conservation of every account in every dimension, reserved equal to the
