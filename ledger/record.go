@@ -27,8 +27,9 @@ import (
 //   - for an id that exists: ErrDigestMismatch (with the stored receipt)
 //     when it names another request (another digest, or a reservation
 //     made by Reserve); success with Replayed and the stored receipt when
-//     it was recorded with the same operation id and usage (a retry never
-//     charges twice); ErrReservationAlreadySettled when recorded with
+//     it was recorded with the same operation id and usage (by unit name
+//     when cmd.Generation orders units otherwise: sameUsage), so a retry
+//     never charges twice; ErrReservationAlreadySettled when recorded with
 //     other usage or another operation id (the first record stands); a
 //     removed one answers from its tombstone as a settle does
 //     (ErrReservationAlreadySettled, also matching ErrReservationRetired)
@@ -64,7 +65,7 @@ func Record(b Book, cmd *Command, now time.Time) Result {
 			return Result{Err: ErrDigestMismatch, Reservation: *r}
 		case r.State != StateSettled && r.State != StateSettledWithDebt:
 			return Result{Err: stateError(r.State), Reservation: *r} // not reached: a record is born settled
-		case r.OperationID == cmd.OperationID && r.Actual == cmd.Units:
+		case r.OperationID == cmd.OperationID && sameUsage(b, r, cmd):
 			return Result{Reservation: *r, Replayed: true, Generation: r.Account.Generation}
 		}
 		return Result{Err: ErrReservationAlreadySettled, Reservation: *r}
@@ -129,4 +130,35 @@ func RecordShapeProblem(subject, route, region string, units []Units) string {
 		return "units: no usage to record (at least one amount above 0)"
 	}
 	return ""
+}
+
+// sameUsage reports whether cmd's usage is what r recorded. cmd.Units are
+// in the order of cmd.Generation's dimensions (the generation deciding
+// when the retry was mapped), r.Actual in r's generation's: when a
+// republished policy ordered its units otherwise, they are compared by
+// unit name, so a retry across the republish still replays.
+func sameUsage(b Book, r *Reservation, cmd *Command) bool {
+	if cmd.Generation == 0 || cmd.Generation == r.Account.Generation {
+		return r.Actual == cmd.Units
+	}
+	from, ok1 := b.Policy(cmd.Generation)
+	to, ok2 := b.Policy(r.Account.Generation)
+	if !ok1 || !ok2 {
+		return r.Actual == cmd.Units
+	}
+	var usage Amounts
+	for i, u := range cmd.Units {
+		if u == 0 {
+			continue
+		}
+		if i >= len(from.Dimensions) {
+			return false
+		}
+		j := to.DimensionIndex(from.Dimensions[i].Unit)
+		if j < 0 {
+			return false
+		}
+		usage[j] = u
+	}
+	return usage == r.Actual
 }

@@ -198,3 +198,29 @@ func TestRecordRefusals(t *testing.T) {
 		t.Fatalf("%d reservations, want only the one recorded", n)
 	}
 }
+
+// TestRecordRetryAcrossReorderedPolicy: a retry mapped by a republished
+// generation whose units are in another order still replays (the usage
+// is compared by unit name), and other usage is still a conflict.
+func TestRecordRetryAcrossReorderedPolicy(t *testing.T) {
+	c := newChecked(t)
+	requests := ledger.Dimension{Unit: "requests", Burst: 10, RefillUnits: 1, RefillInterval: time.Second}
+	first := c.publish(policyOf(tokens(100, 10), requests))
+	cmd := ledger.Command{Kind: ledger.KindRecord, ReservationID: "r", RequestDigest: "record:r", OperationID: "op-r",
+		Subject: testSubject.Subject, Route: testSubject.Route, Region: testSubject.Region, Units: ledger.Amounts{50, 1}, Generation: first}
+	c.must(c.apply(cmd))
+	second := c.publish(policyOf(requests, tokens(100, 10)))
+	retry := cmd
+	retry.Units, retry.Generation = ledger.Amounts{1, 50}, second
+	if res := c.apply(retry); res.Err != nil || !res.Replayed {
+		t.Fatalf("retry mapped by the reordered generation: %v, replayed %v; want a replay", res.Err, res.Replayed)
+	}
+	retry.Units = ledger.Amounts{1, 51}
+	if res := c.apply(retry); !errors.Is(res.Err, ledger.ErrReservationAlreadySettled) {
+		t.Fatalf("other usage mapped by the reordered generation: %v, want ErrReservationAlreadySettled", res.Err)
+	}
+	retry.Units = ledger.Amounts{50, 1}
+	if res := c.apply(retry); !errors.Is(res.Err, ledger.ErrReservationAlreadySettled) {
+		t.Fatalf("the first order under the reordered generation (other usage): %v, want ErrReservationAlreadySettled", res.Err)
+	}
+}
