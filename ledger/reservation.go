@@ -609,19 +609,7 @@ func settle(b Book, id, operationID string, actual Amounts, now time.Time, res *
 			continue
 		}
 		bal.Spent += reserved
-		extra := used - reserved
-		fromAvailable := min(extra, bal.Available)
-		bal.Available -= fromAvailable
-		bal.Spent += fromAvailable
-		if debt := extra - fromAvailable; debt > 0 {
-			bal.OverdraftIssued += debt
-			bal.Spent += debt
-			r.Overdraft[i] = debt
-			r.State = StateSettledWithDebt
-			if debt > p.Dimensions[i].MaxOverdraft {
-				r.Breach = true
-			}
-		}
+		chargeBeyond(bal, r, i, used-reserved, &p.Dimensions[i])
 	}
 	if p.ExecutionLimit > 0 && now.Sub(r.StartedAt) > p.ExecutionLimit {
 		r.Breach = true
@@ -639,6 +627,28 @@ func settle(b Book, id, operationID string, actual Amounts, now time.Time, res *
 	}
 	res.Reservation, res.Refunded, res.Generation = *r, refunded, r.Account.Generation
 	return
+}
+
+// chargeBeyond spends extra units of dimension i that r did not hold:
+// from available first, and what available lacks as debt (overdraftIssued
+// and spent at once, so conservation holds), which makes r
+// SETTLED_WITH_DEBT, freezes the account's admission until refills repay
+// it, and is a breach beyond d's max overdraft. It is the one rule for
+// usage above a hold: a settle's excess over its reservation and a
+// record's whole usage (Record), which held nothing.
+func chargeBeyond(bal *Balance, r *Reservation, i int, extra Units, d *Dimension) {
+	fromAvailable := min(extra, bal.Available)
+	bal.Available -= fromAvailable
+	bal.Spent += fromAvailable
+	if debt := extra - fromAvailable; debt > 0 {
+		bal.OverdraftIssued += debt
+		bal.Spent += debt
+		r.Overdraft[i] = debt
+		r.State = StateSettledWithDebt
+		if debt > d.MaxOverdraft {
+			r.Breach = true
+		}
+	}
 }
 
 // Release gives an unstarted reservation's capacity back in full.

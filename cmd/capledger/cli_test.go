@@ -191,6 +191,20 @@ func TestCLIAgainstServer(t *testing.T) {
 	}
 	code, out, errOut = cli(t, url, "policy", "list")
 	wantExit(t, exitOK, code, out, errOut)
+	// record: usage nothing reserved, beyond what is free, is recorded as
+	// debt; a retry replays, other usage under the id is a conflict.
+	code, out, errOut = cli(t, url, "record", "--subject", "tenant-7", "--route", "chat.generate", "--units", "tokens=50000", "--id", "resp-1")
+	wantExit(t, exitOK, code, out, errOut)
+	if !strings.Contains(out, `"state": "RESERVATION_STATE_SETTLED_WITH_DEBT"`) || !strings.Contains(errOut, "debt") {
+		t.Fatalf("record printed %s / %s", out, errOut)
+	}
+	code, out, errOut = cli(t, url, "record", "--subject", "tenant-7", "--route", "chat.generate", "--units", "tokens=50000", "--id", "resp-1")
+	wantExit(t, exitOK, code, out, errOut)
+	if !strings.Contains(out, `"replayed": true`) {
+		t.Fatalf("record retry printed %s", out)
+	}
+	code, out, errOut = cli(t, url, "record", "--subject", "tenant-7", "--route", "chat.generate", "--units", "tokens=50001", "--id", "resp-1")
+	wantExit(t, exitConflict, code, out, errOut)
 	code, out, errOut = cli(t, url, "audit")
 	wantExit(t, exitOK, code, out, errOut)
 	code, out, errOut = cli(t, url, "audit", "--since-checkpoint", "--progress")
