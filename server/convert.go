@@ -24,7 +24,10 @@ import (
 // which generation is active change, and a stale view of those is safe: the
 // server names the generation it mapped units for (Command.Generation) and
 // the ledger refuses the reserve if another generation decides, after which
-// the cache is refreshed and the reserve mapped again.
+// the cache is refreshed and the reserve mapped again. A request the cache
+// cannot map at all (no policy for its key, a unit the cached generation
+// lacks) never reaches the ledger, so it reloads the cache itself
+// (refreshForMiss) before it is refused.
 type policyCache struct {
 	ledger Ledger
 	mu     sync.RWMutex

@@ -276,17 +276,30 @@ func (s *Server) reserveCommand(ctx context.Context, req *v1.ReserveRequest) (cm
 		return cmd, nil, withReason(connect.NewError(connect.CodeNotFound, fmt.Errorf("%w: %s", ledger.ErrNoPolicy, key)), ReasonNoPolicy)
 	}
 	p, ok := s.policies.active(key)
-	if !ok {
+	var units ledger.Amounts
+	var unitErr error
+	if ok {
+		units, unitErr = amounts(&p, req.GetUnits())
+	}
+	if !ok || unitErr != nil {
+		// No cached policy, or a unit the cached generation lacks: the
+		// cache may predate a publish through another replica (a new key,
+		// or a new generation with other units). Such a request never
+		// reaches the ledger, which would otherwise say the mapping is
+		// stale, so reload (at most once per missReloadInterval) and map
+		// again.
 		if err := s.policies.refreshForMiss(ctx); err != nil {
 			return cmd, nil, readError("reserve: policies", ReasonNoPolicy, err)
 		}
-		p, ok = s.policies.active(key)
+		if p, ok = s.policies.active(key); ok {
+			units, unitErr = amounts(&p, req.GetUnits())
+		}
 	}
 	var refusal *connect.Error
 	if !ok {
 		refusal = withReason(connect.NewError(connect.CodeNotFound, fmt.Errorf("%w: %s", ledger.ErrNoPolicy, key)), ReasonNoPolicy)
-	} else if units, err := amounts(&p, req.GetUnits()); err != nil {
-		refusal = invalidArgument(ReasonUnknownUnit, "reserve %s: %v", cmd.ReservationID, err)
+	} else if unitErr != nil {
+		refusal = invalidArgument(ReasonUnknownUnit, "reserve %s: %v", cmd.ReservationID, unitErr)
 	} else {
 		cmd.Units = units
 		cmd.Generation = p.Generation

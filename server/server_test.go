@@ -831,6 +831,39 @@ func TestStaleUnitMapping(t *testing.T) {
 	}
 }
 
+// TestStaleUnitMappingNewUnit: another replica publishes a generation
+// with a unit the first server's cached generation lacks. A reserve
+// naming it never reached the ledger (refused UNKNOWN_UNIT against the
+// stale generation, for as long as only such reserves came), so the
+// cache was never corrected; it is now reloaded (as for a new key, at
+// most once per 100 ms) and the reserve admitted under the new generation.
+func TestStaleUnitMappingNewUnit(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	h.ok("PublishPolicy", tokensPolicy, "")
+	h.ok("Reserve", reserveBody("warm", 10), "") // caches generation 1
+
+	other := serve(t, server.New(h.engine, server.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}))
+	req, _ := http.NewRequest(http.MethodPost, other+"/capledger.v1.LedgerService/PublishPolicy", strings.NewReader(
+		`{"policy":{"subject":"tenant-7","route":"chat.generate","dimensions":[{"unit":"tokens","burst":"1000"},{"unit":"gpus","burst":"4"}]}}`))
+	req.Header.Set("Content-Type", "application/json")
+	if r := h.do(req); r.status != 200 || num(field(r.body, "policy", "generation")) != 2 {
+		t.Fatalf("publish on the other replica: %d %s", r.status, r.raw)
+	}
+	time.Sleep(150 * time.Millisecond) // past the reload interval of the warm reserve's lookup
+
+	res := h.ok("Reserve", `{"reservationId":"gpu","subject":"tenant-7","route":"chat.generate","units":{"tokens":7,"gpus":1}}`, "")
+	units := field(res, "reservation", "reservedUnits").(map[string]any)
+	if num(field(res, "reservation", "policyGeneration")) != 2 || num(units["gpus"]) != 1 || num(units["tokens"]) != 7 {
+		t.Fatalf("reserve naming the new generation's unit: %v", res)
+	}
+	// A unit no generation has is still refused, naming the new one.
+	r := h.call("Reserve", `{"reservationId":"tpu","subject":"tenant-7","route":"chat.generate","units":{"tpus":1}}`, "")
+	h.wantError(r, 400, "invalid_argument", server.ReasonUnknownUnit)
+	if !strings.Contains(string(r.raw), "policy generation 2") {
+		t.Fatalf("unknown unit answered against another generation: %s", r.raw)
+	}
+}
+
 func TestAccountShowsOnlyOneSubject(t *testing.T) {
 	h := newHarness(t, harnessOptions{})
 	h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"chat","dimensions":[{"unit":"tokens","burst":"100"}]}}`, "")

@@ -202,7 +202,8 @@ func (svc *shardService) issue(ctx context.Context, m *v1.IssueShardRequest, leg
 	key := ledger.PolicyKey{Subject: m.GetSubject(), Route: m.GetRoute(), Region: region}
 	for attempt := 0; ; attempt++ {
 		p, ok := svc.s.policies.active(key)
-		if !ok || attempt > 0 {
+		refreshed := !ok || attempt > 0
+		if refreshed {
 			if _, err := svc.s.policies.refresh(ctx); err != nil {
 				return nil, readError("issue shard: policies", ReasonNoPolicy, err)
 			}
@@ -212,6 +213,12 @@ func (svc *shardService) issue(ctx context.Context, m *v1.IssueShardRequest, leg
 			return nil, withReason(connect.NewError(connect.CodeNotFound, fmt.Errorf("%w: %s", ledger.ErrNoPolicy, key)), ReasonNoPolicy)
 		}
 		units, err := amounts(&p, m.GetUnits())
+		if err != nil && !refreshed {
+			// The cache may predate a generation with these units,
+			// published through another replica: the ledger never sees
+			// this command to say so, so map again after a reload.
+			continue
+		}
 		if err != nil {
 			return nil, invalidArgument(ReasonUnknownUnit, "issue shard %s: %v", m.GetShardId(), err)
 		}
