@@ -163,9 +163,13 @@ func (s *Server) GetPolicy(ctx context.Context, req *connect.Request[v1.GetPolic
 	}
 	active := ledger.NewActiveGenerations(all)
 	for i := range all {
-		if all[i].Generation == generation && inPolicyScope(ctx, all[i].Key) {
+		if all[i].Generation != generation {
+			continue
+		}
+		if inPolicyScope(ctx, all[i].Key) {
 			return connect.NewResponse(&v1.GetPolicyResponse{Policy: PolicyProto(&all[i], active[all[i].Key] == generation)}), nil
 		}
+		s.logOutOfScope(ctx, "get policy", "generation", generation)
 	}
 	return nil, withReason(connect.NewError(connect.CodeNotFound, fmt.Errorf("%w: generation %d", ledger.ErrPolicyNotFound, generation)), ReasonPolicyNotFound)
 }
@@ -272,7 +276,7 @@ func (s *Server) reserveCommand(ctx context.Context, req *v1.ReserveRequest) (cm
 	if !InScope(ctx, cmd.Subject, cmd.Route) {
 		// Out of the token's scope: answered as a subject nothing admits
 		// for, which is what it is for this caller.
-		s.log.Info("out of the token's scope", "call", "reserve", "subject", cmd.Subject, "route", cmd.Route, "token", tokenName(ctx))
+		s.logOutOfScope(ctx, "reserve", "subject", cmd.Subject, "route", cmd.Route)
 		return cmd, nil, withReason(connect.NewError(connect.CodeNotFound, fmt.Errorf("%w: %s", ledger.ErrNoPolicy, key)), ReasonNoPolicy)
 	}
 	p, ok := s.policies.active(key)
@@ -350,6 +354,7 @@ func (s *Server) reserveOutcome(ctx context.Context, res *ledger.Result, unmappe
 	if r := &res.Reservation; r.ID != "" && !InScope(ctx, r.Account.Subject, r.Account.Route) {
 		// The id is another tenant's (a digest mismatch, or a replay of a
 		// guessed digest): the id is taken, and nothing else is said.
+		s.logOutOfScope(ctx, "reserve", "reservation", r.ID)
 		return outcome[*v1.ReserveResponse]{err: withReason(connect.NewError(connect.CodeAlreadyExists, ledger.ErrDigestMismatch), ReasonDigestMismatch)}
 	}
 	if unmapped != nil && !(res.Err == nil && res.Replayed) && !errors.Is(res.Err, ledger.ErrDigestMismatch) {
@@ -544,7 +549,11 @@ func (s *Server) settleCommand(ctx context.Context, req *v1.SettleRequest) (ledg
 		return ledger.Command{}, cerr
 	}
 	r, err := s.ledger.Reservation(ctx, req.GetReservationId())
-	if scoped(ctx) && (isNotFound(err) || (err == nil && !InScope(ctx, r.Account.Subject, r.Account.Route))) {
+	if scoped(ctx) && err == nil && !InScope(ctx, r.Account.Subject, r.Account.Route) {
+		s.logOutOfScope(ctx, "settle", "reservation", req.GetReservationId())
+		return ledger.Command{}, reservationNotFound("settle", req.GetReservationId())
+	}
+	if scoped(ctx) && isNotFound(err) {
 		return ledger.Command{}, reservationNotFound("settle", req.GetReservationId())
 	}
 	if err != nil {
@@ -705,7 +714,11 @@ func (s *Server) GetReservation(ctx context.Context, req *connect.Request[v1.Get
 		return nil, cerr
 	}
 	r, err := s.ledger.Reservation(ctx, id)
-	if scoped(ctx) && (isNotFound(err) || (err == nil && !InScope(ctx, r.Account.Subject, r.Account.Route))) {
+	if scoped(ctx) && err == nil && !InScope(ctx, r.Account.Subject, r.Account.Route) {
+		s.logOutOfScope(ctx, "get reservation", "reservation", id)
+		return nil, reservationNotFound("get reservation", id)
+	}
+	if scoped(ctx) && isNotFound(err) {
 		return nil, reservationNotFound("get reservation", id)
 	}
 	if err != nil {
@@ -731,6 +744,7 @@ func (s *Server) GetAccount(ctx context.Context, req *connect.Request[v1.GetAcco
 	}
 	if !InScope(ctx, key.Subject, key.Route) {
 		// Answered as a subject that never reserved.
+		s.logOutOfScope(ctx, "get account", "subject", key.Subject, "route", key.Route)
 		return connect.NewResponse(&v1.GetAccountResponse{}), nil
 	}
 	accounts, err := s.ledger.Accounts(ctx, key)

@@ -91,6 +91,11 @@ type harnessOptions struct {
 	// wrapConsole, when set, wraps the console store the server is given
 	// (to count its reads).
 	wrapConsole func(store.ConsoleStore) store.ConsoleStore
+	// logs, when set, receives the server's and the engine's log (text).
+	logs io.Writer
+	// shards serves the ShardService, with a key ring in a temporary
+	// directory.
+	shards bool
 }
 
 // newHarness serves a real server on 127.0.0.1:0 over a real engine.
@@ -108,7 +113,11 @@ func newHarness(t testing.TB, opts harnessOptions) *harness {
 		h.store = st
 	}
 	metrics := server.NewMetrics()
-	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	logTo := io.Writer(io.Discard)
+	if opts.logs != nil {
+		logTo = opts.logs
+	}
+	logger := slog.New(slog.NewTextHandler(logTo, nil))
 	engineStore := h.store
 	if opts.wrapStore != nil {
 		engineStore = opts.wrapStore(h.store)
@@ -126,6 +135,13 @@ func newHarness(t testing.TB, opts harnessOptions) *harness {
 		cfg.Rollouts = rollouts
 	}
 	cfg.Drains = h.engine
+	if opts.shards {
+		keys, _, err := server.EnsureShardKeys(filepath.Join(t.TempDir(), "shard-keys"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Shards = &server.ShardConfig{Keys: keys, MaxTTL: time.Hour}
+	}
 	if cs, ok := h.store.(store.ConsoleStore); ok {
 		cfg.Console = cs
 		if opts.wrapConsole != nil {

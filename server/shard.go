@@ -189,6 +189,7 @@ func (svc *shardService) issue(ctx context.Context, m *v1.IssueShardRequest, leg
 		return nil, invalidArgument(ReasonInvalidCommand, "ttl %s is outside (0, %s]", ttl, svc.maxTTL)
 	}
 	if !InScope(ctx, m.GetSubject(), m.GetRoute()) {
+		svc.s.logOutOfScope(ctx, "issue shard", "subject", m.GetSubject(), "route", m.GetRoute())
 		key := ledger.PolicyKey{Subject: m.GetSubject(), Route: m.GetRoute(), Region: region}
 		return nil, withReason(connect.NewError(connect.CodeNotFound, fmt.Errorf("%w: %s", ledger.ErrNoPolicy, key)), ReasonNoPolicy)
 	}
@@ -234,11 +235,13 @@ func (svc *shardService) issue(ctx context.Context, m *v1.IssueShardRequest, leg
 		}
 		if cerr != nil {
 			if res.Shard != nil && !InScope(ctx, res.Shard.Account.Subject, res.Shard.Account.Route) {
+				svc.s.logOutOfScope(ctx, "issue shard", "shard", m.GetShardId())
 				return nil, shardIDTaken()
 			}
 			return nil, cerr
 		}
 		if !InScope(ctx, res.Shard.Account.Subject, res.Shard.Account.Route) {
+			svc.s.logOutOfScope(ctx, "issue shard", "shard", m.GetShardId())
 			return nil, shardIDTaken() // a replay of another tenant's shard id
 		}
 		pb, err := svc.shardProto(ctx, res.Shard, true)
@@ -268,7 +271,11 @@ func (svc *shardService) GetShard(ctx context.Context, req *connect.Request[v1.G
 		return nil, connect.NewError(connect.CodeUnimplemented, errors.New("this ledger cannot read shards"))
 	}
 	sh, err := svc.reads.Shard(ctx, req.Msg.GetShardId())
-	if scoped(ctx) && (isNotFound(err) || (err == nil && !InScope(ctx, sh.Account.Subject, sh.Account.Route))) {
+	if scoped(ctx) && err == nil && !InScope(ctx, sh.Account.Subject, sh.Account.Route) {
+		svc.s.logOutOfScope(ctx, "get shard", "shard", req.Msg.GetShardId())
+		return nil, shardNotFound("get shard", req.Msg.GetShardId())
+	}
+	if scoped(ctx) && isNotFound(err) {
 		return nil, shardNotFound("get shard", req.Msg.GetShardId())
 	}
 	if err != nil {
@@ -371,7 +378,11 @@ func (svc *shardService) ReconcileShard(ctx context.Context, req *connect.Reques
 	}
 	// The receipts' units are named by the shard's own generation.
 	sh, err := svc.reads.Shard(ctx, m.GetShardId())
-	if scoped(ctx) && (isNotFound(err) || (err == nil && !InScope(ctx, sh.Account.Subject, sh.Account.Route))) {
+	if scoped(ctx) && err == nil && !InScope(ctx, sh.Account.Subject, sh.Account.Route) {
+		svc.s.logOutOfScope(ctx, "reconcile shard", "shard", m.GetShardId())
+		return nil, shardNotFound("reconcile shard", m.GetShardId())
+	}
+	if scoped(ctx) && isNotFound(err) {
 		return nil, shardNotFound("reconcile shard", m.GetShardId())
 	}
 	if err != nil {
