@@ -18,7 +18,7 @@ policy's execution limit). Their capacity stays reserved until a settle
 with the operation receipt resolves them. The longest-waiting (earliest
 "usageUnknownAt", when each was marked) come first; "backlog" and
 "oldestUsageUnknownAt" count the whole backlog, whatever the filters.
-Needs an admin token. With serve --resolver-config, reservations past
+Needs an admin or viewer token. With serve --resolver-config, reservations past
 their route's unknownDeadline come first in each page and are listed in
 "overdueReservationIds" ("overdue" counts them store-wide). For a token
 scoped to some tenants a page may hold fewer than --limit reservations,

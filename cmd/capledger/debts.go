@@ -18,7 +18,7 @@ subject's route admits nothing (429 ADMISSION_FROZEN) until refill repays
 it. Balances are shown as "capledger account" shows them, with the refill
 due up to now, in key order (subject, route, region, generation). It ends
 by itself; do not roll back or republish to unfreeze a tenant. Needs an
-admin token.
+admin or viewer token.
 
 A page may hold fewer than --limit accounts, or none, and still have a
 nextPageToken: the server stops after reading a bounded number of rows;
