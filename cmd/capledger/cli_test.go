@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	neturl "net/url"
@@ -470,6 +471,128 @@ func TestTwoReplicasOnPostgres(t *testing.T) {
 	}
 	code, out, errOut = cli(t, urls[1], "audit")
 	wantExit(t, exitOK, code, out, errOut)
+}
+
+// cuttableProxy relays TCP connections to target until cut, which closes
+// its listener and every relayed connection (the database unreachable
+// from this replica alone); mend listens on the same address again.
+type cuttableProxy struct {
+	addr, target string
+	mu           sync.Mutex
+	ln           net.Listener
+	conns        []net.Conn
+}
+
+func newCuttableProxy(t *testing.T, target string) *cuttableProxy {
+	t.Helper()
+	p := &cuttableProxy{target: target}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.addr = ln.Addr().String()
+	p.serve(ln)
+	t.Cleanup(p.cut)
+	return p
+}
+
+func (p *cuttableProxy) serve(ln net.Listener) {
+	p.mu.Lock()
+	p.ln = ln
+	p.mu.Unlock()
+	go func() {
+		for {
+			client, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			server, err := net.Dial("tcp", p.target)
+			if err != nil {
+				client.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, client, server)
+			p.mu.Unlock()
+			go func() { io.Copy(server, client); server.Close() }()
+			go func() { io.Copy(client, server); client.Close() }()
+		}
+	}()
+}
+
+func (p *cuttableProxy) cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ln != nil {
+		p.ln.Close()
+		p.ln = nil
+	}
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
+}
+
+func (p *cuttableProxy) mend(t *testing.T) {
+	t.Helper()
+	ln, err := net.Listen("tcp", p.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.serve(ln)
+}
+
+// TestWorkerLeaseLapseLogged: a replica whose renewals fail (its database
+// unreachable) stops running the workers once its last renewal lapses,
+// and says so in its log with "worker lease lost" (docs/OPERATIONS.md,
+// "Worker leader"), as it does when another replica takes the lease; it
+// logged only the renewals' errors, and "acquired" again once back.
+func TestWorkerLeaseLapseLogged(t *testing.T) {
+	dsn := postgresSchema(t)
+	u, err := neturl.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := newCuttableProxy(t, u.Host)
+	u.Host = proxy.addr
+	q := u.Query()
+	q.Set("connect_timeout", "1")
+	u.RawQuery = q.Encode()
+	addr, logs := serveInProcess(t, "--store", u.String(), "--lease-ttl", "900ms")
+	waitFor := func(what string, within time.Duration) {
+		t.Helper()
+		deadline := time.Now().Add(within)
+		for !strings.Contains(logs.String(), what) {
+			if time.Now().After(deadline) {
+				t.Fatalf("no %q in the log within %v:\n%s", what, within, logs.String())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	waitFor("worker lease acquired", 10*time.Second)
+	proxy.cut()
+	waitFor("worker lease lost", 5*time.Second)
+	var status struct{ Workers struct{ Leader bool } }
+	resp, err := http.Get("http://" + addr + "/statusz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	json.NewDecoder(resp.Body).Decode(&status)
+	resp.Body.Close()
+	if status.Workers.Leader {
+		t.Fatal("/statusz says leader after the lease was lost")
+	}
+	proxy.mend(t)
+	if n := strings.Count(logs.String(), "worker lease acquired"); n != 1 {
+		t.Fatalf("acquired %d times before the store came back", n)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for strings.Count(logs.String(), "worker lease acquired") < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the lease was not taken again once the store came back:\n%s", logs.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // One serve owns a SQLite store (docs/OPERATIONS.md, "Worker leader"): a
