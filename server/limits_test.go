@@ -124,6 +124,8 @@ func TestCompressedBodyOverTheLimitIs413(t *testing.T) {
 func TestNULInANameIsRefused(t *testing.T) {
 	h := newHarness(t, harnessOptions{})
 	h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"chat.generate","dimensions":[{"unit":"tokens","burst":"100"}]}}`, "")
+	h.ok("Reserve", `{"reservationId":"taken","subject":"tenant-7","route":"chat.generate","units":{"tokens":1}}`, "")
+	h.ok("Start", `{"reservationId":"taken","operationId":"op"}`, "")
 	for _, c := range []struct{ method, body, reason string }{
 		{"Reserve", `{"reservationId":"a\u0000b","subject":"tenant-7","route":"chat.generate","units":{"tokens":1}}`, server.ReasonInvalidCommand},
 		{"Reserve", `{"reservationId":"nul-subject","subject":"tenant\u0000","route":"chat.generate","units":{"tokens":1}}`, server.ReasonInvalidCommand},
@@ -131,12 +133,20 @@ func TestNULInANameIsRefused(t *testing.T) {
 		{"GetAccount", `{"subject":"tenant\u0000","route":"chat.generate"}`, server.ReasonInvalidCommand},
 		{"PublishPolicy", `{"policy":{"subject":"t","route":"r\u0000","dimensions":[{"unit":"tokens","burst":"10"}]}}`, server.ReasonInvalidPolicy},
 		{"PublishPolicy", `{"policy":{"subject":"t","route":"r","dimensions":[{"unit":"tok\u0000ens","burst":"10"}]}}`, server.ReasonInvalidPolicy},
+		// A unit name in a command, as API.md's Limits says (it was
+		// UNKNOWN_UNIT, and a retry of a taken id DIGEST_MISMATCH).
+		{"Reserve", `{"reservationId":"nul-unit","subject":"tenant-7","route":"chat.generate","units":{"tok\u0000":1}}`, server.ReasonInvalidCommand},
+		{"Reserve", `{"reservationId":"taken","subject":"tenant-7","route":"chat.generate","units":{"tokens":1,"x\u0000":1}}`, server.ReasonInvalidCommand},
+		{"Settle", `{"reservationId":"taken","operationId":"op","actualUnits":{"tokens":1,"x\u0000":0}}`, server.ReasonInvalidCommand},
 	} {
 		r := h.call(c.method, c.body, "")
 		h.wantError(r, http.StatusBadRequest, "invalid_argument", c.reason)
 		if msg, _ := r.body["message"].(string); !strings.Contains(msg, "NUL byte") {
 			t.Errorf("%s %s: %s", c.method, c.body, r.raw)
 		}
+	}
+	if got := h.ok("GetReservation", `{"reservationId":"taken"}`, ""); field(got, "reservation", "state") != "RESERVATION_STATE_STARTED" {
+		t.Errorf("a refused settle changed the reservation: %v", got)
 	}
 	if got := h.ok("GetAccount", `{"subject":"tenant","route":"chat.generate"}`, ""); len(got) != 0 {
 		t.Errorf("a refused reserve opened an account: %v", got)
