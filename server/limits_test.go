@@ -6,9 +6,11 @@ import (
 	"encoding/base64"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/server"
 )
 
@@ -156,6 +158,30 @@ func TestNULInANameIsRefused(t *testing.T) {
 // The same for a Connect GET whose message parameter is gzip-compressed
 // (compression=gzip, base64=1): 413 past the limit once decompressed, the
 // call served within it.
+// A subject, route or region longer than ledger.MaxKeyBytes is refused as
+// invalid (API.md, "Limits"): the PostgreSQL store keys its rows by the
+// three, and a longer key failed the batch as unavailable, which a client
+// retries forever (cmd/capledger's TestLongKeysOnPostgres runs it there).
+func TestKeyLengthBounded(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	long := strings.Repeat("r", ledger.MaxKeyBytes+1)
+	max := strings.Repeat("m", ledger.MaxKeyBytes)
+	r := h.call("PublishPolicy", `{"policy":{"subject":"*","route":"`+long+`","dimensions":[{"unit":"tokens","burst":"10"}]}}`, "")
+	h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidPolicy)
+	h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"`+max+`","region":"`+max+`","dimensions":[{"unit":"tokens","burst":"10"}]}}`, "")
+	h.ok("Reserve", `{"reservationId":"max","subject":"`+max+`","route":"`+max+`","region":"`+max+`","units":{"tokens":1}}`, "")
+	for _, body := range []string{
+		`{"reservationId":"long","subject":"` + long + `","route":"` + max + `","region":"` + max + `","units":{"tokens":1}}`,
+		`{"reservationId":"max","subject":"` + long + `","route":"` + max + `","region":"` + max + `","units":{"tokens":1}}`, // a retry of a taken id too
+	} {
+		r := h.call("Reserve", body, "")
+		h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidCommand)
+		if msg, _ := r.body["message"].(string); !strings.Contains(msg, "subject is "+strconv.Itoa(len(long))+" bytes long") {
+			t.Errorf("reserve with a long subject: %s", r.raw)
+		}
+	}
+}
+
 func TestCompressedGetMessageOverTheLimitIs413(t *testing.T) {
 	h := newHarness(t, harnessOptions{maxBody: 4096})
 	h.ok("PublishPolicy", tokensPolicy, "")

@@ -23,6 +23,7 @@ import (
 
 	v1 "github.com/capledger/capledger/api/capledger/v1"
 	"github.com/capledger/capledger/api/capledger/v1/capledgerv1connect"
+	"github.com/capledger/capledger/ledger"
 )
 
 // startInProcess runs `capledger serve` through run() on a free loopback
@@ -470,6 +471,34 @@ func TestTwoReplicasOnPostgres(t *testing.T) {
 		t.Fatalf("admitted %d, rejected %d; want 10 and 30", admitted.Load(), rejected.Load())
 	}
 	code, out, errOut = cli(t, urls[1], "audit")
+	wantExit(t, exitOK, code, out, errOut)
+}
+
+// TestLongKeysOnPostgres: a subject, route and region of
+// ledger.MaxKeyBytes each are kept on PostgreSQL (its index rows of the
+// three stay under 2,704 bytes), and a longer subject is refused as
+// invalid (exit 1), not answered unavailable (exit 5: the index row did
+// not fit, the batch failed, and a client retried forever).
+func TestLongKeysOnPostgres(t *testing.T) {
+	url := startInProcess(t, "--store", postgresSchema(t))
+	random := func(n int) string { // incompressible, as PostgreSQL would otherwise shrink it
+		b := make([]byte, n/2)
+		rand.Read(b)
+		return hex.EncodeToString(b)
+	}
+	subject, route, region := random(ledger.MaxKeyBytes), random(ledger.MaxKeyBytes), random(ledger.MaxKeyBytes)
+	policy := filepath.Join(t.TempDir(), "policy.yaml")
+	os.WriteFile(policy, []byte("subject: '*'\nroute: "+route+"\nregion: "+region+"\ndimensions:\n  - unit: tokens\n    burst: 100\n"), 0o600)
+	code, out, errOut := cli(t, url, "policy", "publish", policy)
+	wantExit(t, exitOK, code, out, errOut)
+	code, out, errOut = cli(t, url, "reserve", "--subject", subject, "--route", route, "--region", region, "--units", "tokens=1", "--id", "max")
+	wantExit(t, exitOK, code, out, errOut)
+	code, out, errOut = cli(t, url, "reserve", "--subject", random(3000), "--route", route, "--region", region, "--units", "tokens=1", "--id", "long")
+	wantExit(t, exitUsage, code, out, errOut)
+	if !strings.Contains(errOut, "INVALID_COMMAND") {
+		t.Fatalf("a 3000-byte subject: %s", errOut)
+	}
+	code, out, errOut = cli(t, url, "audit")
 	wantExit(t, exitOK, code, out, errOut)
 }
 
