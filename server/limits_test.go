@@ -147,6 +147,27 @@ func TestNULInANameIsRefused(t *testing.T) {
 			t.Errorf("%s %s: %s", c.method, c.body, r.raw)
 		}
 	}
+	// Reads naming a subject, route or rollout: no row can hold a NUL byte,
+	// and PostgreSQL refuses one in a query (they answered 503, which a
+	// client retries forever).
+	for _, c := range []struct{ path, body, reason string }{
+		{"LedgerService/ListUsageUnknown", `{"subject":"tenant\u0000"}`, server.ReasonInvalidCommand},
+		{"LedgerService/ListUsageUnknown", `{"route":"chat\u0000"}`, server.ReasonInvalidCommand},
+		{"ConsoleService/ListSubjectReservations", `{"subject":"tenant\u0000"}`, server.ReasonInvalidCommand},
+		{"ConsoleService/ListStatements", `{"subject":"tenant-7","route":"chat\u0000","policyGeneration":"1"}`, server.ReasonInvalidCommand},
+		{"RolloutService/GetRollout", `{"name":"r\u0000"}`, server.ReasonInvalidRollout},
+		{"RolloutService/SetRolloutShare", `{"name":"r\u0000","percent":1}`, server.ReasonInvalidRollout},
+		{"RolloutService/UndoRolloutStep", `{"name":"r\u0000"}`, server.ReasonInvalidRollout},
+		{"RolloutService/CreateRollout", `{"name":"r\u0000","hashBy":"route","routes":[{"route":"chat.generate"}]}`, server.ReasonInvalidRollout},
+		{"RolloutService/CreateRollout", `{"name":"r","hashBy":"route","routes":[{"route":"chat\u0000"}]}`, server.ReasonInvalidRollout},
+	} {
+		req, _ := http.NewRequest(http.MethodPost, h.url+"/capledger.v1."+c.path, strings.NewReader(c.body))
+		req.Header.Set("Content-Type", "application/json")
+		r := h.do(req)
+		if r.status != http.StatusBadRequest || field(r.body, "details") == nil || !strings.Contains(string(r.raw), c.reason) || !strings.Contains(string(r.raw), "NUL byte") {
+			t.Errorf("%s %s: %d %s; want 400 %s naming the NUL byte", c.path, c.body, r.status, r.raw, c.reason)
+		}
+	}
 	if got := h.ok("GetReservation", `{"reservationId":"taken"}`, ""); field(got, "reservation", "state") != "RESERVATION_STATE_STARTED" {
 		t.Errorf("a refused settle changed the reservation: %v", got)
 	}
