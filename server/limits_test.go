@@ -191,6 +191,12 @@ func TestKeyLengthBounded(t *testing.T) {
 	h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidPolicy)
 	h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"`+max+`","region":"`+max+`","dimensions":[{"unit":"tokens","burst":"10"}]}}`, "")
 	h.ok("Reserve", `{"reservationId":"max","subject":"`+max+`","route":"`+max+`","region":"`+max+`","units":{"tokens":1}}`, "")
+	req, _ := http.NewRequest(http.MethodPost, h.url+"/capledger.v1.RolloutService/CreateRollout",
+		strings.NewReader(`{"name":"long","hashBy":"route","routes":[{"route":"`+long+`"}]}`))
+	req.Header.Set("Content-Type", "application/json")
+	if r := h.do(req); r.status != http.StatusBadRequest || !strings.Contains(string(r.raw), server.ReasonInvalidRollout) {
+		t.Errorf("a rollout of a route no policy can have: %d %s", r.status, r.raw)
+	}
 	for _, body := range []string{
 		`{"reservationId":"long","subject":"` + long + `","route":"` + max + `","region":"` + max + `","units":{"tokens":1}}`,
 		`{"reservationId":"max","subject":"` + long + `","route":"` + max + `","region":"` + max + `","units":{"tokens":1}}`, // a retry of a taken id too
