@@ -360,13 +360,13 @@ func AmountShapeProblem(u Units, capped bool) string {
 
 // ReserveShapeProblem is the rest of a Reserve's shape in docs/API.md's
 // "Order of checks" step 2, beside each amount's (AmountShapeProblem): a
-// concrete subject (not AnySubject), a route, a region, and at least one
-// amount above 0. Decided from the command alone, before the reservation
-// id is looked up, so a malformed retry is refused whatever the id names
-// (a live reservation, a tombstone). It returns "" for a well-formed
-// Reserve, else what is wrong. The ledger (Reserve) and the server (on
-// its request, the region defaulted) both call it, so they check the
-// same rule in the same order.
+// concrete subject (not AnySubject), a route, a region (each at most
+// MaxKeyBytes), and at least one amount above 0. Decided from the command
+// alone, before the reservation id is looked up, so a malformed retry is
+// refused whatever the id names (a live reservation, a tombstone). It
+// returns "" for a well-formed Reserve, else what is wrong. The ledger
+// (Reserve) and the server (on its request, the region defaulted) both
+// call it, so they check the same rule in the same order.
 func ReserveShapeProblem(subject, route, region string, units []Units) string {
 	if problem := accountShapeProblem(subject, route, region, "reserve"); problem != "" {
 		return problem
@@ -379,7 +379,8 @@ func ReserveShapeProblem(subject, route, region string, units []Units) string {
 
 // accountShapeProblem is what a command that takes capacity from an
 // account (what verb says it does) needs of its key: a concrete subject
-// (not AnySubject), a route and a region; "" when it has them.
+// (not AnySubject), a route and a region, each at most MaxKeyBytes; ""
+// when it has them.
 func accountShapeProblem(subject, route, region, verb string) string {
 	switch {
 	case subject == AnySubject:
@@ -389,7 +390,7 @@ func accountShapeProblem(subject, route, region, verb string) string {
 	case region == "":
 		return "region is required"
 	}
-	return ""
+	return keyProblem(subject, route, region)
 }
 
 // anyAbove0 reports whether at least one of units is above 0.
