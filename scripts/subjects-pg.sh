@@ -36,7 +36,8 @@
 # DURATION (12s), WARMUP (15s), PORT (47400, then the next ones),
 # SERVE_FLAGS (added to every server), PPROF (a host:port: the first
 # replica serves its profiles there; PROFILE=FILE then records a CPU
-# profile of the first SUBJECTS window into FILE).
+# profile of the first SUBJECTS window into FILE; PERF=FILE a perf record
+# of DB's PostgreSQL processes over the same window).
 set -euo pipefail
 BIN=${1:?usage: DB=NAME scripts/subjects-pg.sh BINARY}
 : "${DB:?DB names a seeded database}"
@@ -53,7 +54,7 @@ ticks() { local t=0 p; for p in "${SERVERS[@]}"; do t=$((t + $(awk '{ print $14 
 pgsnap() { # "pid ticks" of DB's backends and the shared writers
 	local p cmd
 	for p in $(pgrep -x postgres); do
-		cmd=$(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null) || continue
+		{ cmd=$(tr '\0' ' ' <"/proc/$p/cmdline"); } 2>/dev/null || continue
 		case $cmd in
 		*" $DB "* | *checkpointer* | *"background writer"* | *walwriter*)
 			awk -v p="$p" '{ print p, $14 + $15 }' "/proc/$p/stat" 2>/dev/null || true ;;
@@ -78,10 +79,15 @@ window() { # subjects -> "reservations/s p99_ms errors server_us pg_us reads wal
 	if [[ -n ${PROFILE:-} && -n ${PPROF:-} && $1 == "$SUBJECTS" && ! -e $PROFILE ]]; then
 		curl -s -o "$PROFILE" "http://$PPROF/debug/pprof/profile?seconds=${DURATION%s}" &
 		prof=$!
+		if [[ -n ${PERF:-} ]]; then
+			perf record -q -o "$PERF" -p "$(awk '{ print $1 }' "$WORK/pg0" | paste -sd,)" -- sleep "${DURATION%s}" >/dev/null 2>&1 &
+			prof="$prof $!"
+		fi
 	fi
 	bench "$1" "$DURATION" >"$WORK/out" 2>&1 || true
 	t1=$(ticks); pgsnap >"$WORK/pg1"; sleep 1; s1=$(pgstat)
-	[[ -z $prof ]] || wait "$prof" || true
+	# shellcheck disable=SC2086
+	[[ -z $prof ]] || wait $prof || true
 	awk -v d=$((t1 - t0)) -v pd="$(pgticks "$WORK/pg0" "$WORK/pg1")" -v tick="$TICK" -v s0="$s0" -v s1="$s1" \
 		-v per=$([[ $MODE == batch ]] && echo "$BATCH" || echo 1) '
 		$1 == "ops" { ops = $2 * per } $1 == "ops/s" { rate = $2 * per } $1 == "errors" && NF == 2 { errs = $2 }
