@@ -110,6 +110,9 @@ for i in $(seq 0 $((REPLICAS - 1))); do
 		${SERVE_FLAGS:-} >"$WORK/r$i.log" 2>&1 &
 	SERVERS+=($!)
 	for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$((PORT + i))") 2>/dev/null && break; sleep 0.1; done
+	# The range is inside Linux's ephemeral one, so a client's socket may
+	# hold a port: stop rather than measure fewer replicas.
+	kill -0 "${SERVERS[-1]}" 2>/dev/null || { echo "serve r$i exited: $(head -1 "$WORK/r$i.log")" >&2; exit 1; }
 	ADDRS+=("http://127.0.0.1:$((PORT + i))")
 done
 bench "$SUBJECTS" "$WARMUP" >/dev/null 2>&1 || true
