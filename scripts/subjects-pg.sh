@@ -90,7 +90,8 @@ window() { # subjects -> "reservations/s p99_ms errors server_us pg_us reads wal
 	[[ -z $prof ]] || wait $prof || true
 	awk -v d=$((t1 - t0)) -v pd="$(pgticks "$WORK/pg0" "$WORK/pg1")" -v tick="$TICK" -v s0="$s0" -v s1="$s1" \
 		-v per=$([[ $MODE == batch ]] && echo "$BATCH" || echo 1) '
-		$1 == "ops" { ops = $2 * per } $1 == "ops/s" { rate = $2 * per } $1 == "errors" && NF == 2 { errs = $2 }
+		$1 == "ops" { ops = $2 * per } $1 == "ops/s" { rate = $2 * per } $1 == "reservations/s" { rate = $2 }
+		$1 == "errors" && NF == 2 { errs = $2 }
 		$1 == "p99" { p99 = $2; if ($3 == "s") p99 *= 1000; else if ($3 == "µs") p99 /= 1000 }
 		END { split(s0, a, " "); split(s1, b, " "); if (ops == 0) ops = 1e-9
 			printf "%.0f %.1f %d %.0f %.0f %.2f %.0f %.2f\n", rate, p99, errs, d / tick * 1e6 / ops, pd / tick * 1e6 / ops,
