@@ -402,3 +402,35 @@ func TestInterruptedRunGivesNoVerdict(t *testing.T) {
 		t.Fatalf("interrupted run with a violation:\n%s", out)
 	}
 }
+
+// Records (Config.RecordShare): with every request a record (nothing
+// reserved, the usage recorded after the work and retried under its id)
+// every gate holds and the retries replay; with none, nothing is drawn
+// for them and lost_record_ack is never on, so the interleavings are
+// those of before records existed.
+func TestRecords(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.RecordShare = 1
+	n := int64(300)
+	if raceEnabled {
+		n = 40
+	}
+	rep := Run(context.Background(), &cfg, Options{Seed: 1, Interleavings: n, Workers: runtime.GOMAXPROCS(0)})
+	var table bytes.Buffer
+	rep.WriteTable(&table, &table)
+	if f := rep.Failures(); len(f) > 0 {
+		for _, v := range rep.Violations {
+			t.Log(v.Report())
+		}
+		t.Fatalf("gates failed with every request a record: %v\n%s", f, table.String())
+	}
+	if rep.Records.Records == 0 || rep.Records.WithDebt == 0 || rep.Records.Replays == 0 || rep.Fired[SiteLostRecordAck] == 0 {
+		t.Fatalf("the run did not exercise records:\n%s", table.String())
+	}
+
+	cfg.RecordShare = 0
+	rep = Run(context.Background(), &cfg, Options{Seed: 1, Interleavings: 100, Workers: runtime.GOMAXPROCS(0)})
+	if rep.Records != (RecordStats{}) || rep.EnabledIn[SiteLostRecordAck] != 0 || len(rep.Failures()) > 0 {
+		t.Fatalf("with record share 0: records %+v, lost_record_ack on in %d interleavings, failures %v", rep.Records, rep.EnabledIn[SiteLostRecordAck], rep.Failures())
+	}
+}
