@@ -27,7 +27,11 @@ import "os"
 //   - fairness_weight_ignored: the first policy published (generation 1)
 //     is stored with fairness weight 1, whatever it asked for;
 //   - reserve_ignores_tombstone: a reserve of an id retention removed does
-//     not look at its tombstone and reserves (debits) it anew.
+//     not look at its tombstone and reserves (debits) it anew;
+//   - record_charges_replay: a record retried with the same id, operation
+//     id and usage charges the usage again instead of replaying;
+//   - record_ignores_tombstone: a record of an id retention removed does
+//     not look at its tombstone and charges the usage anew.
 //
 // The variable is read on every call so that a test can switch variants
 // between runs in one process.

@@ -59,7 +59,7 @@ func Record(b Book, cmd *Command, now time.Time) Result {
 	if problem := RecordShapeProblem(cmd.Subject, cmd.Route, cmd.Region, cmd.Units[:]); problem != "" {
 		return Result{Err: invalid("%s", problem)}
 	}
-	if r, ok := b.Reservation(cmd.ReservationID); ok {
+	if r, ok := b.Reservation(cmd.ReservationID); ok && !(mutantOn("record_charges_replay") && r.OperationID == cmd.OperationID && sameUsage(b, r, cmd)) {
 		switch {
 		case r.RequestDigest != cmd.RequestDigest || r.Reserved != (Amounts{}):
 			return Result{Err: ErrDigestMismatch, Reservation: *r}
@@ -70,7 +70,7 @@ func Record(b Book, cmd *Command, now time.Time) Result {
 		}
 		return Result{Err: ErrReservationAlreadySettled, Reservation: *r}
 	}
-	if t, ok := tombstone(b, cmd.ReservationID); ok {
+	if t, ok := tombstone(b, cmd.ReservationID); ok && !mutantOn("record_ignores_tombstone") {
 		return fromTombstone(t, KindRecord, cmd.RequestDigest)
 	}
 	subject := PolicyKey{Subject: cmd.Subject, Route: cmd.Route, Region: cmd.Region}

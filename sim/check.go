@@ -223,6 +223,9 @@ func legal(kind ledger.Kind, from, to ledger.State) bool {
 	case ledger.KindSettle:
 		return (from == ledger.StateStarted || from == ledger.StateUsageUnknown) &&
 			(to == ledger.StateSettled || to == ledger.StateSettledWithDebt)
+	case ledger.KindRecord:
+		// Usage recorded after the fact: born settled, holding nothing.
+		return from == ledger.StateRequested && (to == ledger.StateSettled || to == ledger.StateSettledWithDebt)
 	}
 	return false
 }
@@ -380,6 +383,12 @@ func (c *checker) transition(e *ledger.JournalEntry, a *acctState, before *ledge
 	case e.Kind == ledger.KindReserve && rs != nil:
 		c.violate(GateSecondReservation, "reservation %s debited again (%s -> %s) while %s", id, e.From, e.To, rs.state)
 		return
+	case e.Kind == ledger.KindRecord && rs != nil && rs.retired:
+		c.violate(GateRetention, "record %s charged again (%s) after retention removed it (%s): a retry must answer from its tombstone, charging nothing", id, fmtDelta(&e.Delta, max(a.dims, 1)), rs.state)
+		return
+	case e.Kind == ledger.KindRecord && rs != nil:
+		c.violate(GateSecondReservation, "record %s charged again (%s) while %s: a retry must replay, charging nothing", id, fmtDelta(&e.Delta, max(a.dims, 1)), rs.state)
+		return
 	case rs != nil && rs.state.Terminal():
 		if moved {
 			c.violate(GateDuplicateRefund, "terminal reservation %s (%s) ended again by %s, moving %s", id, rs.state, e.Kind, fmtDelta(&e.Delta, max(a.dims, 1)))
@@ -421,6 +430,37 @@ func (c *checker) transition(e *ledger.JournalEntry, a *acctState, before *ledge
 		c.resv[id] = rs
 		for d := range a.holds {
 			a.holds[d] += row.Reserved[d]
+		}
+	case ledger.KindRecord:
+		// Nothing held: the usage moves into spent, available pays what
+		// it has, and exactly the rest is debt.
+		withDebt := false
+		for d := 0; d < dims; d++ {
+			used := row.Actual[d]
+			wantDebt := max(0, used-before[d].Available)
+			switch {
+			case row.Reserved[d] != 0 || e.Delta[d].Reserved != 0:
+				c.violate(GateJournal, "record %s holds %d (reserved %+d): a record holds nothing", id, row.Reserved[d], e.Delta[d].Reserved)
+				return
+			case e.Delta[d].Spent != used:
+				c.violate(GateUnrecordedDebt, "record %s using %d moved spent %+d", id, used, e.Delta[d].Spent)
+				return
+			case e.Delta[d].OverdraftIssued != wantDebt || e.Delta[d].Available != -(used-wantDebt):
+				c.violate(GateUnrecordedDebt, "record %s using %d with %d available issued overdraft %d and moved available %+d, want %d and %+d",
+					id, used, before[d].Available, e.Delta[d].OverdraftIssued, e.Delta[d].Available, wantDebt, -(used - wantDebt))
+				return
+			}
+			withDebt = withDebt || wantDebt > 0
+		}
+		if withDebt != (e.To == ledger.StateSettledWithDebt) {
+			c.violate(GateUnrecordedDebt, "record %s ended %s, but its debt is %v", id, e.To, withDebt)
+			return
+		}
+		rs = &resvState{account: e.Account, unknownAt: -1, digest: row.RequestDigest, actual: row.Actual}
+		c.resv[id] = rs
+		c.w.recordStats.Records++
+		if withDebt {
+			c.w.recordStats.WithDebt++
 		}
 	case ledger.KindExpireClaim:
 		if e.At.Before(row.ExpiresAt) {
@@ -486,10 +526,11 @@ func (c *checker) inDebt(key ledger.AccountKey) bool {
 
 // commandOnDebt reports whether a gateway's or executor's command runs on
 // an indebted account, so that the refill it runs first repays debt: a
-// reserve on the subject's current account, a settle on its reservation's.
+// reserve or record on the subject's current account, a settle on its
+// reservation's.
 func (c *checker) commandOnDebt(cmd *ledger.Command) bool {
 	switch cmd.Kind {
-	case ledger.KindReserve:
+	case ledger.KindReserve, ledger.KindRecord:
 		subject := ledger.PolicyKey{Subject: cmd.Subject, Route: cmd.Route, Region: cmd.Region}
 		active := c.w.op.activeGeneration(subject)
 		return active != 0 && c.inDebt(ledger.AccountKey{Subject: cmd.Subject, Route: cmd.Route, Region: cmd.Region, Generation: active})

@@ -56,7 +56,22 @@ type Config struct {
 	// other half the OS had kept the writes; on SQLite never, a killed
 	// process's writes stay in the page cache).
 	PipelinedShare float64
+	// RecordShare is the share of the gateways' requests (0..1, drawn per
+	// request) that take the path of a gateway that learns the cost only
+	// from the response (Envoy AI Gateway's response-time cost): no
+	// reservation; the gateway runs the work, then records its actual
+	// usage with ledger.Record under a client-chosen id, retried with the
+	// same id and usage after a lost answer, an "unavailable" or a
+	// timeout. 0 leaves every interleaving as it was before records
+	// existed (nothing is drawn for them).
+	RecordShare float64
 }
+
+// DefaultRecordShare is the share of requests recorded after the fact
+// (Config.RecordShare): enough for each interleaving to have a few records
+// (about 3 of 17 requests) while reserve, start and settle stay the
+// common path.
+const DefaultRecordShare = 0.2
 
 // DefaultConfig returns the sizes the gates run with.
 func DefaultConfig() Config {
@@ -70,6 +85,7 @@ func DefaultConfig() Config {
 		Deadline:      30 * time.Minute,
 		AuditEvery:    0,
 		LastEvents:    40,
+		RecordShare:   DefaultRecordShare,
 	}
 }
 
@@ -98,6 +114,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("sqlite-share %v: outside [0, 1]", c.SQLiteShare)
 	case !(c.PipelinedShare >= 0 && c.PipelinedShare <= 1):
 		return fmt.Errorf("pipelined-share %v: outside [0, 1]", c.PipelinedShare)
+	case !(c.RecordShare >= 0 && c.RecordShare <= 1):
+		return fmt.Errorf("record-share %v: outside [0, 1]", c.RecordShare)
 	}
 	return nil
 }
@@ -137,6 +155,9 @@ func (c *Config) Flags() string {
 	}
 	if c.PipelinedShare != d.PipelinedShare {
 		add("pipelined-share", c.PipelinedShare)
+	}
+	if c.RecordShare != d.RecordShare {
+		add("record-share", c.RecordShare)
 	}
 	if len(c.Only) > 0 {
 		names := make([]string, len(c.Only))

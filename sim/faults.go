@@ -88,6 +88,10 @@ const (
 	// middle of a compaction cut: after its audit, before the checkpoint
 	// is stored, or between two journal deletions.
 	SiteCrashMidCut
+	// SiteLostRecordAck: (records on) a record's answer is dropped, or its
+	// batch's commit acknowledgement is lost, and the gateway records
+	// again with the same id, operation id and usage.
+	SiteLostRecordAck
 
 	numSites
 )
@@ -116,6 +120,7 @@ var siteNames = [numSites]string{
 	SiteWorkerRereadRace:        "worker_reread_race",
 	SiteRetentionRetry:          "retention_retry",
 	SiteCrashMidCut:             "crash_mid_cut",
+	SiteLostRecordAck:           "lost_record_ack",
 }
 
 func (s Site) String() string {
@@ -173,6 +178,7 @@ var profiles = [numSites]siteProfile{
 	SiteWorkerRereadRace:        {0.6, [3]float64{0.5, 0.8, 1}},
 	SiteRetentionRetry:          {0.6, [3]float64{0.1, 0.2, 0.4}},
 	SiteCrashMidCut:             {0.6, [3]float64{0.1, 0.2, 0.4}},
+	SiteLostRecordAck:           {0.6, [3]float64{0.15, 0.3, 0.5}},
 }
 
 // faults is one interleaving's fault plan and counters.
@@ -184,9 +190,16 @@ type faults struct {
 	enabled [numSites]bool
 }
 
-func newFaults(rng *rand.Rand, only []Site) faults {
+// newFaults draws the interleaving's fault plan: which sites are on, at
+// which rate. With records off (Config.RecordShare 0) lost_record_ack is neither drawn
+// nor enabled, so that the random stream, and every interleaving, is the
+// one of before records existed.
+func newFaults(rng *rand.Rand, only []Site, records bool) faults {
 	f := faults{rng: rng}
 	for s := Site(0); s < numSites; s++ {
+		if s == SiteLostRecordAck && !records {
+			continue
+		}
 		p := profiles[s]
 		on := rng.Float64() < p.enable
 		rate := p.rates[rng.IntN(len(p.rates))]

@@ -20,9 +20,11 @@ const (
 	phDispatched                 // handed to an executor
 	phReleasing                  // release sent (the client gave up before starting)
 	phDone
+	phWorking   // a record: the work runs, nothing reserved
+	phRecording // a record: the usage sent, waiting for its answer
 )
 
-var phaseNames = [...]string{"pending", "reserving", "lookup", "backoff", "dispatched", "releasing", "done"}
+var phaseNames = [...]string{"pending", "reserving", "lookup", "backoff", "dispatched", "releasing", "done", "working", "recording"}
 
 func (p reqPhase) String() string { return phaseNames[p] }
 
@@ -52,9 +54,10 @@ const (
 	outExpired
 	outRejected
 	outNoPolicy
+	outRecorded
 )
 
-var outcomeNames = [...]string{"none", "settled", "released", "expired", "rejected", "no-policy"}
+var outcomeNames = [...]string{"none", "settled", "released", "expired", "rejected", "no-policy", "recorded"}
 
 // request is one client request through a gateway and, once reserved, an
 // executor. The reservation id is chosen once, by the gateway, and never
@@ -90,6 +93,11 @@ type request struct {
 	// backlog marks a request of a backlog burst: small, short, and all
 	// run on executor 0, so that its scheduler has queues to be fair with.
 	backlog bool
+	// record: the request reserves nothing and records its usage after
+	// the work (record.go); chargeAnswer is the answer that carried its
+	// charge, 0 before.
+	record       bool
+	chargeAnswer int64
 }
 
 // gateway is a gateway replica. Its requests live in world.requests.
@@ -159,6 +167,10 @@ func (w *world) reserveCommand(r *request) ledger.Command {
 // the ledger's same batch.
 func (w *world) arrive(idx int32) {
 	r := w.requests[idx]
+	if r.record {
+		w.arriveRecord(r)
+		return
+	}
 	node := w.gatewayNode(r.gw)
 	w.log(recArrive, node, ledger.KindReserve, r.id, int64(r.tenant), "")
 	if w.tryShard(r) {
@@ -214,7 +226,7 @@ func (w *world) sendRelease(r *request) {
 func (w *world) timer(node, idx, attempt int32) {
 	r := w.requests[idx]
 	if w.isGateway(node) {
-		if r.attempt != attempt || (r.phase != phReserving && r.phase != phLookup && r.phase != phReleasing) {
+		if r.attempt != attempt || (r.phase != phReserving && r.phase != phLookup && r.phase != phReleasing && r.phase != phRecording) {
 			return
 		}
 		w.log(recTimeout, node, 0, r.id, int64(attempt), r.phase.String())
@@ -243,6 +255,8 @@ func (w *world) gatewayUnknown(r *request) {
 		w.sendLookup(r)
 	case phReleasing:
 		w.sendRelease(r)
+	case phRecording:
+		w.recordUnknown(r)
 	}
 }
 
@@ -265,6 +279,7 @@ func (w *world) gatewayReceive(m *message) {
 	w.log(recDeliver, node, m.cmd.Kind, m.cmd.ReservationID, int64(m.attempt), msgNames[m.kind])
 	if m.kind == msgAnswer {
 		w.checkRefundAnswer(r, m)
+		w.checkRecordAnswer(r, m)
 		if w.fail != nil {
 			return
 		}
@@ -302,6 +317,8 @@ func (w *world) gatewayReceive(m *message) {
 			w.reserveAnswer(r, m.res)
 		case phReleasing:
 			w.releaseAnswer(r, m.res)
+		case phRecording:
+			w.recordAnswer(r, m.res)
 		}
 	}
 }

@@ -417,12 +417,13 @@ func (w *world) ledgerBatch() {
 	if internalFirst {
 		addInternal()
 	}
-	refunds, debtPay := false, false
+	refunds, debtPay, records := false, false, false
 	for i, m := range inbox {
 		if m.kind == msgCommand {
 			cmds = append(cmds, m.cmd)
 			owners = append(owners, i)
 			refunds = refunds || m.cmd.Kind == ledger.KindSettle || m.cmd.Kind == ledger.KindRelease
+			records = records || m.cmd.Kind == ledger.KindRecord
 			// A reserve or settle on an indebted account repays debt
 			// through the refill it runs first.
 			debtPay = debtPay || w.chk.commandOnDebt(&m.cmd)
@@ -448,7 +449,8 @@ func (w *world) ledgerBatch() {
 			fault = faultConflict
 		case w.f.fire(SiteCommitAckLost),
 			refunds && w.f.fire(SiteLostRefundAck),
-			debtPay && w.f.fire(SiteLostDebtRepaymentAck):
+			debtPay && w.f.fire(SiteLostDebtRepaymentAck),
+			records && w.f.fire(SiteLostRecordAck):
 			fault = faultLoseAck
 		}
 		results, err = w.commit(cmds, fault)
@@ -504,6 +506,10 @@ func (w *world) ledgerAnswer(inbox []*message, internal []internalCmd, owners []
 			answer.res = &results[k]
 			if (m.cmd.Kind == ledger.KindSettle || m.cmd.Kind == ledger.KindRelease) && w.f.fire(SiteLostRefundAck) {
 				w.log(recAckLost, ledgerNodeID, m.cmd.Kind, m.cmd.ReservationID, 0, "refund answer lost")
+				continue
+			}
+			if m.cmd.Kind == ledger.KindRecord && w.f.fire(SiteLostRecordAck) {
+				w.log(recAckLost, ledgerNodeID, m.cmd.Kind, m.cmd.ReservationID, 0, "record answer lost")
 				continue
 			}
 		}

@@ -24,6 +24,8 @@ func TestMutants(t *testing.T) {
 		{"refill_half_debt", GateDebtRepaidFirst},
 		{"fairness_weight_ignored", GateTenantFairness},
 		{"reserve_ignores_tombstone", GateRetention},
+		{"record_charges_replay", GateSecondReservation},
+		{"record_ignores_tombstone", GateRetention},
 		{"compaction_drops_entry", GateCompaction},
 		{"checkpoint_wrong_closing", GateCompaction},
 	}

@@ -69,7 +69,11 @@ func (w *world) lateRetry(idx int32) {
 	if !w.gateways[r.gw].up {
 		return
 	}
-	w.send(&message{kind: msgCommand, from: w.gatewayNode(r.gw), to: ledgerNodeID, owner: r.idx, late: true, cmd: w.reserveCommand(r)})
+	cmd := w.reserveCommand(r)
+	if r.record {
+		cmd = w.recordCommand(r)
+	}
+	w.send(&message{kind: msgCommand, from: w.gatewayNode(r.gw), to: ledgerNodeID, owner: r.idx, late: true, cmd: cmd})
 }
 
 // lateRetryAnswer checks the answer to a retention_retry reserve: a replay
@@ -80,6 +84,14 @@ func (w *world) lateRetryAnswer(r *request, m *message) {
 		return
 	}
 	res := m.res
+	if r.record {
+		// checkRecordAnswer checked the receipt (or the tombstone's
+		// answer) already; a retry must not have charged.
+		if res.Err == nil && !res.Replayed {
+			w.violate(GateRetention, fmt.Sprintf("a retry of finished record %s charged it again", r.id))
+		}
+		return
+	}
 	if res.Err != nil || !res.Replayed || res.Reservation.ID != r.id || res.Reservation.RequestDigest != r.digest {
 		w.violate(GateRetention, fmt.Sprintf("a retry of finished reservation %s (digest %s) answered %v, replayed %v, receipt %s/%s: not a replay",
 			r.id, r.digest, res.Err, res.Replayed, res.Reservation.ID, res.Reservation.RequestDigest))

@@ -53,6 +53,8 @@ type Outcome struct {
 	// CutCrashes the cuts crash_mid_cut ended.
 	Compaction                         bool
 	Checkpoints, Compacted, CutCrashes int64
+	// Records counts what the recorded requests (Config.RecordShare) did.
+	Records RecordStats
 }
 
 // Violation says which gate a run broke, where, and how to replay it.
@@ -181,6 +183,8 @@ func runOne(cfg *Config, seed uint64, h hooks) Outcome {
 		Checkpoints: w.compaction.checkpoints,
 		Compacted:   w.compaction.deleted,
 		CutCrashes:  w.compaction.crashed,
+
+		Records: w.recordStats,
 	}
 	out.ReservationUnknown = make([]time.Duration, len(w.resUnknown))
 	for i, d := range w.resUnknown {
@@ -203,7 +207,7 @@ func newWorld(cfg *Config, seed uint64, h hooks) *world {
 		dims:      1 + rng.IntN(2),
 		requests:  max(1, cfg.Requests/2) + rng.IntN(cfg.Requests-max(1, cfg.Requests/2)+1),
 	}
-	w.f = newFaults(rng, cfg.Only)
+	w.f = newFaults(rng, cfg.Only, cfg.RecordShare > 0)
 	w.shards.on = w.f.enabled[SiteShardReuse] || w.f.enabled[SiteShardReplayAfterRestart] || rng.IntN(2) == 0
 	w.tr = newTracer(cfg.LastEvents, cfg.Trace)
 	w.tr.names = []string{"ledger"}
@@ -282,6 +286,12 @@ func (w *world) start() {
 		for i := 0; i < w.shape.requests; i++ {
 			at := w.between(0, int64(w.cfg.ArrivalWindow))
 			r := w.newRequest(g, w.rng.IntN(w.shape.tenants), at)
+			if w.cfg.RecordShare > 0 && w.chance(w.cfg.RecordShare) {
+				// Drawn only when asked for, so that a run without records
+				// keeps every seed's interleaving as it was.
+				r.record = true
+				r.digest = recordDigest(&w.tenants[r.tenant])
+			}
 			w.schedule(event{at: at, kind: evArrival, a: r.idx})
 		}
 	}

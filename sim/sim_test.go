@@ -129,11 +129,40 @@ func TestCheckerFlagsTransitions(t *testing.T) {
 			Journal: []ledger.JournalEntry{{Kind: ledger.KindReserve, Account: acct, ReservationID: id,
 				From: ledger.StateRequested, To: ledger.StateReserved, Delta: delta}}}
 	}
+	// record charges used units of an account with bal: available pays
+	// what it has, the rest is debt, unless shortDebt leaves one unit of
+	// the debt out (an account row that still balances).
+	record := func(id string, used int64, bal *ledger.Balances, shortDebt bool) *store.Changes {
+		var delta ledger.Balances
+		fromAvailable := min(used, bal[0].Available)
+		debt := used - fromAvailable
+		state := ledger.StateSettled
+		if debt > 0 {
+			state = ledger.StateSettledWithDebt
+		}
+		if shortDebt {
+			debt--
+			fromAvailable++
+		}
+		delta[0].Available, delta[0].Spent, delta[0].OverdraftIssued = -fromAvailable, used, debt
+		bal.Add(&delta)
+		r := ledger.Reservation{ID: id, Account: acct, State: state, OperationID: "op-" + id, Actual: ledger.Amounts{used}, RequestDigest: "record:" + id}
+		return &store.Changes{Accounts: []ledger.Account{{Key: acct, Dims: 1, Balances: *bal}}, Reservations: []ledger.Reservation{r},
+			NewReservations: map[string]bool{id: true},
+			Journal: []ledger.JournalEntry{{Kind: ledger.KindRecord, Account: acct, ReservationID: id,
+				From: ledger.StateRequested, To: state, Delta: delta}}}
+	}
 	cases := []struct {
 		name  string
 		steps func(bal *ledger.Balances) []*store.Changes
 		gate  Gate
 	}{
+		{"record charged twice", func(bal *ledger.Balances) []*store.Changes {
+			return []*store.Changes{record("c1", 300, bal, false), record("c1", 300, bal, false)}
+		}, GateSecondReservation},
+		{"record's debt short of the usage beyond available", func(bal *ledger.Balances) []*store.Changes {
+			return []*store.Changes{record("c1", 1200, bal, true)}
+		}, GateUnrecordedDebt},
 		{"second reservation of one id", func(bal *ledger.Balances) []*store.Changes {
 			return []*store.Changes{reserve("r1", 100, bal), reserve("r1", 100, bal)}
 		}, GateSecondReservation},
@@ -200,7 +229,7 @@ func TestSmoke(t *testing.T) {
 	}
 	if rep.Interleavings != n || rep.ReservationUnknown.Count() == 0 || rep.UsageUnknown.Count() == 0 || rep.Fairness.Windows == 0 || rep.OnSQLite == 0 || rep.Pipelined == 0 ||
 		rep.Fairness.Judged == 0 || rep.TombstoneReplays == 0 || rep.Retired == 0 || rep.OnCompaction == 0 || rep.Checkpoints == 0 || rep.Compacted == 0 ||
-		rep.CutCrashes == 0 {
+		rep.CutCrashes == 0 || rep.Records.Records == 0 || rep.Records.WithDebt == 0 || rep.Records.Replays == 0 || rep.Records.FromTombstone == 0 {
 		t.Fatalf("the run did not exercise what it should:\n%s", table.String())
 	}
 	t.Log(table.String())
@@ -371,5 +400,37 @@ func TestInterruptedRunGivesNoVerdict(t *testing.T) {
 	out = table.String()
 	if !strings.Contains(out, "RESULT: FAIL (interrupted after 0 of 10000 interleavings)") || !strings.Contains(out, "gate "+GateConservation.String()+": 1 violations") || strings.Contains(out, "fault site") && strings.Contains(out, "fewer than") {
 		t.Fatalf("interrupted run with a violation:\n%s", out)
+	}
+}
+
+// Records (Config.RecordShare): with every request a record (nothing
+// reserved, the usage recorded after the work and retried under its id)
+// every gate holds and the retries replay; with none, nothing is drawn
+// for them and lost_record_ack is never on, so the interleavings are
+// those of before records existed.
+func TestRecords(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.RecordShare = 1
+	n := int64(300)
+	if raceEnabled {
+		n = 40
+	}
+	rep := Run(context.Background(), &cfg, Options{Seed: 1, Interleavings: n, Workers: runtime.GOMAXPROCS(0)})
+	var table bytes.Buffer
+	rep.WriteTable(&table, &table)
+	if f := rep.Failures(); len(f) > 0 {
+		for _, v := range rep.Violations {
+			t.Log(v.Report())
+		}
+		t.Fatalf("gates failed with every request a record: %v\n%s", f, table.String())
+	}
+	if rep.Records.Records == 0 || rep.Records.WithDebt == 0 || rep.Records.Replays == 0 || rep.Fired[SiteLostRecordAck] == 0 {
+		t.Fatalf("the run did not exercise records:\n%s", table.String())
+	}
+
+	cfg.RecordShare = 0
+	rep = Run(context.Background(), &cfg, Options{Seed: 1, Interleavings: 100, Workers: runtime.GOMAXPROCS(0)})
+	if rep.Records != (RecordStats{}) || rep.EnabledIn[SiteLostRecordAck] != 0 || len(rep.Failures()) > 0 {
+		t.Fatalf("with record share 0: records %+v, lost_record_ack on in %d interleavings, failures %v", rep.Records, rep.EnabledIn[SiteLostRecordAck], rep.Failures())
 	}
 }

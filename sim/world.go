@@ -58,6 +58,7 @@ const (
 	evLateRetry
 	evSync
 	evCompaction
+	evRecordWork
 )
 
 // event is one scheduled happening. Events run in (at, seq) order: seq is
@@ -156,6 +157,8 @@ type world struct {
 	healed   bool
 	finished bool
 	fail     *Violation
+
+	recordStats RecordStats
 
 	resUnknown   []int64 // RESERVATION_UNKNOWN durations, simulated ns
 	usageUnknown []int64 // USAGE_UNKNOWN durations
@@ -361,6 +364,8 @@ func (w *world) run() {
 			w.lateRetry(e.b)
 		case evCompaction:
 			w.compactionStep(e.a)
+		case evRecordWork:
+			w.recordWorkDone(e.b)
 		}
 	}
 	if w.fail == nil && !w.finished {

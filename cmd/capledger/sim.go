@@ -57,6 +57,10 @@ Flags:
                       ledger answers a batch only after a simulated fsync,
                       committing the next ones meanwhile; a crash before
                       it may lose every commit since the last (default 0)
+  --record-share F    share of requests (0..1, drawn per request) that
+                      reserve nothing and record their usage after the
+                      work (RecordUsage), retried under the same id
+                      (default 0.2; 0 runs the interleavings of before)
 
 Examples:
   capledger sim --interleavings 1000000           # the release gate
@@ -86,6 +90,7 @@ func runSim(ctx context.Context, e *env, args []string) error {
 	auditEvery := fs.Int("audit-every", def.AuditEvery, "")
 	sqliteShare := fs.Float64("sqlite-share", def.SQLiteShare, "")
 	pipelinedShare := fs.Float64("pipelined-share", def.PipelinedShare, "")
+	recordShare := fs.Float64("record-share", def.RecordShare, "")
 	if err := parseNoArgs(fs, args); err != nil {
 		return err
 	}
@@ -107,6 +112,7 @@ func runSim(ctx context.Context, e *env, args []string) error {
 		Gateways: *gateways, Executors: *executors, Tenants: *tenants, Requests: *requests,
 		ArrivalWindow: *arrival, HealAt: *healAt, Deadline: *deadline,
 		AuditEvery: *auditEvery, LastEvents: *last, SQLiteShare: *sqliteShare, PipelinedShare: *pipelinedShare,
+		RecordShare: *recordShare,
 	}
 	if *only != "" {
 		sites, err := sim.ParseSites(*only)
