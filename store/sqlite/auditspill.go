@@ -26,7 +26,8 @@ import (
 // packed columns: some 100 bytes a reservation.
 //
 // Layout: the reservations in [0, reservationsEnd), each as varint
-// generation, varint state, uvarint length and the packed column; then
+// generation, varint state, the uvarint lengths of its id, subject and
+// route (auditLens), uvarint length and the packed column; then
 // the journal batches up to journalEnd, each as uvarint seq, uvarint
 // length and the stored batch; then the accounts up to accountsEnd and
 // the last checkpoint's accounts to the end, in key order, each row as
@@ -70,7 +71,7 @@ func newAuditSpill(ctx context.Context, dir string, tx *sql.Tx, last *ledger.Che
 		}
 	}()
 	w := bufio.NewWriterSize(f, spillBuffer)
-	var head [3 * binary.MaxVarintLen64]byte
+	var head [6 * binary.MaxVarintLen64]byte
 	// The copy offers the caller's pacing a pause every spillCheckRows
 	// rows (store.WithPause). The read transaction stays open across
 	// whatever the caller does there, and the WAL grows by everything
@@ -91,10 +92,13 @@ func newAuditSpill(ctx context.Context, dir string, tx *sql.Tx, last *ledger.Che
 		sp.size += int64(len(b) + len(body))
 		return err
 	}
-	err = auditRows(ctx, tx, func(generation, state int64, packed []byte) error {
+	err = auditRows(ctx, tx, func(generation, state int64, packed []byte, lens auditLens) error {
 		sp.reservationCount++
 		b := binary.AppendVarint(head[:0], generation)
 		b = binary.AppendVarint(b, state)
+		b = binary.AppendUvarint(b, uint64(lens.id))
+		b = binary.AppendUvarint(b, uint64(lens.subject))
+		b = binary.AppendUvarint(b, uint64(lens.route))
 		b = binary.AppendUvarint(b, uint64(len(packed)))
 		return record(b, packed)
 	})
@@ -185,10 +189,19 @@ func (sp *auditSpill) reservations(ctx context.Context, yield func(*ledger.Reser
 		if err != nil {
 			return spillErr(err)
 		}
+		var lens [3]uint64
+		for i := range lens {
+			if lens[i], err = binary.ReadUvarint(r); err != nil {
+				return spillErr(err)
+			}
+		}
 		if packed, err = readSpilled(r, packed); err != nil {
 			return err
 		}
-		if err := fillAuditRow(&row, generation, state, packed); err != nil {
+		if lens[0] > uint64(len(packed)) || lens[1] > uint64(len(packed)) || lens[2] > uint64(len(packed)) {
+			return fmt.Errorf("audit spill: strings of %d, %d and %d bytes in a row of %d", lens[0], lens[1], lens[2], len(packed))
+		}
+		if err := fillAuditRow(&row, generation, state, packed, auditLens{int(lens[0]), int(lens[1]), int(lens[2])}); err != nil {
 			return err
 		}
 		if err := yield(&row); err != nil {
