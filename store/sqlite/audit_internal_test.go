@@ -3,6 +3,7 @@ package sqlite
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"path/filepath"
 	"slices"
@@ -423,5 +424,38 @@ func commitChanges(t *testing.T, s *Store, c *store.Changes) {
 	}
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A reservation's spill record reads back as written (its length prefix
+// first, as readSpilled reads it); one cut short, or naming strings
+// longer than its row, is refused.
+func TestAuditSpillRecord(t *testing.T) {
+	packed := []byte("amounts-then-strings")
+	for _, c := range []struct {
+		generation, state int64
+		lens              auditLens
+	}{{1, 3, auditLens{1, 2, 3}}, {-1 << 40, 0, auditLens{0, 0, 0}}, {1 << 62, 8, auditLens{len(packed), 0, len(packed)}}} {
+		rec := appendReservationRecord(nil, c.generation, c.state, c.lens, packed)
+		n, k := binary.Uvarint(rec)
+		if k <= 0 || int(n) != len(rec)-k {
+			t.Fatalf("record of %d bytes says %d after %d", len(rec), n, k)
+		}
+		g, st, lens, p, err := decodeReservationRecord(rec[k:])
+		if err != nil || g != c.generation || st != c.state || lens != c.lens || string(p) != string(packed) {
+			t.Errorf("read back %d %d %v %q, %v; wrote %d %d %v %q", g, st, lens, p, err, c.generation, c.state, c.lens, packed)
+		}
+		for cut := k; cut < len(rec)-len(packed); cut++ {
+			if _, _, _, _, err := decodeReservationRecord(rec[k:cut]); err == nil {
+				t.Errorf("record cut to %d of %d bytes: no error", cut, len(rec))
+			}
+		}
+	}
+	for _, lens := range []auditLens{{len(packed) + 1, 0, 0}, {0, len(packed) + 1, 0}, {0, 0, 1 << 40}} {
+		rec := appendReservationRecord(nil, 1, 1, lens, packed)
+		_, k := binary.Uvarint(rec)
+		if _, _, _, _, err := decodeReservationRecord(rec[k:]); err == nil {
+			t.Errorf("strings of %v in a row of %d bytes: no error", lens, len(packed))
+		}
 	}
 }

@@ -25,9 +25,10 @@ import (
 // nothing behind), else removed at close. It takes about the size of the
 // packed columns: some 100 bytes a reservation.
 //
-// Layout: the reservations in [0, reservationsEnd), each as varint
-// generation, varint state, the uvarint lengths of its id, subject and
-// route (auditLens), uvarint length and the packed column; then
+// Layout: the reservations in [0, reservationsEnd), each as a uvarint
+// length and that many bytes: varint generation, varint state, the
+// uvarint lengths of its id, subject and route (auditLens) and the packed
+// column (read from memory, not a byte at a time); then
 // the journal batches up to journalEnd, each as uvarint seq, uvarint
 // length and the stored batch; then the accounts up to accountsEnd and
 // the last checkpoint's accounts to the end, in key order, each row as
@@ -71,7 +72,7 @@ func newAuditSpill(ctx context.Context, dir string, tx *sql.Tx, last *ledger.Che
 		}
 	}()
 	w := bufio.NewWriterSize(f, spillBuffer)
-	var head [6 * binary.MaxVarintLen64]byte
+	var head [3 * binary.MaxVarintLen64]byte
 	// The copy offers the caller's pacing a pause every spillCheckRows
 	// rows (store.WithPause). The read transaction stays open across
 	// whatever the caller does there, and the WAL grows by everything
@@ -92,15 +93,11 @@ func newAuditSpill(ctx context.Context, dir string, tx *sql.Tx, last *ledger.Che
 		sp.size += int64(len(b) + len(body))
 		return err
 	}
+	var rec []byte
 	err = auditRows(ctx, tx, func(generation, state int64, packed []byte, lens auditLens) error {
 		sp.reservationCount++
-		b := binary.AppendVarint(head[:0], generation)
-		b = binary.AppendVarint(b, state)
-		b = binary.AppendUvarint(b, uint64(lens.id))
-		b = binary.AppendUvarint(b, uint64(lens.subject))
-		b = binary.AppendUvarint(b, uint64(lens.route))
-		b = binary.AppendUvarint(b, uint64(len(packed)))
-		return record(b, packed)
+		rec = appendReservationRecord(rec[:0], generation, state, lens, packed)
+		return record(rec, nil)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("audit spill: %w", err)
@@ -174,34 +171,22 @@ func newAuditSpill(ctx context.Context, dir string, tx *sql.Tx, last *ledger.Che
 func (sp *auditSpill) reservations(ctx context.Context, yield func(*ledger.Reservation) error) error {
 	r := bufio.NewReaderSize(io.NewSectionReader(sp.f, 0, sp.reservationsEnd), spillBuffer)
 	var (
-		row    ledger.Reservation
-		packed []byte
+		row ledger.Reservation
+		rec []byte
 	)
 	for i := int64(0); i < sp.reservationCount; i++ {
 		if i%4096 == 0 && ctx.Err() != nil {
 			return ctx.Err()
 		}
-		generation, err := binary.ReadVarint(r)
-		if err != nil {
-			return spillErr(err)
-		}
-		state, err := binary.ReadVarint(r)
-		if err != nil {
-			return spillErr(err)
-		}
-		var lens [3]uint64
-		for i := range lens {
-			if lens[i], err = binary.ReadUvarint(r); err != nil {
-				return spillErr(err)
-			}
-		}
-		if packed, err = readSpilled(r, packed); err != nil {
+		var err error
+		if rec, err = readSpilled(r, rec); err != nil {
 			return err
 		}
-		if lens[0] > uint64(len(packed)) || lens[1] > uint64(len(packed)) || lens[2] > uint64(len(packed)) {
-			return fmt.Errorf("audit spill: strings of %d, %d and %d bytes in a row of %d", lens[0], lens[1], lens[2], len(packed))
+		generation, state, lens, packed, err := decodeReservationRecord(rec)
+		if err != nil {
+			return err
 		}
-		if err := fillAuditRow(&row, generation, state, packed, auditLens{int(lens[0]), int(lens[1]), int(lens[2])}); err != nil {
+		if err := fillAuditRow(&row, generation, state, packed, lens); err != nil {
 			return err
 		}
 		if err := yield(&row); err != nil {
@@ -209,6 +194,47 @@ func (sp *auditSpill) reservations(ctx context.Context, yield func(*ledger.Reser
 		}
 	}
 	return nil
+}
+
+// appendReservationRecord appends a reservation's spill record: a uvarint
+// length and that many bytes, varint generation, varint state, the uvarint
+// lengths of its strings and the packed row.
+func appendReservationRecord(dst []byte, generation, state int64, lens auditLens, packed []byte) []byte {
+	var f [5 * binary.MaxVarintLen64]byte
+	b := binary.AppendVarint(f[:0], generation)
+	b = binary.AppendVarint(b, state)
+	b = binary.AppendUvarint(b, uint64(lens.id))
+	b = binary.AppendUvarint(b, uint64(lens.subject))
+	b = binary.AppendUvarint(b, uint64(lens.route))
+	dst = binary.AppendUvarint(dst, uint64(len(b)+len(packed)))
+	return append(append(dst, b...), packed...)
+}
+
+// decodeReservationRecord reads back the body of a record of
+// appendReservationRecord (after its length); packed shares rec.
+func decodeReservationRecord(rec []byte) (generation, state int64, lens auditLens, packed []byte, err error) {
+	var fields [5]uint64
+	at := 0
+	for i := range fields {
+		k := 0
+		if i < 2 {
+			var v int64
+			v, k = binary.Varint(rec[at:])
+			fields[i] = uint64(v)
+		} else {
+			fields[i], k = binary.Uvarint(rec[at:])
+		}
+		if k <= 0 {
+			return 0, 0, lens, nil, fmt.Errorf("audit spill: a reservation's record of %d bytes is cut short", len(rec))
+		}
+		at += k
+	}
+	packed = rec[at:]
+	n := uint64(len(packed))
+	if fields[2] > n || fields[3] > n || fields[4] > n {
+		return 0, 0, lens, nil, fmt.Errorf("audit spill: strings of %d, %d and %d bytes in a row of %d", fields[2], fields[3], fields[4], n)
+	}
+	return int64(fields[0]), int64(fields[1]), auditLens{int(fields[2]), int(fields[3]), int(fields[4])}, packed, nil
 }
 
 // journal calls each with the spilled journal, a batch at a time with its
