@@ -390,15 +390,13 @@ func auditRows(ctx context.Context, tx *sql.Tx, each func(generation, state int6
 // unique is false when they hold more zero bytes than the three
 // separators (lens is then only where the first three are).
 func splitAuditRow(packed []byte) (at int, lens auditLens, unique bool, err error) {
-	amounts := codec.NewReader("reservation amounts", packed)
-	amounts.Amounts()
-	amounts.Amounts()
-	amounts.Amounts()
-	if err := amounts.Err(); err != nil {
-		return 0, lens, false, err
+	rest := packed
+	for range 3 {
+		if _, rest, err = codec.CutAmounts(rest); err != nil {
+			return 0, lens, false, fmt.Errorf("reservation amounts: %w", err)
+		}
 	}
-	at = len(packed) - amounts.Remaining()
-	rest := packed[at:]
+	at = len(packed) - len(rest)
 	for _, n := range []*int{&lens.id, &lens.subject, &lens.route} {
 		i := bytes.IndexByte(rest, 0)
 		if i < 0 {
@@ -451,12 +449,13 @@ func fillAuditRow(r *ledger.Reservation, generation, state int64, packed []byte,
 // and are followed by zero bytes. The account's strings are kept when
 // they are the row before's (most rows name the same account).
 func decodeAuditRow(r *ledger.Reservation, packed []byte, lens auditLens) error {
-	amounts := codec.NewReader("reservation amounts", packed)
-	r.Reserved, r.Actual, r.Overdraft = amounts.Amounts(), amounts.Amounts(), amounts.Amounts()
-	if err := amounts.Err(); err != nil {
-		return fmt.Errorf("snapshot reservations: %w", err)
+	strs := packed
+	for _, a := range []*ledger.Amounts{&r.Reserved, &r.Actual, &r.Overdraft} {
+		var err error
+		if *a, strs, err = codec.CutAmounts(strs); err != nil {
+			return fmt.Errorf("snapshot reservations: reservation amounts: %w", err)
+		}
 	}
-	strs := packed[len(packed)-amounts.Remaining():]
 	if n := len(strs); lens.id < 0 || lens.subject < 0 || lens.route < 0 || lens.id > n || lens.subject > n || lens.route > n {
 		return fmt.Errorf("snapshot reservations: string lengths %d, %d, %d", lens.id, lens.subject, lens.route)
 	}
