@@ -360,12 +360,13 @@ func AuditWith(s *Snapshot, o AuditOptions) ([]Discrepancy, *Checkpoint) {
 		// (two ids of one key would be reported as one ended twice).
 		refunds = map[idKey]int32{}
 		receipts = newMoveEnds(s.Moves)
+		cache := newIDCache()
 		journalRd = s.forEachJournal(func(pos int64, e *JournalEntry) {
 			tick()
 			if last != nil && pos <= last.Through {
 				return // summarised by the checkpoint (a store that has not compacted yet)
 			}
-			id := ids.of(e.Account)
+			id := cache.of(ids, e.Account)
 			r := replays.getOrAdd(id)
 			replays.add(r, &e.Delta, builder != nil && pos > builder.through)
 			if builder != nil {
