@@ -459,3 +459,43 @@ func TestAuditSpillRecord(t *testing.T) {
 		}
 	}
 }
+
+// An account's row spilled (spillRow.append) reads back (spilledRow) into
+// the same columns, blobs sharing the record; one cut short, or scanned
+// into a column of another type, is refused.
+func TestAuditSpilledRow(t *testing.T) {
+	in := spillRow{values: []any{"subject", "", int64(-1 << 40), []byte{0xb1, 0, 7}, nil, []byte{}}}
+	enc := in.append(nil)
+	var out spilledRow
+	if err := out.decode(enc); err != nil {
+		t.Fatal(err)
+	}
+	var (
+		subject, route string
+		n              int64
+		blob, null, e  []byte
+	)
+	if err := out.Scan(&subject, &route, &n, &blob, &null, &e); err != nil {
+		t.Fatal(err)
+	}
+	if subject != "subject" || route != "" || n != -1<<40 || !bytes.Equal(blob, []byte{0xb1, 0, 7}) || null != nil || len(e) != 0 {
+		t.Errorf("read back %q %q %d %x %x %x", subject, route, n, blob, null, e)
+	}
+	for cut := range len(enc) {
+		if err := out.decode(enc[:cut]); err == nil {
+			t.Errorf("a row cut to %d of %d bytes decoded", cut, len(enc))
+		}
+	}
+	if err := out.decode(enc); err != nil {
+		t.Fatal(err)
+	}
+	if err := out.Scan(&n, &route, &n, &blob, &null, &e); err == nil {
+		t.Error("text scanned into an integer")
+	}
+	if err := out.Scan(&subject, &route, &n, &blob, &null); err == nil {
+		t.Error("six columns scanned into five")
+	}
+	if err := out.Scan(&subject, &blob, &n, &blob, &null, &e); err == nil {
+		t.Error("text scanned into a []byte")
+	}
+}

@@ -2,7 +2,6 @@ package sqlite
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"database/sql"
 	"encoding/binary"
@@ -290,7 +289,7 @@ func spilledRows[T any](ctx context.Context, sp *auditSpill, from, to int64, sca
 	r := bufio.NewReaderSize(io.NewSectionReader(sp.f, from, to-from), spillBuffer)
 	var (
 		blob []byte
-		row  spillRow
+		row  spilledRow
 	)
 	for n := 0; ; n++ {
 		if n%4096 == 0 && ctx.Err() != nil {
@@ -420,41 +419,49 @@ func (r *spillRow) append(dst []byte) []byte {
 	return dst
 }
 
-// decode reads r back from src (reusing r's slice of values).
-func (r *spillRow) decode(src []byte) error {
+// spilledRow is a row of spillRow read back from the spill: per column
+// its tag and its integer or its bytes, which share the buffer it was
+// decoded from. Reading it back boxed each value into an interface and
+// copied each blob, most of what an account cost a full audit.
+type spilledRow struct {
+	tags  []byte
+	ints  []int64
+	bytes [][]byte
+}
+
+// decode reads r back from src (an encoding of spillRow.append), reusing
+// r's slices; r's bytes share src's memory.
+func (r *spilledRow) decode(src []byte) error {
 	bad := errors.New("audit spill: malformed row")
 	n, k := binary.Uvarint(src)
 	if k <= 0 || n > 64 {
 		return bad
 	}
 	src = src[k:]
-	r.values = slices.Grow(r.values[:0], int(n))[:n]
-	for i := range r.values {
+	r.tags = slices.Grow(r.tags[:0], int(n))[:n]
+	r.ints = slices.Grow(r.ints[:0], int(n))[:n]
+	r.bytes = slices.Grow(r.bytes[:0], int(n))[:n]
+	for i := range r.tags {
 		if len(src) == 0 {
 			return bad
 		}
 		tag := src[0]
 		src = src[1:]
+		r.tags[i], r.ints[i], r.bytes[i] = tag, 0, nil
 		switch tag {
 		case spillNull:
-			r.values[i] = nil
 		case spillInt:
 			v, k := binary.Varint(src)
 			if k <= 0 {
 				return bad
 			}
-			r.values[i], src = v, src[k:]
+			r.ints[i], src = v, src[k:]
 		case spillText, spillBlob:
 			l, k := binary.Uvarint(src)
 			if k <= 0 || uint64(len(src)-k) < l {
 				return bad
 			}
-			body := src[k : k+int(l)]
-			if tag == spillText {
-				r.values[i] = string(body)
-			} else {
-				r.values[i] = bytes.Clone(body)
-			}
+			r.bytes[i] = src[k : k+int(l) : k+int(l)]
 			src = src[k+int(l):]
 		default:
 			return bad
@@ -464,38 +471,31 @@ func (r *spillRow) decode(src []byte) error {
 }
 
 // Scan implements scanner over the row's values, for the column types of
-// scanAccount and scanCheckpointAccount.
-func (r *spillRow) Scan(dest ...any) error {
-	if len(dest) != len(r.values) {
-		return fmt.Errorf("audit spill: %d columns, scanned into %d", len(r.values), len(dest))
+// scanAccount and scanCheckpointAccount. A []byte destination shares the
+// spill's buffer until the next row is decoded: those functions decode
+// their blobs at once.
+func (r *spilledRow) Scan(dest ...any) error {
+	if len(dest) != len(r.tags) {
+		return fmt.Errorf("audit spill: %d columns, scanned into %d", len(r.tags), len(dest))
 	}
 	for i, d := range dest {
-		v := r.values[i]
+		tag := r.tags[i]
 		ok := true
 		switch d := d.(type) {
 		case *string:
-			switch v := v.(type) {
-			case string:
-				*d = v
-			case []byte:
-				*d = string(v)
-			default:
-				ok = false
-			}
+			ok = tag == spillText || tag == spillBlob
+			*d = string(r.bytes[i])
 		case *int64:
-			var n int64
-			n, ok = v.(int64)
-			*d = n
+			ok = tag == spillInt
+			*d = r.ints[i]
 		case *[]byte:
-			var b []byte
-			b, ok = v.([]byte)
-			ok = ok || v == nil
-			*d = b
+			ok = tag == spillBlob || tag == spillNull
+			*d = r.bytes[i]
 		default:
 			ok = false
 		}
 		if !ok {
-			return fmt.Errorf("audit spill: column %d is %T, scanned into %T", i, v, d)
+			return fmt.Errorf("audit spill: column %d of tag %d, scanned into %T", i, tag, d)
 		}
 	}
 	return nil
