@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"path/filepath"
 
 	"github.com/capledger/capledger/ledger"
@@ -431,8 +432,8 @@ func auditRowKeys(ctx context.Context, tx *sql.Tx, prev []byte, first bool, strs
 // fields (reading the 19 columns of each reservation and allocating a
 // row apiece cost the audit of a large store more than everything else
 // it does).
-func fillAuditRow(r *ledger.Reservation, generation, state int64, packed []byte, lens auditLens) error {
-	if err := decodeAuditRow(r, packed, lens); err != nil {
+func fillAuditRow(r *ledger.Reservation, keys *keyStrings, generation, state int64, packed []byte, lens auditLens) error {
+	if err := decodeAuditRow(r, keys, packed, lens); err != nil {
 		return err
 	}
 	var conv codec.Conv
@@ -447,8 +448,9 @@ func fillAuditRow(r *ledger.Reservation, generation, state int64, packed []byte,
 // decodeAuditRow fills r's amounts, id and account key from the packed
 // column of auditReservationsQuery, whose strings have the lengths lens
 // and are followed by zero bytes. The account's strings are kept when
-// they are the row before's (most rows name the same account).
-func decodeAuditRow(r *ledger.Reservation, packed []byte, lens auditLens) error {
+// they are the row before's (most rows name the same account), else taken
+// from keys (nil: allocated).
+func decodeAuditRow(r *ledger.Reservation, keys *keyStrings, packed []byte, lens auditLens) error {
 	strs := packed
 	for _, a := range []*ledger.Amounts{&r.Reserved, &r.Actual, &r.Overdraft} {
 		var err error
@@ -465,13 +467,39 @@ func decodeAuditRow(r *ledger.Reservation, packed []byte, lens auditLens) error 
 	}
 	r.ID = string(strs[:s])
 	if subject := strs[s+1 : r1]; string(subject) != r.Account.Subject {
-		r.Account.Subject = string(subject)
+		r.Account.Subject = keys.of(subject)
 	}
 	if route := strs[r1+1 : r2]; string(route) != r.Account.Route {
-		r.Account.Route = string(route)
+		r.Account.Route = keys.of(route)
 	}
 	if region := strs[r2+1:]; string(region) != r.Account.Region {
-		r.Account.Region = string(region)
+		r.Account.Region = keys.of(region)
 	}
 	return nil
+}
+
+// keyStringSlots is how many strings a keyStrings keeps.
+const keyStringSlots = 512
+
+// keyStrings keeps the account strings of recent reservations, one per
+// slot of a hash of their bytes, so that a reservation of an account seen
+// a few rows before takes its strings without allocating them (a row's
+// strings are compared whole with the slot's).
+type keyStrings struct {
+	seed  maphash.Seed
+	slots [keyStringSlots]string
+}
+
+func newKeyStrings() *keyStrings { return &keyStrings{seed: maphash.MakeSeed()} }
+
+// of returns b as a string, the slot's when it holds the same bytes.
+func (k *keyStrings) of(b []byte) string {
+	if k == nil {
+		return string(b)
+	}
+	slot := &k.slots[maphash.Bytes(k.seed, b)%keyStringSlots]
+	if *slot != string(b) {
+		*slot = string(b)
+	}
+	return *slot
 }

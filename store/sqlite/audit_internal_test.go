@@ -114,7 +114,7 @@ func TestAuditRowRoundTrip(t *testing.T) {
 			t.Errorf("split %q: lengths %v at %d, want %v", r.ID, lens, at, want)
 		}
 		var got ledger.Reservation
-		if err := decodeAuditRow(&got, packed, lens); err != nil {
+		if err := decodeAuditRow(&got, nil, packed, lens); err != nil {
 			t.Fatalf("decode %q: %v", r.ID, err)
 		}
 		if got.ID != r.ID || got.Account != r.Account || got.Reserved != r.Reserved || got.Actual != r.Actual || got.Overdraft != r.Overdraft {
@@ -146,7 +146,7 @@ func TestAuditRowDamaged(t *testing.T) {
 			t.Errorf("split of the first %d of %d bytes: no error", n, len(packed))
 		}
 		var got ledger.Reservation
-		if err := decodeAuditRow(&got, packed[:n], lens); err == nil {
+		if err := decodeAuditRow(&got, nil, packed[:n], lens); err == nil {
 			t.Errorf("decode of the first %d of %d bytes: no error", n, len(packed))
 		}
 	}
@@ -156,7 +156,7 @@ func TestAuditRowDamaged(t *testing.T) {
 		{-1, lens.subject, lens.route}, {lens.id, 1 << 40, lens.route}, {lens.id, lens.subject, len(packed)},
 	} {
 		var got ledger.Reservation
-		if err := decodeAuditRow(&got, packed, bad); err == nil {
+		if err := decodeAuditRow(&got, nil, packed, bad); err == nil {
 			t.Errorf("decode with lengths %v (packed with %v): no error, %+v", bad, lens, got)
 		}
 	}
@@ -497,5 +497,22 @@ func TestAuditSpilledRow(t *testing.T) {
 	}
 	if err := out.Scan(&subject, &blob, &n, &blob, &null, &e); err == nil {
 		t.Error("text scanned into a []byte")
+	}
+}
+
+// keyStrings gives back every string's own bytes, whichever strings share
+// a slot: more strings than slots, in turn and again, and an empty one.
+func TestKeyStringsGiveTheirBytes(t *testing.T) {
+	keys := newKeyStrings()
+	for round := range 2 {
+		for i := range 3*keyStringSlots + 1 {
+			b := []byte(fmt.Sprintf("tenant-%d", i))
+			if i == 3*keyStringSlots {
+				b = nil
+			}
+			if got := keys.of(b); got != string(b) {
+				t.Fatalf("round %d: %q came back %q", round, b, got)
+			}
+		}
 	}
 }

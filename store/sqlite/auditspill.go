@@ -170,8 +170,9 @@ func newAuditSpill(ctx context.Context, dir string, tx *sql.Tx, last *ledger.Che
 func (sp *auditSpill) reservations(ctx context.Context, yield func(*ledger.Reservation) error) error {
 	r := bufio.NewReaderSize(io.NewSectionReader(sp.f, 0, sp.reservationsEnd), spillBuffer)
 	var (
-		row ledger.Reservation
-		rec []byte
+		row  ledger.Reservation
+		rec  []byte
+		keys = newKeyStrings()
 	)
 	for i := int64(0); i < sp.reservationCount; i++ {
 		if i%4096 == 0 && ctx.Err() != nil {
@@ -185,7 +186,7 @@ func (sp *auditSpill) reservations(ctx context.Context, yield func(*ledger.Reser
 		if err != nil {
 			return err
 		}
-		if err := fillAuditRow(&row, generation, state, packed, lens); err != nil {
+		if err := fillAuditRow(&row, keys, generation, state, packed, lens); err != nil {
 			return err
 		}
 		if err := yield(&row); err != nil {
