@@ -319,12 +319,13 @@ func estimateRows(ctx context.Context, tx *sql.Tx, last *ledger.Checkpoint, rese
 // string but the last followed by a zero byte. The driver makes two or
 // three calls into SQLite per column, each behind the connection's mutex,
 // and allocates a copy of every text and blob: with the nine columns read
-// apiece before, those calls and copies were most of a full audit's CPU.
-// Each SQL function or operator of the packing costs as much again in the
-// VDBE: prefixing each string with char(length(CAST(s AS BLOB))), its
-// byte length, took 1.42x the instructions of this query (callgrind,
-// docs/PERFORMANCE.md, "Audit"). A string that holds a zero byte makes
-// the split ambiguous; auditRows then reads that row's strings apart.
+// apiece (1.29x the instructions of this query), those calls and copies
+// were most of a full audit's CPU. Each SQL function or operator of the
+// packing costs about half a column in the VDBE: prefixing each string
+// with its byte length, char(length(CAST(s AS BLOB))), took 1.43x (a
+// program reading the rows alone, callgrind; docs/PERFORMANCE.md,
+// "Audit"). A string that holds a zero byte makes the split ambiguous;
+// auditRows then reads that row's strings apart.
 const auditReservationsQuery = "SELECT generation, state, " +
 	"reserved || actual || overdraft || id || x'00' || subject || x'00' || route || x'00' || region " +
 	"FROM reservations ORDER BY id"
