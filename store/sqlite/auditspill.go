@@ -290,7 +290,7 @@ func spilledRows[T any](ctx context.Context, sp *auditSpill, from, to int64, sca
 	r := bufio.NewReaderSize(io.NewSectionReader(sp.f, from, to-from), spillBuffer)
 	var (
 		blob []byte
-		row  spilledRow
+		row  = spilledRow{keys: newKeyStrings()}
 	)
 	for n := 0; ; n++ {
 		if n%4096 == 0 && ctx.Err() != nil {
@@ -374,9 +374,9 @@ const (
 // scanSpillRow returns a scan function that copies a row of the given
 // number of columns.
 func scanSpillRow(columns int) func(scanner) (spillRow, error) {
+	dest := make([]any, columns) // reused: only the values stay with the row
 	return func(sc scanner) (spillRow, error) {
 		row := spillRow{values: make([]any, columns)}
-		dest := make([]any, columns)
 		for i := range dest {
 			dest[i] = &row.values[i]
 		}
@@ -420,6 +420,8 @@ func (r *spillRow) append(dst []byte) []byte {
 	return dst
 }
 
+var errMalformedRow = errors.New("audit spill: malformed row")
+
 // spilledRow is a row of spillRow read back from the spill: per column
 // its tag and its integer or its bytes, which share the buffer it was
 // decoded from. Reading it back boxed each value into an interface and
@@ -428,12 +430,15 @@ type spilledRow struct {
 	tags  []byte
 	ints  []int64
 	bytes [][]byte
+	// keys, when set, gives the text columns' strings (most accounts
+	// share their route and region with the row before).
+	keys *keyStrings
 }
 
 // decode reads r back from src (an encoding of spillRow.append), reusing
 // r's slices; r's bytes share src's memory.
 func (r *spilledRow) decode(src []byte) error {
-	bad := errors.New("audit spill: malformed row")
+	bad := errMalformedRow
 	n, k := binary.Uvarint(src)
 	if k <= 0 || n > 64 {
 		return bad
@@ -485,7 +490,7 @@ func (r *spilledRow) Scan(dest ...any) error {
 		switch d := d.(type) {
 		case *string:
 			ok = tag == spillText || tag == spillBlob
-			*d = string(r.bytes[i])
+			*d = r.keys.of(r.bytes[i])
 		case *int64:
 			ok = tag == spillInt
 			*d = r.ints[i]
