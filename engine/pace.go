@@ -161,7 +161,8 @@ func (p *pacer) wait(ctx context.Context, took, floor time.Duration) bool {
 // at least at half speed) and owes the rest of the step's pause, which
 // wait and repay take once the read has ended, so that the copy still takes no
 // more than its share of the time. At full speed inside the read, a copy
-// of 300,000 reservations took a core for some 0.7 s at once; reserves
+// of 300,000 reservations took a core for some 0.7 s at once (before its
+// query took 0.70x the instructions: docs/PERFORMANCE.md, "Audit"); reserves
 // beside full audits ran at 1.07x their p99 at half speed against 1.17x
 // at full speed in one series, 1.14-1.33x at half speed in three more,
 // with the WAL behind the read at 67-203 MB; at a quarter speed 1.15x

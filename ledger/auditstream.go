@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"iter"
 	"slices"
 )
@@ -169,6 +170,34 @@ func (ids *accountIDs) of(k AccountKey) accountID {
 	ids.buf = appendKey(ids.buf[:0], k)
 	sum := sha256.Sum256(ids.buf)
 	return accountID(sum[:16])
+}
+
+// idCacheSize is how many keys an idCache remembers.
+const idCacheSize = 1024
+
+// idCache remembers the accountIDs of the keys seen last, one per slot of
+// a hash of the key (the slot's key is compared whole, so an id is always
+// its key's): the journal names the same accounts again and again, and
+// hashing a key with maphash is a small part of hashing it with SHA-256.
+// It holds at most idCacheSize keys' strings.
+type idCache struct {
+	seed  maphash.Seed
+	slots [idCacheSize]struct {
+		key AccountKey
+		id  accountID
+		set bool
+	}
+}
+
+func newIDCache() *idCache { return &idCache{seed: maphash.MakeSeed()} }
+
+// of returns ids.of(k), from the cache when k is there.
+func (c *idCache) of(ids *accountIDs, k AccountKey) accountID {
+	e := &c.slots[maphash.Comparable(c.seed, k)%idCacheSize]
+	if !e.set || e.key != k {
+		e.key, e.id, e.set = k, ids.of(k), true
+	}
+	return e.id
 }
 
 // eachAccount calls f with every account of s in key order, from
@@ -389,7 +418,9 @@ func (s *Snapshot) auditAccounts(pass auditPass) *auditPass {
 	}
 	accountsErr, checkpointErr := s.merge(nil, func(k AccountKey, a *Account, p *CheckpointAccount) {
 		var r *replay
-		if ps.replays != nil {
+		// No key has a replay when none has (a compacted journal): then
+		// no account's key is hashed.
+		if ps.replays != nil && len(ps.replays.index) > 0 {
 			r = ps.replays.get(ps.ids.of(k))
 			if r != nil && r.entries > 0 {
 				met++

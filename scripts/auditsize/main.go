@@ -51,6 +51,7 @@ func main() {
 	every := flag.Int("checkpoint-every", 0, "cut a checkpoint and compact the journal after every this many lifecycles of the fill (0: never)")
 	from := flag.Int("from", 0, "resume a fill at this lifecycle number (the store holds lifecycles 0 to from-1)")
 	report := flag.Int("report", 1000000, "print the fill's progress every this many lifecycles")
+	subjects := flag.Int("subjects", 100, "the fill's reservations go round this many subjects (an account each)")
 	profile := flag.String("cpuprofile", "", "write a CPU profile of the phase to this file")
 	memprofile := flag.String("memprofile", "", "write a heap profile (allocations included) at the end of the phase to this file")
 	flag.Parse()
@@ -74,7 +75,7 @@ func main() {
 	case "":
 		must(os.MkdirAll(*dir, 0o700))
 		start := time.Now()
-		fill(ctx, path, *from, *n, *batch, *every, *report)
+		fill(ctx, path, *from, *n, *batch, *every, *report, *subjects)
 		fmt.Printf("fill %d to %d reservations: %s (CPU %s), file %d bytes\n", *from, *n, time.Since(start).Round(time.Millisecond), cpu(), size(path))
 		if *phases == "none" {
 			return
@@ -148,7 +149,7 @@ func fillAt(i, every int) time.Time {
 	return t0.Add(time.Duration(i/every) * time.Hour)
 }
 
-func fill(ctx context.Context, path string, from, n, batch, every, report int) {
+func fill(ctx context.Context, path string, from, n, batch, every, report, subjects int) {
 	st := open(ctx, path)
 	defer st.Close()
 	core := engine.NewCore(st)
@@ -173,7 +174,7 @@ func fill(ctx context.Context, path string, from, n, batch, every, report int) {
 		cmds = cmds[:0]
 		for i := start; i < end; i++ {
 			id := fmt.Sprintf("rl-%09d", i)
-			subject := fmt.Sprintf("tenant-%d", i%100)
+			subject := fmt.Sprintf("tenant-%d", i%subjects)
 			cmds = append(cmds,
 				ledger.Command{Kind: ledger.KindReserve, ReservationID: id, RequestDigest: "sha256:" + strings.Repeat("ab", 32),
 					Subject: subject, Route: "bench", Region: "eu", Units: ledger.Amounts{100}},

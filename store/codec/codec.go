@@ -99,6 +99,32 @@ func DecodeAmounts(src []byte) (ledger.Amounts, error) {
 	return out, r.err
 }
 
+// CutAmounts decodes the Amounts encoded at the start of src and returns
+// them and the bytes after them, or an error wrapping ErrCorrupt where
+// Reader.Amounts would fail. It is Reader.Amounts without a Reader, for a
+// full audit, which reads three per reservation.
+func CutAmounts(src []byte) (a ledger.Amounts, rest []byte, err error) {
+	if len(src) < 2 || src[0] != TagAmountsV1 {
+		r := NewReader("amounts", src)
+		r.Tag(TagAmountsV1)
+		r.count()
+		return a, nil, r.err
+	}
+	n := int(src[1])
+	if n > ledger.MaxDimensions {
+		return a, nil, corrupt("amounts", "%d dimensions, at most %d", n, ledger.MaxDimensions)
+	}
+	rest = src[2:]
+	for i := range n {
+		v, k := binary.Varint(rest)
+		if k <= 0 {
+			return ledger.Amounts{}, nil, corrupt("amounts", "truncated or overlong varint")
+		}
+		a[i], rest = v, rest[k:]
+	}
+	return a, rest, nil
+}
+
 // AppendBalances appends the encoding of b (the used dimensions, nine terms
 // each) to dst and returns the extended slice.
 func AppendBalances(dst []byte, b *ledger.Balances) []byte {

@@ -63,6 +63,23 @@ func TestAmountsRoundTrip(t *testing.T) {
 	})
 }
 
+// CutAmounts reads an encoded Amounts back from the front of whatever
+// follows it, and agrees with DecodeAmounts.
+func TestCutAmountsRoundTrip(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		a := drawAmounts(t, "a")
+		after := rapid.SliceOf(rapid.Byte()).Draw(t, "after")
+		enc := AppendAmounts(nil, &a)
+		got, rest, err := CutAmounts(append(enc, after...))
+		if err != nil || got != a || !bytes.Equal(rest, after) {
+			t.Fatalf("cut %x then %x: %v, rest %x, %v", enc, after, got, rest, err)
+		}
+		if dec, err := DecodeAmounts(enc); err != nil || dec != got {
+			t.Fatalf("DecodeAmounts %x: %v, %v; CutAmounts %v", enc, dec, err, got)
+		}
+	})
+}
+
 func TestBalancesRoundTrip(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		b := drawBalances(t, "b")
@@ -156,6 +173,9 @@ func TestDecodeRejects(t *testing.T) {
 	} {
 		if _, err := DecodeAmounts(tc.in); !errors.Is(err, ErrCorrupt) {
 			t.Errorf("%s: %x decoded with err %v, want ErrCorrupt", tc.name, tc.in, err)
+		}
+		if a, rest, err := CutAmounts(tc.in); tc.name != "trailing" && (!errors.Is(err, ErrCorrupt) || rest != nil || a != (ledger.Amounts{})) {
+			t.Errorf("%s: %x cut to %v, rest %x, err %v, want ErrCorrupt", tc.name, tc.in, a, rest, err)
 		}
 	}
 	if _, err := DecodeBalances(EncodeAmounts(&four)); !errors.Is(err, ErrCorrupt) {

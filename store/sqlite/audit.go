@@ -1,11 +1,13 @@
 package sqlite
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"path/filepath"
 
 	"github.com/capledger/capledger/ledger"
@@ -312,20 +314,38 @@ func estimateRows(ctx context.Context, tx *sql.Tx, last *ledger.Checkpoint, rese
 
 // auditReservationsQuery reads, per reservation in id order, what the
 // audit needs (ledger.Snapshot.ReservationStream) in three columns: the
-// generation, the state, and one packed column (auditRow). The driver
-// makes two or three calls into SQLite per column, each behind the
-// connection's mutex, and allocates a copy of every text and blob: with
-// the nine columns read apiece before, those calls and copies were most
-// of a full audit's CPU (docs/PERFORMANCE.md, "Audit"). char(n) is the
-// character of code point n, the byte length of the string after it.
+// generation, the state, and one packed column: the three amounts (each
+// encoding ends itself), then the id, subject, route and region, each
+// string but the last followed by a zero byte. The driver makes two or
+// three calls into SQLite per column, each behind the connection's mutex,
+// and allocates a copy of every text and blob: with the nine columns read
+// apiece (1.29x the instructions of this query), those calls and copies
+// were most of a full audit's CPU. Each SQL function or operator of the
+// packing costs about half a column in the VDBE: prefixing each string
+// with its byte length, char(length(CAST(s AS BLOB))), took 1.43x (a
+// program reading the rows alone, callgrind; docs/PERFORMANCE.md,
+// "Audit"). A string that holds a zero byte makes the split ambiguous;
+// auditRows then reads that row's strings apart.
 const auditReservationsQuery = "SELECT generation, state, " +
-	"char(length(CAST(id AS BLOB))) || id || char(length(CAST(subject AS BLOB))) || subject || " +
-	"char(length(CAST(route AS BLOB))) || route || char(length(CAST(region AS BLOB))) || region || " +
-	"reserved || actual || overdraft FROM reservations ORDER BY id"
+	"reserved || actual || overdraft || id || x'00' || subject || x'00' || route || x'00' || region " +
+	"FROM reservations ORDER BY id"
+
+// auditKeysQuery reads the strings of the first reservation after an id,
+// exactly, for a packed row whose split is ambiguous
+// (auditReservationsQuery); auditFirstKeysQuery those of the first one.
+const (
+	auditKeysQuery      = "SELECT id, subject, route, region FROM reservations WHERE id > ? ORDER BY id LIMIT 1"
+	auditFirstKeysQuery = "SELECT id, subject, route, region FROM reservations ORDER BY id LIMIT 1"
+)
+
+// auditLens are the byte lengths of the id, subject and route of a packed
+// row of auditReservationsQuery (the region is the rest).
+type auditLens struct{ id, subject, route int }
 
 // auditRows calls each with every row of auditReservationsQuery read in
-// tx, in id order; packed is reused between calls.
-func auditRows(ctx context.Context, tx *sql.Tx, each func(generation, state int64, packed []byte) error) error {
+// tx, in id order, and the lengths of its strings; packed is reused
+// between calls.
+func auditRows(ctx context.Context, tx *sql.Tx, each func(generation, state int64, packed []byte, lens auditLens) error) error {
 	rows, err := tx.QueryContext(ctx, auditReservationsQuery)
 	if err != nil {
 		return fmt.Errorf("snapshot reservations: %w", translate(ctx, err))
@@ -333,15 +353,33 @@ func auditRows(ctx context.Context, tx *sql.Tx, each func(generation, state int6
 	defer rows.Close()
 	var (
 		packed            sql.RawBytes
-		generation, state int64
+		generation, state any // the driver's int64: no conversion through reflect
+		prev              []byte
+		first             = true
 	)
 	for rows.Next() {
 		if err := rows.Scan(&generation, &state, &packed); err != nil {
 			return fmt.Errorf("snapshot reservations: %w", translate(ctx, err))
 		}
-		if err := each(generation, state, packed); err != nil {
+		g, ok1 := generation.(int64)
+		st, ok2 := state.(int64)
+		if !ok1 || !ok2 {
+			return fmt.Errorf("snapshot reservations: generation %T, state %T after %q", generation, state, prev)
+		}
+		at, lens, unique, err := splitAuditRow(packed)
+		if err != nil {
+			return fmt.Errorf("snapshot reservations: the row after %q: %w", prev, err)
+		}
+		if !unique {
+			if lens, err = auditRowKeys(ctx, tx, prev, first, packed[at:]); err != nil {
+				return err
+			}
+		}
+		if err := each(g, st, packed, lens); err != nil {
 			return err
 		}
+		prev = append(prev[:0], packed[at:at+lens.id]...)
+		first = false
 	}
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("snapshot reservations: %w", translate(ctx, err))
@@ -349,12 +387,54 @@ func auditRows(ctx context.Context, tx *sql.Tx, each func(generation, state int6
 	return nil
 }
 
+// splitAuditRow finds the strings of a packed row of
+// auditReservationsQuery: they start at packed[at], after the amounts;
+// unique is false when they hold more zero bytes than the three
+// separators (lens is then only where the first three are).
+func splitAuditRow(packed []byte) (at int, lens auditLens, unique bool, err error) {
+	rest := packed
+	for range 3 {
+		if _, rest, err = codec.CutAmounts(rest); err != nil {
+			return 0, lens, false, fmt.Errorf("reservation amounts: %w", err)
+		}
+	}
+	at = len(packed) - len(rest)
+	for _, n := range []*int{&lens.id, &lens.subject, &lens.route} {
+		i := bytes.IndexByte(rest, 0)
+		if i < 0 {
+			return 0, lens, false, fmt.Errorf("a packed row of %d bytes is cut short", len(packed))
+		}
+		*n, rest = i, rest[i+1:]
+	}
+	return at, lens, bytes.IndexByte(rest, 0) < 0, nil
+}
+
+// auditRowKeys reads, in tx, the strings of the reservation after id prev
+// (the first one when first) apart, whose packed strings strs hold a zero
+// byte of their own, and returns their lengths. They are the same row's:
+// both reads are in one transaction, in id order.
+func auditRowKeys(ctx context.Context, tx *sql.Tx, prev []byte, first bool, strs []byte) (auditLens, error) {
+	row := tx.QueryRowContext(ctx, auditKeysQuery, string(prev))
+	if first {
+		row = tx.QueryRowContext(ctx, auditFirstKeysQuery)
+	}
+	var id, subject, route, region string
+	if err := row.Scan(&id, &subject, &route, &region); err != nil {
+		return auditLens{}, fmt.Errorf("snapshot reservations: the keys after %q: %w", prev, translate(ctx, err))
+	}
+	if id+"\x00"+subject+"\x00"+route+"\x00"+region != string(strs) {
+		return auditLens{}, fmt.Errorf("snapshot reservations: reservation %q read apart is not its packed row", id)
+	}
+	return auditLens{id: len(id), subject: len(subject), route: len(route)}, nil
+}
+
 // fillAuditRow fills r, the audit's one reused row, from a row of
-// auditReservationsQuery: only the audit's fields (reading the 19 columns
-// of each reservation and allocating a row apiece cost the audit of a
-// large store more than everything else it does).
-func fillAuditRow(r *ledger.Reservation, generation, state int64, packed []byte) error {
-	if err := decodeAuditRow(r, packed); err != nil {
+// auditReservationsQuery and its strings' lengths: only the audit's
+// fields (reading the 19 columns of each reservation and allocating a
+// row apiece cost the audit of a large store more than everything else
+// it does).
+func fillAuditRow(r *ledger.Reservation, keys *keyStrings, generation, state int64, packed []byte, lens auditLens) error {
+	if err := decodeAuditRow(r, keys, packed, lens); err != nil {
 		return err
 	}
 	var conv codec.Conv
@@ -366,62 +446,61 @@ func fillAuditRow(r *ledger.Reservation, generation, state int64, packed []byte)
 	return nil
 }
 
-// decodeAuditRow fills r's id, account key and amounts from the packed
-// column of auditReservationsQuery. The account's strings are kept when
-// they are the row before's (most rows name the same account).
-func decodeAuditRow(r *ledger.Reservation, packed []byte) error {
-	var id, subject, route, region []byte
-	rest, ok := packed, true
-	for _, field := range []*[]byte{&id, &subject, &route, &region} {
-		if *field, rest, ok = cutPrefixed(rest); !ok {
-			return fmt.Errorf("snapshot reservations: a packed row of %d bytes is cut short", len(packed))
+// decodeAuditRow fills r's amounts, id and account key from the packed
+// column of auditReservationsQuery, whose strings have the lengths lens
+// and are followed by zero bytes. The account's strings are kept when
+// they are the row before's (most rows name the same account), else taken
+// from keys (nil: allocated).
+func decodeAuditRow(r *ledger.Reservation, keys *keyStrings, packed []byte, lens auditLens) error {
+	strs := packed
+	for _, a := range []*ledger.Amounts{&r.Reserved, &r.Actual, &r.Overdraft} {
+		var err error
+		if *a, strs, err = codec.CutAmounts(strs); err != nil {
+			return fmt.Errorf("snapshot reservations: reservation amounts: %w", err)
 		}
 	}
-	r.ID = string(id)
-	if string(subject) != r.Account.Subject {
-		r.Account.Subject = string(subject)
+	if n := len(strs); lens.id < 0 || lens.subject < 0 || lens.route < 0 || lens.id > n || lens.subject > n || lens.route > n {
+		return fmt.Errorf("snapshot reservations: string lengths %d, %d, %d", lens.id, lens.subject, lens.route)
 	}
-	if string(route) != r.Account.Route {
-		r.Account.Route = string(route)
+	s, r1, r2 := lens.id, lens.id+1+lens.subject, lens.id+lens.subject+lens.route+2
+	if r2 >= len(strs) || strs[s] != 0 || strs[r1] != 0 || strs[r2] != 0 {
+		return fmt.Errorf("snapshot reservations: a packed row of %d bytes does not hold strings of %d, %d and %d bytes", len(packed), lens.id, lens.subject, lens.route)
 	}
-	if string(region) != r.Account.Region {
-		r.Account.Region = string(region)
+	r.ID = string(strs[:s])
+	if subject := strs[s+1 : r1]; string(subject) != r.Account.Subject {
+		r.Account.Subject = keys.of(subject)
 	}
-	amounts := codec.NewReader("reservation amounts", rest)
-	r.Reserved, r.Actual, r.Overdraft = amounts.Amounts(), amounts.Amounts(), amounts.Amounts()
-	amounts.End()
-	if err := amounts.Err(); err != nil {
-		return fmt.Errorf("reservation %s: %w", r.ID, err)
+	if route := strs[r1+1 : r2]; string(route) != r.Account.Route {
+		r.Account.Route = keys.of(route)
+	}
+	if region := strs[r2+1:]; string(region) != r.Account.Region {
+		r.Account.Region = keys.of(region)
 	}
 	return nil
 }
 
-// cutPrefixed splits b after its first string, which SQLite's char(n)
-// prefixes with its byte length n (UTF-8 encoded, one to four bytes), and
-// returns the string, the rest, and whether b held all of it.
-func cutPrefixed(b []byte) (s, rest []byte, ok bool) {
-	if len(b) == 0 {
-		return nil, nil, false
+// keyStringSlots is how many strings a keyStrings keeps.
+const keyStringSlots = 512
+
+// keyStrings keeps the account strings of recent reservations, one per
+// slot of a hash of their bytes, so that a reservation of an account seen
+// a few rows before takes its strings without allocating them (a row's
+// strings are compared whole with the slot's).
+type keyStrings struct {
+	seed  maphash.Seed
+	slots [keyStringSlots]string
+}
+
+func newKeyStrings() *keyStrings { return &keyStrings{seed: maphash.MakeSeed()} }
+
+// of returns b as a string, the slot's when it holds the same bytes.
+func (k *keyStrings) of(b []byte) string {
+	if k == nil {
+		return string(b)
 	}
-	var n, k int
-	switch c := int(b[0]); {
-	case c < 0x80:
-		n, k = c, 1
-	case c < 0xe0:
-		n, k = c&0x1f, 2
-	case c < 0xf0:
-		n, k = c&0x0f, 3
-	default:
-		n, k = c&0x07, 4
+	slot := &k.slots[maphash.Bytes(k.seed, b)%keyStringSlots]
+	if *slot != string(b) {
+		*slot = string(b)
 	}
-	if len(b) < k {
-		return nil, nil, false
-	}
-	for _, c := range b[1:k] {
-		n = n<<6 | int(c&0x3f)
-	}
-	if len(b) < k+n {
-		return nil, nil, false
-	}
-	return b[k : k+n], b[k+n:], true
+	return *slot
 }

@@ -1,21 +1,24 @@
 package sqlite
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
+	"github.com/capledger/capledger/store/codec"
 )
 
-// TestAuditStreamsLongKeys: the audit's packed row prefixes each string
-// with its byte length as SQLite's char(n) encodes it, in one to four
-// UTF-8 bytes; ids and account strings of every such width (and empty
-// ones) come back whole, with their amounts, in id order.
+// TestAuditStreamsLongKeys: ids and account strings long and short (and
+// empty), and holding the zero bytes the audit's packed row separates
+// its strings with, come back whole, with their amounts, in id order.
 func TestAuditStreamsLongKeys(t *testing.T) {
 	ctx := context.Background()
 	s, err := Open(ctx, filepath.Join(t.TempDir(), "ledger.db"))
@@ -42,6 +45,15 @@ func TestAuditStreamsLongKeys(t *testing.T) {
 		}
 		want = append(want, r)
 	}
+	// Strings holding zero bytes, which the packed row separates its
+	// strings with: the first row (of an empty id), one after another
+	// such row, and one between plain rows are read apart.
+	for i, k := range []ledger.AccountKey{{Subject: "\x00"}, {Subject: "a\x00", Route: "r"}, {Subject: "s", Route: "\x00\x00", Region: "e\x00u"}, {Subject: "s", Route: "r", Region: "\x00"}} {
+		r := want[i]
+		r.ID, r.Account = []string{"", "\x00first", "\x00first\x00", "b\x00"}[i], k
+		want = append(want, r)
+	}
+	slices.SortFunc(want, func(a, b ledger.Reservation) int { return strings.Compare(a.ID, b.ID) })
 	tx, err := s.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -76,15 +88,82 @@ func TestAuditStreamsLongKeys(t *testing.T) {
 	}
 }
 
-// cutPrefixed refuses a row cut short rather than reading past it.
-func TestCutPrefixedShortRows(t *testing.T) {
-	for _, b := range [][]byte{nil, {5, 'a'}, {0xc2}, {0xc2, 0x80, 'a'}, {0xe0, 0x80}, {0xf0, 0x90, 0x80, 0x80}} {
-		if _, _, ok := cutPrefixed(b); ok {
-			t.Errorf("cutPrefixed(%v) = ok", b)
+// packAuditRow packs r as auditReservationsQuery does.
+func packAuditRow(r *ledger.Reservation) []byte {
+	b := codec.AppendAmounts(nil, &r.Reserved)
+	b = codec.AppendAmounts(b, &r.Actual)
+	b = codec.AppendAmounts(b, &r.Overdraft)
+	return append(b, r.ID+"\x00"+r.Account.Subject+"\x00"+r.Account.Route+"\x00"+r.Account.Region...)
+}
+
+// A packed row splits into the strings and amounts it was packed from,
+// and decodes back to them with the lengths the split found; strings
+// holding zero bytes of their own are reported ambiguous.
+func TestAuditRowRoundTrip(t *testing.T) {
+	for _, r := range []ledger.Reservation{
+		{ID: "r1", Account: ledger.AccountKey{Subject: "s", Route: "r", Region: "eu"}, Reserved: ledger.Amounts{1, 1 << 40}, Actual: ledger.Amounts{-3}, Overdraft: ledger.Amounts{0, 0, 0, 7}},
+		{ID: "", Account: ledger.AccountKey{}},
+		{ID: "é", Account: ledger.AccountKey{Subject: strings.Repeat("s", 300), Route: "", Region: "\xff"}, Reserved: ledger.Amounts{0, 0, 0, -1}},
+	} {
+		packed := packAuditRow(&r)
+		at, lens, unique, err := splitAuditRow(packed)
+		if err != nil || !unique {
+			t.Fatalf("split %q: %v, unique %v", r.ID, err, unique)
+		}
+		if want := (auditLens{len(r.ID), len(r.Account.Subject), len(r.Account.Route)}); lens != want || string(packed[at:at+lens.id]) != r.ID {
+			t.Errorf("split %q: lengths %v at %d, want %v", r.ID, lens, at, want)
+		}
+		var got ledger.Reservation
+		if err := decodeAuditRow(&got, nil, packed, lens); err != nil {
+			t.Fatalf("decode %q: %v", r.ID, err)
+		}
+		if got.ID != r.ID || got.Account != r.Account || got.Reserved != r.Reserved || got.Actual != r.Actual || got.Overdraft != r.Overdraft {
+			t.Errorf("decoded %+v, packed %+v", got, r)
 		}
 	}
-	if s, rest, ok := cutPrefixed([]byte{0xc2, 0x80, 'x'}); ok || s != nil || rest != nil {
-		t.Errorf("a 128-byte prefix over 1 byte: %q %q %v", s, rest, ok)
+	for _, k := range []ledger.AccountKey{{Subject: "a\x00b", Route: "r", Region: "eu"}, {Subject: "s", Route: "r", Region: "e\x00u"}, {Subject: "s", Route: "\x00", Region: ""}} {
+		r := ledger.Reservation{ID: "r", Account: k}
+		if _, _, unique, err := splitAuditRow(packAuditRow(&r)); err != nil || unique {
+			t.Errorf("split %q: %v, unique %v; want ambiguous", k, err, unique)
+		}
+	}
+}
+
+// A packed row cut short, or decoded with lengths its zero bytes do not
+// stand at, is refused rather than read past or split elsewhere.
+func TestAuditRowDamaged(t *testing.T) {
+	r := ledger.Reservation{ID: "r1", Account: ledger.AccountKey{Subject: "sub", Route: "rt", Region: "eu"}, Reserved: ledger.Amounts{5, 6}, Actual: ledger.Amounts{5}, Overdraft: ledger.Amounts{}}
+	packed := packAuditRow(&r)
+	at, lens, _, err := splitAuditRow(packed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Cut before the last separator: the split fails (within the region,
+	// the row is a shorter region: the spill's length prefix and SQLite's
+	// column length bound it).
+	for n := range at + lens.id + lens.subject + lens.route + 3 {
+		if _, _, _, err := splitAuditRow(packed[:n]); err == nil {
+			t.Errorf("split of the first %d of %d bytes: no error", n, len(packed))
+		}
+		var got ledger.Reservation
+		if err := decodeAuditRow(&got, nil, packed[:n], lens); err == nil {
+			t.Errorf("decode of the first %d of %d bytes: no error", n, len(packed))
+		}
+	}
+	for _, bad := range []auditLens{
+		{lens.id + 1, lens.subject, lens.route}, {lens.id, lens.subject - 1, lens.route}, {lens.id, lens.subject, lens.route + 1},
+		{lens.id + 1, lens.subject - 1, lens.route}, {lens.id, lens.subject + 1, lens.route - 1},
+		{-1, lens.subject, lens.route}, {lens.id, 1 << 40, lens.route}, {lens.id, lens.subject, len(packed)},
+	} {
+		var got ledger.Reservation
+		if err := decodeAuditRow(&got, nil, packed, bad); err == nil {
+			t.Errorf("decode with lengths %v (packed with %v): no error, %+v", bad, lens, got)
+		}
+	}
+	damaged := bytes.Clone(packed)
+	damaged[0] ^= 0xff // the amounts' tag
+	if _, _, _, err := splitAuditRow(damaged); err == nil {
+		t.Error("split with a damaged amounts tag: no error")
 	}
 }
 
@@ -345,5 +424,95 @@ func commitChanges(t *testing.T, s *Store, c *store.Changes) {
 	}
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A reservation's spill record reads back as written (its length prefix
+// first, as readSpilled reads it); one cut short, or naming strings
+// longer than its row, is refused.
+func TestAuditSpillRecord(t *testing.T) {
+	packed := []byte("amounts-then-strings")
+	for _, c := range []struct {
+		generation, state int64
+		lens              auditLens
+	}{{1, 3, auditLens{1, 2, 3}}, {-1 << 40, 0, auditLens{0, 0, 0}}, {1 << 62, 8, auditLens{len(packed), 0, len(packed)}}} {
+		rec := appendReservationRecord(nil, c.generation, c.state, c.lens, packed)
+		n, k := binary.Uvarint(rec)
+		if k <= 0 || int(n) != len(rec)-k {
+			t.Fatalf("record of %d bytes says %d after %d", len(rec), n, k)
+		}
+		g, st, lens, p, err := decodeReservationRecord(rec[k:])
+		if err != nil || g != c.generation || st != c.state || lens != c.lens || string(p) != string(packed) {
+			t.Errorf("read back %d %d %v %q, %v; wrote %d %d %v %q", g, st, lens, p, err, c.generation, c.state, c.lens, packed)
+		}
+		for cut := k; cut < len(rec)-len(packed); cut++ {
+			if _, _, _, _, err := decodeReservationRecord(rec[k:cut]); err == nil {
+				t.Errorf("record cut to %d of %d bytes: no error", cut, len(rec))
+			}
+		}
+	}
+	for _, lens := range []auditLens{{len(packed) + 1, 0, 0}, {0, len(packed) + 1, 0}, {0, 0, 1 << 40}} {
+		rec := appendReservationRecord(nil, 1, 1, lens, packed)
+		_, k := binary.Uvarint(rec)
+		if _, _, _, _, err := decodeReservationRecord(rec[k:]); err == nil {
+			t.Errorf("strings of %v in a row of %d bytes: no error", lens, len(packed))
+		}
+	}
+}
+
+// An account's row spilled (spillRow.append) reads back (spilledRow) into
+// the same columns, blobs sharing the record; one cut short, or scanned
+// into a column of another type, is refused.
+func TestAuditSpilledRow(t *testing.T) {
+	in := spillRow{values: []any{"subject", "", int64(-1 << 40), []byte{0xb1, 0, 7}, nil, []byte{}}}
+	enc := in.append(nil)
+	var out spilledRow
+	if err := out.decode(enc); err != nil {
+		t.Fatal(err)
+	}
+	var (
+		subject, route string
+		n              int64
+		blob, null, e  []byte
+	)
+	if err := out.Scan(&subject, &route, &n, &blob, &null, &e); err != nil {
+		t.Fatal(err)
+	}
+	if subject != "subject" || route != "" || n != -1<<40 || !bytes.Equal(blob, []byte{0xb1, 0, 7}) || null != nil || len(e) != 0 {
+		t.Errorf("read back %q %q %d %x %x %x", subject, route, n, blob, null, e)
+	}
+	for cut := range len(enc) {
+		if err := out.decode(enc[:cut]); err == nil {
+			t.Errorf("a row cut to %d of %d bytes decoded", cut, len(enc))
+		}
+	}
+	if err := out.decode(enc); err != nil {
+		t.Fatal(err)
+	}
+	if err := out.Scan(&n, &route, &n, &blob, &null, &e); err == nil {
+		t.Error("text scanned into an integer")
+	}
+	if err := out.Scan(&subject, &route, &n, &blob, &null); err == nil {
+		t.Error("six columns scanned into five")
+	}
+	if err := out.Scan(&subject, &blob, &n, &blob, &null, &e); err == nil {
+		t.Error("text scanned into a []byte")
+	}
+}
+
+// keyStrings gives back every string's own bytes, whichever strings share
+// a slot: more strings than slots, in turn and again, and an empty one.
+func TestKeyStringsGiveTheirBytes(t *testing.T) {
+	keys := newKeyStrings()
+	for round := range 2 {
+		for i := range 3*keyStringSlots + 1 {
+			b := []byte(fmt.Sprintf("tenant-%d", i))
+			if i == 3*keyStringSlots {
+				b = nil
+			}
+			if got := keys.of(b); got != string(b) {
+				t.Fatalf("round %d: %q came back %q", round, b, got)
+			}
+		}
 	}
 }

@@ -2,7 +2,6 @@ package sqlite
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"database/sql"
 	"encoding/binary"
@@ -25,8 +24,10 @@ import (
 // nothing behind), else removed at close. It takes about the size of the
 // packed columns: some 100 bytes a reservation.
 //
-// Layout: the reservations in [0, reservationsEnd), each as varint
-// generation, varint state, uvarint length and the packed column; then
+// Layout: the reservations in [0, reservationsEnd), each as a uvarint
+// length and that many bytes: varint generation, varint state, the
+// uvarint lengths of its id, subject and route (auditLens) and the packed
+// column (read from memory, not a byte at a time); then
 // the journal batches up to journalEnd, each as uvarint seq, uvarint
 // length and the stored batch; then the accounts up to accountsEnd and
 // the last checkpoint's accounts to the end, in key order, each row as
@@ -91,12 +92,11 @@ func newAuditSpill(ctx context.Context, dir string, tx *sql.Tx, last *ledger.Che
 		sp.size += int64(len(b) + len(body))
 		return err
 	}
-	err = auditRows(ctx, tx, func(generation, state int64, packed []byte) error {
+	var rec []byte
+	err = auditRows(ctx, tx, func(generation, state int64, packed []byte, lens auditLens) error {
 		sp.reservationCount++
-		b := binary.AppendVarint(head[:0], generation)
-		b = binary.AppendVarint(b, state)
-		b = binary.AppendUvarint(b, uint64(len(packed)))
-		return record(b, packed)
+		rec = appendReservationRecord(rec[:0], generation, state, lens, packed)
+		return record(rec, nil)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("audit spill: %w", err)
@@ -170,25 +170,23 @@ func newAuditSpill(ctx context.Context, dir string, tx *sql.Tx, last *ledger.Che
 func (sp *auditSpill) reservations(ctx context.Context, yield func(*ledger.Reservation) error) error {
 	r := bufio.NewReaderSize(io.NewSectionReader(sp.f, 0, sp.reservationsEnd), spillBuffer)
 	var (
-		row    ledger.Reservation
-		packed []byte
+		row  ledger.Reservation
+		rec  []byte
+		keys = newKeyStrings()
 	)
 	for i := int64(0); i < sp.reservationCount; i++ {
 		if i%4096 == 0 && ctx.Err() != nil {
 			return ctx.Err()
 		}
-		generation, err := binary.ReadVarint(r)
-		if err != nil {
-			return spillErr(err)
-		}
-		state, err := binary.ReadVarint(r)
-		if err != nil {
-			return spillErr(err)
-		}
-		if packed, err = readSpilled(r, packed); err != nil {
+		var err error
+		if rec, err = readSpilled(r, rec); err != nil {
 			return err
 		}
-		if err := fillAuditRow(&row, generation, state, packed); err != nil {
+		generation, state, lens, packed, err := decodeReservationRecord(rec)
+		if err != nil {
+			return err
+		}
+		if err := fillAuditRow(&row, keys, generation, state, packed, lens); err != nil {
 			return err
 		}
 		if err := yield(&row); err != nil {
@@ -196,6 +194,47 @@ func (sp *auditSpill) reservations(ctx context.Context, yield func(*ledger.Reser
 		}
 	}
 	return nil
+}
+
+// appendReservationRecord appends a reservation's spill record: a uvarint
+// length and that many bytes, varint generation, varint state, the uvarint
+// lengths of its strings and the packed row.
+func appendReservationRecord(dst []byte, generation, state int64, lens auditLens, packed []byte) []byte {
+	var f [5 * binary.MaxVarintLen64]byte
+	b := binary.AppendVarint(f[:0], generation)
+	b = binary.AppendVarint(b, state)
+	b = binary.AppendUvarint(b, uint64(lens.id))
+	b = binary.AppendUvarint(b, uint64(lens.subject))
+	b = binary.AppendUvarint(b, uint64(lens.route))
+	dst = binary.AppendUvarint(dst, uint64(len(b)+len(packed)))
+	return append(append(dst, b...), packed...)
+}
+
+// decodeReservationRecord reads back the body of a record of
+// appendReservationRecord (after its length); packed shares rec.
+func decodeReservationRecord(rec []byte) (generation, state int64, lens auditLens, packed []byte, err error) {
+	var fields [5]uint64
+	at := 0
+	for i := range fields {
+		k := 0
+		if i < 2 {
+			var v int64
+			v, k = binary.Varint(rec[at:])
+			fields[i] = uint64(v)
+		} else {
+			fields[i], k = binary.Uvarint(rec[at:])
+		}
+		if k <= 0 {
+			return 0, 0, lens, nil, fmt.Errorf("audit spill: a reservation's record of %d bytes is cut short", len(rec))
+		}
+		at += k
+	}
+	packed = rec[at:]
+	n := uint64(len(packed))
+	if fields[2] > n || fields[3] > n || fields[4] > n {
+		return 0, 0, lens, nil, fmt.Errorf("audit spill: strings of %d, %d and %d bytes in a row of %d", fields[2], fields[3], fields[4], n)
+	}
+	return int64(fields[0]), int64(fields[1]), auditLens{int(fields[2]), int(fields[3]), int(fields[4])}, packed, nil
 }
 
 // journal calls each with the spilled journal, a batch at a time with its
@@ -251,7 +290,7 @@ func spilledRows[T any](ctx context.Context, sp *auditSpill, from, to int64, sca
 	r := bufio.NewReaderSize(io.NewSectionReader(sp.f, from, to-from), spillBuffer)
 	var (
 		blob []byte
-		row  spillRow
+		row  = spilledRow{keys: newKeyStrings()}
 	)
 	for n := 0; ; n++ {
 		if n%4096 == 0 && ctx.Err() != nil {
@@ -335,9 +374,9 @@ const (
 // scanSpillRow returns a scan function that copies a row of the given
 // number of columns.
 func scanSpillRow(columns int) func(scanner) (spillRow, error) {
+	dest := make([]any, columns) // reused: only the values stay with the row
 	return func(sc scanner) (spillRow, error) {
 		row := spillRow{values: make([]any, columns)}
-		dest := make([]any, columns)
 		for i := range dest {
 			dest[i] = &row.values[i]
 		}
@@ -381,41 +420,54 @@ func (r *spillRow) append(dst []byte) []byte {
 	return dst
 }
 
-// decode reads r back from src (reusing r's slice of values).
-func (r *spillRow) decode(src []byte) error {
-	bad := errors.New("audit spill: malformed row")
+var errMalformedRow = errors.New("audit spill: malformed row")
+
+// spilledRow is a row of spillRow read back from the spill: per column
+// its tag and its integer or its bytes, which share the buffer it was
+// decoded from. Reading it back boxed each value into an interface and
+// copied each blob, most of what an account cost a full audit.
+type spilledRow struct {
+	tags  []byte
+	ints  []int64
+	bytes [][]byte
+	// keys, when set, gives the text columns' strings (most accounts
+	// share their route and region with the row before).
+	keys *keyStrings
+}
+
+// decode reads r back from src (an encoding of spillRow.append), reusing
+// r's slices; r's bytes share src's memory.
+func (r *spilledRow) decode(src []byte) error {
+	bad := errMalformedRow
 	n, k := binary.Uvarint(src)
 	if k <= 0 || n > 64 {
 		return bad
 	}
 	src = src[k:]
-	r.values = slices.Grow(r.values[:0], int(n))[:n]
-	for i := range r.values {
+	r.tags = slices.Grow(r.tags[:0], int(n))[:n]
+	r.ints = slices.Grow(r.ints[:0], int(n))[:n]
+	r.bytes = slices.Grow(r.bytes[:0], int(n))[:n]
+	for i := range r.tags {
 		if len(src) == 0 {
 			return bad
 		}
 		tag := src[0]
 		src = src[1:]
+		r.tags[i], r.ints[i], r.bytes[i] = tag, 0, nil
 		switch tag {
 		case spillNull:
-			r.values[i] = nil
 		case spillInt:
 			v, k := binary.Varint(src)
 			if k <= 0 {
 				return bad
 			}
-			r.values[i], src = v, src[k:]
+			r.ints[i], src = v, src[k:]
 		case spillText, spillBlob:
 			l, k := binary.Uvarint(src)
 			if k <= 0 || uint64(len(src)-k) < l {
 				return bad
 			}
-			body := src[k : k+int(l)]
-			if tag == spillText {
-				r.values[i] = string(body)
-			} else {
-				r.values[i] = bytes.Clone(body)
-			}
+			r.bytes[i] = src[k : k+int(l) : k+int(l)]
 			src = src[k+int(l):]
 		default:
 			return bad
@@ -425,38 +477,31 @@ func (r *spillRow) decode(src []byte) error {
 }
 
 // Scan implements scanner over the row's values, for the column types of
-// scanAccount and scanCheckpointAccount.
-func (r *spillRow) Scan(dest ...any) error {
-	if len(dest) != len(r.values) {
-		return fmt.Errorf("audit spill: %d columns, scanned into %d", len(r.values), len(dest))
+// scanAccount and scanCheckpointAccount. A []byte destination shares the
+// spill's buffer until the next row is decoded: those functions decode
+// their blobs at once.
+func (r *spilledRow) Scan(dest ...any) error {
+	if len(dest) != len(r.tags) {
+		return fmt.Errorf("audit spill: %d columns, scanned into %d", len(r.tags), len(dest))
 	}
 	for i, d := range dest {
-		v := r.values[i]
+		tag := r.tags[i]
 		ok := true
 		switch d := d.(type) {
 		case *string:
-			switch v := v.(type) {
-			case string:
-				*d = v
-			case []byte:
-				*d = string(v)
-			default:
-				ok = false
-			}
+			ok = tag == spillText || tag == spillBlob
+			*d = r.keys.of(r.bytes[i])
 		case *int64:
-			var n int64
-			n, ok = v.(int64)
-			*d = n
+			ok = tag == spillInt
+			*d = r.ints[i]
 		case *[]byte:
-			var b []byte
-			b, ok = v.([]byte)
-			ok = ok || v == nil
-			*d = b
+			ok = tag == spillBlob || tag == spillNull
+			*d = r.bytes[i]
 		default:
 			ok = false
 		}
 		if !ok {
-			return fmt.Errorf("audit spill: column %d is %T, scanned into %T", i, v, d)
+			return fmt.Errorf("audit spill: column %d of tag %d, scanned into %T", i, tag, d)
 		}
 	}
 	return nil
