@@ -137,9 +137,12 @@ func (tx *Tx) putDebtors(ctx context.Context, accounts []ledger.Account, conv *c
 // (EpochIndexCatchUp), in index order. A roll from an idle epoch moves it
 // at once: the worker skips idle accounts, and its pass starts at the
 // epochs it has not read yet (engine.EpochScans), so an entry left behind
-// there would hide the account from later passes. The worker reads
-// behind its mark only what it closes, a busy epoch, so every entry left
-// behind is one its current or next pass reads.
+// there would hide the account from later passes. A busy epoch is one
+// the worker closes once it ends, so a busy roll happens at most shortly
+// after the worker's pass over that epoch began (before the pass reached
+// the account, or between its read and its close): the catch-up at the
+// end of that pass, or of the next one, which reads that epoch again
+// (engine.EpochLateness), moves the entry.
 func (tx *Tx) putAccounts(ctx context.Context, accounts []ledger.Account, conv *codec.Conv) error {
 	var seen map[ledger.AccountKey]int
 	if len(accounts) > 1 {

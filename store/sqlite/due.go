@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"fmt"
 	"math"
+	"strings"
 	"time"
 
 	"github.com/capledger/capledger/ledger"
@@ -31,17 +32,25 @@ var (
 
 // The EpochIndexCatchUp queries: the same range of the index without the
 // bound on epoch_start (?1 to ?7 as above), each entry's position and
-// whether it lags (epoch_indexed < epoch_start); and the UPDATE that moves
-// one lagging entry to its epoch, by primary key (?1 to ?4).
+// whether it lags (epoch_indexed < epoch_start).
 var (
 	catchUpFirstSQL = "SELECT epoch_indexed, subject, route, region, epoch_indexed < epoch_start FROM accounts" +
 		" WHERE generation = ?1 AND epoch_indexed <= ?2 ORDER BY generation, epoch_indexed, subject, route, region LIMIT ?3"
 	catchUpAfterSQL = "SELECT epoch_indexed, subject, route, region, epoch_indexed < epoch_start FROM accounts" +
 		" WHERE generation = ?1 AND epoch_indexed <= ?2 AND (epoch_indexed, subject, route, region) > (?4, ?5, ?6, ?7)" +
 		" ORDER BY generation, epoch_indexed, subject, route, region LIMIT ?3"
-	catchUpMoveSQL = "UPDATE accounts SET epoch_indexed = epoch_start" +
-		" WHERE subject = ?1 AND route = ?2 AND region = ?3 AND generation = ?4 AND epoch_indexed < epoch_start"
 )
+
+// catchUpMoveSQL returns the UPDATE that moves rows lagging entries to
+// their epoch: one statement, a primary-key seek per row of its VALUES
+// list (subject, route, region, generation each). A statement per entry
+// cost more in the driver than the move in SQLite.
+func catchUpMoveSQL(rows int) string {
+	return "UPDATE accounts SET epoch_indexed = epoch_start FROM (VALUES " +
+		strings.TrimSuffix(strings.Repeat("(?, ?, ?, ?), ", rows), ", ") + ") AS v" +
+		" WHERE accounts.subject = v.column1 AND accounts.route = v.column2 AND accounts.region = v.column3" +
+		" AND accounts.generation = v.column4 AND accounts.epoch_indexed < accounts.epoch_start"
+}
 
 // dbQuery adapts a query string on the read pool to queryAll.
 type dbQuery struct {
@@ -136,8 +145,9 @@ func (s *Store) AccountsByEpoch(ctx context.Context, f store.EpochFilter) (_ []l
 // f.Generation at positions strictly after f.After whose epoch_indexed is
 // at most f.StartedBy (any when it is zero), in index order. It reads the
 // entries on the read pool (the index and each entry's row) and takes the
-// writer only when one lags, for one transaction of one primary-key
-// UPDATE per lagging entry. It returns the position of the last entry
+// writer only when one lags, for one transaction that moves them
+// (catchUpMoveSQL, as many a statement as the largest of chunkSizes that
+// fits). It returns the position of the last entry
 // read and whether there may be more (it read f.Limit).
 func (s *Store) EpochIndexCatchUp(ctx context.Context, f store.EpochFilter) (_ store.EpochCursor, _ bool, err error) {
 	defer s.readBarrier(ctx, &err)
@@ -178,10 +188,23 @@ func (s *Store) EpochIndexCatchUp(ctx context.Context, f store.EpochFilter) (_ s
 	if len(lagging) > 0 {
 		err = s.withWriter(ctx, func(w *writer) error {
 			return s.inWriteTx(ctx, w, what, func(tx *writeTx) error {
-				for _, k := range lagging {
-					if _, err := tx.exec(catchUpMoveSQL, k.Subject, k.Route, k.Region, generation); err != nil {
+				for rest := lagging; len(rest) > 0; {
+					n := chunkSizes[0]
+					for _, size := range chunkSizes {
+						if size <= len(rest) {
+							n = size
+							break
+						}
+					}
+					n = min(n, len(rest))
+					args := make([]any, 0, 4*n)
+					for _, k := range rest[:n] {
+						args = append(args, k.Subject, k.Route, k.Region, generation)
+					}
+					if _, err := tx.exec(catchUpMoveSQL(n), args...); err != nil {
 						return err
 					}
+					rest = rest[n:]
 				}
 				return nil
 			})
