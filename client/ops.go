@@ -276,6 +276,69 @@ func (c *Client) Settle(ctx context.Context, id, operationID string, actual Unit
 	return &SettleResult{Reservation: m.GetReservation(), Replayed: m.GetReplayed(), Refunded: m.GetRefundedUnits()}, nil
 }
 
+// RecordUsageRequest is usage learned only after the work ran, for which
+// nothing was reserved (the cost comes with the response).
+type RecordUsageRequest struct {
+	// ReservationID is the idempotency key; empty: the SDK mints one with
+	// NewReservationID. Set it to repeat a record whose answer was lost.
+	ReservationID string
+	// OperationID is the operation's receipt; empty: the reservation id.
+	OperationID string
+	Subject     string
+	Route       string
+	// Region; empty means the ledger's "global".
+	Region string
+	// Actual is the usage, at least one amount positive.
+	Actual Units
+}
+
+// RecordUsageResult is the answer to RecordUsage.
+type RecordUsageResult struct {
+	// ReservationID and OperationID are what was sent (also when the SDK
+	// minted them): repeat them to retry.
+	ReservationID string
+	OperationID   string
+	// Reservation is the receipt, SETTLED or SETTLED_WITH_DEBT, holding
+	// nothing; its OverdraftUnits are the part recorded as debt.
+	Reservation *ledgerv1.Reservation
+	// Replayed is true when this exact record was already made; nothing
+	// was charged again.
+	Replayed bool
+	// Generation is the policy generation whose account was charged.
+	Generation uint64
+}
+
+// RecordUsage records usage nothing was reserved for (the LedgerService's
+// RecordUsage, docs/API.md). The ledger never refuses it for lack of
+// capacity: what is not available becomes debt, which freezes the
+// subject's route until refills repay it, so prefer Reserve and Settle
+// whenever the cost can be estimated before the work. A lost answer is
+// retried with the same ids (a retry replays; nothing is charged twice).
+// It returns a *LedgerError matching ErrAlreadySettled (the id recorded
+// other usage or another operation), ErrDigestMismatch (the id names
+// another request) or ErrNoPolicy when the ledger refuses; *LostError when
+// every answer was lost (repeat it with the same values). It needs the
+// central ledger: no emergency shard records usage.
+func (c *Client) RecordUsage(ctx context.Context, req RecordUsageRequest) (*RecordUsageResult, error) {
+	id, op := req.ReservationID, req.OperationID
+	if id == "" {
+		id = NewReservationID()
+	}
+	if op == "" {
+		op = id
+	}
+	m, err := call(ctx, c, "record usage", id, func(actx context.Context) (*connect.Response[ledgerv1.RecordUsageResponse], error) {
+		return c.rpc.RecordUsage(actx, connect.NewRequest(&ledgerv1.RecordUsageRequest{
+			ReservationId: id, OperationId: op, Subject: req.Subject, Route: req.Route, Region: req.Region, ActualUnits: req.Actual,
+		}))
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &RecordUsageResult{ReservationID: id, OperationID: op, Reservation: m.GetReservation(), Replayed: m.GetReplayed(),
+		Generation: m.GetPolicyGeneration()}, nil
+}
+
 // Release gives an unstarted reservation back in full. It returns a
 // *LedgerError matching ErrAlreadyStarted (settle it instead),
 // ErrAlreadySettled, ErrExpired or ErrNotFound when the ledger refuses,

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"runtime"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
@@ -217,7 +218,7 @@ func (e *Engine) CutCheckpoint(ctx context.Context, now time.Time) (*ledger.Chec
 			defer stage.close()
 			opts.Stage = stage
 		}
-		found, cp = ledger.AuditWith(e.paced(ctx, snap, 0.5), opts)
+		found, cp = ledger.AuditWith(e.paced(ctx, snap, e.newAuditPacer(0.5)), opts)
 		if out.err != nil {
 			cp = nil
 			return out.err
@@ -448,12 +449,14 @@ func (e *Engine) AuditWith(ctx context.Context, o AuditOptions) ([]ledger.Discre
 	// 300,000 reservations, about 0.5 s of CPU, held it for many seconds
 	// beside a saturating load and the WAL reached 389-648 MB,
 	// docs/PERFORMANCE.md, "Bounded history"). The pauses owed are taken
-	// at once when the read has ended, before the audit reads the copy
-	// (repay, at the first reservation): the copy still takes a quarter of
-	// MaintenanceShare of the time while gateways are admitted, and the
-	// read is held for at most twice the copy's work. The copy reports its
-	// progress as the first half of the audit's: without it a stream
-	// showed no rows read for the whole copy.
+	// once the read has ended (from the first reservation the copy
+	// yields), spread over the reading's steps (pacer.wait) so that its
+	// progress moves on instead of standing still for seconds, and what is
+	// left at the end: the copy still takes a quarter of MaintenanceShare
+	// of the time while gateways are admitted, and the read is held for at
+	// most twice the copy's work. The copy reports its progress as the
+	// first half of the audit's: without it a stream showed no rows read
+	// for the whole copy.
 	copyPace := e.newAuditPacer(1)
 	stepStart := time.Now()
 	var copyProgress func(copied int64)
@@ -464,6 +467,12 @@ func (e *Engine) AuditWith(ctx context.Context, o AuditOptions) ([]ledger.Discre
 		if took := time.Since(stepStart); took >= spillStep {
 			copyPace.owe(ctx, took)
 			stepStart = time.Now()
+		} else {
+			// Between its pauses the copy gives its P up after every
+			// page: Go preempts a goroutine that runs on only after
+			// 10 ms, and a request that became runnable meanwhile would
+			// wait that long behind it (beyond a reserve's p99).
+			runtime.Gosched()
 		}
 	})
 	err := e.core.store.AuditSnapshot(spillCtx, false, func(snap *ledger.Snapshot, _ int64) error {
@@ -503,7 +512,7 @@ func (e *Engine) AuditWith(ctx context.Context, o AuditOptions) ([]ledger.Discre
 			report(0, false)
 			lo.Progress = func(rows int64) { read = rows; report(rows, false) }
 		}
-		snap = e.paced(ctx, snap, 1)
+		snap = e.paced(ctx, snap, copyPace)
 		journal, reservations := snap.JournalStream, snap.ReservationStream
 		snap.JournalStream = func(yield func(int64, *ledger.JournalEntry) error) error {
 			err := journal(yield)
@@ -516,14 +525,10 @@ func (e *Engine) AuditWith(ctx context.Context, o AuditOptions) ([]ledger.Discre
 			// The store has copied and ended its read by the first
 			// reservation it yields (or by returning).
 			err := reservations(func(r *ledger.Reservation) error {
-				if copyPace.owed > 0 && !copyPace.repay(ctx) {
-					return ctx.Err()
-				}
+				copyPace.repaying = true
 				return yield(r)
 			})
-			if err == nil && !copyPace.repay(ctx) {
-				err = ctx.Err()
-			}
+			copyPace.repaying = true
 			if err != nil && streamErr == nil {
 				streamErr = err
 			}
@@ -548,6 +553,9 @@ func (e *Engine) AuditWith(ctx context.Context, o AuditOptions) ([]ledger.Discre
 			}
 		}
 		out, _ = ledger.AuditWith(snap, lo)
+		if !copyPace.repay(ctx) && streamErr == nil {
+			streamErr = ctx.Err()
+		}
 		if o.Progress != nil && streamErr == nil {
 			report(read, true)
 		}
@@ -573,15 +581,15 @@ const (
 )
 
 // paced makes snap's streams stop when ctx ends and pause after every
-// auditStep of reading as pace.go says: while gateways are admitted, the
-// audit takes a quarter of MaintenanceShare of the time (it runs beside
-// the committer on the same cores and reads on a read connection of its
-// own, so what it takes from admission is CPU), and idle of it otherwise
-// (1: full speed).
+// auditStep of reading as pace says (an audit pacer: while gateways are
+// admitted, the audit takes a quarter of MaintenanceShare of the time,
+// as it runs beside the committer on the same cores and reads on a read
+// connection of its own, so what it takes from admission is CPU; its
+// idle share otherwise), each pause also taking a part of what pace owes
+// once it repays (pacer.wait).
 // The read transaction stays open meanwhile: on SQLite the WAL then
 // grows until the audit ends or releases its read (docs/OPERATIONS.md).
-func (e *Engine) paced(ctx context.Context, snap *ledger.Snapshot, idle float64) *ledger.Snapshot {
-	pace := e.newAuditPacer(idle)
+func (e *Engine) paced(ctx context.Context, snap *ledger.Snapshot, pace *pacer) *ledger.Snapshot {
 	var rows int
 	stepStart := time.Now()
 	step := func() error {
@@ -594,6 +602,8 @@ func (e *Engine) paced(ctx context.Context, snap *ledger.Snapshot, idle float64)
 		if took := time.Since(stepStart); took >= auditStep {
 			pace.wait(ctx, took, 0)
 			stepStart = time.Now()
+		} else {
+			runtime.Gosched() // as the copy's pages do (AuditWith)
 		}
 		return ctx.Err()
 	}

@@ -142,13 +142,13 @@ func (c *Core) Probe(ctx context.Context, now time.Time) error {
 	return nil
 }
 
-// reserveSubjects returns the distinct subjects the reserves of cmds
-// name: the accounts a batch of reserves reads.
+// reserveSubjects returns the distinct subjects the reserves and records
+// of cmds name: the accounts a batch of them reads.
 func reserveSubjects(cmds []ledger.Command) []ledger.PolicyKey {
 	var subjects []ledger.PolicyKey
 	seen := map[ledger.PolicyKey]bool{}
 	for i := range cmds {
-		if cmds[i].Kind != ledger.KindReserve {
+		if cmds[i].Kind != ledger.KindReserve && cmds[i].Kind != ledger.KindRecord {
 			continue
 		}
 		k := ledger.PolicyKey{Subject: cmds[i].Subject, Route: cmds[i].Route, Region: cmds[i].Region}

@@ -641,10 +641,12 @@ const maxDebtScans = 8
 // when not nil, leaves out the rows whose key it refuses before anything
 // else is read for them (a scoped caller's filter: a row outside the
 // scope costs its stored row only). One call reads at most maxDebtScans
-// store pages of at most f.Limit rows, whatever keep refuses. next is the
-// cursor for the following page (the last row examined, which may be one
-// keep refused or refill repaid), and more says whether the store may hold
-// more debtors after it.
+// store pages, and at most as many pages of f.Limit rows, whatever keep
+// refuses; each read asks for one row more than the page still lacks
+// (while that bound allows), so a page filled exactly at the store's end
+// says no more. next is the cursor for the following page (the last row
+// examined, which may be one keep refused or refill repaid), and more says
+// whether the store may hold more debtors after it.
 func (e *Engine) AccountsInDebt(ctx context.Context, f store.DebtFilter, keep func(ledger.AccountKey) bool) (out []ledger.Account, next ledger.AccountKey, more bool, err error) {
 	if f.Limit <= 0 {
 		return nil, ledger.AccountKey{}, false, fmt.Errorf("accounts in debt: limit %d, want a positive one", f.Limit)
@@ -653,13 +655,21 @@ func (e *Engine) AccountsInDebt(ctx context.Context, f store.DebtFilter, keep fu
 	// Every debtor's refill needs the policies: read them once per call,
 	// when a first row needs them, not once per debtor.
 	var policies []ledger.Policy
+	budget := maxDebtScans * f.Limit // stored rows this call may still read
 	for range maxDebtScans {
-		want := f.Limit - len(out)
-		stored, err := e.core.store.AccountsInDebt(ctx, store.DebtFilter{After: next, Limit: want})
+		if budget == 0 {
+			break
+		}
+		ask := min(f.Limit-len(out)+1, budget)
+		stored, err := e.core.store.AccountsInDebt(ctx, store.DebtFilter{After: next, Limit: ask})
 		if err != nil {
 			return nil, ledger.AccountKey{}, false, err
 		}
+		budget -= len(stored)
 		for i := range stored {
+			if len(out) == f.Limit {
+				return out, next, true, nil // stored[i] is one more
+			}
 			key := stored[i].Key
 			next = key
 			if keep != nil && !keep(key) {
@@ -686,11 +696,8 @@ func (e *Engine) AccountsInDebt(ctx context.Context, f store.DebtFilter, keep fu
 				}
 			}
 		}
-		if len(stored) < want {
+		if len(stored) < ask {
 			return out, next, false, nil // no more rows that owed
-		}
-		if len(out) == f.Limit {
-			return out, next, true, nil
 		}
 	}
 	return out, next, true, nil

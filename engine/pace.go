@@ -31,9 +31,11 @@ type pacer struct {
 	seen       uint64
 	// most, when positive, caps every pause.
 	most time.Duration
-	// owed is the pause of the steps counted by owe and not yet taken
-	// by repay.
-	owed time.Duration
+	// owed is the pause of the steps counted by owe and not yet taken;
+	// once repaying, wait takes part of it after every step, and repay
+	// the rest.
+	owed     time.Duration
+	repaying bool
 	// sleep pauses for d and reports whether ctx is still live;
 	// pacerMade (tests) may replace it.
 	sleep func(ctx context.Context, d time.Duration) bool
@@ -139,16 +141,25 @@ func pauseFor(took time.Duration, share float64) time.Duration {
 }
 
 // wait pauses after a step that took took, at least floor, and reports
-// whether ctx is still live.
+// whether ctx is still live. Once repaying, the pause also takes up to
+// twice itself of what is owed: a copy's owed pauses (owe) spread over
+// the steps after its read, which then go on at a third of their speed,
+// instead of one pause of seconds during which nothing moves.
 func (p *pacer) wait(ctx context.Context, took, floor time.Duration) bool {
-	return p.sleep(ctx, p.pause(took, floor))
+	d := p.pause(took, floor)
+	if p.repaying && p.owed > 0 {
+		extra := min(p.owed, 2*d)
+		p.owed -= extra
+		d += extra
+	}
+	return p.sleep(ctx, d)
 }
 
 // owe is wait for a copy that may slow down inside its read but must
 // not stop for long (SQLite's spill: its open read keeps the WAL from
 // being restarted): it pauses at most as long as the step took (the copy
 // at least at half speed) and owes the rest of the step's pause, which
-// repay takes once the read has ended, so that the copy still takes no
+// wait and repay take once the read has ended, so that the copy still takes no
 // more than its share of the time. At full speed inside the read, a copy
 // of 300,000 reservations took a core for some 0.7 s at once; reserves
 // beside full audits ran at 1.07x their p99 at half speed against 1.17x
@@ -163,8 +174,8 @@ func (p *pacer) owe(ctx context.Context, took time.Duration) {
 	p.owed += d - inside
 }
 
-// repay takes the pauses owed so far in one, and reports whether ctx is
-// still live.
+// repay takes what is still owed in one pause, and reports whether ctx
+// is still live.
 func (p *pacer) repay(ctx context.Context) bool {
 	d := p.owed
 	p.owed = 0

@@ -3,6 +3,8 @@ package engine
 import (
 	"context"
 	"fmt"
+	"runtime"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -284,5 +286,108 @@ func TestAuditCopyPausesAfterItsRead(t *testing.T) {
 	// read did not take, the audit takes after it.
 	if want := time.Duration(st.steps) * min(pauseFor(spillStep, 0.1), auditMaxPause); duringRead+afterRead < want || afterRead <= 0 {
 		t.Errorf("the audit paused %s during and %s after the read, want at least %s in all for %d steps of the copy beside admission, the rest after", duringRead, afterRead, want, st.steps)
+	}
+}
+
+// spinningStore's copy inside the audit's read is CPU alone: pages of
+// busy work, each followed by store.Pause, as SQLite's spill calls it
+// every spillCheckRows rows.
+type spinningStore struct {
+	*memstore.Store
+	pages, spins int
+	sink         uint64
+}
+
+func (s *spinningStore) AuditSnapshot(ctx context.Context, cut bool, f func(*ledger.Snapshot, int64) error) error {
+	return s.Store.AuditSnapshot(ctx, cut, func(snap *ledger.Snapshot, through int64) error {
+		for page := range s.pages {
+			for i := range s.spins {
+				s.sink = s.sink*31 + uint64(i)
+			}
+			store.Pause(ctx, int64(page+1))
+		}
+		return f(snap, through)
+	})
+}
+
+// TestAuditCopyYieldsBetweenPages: between its pauses (one per spillStep
+// of work), the copy inside an audit's read gives the processor up after
+// every page, so a gateway's request that becomes runnable meanwhile
+// waits for a page, not for Go's preemption of a goroutine that runs on
+// (10 ms, beyond a reserve's p99). With one P, a goroutine that asks for
+// the processor in a loop gets it about once per page; without the
+// yield, only when the copy is preempted or pauses.
+func TestAuditCopyYieldsBetweenPages(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	ctx := context.Background()
+	// 200 pages of some 0.2 ms each: 40 ms of copy, under one spillStep
+	// in all, so no pause of the pacer's lets the other goroutine in.
+	st := &spinningStore{Store: memstore.New(), pages: 200, spins: 200_000}
+	e := New(st, Options{Clock: newClock().Now, DisableWorkers: true})
+	defer e.Close()
+	var turns atomic.Int64
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			turns.Add(1)
+			runtime.Gosched()
+		}
+	}()
+	runtime.Gosched() // let it start
+	before := turns.Load()
+	if _, err := e.AuditWith(ctx, AuditOptions{SinceCheckpoint: true}); err != nil {
+		t.Fatal(err)
+	}
+	during := turns.Load() - before
+	close(stop)
+	<-done
+	if during < int64(st.pages)/2 {
+		t.Errorf("another goroutine ran %d times during a copy of %d pages, want at least once every other page", during, st.pages)
+	}
+}
+
+// TestOwedPausesSpreadOverTheSteps: what a copy owes (pacer.owe) is not
+// taken before its read has ended (repaying), then in parts of at most
+// twice each step's own pause, so the steps after it go on at a third of
+// their speed instead of standing still for the whole debt; repay takes
+// what is left.
+func TestOwedPausesSpreadOverTheSteps(t *testing.T) {
+	ctx := context.Background()
+	e := New(memstore.New(), Options{Clock: newClock().Now, DisableWorkers: true})
+	defer e.Close()
+	var slept []time.Duration
+	p := e.makePacer(0.5, 0.5) // a pause as long as the step, busy or idle
+	p.sleep = func(ctx context.Context, d time.Duration) bool { slept = append(slept, d); return true }
+	const step = 10 * time.Millisecond
+	p.owed = 100 * time.Millisecond
+	p.wait(ctx, step, 0)
+	if slept[0] != step || p.owed != 100*time.Millisecond {
+		t.Fatalf("before repaying: paused %s and owes %s, want %s and all of 100ms", slept[0], p.owed, step)
+	}
+	p.repaying = true
+	slept = nil
+	for range 3 {
+		p.wait(ctx, step, 0)
+	}
+	for i, d := range slept {
+		if d != 3*step {
+			t.Errorf("step %d repaying: paused %s, want its own %s and twice that of the debt", i, d, 3*step)
+		}
+	}
+	if p.owed != 40*time.Millisecond {
+		t.Errorf("after three steps owes %s, want 40ms", p.owed)
+	}
+	p.wait(ctx, 2*time.Millisecond, 0) // takes 4 ms of it
+	slept = nil
+	p.repay(ctx)
+	if len(slept) != 1 || slept[0] != 36*time.Millisecond || p.owed != 0 {
+		t.Errorf("repay paused %v and left %s, want one pause of 36ms and nothing left", slept, p.owed)
 	}
 }

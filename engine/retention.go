@@ -72,12 +72,13 @@ const (
 )
 
 // finishedBy counts the reservations that cmds made terminal (results
-// are theirs): settles, releases and expiries that were not replays.
+// are theirs): settles, records, releases and expiries that were not
+// replays.
 func finishedBy(cmds []ledger.Command, results []ledger.Result) uint64 {
 	var n uint64
 	for i := range min(len(cmds), len(results)) {
 		switch cmds[i].Kind {
-		case ledger.KindSettle, ledger.KindRelease, ledger.KindExpire, ledger.KindExpireClaim:
+		case ledger.KindSettle, ledger.KindRecord, ledger.KindRelease, ledger.KindExpire, ledger.KindExpireClaim:
 			if r := &results[i]; r.Err == nil && !r.Replayed && r.Reservation.State.Terminal() {
 				n++
 			}

@@ -157,7 +157,13 @@ func (e *Engine) renewLease(ctx context.Context, ttl time.Duration) {
 			e.log.Warn("worker lease", "err", err)
 		}
 		// Keep leading until the last successful renewal lapses: the
-		// store may be back before then.
+		// store may be back before then. Once it lapsed, another replica
+		// may lead: say so once, as when another took the lease.
+		if ctx.Err() == nil && e.lead.status.Leader && !time.Now().Before(e.lead.until) {
+			e.log.Info("worker lease lost", "holder", e.lead.status.Holder, "fence", e.lead.status.Fence, "reason", "renewals failed until it lapsed")
+			e.lead.status.Leader, e.lead.status.Since = false, time.Time{}
+			e.lead.until = time.Time{}
+		}
 		return
 	}
 	e.lead.status.Err = ""

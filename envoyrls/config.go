@@ -176,7 +176,7 @@ func (r *Rule) validate() error {
 	if r.PhaseKey != "" && r.IDKey == "" {
 		// Without an id there is no reservation for the settle to close.
 		// A settle-phase descriptor without id is still accepted (a
-		// reserve-and-settle after the fact), but a rule that names the
+		// record of the cost after the fact), but a rule that names the
 		// phase key and no id key is almost certainly a mistake.
 		return errors.New("phase_key needs id_key: the settle closes the reservation the id names")
 	}

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
 	rlscommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc/codes"
@@ -864,5 +865,85 @@ func TestCostAfterTheFactIntoDebtIsOverLimit(t *testing.T) {
 		if b := h.balance(c.tenant, "chat"); b.Spent != c.spent || b.Debt() != c.debt {
 			t.Fatalf("%s: %+v, want spent %d, debt %d", c.tenant, b, c.spent, c.debt)
 		}
+	}
+}
+
+// recordMapping is egMapping with a third domain whose rule has an id but
+// no estimate: its request-time check is a probe, so the response's cost
+// finds no reservation under the id.
+const recordMapping = egMapping + `
+  - name: egprobe
+    rules:
+      - subject: {key: tenant}
+        route: {value: chat}
+        unit: tokens
+        id_key: x-request-id
+        settle_on_hits: true
+`
+
+// TestFrozenTenantResponseCostRecorded: Envoy Gateway's response-time
+// cost (settle_on_hits) with nothing reserved for it is recorded even
+// while the tenant is frozen by debt or empty: it becomes more debt and
+// the answer is OVER_LIMIT with nothing remaining, in both columns of
+// docs/ENVOY.md's table (without an id; with an id whose check failed
+// open or was a probe). A retry with the same id and cost replays and
+// charges nothing twice; with another cost it is FAILED_PRECONDITION.
+// The audit stays clean.
+func TestFrozenTenantResponseCostRecorded(t *testing.T) {
+	h := newHarness(t, options{config: recordMapping})
+	h.publish("*", "chat", "tokens", 1000, 10, time.Second, false)
+	call := func(domain string, n uint64, kv ...string) (*rlsv3.RateLimitResponse, error) {
+		return h.check(&rlsv3.RateLimitRequest{Domain: domain, Descriptors: []*rlscommon.RateLimitDescriptor{descriptor(hits(n), kv...)}})
+	}
+	mustOver := func(what string, n uint64, wantSpent, wantDebt int64, domain string, kv ...string) {
+		t.Helper()
+		resp, err := call(domain, n, kv...)
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if resp.GetOverallCode() != OVER || resp.GetStatuses()[0].GetLimitRemaining() != 0 {
+			t.Fatalf("%s: want OVER_LIMIT with nothing remaining, got %v", what, resp)
+		}
+		if b := h.balance(kv[1], "chat"); b.Spent != wantSpent || b.Debt() != wantDebt || b.Reserved != 0 || b.Available != 0 {
+			t.Fatalf("%s: %+v, want spent %d, debt %d", what, b, wantSpent, wantDebt)
+		}
+	}
+
+	// Without an id: the first cost empties the tenant into debt, and the
+	// next, while it is frozen, is recorded as more debt (it used to be
+	// refused and lost).
+	mustOver("no id, cost 3000 on 1000", 3000, 3000, 2000, "eg", "tenant", "acme")
+	mustOver("no id, cost 500 while frozen", 500, 3500, 2500, "eg", "tenant", "acme")
+	if resp, _ := call("eg", 0, "tenant", "acme"); resp.GetOverallCode() != OVER {
+		t.Fatalf("request-time check while frozen: %v", resp)
+	}
+
+	// With an id and no reservation (the check failed open): recorded
+	// under the id; a retry replays.
+	mustOver("id, cost 1500 on 1000", 1500, 1500, 500, "egid", "tenant", "beta", "x-request-id", "r-1")
+	mustOver("id, cost 1500 retried", 1500, 1500, 500, "egid", "tenant", "beta", "x-request-id", "r-1")
+	mustOver("id, cost 200 while frozen", 200, 1700, 700, "egid", "tenant", "beta", "x-request-id", "r-2")
+	if _, err := call("egid", 201, "tenant", "beta", "x-request-id", "r-2"); status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("r-2 again with another cost: %v, want FAILED_PRECONDITION", err)
+	}
+	r := h.reservation("envoy:r-2/beta/chat/global")
+	if r.GetState() != v1.ReservationState_RESERVATION_STATE_SETTLED_WITH_DEBT || r.GetActualUnits()["tokens"] != 200 ||
+		r.GetReservedUnits()["tokens"] != 0 {
+		t.Fatalf("r-2's receipt: %v, want SETTLED_WITH_DEBT of 200 holding nothing", r)
+	}
+
+	// With an id whose check was a probe (no estimate): the same.
+	if resp, _ := call("egprobe", 0, "tenant", "gamma", "x-request-id", "p-1"); resp.GetOverallCode() != OK {
+		t.Fatalf("probe: %v", resp)
+	}
+	mustOver("probe, then cost 1200", 1200, 1200, 200, "egprobe", "tenant", "gamma", "x-request-id", "p-1")
+	mustOver("probe, then cost 50 while frozen", 50, 1250, 250, "egprobe", "tenant", "gamma", "x-request-id", "p-2")
+
+	audit, err := h.ledger.Audit(context.Background(), connect.NewRequest(&v1.AuditRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := audit.Msg.GetDiscrepancies(); len(d) != 0 {
+		t.Fatalf("audit: %v", d)
 	}
 }

@@ -17,6 +17,9 @@
 //     it; the call after the stream (apply_on_stream_done, marked by the
 //     rule's phase entry) settles the actual usage for that id. A retry of
 //     either with the same id and hits replays.
+//   - a call after the stream with nothing to settle (no id, or the check
+//     failed open or was a probe) records its cost (ledger.Record), which
+//     no lack of capacity refuses: what is not free becomes debt.
 package envoyrls
 
 import (
@@ -237,13 +240,13 @@ func (s *Service) run(ctx context.Context, items []item) error {
 		stale := false
 		for i := range items {
 			it := &items[i]
-			if it.results == nil || it.cmds[0].Kind != ledger.KindReserve {
+			if it.results == nil || (it.cmds[0].Kind != ledger.KindReserve && it.cmds[0].Kind != ledger.KindRecord) {
 				continue
 			}
 			if server.Stale(&it.cmds[0], &it.results[0]) && attempt < server.StaleRetries {
 				// Mapped for a generation that no longer decides: map
-				// again. The reservation id stays, so a reserve that did
-				// commit meanwhile replays.
+				// again. The reservation id stays, so a reserve (or a
+				// record) that did commit meanwhile replays.
 				it.results, it.cmds = nil, nil
 				stale = true
 			}
@@ -370,11 +373,13 @@ func (s *Service) runSecond(ctx context.Context, items []item) error {
 //	                         that holds nothing
 //	settle with an id:       settle(hits) of the id's reservation; if there
 //	                         is none (the check failed open or was a probe),
-//	                         reserve(1), start, settle(hits) under the id
-//	settle without an id:    reserve(1), start, settle(hits)
+//	                         record(hits) under the id
+//	settle without an id:    record(hits)
 //
-// A settle of 0 hits without a reservation records nothing. plan sets
-// unknown when the descriptor maps to no policy or unit.
+// A record is usage after the fact: never refused for lack of capacity,
+// what is not free becomes debt (ledger.Record). A settle of 0 hits
+// without a reservation records nothing. plan sets unknown when the
+// descriptor maps to no policy or unit.
 func (s *Service) plan(ctx context.Context, it *item) error {
 	m := &it.mapped
 	if m.Settle {
@@ -398,7 +403,7 @@ func (s *Service) plan(ctx context.Context, it *item) error {
 		if it.hits == 0 {
 			return nil // nothing used, nothing to record
 		}
-		return s.planReserve(ctx, it, 1, true, it.hits)
+		return s.planRecord(ctx, it)
 	}
 	switch {
 	case m.ID == "" && it.hits > 0:
@@ -461,6 +466,33 @@ func (s *Service) planReserve(ctx context.Context, it *item, units int64, start 
 		n++
 	}
 	it.cmds = it.cmdBuf[:n]
+	return nil
+}
+
+// planRecord sets it.cmds to a record of the hits under it.rid (its own
+// operation id, so that a retry with the same hits replays), made by the
+// server's RecordCommand, as RecordUsage makes it. A record the server
+// cannot map (no policy, no such unit) makes the descriptor unknown.
+func (s *Service) planRecord(ctx context.Context, it *item) error {
+	m := &it.mapped
+	// unmapped (the id exists but its policy no longer maps) needs nothing
+	// here, as in planReserve: the ledger replays the record or answers
+	// why not.
+	cmd, _, refused := s.srv.RecordCommand(ctx, &v1.RecordUsageRequest{
+		ReservationId: it.rid, OperationId: it.rid, Subject: m.Key.Subject, Route: m.Key.Route, Region: m.Key.Region,
+		ActualUnits: map[string]int64{m.Rule.Unit: it.hits},
+	})
+	if refused != nil {
+		switch reasonOf(refused) {
+		case server.ReasonNoPolicy, server.ReasonUnknownUnit:
+			s.srv.Refused(ledger.KindRecord, refused)
+			it.unknown = true
+			return nil
+		}
+		return refused
+	}
+	it.cmdBuf[0] = cmd
+	it.cmds = it.cmdBuf[:1]
 	return nil
 }
 
@@ -589,7 +621,8 @@ func (s *Service) decide(ctx context.Context, it *item) error {
 			it.over = true
 			return nil
 		}
-		if it.cmds[0].Kind == ledger.KindSettle && res.Reservation.State == ledger.StateSettledWithDebt {
+		if kind := it.cmds[0].Kind; (kind == ledger.KindSettle || kind == ledger.KindRecord) &&
+			res.Reservation.State == ledger.StateSettledWithDebt {
 			// The usage was recorded, beyond what was free: the account is
 			// frozen until refills repay the debt, so say OVER_LIMIT (Envoy
 			// does not enforce an answer after the stream; it tells).
@@ -612,21 +645,6 @@ func (s *Service) decide(ctx context.Context, it *item) error {
 		return nil
 	}
 	return connect.NewError(out.Code, fmt.Errorf("%s %s: %w", it.cmds[0].Kind, it.rid, res.Err))
-}
-
-// endedInDebt reports whether the descriptor's call after the stream was
-// a cost recorded after the fact (reserve 1, start, settle) whose settle
-// took more than was free: the usage is recorded, the excess as debt that
-// freezes the tenant, so the answer is OVER_LIMIT as for the settle of a
-// reservation (decide). The settle's result is the last one: with several
-// descriptors it arrives after decide ran.
-func endedInDebt(it *item) bool {
-	n := len(it.results)
-	if !it.mapped.Settle || n < 2 || n > len(it.cmds) || it.cmds[n-1].Kind != ledger.KindSettle {
-		return false
-	}
-	last := &it.results[n-1]
-	return last.Err == nil && last.Reservation.State == ledger.StateSettledWithDebt
 }
 
 // followErr returns the error of a follow-up command that failed for a
@@ -675,8 +693,6 @@ func (s *Service) respond(ctx context.Context, items []item) (*rlsv3.RateLimitRe
 		case it.over:
 			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 			retryAfter = max(retryAfter, it.retryAfter)
-		case endedInDebt(it):
-			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 		}
 		if st.Code == rlsv3.RateLimitResponse_OVER_LIMIT {
 			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
@@ -736,8 +752,8 @@ func (s *Service) respond(ctx context.Context, items []item) (*rlsv3.RateLimitRe
 // commands, and how long refills take to fill it to the burst. A check's
 // reserve reports its account's available units (Result.Available), so the
 // common paths need no second read; a replay, a settle after the stream,
-// or a cost recorded after the fact read the account as committed
-// (accountRemaining).
+// or a record read the account as committed (accountRemaining), which
+// says 0 while it owes debt.
 func (s *Service) remaining(ctx context.Context, it *item, v *limitView) (int64, time.Duration, *connect.Error) {
 	res := &it.results[0]
 	if it.cmds[0].Kind == ledger.KindReserve && !it.mapped.Settle && !res.Replayed &&

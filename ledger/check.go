@@ -583,7 +583,9 @@ func checkUnknownAt(old, r *Reservation, after *Snapshot) string {
 //   - a reservation appears only through a successful, non-replayed reserve
 //     of exactly the command's id and units, on an account without debt
 //     (no admission while debt is outstanding), and no account's Reserved
-//     grows otherwise;
+//     grows otherwise; or through a successful, non-replayed record of the
+//     command's id, holding nothing, settled with exactly its usage and
+//     operation (debt does not stop a record);
 //   - a reservation changes only by a legal transition of the command's
 //     kind on the command's id, only on success, and a terminal one never
 //     changes; UnknownAt is set only by STARTED -> USAGE_UNKNOWN, to that
@@ -592,8 +594,8 @@ func checkUnknownAt(old, r *Reservation, after *Snapshot) string {
 //     (reserved minus actual on settle, the whole hold on release or
 //     expiry), and zero for anything else, so nothing is refunded twice;
 //   - cumulative terms (opening, minted, overdraft issued and repaid,
-//     spent, retired) never decrease, Spent grows only by a settle's actual
-//     usage, and no account disappears;
+//     spent, retired) never decrease, Spent grows only by a settle's or a
+//     record's actual usage, and no account disappears;
 //   - a move receipt, once written, never changes;
 //   - a published generation's terms never change, and a rollback is never
 //     undone.
@@ -633,8 +635,20 @@ func CheckStep(before, after *Snapshot, cmd *Command, res *Result) []Discrepancy
 		old, existed := reservationsBefore[r.ID]
 		if !existed {
 			switch {
-			case cmd.Kind != KindReserve || res.Err != nil || res.Replayed || r.ID != cmd.ReservationID:
+			case (cmd.Kind != KindReserve && cmd.Kind != KindRecord) || res.Err != nil || res.Replayed || r.ID != cmd.ReservationID:
 				add(CheckStepAdmission, r.Account, r.ID, "appeared on %s (err %v, replayed %v)", cmd.Kind, res.Err, res.Replayed)
+			case cmd.Kind == KindRecord:
+				// A record holds nothing and is born settled with the
+				// command's usage; it may charge a frozen account.
+				if (r.State != StateSettled && r.State != StateSettledWithDebt) || r.Reserved != (Amounts{}) || r.Actual != cmd.Units ||
+					r.OperationID != cmd.OperationID || !r.UnknownAt.IsZero() {
+					add(CheckStepAdmission, r.Account, r.ID, "recorded as %s holding %v using %v, asked to record %v", r.State, r.Reserved, r.Actual, cmd.Units)
+				}
+				spentGrowth[r.Account] = r.Actual
+				if accountsAfter[r.Account] == nil {
+					add(CheckStepAdmission, r.Account, r.ID, "recorded on a missing account")
+				}
+				continue
 			case r.State != StateReserved || r.Reserved != cmd.Units:
 				add(CheckStepAdmission, r.Account, r.ID, "admitted as %s holding %v, asked %v", r.State, r.Reserved, cmd.Units)
 			case !r.UnknownAt.IsZero():

@@ -25,6 +25,8 @@ const (
 	KindShardReconcile
 	KindRetire
 	KindForget
+	// KindRecord is appended last: kinds are stored by number.
+	KindRecord
 )
 
 var kindNames = [...]string{
@@ -44,6 +46,7 @@ var kindNames = [...]string{
 	KindShardReconcile:   "shard_reconcile",
 	KindRetire:           "retire",
 	KindForget:           "forget",
+	KindRecord:           "record",
 }
 
 func (k Kind) String() string {
@@ -68,24 +71,26 @@ func ParseKind(name string) (Kind, bool) {
 type Command struct {
 	Kind Kind
 	// ReservationID is chosen by the caller and is the idempotency key of
-	// reserve, start, settle, release, expiry and unknown marking.
+	// reserve, start, settle, record, release, expiry and unknown marking.
 	ReservationID string
-	// RequestDigest is the caller's canonical request digest (reserve).
+	// RequestDigest is the caller's canonical request digest (reserve,
+	// record).
 	RequestDigest string
-	// Subject, Route, Region name the capacity (reserve).
+	// Subject, Route, Region name the capacity (reserve, record).
 	Subject, Route, Region string
-	// Units are the estimate (reserve) or the actual usage (settle), in the
-	// order of the policy's dimensions.
+	// Units are the estimate (reserve) or the actual usage (settle,
+	// record), in the order of the policy's dimensions.
 	Units Amounts
-	// OperationID binds the execution (start) and proves it (settle).
+	// OperationID binds the execution (start) and proves it (settle,
+	// record).
 	OperationID string
 	// Policy is the policy to publish.
 	Policy *Policy
 	// PolicyKey and Generation name the generation to roll back. On
-	// reserve, a non-zero Generation is the generation whose dimension order
-	// Units were put in (a caller mapping unit names to positions): if
-	// another generation decides, the reserve is refused rather than
-	// charging amounts to the wrong dimensions.
+	// reserve and record, a non-zero Generation is the generation whose
+	// dimension order Units were put in (a caller mapping unit names to
+	// positions): if another generation decides, the command is refused
+	// rather than charging amounts to the wrong dimensions.
 	PolicyKey  PolicyKey
 	Generation uint64
 	// Account names the account of refill, close-epoch and drain.
@@ -150,8 +155,8 @@ type Result struct {
 	// Refunded is what this command returned to available (settle,
 	// release, expire). A replay reports zero: nothing was refunded twice.
 	Refunded Amounts
-	// Generation is the policy generation that decided (reserve, rejection)
-	// or was published / rolled back.
+	// Generation is the policy generation that decided (reserve, record,
+	// rejection) or was published / rolled back.
 	Generation uint64
 	// Dimension is the limiting dimension's unit on a capacity rejection.
 	Dimension string
@@ -164,7 +169,8 @@ type Result struct {
 	// Shard is the issued or reconciled shard.
 	Shard *Shard
 	// Available is the account's available units per dimension right after
-	// a reserve decided (admitted or not; refill applied), for adapters
+	// a reserve decided (admitted or not; refill applied) or a record
+	// charged, for adapters
 	// that report what is left (Envoy's limit_remaining) without reading
 	// the account again. Zero for other commands.
 	Available Amounts
@@ -291,6 +297,8 @@ func Apply(b Book, cmd *Command, now time.Time) (res Result) {
 		return Retire(b, cmd.ReservationID, cmd.Before, cmd.ForgetBefore)
 	case KindForget:
 		return Forget(b, cmd.ReservationID, cmd.Before)
+	case KindRecord:
+		return Record(b, cmd, now)
 	}
 	return Result{Err: invalid("unknown command kind %d", cmd.Kind)}
 }

@@ -27,6 +27,8 @@ func FuzzCommands(f *testing.F) {
 		opReserve, 1, 0, 5, 0, opSettle, 0, 0, 1, 0, opRollback, 0, 2, opDrain, 0, 2, opAdvance, 200})
 	f.Add([]byte{opPublish, 0, 10, 1, 1, 0, 0, opReserve, 0, 0, 5, 0, opAdvance, 40, opClaim, 0, opStart, 0, 0,
 		opExpire, 0, opExpire, 0, opRelease, 0})
+	f.Add([]byte{opPublish, 0, 10, 1, 1, 0, 0, opRecord, 0, 0, 0, 0, 30, 0, opRecord, 1, 0, 0, 0, 4, 0,
+		opRecord, 0, 0, 0, 0, 30, 0, opReserve, 2, 0, 1, 0, opAdvance, 50, opRecord, 2, 2, 0, 0, 1, 0})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		c := newChecked(t)
 		in := fuzzInput{data: data}
@@ -58,6 +60,7 @@ const (
 	opDrain
 	opCloseEpoch
 	opReserveAny // a reserve with raw operands: any subject, units and generation
+	opRecord     // usage nothing reserved: id, digest, subject, operation, units x2
 	opCount
 )
 
@@ -172,6 +175,18 @@ func (in *fuzzInput) command() (ledger.Command, time.Duration) {
 		}
 		cmd.Generation = uint64(in.byte() % 8)
 		return cmd, 0
+	case opRecord: // id, digest, subject, operation, units, units
+		id := in.id()
+		digest := "rec-" + id
+		switch in.byte() % 4 {
+		case 2:
+			digest = "d-" + id // a reserve's digest
+		case 3:
+			digest = "other"
+		}
+		subject := in.subject()
+		return ledger.Command{Kind: ledger.KindRecord, ReservationID: id, RequestDigest: digest, Subject: subject,
+			Route: "chat", Region: "eu", OperationID: in.operation(id), Units: ledger.Amounts{in.units(), in.units()}}, 0
 	case opStart: // id, operation
 		id := in.id()
 		return ledger.Command{Kind: ledger.KindStart, ReservationID: id, OperationID: in.operation(id)}, 0

@@ -9,7 +9,8 @@ package ledger_test
 //
 // Sequences mix reserves (fresh ids, retries, reused ids with another
 // digest), starts, settles under, at and over the estimate (debt, breaches,
-// replays), releases, expiry claims racing starts, unknown usage, time
+// replays), records of usage nothing reserved (debt on an empty or frozen
+// account, replays, conflicting retries), releases, expiry claims racing starts, unknown usage, time
 // advances (refill, expiry, epoch ends), publishes (generation switches),
 // rollbacks, refill and drain workers, on two tenants under policies of
 // their own and a wildcard policy that decides for a tenant without one.
@@ -443,6 +444,35 @@ func (m *refModel) settle(id, operation string, actual [modelDims]int64) modelAn
 	return modelAnswer{err: finishedError(r.state)}
 }
 
+// record is usage learned after the work ran: a reservation that holds
+// nothing, settled at once with the usage (available first, the rest
+// debt), never refused for capacity or debt.
+func (m *refModel) record(id, digest, subject, operation string, actual [modelDims]int64) modelAnswer {
+	if actual == ([modelDims]int64{}) {
+		return modelAnswer{err: ledger.ErrInvalidCommand, checkGen: true}
+	}
+	if r := m.reservations[id]; r != nil {
+		switch {
+		case r.digest != digest || r.reserved != [modelDims]int64{}:
+			return modelAnswer{err: ledger.ErrDigestMismatch}
+		case r.operation == operation && r.actual == actual:
+			return modelAnswer{replayed: true, generation: r.generation, checkGen: true}
+		}
+		return modelAnswer{err: ledger.ErrReservationAlreadySettled}
+	}
+	p := m.active(subject)
+	if p == nil {
+		return modelAnswer{err: ledger.ErrNoPolicy}
+	}
+	a, _, _ := m.switchTo(subject, p)
+	m.refill(a, p)
+	r := &modelReservation{id: id, digest: digest, subject: subject, generation: p.generation,
+		state: ledger.StateStarted, operation: operation, expiresAt: m.now, startedAt: m.now}
+	m.reservations[id] = r
+	m.end(r, ledger.StateSettled, actual)
+	return modelAnswer{generation: p.generation, checkGen: true}
+}
+
 func (m *refModel) release(id string) modelAnswer {
 	r := m.reservations[id]
 	switch {
@@ -677,7 +707,27 @@ func (r *modelRun) step() {
 		reserved, started, unknown  = ledger.StateReserved, ledger.StateStarted, ledger.StateUsageUnknown
 		settled, withDebt, expiring = ledger.StateSettled, ledger.StateSettledWithDebt, ledger.StateExpiring
 	)
-	switch kind := rapid.IntRange(0, 99).Draw(t, "kind"); {
+	switch kind := rapid.IntRange(0, 104).Draw(t, "kind"); {
+	case kind >= 100:
+		// A record: usage learned after the fact, under a fresh id or
+		// a used one (a retry, with its usage or other usage, or an id
+		// a reserve made).
+		id, subject := r.freshID(), r.subject()
+		digest := "rec-" + id
+		switch rapid.IntRange(0, 9).Draw(t, "recordDigest") {
+		case 0:
+			digest = "d-" + id // a reserve's digest
+		case 1:
+			digest = "rec-other"
+		}
+		op := r.operation(id)
+		actual := drawAmounts(t, "recorded", 40)
+		if res := r.m.reservations[id]; res != nil && rapid.Bool().Draw(t, "replayRecord") {
+			actual = res.actual
+		}
+		cmd = ledger.Command{Kind: ledger.KindRecord, ReservationID: id, RequestDigest: digest, OperationID: op,
+			Subject: subject, Route: "chat", Region: "eu", Units: toAmounts(actual)}
+		want = r.m.record(id, digest, subject, op, actual)
 	case kind < 22:
 		id, subject := r.freshID(), r.subject()
 		digest := "d-" + id

@@ -360,13 +360,13 @@ func AmountShapeProblem(u Units, capped bool) string {
 
 // ReserveShapeProblem is the rest of a Reserve's shape in docs/API.md's
 // "Order of checks" step 2, beside each amount's (AmountShapeProblem): a
-// concrete subject (not AnySubject), a route, a region, and at least one
-// amount above 0. Decided from the command alone, before the reservation
-// id is looked up, so a malformed retry is refused whatever the id names
-// (a live reservation, a tombstone). It returns "" for a well-formed
-// Reserve, else what is wrong. The ledger (Reserve) and the server (on
-// its request, the region defaulted) both call it, so they check the
-// same rule in the same order.
+// concrete subject (not AnySubject), a route, a region (each at most
+// MaxKeyBytes), and at least one amount above 0. Decided from the command
+// alone, before the reservation id is looked up, so a malformed retry is
+// refused whatever the id names (a live reservation, a tombstone). It
+// returns "" for a well-formed Reserve, else what is wrong. The ledger
+// (Reserve) and the server (on its request, the region defaulted) both
+// call it, so they check the same rule in the same order.
 func ReserveShapeProblem(subject, route, region string, units []Units) string {
 	if problem := accountShapeProblem(subject, route, region, "reserve"); problem != "" {
 		return problem
@@ -379,7 +379,8 @@ func ReserveShapeProblem(subject, route, region string, units []Units) string {
 
 // accountShapeProblem is what a command that takes capacity from an
 // account (what verb says it does) needs of its key: a concrete subject
-// (not AnySubject), a route and a region; "" when it has them.
+// (not AnySubject), a route and a region, each at most MaxKeyBytes; ""
+// when it has them.
 func accountShapeProblem(subject, route, region, verb string) string {
 	switch {
 	case subject == AnySubject:
@@ -389,7 +390,7 @@ func accountShapeProblem(subject, route, region, verb string) string {
 	case region == "":
 		return "region is required"
 	}
-	return ""
+	return keyProblem(subject, route, region)
 }
 
 // anyAbove0 reports whether at least one of units is above 0.
@@ -609,19 +610,7 @@ func settle(b Book, id, operationID string, actual Amounts, now time.Time, res *
 			continue
 		}
 		bal.Spent += reserved
-		extra := used - reserved
-		fromAvailable := min(extra, bal.Available)
-		bal.Available -= fromAvailable
-		bal.Spent += fromAvailable
-		if debt := extra - fromAvailable; debt > 0 {
-			bal.OverdraftIssued += debt
-			bal.Spent += debt
-			r.Overdraft[i] = debt
-			r.State = StateSettledWithDebt
-			if debt > p.Dimensions[i].MaxOverdraft {
-				r.Breach = true
-			}
-		}
+		chargeBeyond(bal, r, i, used-reserved, &p.Dimensions[i])
 	}
 	if p.ExecutionLimit > 0 && now.Sub(r.StartedAt) > p.ExecutionLimit {
 		r.Breach = true
@@ -639,6 +628,28 @@ func settle(b Book, id, operationID string, actual Amounts, now time.Time, res *
 	}
 	res.Reservation, res.Refunded, res.Generation = *r, refunded, r.Account.Generation
 	return
+}
+
+// chargeBeyond spends extra units of dimension i that r did not hold:
+// from available first, and what available lacks as debt (overdraftIssued
+// and spent at once, so conservation holds), which makes r
+// SETTLED_WITH_DEBT, freezes the account's admission until refills repay
+// it, and is a breach beyond d's max overdraft. It is the one rule for
+// usage above a hold: a settle's excess over its reservation and a
+// record's whole usage (Record), which held nothing.
+func chargeBeyond(bal *Balance, r *Reservation, i int, extra Units, d *Dimension) {
+	fromAvailable := min(extra, bal.Available)
+	bal.Available -= fromAvailable
+	bal.Spent += fromAvailable
+	if debt := extra - fromAvailable; debt > 0 {
+		bal.OverdraftIssued += debt
+		bal.Spent += debt
+		r.Overdraft[i] = debt
+		r.State = StateSettledWithDebt
+		if debt > d.MaxOverdraft {
+			r.Breach = true
+		}
+	}
 }
 
 // Release gives an unstarted reservation's capacity back in full.

@@ -101,7 +101,8 @@ func missing(err error, kind Kind) Result {
 //     never debits twice); with another digest: ErrDigestMismatch;
 //   - release of a RELEASED one, expiry (claim or completion) of an EXPIRED
 //     one: Replayed;
-//   - anything else: the error the terminal state gives (settle:
+//   - record with another digest: ErrDigestMismatch;
+//   - anything else: the error the terminal state gives (settle, record:
 //     ErrReservationAlreadySettled, since the tombstone keeps neither the
 //     operation id nor the usage a replayed settle would be compared with),
 //     wrapped so that it also matches ErrReservationRetired.
@@ -112,7 +113,7 @@ func fromTombstone(t *Tombstone, kind Kind, digest string) Result {
 		kind == KindRelease && t.State == StateReleased,
 		(kind == KindExpire || kind == KindExpireClaim) && t.State == StateExpired:
 		res.Replayed = true
-	case kind == KindReserve:
+	case kind == KindReserve, kind == KindRecord && digest != t.RequestDigest:
 		res.Err = fmt.Errorf("%w (%w)", ErrDigestMismatch, ErrReservationRetired)
 	default:
 		res.Err = fmt.Errorf("%w (%w)", stateError(t.State), ErrReservationRetired)

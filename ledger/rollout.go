@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -115,6 +116,21 @@ var (
 	ErrNothingToUndo  = errors.New("no rollout step left to undo")
 )
 
+// RolloutNameProblem says what is wrong with a rollout's name (empty, over
+// 128 bytes, holding a NUL byte, which the PostgreSQL store cannot keep);
+// "" for a good one. A call naming a rollout checks it before any read.
+func RolloutNameProblem(name string) string {
+	switch {
+	case name == "":
+		return "the name is empty"
+	case len(name) > 128:
+		return fmt.Sprintf("the name is %d bytes long; at most 128", len(name))
+	case strings.IndexByte(name, 0) >= 0:
+		return "the name holds a NUL byte"
+	}
+	return ""
+}
+
 // MaxRolloutRoutes bounds the routes of one rollout.
 const MaxRolloutRoutes = 10000
 
@@ -125,11 +141,10 @@ const MaxRolloutRoutes = 10000
 // already in one of them is ErrRouteInRollout, a name taken
 // ErrRolloutExists.
 func NewRollout(name string, by RolloutHash, routes []RouteKey, others []Rollout, who string, now time.Time) (Rollout, error) {
+	if problem := RolloutNameProblem(name); problem != "" {
+		return Rollout{}, fmt.Errorf("%w: %s", ErrInvalidRollout, problem)
+	}
 	switch {
-	case name == "":
-		return Rollout{}, fmt.Errorf("%w: the name is empty", ErrInvalidRollout)
-	case len(name) > 128:
-		return Rollout{}, fmt.Errorf("%w: the name is %d bytes long; at most 128", ErrInvalidRollout, len(name))
 	case by != RolloutByRoute && by != RolloutBySubject:
 		return Rollout{}, fmt.Errorf("%w: hash by %q is neither %q nor %q", ErrInvalidRollout, by, RolloutByRoute, RolloutBySubject)
 	case len(routes) == 0:
@@ -144,6 +159,12 @@ func NewRollout(name string, by RolloutHash, routes []RouteKey, others []Rollout
 		}
 		if rk.Region == "" {
 			rk.Region = DefaultRegion
+		}
+		if strings.IndexByte(rk.Route+rk.Region, 0) >= 0 {
+			return Rollout{}, fmt.Errorf("%w: route %d holds a NUL byte (no policy's can)", ErrInvalidRollout, i+1)
+		}
+		if problem := keyProblem("", rk.Route, rk.Region); problem != "" {
+			return Rollout{}, fmt.Errorf("%w: route %d: %s (no policy's can be longer)", ErrInvalidRollout, i+1, problem)
 		}
 		set[i] = rk
 	}

@@ -46,6 +46,25 @@ const MaxUnits Units = 1 << 53
 // design of its own.
 const MaxLifetimeUnits Units = 1 << 58
 
+// MaxKeyBytes bounds each of an account key's subject, route and region:
+// the PostgreSQL store keys accounts, policy heads, statements and
+// checkpoints by the three together, and a btree index row is at most
+// 2,704 bytes, so a longer key failed the whole batch's transaction as
+// unavailable (which a client retries, and which failed the other commands
+// of its batch with it) instead of being refused as invalid.
+const MaxKeyBytes = 512
+
+// keyProblem says what is wrong with a subject, route and region's
+// lengths (each at most MaxKeyBytes); "" when nothing is.
+func keyProblem(subject, route, region string) string {
+	for _, f := range []struct{ name, value string }{{"subject", subject}, {"route", route}, {"region", region}} {
+		if len(f.value) > MaxKeyBytes {
+			return fmt.Sprintf("%s is %d bytes long; at most %d", f.name, len(f.value), MaxKeyBytes)
+		}
+	}
+	return ""
+}
+
 // MaxDimensions is how many capacity dimensions one policy may limit at once
 // (for example input tokens, output tokens, requests, cost). Amounts are fixed
 // arrays of this size so that a command allocates nothing for them.

@@ -330,7 +330,14 @@ func (c consoleService) ListAccountStandings(ctx context.Context, req *connect.R
 	case limit == 0:
 		limit = defaultStandings
 	}
-	accounts, policies, err := c.accounts(ctx)
+	var accounts []ledger.Account
+	var policies []ledger.Policy
+	var err *connect.Error
+	if m.GetInDebt() {
+		accounts, policies, err = c.debtors(ctx, limit)
+	} else {
+		accounts, policies, err = c.accounts(ctx)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -389,6 +396,27 @@ func (c consoleService) accounts(ctx context.Context) ([]ledger.Account, []ledge
 		return nil, nil, readError("policies", ReasonPolicyNotFound, err)
 	}
 	return visible, policies, nil
+}
+
+// debtors returns the first limit accounts owing debt in the caller's
+// scope, in key order, as ListDebts's first page of limit shows them: read
+// from the store's debtors (AccountsInDebt), not from every account, and
+// for a scoped caller from at most the store pages ListDebts reads a call
+// (so possibly fewer). It also returns every policy.
+func (c consoleService) debtors(ctx context.Context, limit int) ([]ledger.Account, []ledger.Policy, *connect.Error) {
+	var keep func(ledger.AccountKey) bool
+	if scoped(ctx) {
+		keep = func(k ledger.AccountKey) bool { return InScope(ctx, k.Subject, k.Route) }
+	}
+	accounts, _, _, err := c.s.ledger.AccountsInDebt(ctx, store.DebtFilter{Limit: limit}, keep)
+	if err != nil {
+		return nil, nil, readError("accounts in debt", ReasonStoreUnavailable, err)
+	}
+	policies, err := c.s.ledger.Policies(ctx)
+	if err != nil {
+		return nil, nil, readError("policies", ReasonPolicyNotFound, err)
+	}
+	return accounts, policies, nil
 }
 
 // standing renders one account with its limits.

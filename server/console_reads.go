@@ -49,6 +49,9 @@ func (c consoleService) ListSubjectReservations(ctx context.Context, req *connec
 	if m.GetSubject() == "" {
 		return nil, invalidArgument(ReasonInvalidCommand, "subject is required")
 	}
+	if cerr := checkText("subject", m.GetSubject()); cerr != nil {
+		return nil, cerr // no row holds one (PostgreSQL would refuse the query)
+	}
 	size, cerr := pageSize(m.GetPageSize())
 	if cerr != nil {
 		return nil, cerr
@@ -72,6 +75,7 @@ func (c consoleService) ListSubjectReservations(ctx context.Context, req *connec
 	}
 	resp := &v1.ListSubjectReservationsResponse{}
 	if !subjectInScope(ctx, m.GetSubject()) {
+		c.s.logOutOfScope(ctx, "list subject reservations", "subject", m.GetSubject())
 		return connect.NewResponse(resp), nil // as for a subject without reservations
 	}
 	counts, err := cs.ReservationStatesOfSubject(ctx, m.GetSubject())
@@ -179,6 +183,9 @@ func (c consoleService) ListStatements(ctx context.Context, req *connect.Request
 		// empty answer would read as "no statements".
 		return nil, invalidArgument(ReasonInvalidCommand, "subject, route and policy_generation are required")
 	}
+	if cerr := checkText("subject", m.GetSubject(), "route", m.GetRoute(), "region", m.GetRegion()); cerr != nil {
+		return nil, cerr // no account holds one (PostgreSQL would refuse the query)
+	}
 	size, cerr := pageSize(m.GetPageSize())
 	if cerr != nil {
 		return nil, cerr
@@ -191,6 +198,7 @@ func (c consoleService) ListStatements(ctx context.Context, req *connect.Request
 	}
 	resp := &v1.ListStatementsResponse{}
 	if !InScope(ctx, key.Subject, key.Route) {
+		c.s.logOutOfScope(ctx, "list statements", "subject", key.Subject, "route", key.Route)
 		return connect.NewResponse(resp), nil // as for an account without statements
 	}
 	list, err := cs.StatementsOf(ctx, store.StatementFilter{Account: key, Before: before, Limit: size + 1})
@@ -284,7 +292,11 @@ func (c consoleService) GetResolverAnswers(ctx context.Context, req *connect.Req
 		if scoped(ctx) {
 			// The answer names no tenant: the reservation's row does.
 			r, err := c.s.ledger.Reservation(ctx, a.ReservationID)
-			if isNotFound(err) || (err == nil && !InScope(ctx, r.Account.Subject, r.Account.Route)) {
+			if err == nil && !InScope(ctx, r.Account.Subject, r.Account.Route) {
+				c.s.logOutOfScope(ctx, "get resolver answers", "reservation", a.ReservationID)
+				continue // as for a reservation without an answer
+			}
+			if isNotFound(err) {
 				continue // as for a reservation without an answer
 			}
 			if err != nil {

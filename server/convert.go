@@ -24,7 +24,10 @@ import (
 // which generation is active change, and a stale view of those is safe: the
 // server names the generation it mapped units for (Command.Generation) and
 // the ledger refuses the reserve if another generation decides, after which
-// the cache is refreshed and the reserve mapped again.
+// the cache is refreshed and the reserve mapped again. A request the cache
+// cannot map at all (no policy for its key, a unit the cached generation
+// lacks) never reaches the ledger, so it reloads the cache itself
+// (refreshForMiss) before it is refused.
 type policyCache struct {
 	ledger Ledger
 	mu     sync.RWMutex
@@ -138,7 +141,8 @@ func amounts(p *ledger.Policy, units map[string]int64) (ledger.Amounts, error) {
 // checkUnitValues is the shape check of a units map, made before any
 // reservation, shard or policy is read, so bad input gets the same clear
 // answer whatever state (or absence) the id names: 400 INVALID_COMMAND
-// naming field and unit for an empty unit name or an amount
+// naming field and unit for an empty unit name, one holding a NUL byte
+// (API.md, "Limits"), or an amount
 // ledger.AmountShapeProblem refuses (negative and, when capped, above
 // ledger.MaxUnits: the ledger applies the same rule to its amounts). It
 // returns nil for a map of well-formed amounts.
@@ -151,6 +155,9 @@ func checkUnitValues(field string, units map[string]int64, capped bool) *connect
 	for _, name := range names {
 		if name == "" {
 			return invalidArgument(ReasonInvalidCommand, "%s: a unit name is empty", field)
+		}
+		if strings.IndexByte(name, 0) >= 0 {
+			return invalidArgument(ReasonInvalidCommand, "%s: unit name %q contains a NUL byte", field, name)
 		}
 		if problem := ledger.AmountShapeProblem(units[name], capped); problem != "" {
 			return invalidArgument(ReasonInvalidCommand, "%s: %q %s", field, name, problem)

@@ -111,6 +111,7 @@ func grpcHotMethods() []grpc.MethodDesc {
 		grpcMethod("Release", (*Server).Release),
 		grpcMethod("ReserveBatch", (*Server).ReserveBatch),
 		grpcMethod("SettleBatch", (*Server).SettleBatch),
+		grpcMethod("RecordUsage", (*Server).RecordUsage),
 	}
 }
 

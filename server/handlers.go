@@ -163,9 +163,13 @@ func (s *Server) GetPolicy(ctx context.Context, req *connect.Request[v1.GetPolic
 	}
 	active := ledger.NewActiveGenerations(all)
 	for i := range all {
-		if all[i].Generation == generation && inPolicyScope(ctx, all[i].Key) {
+		if all[i].Generation != generation {
+			continue
+		}
+		if inPolicyScope(ctx, all[i].Key) {
 			return connect.NewResponse(&v1.GetPolicyResponse{Policy: PolicyProto(&all[i], active[all[i].Key] == generation)}), nil
 		}
+		s.logOutOfScope(ctx, "get policy", "generation", generation)
 	}
 	return nil, withReason(connect.NewError(connect.CodeNotFound, fmt.Errorf("%w: generation %d", ledger.ErrPolicyNotFound, generation)), ReasonPolicyNotFound)
 }
@@ -272,21 +276,34 @@ func (s *Server) reserveCommand(ctx context.Context, req *v1.ReserveRequest) (cm
 	if !InScope(ctx, cmd.Subject, cmd.Route) {
 		// Out of the token's scope: answered as a subject nothing admits
 		// for, which is what it is for this caller.
-		s.log.Info("out of the token's scope", "call", "reserve", "subject", cmd.Subject, "route", cmd.Route, "token", tokenName(ctx))
+		s.logOutOfScope(ctx, "reserve", "subject", cmd.Subject, "route", cmd.Route)
 		return cmd, nil, withReason(connect.NewError(connect.CodeNotFound, fmt.Errorf("%w: %s", ledger.ErrNoPolicy, key)), ReasonNoPolicy)
 	}
 	p, ok := s.policies.active(key)
-	if !ok {
+	var units ledger.Amounts
+	var unitErr error
+	if ok {
+		units, unitErr = amounts(&p, req.GetUnits())
+	}
+	if !ok || unitErr != nil {
+		// No cached policy, or a unit the cached generation lacks: the
+		// cache may predate a publish through another replica (a new key,
+		// or a new generation with other units). Such a request never
+		// reaches the ledger, which would otherwise say the mapping is
+		// stale, so reload (at most once per missReloadInterval) and map
+		// again.
 		if err := s.policies.refreshForMiss(ctx); err != nil {
 			return cmd, nil, readError("reserve: policies", ReasonNoPolicy, err)
 		}
-		p, ok = s.policies.active(key)
+		if p, ok = s.policies.active(key); ok {
+			units, unitErr = amounts(&p, req.GetUnits())
+		}
 	}
 	var refusal *connect.Error
 	if !ok {
 		refusal = withReason(connect.NewError(connect.CodeNotFound, fmt.Errorf("%w: %s", ledger.ErrNoPolicy, key)), ReasonNoPolicy)
-	} else if units, err := amounts(&p, req.GetUnits()); err != nil {
-		refusal = invalidArgument(ReasonUnknownUnit, "reserve %s: %v", cmd.ReservationID, err)
+	} else if unitErr != nil {
+		refusal = invalidArgument(ReasonUnknownUnit, "reserve %s: %v", cmd.ReservationID, unitErr)
 	} else {
 		cmd.Units = units
 		cmd.Generation = p.Generation
@@ -337,6 +354,7 @@ func (s *Server) reserveOutcome(ctx context.Context, res *ledger.Result, unmappe
 	if r := &res.Reservation; r.ID != "" && !InScope(ctx, r.Account.Subject, r.Account.Route) {
 		// The id is another tenant's (a digest mismatch, or a replay of a
 		// guessed digest): the id is taken, and nothing else is said.
+		s.logOutOfScope(ctx, "reserve", "reservation", r.ID)
 		return outcome[*v1.ReserveResponse]{err: withReason(connect.NewError(connect.CodeAlreadyExists, ledger.ErrDigestMismatch), ReasonDigestMismatch)}
 	}
 	if unmapped != nil && !(res.Err == nil && res.Replayed) && !errors.Is(res.Err, ledger.ErrDigestMismatch) {
@@ -531,7 +549,11 @@ func (s *Server) settleCommand(ctx context.Context, req *v1.SettleRequest) (ledg
 		return ledger.Command{}, cerr
 	}
 	r, err := s.ledger.Reservation(ctx, req.GetReservationId())
-	if scoped(ctx) && (isNotFound(err) || (err == nil && !InScope(ctx, r.Account.Subject, r.Account.Route))) {
+	if scoped(ctx) && err == nil && !InScope(ctx, r.Account.Subject, r.Account.Route) {
+		s.logOutOfScope(ctx, "settle", "reservation", req.GetReservationId())
+		return ledger.Command{}, reservationNotFound("settle", req.GetReservationId())
+	}
+	if scoped(ctx) && isNotFound(err) {
 		return ledger.Command{}, reservationNotFound("settle", req.GetReservationId())
 	}
 	if err != nil {
@@ -692,7 +714,11 @@ func (s *Server) GetReservation(ctx context.Context, req *connect.Request[v1.Get
 		return nil, cerr
 	}
 	r, err := s.ledger.Reservation(ctx, id)
-	if scoped(ctx) && (isNotFound(err) || (err == nil && !InScope(ctx, r.Account.Subject, r.Account.Route))) {
+	if scoped(ctx) && err == nil && !InScope(ctx, r.Account.Subject, r.Account.Route) {
+		s.logOutOfScope(ctx, "get reservation", "reservation", id)
+		return nil, reservationNotFound("get reservation", id)
+	}
+	if scoped(ctx) && isNotFound(err) {
 		return nil, reservationNotFound("get reservation", id)
 	}
 	if err != nil {
@@ -718,6 +744,7 @@ func (s *Server) GetAccount(ctx context.Context, req *connect.Request[v1.GetAcco
 	}
 	if !InScope(ctx, key.Subject, key.Route) {
 		// Answered as a subject that never reserved.
+		s.logOutOfScope(ctx, "get account", "subject", key.Subject, "route", key.Route)
 		return connect.NewResponse(&v1.GetAccountResponse{}), nil
 	}
 	accounts, err := s.ledger.Accounts(ctx, key)

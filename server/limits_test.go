@@ -6,9 +6,11 @@ import (
 	"encoding/base64"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/server"
 )
 
@@ -124,6 +126,8 @@ func TestCompressedBodyOverTheLimitIs413(t *testing.T) {
 func TestNULInANameIsRefused(t *testing.T) {
 	h := newHarness(t, harnessOptions{})
 	h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"chat.generate","dimensions":[{"unit":"tokens","burst":"100"}]}}`, "")
+	h.ok("Reserve", `{"reservationId":"taken","subject":"tenant-7","route":"chat.generate","units":{"tokens":1}}`, "")
+	h.ok("Start", `{"reservationId":"taken","operationId":"op"}`, "")
 	for _, c := range []struct{ method, body, reason string }{
 		{"Reserve", `{"reservationId":"a\u0000b","subject":"tenant-7","route":"chat.generate","units":{"tokens":1}}`, server.ReasonInvalidCommand},
 		{"Reserve", `{"reservationId":"nul-subject","subject":"tenant\u0000","route":"chat.generate","units":{"tokens":1}}`, server.ReasonInvalidCommand},
@@ -131,12 +135,41 @@ func TestNULInANameIsRefused(t *testing.T) {
 		{"GetAccount", `{"subject":"tenant\u0000","route":"chat.generate"}`, server.ReasonInvalidCommand},
 		{"PublishPolicy", `{"policy":{"subject":"t","route":"r\u0000","dimensions":[{"unit":"tokens","burst":"10"}]}}`, server.ReasonInvalidPolicy},
 		{"PublishPolicy", `{"policy":{"subject":"t","route":"r","dimensions":[{"unit":"tok\u0000ens","burst":"10"}]}}`, server.ReasonInvalidPolicy},
+		// A unit name in a command, as API.md's Limits says (it was
+		// UNKNOWN_UNIT, and a retry of a taken id DIGEST_MISMATCH).
+		{"Reserve", `{"reservationId":"nul-unit","subject":"tenant-7","route":"chat.generate","units":{"tok\u0000":1}}`, server.ReasonInvalidCommand},
+		{"Reserve", `{"reservationId":"taken","subject":"tenant-7","route":"chat.generate","units":{"tokens":1,"x\u0000":1}}`, server.ReasonInvalidCommand},
+		{"Settle", `{"reservationId":"taken","operationId":"op","actualUnits":{"tokens":1,"x\u0000":0}}`, server.ReasonInvalidCommand},
 	} {
 		r := h.call(c.method, c.body, "")
 		h.wantError(r, http.StatusBadRequest, "invalid_argument", c.reason)
 		if msg, _ := r.body["message"].(string); !strings.Contains(msg, "NUL byte") {
 			t.Errorf("%s %s: %s", c.method, c.body, r.raw)
 		}
+	}
+	// Reads naming a subject, route or rollout: no row can hold a NUL byte,
+	// and PostgreSQL refuses one in a query (they answered 503, which a
+	// client retries forever).
+	for _, c := range []struct{ path, body, reason string }{
+		{"LedgerService/ListUsageUnknown", `{"subject":"tenant\u0000"}`, server.ReasonInvalidCommand},
+		{"LedgerService/ListUsageUnknown", `{"route":"chat\u0000"}`, server.ReasonInvalidCommand},
+		{"ConsoleService/ListSubjectReservations", `{"subject":"tenant\u0000"}`, server.ReasonInvalidCommand},
+		{"ConsoleService/ListStatements", `{"subject":"tenant-7","route":"chat\u0000","policyGeneration":"1"}`, server.ReasonInvalidCommand},
+		{"RolloutService/GetRollout", `{"name":"r\u0000"}`, server.ReasonInvalidRollout},
+		{"RolloutService/SetRolloutShare", `{"name":"r\u0000","percent":1}`, server.ReasonInvalidRollout},
+		{"RolloutService/UndoRolloutStep", `{"name":"r\u0000"}`, server.ReasonInvalidRollout},
+		{"RolloutService/CreateRollout", `{"name":"r\u0000","hashBy":"route","routes":[{"route":"chat.generate"}]}`, server.ReasonInvalidRollout},
+		{"RolloutService/CreateRollout", `{"name":"r","hashBy":"route","routes":[{"route":"chat\u0000"}]}`, server.ReasonInvalidRollout},
+	} {
+		req, _ := http.NewRequest(http.MethodPost, h.url+"/capledger.v1."+c.path, strings.NewReader(c.body))
+		req.Header.Set("Content-Type", "application/json")
+		r := h.do(req)
+		if r.status != http.StatusBadRequest || field(r.body, "details") == nil || !strings.Contains(string(r.raw), c.reason) || !strings.Contains(string(r.raw), "NUL byte") {
+			t.Errorf("%s %s: %d %s; want 400 %s naming the NUL byte", c.path, c.body, r.status, r.raw, c.reason)
+		}
+	}
+	if got := h.ok("GetReservation", `{"reservationId":"taken"}`, ""); field(got, "reservation", "state") != "RESERVATION_STATE_STARTED" {
+		t.Errorf("a refused settle changed the reservation: %v", got)
 	}
 	if got := h.ok("GetAccount", `{"subject":"tenant","route":"chat.generate"}`, ""); len(got) != 0 {
 		t.Errorf("a refused reserve opened an account: %v", got)
@@ -146,6 +179,36 @@ func TestNULInANameIsRefused(t *testing.T) {
 // The same for a Connect GET whose message parameter is gzip-compressed
 // (compression=gzip, base64=1): 413 past the limit once decompressed, the
 // call served within it.
+// A subject, route or region longer than ledger.MaxKeyBytes is refused as
+// invalid (API.md, "Limits"): the PostgreSQL store keys its rows by the
+// three, and a longer key failed the batch as unavailable, which a client
+// retries forever (cmd/capledger's TestLongKeysOnPostgres runs it there).
+func TestKeyLengthBounded(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	long := strings.Repeat("r", ledger.MaxKeyBytes+1)
+	max := strings.Repeat("m", ledger.MaxKeyBytes)
+	r := h.call("PublishPolicy", `{"policy":{"subject":"*","route":"`+long+`","dimensions":[{"unit":"tokens","burst":"10"}]}}`, "")
+	h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidPolicy)
+	h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"`+max+`","region":"`+max+`","dimensions":[{"unit":"tokens","burst":"10"}]}}`, "")
+	h.ok("Reserve", `{"reservationId":"max","subject":"`+max+`","route":"`+max+`","region":"`+max+`","units":{"tokens":1}}`, "")
+	req, _ := http.NewRequest(http.MethodPost, h.url+"/capledger.v1.RolloutService/CreateRollout",
+		strings.NewReader(`{"name":"long","hashBy":"route","routes":[{"route":"`+long+`"}]}`))
+	req.Header.Set("Content-Type", "application/json")
+	if r := h.do(req); r.status != http.StatusBadRequest || !strings.Contains(string(r.raw), server.ReasonInvalidRollout) {
+		t.Errorf("a rollout of a route no policy can have: %d %s", r.status, r.raw)
+	}
+	for _, body := range []string{
+		`{"reservationId":"long","subject":"` + long + `","route":"` + max + `","region":"` + max + `","units":{"tokens":1}}`,
+		`{"reservationId":"max","subject":"` + long + `","route":"` + max + `","region":"` + max + `","units":{"tokens":1}}`, // a retry of a taken id too
+	} {
+		r := h.call("Reserve", body, "")
+		h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidCommand)
+		if msg, _ := r.body["message"].(string); !strings.Contains(msg, "subject is "+strconv.Itoa(len(long))+" bytes long") {
+			t.Errorf("reserve with a long subject: %s", r.raw)
+		}
+	}
+}
+
 func TestCompressedGetMessageOverTheLimitIs413(t *testing.T) {
 	h := newHarness(t, harnessOptions{maxBody: 4096})
 	h.ok("PublishPolicy", tokensPolicy, "")

@@ -27,12 +27,12 @@ import (
 // refused as not this method's (the caller starts again).
 
 // maxScopedScanPages bounds the store pages one scoped list call reads
-// (each at most the page size), whatever the scope leaves out: a scoped
-// token over a store holding nothing in its scope costs a bounded read per
-// call, not the whole backlog, every debtor, or every reservation of a
-// subject on the routes a routes= token excludes (ListUsageUnknown,
-// ListDebts, ListSubjectReservations). The engine's AccountsInDebt
-// bounds its own pages alike (maxDebtScans).
+// (in all at most that many pages of the page size), whatever the scope
+// leaves out: a scoped token over a store holding nothing in its scope
+// costs a bounded read per call, not the whole backlog, every debtor, or
+// every reservation of a subject on the routes a routes= token excludes
+// (ListUsageUnknown, ListDebts, ListSubjectReservations). The engine's
+// AccountsInDebt bounds its own pages alike (maxDebtScans).
 const maxScopedScanPages = 8
 
 // reservationPage reads one page of at most size reservations for the
@@ -41,10 +41,13 @@ const maxScopedScanPages = 8
 // row's cursor. An unscoped caller gets one read of size+1 rows (the one
 // more tells whether there is a next page; next follows the last row
 // shown). A scoped caller's rows are those in its scope: it reads on past
-// the others for at most maxScopedScanPages pages of what the page still
-// lacks, and next follows the last row examined, which may lie outside the
-// scope (sealNext seals it), so a short or even empty page with a next
-// cursor means "keep paging". next is nil when the store has no more.
+// the others for at most maxScopedScanPages reads and as many pages of
+// size rows, asking each time for one row more than the page still lacks
+// (while the bound allows), so that a page filled exactly at the store's
+// end gets no next cursor. next follows the last row examined, which may
+// lie outside the scope (sealNext seals it), so a short or even empty page
+// with a next cursor means "keep paging". next is nil when the store has
+// no more.
 func reservationPage[C any](ctx context.Context, size int, read func(limit int, after *C) ([]ledger.Reservation, error), cursorOf func(*ledger.Reservation) C) (rows []ledger.Reservation, next *C, err error) {
 	if !scoped(ctx) {
 		if rows, err = read(size+1, nil); err != nil || len(rows) <= size {
@@ -53,24 +56,29 @@ func reservationPage[C any](ctx context.Context, size int, read func(limit int, 
 		c := cursorOf(&rows[size-1])
 		return rows[:size], &c, nil
 	}
+	budget := maxScopedScanPages * size // rows this call may still read
 	for range maxScopedScanPages {
-		limit := size - len(rows)
-		page, err := read(limit, next)
+		if budget == 0 {
+			break
+		}
+		ask := min(size-len(rows)+1, budget)
+		page, err := read(ask, next)
 		if err != nil {
 			return nil, nil, err
 		}
+		budget -= len(page)
 		for i := range page {
+			if len(rows) == size {
+				return rows, next, nil // page[i] is one more
+			}
+			c := cursorOf(&page[i])
+			next = &c
 			if InScope(ctx, page[i].Account.Subject, page[i].Account.Route) {
 				rows = append(rows, page[i])
 			}
 		}
-		if len(page) < limit {
+		if len(page) < ask {
 			return rows, nil, nil // the store has no more
-		}
-		c := cursorOf(&page[len(page)-1])
-		next = &c
-		if len(rows) == size {
-			break
 		}
 	}
 	return rows, next, nil

@@ -323,6 +323,9 @@ func (svc *rolloutService) GetRollout(ctx context.Context, req *connect.Request[
 	if cerr := svc.ready(); cerr != nil {
 		return nil, cerr
 	}
+	if cerr := checkRolloutName(req.Msg.GetName()); cerr != nil {
+		return nil, cerr
+	}
 	r, err := svc.store.RolloutGet(ctx, req.Msg.GetName())
 	if err != nil {
 		return nil, rolloutError("rollout "+req.Msg.GetName(), err)
@@ -349,6 +352,16 @@ func (svc *rolloutService) ListRollouts(ctx context.Context, req *connect.Reques
 	return connect.NewResponse(resp), nil
 }
 
+// checkRolloutName answers a call naming a rollout by a name no rollout
+// can have (ledger.RolloutNameProblem) with 400 INVALID_ROLLOUT before the
+// store is asked (PostgreSQL refuses a NUL byte in a query: it was 503).
+func checkRolloutName(name string) *connect.Error {
+	if problem := ledger.RolloutNameProblem(name); problem != "" {
+		return invalidArgument(ReasonInvalidRollout, "rollout %q: %s", name, problem)
+	}
+	return nil
+}
+
 // share converts a percent to basis points: INVALID_ROLLOUT outside
 // [0, 100] or finer than 0.01.
 func share(percent float64) (ledger.BasisPoints, *connect.Error) {
@@ -369,6 +382,9 @@ func (svc *rolloutService) SetRolloutShare(ctx context.Context, req *connect.Req
 		return nil, cerr
 	}
 	name := req.Msg.GetName()
+	if cerr := checkRolloutName(name); cerr != nil {
+		return nil, cerr
+	}
 	r, err := svc.store.RolloutGet(ctx, name)
 	if err != nil {
 		return nil, rolloutError("rollout "+name, err)
@@ -394,6 +410,9 @@ func (svc *rolloutService) UndoRolloutStep(ctx context.Context, req *connect.Req
 		return nil, cerr
 	}
 	name := req.Msg.GetName()
+	if cerr := checkRolloutName(name); cerr != nil {
+		return nil, cerr
+	}
 	r, err := svc.store.RolloutGet(ctx, name)
 	if err != nil {
 		return nil, rolloutError("rollout "+name, err)

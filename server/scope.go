@@ -167,10 +167,19 @@ func (s *Server) checkReservationScope(ctx context.Context, what, id string) *co
 		return readError(what+" "+id, ReasonReservationNotFound, err)
 	}
 	if !InScope(ctx, r.Account.Subject, r.Account.Route) {
-		s.log.Info("out of the token's scope", "call", what, "reservation", id, "token", tokenName(ctx))
+		s.logOutOfScope(ctx, what, "reservation", id)
 		return reservationNotFound(what, id)
 	}
 	return nil
+}
+
+// logOutOfScope logs a refusal of a call for touching something outside
+// the caller's token scope (answered as if it did not exist), at INFO
+// with the token's name (API.md, "Authentication"; OPERATIONS.md): attrs
+// name what was refused (a subject and route, a reservation or shard id).
+func (s *Server) logOutOfScope(ctx context.Context, call string, attrs ...any) {
+	args := append([]any{"call", call}, attrs...)
+	s.log.Info("out of the token's scope", append(args, "token", tokenName(ctx))...)
 }
 
 func tokenName(ctx context.Context) string {

@@ -1,8 +1,11 @@
 package server_test
 
 import (
+	"bytes"
 	"net/http"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/capledger/capledger/server"
@@ -123,6 +126,96 @@ func TestTokenScopesIsolateTenants(t *testing.T) {
 		h.wantError(h.call(c.method, c.body, viewerToken), http.StatusForbidden, "permission_denied", server.ReasonPermissionDenied)
 	}
 	h.wantError(h.call("ListUsageUnknown", `{}`, gwAToken), http.StatusForbidden, "permission_denied", server.ReasonPermissionDenied)
+}
+
+// logBuffer collects a server's log lines (written from its handlers'
+// goroutines).
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+// take returns the lines written since the last take.
+func (b *logBuffer) take() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s := b.buf.String()
+	b.buf.Reset()
+	return s
+}
+
+// TestOutOfScopeRefusalsLogged: every call refused for touching another
+// tenant's subject, reservation, shard or policy (answered as if it did
+// not exist) is logged at INFO with the token's name, as API.md and
+// OPERATIONS.md say; Settle, GetReservation, GetAccount, GetPolicy, a
+// Reserve reusing another tenant's id, every ShardService refusal and the
+// console's reads were refused silently. An id nobody used is not a
+// refusal and is not logged.
+func TestOutOfScopeRefusalsLogged(t *testing.T) {
+	logs := &logBuffer{}
+	h := newHarness(t, harnessOptions{auth: true, tokens: scopedTokens, logs: logs, shards: true})
+	for _, route := range []string{"chat.generate", "embed"} {
+		h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"`+route+`","emergencyMode":true,
+		  "dimensions":[{"unit":"tokens","burst":"1000","refillUnits":"10","refillInterval":"1s"}]}}`, adminToken)
+	}
+	h.ok("Reserve", `{"reservationId":"a1","subject":"tenant-a/u1","route":"chat.generate","units":{"tokens":10}}`, gwAToken)
+	h.ok("Start", `{"reservationId":"a1","operationId":"op"}`, gwAToken)
+	issue := func(shard, subject, gateway string) string {
+		return `{"shardId":"` + shard + `","subject":"` + subject + `","route":"chat.generate","units":{"tokens":5},"gatewayId":"` + gateway + `","bootEpoch":"1","ttl":"60s"}`
+	}
+	req, _ := http.NewRequest(http.MethodPost, h.url+"/capledger.v1.ShardService/IssueShard", strings.NewReader(issue("sh-a", "tenant-a/u1", "gw-a")))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+gwAToken)
+	if r := h.do(req); r.status != http.StatusOK {
+		t.Fatalf("issue tenant-a's shard: %d %s", r.status, r.raw)
+	}
+	logs.take()
+
+	names := map[string]string{gwAToken: "gw-a", gwBToken: "gw-b", viewerToken: "dash-b"}
+	for _, c := range []struct{ service, method, body, token, call string }{
+		{"LedgerService", "GetReservation", `{"reservationId":"a1"}`, gwBToken, "get reservation"},
+		{"LedgerService", "Settle", `{"reservationId":"a1","operationId":"op","actualUnits":{"tokens":1}}`, gwBToken, "settle"},
+		{"LedgerService", "Start", `{"reservationId":"a1","operationId":"op"}`, gwBToken, "start"},
+		{"LedgerService", "Release", `{"reservationId":"a1"}`, gwBToken, "release"},
+		{"LedgerService", "MarkUsageUnknown", `{"reservationId":"a1"}`, gwBToken, "mark usage unknown"},
+		{"LedgerService", "Reserve", `{"reservationId":"b1","subject":"tenant-a/u1","route":"chat.generate","units":{"tokens":1}}`, gwBToken, "reserve"},
+		{"LedgerService", "Reserve", `{"reservationId":"a1","subject":"tenant-b/u1","route":"chat.generate","units":{"tokens":1}}`, gwBToken, "reserve"},
+		{"LedgerService", "GetAccount", `{"subject":"tenant-a/u1","route":"chat.generate"}`, gwBToken, "get account"},
+		{"LedgerService", "GetPolicy", `{"generation":"2"}`, gwAToken, "get policy"},
+		{"ShardService", "GetShard", `{"shardId":"sh-a"}`, gwBToken, "get shard"},
+		{"ShardService", "ReconcileShard", `{"shardId":"sh-a","gatewayId":"gw-b"}`, gwBToken, "reconcile shard"},
+		{"ShardService", "IssueShard", issue("sh-b", "tenant-a/u1", "gw-b"), gwBToken, "issue shard"},
+		{"ShardService", "IssueShard", issue("sh-a", "tenant-b/u1", "gw-b"), gwBToken, "issue shard"},
+		{"ConsoleService", "ListSubjectReservations", `{"subject":"tenant-a/u1"}`, viewerToken, "list subject reservations"},
+		{"ConsoleService", "ListStatements", `{"subject":"tenant-a/u1","route":"chat.generate","policyGeneration":"1"}`, viewerToken, "list statements"},
+	} {
+		req, _ := http.NewRequest(http.MethodPost, h.url+"/capledger.v1."+c.service+"/"+c.method, strings.NewReader(c.body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer "+c.token)
+		if r := h.do(req); r.status != http.StatusOK && r.status != http.StatusNotFound && r.status != http.StatusConflict {
+			t.Fatalf("%s %s: %d %s", c.method, c.body, r.status, r.raw)
+		}
+		got, call := logs.take(), c.call
+		if strings.Contains(call, " ") {
+			call = strconv.Quote(call) // as slog's text handler writes it
+		}
+		if !strings.Contains(got, `level=INFO msg="out of the token's scope" call=`+call+" ") ||
+			!strings.Contains(got, "token="+names[c.token]) {
+			t.Errorf("%s %s by %s refused without the log line; logged:\n%s", c.method, c.body, names[c.token], got)
+		}
+	}
+	// Not refusals: an in-scope read, an id nobody used.
+	h.ok("GetReservation", `{"reservationId":"a1"}`, gwAToken)
+	h.wantError(h.call("GetReservation", `{"reservationId":"nobody"}`, gwBToken), http.StatusNotFound, "not_found", server.ReasonReservationNotFound)
+	if got := logs.take(); strings.Contains(got, "out of the token's scope") {
+		t.Errorf("logged as a refusal: %s", got)
+	}
 }
 
 func TestTokenScopeParsingAndMatching(t *testing.T) {

@@ -5,8 +5,10 @@ import (
 	"encoding/base64"
 	"fmt"
 	"net/http"
+	"reflect"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -22,7 +24,7 @@ import (
 // policy reads (PolicyList).
 type countingStore struct {
 	store.Store
-	unknownRows, debtRows, accountLists, policyLists atomic.Int64
+	unknownRows, debtRows, accountLists, accountRows, policyLists atomic.Int64
 }
 
 func (c *countingStore) PolicyList(ctx context.Context) ([]ledger.Policy, error) {
@@ -44,7 +46,9 @@ func (c *countingStore) AccountsInDebt(ctx context.Context, f store.DebtFilter) 
 
 func (c *countingStore) AccountList(ctx context.Context, subject ledger.PolicyKey) ([]ledger.Account, error) {
 	c.accountLists.Add(1)
-	return c.Store.AccountList(ctx, subject)
+	rows, err := c.Store.AccountList(ctx, subject)
+	c.accountRows.Add(int64(len(rows)))
+	return rows, err
 }
 
 // scopedScanPages is server.maxScopedScanPages (and engine's maxDebtScans):
@@ -335,6 +339,145 @@ func TestListDebtsReadsThePoliciesOnce(t *testing.T) {
 		}
 		if shown != 12 {
 			t.Fatalf("pages of %d showed %d debtors, want 12", size, shown)
+		}
+	}
+}
+
+// The console's Debts page asks ListAccountStandings with in_debt for when
+// refill repays each debt: that reads the debtors' accounts only (the
+// store's index of debtors, as ListDebts), not every account as the call
+// without it does, and answers exactly the standings in debt that the call
+// without it answers; a scoped token gets its own debtors only.
+func TestDebtStandingsReadOnlyTheDebtors(t *testing.T) {
+	h, counted := countingHarness(t)
+	for i := range 40 {
+		h.ok("Reserve", reserveFor(fmt.Sprintf("r%d", i), fmt.Sprintf("tenant-%c/u%02d", 'a'+i%3, i), 10), adminToken)
+	}
+	owe := func(id, subject string) {
+		h.ok("Reserve", reserveFor(id, subject, 50), adminToken)
+		h.ok("Start", `{"reservationId":"`+id+`","operationId":"op"}`, adminToken)
+		h.ok("Settle", `{"reservationId":"`+id+`","operationId":"op","actualUnits":{"tokens":200}}`, adminToken)
+	}
+	owe("d1", "tenant-a/debtor")
+	owe("d2", "tenant-b/debtor")
+
+	counted.accountRows.Store(0)
+	all := h.consoleOK("ListAccountStandings", `{"limit":1000}`, consoleViewer)
+	if n := counted.accountRows.Load(); n < 42 {
+		t.Fatalf("the call without in_debt read %d account rows, want every one of the 42", n)
+	}
+	var want []any
+	for _, st := range all["accounts"].([]any) {
+		if field(st.(map[string]any), "account", "frozen") == true {
+			want = append(want, st)
+		}
+	}
+	if len(want) != 2 {
+		t.Fatalf("%d standings in debt, want 2: %v", len(want), all)
+	}
+
+	counted.accountRows.Store(0)
+	debts := h.consoleOK("ListAccountStandings", `{"inDebt":true,"limit":1000}`, consoleViewer)
+	if n := counted.accountRows.Load(); n > 2 {
+		t.Errorf("in_debt read %d account rows, want only the 2 debtors'", n)
+	}
+	if got, _ := debts["accounts"].([]any); num(debts["matched"]) != 2 || !reflect.DeepEqual(got, want) {
+		t.Errorf("in_debt answered %d standings (matched %v), want the 2 in debt, as the call without it shows them: %v", len(got), debts["matched"], want)
+	}
+
+	scopedDebts := h.consoleOK("ListAccountStandings", `{"inDebt":true}`, consoleScoped)
+	if got, _ := scopedDebts["accounts"].([]any); len(got) != 1 || field(got[0].(map[string]any), "account", "subject") != "tenant-b/debtor" {
+		t.Errorf("a tenant-b/* token's in_debt standings: %d (matched %v), want tenant-b/debtor's only", len(got), scopedDebts["matched"])
+	}
+}
+
+// A list call whose page is exactly full answers no next token when it
+// can tell the store holds no more within its read bound (one row more
+// than the page still lacks): it answered one that led to an empty page
+// before. Scoped ListUsageUnknown with other tenants' rows before the
+// page's, ListDebts for an admin and for a scoped token, and a routes=
+// token's ListSubjectReservations; a page with more after it still gets
+// its token, and that page then none.
+func TestFullLastPageHasNoNextToken(t *testing.T) {
+	const routesScoped = "console-routes-token-000000001"
+	h := newHarness(t, harnessOptions{auth: true, tokens: consoleTokens +
+		routesScoped + " viewer team-b-chat subjects=tenant-b/* routes=chat.generate\n"})
+	h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"chat.generate",
+	  "dimensions":[{"unit":"tokens","burst":"100","refillUnits":"10","refillInterval":"3600s","maxOverdraft":"1000"}]}}`, adminToken)
+	h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"embed.batch",
+	  "dimensions":[{"unit":"tokens","burst":"100000","refillUnits":"10","refillInterval":"3600s"}]}}`, adminToken)
+	mark := func(id, subject string) {
+		h.ok("Reserve", reserveFor(id, subject, 1), adminToken)
+		h.ok("Start", `{"reservationId":"`+id+`","operationId":"op"}`, adminToken)
+		h.ok("MarkUsageUnknown", `{"reservationId":"`+id+`"}`, adminToken)
+		h.clock.Advance(time.Millisecond)
+	}
+	owe := func(id, subject string) {
+		h.ok("Reserve", reserveFor(id, subject, 50), adminToken)
+		h.ok("Start", `{"reservationId":"`+id+`","operationId":"op"}`, adminToken)
+		h.ok("Settle", `{"reservationId":"`+id+`","operationId":"op","actualUnits":{"tokens":200}}`, adminToken)
+	}
+	for i := range 5 {
+		mark(fmt.Sprintf("a-%d", i), fmt.Sprintf("tenant-a/u%d", i))
+		owe(fmt.Sprintf("da-%d", i), fmt.Sprintf("tenant-a/d%d", i))
+	}
+	for i := range 2 {
+		mark(fmt.Sprintf("b-%d", i), fmt.Sprintf("tenant-b/u%d", i))
+		owe(fmt.Sprintf("db-%d", i), fmt.Sprintf("tenant-b/d%d", i))
+	}
+	for i := range 2 {
+		h.ok("Reserve", `{"reservationId":"chat-`+strconv.Itoa(i)+`","subject":"tenant-b/u9","route":"chat.generate","units":{"tokens":1}}`, adminToken)
+		h.clock.Advance(time.Millisecond)
+		for j := range 5 {
+			h.ok("Reserve", fmt.Sprintf(`{"reservationId":"e-%d-%d","subject":"tenant-b/u9","route":"embed.batch","units":{"tokens":1}}`, i, j), adminToken)
+			h.clock.Advance(time.Millisecond)
+		}
+	}
+
+	// pages lists every page of a list call, its rows' count each, and
+	// whether the last one came with a token.
+	pages := func(call func(token string) (map[string]any, int)) []int {
+		t.Helper()
+		var shown []int
+		token := ""
+		for range 10 {
+			page, n := call(token)
+			shown = append(shown, n)
+			if token, _ = page["nextPageToken"].(string); token == "" {
+				return shown
+			}
+		}
+		t.Fatalf("still paging after 10 pages: %v", shown)
+		return nil
+	}
+	for _, c := range []struct {
+		name string
+		want []int
+		call func(token string) (map[string]any, int)
+	}{
+		{"scoped ListUsageUnknown, page of 2", []int{2}, func(token string) (map[string]any, int) {
+			page := h.ok("ListUsageUnknown", fmt.Sprintf(`{"pageSize":2,"pageToken":%q}`, token), consoleScoped)
+			return page, len(ids(t, page))
+		}},
+		{"scoped ListUsageUnknown, page of 1", []int{1, 1}, func(token string) (map[string]any, int) {
+			page := h.ok("ListUsageUnknown", fmt.Sprintf(`{"pageSize":1,"pageToken":%q}`, token), consoleScoped)
+			return page, len(ids(t, page))
+		}},
+		{"admin ListDebts, page of 7", []int{7}, func(token string) (map[string]any, int) {
+			page := h.ok("ListDebts", fmt.Sprintf(`{"pageSize":7,"pageToken":%q}`, token), adminToken)
+			return page, len(debtors(t, page))
+		}},
+		{"scoped ListDebts, page of 2", []int{2}, func(token string) (map[string]any, int) {
+			page := h.ok("ListDebts", fmt.Sprintf(`{"pageSize":2,"pageToken":%q}`, token), consoleScoped)
+			return page, len(debtors(t, page))
+		}},
+		{"routes= ListSubjectReservations, page of 2", []int{2}, func(token string) (map[string]any, int) {
+			page := h.consoleOK("ListSubjectReservations", fmt.Sprintf(`{"subject":"tenant-b/u9","pageSize":2,"pageToken":%q}`, token), routesScoped)
+			return page, len(reservationIDs(t, page))
+		}},
+	} {
+		if got := pages(c.call); !slices.Equal(got, c.want) {
+			t.Errorf("%s: pages of %v rows, want %v (no token after a full last page)", c.name, got, c.want)
 		}
 	}
 }

@@ -91,6 +91,11 @@ type harnessOptions struct {
 	// wrapConsole, when set, wraps the console store the server is given
 	// (to count its reads).
 	wrapConsole func(store.ConsoleStore) store.ConsoleStore
+	// logs, when set, receives the server's and the engine's log (text).
+	logs io.Writer
+	// shards serves the ShardService, with a key ring in a temporary
+	// directory.
+	shards bool
 }
 
 // newHarness serves a real server on 127.0.0.1:0 over a real engine.
@@ -108,7 +113,11 @@ func newHarness(t testing.TB, opts harnessOptions) *harness {
 		h.store = st
 	}
 	metrics := server.NewMetrics()
-	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	logTo := io.Writer(io.Discard)
+	if opts.logs != nil {
+		logTo = opts.logs
+	}
+	logger := slog.New(slog.NewTextHandler(logTo, nil))
 	engineStore := h.store
 	if opts.wrapStore != nil {
 		engineStore = opts.wrapStore(h.store)
@@ -126,6 +135,13 @@ func newHarness(t testing.TB, opts harnessOptions) *harness {
 		cfg.Rollouts = rollouts
 	}
 	cfg.Drains = h.engine
+	if opts.shards {
+		keys, _, err := server.EnsureShardKeys(filepath.Join(t.TempDir(), "shard-keys"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Shards = &server.ShardConfig{Keys: keys, MaxTTL: time.Hour}
+	}
 	if cs, ok := h.store.(store.ConsoleStore); ok {
 		cfg.Console = cs
 		if opts.wrapConsole != nil {
@@ -828,6 +844,39 @@ func TestStaleUnitMapping(t *testing.T) {
 	}
 	if audit := h.ok("Audit", `{}`, ""); audit["discrepancies"] != nil {
 		t.Fatalf("audit: %v", audit)
+	}
+}
+
+// TestStaleUnitMappingNewUnit: another replica publishes a generation
+// with a unit the first server's cached generation lacks. A reserve
+// naming it never reached the ledger (refused UNKNOWN_UNIT against the
+// stale generation, for as long as only such reserves came), so the
+// cache was never corrected; it is now reloaded (as for a new key, at
+// most once per 100 ms) and the reserve admitted under the new generation.
+func TestStaleUnitMappingNewUnit(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	h.ok("PublishPolicy", tokensPolicy, "")
+	h.ok("Reserve", reserveBody("warm", 10), "") // caches generation 1
+
+	other := serve(t, server.New(h.engine, server.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}))
+	req, _ := http.NewRequest(http.MethodPost, other+"/capledger.v1.LedgerService/PublishPolicy", strings.NewReader(
+		`{"policy":{"subject":"tenant-7","route":"chat.generate","dimensions":[{"unit":"tokens","burst":"1000"},{"unit":"gpus","burst":"4"}]}}`))
+	req.Header.Set("Content-Type", "application/json")
+	if r := h.do(req); r.status != 200 || num(field(r.body, "policy", "generation")) != 2 {
+		t.Fatalf("publish on the other replica: %d %s", r.status, r.raw)
+	}
+	time.Sleep(150 * time.Millisecond) // past the reload interval of the warm reserve's lookup
+
+	res := h.ok("Reserve", `{"reservationId":"gpu","subject":"tenant-7","route":"chat.generate","units":{"tokens":7,"gpus":1}}`, "")
+	units := field(res, "reservation", "reservedUnits").(map[string]any)
+	if num(field(res, "reservation", "policyGeneration")) != 2 || num(units["gpus"]) != 1 || num(units["tokens"]) != 7 {
+		t.Fatalf("reserve naming the new generation's unit: %v", res)
+	}
+	// A unit no generation has is still refused, naming the new one.
+	r := h.call("Reserve", `{"reservationId":"tpu","subject":"tenant-7","route":"chat.generate","units":{"tpus":1}}`, "")
+	h.wantError(r, 400, "invalid_argument", server.ReasonUnknownUnit)
+	if !strings.Contains(string(r.raw), "policy generation 2") {
+		t.Fatalf("unknown unit answered against another generation: %s", r.raw)
 	}
 }
 

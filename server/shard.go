@@ -189,6 +189,7 @@ func (svc *shardService) issue(ctx context.Context, m *v1.IssueShardRequest, leg
 		return nil, invalidArgument(ReasonInvalidCommand, "ttl %s is outside (0, %s]", ttl, svc.maxTTL)
 	}
 	if !InScope(ctx, m.GetSubject(), m.GetRoute()) {
+		svc.s.logOutOfScope(ctx, "issue shard", "subject", m.GetSubject(), "route", m.GetRoute())
 		key := ledger.PolicyKey{Subject: m.GetSubject(), Route: m.GetRoute(), Region: region}
 		return nil, withReason(connect.NewError(connect.CodeNotFound, fmt.Errorf("%w: %s", ledger.ErrNoPolicy, key)), ReasonNoPolicy)
 	}
@@ -202,7 +203,8 @@ func (svc *shardService) issue(ctx context.Context, m *v1.IssueShardRequest, leg
 	key := ledger.PolicyKey{Subject: m.GetSubject(), Route: m.GetRoute(), Region: region}
 	for attempt := 0; ; attempt++ {
 		p, ok := svc.s.policies.active(key)
-		if !ok || attempt > 0 {
+		refreshed := !ok || attempt > 0
+		if refreshed {
 			if _, err := svc.s.policies.refresh(ctx); err != nil {
 				return nil, readError("issue shard: policies", ReasonNoPolicy, err)
 			}
@@ -212,6 +214,12 @@ func (svc *shardService) issue(ctx context.Context, m *v1.IssueShardRequest, leg
 			return nil, withReason(connect.NewError(connect.CodeNotFound, fmt.Errorf("%w: %s", ledger.ErrNoPolicy, key)), ReasonNoPolicy)
 		}
 		units, err := amounts(&p, m.GetUnits())
+		if err != nil && !refreshed {
+			// The cache may predate a generation with these units,
+			// published through another replica: the ledger never sees
+			// this command to say so, so map again after a reload.
+			continue
+		}
 		if err != nil {
 			return nil, invalidArgument(ReasonUnknownUnit, "issue shard %s: %v", m.GetShardId(), err)
 		}
@@ -227,11 +235,13 @@ func (svc *shardService) issue(ctx context.Context, m *v1.IssueShardRequest, leg
 		}
 		if cerr != nil {
 			if res.Shard != nil && !InScope(ctx, res.Shard.Account.Subject, res.Shard.Account.Route) {
+				svc.s.logOutOfScope(ctx, "issue shard", "shard", m.GetShardId())
 				return nil, shardIDTaken()
 			}
 			return nil, cerr
 		}
 		if !InScope(ctx, res.Shard.Account.Subject, res.Shard.Account.Route) {
+			svc.s.logOutOfScope(ctx, "issue shard", "shard", m.GetShardId())
 			return nil, shardIDTaken() // a replay of another tenant's shard id
 		}
 		pb, err := svc.shardProto(ctx, res.Shard, true)
@@ -261,7 +271,11 @@ func (svc *shardService) GetShard(ctx context.Context, req *connect.Request[v1.G
 		return nil, connect.NewError(connect.CodeUnimplemented, errors.New("this ledger cannot read shards"))
 	}
 	sh, err := svc.reads.Shard(ctx, req.Msg.GetShardId())
-	if scoped(ctx) && (isNotFound(err) || (err == nil && !InScope(ctx, sh.Account.Subject, sh.Account.Route))) {
+	if scoped(ctx) && err == nil && !InScope(ctx, sh.Account.Subject, sh.Account.Route) {
+		svc.s.logOutOfScope(ctx, "get shard", "shard", req.Msg.GetShardId())
+		return nil, shardNotFound("get shard", req.Msg.GetShardId())
+	}
+	if scoped(ctx) && isNotFound(err) {
 		return nil, shardNotFound("get shard", req.Msg.GetShardId())
 	}
 	if err != nil {
@@ -364,7 +378,11 @@ func (svc *shardService) ReconcileShard(ctx context.Context, req *connect.Reques
 	}
 	// The receipts' units are named by the shard's own generation.
 	sh, err := svc.reads.Shard(ctx, m.GetShardId())
-	if scoped(ctx) && (isNotFound(err) || (err == nil && !InScope(ctx, sh.Account.Subject, sh.Account.Route))) {
+	if scoped(ctx) && err == nil && !InScope(ctx, sh.Account.Subject, sh.Account.Route) {
+		svc.s.logOutOfScope(ctx, "reconcile shard", "shard", m.GetShardId())
+		return nil, shardNotFound("reconcile shard", m.GetShardId())
+	}
+	if scoped(ctx) && isNotFound(err) {
 		return nil, shardNotFound("reconcile shard", m.GetShardId())
 	}
 	if err != nil {

@@ -340,3 +340,42 @@ func (r randReader) Read(p []byte) (int, error) {
 	}
 	return len(p), nil
 }
+
+// TestIssueShardNewUnitFromOtherReplica: another replica publishes a
+// generation with a unit this server's cached generation lacks; an
+// IssueShard naming it reloads the cache and carves from the new
+// generation instead of answering UNKNOWN_UNIT against the stale one.
+func TestIssueShardNewUnitFromOtherReplica(t *testing.T) {
+	h := newShardHarness(t)
+	ctx := context.Background()
+	h.publish(t, true) // cached here: tokens and requests
+	if _, err := h.shards.IssueShard(ctx, connect.NewRequest(issueRequest("sh-warm", "gw-a", 10))); err != nil {
+		t.Fatal(err)
+	}
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	other := capledgerv1connect.NewLedgerServiceClient(&http.Client{Timeout: 10 * time.Second},
+		serve(t, server.New(h.engine, server.Config{Logger: logger, Shards: &server.ShardConfig{Keys: h.keys, MaxTTL: time.Hour}})))
+	pub, err := other.PublishPolicy(ctx, connect.NewRequest(&v1.PublishPolicyRequest{Policy: &v1.Policy{
+		Subject: "tenant-7", Route: "chat.generate", Region: "eu", EmergencyMode: true,
+		Dimensions: []*v1.Dimension{
+			{Unit: "tokens", Burst: 1000, RefillUnits: 1, RefillInterval: durationpb.New(time.Hour)},
+			{Unit: "gpus", Burst: 4},
+		},
+	}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := issueRequest("sh-gpu", "gw-a", 20)
+	req.Units = map[string]int64{"tokens": 20, "gpus": 1}
+	issued, err := h.shards.IssueShard(ctx, connect.NewRequest(req))
+	if err != nil {
+		t.Fatalf("issue naming the other replica's new unit: %v", err)
+	}
+	if sh := issued.Msg.Shard; sh.PolicyGeneration != pub.Msg.Policy.Generation || sh.AllocatedUnits["gpus"] != 1 || sh.AllocatedUnits["tokens"] != 20 {
+		t.Fatalf("issued: %+v", sh)
+	}
+	req = issueRequest("sh-tpu", "gw-a", 20)
+	req.Units = map[string]int64{"tpus": 1}
+	_, err = h.shards.IssueShard(ctx, connect.NewRequest(req))
+	wantShardError(t, err, connect.CodeInvalidArgument, server.ReasonUnknownUnit)
+}

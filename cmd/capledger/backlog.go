@@ -7,7 +7,7 @@ import (
 )
 
 func init() {
-	register(&command{name: "backlog", summary: "list the USAGE_UNKNOWN backlog, longest-waiting first (admin)", help: backlogHelp, run: runBacklog})
+	register(&command{name: "backlog", summary: "list the USAGE_UNKNOWN backlog, longest-waiting first (admin, viewer)", help: backlogHelp, run: runBacklog})
 }
 
 const backlogHelp = `Usage: capledger backlog [--subject S] [--route R] [--limit N | --all] [flags]
@@ -18,12 +18,16 @@ policy's execution limit). Their capacity stays reserved until a settle
 with the operation receipt resolves them. The longest-waiting (earliest
 "usageUnknownAt", when each was marked) come first; "backlog" and
 "oldestUsageUnknownAt" count the whole backlog, whatever the filters.
-Needs an admin token. With serve --resolver-config, reservations past
-their route's unknownDeadline come first in each page and are listed in
-"overdueReservationIds" ("overdue" counts them store-wide). For a token
-scoped to some tenants a page may hold fewer than --limit reservations,
-or none, and still have a nextPageToken: the server reads a bounded
-number of rows per call; keep paging (--all does).
+With serve --resolver-config, reservations past their route's
+unknownDeadline come first in each page and are listed in
+"overdueReservationIds" ("overdue" counts them store-wide).
+
+Needs an admin or viewer token (a gateway token is refused: the list
+spans tenants). A viewer scoped to some tenants (subjects=, routes=)
+lists only their reservations and gets none of the store-wide figures
+("backlog", "oldestUsageUnknownAt", "overdue"); its page may hold fewer
+than --limit reservations, or none, and still have a nextPageToken: the
+server reads a bounded number of rows per call; keep paging (--all does).
 
 To resolve one: find the real usage of its operationId (the executor's or
 backend's record, the gateway's receipt log), then

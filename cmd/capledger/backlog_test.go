@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -125,4 +126,72 @@ func TestCLIDebts(t *testing.T) {
 	}
 	code, out, errOut = cli(t, url, "debts", "--limit", "1001")
 	wantExit(t, exitUsage, code, out, errOut)
+}
+
+// backlog and debts say which tokens the server lets list (--help), and
+// the server does: an admin and a viewer list every tenant's rows, a
+// viewer scoped to some tenants only theirs (and no store-wide counts),
+// a gateway token is refused (exit 1, permission denied). Their help said
+// "Needs an admin token" before.
+func TestCLIBacklogAndDebtsTokens(t *testing.T) {
+	const admin, viewer, scoped, gateway = "cli-admin-token-0001", "cli-viewer-token-0001", "cli-scoped-token-0001", "cli-gateway-token-0001"
+	tokens := filepath.Join(t.TempDir(), "tokens")
+	if err := os.WriteFile(tokens, []byte(admin+" admin ops\n"+viewer+" viewer oncall\n"+
+		scoped+" viewer team-8 subjects=tenant-8\n"+gateway+" gateway gw-1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	url := startInProcess(t, "--tokens", tokens)
+	policyPath := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(policyPath, []byte(policyYAML), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := cli(t, url, "policy", "publish", "--token", admin, policyPath)
+	wantExit(t, exitOK, code, out, errOut)
+	for _, step := range [][]string{
+		{"reserve", "--subject", "tenant-7", "--route", "chat.generate", "--units", "tokens=10,requests=1", "--id", "u-1"},
+		{"start", "--id", "u-1", "--operation", "op-u-1"},
+		{"mark-unknown", "--id", "u-1"},
+		{"reserve", "--subject", "tenant-7", "--route", "chat.generate", "--units", "tokens=600,requests=1", "--id", "big"},
+		{"start", "--id", "big", "--operation", "op-big"},
+		{"settle", "--id", "big", "--operation", "op-big", "--units", "tokens=100600,requests=1"},
+	} {
+		code, out, errOut = cli(t, url, append(step, "--token", gateway)...)
+		wantExit(t, exitOK, code, out, errOut)
+	}
+
+	for _, c := range []struct {
+		command, rows, help string
+	}{
+		{"backlog", "reservations", "Needs an admin or viewer token"},
+		{"debts", "accounts", "Needs an admin or viewer token"},
+	} {
+		code, out, errOut = cli(t, url, c.command, "--help")
+		if !strings.Contains(out+errOut, c.help) || strings.Contains(out+errOut, "Needs an admin token") {
+			t.Errorf("%s --help does not say %q:\n%s%s", c.command, c.help, out, errOut)
+		}
+		for _, tc := range []struct {
+			token string
+			exit  int
+			rows  int
+		}{{admin, exitOK, 1}, {viewer, exitOK, 1}, {scoped, exitOK, 0}, {gateway, exitUsage, 0}} {
+			code, out, errOut = cli(t, url, c.command, "--all", "--token", tc.token)
+			wantExit(t, tc.exit, code, out, errOut)
+			if tc.exit != exitOK {
+				if !strings.Contains(errOut, "permission") {
+					t.Errorf("%s with a gateway token says %q", c.command, errOut)
+				}
+				continue
+			}
+			var page map[string]any
+			if err := json.Unmarshal([]byte(out), &page); err != nil {
+				t.Fatalf("%s printed %s: %v", c.command, out, err)
+			}
+			if rows, _ := page[c.rows].([]any); len(rows) != tc.rows {
+				t.Errorf("%s with %s listed %d %s, want %d", c.command, tc.token, len(rows), c.rows, tc.rows)
+			}
+			if _, counted := page["backlog"]; c.command == "backlog" && counted != (tc.token != scoped) {
+				t.Errorf("backlog with %s: store-wide count shown %v: %s", tc.token, counted, out)
+			}
+		}
+	}
 }

@@ -3,9 +3,11 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	neturl "net/url"
@@ -22,6 +24,9 @@ import (
 
 	v1 "github.com/capledger/capledger/api/capledger/v1"
 	"github.com/capledger/capledger/api/capledger/v1/capledgerv1connect"
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store/postgres"
+	"github.com/capledger/capledger/store/sqlite"
 )
 
 // startInProcess runs `capledger serve` through run() on a free loopback
@@ -188,6 +193,20 @@ func TestCLIAgainstServer(t *testing.T) {
 	}
 	code, out, errOut = cli(t, url, "policy", "list")
 	wantExit(t, exitOK, code, out, errOut)
+	// record: usage nothing reserved, beyond what is free, is recorded as
+	// debt; a retry replays, other usage under the id is a conflict.
+	code, out, errOut = cli(t, url, "record", "--subject", "tenant-7", "--route", "chat.generate", "--units", "tokens=50000", "--id", "resp-1")
+	wantExit(t, exitOK, code, out, errOut)
+	if !strings.Contains(out, `"state": "RESERVATION_STATE_SETTLED_WITH_DEBT"`) || !strings.Contains(errOut, "debt") {
+		t.Fatalf("record printed %s / %s", out, errOut)
+	}
+	code, out, errOut = cli(t, url, "record", "--subject", "tenant-7", "--route", "chat.generate", "--units", "tokens=50000", "--id", "resp-1")
+	wantExit(t, exitOK, code, out, errOut)
+	if !strings.Contains(out, `"replayed": true`) {
+		t.Fatalf("record retry printed %s", out)
+	}
+	code, out, errOut = cli(t, url, "record", "--subject", "tenant-7", "--route", "chat.generate", "--units", "tokens=50001", "--id", "resp-1")
+	wantExit(t, exitConflict, code, out, errOut)
 	code, out, errOut = cli(t, url, "audit")
 	wantExit(t, exitOK, code, out, errOut)
 	code, out, errOut = cli(t, url, "audit", "--since-checkpoint", "--progress")
@@ -382,6 +401,65 @@ func TestMigrateUnreachablePostgresExits5(t *testing.T) {
 	}
 }
 
+// migrate's errors name the command once ("capledger migrate: "), then
+// the step that failed: PostgreSQL unreachable, a schema a newer binary
+// migrated, a search_path naming no schema, and a SQLite file a newer
+// binary migrated (it said "migrate: migrate: connect" before).
+func TestMigrateErrorNamesTheCommandOnce(t *testing.T) {
+	once := func(t *testing.T, errOut, cause string) {
+		t.Helper()
+		if strings.Count(errOut, "migrate:") != 1 || !strings.HasPrefix(errOut, "capledger migrate: ") || !strings.Contains(errOut, cause) {
+			t.Errorf("migrate says %q: want \"capledger migrate: \" once, then %q", errOut, cause)
+		}
+	}
+	code, out, errOut := cli(t, "", "migrate", "--store", "postgres://postgres@127.0.0.1:47251/test?sslmode=disable&connect_timeout=5")
+	wantExit(t, exitUnavailable, code, out, errOut)
+	once(t, errOut, "capledger migrate: connect: ")
+
+	dir := t.TempDir()
+	code, out, errOut = cli(t, "", "migrate", "--data-dir", dir)
+	wantExit(t, exitOK, code, out, errOut)
+	db, err := sql.Open("sqlite", filepath.Join(dir, "capledger.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = db.Exec(`INSERT INTO schema_migrations (version, name) VALUES (?, 'from_the_future')`, sqlite.SchemaVersion()+1)
+	db.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut = cli(t, "", "migrate", "--data-dir", dir)
+	wantExit(t, exitUsage, code, out, errOut)
+	once(t, errOut, "this binary knows up to")
+
+	dsn := postgresSchema(t)
+	u, err := neturl.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("search_path", "capledger_cli_no_such_schema")
+	u.RawQuery = q.Encode()
+	code, out, errOut = cli(t, "", "migrate", "--store", u.String())
+	wantExit(t, exitUsage, code, out, errOut)
+	once(t, errOut, "capledger migrate: no schema of the search_path")
+
+	code, out, errOut = cli(t, "", "migrate", "--store", dsn)
+	wantExit(t, exitOK, code, out, errOut)
+	conn, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = conn.Exec(context.Background(), `INSERT INTO schema_migrations (version, name) VALUES ($1, 'from_the_future')`, postgres.SchemaVersion()+1)
+	conn.Close(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut = cli(t, "", "migrate", "--store", dsn)
+	wantExit(t, exitUsage, code, out, errOut)
+	once(t, errOut, "does not know: a newer capledger migrated it")
+}
+
 // serve exits 5 when its store cannot be reached, the general rule for an
 // unavailable store (a supervisor retries), not 1 (bad flags or config).
 func TestServeUnreachablePostgresExits5(t *testing.T) {
@@ -470,6 +548,156 @@ func TestTwoReplicasOnPostgres(t *testing.T) {
 	}
 	code, out, errOut = cli(t, urls[1], "audit")
 	wantExit(t, exitOK, code, out, errOut)
+}
+
+// TestLongKeysOnPostgres: a subject, route and region of
+// ledger.MaxKeyBytes each are kept on PostgreSQL (its index rows of the
+// three stay under 2,704 bytes), and a longer subject is refused as
+// invalid (exit 1), not answered unavailable (exit 5: the index row did
+// not fit, the batch failed, and a client retried forever).
+func TestLongKeysOnPostgres(t *testing.T) {
+	url := startInProcess(t, "--store", postgresSchema(t))
+	random := func(n int) string { // incompressible, as PostgreSQL would otherwise shrink it
+		b := make([]byte, n/2)
+		rand.Read(b)
+		return hex.EncodeToString(b)
+	}
+	subject, route, region := random(ledger.MaxKeyBytes), random(ledger.MaxKeyBytes), random(ledger.MaxKeyBytes)
+	policy := filepath.Join(t.TempDir(), "policy.yaml")
+	os.WriteFile(policy, []byte("subject: '*'\nroute: "+route+"\nregion: "+region+"\ndimensions:\n  - unit: tokens\n    burst: 100\n"), 0o600)
+	code, out, errOut := cli(t, url, "policy", "publish", policy)
+	wantExit(t, exitOK, code, out, errOut)
+	code, out, errOut = cli(t, url, "reserve", "--subject", subject, "--route", route, "--region", region, "--units", "tokens=1", "--id", "max")
+	wantExit(t, exitOK, code, out, errOut)
+	code, out, errOut = cli(t, url, "reserve", "--subject", random(3000), "--route", route, "--region", region, "--units", "tokens=1", "--id", "long")
+	wantExit(t, exitUsage, code, out, errOut)
+	if !strings.Contains(errOut, "INVALID_COMMAND") {
+		t.Fatalf("a 3000-byte subject: %s", errOut)
+	}
+	code, out, errOut = cli(t, url, "audit")
+	wantExit(t, exitOK, code, out, errOut)
+}
+
+// cuttableProxy relays TCP connections to target until cut, which closes
+// its listener and every relayed connection (the database unreachable
+// from this replica alone); mend listens on the same address again.
+type cuttableProxy struct {
+	addr, target string
+	mu           sync.Mutex
+	ln           net.Listener
+	conns        []net.Conn
+}
+
+func newCuttableProxy(t *testing.T, target string) *cuttableProxy {
+	t.Helper()
+	p := &cuttableProxy{target: target}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.addr = ln.Addr().String()
+	p.serve(ln)
+	t.Cleanup(p.cut)
+	return p
+}
+
+func (p *cuttableProxy) serve(ln net.Listener) {
+	p.mu.Lock()
+	p.ln = ln
+	p.mu.Unlock()
+	go func() {
+		for {
+			client, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			server, err := net.Dial("tcp", p.target)
+			if err != nil {
+				client.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, client, server)
+			p.mu.Unlock()
+			go func() { io.Copy(server, client); server.Close() }()
+			go func() { io.Copy(client, server); client.Close() }()
+		}
+	}()
+}
+
+func (p *cuttableProxy) cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ln != nil {
+		p.ln.Close()
+		p.ln = nil
+	}
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
+}
+
+func (p *cuttableProxy) mend(t *testing.T) {
+	t.Helper()
+	ln, err := net.Listen("tcp", p.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.serve(ln)
+}
+
+// TestWorkerLeaseLapseLogged: a replica whose renewals fail (its database
+// unreachable) stops running the workers once its last renewal lapses,
+// and says so in its log with "worker lease lost" (docs/OPERATIONS.md,
+// "Worker leader"), as it does when another replica takes the lease; it
+// logged only the renewals' errors, and "acquired" again once back.
+func TestWorkerLeaseLapseLogged(t *testing.T) {
+	dsn := postgresSchema(t)
+	u, err := neturl.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := newCuttableProxy(t, u.Host)
+	u.Host = proxy.addr
+	q := u.Query()
+	q.Set("connect_timeout", "1")
+	u.RawQuery = q.Encode()
+	addr, logs := serveInProcess(t, "--store", u.String(), "--lease-ttl", "900ms")
+	waitFor := func(what string, within time.Duration) {
+		t.Helper()
+		deadline := time.Now().Add(within)
+		for !strings.Contains(logs.String(), what) {
+			if time.Now().After(deadline) {
+				t.Fatalf("no %q in the log within %v:\n%s", what, within, logs.String())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	waitFor("worker lease acquired", 10*time.Second)
+	proxy.cut()
+	waitFor("worker lease lost", 5*time.Second)
+	var status struct{ Workers struct{ Leader bool } }
+	resp, err := http.Get("http://" + addr + "/statusz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	json.NewDecoder(resp.Body).Decode(&status)
+	resp.Body.Close()
+	if status.Workers.Leader {
+		t.Fatal("/statusz says leader after the lease was lost")
+	}
+	proxy.mend(t)
+	if n := strings.Count(logs.String(), "worker lease acquired"); n != 1 {
+		t.Fatalf("acquired %d times before the store came back", n)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for strings.Count(logs.String(), "worker lease acquired") < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the lease was not taken again once the store came back:\n%s", logs.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // One serve owns a SQLite store (docs/OPERATIONS.md, "Worker leader"): a

@@ -7,7 +7,7 @@ import (
 )
 
 func init() {
-	register(&command{name: "debts", summary: "list the accounts frozen by debt (admin)", help: debtsHelp, run: runDebts})
+	register(&command{name: "debts", summary: "list the accounts frozen by debt (admin, viewer)", help: debtsHelp, run: runDebts})
 }
 
 const debtsHelp = `Usage: capledger debts [--limit N | --all] [flags]
@@ -17,12 +17,13 @@ than was reserved, available capacity could not cover the rest, and the
 subject's route admits nothing (429 ADMISSION_FROZEN) until refill repays
 it. Balances are shown as "capledger account" shows them, with the refill
 due up to now, in key order (subject, route, region, generation). It ends
-by itself; do not roll back or republish to unfreeze a tenant. Needs an
-admin token.
+by itself; do not roll back or republish to unfreeze a tenant.
 
-A page may hold fewer than --limit accounts, or none, and still have a
-nextPageToken: the server stops after reading a bounded number of rows;
-keep paging (--all does).
+Needs an admin or viewer token (a gateway token is refused: the list
+spans tenants); a viewer scoped to some tenants (subjects=, routes=)
+lists only theirs. A page may hold fewer than --limit accounts, or none,
+and still have a nextPageToken: the server stops after reading a bounded
+number of rows; keep paging (--all does).
 
 Flags:
 ` + pageFlagsHelp + `

@@ -93,17 +93,17 @@ func runMigrate(ctx context.Context, e *env, args []string) error {
 		return storeError(err)
 	}
 	if err := st.Close(); err != nil {
-		return usagef("migrate: close: %v", err)
+		return usagef("close: %v", err)
 	}
 	if sq, ok := st.(*sqlite.Store); ok && *autoVacuum {
 		converted, err := sqlite.Open(ctx, sq.Path(), sqlite.WithAutoVacuumConversion())
 		if err != nil {
-			return usagef("migrate: auto_vacuum: %v", err)
+			return usagef("auto_vacuum: %v", err)
 		}
 		mode, err := converted.AutoVacuum(ctx)
 		converted.Close()
 		if err != nil {
-			return usagef("migrate: auto_vacuum: %v", err)
+			return usagef("auto_vacuum: %v", err)
 		}
 		fmt.Fprintf(e.stdout, "%s auto_vacuum mode %d (2 = incremental)\n", sq.Path(), mode)
 	}

@@ -16,6 +16,7 @@ func init() {
 	register(&command{name: "reserve", summary: "reserve estimated capacity (prints the RESERVED receipt)", help: reserveHelp, run: runReserve})
 	register(&command{name: "start", summary: "mark a reservation started, binding an operation id", help: startHelp, run: runStart})
 	register(&command{name: "settle", summary: "settle actual usage; the unused rest is refunded once", help: settleHelp, run: runSettle})
+	register(&command{name: "record", summary: "record usage nothing was reserved for (never refused for capacity: the rest is debt)", help: recordHelp, run: runRecord})
 	register(&command{name: "release", summary: "give an unstarted reservation back in full", help: releaseHelp, run: runRelease})
 	register(&command{name: "mark-unknown", summary: "record that started work's usage is unknown", help: markUnknownHelp, run: runMarkUnknown})
 	register(&command{name: "get", summary: "read a reservation by id (recovery after a lost answer)", help: getHelp, run: runGet})
@@ -77,6 +78,28 @@ Flags:
                     omitted units count as 0
 `
 
+const recordHelp = `Usage: capledger record --subject S --route R --units unit=n[,unit=n] [--id ID] [flags]
+
+Record records usage learned only after the work ran, for which nothing
+was reserved (RecordUsage, docs/API.md). It is never refused for lack of
+capacity: the usage takes available capacity first, the rest becomes debt
+(SETTLED_WITH_DEBT), and the subject's route admits nothing until refills
+repay it. The receipt holds nothing and carries the usage.
+
+The reservation id is the idempotency key. Without --id a new ULID is
+generated and printed; if the answer is lost, retry with the SAME id and
+usage: a retry replays and charges nothing twice. The same id with other
+usage is refused (exit 4, RESERVATION_ALREADY_SETTLED).
+
+Flags:
+  --subject S       concrete subject, e.g. tenant-7 (required)
+  --route R         route, e.g. chat.generate (required)
+  --region REGION   region (default global)
+  --units SPEC      usage by unit name, e.g. tokens=1800 (required)
+  --id ID           reservation id (default: a new ULID)
+  --operation OP    operation id (default: the reservation id)
+`
+
 const releaseHelp = `Usage: capledger release ID [flags]   (or: capledger release --id ID [flags])
 
 Release gives an unstarted (RESERVED) reservation back in full, e.g. when
@@ -122,6 +145,7 @@ func init() {
 		"reserve":      examples("capledger reserve --subject tenant-7 --route chat.generate --units tokens=600,requests=1 --id req-42"),
 		"start":        examples("capledger start req-42 --operation exec-42"),
 		"settle":       examples("capledger settle req-42 --operation exec-42 --units tokens=200,requests=1"),
+		"record":       examples("capledger record --subject tenant-7 --route chat.generate --units tokens=1800 --id resp-42"),
 		"release":      examples("capledger release req-42"),
 		"mark-unknown": examples("capledger mark-unknown req-42"),
 		"get":          examples("capledger get req-42"),
@@ -224,6 +248,49 @@ func runSettle(ctx context.Context, e *env, args []string) error {
 	msg, err := unary(ctx, cf.timeout, client.Settle, &v1.SettleRequest{ReservationId: *id, OperationId: *operation, ActualUnits: units})
 	if err != nil {
 		return err
+	}
+	return printJSON(e.stdout, msg)
+}
+
+func runRecord(ctx context.Context, e *env, args []string) error {
+	fs := newFlags("record")
+	var cf clientFlags
+	cf.register(fs, e)
+	id := fs.String("id", "", "")
+	operation := fs.String("operation", "", "")
+	subject := fs.String("subject", "", "")
+	route := fs.String("route", "", "")
+	region := fs.String("region", "", "")
+	unitSpec := fs.String("units", "", "")
+	if err := parseNoArgs(fs, args); err != nil {
+		return err
+	}
+	if *subject == "" || *route == "" || *unitSpec == "" {
+		return usagef("--subject, --route and --units are required")
+	}
+	units, err := parseUnits("units", *unitSpec)
+	if err != nil {
+		return err
+	}
+	if *id == "" {
+		*id = ulid.MustNew(ulid.Timestamp(time.Now()), rand.Reader).String()
+		fmt.Fprintf(e.stderr, "reservation id %s (retry with --id %s if the answer is lost)\n", *id, *id)
+	}
+	if *operation == "" {
+		*operation = *id
+	}
+	client, err := cf.client()
+	if err != nil {
+		return err
+	}
+	msg, err := unary(ctx, cf.timeout, client.RecordUsage, &v1.RecordUsageRequest{
+		ReservationId: *id, OperationId: *operation, Subject: *subject, Route: *route, Region: *region, ActualUnits: units,
+	})
+	if err != nil {
+		return err
+	}
+	if msg.GetReservation().GetState() == v1.ReservationState_RESERVATION_STATE_SETTLED_WITH_DEBT && !msg.GetReplayed() {
+		fmt.Fprintf(e.stderr, "recorded beyond the free capacity: the rest is debt, and the route admits nothing until refills repay it\n")
 	}
 	return printJSON(e.stdout, msg)
 }

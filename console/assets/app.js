@@ -467,7 +467,9 @@ pages.backlog = async function (main) {
 pages.debts = async function (main) {
   const [debts, standing] = await Promise.all([
     ledgerPage("ListDebts", {}, "accounts", 1000),
-    console_("ListAccountStandings", { limit: 1000 }),
+    // When refill repays each debt: the debtors' standings only (the
+    // store's index of debtors, as ListDebts), not every account's.
+    console_("ListAccountStandings", { inDebt: true, limit: 1000 }),
   ]);
   main.append(el("h1", {}, "Debts"));
   const repaid = {};

@@ -38,7 +38,9 @@ func SchemaVersion() int {
 // Returns an error wrapping store.ErrUnavailable when the server cannot be
 // reached, and an error naming the versions when the database holds a
 // migration this binary does not know (a newer binary migrated it: run
-// that binary, or roll forward).
+// that binary, or roll forward). The errors say which step failed, not
+// that it was a migration: the caller names that (capledger migrate names
+// the command; Open says "open: migrate").
 func Migrate(ctx context.Context, dsn string) ([]int, error) {
 	cfg, err := parseConfig(dsn)
 	if err != nil {
@@ -46,7 +48,7 @@ func Migrate(ctx context.Context, dsn string) ([]int, error) {
 	}
 	conn, err := pgx.ConnectConfig(ctx, cfg.ConnConfig)
 	if err != nil {
-		return nil, (&counters{}).classify("migrate: connect", err, false)
+		return nil, (&counters{}).classify("connect", err, false)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	return migrate(ctx, conn)
@@ -60,45 +62,45 @@ func migrate(ctx context.Context, conn *pgx.Conn) ([]int, error) {
 	}
 	tx, err := conn.Begin(ctx)
 	if err != nil {
-		return nil, c.classify("migrate: begin", err, false)
+		return nil, c.classify("begin", err, false)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	// current_schema() is NULL when no schema of the search_path exists.
 	var current *string
 	if err := tx.QueryRow(ctx, `SELECT current_schema()`).Scan(&current); err != nil {
-		return nil, c.classify("migrate: current schema", err, false)
+		return nil, c.classify("current schema", err, false)
 	}
 	if current == nil || *current == "" {
 		var searchPath string
 		_ = tx.QueryRow(ctx, `SHOW search_path`).Scan(&searchPath)
-		return nil, fmt.Errorf("migrate: no schema to migrate: no schema of the search_path (%s) exists; create it first (CREATE SCHEMA ...)", searchPath)
+		return nil, fmt.Errorf("no schema of the search_path (%s) exists to migrate; create it first (CREATE SCHEMA ...)", searchPath)
 	}
 	schema := *current
 	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('capledger.migrate.' || $1::text, 0))`, schema); err != nil {
-		return nil, c.classify("migrate: lock", err, false)
+		return nil, c.classify("lock", err, false)
 	}
 	// Only create the bookkeeping table when it is missing: a replica
 	// running as a role without CREATE on the schema (migrations applied
 	// by `capledger migrate` as the owner) must still open a current schema.
 	var exists bool
 	if err := tx.QueryRow(ctx, `SELECT to_regclass(format('%I.schema_migrations', $1::text)) IS NOT NULL`, schema).Scan(&exists); err != nil {
-		return nil, c.classify("migrate: schema_migrations", err, false)
+		return nil, c.classify("schema_migrations", err, false)
 	}
 	if !exists {
 		if _, err := tx.Exec(ctx, `CREATE TABLE schema_migrations (
 			version    integer PRIMARY KEY,
 			name       text    NOT NULL,
 			applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
-			return nil, c.classify("migrate: schema_migrations", err, false)
+			return nil, c.classify("schema_migrations", err, false)
 		}
 	}
 	rows, err := tx.Query(ctx, `SELECT version FROM schema_migrations ORDER BY version`)
 	if err != nil {
-		return nil, c.classify("migrate: applied versions", err, false)
+		return nil, c.classify("applied versions", err, false)
 	}
 	applied, err := pgx.CollectRows(rows, pgx.RowTo[int32])
 	if err != nil {
-		return nil, c.classify("migrate: applied versions", err, false)
+		return nil, c.classify("applied versions", err, false)
 	}
 	done := map[int]bool{}
 	var unknown []int
@@ -109,7 +111,7 @@ func migrate(ctx context.Context, conn *pgx.Conn) ([]int, error) {
 		}
 	}
 	if len(unknown) > 0 {
-		return nil, fmt.Errorf("migrate: schema %q has migrations %v that this binary (schema version %d) does not know: a newer capledger migrated it; run that version", schema, unknown, len(all))
+		return nil, fmt.Errorf("schema %q has migrations %v that this binary (schema version %d) does not know: a newer capledger migrated it; run that version", schema, unknown, len(all))
 	}
 	var ran []int
 	for _, m := range all {
@@ -117,15 +119,15 @@ func migrate(ctx context.Context, conn *pgx.Conn) ([]int, error) {
 			continue
 		}
 		if _, err := tx.Exec(ctx, m.SQL); err != nil {
-			return nil, c.classify("migrate: apply "+m.File, err, false)
+			return nil, c.classify("apply "+m.File, err, false)
 		}
 		if _, err := tx.Exec(ctx, `INSERT INTO schema_migrations (version, name) VALUES ($1, $2)`, m.Version, m.Name); err != nil {
-			return nil, c.classify("migrate: record version", err, false)
+			return nil, c.classify("record version", err, false)
 		}
 		ran = append(ran, m.Version)
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return nil, c.classify("migrate: commit", err, true)
+		return nil, c.classify("commit", err, true)
 	}
 	return ran, nil
 }

@@ -149,7 +149,7 @@ func Open(ctx context.Context, dsn string) (*Store, error) {
 	_, err = migrate(ctx, conn)
 	conn.Close(context.WithoutCancel(ctx))
 	if err != nil {
-		return nil, fmt.Errorf("open: %w", err)
+		return nil, fmt.Errorf("open: migrate: %w", err)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

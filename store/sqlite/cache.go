@@ -12,12 +12,12 @@ import (
 // DefaultCacheRows bounds the row cache: the most rows of each cached
 // table (accounts, account currents, policy heads, ...) it keeps. A
 // tenant (its account and current generation, kept encoded) costs about
-// 275 bytes cached, so the default holds the 524,288 most recently used
-// tenants in about 145 MB whatever the number of accounts in the file: as
-// much memory as 131,072 accounts took as structs. A million would fit
-// in about 290 MB, but then a checkpoint cut over a million accounts
-// (about 160 MB more live heap) ran the GC near serve's memory limit and
-// took twice the CPU (docs/PERFORMANCE.md, a million tenants).
+// 260 bytes cached, so the default holds the 524,288 most recently used
+// tenants in about 135 MB whatever the number of accounts in the file:
+// about as much memory as 131,072 accounts took as structs. A million
+// would fit in about 260 MB, but then a checkpoint cut over a million
+// accounts (about 160 MB more live heap) ran the GC near serve's memory
+// limit and took twice the CPU (docs/PERFORMANCE.md, a million tenants).
 const DefaultCacheRows = 1 << 19
 
 // WithCacheRows sets the row cache's bound, rows per cached table
@@ -28,102 +28,150 @@ func WithCacheRows(n int) Option { return func(c *config) { c.cacheRows = n } }
 // (row nil).
 type cached[T any] struct{ row *T }
 
+// clockEntry is what a clock's slot holds: the key the clock indexes it
+// by, and the rest of the entry.
+type clockEntry[K comparable] interface{ clockKey() K }
+
+// clock is the one CLOCK algorithm (second chance, an approximation of
+// least recently used that costs one flag per hit) of both kinds of row
+// cache table (clockTable, packedTable): at most limit slots, indexed by
+// key. A hit sets its slot's used flag and the hand passing by clears it,
+// so a row the hand finds unused since its last pass is evicted: a working
+// set that fits stays cached however many rows the table holds, and a scan
+// over more rows than fit evicts only what it passes, never the whole
+// cache.
+type clock[K comparable, S clockEntry[K]] struct {
+	index map[K]int32
+	slots []S
+	// used[i] is slot i's flag (kept beside the slots, not in them, so a
+	// slot pays no padding for it).
+	used  []bool
+	hand  int
+	limit int
+	// evictions counts slots evicted to make room (tests, metrics).
+	evictions uint64
+}
+
+func newClock[K comparable, S clockEntry[K]](limit int) clock[K, S] {
+	return clock[K, S]{index: map[K]int32{}, limit: max(limit, 1)}
+}
+
+// slot returns the index of key's slot and whether it holds one.
+func (c *clock[K, S]) slot(key K) (int32, bool) {
+	i, ok := c.index[key]
+	return i, ok
+}
+
+// touch marks slot i used (a hit).
+func (c *clock[K, S]) touch(i int32) { c.used[i] = true }
+
+// set replaces slot i's entry, whose key indexes slot i, and marks it used.
+func (c *clock[K, S]) set(i int32, e S) { c.slots[i], c.used[i] = e, true }
+
+// add puts e, whose key holds no slot, in a free slot or else in the
+// first unused one the hand finds, and returns whether that evicted an
+// entry. The new entry starts unused, so a row read once is the next to
+// go unless it is read again: one pass of a scan cannot flush the hot
+// rows.
+func (c *clock[K, S]) add(e S) (evicted bool) {
+	if len(c.slots) < c.limit {
+		c.index[e.clockKey()] = int32(len(c.slots))
+		c.slots = append(c.slots, e)
+		c.used = append(c.used, false)
+		return false
+	}
+	// Full: advance the hand past used slots (clearing their flag) to the
+	// first unused one.
+	for c.used[c.hand] {
+		c.used[c.hand] = false
+		c.hand = (c.hand + 1) % len(c.slots)
+	}
+	delete(c.index, c.slots[c.hand].clockKey())
+	c.slots[c.hand], c.used[c.hand] = e, false
+	c.index[e.clockKey()] = int32(c.hand)
+	c.hand = (c.hand + 1) % len(c.slots)
+	c.evictions++
+	return true
+}
+
+// remove empties slot i, moving the last slot into it.
+func (c *clock[K, S]) remove(i int32) {
+	last := len(c.slots) - 1
+	delete(c.index, c.slots[i].clockKey())
+	if int(i) != last {
+		c.slots[i], c.used[i] = c.slots[last], c.used[last]
+		c.index[c.slots[i].clockKey()] = i
+	}
+	var zero S
+	c.slots[last] = zero
+	c.slots, c.used = c.slots[:last], c.used[:last]
+	if c.hand >= len(c.slots) {
+		c.hand = 0
+	}
+}
+
+// reset empties the clock, keeping its memory.
+func (c *clock[K, S]) reset() {
+	clear(c.index)
+	clear(c.slots)
+	c.slots, c.used = c.slots[:0], c.used[:0]
+	c.hand = 0
+}
+
+func (c *clock[K, S]) len() int { return len(c.slots) }
+
 // clockSlot is one entry of a clockTable.
 type clockSlot[K comparable, T any] struct {
 	key K
 	val cached[T]
-	// used is set by every hit and cleared by the clock hand passing by:
-	// a row the hand finds unused since its last pass is evicted.
-	used bool
 }
 
-// clockTable is one table's part of the row cache: at most limit rows,
-// evicted by the CLOCK algorithm (second chance, an approximation of
-// least recently used that costs one flag per hit), so a working set that
-// fits stays cached however many rows the table holds, and a scan over
-// more rows than fit evicts only what it passes, never the whole cache.
+func (s clockSlot[K, T]) clockKey() K { return s.key }
+
+// clockTable is one table's part of the row cache, its rows kept as
+// structs: at most limit rows, evicted by the CLOCK algorithm (clock).
 type clockTable[K comparable, T any] struct {
-	index map[K]int32
-	slots []clockSlot[K, T]
-	hand  int
-	limit int
+	clock[K, clockSlot[K, T]]
 	// complete is set while the table holds every row of its SQL table,
 	// so a key it does not hold does not exist (completeHeads); an
 	// eviction or a reset clears it.
 	complete bool
-	// evictions counts rows evicted to make room (tests, metrics).
-	evictions uint64
 }
 
 func newClockTable[K comparable, T any](limit int) *clockTable[K, T] {
-	return &clockTable[K, T]{index: map[K]int32{}, limit: max(limit, 1)}
+	return &clockTable[K, T]{clock: newClock[K, clockSlot[K, T]](limit)}
 }
 
 func (t *clockTable[K, T]) get(key K) (cached[T], bool) {
-	i, ok := t.index[key]
+	i, ok := t.slot(key)
 	if !ok {
 		return cached[T]{}, false
 	}
-	t.slots[i].used = true
+	t.touch(i)
 	return t.slots[i].val, true
 }
 
 func (t *clockTable[K, T]) put(key K, val cached[T]) {
-	if i, ok := t.index[key]; ok {
-		t.slots[i].val, t.slots[i].used = val, true
+	if i, ok := t.slot(key); ok {
+		t.set(i, clockSlot[K, T]{key: key, val: val})
 		return
 	}
-	if len(t.slots) < t.limit {
-		t.index[key] = int32(len(t.slots))
-		t.slots = append(t.slots, clockSlot[K, T]{key: key, val: val})
-		return
+	if t.add(clockSlot[K, T]{key: key, val: val}) {
+		t.complete = false
 	}
-	// Full: advance the hand past used rows (clearing their flag) to the
-	// first unused one, and put the new row in its slot. The new row
-	// starts unused, so a row read once is the next to go unless it is
-	// read again: one pass of a scan cannot flush the hot rows.
-	for t.slots[t.hand].used {
-		t.slots[t.hand].used = false
-		t.hand = (t.hand + 1) % len(t.slots)
-	}
-	t.complete = false
-	victim := &t.slots[t.hand]
-	delete(t.index, victim.key)
-	*victim = clockSlot[K, T]{key: key, val: val}
-	t.index[key] = int32(t.hand)
-	t.hand = (t.hand + 1) % len(t.slots)
-	t.evictions++
 }
 
 func (t *clockTable[K, T]) delete(key K) {
-	i, ok := t.index[key]
-	if !ok {
-		return
-	}
-	// Keep the slot (its position in the clock) but mark the row as not
-	// cached: move the last slot into it.
-	last := len(t.slots) - 1
-	delete(t.index, key)
-	if int(i) != last {
-		t.slots[i] = t.slots[last]
-		t.index[t.slots[i].key] = i
-	}
-	t.slots[last] = clockSlot[K, T]{}
-	t.slots = t.slots[:last]
-	if t.hand >= len(t.slots) {
-		t.hand = 0
+	// The slot goes; the last slot moves into its place in the clock.
+	if i, ok := t.slot(key); ok {
+		t.remove(i)
 	}
 }
 
 func (t *clockTable[K, T]) reset() {
-	clear(t.index)
-	clear(t.slots)
-	t.slots = t.slots[:0]
-	t.hand = 0
+	t.clock.reset()
 	t.complete = false
 }
-
-func (t *clockTable[K, T]) len() int { return len(t.slots) }
 
 // rowCache keeps copies of the rows of the small, hot tables (meta,
 // policies, policy heads, accounts, account currents) as this process's

@@ -35,31 +35,28 @@ type packedCodec[K comparable, T any] struct {
 type packedSlot struct {
 	hash uint64
 	data string
-	// used: as clockSlot's.
-	used bool
 }
 
-// packedTable is a clockTable (the same bound and CLOCK eviction) that
-// keeps its rows encoded: a tenant (its account and its current
-// generation, with their index entries) takes about 273 bytes instead of
-// about 1,230 as structs (TestPackedCacheBytesPerTenant), so at the same
+func (s packedSlot) clockKey() uint64 { return s.hash }
+
+// packedTable is a clockTable (the same bound and CLOCK eviction, clock)
+// that keeps its rows encoded: a tenant (its account and its current
+// generation, with their index entries) takes about 257 bytes instead of
+// about 1,217 as structs (TestPackedCacheBytesPerTenant), so at the same
 // memory about four times as many tenants stay cached, and a row costs a
-// decode on each hit (see docs/PERFORMANCE.md, a million tenants). The index maps a hash of the encoded key to its slot; a slot
-// holds the key itself, so a hit compares it and two keys with one hash
-// only take each other's slot.
+// decode on each hit (see docs/PERFORMANCE.md, a million tenants). The
+// index maps a hash of the encoded key to its slot; a slot holds the key
+// itself, so a hit compares it and two keys with one hash only take each
+// other's slot.
 type packedTable[K comparable, T any] struct {
-	seed      maphash.Seed
-	codec     packedCodec[K, T]
-	index     map[uint64]int32
-	slots     []packedSlot
-	hand      int
-	limit     int
-	evictions uint64
-	scratch   []byte
+	clock[uint64, packedSlot]
+	seed    maphash.Seed
+	codec   packedCodec[K, T]
+	scratch []byte
 }
 
 func newPackedTable[K comparable, T any](limit int, codec packedCodec[K, T]) *packedTable[K, T] {
-	return &packedTable[K, T]{seed: maphash.MakeSeed(), codec: codec, index: map[uint64]int32{}, limit: max(limit, 1)}
+	return &packedTable[K, T]{clock: newClock[uint64, packedSlot](limit), seed: maphash.MakeSeed(), codec: codec}
 }
 
 // find encodes key into t.scratch and returns its hash, the slot its hash
@@ -68,7 +65,7 @@ func newPackedTable[K comparable, T any](limit int, codec packedCodec[K, T]) *pa
 func (t *packedTable[K, T]) find(key K) (hash uint64, slot int32, held, match bool) {
 	t.scratch = t.codec.appendKey(t.scratch[:0], key)
 	hash = maphash.Bytes(t.seed, t.scratch)
-	slot, held = t.index[hash]
+	slot, held = t.slot(hash)
 	if !held {
 		return hash, 0, false, false
 	}
@@ -86,9 +83,8 @@ func (t *packedTable[K, T]) lookupRow(key K, _ func(*T) *T) (*T, bool) {
 	if !match {
 		return nil, false
 	}
-	s := &t.slots[i]
-	s.used = true
-	rest := s.data[len(t.scratch):]
+	t.touch(i)
+	rest := t.slots[i].data[len(t.scratch):]
 	if rest[0] == 0 {
 		return nil, true
 	}
@@ -113,54 +109,11 @@ func (t *packedTable[K, T]) rememberRow(key K, row *T, _ func(*T) *T) {
 	t.scratch = b
 	if held {
 		// The key's slot, or another key's with the same hash: take it.
-		t.slots[i].data, t.slots[i].used = string(b), true
+		t.set(i, packedSlot{hash: hash, data: string(b)})
 		return
 	}
-	t.put(hash, string(b))
+	t.add(packedSlot{hash: hash, data: string(b)})
 }
-
-func (t *packedTable[K, T]) put(hash uint64, data string) {
-	if len(t.slots) < t.limit {
-		t.index[hash] = int32(len(t.slots))
-		t.slots = append(t.slots, packedSlot{hash: hash, data: data})
-		return
-	}
-	// As clockTable.put.
-	for t.slots[t.hand].used {
-		t.slots[t.hand].used = false
-		t.hand = (t.hand + 1) % len(t.slots)
-	}
-	victim := &t.slots[t.hand]
-	delete(t.index, victim.hash)
-	*victim = packedSlot{hash: hash, data: data}
-	t.index[hash] = int32(t.hand)
-	t.hand = (t.hand + 1) % len(t.slots)
-	t.evictions++
-}
-
-// remove empties slot i, moving the last slot into it (as clockTable.delete).
-func (t *packedTable[K, T]) remove(i int32) {
-	last := len(t.slots) - 1
-	delete(t.index, t.slots[i].hash)
-	if int(i) != last {
-		t.slots[i] = t.slots[last]
-		t.index[t.slots[i].hash] = i
-	}
-	t.slots[last] = packedSlot{}
-	t.slots = t.slots[:last]
-	if t.hand >= len(t.slots) {
-		t.hand = 0
-	}
-}
-
-func (t *packedTable[K, T]) reset() {
-	clear(t.index)
-	clear(t.slots)
-	t.slots = t.slots[:0]
-	t.hand = 0
-}
-
-func (t *packedTable[K, T]) len() int { return len(t.slots) }
 
 var errPackedShort = errors.New("packed row: short")
 

@@ -93,6 +93,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"EndedTx", testEndedTx},
 		{"Isolation", testIsolation},
 		{"SeedScenario", testSeedScenario},
+		{"RecordScenario", testRecordScenario},
 	}
 	tests = append(tests, retentionCases...)
 	tests = append(tests, rolloutCases...)

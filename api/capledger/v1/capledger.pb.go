@@ -1943,6 +1943,160 @@ func (x *SettleResponse) GetRefundedUnits() map[string]int64 {
 	return nil
 }
 
+type RecordUsageRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The idempotency key, as a Reserve's: a retry reuses it.
+	ReservationId string `protobuf:"bytes,1,opt,name=reservation_id,json=reservationId,proto3" json:"reservation_id,omitempty"`
+	// The operation's receipt, which a retry repeats.
+	OperationId string `protobuf:"bytes,2,opt,name=operation_id,json=operationId,proto3" json:"operation_id,omitempty"`
+	Subject     string `protobuf:"bytes,3,opt,name=subject,proto3" json:"subject,omitempty"`
+	Route       string `protobuf:"bytes,4,opt,name=route,proto3" json:"route,omitempty"`
+	// Empty means "global".
+	Region string `protobuf:"bytes,5,opt,name=region,proto3" json:"region,omitempty"`
+	// Actual usage by unit name of the deciding policy; omitted units count
+	// as 0, and at least one must be above 0.
+	ActualUnits   map[string]int64 `protobuf:"bytes,6,rep,name=actual_units,json=actualUnits,proto3" json:"actual_units,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RecordUsageRequest) Reset() {
+	*x = RecordUsageRequest{}
+	mi := &file_capledger_v1_capledger_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RecordUsageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RecordUsageRequest) ProtoMessage() {}
+
+func (x *RecordUsageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_capledger_v1_capledger_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RecordUsageRequest.ProtoReflect.Descriptor instead.
+func (*RecordUsageRequest) Descriptor() ([]byte, []int) {
+	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *RecordUsageRequest) GetReservationId() string {
+	if x != nil {
+		return x.ReservationId
+	}
+	return ""
+}
+
+func (x *RecordUsageRequest) GetOperationId() string {
+	if x != nil {
+		return x.OperationId
+	}
+	return ""
+}
+
+func (x *RecordUsageRequest) GetSubject() string {
+	if x != nil {
+		return x.Subject
+	}
+	return ""
+}
+
+func (x *RecordUsageRequest) GetRoute() string {
+	if x != nil {
+		return x.Route
+	}
+	return ""
+}
+
+func (x *RecordUsageRequest) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *RecordUsageRequest) GetActualUnits() map[string]int64 {
+	if x != nil {
+		return x.ActualUnits
+	}
+	return nil
+}
+
+type RecordUsageResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The receipt: reserved is empty, actual holds the usage, overdraft the
+	// part recorded as debt (state SETTLED_WITH_DEBT).
+	Reservation *Reservation `protobuf:"bytes,1,opt,name=reservation,proto3" json:"reservation,omitempty"`
+	// True when this exact record was already made; nothing was charged
+	// again.
+	Replayed bool `protobuf:"varint,2,opt,name=replayed,proto3" json:"replayed,omitempty"`
+	// The policy generation whose account was charged.
+	PolicyGeneration uint64 `protobuf:"varint,3,opt,name=policy_generation,json=policyGeneration,proto3" json:"policy_generation,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *RecordUsageResponse) Reset() {
+	*x = RecordUsageResponse{}
+	mi := &file_capledger_v1_capledger_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RecordUsageResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RecordUsageResponse) ProtoMessage() {}
+
+func (x *RecordUsageResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_capledger_v1_capledger_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RecordUsageResponse.ProtoReflect.Descriptor instead.
+func (*RecordUsageResponse) Descriptor() ([]byte, []int) {
+	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *RecordUsageResponse) GetReservation() *Reservation {
+	if x != nil {
+		return x.Reservation
+	}
+	return nil
+}
+
+func (x *RecordUsageResponse) GetReplayed() bool {
+	if x != nil {
+		return x.Replayed
+	}
+	return false
+}
+
+func (x *RecordUsageResponse) GetPolicyGeneration() uint64 {
+	if x != nil {
+		return x.PolicyGeneration
+	}
+	return 0
+}
+
 type SettleBatchRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// At most 1000 items.
@@ -1953,7 +2107,7 @@ type SettleBatchRequest struct {
 
 func (x *SettleBatchRequest) Reset() {
 	*x = SettleBatchRequest{}
-	mi := &file_capledger_v1_capledger_proto_msgTypes[23]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1965,7 +2119,7 @@ func (x *SettleBatchRequest) String() string {
 func (*SettleBatchRequest) ProtoMessage() {}
 
 func (x *SettleBatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_capledger_proto_msgTypes[23]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1978,7 +2132,7 @@ func (x *SettleBatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SettleBatchRequest.ProtoReflect.Descriptor instead.
 func (*SettleBatchRequest) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{23}
+	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *SettleBatchRequest) GetRequests() []*SettleRequest {
@@ -2001,7 +2155,7 @@ type SettleOutcome struct {
 
 func (x *SettleOutcome) Reset() {
 	*x = SettleOutcome{}
-	mi := &file_capledger_v1_capledger_proto_msgTypes[24]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2013,7 +2167,7 @@ func (x *SettleOutcome) String() string {
 func (*SettleOutcome) ProtoMessage() {}
 
 func (x *SettleOutcome) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_capledger_proto_msgTypes[24]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2026,7 +2180,7 @@ func (x *SettleOutcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SettleOutcome.ProtoReflect.Descriptor instead.
 func (*SettleOutcome) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{24}
+	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *SettleOutcome) GetOutcome() isSettleOutcome_Outcome {
@@ -2080,7 +2234,7 @@ type SettleBatchResponse struct {
 
 func (x *SettleBatchResponse) Reset() {
 	*x = SettleBatchResponse{}
-	mi := &file_capledger_v1_capledger_proto_msgTypes[25]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2092,7 +2246,7 @@ func (x *SettleBatchResponse) String() string {
 func (*SettleBatchResponse) ProtoMessage() {}
 
 func (x *SettleBatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_capledger_proto_msgTypes[25]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2105,7 +2259,7 @@ func (x *SettleBatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SettleBatchResponse.ProtoReflect.Descriptor instead.
 func (*SettleBatchResponse) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{25}
+	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *SettleBatchResponse) GetOutcomes() []*SettleOutcome {
@@ -2124,7 +2278,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_capledger_v1_capledger_proto_msgTypes[26]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2136,7 +2290,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_capledger_proto_msgTypes[26]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2149,7 +2303,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{26}
+	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ReleaseRequest) GetReservationId() string {
@@ -2171,7 +2325,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_capledger_v1_capledger_proto_msgTypes[27]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2183,7 +2337,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_capledger_proto_msgTypes[27]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2196,7 +2350,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{27}
+	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ReleaseResponse) GetReservation() *Reservation {
@@ -2229,7 +2383,7 @@ type MarkUsageUnknownRequest struct {
 
 func (x *MarkUsageUnknownRequest) Reset() {
 	*x = MarkUsageUnknownRequest{}
-	mi := &file_capledger_v1_capledger_proto_msgTypes[28]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2241,7 +2395,7 @@ func (x *MarkUsageUnknownRequest) String() string {
 func (*MarkUsageUnknownRequest) ProtoMessage() {}
 
 func (x *MarkUsageUnknownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_capledger_proto_msgTypes[28]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2254,7 +2408,7 @@ func (x *MarkUsageUnknownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MarkUsageUnknownRequest.ProtoReflect.Descriptor instead.
 func (*MarkUsageUnknownRequest) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{28}
+	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *MarkUsageUnknownRequest) GetReservationId() string {
@@ -2274,7 +2428,7 @@ type MarkUsageUnknownResponse struct {
 
 func (x *MarkUsageUnknownResponse) Reset() {
 	*x = MarkUsageUnknownResponse{}
-	mi := &file_capledger_v1_capledger_proto_msgTypes[29]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2286,7 +2440,7 @@ func (x *MarkUsageUnknownResponse) String() string {
 func (*MarkUsageUnknownResponse) ProtoMessage() {}
 
 func (x *MarkUsageUnknownResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_capledger_proto_msgTypes[29]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2299,7 +2453,7 @@ func (x *MarkUsageUnknownResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MarkUsageUnknownResponse.ProtoReflect.Descriptor instead.
 func (*MarkUsageUnknownResponse) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{29}
+	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *MarkUsageUnknownResponse) GetReservation() *Reservation {
@@ -2325,7 +2479,7 @@ type GetReservationRequest struct {
 
 func (x *GetReservationRequest) Reset() {
 	*x = GetReservationRequest{}
-	mi := &file_capledger_v1_capledger_proto_msgTypes[30]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2337,7 +2491,7 @@ func (x *GetReservationRequest) String() string {
 func (*GetReservationRequest) ProtoMessage() {}
 
 func (x *GetReservationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_capledger_proto_msgTypes[30]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2350,7 +2504,7 @@ func (x *GetReservationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetReservationRequest.ProtoReflect.Descriptor instead.
 func (*GetReservationRequest) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{30}
+	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *GetReservationRequest) GetReservationId() string {
@@ -2369,7 +2523,7 @@ type GetReservationResponse struct {
 
 func (x *GetReservationResponse) Reset() {
 	*x = GetReservationResponse{}
-	mi := &file_capledger_v1_capledger_proto_msgTypes[31]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2381,7 +2535,7 @@ func (x *GetReservationResponse) String() string {
 func (*GetReservationResponse) ProtoMessage() {}
 
 func (x *GetReservationResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_capledger_proto_msgTypes[31]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2394,7 +2548,7 @@ func (x *GetReservationResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetReservationResponse.ProtoReflect.Descriptor instead.
 func (*GetReservationResponse) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{31}
+	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *GetReservationResponse) GetReservation() *Reservation {
@@ -2420,7 +2574,7 @@ type ListUsageUnknownRequest struct {
 
 func (x *ListUsageUnknownRequest) Reset() {
 	*x = ListUsageUnknownRequest{}
-	mi := &file_capledger_v1_capledger_proto_msgTypes[32]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2432,7 +2586,7 @@ func (x *ListUsageUnknownRequest) String() string {
 func (*ListUsageUnknownRequest) ProtoMessage() {}
 
 func (x *ListUsageUnknownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_capledger_proto_msgTypes[32]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2445,7 +2599,7 @@ func (x *ListUsageUnknownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListUsageUnknownRequest.ProtoReflect.Descriptor instead.
 func (*ListUsageUnknownRequest) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{32}
+	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ListUsageUnknownRequest) GetSubject() string {
@@ -2481,11 +2635,13 @@ type ListUsageUnknownResponse struct {
 	// Oldest usage_unknown_at first (reservation_id breaks ties): the
 	// longest-waiting first, whenever their work started.
 	Reservations []*Reservation `protobuf:"bytes,1,rep,name=reservations,proto3" json:"reservations,omitempty"`
-	// Pass it as page_token for the next page; empty on the last page.
+	// Pass it as page_token for the next page; empty on the last page. A
+	// short or empty page with a token is not the last: keep paging.
 	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	// The whole USAGE_UNKNOWN backlog, ignoring the filters: how many
 	// reservations, and when the longest-waiting of them was marked
 	// USAGE_UNKNOWN (its usage_unknown_at; unset when there are none).
+	// Unset for a scoped token (they count every tenant), as is overdue.
 	Backlog              int64                  `protobuf:"varint,3,opt,name=backlog,proto3" json:"backlog,omitempty"`
 	OldestUsageUnknownAt *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=oldest_usage_unknown_at,json=oldestUsageUnknownAt,proto3" json:"oldest_usage_unknown_at,omitempty"`
 	// The reservations of this page past their route's unknownDeadline
@@ -2503,7 +2659,7 @@ type ListUsageUnknownResponse struct {
 
 func (x *ListUsageUnknownResponse) Reset() {
 	*x = ListUsageUnknownResponse{}
-	mi := &file_capledger_v1_capledger_proto_msgTypes[33]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2515,7 +2671,7 @@ func (x *ListUsageUnknownResponse) String() string {
 func (*ListUsageUnknownResponse) ProtoMessage() {}
 
 func (x *ListUsageUnknownResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_capledger_proto_msgTypes[33]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2528,7 +2684,7 @@ func (x *ListUsageUnknownResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListUsageUnknownResponse.ProtoReflect.Descriptor instead.
 func (*ListUsageUnknownResponse) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{33}
+	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ListUsageUnknownResponse) GetReservations() []*Reservation {
@@ -2585,7 +2741,7 @@ type ListDebtsRequest struct {
 
 func (x *ListDebtsRequest) Reset() {
 	*x = ListDebtsRequest{}
-	mi := &file_capledger_v1_capledger_proto_msgTypes[34]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2597,7 +2753,7 @@ func (x *ListDebtsRequest) String() string {
 func (*ListDebtsRequest) ProtoMessage() {}
 
 func (x *ListDebtsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_capledger_proto_msgTypes[34]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2610,7 +2766,7 @@ func (x *ListDebtsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDebtsRequest.ProtoReflect.Descriptor instead.
 func (*ListDebtsRequest) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{34}
+	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ListDebtsRequest) GetPageSize() int32 {
@@ -2631,7 +2787,8 @@ type ListDebtsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Accounts owing debt in at least one dimension (frozen = true).
 	Accounts []*Account `protobuf:"bytes,1,rep,name=accounts,proto3" json:"accounts,omitempty"`
-	// Pass it as page_token for the next page; empty on the last page.
+	// Pass it as page_token for the next page; empty on the last page. A
+	// short or empty page with a token is not the last: keep paging.
 	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -2639,7 +2796,7 @@ type ListDebtsResponse struct {
 
 func (x *ListDebtsResponse) Reset() {
 	*x = ListDebtsResponse{}
-	mi := &file_capledger_v1_capledger_proto_msgTypes[35]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2651,7 +2808,7 @@ func (x *ListDebtsResponse) String() string {
 func (*ListDebtsResponse) ProtoMessage() {}
 
 func (x *ListDebtsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_capledger_proto_msgTypes[35]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2664,7 +2821,7 @@ func (x *ListDebtsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDebtsResponse.ProtoReflect.Descriptor instead.
 func (*ListDebtsResponse) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{35}
+	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ListDebtsResponse) GetAccounts() []*Account {
@@ -2710,7 +2867,7 @@ type Balance struct {
 
 func (x *Balance) Reset() {
 	*x = Balance{}
-	mi := &file_capledger_v1_capledger_proto_msgTypes[36]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2722,7 +2879,7 @@ func (x *Balance) String() string {
 func (*Balance) ProtoMessage() {}
 
 func (x *Balance) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_capledger_proto_msgTypes[36]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2735,7 +2892,7 @@ func (x *Balance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Balance.ProtoReflect.Descriptor instead.
 func (*Balance) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{36}
+	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *Balance) GetUnit() string {
@@ -2836,7 +2993,7 @@ type Account struct {
 
 func (x *Account) Reset() {
 	*x = Account{}
-	mi := &file_capledger_v1_capledger_proto_msgTypes[37]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2848,7 +3005,7 @@ func (x *Account) String() string {
 func (*Account) ProtoMessage() {}
 
 func (x *Account) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_capledger_proto_msgTypes[37]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2861,7 +3018,7 @@ func (x *Account) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Account.ProtoReflect.Descriptor instead.
 func (*Account) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{37}
+	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *Account) GetSubject() string {
@@ -2933,7 +3090,7 @@ type GetAccountRequest struct {
 
 func (x *GetAccountRequest) Reset() {
 	*x = GetAccountRequest{}
-	mi := &file_capledger_v1_capledger_proto_msgTypes[38]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2945,7 +3102,7 @@ func (x *GetAccountRequest) String() string {
 func (*GetAccountRequest) ProtoMessage() {}
 
 func (x *GetAccountRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_capledger_proto_msgTypes[38]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2958,7 +3115,7 @@ func (x *GetAccountRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetAccountRequest.ProtoReflect.Descriptor instead.
 func (*GetAccountRequest) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{38}
+	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *GetAccountRequest) GetSubject() string {
@@ -2993,7 +3150,7 @@ type GetAccountResponse struct {
 
 func (x *GetAccountResponse) Reset() {
 	*x = GetAccountResponse{}
-	mi := &file_capledger_v1_capledger_proto_msgTypes[39]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3005,7 +3162,7 @@ func (x *GetAccountResponse) String() string {
 func (*GetAccountResponse) ProtoMessage() {}
 
 func (x *GetAccountResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_capledger_proto_msgTypes[39]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3018,7 +3175,7 @@ func (x *GetAccountResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetAccountResponse.ProtoReflect.Descriptor instead.
 func (*GetAccountResponse) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{39}
+	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *GetAccountResponse) GetAccounts() []*Account {
@@ -3036,7 +3193,7 @@ type AuditRequest struct {
 
 func (x *AuditRequest) Reset() {
 	*x = AuditRequest{}
-	mi := &file_capledger_v1_capledger_proto_msgTypes[40]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3048,7 +3205,7 @@ func (x *AuditRequest) String() string {
 func (*AuditRequest) ProtoMessage() {}
 
 func (x *AuditRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_capledger_proto_msgTypes[40]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3061,7 +3218,7 @@ func (x *AuditRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditRequest.ProtoReflect.Descriptor instead.
 func (*AuditRequest) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{40}
+	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{42}
 }
 
 // Discrepancy is one failed audit check.
@@ -3080,7 +3237,7 @@ type Discrepancy struct {
 
 func (x *Discrepancy) Reset() {
 	*x = Discrepancy{}
-	mi := &file_capledger_v1_capledger_proto_msgTypes[41]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3092,7 +3249,7 @@ func (x *Discrepancy) String() string {
 func (*Discrepancy) ProtoMessage() {}
 
 func (x *Discrepancy) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_capledger_proto_msgTypes[41]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3105,7 +3262,7 @@ func (x *Discrepancy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Discrepancy.ProtoReflect.Descriptor instead.
 func (*Discrepancy) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{41}
+	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *Discrepancy) GetCheck() string {
@@ -3147,7 +3304,7 @@ type AuditResponse struct {
 
 func (x *AuditResponse) Reset() {
 	*x = AuditResponse{}
-	mi := &file_capledger_v1_capledger_proto_msgTypes[42]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3159,7 +3316,7 @@ func (x *AuditResponse) String() string {
 func (*AuditResponse) ProtoMessage() {}
 
 func (x *AuditResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_capledger_proto_msgTypes[42]
+	mi := &file_capledger_v1_capledger_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3172,7 +3329,7 @@ func (x *AuditResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditResponse.ProtoReflect.Descriptor instead.
 func (*AuditResponse) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{42}
+	return file_capledger_v1_capledger_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *AuditResponse) GetDiscrepancies() []*Discrepancy {
@@ -3345,7 +3502,21 @@ const file_capledger_v1_capledger_proto_rawDesc = "" +
 	"\x0erefunded_units\x18\x03 \x03(\v2/.capledger.v1.SettleResponse.RefundedUnitsEntryR\rrefundedUnits\x1a@\n" +
 	"\x12RefundedUnitsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"M\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\xbc\x02\n" +
+	"\x12RecordUsageRequest\x12%\n" +
+	"\x0ereservation_id\x18\x01 \x01(\tR\rreservationId\x12!\n" +
+	"\foperation_id\x18\x02 \x01(\tR\voperationId\x12\x18\n" +
+	"\asubject\x18\x03 \x01(\tR\asubject\x12\x14\n" +
+	"\x05route\x18\x04 \x01(\tR\x05route\x12\x16\n" +
+	"\x06region\x18\x05 \x01(\tR\x06region\x12T\n" +
+	"\factual_units\x18\x06 \x03(\v21.capledger.v1.RecordUsageRequest.ActualUnitsEntryR\vactualUnits\x1a>\n" +
+	"\x10ActualUnitsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\x9b\x01\n" +
+	"\x13RecordUsageResponse\x12;\n" +
+	"\vreservation\x18\x01 \x01(\v2\x19.capledger.v1.ReservationR\vreservation\x12\x1a\n" +
+	"\breplayed\x18\x02 \x01(\bR\breplayed\x12+\n" +
+	"\x11policy_generation\x18\x03 \x01(\x04R\x10policyGeneration\"M\n" +
 	"\x12SettleBatchRequest\x127\n" +
 	"\brequests\x18\x01 \x03(\v2\x1b.capledger.v1.SettleRequestR\brequests\"{\n" +
 	"\rSettleOutcome\x12.\n" +
@@ -3447,8 +3618,7 @@ const file_capledger_v1_capledger_proto_rawDesc = "" +
 	"\x19RESERVATION_STATE_EXPIRED\x10\b\x12#\n" +
 	"\x1fRESERVATION_STATE_USAGE_UNKNOWN\x10\t\x12)\n" +
 	"%RESERVATION_STATE_RESERVATION_UNKNOWN\x10\n" +
-	"2\xd4\n" +
-	"\n" +
+	"2\xa8\v\n" +
 	"\rLedgerService\x12X\n" +
 	"\rPublishPolicy\x12\".capledger.v1.PublishPolicyRequest\x1a#.capledger.v1.PublishPolicyResponse\x12Q\n" +
 	"\tGetPolicy\x12\x1e.capledger.v1.GetPolicyRequest\x1a\x1f.capledger.v1.GetPolicyResponse\"\x03\x90\x02\x01\x12Z\n" +
@@ -3458,7 +3628,8 @@ const file_capledger_v1_capledger_proto_rawDesc = "" +
 	"\fReserveBatch\x12!.capledger.v1.ReserveBatchRequest\x1a\".capledger.v1.ReserveBatchResponse\x12@\n" +
 	"\x05Start\x12\x1a.capledger.v1.StartRequest\x1a\x1b.capledger.v1.StartResponse\x12C\n" +
 	"\x06Settle\x12\x1b.capledger.v1.SettleRequest\x1a\x1c.capledger.v1.SettleResponse\x12R\n" +
-	"\vSettleBatch\x12 .capledger.v1.SettleBatchRequest\x1a!.capledger.v1.SettleBatchResponse\x12F\n" +
+	"\vSettleBatch\x12 .capledger.v1.SettleBatchRequest\x1a!.capledger.v1.SettleBatchResponse\x12R\n" +
+	"\vRecordUsage\x12 .capledger.v1.RecordUsageRequest\x1a!.capledger.v1.RecordUsageResponse\x12F\n" +
 	"\aRelease\x12\x1c.capledger.v1.ReleaseRequest\x1a\x1d.capledger.v1.ReleaseResponse\x12a\n" +
 	"\x10MarkUsageUnknown\x12%.capledger.v1.MarkUsageUnknownRequest\x1a&.capledger.v1.MarkUsageUnknownResponse\x12`\n" +
 	"\x0eGetReservation\x12#.capledger.v1.GetReservationRequest\x1a$.capledger.v1.GetReservationResponse\"\x03\x90\x02\x01\x12T\n" +
@@ -3481,7 +3652,7 @@ func file_capledger_v1_capledger_proto_rawDescGZIP() []byte {
 }
 
 var file_capledger_v1_capledger_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_capledger_v1_capledger_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
+var file_capledger_v1_capledger_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
 var file_capledger_v1_capledger_proto_goTypes = []any{
 	(RolloutMode)(0),                 // 0: capledger.v1.RolloutMode
 	(ReservationState)(0),            // 1: capledger.v1.ReservationState
@@ -3508,62 +3679,65 @@ var file_capledger_v1_capledger_proto_goTypes = []any{
 	(*StartResponse)(nil),            // 22: capledger.v1.StartResponse
 	(*SettleRequest)(nil),            // 23: capledger.v1.SettleRequest
 	(*SettleResponse)(nil),           // 24: capledger.v1.SettleResponse
-	(*SettleBatchRequest)(nil),       // 25: capledger.v1.SettleBatchRequest
-	(*SettleOutcome)(nil),            // 26: capledger.v1.SettleOutcome
-	(*SettleBatchResponse)(nil),      // 27: capledger.v1.SettleBatchResponse
-	(*ReleaseRequest)(nil),           // 28: capledger.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),          // 29: capledger.v1.ReleaseResponse
-	(*MarkUsageUnknownRequest)(nil),  // 30: capledger.v1.MarkUsageUnknownRequest
-	(*MarkUsageUnknownResponse)(nil), // 31: capledger.v1.MarkUsageUnknownResponse
-	(*GetReservationRequest)(nil),    // 32: capledger.v1.GetReservationRequest
-	(*GetReservationResponse)(nil),   // 33: capledger.v1.GetReservationResponse
-	(*ListUsageUnknownRequest)(nil),  // 34: capledger.v1.ListUsageUnknownRequest
-	(*ListUsageUnknownResponse)(nil), // 35: capledger.v1.ListUsageUnknownResponse
-	(*ListDebtsRequest)(nil),         // 36: capledger.v1.ListDebtsRequest
-	(*ListDebtsResponse)(nil),        // 37: capledger.v1.ListDebtsResponse
-	(*Balance)(nil),                  // 38: capledger.v1.Balance
-	(*Account)(nil),                  // 39: capledger.v1.Account
-	(*GetAccountRequest)(nil),        // 40: capledger.v1.GetAccountRequest
-	(*GetAccountResponse)(nil),       // 41: capledger.v1.GetAccountResponse
-	(*AuditRequest)(nil),             // 42: capledger.v1.AuditRequest
-	(*Discrepancy)(nil),              // 43: capledger.v1.Discrepancy
-	(*AuditResponse)(nil),            // 44: capledger.v1.AuditResponse
-	nil,                              // 45: capledger.v1.Reservation.ReservedUnitsEntry
-	nil,                              // 46: capledger.v1.Reservation.ActualUnitsEntry
-	nil,                              // 47: capledger.v1.Reservation.OverdraftUnitsEntry
-	nil,                              // 48: capledger.v1.ReserveRequest.UnitsEntry
-	nil,                              // 49: capledger.v1.SettleRequest.ActualUnitsEntry
-	nil,                              // 50: capledger.v1.SettleResponse.RefundedUnitsEntry
-	nil,                              // 51: capledger.v1.ReleaseResponse.RefundedUnitsEntry
-	(*durationpb.Duration)(nil),      // 52: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),    // 53: google.protobuf.Timestamp
+	(*RecordUsageRequest)(nil),       // 25: capledger.v1.RecordUsageRequest
+	(*RecordUsageResponse)(nil),      // 26: capledger.v1.RecordUsageResponse
+	(*SettleBatchRequest)(nil),       // 27: capledger.v1.SettleBatchRequest
+	(*SettleOutcome)(nil),            // 28: capledger.v1.SettleOutcome
+	(*SettleBatchResponse)(nil),      // 29: capledger.v1.SettleBatchResponse
+	(*ReleaseRequest)(nil),           // 30: capledger.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),          // 31: capledger.v1.ReleaseResponse
+	(*MarkUsageUnknownRequest)(nil),  // 32: capledger.v1.MarkUsageUnknownRequest
+	(*MarkUsageUnknownResponse)(nil), // 33: capledger.v1.MarkUsageUnknownResponse
+	(*GetReservationRequest)(nil),    // 34: capledger.v1.GetReservationRequest
+	(*GetReservationResponse)(nil),   // 35: capledger.v1.GetReservationResponse
+	(*ListUsageUnknownRequest)(nil),  // 36: capledger.v1.ListUsageUnknownRequest
+	(*ListUsageUnknownResponse)(nil), // 37: capledger.v1.ListUsageUnknownResponse
+	(*ListDebtsRequest)(nil),         // 38: capledger.v1.ListDebtsRequest
+	(*ListDebtsResponse)(nil),        // 39: capledger.v1.ListDebtsResponse
+	(*Balance)(nil),                  // 40: capledger.v1.Balance
+	(*Account)(nil),                  // 41: capledger.v1.Account
+	(*GetAccountRequest)(nil),        // 42: capledger.v1.GetAccountRequest
+	(*GetAccountResponse)(nil),       // 43: capledger.v1.GetAccountResponse
+	(*AuditRequest)(nil),             // 44: capledger.v1.AuditRequest
+	(*Discrepancy)(nil),              // 45: capledger.v1.Discrepancy
+	(*AuditResponse)(nil),            // 46: capledger.v1.AuditResponse
+	nil,                              // 47: capledger.v1.Reservation.ReservedUnitsEntry
+	nil,                              // 48: capledger.v1.Reservation.ActualUnitsEntry
+	nil,                              // 49: capledger.v1.Reservation.OverdraftUnitsEntry
+	nil,                              // 50: capledger.v1.ReserveRequest.UnitsEntry
+	nil,                              // 51: capledger.v1.SettleRequest.ActualUnitsEntry
+	nil,                              // 52: capledger.v1.SettleResponse.RefundedUnitsEntry
+	nil,                              // 53: capledger.v1.RecordUsageRequest.ActualUnitsEntry
+	nil,                              // 54: capledger.v1.ReleaseResponse.RefundedUnitsEntry
+	(*durationpb.Duration)(nil),      // 55: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),    // 56: google.protobuf.Timestamp
 }
 var file_capledger_v1_capledger_proto_depIdxs = []int32{
-	52, // 0: capledger.v1.Dimension.refill_interval:type_name -> google.protobuf.Duration
+	55, // 0: capledger.v1.Dimension.refill_interval:type_name -> google.protobuf.Duration
 	2,  // 1: capledger.v1.Policy.dimensions:type_name -> capledger.v1.Dimension
-	52, // 2: capledger.v1.Policy.hold_ttl:type_name -> google.protobuf.Duration
-	52, // 3: capledger.v1.Policy.execution_limit:type_name -> google.protobuf.Duration
+	55, // 2: capledger.v1.Policy.hold_ttl:type_name -> google.protobuf.Duration
+	55, // 3: capledger.v1.Policy.execution_limit:type_name -> google.protobuf.Duration
 	0,  // 4: capledger.v1.Policy.rollout:type_name -> capledger.v1.RolloutMode
-	52, // 5: capledger.v1.Policy.epoch_length:type_name -> google.protobuf.Duration
-	53, // 6: capledger.v1.Policy.published_at:type_name -> google.protobuf.Timestamp
-	53, // 7: capledger.v1.Reservation.accounting_epoch:type_name -> google.protobuf.Timestamp
-	45, // 8: capledger.v1.Reservation.reserved_units:type_name -> capledger.v1.Reservation.ReservedUnitsEntry
-	46, // 9: capledger.v1.Reservation.actual_units:type_name -> capledger.v1.Reservation.ActualUnitsEntry
-	47, // 10: capledger.v1.Reservation.overdraft_units:type_name -> capledger.v1.Reservation.OverdraftUnitsEntry
+	55, // 5: capledger.v1.Policy.epoch_length:type_name -> google.protobuf.Duration
+	56, // 6: capledger.v1.Policy.published_at:type_name -> google.protobuf.Timestamp
+	56, // 7: capledger.v1.Reservation.accounting_epoch:type_name -> google.protobuf.Timestamp
+	47, // 8: capledger.v1.Reservation.reserved_units:type_name -> capledger.v1.Reservation.ReservedUnitsEntry
+	48, // 9: capledger.v1.Reservation.actual_units:type_name -> capledger.v1.Reservation.ActualUnitsEntry
+	49, // 10: capledger.v1.Reservation.overdraft_units:type_name -> capledger.v1.Reservation.OverdraftUnitsEntry
 	1,  // 11: capledger.v1.Reservation.state:type_name -> capledger.v1.ReservationState
-	53, // 12: capledger.v1.Reservation.created_at:type_name -> google.protobuf.Timestamp
-	53, // 13: capledger.v1.Reservation.expires_at:type_name -> google.protobuf.Timestamp
-	53, // 14: capledger.v1.Reservation.started_at:type_name -> google.protobuf.Timestamp
-	53, // 15: capledger.v1.Reservation.execution_deadline:type_name -> google.protobuf.Timestamp
-	53, // 16: capledger.v1.Reservation.finished_at:type_name -> google.protobuf.Timestamp
-	53, // 17: capledger.v1.Reservation.usage_unknown_at:type_name -> google.protobuf.Timestamp
-	52, // 18: capledger.v1.RejectionDetail.retry_after:type_name -> google.protobuf.Duration
+	56, // 12: capledger.v1.Reservation.created_at:type_name -> google.protobuf.Timestamp
+	56, // 13: capledger.v1.Reservation.expires_at:type_name -> google.protobuf.Timestamp
+	56, // 14: capledger.v1.Reservation.started_at:type_name -> google.protobuf.Timestamp
+	56, // 15: capledger.v1.Reservation.execution_deadline:type_name -> google.protobuf.Timestamp
+	56, // 16: capledger.v1.Reservation.finished_at:type_name -> google.protobuf.Timestamp
+	56, // 17: capledger.v1.Reservation.usage_unknown_at:type_name -> google.protobuf.Timestamp
+	55, // 18: capledger.v1.RejectionDetail.retry_after:type_name -> google.protobuf.Duration
 	4,  // 19: capledger.v1.ErrorDetail.reservation:type_name -> capledger.v1.Reservation
 	3,  // 20: capledger.v1.PublishPolicyRequest.policy:type_name -> capledger.v1.Policy
 	3,  // 21: capledger.v1.PublishPolicyResponse.policy:type_name -> capledger.v1.Policy
 	3,  // 22: capledger.v1.GetPolicyResponse.policy:type_name -> capledger.v1.Policy
 	3,  // 23: capledger.v1.ListPoliciesResponse.policies:type_name -> capledger.v1.Policy
-	48, // 24: capledger.v1.ReserveRequest.units:type_name -> capledger.v1.ReserveRequest.UnitsEntry
+	50, // 24: capledger.v1.ReserveRequest.units:type_name -> capledger.v1.ReserveRequest.UnitsEntry
 	4,  // 25: capledger.v1.ReserveResponse.reservation:type_name -> capledger.v1.Reservation
 	5,  // 26: capledger.v1.ReserveResponse.shadow_rejection:type_name -> capledger.v1.RejectionDetail
 	15, // 27: capledger.v1.ReserveBatchRequest.requests:type_name -> capledger.v1.ReserveRequest
@@ -3573,62 +3747,66 @@ var file_capledger_v1_capledger_proto_depIdxs = []int32{
 	18, // 31: capledger.v1.ReserveOutcome.error:type_name -> capledger.v1.ItemError
 	19, // 32: capledger.v1.ReserveBatchResponse.outcomes:type_name -> capledger.v1.ReserveOutcome
 	4,  // 33: capledger.v1.StartResponse.reservation:type_name -> capledger.v1.Reservation
-	49, // 34: capledger.v1.SettleRequest.actual_units:type_name -> capledger.v1.SettleRequest.ActualUnitsEntry
+	51, // 34: capledger.v1.SettleRequest.actual_units:type_name -> capledger.v1.SettleRequest.ActualUnitsEntry
 	4,  // 35: capledger.v1.SettleResponse.reservation:type_name -> capledger.v1.Reservation
-	50, // 36: capledger.v1.SettleResponse.refunded_units:type_name -> capledger.v1.SettleResponse.RefundedUnitsEntry
-	23, // 37: capledger.v1.SettleBatchRequest.requests:type_name -> capledger.v1.SettleRequest
-	24, // 38: capledger.v1.SettleOutcome.ok:type_name -> capledger.v1.SettleResponse
-	18, // 39: capledger.v1.SettleOutcome.error:type_name -> capledger.v1.ItemError
-	26, // 40: capledger.v1.SettleBatchResponse.outcomes:type_name -> capledger.v1.SettleOutcome
-	4,  // 41: capledger.v1.ReleaseResponse.reservation:type_name -> capledger.v1.Reservation
-	51, // 42: capledger.v1.ReleaseResponse.refunded_units:type_name -> capledger.v1.ReleaseResponse.RefundedUnitsEntry
-	4,  // 43: capledger.v1.MarkUsageUnknownResponse.reservation:type_name -> capledger.v1.Reservation
-	4,  // 44: capledger.v1.GetReservationResponse.reservation:type_name -> capledger.v1.Reservation
-	4,  // 45: capledger.v1.ListUsageUnknownResponse.reservations:type_name -> capledger.v1.Reservation
-	53, // 46: capledger.v1.ListUsageUnknownResponse.oldest_usage_unknown_at:type_name -> google.protobuf.Timestamp
-	39, // 47: capledger.v1.ListDebtsResponse.accounts:type_name -> capledger.v1.Account
-	53, // 48: capledger.v1.Account.epoch_start:type_name -> google.protobuf.Timestamp
-	38, // 49: capledger.v1.Account.balances:type_name -> capledger.v1.Balance
-	39, // 50: capledger.v1.GetAccountResponse.accounts:type_name -> capledger.v1.Account
-	43, // 51: capledger.v1.AuditResponse.discrepancies:type_name -> capledger.v1.Discrepancy
-	53, // 52: capledger.v1.AuditResponse.checked_at:type_name -> google.protobuf.Timestamp
-	7,  // 53: capledger.v1.LedgerService.PublishPolicy:input_type -> capledger.v1.PublishPolicyRequest
-	9,  // 54: capledger.v1.LedgerService.GetPolicy:input_type -> capledger.v1.GetPolicyRequest
-	11, // 55: capledger.v1.LedgerService.ListPolicies:input_type -> capledger.v1.ListPoliciesRequest
-	13, // 56: capledger.v1.LedgerService.RollbackPolicy:input_type -> capledger.v1.RollbackPolicyRequest
-	15, // 57: capledger.v1.LedgerService.Reserve:input_type -> capledger.v1.ReserveRequest
-	17, // 58: capledger.v1.LedgerService.ReserveBatch:input_type -> capledger.v1.ReserveBatchRequest
-	21, // 59: capledger.v1.LedgerService.Start:input_type -> capledger.v1.StartRequest
-	23, // 60: capledger.v1.LedgerService.Settle:input_type -> capledger.v1.SettleRequest
-	25, // 61: capledger.v1.LedgerService.SettleBatch:input_type -> capledger.v1.SettleBatchRequest
-	28, // 62: capledger.v1.LedgerService.Release:input_type -> capledger.v1.ReleaseRequest
-	30, // 63: capledger.v1.LedgerService.MarkUsageUnknown:input_type -> capledger.v1.MarkUsageUnknownRequest
-	32, // 64: capledger.v1.LedgerService.GetReservation:input_type -> capledger.v1.GetReservationRequest
-	40, // 65: capledger.v1.LedgerService.GetAccount:input_type -> capledger.v1.GetAccountRequest
-	34, // 66: capledger.v1.LedgerService.ListUsageUnknown:input_type -> capledger.v1.ListUsageUnknownRequest
-	36, // 67: capledger.v1.LedgerService.ListDebts:input_type -> capledger.v1.ListDebtsRequest
-	42, // 68: capledger.v1.LedgerService.Audit:input_type -> capledger.v1.AuditRequest
-	8,  // 69: capledger.v1.LedgerService.PublishPolicy:output_type -> capledger.v1.PublishPolicyResponse
-	10, // 70: capledger.v1.LedgerService.GetPolicy:output_type -> capledger.v1.GetPolicyResponse
-	12, // 71: capledger.v1.LedgerService.ListPolicies:output_type -> capledger.v1.ListPoliciesResponse
-	14, // 72: capledger.v1.LedgerService.RollbackPolicy:output_type -> capledger.v1.RollbackPolicyResponse
-	16, // 73: capledger.v1.LedgerService.Reserve:output_type -> capledger.v1.ReserveResponse
-	20, // 74: capledger.v1.LedgerService.ReserveBatch:output_type -> capledger.v1.ReserveBatchResponse
-	22, // 75: capledger.v1.LedgerService.Start:output_type -> capledger.v1.StartResponse
-	24, // 76: capledger.v1.LedgerService.Settle:output_type -> capledger.v1.SettleResponse
-	27, // 77: capledger.v1.LedgerService.SettleBatch:output_type -> capledger.v1.SettleBatchResponse
-	29, // 78: capledger.v1.LedgerService.Release:output_type -> capledger.v1.ReleaseResponse
-	31, // 79: capledger.v1.LedgerService.MarkUsageUnknown:output_type -> capledger.v1.MarkUsageUnknownResponse
-	33, // 80: capledger.v1.LedgerService.GetReservation:output_type -> capledger.v1.GetReservationResponse
-	41, // 81: capledger.v1.LedgerService.GetAccount:output_type -> capledger.v1.GetAccountResponse
-	35, // 82: capledger.v1.LedgerService.ListUsageUnknown:output_type -> capledger.v1.ListUsageUnknownResponse
-	37, // 83: capledger.v1.LedgerService.ListDebts:output_type -> capledger.v1.ListDebtsResponse
-	44, // 84: capledger.v1.LedgerService.Audit:output_type -> capledger.v1.AuditResponse
-	69, // [69:85] is the sub-list for method output_type
-	53, // [53:69] is the sub-list for method input_type
-	53, // [53:53] is the sub-list for extension type_name
-	53, // [53:53] is the sub-list for extension extendee
-	0,  // [0:53] is the sub-list for field type_name
+	52, // 36: capledger.v1.SettleResponse.refunded_units:type_name -> capledger.v1.SettleResponse.RefundedUnitsEntry
+	53, // 37: capledger.v1.RecordUsageRequest.actual_units:type_name -> capledger.v1.RecordUsageRequest.ActualUnitsEntry
+	4,  // 38: capledger.v1.RecordUsageResponse.reservation:type_name -> capledger.v1.Reservation
+	23, // 39: capledger.v1.SettleBatchRequest.requests:type_name -> capledger.v1.SettleRequest
+	24, // 40: capledger.v1.SettleOutcome.ok:type_name -> capledger.v1.SettleResponse
+	18, // 41: capledger.v1.SettleOutcome.error:type_name -> capledger.v1.ItemError
+	28, // 42: capledger.v1.SettleBatchResponse.outcomes:type_name -> capledger.v1.SettleOutcome
+	4,  // 43: capledger.v1.ReleaseResponse.reservation:type_name -> capledger.v1.Reservation
+	54, // 44: capledger.v1.ReleaseResponse.refunded_units:type_name -> capledger.v1.ReleaseResponse.RefundedUnitsEntry
+	4,  // 45: capledger.v1.MarkUsageUnknownResponse.reservation:type_name -> capledger.v1.Reservation
+	4,  // 46: capledger.v1.GetReservationResponse.reservation:type_name -> capledger.v1.Reservation
+	4,  // 47: capledger.v1.ListUsageUnknownResponse.reservations:type_name -> capledger.v1.Reservation
+	56, // 48: capledger.v1.ListUsageUnknownResponse.oldest_usage_unknown_at:type_name -> google.protobuf.Timestamp
+	41, // 49: capledger.v1.ListDebtsResponse.accounts:type_name -> capledger.v1.Account
+	56, // 50: capledger.v1.Account.epoch_start:type_name -> google.protobuf.Timestamp
+	40, // 51: capledger.v1.Account.balances:type_name -> capledger.v1.Balance
+	41, // 52: capledger.v1.GetAccountResponse.accounts:type_name -> capledger.v1.Account
+	45, // 53: capledger.v1.AuditResponse.discrepancies:type_name -> capledger.v1.Discrepancy
+	56, // 54: capledger.v1.AuditResponse.checked_at:type_name -> google.protobuf.Timestamp
+	7,  // 55: capledger.v1.LedgerService.PublishPolicy:input_type -> capledger.v1.PublishPolicyRequest
+	9,  // 56: capledger.v1.LedgerService.GetPolicy:input_type -> capledger.v1.GetPolicyRequest
+	11, // 57: capledger.v1.LedgerService.ListPolicies:input_type -> capledger.v1.ListPoliciesRequest
+	13, // 58: capledger.v1.LedgerService.RollbackPolicy:input_type -> capledger.v1.RollbackPolicyRequest
+	15, // 59: capledger.v1.LedgerService.Reserve:input_type -> capledger.v1.ReserveRequest
+	17, // 60: capledger.v1.LedgerService.ReserveBatch:input_type -> capledger.v1.ReserveBatchRequest
+	21, // 61: capledger.v1.LedgerService.Start:input_type -> capledger.v1.StartRequest
+	23, // 62: capledger.v1.LedgerService.Settle:input_type -> capledger.v1.SettleRequest
+	27, // 63: capledger.v1.LedgerService.SettleBatch:input_type -> capledger.v1.SettleBatchRequest
+	25, // 64: capledger.v1.LedgerService.RecordUsage:input_type -> capledger.v1.RecordUsageRequest
+	30, // 65: capledger.v1.LedgerService.Release:input_type -> capledger.v1.ReleaseRequest
+	32, // 66: capledger.v1.LedgerService.MarkUsageUnknown:input_type -> capledger.v1.MarkUsageUnknownRequest
+	34, // 67: capledger.v1.LedgerService.GetReservation:input_type -> capledger.v1.GetReservationRequest
+	42, // 68: capledger.v1.LedgerService.GetAccount:input_type -> capledger.v1.GetAccountRequest
+	36, // 69: capledger.v1.LedgerService.ListUsageUnknown:input_type -> capledger.v1.ListUsageUnknownRequest
+	38, // 70: capledger.v1.LedgerService.ListDebts:input_type -> capledger.v1.ListDebtsRequest
+	44, // 71: capledger.v1.LedgerService.Audit:input_type -> capledger.v1.AuditRequest
+	8,  // 72: capledger.v1.LedgerService.PublishPolicy:output_type -> capledger.v1.PublishPolicyResponse
+	10, // 73: capledger.v1.LedgerService.GetPolicy:output_type -> capledger.v1.GetPolicyResponse
+	12, // 74: capledger.v1.LedgerService.ListPolicies:output_type -> capledger.v1.ListPoliciesResponse
+	14, // 75: capledger.v1.LedgerService.RollbackPolicy:output_type -> capledger.v1.RollbackPolicyResponse
+	16, // 76: capledger.v1.LedgerService.Reserve:output_type -> capledger.v1.ReserveResponse
+	20, // 77: capledger.v1.LedgerService.ReserveBatch:output_type -> capledger.v1.ReserveBatchResponse
+	22, // 78: capledger.v1.LedgerService.Start:output_type -> capledger.v1.StartResponse
+	24, // 79: capledger.v1.LedgerService.Settle:output_type -> capledger.v1.SettleResponse
+	29, // 80: capledger.v1.LedgerService.SettleBatch:output_type -> capledger.v1.SettleBatchResponse
+	26, // 81: capledger.v1.LedgerService.RecordUsage:output_type -> capledger.v1.RecordUsageResponse
+	31, // 82: capledger.v1.LedgerService.Release:output_type -> capledger.v1.ReleaseResponse
+	33, // 83: capledger.v1.LedgerService.MarkUsageUnknown:output_type -> capledger.v1.MarkUsageUnknownResponse
+	35, // 84: capledger.v1.LedgerService.GetReservation:output_type -> capledger.v1.GetReservationResponse
+	43, // 85: capledger.v1.LedgerService.GetAccount:output_type -> capledger.v1.GetAccountResponse
+	37, // 86: capledger.v1.LedgerService.ListUsageUnknown:output_type -> capledger.v1.ListUsageUnknownResponse
+	39, // 87: capledger.v1.LedgerService.ListDebts:output_type -> capledger.v1.ListDebtsResponse
+	46, // 88: capledger.v1.LedgerService.Audit:output_type -> capledger.v1.AuditResponse
+	72, // [72:89] is the sub-list for method output_type
+	55, // [55:72] is the sub-list for method input_type
+	55, // [55:55] is the sub-list for extension type_name
+	55, // [55:55] is the sub-list for extension extendee
+	0,  // [0:55] is the sub-list for field type_name
 }
 
 func init() { file_capledger_v1_capledger_proto_init() }
@@ -3640,7 +3818,7 @@ func file_capledger_v1_capledger_proto_init() {
 		(*ReserveOutcome_Ok)(nil),
 		(*ReserveOutcome_Error)(nil),
 	}
-	file_capledger_v1_capledger_proto_msgTypes[24].OneofWrappers = []any{
+	file_capledger_v1_capledger_proto_msgTypes[26].OneofWrappers = []any{
 		(*SettleOutcome_Ok)(nil),
 		(*SettleOutcome_Error)(nil),
 	}
@@ -3650,7 +3828,7 @@ func file_capledger_v1_capledger_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_capledger_v1_capledger_proto_rawDesc), len(file_capledger_v1_capledger_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   50,
+			NumMessages:   53,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -729,7 +729,8 @@ type ListSubjectReservationsResponse struct {
 	// the filter), ordered by route then state.
 	Counts       []*ReservationStateCount `protobuf:"bytes,1,rep,name=counts,proto3" json:"counts,omitempty"`
 	Reservations []*Reservation           `protobuf:"bytes,2,rep,name=reservations,proto3" json:"reservations,omitempty"`
-	// Set when there may be more: pass it as page_token.
+	// Set when there may be more: pass it as page_token. A short or empty
+	// page with a token is not the last: keep paging.
 	NextPageToken string `protobuf:"bytes,3,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	// How many of the subject's reservations retention removed (their
 	// receipts stay answerable as tombstones until the tombstone horizon).
@@ -1286,7 +1287,14 @@ type ListAccountStandingsRequest struct {
 	Region           string `protobuf:"bytes,3,opt,name=region,proto3" json:"region,omitempty"`
 	PolicyGeneration uint64 `protobuf:"varint,4,opt,name=policy_generation,json=policyGeneration,proto3" json:"policy_generation,omitempty"`
 	// The most accounts in the answer: default 20, at most 1000.
-	Limit         int32 `protobuf:"varint,5,opt,name=limit,proto3" json:"limit,omitempty"`
+	Limit int32 `protobuf:"varint,5,opt,name=limit,proto3" json:"limit,omitempty"`
+	// Only accounts owing debt, read from the store's index of debtors (as
+	// ListDebts reads them) instead of every account: the first limit of
+	// them in key order that ListDebts's first page of limit shows (for a
+	// scoped token possibly fewer: it reads as many store pages as one
+	// ListDebts call), then filtered and ordered as above; matched counts
+	// those.
+	InDebt        bool `protobuf:"varint,6,opt,name=in_debt,json=inDebt,proto3" json:"in_debt,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1354,6 +1362,13 @@ func (x *ListAccountStandingsRequest) GetLimit() int32 {
 		return x.Limit
 	}
 	return 0
+}
+
+func (x *ListAccountStandingsRequest) GetInDebt() bool {
+	if x != nil {
+		return x.InDebt
+	}
+	return false
 }
 
 type ListAccountStandingsResponse struct {
@@ -1988,13 +2003,14 @@ const file_capledger_v1_console_proto_rawDesc = "" +
 	"\x06detail\x18\x03 \x01(\tR\x06detail\x125\n" +
 	"\basked_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\aaskedAt\x12\x1a\n" +
 	"\battempts\x18\x05 \x01(\x03R\battempts\x12B\n" +
-	"\x0fnext_attempt_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\rnextAttemptAt\"\xb9\x01\n" +
+	"\x0fnext_attempt_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\rnextAttemptAt\"\xd2\x01\n" +
 	"\x1bListAccountStandingsRequest\x12)\n" +
 	"\x10subject_contains\x18\x01 \x01(\tR\x0fsubjectContains\x12\x14\n" +
 	"\x05route\x18\x02 \x01(\tR\x05route\x12\x16\n" +
 	"\x06region\x18\x03 \x01(\tR\x06region\x12+\n" +
 	"\x11policy_generation\x18\x04 \x01(\x04R\x10policyGeneration\x12\x14\n" +
-	"\x05limit\x18\x05 \x01(\x05R\x05limit\"s\n" +
+	"\x05limit\x18\x05 \x01(\x05R\x05limit\x12\x17\n" +
+	"\ain_debt\x18\x06 \x01(\bR\x06inDebt\"s\n" +
 	"\x1cListAccountStandingsResponse\x129\n" +
 	"\baccounts\x18\x01 \x03(\v2\x1d.capledger.v1.AccountStandingR\baccounts\x12\x18\n" +
 	"\amatched\x18\x02 \x01(\x03R\amatched\"\x96\x02\n" +

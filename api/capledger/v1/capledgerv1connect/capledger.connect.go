@@ -98,6 +98,9 @@ const (
 	// LedgerServiceSettleBatchProcedure is the fully-qualified name of the LedgerService's SettleBatch
 	// RPC.
 	LedgerServiceSettleBatchProcedure = "/capledger.v1.LedgerService/SettleBatch"
+	// LedgerServiceRecordUsageProcedure is the fully-qualified name of the LedgerService's RecordUsage
+	// RPC.
+	LedgerServiceRecordUsageProcedure = "/capledger.v1.LedgerService/RecordUsage"
 	// LedgerServiceReleaseProcedure is the fully-qualified name of the LedgerService's Release RPC.
 	LedgerServiceReleaseProcedure = "/capledger.v1.LedgerService/Release"
 	// LedgerServiceMarkUsageUnknownProcedure is the fully-qualified name of the LedgerService's
@@ -180,6 +183,20 @@ type LedgerServiceClient interface {
 	// SettleBatch settles several reservations in one call; outcomes in
 	// request order, each on its own, like ReserveBatch.
 	SettleBatch(context.Context, *connect.Request[v1.SettleBatchRequest]) (*connect.Response[v1.SettleBatchResponse], error)
+	// RecordUsage records usage learned only after the work ran, for which
+	// nothing was reserved (a gateway that learns the cost from the
+	// response, or whose Reserve failed open). It never refuses for lack of
+	// capacity: the usage takes available capacity first and the rest is
+	// recorded as debt, exactly as a Settle above its reservation (the
+	// receipt, which holds nothing, ends SETTLED or SETTLED_WITH_DEBT, and
+	// debt freezes the subject's route until refills repay it). Idempotent
+	// on reservation_id: a retry with the same operation id and usage
+	// replays the receipt. Errors: FAILED_PRECONDITION
+	// (RESERVATION_ALREADY_SETTLED) when the id recorded other usage or
+	// another operation; ALREADY_EXISTS (DIGEST_MISMATCH) when the id names
+	// another request (another subject, route or region, or a Reserve's
+	// reservation); NOT_FOUND (NO_POLICY); INVALID_ARGUMENT.
+	RecordUsage(context.Context, *connect.Request[v1.RecordUsageRequest]) (*connect.Response[v1.RecordUsageResponse], error)
 	// Release gives an unstarted (RESERVED) reservation back in full. Errors:
 	// NOT_FOUND; FAILED_PRECONDITION with reason RESERVATION_ALREADY_STARTED
 	// (started work may be using its capacity: settle it instead) or
@@ -207,17 +224,28 @@ type LedgerServiceClient interface {
 	// capacity stays reserved until a Settle with the reservation's
 	// operation id resolves it; only an operation receipt can say what it
 	// used. The answer also counts the whole backlog, whatever the filters.
-	// Role: admin. Errors: INVALID_ARGUMENT (page_size above 1000, a
-	// page_token this API did not issue).
+	// Role: admin or viewer; a viewer scoped to some tenants sees only
+	// their reservations and none of the store-wide figures. A call reads
+	// at most 8 store pages of page_size rows, reading past the rows outside
+	// a scoped token's scope, so a page may hold fewer than page_size
+	// reservations, or none, while next_page_token is set: keep paging until
+	// it is empty. Errors: INVALID_ARGUMENT (page_size above 1000, a
+	// page_token this API did not issue, or issued for other filters or to
+	// another token); PERMISSION_DENIED for a gateway token.
 	ListUsageUnknown(context.Context, *connect.Request[v1.ListUsageUnknownRequest]) (*connect.Response[v1.ListUsageUnknownResponse], error)
 	// ListDebts lists the accounts that owe debt now, in key order (subject,
 	// route, region, generation): a settle reported more usage than was
 	// reserved and available capacity could not cover the rest, so the
 	// subject's route admits nothing (ADMISSION_FROZEN) until refill repays
 	// it. Balances are shown as GetAccount shows them, with the refill due
-	// up to now. A page may hold fewer than page_size accounts while
-	// next_page_token is set. Role: admin. Errors: INVALID_ARGUMENT
-	// (page_size above 1000, a page_token this API did not issue).
+	// up to now. Role: admin or viewer; a viewer scoped to some tenants
+	// sees only their accounts. A call reads at most 8 store pages of
+	// page_size rows, reading past the accounts refill has repaid since and
+	// those outside a scoped token's scope, so a page may hold fewer than
+	// page_size accounts, or none, while next_page_token is set: keep paging
+	// until it is empty. Errors: INVALID_ARGUMENT (page_size above 1000, a
+	// page_token this API did not issue, or issued to another token);
+	// PERMISSION_DENIED for a gateway token.
 	ListDebts(context.Context, *connect.Request[v1.ListDebtsRequest]) (*connect.Response[v1.ListDebtsResponse], error)
 	// Audit reads the whole ledger in one consistent snapshot and checks it:
 	// conservation of every account in every dimension, reserved equal to the
@@ -293,6 +321,12 @@ func NewLedgerServiceClient(httpClient connect.HTTPClient, baseURL string, opts 
 			connect.WithSchema(ledgerServiceMethods.ByName("SettleBatch")),
 			connect.WithClientOptions(opts...),
 		),
+		recordUsage: connect.NewClient[v1.RecordUsageRequest, v1.RecordUsageResponse](
+			httpClient,
+			baseURL+LedgerServiceRecordUsageProcedure,
+			connect.WithSchema(ledgerServiceMethods.ByName("RecordUsage")),
+			connect.WithClientOptions(opts...),
+		),
 		release: connect.NewClient[v1.ReleaseRequest, v1.ReleaseResponse](
 			httpClient,
 			baseURL+LedgerServiceReleaseProcedure,
@@ -354,6 +388,7 @@ type ledgerServiceClient struct {
 	start            *connect.Client[v1.StartRequest, v1.StartResponse]
 	settle           *connect.Client[v1.SettleRequest, v1.SettleResponse]
 	settleBatch      *connect.Client[v1.SettleBatchRequest, v1.SettleBatchResponse]
+	recordUsage      *connect.Client[v1.RecordUsageRequest, v1.RecordUsageResponse]
 	release          *connect.Client[v1.ReleaseRequest, v1.ReleaseResponse]
 	markUsageUnknown *connect.Client[v1.MarkUsageUnknownRequest, v1.MarkUsageUnknownResponse]
 	getReservation   *connect.Client[v1.GetReservationRequest, v1.GetReservationResponse]
@@ -406,6 +441,11 @@ func (c *ledgerServiceClient) Settle(ctx context.Context, req *connect.Request[v
 // SettleBatch calls capledger.v1.LedgerService.SettleBatch.
 func (c *ledgerServiceClient) SettleBatch(ctx context.Context, req *connect.Request[v1.SettleBatchRequest]) (*connect.Response[v1.SettleBatchResponse], error) {
 	return c.settleBatch.CallUnary(ctx, req)
+}
+
+// RecordUsage calls capledger.v1.LedgerService.RecordUsage.
+func (c *ledgerServiceClient) RecordUsage(ctx context.Context, req *connect.Request[v1.RecordUsageRequest]) (*connect.Response[v1.RecordUsageResponse], error) {
+	return c.recordUsage.CallUnary(ctx, req)
 }
 
 // Release calls capledger.v1.LedgerService.Release.
@@ -505,6 +545,20 @@ type LedgerServiceHandler interface {
 	// SettleBatch settles several reservations in one call; outcomes in
 	// request order, each on its own, like ReserveBatch.
 	SettleBatch(context.Context, *connect.Request[v1.SettleBatchRequest]) (*connect.Response[v1.SettleBatchResponse], error)
+	// RecordUsage records usage learned only after the work ran, for which
+	// nothing was reserved (a gateway that learns the cost from the
+	// response, or whose Reserve failed open). It never refuses for lack of
+	// capacity: the usage takes available capacity first and the rest is
+	// recorded as debt, exactly as a Settle above its reservation (the
+	// receipt, which holds nothing, ends SETTLED or SETTLED_WITH_DEBT, and
+	// debt freezes the subject's route until refills repay it). Idempotent
+	// on reservation_id: a retry with the same operation id and usage
+	// replays the receipt. Errors: FAILED_PRECONDITION
+	// (RESERVATION_ALREADY_SETTLED) when the id recorded other usage or
+	// another operation; ALREADY_EXISTS (DIGEST_MISMATCH) when the id names
+	// another request (another subject, route or region, or a Reserve's
+	// reservation); NOT_FOUND (NO_POLICY); INVALID_ARGUMENT.
+	RecordUsage(context.Context, *connect.Request[v1.RecordUsageRequest]) (*connect.Response[v1.RecordUsageResponse], error)
 	// Release gives an unstarted (RESERVED) reservation back in full. Errors:
 	// NOT_FOUND; FAILED_PRECONDITION with reason RESERVATION_ALREADY_STARTED
 	// (started work may be using its capacity: settle it instead) or
@@ -532,17 +586,28 @@ type LedgerServiceHandler interface {
 	// capacity stays reserved until a Settle with the reservation's
 	// operation id resolves it; only an operation receipt can say what it
 	// used. The answer also counts the whole backlog, whatever the filters.
-	// Role: admin. Errors: INVALID_ARGUMENT (page_size above 1000, a
-	// page_token this API did not issue).
+	// Role: admin or viewer; a viewer scoped to some tenants sees only
+	// their reservations and none of the store-wide figures. A call reads
+	// at most 8 store pages of page_size rows, reading past the rows outside
+	// a scoped token's scope, so a page may hold fewer than page_size
+	// reservations, or none, while next_page_token is set: keep paging until
+	// it is empty. Errors: INVALID_ARGUMENT (page_size above 1000, a
+	// page_token this API did not issue, or issued for other filters or to
+	// another token); PERMISSION_DENIED for a gateway token.
 	ListUsageUnknown(context.Context, *connect.Request[v1.ListUsageUnknownRequest]) (*connect.Response[v1.ListUsageUnknownResponse], error)
 	// ListDebts lists the accounts that owe debt now, in key order (subject,
 	// route, region, generation): a settle reported more usage than was
 	// reserved and available capacity could not cover the rest, so the
 	// subject's route admits nothing (ADMISSION_FROZEN) until refill repays
 	// it. Balances are shown as GetAccount shows them, with the refill due
-	// up to now. A page may hold fewer than page_size accounts while
-	// next_page_token is set. Role: admin. Errors: INVALID_ARGUMENT
-	// (page_size above 1000, a page_token this API did not issue).
+	// up to now. Role: admin or viewer; a viewer scoped to some tenants
+	// sees only their accounts. A call reads at most 8 store pages of
+	// page_size rows, reading past the accounts refill has repaid since and
+	// those outside a scoped token's scope, so a page may hold fewer than
+	// page_size accounts, or none, while next_page_token is set: keep paging
+	// until it is empty. Errors: INVALID_ARGUMENT (page_size above 1000, a
+	// page_token this API did not issue, or issued to another token);
+	// PERMISSION_DENIED for a gateway token.
 	ListDebts(context.Context, *connect.Request[v1.ListDebtsRequest]) (*connect.Response[v1.ListDebtsResponse], error)
 	// Audit reads the whole ledger in one consistent snapshot and checks it:
 	// conservation of every account in every dimension, reserved equal to the
@@ -614,6 +679,12 @@ func NewLedgerServiceHandler(svc LedgerServiceHandler, opts ...connect.HandlerOp
 		connect.WithSchema(ledgerServiceMethods.ByName("SettleBatch")),
 		connect.WithHandlerOptions(opts...),
 	)
+	ledgerServiceRecordUsageHandler := connect.NewUnaryHandler(
+		LedgerServiceRecordUsageProcedure,
+		svc.RecordUsage,
+		connect.WithSchema(ledgerServiceMethods.ByName("RecordUsage")),
+		connect.WithHandlerOptions(opts...),
+	)
 	ledgerServiceReleaseHandler := connect.NewUnaryHandler(
 		LedgerServiceReleaseProcedure,
 		svc.Release,
@@ -681,6 +752,8 @@ func NewLedgerServiceHandler(svc LedgerServiceHandler, opts ...connect.HandlerOp
 			ledgerServiceSettleHandler.ServeHTTP(w, r)
 		case LedgerServiceSettleBatchProcedure:
 			ledgerServiceSettleBatchHandler.ServeHTTP(w, r)
+		case LedgerServiceRecordUsageProcedure:
+			ledgerServiceRecordUsageHandler.ServeHTTP(w, r)
 		case LedgerServiceReleaseProcedure:
 			ledgerServiceReleaseHandler.ServeHTTP(w, r)
 		case LedgerServiceMarkUsageUnknownProcedure:
@@ -738,6 +811,10 @@ func (UnimplementedLedgerServiceHandler) Settle(context.Context, *connect.Reques
 
 func (UnimplementedLedgerServiceHandler) SettleBatch(context.Context, *connect.Request[v1.SettleBatchRequest]) (*connect.Response[v1.SettleBatchResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("capledger.v1.LedgerService.SettleBatch is not implemented"))
+}
+
+func (UnimplementedLedgerServiceHandler) RecordUsage(context.Context, *connect.Request[v1.RecordUsageRequest]) (*connect.Response[v1.RecordUsageResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("capledger.v1.LedgerService.RecordUsage is not implemented"))
 }
 
 func (UnimplementedLedgerServiceHandler) Release(context.Context, *connect.Request[v1.ReleaseRequest]) (*connect.Response[v1.ReleaseResponse], error) {

@@ -82,7 +82,8 @@ type ConsoleServiceClient interface {
 	// limit, nearest first: the dimension with the least available capacity
 	// relative to its burst decides, and an account in debt comes before
 	// every account without. It reads every account the filters match (the
-	// console's page sizes are small; this is not a hot-path call).
+	// console's page sizes are small; this is not a hot-path call), or with
+	// in_debt only the accounts owing debt.
 	// Errors: INVALID_ARGUMENT (limit above 1000).
 	ListAccountStandings(context.Context, *connect.Request[v1.ListAccountStandingsRequest]) (*connect.Response[v1.ListAccountStandingsResponse], error)
 	// GetFairness compares, per route and unit, what each subject's account
@@ -97,7 +98,10 @@ type ConsoleServiceClient interface {
 	// finished reservations (serve --retention): they are neither listed
 	// nor counted by state; retained says how many it removed. A scoped
 	// token sees only the routes of its scope; a subject outside it answers
-	// exactly as a subject without reservations.
+	// exactly as a subject without reservations. A call reads at most 8
+	// store pages of page_size rows, reading past the rows of routes outside
+	// the scope, so a page may hold fewer than page_size reservations, or
+	// none, while next_page_token is set: keep paging until it is empty.
 	// Errors: INVALID_ARGUMENT (no subject, page_size above 1000, a
 	// page_token not from this method, an unknown state).
 	ListSubjectReservations(context.Context, *connect.Request[v1.ListSubjectReservationsRequest]) (*connect.Response[v1.ListSubjectReservationsResponse], error)
@@ -227,7 +231,8 @@ type ConsoleServiceHandler interface {
 	// limit, nearest first: the dimension with the least available capacity
 	// relative to its burst decides, and an account in debt comes before
 	// every account without. It reads every account the filters match (the
-	// console's page sizes are small; this is not a hot-path call).
+	// console's page sizes are small; this is not a hot-path call), or with
+	// in_debt only the accounts owing debt.
 	// Errors: INVALID_ARGUMENT (limit above 1000).
 	ListAccountStandings(context.Context, *connect.Request[v1.ListAccountStandingsRequest]) (*connect.Response[v1.ListAccountStandingsResponse], error)
 	// GetFairness compares, per route and unit, what each subject's account
@@ -242,7 +247,10 @@ type ConsoleServiceHandler interface {
 	// finished reservations (serve --retention): they are neither listed
 	// nor counted by state; retained says how many it removed. A scoped
 	// token sees only the routes of its scope; a subject outside it answers
-	// exactly as a subject without reservations.
+	// exactly as a subject without reservations. A call reads at most 8
+	// store pages of page_size rows, reading past the rows of routes outside
+	// the scope, so a page may hold fewer than page_size reservations, or
+	// none, while next_page_token is set: keep paging until it is empty.
 	// Errors: INVALID_ARGUMENT (no subject, page_size above 1000, a
 	// page_token not from this method, an unknown state).
 	ListSubjectReservations(context.Context, *connect.Request[v1.ListSubjectReservationsRequest]) (*connect.Response[v1.ListSubjectReservationsResponse], error)

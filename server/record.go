@@ -1,0 +1,163 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+
+	"connectrpc.com/connect"
+
+	v1 "github.com/capledger/capledger/api/capledger/v1"
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+)
+
+// recordDigestPrefix marks the request digest of a record, so that it is
+// never a Reserve's (whose digests are "sha256:..." or the caller's own):
+// an id a Reserve made is another request to a record, and the other way
+// round (ledger.Record).
+const recordDigestPrefix = "record:"
+
+// RecordDigest is the request digest of a RecordUsage: what names the
+// request beside its id (subject, route and region; the usage is
+// compared by the ledger itself, so that a retry with other usage is
+// RESERVATION_ALREADY_SETTLED, as for a settle).
+func RecordDigest(subject, route, region string) string {
+	return recordDigestPrefix + requestDigest(subject, route, regionOrDefault(region), nil)
+}
+
+// recordCommand validates a RecordUsage and maps its units by the policy
+// the server believes decides, as reserveCommand does. invalid is a
+// refusal decided before the ledger. When the units cannot be mapped (no
+// policy, an unknown unit) but the id exists, the command goes to the
+// ledger mapped by the existing reservation's generation, so that a retry
+// after the policy changed still gets its receipt (or the conflict), and
+// unmapped is the answer should the ledger not replay it.
+func (s *Server) recordCommand(ctx context.Context, req *v1.RecordUsageRequest) (cmd ledger.Command, unmapped, invalid *connect.Error) {
+	if cerr := checkID("reservation_id", req.GetReservationId()); cerr != nil {
+		return cmd, nil, cerr
+	}
+	if cerr := checkID("operation_id", req.GetOperationId()); cerr != nil {
+		return cmd, nil, cerr
+	}
+	if cerr := checkText("subject", req.GetSubject(), "route", req.GetRoute(), "region", req.GetRegion()); cerr != nil {
+		return cmd, nil, cerr
+	}
+	if cerr := checkUnitValues("actual_units", req.GetActualUnits(), true); cerr != nil {
+		return cmd, nil, cerr
+	}
+	region := regionOrDefault(req.GetRegion())
+	if problem := ledger.RecordShapeProblem(req.GetSubject(), req.GetRoute(), region, slices.Collect(maps.Values(req.GetActualUnits()))); problem != "" {
+		return cmd, nil, invalidArgument(ReasonInvalidCommand, "%s", problem)
+	}
+	cmd = ledger.Command{
+		Kind:          ledger.KindRecord,
+		ReservationID: req.GetReservationId(),
+		RequestDigest: RecordDigest(req.GetSubject(), req.GetRoute(), region),
+		OperationID:   req.GetOperationId(),
+		Subject:       req.GetSubject(),
+		Route:         req.GetRoute(),
+		Region:        region,
+	}
+	key := ledger.PolicyKey{Subject: cmd.Subject, Route: cmd.Route, Region: cmd.Region}
+	if !InScope(ctx, cmd.Subject, cmd.Route) {
+		s.log.Info("out of the token's scope", "call", "record usage", "subject", cmd.Subject, "route", cmd.Route, "token", tokenName(ctx))
+		return cmd, nil, withReason(connect.NewError(connect.CodeNotFound, fmt.Errorf("%w: %s", ledger.ErrNoPolicy, key)), ReasonNoPolicy)
+	}
+	p, ok := s.policies.active(key)
+	if !ok {
+		if err := s.policies.refreshForMiss(ctx); err != nil {
+			return cmd, nil, readError("record usage: policies", ReasonNoPolicy, err)
+		}
+		p, ok = s.policies.active(key)
+	}
+	var refusal *connect.Error
+	if !ok {
+		refusal = withReason(connect.NewError(connect.CodeNotFound, fmt.Errorf("%w: %s", ledger.ErrNoPolicy, key)), ReasonNoPolicy)
+	} else if units, err := amounts(&p, req.GetActualUnits()); err != nil {
+		refusal = invalidArgument(ReasonUnknownUnit, "record usage %s: %v", cmd.ReservationID, err)
+	} else {
+		cmd.Units, cmd.Generation = units, p.Generation
+		return cmd, nil, nil
+	}
+	existing, err := s.ledger.Reservation(ctx, cmd.ReservationID)
+	if err != nil {
+		if errors.Is(err, store.ErrNotFound) {
+			return cmd, nil, refusal
+		}
+		return cmd, nil, readError("record usage "+cmd.ReservationID, ReasonReservationNotFound, err)
+	}
+	// The id is taken: the ledger answers from it before it reads a
+	// policy. The usage goes in the order of the reservation's own
+	// generation; usage that generation cannot place is not what was
+	// recorded, and the server's refusal stands.
+	ep, err := s.policies.get(ctx, existing.Account.Generation)
+	if err != nil {
+		return cmd, nil, refusal
+	}
+	units, err := amounts(&ep, req.GetActualUnits())
+	if err != nil {
+		return cmd, nil, refusal
+	}
+	cmd.Units, cmd.Generation = units, existing.Account.Generation
+	return cmd, refusal, nil
+}
+
+// RecordCommand validates req and maps its usage as RecordUsage does, for
+// protocol adapters (see ReserveCommand for unmapped and invalid).
+func (s *Server) RecordCommand(ctx context.Context, req *v1.RecordUsageRequest) (cmd ledger.Command, unmapped, invalid *connect.Error) {
+	return s.recordCommand(ctx, req)
+}
+
+// recordOutcome turns the ledger's answer to a record into the response
+// or the error.
+func (s *Server) recordOutcome(ctx context.Context, res *ledger.Result, unmapped *connect.Error) (*v1.RecordUsageResponse, *connect.Error) {
+	if r := &res.Reservation; r.ID != "" && !InScope(ctx, r.Account.Subject, r.Account.Route) {
+		// The id is another tenant's: it is taken, and nothing else is said.
+		return nil, withReason(connect.NewError(connect.CodeAlreadyExists, ledger.ErrDigestMismatch), ReasonDigestMismatch)
+	}
+	if unmapped != nil && !(res.Err == nil && res.Replayed) && !errors.Is(res.Err, ledger.ErrDigestMismatch) &&
+		!errors.Is(res.Err, ledger.ErrReservationAlreadySettled) {
+		return nil, unmapped
+	}
+	if res.Err != nil {
+		return nil, s.outcomeError(ctx, res)
+	}
+	pb, cerr := s.reservation(ctx, "record usage", res)
+	if cerr != nil {
+		return nil, cerr
+	}
+	if res.Reservation.State == ledger.StateSettledWithDebt && !res.Replayed {
+		s.log.Info("usage recorded with debt, admission frozen", "reservation", res.Reservation.ID,
+			"account", res.Reservation.Account.String(), "breach", res.Reservation.Breach)
+	}
+	return &v1.RecordUsageResponse{Reservation: pb, Replayed: res.Replayed, PolicyGeneration: res.Generation}, nil
+}
+
+// RecordUsage implements LedgerService.RecordUsage.
+func (s *Server) RecordUsage(ctx context.Context, req *connect.Request[v1.RecordUsageRequest]) (*connect.Response[v1.RecordUsageResponse], error) {
+	for attempt := 0; ; attempt++ {
+		cmd, unmapped, invalid := s.recordCommand(ctx, req.Msg)
+		if invalid != nil {
+			s.refused(ledger.KindRecord, invalid)
+			return nil, invalid
+		}
+		res, cerr := s.do(ctx, cmd)
+		if cerr != nil {
+			return nil, cerr
+		}
+		if stale(&cmd, &res) && attempt < staleRetries {
+			if _, err := s.policies.refresh(ctx); err != nil {
+				return nil, readError("record usage: policies", ReasonNoPolicy, err)
+			}
+			continue
+		}
+		resp, cerr := s.recordOutcome(ctx, &res, unmapped)
+		if cerr != nil {
+			return nil, cerr
+		}
+		return connect.NewResponse(resp), nil
+	}
+}
