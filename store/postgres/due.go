@@ -57,10 +57,11 @@ func epochRange(f store.EpochFilter) (generation, bound, after int64, err error)
 // alike, so paging neither skips nor repeats an account.
 //
 // The index is on epoch_start itself, moved by every roll, unlike
-// SQLite's (schema version 14): PostgreSQL writes a new version of the
-// row at every UPDATE, and a roll also inserts the statement's rows; it
-// was not measured at a million accounts, so the lagging column was not
-// carried over.
+// SQLite's (schema version 14, whose entry of a busy roll lags until the
+// epoch worker moves it): here an UPDATE that changes no indexed column
+// may skip its index writes (HOT), but a roll also inserts the
+// statement's rows, and PostgreSQL was not measured at a million
+// accounts, so the lagging column was not carried over.
 func (s *Store) AccountsByEpoch(ctx context.Context, f store.EpochFilter) ([]ledger.Account, store.EpochCursor, error) {
 	generation, bound, after, err := epochRange(f)
 	if err != nil {
