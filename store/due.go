@@ -74,6 +74,8 @@ type EpochFilter struct {
 
 // EpochCursor is a position in the order of AccountsByEpoch.
 type EpochCursor struct {
+	// EpochStart is the indexed epoch start: the account's EpochStart,
+	// or an earlier one where the driver's entry lags (SQLite).
 	EpochStart time.Time
 	Subject    string
 	Route      string
