@@ -212,7 +212,7 @@ func (p *Pager) Next(ctx context.Context) ([]ledger.Command, error) {
 			break
 		}
 		s := p.scans[p.cur]
-		page, err := p.core.store.AccountsByEpoch(ctx, store.EpochFilter{
+		page, next, err := p.core.store.AccountsByEpoch(ctx, store.EpochFilter{
 			Generation: s.generation, StartedBy: s.startedBy, After: p.after, Limit: p.size,
 		})
 		if err != nil {
@@ -236,7 +236,7 @@ func (p *Pager) Next(ctx context.Context) ([]ledger.Command, error) {
 			}
 			p.found = 0
 		} else {
-			p.after = store.EpochCursorOf(&page[len(page)-1])
+			p.after = next
 		}
 		if len(cmds) > 0 {
 			return cmds, nil
@@ -263,6 +263,36 @@ func (p *Pager) nextPoints(ctx context.Context) ([]ledger.Command, error) {
 		}
 	}
 	return cmds, nil
+}
+
+// CatchUp runs the store's EpochIndexCatchUp over every range the
+// pager's scans read (after the pass's commands committed), a chunk of
+// the pager's size at a time, calling each before every chunk (the
+// engine's pacing: false stops it). It returns false when each refused, or
+// on the first error. The entries of accounts whose busy epoch rolled,
+// by the pass's closes or by commands inline, then sit at their epoch:
+// the next pass, which starts at the epochs this one read
+// (EpochScans), finds them there when that epoch ends.
+func (p *Pager) CatchUp(ctx context.Context, each func() bool, done func(time.Duration)) error {
+	for _, s := range p.scans {
+		f := store.EpochFilter{Generation: s.generation, StartedBy: s.startedBy, After: s.from, Limit: p.size}
+		for {
+			if !each() {
+				return errors.New("epoch index catch-up stopped")
+			}
+			started := time.Now()
+			next, more, err := p.core.store.EpochIndexCatchUp(ctx, f)
+			done(time.Since(started))
+			if err != nil {
+				return fmt.Errorf("epoch index of generation %d: %w", s.generation, err)
+			}
+			if !more {
+				break
+			}
+			f.After = next
+		}
+	}
+	return nil
 }
 
 // Clean returns the generations whose whole scan produced no command, so

@@ -27,10 +27,10 @@ func (s *countingStore) AccountList(ctx context.Context, k ledger.PolicyKey) ([]
 	return out, err
 }
 
-func (s *countingStore) AccountsByEpoch(ctx context.Context, f store.EpochFilter) ([]ledger.Account, error) {
-	out, err := s.Store.AccountsByEpoch(ctx, f)
+func (s *countingStore) AccountsByEpoch(ctx context.Context, f store.EpochFilter) ([]ledger.Account, store.EpochCursor, error) {
+	out, next, err := s.Store.AccountsByEpoch(ctx, f)
 	s.byEpoch.Add(int64(len(out)))
-	return out, err
+	return out, next, err
 }
 
 func (s *countingStore) AccountGet(ctx context.Context, k ledger.AccountKey) (ledger.Account, error) {

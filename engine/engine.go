@@ -548,6 +548,16 @@ func (e *Engine) runEpochs(ctx context.Context) {
 	}
 	e.epochWatch = epochWatch{last: now, lengths: epochs.lengths}
 	complete := e.runPages(ctx, "epoch", epochs)
+	if complete {
+		// Then the index entries the pass's rolls left behind (SQLite):
+		// EpochScans may remember this pass only once they have moved.
+		if err := epochs.CatchUp(ctx, func() bool { return e.IsLeader() && e.pace.turn(ctx) }, e.pace.done); err != nil {
+			if ctx.Err() == nil {
+				e.log.Warn("epoch worker", "err", err)
+			}
+			complete = false
+		}
+	}
 	e.epochScans.Update(epochs, complete)
 	if !complete {
 		return

@@ -100,7 +100,7 @@ func (e *Engine) DrainProgress(ctx context.Context, generations []uint64) ([]Gen
 		}
 		f := store.EpochFilter{Generation: g, Limit: e.opts.PageSize}
 		for {
-			page, err := e.core.store.AccountsByEpoch(ctx, f)
+			page, next, err := e.core.store.AccountsByEpoch(ctx, f)
 			if err != nil {
 				return nil, fmt.Errorf("accounts of generation %d: %w", g, err)
 			}
@@ -112,7 +112,7 @@ func (e *Engine) DrainProgress(ctx context.Context, generations []uint64) ([]Gen
 			if len(page) < f.Limit {
 				break
 			}
-			f.After = store.EpochCursorOf(&page[len(page)-1])
+			f.After = next
 		}
 		for i := range shards {
 			if s := &shards[i]; s.Account.Generation == g && !s.Reconciled {

@@ -172,3 +172,172 @@ func run(t *testing.T, st store.Store, byWorker bool) *ledger.Snapshot {
 	}
 	return snap
 }
+
+// Passes that remember what they read (EpochScans) still close every busy
+// epoch when the accounts' rolls write no index entry (SQLite leaves the
+// entry of a busy roll behind its epoch): an account rolled inline before
+// the worker reached it, and one rolled inline from an idle epoch long
+// after the passes left that epoch behind, are both closed by the pass
+// after their next epoch ends.
+func TestPassesFindAccountsRolledInline(t *testing.T) {
+	for _, kind := range []string{"memstore", "sqlite"} {
+		t.Run(kind, func(t *testing.T) {
+			ctx := context.Background()
+			var st store.Store = memstore.New()
+			if kind == "sqlite" {
+				s, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "capledger.db"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { s.Close() })
+				st = s
+			}
+			core := NewCore(st)
+			now := t0
+			run := func(cmds ...ledger.Command) {
+				t.Helper()
+				results, err := core.Commit(ctx, cmds, now)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for i, r := range results {
+					if r.Err != nil {
+						t.Fatalf("%s: %v", cmds[i].Kind, r.Err)
+					}
+				}
+			}
+			reserve := func(id, subject string) {
+				t.Helper()
+				cmd := reserveCmd(id, 5)
+				cmd.Subject = subject
+				run(cmd)
+			}
+			p := ledger.Policy{Key: ledger.PolicyKey{Subject: ledger.AnySubject, Route: "chat.generate", Region: "eu"},
+				Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: 1000}}}.WithDefaults()
+			run(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p})
+			const accounts = 10
+			for i := range accounts {
+				reserve(fmt.Sprintf("rl-%d", i), fmt.Sprintf("tenant-%03d", i))
+			}
+			var scans EpochScans
+			pass := func(at time.Time) []string {
+				t.Helper()
+				now = at
+				epochs, err := core.EpochPager(ctx, now, 4, &scans)
+				if err != nil {
+					t.Fatal(err)
+				}
+				cmds, _ := pages(t, core, epochs, now)
+				if err := epochs.CatchUp(ctx, func() bool { return true }, func(time.Duration) {}); err != nil {
+					t.Fatal(err)
+				}
+				scans.Update(epochs, true)
+				var subjects []string
+				for _, c := range cmds {
+					subjects = append(subjects, c.Account.Subject)
+				}
+				return subjects
+			}
+			if got := pass(t0.Add(10 * time.Minute)); len(got) != 0 {
+				t.Fatalf("mid-epoch: %v closes", got)
+			}
+			// Epoch 1 begins: tenant-000 reserves before the worker's pass
+			// (its command closes epoch 0 inline); the pass closes the rest.
+			now = t0.Add(time.Hour + time.Minute)
+			reserve("rl-early", "tenant-000")
+			if got := pass(t0.Add(time.Hour + 2*time.Minute)); len(got) != accounts-1 || got[0] != "tenant-001" {
+				t.Fatalf("epoch 0's pass closed %v; want tenant-001 to 009", got)
+			}
+			if got := pass(t0.Add(time.Hour + 30*time.Minute)); len(got) != 0 {
+				t.Fatalf("mid-epoch 1: %v closes", got)
+			}
+			// Epoch 1 ends: tenant-000 was busy in it, the others idle.
+			if got := pass(t0.Add(2*time.Hour + 2*time.Minute)); len(got) != 1 || got[0] != "tenant-000" {
+				t.Fatalf("epoch 1's pass closed %v; want tenant-000", got)
+			}
+			// tenant-005, idle since epoch 1, reserves in epoch 3 (its command
+			// closes epochs 1-2 inline), long after the passes left epoch 1.
+			if got := pass(t0.Add(3*time.Hour + 2*time.Minute)); len(got) != 0 {
+				t.Fatalf("epoch 2's pass: %v closes", got)
+			}
+			now = t0.Add(3*time.Hour + 20*time.Minute)
+			reserve("rl-back", "tenant-005")
+			if got := pass(t0.Add(3*time.Hour + 30*time.Minute)); len(got) != 0 {
+				t.Fatalf("mid-epoch 3: %v closes", got)
+			}
+			if got := pass(t0.Add(4*time.Hour + 2*time.Minute)); len(got) != 1 || got[0] != "tenant-005" {
+				t.Fatalf("epoch 3's pass closed %v; want tenant-005", got)
+			}
+			snapshot, err := st.Snapshot(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, d := range ledger.Audit(snapshot) {
+				t.Errorf("audit: %s", d)
+			}
+		})
+	}
+}
+
+// The drain worker and DrainProgress page through the same index as the
+// epoch worker: on SQLite, entries that busy rolls left behind their
+// epoch are still read once each, in pages smaller than the run of them.
+func TestDrainPagesCrossEntriesLeftBehind(t *testing.T) {
+	ctx := context.Background()
+	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "capledger.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	core := NewCore(st)
+	now := t0
+	run := func(cmds ...ledger.Command) {
+		t.Helper()
+		results, err := core.Commit(ctx, cmds, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, r := range results {
+			if r.Err != nil {
+				t.Fatalf("%s: %v", cmds[i].Kind, r.Err)
+			}
+		}
+	}
+	publish := func(burst int64) {
+		p := ledger.Policy{Key: ledger.PolicyKey{Subject: ledger.AnySubject, Route: "chat.generate", Region: "eu"},
+			Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: burst}}}.WithDefaults()
+		run(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p})
+	}
+	publish(1000)
+	const accounts = 12
+	for i := range accounts {
+		cmd := reserveCmd(fmt.Sprintf("rl-%d", i), 5)
+		cmd.Subject = fmt.Sprintf("tenant-%03d", i)
+		run(cmd)
+	}
+	// The next epoch: every other account reserves again, rolling its
+	// busy epoch inline (its entry stays at epoch 0), so each page of two
+	// ends on one of them.
+	now = t0.Add(time.Hour + time.Minute)
+	for i := 1; i < accounts; i += 2 {
+		cmd := reserveCmd(fmt.Sprintf("rl-again-%d", i), 5)
+		cmd.Subject = fmt.Sprintf("tenant-%03d", i)
+		run(cmd)
+	}
+	if due, _, err := st.AccountsByEpoch(ctx, store.EpochFilter{Generation: 1, StartedBy: t0, Limit: 100}); err != nil || len(due) != accounts/2 {
+		t.Fatalf("accounts of epoch 0 still due: %d, %v; want %d", len(due), err, accounts/2)
+	}
+	publish(2000) // supersedes generation 1
+	e := New(st, Options{DisableWorkers: true, PageSize: 2, Clock: func() time.Time { return now }})
+	progress, err := e.DrainProgress(ctx, []uint64{1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if progress[0].Accounts != accounts {
+		t.Fatalf("DrainProgress counted %d accounts of generation 1, want %d", progress[0].Accounts, accounts)
+	}
+	ran, err := e.RunDrains(ctx)
+	if err != nil || ran != accounts {
+		t.Fatalf("RunDrains ran %d drains, %v; want %d", ran, err, accounts)
+	}
+}

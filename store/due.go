@@ -13,17 +13,40 @@ import (
 type DueIndexes interface {
 	// AccountsByEpoch returns up to f.Limit accounts of generation
 	// f.Generation whose EpochStart is at or before f.StartedBy (any
-	// EpochStart when f.StartedBy is zero), ordered by (EpochStart,
-	// subject, route, region), strictly after f.After unless it is the
-	// zero cursor. The accounts are whole rows, as AccountGet returns them.
-	// None is an empty list; f.Limit <= 0, or a generation, time or cursor
-	// that no row can hold (one codec.Conv refuses), is an error.
+	// EpochStart when f.StartedBy is zero), in the order of the driver's
+	// epoch index, strictly after f.After unless it is the zero cursor,
+	// and the position of the last one returned (the cursor that
+	// continues after it; the zero cursor when none is). The accounts are
+	// whole rows, as AccountGet returns them. None is an empty list;
+	// f.Limit <= 0, or a generation, time or cursor that no row can hold
+	// (one codec.Conv refuses), is an error.
+	//
+	// The index orders accounts by (indexed epoch start, subject, route,
+	// region). The indexed epoch start is at most EpochStart, so the
+	// index never hides an account within the bound. The in-memory store
+	// and PostgreSQL index EpochStart itself (the position is the
+	// account's EpochCursorOf); SQLite's entry of an account whose busy
+	// epoch rolled stays where it was, behind EpochStart, until
+	// EpochIndexCatchUp moves it, so the roll writes no page of the index.
 	//
 	// The epoch worker asks, per generation, for the accounts whose epoch
 	// began at least one epoch length ago; the drain worker pages through
 	// the accounts of a superseded generation. Drivers keep an index on
-	// (generation, epoch start, key).
-	AccountsByEpoch(ctx context.Context, f EpochFilter) ([]ledger.Account, error)
+	// (generation, indexed epoch start, key).
+	AccountsByEpoch(ctx context.Context, f EpochFilter) ([]ledger.Account, EpochCursor, error)
+
+	// EpochIndexCatchUp moves to their account's EpochStart the entries
+	// of AccountsByEpoch's index that lag it, among up to f.Limit entries
+	// of generation f.Generation whose indexed epoch start is at or
+	// before f.StartedBy (any when zero), strictly after f.After, in index
+	// order. It returns the position of the last entry it read and
+	// whether there may be more (it read f.Limit). A driver whose index
+	// never lags (in-memory, PostgreSQL) reads nothing and returns the
+	// zero cursor and false. The epoch worker calls it over the range its
+	// pass read, after the pass's closes, in bounded chunks: so lagging
+	// entries move in index order, a few pages a chunk, rather than each
+	// roll moving one at a random page. Errors are as AccountsByEpoch's.
+	EpochIndexCatchUp(ctx context.Context, f EpochFilter) (EpochCursor, bool, error)
 }
 
 // DueReservation is one reservation ReservationsDue lists: what the
@@ -51,16 +74,28 @@ type EpochFilter struct {
 
 // EpochCursor is a position in the order of AccountsByEpoch.
 type EpochCursor struct {
+	// EpochStart is the indexed epoch start: the account's EpochStart,
+	// or an earlier one where the driver's entry lags (SQLite).
 	EpochStart time.Time
 	Subject    string
 	Route      string
 	Region     string
 }
 
-// EpochCursorOf returns the position of account a in the order of
-// AccountsByEpoch: the cursor that continues after it.
+// EpochCursorOf returns the position of account a in an index of
+// EpochStart itself (the in-memory store's and PostgreSQL's).
 func EpochCursorOf(a *ledger.Account) EpochCursor {
 	return EpochCursor{EpochStart: a.EpochStart, Subject: a.Key.Subject, Route: a.Key.Route, Region: a.Key.Region}
+}
+
+// LastEpochCursor returns the position of page's last account in an index
+// of EpochStart itself (EpochCursorOf), or the zero cursor for an empty
+// page: AccountsByEpoch's cursor in such a driver.
+func LastEpochCursor(page []ledger.Account) EpochCursor {
+	if len(page) == 0 {
+		return EpochCursor{}
+	}
+	return EpochCursorOf(&page[len(page)-1])
 }
 
 // Leases elect one worker leader per store: whoever holds a named lease

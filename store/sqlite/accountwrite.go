@@ -11,25 +11,27 @@ import (
 )
 
 // accountUpdateCols are the columns the short account UPDATE rewrites: all
-// but the key and epoch_start. SQLite maintains an index on every UPDATE
+// but the key and epoch_indexed. SQLite maintains an index on every UPDATE
 // (or upsert) that names one of its columns, whatever the values: the
-// upsert of wAccountPut names epoch_start and so rewrote the account's
-// entry of accounts_by_epoch on every command, a second random page per
-// account written (measured: 2.5x the time of a batch over many
-// accounts). The short UPDATE names no indexed column, so it writes the
-// table's page only. Its value columns are bound as accountArgs binds
-// them (the numbers are their positions there).
+// upsert of wAccountPut names epoch_indexed and so rewrites the account's
+// entry of accounts_by_epoch, a second random page per account written
+// (measured: 2.5x the time of a batch over many accounts). The short
+// UPDATE names no indexed column, so it writes the table's page only,
+// also when it rolls the account's epoch (schema version 14: the index is
+// on epoch_indexed, which the epoch worker advances later, in index
+// order; see putAccounts). Its value columns are bound as accountArgs
+// binds them (the numbers are their positions there).
 var accountUpdateCols = []struct {
 	name string
 	arg  int
-}{{"dims", 5}, {"balances", 6}, {"epoch_opening", 8}, {"refilled_to", 9}, {"breaches", 10}, {"version", 11}}
+}{{"dims", 5}, {"balances", 6}, {"epoch_start", 7}, {"epoch_opening", 8}, {"refilled_to", 9}, {"breaches", 10}, {"version", 11}}
 
 // accountKeyArgs are the positions in accountArgs of what the short UPDATE
-// matches: the key and epoch_start.
+// matches: the key.
 var accountKeyArgs = []struct {
 	name string
 	arg  int
-}{{"subject", 1}, {"route", 2}, {"region", 3}, {"generation", 4}, {"epoch_start", 7}}
+}{{"subject", 1}, {"route", 2}, {"region", 3}, {"generation", 4}}
 
 // accountUpdateRowsSQL returns the short UPDATE of rows accounts, bound as
 // accountArgs binds them, row after row: for one row a plain UPDATE, for
@@ -52,24 +54,39 @@ func accountUpdateRowsSQL(rows int) string {
 	for _, c := range accountKeyArgs {
 		where = append(where, fmt.Sprintf("accounts.%s = v.column%d", c.name, c.arg))
 	}
-	// The unary + keeps SQLite from seeking through accounts_by_epoch
-	// (generation, epoch_start, then the key): it would, with every
-	// column of that index matched, and then seek the table's primary
-	// key as well, a second random page per account.
-	where[len(where)-1] = "+" + where[len(where)-1]
 	row := "(" + params(len(strings.Split(accountCols, ", "))) + ")"
 	return "UPDATE OR FAIL accounts SET " + strings.Join(set, ", ") +
 		" FROM (VALUES " + strings.TrimSuffix(strings.Repeat(row+", ", rows), ", ") + ") AS v WHERE " +
 		strings.Join(where, " AND ")
 }
 
-// noteAccountEpoch records the epoch_start the file holds for key, so a
-// write of the account that keeps it can use the short UPDATE.
-func (tx *Tx) noteAccountEpoch(key ledger.AccountKey, epochStart int64) {
+// accountPutSQL is wAccountPut: the upsert of every column, bound as
+// accountPutArgs binds them, which sets epoch_indexed to epoch_start (so
+// it moves the account's entry of accounts_by_epoch to its epoch).
+var accountPutSQL = upsertSQL("accounts", accountCols+", epoch_indexed", "subject, route, region, generation")
+
+// accountPutArgs binds wAccountPut: accountArgs, then epoch_start again
+// as epoch_indexed.
+func accountPutArgs(a *ledger.Account, c *codec.Conv) []any {
+	return append(accountArgs(a, c), c.Nanos(a.EpochStart))
+}
+
+// storedEpoch is what a transaction knows of an account's stored row for
+// putAccounts: its epoch_start and whether its epoch is idle
+// (ledger.Account.EpochIdle: nothing changed in it).
+type storedEpoch struct {
+	start int64
+	idle  bool
+}
+
+// noteAccountEpoch records the epoch_start the file holds for key and
+// whether the row's epoch is idle, so a write of the account can use the
+// short UPDATE.
+func (tx *Tx) noteAccountEpoch(key ledger.AccountKey, epochStart int64, idle bool) {
 	if tx.storedEpochs == nil {
-		tx.storedEpochs = map[ledger.AccountKey]int64{}
+		tx.storedEpochs = map[ledger.AccountKey]storedEpoch{}
 	}
-	tx.storedEpochs[key] = epochStart
+	tx.storedEpochs[key] = storedEpoch{start: epochStart, idle: idle}
 }
 
 // noteAccountDebt records whether the row the file holds for key owes
@@ -105,13 +122,27 @@ func (tx *Tx) putDebtors(ctx context.Context, accounts []ledger.Account, conv *c
 	return nil
 }
 
-// putAccounts writes accounts. Those this transaction read, their epoch
-// the one the file holds, go through the short UPDATE, as many a statement
-// as the largest of chunkSizes that fits (wAccountUpdateRows); the others
-// (a new account, an epoch rolled, a blind write, a key given twice) and
-// the rows of a chunk that did not update as many rows as it holds go one
-// at a time through the upsert, which also maintains the epoch index.
-// Then account_debtors follows (putDebtors).
+// putAccounts writes accounts. Those this transaction read go through
+// the short UPDATE, as many a statement as the largest of chunkSizes that
+// fits (wAccountUpdateRows), unless their epoch rolled from an idle one;
+// the others (a new account, a blind write, a key given twice, an idle
+// epoch rolled) and the rows of a chunk that did not update as many rows
+// as it holds go one at a time through the upsert, which also moves the
+// account's entry of the epoch index (epoch_indexed = epoch_start). Then
+// account_debtors follows (putDebtors).
+//
+// So the roll of a busy epoch, the epoch worker's close or a command's
+// inline one, writes no page of accounts_by_epoch: its entry stays at the
+// epoch it had, behind epoch_start, until the worker's pass moves it
+// (EpochIndexCatchUp), in index order. A roll from an idle epoch moves it
+// at once: the worker skips idle accounts, and its pass starts at the
+// epochs it has not read yet (engine.EpochScans), so an entry left behind
+// there would hide the account from later passes. A busy epoch is one
+// the worker closes once it ends, so a busy roll happens at most shortly
+// after the worker's pass over that epoch began (before the pass reached
+// the account, or between its read and its close): the catch-up at the
+// end of that pass, or of the next one, which reads that epoch again
+// (engine.EpochLateness), moves the entry.
 func (tx *Tx) putAccounts(ctx context.Context, accounts []ledger.Account, conv *codec.Conv) error {
 	var seen map[ledger.AccountKey]int
 	if len(accounts) > 1 {
@@ -128,7 +159,7 @@ func (tx *Tx) putAccounts(ctx context.Context, accounts []ledger.Account, conv *
 		if err := conv.Err(); err != nil {
 			return fmt.Errorf("account %s: %w", a.Key, err)
 		}
-		if stored, ok := tx.storedEpochs[a.Key]; ok && stored == epoch && seen[a.Key] <= 1 {
+		if stored, ok := tx.storedEpochs[a.Key]; ok && (stored.start == epoch || !stored.idle) && seen[a.Key] <= 1 {
 			short = append(short, a)
 		} else {
 			upserts = append(upserts, a)
@@ -142,10 +173,13 @@ func (tx *Tx) putAccounts(ctx context.Context, accounts []ledger.Account, conv *
 	}
 	upserts = append(upserts, more...)
 	for _, a := range upserts {
-		if err := tx.run(ctx, wAccountPut, func() string { return "account " + a.Key.String() }, conv, accountArgs(a, conv)); err != nil {
+		if err := tx.run(ctx, wAccountPut, func() string { return "account " + a.Key.String() }, conv, accountPutArgs(a, conv)); err != nil {
 			return err
 		}
-		tx.noteAccountEpoch(a.Key, conv.Nanos(a.EpochStart))
+	}
+	for i := range accounts {
+		a := &accounts[i]
+		tx.noteAccountEpoch(a.Key, conv.Nanos(a.EpochStart), a.EpochIdle())
 	}
 	return tx.putDebtors(ctx, accounts, conv)
 }

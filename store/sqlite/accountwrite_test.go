@@ -32,11 +32,13 @@ func walPages(t *testing.T, path string, pageSize int) []uint32 {
 }
 
 // TestAccountWriteKeepsTheEpochIndex checks that writing an account this
-// transaction read, its epoch unchanged, leaves the pages of the
-// accounts_by_epoch index alone (SQLite rewrites an index on every UPDATE
-// naming one of its columns, so the upsert wrote a second random page per
-// account), while a rolled epoch and a blind write still update it, and
-// AccountsByEpoch then finds the account under its new epoch.
+// transaction read leaves the pages of the accounts_by_epoch index alone,
+// its epoch unchanged or rolled from a busy one (SQLite rewrites an index
+// on every UPDATE naming one of its columns, so the upsert wrote a second
+// random page per account), while a blind write and the roll of an idle
+// epoch still move the entry. AccountsByEpoch finds the busy roll at its
+// old place until EpochIndexCatchUp moves it, within a bound only by its
+// new epoch, and then under its new epoch.
 func TestAccountWriteKeepsTheEpochIndex(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "capledger.db")
@@ -147,29 +149,103 @@ func TestAccountWriteKeepsTheEpochIndex(t *testing.T) {
 		t.Error("a blind write did not go through the upsert (the check above would prove nothing)")
 	}
 	next := epoch.Add(time.Hour)
-	if !indexPagesWritten(true, account(1502, next, 800)) {
-		t.Error("a rolled epoch did not update the epoch index")
+	if indexPagesWritten(true, account(1502, next, 800)) {
+		t.Error("a busy epoch rolled rewrote the epoch index")
 	}
-	for i, want := range map[int]ledger.Units{1500: 900, 1501: 900, 1502: 800, 1503: 1000} {
+	// An idle epoch: nothing changed in it (EpochOpening = Balances).
+	idle := account(1503, epoch, 1000)
+	idle.EpochOpening = idle.Balances
+	commit(false, idle)
+	idle.EpochStart = next
+	idle.Balances[0].Available = 700
+	if !indexPagesWritten(true, idle) {
+		t.Error("an idle epoch rolled did not move the account's entry of the epoch index")
+	}
+	for i, want := range map[int]ledger.Units{1500: 900, 1501: 900, 1502: 800, 1503: 700, 1504: 1000} {
 		got, err := s.AccountGet(ctx, account(i, epoch, 0).Key)
 		if err != nil || got.Balances[0].Available != want {
 			t.Errorf("account %d: available %d, %v; want %d", i, got.Balances[0].Available, err, want)
 		}
 	}
-	rolled, err := s.AccountsByEpoch(ctx, store.EpochFilter{Generation: 1, Limit: 10, After: store.EpochCursor{EpochStart: epoch, Subject: "tenant-99999"}})
+	subjects := func(list []ledger.Account) []string {
+		var out []string
+		for _, a := range list {
+			out = append(out, a.Key.Subject)
+		}
+		return out
+	}
+	afterFirst := store.EpochFilter{Generation: 1, Limit: 10, After: store.EpochCursor{EpochStart: epoch, Subject: "tenant-99999"}}
+	rolled, _, err := s.AccountsByEpoch(ctx, afterFirst)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rolled) != 1 || rolled[0].Key.Subject != "tenant-01502" || !rolled[0].EpochStart.Equal(next) {
-		t.Errorf("accounts after the first epoch: %+v; want tenant-01502 at %s", rolled, next)
+	if got := subjects(rolled); !slices.Equal(got, []string{"tenant-01503"}) {
+		t.Errorf("accounts after the first epoch before the catch-up: %v; want tenant-01503", got)
+	}
+	// The busy roll's entry is still among the first epoch's, after
+	// tenant-01501; a bound at the first epoch leaves it out.
+	page, _, err := s.AccountsByEpoch(ctx, store.EpochFilter{Generation: 1, Limit: 3, After: store.EpochCursor{EpochStart: epoch, Subject: "tenant-01500", Route: "chat", Region: "eu"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := subjects(page); !slices.Equal(got, []string{"tenant-01501", "tenant-01502", "tenant-01504"}) {
+		t.Errorf("accounts after tenant-01500: %v; want 01501, 01502 (at its old place), 01504", got)
+	}
+	page, _, err = s.AccountsByEpoch(ctx, store.EpochFilter{Generation: 1, StartedBy: epoch, Limit: 2, After: store.EpochCursor{EpochStart: epoch, Subject: "tenant-01500", Route: "chat", Region: "eu"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := subjects(page); !slices.Equal(got, []string{"tenant-01501", "tenant-01504"}) {
+		t.Errorf("accounts after tenant-01500 due by the first epoch: %v; want 01501, 01504", got)
+	}
+
+	// The catch-up over the first epoch moves the entry, and only in its
+	// chunk that holds it.
+	lagging := func() int {
+		t.Helper()
+		var n int
+		if err := db.QueryRow("SELECT count(*) FROM accounts WHERE epoch_indexed < epoch_start").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := lagging(); n != 1 {
+		t.Fatalf("%d entries lag their epoch before the catch-up; want 1", n)
+	}
+	var chunks, moved int
+	f := store.EpochFilter{Generation: 1, StartedBy: epoch, Limit: 500}
+	for {
+		before := lagging()
+		cursor, more, err := s.EpochIndexCatchUp(ctx, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		chunks++
+		if lagging() < before {
+			moved++
+		}
+		if !more {
+			break
+		}
+		f.After = cursor
+	}
+	if chunks != 6 || moved != 1 || lagging() != 0 {
+		t.Errorf("catch-up: %d chunks, %d of them moved an entry, %d lag; want 6 (2,999 entries in chunks of 500), 1, 0", chunks, moved, lagging())
+	}
+	rolled, _, err = s.AccountsByEpoch(ctx, afterFirst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := subjects(rolled); !slices.Equal(got, []string{"tenant-01502", "tenant-01503"}) || !rolled[0].EpochStart.Equal(next) {
+		t.Errorf("accounts after the first epoch after the catch-up: %v; want tenant-01502 and 01503 at %s", got, next)
 	}
 }
 
 // TestAccountWritesInChunks checks the multi-row short UPDATE of accounts
 // (71 = 64 + 4 + 2 + 1 rows in one Write): every account gets its own
-// values, an account whose epoch rolled goes through the upsert (sent
-// there by its epoch, or else by its chunk changing a row too few) and is
-// found under its new epoch, and a key given twice ends as its last copy.
+// values, an account whose busy epoch rolled goes with them and is found
+// under its new epoch once EpochIndexCatchUp moved its entry, and a key
+// given twice ends as its last copy.
 func TestAccountWritesInChunks(t *testing.T) {
 	ctx := context.Background()
 	s := openTemp(t)
@@ -220,7 +296,12 @@ func TestAccountWritesInChunks(t *testing.T) {
 			t.Errorf("account %s stored\n%+v\nwant\n%+v", w.Key, got, w)
 		}
 	}
-	rolled, err := s.AccountsByEpoch(ctx, store.EpochFilter{Generation: 1, Limit: 10, After: store.EpochCursor{EpochStart: epoch, Subject: "tenant-99999"}})
+	// tenant-00010's epoch rolled from a busy one: its entry of the epoch
+	// index stays among the first epoch's until the catch-up.
+	if _, _, err := s.EpochIndexCatchUp(ctx, store.EpochFilter{Generation: 1, StartedBy: epoch, Limit: 100}); err != nil {
+		t.Fatal(err)
+	}
+	rolled, _, err := s.AccountsByEpoch(ctx, store.EpochFilter{Generation: 1, Limit: 10, After: store.EpochCursor{EpochStart: epoch, Subject: "tenant-99999"}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -58,7 +58,7 @@ func TestAccountsInDebtOfAnEarlierSchema(t *testing.T) {
 		}
 		accounts = append(accounts, a)
 		var conv codec.Conv
-		if _, err := db.Exec(writeSQL[wAccountPut], accountArgs(&a, &conv)...); err != nil {
+		if _, err := db.Exec(insertSQL("accounts", accountCols), accountArgs(&a, &conv)...); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -373,8 +373,9 @@ func TestLedgerOfAnEarlierSchemaAudits(t *testing.T) {
 		"DROP TABLE rollouts",                                      // version 8
 		"DROP TABLE checkpoint_accounts", "DROP TABLE checkpoints", // version 9
 		"DROP TABLE resolver_answers", "DROP TABLE audit_records", // version 10
-		"DROP TABLE reservation_subjects", // version 12 (which dropped version 10's index)
-		"DROP TABLE account_debtors",      // version 13
+		"DROP TABLE reservation_subjects",                                                // version 12 (which dropped version 10's index)
+		"DROP TABLE account_debtors",                                                     // version 13
+		"DROP INDEX accounts_by_epoch", "ALTER TABLE accounts DROP COLUMN epoch_indexed", // version 14 (version 6 builds the index again)
 		"DELETE FROM schema_migrations WHERE version > 2"} {
 		if _, err := db.Exec(q); err != nil {
 			t.Fatal(err)

@@ -58,9 +58,8 @@ const (
 	// wReservationUpdateRows updates reservations the transaction read
 	// (reservationwrite.go): their lifecycle columns only.
 	wReservationUpdateRows
-	// wAccountUpdateRows updates accounts the transaction read, their
-	// epoch unchanged (accountwrite.go): every column but the key and
-	// epoch_start.
+	// wAccountUpdateRows updates accounts the transaction read
+	// (accountwrite.go): every column but the key and epoch_indexed.
 	wAccountUpdateRows
 	// wStatementRows inserts the statements of closed epochs: a rollover
 	// closes every busy account's epoch, 64 a worker chunk.
@@ -194,7 +193,7 @@ var baseWriteSQL = [nWriteStmts]string{
 	wMetaPut:        upsertSQL("meta", "name, value", "name"),
 	wPolicyPut:      upsertSQL("policies", policyCols, "generation"),
 	wHeadPut:        upsertSQL("policy_heads", headCols, "subject, route, region"),
-	wAccountPut:     upsertSQL("accounts", accountCols, "subject, route, region, generation"),
+	wAccountPut:     accountPutSQL,
 	wCurrentPut:     upsertSQL("account_currents", currentCols, "subject, route, region"),
 	wReservationPut: upsertSQL("reservations", reservationCols, "id", "due_at"),
 	wMoveInsert:     insertSQL("moves", moveCols),

@@ -34,8 +34,9 @@ type Tx struct {
 	// tombs holds the tombstones prefetched with them (retention.go).
 	tombs map[string]*ledger.Tombstone
 	// storedEpochs is the epoch_start the file holds for the accounts
-	// this transaction read or wrote (accountwrite.go).
-	storedEpochs map[ledger.AccountKey]int64
+	// this transaction read or wrote, and whether that epoch is idle
+	// (accountwrite.go).
+	storedEpochs map[ledger.AccountKey]storedEpoch
 	// storedDebt is whether the file's row owes, for the accounts this
 	// transaction read or wrote: whether account_debtors holds the key
 	// (accountwrite.go).
@@ -199,7 +200,7 @@ func (tx *Tx) AccountGet(ctx context.Context, key ledger.AccountKey) (*ledger.Ac
 	})
 	if err == nil {
 		var c codec.Conv // as accountArgs stores it
-		tx.noteAccountEpoch(key, c.Nanos(a.EpochStart))
+		tx.noteAccountEpoch(key, c.Nanos(a.EpochStart), a.EpochIdle())
 		tx.noteAccountDebt(key, store.RowInDebt(a))
 	} else if errors.Is(err, store.ErrNotFound) {
 		// No account, so no key in account_debtors: a new account's

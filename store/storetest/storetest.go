@@ -84,6 +84,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"AccountsInDebt", testAccountsInDebt},
 		{"AccountsInDebtFollowsWrites", testAccountsInDebtFollowsWrites},
 		{"AccountsByEpoch", testAccountsByEpoch},
+		{"AccountsByEpochAfterRolls", testAccountsByEpochAfterRolls},
 		{"Leases", testLeases},
 		{"AccountList", testAccountList},
 		{"Lists", testLists},
