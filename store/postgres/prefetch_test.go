@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"reflect"
 	"sync"
@@ -170,4 +171,78 @@ func TestAccountsPrefetchOppositeOrders(t *testing.T) {
 		}
 	}
 	t.Logf("stats: %+v / %+v", first.Stats(), second.Stats())
+}
+
+// TestAccountsPrefetchAnswersWithoutQueries: after AccountsPrefetch the
+// getters answer the prefetched subjects, found or absent, without a
+// round trip (they are asked with a cancelled context, on which any query
+// fails), and what they answer is what the getters read in a transaction
+// without the prefetch.
+func TestAccountsPrefetchAnswersWithoutQueries(t *testing.T) {
+	s, _ := openStore(t)
+	a, b, none := subjectKey(1), subjectKey(2), subjectKey(3) // none has no policy
+	res := commitCmds(t, s, t0, publishCmd(a, 1000), publishCmd(b, 1000))
+	commitCmds(t, s, t0, reserveOn(a, "r1", 10), reserveOn(b, "r2", 20))
+	ctx := context.Background()
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+
+	type answers struct {
+		head       *ledger.PolicyHead
+		headErr    error
+		generation uint64
+		genErr     error
+		account    *ledger.Account
+		accountErr error
+	}
+	keys := []ledger.PolicyKey{a, b, none}
+	accountKey := func(i int) ledger.AccountKey {
+		k := keys[i]
+		return ledger.AccountKey{Subject: k.Subject, Route: k.Route, Region: k.Region, Generation: res[min(i, 1)].Generation}
+	}
+	ask := func(tx store.Tx, ctx context.Context) []answers {
+		var out []answers
+		for i, k := range keys {
+			var x answers
+			x.head, x.headErr = tx.PolicyHeadGet(ctx, k)
+			x.generation, x.genErr = tx.AccountCurrentGet(ctx, k)
+			if x.genErr == nil {
+				x.account, x.accountErr = tx.AccountGet(ctx, accountKey(i))
+			}
+			out = append(out, x)
+		}
+		return out
+	}
+	read := mustBegin(t, s)
+	want := ask(read, ctx)
+	if err := read.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	prefetched := mustBegin(t, s)
+	if err := prefetched.(store.AccountsPrefetcher).AccountsPrefetch(ctx, []ledger.PolicyKey{b, none, a, b}); err != nil {
+		t.Fatal(err)
+	}
+	got := ask(prefetched, cancelled)
+	for i, k := range keys {
+		w, g := want[i], got[i]
+		if !reflect.DeepEqual(g.head, w.head) || !reflect.DeepEqual(g.account, w.account) || g.generation != w.generation ||
+			!sameErr(g.headErr, w.headErr) || !sameErr(g.genErr, w.genErr) || !sameErr(g.accountErr, w.accountErr) {
+			t.Errorf("%s: prefetched %+v; read %+v", k, g, w)
+		}
+	}
+	if want[0].account == nil || want[1].account == nil || want[0].head == nil || want[2].headErr == nil || want[2].genErr == nil {
+		t.Errorf("read %+v: want heads and accounts of %s and %s, neither of %s", want, a, b, none)
+	}
+	// A subject that was not prefetched is read: the cancelled context fails.
+	if _, err := prefetched.AccountCurrentGet(cancelled, subjectKey(4)); err == nil {
+		t.Error("a subject that was not prefetched answered without a query")
+	}
+}
+
+// sameErr: both nil, or both ErrNotFound.
+func sameErr(got, want error) bool {
+	if want == nil || got == nil {
+		return got == want
+	}
+	return errors.Is(got, store.ErrNotFound) && errors.Is(want, store.ErrNotFound)
 }
