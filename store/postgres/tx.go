@@ -100,6 +100,8 @@ type tx struct {
 	// prefetched holds the reservations ReservationsPrefetch read and
 	// locked (nil for an id found absent), until the next Write.
 	prefetched map[string]*ledger.Reservation
+	// subjects holds what AccountsPrefetch read, until the next Write.
+	subjects subjectsPrefetch
 	// tombs holds the tombstones prefetched with them (retention.go).
 	tombs map[string]*ledger.Tombstone
 	done  bool
@@ -183,6 +185,13 @@ func (t *tx) PolicyGet(ctx context.Context, generation uint64) (*ledger.Policy, 
 // PolicyHeadGet returns the head of a policy key, share-locked, or
 // ErrNotFound.
 func (t *tx) PolicyHeadGet(ctx context.Context, key ledger.PolicyKey) (*ledger.PolicyHead, error) {
+	if h, ok := t.prefetchedHead(key); ok {
+		if h == nil {
+			t.absent[policyKeyRow(tagHead, key)] = true
+			return nil, notFound("policy head " + key.String())
+		}
+		return h, nil
+	}
 	var h ledger.PolicyHead
 	var active, latest int64
 	err := t.tx.QueryRow(ctx, `SELECT active, latest FROM policy_heads WHERE subject = $1 AND route = $2
@@ -205,6 +214,14 @@ func (t *tx) PolicyHeadGet(ctx context.Context, key ledger.PolicyKey) (*ledger.P
 // AccountGet returns the account, locked, or ErrNotFound.
 func (t *tx) AccountGet(ctx context.Context, key ledger.AccountKey) (*ledger.Account, error) {
 	k := accountRow(key)
+	if p, ok := t.subjects.accounts[key]; ok {
+		if p == nil {
+			return nil, t.result(k, notFound("account "+key.String()))
+		}
+		t.termRows[key] = p.rows
+		copied := p.a // arrays only: a value copy is a deep copy
+		return &copied, nil
+	}
 	mode, err := t.lockMode(ctx, k)
 	if err != nil {
 		return nil, err
@@ -219,6 +236,13 @@ func (t *tx) AccountGet(ctx context.Context, key ledger.AccountKey) (*ledger.Acc
 // AccountCurrentGet returns the generation holding the subject's
 // capacity, share-locked, or ErrNotFound.
 func (t *tx) AccountCurrentGet(ctx context.Context, subject ledger.PolicyKey) (uint64, error) {
+	if g, ok := t.subjects.currents[subject]; ok {
+		if g == nil {
+			t.absent[policyKeyRow(tagCurrent, subject)] = true
+			return 0, notFound("current account of " + subject.String())
+		}
+		return *g, nil
+	}
 	var generation int64
 	err := t.tx.QueryRow(ctx, `SELECT generation FROM account_currents WHERE subject = $1 AND route = $2
 		AND region = $3 FOR SHARE`, subject.Subject, subject.Route, subject.Region).Scan(&generation)

@@ -230,6 +230,7 @@ func (t *tx) Write(ctx context.Context, c *store.Changes) error {
 // second insert), and its accounts have the dimension rows just written.
 func (t *tx) written(c *store.Changes) {
 	t.prefetched = nil
+	t.forgetPrefetch()
 	for name := range c.Meta {
 		delete(t.absent, rowKey{rank: rankMeta, a: name})
 	}
