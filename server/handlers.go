@@ -279,32 +279,11 @@ func (s *Server) reserveCommand(ctx context.Context, req *v1.ReserveRequest) (cm
 		s.logOutOfScope(ctx, "reserve", "subject", cmd.Subject, "route", cmd.Route)
 		return cmd, nil, withReason(connect.NewError(connect.CodeNotFound, fmt.Errorf("%w: %s", ledger.ErrNoPolicy, key)), ReasonNoPolicy)
 	}
-	p, ok := s.policies.active(key)
-	var units ledger.Amounts
-	var unitErr error
-	if ok {
-		units, unitErr = amounts(&p, req.GetUnits())
+	p, units, refusal, cerr := s.mapActive(ctx, key, req.GetUnits(), "reserve", cmd.ReservationID)
+	if cerr != nil {
+		return cmd, nil, cerr
 	}
-	if !ok || unitErr != nil {
-		// No cached policy, or a unit the cached generation lacks: the
-		// cache may predate a publish through another replica (a new key,
-		// or a new generation with other units). Such a request never
-		// reaches the ledger, which would otherwise say the mapping is
-		// stale, so reload (at most once per missReloadInterval) and map
-		// again.
-		if err := s.policies.refreshForMiss(ctx); err != nil {
-			return cmd, nil, readError("reserve: policies", ReasonNoPolicy, err)
-		}
-		if p, ok = s.policies.active(key); ok {
-			units, unitErr = amounts(&p, req.GetUnits())
-		}
-	}
-	var refusal *connect.Error
-	if !ok {
-		refusal = withReason(connect.NewError(connect.CodeNotFound, fmt.Errorf("%w: %s", ledger.ErrNoPolicy, key)), ReasonNoPolicy)
-	} else if unitErr != nil {
-		refusal = invalidArgument(ReasonUnknownUnit, "reserve %s: %v", cmd.ReservationID, unitErr)
-	} else {
+	if refusal == nil {
 		cmd.Units = units
 		cmd.Generation = p.Generation
 		cmd.Rollout = s.rollouts.mode(ctx, ledger.RouteKey{Route: cmd.Route, Region: cmd.Region}, cmd.Subject, p.Rollout)
@@ -340,6 +319,37 @@ func (s *Server) reserveCommand(ctx context.Context, req *v1.ReserveRequest) (cm
 		cmd.Units[0] = ledger.MaxUnits + 1
 	}
 	return cmd, refusal, nil
+}
+
+// mapActive maps units by the cached policy that decides key. When the
+// cache has no policy for key, or its generation lacks one of the units,
+// it may predate a publish through another replica (a new key, or a new
+// generation with other units); such a request never reaches the ledger,
+// which would otherwise say the mapping is stale, so it reloads (at most
+// once per missReloadInterval) and maps again. refusal is NO_POLICY or
+// UNKNOWN_UNIT (call and id name the request in its message); cerr is a
+// reload that failed.
+func (s *Server) mapActive(ctx context.Context, key ledger.PolicyKey, units map[string]int64, call, id string) (p ledger.Policy, mapped ledger.Amounts, refusal, cerr *connect.Error) {
+	p, ok := s.policies.active(key)
+	var unitErr error
+	if ok {
+		mapped, unitErr = amounts(&p, units)
+	}
+	if !ok || unitErr != nil {
+		if err := s.policies.refreshForMiss(ctx); err != nil {
+			return p, mapped, nil, readError(call+": policies", ReasonNoPolicy, err)
+		}
+		if p, ok = s.policies.active(key); ok {
+			mapped, unitErr = amounts(&p, units)
+		}
+	}
+	switch {
+	case !ok:
+		return p, mapped, withReason(connect.NewError(connect.CodeNotFound, fmt.Errorf("%w: %s", ledger.ErrNoPolicy, key)), ReasonNoPolicy), nil
+	case unitErr != nil:
+		return p, mapped, invalidArgument(ReasonUnknownUnit, "%s %s: %v", call, id, unitErr), nil
+	}
+	return p, mapped, nil, nil
 }
 
 // stale reports whether the ledger refused a reserve because another

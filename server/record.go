@@ -63,22 +63,14 @@ func (s *Server) recordCommand(ctx context.Context, req *v1.RecordUsageRequest) 
 	}
 	key := ledger.PolicyKey{Subject: cmd.Subject, Route: cmd.Route, Region: cmd.Region}
 	if !InScope(ctx, cmd.Subject, cmd.Route) {
-		s.log.Info("out of the token's scope", "call", "record usage", "subject", cmd.Subject, "route", cmd.Route, "token", tokenName(ctx))
+		s.logOutOfScope(ctx, "record usage", "subject", cmd.Subject, "route", cmd.Route)
 		return cmd, nil, withReason(connect.NewError(connect.CodeNotFound, fmt.Errorf("%w: %s", ledger.ErrNoPolicy, key)), ReasonNoPolicy)
 	}
-	p, ok := s.policies.active(key)
-	if !ok {
-		if err := s.policies.refreshForMiss(ctx); err != nil {
-			return cmd, nil, readError("record usage: policies", ReasonNoPolicy, err)
-		}
-		p, ok = s.policies.active(key)
+	p, units, refusal, cerr := s.mapActive(ctx, key, req.GetActualUnits(), "record usage", cmd.ReservationID)
+	if cerr != nil {
+		return cmd, nil, cerr
 	}
-	var refusal *connect.Error
-	if !ok {
-		refusal = withReason(connect.NewError(connect.CodeNotFound, fmt.Errorf("%w: %s", ledger.ErrNoPolicy, key)), ReasonNoPolicy)
-	} else if units, err := amounts(&p, req.GetActualUnits()); err != nil {
-		refusal = invalidArgument(ReasonUnknownUnit, "record usage %s: %v", cmd.ReservationID, err)
-	} else {
+	if refusal == nil {
 		cmd.Units, cmd.Generation = units, p.Generation
 		return cmd, nil, nil
 	}
@@ -97,8 +89,7 @@ func (s *Server) recordCommand(ctx context.Context, req *v1.RecordUsageRequest) 
 	if err != nil {
 		return cmd, nil, refusal
 	}
-	units, err := amounts(&ep, req.GetActualUnits())
-	if err != nil {
+	if units, err = amounts(&ep, req.GetActualUnits()); err != nil {
 		return cmd, nil, refusal
 	}
 	cmd.Units, cmd.Generation = units, existing.Account.Generation

@@ -983,3 +983,28 @@ func TestRetryAfterPolicyChange(t *testing.T) {
 		}
 	}
 }
+
+// TestRecordUsageNewUnitFromOtherReplica: a RecordUsage naming a unit of
+// a generation another replica just published is recorded under it, as a
+// Reserve is (TestStaleUnitMappingNewUnit), not refused UNKNOWN_UNIT
+// against this replica's cached generation.
+func TestRecordUsageNewUnitFromOtherReplica(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	h.ok("PublishPolicy", tokensPolicy, "")
+	h.ok("Reserve", reserveBody("warm", 10), "") // caches generation 1
+
+	other := serve(t, server.New(h.engine, server.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}))
+	req, _ := http.NewRequest(http.MethodPost, other+"/capledger.v1.LedgerService/PublishPolicy", strings.NewReader(
+		`{"policy":{"subject":"tenant-7","route":"chat.generate","dimensions":[{"unit":"tokens","burst":"1000"},{"unit":"gpus","burst":"4"}]}}`))
+	req.Header.Set("Content-Type", "application/json")
+	if r := h.do(req); r.status != 200 || num(field(r.body, "policy", "generation")) != 2 {
+		t.Fatalf("publish on the other replica: %d %s", r.status, r.raw)
+	}
+	time.Sleep(150 * time.Millisecond) // past the reload interval of the warm reserve's lookup
+
+	res := h.ok("RecordUsage", `{"reservationId":"rec-gpu","operationId":"op-1","subject":"tenant-7","route":"chat.generate","actualUnits":{"gpus":1}}`, "")
+	units := field(res, "reservation", "actualUnits").(map[string]any)
+	if num(field(res, "policyGeneration")) != 2 || num(units["gpus"]) != 1 {
+		t.Fatalf("record naming the new generation's unit: %v", res)
+	}
+}
