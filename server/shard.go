@@ -354,6 +354,12 @@ func (svc *shardService) ReconcileShard(ctx context.Context, req *connect.Reques
 	}
 	shapes := make([]ledger.ShardReceipt, len(m.GetReceipts()))
 	for i, r := range m.GetReceipts() {
+		// A receipt id is a reservation id, checked as GetShard checks
+		// its receipt_ids (present, at most 256 bytes, no NUL byte, which
+		// the PostgreSQL store cannot keep and answers unavailable).
+		if cerr := checkID(fmt.Sprintf("receipts[%d].reservation_id", i), r.GetReservationId()); cerr != nil {
+			return nil, cerr
+		}
 		state, ok := stateFromProto(r.GetState())
 		if !ok {
 			return nil, invalidArgument(ReasonInvalidCommand, "receipt %q: state %s", r.GetReservationId(), r.GetState())
