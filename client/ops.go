@@ -299,10 +299,14 @@ type RecordUsageResult struct {
 	ReservationID string
 	OperationID   string
 	// Reservation is the receipt, SETTLED or SETTLED_WITH_DEBT, holding
-	// nothing; its OverdraftUnits are the part recorded as debt.
+	// nothing; its OverdraftUnits are the part recorded as debt. On a
+	// replay after retention removed the record it is the tombstone's
+	// (Retired set): state and ids only, no units.
 	Reservation *ledgerv1.Reservation
 	// Replayed is true when this exact record was already made; nothing
-	// was charged again.
+	// was charged again. After retention removed the record, a retry
+	// with the same id, subject, route and region replays whatever its
+	// usage (docs/API.md, RecordUsage).
 	Replayed bool
 	// Generation is the policy generation whose account was charged.
 	Generation uint64

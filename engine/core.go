@@ -32,9 +32,11 @@ func (c *Core) Store() store.Store { return c.store }
 
 // Commit applies cmds in order, in one store transaction, at time now, and
 // returns one result per command. Results are valid only when err is nil:
-// then every command's effect is durable. On error nothing of the batch is
-// applied (or, for store.ErrUnavailable, the outcome is unknown and the
-// callers must resolve it by retrying with the same ids); err wraps
+// then every command's effect is durable. On error err wraps ErrNotApplied
+// when nothing of the batch was applied (it failed before its COMMIT was
+// sent, or the commit was refused as a conflict); otherwise (COMMIT
+// answered store.ErrUnavailable) the outcome is unknown and the callers
+// must resolve it by retrying with the same ids; err wraps
 // store.ErrConflict when the whole batch may simply be run again.
 func (c *Core) Commit(ctx context.Context, cmds []ledger.Command, now time.Time) ([]ledger.Result, error) {
 	return c.commit(ctx, cmds, now, false)
@@ -69,7 +71,7 @@ func (c *Core) Sync(ctx context.Context) error {
 func (c *Core) commit(ctx context.Context, cmds []ledger.Command, now time.Time, deferred bool) ([]ledger.Result, error) {
 	tx, err := c.store.Begin(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("begin: %w", err)
+		return nil, fmt.Errorf("begin: %w: %w", ErrNotApplied, err)
 	}
 	defer tx.Rollback(ctx)
 	if prefetcher, ok := tx.(store.Prefetcher); ok && len(cmds) > 1 {
@@ -80,12 +82,12 @@ func (c *Core) commit(ctx context.Context, cmds []ledger.Command, now time.Time,
 			}
 		}
 		if err := prefetcher.ReservationsPrefetch(ctx, ids); err != nil {
-			return nil, fmt.Errorf("prefetch: %w", err)
+			return nil, fmt.Errorf("prefetch: %w: %w", ErrNotApplied, err)
 		}
 	}
 	if prefetcher, ok := tx.(store.AccountsPrefetcher); ok && len(cmds) > 1 {
 		if err := prefetcher.AccountsPrefetch(ctx, reserveSubjects(cmds)); err != nil {
-			return nil, fmt.Errorf("prefetch accounts: %w", err)
+			return nil, fmt.Errorf("prefetch accounts: %w: %w", ErrNotApplied, err)
 		}
 	}
 	book := store.NewBook(ctx, tx, len(cmds))
@@ -93,7 +95,7 @@ func (c *Core) commit(ctx context.Context, cmds []ledger.Command, now time.Time,
 	for i := range cmds {
 		results[i] = ledger.Apply(book, &cmds[i], now)
 		if err := book.Err(); err != nil {
-			return nil, fmt.Errorf("read: %w", err)
+			return nil, fmt.Errorf("read: %w: %w", ErrNotApplied, err)
 		}
 	}
 	changes := book.Changes()
@@ -106,13 +108,19 @@ func (c *Core) commit(ctx context.Context, cmds []ledger.Command, now time.Time,
 			// receipt first; re-running the batch turns it into a replay.
 			err = fmt.Errorf("%w: %w", store.ErrConflict, err)
 		}
-		return nil, fmt.Errorf("write: %w", err)
+		return nil, fmt.Errorf("write: %w: %w", ErrNotApplied, err)
 	}
 	commit := tx.Commit
 	if dc, ok := tx.(store.DeferredCommitter); ok && deferred {
 		commit = dc.CommitDeferred
 	}
 	if err := commit(ctx); err != nil {
+		if errors.Is(err, store.ErrConflict) {
+			// Refused and rolled back: the store's word for a conflict.
+			return nil, fmt.Errorf("commit: %w: %w", ErrNotApplied, err)
+		}
+		// Anything else during COMMIT (store.ErrUnavailable): it may
+		// have committed; the outcome is unknown.
 		return nil, fmt.Errorf("commit: %w", err)
 	}
 	return results, nil

@@ -175,6 +175,16 @@ type request struct {
 // ErrClosed is returned for commands submitted after Close.
 var ErrClosed = errors.New("engine closed")
 
+// ErrNotApplied marks an operating failure whose outcome is known: the
+// batch failed before its COMMIT was sent (Begin, a read or a write
+// failed: the store rolls the open transaction back), its commit was
+// refused as a conflict (rolled back, store.ErrConflict), or the command
+// was refused before it was sent (a failed fsync, pipelined). Nothing of
+// it was applied. Any other operating error may have committed (a COMMIT
+// whose answer was lost, a caller that stopped waiting): its outcome is
+// unknown. Either way a retry with the same ids is right.
+var ErrNotApplied = errors.New("not applied")
+
 // New starts an engine over st: one committer goroutine and, unless
 // disabled, the background workers. Close stops them. (A caller that finds
 // the engine idle commits its batch on its own goroutine instead of handing
@@ -254,9 +264,10 @@ func New(st store.Store, opts Options) *Engine {
 
 // Do applies one command and returns its result once it is durable. The
 // error is non-nil only for operating failures (the store is unavailable,
-// conflicts persisted, ctx ended, the engine closed): then the command may
-// or may not have been applied, and the caller resolves that by retrying
-// with the same ids. Expected outcomes (rejections, replays, state errors)
+// conflicts persisted, ctx ended, the engine closed): then the command was
+// not applied when the error wraps ErrNotApplied, and otherwise may or may
+// not have been; either way the caller resolves it by retrying with the
+// same ids. Expected outcomes (rejections, replays, state errors)
 // are in Result.Err.
 func (e *Engine) Do(ctx context.Context, cmd ledger.Command) (ledger.Result, error) {
 	results, err := e.DoBatch(ctx, []ledger.Command{cmd})
@@ -283,7 +294,7 @@ func (e *Engine) doBatch(ctx context.Context, cmds []ledger.Command, maintenance
 		return nil, nil
 	}
 	if err := e.failure(); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w (%w)", err, ErrNotApplied)
 	}
 	req := &request{cmds: cmds, done: make(chan struct{}), maintenance: maintenance}
 	if len(e.queue) == 0 && e.running.TryLock() {

@@ -237,8 +237,8 @@ func TestLostCommitAckConvergesOnRetryWithSameID(t *testing.T) {
 	defer e.Close()
 	publish(t, e, 1000, time.Minute, 0)
 	ms.LoseNextCommitAck()
-	if _, err := e.Do(context.Background(), reserveCmd("rl-1", 600)); !errors.Is(err, store.ErrUnavailable) {
-		t.Fatalf("lost ack must not look like success: %v", err)
+	if _, err := e.Do(context.Background(), reserveCmd("rl-1", 600)); !errors.Is(err, store.ErrUnavailable) || errors.Is(err, ErrNotApplied) {
+		t.Fatalf("lost ack must not look like success, nor like nothing applied: %v", err)
 	}
 	res, err := e.Do(context.Background(), reserveCmd("rl-1", 600))
 	if err != nil || res.Err != nil || !res.Replayed {
@@ -445,5 +445,43 @@ func TestCloseWaitsForABatchACallerRuns(t *testing.T) {
 	}
 	if p, err := gated.PolicyList(context.Background()); err != nil || len(p) != 1 {
 		t.Fatalf("the batch that ran during Close is not in the store: %v %v", p, err)
+	}
+}
+
+// beginRefusingStore refuses every Begin while refuse is set: a database
+// that refuses the connection before any statement is sent.
+type beginRefusingStore struct {
+	store.Store
+	refuse atomic.Bool
+}
+
+func (s *beginRefusingStore) Begin(ctx context.Context) (store.Tx, error) {
+	if s.refuse.Load() {
+		return nil, fmt.Errorf("%w: connection refused", store.ErrUnavailable)
+	}
+	return s.Store.Begin(ctx)
+}
+
+// A batch that failed before its COMMIT was sent is marked ErrNotApplied
+// (nothing of it is in the store); one whose COMMIT failed otherwise is
+// not (it may have committed: TestLostCommitAckConvergesOnRetryWithSameID,
+// and a commit error that is not a conflict below).
+func TestNotAppliedMarksFailuresBeforeCommit(t *testing.T) {
+	ms := memstore.New()
+	refusing := &beginRefusingStore{Store: ms}
+	e := New(refusing, Options{DisableWorkers: true})
+	defer e.Close()
+	publish(t, e, 1000, time.Minute, 0)
+	refusing.refuse.Store(true)
+	if _, err := e.Do(context.Background(), reserveCmd("rl-1", 600)); !errors.Is(err, store.ErrUnavailable) || !errors.Is(err, ErrNotApplied) {
+		t.Fatalf("a refused BEGIN: %v, want unavailable and not applied", err)
+	}
+	refusing.refuse.Store(false)
+	if _, err := e.Reservation(context.Background(), "rl-1"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("a batch marked not applied left its reservation: %v", err)
+	}
+	ms.FailNextCommit(fmt.Errorf("%w: I/O error during COMMIT", store.ErrUnavailable))
+	if _, err := e.Do(context.Background(), reserveCmd("rl-2", 600)); !errors.Is(err, store.ErrUnavailable) || errors.Is(err, ErrNotApplied) {
+		t.Fatalf("a failed COMMIT: %v, want unavailable with the outcome unknown", err)
 	}
 }

@@ -947,3 +947,35 @@ func TestFrozenTenantResponseCostRecorded(t *testing.T) {
 		t.Fatalf("audit: %v", d)
 	}
 }
+
+// TestUnmappedResponseCostCounted: a response cost recorded after the
+// fact (settle_on_hits, no reservation) whose descriptor maps to no policy
+// or to a unit its policy lacks is answered per unknown_descriptor and
+// counted as a refused record, outcome="no_policy" or "unknown_unit", as
+// an unmapped check is counted as a refused reserve
+// (TestUnmappedDescriptorsCounted): both through one refusal rule.
+func TestUnmappedResponseCostCounted(t *testing.T) {
+	h := newHarness(t, options{config: egMapping})
+	h.publish("acme", "chat", "tokens", 1000, 10, time.Second, false)
+	h.publish("units", "chat", "requests", 1000, 10, time.Second, false)
+	for _, tenant := range []string{"nobody", "units"} {
+		if _, err := h.check(&rlsv3.RateLimitRequest{Domain: "eg", Descriptors: []*rlscommon.RateLimitDescriptor{
+			descriptor(hits(40), "tenant", tenant)}}); err != nil {
+			t.Fatalf("response cost of %s: %v, want an answer per unknown_descriptor", tenant, err)
+		}
+	}
+	resp, err := http.Get("http://" + h.addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for _, want := range []string{
+		`capledger_commands_total{kind="record",outcome="no_policy"} 1`,
+		`capledger_commands_total{kind="record",outcome="unknown_unit"} 1`,
+	} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("want %s in:\n%s", want, grepLines(string(body), "commands_total"))
+		}
+	}
+}

@@ -436,13 +436,7 @@ func (s *Service) planReserve(ctx context.Context, it *item, units int64, start 
 		Units: map[string]int64{m.Rule.Unit: units},
 	})
 	if refused != nil {
-		switch reasonOf(refused) {
-		case server.ReasonNoPolicy, server.ReasonUnknownUnit:
-			s.srv.Refused(ledger.KindReserve, refused)
-			it.unknown = true
-			return nil
-		}
-		return refused
+		return s.refusedBeforeLedger(it, ledger.KindReserve, refused)
 	}
 	it.cmdBuf[0] = cmd
 	clear(it.cmdBuf[1:]) // in place: no command-sized temporaries on the stack
@@ -483,17 +477,27 @@ func (s *Service) planRecord(ctx context.Context, it *item) error {
 		ActualUnits: map[string]int64{m.Rule.Unit: it.hits},
 	})
 	if refused != nil {
-		switch reasonOf(refused) {
-		case server.ReasonNoPolicy, server.ReasonUnknownUnit:
-			s.srv.Refused(ledger.KindRecord, refused)
-			it.unknown = true
-			return nil
-		}
-		return refused
+		return s.refusedBeforeLedger(it, ledger.KindRecord, refused)
 	}
 	it.cmdBuf[0] = cmd
 	it.cmds = it.cmdBuf[:1]
 	return nil
+}
+
+// refusedBeforeLedger answers a reserve or record (kind) the server
+// refused before the ledger: one that maps to no policy or no unit of it
+// (NO_POLICY, UNKNOWN_UNIT) is counted as refused under kind and makes
+// the descriptor unknown (nil: the descriptor is answered per
+// unknown_descriptor); any other refusal is returned, an error of the
+// whole call.
+func (s *Service) refusedBeforeLedger(it *item, kind ledger.Kind, refused *connect.Error) error {
+	switch reasonOf(refused) {
+	case server.ReasonNoPolicy, server.ReasonUnknownUnit:
+		s.srv.Refused(kind, refused)
+		it.unknown = true
+		return nil
+	}
+	return refused
 }
 
 // setView remembers the policy dimension that decided res, for the status.

@@ -31,9 +31,11 @@ import (
 //     when cmd.Generation orders units otherwise: sameUsage), so a retry
 //     never charges twice; ErrReservationAlreadySettled when recorded with
 //     other usage or another operation id (the first record stands); a
-//     removed one answers from its tombstone as a settle does
-//     (ErrReservationAlreadySettled, also matching ErrReservationRetired)
-//     or ErrDigestMismatch;
+//     removed one answers from its tombstone (fromTombstone): success
+//     with Replayed and the tombstone's receipt (Retired set, no usage)
+//     for the same digest, whatever the usage and operation id, since the
+//     tombstone keeps neither; ErrDigestMismatch (also matching
+//     ErrReservationRetired) for another;
 //   - ErrNoPolicy when nothing admits for the subject (nothing decides
 //     whose capacity the usage is);
 //   - ErrInvalidCommand when cmd.Generation is set and another generation

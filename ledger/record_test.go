@@ -142,24 +142,39 @@ func TestRecordIdempotent(t *testing.T) {
 	}
 }
 
-// TestRecordRetired: a removed record answers from its tombstone as a
-// settle does: its own digest is ErrReservationAlreadySettled (the
-// tombstone keeps no usage to compare), another ErrDigestMismatch; both
-// also match ErrReservationRetired, and nothing is charged again.
+// TestRecordRetired: a removed record answers from its tombstone as its
+// first answer did, as far as the tombstone allows: its own digest
+// replays (success, Replayed, the tombstone's receipt with Retired set,
+// its terminal state and generation, no usage), also with other usage
+// (the tombstone keeps none to compare); another digest is
+// ErrDigestMismatch, also matching ErrReservationRetired. Nothing is
+// charged again.
 func TestRecordRetired(t *testing.T) {
 	c := newChecked(t)
-	c.publish(policyOf(tokens(100, 10)))
-	c.must(c.record("r", 40))
+	gen := c.publish(policyOf(tokens(100, 10)))
+	c.must(c.record("r", 140)) // beyond the burst: SETTLED_WITH_DEBT
 	c.advance(time.Hour)
 	c.must(c.apply(ledger.Command{Kind: ledger.KindRetire, ReservationID: "r", Before: c.now}))
-	res := c.record("r", 40)
-	if !errors.Is(res.Err, ledger.ErrReservationAlreadySettled) || !errors.Is(res.Err, ledger.ErrReservationRetired) {
-		t.Fatalf("record of a retired record: %v, want already settled and retired", res.Err)
+	for _, units := range []ledger.Units{140, 41} {
+		res := c.record("r", units)
+		if res.Err != nil || !res.Replayed || !res.Reservation.Retired || res.Reservation.State != ledger.StateSettledWithDebt ||
+			res.Reservation.ID != "r" || res.Reservation.RequestDigest != "record:r" || res.Generation != gen ||
+			res.Reservation.Actual != (ledger.Amounts{}) {
+			t.Fatalf("record of a retired record with usage %d: %+v, want a replay from the tombstone", units, res)
+		}
 	}
-	res = c.apply(ledger.Command{Kind: ledger.KindRecord, ReservationID: "r", RequestDigest: "record:other", OperationID: "op-r",
-		Subject: testSubject.Subject, Route: testSubject.Route, Region: testSubject.Region, Units: ledger.Amounts{40}})
-	if !errors.Is(res.Err, ledger.ErrDigestMismatch) || !errors.Is(res.Err, ledger.ErrReservationRetired) {
+	res := c.apply(ledger.Command{Kind: ledger.KindRecord, ReservationID: "r", RequestDigest: "record:other", OperationID: "op-r",
+		Subject: testSubject.Subject, Route: testSubject.Route, Region: testSubject.Region, Units: ledger.Amounts{140}})
+	if !errors.Is(res.Err, ledger.ErrDigestMismatch) || !errors.Is(res.Err, ledger.ErrReservationRetired) || res.Replayed {
 		t.Fatalf("record under a retired id with another digest: %v, want digest mismatch and retired", res.Err)
+	}
+	// A Reserve's reservation removed by retention is another request.
+	c.must(c.reserve("q", 5))
+	c.must(c.apply(ledger.Command{Kind: ledger.KindRelease, ReservationID: "q"}))
+	c.advance(time.Hour)
+	c.must(c.apply(ledger.Command{Kind: ledger.KindRetire, ReservationID: "q", Before: c.now}))
+	if res := c.record("q", 5); !errors.Is(res.Err, ledger.ErrDigestMismatch) || res.Replayed {
+		t.Fatalf("record under a retired Reserve's id: %+v, want digest mismatch", res)
 	}
 }
 

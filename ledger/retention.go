@@ -101,8 +101,14 @@ func missing(err error, kind Kind) Result {
 //     never debits twice); with another digest: ErrDigestMismatch;
 //   - release of a RELEASED one, expiry (claim or completion) of an EXPIRED
 //     one: Replayed;
+//   - record with the stored digest of a settled one: Replayed, as its
+//     first answer was a success (the digest names the subject, route and
+//     region; the tombstone keeps neither the operation id nor the usage,
+//     so a record of other usage under the id replays too, where a live
+//     row answers ErrReservationAlreadySettled: either way nothing is
+//     charged and the first record stands);
 //   - record with another digest: ErrDigestMismatch;
-//   - anything else: the error the terminal state gives (settle, record:
+//   - anything else: the error the terminal state gives (settle:
 //     ErrReservationAlreadySettled, since the tombstone keeps neither the
 //     operation id nor the usage a replayed settle would be compared with),
 //     wrapped so that it also matches ErrReservationRetired.
@@ -110,6 +116,7 @@ func fromTombstone(t *Tombstone, kind Kind, digest string) Result {
 	res := Result{Reservation: t.Receipt(), Generation: t.Account.Generation}
 	switch {
 	case kind == KindReserve && digest == t.RequestDigest,
+		kind == KindRecord && digest == t.RequestDigest && (t.State == StateSettled || t.State == StateSettledWithDebt),
 		kind == KindRelease && t.State == StateReleased,
 		(kind == KindExpire || kind == KindExpireClaim) && t.State == StateExpired:
 		res.Replayed = true

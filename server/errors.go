@@ -168,8 +168,12 @@ func (s *Server) itemError(ctx context.Context, res *ledger.Result) *v1.ItemErro
 }
 
 // operatingError maps an engine or store failure (not a ledger outcome).
-// For commands the outcome is then unknown, and the message says so: the
-// caller must retry with the same ids, never with new ones.
+// The message says what is known of the command's outcome: "not applied"
+// when the engine knows nothing was committed (engine.ErrNotApplied: the
+// transaction failed before its COMMIT was sent, or was rolled back),
+// "outcome unknown" when a COMMIT may have happened; the code and reason
+// are the same for both, and the caller retries with the same ids either
+// way, never with new ones.
 func operatingError(what string, err error) *connect.Error {
 	var cerr *connect.Error
 	if errors.As(err, &cerr) {
@@ -193,6 +197,9 @@ func operatingError(what string, err error) *connect.Error {
 		code = connect.CodeUnavailable
 	}
 	msg := fmt.Errorf("%s: outcome unknown, retry with the same ids: %w", what, err)
+	if errors.Is(err, engine.ErrNotApplied) {
+		msg = fmt.Errorf("%s: not applied (nothing was committed), retry with the same ids: %w", what, err)
+	}
 	if errors.Is(err, engine.ErrClosed) {
 		msg = fmt.Errorf("%s: server shutting down, retry with the same ids: %w", what, err)
 	}

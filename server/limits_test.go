@@ -160,6 +160,11 @@ func TestNULInANameIsRefused(t *testing.T) {
 		{"RolloutService/UndoRolloutStep", `{"name":"r\u0000"}`, server.ReasonInvalidRollout},
 		{"RolloutService/CreateRollout", `{"name":"r\u0000","hashBy":"route","routes":[{"route":"chat.generate"}]}`, server.ReasonInvalidRollout},
 		{"RolloutService/CreateRollout", `{"name":"r","hashBy":"route","routes":[{"route":"chat\u0000"}]}`, server.ReasonInvalidRollout},
+		// A shard receipt's id, read or reconciled: refused by the same
+		// check (ReconcileShard read the shard with it: 404 here, 503 on
+		// PostgreSQL when the shard exists).
+		{"ShardService/GetShard", `{"shardId":"s","receiptIds":["a\u0000"]}`, server.ReasonInvalidCommand},
+		{"ShardService/ReconcileShard", `{"shardId":"s","gatewayId":"gw","receipts":[{"reservationId":"a\u0000","state":"RESERVATION_STATE_RELEASED"}]}`, server.ReasonInvalidCommand},
 	} {
 		req, _ := http.NewRequest(http.MethodPost, h.url+"/capledger.v1."+c.path, strings.NewReader(c.body))
 		req.Header.Set("Content-Type", "application/json")
@@ -229,5 +234,28 @@ func TestCompressedGetMessageOverTheLimitIs413(t *testing.T) {
 	}
 	if r := get(`{"reservationId":"get-me"}`); r.status != http.StatusOK || field(r.body, "reservation", "reservationId") != "get-me" {
 		t.Errorf("compressed GET message within the limit: %d %s", r.status, r.raw)
+	}
+}
+
+// A shard receipt's id is checked as a reservation id (API.md, "Limits")
+// wherever it arrives, GetShard's receiptIds or ReconcileShard's
+// receipts: over 256 bytes it is INVALID_COMMAND before the shard is
+// read; at 256 the call reaches the shard (here: none, 404).
+func TestShardReceiptIDBounded(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	for _, c := range []struct {
+		id     string
+		status int
+	}{{strings.Repeat("r", 257), http.StatusBadRequest}, {strings.Repeat("r", 256), http.StatusNotFound}} {
+		for _, call := range []struct{ path, body string }{
+			{"GetShard", `{"shardId":"s","receiptIds":["` + c.id + `"]}`},
+			{"ReconcileShard", `{"shardId":"s","gatewayId":"gw","receipts":[{"reservationId":"` + c.id + `","state":"RESERVATION_STATE_RELEASED"}]}`},
+		} {
+			req, _ := http.NewRequest(http.MethodPost, h.url+"/capledger.v1.ShardService/"+call.path, strings.NewReader(call.body))
+			req.Header.Set("Content-Type", "application/json")
+			if r := h.do(req); r.status != c.status {
+				t.Errorf("%s with a %d-byte receipt id: %d %s, want %d", call.path, len(c.id), r.status, r.raw, c.status)
+			}
+		}
 	}
 }

@@ -78,3 +78,32 @@ func TestRetryOfATombstoneAfterPolicyChange(t *testing.T) {
 	h.wantError(h.call("Reserve", `{"reservationId":"kept","subject":"tenant-7","route":"chat.generate","units":{"bogus":1}}`, ""),
 		409, "already_exists", server.ReasonDigestMismatch)
 }
+
+// TestRecordUsageReplayAfterRetention: after retention removed a record,
+// a retry of it over real HTTP answers as its first answer did, as far as
+// the tombstone allows: 200, replayed, the tombstone's receipt (retired,
+// its terminal state, no units) and the generation charged; nothing is
+// charged again. Another subject under the id is still DIGEST_MISMATCH.
+func TestRecordUsageReplayAfterRetention(t *testing.T) {
+	h := newHarness(t, harnessOptions{retention: time.Hour})
+	h.ok("PublishPolicy", tokensPolicy, "")
+	h.ok("RecordUsage", recordBody("rec-kept", "op-1", 1500), "")
+	h.clock.Advance(2 * time.Hour)
+	if err := h.engine.RunRetention(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if s := h.engine.RetentionStats(); s.Retired != 1 {
+		t.Fatalf("retention stats %+v", s)
+	}
+	acct := h.ok("GetAccount", `{"subject":"tenant-7","route":"chat.generate"}`, "")
+	again := h.ok("RecordUsage", recordBody("rec-kept", "op-1", 1500), "")
+	if again["replayed"] != true || field(again, "reservation", "retired") != true || num(again["policyGeneration"]) != 1 ||
+		field(again, "reservation", "state") != "RESERVATION_STATE_SETTLED_WITH_DEBT" || field(again, "reservation", "actualUnits") != nil {
+		t.Fatalf("record replay from the tombstone: %v", again)
+	}
+	if after := h.ok("GetAccount", `{"subject":"tenant-7","route":"chat.generate"}`, ""); fmt.Sprint(after["accounts"]) != fmt.Sprint(acct["accounts"]) {
+		t.Fatalf("a replay from the tombstone changed the account: %v -> %v", acct, after)
+	}
+	h.wantError(h.call("RecordUsage", `{"reservationId":"rec-kept","operationId":"op-1","subject":"tenant-7","route":"chat.generate","region":"eu","actualUnits":{"tokens":1500}}`, ""),
+		409, "already_exists", server.ReasonDigestMismatch)
+}

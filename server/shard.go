@@ -202,26 +202,16 @@ func (svc *shardService) issue(ctx context.Context, m *v1.IssueShardRequest, leg
 	}
 	key := ledger.PolicyKey{Subject: m.GetSubject(), Route: m.GetRoute(), Region: region}
 	for attempt := 0; ; attempt++ {
-		p, ok := svc.s.policies.active(key)
-		refreshed := !ok || attempt > 0
-		if refreshed {
-			if _, err := svc.s.policies.refresh(ctx); err != nil {
-				return nil, readError("issue shard: policies", ReasonNoPolicy, err)
-			}
-			p, ok = svc.s.policies.active(key)
+		// The units by the deciding policy, as a Reserve maps them: a
+		// cache that predates a generation published through another
+		// replica is reloaded (rate-limited) before NO_POLICY or
+		// UNKNOWN_UNIT is answered.
+		p, units, refusal, cerr := svc.s.mapActive(ctx, key, m.GetUnits(), "issue shard", m.GetShardId())
+		if cerr != nil {
+			return nil, cerr
 		}
-		if !ok {
-			return nil, withReason(connect.NewError(connect.CodeNotFound, fmt.Errorf("%w: %s", ledger.ErrNoPolicy, key)), ReasonNoPolicy)
-		}
-		units, err := amounts(&p, m.GetUnits())
-		if err != nil && !refreshed {
-			// The cache may predate a generation with these units,
-			// published through another replica: the ledger never sees
-			// this command to say so, so map again after a reload.
-			continue
-		}
-		if err != nil {
-			return nil, invalidArgument(ReasonUnknownUnit, "issue shard %s: %v", m.GetShardId(), err)
+		if refusal != nil {
+			return nil, refusal
 		}
 		cmd := ledger.Command{
 			Kind: ledger.KindShardIssue, Subject: key.Subject, Route: key.Route, Region: key.Region,
@@ -231,6 +221,10 @@ func (svc *shardService) issue(ctx context.Context, m *v1.IssueShardRequest, leg
 		}
 		res, cerr := svc.do(ctx, cmd)
 		if cerr != nil && stale(&cmd, &res) && attempt < staleRetries {
+			// Another generation decides than the cache said: reload, map again.
+			if _, err := svc.s.policies.refresh(ctx); err != nil {
+				return nil, readError("issue shard: policies", ReasonNoPolicy, err)
+			}
 			continue
 		}
 		if cerr != nil {
@@ -354,6 +348,12 @@ func (svc *shardService) ReconcileShard(ctx context.Context, req *connect.Reques
 	}
 	shapes := make([]ledger.ShardReceipt, len(m.GetReceipts()))
 	for i, r := range m.GetReceipts() {
+		// A receipt id is a reservation id, checked as GetShard checks
+		// its receipt_ids (present, at most 256 bytes, no NUL byte, which
+		// the PostgreSQL store cannot keep and answers unavailable).
+		if cerr := checkID(fmt.Sprintf("receipts[%d].reservation_id", i), r.GetReservationId()); cerr != nil {
+			return nil, cerr
+		}
 		state, ok := stateFromProto(r.GetState())
 		if !ok {
 			return nil, invalidArgument(ReasonInvalidCommand, "receipt %q: state %s", r.GetReservationId(), r.GetState())

@@ -345,6 +345,8 @@ func (r randReader) Read(p []byte) (int, error) {
 // generation with a unit this server's cached generation lacks; an
 // IssueShard naming it reloads the cache and carves from the new
 // generation instead of answering UNKNOWN_UNIT against the stale one.
+// Its units are mapped as a Reserve's and a RecordUsage's (mapActive),
+// so the reload is the same rate-limited one (API.md: within 100 ms).
 func TestIssueShardNewUnitFromOtherReplica(t *testing.T) {
 	h := newShardHarness(t)
 	ctx := context.Background()
@@ -365,6 +367,7 @@ func TestIssueShardNewUnitFromOtherReplica(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	time.Sleep(150 * time.Millisecond) // past the reload interval of this replica's own publish
 	req := issueRequest("sh-gpu", "gw-a", 20)
 	req.Units = map[string]int64{"tokens": 20, "gpus": 1}
 	issued, err := h.shards.IssueShard(ctx, connect.NewRequest(req))

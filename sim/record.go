@@ -103,14 +103,25 @@ func (w *world) recordUnknown(r *request) {
 // what a correct ledger can answer: the request's own receipt (id,
 // digest, operation id, usage, holding nothing, settled), charged by one
 // answer only (a replay charges nothing; network duplicates of one answer
-// aside), or, after retention removed it, "already settled" from the
-// tombstone of a record the checker saw committed with this usage.
+// aside), or, after retention removed it, a replay from the tombstone
+// (Retired set, no usage) of a record the checker saw committed with this
+// usage.
 func (w *world) checkRecordAnswer(r *request, m *message) {
 	if m.kind != msgAnswer || m.cmd.Kind != ledger.KindRecord {
 		return
 	}
 	res := m.res
 	switch {
+	case res.Err == nil && res.Reservation.Retired:
+		rs := w.chk.resv[r.id]
+		rv := &res.Reservation
+		if !res.Replayed || rs == nil || !rs.retired || rs.actual != r.actual || rv.ID != r.id || rv.RequestDigest != r.digest ||
+			(rv.State != ledger.StateSettled && rv.State != ledger.StateSettledWithDebt) {
+			w.violate(GateProtocol, fmt.Sprintf("record of %s with %v answered %s from a tombstone (replayed %v), but no record of it with that usage was removed by retention (%+v)",
+				r.id, r.actual, rv.State, res.Replayed, rs))
+			return
+		}
+		w.recordStats.FromTombstone++
 	case res.Err == nil:
 		rv := &res.Reservation
 		if rv.ID != r.id || rv.RequestDigest != r.digest || rv.OperationID != r.opID || rv.Actual != r.actual ||
@@ -132,12 +143,7 @@ func (w *world) checkRecordAnswer(r *request, m *message) {
 		}
 		r.chargeAnswer = m.answerID
 	case settledBeforeRetention(res.Err):
-		rs := w.chk.resv[r.id]
-		if rs == nil || !rs.retired || rs.actual != r.actual {
-			w.violate(GateProtocol, fmt.Sprintf("record of %s with %v answered %v, but no record of it with that usage was removed by retention (%+v)", r.id, r.actual, res.Err, rs))
-			return
-		}
-		w.recordStats.FromTombstone++
+		w.violate(GateProtocol, fmt.Sprintf("record of %s with %v answered %v: a retry with the same digest replays from the tombstone", r.id, r.actual, res.Err))
 	default:
 		w.violate(GateProtocol, fmt.Sprintf("record of %s (operation %s, usage %v) answered %v: the usage is lost", r.id, r.opID, r.actual, res.Err))
 	}
@@ -146,7 +152,7 @@ func (w *world) checkRecordAnswer(r *request, m *message) {
 // recordAnswer ends a record request on a definite answer (checked by
 // checkRecordAnswer before).
 func (w *world) recordAnswer(r *request, res *ledger.Result) {
-	if res.Err != nil && !settledBeforeRetention(res.Err) {
+	if res.Err != nil {
 		return
 	}
 	if r.settleUnknownSince >= 0 {

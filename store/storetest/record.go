@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -90,4 +91,36 @@ func testRecordScenario(t *testing.T, s store.Store) {
 	for _, d := range ledger.Audit(snap) {
 		t.Errorf("audit: %s", d)
 	}
+
+	// After retention removed it, a retry with the same digest replays
+	// from the tombstone (alone and in a prefetched batch, the engine's
+	// path), charging nothing; another digest is still refused.
+	later := now.Add(time.Hour)
+	if res, err := apply(ctx, s, &ledger.Command{Kind: ledger.KindRetire, ReservationID: "rec-1", Before: later}, later); err != nil || res.Err != nil {
+		t.Fatalf("retire rec-1: %+v, %v", res, err)
+	}
+	before, err := s.AccountGet(ctx, account.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err = apply(ctx, s, record("rec-1", 1500), later)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, res := range []ledger.Result{res, applyPrefetched(t, s, []ledger.Command{*record("rec-1", 1500)}, later)[0]} {
+		if res.Err != nil || !res.Replayed || !res.Reservation.Retired || res.Reservation.State != ledger.StateSettledWithDebt ||
+			res.Reservation.RequestDigest != "record:rec-1" || res.Generation != 1 {
+			t.Fatalf("record replay %d after retention: %+v, want a replay from the tombstone", i, res)
+		}
+	}
+	other := record("rec-1", 1500)
+	other.RequestDigest = "record:elsewhere"
+	if res, err := apply(ctx, s, other, later); err != nil || !errors.Is(res.Err, ledger.ErrDigestMismatch) || !errors.Is(res.Err, ledger.ErrReservationRetired) {
+		t.Fatalf("record of a removed id with another digest: %+v, %v", res, err)
+	}
+	after, err := s.AccountGet(ctx, account.Key)
+	if err != nil || after.Balances != before.Balances {
+		t.Fatalf("a replay from the tombstone changed the account: %+v -> %+v, %v", before.Balances, after.Balances, err)
+	}
+	auditClean(t, s)
 }
