@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -132,7 +133,13 @@ func rolloutName(ctx context.Context, cf *clientFlags, client capledgerv1connect
 	if err != nil {
 		return "", err
 	}
-	if n := len(list.GetRollouts()); n != 1 {
+	switch n := len(list.GetRollouts()); n {
+	case 1:
+	case 0:
+		// Nothing to name: not found (exit 3), as for a named rollout
+		// that does not exist.
+		return "", exitError{code: exitNotFound, err: errors.New("no rollout exists: create one first (capledger rollout create NAME --routes R,...)")}
+	default:
 		return "", usagef("there are %d rollouts: name the one you mean", n)
 	}
 	return list.GetRollouts()[0].GetName(), nil

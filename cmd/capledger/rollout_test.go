@@ -174,3 +174,21 @@ func TestRolloutCommands(t *testing.T) {
 	}
 	run(1, "reserve", "--subject", "t-1", "--route", "moderate.text", "--units", "tokens=1", "--legacy", "maybe")
 }
+
+// Without a name and without any rollout, set and undo cannot mean one:
+// they exit 3 (not found, as for a named rollout that does not exist) and
+// say how to create one, instead of asking to name "the one you mean".
+func TestRolloutStepWithoutAnyRollout(t *testing.T) {
+	url := startInProcess(t)
+	for _, args := range [][]string{
+		{"rollout", "set", "--percent", "5"},
+		{"rollout", "undo"},
+		{"rollout", "set", "nope", "--percent", "5"},
+	} {
+		code, out, errOut := cli(t, url, args...)
+		wantExit(t, exitNotFound, code, out, errOut)
+		if !strings.Contains(strings.Join(args, " "), "nope") && !strings.Contains(errOut, "no rollout exists") {
+			t.Errorf("%v: %s", args, errOut)
+		}
+	}
+}
