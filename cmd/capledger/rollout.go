@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -136,9 +135,7 @@ func rolloutName(ctx context.Context, cf *clientFlags, client capledgerv1connect
 	switch n := len(list.GetRollouts()); n {
 	case 1:
 	case 0:
-		// Nothing to name: not found (exit 3), as for a named rollout
-		// that does not exist.
-		return "", exitError{code: exitNotFound, err: errors.New("no rollout exists: create one first (capledger rollout create NAME --routes R,...)")}
+		return "", usagef("no rollout exists: create one first (capledger rollout create NAME --routes R,...)")
 	default:
 		return "", usagef("there are %d rollouts: name the one you mean", n)
 	}

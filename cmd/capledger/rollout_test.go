@@ -176,19 +176,20 @@ func TestRolloutCommands(t *testing.T) {
 }
 
 // Without a name and without any rollout, set and undo cannot mean one:
-// they exit 3 (not found, as for a named rollout that does not exist) and
-// say how to create one, instead of asking to name "the one you mean".
+// a usage error (exit 1) that says to create one, not a request to name
+// "the one you mean"; a named rollout that does not exist is not found.
 func TestRolloutStepWithoutAnyRollout(t *testing.T) {
 	url := startInProcess(t)
 	for _, args := range [][]string{
 		{"rollout", "set", "--percent", "5"},
 		{"rollout", "undo"},
-		{"rollout", "set", "nope", "--percent", "5"},
 	} {
 		code, out, errOut := cli(t, url, args...)
-		wantExit(t, exitNotFound, code, out, errOut)
-		if !strings.Contains(strings.Join(args, " "), "nope") && !strings.Contains(errOut, "no rollout exists") {
+		wantExit(t, exitUsage, code, out, errOut)
+		if !strings.Contains(errOut, "no rollout exists: create one first") {
 			t.Errorf("%v: %s", args, errOut)
 		}
 	}
+	code, out, errOut := cli(t, url, "rollout", "set", "nope", "--percent", "5")
+	wantExit(t, exitNotFound, code, out, errOut)
 }
