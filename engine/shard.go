@@ -20,17 +20,35 @@ func (e *Engine) Shard(ctx context.Context, id string) (ledger.Shard, error) {
 // transaction that it rolls back, since the store has no other read path
 // for counters.
 func (e *Engine) Meta(ctx context.Context, name string) (int64, error) {
+	vs, err := e.Metas(ctx, []string{name})
+	if err != nil {
+		return 0, err
+	}
+	return vs[0], nil
+}
+
+// Metas returns committed named counters in the order of names (0 for one
+// never set), read through one transaction that it rolls back: a list of
+// shards reads each shard's refusals in one go, not one transaction each.
+func (e *Engine) Metas(ctx context.Context, names []string) ([]int64, error) {
+	out := make([]int64, len(names))
+	if len(names) == 0 {
+		return out, nil
+	}
 	tx, err := e.core.store.Begin(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("meta %s: %w", name, err)
+		return nil, fmt.Errorf("meta %s: %w", names[0], err)
 	}
 	defer tx.Rollback(ctx)
-	v, err := tx.MetaGet(ctx, name)
-	if errors.Is(err, store.ErrNotFound) {
-		return 0, nil
+	for i, name := range names {
+		v, err := tx.MetaGet(ctx, name)
+		if errors.Is(err, store.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("meta %s: %w", name, err)
+		}
+		out[i] = v
 	}
-	if err != nil {
-		return 0, fmt.Errorf("meta %s: %w", name, err)
-	}
-	return v, nil
+	return out, nil
 }

@@ -213,6 +213,11 @@ func TestShardServiceIssueReconcile(t *testing.T) {
 	if err != nil || len(list.Msg.Shards) != 1 {
 		t.Fatalf("list: %v %v", list, err)
 	}
+	// The list carries the refusals too: the console's Shards page sums
+	// them from ListShards (it showed 0 while GetShard said 2).
+	if n := list.Msg.Shards[0].GetRefusedSubmissions(); n != 2 {
+		t.Errorf("ListShards refusedSubmissions %d, want 2 as GetShard", n)
+	}
 	list, err = h.shards.ListShards(ctx, connect.NewRequest(&v1.ListShardsRequest{UnreconciledOnly: true}))
 	if err != nil || len(list.Msg.Shards) != 0 {
 		t.Fatalf("list unreconciled: %v %v", list, err)

@@ -7,6 +7,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -90,8 +91,11 @@ type Report struct {
 	// from the site gate.
 	Records    RecordStats
 	RecordsOff bool
-	Wall       time.Duration
-	CPU        time.Duration
+	// OnlyOff marks the sites a run restricted with Config.Only left off:
+	// they cannot fire, so the site gate does not judge them.
+	OnlyOff [numSites]bool
+	Wall    time.Duration
+	CPU     time.Duration
 	// Interrupted: the context ended the run after Interleavings of the
 	// Requested (Ctrl-C); only the gate violations found are judged.
 	Interrupted bool
@@ -180,6 +184,14 @@ func Run(ctx context.Context, cfg *Config, opts Options) *Report {
 		}
 	}
 	rep := &Report{Seed: opts.Seed, Workers: workers, MinFires: minFires, RecordsOff: cfg.RecordShare == 0}
+	if len(cfg.Only) > 0 {
+		for s := range rep.OnlyOff {
+			rep.OnlyOff[s] = true
+		}
+		for _, s := range cfg.Only {
+			rep.OnlyOff[s] = false
+		}
+	}
 	if os.Getenv("GOGC") == "" {
 		// An interleaving allocates about 2 MB and keeps almost none of
 		// it: with the default GOGC=100 the collector (and the scavenger
@@ -354,7 +366,7 @@ func (r *Report) Failures() []string {
 		return out
 	}
 	for s := Site(0); s < numSites; s++ {
-		if r.Fired[s] < r.MinFires && !(s == SiteLostRecordAck && r.RecordsOff) {
+		if r.Fired[s] < r.MinFires && r.siteExempt(s) == "" {
 			out = append(out, fmt.Sprintf("fault site %s fired %d times, fewer than %d", s, r.Fired[s], r.MinFires))
 		}
 	}
@@ -365,6 +377,18 @@ func (r *Report) Failures() []string {
 		out = append(out, fmt.Sprintf("USAGE_UNKNOWN p99 %s > %s", p, MaxUnknownP99))
 	}
 	return append(out, r.Fairness.Failures()...)
+}
+
+// siteExempt says why the site gate does not judge site s in this run (a
+// flag switched it off, so it cannot fire), or "" when it does.
+func (r *Report) siteExempt(s Site) string {
+	switch {
+	case r.OnlyOff[s]:
+		return "not in --only"
+	case s == SiteLostRecordAck && r.RecordsOff:
+		return "no records"
+	}
+	return ""
 }
 
 // WriteTable writes the run's summary: the interleavings and events, each
@@ -405,8 +429,8 @@ func (r *Report) WriteTable(w, timing io.Writer) {
 		switch {
 		case r.Fired[s] < r.MinFires && r.Interrupted:
 			mark = "-" // not judged: the run was interrupted
-		case r.Fired[s] < r.MinFires && s == SiteLostRecordAck && r.RecordsOff:
-			mark = "- (no records)"
+		case r.Fired[s] < r.MinFires && r.siteExempt(s) != "":
+			mark = "- (" + r.siteExempt(s) + ")"
 		case r.Fired[s] < r.MinFires:
 			mark = "TOO FEW"
 		}
@@ -454,7 +478,9 @@ func (r *Report) WriteTable(w, timing io.Writer) {
 		return
 	}
 	fmt.Fprintf(w, "\nRESULT: PASS (every gate 0")
-	if r.MinFires > 0 {
+	if r.MinFires > 0 && slices.Contains(r.OnlyOff[:], true) {
+		fmt.Fprintf(w, ", every fault site --only switched on fired at least %d times", r.MinFires)
+	} else if r.MinFires > 0 {
 		fmt.Fprintf(w, ", every fault site fired at least %d times", r.MinFires)
 	} else {
 		fmt.Fprintf(w, "; the fault-site gate applies to runs of %d interleavings or more", MinFiresFrom)

@@ -31,7 +31,8 @@ server reads a bounded number of rows per call; keep paging (--all does).
 
 To resolve one: find the real usage of its operationId (the executor's or
 backend's record, the gateway's receipt log), then
-  capledger settle --id ID --operation OP --units tokens=N
+  capledger settle --id ID --operation OP --units tokens=N,requests=M
+(naming every unit it reserved, as in reservedUnits; 0 where none was used).
 Do not settle 0 unless you know the work never ran.
 
 Flags:

@@ -19,7 +19,8 @@ func init() {
 
 const policyHelp = `Usage:
   capledger policy publish FILE     publish a policy file (YAML or JSON; - for stdin)
-  capledger policy get GEN [--format json|yaml]
+  capledger policy get GEN [--format json|yaml]   json (default): the API's record;
+                                    yaml: the policy file form, to edit and publish
   capledger policy list [--subject S] [--route R] [--region REGION]
   capledger policy rollback GEN
 
@@ -59,6 +60,8 @@ Policy file (YAML or JSON; durations like "30s", "5m", "1h"):
 Example:
   capledger policy publish tenant-7.yaml --token $ADMIN_TOKEN
   capledger policy get 3 --format yaml > tenant-7.yaml   # edit, publish again
+  (the JSON "get" prints is the API's Policy message, with generation,
+  publishedAt and int64s as strings: publish reads the file form only)
   capledger policy rollback 3
 
 ` + clientFlagsHelp + "\n" + exitCodesHelp

@@ -74,8 +74,11 @@ and still refunds nothing.
 Flags:
   --id ID           reservation id (required, here or as the argument)
   --operation OP    operation id given to start (required)
-  --units SPEC      actual usage by unit name, e.g. tokens=200,requests=1;
-                    omitted units count as 0
+  --units SPEC      actual usage by unit name, e.g. tokens=200,requests=1:
+                    every unit the reservation reserved, 0 where none was
+                    used (a unit left out is refused, exit 1: an omitted
+                    unit never reads as "used nothing"); a unit it did not
+                    reserve may be named for overuse
 `
 
 const recordHelp = `Usage: capledger record --subject S --route R --units unit=n[,unit=n] [--id ID] [flags]

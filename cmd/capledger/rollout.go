@@ -132,7 +132,11 @@ func rolloutName(ctx context.Context, cf *clientFlags, client capledgerv1connect
 	if err != nil {
 		return "", err
 	}
-	if n := len(list.GetRollouts()); n != 1 {
+	switch n := len(list.GetRollouts()); n {
+	case 1:
+	case 0:
+		return "", usagef("no rollout exists: create one first (capledger rollout create NAME --routes R,...)")
+	default:
 		return "", usagef("there are %d rollouts: name the one you mean", n)
 	}
 	return list.GetRollouts()[0].GetName(), nil

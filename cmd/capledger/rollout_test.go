@@ -174,3 +174,22 @@ func TestRolloutCommands(t *testing.T) {
 	}
 	run(1, "reserve", "--subject", "t-1", "--route", "moderate.text", "--units", "tokens=1", "--legacy", "maybe")
 }
+
+// Without a name and without any rollout, set and undo cannot mean one:
+// a usage error (exit 1) that says to create one, not a request to name
+// "the one you mean"; a named rollout that does not exist is not found.
+func TestRolloutStepWithoutAnyRollout(t *testing.T) {
+	url := startInProcess(t)
+	for _, args := range [][]string{
+		{"rollout", "set", "--percent", "5"},
+		{"rollout", "undo"},
+	} {
+		code, out, errOut := cli(t, url, args...)
+		wantExit(t, exitUsage, code, out, errOut)
+		if !strings.Contains(errOut, "no rollout exists: create one first") {
+			t.Errorf("%v: %s", args, errOut)
+		}
+	}
+	code, out, errOut := cli(t, url, "rollout", "set", "nope", "--percent", "5")
+	wantExit(t, exitNotFound, code, out, errOut)
+}

@@ -27,7 +27,8 @@ command that replays it exactly. The run ends with a table of the release
 gates, fault-site counts, UNKNOWN convergence and fairness.
 
 Interleaving i runs seed S+i. Runs of 10,000 interleavings or more also
-require every fault site to have fired at least 1,000 times.
+require every fault site to have fired at least 1,000 times (every site
+--only switched on; lost_record_ack not with --record-share 0).
 
 Flags:
   --interleavings N   seeded runs to do (default 10000)
