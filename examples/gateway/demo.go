@@ -44,7 +44,8 @@ type demoReport struct {
 // runDemo drives the gateway with three tenants for d: acme and globex
 // with 8 concurrent clients each (more than the backend's slots, so the
 // fair queue decides who goes next), initech with 2 clients on the small
-// "*" budget (so it meets 429s). Clients honour Retry-After.
+// "*" budget (so it meets 429s). Clients honour Retry-After, also on a
+// 503 (the ledger unreachable).
 func runDemo(ctx context.Context, gatewayURL string, c *client.Client, d time.Duration) (*demoReport, error) {
 	tenants := []*demoTenant{
 		{name: "acme", key: "key-acme", clients: 8, weight: "3"},
@@ -90,8 +91,9 @@ func runDemo(ctx context.Context, gatewayURL string, c *client.Client, d time.Du
 	return rep, nil
 }
 
-// send makes one chat request and records its outcome; after a 429 it
-// waits out the Retry-After (bounded by the demo's end).
+// send makes one chat request and records its outcome; after a 429, or
+// a 503 while the ledger is unreachable, it waits out the Retry-After
+// (bounded by the demo's end), so clients do not spin on a down ledger.
 func (t *demoTenant) send(ctx context.Context, hc *http.Client, gatewayURL string, deadline time.Time) {
 	t.mu.Lock()
 	t.sent++
@@ -155,6 +157,9 @@ func (t *demoTenant) send(ctx context.Context, hc *http.Client, gatewayURL strin
 		t.mu.Lock()
 		t.failed++
 		t.mu.Unlock()
+		if secs, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil {
+			sleep(ctx, min(time.Duration(secs)*time.Second, time.Until(deadline)))
+		}
 	}
 }
 
@@ -179,14 +184,14 @@ func tokensSpent(ctx context.Context, c *client.Client, tenant string) (spent, r
 func (r *demoReport) print(w io.Writer, llm *fakeLLM, queued, running int) {
 	fmt.Fprintf(w, "\ndemo: %s of traffic through the gateway\n\n", r.duration)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "tenant\tweight\tclients\t200\t429\tavg Retry-After\ttokens used (backend)\ttokens spent (ledger)\treserved now\t")
+	fmt.Fprintln(tw, "tenant\tweight\tclients\t200\t429\tfailed\tavg Retry-After\ttokens used (backend)\ttokens spent (ledger)\treserved now\t")
 	var acme, globex int64
 	for _, t := range r.tenants {
 		avg := "-"
 		if t.rejected > 0 {
 			avg = (t.retryAfterSum / time.Duration(t.rejected)).String()
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%d\t%d\t%d\t\n", t.name, t.weight, t.clients, t.ok, t.rejected, avg,
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t%d\t%d\t%d\t\n", t.name, t.weight, t.clients, t.ok, t.rejected, t.failed, avg,
 			t.tokensUsed, t.spentAfter-t.spentBefore, t.reservedAfter)
 		switch t.name {
 		case "acme":
