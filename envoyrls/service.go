@@ -53,9 +53,6 @@ const Procedure = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
 // handful; a request with thousands is a mistake or an attack).
 const maxDescriptors = 64
 
-// maxIDBytes is the reservation id limit of the LedgerService.
-const maxIDBytes = 256
-
 // Service answers ShouldRateLimit over a server.Server.
 type Service struct {
 	srv *server.Server
@@ -187,8 +184,8 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		it.mapped = m
 		if m.ID != "" {
 			it.rid = reservationID(m.ID, m.Key)
-			if len(it.rid) > maxIDBytes {
-				return nil, invalid("descriptor %d: reservation id %q is longer than %d bytes", i, it.rid, maxIDBytes)
+			if p := ledger.IDProblem(it.rid); p != "" {
+				return nil, invalid("descriptor %d: reservation id %q %s", i, it.rid, p)
 			}
 		} else {
 			it.rid = randomID()

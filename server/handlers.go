@@ -80,14 +80,11 @@ func outcomeLabel(res *ledger.Result) string {
 	return strings.ToLower(classify(res.Err).reason)
 }
 
+// checkID refuses an id by ledger.IDProblem, the rule the gateway's
+// shard-local ledger applies too.
 func checkID(field, id string) *connect.Error {
-	switch {
-	case strings.IndexByte(id, 0) >= 0:
-		return checkText(field, id)
-	case id == "":
-		return invalidArgument(ReasonInvalidCommand, "%s is required", field)
-	case len(id) > maxIDBytes:
-		return invalidArgument(ReasonInvalidCommand, "%s is %d bytes long; at most %d", field, len(id), maxIDBytes)
+	if p := ledger.IDProblem(id); p != "" {
+		return invalidArgument(ReasonInvalidCommand, "%s %s", field, p)
 	}
 	return nil
 }
