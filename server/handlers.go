@@ -257,6 +257,11 @@ func (s *Server) reserveCommand(ctx context.Context, req *v1.ReserveRequest) (cm
 	if problem := ledger.ReserveShapeProblem(req.GetSubject(), req.GetRoute(), region, slices.Collect(maps.Values(req.GetUnits()))); problem != "" {
 		return cmd, nil, invalidArgument(ReasonInvalidCommand, "%s", problem)
 	}
+	// A caller's digest in the records' space is refused (by the ledger's
+	// rule, here so that it is INVALID_COMMAND before scope and policy).
+	if problem := ledger.ReserveDigestProblem(req.GetRequestDigest()); problem != "" {
+		return cmd, nil, invalidArgument(ReasonInvalidCommand, "request_digest: %s", problem)
+	}
 	digest := req.GetRequestDigest()
 	if digest == "" {
 		digest = requestDigest(req.GetSubject(), req.GetRoute(), region, req.GetUnits())
