@@ -361,6 +361,22 @@ func stale(cmd *ledger.Command, res *ledger.Result) bool {
 		res.Generation != 0 && res.Generation != cmd.Generation
 }
 
+// mapAgain is the retry rule of a command whose units the server mapped
+// by its policy cache (Reserve, RecordUsage, IssueShard): when the ledger
+// refused it as stale (another generation decides) and fewer than
+// staleRetries attempts were made, it reloads the policy cache and
+// returns true, so that the caller maps the command again; false to
+// answer res as it is; or the reload's error (what names the call).
+func (s *Server) mapAgain(ctx context.Context, what string, attempt int, cmd *ledger.Command, res *ledger.Result) (bool, *connect.Error) {
+	if !stale(cmd, res) || attempt >= staleRetries {
+		return false, nil
+	}
+	if _, err := s.policies.refresh(ctx); err != nil {
+		return false, readError(what+": policies", ReasonNoPolicy, err)
+	}
+	return true, nil
+}
+
 // reserveOutcome turns the ledger's answer to a reserve into its outcome.
 func (s *Server) reserveOutcome(ctx context.Context, res *ledger.Result, unmapped *connect.Error) outcome[*v1.ReserveResponse] {
 	if r := &res.Reservation; r.ID != "" && !InScope(ctx, r.Account.Subject, r.Account.Route) {
@@ -407,10 +423,9 @@ func (s *Server) reserveOne(ctx context.Context, req *v1.ReserveRequest) outcome
 		if cerr != nil {
 			return outcome[*v1.ReserveResponse]{err: cerr}
 		}
-		if stale(&cmd, &res) && attempt < staleRetries {
-			if _, err := s.policies.refresh(ctx); err != nil {
-				return outcome[*v1.ReserveResponse]{err: readError("reserve: policies", ReasonNoPolicy, err)}
-			}
+		if again, cerr := s.mapAgain(ctx, "reserve", attempt, &cmd, &res); cerr != nil {
+			return outcome[*v1.ReserveResponse]{err: cerr}
+		} else if again {
 			continue
 		}
 		s.shadow.compare(&cmd, req.GetLegacyDecision(), &res)

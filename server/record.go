@@ -134,10 +134,9 @@ func (s *Server) RecordUsage(ctx context.Context, req *connect.Request[v1.Record
 		if cerr != nil {
 			return nil, cerr
 		}
-		if stale(&cmd, &res) && attempt < staleRetries {
-			if _, err := s.policies.refresh(ctx); err != nil {
-				return nil, readError("record usage: policies", ReasonNoPolicy, err)
-			}
+		if again, cerr := s.mapAgain(ctx, "record usage", attempt, &cmd, &res); cerr != nil {
+			return nil, cerr
+		} else if again {
 			continue
 		}
 		resp, cerr := s.recordOutcome(ctx, &res, unmapped)
