@@ -130,8 +130,12 @@ type attempt struct {
 	next    time.Time
 	flagged bool // overdue logged
 	pass    uint64
-	// failedAt is when its last question failed; flushed says it was
-	// asked once out of turn because its route came back since.
+	// failedAt is when its last question failed (zero after an answer);
+	// flushed says it was asked once out of turn because its route came
+	// back since. It stays set until the reservation gets an answer: a
+	// reservation whose own answers fail (a bad signature, garbage) while
+	// its route answers the others is asked out of turn once, then only
+	// on its backoff.
 	failedAt time.Time
 	flushed  bool
 }
@@ -156,7 +160,10 @@ type Resolver struct {
 	// answer after that: then every reservation of the route that failed
 	// before is asked at the next scan, once, instead of waiting out a
 	// backoff that grew while the gateway was down (up to MaxBackoff: a
-	// gateway that comes back for less than that would be missed).
+	// gateway that comes back for less than that would be missed). Once
+	// per failure streak of a reservation (attempt.flushed): one whose
+	// own answers keep failing is not asked again at every answer of its
+	// neighbours.
 	routeDown map[string]bool
 	routeBack map[string]time.Time
 
@@ -328,7 +335,6 @@ func (r *Resolver) page(ctx context.Context, rows []ledger.Reservation) {
 			continue
 		}
 		if !now.Before(a.next) {
-			a.flushed = false
 			due = append(due, row)
 		} else if back, ok := r.routeBack[row.Account.Route]; ok && !a.flushed && !a.failedAt.IsZero() && back.After(a.failedAt) {
 			a.flushed = true
@@ -371,9 +377,14 @@ func (r *Resolver) page(ctx context.Context, rows []ledger.Reservation) {
 			if a := r.attempts[row.ID]; a != nil {
 				a.failedAt = now
 			}
-		case r.routeDown[route]:
-			r.routeDown[route] = false
-			r.routeBack[route] = now
+		default:
+			if a := r.attempts[row.ID]; a != nil {
+				a.failedAt, a.flushed = time.Time{}, false
+			}
+			if r.routeDown[route] {
+				r.routeDown[route] = false
+				r.routeBack[route] = now
+			}
 		}
 	}
 	r.mu.Unlock()

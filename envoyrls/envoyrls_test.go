@@ -979,3 +979,49 @@ func TestUnmappedResponseCostCounted(t *testing.T) {
 		}
 	}
 }
+
+// TestSeveralDescriptorsRefusedAndRetried: a request whose descriptors
+// a1 and a2 charge one account (acme) and fit, and whose third (global)
+// is refused. The answer: a1 and a2 OK, global OVER_LIMIT, and a1 and a2
+// report acme's units after the release that follows the refusal (all
+// of it), not what each reserve left. Retried with the same id once
+// global has room, the answer's codes are the first answer's (not a1 and
+// a2 OVER_LIMIT and global OK), global's new hold is released, and the
+// remaining units are again those after the release.
+func TestSeveralDescriptorsRefusedAndRetried(t *testing.T) {
+	h := newHarness(t, options{config: testMapping(t), auth: true})
+	h.publish("acme", "chat", "tokens", 1000, 1, time.Hour, false)
+	h.publish("global", "chat", "tokens", 400, 100, time.Minute, false)
+	if resp := h.mustCheck(&rlsv3.RateLimitRequest{Domain: "llm", HitsAddend: 200, Descriptors: []*rlscommon.RateLimitDescriptor{
+		descriptor(nil, "tenant", "global")}}); resp.GetOverallCode() != OK {
+		t.Fatalf("global's 200: %v", resp)
+	}
+	req := &rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlscommon.RateLimitDescriptor{
+		descriptor(hits(100), "tenant", "acme", "x-request-id", "q-a1"),
+		descriptor(hits(200), "tenant", "acme", "x-request-id", "q-a2"),
+		descriptor(hits(300), "tenant", "global", "x-request-id", "q-a1")}}
+	answer := func(resp *rlsv3.RateLimitResponse) string {
+		var b strings.Builder
+		fmt.Fprintf(&b, "%v:", resp.GetOverallCode())
+		for _, st := range resp.GetStatuses() {
+			fmt.Fprintf(&b, " %v/%d", st.GetCode(), st.GetLimitRemaining())
+		}
+		return b.String()
+	}
+	if got, want := answer(h.mustCheck(req)), "OVER_LIMIT: OK/1000 OK/1000 OVER_LIMIT/200"; got != want {
+		t.Fatalf("first answer %q, want %q", got, want)
+	}
+	h.clock.Advance(2 * time.Minute) // global refilled to 400: room for 300
+	if got, want := answer(h.mustCheck(req)), "OVER_LIMIT: OK/1000 OK/1000 OVER_LIMIT/400"; got != want {
+		t.Fatalf("retried answer %q, want %q", got, want)
+	}
+	if r := h.reservation("envoy:q-a1/global/chat/global"); r.GetState() != v1.ReservationState_RESERVATION_STATE_RELEASED {
+		t.Fatalf("the retry's hold at global: %v", r)
+	}
+	if b := h.balance("acme", "chat"); b.Reserved != 0 || b.Available != 1000 {
+		t.Fatalf("acme %+v: the refused request keeps nothing", b)
+	}
+	if b := h.balance("global", "chat"); b.Reserved != 0 || b.Available != 400 {
+		t.Fatalf("global %+v: the refused request keeps nothing", b)
+	}
+}

@@ -53,9 +53,6 @@ const Procedure = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
 // handful; a request with thousands is a mistake or an attack).
 const maxDescriptors = 64
 
-// maxIDBytes is the reservation id limit of the LedgerService.
-const maxIDBytes = 256
-
 // Service answers ShouldRateLimit over a server.Server.
 type Service struct {
 	srv *server.Server
@@ -127,8 +124,13 @@ type item struct {
 	over       bool
 	retryAfter time.Duration
 	// released: admitted, then released because another descriptor of
-	// the request refused.
-	released bool
+	// the request refused. releasedBefore: its reserve replays a
+	// reservation released so, in the first call of a retried request.
+	released, releasedBefore bool
+	// left, when leftSet, is limit_remaining as the request's other
+	// descriptors on the same account and unit left it (leftAfterRelease).
+	left    int64
+	leftSet bool
 	// cmdBuf backs cmds: plan makes at most three commands (reserve,
 	// start, settle), so a check allocates none of its own.
 	cmdBuf [3]ledger.Command
@@ -187,8 +189,8 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		it.mapped = m
 		if m.ID != "" {
 			it.rid = reservationID(m.ID, m.Key)
-			if len(it.rid) > maxIDBytes {
-				return nil, invalid("descriptor %d: reservation id %q is longer than %d bytes", i, it.rid, maxIDBytes)
+			if p := ledger.IDProblem(it.rid); p != "" {
+				return nil, invalid("descriptor %d: reservation id %q %s", i, it.rid, p)
 			}
 		} else {
 			it.rid = randomID()
@@ -328,6 +330,7 @@ func (s *Service) runSecond(ctx context.Context, items []item) error {
 		}
 		refused = refused || (items[i].over && !items[i].mapped.Settle)
 	}
+	retryOfRefused(items)
 	var second []ledger.Command
 	var owners []int
 	for i := range items {
@@ -362,7 +365,90 @@ func (s *Service) runSecond(ctx context.Context, items []item) error {
 			return err
 		}
 	}
+	leftAfterRelease(items)
 	return nil
+}
+
+// retryOfRefused gives a retried request that was refused as a whole
+// (some descriptor's reserve replays a reservation released in the first
+// call) its first answer's codes. Then every descriptor with an id that
+// was admitted was released, and one that was refused left nothing. So a
+// replayed released one answers OK again (it fitted), and one with an id
+// whose reserve is admitted only now was the refusal then: OVER_LIMIT,
+// and its new hold is released with the rest. Descriptors without an id
+// are checked afresh, as always.
+func retryOfRefused(items []item) {
+	retried := false
+	for i := range items {
+		retried = retried || items[i].releasedBefore
+	}
+	if !retried {
+		return
+	}
+	for i := range items {
+		it := &items[i]
+		switch {
+		case it.releasedBefore:
+			it.over = false
+		case it.mapped.ID != "" && freshReserve(it) && it.results[0].Err == nil && !probe(it):
+			it.over = true
+		}
+	}
+}
+
+// freshReserve reports whether the descriptor's deciding command is a
+// check's reserve that ran now (not a replay) and was decided (admitted or
+// refused for capacity).
+func freshReserve(it *item) bool {
+	if it.unknown || len(it.results) == 0 || it.cmds[0].Kind != ledger.KindReserve || it.mapped.Settle {
+		return false
+	}
+	res := &it.results[0]
+	return !res.Replayed && (res.Err == nil || server.Classify(res.Err).Capacity)
+}
+
+// leftAfterRelease sets limit_remaining of the descriptors of several
+// whose reserves ran now, by account and unit: what the request's last
+// reserve there left, plus every unit the request released there (a
+// refused request's holds, probes). A descriptor's own reserve result
+// predates the reserves after it and the releases.
+func leftAfterRelease(items []item) {
+	// At most maxDescriptors, usually two or three: pairwise, with no
+	// allocation.
+	for i := range items {
+		it := &items[i]
+		if !hasLeft(it) {
+			continue
+		}
+		last, back := i, int64(0)
+		for j := range items {
+			other := &items[j]
+			if !hasLeft(other) || other.mapped.Key != it.mapped.Key || other.generation != it.generation ||
+				other.mapped.Rule.Unit != it.mapped.Rule.Unit {
+				continue
+			}
+			last = max(last, j)
+			if releasedNow(other) {
+				back += other.cmds[0].Units[other.view.dim]
+			}
+		}
+		it.left, it.leftSet = items[last].results[0].Available[it.view.dim]+back, true
+	}
+}
+
+// hasLeft reports whether a descriptor's limit_remaining comes from its
+// reserve's result (a fresh reserve of a known dimension).
+func hasLeft(it *item) bool { return freshReserve(it) && it.view != nil && it.view.dim >= 0 }
+
+// probe reports whether the descriptor is a probe: a reserve of 1 under
+// a fresh id, released at once (plan).
+func probe(it *item) bool { return len(it.cmds) == 2 && it.cmds[1].Kind == ledger.KindRelease }
+
+// releasedNow reports whether a descriptor's reserve, admitted now, was
+// released by the same call: a probe, or a hold of a refused request.
+func releasedNow(it *item) bool {
+	return it.results[0].Err == nil && !it.results[0].Replayed &&
+		(it.released || probe(it))
 }
 
 // plan maps one descriptor to its commands:
@@ -621,8 +707,10 @@ func (s *Service) decide(ctx context.Context, it *item) error {
 	if res.Err == nil {
 		if it.cmds[0].Kind == ledger.KindReserve && res.Replayed && res.Reservation.State == ledger.StateReleased {
 			// A retry of a check that was refused (its reservation was
-			// released because another descriptor refused): refused again.
-			it.over = true
+			// released because another descriptor refused): refused again
+			// (runSecond answers the descriptors of a retried request
+			// with their first answer's codes).
+			it.over, it.releasedBefore = true, true
 			return nil
 		}
 		if kind := it.cmds[0].Kind; (kind == ledger.KindSettle || kind == ledger.KindRecord) &&
@@ -765,8 +853,11 @@ func (s *Service) remaining(ctx context.Context, it *item, v *limitView) (int64,
 		if errors.Is(res.Err, ledger.ErrAdmissionFrozen) {
 			return 0, untilFull(&v.d, 0), nil
 		}
+		if it.leftSet {
+			return it.left, untilFull(&v.d, it.left), nil // one of several (leftAfterRelease)
+		}
 		left := res.Available[v.dim]
-		if res.Err == nil && (it.released || len(it.cmds) == 2 && it.cmds[1].Kind == ledger.KindRelease) {
+		if releasedNow(it) {
 			left += it.cmds[0].Units[v.dim] // a probe, or a refused request, gives its units back
 		}
 		return left, untilFull(&v.d, left), nil

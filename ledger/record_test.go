@@ -239,3 +239,26 @@ func TestRecordRetryAcrossReorderedPolicy(t *testing.T) {
 		t.Fatalf("the first order under the reordered generation (other usage): %v, want ErrReservationAlreadySettled", res.Err)
 	}
 }
+
+// TestReserveRefusesARecordDigest: a Reserve whose digest starts with
+// RecordDigestPrefix is refused (ErrInvalidCommand) before its id is
+// looked up, so a record's digest is never a reservation's: a Reserve
+// under a forged record digest would, once settled and removed by
+// retention, let a record retry under its id replay its tombstone
+// instead of DIGEST_MISMATCH.
+func TestReserveRefusesARecordDigest(t *testing.T) {
+	c := newChecked(t)
+	c.publish(policyOf(tokens(100, 10)))
+	forged := ledger.Command{Kind: ledger.KindReserve, ReservationID: "f", RequestDigest: ledger.RecordDigestPrefix + "f",
+		Subject: testSubject.Subject, Route: testSubject.Route, Region: testSubject.Region, Units: ledger.Amounts{5}}
+	if res := c.apply(forged); !errors.Is(res.Err, ledger.ErrInvalidCommand) || res.Reservation.ID != "" {
+		t.Fatalf("reserve with a record digest: %+v", res)
+	}
+	// The id stays free for the record it belongs to.
+	if res := c.record("f", 5); res.Err != nil || res.Replayed {
+		t.Fatalf("record after the refused reserve: %+v", res)
+	}
+	if res := c.apply(forged); !errors.Is(res.Err, ledger.ErrInvalidCommand) {
+		t.Fatalf("reserve with a record digest under a record's id: %+v, want invalid before the lookup", res)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -69,6 +70,10 @@ func reserve(b Book, cmd *Command, now time.Time, res *Result) {
 	// retry without a subject or without units is ErrInvalidCommand, not
 	// its receipt or a digest mismatch.
 	if problem := ReserveShapeProblem(cmd.Subject, cmd.Route, cmd.Region, cmd.Units[:]); problem != "" {
+		*res = Result{Err: invalid("%s", problem)}
+		return
+	}
+	if problem := ReserveDigestProblem(cmd.RequestDigest); problem != "" {
 		*res = Result{Err: invalid("%s", problem)}
 		return
 	}
@@ -354,6 +359,24 @@ func AmountShapeProblem(u Units, capped bool) string {
 		return fmt.Sprintf("is negative (%d)", u)
 	case capped && u > MaxUnits:
 		return fmt.Sprintf("exceeds %d (%d)", MaxUnits, u)
+	}
+	return ""
+}
+
+// RecordDigestPrefix starts the request digest of every record (Record;
+// the server's RecordDigest) and no Reserve's (ReserveDigestProblem), so
+// that an id a Reserve made is another request to a record and the other
+// way round, also once retention left only the digest in a tombstone.
+const RecordDigestPrefix = "record:"
+
+// ReserveDigestProblem returns "" for a digest a Reserve may carry, else
+// what is wrong: one starting with RecordDigestPrefix, which would let a
+// retired reservation pass for a record. The ledger (Reserve, before the
+// id is looked up) and the server (on the caller's request_digest) both
+// call it.
+func ReserveDigestProblem(digest string) string {
+	if strings.HasPrefix(digest, RecordDigestPrefix) {
+		return fmt.Sprintf("request digest starts with %q, which only a RecordUsage's digest does", RecordDigestPrefix)
 	}
 	return ""
 }

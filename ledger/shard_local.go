@@ -136,8 +136,10 @@ func (l *ShardLocal) Reservations() []Reservation {
 // Overdraft is positive; ErrInsufficientCapacity when a dimension lacks
 // available units.
 func (l *ShardLocal) Reserve(id, digest string, units Amounts, now time.Time) Result {
-	if id == "" {
-		return Result{Err: invalid("reservation id is empty")}
+	if p := IDProblem(id); p != "" {
+		// The server's rule for ids: ReconcileShard refuses a receipt
+		// with such an id, and with it the shard's whole submission.
+		return Result{Err: invalid("reservation id %s", p)}
 	}
 	if existing, ok := l.reservations[id]; ok {
 		if existing.RequestDigest != digest {

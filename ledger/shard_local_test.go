@@ -3,6 +3,7 @@ package ledger_test
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -180,4 +181,33 @@ func TestShardLocalProperties(t *testing.T) {
 			rt.Fatalf("replayed submission: %v", again.Err)
 		}
 	})
+}
+
+// TestShardLocalRefusesIDsTheServerRefuses: a reservation id the
+// server's ReconcileShard would refuse as a receipt id (empty, over
+// MaxIDBytes, holding a NUL byte) is refused at local reserve time, so
+// that one such reservation cannot get the whole reconciliation refused.
+func TestShardLocalRefusesIDsTheServerRefuses(t *testing.T) {
+	c := newChecked(t)
+	p := policyOf(tokens(1000, 0))
+	p.EmergencyMode = true
+	c.publish(p)
+	issue := ledger.Command{Kind: ledger.KindShardIssue, Subject: testSubject.Subject, Route: testSubject.Route,
+		Region: testSubject.Region, Units: ledger.Amounts{100},
+		Shard: &ledger.ShardArgs{ShardID: "sh", GatewayID: "gw", BootEpoch: 1, TTL: time.Minute, KeyID: "k1",
+			Sign: ledger.Ed25519ShardSigner(shardKey)}}
+	l := ledger.NewShardLocal(c.must(c.apply(issue)).Shard)
+	longest := strings.Repeat("x", ledger.MaxIDBytes)
+	for _, id := range []string{"", longest + "x", "a\x00b"} {
+		res := l.Reserve(id, "d", ledger.Amounts{1}, c.now)
+		if !errors.Is(res.Err, ledger.ErrInvalidCommand) || ledger.IDProblem(id) == "" {
+			t.Errorf("reserve %q (%d bytes): %v", id, len(id), res.Err)
+		}
+	}
+	if res := l.Reserve(longest, "d", ledger.Amounts{1}, c.now); res.Err != nil {
+		t.Fatalf("reserve with a %d-byte id: %v", len(longest), res.Err)
+	}
+	if got := len(l.Reservations()); got != 1 || l.Available[0] != 99 {
+		t.Fatalf("%d reservations, %d available; want 1 and 99", got, l.Available[0])
+	}
 }

@@ -130,7 +130,7 @@ func parseUnknownToken(token, query string) (store.UnknownCursor, error) {
 	// 0 is the Unix epoch, which the stores refuse as a cursor (it reads
 	// back as the zero time) and no marked reservation holds: left to
 	// the store, it would answer UNAVAILABLE instead of a bad token.
-	if !ok1 || !ok2 || err != nil || n == 0 || len(digest) != len(query) || id == "" || len(id) > maxIDBytes {
+	if !ok1 || !ok2 || err != nil || n == 0 || len(digest) != len(query) || ledger.IDProblem(id) != "" {
 		return store.UnknownCursor{}, errNotOurToken
 	}
 	if digest != query {

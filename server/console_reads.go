@@ -158,7 +158,7 @@ func parseSubjectToken(token, query string) (store.SubjectCursor, error) {
 	nanos, rest, ok1 := strings.Cut(string(raw[1:]), "/")
 	digest, id, ok2 := strings.Cut(rest, "/")
 	n, err := strconv.ParseInt(nanos, 10, 64)
-	if !ok1 || !ok2 || err != nil || n == 0 || len(digest) != len(query) || id == "" || len(id) > maxIDBytes {
+	if !ok1 || !ok2 || err != nil || n == 0 || len(digest) != len(query) || ledger.IDProblem(id) != "" {
 		return store.SubjectCursor{}, errNotSubjectToken
 	}
 	if digest != query {

@@ -80,14 +80,11 @@ func outcomeLabel(res *ledger.Result) string {
 	return strings.ToLower(classify(res.Err).reason)
 }
 
+// checkID refuses an id by ledger.IDProblem, the rule the gateway's
+// shard-local ledger applies too.
 func checkID(field, id string) *connect.Error {
-	switch {
-	case strings.IndexByte(id, 0) >= 0:
-		return checkText(field, id)
-	case id == "":
-		return invalidArgument(ReasonInvalidCommand, "%s is required", field)
-	case len(id) > maxIDBytes:
-		return invalidArgument(ReasonInvalidCommand, "%s is %d bytes long; at most %d", field, len(id), maxIDBytes)
+	if p := ledger.IDProblem(id); p != "" {
+		return invalidArgument(ReasonInvalidCommand, "%s %s", field, p)
 	}
 	return nil
 }
@@ -260,6 +257,11 @@ func (s *Server) reserveCommand(ctx context.Context, req *v1.ReserveRequest) (cm
 	if problem := ledger.ReserveShapeProblem(req.GetSubject(), req.GetRoute(), region, slices.Collect(maps.Values(req.GetUnits()))); problem != "" {
 		return cmd, nil, invalidArgument(ReasonInvalidCommand, "%s", problem)
 	}
+	// A caller's digest in the records' space is refused (by the ledger's
+	// rule, here so that it is INVALID_COMMAND before scope and policy).
+	if problem := ledger.ReserveDigestProblem(req.GetRequestDigest()); problem != "" {
+		return cmd, nil, invalidArgument(ReasonInvalidCommand, "request_digest: %s", problem)
+	}
 	digest := req.GetRequestDigest()
 	if digest == "" {
 		digest = requestDigest(req.GetSubject(), req.GetRoute(), region, req.GetUnits())
@@ -359,6 +361,22 @@ func stale(cmd *ledger.Command, res *ledger.Result) bool {
 		res.Generation != 0 && res.Generation != cmd.Generation
 }
 
+// mapAgain is the retry rule of a command whose units the server mapped
+// by its policy cache (Reserve, RecordUsage, IssueShard): when the ledger
+// refused it as stale (another generation decides) and fewer than
+// staleRetries attempts were made, it reloads the policy cache and
+// returns true, so that the caller maps the command again; false to
+// answer res as it is; or the reload's error (what names the call).
+func (s *Server) mapAgain(ctx context.Context, what string, attempt int, cmd *ledger.Command, res *ledger.Result) (bool, *connect.Error) {
+	if !stale(cmd, res) || attempt >= staleRetries {
+		return false, nil
+	}
+	if _, err := s.policies.refresh(ctx); err != nil {
+		return false, readError(what+": policies", ReasonNoPolicy, err)
+	}
+	return true, nil
+}
+
 // reserveOutcome turns the ledger's answer to a reserve into its outcome.
 func (s *Server) reserveOutcome(ctx context.Context, res *ledger.Result, unmapped *connect.Error) outcome[*v1.ReserveResponse] {
 	if r := &res.Reservation; r.ID != "" && !InScope(ctx, r.Account.Subject, r.Account.Route) {
@@ -405,10 +423,9 @@ func (s *Server) reserveOne(ctx context.Context, req *v1.ReserveRequest) outcome
 		if cerr != nil {
 			return outcome[*v1.ReserveResponse]{err: cerr}
 		}
-		if stale(&cmd, &res) && attempt < staleRetries {
-			if _, err := s.policies.refresh(ctx); err != nil {
-				return outcome[*v1.ReserveResponse]{err: readError("reserve: policies", ReasonNoPolicy, err)}
-			}
+		if again, cerr := s.mapAgain(ctx, "reserve", attempt, &cmd, &res); cerr != nil {
+			return outcome[*v1.ReserveResponse]{err: cerr}
+		} else if again {
 			continue
 		}
 		s.shadow.compare(&cmd, req.GetLegacyDecision(), &res)

@@ -14,18 +14,13 @@ import (
 	"github.com/capledger/capledger/store"
 )
 
-// recordDigestPrefix marks the request digest of a record, so that it is
-// never a Reserve's (whose digests are "sha256:..." or the caller's own):
-// an id a Reserve made is another request to a record, and the other way
-// round (ledger.Record).
-const recordDigestPrefix = "record:"
-
-// RecordDigest is the request digest of a RecordUsage: what names the
+// RecordDigest is the request digest of a RecordUsage,
+// ledger.RecordDigestPrefix + the canonical digest: what names the
 // request beside its id (subject, route and region; the usage is
 // compared by the ledger itself, so that a retry with other usage is
 // RESERVATION_ALREADY_SETTLED, as for a settle).
 func RecordDigest(subject, route, region string) string {
-	return recordDigestPrefix + requestDigest(subject, route, regionOrDefault(region), nil)
+	return ledger.RecordDigestPrefix + requestDigest(subject, route, regionOrDefault(region), nil)
 }
 
 // recordCommand validates a RecordUsage and maps its units by the policy
@@ -139,10 +134,9 @@ func (s *Server) RecordUsage(ctx context.Context, req *connect.Request[v1.Record
 		if cerr != nil {
 			return nil, cerr
 		}
-		if stale(&cmd, &res) && attempt < staleRetries {
-			if _, err := s.policies.refresh(ctx); err != nil {
-				return nil, readError("record usage: policies", ReasonNoPolicy, err)
-			}
+		if again, cerr := s.mapAgain(ctx, "record usage", attempt, &cmd, &res); cerr != nil {
+			return nil, cerr
+		} else if again {
 			continue
 		}
 		resp, cerr := s.recordOutcome(ctx, &res, unmapped)

@@ -103,3 +103,21 @@ func TestRecordUsageScope(t *testing.T) {
 	}
 	h.wantError(h.call("RecordUsage", body("v-1", "tenant-b/y"), viewerToken), http.StatusForbidden, "permission_denied", "")
 }
+
+// TestReserveRefusesARecordDigest: a Reserve whose request_digest starts
+// with "record:" (a RecordUsage's digest) is 400 INVALID_COMMAND, so that
+// no reservation can pass for a record once retention removed it.
+func TestReserveRefusesARecordDigest(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	h.ok("PublishPolicy", tokensPolicy, "")
+	forged := fmt.Sprintf(`{"reservationId":"forged","subject":"tenant-7","route":"chat.generate","units":{"tokens":5},"requestDigest":%q}`,
+		server.RecordDigest("tenant-7", "chat.generate", ""))
+	r := h.call("Reserve", forged, "")
+	h.wantError(r, 400, "invalid_argument", server.ReasonInvalidCommand)
+	if msg, _ := r.body["message"].(string); !strings.Contains(msg, `"record:"`) {
+		t.Errorf("message does not name the prefix: %s", r.raw)
+	}
+	if got := h.ok("RecordUsage", recordBody("forged", "op-1", 5), ""); got["replayed"] == true {
+		t.Fatalf("record after the refused reserve replayed: %v", got)
+	}
+}

@@ -62,9 +62,6 @@ const compressMinBytes = 16 << 10
 // MaxBatchItems bounds ReserveBatch and SettleBatch.
 const MaxBatchItems = 1000
 
-// maxIDBytes bounds reservation and operation ids.
-const maxIDBytes = 256
-
 // Config configures a Server. The zero value serves without auth, with a
 // 1 MiB body limit, fresh metrics and the default logger.
 type Config struct {

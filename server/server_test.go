@@ -1008,3 +1008,27 @@ func TestRecordUsageNewUnitFromOtherReplica(t *testing.T) {
 		t.Fatalf("record naming the new generation's unit: %v", res)
 	}
 }
+
+// TestStaleUnitMappingRecordUsage: as TestStaleUnitMapping, for a
+// RecordUsage: another replica publishes generation 2 with the same units
+// in another order, the record is mapped by the cached generation 1, the
+// ledger refuses it as stale, and the server reloads and maps it again
+// (mapAgain) instead of answering INVALID_COMMAND.
+func TestStaleUnitMappingRecordUsage(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	h.ok("PublishPolicy", tokensPolicy, "")
+	h.ok("Reserve", reserveBody("warm", 10), "") // caches generation 1
+
+	other := serve(t, server.New(h.engine, server.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}))
+	req, _ := http.NewRequest(http.MethodPost, other+"/capledger.v1.LedgerService/PublishPolicy", strings.NewReader(
+		`{"policy":{"subject":"tenant-7","route":"chat.generate","dimensions":[{"unit":"requests","burst":"10"},{"unit":"tokens","burst":"1000"}]}}`))
+	req.Header.Set("Content-Type", "application/json")
+	if r := h.do(req); r.status != 200 || num(field(r.body, "policy", "generation")) != 2 {
+		t.Fatalf("publish on the other replica: %d %s", r.status, r.raw)
+	}
+	res := h.ok("RecordUsage", `{"reservationId":"rec-after","operationId":"op-1","subject":"tenant-7","route":"chat.generate","actualUnits":{"tokens":7,"requests":1}}`, "")
+	units := field(res, "reservation", "actualUnits").(map[string]any)
+	if num(field(res, "policyGeneration")) != 2 || num(units["tokens"]) != 7 || num(units["requests"]) != 1 {
+		t.Fatalf("record after the switch: %v", res)
+	}
+}

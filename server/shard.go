@@ -221,11 +221,11 @@ func (svc *shardService) issue(ctx context.Context, m *v1.IssueShardRequest, leg
 				TTL: ttl, KeyID: keyID, Sign: sign, Legacy: legacy},
 		}
 		res, cerr := svc.do(ctx, cmd)
-		if cerr != nil && stale(&cmd, &res) && attempt < staleRetries {
-			// Another generation decides than the cache said: reload, map again.
-			if _, err := svc.s.policies.refresh(ctx); err != nil {
-				return nil, readError("issue shard: policies", ReasonNoPolicy, err)
-			}
+		// Another generation decides than the cache said (a stale refusal
+		// always comes with cerr): reload, map again.
+		if again, rerr := svc.s.mapAgain(ctx, "issue shard", attempt, &cmd, &res); rerr != nil {
+			return nil, rerr
+		} else if again {
 			continue
 		}
 		if cerr != nil {

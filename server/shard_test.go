@@ -387,3 +387,36 @@ func TestIssueShardNewUnitFromOtherReplica(t *testing.T) {
 	_, err = h.shards.IssueShard(ctx, connect.NewRequest(req))
 	wantShardError(t, err, connect.CodeInvalidArgument, server.ReasonUnknownUnit)
 }
+
+// TestIssueShardStaleMapping: as TestStaleUnitMapping, for IssueShard:
+// generation 2, published through another replica with the units in
+// another order, decides; the issue mapped by the cached generation 1 is
+// refused as stale by the ledger, and the server reloads and maps again.
+func TestIssueShardStaleMapping(t *testing.T) {
+	h := newShardHarness(t)
+	ctx := context.Background()
+	h.publish(t, true) // cached here: tokens and requests
+	if _, err := h.shards.IssueShard(ctx, connect.NewRequest(issueRequest("sh-warm", "gw-a", 10))); err != nil {
+		t.Fatal(err)
+	}
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	other := capledgerv1connect.NewLedgerServiceClient(&http.Client{Timeout: 10 * time.Second},
+		serve(t, server.New(h.engine, server.Config{Logger: logger, Shards: &server.ShardConfig{Keys: h.keys, MaxTTL: time.Hour}})))
+	pub, err := other.PublishPolicy(ctx, connect.NewRequest(&v1.PublishPolicyRequest{Policy: &v1.Policy{
+		Subject: "tenant-7", Route: "chat.generate", Region: "eu", EmergencyMode: true,
+		Dimensions: []*v1.Dimension{
+			{Unit: "requests", Burst: 10},
+			{Unit: "tokens", Burst: 1000, RefillUnits: 1, RefillInterval: durationpb.New(time.Hour)},
+		},
+	}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	issued, err := h.shards.IssueShard(ctx, connect.NewRequest(issueRequest("sh-after", "gw-a", 20)))
+	if err != nil {
+		t.Fatalf("issue after the other replica's publish: %v", err)
+	}
+	if sh := issued.Msg.Shard; sh.PolicyGeneration != pub.Msg.Policy.Generation || sh.AllocatedUnits["tokens"] != 20 || sh.AllocatedUnits["requests"] != 4 {
+		t.Fatalf("issued: %+v", sh)
+	}
+}

@@ -49,7 +49,7 @@ func (s *RecordStats) add(o *RecordStats) {
 // and region (as the server's RecordDigest does; the usage is compared by
 // the ledger), with a prefix no reserve's digest has.
 func recordDigest(t *tenant) string {
-	return "record:" + t.subject + "/" + route + "/" + region
+	return ledger.RecordDigestPrefix + t.subject + "/" + route + "/" + region
 }
 
 func (w *world) recordCommand(r *request) ledger.Command {
