@@ -137,11 +137,17 @@ type Prefetcher interface {
 }
 
 // AccountsPrefetcher is an optional Tx capability: read the current
-// generation of each named subject and that generation's account in a few
-// statements, so that a batch's commands over many subjects do not each
-// read two rows of their own. Getters then answer them without a query.
+// generation of each named subject and that generation's account, and the
+// named accounts, in a few statements, so that a batch's commands over
+// many accounts do not each read rows of their own. Getters then answer
+// them without a query. A store that locks rows locks every account it
+// prefetches in its lock order, together with the accounts of the
+// reservations its ReservationsPrefetch read in the same transaction
+// (settle, release, expiry): a batch then takes all its account locks in
+// one order, and two batches of different replicas over the same accounts
+// wait for each other instead of deadlocking.
 type AccountsPrefetcher interface {
-	AccountsPrefetch(ctx context.Context, subjects []ledger.PolicyKey) error
+	AccountsPrefetch(ctx context.Context, subjects []ledger.PolicyKey, accounts []ledger.AccountKey) error
 }
 
 // Current is one subject's pointer to the generation holding its capacity.
