@@ -84,7 +84,7 @@ func (c *Core) commit(ctx context.Context, cmds []ledger.Command, now time.Time,
 		}
 	}
 	if prefetcher, ok := tx.(store.AccountsPrefetcher); ok && len(cmds) > 1 {
-		if err := prefetcher.AccountsPrefetch(ctx, reserveSubjects(cmds), namedAccounts(cmds)); err != nil {
+		if err := prefetcher.AccountsPrefetch(ctx, reserveSubjects(cmds), namedAccounts(cmds), refundIDs(cmds)); err != nil {
 			return nil, fmt.Errorf("prefetch accounts: %w", err)
 		}
 	}
@@ -180,6 +180,20 @@ func namedAccounts(cmds []ledger.Command) []ledger.AccountKey {
 		}
 	}
 	return accounts
+}
+
+// refundIDs returns the reservation ids of the commands of cmds that change
+// their reservation's account (settle, release, expiry; a start, an expiry
+// claim or an unknown marking changes only the reservation).
+func refundIDs(cmds []ledger.Command) []string {
+	var ids []string
+	for i := range cmds {
+		switch cmds[i].Kind {
+		case ledger.KindSettle, ledger.KindRelease, ledger.KindExpire:
+			ids = append(ids, cmds[i].ReservationID)
+		}
+	}
+	return ids
 }
 
 // Due returns the worker commands due at now, for at most limit

@@ -51,9 +51,9 @@ const (
 // transaction, their policy heads and current generations (share-locked,
 // both statements in one round trip) and then, in a second round trip,
 // the accounts of those generations, the named accounts and the accounts
-// of the reservations ReservationsPrefetch read (the accounts a batch's
-// settles, releases and expiries change), with their terms, all locked in
-// one statement in lock order; it keeps them until the next Write:
+// of the named reservations that ReservationsPrefetch read (the accounts a
+// batch's settles, releases and expiries change), with their terms, all
+// locked in one statement in lock order; it keeps them until the next Write:
 // PolicyHeadGet, AccountCurrentGet and AccountGet then answer them without
 // a query, as they would have answered by reading (a row found absent is
 // ErrNotFound and remembered as absent, so Write inserts it). Fewer than
@@ -71,7 +71,7 @@ const (
 // (tx.lockMode). Returns nil or the error of a read (store.ErrConflict for
 // a lock timeout or deadlock, store.ErrUnavailable when the server cannot
 // be reached).
-func (t *tx) AccountsPrefetch(ctx context.Context, subjects []ledger.PolicyKey, named []ledger.AccountKey) error {
+func (t *tx) AccountsPrefetch(ctx context.Context, subjects []ledger.PolicyKey, named []ledger.AccountKey, reservations []string) error {
 	if t.done {
 		return fmt.Errorf("accounts prefetch: %w", pgx.ErrTxClosed)
 	}
@@ -85,8 +85,8 @@ func (t *tx) AccountsPrefetch(ctx context.Context, subjects []ledger.PolicyKey, 
 	slices.SortFunc(keys, ledger.PolicyKey.Compare)
 	keys = slices.Compact(keys)
 	extra := slices.Clone(named)
-	for _, r := range t.prefetched {
-		if r != nil {
+	for _, id := range reservations {
+		if r := t.prefetched[id]; r != nil {
 			extra = append(extra, r.Account)
 		}
 	}

@@ -346,7 +346,7 @@ func TestAccountsPrefetchAnswersWithoutQueries(t *testing.T) {
 		t.Fatal(err)
 	}
 	prefetched := mustBegin(t, s)
-	if err := prefetched.(store.AccountsPrefetcher).AccountsPrefetch(ctx, []ledger.PolicyKey{b, none, a, b}, nil); err != nil {
+	if err := prefetched.(store.AccountsPrefetcher).AccountsPrefetch(ctx, []ledger.PolicyKey{b, none, a, b}, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	got := ask(prefetched, cancelled)
