@@ -86,7 +86,7 @@ func (c *Core) commit(ctx context.Context, cmds []ledger.Command, now time.Time,
 		}
 	}
 	if prefetcher, ok := tx.(store.AccountsPrefetcher); ok && len(cmds) > 1 {
-		if err := prefetcher.AccountsPrefetch(ctx, reserveSubjects(cmds)); err != nil {
+		if err := prefetcher.AccountsPrefetch(ctx, reserveSubjects(cmds), namedAccounts(cmds), refundIDs(cmds)); err != nil {
 			return nil, fmt.Errorf("prefetch accounts: %w: %w", ErrNotApplied, err)
 		}
 	}
@@ -151,21 +151,57 @@ func (c *Core) Probe(ctx context.Context, now time.Time) error {
 }
 
 // reserveSubjects returns the distinct subjects the reserves and records
-// of cmds name: the accounts a batch of them reads.
+// of cmds name, and those of the accounts drains empty (a drain moves
+// into the subject's current account): the current accounts a batch of
+// them reads.
 func reserveSubjects(cmds []ledger.Command) []ledger.PolicyKey {
 	var subjects []ledger.PolicyKey
 	seen := map[ledger.PolicyKey]bool{}
 	for i := range cmds {
-		if cmds[i].Kind != ledger.KindReserve && cmds[i].Kind != ledger.KindRecord {
+		var k ledger.PolicyKey
+		switch cmds[i].Kind {
+		case ledger.KindReserve, ledger.KindRecord:
+			k = ledger.PolicyKey{Subject: cmds[i].Subject, Route: cmds[i].Route, Region: cmds[i].Region}
+		case ledger.KindDrain:
+			k = cmds[i].Account.SubjectKey()
+		default:
 			continue
 		}
-		k := ledger.PolicyKey{Subject: cmds[i].Subject, Route: cmds[i].Route, Region: cmds[i].Region}
 		if !seen[k] {
 			seen[k] = true
 			subjects = append(subjects, k)
 		}
 	}
 	return subjects
+}
+
+// namedAccounts returns the distinct accounts cmds name directly (refill,
+// close-epoch and drain commands).
+func namedAccounts(cmds []ledger.Command) []ledger.AccountKey {
+	var accounts []ledger.AccountKey
+	seen := map[ledger.AccountKey]bool{}
+	for i := range cmds {
+		k := cmds[i].Account
+		if k != (ledger.AccountKey{}) && !seen[k] {
+			seen[k] = true
+			accounts = append(accounts, k)
+		}
+	}
+	return accounts
+}
+
+// refundIDs returns the reservation ids of the commands of cmds that change
+// their reservation's account (settle, release, expiry; a start, an expiry
+// claim or an unknown marking changes only the reservation).
+func refundIDs(cmds []ledger.Command) []string {
+	var ids []string
+	for i := range cmds {
+		switch cmds[i].Kind {
+		case ledger.KindSettle, ledger.KindRelease, ledger.KindExpire:
+			ids = append(ids, cmds[i].ReservationID)
+		}
+	}
+	return ids
 }
 
 // Due returns the worker commands due at now, for at most limit

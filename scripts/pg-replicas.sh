@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # pg-replicas.sh: REPLICAS serve replicas on one PostgreSQL, c64 reserves
-# on one hot subject spread over them (bench --addrs), for two binaries in
+# (on one hot subject unless BENCH says otherwise) spread over them
+# (bench --addrs), for two binaries in
 # the same run, interleaved (issue 15: 0 STORE_CONFLICT answers over 60 s,
 # throughput not below the revision before the lock wait and the reruns).
 #
@@ -9,18 +10,28 @@
 # Per round and binary (which goes first alternates by round): a new
 # database (dropdb/createdb NAME_a or NAME_b), REPLICAS servers on it
 # sharing the first one's shard keys, then BINARY's bench (--addrs over the
-# replicas, --subjects 1) for DURATION. Prints per run ops/s, p99, errors
-# and the STORE_CONFLICT answers, the server CPU per reserve (all
-# replicas, /proc), and per round the ratio BINARY / BASELINE.
+# replicas, BENCH) for DURATION. Prints per run ops/s, p99, errors
+# and the STORE_CONFLICT answers, the batches the replicas reran after a
+# lost race (capledger_conflicts_total: lock timeouts, deadlocks), the
+# server CPU per op (all replicas, /proc), and per round the ratio
+# BINARY / BASELINE.
 #
 # Environment: PG (postgres://postgres@127.0.0.1:5432), NAME
 # (capledger_replicas), ROUNDS (2), DURATION (60s), CONCURRENCY (64),
-# REPLICAS (3), PORT (27591, then the next ones).
+# REPLICAS (3), PORT (27591, then the next ones), BENCH (the bench's load
+# flags, default "--subjects 1"; e.g. "--mode batch --batch-size 100
+# --subjects 10"), MIX (flags of a second bench run beside the first, on
+# the same replicas, for the same time, started 8 s later with
+# --setup=false --warmup 2s, while the first publishes the policy and
+# warms up 10 s: its ops/s, errors and conflicts are printed after "mix";
+# ops of both count for the CPU per op), LOGS (a
+# directory: the replicas' logs and the bench outputs are copied there
+# as LABEL-rN.log, LABEL-bench.txt and LABEL-mix.txt).
 set -euo pipefail
 A=$1 B=$2
 PG=${PG:-postgres://postgres@127.0.0.1:5432} NAME=${NAME:-capledger_replicas}
 ROUNDS=${ROUNDS:-2} DURATION=${DURATION:-60s} CONCURRENCY=${CONCURRENCY:-64}
-REPLICAS=${REPLICAS:-3} PORT=${PORT:-27591}
+REPLICAS=${REPLICAS:-3} PORT=${PORT:-27591} BENCH=${BENCH:---subjects 1} MIX=${MIX:-}
 host=${PG#*://}; user=${host%%@*}; host=${host#*@}; port=${host#*:}; host=${host%%:*}
 WORK=$(mktemp -d)
 TICK=$(getconf CLK_TCK)
@@ -36,33 +47,74 @@ run() { # label binary -> "ops/s p99_ms errors conflicts cpu_us"
 	for i in $(seq 0 $((REPLICAS - 1))); do
 		# The first replica creates the shard keys; the others share them.
 		keys=(); ((i == 0)) || keys=(--shard-keys "$WORK/$1/r0/shard-keys")
-		"$bin" serve --addr "127.0.0.1:$((PORT + i))" --data-dir "$WORK/$1/r$i" "${keys[@]}" \
-			--store "$PG/$db?sslmode=disable" --log-level warn >"$WORK/$1/r$i.log" 2>&1 &
-		SERVERS+=($!)
-		for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$((PORT + i))") 2>/dev/null && break; sleep 0.1; done
+		# The ports are inside Linux's ephemeral range, and the kernel
+		# hands out neighbouring ports to connections to one PostgreSQL:
+		# when one of them holds the port, try again a few times.
+		for try in 1 2 3 4 5; do
+			"$bin" serve --addr "127.0.0.1:$((PORT + i))" --data-dir "$WORK/$1/r$i" "${keys[@]}" \
+				--store "$PG/$db?sslmode=disable" --log-level warn >"$WORK/$1/r$i.log" 2>&1 &
+			SERVERS+=($!)
+			# Up to a minute: on a loaded machine the first replica's
+			# migrations take a while, and the others need its shard keys.
+			for _ in $(seq 600); do
+				# An HTTP answer, not an open port: a probe from an
+				# ephemeral port equal to PORT connects to itself.
+				curl -s -o /dev/null "http://127.0.0.1:$((PORT + i))/healthz" && break
+				kill -0 "${SERVERS[-1]}" 2>/dev/null || break
+				sleep 0.1
+			done
+			kill -0 "${SERVERS[-1]}" 2>/dev/null && break
+			grep -q "address already in use" "$WORK/$1/r$i.log" && ((try < 5)) || break
+			unset 'SERVERS[-1]'
+			sleep 2
+		done
+		kill -0 "${SERVERS[-1]}" 2>/dev/null || { echo "serve r$i exited: $(head -1 "$WORK/$1/r$i.log")" >&2; stop; exit 1; }
 		addrs+=("http://127.0.0.1:$((PORT + i))")
 	done
-	local t0 t1
+	local t0 t1 mix=
+	: >"$WORK/mix"
+	if [[ -n $MIX ]]; then
+		# shellcheck disable=SC2086
+		{ sleep 8; "$B" bench --addrs "$(IFS=,; echo "${addrs[*]}")" --setup=false --warmup 2s $MIX \
+			--concurrency "$CONCURRENCY" --duration "$DURATION" --progress=false >"$WORK/mix" 2>&1; } &
+		mix=$!
+	fi
+	local warmup=(); [[ -z $MIX ]] || warmup=(--warmup 10s)
 	t0=$(ticks)
-	"$B" bench --addrs "$(IFS=,; echo "${addrs[*]}")" --subjects 1 --concurrency "$CONCURRENCY" \
+	# shellcheck disable=SC2086
+	"$B" bench --addrs "$(IFS=,; echo "${addrs[*]}")" $BENCH "${warmup[@]}" --concurrency "$CONCURRENCY" \
 		--duration "$DURATION" --progress=false >"$WORK/out" 2>&1 || true
+	[[ -z $mix ]] || wait "$mix" || true
 	t1=$(ticks)
+	# Store transactions the replicas reran after a lost race (lock
+	# timeout, deadlock, duplicate insert), summed over the replicas.
+	local a retried=0
+	for a in "${addrs[@]}"; do
+		retried=$((retried + $(curl -s "$a/metrics" | awk '$1 == "capledger_conflicts_total" { n = $2 } END { printf "%d", n }')))
+	done
 	stop
+	if [[ -n ${LOGS:-} ]]; then
+		mkdir -p "$LOGS"
+		for i in $(seq 0 $((REPLICAS - 1))); do cp "$WORK/$1/r$i.log" "$LOGS/$1-r$i.log"; done
+		cp "$WORK/out" "$LOGS/$1-bench.txt"; [[ -z $MIX ]] || cp "$WORK/mix" "$LOGS/$1-mix.txt"
+	fi
 	awk -v d=$((t1 - t0)) -v tick="$TICK" '
-		$1 == "ops" { ops = $2 } $1 == "ops/s" { rate = $2 } $1 == "errors" && NF == 2 { errs = $2 }
-		$1 == "errors" && $2 == "STORE_CONFLICT" { conf = $3 }
-		$1 == "p99" { p99 = $2; if ($3 == "s") p99 *= 1000; else if ($3 == "µs") p99 /= 1000 }
-		END { printf "%.0f %.1f %d %d %.0f\n", rate, p99, errs, conf, (ops > 0 ? d / tick * 1e6 / ops : 0) }' "$WORK/out"
+		FNR == 1 { f++ }
+		$1 == "ops" { ops += $2 } $1 == "ops/s" { rate[f] = $2 } $1 == "errors" && NF == 2 { errs[f] = $2 }
+		$1 == "errors" && $2 == "STORE_CONFLICT" { conf[f] = $3 }
+		f == 1 && $1 == "p99" { p99 = $2; if ($3 == "s") p99 *= 1000; else if ($3 == "µs") p99 /= 1000 }
+		END { printf "%.0f %.1f %d %d %.0f %.0f %d %d %d\n", rate[1], p99, errs[1], conf[1], (ops > 0 ? d / tick * 1e6 / ops : 0),
+			rate[2], errs[2], conf[2], retried }' retried="$retried" "$WORK/out" "$WORK/mix"
 }
-echo "# $REPLICAS replicas, c$CONCURRENCY on one hot subject, $DURATION; A=$A B=$B; $(uptime)"
+echo "# $REPLICAS replicas, c$CONCURRENCY bench $BENCH${MIX:+, beside c$CONCURRENCY bench $MIX}, $DURATION; A=$A B=$B; $(uptime)"
 for r in $(seq "$ROUNDS"); do
 	order=(a b); ((r % 2)) || order=(b a)
 	declare -A res=()
 	for l in "${order[@]}"; do
 		bin=$A; [[ $l == b ]] && bin=$B
 		res[$l]=$(run "$l" "$bin")
-		read -r rate p99 errs conf cpu <<<"${res[$l]}"
-		echo "round $r $l ($(basename "$bin")): $rate ops/s, p99 $p99 ms, errors $errs, STORE_CONFLICT $conf, server cpu $cpu µs/op; load $(cut -d' ' -f1-3 /proc/loadavg)"
+		read -r rate p99 errs conf cpu mrate merrs mconf retried <<<"${res[$l]}"
+		echo "round $r $l ($(basename "$bin")): $rate ops/s, p99 $p99 ms, errors $errs, STORE_CONFLICT $conf,${MIX:+ mix $mrate ops/s errors $merrs STORE_CONFLICT $mconf,} reruns in the servers $retried, server cpu $cpu µs/op; load $(cut -d' ' -f1-3 /proc/loadavg)"
 	done
 	read -r ra _ <<<"${res[a]}"; read -r rb _ <<<"${res[b]}"
 	awk -v a="$ra" -v b="$rb" -v r="$r" 'BEGIN { printf "round %d: throughput b/a %.2f\n", r, (a > 0 ? b / a : 0) }'

@@ -136,12 +136,17 @@ type Prefetcher interface {
 	ReservationsPrefetch(ctx context.Context, ids []string) error
 }
 
-// AccountsPrefetcher is an optional Tx capability: read the current
-// generation of each named subject and that generation's account in a few
-// statements, so that a batch's commands over many subjects do not each
-// read two rows of their own. Getters then answer them without a query.
+// AccountsPrefetcher is an optional Tx capability: read, in a few
+// statements, the current generation of each named subject and that
+// generation's account, the named accounts, and the accounts of the named
+// reservations (which ReservationsPrefetch read before), so that a batch's
+// commands over many accounts do not each read rows of their own. Getters
+// then answer them without a query. A store that locks rows locks all of
+// these accounts in its lock order: a batch then takes its account locks
+// in one order, and two batches of different replicas over the same
+// accounts wait for each other instead of deadlocking.
 type AccountsPrefetcher interface {
-	AccountsPrefetch(ctx context.Context, subjects []ledger.PolicyKey) error
+	AccountsPrefetch(ctx context.Context, subjects []ledger.PolicyKey, accounts []ledger.AccountKey, reservations []string) error
 }
 
 // Current is one subject's pointer to the generation holding its capacity.

@@ -49,20 +49,29 @@ const (
 
 // AccountsPrefetch reads, for the subjects not prefetched yet in this
 // transaction, their policy heads and current generations (share-locked,
-// both statements in one round trip) and then the accounts of those
-// generations with their terms (locked, in lock order, a second round
-// trip), and keeps them until the next Write: PolicyHeadGet,
-// AccountCurrentGet and AccountGet then answer them without a query, as
-// they would have answered by reading (a row found absent is ErrNotFound
-// and remembered as absent, so Write inserts it). Fewer than two subjects
-// are left to the getters (one read each is as cheap).
+// both statements in one round trip) and then, in a second round trip,
+// the accounts of those generations, the named accounts and the accounts
+// of the named reservations that ReservationsPrefetch read (the accounts a
+// batch's settles, releases and expiries change), with their terms, all
+// locked in one statement in lock order; it keeps them until the next Write:
+// PolicyHeadGet, AccountCurrentGet and AccountGet then answer them without
+// a query, as they would have answered by reading (a row found absent is
+// ErrNotFound and remembered as absent, so Write inserts it). Fewer than
+// two rows to lock are left to the getters (one read each is as cheap).
+//
+// Locking every account of the batch in one order is what keeps two
+// replicas' batches over the same accounts from waiting on each other in
+// a cycle: a settle's account read by its getter after the prefetch had
+// locked a later account was an out-of-order lock (tx.lockMode), which
+// ends in a lock timeout (55P03) or a deadlock (40P01) whenever the other
+// batch holds it and waits for one of ours.
 //
 // The accounts are locked like AccountGet locks one: waiting when the first
 // sorts after every row held, else with the short out-of-order lock wait
 // (tx.lockMode). Returns nil or the error of a read (store.ErrConflict for
 // a lock timeout or deadlock, store.ErrUnavailable when the server cannot
 // be reached).
-func (t *tx) AccountsPrefetch(ctx context.Context, subjects []ledger.PolicyKey) error {
+func (t *tx) AccountsPrefetch(ctx context.Context, subjects []ledger.PolicyKey, named []ledger.AccountKey, reservations []string) error {
 	if t.done {
 		return fmt.Errorf("accounts prefetch: %w", pgx.ErrTxClosed)
 	}
@@ -75,15 +84,89 @@ func (t *tx) AccountsPrefetch(ctx context.Context, subjects []ledger.PolicyKey) 
 	}
 	slices.SortFunc(keys, ledger.PolicyKey.Compare)
 	keys = slices.Compact(keys)
-	if len(keys) < 2 {
+	extra := slices.Clone(named)
+	for _, id := range reservations {
+		if r := t.prefetched[id]; r != nil {
+			extra = append(extra, r.Account)
+		}
+	}
+	extra = slices.DeleteFunc(extra, func(k ledger.AccountKey) bool {
+		_, ok := p.accounts[k]
+		return ok
+	})
+	if len(keys)+len(extra) < 2 {
 		return nil
 	}
+	heads := make(map[ledger.PolicyKey]*ledger.PolicyHead, len(keys))
+	currents := make(map[ledger.PolicyKey]*uint64, len(keys))
+	if len(keys) > 0 {
+		if err := t.prefetchCurrents(ctx, keys, heads, currents); err != nil {
+			return err
+		}
+	}
+
+	wanted := extra
+	for _, k := range keys {
+		if g := currents[k]; g != nil {
+			wanted = append(wanted, ledger.AccountKey{Subject: k.Subject, Route: k.Route, Region: k.Region, Generation: *g})
+		}
+	}
+	slices.SortFunc(wanted, func(x, y ledger.AccountKey) int { return compareRowKeys(accountRow(x), accountRow(y)) })
+	wanted = slices.Compact(wanted)
+	accounts := make(map[ledger.AccountKey]*prefetchedAccount, len(wanted))
+	if len(wanted) > 0 {
+		// wanted is in lock order.
+		mode, err := t.lockMode(ctx, accountRow(wanted[0]))
+		if err != nil {
+			return err
+		}
+		subj, route, region := make([]string, 0, len(wanted)), make([]string, 0, len(wanted)), make([]string, 0, len(wanted))
+		gens := make([]int64, 0, len(wanted))
+		for _, k := range wanted {
+			var conv codec.Conv
+			g := conv.Int(k.Generation)
+			if conv.Err() != nil {
+				continue // no such row, as accountGet finds
+			}
+			subj, route, region, gens = append(subj, k.Subject), append(route, k.Route), append(region, k.Region), append(gens, g)
+		}
+		rows, err := t.tx.Query(ctx, prefetchAccountsSQL+mode.clause("a, t"), subj, route, region, gens)
+		if err != nil {
+			return t.s.c.classify("accounts prefetch", err, false)
+		}
+		found, nrows, err := scanAccounts(rows)
+		if err != nil {
+			return t.s.c.classify("accounts prefetch", err, false)
+		}
+		for i := range found {
+			accounts[found[i].Key] = &prefetchedAccount{a: found[i], rows: nrows[i]}
+			t.locked(accountRow(found[i].Key))
+		}
+	}
+
+	if p.currents == nil {
+		p.heads = make(map[ledger.PolicyKey]*ledger.PolicyHead, len(keys))
+		p.currents = make(map[ledger.PolicyKey]*uint64, len(keys))
+		p.accounts = make(map[ledger.AccountKey]*prefetchedAccount, len(wanted))
+	}
+	for _, k := range keys {
+		p.heads[k] = heads[k]
+		p.currents[k] = currents[k]
+	}
+	for _, k := range wanted {
+		p.accounts[k] = accounts[k]
+	}
+	return nil
+}
+
+// prefetchCurrents reads the policy heads and current generations of keys
+// (sorted), share-locked, in one round trip, into heads and currents.
+func (t *tx) prefetchCurrents(ctx context.Context, keys []ledger.PolicyKey,
+	heads map[ledger.PolicyKey]*ledger.PolicyHead, currents map[ledger.PolicyKey]*uint64) error {
 	subj, route, region := make([]string, len(keys)), make([]string, len(keys)), make([]string, len(keys))
 	for i, k := range keys {
 		subj[i], route[i], region[i] = k.Subject, k.Route, k.Region
 	}
-	heads := make(map[ledger.PolicyKey]*ledger.PolicyHead, len(keys))
-	currents := make(map[ledger.PolicyKey]*uint64, len(keys))
 	var b pgx.Batch
 	b.Queue(prefetchHeadsSQL, subj, route, region)
 	b.Queue(prefetchCurrentsSQL, subj, route, region)
@@ -112,56 +195,6 @@ func (t *tx) AccountsPrefetch(ctx context.Context, subjects []ledger.PolicyKey) 
 	}
 	if err != nil {
 		return t.s.c.classify("accounts prefetch", err, false)
-	}
-
-	var wanted []ledger.AccountKey
-	for _, k := range keys {
-		if g := currents[k]; g != nil {
-			wanted = append(wanted, ledger.AccountKey{Subject: k.Subject, Route: k.Route, Region: k.Region, Generation: *g})
-		}
-	}
-	accounts := make(map[ledger.AccountKey]*prefetchedAccount, len(wanted))
-	if len(wanted) > 0 {
-		// keys are sorted, so wanted is in lock order.
-		mode, err := t.lockMode(ctx, accountRow(wanted[0]))
-		if err != nil {
-			return err
-		}
-		subj, route, region = subj[:0], route[:0], region[:0]
-		gens := make([]int64, 0, len(wanted))
-		for _, k := range wanted {
-			var conv codec.Conv
-			g := conv.Int(k.Generation)
-			if conv.Err() != nil {
-				continue // no such row, as accountGet finds
-			}
-			subj, route, region, gens = append(subj, k.Subject), append(route, k.Route), append(region, k.Region), append(gens, g)
-		}
-		rows, err := t.tx.Query(ctx, prefetchAccountsSQL+mode.clause("a, t"), subj, route, region, gens)
-		if err != nil {
-			return t.s.c.classify("accounts prefetch", err, false)
-		}
-		found, nrows, err := scanAccounts(rows)
-		if err != nil {
-			return t.s.c.classify("accounts prefetch", err, false)
-		}
-		for i := range found {
-			accounts[found[i].Key] = &prefetchedAccount{a: found[i], rows: nrows[i]}
-			t.locked(accountRow(found[i].Key))
-		}
-	}
-
-	if p.currents == nil {
-		p.heads = make(map[ledger.PolicyKey]*ledger.PolicyHead, len(keys))
-		p.currents = make(map[ledger.PolicyKey]*uint64, len(keys))
-		p.accounts = make(map[ledger.AccountKey]*prefetchedAccount, len(keys))
-	}
-	for _, k := range keys {
-		p.heads[k] = heads[k]
-		p.currents[k] = currents[k]
-	}
-	for _, k := range wanted {
-		p.accounts[k] = accounts[k]
 	}
 	return nil
 }

@@ -173,6 +173,133 @@ func TestAccountsPrefetchOppositeOrders(t *testing.T) {
 	t.Logf("stats: %+v / %+v", first.Stats(), second.Stats())
 }
 
+// TestAccountsPrefetchLocksReservationAccounts: two replicas commit batches
+// that reserve on one half of the subjects and release holds on the other
+// half, each replica the halves the other way round, so each batch locks
+// some accounts through its reserves' subjects and others through its
+// releases' reservations. The prefetch locks both kinds in one statement,
+// in key order: no deadlock, no lock timeout, no conflict reaches the
+// caller (the core does not retry). Before the reservations' accounts
+// were part of it, a release's account was locked by its getter after the
+// prefetch had locked the reserves' accounts, out of order for one of the
+// two replicas: lock timeouts (55P03) and deadlocks (40P01).
+func TestAccountsPrefetchLocksReservationAccounts(t *testing.T) {
+	first, dsn := openStore(t)
+	second, err := postgres.Open(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second.Close()
+	const half, rounds = 4, 30
+	var keys []ledger.PolicyKey
+	var publishes []ledger.Command
+	for i := range 2 * half {
+		keys = append(keys, subjectKey(i))
+		publishes = append(publishes, publishCmd(keys[i], 1_000_000))
+	}
+	commitCmds(t, first, t0, publishes...)
+	// sides[r] is what replica r reserves on; it releases holds on the
+	// other side, made beforehand (hold ids name replica, round, subject).
+	sides := [2][]ledger.PolicyKey{keys[:half], keys[half:]}
+	hold := func(r, round int, k ledger.PolicyKey) string { return fmt.Sprintf("h%d-%d-%s", r, round, k.Subject) }
+	var holds []ledger.Command
+	for r := range 2 {
+		for round := range rounds {
+			for _, k := range sides[1-r] {
+				holds = append(holds, reserveOn(k, hold(r, round, k), 1))
+			}
+		}
+	}
+	commitCmds(t, first, t0, holds...)
+	concurrentBatches(t, first, second, rounds, func(r, round int) []ledger.Command {
+		var cmds []ledger.Command
+		for _, k := range sides[r] {
+			cmds = append(cmds, reserveOn(k, fmt.Sprintf("n%d-%d-%s", r, round, k.Subject), 1))
+		}
+		for _, k := range sides[1-r] {
+			cmds = append(cmds, ledger.Command{Kind: ledger.KindRelease, ReservationID: hold(r, round, k)})
+		}
+		return cmds
+	})
+	snap := mustAudit(t, first)
+	for _, a := range snap.Accounts {
+		// Every hold made beforehand released; one new hold per round.
+		if a.Balances[0].Reserved != rounds {
+			t.Errorf("%s: %d reserved, want %d", a.Key, a.Balances[0].Reserved, rounds)
+		}
+	}
+	t.Logf("stats: %+v / %+v", first.Stats(), second.Stats())
+}
+
+// TestAccountsPrefetchLocksNamedAccounts: one replica commits batches of
+// reserves over some subjects while another commits batches of epoch
+// closes (a worker's page) naming the same accounts in the reverse order.
+// The closes' accounts are prefetched, locked in key order: no error
+// reaches the caller. Read by the getters in the page's order, the second
+// and later were out-of-order locks: lock timeouts (55P03).
+func TestAccountsPrefetchLocksNamedAccounts(t *testing.T) {
+	first, dsn := openStore(t)
+	second, err := postgres.Open(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second.Close()
+	const subjects, rounds = 8, 30
+	var keys []ledger.PolicyKey
+	var publishes, warm []ledger.Command
+	for i := range subjects {
+		keys = append(keys, subjectKey(i))
+		publishes = append(publishes, publishCmd(keys[i], 1_000_000))
+		warm = append(warm, reserveOn(keys[i], "warm-"+keys[i].Subject, 1))
+	}
+	commitCmds(t, first, t0, publishes...)
+	results := commitCmds(t, first, t0, warm...)
+	var closes []ledger.Command
+	for i := range results {
+		k := keys[subjects-1-i]
+		closes = append(closes, ledger.Command{Kind: ledger.KindCloseEpoch,
+			Account: ledger.AccountKey{Subject: k.Subject, Route: k.Route, Region: k.Region, Generation: results[subjects-1-i].Generation}})
+	}
+	concurrentBatches(t, first, second, rounds, func(r, round int) []ledger.Command {
+		if r == 1 {
+			return closes // the epoch is still open: each reads and locks its account only
+		}
+		var cmds []ledger.Command
+		for _, k := range keys {
+			cmds = append(cmds, reserveOn(k, fmt.Sprintf("n%d-%s", round, k.Subject), 1))
+		}
+		return cmds
+	})
+}
+
+// concurrentBatches commits rounds batches through the engine's core on
+// each of two stores (replicas) at the same time, batch(r, round) on
+// replica r, and fails t on every error of a commit or of a command.
+func concurrentBatches(t *testing.T, first, second store.Store, rounds int, batch func(r, round int) []ledger.Command) {
+	t.Helper()
+	var wg sync.WaitGroup
+	for r, core := range []*engine.Core{engine.NewCore(first), engine.NewCore(second)} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for round := range rounds {
+				cmds := batch(r, round)
+				results, err := core.Commit(context.Background(), cmds, t0.Add(time.Second))
+				if err != nil {
+					t.Errorf("replica %d round %d: %v", r, round, err)
+					continue
+				}
+				for i := range results {
+					if results[i].Err != nil {
+						t.Errorf("replica %d round %d: command %d (%s %s): %v", r, round, i, cmds[i].Kind, cmds[i].ReservationID, results[i].Err)
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
+
 // TestAccountsPrefetchAnswersWithoutQueries: after AccountsPrefetch the
 // getters answer the prefetched subjects, found or absent, without a
 // round trip (they are asked with a cancelled context, on which any query
@@ -219,7 +346,7 @@ func TestAccountsPrefetchAnswersWithoutQueries(t *testing.T) {
 		t.Fatal(err)
 	}
 	prefetched := mustBegin(t, s)
-	if err := prefetched.(store.AccountsPrefetcher).AccountsPrefetch(ctx, []ledger.PolicyKey{b, none, a, b}); err != nil {
+	if err := prefetched.(store.AccountsPrefetcher).AccountsPrefetch(ctx, []ledger.PolicyKey{b, none, a, b}, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	got := ask(prefetched, cancelled)

@@ -253,7 +253,7 @@ func (l *lifecycles) commit(b *testing.B, cmds []command) {
 	if err := tx.ReservationsPrefetch(ctx, ids); err != nil {
 		b.Fatal(err)
 	}
-	if err := tx.AccountsPrefetch(ctx, subjects); err != nil {
+	if err := tx.AccountsPrefetch(ctx, subjects, nil, nil); err != nil {
 		b.Fatal(err)
 	}
 	c := &store.Changes{NewReservations: map[string]bool{}}

@@ -105,8 +105,9 @@ var accountPrefetchQueries = func() map[int]string {
 // statement, and caches what it read (a subject without a current row as
 // absent), so that AccountCurrentGet and AccountGet answer them from the
 // cache. It reads the committed rows, so it does nothing after the first
-// Write.
-func (tx *Tx) AccountsPrefetch(ctx context.Context, subjects []ledger.PolicyKey) error {
+// Write. Named accounts and reservations' accounts are left to AccountGet:
+// with one writer there is no lock order to keep.
+func (tx *Tx) AccountsPrefetch(ctx context.Context, subjects []ledger.PolicyKey, _ []ledger.AccountKey, _ []string) error {
 	if err := tx.check(ctx); err != nil {
 		return err
 	}

@@ -82,7 +82,7 @@ func TestAccountsPrefetchAnswersFromTheCache(t *testing.T) {
 	for i := range subjects + 20 { // 20 subjects without any row
 		asked = append(asked, key(i), key(i)) // repeated keys are read once
 	}
-	if err := tx.(*Tx).AccountsPrefetch(ctx, asked); err != nil {
+	if err := tx.(*Tx).AccountsPrefetch(ctx, asked, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	s.cache.mu.Lock()
