@@ -518,6 +518,12 @@ func (w *epochWatch) due(now time.Time, every time.Duration) bool {
 	if w.last.IsZero() || now.Before(w.last) || now.Sub(w.last) >= every {
 		return true
 	}
+	return w.ended(now)
+}
+
+// ended reports whether an epoch of one of the policies the last pass read
+// has ended between that pass's start and now.
+func (w *epochWatch) ended(now time.Time) bool {
 	for _, length := range w.lengths {
 		// The ledger's epochs start at multiples of their length
 		// (ledger.startEpoch): one ended when now is in a later one.
@@ -551,7 +557,25 @@ func (e *Engine) runEpochs(ctx context.Context) {
 	if complete {
 		// Then the index entries the pass's rolls left behind (SQLite):
 		// EpochScans may remember this pass only once they have moved.
-		if err := epochs.CatchUp(ctx, func() bool { return e.IsLeader() && e.pace.turn(ctx) }, e.pace.done); err != nil {
+		// A catch-up after a rollover of many accounts takes a while
+		// (about a minute at 1M, paced); an epoch that ends meanwhile
+		// must not wait for it: the catch-up stops, EpochScans keeps
+		// what it remembered before this pass (the pass's closes and
+		// the entries it left behind all lie after that), and the
+		// watch starts the next pass at its next look, which reads
+		// this pass's range again and catches it up with its own.
+		superseded := false
+		err := epochs.CatchUp(ctx, func() bool {
+			if e.epochWatch.ended(e.opts.Clock()) {
+				superseded = true
+				return false
+			}
+			return e.IsLeader() && e.pace.turn(ctx)
+		}, e.pace.done)
+		switch {
+		case superseded:
+			return
+		case err != nil:
 			if ctx.Err() == nil {
 				e.log.Warn("epoch worker", "err", err)
 			}
