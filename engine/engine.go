@@ -144,6 +144,11 @@ type Engine struct {
 	pace       workerPacer
 	retention  retentionCounters
 	compaction compactionCounters
+
+	// epochCatchUpCut is set when the last epoch pass's catch-up stopped
+	// for a new epoch (runEpochs): the next pass's catch-up then runs to
+	// its end.
+	epochCatchUpCut bool
 }
 
 type retentionCounters struct {
@@ -564,9 +569,13 @@ func (e *Engine) runEpochs(ctx context.Context) {
 		// the entries it left behind all lie after that), and the
 		// watch starts the next pass at its next look, which reads
 		// this pass's range again and catches it up with its own.
-		superseded := false
+		// Only once in a row: with epochs shorter than a catch-up,
+		// stopping every time would leave the entries behind for ever
+		// and each pass reading from further back.
+		stoppable, superseded := !e.epochCatchUpCut, false
+		e.epochCatchUpCut = false
 		err := epochs.CatchUp(ctx, func() bool {
-			if e.epochWatch.ended(e.opts.Clock()) {
+			if stoppable && e.epochWatch.ended(e.opts.Clock()) {
 				superseded = true
 				return false
 			}
@@ -574,6 +583,7 @@ func (e *Engine) runEpochs(ctx context.Context) {
 		}, e.pace.done)
 		switch {
 		case superseded:
+			e.epochCatchUpCut = true
 			return
 		case err != nil:
 			if ctx.Err() == nil {
