@@ -144,6 +144,11 @@ type Engine struct {
 	pace       workerPacer
 	retention  retentionCounters
 	compaction compactionCounters
+
+	// epochCatchUpCut is set when the last epoch pass's catch-up stopped
+	// for a new epoch (runEpochs): the next pass's catch-up then runs to
+	// its end.
+	epochCatchUpCut bool
 }
 
 type retentionCounters struct {
@@ -529,6 +534,12 @@ func (w *epochWatch) due(now time.Time, every time.Duration) bool {
 	if w.last.IsZero() || now.Before(w.last) || now.Sub(w.last) >= every {
 		return true
 	}
+	return w.ended(now)
+}
+
+// ended reports whether an epoch of one of the policies the last pass read
+// has ended between that pass's start and now.
+func (w *epochWatch) ended(now time.Time) bool {
 	for _, length := range w.lengths {
 		// The ledger's epochs start at multiples of their length
 		// (ledger.startEpoch): one ended when now is in a later one.
@@ -562,7 +573,30 @@ func (e *Engine) runEpochs(ctx context.Context) {
 	if complete {
 		// Then the index entries the pass's rolls left behind (SQLite):
 		// EpochScans may remember this pass only once they have moved.
-		if err := epochs.CatchUp(ctx, func() bool { return e.IsLeader() && e.pace.turn(ctx) }, e.pace.done); err != nil {
+		// A catch-up after a rollover of many accounts takes a while
+		// (about a minute at 1M, paced); an epoch that ends meanwhile
+		// must not wait for it: the catch-up stops, EpochScans keeps
+		// what it remembered before this pass (the pass's closes and
+		// the entries it left behind all lie after that), and the
+		// watch starts the next pass at its next look, which reads
+		// this pass's range again and catches it up with its own.
+		// Only once in a row: with epochs shorter than a catch-up,
+		// stopping every time would leave the entries behind for ever
+		// and each pass reading from further back.
+		stoppable, superseded := !e.epochCatchUpCut, false
+		e.epochCatchUpCut = false
+		err := epochs.CatchUp(ctx, func() bool {
+			if stoppable && e.epochWatch.ended(e.opts.Clock()) {
+				superseded = true
+				return false
+			}
+			return e.IsLeader() && e.pace.turn(ctx)
+		}, e.pace.done)
+		switch {
+		case superseded:
+			e.epochCatchUpCut = true
+			return
+		case err != nil:
 			if ctx.Err() == nil {
 				e.log.Warn("epoch worker", "err", err)
 			}

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"testing"
 	"time"
@@ -340,4 +341,119 @@ func TestDrainPagesCrossEntriesLeftBehind(t *testing.T) {
 	if err != nil || ran != accounts {
 		t.Fatalf("RunDrains ran %d drains, %v; want %d", ran, err, accounts)
 	}
+}
+
+// slowCatchUpStore stands for a store whose epoch index catch-up takes a
+// while (a million entries left behind by a rollover): every call
+// reports more to do until it has been called calls times, and step runs
+// at each call.
+type slowCatchUpStore struct {
+	store.Store
+	calls, made int
+	step        func(call int)
+}
+
+func (s *slowCatchUpStore) EpochIndexCatchUp(ctx context.Context, f store.EpochFilter) (store.EpochCursor, bool, error) {
+	next, _, err := s.Store.EpochIndexCatchUp(ctx, f)
+	s.made++
+	if s.step != nil {
+		s.step(s.made)
+	}
+	return next, s.made < s.calls, err
+}
+
+// An epoch that ends while the epoch worker is still catching its index
+// up after the previous rollover does not wait for that catch-up: the
+// catch-up stops, the watch's next look starts the new pass, which closes
+// the new epoch's busy accounts and then catches up both passes' range;
+// what the passes before remembered (EpochScans) is kept, not forgotten.
+// The catch-up stops only once in a row: the next one runs to its end
+// even if another epoch ends meanwhile.
+func TestNewEpochPassDoesNotWaitForCatchUp(t *testing.T) {
+	clk := newClock()
+	st := &slowCatchUpStore{Store: memstore.New()}
+	e := New(st, Options{DisableWorkers: true, Clock: clk.Now, EpochInterval: time.Hour})
+	defer e.Close()
+	e.lead.mu.Lock()
+	e.lead.status.Leader, e.lead.until = true, time.Now().Add(time.Hour)
+	e.lead.mu.Unlock()
+	ctx := context.Background()
+	publish(t, e, 1000, 3*time.Hour, 3*time.Hour) // epochs of an hour from t0
+	statements := func(epoch time.Time) int {
+		t.Helper()
+		snap, err := st.Snapshot(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, s := range snap.Statements {
+			if s.EpochStart.Equal(epoch) {
+				n++
+			}
+		}
+		return n
+	}
+	reserve := func(id string, i int) {
+		t.Helper()
+		cmd := reserveCmd(id, 1)
+		cmd.Subject = fmt.Sprintf("tenant-%03d", i)
+		if res, err := e.Do(ctx, cmd); err != nil || res.Err != nil {
+			t.Fatal(err, res.Err)
+		}
+	}
+	const accounts, busy = 10, 5
+	for i := range accounts {
+		reserve(fmt.Sprintf("rl-0-%d", i), i)
+	}
+	clk.Advance(10 * time.Minute)
+	e.runEpochsWhenDue(ctx) // mid-epoch 0: nothing to close, a complete pass remembered
+	remembered := maps.Clone(e.epochScans.through)
+	if len(remembered) == 0 {
+		t.Fatal("a complete pass left no EpochScans")
+	}
+	// Epoch 1: half the accounts reserve again (closing epoch 0 inline),
+	// so they are busy in it; the worker's pass closes the rest.
+	clk.Advance(50*time.Minute + time.Second)
+	for i := range busy {
+		reserve(fmt.Sprintf("rl-1-%d", i), i)
+	}
+	// The pass's catch-up is long: epoch 1 ends during its first chunk.
+	epoch1 := t0.Add(time.Hour)
+	waited := 0
+	st.calls, st.made = 50, 0
+	st.step = func(call int) {
+		if call <= 2 {
+			// Epoch 1 ends during the first chunk; epoch 2 during the
+			// next pass's first, which may not stop that catch-up again.
+			clk.Advance(time.Hour)
+			return
+		}
+		if statements(epoch1) < busy {
+			waited++
+		}
+	}
+	e.runEpochsWhenDue(ctx)
+	if waited > 0 {
+		t.Fatalf("epoch 1 ended during a catch-up's first chunk; %d more chunks of it ran before epoch 1's closes", waited)
+	}
+	if n := statements(t0); n != accounts {
+		t.Fatalf("epoch 0: %d statements, want %d", n, accounts)
+	}
+	if !maps.Equal(e.epochScans.through, remembered) {
+		t.Fatalf("after a catch-up cut short EpochScans remember %v, want what they remembered before the pass, %v", e.epochScans.through, remembered)
+	}
+	e.runEpochsWhenDue(ctx) // the watch's next look
+	if waited > 0 {
+		t.Fatalf("%d chunks of the catch-up ran before epoch 1's closes", waited)
+	}
+	if n := statements(epoch1); n != busy {
+		t.Fatalf("epoch 1: %d statements, want %d (its busy accounts)", n, busy)
+	}
+	if st.made != st.calls {
+		t.Fatalf("the catch-up ran %d chunks, want all %d by the end of the next pass (stopped only once in a row)", st.made, st.calls)
+	}
+	if got, want := e.epochScans.through, (map[uint64]time.Time{1: t0.Add(time.Hour + time.Second)}); !maps.Equal(got, want) {
+		t.Fatalf("after the next pass EpochScans remember %v, want %v (the pass that started at epoch 1's end + 1h)", got, want)
+	}
+	auditClean(t, e)
 }

@@ -23,7 +23,9 @@
 # and a CPU profile of the second outside and the first rollover window is
 # written to WORK/outside.pprof and WORK/rollover.pprof. With RATE, each
 # bench paces its callers to RATE reserves a second (an open schedule)
-# instead of running them flat out.
+# instead of running them flat out. With SAMPLE, WORK/samples gets a line
+# every half second from the start: the time, serve's CPU ticks, the WAL's
+# bytes, and the commits' count and seconds (/metrics capledger_commit_seconds).
 # Run it under `flock /work/bench.lock`.
 set -u
 BIN=$1; SRC=$2; WORK=$3; PORT=${PORT:-27461}; DURATION=${DURATION:-15s}; LEAD=${LEAD:-59}; PPROF_PORT=${PPROF_PORT:-}
@@ -45,6 +47,13 @@ trap 'kill $SERVER 2>/dev/null; wait 2>/dev/null' EXIT
 for _ in $(seq 300); do (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break; sleep 0.1; done
 TICK=$(getconf CLK_TCK)
 ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+if [[ -n ${SAMPLE:-} ]]; then
+	while kill -0 "$SERVER" 2>/dev/null; do
+		echo "$(date +%s.%N | cut -c1-14) $(ticks "$SERVER") $(stat -c %s "$WORK/data/capledger.db-wal" 2>/dev/null || echo 0)" \
+			"$(curl -s "http://127.0.0.1:$PORT/metrics" | awk '$1 == "capledger_commit_seconds_count" || $1 == "capledger_commit_seconds_sum" { printf "%s ", $2 }')"
+		sleep 0.5
+	done >"$WORK/samples" 2>/dev/null &
+fi
 workers() { curl -s "http://127.0.0.1:$PORT/metrics" | awk '$1 == "capledger_worker_commands_total" { print $2 }'; }
 : >"$WORK/p99s"
 window() {
