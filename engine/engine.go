@@ -142,6 +142,8 @@ type Engine struct {
 	epochScans EpochScans
 	epochWatch epochWatch
 	pace       workerPacer
+	// failLog rate-limits the warnings of failing workers.
+	failLog    failLog
 	retention  retentionCounters
 	compaction compactionCounters
 }
@@ -504,9 +506,12 @@ func (e *Engine) runDue(ctx context.Context) {
 		}
 		cmds, err := e.core.Due(ctx, e.opts.Clock(), duePage)
 		if err != nil {
-			e.log.Warn("expiry worker", "err", err)
+			if ctx.Err() == nil {
+				e.failLog.failed(e.log, "expiry worker", err)
+			}
 			return
 		}
+		e.failLog.ok(e.log, "expiry worker")
 		if len(cmds) == 0 || !e.runWorkerCommands(ctx, cmds) {
 			return
 		}
@@ -610,10 +615,11 @@ func (e *Engine) runWorkerCommands(ctx context.Context, cmds []ledger.Command) b
 			// Stop the pass: the pager's memory (EpochScans, the drain
 			// memo) must not count these commands as done.
 			if ctx.Err() == nil {
-				e.log.Warn("worker batch", "commands", end-start, "err", err)
+				e.failLog.failed(e.log, "worker batch", err, "commands", end-start)
 			}
 			return false
 		}
+		e.failLog.ok(e.log, "worker batch")
 	}
 	return true
 }
