@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -52,4 +53,21 @@ func TestSettleNotAppliedIsKeptAndResent(t *testing.T) {
 		t.Fatalf("spent %d reserved %d, want 40 and 0", b.GetSpent(), b.GetReserved())
 	}
 	l.audit(t)
+}
+
+// A lost answer of a call without a reservation id names the call alone:
+// "audit: answer lost ...", not "audit : answer lost ...".
+func TestLostErrorWithoutIDHasNoStraySpace(t *testing.T) {
+	l := startLedger(t)
+	c := l.viaProxy(t, WithTimeout(500*time.Millisecond), WithRetryPolicy(RetryPolicy{MaxAttempts: 2, BaseDelay: time.Millisecond}),
+		WithBreaker(BreakerPolicy{Disabled: true}))
+	l.proxy.DropNextResponses(2)
+	_, err := c.Audit(context.Background())
+	lost := mustErrAs[*LostError](t, err)
+	if got := err.Error(); !strings.HasPrefix(got, "audit: answer lost after 2 attempts: ") {
+		t.Fatalf("error %q (%+v)", got, lost)
+	}
+	if got := (&LostError{Op: "settle", ReservationID: "rl-1", Attempts: 3, Err: errors.New("x")}).Error(); got != "settle rl-1: answer lost after 3 attempts: x" {
+		t.Fatalf("with an id: %q", got)
+	}
 }
