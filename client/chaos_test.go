@@ -22,6 +22,9 @@ type belief struct {
 	actual  int64
 	// outcome of the Run, for the report.
 	outcome string
+	// kept is the usage of a settle the Client kept to resend itself
+	// (its answer lost, or not applied); nil otherwise.
+	kept Units
 }
 
 // TestChaosNoDoubleDebitAndEveryLostAnswerConverges runs concurrent Run
@@ -92,7 +95,7 @@ func runChaos(t *testing.T, protocol Protocol) {
 						t.Errorf("%s settled with %d, work reported %d", id, b.actual, actual)
 					}
 				case errors.As(err, &unknown):
-					b.outcome = "usage-unknown"
+					b.outcome, b.kept = "usage-unknown", unknown.Receipt.Actual
 				default:
 					var lost *LostError
 					var resUnknown *ReservationUnknownError
@@ -121,6 +124,27 @@ func runChaos(t *testing.T, protocol Protocol) {
 	}
 
 	ctx := context.Background()
+	// The Client resends the settles it kept (usage known: lost or not
+	// applied) by itself once the ledger answers; wait for them to land.
+	for {
+		resending := 0
+		for _, r := range c.PendingUnknown() {
+			if r.Actual != nil {
+				resending++
+			}
+		}
+		if resending == 0 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	mu.Lock()
+	for _, b := range beliefs {
+		if b.kept != nil {
+			b.settled, b.actual = true, b.kept["tokens"]
+		}
+	}
+	mu.Unlock()
 	// Work whose usage is unknown was not refunded: each pending receipt's
 	// reservation is still held (USAGE_UNKNOWN or STARTED), or was settled
 	// by a settle whose answer was lost (then it carries the reported usage).

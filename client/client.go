@@ -162,8 +162,11 @@ type Client struct {
 	retry     RetryPolicy
 	pendingMu sync.Mutex
 	pending   map[string]OperationReceipt
-	breaker   *breaker
-	lookups   *lookups
+	// resettling holds the receipts settleLater is resending (guarded by
+	// lookups.mu).
+	resettling map[string]bool
+	breaker    *breaker
+	lookups    *lookups
 	// ops records Run's operations (WithOperationStore); nil for none.
 	ops OperationStore
 }

@@ -281,7 +281,12 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if ran {
 		// The handler answered; what is left is bookkeeping.
 		var unknown *UsageUnknownError
-		if errors.As(err, &unknown) {
+		if errors.As(err, &unknown) && unknown.Receipt.Actual != nil {
+			m.cfg.Logger.Warn("capledger: settle not confirmed; receipt kept (PendingUnknown) and resent with the same ids",
+				"reservation", unknown.Receipt.ReservationID, "operation", unknown.Receipt.OperationID, "err", unknown.Err)
+			return
+		}
+		if unknown != nil {
 			m.cfg.Logger.Warn("capledger: usage unknown; receipt kept for ResolveUnknown",
 				"reservation", unknown.Receipt.ReservationID, "operation", unknown.Receipt.OperationID, "err", unknown.Err)
 			return

@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	ledgerv1 "github.com/capledger/capledger/api/capledger/v1"
 	"github.com/capledger/capledger/api/opstatus"
 )
 
@@ -281,6 +282,57 @@ func (s *FileOperationStore) Prune(before time.Time) (int, error) {
 		removed++
 	}
 	return removed, nil
+}
+
+// PruneResolved removes the unknown records (OperationUnknown: left
+// running by an earlier process, or marked unknown by Run) whose
+// reservation the ledger, asked through c, says has ended (SETTLED,
+// SETTLED_WITH_DEBT, RELEASED, EXPIRED: an operator or the resolver
+// settled it), since nothing will ask for them again; Prune never
+// removes unknown records. It returns how many it removed, and the first
+// lookup error (the records it could not look up are kept).
+func (s *FileOperationStore) PruneResolved(ctx context.Context, c *Client) (int, error) {
+	unknown, err := s.Unknown()
+	if err != nil {
+		return 0, err
+	}
+	removed := 0
+	var first error
+	for _, rec := range unknown {
+		res, err := c.GetReservation(ctx, rec.ReservationID)
+		if err != nil {
+			if first == nil {
+				first = fmt.Errorf("operation %s: %w", rec.OperationID, err)
+			}
+			continue
+		}
+		if !terminal(res.GetState()) {
+			continue
+		}
+		s.mu.Lock()
+		path := s.path(rec.OperationID)
+		now, err := s.read(path)
+		if err == nil && now.Status == OperationUnknown {
+			err = os.Remove(path)
+			if err == nil {
+				removed++
+			}
+		}
+		s.mu.Unlock()
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			return removed, fmt.Errorf("operation store: %w", err)
+		}
+	}
+	return removed, first
+}
+
+func terminal(st ledgerv1.ReservationState) bool {
+	switch st {
+	case ledgerv1.ReservationState_RESERVATION_STATE_SETTLED, ledgerv1.ReservationState_RESERVATION_STATE_SETTLED_WITH_DEBT,
+		ledgerv1.ReservationState_RESERVATION_STATE_RELEASED, ledgerv1.ReservationState_RESERVATION_STATE_EXPIRED:
+		return true
+	}
+	return false
 }
 
 // Finish records that an operation ended with actual units: a gateway

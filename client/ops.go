@@ -69,7 +69,11 @@ type LostError struct {
 }
 
 func (e *LostError) Error() string {
-	return fmt.Sprintf("%s %s: answer lost after %d attempts: %v", e.Op, e.ReservationID, e.Attempts, e.Err)
+	subject := e.Op
+	if e.ReservationID != "" {
+		subject += " " + e.ReservationID
+	}
+	return fmt.Sprintf("%s: answer lost after %d attempts: %v", subject, e.Attempts, e.Err)
 }
 
 func (e *LostError) Unwrap() error { return e.Err }

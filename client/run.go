@@ -81,7 +81,14 @@ type gate func(ctx context.Context, rr *ReserveResult) (done func(actual Units),
 //     settle answer was lost, or the ledger could not record the usage
 //     (ErrLifetimeExhausted: the account's lifetime counters are full): the
 //     reservation is marked USAGE_UNKNOWN, its receipt is kept
-//     (PendingUnknown) and ResolveUnknown settles it later.
+//     (PendingUnknown) and ResolveUnknown settles it later;
+//   - *UsageUnknownError (Marked false) when the settle was not applied
+//     (the breaker is open, the connection was refused, the ledger
+//     answered "not applied"): the reservation stays STARTED and its
+//     receipt, with the usage, is kept (PendingUnknown).
+//
+// A kept receipt whose usage is known is resent in the background with
+// the same ids until it lands (see PendingUnknown).
 //
 // Once work has started, cancellation of ctx does not stop the bookkeeping:
 // Settle and MarkUsageUnknown run on a context detached from ctx's
@@ -194,6 +201,14 @@ func (c *Client) runReserved(ctx context.Context, rr *ReserveResult, work Work, 
 			}
 			// The lost settle landed; what it refunded is not known here.
 			return &RunResult{Reservation: settled, Receipt: receipt}, werr
+		}
+		if isTransportFault(serr) {
+			// Not applied, as far as anyone knows (the breaker is open,
+			// the connection was refused, the ledger answered "not
+			// applied"): no answer the ledger decided. Kept and resent
+			// in the background with the same ids until it lands.
+			c.keepPending(receipt)
+			return nil, &UsageUnknownError{Receipt: receipt, Err: serr}
 		}
 		if errors.Is(serr, ErrLifetimeExhausted) {
 			// The usage cannot be recorded on this account: left started,
@@ -312,15 +327,24 @@ func isSettled(s ledgerv1.ReservationState) bool {
 	return s == ledgerv1.ReservationState_RESERVATION_STATE_SETTLED || s == ledgerv1.ReservationState_RESERVATION_STATE_SETTLED_WITH_DEBT
 }
 
+// keepPending keeps r for PendingUnknown; a receipt whose usage is known
+// (r.Actual set: a settle or an abandoned start whose outcome is not
+// known) is also resent in the background (settleLater).
 func (c *Client) keepPending(r OperationReceipt) {
 	c.pendingMu.Lock()
 	c.pending[r.ReservationID] = r
 	c.pendingMu.Unlock()
+	if r.Actual != nil {
+		c.settleLater(r)
+	}
 }
 
 // PendingUnknown returns the receipts of work this Client left
 // USAGE_UNKNOWN (or could not settle or release), by reservation id. They
-// stay until ResolveUnknown settles them. The list lives in memory only: a
+// stay until ResolveUnknown settles them. One whose usage is known
+// (Actual set) the Client resends itself in the background, with the same
+// ids, once the ledger is reachable, until it lands or the ledger decides
+// otherwise (then it stays here). The list lives in memory only: a
 // gateway that must survive restarts should persist the receipts from
 // UsageUnknownError itself.
 func (c *Client) PendingUnknown() []OperationReceipt {

@@ -127,21 +127,33 @@ func (c *Core) commit(ctx context.Context, cmds []ledger.Command, now time.Time,
 }
 
 // MetaReadyProbe is the meta row Probe writes: the time of the last probe
-// that committed, in Unix nanoseconds. Nothing reads it.
+// that committed, in Unix nanoseconds. Nothing reads it. A probe that
+// stands in for a batch also rewrites the pad rows MetaReadyProbe+".pad.N"
+// (N < ProbePadMax), so the meta table holds at most that many more rows.
 const MetaReadyProbe = "engine_ready_probe"
 
-// Probe commits one small write transaction (MetaReadyProbe set to now)
-// durably, with Commit's fsync: nil when the store takes a write now;
-// otherwise the Begin, Write or Commit error. A write, not a read: a store
-// that answers reads but refuses writes (a full disk, a PostgreSQL
-// primary demoted to a read-only standby) is not ready.
-func (c *Core) Probe(ctx context.Context, now time.Time) error {
+// ProbePadMax caps the pad rows of a Probe (about 40 bytes each).
+const ProbePadMax = 2048
+
+// Probe commits one write transaction (MetaReadyProbe set to now, plus pad
+// more meta rows, capped at ProbePadMax) durably, with Commit's fsync: nil
+// when the store takes a write of that size now; otherwise the Begin,
+// Write or Commit error. A write, not a read: a store that answers reads
+// but refuses writes (a full disk, a PostgreSQL primary demoted to a
+// read-only standby) is not ready. The pad makes the probe as large as the
+// batch it stands in for: on a full disk one small row can fit where a
+// batch does not.
+func (c *Core) Probe(ctx context.Context, now time.Time, pad int) error {
 	tx, err := c.store.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)
 	}
 	defer tx.Rollback(ctx)
-	if err := tx.Write(ctx, &store.Changes{Meta: map[string]int64{MetaReadyProbe: now.UnixNano()}}); err != nil {
+	meta := map[string]int64{MetaReadyProbe: now.UnixNano()}
+	for i := range min(pad, ProbePadMax) {
+		meta[fmt.Sprintf("%s.pad.%04d", MetaReadyProbe, i)] = now.UnixNano()
+	}
+	if err := tx.Write(ctx, &store.Changes{Meta: meta}); err != nil {
 		return fmt.Errorf("write: %w", err)
 	}
 	if err := tx.Commit(ctx); err != nil {

@@ -142,6 +142,8 @@ type Engine struct {
 	epochScans EpochScans
 	epochWatch epochWatch
 	pace       workerPacer
+	// failLog rate-limits the warnings of failing workers.
+	failLog    failLog
 	retention  retentionCounters
 	compaction compactionCounters
 
@@ -165,7 +167,13 @@ type retentionCounters struct {
 	dueRate float64
 }
 
-type errBox struct{ err error }
+// errBox holds the outcome of the last batch (or ready probe): its error,
+// nil when it reached the store, and the commands of the failed batch,
+// which size the probes that stand in for it.
+type errBox struct {
+	err  error
+	cmds int
+}
 
 type request struct {
 	cmds    []ledger.Command
@@ -468,7 +476,7 @@ func (e *Engine) commit(ctx context.Context, cmds []ledger.Command) outcome {
 		if !errors.Is(err, store.ErrConflict) {
 			err = fmt.Errorf("%w: %w", store.ErrUnavailable, err)
 		}
-		e.lastErr.Store(&errBox{err})
+		e.lastErr.Store(&errBox{err: err, cmds: len(cmds)})
 		e.log.Warn("batch failed", "commands", len(cmds), "attempts", attempts, "err", err)
 	} else {
 		e.lastErr.Store(&errBox{})
@@ -503,9 +511,12 @@ func (e *Engine) runDue(ctx context.Context) {
 		}
 		cmds, err := e.core.Due(ctx, e.opts.Clock(), duePage)
 		if err != nil {
-			e.log.Warn("expiry worker", "err", err)
+			if ctx.Err() == nil {
+				e.failLog.failed(e.log, "expiry worker", err)
+			}
 			return
 		}
+		e.failLog.ok(e.log, "expiry worker")
 		if len(cmds) == 0 || !e.runWorkerCommands(ctx, cmds) {
 			return
 		}
@@ -638,10 +649,11 @@ func (e *Engine) runWorkerCommands(ctx context.Context, cmds []ledger.Command) b
 			// Stop the pass: the pager's memory (EpochScans, the drain
 			// memo) must not count these commands as done.
 			if ctx.Err() == nil {
-				e.log.Warn("worker batch", "commands", end-start, "err", err)
+				e.failLog.failed(e.log, "worker batch", err, "commands", end-start)
 			}
 			return false
 		}
+		e.failLog.ok(e.log, "worker batch")
 	}
 	return true
 }
@@ -848,13 +860,25 @@ func (e *Engine) Stats() Stats {
 // batch failed.
 const readyProbeEvery = time.Second
 
+// probePadPerCommand and probePadMin size a ready probe after a failed
+// batch of n commands: max(probePadMin, n*probePadPerCommand) meta rows of
+// about 40 bytes (capped at ProbePadMax, ~80 KiB), more than such a batch
+// writes on SQLite (a reserve: one reservation row, its account and
+// journal rows and their index entries).
+const (
+	probePadPerCommand = 32
+	probePadMin        = 256
+)
+
 // Ready returns nil when the last batch reached the store. After a failed
 // batch it probes the store (Core.Probe, at most once per readyProbeEvery,
-// not while a batch runs) and returns nil once a probe commits, so a
-// replica that readiness took out of rotation, and so gets no commands,
-// comes back when its store does; until then it returns the error of the
-// failed batch or of the last failed probe. After a failed fsync
-// (pipelined) it returns that error for good.
+// not while a batch runs) with a write at least as large as the failed
+// batch's, and returns nil once a probe commits, so a replica that
+// readiness took out of rotation, and so gets no commands, comes back when
+// its store does, and a full disk with room for one small row but not for
+// a batch stays not ready; until then it returns the error of the failed
+// batch or of the last failed probe. After a failed fsync (pipelined) it
+// returns that error for good.
 func (e *Engine) Ready() error {
 	if err := e.failure(); err != nil {
 		return err
@@ -872,7 +896,8 @@ func (e *Engine) Ready() error {
 // probe runs Core.Probe after the failed batch of failed, unless one ran
 // within readyProbeEvery or a batch runs now (its outcome will say), and
 // records the outcome where no batch has since: nil error when the store
-// took the write. It returns lastErr's box as it stands then.
+// took the write. A failed probe keeps the failed batch's size, so the
+// next probe is as large. It returns lastErr's box as it stands then.
 func (e *Engine) probe(failed *errBox) *errBox {
 	now := time.Now().UnixNano()
 	last := e.lastProbe.Load()
@@ -881,11 +906,11 @@ func (e *Engine) probe(failed *errBox) *errBox {
 	}
 	defer e.running.Unlock()
 	ctx, cancel := context.WithTimeout(e.ctx, min(e.opts.BatchTimeout, 2*time.Second))
-	err := e.core.Probe(ctx, e.opts.Clock())
+	err := e.core.Probe(ctx, e.opts.Clock(), max(probePadMin, failed.cmds*probePadPerCommand))
 	cancel()
 	next := &errBox{}
 	if err != nil {
-		next.err = fmt.Errorf("%w: ready probe after a failed batch: %w", store.ErrUnavailable, err)
+		next = &errBox{err: fmt.Errorf("%w: ready probe after a failed batch: %w", store.ErrUnavailable, err), cmds: failed.cmds}
 	}
 	e.lastErr.CompareAndSwap(failed, next)
 	return e.lastErr.Load()

@@ -121,7 +121,7 @@ func (p *pipeline) sync() {
 	if err := p.core.Sync(context.Background()); err != nil {
 		err = fmt.Errorf("%w: the store's fsync failed; every command is refused until the server restarts, "+
 			"and the batches not yet answered may or may not be on disk: %w", store.ErrUnavailable, err)
-		p.failed.CompareAndSwap(nil, &errBox{err})
+		p.failed.CompareAndSwap(nil, &errBox{err: err})
 		p.log.Error("fsync failed: refusing every command until restart", "err", err)
 	} else {
 		p.durable.Store(target)

@@ -214,10 +214,11 @@ func (e *Engine) runPages(ctx context.Context, what string, p *Pager) bool {
 		cmds, err := p.Next(ctx)
 		if err != nil {
 			if ctx.Err() == nil {
-				e.log.Warn(what+" worker", "err", err)
+				e.failLog.failed(e.log, what+" worker", err)
 			}
 			return false
 		}
+		e.failLog.ok(e.log, what+" worker")
 		if len(cmds) == 0 {
 			return true
 		}

@@ -210,6 +210,8 @@ func run(ctx context.Context, ledgerAddr, token, listen string, slots int, demo 
 			got.GetDimensions()[0].GetRefillUnits(), got.GetDimensions()[0].GetBurst(), got.GetFairnessWeight())
 	}
 
+	logUnknown(ctx, c, ops)
+
 	backendLn, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
@@ -253,10 +255,7 @@ func run(ctx context.Context, ledgerAddr, token, listen string, slots int, demo 
 
 // openOperations opens the gateway's durable record of its operations
 // and reads the endpoint's secret (nil without a file: the endpoint is
-// then not served). Operations a previous process left running are
-// logged: the fake LLM ran in that process, so their usage is lost and
-// they stay USAGE_UNKNOWN for an operator (a backend with its own
-// billing record would call client.Finish here instead).
+// then not served).
 func openOperations(dir, secretFile string) (*client.FileOperationStore, []byte, error) {
 	ops, err := client.OpenOperationStore(dir)
 	if err != nil {
@@ -269,13 +268,6 @@ func openOperations(dir, secretFile string) (*client.FileOperationStore, []byte,
 		return nil, nil, err
 	} else if n > 0 {
 		log.Printf("pruned %d finished operation records older than 24h", n)
-	}
-	unknown, err := ops.Unknown()
-	if err != nil {
-		return nil, nil, err
-	}
-	for _, rec := range unknown {
-		log.Printf("operation %s of reservation %s: usage unknown (it ran in an earlier process)", rec.OperationID, rec.ReservationID)
 	}
 	if secretFile == "" {
 		return ops, nil, nil
@@ -301,4 +293,30 @@ func withOperations(gateway http.Handler, ops client.OperationStore, secret []by
 	mux.Handle("/operations/", client.OperationStatusHandler(ops, secret))
 	mux.Handle("/", gateway)
 	return mux
+}
+
+// logUnknown logs the operations a previous process left running: the
+// fake LLM ran in that process, so their usage is lost and they stay
+// USAGE_UNKNOWN for an operator (a backend with its own billing record
+// would call client.Finish here instead). Records whose reservation the
+// ledger says has ended (an operator settled it) are removed first, so
+// each is logged until it is resolved, not on every restart for good.
+func logUnknown(ctx context.Context, c *client.Client, ops *client.FileOperationStore) {
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	n, err := ops.PruneResolved(pctx, c)
+	cancel()
+	if err != nil {
+		log.Printf("operation records: %v (kept; looked up again at the next start)", err)
+	}
+	if n > 0 {
+		log.Printf("removed %d unknown operation records whose reservations have since been settled", n)
+	}
+	unknown, err := ops.Unknown()
+	if err != nil {
+		log.Printf("operation records: %v", err)
+		return
+	}
+	for _, rec := range unknown {
+		log.Printf("operation %s of reservation %s: usage unknown (it ran in an earlier process)", rec.OperationID, rec.ReservationID)
+	}
 }

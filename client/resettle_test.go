@@ -1,0 +1,73 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	ledgerv1 "github.com/capledger/capledger/api/capledger/v1"
+)
+
+// A settle refused without being sent (the breaker opened while the work
+// ran) is not applied: its usage must not be lost. Run keeps the receipt
+// (PendingUnknown, with the usage) and resends the settle with the same
+// ids once the ledger is reachable; then the reservation is SETTLED with
+// that usage and the receipt is gone.
+func TestSettleNotAppliedIsKeptAndResent(t *testing.T) {
+	l := startLedger(t)
+	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 10_000})
+	c := l.viaProxy(t, WithTimeout(100*time.Millisecond),
+		WithRetryPolicy(RetryPolicy{MaxAttempts: 2, BaseDelay: time.Millisecond}),
+		WithBreaker(BreakerPolicy{FailureThreshold: 1, DetectTimeout: 50 * time.Millisecond, ProbeBase: 20 * time.Millisecond, ProbeMax: 100 * time.Millisecond}))
+	_, err := c.Run(context.Background(), ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 100}},
+		func(ctx context.Context) (Units, error) {
+			// The ledger goes away while the work runs; the breaker opens.
+			l.proxy.SetFaults(faultsPartition)
+			for c.Breaker().State != BreakerOpen {
+				c.GetReservation(ctx, "rl-anything")
+			}
+			return Units{"tokens": 40}, nil
+		})
+	unknown := mustErrAs[*UsageUnknownError](t, err)
+	if !errors.Is(err, ErrLedgerUnreachable) || unknown.Receipt.Actual["tokens"] != 40 {
+		t.Fatalf("run: %v (receipt %+v)", err, unknown.Receipt)
+	}
+	if p := c.PendingUnknown(); len(p) != 1 || p[0].ReservationID != unknown.Receipt.ReservationID || p[0].Actual["tokens"] != 40 {
+		t.Fatalf("pending %+v, want the unsettled receipt with its usage", p)
+	}
+	got, err := l.direct.GetReservation(context.Background(), unknown.Receipt.ReservationID)
+	if err != nil || !isState(got, ledgerv1.ReservationState_RESERVATION_STATE_STARTED) {
+		t.Fatalf("while the ledger is unreachable: %v %v", got, err)
+	}
+	l.proxy.SetFaults(faultsNone)
+	for len(c.PendingUnknown()) != 0 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	got, err = l.direct.GetReservation(context.Background(), unknown.Receipt.ReservationID)
+	if err != nil || !isState(got, ledgerv1.ReservationState_RESERVATION_STATE_SETTLED) || got.GetOperationId() != unknown.Receipt.OperationID {
+		t.Fatalf("after the ledger came back: %v %v", got, err)
+	}
+	if b := l.balance(t, "tenant-7", "chat.generate"); b.GetSpent() != 40 || b.GetReserved() != 0 {
+		t.Fatalf("spent %d reserved %d, want 40 and 0", b.GetSpent(), b.GetReserved())
+	}
+	l.audit(t)
+}
+
+// A lost answer of a call without a reservation id names the call alone:
+// "audit: answer lost ...", not "audit : answer lost ...".
+func TestLostErrorWithoutIDHasNoStraySpace(t *testing.T) {
+	l := startLedger(t)
+	c := l.viaProxy(t, WithTimeout(500*time.Millisecond), WithRetryPolicy(RetryPolicy{MaxAttempts: 2, BaseDelay: time.Millisecond}),
+		WithBreaker(BreakerPolicy{Disabled: true}))
+	l.proxy.DropNextResponses(2)
+	_, err := c.Audit(context.Background())
+	lost := mustErrAs[*LostError](t, err)
+	if got := err.Error(); !strings.HasPrefix(got, "audit: answer lost after 2 attempts: ") {
+		t.Fatalf("error %q (%+v)", got, lost)
+	}
+	if got := (&LostError{Op: "settle", ReservationID: "rl-1", Attempts: 3, Err: errors.New("x")}).Error(); got != "settle rl-1: answer lost after 3 attempts: x" {
+		t.Fatalf("with an id: %q", got)
+	}
+}

@@ -1,0 +1,122 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+	"github.com/capledger/capledger/store/sqlite"
+)
+
+// On SQLite with the disk full, a one-row probe can fit where batches do
+// not (the failed batch grew the WAL file before it hit the limit, so the
+// next small write reuses that room). Ready must not turn ready between
+// failed batches: its probe is as large as the batch that failed. Once the
+// disk has room again it comes back without traffic. Needs root to mount
+// a size-limited tmpfs; skipped otherwise.
+func TestReadyStaysOutOnAFullDiskBetweenFailedBatches(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "tmpfs")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", dir).CombinedOutput(); err != nil {
+		t.Skipf("cannot mount a size-limited tmpfs (needs root): %v %s", err, out)
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
+			t.Errorf("umount %s: %v %s", dir, err, out)
+		}
+	})
+	st, err := sqlite.Open(context.Background(), filepath.Join(dir, "ledger.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	e := New(st, Options{DisableWorkers: true})
+	defer e.Close()
+	publish(t, e, 1_000_000_000, time.Hour, 0)
+	for i := range 20 {
+		if res, err := e.Do(context.Background(), reserveCmd(fmt.Sprintf("warm-%d", i), 1)); err != nil || res.Err != nil {
+			t.Fatalf("warm-up reserve: %v %v", err, res.Err)
+		}
+	}
+	// Fill the disk.
+	filler := filepath.Join(dir, "filler")
+	f, err := os.Create(filler)
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunk := make([]byte, 4096)
+	for {
+		if _, err := f.Write(chunk); err != nil {
+			break
+		}
+	}
+	// Then leave room for a small write but not for a batch of 64.
+	if err := f.Truncate(mustSize(t, f) - 16<<10); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	// One request of 64 reserves: one batch, all or nothing.
+	batch := func(round int) error {
+		cmds := make([]ledger.Command, 64)
+		for i := range cmds {
+			cmds[i] = reserveCmd(fmt.Sprintf("r%d-%d", round, i), 1)
+		}
+		_, err := e.DoBatch(context.Background(), cmds)
+		return err
+	}
+	// A batch can still commit now and then (a checkpoint lets the WAL
+	// reuse its file from the start); after each one that failed, Ready
+	// must say not ready unless the next batch commits.
+	failedRounds := 0
+	for round := 0; round < 20 && failedRounds < 5; round++ {
+		if err := batch(round); err == nil {
+			continue
+		}
+		failedRounds++
+		e.lastProbe.Store(0) // as if readyProbeEvery had passed
+		err := e.Ready()
+		if err == nil {
+			// Ready is right only if a batch fits now.
+			if berr := batch(1000 + round); berr != nil {
+				t.Fatalf("round %d: ready between failed batches on a full disk (the next one: %v)", round, berr)
+			}
+			continue
+		}
+		if !errors.Is(err, store.ErrUnavailable) {
+			t.Fatalf("round %d: Ready: %v", round, err)
+		}
+	}
+	if failedRounds < 5 {
+		t.Fatalf("only %d of 20 batches of 64 reserves failed on a full disk", failedRounds)
+	}
+	// Room again: ready without traffic.
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	e.lastProbe.Store(0)
+	if err := e.Ready(); err != nil {
+		t.Fatalf("Ready after the disk has room again: %v", err)
+	}
+	if err := batch(99); err != nil {
+		t.Fatalf("a batch after the disk has room again: %v", err)
+	}
+	auditClean(t, e)
+}
+
+func mustSize(t *testing.T, f *os.File) int64 {
+	t.Helper()
+	fi, err := f.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fi.Size()
+}

@@ -1,0 +1,84 @@
+package engine
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/capledger/capledger/store"
+	"github.com/capledger/capledger/store/memstore"
+)
+
+// dueFailingStore fails ReservationsDue while fail is set: a store that is
+// down for the expiry worker.
+type dueFailingStore struct {
+	*memstore.Store
+	fail atomic.Bool
+}
+
+func (s *dueFailingStore) ReservationsDue(ctx context.Context, now time.Time, limit int) ([]store.DueReservation, error) {
+	if s.fail.Load() {
+		return nil, errors.New("failed to connect to `host=127.0.0.1`: dial error: connection refused")
+	}
+	return s.Store.ReservationsDue(ctx, now, limit)
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) lines(substr string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return strings.Count(b.b.String(), substr)
+}
+
+// A worker that fails every tick (the store is down) logs its first
+// failure, then at most once per period with a count, and once when it
+// works again: not four lines a second.
+func TestFailingExpiryWorkerLogsOncePerPeriod(t *testing.T) {
+	st := &dueFailingStore{Store: memstore.New()}
+	var logs syncBuffer
+	e := New(st, Options{DisableWorkers: true, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	defer e.Close()
+	e.failLog.every = time.Hour
+	st.fail.Store(true)
+	for range 40 { // ten seconds of ticks
+		e.runDue(context.Background())
+	}
+	if n := logs.lines(`msg="expiry worker"`); n != 1 {
+		t.Fatalf("%d lines for 40 failed ticks, want 1:\n%s", n, logs.b.String())
+	}
+	e.failLog.every = time.Nanosecond // as if the period had passed
+	e.runDue(context.Background())
+	if n := logs.lines(`msg="expiry worker"`); n != 2 || logs.lines("failures_since_last_log=40") != 1 {
+		t.Fatalf("after the period: want a second line counting 40 failures:\n%s", logs.b.String())
+	}
+	st.fail.Store(false)
+	e.runDue(context.Background())
+	e.runDue(context.Background())
+	if n := logs.lines(`msg="expiry worker recovered" failures=41`); n != 1 {
+		t.Fatalf("want one recovery line:\n%s", logs.b.String())
+	}
+	// A new failure after recovery is logged at once.
+	e.failLog.every = time.Hour
+	st.fail.Store(true)
+	e.runDue(context.Background())
+	e.runDue(context.Background())
+	if n := logs.lines(`msg="expiry worker"`); n != 3 {
+		t.Fatalf("a new outage's first failure: %d lines:\n%s", n, logs.b.String())
+	}
+}
