@@ -287,7 +287,7 @@ func TestJournalDeletionKeepsUpWhateverAStepTakes(t *testing.T) {
 	const rows = defaultCompactionBatch
 	for _, took := range []time.Duration{time.Millisecond, 20 * time.Millisecond, 50 * time.Millisecond, 200 * time.Millisecond, 2 * time.Second} {
 		for _, rate := range []float64{0, 50, 1_000, 5_000} {
-			for _, share := range []float64{0.05 / auditShareDivisor, 0.2 / auditShareDivisor, 0.5} {
+			for _, share := range []float64{0.05 / deferrableShareDivisor, 0.2 / deferrableShareDivisor, 0.5} {
 				paced := min(pauseFor(took, share), auditMaxPause)
 				pause := keepUpPause(paced, took, rows, journalKeepUp, rate)
 				removal := rows / (took + pause).Seconds()

@@ -58,13 +58,21 @@ func (e *Engine) makePacer(busy, idle float64) *pacer {
 	return p
 }
 
-// auditShareDivisor: an audit's steps take a quarter of MaintenanceShare
+// auditShareDivisor: an audit's steps take a tenth of MaintenanceShare
 // while admission is busy. An audit is CPU alone, on the cores admission
 // needs, and whoever waits for it sees its progress; retention must keep
 // up with what finishes and gets the whole share. Measured
-// (docs/PERFORMANCE.md): back-to-back full audits at a share of 0.2 cost
-// reserves 0.58x their throughput, at 0.05 0.96x.
-const auditShareDivisor = 4
+// (docs/PERFORMANCE.md, "Bounded history"): back-to-back full audits at
+// a share of 0.2 cost reserves 0.58x their throughput; at a quarter of it
+// (0.05) 0.86-0.95x and their p99 1.17-1.28x over 60 s windows (each
+// audit about 7 % of the server's CPU on a saturated 2-core machine);
+// AUDITFIGURES
+const auditShareDivisor = 10
+
+// deferrableShareDivisor: giving space back and deleting a summarised
+// journal take a quarter of MaintenanceShare while gateways are admitted
+// (newDeferrablePacer).
+const deferrableShareDivisor = 4
 
 // newAuditPacer is newPacer for an audit.
 func (e *Engine) newAuditPacer(idle float64) *pacer {
@@ -84,9 +92,14 @@ const auditMaxPause = time.Second
 // state waits for: giving freed space back (SQLite reuses free pages
 // without it) and deleting journal rows a checkpoint already summarises
 // beyond keeping up with what is written (CompactJournal: journalKeepUp).
-// Like an audit it takes a quarter of MaintenanceShare while gateways are
-// admitted, and idle of the time otherwise.
-func (e *Engine) newDeferrablePacer(idle float64) *pacer { return e.newAuditPacer(idle) }
+// It takes a quarter of MaintenanceShare while gateways are admitted
+// (a disk that waits for its space fills; nobody waits on an audit's
+// pace but its caller), and idle of the time otherwise.
+func (e *Engine) newDeferrablePacer(idle float64) *pacer {
+	p := e.makePacer(e.opts.MaintenanceShare/deferrableShareDivisor, idle)
+	p.most = auditMaxPause
+	return p
+}
 
 // spillStep is the least a step of a store's copy inside an audit's
 // read (SQLite's spill) lasts before the pause it owes is counted
@@ -167,9 +180,13 @@ func (p *pacer) wait(ctx context.Context, took, floor time.Duration) bool {
 // at full speed in one series, 1.14-1.33x at half speed in three more,
 // with the WAL behind the read at 67-203 MB; at a quarter speed 1.15x
 // against half speed's 1.25x, but 146-252 MB (docs/PERFORMANCE.md,
-// "Bounded history").
+// "Bounded history"). What it owes is not capped at the pacer's most,
+// as a reading step's pause is: the debt is taken spread over the
+// reading, and a cap made the copy take about 5 % of the time whatever
+// the share.
 func (p *pacer) owe(ctx context.Context, took time.Duration) {
-	d := p.pause(took, 0)
+	share, _ := p.share()
+	d := pauseFor(took, share)
 	inside := min(d, took)
 	p.sleep(ctx, inside)
 	p.owed += d - inside

@@ -234,15 +234,15 @@ func TestDeferrableMaintenanceYields(t *testing.T) {
 	if err := e.RunRetention(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if len(st.steps) == 0 || len(shares) != 2 || shares[0] != 0.2 || shares[1] != 0.2/auditShareDivisor {
-		t.Fatalf("retention pass: pacers with busy shares %v (reclaim steps %v), want the pages' 0.2 and the reclaim's %v", shares, st.steps, 0.2/auditShareDivisor)
+	if len(st.steps) == 0 || len(shares) != 2 || shares[0] != 0.2 || shares[1] != 0.2/deferrableShareDivisor {
+		t.Fatalf("retention pass: pacers with busy shares %v (reclaim steps %v), want the pages' 0.2 and the reclaim's %v", shares, st.steps, 0.2/deferrableShareDivisor)
 	}
 	shares = nil
 	if _, err := e.CompactJournal(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if len(shares) != 1 || shares[0] != 0.2/auditShareDivisor {
-		t.Fatalf("journal compaction: pacers with busy shares %v, want %v", shares, 0.2/auditShareDivisor)
+	if len(shares) != 1 || shares[0] != 0.2/deferrableShareDivisor {
+		t.Fatalf("journal compaction: pacers with busy shares %v, want %v", shares, 0.2/deferrableShareDivisor)
 	}
 }
 
