@@ -660,6 +660,9 @@ func TestSubjectIndexStatusShowsTheCatchUp(t *testing.T) {
 	if got := s.SubjectIndexStatus(); got != (store.SubjectIndexStatus{Pending: 1}) {
 		t.Fatalf("one commit: %+v, want 1 pending", got)
 	}
+	// The flush fault first: the unknown COMMIT wakes the flusher, whose
+	// catch-up would otherwise clear CatchingUp before the test looks.
+	sqlite.SetSubjectFlushFault(s, errors.New("database or disk is full"))
 	sqlite.SetCommitFault(s, func() error { return errors.New("disk I/O error") })
 	tx, err := s.Begin(ctx)
 	if err != nil {
@@ -672,7 +675,6 @@ func TestSubjectIndexStatusShowsTheCatchUp(t *testing.T) {
 		t.Fatal("the injected COMMIT error was not answered")
 	}
 	sqlite.SetCommitFault(s, nil)
-	sqlite.SetSubjectFlushFault(s, errors.New("database or disk is full"))
 	if err := s.FlushSubjectIndex(ctx); err == nil {
 		t.Fatal("the injected flush error was not answered")
 	}
