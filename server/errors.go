@@ -241,3 +241,10 @@ func attachDetail(cerr *connect.Error, msg proto.Message) {
 		cerr.AddDetail(detail)
 	}
 }
+
+// noPolicy is the answer for a key no policy admits, and for one outside
+// the caller's token scope (which, for that caller, is the same thing):
+// 404 NO_POLICY naming the key.
+func noPolicy(key ledger.PolicyKey) *connect.Error {
+	return withReason(connect.NewError(connect.CodeNotFound, fmt.Errorf("%w: %s", ledger.ErrNoPolicy, key)), ReasonNoPolicy)
+}

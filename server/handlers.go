@@ -279,7 +279,7 @@ func (s *Server) reserveCommand(ctx context.Context, req *v1.ReserveRequest) (cm
 		// Out of the token's scope: answered as a subject nothing admits
 		// for, which is what it is for this caller.
 		s.logOutOfScope(ctx, "reserve", "subject", cmd.Subject, "route", cmd.Route)
-		return cmd, nil, withReason(connect.NewError(connect.CodeNotFound, fmt.Errorf("%w: %s", ledger.ErrNoPolicy, key)), ReasonNoPolicy)
+		return cmd, nil, noPolicy(key)
 	}
 	p, units, refusal, cerr := s.mapActive(ctx, key, req.GetUnits(), "reserve", cmd.ReservationID)
 	if cerr != nil {
@@ -347,7 +347,7 @@ func (s *Server) mapActive(ctx context.Context, key ledger.PolicyKey, units map[
 	}
 	switch {
 	case !ok:
-		return p, mapped, withReason(connect.NewError(connect.CodeNotFound, fmt.Errorf("%w: %s", ledger.ErrNoPolicy, key)), ReasonNoPolicy), nil
+		return p, mapped, noPolicy(key), nil
 	case unitErr != nil:
 		return p, mapped, invalidArgument(ReasonUnknownUnit, "%s %s: %v", call, id, unitErr), nil
 	}

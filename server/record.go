@@ -3,7 +3,6 @@ package server
 import (
 	"context"
 	"errors"
-	"fmt"
 	"maps"
 	"slices"
 
@@ -59,7 +58,7 @@ func (s *Server) recordCommand(ctx context.Context, req *v1.RecordUsageRequest) 
 	key := ledger.PolicyKey{Subject: cmd.Subject, Route: cmd.Route, Region: cmd.Region}
 	if !InScope(ctx, cmd.Subject, cmd.Route) {
 		s.logOutOfScope(ctx, "record usage", "subject", cmd.Subject, "route", cmd.Route)
-		return cmd, nil, withReason(connect.NewError(connect.CodeNotFound, fmt.Errorf("%w: %s", ledger.ErrNoPolicy, key)), ReasonNoPolicy)
+		return cmd, nil, noPolicy(key)
 	}
 	p, units, refusal, cerr := s.mapActive(ctx, key, req.GetActualUnits(), "record usage", cmd.ReservationID)
 	if cerr != nil {

@@ -192,7 +192,7 @@ func (svc *shardService) issue(ctx context.Context, m *v1.IssueShardRequest, leg
 	if !InScope(ctx, m.GetSubject(), m.GetRoute()) {
 		svc.s.logOutOfScope(ctx, "issue shard", "subject", m.GetSubject(), "route", m.GetRoute())
 		key := ledger.PolicyKey{Subject: m.GetSubject(), Route: m.GetRoute(), Region: region}
-		return nil, withReason(connect.NewError(connect.CodeNotFound, fmt.Errorf("%w: %s", ledger.ErrNoPolicy, key)), ReasonNoPolicy)
+		return nil, noPolicy(key)
 	}
 	if svc.keys == nil {
 		return nil, withReason(connect.NewError(connect.CodeFailedPrecondition, errors.New("this server has no shard signing keys")), ReasonShardsDisabled)
