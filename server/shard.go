@@ -400,11 +400,11 @@ func (svc *shardService) ReconcileShard(ctx context.Context, req *connect.Reques
 		return nil, shardNotFound("reconcile shard", m.GetShardId())
 	}
 	if err != nil {
-		return nil, readError("reconcile shard "+m.GetShardId(), ReasonShardNotFound, err)
+		return nil, notSentError("reconcile shard "+m.GetShardId(), ReasonShardNotFound, err)
 	}
 	p, err := svc.s.policies.get(ctx, sh.Account.Generation)
 	if err != nil {
-		return nil, readError("reconcile shard: policy", ReasonPolicyNotFound, err)
+		return nil, notSentError("reconcile shard: policy", ReasonPolicyNotFound, err)
 	}
 	receipts := make([]ledger.ShardReceipt, len(m.GetReceipts()))
 	for i, r := range m.GetReceipts() {
