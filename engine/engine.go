@@ -424,13 +424,13 @@ func (e *Engine) runBatch(batch []*request) ([]*request, outcome) {
 	if len(batch) == 0 {
 		return batch, outcome{}
 	}
-	out := e.commit(e.ctx, cmds)
 	var admitted int
 	for _, req := range batch {
 		if !req.maintenance {
 			admitted += len(req.cmds)
 		}
 	}
+	out := e.commit(e.ctx, cmds, admitted == 0)
 	e.admittedCmds.Add(uint64(admitted))
 	return batch, out
 }
@@ -438,8 +438,12 @@ func (e *Engine) runBatch(batch []*request) ([]*request, outcome) {
 // commit runs one batch, retrying it whole while it loses races.
 // Pipelined, the batch gets a number (before it commits: a batch that
 // writes nothing read what the batches before it wrote, so it waits for
-// their fsync too) and is committed without its fsync.
-func (e *Engine) commit(ctx context.Context, cmds []ledger.Command) outcome {
+// their fsync too) and is committed without its fsync. A failed batch is
+// logged ("batch failed") unless only maintenance workers submitted it
+// (workersOnly): each of them logs its own failures, the periodic ones
+// at most once per workerLogEvery (failLog), which a line per batch
+// (four a second from the expiry worker on a full disk) would undo.
+func (e *Engine) commit(ctx context.Context, cmds []ledger.Command, workersOnly bool) outcome {
 	start := time.Now()
 	var results []ledger.Result
 	var err error
@@ -477,7 +481,9 @@ func (e *Engine) commit(ctx context.Context, cmds []ledger.Command) outcome {
 			err = fmt.Errorf("%w: %w", store.ErrUnavailable, err)
 		}
 		e.lastErr.Store(&errBox{err: err, cmds: len(cmds)})
-		e.log.Warn("batch failed", "commands", len(cmds), "attempts", attempts, "err", err)
+		if !workersOnly {
+			e.log.Warn("batch failed", "commands", len(cmds), "attempts", attempts, "err", err)
+		}
 	} else {
 		e.lastErr.Store(&errBox{})
 	}

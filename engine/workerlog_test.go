@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -87,5 +88,49 @@ func TestFailingExpiryWorkerLogsOncePerPeriod(t *testing.T) {
 	e.runDue(ctx)
 	if n := logs.lines(`msg="expiry worker"`); n != 3 {
 		t.Fatalf("a new outage's first failure: %d lines:\n%s", n, logs.b.String())
+	}
+}
+
+// A worker whose batches fail every tick (the disk is full: the expiry
+// worker reads what is due, but cannot commit it) logs as often as a
+// worker whose reads fail: its own "worker batch" line at most once per
+// period, and no "batch failed" line per batch beside it (four a second).
+func TestFailingWorkerBatchesLogOncePerPeriod(t *testing.T) {
+	st := memstore.New()
+	var logs syncBuffer
+	now := time.Date(2026, 12, 3, 16, 0, 0, 0, time.UTC)
+	var mu sync.Mutex
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	e := New(st, Options{DisableWorkers: true, Clock: clock, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	defer e.Close()
+	e.failLog.now = clock // moves once, before the failures: the 40 ticks are within one period
+	publish(t, e, 1000, time.Second, 0)
+	if res, err := e.Do(context.Background(), reserveCmd("held", 10)); err != nil || res.Err != nil {
+		t.Fatalf("reserve: %v %v", err, res.Err)
+	}
+	mu.Lock()
+	now = now.Add(time.Minute) // the hold is due for expiry
+	mu.Unlock()
+	st.FailCommits(fmt.Errorf("%w: database or disk is full (13)", store.ErrUnavailable))
+	for range 40 { // ten seconds of ticks
+		e.runDue(context.Background())
+	}
+	if n := logs.lines(`msg="worker batch"`); n != 1 {
+		t.Fatalf("%d worker batch lines for 40 failed ticks, want 1:\n%s", n, logs.b.String())
+	}
+	if n := logs.lines(`msg="batch failed"`); n != 0 {
+		t.Fatalf("%d batch failed lines for 40 failed worker batches, want none (the worker logs them):\n%s", n, logs.b.String())
+	}
+	// A gateway's failed batch is still logged each time.
+	if _, err := e.Do(context.Background(), reserveCmd("refused", 10)); err == nil {
+		t.Fatal("reserve committed on a store that fails every commit")
+	}
+	if n := logs.lines(`msg="batch failed"`); n != 1 {
+		t.Fatalf("a gateway's failed batch: %d batch failed lines, want 1:\n%s", n, logs.b.String())
+	}
+	st.FailCommits(nil)
+	e.runDue(context.Background())
+	if n := logs.lines(`msg="worker batch recovered" failures=40`); n != 1 {
+		t.Fatalf("want one recovery line:\n%s", logs.b.String())
 	}
 }

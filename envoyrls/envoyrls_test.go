@@ -1025,3 +1025,57 @@ func TestSeveralDescriptorsRefusedAndRetried(t *testing.T) {
 		t.Fatalf("global %+v: the refused request keeps nothing", b)
 	}
 }
+
+// A request whose descriptor is an error of the whole call (its id reused
+// for another estimate: ALREADY_EXISTS) keeps no capacity of its other
+// descriptors either: Envoy refuses it (failure_mode_deny) or lets it
+// through without being told of those holds, so it would never settle
+// them; they are released, as for a refusal, and a retry answers the same.
+func TestSeveralDescriptorsErrorKeepsNothing(t *testing.T) {
+	h := newHarness(t, options{config: testMapping(t), auth: true})
+	h.publish("acme", "chat", "tokens", 1000, 1, time.Hour, false)
+	if resp := h.mustCheck(&rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlscommon.RateLimitDescriptor{
+		descriptor(hits(100), "tenant", "acme", "x-request-id", "q-1")}}); resp.GetOverallCode() != OK {
+		t.Fatalf("q-1's 100: %v", resp)
+	}
+	req := &rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlscommon.RateLimitDescriptor{
+		descriptor(hits(50), "tenant", "acme", "x-request-id", "q-2"),
+		descriptor(hits(70), "tenant", "acme", "x-request-id", "q-1")}}
+	for attempt := range 2 {
+		if _, err := h.check(req); status.Code(err) != codes.AlreadyExists {
+			t.Fatalf("attempt %d: %v, want ALREADY_EXISTS (q-1 reused for another estimate)", attempt, err)
+		}
+		if r := h.reservation("envoy:q-2/acme/chat/global"); r.GetState() != v1.ReservationState_RESERVATION_STATE_RELEASED {
+			t.Fatalf("attempt %d: the other descriptor's hold: %v, want released", attempt, r)
+		}
+		if b := h.balance("acme", "chat"); b.Reserved != 100 || b.Available != 900 {
+			t.Fatalf("attempt %d: acme %+v, want only q-1's 100 held", attempt, b)
+		}
+	}
+}
+
+// Two descriptors of one request with the same id on one subject, route
+// and region but different units would name one reservation twice, with
+// two estimates: the second is a reused id (ALREADY_EXISTS) at every
+// retry. The request is refused as malformed before the ledger, and
+// nothing is held.
+func TestOneIDTwoUnitsRefused(t *testing.T) {
+	h := newHarness(t, options{config: testMapping(t) + `
+      - subject: {key: tenant}
+        route: {value: chat}
+        unit: requests
+        id_key: x-request-id
+        match: {generic_key: requests}
+`})
+	h.publish("acme", "chat", "tokens", 1000, 1, time.Hour, false)
+	_, err := h.check(&rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlscommon.RateLimitDescriptor{
+		descriptor(hits(100), "tenant", "acme", "x-request-id", "q-1"),
+		descriptor(hits(1), "tenant", "acme", "x-request-id", "q-1", "generic_key", "requests")}})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "one reservation id") {
+		t.Fatalf("tokens and requests under one id: %v, want INVALID_ARGUMENT naming the shared id", err)
+	}
+	_, err = h.ledger.GetReservation(context.Background(), connect.NewRequest(&v1.GetReservationRequest{ReservationId: "envoy:q-1/acme/chat/global"}))
+	if connect.CodeOf(err) != connect.CodeNotFound {
+		t.Fatalf("the refused request's reservation: %v, want none", err)
+	}
+}

@@ -192,6 +192,15 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 			if p := ledger.IDProblem(it.rid); p != "" {
 				return nil, invalid("descriptor %d: reservation id %q %s", i, it.rid, p)
 			}
+			for j := range items[:i] {
+				if other := &items[j]; other.rid == it.rid && other.mapped.Rule.Unit != m.Rule.Unit {
+					// One id names one reservation, of one unit: the
+					// second reserve would be refused as a reused id
+					// (ALREADY_EXISTS), at every retry.
+					return nil, invalid("descriptors %d and %d: units %q and %q under one reservation id %q (the request id, subject, route and region); map them to different routes",
+						j, i, other.mapped.Rule.Unit, m.Rule.Unit, it.rid)
+				}
+			}
 		} else {
 			it.rid = randomID()
 		}
@@ -320,16 +329,25 @@ func (s *Service) runFirstSeveral(ctx context.Context, items []item) error {
 }
 
 // runSecond decides several descriptors' reserves, then runs either all
-// their follow-ups or, if any enforced policy refused, releases of those
-// admitted (Envoy refuses the request as a whole).
+// their follow-ups or, if any enforced policy refused or a descriptor's
+// outcome is an error of the whole call (e.g. its id reused for another
+// estimate), releases of those admitted: Envoy refuses the request as a
+// whole, or, failing open on the error, sends no settle for holds it was
+// never told of, so a kept hold would be capacity nobody uses until it
+// expires. The call's error is then the first such outcome.
 func (s *Service) runSecond(ctx context.Context, items []item) error {
 	refused := false
+	var failed error
 	for i := range items {
 		if err := s.decide(ctx, &items[i]); err != nil {
-			return err
+			if failed == nil {
+				failed = err
+			}
+			continue
 		}
 		refused = refused || (items[i].over && !items[i].mapped.Settle)
 	}
+	refused = refused || failed != nil
 	retryOfRefused(items)
 	var second []ledger.Command
 	var owners []int
@@ -356,6 +374,9 @@ func (s *Service) runSecond(ctx context.Context, items []item) error {
 	results, cerr := s.srv.Run(ctx, second)
 	if cerr != nil {
 		return cerr
+	}
+	if failed != nil {
+		return failed
 	}
 	for j, i := range owners {
 		items[i].results = append(items[i].results, results[j])

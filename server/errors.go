@@ -226,6 +226,19 @@ func readError(what, notFoundReason string, err error) *connect.Error {
 	return withReason(connect.NewError(code, fmt.Errorf("%s: %w", what, err)), ReasonStoreUnavailable)
 }
 
+// notSentError maps a failed read that a write method makes before it
+// sends its command (the reservation a Settle maps its usage by, the
+// shard a ReconcileShard checks, a policy reload): as readError, but a
+// store failure says "not applied", as operatingError says of a batch
+// that failed before its COMMIT, since no command was sent.
+func notSentError(what, notFoundReason string, err error) *connect.Error {
+	var cerr *connect.Error
+	if errors.Is(err, store.ErrNotFound) || errors.As(err, &cerr) {
+		return readError(what, notFoundReason, err)
+	}
+	return operatingError(what, fmt.Errorf("%w: %w", engine.ErrNotApplied, err))
+}
+
 // invalidArgument is a malformed request caught before the ledger.
 func invalidArgument(reason string, format string, args ...any) *connect.Error {
 	return withReason(connect.NewError(connect.CodeInvalidArgument, fmt.Errorf(format, args...)), reason)

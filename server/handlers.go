@@ -296,7 +296,7 @@ func (s *Server) reserveCommand(ctx context.Context, req *v1.ReserveRequest) (cm
 		if errors.Is(err, store.ErrNotFound) {
 			return cmd, nil, refusal
 		}
-		return cmd, nil, readError("reserve "+cmd.ReservationID, ReasonReservationNotFound, err)
+		return cmd, nil, notSentError("reserve "+cmd.ReservationID, ReasonReservationNotFound, err)
 	}
 	// The id is taken: the ledger answers from it (a replay or a digest
 	// mismatch) before it reads a policy, but after the command's shape,
@@ -339,7 +339,7 @@ func (s *Server) mapActive(ctx context.Context, key ledger.PolicyKey, units map[
 	}
 	if !ok || unitErr != nil {
 		if err := s.policies.refreshForMiss(ctx); err != nil {
-			return p, mapped, nil, readError(call+": policies", ReasonNoPolicy, err)
+			return p, mapped, nil, notSentError(call+": policies", ReasonNoPolicy, err)
 		}
 		if p, ok = s.policies.active(key); ok {
 			mapped, unitErr = amounts(&p, units)
@@ -372,7 +372,7 @@ func (s *Server) mapAgain(ctx context.Context, what string, attempt int, cmd *le
 		return false, nil
 	}
 	if _, err := s.policies.refresh(ctx); err != nil {
-		return false, readError(what+": policies", ReasonNoPolicy, err)
+		return false, notSentError(what+": policies", ReasonNoPolicy, err)
 	}
 	return true, nil
 }
@@ -584,11 +584,11 @@ func (s *Server) settleCommand(ctx context.Context, req *v1.SettleRequest) (ledg
 		return ledger.Command{}, reservationNotFound("settle", req.GetReservationId())
 	}
 	if err != nil {
-		return ledger.Command{}, readError("settle "+req.GetReservationId(), ReasonReservationNotFound, err)
+		return ledger.Command{}, notSentError("settle "+req.GetReservationId(), ReasonReservationNotFound, err)
 	}
 	p, err := s.policies.get(ctx, r.Account.Generation)
 	if err != nil {
-		return ledger.Command{}, readError("settle "+req.GetReservationId(), ReasonPolicyNotFound, err)
+		return ledger.Command{}, notSentError("settle "+req.GetReservationId(), ReasonPolicyNotFound, err)
 	}
 	units, err := amounts(&p, req.GetActualUnits())
 	if err != nil {

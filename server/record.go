@@ -73,7 +73,7 @@ func (s *Server) recordCommand(ctx context.Context, req *v1.RecordUsageRequest) 
 		if errors.Is(err, store.ErrNotFound) {
 			return cmd, nil, refusal
 		}
-		return cmd, nil, readError("record usage "+cmd.ReservationID, ReasonReservationNotFound, err)
+		return cmd, nil, notSentError("record usage "+cmd.ReservationID, ReasonReservationNotFound, err)
 	}
 	// The id is taken: the ledger answers from it before it reads a
 	// policy. The usage goes in the order of the reservation's own

@@ -164,7 +164,7 @@ func (s *Server) checkReservationScope(ctx context.Context, what, id string) *co
 		if isNotFound(err) {
 			return reservationNotFound(what, id)
 		}
-		return readError(what+" "+id, ReasonReservationNotFound, err)
+		return notSentError(what+" "+id, ReasonReservationNotFound, err)
 	}
 	if !InScope(ctx, r.Account.Subject, r.Account.Route) {
 		s.logOutOfScope(ctx, what, "reservation", id)

@@ -3,6 +3,7 @@ package server_test
 import (
 	"context"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -146,5 +147,25 @@ func TestReserveShapeBeforeLookup(t *testing.T) {
 	r := h.call("Reserve", `{"reservationId":"b-1","subject":"tenant-7","route":"chat.generate","units":{}}`, gwBToken)
 	if r.status != http.StatusBadRequest || detailReason(t, r) != server.ReasonInvalidCommand {
 		t.Errorf("scoped Reserve of no units outside the scope: %d %s, want 400 INVALID_COMMAND", r.status, r.raw)
+	}
+}
+
+// A gateway token acting for another gateway is refused (403) before the
+// request's shape is looked at, as for any method its role may not call
+// (API.md, "Order of checks": 401 and 403 first): IssueShard and
+// ReconcileShard for gw-b with gw-a's token are 403 whatever their shard
+// id, never a 400 that tells gw-a how gw-b's request would fare.
+func TestOtherGatewayRefusedBeforeShape(t *testing.T) {
+	h := newHarness(t, harnessOptions{auth: true, tokens: scopedTokens, shards: true})
+	for _, c := range []struct{ method, body string }{
+		{"IssueShard", `{"shardId":"sh\u0000","subject":"tenant-a/u1","route":"chat.generate","units":{"tokens":5},"gatewayId":"gw-b","bootEpoch":"1","ttl":"60s"}`},
+		{"IssueShard", `{"shardId":"","subject":"tenant-a/u1","route":"chat.generate","units":{"tokens":5},"gatewayId":"gw-b","bootEpoch":"1","ttl":"60s"}`},
+		{"ReconcileShard", `{"shardId":"sh\u0000","gatewayId":"gw-b"}`},
+		{"ReconcileShard", `{"shardId":"","gatewayId":"gw-b","receipts":[{"reservationId":"a\u0000","state":"RESERVATION_STATE_RELEASED"}]}`},
+	} {
+		req, _ := http.NewRequest(http.MethodPost, h.url+"/capledger.v1.ShardService/"+c.method, strings.NewReader(c.body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer "+gwAToken)
+		h.wantError(h.do(req), http.StatusForbidden, "permission_denied", server.ReasonPermissionDenied)
 	}
 }

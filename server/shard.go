@@ -158,13 +158,15 @@ func (svc *shardService) do(ctx context.Context, cmd ledger.Command) (ledger.Res
 // may issue for any gateway.
 func (svc *shardService) IssueShard(ctx context.Context, req *connect.Request[v1.IssueShardRequest]) (*connect.Response[v1.IssueShardResponse], error) {
 	m := req.Msg
-	if cerr := checkID("shard_id", m.GetShardId()); cerr != nil {
-		return nil, cerr
-	}
+	// The token's right to act for the gateway first (API.md, "Order
+	// of checks": 403 before the shape), once its id can be compared.
 	if cerr := checkID("gateway_id", m.GetGatewayId()); cerr != nil {
 		return nil, cerr
 	}
 	if cerr := authorizeGateway(ctx, "issue shard", m.GetGatewayId()); cerr != nil {
+		return nil, cerr
+	}
+	if cerr := checkID("shard_id", m.GetShardId()); cerr != nil {
 		return nil, cerr
 	}
 	return svc.issue(ctx, m, false)
@@ -348,13 +350,15 @@ func (svc *shardService) ListShards(ctx context.Context, req *connect.Request[v1
 // Admin tokens may reconcile for any gateway.
 func (svc *shardService) ReconcileShard(ctx context.Context, req *connect.Request[v1.ReconcileShardRequest]) (*connect.Response[v1.ReconcileShardResponse], error) {
 	m := req.Msg
-	if cerr := checkID("shard_id", m.GetShardId()); cerr != nil {
-		return nil, cerr
-	}
+	// The token's right to act for the gateway first (API.md, "Order
+	// of checks": 403 before the shape), once its id can be compared.
 	if cerr := checkID("gateway_id", m.GetGatewayId()); cerr != nil {
 		return nil, cerr
 	}
 	if cerr := authorizeGateway(ctx, "reconcile shard", m.GetGatewayId()); cerr != nil {
+		return nil, cerr
+	}
+	if cerr := checkID("shard_id", m.GetShardId()); cerr != nil {
 		return nil, cerr
 	}
 	if len(m.GetReceipts()) > maxShardReceipts {
@@ -400,11 +404,11 @@ func (svc *shardService) ReconcileShard(ctx context.Context, req *connect.Reques
 		return nil, shardNotFound("reconcile shard", m.GetShardId())
 	}
 	if err != nil {
-		return nil, readError("reconcile shard "+m.GetShardId(), ReasonShardNotFound, err)
+		return nil, notSentError("reconcile shard "+m.GetShardId(), ReasonShardNotFound, err)
 	}
 	p, err := svc.s.policies.get(ctx, sh.Account.Generation)
 	if err != nil {
-		return nil, readError("reconcile shard: policy", ReasonPolicyNotFound, err)
+		return nil, notSentError("reconcile shard: policy", ReasonPolicyNotFound, err)
 	}
 	receipts := make([]ledger.ShardReceipt, len(m.GetReceipts()))
 	for i, r := range m.GetReceipts() {

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/server"
 	"github.com/capledger/capledger/store"
 )
@@ -24,6 +25,15 @@ func (s *refusingStore) Begin(ctx context.Context) (store.Tx, error) {
 		return nil, fmt.Errorf("%w: dial tcp 127.0.0.1:5432: connect: connection refused", store.ErrUnavailable)
 	}
 	return s.Store.Begin(ctx)
+}
+
+// ReservationGet fails as Begin does: the reads a handler makes before it
+// sends its command (a Settle's reservation) reach the same database.
+func (s *refusingStore) ReservationGet(ctx context.Context, id string) (ledger.Reservation, error) {
+	if s.refuse.Load() {
+		return ledger.Reservation{}, fmt.Errorf("%w: dial tcp 127.0.0.1:5432: connect: connection refused", store.ErrUnavailable)
+	}
+	return s.Store.ReservationGet(ctx, id)
 }
 
 // A 503 says what is known of the outcome, with the same code and reason
@@ -59,5 +69,34 @@ func TestUnavailableSaysWhetherApplied(t *testing.T) {
 	}
 	if again := h.ok("Reserve", reserveBody("lost-ack", 10), ""); again["replayed"] != true {
 		t.Fatalf("retry after a lost commit answer: %v, want a replay", again)
+	}
+}
+
+// A Settle reads its reservation before it sends the command (its usage
+// is mapped by the reservation's generation): with the store refusing
+// connections that read fails, nothing was sent, and the 503 says "not
+// applied", which a gateway in any language keys its resend of the
+// settle on (CLIENTS.md, section 4), never only "store unavailable".
+func TestUnavailableSettleSaysNotApplied(t *testing.T) {
+	var refusing *refusingStore
+	h := newHarness(t, harnessOptions{wrapStore: func(st store.Store) store.Store {
+		refusing = &refusingStore{Store: st}
+		return refusing
+	}})
+	h.ok("PublishPolicy", tokensPolicy, "")
+	h.ok("Reserve", reserveBody("work-1", 100), "")
+	h.ok("Start", `{"reservationId":"work-1","operationId":"op-1"}`, "")
+	settle := `{"reservationId":"work-1","operationId":"op-1","actualUnits":{"tokens":40,"requests":1}}`
+	message := func(r response) string { m, _ := r.body["message"].(string); return m }
+
+	refusing.refuse.Store(true)
+	r := h.call("Settle", settle, "")
+	h.wantError(r, http.StatusServiceUnavailable, "unavailable", server.ReasonStoreUnavailable)
+	if m := message(r); !strings.Contains(m, "not applied") || strings.Contains(m, "outcome unknown") {
+		t.Errorf("settle with the store refusing connections: %q, want it to say not applied", m)
+	}
+	refusing.refuse.Store(false)
+	if again := h.ok("Settle", settle, ""); again["replayed"] != nil {
+		t.Fatalf("settle after the store came back replayed: the first was applied: %v", again)
 	}
 }

@@ -92,7 +92,10 @@ repay it. The receipt holds nothing and carries the usage.
 The reservation id is the idempotency key. Without --id a new ULID is
 generated and printed; if the answer is lost, retry with the SAME id and
 usage: a retry replays and charges nothing twice. The same id with other
-usage is refused (exit 4, RESERVATION_ALREADY_SETTLED).
+usage is refused (exit 4, RESERVATION_ALREADY_SETTLED); once retention has
+removed the record (serve --retention, default 72h after it), its
+tombstone keeps no usage, so any retry with the same subject, route and
+region replays (exit 0, "retired": true) and still charges nothing.
 
 Flags:
   --subject S       concrete subject, e.g. tenant-7 (required)

@@ -135,9 +135,10 @@ Flags:
   --maintenance-share F
                       share of the time (0 < F <= 1) that retention,
                       compaction, giving disk space back and audits take
-                      while gateways are being served (audits a quarter of
-                      it); they pause between steps for the rest (default
-                      0.2; at 1 only audits pause)
+                      while gateways are being served (audits a tenth of
+                      it, giving space back a quarter); they pause between
+                      steps for the rest (default 0.2; at 1 only those two
+                      pause)
   --pprof-addr HOST:PORT
                       serve Go's profiles (net/http/pprof: /debug/pprof/heap,
                       /debug/pprof/profile, ...) on a second, loopback-only
