@@ -5,12 +5,21 @@ import (
 	"errors"
 	"runtime"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	ledgerv1 "github.com/capledger/capledger/api/capledger/v1"
 )
+
+// resendTestOptions open the breaker on the first call that times out
+// during a partition (1 s), and never sooner: no watchdog (DetectTimeout
+// is the call timeout), so a slow answer before the partition on a loaded
+// machine does not open it (with a 50 ms DetectTimeout a Reserve under
+// -race beside two busy loops did). Probes are quick once the ledger is
+// back.
+var resendTestOptions = []Option{WithTimeout(time.Second),
+	WithRetryPolicy(RetryPolicy{MaxAttempts: 2, BaseDelay: time.Millisecond}),
+	WithBreaker(BreakerPolicy{FailureThreshold: 1, DetectTimeout: time.Second, ProbeBase: 20 * time.Millisecond, ProbeMax: 100 * time.Millisecond})}
 
 // A settle refused without being sent (the breaker opened while the work
 // ran) is not applied: its usage must not be lost. Run keeps the receipt
@@ -20,9 +29,7 @@ import (
 func TestSettleNotAppliedIsKeptAndResent(t *testing.T) {
 	l := startLedger(t)
 	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 10_000})
-	c := l.viaProxy(t, WithTimeout(100*time.Millisecond),
-		WithRetryPolicy(RetryPolicy{MaxAttempts: 2, BaseDelay: time.Millisecond}),
-		WithBreaker(BreakerPolicy{FailureThreshold: 1, DetectTimeout: 50 * time.Millisecond, ProbeBase: 20 * time.Millisecond, ProbeMax: 100 * time.Millisecond}))
+	c := l.viaProxy(t, resendTestOptions...)
 	_, err := c.Run(context.Background(), ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 100}},
 		func(ctx context.Context) (Units, error) {
 			// The ledger goes away while the work runs; the breaker opens.
@@ -64,27 +71,30 @@ func TestSettleNotAppliedIsKeptAndResent(t *testing.T) {
 func TestKeptSettlesAreResentByOneBoundedLoop(t *testing.T) {
 	l := startLedger(t)
 	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 1_000_000})
-	c := l.viaProxy(t, WithTimeout(time.Second),
-		WithRetryPolicy(RetryPolicy{MaxAttempts: 2, BaseDelay: time.Millisecond}),
-		WithBreaker(BreakerPolicy{FailureThreshold: 1, DetectTimeout: 200 * time.Millisecond, ProbeBase: 20 * time.Millisecond, ProbeMax: 100 * time.Millisecond}))
+	c := l.viaProxy(t, resendTestOptions...)
 	const runs = 40
 	ctx := context.Background()
-	var started sync.WaitGroup
-	started.Add(runs)
+	started := make(chan struct{}, runs)
 	finish := make(chan struct{})
 	errs := make(chan error, runs)
 	for range runs {
 		go func() {
 			_, err := c.Run(ctx, ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 100}},
 				func(context.Context) (Units, error) {
-					started.Done()
+					started <- struct{}{}
 					<-finish
 					return Units{"tokens": 40}, nil
 				})
 			errs <- err
 		}()
 	}
-	started.Wait()
+	for range runs {
+		select {
+		case <-started:
+		case err := <-errs:
+			t.Fatalf("run before the outage: %v", err)
+		}
+	}
 	// The ledger goes away while the work runs; the breaker opens, and
 	// every settle is refused unsent.
 	l.proxy.SetFaults(faultsPartition)
