@@ -162,11 +162,11 @@ type Client struct {
 	retry     RetryPolicy
 	pendingMu sync.Mutex
 	pending   map[string]OperationReceipt
-	// resettling holds the receipts settleLater is resending (guarded by
-	// lookups.mu).
-	resettling map[string]bool
-	breaker    *breaker
-	lookups    *lookups
+	// resends are the kept receipts resent in the background (guarded
+	// by lookups.mu).
+	resends resends
+	breaker *breaker
+	lookups *lookups
 	// ops records Run's operations (WithOperationStore); nil for none.
 	ops OperationStore
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -59,7 +60,7 @@ func TestRunLifecycleOverEveryProtocol(t *testing.T) {
 func TestRejectionIsTypedSurfacedAndNotRetried(t *testing.T) {
 	l := startLedger(t)
 	pol := l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 1000, refill: 10, interval: time.Second})
-	var sent int64
+	var sent atomic.Int64
 	c, err := New(l.addr, WithHTTPClient(&http.Client{Transport: countingTransport{next: http.DefaultTransport, n: &sent}}))
 	if err != nil {
 		t.Fatal(err)
@@ -77,11 +78,11 @@ func TestRejectionIsTypedSurfacedAndNotRetried(t *testing.T) {
 	if _, err := c.Settle(ctx, spent.ReservationID, "op-spent", Units{"tokens": 1000, "requests": 0}); err != nil {
 		t.Fatal(err)
 	}
-	sent = 0
+	sent.Store(0)
 	_, err = c.Reserve(ctx, ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 500}})
 	rej := mustErrAs[*RejectedError](t, err)
-	if sent != 1 {
-		t.Fatalf("a 429 was sent %d times; it must not be retried", sent)
+	if n := sent.Load(); n != 1 {
+		t.Fatalf("a 429 was sent %d times; it must not be retried", n)
 	}
 	if rej.Dimension != "tokens" || rej.Generation != pol.GetGeneration() || rej.Reason != "INSUFFICIENT_CAPACITY" {
 		t.Fatalf("rejection %+v, want dimension tokens, generation %d", rej, pol.GetGeneration())
@@ -328,7 +329,7 @@ func TestNewRejectsBadAddresses(t *testing.T) {
 // invalid_argument) and answers no outcomes.
 func TestEmptyBatchMakesNoCall(t *testing.T) {
 	l := startLedger(t)
-	var sent int64
+	var sent atomic.Int64
 	c, err := New(l.addr, WithHTTPClient(&http.Client{Transport: countingTransport{next: http.DefaultTransport, n: &sent}}))
 	if err != nil {
 		t.Fatal(err)
@@ -342,7 +343,7 @@ func TestEmptyBatchMakesNoCall(t *testing.T) {
 	if err != nil || len(settled) != 0 {
 		t.Fatalf("SettleBatch of none: %v, %v", settled, err)
 	}
-	if sent != 0 {
-		t.Fatalf("%d calls sent for empty batches", sent)
+	if n := sent.Load(); n != 0 {
+		t.Fatalf("%d calls sent for empty batches", n)
 	}
 }

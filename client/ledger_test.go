@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -34,6 +35,16 @@ type testLedger struct {
 
 var quietLogger = slog.New(slog.NewTextHandler(io.Discard, nil))
 
+// noBreakerWatchdog is for clients that check the ledger rather than test
+// the breaker: they wait for answers however slow. With the default
+// breaker one answer later than DetectTimeout (1 s), nothing else
+// answering, opens it (as documented), and a loaded CI machine running
+// server and client in one process under -race got there once
+// ("reserve ...: RESERVATION_UNKNOWN after 1 attempts: ... circuit
+// breaker open"). A DetectTimeout as long as the call timeout arms no
+// watchdog; the breaker still opens on failures.
+var noBreakerWatchdog = WithBreaker(BreakerPolicy{DetectTimeout: DefaultTimeout})
+
 func startLedger(t *testing.T) *testLedger {
 	t.Helper()
 	ctx := context.Background()
@@ -53,7 +64,7 @@ func startLedger(t *testing.T) *testLedger {
 	if err != nil {
 		t.Fatal(err)
 	}
-	direct, err := New(ln.Addr().String())
+	direct, err := New(ln.Addr().String(), noBreakerWatchdog)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,14 +174,15 @@ func (l *testLedger) audit(t *testing.T) {
 	}
 }
 
-// countingTransport counts the HTTP requests a client sends.
+// countingTransport counts the HTTP requests a client sends, its
+// breaker's probes included (they run on their own goroutine).
 type countingTransport struct {
 	next http.RoundTripper
-	n    *int64
+	n    *atomic.Int64
 }
 
 func (c countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
-	*c.n++
+	c.n.Add(1)
 	return c.next.RoundTrip(r)
 }
 

@@ -3,19 +3,51 @@ package client
 import (
 	"context"
 	"math/rand/v2"
+	"sync"
 	"time"
 )
+
+// How kept receipts are resent (see settleLater).
+const (
+	// resendParallel bounds the resends in flight: after an outage of a
+	// busy gateway thousands of receipts may be due at once, and they go
+	// out this many at a time rather than all together.
+	resendParallel = 8
+	// The back-off of one receipt: 100 ms, doubling per failed resend up
+	// to 5 s, each wait drawn from [d/2, d].
+	resendFirstWait = 100 * time.Millisecond
+	resendMaxWait   = 5 * time.Second
+)
+
+// resends are the kept receipts the Client resends in the background, by
+// reservation id, and whether the loop that resends them runs. Guarded by
+// lookups.mu, whose context and wait group bound the loop.
+type resends struct {
+	due     map[string]*resend
+	running bool
+	// wake tells a sleeping loop that a receipt was added (buffered 1).
+	wake chan struct{}
+}
+
+// resend is one kept receipt's resend state.
+type resend struct {
+	receipt OperationReceipt
+	wait    time.Duration // the back-off after the next failure
+	next    time.Time     // not resent before (zero: at once)
+}
 
 // settleLater resends, in the background, the settle (or the release of
 // an abandoned start) of a kept receipt whose usage is known: with the
 // receipt's ids, through ResolveUnknown, so a settle that did land replays
-// and one that did not applies once. It waits for the breaker to close
-// between attempts and backs off (100 ms doubling to 5 s). It stops when
-// the receipt is resolved (ResolveUnknown drops it from PendingUnknown),
-// when the ledger decides otherwise (e.g. ErrAlreadySettled: the receipt
-// stays pending for the caller), when the caller resolved it meanwhile, or
-// when the Client closes. The lookups' context and wait group bound it, so
-// Close waits for it.
+// and one that did not applies once. One loop per Client does it for every
+// such receipt, resendParallel at a time, while the breaker is closed;
+// each receipt backs off on its own (100 ms doubling to 5 s). A receipt
+// leaves the loop when it is resolved (ResolveUnknown drops it from
+// PendingUnknown), when the ledger decides otherwise (e.g.
+// ErrAlreadySettled: the receipt stays pending for the caller), or when
+// the caller resolved it meanwhile; the loop ends when none is left or the
+// Client closes (Close waits for it). A receipt already being resent is
+// not added again.
 func (c *Client) settleLater(r OperationReceipt) {
 	ls := c.lookups
 	ls.mu.Lock()
@@ -23,51 +55,127 @@ func (c *Client) settleLater(r OperationReceipt) {
 	if ls.ctx.Err() != nil {
 		return
 	}
-	if c.resettling == nil {
-		c.resettling = map[string]bool{}
-	}
-	if c.resettling[r.ReservationID] {
+	rs := &c.resends
+	if _, ok := rs.due[r.ReservationID]; ok {
 		return
 	}
-	c.resettling[r.ReservationID] = true
-	ls.wg.Add(1)
-	go c.resettle(r)
+	if rs.due == nil {
+		rs.due = map[string]*resend{}
+		rs.wake = make(chan struct{}, 1)
+	}
+	rs.due[r.ReservationID] = &resend{receipt: r, wait: resendFirstWait}
+	if !rs.running {
+		rs.running = true
+		ls.wg.Add(1)
+		go c.resendLoop()
+		return
+	}
+	select {
+	case rs.wake <- struct{}{}:
+	default:
+	}
 }
 
-func (c *Client) resettle(r OperationReceipt) {
+// resendLoop resends the due receipts, waiting for the breaker to close
+// before each round and sleeping until the next receipt is due or a new
+// one arrives. It returns when no receipt is left or the Client closes.
+func (c *Client) resendLoop() {
 	ls := c.lookups
 	defer ls.wg.Done()
-	defer func() {
-		ls.mu.Lock()
-		delete(c.resettling, r.ReservationID)
-		ls.mu.Unlock()
-	}()
-	wait := 100 * time.Millisecond
 	for {
 		select {
 		case <-ls.ctx.Done():
 			return
 		case <-c.breaker.closedChan():
 		}
-		c.pendingMu.Lock()
-		_, kept := c.pending[r.ReservationID]
-		c.pendingMu.Unlock()
-		if !kept {
-			return // resolved by the caller
-		}
-		actx, cancel := context.WithTimeout(ls.ctx, 2*c.timeout)
-		_, err := c.ResolveUnknown(actx, r, r.Actual)
-		cancel()
-		if err == nil || !isTransportFault(err) {
+		now := time.Now()
+		var due []*resend
+		var next time.Time // the earliest receipt not due yet
+		ls.mu.Lock()
+		if len(c.resends.due) == 0 {
+			c.resends.running = false
+			ls.mu.Unlock()
 			return
 		}
-		t := time.NewTimer(wait/2 + time.Duration(rand.Int64N(int64(wait/2)+1)))
+		for _, s := range c.resends.due {
+			switch {
+			case !s.next.After(now):
+				due = append(due, s)
+			case next.IsZero() || s.next.Before(next):
+				next = s.next
+			}
+		}
+		wake := c.resends.wake
+		ls.mu.Unlock()
+		if len(due) > 0 {
+			c.resendRound(due)
+			continue
+		}
+		t := time.NewTimer(time.Until(next))
 		select {
 		case <-ls.ctx.Done():
 			t.Stop()
 			return
 		case <-t.C:
+		case <-wake:
+			t.Stop()
 		}
-		wait = min(2*wait, 5*time.Second)
 	}
+}
+
+// resendRound resends due, resendParallel at a time, and returns when all
+// are done (or the Client closes).
+func (c *Client) resendRound(due []*resend) {
+	ls := c.lookups
+	jobs := make(chan *resend)
+	var wg sync.WaitGroup
+	for range min(resendParallel, len(due)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for s := range jobs {
+				c.resendOne(s)
+			}
+		}()
+	}
+feed:
+	for _, s := range due {
+		select {
+		case jobs <- s:
+		case <-ls.ctx.Done():
+			break feed
+		}
+	}
+	close(jobs)
+	wg.Wait()
+}
+
+// resendOne resends one receipt and either drops it from the loop (it
+// landed, the ledger decided, or the caller resolved it) or schedules its
+// next resend after its back-off. A resend the breaker would refuse is
+// not sent and not counted: the loop waits for the breaker instead.
+func (c *Client) resendOne(s *resend) {
+	ls := c.lookups
+	id := s.receipt.ReservationID
+	c.pendingMu.Lock()
+	_, kept := c.pending[id]
+	c.pendingMu.Unlock()
+	if kept && c.breaker.allow() != nil {
+		return
+	}
+	if kept {
+		actx, cancel := context.WithTimeout(ls.ctx, 2*c.timeout)
+		_, err := c.ResolveUnknown(actx, s.receipt, s.receipt.Actual)
+		cancel()
+		if err != nil && isTransportFault(err) {
+			ls.mu.Lock()
+			s.next = time.Now().Add(s.wait/2 + time.Duration(rand.Int64N(int64(s.wait/2)+1)))
+			s.wait = min(2*s.wait, resendMaxWait)
+			ls.mu.Unlock()
+			return
+		}
+	}
+	ls.mu.Lock()
+	delete(c.resends.due, id)
+	ls.mu.Unlock()
 }

@@ -3,12 +3,23 @@ package client
 import (
 	"context"
 	"errors"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
 
 	ledgerv1 "github.com/capledger/capledger/api/capledger/v1"
 )
+
+// resendTestOptions open the breaker on the first call that times out
+// during a partition (1 s), and never sooner: no watchdog (DetectTimeout
+// is the call timeout), so a slow answer before the partition on a loaded
+// machine does not open it (with a 50 ms DetectTimeout a Reserve under
+// -race beside two busy loops did). Probes are quick once the ledger is
+// back.
+var resendTestOptions = []Option{WithTimeout(time.Second),
+	WithRetryPolicy(RetryPolicy{MaxAttempts: 2, BaseDelay: time.Millisecond}),
+	WithBreaker(BreakerPolicy{FailureThreshold: 1, DetectTimeout: time.Second, ProbeBase: 20 * time.Millisecond, ProbeMax: 100 * time.Millisecond})}
 
 // A settle refused without being sent (the breaker opened while the work
 // ran) is not applied: its usage must not be lost. Run keeps the receipt
@@ -18,9 +29,7 @@ import (
 func TestSettleNotAppliedIsKeptAndResent(t *testing.T) {
 	l := startLedger(t)
 	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 10_000})
-	c := l.viaProxy(t, WithTimeout(100*time.Millisecond),
-		WithRetryPolicy(RetryPolicy{MaxAttempts: 2, BaseDelay: time.Millisecond}),
-		WithBreaker(BreakerPolicy{FailureThreshold: 1, DetectTimeout: 50 * time.Millisecond, ProbeBase: 20 * time.Millisecond, ProbeMax: 100 * time.Millisecond}))
+	c := l.viaProxy(t, resendTestOptions...)
 	_, err := c.Run(context.Background(), ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 100}},
 		func(ctx context.Context) (Units, error) {
 			// The ledger goes away while the work runs; the breaker opens.
@@ -53,6 +62,95 @@ func TestSettleNotAppliedIsKeptAndResent(t *testing.T) {
 		t.Fatalf("spent %d reserved %d, want 40 and 0", b.GetSpent(), b.GetReserved())
 	}
 	l.audit(t)
+}
+
+// During an outage every settle not applied is kept, and the Client
+// resends them with one loop, at most resendParallel at a time, not with a
+// goroutine each; once the ledger is back they all land with their usage
+// and the loop ends.
+func TestKeptSettlesAreResentByOneBoundedLoop(t *testing.T) {
+	l := startLedger(t)
+	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 1_000_000})
+	c := l.viaProxy(t, resendTestOptions...)
+	const runs = 40
+	ctx := context.Background()
+	started := make(chan struct{}, runs)
+	finish := make(chan struct{})
+	errs := make(chan error, runs)
+	for range runs {
+		go func() {
+			_, err := c.Run(ctx, ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 100}},
+				func(context.Context) (Units, error) {
+					started <- struct{}{}
+					<-finish
+					return Units{"tokens": 40}, nil
+				})
+			errs <- err
+		}()
+	}
+	for range runs {
+		select {
+		case <-started:
+		case err := <-errs:
+			t.Fatalf("run before the outage: %v", err)
+		}
+	}
+	// The ledger goes away while the work runs; the breaker opens, and
+	// every settle is refused unsent.
+	l.proxy.SetFaults(faultsPartition)
+	for c.Breaker().State != BreakerOpen {
+		c.GetReservation(ctx, "rl-anything")
+	}
+	close(finish)
+	for range runs {
+		if err := <-errs; !errors.Is(err, ErrLedgerUnreachable) {
+			t.Fatalf("run during the outage: %v, want its settle refused by the open breaker", err)
+		}
+	}
+	if p := c.PendingUnknown(); len(p) != runs {
+		t.Fatalf("%d receipts kept, want %d", len(p), runs)
+	}
+	most := resendGoroutines()
+	// Back with slow answers, so that rounds of resends overlap the
+	// samples.
+	faults := faultsNone
+	faults.Delay = 5 * time.Millisecond
+	l.proxy.SetFaults(faults)
+	for len(c.PendingUnknown()) != 0 {
+		most = max(most, resendGoroutines())
+		time.Sleep(2 * time.Millisecond)
+	}
+	t.Logf("at most %d goroutines resending %d receipts", most, runs)
+	if most > 1+resendParallel {
+		t.Fatalf("%d goroutines resending %d receipts, want at most the loop and %d", most, runs, resendParallel)
+	}
+	if b := l.balance(t, "tenant-7", "chat.generate"); b.GetSpent() != 40*runs || b.GetReserved() != 0 {
+		t.Fatalf("spent %d reserved %d, want %d and 0", b.GetSpent(), b.GetReserved(), 40*runs)
+	}
+	for resendGoroutines() != 0 {
+		time.Sleep(time.Millisecond) // the loop ends once nothing is left
+	}
+	l.audit(t)
+}
+
+// resendGoroutines counts the goroutines running code of resettle.go.
+func resendGoroutines() int {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	count := 0
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, "client/resettle.go:") {
+			count++
+		}
+	}
+	return count
 }
 
 // A lost answer of a call without a reservation id names the call alone:

@@ -15,10 +15,24 @@ const workerLogEvery = 30 * time.Second
 // first failure is logged at once, then at most one line per every
 // period, with the failures since the last line and how long it has been
 // failing, and one line when it works again.
+//
+// It reads the wall clock, not the engine's Clock: the Clock is the time
+// commands are applied at (a test's frozen clock, a replay's fast one),
+// while this period is the operators' time between log lines, like the
+// other operational durations the engine measures (batch retries, pacing,
+// the worker lease).
 type failLog struct {
-	mu    sync.Mutex
-	every time.Duration // workerLogEvery; tests shorten it
-	m     map[string]*failing
+	mu sync.Mutex
+	// now is time.Now when nil; tests drive it.
+	now func() time.Time
+	m   map[string]*failing
+}
+
+func (f *failLog) clock() time.Time {
+	if f.now != nil {
+		return f.now()
+	}
+	return time.Now()
 }
 
 type failing struct {
@@ -29,7 +43,7 @@ type failing struct {
 // failed logs err (and attrs) of the worker named msg, unless it logged
 // within every.
 func (f *failLog) failed(log *slog.Logger, msg string, err error, attrs ...any) {
-	now := time.Now()
+	now := f.clock()
 	f.mu.Lock()
 	if f.m == nil {
 		f.m = map[string]*failing{}
@@ -45,11 +59,7 @@ func (f *failLog) failed(log *slog.Logger, msg string, err error, attrs ...any) 
 	}
 	s.total++
 	s.unlogged++
-	every := f.every
-	if every <= 0 {
-		every = workerLogEvery
-	}
-	if now.Sub(s.logged) < every {
+	if now.Sub(s.logged) < workerLogEvery {
 		f.mu.Unlock()
 		return
 	}
@@ -71,5 +81,5 @@ func (f *failLog) ok(log *slog.Logger, msg string) {
 	}
 	delete(f.m, msg)
 	f.mu.Unlock()
-	log.Info(msg+" recovered", "failures", s.total, "failed_for", time.Since(s.since).Round(time.Millisecond).String())
+	log.Info(msg+" recovered", "failures", s.total, "failed_for", f.clock().Sub(s.since).Round(time.Millisecond).String())
 }

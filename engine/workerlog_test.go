@@ -48,37 +48,44 @@ func (b *syncBuffer) lines(substr string) int {
 }
 
 // A worker that fails every tick (the store is down) logs its first
-// failure, then at most once per period with a count, and once when it
-// works again: not four lines a second.
+// failure, then at most once per period (30 s) with a count and how long
+// it has been failing, and once when it works again: not four lines a
+// second.
 func TestFailingExpiryWorkerLogsOncePerPeriod(t *testing.T) {
 	st := &dueFailingStore{Store: memstore.New()}
 	var logs syncBuffer
 	e := New(st, Options{DisableWorkers: true, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	defer e.Close()
-	e.failLog.every = time.Hour
+	ctx := context.Background()
+	start := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	now := start
+	e.failLog.now = func() time.Time { return now }
 	st.fail.Store(true)
 	for range 40 { // ten seconds of ticks
-		e.runDue(context.Background())
+		e.runDue(ctx)
+		now = now.Add(250 * time.Millisecond)
 	}
+	now = start.Add(workerLogEvery - time.Millisecond)
+	e.runDue(ctx)
 	if n := logs.lines(`msg="expiry worker"`); n != 1 {
-		t.Fatalf("%d lines for 40 failed ticks, want 1:\n%s", n, logs.b.String())
+		t.Fatalf("%d lines for 41 failed ticks within the period, want 1:\n%s", n, logs.b.String())
 	}
-	e.failLog.every = time.Nanosecond // as if the period had passed
-	e.runDue(context.Background())
-	if n := logs.lines(`msg="expiry worker"`); n != 2 || logs.lines("failures_since_last_log=40") != 1 {
-		t.Fatalf("after the period: want a second line counting 40 failures:\n%s", logs.b.String())
+	now = start.Add(workerLogEvery)
+	e.runDue(ctx)
+	if n := logs.lines(`msg="expiry worker"`); n != 2 || logs.lines("failures_since_last_log=41 failing_for=30s") != 1 {
+		t.Fatalf("after the period: want a second line counting 41 failures in 30s:\n%s", logs.b.String())
 	}
 	st.fail.Store(false)
-	e.runDue(context.Background())
-	e.runDue(context.Background())
-	if n := logs.lines(`msg="expiry worker recovered" failures=41`); n != 1 {
+	now = now.Add(5 * time.Second)
+	e.runDue(ctx)
+	e.runDue(ctx)
+	if n := logs.lines(`msg="expiry worker recovered" failures=42 failed_for=35s`); n != 1 {
 		t.Fatalf("want one recovery line:\n%s", logs.b.String())
 	}
 	// A new failure after recovery is logged at once.
-	e.failLog.every = time.Hour
 	st.fail.Store(true)
-	e.runDue(context.Background())
-	e.runDue(context.Background())
+	e.runDue(ctx)
+	e.runDue(ctx)
 	if n := logs.lines(`msg="expiry worker"`); n != 3 {
 		t.Fatalf("a new outage's first failure: %d lines:\n%s", n, logs.b.String())
 	}
@@ -96,7 +103,7 @@ func TestFailingWorkerBatchesLogOncePerPeriod(t *testing.T) {
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
 	e := New(st, Options{DisableWorkers: true, Clock: clock, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	defer e.Close()
-	e.failLog.every = time.Hour
+	e.failLog.now = clock // moves once, before the failures: the 40 ticks are within one period
 	publish(t, e, 1000, time.Second, 0)
 	if res, err := e.Do(context.Background(), reserveCmd("held", 10)); err != nil || res.Err != nil {
 		t.Fatalf("reserve: %v %v", err, res.Err)

@@ -13,28 +13,35 @@ import (
 
 // On a shared store the lease has one holder at a time: another holder is
 // refused until the lease lapses (at the database's clock), then takes it
-// over with the next fence.
+// over with the next fence. Only the lapse is meant to happen during the
+// test: every lease that must still stand when a later step looks is taken
+// for a minute, so a slow step on a loaded machine cannot let it lapse.
 func TestLeaseOneHolderAtATime(t *testing.T) {
 	s, _ := openStore(t)
 	ctx := context.Background()
-	const ttl = 300 * time.Millisecond
-	a, err := s.LeaseAcquire(ctx, "workers", "replica-a", ttl)
+	const (
+		standing = time.Minute            // outlives the test
+		lapsing  = 100 * time.Millisecond // what the takeover waits out
+	)
+	a, err := s.LeaseAcquire(ctx, "workers", "replica-a", standing)
 	if err != nil || !a.Held {
 		t.Fatalf("replica-a: %+v, %v", a, err)
 	}
-	b, err := s.LeaseAcquire(ctx, "workers", "replica-b", ttl)
+	b, err := s.LeaseAcquire(ctx, "workers", "replica-b", standing)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if b.Held || b.Holder != "replica-a" || b.Fence != a.Fence || !b.Expires.After(time.Now().Add(-time.Minute)) {
 		t.Fatalf("replica-b while replica-a holds it: %+v, want refused naming replica-a, fence %d", b, a.Fence)
 	}
-	// Renewals keep it; a lapse hands it over.
-	if a, err = s.LeaseAcquire(ctx, "workers", "replica-a", ttl); err != nil || !a.Held {
-		t.Fatalf("renewal: %+v, %v", a, err)
+	// A renewal keeps the lease and its fence (here it also shortens it);
+	// a lapse hands it over.
+	renewed, err := s.LeaseAcquire(ctx, "workers", "replica-a", lapsing)
+	if err != nil || !renewed.Held || renewed.Fence != a.Fence || !renewed.Expires.Before(a.Expires) {
+		t.Fatalf("renewal: %+v, %v; want held with fence %d, expiring before %v", renewed, err, a.Fence, a.Expires)
 	}
 	for {
-		b, err = s.LeaseAcquire(ctx, "workers", "replica-b", ttl)
+		b, err = s.LeaseAcquire(ctx, "workers", "replica-b", standing)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -46,7 +53,7 @@ func TestLeaseOneHolderAtATime(t *testing.T) {
 	if b.Holder != "replica-b" || b.Fence != a.Fence+1 {
 		t.Fatalf("takeover: %+v, want replica-b with fence %d", b, a.Fence+1)
 	}
-	if again, err := s.LeaseAcquire(ctx, "workers", "replica-a", ttl); err != nil || again.Held {
+	if again, err := s.LeaseAcquire(ctx, "workers", "replica-a", standing); err != nil || again.Held {
 		t.Fatalf("the old holder after the takeover: %+v, %v; want refused", again, err)
 	}
 	// A release by a non-holder changes nothing; the holder's hands it
@@ -54,13 +61,13 @@ func TestLeaseOneHolderAtATime(t *testing.T) {
 	if err := s.LeaseRelease(ctx, "workers", "replica-a"); err != nil {
 		t.Fatal(err)
 	}
-	if again, _ := s.LeaseAcquire(ctx, "workers", "replica-a", time.Minute); again.Held {
-		t.Fatalf("release by a non-holder freed the lease: %+v", again)
+	if again, err := s.LeaseAcquire(ctx, "workers", "replica-a", standing); err != nil || again.Held {
+		t.Fatalf("release by a non-holder freed the lease: %+v, %v", again, err)
 	}
 	if err := s.LeaseRelease(ctx, "workers", "replica-b"); err != nil {
 		t.Fatal(err)
 	}
-	if again, err := s.LeaseAcquire(ctx, "workers", "replica-a", time.Minute); err != nil || !again.Held || again.Fence != b.Fence+1 {
+	if again, err := s.LeaseAcquire(ctx, "workers", "replica-a", standing); err != nil || !again.Held || again.Fence != b.Fence+1 {
 		t.Fatalf("acquire after the holder released: %+v, %v; want held with fence %d", again, err, b.Fence+1)
 	}
 }
