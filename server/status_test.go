@@ -71,9 +71,10 @@ func TestStatusShowsTheWorkerLeader(t *testing.T) {
 }
 
 // /statusz shows the retention and compaction blocks only where they are
-// configured (docs/API.md: "when they run"): a replica with retention
-// off must not show a retention worker whose passes stay at 0, which
-// reads as a stuck one. No pass is under way here, so none is shown.
+// configured (docs/API.md: unless serve --compaction 0 / --retention 0):
+// a replica with retention off must not show a retention worker whose
+// passes stay at 0, which reads as a stuck one. No pass is under way
+// here, so none is shown.
 func TestStatusShowsOnlyTheMaintenanceThatIsOn(t *testing.T) {
 	for _, retention := range []time.Duration{0, time.Hour} {
 		h := newHarness(t, harnessOptions{retention: retention})
@@ -91,6 +92,28 @@ func TestStatusShowsOnlyTheMaintenanceThatIsOn(t *testing.T) {
 		if _, running := r["passRunningSeconds"]; running {
 			t.Fatalf("no pass under way, /statusz shows one: %v", r)
 		}
+	}
+}
+
+// A replica that does not hold the worker lease still shows the retention
+// block of its configured worker, with what it counted itself: 0 when it
+// never led (docs/API.md, OPERATIONS.md "Checking it works": read the
+// holder's). Hiding it there would contradict the docs' "unless serve
+// --retention 0".
+func TestStatusShowsRetentionOnAReplicaThatDoesNotLead(t *testing.T) {
+	h := newHarness(t, harnessOptions{workers: false, retention: time.Hour})
+	var st server.Status
+	if err := json.Unmarshal([]byte(h.get("/statusz")), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Workers.Leader {
+		t.Fatalf("workers disabled, yet this replica leads: %+v", st.Workers)
+	}
+	if st.Retention == nil {
+		t.Fatalf("retention on, replica not leading: /statusz has no retention block")
+	}
+	if r := *st.Retention; r.Passes != 0 || r.Retired != 0 || r.LastPassAt != nil {
+		t.Fatalf("a replica that never led shows retention passes of its own: %+v", r)
 	}
 }
 

@@ -20,9 +20,11 @@ epoch close and drains; with several replicas on one PostgreSQL exactly
 one does, and another takes over within the lease TTL and one renewal
 period after it dies), who holds the lease (workers.holder), its fence
 (grows by one with every change of leader), and the engine's counters.
-Optional blocks: compaction and retention (when they run), subjectIndex
-(SQLite: the console's subject index catching up). Ask each replica for
-its own view. It exits 5 when the server is not ready.
+Optional blocks: compaction and retention (unless serve --compaction 0
+or --retention 0; only the lease holder runs them, so on another replica
+their counters are what it counted since it started, 0 if it never led),
+subjectIndex (SQLite: the console's subject index catching up). Ask each
+replica for its own view. It exits 5 when the server is not ready.
 
 Example:
   capledger status --addr http://10.0.0.7:7070
