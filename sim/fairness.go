@@ -188,7 +188,7 @@ func (w *world) newExecSched(e *executor) {
 		// stores it (as a gateway reads it); the meter judges by the
 		// weight the operator asked for.
 		schedWeight := weight
-		if g, ok := ledger.NewActiveGenerations(w.op.policies).Active(w.tenants[t].key); ok {
+		if g, ok := ledger.NewActiveGenerations(w.op.policies).Deciding(w.tenants[t].key); ok {
 			if p := w.op.policy(g); p != nil {
 				schedWeight = p.FairnessWeight
 			}

@@ -111,8 +111,10 @@ Flags:
                       the server refuse every command, and /readyz report
                       it, until it is restarted
   --lease-ttl DUR     worker lease: with several replicas on one PostgreSQL
-                      only the lease holder runs expiry, epoch close and
-                      drains; it renews every third of DUR, and when it dies
+                      only the lease holder runs the maintenance workers
+                      (expiry, execution-limit marking, epoch close,
+                      drains, retention, compaction, the resolver); it
+                      renews every third of DUR, and when it dies
                       another replica takes over within DUR + DUR/3
                       (default 15s; see /statusz or "capledger status")
   --retention DUR     remove finished reservations (settled, released,
