@@ -50,8 +50,9 @@ for a sound ledger) and exits 6 if there are any, so it can gate a
 release or page an operator. Needs an admin token.
 
 The audit streams (AuditService.StreamAudit): the server reads a page at
-a time and sends its progress about every second; --timeout is how long
-to wait for the next message, not for the whole audit. A server without
+a time and sends its progress about every second (later beside heavy
+traffic); --timeout is how long to wait for the next message, not for
+the whole audit: keep it at 5s or more (the default 10s). A server without
 the stream is asked with LedgerService.Audit instead (full audit only).
 
 Flags:
