@@ -169,7 +169,8 @@ var errAuditFound = errors.New("the audit found discrepancies")
 
 // CutCheckpoint audits the ledger since the last checkpoint and, when it
 // is sound, stores the next checkpoint, cut at now. It returns the
-// checkpoint's header (nil when the journal holds nothing new), the
+// checkpoint's header (nil when the journal holds nothing new: then it
+// reads two indexed rows, store.JournalAfter, and no snapshot), the
 // discrepancies found (then no checkpoint is cut), and store.ErrConflict
 // when another replica appended first or is writing one.
 //
@@ -185,6 +186,23 @@ var errAuditFound = errors.New("the audit found discrepancies")
 // read are let go and the rows are written from the file. Otherwise the
 // accounts' keys are read a second time to merge them with the replays.
 func (e *Engine) CutCheckpoint(ctx context.Context, now time.Time) (*ledger.Checkpoint, []ledger.Discrepancy, error) {
+	// The watermark: with nothing committed after the last checkpoint,
+	// no snapshot is taken. It would read every policy, move, shard,
+	// statement and retained total into memory to find the same.
+	if last, ok, err := e.core.store.CheckpointLast(ctx); err != nil {
+		return nil, nil, fmt.Errorf("checkpoint: %w", err)
+	} else if ok {
+		after, err := e.core.store.JournalAfter(ctx, last.Through)
+		if err != nil {
+			return nil, nil, fmt.Errorf("checkpoint: %w", err)
+		}
+		if !after {
+			e.compaction.lastCut.Store(last.CutAt.UnixNano())
+			e.compaction.lastSeq.Store(last.Seq)
+			e.sawCheckpoint(last)
+			return nil, nil, nil
+		}
+	}
 	if o := e.opts.Compaction; o != nil && o.CutGCPercent > 0 {
 		defer debug.SetGCPercent(debug.SetGCPercent(o.CutGCPercent))
 	}
@@ -384,12 +402,18 @@ func (e *Engine) runCompaction(ctx context.Context) {
 		e.sawCheckpoint(last)
 	}
 	if !ok || now.Truncate(o.Every).After(last.CutAt) {
-		_, found, err := e.CutCheckpoint(ctx, now)
-		// The cut's snapshot (every account, the last checkpoint's
-		// accounts) and the checkpoint are garbage now: hand the heap
-		// they grew back to the system rather than keep it until the
-		// scavenger gets to it (docs/PERFORMANCE.md, a million tenants).
-		debug.FreeOSMemory()
+		cp, found, err := e.CutCheckpoint(ctx, now)
+		if cp != nil || len(found) > 0 || err != nil {
+			// The cut's snapshot (every account, the last checkpoint's
+			// accounts) and the checkpoint are garbage now: hand the
+			// heap they grew back to the system rather than keep it
+			// until the scavenger gets to it (docs/PERFORMANCE.md, a
+			// million tenants). Not after a pass that found nothing new
+			// (no snapshot): a forced collection marks the whole heap,
+			// the row cache included, and with nothing new the cut stays
+			// due at every pass.
+			debug.FreeOSMemory()
+		}
 		switch {
 		case errors.Is(err, store.ErrConflict): // another replica cut it
 		case err != nil:

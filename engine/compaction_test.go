@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"runtime/debug"
+	"runtime/metrics"
 	"testing"
 	"time"
 
@@ -328,6 +329,76 @@ func TestCheckpointCutHoldsAPage(t *testing.T) {
 				}
 				auditClean(t, e)
 			}
+		})
+	}
+}
+
+// snapshotCounter counts the audit snapshots its store takes.
+type snapshotCounter struct {
+	store.Store
+	snapshots int
+}
+
+func (c *snapshotCounter) AuditSnapshot(ctx context.Context, cut bool, f func(*ledger.Snapshot, int64) error) error {
+	c.snapshots++
+	return c.Store.AuditSnapshot(ctx, cut, f)
+}
+
+// forcedGCs counts the garbage collections forced since the process
+// started (runtime.GC, debug.FreeOSMemory).
+func forcedGCs() uint64 {
+	s := []metrics.Sample{{Name: "/gc/cycles/forced:gc-cycles"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
+}
+
+// TestDueCompactionWithNothingNewTakesNoSnapshot: once a checkpoint is
+// due (a period boundary passed since the last cut) but nothing was
+// committed after the last checkpoint, a pass reads the watermark
+// (store.JournalAfter) and neither takes an audit snapshot nor forces a
+// collection; with nothing new the cut stays due, so before, every pass
+// (each minute, on every idle store after its first boundary) did both:
+// every policy, move, shard, statement and retained total read into
+// memory, and the whole heap marked. Something new is cut at the next
+// pass.
+func TestDueCompactionWithNothingNewTakesNoSnapshot(t *testing.T) {
+	ctx := context.Background()
+	for name, open := range map[string]func(t *testing.T) store.Store{
+		"memstore": func(*testing.T) store.Store { return memstore.New() },
+		"sqlite": func(t *testing.T) store.Store {
+			st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "ledger.db"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { st.Close() })
+			return st
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			st := &snapshotCounter{Store: open(t)}
+			clk := newClock()
+			e := New(st, Options{Clock: clk.Now, DisableWorkers: true, Compaction: &CompactionOptions{Every: time.Hour, Batch: 7}})
+			defer e.Close()
+			publish(t, e, 1_000_000, time.Minute, 0)
+			lifecycle(t, e, "a", 5)
+			e.runCompaction(ctx)
+			if s := e.CompactionStats(); s.Checkpoints != 1 || st.snapshots != 1 {
+				t.Fatalf("first pass: %+v, %d snapshots", s, st.snapshots)
+			}
+			clk.Advance(2 * time.Hour)
+			gcs := forcedGCs()
+			for range 3 {
+				e.runCompaction(ctx)
+			}
+			if s := e.CompactionStats(); s.Checkpoints != 1 || st.snapshots != 1 || forcedGCs() != gcs {
+				t.Fatalf("three due passes with nothing new: %+v, %d snapshots, %d collections forced", s, st.snapshots, forcedGCs()-gcs)
+			}
+			lifecycle(t, e, "b", 1)
+			e.runCompaction(ctx)
+			if s := e.CompactionStats(); s.Checkpoints != 2 || st.snapshots != 2 {
+				t.Fatalf("a pass with something new: %+v, %d snapshots", s, st.snapshots)
+			}
+			auditClean(t, e)
 		})
 	}
 }

@@ -18,10 +18,24 @@ rm -rf "$WORK/data"; cp -r "$SRC" "$WORK/data"
 sqlite3 "$WORK/data/capledger.db" "PRAGMA busy_timeout=5000;
 	UPDATE reservations SET expires_at = expires_at + 604800000000000, due_at = due_at + 604800000000000 WHERE state = 1;" >/dev/null
 echo "# $(basename "$BIN") idle, flags: ${SERVE_FLAGS:-(defaults)}; $(uptime)"
-# shellcheck disable=SC2086
-"$BIN" serve --data-dir "$WORK/data" --addr "127.0.0.1:$PORT" --log-level info ${PPROF_PORT:+--pprof-addr 127.0.0.1:$PPROF_PORT} ${SERVE_FLAGS:-} >"$WORK/serve.log" 2>&1 &
-SERVER=$!
-trap 'kill $SERVER 2>/dev/null; wait 2>/dev/null' EXIT
+SERVER=
+trap '[[ -n $SERVER ]] && kill $SERVER 2>/dev/null; wait 2>/dev/null' EXIT
+# PORT is inside Linux's ephemeral range: when a connection holds it, try
+# again a few times; wait for an HTTP answer, not an open port (a probe
+# from an ephemeral port equal to PORT connects to itself and holds it).
+for try in 1 2 3 4 5; do
+	# shellcheck disable=SC2086
+	"$BIN" serve --data-dir "$WORK/data" --addr "127.0.0.1:$PORT" --log-level info ${PPROF_PORT:+--pprof-addr 127.0.0.1:$PPROF_PORT} ${SERVE_FLAGS:-} >"$WORK/serve.log" 2>&1 &
+	SERVER=$!
+	for _ in $(seq 600); do
+		curl -s -o /dev/null "http://127.0.0.1:$PORT/healthz" && break
+		kill -0 $SERVER 2>/dev/null || break
+		sleep 0.1
+	done
+	kill -0 $SERVER 2>/dev/null && break
+	grep -q "address already in use" "$WORK/serve.log" && ((try < 5)) || { echo "serve exited: $(head -1 "$WORK/serve.log")" >&2; exit 1; }
+	sleep 2
+done
 TICK=$(getconf CLK_TCK)
 ticks() { awk '{ print $14 + $15 }' "/proc/$SERVER/stat"; }
 workers() { curl -s "http://127.0.0.1:$PORT/metrics" | awk '$1 == "capledger_worker_commands_total" { print $2 }'; }
@@ -33,7 +47,6 @@ report() { # label ticks0 ticks1 seconds
 profile() { # name seconds: in the background
 	[[ -n ${PPROF_PORT:-} ]] && curl -s "http://127.0.0.1:$PPROF_PORT/debug/pprof/profile?seconds=$2" -o "$WORK/$1.pprof" &
 }
-for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break; sleep 0.1; done
 profile start-up $((SETTLE - 1))
 sleep "$SETTLE"
 t0=$(ticks)

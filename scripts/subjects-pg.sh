@@ -105,14 +105,29 @@ echo "# DB=$DB REPLICAS=$REPLICAS SUBJECTS=$SUBJECTS HOT=$HOT MODE=$MODE BATCH=$
 for i in $(seq 0 $((REPLICAS - 1))); do
 	flags=(); ((i == 0)) || flags=(--shard-keys "$WORK/r0/shard-keys")
 	[[ $i != 0 || -z ${PPROF:-} ]] || flags+=(--pprof-addr "$PPROF")
-	# shellcheck disable=SC2086
-	"$BIN" serve --addr "127.0.0.1:$((PORT + i))" --data-dir "$WORK/r$i" "${flags[@]}" \
-		--store "$PG/$DB?sslmode=disable" --retention 0 --compaction 0 --log-level warn \
-		${SERVE_FLAGS:-} >"$WORK/r$i.log" 2>&1 &
-	SERVERS+=($!)
-	for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$((PORT + i))") 2>/dev/null && break; sleep 0.1; done
-	# The range is inside Linux's ephemeral one, so a client's socket may
-	# hold a port: stop rather than measure fewer replicas.
+	# The ports are inside Linux's ephemeral range, and the kernel hands
+	# out neighbouring ports to connections to one PostgreSQL: when one
+	# of them holds the port, try again a few times (as pg-replicas.sh).
+	for try in 1 2 3 4 5; do
+		# shellcheck disable=SC2086
+		"$BIN" serve --addr "127.0.0.1:$((PORT + i))" --data-dir "$WORK/r$i" "${flags[@]}" \
+			--store "$PG/$DB?sslmode=disable" --retention 0 --compaction 0 --log-level warn \
+			${SERVE_FLAGS:-} >"$WORK/r$i.log" 2>&1 &
+		SERVERS+=($!)
+		# Up to a minute (migrations on a loaded machine). An HTTP
+		# answer, not an open port: a probe from an ephemeral port equal
+		# to the server's connects to itself, and holds the port.
+		for _ in $(seq 600); do
+			curl -s -o /dev/null "http://127.0.0.1:$((PORT + i))/healthz" && break
+			kill -0 "${SERVERS[-1]}" 2>/dev/null || break
+			sleep 0.1
+		done
+		kill -0 "${SERVERS[-1]}" 2>/dev/null && break
+		grep -q "address already in use" "$WORK/r$i.log" && ((try < 5)) || break
+		unset 'SERVERS[-1]'
+		sleep 2
+	done
+	# Stop rather than measure fewer replicas.
 	kill -0 "${SERVERS[-1]}" 2>/dev/null || { echo "serve r$i exited: $(head -1 "$WORK/r$i.log")" >&2; exit 1; }
 	ADDRS+=("http://127.0.0.1:$((PORT + i))")
 done

@@ -404,11 +404,7 @@ func (c consoleService) accounts(ctx context.Context) ([]ledger.Account, []ledge
 // for a scoped caller from at most the store pages ListDebts reads a call
 // (so possibly fewer). It also returns every policy.
 func (c consoleService) debtors(ctx context.Context, limit int) ([]ledger.Account, []ledger.Policy, *connect.Error) {
-	var keep func(ledger.AccountKey) bool
-	if scoped(ctx) {
-		keep = func(k ledger.AccountKey) bool { return InScope(ctx, k.Subject, k.Route) }
-	}
-	accounts, _, _, err := c.s.ledger.AccountsInDebt(ctx, store.DebtFilter{Limit: limit}, keep)
+	accounts, _, _, err := c.s.ledger.AccountsInDebt(ctx, store.DebtFilter{Limit: limit}, scopeFilter(ctx))
 	if err != nil {
 		return nil, nil, readError("accounts in debt", ReasonStoreUnavailable, err)
 	}

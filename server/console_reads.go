@@ -32,13 +32,6 @@ func (c consoleService) consoleStore() (store.ConsoleStore, *connect.Error) {
 	return c.s.console.store, nil
 }
 
-// subjectInScope reports whether the caller's scope admits subject on
-// some route (true when auth is off or the token is unscoped).
-func subjectInScope(ctx context.Context, subject string) bool {
-	id, ok := IdentityFrom(ctx)
-	return !ok || matchesAny(id.Scope.Subjects, subject)
-}
-
 // ListSubjectReservations implements ConsoleService.ListSubjectReservations.
 func (c consoleService) ListSubjectReservations(ctx context.Context, req *connect.Request[v1.ListSubjectReservationsRequest]) (*connect.Response[v1.ListSubjectReservationsResponse], error) {
 	cs, cerr := c.consoleStore()
@@ -74,8 +67,7 @@ func (c consoleService) ListSubjectReservations(ctx context.Context, req *connec
 		return nil, invalidArgument(ReasonInvalidCommand, "page_token: %v", err)
 	}
 	resp := &v1.ListSubjectReservationsResponse{}
-	if !subjectInScope(ctx, m.GetSubject()) {
-		c.s.logOutOfScope(ctx, "list subject reservations", "subject", m.GetSubject())
+	if c.s.subjectOutOfScopeOnEveryRoute(ctx, "list subject reservations", m.GetSubject()) {
 		return connect.NewResponse(resp), nil // as for a subject without reservations
 	}
 	counts, err := cs.ReservationStatesOfSubject(ctx, m.GetSubject())
@@ -197,8 +189,7 @@ func (c consoleService) ListStatements(ctx context.Context, req *connect.Request
 		return nil, invalidArgument(ReasonInvalidCommand, "page_token: %v", err)
 	}
 	resp := &v1.ListStatementsResponse{}
-	if !InScope(ctx, key.Subject, key.Route) {
-		c.s.logOutOfScope(ctx, "list statements", "subject", key.Subject, "route", key.Route)
+	if c.s.outOfScope(ctx, "list statements", key.Subject, key.Route, "", "") {
 		return connect.NewResponse(resp), nil // as for an account without statements
 	}
 	list, err := cs.StatementsOf(ctx, store.StatementFilter{Account: key, Before: before, Limit: size + 1})
@@ -292,11 +283,7 @@ func (c consoleService) GetResolverAnswers(ctx context.Context, req *connect.Req
 		if scoped(ctx) {
 			// The answer names no tenant: the reservation's row does.
 			r, err := c.s.ledger.Reservation(ctx, a.ReservationID)
-			if err == nil && !InScope(ctx, r.Account.Subject, r.Account.Route) {
-				c.s.logOutOfScope(ctx, "get resolver answers", "reservation", a.ReservationID)
-				continue // as for a reservation without an answer
-			}
-			if isNotFound(err) {
+			if c.s.storedOutOfScope(ctx, "get resolver answers", "reservation", a.ReservationID, r.Account, err, reservationNotFound) != nil {
 				continue // as for a reservation without an answer
 			}
 			if err != nil {

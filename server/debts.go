@@ -36,11 +36,7 @@ func (s *Server) ListDebts(ctx context.Context, req *connect.Request[v1.ListDebt
 	// next token follows the last row it examined, which may lie outside
 	// the scope: sealNext seals it, so a short or empty page with a token
 	// means "keep paging".
-	var keep func(ledger.AccountKey) bool
-	if scoped(ctx) {
-		keep = func(k ledger.AccountKey) bool { return InScope(ctx, k.Subject, k.Route) }
-	}
-	accounts, next, more, err := s.ledger.AccountsInDebt(ctx, store.DebtFilter{After: after, Limit: size}, keep)
+	accounts, next, more, err := s.ledger.AccountsInDebt(ctx, store.DebtFilter{After: after, Limit: size}, scopeFilter(ctx))
 	if err != nil {
 		return nil, readError("list debts", ReasonStoreUnavailable, err)
 	}

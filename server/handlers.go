@@ -275,11 +275,8 @@ func (s *Server) reserveCommand(ctx context.Context, req *v1.ReserveRequest) (cm
 		Region:        region,
 	}
 	key := ledger.PolicyKey{Subject: cmd.Subject, Route: cmd.Route, Region: cmd.Region}
-	if !InScope(ctx, cmd.Subject, cmd.Route) {
-		// Out of the token's scope: answered as a subject nothing admits
-		// for, which is what it is for this caller.
-		s.logOutOfScope(ctx, "reserve", "subject", cmd.Subject, "route", cmd.Route)
-		return cmd, nil, noPolicy(key)
+	if cerr := s.subjectOutOfScope(ctx, "reserve", key); cerr != nil {
+		return cmd, nil, cerr
 	}
 	p, units, refusal, cerr := s.mapActive(ctx, key, req.GetUnits(), "reserve", cmd.ReservationID)
 	if cerr != nil {
@@ -379,11 +376,10 @@ func (s *Server) mapAgain(ctx context.Context, what string, attempt int, cmd *le
 
 // reserveOutcome turns the ledger's answer to a reserve into its outcome.
 func (s *Server) reserveOutcome(ctx context.Context, res *ledger.Result, unmapped *connect.Error) outcome[*v1.ReserveResponse] {
-	if r := &res.Reservation; r.ID != "" && !InScope(ctx, r.Account.Subject, r.Account.Route) {
+	if r := &res.Reservation; r.ID != "" && s.outOfScope(ctx, "reserve", r.Account.Subject, r.Account.Route, "reservation", r.ID) {
 		// The id is another tenant's (a digest mismatch, or a replay of a
-		// guessed digest): the id is taken, and nothing else is said.
-		s.logOutOfScope(ctx, "reserve", "reservation", r.ID)
-		return outcome[*v1.ReserveResponse]{err: withReason(connect.NewError(connect.CodeAlreadyExists, ledger.ErrDigestMismatch), ReasonDigestMismatch)}
+		// guessed digest).
+		return outcome[*v1.ReserveResponse]{err: idTaken()}
 	}
 	if unmapped != nil && !(res.Err == nil && res.Replayed) && !errors.Is(res.Err, ledger.ErrDigestMismatch) {
 		// Not a retry of an existing id: the server's own answer stands.
@@ -576,12 +572,8 @@ func (s *Server) settleCommand(ctx context.Context, req *v1.SettleRequest) (ledg
 		return ledger.Command{}, cerr
 	}
 	r, err := s.ledger.Reservation(ctx, req.GetReservationId())
-	if scoped(ctx) && err == nil && !InScope(ctx, r.Account.Subject, r.Account.Route) {
-		s.logOutOfScope(ctx, "settle", "reservation", req.GetReservationId())
-		return ledger.Command{}, reservationNotFound("settle", req.GetReservationId())
-	}
-	if scoped(ctx) && isNotFound(err) {
-		return ledger.Command{}, reservationNotFound("settle", req.GetReservationId())
+	if cerr := s.storedOutOfScope(ctx, "settle", "reservation", req.GetReservationId(), r.Account, err, reservationNotFound); cerr != nil {
+		return ledger.Command{}, cerr
 	}
 	if err != nil {
 		return ledger.Command{}, notSentError("settle "+req.GetReservationId(), ReasonReservationNotFound, err)
@@ -741,12 +733,8 @@ func (s *Server) GetReservation(ctx context.Context, req *connect.Request[v1.Get
 		return nil, cerr
 	}
 	r, err := s.ledger.Reservation(ctx, id)
-	if scoped(ctx) && err == nil && !InScope(ctx, r.Account.Subject, r.Account.Route) {
-		s.logOutOfScope(ctx, "get reservation", "reservation", id)
-		return nil, reservationNotFound("get reservation", id)
-	}
-	if scoped(ctx) && isNotFound(err) {
-		return nil, reservationNotFound("get reservation", id)
+	if cerr := s.storedOutOfScope(ctx, "get reservation", "reservation", id, r.Account, err, reservationNotFound); cerr != nil {
+		return nil, cerr
 	}
 	if err != nil {
 		return nil, readError("get reservation "+id, ReasonReservationNotFound, err)
@@ -769,9 +757,8 @@ func (s *Server) GetAccount(ctx context.Context, req *connect.Request[v1.GetAcco
 	if cerr := checkText("subject", key.Subject, "route", key.Route, "region", key.Region); cerr != nil {
 		return nil, cerr
 	}
-	if !InScope(ctx, key.Subject, key.Route) {
+	if s.outOfScope(ctx, "get account", key.Subject, key.Route, "", "") {
 		// Answered as a subject that never reserved.
-		s.logOutOfScope(ctx, "get account", "subject", key.Subject, "route", key.Route)
 		return connect.NewResponse(&v1.GetAccountResponse{}), nil
 	}
 	accounts, err := s.ledger.Accounts(ctx, key)

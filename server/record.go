@@ -56,9 +56,8 @@ func (s *Server) recordCommand(ctx context.Context, req *v1.RecordUsageRequest) 
 		Region:        region,
 	}
 	key := ledger.PolicyKey{Subject: cmd.Subject, Route: cmd.Route, Region: cmd.Region}
-	if !InScope(ctx, cmd.Subject, cmd.Route) {
-		s.logOutOfScope(ctx, "record usage", "subject", cmd.Subject, "route", cmd.Route)
-		return cmd, nil, noPolicy(key)
+	if cerr := s.subjectOutOfScope(ctx, "record usage", key); cerr != nil {
+		return cmd, nil, cerr
 	}
 	p, units, refusal, cerr := s.mapActive(ctx, key, req.GetActualUnits(), "record usage", cmd.ReservationID)
 	if cerr != nil {
@@ -99,9 +98,8 @@ func (s *Server) RecordCommand(ctx context.Context, req *v1.RecordUsageRequest) 
 // recordOutcome turns the ledger's answer to a record into the response
 // or the error.
 func (s *Server) recordOutcome(ctx context.Context, res *ledger.Result, unmapped *connect.Error) (*v1.RecordUsageResponse, *connect.Error) {
-	if r := &res.Reservation; r.ID != "" && !InScope(ctx, r.Account.Subject, r.Account.Route) {
-		// The id is another tenant's: it is taken, and nothing else is said.
-		return nil, withReason(connect.NewError(connect.CodeAlreadyExists, ledger.ErrDigestMismatch), ReasonDigestMismatch)
+	if r := &res.Reservation; r.ID != "" && s.outOfScope(ctx, "record usage", r.Account.Subject, r.Account.Route, "reservation", r.ID) {
+		return nil, idTaken() // the id is another tenant's
 	}
 	if unmapped != nil && !(res.Err == nil && res.Replayed) && !errors.Is(res.Err, ledger.ErrDigestMismatch) &&
 		!errors.Is(res.Err, ledger.ErrReservationAlreadySettled) {

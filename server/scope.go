@@ -151,6 +151,67 @@ func reservationNotFound(what, id string) *connect.Error {
 		fmt.Errorf("%s: %w: %s", what, ledger.ErrReservationNotFound, id)), ReasonReservationNotFound)
 }
 
+// outOfScope is the one out-of-scope rule: it reports whether the caller
+// of ctx may not touch subject on route (InScope), and logs every such
+// refusal at INFO with call and the token's name (API.md,
+// "Authentication"; OPERATIONS.md). The log names what was refused: kind
+// and id (a "reservation" or "shard" id) when kind is set, else the
+// subject and route. Every handler that refuses something outside the
+// scope asks it (directly or through the answers below), then answers as
+// for something that does not exist, or as a taken id; the filters of
+// lists (scopeFilter) leave rows out silently.
+func (s *Server) outOfScope(ctx context.Context, call, subject, route, kind, id string) bool {
+	if InScope(ctx, subject, route) {
+		return false
+	}
+	if kind != "" {
+		s.logOutOfScope(ctx, call, kind, id)
+	} else {
+		s.logOutOfScope(ctx, call, "subject", subject, "route", route)
+	}
+	return true
+}
+
+// subjectOutOfScope is the answer to a call naming key's subject and
+// route outside the caller's scope (Reserve, RecordUsage, IssueShard):
+// NO_POLICY, as for a subject no policy admits, which is what it is for
+// this caller; nil in the scope.
+func (s *Server) subjectOutOfScope(ctx context.Context, call string, key ledger.PolicyKey) *connect.Error {
+	if s.outOfScope(ctx, call, key.Subject, key.Route, "", "") {
+		return noPolicy(key)
+	}
+	return nil
+}
+
+// subjectOutOfScopeOnEveryRoute is outOfScope for a call naming a subject
+// without a route (ConsoleService.ListSubjectReservations): true, and
+// logged, when the caller's scope admits subject on no route.
+func (s *Server) subjectOutOfScopeOnEveryRoute(ctx context.Context, call, subject string) bool {
+	if id, ok := IdentityFrom(ctx); !ok || matchesAny(id.Scope.Subjects, subject) {
+		return false
+	}
+	s.logOutOfScope(ctx, call, "subject", subject)
+	return true
+}
+
+// storedOutOfScope is the scope check of a call that reads a stored row
+// (a reservation or a shard, kind) by id: for a scoped caller, notFound
+// (reservationNotFound, shardNotFound) when the row is outside the scope
+// (logged) or missing (err is store.ErrNotFound; not a refusal), the
+// same answer, so a refusal does not reveal that the id exists; nil
+// otherwise: when the caller is unscoped, the row is in its scope, or
+// the read failed for another reason (err, for the caller to answer).
+func (s *Server) storedOutOfScope(ctx context.Context, call, kind, id string, account ledger.AccountKey, err error,
+	notFound func(what, id string) *connect.Error) *connect.Error {
+	if !scoped(ctx) {
+		return nil
+	}
+	if err == nil && s.outOfScope(ctx, call, account.Subject, account.Route, kind, id) || isNotFound(err) {
+		return notFound(call, id)
+	}
+	return nil
+}
+
 // checkReservationScope is the scope check of an id-only call: nil when
 // the caller is unscoped or the stored reservation is in its scope;
 // reservationNotFound when it is missing or outside; a read error when the
@@ -160,26 +221,40 @@ func (s *Server) checkReservationScope(ctx context.Context, what, id string) *co
 		return nil
 	}
 	r, err := s.ledger.Reservation(ctx, id)
-	if err != nil {
-		if isNotFound(err) {
-			return reservationNotFound(what, id)
-		}
-		return notSentError(what+" "+id, ReasonReservationNotFound, err)
+	if cerr := s.storedOutOfScope(ctx, what, "reservation", id, r.Account, err, reservationNotFound); cerr != nil {
+		return cerr
 	}
-	if !InScope(ctx, r.Account.Subject, r.Account.Route) {
-		s.logOutOfScope(ctx, what, "reservation", id)
-		return reservationNotFound(what, id)
+	if err != nil {
+		return notSentError(what+" "+id, ReasonReservationNotFound, err)
 	}
 	return nil
 }
 
+// scopeFilter returns the filter of a list for the caller of ctx: true
+// for the accounts in its scope (InScope), nil when the caller is
+// unscoped (nothing to leave out). Rows left out are not refusals and
+// are not logged.
+func scopeFilter(ctx context.Context) func(ledger.AccountKey) bool {
+	if !scoped(ctx) {
+		return nil
+	}
+	return func(k ledger.AccountKey) bool { return InScope(ctx, k.Subject, k.Route) }
+}
+
 // logOutOfScope logs a refusal of a call for touching something outside
 // the caller's token scope (answered as if it did not exist), at INFO
-// with the token's name (API.md, "Authentication"; OPERATIONS.md): attrs
-// name what was refused (a subject and route, a reservation or shard id).
+// with the token's name: attrs name what was refused. Called by
+// outOfScope and by the checks that are not of one subject and route
+// (GetPolicy's policies, a subject on any route).
 func (s *Server) logOutOfScope(ctx context.Context, call string, attrs ...any) {
 	args := append([]any{"call", call}, attrs...)
 	s.log.Info("out of the token's scope", append(args, "token", tokenName(ctx))...)
+}
+
+// idTaken answers a Reserve or RecordUsage whose id another tenant's
+// reservation holds: the id is taken, and nothing else is said.
+func idTaken() *connect.Error {
+	return withReason(connect.NewError(connect.CodeAlreadyExists, ledger.ErrDigestMismatch), ReasonDigestMismatch)
 }
 
 func tokenName(ctx context.Context) string {

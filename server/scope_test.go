@@ -152,11 +152,13 @@ func (b *logBuffer) take() string {
 
 // TestOutOfScopeRefusalsLogged: every call refused for touching another
 // tenant's subject, reservation, shard or policy (answered as if it did
-// not exist) is logged at INFO with the token's name, as API.md and
-// OPERATIONS.md say; Settle, GetReservation, GetAccount, GetPolicy, a
-// Reserve reusing another tenant's id, every ShardService refusal and the
-// console's reads were refused silently. An id nobody used is not a
-// refusal and is not logged.
+// not exist, or as an id taken) gets the answer API.md's table gives and
+// is logged at INFO with the token's name, as API.md and OPERATIONS.md
+// say; Settle, GetReservation, GetAccount, GetPolicy, a Reserve reusing
+// another tenant's id, every ShardService refusal and the console's reads
+// were refused silently, and RecordUsage reusing one until the scope
+// check was one function (outOfScope). An id nobody used is not a refusal
+// and is not logged.
 func TestOutOfScopeRefusalsLogged(t *testing.T) {
 	logs := &logBuffer{}
 	h := newHarness(t, harnessOptions{auth: true, tokens: scopedTokens, logs: logs, shards: true})
@@ -178,28 +180,40 @@ func TestOutOfScopeRefusalsLogged(t *testing.T) {
 	logs.take()
 
 	names := map[string]string{gwAToken: "gw-a", gwBToken: "gw-b", viewerToken: "dash-b"}
-	for _, c := range []struct{ service, method, body, token, call string }{
-		{"LedgerService", "GetReservation", `{"reservationId":"a1"}`, gwBToken, "get reservation"},
-		{"LedgerService", "Settle", `{"reservationId":"a1","operationId":"op","actualUnits":{"tokens":1}}`, gwBToken, "settle"},
-		{"LedgerService", "Start", `{"reservationId":"a1","operationId":"op"}`, gwBToken, "start"},
-		{"LedgerService", "Release", `{"reservationId":"a1"}`, gwBToken, "release"},
-		{"LedgerService", "MarkUsageUnknown", `{"reservationId":"a1"}`, gwBToken, "mark usage unknown"},
-		{"LedgerService", "Reserve", `{"reservationId":"b1","subject":"tenant-a/u1","route":"chat.generate","units":{"tokens":1}}`, gwBToken, "reserve"},
-		{"LedgerService", "Reserve", `{"reservationId":"a1","subject":"tenant-b/u1","route":"chat.generate","units":{"tokens":1}}`, gwBToken, "reserve"},
-		{"LedgerService", "GetAccount", `{"subject":"tenant-a/u1","route":"chat.generate"}`, gwBToken, "get account"},
-		{"LedgerService", "GetPolicy", `{"generation":"2"}`, gwAToken, "get policy"},
-		{"ShardService", "GetShard", `{"shardId":"sh-a"}`, gwBToken, "get shard"},
-		{"ShardService", "ReconcileShard", `{"shardId":"sh-a","gatewayId":"gw-b"}`, gwBToken, "reconcile shard"},
-		{"ShardService", "IssueShard", issue("sh-b", "tenant-a/u1", "gw-b"), gwBToken, "issue shard"},
-		{"ShardService", "IssueShard", issue("sh-a", "tenant-b/u1", "gw-b"), gwBToken, "issue shard"},
-		{"ConsoleService", "ListSubjectReservations", `{"subject":"tenant-a/u1"}`, viewerToken, "list subject reservations"},
-		{"ConsoleService", "ListStatements", `{"subject":"tenant-a/u1","route":"chat.generate","policyGeneration":"1"}`, viewerToken, "list statements"},
+	record := func(id, subject string) string {
+		return `{"reservationId":"` + id + `","operationId":"op","subject":"` + subject + `","route":"chat.generate","actualUnits":{"tokens":1}}`
+	}
+	// Each refusal's answer (status and reason, as for something that
+	// does not exist or an id taken) and its log line.
+	for _, c := range []struct {
+		service, method, body, token, call string
+		status                             int
+		reason                             string
+	}{
+		{"LedgerService", "GetReservation", `{"reservationId":"a1"}`, gwBToken, "get reservation", http.StatusNotFound, server.ReasonReservationNotFound},
+		{"LedgerService", "Settle", `{"reservationId":"a1","operationId":"op","actualUnits":{"tokens":1}}`, gwBToken, "settle", http.StatusNotFound, server.ReasonReservationNotFound},
+		{"LedgerService", "Start", `{"reservationId":"a1","operationId":"op"}`, gwBToken, "start", http.StatusNotFound, server.ReasonReservationNotFound},
+		{"LedgerService", "Release", `{"reservationId":"a1"}`, gwBToken, "release", http.StatusNotFound, server.ReasonReservationNotFound},
+		{"LedgerService", "MarkUsageUnknown", `{"reservationId":"a1"}`, gwBToken, "mark usage unknown", http.StatusNotFound, server.ReasonReservationNotFound},
+		{"LedgerService", "Reserve", `{"reservationId":"b1","subject":"tenant-a/u1","route":"chat.generate","units":{"tokens":1}}`, gwBToken, "reserve", http.StatusNotFound, server.ReasonNoPolicy},
+		{"LedgerService", "Reserve", `{"reservationId":"a1","subject":"tenant-b/u1","route":"chat.generate","units":{"tokens":1}}`, gwBToken, "reserve", http.StatusConflict, server.ReasonDigestMismatch},
+		{"LedgerService", "RecordUsage", record("b2", "tenant-a/u1"), gwBToken, "record usage", http.StatusNotFound, server.ReasonNoPolicy},
+		{"LedgerService", "RecordUsage", record("a1", "tenant-b/u1"), gwBToken, "record usage", http.StatusConflict, server.ReasonDigestMismatch},
+		{"LedgerService", "GetAccount", `{"subject":"tenant-a/u1","route":"chat.generate"}`, gwBToken, "get account", http.StatusOK, ""},
+		{"LedgerService", "GetPolicy", `{"generation":"2"}`, gwAToken, "get policy", http.StatusNotFound, server.ReasonPolicyNotFound},
+		{"ShardService", "GetShard", `{"shardId":"sh-a"}`, gwBToken, "get shard", http.StatusNotFound, server.ReasonShardNotFound},
+		{"ShardService", "ReconcileShard", `{"shardId":"sh-a","gatewayId":"gw-b"}`, gwBToken, "reconcile shard", http.StatusNotFound, server.ReasonShardNotFound},
+		{"ShardService", "IssueShard", issue("sh-b", "tenant-a/u1", "gw-b"), gwBToken, "issue shard", http.StatusNotFound, server.ReasonNoPolicy},
+		{"ShardService", "IssueShard", issue("sh-a", "tenant-b/u1", "gw-b"), gwBToken, "issue shard", http.StatusConflict, server.ReasonShardIDReused},
+		{"ConsoleService", "ListSubjectReservations", `{"subject":"tenant-a/u1"}`, viewerToken, "list subject reservations", http.StatusOK, ""},
+		{"ConsoleService", "ListStatements", `{"subject":"tenant-a/u1","route":"chat.generate","policyGeneration":"1"}`, viewerToken, "list statements", http.StatusOK, ""},
 	} {
 		req, _ := http.NewRequest(http.MethodPost, h.url+"/capledger.v1."+c.service+"/"+c.method, strings.NewReader(c.body))
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Authorization", "Bearer "+c.token)
-		if r := h.do(req); r.status != http.StatusOK && r.status != http.StatusNotFound && r.status != http.StatusConflict {
-			t.Fatalf("%s %s: %d %s", c.method, c.body, r.status, r.raw)
+		r := h.do(req)
+		if r.status != c.status || c.reason != "" && detailReason(t, r) != c.reason {
+			t.Errorf("%s %s by %s: %d %s, want %d %s", c.method, c.body, names[c.token], r.status, r.raw, c.status, c.reason)
 		}
 		got, call := logs.take(), c.call
 		if strings.Contains(call, " ") {

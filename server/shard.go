@@ -191,10 +191,9 @@ func (svc *shardService) issue(ctx context.Context, m *v1.IssueShardRequest, leg
 	if ttl > svc.maxTTL {
 		return nil, invalidArgument(ReasonInvalidCommand, "ttl %s is outside (0, %s]", ttl, svc.maxTTL)
 	}
-	if !InScope(ctx, m.GetSubject(), m.GetRoute()) {
-		svc.s.logOutOfScope(ctx, "issue shard", "subject", m.GetSubject(), "route", m.GetRoute())
-		key := ledger.PolicyKey{Subject: m.GetSubject(), Route: m.GetRoute(), Region: region}
-		return nil, noPolicy(key)
+	key := ledger.PolicyKey{Subject: m.GetSubject(), Route: m.GetRoute(), Region: region}
+	if cerr := svc.s.subjectOutOfScope(ctx, "issue shard", key); cerr != nil {
+		return nil, cerr
 	}
 	if svc.keys == nil {
 		return nil, withReason(connect.NewError(connect.CodeFailedPrecondition, errors.New("this server has no shard signing keys")), ReasonShardsDisabled)
@@ -203,7 +202,6 @@ func (svc *shardService) issue(ctx context.Context, m *v1.IssueShardRequest, leg
 	if !ok {
 		return nil, withReason(connect.NewError(connect.CodeFailedPrecondition, errors.New("this server's shard keys hold no private key")), ReasonShardsDisabled)
 	}
-	key := ledger.PolicyKey{Subject: m.GetSubject(), Route: m.GetRoute(), Region: region}
 	for attempt := 0; ; attempt++ {
 		// The units by the deciding policy, as a Reserve maps them: a
 		// cache that predates a generation published through another
@@ -231,14 +229,12 @@ func (svc *shardService) issue(ctx context.Context, m *v1.IssueShardRequest, leg
 			continue
 		}
 		if cerr != nil {
-			if res.Shard != nil && !InScope(ctx, res.Shard.Account.Subject, res.Shard.Account.Route) {
-				svc.s.logOutOfScope(ctx, "issue shard", "shard", m.GetShardId())
+			if res.Shard != nil && svc.s.outOfScope(ctx, "issue shard", res.Shard.Account.Subject, res.Shard.Account.Route, "shard", m.GetShardId()) {
 				return nil, shardIDTaken()
 			}
 			return nil, cerr
 		}
-		if !InScope(ctx, res.Shard.Account.Subject, res.Shard.Account.Route) {
-			svc.s.logOutOfScope(ctx, "issue shard", "shard", m.GetShardId())
+		if svc.s.outOfScope(ctx, "issue shard", res.Shard.Account.Subject, res.Shard.Account.Route, "shard", m.GetShardId()) {
 			return nil, shardIDTaken() // a replay of another tenant's shard id
 		}
 		pb, err := svc.shardProto(ctx, res.Shard, true)
@@ -268,12 +264,8 @@ func (svc *shardService) GetShard(ctx context.Context, req *connect.Request[v1.G
 		return nil, connect.NewError(connect.CodeUnimplemented, errors.New("this ledger cannot read shards"))
 	}
 	sh, err := svc.reads.Shard(ctx, req.Msg.GetShardId())
-	if scoped(ctx) && err == nil && !InScope(ctx, sh.Account.Subject, sh.Account.Route) {
-		svc.s.logOutOfScope(ctx, "get shard", "shard", req.Msg.GetShardId())
-		return nil, shardNotFound("get shard", req.Msg.GetShardId())
-	}
-	if scoped(ctx) && isNotFound(err) {
-		return nil, shardNotFound("get shard", req.Msg.GetShardId())
+	if cerr := svc.s.storedOutOfScope(ctx, "get shard", "shard", req.Msg.GetShardId(), sh.Account, err, shardNotFound); cerr != nil {
+		return nil, cerr
 	}
 	if err != nil {
 		return nil, readError("get shard "+req.Msg.GetShardId(), ReasonShardNotFound, err)
@@ -396,12 +388,8 @@ func (svc *shardService) ReconcileShard(ctx context.Context, req *connect.Reques
 	}
 	// The receipts' units are named by the shard's own generation.
 	sh, err := svc.reads.Shard(ctx, m.GetShardId())
-	if scoped(ctx) && err == nil && !InScope(ctx, sh.Account.Subject, sh.Account.Route) {
-		svc.s.logOutOfScope(ctx, "reconcile shard", "shard", m.GetShardId())
-		return nil, shardNotFound("reconcile shard", m.GetShardId())
-	}
-	if scoped(ctx) && isNotFound(err) {
-		return nil, shardNotFound("reconcile shard", m.GetShardId())
+	if cerr := svc.s.storedOutOfScope(ctx, "reconcile shard", "shard", m.GetShardId(), sh.Account, err, shardNotFound); cerr != nil {
+		return nil, cerr
 	}
 	if err != nil {
 		return nil, notSentError("reconcile shard "+m.GetShardId(), ReasonShardNotFound, err)

@@ -33,6 +33,13 @@ type CheckpointStore interface {
 	// including across restarts and leader changes.
 	CheckpointLast(ctx context.Context) (ledger.Checkpoint, bool, error)
 
+	// JournalAfter reports whether a journal entry at a position after
+	// pos is committed: one indexed probe, the compaction worker's
+	// watermark. Before a cut it asks about the last checkpoint's
+	// Through, and with nothing after it takes no audit snapshot (which
+	// reads every policy, move, shard, statement and retained total).
+	JournalAfter(ctx context.Context, pos int64) (bool, error)
+
 	// CheckpointWrite starts writing checkpoint seq, which must be one
 	// past the last stored checkpoint's (1 for the first), else
 	// ErrConflict; ErrConflict too while another writer (another replica)

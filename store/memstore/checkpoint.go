@@ -35,6 +35,15 @@ func (s *Store) CheckpointLast(ctx context.Context) (c ledger.Checkpoint, ok boo
 	return c, ok, err
 }
 
+// JournalAfter implements store.CheckpointStore.
+func (s *Store) JournalAfter(ctx context.Context, pos int64) (after bool, err error) {
+	err = s.read(ctx, func(r *rows) error {
+		after = r.cp.journalBase+int64(len(r.journal)) > pos
+		return nil
+	})
+	return after, err
+}
+
 // chainCopy copies the chain: headers, the last with its accounts.
 func (r *rows) chainCopy() []ledger.Checkpoint {
 	out := make([]ledger.Checkpoint, len(r.cp.chain))

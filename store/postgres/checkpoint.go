@@ -111,6 +111,19 @@ func (s *Store) streamAccounts(ctx context.Context, tx pgx.Tx, snap *ledger.Snap
 	}
 }
 
+// JournalAfter implements store.CheckpointStore: one probe of journal's
+// primary key. A row inserted but not yet committed is not seen; its
+// seq is beyond the last checkpoint's Through (AuditSnapshot's cut
+// position waits for every writer of one at or below it), so the next
+// pass sees it.
+func (s *Store) JournalAfter(ctx context.Context, pos int64) (bool, error) {
+	var after bool
+	if err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM journal WHERE seq > $1)`, pos).Scan(&after); err != nil {
+		return false, s.c.classify("journal after", err, false)
+	}
+	return after, nil
+}
+
 // checkpointLock is the session advisory lock a checkpoint writer holds,
 // per schema: one writer at a time across replicas, so no attempt deletes
 // the rows another is staging.

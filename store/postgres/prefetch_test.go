@@ -110,57 +110,20 @@ func mustBegin(t *testing.T, s store.Store) store.Tx {
 // timeout, no conflict reaches the caller (the core does not retry), and
 // every unit is accounted for.
 func TestAccountsPrefetchOppositeOrders(t *testing.T) {
-	first, dsn := openStore(t)
-	second, err := postgres.Open(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer second.Close()
 	const subjects, rounds = 8, 25
-	var keys []ledger.PolicyKey
-	var publishes []ledger.Command
-	for i := range subjects {
-		keys = append(keys, subjectKey(i))
-		publishes = append(publishes, publishCmd(keys[i], 1_000_000))
-	}
-	commitCmds(t, first, t0, publishes...)
-	// The accounts are created first: two replicas creating the same
-	// account at once is a unique violation that the engine reruns, not
-	// what this test is about.
-	var warm []ledger.Command
-	for _, k := range keys {
-		warm = append(warm, reserveOn(k, "warm-"+k.Subject, 1))
-	}
-	commitCmds(t, first, t0, warm...)
-	cores := []*engine.Core{engine.NewCore(first), engine.NewCore(second)}
-	var wg sync.WaitGroup
-	for r, core := range cores {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for round := range rounds {
-				cmds := make([]ledger.Command, 0, subjects)
-				for i := range subjects {
-					k := keys[i]
-					if r == 1 {
-						k = keys[subjects-1-i]
-					}
-					cmds = append(cmds, reserveOn(k, fmt.Sprintf("o%d-%d-%s", r, round, k.Subject), 1))
-				}
-				results, err := core.Commit(context.Background(), cmds, t0.Add(time.Second))
-				if err != nil {
-					t.Errorf("replica %d round %d: %v", r, round, err)
-					continue
-				}
-				for i := range results {
-					if results[i].Err != nil {
-						t.Errorf("replica %d round %d: %s: %v", r, round, cmds[i].ReservationID, results[i].Err)
-					}
-				}
+	first, second, keys := twoReplicas(t, subjects)
+	warmAccounts(t, first, keys)
+	concurrentBatches(t, first, second, rounds, func(r, round int) []ledger.Command {
+		cmds := make([]ledger.Command, 0, subjects)
+		for i := range subjects {
+			k := keys[i]
+			if r == 1 {
+				k = keys[subjects-1-i]
 			}
-		}()
-	}
-	wg.Wait()
+			cmds = append(cmds, reserveOn(k, fmt.Sprintf("o%d-%d-%s", r, round, k.Subject), 1))
+		}
+		return cmds
+	})
 	snap := mustAudit(t, first)
 	if len(snap.Reservations) != (2*rounds+1)*subjects {
 		t.Errorf("%d reservations stored, want %d", len(snap.Reservations), (2*rounds+1)*subjects)
@@ -184,20 +147,8 @@ func TestAccountsPrefetchOppositeOrders(t *testing.T) {
 // prefetch had locked the reserves' accounts, out of order for one of the
 // two replicas: lock timeouts (55P03) and deadlocks (40P01).
 func TestAccountsPrefetchLocksReservationAccounts(t *testing.T) {
-	first, dsn := openStore(t)
-	second, err := postgres.Open(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer second.Close()
 	const half, rounds = 4, 30
-	var keys []ledger.PolicyKey
-	var publishes []ledger.Command
-	for i := range 2 * half {
-		keys = append(keys, subjectKey(i))
-		publishes = append(publishes, publishCmd(keys[i], 1_000_000))
-	}
-	commitCmds(t, first, t0, publishes...)
+	first, second, keys := twoReplicas(t, 2*half)
 	// sides[r] is what replica r reserves on; it releases holds on the
 	// other side, made beforehand (hold ids name replica, round, subject).
 	sides := [2][]ledger.PolicyKey{keys[:half], keys[half:]}
@@ -238,22 +189,9 @@ func TestAccountsPrefetchLocksReservationAccounts(t *testing.T) {
 // reaches the caller. Read by the getters in the page's order, the second
 // and later were out-of-order locks: lock timeouts (55P03).
 func TestAccountsPrefetchLocksNamedAccounts(t *testing.T) {
-	first, dsn := openStore(t)
-	second, err := postgres.Open(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer second.Close()
 	const subjects, rounds = 8, 30
-	var keys []ledger.PolicyKey
-	var publishes, warm []ledger.Command
-	for i := range subjects {
-		keys = append(keys, subjectKey(i))
-		publishes = append(publishes, publishCmd(keys[i], 1_000_000))
-		warm = append(warm, reserveOn(keys[i], "warm-"+keys[i].Subject, 1))
-	}
-	commitCmds(t, first, t0, publishes...)
-	results := commitCmds(t, first, t0, warm...)
+	first, second, keys := twoReplicas(t, subjects)
+	results := warmAccounts(t, first, keys)
 	var closes []ledger.Command
 	for i := range results {
 		k := keys[subjects-1-i]
@@ -270,6 +208,40 @@ func TestAccountsPrefetchLocksNamedAccounts(t *testing.T) {
 		}
 		return cmds
 	})
+}
+
+// twoReplicas opens two stores (two pools, as two replicas have) on one
+// new schema, closed when t ends, and publishes a policy for each of
+// subjects subjects (subjectKey(0) and on, a burst of 1,000,000), whose
+// keys it returns.
+func twoReplicas(t *testing.T, subjects int) (first, second *postgres.Store, keys []ledger.PolicyKey) {
+	t.Helper()
+	first, dsn := openStore(t)
+	second, err := postgres.Open(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { second.Close() })
+	var publishes []ledger.Command
+	for i := range subjects {
+		keys = append(keys, subjectKey(i))
+		publishes = append(publishes, publishCmd(keys[i], 1_000_000))
+	}
+	commitCmds(t, first, t0, publishes...)
+	return first, second, keys
+}
+
+// warmAccounts creates the account of each of keys (a hold of one unit,
+// "warm-" and the subject) and returns the results: two replicas creating
+// the same account at once is a unique violation that the engine reruns,
+// not what the lock tests are about.
+func warmAccounts(t *testing.T, s store.Store, keys []ledger.PolicyKey) []ledger.Result {
+	t.Helper()
+	var warm []ledger.Command
+	for _, k := range keys {
+		warm = append(warm, reserveOn(k, "warm-"+k.Subject, 1))
+	}
+	return commitCmds(t, s, t0, warm...)
 }
 
 // concurrentBatches commits rounds batches through the engine's core on

@@ -325,6 +325,19 @@ func streamAccounts(ctx context.Context, tx *sql.Tx, snap *ledger.Snapshot) {
 	}
 }
 
+// JournalAfter implements store.CheckpointStore: one probe of
+// journal_batches' key. Rows of the journal table (schema versions 1
+// and 2) are at position 0, after none.
+func (s *Store) JournalAfter(ctx context.Context, pos int64) (_ bool, err error) {
+	defer s.readBarrier(ctx, &err)
+	if s.closed.Load() {
+		return false, errClosed
+	}
+	found, err := queryAll(ctx, s.reader("SELECT seq FROM journal_batches WHERE seq > ? LIMIT 1"),
+		func(sc scanner) (int64, error) { var seq int64; err := sc.Scan(&seq); return seq, err }, "journal after", pos)
+	return len(found) > 0, err
+}
+
 // JournalCompact implements store.CheckpointStore.
 func (s *Store) JournalCompact(ctx context.Context, limit int) (int, error) {
 	if limit <= 0 {

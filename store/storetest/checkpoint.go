@@ -19,6 +19,7 @@ var checkpointCases = []struct {
 	{"CheckpointCompaction", testCheckpointCompaction},
 	{"CheckpointConflict", testCheckpointConflict},
 	{"CheckpointWriterPaged", testCheckpointWriterPaged},
+	{"JournalAfter", testJournalAfter},
 }
 
 // cutCheckpoint audits s through AuditSnapshot and returns the checkpoint
@@ -326,4 +327,35 @@ func RunAuditReads(t *testing.T, open func(t *testing.T) store.Store) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) { tc.f(t, open(t)) })
 	}
+}
+
+// testJournalAfter: JournalAfter, the compaction worker's watermark, says
+// whether an entry after a position is committed: on an empty store none
+// is; after commands some are; after a checkpoint of them none is after
+// its Through (before and after compaction deletes what it summarises),
+// until the next command.
+func testJournalAfter(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	after := func(when string, pos int64, want bool) {
+		t.Helper()
+		if got, err := s.JournalAfter(ctx, pos); err != nil || got != want {
+			t.Fatalf("%s: JournalAfter(%d) = %v, %v; want %v", when, pos, got, err, want)
+		}
+	}
+	after("empty store", 0, false)
+	now, _ := retentionWorld(t, s, time.Date(2026, 7, 22, 9, 0, 0, 0, time.UTC))
+	after("after commands", 0, true)
+	cp := cutCheckpoint(t, s, now)
+	if err := store.PutCheckpoint(ctx, s, cp); err != nil {
+		t.Fatal(err)
+	}
+	after("after a checkpoint of every entry", cp.Through, false)
+	after("after a checkpoint, from the start", 0, true)
+	compactAll(t, s, 100)
+	after("after compaction", cp.Through, false)
+	cmd := ledger.Command{Kind: ledger.KindRelease, ReservationID: "h"}
+	if res, err := apply(ctx, s, &cmd, now.Add(time.Second)); err != nil || res.Err != nil {
+		t.Fatalf("release: %+v, %v", res, err)
+	}
+	after("after a command since the checkpoint", cp.Through, true)
 }
