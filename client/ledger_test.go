@@ -45,6 +45,14 @@ var quietLogger = slog.New(slog.NewTextHandler(io.Discard, nil))
 // watchdog; the breaker still opens on failures.
 var noBreakerWatchdog = WithBreaker(BreakerPolicy{DetectTimeout: DefaultTimeout})
 
+// withoutWatchdog is for the set-up and check calls of a Client whose
+// breaker watchdog is under test: calls on the returned context arm no
+// watchdog (as Audit's), so one slow answer on a loaded machine cannot
+// open the breaker before or after the outage the test is about.
+func withoutWatchdog(ctx context.Context) context.Context {
+	return context.WithValue(ctx, slowCallKey{}, true)
+}
+
 func startLedger(t *testing.T) *testLedger {
 	t.Helper()
 	ctx := context.Background()
