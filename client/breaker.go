@@ -110,8 +110,9 @@ type BreakerStats struct {
 }
 
 // Breaker returns a snapshot of the Client's circuit breaker.
-func (c *Client) Breaker() BreakerStats {
-	b := c.breaker
+func (c *Client) Breaker() BreakerStats { return c.breaker.stats() }
+
+func (b *breaker) stats() BreakerStats {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return BreakerStats{State: b.state, Trips: b.trips, Probes: b.probes, OpenedAt: b.openedAt}
@@ -124,22 +125,30 @@ type breaker struct {
 	policy   BreakerPolicy
 	disabled bool
 	probe    func(ctx context.Context) error
-	// answers counts answers received; a watchdog compares it.
-	// lastAnswer is when the last one arrived (unix nanoseconds).
-	answers    atomic.Uint64
-	lastAnswer atomic.Int64
-	// open mirrors state != closed for the lock-free fast path.
+	// open mirrors state != closed for the lock-free fast path; it is
+	// written only under mu.
 	open atomic.Bool
+	// beforeWatchdogDecides, set only by tests, runs when a watchdog has
+	// fired and before it decides: an answer a test delivers there
+	// arrived before the decision.
+	beforeWatchdogDecides func()
 
-	mu       sync.Mutex
-	state    BreakerState
-	failures int
-	wait     time.Duration
-	trips    int64
-	probes   int64
-	openedAt time.Time
-	inflight map[uint64]context.CancelFunc
-	nextID   uint64
+	// mu orders answers and decisions to open: an answer counted before a
+	// decision prevents it, one after it closes the breaker again, so an
+	// answer never leaves the breaker open behind it.
+	mu sync.Mutex
+	// answers counts answers received (a watchdog compares it);
+	// lastAnswer is when the last one arrived.
+	answers    uint64
+	lastAnswer time.Time
+	state      BreakerState
+	failures   int
+	wait       time.Duration
+	trips      int64
+	probes     int64
+	openedAt   time.Time
+	inflight   map[uint64]context.CancelFunc
+	nextID     uint64
 	// closedCh is closed when the breaker closes (a new one per trip).
 	closedCh chan struct{}
 	stop     chan struct{}
@@ -153,7 +162,7 @@ func newBreaker(p BreakerPolicy, probe func(ctx context.Context) error) *breaker
 	b.closedCh = make(chan struct{})
 	close(b.closedCh)
 	// A new client has not had the chance to hear from the ledger yet.
-	b.lastAnswer.Store(time.Now().UnixNano())
+	b.lastAnswer = time.Now()
 	return b
 }
 
@@ -181,15 +190,11 @@ func (b *breaker) attempt(ctx context.Context, timeout time.Duration, cancel con
 	b.nextID++
 	id := b.nextID
 	b.inflight[id] = cancel
+	seen := b.answers
 	b.mu.Unlock()
 	var watchdog *time.Timer
 	if b.policy.DetectTimeout < timeout && ctx.Value(slowCallKey{}) == nil {
-		seen := b.answers.Load()
-		watchdog = time.AfterFunc(b.policy.DetectTimeout, func() {
-			if b.answers.Load() == seen {
-				b.trip()
-			}
-		})
+		watchdog = time.AfterFunc(b.policy.DetectTimeout, func() { b.watchdogFired(seen) })
 	}
 	return func(ctx context.Context, err error) {
 		if watchdog != nil {
@@ -210,36 +215,43 @@ func (b *breaker) attempt(ctx context.Context, timeout time.Duration, cancel con
 	}
 }
 
-func (b *breaker) answered() {
-	b.answers.Add(1)
-	b.lastAnswer.Store(time.Now().UnixNano())
-	if b.open.Load() {
-		b.close()
-		return
+// watchdogFired opens the breaker unless an answer arrived since the
+// watchdog's attempt began (seen is the count of answers then).
+func (b *breaker) watchdogFired(seen uint64) {
+	if b.beforeWatchdogDecides != nil {
+		b.beforeWatchdogDecides()
 	}
+	b.tripIf(func() bool { return b.answers == seen })
+}
+
+// answered records an answer from the ledger: any answer proves it
+// reachable and closes the breaker.
+func (b *breaker) answered() {
 	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.answers++
+	b.lastAnswer = time.Now()
 	b.failures = 0
-	b.mu.Unlock()
+	b.closeLocked()
 }
 
 func (b *breaker) failed() {
-	b.mu.Lock()
-	b.failures++
-	// Random losses among answers that keep arriving are not an outage:
-	// only failures with no answer for DetectTimeout open the breaker.
-	silent := time.Since(time.Unix(0, b.lastAnswer.Load())) >= b.policy.DetectTimeout
-	trip := b.failures >= b.policy.FailureThreshold && silent && b.state == BreakerClosed
-	b.mu.Unlock()
-	if trip {
-		b.trip()
-	}
+	b.tripIf(func() bool {
+		b.failures++ // only counted while closed: closing resets it
+		// Random losses among answers that keep arriving are not an
+		// outage: only failures with no answer for DetectTimeout open
+		// the breaker.
+		silent := time.Since(b.lastAnswer) >= b.policy.DetectTimeout
+		return b.failures >= b.policy.FailureThreshold && silent
+	})
 }
 
-// trip opens the breaker, abandons the attempts in flight and starts the
-// prober.
-func (b *breaker) trip() {
+// tripIf opens the breaker if it is closed and due() holds, abandons the
+// attempts in flight and starts the prober. due runs under mu, so it sees
+// every answer that arrived before the decision (see mu).
+func (b *breaker) tripIf(due func() bool) {
 	b.mu.Lock()
-	if b.state != BreakerClosed || b.stopped {
+	if b.state != BreakerClosed || b.stopped || !due() {
 		b.mu.Unlock()
 		return
 	}
@@ -261,9 +273,8 @@ func (b *breaker) trip() {
 	go b.probeLoop()
 }
 
-func (b *breaker) close() {
-	b.mu.Lock()
-	defer b.mu.Unlock()
+// closeLocked closes the breaker if it is open; mu is held.
+func (b *breaker) closeLocked() {
 	if b.state == BreakerClosed {
 		return
 	}
@@ -308,9 +319,7 @@ func (b *breaker) probeLoop() {
 		err := b.probe(ctx)
 		cancel()
 		if err == nil || !isTransportFault(err) {
-			b.answers.Add(1)
-			b.lastAnswer.Store(time.Now().UnixNano())
-			b.close()
+			b.answered()
 			return
 		}
 		b.mu.Lock()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -123,7 +124,13 @@ func TestMiddlewarePartitionMode(t *testing.T) {
 	gw, em := emergencyGateway(t, l, WithTimeout(2*time.Second), WithBreaker(BreakerPolicy{DetectTimeout: 200 * time.Millisecond}))
 	srv := gateway(t, gw, MiddlewareConfig{Estimator: tokensEstimator, Emergency: em,
 		Usage: UsageFromStream(map[string]string{"tokens": "total_tokens"}, nil)}, streamingBackend(11))
-	resp, _ := send(t, srv.Client(), srv.URL, "tenant-7", "{}")
+	// The same middleware, its calls arming no watchdog: only the
+	// requests in the partition are about the breaker's.
+	healthy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		srv.Config.Handler.ServeHTTP(w, r.WithContext(withoutWatchdog(r.Context())))
+	}))
+	defer healthy.Close()
+	resp, _ := send(t, healthy.Client(), healthy.URL, "tenant-7", "{}")
 	if resp.StatusCode != 200 || em.store.Has(resp.Header.Get(ReservationHeader)) {
 		t.Fatalf("healthy request: %d, local %v", resp.StatusCode, em.store.Has(resp.Header.Get(ReservationHeader)))
 	}

@@ -87,7 +87,7 @@ func TestRunRecordsOperationsAndTheHandlerAnswersFromThem(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := New(l.addr, WithOperationStore(ops))
+	c, err := New(l.addr, noBreakerWatchdog, WithOperationStore(ops))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -124,7 +124,7 @@ func TestEmergencyShardEndToEnd(t *testing.T) {
 	ctx := context.Background()
 
 	// direct is the operator's view, never partitioned.
-	direct, err := New(addr)
+	direct, err := New(addr, noBreakerWatchdog)
 	if err != nil {
 		t.Fatal(err)
 	}

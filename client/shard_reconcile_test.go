@@ -35,7 +35,7 @@ func TestReconcileResendsReceiptsAnOperatorDidNotResolve(t *testing.T) {
 	}
 	defer proxy.Close()
 	ctx := context.Background()
-	direct, err := New(addr)
+	direct, err := New(addr, noBreakerWatchdog)
 	if err != nil {
 		t.Fatal(err)
 	}
