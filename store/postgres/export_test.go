@@ -1,5 +1,7 @@
 package postgres
 
+import "github.com/jackc/pgx/v5/pgxpool"
+
 // Exported for the external tests of the query plans.
 var (
 	UnknownSQL        = unknownSQL
@@ -16,3 +18,17 @@ func SetAccountPage(n int) (restore func()) {
 	accountPage = n
 	return func() { accountPage = old }
 }
+
+// The batch prefetches' statements, with the lock clause a batch's first
+// lock takes.
+var (
+	ReservationsPrefetchSQL = reservationsPrefetchSQL + lockWait.clause("")
+	TombstonesPrefetchSQL   = tombstonesPrefetchSQL
+	PrefetchHeadsSQL        = prefetchHeadsSQL
+	PrefetchCurrentsSQL     = prefetchCurrentsSQL
+	PrefetchAccountsSQL     = prefetchAccountsSQL + lockWait.clause("a, t")
+)
+
+// PoolOf returns the store's connection pool (its connections carry the
+// store's session settings).
+func PoolOf(s *Store) *pgxpool.Pool { return s.pool }

@@ -51,10 +51,26 @@ var _ store.Store = (*Store)(nil)
 // and rerun); idle_in_transaction_session_timeout frees the locks of a
 // replica that stopped mid-transaction without its connection closing (a
 // frozen process, a silent network partition).
+//
+// plan_cache_mode plans every execution of a prepared statement for its
+// arguments and the tables' sizes at that moment. pgx prepares each
+// statement once per connection; under the default (auto) PostgreSQL
+// settles on a generic plan after five executions and keeps it until the
+// table's statistics change (ANALYZE: autovacuum's or an operator's). A
+// plan settled on while a table was young (a never-analysed table counts
+// as 10 pages) reads the whole table: the batch prefetches (reservations by
+// id = ANY, heads, currents and accounts joined to unnest) then scanned
+// every row on every batch, for as long as the connection lived, which
+// with autovacuum off is for ever (singles beside batches on one subject:
+// prefetches of 0.1-4 s, 24-54 calls/s; docs/PERFORMANCE.md). A custom
+// plan costs a planning pass per statement and needs no statistics: the
+// reads of a batch are by keys a unique index holds, and the planner
+// sizes each table from its current length.
 var sessionDefaults = map[string]string{
 	"lock_timeout":                        "5s",
 	"idle_in_transaction_session_timeout": "30s",
 	"application_name":                    "capledger",
+	"plan_cache_mode":                     "force_custom_plan",
 }
 
 func parseConfig(dsn string) (*pgxpool.Config, error) {

@@ -30,8 +30,9 @@ func retainedRow(k ledger.AccountKey) rowKey {
 }
 
 const (
-	tombstoneSelect = `SELECT id, request_digest, subject, route, region, generation, state, finished_at FROM tombstones`
-	retainedSelect  = `SELECT subject, route, region, generation, reservations, spent, overdraft FROM retained`
+	tombstoneSelect       = `SELECT id, request_digest, subject, route, region, generation, state, finished_at FROM tombstones`
+	tombstonesPrefetchSQL = tombstoneSelect + ` WHERE id = ANY($1)`
+	retainedSelect        = `SELECT subject, route, region, generation, reservations, spent, overdraft FROM retained`
 
 	sqlReservationsDelete = `DELETE FROM reservations WHERE id = ANY($1)`
 	sqlTombstonesInsert   = `INSERT INTO tombstones (id, request_digest, subject, route, region, generation, state, finished_at)
@@ -126,7 +127,7 @@ func (t *tx) prefetchTombstones(ctx context.Context, ids []string, found map[str
 	if len(missing) == 0 {
 		return nil
 	}
-	rows, err := t.tx.Query(ctx, tombstoneSelect+` WHERE id = ANY($1)`, missing)
+	rows, err := t.tx.Query(ctx, tombstonesPrefetchSQL, missing)
 	if err != nil {
 		return t.s.c.classify("tombstones prefetch", err, false)
 	}

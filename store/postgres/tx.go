@@ -276,6 +276,10 @@ func (t *tx) ReservationGet(ctx context.Context, id string) (*ledger.Reservation
 	return r, t.result(k, err)
 }
 
+// reservationsPrefetchSQL reads the reservations of a batch, in lock order
+// (its lock clause appended).
+const reservationsPrefetchSQL = reservationSelect + ` WHERE id = ANY($1) ORDER BY id`
+
 // ReservationsPrefetch reads and locks the reservations named by ids in
 // one query, in id order (the lock order), and keeps them for this
 // transaction: ReservationGet then answers for those ids without a round
@@ -301,7 +305,7 @@ func (t *tx) ReservationsPrefetch(ctx context.Context, ids []string) error {
 	if err != nil {
 		return err
 	}
-	rows, err := t.tx.Query(ctx, reservationSelect+` WHERE id = ANY($1) ORDER BY id`+mode.clause(""), ids)
+	rows, err := t.tx.Query(ctx, reservationsPrefetchSQL+mode.clause(""), ids)
 	if err != nil {
 		return t.s.c.classify("reservations prefetch", err, false)
 	}
