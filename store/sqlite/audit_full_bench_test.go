@@ -12,7 +12,7 @@ import (
 )
 
 // BenchmarkFullAudit runs a full audit (ledger.AuditWith over
-// AuditSnapshot: the copy into the spill, its reading and the checks) of
+// AuditSnapshot: the copy of the database, its reading and the checks) of
 // the store in CAPLEDGER_AUDIT_DIR, made by scripts/auditsize, e.g.
 //
 //	go run ./scripts/auditsize -n 30000 -checkpoint-every 30000 -phases none -dir D

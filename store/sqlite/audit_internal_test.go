@@ -138,8 +138,7 @@ func TestAuditRowDamaged(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Cut before the last separator: the split fails (within the region,
-	// the row is a shorter region: the spill's length prefix and SQLite's
-	// column length bound it).
+	// the row is a shorter region: SQLite's column length bounds it).
 	for n := range at + lens.id + lens.subject + lens.route + 3 {
 		if _, _, _, err := splitAuditRow(packed[:n]); err == nil {
 			t.Errorf("split of the first %d of %d bytes: no error", n, len(packed))
@@ -167,7 +166,7 @@ func TestAuditRowDamaged(t *testing.T) {
 }
 
 // TestFullAuditEndsItsReadTransaction: a full audit's first read of the
-// reservations copies them and the journal into the spill file and ends
+// reservations copies the database (copyForAudit) and ends
 // its read transaction, so a WAL checkpoint beside it copies every frame
 // (the WAL can be reset) — before that read it cannot — and the audit
 // still sees only what was committed before it began. The store's own
@@ -221,7 +220,7 @@ func TestFullAuditEndsItsReadTransaction(t *testing.T) {
 			t.Errorf("after the reservations were read, a checkpoint copied %d of %d WAL frames: the read transaction is still open", copied, frames)
 		}
 		if n, err := snap.Estimate(true); err != nil || n != 1200 {
-			t.Errorf("estimate after the spill: %d, %v; want 600 reservations + 600 entries", n, err)
+			t.Errorf("estimate after the copy: %d, %v; want 600 reservations + 600 entries", n, err)
 		}
 		return snap.JournalStream(func(int64, *ledger.JournalEntry) error { entries++; return nil })
 	})
@@ -281,8 +280,8 @@ func TestAuditEstimateSpansTheJournal(t *testing.T) {
 }
 
 // TestAuditEstimateCountsTheAccounts: the audit's estimate counts the
-// accounts, which it reads after the journal, before the spill (from the
-// read transaction) and after it (from the spill's counts), as
+// accounts, which it reads after the journal, before the copy (from the
+// read transaction) and after it (from the copy), as
 // ledger.Snapshot.Estimate says.
 func TestAuditEstimateCountsTheAccounts(t *testing.T) {
 	ctx := context.Background()
@@ -314,11 +313,11 @@ func TestAuditEstimateCountsTheAccounts(t *testing.T) {
 				t.Errorf("%s: estimate %d, %v; want %d reservations + %d entries + %d accounts", when, n, err, reservations, reservations, accounts)
 			}
 		}
-		check("before the spill")
+		check("before the copy")
 		if err := snap.ReservationStream(func(*ledger.Reservation) error { return nil }); err != nil {
 			return err
 		}
-		check("after the spill")
+		check("after the copy")
 		return nil
 	})
 	if err != nil {
