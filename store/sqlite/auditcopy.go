@@ -34,7 +34,7 @@ type auditCopy struct {
 }
 
 // auditCopyPages is how many pages a step of the copy copies (256 KiB of
-// 4 KiB pages, well under a millisecond) before it offers the caller's
+// 4 KiB pages, about half a millisecond on 2 busy cores) before it offers the caller's
 // pacing a pause, which gives the processor up between the pauses it
 // takes (engine.AuditWith): a request that became runnable waits for a
 // step, not for Go's preemption after 10 ms (a variable: tests lower it).
