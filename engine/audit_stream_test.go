@@ -72,7 +72,7 @@ func TestStreamingAuditMatchesSnapshotAudit(t *testing.T) {
 }
 
 // A full audit of a SQLite store reports progress while the store copies
-// its rows into the spill file, before it reads a row: the copy is paced
+// the database into a file, before it reads a row: the copy is paced
 // at an audit's share, and without reports a streaming client saw no rows
 // read for all of it. The fraction never goes back, and the copy takes
 // the first auditCopyFraction of it.

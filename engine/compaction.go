@@ -449,7 +449,7 @@ type AuditOptions struct {
 type AuditProgress struct {
 	// Rows counts the reservations, journal entries and accounts read so
 	// far (while a store copies them before the audit reads them,
-	// SQLite's spill: copied so far); Estimate is the store's estimate of how many there
+	// SQLite's audit copy: copied so far); Estimate is the store's estimate of how many there
 	// are (0 when it has none). Fraction is Rows/Estimate, below 1 until
 	// Done; after a copy, which takes the first auditCopyFraction of it,
 	// it goes on from there and never goes back.
@@ -465,7 +465,7 @@ type AuditProgress struct {
 func (e *Engine) AuditWith(ctx context.Context, o AuditOptions) ([]ledger.Discrepancy, error) {
 	var out []ledger.Discrepancy
 	var streamErr error
-	// A copy the store makes inside its read (SQLite's audit spill) runs
+	// A copy the store makes inside its read (SQLite's audit copy) runs
 	// at least at half speed and owes the rest of its pauses (pacer.owe):
 	// its read transaction is open while it copies, SQLite cannot restart
 	// the WAL behind it, and the WAL grows by everything committed
@@ -484,11 +484,11 @@ func (e *Engine) AuditWith(ctx context.Context, o AuditOptions) ([]ledger.Discre
 	copyPace := e.newAuditPacer(1)
 	stepStart := time.Now()
 	var copyProgress func(copied int64)
-	spillCtx := store.WithPause(ctx, func(copied int64) {
+	copyCtx := store.WithPause(ctx, func(copied int64) {
 		if copyProgress != nil {
 			copyProgress(copied)
 		}
-		if took := time.Since(stepStart); took >= spillStep {
+		if took := time.Since(stepStart); took >= copyStep {
 			copyPace.owe(ctx, took)
 			stepStart = time.Now()
 		} else {
@@ -499,7 +499,7 @@ func (e *Engine) AuditWith(ctx context.Context, o AuditOptions) ([]ledger.Discre
 			runtime.Gosched()
 		}
 	})
-	err := e.core.store.AuditSnapshot(spillCtx, false, func(snap *ledger.Snapshot, _ int64) error {
+	err := e.core.store.AuditSnapshot(copyCtx, false, func(snap *ledger.Snapshot, _ int64) error {
 		var estimate int64
 		if o.Progress != nil && snap.Estimate != nil {
 			estimate, _ = snap.Estimate(!o.SinceCheckpoint)
@@ -596,7 +596,7 @@ func (e *Engine) AuditWith(ctx context.Context, o AuditOptions) ([]ledger.Discre
 
 // An audit looks at the clock every auditCheckRows rows, and at its
 // pacer once a step has taken auditStep. auditCopyFraction is the share
-// of an audit's progress a store's copy before it (SQLite's spill)
+// of an audit's progress a store's copy before it (SQLite's audit copy)
 // reports: roughly what the copy takes of the whole audit.
 const (
 	auditCheckRows    = 256

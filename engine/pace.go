@@ -103,12 +103,12 @@ func (e *Engine) newDeferrablePacer(idle float64) *pacer {
 	return p
 }
 
-// spillStep is the least a step of a store's copy inside an audit's
-// read (SQLite's spill) lasts before the pause it owes is counted
+// copyStep is the least a step of a store's copy inside an audit's
+// read (SQLite's audit copy) lasts before the pause it owes is counted
 // (pacer.owe): the copy does not stop between its steps, and a step as
 // short as auditStep (2 ms) can see no admission since the one before
 // while the committer commits a batch, count as idle and owe nothing.
-const spillStep = 50 * time.Millisecond
+const copyStep = 50 * time.Millisecond
 
 // admitted counts the commands this engine committed that none of its
 // maintenance workers submitted (doMaintenance). Counted per committed
@@ -171,7 +171,7 @@ func (p *pacer) wait(ctx context.Context, took, floor time.Duration) bool {
 }
 
 // owe is wait for a copy that may slow down inside its read but must
-// not stop for long (SQLite's spill: its open read keeps the WAL from
+// not stop for long (SQLite's audit copy: its open read keeps the WAL from
 // being restarted): it pauses at most as long as the step took (the copy
 // at least at half speed) and owes the rest of the step's pause, which
 // wait and repay take once the read has ended, so that the copy still takes no

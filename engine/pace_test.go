@@ -197,8 +197,8 @@ func TestExpiryIsNotAdmission(t *testing.T) {
 }
 
 // copyingStore is a memstore whose full audit first copies inside its
-// read, as SQLite's spill does: the first call of ReservationStream takes
-// steps of spillStep while gateways' commands are committed, offering the
+// read, as SQLite's audit copy does: the first call of ReservationStream takes
+// steps of copyStep while gateways' commands are committed, offering the
 // caller a pause after each (store.Pause), then ends the read and yields
 // the reservations.
 type copyingStore struct {
@@ -220,7 +220,7 @@ func (s *copyingStore) AuditSnapshot(ctx context.Context, cut bool, f func(*ledg
 			for i := range s.steps {
 				start := time.Now()
 				s.admit()
-				time.Sleep(spillStep)
+				time.Sleep(copyStep)
 				s.copyTime += time.Since(start)
 				store.Pause(ctx, int64(i+1))
 			}
@@ -232,7 +232,7 @@ func (s *copyingStore) AuditSnapshot(ctx context.Context, cut bool, f func(*ledg
 }
 
 // TestAuditCopyPausesAfterItsRead: a store's copy inside an audit's read
-// (SQLite's spill, whose open read keeps the WAL from being restarted)
+// (SQLite's audit copy, whose open read keeps the WAL from being restarted)
 // pauses while the read is open at most as long as it worked (it copies
 // at least at half speed), however busy admission is; the rest of the
 // pauses an audit's share owes for it are taken once the read has ended,
@@ -281,19 +281,19 @@ func TestAuditCopyPausesAfterItsRead(t *testing.T) {
 	if slack := st.copyTime / 2; duringRead <= 0 || duringRead > st.copyTime+slack {
 		t.Errorf("the copy paused %s while its read was open, want more than 0 and at most its own %s", duringRead, st.copyTime)
 	}
-	// Each step of at least spillStep owes at least what a tenth of the
+	// Each step of at least copyStep owes at least what a tenth of the
 	// share leaves it (0.04 of the time: 24 times the step), not capped
 	// at auditMaxPause as a reading step's pause is (the debt is spread
 	// over the reading anyway); what the read did not take, the audit
 	// takes after it.
-	if want := time.Duration(st.steps) * pauseFor(spillStep, 0.4/auditShareDivisor); duringRead+afterRead < want || afterRead <= 0 {
+	if want := time.Duration(st.steps) * pauseFor(copyStep, 0.4/auditShareDivisor); duringRead+afterRead < want || afterRead <= 0 {
 		t.Errorf("the audit paused %s during and %s after the read, want at least %s in all for %d steps of the copy beside admission, the rest after", duringRead, afterRead, want, st.steps)
 	}
 }
 
 // spinningStore's copy inside the audit's read is CPU alone: pages of
-// busy work, each followed by store.Pause, as SQLite's spill calls it
-// every spillCheckRows rows.
+// busy work, each followed by store.Pause, as SQLite's audit copy calls it
+// after every step of its pages.
 type spinningStore struct {
 	*memstore.Store
 	pages, spins int
@@ -312,7 +312,7 @@ func (s *spinningStore) AuditSnapshot(ctx context.Context, cut bool, f func(*led
 	})
 }
 
-// TestAuditCopyYieldsBetweenPages: between its pauses (one per spillStep
+// TestAuditCopyYieldsBetweenPages: between its pauses (one per copyStep
 // of work), the copy inside an audit's read gives the processor up after
 // every page, so a gateway's request that becomes runnable meanwhile
 // waits for a page, not for Go's preemption of a goroutine that runs on
@@ -322,7 +322,7 @@ func (s *spinningStore) AuditSnapshot(ctx context.Context, cut bool, f func(*led
 func TestAuditCopyYieldsBetweenPages(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
 	ctx := context.Background()
-	// 200 pages of some 0.2 ms each: 40 ms of copy, under one spillStep
+	// 200 pages of some 0.2 ms each: 40 ms of copy, under one copyStep
 	// in all, so no pause of the pacer's lets the other goroutine in.
 	st := &spinningStore{Store: memstore.New(), pages: 200, spins: 200_000}
 	e := New(st, Options{Clock: newClock().Now, DisableWorkers: true})

@@ -23,7 +23,7 @@ import (
 // Fault injection for the maintenance that deletes rows: a real `capledger
 // serve` (the built binary) is killed with SIGKILL in the middle of a
 // retention pass, a statement checkpoint cut, the journal deletion after
-// it, the incremental vacuum and a full audit's spill, at several random
+// it, the incremental vacuum and a full audit's copy, at several random
 // points, and restarted on the same data directory; clients talk JSON to
 // it over a socket, and the audits run as `capledger audit` processes.
 // The kill points (counts reached, delays, the order of the modes) are
@@ -280,7 +280,7 @@ func kill9(t *testing.T, p *serverProcess) {
 }
 
 // openTempFiles lists the unlinked temporary files p holds open whose
-// name contains prefix (the cut's stage, the audit's spill).
+// name contains prefix (the cut's stage, the audit's copy).
 func openTempFiles(t *testing.T, p *serverProcess, prefix string) []string {
 	dir := fmt.Sprintf("/proc/%d/fd", p.cmd.Process.Pid)
 	if _, err := os.Stat("/proc/self/fd"); err != nil {
@@ -298,7 +298,7 @@ func openTempFiles(t *testing.T, p *serverProcess, prefix string) []string {
 }
 
 // checkNoTempFiles fails the test if dir holds a cut stage or an audit
-// spill file (each is unlinked at once; a crash must leave none).
+// copy (each is unlinked at once; a crash must leave none).
 func checkNoTempFiles(t *testing.T, dir string) {
 	t.Helper()
 	entries, err := os.ReadDir(dir)
@@ -712,11 +712,12 @@ func TestCrashMidCompaction(t *testing.T) {
 	watch.checkIntegrity(t)
 }
 
-// TestCrashMidAuditSpill kills serve with SIGKILL while a full audit
-// (`capledger audit`) copies the ledger into its spill file, at seeded
-// random points, with gateways admitting meanwhile: the spill leaves no
-// file behind, nothing acknowledged is lost, and the next audits pass.
-func TestCrashMidAuditSpill(t *testing.T) {
+// TestCrashMidAuditCopy kills serve with SIGKILL while a full audit
+// (`capledger audit`) copies the database into its file or reads that
+// copy, at seeded random points, with gateways admitting meanwhile: the
+// copy leaves no file behind, nothing acknowledged is lost, and the next
+// audits pass.
+func TestCrashMidAuditCopy(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary and runs several server processes")
 	}
@@ -726,7 +727,7 @@ func TestCrashMidAuditSpill(t *testing.T) {
 	flags := []string{"--retention", "0", "--compaction", "0"}
 	srv := startServer(t, bin, dir, flags...)
 	mustPost(t, srv.url, "PublishPolicy", crashPolicy)
-	// Reservations for the spill to copy.
+	// Reservations for the copy.
 	reserveInBatches(t, srv.url, 30_000, func(i int) string {
 		return fmt.Sprintf(`{"reservationId":"held-%d","subject":"sp-%d","route":"chat","units":{"tokens":1,"requests":1}}`, i, i%100)
 	})
@@ -742,15 +743,15 @@ func TestCrashMidAuditSpill(t *testing.T) {
 		}
 		opened := time.Now()
 		if !pollUntil(30*time.Second, func() bool { return len(openTempFiles(t, srv, ".capledger-audit-")) > 0 }) {
-			t.Fatalf("round %d: the audit opened no spill file", round)
+			t.Fatalf("round %d: the audit opened no copy", round)
 		}
 		time.Sleep(time.Duration(rng.IntN(1_500_000)) * time.Microsecond)
-		spilling := len(openTempFiles(t, srv, ".capledger-audit-")) > 0
+		copying := len(openTempFiles(t, srv, ".capledger-audit-")) > 0
 		kill9(t, srv)
 		g.done()
 		err := audit.Wait()
 		watch.checkIntegrity(t)
-		t.Logf("round %d: killed %s after the spill opened (still open: %v); the audit: %v", round, time.Since(opened), spilling, err)
+		t.Logf("round %d: killed %s after the copy opened (still open: %v); the audit: %v", round, time.Since(opened), copying, err)
 		checkNoTempFiles(t, dir)
 
 		srv = startServer(t, bin, dir, flags...)

@@ -11,7 +11,9 @@
 //
 //	(fills, then runs itself with -phase full, since, checkpoint, full,
 //	since, or the -phases given, none with -phases none; -phase retire
-//	removes every reservation, as retention would)
+//	removes every reservation, as retention would; -phase liveread times
+//	and -phase snapshot is the baseline of what a full audit does inside
+//	its read of the live database, for callgrind)
 //
 // With -checkpoint-every K the fill does what a running server's
 // compaction worker does while the store grows: after every K lifecycles
@@ -25,6 +27,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -45,7 +48,7 @@ var t0 = time.Date(2026, 7, 19, 14, 0, 0, 0, time.UTC)
 func main() {
 	n := flag.Int("n", 100000, "finished reservations to write")
 	dir := flag.String("dir", "", "data directory (new)")
-	phase := flag.String("phase", "", "fill and every phase (default), full, since, checkpoint or retire")
+	phase := flag.String("phase", "", "fill and every phase (default), full, since, checkpoint, retire, liveread or snapshot")
 	batch := flag.Int("batch", 10000, "lifecycles per fill transaction")
 	phases := flag.String("phases", "full,since,checkpoint,full,since", "the phases run after the fill, in order (none: no phase)")
 	every := flag.Int("checkpoint-every", 0, "cut a checkpoint and compact the journal after every this many lifecycles of the fill (0: never)")
@@ -95,6 +98,26 @@ func main() {
 		fmt.Printf("%s audit: %s (CPU %s), %d rows read (estimate %d), %d discrepancies, peak RSS %s\n", *phase,
 			time.Since(start).Round(time.Millisecond), cpu(), last.Rows, last.Estimate, len(d), peakRSS())
 		e.Close()
+		st.Close()
+	case "liveread", "snapshot":
+		// The part of a full audit inside its read transaction on the
+		// live database (liveread: AuditSnapshot until its first
+		// reservation, by when the store has copied what the audit reads
+		// and ended that read), unpaced; snapshot opens the same read and
+		// reads nothing more, the baseline to subtract (callgrind).
+		st := open(ctx, path)
+		start := time.Now()
+		stop := errors.New("stop")
+		err := st.AuditSnapshot(ctx, false, func(snap *ledger.Snapshot, _ int64) error {
+			if *phase == "snapshot" {
+				return nil
+			}
+			return snap.ReservationStream(func(*ledger.Reservation) error { return stop })
+		})
+		if !errors.Is(err, stop) {
+			must(err)
+		}
+		fmt.Printf("%s: read held %s (CPU %s), peak RSS %s\n", *phase, time.Since(start).Round(time.Millisecond), cpu(), peakRSS())
 		st.Close()
 	case "checkpoint":
 		st := open(ctx, path)

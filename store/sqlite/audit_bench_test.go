@@ -18,14 +18,14 @@ import (
 // transaction open for the whole run (its journal stream waits after the
 // first entry), as an audit paced beside admission did for tens of
 // seconds: SQLite cannot reset the WAL past the audit's read mark, so the
-// WAL grows with every commit. "spilled" waits the same way in the
-// reservation stream of a full audit, which reads from its spill file
-// once the transaction has ended. wal-MB is the WAL's size at the end.
+// WAL grows with every commit. "copied" waits the same way in the
+// reservation stream of a full audit, which reads its copy of the
+// database once the transaction has ended. wal-MB is the WAL's size at the end.
 // Run them interleaved, e.g.
 //
 //	go test -run '^$' -bench CommitBesideAudit -benchtime 4000x -count 3 ./store/sqlite/
 func BenchmarkCommitBesideAudit(b *testing.B) {
-	for _, audit := range []string{"alone", "pinned", "spilled"} {
+	for _, audit := range []string{"alone", "pinned", "copied"} {
 		b.Run(audit, func(b *testing.B) { commitBesideAudit(b, audit) })
 	}
 }
@@ -74,7 +74,7 @@ func commitBesideAudit(b *testing.B, audit string) {
 					<-release
 				}
 			}
-			if audit == "spilled" {
+			if audit == "copied" {
 				return snap.ReservationStream(func(*ledger.Reservation) error { wait(); return nil })
 			}
 			return snap.JournalStream(func(int64, *ledger.JournalEntry) error { wait(); return nil })

@@ -3,7 +3,6 @@ package sqlite
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"fmt"
 	"path/filepath"
 	"slices"
@@ -139,8 +138,7 @@ func TestAuditRowDamaged(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Cut before the last separator: the split fails (within the region,
-	// the row is a shorter region: the spill's length prefix and SQLite's
-	// column length bound it).
+	// the row is a shorter region: SQLite's column length bounds it).
 	for n := range at + lens.id + lens.subject + lens.route + 3 {
 		if _, _, _, err := splitAuditRow(packed[:n]); err == nil {
 			t.Errorf("split of the first %d of %d bytes: no error", n, len(packed))
@@ -168,7 +166,7 @@ func TestAuditRowDamaged(t *testing.T) {
 }
 
 // TestFullAuditEndsItsReadTransaction: a full audit's first read of the
-// reservations copies them and the journal into the spill file and ends
+// reservations copies the database (copyForAudit) and ends
 // its read transaction, so a WAL checkpoint beside it copies every frame
 // (the WAL can be reset) — before that read it cannot — and the audit
 // still sees only what was committed before it began. The store's own
@@ -222,7 +220,7 @@ func TestFullAuditEndsItsReadTransaction(t *testing.T) {
 			t.Errorf("after the reservations were read, a checkpoint copied %d of %d WAL frames: the read transaction is still open", copied, frames)
 		}
 		if n, err := snap.Estimate(true); err != nil || n != 1200 {
-			t.Errorf("estimate after the spill: %d, %v; want 600 reservations + 600 entries", n, err)
+			t.Errorf("estimate after the copy: %d, %v; want 600 reservations + 600 entries", n, err)
 		}
 		return snap.JournalStream(func(int64, *ledger.JournalEntry) error { entries++; return nil })
 	})
@@ -231,80 +229,6 @@ func TestFullAuditEndsItsReadTransaction(t *testing.T) {
 	}
 	if reservations != 600 || entries != 600 {
 		t.Fatalf("the audit read %d reservations and %d journal entries, want the 600 of each committed before it began", reservations, entries)
-	}
-}
-
-// TestAuditSpillIsPaced: a full audit's copy into its spill file pauses
-// as its ctx says (store.WithPause), every spillCheckRows rows, and the audit
-// still reads every reservation.
-func TestAuditSpillIsPaced(t *testing.T) {
-	ctx := context.Background()
-	s, err := Open(ctx, filepath.Join(t.TempDir(), "ledger.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	now := time.Date(2026, 7, 19, 14, 0, 0, 0, time.UTC)
-	const n = 10 * spillCheckRows
-	var rs []ledger.Reservation
-	for i := range n {
-		rs = append(rs, ledger.Reservation{ID: fmt.Sprintf("r%05d", i), RequestDigest: "d",
-			Account: ledger.AccountKey{Subject: "s", Route: "r", Region: "eu", Generation: 1}, State: ledger.StateReleased,
-			Reserved: ledger.Amounts{1}, CreatedAt: now, ExpiresAt: now.Add(time.Minute), FinishedAt: now})
-	}
-	tx, err := s.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Write(ctx, &store.Changes{Reservations: rs}); err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
-	pauses, read, early := 0, 0, 0
-	paced := store.WithPause(ctx, func(int64) { pauses++ })
-	err = s.AuditSnapshot(paced, false, func(snap *ledger.Snapshot, _ int64) error {
-		return snap.ReservationStream(func(*ledger.Reservation) error {
-			if pauses < n/spillCheckRows {
-				early++
-			}
-			read++
-			return nil
-		})
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if early > 0 {
-		t.Errorf("%d reservations read before the spill had paused %d times: its copy was not paced", early, n/spillCheckRows)
-	}
-	if read != n {
-		t.Fatalf("read %d reservations, want %d", read, n)
-	}
-}
-
-// A spill that fails part-way (here the caller's context ended) returns
-// the error and closes its file; it once closed the nil it was about to
-// return, a panic that dropped the audit's connection and leaked the
-// spill's file descriptor.
-func TestAuditSpillFailureClosesItsFile(t *testing.T) {
-	ctx := context.Background()
-	s, err := Open(ctx, filepath.Join(t.TempDir(), "ledger.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	tx, err := s.readDB.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback()
-	ended, cancel := context.WithCancel(ctx)
-	cancel()
-	sp, err := newAuditSpill(ended, t.TempDir(), tx, nil)
-	if err == nil || sp != nil {
-		t.Fatalf("spill under an ended context: %v, %v", sp, err)
 	}
 }
 
@@ -356,8 +280,8 @@ func TestAuditEstimateSpansTheJournal(t *testing.T) {
 }
 
 // TestAuditEstimateCountsTheAccounts: the audit's estimate counts the
-// accounts, which it reads after the journal, before the spill (from the
-// read transaction) and after it (from the spill's counts), as
+// accounts, which it reads after the journal, before the copy (from the
+// read transaction) and after it (from the copy), as
 // ledger.Snapshot.Estimate says.
 func TestAuditEstimateCountsTheAccounts(t *testing.T) {
 	ctx := context.Background()
@@ -389,11 +313,11 @@ func TestAuditEstimateCountsTheAccounts(t *testing.T) {
 				t.Errorf("%s: estimate %d, %v; want %d reservations + %d entries + %d accounts", when, n, err, reservations, reservations, accounts)
 			}
 		}
-		check("before the spill")
+		check("before the copy")
 		if err := snap.ReservationStream(func(*ledger.Reservation) error { return nil }); err != nil {
 			return err
 		}
-		check("after the spill")
+		check("after the copy")
 		return nil
 	})
 	if err != nil {
@@ -424,79 +348,6 @@ func commitChanges(t *testing.T, s *Store, c *store.Changes) {
 	}
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
-	}
-}
-
-// A reservation's spill record reads back as written (its length prefix
-// first, as readSpilled reads it); one cut short, or naming strings
-// longer than its row, is refused.
-func TestAuditSpillRecord(t *testing.T) {
-	packed := []byte("amounts-then-strings")
-	for _, c := range []struct {
-		generation, state int64
-		lens              auditLens
-	}{{1, 3, auditLens{1, 2, 3}}, {-1 << 40, 0, auditLens{0, 0, 0}}, {1 << 62, 8, auditLens{len(packed), 0, len(packed)}}} {
-		rec := appendReservationRecord(nil, c.generation, c.state, c.lens, packed)
-		n, k := binary.Uvarint(rec)
-		if k <= 0 || int(n) != len(rec)-k {
-			t.Fatalf("record of %d bytes says %d after %d", len(rec), n, k)
-		}
-		g, st, lens, p, err := decodeReservationRecord(rec[k:])
-		if err != nil || g != c.generation || st != c.state || lens != c.lens || string(p) != string(packed) {
-			t.Errorf("read back %d %d %v %q, %v; wrote %d %d %v %q", g, st, lens, p, err, c.generation, c.state, c.lens, packed)
-		}
-		for cut := k; cut < len(rec)-len(packed); cut++ {
-			if _, _, _, _, err := decodeReservationRecord(rec[k:cut]); err == nil {
-				t.Errorf("record cut to %d of %d bytes: no error", cut, len(rec))
-			}
-		}
-	}
-	for _, lens := range []auditLens{{len(packed) + 1, 0, 0}, {0, len(packed) + 1, 0}, {0, 0, 1 << 40}} {
-		rec := appendReservationRecord(nil, 1, 1, lens, packed)
-		_, k := binary.Uvarint(rec)
-		if _, _, _, _, err := decodeReservationRecord(rec[k:]); err == nil {
-			t.Errorf("strings of %v in a row of %d bytes: no error", lens, len(packed))
-		}
-	}
-}
-
-// An account's row spilled (spillRow.append) reads back (spilledRow) into
-// the same columns, blobs sharing the record; one cut short, or scanned
-// into a column of another type, is refused.
-func TestAuditSpilledRow(t *testing.T) {
-	in := spillRow{values: []any{"subject", "", int64(-1 << 40), []byte{0xb1, 0, 7}, nil, []byte{}}}
-	enc := in.append(nil)
-	var out spilledRow
-	if err := out.decode(enc); err != nil {
-		t.Fatal(err)
-	}
-	var (
-		subject, route string
-		n              int64
-		blob, null, e  []byte
-	)
-	if err := out.Scan(&subject, &route, &n, &blob, &null, &e); err != nil {
-		t.Fatal(err)
-	}
-	if subject != "subject" || route != "" || n != -1<<40 || !bytes.Equal(blob, []byte{0xb1, 0, 7}) || null != nil || len(e) != 0 {
-		t.Errorf("read back %q %q %d %x %x %x", subject, route, n, blob, null, e)
-	}
-	for cut := range len(enc) {
-		if err := out.decode(enc[:cut]); err == nil {
-			t.Errorf("a row cut to %d of %d bytes decoded", cut, len(enc))
-		}
-	}
-	if err := out.decode(enc); err != nil {
-		t.Fatal(err)
-	}
-	if err := out.Scan(&n, &route, &n, &blob, &null, &e); err == nil {
-		t.Error("text scanned into an integer")
-	}
-	if err := out.Scan(&subject, &route, &n, &blob, &null); err == nil {
-		t.Error("six columns scanned into five")
-	}
-	if err := out.Scan(&subject, &blob, &n, &blob, &null, &e); err == nil {
-		t.Error("text scanned into a []byte")
 	}
 }
 
