@@ -75,7 +75,8 @@ func TestStreamingAuditMatchesSnapshotAudit(t *testing.T) {
 // the database into a file, before it reads a row: the copy is paced
 // at an audit's share, and without reports a streaming client saw no rows
 // read for all of it. The fraction never goes back, and the copy takes
-// the first auditCopyFraction of it.
+// the first auditCopyFraction of it; rows count what was read (0 during
+// the copy), so they never go back either.
 func TestAuditReportsProgressDuringItsCopy(t *testing.T) {
 	ctx := context.Background()
 	_, e := sqliteAuditEngine(t)
@@ -95,13 +96,18 @@ func TestAuditReportsProgressDuringItsCopy(t *testing.T) {
 	if err != nil || len(found) > 0 {
 		t.Fatalf("audit: %v %v", found, err)
 	}
-	copying, last := 0, 0.0
+	copying, last, lastRows := 0, 0.0, int64(0)
 	for i, p := range reports {
-		if p.Fraction < last {
-			t.Fatalf("progress went back from %.3f to %.3f at report %d: %+v", last, p.Fraction, i, reports)
+		if p.Fraction < last || p.Rows < lastRows {
+			t.Fatalf("progress went back from %.3f (%d rows) to %.3f (%d rows) at report %d: %+v", last, lastRows, p.Fraction, p.Rows, i, reports)
 		}
-		last = p.Fraction
-		if p.Rows > 0 && p.Fraction > 0 && p.Fraction <= auditCopyFraction && i < len(reports)-1 {
+		last, lastRows = p.Fraction, p.Rows
+		if p.Fraction > 0 && p.Fraction <= auditCopyFraction && i < len(reports)-1 {
+			// Nothing is read while the store copies: a count of copied
+			// rows here went back to 0 when the reading began.
+			if p.Rows != 0 {
+				t.Fatalf("report %d during the copy counts %d rows read, want 0: %+v", i, p.Rows, reports)
+			}
 			copying++
 		}
 	}

@@ -448,11 +448,12 @@ type AuditOptions struct {
 // AuditProgress is how far an audit got.
 type AuditProgress struct {
 	// Rows counts the reservations, journal entries and accounts read so
-	// far (while a store copies them before the audit reads them,
-	// SQLite's audit copy: copied so far); Estimate is the store's estimate of how many there
-	// are (0 when it has none). Fraction is Rows/Estimate, below 1 until
-	// Done; after a copy, which takes the first auditCopyFraction of it,
-	// it goes on from there and never goes back.
+	// far: 0 while a store copies them before the audit reads them
+	// (SQLite's audit copy), so that it never goes back; Estimate is the
+	// store's estimate of how many there are (0 when it has none).
+	// Fraction is Rows/Estimate, below 1 until Done; a copy moves it
+	// through the first auditCopyFraction, and reading goes on from
+	// there: it never goes back either.
 	Rows, Estimate int64
 	Fraction       float64
 	Done           bool
@@ -465,19 +466,20 @@ type AuditProgress struct {
 func (e *Engine) AuditWith(ctx context.Context, o AuditOptions) ([]ledger.Discrepancy, error) {
 	var out []ledger.Discrepancy
 	var streamErr error
-	// A copy the store makes inside its read (SQLite's audit copy) runs
-	// at least at half speed and owes the rest of its pauses (pacer.owe):
-	// its read transaction is open while it copies, SQLite cannot restart
-	// the WAL behind it, and the WAL grows by everything committed
-	// meanwhile (paced between its steps at the audit's share, a copy of
-	// 300,000 reservations, about 0.5 s of CPU, held it for many seconds
-	// beside a saturating load and the WAL reached 389-648 MB,
-	// docs/PERFORMANCE.md, "Bounded history"). The pauses owed are taken
+	// A copy the store makes inside its read (SQLite's audit copy of the
+	// database's pages) runs at least at half speed and owes the rest of
+	// its pauses (pacer.owe): its read transaction is open while it
+	// copies, SQLite cannot restart the WAL behind it, and the WAL grows
+	// by everything committed meanwhile (a row copy paced between its
+	// steps at the audit's share held its read for many seconds beside a
+	// saturating load and the WAL reached 389-648 MB, docs/PERFORMANCE.md,
+	// "Bounded history"). The pauses owed are taken
 	// once the read has ended (from the first reservation the copy
 	// yields), spread over the reading's steps (pacer.wait) so that its
 	// progress moves on instead of standing still for seconds, and what is
-	// left at the end: the copy still takes a quarter of MaintenanceShare
-	// of the time while gateways are admitted, and the read is held for at
+	// left at the end: the copy still takes the audit's part of
+	// MaintenanceShare (auditShareDivisor) of the time while gateways are
+	// admitted, and the read is held for at
 	// most twice the copy's work. The copy reports its progress as the
 	// first half of the audit's: without it a stream showed no rows read
 	// for the whole copy.
@@ -523,7 +525,7 @@ func (e *Engine) AuditWith(ctx context.Context, o AuditOptions) ([]ledger.Discre
 		if o.Progress != nil {
 			copyProgress = func(rows int64) {
 				copied = true
-				p := AuditProgress{Rows: rows, Estimate: estimate}
+				p := AuditProgress{Estimate: estimate}
 				if estimate > 0 {
 					p.Fraction = auditCopyFraction * min(float64(rows)/float64(estimate), 1)
 				}
