@@ -82,10 +82,16 @@ func (s *Store) AuditSnapshot(ctx context.Context, cut bool, f func(*ledger.Snap
 			cp.close()
 		}
 	}()
+	// copyErr is a failed copy's error, which every stream answers from
+	// then on: the ledger reads the journal and the accounts after the
+	// reservations, and from the live read they would hold it open (the
+	// WAL growing into what space a full disk has left) for an audit that
+	// fails anyway.
+	var copyErr error
 	// copied copies the transaction's view and ends the transaction, once.
 	copied := func() error {
-		if cp != nil {
-			return nil
+		if cp != nil || copyErr != nil {
+			return copyErr
 		}
 		c, err := copyForAudit(ctx, filepath.Dir(s.path), conn, func(done, total int) int64 {
 			// The copy's progress in the estimate's rows, the unit of
@@ -96,6 +102,8 @@ func (s *Store) AuditSnapshot(ctx context.Context, cut bool, f func(*ledger.Snap
 			return int64(done)
 		})
 		if err != nil {
+			copyErr = err
+			_ = tx.Rollback()
 			return err
 		}
 		cp, read = c, c.tx
@@ -110,12 +118,18 @@ func (s *Store) AuditSnapshot(ctx context.Context, cut bool, f func(*ledger.Snap
 	// they come from the copy.
 	txAccounts, txKeys, txCheckpointAccounts := snap.AccountStream, snap.AccountKeyStream, snap.CheckpointAccountStream
 	snap.AccountStream = func(yield func(*ledger.Account) error) error {
+		if copyErr != nil {
+			return copyErr
+		}
 		if cp != nil {
 			return copySnap.AccountStream(yield)
 		}
 		return txAccounts(yield)
 	}
 	snap.AccountKeyStream = func(yield func(*ledger.AccountKey) error) error {
+		if copyErr != nil {
+			return copyErr
+		}
 		if cp != nil {
 			return copySnap.AccountKeyStream(yield)
 		}
@@ -123,6 +137,9 @@ func (s *Store) AuditSnapshot(ctx context.Context, cut bool, f func(*ledger.Snap
 	}
 	if txCheckpointAccounts != nil {
 		snap.CheckpointAccountStream = func(yield func(*ledger.CheckpointAccount) error) error {
+			if copyErr != nil {
+				return copyErr
+			}
 			if cp != nil {
 				return copySnap.CheckpointAccountStream(yield)
 			}
@@ -143,6 +160,9 @@ func (s *Store) AuditSnapshot(ctx context.Context, cut bool, f func(*ledger.Snap
 		return n, err
 	}
 	snap.JournalStream = func(yield func(int64, *ledger.JournalEntry) error) error {
+		if copyErr != nil {
+			return copyErr
+		}
 		return journalSince(ctx, read, last, func(pos int64, batch []ledger.JournalEntry) error {
 			for i := range batch {
 				if err := yield(pos, &batch[i]); err != nil {

@@ -181,7 +181,9 @@ func (cp *auditCopy) close() {
 }
 
 // oneConn is a connector of one connection made elsewhere (the backup's
-// destination): database/sql gets it once, and an error after.
+// destination): database/sql gets it once, and an error after. Closing
+// the DB closes it (database/sql calls a connector's Close) if database/sql
+// never took it: a BeginTx whose ctx had ended before it connected.
 type oneConn struct {
 	mu   sync.Mutex
 	conn driver.Conn
@@ -199,6 +201,17 @@ func (c *oneConn) Connect(context.Context) (driver.Conn, error) {
 }
 
 func (c *oneConn) Driver() driver.Driver { return &sqlite.Driver{} }
+
+func (c *oneConn) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.conn == nil {
+		return nil
+	}
+	err := c.conn.Close()
+	c.conn = nil
+	return err
+}
 
 // auditReservations calls yield with every reservation tx reads, in id
 // order, through one reused row holding only the audit's fields

@@ -2,6 +2,8 @@ package sqlite
 
 import (
 	"context"
+	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"os"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
+	"modernc.org/sqlite"
 )
 
 // smallCopySteps makes the audit's copy step a few pages at a time, so
@@ -333,8 +336,17 @@ func TestAuditCopyOnAFullDisk(t *testing.T) {
 	})
 	_ = err // the audit's own stream errors are its discrepancies here; the store's are checked below
 	var streamErr error
+	// After a failed copy the ledger goes on to the journal and the
+	// accounts: they must answer the copy's error, not hold the live read
+	// open to read them (the WAL growing into what is left of the disk).
+	var afterErrs []error
+	read := 0
 	err = s.AuditSnapshot(ctx, false, func(snap *ledger.Snapshot, _ int64) error {
 		streamErr = snap.ReservationStream(func(*ledger.Reservation) error { return nil })
+		afterErrs = append(afterErrs,
+			snap.JournalStream(func(int64, *ledger.JournalEntry) error { read++; return nil }),
+			snap.AccountStream(func(*ledger.Account) error { read++; return nil }),
+			snap.AccountKeyStream(func(*ledger.AccountKey) error { read++; return nil }))
 		return nil
 	})
 	if err != nil {
@@ -343,6 +355,14 @@ func TestAuditCopyOnAFullDisk(t *testing.T) {
 	t.Logf("the copy on a full disk: %v", streamErr)
 	if !errors.Is(streamErr, store.ErrUnavailable) || !errors.Is(streamErr, syscall.ENOSPC) || !strings.Contains(streamErr.Error(), "audit copy") {
 		t.Fatalf("a copy on a full disk: %v; want a store-unavailable error naming the audit copy and the full disk", streamErr)
+	}
+	for i, e := range afterErrs {
+		if !errors.Is(e, syscall.ENOSPC) {
+			t.Errorf("stream %d after the failed copy answered %v, want the copy's error", i, e)
+		}
+	}
+	if read > 0 {
+		t.Errorf("the audit read %d journal entries and accounts after its copy failed", read)
 	}
 	if got := free(); got < freeBefore {
 		t.Errorf("free space %d bytes after the failed copy, %d before: it kept what it wrote", got, freeBefore)
@@ -362,5 +382,38 @@ func TestAuditCopyOnAFullDisk(t *testing.T) {
 	})
 	if err != nil || reservations != n+10 || entries != n+10 || len(found) > 0 {
 		t.Fatalf("with room again the audit read %d reservations and %d journal entries, found %v, %v; want %d of each, sound", reservations, entries, found, err, n+10)
+	}
+}
+
+// closeCounting is a driver connection that counts its closes.
+type closeCounting struct {
+	driver.Conn
+	closed *int
+}
+
+func (c closeCounting) Close() error { *c.closed++; return c.Conn.Close() }
+
+// TestAuditCopyConnectionClosedWhenNeverTaken: a copy whose read could not
+// begin (its ctx ended between the backup's commit and BeginTx, before
+// database/sql asked for the connection) still closes the copy's
+// connection with its DB, which holds the unlinked copy open.
+func TestAuditCopyConnectionClosedWhenNeverTaken(t *testing.T) {
+	conn, err := (&sqlite.Driver{}).Open(filepath.Join(t.TempDir(), "copy.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := 0
+	db := sql.OpenDB(&oneConn{conn: closeCounting{conn, &closed}})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if tx, err := db.BeginTx(ctx, nil); err == nil {
+		tx.Rollback()
+		t.Fatal("BeginTx with an ended ctx began")
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if closed != 1 {
+		t.Fatalf("the copy's connection was closed %d times with its DB, want 1", closed)
 	}
 }
