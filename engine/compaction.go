@@ -495,7 +495,7 @@ func (e *Engine) AuditWith(ctx context.Context, o AuditOptions) ([]ledger.Discre
 			stepStart = time.Now()
 		} else {
 			// Between its pauses the copy gives its P up after every
-			// page: Go preempts a goroutine that runs on only after
+			// step (auditCopyPages pages on SQLite): Go preempts a goroutine that runs on only after
 			// 10 ms, and a request that became runnable meanwhile would
 			// wait that long behind it (beyond a reserve's p99).
 			runtime.Gosched()
@@ -608,7 +608,7 @@ const (
 
 // paced makes snap's streams stop when ctx ends and pause after every
 // auditStep of reading as pace says (an audit pacer: while gateways are
-// admitted, the audit takes a quarter of MaintenanceShare of the time,
+// admitted, the audit takes a tenth of MaintenanceShare of the time,
 // as it runs beside the committer on the same cores and reads on a read
 // connection of its own, so what it takes from admission is CPU; its
 // idle share otherwise), each pause also taking a part of what pace owes

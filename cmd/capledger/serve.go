@@ -139,7 +139,9 @@ Flags:
                       compaction, giving disk space back and audits take
                       while gateways are being served (audits a tenth of
                       it, giving space back a quarter); they pause between
-                      steps for the rest (default 0.2; at 1 only those two
+                      steps for the rest (default 0.2; at 1 audits, giving
+                      space back, deleting summarised journal and a
+                      retention backlog beyond the finish rate still
                       pause)
   --pprof-addr HOST:PORT
                       serve Go's profiles (net/http/pprof: /debug/pprof/heap,
