@@ -154,6 +154,12 @@ func (c *Client) finishLookup(l *lookup) {
 }
 
 func (ls *lookups) shutdown() {
+	// Cancelled under mu: lookUpLater and settleLater check ctx under mu
+	// before they add to wg, so none adds after the Wait below began (an
+	// Add racing a Wait at zero is a misuse, and its goroutine would
+	// outlive Close).
+	ls.mu.Lock()
 	ls.cancel()
+	ls.mu.Unlock()
 	ls.wg.Wait()
 }
