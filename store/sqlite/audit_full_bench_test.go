@@ -20,16 +20,8 @@ import (
 //
 // It reports allocations per reservation as well as per audit.
 func BenchmarkFullAudit(b *testing.B) {
-	dir := os.Getenv("CAPLEDGER_AUDIT_DIR")
-	if dir == "" {
-		b.Skip("CAPLEDGER_AUDIT_DIR names no store (scripts/auditsize makes one)")
-	}
 	ctx := context.Background()
-	s, err := Open(ctx, filepath.Join(dir, "capledger.db"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer s.Close()
+	s := openAuditDir(b)
 	var reservations int64
 	audit := func() {
 		reservations = 0
@@ -63,16 +55,8 @@ func BenchmarkFullAudit(b *testing.B) {
 // the policies, checkpoints and the like before the copy included). The
 // store is CAPLEDGER_AUDIT_DIR's, as for BenchmarkFullAudit.
 func BenchmarkAuditLiveRead(b *testing.B) {
-	dir := os.Getenv("CAPLEDGER_AUDIT_DIR")
-	if dir == "" {
-		b.Skip("CAPLEDGER_AUDIT_DIR names no store (scripts/auditsize makes one)")
-	}
 	ctx := context.Background()
-	s, err := Open(ctx, filepath.Join(dir, "capledger.db"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer s.Close()
+	s := openAuditDir(b)
 	var held time.Duration
 	for b.Loop() {
 		start := time.Now()
@@ -90,3 +74,18 @@ func BenchmarkAuditLiveRead(b *testing.B) {
 }
 
 var errStopEarly = errors.New("stopped at the first reservation")
+
+// openAuditDir opens the store in CAPLEDGER_AUDIT_DIR (scripts/auditsize
+// makes one), closed when the benchmark ends; it skips without one.
+func openAuditDir(b *testing.B) *Store {
+	dir := os.Getenv("CAPLEDGER_AUDIT_DIR")
+	if dir == "" {
+		b.Skip("CAPLEDGER_AUDIT_DIR names no store (scripts/auditsize makes one)")
+	}
+	s, err := Open(context.Background(), filepath.Join(dir, "capledger.db"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { s.Close() })
+	return s
+}
