@@ -131,10 +131,6 @@ type breaker struct {
 	// open mirrors state != closed for the lock-free fast path; it is
 	// written only under mu.
 	open atomic.Bool
-	// beforeWatchdogDecides, set only by tests, runs when a watchdog has
-	// fired and before it decides: an answer a test delivers there
-	// arrived before the decision.
-	beforeWatchdogDecides func()
 
 	// mu orders answers and decisions to open: an answer counted before a
 	// decision prevents it, one after it closes the breaker again, so an
@@ -227,9 +223,6 @@ func (b *breaker) attempt(ctx context.Context, timeout time.Duration, cancel con
 // watchdogFired opens the breaker unless an answer arrived since the
 // watchdog's attempt began (seen is the count of answers then).
 func (b *breaker) watchdogFired(seen uint64) {
-	if b.beforeWatchdogDecides != nil {
-		b.beforeWatchdogDecides()
-	}
 	b.tripIf(func() bool { return b.answers == seen })
 }
 
