@@ -324,7 +324,7 @@ func (b *breaker) probeLoop() {
 		}
 		b.mu.Lock()
 		if b.state == BreakerClosed {
-			b.probing = false
+			b.probingEndsLocked()
 			b.mu.Unlock()
 			return // a caller's answer closed it
 		}
@@ -347,7 +347,7 @@ func (b *breaker) probeLoop() {
 		b.mu.Lock()
 		switch b.state {
 		case BreakerClosed:
-			b.probing = false
+			b.probingEndsLocked()
 			b.mu.Unlock()
 			return
 		case BreakerHalfOpen:
@@ -357,6 +357,17 @@ func (b *breaker) probeLoop() {
 		// BreakerOpen: closed and tripped again during the probe; the
 		// trip set the wait back to ProbeBase.
 		b.mu.Unlock()
+	}
+}
+
+// probingEndsLocked records that the probe loop ends; mu is held. A rearm
+// signalled meanwhile is dropped with it: the next trip starts its own
+// loop, which waits from ProbeBase anyway.
+func (b *breaker) probingEndsLocked() {
+	b.probing = false
+	select {
+	case <-b.rearm:
+	default:
 	}
 }
 
