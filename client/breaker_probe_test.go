@@ -84,7 +84,7 @@ func TestBreakerRunsOneProbeLoopAfterItTripsAgain(t *testing.T) {
 		}
 	}
 	tripWhenRefused(1)
-	tripped := time.Now()
+	tripped := gw.Breaker().OpenedAt
 
 	// An answer closes the breaker while its probe loop sleeps, and the
 	// next refused calls trip it again before that loop's first wake
@@ -97,7 +97,7 @@ func TestBreakerRunsOneProbeLoopAfterItTripsAgain(t *testing.T) {
 		t.Fatalf("breaker %+v after the late answer", st)
 	}
 	tripWhenRefused(2)
-	trippedAgain := time.Now()
+	trippedAgain := gw.Breaker().OpenedAt // set by the trip, before it rearms the loop
 	if since := trippedAgain.Sub(tripped); since >= probeWait/2 {
 		t.Skipf("the second trip came %s after the first: the first probe loop may have woken (machine too slow for this test)", since)
 	}
