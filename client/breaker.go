@@ -34,7 +34,10 @@ import (
 //     uniformly from [d/2, d)), the breaker sends one probe of its own
 //     (a GetReservation of a reserved probe id; any answer, even NOT_FOUND
 //     or UNAUTHENTICATED, proves the ledger reachable). Callers keep
-//     failing fast meanwhile; an answered probe closes the breaker.
+//     failing fast meanwhile; an answered probe closes the breaker. One
+//     probe loop runs at a time: when a caller's answer closes the breaker
+//     and it opens again before the loop's next probe, the loop's wait
+//     starts again from ProbeBase.
 //
 // Audit calls never arm the DetectTimeout watchdog (an audit of a large
 // ledger may legitimately take long).
@@ -128,10 +131,6 @@ type breaker struct {
 	// open mirrors state != closed for the lock-free fast path; it is
 	// written only under mu.
 	open atomic.Bool
-	// beforeWatchdogDecides, set only by tests, runs when a watchdog has
-	// fired and before it decides: an answer a test delivers there
-	// arrived before the decision.
-	beforeWatchdogDecides func()
 
 	// mu orders answers and decisions to open: an answer counted before a
 	// decision prevents it, one after it closes the breaker again, so an
@@ -151,14 +150,20 @@ type breaker struct {
 	nextID     uint64
 	// closedCh is closed when the breaker closes (a new one per trip).
 	closedCh chan struct{}
-	stop     chan struct{}
-	stopped  bool
-	wg       sync.WaitGroup
+	// probing is true while the probe loop runs (from the trip that
+	// starts it until it sees the breaker closed): a trip while it runs
+	// starts no second loop but signals rearm, which starts the loop's
+	// wait again from ProbeBase.
+	probing bool
+	rearm   chan struct{}
+	stop    chan struct{}
+	stopped bool
+	wg      sync.WaitGroup
 }
 
 func newBreaker(p BreakerPolicy, probe func(ctx context.Context) error) *breaker {
 	b := &breaker{policy: p.withDefaults(), disabled: p.Disabled, probe: probe,
-		inflight: map[uint64]context.CancelFunc{}, stop: make(chan struct{})}
+		inflight: map[uint64]context.CancelFunc{}, stop: make(chan struct{}), rearm: make(chan struct{}, 1)}
 	b.closedCh = make(chan struct{})
 	close(b.closedCh)
 	// A new client has not had the chance to hear from the ledger yet.
@@ -218,9 +223,6 @@ func (b *breaker) attempt(ctx context.Context, timeout time.Duration, cancel con
 // watchdogFired opens the breaker unless an answer arrived since the
 // watchdog's attempt began (seen is the count of answers then).
 func (b *breaker) watchdogFired(seen uint64) {
-	if b.beforeWatchdogDecides != nil {
-		b.beforeWatchdogDecides()
-	}
 	b.tripIf(func() bool { return b.answers == seen })
 }
 
@@ -247,8 +249,11 @@ func (b *breaker) failed() {
 }
 
 // tripIf opens the breaker if it is closed and due() holds, abandons the
-// attempts in flight and starts the prober. due runs under mu, so it sees
-// every answer that arrived before the decision (see mu).
+// attempts in flight and starts the prober, or, when the prober of an
+// earlier trip still runs (an answer closed the breaker while it slept),
+// starts its wait again from ProbeBase: one probe loop at a time. due runs
+// under mu, so it sees every answer that arrived before the decision (see
+// mu).
 func (b *breaker) tripIf(due func() bool) {
 	b.mu.Lock()
 	if b.state != BreakerClosed || b.stopped || !due() {
@@ -265,12 +270,23 @@ func (b *breaker) tripIf(due func() bool) {
 	for _, c := range b.inflight {
 		cancels = append(cancels, c)
 	}
-	b.wg.Add(1)
+	startProber := !b.probing
+	if startProber {
+		b.probing = true
+		b.wg.Add(1)
+	} else {
+		select {
+		case b.rearm <- struct{}{}:
+		default: // already signalled
+		}
+	}
 	b.mu.Unlock()
 	for _, c := range cancels {
 		c()
 	}
-	go b.probeLoop()
+	if startProber {
+		go b.probeLoop()
+	}
 }
 
 // closeLocked closes the breaker if it is open; mu is held.
@@ -284,8 +300,11 @@ func (b *breaker) closeLocked() {
 	close(b.closedCh)
 }
 
-// probeLoop probes with backoff and jitter until a probe is answered or
-// the client closes.
+// probeLoop probes with backoff and jitter until it finds the breaker
+// closed (by its own answered probe or a caller's answer) or the client
+// closes. It decides to end under mu, where tripIf decides whether a loop
+// runs, so a trip either finds the loop still running (and rearms it) or
+// starts the next one.
 func (b *breaker) probeLoop() {
 	defer b.wg.Done()
 	for {
@@ -298,10 +317,14 @@ func (b *breaker) probeLoop() {
 		case <-b.stop:
 			t.Stop()
 			return
+		case <-b.rearm:
+			t.Stop()
+			continue // tripped again: wait from ProbeBase (b.wait) anew
 		case <-t.C:
 		}
 		b.mu.Lock()
 		if b.state == BreakerClosed {
+			b.probingEndsLocked()
 			b.mu.Unlock()
 			return // a caller's answer closed it
 		}
@@ -320,16 +343,31 @@ func (b *breaker) probeLoop() {
 		cancel()
 		if err == nil || !isTransportFault(err) {
 			b.answered()
-			return
 		}
 		b.mu.Lock()
-		if b.state == BreakerClosed {
+		switch b.state {
+		case BreakerClosed:
+			b.probingEndsLocked()
 			b.mu.Unlock()
 			return
+		case BreakerHalfOpen:
+			b.state = BreakerOpen
+			b.wait = min(2*b.wait, b.policy.ProbeMax)
 		}
-		b.state = BreakerOpen
-		b.wait = min(2*b.wait, b.policy.ProbeMax)
+		// BreakerOpen: closed and tripped again during the probe; the
+		// trip set the wait back to ProbeBase.
 		b.mu.Unlock()
+	}
+}
+
+// probingEndsLocked records that the probe loop ends; mu is held. A rearm
+// signalled meanwhile is dropped with it: the next trip starts its own
+// loop, which waits from ProbeBase anyway.
+func (b *breaker) probingEndsLocked() {
+	b.probing = false
+	select {
+	case <-b.rearm:
+	default:
 	}
 }
 

@@ -23,13 +23,16 @@ func newTestBreaker(t *testing.T) *breaker {
 // wins: the watchdog decides after it and keeps the breaker closed. It
 // used to check for answers, then open: an answer between the two left
 // the breaker open just after the ledger answered, and the next calls
-// failed fast until a probe closed it.
+// failed fast until a probe closed it. The watchdog now decides in one
+// step under the breaker's lock (tripIf), so "after it fired, before it
+// decided" is "before it decided": the answer is delivered, then slow's
+// watchdog fires.
 func TestWatchdogDoesNotOpenTheBreakerAfterAnAnswer(t *testing.T) {
 	ctx := context.Background()
 	b := newTestBreaker(t)
 	slow := b.attempt(ctx, 2*time.Hour, func() {})
 	answer := b.attempt(ctx, 2*time.Hour, func() {})
-	b.beforeWatchdogDecides = func() { answer(ctx, nil) }
+	answer(ctx, nil)
 	b.watchdogFired(0) // slow's watchdog: no answer had arrived when slow began
 	if st := b.stats(); st.State != BreakerClosed || st.Trips != 0 {
 		t.Fatalf("breaker %s after an answer that arrived before its watchdog decided (%d trips)", st.State, st.Trips)

@@ -86,6 +86,23 @@ func heal(t *testing.T, proxy *faultproxy.Proxy, c *Client) {
 	}
 }
 
+// The gateways of the end-to-end shard tests wait for every answer of a
+// call that must succeed as long as mustSucceedTimeout (each attempt; the
+// breaker's watchdog is as patient), so that a loaded machine (2 cores,
+// -race, the ledger in another process) does not turn a slow answer into
+// a failure. Only the calls made while the proxy cuts the gateway off are
+// about a timeout: their context ends after offlineTimeout, and the
+// Reserve goes to the shard.
+const (
+	mustSucceedTimeout = 10 * time.Second
+	offlineTimeout     = 200 * time.Millisecond
+)
+
+func newPartitionedGateway(addr string) (*Client, error) {
+	return New(addr, WithTimeout(mustSucceedTimeout), WithBreaker(BreakerPolicy{DetectTimeout: mustSucceedTimeout}),
+		WithRetryPolicy(RetryPolicy{MaxAttempts: 2, BaseDelay: 10 * time.Millisecond, MaxDelay: 20 * time.Millisecond}))
+}
+
 // availableTokens reads the subject's tokens available in its current
 // account, through a direct (unproxied) connection.
 func availableTokens(t *testing.T, c *Client) int64 {
@@ -136,8 +153,7 @@ func TestEmergencyShardEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	gw, err := New(proxy.Addr(), WithTimeout(200*time.Millisecond),
-		WithRetryPolicy(RetryPolicy{MaxAttempts: 2, BaseDelay: 10 * time.Millisecond, MaxDelay: 20 * time.Millisecond}))
+	gw, err := newPartitionedGateway(proxy.Addr())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,8 +192,10 @@ func TestEmergencyShardEndToEnd(t *testing.T) {
 	// The proxy cuts the gateway off.
 	proxy.SetFaults(faultproxy.Faults{Partition: true})
 	proxy.CutAll()
-	reserve := func(tokens int64) (*EmergencyReservation, error) {
-		return em.Reserve(ctx, ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": tokens}})
+	reserve := func(tokens int64) (*EmergencyReservation, error) { // only while cut off
+		octx, cancel := context.WithTimeout(ctx, offlineTimeout)
+		defer cancel()
+		return em.Reserve(octx, ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": tokens}})
 	}
 	r1, err := reserve(400)
 	if err != nil || r1.Local == nil || !Unreachable(r1.LedgerErr) {

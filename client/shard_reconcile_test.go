@@ -46,8 +46,7 @@ func TestReconcileResendsReceiptsAnOperatorDidNotResolve(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	gw, err := New(proxy.Addr(), WithTimeout(200*time.Millisecond),
-		WithRetryPolicy(RetryPolicy{MaxAttempts: 2, BaseDelay: 10 * time.Millisecond, MaxDelay: 20 * time.Millisecond}))
+	gw, err := newPartitionedGateway(proxy.Addr())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +66,9 @@ func TestReconcileResendsReceiptsAnOperatorDidNotResolve(t *testing.T) {
 	proxy.CutAll()
 	var ids []string
 	for i, tokens := range []int64{3000, 3000, 2000} {
-		r, err := em.Reserve(ctx, ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": tokens}})
+		octx, cancel := context.WithTimeout(ctx, offlineTimeout)
+		r, err := em.Reserve(octx, ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": tokens}})
+		cancel()
 		if err != nil || r.Local == nil {
 			t.Fatalf("offline reserve %d: %+v %v", i, r, err)
 		}

@@ -495,7 +495,7 @@ func (e *Engine) AuditWith(ctx context.Context, o AuditOptions) ([]ledger.Discre
 			stepStart = time.Now()
 		} else {
 			// Between its pauses the copy gives its P up after every
-			// step (auditCopyPages pages on SQLite): Go preempts a goroutine that runs on only after
+			// step (defaultAuditCopyPages pages on SQLite): Go preempts a goroutine that runs on only after
 			// 10 ms, and a request that became runnable meanwhile would
 			// wait that long behind it (beyond a reserve's p99).
 			runtime.Gosched()

@@ -67,7 +67,8 @@ type OperationStatus struct {
 // reservation's route. It returns an error for anything that is not a
 // verified answer (no endpoint for the route: ErrNoStatusEndpoint; a
 // timeout, a refused connection, a 5xx, garbage, an unauthenticated
-// settling answer); the resolver then leaves the reservation as it is and
+// settling answer; wrap ErrUnusableStatusAnswer for an answer the
+// endpoint gave); the resolver then leaves the reservation as it is and
 // asks again later. It must be safe for concurrent use.
 type OperationStatusSource interface {
 	OperationStatus(ctx context.Context, r *ledger.Reservation) (OperationStatus, error)
@@ -77,6 +78,15 @@ type OperationStatusSource interface {
 // endpoint for; the resolver asks about such a reservation only at its
 // longest backoff.
 var ErrNoStatusEndpoint = errors.New("route has no operation-status endpoint")
+
+// ErrUnusableStatusAnswer is wrapped by a source's error for an answer the
+// endpoint gave that cannot be used (a bad signature, garbage, an answer
+// about another operation, a 4xx): the reservation's own failure, while
+// its route answers; such a reservation stays on its backoff. Any other
+// error (refused, a timeout, a 5xx) says the route could not answer: when
+// it answers again, the reservations whose questions failed are asked out
+// of turn (see Resolver.routeDown).
+var ErrUnusableStatusAnswer = errors.New("operation-status answer unusable")
 
 // ResolverOptions configure the resolver (Options.Resolver). Zero values
 // pick the defaults.
@@ -131,13 +141,27 @@ type attempt struct {
 	flagged bool // overdue logged
 	pass    uint64
 	// failedAt is when its last question failed (zero after an answer);
-	// flushed says it was asked once out of turn because its route came
-	// back since. It stays set until the reservation gets an answer: a
-	// reservation whose own answers fail (a bad signature, garbage) while
-	// its route answers the others is asked out of turn once, then only
-	// on its backoff.
-	failedAt time.Time
-	flushed  bool
+	// unusable says that failure was an answer that could not be used
+	// (ErrUnusableStatusAnswer): its own failure, not its route's, so it
+	// is not asked out of turn and stays on its backoff. outOfTurnFor is
+	// the comeback of its route (routeBack) it was last asked out of turn
+	// for, zero after an answer (see routeDown).
+	failedAt     time.Time
+	unusable     bool
+	outOfTurnFor time.Time
+}
+
+// routeOutage is a route that could not answer: failer is the first
+// reservation whose question failed, several that another's failed too.
+type routeOutage struct {
+	failer  string
+	several bool
+}
+
+// routeComeback is the first answer of a route after an outage.
+type routeComeback struct {
+	at      time.Time
+	several bool
 }
 
 // Resolver is the resolver worker. The engine runs one (Options.Resolver);
@@ -156,16 +180,21 @@ type Resolver struct {
 	cursor   store.UnknownCursor
 	pass     uint64 // scans of the whole backlog begun
 	overdue  int64  // counted in the current pass
-	// A route is down after a failed question and back at the first
-	// answer after that: then every reservation of the route that failed
-	// before is asked at the next scan, once, instead of waiting out a
+	// A route is down after a question it could not answer (refused, a
+	// timeout, a 5xx) and back at its first answer after that (an
+	// unusable one too: the endpoint answered): then every reservation of
+	// the route whose question failed before, not with an unusable answer
+	// of its own, is asked at the next scan instead of waiting out a
 	// backoff that grew while the gateway was down (up to MaxBackoff: a
 	// gateway that comes back for less than that would be missed). Once
-	// per failure streak of a reservation (attempt.flushed): one whose
-	// own answers keep failing is not asked again at every answer of its
-	// neighbours.
-	routeDown map[string]bool
-	routeBack map[string]time.Time
+	// per comeback when the questions of several reservations failed
+	// (an outage: again after every later one); when only one
+	// reservation's did, once until it gets an answer, so that one whose
+	// own questions keep failing (a 5xx for its operation only) is not
+	// asked again at every answer of its neighbours, nor is one whose
+	// answers are unusable (attempt.unusable) ever.
+	routeDown map[string]*routeOutage
+	routeBack map[string]routeComeback
 
 	polls, failures, settled, neverStarted atomic.Uint64
 	overdueDone                            atomic.Int64 // last complete pass; -1 before one
@@ -203,7 +232,7 @@ func NewResolver(st store.Store, opts ResolverOptions, clock func() time.Time,
 	}
 	r := &Resolver{
 		store: st, clock: clock, commit: commit, log: log, opts: opts, attempts: map[string]*attempt{}, pass: 1,
-		routeDown: map[string]bool{}, routeBack: map[string]time.Time{},
+		routeDown: map[string]*routeOutage{}, routeBack: map[string]routeComeback{},
 		rng: rand.New(rand.NewPCG(opts.Seed, opts.Seed^0x9e3779b97f4a7c15)),
 	}
 	r.overdueDone.Store(-1)
@@ -336,8 +365,9 @@ func (r *Resolver) page(ctx context.Context, rows []ledger.Reservation) {
 		}
 		if !now.Before(a.next) {
 			due = append(due, row)
-		} else if back, ok := r.routeBack[row.Account.Route]; ok && !a.flushed && !a.failedAt.IsZero() && back.After(a.failedAt) {
-			a.flushed = true
+		} else if back, ok := r.routeBack[row.Account.Route]; ok && !a.failedAt.IsZero() && !a.unusable && back.at.After(a.failedAt) &&
+			((back.several && a.outOfTurnFor.Before(back.at)) || a.outOfTurnFor.IsZero()) {
+			a.outOfTurnFor = back.at
 			due = append(due, row)
 		}
 	}
@@ -370,21 +400,29 @@ func (r *Resolver) page(ctx context.Context, rows []ledger.Reservation) {
 	r.mu.Lock()
 	for i, row := range due {
 		route := row.Account.Route
+		a := r.attempts[row.ID]
+		if a == nil {
+			a = &attempt{} // forgotten meanwhile: record only the route
+		}
 		switch {
 		case errors.Is(errs[i], ErrNoStatusEndpoint):
+			continue
+		case errors.Is(errs[i], ErrUnusableStatusAnswer):
+			a.failedAt, a.unusable = now, true
 		case errs[i] != nil:
-			r.routeDown[route] = true
-			if a := r.attempts[row.ID]; a != nil {
-				a.failedAt = now
+			a.failedAt, a.unusable = now, false
+			if o := r.routeDown[route]; o == nil {
+				r.routeDown[route] = &routeOutage{failer: row.ID}
+			} else if o.failer != row.ID {
+				o.several = true
 			}
+			continue
 		default:
-			if a := r.attempts[row.ID]; a != nil {
-				a.failedAt, a.flushed = time.Time{}, false
-			}
-			if r.routeDown[route] {
-				r.routeDown[route] = false
-				r.routeBack[route] = now
-			}
+			a.failedAt, a.unusable, a.outOfTurnFor = time.Time{}, false, time.Time{}
+		}
+		if o := r.routeDown[route]; o != nil { // the route answered
+			delete(r.routeDown, route)
+			r.routeBack[route] = routeComeback{at: now, several: o.several}
 		}
 	}
 	r.mu.Unlock()

@@ -327,3 +327,138 @@ func TestResolverAsksARouteAgainWhenItComesBack(t *testing.T) {
 	}
 	t.Fatalf("not all settled within 70 s of coming back (first at scan %d)", first)
 }
+
+// The out-of-turn question comes once per comeback of the route, not once
+// per reservation: a reservation asked out of turn whose question failed
+// (the route went down again at once) is asked out of turn again when the
+// route comes back from the next outage. It used to be asked out of turn
+// only once until it got an answer, so after the second outage it waited
+// out a backoff that had grown to [30 s, 60 s).
+func TestResolverAsksARouteAgainAfterEachOutage(t *testing.T) {
+	for seed := uint64(1); seed <= 4; seed++ {
+		clk := newClock()
+		src := newScripted()
+		e := New(memstore.New(), Options{DisableWorkers: true, Clock: clk.Now,
+			Resolver: &ResolverOptions{Source: src, MinBackoff: time.Second, MaxBackoff: time.Minute, Seed: seed}})
+		ctx := context.Background()
+		publish(t, e, 10000, time.Minute, 30*time.Second)
+		ids := []string{"a", "b", "c", "d"}
+		unknownWork(t, e, clk, ids...)
+		// The route's gateway: down (refused), up for one answer then
+		// down again (a flap), or up.
+		var mu sync.Mutex
+		mode := "down"
+		setMode := func(m string) { mu.Lock(); mode = m; mu.Unlock() }
+		getMode := func() string { mu.Lock(); defer mu.Unlock(); return mode }
+		for _, id := range ids {
+			src.mu.Lock()
+			src.answers["op-"+id] = func() (OperationStatus, error) {
+				mu.Lock()
+				defer mu.Unlock()
+				switch mode {
+				case "up":
+					return OperationStatus{State: OperationFinished, Units: map[string]ledger.Units{"tokens": 10}}, nil
+				case "flap":
+					mode = "down"
+					return OperationStatus{State: OperationRunning}, nil
+				}
+				return OperationStatus{}, errors.New("connection refused")
+			}
+			src.mu.Unlock()
+		}
+		asked := func() (n int) {
+			for _, id := range ids {
+				n += src.count("op-" + id)
+			}
+			return n
+		}
+		scan := func() { e.RunResolver(ctx); clk.Advance(time.Second) }
+
+		// Down for five minutes: every backoff has grown to [30 s, 60 s).
+		for range 300 {
+			scan()
+		}
+		// Up for one answer and down again: the scan after that answer
+		// asks the three others out of turn, and each question fails.
+		setMode("flap")
+		for getMode() == "flap" {
+			scan()
+		}
+		before := asked()
+		scan()
+		if n := asked() - before; n != len(ids)-1 {
+			t.Fatalf("seed %d: %d questions at the scan after the route answered, want the %d others out of turn", seed, n, len(ids)-1)
+		}
+		// Down for five more minutes, then back for good: the first
+		// answer makes the scan after it ask every other reservation.
+		for range 300 {
+			scan()
+		}
+		setMode("up")
+		first, settledAll := -1, false
+		for s := 0; s < 70 && !settledAll; s++ {
+			e.RunResolver(ctx)
+			settled := 0
+			for _, id := range ids {
+				if state(t, e, id).State == ledger.StateSettled {
+					settled++
+				}
+			}
+			if settled > 0 && first < 0 {
+				first = s
+			}
+			if settled == len(ids) {
+				if s > first+1 {
+					t.Fatalf("seed %d: first settled at scan %d, the last at %d: the ones asked out of turn after the first outage waited out their backoff", seed, first, s)
+				}
+				settledAll = true
+			}
+			clk.Advance(time.Second)
+		}
+		if !settledAll {
+			t.Fatalf("seed %d: not all settled within 70 s of coming back (first at scan %d)", seed, first)
+		}
+		auditClean(t, e)
+		e.Close()
+	}
+}
+
+// A reservation whose own questions keep failing the way a down route's
+// do (a 5xx for its operation only) while the route answers the others
+// is asked out of turn once until it gets an answer, not at every answer
+// of its neighbours: only the failures of one reservation are no outage.
+func TestResolverAsksOneFailingReservationOutOfTurnOnce(t *testing.T) {
+	clk := newClock()
+	src := newScripted()
+	e := New(memstore.New(), Options{DisableWorkers: true, Clock: clk.Now,
+		Resolver: &ResolverOptions{Source: src, MinBackoff: time.Second, MaxBackoff: time.Minute, Seed: 11}})
+	defer e.Close()
+	ctx := context.Background()
+	publish(t, e, 10000, time.Minute, 30*time.Second)
+	ids := []string{"bad", "run-1", "run-2", "run-3"}
+	unknownWork(t, e, clk, ids...)
+	src.set("op-bad", OperationStatus{}, errors.New("HTTP 503"))
+	for _, id := range ids[1:] {
+		src.set("op-"+id, OperationStatus{State: OperationRunning}, nil)
+	}
+	var at []time.Time
+	for range 16 * 60 {
+		before := src.count("op-bad")
+		e.RunResolver(ctx)
+		if src.count("op-bad") > before {
+			at = append(at, clk.Now())
+		}
+		clk.Advance(time.Second)
+	}
+	// Gap k follows the k-th failure: at least half of min(1s*2^(k-1), 1m).
+	short := 0
+	for k := 1; k < len(at); k++ {
+		d := min(time.Second<<min(k-1, 6), time.Minute)
+		if at[k].Sub(at[k-1]) < d/2 {
+			short++
+		}
+	}
+	if short > 1 {
+		t.Fatalf("asked %d times in 16 min, %d gaps shorter than its backoff (running ones: %d)", len(at), short, src.count("op-run-1"))
+	}
+}

@@ -125,7 +125,7 @@ var (
 	errModelDown    = errors.New("connection refused (executor down)")
 	errModel5xx     = errors.New("HTTP 503")
 	errModelTimeout = context.DeadlineExceeded
-	errModelLie     = errors.New("never_started answer is not signed with the route's secret")
+	errModelLie     = fmt.Errorf("never_started answer is not signed with the route's secret: %w", engine.ErrUnusableStatusAnswer)
 )
 
 func (s *modelSource) OperationStatus(ctx context.Context, r *ledger.Reservation) (engine.OperationStatus, error) {

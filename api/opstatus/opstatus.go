@@ -122,6 +122,22 @@ type Client struct {
 // (finished, never started) but whose signature does not verify.
 var ErrUnsigned = errors.New("operation status answer is not signed with the route's secret")
 
+// ErrBadAnswer is wrapped by Get for an answer the endpoint gave that
+// cannot be used: a status code below 500 other than 200 and 404, a body
+// over the limit or not an Answer for these ids, an unknown status, a
+// negative unit, an unsigned settling answer (ErrUnsigned too). Errors
+// without it (a transport error, a timeout, a 5xx, a body cut off) mean
+// the endpoint could not answer.
+var ErrBadAnswer = errors.New("operation status answer unusable")
+
+// badAnswer wraps err with ErrBadAnswer, keeping err's message.
+type badAnswer struct{ err error }
+
+func (e badAnswer) Error() string   { return e.err.Error() }
+func (e badAnswer) Unwrap() []error { return []error{e.err, ErrBadAnswer} }
+
+func bad(format string, args ...any) error { return badAnswer{fmt.Errorf(format, args...)} }
+
 var defaultHTTP = &http.Client{Timeout: 5 * time.Second}
 
 // Get asks for one operation's status. It returns the Result of a
@@ -129,8 +145,9 @@ var defaultHTTP = &http.Client{Timeout: 5 * time.Second}
 // unknown), or an error for everything else: a transport error or
 // timeout, a status code other than 200 and 404, a body that is not an
 // Answer for these ids, an unknown status, a negative unit, or a finished
-// or never-started answer that is not signed (ErrUnsigned). The caller
-// must leave the reservation as it is on an error.
+// or never-started answer that is not signed (ErrUnsigned). Errors about
+// an answer the endpoint gave wrap ErrBadAnswer. The caller must leave the
+// reservation as it is on an error.
 func (c *Client) Get(ctx context.Context, reservationID, operationID string) (Result, error) {
 	if reservationID == "" || operationID == "" {
 		return Result{}, errors.New("operation status: empty reservation or operation id")
@@ -162,19 +179,21 @@ func (c *Client) Get(ctx context.Context, reservationID, operationID string) (Re
 	switch {
 	case resp.StatusCode == http.StatusNotFound:
 		return Result{Status: StatusUnknown}, nil
-	case resp.StatusCode != http.StatusOK:
+	case resp.StatusCode >= 500:
 		return Result{}, fmt.Errorf("operation status %s: HTTP %d", operationID, resp.StatusCode)
+	case resp.StatusCode != http.StatusOK:
+		return Result{}, bad("operation status %s: HTTP %d", operationID, resp.StatusCode)
 	case len(body) > maxBody:
-		return Result{}, fmt.Errorf("operation status %s: answer over %d bytes", operationID, maxBody)
+		return Result{}, bad("operation status %s: answer over %d bytes", operationID, maxBody)
 	}
 	var a Answer
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&a); err != nil {
-		return Result{}, fmt.Errorf("operation status %s: answer is not JSON of the contract: %w", operationID, err)
+		return Result{}, bad("operation status %s: answer is not JSON of the contract: %w", operationID, err)
 	}
 	if a.OperationID != operationID || a.ReservationID != reservationID {
-		return Result{}, fmt.Errorf("operation status %s: answer is for operation %q of reservation %q", operationID, a.OperationID, a.ReservationID)
+		return Result{}, bad("operation status %s: answer is for operation %q of reservation %q", operationID, a.OperationID, a.ReservationID)
 	}
 	signed := hmac.Equal([]byte(SignAnswer(c.Secret, ts, reservationID, operationID, body)), []byte(resp.Header.Get(HeaderSignature)))
 	res := Result{Status: a.Status, Signed: signed}
@@ -183,20 +202,20 @@ func (c *Client) Get(ctx context.Context, reservationID, operationID string) (Re
 		return res, nil
 	case StatusNeverStarted:
 		if len(a.ActualUnits) > 0 {
-			return Result{}, fmt.Errorf("operation status %s: never started with actual units", operationID)
+			return Result{}, bad("operation status %s: never started with actual units", operationID)
 		}
 	case StatusFinished:
 		for unit, n := range a.ActualUnits {
 			if n < 0 || unit == "" {
-				return Result{}, fmt.Errorf("operation status %s: unit %q = %d", operationID, unit, n)
+				return Result{}, bad("operation status %s: unit %q = %d", operationID, unit, n)
 			}
 		}
 		res.Units = a.ActualUnits
 	default:
-		return Result{}, fmt.Errorf("operation status %s: unknown status %q", operationID, a.Status)
+		return Result{}, bad("operation status %s: unknown status %q", operationID, a.Status)
 	}
 	if !signed {
-		return Result{}, fmt.Errorf("operation status %s: %s answer: %w", operationID, a.Status, ErrUnsigned)
+		return Result{}, bad("operation status %s: %s answer: %w", operationID, a.Status, ErrUnsigned)
 	}
 	return res, nil
 }

@@ -56,23 +56,33 @@ func TestGetTakesOnlyVerifiedAnswers(t *testing.T) {
 			t.Errorf("%s: %+v %v, want %s %d", c.name, got, err, c.status, c.units)
 		}
 	}
+	// answered: the endpoint gave an answer that cannot be used
+	// (ErrBadAnswer); the others could not answer.
+	refused := gateway(t, signed(Answer{}))
+	refused.Base = "http://127.0.0.1:1"
 	bad := []struct {
-		name   string
-		client *Client
+		name     string
+		client   *Client
+		answered bool
 	}{
-		{"unsigned never started", gateway(t, raw(200, `{"operationId":"op/1 ?","reservationId":"rsv_1","status":"never_started"}`))},
-		{"unsigned finished", gateway(t, raw(200, `{"operationId":"op/1 ?","reservationId":"rsv_1","status":"finished","actualUnits":{"tokens":0}}`))},
-		{"signed for another operation", gateway(t, signed(Answer{OperationID: "op-2", ReservationID: res, Status: StatusNeverStarted}))},
-		{"5xx", gateway(t, raw(503, "busy"))},
-		{"garbage", gateway(t, raw(200, "<html>"))},
-		{"unknown status", gateway(t, signed(Answer{OperationID: op, ReservationID: res, Status: "done"}))},
-		{"negative units", gateway(t, signed(Answer{OperationID: op, ReservationID: res, Status: StatusFinished, ActualUnits: map[string]int64{"tokens": -1}}))},
-		{"timeout", gateway(t, func(w http.ResponseWriter, r *http.Request) { time.Sleep(time.Second) })},
-		{"wrong secret", &Client{Base: gateway(t, signed(Answer{OperationID: op, ReservationID: res, Status: StatusNeverStarted})).Base, Secret: []byte("another-secret-of-16")}},
+		{"unsigned never started", gateway(t, raw(200, `{"operationId":"op/1 ?","reservationId":"rsv_1","status":"never_started"}`)), true},
+		{"unsigned finished", gateway(t, raw(200, `{"operationId":"op/1 ?","reservationId":"rsv_1","status":"finished","actualUnits":{"tokens":0}}`)), true},
+		{"signed for another operation", gateway(t, signed(Answer{OperationID: "op-2", ReservationID: res, Status: StatusNeverStarted})), true},
+		{"5xx", gateway(t, raw(503, "busy")), false},
+		{"4xx", gateway(t, raw(400, "bad request")), true},
+		{"garbage", gateway(t, raw(200, "<html>")), true},
+		{"unknown status", gateway(t, signed(Answer{OperationID: op, ReservationID: res, Status: "done"})), true},
+		{"negative units", gateway(t, signed(Answer{OperationID: op, ReservationID: res, Status: StatusFinished, ActualUnits: map[string]int64{"tokens": -1}})), true},
+		{"timeout", gateway(t, func(w http.ResponseWriter, r *http.Request) { time.Sleep(time.Second) }), false},
+		{"refused", refused, false},
+		{"wrong secret", &Client{Base: gateway(t, signed(Answer{OperationID: op, ReservationID: res, Status: StatusNeverStarted})).Base, Secret: []byte("another-secret-of-16")}, true},
 	}
 	for _, c := range bad {
-		if got, err := c.client.Get(ctx, res, op); err == nil {
+		got, err := c.client.Get(ctx, res, op)
+		if err == nil {
 			t.Errorf("%s: took %+v, want an error", c.name, got)
+		} else if errors.Is(err, ErrBadAnswer) != c.answered {
+			t.Errorf("%s: %v: wraps ErrBadAnswer %v, want %v", c.name, err, errors.Is(err, ErrBadAnswer), c.answered)
 		}
 	}
 	if _, err := bad[0].client.Get(ctx, res, op); !errors.Is(err, ErrUnsigned) {

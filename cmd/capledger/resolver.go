@@ -158,6 +158,9 @@ func (c *resolverConfig) OperationStatus(ctx context.Context, r *ledger.Reservat
 		return engine.OperationStatus{}, engine.ErrNoStatusEndpoint
 	}
 	res, err := rr.client.Get(ctx, r.ID, r.OperationID)
+	if errors.Is(err, opstatus.ErrBadAnswer) {
+		return engine.OperationStatus{}, unusable{err}
+	}
 	if err != nil {
 		return engine.OperationStatus{}, err
 	}
@@ -171,5 +174,13 @@ func (c *resolverConfig) OperationStatus(ctx context.Context, r *ledger.Reservat
 	case opstatus.StatusUnknown:
 		return engine.OperationStatus{State: engine.OperationUnknown}, nil
 	}
-	return engine.OperationStatus{}, errors.New("operation status: unexpected status " + res.Status)
+	return engine.OperationStatus{}, unusable{errors.New("operation status: unexpected status " + res.Status)}
 }
+
+// unusable marks err, about an answer the endpoint gave, as the
+// reservation's own failure for the resolver (engine.ErrUnusableStatusAnswer),
+// keeping err's message.
+type unusable struct{ err error }
+
+func (e unusable) Error() string   { return e.err.Error() }
+func (e unusable) Unwrap() []error { return []error{e.err, engine.ErrUnusableStatusAnswer} }

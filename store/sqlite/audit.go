@@ -93,7 +93,7 @@ func (s *Store) AuditSnapshot(ctx context.Context, cut bool, f func(*ledger.Snap
 		if cp != nil || copyErr != nil {
 			return copyErr
 		}
-		c, err := copyForAudit(ctx, filepath.Dir(s.path), conn, func(done, total int) int64 {
+		c, err := copyForAudit(ctx, filepath.Dir(s.path), conn, s.auditCopyPages, func(done, total int) int64 {
 			// The copy's progress in the estimate's rows, the unit of
 			// store.Pause.
 			if estimated > 0 && total > 0 {

@@ -33,12 +33,13 @@ type auditCopy struct {
 	path string
 }
 
-// auditCopyPages is how many pages a step of the copy copies (256 KiB of
-// 4 KiB pages, about half a millisecond on 2 busy cores) before it offers the caller's
-// pacing a pause, which gives the processor up between the pauses it
-// takes (engine.AuditWith): a request that became runnable waits for a
-// step, not for Go's preemption after 10 ms (a variable: tests lower it).
-var auditCopyPages int32 = 64
+// defaultAuditCopyPages is how many pages a step of the copy copies (256
+// KiB of 4 KiB pages, about half a millisecond on 2 busy cores) before it
+// offers the caller's pacing a pause, which gives the processor up
+// between the pauses it takes (engine.AuditWith): a request that became
+// runnable waits for a step, not for Go's preemption after 10 ms. (A
+// store's auditCopyPages; tests open stores with smaller steps.)
+const defaultAuditCopyPages = 64
 
 // auditCopyCacheKiB bounds the page cache of the copy's connection,
 // which the backup fills with the pages it writes (spilling them to the
@@ -53,10 +54,10 @@ const auditCopyCacheKiB = 2048
 // restart the backup (SQLite restarts it only when the source connection
 // begins a new read and finds the database changed), so the copy is the
 // transaction's view, whatever is committed meanwhile. Every step of
-// auditCopyPages pages offers a pause (store.Pause) with
+// stepPages pages offers a pause (store.Pause) with
 // progress(pages copied, pages in all). A failure (a full disk: SQLITE_FULL)
 // removes the copy and leaves the database as it was.
-func copyForAudit(ctx context.Context, dir string, src *sql.Conn, progress func(done, total int) int64) (_ *auditCopy, err error) {
+func copyForAudit(ctx context.Context, dir string, src *sql.Conn, stepPages int, progress func(done, total int) int64) (_ *auditCopy, err error) {
 	f, err := os.CreateTemp(dir, ".capledger-audit-*")
 	if err != nil {
 		return nil, fmt.Errorf("audit copy: %w", err)
@@ -100,7 +101,7 @@ func copyForAudit(ctx context.Context, dir string, src *sql.Conn, progress func(
 			cp.path = ""
 		}
 		for {
-			more, err := backup.Step(auditCopyPages)
+			more, err := backup.Step(int32(stepPages))
 			size = int64(backup.PageCount()) * pageSize
 			if err != nil {
 				return errors.Join(err, backup.Finish())

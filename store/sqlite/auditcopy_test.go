@@ -19,13 +19,11 @@ import (
 	"modernc.org/sqlite"
 )
 
-// smallCopySteps makes the audit's copy step a few pages at a time, so
-// that a small store is copied in many steps.
-func smallCopySteps(t *testing.T) {
-	old := auditCopyPages
-	auditCopyPages = 4
-	t.Cleanup(func() { auditCopyPages = old })
-}
+// smallCopySteps opens a store whose audit copy steps a few pages at a
+// time, so that a small store is copied in many steps.
+var smallCopySteps Option = func(c *config) { c.auditCopyPages = smallCopyPages }
+
+const smallCopyPages = 4
 
 // reserveMany commits n reservations of account in batches of 500, ids
 // prefix-0000 on.
@@ -65,9 +63,8 @@ func countAudit(t *testing.T, snap *ledger.Snapshot) (reservations, entries, acc
 // audit's read transaction; outside one, SQLite restarts a backup whose
 // source another connection changed and the copy holds later commits).
 func TestAuditCopyIsOneTransactionsView(t *testing.T) {
-	smallCopySteps(t)
 	ctx := context.Background()
-	s := openWithoutCheckpointer(t)
+	s := openWithoutCheckpointer(t, smallCopySteps)
 	now := time.Date(2026, 7, 19, 14, 0, 0, 0, time.UTC)
 	account := ledger.AccountKey{Subject: "s", Route: "r", Region: "eu", Generation: 1}
 	const before = 2000
@@ -105,13 +102,12 @@ func TestAuditCopyIsOneTransactionsView(t *testing.T) {
 }
 
 // TestAuditCopyIsPaced: a full audit's copy offers a pause (store.Pause)
-// after every auditCopyPages pages, with its progress in rows growing to
+// after every step of pages (smallCopyPages here), with its progress in rows growing to
 // the estimate, and pauses as often before the audit reads its first
 // reservation.
 func TestAuditCopyIsPaced(t *testing.T) {
-	smallCopySteps(t)
 	ctx := context.Background()
-	s, err := Open(ctx, filepath.Join(t.TempDir(), "ledger.db"))
+	s, err := Open(ctx, filepath.Join(t.TempDir(), "ledger.db"), smallCopySteps)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +138,7 @@ func TestAuditCopyIsPaced(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := (pages - 1) / int(auditCopyPages); pausesAtFirst < want {
+	if want := (pages - 1) / smallCopyPages; pausesAtFirst < want {
 		t.Errorf("the copy of %d pages paused %d times before the first reservation was read, want at least %d", pages, pausesAtFirst, want)
 	}
 	for i := 1; i < len(progress); i++ {
@@ -207,10 +203,9 @@ func allUnlinked(files []string) bool {
 // nothing), and an audit cancelled in the middle of its copy, like one
 // that finished, leaves no file open and none behind.
 func TestAuditCopyIsUnlinkedAndClosed(t *testing.T) {
-	smallCopySteps(t)
 	ctx := context.Background()
 	dir := t.TempDir()
-	s, err := Open(ctx, filepath.Join(dir, "ledger.db"))
+	s, err := Open(ctx, filepath.Join(dir, "ledger.db"), smallCopySteps)
 	if err != nil {
 		t.Fatal(err)
 	}

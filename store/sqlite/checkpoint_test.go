@@ -251,9 +251,9 @@ func TestAuditReleaseEndsTheRead(t *testing.T) {
 // openWithoutCheckpointer opens a store whose checkpointer is stopped, so
 // that the test decides when the WAL is copied. The store closes with the
 // test.
-func openWithoutCheckpointer(t *testing.T) *Store {
+func openWithoutCheckpointer(t *testing.T, opts ...Option) *Store {
 	t.Helper()
-	s, err := Open(context.Background(), filepath.Join(t.TempDir(), "capledger.db"))
+	s, err := Open(context.Background(), filepath.Join(t.TempDir(), "capledger.db"), opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

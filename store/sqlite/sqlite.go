@@ -81,6 +81,9 @@ type config struct {
 	// (subjectindex.go).
 	subjectFlushAge   time.Duration
 	subjectFlushCount int
+	// auditCopyPages: see defaultAuditCopyPages (auditcopy.go); only
+	// tests open a store with another.
+	auditCopyPages int
 }
 
 // Option configures Open.
@@ -121,6 +124,9 @@ type Store struct {
 	// commitFault, when set (tests), makes a COMMIT that worked answer
 	// its error: a COMMIT whose outcome the caller cannot know.
 	commitFault atomic.Pointer[func() error]
+	// auditCopyPages is the pages of a step of a full audit's copy
+	// (auditcopy.go).
+	auditCopyPages int
 }
 
 // Open opens (creating if needed) the database file at path, applies the
@@ -130,7 +136,7 @@ type Store struct {
 // database, or a filesystem where WAL or synchronous=FULL cannot be set.
 func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 	cfg := config{busyTimeout: DefaultBusyTimeout, readConns: DefaultReadConns, cacheRows: DefaultCacheRows,
-		subjectFlushAge: DefaultSubjectFlushAge, subjectFlushCount: DefaultSubjectFlushCount}
+		subjectFlushAge: DefaultSubjectFlushAge, subjectFlushCount: DefaultSubjectFlushCount, auditCopyPages: defaultAuditCopyPages}
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -161,7 +167,7 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 		fmt.Sprintf("journal_size_limit(%d)", walSizeLimit),
 	}
 	s := &Store{path: path, writer: make(chan struct{}, 1), cache: newRowCache(cfg.cacheRows),
-		pipelined: cfg.pipelined}
+		pipelined: cfg.pipelined, auditCopyPages: max(cfg.auditCopyPages, 1)}
 	s.sync.walPath = path + "-wal"
 	s.sync.datasync = datasync
 	// The write connection (and the checkpointer's, which shares its
