@@ -9,7 +9,12 @@
 # a fresh serve per binary (its own data directory) and runs every
 # scenario on A, then on B. The server's CPU comes from /proc over the
 # run, the client's from bench's own figure.
+#
+# Each capledger serve starts through scripts/lib/serve.sh: again when its
+# port is taken, used only once its /readyz answers 200, stopped with
+# SIGTERM; one that does not get ready within a minute stops the script.
 set -euo pipefail
+# shellcheck disable=SC2034 # A is read as ${!label}
 A=$1 B=$2
 shift 2
 SCENARIOS=${*:-batch-json batch-connect c64-connect}
@@ -17,8 +22,9 @@ ROUNDS=${ROUNDS:-3} DURATION=${DURATION:-3s} WARMUP=${WARMUP:-500ms}
 PORT=${PORT:-27391}
 WORK=$(mktemp -d)
 TICK=$(getconf CLK_TCK)
-SERVER=
-trap '[[ -n $SERVER ]] && kill $SERVER 2>/dev/null; wait 2>/dev/null; rm -rf "$WORK"' EXIT
+# shellcheck source=scripts/lib/serve.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib/serve.sh"
+trap 'serve_stop; wait 2>/dev/null; rm -rf "$WORK"' EXIT
 cat >"$WORK/envoy.yaml" <<'YAML'
 domains:
   - name: bench
@@ -33,9 +39,8 @@ for r in $(seq "$ROUNDS"); do
 	for label in A B; do
 		bin=${!label}
 		rm -rf "$WORK/data"
-		"$bin" serve --data-dir "$WORK/data" --addr "127.0.0.1:$PORT" --envoy-config "$WORK/envoy.yaml" >"$WORK/serve.log" 2>&1 &
-		SERVER=$!
-		for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break; sleep 0.1; done
+		serve_start "127.0.0.1:$PORT" "$WORK/serve.log" "$bin" --data-dir "$WORK/data" --envoy-config "$WORK/envoy.yaml"
+		SERVER=$SERVE_PID
 		for s in $SCENARIOS; do
 			case $s in
 			batch-json) args="--mode batch --protocol connect-json" ;;
@@ -58,6 +63,6 @@ for r in $(seq "$ROUNDS"); do
 			cli=$(awk -v c="$(row "$out" "client cpu/op")" -v ops="$(row "$out" "ops/s")" -v rate="$rate" 'BEGIN { printf "%.1f", c * ops / rate }')
 			printf '%s\t%s\t%-14s\t%8s/s\tp99 %8s ms\tsrv %6s µs\tcli %6s µs\terrors %s\tload %s\n' "$r" "$label" "$s" "$rate" "$(row "$out" p99)" "$srv" "$cli" "$(row "$out" errors)" "$(cut -d' ' -f1 /proc/loadavg)"
 		done
-		kill $SERVER; wait $SERVER 2>/dev/null || true; SERVER=
+		serve_stop "$SERVER"
 	done
 done

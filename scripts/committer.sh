@@ -17,13 +17,18 @@
 #
 # Environment: SUBJECTS (1000000), ROUNDS (2), DURATION (10, seconds),
 # WARMUP (8s), PORT (27494), WORK (a directory for the copies).
+#
+# Each capledger serve starts through scripts/lib/serve.sh: again when its
+# port is taken, used only once its /readyz answers 200, stopped with
+# SIGTERM; one that does not get ready within a minute stops the script.
 set -euo pipefail
 [[ -n ${SEED:-} ]] || { echo "committer.sh: SEED is required" >&2; exit 2; }
 SUBJECTS=${SUBJECTS:-1000000} ROUNDS=${ROUNDS:-2} DURATION=${DURATION:-10} WARMUP=${WARMUP:-8s}
 PORT=${PORT:-27494} WORK=${WORK:-$(mktemp -d)}
 TICK=$(getconf CLK_TCK)
-SERVER=
-trap '[[ -n $SERVER ]] && kill $SERVER 2>/dev/null; wait 2>/dev/null; rm -rf "$WORK/data"' EXIT
+# shellcheck source=scripts/lib/serve.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib/serve.sh"
+trap 'serve_stop; rm -rf "$WORK/data"' EXIT
 metrics() {
 	curl -s "http://127.0.0.1:$PORT/metrics" | awk '$1 == "capledger_commit_seconds_sum" { s = $2 }
 		$1 == "capledger_batch_commands_sum" { c = $2 } $1 == "capledger_batch_commands_count" { b = $2 }
@@ -35,10 +40,9 @@ for r in $(seq "$ROUNDS"); do
 	for bin in "$@"; do
 		rm -rf "$WORK/data"
 		cp -r "$SEED" "$WORK/data"
-		"$bin" serve --data-dir "$WORK/data" --addr "127.0.0.1:$PORT" --log-level warn \
-			--retention 0 --compaction 0 >"$WORK/serve.log" 2>&1 &
-		SERVER=$!
-		for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break; sleep 0.1; done
+		serve_start "127.0.0.1:$PORT" "$WORK/serve.log" "$bin" --data-dir "$WORK/data" --log-level warn \
+			--retention 0 --compaction 0
+		SERVER=$SERVE_PID
 		"$bin" bench --addr "http://127.0.0.1:$PORT" --setup=false --prefill=false --subjects "$SUBJECTS" \
 			--duration "$WARMUP" --warmup 0s --progress=false >/dev/null 2>&1 || true
 		for n in "$SUBJECTS" 1; do
@@ -55,6 +59,6 @@ for r in $(seq "$ROUNDS"); do
 					printf "%-20s round %d subjects %-7d %6s/s committer %5.1f µs/command (busy %3.0f%%), %4.1f commands/batch, server cpu %3.0f µs/command | load %s\n",
 						b, r, n, rate, s / c * 1e6, s / d * 100, c / nb, cpu / tick * 1e6 / c, ld }'
 		done
-		kill "$SERVER"; wait "$SERVER" 2>/dev/null || true; SERVER=
+		serve_stop "$SERVER"
 	done
 done

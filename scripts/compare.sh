@@ -35,6 +35,10 @@
 #               gubernator-grpc, served by grpc-go's transport
 #   ONLY        (unset) a space-separated list of systems to run, e.g.
 #               "capledger-grpcgo gubernator-grpc redis-aof-always"
+#
+# Each capledger serve starts through scripts/lib/serve.sh: again when its
+# port is taken, used only once its /readyz answers 200, stopped with
+# SIGTERM; one that does not get ready within a minute stops the script.
 set -euo pipefail
 
 ROUNDS=${ROUNDS:-3}
@@ -49,8 +53,11 @@ REPO=$(cd "$(dirname "$0")/.." && pwd)
 WORKDIR=${WORKDIR:-$(mktemp -d /tmp/capledger-compare.XXXXXX)}
 mkdir -p "$WORKDIR"
 
+# shellcheck source=scripts/lib/serve.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib/serve.sh"
 PIDS=()
 cleanup() {
+	serve_stop
 	for pid in "${PIDS[@]}"; do
 		kill "$pid" 2>/dev/null || true
 	done
@@ -118,14 +125,16 @@ wait_port() { # name, port
 }
 
 mkdir -p "$WORKDIR/data" "$WORKDIR/redis-mem" "$WORKDIR/redis-aof"
-start capledger "$CAPLEDGER" serve --data-dir "$WORKDIR/data" --addr "127.0.0.1:$CAP_PORT"
+serve_start "127.0.0.1:$CAP_PORT" "$WORKDIR/capledger.log" "$CAPLEDGER" --data-dir "$WORKDIR/data"
+SERVER_PID[capledger]=$SERVE_PID
 start echo "$CAPLEDGER" bench --echo-server --addr "127.0.0.1:$ECHO_PORT"
 # One gubernator instance, no peers.
 [[ $GUBERNATOR == skip ]] || start gubernator env GUBER_GRPC_ADDRESS="127.0.0.1:$GUBER_GRPC_PORT" \
 	GUBER_HTTP_ADDRESS="127.0.0.1:$GUBER_HTTP_PORT" GUBER_LOG_LEVEL=error "$GUBERNATOR"
 start redis-mem "$REDIS" --port "$REDIS_MEM_PORT" --bind 127.0.0.1 --save '' --appendonly no --dir "$WORKDIR/redis-mem"
 start redis-aof "$REDIS" --port "$REDIS_AOF_PORT" --bind 127.0.0.1 --save '' --appendonly yes --appendfsync always --dir "$WORKDIR/redis-aof"
-for s in capledger:$CAP_PORT echo:$ECHO_PORT $([[ $GUBERNATOR == skip ]] || echo gubernator:$GUBER_GRPC_PORT) redis-mem:$REDIS_MEM_PORT redis-aof:$REDIS_AOF_PORT; do
+# capledger answered /readyz above; the others get an open port.
+for s in echo:$ECHO_PORT $([[ $GUBERNATOR == skip ]] || echo gubernator:$GUBER_GRPC_PORT) redis-mem:$REDIS_MEM_PORT redis-aof:$REDIS_AOF_PORT; do
 	wait_port "${s%%:*}" "${s##*:}"
 done
 # gubernator adds itself to its peer pool shortly after it listens (until

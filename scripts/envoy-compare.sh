@@ -20,6 +20,10 @@
 # Needs redis-server (Debian) and service_cmd on PATH or in $(go env
 # GOPATH)/bin: go install github.com/envoyproxy/ratelimit/src/service_cmd@v1.4.1-0.20260122083618-3fb702589d36
 # (about 6 minutes on 2 cores).
+#
+# Each capledger serve starts through scripts/lib/serve.sh: again when its
+# port is taken, used only once its /readyz answers 200, stopped with
+# SIGTERM; one that does not get ready within a minute stops the script.
 set -euo pipefail
 ROUNDS=${ROUNDS:-3} DURATION=${DURATION:-5s} WARMUP=${WARMUP:-1s} BASE=${BASE_PORT:-27500}
 SYSTEMS=${SYSTEMS:-"capledger capledger-nethttp reference"} CONCURRENCIES=${CONCURRENCIES:-"64 1"}
@@ -34,8 +38,10 @@ if [[ $SYSTEMS == *reference* && ! -x $RL ]]; then
 	echo "envoy-compare: no envoyproxy/ratelimit at $RL; install it (see the top of $0) or set SYSTEMS=\"capledger\"" >&2
 	exit 2
 fi
+# shellcheck source=scripts/lib/serve.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib/serve.sh"
 PIDS=()
-trap 'kill "${PIDS[@]}" 2>/dev/null; wait 2>/dev/null; rm -rf "$WORK"' EXIT
+trap 'serve_stop; kill "${PIDS[@]}" 2>/dev/null; wait 2>/dev/null; rm -rf "$WORK"' EXIT
 mkdir -p "$WORK/rt/ratelimit/config" "$WORK/redis" "$WORK/data" "$WORK/data-nethttp"
 cat >"$WORK/rt/ratelimit/config/bench.yaml" <<'YAML'
 domain: bench
@@ -59,14 +65,16 @@ env USE_STATSD=false REDIS_SOCKET_TYPE=tcp REDIS_URL=127.0.0.1:$((BASE + 0)) RUN
 	RUNTIME_SUBDIRECTORY=ratelimit RUNTIME_WATCH_ROOT=false GRPC_HOST=127.0.0.1 GRPC_PORT=$((BASE + 1)) \
 	HOST=127.0.0.1 PORT=$((BASE + 2)) DEBUG_HOST=127.0.0.1 DEBUG_PORT=$((BASE + 3)) LOG_LEVEL=warn "$RL" >"$WORK/rl.log" 2>&1 &
 PIDS+=($!); RL_PID=$!
-"$CAPLEDGER" serve --addr 127.0.0.1:$((BASE + 4)) --data-dir "$WORK/data" --envoy-config "$WORK/mapping.yaml" >"$WORK/serve.log" 2>&1 &
-PIDS+=($!); CAP_PID=$!
-"$CAPLEDGER" serve --addr 127.0.0.1:$((BASE + 5)) --data-dir "$WORK/data-nethttp" --envoy-config "$WORK/mapping.yaml" \
-	--grpc-transport net/http >"$WORK/serve-nethttp.log" 2>&1 &
-PIDS+=($!); NET_PID=$!
-for p in $((BASE + 1)) $((BASE + 4)) $((BASE + 5)); do
-	for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null && break; sleep 0.1; done
-done
+serve_start 127.0.0.1:$((BASE + 4)) "$WORK/serve.log" "$CAPLEDGER" --data-dir "$WORK/data" --envoy-config "$WORK/mapping.yaml"
+CAP_PID=$SERVE_PID
+serve_start 127.0.0.1:$((BASE + 5)) "$WORK/serve-nethttp.log" "$CAPLEDGER" --data-dir "$WORK/data-nethttp" \
+	--envoy-config "$WORK/mapping.yaml" --grpc-transport net/http
+NET_PID=$SERVE_PID
+# The reference: an open gRPC port (BASE below Linux's ephemeral range
+# keeps this probe from connecting to itself).
+if [[ $SYSTEMS == *reference* ]]; then
+	for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$((BASE + 1))") 2>/dev/null && break; sleep 0.1; done
+fi
 row() { sed -n "s#^$2   *\([^ ]*\).*#\1#p" "$1" | head -1; }
 ticks() { local t=0; for p in "$@"; do t=$((t + $(awk '{ print $14 + $15 }' "/proc/$p/stat"))); done; echo $t; }
 TICK=$(getconf CLK_TCK)
@@ -76,16 +84,16 @@ for r in $(seq "$ROUNDS"); do
 	for c in $CONCURRENCIES; do
 		for sys in $SYSTEMS; do
 			if [[ $sys == capledger ]]; then
-				addr=http://127.0.0.1:$((BASE + 4)) pids=($CAP_PID) extra="--setup=$setup"
+				addr=http://127.0.0.1:$((BASE + 4)) pids=("$CAP_PID") extra="--setup=$setup"
 				setup=false
 			elif [[ $sys == capledger-nethttp ]]; then
-				addr=http://127.0.0.1:$((BASE + 5)) pids=($NET_PID) extra="--setup=$setup_net"
+				addr=http://127.0.0.1:$((BASE + 5)) pids=("$NET_PID") extra="--setup=$setup_net"
 				setup_net=false
 			else
-				addr=http://127.0.0.1:$((BASE + 1)) pids=($RL_PID $REDIS_PID) extra=--setup=false
+				addr=http://127.0.0.1:$((BASE + 1)) pids=("$RL_PID" "$REDIS_PID") extra=--setup=false
 			fi
 			k0=$(ticks "${pids[@]}") t0=$(date +%s.%N)
-			"$CAPLEDGER" bench --mode envoy --progress=false --addr "$addr" $extra --concurrency $c --duration "$DURATION" --warmup "$WARMUP" >"$WORK/out" 2>&1 || { cat "$WORK/out" "$WORK/rl.log"; exit 1; }
+			"$CAPLEDGER" bench --mode envoy --progress=false --addr "$addr" $extra --concurrency "$c" --duration "$DURATION" --warmup "$WARMUP" >"$WORK/out" 2>&1 || { cat "$WORK/out" "$WORK/rl.log"; exit 1; }
 			k1=$(ticks "${pids[@]}") t1=$(date +%s.%N)
 			rate=$(row "$WORK/out" "ops/s")
 			srv=$(awk -v d=$((k1 - k0)) -v tick="$TICK" -v t0="$t0" -v t1="$t1" -v rate="$rate" 'BEGIN { printf "%.1f", d / tick * 1e6 / (rate * (t1 - t0)) }')

@@ -5,37 +5,32 @@
 # directory made by `bench --subjects 1000000 --epoch-length 24h`; never
 # served in place) in WORK/data, its RESERVED holds pushed a week out (no
 # expiry is due; the 24h epochs end at midnight UTC), and no client. Prints
-# serve's CPU (/proc utime+stime) at start-up (from exec to the first
-# SETTLE seconds: opening, the first worker passes) and then per minute for
+# serve's CPU (/proc utime+stime) at start-up (from exec until SETTLE
+# seconds after it answers /readyz: opening, the first worker passes) and then per minute for
 # MINUTES (default 4), with the workers' committed commands (/metrics),
 # RSS and load. With PPROF_PORT, serve listens for profiles there and a
 # CPU profile of the start-up and of each minute is written to
 # WORK/start-up.pprof, WORK/minute-N.pprof. Run it under
 # `flock /work/bench.lock`.
+#
+# Each capledger serve starts through scripts/lib/serve.sh: again when its
+# port is taken, used only once its /readyz answers 200, stopped with
+# SIGTERM; one that does not get ready within a minute stops the script.
 set -u
 BIN=$1; SRC=$2; WORK=$3; PORT=${PORT:-47562}; MINUTES=${MINUTES:-4}; SETTLE=${SETTLE:-60}
 rm -rf "$WORK/data"; cp -r "$SRC" "$WORK/data"
 sqlite3 "$WORK/data/capledger.db" "PRAGMA busy_timeout=5000;
 	UPDATE reservations SET expires_at = expires_at + 604800000000000, due_at = due_at + 604800000000000 WHERE state = 1;" >/dev/null
 echo "# $(basename "$BIN") idle, flags: ${SERVE_FLAGS:-(defaults)}; $(uptime)"
-SERVER=
-trap '[[ -n $SERVER ]] && kill $SERVER 2>/dev/null; wait 2>/dev/null' EXIT
-# PORT is inside Linux's ephemeral range: when a connection holds it, try
-# again a few times; wait for an HTTP answer, not an open port (a probe
-# from an ephemeral port equal to PORT connects to itself and holds it).
-for try in 1 2 3 4 5; do
-	# shellcheck disable=SC2086
-	"$BIN" serve --data-dir "$WORK/data" --addr "127.0.0.1:$PORT" --log-level info ${PPROF_PORT:+--pprof-addr 127.0.0.1:$PPROF_PORT} ${SERVE_FLAGS:-} >"$WORK/serve.log" 2>&1 &
-	SERVER=$!
-	for _ in $(seq 600); do
-		curl -s -o /dev/null "http://127.0.0.1:$PORT/healthz" && break
-		kill -0 $SERVER 2>/dev/null || break
-		sleep 0.1
-	done
-	kill -0 $SERVER 2>/dev/null && break
-	grep -q "address already in use" "$WORK/serve.log" && ((try < 5)) || { echo "serve exited: $(head -1 "$WORK/serve.log")" >&2; exit 1; }
-	sleep 2
-done
+# shellcheck source=scripts/lib/serve.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib/serve.sh"
+trap 'serve_stop; wait 2>/dev/null' EXIT
+# serve_start retries PORT while a connection holds it (it is inside
+# Linux's ephemeral range) and waits for /readyz.
+# shellcheck disable=SC2086
+serve_start "127.0.0.1:$PORT" "$WORK/serve.log" "$BIN" --data-dir "$WORK/data" --log-level info \
+	${PPROF_PORT:+--pprof-addr 127.0.0.1:$PPROF_PORT} ${SERVE_FLAGS:-} || exit 1
+SERVER=$SERVE_PID
 TICK=$(getconf CLK_TCK)
 ticks() { awk '{ print $14 + $15 }' "/proc/$SERVER/stat"; }
 workers() { curl -s "http://127.0.0.1:$PORT/metrics" | awk '$1 == "capledger_worker_commands_total" { print $2 }'; }

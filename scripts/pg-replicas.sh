@@ -27,6 +27,10 @@
 # ops of both count for the CPU per op), LOGS (a
 # directory: the replicas' logs and the bench outputs are copied there
 # as LABEL-rN.log, LABEL-bench.txt and LABEL-mix.txt).
+#
+# Each capledger serve starts through scripts/lib/serve.sh: again when its
+# port is taken, used only once its /readyz answers 200, stopped with
+# SIGTERM; one that does not get ready within a minute stops the script.
 set -euo pipefail
 A=$1 B=$2
 PG=${PG:-postgres://postgres@127.0.0.1:5432} NAME=${NAME:-capledger_replicas}
@@ -35,9 +39,11 @@ REPLICAS=${REPLICAS:-3} PORT=${PORT:-27591} BENCH=${BENCH:---subjects 1} MIX=${M
 host=${PG#*://}; user=${host%%@*}; host=${host#*@}; port=${host#*:}; host=${host%%:*}
 WORK=$(mktemp -d)
 TICK=$(getconf CLK_TCK)
+# shellcheck source=scripts/lib/serve.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib/serve.sh"
 SERVERS=()
-stop() { for p in "${SERVERS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; SERVERS=(); }
-trap 'stop; rm -rf "$WORK"' EXIT
+stop() { serve_stop; SERVERS=(); }
+trap 'stop; wait 2>/dev/null; rm -rf "$WORK"' EXIT
 ticks() { local t=0 p; for p in "${SERVERS[@]}"; do t=$((t + $(awk '{ print $14 + $15 }' "/proc/$p/stat"))); done; echo $t; }
 run() { # label binary -> "ops/s p99_ms errors conflicts cpu_us"
 	local db=${NAME}_$1 bin=$2 addrs=() i
@@ -47,28 +53,15 @@ run() { # label binary -> "ops/s p99_ms errors conflicts cpu_us"
 	for i in $(seq 0 $((REPLICAS - 1))); do
 		# The first replica creates the shard keys; the others share them.
 		keys=(); ((i == 0)) || keys=(--shard-keys "$WORK/$1/r0/shard-keys")
-		# The ports are inside Linux's ephemeral range, and the kernel
-		# hands out neighbouring ports to connections to one PostgreSQL:
-		# when one of them holds the port, try again a few times.
-		for try in 1 2 3 4 5; do
-			"$bin" serve --addr "127.0.0.1:$((PORT + i))" --data-dir "$WORK/$1/r$i" "${keys[@]}" \
-				--store "$PG/$db?sslmode=disable" --log-level warn >"$WORK/$1/r$i.log" 2>&1 &
-			SERVERS+=($!)
-			# Up to a minute: on a loaded machine the first replica's
-			# migrations take a while, and the others need its shard keys.
-			for _ in $(seq 600); do
-				# An HTTP answer, not an open port: a probe from an
-				# ephemeral port equal to PORT connects to itself.
-				curl -s -o /dev/null "http://127.0.0.1:$((PORT + i))/healthz" && break
-				kill -0 "${SERVERS[-1]}" 2>/dev/null || break
-				sleep 0.1
-			done
-			kill -0 "${SERVERS[-1]}" 2>/dev/null && break
-			grep -q "address already in use" "$WORK/$1/r$i.log" && ((try < 5)) || break
-			unset 'SERVERS[-1]'
-			sleep 2
-		done
-		kill -0 "${SERVERS[-1]}" 2>/dev/null || { echo "serve r$i exited: $(head -1 "$WORK/$1/r$i.log")" >&2; stop; exit 1; }
+		# serve_start retries a port an outgoing connection holds (the
+		# ports are inside Linux's ephemeral range, and the kernel hands
+		# out neighbouring ports to connections to one PostgreSQL) and
+		# waits up to a minute for /readyz: on a loaded machine the first
+		# replica's migrations take a while, and the others need its
+		# shard keys.
+		serve_start "127.0.0.1:$((PORT + i))" "$WORK/$1/r$i.log" "$bin" --data-dir "$WORK/$1/r$i" "${keys[@]}" \
+			--store "$PG/$db?sslmode=disable" --log-level warn || { echo "serve r$i did not start" >&2; stop; exit 1; }
+		SERVERS+=("$SERVE_PID")
 		addrs+=("http://127.0.0.1:$((PORT + i))")
 	done
 	local t0 t1 mix=

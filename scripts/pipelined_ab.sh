@@ -12,6 +12,10 @@
 # Environment: ROUNDS (3) DURATION (3s) WARMUP (500ms) CONCURRENCY (64)
 #   BATCH (100) BATCH_CONCURRENCY (4) BASE_PORT (17480)
 #   SCENARIOS (default "c64 c1 batch hog"; hog is c64 beside two busy loops)
+#
+# Each capledger serve starts through scripts/lib/serve.sh: again when its
+# port is taken, used only once its /readyz answers 200, stopped with
+# SIGTERM; one that does not get ready within a minute stops the script.
 set -euo pipefail
 
 ROUNDS=${ROUNDS:-3}
@@ -25,10 +29,10 @@ SCENARIOS=${SCENARIOS:-"c64 c1 batch hog"}
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 WORKDIR=$(mktemp -d /tmp/capledger-pipelined.XXXXXX)
 
-PIDS=()
+# shellcheck source=scripts/lib/serve.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib/serve.sh"
 cleanup() {
-	for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-	for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+	serve_stop
 	rm -rf "$WORKDIR"
 }
 trap cleanup EXIT
@@ -43,17 +47,9 @@ start() { # name port flags...
 	local name=$1 port=$2
 	shift 2
 	mkdir -p "$WORKDIR/$name"
-	"$CAPLEDGER" serve --data-dir "$WORKDIR/$name" --addr "127.0.0.1:$port" "$@" >"$WORKDIR/$name.log" 2>&1 &
-	PIDS+=($!)
-	PID[$name]=$!
+	serve_start "127.0.0.1:$port" "$WORKDIR/$name.log" "$CAPLEDGER" --data-dir "$WORKDIR/$name" "$@" || exit 1
+	PID[$name]=$SERVE_PID
 	PORT[$name]=$port
-	for _ in $(seq 100); do
-		(exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && return 0
-		sleep 0.1
-	done
-	log "$name did not listen"
-	cat "$WORKDIR/$name.log" >&2
-	exit 1
 }
 start default "$BASE_PORT"
 start pipelined "$((BASE_PORT + 1))" --pipelined-sync

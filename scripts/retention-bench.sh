@@ -39,6 +39,10 @@
 # SERVE_FLAGS (added to every server, e.g. --maintenance-share 1),
 # BASE_FLAGS (serve flags of the baseline binary's run, named
 # "baseline" and added when VARIANTS is not set; none by default).
+#
+# Each capledger serve starts through scripts/lib/serve.sh: again when its
+# port is taken, used only once its /readyz answers 200, stopped with
+# SIGTERM; one that does not get ready within a minute stops the script.
 set -euo pipefail
 bin=$1
 base=${2:-}
@@ -51,8 +55,10 @@ read -r -a variants <<<"${VARIANTS:-off retention compaction audit}"
 tick=$(getconf CLK_TCK)
 results=$(mktemp)
 
+# shellcheck source=scripts/lib/serve.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib/serve.sh"
 pids=()
-trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -f "$results"' EXIT
+trap 'serve_stop; for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -f "$results"' EXIT
 
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
@@ -64,17 +70,15 @@ run() { # variant
 	case $what in
 	retention) flags=(--retention 10s --tombstone-retention 20s --retention-interval 2s --compaction 0) ;;
 	compaction) flags=(--retention 10s --tombstone-retention 20s --retention-interval 2s --compaction 10s --compaction-interval 2s) ;;
-	# shellcheck disable=SC2206
-	baseline) b=$base flags=(${BASE_FLAGS:-}) ;;
+	baseline) b=$base; read -r -a flags <<<"${BASE_FLAGS:-}" ;;
 	esac
 	local dir
 	dir=$(mktemp -d)
 	[[ -n ${SEED:-} ]] && cp -r "$SEED"/. "$dir"/
 	# shellcheck disable=SC2086
-	"$b" serve --addr "$addr" --data-dir "$dir" --log-level warn "${flags[@]}" ${SERVE_FLAGS:-} >"$dir.log" 2>&1 &
-	local server=$!
-	pids=("$server")
-	for _ in $(seq 50); do curl -fs "http://$addr/healthz" >/dev/null 2>&1 && break; sleep 0.2; done
+	serve_start "$addr" "$dir.log" "$b" --data-dir "$dir" --log-level warn "${flags[@]}" ${SERVE_FLAGS:-}
+	local server=$SERVE_PID
+	pids=()
 	"$bin" bench --addr "http://$addr" --mode lifecycle --route bench.lifecycle --concurrency 4 \
 		--duration "$((prefill + measure + 3))s" --warmup 0s --progress=false >"$dir.lifecycle" 2>&1 &
 	local load=$!
@@ -124,8 +128,7 @@ run() { # variant
 	echo "$line"
 	echo "$line" >>"$results"
 	curl -fs "http://$addr/statusz" | tr -d ' \n' | grep -o '"retention":{[^}]*}' || true
-	kill $server
-	wait $server 2>/dev/null || true
+	serve_stop "$server"
 	pids=()
 	rm -rf "$dir" "$dir".*
 }

@@ -27,6 +27,10 @@
 # every half second from the start: the time, serve's CPU ticks, the WAL's
 # bytes, and the commits' count and seconds (/metrics capledger_commit_seconds).
 # Run it under `flock /work/bench.lock`.
+#
+# Each capledger serve starts through scripts/lib/serve.sh: again when its
+# port is taken, used only once its /readyz answers 200, stopped with
+# SIGTERM; one that does not get ready within a minute stops the script.
 set -u
 BIN=$1; SRC=$2; WORK=$3; PORT=${PORT:-27461}; DURATION=${DURATION:-15s}; LEAD=${LEAD:-59}; PPROF_PORT=${PPROF_PORT:-}
 rm -rf "$WORK/data"; cp -r "$SRC" "$WORK/data"
@@ -36,15 +40,16 @@ sqlite3 "$WORK/data/capledger.db" "PRAGMA busy_timeout=5000;
 start=$(date +%s)
 end=$((start + LEAD))
 midnight=$(( (start / 86400) * 86400 ))
-len=$(( (end - midnight) ))
+len=$((end - midnight))
 sqlite3 "$WORK/data/capledger.db" "PRAGMA busy_timeout=5000; UPDATE policies SET epoch_length_ns = ${len}000000000;" >/dev/null
 echo "# $(basename "$BIN") epoch ends $(date -u -d @$end +%T) (length ${len}s); $(uptime)"
 pprof=()
 [[ -n $PPROF_PORT ]] && pprof=(--pprof-addr "127.0.0.1:$PPROF_PORT")
-"$BIN" serve --data-dir "$WORK/data" --addr "127.0.0.1:$PORT" --log-level warn --retention 0 --compaction 0 "${pprof[@]}" >"$WORK/serve.log" 2>&1 &
-SERVER=$!
-trap 'kill $SERVER 2>/dev/null; wait 2>/dev/null' EXIT
-for _ in $(seq 300); do (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break; sleep 0.1; done
+# shellcheck source=scripts/lib/serve.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib/serve.sh"
+trap 'serve_stop; wait 2>/dev/null' EXIT
+serve_start "127.0.0.1:$PORT" "$WORK/serve.log" "$BIN" --data-dir "$WORK/data" --log-level warn --retention 0 --compaction 0 "${pprof[@]}" || exit 1
+SERVER=$SERVE_PID
 TICK=$(getconf CLK_TCK)
 ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 if [[ -n ${SAMPLE:-} ]]; then
@@ -57,7 +62,8 @@ fi
 workers() { curl -s "http://127.0.0.1:$PORT/metrics" | awk '$1 == "capledger_worker_commands_total" { print $2 }'; }
 : >"$WORK/p99s"
 window() {
-	local t0 t1 w0 w1 from=$(date -u +%T) profiler=
+	local t0 t1 w0 w1 from profiler=
+	from=$(date -u +%T)
 	if [[ -n $PPROF_PORT && -n ${2:-} ]]; then
 		curl -s "http://127.0.0.1:$PPROF_PORT/debug/pprof/profile?seconds=${DURATION%s}" -o "$WORK/$2.pprof" &
 		profiler=$!

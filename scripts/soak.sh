@@ -19,6 +19,10 @@
 #   rate follows the machine's load, and with it the window's rows).
 # Prints one line per sample (elapsed s, data dir bytes, RSS KiB, WAL
 # bytes) and, at the end, the growth over the last half of the run.
+#
+# Each capledger serve starts through scripts/lib/serve.sh: again when its
+# port is taken, used only once its /readyz answers 200, stopped with
+# SIGTERM; one that does not get ready within a minute stops the script.
 set -euo pipefail
 duration=${1:-1800}
 retention=${2:-2m}
@@ -33,15 +37,14 @@ if [[ -z "$bin" ]]; then
 fi
 dir=${SOAK_DIR:-$(mktemp -d)}
 log=$dir.serve.log
-"$bin" serve --addr "$addr" --data-dir "$dir" --retention "$retention" \
+# shellcheck source=scripts/lib/serve.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib/serve.sh"
+load=
+trap '[[ -z $load ]] || kill "$load" 2>/dev/null || true; serve_stop' EXIT
+serve_start "$addr" "$log" "$bin" --data-dir "$dir" --retention "$retention" \
 	--tombstone-retention "${TOMBSTONES:-$retention}" --compaction "$retention" \
-	--compaction-interval 30s --log-level warn >"$log" 2>&1 &
-server=$!
-trap 'kill $server 2>/dev/null; kill $load 2>/dev/null || true' EXIT
-for _ in $(seq 50); do
-	curl -fs "http://$addr/healthz" >/dev/null 2>&1 && break
-	sleep 0.2
-done
+	--compaction-interval 30s --log-level warn
+server=$SERVE_PID
 "$bin" bench --addr "http://$addr" --mode lifecycle --concurrency "$concurrency" \
 	--duration "${duration}s" --warmup 0s --progress=false ${RATE:+--rate "$RATE"} >"$dir.bench.txt" 2>&1 &
 load=$!

@@ -38,6 +38,10 @@
 # replica serves its profiles there; PROFILE=FILE then records a CPU
 # profile of the first SUBJECTS window into FILE; PERF=FILE a perf record
 # of DB's PostgreSQL processes over the same window).
+#
+# Each capledger serve starts through scripts/lib/serve.sh: again when its
+# port is taken, used only once its /readyz answers 200, stopped with
+# SIGTERM; one that does not get ready within a minute stops the script.
 set -euo pipefail
 BIN=${1:?usage: DB=NAME scripts/subjects-pg.sh BINARY}
 : "${DB:?DB names a seeded database}"
@@ -47,9 +51,10 @@ CONCURRENCY=${CONCURRENCY:-64} PAIRS=${PAIRS:-3} DURATION=${DURATION:-12s}
 WARMUP=${WARMUP:-15s} PORT=${PORT:-47400}
 WORK=$(mktemp -d)
 TICK=$(getconf CLK_TCK)
+# shellcheck source=scripts/lib/serve.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib/serve.sh"
 SERVERS=() ADDRS=()
-stop() { for p in "${SERVERS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; SERVERS=(); }
-trap 'stop; rm -rf "$WORK"' EXIT
+trap 'serve_stop; wait 2>/dev/null; rm -rf "$WORK"' EXIT
 ticks() { local t=0 p; for p in "${SERVERS[@]}"; do t=$((t + $(awk '{ print $14 + $15 }' "/proc/$p/stat"))); done; echo $t; }
 pgsnap() { # "pid ticks" of DB's backends and the shared writers
 	local p cmd
@@ -89,7 +94,7 @@ window() { # subjects -> "reservations/s p99_ms errors server_us pg_us reads wal
 	# shellcheck disable=SC2086
 	[[ -z $prof ]] || wait $prof || true
 	awk -v d=$((t1 - t0)) -v pd="$(pgticks "$WORK/pg0" "$WORK/pg1")" -v tick="$TICK" -v s0="$s0" -v s1="$s1" \
-		-v per=$([[ $MODE == batch ]] && echo "$BATCH" || echo 1) '
+		-v per="$([[ $MODE == batch ]] && echo "$BATCH" || echo 1)" '
 		$1 == "ops" { ops = $2 * per } $1 == "ops/s" { rate = $2 * per } $1 == "reservations/s" { rate = $2 }
 		$1 == "errors" && NF == 2 { errs = $2 }
 		$1 == "p99" { p99 = $2; if ($3 == "s") p99 *= 1000; else if ($3 == "µs") p99 /= 1000 }
@@ -105,30 +110,16 @@ echo "# DB=$DB REPLICAS=$REPLICAS SUBJECTS=$SUBJECTS HOT=$HOT MODE=$MODE BATCH=$
 for i in $(seq 0 $((REPLICAS - 1))); do
 	flags=(); ((i == 0)) || flags=(--shard-keys "$WORK/r0/shard-keys")
 	[[ $i != 0 || -z ${PPROF:-} ]] || flags+=(--pprof-addr "$PPROF")
-	# The ports are inside Linux's ephemeral range, and the kernel hands
-	# out neighbouring ports to connections to one PostgreSQL: when one
-	# of them holds the port, try again a few times (as pg-replicas.sh).
-	for try in 1 2 3 4 5; do
-		# shellcheck disable=SC2086
-		"$BIN" serve --addr "127.0.0.1:$((PORT + i))" --data-dir "$WORK/r$i" "${flags[@]}" \
-			--store "$PG/$DB?sslmode=disable" --retention 0 --compaction 0 --log-level warn \
-			${SERVE_FLAGS:-} >"$WORK/r$i.log" 2>&1 &
-		SERVERS+=($!)
-		# Up to a minute (migrations on a loaded machine). An HTTP
-		# answer, not an open port: a probe from an ephemeral port equal
-		# to the server's connects to itself, and holds the port.
-		for _ in $(seq 600); do
-			curl -s -o /dev/null "http://127.0.0.1:$((PORT + i))/healthz" && break
-			kill -0 "${SERVERS[-1]}" 2>/dev/null || break
-			sleep 0.1
-		done
-		kill -0 "${SERVERS[-1]}" 2>/dev/null && break
-		grep -q "address already in use" "$WORK/r$i.log" && ((try < 5)) || break
-		unset 'SERVERS[-1]'
-		sleep 2
-	done
-	# Stop rather than measure fewer replicas.
-	kill -0 "${SERVERS[-1]}" 2>/dev/null || { echo "serve r$i exited: $(head -1 "$WORK/r$i.log")" >&2; exit 1; }
+	# serve_start retries a port an outgoing connection holds (the ports
+	# are inside Linux's ephemeral range, and the kernel hands out
+	# neighbouring ports to connections to one PostgreSQL) and waits up
+	# to a minute for /readyz (migrations on a loaded machine). Stop
+	# rather than measure fewer replicas.
+	# shellcheck disable=SC2086
+	serve_start "127.0.0.1:$((PORT + i))" "$WORK/r$i.log" "$BIN" --data-dir "$WORK/r$i" "${flags[@]}" \
+		--store "$PG/$DB?sslmode=disable" --retention 0 --compaction 0 --log-level warn \
+		${SERVE_FLAGS:-} || { echo "serve r$i did not start" >&2; exit 1; }
+	SERVERS+=("$SERVE_PID")
 	ADDRS+=("http://127.0.0.1:$((PORT + i))")
 done
 bench "$SUBJECTS" "$WARMUP" >/dev/null 2>&1 || true

@@ -31,6 +31,10 @@
 # whose bench drives the load; default each measured binary: give one
 # with --seed, which draws new subjects per window, when a measured
 # binary's bench predates it and would revisit the same subjects).
+#
+# Each capledger serve starts through scripts/lib/serve.sh: again when its
+# port is taken, used only once its /readyz answers 200, stopped with
+# SIGTERM; one that does not get ready within a minute stops the script.
 set -euo pipefail
 for arg in "$@"; do
 	[[ $arg == *@* || -n ${SEED:-} ]] || { echo "subjects.sh: SEED is required (or BINARY@SEEDDIR)" >&2; exit 2; }
@@ -40,8 +44,9 @@ DURATION=${DURATION:-10s} WARMUP=${WARMUP:-10s} CONCURRENCY=${CONCURRENCY:-64}
 PORT=${PORT:-27493} MODE=${MODE:-reserve} BATCH=${BATCH:-100} HOT=${HOT:-1}
 WORK=${WORK:-$(mktemp -d)}
 TICK=$(getconf CLK_TCK)
-SERVER=
-trap '[[ -n $SERVER ]] && kill $SERVER 2>/dev/null; wait 2>/dev/null; rm -rf "$WORK/data"' EXIT
+# shellcheck source=scripts/lib/serve.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib/serve.sh"
+trap 'serve_stop; rm -rf "$WORK/data"' EXIT
 ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 row() { sed -n "s#^$2   *\([^ ]*\).*#\1#p" "$1" | head -1; }
 window() { # binary subjects -> "ops/s p99_ms cpu_us_per_reserve"
@@ -51,7 +56,7 @@ window() { # binary subjects -> "ops/s p99_ms cpu_us_per_reserve"
 		--mode "$MODE" --batch-size "$BATCH" \
 		--concurrency "$CONCURRENCY" --duration "$DURATION" --warmup 0s --progress=false >"$WORK/out" 2>&1 || true
 	t1=$(ticks "$SERVER")
-	awk -v d=$((t1 - t0)) -v tick="$TICK" -v per=$([[ $MODE == batch ]] && echo "$BATCH" || echo 1) '
+	awk -v d=$((t1 - t0)) -v tick="$TICK" -v per="$([[ $MODE == batch ]] && echo "$BATCH" || echo 1)" '
 		$1 == "ops" { ops = $2 * per } $1 == "ops/s" { rate = $2 }
 		$1 == "p99" { p99 = $2; if ($3 == "s") p99 *= 1000; else if ($3 == "µs") p99 /= 1000 }
 		END { printf "%.0f %.1f %.0f\n", rate, p99, (ops > 0 ? d / tick * 1e6 / ops : 0) }' "$WORK/out"
@@ -66,10 +71,9 @@ for r in $(seq "$ROUNDS"); do
 		rm -rf "$WORK/data"
 		cp -r "$seed" "$WORK/data"
 		# shellcheck disable=SC2086
-		"$bin" serve --data-dir "$WORK/data" --addr "127.0.0.1:$PORT" --log-level warn \
-			--retention 0 --compaction 0 ${SERVE_FLAGS:-} >"$WORK/serve.log" 2>&1 &
-		SERVER=$!
-		for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break; sleep 0.1; done
+		serve_start "127.0.0.1:$PORT" "$WORK/serve.log" "$bin" --data-dir "$WORK/data" --log-level warn \
+			--retention 0 --compaction 0 ${SERVE_FLAGS:-}
+		SERVER=$SERVE_PID
 		"${BENCH:-$bin}" bench --addr "http://127.0.0.1:$PORT" --setup=false --prefill=false --subjects "$SUBJECTS" \
 			--mode "$MODE" --batch-size "$BATCH" --concurrency "$CONCURRENCY" --duration "$WARMUP" --warmup 0s --progress=false >/dev/null 2>&1 || true
 		for p in $(seq "$PAIRS"); do
@@ -84,6 +88,6 @@ for r in $(seq "$ROUNDS"); do
 				-v mp="$mp" -v hp="$hp" -v ld="$(cut -d' ' -f1-3 /proc/loadavg)" \
 				'BEGIN { printf "%-22s round %d pair %d: many %s/s p99 %s ms cpu %s µs | hot %s/s p99 %s ms cpu %s µs | ratio %.2f, cpu %.2fx | load %s\n", b, r, p, mr, mp, mc, hr, hp, hc, (hr > 0 ? mr / hr : 0), (hc > 0 ? mc / hc : 0), ld }'
 		done
-		kill "$SERVER"; wait "$SERVER" 2>/dev/null || true; SERVER=
+		serve_stop "$SERVER"
 	done
 done
