@@ -27,17 +27,21 @@ import (
 // docs/PERFORMANCE.md, never re-planned with autovacuum off). Those are
 // planned at each run: queued between sqlPlanEachRun and sqlPlanCached.
 //
-// So a write transaction begins with plan_cache_mode auto (beginWrite,
-// in BEGIN's own round trip), turns planning at each run on and off again
-// around each batch lookup (both SETs travel in the lookup's round trip),
-// and everything outside write transactions (workers' scans, audits, the
-// console) keeps the session default, force_custom_plan. When the DSN sets
+// So a write transaction begins with plan_cache_mode force_generic_plan
+// (beginWrite, in BEGIN's own round trip), turns planning at each run on
+// and off again around each batch lookup (both SETs travel in the lookup's
+// round trip), and everything outside write transactions (workers' scans,
+// audits, the console) keeps the session default, force_custom_plan.
+// Generic rather than auto: under auto PostgreSQL went on planning the
+// term upsert at every run (its generic estimate of unnest, 100 rows,
+// costs more than the custom one of the array's length), for the same
+// plan. When the DSN sets
 // plan_cache_mode, or a query exec mode other than cache_statement (whose
 // unnamed statements are planned at each run anyway), the store leaves
 // planning to that setting everywhere and sends none of these SETs.
 const (
 	sqlPlanEachRun = `SET LOCAL plan_cache_mode = force_custom_plan`
-	sqlPlanCached  = `SET LOCAL plan_cache_mode = auto`
+	sqlPlanCached  = `SET LOCAL plan_cache_mode = force_generic_plan`
 	beginWrite     = `BEGIN ISOLATION LEVEL READ COMMITTED; ` + sqlPlanCached
 )
 

@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -370,6 +371,62 @@ func TestDebtQueriesUseTheirIndex(t *testing.T) {
 		// ANY ($0) up to PostgreSQL 16, ANY ((InitPlan 1).col1) after.
 		if !strings.Contains(plan, "Index Cond: (id = ANY (") {
 			t.Errorf("%s: does not fetch the accounts by the ids the index holds:\n%s", tc.name, plan)
+		}
+	}
+}
+
+// Write transactions keep cached (generic) plans for what reads one row by
+// its key and for the batch writes, and plan only the lookups by arrays
+// of keys at each run: after a dozen single reserves and a dozen batches
+// of two on the store's one connection, PostgreSQL's own counts
+// (pg_prepared_statements) show the prefetches planned at every run and
+// the rest on generic plans. Planning every statement at each run cost a
+// hot single reserve a quarter of its PostgreSQL CPU (docs/PERFORMANCE.md).
+func TestWriteTransactionsPlanOnlyLookupsAtEachRun(t *testing.T) {
+	dsn := withParam(t, schemaDSN(t), "pool_max_conns", "1")
+	s, err := postgres.Open(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	publish(t, s)
+	for i := range 12 {
+		commitCmds(t, s, t0, reserveCmd(fmt.Sprintf("rl-single-%d", i), 1))
+		commitCmds(t, s, t0, reserveCmd(fmt.Sprintf("rl-a-%d", i), 1), reserveCmd(fmt.Sprintf("rl-b-%d", i), 1))
+	}
+	rows, err := postgres.PoolOf(s).Query(context.Background(),
+		`SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements WHERE from_sql = false`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type counts struct{ generic, custom int64 }
+	plans := map[string]counts{}
+	for rows.Next() {
+		var sql string
+		var c counts
+		if err := rows.Scan(&sql, &c.generic, &c.custom); err != nil {
+			t.Fatal(err)
+		}
+		plans[sql] = c
+		t.Logf("generic %3d custom %3d  %.120s", c.generic, c.custom, strings.Join(strings.Fields(sql), " "))
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	lookups := []string{postgres.ReservationsPrefetchSQL, postgres.TombstonesPrefetchSQL}
+	for _, sql := range lookups {
+		if c, ok := plans[sql]; !ok || c.custom == 0 || c.generic != 0 {
+			t.Errorf("lookup planned %d times at its run, %d times from its generic plan (want every run): %.80s",
+				c.custom, c.generic, sql)
+		}
+	}
+	for sql, c := range plans {
+		if slices.Contains(lookups, sql) || !strings.Contains(sql, "$1") {
+			continue
+		}
+		if c.custom != 0 || c.generic == 0 {
+			t.Errorf("statement planned %d times at its run, %d times from its generic plan (want the generic plan): %.80s",
+				c.custom, c.generic, sql)
 		}
 	}
 }
