@@ -382,51 +382,74 @@ func TestDebtQueriesUseTheirIndex(t *testing.T) {
 // (pg_prepared_statements) show the prefetches planned at every run and
 // the rest on generic plans. Planning every statement at each run cost a
 // hot single reserve a quarter of its PostgreSQL CPU (docs/PERFORMANCE.md).
+// A plan_cache_mode in the DSN applies to every statement
+// (docs/OPERATIONS.md): with force_custom_plan nothing runs on a generic
+// plan.
 func TestWriteTransactionsPlanOnlyLookupsAtEachRun(t *testing.T) {
-	dsn := withParam(t, schemaDSN(t), "pool_max_conns", "1")
-	s, err := postgres.Open(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	publish(t, s)
-	for i := range 12 {
-		commitCmds(t, s, t0, reserveCmd(fmt.Sprintf("rl-single-%d", i), 1))
-		commitCmds(t, s, t0, reserveCmd(fmt.Sprintf("rl-a-%d", i), 1), reserveCmd(fmt.Sprintf("rl-b-%d", i), 1))
-	}
-	rows, err := postgres.PoolOf(s).Query(context.Background(),
-		`SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements WHERE from_sql = false`)
-	if err != nil {
-		t.Fatal(err)
-	}
 	type counts struct{ generic, custom int64 }
-	plans := map[string]counts{}
-	for rows.Next() {
-		var sql string
-		var c counts
-		if err := rows.Scan(&sql, &c.generic, &c.custom); err != nil {
+	// plans runs the reserves on a one-connection store opened with dsn
+	// and returns its connection's plan counts by statement.
+	plans := func(t *testing.T, dsn string) map[string]counts {
+		s, err := postgres.Open(context.Background(), withParam(t, dsn, "pool_max_conns", "1"))
+		if err != nil {
 			t.Fatal(err)
 		}
-		plans[sql] = c
-		t.Logf("generic %3d custom %3d  %.120s", c.generic, c.custom, strings.Join(strings.Fields(sql), " "))
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
+		defer s.Close()
+		publish(t, s)
+		for i := range 12 {
+			commitCmds(t, s, t0, reserveCmd(fmt.Sprintf("rl-single-%d", i), 1))
+			commitCmds(t, s, t0, reserveCmd(fmt.Sprintf("rl-a-%d", i), 1), reserveCmd(fmt.Sprintf("rl-b-%d", i), 1))
+		}
+		rows, err := postgres.PoolOf(s).Query(context.Background(),
+			`SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements WHERE from_sql = false`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		plans := map[string]counts{}
+		for rows.Next() {
+			var sql string
+			var c counts
+			if err := rows.Scan(&sql, &c.generic, &c.custom); err != nil {
+				t.Fatal(err)
+			}
+			plans[sql] = c
+			t.Logf("generic %3d custom %3d  %.120s", c.generic, c.custom, strings.Join(strings.Fields(sql), " "))
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		return plans
 	}
 	lookups := []string{postgres.ReservationsPrefetchSQL, postgres.TombstonesPrefetchSQL}
-	for _, sql := range lookups {
-		if c, ok := plans[sql]; !ok || c.custom == 0 || c.generic != 0 {
-			t.Errorf("lookup planned %d times at its run, %d times from its generic plan (want every run): %.80s",
-				c.custom, c.generic, sql)
+	t.Run("store's choice", func(t *testing.T) {
+		plans := plans(t, schemaDSN(t))
+		for _, sql := range lookups {
+			if c, ok := plans[sql]; !ok || c.custom == 0 || c.generic != 0 {
+				t.Errorf("lookup planned %d times at its run, %d times from its generic plan (want every run): %.80s",
+					c.custom, c.generic, sql)
+			}
 		}
-	}
-	for sql, c := range plans {
-		if slices.Contains(lookups, sql) || !strings.Contains(sql, "$1") {
-			continue
+		for sql, c := range plans {
+			if slices.Contains(lookups, sql) || !strings.Contains(sql, "$1") {
+				continue
+			}
+			if c.custom != 0 || c.generic == 0 {
+				t.Errorf("statement planned %d times at its run, %d times from its generic plan (want the generic plan): %.80s",
+					c.custom, c.generic, sql)
+			}
 		}
-		if c.custom != 0 || c.generic == 0 {
-			t.Errorf("statement planned %d times at its run, %d times from its generic plan (want the generic plan): %.80s",
-				c.custom, c.generic, sql)
+	})
+	t.Run("force_custom_plan in the DSN", func(t *testing.T) {
+		plans := plans(t, withParam(t, schemaDSN(t), "plan_cache_mode", "force_custom_plan"))
+		for _, sql := range lookups {
+			if _, ok := plans[sql]; !ok {
+				t.Errorf("lookup never ran: %.80s", sql)
+			}
 		}
-	}
+		for sql, c := range plans {
+			if strings.Contains(sql, "$1") && c.generic != 0 {
+				t.Errorf("statement ran %d times on its generic plan (want none): %.80s", c.generic, sql)
+			}
+		}
+	})
 }
