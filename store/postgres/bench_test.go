@@ -1,13 +1,19 @@
 package postgres_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/capledger/capledger/engine"
 	"github.com/capledger/capledger/ledger"
@@ -18,10 +24,14 @@ import (
 // hotBench opens `replicas` stores (separate pools, as separate server
 // processes would have) on one fresh schema with a policy whose one
 // account never runs out, so every reserve is admitted and all of them
-// contend for the same account row.
-func hotBench(b *testing.B, replicas int) []*postgres.Store {
+// contend for the same account row. params are DSN parameters, name then
+// value.
+func hotBench(b *testing.B, replicas int, params ...string) []*postgres.Store {
 	b.Helper()
 	dsn := withParam(b, schemaDSN(b), "pool_max_conns", "32")
+	for i := 0; i+1 < len(params); i += 2 {
+		dsn = withParam(b, dsn, params[i], params[i+1])
+	}
 	var stores []*postgres.Store
 	for range replicas {
 		s, err := postgres.Open(context.Background(), dsn)
@@ -191,4 +201,70 @@ func BenchmarkHotAccountReserve(b *testing.B) {
 			return err
 		})
 	})
+}
+
+// BenchmarkWriteTransactionPlans compares, in one run, the store's choice
+// of plans in write transactions (generic plans, the lookups by arrays of
+// keys planned at each run: plan.go) with plan_cache_mode=force_custom_plan
+// in the DSN (every statement planned at each run, as the store did
+// before), on one hot account: two committers, groups of 1 (no prefetch)
+// and 13 reserves (a hot subject's group commits at c32). Besides
+// reserves/s it reports the CPU of the store's PostgreSQL backends per
+// reserve (pg-µs/reserve, from /proc: the server must run on this machine).
+//
+//	go test ./store/postgres -run '^$' -bench WriteTransactionPlans -benchtime 3000x -count 3
+func BenchmarkWriteTransactionPlans(b *testing.B) {
+	for _, group := range []int{1, 13} {
+		for _, mode := range []string{"store", "force_custom_plan"} {
+			b.Run(fmt.Sprintf("group=%d/%s", group, mode), func(b *testing.B) {
+				app := fmt.Sprintf("capledger_bench_%d", benchID.Add(1))
+				params := []string{"pool_max_conns", "4", "application_name", app}
+				if mode != "store" {
+					params = append(params, "plan_cache_mode", mode)
+				}
+				stores := hotBench(b, 1, params...)
+				before := backendTicks(b, stores[0], app)
+				runCommitters(b, stores, 2, group)
+				after := backendTicks(b, stores[0], app)
+				var ticks int64
+				for pid, t := range after {
+					ticks += t - before[pid] // a backend begun since counts from 0
+				}
+				b.ReportMetric(float64(ticks)/float64(clockTicks)*1e6/float64(b.N), "pg-µs/reserve")
+			})
+		}
+	}
+}
+
+// clockTicks is the unit of /proc/PID/stat's CPU times (USER_HZ, 100 on
+// Linux).
+const clockTicks = 100
+
+// backendTicks returns the CPU time, in clock ticks, of every PostgreSQL
+// backend whose application_name is app, by process id.
+func backendTicks(b *testing.B, s *postgres.Store, app string) map[int]int64 {
+	b.Helper()
+	rows, err := postgres.PoolOf(s).Query(context.Background(),
+		`SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND pid <> pg_backend_pid()`, app)
+	if err != nil {
+		b.Fatal(err)
+	}
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil {
+		b.Fatal(err)
+	}
+	ticks := map[int]int64{}
+	for _, pid := range pids {
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			b.Fatalf("backend %d: %v (is the server on this machine?)", pid, err)
+		}
+		// utime and stime: fields 14 and 15, the 12th and 13th after
+		// the command name in parentheses.
+		f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+2:]))
+		user, _ := strconv.ParseInt(f[11], 10, 64)
+		system, _ := strconv.ParseInt(f[12], 10, 64)
+		ticks[int(pid)] = user + system
+	}
+	return ticks
 }

@@ -1,6 +1,11 @@
 package postgres
 
-import "github.com/jackc/pgx/v5/pgxpool"
+import (
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/capledger/capledger/store"
+)
 
 // Exported for the external tests of the query plans.
 var (
@@ -32,3 +37,8 @@ var (
 // PoolOf returns the store's connection pool (its connections carry the
 // store's session settings).
 func PoolOf(s *Store) *pgxpool.Pool { return s.pool }
+
+// PgxTx returns the pgx transaction under a write transaction of the
+// store, for reading what the transaction did (its statistics, its
+// connection's prepared statements).
+func PgxTx(t store.Tx) pgx.Tx { return t.(*tx).tx }

@@ -42,7 +42,7 @@ func SchemaVersion() int {
 // that it was a migration: the caller names that (capledger migrate names
 // the command; Open says "open: migrate").
 func Migrate(ctx context.Context, dsn string) ([]int, error) {
-	cfg, err := parseConfig(dsn)
+	cfg, _, err := parseConfig(dsn)
 	if err != nil {
 		return nil, err
 	}

@@ -2,13 +2,16 @@ package postgres_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
 	"github.com/capledger/capledger/store/postgres"
 )
@@ -110,103 +113,151 @@ func TestUnknownQueriesUseTheirIndex(t *testing.T) {
 
 // A replica's connections live for hours; its tables may be empty when it
 // starts and hold millions of rows later, analysed by nobody when
-// autovacuum is off or late. Each batch prefetch is prepared and run, as
-// pgx runs it, on one of the store's own connections while its table is
-// empty and never analysed (a new database), then the table grows by
-// 20,000 rows, still unanalysed: the next execution must reach its rows
-// through the table's indexes. Under PostgreSQL's default plan cache the
+// autovacuum is off or late. Each lookup by arrays of keys of a write
+// transaction (the batch prefetches; the term trim and the retention
+// deletes of a Write) runs, through the store's own transactions on its
+// one connection, ten times while its tables are empty and never analysed
+// (a new database), then the tables grow by 20,000 rows, still
+// unanalysed: the next run must reach its rows through the tables'
+// indexes (no sequential scan in the transaction's statistics,
+// pg_stat_xact_user_tables). Under PostgreSQL's default plan cache the
 // plan kept from the empty table is a sequential scan of the whole table
 // on every batch (singles beside batches collapsed to 12-82 calls/s with
-// 4 s prefetches: docs/PERFORMANCE.md).
+// 4 s prefetches: docs/PERFORMANCE.md); the store plans these lookups at
+// each run, while the rest of a write transaction keeps cached plans.
 func TestBatchPrefetchesUseTheIndexAsTablesGrow(t *testing.T) {
-	s, _ := openStore(t)
+	dsn := withParam(t, schemaDSN(t), "pool_max_conns", "1") // one connection: its prepared statements
+	s, err := postgres.Open(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
 	ctx := context.Background()
 	const rows = 20000
-	keys := func(prefix string, n int) string { // an array literal of n keys
-		var b strings.Builder
-		for i := 1; i <= n; i++ {
-			if i > 1 {
-				b.WriteByte(',')
-			}
-			fmt.Fprintf(&b, "%s%d", prefix, i*97%rows+1)
-		}
-		return "{" + b.String() + "}"
-	}
-	same := func(v string, n int) string { return "{" + strings.TrimSuffix(strings.Repeat(v+",", n), ",") + "}" }
 	// A batch of 10 keys: on 20,000 rows, reading the index costs a
 	// fraction of reading the table, in the planner's model as in fact.
 	const batch = 10
-	accounts := []any{keys("tenant", batch), same("chat.generate", batch), same("eu", batch), same("1", batch)}
+	ids := make([]string, batch)
+	subjects := make([]ledger.PolicyKey, batch)
+	for i := range batch {
+		n := (i+1)*97%rows + 1
+		ids[i] = fmt.Sprintf("rl-%d", n)
+		subjects[i] = ledger.PolicyKey{Subject: fmt.Sprintf("tenant%d", n), Route: "chat.generate", Region: "eu"}
+	}
+	fillReservations := `INSERT INTO reservations (id, request_digest, subject, route, region, generation, accounting_epoch,
+			reserved, actual, overdraft, operation_id, state, created_at, expires_at, started_at,
+			execution_deadline, unknown_at, finished_at, breach)
+		SELECT 'rl-' || i, 'sha256:' || i, 'tenant' || i % 10, 'chat.generate', 'eu', 1, 0,
+			'{1,0,0,0}', '{0,0,0,0}', '{0,0,0,0}', 'op-' || i, 1, i, i + 30, 0, 0, 0, 0, false
+		FROM generate_series(1, 20000) AS i`
+	fillTombstones := `INSERT INTO tombstones (id, request_digest, subject, route, region, generation, state, finished_at)
+		SELECT 'rl-' || i, 'sha256:' || i, 'tenant' || i % 10, 'chat.generate', 'eu', 1, 3, i
+		FROM generate_series(1, 20000) AS i`
+	fillAccounts := []string{
+		`INSERT INTO accounts (subject, route, region, generation, dims, epoch_start, breaches, version)
+		SELECT 'tenant' || i, 'chat.generate', 'eu', 1, 1, 0, 0, 1 FROM generate_series(1, 20000) AS i`,
+		`INSERT INTO account_terms (account_id, dim, opening, minted, overdraft_issued, available, reserved, spent,
+			retired_for_emergency, retired_for_move, overdraft_repaid, epoch_opening, epoch_minted,
+			epoch_overdraft_issued, epoch_available, epoch_reserved, epoch_spent, epoch_retired_for_emergency,
+			epoch_retired_for_move, epoch_overdraft_repaid, refilled_to)
+		SELECT id, 0, 100, 0, 0, 100, 0, 0, 0, 0, 0, 100, 0, 0, 100, 0, 0, 0, 0, 0, 0 FROM accounts`,
+	}
+	narrowed := make([]ledger.Account, batch) // written unread: its term rows past Dims are trimmed
+	for i, k := range subjects {
+		narrowed[i] = ledger.Account{Key: ledger.AccountKey{Subject: k.Subject, Route: k.Route, Region: k.Region, Generation: 1}, Dims: 1}
+	}
 	for _, tc := range []struct {
-		name, query string
-		tables      []string
-		fill        []string
-		args        []any // one batch's keys
+		name   string
+		tables []string
+		fill   []string
+		run    func(store.Tx) error
 	}{
-		{"reservations", postgres.ReservationsPrefetchSQL, []string{"reservations"}, []string{
-			`INSERT INTO reservations (id, request_digest, subject, route, region, generation, accounting_epoch,
-				reserved, actual, overdraft, operation_id, state, created_at, expires_at, started_at,
-				execution_deadline, unknown_at, finished_at, breach)
-			SELECT 'rl-' || i, 'sha256:' || i, 'tenant' || i % 10, 'chat.generate', 'eu', 1, 0,
-				'{1,0,0,0}', '{0,0,0,0}', '{0,0,0,0}', 'op-' || i, 1, i, i + 30, 0, 0, 0, 0, false
-			FROM generate_series(1, 20000) AS i`,
-		}, []any{keys("rl-", batch)}},
-		{"tombstones", postgres.TombstonesPrefetchSQL, []string{"tombstones"}, []string{
-			`INSERT INTO tombstones (id, request_digest, subject, route, region, generation, state, finished_at)
-			SELECT 'rl-' || i, 'sha256:' || i, 'tenant' || i % 10, 'chat.generate', 'eu', 1, 3, i
-			FROM generate_series(1, 20000) AS i`,
-		}, []any{keys("rl-", batch)}},
-		{"policy heads", postgres.PrefetchHeadsSQL, []string{"policy_heads"}, []string{
-			`INSERT INTO policy_heads (subject, route, region, active, latest)
-			SELECT 'tenant' || i, 'chat.generate', 'eu', 1, 1 FROM generate_series(1, 20000) AS i`,
-		}, accounts[:3]},
-		{"current generations", postgres.PrefetchCurrentsSQL, []string{"account_currents"}, []string{
-			`INSERT INTO account_currents (subject, route, region, generation)
-			SELECT 'tenant' || i, 'chat.generate', 'eu', 1 FROM generate_series(1, 20000) AS i`,
-		}, accounts[:3]},
-		{"accounts", postgres.PrefetchAccountsSQL, []string{"accounts", "account_terms"}, []string{
-			`INSERT INTO accounts (subject, route, region, generation, dims, epoch_start, breaches, version)
-			SELECT 'tenant' || i, 'chat.generate', 'eu', 1, 1, 0, 0, 1 FROM generate_series(1, 20000) AS i`,
-			`INSERT INTO account_terms (account_id, dim, opening, minted, overdraft_issued, available, reserved, spent,
-				retired_for_emergency, retired_for_move, overdraft_repaid, epoch_opening, epoch_minted,
-				epoch_overdraft_issued, epoch_available, epoch_reserved, epoch_spent, epoch_retired_for_emergency,
-				epoch_retired_for_move, epoch_overdraft_repaid, refilled_to)
-			SELECT id, 0, 100, 0, 0, 100, 0, 0, 0, 0, 0, 100, 0, 0, 100, 0, 0, 0, 0, 0, 0 FROM accounts`,
-		}, accounts},
+		{"reservations", []string{"reservations"}, []string{fillReservations}, func(tx store.Tx) error {
+			return tx.(store.Prefetcher).ReservationsPrefetch(ctx, ids)
+		}},
+		{"tombstones", []string{"tombstones"}, []string{fillTombstones}, func(tx store.Tx) error {
+			return tx.(store.Prefetcher).ReservationsPrefetch(ctx, ids) // absent: their tombstones are read
+		}},
+		{"policy heads, current generations and accounts", []string{"policy_heads", "account_currents", "accounts", "account_terms"},
+			append([]string{
+				`INSERT INTO policy_heads (subject, route, region, active, latest)
+				SELECT 'tenant' || i, 'chat.generate', 'eu', 1, 1 FROM generate_series(1, 20000) AS i`,
+				`INSERT INTO account_currents (subject, route, region, generation)
+				SELECT 'tenant' || i, 'chat.generate', 'eu', 1 FROM generate_series(1, 20000) AS i`,
+			}, fillAccounts...), func(tx store.Tx) error {
+				return tx.(store.AccountsPrefetcher).AccountsPrefetch(ctx, subjects, nil, nil)
+			}},
+		{"term trim", []string{"accounts", "account_terms"}, fillAccounts, func(tx store.Tx) error {
+			return tx.Write(ctx, &store.Changes{Accounts: narrowed})
+		}},
+		{"retention deletes", []string{"reservations", "tombstones"}, []string{fillReservations, fillTombstones}, func(tx store.Tx) error {
+			return tx.Write(ctx, &store.Changes{Retention: store.RetentionChanges{RemovedReservations: ids, RemovedTombstones: ids}})
+		}},
+		// Not a lookup by arrays: the getters of one row by its key keep
+		// their generic plans, which must read through the indexes too.
+		{"getters of one row (generic plans)", []string{"reservations", "tombstones", "policy_heads", "account_currents", "accounts", "account_terms"},
+			append([]string{fillReservations, fillTombstones,
+				`INSERT INTO policy_heads (subject, route, region, active, latest)
+				SELECT 'tenant' || i, 'chat.generate', 'eu', 1, 1 FROM generate_series(1, 20000) AS i`,
+				`INSERT INTO account_currents (subject, route, region, generation)
+				SELECT 'tenant' || i, 'chat.generate', 'eu', 1 FROM generate_series(1, 20000) AS i`,
+			}, fillAccounts...), func(tx store.Tx) error {
+				k := subjects[3]
+				for _, get := range []func() error{
+					func() error { _, err := tx.ReservationGet(ctx, ids[3]); return err },
+					func() error { _, err := tx.(store.RetentionTx).TombstoneGet(ctx, ids[4]); return err },
+					func() error { _, err := tx.PolicyHeadGet(ctx, k); return err },
+					func() error { _, err := tx.AccountCurrentGet(ctx, k); return err },
+					func() error { _, err := tx.AccountGet(ctx, narrowed[3].Key); return err },
+				} {
+					if err := get(); err != nil && !errors.Is(err, store.ErrNotFound) {
+						return err
+					}
+				}
+				return nil
+			}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			conn, err := postgres.PoolOf(s).Acquire(ctx)
-			if err != nil {
-				t.Fatal(err)
+			// Runs the lookup in a write transaction and returns the
+			// sequential scans of tc.tables it made.
+			seqScans := func() int64 {
+				tx, err := s.Begin(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer tx.Rollback(ctx)
+				// The backend's counts not yet reported count as the
+				// transaction's too: the difference is this run's.
+				count := func() (scans int64) {
+					if err := postgres.PgxTx(tx).QueryRow(ctx, `SELECT COALESCE(sum(seq_scan), 0) FROM pg_stat_xact_user_tables
+						WHERE relname = ANY($1) AND schemaname = current_schema()`, tc.tables).Scan(&scans); err != nil {
+						t.Fatal(err)
+					}
+					return scans
+				}
+				before := count()
+				if err := tc.run(tx); err != nil {
+					t.Fatalf("run: %v", err)
+				}
+				return count() - before
 			}
-			defer conn.Release()
-			const stmt = "prefetch_as_tables_grow"
-			if _, err := conn.Conn().Prepare(ctx, stmt, tc.query); err != nil {
-				t.Fatalf("prepare: %v", err)
-			}
-			defer conn.Exec(ctx, "DEALLOCATE "+stmt)
-			// A replica's first batches, on the empty table: enough
+			// A replica's first batches, on the empty tables: enough
 			// runs for PostgreSQL to settle on a plan to keep.
 			for range 10 {
-				if _, err := conn.Exec(ctx, stmt, tc.args...); err != nil {
-					t.Fatalf("run on the empty table: %v", err)
-				}
+				seqScans()
 			}
+			pool := postgres.PoolOf(s)
 			for _, q := range tc.fill {
-				if _, err := conn.Exec(ctx, q); err != nil {
+				if _, err := pool.Exec(ctx, q); err != nil {
 					t.Fatalf("%s: %v", q, err)
 				}
 			}
-			plan := explainExecute(t, conn.Conn(), stmt, tc.args)
-			t.Logf("after the table grew:\n%s", plan)
-			for _, table := range tc.tables {
-				if strings.Contains(plan, "Seq Scan on "+table+" ") {
-					t.Errorf("reads every row of %s for one batch:\n%s", table, plan)
-				}
+			if n := seqScans(); n > 0 {
+				t.Errorf("%d sequential scans of %v in one run (keys: %d) on tables of %d rows", n, tc.tables, batch, rows)
 			}
 			for _, q := range []string{"TRUNCATE reservations, tombstones, policy_heads, account_currents, account_terms",
 				"DELETE FROM accounts"} {
-				if _, err := conn.Exec(ctx, q); err != nil {
+				if _, err := pool.Exec(ctx, q); err != nil {
 					t.Fatalf("%s: %v", q, err)
 				}
 			}
@@ -346,4 +397,83 @@ func TestDebtQueriesUseTheirIndex(t *testing.T) {
 			t.Errorf("%s: does not fetch the accounts by the ids the index holds:\n%s", tc.name, plan)
 		}
 	}
+}
+
+// Write transactions keep cached (generic) plans for what reads one row by
+// its key and for the batch writes, and plan only the lookups by arrays
+// of keys at each run: after a dozen single reserves and a dozen batches
+// of two on the store's one connection, PostgreSQL's own counts
+// (pg_prepared_statements) show the prefetches planned at every run and
+// the rest on generic plans. Planning every statement at each run cost a
+// hot single reserve a quarter of its PostgreSQL CPU (docs/PERFORMANCE.md).
+// A plan_cache_mode in the DSN applies to every statement
+// (docs/OPERATIONS.md): with force_custom_plan nothing runs on a generic
+// plan.
+func TestWriteTransactionsPlanOnlyLookupsAtEachRun(t *testing.T) {
+	type counts struct{ generic, custom int64 }
+	// plans runs the reserves on a one-connection store opened with dsn
+	// and returns its connection's plan counts by statement.
+	plans := func(t *testing.T, dsn string) map[string]counts {
+		s, err := postgres.Open(context.Background(), withParam(t, dsn, "pool_max_conns", "1"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		publish(t, s)
+		for i := range 12 {
+			commitCmds(t, s, t0, reserveCmd(fmt.Sprintf("rl-single-%d", i), 1))
+			commitCmds(t, s, t0, reserveCmd(fmt.Sprintf("rl-a-%d", i), 1), reserveCmd(fmt.Sprintf("rl-b-%d", i), 1))
+		}
+		rows, err := postgres.PoolOf(s).Query(context.Background(),
+			`SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements WHERE from_sql = false`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		plans := map[string]counts{}
+		for rows.Next() {
+			var sql string
+			var c counts
+			if err := rows.Scan(&sql, &c.generic, &c.custom); err != nil {
+				t.Fatal(err)
+			}
+			plans[sql] = c
+			t.Logf("generic %3d custom %3d  %.120s", c.generic, c.custom, strings.Join(strings.Fields(sql), " "))
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		return plans
+	}
+	lookups := []string{postgres.ReservationsPrefetchSQL, postgres.TombstonesPrefetchSQL}
+	t.Run("store's choice", func(t *testing.T) {
+		plans := plans(t, schemaDSN(t))
+		for _, sql := range lookups {
+			if c, ok := plans[sql]; !ok || c.custom == 0 || c.generic != 0 {
+				t.Errorf("lookup planned %d times at its run, %d times from its generic plan (want every run): %.80s",
+					c.custom, c.generic, sql)
+			}
+		}
+		for sql, c := range plans {
+			if slices.Contains(lookups, sql) || !strings.Contains(sql, "$1") {
+				continue
+			}
+			if c.custom != 0 || c.generic == 0 {
+				t.Errorf("statement planned %d times at its run, %d times from its generic plan (want the generic plan): %.80s",
+					c.custom, c.generic, sql)
+			}
+		}
+	})
+	t.Run("force_custom_plan in the DSN", func(t *testing.T) {
+		plans := plans(t, withParam(t, schemaDSN(t), "plan_cache_mode", "force_custom_plan"))
+		for _, sql := range lookups {
+			if _, ok := plans[sql]; !ok {
+				t.Errorf("lookup never ran: %.80s", sql)
+			}
+		}
+		for sql, c := range plans {
+			if strings.Contains(sql, "$1") && c.generic != 0 {
+				t.Errorf("statement ran %d times on its generic plan (want none): %.80s", c.generic, sql)
+			}
+		}
+	})
 }

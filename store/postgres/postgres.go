@@ -42,6 +42,9 @@ import (
 type Store struct {
 	pool *pgxpool.Pool
 	c    counters
+	// planPerStatement is set when write transactions keep cached plans
+	// and plan only their lookups by arrays of keys at each run (plan.go).
+	planPerStatement bool
 }
 
 var _ store.Store = (*Store)(nil)
@@ -52,20 +55,19 @@ var _ store.Store = (*Store)(nil)
 // replica that stopped mid-transaction without its connection closing (a
 // frozen process, a silent network partition).
 //
-// plan_cache_mode plans every execution of a prepared statement for its
-// arguments and the tables' sizes at that moment. pgx prepares each
-// statement once per connection; under the default (auto) PostgreSQL
-// settles on a generic plan after five executions and keeps it until the
-// table's statistics change (ANALYZE: autovacuum's or an operator's). A
-// plan settled on while a table was young (a never-analysed table counts
-// as 10 pages) reads the whole table: the batch prefetches (reservations by
-// id = ANY, heads, currents and accounts joined to unnest) then scanned
-// every row on every batch, for as long as the connection lived, which
-// with autovacuum off is for ever (singles beside batches on one subject:
-// prefetches of 0.1-4 s, 24-54 calls/s; docs/PERFORMANCE.md). A custom
-// plan costs a planning pass per statement and needs no statistics: the
-// reads of a batch are by keys a unique index holds, and the planner
-// sizes each table from its current length.
+// plan_cache_mode force_custom_plan plans every execution of a prepared
+// statement for its arguments and the tables' sizes at that moment, so no
+// plan needs statistics: outside write transactions, and in them for the
+// lookups by arrays of keys (plan.go, where the write transactions keep
+// the other statements' cached plans). Under the default (auto)
+// PostgreSQL settles on a generic plan after five executions and keeps it
+// until the table's statistics change (ANALYZE: autovacuum's or an
+// operator's); a plan settled on while a table was young (a never-analysed
+// table counts as 10 pages) reads the whole table: the batch prefetches
+// (reservations by id = ANY, heads, currents and accounts joined to
+// unnest) scanned every row on every batch, for as long as the connection
+// lived, which with autovacuum off is for ever (singles beside batches on
+// one subject: prefetches of 0.1-4 s, 24-54 calls/s; docs/PERFORMANCE.md).
 var sessionDefaults = map[string]string{
 	"lock_timeout":                        "5s",
 	"idle_in_transaction_session_timeout": "30s",
@@ -73,23 +75,27 @@ var sessionDefaults = map[string]string{
 	"plan_cache_mode":                     "force_custom_plan",
 }
 
-func parseConfig(dsn string) (*pgxpool.Config, error) {
+// parseConfig returns the pool configuration of dsn with the session
+// defaults it leaves unset, and whether the store chooses plan_cache_mode
+// per statement in write transactions (plansPerStatement).
+func parseConfig(dsn string) (*pgxpool.Config, bool, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		// The parse error may quote the DSN, password included; say only
 		// what is wrong.
-		return nil, fmt.Errorf("postgres dsn: %w", errors.Unwrap(err))
+		return nil, false, fmt.Errorf("postgres dsn: %w", errors.Unwrap(err))
 	}
+	_, dsnPlanMode := cfg.ConnConfig.RuntimeParams["plan_cache_mode"]
 	for name, value := range sessionDefaults {
 		if _, set := cfg.ConnConfig.RuntimeParams[name]; !set {
 			cfg.ConnConfig.RuntimeParams[name] = value
 		}
 	}
 	if err := requireReadWrite(dsn, cfg.ConnConfig.ValidateConnect); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	cfg.ConnConfig.ValidateConnect = pgconn.ValidateConnectTargetSessionAttrsReadWrite
-	return cfg, nil
+	return cfg, plansPerStatement(cfg, dsnPlanMode), nil
 }
 
 // targetSessionAttrs names the connect validators pgconn.ParseConfig sets
@@ -153,11 +159,11 @@ func dsnSetsTargetSessionAttrs(dsn string) bool {
 // Returns an error wrapping store.ErrUnavailable when the server cannot be
 // reached; an error for a malformed DSN or a schema newer than this binary.
 func Open(ctx context.Context, dsn string) (*Store, error) {
-	cfg, err := parseConfig(dsn)
+	cfg, planPerStatement, err := parseConfig(dsn)
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{}
+	s := &Store{planPerStatement: planPerStatement}
 	conn, err := pgx.ConnectConfig(ctx, cfg.ConnConfig.Copy())
 	if err != nil {
 		return nil, s.c.classify("open: connect", err, false)

@@ -130,11 +130,12 @@ func (t *tx) AccountsPrefetch(ctx context.Context, subjects []ledger.PolicyKey, 
 			}
 			subj, route, region, gens = append(subj, k.Subject), append(route, k.Route), append(region, k.Region), append(gens, g)
 		}
-		rows, err := t.tx.Query(ctx, prefetchAccountsSQL+mode.clause("a, t"), subj, route, region, gens)
-		if err != nil {
-			return t.s.c.classify("accounts prefetch", err, false)
-		}
-		found, nrows, err := scanAccounts(rows)
+		var found []ledger.Account
+		var nrows []int
+		err = t.queryLookup(ctx, func(rows pgx.Rows) (err error) {
+			found, nrows, err = scanAccounts(rows)
+			return err
+		}, prefetchAccountsSQL+mode.clause("a, t"), subj, route, region, gens)
 		if err != nil {
 			return t.s.c.classify("accounts prefetch", err, false)
 		}
@@ -167,11 +168,14 @@ func (t *tx) prefetchCurrents(ctx context.Context, keys []ledger.PolicyKey,
 	for i, k := range keys {
 		subj[i], route[i], region[i] = k.Subject, k.Route, k.Region
 	}
-	var b pgx.Batch
+	b := t.lookupBatch()
 	b.Queue(prefetchHeadsSQL, subj, route, region)
 	b.Queue(prefetchCurrentsSQL, subj, route, region)
-	br := t.tx.SendBatch(ctx, &b)
-	err := scanPrefetch(br, func(r pgx.Rows, k ledger.PolicyKey, conv *codec.Conv) error {
+	br, err := b.send(ctx, t.tx)
+	if err != nil {
+		return t.s.c.classify("accounts prefetch", err, false)
+	}
+	err = scanPrefetch(br, func(r pgx.Rows, k ledger.PolicyKey, conv *codec.Conv) error {
 		var active, latest int64
 		if err := r.Scan(&k.Subject, &k.Route, &k.Region, &active, &latest); err != nil {
 			return err

@@ -127,25 +127,27 @@ func (t *tx) prefetchTombstones(ctx context.Context, ids []string, found map[str
 	if len(missing) == 0 {
 		return nil
 	}
-	rows, err := t.tx.Query(ctx, tombstonesPrefetchSQL, missing)
+	read := make(map[string]*ledger.Tombstone, len(missing))
+	err := t.queryLookup(ctx, func(rows pgx.Rows) error {
+		for rows.Next() {
+			tb, err := scanTombstone(rows)
+			if err != nil {
+				return err
+			}
+			read[tb.ID] = tb
+		}
+		return nil
+	}, tombstonesPrefetchSQL, missing)
 	if err != nil {
 		return t.s.c.classify("tombstones prefetch", err, false)
 	}
-	defer rows.Close()
 	if t.tombs == nil {
 		t.tombs = make(map[string]*ledger.Tombstone, len(missing))
 	}
 	for _, id := range missing {
-		t.tombs[id] = nil
+		t.tombs[id] = read[id]
 	}
-	for rows.Next() {
-		tb, err := scanTombstone(rows)
-		if err != nil {
-			return t.s.c.classify("tombstones prefetch", err, false)
-		}
-		t.tombs[tb.ID] = tb
-	}
-	return t.s.c.classify("tombstones prefetch", rows.Err(), false)
+	return nil
 }
 
 // RetainedGet returns the account's retained totals, locked, or
@@ -178,7 +180,7 @@ func (t *tx) RetainedGet(ctx context.Context, key ledger.AccountKey) (*ledger.Re
 // writeRetention queues c's retention changes on w.
 func (t *tx) writeRetention(w *batchWriter, c *store.RetentionChanges) {
 	if len(c.RemovedReservations) > 0 {
-		w.queue("delete reservations", sqlReservationsDelete, c.RemovedReservations)
+		w.queueLookup("delete reservations", sqlReservationsDelete, c.RemovedReservations)
 	}
 	if n := len(c.Tombstones); n > 0 {
 		var (
@@ -194,7 +196,7 @@ func (t *tx) writeRetention(w *batchWriter, c *store.RetentionChanges) {
 		w.queue("insert tombstones", sqlTombstonesInsert, id, digest, subject, route, region, generation, state, finished)
 	}
 	if len(c.RemovedTombstones) > 0 {
-		w.queue("delete tombstones", sqlTombstonesDelete, c.RemovedTombstones)
+		w.queueLookup("delete tombstones", sqlTombstonesDelete, c.RemovedTombstones)
 	}
 	for i := range c.Retained {
 		r := &c.Retained[i]

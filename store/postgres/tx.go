@@ -24,7 +24,11 @@ import (
 // would fail every batch whose hot account another replica committed to
 // since the batch began.
 func (s *Store) Begin(ctx context.Context) (store.Tx, error) {
-	t, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	opts := pgx.TxOptions{IsoLevel: pgx.ReadCommitted}
+	if s.planPerStatement {
+		opts.BeginQuery = beginWrite // READ COMMITTED too, with cached plans (plan.go)
+	}
+	t, err := s.pool.BeginTx(ctx, opts)
 	if err != nil {
 		return nil, s.c.classify("begin", err, false)
 	}
@@ -305,20 +309,18 @@ func (t *tx) ReservationsPrefetch(ctx context.Context, ids []string) error {
 	if err != nil {
 		return err
 	}
-	rows, err := t.tx.Query(ctx, reservationsPrefetchSQL+mode.clause(""), ids)
-	if err != nil {
-		return t.s.c.classify("reservations prefetch", err, false)
-	}
 	found := make(map[string]*ledger.Reservation, len(ids))
-	for rows.Next() {
-		r, err := scanReservation(rows)
-		if err != nil {
-			rows.Close()
-			return t.s.c.classify("reservations prefetch", err, false)
+	err = t.queryLookup(ctx, func(rows pgx.Rows) error {
+		for rows.Next() {
+			r, err := scanReservation(rows)
+			if err != nil {
+				return err
+			}
+			found[r.ID] = r
 		}
-		found[r.ID] = r
-	}
-	if err := rows.Err(); err != nil {
+		return nil
+	}, reservationsPrefetchSQL+mode.clause(""), ids)
+	if err != nil {
 		return t.s.c.classify("reservations prefetch", err, false)
 	}
 	if t.prefetched == nil {

@@ -163,6 +163,8 @@ type batchWriter struct {
 	ops   []string
 	conv  codec.Conv
 	err   error
+	// planEachRun wraps the lookups by arrays of keys (queueLookup).
+	planEachRun bool
 }
 
 func (w *batchWriter) fail(err error) {
@@ -194,7 +196,7 @@ func (t *tx) Write(ctx context.Context, c *store.Changes) error {
 	if c.Empty() {
 		return nil
 	}
-	var w batchWriter
+	w := batchWriter{planEachRun: t.s.planPerStatement}
 	t.writeMeta(&w, c.Meta)
 	t.writePolicies(&w, c.Policies)
 	t.writeHeads(&w, c.Heads)
@@ -423,7 +425,7 @@ func (t *tx) writeAccounts(w *batchWriter, accounts []ledger.Account) {
 	args = append(args, refilledTo)
 	w.queue("account terms", sqlTermsUpsert, args...)
 	if len(trimG) > 0 {
-		w.queue("account terms", sqlTermsTrim, trimS[0], trimS[1], trimS[2], trimG, trimN)
+		w.queueLookup("account terms", sqlTermsTrim, trimS[0], trimS[1], trimS[2], trimG, trimN)
 	}
 }
 
