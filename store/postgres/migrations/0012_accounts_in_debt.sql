@@ -65,6 +65,21 @@ CREATE TRIGGER account_terms_debt_deleted AFTER DELETE ON account_terms
     FOR EACH ROW WHEN (OLD.overdraft_issued > OLD.overdraft_repaid)
     EXECUTE FUNCTION account_terms_debt_changed();
 
+-- The backfill, after the triggers, so that no writer can change a term
+-- row between it and them (CREATE TRIGGER holds a lock on account_terms
+-- that blocks writes until the migration commits). Flags set without
+-- debt are cleared first (only possible when the column was added
+-- beforehand and written meanwhile by older replicas or by hand), then
+-- the accounts with a term row in debt, found by version 4's index, are
+-- set. Only accounts whose flag changes are written, and before the index
+-- below exists, so those updates stay HOT (no index is written).
+UPDATE accounts a SET in_debt = false
+    WHERE a.in_debt AND NOT EXISTS (SELECT 1 FROM account_terms o
+        WHERE o.account_id = a.id AND o.overdraft_issued > o.overdraft_repaid);
+UPDATE accounts a SET in_debt = true
+    WHERE NOT a.in_debt AND a.id IN (SELECT o.account_id FROM account_terms o
+        WHERE o.overdraft_issued > o.overdraft_repaid);
+
 -- Migrations run in one transaction, so this is a plain CREATE INDEX (not
 -- CONCURRENTLY): building it reads the whole accounts table once and
 -- blocks writes to it meanwhile. IF NOT EXISTS lets an operator with a
@@ -72,14 +87,3 @@ CREATE TRIGGER account_terms_debt_deleted AFTER DELETE ON account_terms
 -- this name, once the column exists (docs/OPERATIONS.md).
 CREATE INDEX IF NOT EXISTS accounts_in_debt
     ON accounts (subject COLLATE "C", route COLLATE "C", region COLLATE "C", generation) WHERE in_debt;
-
--- The backfill, from version 4's index: the accounts with a term row in
--- debt are set, and (when the column was added beforehand and written
--- meanwhile by nobody but older replicas) any other set flag is cleared.
--- Only the accounts whose flag changes are written.
-UPDATE accounts a SET in_debt = true
-    WHERE NOT a.in_debt AND a.id IN (SELECT o.account_id FROM account_terms o
-        WHERE o.overdraft_issued > o.overdraft_repaid);
-UPDATE accounts a SET in_debt = false
-    WHERE a.in_debt AND NOT EXISTS (SELECT 1 FROM account_terms o
-        WHERE o.account_id = a.id AND o.overdraft_issued > o.overdraft_repaid);
