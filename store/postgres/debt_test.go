@@ -251,3 +251,65 @@ func TestMigration12BackfillsDebtors(t *testing.T) {
 		})
 	}
 }
+
+// AccountsInDebt orders keys as bytes whatever the collation of the key
+// columns (here ICU's English one, as a database created with it would
+// give them, which orders the subjects below a, A, a-c, ab, B), as Go and
+// the SQLite store order them (A, B, a, a-c, ab; docs/API.md), and pages
+// through them one at a time without skipping or repeating one.
+func TestDebtPagesOrderKeysAsBytes(t *testing.T) {
+	ctx := context.Background()
+	s, dsn := openStore(t)
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var icu bool
+	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_collation WHERE collname = 'en-x-icu')`).Scan(&icu); err != nil {
+		t.Fatal(err)
+	}
+	if !icu {
+		t.Skip("needs PostgreSQL built with ICU (collation en-x-icu)")
+	}
+	for _, column := range []string{"subject", "route", "region"} {
+		q := `ALTER TABLE accounts ALTER COLUMN ` + column + ` TYPE text COLLATE "en-x-icu"`
+		if _, err := conn.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	var c store.Changes
+	var want []string
+	subjects := []string{"a", "B", "ab", "a-c", "A"}
+	for _, subject := range subjects {
+		a := ledger.Account{Key: ledger.AccountKey{Subject: subject, Route: "chat", Region: "eu", Generation: 1},
+			Dims: 1, EpochStart: t0, Version: 1}
+		a.Balances[0] = ledger.Balance{Opening: 100, Minted: 2, OverdraftIssued: 7, Spent: 107, OverdraftRepaid: 2}
+		c.Accounts = append(c.Accounts, a)
+	}
+	slices.Sort(subjects) // Go compares strings as bytes: A, B, a, a-c, ab
+	for _, subject := range subjects {
+		want = append(want, ledger.AccountKey{Subject: subject, Route: "chat", Region: "eu", Generation: 1}.String())
+	}
+	writeChanges(t, s, &c)
+	var (
+		got   []string
+		after ledger.AccountKey
+	)
+	for {
+		page, err := s.AccountsInDebt(ctx, store.DebtFilter{After: after, Limit: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(page) == 0 {
+			break
+		}
+		got, after = append(got, page[0].Key.String()), page[0].Key
+		if len(got) > len(want) {
+			break
+		}
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("debt pages of one: %v, want %v", got, want)
+	}
+}
