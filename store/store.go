@@ -84,7 +84,8 @@ type Store interface {
 	// row can hold one), is an error. A driver keeps an index of the
 	// accounts whose row owes (RowInDebt), written by the transaction that
 	// writes the account, so a call reads debtors only: PostgreSQL a
-	// partial index of the term rows in debt, SQLite a table of the
+	// partial index of the accounts flagged in_debt (the flag kept by
+	// triggers on the term rows, schema 12), SQLite a table of the
 	// debtors' keys (its balances are encoded), the in-memory store a set.
 	AccountsInDebt(ctx context.Context, f DebtFilter) ([]ledger.Account, error)
 
@@ -217,8 +218,9 @@ type UnknownBacklog struct {
 // RowInDebt reports whether a stored account row owes debt in any of its
 // balances, those past Dims included (a row holds them all): the test
 // AccountsInDebt applies, and the one rule by which every driver keeps
-// its index of debtors (PostgreSQL's account_terms_in_debt repeats it in
-// SQL: overdraft_issued > overdraft_repaid).
+// its index of debtors (PostgreSQL's accounts.in_debt triggers and its
+// index account_terms_in_debt repeat it in SQL: overdraft_issued >
+// overdraft_repaid).
 func RowInDebt(a *ledger.Account) bool {
 	for i := range a.Balances {
 		if a.Balances[i].OverdraftIssued > a.Balances[i].OverdraftRepaid {

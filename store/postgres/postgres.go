@@ -461,38 +461,38 @@ func (s *Store) ReservationsUnknownBacklog(ctx context.Context) (store.UnknownBa
 }
 
 // debtSQL returns AccountsInDebt's query, with the cursor clause when
-// after is set: $1 is the limit, $2 to $5 the cursor key. The innermost
-// SELECT, run once (an InitPlan), reads the partial index
-// account_terms_in_debt for the ids of the accounts with a term row in
-// debt (its predicate is repeated word for word so the planner can match
-// it); the middle one fetches those accounts by primary key, keeps the
-// ones after the cursor and returns the first $1 in key order (a top-N
-// sort of the debtors); the outer one reads every term row of those,
-// decoded as AccountGet's are. It is one statement, one snapshot.
+// after is set: $1 is the limit, $2 to $5 the cursor key. The inner
+// SELECT reads the partial index accounts_in_debt (the keys of the
+// accounts with a term row in debt, schema 12: its predicate is repeated
+// so the planner can match it) in order from the cursor and stops after
+// $1 entries; the LATERAL one reads each of those accounts' term rows by
+// primary key, decoded as AccountGet's are. A page costs what it returns,
+// however many accounts owe (TestDebtQueriesUseTheirIndex checks the
+// plan). It is one statement, one snapshot.
 //
-// The ids go through an array on purpose. PostgreSQL keeps no statistics
-// that estimate overdraft_issued > overdraft_repaid (a comparison of two
-// columns: it assumes a third of the rows), so from a join or EXISTS it
-// plans as if debtors were everywhere: a walk of every account in key
-// order probing the index for each, or a hash join over a scan of all
-// accounts. Matching ids against an array leaves it one plan, whose cost
-// follows the number of term rows in debt, which is small: an account in
-// debt admits nothing until refills repay it. Each page reads all of them
-// (TestDebtQueriesUseTheirIndex checks the plan). The cursor clause is
-// left out rather than disabled by a parameter, so that a generic plan of
-// the prepared statement is the same.
+// The term rows are read by a LATERAL subquery with a LIMIT (an account
+// has at most ledger.MaxDimensions of them) on purpose: a generic plan
+// does not know the page's limit and estimates a tenth of the debtors per
+// page, and with thousands of them a plain join (or a LATERAL one the
+// planner may flatten into it) plans a hash join over a scan of every
+// term row. The LIMIT keeps the subquery apart: it runs once per account
+// of the page, by primary key.
+//
+// Keys compare as bytes (COLLATE "C", the index's collation), the order
+// Go and the SQLite store use. The cursor clause is left out rather than
+// disabled by a parameter, so that a generic plan of the prepared
+// statement still seeks the index at the cursor.
 func debtSQL(after bool) string {
 	cursor := ""
 	if after {
 		cursor = `
-			AND (d.subject, d.route, d.region, d.generation) > ($2::text, $3::text, $4::text, $5::bigint)`
+			AND (d.subject COLLATE "C", d.route COLLATE "C", d.region COLLATE "C", d.generation) >
+				($2::text COLLATE "C", $3::text COLLATE "C", $4::text COLLATE "C", $5::bigint)`
 	}
-	return accountSelect + ` WHERE a.id IN (
-		SELECT d.id FROM accounts d
-		WHERE d.id = ANY (ARRAY(SELECT o.account_id FROM account_terms o
-			WHERE o.overdraft_issued > o.overdraft_repaid))` + cursor + `
-		ORDER BY d.subject, d.route, d.region, d.generation LIMIT $1)
-	ORDER BY a.subject, a.route, a.region, a.generation, t.dim`
+	return accountSelectColumns + ` FROM (SELECT d.* FROM accounts d WHERE d.in_debt` + cursor + `
+		ORDER BY d.subject COLLATE "C", d.route COLLATE "C", d.region COLLATE "C", d.generation LIMIT $1) a
+	CROSS JOIN LATERAL (SELECT * FROM account_terms o WHERE o.account_id = a.id ORDER BY o.dim LIMIT ` + fmt.Sprint(ledger.MaxDimensions) + `) t
+	ORDER BY a.subject COLLATE "C", a.route COLLATE "C", a.region COLLATE "C", a.generation, t.dim`
 }
 
 var (
@@ -501,12 +501,13 @@ var (
 )
 
 // AccountsInDebt returns up to f.Limit accounts with a term row in debt
-// (overdraft_issued > overdraft_repaid, any dimension stored), in key
-// order, strictly after f.After unless it is the zero key; none is an
-// empty list. It returns an error for f.Limit <= 0 and for a cursor
-// generation above math.MaxInt64. Text columns order, and the cursor
-// compares, in the database's collation (byte order under C), so paging
-// neither skips nor repeats an account.
+// (overdraft_issued > overdraft_repaid, any dimension stored: accounts.in_debt,
+// kept by triggers on account_terms), in key order, strictly after
+// f.After unless it is the zero key; none is an empty list. It returns an
+// error for f.Limit <= 0 and for a cursor generation above
+// math.MaxInt64. Text columns order, and the cursor compares, as bytes
+// (COLLATE "C") whatever the database's collation, so paging neither
+// skips nor repeats an account.
 func (s *Store) AccountsInDebt(ctx context.Context, f store.DebtFilter) ([]ledger.Account, error) {
 	if f.Limit <= 0 {
 		return nil, fmt.Errorf("accounts in debt: limit %d is not positive", f.Limit)

@@ -100,12 +100,15 @@ func (s *Store) policyGet(ctx context.Context, q querier, generation uint64, loc
 
 // accountSelect reads accounts with one row per dimension (every account
 // has at least one, so the inner join loses none).
-const accountSelect = `SELECT a.id, a.subject, a.route, a.region, a.generation, a.dims, a.epoch_start,
+const accountSelect = accountSelectColumns + ` FROM accounts a JOIN account_terms t ON t.account_id = a.id`
+
+// accountSelectColumns is accountSelect's column list, for queries that read
+// the accounts (as a) from elsewhere.
+const accountSelectColumns = `SELECT a.id, a.subject, a.route, a.region, a.generation, a.dims, a.epoch_start,
 	a.breaches, a.version, t.dim, t.opening, t.minted, t.overdraft_issued, t.available, t.reserved, t.spent,
 	t.retired_for_emergency, t.retired_for_move, t.overdraft_repaid, t.epoch_opening, t.epoch_minted,
 	t.epoch_overdraft_issued, t.epoch_available, t.epoch_reserved, t.epoch_spent,
-	t.epoch_retired_for_emergency, t.epoch_retired_for_move, t.epoch_overdraft_repaid, t.refilled_to
-	FROM accounts a JOIN account_terms t ON t.account_id = a.id`
+	t.epoch_retired_for_emergency, t.epoch_retired_for_move, t.epoch_overdraft_repaid, t.refilled_to`
 
 // scanAccounts assembles accounts from accountSelect rows ordered by
 // account, then dimension, and closes rows. It also returns how many
