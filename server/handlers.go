@@ -113,7 +113,7 @@ func (s *Server) PublishPolicy(ctx context.Context, req *connect.Request[v1.Publ
 	}
 	all, err := s.policies.refresh(ctx)
 	if err != nil {
-		return nil, readError("publish policy: read back", ReasonPolicyNotFound, err)
+		return nil, appliedError("publish policy: read back", err)
 	}
 	active := ledger.NewActiveGenerations(all)
 	for i := range all {
@@ -382,7 +382,7 @@ func (s *Server) reserveOutcome(ctx context.Context, res *ledger.Result, unmappe
 	if err != nil {
 		// Committed, but cannot be rendered: say so without hiding that
 		// the reservation exists (a retry with the same id replays it).
-		return outcome[*v1.ReserveResponse]{err: readError("reserve: render receipt", ReasonPolicyNotFound, err)}
+		return outcome[*v1.ReserveResponse]{err: appliedError("reserve: render receipt", err)}
 	}
 	resp.Reservation = pb
 	return outcome[*v1.ReserveResponse]{resp: resp}
@@ -511,7 +511,7 @@ func itemFromConnect(cerr *connect.Error) *v1.ItemError {
 func (s *Server) reservation(ctx context.Context, what string, res *ledger.Result) (*v1.Reservation, *connect.Error) {
 	pb, err := s.reservationProto(ctx, &res.Reservation)
 	if err != nil {
-		return nil, readError(what+": render receipt", ReasonPolicyNotFound, err)
+		return nil, appliedError(what+": render receipt", err)
 	}
 	return pb, nil
 }
@@ -585,7 +585,7 @@ func (s *Server) settleOutcome(ctx context.Context, res *ledger.Result) outcome[
 	}
 	refunded, err := s.refundedProto(ctx, res)
 	if err != nil {
-		return outcome[*v1.SettleResponse]{err: readError("settle: render refund", ReasonPolicyNotFound, err)}
+		return outcome[*v1.SettleResponse]{err: appliedError("settle: render refund", err)}
 	}
 	return outcome[*v1.SettleResponse]{resp: &v1.SettleResponse{Reservation: pb, Replayed: res.Replayed, RefundedUnits: refunded}}
 }
@@ -679,7 +679,7 @@ func (s *Server) Release(ctx context.Context, req *connect.Request[v1.ReleaseReq
 	}
 	refunded, err := s.refundedProto(ctx, &res)
 	if err != nil {
-		return nil, readError("release: render refund", ReasonPolicyNotFound, err)
+		return nil, appliedError("release: render refund", err)
 	}
 	return connect.NewResponse(&v1.ReleaseResponse{Reservation: pb, Replayed: res.Replayed, RefundedUnits: refunded}), nil
 }
