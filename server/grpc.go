@@ -126,17 +126,9 @@ func grpcMethod[Req, Resp any](name string, call func(*Server, context.Context, 
 		if !protobufCall(ctx) {
 			return s.bridgeUnary(ctx, procedure, dec)
 		}
-		// Decoded here rather than by dec: grpc-go answers a message its
-		// codec cannot decode (a string that is not UTF-8) INTERNAL, a
-		// bug, where connect (and so every other method) answers
-		// INVALID_ARGUMENT (API.md).
-		raw := new(rawMessage)
-		if err := dec(raw); err != nil {
-			return nil, err
-		}
 		in := new(Req)
-		if err := proto.Unmarshal(raw.data, any(in).(proto.Message)); err != nil {
-			return nil, status.Error(codes.InvalidArgument, "unmarshal message: "+err.Error())
+		if err := DecodeGRPC(dec, any(in).(proto.Message)); err != nil {
+			return nil, err
 		}
 		handler := func(ctx context.Context, req any) (any, error) {
 			resp, err := call(s, ctx, connect.NewRequest(req.(*Req)))
@@ -150,6 +142,23 @@ func grpcMethod[Req, Resp any](name string, call func(*Server, context.Context, 
 		}
 		return interceptor(ctx, in, info, handler)
 	}}
+}
+
+// DecodeGRPC decodes the request of a method registered directly on the
+// server's grpc-go server (GRPCServer) into msg, with dec, the method
+// handler's: a message that does not decode (a string that is not UTF-8)
+// is INVALID_ARGUMENT, as connect answers it on every other path, where
+// grpc-go's own decoding answers INTERNAL (a bug, API.md). Adapters'
+// direct methods (RegisterGRPC) decode with it too.
+func DecodeGRPC(dec func(any) error, msg proto.Message) error {
+	raw := new(rawMessage)
+	if err := dec(raw); err != nil {
+		return err
+	}
+	if err := proto.Unmarshal(raw.data, msg); err != nil {
+		return status.Error(codes.InvalidArgument, "unmarshal message: "+err.Error())
+	}
+	return nil
 }
 
 // protobufCall reports whether the call's messages are protobuf
