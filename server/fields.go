@@ -169,13 +169,31 @@ func textProblemAt(m protoreflect.Message, prefix string) *connect.Error {
 	return nil
 }
 
+// countedRefusals are the methods whose refusals before the ledger count
+// in capledger_commands_total (as their handlers count the others).
+var countedRefusals = map[string]ledger.Kind{
+	capledgerv1connect.LedgerServiceReserveProcedure:     ledger.KindReserve,
+	capledgerv1connect.LedgerServiceSettleProcedure:      ledger.KindSettle,
+	capledgerv1connect.LedgerServiceRecordUsageProcedure: ledger.KindRecord,
+}
+
 // checkRequestText is the door's check of a request (msg) to procedure,
-// after authentication: its fields by textProblem. A shard write's
-// gateway id is checked first and the caller's right to act for it
-// (authorizeGateway) before the other fields, as API.md's order of
-// checks has it (a gateway token's call for another gateway is 403
-// whatever else is wrong with it).
-func checkRequestText(ctx context.Context, procedure string, msg any) *connect.Error {
+// after authentication (checkText), counting a refused command in the
+// command metrics as its handler would.
+func (s *Server) checkRequestText(ctx context.Context, procedure string, msg any) *connect.Error {
+	cerr := checkText(ctx, procedure, msg)
+	if kind, ok := countedRefusals[procedure]; ok && cerr != nil {
+		s.refused(kind, cerr)
+	}
+	return cerr
+}
+
+// checkText checks msg, a request to procedure: its fields by
+// textProblem. A shard write's gateway id is checked first and the
+// caller's right to act for it (authorizeGateway) before the other
+// fields, as API.md's order of checks has it (a gateway token's call for
+// another gateway is 403 whatever else is wrong with it).
+func checkText(ctx context.Context, procedure string, msg any) *connect.Error {
 	pm, ok := msg.(proto.Message)
 	if !ok {
 		return nil
@@ -200,24 +218,24 @@ var shardWrites = map[string]string{
 
 // textCheck is the connect interceptor that runs checkRequestText on every
 // request (each message of a client stream).
-type textCheck struct{}
+type textCheck struct{ s *Server }
 
-func (textCheck) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+func (c textCheck) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-		if cerr := checkRequestText(ctx, req.Spec().Procedure, req.Any()); cerr != nil {
+		if cerr := c.s.checkRequestText(ctx, req.Spec().Procedure, req.Any()); cerr != nil {
 			return nil, cerr
 		}
 		return next(ctx, req)
 	}
 }
 
-func (textCheck) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+func (c textCheck) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
 	return next
 }
 
-func (textCheck) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+func (c textCheck) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
 	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
-		return next(ctx, &textCheckedConn{StreamingHandlerConn: conn, ctx: ctx})
+		return next(ctx, &textCheckedConn{StreamingHandlerConn: conn, ctx: ctx, s: c.s})
 	}
 }
 
@@ -225,13 +243,14 @@ func (textCheck) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect
 type textCheckedConn struct {
 	connect.StreamingHandlerConn
 	ctx context.Context
+	s   *Server
 }
 
 func (c *textCheckedConn) Receive(msg any) error {
 	if err := c.StreamingHandlerConn.Receive(msg); err != nil {
 		return err
 	}
-	if cerr := checkRequestText(c.ctx, c.Spec().Procedure, msg); cerr != nil {
+	if cerr := c.s.checkRequestText(c.ctx, c.Spec().Procedure, msg); cerr != nil {
 		return cerr
 	}
 	return nil

@@ -188,7 +188,7 @@ func (s *Server) grpcUnary(ctx context.Context, req any, info *grpc.UnaryServerI
 		}
 		ctx = context.WithValue(ctx, identityKey{}, id)
 	}
-	if cerr := checkRequestText(ctx, info.FullMethod, req); cerr != nil {
+	if cerr := s.checkRequestText(ctx, info.FullMethod, req); cerr != nil {
 		s.console.count(info.FullMethod, nil, cerr)
 		return nil, grpcError(ctx, cerr)
 	}

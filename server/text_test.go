@@ -293,7 +293,7 @@ func TestEveryNamingFieldIsBounded(t *testing.T) {
 	t.Cleanup(grpcClient.CloseIdleConnections)
 
 	before := storeDigest(t, h.dbPath)
-	calls := 0
+	calls, refusedReserves := 0, 0
 	for _, c := range cases {
 		service, method := c.method.Parent().FullName(), c.method.Name()
 		path := "/" + string(service) + "/" + string(method)
@@ -381,6 +381,9 @@ func TestEveryNamingFieldIsBounded(t *testing.T) {
 			}
 			answers = append(answers, a)
 			calls += len(answers)
+			if bad.want != "" && (method == "Reserve" || method == "ReserveBatch") {
+				refusedReserves += 3 // connect JSON, connect protobuf, gRPC
+			}
 
 			for _, a := range answers {
 				wantReason := reason
@@ -408,6 +411,12 @@ func TestEveryNamingFieldIsBounded(t *testing.T) {
 		t.Errorf("the refused requests changed the store")
 	}
 	t.Logf("%d fields, %d calls", len(cases), calls)
+	// Refused commands count as their handlers count them (those that
+	// do not decode are not commands).
+	want := fmt.Sprintf(`capledger_commands_total{kind="reserve",outcome="invalid_command"} %d`, refusedReserves)
+	if got := grep(h.get("/metrics"), `kind="reserve",outcome="invalid_command"`); got != want {
+		t.Errorf("metrics %q, want %q", got, want)
+	}
 	if got := h.ok("GetReservation", `{"reservationId":"before"}`, adminToken); field(got, "reservation", "state") != "RESERVATION_STATE_RESERVED" {
 		t.Errorf("the reservation made before: %v", got)
 	}
