@@ -396,6 +396,11 @@ func TestBadRequests(t *testing.T) {
 		// command checks the adapter shares), not a retryable 503.
 		"NUL subject": {Domain: "api", Descriptors: []*rlscommon.RateLimitDescriptor{descriptor(nil, "tenant", "ac\x00me", "route", "search")}},
 		"NUL id":      {Domain: "llm", Descriptors: []*rlscommon.RateLimitDescriptor{descriptor(nil, "tenant", "acme", "x-request-id", "r\x001")}},
+		// Over the bound of a subject or route (API.md, "Limits"), with
+		// and without a request id.
+		"long subject":    {Domain: "api", Descriptors: []*rlscommon.RateLimitDescriptor{descriptor(nil, "tenant", strings.Repeat("s", ledger.MaxKeyBytes+1), "route", "search")}},
+		"long route":      {Domain: "api", Descriptors: []*rlscommon.RateLimitDescriptor{descriptor(nil, "tenant", "acme", "route", strings.Repeat("r", ledger.MaxKeyBytes+1))}},
+		"long subject id": {Domain: "llm", Descriptors: []*rlscommon.RateLimitDescriptor{descriptor(nil, "tenant", strings.Repeat("s", ledger.MaxKeyBytes+1), "x-request-id", "r1")}},
 	} {
 		if _, err := h.check(req); status.Code(err) != codes.InvalidArgument {
 			t.Fatalf("%s: want INVALID_ARGUMENT, got %v", name, err)

@@ -85,7 +85,28 @@ func (s *Service) Mount() {
 // connect's envelope handling. Without it gs still serves
 // ShouldRateLimit, through its bridge to the mounted handler.
 func (s *Service) RegisterGRPC(gs *grpc.Server) {
-	rlsv3.RegisterRateLimitServiceServer(gs, s)
+	// The generated registration, but for the decoding: grpc-go's answers
+	// a descriptor value that is not UTF-8 INTERNAL; server.DecodeGRPC
+	// INVALID_ARGUMENT, as the bridge and connect do.
+	gs.RegisterService(&grpc.ServiceDesc{
+		ServiceName: rlsv3.RateLimitService_ServiceDesc.ServiceName,
+		HandlerType: (*rlsv3.RateLimitServiceServer)(nil),
+		Methods: []grpc.MethodDesc{{MethodName: "ShouldRateLimit", Handler: func(srv any, ctx context.Context, dec func(any) error, interceptor grpc.UnaryServerInterceptor) (any, error) {
+			in := new(rlsv3.RateLimitRequest)
+			if err := server.DecodeGRPC(dec, in); err != nil {
+				return nil, err
+			}
+			info := &grpc.UnaryServerInfo{Server: srv, FullMethod: rlsv3.RateLimitService_ShouldRateLimit_FullMethodName}
+			handler := func(ctx context.Context, req any) (any, error) {
+				return srv.(rlsv3.RateLimitServiceServer).ShouldRateLimit(ctx, req.(*rlsv3.RateLimitRequest))
+			}
+			if interceptor == nil {
+				return handler(ctx, in)
+			}
+			return interceptor(ctx, in, info, handler)
+		}}},
+		Metadata: rlsv3.RateLimitService_ServiceDesc.Metadata,
+	}, s)
 }
 
 var _ rlsv3.RateLimitServiceServer = (*Service)(nil)

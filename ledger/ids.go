@@ -3,6 +3,7 @@ package ledger
 import (
 	"fmt"
 	"strings"
+	"unicode/utf8"
 )
 
 // MaxIDBytes bounds the ids a client names: reservation, operation,
@@ -11,19 +12,35 @@ const MaxIDBytes = 256
 
 // IDProblem says what is wrong with an id a client names, as a phrase
 // that follows the field's name ("is required", "is 300 bytes long; at
-// most 256", "contains a NUL byte", which the PostgreSQL store cannot
-// keep), or "" for a good id. It is the one rule for ids: the server
+// most 256", "contains a NUL byte": TextProblem with at most
+// MaxIDBytes), or "" for a good id. It is the one rule for ids: the server
 // refuses such ids at its door (and in ReconcileShard's receipts), and
 // ShardLocal.Reserve refuses them as reservation ids, because their
 // receipts would make the shard's whole reconciliation refused.
 func IDProblem(id string) string {
-	switch {
-	case strings.IndexByte(id, 0) >= 0:
-		return "contains a NUL byte"
-	case id == "":
+	if id == "" {
 		return "is required"
-	case len(id) > MaxIDBytes:
-		return fmt.Sprintf("is %d bytes long; at most %d", len(id), MaxIDBytes)
+	}
+	return TextProblem(id, MaxIDBytes)
+}
+
+// TextProblem is the one rule for the text a client names things with
+// (ids, subjects, routes, regions, rollout names): it says what is wrong
+// with value as a phrase that follows the field's name ("contains a NUL
+// byte", which the PostgreSQL store cannot keep; "is not valid UTF-8",
+// which no protobuf string may be and PostgreSQL refuses; "is 513 bytes
+// long; at most 512" past max bytes, max 0 meaning no bound), or "" for
+// good text. Empty text is good: whether a field is required is the
+// caller's rule. IDProblem, KeyPartProblem, the ledger's account key
+// checks and RolloutNameProblem are this rule with their bounds.
+func TextProblem(value string, max int) string {
+	switch {
+	case strings.IndexByte(value, 0) >= 0:
+		return "contains a NUL byte"
+	case max > 0 && len(value) > max:
+		return fmt.Sprintf("is %d bytes long; at most %d", len(value), max)
+	case !utf8.ValidString(value):
+		return "is not valid UTF-8"
 	}
 	return ""
 }

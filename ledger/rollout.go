@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"hash/fnv"
 	"slices"
-	"strings"
 	"time"
 )
 
@@ -116,17 +115,19 @@ var (
 	ErrNothingToUndo  = errors.New("no rollout step left to undo")
 )
 
-// RolloutNameProblem says what is wrong with a rollout's name (empty, over
-// 128 bytes, holding a NUL byte, which the PostgreSQL store cannot keep);
-// "" for a good one. A call naming a rollout checks it before any read.
+// MaxRolloutNameBytes bounds a rollout's name.
+const MaxRolloutNameBytes = 128
+
+// RolloutNameProblem says what is wrong with a rollout's name (empty, or
+// by TextProblem with at most MaxRolloutNameBytes: over 128 bytes, holding
+// a NUL byte, not UTF-8); "" for a good one. A call naming a rollout checks it before any read.
 func RolloutNameProblem(name string) string {
 	switch {
 	case name == "":
 		return "the name is empty"
-	case len(name) > 128:
-		return fmt.Sprintf("the name is %d bytes long; at most 128", len(name))
-	case strings.IndexByte(name, 0) >= 0:
-		return "the name holds a NUL byte"
+	}
+	if problem := TextProblem(name, MaxRolloutNameBytes); problem != "" {
+		return "the name " + problem
 	}
 	return ""
 }
@@ -160,11 +161,8 @@ func NewRollout(name string, by RolloutHash, routes []RouteKey, others []Rollout
 		if rk.Region == "" {
 			rk.Region = DefaultRegion
 		}
-		if strings.IndexByte(rk.Route+rk.Region, 0) >= 0 {
-			return Rollout{}, fmt.Errorf("%w: route %d holds a NUL byte (no policy's can)", ErrInvalidRollout, i+1)
-		}
 		if problem := keyProblem("", rk.Route, rk.Region); problem != "" {
-			return Rollout{}, fmt.Errorf("%w: route %d: %s (no policy's can be longer)", ErrInvalidRollout, i+1, problem)
+			return Rollout{}, fmt.Errorf("%w: route %d: %s (no policy's can)", ErrInvalidRollout, i+1, problem)
 		}
 		set[i] = rk
 	}

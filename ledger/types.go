@@ -54,16 +54,24 @@ const MaxLifetimeUnits Units = 1 << 58
 // of its batch with it) instead of being refused as invalid.
 const MaxKeyBytes = 512
 
-// keyProblem says what is wrong with a subject, route and region's
-// lengths (each at most MaxKeyBytes); "" when nothing is.
+// keyProblem says what is wrong with a subject, route and region (each
+// by TextProblem with at most MaxKeyBytes), as "subject is 513 bytes
+// long; at most 512"; "" when nothing is.
 func keyProblem(subject, route, region string) string {
 	for _, f := range []struct{ name, value string }{{"subject", subject}, {"route", route}, {"region", region}} {
-		if len(f.value) > MaxKeyBytes {
-			return fmt.Sprintf("%s is %d bytes long; at most %d", f.name, len(f.value), MaxKeyBytes)
+		if problem := TextProblem(f.value, MaxKeyBytes); problem != "" {
+			return f.name + " " + problem
 		}
 	}
 	return ""
 }
+
+// KeyPartProblem says what is wrong with one of an account key's
+// subject, route or region as a client names it (TextProblem with at
+// most MaxKeyBytes), as a phrase that follows the field's name; "" for a
+// good one. Empty passes: whether the field is required is the caller's
+// rule.
+func KeyPartProblem(value string) string { return TextProblem(value, MaxKeyBytes) }
 
 // MaxDimensions is how many capacity dimensions one policy may limit at once
 // (for example input tokens, output tokens, requests, cost). Amounts are fixed

@@ -226,6 +226,25 @@ func readError(what, notFoundReason string, err error) *connect.Error {
 	return withReason(connect.NewError(code, fmt.Errorf("%s: %w", what, err)), ReasonStoreUnavailable)
 }
 
+// appliedError maps a failure to build the answer of a command the
+// ledger committed (rendering its receipt reads the policy, which may
+// fail): 503 STORE_UNAVAILABLE (499/504 for the caller's context) whose
+// message says "applied": the command took effect, and a retry with the
+// same ids replays it and gets the answer (every command is idempotent).
+// It was a read error that said neither applied nor not applied, and a
+// missing policy answered 404 for a command that had committed.
+func appliedError(what string, err error) *connect.Error {
+	code := connect.CodeUnavailable
+	switch {
+	case errors.Is(err, context.Canceled):
+		code = connect.CodeCanceled
+	case errors.Is(err, context.DeadlineExceeded):
+		code = connect.CodeDeadlineExceeded
+	}
+	return withReason(connect.NewError(code,
+		fmt.Errorf("%s: applied (committed), but the answer could not be built; retry with the same ids to read it: %w", what, err)), ReasonStoreUnavailable)
+}
+
 // notSentError maps a failed read that a write method makes before it
 // sends its command (the reservation a Settle maps its usage by, the
 // shard a ReconcileShard checks, a policy reload): as readError, but a

@@ -89,19 +89,6 @@ func checkID(field, id string) *connect.Error {
 	return nil
 }
 
-// checkText refuses a name holding a NUL byte (JSON "\u0000"): the
-// PostgreSQL store cannot keep one, and would fail the command as
-// unavailable, which a client retries forever. fields pairs each field
-// name with its value.
-func checkText(fields ...string) *connect.Error {
-	for i := 0; i+1 < len(fields); i += 2 {
-		if strings.IndexByte(fields[i+1], 0) >= 0 {
-			return invalidArgument(ReasonInvalidCommand, "%s contains a NUL byte", fields[i])
-		}
-	}
-	return nil
-}
-
 func regionOrDefault(region string) string {
 	if region == "" {
 		return ledger.DefaultRegion
@@ -117,13 +104,6 @@ func (s *Server) PublishPolicy(ctx context.Context, req *connect.Request[v1.Publ
 	if err != nil {
 		return nil, invalidArgument(ReasonInvalidPolicy, "%v", err)
 	}
-	names := []string{"subject", p.Key.Subject, "route", p.Key.Route, "region", p.Key.Region, "estimator_digest", p.EstimatorDigest}
-	for _, d := range p.Dimensions {
-		names = append(names, "unit", d.Unit)
-	}
-	if cerr := checkText(names...); cerr != nil {
-		return nil, invalidArgument(ReasonInvalidPolicy, "%s", cerr.Message())
-	}
 	res, cerr := s.do(ctx, ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p})
 	if cerr != nil {
 		return nil, cerr
@@ -133,7 +113,7 @@ func (s *Server) PublishPolicy(ctx context.Context, req *connect.Request[v1.Publ
 	}
 	all, err := s.policies.refresh(ctx)
 	if err != nil {
-		return nil, readError("publish policy: read back", ReasonPolicyNotFound, err)
+		return nil, appliedError("publish policy: read back", err)
 	}
 	active := ledger.NewActiveGenerations(all)
 	for i := range all {
@@ -241,7 +221,9 @@ func (s *Server) reserveCommand(ctx context.Context, req *v1.ReserveRequest) (cm
 	if cerr := checkLegacyDecision(req.GetLegacyDecision()); cerr != nil {
 		return cmd, nil, cerr
 	}
-	if cerr := checkText("subject", req.GetSubject(), "route", req.GetRoute(), "region", req.GetRegion(), "request_digest", req.GetRequestDigest()); cerr != nil {
+	// The door checked a single Reserve's text already; a batch's items and
+	// Envoy's checks come here without it.
+	if cerr := textProblem(req.ProtoReflect()); cerr != nil {
 		return cmd, nil, cerr
 	}
 	if cerr := checkUnitValues("units", req.GetUnits(), false); cerr != nil {
@@ -400,7 +382,7 @@ func (s *Server) reserveOutcome(ctx context.Context, res *ledger.Result, unmappe
 	if err != nil {
 		// Committed, but cannot be rendered: say so without hiding that
 		// the reservation exists (a retry with the same id replays it).
-		return outcome[*v1.ReserveResponse]{err: readError("reserve: render receipt", ReasonPolicyNotFound, err)}
+		return outcome[*v1.ReserveResponse]{err: appliedError("reserve: render receipt", err)}
 	}
 	resp.Reservation = pb
 	return outcome[*v1.ReserveResponse]{resp: resp}
@@ -529,7 +511,7 @@ func itemFromConnect(cerr *connect.Error) *v1.ItemError {
 func (s *Server) reservation(ctx context.Context, what string, res *ledger.Result) (*v1.Reservation, *connect.Error) {
 	pb, err := s.reservationProto(ctx, &res.Reservation)
 	if err != nil {
-		return nil, readError(what+": render receipt", ReasonPolicyNotFound, err)
+		return nil, appliedError(what+": render receipt", err)
 	}
 	return pb, nil
 }
@@ -603,7 +585,7 @@ func (s *Server) settleOutcome(ctx context.Context, res *ledger.Result) outcome[
 	}
 	refunded, err := s.refundedProto(ctx, res)
 	if err != nil {
-		return outcome[*v1.SettleResponse]{err: readError("settle: render refund", ReasonPolicyNotFound, err)}
+		return outcome[*v1.SettleResponse]{err: appliedError("settle: render refund", err)}
 	}
 	return outcome[*v1.SettleResponse]{resp: &v1.SettleResponse{Reservation: pb, Replayed: res.Replayed, RefundedUnits: refunded}}
 }
@@ -697,7 +679,7 @@ func (s *Server) Release(ctx context.Context, req *connect.Request[v1.ReleaseReq
 	}
 	refunded, err := s.refundedProto(ctx, &res)
 	if err != nil {
-		return nil, readError("release: render refund", ReasonPolicyNotFound, err)
+		return nil, appliedError("release: render refund", err)
 	}
 	return connect.NewResponse(&v1.ReleaseResponse{Reservation: pb, Replayed: res.Replayed, RefundedUnits: refunded}), nil
 }
@@ -753,9 +735,6 @@ func (s *Server) GetAccount(ctx context.Context, req *connect.Request[v1.GetAcco
 	key := ledger.PolicyKey{Subject: req.Msg.GetSubject(), Route: req.Msg.GetRoute(), Region: regionOrDefault(req.Msg.GetRegion())}
 	if key.Subject == "" || key.Subject == ledger.AnySubject || key.Route == "" {
 		return nil, invalidArgument(ReasonInvalidCommand, "subject (concrete, not %q) and route are required", ledger.AnySubject)
-	}
-	if cerr := checkText("subject", key.Subject, "route", key.Route, "region", key.Region); cerr != nil {
-		return nil, cerr
 	}
 	if s.outOfScope(ctx, "get account", key.Subject, key.Route, "", "") {
 		// Answered as a subject that never reserved.

@@ -36,7 +36,7 @@ func (s *Server) recordCommand(ctx context.Context, req *v1.RecordUsageRequest) 
 	if cerr := checkID("operation_id", req.GetOperationId()); cerr != nil {
 		return cmd, nil, cerr
 	}
-	if cerr := checkText("subject", req.GetSubject(), "route", req.GetRoute(), "region", req.GetRegion()); cerr != nil {
+	if cerr := textProblem(req.ProtoReflect()); cerr != nil { // as in reserveCommand
 		return cmd, nil, cerr
 	}
 	if cerr := checkUnitValues("actual_units", req.GetActualUnits(), true); cerr != nil {

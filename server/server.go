@@ -184,7 +184,7 @@ func New(l Ledger, cfg Config) *Server {
 		s.sealer = newPageSealer(cfg.Tokens)
 		options = append(options, connect.WithInterceptors(s.auth))
 	}
-	options = append(options, connect.WithInterceptors(s.console.observe()))
+	options = append(options, connect.WithInterceptors(s.console.observe(), textCheck{s}))
 	path, service := capledgerv1connect.NewLedgerServiceHandler(s, options...)
 	mux := http.NewServeMux()
 	mountProcedures(mux, path, service, v1.File_capledger_v1_capledger_proto.Services().ByName("LedgerService"))

@@ -65,6 +65,8 @@ type harness struct {
 	http   *http.Client
 	srv    *server.Server
 	front  *server.Front
+	// dbPath is the SQLite file the store is in ("" with faults).
+	dbPath string
 }
 
 type harnessOptions struct {
@@ -106,7 +108,8 @@ func newHarness(t testing.TB, opts harnessOptions) *harness {
 		h.faults = memstore.New()
 		h.store = h.faults
 	} else {
-		st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "ledger.db"))
+		h.dbPath = filepath.Join(t.TempDir(), "ledger.db")
+		st, err := sqlite.Open(context.Background(), h.dbPath)
 		if err != nil {
 			t.Fatal(err)
 		}

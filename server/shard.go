@@ -239,7 +239,7 @@ func (svc *shardService) issue(ctx context.Context, m *v1.IssueShardRequest, leg
 		}
 		pb, err := svc.shardProto(ctx, res.Shard, true)
 		if err != nil {
-			return nil, readError("issue shard: render", ReasonPolicyNotFound, err)
+			return nil, appliedError("issue shard: render", err)
 		}
 		return connect.NewResponse(&v1.IssueShardResponse{Shard: pb, Replayed: res.Replayed}), nil
 	}
@@ -421,7 +421,7 @@ func (svc *shardService) ReconcileShard(ctx context.Context, req *connect.Reques
 	}
 	pb, err := svc.shardProto(ctx, res.Shard, true)
 	if err != nil {
-		return nil, readError("reconcile shard: render", ReasonPolicyNotFound, err)
+		return nil, appliedError("reconcile shard: render", err)
 	}
 	resp := &v1.ReconcileShardResponse{Shard: pb}
 	if mv := res.Move; mv != nil {

@@ -3,6 +3,8 @@ package server_test
 import (
 	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -98,5 +100,52 @@ func TestUnavailableSettleSaysNotApplied(t *testing.T) {
 	refusing.refuse.Store(false)
 	if again := h.ok("Settle", settle, ""); again["replayed"] != nil {
 		t.Fatalf("settle after the store came back replayed: the first was applied: %v", again)
+	}
+}
+
+// policyFailingStore fails policy reads while fail is set: the read a
+// server makes to build a receipt's answer after the command committed.
+type policyFailingStore struct {
+	store.Store
+	fail atomic.Bool
+}
+
+func (s *policyFailingStore) PolicyGet(ctx context.Context, generation uint64) (ledger.Policy, error) {
+	if s.fail.Load() {
+		return ledger.Policy{}, fmt.Errorf("%w: read policy: connection reset by peer", store.ErrUnavailable)
+	}
+	return s.Store.PolicyGet(ctx, generation)
+}
+
+// A failure after the command committed, while the server builds its
+// answer (the receipt names units by the policy, read from the store when
+// this replica has not cached the generation), says the command was
+// applied: a gateway retries with the same ids and gets a replay. It said
+// neither applied nor not applied (and a missing policy answered 404).
+func TestAnswerFailingAfterCommitSaysApplied(t *testing.T) {
+	var failing *policyFailingStore
+	h := newHarness(t, harnessOptions{wrapStore: func(st store.Store) store.Store {
+		failing = &policyFailingStore{Store: st}
+		return failing
+	}})
+	// Another replica over the same engine and store publishes and
+	// reserves: h's server has read no policy yet.
+	other := *h
+	other.url = serve(t, server.New(h.engine, server.Config{Clock: h.clock.Now, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}))
+	other.ok("PublishPolicy", tokensPolicy, "")
+	other.ok("Reserve", reserveBody("work-1", 100), "")
+
+	failing.fail.Store(true)
+	r := h.call("Start", `{"reservationId":"work-1","operationId":"op-1"}`, "")
+	h.wantError(r, http.StatusServiceUnavailable, "unavailable", server.ReasonStoreUnavailable)
+	if m, _ := r.body["message"].(string); !strings.Contains(m, "applied (committed)") || strings.Contains(m, "not applied") || strings.Contains(m, "outcome unknown") {
+		t.Errorf("answer failing after the commit: %q, want it to say applied", m)
+	}
+	if got := other.ok("GetReservation", `{"reservationId":"work-1"}`, ""); field(got, "reservation", "state") != "RESERVATION_STATE_STARTED" {
+		t.Fatalf("the start that answered 503 was not applied: %v", got)
+	}
+	failing.fail.Store(false)
+	if again := h.ok("Start", `{"reservationId":"work-1","operationId":"op-1"}`, ""); again["replayed"] != true {
+		t.Fatalf("retry with the same ids: %v, want a replay", again)
 	}
 }
