@@ -76,7 +76,10 @@ func (p *Policy) Validate() error {
 		return invalidPolicy("epoch length must be positive")
 	case p.FairnessWeight <= 0:
 		return invalidPolicy("fairness weight must be positive")
-	case p.FairnessBudget < 0 || p.FairnessBudget > 1:
+	case !(p.FairnessBudget >= 0 && p.FairnessBudget <= 1):
+		// Written so that NaN, for which every comparison is false, is
+		// refused too: a store cannot keep it (SQLite reads it as NULL)
+		// or compare it (a republished NaN would never replay).
 		return invalidPolicy("fairness budget %v is outside [0, 1]", p.FairnessBudget)
 	}
 	for i := range p.Dimensions {

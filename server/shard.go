@@ -178,7 +178,7 @@ func (svc *shardService) issue(ctx context.Context, m *v1.IssueShardRequest, leg
 	if cerr := checkUnitValues("units", m.GetUnits(), false); cerr != nil {
 		return nil, cerr
 	}
-	ttl, err := durationFromProto("ttl", m.GetTtl())
+	ttl, err := durationFromProto(ledger.ErrInvalidCommand, "ttl", m.GetTtl())
 	if err != nil {
 		return nil, invalidArgument(ReasonInvalidCommand, "%v", err)
 	}

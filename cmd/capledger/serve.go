@@ -236,6 +236,9 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	if *compaction < 0 || *compactionInterval <= 0 {
 		return usagef("--compaction may not be negative, --compaction-interval must be positive")
 	}
+	if *shardMaxTTL <= 0 {
+		return usagef("--shard-max-ttl %v: want a lifetime above 0", *shardMaxTTL)
+	}
 	if !(*maintenanceShare > 0 && *maintenanceShare <= 1) {
 		return usagef("--maintenance-share %v: want a share above 0 and at most 1", *maintenanceShare)
 	}
