@@ -61,7 +61,8 @@ Flags:
                       of them (see "capledger shard --help"); default: the
                       file shard-keys in --data-dir, created with a new key on
                       first start. Replicas on one PostgreSQL need the same keys.
-  --shard-max-ttl DUR longest emergency-shard lifetime granted (default 24h)
+  --shard-max-ttl DUR longest emergency-shard lifetime granted (default 24h;
+                      0 or below is refused)
   --tls-cert FILE     PEM certificate (chain) to serve HTTPS with; needs
                       --tls-key. Both files are re-read when they change
                       (checked at most every 2s during handshakes): rotate by
