@@ -91,3 +91,42 @@ func TestRequestDigestOverTheLimitIsRefused(t *testing.T) {
 		t.Errorf("a digest at the bound was not kept: %v", field(got, "reservation", "requestDigest"))
 	}
 }
+
+// capledger_commands_total counts "commands answered" with their reason
+// (API.md, Metrics), and Reserve, Settle and RecordUsage counted the
+// refusals decided at the door (400 INVALID_COMMAND, an out-of-scope 404),
+// but Start, Release and MarkUsageUnknown did not, and neither did
+// IssueShard and ReconcileShard in capledger_shard_commands_total (an
+// outside pass sent 13 malformed IssueShards and saw one counted). Each
+// refusal now counts once under its reason.
+func TestDoorRefusalsAreCounted(t *testing.T) {
+	h := newHarness(t, harnessOptions{shards: true})
+	h.ok("PublishPolicy", tokensPolicy, "")
+	h.wantError(h.call("Start", `{"reservationId":"r"}`, ""), http.StatusBadRequest, "invalid_argument", server.ReasonInvalidCommand)
+	h.wantError(h.call("Start", `{"reservationId":"","operationId":"op"}`, ""), http.StatusBadRequest, "invalid_argument", server.ReasonInvalidCommand)
+	h.wantError(h.call("Release", `{"reservationId":""}`, ""), http.StatusBadRequest, "invalid_argument", server.ReasonInvalidCommand)
+	h.wantError(h.call("MarkUsageUnknown", `{"reservationId":"`+strings.Repeat("x", 257)+`"}`, ""), http.StatusBadRequest, "invalid_argument", server.ReasonInvalidCommand)
+	shard := func(method, body string) response {
+		req, _ := http.NewRequest(http.MethodPost, h.url+"/capledger.v1.ShardService/"+method, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		return h.do(req)
+	}
+	h.wantError(shard("IssueShard", `{"shardId":"s","subject":"tenant-7","route":"chat.generate","units":{"tokens":-1},"gatewayId":"gw","bootEpoch":1,"ttl":"60s"}`),
+		http.StatusBadRequest, "invalid_argument", server.ReasonInvalidCommand)
+	h.wantError(shard("IssueShard", `{"shardId":"","subject":"tenant-7","route":"chat.generate","units":{"tokens":1},"gatewayId":"gw","bootEpoch":1,"ttl":"60s"}`),
+		http.StatusBadRequest, "invalid_argument", server.ReasonInvalidCommand)
+	h.wantError(shard("ReconcileShard", `{"shardId":"s","gatewayId":"gw","receipts":[{"reservationId":"","state":"RESERVATION_STATE_SETTLED"}]}`),
+		http.StatusBadRequest, "invalid_argument", server.ReasonInvalidCommand)
+	metrics := h.get("/metrics")
+	for _, want := range []string{
+		`capledger_commands_total{kind="start",outcome="invalid_command"} 2`,
+		`capledger_commands_total{kind="release",outcome="invalid_command"} 1`,
+		`capledger_commands_total{kind="mark_usage_unknown",outcome="invalid_command"} 1`,
+		`capledger_shard_commands_total{kind="shard_issue",outcome="invalid_command"} 2`,
+		`capledger_shard_commands_total{kind="shard_reconcile",outcome="invalid_command"} 1`,
+	} {
+		if !strings.Contains(metrics, want+"\n") {
+			t.Errorf("metrics lack %s:\n%s", want, grep(metrics, "commands_total"))
+		}
+	}
+}
