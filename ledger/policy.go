@@ -60,8 +60,8 @@ func (p *Policy) Validate() error {
 		return invalidPolicy("route is empty")
 	case p.Key.Region == "":
 		return invalidPolicy("region is empty")
-	case keyProblem(p.Key.Subject, p.Key.Route, p.Key.Region) != "":
-		return invalidPolicy("%s", keyProblem(p.Key.Subject, p.Key.Route, p.Key.Region))
+	case KeyProblem(p.Key.Subject, p.Key.Route, p.Key.Region) != "":
+		return invalidPolicy("%s", KeyProblem(p.Key.Subject, p.Key.Route, p.Key.Region))
 	case len(p.Dimensions) == 0:
 		return invalidPolicy("no dimensions: a policy limits at least one unit")
 	case len(p.Dimensions) > MaxDimensions:

@@ -423,7 +423,7 @@ func accountShapeProblem(subject, route, region, verb string) string {
 	case region == "":
 		return "region is required"
 	}
-	return keyProblem(subject, route, region)
+	return KeyProblem(subject, route, region)
 }
 
 // anyAbove0 reports whether at least one of units is above 0.

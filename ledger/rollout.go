@@ -163,7 +163,7 @@ func NewRollout(name string, by RolloutHash, routes []RouteKey, others []Rollout
 		if strings.IndexByte(rk.Route+rk.Region, 0) >= 0 {
 			return Rollout{}, fmt.Errorf("%w: route %d holds a NUL byte (no policy's can)", ErrInvalidRollout, i+1)
 		}
-		if problem := keyProblem("", rk.Route, rk.Region); problem != "" {
+		if problem := KeyProblem("", rk.Route, rk.Region); problem != "" {
 			return Rollout{}, fmt.Errorf("%w: route %d: %s (no policy's can be longer)", ErrInvalidRollout, i+1, problem)
 		}
 		set[i] = rk

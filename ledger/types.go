@@ -54,9 +54,11 @@ const MaxLifetimeUnits Units = 1 << 58
 // of its batch with it) instead of being refused as invalid.
 const MaxKeyBytes = 512
 
-// keyProblem says what is wrong with a subject, route and region's
-// lengths (each at most MaxKeyBytes); "" when nothing is.
-func keyProblem(subject, route, region string) string {
+// KeyProblem says what is wrong with a subject, route and region's
+// lengths (each at most MaxKeyBytes), "" when nothing is: the rule every
+// command's shape checks, exported for the reads that name an account
+// (GetAccount), so that they refuse what a write with the key would.
+func KeyProblem(subject, route, region string) string {
 	for _, f := range []struct{ name, value string }{{"subject", subject}, {"route", route}, {"region", region}} {
 		if len(f.value) > MaxKeyBytes {
 			return fmt.Sprintf("%s is %d bytes long; at most %d", f.name, len(f.value), MaxKeyBytes)

@@ -764,6 +764,9 @@ func (s *Server) GetAccount(ctx context.Context, req *connect.Request[v1.GetAcco
 	if cerr := checkText("subject", key.Subject, "route", key.Route, "region", key.Region); cerr != nil {
 		return nil, cerr
 	}
+	if problem := ledger.KeyProblem(key.Subject, key.Route, key.Region); problem != "" {
+		return nil, invalidArgument(ReasonInvalidCommand, "%s", problem)
+	}
 	if s.outOfScope(ctx, "get account", key.Subject, key.Route, "", "") {
 		// Answered as a subject that never reserved.
 		return connect.NewResponse(&v1.GetAccountResponse{}), nil

@@ -130,3 +130,29 @@ func TestDoorRefusalsAreCounted(t *testing.T) {
 		}
 	}
 }
+
+// GetAccount's subject, route and region are at most 512 bytes each, as
+// everywhere (API.md, Limits; GetAccount's errors: 400 INVALID_COMMAND),
+// but a longer one answered 200 with no accounts, as for a subject that
+// never reserved: a gateway with a key-building bug read "no account"
+// where every write with the same key was refused.
+func TestGetAccountRefusesOverlongKeys(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	h.ok("PublishPolicy", tokensPolicy, "")
+	long := strings.Repeat("k", ledger.MaxKeyBytes+1)
+	for _, body := range []string{
+		`{"subject":"` + long + `","route":"chat.generate"}`,
+		`{"subject":"tenant-7","route":"` + long + `"}`,
+		`{"subject":"tenant-7","route":"chat.generate","region":"` + long + `"}`,
+	} {
+		r := h.call("GetAccount", body, "")
+		h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidCommand)
+		if !strings.Contains(r.body["message"].(string), "at most 512") {
+			t.Errorf("the message does not say the bound: %s", r.raw)
+		}
+	}
+	atBound := strings.Repeat("k", ledger.MaxKeyBytes)
+	if got := h.ok("GetAccount", `{"subject":"`+atBound+`","route":"chat.generate"}`, ""); len(got) != 0 {
+		t.Errorf("a subject at the bound that never reserved: %v", got)
+	}
+}
