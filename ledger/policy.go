@@ -60,8 +60,8 @@ func (p *Policy) Validate() error {
 		return invalidPolicy("route is empty")
 	case p.Key.Region == "":
 		return invalidPolicy("region is empty")
-	case keyProblem(p.Key.Subject, p.Key.Route, p.Key.Region) != "":
-		return invalidPolicy("%s", keyProblem(p.Key.Subject, p.Key.Route, p.Key.Region))
+	case KeyProblem(p.Key.Subject, p.Key.Route, p.Key.Region) != "":
+		return invalidPolicy("%s", KeyProblem(p.Key.Subject, p.Key.Route, p.Key.Region))
 	case len(p.Dimensions) == 0:
 		return invalidPolicy("no dimensions: a policy limits at least one unit")
 	case len(p.Dimensions) > MaxDimensions:
@@ -76,7 +76,10 @@ func (p *Policy) Validate() error {
 		return invalidPolicy("epoch length must be positive")
 	case p.FairnessWeight <= 0:
 		return invalidPolicy("fairness weight must be positive")
-	case p.FairnessBudget < 0 || p.FairnessBudget > 1:
+	case !(p.FairnessBudget >= 0 && p.FairnessBudget <= 1):
+		// Written so that NaN, for which every comparison is false, is
+		// refused too: a store cannot keep it (SQLite reads it as NULL)
+		// or compare it (a republished NaN would never replay).
 		return invalidPolicy("fairness budget %v is outside [0, 1]", p.FairnessBudget)
 	}
 	for i := range p.Dimensions {

@@ -369,14 +369,24 @@ func AmountShapeProblem(u Units, capped bool) string {
 // way round, also once retention left only the digest in a tombstone.
 const RecordDigestPrefix = "record:"
 
+// MaxDigestBytes bounds a Reserve's request digest. The canonical one
+// (docs/CLIENTS.md) is 71 bytes; the bound leaves room for other hashes
+// and prefixes while keeping a caller from storing a megabyte with every
+// reservation (and its tombstone) and in every answer that shows it.
+const MaxDigestBytes = 512
+
 // ReserveDigestProblem returns "" for a digest a Reserve may carry, else
 // what is wrong: one starting with RecordDigestPrefix, which would let a
-// retired reservation pass for a record. The ledger (Reserve, before the
+// retired reservation pass for a record, or one longer than
+// MaxDigestBytes. The ledger (Reserve, before the
 // id is looked up) and the server (on the caller's request_digest) both
 // call it.
 func ReserveDigestProblem(digest string) string {
-	if strings.HasPrefix(digest, RecordDigestPrefix) {
+	switch {
+	case strings.HasPrefix(digest, RecordDigestPrefix):
 		return fmt.Sprintf("request digest starts with %q, which only a RecordUsage's digest does", RecordDigestPrefix)
+	case len(digest) > MaxDigestBytes:
+		return fmt.Sprintf("request digest is %d bytes long; at most %d", len(digest), MaxDigestBytes)
 	}
 	return ""
 }
@@ -413,7 +423,7 @@ func accountShapeProblem(subject, route, region, verb string) string {
 	case region == "":
 		return "region is required"
 	}
-	return keyProblem(subject, route, region)
+	return KeyProblem(subject, route, region)
 }
 
 // anyAbove0 reports whether at least one of units is above 0.

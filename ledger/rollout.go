@@ -161,7 +161,7 @@ func NewRollout(name string, by RolloutHash, routes []RouteKey, others []Rollout
 		if rk.Region == "" {
 			rk.Region = DefaultRegion
 		}
-		if problem := keyProblem("", rk.Route, rk.Region); problem != "" {
+		if problem := KeyProblem("", rk.Route, rk.Region); problem != "" {
 			return Rollout{}, fmt.Errorf("%w: route %d: %s (no policy's can)", ErrInvalidRollout, i+1, problem)
 		}
 		set[i] = rk

@@ -54,10 +54,11 @@ const MaxLifetimeUnits Units = 1 << 58
 // of its batch with it) instead of being refused as invalid.
 const MaxKeyBytes = 512
 
-// keyProblem says what is wrong with a subject, route and region (each
+// KeyProblem says what is wrong with a subject, route and region (each
 // by TextProblem with at most MaxKeyBytes), as "subject is 513 bytes
-// long; at most 512"; "" when nothing is.
-func keyProblem(subject, route, region string) string {
+// long; at most 512"; "" when nothing is: the rule every command's shape
+// checks and the server applies to every read that names an account.
+func KeyProblem(subject, route, region string) string {
 	for _, f := range []struct{ name, value string }{{"subject", subject}, {"route", route}, {"region", region}} {
 		if problem := TextProblem(f.value, MaxKeyBytes); problem != "" {
 			return f.name + " " + problem

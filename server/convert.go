@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -392,7 +393,7 @@ func PolicyFromProto(pb *v1.Policy) (ledger.Policy, error) {
 		{"epoch_length", pb.GetEpochLength(), &p.EpochLength},
 	}
 	for _, d := range durations {
-		if *d.out, err = durationFromProto(d.name, d.in); err != nil {
+		if *d.out, err = durationFromProto(ledger.ErrInvalidPolicy, d.name, d.in); err != nil {
 			return ledger.Policy{}, err
 		}
 	}
@@ -415,7 +416,7 @@ func PolicyFromProto(pb *v1.Policy) (ledger.Policy, error) {
 		return ledger.Policy{}, fmt.Errorf("%w: unknown rollout mode %d", ledger.ErrInvalidPolicy, pb.GetRollout())
 	}
 	for i, d := range pb.GetDimensions() {
-		interval, err := durationFromProto(fmt.Sprintf("dimensions[%d].refill_interval", i), d.GetRefillInterval())
+		interval, err := durationFromProto(ledger.ErrInvalidPolicy, fmt.Sprintf("dimensions[%d].refill_interval", i), d.GetRefillInterval())
 		if err != nil {
 			return ledger.Policy{}, err
 		}
@@ -431,12 +432,22 @@ func PolicyFromProto(pb *v1.Policy) (ledger.Policy, error) {
 	return p.WithDefaults(), nil
 }
 
-func durationFromProto(name string, d *durationpb.Duration) (time.Duration, error) {
+// durationFromProto returns d as a time.Duration (0 when unset), or an
+// error wrapping kind (ledger.ErrInvalidPolicy, ledger.ErrInvalidCommand)
+// that names the field when d is no valid Duration or beyond what a
+// time.Duration holds.
+func durationFromProto(kind error, name string, d *durationpb.Duration) (time.Duration, error) {
 	if d == nil {
 		return 0, nil
 	}
 	if err := d.CheckValid(); err != nil {
-		return 0, fmt.Errorf("%w: %s: %v", ledger.ErrInvalidPolicy, name, err)
+		return 0, fmt.Errorf("%w: %s: %v", kind, name, err)
 	}
-	return d.AsDuration(), nil
+	// The proto allows 10,000 years, time.Duration about 292; AsDuration
+	// saturates, which would keep another duration than the one asked.
+	got := d.AsDuration()
+	if back := durationpb.New(got); back.GetSeconds() != d.GetSeconds() || back.GetNanos() != d.GetNanos() {
+		return 0, fmt.Errorf("%w: %s %ds is beyond the longest duration, %ds", kind, name, d.GetSeconds(), int64(time.Duration(math.MaxInt64)/time.Second))
+	}
+	return got, nil
 }

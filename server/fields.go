@@ -172,9 +172,19 @@ func textProblemAt(m protoreflect.Message, prefix string) *connect.Error {
 // countedRefusals are the methods whose refusals before the ledger count
 // in capledger_commands_total (as their handlers count the others).
 var countedRefusals = map[string]ledger.Kind{
-	capledgerv1connect.LedgerServiceReserveProcedure:     ledger.KindReserve,
-	capledgerv1connect.LedgerServiceSettleProcedure:      ledger.KindSettle,
-	capledgerv1connect.LedgerServiceRecordUsageProcedure: ledger.KindRecord,
+	capledgerv1connect.LedgerServiceReserveProcedure:          ledger.KindReserve,
+	capledgerv1connect.LedgerServiceStartProcedure:            ledger.KindStart,
+	capledgerv1connect.LedgerServiceSettleProcedure:           ledger.KindSettle,
+	capledgerv1connect.LedgerServiceReleaseProcedure:          ledger.KindRelease,
+	capledgerv1connect.LedgerServiceMarkUsageUnknownProcedure: ledger.KindMarkUsageUnknown,
+	capledgerv1connect.LedgerServiceRecordUsageProcedure:      ledger.KindRecord,
+}
+
+// countedShardRefusals are the shard methods whose refusals before the
+// ledger count in capledger_shard_commands_total.
+var countedShardRefusals = map[string]ledger.Kind{
+	capledgerv1connect.ShardServiceIssueShardProcedure:     ledger.KindShardIssue,
+	capledgerv1connect.ShardServiceReconcileShardProcedure: ledger.KindShardReconcile,
 }
 
 // checkRequestText is the door's check of a request (msg) to procedure,
@@ -182,8 +192,14 @@ var countedRefusals = map[string]ledger.Kind{
 // command metrics as its handler would.
 func (s *Server) checkRequestText(ctx context.Context, procedure string, msg any) *connect.Error {
 	cerr := checkText(ctx, procedure, msg)
-	if kind, ok := countedRefusals[procedure]; ok && cerr != nil {
+	if cerr == nil {
+		return nil
+	}
+	if kind, ok := countedRefusals[procedure]; ok {
 		s.refused(kind, cerr)
+	}
+	if kind, ok := countedShardRefusals[procedure]; ok && s.shards != nil {
+		s.shards.refused(kind, cerr)
 	}
 	return cerr
 }

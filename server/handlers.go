@@ -57,6 +57,12 @@ func (s *Server) doBatch(ctx context.Context, kind ledger.Kind, cmds []ledger.Co
 // refused counts a command the server refused before it reached the
 // ledger (validation, unknown unit, no policy), under its reason.
 func (s *Server) refused(kind ledger.Kind, cerr *connect.Error) {
+	s.metrics.command(kind, refusalOutcome(cerr))
+}
+
+// refusalOutcome is the outcome label of a refusal: its reason in lower
+// case ("invalid_command"), "invalid" when it carries none.
+func refusalOutcome(cerr *connect.Error) string {
 	reason := "invalid"
 	for _, d := range cerr.Details() {
 		if msg, err := d.Value(); err == nil {
@@ -65,7 +71,7 @@ func (s *Server) refused(kind ledger.Kind, cerr *connect.Error) {
 			}
 		}
 	}
-	s.metrics.command(kind, strings.ToLower(reason))
+	return strings.ToLower(reason)
 }
 
 func outcomeLabel(res *ledger.Result) string {
@@ -519,12 +525,15 @@ func (s *Server) reservation(ctx context.Context, what string, res *ledger.Resul
 // Start implements LedgerService.Start.
 func (s *Server) Start(ctx context.Context, req *connect.Request[v1.StartRequest]) (*connect.Response[v1.StartResponse], error) {
 	if cerr := checkID("reservation_id", req.Msg.GetReservationId()); cerr != nil {
+		s.refused(ledger.KindStart, cerr)
 		return nil, cerr
 	}
 	if cerr := checkID("operation_id", req.Msg.GetOperationId()); cerr != nil {
+		s.refused(ledger.KindStart, cerr)
 		return nil, cerr
 	}
 	if cerr := s.checkReservationScope(ctx, "start", req.Msg.GetReservationId()); cerr != nil {
+		s.refused(ledger.KindStart, cerr)
 		return nil, cerr
 	}
 	res, cerr := s.do(ctx, ledger.Command{Kind: ledger.KindStart, ReservationID: req.Msg.GetReservationId(), OperationID: req.Msg.GetOperationId()})
@@ -661,9 +670,11 @@ func (s *Server) SettleBatch(ctx context.Context, req *connect.Request[v1.Settle
 // Release implements LedgerService.Release.
 func (s *Server) Release(ctx context.Context, req *connect.Request[v1.ReleaseRequest]) (*connect.Response[v1.ReleaseResponse], error) {
 	if cerr := checkID("reservation_id", req.Msg.GetReservationId()); cerr != nil {
+		s.refused(ledger.KindRelease, cerr)
 		return nil, cerr
 	}
 	if cerr := s.checkReservationScope(ctx, "release", req.Msg.GetReservationId()); cerr != nil {
+		s.refused(ledger.KindRelease, cerr)
 		return nil, cerr
 	}
 	res, cerr := s.do(ctx, ledger.Command{Kind: ledger.KindRelease, ReservationID: req.Msg.GetReservationId()})
@@ -687,9 +698,11 @@ func (s *Server) Release(ctx context.Context, req *connect.Request[v1.ReleaseReq
 // MarkUsageUnknown implements LedgerService.MarkUsageUnknown.
 func (s *Server) MarkUsageUnknown(ctx context.Context, req *connect.Request[v1.MarkUsageUnknownRequest]) (*connect.Response[v1.MarkUsageUnknownResponse], error) {
 	if cerr := checkID("reservation_id", req.Msg.GetReservationId()); cerr != nil {
+		s.refused(ledger.KindMarkUsageUnknown, cerr)
 		return nil, cerr
 	}
 	if cerr := s.checkReservationScope(ctx, "mark usage unknown", req.Msg.GetReservationId()); cerr != nil {
+		s.refused(ledger.KindMarkUsageUnknown, cerr)
 		return nil, cerr
 	}
 	res, cerr := s.do(ctx, ledger.Command{Kind: ledger.KindMarkUsageUnknown, ReservationID: req.Msg.GetReservationId()})

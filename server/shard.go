@@ -126,6 +126,15 @@ func registerShardService(mux *http.ServeMux, s *Server, cfg *ShardConfig, optio
 	mountProcedures(mux, path, handler, v1.File_capledger_v1_shard_proto.Services().ByName("ShardService"))
 }
 
+// refused counts a refusal decided before the ledger (the command's
+// shape, the token's scope, the policy's units) in
+// capledger_shard_commands_total under its reason, as do counts the
+// ledger's answers and Server.refused a Reserve's, and returns cerr.
+func (svc *shardService) refused(kind ledger.Kind, cerr *connect.Error) *connect.Error {
+	svc.metrics.WithLabelValues(kind.String(), refusalOutcome(cerr)).Inc()
+	return cerr
+}
+
 // do runs one shard command and maps its outcome: nil error and the
 // result on success; the mapped connect error otherwise.
 func (svc *shardService) do(ctx context.Context, cmd ledger.Command) (ledger.Result, *connect.Error) {
@@ -167,7 +176,7 @@ func (svc *shardService) IssueShard(ctx context.Context, req *connect.Request[v1
 		return nil, cerr
 	}
 	if cerr := checkID("shard_id", m.GetShardId()); cerr != nil {
-		return nil, cerr
+		return nil, svc.refused(ledger.KindShardIssue, cerr)
 	}
 	return svc.issue(ctx, m, false)
 }
@@ -176,24 +185,24 @@ func (svc *shardService) IssueShard(ctx context.Context, req *connect.Request[v1
 // RolloutService.CarveLegacyBudget) once the caller was authorized.
 func (svc *shardService) issue(ctx context.Context, m *v1.IssueShardRequest, legacy bool) (*connect.Response[v1.IssueShardResponse], error) {
 	if cerr := checkUnitValues("units", m.GetUnits(), false); cerr != nil {
-		return nil, cerr
+		return nil, svc.refused(ledger.KindShardIssue, cerr)
 	}
-	ttl, err := durationFromProto("ttl", m.GetTtl())
+	ttl, err := durationFromProto(ledger.ErrInvalidCommand, "ttl", m.GetTtl())
 	if err != nil {
-		return nil, invalidArgument(ReasonInvalidCommand, "%v", err)
+		return nil, svc.refused(ledger.KindShardIssue, invalidArgument(ReasonInvalidCommand, "%v", err))
 	}
 	// The rest of the shape, by the ledger's own rule, before the scope
 	// and the shard id (API.md, "Order of checks"), as for a Reserve.
 	region := regionOrDefault(m.GetRegion())
 	if problem := ledger.ShardShapeProblem(m.GetSubject(), m.GetRoute(), region, m.GetBootEpoch(), ttl, slices.Collect(maps.Values(m.GetUnits()))); problem != "" {
-		return nil, invalidArgument(ReasonInvalidCommand, "%s", problem)
+		return nil, svc.refused(ledger.KindShardIssue, invalidArgument(ReasonInvalidCommand, "%s", problem))
 	}
 	if ttl > svc.maxTTL {
-		return nil, invalidArgument(ReasonInvalidCommand, "ttl %s is outside (0, %s]", ttl, svc.maxTTL)
+		return nil, svc.refused(ledger.KindShardIssue, invalidArgument(ReasonInvalidCommand, "ttl %s is outside (0, %s]", ttl, svc.maxTTL))
 	}
 	key := ledger.PolicyKey{Subject: m.GetSubject(), Route: m.GetRoute(), Region: region}
 	if cerr := svc.s.subjectOutOfScope(ctx, "issue shard", key); cerr != nil {
-		return nil, cerr
+		return nil, svc.refused(ledger.KindShardIssue, cerr)
 	}
 	if svc.keys == nil {
 		return nil, withReason(connect.NewError(connect.CodeFailedPrecondition, errors.New("this server has no shard signing keys")), ReasonShardsDisabled)
@@ -212,7 +221,7 @@ func (svc *shardService) issue(ctx context.Context, m *v1.IssueShardRequest, leg
 			return nil, cerr
 		}
 		if refusal != nil {
-			return nil, refusal
+			return nil, svc.refused(ledger.KindShardIssue, refusal)
 		}
 		cmd := ledger.Command{
 			Kind: ledger.KindShardIssue, Subject: key.Subject, Route: key.Route, Region: key.Region,
@@ -351,10 +360,10 @@ func (svc *shardService) ReconcileShard(ctx context.Context, req *connect.Reques
 		return nil, cerr
 	}
 	if cerr := checkID("shard_id", m.GetShardId()); cerr != nil {
-		return nil, cerr
+		return nil, svc.refused(ledger.KindShardReconcile, cerr)
 	}
 	if len(m.GetReceipts()) > maxShardReceipts {
-		return nil, invalidArgument(ReasonInvalidCommand, "%d receipts; at most %d per submission", len(m.GetReceipts()), maxShardReceipts)
+		return nil, svc.refused(ledger.KindShardReconcile, invalidArgument(ReasonInvalidCommand, "%d receipts; at most %d per submission", len(m.GetReceipts()), maxShardReceipts))
 	}
 	shapes := make([]ledger.ShardReceipt, len(m.GetReceipts()))
 	for i, r := range m.GetReceipts() {
@@ -362,18 +371,18 @@ func (svc *shardService) ReconcileShard(ctx context.Context, req *connect.Reques
 		// its receipt_ids (present, at most 256 bytes, no NUL byte, which
 		// the PostgreSQL store cannot keep and answers unavailable).
 		if cerr := checkID(fmt.Sprintf("receipts[%d].reservation_id", i), r.GetReservationId()); cerr != nil {
-			return nil, cerr
+			return nil, svc.refused(ledger.KindShardReconcile, cerr)
 		}
 		state, ok := stateFromProto(r.GetState())
 		if !ok {
-			return nil, invalidArgument(ReasonInvalidCommand, "receipt %q: state %s", r.GetReservationId(), r.GetState())
+			return nil, svc.refused(ledger.KindShardReconcile, invalidArgument(ReasonInvalidCommand, "receipt %q: state %s", r.GetReservationId(), r.GetState()))
 		}
 		shapes[i] = ledger.ShardReceipt{ReservationID: r.GetReservationId(), State: state}
 		if cerr := checkUnitValues(fmt.Sprintf("receipts[%d].reserved_units", i), r.GetReservedUnits(), true); cerr != nil {
-			return nil, cerr
+			return nil, svc.refused(ledger.KindShardReconcile, cerr)
 		}
 		if cerr := checkUnitValues(fmt.Sprintf("receipts[%d].actual_units", i), r.GetActualUnits(), true); cerr != nil {
-			return nil, cerr
+			return nil, svc.refused(ledger.KindShardReconcile, cerr)
 		}
 	}
 	// The ids and states by the ledger's own rule, before the shard is
@@ -381,7 +390,7 @@ func (svc *shardService) ReconcileShard(ctx context.Context, req *connect.Reques
 	// id names (unknown, another gateway's, reconciled), never a refusal
 	// counted against the shard.
 	if err := ledger.CheckShardReceipts(shapes, nil); err != nil {
-		return nil, invalidArgument(ReasonInvalidCommand, "%v", err)
+		return nil, svc.refused(ledger.KindShardReconcile, invalidArgument(ReasonInvalidCommand, "%v", err))
 	}
 	if svc.reads == nil {
 		return nil, connect.NewError(connect.CodeUnimplemented, errors.New("this ledger cannot read shards"))
@@ -389,7 +398,7 @@ func (svc *shardService) ReconcileShard(ctx context.Context, req *connect.Reques
 	// The receipts' units are named by the shard's own generation.
 	sh, err := svc.reads.Shard(ctx, m.GetShardId())
 	if cerr := svc.s.storedOutOfScope(ctx, "reconcile shard", "shard", m.GetShardId(), sh.Account, err, shardNotFound); cerr != nil {
-		return nil, cerr
+		return nil, svc.refused(ledger.KindShardReconcile, cerr)
 	}
 	if err != nil {
 		return nil, notSentError("reconcile shard "+m.GetShardId(), ReasonShardNotFound, err)
@@ -402,15 +411,15 @@ func (svc *shardService) ReconcileShard(ctx context.Context, req *connect.Reques
 	for i, r := range m.GetReceipts() {
 		state, ok := stateFromProto(r.GetState())
 		if !ok {
-			return nil, invalidArgument(ReasonInvalidCommand, "receipt %q: state %s", r.GetReservationId(), r.GetState())
+			return nil, svc.refused(ledger.KindShardReconcile, invalidArgument(ReasonInvalidCommand, "receipt %q: state %s", r.GetReservationId(), r.GetState()))
 		}
 		reserved, err := amounts(&p, r.GetReservedUnits())
 		if err != nil {
-			return nil, invalidArgument(ReasonUnknownUnit, "receipt %q: %v", r.GetReservationId(), err)
+			return nil, svc.refused(ledger.KindShardReconcile, invalidArgument(ReasonUnknownUnit, "receipt %q: %v", r.GetReservationId(), err))
 		}
 		actual, err := amounts(&p, r.GetActualUnits())
 		if err != nil {
-			return nil, invalidArgument(ReasonUnknownUnit, "receipt %q: %v", r.GetReservationId(), err)
+			return nil, svc.refused(ledger.KindShardReconcile, invalidArgument(ReasonUnknownUnit, "receipt %q: %v", r.GetReservationId(), err))
 		}
 		receipts[i] = ledger.ShardReceipt{ReservationID: r.GetReservationId(), State: state, Reserved: reserved, Actual: actual}
 	}

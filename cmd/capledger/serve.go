@@ -61,7 +61,8 @@ Flags:
                       of them (see "capledger shard --help"); default: the
                       file shard-keys in --data-dir, created with a new key on
                       first start. Replicas on one PostgreSQL need the same keys.
-  --shard-max-ttl DUR longest emergency-shard lifetime granted (default 24h)
+  --shard-max-ttl DUR longest emergency-shard lifetime granted (default 24h;
+                      0 or below is refused)
   --tls-cert FILE     PEM certificate (chain) to serve HTTPS with; needs
                       --tls-key. Both files are re-read when they change
                       (checked at most every 2s during handshakes): rotate by
@@ -235,6 +236,9 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	}
 	if *compaction < 0 || *compactionInterval <= 0 {
 		return usagef("--compaction may not be negative, --compaction-interval must be positive")
+	}
+	if *shardMaxTTL <= 0 {
+		return usagef("--shard-max-ttl %v: want a lifetime above 0", *shardMaxTTL)
 	}
 	if !(*maintenanceShare > 0 && *maintenanceShare <= 1) {
 		return usagef("--maintenance-share %v: want a share above 0 and at most 1", *maintenanceShare)

@@ -159,3 +159,17 @@ func TestCLIShardLifecycle(t *testing.T) {
 	code, out, errOut = cli(t, url, "shard", "frobnicate")
 	wantExit(t, exitUsage, code, out, errOut)
 }
+
+// --shard-max-ttl 0 or below was taken silently for the default 24h
+// (found by an outside pass): an operator who meant "no shards" or typed a
+// sign wrong got day-long shards. It is refused before anything listens
+// or opens (the unreachable store would otherwise answer exit 5).
+func TestServeRefusesNonPositiveShardMaxTTL(t *testing.T) {
+	for _, ttl := range []string{"0s", "-1h"} {
+		code, out, errOut := cli(t, "", "serve", "--addr", "127.0.0.1:0", "--store", "postgres://127.0.0.1:1/none", "--shard-max-ttl", ttl)
+		wantExit(t, exitUsage, code, out, errOut)
+		if !strings.Contains(errOut, "--shard-max-ttl") {
+			t.Fatalf("--shard-max-ttl %s: %q does not say what is wrong", ttl, errOut)
+		}
+	}
+}
