@@ -132,8 +132,8 @@ var layers = []layer{
 		why: "a measurement tool: reserves through the engine over SQLite across an epoch rollover (docs/PERFORMANCE.md)"},
 	{pkg: "scripts/cutheap", imports: []string{"engine", "ledger", "store", "store/sqlite"},
 		why: "a measurement tool: profiles the heap of a checkpoint cut over a SQLite store (docs/PERFORMANCE.md)"},
-	{pkg: "scripts/debtlist", imports: []string{"engine", "ledger", "store", "store/sqlite"},
-		why: "a measurement tool: times a ListDebts page over a SQLite store of many accounts (docs/PERFORMANCE.md)"},
+	{pkg: "scripts/debtlist", imports: []string{"engine", "ledger", "store", "store/sqlite", "store/postgres"},
+		why: "a measurement tool: times a ListDebts page over a SQLite or PostgreSQL store of many accounts (docs/PERFORMANCE.md)"},
 
 	{pkg: "internal/archtest", imports: nil, testImports: []string{},
 		why: "this test"},
