@@ -228,3 +228,23 @@ func TestPolicyStoredBeforeTheBoundsStillLoads(t *testing.T) {
 	h.ok("Start", `{"reservationId":"r1","operationId":"op1"}`, "")
 	h.ok("Settle", fmt.Sprintf(`{"reservationId":"r1","operationId":"op1","actualUnits":{%q:2}}`, longUnit), "")
 }
+
+// Messages found by an outside pass: RollbackPolicy of an unknown
+// generation said `policy generation 9: policy generation 9: not found`
+// (the server wrapped the store's words in its own), and RecordUsage
+// without usage began `units:`, a field RecordUsage does not have (it is
+// actual_units). Each message names the thing once, by its field.
+func TestMessagesNameTheirSubjectOnce(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	h.ok("PublishPolicy", tokensPolicy, "")
+	r := h.call("RollbackPolicy", `{"generation":"9"}`, "")
+	h.wantError(r, http.StatusNotFound, "not_found", server.ReasonPolicyNotFound)
+	if msg, _ := r.body["message"].(string); msg != "rollback policy: policy generation 9: not found" {
+		t.Errorf("RollbackPolicy of an unknown generation: message %q", msg)
+	}
+	r = h.call("RecordUsage", `{"reservationId":"rec-1","operationId":"op-rec-1","subject":"tenant-7","route":"chat.generate","actualUnits":{"tokens":0}}`, "")
+	h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidCommand)
+	if msg, _ := r.body["message"].(string); !strings.HasPrefix(msg, "actual_units: no usage to record") {
+		t.Errorf("RecordUsage without usage: message %q", msg)
+	}
+}
