@@ -51,6 +51,13 @@ func (p Policy) WithDefaults() Policy {
 	return p
 }
 
+// MaxUnitBytes bounds a policy dimension's unit name: it is a label
+// value of capledger_rejections_total{dimension}, a column of the
+// console's tables and a key of every units map, and "input_tokens" is 12
+// bytes. Policies stored before the bound hold what they were published
+// with and still load: only publishing is checked.
+const MaxUnitBytes = 128
+
 // Validate returns nil, or ErrInvalidPolicy wrapped with the first problem.
 func (p *Policy) Validate() error {
 	switch {
@@ -82,11 +89,16 @@ func (p *Policy) Validate() error {
 		// or compare it (a republished NaN would never replay).
 		return invalidPolicy("fairness budget %v is outside [0, 1]", p.FairnessBudget)
 	}
+	if problem := TextProblem(p.EstimatorDigest, MaxDigestBytes); problem != "" {
+		return invalidPolicy("estimatorDigest %s", problem)
+	}
 	for i := range p.Dimensions {
 		d := &p.Dimensions[i]
 		switch {
 		case d.Unit == "":
 			return invalidPolicy("dimension %d has no unit", i)
+		case TextProblem(d.Unit, MaxUnitBytes) != "":
+			return invalidPolicy("dimension %d: unit %s", i, TextProblem(d.Unit, MaxUnitBytes))
 		case p.DimensionIndex(d.Unit) != i:
 			return invalidPolicy("unit %q appears twice", d.Unit)
 		case d.Burst <= 0 || d.Burst > MaxUnits:

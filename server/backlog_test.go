@@ -1,6 +1,9 @@
 package server_test
 
 import (
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
 	"fmt"
 	"net/http"
 	"strings"
@@ -207,5 +210,40 @@ func TestListUsageUnknownTokenBoundToFilters(t *testing.T) {
 		if msg, _ := r.body["message"].(string); !strings.Contains(msg, "another subject or route filter") {
 			t.Errorf("%s: message %q does not say the token is another filter's", body, msg)
 		}
+	}
+}
+
+// An unscoped caller's ListUsageUnknown page token was the plain cursor
+// in base64 (marking time, filters' digest, id), so one built by hand was
+// accepted and paged from wherever it said, though API.md promises that a
+// pageToken the method did not issue is refused. With a tokens file every
+// caller's token is sealed now: the issued one pages on, a hand-built one
+// (here exactly what the old server issued) is 400 INVALID_COMMAND.
+func TestListUsageUnknownRefusesAHandBuiltToken(t *testing.T) {
+	h := newHarness(t, harnessOptions{auth: true})
+	h.ok("PublishPolicy", tokensPolicy, adminToken)
+	marked := h.clock.Now()
+	for _, id := range []string{"u-a", "u-b", "u-c"} {
+		h.ok("Reserve", reserveBody(id, 10), adminToken)
+		h.ok("Start", fmt.Sprintf(`{"reservationId":%q,"operationId":"op-%s"}`, id, id), adminToken)
+		h.ok("MarkUsageUnknown", fmt.Sprintf(`{"reservationId":%q}`, id), adminToken)
+	}
+	first := h.ok("ListUsageUnknown", `{"pageSize":1}`, adminToken)
+	token, _ := first["nextPageToken"].(string)
+	if got := ids(t, first); token == "" || strings.Join(got, " ") != "u-a" {
+		t.Fatalf("first page %v, token %q", got, token)
+	}
+	if got := ids(t, h.ok("ListUsageUnknown", `{"pageSize":1,"pageToken":"`+token+`"}`, adminToken)); strings.Join(got, " ") != "u-b" {
+		t.Errorf("the issued token's page: %v", got)
+	}
+	// The cursor after u-b as the old server wrote it: the time of the
+	// marking, the digest of the (empty) filters, the id.
+	digest := sha256.New()
+	digest.Write([]byte{0, 0})
+	forged := base64.RawURLEncoding.EncodeToString([]byte(fmt.Sprintf("%d/%s/u-b", marked.UnixNano(), hex.EncodeToString(digest.Sum(nil)[:8]))))
+	r := h.call("ListUsageUnknown", `{"pageSize":1,"pageToken":"`+forged+`"}`, adminToken)
+	h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidCommand)
+	if msg, _ := r.body["message"].(string); !strings.Contains(msg, "not a next_page_token this server issued") {
+		t.Errorf("a hand-built token: message %q", msg)
 	}
 }

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -17,6 +18,7 @@ import (
 	v1 "github.com/capledger/capledger/api/capledger/v1"
 	"github.com/capledger/capledger/api/digest"
 	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
 )
 
 // policyCache remembers published policies by generation, so units can be
@@ -54,7 +56,10 @@ func newPolicyCache(l Ledger) *policyCache {
 }
 
 // get returns generation's policy, from the cache or the store; it returns
-// a store.ErrNotFound-wrapping error for an unknown generation.
+// a store.ErrNotFound-wrapping error for an unknown generation, which says
+// "policy generation N: not found" whatever the store's words (each store
+// names the generation its own way: wrapping them said it twice), and any
+// other store error as the store wrote it (naming the generation).
 func (c *policyCache) get(ctx context.Context, generation uint64) (ledger.Policy, error) {
 	c.mu.RLock()
 	p, ok := c.byGen[generation]
@@ -63,8 +68,11 @@ func (c *policyCache) get(ctx context.Context, generation uint64) (ledger.Policy
 		return p, nil
 	}
 	p, err := c.ledger.Policy(ctx, generation)
+	if errors.Is(err, store.ErrNotFound) {
+		return ledger.Policy{}, fmt.Errorf("policy generation %d: %w", generation, store.ErrNotFound)
+	}
 	if err != nil {
-		return ledger.Policy{}, fmt.Errorf("policy generation %d: %w", generation, err)
+		return ledger.Policy{}, err
 	}
 	c.mu.Lock()
 	c.byGen[generation] = p

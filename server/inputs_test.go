@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"strings"
@@ -8,6 +9,7 @@ import (
 
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/server"
+	"github.com/capledger/capledger/store"
 )
 
 // Bad policy terms found by an outside pass: a fairness budget of NaN
@@ -157,5 +159,92 @@ func TestGetAccountRefusesOverlongKeys(t *testing.T) {
 	atBound := strings.Repeat("k", ledger.MaxKeyBytes)
 	if got := h.ok("GetAccount", `{"subject":"`+atBound+`","route":"chat.generate"}`, ""); len(got) != 0 {
 		t.Errorf("a subject at the bound that never reserved: %v", got)
+	}
+}
+
+// A policy's unit names and estimatorDigest were unbounded: a 10,000-byte
+// unit name and a 100 kB digest were published, stored and shown in every
+// policy read, metric label and console table. Each over its bound
+// (ledger.MaxUnitBytes, ledger.MaxDigestBytes) is 400 INVALID_POLICY
+// naming the field and publishes nothing; each at its bound is kept.
+func TestPolicyUnitAndEstimatorDigestBounded(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	policy := func(unit, digest string) string {
+		return fmt.Sprintf(`{"policy":{"subject":"t","route":"r","estimatorDigest":%q,"dimensions":[{"unit":%q,"burst":"10"}]}}`, digest, unit)
+	}
+	for name, c := range map[string]struct{ body, want string }{
+		"long unit": {policy(strings.Repeat("u", 10000), "d"),
+			fmt.Sprintf("dimension 0: unit is 10000 bytes long; at most %d", ledger.MaxUnitBytes)},
+		"unit one over": {policy(strings.Repeat("u", ledger.MaxUnitBytes+1), "d"),
+			fmt.Sprintf("dimension 0: unit is %d bytes long; at most %d", ledger.MaxUnitBytes+1, ledger.MaxUnitBytes)},
+		"long digest": {policy("tokens", strings.Repeat("d", 100000)),
+			fmt.Sprintf("estimatorDigest is 100000 bytes long; at most %d", ledger.MaxDigestBytes)},
+	} {
+		r := h.call("PublishPolicy", c.body, "")
+		h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidPolicy)
+		if msg, _ := r.body["message"].(string); !strings.Contains(msg, c.want) {
+			t.Errorf("%s: message %q does not say %q", name, msg, c.want)
+		}
+	}
+	if list := h.ok("ListPolicies", `{}`, ""); len(list) != 0 {
+		t.Errorf("refused policies were published: %v", list)
+	}
+	atBound := strings.Repeat("u", ledger.MaxUnitBytes)
+	h.ok("PublishPolicy", policy(atBound, strings.Repeat("d", ledger.MaxDigestBytes)), "")
+	h.ok("Reserve", fmt.Sprintf(`{"reservationId":"r1","subject":"t","route":"r","units":{%q:1}}`, atBound), "")
+}
+
+// A policy stored before the bounds (published with a longer unit name
+// and estimatorDigest) still loads: it is listed and admits, since only
+// publishing checks the bounds (README, upgrade note).
+func TestPolicyStoredBeforeTheBoundsStillLoads(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	ctx := context.Background()
+	longUnit := strings.Repeat("u", 1000)
+	old := ledger.Policy{
+		Key: ledger.PolicyKey{Subject: "*", Route: "r", Region: ledger.DefaultRegion}, Generation: 1,
+		EstimatorDigest: strings.Repeat("d", 2000),
+		Dimensions:      []ledger.Dimension{{Unit: longUnit, Burst: 10, MaxReservation: 10}},
+		PublishedAt:     h.clock.Now(),
+	}.WithDefaults()
+	tx, err := h.store.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Write(ctx, &store.Changes{
+		Meta:     map[string]int64{ledger.MetaGeneration: 1},
+		Policies: []ledger.Policy{old},
+		Heads:    []ledger.PolicyHead{{Key: old.Key, Active: 1, Latest: 1}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := field(h.ok("GetPolicy", `{"generation":"1"}`, ""), "policy", "estimatorDigest"); got != old.EstimatorDigest {
+		t.Errorf("the stored estimatorDigest reads back as %.40v", got)
+	}
+	h.ok("Reserve", fmt.Sprintf(`{"reservationId":"r1","subject":"s","route":"r","units":{%q:3}}`, longUnit), "")
+	h.ok("Start", `{"reservationId":"r1","operationId":"op1"}`, "")
+	h.ok("Settle", fmt.Sprintf(`{"reservationId":"r1","operationId":"op1","actualUnits":{%q:2}}`, longUnit), "")
+}
+
+// Messages found by an outside pass: RollbackPolicy of an unknown
+// generation said `policy generation 9: policy generation 9: not found`
+// (the server wrapped the store's words in its own), and RecordUsage
+// without usage began `units:`, a field RecordUsage does not have (it is
+// actual_units). Each message names the thing once, by its field.
+func TestMessagesNameTheirSubjectOnce(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	h.ok("PublishPolicy", tokensPolicy, "")
+	r := h.call("RollbackPolicy", `{"generation":"9"}`, "")
+	h.wantError(r, http.StatusNotFound, "not_found", server.ReasonPolicyNotFound)
+	if msg, _ := r.body["message"].(string); msg != "rollback policy: policy generation 9: not found" {
+		t.Errorf("RollbackPolicy of an unknown generation: message %q", msg)
+	}
+	r = h.call("RecordUsage", `{"reservationId":"rec-1","operationId":"op-rec-1","subject":"tenant-7","route":"chat.generate","actualUnits":{"tokens":0}}`, "")
+	h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidCommand)
+	if msg, _ := r.body["message"].(string); !strings.HasPrefix(msg, "actual_units: no usage to record") {
+		t.Errorf("RecordUsage without usage: message %q", msg)
 	}
 }

@@ -24,7 +24,9 @@ import (
 // every token of the tokens file (pageSealer), bound to the method and to
 // the token's name. Replicas given the same tokens file share the key, and
 // it survives restarts; a sealed token from another tokens file is
-// refused as not this method's (the caller starts again).
+// refused as not this method's (the caller starts again). Unscoped
+// callers' tokens are sealed the same way (sealNext), so that a cursor
+// built by hand is refused as one the method did not issue.
 
 // maxScopedScanPages bounds the store pages one scoped list call reads
 // (in all at most that many pages of the page size), whatever the scope
@@ -147,23 +149,32 @@ func sealedAD(method, holder string) []byte {
 
 var errSealedElsewhere = errors.New("not a next_page_token this server issued for this method and token (sealed tokens are bound to the token they were issued to and to the tokens file): ask for the first page (no page_token)")
 
-// sealNext returns a list method's next page token for the caller: plain
-// for an unscoped caller (it names rows the caller may see), sealed for a
-// scoped one (it may follow a row outside the scope).
+// sealNext returns a list method's next page token for the caller: sealed
+// whenever the server has a tokens file (a scoped caller's may follow a
+// row outside the scope; an unscoped caller's is sealed too, so that a
+// cursor built by hand is refused as one this method did not issue, as
+// API.md promises), plain without one (auth off: no key is shared by the
+// replicas, and every caller may read every row anyway).
 func (s *Server) sealNext(ctx context.Context, method, plain string) string {
-	if plain == "" || !scoped(ctx) || s.sealer == nil {
+	if plain == "" || s.sealer == nil {
 		return plain
 	}
 	id, _ := IdentityFrom(ctx)
 	return s.sealer.seal(method, id.Name, plain)
 }
 
-// unsealPage returns the plain token of a list request's page_token: a
-// sealed one opened for the caller, any other as it is (a plain token
-// only says where to start reading; what is shown is still filtered by
-// the caller's scope).
+// unsealPage returns the plain token of a list request's page_token: ""
+// for none, a sealed one opened for the caller; with a tokens file any
+// other is errSealedElsewhere (sealNext seals every token then), without
+// one it is returned as it is (the method's parser decides).
 func (s *Server) unsealPage(ctx context.Context, method, token string) (string, error) {
+	if token == "" {
+		return "", nil
+	}
 	if !strings.HasPrefix(token, sealedPrefix) {
+		if s.sealer != nil {
+			return "", errSealedElsewhere
+		}
 		return token, nil
 	}
 	id, ok := IdentityFrom(ctx)

@@ -362,12 +362,17 @@ func checkRolloutName(name string) *connect.Error {
 	return nil
 }
 
-// share converts a percent to basis points: INVALID_ROLLOUT outside
-// [0, 100] or finer than 0.01.
+// share converts a percent to basis points (ledger.BasisPoints, the
+// rollout's granularity): INVALID_ROLLOUT outside [0, 100] or off the 0.01
+// grid. On the grid means exactly the number a decimal with at most two
+// places decodes to: bp/100 is correctly rounded, so it equals the
+// float64 that "12.34" (JSON, the CLI's flag) decodes to, and nothing
+// else. A tolerance would take some values off the grid and refuse others
+// (it took 1e-9 as 0 and refused 0.005); exactness takes none.
 func share(percent float64) (ledger.BasisPoints, *connect.Error) {
 	bp := math.Round(percent * 100)
-	if math.IsNaN(percent) || percent < 0 || percent > 100 || math.Abs(bp-percent*100) > 1e-6 {
-		return 0, invalidArgument(ReasonInvalidRollout, "percent %v: want 0 to 100 in steps of 0.01", percent)
+	if math.IsNaN(percent) || percent < 0 || percent > 100 || bp/100 != percent {
+		return 0, invalidArgument(ReasonInvalidRollout, "percent %v: want 0 to 100 in steps of 0.01 (at most two decimals)", percent)
 	}
 	return ledger.BasisPoints(bp), nil
 }

@@ -257,3 +257,29 @@ func TestRolloutReadsRefuseScopedTokens(t *testing.T) {
 		}
 	}
 }
+
+// SetRolloutShare took a percent of 1e-9 (as 0) but refused 0.005: the
+// check allowed 1e-6 basis points of slack. A rollout moves in basis
+// points (0.01 %), so a percent is taken exactly when it is a decimal of
+// at most two places, and every other is 400 INVALID_ROLLOUT, however
+// close to a step it lies; the taken ones read back as sent.
+func TestRolloutShareIsExactlyOnTheGrid(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	h.rolloutOK("CreateRollout", `{"name":"llm","hashBy":"subject","routes":[{"route":"chat.generate"}]}`, "")
+	for _, percent := range []string{"1e-9", "0.005", "0.001", "12.345", "99.999", "12.3400001", "1e-300", "-0.01", "100.01"} {
+		r := h.rollout("SetRolloutShare", `{"name":"llm","percent":`+percent+`}`, "")
+		h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidRollout)
+		if msg, _ := r.body["message"].(string); !strings.Contains(msg, "steps of 0.01") {
+			t.Errorf("percent %s: message %q", percent, msg)
+		}
+	}
+	if got := h.rolloutOK("GetRollout", `{"name":"llm"}`, ""); fmt.Sprint(got["rollout"].(map[string]any)["steps"]) != fmt.Sprint([]any{got["rollout"].(map[string]any)["steps"].([]any)[0]}) {
+		t.Errorf("a refused percent took a step: %v", got)
+	}
+	for _, percent := range []string{"0.01", "0.07", "0.29", "12.34", "33.33", "99.99", "100", "0"} {
+		step := h.rolloutOK("SetRolloutShare", `{"name":"llm","percent":`+percent+`}`, "")
+		if got := fmt.Sprint(step["rollout"].(map[string]any)["percent"]); got != strings.TrimSuffix(percent, ".0") && !(percent == "0" && got == "<nil>") {
+			t.Errorf("percent %s reads back as %s", percent, got)
+		}
+	}
+}

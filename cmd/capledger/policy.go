@@ -41,13 +41,13 @@ Policy file (YAML or JSON; durations like "30s", "5m", "1h"):
   holdTTL: 60s               # unstarted reservations expire after this (default 60s)
   executionLimit: 5m         # started work past this becomes USAGE_UNKNOWN (default none)
   epochLength: 1h            # accounting epoch (default 1h)
-  estimatorDigest: sha256:71a...   # optional, traces receipts to the estimator
+  estimatorDigest: sha256:71a...   # optional, traces receipts to the estimator (at most 512 bytes)
   priority: 0                # optional, for the fair scheduler
   fairnessWeight: 1          # optional (default 1)
   fairnessBudget: 0.05       # optional: tolerated fairness error in [0, 1] (default 0.05)
   emergencyMode: false       # optional: may emergency shards be issued
   dimensions:                # one to four units, limited together
-    - unit: tokens
+    - unit: tokens           # a name of 1 to 128 bytes
       burst: 1000            # capacity ceiling; a new subject starts full
       refillUnits: 100       # minted every refillInterval (0: no refill)
       refillInterval: 1s

@@ -42,7 +42,8 @@ create and never changed:
                  region and subject falls below N%
 Growing N only adds routes (subjects); it never moves one back to shadow.
 
-set takes a step (e.g. 1, 5, 25, 100; steps of 0.01 allowed); setting the
+set takes a step (e.g. 1, 5, 25, 100; steps of 0.01 allowed, at most two
+decimals: 0.005 or 1e-9 is refused, never rounded); setting the
 share the rollout has records nothing. undo reverts the newest step that
 stands. Every step is recorded with the token's name and the time (get
 shows the history). NAME may be left out when there is one rollout.
