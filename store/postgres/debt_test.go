@@ -313,3 +313,103 @@ func TestDebtPagesOrderKeysAsBytes(t *testing.T) {
 		t.Fatalf("debt pages of one: %v, want %v", got, want)
 	}
 }
+
+// Migration 12 fills the flags from what was committed while it waited for
+// its locks, whatever the database's default isolation: under
+// default_transaction_isolation=serializable its transaction's snapshot
+// was taken at its first statement, before the wait, and a debt a writer
+// committed in between was left unflagged (out of every debt page until
+// the account's debt next changed).
+func TestMigration12SeesWritesItWaitedFor(t *testing.T) {
+	ctx := context.Background()
+	s, dsn := openStore(t)
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	schemaAt11(t, conn)
+	changes, _ := debtChanges(30)
+	writeChanges(t, s, changes)
+	// An older replica's write, not yet committed: t001 draws debt.
+	writer, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer writer.Close(ctx)
+	wtx, err := writer.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := wtx.Exec(ctx, `UPDATE account_terms SET overdraft_issued = 4, spent = spent + 4
+		WHERE dim = 1 AND account_id = (SELECT id FROM accounts WHERE subject = 't001')`); err != nil {
+		t.Fatal(err)
+	}
+	migrated := make(chan error, 1)
+	go func() {
+		_, err := postgres.Migrate(ctx, withParam(t, dsn, "default_transaction_isolation", "serializable"))
+		migrated <- err
+	}()
+	// Wait until the migration waits for the writer's lock.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var waiting bool
+		if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND pid <> pg_backend_pid())`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			break
+		}
+		select {
+		case err := <-migrated:
+			t.Fatalf("the migration ended (%v) without waiting for the writer's lock", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the migration never waited for the writer's lock")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := wtx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-migrated; err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	checkFlagsMatchTerms(t, conn, "after migration 12 waited for a writer")
+}
+
+// The flag's trigger keeps the store's schema whatever the writing
+// session's search_path (an operator's SQL naming the schema): the
+// function names its tables unqualified, and without its own search_path
+// an update of this schema's terms from another search_path failed
+// ("relation accounts does not exist") or reached another schema's
+// accounts.
+func TestInDebtTriggerKeepsItsSchema(t *testing.T) {
+	ctx := context.Background()
+	s, dsn := openStore(t)
+	changes, _ := debtChanges(4)
+	writeChanges(t, s, changes)
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var schema string
+	if err := conn.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema); err != nil {
+		t.Fatal(err)
+	}
+	q := pgx.Identifier{schema}.Sanitize()
+	for _, sql := range []string{
+		`SET search_path = pg_catalog`,
+		`UPDATE ` + q + `.account_terms SET overdraft_issued = 4, spent = spent + 4
+			WHERE dim = 1 AND account_id = (SELECT id FROM ` + q + `.accounts WHERE subject = 't001')`,
+		`RESET search_path`,
+	} {
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	checkFlagsMatchTerms(t, conn, "after an update from another search_path")
+}

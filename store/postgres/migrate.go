@@ -60,7 +60,12 @@ func migrate(ctx context.Context, conn *pgx.Conn) ([]int, error) {
 	if err != nil {
 		return nil, err
 	}
-	tx, err := conn.Begin(ctx)
+	// READ COMMITTED whatever the database's default: a migration waits
+	// for its table locks behind writers, and each of its statements must
+	// see what they committed meanwhile (migration 12 fills accounts.in_debt
+	// from the term rows; under a snapshot taken before the wait it missed
+	// a debt committed during it).
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if err != nil {
 		return nil, c.classify("begin", err, false)
 	}

@@ -33,9 +33,12 @@ $$;
 -- key's range for that account, at most four rows) and writes the
 -- account row only when the flag changes. The writer already holds the
 -- account row's lock (it updated the row earlier in the transaction), so
--- no concurrent writer can change the account's terms in between.
+-- no concurrent writer can change the account's terms in between. The
+-- function keeps the migration's search_path (the store's schema): it
+-- names its tables unqualified, and an operator's session on another
+-- search_path must still update this schema's accounts.
 CREATE OR REPLACE FUNCTION account_terms_debt_changed() RETURNS trigger
-    LANGUAGE plpgsql AS $$
+    LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
     changed bigint;
 BEGIN
