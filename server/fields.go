@@ -192,8 +192,10 @@ var countedShardRefusals = map[string]ledger.Kind{
 // command metrics as its handler would.
 func (s *Server) checkRequestText(ctx context.Context, procedure string, msg any) *connect.Error {
 	cerr := checkText(ctx, procedure, msg)
-	if cerr == nil {
-		return nil
+	if cerr == nil || cerr.Code() == connect.CodePermissionDenied {
+		// A 403 (a shard write for another gateway) is not a command
+		// answered (API.md, Metrics: 401 and 403 are not counted).
+		return cerr
 	}
 	if kind, ok := countedRefusals[procedure]; ok {
 		s.refused(kind, cerr)

@@ -248,3 +248,30 @@ func TestMessagesNameTheirSubjectOnce(t *testing.T) {
 		t.Errorf("RecordUsage without usage: message %q", msg)
 	}
 }
+
+// A shard write a gateway token makes for another gateway is 403 at the
+// door and is not a command answered: capledger_shard_commands_total
+// counts no permission_denied (API.md, Metrics: not 401/403).
+func TestDoorDoesNotCountForbiddenShardWrites(t *testing.T) {
+	h := newHarness(t, harnessOptions{auth: true, shards: true})
+	h.ok("PublishPolicy", tokensPolicy, adminToken)
+	shard := func(method, body string) response {
+		req, _ := http.NewRequest(http.MethodPost, h.url+"/capledger.v1.ShardService/"+method, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer "+gatewayToken)
+		return h.do(req)
+	}
+	h.wantError(shard("IssueShard", `{"shardId":"s","subject":"tenant-7","route":"chat.generate","units":{"tokens":1},"gatewayId":"gw-2","bootEpoch":1,"ttl":"60s"}`),
+		http.StatusForbidden, "permission_denied", server.ReasonPermissionDenied)
+	h.wantError(shard("ReconcileShard", `{"shardId":"s","gatewayId":"gw-2","receipts":[]}`),
+		http.StatusForbidden, "permission_denied", server.ReasonPermissionDenied)
+	req, _ := http.NewRequest(http.MethodGet, h.url+"/metrics", nil)
+	req.Header.Set("Authorization", "Bearer "+adminToken)
+	metrics := string(h.do(req).raw)
+	if !strings.Contains(metrics, "capledger_commands_total") {
+		t.Fatalf("no metrics read:\n%s", metrics)
+	}
+	if strings.Contains(metrics, "permission_denied") {
+		t.Errorf("a 403 was counted as a command answered:\n%s", grep(metrics, "commands_total"))
+	}
+}
