@@ -234,6 +234,13 @@ func readError(what, notFoundReason string, err error) *connect.Error {
 // It was a read error that said neither applied nor not applied, and a
 // missing policy answered 404 for a command that had committed.
 func appliedError(what string, err error) *connect.Error {
+	return appliedErrorAdvising(what, "retry with the same ids to read it", err)
+}
+
+// appliedErrorAdvising is appliedError with its own advice, for a
+// command that has no id to retry by (PublishPolicy: publishing again
+// replays only while the published generation is still the active one).
+func appliedErrorAdvising(what, advice string, err error) *connect.Error {
 	code := connect.CodeUnavailable
 	switch {
 	case errors.Is(err, context.Canceled):
@@ -242,7 +249,7 @@ func appliedError(what string, err error) *connect.Error {
 		code = connect.CodeDeadlineExceeded
 	}
 	return withReason(connect.NewError(code,
-		fmt.Errorf("%s: applied (committed), but the answer could not be built; retry with the same ids to read it: %w", what, err)), ReasonStoreUnavailable)
+		fmt.Errorf("%s: applied (committed), but the answer could not be built; %s: %w", what, advice, err)), ReasonStoreUnavailable)
 }
 
 // notSentError maps a failed read that a write method makes before it

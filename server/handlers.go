@@ -119,7 +119,8 @@ func (s *Server) PublishPolicy(ctx context.Context, req *connect.Request[v1.Publ
 	}
 	all, err := s.policies.refresh(ctx)
 	if err != nil {
-		return nil, appliedError("publish policy: read back", err)
+		return nil, appliedErrorAdvising("publish policy: read back",
+			"read it with GetPolicy rather than publishing again (the same terms replay only while their generation is active)", err)
 	}
 	active := ledger.NewActiveGenerations(all)
 	for i := range all {

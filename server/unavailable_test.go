@@ -108,6 +108,15 @@ func TestUnavailableSettleSaysNotApplied(t *testing.T) {
 type policyFailingStore struct {
 	store.Store
 	fail atomic.Bool
+	// failList fails PolicyList (the read back a publish answers from).
+	failList atomic.Bool
+}
+
+func (s *policyFailingStore) PolicyList(ctx context.Context) ([]ledger.Policy, error) {
+	if s.failList.Load() {
+		return nil, fmt.Errorf("%w: list policies: connection reset by peer", store.ErrUnavailable)
+	}
+	return s.Store.PolicyList(ctx)
 }
 
 func (s *policyFailingStore) PolicyGet(ctx context.Context, generation uint64) (ledger.Policy, error) {
@@ -147,5 +156,26 @@ func TestAnswerFailingAfterCommitSaysApplied(t *testing.T) {
 	failing.fail.Store(false)
 	if again := h.ok("Start", `{"reservationId":"work-1","operationId":"op-1"}`, ""); again["replayed"] != true {
 		t.Fatalf("retry with the same ids: %v, want a replay", again)
+	}
+}
+
+// A publish that committed but whose read back failed says applied, and
+// (having no id to retry by) to read the policy rather than publish again.
+func TestPublishFailingAfterCommitSaysReadItBack(t *testing.T) {
+	var failing *policyFailingStore
+	h := newHarness(t, harnessOptions{wrapStore: func(st store.Store) store.Store {
+		failing = &policyFailingStore{Store: st}
+		return failing
+	}})
+	failing.failList.Store(true)
+	r := h.call("PublishPolicy", tokensPolicy, "")
+	h.wantError(r, http.StatusServiceUnavailable, "unavailable", server.ReasonStoreUnavailable)
+	m, _ := r.body["message"].(string)
+	if !strings.Contains(m, "applied (committed)") || !strings.Contains(m, "GetPolicy") || strings.Contains(m, "same ids") {
+		t.Errorf("publish failing after the commit: %q, want applied and GetPolicy", m)
+	}
+	failing.failList.Store(false)
+	if got := h.ok("GetPolicy", `{"generation":"1"}`, ""); field(got, "policy", "subject") != "tenant-7" {
+		t.Fatalf("the publish that answered 503 was not applied: %v", got)
 	}
 }
