@@ -179,7 +179,11 @@ func (c *Client) Get(ctx context.Context, reservationID, operationID string) (Re
 	switch {
 	case resp.StatusCode == http.StatusNotFound:
 		return Result{Status: StatusUnknown}, nil
-	case resp.StatusCode >= 500:
+	case resp.StatusCode >= 500 || resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusRequestTimeout:
+		// The endpoint could not answer now (a 429 or 408 is shedding
+		// load, as a 5xx): not this reservation's answer, so not
+		// ErrBadAnswer, and no comeback burst is aimed at an endpoint that
+		// asked for less.
 		return Result{}, fmt.Errorf("operation status %s: HTTP %d", operationID, resp.StatusCode)
 	case resp.StatusCode != http.StatusOK:
 		return Result{}, bad("operation status %s: HTTP %d", operationID, resp.StatusCode)

@@ -69,6 +69,8 @@ func TestGetTakesOnlyVerifiedAnswers(t *testing.T) {
 		{"unsigned finished", gateway(t, raw(200, `{"operationId":"op/1 ?","reservationId":"rsv_1","status":"finished","actualUnits":{"tokens":0}}`)), true},
 		{"signed for another operation", gateway(t, signed(Answer{OperationID: "op-2", ReservationID: res, Status: StatusNeverStarted})), true},
 		{"5xx", gateway(t, raw(503, "busy")), false},
+		{"429", gateway(t, raw(429, "slow down")), false},
+		{"408", gateway(t, raw(408, "request timeout")), false},
 		{"4xx", gateway(t, raw(400, "bad request")), true},
 		{"garbage", gateway(t, raw(200, "<html>")), true},
 		{"unknown status", gateway(t, signed(Answer{OperationID: op, ReservationID: res, Status: "done"})), true},
