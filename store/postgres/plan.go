@@ -17,8 +17,9 @@ import (
 // INSERTs and upserts of write.go, which read nothing but unique keys),
 // the generic plan is the plan at every table size: an index lookup or
 // none. Planning those at each run, as the session default
-// force_custom_plan does, cost a hot single reserve a quarter of its
-// PostgreSQL CPU (200 -> 251 µs; docs/PERFORMANCE.md).
+// force_custom_plan does, costs PostgreSQL CPU for nothing (hot single
+// reserves: median 0.90x of it without, planning 13-18 µs against 39-55;
+// docs/PERFORMANCE.md).
 //
 // The statements that look rows up by arrays of keys are different: their
 // best plan depends on the number of keys and on the tables' sizes, and a

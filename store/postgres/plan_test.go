@@ -448,8 +448,8 @@ func TestDebtQueriesUseTheirIndex(t *testing.T) {
 // of keys at each run: after a dozen single reserves and a dozen batches
 // of two on the store's one connection, PostgreSQL's own counts
 // (pg_prepared_statements) show the prefetches planned at every run and
-// the rest on generic plans. Planning every statement at each run cost a
-// hot single reserve a quarter of its PostgreSQL CPU (docs/PERFORMANCE.md).
+// the rest on generic plans. Planning every statement at each run costs
+// PostgreSQL CPU for nothing (docs/PERFORMANCE.md).
 // A plan_cache_mode in the DSN applies to every statement
 // (docs/OPERATIONS.md): with force_custom_plan nothing runs on a generic
 // plan.

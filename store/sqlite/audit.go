@@ -290,8 +290,8 @@ func scanCheckpointAccount(sc scanner) (ledger.CheckpointAccount, error) {
 
 // estimateExactBatches is how many journal batches estimateRows reads
 // the entry counts of all of; past it, it samples estimateSamples of them.
-// Reading a batch's count reads the first bytes of its row (never its
-// overflow pages), inside the audit's live read. Over 200,000 batches
+// Reading a batch's count reads its row inside the audit's live read
+// (measured only on batches small enough to have no overflow pages). Over 200,000 batches
 // of 160 bytes (2 cores, load 5-8, one run of three rounds each): the
 // exact count 137-235 ms, the sampled estimate (the journal's bytes and
 // 1,024 samples) 83-92 ms, the former 32 samples with the count of
