@@ -33,7 +33,11 @@ var (
 	keyText     = textRule{ledger.MaxKeyBytes}
 	idText      = textRule{ledger.MaxIDBytes}
 	rolloutText = textRule{ledger.MaxRolloutNameBytes}
-	freeText    = textRule{}
+	// legacyIdentityText bounds a legacy limiter's identity so that its
+	// budgets' gateway id, ledger.LegacyGateway(identity), is an id: a
+	// longer one carved a budget no ReconcileShard could name.
+	legacyIdentityText = textRule{ledger.MaxIDBytes - len(ledger.LegacyGatewayPrefix)}
+	freeText           = textRule{}
 )
 
 // textFields names every string field of a request and its rule. Fields
@@ -52,7 +56,7 @@ var textFields = map[protoreflect.Name]textRule{
 	"shard_id":         idText,
 	"gateway_id":       idText,
 	"budget_id":        idText,
-	"identity":         idText,
+	"identity":         legacyIdentityText,
 	"name":             rolloutText,
 	"request_digest":   freeText,
 	"estimator_digest": freeText,

@@ -16,6 +16,7 @@ import (
 	v1 "github.com/capledger/capledger/api/capledger/v1"
 	"github.com/capledger/capledger/api/capledger/v1/capledgerv1connect"
 	"github.com/capledger/capledger/engine"
+	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/server"
 	"github.com/capledger/capledger/store/sqlite"
 )
@@ -63,6 +64,12 @@ func TestLegacyBudgetOverTheAPI(t *testing.T) {
 
 	_, err = rolloutAs(gw1Token).CarveLegacyBudget(ctx, connect.NewRequest(carve))
 	wantShardError(t, err, connect.CodePermissionDenied, server.ReasonPermissionDenied)
+	// An identity whose gateway id (legacy:<identity>) would pass the id
+	// bound is refused: no ReconcileShard could name that budget.
+	long := &v1.CarveLegacyBudgetRequest{BudgetId: "legacy-long", Identity: strings.Repeat("i", ledger.MaxIDBytes-len(ledger.LegacyGatewayPrefix)+1),
+		Subject: "tenant-7", Route: "chat.generate", Region: "eu", Units: map[string]int64{"tokens": 1}, Ttl: durationpb.New(time.Minute)}
+	_, err = rolloutAs(shardAdminToken).CarveLegacyBudget(ctx, connect.NewRequest(long))
+	wantShardError(t, err, connect.CodeInvalidArgument, server.ReasonInvalidCommand)
 	_, err = rolloutAs(legacyToken).CarveLegacyBudget(ctx, connect.NewRequest(carve))
 	wantShardError(t, err, connect.CodePermissionDenied, server.ReasonPermissionDenied)
 	// Shard issuance for the legacy gateway id is no way around it.

@@ -37,7 +37,7 @@ var textBounds = map[protoreflect.Name]int{
 	"subject": ledger.MaxKeyBytes, "route": ledger.MaxKeyBytes, "region": ledger.MaxKeyBytes, "subject_contains": ledger.MaxKeyBytes,
 	"reservation_id": ledger.MaxIDBytes, "reservation_ids": ledger.MaxIDBytes, "receipt_ids": ledger.MaxIDBytes,
 	"operation_id": ledger.MaxIDBytes, "shard_id": ledger.MaxIDBytes, "gateway_id": ledger.MaxIDBytes,
-	"budget_id": ledger.MaxIDBytes, "identity": ledger.MaxIDBytes,
+	"budget_id": ledger.MaxIDBytes, "identity": ledger.MaxIDBytes - len(ledger.LegacyGatewayPrefix),
 	"name":           ledger.MaxRolloutNameBytes,
 	"request_digest": 0, "estimator_digest": 0, "unit": 0,
 }
