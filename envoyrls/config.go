@@ -170,6 +170,10 @@ func (r *Rule) validate() error {
 	if r.Unit == "" {
 		return errors.New("unit is required")
 	}
+	if problem := ledger.TextProblem(r.Unit, ledger.MaxUnitBytes); problem != "" {
+		// No policy can have such a unit: every check would be unknown_unit.
+		return fmt.Errorf("unit %s (a policy's unit is at most %d bytes)", problem, ledger.MaxUnitBytes)
+	}
 	if r.Estimate < 0 || r.Estimate > ledger.MaxUnits {
 		return fmt.Errorf("estimate %d is outside [0, %d]", r.Estimate, ledger.MaxUnits)
 	}

@@ -425,6 +425,7 @@ func TestConfigErrors(t *testing.T) {
 		"every subject":    "domains: [{name: a, rules: [{subject: {value: '*'}, unit: u}]}]",
 		"negative estim.":  "domains: [{name: a, rules: [{subject: {key: t}, unit: u, estimate: -1}]}]",
 		"two settle marks": "domains: [{name: a, rules: [{subject: {key: t}, unit: u, id_key: i, phase_key: p, settle_on_hits: true}]}]",
+		"unit too long":    "domains: [{name: a, rules: [{subject: {key: t}, unit: " + strings.Repeat("u", ledger.MaxUnitBytes+1) + "}]}]",
 	} {
 		if _, err := envoyrls.ParseConfig([]byte(cfg)); err == nil {
 			t.Errorf("%s: accepted", name)
