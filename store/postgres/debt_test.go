@@ -14,6 +14,18 @@ import (
 	"github.com/capledger/capledger/store/postgres"
 )
 
+// connectTo opens a connection of its own to dsn's schema, closed when
+// the test ends.
+func connectTo(t *testing.T, dsn string) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
 // inDebtFlags returns accounts.in_debt by account key (as
 // ledger.AccountKey.String writes it), and whether the
 // account's term rows owe (overdraft_issued > overdraft_repaid in any),
@@ -72,14 +84,9 @@ func debtorKeys(t *testing.T, s store.Store) []string {
 // it owes. The seed's policy: burst 1,000, 100 minted a minute, repaying
 // debt first.
 func TestInDebtFollowsTheTerms(t *testing.T) {
-	ctx := context.Background()
 	s, dsn := openStore(t)
 	generation := publish(t, s)
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	conn := connectTo(t, dsn)
 	key := ledger.AccountKey{Subject: tenant7.Subject, Route: tenant7.Route, Region: tenant7.Region, Generation: generation}
 	check := func(step string, wantDebt int64) {
 		t.Helper()
@@ -202,11 +209,7 @@ func TestMigration12BackfillsDebtors(t *testing.T) {
 		t.Run(fmt.Sprintf("prebuilt=%v", prebuilt), func(t *testing.T) {
 			ctx := context.Background()
 			s, dsn := openStore(t)
-			conn, err := pgx.Connect(ctx, dsn)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Close(ctx)
+			conn := connectTo(t, dsn)
 			schemaAt11(t, conn)
 			changes, inDebt := debtChanges(30)
 			writeChanges(t, s, changes)
@@ -260,11 +263,7 @@ func TestMigration12BackfillsDebtors(t *testing.T) {
 func TestDebtPagesOrderKeysAsBytes(t *testing.T) {
 	ctx := context.Background()
 	s, dsn := openStore(t)
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	conn := connectTo(t, dsn)
 	var icu bool
 	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_collation WHERE collname = 'en-x-icu')`).Scan(&icu); err != nil {
 		t.Fatal(err)
@@ -323,20 +322,12 @@ func TestDebtPagesOrderKeysAsBytes(t *testing.T) {
 func TestMigration12SeesWritesItWaitedFor(t *testing.T) {
 	ctx := context.Background()
 	s, dsn := openStore(t)
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	conn := connectTo(t, dsn)
 	schemaAt11(t, conn)
 	changes, _ := debtChanges(30)
 	writeChanges(t, s, changes)
 	// An older replica's write, not yet committed: t001 draws debt.
-	writer, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer writer.Close(ctx)
+	writer := connectTo(t, dsn)
 	wtx, err := writer.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -391,11 +382,7 @@ func TestInDebtTriggerKeepsItsSchema(t *testing.T) {
 	s, dsn := openStore(t)
 	changes, _ := debtChanges(4)
 	writeChanges(t, s, changes)
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	conn := connectTo(t, dsn)
 	var schema string
 	if err := conn.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema); err != nil {
 		t.Fatal(err)
