@@ -304,9 +304,20 @@ func TestResolverAsksARouteAgainWhenItComesBack(t *testing.T) {
 	}
 	// Back up: the first answer makes the scan after it ask the others,
 	// instead of each waiting out its own backoff.
-	first := -1
+	if first, last := scansToSettle(t, e, clk, ids); last > first+1 {
+		t.Fatalf("first settled at scan %d, the last at %d: the others waited out their backoff", first, last)
+	}
+	auditClean(t, e)
+}
+
+// scansToSettle runs the resolver a scan a second until every one of ids
+// is settled, and returns the scans at which the first and the last
+// settled; it fails the test if they are not all settled within 70 scans.
+func scansToSettle(t *testing.T, e *Engine, clk *clock, ids []string) (first, last int) {
+	t.Helper()
+	first = -1
 	for s := range 70 {
-		e.RunResolver(ctx)
+		e.RunResolver(context.Background())
 		settled := 0
 		for _, id := range ids {
 			if state(t, e, id).State == ledger.StateSettled {
@@ -317,15 +328,12 @@ func TestResolverAsksARouteAgainWhenItComesBack(t *testing.T) {
 			first = s
 		}
 		if settled == len(ids) {
-			if s > first+1 {
-				t.Fatalf("first settled at scan %d, the last at %d: the others waited out their backoff", first, s)
-			}
-			auditClean(t, e)
-			return
+			return first, s
 		}
 		clk.Advance(time.Second)
 	}
 	t.Fatalf("not all settled within 70 s of coming back (first at scan %d)", first)
+	return first, -1
 }
 
 // The out-of-turn question comes once per comeback of the route, not once
@@ -395,28 +403,8 @@ func TestResolverAsksARouteAgainAfterEachOutage(t *testing.T) {
 			scan()
 		}
 		setMode("up")
-		first, settledAll := -1, false
-		for s := 0; s < 70 && !settledAll; s++ {
-			e.RunResolver(ctx)
-			settled := 0
-			for _, id := range ids {
-				if state(t, e, id).State == ledger.StateSettled {
-					settled++
-				}
-			}
-			if settled > 0 && first < 0 {
-				first = s
-			}
-			if settled == len(ids) {
-				if s > first+1 {
-					t.Fatalf("seed %d: first settled at scan %d, the last at %d: the ones asked out of turn after the first outage waited out their backoff", seed, first, s)
-				}
-				settledAll = true
-			}
-			clk.Advance(time.Second)
-		}
-		if !settledAll {
-			t.Fatalf("seed %d: not all settled within 70 s of coming back (first at scan %d)", seed, first)
+		if first, last := scansToSettle(t, e, clk, ids); last > first+1 {
+			t.Fatalf("seed %d: first settled at scan %d, the last at %d: the ones asked out of turn after the first outage waited out their backoff", seed, first, last)
 		}
 		auditClean(t, e)
 		e.Close()
