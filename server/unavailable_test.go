@@ -119,6 +119,17 @@ func (s *policyFailingStore) PolicyList(ctx context.Context) ([]ledger.Policy, e
 	return s.Store.PolicyList(ctx)
 }
 
+// newPolicyFailingHarness is a harness whose engine's store fails policy
+// reads when told to.
+func newPolicyFailingHarness(t *testing.T) (*harness, *policyFailingStore) {
+	var failing *policyFailingStore
+	h := newHarness(t, harnessOptions{wrapStore: func(st store.Store) store.Store {
+		failing = &policyFailingStore{Store: st}
+		return failing
+	}})
+	return h, failing
+}
+
 func (s *policyFailingStore) PolicyGet(ctx context.Context, generation uint64) (ledger.Policy, error) {
 	if s.fail.Load() {
 		return ledger.Policy{}, fmt.Errorf("%w: read policy: connection reset by peer", store.ErrUnavailable)
@@ -132,11 +143,7 @@ func (s *policyFailingStore) PolicyGet(ctx context.Context, generation uint64) (
 // applied: a gateway retries with the same ids and gets a replay. It said
 // neither applied nor not applied (and a missing policy answered 404).
 func TestAnswerFailingAfterCommitSaysApplied(t *testing.T) {
-	var failing *policyFailingStore
-	h := newHarness(t, harnessOptions{wrapStore: func(st store.Store) store.Store {
-		failing = &policyFailingStore{Store: st}
-		return failing
-	}})
+	h, failing := newPolicyFailingHarness(t)
 	// Another replica over the same engine and store publishes and
 	// reserves: h's server has read no policy yet.
 	other := *h
@@ -162,11 +169,7 @@ func TestAnswerFailingAfterCommitSaysApplied(t *testing.T) {
 // A publish that committed but whose read back failed says applied, and
 // (having no id to retry by) to read the policy rather than publish again.
 func TestPublishFailingAfterCommitSaysReadItBack(t *testing.T) {
-	var failing *policyFailingStore
-	h := newHarness(t, harnessOptions{wrapStore: func(st store.Store) store.Store {
-		failing = &policyFailingStore{Store: st}
-		return failing
-	}})
+	h, failing := newPolicyFailingHarness(t)
 	failing.failList.Store(true)
 	r := h.call("PublishPolicy", tokensPolicy, "")
 	h.wantError(r, http.StatusServiceUnavailable, "unavailable", server.ReasonStoreUnavailable)
