@@ -220,3 +220,61 @@ func TestSettleAfterTheExecutionLimitIsABreach(t *testing.T) {
 		}
 	}
 }
+
+// A hold is due for expiry at its ExpiresAt, not a moment later: the claim
+// one nanosecond before is ErrReservationNotDue, the claim at ExpiresAt
+// takes it.
+func TestHoldIsDueAtItsExpiresAt(t *testing.T) {
+	c := newChecked(t)
+	c.publish(policyOf(tokens(100, 10))) // hold TTL 30s
+	res := c.must(c.reserve("a", 10))
+	c.advance(res.Reservation.ExpiresAt.Sub(c.now) - time.Nanosecond)
+	claim := ledger.Command{Kind: ledger.KindExpireClaim, ReservationID: "a", Cause: ledger.CauseHoldExpired}
+	if res := c.apply(claim); !errors.Is(res.Err, ledger.ErrReservationNotDue) {
+		t.Fatalf("claim 1ns before ExpiresAt: %v, want ErrReservationNotDue", res.Err)
+	}
+	c.advance(time.Nanosecond)
+	if res := c.must(c.apply(claim)); res.Reservation.State != ledger.StateExpiring {
+		t.Fatalf("claim at ExpiresAt: %s, want EXPIRING", res.Reservation.State)
+	}
+}
+
+// Only the account that holds the subject's capacity refills: a Refill of
+// a superseded generation's account mints nothing (its successor refills
+// for the same time; both minting would hand the period out twice).
+func TestSupersededAccountDoesNotRefill(t *testing.T) {
+	c := newChecked(t)
+	g1 := c.publish(policyOf(tokens(100, 10)))
+	c.must(c.reserve("a", 100))
+	c.must(c.start("a"))
+	c.publish(policyOf(tokens(200, 10)))
+	c.reserve("b", 1)         // rejected (nothing available yet), but switches to gen 2
+	c.must(c.settle("a", 20)) // gen 1 refunds 80 and forwards them
+	minted := c.account(g1).Balances[0].Minted
+	c.advance(5 * time.Second)
+	c.apply(ledger.Command{Kind: ledger.KindRefill, Account: c.account(g1).Key})
+	if got := c.account(g1).Balances[0].Minted; got != minted {
+		t.Fatalf("the superseded account minted %d on a refill", got-minted)
+	}
+}
+
+// An account that becomes current again (its successor rolled back)
+// refills from that moment: the time its successor held the subject's
+// capacity was refilled there and moves over with the capacity, so it is
+// not minted a second time.
+func TestAccountCurrentAgainRefillsFromTheSwitch(t *testing.T) {
+	c := newChecked(t)
+	g1 := c.publish(policyOf(tokens(100, 10)))
+	c.must(c.reserve("a", 100))
+	c.must(c.start("a"))
+	c.must(c.settle("a", 100)) // nothing available
+	g2 := c.publish(policyOf(tokens(200, 10)))
+	c.reserve("x", 1) // rejected, but switches to gen 2
+	c.advance(5 * time.Second)
+	c.must(c.reserve("b", 1)) // gen 2 refills its 5s (50)
+	c.must(c.rollback(testSubject, g2))
+	c.must(c.reserve("c", 1)) // back to gen 1, with gen 2's 49
+	if got := c.account(g1).Balances[0].Available; got != 48 {
+		t.Fatalf("after 5s refilled once and two reserves of 1: %d available, want 48", got)
+	}
+}
