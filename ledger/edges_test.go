@@ -278,3 +278,25 @@ func TestAccountCurrentAgainRefillsFromTheSwitch(t *testing.T) {
 		t.Fatalf("after 5s refilled once and two reserves of 1: %d available, want 48", got)
 	}
 }
+
+// Usage a shard's settled receipts report beyond what its unknown work
+// leaves of the allocation is charged as debt: the unknown holds stay
+// retired, so spent + unknown + reminted never exceed the allocation.
+func TestShardOveruseBesideUnknownWorkIsCharged(t *testing.T) {
+	c := newChecked(t)
+	g := c.publish(emergencyPolicy())
+	c.must(c.apply(issueCmd("sh-1", "gw-a", 1, 100)))
+	c.must(c.reserve("rest", 900)) // nothing available: the charge becomes debt
+	rec := c.must(c.apply(reconcileCmd("sh-1", "gw-a", []ledger.ShardReceipt{
+		{ReservationID: "u", State: ledger.StateStarted, Reserved: ledger.Amounts{40}},
+		{ReservationID: "s", State: ledger.StateSettled, Reserved: ledger.Amounts{60}, Actual: ledger.Amounts{80}},
+	})))
+	s := rec.Shard
+	if s.Unknown[0] != 40 || s.Spent[0] != 60 || s.Reminted[0] != 0 || rec.Move == nil || rec.Move.Debt[0] != 20 {
+		t.Fatalf("80 used beside 40 unknown of 100: unknown %d, spent %d, reminted %d, move %+v; want 40, 60, 0 and 20 charged",
+			s.Unknown[0], s.Spent[0], s.Reminted[0], rec.Move)
+	}
+	if d := c.account(g).Balances[0].Debt(); d != 20 {
+		t.Fatalf("central debt %d, want 20", d)
+	}
+}
