@@ -300,3 +300,30 @@ func TestShardOveruseBesideUnknownWorkIsCharged(t *testing.T) {
 		t.Fatalf("central debt %d, want 20", d)
 	}
 }
+
+// A later submission that resolves one unknown receipt but still reports
+// another as unknown is invalid (not "already reconciled", which tells the
+// gateway its submission took effect): nothing of it applies, and the
+// terminal receipt sent alone then resolves its hold.
+func TestShardSubmissionMixingResolvedAndStillUnknownIsInvalid(t *testing.T) {
+	c := newChecked(t)
+	c.publish(emergencyPolicy())
+	c.must(c.apply(issueCmd("sh-1", "gw-a", 1, 100)))
+	c.must(c.apply(reconcileCmd("sh-1", "gw-a", []ledger.ShardReceipt{
+		{ReservationID: "u1", State: ledger.StateStarted, Reserved: ledger.Amounts{30}},
+		{ReservationID: "u2", State: ledger.StateUsageUnknown, Reserved: ledger.Amounts{20}},
+	})))
+	settled := ledger.ShardReceipt{ReservationID: "u1", State: ledger.StateSettled, Reserved: ledger.Amounts{30}, Actual: ledger.Amounts{10}}
+	mixed := c.apply(reconcileCmd("sh-1", "gw-a", []ledger.ShardReceipt{settled,
+		{ReservationID: "u2", State: ledger.StateUsageUnknown, Reserved: ledger.Amounts{20}}}))
+	if !errors.Is(mixed.Err, ledger.ErrInvalidCommand) || errors.Is(mixed.Err, ledger.ErrShardAlreadyReconciled) {
+		t.Fatalf("a resolved and a still unknown receipt together: %v, want ErrInvalidCommand", mixed.Err)
+	}
+	if sh, _ := c.m.Shard("sh-1"); sh.Unknown[0] != 50 {
+		t.Fatalf("the refused submission changed the shard: unknown %d, want 50", sh.Unknown[0])
+	}
+	rec := c.must(c.apply(reconcileCmd("sh-1", "gw-a", []ledger.ShardReceipt{settled})))
+	if rec.Shard.Unknown[0] != 20 || rec.Shard.Reminted[0] != 50+20 {
+		t.Fatalf("u1 resolved alone: unknown %d, reminted %d; want 20 and 70", rec.Shard.Unknown[0], rec.Shard.Reminted[0])
+	}
+}
