@@ -144,3 +144,31 @@ func TestFailedReadAppliesNothing(t *testing.T) {
 	}
 	auditClean(t, e)
 }
+
+// A hold left EXPIRING (claimed by an expiry whose completion did not
+// commit with it) is finished by the expiry worker: EXPIRED, its hold
+// back in available, once.
+func TestExpiryWorkerFinishesAClaimedHold(t *testing.T) {
+	clk := newClock()
+	e := New(memstore.New(), Options{DisableWorkers: true, Clock: clk.Now})
+	defer e.Close()
+	ctx := context.Background()
+	publish(t, e, 1000, 10*time.Second, 0)
+	if res, err := e.Do(ctx, reserveCmd("rl-claimed", 300)); err != nil || res.Err != nil {
+		t.Fatal(err, res.Err)
+	}
+	clk.Advance(11 * time.Second)
+	claim := ledger.Command{Kind: ledger.KindExpireClaim, ReservationID: "rl-claimed", Cause: ledger.CauseHoldExpired}
+	if res, err := e.Do(ctx, claim); err != nil || res.Err != nil || res.Reservation.State != ledger.StateExpiring {
+		t.Fatalf("claim: %v %+v", err, res)
+	}
+	e.runDue(ctx)
+	if r, _ := e.Reservation(ctx, "rl-claimed"); r.State != ledger.StateExpired {
+		t.Fatalf("a claimed hold after the expiry worker ran: %s, want EXPIRED", r.State)
+	}
+	accounts, err := e.Accounts(ctx, ledger.PolicyKey{Subject: "tenant-7", Route: "chat.generate", Region: "eu"})
+	if err != nil || len(accounts) != 1 || accounts[0].Balances[0].Reserved != 0 {
+		t.Fatalf("after the expiry: %v %+v, want nothing reserved", err, accounts)
+	}
+	auditClean(t, e)
+}
