@@ -327,3 +327,17 @@ func TestShardSubmissionMixingResolvedAndStillUnknownIsInvalid(t *testing.T) {
 		t.Fatalf("u1 resolved alone: unknown %d, reminted %d; want 20 and 70", rec.Shard.Unknown[0], rec.Shard.Reminted[0])
 	}
 }
+
+// A retry under a taken id without a request digest is another request
+// (no digest matches the stored one): ErrDigestMismatch with the stored
+// receipt, never a replay of it.
+func TestReserveRetryWithoutDigestIsADigestMismatch(t *testing.T) {
+	c := newChecked(t)
+	c.publish(policyOf(tokens(100, 10)))
+	c.must(c.reserve("a", 10))
+	res := c.apply(ledger.Command{Kind: ledger.KindReserve, ReservationID: "a",
+		Subject: testSubject.Subject, Route: testSubject.Route, Region: testSubject.Region, Units: ledger.Amounts{10}})
+	if !errors.Is(res.Err, ledger.ErrDigestMismatch) || res.Replayed || res.Reservation.ID != "a" {
+		t.Fatalf("retry of a taken id without a digest: %+v, want ErrDigestMismatch with the stored receipt", res)
+	}
+}
