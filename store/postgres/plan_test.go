@@ -507,17 +507,22 @@ func TestWriteTransactionsPlanOnlyLookupsAtEachRun(t *testing.T) {
 			}
 		}
 	})
-	t.Run("force_custom_plan in the DSN", func(t *testing.T) {
-		plans := plans(t, withParam(t, schemaDSN(t), "plan_cache_mode", "force_custom_plan"))
-		for _, sql := range lookups {
-			if _, ok := plans[sql]; !ok {
-				t.Errorf("lookup never ran: %.80s", sql)
+	for _, dsn := range []struct{ name, param, value string }{
+		{"force_custom_plan in the DSN", "plan_cache_mode", "force_custom_plan"},
+		{"force_custom_plan in the DSN's options", "options", "-cplan_cache_mode=force_custom_plan"},
+	} {
+		t.Run(dsn.name, func(t *testing.T) {
+			plans := plans(t, withParam(t, schemaDSN(t), dsn.param, dsn.value))
+			for _, sql := range lookups {
+				if _, ok := plans[sql]; !ok {
+					t.Errorf("lookup never ran: %.80s", sql)
+				}
 			}
-		}
-		for sql, c := range plans {
-			if strings.Contains(sql, "$1") && c.generic != 0 {
-				t.Errorf("statement ran %d times on its generic plan (want none): %.80s", c.generic, sql)
+			for sql, c := range plans {
+				if strings.Contains(sql, "$1") && c.generic != 0 {
+					t.Errorf("statement ran %d times on its generic plan (want none): %.80s", c.generic, sql)
+				}
 			}
-		}
-	})
+		})
+	}
 }

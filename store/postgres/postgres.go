@@ -28,6 +28,7 @@ import (
 	"reflect"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -85,9 +86,9 @@ func parseConfig(dsn string) (*pgxpool.Config, bool, error) {
 		// what is wrong.
 		return nil, false, fmt.Errorf("postgres dsn: %w", errors.Unwrap(err))
 	}
-	_, dsnPlanMode := cfg.ConnConfig.RuntimeParams["plan_cache_mode"]
+	set := dsnSettings(cfg.ConnConfig.RuntimeParams)
 	for name, value := range sessionDefaults {
-		if _, set := cfg.ConnConfig.RuntimeParams[name]; !set {
+		if !set[name] {
 			cfg.ConnConfig.RuntimeParams[name] = value
 		}
 	}
@@ -95,7 +96,76 @@ func parseConfig(dsn string) (*pgxpool.Config, bool, error) {
 		return nil, false, err
 	}
 	cfg.ConnConfig.ValidateConnect = pgconn.ValidateConnectTargetSessionAttrsReadWrite
-	return cfg, plansPerStatement(cfg, dsnPlanMode), nil
+	return cfg, plansPerStatement(cfg, set["plan_cache_mode"]), nil
+}
+
+// dsnSettings returns the names of the settings a DSN gives the session:
+// its startup parameters, and the settings inside its options parameter
+// (options= in the DSN or PGOPTIONS), which the server applies after the
+// startup parameters, so a session default the store sent beside them
+// would win over the DSN's own value.
+func dsnSettings(params map[string]string) map[string]bool {
+	set := make(map[string]bool, len(params))
+	for name := range params {
+		set[name] = true
+	}
+	for name := range optionsSettings(params["options"]) {
+		set[name] = true
+	}
+	return set
+}
+
+// optionsSettings returns the settings named in a libpq options string,
+// as the server reads it: words split at unescaped white space (a
+// backslash escapes the next character), each setting given as
+// "-c name=value", "-cname=value" or "--name=value", with '-' in a name
+// read as '_'. Other switches are left out.
+func optionsSettings(options string) map[string]string {
+	var words []string
+	var word strings.Builder
+	inWord, escaped := false, false
+	for _, r := range options {
+		switch {
+		case escaped:
+			word.WriteRune(r)
+			escaped = false
+		case r == '\\':
+			escaped, inWord = true, true
+		case unicode.IsSpace(r):
+			if inWord {
+				words = append(words, word.String())
+				word.Reset()
+				inWord = false
+			}
+		default:
+			word.WriteRune(r)
+			inWord = true
+		}
+	}
+	if inWord {
+		words = append(words, word.String())
+	}
+	settings := map[string]string{}
+	for i := 0; i < len(words); i++ {
+		var setting string
+		switch w := words[i]; {
+		case w == "-c" && i+1 < len(words):
+			i++
+			setting = words[i]
+		case strings.HasPrefix(w, "--"):
+			setting = w[2:]
+		case strings.HasPrefix(w, "-c"):
+			setting = w[2:]
+		default:
+			continue
+		}
+		name, value, ok := strings.Cut(setting, "=")
+		if !ok || name == "" {
+			continue
+		}
+		settings[strings.ToLower(strings.ReplaceAll(name, "-", "_"))] = value
+	}
+	return settings
 }
 
 // targetSessionAttrs names the connect validators pgconn.ParseConfig sets
