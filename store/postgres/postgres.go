@@ -26,6 +26,7 @@ import (
 	"fmt"
 	"os"
 	"reflect"
+	"slices"
 	"strings"
 	"time"
 	"unicode"
@@ -351,6 +352,42 @@ func (s *Store) AccountList(ctx context.Context, subject ledger.PolicyKey) ([]le
 	accounts, _, err := scanAccounts(rows)
 	if err != nil {
 		return nil, s.c.classify("account list", err, false)
+	}
+	return accounts, nil
+}
+
+// accountsOfSubjectsSQL reads the accounts of the subject keys given as
+// parallel arrays ($1, $2, $3: distinct keys), with their term rows, in
+// key order with text compared as bytes (COLLATE "C", as Go compares
+// strings): the keys drive the join, one seek of the accounts' unique
+// key each, as the batch prefetch's lookups do. Outside write
+// transactions it is planned at each run (plan.go), for the keys' count.
+const accountsOfSubjectsSQL = accountSelect + `
+	JOIN unnest($1::text[], $2::text[], $3::text[]) AS k(subject, route, region)
+	ON a.subject = k.subject AND a.route = k.route AND a.region = k.region
+	ORDER BY a.subject COLLATE "C", a.route COLLATE "C", a.region COLLATE "C", a.generation, t.dim`
+
+// AccountsOfSubjects returns the accounts of subjects (every generation
+// of each) in key order, in one query; a key with an empty Subject names
+// none, and none found is an empty list.
+func (s *Store) AccountsOfSubjects(ctx context.Context, subjects []ledger.PolicyKey) ([]ledger.Account, error) {
+	keys := slices.DeleteFunc(slices.Clone(subjects), func(k ledger.PolicyKey) bool { return k.Subject == "" })
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	slices.SortFunc(keys, ledger.PolicyKey.Compare)
+	keys = slices.Compact(keys)
+	subj, route, region := make([]string, len(keys)), make([]string, len(keys)), make([]string, len(keys))
+	for i, k := range keys {
+		subj[i], route[i], region[i] = k.Subject, k.Route, k.Region
+	}
+	rows, err := s.pool.Query(ctx, accountsOfSubjectsSQL, subj, route, region)
+	if err != nil {
+		return nil, s.c.classify("accounts of subjects", err, false)
+	}
+	accounts, _, err := scanAccounts(rows)
+	if err != nil {
+		return nil, s.c.classify("accounts of subjects", err, false)
 	}
 	return accounts, nil
 }
