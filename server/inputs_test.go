@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"google.golang.org/protobuf/reflect/protoreflect"
+
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/server"
 	"github.com/capledger/capledger/store"
@@ -273,5 +275,70 @@ func TestDoorDoesNotCountForbiddenShardWrites(t *testing.T) {
 	}
 	if strings.Contains(metrics, "permission_denied") {
 		t.Errorf("a 403 was counted as a command answered:\n%s", grep(metrics, "commands_total"))
+	}
+}
+
+// A unit name over a policy unit's bound (128 bytes) that the deciding
+// generation does not have can be no unit of any policy published now: it
+// is refused as 400 INVALID_COMMAND naming the field, without quoting the
+// name, by every method that takes a units map (it was UNKNOWN_UNIT
+// quoting all of it, here 10,000 bytes). A name at the bound is still
+// UNKNOWN_UNIT naming it; a longer one a stored generation has keeps
+// working (TestPolicyStoredBeforeTheBoundsStillLoads).
+func TestOverlongUnitNameIsInvalidCommand(t *testing.T) {
+	h := newHarness(t, harnessOptions{shards: true})
+	h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"chat.generate","emergencyMode":true,
+	  "dimensions":[{"unit":"tokens","burst":"1000","refillUnits":"10","refillInterval":"1s"}]}}`, "")
+	h.ok("Reserve", `{"reservationId":"held","subject":"tenant-7","route":"chat.generate","units":{"tokens":5}}`, "")
+	h.ok("Start", `{"reservationId":"held","operationId":"op"}`, "")
+	post := func(path, body string) response {
+		req, _ := http.NewRequest(http.MethodPost, h.url+"/capledger.v1."+path, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		return h.do(req)
+	}
+	if r := post("ShardService/IssueShard", `{"shardId":"sh","subject":"tenant-7","route":"chat.generate","units":{"tokens":5},"gatewayId":"gw","bootEpoch":"1","ttl":"60s"}`); r.status != http.StatusOK {
+		t.Fatalf("issue a shard: %d %s", r.status, r.raw)
+	}
+	long := strings.Repeat("u", 10_000)
+	reserve := `{"reservationId":"new","subject":"tenant-7","route":"chat.generate","units":{"tokens":1,"` + long + `":1}}`
+	settle := `{"reservationId":"held","operationId":"op","actualUnits":{"tokens":1,"` + long + `":0}}`
+	reconcileReserved := `{"shardId":"sh","gatewayId":"gw","receipts":[{"reservationId":"local-1","state":"RESERVATION_STATE_SETTLED","reservedUnits":{"tokens":1,"` + long + `":0},"actualUnits":{"tokens":1}}]}`
+	reconcileActual := `{"shardId":"sh","gatewayId":"gw","receipts":[{"reservationId":"local-1","state":"RESERVATION_STATE_SETTLED","reservedUnits":{"tokens":1},"actualUnits":{"tokens":1,"` + long + `":0}}]}`
+	want := "a unit name is 10000 bytes long; at most 128"
+	for _, c := range []struct {
+		path, body, field string
+		batch             bool
+	}{
+		{"LedgerService/Reserve", reserve, "units", false},
+		{"LedgerService/ReserveBatch", `{"requests":[` + reserve + `]}`, "units", true},
+		{"LedgerService/Settle", settle, "actual_units", false},
+		{"LedgerService/SettleBatch", `{"requests":[` + settle + `]}`, "actual_units", true},
+		{"LedgerService/RecordUsage", `{"reservationId":"rec","operationId":"op-rec","subject":"tenant-7","route":"chat.generate","actualUnits":{"tokens":1,"` + long + `":1}}`, "actual_units", false},
+		{"ShardService/IssueShard", `{"shardId":"sh-2","subject":"tenant-7","route":"chat.generate","units":{"tokens":1,"` + long + `":1},"gatewayId":"gw","bootEpoch":"1","ttl":"60s"}`, "units", false},
+		{"ShardService/ReconcileShard", reconcileReserved, "receipts[0].reserved_units", false},
+		{"ShardService/ReconcileShard", reconcileActual, "receipts[0].actual_units", false},
+		{"RolloutService/CarveLegacyBudget", `{"budgetId":"b1","identity":"old-limiter","subject":"tenant-7","route":"chat.generate","units":{"tokens":1,"` + long + `":1},"ttl":"60s"}`, "units", false},
+	} {
+		r := post(c.path, c.body)
+		code, reason, message := connectError(r.raw)
+		if c.batch {
+			code, reason, message = batchItemError(t, r.raw, "application/json", protoreflect.Name(strings.TrimPrefix(c.path, "LedgerService/")))
+		}
+		if code != "invalid_argument" || reason != server.ReasonInvalidCommand || !strings.Contains(message, c.field+": "+want) {
+			t.Errorf("%s: %d %s %s %.300q; want invalid_argument INVALID_COMMAND naming %q", c.path, r.status, code, reason, message, c.field+": "+want)
+		}
+		if strings.Contains(string(r.raw), strings.Repeat("u", 200)) {
+			t.Errorf("%s: the answer quotes the unit name (%d bytes)", c.path, len(r.raw))
+		}
+	}
+	if got := field(h.ok("GetReservation", `{"reservationId":"held"}`, ""), "reservation", "state"); got != "RESERVATION_STATE_STARTED" {
+		t.Errorf("a refused settle changed the reservation: %v", got)
+	}
+	// At the bound: a name a policy could have, so UNKNOWN_UNIT naming it.
+	atBound := strings.Repeat("b", ledger.MaxUnitBytes)
+	r := h.call("Reserve", `{"reservationId":"new","subject":"tenant-7","route":"chat.generate","units":{"tokens":1,"`+atBound+`":1}}`, "")
+	h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonUnknownUnit)
+	if msg, _ := r.body["message"].(string); !strings.Contains(msg, atBound) {
+		t.Errorf("UNKNOWN_UNIT at the bound does not name the unit: %s", r.raw)
 	}
 }

@@ -216,7 +216,7 @@ func (svc *shardService) issue(ctx context.Context, m *v1.IssueShardRequest, leg
 		// cache that predates a generation published through another
 		// replica is reloaded (rate-limited) before NO_POLICY or
 		// UNKNOWN_UNIT is answered.
-		p, units, refusal, cerr := svc.s.mapActive(ctx, key, m.GetUnits(), "issue shard", m.GetShardId())
+		p, units, refusal, cerr := svc.s.mapActive(ctx, key, "units", m.GetUnits(), "issue shard", m.GetShardId())
 		if cerr != nil {
 			return nil, cerr
 		}
@@ -413,13 +413,14 @@ func (svc *shardService) ReconcileShard(ctx context.Context, req *connect.Reques
 		if !ok {
 			return nil, svc.refused(ledger.KindShardReconcile, invalidArgument(ReasonInvalidCommand, "receipt %q: state %s", r.GetReservationId(), r.GetState()))
 		}
-		reserved, err := amounts(&p, r.GetReservedUnits())
-		if err != nil {
-			return nil, svc.refused(ledger.KindShardReconcile, invalidArgument(ReasonUnknownUnit, "receipt %q: %v", r.GetReservationId(), err))
+		receipt := fmt.Sprintf("receipt %q", r.GetReservationId())
+		reserved, cerr := amounts(&p, receipt, fmt.Sprintf("receipts[%d].reserved_units", i), r.GetReservedUnits())
+		if cerr != nil {
+			return nil, svc.refused(ledger.KindShardReconcile, cerr)
 		}
-		actual, err := amounts(&p, r.GetActualUnits())
-		if err != nil {
-			return nil, svc.refused(ledger.KindShardReconcile, invalidArgument(ReasonUnknownUnit, "receipt %q: %v", r.GetReservationId(), err))
+		actual, cerr := amounts(&p, receipt, fmt.Sprintf("receipts[%d].actual_units", i), r.GetActualUnits())
+		if cerr != nil {
+			return nil, svc.refused(ledger.KindShardReconcile, cerr)
 		}
 		receipts[i] = ledger.ShardReceipt{ReservationID: r.GetReservationId(), State: state, Reserved: reserved, Actual: actual}
 	}
