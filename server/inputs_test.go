@@ -2,13 +2,20 @@ package server_test
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"google.golang.org/protobuf/reflect/protoreflect"
 
+	v1 "github.com/capledger/capledger/api/capledger/v1"
+	"github.com/capledger/capledger/api/capledger/v1/capledgerv1connect"
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/server"
 	"github.com/capledger/capledger/store"
@@ -275,6 +282,60 @@ func TestDoorDoesNotCountForbiddenShardWrites(t *testing.T) {
 	}
 	if strings.Contains(metrics, "permission_denied") {
 		t.Errorf("a 403 was counted as a command answered:\n%s", grep(metrics, "commands_total"))
+	}
+}
+
+// An empty gateway id of a shard write is refused by the door, the one
+// place that checks it, before the token's right to act for a gateway
+// (API.md, Order of checks: only a gatewayId that is no valid id is 400
+// before the 403): 400 INVALID_COMMAND "gateway_id is required", counted
+// as a shard command answered, over Connect JSON and gRPC, for a gateway
+// token (which would otherwise be 403 for gateway "") and an admin token.
+func TestEmptyGatewayIDIsRefusedAtTheDoor(t *testing.T) {
+	h := newHarness(t, harnessOptions{auth: true, shards: true})
+	h.ok("PublishPolicy", tokensPolicy, adminToken)
+	issue := &v1.IssueShardRequest{ShardId: "s", Subject: "tenant-7", Route: "chat.generate", Units: map[string]int64{"tokens": 1},
+		BootEpoch: 1, Ttl: durationpb.New(time.Minute)}
+	reconcile := &v1.ReconcileShardRequest{ShardId: "s"}
+	protocols := new(http.Protocols)
+	protocols.SetUnencryptedHTTP2(true)
+	transport := &http.Transport{Protocols: protocols, TLSClientConfig: &tls.Config{}}
+	t.Cleanup(transport.CloseIdleConnections)
+	answers := 0
+	for _, token := range []string{gatewayToken, adminToken} {
+		for _, c := range []struct{ method, body string }{
+			{"IssueShard", `{"shardId":"s","subject":"tenant-7","route":"chat.generate","units":{"tokens":1},"gatewayId":"","bootEpoch":1,"ttl":"60s"}`},
+			{"ReconcileShard", `{"shardId":"s","receipts":[]}`},
+		} {
+			req, _ := http.NewRequest(http.MethodPost, h.url+"/capledger.v1.ShardService/"+c.method, strings.NewReader(c.body))
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Authorization", "Bearer "+token)
+			r := h.do(req)
+			h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidCommand)
+			if msg, _ := r.body["message"].(string); msg != "gateway_id is required" {
+				t.Errorf("%s with an empty gateway id (JSON): message %q", c.method, msg)
+			}
+			answers++
+		}
+		grpcShards := capledgerv1connect.NewShardServiceClient(&http.Client{Transport: transport, Timeout: 10 * time.Second}, h.url,
+			connect.WithGRPC(), connect.WithInterceptors(bearer(token)))
+		_, errIssue := grpcShards.IssueShard(context.Background(), connect.NewRequest(issue))
+		_, errReconcile := grpcShards.ReconcileShard(context.Background(), connect.NewRequest(reconcile))
+		for method, err := range map[string]error{"IssueShard": errIssue, "ReconcileShard": errReconcile} {
+			if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "gateway_id is required") {
+				t.Errorf("%s with an empty gateway id (gRPC): %v; want invalid_argument gateway_id is required", method, err)
+			}
+			answers++
+		}
+	}
+	req, _ := http.NewRequest(http.MethodGet, h.url+"/metrics", nil)
+	req.Header.Set("Authorization", "Bearer "+adminToken)
+	metrics := string(h.do(req).raw)
+	for _, kind := range []string{"shard_issue", "shard_reconcile"} {
+		want := fmt.Sprintf(`capledger_shard_commands_total{kind=%q,outcome="invalid_command"} %d`, kind, answers/2)
+		if !strings.Contains(metrics, want+"\n") {
+			t.Errorf("metrics lack %s:\n%s", want, grep(metrics, "shard_commands_total"))
+		}
 	}
 }
 
