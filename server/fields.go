@@ -64,9 +64,31 @@ var textFields = map[protoreflect.Name]textRule{
 	"unit":             freeText,
 }
 
-// unitMaps are the maps of requests keyed by unit name: units, and the
-// actual and reserved units of settles, records and shard receipts.
-var unitMaps = map[protoreflect.Name]bool{"units": true, "actual_units": true, "reserved_units": true}
+// unitMaps are the maps of requests keyed by unit name (units, and the
+// actual and reserved units of settles, records and shard receipts), each
+// with the generated getter that reads it: the Go map is walked as it is,
+// where protoreflect's Range allocated for every key (the door's check
+// of a Reserve took 5x as long).
+var unitMaps = map[protoreflect.Name]func(proto.Message) map[string]int64{
+	"units": func(m proto.Message) map[string]int64 {
+		if g, ok := m.(interface{ GetUnits() map[string]int64 }); ok {
+			return g.GetUnits()
+		}
+		return nil // not a generated message: checkUnitValues checks
+	},
+	"actual_units": func(m proto.Message) map[string]int64 {
+		if g, ok := m.(interface{ GetActualUnits() map[string]int64 }); ok {
+			return g.GetActualUnits()
+		}
+		return nil // not a generated message: checkUnitValues checks
+	},
+	"reserved_units": func(m proto.Message) map[string]int64 {
+		if g, ok := m.(interface{ GetReservedUnits() map[string]int64 }); ok {
+			return g.GetReservedUnits()
+		}
+		return nil // not a generated message: checkUnitValues checks
+	},
+}
 
 // unitNameProblem is the door's rule for a unit name a command states (a
 // key of a units map): not empty, free of NUL and valid UTF-8. It returns
@@ -134,6 +156,7 @@ type textPlan struct {
 	text     []protoreflect.FieldDescriptor
 	rules    []textRule
 	units    []protoreflect.FieldDescriptor
+	unitsOf  []func(proto.Message) map[string]int64
 	messages []protoreflect.FieldDescriptor
 	reason   string
 }
@@ -153,8 +176,9 @@ func planOf(md protoreflect.MessageDescriptor) *textPlan {
 		fd := fields.Get(i)
 		switch {
 		case fd.IsMap():
-			if unitMaps[fd.Name()] {
+			if get, ok := unitMaps[fd.Name()]; ok {
 				p.units = append(p.units, fd)
+				p.unitsOf = append(p.unitsOf, get)
 			}
 		case fd.Kind() == protoreflect.StringKind:
 			if rule, ok := textFields[fd.Name()]; ok {
@@ -195,9 +219,9 @@ func textProblemAt(m protoreflect.Message, prefix string) *connect.Error {
 			return invalidArgument(p.reason, "%s%s %s", prefix, fd.Name(), problem)
 		}
 	}
-	for _, fd := range p.units {
-		if cerr := unitNamesProblem(prefix+string(fd.Name()), m.Get(fd).Map()); cerr != nil {
-			return cerr
+	for i, fd := range p.units {
+		if name, bad := firstBadUnitName(p.unitsOf[i](m.Interface())); bad {
+			return unitNameProblem(prefix+string(fd.Name()), name)
 		}
 	}
 	for _, fd := range p.messages {
@@ -220,21 +244,16 @@ func textProblemAt(m protoreflect.Message, prefix string) *connect.Error {
 	return nil
 }
 
-// unitNamesProblem checks the keys of units, the map field, by
-// unitNameProblem. The first bad name in sorted order answers, whatever
-// order the map iterates in, as in checkUnitValues.
-func unitNamesProblem(field string, units protoreflect.Map) *connect.Error {
-	var first *string
-	units.Range(func(k protoreflect.MapKey, _ protoreflect.Value) bool {
-		if name := k.String(); (first == nil || name < *first) && unitNameProblem(field, name) != nil {
-			first = &name
+// firstBadUnitName returns the first name of units (in sorted order,
+// whatever order the map iterates in, as checkUnitValues) that
+// unitNameProblem refuses; bad is false when every name is good.
+func firstBadUnitName(units map[string]int64) (name string, bad bool) {
+	for n := range units {
+		if (!bad || n < name) && unitNameProblem("", n) != nil {
+			name, bad = n, true
 		}
-		return true
-	})
-	if first == nil {
-		return nil
 	}
-	return unitNameProblem(field, *first)
+	return name, bad
 }
 
 // countedRefusals are the methods whose refusals before the ledger count
