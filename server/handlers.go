@@ -802,7 +802,7 @@ func (s *Server) auditResponse(ctx context.Context, found []ledger.Discrepancy, 
 	}
 	// Every audit answered, unary or streamed, feeds the seed's gate
 	// metrics and the console's audit status: one place for both.
-	s.recordGates(ctx, found)
+	s.recordGates(ctx, found, mode)
 	s.console.audited(ctx, s.log, resp.GetCheckedAt().AsTime(), found, mode)
 	return resp
 }

@@ -83,9 +83,7 @@ var sessionDefaults = map[string]string{
 func parseConfig(dsn string) (*pgxpool.Config, bool, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
-		// The parse error may quote the DSN, password included; say only
-		// what is wrong.
-		return nil, false, fmt.Errorf("postgres dsn: %w", errors.Unwrap(err))
+		return nil, false, dsnError(err)
 	}
 	set := dsnSettings(cfg.ConnConfig.RuntimeParams)
 	for name, value := range sessionDefaults {
@@ -167,6 +165,23 @@ func optionsSettings(options string) map[string]string {
 		settings[strings.ToLower(strings.ReplaceAll(name, "-", "_"))] = value
 	}
 	return settings
+}
+
+// dsnError says what is wrong with a DSN that does not parse, without the
+// DSN: pgconn's message quotes it ("cannot parse `DSN`: what (cause)"),
+// password included when its best-effort redaction misses one, so only the
+// part after the quote is kept. Some of pgconn's errors wrap no cause (an
+// unknown target_session_attrs, a port that is no number): the part after
+// the quote is all they say.
+func dsnError(err error) error {
+	msg := err.Error()
+	if i := strings.LastIndex(msg, "`: "); strings.HasPrefix(msg, "cannot parse `") && i >= 0 {
+		return fmt.Errorf("postgres dsn: %s", msg[i+len("`: "):])
+	}
+	if cause := errors.Unwrap(err); cause != nil {
+		return fmt.Errorf("postgres dsn: %w", cause)
+	}
+	return errors.New("postgres dsn: it does not parse")
 }
 
 // targetSessionAttrs names the connect validators pgconn.ParseConfig sets
