@@ -92,9 +92,7 @@ func (e *Emergency) run(ctx context.Context, req ReserveRequest, work Work, g ga
 		}
 		return nil, &UsageUnknownError{Receipt: receipt, Marked: uerr == nil, Err: cause}
 	}
-	if actual == nil {
-		actual = Units{}
-	}
+	actual = usageToSettle(actual, receipt.Reserved)
 	receipt.Actual = actual
 	settled, serr := e.store.Settle(id, receipt.OperationID, actual)
 	done(actual)

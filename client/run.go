@@ -178,11 +178,7 @@ func (c *Client) runReserved(ctx context.Context, rr *ReserveResult, work Work, 
 		}
 		return nil, uerr
 	}
-	if actual == nil {
-		actual = zeroUnits(receipt.Reserved) // "used nothing", said of every unit
-	} else {
-		actual = statedForEvery(actual, receipt.Reserved)
-	}
+	actual = usageToSettle(actual, receipt.Reserved)
 	receipt.Actual = actual
 	// Before the settle, so the resolver can settle with it if the
 	// settle is lost; a failure here leaves the record running (the
@@ -391,6 +387,18 @@ func (c *Client) ResolveUnknown(ctx context.Context, receipt OperationReceipt, a
 	delete(c.pending, receipt.ReservationID)
 	c.pendingMu.Unlock()
 	return sr, nil
+}
+
+// usageToSettle is the usage a Run settles for work that reported actual
+// (the rules of Work): nil is "used nothing", said of every reserved
+// unit; a reserved unit actual leaves out is settled at its estimate.
+// Client.Run and Emergency.Run (central or from a shard) both settle
+// with it.
+func usageToSettle(actual, reserved Units) Units {
+	if actual == nil {
+		return zeroUnits(reserved)
+	}
+	return statedForEvery(actual, reserved)
 }
 
 // zeroUnits states zero usage of every unit of reserved.

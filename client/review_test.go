@@ -1,0 +1,62 @@
+package client
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+	"time"
+
+	ledgerv1 "github.com/capledger/capledger/api/capledger/v1"
+	"github.com/capledger/capledger/ledger"
+)
+
+// partitionedTwoUnitGateway returns an Emergency whose Client reaches the
+// ledger through the fault proxy, with a shard of tokens and requests,
+// and then closes the proxy: every later call is refused at connect, so
+// Emergency admits from the shard.
+func partitionedTwoUnitGateway(t *testing.T) *Emergency {
+	t.Helper()
+	l := startShardLedger(t)
+	if _, _, err := l.direct.PublishPolicy(context.Background(), &ledgerv1.Policy{
+		Subject: "tenant-7", Route: "chat.generate", EmergencyMode: true,
+		Dimensions: []*ledgerv1.Dimension{{Unit: "tokens", Burst: 1_000_000}, {Unit: "requests", Burst: 1_000}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	gw := l.viaProxy(t)
+	store, err := OpenShardStore(filepath.Join(t.TempDir(), "gw"), ShardStoreOptions{GatewayID: "gw-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	em := NewEmergency(gw, store, EmergencyOptions{})
+	if _, err := em.Provision(withoutWatchdog(context.Background()), ProvisionRequest{Subject: "tenant-7", Route: "chat.generate",
+		Units: Units{"tokens": 1_000, "requests": 10}, TTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	l.proxy.Close()
+	return em
+}
+
+// Emergency.Run follows Client.Run's rules from the shard too: a reserved
+// unit the work's usage leaves out is settled at its estimate (an
+// unmeasured unit is no proof that nothing was used), never at zero.
+func TestEmergencyRunLocalSettlesAnUnstatedUnitAtItsEstimate(t *testing.T) {
+	em := partitionedTwoUnitGateway(t)
+	res, err := em.Run(context.Background(), ReserveRequest{Subject: "tenant-7", Route: "chat.generate",
+		Units: Units{"tokens": 100, "requests": 1}}, func(context.Context) (Units, error) {
+		return Units{"tokens": 40}, nil // measured tokens only
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Local == nil || res.Local.State != ledger.StateSettled {
+		t.Fatalf("not settled locally: %+v", res)
+	}
+	if got := res.Local.Actual; got["tokens"] != 40 || got["requests"] != 1 {
+		t.Fatalf("local actual %v, want tokens 40 and requests at its estimate 1", got)
+	}
+	if got := res.Receipt.Actual; got["requests"] != 1 {
+		t.Fatalf("receipt actual %v, want requests 1", got)
+	}
+}
