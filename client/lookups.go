@@ -105,8 +105,7 @@ func (c *Client) lookUp(l *lookup) {
 	for {
 		select {
 		case <-ctx.Done():
-			l.Err = ctx.Err()
-			c.finishLookup(l)
+			c.finishLookup(l, nil, ctx.Err())
 			return
 		case <-c.breaker.closedChan():
 		}
@@ -115,15 +114,13 @@ func (c *Client) lookUp(l *lookup) {
 		acancel()
 		switch {
 		case err == nil:
-			l.Reservation = res
-			c.finishLookup(l)
+			c.finishLookup(l, res, nil)
 			return
 		case errors.Is(err, ErrDigestMismatch):
-			l.Err = err
-			c.finishLookup(l)
+			c.finishLookup(l, nil, err)
 			return
 		case errors.Is(err, ErrNotFound):
-			c.finishLookup(l)
+			c.finishLookup(l, nil, nil)
 			return
 		}
 		t := time.NewTimer(wait/2 + time.Duration(rand.Int64N(int64(wait/2)+1)))
@@ -136,20 +133,23 @@ func (c *Client) lookUp(l *lookup) {
 	}
 }
 
-func (c *Client) finishLookup(l *lookup) {
+// finishLookup records the lookup's outcome (the admitted reservation, or
+// why it ended without one) under mu, where LostReserves reads it, and
+// tells whoever waits for it.
+func (c *Client) finishLookup(l *lookup, res *ledgerv1.Reservation, err error) {
 	ls := c.lookups
 	ls.mu.Lock()
 	delete(ls.m, l.ReservationID)
-	onFound := l.onFound
-	l.Done = true
+	l.Reservation, l.Err, l.Done = res, err, true
+	onFound, outcome := l.onFound, l.LostReserve
 	ls.mu.Unlock()
-	if l.Reservation != nil {
+	if res != nil {
 		for _, f := range onFound {
-			f(l.Reservation)
+			f(res)
 		}
 	}
 	if ls.handler != nil {
-		ls.handler(l.LostReserve)
+		ls.handler(outcome)
 	}
 }
 

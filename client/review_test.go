@@ -60,3 +60,54 @@ func TestEmergencyRunLocalSettlesAnUnstatedUnitAtItsEstimate(t *testing.T) {
 		t.Fatalf("receipt actual %v, want requests 1", got)
 	}
 }
+
+// LostReserves may be read while the background lookups run (a gateway
+// polls it for its dashboard): the lookup's findings are published under
+// the lock LostReserves reads under. Run with -race.
+func TestLostReservesCanBeReadWhileTheLookupResolves(t *testing.T) {
+	l := startLedger(t)
+	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 10_000})
+	found := make(chan LostReserve, 1)
+	c := l.viaProxy(t, WithTimeout(2*time.Second), WithRetryPolicy(RetryPolicy{MaxAttempts: 1}),
+		// One lost answer after 200 ms of silence opens the breaker, so
+		// the lookup of the lost Reserve moves to the background.
+		WithBreaker(BreakerPolicy{FailureThreshold: 1, DetectTimeout: 200 * time.Millisecond, ProbeBase: 20 * time.Millisecond, ProbeMax: 50 * time.Millisecond}),
+		WithLostReserveHandler(func(lr LostReserve) { found <- lr }))
+	time.Sleep(250 * time.Millisecond) // no answer for longer than DetectTimeout
+	stop := make(chan struct{})
+	polled := make(chan int)
+	go func() {
+		n := 0
+		for {
+			select {
+			case <-stop:
+				polled <- n
+				return
+			default:
+			}
+			for _, lr := range c.LostReserves() {
+				_ = lr.Reservation.GetState()
+				_ = lr.Err
+				n++
+			}
+		}
+	}()
+	l.proxy.DropNextResponses(1) // the Reserve lands; its answer is lost
+	_, err := c.Reserve(context.Background(), ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 300}})
+	unknown := mustErrAs[*ReservationUnknownError](t, err)
+	if !unknown.LookingUp {
+		t.Fatalf("the lookup did not move to the background: %v", err)
+	}
+	var lr LostReserve
+	select {
+	case lr = <-found:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the lookup never finished: %+v", c.LostReserves())
+	}
+	close(stop)
+	t.Logf("LostReserves read %d entries while the lookup ran", <-polled)
+	if !lr.Done || lr.Err != nil || lr.Reservation.GetReservationId() != unknown.ReservationID ||
+		!isState(lr.Reservation, ledgerv1.ReservationState_RESERVATION_STATE_RESERVED) {
+		t.Fatalf("lookup outcome %+v, want the admitted reservation", lr)
+	}
+}
