@@ -2,7 +2,9 @@ package client
 
 import (
 	"context"
+	"net/http"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -109,5 +111,54 @@ func TestLostReservesCanBeReadWhileTheLookupResolves(t *testing.T) {
 	if !lr.Done || lr.Err != nil || lr.Reservation.GetReservationId() != unknown.ReservationID ||
 		!isState(lr.Reservation, ledgerv1.ReservationState_RESERVATION_STATE_RESERVED) {
 		t.Fatalf("lookup outcome %+v, want the admitted reservation", lr)
+	}
+}
+
+// With the default usage (Usage nil: ReportUsage, else the estimate), a
+// handler that returns after its client went away without reporting
+// usage is USAGE_UNKNOWN (docs/CLIENTS.md, section 8): the backend it
+// called may still be working, so its usage is not known to be the
+// estimate. Its capacity stays held and its receipt is kept.
+func TestMiddlewareClientGoneWithoutUsageIsUnknown(t *testing.T) {
+	l := startLedger(t)
+	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 10_000})
+	started := make(chan struct{}, 1)
+	handlerDone := make(chan struct{}, 1)
+	backend := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		w.Write([]byte("partial answer"))
+		http.NewResponseController(w).Flush()
+		started <- struct{}{}
+		<-r.Context().Done() // the client hangs up mid-answer
+		handlerDone <- struct{}{}
+	})
+	gw := gateway(t, l.direct, MiddlewareConfig{}, backend)
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "POST", gw.URL, strings.NewReader("x"))
+	req.Header.Set("X-Tenant", "tenant-7")
+	resp, err := gw.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resp.Header.Get(ReservationHeader)
+	<-started
+	cancel()
+	resp.Body.Close()
+	<-handlerDone
+	var got *ledgerv1.Reservation
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		got, err = l.direct.GetReservation(context.Background(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.GetState() != ledgerv1.ReservationState_RESERVATION_STATE_STARTED || time.Now().After(deadline) {
+			break
+		}
+	}
+	if !isState(got, ledgerv1.ReservationState_RESERVATION_STATE_USAGE_UNKNOWN) {
+		t.Fatalf("reservation %s is %s (actual %v), want USAGE_UNKNOWN", id, got.GetState(), got.GetActualUnits())
+	}
+	if pending := l.direct.PendingUnknown(); len(pending) != 1 || pending[0].ReservationID != id || pending[0].Actual != nil {
+		t.Fatalf("pending receipts %+v, want the one of %s without usage", pending, id)
 	}
 }
