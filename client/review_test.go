@@ -162,3 +162,35 @@ func TestMiddlewareClientGoneWithoutUsageIsUnknown(t *testing.T) {
 		t.Fatalf("pending receipts %+v, want the one of %s without usage", pending, id)
 	}
 }
+
+// A ReserveBatch whose answer was lost may be sent again unchanged
+// (docs/CLIENTS.md, section 7): the ids the SDK minted for items without
+// one are written back into the caller's slice, so the repeat carries
+// them and the admitted items replay instead of being debited twice.
+func TestLostReserveBatchRepeatedUnchangedReplays(t *testing.T) {
+	l := startLedger(t)
+	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 10_000})
+	c := l.viaProxy(t, WithTimeout(2*time.Second), WithRetryPolicy(RetryPolicy{MaxAttempts: 1}))
+	reqs := []ReserveRequest{
+		{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 100}},
+		{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 200}},
+	}
+	l.proxy.DropNextResponses(1) // the batch lands; its answer is lost
+	_, err := c.ReserveBatch(context.Background(), reqs)
+	mustErrAs[*LostError](t, err)
+	if st := l.proxy.Stats(); st.DroppedResponses != 1 {
+		t.Fatalf("proxy stats %+v: the fault did not happen", st)
+	}
+	out, err := c.ReserveBatch(context.Background(), reqs) // the same slice again
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, o := range out {
+		if o.Err != nil || !o.Result.Replayed || o.Result.ReservationID != reqs[i].ReservationID {
+			t.Fatalf("item %d: %+v (err %v), want a replay of %q", i, o.Result, o.Err, reqs[i].ReservationID)
+		}
+	}
+	if b := l.balance(t, "tenant-7", "chat.generate"); b.GetReserved() != 300 {
+		t.Fatalf("reserved %d, want 300 (debited once)", b.GetReserved())
+	}
+}
