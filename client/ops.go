@@ -109,6 +109,8 @@ func prepare(req *ReserveRequest) (id, digest string, err error) {
 //     with the same id, never a new one;
 //   - the transport error (connect code Unavailable) when no attempt could
 //     even connect: nothing was sent, nothing can have been admitted;
+//   - ctx.Err() when ctx had ended before the first attempt: nothing was
+//     sent either;
 //   - an argument error for a request that cannot be digested.
 //
 // A lost answer (timeout, cut connection, UNAVAILABLE) is retried with the

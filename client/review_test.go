@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -192,5 +193,28 @@ func TestLostReserveBatchRepeatedUnchangedReplays(t *testing.T) {
 	}
 	if b := l.balance(t, "tenant-7", "chat.generate"); b.GetReserved() != 300 {
 		t.Fatalf("reserved %d, want 300 (debited once)", b.GetReserved())
+	}
+}
+
+// A Reserve whose caller's context ended before anything was sent lost
+// nothing: it returns the context's error, not RESERVATION_UNKNOWN, and
+// leaves no background lookup of an id the ledger never saw.
+func TestReserveWithAnEndedContextSendsNothingAndLosesNothing(t *testing.T) {
+	l := startLedger(t)
+	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 10_000})
+	c := l.viaProxy(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	before := l.proxy.Stats()
+	_, err := c.Reserve(ctx, ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 100}})
+	var unknown *ReservationUnknownError
+	if errors.As(err, &unknown) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("reserve with an ended context: %v, want context.Canceled", err)
+	}
+	if lost := c.LostReserves(); len(lost) != 0 {
+		t.Fatalf("lost reserves %+v, want none", lost)
+	}
+	if after := l.proxy.Stats(); after.Accepted != before.Accepted {
+		t.Fatalf("proxy stats %+v then %+v: a connection was opened", before, after)
 	}
 }
