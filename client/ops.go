@@ -178,7 +178,7 @@ func (c *Client) resolveLostReserve(ctx context.Context, id, digest string, atte
 			return nil, &ReservationUnknownError{ReservationID: id, RequestDigest: digest, Attempts: attempts, Err: lostErr}
 		}
 	}
-	c.lookUpLater(id, digest)
+	c.lookUpLater(id, digest, lostReserveFound(ctx))
 	return nil, &ReservationUnknownError{ReservationID: id, RequestDigest: digest, Attempts: attempts, Err: lostErr, LookingUp: true}
 }
 

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -216,5 +217,64 @@ func TestReserveWithAnEndedContextSendsNothingAndLosesNothing(t *testing.T) {
 	}
 	if after := l.proxy.Stats(); after.Accepted != before.Accepted {
 		t.Fatalf("proxy stats %+v then %+v: a connection was opened", before, after)
+	}
+}
+
+// When a lost central Reserve is served from the shard, the central hold
+// the background lookup finds is released (docs/CLIENTS.md, section 5),
+// also when the lookup finds it before the local admission is done (here
+// a slow shard store: its clock takes 1.5 s, as a slow fsync would).
+func TestEmergencyReleasesTheCentralHoldTheLookupFindsFirst(t *testing.T) {
+	l := startShardLedger(t)
+	if _, _, err := l.direct.PublishPolicy(context.Background(), &ledgerv1.Policy{
+		Subject: "tenant-7", Route: "chat.generate", EmergencyMode: true,
+		Dimensions: []*ledgerv1.Dimension{{Unit: "tokens", Burst: 1_000_000}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	gw := l.viaProxy(t, WithTimeout(2*time.Second), WithRetryPolicy(RetryPolicy{MaxAttempts: 1}),
+		// One lost answer after 200 ms of silence opens the breaker; a
+		// probe closes it again 10-20 ms later.
+		WithBreaker(BreakerPolicy{FailureThreshold: 1, DetectTimeout: 200 * time.Millisecond, ProbeBase: 20 * time.Millisecond, ProbeMax: 50 * time.Millisecond}))
+	var slow atomic.Bool
+	store, err := OpenShardStore(filepath.Join(t.TempDir(), "gw"), ShardStoreOptions{GatewayID: "gw-a", Clock: func() time.Time {
+		if slow.Load() {
+			time.Sleep(1500 * time.Millisecond)
+		}
+		return time.Now()
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	em := NewEmergency(gw, store, EmergencyOptions{})
+	if _, err := em.Provision(withoutWatchdog(context.Background()), ProvisionRequest{Subject: "tenant-7", Route: "chat.generate",
+		Units: Units{"tokens": 1_000}, TTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(250 * time.Millisecond) // no answer for longer than DetectTimeout
+	slow.Store(true)
+	l.proxy.DropNextResponses(1) // the central Reserve lands; its answer is lost
+	r, err := em.Reserve(context.Background(), ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 10}})
+	slow.Store(false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var unknown *ReservationUnknownError
+	if r.Local == nil || !errors.As(r.LedgerErr, &unknown) || !unknown.LookingUp {
+		t.Fatalf("reserve %+v: want it served from the shard while its lost central Reserve is looked up", r)
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		got, err := l.direct.GetReservation(context.Background(), r.ReservationID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if isState(got, ledgerv1.ReservationState_RESERVATION_STATE_RELEASED) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the central hold of %s served from the shard is %s, want RELEASED (lost reserves %+v)",
+				r.ReservationID, got.GetState(), gw.LostReserves())
+		}
 	}
 }
