@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -277,4 +278,67 @@ func TestEmergencyReleasesTheCentralHoldTheLookupFindsFirst(t *testing.T) {
 				r.ReservationID, got.GetState(), gw.LostReserves())
 		}
 	}
+}
+
+// clientGoroutines returns the stacks of the goroutines running the
+// Client's own background code: the breaker's prober, the resend loop of
+// kept settles and the lookups of lost Reserves.
+func clientGoroutines() []string {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	var out []string
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		for _, file := range []string{"client/breaker.go:", "client/resettle.go:", "client/lookups.go:"} {
+			if strings.Contains(g, file) {
+				out = append(out, g)
+				break
+			}
+		}
+	}
+	return out
+}
+
+// Close ends every goroutine the Client started, also in the middle of an
+// outage: the prober of the open breaker, the resend loop of a kept
+// settle and the background lookup of a lost Reserve, all waiting for a
+// ledger that does not come back.
+func TestCloseEndsTheClientsGoroutinesDuringAnOutage(t *testing.T) {
+	l := startLedger(t)
+	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 10_000})
+	before := runtime.NumGoroutine()
+	c, err := New(l.proxy.Addr(), WithTimeout(2*time.Second), WithRetryPolicy(RetryPolicy{MaxAttempts: 1}),
+		WithBreaker(BreakerPolicy{FailureThreshold: 1, DetectTimeout: 300 * time.Millisecond, ProbeBase: 20 * time.Millisecond, ProbeMax: 50 * time.Millisecond}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lost error
+	_, err = c.Run(context.Background(), ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 100}},
+		func(ctx context.Context) (Units, error) {
+			time.Sleep(350 * time.Millisecond) // no answer for longer than DetectTimeout
+			l.proxy.DropNextResponses(1)       // this Reserve lands, its answer is lost: the breaker opens
+			_, lost = c.Reserve(ctx, ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 10}})
+			l.proxy.SetFaults(faultsPartition) // and the ledger stays away
+			return Units{"tokens": 40}, nil
+		})
+	mustErrAs[*UsageUnknownError](t, err) // the settle was not sent: kept and resent later
+	if unknown := mustErrAs[*ReservationUnknownError](t, lost); !unknown.LookingUp {
+		t.Fatalf("the lost Reserve is not looked up in the background: %v", lost)
+	}
+	if g := clientGoroutines(); len(g) < 3 {
+		t.Fatalf("%d client goroutines during the outage, want the prober, the resend loop and the lookup:\n%s", len(g), strings.Join(g, "\n\n"))
+	}
+	c.Close()
+	for deadline := time.Now().Add(5 * time.Second); len(clientGoroutines()) > 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("goroutines left after Close:\n%s", strings.Join(clientGoroutines(), "\n\n"))
+		}
+	}
+	t.Logf("goroutines: %d before New, %d after Close (the proxy's blackholed links included)", before, runtime.NumGoroutine())
 }
