@@ -1,6 +1,7 @@
 package client
 
 import (
+	"connectrpc.com/connect"
 	"context"
 	"errors"
 	"net/http"
@@ -341,4 +342,34 @@ func TestCloseEndsTheClientsGoroutinesDuringAnOutage(t *testing.T) {
 		}
 	}
 	t.Logf("goroutines: %d before New, %d after Close (the proxy's blackholed links included)", before, runtime.NumGoroutine())
+}
+
+// Work that reports a usage the ledger cannot take (a negative amount, a
+// unit the policy does not have) used something nobody can state: Run
+// marks it USAGE_UNKNOWN and hands back its operation receipt, the only
+// thing that can settle it later, instead of leaving it STARTED with the
+// receipt lost.
+func TestRunMarksUnknownWhenTheReportedUsageIsRefused(t *testing.T) {
+	l := startLedger(t)
+	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 10_000})
+	for name, usage := range map[string]Units{"negative": {"tokens": -5}, "unknown unit": {"tokenz": 5}} {
+		t.Run(name, func(t *testing.T) {
+			_, err := l.direct.Run(context.Background(), ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 100}},
+				func(context.Context) (Units, error) { return usage, nil })
+			unknown := mustErrAs[*UsageUnknownError](t, err)
+			if unknown.Receipt.OperationID == "" || !unknown.Marked || unknown.Receipt.Actual != nil {
+				t.Fatalf("unknown %+v: want a marked receipt with its operation id and no usage", unknown)
+			}
+			if le := mustErrAs[*LedgerError](t, err); le.Code != connect.CodeInvalidArgument || le.Op != "settle" {
+				t.Fatalf("error %v does not carry the settle's refusal", err)
+			}
+			got, gerr := l.direct.GetReservation(context.Background(), unknown.Receipt.ReservationID)
+			if gerr != nil || !isState(got, ledgerv1.ReservationState_RESERVATION_STATE_USAGE_UNKNOWN) {
+				t.Fatalf("reservation %v %v, want USAGE_UNKNOWN", got, gerr)
+			}
+			if _, err := l.direct.ResolveUnknown(context.Background(), unknown.Receipt, Units{"tokens": 7}); err != nil {
+				t.Fatalf("the receipt does not resolve it: %v", err)
+			}
+		})
+	}
 }

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"time"
 
+	"connectrpc.com/connect"
+
 	ledgerv1 "github.com/capledger/capledger/api/capledger/v1"
 )
 
@@ -78,8 +80,11 @@ type gate func(ctx context.Context, rr *ReserveResult) (done func(actual Units),
 //     called; an unstarted reservation is released);
 //   - ctx.Err() when ctx ended before Start (the reservation is released);
 //   - *UsageUnknownError when work's usage is unknown (see Work), the
-//     settle answer was lost, or the ledger could not record the usage
-//     (ErrLifetimeExhausted: the account's lifetime counters are full): the
+//     settle answer was lost, the ledger refused the usage work reported
+//     (invalid_argument: a negative amount, a unit the policy does not
+//     have; the refusal is its Err, its Receipt has no Actual), or the
+//     ledger could not record the usage (ErrLifetimeExhausted: the
+//     account's lifetime counters are full): the
 //     reservation is marked USAGE_UNKNOWN, its receipt is kept
 //     (PendingUnknown) and ResolveUnknown settles it later;
 //   - *UsageUnknownError (Marked false) when the settle was not applied
@@ -205,6 +210,17 @@ func (c *Client) runReserved(ctx context.Context, rr *ReserveResult, work Work, 
 			// in the background with the same ids until it lands.
 			c.keepPending(receipt)
 			return nil, &UsageUnknownError{Receipt: receipt, Err: serr}
+		}
+		var refused *LedgerError
+		if errors.As(serr, &refused) && refused.Code == connect.CodeInvalidArgument {
+			// The ledger cannot take the usage the work reported (a
+			// negative amount, a unit the policy does not have): what it
+			// used is unknown. Marked, with the receipt kept (the only
+			// thing that can settle it), rather than left STARTED with
+			// nobody holding its operation id.
+			receipt.Actual = nil
+			_, uerr := c.markUnknown(ctx, receipt, serr)
+			return nil, uerr
 		}
 		if errors.Is(serr, ErrLifetimeExhausted) {
 			// The usage cannot be recorded on this account: left started,
