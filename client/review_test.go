@@ -373,3 +373,34 @@ func TestRunMarksUnknownWhenTheReportedUsageIsRefused(t *testing.T) {
 		})
 	}
 }
+
+// From a shard too: a usage the local ledger refuses leaves the work
+// USAGE_UNKNOWN with its receipt returned, never STARTED and forgotten.
+func TestEmergencyRunLocalMarksUnknownWhenTheReportedUsageIsRefused(t *testing.T) {
+	em := partitionedTwoUnitGateway(t)
+	for name, usage := range map[string]Units{"negative": {"tokens": -5}, "unknown unit": {"tokenz": 5}} {
+		t.Run(name, func(t *testing.T) {
+			_, err := em.Run(context.Background(), ReserveRequest{Subject: "tenant-7", Route: "chat.generate",
+				Units: Units{"tokens": 100, "requests": 1}}, func(context.Context) (Units, error) { return usage, nil })
+			unknown := mustErrAs[*UsageUnknownError](t, err)
+			if unknown.Receipt.OperationID == "" || !unknown.Marked || unknown.Receipt.Actual != nil {
+				t.Fatalf("unknown %+v: want a marked receipt with its operation id and no usage", unknown)
+			}
+			if !errors.Is(err, ledger.ErrInvalidCommand) {
+				t.Fatalf("error %v does not carry the local refusal", err)
+			}
+			receipts, rerr := em.Store().Receipts(em.Store().Shards()[0].Shard.ID)
+			if rerr != nil {
+				t.Fatal(rerr)
+			}
+			for _, r := range receipts {
+				if r.ReservationID == unknown.Receipt.ReservationID && r.State != ledger.StateUsageUnknown {
+					t.Fatalf("local reservation is %s, want USAGE_UNKNOWN", r.State)
+				}
+			}
+			if err := em.Settle(context.Background(), unknown.Receipt.ReservationID, unknown.Receipt.OperationID, Units{"tokens": 7, "requests": 1}); err != nil {
+				t.Fatalf("the receipt does not settle it: %v", err)
+			}
+		})
+	}
+}
