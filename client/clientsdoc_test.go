@@ -1,3 +1,7 @@
+// Tests of promises docs/CLIENTS.md makes about the Go SDK, each written
+// when a review of the SDK against that page found it broken (or, for
+// Close, to guard it), and seen failing before the fix.
+
 package client
 
 import (
