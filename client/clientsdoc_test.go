@@ -5,7 +5,6 @@
 package client
 
 import (
-	"connectrpc.com/connect"
 	"context"
 	"errors"
 	"net/http"
@@ -15,6 +14,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"connectrpc.com/connect"
 
 	ledgerv1 "github.com/capledger/capledger/api/capledger/v1"
 	"github.com/capledger/capledger/ledger"
