@@ -204,7 +204,21 @@ func (e *Emergency) Reserve(ctx context.Context, req ReserveRequest) (*Emergency
 		}
 		return &EmergencyReservation{ReservationID: id, RequestDigest: digest, Local: local}, nil
 	}
-	central, err := e.client.Reserve(ctx, req)
+	// If the central Reserve's answers are lost and its id is looked up
+	// in the background, a hold the lookup finds is released when this
+	// request is served from the shard. The lookup may find it before the
+	// local admission below is done: it waits for that decision.
+	decided := make(chan struct{})
+	defer close(decided)
+	lookupCtx := withLostReserveFound(ctx, func(res *ledgerv1.Reservation) {
+		<-decided
+		if res.GetState() == ledgerv1.ReservationState_RESERVATION_STATE_RESERVED && e.store.Has(id) {
+			rctx, cancel := e.client.detached(context.Background())
+			defer cancel()
+			e.client.Release(rctx, id)
+		}
+	})
+	central, err := e.client.Reserve(lookupCtx, req)
 	if err == nil {
 		return &EmergencyReservation{ReservationID: id, RequestDigest: digest, Central: central}, nil
 	}
@@ -214,19 +228,6 @@ func (e *Emergency) Reserve(ctx context.Context, req ReserveRequest) (*Emergency
 	local, lerr := e.store.Reserve(id, digest, req.Subject, req.Route, req.Region, req.Units)
 	if lerr != nil {
 		return nil, errors.Join(err, lerr)
-	}
-	var unknown *ReservationUnknownError
-	if errors.As(err, &unknown) && unknown.LookingUp {
-		// The lost Reserve may have landed centrally: the request runs
-		// from the shard, so the central hold, once found, is released
-		// rather than left to expire.
-		e.client.whenFound(id, func(res *ledgerv1.Reservation) {
-			if res.GetState() == ledgerv1.ReservationState_RESERVATION_STATE_RESERVED {
-				ctx, cancel := e.client.detached(context.Background())
-				defer cancel()
-				e.client.Release(ctx, id)
-			}
-		})
 	}
 	return &EmergencyReservation{ReservationID: id, RequestDigest: digest, Local: local, LedgerErr: err}, nil
 }
