@@ -82,24 +82,37 @@ func (e *Emergency) run(ctx context.Context, req ReserveRequest, work Work, g ga
 		} else if cause == nil {
 			cause = ErrUsageUnknown
 		}
-		_, uerr := e.store.MarkUsageUnknown(id)
+		uerr := e.markLocalUnknown(receipt, cause)
 		done(receipt.Reserved)
 		if panicked {
 			panic(panicValue)
 		}
-		if uerr != nil {
-			cause = errors.Join(cause, uerr)
-		}
-		return nil, &UsageUnknownError{Receipt: receipt, Marked: uerr == nil, Err: cause}
+		return nil, uerr
 	}
-	if actual == nil {
-		actual = Units{}
-	}
+	actual = usageToSettle(actual, receipt.Reserved)
 	receipt.Actual = actual
 	settled, serr := e.store.Settle(id, receipt.OperationID, actual)
 	done(actual)
+	if errors.Is(serr, ledger.ErrInvalidCommand) {
+		// The shard cannot take the usage the work reported (a negative
+		// amount, a unit it does not have): what it used is unknown, as
+		// Client.Run decides for the ledger's refusal.
+		receipt.Actual = nil
+		return nil, e.markLocalUnknown(receipt, serr)
+	}
 	if serr != nil {
 		return nil, fmt.Errorf("run: %w", serr)
 	}
 	return &EmergencyRunResult{RunResult: RunResult{Receipt: receipt, Refunded: settled.Refunded}, Local: settled}, werr
+}
+
+// markLocalUnknown marks started local work USAGE_UNKNOWN and returns the
+// *UsageUnknownError with its receipt (Marked false, and the store's
+// error joined to cause, when even that could not be recorded).
+func (e *Emergency) markLocalUnknown(receipt OperationReceipt, cause error) error {
+	_, err := e.store.MarkUsageUnknown(receipt.ReservationID)
+	if err != nil {
+		cause = errors.Join(cause, err)
+	}
+	return &UsageUnknownError{Receipt: receipt, Marked: err == nil, Err: cause}
 }

@@ -69,31 +69,45 @@ func (c *Client) LostReserves() []LostReserve {
 }
 
 // lookUpLater starts (once per id) the background lookup of a lost
-// Reserve.
-func (c *Client) lookUpLater(id, digest string) {
+// Reserve. onFound, if not nil, runs with the reservation if the lookup
+// finds the id admitted; it is registered before the lookup can end, so
+// it never misses the finding.
+func (c *Client) lookUpLater(id, digest string, onFound func(*ledgerv1.Reservation)) {
 	ls := c.lookups
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
-	if _, ok := ls.m[id]; ok || ls.ctx.Err() != nil {
+	if ls.ctx.Err() != nil {
+		return
+	}
+	if l, ok := ls.m[id]; ok {
+		if onFound != nil {
+			l.onFound = append(l.onFound, onFound)
+		}
 		return
 	}
 	l := &lookup{LostReserve: LostReserve{ReservationID: id, RequestDigest: digest, Since: time.Now()}}
+	if onFound != nil {
+		l.onFound = append(l.onFound, onFound)
+	}
 	ls.m[id] = l
 	ls.wg.Add(1)
 	go c.lookUp(l)
 }
 
-// whenFound registers f to run with the reservation if the background
-// lookup of id finds it admitted. It returns false when id is not being
-// looked up.
-func (c *Client) whenFound(id string, f func(*ledgerv1.Reservation)) bool {
-	c.lookups.mu.Lock()
-	defer c.lookups.mu.Unlock()
-	l, ok := c.lookups.m[id]
-	if ok {
-		l.onFound = append(l.onFound, f)
-	}
-	return ok
+type lostReserveFoundKey struct{}
+
+// withLostReserveFound returns ctx carrying f for a Reserve made under it:
+// if that Reserve's answers are lost and its id is looked up in the
+// background, f runs with the reservation when the lookup finds it
+// admitted (Emergency releases the central hold of a request it served
+// from its shard).
+func withLostReserveFound(ctx context.Context, f func(*ledgerv1.Reservation)) context.Context {
+	return context.WithValue(ctx, lostReserveFoundKey{}, f)
+}
+
+func lostReserveFound(ctx context.Context) func(*ledgerv1.Reservation) {
+	f, _ := ctx.Value(lostReserveFoundKey{}).(func(*ledgerv1.Reservation))
+	return f
 }
 
 func (c *Client) lookUp(l *lookup) {
@@ -105,8 +119,7 @@ func (c *Client) lookUp(l *lookup) {
 	for {
 		select {
 		case <-ctx.Done():
-			l.Err = ctx.Err()
-			c.finishLookup(l)
+			c.finishLookup(l, nil, ctx.Err())
 			return
 		case <-c.breaker.closedChan():
 		}
@@ -115,15 +128,13 @@ func (c *Client) lookUp(l *lookup) {
 		acancel()
 		switch {
 		case err == nil:
-			l.Reservation = res
-			c.finishLookup(l)
+			c.finishLookup(l, res, nil)
 			return
 		case errors.Is(err, ErrDigestMismatch):
-			l.Err = err
-			c.finishLookup(l)
+			c.finishLookup(l, nil, err)
 			return
 		case errors.Is(err, ErrNotFound):
-			c.finishLookup(l)
+			c.finishLookup(l, nil, nil)
 			return
 		}
 		t := time.NewTimer(wait/2 + time.Duration(rand.Int64N(int64(wait/2)+1)))
@@ -136,20 +147,23 @@ func (c *Client) lookUp(l *lookup) {
 	}
 }
 
-func (c *Client) finishLookup(l *lookup) {
+// finishLookup records the lookup's outcome (the admitted reservation, or
+// why it ended without one) under mu, where LostReserves reads it, and
+// tells whoever waits for it.
+func (c *Client) finishLookup(l *lookup, res *ledgerv1.Reservation, err error) {
 	ls := c.lookups
 	ls.mu.Lock()
 	delete(ls.m, l.ReservationID)
-	onFound := l.onFound
-	l.Done = true
+	l.Reservation, l.Err, l.Done = res, err, true
+	onFound, outcome := l.onFound, l.LostReserve
 	ls.mu.Unlock()
-	if l.Reservation != nil {
+	if res != nil {
 		for _, f := range onFound {
-			f(l.Reservation)
+			f(res)
 		}
 	}
 	if ls.handler != nil {
-		ls.handler(l.LostReserve)
+		ls.handler(outcome)
 	}
 }
 

@@ -116,7 +116,8 @@ type MiddlewareConfig struct {
 	// Estimator sizes the reservation (required).
 	Estimator Estimator
 	// Usage reads the actual units after the handler; nil: what the handler
-	// passed to ReportUsage, else the full estimate.
+	// passed to ReportUsage, else the full estimate, or USAGE_UNKNOWN when
+	// the client went away before the handler returned.
 	Usage UsageReader
 	// MaxBodyBytes bounds the request body read for estimation and hashing
 	// (default 1 MiB); larger bodies answer 413.
@@ -254,6 +255,12 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if m.cfg.Usage == nil {
 			if info.Reported != nil {
 				return statedForEvery(info.Reported, estimate), nil
+			}
+			if cerr := r.Context().Err(); cerr != nil {
+				// The client went away and the handler reported
+				// nothing: the backend it called may still be at work,
+				// so the estimate is no measure of its usage.
+				return nil, fmt.Errorf("client went away before the handler reported usage (%w): %w", cerr, ErrUsageUnknown)
 			}
 			return estimate, nil
 		}

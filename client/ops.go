@@ -109,6 +109,8 @@ func prepare(req *ReserveRequest) (id, digest string, err error) {
 //     with the same id, never a new one;
 //   - the transport error (connect code Unavailable) when no attempt could
 //     even connect: nothing was sent, nothing can have been admitted;
+//   - ctx.Err() when ctx had ended before the first attempt: nothing was
+//     sent either;
 //   - an argument error for a request that cannot be digested.
 //
 // A lost answer (timeout, cut connection, UNAVAILABLE) is retried with the
@@ -176,7 +178,7 @@ func (c *Client) resolveLostReserve(ctx context.Context, id, digest string, atte
 			return nil, &ReservationUnknownError{ReservationID: id, RequestDigest: digest, Attempts: attempts, Err: lostErr}
 		}
 	}
-	c.lookUpLater(id, digest)
+	c.lookUpLater(id, digest, lostReserveFound(ctx))
 	return nil, &ReservationUnknownError{ReservationID: id, RequestDigest: digest, Attempts: attempts, Err: lostErr, LookingUp: true}
 }
 
@@ -387,13 +389,16 @@ type ReserveOutcome struct {
 const MaxBatch = 1000
 
 // ReserveBatch reserves several requests in one call; each item succeeds or
-// fails on its own and the outcomes come back in request order. The whole
+// fails on its own and the outcomes come back in request order. An item
+// without a ReservationID gets one minted, written into reqs[i]: reqs then
+// holds every id sent, so the same slice can be sent again. The whole
 // batch is retried on a lost answer (every item keeps its id and digest, so
 // admitted items replay). It returns an error only for a bad item (no
 // digest possible), more than MaxBatch items, an answer the ledger gave for
-// the whole call, or *LostError when every answer was lost (look the ids up
-// or repeat the batch). No items is no call and no outcomes (the ledger
-// refuses an empty batch as invalid_argument).
+// the whole call, or *LostError when every answer was lost (look the ids
+// in reqs up, or call ReserveBatch again with the same reqs: admitted items
+// replay, never debited twice). No items is no call and no outcomes (the
+// ledger refuses an empty batch as invalid_argument).
 func (c *Client) ReserveBatch(ctx context.Context, reqs []ReserveRequest) ([]ReserveOutcome, error) {
 	if len(reqs) == 0 {
 		return nil, nil
@@ -410,6 +415,9 @@ func (c *Client) ReserveBatch(ctx context.Context, reqs []ReserveRequest) ([]Res
 			return nil, fmt.Errorf("item %d: %w", i, err)
 		}
 		ids[i], digests[i] = id, digest
+		// Written back, so that the same slice sent again after a lost
+		// answer carries the same ids and its admitted items replay.
+		reqs[i].ReservationID = id
 		msg.Requests[i] = &ledgerv1.ReserveRequest{
 			ReservationId: id, RequestDigest: digest,
 			Subject: reqs[i].Subject, Route: reqs[i].Route, Region: reqs[i].Region, Units: reqs[i].Units,

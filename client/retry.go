@@ -72,13 +72,20 @@ func (p RetryPolicy) Backoff(retry int, intn func(n int64) int64) time.Duration 
 // some attempt failed after its request may have reached the ledger, so
 // the call may or may not have been applied. Attempts that could not even
 // connect (dial errors) lose nothing, nor do attempts the circuit breaker
-// refused (it returns its UNAVAILABLE ErrLedgerUnreachable error then).
+// refused (it returns its UNAVAILABLE ErrLedgerUnreachable error then),
+// nor a call whose ctx had ended before its first attempt (it returns
+// ctx.Err() and sends nothing).
 func do[T any](ctx context.Context, c *Client, f func(context.Context) (T, error)) (result T, attempts int, lost bool, err error) {
 	p := c.retry
 	for attempt := 0; ; attempt++ {
 		if berr := c.breaker.allow(); berr != nil {
 			// The ledger is known unreachable: this attempt is not sent.
 			return result, attempts, lost, berr
+		}
+		if attempt == 0 && ctx.Err() != nil {
+			// The caller gave up before anything was sent: nothing can
+			// have been applied, so no answer is lost.
+			return result, 0, false, ctx.Err()
 		}
 		actx, cancel := context.WithTimeout(ctx, c.timeout)
 		end := c.breaker.attempt(ctx, c.timeout, cancel)

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"time"
 
+	"connectrpc.com/connect"
+
 	ledgerv1 "github.com/capledger/capledger/api/capledger/v1"
 )
 
@@ -78,8 +80,11 @@ type gate func(ctx context.Context, rr *ReserveResult) (done func(actual Units),
 //     called; an unstarted reservation is released);
 //   - ctx.Err() when ctx ended before Start (the reservation is released);
 //   - *UsageUnknownError when work's usage is unknown (see Work), the
-//     settle answer was lost, or the ledger could not record the usage
-//     (ErrLifetimeExhausted: the account's lifetime counters are full): the
+//     settle answer was lost, the ledger refused the usage work reported
+//     (invalid_argument: a negative amount, a unit the policy does not
+//     have; the refusal is its Err, its Receipt has no Actual), or the
+//     ledger could not record the usage (ErrLifetimeExhausted: the
+//     account's lifetime counters are full): the
 //     reservation is marked USAGE_UNKNOWN, its receipt is kept
 //     (PendingUnknown) and ResolveUnknown settles it later;
 //   - *UsageUnknownError (Marked false) when the settle was not applied
@@ -178,11 +183,7 @@ func (c *Client) runReserved(ctx context.Context, rr *ReserveResult, work Work, 
 		}
 		return nil, uerr
 	}
-	if actual == nil {
-		actual = zeroUnits(receipt.Reserved) // "used nothing", said of every unit
-	} else {
-		actual = statedForEvery(actual, receipt.Reserved)
-	}
+	actual = usageToSettle(actual, receipt.Reserved)
 	receipt.Actual = actual
 	// Before the settle, so the resolver can settle with it if the
 	// settle is lost; a failure here leaves the record running (the
@@ -209,6 +210,17 @@ func (c *Client) runReserved(ctx context.Context, rr *ReserveResult, work Work, 
 			// in the background with the same ids until it lands.
 			c.keepPending(receipt)
 			return nil, &UsageUnknownError{Receipt: receipt, Err: serr}
+		}
+		var refused *LedgerError
+		if errors.As(serr, &refused) && refused.Code == connect.CodeInvalidArgument {
+			// The ledger cannot take the usage the work reported (a
+			// negative amount, a unit the policy does not have): what it
+			// used is unknown. Marked, with the receipt kept (the only
+			// thing that can settle it), rather than left STARTED with
+			// nobody holding its operation id.
+			receipt.Actual = nil
+			_, uerr := c.markUnknown(ctx, receipt, serr)
+			return nil, uerr
 		}
 		if errors.Is(serr, ErrLifetimeExhausted) {
 			// The usage cannot be recorded on this account: left started,
@@ -391,6 +403,18 @@ func (c *Client) ResolveUnknown(ctx context.Context, receipt OperationReceipt, a
 	delete(c.pending, receipt.ReservationID)
 	c.pendingMu.Unlock()
 	return sr, nil
+}
+
+// usageToSettle is the usage a Run settles for work that reported actual
+// (the rules of Work): nil is "used nothing", said of every reserved
+// unit; a reserved unit actual leaves out is settled at its estimate.
+// Client.Run and Emergency.Run (central or from a shard) both settle
+// with it.
+func usageToSettle(actual, reserved Units) Units {
+	if actual == nil {
+		return zeroUnits(reserved)
+	}
+	return statedForEvery(actual, reserved)
 }
 
 // zeroUnits states zero usage of every unit of reserved.

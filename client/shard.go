@@ -3,6 +3,8 @@ package client
 import (
 	"context"
 	"crypto/ed25519"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
@@ -202,7 +204,21 @@ func (e *Emergency) Reserve(ctx context.Context, req ReserveRequest) (*Emergency
 		}
 		return &EmergencyReservation{ReservationID: id, RequestDigest: digest, Local: local}, nil
 	}
-	central, err := e.client.Reserve(ctx, req)
+	// If the central Reserve's answers are lost and its id is looked up
+	// in the background, a hold the lookup finds is released when this
+	// request is served from the shard. The lookup may find it before the
+	// local admission below is done: it waits for that decision.
+	decided := make(chan struct{})
+	defer close(decided)
+	lookupCtx := withLostReserveFound(ctx, func(res *ledgerv1.Reservation) {
+		<-decided
+		if res.GetState() == ledgerv1.ReservationState_RESERVATION_STATE_RESERVED && e.store.Has(id) {
+			rctx, cancel := e.client.detached(context.Background())
+			defer cancel()
+			e.client.Release(rctx, id)
+		}
+	})
+	central, err := e.client.Reserve(lookupCtx, req)
 	if err == nil {
 		return &EmergencyReservation{ReservationID: id, RequestDigest: digest, Central: central}, nil
 	}
@@ -212,19 +228,6 @@ func (e *Emergency) Reserve(ctx context.Context, req ReserveRequest) (*Emergency
 	local, lerr := e.store.Reserve(id, digest, req.Subject, req.Route, req.Region, req.Units)
 	if lerr != nil {
 		return nil, errors.Join(err, lerr)
-	}
-	var unknown *ReservationUnknownError
-	if errors.As(err, &unknown) && unknown.LookingUp {
-		// The lost Reserve may have landed centrally: the request runs
-		// from the shard, so the central hold, once found, is released
-		// rather than left to expire.
-		e.client.whenFound(id, func(res *ledgerv1.Reservation) {
-			if res.GetState() == ledgerv1.ReservationState_RESERVATION_STATE_RESERVED {
-				ctx, cancel := e.client.detached(context.Background())
-				defer cancel()
-				e.client.Release(ctx, id)
-			}
-		})
 	}
 	return &EmergencyReservation{ReservationID: id, RequestDigest: digest, Local: local, LedgerErr: err}, nil
 }
@@ -481,7 +484,7 @@ func (e *Emergency) submit(ctx context.Context, sub ShardSubmission) (*ledgerv1.
 	msg := &ledgerv1.ReconcileShardRequest{ShardId: sub.ShardID, GatewayId: e.store.GatewayID()}
 	for _, r := range sub.Receipts {
 		msg.Receipts = append(msg.Receipts, &ledgerv1.ShardReceipt{
-			ReservationId: r.ReservationID, State: stateProto(r.State),
+			ReservationId: ledgerReceiptID(r.ReservationID), State: stateProto(r.State),
 			ReservedUnits: fromAmounts(sub.Units, r.Reserved), ActualUnits: fromAmounts(sub.Units, r.Actual),
 		})
 	}
@@ -502,12 +505,32 @@ func (e *Emergency) submit(ctx context.Context, sub ShardSubmission) (*ledgerv1.
 	return nil, maybeApplied, classify("reconcile shard", sub.ShardID, err)
 }
 
+// ledgerReceiptID is the id a local reservation's receipt goes to the
+// ledger under: its own, or for an id the ledger's rule refuses
+// (ledger.IDProblem; one an SDK older than the rule admitted, which the
+// shard store still holds) "sdk-legacy:" and the id's SHA-256 in hex.
+// The ledger refuses a receipt with such an id, and with it the shard's
+// whole submission, so the shard could never be reconciled; the derived
+// id is the same on every submission and every GetShard, so resubmission
+// and resolution work as for any receipt.
+func ledgerReceiptID(id string) string {
+	if ledger.IDProblem(id) == "" {
+		return id
+	}
+	sum := sha256.Sum256([]byte(id))
+	return legacyReceiptPrefix + hex.EncodeToString(sum[:])
+}
+
+// legacyReceiptPrefix starts the ledger's id of a receipt whose own id
+// the ledger refuses (ledgerReceiptID).
+const legacyReceiptPrefix = "sdk-legacy:"
+
 // centralShard reads the ledger's record of a shard and the standing of
 // each receipt there, in the receipts' order.
 func (e *Emergency) centralShard(ctx context.Context, shardID string, receipts []ledger.ShardReceipt) (*ledgerv1.Shard, []ledgerv1.ShardReceiptStanding_Standing, error) {
 	req := &ledgerv1.GetShardRequest{ShardId: shardID}
 	for _, r := range receipts {
-		req.ReceiptIds = append(req.ReceiptIds, r.ReservationID)
+		req.ReceiptIds = append(req.ReceiptIds, ledgerReceiptID(r.ReservationID))
 	}
 	m, err := call(ctx, e.client, "get shard", shardID, func(actx context.Context) (*connect.Response[ledgerv1.GetShardResponse], error) {
 		return e.rpc.GetShard(actx, connect.NewRequest(req))
@@ -520,8 +543,8 @@ func (e *Emergency) centralShard(ctx context.Context, shardID string, receipts [
 	}
 	out := make([]ledgerv1.ShardReceiptStanding_Standing, len(receipts))
 	for i, st := range m.GetReceipts() {
-		if st.GetReservationId() != receipts[i].ReservationID {
-			return nil, nil, fmt.Errorf("get shard %s: standing %d is for %q, not %q", shardID, i, st.GetReservationId(), receipts[i].ReservationID)
+		if st.GetReservationId() != ledgerReceiptID(receipts[i].ReservationID) {
+			return nil, nil, fmt.Errorf("get shard %s: standing %d is for %q, not %q", shardID, i, st.GetReservationId(), ledgerReceiptID(receipts[i].ReservationID))
 		}
 		out[i] = st.GetStanding()
 	}

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 
 	ledgerv1 "github.com/capledger/capledger/api/capledger/v1"
 	"github.com/capledger/capledger/client/internal/faultproxy"
+	"github.com/capledger/capledger/ledger"
 )
 
 // Issue 23, item 2: a late receipt is never dropped. Three requests run
@@ -151,5 +153,83 @@ func TestReconcileResendsReceiptsAnOperatorDidNotResolve(t *testing.T) {
 	}
 	if discrepancies, err := direct.Audit(ctx); err != nil || len(discrepancies) != 0 {
 		t.Fatalf("audit: %v %v", discrepancies, err)
+	}
+}
+
+// A shard store written by an SDK older than the id rule holds a
+// reservation id over 256 bytes and one with a NUL byte. After the
+// upgrade it opens (TestShardStoreOpensALogWithIDsTodaysRuleRefuses), and
+// its shard reconciles: the ledger refuses a receipt with such an id, and
+// with it the whole submission, so the SDK sends those receipts under
+// ledgerReceiptID (the same on every submission). The ledger charges the
+// old work as logged, and a later settle of the old unknown work resolves
+// it under the same id.
+func TestReconcileSendsOldIDsTheLedgerRefuses(t *testing.T) {
+	dir := t.TempDir()
+	addr := startLedgerProcess(t, dir)
+	ctx := context.Background()
+	c, err := New(addr, noBreakerWatchdog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, _, err := c.PublishPolicy(ctx, &ledgerv1.Policy{
+		Subject: "tenant-7", Route: "chat.generate", EmergencyMode: true,
+		Dimensions: []*ledgerv1.Dimension{{Unit: "tokens", Burst: 10_000}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	storeDir := filepath.Join(dir, "gw-a")
+	store, err := OpenShardStore(storeDir, ShardStoreOptions{GatewayID: "gw-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	shard, err := NewEmergency(c, store, EmergencyOptions{}).Provision(ctx, ProvisionRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 9000}, TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Reserve("r-ok", "d-ok", "tenant-7", "chat.generate", "", Units{"tokens": 100}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Start("r-ok", "op-ok"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Settle("r-ok", "op-ok", Units{"tokens": 100}); err != nil {
+		t.Fatal(err)
+	}
+	store.Close()
+	long, nul := strings.Repeat("x", 300), "old\x00id"
+	at := time.Now().UnixNano()
+	appendOldRecord(t, storeDir, shardRecord{Op: "reserve", At: at, Shard: shard.ID, ID: long, Digest: "d-long", Amounts: ledger.Amounts{500}})
+	appendOldRecord(t, storeDir, shardRecord{Op: "start", At: at, Shard: shard.ID, ID: long, Operation: "op-long"})
+	appendOldRecord(t, storeDir, shardRecord{Op: "settle", At: at, Shard: shard.ID, ID: long, Operation: "op-long", Amounts: ledger.Amounts{300}})
+	appendOldRecord(t, storeDir, shardRecord{Op: "reserve", At: at, Shard: shard.ID, ID: nul, Digest: "d-nul", Amounts: ledger.Amounts{200}})
+	appendOldRecord(t, storeDir, shardRecord{Op: "start", At: at, Shard: shard.ID, ID: nul, Operation: "op-nul"})
+
+	store, err = OpenShardStore(storeDir, ShardStoreOptions{GatewayID: "gw-a"})
+	if err != nil {
+		t.Fatalf("the upgraded gateway cannot open its shard store: %v", err)
+	}
+	defer store.Close()
+	em := NewEmergency(c, store, EmergencyOptions{})
+	results, err := em.Reconcile(ctx)
+	if err != nil || len(results) != 1 || results[0].Receipts != 3 {
+		t.Fatalf("reconcile after the upgrade: %+v %v", results, err)
+	}
+	sh := results[0].Shard
+	if sh.GetSpentUnits()["tokens"] != 400 || sh.GetUnknownUnits()["tokens"] != 200 || sh.GetRemintedUnits()["tokens"] != 8400 {
+		t.Fatalf("the ledger's shard: spent %v unknown %v reminted %v; want 400, 200, 8400",
+			sh.GetSpentUnits(), sh.GetUnknownUnits(), sh.GetRemintedUnits())
+	}
+	// The old unknown work finishes: its receipt resolves it once.
+	if _, err := store.Settle(nul, "op-nul", Units{"tokens": 150}); err != nil {
+		t.Fatal(err)
+	}
+	results, err = em.Reconcile(ctx)
+	if err != nil || len(results) != 1 {
+		t.Fatalf("reconcile of the settled old work: %+v %v", results, err)
+	}
+	if sh := results[0].Shard; sh.GetSpentUnits()["tokens"] != 550 || sh.GetUnknownUnits()["tokens"] != 0 {
+		t.Fatalf("after the old work settled: spent %v unknown %v; want 550, 0", sh.GetSpentUnits(), sh.GetUnknownUnits())
 	}
 }

@@ -310,12 +310,16 @@ func (s *ShardStore) apply(rec *shardRecord) error {
 		}
 		return nil
 	}
-	res := s.applyReservation(rec, at)
+	res := s.applyReservation(rec, at, true)
 	return res.Err
 }
 
 // applyReservation runs a reservation record against its shard's ledger.
-func (s *ShardStore) applyReservation(rec *shardRecord, at time.Time) ledger.Result {
+// A replayed reserve (replay, from the log) is loaded without the id rule
+// a new one is checked by: the log may have been written by an older SDK
+// under a looser rule, and what the store admitted once is history that
+// must load, or the gateway cannot open its store after an upgrade.
+func (s *ShardStore) applyReservation(rec *shardRecord, at time.Time, replay bool) ledger.Result {
 	shardID := rec.Shard
 	if shardID == "" {
 		shardID = s.byReservation[rec.ID]
@@ -327,7 +331,11 @@ func (s *ShardStore) applyReservation(rec *shardRecord, at time.Time) ledger.Res
 	var res ledger.Result
 	switch rec.Op {
 	case "reserve":
-		res = st.local.Reserve(rec.ID, rec.Digest, rec.Amounts, at)
+		if replay {
+			res = st.local.ReplayReserve(rec.ID, rec.Digest, rec.Amounts, at)
+		} else {
+			res = st.local.Reserve(rec.ID, rec.Digest, rec.Amounts, at)
+		}
 		if res.Err == nil {
 			s.byReservation[rec.ID] = shardID
 		}
@@ -575,7 +583,7 @@ func (s *ShardStore) reservationOp(rec *shardRecord, actual ...Units) (*LocalRec
 // breaks the store, so no answer is given for a change that is not durable.
 func (s *ShardStore) do(st *storedShard, rec *shardRecord, now time.Time) (*LocalReceipt, error) {
 	rec.At = now.UnixNano()
-	res := s.applyReservation(rec, now)
+	res := s.applyReservation(rec, now, false)
 	if res.Err != nil {
 		return nil, fmt.Errorf("local %s %s: %w", rec.Op, rec.ID, res.Err)
 	}

@@ -3,8 +3,11 @@ package client
 import (
 	"bytes"
 	"crypto/ed25519"
+	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -373,5 +376,93 @@ func TestShardStoreConcurrentAdmissionStaysBounded(t *testing.T) {
 	status := st.Shards()[0]
 	if admitted != 1000 || status.Spent["tokens"] != 1000 || status.Available["tokens"] != 0 || status.Conservation != nil {
 		t.Fatalf("admitted %d; shard %+v", admitted, status)
+	}
+}
+
+// appendOldRecord appends rec to the store's log in its format (4-byte
+// length, 4-byte CRC-32C, JSON payload), as an older SDK wrote it,
+// without going through today's checks.
+func appendOldRecord(t *testing.T, dir string, rec shardRecord) {
+	t.Helper()
+	payload, err := json.Marshal(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(filepath.Join(dir, shardLogName), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	header := make([]byte, 8)
+	binary.BigEndian.PutUint32(header[:4], uint32(len(payload)))
+	binary.BigEndian.PutUint32(header[4:], crc32.Checksum(payload, crcTable))
+	if _, err := f.Write(append(header, payload...)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A log written by an SDK older than the id rule (ledger.IDProblem: at
+// most 256 bytes, no NUL byte) may hold reservations under ids the rule
+// refuses today. It opened as ErrShardStoreCorrupt, so the gateway could
+// not boot after the upgrade. It opens: what the store accepted once is
+// history, loaded as it was (receipts, conservation, later operations on
+// those ids), and only new reservations are checked.
+func TestShardStoreOpensALogWithIDsTodaysRuleRefuses(t *testing.T) {
+	dir := t.TempDir()
+	clock := &testClock{now: shardT0}
+	st := openTestStore(t, dir, "gw-a", clock)
+	if _, err := st.Install(signToken("sh-1", "gw-a", st.BootEpoch(), 1, 300, shardT0.Add(time.Hour)), testUnits, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Reserve("r1", "d1", "tenant-7", "chat", "", Units{"tokens": 10}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	long, nul := strings.Repeat("x", ledger.MaxIDBytes+44), "old\x00id"
+	at := shardT0.Add(time.Second).UnixNano()
+	appendOldRecord(t, dir, shardRecord{Op: "reserve", At: at, Shard: "sh-1", ID: long, Digest: "d-long", Amounts: ledger.Amounts{100, 1}})
+	appendOldRecord(t, dir, shardRecord{Op: "start", At: at, Shard: "sh-1", ID: long, Operation: "op-long"})
+	appendOldRecord(t, dir, shardRecord{Op: "settle", At: at, Shard: "sh-1", ID: long, Operation: "op-long", Amounts: ledger.Amounts{60, 1}})
+	appendOldRecord(t, dir, shardRecord{Op: "reserve", At: at, Shard: "sh-1", ID: nul, Digest: "d-nul", Amounts: ledger.Amounts{20, 0}})
+	appendOldRecord(t, dir, shardRecord{Op: "start", At: at, Shard: "sh-1", ID: nul, Operation: "op-nul"})
+
+	clock.Advance(time.Minute)
+	st, err := OpenShardStore(dir, ShardStoreOptions{GatewayID: "gw-a", Keys: testShardRing, Clock: clock.Now})
+	if err != nil {
+		t.Fatalf("a log an older SDK wrote does not open: %v", err)
+	}
+	defer st.Close()
+	receipts, err := st.Receipts("sh-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	states := map[string]ledger.State{}
+	for _, r := range receipts {
+		states[r.ReservationID] = r.State
+	}
+	if len(receipts) != 3 || states[long] != ledger.StateSettled || states[nul] != ledger.StateUsageUnknown || states["r1"] != ledger.StateReleased {
+		t.Fatalf("receipts after the upgrade: %v", states)
+	}
+	shard := st.Shards()[0]
+	if shard.Conservation != nil || shard.Spent["tokens"] != 60 {
+		t.Fatalf("the shard after the upgrade: %+v", shard)
+	}
+	// Work under an old id still finishes; a new reservation is checked.
+	if r, err := st.Settle(nul, "op-nul", Units{"tokens": 15, "requests": 0}); err != nil || r.State != ledger.StateSettled {
+		t.Fatalf("settle of an old id after the upgrade: %+v %v", r, err)
+	}
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	st = openTestStore(t, dir, "gw-a", clock)
+	if _, err := st.Install(signToken("sh-2", "gw-a", st.BootEpoch(), 2, 300, shardT0.Add(time.Hour)), testUnits, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{long, "new\x00id"} {
+		if _, err := st.Reserve(id, "d", "tenant-7", "chat", "", Units{"tokens": 1}); !errors.Is(err, ledger.ErrInvalidCommand) {
+			t.Errorf("a new reservation under id %.20q: %v, want ErrInvalidCommand", id, err)
+		}
 	}
 }

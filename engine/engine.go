@@ -710,11 +710,16 @@ const maxDebtScans = 8
 // says no more. next is the cursor for the following page (the last row
 // examined, which may be one keep refused or refill repaid), and more says
 // whether the store may hold more debtors after it.
+//
+// The store reads of a call do not grow with f.Limit: per store page, the
+// page itself and one read of the subjects of the rows keep lets through
+// (store.AccountsOfSubjects), and the policies once per call.
 func (e *Engine) AccountsInDebt(ctx context.Context, f store.DebtFilter, keep func(ledger.AccountKey) bool) (out []ledger.Account, next ledger.AccountKey, more bool, err error) {
 	if f.Limit <= 0 {
 		return nil, ledger.AccountKey{}, false, fmt.Errorf("accounts in debt: limit %d, want a positive one", f.Limit)
 	}
 	next = f.After
+	now := e.opts.Clock()
 	// Every debtor's refill needs the policies: read them once per call,
 	// when a first row needs them, not once per debtor.
 	var policies []ledger.Policy
@@ -729,30 +734,54 @@ func (e *Engine) AccountsInDebt(ctx context.Context, f store.DebtFilter, keep fu
 			return nil, ledger.AccountKey{}, false, err
 		}
 		budget -= len(stored)
+		// Refill depends on which of the subject's generations holds its
+		// capacity, so each row is shown from its subject's accounts as
+		// Accounts shows them: those of every kept row, read in one call
+		// (the last row's too, though it may only say there is more).
+		kept := make([]bool, len(stored))
+		var subjects []ledger.PolicyKey
+		for i := range stored {
+			if kept[i] = keep == nil || keep(stored[i].Key); kept[i] {
+				subjects = append(subjects, stored[i].Key.SubjectKey())
+			}
+		}
+		// ofSubject holds the subjects' accounts as read until a first
+		// row shows them, then as refilled: once per subject, so a
+		// subject with two debtor rows shows both from the same refill.
+		ofSubject := make(map[ledger.PolicyKey][]ledger.Account, len(subjects))
+		refilled := make(map[ledger.PolicyKey]bool, len(subjects))
+		if len(subjects) > 0 {
+			if policies == nil {
+				if policies, err = e.core.store.PolicyList(ctx); err != nil {
+					return nil, ledger.AccountKey{}, false, fmt.Errorf("policies: %w", err)
+				}
+			}
+			accounts, err := e.core.store.AccountsOfSubjects(ctx, subjects)
+			if err != nil {
+				return nil, ledger.AccountKey{}, false, err
+			}
+			for _, a := range accounts {
+				ofSubject[a.Key.SubjectKey()] = append(ofSubject[a.Key.SubjectKey()], a)
+			}
+		}
 		for i := range stored {
 			if len(out) == f.Limit {
 				return out, next, true, nil // stored[i] is one more
 			}
 			key := stored[i].Key
 			next = key
-			if keep != nil && !keep(key) {
+			if !kept[i] {
 				continue
 			}
-			// Refill depends on which of the subject's generations holds
-			// its capacity, so read the subject's accounts as Accounts
-			// shows them (with the policies read once for the call).
-			if policies == nil {
-				if policies, err = e.core.store.PolicyList(ctx); err != nil {
-					return nil, ledger.AccountKey{}, false, fmt.Errorf("policies: %w", err)
+			subject := key.SubjectKey()
+			if !refilled[subject] {
+				shown, err := refilledAsShown(ofSubject[subject], policies, now)
+				if err != nil {
+					return nil, ledger.AccountKey{}, false, err
 				}
+				ofSubject[subject], refilled[subject] = shown, true
 			}
-			accounts, err := e.core.store.AccountList(ctx, key.SubjectKey())
-			if err == nil {
-				accounts, err = refilledAsShown(accounts, policies, e.opts.Clock())
-			}
-			if err != nil {
-				return nil, ledger.AccountKey{}, false, err
-			}
+			accounts := ofSubject[subject]
 			for j := range accounts {
 				if dim, _ := accounts[j].Debt(); accounts[j].Key == key && dim >= 0 {
 					out = append(out, accounts[j])

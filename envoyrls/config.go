@@ -6,8 +6,7 @@ import (
 	"os"
 	"slices"
 
-	"sigs.k8s.io/yaml"
-
+	"github.com/capledger/capledger/internal/yamlfile"
 	"github.com/capledger/capledger/ledger"
 )
 
@@ -102,7 +101,7 @@ func LoadConfig(path string) (*Config, error) {
 // mapping.
 func ParseConfig(data []byte) (*Config, error) {
 	var c Config
-	if err := yaml.UnmarshalStrict(data, &c); err != nil {
+	if err := yamlfile.UnmarshalStrict(data, &c); err != nil {
 		return nil, err
 	}
 	if err := c.validate(); err != nil {

@@ -426,6 +426,9 @@ func TestConfigErrors(t *testing.T) {
 		"negative estim.":  "domains: [{name: a, rules: [{subject: {key: t}, unit: u, estimate: -1}]}]",
 		"two settle marks": "domains: [{name: a, rules: [{subject: {key: t}, unit: u, id_key: i, phase_key: p, settle_on_hits: true}]}]",
 		"unit too long":    "domains: [{name: a, rules: [{subject: {key: t}, unit: " + strings.Repeat("u", ledger.MaxUnitBytes+1) + "}]}]",
+		// A second document was dropped without a word: its domains
+		// answered unknown_descriptor.
+		"two documents": "domains: [{name: a, rules: [{subject: {key: t}, unit: u}]}]\n---\ndomains: [{name: b, rules: [{subject: {key: t}, unit: u}]}]",
 	} {
 		if _, err := envoyrls.ParseConfig([]byte(cfg)); err == nil {
 			t.Errorf("%s: accepted", name)

@@ -132,15 +132,15 @@ func (c *policyCache) active(key ledger.PolicyKey) (ledger.Policy, bool) {
 	return c.byGen[generation], true
 }
 
-// amounts maps a units map to the policy's dimension order. It returns an
-// errUnknownUnit-wrapping error naming the unit and the policy's units when
-// a name is not one of the policy's dimensions.
-func amounts(p *ledger.Policy, units map[string]int64) (ledger.Amounts, error) {
+// amounts maps a units map to the policy's dimension order. When a name
+// is not one of the policy's dimensions it returns unmappedUnitName's
+// refusal (call names the command, field the map).
+func amounts(p *ledger.Policy, call, field string, units map[string]int64) (ledger.Amounts, *connect.Error) {
 	var out ledger.Amounts
 	for name, value := range units {
 		i := p.DimensionIndex(name)
 		if i < 0 {
-			return out, fmt.Errorf("%w %q: policy generation %d limits %s", errUnknownUnit, name, p.Generation, unitList(p))
+			return out, unmappedUnitName(call, field, name, p)
 		}
 		out[i] = value
 	}
@@ -150,8 +150,9 @@ func amounts(p *ledger.Policy, units map[string]int64) (ledger.Amounts, error) {
 // checkUnitValues is the shape check of a units map, made before any
 // reservation, shard or policy is read, so bad input gets the same clear
 // answer whatever state (or absence) the id names: 400 INVALID_COMMAND
-// naming field and unit for an empty unit name, one holding a NUL byte
-// (API.md, "Limits"), or an amount
+// naming field for a unit name unitNameProblem refuses (the door's rule,
+// checked here again for batch items and adapters, which come without
+// the door), and naming field and unit for an amount
 // ledger.AmountShapeProblem refuses (negative and, when capped, above
 // ledger.MaxUnits: the ledger applies the same rule to its amounts). It
 // returns nil for a map of well-formed amounts.
@@ -162,11 +163,8 @@ func checkUnitValues(field string, units map[string]int64, capped bool) *connect
 	}
 	slices.Sort(names)
 	for _, name := range names {
-		if name == "" {
-			return invalidArgument(ReasonInvalidCommand, "%s: a unit name is empty", field)
-		}
-		if strings.IndexByte(name, 0) >= 0 {
-			return invalidArgument(ReasonInvalidCommand, "%s: unit name %q contains a NUL byte", field, name)
+		if cerr := unitNameProblem(field, name); cerr != nil {
+			return cerr
 		}
 		if problem := ledger.AmountShapeProblem(units[name], capped); problem != "" {
 			return invalidArgument(ReasonInvalidCommand, "%s: %q %s", field, name, problem)

@@ -83,11 +83,7 @@ var ledgerErrors = []struct {
 	{ledger.ErrLifetimeExhausted, classification{code: connect.CodeFailedPrecondition, reason: ReasonLifetimeExhausted, withReservation: true}},
 	{ledger.ErrInvalidPolicy, classification{code: connect.CodeInvalidArgument, reason: ReasonInvalidPolicy}},
 	{ledger.ErrInvalidCommand, classification{code: connect.CodeInvalidArgument, reason: ReasonInvalidCommand}},
-	{errUnknownUnit, classification{code: connect.CodeInvalidArgument, reason: ReasonUnknownUnit}},
 }
-
-// errUnknownUnit: a units map names a unit the policy does not have.
-var errUnknownUnit = errors.New("unknown unit")
 
 // classify returns the wire meaning of a ledger error. Errors the table
 // does not know (a new ledger sentinel nobody mapped yet) are INTERNAL, so

@@ -33,6 +33,9 @@ type gateMetrics struct {
 	debt          *prometheus.GaugeVec
 	debtAccounts  prometheus.Gauge
 	unknownP99    prometheus.Gauge
+	// fullAudited: a full audit ran here, so the gauges of the checks a
+	// since-checkpoint audit skips hold its figures.
+	fullAudited bool
 }
 
 // auditChecks are the audit's checks, shown at 0 before they find
@@ -65,10 +68,13 @@ func newGateMetrics(registry *prometheus.Registry) *gateMetrics {
 	return g
 }
 
-// record sets the gauges from one audit: its discrepancies, then the debt
-// and the USAGE_UNKNOWN ages read page by page. A read that fails leaves
-// the previous figures of that gauge (and is logged).
-func (s *Server) recordGates(ctx context.Context, found []ledger.Discrepancy) {
+// recordGates sets the gauges from one audit in mode: its discrepancies,
+// then the debt and the USAGE_UNKNOWN ages read page by page. A
+// since-checkpoint audit leaves the gauges of the checks it does not run
+// as the last full audit set them (0 before the first), so a cheap audit
+// never clears what a full one found. A read that fails leaves the
+// previous figures of that gauge (and is logged).
+func (s *Server) recordGates(ctx context.Context, found []ledger.Discrepancy, mode string) {
 	g := s.gates
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -80,8 +86,15 @@ func (s *Server) recordGates(ctx context.Context, found []ledger.Discrepancy) {
 	for _, d := range found {
 		counts[d.Check]++
 	}
+	sinceCheckpoint := mode == auditModeSinceCheckpoint
 	for check, n := range counts {
+		if sinceCheckpoint && g.fullAudited && ledger.SkippedSinceCheckpoint(check) {
+			continue
+		}
 		g.discrepancies.WithLabelValues(check).Set(float64(n))
+	}
+	if !sinceCheckpoint {
+		g.fullAudited = true
 	}
 	g.lastRun.Set(float64(now.UnixNano()) / 1e9)
 

@@ -267,7 +267,7 @@ func (s *Server) reserveCommand(ctx context.Context, req *v1.ReserveRequest) (cm
 	if cerr := s.subjectOutOfScope(ctx, "reserve", key); cerr != nil {
 		return cmd, nil, cerr
 	}
-	p, units, refusal, cerr := s.mapActive(ctx, key, req.GetUnits(), "reserve", cmd.ReservationID)
+	p, units, refusal, cerr := s.mapActive(ctx, key, "units", req.GetUnits(), "reserve", cmd.ReservationID)
 	if cerr != nil {
 		return cmd, nil, cerr
 	}
@@ -294,7 +294,7 @@ func (s *Server) reserveCommand(ctx context.Context, req *v1.ReserveRequest) (cm
 	// vanish before it looks.
 	cmd.Generation, cmd.Units = existing.Account.Generation, existing.Reserved
 	if p, err := s.policies.get(ctx, existing.Account.Generation); err == nil {
-		if units, err := amounts(&p, req.GetUnits()); err == nil {
+		if units, cerr := amounts(&p, "", "units", req.GetUnits()); cerr == nil {
 			cmd.Units = units
 		}
 	}
@@ -317,25 +317,25 @@ func (s *Server) reserveCommand(ctx context.Context, req *v1.ReserveRequest) (cm
 // once per missReloadInterval) and maps again. refusal is NO_POLICY or
 // UNKNOWN_UNIT (call and id name the request in its message); cerr is a
 // reload that failed.
-func (s *Server) mapActive(ctx context.Context, key ledger.PolicyKey, units map[string]int64, call, id string) (p ledger.Policy, mapped ledger.Amounts, refusal, cerr *connect.Error) {
+func (s *Server) mapActive(ctx context.Context, key ledger.PolicyKey, field string, units map[string]int64, call, id string) (p ledger.Policy, mapped ledger.Amounts, refusal, cerr *connect.Error) {
 	p, ok := s.policies.active(key)
-	var unitErr error
+	var unitErr *connect.Error
 	if ok {
-		mapped, unitErr = amounts(&p, units)
+		mapped, unitErr = amounts(&p, call+" "+id, field, units)
 	}
 	if !ok || unitErr != nil {
 		if err := s.policies.refreshForMiss(ctx); err != nil {
 			return p, mapped, nil, notSentError(call+": policies", ReasonNoPolicy, err)
 		}
 		if p, ok = s.policies.active(key); ok {
-			mapped, unitErr = amounts(&p, units)
+			mapped, unitErr = amounts(&p, call+" "+id, field, units)
 		}
 	}
 	switch {
 	case !ok:
 		return p, mapped, noPolicy(key), nil
 	case unitErr != nil:
-		return p, mapped, invalidArgument(ReasonUnknownUnit, "%s %s: %v", call, id, unitErr), nil
+		return p, mapped, unitErr, nil
 	}
 	return p, mapped, nil, nil
 }
@@ -574,9 +574,9 @@ func (s *Server) settleCommand(ctx context.Context, req *v1.SettleRequest) (ledg
 	if err != nil {
 		return ledger.Command{}, notSentError("settle "+req.GetReservationId(), ReasonPolicyNotFound, err)
 	}
-	units, err := amounts(&p, req.GetActualUnits())
-	if err != nil {
-		return ledger.Command{}, invalidArgument(ReasonUnknownUnit, "settle %s: %v", req.GetReservationId(), err)
+	units, cerr := amounts(&p, "settle "+req.GetReservationId(), "actual_units", req.GetActualUnits())
+	if cerr != nil {
+		return ledger.Command{}, cerr
 	}
 	if missing := unstated(&p, &r.Reserved, req.GetActualUnits()); missing != "" {
 		return ledger.Command{}, invalidArgument(ReasonInvalidCommand,
@@ -802,7 +802,7 @@ func (s *Server) auditResponse(ctx context.Context, found []ledger.Discrepancy, 
 	}
 	// Every audit answered, unary or streamed, feeds the seed's gate
 	// metrics and the console's audit status: one place for both.
-	s.recordGates(ctx, found)
+	s.recordGates(ctx, found, mode)
 	s.console.audited(ctx, s.log, resp.GetCheckedAt().AsTime(), found, mode)
 	return resp
 }

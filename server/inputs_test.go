@@ -2,11 +2,20 @@ package server_test
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"google.golang.org/protobuf/reflect/protoreflect"
+
+	v1 "github.com/capledger/capledger/api/capledger/v1"
+	"github.com/capledger/capledger/api/capledger/v1/capledgerv1connect"
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/server"
 	"github.com/capledger/capledger/store"
@@ -278,5 +287,124 @@ func TestDoorDoesNotCountForbiddenShardWrites(t *testing.T) {
 	}
 	if strings.Contains(metrics, "permission_denied") {
 		t.Errorf("a 403 was counted as a command answered:\n%s", grep(metrics, "commands_total"))
+	}
+}
+
+// An empty gateway id of a shard write is refused by the door, the one
+// place that checks it, before the token's right to act for a gateway
+// (API.md, Order of checks: only a gatewayId that is no valid id is 400
+// before the 403): 400 INVALID_COMMAND "gateway_id is required", counted
+// as a shard command answered, over Connect JSON and gRPC, for a gateway
+// token (which would otherwise be 403 for gateway "") and an admin token.
+func TestEmptyGatewayIDIsRefusedAtTheDoor(t *testing.T) {
+	h := newHarness(t, harnessOptions{auth: true, shards: true})
+	h.ok("PublishPolicy", tokensPolicy, adminToken)
+	issue := &v1.IssueShardRequest{ShardId: "s", Subject: "tenant-7", Route: "chat.generate", Units: map[string]int64{"tokens": 1},
+		BootEpoch: 1, Ttl: durationpb.New(time.Minute)}
+	reconcile := &v1.ReconcileShardRequest{ShardId: "s"}
+	protocols := new(http.Protocols)
+	protocols.SetUnencryptedHTTP2(true)
+	transport := &http.Transport{Protocols: protocols, TLSClientConfig: &tls.Config{}}
+	t.Cleanup(transport.CloseIdleConnections)
+	answers := 0
+	for _, token := range []string{gatewayToken, adminToken} {
+		for _, c := range []struct{ method, body string }{
+			{"IssueShard", `{"shardId":"s","subject":"tenant-7","route":"chat.generate","units":{"tokens":1},"gatewayId":"","bootEpoch":1,"ttl":"60s"}`},
+			{"ReconcileShard", `{"shardId":"s","receipts":[]}`},
+		} {
+			req, _ := http.NewRequest(http.MethodPost, h.url+"/capledger.v1.ShardService/"+c.method, strings.NewReader(c.body))
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Authorization", "Bearer "+token)
+			r := h.do(req)
+			h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidCommand)
+			if msg, _ := r.body["message"].(string); msg != "gateway_id is required" {
+				t.Errorf("%s with an empty gateway id (JSON): message %q", c.method, msg)
+			}
+			answers++
+		}
+		grpcShards := capledgerv1connect.NewShardServiceClient(&http.Client{Transport: transport, Timeout: 10 * time.Second}, h.url,
+			connect.WithGRPC(), connect.WithInterceptors(bearer(token)))
+		_, errIssue := grpcShards.IssueShard(context.Background(), connect.NewRequest(issue))
+		_, errReconcile := grpcShards.ReconcileShard(context.Background(), connect.NewRequest(reconcile))
+		for method, err := range map[string]error{"IssueShard": errIssue, "ReconcileShard": errReconcile} {
+			if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "gateway_id is required") {
+				t.Errorf("%s with an empty gateway id (gRPC): %v; want invalid_argument gateway_id is required", method, err)
+			}
+			answers++
+		}
+	}
+	req, _ := http.NewRequest(http.MethodGet, h.url+"/metrics", nil)
+	req.Header.Set("Authorization", "Bearer "+adminToken)
+	metrics := string(h.do(req).raw)
+	for _, kind := range []string{"shard_issue", "shard_reconcile"} {
+		want := fmt.Sprintf(`capledger_shard_commands_total{kind=%q,outcome="invalid_command"} %d`, kind, answers/2)
+		if !strings.Contains(metrics, want+"\n") {
+			t.Errorf("metrics lack %s:\n%s", want, grep(metrics, "shard_commands_total"))
+		}
+	}
+}
+
+// A unit name over a policy unit's bound (128 bytes) that the deciding
+// generation does not have can be no unit of any policy published now: it
+// is refused as 400 INVALID_COMMAND naming the field, without quoting the
+// name, by every method that takes a units map (it was UNKNOWN_UNIT
+// quoting all of it, here 10,000 bytes). A name at the bound is still
+// UNKNOWN_UNIT naming it; a longer one a stored generation has keeps
+// working (TestPolicyStoredBeforeTheBoundsStillLoads).
+func TestOverlongUnitNameIsInvalidCommand(t *testing.T) {
+	h := newHarness(t, harnessOptions{shards: true})
+	h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"chat.generate","emergencyMode":true,
+	  "dimensions":[{"unit":"tokens","burst":"1000","refillUnits":"10","refillInterval":"1s"}]}}`, "")
+	h.ok("Reserve", `{"reservationId":"held","subject":"tenant-7","route":"chat.generate","units":{"tokens":5}}`, "")
+	h.ok("Start", `{"reservationId":"held","operationId":"op"}`, "")
+	post := func(path, body string) response {
+		req, _ := http.NewRequest(http.MethodPost, h.url+"/capledger.v1."+path, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		return h.do(req)
+	}
+	if r := post("ShardService/IssueShard", `{"shardId":"sh","subject":"tenant-7","route":"chat.generate","units":{"tokens":5},"gatewayId":"gw","bootEpoch":"1","ttl":"60s"}`); r.status != http.StatusOK {
+		t.Fatalf("issue a shard: %d %s", r.status, r.raw)
+	}
+	long := strings.Repeat("u", 10_000)
+	reserve := `{"reservationId":"new","subject":"tenant-7","route":"chat.generate","units":{"tokens":1,"` + long + `":1}}`
+	settle := `{"reservationId":"held","operationId":"op","actualUnits":{"tokens":1,"` + long + `":0}}`
+	reconcileReserved := `{"shardId":"sh","gatewayId":"gw","receipts":[{"reservationId":"local-1","state":"RESERVATION_STATE_SETTLED","reservedUnits":{"tokens":1,"` + long + `":0},"actualUnits":{"tokens":1}}]}`
+	reconcileActual := `{"shardId":"sh","gatewayId":"gw","receipts":[{"reservationId":"local-1","state":"RESERVATION_STATE_SETTLED","reservedUnits":{"tokens":1},"actualUnits":{"tokens":1,"` + long + `":0}}]}`
+	want := "a unit name is 10000 bytes long; at most 128"
+	for _, c := range []struct {
+		path, body, field string
+		batch             bool
+	}{
+		{"LedgerService/Reserve", reserve, "units", false},
+		{"LedgerService/ReserveBatch", `{"requests":[` + reserve + `]}`, "units", true},
+		{"LedgerService/Settle", settle, "actual_units", false},
+		{"LedgerService/SettleBatch", `{"requests":[` + settle + `]}`, "actual_units", true},
+		{"LedgerService/RecordUsage", `{"reservationId":"rec","operationId":"op-rec","subject":"tenant-7","route":"chat.generate","actualUnits":{"tokens":1,"` + long + `":1}}`, "actual_units", false},
+		{"ShardService/IssueShard", `{"shardId":"sh-2","subject":"tenant-7","route":"chat.generate","units":{"tokens":1,"` + long + `":1},"gatewayId":"gw","bootEpoch":"1","ttl":"60s"}`, "units", false},
+		{"ShardService/ReconcileShard", reconcileReserved, "receipts[0].reserved_units", false},
+		{"ShardService/ReconcileShard", reconcileActual, "receipts[0].actual_units", false},
+		{"RolloutService/CarveLegacyBudget", `{"budgetId":"b1","identity":"old-limiter","subject":"tenant-7","route":"chat.generate","units":{"tokens":1,"` + long + `":1},"ttl":"60s"}`, "units", false},
+	} {
+		r := post(c.path, c.body)
+		code, reason, message := connectError(r.raw)
+		if c.batch {
+			code, reason, message = batchItemError(t, r.raw, "application/json", protoreflect.Name(strings.TrimPrefix(c.path, "LedgerService/")))
+		}
+		if code != "invalid_argument" || reason != server.ReasonInvalidCommand || !strings.Contains(message, c.field+": "+want) {
+			t.Errorf("%s: %d %s %s %.300q; want invalid_argument INVALID_COMMAND naming %q", c.path, r.status, code, reason, message, c.field+": "+want)
+		}
+		if strings.Contains(string(r.raw), strings.Repeat("u", 200)) {
+			t.Errorf("%s: the answer quotes the unit name (%d bytes)", c.path, len(r.raw))
+		}
+	}
+	if got := field(h.ok("GetReservation", `{"reservationId":"held"}`, ""), "reservation", "state"); got != "RESERVATION_STATE_STARTED" {
+		t.Errorf("a refused settle changed the reservation: %v", got)
+	}
+	// At the bound: a name a policy could have, so UNKNOWN_UNIT naming it.
+	atBound := strings.Repeat("b", ledger.MaxUnitBytes)
+	r := h.call("Reserve", `{"reservationId":"new","subject":"tenant-7","route":"chat.generate","units":{"tokens":1,"`+atBound+`":1}}`, "")
+	h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonUnknownUnit)
+	if msg, _ := r.body["message"].(string); !strings.Contains(msg, atBound) {
+		t.Errorf("UNKNOWN_UNIT at the bound does not name the unit: %s", r.raw)
 	}
 }

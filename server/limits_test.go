@@ -46,6 +46,28 @@ func TestStatusesTheDocsName(t *testing.T) {
 	}
 }
 
+// /healthz, /readyz, /statusz and /metrics are endpoints (API.md, "Other
+// endpoints": GET). A POST or DELETE on them answered 404 "no method or
+// endpoint at /healthz", which is false and reads as a wrong path to whoever
+// configured a health check with another method; they answer 405 with
+// Allow: GET, HEAD, as the console at /ui does, and GET still works.
+func TestEndpointsAnswerOtherMethodsWith405(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	for _, path := range []string{"/healthz", "/readyz", "/statusz", "/metrics"} {
+		for _, method := range []string{"POST", "DELETE", "PUT"} {
+			req, _ := http.NewRequest(method, h.url+path, strings.NewReader("x"))
+			r := h.do(req)
+			if r.status != http.StatusMethodNotAllowed || r.header.Get("Allow") != "GET, HEAD" {
+				t.Errorf("%s %s: %d Allow %q %q, want 405 Allow \"GET, HEAD\"", method, path, r.status, r.header.Get("Allow"), r.raw)
+			}
+		}
+		req, _ := http.NewRequest("GET", h.url+path, nil)
+		if r := h.do(req); r.status != http.StatusOK {
+			t.Errorf("GET %s: %d %q", path, r.status, r.raw)
+		}
+	}
+}
+
 // Per-command cap and explicit durations (issue 13).
 func TestLimitsAnswerTheirDocumentedCodes(t *testing.T) {
 	h := newHarness(t, harnessOptions{})

@@ -59,7 +59,7 @@ func (s *Server) recordCommand(ctx context.Context, req *v1.RecordUsageRequest) 
 	if cerr := s.subjectOutOfScope(ctx, "record usage", key); cerr != nil {
 		return cmd, nil, cerr
 	}
-	p, units, refusal, cerr := s.mapActive(ctx, key, req.GetActualUnits(), "record usage", cmd.ReservationID)
+	p, units, refusal, cerr := s.mapActive(ctx, key, "actual_units", req.GetActualUnits(), "record usage", cmd.ReservationID)
 	if cerr != nil {
 		return cmd, nil, cerr
 	}
@@ -82,7 +82,7 @@ func (s *Server) recordCommand(ctx context.Context, req *v1.RecordUsageRequest) 
 	if err != nil {
 		return cmd, nil, refusal
 	}
-	if units, err = amounts(&ep, req.GetActualUnits()); err != nil {
+	if units, cerr = amounts(&ep, "", "actual_units", req.GetActualUnits()); cerr != nil {
 		return cmd, nil, refusal
 	}
 	cmd.Units, cmd.Generation = units, existing.Account.Generation

@@ -335,7 +335,7 @@ func (svc *rolloutService) GetRollout(ctx context.Context, req *connect.Request[
 
 // ListRollouts implements RolloutService.ListRollouts.
 func (svc *rolloutService) ListRollouts(ctx context.Context, req *connect.Request[v1.ListRolloutsRequest]) (*connect.Response[v1.ListRolloutsResponse], error) {
-	if cerr := refuseScoped(ctx, "the rollouts"); cerr != nil {
+	if cerr := refuseScoped(ctx, "the rollout list"); cerr != nil {
 		return nil, cerr
 	}
 	if cerr := svc.ready(); cerr != nil {

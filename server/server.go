@@ -196,6 +196,11 @@ func New(l Ledger, cfg Config) *Server {
 	mux.HandleFunc("GET /readyz", s.readyz)
 	mux.HandleFunc("GET /statusz", s.statusz)
 	mux.Handle("GET /metrics", s.metrics.Handler())
+	for _, endpoint := range []string{"/healthz", "/readyz", "/statusz", "/metrics"} {
+		// Without these the catch-all below would answer another method
+		// on an endpoint "no method or endpoint", which is false.
+		mux.HandleFunc(endpoint, getOnly)
+	}
 	mux.HandleFunc("/", unknownPath)
 	s.mux, s.options = mux, options
 	s.handler = s.limitBody(mux)
@@ -371,6 +376,13 @@ func unknownPath(w http.ResponseWriter, r *http.Request) {
 		"code":    connect.CodeUnimplemented.String(),
 		"message": fmt.Sprintf("no method or endpoint at %s (methods are POST /capledger.v1.LedgerService/<Method>)", r.URL.Path),
 	})
+}
+
+// getOnly answers a method other than GET or HEAD on an endpoint: 405,
+// Allow: GET, HEAD (as the console's files answer).
+func getOnly(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Allow", "GET, HEAD")
+	http.Error(w, "method not allowed: "+r.Method+" "+r.URL.Path+" answers GET", http.StatusMethodNotAllowed)
 }
 
 // healthz answers 200 while the process is alive.

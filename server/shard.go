@@ -161,20 +161,13 @@ func (svc *shardService) do(ctx context.Context, cmd ledger.Command) (ledger.Res
 	return res, svc.s.outcomeError(ctx, &res)
 }
 
-// IssueShard implements ShardService.IssueShard. With auth on, a gateway
-// token may issue shards only for the gateway id equal to its token name
-// (PERMISSION_DENIED otherwise, before anything is carved); admin tokens
-// may issue for any gateway.
+// IssueShard implements ShardService.IssueShard. The door (checkText)
+// checked the gateway id and the token's right to act for it: with auth
+// on, a gateway token may issue shards only for the gateway id equal to
+// its token name (PERMISSION_DENIED otherwise, before anything is
+// carved); admin tokens may issue for any gateway.
 func (svc *shardService) IssueShard(ctx context.Context, req *connect.Request[v1.IssueShardRequest]) (*connect.Response[v1.IssueShardResponse], error) {
 	m := req.Msg
-	// The token's right to act for the gateway first (API.md, "Order
-	// of checks": 403 before the shape), once its id can be compared.
-	if cerr := checkID("gateway_id", m.GetGatewayId()); cerr != nil {
-		return nil, cerr
-	}
-	if cerr := authorizeGateway(ctx, "issue shard", m.GetGatewayId()); cerr != nil {
-		return nil, cerr
-	}
 	if cerr := checkID("shard_id", m.GetShardId()); cerr != nil {
 		return nil, svc.refused(ledger.KindShardIssue, cerr)
 	}
@@ -216,7 +209,7 @@ func (svc *shardService) issue(ctx context.Context, m *v1.IssueShardRequest, leg
 		// cache that predates a generation published through another
 		// replica is reloaded (rate-limited) before NO_POLICY or
 		// UNKNOWN_UNIT is answered.
-		p, units, refusal, cerr := svc.s.mapActive(ctx, key, m.GetUnits(), "issue shard", m.GetShardId())
+		p, units, refusal, cerr := svc.s.mapActive(ctx, key, "units", m.GetUnits(), "issue shard", m.GetShardId())
 		if cerr != nil {
 			return nil, cerr
 		}
@@ -351,14 +344,8 @@ func (svc *shardService) ListShards(ctx context.Context, req *connect.Request[v1
 // Admin tokens may reconcile for any gateway.
 func (svc *shardService) ReconcileShard(ctx context.Context, req *connect.Request[v1.ReconcileShardRequest]) (*connect.Response[v1.ReconcileShardResponse], error) {
 	m := req.Msg
-	// The token's right to act for the gateway first (API.md, "Order
-	// of checks": 403 before the shape), once its id can be compared.
-	if cerr := checkID("gateway_id", m.GetGatewayId()); cerr != nil {
-		return nil, cerr
-	}
-	if cerr := authorizeGateway(ctx, "reconcile shard", m.GetGatewayId()); cerr != nil {
-		return nil, cerr
-	}
+	// The door (checkText) checked the gateway id and the token's right
+	// to act for it.
 	if cerr := checkID("shard_id", m.GetShardId()); cerr != nil {
 		return nil, svc.refused(ledger.KindShardReconcile, cerr)
 	}
@@ -413,13 +400,14 @@ func (svc *shardService) ReconcileShard(ctx context.Context, req *connect.Reques
 		if !ok {
 			return nil, svc.refused(ledger.KindShardReconcile, invalidArgument(ReasonInvalidCommand, "receipt %q: state %s", r.GetReservationId(), r.GetState()))
 		}
-		reserved, err := amounts(&p, r.GetReservedUnits())
-		if err != nil {
-			return nil, svc.refused(ledger.KindShardReconcile, invalidArgument(ReasonUnknownUnit, "receipt %q: %v", r.GetReservationId(), err))
+		receipt := fmt.Sprintf("receipt %q", r.GetReservationId())
+		reserved, cerr := amounts(&p, receipt, fmt.Sprintf("receipts[%d].reserved_units", i), r.GetReservedUnits())
+		if cerr != nil {
+			return nil, svc.refused(ledger.KindShardReconcile, cerr)
 		}
-		actual, err := amounts(&p, r.GetActualUnits())
-		if err != nil {
-			return nil, svc.refused(ledger.KindShardReconcile, invalidArgument(ReasonUnknownUnit, "receipt %q: %v", r.GetReservationId(), err))
+		actual, cerr := amounts(&p, receipt, fmt.Sprintf("receipts[%d].actual_units", i), r.GetActualUnits())
+		if cerr != nil {
+			return nil, svc.refused(ledger.KindShardReconcile, cerr)
 		}
 		receipts[i] = ledger.ShardReceipt{ReservationID: r.GetReservationId(), State: state, Reserved: reserved, Actual: actual}
 	}

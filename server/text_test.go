@@ -42,6 +42,11 @@ var textBounds = map[protoreflect.Name]int{
 	"request_digest": 0, "estimator_digest": 0, "unit": 0,
 }
 
+// unitMaps are the maps of requests keyed by unit name, their keys bound
+// as a policy's unit is (a longer name can match no dimension). A map of a
+// request named in neither fails the test, as a string field does.
+var unitMaps = map[protoreflect.Name]bool{"units": true, "actual_units": true, "reserved_units": true}
+
 // textFree are string fields checked against a fixed set of values or
 // opened as the server's own sealed token.
 var textFree = map[protoreflect.Name]bool{"page_token": true, "hash_by": true, "mode": true, "legacy_decision": true, "schema": true}
@@ -64,6 +69,27 @@ type textCase struct {
 	holder protoreflect.FullName
 	// batch: the field is in a batch item, refused as that item's error.
 	batch bool
+	// unitName: the field is a units map, the bad text one of its keys.
+	unitName bool
+}
+
+// bound is the most bytes c's text may hold at the door (0: no bound). A
+// unit name's length is checked where the units are mapped, by the
+// deciding generation (TestOverlongUnitNameIsInvalidCommand).
+func (c textCase) bound() int {
+	if c.unitName {
+		return 0
+	}
+	return textBounds[c.field.Name()]
+}
+
+// refusal is what the message of c's refusal says of a bad text whose
+// problem is problem (badText.want).
+func (c textCase) refusal(problem string) string {
+	if c.unitName {
+		return c.path + ": a unit name " + problem
+	}
+	return c.path + " " + problem
 }
 
 // textCases walks every method of every service and returns, for each
@@ -82,6 +108,11 @@ func textCases(t *testing.T) (cases []textCase, unclassified []string) {
 			fd := md.Fields().Get(i)
 			switch {
 			case fd.IsMap():
+				if unitMaps[fd.Name()] && fd.MapKey().Kind() == protoreflect.StringKind {
+					cases = append(cases, textCase{method: m, path: prefix + string(fd.Name()), field: fd, holder: md.FullName(), batch: batch, unitName: true})
+				} else {
+					unclassified = append(unclassified, string(md.FullName())+"."+string(fd.Name()))
+				}
 			case fd.Kind() == protoreflect.StringKind:
 				if _, ok := textBounds[fd.Name()]; ok {
 					path := prefix + string(fd.Name())
@@ -135,6 +166,10 @@ func (c textCase) fill(m protoreflect.Message, path []string, marker string) {
 	fields := m.Descriptor().Fields()
 	for i := 0; i < fields.Len(); i++ {
 		fd := fields.Get(i)
+		if c.unitName && fd.IsMap() && len(path) == 1 && string(fd.Name()) == path[0] {
+			m.Mutable(fd).Map().Set(protoreflect.ValueOfString(marker).MapKey(), protoreflect.ValueOfInt64(1))
+			continue
+		}
 		if fd.Kind() != protoreflect.StringKind || fd.IsMap() {
 			continue
 		}
@@ -252,8 +287,9 @@ func storeDigest(t *testing.T, path string) [32]byte {
 }
 
 // A subject, route, region, id or rollout name that is over its bound,
-// holds a NUL byte or is not UTF-8 is refused by every method of every
-// service that takes it, over Connect JSON (POST, and GET for the read
+// or one of them or a unit name (a key of a units map) that holds a NUL
+// byte or is not UTF-8, is refused by every method of every service that
+// takes it (a unit name without quoting it), over Connect JSON (POST, and GET for the read
 // methods), Connect protobuf and gRPC (grpc-go's direct methods and its
 // bridge): 400 / gRPC 3 invalid_argument, with the documented reason for
 // the length and NUL (invalid UTF-8 does not decode: no detail, as
@@ -281,6 +317,17 @@ func TestEveryNamingFieldIsBounded(t *testing.T) {
 			t.Errorf("no case for %s", m)
 		}
 	}
+	unitMethods := map[string]bool{}
+	for _, c := range cases {
+		if c.unitName {
+			unitMethods[string(c.method.Name())] = true
+		}
+	}
+	for _, m := range []string{"Reserve", "ReserveBatch", "Settle", "SettleBatch", "RecordUsage", "IssueShard", "ReconcileShard", "CarveLegacyBudget"} {
+		if !unitMethods[m] {
+			t.Errorf("no unit name case for %s", m)
+		}
+	}
 
 	protocols := new(http.Protocols)
 	protocols.SetUnencryptedHTTP2(true)
@@ -301,7 +348,7 @@ func TestEveryNamingFieldIsBounded(t *testing.T) {
 		if r, ok := textReasons[c.holder]; ok {
 			reason = r
 		}
-		for _, bad := range badTexts(textBounds[c.field.Name()]) {
+		for _, bad := range badTexts(c.bound()) {
 			msg := c.request(t, bad.marker)
 			jsonBody, err := protojson.Marshal(msg)
 			if err != nil {
@@ -399,8 +446,10 @@ func TestEveryNamingFieldIsBounded(t *testing.T) {
 					}
 					continue
 				}
-				if a.code != "invalid_argument" || a.reason != wantReason || !strings.Contains(a.message, c.path+" "+bad.want) && bad.want != "" {
-					t.Errorf("%s over %s: %s %s %q; want invalid_argument %s naming %q", name, a.protocol, a.code, a.reason, a.message, wantReason, c.path+" "+bad.want)
+				if a.code != "invalid_argument" || a.reason != wantReason || !strings.Contains(a.message, c.refusal(bad.want)) && bad.want != "" {
+					t.Errorf("%s over %s: %s %s %q; want invalid_argument %s naming %q", name, a.protocol, a.code, a.reason, a.message, wantReason, c.refusal(bad.want))
+				} else if c.unitName && bad.want != "" && (strings.Contains(a.message, bad.marker) || strings.Contains(a.message, "marker")) {
+					t.Errorf("%s over %s: %q echoes the unit name", name, a.protocol, a.message)
 				} else if bad.want == "" && !strings.Contains(strings.ToLower(a.message), "utf-8") {
 					t.Errorf("%s over %s: %q does not say UTF-8", name, a.protocol, a.message)
 				}

@@ -230,6 +230,10 @@ func TestCLIUsageErrors(t *testing.T) {
 	os.WriteFile(badDuration, []byte("subject: a\nroute: b\nholdTTL: thirty\ndimensions: [{unit: tokens, burst: 5}]\n"), 0o600)
 	invalid := filepath.Join(dir, "invalid.yaml")
 	os.WriteFile(invalid, []byte("subject: a\nroute: b\ndimensions: [{unit: tokens, burst: 0}]\n"), 0o600)
+	// Two policies in one file: the second was dropped without a word and
+	// the first published; nothing is published now.
+	twoPolicies := filepath.Join(dir, "two.yaml")
+	os.WriteFile(twoPolicies, []byte("subject: a\nroute: b\ndimensions: [{unit: tokens, burst: 5}]\n---\nsubject: c\nroute: b\ndimensions: [{unit: tokens, burst: 5}]\n"), 0o600)
 
 	for _, c := range []struct {
 		args []string
@@ -253,6 +257,7 @@ func TestCLIUsageErrors(t *testing.T) {
 		{[]string{"policy", "publish", bad}, exitUsage, "holdTime"},
 		{[]string{"policy", "publish", badDuration}, exitUsage, "30s, 5m, 1h"},
 		{[]string{"policy", "publish", invalid}, exitUsage, "INVALID_POLICY"},
+		{[]string{"policy", "publish", twoPolicies}, exitUsage, "more than one document"},
 		{[]string{"reserve", "--subject", "t", "--route", "r", "--units", "x=1", "--addr", "ftp://host"}, exitUsage, "http://"},
 		// A --timeout that cannot wait for any answer is a bad flag (1),
 		// not an unavailable server (5).

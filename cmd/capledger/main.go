@@ -8,7 +8,9 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -255,6 +257,22 @@ func readInput(path string) ([]byte, error) {
 		return io.ReadAll(os.Stdin)
 	}
 	return os.ReadFile(path)
+}
+
+// decodeStrictJSON decodes raw, a file an operator wrote, into v: a field
+// v does not have is an error (a misspelt field must not read as zero),
+// and so is anything after the first JSON value but white space (two
+// files concatenated: the second would be dropped without a word).
+func decodeStrictJSON(raw []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return fmt.Errorf("data after the first JSON value (at byte %d): one value per file", dec.InputOffset())
+	}
+	return nil
 }
 
 // wantArgs checks the number of positional arguments.

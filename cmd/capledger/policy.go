@@ -10,6 +10,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"sigs.k8s.io/yaml"
 
+	"github.com/capledger/capledger/internal/yamlfile"
+
 	v1 "github.com/capledger/capledger/api/capledger/v1"
 )
 
@@ -32,7 +34,7 @@ Rollback stops admission under a generation; the newest earlier one that
 was not rolled back becomes active again, and settlement and debt of the
 rolled-back one go on. publish and rollback need an admin token.
 
-Policy file (YAML or JSON; durations like "30s", "5m", "1h"):
+Policy file (YAML or JSON, one policy per file; durations like "30s", "5m", "1h"):
 
   subject: tenant-7          # or "*" for every subject without its own policy
   route: chat.generate
@@ -242,7 +244,7 @@ type dimensionFile struct {
 // server validates the rest.
 func parsePolicyFile(data []byte) (*v1.Policy, error) {
 	var f policyFile
-	if err := yaml.UnmarshalStrict(data, &f); err != nil {
+	if err := yamlfile.UnmarshalStrict(data, &f); err != nil {
 		return nil, err
 	}
 	if f.Schema != "" && f.Schema != "admissionBudget.v1" {

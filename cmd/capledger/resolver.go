@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -61,9 +60,7 @@ func loadResolverConfig(path string) (*resolverConfig, error) {
 		return nil, fmt.Errorf("resolver config: %w", err)
 	}
 	var f resolverFile
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&f); err != nil {
+	if err := decodeStrictJSON(raw, &f); err != nil {
 		return nil, fmt.Errorf("resolver config %s: %w", path, err)
 	}
 	if len(f.Routes) == 0 {

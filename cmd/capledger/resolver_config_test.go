@@ -61,6 +61,8 @@ func TestResolverConfigIsCheckedFieldByField(t *testing.T) {
 		{`{"routes":{"r":{"statusUrl":"http://gw","secretFile":"missing.secret"}}}`, "missing.secret"},
 		{`{"routes":{"":{}}}`, "empty route"},
 		{`{"minBackoff":"2m","maxBackoff":"1m","routes":{"r":{}}}`, "below minBackoff"},
+		// A second object (two files concatenated) was ignored silently.
+		{`{"routes":{"r":{}}}{"routes":{"s":{"unknownDeadline":"1h"}}}`, "after the first JSON value"},
 	} {
 		_, err := loadResolverConfig(write(c.body))
 		if err == nil || !strings.Contains(err.Error(), c.want) {

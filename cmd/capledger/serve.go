@@ -55,8 +55,11 @@ Flags:
                       things out), or a postgres://user@host:5432/db URL
   --tokens FILE       bearer tokens, one "token role name" per line, role
                       gateway, viewer (read-only, e.g. for the console at
-                      /ui) or admin (# comments allowed). Without it auth
-                      is off and serve listens on loopback addresses only.
+                      /ui) or admin (# comments allowed), optionally
+                      scoped: "subjects=tenant-b/* routes=chat.*" (outside
+                      the scope is answered as not found; docs/API.md,
+                      "Authentication"). Without it auth is off and serve
+                      listens on loopback addresses only.
   --shard-keys PATH   emergency-shard signing keys: a keys file or a directory
                       of them (see "capledger shard --help"); default: the
                       file shard-keys in --data-dir, created with a new key on

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/base64"
@@ -321,9 +320,7 @@ func runShardReconcile(ctx context.Context, e *env, args []string) error {
 			return usagef("--receipts: %v", err)
 		}
 		var parsed []receiptJSON
-		dec := json.NewDecoder(bytes.NewReader(raw))
-		dec.DisallowUnknownFields() // a misspelt field must not read as zero usage
-		if err := dec.Decode(&parsed); err != nil {
+		if err := decodeStrictJSON(raw, &parsed); err != nil {
 			return usagef("--receipts %s: %v", *receiptsPath, err)
 		}
 		for _, r := range parsed {

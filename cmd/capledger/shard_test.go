@@ -90,6 +90,18 @@ func TestCLIShardLifecycle(t *testing.T) {
 		t.Fatalf("misspelt receipt field: %s", errOut)
 	}
 
+	// Two arrays in one file (two receipt logs concatenated): the decoder
+	// read the first and dropped the second without a word, and a receipt
+	// left out reads as unused capacity, reminted. Refused before sending.
+	concatPath := filepath.Join(dir, "concat.json")
+	os.WriteFile(concatPath, []byte(`[{"reservation_id": "l1", "state": "SETTLED", "reserved_units": {"tokens": 500}, "actual_units": {"tokens": 450}}]
+[{"reservation_id": "l2", "state": "usage_unknown", "reserved_units": {"tokens": 300}}]`), 0o600)
+	code, out, errOut = cli(t, url, "shard", "reconcile", "sh-cli", "--gateway", "gw-1", "--receipts", concatPath)
+	wantExit(t, exitUsage, code, out, errOut)
+	if !strings.Contains(errOut, "after the first JSON value") {
+		t.Fatalf("concatenated receipts: %s", errOut)
+	}
+
 	receiptsPath := filepath.Join(dir, "receipts.json")
 	os.WriteFile(receiptsPath, []byte(`[
 	  {"reservation_id": "l1", "state": "SETTLED", "reserved_units": {"tokens": 500}, "actual_units": {"tokens": 450}},

@@ -94,11 +94,12 @@ var layers = []layer{
 		// server is handed an engine and never opens or names a driver.
 		why: "the network face over the engine"},
 
-	{pkg: "envoyrls", imports: []string{"api/...", "ledger", "server"},
+	{pkg: "envoyrls", imports: []string{"api/...", "internal/yamlfile", "ledger", "server"},
 		// The one package beside the server that imports it: a protocol
 		// adapter reaches the ledger only through the server's exported
 		// command path (ReserveCommand, SettleCommand, Run), never the
 		// engine or a store, so there is no second accounting.
+		// internal/yamlfile reads its mapping file as cmd reads a policy.
 		why: "Envoy's rate limit service, translated into the LedgerService's commands"},
 
 	{pkg: "sched", imports: nil, testImports: []string{}, stdOnly: true, pure: true,
@@ -124,6 +125,8 @@ var layers = []layer{
 	{pkg: "cmd/capledger", imports: []string{"*"},
 		why: "the one binary wires everything: flags -> calls"},
 
+	{pkg: "internal/yamlfile", imports: nil, testImports: []string{},
+		why: "reads an operator's YAML or JSON file (a policy, the Envoy mapping) strictly and one document per file, for cmd and envoyrls alike; it knows nothing of the ledger"},
 	{pkg: "internal/pgformation", imports: nil, testImports: []string{},
 		why: "a test helper that runs a real pg_auto_failover formation; it knows nothing of the ledger"},
 	{pkg: "scripts/auditsize", imports: []string{"engine", "ledger", "store/sqlite"},
@@ -137,6 +140,8 @@ var layers = []layer{
 
 	{pkg: "internal/archtest", imports: nil, testImports: []string{},
 		why: "this test"},
+	{pkg: "internal/doclinks", imports: nil, testImports: []string{}, stdOnly: true,
+		why: "a test of the Markdown files' relative links and anchors; it reads files, not code"},
 }
 
 // pkgInfo is what the checker reads of one package directory.

@@ -301,6 +301,32 @@ func (s *Store) AccountList(ctx context.Context, subject ledger.PolicyKey) (out 
 	return out, err
 }
 
+// AccountsOfSubjects returns copies of the accounts of subjects (every
+// generation of each), in key order; a key with an empty Subject names
+// none. No match is an empty list. One read of the committed rows, which
+// walks every account, as AccountList does.
+func (s *Store) AccountsOfSubjects(ctx context.Context, subjects []ledger.PolicyKey) (out []ledger.Account, err error) {
+	named := make(map[ledger.PolicyKey]bool, len(subjects))
+	for _, k := range subjects {
+		if k.Subject != "" {
+			named[k] = true
+		}
+	}
+	err = s.read(ctx, func(r *rows) error {
+		if len(named) == 0 {
+			return nil
+		}
+		for _, a := range r.accounts {
+			if named[a.Key.SubjectKey()] {
+				out = append(out, *a)
+			}
+		}
+		return nil
+	})
+	slices.SortFunc(out, func(a, b ledger.Account) int { return a.Key.Compare(b.Key) })
+	return out, err
+}
+
 // PolicyGet returns a copy of the policy generation, or store.ErrNotFound.
 func (s *Store) PolicyGet(ctx context.Context, generation uint64) (out ledger.Policy, err error) {
 	err = s.read(ctx, func(r *rows) error {

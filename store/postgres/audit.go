@@ -73,12 +73,20 @@ func (s *Store) AuditSnapshot(ctx context.Context, cut bool, f func(*ledger.Snap
 		// live rows of the accounts (read after the journal) and the
 		// reservations: no count(*) over the tables. Live rows are the
 		// statistics' n_live_tup, which every insert and delete moves
-		// (within a second or so); the planner's reltuples, used before,
-		// changes only at VACUUM or ANALYZE, so right after retention
-		// removed most reservations (autovacuum off, or not yet run) it
-		// still counted them (328,443 estimated for far fewer), and a
-		// table never analyzed counted 0. reltuples only when the
-		// statistics have seen no change of the table (they were reset).
+		// (within a second or so); the planner's reltuples changes only at
+		// VACUUM or ANALYZE, so right after retention removed most
+		// reservations (autovacuum off, or not yet run) it still counted
+		// them (328,443 estimated for far fewer). But n_live_tup starts
+		// again from 0 when the statistics are reset (crash recovery, a
+		// start from a base backup, a promoted standby): it then counts
+		// only the rows inserted since (10 of 2,010). A vacuum or analyze
+		// sets n_live_tup to the rows present, so one seen by the
+		// statistics makes it right; with none seen, either they were
+		// reset or the table was never vacuumed nor analysed (then
+		// n_live_tup counts from the table's start), so the larger of
+		// n_live_tup and reltuples (kept in pg_class through a reset; 0
+		// for a table never analysed, or the rows when a migration built
+		// an index) counts the rows, near enough for a progress bar.
 		var rows int64
 		if err := tx.QueryRow(ctx, `SELECT COALESCE(MAX(seq), $1) - $1 FROM journal`, after).Scan(&rows); err != nil {
 			return 0, s.c.classify("snapshot: estimate", err, false)
@@ -88,16 +96,19 @@ func (s *Store) AuditSnapshot(ctx context.Context, cut bool, f func(*ledger.Snap
 			tables = append(tables, "reservations")
 		}
 		for _, table := range tables {
-			var live, changes int64
+			var live int64
+			var counted bool
 			var planned float64
-			if err := tx.QueryRow(ctx, `SELECT COALESCE(st.n_live_tup, 0), COALESCE(st.n_tup_ins + st.n_tup_del, 0), GREATEST(c.reltuples, 0)
-				FROM pg_class c LEFT JOIN pg_stat_user_tables st ON st.relid = c.oid WHERE c.oid = $1::regclass`, table).Scan(&live, &changes, &planned); err != nil {
+			if err := tx.QueryRow(ctx, `SELECT COALESCE(st.n_live_tup, 0),
+					COALESCE(st.last_vacuum, st.last_autovacuum, st.last_analyze, st.last_autoanalyze) IS NOT NULL,
+					GREATEST(c.reltuples, 0)
+				FROM pg_class c LEFT JOIN pg_stat_user_tables st ON st.relid = c.oid WHERE c.oid = $1::regclass`, table).Scan(&live, &counted, &planned); err != nil {
 				return 0, s.c.classify("snapshot: estimate", err, false)
 			}
-			if changes > 0 {
+			if counted {
 				rows += live
 			} else {
-				rows += int64(planned)
+				rows += max(live, int64(planned))
 			}
 		}
 		return rows, nil

@@ -400,3 +400,63 @@ func TestInDebtTriggerKeepsItsSchema(t *testing.T) {
 	}
 	checkFlagsMatchTerms(t, conn, "after an update from another search_path")
 }
+
+// Two writers from outside the store, neither locking the account row
+// first, change two term rows of one account: A repays the debt of
+// dimension 1 and holds its transaction open, B makes dimension 0 owe.
+// The flag must end as the terms say (B's debt), so B's trigger has to
+// wait for A's, not read the flag A is about to clear.
+func TestInDebtFollowsWritersThatDoNotLockTheAccount(t *testing.T) {
+	ctx := context.Background()
+	s, dsn := openStore(t)
+	changes, _ := debtChanges(1) // t000: dimension 1 owes 5
+	writeChanges(t, s, changes)
+	a, b, watch := connectTo(t, dsn), connectTo(t, dsn), connectTo(t, dsn)
+	const account = `(SELECT id FROM accounts WHERE subject = 't000')`
+	txA, err := a.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer txA.Rollback(ctx)
+	if _, err := txA.Exec(ctx, `UPDATE account_terms SET overdraft_repaid = 7, spent = spent - 5
+		WHERE dim = 1 AND account_id = `+account); err != nil {
+		t.Fatal(err)
+	}
+	var bPID int
+	if err := b.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&bPID); err != nil {
+		t.Fatal(err)
+	}
+	bDone := make(chan error, 1)
+	go func() {
+		_, err := b.Exec(ctx, `UPDATE account_terms SET overdraft_issued = 4, spent = spent + 4
+			WHERE dim = 0 AND account_id = `+account)
+		bDone <- err
+	}()
+	// Commit A once B waits for a lock, or at once if B finished without
+	// waiting (the flag is then left as B found it).
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if len(bDone) > 0 {
+			break
+		}
+		var waiting bool
+		if err := watch.QueryRow(ctx, `SELECT wait_event_type IS NOT DISTINCT FROM 'Lock' FROM pg_stat_activity WHERE pid = $1`,
+			bPID).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := txA.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-bDone; err != nil {
+		t.Fatal(err)
+	}
+	checkFlagsMatchTerms(t, watch, "after two writers that did not lock the account")
+	if keys := debtorKeys(t, s); len(keys) != 1 {
+		t.Errorf("debt pages list %v, want the one account that owes", keys)
+	}
+}

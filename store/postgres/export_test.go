@@ -13,7 +13,9 @@ var (
 	UnknownBacklogSQL = unknownBacklogSQL
 	DebtFirstSQL      = debtFirstSQL
 	DebtAfterSQL      = debtAfterSQL
-	DueSQL            = dueSQL
+	// AccountsOfSubjectsSQL is AccountsOfSubjects' query.
+	AccountsOfSubjectsSQL = accountsOfSubjectsSQL
+	DueSQL                = dueSQL
 )
 
 // SetAccountPage sets how many rows a page of an audit's account streams

@@ -347,7 +347,8 @@ func checkUnknownPlan(t *testing.T, name, plan string) {
 // USAGE_UNKNOWN list, the generic plan of the prepared statement is what
 // is checked, on current statistics; then the same prepared statement is
 // run (EXPLAIN ANALYZE) to check that the index scan returned only the
-// page's entries.
+// page's entries. The engine then reads the page's subjects' accounts
+// (AccountsOfSubjects) by their keys.
 func TestDebtQueriesUseTheirIndex(t *testing.T) {
 	_, dsn := openStore(t)
 	ctx := context.Background()
@@ -441,6 +442,37 @@ func TestDebtQueriesUseTheirIndex(t *testing.T) {
 			t.Errorf("%s: run without accounts_in_debt:\n%s", tc.name, strings.Join(ran, "\n"))
 		}
 	}
+	// A page's subjects' accounts (AccountsOfSubjects, 100 subjects of
+	// the page): one seek of the accounts' unique key per subject and of
+	// the terms' primary key per account, planned for its keys as the
+	// store's pool plans it (at each run), never a scan of either table.
+	if _, err := conn.Exec(ctx, `SET plan_cache_mode = force_custom_plan`); err != nil {
+		t.Fatal(err)
+	}
+	var subjects []string
+	for i := 4; i <= 400; i += 4 {
+		subjects = append(subjects, fmt.Sprint("tenant", i))
+	}
+	routes, regions := slices.Repeat([]string{"chat.generate"}, len(subjects)), slices.Repeat([]string{"eu"}, len(subjects))
+	rows, err := conn.Query(ctx, "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) "+postgres.AccountsOfSubjectsSQL, subjects, routes, regions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan := strings.Join(ran, "\n")
+	t.Logf("accounts of 100 subjects, run:\n%s", plan)
+	for _, want := range []string{"Index Scan using accounts_subject_route_region_generation_key on accounts a (actual rows=1 loops=100)",
+		"on account_terms t (actual rows=2 loops=100)"} {
+		if !strings.Contains(plan, want) {
+			t.Errorf("accounts of 100 subjects: no %q in the plan:\n%s", want, plan)
+		}
+	}
+	if strings.Contains(plan, "Seq Scan") {
+		t.Errorf("accounts of 100 subjects: scans a table:\n%s", plan)
+	}
 }
 
 // Write transactions keep cached (generic) plans for what reads one row by
@@ -507,17 +539,22 @@ func TestWriteTransactionsPlanOnlyLookupsAtEachRun(t *testing.T) {
 			}
 		}
 	})
-	t.Run("force_custom_plan in the DSN", func(t *testing.T) {
-		plans := plans(t, withParam(t, schemaDSN(t), "plan_cache_mode", "force_custom_plan"))
-		for _, sql := range lookups {
-			if _, ok := plans[sql]; !ok {
-				t.Errorf("lookup never ran: %.80s", sql)
+	for _, dsn := range []struct{ name, param, value string }{
+		{"force_custom_plan in the DSN", "plan_cache_mode", "force_custom_plan"},
+		{"force_custom_plan in the DSN's options", "options", "-cplan_cache_mode=force_custom_plan"},
+	} {
+		t.Run(dsn.name, func(t *testing.T) {
+			plans := plans(t, withParam(t, schemaDSN(t), dsn.param, dsn.value))
+			for _, sql := range lookups {
+				if _, ok := plans[sql]; !ok {
+					t.Errorf("lookup never ran: %.80s", sql)
+				}
 			}
-		}
-		for sql, c := range plans {
-			if strings.Contains(sql, "$1") && c.generic != 0 {
-				t.Errorf("statement ran %d times on its generic plan (want none): %.80s", c.generic, sql)
+			for sql, c := range plans {
+				if strings.Contains(sql, "$1") && c.generic != 0 {
+					t.Errorf("statement ran %d times on its generic plan (want none): %.80s", c.generic, sql)
+				}
 			}
-		}
-	})
+		})
+	}
 }

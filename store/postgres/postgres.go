@@ -26,8 +26,10 @@ import (
 	"fmt"
 	"os"
 	"reflect"
+	"slices"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -81,13 +83,11 @@ var sessionDefaults = map[string]string{
 func parseConfig(dsn string) (*pgxpool.Config, bool, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
-		// The parse error may quote the DSN, password included; say only
-		// what is wrong.
-		return nil, false, fmt.Errorf("postgres dsn: %w", errors.Unwrap(err))
+		return nil, false, dsnError(err)
 	}
-	_, dsnPlanMode := cfg.ConnConfig.RuntimeParams["plan_cache_mode"]
+	set := dsnSettings(cfg.ConnConfig.RuntimeParams)
 	for name, value := range sessionDefaults {
-		if _, set := cfg.ConnConfig.RuntimeParams[name]; !set {
+		if !set[name] {
 			cfg.ConnConfig.RuntimeParams[name] = value
 		}
 	}
@@ -95,7 +95,93 @@ func parseConfig(dsn string) (*pgxpool.Config, bool, error) {
 		return nil, false, err
 	}
 	cfg.ConnConfig.ValidateConnect = pgconn.ValidateConnectTargetSessionAttrsReadWrite
-	return cfg, plansPerStatement(cfg, dsnPlanMode), nil
+	return cfg, plansPerStatement(cfg, set["plan_cache_mode"]), nil
+}
+
+// dsnSettings returns the names of the settings a DSN gives the session:
+// its startup parameters, and the settings inside its options parameter
+// (options= in the DSN or PGOPTIONS), which the server applies after the
+// startup parameters, so a session default the store sent beside them
+// would win over the DSN's own value.
+func dsnSettings(params map[string]string) map[string]bool {
+	set := make(map[string]bool, len(params))
+	for name := range params {
+		set[name] = true
+	}
+	for name := range optionsSettings(params["options"]) {
+		set[name] = true
+	}
+	return set
+}
+
+// optionsSettings returns the settings named in a libpq options string,
+// as the server reads it: words split at unescaped white space (a
+// backslash escapes the next character), each setting given as
+// "-c name=value", "-cname=value" or "--name=value", with '-' in a name
+// read as '_'. Other switches are left out.
+func optionsSettings(options string) map[string]string {
+	var words []string
+	var word strings.Builder
+	inWord, escaped := false, false
+	for _, r := range options {
+		switch {
+		case escaped:
+			word.WriteRune(r)
+			escaped = false
+		case r == '\\':
+			escaped, inWord = true, true
+		case unicode.IsSpace(r):
+			if inWord {
+				words = append(words, word.String())
+				word.Reset()
+				inWord = false
+			}
+		default:
+			word.WriteRune(r)
+			inWord = true
+		}
+	}
+	if inWord {
+		words = append(words, word.String())
+	}
+	settings := map[string]string{}
+	for i := 0; i < len(words); i++ {
+		var setting string
+		switch w := words[i]; {
+		case w == "-c" && i+1 < len(words):
+			i++
+			setting = words[i]
+		case strings.HasPrefix(w, "--"):
+			setting = w[2:]
+		case strings.HasPrefix(w, "-c"):
+			setting = w[2:]
+		default:
+			continue
+		}
+		name, value, ok := strings.Cut(setting, "=")
+		if !ok || name == "" {
+			continue
+		}
+		settings[strings.ToLower(strings.ReplaceAll(name, "-", "_"))] = value
+	}
+	return settings
+}
+
+// dsnError says what is wrong with a DSN that does not parse, without the
+// DSN: pgconn's message quotes it ("cannot parse `DSN`: what (cause)"),
+// password included when its best-effort redaction misses one, so only the
+// part after the quote is kept. Some of pgconn's errors wrap no cause (an
+// unknown target_session_attrs, a port that is no number): the part after
+// the quote is all they say.
+func dsnError(err error) error {
+	msg := err.Error()
+	if i := strings.LastIndex(msg, "`: "); strings.HasPrefix(msg, "cannot parse `") && i >= 0 {
+		return fmt.Errorf("postgres dsn: %s", msg[i+len("`: "):])
+	}
+	if cause := errors.Unwrap(err); cause != nil {
+		return fmt.Errorf("postgres dsn: %w", cause)
+	}
+	return errors.New("postgres dsn: it does not parse")
 }
 
 // targetSessionAttrs names the connect validators pgconn.ParseConfig sets
@@ -281,6 +367,42 @@ func (s *Store) AccountList(ctx context.Context, subject ledger.PolicyKey) ([]le
 	accounts, _, err := scanAccounts(rows)
 	if err != nil {
 		return nil, s.c.classify("account list", err, false)
+	}
+	return accounts, nil
+}
+
+// accountsOfSubjectsSQL reads the accounts of the subject keys given as
+// parallel arrays ($1, $2, $3: distinct keys), with their term rows, in
+// key order with text compared as bytes (COLLATE "C", as Go compares
+// strings): the keys drive the join, one seek of the accounts' unique
+// key each, as the batch prefetch's lookups do. Outside write
+// transactions it is planned at each run (plan.go), for the keys' count.
+const accountsOfSubjectsSQL = accountSelect + `
+	JOIN unnest($1::text[], $2::text[], $3::text[]) AS k(subject, route, region)
+	ON a.subject = k.subject AND a.route = k.route AND a.region = k.region
+	ORDER BY a.subject COLLATE "C", a.route COLLATE "C", a.region COLLATE "C", a.generation, t.dim`
+
+// AccountsOfSubjects returns the accounts of subjects (every generation
+// of each) in key order, in one query; a key with an empty Subject names
+// none, and none found is an empty list.
+func (s *Store) AccountsOfSubjects(ctx context.Context, subjects []ledger.PolicyKey) ([]ledger.Account, error) {
+	keys := slices.DeleteFunc(slices.Clone(subjects), func(k ledger.PolicyKey) bool { return k.Subject == "" })
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	slices.SortFunc(keys, ledger.PolicyKey.Compare)
+	keys = slices.Compact(keys)
+	subj, route, region := make([]string, len(keys)), make([]string, len(keys)), make([]string, len(keys))
+	for i, k := range keys {
+		subj[i], route[i], region[i] = k.Subject, k.Route, k.Region
+	}
+	rows, err := s.pool.Query(ctx, accountsOfSubjectsSQL, subj, route, region)
+	if err != nil {
+		return nil, s.c.classify("accounts of subjects", err, false)
+	}
+	accounts, _, err := scanAccounts(rows)
+	if err != nil {
+		return nil, s.c.classify("accounts of subjects", err, false)
 	}
 	return accounts, nil
 }

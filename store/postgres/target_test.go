@@ -59,3 +59,31 @@ func TestTargetSessionAttrsMustAcceptWrites(t *testing.T) {
 	}
 	s.Close()
 }
+
+// A DSN that does not parse is refused saying what is wrong, without the
+// DSN (it may hold a password). For the parse errors pgconn raises without
+// a wrapped cause (a port that is no number, an unknown
+// target_session_attrs) the message was "postgres dsn: %!w(<nil>)": nothing
+// an operator could act on. Needs no database: the DSN never gets that far.
+func TestMalformedDSNSaysWhatIsWrongWithoutThePassword(t *testing.T) {
+	ctx := context.Background()
+	t.Setenv("PGTARGETSESSIONATTRS", "")
+	for dsn, want := range map[string]string{
+		"postgres://capledger:s3cr3t-pw@127.0.0.1:abc/capledger":                          "port",
+		"postgres://capledger:s3cr3t-pw@127.0.0.1:5432/capledger?target_session_attrs=rw": "target_session_attrs",
+		"postgres://capledger:s3cr3t-pw@127.0.0.1:5432/capledger?sslmode=bogus":           "sslmode",
+		"postgres://capledger:s3cr3t-pw@127.0.0.1:5432/capledger?pool_max_conns=many":     "pool_max_conns",
+		"host=127.0.0.1 password=s3cr3t-pw target_session_attrs=rw":                       "target_session_attrs",
+	} {
+		s, err := postgres.Open(ctx, dsn)
+		if err == nil {
+			s.Close()
+			t.Errorf("%s: opened", dsn)
+			continue
+		}
+		msg := err.Error()
+		if !strings.Contains(msg, want) || strings.Contains(msg, "%!") || strings.Contains(msg, "s3cr3t-pw") || errors.Is(err, store.ErrUnavailable) {
+			t.Errorf("%s: %q, want a refusal naming %s, without the password", dsn, msg, want)
+		}
+	}
+}

@@ -2,6 +2,7 @@ package sqlite
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -107,6 +108,31 @@ func TestDebtQueriesUseTheirIndex(t *testing.T) {
 		want := []string{tc.debtors, "SEARCH a USING PRIMARY KEY (subject=? AND route=? AND region=? AND generation=?)"}
 		if !slices.Equal(lines, want) {
 			t.Errorf("%s: plan\n%s\nwant\n%s", tc.name, plan, strings.Join(want, "\n"))
+		}
+	}
+}
+
+// AccountsOfSubjects shows a page of debtors with their subjects'
+// accounts: each key is a seek of the accounts' primary key, never a scan
+// of accounts (a million tenants, a page of 100 shown), and never a sort.
+func TestAccountsOfSubjectsQueryUsesThePrimaryKey(t *testing.T) {
+	s, err := Open(context.Background(), filepath.Join(t.TempDir(), "plan.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for _, n := range subjectChunkSizes {
+		args := make([]any, 3*n)
+		for i := range args {
+			args[i] = fmt.Sprint("k", i)
+		}
+		plan := queryPlan(t, s, accountsOfSubjectsSQL(n), args...)
+		t.Logf("%d subjects:\n%s", n, plan)
+		if !strings.Contains(plan, "SEARCH accounts USING PRIMARY KEY (subject=? AND route=? AND region=?)") {
+			t.Errorf("%d subjects: plan does not seek the primary key by subject:\n%s", n, plan)
+		}
+		if strings.Contains(plan, "SCAN accounts") || strings.Contains(plan, "TEMP B-TREE") {
+			t.Errorf("%d subjects: scans or sorts:\n%s", n, plan)
 		}
 	}
 }

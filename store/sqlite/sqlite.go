@@ -610,6 +610,43 @@ func (s *Store) AccountList(ctx context.Context, subject ledger.PolicyKey) (_ []
 		subject.Subject, subject.Route, subject.Region)
 }
 
+// AccountsOfSubjects returns the accounts of subjects (every generation
+// of each) in key order; a key with an empty Subject names none, and none
+// found is an empty list. The distinct keys are read in statements of up
+// to 128 (subjectChunkSizes), each on its own, as separate AccountList
+// calls would read them; the rows are then ordered here (Go compares
+// strings as bytes, as SQLite's BINARY collation does).
+func (s *Store) AccountsOfSubjects(ctx context.Context, subjects []ledger.PolicyKey) (out []ledger.Account, err error) {
+	defer s.readBarrier(ctx, &err)
+	if s.closed.Load() {
+		return nil, errClosed
+	}
+	keys := slices.DeleteFunc(slices.Clone(subjects), func(k ledger.PolicyKey) bool { return k.Subject == "" })
+	slices.SortFunc(keys, ledger.PolicyKey.Compare)
+	keys = slices.Compact(keys)
+	largest := subjectChunkSizes[len(subjectChunkSizes)-1]
+	for chunk := range slices.Chunk(keys, largest) {
+		size := 0
+		for size < len(subjectChunkSizes)-1 && subjectChunkSizes[size] < len(chunk) {
+			size++
+		}
+		args := make([]any, 0, 3*subjectChunkSizes[size])
+		for _, k := range chunk {
+			args = append(args, k.Subject, k.Route, k.Region)
+		}
+		for len(args) < cap(args) {
+			args = append(args, nil) // NULL: no key equals it
+		}
+		found, err := queryAll(ctx, s.r.accountsOfSubjects[size], scanAccount, "accounts of subjects", args...)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, found...)
+	}
+	slices.SortFunc(out, func(a, b ledger.Account) int { return a.Key.Compare(b.Key) })
+	return out, nil
+}
+
 // PolicyGet returns the policy generation, or store.ErrNotFound.
 func (s *Store) PolicyGet(ctx context.Context, generation uint64) (ledger.Policy, error) {
 	if generation > 1<<63-1 {

@@ -217,6 +217,9 @@ type readStmts struct {
 	reservation, account, accountsOf, accountsAll, policy, policies, shard, shards, due *sql.Stmt
 	unknownFirst, unknownAfter, unknownBacklog                                          *sql.Stmt
 	debtFirst, debtAfter                                                                *sql.Stmt
+	// accountsOfSubjects holds accountsOfSubjectsSQL of each size of
+	// subjectChunkSizes, in that order.
+	accountsOfSubjects [len(subjectChunkSizes)]*sql.Stmt
 }
 
 func (r *readStmts) prepare(ctx context.Context, db *sql.DB) error {
@@ -242,12 +245,16 @@ func (r *readStmts) prepare(ctx context.Context, db *sql.DB) error {
 	r.unknownBacklog = prep(unknownBacklogSQL)
 	r.debtFirst = prep(debtFirstSQL)
 	r.debtAfter = prep(debtAfterSQL)
+	for i, n := range subjectChunkSizes {
+		r.accountsOfSubjects[i] = prep(accountsOfSubjectsSQL(n))
+	}
 	return errors.Join(errs...)
 }
 
 func (r *readStmts) close() {
-	for _, st := range []*sql.Stmt{r.reservation, r.account, r.accountsOf, r.accountsAll, r.policy, r.policies, r.shard, r.shards, r.due,
-		r.unknownFirst, r.unknownAfter, r.unknownBacklog, r.debtFirst, r.debtAfter} {
+	stmts := []*sql.Stmt{r.reservation, r.account, r.accountsOf, r.accountsAll, r.policy, r.policies, r.shard, r.shards, r.due,
+		r.unknownFirst, r.unknownAfter, r.unknownBacklog, r.debtFirst, r.debtAfter}
+	for _, st := range append(stmts, r.accountsOfSubjects[:]...) {
 		if st != nil {
 			st.Close()
 		}
@@ -305,3 +312,19 @@ var (
 	debtAfterSQL = "SELECT " + accountCols + debtFrom +
 		" WHERE (d.subject, d.route, d.region, d.generation) > (?2, ?3, ?4, ?5) ORDER BY d.subject, d.route, d.region, d.generation LIMIT ?1"
 )
+
+// subjectChunkSizes are the subject counts of AccountsOfSubjects'
+// statements, smallest first: the subjects go in statements of the
+// largest, and the rest in the smallest that holds it, its free places
+// bound to NULL (which no key equals, so they cost no row). A page of 100
+// debtors is one statement; 5 of them one of 8.
+var subjectChunkSizes = [...]int{8, 32, 128}
+
+// accountsOfSubjectsSQL reads the accounts of n (subject, route, region)
+// keys bound in order, every generation: a seek of the primary key per
+// key. It has no ORDER BY, which SQLite ran as a sort of the rows in a
+// temporary B-tree; AccountsOfSubjects orders the few rows it returns.
+func accountsOfSubjectsSQL(n int) string {
+	values := strings.TrimSuffix(strings.Repeat("(?, ?, ?), ", n), ", ")
+	return "SELECT " + accountCols + " FROM accounts WHERE (subject, route, region) IN (VALUES " + values + ")"
+}

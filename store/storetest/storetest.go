@@ -87,6 +87,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"AccountsByEpochAfterRolls", testAccountsByEpochAfterRolls},
 		{"Leases", testLeases},
 		{"AccountList", testAccountList},
+		{"AccountsOfSubjects", testAccountsOfSubjects},
 		{"Lists", testLists},
 		{"TimePrecision", testTimePrecision},
 		{"CancelledContext", testCancelledContext},
@@ -826,6 +827,84 @@ func testAccountList(t *testing.T, s store.Store) {
 	if err != nil || len(none) != 0 {
 		t.Errorf("unknown subject: %v, %v", none, err)
 	}
+}
+
+// AccountsOfSubjects returns what AccountList returns for each named
+// subject, every generation, whole rows, in key order across subjects
+// whose keys prefix one another, each subject once however often it is
+// named, nothing for unknown or empty keys, nothing uncommitted; and as
+// many subjects as a debt page of 200 names (past SQLite's statements of
+// 128) come back whole.
+func testAccountsOfSubjects(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	accounts, _ := debtAccounts()
+	subject := func(subject, route, region string) ledger.PolicyKey {
+		return ledger.PolicyKey{Subject: subject, Route: route, Region: region}
+	}
+	if got, err := s.AccountsOfSubjects(ctx, []ledger.PolicyKey{subject("t7", "chat", "eu")}); err != nil || len(got) != 0 {
+		t.Errorf("empty store: %v, %v; want none", got, err)
+	}
+	commit(t, s, &store.Changes{Accounts: accounts})
+	asked := []ledger.PolicyKey{
+		subject("t70", "chat", "eu"), subject("t7", "chat", "eu"), subject("nobody", "chat", "eu"),
+		subject("t7", "chatbot", "eu"), subject("t7", "chat", "eu"), subject("", "chat", "eu"),
+		subject("t7", "chat", "eu-west"), subject("t", "chat", "eu"), subject("t7", "chat", ""),
+	}
+	var want []ledger.Account
+	for _, k := range []ledger.PolicyKey{subject("t", "chat", "eu"), subject("t7", "chat", "eu"),
+		subject("t7", "chat", "eu-west"), subject("t7", "chatbot", "eu"), subject("t70", "chat", "eu")} {
+		list, err := s.AccountList(ctx, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, list...)
+	}
+	if len(want) != 8 {
+		t.Fatalf("AccountList of the 5 subjects: %d accounts, want 8", len(want))
+	}
+	got, err := s.AccountsOfSubjects(ctx, asked)
+	if err != nil {
+		t.Fatal(err)
+	}
+	same(t, "accounts of 5 subjects named among others, one twice", got, want)
+	for _, none := range [][]ledger.PolicyKey{nil, {}, {subject("nobody", "chat", "eu")}, {subject("", "", "")}} {
+		if got, err := s.AccountsOfSubjects(ctx, none); err != nil || len(got) != 0 {
+			t.Errorf("subjects %q: %v, %v; want none", none, got, err)
+		}
+	}
+	// Uncommitted accounts are not read.
+	extra := accounts[0]
+	extra.Key.Generation = 99
+	inTx(t, s, func(ctx context.Context, tx store.Tx) {
+		if err := tx.Write(ctx, &store.Changes{Accounts: []ledger.Account{extra}}); err != nil {
+			t.Fatal(err)
+		}
+		got, err := s.AccountsOfSubjects(ctx, asked)
+		if err != nil {
+			t.Fatal(err)
+		}
+		same(t, "with an uncommitted account", got, want)
+	})
+
+	// 200 subjects of two generations each, named in reverse.
+	var many []ledger.Account
+	var names []ledger.PolicyKey
+	for i := range 200 {
+		k := subject(fmt.Sprintf("page-%03d", i), "chat", "eu")
+		names = append([]ledger.PolicyKey{k}, names...)
+		for _, g := range []uint64{1, 2} {
+			a := ledger.Account{Key: ledger.AccountKey{Subject: k.Subject, Route: k.Route, Region: k.Region, Generation: g},
+				Dims: 1, EpochStart: at(0), Version: g}
+			a.Balances[0] = noDebt()
+			many = append(many, a)
+		}
+	}
+	commit(t, s, &store.Changes{Accounts: many})
+	got, err = s.AccountsOfSubjects(ctx, names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	same(t, "accounts of 200 subjects", got, many)
 }
 
 func testLists(t *testing.T, s store.Store) {

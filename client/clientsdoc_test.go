@@ -1,0 +1,411 @@
+// Tests of promises docs/CLIENTS.md makes about the Go SDK, each written
+// when a review of the SDK against that page found it broken (or, for
+// Close, to guard it), and seen failing before the fix.
+
+package client
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	ledgerv1 "github.com/capledger/capledger/api/capledger/v1"
+	"github.com/capledger/capledger/ledger"
+)
+
+// partitionedTwoUnitGateway returns an Emergency whose Client reaches the
+// ledger through the fault proxy, with a shard of tokens and requests,
+// and then closes the proxy: every later call is refused at connect, so
+// Emergency admits from the shard.
+func partitionedTwoUnitGateway(t *testing.T) *Emergency {
+	t.Helper()
+	l := startShardLedger(t)
+	if _, _, err := l.direct.PublishPolicy(context.Background(), &ledgerv1.Policy{
+		Subject: "tenant-7", Route: "chat.generate", EmergencyMode: true,
+		Dimensions: []*ledgerv1.Dimension{{Unit: "tokens", Burst: 1_000_000}, {Unit: "requests", Burst: 1_000}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	gw := l.viaProxy(t)
+	store, err := OpenShardStore(filepath.Join(t.TempDir(), "gw"), ShardStoreOptions{GatewayID: "gw-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	em := NewEmergency(gw, store, EmergencyOptions{})
+	if _, err := em.Provision(withoutWatchdog(context.Background()), ProvisionRequest{Subject: "tenant-7", Route: "chat.generate",
+		Units: Units{"tokens": 1_000, "requests": 10}, TTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	l.proxy.Close()
+	return em
+}
+
+// Emergency.Run follows Client.Run's rules from the shard too: a reserved
+// unit the work's usage leaves out is settled at its estimate (an
+// unmeasured unit is no proof that nothing was used), never at zero.
+func TestEmergencyRunLocalSettlesAnUnstatedUnitAtItsEstimate(t *testing.T) {
+	em := partitionedTwoUnitGateway(t)
+	res, err := em.Run(context.Background(), ReserveRequest{Subject: "tenant-7", Route: "chat.generate",
+		Units: Units{"tokens": 100, "requests": 1}}, func(context.Context) (Units, error) {
+		return Units{"tokens": 40}, nil // measured tokens only
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Local == nil || res.Local.State != ledger.StateSettled {
+		t.Fatalf("not settled locally: %+v", res)
+	}
+	if got := res.Local.Actual; got["tokens"] != 40 || got["requests"] != 1 {
+		t.Fatalf("local actual %v, want tokens 40 and requests at its estimate 1", got)
+	}
+	if got := res.Receipt.Actual; got["requests"] != 1 {
+		t.Fatalf("receipt actual %v, want requests 1", got)
+	}
+}
+
+// LostReserves may be read while the background lookups run (a gateway
+// polls it for its dashboard): the lookup's findings are published under
+// the lock LostReserves reads under. Run with -race.
+func TestLostReservesCanBeReadWhileTheLookupResolves(t *testing.T) {
+	l := startLedger(t)
+	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 10_000})
+	found := make(chan LostReserve, 1)
+	c := l.viaProxy(t, WithTimeout(2*time.Second), WithRetryPolicy(RetryPolicy{MaxAttempts: 1}),
+		// One lost answer after 200 ms of silence opens the breaker, so
+		// the lookup of the lost Reserve moves to the background.
+		WithBreaker(BreakerPolicy{FailureThreshold: 1, DetectTimeout: 200 * time.Millisecond, ProbeBase: 20 * time.Millisecond, ProbeMax: 50 * time.Millisecond}),
+		WithLostReserveHandler(func(lr LostReserve) { found <- lr }))
+	time.Sleep(250 * time.Millisecond) // no answer for longer than DetectTimeout
+	stop := make(chan struct{})
+	polled := make(chan int)
+	go func() {
+		n := 0
+		for {
+			select {
+			case <-stop:
+				polled <- n
+				return
+			default:
+			}
+			for _, lr := range c.LostReserves() {
+				_ = lr.Reservation.GetState()
+				_ = lr.Err
+				n++
+			}
+		}
+	}()
+	l.proxy.DropNextResponses(1) // the Reserve lands; its answer is lost
+	_, err := c.Reserve(context.Background(), ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 300}})
+	unknown := mustErrAs[*ReservationUnknownError](t, err)
+	if !unknown.LookingUp {
+		t.Fatalf("the lookup did not move to the background: %v", err)
+	}
+	var lr LostReserve
+	select {
+	case lr = <-found:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the lookup never finished: %+v", c.LostReserves())
+	}
+	close(stop)
+	t.Logf("LostReserves read %d entries while the lookup ran", <-polled)
+	if !lr.Done || lr.Err != nil || lr.Reservation.GetReservationId() != unknown.ReservationID ||
+		!isState(lr.Reservation, ledgerv1.ReservationState_RESERVATION_STATE_RESERVED) {
+		t.Fatalf("lookup outcome %+v, want the admitted reservation", lr)
+	}
+}
+
+// With the default usage (Usage nil: ReportUsage, else the estimate), a
+// handler that returns after its client went away without reporting
+// usage is USAGE_UNKNOWN (docs/CLIENTS.md, section 8): the backend it
+// called may still be working, so its usage is not known to be the
+// estimate. Its capacity stays held and its receipt is kept.
+func TestMiddlewareClientGoneWithoutUsageIsUnknown(t *testing.T) {
+	l := startLedger(t)
+	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 10_000})
+	started := make(chan struct{}, 1)
+	handlerDone := make(chan struct{}, 1)
+	backend := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		w.Write([]byte("partial answer"))
+		http.NewResponseController(w).Flush()
+		started <- struct{}{}
+		<-r.Context().Done() // the client hangs up mid-answer
+		handlerDone <- struct{}{}
+	})
+	gw := gateway(t, l.direct, MiddlewareConfig{}, backend)
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "POST", gw.URL, strings.NewReader("x"))
+	req.Header.Set("X-Tenant", "tenant-7")
+	resp, err := gw.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resp.Header.Get(ReservationHeader)
+	<-started
+	cancel()
+	resp.Body.Close()
+	<-handlerDone
+	var got *ledgerv1.Reservation
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		got, err = l.direct.GetReservation(context.Background(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.GetState() != ledgerv1.ReservationState_RESERVATION_STATE_STARTED || time.Now().After(deadline) {
+			break
+		}
+	}
+	if !isState(got, ledgerv1.ReservationState_RESERVATION_STATE_USAGE_UNKNOWN) {
+		t.Fatalf("reservation %s is %s (actual %v), want USAGE_UNKNOWN", id, got.GetState(), got.GetActualUnits())
+	}
+	if pending := l.direct.PendingUnknown(); len(pending) != 1 || pending[0].ReservationID != id || pending[0].Actual != nil {
+		t.Fatalf("pending receipts %+v, want the one of %s without usage", pending, id)
+	}
+}
+
+// A ReserveBatch whose answer was lost may be sent again unchanged
+// (docs/CLIENTS.md, section 7): the ids the SDK minted for items without
+// one are written back into the caller's slice, so the repeat carries
+// them and the admitted items replay instead of being debited twice.
+func TestLostReserveBatchRepeatedUnchangedReplays(t *testing.T) {
+	l := startLedger(t)
+	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 10_000})
+	c := l.viaProxy(t, WithTimeout(2*time.Second), WithRetryPolicy(RetryPolicy{MaxAttempts: 1}))
+	reqs := []ReserveRequest{
+		{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 100}},
+		{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 200}},
+	}
+	l.proxy.DropNextResponses(1) // the batch lands; its answer is lost
+	_, err := c.ReserveBatch(context.Background(), reqs)
+	mustErrAs[*LostError](t, err)
+	if st := l.proxy.Stats(); st.DroppedResponses != 1 {
+		t.Fatalf("proxy stats %+v: the fault did not happen", st)
+	}
+	out, err := c.ReserveBatch(context.Background(), reqs) // the same slice again
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, o := range out {
+		if o.Err != nil || !o.Result.Replayed || o.Result.ReservationID != reqs[i].ReservationID {
+			t.Fatalf("item %d: %+v (err %v), want a replay of %q", i, o.Result, o.Err, reqs[i].ReservationID)
+		}
+	}
+	if b := l.balance(t, "tenant-7", "chat.generate"); b.GetReserved() != 300 {
+		t.Fatalf("reserved %d, want 300 (debited once)", b.GetReserved())
+	}
+}
+
+// A Reserve whose caller's context ended before anything was sent lost
+// nothing: it returns the context's error, not RESERVATION_UNKNOWN, and
+// leaves no background lookup of an id the ledger never saw.
+func TestReserveWithAnEndedContextSendsNothingAndLosesNothing(t *testing.T) {
+	l := startLedger(t)
+	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 10_000})
+	c := l.viaProxy(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	before := l.proxy.Stats()
+	_, err := c.Reserve(ctx, ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 100}})
+	var unknown *ReservationUnknownError
+	if errors.As(err, &unknown) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("reserve with an ended context: %v, want context.Canceled", err)
+	}
+	if lost := c.LostReserves(); len(lost) != 0 {
+		t.Fatalf("lost reserves %+v, want none", lost)
+	}
+	if after := l.proxy.Stats(); after.Accepted != before.Accepted {
+		t.Fatalf("proxy stats %+v then %+v: a connection was opened", before, after)
+	}
+}
+
+// When a lost central Reserve is served from the shard, the central hold
+// the background lookup finds is released (docs/CLIENTS.md, section 5),
+// also when the lookup finds it before the local admission is done (here
+// a slow shard store: its clock takes 1.5 s, as a slow fsync would).
+func TestEmergencyReleasesTheCentralHoldTheLookupFindsFirst(t *testing.T) {
+	l := startShardLedger(t)
+	if _, _, err := l.direct.PublishPolicy(context.Background(), &ledgerv1.Policy{
+		Subject: "tenant-7", Route: "chat.generate", EmergencyMode: true,
+		Dimensions: []*ledgerv1.Dimension{{Unit: "tokens", Burst: 1_000_000}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	gw := l.viaProxy(t, WithTimeout(2*time.Second), WithRetryPolicy(RetryPolicy{MaxAttempts: 1}),
+		// One lost answer after 200 ms of silence opens the breaker; a
+		// probe closes it again 10-20 ms later.
+		WithBreaker(BreakerPolicy{FailureThreshold: 1, DetectTimeout: 200 * time.Millisecond, ProbeBase: 20 * time.Millisecond, ProbeMax: 50 * time.Millisecond}))
+	var slow atomic.Bool
+	store, err := OpenShardStore(filepath.Join(t.TempDir(), "gw"), ShardStoreOptions{GatewayID: "gw-a", Clock: func() time.Time {
+		if slow.Load() {
+			time.Sleep(1500 * time.Millisecond)
+		}
+		return time.Now()
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	em := NewEmergency(gw, store, EmergencyOptions{})
+	if _, err := em.Provision(withoutWatchdog(context.Background()), ProvisionRequest{Subject: "tenant-7", Route: "chat.generate",
+		Units: Units{"tokens": 1_000}, TTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(250 * time.Millisecond) // no answer for longer than DetectTimeout
+	slow.Store(true)
+	l.proxy.DropNextResponses(1) // the central Reserve lands; its answer is lost
+	r, err := em.Reserve(context.Background(), ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 10}})
+	slow.Store(false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var unknown *ReservationUnknownError
+	if r.Local == nil || !errors.As(r.LedgerErr, &unknown) || !unknown.LookingUp {
+		t.Fatalf("reserve %+v: want it served from the shard while its lost central Reserve is looked up", r)
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		got, err := l.direct.GetReservation(context.Background(), r.ReservationID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if isState(got, ledgerv1.ReservationState_RESERVATION_STATE_RELEASED) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the central hold of %s served from the shard is %s, want RELEASED (lost reserves %+v)",
+				r.ReservationID, got.GetState(), gw.LostReserves())
+		}
+	}
+}
+
+// clientGoroutines returns the stacks of the goroutines running the
+// Client's own background code: the breaker's prober, the resend loop of
+// kept settles and the lookups of lost Reserves.
+func clientGoroutines() []string {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	var out []string
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		for _, file := range []string{"client/breaker.go:", "client/resettle.go:", "client/lookups.go:"} {
+			if strings.Contains(g, file) {
+				out = append(out, g)
+				break
+			}
+		}
+	}
+	return out
+}
+
+// Close ends every goroutine the Client started, also in the middle of an
+// outage: the prober of the open breaker, the resend loop of a kept
+// settle and the background lookup of a lost Reserve, all waiting for a
+// ledger that does not come back.
+func TestCloseEndsTheClientsGoroutinesDuringAnOutage(t *testing.T) {
+	l := startLedger(t)
+	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 10_000})
+	before := runtime.NumGoroutine()
+	c, err := New(l.proxy.Addr(), WithTimeout(2*time.Second), WithRetryPolicy(RetryPolicy{MaxAttempts: 1}),
+		WithBreaker(BreakerPolicy{FailureThreshold: 1, DetectTimeout: 300 * time.Millisecond, ProbeBase: 20 * time.Millisecond, ProbeMax: 50 * time.Millisecond}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lost error
+	_, err = c.Run(context.Background(), ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 100}},
+		func(ctx context.Context) (Units, error) {
+			time.Sleep(350 * time.Millisecond) // no answer for longer than DetectTimeout
+			l.proxy.DropNextResponses(1)       // this Reserve lands, its answer is lost: the breaker opens
+			_, lost = c.Reserve(ctx, ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 10}})
+			l.proxy.SetFaults(faultsPartition) // and the ledger stays away
+			return Units{"tokens": 40}, nil
+		})
+	mustErrAs[*UsageUnknownError](t, err) // the settle was not sent: kept and resent later
+	if unknown := mustErrAs[*ReservationUnknownError](t, lost); !unknown.LookingUp {
+		t.Fatalf("the lost Reserve is not looked up in the background: %v", lost)
+	}
+	if g := clientGoroutines(); len(g) < 3 {
+		t.Fatalf("%d client goroutines during the outage, want the prober, the resend loop and the lookup:\n%s", len(g), strings.Join(g, "\n\n"))
+	}
+	c.Close()
+	for deadline := time.Now().Add(5 * time.Second); len(clientGoroutines()) > 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("goroutines left after Close:\n%s", strings.Join(clientGoroutines(), "\n\n"))
+		}
+	}
+	t.Logf("goroutines: %d before New, %d after Close (the proxy's blackholed links included)", before, runtime.NumGoroutine())
+}
+
+// Work that reports a usage the ledger cannot take (a negative amount, a
+// unit the policy does not have) used something nobody can state: Run
+// marks it USAGE_UNKNOWN and hands back its operation receipt, the only
+// thing that can settle it later, instead of leaving it STARTED with the
+// receipt lost.
+func TestRunMarksUnknownWhenTheReportedUsageIsRefused(t *testing.T) {
+	l := startLedger(t)
+	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 10_000})
+	for name, usage := range map[string]Units{"negative": {"tokens": -5}, "unknown unit": {"tokenz": 5}} {
+		t.Run(name, func(t *testing.T) {
+			_, err := l.direct.Run(context.Background(), ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 100}},
+				func(context.Context) (Units, error) { return usage, nil })
+			unknown := mustErrAs[*UsageUnknownError](t, err)
+			if unknown.Receipt.OperationID == "" || !unknown.Marked || unknown.Receipt.Actual != nil {
+				t.Fatalf("unknown %+v: want a marked receipt with its operation id and no usage", unknown)
+			}
+			if le := mustErrAs[*LedgerError](t, err); le.Code != connect.CodeInvalidArgument || le.Op != "settle" {
+				t.Fatalf("error %v does not carry the settle's refusal", err)
+			}
+			got, gerr := l.direct.GetReservation(context.Background(), unknown.Receipt.ReservationID)
+			if gerr != nil || !isState(got, ledgerv1.ReservationState_RESERVATION_STATE_USAGE_UNKNOWN) {
+				t.Fatalf("reservation %v %v, want USAGE_UNKNOWN", got, gerr)
+			}
+			if _, err := l.direct.ResolveUnknown(context.Background(), unknown.Receipt, Units{"tokens": 7}); err != nil {
+				t.Fatalf("the receipt does not resolve it: %v", err)
+			}
+		})
+	}
+}
+
+// From a shard too: a usage the local ledger refuses leaves the work
+// USAGE_UNKNOWN with its receipt returned, never STARTED and forgotten.
+func TestEmergencyRunLocalMarksUnknownWhenTheReportedUsageIsRefused(t *testing.T) {
+	em := partitionedTwoUnitGateway(t)
+	for name, usage := range map[string]Units{"negative": {"tokens": -5}, "unknown unit": {"tokenz": 5}} {
+		t.Run(name, func(t *testing.T) {
+			_, err := em.Run(context.Background(), ReserveRequest{Subject: "tenant-7", Route: "chat.generate",
+				Units: Units{"tokens": 100, "requests": 1}}, func(context.Context) (Units, error) { return usage, nil })
+			unknown := mustErrAs[*UsageUnknownError](t, err)
+			if unknown.Receipt.OperationID == "" || !unknown.Marked || unknown.Receipt.Actual != nil {
+				t.Fatalf("unknown %+v: want a marked receipt with its operation id and no usage", unknown)
+			}
+			if !errors.Is(err, ledger.ErrInvalidCommand) {
+				t.Fatalf("error %v does not carry the local refusal", err)
+			}
+			receipts, rerr := em.Store().Receipts(em.Store().Shards()[0].Shard.ID)
+			if rerr != nil {
+				t.Fatal(rerr)
+			}
+			for _, r := range receipts {
+				if r.ReservationID == unknown.Receipt.ReservationID && r.State != ledger.StateUsageUnknown {
+					t.Fatalf("local reservation is %s, want USAGE_UNKNOWN", r.State)
+				}
+			}
+			if err := em.Settle(context.Background(), unknown.Receipt.ReservationID, unknown.Receipt.OperationID, Units{"tokens": 7, "requests": 1}); err != nil {
+				t.Fatalf("the receipt does not settle it: %v", err)
+			}
+		})
+	}
+}
