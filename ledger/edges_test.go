@@ -258,27 +258,6 @@ func TestSupersededAccountDoesNotRefill(t *testing.T) {
 	}
 }
 
-// An account that becomes current again (its successor rolled back)
-// refills from that moment: the time its successor held the subject's
-// capacity was refilled there and moves over with the capacity, so it is
-// not minted a second time.
-func TestAccountCurrentAgainRefillsFromTheSwitch(t *testing.T) {
-	c := newChecked(t)
-	g1 := c.publish(policyOf(tokens(100, 10)))
-	c.must(c.reserve("a", 100))
-	c.must(c.start("a"))
-	c.must(c.settle("a", 100)) // nothing available
-	g2 := c.publish(policyOf(tokens(200, 10)))
-	c.reserve("x", 1) // rejected, but switches to gen 2
-	c.advance(5 * time.Second)
-	c.must(c.reserve("b", 1)) // gen 2 refills its 5s (50)
-	c.must(c.rollback(testSubject, g2))
-	c.must(c.reserve("c", 1)) // back to gen 1, with gen 2's 49
-	if got := c.account(g1).Balances[0].Available; got != 48 {
-		t.Fatalf("after 5s refilled once and two reserves of 1: %d available, want 48", got)
-	}
-}
-
 // Usage a shard's settled receipts report beyond what its unknown work
 // leaves of the allocation is charged as debt: the unknown holds stay
 // retired, so spent + unknown + reminted never exceed the allocation.
