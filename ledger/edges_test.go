@@ -320,3 +320,28 @@ func TestReserveRetryWithoutDigestIsADigestMismatch(t *testing.T) {
 		t.Fatalf("retry of a taken id without a digest: %+v, want ErrDigestMismatch with the stored receipt", res)
 	}
 }
+
+// A rollback names a generation of its own key, and rolling back the
+// active generation falls back to the newest earlier generation of that
+// key still live: not another key's, not one rolled back already.
+func TestRollbackFallsBackToTheNewestLiveGenerationOfItsKey(t *testing.T) {
+	c := newChecked(t)
+	other := ledger.PolicyKey{Subject: "tenant-8", Route: testSubject.Route, Region: testSubject.Region}
+	g1 := c.publish(policyOf(tokens(100, 10)))
+	g2 := c.publish(policyOf(tokens(200, 10)))
+	otherPolicy := policyOf(tokens(300, 10))
+	otherPolicy.Key = other
+	g3 := c.publish(otherPolicy)
+	g4 := c.publish(policyOf(tokens(400, 10)))
+	if res := c.rollback(testSubject, g3); !errors.Is(res.Err, ledger.ErrPolicyNotFound) {
+		t.Fatalf("rollback of %s's generation %d under %s: %v, want ErrPolicyNotFound", other, g3, testSubject, res.Err)
+	}
+	if p, _ := c.m.Policy(g3); p.RolledBack {
+		t.Fatalf("a refused rollback rolled back %s's generation %d", other, g3)
+	}
+	c.must(c.rollback(testSubject, g2))
+	if res := c.must(c.rollback(testSubject, g4)); res.Generation != g1 {
+		t.Fatalf("rollback of the active generation %d: %d active, want %d (generation %d is rolled back, %d is %s's)",
+			g4, res.Generation, g1, g2, g3, other)
+	}
+}
