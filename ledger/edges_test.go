@@ -345,3 +345,20 @@ func TestRollbackFallsBackToTheNewestLiveGenerationOfItsKey(t *testing.T) {
 			g4, res.Generation, g1, g2, g3, other)
 	}
 }
+
+// Retention keeps, per account, the usage and the overdraft of what it
+// removes, so the audit can still check that the account's debt covers
+// its reservations' overdraft after their rows are gone.
+func TestRetireKeepsTheOverdraftOfWhatItRemoves(t *testing.T) {
+	c := newChecked(t)
+	g := c.publish(policyOf(tokens(100, 10)))
+	c.must(c.reserve("a", 100))
+	c.must(c.start("a"))
+	c.must(c.settle("a", 130)) // 30 owed
+	c.advance(time.Minute)
+	c.must(c.apply(ledger.Command{Kind: ledger.KindRetire, ReservationID: "a", Before: c.now}))
+	rt, ok := c.m.Retained(c.account(g).Key)
+	if !ok || rt.Reservations != 1 || rt.Spent[0] != 130 || rt.Overdraft[0] != 30 {
+		t.Fatalf("retained after retiring a settle of 130 against 100 held: %+v, want 1 reservation, 130 spent, 30 overdraft", rt)
+	}
+}
