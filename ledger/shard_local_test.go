@@ -211,3 +211,47 @@ func TestShardLocalRefusesIDsTheServerRefuses(t *testing.T) {
 		t.Fatalf("%d reservations, %d available; want 1 and 99", got, l.Available[0])
 	}
 }
+
+// A gateway's local shard ledger settles once: a retry with the same
+// operation and usage replays, one with other usage is
+// ErrReservationAlreadySettled and changes nothing (as the central ledger
+// answers).
+func TestShardLocalSettleRetryWithOtherUsageIsAlreadySettled(t *testing.T) {
+	s := &ledger.Shard{ID: "sh-1", GatewayID: "gw-a", Allocated: ledger.Amounts{100}, ExpiresAt: t0.Add(time.Minute)}
+	l := ledger.NewShardLocal(s)
+	if res := l.Reserve("a", "d", ledger.Amounts{50}, t0); res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	if res := l.Start("a", "op", t0); res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	if res := l.Settle("a", "op", ledger.Amounts{30}, t0); res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	if res := l.Settle("a", "op", ledger.Amounts{30}, t0); res.Err != nil || !res.Replayed {
+		t.Fatalf("the same settle again: %+v, want a replay", res)
+	}
+	if res := l.Settle("a", "op", ledger.Amounts{45}, t0); !errors.Is(res.Err, ledger.ErrReservationAlreadySettled) {
+		t.Fatalf("a settle with other usage: %v, want ErrReservationAlreadySettled", res.Err)
+	}
+	if l.Spent[0] != 30 || l.Available[0] != 70 {
+		t.Fatalf("after the refused settle: spent %d, available %d; want 30 and 70", l.Spent[0], l.Available[0])
+	}
+	if err := l.Check(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A shard admits until its ExpiresAt, not at it: a reserve one nanosecond
+// before is admitted, one at ExpiresAt is ErrShardExpired (as VerifyShard
+// rules at the same instant).
+func TestShardLocalAdmitsUntilItsExpiresAt(t *testing.T) {
+	s := &ledger.Shard{ID: "sh-1", GatewayID: "gw-a", Allocated: ledger.Amounts{100}, ExpiresAt: t0.Add(time.Minute)}
+	l := ledger.NewShardLocal(s)
+	if res := l.Reserve("a", "d", ledger.Amounts{1}, s.ExpiresAt.Add(-time.Nanosecond)); res.Err != nil {
+		t.Fatalf("reserve 1ns before the shard expires: %v", res.Err)
+	}
+	if res := l.Reserve("b", "d", ledger.Amounts{1}, s.ExpiresAt); !errors.Is(res.Err, ledger.ErrShardExpired) {
+		t.Fatalf("reserve at the shard's ExpiresAt: %v, want ErrShardExpired", res.Err)
+	}
+}

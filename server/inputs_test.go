@@ -55,7 +55,12 @@ func TestPolicyDurationBeyondRangeIsInvalid(t *testing.T) {
 		"hold_ttl":        `{"policy":{"subject":"t","route":"r","holdTtl":` + tooLong + `,"dimensions":[{"unit":"tokens","burst":"10"}]}}`,
 		"execution_limit": `{"policy":{"subject":"t","route":"r","executionLimit":` + tooLong + `,"dimensions":[{"unit":"tokens","burst":"10"}]}}`,
 		"epoch_length":    `{"policy":{"subject":"t","route":"r","epochLength":"9223372037s","dimensions":[{"unit":"tokens","burst":"10"}]}}`,
+		// The longest Duration's whole seconds, with more nanoseconds than
+		// it has (it ends at .854775807s): it would be kept as another,
+		// shorter duration than the one asked.
+		"execution_limit nanos": `{"policy":{"subject":"t","route":"r","executionLimit":"9223372036.999999999s","dimensions":[{"unit":"tokens","burst":"10"}]}}`,
 	} {
+		field = strings.TrimSuffix(field, " nanos")
 		r := h.call("PublishPolicy", body, "")
 		h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidPolicy)
 		if !strings.Contains(r.body["message"].(string), field) {

@@ -162,6 +162,9 @@ func TestNULInANameIsRefused(t *testing.T) {
 		{"Reserve", `{"reservationId":"nul-unit","subject":"tenant-7","route":"chat.generate","units":{"tok\u0000":1}}`, server.ReasonInvalidCommand},
 		{"Reserve", `{"reservationId":"taken","subject":"tenant-7","route":"chat.generate","units":{"tokens":1,"x\u0000":1}}`, server.ReasonInvalidCommand},
 		{"Settle", `{"reservationId":"taken","operationId":"op","actualUnits":{"tokens":1,"x\u0000":0}}`, server.ReasonInvalidCommand},
+		// A NUL byte that starts the name is one too.
+		{"Reserve", `{"reservationId":"nul-first","subject":"tenant-7","route":"chat.generate","units":{"\u0000tokens":1}}`, server.ReasonInvalidCommand},
+		{"Settle", `{"reservationId":"taken","operationId":"op","actualUnits":{"tokens":1,"\u0000x":0}}`, server.ReasonInvalidCommand},
 	} {
 		r := h.call(c.method, c.body, "")
 		h.wantError(r, http.StatusBadRequest, "invalid_argument", c.reason)

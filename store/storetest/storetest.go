@@ -698,6 +698,9 @@ func testReservationsDue(t *testing.T, s store.Store) {
 		mk("rl-a", ledger.StateReserved, at(-10*time.Second), none),
 		mk("rl-reserved-due", ledger.StateReserved, at(-8*time.Second), none),
 		mk("rl-expiring", ledger.StateExpiring, at(-5*time.Second), none),
+		// Claimed and due at exactly now: listed once, not once as due
+		// and once more as EXPIRING.
+		mk("rl-expiring-exact", ledger.StateExpiring, now, none),
 		mk("rl-reserved-exact", ledger.StateReserved, now, none),
 		mk("rl-started-exact", ledger.StateStarted, at(-time.Hour), now),
 		mk("rl-expiring-late", ledger.StateExpiring, at(time.Hour), none),
@@ -741,7 +744,7 @@ func testReservationsDue(t *testing.T, s store.Store) {
 			return a.ID == b.ID && a.State == b.State && a.DueAt.Equal(b.DueAt)
 		})
 	}
-	want := listed("rl-started-due", "rl-a", "rl-b", "rl-reserved-due", "rl-expiring",
+	want := listed("rl-started-due", "rl-a", "rl-b", "rl-reserved-due", "rl-expiring", "rl-expiring-exact",
 		"rl-reserved-exact", "rl-started-exact", "rl-expiring-late")
 	for _, limit := range []int{100, len(want), 3, 1} {
 		got, err := s.ReservationsDue(ctx, now, limit)
@@ -758,7 +761,7 @@ func testReservationsDue(t *testing.T, s store.Store) {
 		t.Errorf("limit 0: %v, %v", got, err)
 	}
 	got, err = s.ReservationsDue(ctx, at(-time.Hour-time.Second), 100)
-	if err != nil || !same(got, listed("rl-expiring", "rl-expiring-late")) {
+	if err != nil || !same(got, listed("rl-expiring", "rl-expiring-exact", "rl-expiring-late")) {
 		t.Errorf("before anything is due: %v, %v; want only the EXPIRING ones", got, err)
 	}
 	// Moving a due reservation on takes it out of the list, or lists it
@@ -777,7 +780,7 @@ func testReservationsDue(t *testing.T, s store.Store) {
 	commit(t, s, &store.Changes{Reservations: []ledger.Reservation{claimed, overrun, started}})
 	byID[claimed.ID], byID[overrun.ID] = claimed, overrun
 	got, err = s.ReservationsDue(ctx, now, 100)
-	want = listed("rl-started-due", "rl-a", "rl-b", "rl-expiring",
+	want = listed("rl-started-due", "rl-a", "rl-b", "rl-expiring", "rl-expiring-exact",
 		"rl-reserved-exact", "rl-started-exact", "rl-expiring-late")
 	want[1], want[2] = want[2], want[1] // rl-b is due a second earlier now
 	if err != nil || !same(got, want) {
