@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -173,9 +174,9 @@ func TestMiddlewareClientGoneWithoutUsageIsUnknown(t *testing.T) {
 }
 
 // A ReserveBatch whose answer was lost may be sent again unchanged
-// (docs/CLIENTS.md, section 7): the ids the SDK minted for items without
-// one are written back into the caller's slice, so the repeat carries
-// them and the admitted items replay instead of being debited twice.
+// (docs/CLIENTS.md, section 7): the LostError names every item's id, the
+// ones the SDK minted included, and the batch sent again with them
+// replays its admitted items instead of debiting them twice.
 func TestLostReserveBatchRepeatedUnchangedReplays(t *testing.T) {
 	l := startLedger(t)
 	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 10_000})
@@ -186,21 +187,51 @@ func TestLostReserveBatchRepeatedUnchangedReplays(t *testing.T) {
 	}
 	l.proxy.DropNextResponses(1) // the batch lands; its answer is lost
 	_, err := c.ReserveBatch(context.Background(), reqs)
-	mustErrAs[*LostError](t, err)
+	lost := mustErrAs[*LostError](t, err)
 	if st := l.proxy.Stats(); st.DroppedResponses != 1 {
 		t.Fatalf("proxy stats %+v: the fault did not happen", st)
 	}
-	out, err := c.ReserveBatch(context.Background(), reqs) // the same slice again
+	if len(lost.IDs) != len(reqs) {
+		t.Fatalf("lost batch names ids %v, want one per item", lost.IDs)
+	}
+	out, err := c.ReserveBatch(context.Background(), WithIDs(reqs, lost.IDs))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i, o := range out {
-		if o.Err != nil || !o.Result.Replayed || o.Result.ReservationID != reqs[i].ReservationID {
-			t.Fatalf("item %d: %+v (err %v), want a replay of %q", i, o.Result, o.Err, reqs[i].ReservationID)
+		if o.Err != nil || !o.Result.Replayed || o.Result.ReservationID != lost.IDs[i] {
+			t.Fatalf("item %d: %+v (err %v), want a replay of %q", i, o.Result, o.Err, lost.IDs[i])
 		}
 	}
 	if b := l.balance(t, "tenant-7", "chat.generate"); b.GetReserved() != 300 {
 		t.Fatalf("reserved %d, want 300 (debited once)", b.GetReserved())
+	}
+}
+
+// ReserveBatch only reads the caller's requests: a template slice sent
+// twice is two batches, each charged (it once wrote its minted ids into
+// the slice, so the second batch replayed the first), and goroutines may
+// share one (go test -race).
+func TestReserveBatchTemplateSentTwiceIsTwoBatches(t *testing.T) {
+	l := startLedger(t)
+	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 10_000})
+	c := l.viaProxy(t)
+	template := []ReserveRequest{{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 100}}}
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() {
+			out, err := c.ReserveBatch(context.Background(), template)
+			if err != nil || out[0].Err != nil || out[0].Result.Replayed {
+				t.Errorf("batch from the template: %+v, %v", out, err)
+			}
+		})
+	}
+	wg.Wait()
+	if template[0].ReservationID != "" {
+		t.Errorf("the template now holds id %q", template[0].ReservationID)
+	}
+	if b := l.balance(t, "tenant-7", "chat.generate"); b.GetReserved() != 200 {
+		t.Fatalf("reserved %d after two batches of 100, want 200", b.GetReserved())
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"connectrpc.com/connect"
@@ -64,8 +65,12 @@ type ReserveResult struct {
 type LostError struct {
 	Op            string
 	ReservationID string
-	Attempts      int
-	Err           error
+	// IDs are a ReserveBatch's reservation ids in request order, the ones
+	// it minted included: send the batch again with them to send it
+	// unchanged (admitted items replay).
+	IDs      []string
+	Attempts int
+	Err      error
 }
 
 func (e *LostError) Error() string {
@@ -390,15 +395,16 @@ const MaxBatch = 1000
 
 // ReserveBatch reserves several requests in one call; each item succeeds or
 // fails on its own and the outcomes come back in request order. An item
-// without a ReservationID gets one minted, written into reqs[i]: reqs then
-// holds every id sent, so the same slice can be sent again. The whole
-// batch is retried on a lost answer (every item keeps its id and digest, so
-// admitted items replay). It returns an error only for a bad item (no
-// digest possible), more than MaxBatch items, an answer the ledger gave for
-// the whole call, or *LostError when every answer was lost (look the ids
-// in reqs up, or call ReserveBatch again with the same reqs: admitted items
-// replay, never debited twice). No items is no call and no outcomes (the
-// ledger refuses an empty batch as invalid_argument).
+// without a ReservationID gets one minted (reqs is only read, so a slice
+// sent twice is two batches). The whole batch is retried on a lost answer
+// (every item keeps its id and digest, so admitted items replay). It
+// returns an error only for a bad item (no digest possible), more than
+// MaxBatch items, an answer the ledger gave for the whole call, or
+// *LostError when every answer was lost: its IDs hold every item's id,
+// minted ones included; look them up, or send the batch again with them
+// (WithIDs): admitted items replay, never debited twice. No items is no
+// call and no outcomes (the ledger refuses an empty batch as
+// invalid_argument).
 func (c *Client) ReserveBatch(ctx context.Context, reqs []ReserveRequest) ([]ReserveOutcome, error) {
 	if len(reqs) == 0 {
 		return nil, nil
@@ -415,9 +421,6 @@ func (c *Client) ReserveBatch(ctx context.Context, reqs []ReserveRequest) ([]Res
 			return nil, fmt.Errorf("item %d: %w", i, err)
 		}
 		ids[i], digests[i] = id, digest
-		// Written back, so that the same slice sent again after a lost
-		// answer carries the same ids and its admitted items replay.
-		reqs[i].ReservationID = id
 		msg.Requests[i] = &ledgerv1.ReserveRequest{
 			ReservationId: id, RequestDigest: digest,
 			Subject: reqs[i].Subject, Route: reqs[i].Route, Region: reqs[i].Region, Units: reqs[i].Units,
@@ -427,6 +430,10 @@ func (c *Client) ReserveBatch(ctx context.Context, reqs []ReserveRequest) ([]Res
 		return c.rpc.ReserveBatch(actx, connect.NewRequest(msg))
 	})
 	if err != nil {
+		var lost *LostError
+		if errors.As(err, &lost) {
+			lost.IDs = ids
+		}
 		return nil, err
 	}
 	if len(m.GetOutcomes()) != len(reqs) {
@@ -441,6 +448,19 @@ func (c *Client) ReserveBatch(ctx context.Context, reqs []ReserveRequest) ([]Res
 		out[i].Err = itemError("reserve", ids[i], o.GetError())
 	}
 	return out, nil
+}
+
+// WithIDs returns a copy of reqs with the reservation ids of a lost
+// ReserveBatch (LostError.IDs, in request order) filled in, to send that
+// batch again unchanged.
+func WithIDs(reqs []ReserveRequest, ids []string) []ReserveRequest {
+	out := slices.Clone(reqs)
+	for i := range out {
+		if i < len(ids) {
+			out[i].ReservationID = ids[i]
+		}
+	}
+	return out
 }
 
 // SettleItem is one settle of SettleBatch.

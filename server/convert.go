@@ -137,14 +137,31 @@ func (c *policyCache) active(key ledger.PolicyKey) (ledger.Policy, bool) {
 // refusal (call names the command, field the map).
 func amounts(p *ledger.Policy, call, field string, units map[string]int64) (ledger.Amounts, *connect.Error) {
 	var out ledger.Amounts
+	var unknown []string
 	for name, value := range units {
 		i := p.DimensionIndex(name)
 		if i < 0 {
-			return out, unmappedUnitName(call, field, name, p)
+			unknown = append(unknown, name)
+			continue
 		}
 		out[i] = value
 	}
-	return out, nil
+	if len(unknown) == 0 {
+		return out, nil
+	}
+	// The answer must not depend on the map's order: a name the text rule
+	// refuses answers before any unknown one, then the first by bytes.
+	slices.SortFunc(unknown, func(a, b string) int {
+		aBad, bBad := ledger.TextProblem(a, ledger.MaxUnitBytes) != "", ledger.TextProblem(b, ledger.MaxUnitBytes) != ""
+		if aBad != bBad {
+			if aBad {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a, b)
+	})
+	return out, unmappedUnitName(call, field, unknown[0], p)
 }
 
 // checkUnitValues is the shape check of a units map, made before any

@@ -407,4 +407,12 @@ func TestOverlongUnitNameIsInvalidCommand(t *testing.T) {
 	if msg, _ := r.body["message"].(string); !strings.Contains(msg, atBound) {
 		t.Errorf("UNKNOWN_UNIT at the bound does not name the unit: %s", r.raw)
 	}
+	// Beside an unknown name within the bound, the over-long one answers,
+	// every time: the answer does not follow the map's order.
+	for i := range 50 {
+		r := h.call("Reserve", `{"reservationId":"mixed","subject":"tenant-7","route":"chat.generate","units":{"requests":1,"`+long+`":1}}`, "")
+		if r.status != http.StatusBadRequest || r.body["message"] == nil || !strings.Contains(r.body["message"].(string), "units: "+want) {
+			t.Fatalf("call %d with an unknown and an over-long unit: %d %.200s", i, r.status, r.raw)
+		}
+	}
 }

@@ -32,6 +32,10 @@ func TestSessionDefaultsYieldToTheDSNsOptions(t *testing.T) {
 		t.Setenv("PGOPTIONS", "")
 		checkDefaultsYield(t, "postgres://u@127.0.0.1/db?options=-c%20plan_cache_mode%3Dauto%20-c%20lock_timeout%3D1s")
 	})
+	t.Run("a parameter spelled in another case", func(t *testing.T) {
+		t.Setenv("PGOPTIONS", "")
+		checkDefaultsYield(t, "postgres://u@127.0.0.1/db?Plan_Cache_Mode=auto&LOCK_TIMEOUT=1s")
+	})
 	t.Run("PGOPTIONS", func(t *testing.T) {
 		t.Setenv("PGOPTIONS", "-c plan_cache_mode=auto --lock-timeout=1s")
 		checkDefaultsYield(t, "postgres://u@127.0.0.1/db")

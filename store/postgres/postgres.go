@@ -106,7 +106,10 @@ func parseConfig(dsn string) (*pgxpool.Config, bool, error) {
 func dsnSettings(params map[string]string) map[string]bool {
 	set := make(map[string]bool, len(params))
 	for name := range params {
-		set[name] = true
+		// The server reads parameter names in any case (Lock_Timeout is
+		// lock_timeout): a default sent beside another spelling would
+		// be a second value, and either could win.
+		set[strings.ToLower(name)] = true
 	}
 	for name := range optionsSettings(params["options"]) {
 		set[name] = true
