@@ -397,6 +397,11 @@ func PolicyFromProto(pb *v1.Policy) (ledger.Policy, error) {
 	if pb == nil {
 		return ledger.Policy{}, fmt.Errorf("%w: no policy", ledger.ErrInvalidPolicy)
 	}
+	// Empty means the one schema there is; another name is terms this server
+	// does not know, and publishing them as admissionBudget.v1 would be a guess.
+	if schema := pb.GetSchema(); schema != "" && schema != ledger.SchemaPolicy {
+		return ledger.Policy{}, fmt.Errorf("%w: schema %q: want %s (or leave it out)", ledger.ErrInvalidPolicy, schema, ledger.SchemaPolicy)
+	}
 	p := ledger.Policy{
 		Key:             ledger.PolicyKey{Subject: pb.GetSubject(), Route: pb.GetRoute(), Region: pb.GetRegion()},
 		EstimatorDigest: pb.GetEstimatorDigest(),

@@ -285,27 +285,18 @@ func (s *Server) reserveCommand(ctx context.Context, req *v1.ReserveRequest) (cm
 		return cmd, nil, notSentError("reserve "+cmd.ReservationID, ReasonReservationNotFound, err)
 	}
 	// The id is taken: the ledger answers from it (a replay or a digest
-	// mismatch) before it reads a policy, but after the command's shape,
-	// which wants a unit above 0. The units go in the order of the
-	// reservation's own generation (a retry's were admitted under it);
-	// when it lacks one of them (not the request that reserved, unless
-	// the digest says so), they are the reservation's own amounts. The
-	// generation makes the ledger refuse them as stale, should the id
-	// vanish before it looks.
-	cmd.Generation, cmd.Units = existing.Account.Generation, existing.Reserved
-	if p, err := s.policies.get(ctx, existing.Account.Generation); err == nil {
-		if units, cerr := amounts(&p, "", "units", req.GetUnits()); cerr == nil {
-			cmd.Units = units
-		}
-	}
-	if ledger.ReserveShapeProblem(cmd.Subject, cmd.Route, cmd.Region, cmd.Units[:]) != "" {
-		// A tombstone keeps no amounts, and its generation cannot place
-		// these: an amount above MaxUnits passes the shape, so the
-		// tombstone answers, and no policy admits it (TooLarge, answered
-		// as unmapped), should the tombstone be forgotten before the
-		// ledger looks.
-		cmd.Units[0] = ledger.MaxUnits + 1
-	}
+	// mismatch) before it reads a policy or the units, but after the
+	// command's shape, which wants a unit above 0. Should the id vanish
+	// before the ledger looks (retention forgetting it in between), the
+	// command must admit nothing, since the server answers its own refusal:
+	// an amount above MaxUnits passes the shape and no policy admits it
+	// (TooLarge, answered as unmapped), in dimension 0, which every policy
+	// has; under the reservation's generation, which the ledger refuses as
+	// stale if another one decides by then (mapped again: the id is gone).
+	// The reservation's own amounts would have admitted a new one.
+	cmd.Generation = existing.Account.Generation
+	cmd.Units = ledger.Amounts{}
+	cmd.Units[0] = ledger.MaxUnits + 1
 	return cmd, refusal, nil
 }
 

@@ -416,3 +416,27 @@ func TestOverlongUnitNameIsInvalidCommand(t *testing.T) {
 		}
 	}
 }
+
+// PublishPolicy ignored a schema other than admissionBudget.v1 and
+// published the terms as admissionBudget.v1 (the CLI's file parser refused
+// them). Another schema is 400 INVALID_POLICY naming `schema` and publishes
+// nothing; an empty schema and admissionBudget.v1 are accepted as before.
+func TestPolicyOtherSchemaIsInvalid(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	for _, schema := range []string{"admissionBudget.v2", "limitReservation.v1", "admissionbudget.v1"} {
+		r := h.call("PublishPolicy", `{"policy":{"schema":"`+schema+`","subject":"t","route":"r","dimensions":[{"unit":"tokens","burst":"10"}]}}`, "")
+		h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidPolicy)
+		if msg, _ := r.body["message"].(string); !strings.Contains(msg, "schema") || !strings.Contains(msg, schema) {
+			t.Errorf("schema %q: the message does not name the field and value: %s", schema, r.raw)
+		}
+	}
+	if list := h.ok("ListPolicies", `{}`, ""); len(list) != 0 {
+		t.Errorf("refused policies were published: %v", list)
+	}
+	for i, schema := range []string{"", ledger.SchemaPolicy} {
+		pub := h.ok("PublishPolicy", fmt.Sprintf(`{"policy":{"schema":%q,"subject":"t%d","route":"r","dimensions":[{"unit":"tokens","burst":"10"}]}}`, schema, i), "")
+		if got := field(pub, "policy", "schema"); got != ledger.SchemaPolicy {
+			t.Errorf("schema %q: published with schema %v", schema, got)
+		}
+	}
+}

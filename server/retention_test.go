@@ -4,10 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/server"
+	"github.com/capledger/capledger/store"
 )
 
 // After retention removed a finished reservation, the API answers from its
@@ -106,4 +110,97 @@ func TestRecordUsageReplayAfterRetention(t *testing.T) {
 	}
 	h.wantError(h.call("RecordUsage", `{"reservationId":"rec-kept","operationId":"op-1","subject":"tenant-7","route":"chat.generate","region":"eu","actualUnits":{"tokens":1500}}`, ""),
 		409, "already_exists", server.ReasonDigestMismatch)
+}
+
+// forgettingStore removes one reservation for good (retired past the
+// tombstone horizon, so no tombstone is left) right after the server has
+// read it outside a transaction, before the ledger reads it: what
+// retention on another replica may do between the two reads. It writes
+// through the store's own transaction, as the engine's retention does.
+type forgettingStore struct {
+	store.Store
+	mu     sync.Mutex
+	id     string // armed: forget this id after its next read
+	at     time.Time
+	forgot bool
+}
+
+func (s *forgettingStore) ReservationGet(ctx context.Context, id string) (ledger.Reservation, error) {
+	r, err := s.Store.ReservationGet(ctx, id)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err != nil || id != s.id {
+		return r, err
+	}
+	s.id = ""
+	tx, terr := s.Store.Begin(ctx)
+	if terr != nil {
+		return r, terr
+	}
+	defer tx.Rollback(ctx)
+	book := store.NewBook(ctx, tx, 1)
+	retire := ledger.Command{Kind: ledger.KindRetire, ReservationID: id, Before: s.at, ForgetBefore: s.at}
+	if res := ledger.Apply(book, &retire, s.at); res.Err != nil {
+		return r, res.Err
+	}
+	if terr := tx.Write(ctx, book.Changes()); terr != nil {
+		return r, terr
+	}
+	if terr := tx.Commit(ctx); terr != nil {
+		return r, terr
+	}
+	s.forgot = true
+	return r, err
+}
+
+// A Reserve whose units the deciding generation cannot place, under the
+// id of a finished reservation, goes to the ledger with that reservation's
+// generation so that the ledger answers the retry (replay or
+// DIGEST_MISMATCH). It carried the reservation's own amounts: if retention
+// forgot the id between the server's read and the ledger's, the ledger
+// admitted a new reservation with amounts the client never asked for,
+// while the server answered UNKNOWN_UNIT. Nothing may be admitted then,
+// and the answers of a retry that finds the id stay as they were.
+func TestUnmappableRetryOfAForgottenIDAdmitsNothing(t *testing.T) {
+	var forgetting *forgettingStore
+	h := newHarness(t, harnessOptions{wrapStore: func(st store.Store) store.Store {
+		forgetting = &forgettingStore{Store: st}
+		return forgetting
+	}})
+	h.ok("PublishPolicy", tokensPolicy, "")
+	first := h.ok("Reserve", reserveBody("gone", 100), "")
+	h.ok("Release", `{"reservationId":"gone"}`, "")
+	digest, _ := field(first, "reservation", "requestDigest").(string)
+	if digest == "" {
+		t.Fatalf("no request digest in %v", first)
+	}
+	// "images" is a unit generation 1 lacks: the server cannot map it.
+	unmappable := func(digest string) string {
+		return fmt.Sprintf(`{"reservationId":"gone","subject":"tenant-7","route":"chat.generate","units":{"tokens":100,"images":1},"requestDigest":%q}`, digest)
+	}
+	// The id found: the retry is the ledger's to answer, as before.
+	if again := h.ok("Reserve", unmappable(digest), ""); again["replayed"] != true || field(again, "reservation", "state") != "RESERVATION_STATE_RELEASED" {
+		t.Fatalf("retry with the same digest: %v", again)
+	}
+	h.wantError(h.call("Reserve", unmappable("sha256:"+strings.Repeat("ab", 32)), ""), 409, "already_exists", server.ReasonDigestMismatch)
+
+	// The id forgotten between the two reads.
+	forgetting.mu.Lock()
+	forgetting.id, forgetting.at = "gone", h.clock.Now().Add(time.Hour)
+	forgetting.mu.Unlock()
+	r := h.call("Reserve", unmappable("sha256:"+strings.Repeat("cd", 32)), "")
+	forgetting.mu.Lock()
+	forgot := forgetting.forgot
+	forgetting.mu.Unlock()
+	if !forgot {
+		t.Fatal("the store did not forget the id between the reads: the test proves nothing")
+	}
+	h.wantError(r, 400, "invalid_argument", server.ReasonUnknownUnit)
+	if got := h.call("GetReservation", `{"reservationId":"gone"}`, ""); got.status != 404 {
+		t.Errorf("a reservation was admitted under the forgotten id: %s", got.raw)
+	}
+	// protojson leaves a zero reserved out.
+	if account := h.ok("GetAccount", `{"subject":"tenant-7","route":"chat.generate"}`, ""); strings.Contains(fmt.Sprint(account), "reserved") {
+		t.Errorf("capacity is held after the refusal: %v", account)
+	}
 }

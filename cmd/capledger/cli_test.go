@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"database/sql"
@@ -744,5 +745,36 @@ func TestMigrateAutoVacuumOnlyForSQLite(t *testing.T) {
 	wantExit(t, exitOK, code, out, errOut)
 	if !strings.Contains(out, "auto_vacuum mode 2") {
 		t.Fatalf("migrate --auto-vacuum of a SQLite file printed %q", out)
+	}
+}
+
+// `policy rollback` printed {} when no generation was left active (protojson
+// leaves zero values out), so the answer said nothing. It prints both
+// fields always: activeGeneration "0" (none) or the one active again, and
+// replayed.
+func TestPolicyRollbackPrintsEveryField(t *testing.T) {
+	url := startInProcess(t)
+	path := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(path, []byte(policyYAML), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 { // generations 1 and 2 (another estimator digest: new terms)
+		code, out, errOut := cli(t, url, "policy", "publish", path)
+		wantExit(t, exitOK, code, out, errOut)
+		if err := os.WriteFile(path, []byte(policyYAML+"estimatorDigest: v2\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, step := range []struct{ gen, want string }{
+		{"2", `{"activeGeneration":"1","replayed":false}`},
+		{"1", `{"activeGeneration":"0","replayed":false}`},
+		{"1", `{"activeGeneration":"0","replayed":true}`},
+	} {
+		code, out, errOut := cli(t, url, "policy", "rollback", step.gen)
+		wantExit(t, exitOK, code, out, errOut)
+		var compact bytes.Buffer
+		if err := json.Compact(&compact, []byte(out)); err != nil || compact.String() != step.want {
+			t.Errorf("policy rollback %s printed %s (%v), want %s", step.gen, out, err, step.want)
+		}
 	}
 }

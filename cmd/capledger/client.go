@@ -228,7 +228,18 @@ func unary[Req, Res any](ctx context.Context, timeout time.Duration, call func(c
 // whitespace on purpose; compacting and re-indenting makes the output
 // stable for scripts and diffs.
 func printJSON(w io.Writer, msg proto.Message) error {
-	raw, err := protojson.Marshal(msg)
+	return printJSONWith(w, protojson.MarshalOptions{}, msg)
+}
+
+// printJSONAll is printJSON with every field present, for an answer whose
+// zero values mean something (an active generation of 0 is "none"), which
+// printJSON would print as {}.
+func printJSONAll(w io.Writer, msg proto.Message) error {
+	return printJSONWith(w, protojson.MarshalOptions{EmitUnpopulated: true}, msg)
+}
+
+func printJSONWith(w io.Writer, opts protojson.MarshalOptions, msg proto.Message) error {
+	raw, err := opts.Marshal(msg)
 	if err != nil {
 		return err
 	}

@@ -42,7 +42,8 @@ const exitCodesHelp = `Exit codes:
   2  rejected by capacity (HTTP 429 / RESOURCE_EXHAUSTED)
   3  not found (reservation, policy generation, or no active policy)
   4  conflict or failed precondition (already settled, released, expired,
-     operation mismatch, reservation id reused for another request)
+     operation mismatch, reservation id reused for another request;
+     rollback --wait not drained, or holding capacity no policy can take)
   5  server unavailable (cannot connect, store down, shutting down)
   6  audit found discrepancies
 130  interrupted (Ctrl-C or SIGTERM) before it finished; serve stops with 0

@@ -24,7 +24,8 @@ const policyHelp = `Usage:
   capledger policy get GEN [--format json|yaml]   json (default): the API's record;
                                     yaml: the policy file form, to edit and publish
   capledger policy list [--subject S] [--route R] [--region REGION]
-  capledger policy rollback GEN
+  capledger policy rollback GEN     prints activeGeneration (the generation now
+                                    active for the key, "0": none) and replayed
 
 A policy (admissionBudget.v1) limits one subject (or every subject, "*") on
 one route and region. Each publish creates a new immutable generation that
@@ -208,7 +209,7 @@ func runPolicyRollback(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	return printJSON(e.stdout, msg)
+	return printJSONAll(e.stdout, msg)
 }
 
 // policyFile is the human form of a policy (see policyHelp).

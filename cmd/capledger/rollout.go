@@ -370,7 +370,10 @@ Available capacity that cannot move because the deciding account is at its
 burst is counted as "blocked by burst", never hidden.
 
   --wait          poll until everything is zero, with a progress bar on
-                  stderr; exit 0 when drained, 4 after --max-wait
+                  stderr; exit 0 when drained, 4 after --max-wait, or 4 at
+                  once when a generation holds capacity that nothing can
+                  take (no policy decides for its subject: BLOCKED says
+                  "no policy"); publish one, then run --status GEN --wait
   --max-wait DUR  give up waiting after this long (default 1h)
   --interval DUR  poll interval (default 2s)
   --status        do not roll back: only show (and drain) what the
@@ -460,6 +463,15 @@ func runRollback(ctx context.Context, e *env, args []string) error {
 			printDrain(e.stdout, msg)
 			return nil
 		}
+		// Capacity that no generation can take stays where it is until
+		// someone publishes a policy: waiting for it would only run out
+		// --max-wait while the table shows it blocked.
+		if stuck := blockedNoPolicy(msg); stuck != "" {
+			printDrain(e.stdout, msg)
+			return exitError{code: exitConflict, err: fmt.Errorf("cannot drain: %s; "+
+				"no policy decides for the subject, so nothing can take that capacity. Publish one for the key (or a \"*\" one for the route), "+
+				"then follow the drain with `capledger rollback --status %s --wait`", stuck, strings.Join(positional, " "))}
+		}
 		if time.Now().After(deadline) {
 			printDrain(e.stdout, msg)
 			return exitError{code: exitConflict, err: fmt.Errorf("not drained after %s", *maxWait)}
@@ -477,6 +489,20 @@ func generationText(g uint64) string {
 		return "none (the route's \"*\" policy, if any, decides)"
 	}
 	return "generation " + strconv.FormatUint(g, 10)
+}
+
+// blockedNoPolicy names the generations holding available capacity that no
+// generation decides for (and so cannot drain until a policy is
+// published), or is empty.
+func blockedNoPolicy(msg *v1.DrainProgressResponse) string {
+	var parts []string
+	for _, g := range msg.GetGenerations() {
+		if n := g.GetBlockedNoPolicy(); n > 0 {
+			parts = append(parts, fmt.Sprintf("generation %d (%s/%s@%s) has %d account(s) blocked with no policy (available %s)",
+				g.GetGeneration(), g.GetSubject(), g.GetRoute(), g.GetRegion(), n, unitsText(g.GetAvailable())))
+		}
+	}
+	return strings.Join(parts, ", ")
 }
 
 // drainLeft is every unit the generations still hold, for the progress

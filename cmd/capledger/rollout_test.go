@@ -99,6 +99,45 @@ func TestRollbackDrainsToZeroAcrossRestart(t *testing.T) {
 	}
 }
 
+// Rolling back the only generation of a key leaves its available capacity
+// nowhere to go: `rollback --wait` used to poll until --max-wait (an hour
+// by default) while BLOCKED showed "no policy". It stops at once with exit
+// 4, names the generation and says what to do, even with a hold still
+// reserved; once a policy decides again the drain can be followed.
+func TestRollbackWaitStopsWhenNothingCanTakeTheCapacity(t *testing.T) {
+	url := startInProcess(t)
+	path := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(path, []byte(policyYAML), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	run := func(want int, args ...string) (string, string) {
+		t.Helper()
+		code, out, errOut := cli(t, url, args...)
+		wantExit(t, want, code, out, errOut)
+		return out, errOut
+	}
+	run(exitOK, "policy", "publish", path) // generation 1
+	run(exitOK, "reserve", "--subject", "tenant-7", "--route", "chat.generate", "--units", "tokens=100,requests=1", "--id", "hold")
+	began := time.Now()
+	out, errOut := run(exitConflict, "rollback", "1", "--wait", "--interval", "10ms", "--max-wait", "1m")
+	if took := time.Since(began); took > 20*time.Second {
+		t.Errorf("--wait took %s to give up on capacity nothing can take", took)
+	}
+	if !regexpLine(out, `^1\s+tenant-7/chat.generate@global\s+rolled back\s+1\s+requests=1,tokens=100\s+0\s+requests=9,tokens=900\s+0 by burst, 1 no policy\s+0\s+false$`) {
+		t.Errorf("the table does not show the blocked account:\n%s", out)
+	}
+	for _, want := range []string{"cannot drain: generation 1 (tenant-7/chat.generate@global) has 1 account(s) blocked with no policy",
+		"Publish one for the key", "capledger rollback --status 1 --wait"} {
+		if !strings.Contains(errOut, want) {
+			t.Errorf("the message does not say %q:\n%s", want, errOut)
+		}
+	}
+	// The same with --status on a generation rolled back already.
+	run(exitConflict, "rollback", "--status", "1", "--wait", "--interval", "10ms", "--max-wait", "1m")
+	// Without --wait it only shows the table, as before.
+	run(exitOK, "rollback", "--status", "1")
+}
+
 // regexpLine reports whether some line of out matches pattern.
 func regexpLine(out, pattern string) bool {
 	re := regexp.MustCompile(pattern)

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/oklog/ulid/v2"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	v1 "github.com/capledger/capledger/api/capledger/v1"
@@ -52,8 +53,10 @@ allow issuance. Gateways normally do all this through the Go SDK
       decode a token offline; with --keys, verify its signature.
   shard reconcile ID --gateway GW [--receipts FILE|-]
       report a gateway's receipts for the shard: a JSON array of
-      {"reservation_id", "state", "reserved_units", "actual_units"}, states
-      SETTLED, SETTLED_WITH_DEBT, RELEASED, EXPIRED, STARTED, USAGE_UNKNOWN.
+      {"reservation_id", "state", "reserved_units", "actual_units"} (or the
+      API's lowerCamelCase names: reservationId, reservedUnits, actualUnits),
+      states SETTLED, SETTLED_WITH_DEBT, RELEASED, EXPIRED, STARTED,
+      USAGE_UNKNOWN (or RESERVATION_STATE_SETTLED and so on).
       Without --receipts: no receipts, i.e. the gateway used nothing (for a
       shard that never reached its gateway). Accepted once per shard;
       later, only receipts resolving work left unknown.
@@ -282,12 +285,42 @@ func inspectToken(e *env, path, keysPath string) error {
 	return nil
 }
 
-// receiptJSON is one receipt of a --receipts file.
-type receiptJSON struct {
-	ReservationID string           `json:"reservation_id"`
-	State         string           `json:"state"`
-	ReservedUnits map[string]int64 `json:"reserved_units"`
-	ActualUnits   map[string]int64 `json:"actual_units"`
+// parseReceipts reads a --receipts file: a JSON array of receipts in the
+// API's JSON form (ShardReceipt, read by protojson: snake_case or
+// lowerCamelCase names, int64s as numbers or strings, unknown fields
+// refused), whose state may also be written short and in any case
+// ("SETTLED", "usage_unknown"), as this command always took it.
+func parseReceipts(raw []byte) ([]*v1.ShardReceipt, error) {
+	var items []json.RawMessage
+	if err := decodeStrictJSON(raw, &items); err != nil {
+		return nil, err
+	}
+	receipts := make([]*v1.ShardReceipt, 0, len(items))
+	for i, item := range items {
+		var fields map[string]json.RawMessage
+		if err := json.Unmarshal(item, &fields); err != nil || fields == nil {
+			return nil, fmt.Errorf("receipt %d: not a JSON object", i)
+		}
+		var state string
+		if err := json.Unmarshal(fields["state"], &state); err != nil || state == "" {
+			return nil, fmt.Errorf("receipt %d: want a state (SETTLED, SETTLED_WITH_DEBT, RELEASED, EXPIRED, STARTED or USAGE_UNKNOWN)", i)
+		}
+		full := "RESERVATION_STATE_" + strings.TrimPrefix(strings.ToUpper(state), "RESERVATION_STATE_")
+		if _, ok := v1.ReservationState_value[full]; !ok {
+			return nil, fmt.Errorf("receipt %d has state %q", i, state)
+		}
+		fields["state"], _ = json.Marshal(full)
+		normalized, err := json.Marshal(fields)
+		if err != nil {
+			return nil, fmt.Errorf("receipt %d: %v", i, err)
+		}
+		var r v1.ShardReceipt
+		if err := protojson.Unmarshal(normalized, &r); err != nil {
+			return nil, fmt.Errorf("receipt %d: %v", i, err)
+		}
+		receipts = append(receipts, &r)
+	}
+	return receipts, nil
 }
 
 func runShardReconcile(ctx context.Context, e *env, args []string) error {
@@ -319,17 +352,8 @@ func runShardReconcile(ctx context.Context, e *env, args []string) error {
 		if err != nil {
 			return usagef("--receipts: %v", err)
 		}
-		var parsed []receiptJSON
-		if err := decodeStrictJSON(raw, &parsed); err != nil {
+		if receipts, err = parseReceipts(raw); err != nil {
 			return usagef("--receipts %s: %v", *receiptsPath, err)
-		}
-		for _, r := range parsed {
-			state, ok := v1.ReservationState_value["RESERVATION_STATE_"+strings.ToUpper(r.State)]
-			if !ok {
-				return usagef("--receipts: receipt %q has state %q", r.ReservationID, r.State)
-			}
-			receipts = append(receipts, &v1.ShardReceipt{ReservationId: r.ReservationID, State: v1.ReservationState(state),
-				ReservedUnits: r.ReservedUnits, ActualUnits: r.ActualUnits})
 		}
 	}
 	sc, err := cf.shardClient()

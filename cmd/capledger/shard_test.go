@@ -127,6 +127,31 @@ func TestCLIShardLifecycle(t *testing.T) {
 	code, out, errOut = cli(t, url, "shard", "inspect", "sh-none")
 	wantExit(t, exitNotFound, code, out, errOut)
 
+	// The API's JSON form of a receipt (lowerCamelCase names, the enum's
+	// full name, int64s as strings), as ReconcileShard takes it, was
+	// refused as unknown fields; either naming is read, mixed too, and a
+	// field neither form has is still refused before sending.
+	code, out, errOut = cli(t, url, "shard", "issue", "--subject", "tenant-7", "--route", "chat.generate",
+		"--units", "tokens=1000", "--gateway", "gw-1", "--boot", "3", "--id", "sh-camel")
+	wantExit(t, exitOK, code, out, errOut)
+	camelTypo := filepath.Join(dir, "camel-typo.json")
+	os.WriteFile(camelTypo, []byte(`[{"reservationId": "c1", "state": "RESERVATION_STATE_SETTLED", "reservedUnits": {"tokens": "500"}, "actualUnit": {"tokens": "450"}}]`), 0o600)
+	code, out, errOut = cli(t, url, "shard", "reconcile", "sh-camel", "--gateway", "gw-1", "--receipts", camelTypo)
+	wantExit(t, exitUsage, code, out, errOut)
+	if !strings.Contains(errOut, "actualUnit") {
+		t.Fatalf("misspelt camelCase receipt field: %s", errOut)
+	}
+	camelPath := filepath.Join(dir, "camel.json")
+	os.WriteFile(camelPath, []byte(`[
+	  {"reservationId": "c1", "state": "RESERVATION_STATE_SETTLED", "reservedUnits": {"tokens": "500"}, "actualUnits": {"tokens": "450"}},
+	  {"reservation_id": "c2", "state": "SETTLED_WITH_DEBT", "reservedUnits": {"tokens": 100}, "actual_units": {"tokens": 150}}
+	]`), 0o600)
+	code, out, errOut = cli(t, url, "shard", "reconcile", "sh-camel", "--gateway", "gw-1", "--receipts", camelPath)
+	wantExit(t, exitOK, code, out, errOut)
+	if !strings.Contains(out, `"tokens": "400"`) {
+		t.Fatalf("reconcile should remint 1000 - 450 - 150 = 400: %s", out)
+	}
+
 	// A stopped gateway's shard directory, reconciled by an operator.
 	storeDir := filepath.Join(dir, "gw-dir")
 	st, err := client.OpenShardStore(storeDir, client.ShardStoreOptions{GatewayID: "gw-dir"})

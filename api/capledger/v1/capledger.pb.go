@@ -305,7 +305,8 @@ func (x *Dimension) GetMaxOverdraft() int64 {
 // a subject (or every subject, "*") on a route in a region.
 type Policy struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Always "admissionBudget.v1" in responses; ignored on publish.
+	// Always "admissionBudget.v1" in responses; on publish empty or
+	// "admissionBudget.v1" (anything else is refused).
 	Schema string `protobuf:"bytes,1,opt,name=schema,proto3" json:"schema,omitempty"`
 	// Subject key, e.g. "tenant-7", or "*" for every subject of the route that
 	// has no policy of its own.
