@@ -41,6 +41,8 @@ func WithLostReserveHandler(h func(LostReserve)) Option {
 type lookup struct {
 	LostReserve
 	onFound []func(*ledgerv1.Reservation)
+	// watch keeps looking after a not-found answer (watchLostReserve).
+	watch bool
 }
 
 type lookups struct {
@@ -73,6 +75,25 @@ func (c *Client) LostReserves() []LostReserve {
 // finds the id admitted; it is registered before the lookup can end, so
 // it never misses the finding.
 func (c *Client) lookUpLater(id, digest string, onFound func(*ledgerv1.Reservation)) {
+	c.startLookup(id, digest, onFound, false)
+}
+
+// watchLostReserve is lookUpLater for a lost Reserve the ledger answered
+// not found for: a Reserve still in flight may land later, so a
+// not-found answer does not end this lookup. It keeps asking, backing
+// off to maxWatchWait, for the whole lookup window
+// (DefaultLostReserveLookup), and runs onFound if the id lands in it.
+// Emergency watches the ids it served from its shard, so a late central
+// hold is released instead of held until its TTL.
+func (c *Client) watchLostReserve(id, digest string, onFound func(*ledgerv1.Reservation)) {
+	c.startLookup(id, digest, onFound, true)
+}
+
+// maxWatchWait bounds the wait between two not-found answers of a
+// watched lookup: about 25 lookups over DefaultLostReserveLookup.
+const maxWatchWait = 30 * time.Second
+
+func (c *Client) startLookup(id, digest string, onFound func(*ledgerv1.Reservation), watch bool) {
 	ls := c.lookups
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
@@ -83,9 +104,10 @@ func (c *Client) lookUpLater(id, digest string, onFound func(*ledgerv1.Reservati
 		if onFound != nil {
 			l.onFound = append(l.onFound, onFound)
 		}
+		l.watch = l.watch || watch
 		return
 	}
-	l := &lookup{LostReserve: LostReserve{ReservationID: id, RequestDigest: digest, Since: time.Now()}}
+	l := &lookup{LostReserve: LostReserve{ReservationID: id, RequestDigest: digest, Since: time.Now()}, watch: watch}
 	if onFound != nil {
 		l.onFound = append(l.onFound, onFound)
 	}
@@ -116,9 +138,15 @@ func (c *Client) lookUp(l *lookup) {
 	ctx, cancel := context.WithTimeout(ls.ctx, DefaultLostReserveLookup)
 	defer cancel()
 	wait := 100 * time.Millisecond
+	notFound := false // a watched lookup was answered not found
 	for {
 		select {
 		case <-ctx.Done():
+			if notFound && ls.ctx.Err() == nil {
+				// Watched for the whole window: the id never landed.
+				c.finishLookup(l, nil, nil)
+				return
+			}
 			c.finishLookup(l, nil, ctx.Err())
 			return
 		case <-c.breaker.closedChan():
@@ -134,8 +162,14 @@ func (c *Client) lookUp(l *lookup) {
 			c.finishLookup(l, nil, err)
 			return
 		case errors.Is(err, ErrNotFound):
-			c.finishLookup(l, nil, nil)
-			return
+			ls.mu.Lock()
+			watch := l.watch
+			ls.mu.Unlock()
+			if !watch {
+				c.finishLookup(l, nil, nil)
+				return
+			}
+			notFound = true
 		}
 		t := time.NewTimer(wait/2 + time.Duration(rand.Int64N(int64(wait/2)+1)))
 		select {
@@ -143,7 +177,11 @@ func (c *Client) lookUp(l *lookup) {
 			t.Stop()
 		case <-t.C:
 		}
-		wait = min(2*wait, 2*time.Second)
+		if errors.Is(err, ErrNotFound) {
+			wait = min(2*wait, maxWatchWait)
+		} else {
+			wait = min(2*wait, 2*time.Second)
+		}
 	}
 }
 

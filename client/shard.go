@@ -185,6 +185,10 @@ type EmergencyReservation struct {
 
 // Reserve reserves through the ledger and, only when the ledger is
 // unreachable, from the subject's shard under the same reservation id.
+// When it serves a lost central Reserve from the shard, the id is looked
+// up in the background (also after a not-found answer, for
+// DefaultLostReserveLookup: a Reserve in flight may land later) and a
+// central hold found is released.
 //
 // Returns the outcome; the ledger's own error when it answered (a
 // *RejectedError is never overruled by a shard) or when it is unreachable
@@ -228,6 +232,14 @@ func (e *Emergency) Reserve(ctx context.Context, req ReserveRequest) (*Emergency
 	local, lerr := e.store.Reserve(id, digest, req.Subject, req.Route, req.Region, req.Units)
 	if lerr != nil {
 		return nil, errors.Join(err, lerr)
+	}
+	var unknown *ReservationUnknownError
+	if errors.As(err, &unknown) && !unknown.LookingUp {
+		// The ledger answered that the id is not admitted, but a Reserve
+		// still in flight may land later: watch for it, so a late
+		// central hold is released like one the lookup finds.
+		e.client.watchLostReserve(id, digest, lostReserveFound(lookupCtx))
+		unknown.LookingUp = true
 	}
 	return &EmergencyReservation{ReservationID: id, RequestDigest: digest, Local: local, LedgerErr: err}, nil
 }
