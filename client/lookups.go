@@ -3,7 +3,6 @@ package client
 import (
 	"context"
 	"errors"
-	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -171,7 +170,7 @@ func (c *Client) lookUp(l *lookup) {
 			}
 			notFound = true
 		}
-		t := time.NewTimer(wait/2 + time.Duration(rand.Int64N(int64(wait/2)+1)))
+		t := time.NewTimer(halfJitter(wait))
 		select {
 		case <-ctx.Done():
 			t.Stop()
