@@ -493,13 +493,7 @@ func (e *Emergency) ReconcileShard(ctx context.Context, shardID string) (ShardRe
 // submit sends one submission with retries. maybeApplied is set when an
 // attempt's answer was lost after it may have reached the ledger.
 func (e *Emergency) submit(ctx context.Context, sub ShardSubmission) (*ledgerv1.ReconcileShardResponse, bool, error) {
-	msg := &ledgerv1.ReconcileShardRequest{ShardId: sub.ShardID, GatewayId: e.store.GatewayID()}
-	for _, r := range sub.Receipts {
-		msg.Receipts = append(msg.Receipts, &ledgerv1.ShardReceipt{
-			ReservationId: ledgerReceiptID(r.ReservationID), State: stateProto(r.State),
-			ReservedUnits: fromAmounts(sub.Units, r.Reserved), ActualUnits: fromAmounts(sub.Units, r.Actual),
-		})
-	}
+	msg := &ledgerv1.ReconcileShardRequest{ShardId: sub.ShardID, GatewayId: e.store.GatewayID(), Receipts: wireReceipts(sub.Units, sub.Receipts)}
 	maybeApplied := false
 	resp, attempts, lost, err := do(ctx, e.client, func(actx context.Context) (*connect.Response[ledgerv1.ReconcileShardResponse], error) {
 		r, err := e.rpc.ReconcileShard(actx, connect.NewRequest(msg))
@@ -515,6 +509,19 @@ func (e *Emergency) submit(ctx context.Context, sub ShardSubmission) (*ledgerv1.
 		return nil, true, &LostError{Op: "reconcile shard", ReservationID: sub.ShardID, Attempts: attempts, Err: err}
 	}
 	return nil, maybeApplied, classify("reconcile shard", sub.ShardID, err)
+}
+
+// wireReceipts are local receipts as the ledger receives them: by unit
+// name, under ledgerReceiptID.
+func wireReceipts(units []string, receipts []ledger.ShardReceipt) []*ledgerv1.ShardReceipt {
+	out := make([]*ledgerv1.ShardReceipt, 0, len(receipts))
+	for _, r := range receipts {
+		out = append(out, &ledgerv1.ShardReceipt{
+			ReservationId: ledgerReceiptID(r.ReservationID), State: stateProto(r.State),
+			ReservedUnits: fromAmounts(units, r.Reserved), ActualUnits: fromAmounts(units, r.Actual),
+		})
+	}
+	return out
 }
 
 // ledgerReceiptID is the id a local reservation's receipt goes to the
