@@ -208,9 +208,10 @@ func (e *Emergency) Reserve(ctx context.Context, req ReserveRequest) (*Emergency
 		}
 		return &EmergencyReservation{ReservationID: id, RequestDigest: digest, Local: local}, nil
 	}
-	// If the central Reserve's answers are lost and its id is looked up
-	// in the background, a hold the lookup finds is released when this
-	// request is served from the shard. The lookup may find it before the
+	// If the central Reserve's answers are lost, its id is watched in the
+	// background (also after a not-found answer: a Reserve in flight may
+	// land later), and a hold the watch finds is released when this
+	// request is served from the shard. The watch may find it before the
 	// local admission below is done: it waits for that decision.
 	decided := make(chan struct{})
 	defer close(decided)
@@ -232,14 +233,6 @@ func (e *Emergency) Reserve(ctx context.Context, req ReserveRequest) (*Emergency
 	local, lerr := e.store.Reserve(id, digest, req.Subject, req.Route, req.Region, req.Units)
 	if lerr != nil {
 		return nil, errors.Join(err, lerr)
-	}
-	var unknown *ReservationUnknownError
-	if errors.As(err, &unknown) && !unknown.LookingUp {
-		// The ledger answered that the id is not admitted, but a Reserve
-		// still in flight may land later: watch for it, so a late
-		// central hold is released like one the lookup finds.
-		e.client.watchLostReserve(id, digest, lostReserveFound(lookupCtx))
-		unknown.LookingUp = true
 	}
 	return &EmergencyReservation{ReservationID: id, RequestDigest: digest, Local: local, LedgerErr: err}, nil
 }
