@@ -3,7 +3,6 @@ package client
 import (
 	"context"
 	"errors"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -311,7 +310,7 @@ func (b *breaker) probeLoop() {
 		b.mu.Lock()
 		wait := b.wait
 		b.mu.Unlock()
-		jittered := wait/2 + time.Duration(rand.Int64N(int64(wait/2)+1))
+		jittered := halfJitter(wait)
 		t := time.NewTimer(jittered)
 		select {
 		case <-b.stop:

@@ -5,9 +5,13 @@
 package client
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"io"
+	"maps"
 	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -438,5 +442,98 @@ func TestEmergencyRunLocalMarksUnknownWhenTheReportedUsageIsRefused(t *testing.T
 				t.Fatalf("the receipt does not settle it: %v", err)
 			}
 		})
+	}
+}
+
+// When every central Reserve answer was lost but the lookup after them
+// answered not found, the request is served from the shard, and a Reserve
+// still in flight that lands later is released by the background lookup
+// (docs/CLIENTS.md, section 5), not left holding central capacity until
+// its hold TTL. The late landing is a real HTTP proxy in front of the
+// ledger that holds the Reserve until the client gave up on it, then
+// delivers it.
+func TestEmergencyReleasesACentralReserveThatLandsAfterANotFoundLookup(t *testing.T) {
+	l := startShardLedger(t)
+	if _, _, err := l.direct.PublishPolicy(context.Background(), &ledgerv1.Policy{
+		Subject: "tenant-7", Route: "chat.generate", EmergencyMode: true,
+		Dimensions: []*ledgerv1.Dimension{{Unit: "tokens", Burst: 1_000_000}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	forward := func(ctx context.Context, r *http.Request, body []byte) (*http.Response, error) {
+		out, err := http.NewRequestWithContext(ctx, r.Method, "http://"+l.addr+r.URL.RequestURI(), bytes.NewReader(body))
+		if err != nil {
+			return nil, err
+		}
+		out.Header = r.Header.Clone()
+		out.Header.Del("Connect-Timeout-Ms")
+		return http.DefaultClient.Do(out)
+	}
+	landed := make(chan error, 1)
+	late := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			return
+		}
+		if strings.HasSuffix(r.URL.Path, "/Reserve") {
+			// In flight: delivered once the client gave up on it and its
+			// lookup has been answered.
+			<-r.Context().Done()
+			time.Sleep(500 * time.Millisecond)
+			resp, err := forward(context.Background(), r, body)
+			if err == nil {
+				resp.Body.Close()
+			}
+			landed <- err
+			return
+		}
+		resp, err := forward(r.Context(), r, body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		defer resp.Body.Close()
+		maps.Copy(w.Header(), resp.Header)
+		w.WriteHeader(resp.StatusCode)
+		io.Copy(w, resp.Body)
+	}))
+	t.Cleanup(late.Close)
+	gw, err := New(strings.TrimPrefix(late.URL, "http://"), noBreakerWatchdog, WithTimeout(300*time.Millisecond), WithRetryPolicy(RetryPolicy{MaxAttempts: 1}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { gw.Close() })
+	store, err := OpenShardStore(filepath.Join(t.TempDir(), "gw"), ShardStoreOptions{GatewayID: "gw-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	em := NewEmergency(gw, store, EmergencyOptions{})
+	if _, err := em.Provision(withoutWatchdog(context.Background()), ProvisionRequest{Subject: "tenant-7", Route: "chat.generate",
+		Units: Units{"tokens": 1_000}, TTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+
+	r, err := em.Reserve(context.Background(), ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 10}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if unknown := mustErrAs[*ReservationUnknownError](t, r.LedgerErr); r.Local == nil || !unknown.LookingUp {
+		t.Fatalf("reserve %+v (%v): want it served from the shard while its id is still looked up", r, r.LedgerErr)
+	}
+	if err := <-landed; err != nil {
+		t.Fatalf("the late Reserve did not reach the ledger: %v", err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		got, err := l.direct.GetReservation(context.Background(), r.ReservationID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if isState(got, ledgerv1.ReservationState_RESERVATION_STATE_RELEASED) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the late central hold of %s served from the shard is %s, want RELEASED", r.ReservationID, got.GetState())
+		}
 	}
 }

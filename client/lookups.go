@@ -3,7 +3,6 @@ package client
 import (
 	"context"
 	"errors"
-	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -41,6 +40,8 @@ func WithLostReserveHandler(h func(LostReserve)) Option {
 type lookup struct {
 	LostReserve
 	onFound []func(*ledgerv1.Reservation)
+	// watch keeps looking after a not-found answer (watchLostReserve).
+	watch bool
 }
 
 type lookups struct {
@@ -57,7 +58,9 @@ func newLookups(h func(LostReserve)) *lookups {
 	return &lookups{ctx: ctx, cancel: cancel, handler: h, m: map[string]*lookup{}}
 }
 
-// LostReserves returns the lost Reserves still being looked up.
+// LostReserves returns the lost Reserves still being looked up (not the
+// ones Emergency keeps watching for a late landing after a not-found
+// answer: those are resolved, as not admitted).
 func (c *Client) LostReserves() []LostReserve {
 	c.lookups.mu.Lock()
 	defer c.lookups.mu.Unlock()
@@ -73,6 +76,26 @@ func (c *Client) LostReserves() []LostReserve {
 // finds the id admitted; it is registered before the lookup can end, so
 // it never misses the finding.
 func (c *Client) lookUpLater(id, digest string, onFound func(*ledgerv1.Reservation)) {
+	c.startLookup(id, digest, onFound, false)
+}
+
+// watchLostReserve is lookUpLater for a lost Reserve whose late landing
+// matters: a Reserve still in flight may land after a not-found answer,
+// so that answer resolves the lookup (LostReserves drops it, the handler
+// hears of it) but does not end it. It keeps asking, backing off to
+// maxWatchWait, for the rest of the lookup window
+// (DefaultLostReserveLookup), and runs onFound if the id lands in it.
+// Emergency watches the ids it may serve from its shard, so a late
+// central hold is released instead of held until its TTL.
+func (c *Client) watchLostReserve(id, digest string, onFound func(*ledgerv1.Reservation)) {
+	c.startLookup(id, digest, onFound, true)
+}
+
+// maxWatchWait bounds the wait between two not-found answers of a
+// watched lookup: about 25 lookups over DefaultLostReserveLookup.
+const maxWatchWait = 30 * time.Second
+
+func (c *Client) startLookup(id, digest string, onFound func(*ledgerv1.Reservation), watch bool) {
 	ls := c.lookups
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
@@ -83,9 +106,10 @@ func (c *Client) lookUpLater(id, digest string, onFound func(*ledgerv1.Reservati
 		if onFound != nil {
 			l.onFound = append(l.onFound, onFound)
 		}
+		l.watch = l.watch || watch
 		return
 	}
-	l := &lookup{LostReserve: LostReserve{ReservationID: id, RequestDigest: digest, Since: time.Now()}}
+	l := &lookup{LostReserve: LostReserve{ReservationID: id, RequestDigest: digest, Since: time.Now()}, watch: watch}
 	if onFound != nil {
 		l.onFound = append(l.onFound, onFound)
 	}
@@ -97,10 +121,10 @@ func (c *Client) lookUpLater(id, digest string, onFound func(*ledgerv1.Reservati
 type lostReserveFoundKey struct{}
 
 // withLostReserveFound returns ctx carrying f for a Reserve made under it:
-// if that Reserve's answers are lost and its id is looked up in the
-// background, f runs with the reservation when the lookup finds it
-// admitted (Emergency releases the central hold of a request it served
-// from its shard).
+// if that Reserve's answers are lost, its id is watched in the background
+// (watchLostReserve, even when the ledger answers not found at once), and
+// f runs with the reservation when the watch finds it admitted (Emergency
+// releases the central hold of a request it served from its shard).
 func withLostReserveFound(ctx context.Context, f func(*ledgerv1.Reservation)) context.Context {
 	return context.WithValue(ctx, lostReserveFoundKey{}, f)
 }
@@ -116,10 +140,15 @@ func (c *Client) lookUp(l *lookup) {
 	ctx, cancel := context.WithTimeout(ls.ctx, DefaultLostReserveLookup)
 	defer cancel()
 	wait := 100 * time.Millisecond
+	// finished is set once a watched lookup was answered not found: it is
+	// resolved (LostReserves no longer lists it) but keeps watching.
+	finished := false
 	for {
 		select {
 		case <-ctx.Done():
-			c.finishLookup(l, nil, ctx.Err())
+			if !finished {
+				c.finishLookup(l, nil, ctx.Err())
+			}
 			return
 		case <-c.breaker.closedChan():
 		}
@@ -127,23 +156,46 @@ func (c *Client) lookUp(l *lookup) {
 		res, err := c.ResolveReservation(actx, l.ReservationID, l.RequestDigest)
 		acancel()
 		switch {
+		case err == nil && finished:
+			// A Reserve in flight landed after the not-found answer.
+			ls.mu.Lock()
+			onFound := l.onFound
+			ls.mu.Unlock()
+			for _, f := range onFound {
+				f(res)
+			}
+			return
 		case err == nil:
 			c.finishLookup(l, res, nil)
 			return
 		case errors.Is(err, ErrDigestMismatch):
-			c.finishLookup(l, nil, err)
+			if !finished {
+				c.finishLookup(l, nil, err)
+			}
 			return
 		case errors.Is(err, ErrNotFound):
-			c.finishLookup(l, nil, nil)
-			return
+			ls.mu.Lock()
+			watch := l.watch
+			ls.mu.Unlock()
+			if !finished {
+				c.finishLookup(l, nil, nil)
+				finished = true
+			}
+			if !watch {
+				return
+			}
 		}
-		t := time.NewTimer(wait/2 + time.Duration(rand.Int64N(int64(wait/2)+1)))
+		t := time.NewTimer(halfJitter(wait))
 		select {
 		case <-ctx.Done():
 			t.Stop()
 		case <-t.C:
 		}
-		wait = min(2*wait, 2*time.Second)
+		if finished {
+			wait = min(2*wait, maxWatchWait)
+		} else {
+			wait = min(2*wait, 2*time.Second)
+		}
 	}
 }
 

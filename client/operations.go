@@ -358,7 +358,8 @@ func sameUnits(a, b Units) bool {
 // records an operation as starting before Start, running before it calls
 // the work (and does not call it if that record cannot be written),
 // finished with the actual units before Settle, and unknown when the
-// usage is unknown.
+// usage is unknown or is one the ledger would refuse (a negative amount,
+// a unit the reservation does not have).
 func WithOperationStore(s OperationStore) Option {
 	return func(c *config) { c.operations = s }
 }

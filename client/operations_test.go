@@ -169,3 +169,38 @@ func TestOperationStorePruneRemovesOnlyOldFinalRecords(t *testing.T) {
 		}
 	}
 }
+
+// Work that reports a usage the ledger will refuse (a negative amount, a
+// unit the reservation does not have) is recorded unknown, which is what
+// Run makes of it, never finished with the refused figures: a finished
+// record is final, so the resolver would keep answering figures the
+// ledger cannot take and the reservation would stay USAGE_UNKNOWN.
+func TestRunRecordsRefusedUsageAsUnknown(t *testing.T) {
+	ctx := context.Background()
+	l := startLedger(t)
+	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 10_000})
+	ops, err := OpenOperationStore(filepath.Join(t.TempDir(), "ops"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := New(l.addr, noBreakerWatchdog, WithOperationStore(ops))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for name, usage := range map[string]Units{"negative": {"tokens": -5}, "unknown unit": {"tokenz": 5}} {
+		t.Run(name, func(t *testing.T) {
+			_, err := c.Run(ctx, ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 100}},
+				func(context.Context) (Units, error) { return usage, nil })
+			unknown := mustErrAs[*UsageUnknownError](t, err)
+			rec, ok, gerr := ops.Get(ctx, unknown.Receipt.OperationID)
+			if gerr != nil || !ok || rec.Status != OperationUnknown || rec.ActualUnits != nil {
+				t.Fatalf("record %+v %v %v, want unknown without units", rec, ok, gerr)
+			}
+			// Not final: the gateway can still record the real usage.
+			if err := Finish(ctx, ops, unknown.Receipt.ReservationID, unknown.Receipt.OperationID, Units{"tokens": 7}); err != nil {
+				t.Fatalf("finish after the refusal: %v", err)
+			}
+		})
+	}
+}

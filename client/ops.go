@@ -164,6 +164,7 @@ func reserveResult(id, digest string, attempts int, m *ledgerv1.ReserveResponse)
 // resolveLostReserve is the RESERVATION_UNKNOWN path: the Reserve answers
 // were lost, so look the original id up.
 func (c *Client) resolveLostReserve(ctx context.Context, id, digest string, attempts int, lostErr error) (*ReserveResult, error) {
+	onFound := lostReserveFound(ctx)
 	if ctx.Err() == nil && c.breaker.allow() == nil {
 		lctx, cancel := context.WithTimeout(ctx, 2*c.timeout)
 		res, err := c.ResolveReservation(lctx, id, digest)
@@ -177,13 +178,20 @@ func (c *Client) resolveLostReserve(ctx context.Context, id, digest string, atte
 		if errors.Is(err, ErrDigestMismatch) {
 			return nil, err
 		}
-		if errors.Is(err, ErrNotFound) {
+		if errors.Is(err, ErrNotFound) && onFound == nil {
 			// The ledger answered: the id is not admitted (a Reserve
 			// still in flight may land later; repeat it with the id).
 			return nil, &ReservationUnknownError{ReservationID: id, RequestDigest: digest, Attempts: attempts, Err: lostErr}
 		}
 	}
-	c.lookUpLater(id, digest, lostReserveFound(ctx))
+	if onFound != nil {
+		// Emergency may serve the request from its shard: a Reserve in
+		// flight that lands later must be found and released, so the id
+		// is watched, also after a not-found answer.
+		c.watchLostReserve(id, digest, onFound)
+	} else {
+		c.lookUpLater(id, digest, nil)
+	}
 	return nil, &ReservationUnknownError{ReservationID: id, RequestDigest: digest, Attempts: attempts, Err: lostErr, LookingUp: true}
 }
 

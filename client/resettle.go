@@ -2,7 +2,6 @@ package client
 
 import (
 	"context"
-	"math/rand/v2"
 	"sync"
 	"time"
 )
@@ -169,7 +168,7 @@ func (c *Client) resendOne(s *resend) {
 		cancel()
 		if err != nil && isTransportFault(err) {
 			ls.mu.Lock()
-			s.next = time.Now().Add(s.wait/2 + time.Duration(rand.Int64N(int64(s.wait/2)+1)))
+			s.next = time.Now().Add(halfJitter(s.wait))
 			s.wait = min(2*s.wait, resendMaxWait)
 			ls.mu.Unlock()
 			return

@@ -65,6 +65,18 @@ func (p RetryPolicy) Backoff(retry int, intn func(n int64) int64) time.Duration 
 	return time.Duration(intn(int64(ceiling)))
 }
 
+// halfJitter returns a wait drawn uniformly from [d/2, d): the jitter of
+// the breaker's probes (docs/CLIENTS.md, section 4), of the background
+// lookups of lost Reserves and of the resends of kept settles. Half the
+// wait is kept, so a backoff still backs off; the other half spreads
+// clients that started waiting at the same moment. d <= 0 is 0.
+func halfJitter(d time.Duration) time.Duration {
+	if d <= 0 {
+		return 0
+	}
+	return d/2 + time.Duration(rand.Int64N(int64(d-d/2)))
+}
+
 // do calls f until it returns an answer (success or an error the ledger
 // decided), the caller's ctx ends, or the policy's attempts are used up.
 // Each attempt runs under its own timeout derived from ctx. It returns f's

@@ -36,3 +36,15 @@ func TestBackoffDefaults(t *testing.T) {
 		t.Fatalf("zero policy's first ceiling %s, want the default %s", time.Duration(gotN), DefaultRetryPolicy.BaseDelay)
 	}
 }
+
+// The breaker's probe waits (and the other backoffs halfJitter spreads)
+// are drawn from [d/2, d), as docs/CLIENTS.md section 4 says: never d.
+func TestHalfJitterDrawsFromHalfToBelowTheWait(t *testing.T) {
+	for _, d := range []time.Duration{1, 2, 3, 4, 7, 200 * time.Millisecond} {
+		for range 2000 {
+			if got := halfJitter(d); got < d/2 || got >= d {
+				t.Fatalf("halfJitter(%d) = %d, want it in [%d, %d)", d, got, d/2, d)
+			}
+		}
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"connectrpc.com/connect"
 
 	ledgerv1 "github.com/capledger/capledger/api/capledger/v1"
+	"github.com/capledger/capledger/ledger"
 )
 
 // OperationReceipt identifies started work: the reservation and the
@@ -187,8 +188,14 @@ func (c *Client) runReserved(ctx context.Context, rr *ReserveResult, work Work, 
 	receipt.Actual = actual
 	// Before the settle, so the resolver can settle with it if the
 	// settle is lost; a failure here leaves the record running (the
-	// resolver then keeps it USAGE_UNKNOWN), never wrong.
-	_ = c.recordOperation(ctx, receipt, OperationFinished, actual)
+	// resolver then keeps it USAGE_UNKNOWN), never wrong. A usage the
+	// ledger will refuse ends USAGE_UNKNOWN (below): recorded so, since
+	// a finished record is final and would answer the refused figures.
+	if usageProblem(actual, receipt.Reserved) != "" {
+		_ = c.recordOperation(ctx, receipt, OperationUnknown, nil)
+	} else {
+		_ = c.recordOperation(ctx, receipt, OperationFinished, actual)
+	}
 	sctx, cancel := c.detached(ctx)
 	defer cancel()
 	sr, serr := c.Settle(sctx, rr.ReservationID, receipt.OperationID, actual)
@@ -415,6 +422,23 @@ func usageToSettle(actual, reserved Units) Units {
 		return zeroUnits(reserved)
 	}
 	return statedForEvery(actual, reserved)
+}
+
+// usageProblem is the ledger's check of a settle's usage, made on the
+// client before the settle is sent: "" when the ledger can take actual,
+// else what is wrong. Its amounts pass ledger.AmountShapeProblem (the
+// rule the server and the ledger apply), and every unit is one of the
+// reservation's (a reservation's units name every unit of its policy).
+func usageProblem(actual, reserved Units) string {
+	for _, unit := range slices.Sorted(maps.Keys(actual)) {
+		if _, ok := reserved[unit]; !ok {
+			return fmt.Sprintf("unit %q is not one of the reservation's", unit)
+		}
+		if problem := ledger.AmountShapeProblem(actual[unit], true); problem != "" {
+			return fmt.Sprintf("unit %q %s", unit, problem)
+		}
+	}
+	return ""
 }
 
 // zeroUnits states zero usage of every unit of reserved.

@@ -185,6 +185,10 @@ type EmergencyReservation struct {
 
 // Reserve reserves through the ledger and, only when the ledger is
 // unreachable, from the subject's shard under the same reservation id.
+// When it serves a lost central Reserve from the shard, the id is looked
+// up in the background (also after a not-found answer, for
+// DefaultLostReserveLookup: a Reserve in flight may land later) and a
+// central hold found is released.
 //
 // Returns the outcome; the ledger's own error when it answered (a
 // *RejectedError is never overruled by a shard) or when it is unreachable
@@ -204,9 +208,10 @@ func (e *Emergency) Reserve(ctx context.Context, req ReserveRequest) (*Emergency
 		}
 		return &EmergencyReservation{ReservationID: id, RequestDigest: digest, Local: local}, nil
 	}
-	// If the central Reserve's answers are lost and its id is looked up
-	// in the background, a hold the lookup finds is released when this
-	// request is served from the shard. The lookup may find it before the
+	// If the central Reserve's answers are lost, its id is watched in the
+	// background (also after a not-found answer: a Reserve in flight may
+	// land later), and a hold the watch finds is released when this
+	// request is served from the shard. The watch may find it before the
 	// local admission below is done: it waits for that decision.
 	decided := make(chan struct{})
 	defer close(decided)
@@ -481,13 +486,7 @@ func (e *Emergency) ReconcileShard(ctx context.Context, shardID string) (ShardRe
 // submit sends one submission with retries. maybeApplied is set when an
 // attempt's answer was lost after it may have reached the ledger.
 func (e *Emergency) submit(ctx context.Context, sub ShardSubmission) (*ledgerv1.ReconcileShardResponse, bool, error) {
-	msg := &ledgerv1.ReconcileShardRequest{ShardId: sub.ShardID, GatewayId: e.store.GatewayID()}
-	for _, r := range sub.Receipts {
-		msg.Receipts = append(msg.Receipts, &ledgerv1.ShardReceipt{
-			ReservationId: ledgerReceiptID(r.ReservationID), State: stateProto(r.State),
-			ReservedUnits: fromAmounts(sub.Units, r.Reserved), ActualUnits: fromAmounts(sub.Units, r.Actual),
-		})
-	}
+	msg := &ledgerv1.ReconcileShardRequest{ShardId: sub.ShardID, GatewayId: e.store.GatewayID(), Receipts: wireReceipts(sub.Units, sub.Receipts)}
 	maybeApplied := false
 	resp, attempts, lost, err := do(ctx, e.client, func(actx context.Context) (*connect.Response[ledgerv1.ReconcileShardResponse], error) {
 		r, err := e.rpc.ReconcileShard(actx, connect.NewRequest(msg))
@@ -503,6 +502,19 @@ func (e *Emergency) submit(ctx context.Context, sub ShardSubmission) (*ledgerv1.
 		return nil, true, &LostError{Op: "reconcile shard", ReservationID: sub.ShardID, Attempts: attempts, Err: err}
 	}
 	return nil, maybeApplied, classify("reconcile shard", sub.ShardID, err)
+}
+
+// wireReceipts are local receipts as the ledger receives them: by unit
+// name, under ledgerReceiptID.
+func wireReceipts(units []string, receipts []ledger.ShardReceipt) []*ledgerv1.ShardReceipt {
+	out := make([]*ledgerv1.ShardReceipt, 0, len(receipts))
+	for _, r := range receipts {
+		out = append(out, &ledgerv1.ShardReceipt{
+			ReservationId: ledgerReceiptID(r.ReservationID), State: stateProto(r.State),
+			ReservedUnits: fromAmounts(units, r.Reserved), ActualUnits: fromAmounts(units, r.Actual),
+		})
+	}
+	return out
 }
 
 // ledgerReceiptID is the id a local reservation's receipt goes to the

@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	ledgerv1 "github.com/capledger/capledger/api/capledger/v1"
 	"github.com/capledger/capledger/ledger"
 )
 
@@ -756,6 +757,27 @@ func (s *ShardStore) BeginSubmission(shardID string) (sub ShardSubmission, ok bo
 	done, _ := st.local.Reconciled()
 	return ShardSubmission{ShardID: shardID, Units: slices.Clone(st.units), Receipts: slices.Clone(st.submitting),
 		First: !done, Resumed: resumed}, true, nil
+}
+
+// DueReceipts returns the receipts of shard shardID that Emergency.Reconcile
+// would send now, as the ledger receives them (for a hand reconciliation,
+// `capledger shard receipts`): the submission in flight if there is one,
+// else what the shard has to report; none when there is nothing to report
+// or the shard is not sealed (a shard of this boot still admitting; every
+// shard of an earlier boot is sealed when the store opens). It changes
+// nothing.
+func (s *ShardStore) DueReceipts(shardID string) ([]*ledgerv1.ShardReceipt, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st, ok := s.shards[shardID]
+	if !ok {
+		return nil, fmt.Errorf("receipts: %w: %s", ledger.ErrShardNotFound, shardID)
+	}
+	receipts := st.submitting
+	if receipts == nil {
+		receipts, _ = st.local.Submission()
+	}
+	return wireReceipts(st.units, receipts), nil
 }
 
 // FinishSubmission records that the ledger accepted the submission in

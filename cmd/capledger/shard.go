@@ -26,10 +26,10 @@ import (
 )
 
 func init() {
-	register(&command{name: "shard", summary: "emergency shards: issue, list, inspect, reconcile, keys, keygen", help: shardHelp, run: runShard})
+	register(&command{name: "shard", summary: "emergency shards: issue, list, inspect, receipts, reconcile, keys, keygen", help: shardHelp, run: runShard})
 }
 
-const shardHelp = `Usage: capledger shard <issue|list|inspect|reconcile|keys|keygen> [flags]
+const shardHelp = `Usage: capledger shard <issue|list|inspect|receipts|reconcile|keys|keygen> [flags]
 
 An emergency shard (emergencyShard.v1) is capacity carved out of a
 subject's account while the ledger is healthy (available moves to
@@ -51,6 +51,11 @@ allow issuance. Gateways normally do all this through the Go SDK
       reminted, refused submissions, whether its signature verifies).
   shard inspect --token-file FILE|- [--keys FILE]
       decode a token offline; with --keys, verify its signature.
+  shard receipts ID --dir DIR --gateway GW
+      print, from a stopped gateway's shard store directory, the receipts
+      of shard ID its next reconciliation would send, in the --receipts
+      format below ([] when it has nothing to report). Opening the
+      directory is a restart of the gateway: its shards stop admitting.
   shard reconcile ID --gateway GW [--receipts FILE|-]
       report a gateway's receipts for the shard: a JSON array of
       {"reservation_id", "state", "reserved_units", "actual_units"} (or the
@@ -89,7 +94,7 @@ Example:
 
 func runShard(ctx context.Context, e *env, args []string) error {
 	if len(args) == 0 {
-		return usagef("want a subcommand: issue, list, inspect, reconcile, keys or keygen")
+		return usagef("want a subcommand: issue, list, inspect, receipts, reconcile, keys or keygen")
 	}
 	switch args[0] {
 	case "issue":
@@ -98,6 +103,8 @@ func runShard(ctx context.Context, e *env, args []string) error {
 		return runShardList(ctx, e, args[1:])
 	case "inspect":
 		return runShardInspect(ctx, e, args[1:])
+	case "receipts":
+		return runShardReceipts(e, args[1:])
 	case "reconcile":
 		return runShardReconcile(ctx, e, args[1:])
 	case "keys":
@@ -107,7 +114,7 @@ func runShard(ctx context.Context, e *env, args []string) error {
 	case "-h", "--help", "help":
 		return flag.ErrHelp
 	}
-	return usagef("unknown shard subcommand %q (want issue, list, inspect, reconcile, keys or keygen)", args[0])
+	return usagef("unknown shard subcommand %q (want issue, list, inspect, receipts, reconcile, keys or keygen)", args[0])
 }
 
 func runShardIssue(ctx context.Context, e *env, args []string) error {
@@ -367,15 +374,71 @@ func runShardReconcile(ctx context.Context, e *env, args []string) error {
 	return printJSON(e.stdout, msg)
 }
 
-// reconcileDir reports every shard of a stopped gateway's shard store
-// through the SDK, which sends exactly the receipts the store logged.
-func reconcileDir(ctx context.Context, e *env, cf *clientFlags, dir, gateway string) error {
+// runShardReceipts prints a shard's due receipts from a shard store
+// directory as a --receipts file, for a reconciliation by hand.
+func runShardReceipts(e *env, args []string) error {
+	fs := newFlags("shard receipts")
+	gateway := fs.String("gateway", "", "")
+	dir := fs.String("dir", "", "")
+	positional, err := parseFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	if *gateway == "" || *dir == "" {
+		return usagef("--dir and --gateway are required")
+	}
+	if err := wantArgs(positional, 1, "a shard id"); err != nil {
+		return err
+	}
+	st, err := openShardDir(*dir, *gateway)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	due, err := st.DueReceipts(positional[0])
+	if err != nil {
+		return exitError{code: exitNotFound, err: err}
+	}
+	out := make([]printedReceipt, 0, len(due))
+	for _, r := range due {
+		out = append(out, printedReceipt{ReservationID: r.GetReservationId(),
+			State:         strings.TrimPrefix(r.GetState().String(), "RESERVATION_STATE_"),
+			ReservedUnits: r.GetReservedUnits(), ActualUnits: r.GetActualUnits()})
+	}
+	enc := json.NewEncoder(e.stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(out)
+}
+
+// printedReceipt is one receipt as shard receipts prints it: the
+// snake_case names and short states a --receipts file has always had
+// (parseReceipts reads them).
+type printedReceipt struct {
+	ReservationID string           `json:"reservation_id"`
+	State         string           `json:"state"`
+	ReservedUnits map[string]int64 `json:"reserved_units"`
+	ActualUnits   map[string]int64 `json:"actual_units"`
+}
+
+// openShardDir opens an existing shard store directory (not creating one
+// for a mistyped path).
+func openShardDir(dir, gateway string) (*client.ShardStore, error) {
 	if _, err := os.Stat(filepath.Join(dir, "shards.log")); err != nil {
-		return usagef("--dir %s: not a shard store (%v)", dir, err)
+		return nil, usagef("--dir %s: not a shard store (%v)", dir, err)
 	}
 	st, err := client.OpenShardStore(dir, client.ShardStoreOptions{GatewayID: gateway})
 	if err != nil {
-		return exitError{code: exitConflict, err: err}
+		return nil, exitError{code: exitConflict, err: err}
+	}
+	return st, nil
+}
+
+// reconcileDir reports every shard of a stopped gateway's shard store
+// through the SDK, which sends exactly the receipts the store logged.
+func reconcileDir(ctx context.Context, e *env, cf *clientFlags, dir, gateway string) error {
+	st, err := openShardDir(dir, gateway)
+	if err != nil {
+		return err
 	}
 	defer st.Close()
 	c, err := cf.sdk()

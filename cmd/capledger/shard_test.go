@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	v1 "github.com/capledger/capledger/api/capledger/v1"
 	"github.com/capledger/capledger/client"
 	"github.com/capledger/capledger/server"
 )
@@ -179,10 +180,35 @@ func TestCLIShardLifecycle(t *testing.T) {
 	if _, err := st.Settle("loc-1", "op-1", client.Units{"tokens": 70}); err != nil {
 		t.Fatal(err)
 	}
+	for _, id := range []string{"loc-2", "loc-3"} { // left unstarted, left running
+		if _, err := st.Reserve(id, "d", "tenant-7", "chat.generate", "", client.Units{"tokens": 50}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := st.Start("loc-3", "op-3"); err != nil {
+		t.Fatal(err)
+	}
 	st.Close()
+	// The receipts a reconciliation would send, printed as a --receipts
+	// file for a reconciliation by hand; printing them sends nothing.
+	code, out, errOut = cli(t, "", "shard", "receipts", "sh-dir", "--dir", storeDir, "--gateway", "gw-dir")
+	wantExit(t, exitOK, code, out, errOut)
+	printed, err := parseReceipts([]byte(out))
+	if err != nil {
+		t.Fatalf("shard receipts printed no --receipts file: %v\n%s", err, out)
+	}
+	if len(printed) != 3 || printed[0].GetReservationId() != "loc-1" || printed[0].GetState() != v1.ReservationState_RESERVATION_STATE_SETTLED ||
+		printed[0].GetReservedUnits()["tokens"] != 100 || printed[0].GetActualUnits()["tokens"] != 70 ||
+		printed[1].GetState() != v1.ReservationState_RESERVATION_STATE_RELEASED || printed[2].GetState() != v1.ReservationState_RESERVATION_STATE_USAGE_UNKNOWN {
+		t.Fatalf("shard receipts: %s", out)
+	}
+	code, out, errOut = cli(t, "", "shard", "receipts", "sh-none", "--dir", storeDir, "--gateway", "gw-dir")
+	wantExit(t, exitNotFound, code, out, errOut)
+	code, out, errOut = cli(t, "", "shard", "receipts", "sh-dir", "--dir", filepath.Join(dir, "no-such-store"), "--gateway", "gw-dir")
+	wantExit(t, exitUsage, code, out, errOut)
 	code, out, errOut = cli(t, url, "shard", "reconcile", "--dir", storeDir, "--gateway", "gw-dir")
 	wantExit(t, exitOK, code, out, errOut)
-	if !strings.Contains(out, "sh-dir: 1 receipts, reminted map[tokens:330]") {
+	if !strings.Contains(out, "sh-dir: 3 receipts, reminted map[tokens:280]") {
 		t.Fatalf("reconcile --dir: %s", out)
 	}
 	code, out, errOut = cli(t, url, "shard", "reconcile", "--dir", storeDir, "--gateway", "gw-dir")
