@@ -325,25 +325,7 @@ func TestEmergencyReleasesTheCentralHoldTheLookupFindsFirst(t *testing.T) {
 // Client's own background code: the breaker's prober, the resend loop of
 // kept settles and the lookups of lost Reserves.
 func clientGoroutines() []string {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			buf = buf[:n]
-			break
-		}
-		buf = make([]byte, 2*len(buf))
-	}
-	var out []string
-	for _, g := range strings.Split(string(buf), "\n\n") {
-		for _, file := range []string{"client/breaker.go:", "client/resettle.go:", "client/lookups.go:"} {
-			if strings.Contains(g, file) {
-				out = append(out, g)
-				break
-			}
-		}
-	}
-	return out
+	return goroutinesIn("client/breaker.go:", "client/resettle.go:", "client/lookups.go:")
 }
 
 // Close ends every goroutine the Client started, also in the middle of an

@@ -83,15 +83,7 @@ func TestRunRecordsOperationsAndTheHandlerAnswersFromThem(t *testing.T) {
 	ctx := context.Background()
 	l := startLedger(t)
 	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 10_000})
-	ops, err := OpenOperationStore(filepath.Join(t.TempDir(), "ops"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := New(l.addr, noBreakerWatchdog, WithOperationStore(ops))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c, ops := clientWithOperations(t, l)
 	secret := []byte("a-shared-secret-of-the-route")
 	srv := httptest.NewServer(OperationStatusHandler(ops, secret))
 	defer srv.Close()
@@ -179,15 +171,7 @@ func TestRunRecordsRefusedUsageAsUnknown(t *testing.T) {
 	ctx := context.Background()
 	l := startLedger(t)
 	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 10_000})
-	ops, err := OpenOperationStore(filepath.Join(t.TempDir(), "ops"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := New(l.addr, noBreakerWatchdog, WithOperationStore(ops))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c, ops := clientWithOperations(t, l)
 	for name, usage := range map[string]Units{"negative": {"tokens": -5}, "unknown unit": {"tokenz": 5}} {
 		t.Run(name, func(t *testing.T) {
 			_, err := c.Run(ctx, ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 100}},
@@ -203,4 +187,20 @@ func TestRunRecordsRefusedUsageAsUnknown(t *testing.T) {
 			}
 		})
 	}
+}
+
+// clientWithOperations returns a client of l recording its operations in
+// a store of its own, closed when the test ends.
+func clientWithOperations(t *testing.T, l *testLedger) (*Client, *FileOperationStore) {
+	t.Helper()
+	ops, err := OpenOperationStore(filepath.Join(t.TempDir(), "ops"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := New(l.addr, noBreakerWatchdog, WithOperationStore(ops))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c, ops
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -135,6 +136,12 @@ func TestKeptSettlesAreResentByOneBoundedLoop(t *testing.T) {
 
 // resendGoroutines counts the goroutines running code of resettle.go.
 func resendGoroutines() int {
+	return len(goroutinesIn("client/resettle.go:"))
+}
+
+// goroutinesIn returns the stacks of the goroutines running code of any
+// of files (a "dir/name.go:" of their frames).
+func goroutinesIn(files ...string) []string {
 	buf := make([]byte, 1<<20)
 	for {
 		n := runtime.Stack(buf, true)
@@ -144,13 +151,13 @@ func resendGoroutines() int {
 		}
 		buf = make([]byte, 2*len(buf))
 	}
-	count := 0
+	var out []string
 	for _, g := range strings.Split(string(buf), "\n\n") {
-		if strings.Contains(g, "client/resettle.go:") {
-			count++
+		if slices.ContainsFunc(files, func(file string) bool { return strings.Contains(g, file) }) {
+			out = append(out, g)
 		}
 	}
-	return count
+	return out
 }
 
 // A lost answer of a call without a reservation id names the call alone:
