@@ -519,3 +519,46 @@ func TestEmergencyReleasesACentralReserveThatLandsAfterANotFoundLookup(t *testin
 		}
 	}
 }
+
+// A lost central Reserve that the shard then refuses too (here: no shard
+// for the subject) was not served locally, so Emergency has no central
+// hold to release: it watches nothing. The lookup after the lost answers
+// said not found, so, as for Client.Reserve, no lookup continues in the
+// background and no goroutine of it is left (the watch used to start
+// before the shard decided and asked the ledger for ten minutes).
+func TestEmergencyRefusedByTheShardLeavesNoWatch(t *testing.T) {
+	l := startShardLedger(t)
+	if _, _, err := l.direct.PublishPolicy(context.Background(), &ledgerv1.Policy{
+		Subject: "tenant-7", Route: "chat.generate", EmergencyMode: true,
+		Dimensions: []*ledgerv1.Dimension{{Unit: "tokens", Burst: 1_000_000}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	gw := l.viaProxy(t, WithTimeout(2*time.Second), WithRetryPolicy(RetryPolicy{MaxAttempts: 1}))
+	store, err := OpenShardStore(filepath.Join(t.TempDir(), "gw"), ShardStoreOptions{GatewayID: "gw-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	em := NewEmergency(gw, store, EmergencyOptions{}) // no shard provisioned
+	l.proxy.DropNextRequests(1)                       // the Reserve is cut on its way: lost, never admitted
+	_, err = em.Reserve(context.Background(), ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 10}})
+	if !errors.Is(err, ErrNoShard) {
+		t.Fatalf("reserve: %v, want the shard's refusal", err)
+	}
+	unknown := mustErrAs[*ReservationUnknownError](t, err)
+	if unknown.LookingUp {
+		t.Fatalf("%v: says it is still looked up, though the ledger answered not found and nothing was served", err)
+	}
+	if st := l.proxy.Stats(); st.DroppedRequests != 1 {
+		t.Fatalf("proxy stats %+v: the fault did not happen", st)
+	}
+	for deadline := time.Now().Add(3 * time.Second); len(goroutinesIn("client/lookups.go:")) > 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("lookups left after the shard refused:\n%s", strings.Join(goroutinesIn("client/lookups.go:"), "\n\n"))
+		}
+	}
+	if lost := gw.LostReserves(); len(lost) != 0 {
+		t.Fatalf("lost reserves %+v, want none", lost)
+	}
+}
