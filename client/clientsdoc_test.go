@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"maps"
 	"net/http"
 	"net/http/httptest"
@@ -560,5 +561,78 @@ func TestEmergencyRefusedByTheShardLeavesNoWatch(t *testing.T) {
 	}
 	if lost := gw.LostReserves(); len(lost) != 0 {
 		t.Fatalf("lost reserves %+v, want none", lost)
+	}
+}
+
+// lockedBuffer is a log destination the test reads while the gateway's
+// goroutines write it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// In partition mode a request served from the shard whose usage is
+// unknown stays USAGE_UNKNOWN in the shard store, not in the Client's
+// PendingUnknown (docs/CLIENTS.md, section 5), and the middleware's log
+// says so, with the operation id Emergency.Settle needs (it told the
+// gateway to use ResolveUnknown, which asks the central ledger, where
+// the reservation does not exist).
+func TestMiddlewareLocalUsageUnknownIsLeftInTheShard(t *testing.T) {
+	em := partitionedTwoUnitGateway(t)
+	var logs lockedBuffer
+	mw, err := em.client.Middleware(MiddlewareConfig{
+		Route: "chat.generate", Subject: tenantHeader, Emergency: em,
+		Estimator: NewEstimator("sha256:e57", func(*http.Request, []byte) (Units, error) { return Units{"tokens": 100, "requests": 1}, nil }),
+		Usage:     UsageFromHeaders(map[string]string{"tokens": "X-Usage-Tokens"}), // the backend sends none
+		Logger:    slog.New(slog.NewTextHandler(&logs, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok")) })))
+	t.Cleanup(srv.Close)
+	resp, _ := send(t, srv.Client(), srv.URL, "tenant-7", "{}")
+	id := resp.Header.Get(ReservationHeader)
+	if resp.StatusCode != 200 || !em.Store().Has(id) {
+		t.Fatalf("answer %d for %q: want it served from the shard", resp.StatusCode, id)
+	}
+	var op string
+	receipts, err := em.Store().Receipts(em.Store().Shards()[0].Shard.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range receipts {
+		if r.ReservationID == id && r.State == ledger.StateUsageUnknown {
+			op = r.OperationID
+		}
+	}
+	if op == "" {
+		t.Fatalf("local receipts %+v: want %s USAGE_UNKNOWN", receipts, id)
+	}
+	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(logs.String(), "Emergency.Settle"); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("log %q does not say that Emergency.Settle resolves it", logs.String())
+		}
+	}
+	if !strings.Contains(logs.String(), op) {
+		t.Fatalf("log %q does not name the operation id %s", logs.String(), op)
+	}
+	if pending := em.client.PendingUnknown(); len(pending) != 0 {
+		t.Fatalf("pending receipts %+v, want none (the shard keeps it)", pending)
+	}
+	if err := em.Settle(context.Background(), id, op, Units{"tokens": 7, "requests": 1}); err != nil {
+		t.Fatalf("Emergency.Settle with the logged operation id: %v", err)
 	}
 }
