@@ -636,3 +636,26 @@ func TestMiddlewareLocalUsageUnknownIsLeftInTheShard(t *testing.T) {
 		t.Fatalf("Emergency.Settle with the logged operation id: %v", err)
 	}
 }
+
+// A ReserveBatch retried after a lost answer reports, per item, the
+// Reserve calls sent (ReserveResult.Attempts), as Reserve does: here two,
+// the second replaying what the first admitted (it said 1).
+func TestReserveBatchResultsCountTheAttempts(t *testing.T) {
+	l := startLedger(t)
+	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 10_000})
+	c := l.viaProxy(t, WithTimeout(2*time.Second), WithRetryPolicy(RetryPolicy{MaxAttempts: 2, BaseDelay: time.Millisecond}))
+	l.proxy.DropNextResponses(1) // the batch lands; its first answer is lost
+	out, err := c.ReserveBatch(context.Background(), []ReserveRequest{{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 100}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := l.proxy.Stats(); st.DroppedResponses != 1 {
+		t.Fatalf("proxy stats %+v: the fault did not happen", st)
+	}
+	if r := out[0].Result; out[0].Err != nil || !r.Replayed || r.Attempts != 2 {
+		t.Fatalf("outcome %+v (err %v), want a replay after 2 attempts", r, out[0].Err)
+	}
+	if b := l.balance(t, "tenant-7", "chat.generate"); b.GetReserved() != 100 {
+		t.Fatalf("reserved %d, want 100 (debited once)", b.GetReserved())
+	}
+}

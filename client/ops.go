@@ -441,23 +441,24 @@ func (c *Client) ReserveBatch(ctx context.Context, reqs []ReserveRequest) ([]Res
 			Subject: reqs[i].Subject, Route: reqs[i].Route, Region: reqs[i].Region, Units: reqs[i].Units,
 		}
 	}
-	m, err := call(ctx, c, "reserve batch", fmt.Sprintf("(%d items)", len(reqs)), func(actx context.Context) (*connect.Response[ledgerv1.ReserveBatchResponse], error) {
+	op, opID := "reserve batch", fmt.Sprintf("(%d items)", len(reqs))
+	resp, attempts, lost, err := do(ctx, c, func(actx context.Context) (*connect.Response[ledgerv1.ReserveBatchResponse], error) {
 		return c.rpc.ReserveBatch(actx, connect.NewRequest(msg))
 	})
-	if err != nil {
-		var lost *LostError
-		if errors.As(err, &lost) {
-			lost.IDs = ids
-		}
-		return nil, err
+	if lost {
+		return nil, &LostError{Op: op, ReservationID: opID, IDs: ids, Attempts: attempts, Err: err}
 	}
+	if err != nil {
+		return nil, classify(op, opID, err)
+	}
+	m := resp.Msg
 	if len(m.GetOutcomes()) != len(reqs) {
 		return nil, fmt.Errorf("reserve batch: %d outcomes for %d items", len(m.GetOutcomes()), len(reqs))
 	}
 	out := make([]ReserveOutcome, len(reqs))
 	for i, o := range m.GetOutcomes() {
 		if ok := o.GetOk(); ok != nil {
-			out[i].Result = reserveResult(ids[i], digests[i], 1, ok)
+			out[i].Result = reserveResult(ids[i], digests[i], attempts, ok)
 			continue
 		}
 		out[i].Err = itemError("reserve", ids[i], o.GetError())
