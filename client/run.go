@@ -346,10 +346,13 @@ func isSettled(s ledgerv1.ReservationState) bool {
 	return s == ledgerv1.ReservationState_RESERVATION_STATE_SETTLED || s == ledgerv1.ReservationState_RESERVATION_STATE_SETTLED_WITH_DEBT
 }
 
-// keepPending keeps r for PendingUnknown; a receipt whose usage is known
-// (r.Actual set: a settle or an abandoned start whose outcome is not
-// known) is also resent in the background (settleLater).
+// keepPending keeps a copy of r for PendingUnknown; a receipt whose usage
+// is known (r.Actual set: a settle or an abandoned start whose outcome is
+// not known) is also resent in the background (settleLater). The copy has
+// maps of its own: the work's map (r.Actual) may be reused once Run
+// returned, and the resend must send the usage reported.
 func (c *Client) keepPending(r OperationReceipt) {
+	r = r.clone()
 	c.pendingMu.Lock()
 	c.pending[r.ReservationID] = r
 	c.pendingMu.Unlock()
@@ -372,9 +375,15 @@ func (c *Client) PendingUnknown() []OperationReceipt {
 	ids := slices.Sorted(maps.Keys(c.pending))
 	out := make([]OperationReceipt, len(ids))
 	for i, id := range ids {
-		out[i] = c.pending[id]
+		out[i] = c.pending[id].clone()
 	}
 	return out
+}
+
+// clone returns r with maps of its own.
+func (r OperationReceipt) clone() OperationReceipt {
+	r.Reserved, r.Actual = maps.Clone(r.Reserved), maps.Clone(r.Actual)
+	return r
 }
 
 // ResolveUnknown settles USAGE_UNKNOWN (or unsettled STARTED) work from its
