@@ -78,7 +78,9 @@ type gate func(ctx context.Context, rr *ReserveResult) (done func(actual Units),
 //   - the Reserve errors (*RejectedError, *ReservationUnknownError,
 //     *LedgerError) when nothing was reserved, without calling work;
 //   - the Start error when the reservation could not be started (work is not
-//     called; an unstarted reservation is released);
+//     called; a Start whose answer was lost is undone: released, or settled
+//     at zero if it landed; a Start never sent, the ledger unreachable,
+//     leaves the reservation to expire after its hold TTL);
 //   - ctx.Err() when ctx ended before Start (the reservation is released);
 //   - *UsageUnknownError when work's usage is unknown (see Work), the
 //     settle answer was lost, the ledger refused the usage work reported
