@@ -265,8 +265,10 @@ func TestReserveWithAnEndedContextSendsNothingAndLosesNothing(t *testing.T) {
 
 // When a lost central Reserve is served from the shard, the central hold
 // the background lookup finds is released (docs/CLIENTS.md, section 5),
-// also when the lookup finds it before the local admission is done (here
-// a slow shard store: its clock takes 1.5 s, as a slow fsync would).
+// also when the local admission is slow (here a slow shard store: its
+// clock takes 1.5 s, as a slow fsync would). The lookup once started
+// before the shard decided and could find the hold first; it now starts
+// once the shard admitted.
 func TestEmergencyReleasesTheCentralHoldTheLookupFindsFirst(t *testing.T) {
 	l := startShardLedger(t)
 	if _, _, err := l.direct.PublishPolicy(context.Background(), &ledgerv1.Policy{
