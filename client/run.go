@@ -83,17 +83,19 @@ type gate func(ctx context.Context, rr *ReserveResult) (done func(actual Units),
 //     leaves the reservation to expire after its hold TTL);
 //   - ctx.Err() when ctx ended before Start (the reservation is released);
 //   - *UsageUnknownError when work's usage is unknown (see Work), the
-//     settle answer was lost, the ledger refused the usage work reported
+//     settle answer was lost (every UNAVAILABLE answer counts as lost,
+//     also the ledger's "not applied": the SDK does not read messages),
+//     the ledger refused the usage work reported
 //     (invalid_argument: a negative amount, a unit the policy does not
 //     have; the refusal is its Err, its Receipt has no Actual), or the
 //     ledger could not record the usage (ErrLifetimeExhausted: the
 //     account's lifetime counters are full): the
 //     reservation is marked USAGE_UNKNOWN, its receipt is kept
 //     (PendingUnknown) and ResolveUnknown settles it later;
-//   - *UsageUnknownError (Marked false) when the settle was not applied
-//     (the breaker is open, the connection was refused, the ledger
-//     answered "not applied"): the reservation stays STARTED and its
-//     receipt, with the usage, is kept (PendingUnknown).
+//   - *UsageUnknownError (Marked false) when the settle was not sent
+//     (the breaker is open, the connection was refused): the
+//     reservation stays STARTED and its receipt, with the usage, is kept
+//     (PendingUnknown).
 //
 // A kept receipt whose usage is known is resent in the background with
 // the same ids until it lands (see PendingUnknown).
@@ -213,10 +215,9 @@ func (c *Client) runReserved(ctx context.Context, rr *ReserveResult, work Work, 
 			return &RunResult{Reservation: settled, Receipt: receipt}, werr
 		}
 		if isTransportFault(serr) {
-			// Not applied, as far as anyone knows (the breaker is open,
-			// the connection was refused, the ledger answered "not
-			// applied"): no answer the ledger decided. Kept and resent
-			// in the background with the same ids until it lands.
+			// Not sent (the breaker is open, the connection was
+			// refused): not applied. Kept and resent in the background
+			// with the same ids until it lands.
 			c.keepPending(receipt)
 			return nil, &UsageUnknownError{Receipt: receipt, Err: serr}
 		}
