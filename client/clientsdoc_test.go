@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"maps"
 	"net/http"
 	"net/http/httptest"
@@ -264,8 +265,10 @@ func TestReserveWithAnEndedContextSendsNothingAndLosesNothing(t *testing.T) {
 
 // When a lost central Reserve is served from the shard, the central hold
 // the background lookup finds is released (docs/CLIENTS.md, section 5),
-// also when the lookup finds it before the local admission is done (here
-// a slow shard store: its clock takes 1.5 s, as a slow fsync would).
+// also when the local admission is slow (here a slow shard store: its
+// clock takes 1.5 s, as a slow fsync would). The lookup once started
+// before the shard decided and could find the hold first; it now starts
+// once the shard admitted.
 func TestEmergencyReleasesTheCentralHoldTheLookupFindsFirst(t *testing.T) {
 	l := startShardLedger(t)
 	if _, _, err := l.direct.PublishPolicy(context.Background(), &ledgerv1.Policy{
@@ -517,5 +520,144 @@ func TestEmergencyReleasesACentralReserveThatLandsAfterANotFoundLookup(t *testin
 		if time.Now().After(deadline) {
 			t.Fatalf("the late central hold of %s served from the shard is %s, want RELEASED", r.ReservationID, got.GetState())
 		}
+	}
+}
+
+// A lost central Reserve that the shard then refuses too (here: no shard
+// for the subject) was not served locally, so Emergency has no central
+// hold to release: it watches nothing. The lookup after the lost answers
+// said not found, so, as for Client.Reserve, no lookup continues in the
+// background and no goroutine of it is left (the watch used to start
+// before the shard decided and asked the ledger for ten minutes).
+func TestEmergencyRefusedByTheShardLeavesNoWatch(t *testing.T) {
+	l := startShardLedger(t)
+	if _, _, err := l.direct.PublishPolicy(context.Background(), &ledgerv1.Policy{
+		Subject: "tenant-7", Route: "chat.generate", EmergencyMode: true,
+		Dimensions: []*ledgerv1.Dimension{{Unit: "tokens", Burst: 1_000_000}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	gw := l.viaProxy(t, WithTimeout(2*time.Second), WithRetryPolicy(RetryPolicy{MaxAttempts: 1}))
+	store, err := OpenShardStore(filepath.Join(t.TempDir(), "gw"), ShardStoreOptions{GatewayID: "gw-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	em := NewEmergency(gw, store, EmergencyOptions{}) // no shard provisioned
+	l.proxy.DropNextRequests(1)                       // the Reserve is cut on its way: lost, never admitted
+	_, err = em.Reserve(context.Background(), ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 10}})
+	if !errors.Is(err, ErrNoShard) {
+		t.Fatalf("reserve: %v, want the shard's refusal", err)
+	}
+	unknown := mustErrAs[*ReservationUnknownError](t, err)
+	if unknown.LookingUp {
+		t.Fatalf("%v: says it is still looked up, though the ledger answered not found and nothing was served", err)
+	}
+	if st := l.proxy.Stats(); st.DroppedRequests != 1 {
+		t.Fatalf("proxy stats %+v: the fault did not happen", st)
+	}
+	for deadline := time.Now().Add(3 * time.Second); len(goroutinesIn("client/lookups.go:")) > 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("lookups left after the shard refused:\n%s", strings.Join(goroutinesIn("client/lookups.go:"), "\n\n"))
+		}
+	}
+	if lost := gw.LostReserves(); len(lost) != 0 {
+		t.Fatalf("lost reserves %+v, want none", lost)
+	}
+}
+
+// lockedBuffer is a log destination the test reads while the gateway's
+// goroutines write it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// In partition mode a request served from the shard whose usage is
+// unknown stays USAGE_UNKNOWN in the shard store, not in the Client's
+// PendingUnknown (docs/CLIENTS.md, section 5), and the middleware's log
+// says so, with the operation id Emergency.Settle needs (it told the
+// gateway to use ResolveUnknown, which asks the central ledger, where
+// the reservation does not exist).
+func TestMiddlewareLocalUsageUnknownIsLeftInTheShard(t *testing.T) {
+	em := partitionedTwoUnitGateway(t)
+	var logs lockedBuffer
+	mw, err := em.client.Middleware(MiddlewareConfig{
+		Route: "chat.generate", Subject: tenantHeader, Emergency: em,
+		Estimator: NewEstimator("sha256:e57", func(*http.Request, []byte) (Units, error) { return Units{"tokens": 100, "requests": 1}, nil }),
+		Usage:     UsageFromHeaders(map[string]string{"tokens": "X-Usage-Tokens"}), // the backend sends none
+		Logger:    slog.New(slog.NewTextHandler(&logs, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok")) })))
+	t.Cleanup(srv.Close)
+	resp, _ := send(t, srv.Client(), srv.URL, "tenant-7", "{}")
+	id := resp.Header.Get(ReservationHeader)
+	if resp.StatusCode != 200 || !em.Store().Has(id) {
+		t.Fatalf("answer %d for %q: want it served from the shard", resp.StatusCode, id)
+	}
+	var op string
+	receipts, err := em.Store().Receipts(em.Store().Shards()[0].Shard.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range receipts {
+		if r.ReservationID == id && r.State == ledger.StateUsageUnknown {
+			op = r.OperationID
+		}
+	}
+	if op == "" {
+		t.Fatalf("local receipts %+v: want %s USAGE_UNKNOWN", receipts, id)
+	}
+	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(logs.String(), "Emergency.Settle"); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("log %q does not say that Emergency.Settle resolves it", logs.String())
+		}
+	}
+	if !strings.Contains(logs.String(), op) {
+		t.Fatalf("log %q does not name the operation id %s", logs.String(), op)
+	}
+	if pending := em.client.PendingUnknown(); len(pending) != 0 {
+		t.Fatalf("pending receipts %+v, want none (the shard keeps it)", pending)
+	}
+	if err := em.Settle(context.Background(), id, op, Units{"tokens": 7, "requests": 1}); err != nil {
+		t.Fatalf("Emergency.Settle with the logged operation id: %v", err)
+	}
+}
+
+// A ReserveBatch retried after a lost answer reports, per item, the
+// Reserve calls sent (ReserveResult.Attempts), as Reserve does: here two,
+// the second replaying what the first admitted (it said 1).
+func TestReserveBatchResultsCountTheAttempts(t *testing.T) {
+	l := startLedger(t)
+	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 10_000})
+	c := l.viaProxy(t, WithTimeout(2*time.Second), WithRetryPolicy(RetryPolicy{MaxAttempts: 2, BaseDelay: time.Millisecond}))
+	l.proxy.DropNextResponses(1) // the batch lands; its first answer is lost
+	out, err := c.ReserveBatch(context.Background(), []ReserveRequest{{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 100}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := l.proxy.Stats(); st.DroppedResponses != 1 {
+		t.Fatalf("proxy stats %+v: the fault did not happen", st)
+	}
+	if r := out[0].Result; out[0].Err != nil || !r.Replayed || r.Attempts != 2 {
+		t.Fatalf("outcome %+v (err %v), want a replay after 2 attempts", r, out[0].Err)
+	}
+	if b := l.balance(t, "tenant-7", "chat.generate"); b.GetReserved() != 100 {
+		t.Fatalf("reserved %d, want 100 (debited once)", b.GetReserved())
 	}
 }

@@ -72,21 +72,22 @@ func (c *Client) LostReserves() []LostReserve {
 }
 
 // lookUpLater starts (once per id) the background lookup of a lost
-// Reserve. onFound, if not nil, runs with the reservation if the lookup
-// finds the id admitted; it is registered before the lookup can end, so
-// it never misses the finding.
-func (c *Client) lookUpLater(id, digest string, onFound func(*ledgerv1.Reservation)) {
-	c.startLookup(id, digest, onFound, false)
+// Reserve: it asks the ledger, once reachable, until it answers (found,
+// not found, another digest) or DefaultLostReserveLookup passes.
+func (c *Client) lookUpLater(id, digest string) {
+	c.startLookup(id, digest, nil, false)
 }
 
 // watchLostReserve is lookUpLater for a lost Reserve whose late landing
 // matters: a Reserve still in flight may land after a not-found answer,
 // so that answer resolves the lookup (LostReserves drops it, the handler
-// hears of it) but does not end it. It keeps asking, backing off to
-// maxWatchWait, for the rest of the lookup window
+// hears of it) but does not end it: watchAfterNotFound keeps asking,
+// backing off to maxWatchWait, for the rest of the lookup window
 // (DefaultLostReserveLookup), and runs onFound if the id lands in it.
-// Emergency watches the ids it may serve from its shard, so a late
-// central hold is released instead of held until its TTL.
+// onFound also runs if the lookup finds the id before any not-found
+// answer; it is registered before the lookup can end, so it never misses
+// the finding. Emergency watches the ids it served from its shard, so a
+// late central hold is released instead of held until its TTL.
 func (c *Client) watchLostReserve(id, digest string, onFound func(*ledgerv1.Reservation)) {
 	c.startLookup(id, digest, onFound, true)
 }
@@ -94,6 +95,10 @@ func (c *Client) watchLostReserve(id, digest string, onFound func(*ledgerv1.Rese
 // maxWatchWait bounds the wait between two not-found answers of a
 // watched lookup: about 25 lookups over DefaultLostReserveLookup.
 const maxWatchWait = 30 * time.Second
+
+// maxLookupWait bounds the wait between two lost answers of a lookup
+// not answered yet.
+const maxLookupWait = 2 * time.Second
 
 func (c *Client) startLookup(id, digest string, onFound func(*ledgerv1.Reservation), watch bool) {
 	ls := c.lookups
@@ -118,96 +123,113 @@ func (c *Client) startLookup(id, digest string, onFound func(*ledgerv1.Reservati
 	go c.lookUp(l)
 }
 
-type lostReserveFoundKey struct{}
-
-// withLostReserveFound returns ctx carrying f for a Reserve made under it:
-// if that Reserve's answers are lost, its id is watched in the background
-// (watchLostReserve, even when the ledger answers not found at once), and
-// f runs with the reservation when the watch finds it admitted (Emergency
-// releases the central hold of a request it served from its shard).
-func withLostReserveFound(ctx context.Context, f func(*ledgerv1.Reservation)) context.Context {
-	return context.WithValue(ctx, lostReserveFoundKey{}, f)
-}
-
-func lostReserveFound(ctx context.Context) func(*ledgerv1.Reservation) {
-	f, _ := ctx.Value(lostReserveFoundKey{}).(func(*ledgerv1.Reservation))
-	return f
-}
-
+// lookUp runs one lookup for the lookup window: until the ledger answers,
+// then, for a watched lookup answered not found, the watch.
 func (c *Client) lookUp(l *lookup) {
 	ls := c.lookups
 	defer ls.wg.Done()
 	ctx, cancel := context.WithTimeout(ls.ctx, DefaultLostReserveLookup)
 	defer cancel()
-	wait := 100 * time.Millisecond
-	// finished is set once a watched lookup was answered not found: it is
-	// resolved (LostReserves no longer lists it) but keeps watching.
-	finished := false
+	if onFound, wait, watch := c.lookUpUntilAnswered(ctx, l); watch {
+		c.watchAfterNotFound(ctx, l.ReservationID, l.RequestDigest, onFound, wait)
+	}
+}
+
+// lookUpUntilAnswered asks the ledger for l's id, whenever the breaker is
+// closed, backing off to maxLookupWait while the answers are lost, until
+// it answers or ctx ends, and resolves l with the outcome
+// (finishLookup). It returns whether to watch on (a not-found answer of
+// a watched lookup), with the callbacks to run then and the current wait.
+func (c *Client) lookUpUntilAnswered(ctx context.Context, l *lookup) (onFound []func(*ledgerv1.Reservation), wait time.Duration, watch bool) {
+	wait = 100 * time.Millisecond
 	for {
 		select {
 		case <-ctx.Done():
-			if !finished {
-				c.finishLookup(l, nil, ctx.Err())
-			}
+			c.finishLookup(l, nil, ctx.Err())
+			return nil, wait, false
+		case <-c.breaker.closedChan():
+		}
+		res, err := c.askLedger(ctx, l.ReservationID, l.RequestDigest)
+		switch {
+		case err == nil:
+			c.finishLookup(l, res, nil)
+			return nil, wait, false
+		case errors.Is(err, ErrDigestMismatch):
+			c.finishLookup(l, nil, err)
+			return nil, wait, false
+		case errors.Is(err, ErrNotFound):
+			onFound, watch = c.finishLookup(l, nil, nil)
+			return onFound, wait, watch
+		}
+		if !sleep(ctx, halfJitter(wait)) {
+			c.finishLookup(l, nil, ctx.Err())
+			return nil, wait, false
+		}
+		wait = min(2*wait, maxLookupWait)
+	}
+}
+
+// watchAfterNotFound keeps asking the ledger for an id it answered not
+// found, whenever the breaker is closed, backing off to maxWatchWait,
+// until ctx ends (the rest of the lookup window), the id lands (then
+// onFound runs with it) or is found admitted for another request. The
+// lookup is resolved already: nothing is reported.
+func (c *Client) watchAfterNotFound(ctx context.Context, id, digest string, onFound []func(*ledgerv1.Reservation), wait time.Duration) {
+	for {
+		if !sleep(ctx, halfJitter(wait)) {
+			return
+		}
+		wait = min(2*wait, maxWatchWait)
+		select {
+		case <-ctx.Done():
 			return
 		case <-c.breaker.closedChan():
 		}
-		actx, acancel := context.WithTimeout(ctx, 2*c.timeout)
-		res, err := c.ResolveReservation(actx, l.ReservationID, l.RequestDigest)
-		acancel()
+		res, err := c.askLedger(ctx, id, digest)
 		switch {
-		case err == nil && finished:
+		case err == nil:
 			// A Reserve in flight landed after the not-found answer.
-			ls.mu.Lock()
-			onFound := l.onFound
-			ls.mu.Unlock()
 			for _, f := range onFound {
 				f(res)
 			}
 			return
-		case err == nil:
-			c.finishLookup(l, res, nil)
-			return
 		case errors.Is(err, ErrDigestMismatch):
-			if !finished {
-				c.finishLookup(l, nil, err)
-			}
 			return
-		case errors.Is(err, ErrNotFound):
-			ls.mu.Lock()
-			watch := l.watch
-			ls.mu.Unlock()
-			if !finished {
-				c.finishLookup(l, nil, nil)
-				finished = true
-			}
-			if !watch {
-				return
-			}
 		}
-		t := time.NewTimer(halfJitter(wait))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-		case <-t.C:
-		}
-		if finished {
-			wait = min(2*wait, maxWatchWait)
-		} else {
-			wait = min(2*wait, 2*time.Second)
-		}
+	}
+}
+
+// askLedger is one lookup of a lost Reserve's id, bounded by twice the
+// call timeout.
+func (c *Client) askLedger(ctx context.Context, id, digest string) (*ledgerv1.Reservation, error) {
+	actx, cancel := context.WithTimeout(ctx, 2*c.timeout)
+	defer cancel()
+	return c.ResolveReservation(actx, id, digest)
+}
+
+// sleep waits d or until ctx ends, and reports whether d passed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
 	}
 }
 
 // finishLookup records the lookup's outcome (the admitted reservation, or
 // why it ended without one) under mu, where LostReserves reads it, and
-// tells whoever waits for it.
-func (c *Client) finishLookup(l *lookup, res *ledgerv1.Reservation, err error) {
+// tells whoever waits for it. It returns l's callbacks and whether l is
+// watched, read under the same lock that drops l from the lookups: a
+// watchLostReserve of the id after that starts a lookup of its own.
+func (c *Client) finishLookup(l *lookup, res *ledgerv1.Reservation, err error) (onFound []func(*ledgerv1.Reservation), watch bool) {
 	ls := c.lookups
 	ls.mu.Lock()
 	delete(ls.m, l.ReservationID)
 	l.Reservation, l.Err, l.Done = res, err, true
-	onFound, outcome := l.onFound, l.LostReserve
+	onFound, watch, outcome := l.onFound, l.watch, l.LostReserve
 	ls.mu.Unlock()
 	if res != nil {
 		for _, f := range onFound {
@@ -217,6 +239,7 @@ func (c *Client) finishLookup(l *lookup, res *ledgerv1.Reservation, err error) {
 	if ls.handler != nil {
 		ls.handler(outcome)
 	}
+	return onFound, watch
 }
 
 func (ls *lookups) shutdown() {

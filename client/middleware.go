@@ -156,7 +156,9 @@ type RejectionBody struct {
 // fair-queue slot, starts the reservation, runs the handler, and settles
 // the usage cfg.Usage reads. Like Run, it never refunds a started request
 // because its client went away: the usage is settled, or the reservation
-// is marked USAGE_UNKNOWN (its receipt in PendingUnknown).
+// is marked USAGE_UNKNOWN (its receipt in PendingUnknown; for a request
+// served from a shard, in the shard store, logged with its operation id
+// for Emergency.Settle).
 //
 // Other answers: 401 when Subject fails, 413 for a body over MaxBodyBytes,
 // 400 when the estimator fails, 403 when no policy covers the subject,
@@ -288,7 +290,14 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if ran {
 		// The handler answered; what is left is bookkeeping.
 		var unknown *UsageUnknownError
-		if errors.As(err, &unknown) && unknown.Receipt.Actual != nil {
+		if errors.As(err, &unknown) && m.cfg.Emergency != nil && m.cfg.Emergency.store.Has(unknown.Receipt.ReservationID) {
+			// Served from a shard: the shard store keeps the receipt
+			// (not PendingUnknown), and only a local settle resolves it.
+			m.cfg.Logger.Warn("capledger: usage unknown; left USAGE_UNKNOWN in its emergency shard: settle it with Emergency.Settle and this operation id",
+				"reservation", unknown.Receipt.ReservationID, "operation", unknown.Receipt.OperationID, "err", unknown.Err)
+			return
+		}
+		if unknown != nil && unknown.Receipt.Actual != nil {
 			m.cfg.Logger.Warn("capledger: settle not confirmed; receipt kept (PendingUnknown) and resent with the same ids",
 				"reservation", unknown.Receipt.ReservationID, "operation", unknown.Receipt.OperationID, "err", unknown.Err)
 			return

@@ -126,6 +126,19 @@ func prepare(req *ReserveRequest) (id, digest string, err error) {
 // background once the ledger is reachable (LostReserves,
 // WithLostReserveHandler): no Reserve runs past its caller's deadline.
 func (c *Client) Reserve(ctx context.Context, req ReserveRequest) (*ReserveResult, error) {
+	res, err := c.reserve(ctx, req)
+	var unknown *ReservationUnknownError
+	if errors.As(err, &unknown) && unknown.LookingUp {
+		c.lookUpLater(unknown.ReservationID, unknown.RequestDigest)
+	}
+	return res, err
+}
+
+// reserve is Reserve without the background lookup: a
+// *ReservationUnknownError it returns with LookingUp set is one whose
+// lookup could not answer, and the caller starts the background lookup
+// (Emergency.Reserve decides which, once its shard has decided).
+func (c *Client) reserve(ctx context.Context, req ReserveRequest) (*ReserveResult, error) {
 	id, digest, err := prepare(&req)
 	if err != nil {
 		return nil, err
@@ -162,9 +175,11 @@ func reserveResult(id, digest string, attempts int, m *ledgerv1.ReserveResponse)
 }
 
 // resolveLostReserve is the RESERVATION_UNKNOWN path: the Reserve answers
-// were lost, so look the original id up.
+// were lost, so look the original id up. When the lookup cannot answer
+// (ctx ended, the breaker is open, its answers were lost too) the
+// *ReservationUnknownError has LookingUp set, for the caller to start the
+// background lookup.
 func (c *Client) resolveLostReserve(ctx context.Context, id, digest string, attempts int, lostErr error) (*ReserveResult, error) {
-	onFound := lostReserveFound(ctx)
 	if ctx.Err() == nil && c.breaker.allow() == nil {
 		lctx, cancel := context.WithTimeout(ctx, 2*c.timeout)
 		res, err := c.ResolveReservation(lctx, id, digest)
@@ -178,19 +193,11 @@ func (c *Client) resolveLostReserve(ctx context.Context, id, digest string, atte
 		if errors.Is(err, ErrDigestMismatch) {
 			return nil, err
 		}
-		if errors.Is(err, ErrNotFound) && onFound == nil {
+		if errors.Is(err, ErrNotFound) {
 			// The ledger answered: the id is not admitted (a Reserve
 			// still in flight may land later; repeat it with the id).
 			return nil, &ReservationUnknownError{ReservationID: id, RequestDigest: digest, Attempts: attempts, Err: lostErr}
 		}
-	}
-	if onFound != nil {
-		// Emergency may serve the request from its shard: a Reserve in
-		// flight that lands later must be found and released, so the id
-		// is watched, also after a not-found answer.
-		c.watchLostReserve(id, digest, onFound)
-	} else {
-		c.lookUpLater(id, digest, nil)
 	}
 	return nil, &ReservationUnknownError{ReservationID: id, RequestDigest: digest, Attempts: attempts, Err: lostErr, LookingUp: true}
 }
@@ -434,23 +441,24 @@ func (c *Client) ReserveBatch(ctx context.Context, reqs []ReserveRequest) ([]Res
 			Subject: reqs[i].Subject, Route: reqs[i].Route, Region: reqs[i].Region, Units: reqs[i].Units,
 		}
 	}
-	m, err := call(ctx, c, "reserve batch", fmt.Sprintf("(%d items)", len(reqs)), func(actx context.Context) (*connect.Response[ledgerv1.ReserveBatchResponse], error) {
+	op, opID := "reserve batch", fmt.Sprintf("(%d items)", len(reqs))
+	resp, attempts, lost, err := do(ctx, c, func(actx context.Context) (*connect.Response[ledgerv1.ReserveBatchResponse], error) {
 		return c.rpc.ReserveBatch(actx, connect.NewRequest(msg))
 	})
-	if err != nil {
-		var lost *LostError
-		if errors.As(err, &lost) {
-			lost.IDs = ids
-		}
-		return nil, err
+	if lost {
+		return nil, &LostError{Op: op, ReservationID: opID, IDs: ids, Attempts: attempts, Err: err}
 	}
+	if err != nil {
+		return nil, classify(op, opID, err)
+	}
+	m := resp.Msg
 	if len(m.GetOutcomes()) != len(reqs) {
 		return nil, fmt.Errorf("reserve batch: %d outcomes for %d items", len(m.GetOutcomes()), len(reqs))
 	}
 	out := make([]ReserveOutcome, len(reqs))
 	for i, o := range m.GetOutcomes() {
 		if ok := o.GetOk(); ok != nil {
-			out[i].Result = reserveResult(ids[i], digests[i], 1, ok)
+			out[i].Result = reserveResult(ids[i], digests[i], attempts, ok)
 			continue
 		}
 		out[i].Err = itemError("reserve", ids[i], o.GetError())

@@ -78,20 +78,24 @@ type gate func(ctx context.Context, rr *ReserveResult) (done func(actual Units),
 //   - the Reserve errors (*RejectedError, *ReservationUnknownError,
 //     *LedgerError) when nothing was reserved, without calling work;
 //   - the Start error when the reservation could not be started (work is not
-//     called; an unstarted reservation is released);
+//     called; a Start whose answer was lost is undone: released, or settled
+//     at zero if it landed; a Start never sent, the ledger unreachable,
+//     leaves the reservation to expire after its hold TTL);
 //   - ctx.Err() when ctx ended before Start (the reservation is released);
 //   - *UsageUnknownError when work's usage is unknown (see Work), the
-//     settle answer was lost, the ledger refused the usage work reported
+//     settle answer was lost (every UNAVAILABLE answer counts as lost,
+//     also the ledger's "not applied": the SDK does not read messages),
+//     the ledger refused the usage work reported
 //     (invalid_argument: a negative amount, a unit the policy does not
 //     have; the refusal is its Err, its Receipt has no Actual), or the
 //     ledger could not record the usage (ErrLifetimeExhausted: the
 //     account's lifetime counters are full): the
 //     reservation is marked USAGE_UNKNOWN, its receipt is kept
 //     (PendingUnknown) and ResolveUnknown settles it later;
-//   - *UsageUnknownError (Marked false) when the settle was not applied
-//     (the breaker is open, the connection was refused, the ledger
-//     answered "not applied"): the reservation stays STARTED and its
-//     receipt, with the usage, is kept (PendingUnknown).
+//   - *UsageUnknownError (Marked false) when the settle was not sent
+//     (the breaker is open, the connection was refused): the
+//     reservation stays STARTED and its receipt, with the usage, is kept
+//     (PendingUnknown).
 //
 // A kept receipt whose usage is known is resent in the background with
 // the same ids until it lands (see PendingUnknown).
@@ -211,10 +215,9 @@ func (c *Client) runReserved(ctx context.Context, rr *ReserveResult, work Work, 
 			return &RunResult{Reservation: settled, Receipt: receipt}, werr
 		}
 		if isTransportFault(serr) {
-			// Not applied, as far as anyone knows (the breaker is open,
-			// the connection was refused, the ledger answered "not
-			// applied"): no answer the ledger decided. Kept and resent
-			// in the background with the same ids until it lands.
+			// Not sent (the breaker is open, the connection was
+			// refused): not applied. Kept and resent in the background
+			// with the same ids until it lands.
 			c.keepPending(receipt)
 			return nil, &UsageUnknownError{Receipt: receipt, Err: serr}
 		}
@@ -346,10 +349,13 @@ func isSettled(s ledgerv1.ReservationState) bool {
 	return s == ledgerv1.ReservationState_RESERVATION_STATE_SETTLED || s == ledgerv1.ReservationState_RESERVATION_STATE_SETTLED_WITH_DEBT
 }
 
-// keepPending keeps r for PendingUnknown; a receipt whose usage is known
-// (r.Actual set: a settle or an abandoned start whose outcome is not
-// known) is also resent in the background (settleLater).
+// keepPending keeps a copy of r for PendingUnknown; a receipt whose usage
+// is known (r.Actual set: a settle or an abandoned start whose outcome is
+// not known) is also resent in the background (settleLater). The copy has
+// maps of its own: the work's map (r.Actual) may be reused once Run
+// returned, and the resend must send the usage reported.
 func (c *Client) keepPending(r OperationReceipt) {
+	r = r.clone()
 	c.pendingMu.Lock()
 	c.pending[r.ReservationID] = r
 	c.pendingMu.Unlock()
@@ -372,9 +378,15 @@ func (c *Client) PendingUnknown() []OperationReceipt {
 	ids := slices.Sorted(maps.Keys(c.pending))
 	out := make([]OperationReceipt, len(ids))
 	for i, id := range ids {
-		out[i] = c.pending[id]
+		out[i] = c.pending[id].clone()
 	}
 	return out
+}
+
+// clone returns r with maps of its own.
+func (r OperationReceipt) clone() OperationReceipt {
+	r.Reserved, r.Actual = maps.Clone(r.Reserved), maps.Clone(r.Actual)
+	return r
 }
 
 // ResolveUnknown settles USAGE_UNKNOWN (or unsettled STARTED) work from its

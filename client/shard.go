@@ -188,7 +188,9 @@ type EmergencyReservation struct {
 // When it serves a lost central Reserve from the shard, the id is looked
 // up in the background (also after a not-found answer, for
 // DefaultLostReserveLookup: a Reserve in flight may land later) and a
-// central hold found is released.
+// central hold found is released. A lost central Reserve no shard admits
+// either is looked up as Client.Reserve does (in the background only when
+// its lookup could not answer); nothing is watched for it.
 //
 // Returns the outcome; the ledger's own error when it answered (a
 // *RejectedError is never overruled by a shard) or when it is unreachable
@@ -208,31 +210,37 @@ func (e *Emergency) Reserve(ctx context.Context, req ReserveRequest) (*Emergency
 		}
 		return &EmergencyReservation{ReservationID: id, RequestDigest: digest, Local: local}, nil
 	}
-	// If the central Reserve's answers are lost, its id is watched in the
-	// background (also after a not-found answer: a Reserve in flight may
-	// land later), and a hold the watch finds is released when this
-	// request is served from the shard. The watch may find it before the
-	// local admission below is done: it waits for that decision.
-	decided := make(chan struct{})
-	defer close(decided)
-	lookupCtx := withLostReserveFound(ctx, func(res *ledgerv1.Reservation) {
-		<-decided
-		if res.GetState() == ledgerv1.ReservationState_RESERVATION_STATE_RESERVED && e.store.Has(id) {
-			rctx, cancel := e.client.detached(context.Background())
-			defer cancel()
-			e.client.Release(rctx, id)
-		}
-	})
-	central, err := e.client.Reserve(lookupCtx, req)
+	central, err := e.client.reserve(ctx, req)
 	if err == nil {
 		return &EmergencyReservation{ReservationID: id, RequestDigest: digest, Central: central}, nil
 	}
 	if !Unreachable(err) {
 		return nil, err
 	}
+	var unknown *ReservationUnknownError
+	errors.As(err, &unknown)
 	local, lerr := e.store.Reserve(id, digest, req.Subject, req.Route, req.Region, req.Units)
 	if lerr != nil {
+		// Not served: the lost central Reserve is looked up as
+		// Client.Reserve does, in the background only if its lookup
+		// could not answer.
+		if unknown != nil && unknown.LookingUp {
+			e.client.lookUpLater(id, digest)
+		}
 		return nil, errors.Join(err, lerr)
+	}
+	if unknown != nil {
+		// Served from the shard while the central Reserve may still
+		// land (also after a not-found answer): its id is watched, and
+		// a central hold found is released.
+		unknown.LookingUp = true
+		e.client.watchLostReserve(id, digest, func(res *ledgerv1.Reservation) {
+			if res.GetState() == ledgerv1.ReservationState_RESERVATION_STATE_RESERVED {
+				rctx, cancel := e.client.detached(context.Background())
+				defer cancel()
+				e.client.Release(rctx, id)
+			}
+		})
 	}
 	return &EmergencyReservation{ReservationID: id, RequestDigest: digest, Local: local, LedgerErr: err}, nil
 }
