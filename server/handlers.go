@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -155,7 +156,7 @@ func (s *Server) GetPolicy(ctx context.Context, req *connect.Request[v1.GetPolic
 		}
 		s.logOutOfScope(ctx, "get policy", "generation", generation)
 	}
-	return nil, withReason(connect.NewError(connect.CodeNotFound, fmt.Errorf("%w: generation %d", ledger.ErrPolicyNotFound, generation)), ReasonPolicyNotFound)
+	return nil, notFound(ReasonPolicyNotFound, strconv.FormatUint(generation, 10))
 }
 
 // ListPolicies implements LedgerService.ListPolicies.
@@ -559,7 +560,7 @@ func (s *Server) settleCommand(ctx context.Context, req *v1.SettleRequest) (ledg
 		return ledger.Command{}, cerr
 	}
 	if err != nil {
-		return ledger.Command{}, notSentError("settle "+req.GetReservationId(), ReasonReservationNotFound, err)
+		return ledger.Command{}, notSentError("settle "+req.GetReservationId(), ReasonReservationNotFound, named(err, "reservation", req.GetReservationId()))
 	}
 	p, err := s.policies.get(ctx, r.Account.Generation)
 	if err != nil {
@@ -724,7 +725,7 @@ func (s *Server) GetReservation(ctx context.Context, req *connect.Request[v1.Get
 		return nil, cerr
 	}
 	if err != nil {
-		return nil, readError("get reservation "+id, ReasonReservationNotFound, err)
+		return nil, readError("get reservation "+id, ReasonReservationNotFound, named(err, "reservation", id))
 	}
 	pb, err := s.reservationProto(ctx, &r)
 	if err != nil {
