@@ -431,9 +431,9 @@ func PolicyFromProto(pb *v1.Policy) (ledger.Policy, error) {
 		return ledger.Policy{}, fmt.Errorf("%w: hold_ttl %s is shorter than the minimum %s (leave it out for the default %s)",
 			ledger.ErrInvalidPolicy, p.HoldTTL, ledger.MinHoldTTL, ledger.DefaultHoldTTL)
 	}
-	if pb.GetEpochLength() != nil && p.EpochLength <= 0 {
-		return ledger.Policy{}, fmt.Errorf("%w: epoch_length %s must be positive (leave it out for the default %s)",
-			ledger.ErrInvalidPolicy, p.EpochLength, ledger.DefaultEpochLength)
+	if pb.GetEpochLength() != nil && p.EpochLength < ledger.MinEpochLength {
+		return ledger.Policy{}, fmt.Errorf("%w: epoch_length %s is shorter than the minimum %s (leave it out for the default %s)",
+			ledger.ErrInvalidPolicy, p.EpochLength, ledger.MinEpochLength, ledger.DefaultEpochLength)
 	}
 	switch pb.GetRollout() {
 	case v1.RolloutMode_ROLLOUT_MODE_UNSPECIFIED, v1.RolloutMode_ROLLOUT_MODE_ENFORCE:
