@@ -842,8 +842,16 @@ func (s *Service) respond(ctx context.Context, items []item) (*rlsv3.RateLimitRe
 		if cerr != nil {
 			return nil, cerr
 		}
-		if it.over && it.retryAfter > 0 {
+		switch {
+		case it.over && it.retryAfter > 0:
 			reset = it.retryAfter
+		case it.over && reset == 0 && v.refills:
+			// Refused with the bucket full: no refill wait helps (an
+			// estimate above the maximum, a refused request's final
+			// answer). An absent reset reads as 0 to Envoy, "now", so
+			// every refusal names one: the window, refills' time to fill
+			// the burst (RateLimit-Policy's w).
+			reset = untilFull(&v.d, 0)
 		}
 		st.LimitRemaining = uint32(min(remaining, int64(^uint32(0))))
 		if reset > 0 {
