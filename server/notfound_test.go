@@ -56,6 +56,8 @@ func TestNotFoundAnswersHaveOneShape(t *testing.T) {
 		{"RolloutService/GetRollout", `{"name":"nope"}`, adminToken, "ROLLOUT_NOT_FOUND", "rollout not found: nope"},
 		{"RolloutService/SetRolloutShare", `{"name":"nope","percent":5}`, adminToken, "ROLLOUT_NOT_FOUND", "rollout not found: nope"},
 		{"RolloutService/UndoRolloutStep", `{"name":"nope"}`, adminToken, "ROLLOUT_NOT_FOUND", "rollout not found: nope"},
+		{"RolloutService/RollbackGenerations", `{"generations":["1","9"]}`, adminToken, "POLICY_NOT_FOUND", "policy generation not found: 9"},
+		{"RolloutService/DrainProgress", `{"generations":["9"]}`, adminToken, "POLICY_NOT_FOUND", "policy generation not found: 9"},
 	}
 	for _, c := range cases {
 		r := post(c.path, c.body, c.token)

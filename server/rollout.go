@@ -492,6 +492,13 @@ func (svc *rolloutService) DrainProgress(ctx context.Context, req *connect.Reque
 	if len(gens) == 0 || len(gens) > MaxRollbackGenerations {
 		return nil, invalidArgument(ReasonInvalidCommand, "%d generations; give 1 to %d", len(gens), MaxRollbackGenerations)
 	}
+	for _, g := range gens {
+		// An unknown generation is answered by name (notFound), before
+		// any drain runs.
+		if _, err := svc.s.policies.get(ctx, g); err != nil {
+			return nil, readError("drain progress", ReasonPolicyNotFound, err)
+		}
+	}
 	resp := &v1.DrainProgressResponse{}
 	if req.Msg.GetRunDrains() {
 		if id, ok := IdentityFrom(ctx); ok && id.Role != RoleAdmin {
