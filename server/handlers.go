@@ -436,6 +436,12 @@ func (s *Server) ReserveBatch(ctx context.Context, req *connect.Request[v1.Reser
 	var sent []int
 	for i, item := range items {
 		cmd, why, invalid := s.reserveCommand(ctx, item)
+		if invalid != nil && invalid.Code() == connect.CodeUnavailable {
+			// A read the item needs failed (the store, a policy reload):
+			// the call fails before any item is sent, as SettleBatch's,
+			// and is retried whole with the same ids.
+			return nil, invalid
+		}
 		if invalid != nil {
 			s.refused(ledger.KindReserve, invalid)
 			outcomes[i].err = invalid
