@@ -1088,3 +1088,55 @@ func TestOneIDTwoUnitsRefused(t *testing.T) {
 		t.Fatalf("the refused request's reservation: %v, want none", err)
 	}
 }
+
+// TestEveryOverLimitDescriptorNamesItsReset: every OVER_LIMIT status of a
+// refilling dimension carries duration_until_reset, never 0. A refusal
+// no refill wait helps (an estimate above the policy's maximum, or the
+// retry of a refused request, whose refusal is final) left it out when
+// the bucket was full, which Envoy reads as 0 (x-ratelimit-reset: 0, "retry
+// now"), while RateLimit said t=0: it is the dimension's window, the time
+// refills take to fill the burst (RateLimit-Policy's w).
+func TestEveryOverLimitDescriptorNamesItsReset(t *testing.T) {
+	h := newHarness(t, options{config: testMapping(t), auth: true})
+	h.publish("acme", "chat", "tokens", 1000, 1, time.Hour, false)
+	h.publish("global", "chat", "tokens", 400, 100, time.Minute, false)
+	const window = 4 * time.Minute // 400 at 100 a minute
+	check := func(name string, req *rlsv3.RateLimitRequest, wantOver int, want time.Duration) {
+		t.Helper()
+		resp := h.mustCheck(req)
+		over := 0
+		for i, st := range resp.GetStatuses() {
+			if st.GetCode() != OVER {
+				continue
+			}
+			over++
+			got := st.GetDurationUntilReset()
+			if got == nil || got.AsDuration() <= 0 {
+				t.Errorf("%s: status %d is OVER_LIMIT without a duration_until_reset: %v", name, i, resp)
+			} else if want > 0 && got.AsDuration() != want {
+				t.Errorf("%s: status %d duration_until_reset %v, want %v", name, i, got.AsDuration(), want)
+			}
+		}
+		if over != wantOver {
+			t.Fatalf("%s: %d OVER_LIMIT statuses, want %d: %v", name, over, wantOver, resp)
+		}
+		if got := header(resp, "RateLimit"); want > 0 && !strings.Contains(got, fmt.Sprintf(`"chat-tokens";r=400;t=%d`, int(want.Seconds()))) {
+			t.Errorf("%s: RateLimit %q, want the global member's t to be %v", name, got, want)
+		}
+	}
+	// Above the maximum reservation (the burst), with the bucket full.
+	check("too large", &rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlscommon.RateLimitDescriptor{
+		descriptor(hits(100), "tenant", "acme"),
+		descriptor(hits(500), "tenant", "global")}}, 1, window)
+	check("too large, alone", &rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlscommon.RateLimitDescriptor{
+		descriptor(hits(500), "tenant", "global")}}, 1, window)
+	// A request refused, then retried once the refusing limit has room.
+	check("global's 200", &rlsv3.RateLimitRequest{Domain: "llm", HitsAddend: 200, Descriptors: []*rlscommon.RateLimitDescriptor{
+		descriptor(nil, "tenant", "global")}}, 0, 0)
+	req := &rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlscommon.RateLimitDescriptor{
+		descriptor(hits(100), "tenant", "acme", "x-request-id", "q-r1"),
+		descriptor(hits(300), "tenant", "global", "x-request-id", "q-r1")}}
+	check("refused", req, 1, 0)
+	h.clock.Advance(2 * time.Minute)
+	check("refused, retried", req, 1, window)
+}

@@ -81,6 +81,8 @@ type options struct {
 	// bridged leaves ShouldRateLimit unregistered on grpc-go, which then
 	// serves it through its bridge to the connect handler.
 	bridged bool
+	// wrapStore, when set, wraps the store the engine is given.
+	wrapStore func(store.Store) store.Store
 }
 
 func newHarness(t testing.TB, opts options) *harness {
@@ -98,7 +100,11 @@ func newHarness(t testing.TB, opts options) *harness {
 	}
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	metrics := server.NewMetrics()
-	h.engine = engine.New(st, engine.Options{Clock: h.clock.Now, DisableWorkers: true, OnBatch: metrics.ObserveBatch, Logger: logger})
+	engineStore := st
+	if opts.wrapStore != nil {
+		engineStore = opts.wrapStore(st)
+	}
+	h.engine = engine.New(engineStore, engine.Options{Clock: h.clock.Now, DisableWorkers: true, OnBatch: metrics.ObserveBatch, Logger: logger})
 	cfg := server.Config{Metrics: metrics, Logger: logger, Clock: h.clock.Now}
 	if opts.auth {
 		tokens, err := server.ParseTokens(strings.NewReader(adminToken + " admin ops\n" + gatewayToken + " gateway envoy\n" + viewerToken + " viewer watcher\n" + scopedToken + " gateway gw-a subjects=tenant-a/*\n"))

@@ -152,6 +152,9 @@ type item struct {
 	// descriptors on the same account and unit left it (leftAfterRelease).
 	left    int64
 	leftSet bool
+	// unmapped: the server could not map the reserve (no policy, no such
+	// unit) and sent it only to be answered from its existing id.
+	unmapped bool
 	// cmdBuf backs cmds: plan makes at most three commands (reserve,
 	// start, settle), so a check allocates none of its own.
 	cmdBuf [3]ledger.Command
@@ -556,10 +559,10 @@ func (s *Service) plan(ctx context.Context, it *item) error {
 // descriptor unknown.
 func (s *Service) planReserve(ctx context.Context, it *item, units int64, start bool, settle int64) error {
 	m := &it.mapped
-	// unmapped (the id exists but its policy no longer maps) needs nothing
-	// here: the ledger then replays the reserve, the retry of an admitted
-	// check, or answers why not.
-	cmd, _, refused := s.srv.ReserveCommand(ctx, &v1.ReserveRequest{
+	// unmapped: the id exists but its policy no longer maps; the ledger
+	// replays the reserve, the retry of an admitted check, or says the id
+	// is another request's, else the descriptor is unknown (decide).
+	cmd, unmapped, refused := s.srv.ReserveCommand(ctx, &v1.ReserveRequest{
 		ReservationId: it.rid, Subject: m.Key.Subject, Route: m.Key.Route, Region: m.Key.Region,
 		Units: map[string]int64{m.Rule.Unit: units},
 	})
@@ -567,6 +570,7 @@ func (s *Service) planReserve(ctx context.Context, it *item, units int64, start 
 		return s.refusedBeforeLedger(it, ledger.KindReserve, refused)
 	}
 	it.cmdBuf[0] = cmd
+	it.unmapped = unmapped != nil
 	clear(it.cmdBuf[1:]) // in place: no command-sized temporaries on the stack
 	n := 1
 	if start {
@@ -743,6 +747,14 @@ func (s *Service) decide(ctx context.Context, it *item) error {
 		return nil
 	}
 	res := &it.results[0]
+	if it.unmapped && !(res.Err == nil && res.Replayed) && !errors.Is(res.Err, ledger.ErrDigestMismatch) {
+		// Not answered from the id (it was forgotten before the ledger
+		// read it): the server's refusal stands, NO_POLICY or
+		// UNKNOWN_UNIT, as Reserve answers it (the amount sent admits
+		// nothing).
+		it.unknown = true
+		return nil
+	}
 	if err := s.setView(ctx, it, res); err != nil {
 		return err
 	}
@@ -842,8 +854,16 @@ func (s *Service) respond(ctx context.Context, items []item) (*rlsv3.RateLimitRe
 		if cerr != nil {
 			return nil, cerr
 		}
-		if it.over && it.retryAfter > 0 {
+		switch {
+		case it.over && it.retryAfter > 0:
 			reset = it.retryAfter
+		case it.over && reset == 0 && v.refills:
+			// Refused with the bucket full: no refill wait helps (an
+			// estimate above the maximum, a refused request's final
+			// answer). An absent reset reads as 0 to Envoy, "now", so
+			// every refusal names one: the window, refills' time to fill
+			// the burst (RateLimit-Policy's w).
+			reset = untilFull(&v.d, 0)
 		}
 		st.LimitRemaining = uint32(min(remaining, int64(^uint32(0))))
 		if reset > 0 {

@@ -581,3 +581,25 @@ func TestShapeBeforeState(t *testing.T) {
 		}
 	}
 }
+
+// A policy's accounting epoch is at least ledger.MinEpochLength (1s):
+// each epoch in which an account changed closes with a statement kept
+// forever, so 1 ms closed one on nearly every command. The ledger refuses
+// a shorter one whichever way the policy came (the server refuses it at
+// the door too).
+func TestPublishRefusesAnEpochUnderASecond(t *testing.T) {
+	c := newChecked(t)
+	for _, length := range []time.Duration{time.Millisecond, ledger.MinEpochLength - time.Nanosecond} {
+		p := policyOf(tokens(1000, 100))
+		p.EpochLength = length
+		res := c.apply(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: p})
+		if !errors.Is(res.Err, ledger.ErrInvalidPolicy) || !strings.Contains(res.Err.Error(), "minimum 1s") {
+			t.Fatalf("epoch length %s: %+v", length, res)
+		}
+	}
+	p := policyOf(tokens(1000, 100))
+	p.EpochLength = ledger.MinEpochLength
+	if res := c.apply(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: p}); res.Err != nil {
+		t.Fatalf("epoch length %s: %+v", ledger.MinEpochLength, res)
+	}
+}

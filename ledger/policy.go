@@ -17,6 +17,12 @@ const (
 	// runs out before a gateway can start its work is meaningless, and
 	// expiry runs only every worker interval (250 ms by default) anyway.
 	MinHoldTTL = 100 * time.Millisecond
+	// MinEpochLength is the shortest accounting epoch a policy may set.
+	// Every epoch in which an account changed closes with a statement,
+	// kept forever as the billing record, and the epoch worker looks for
+	// ended epochs once a second: a shorter epoch closed one on nearly
+	// every command of a busy account, faster than the worker looks.
+	MinEpochLength = time.Second
 )
 
 // WithDefaults returns p with empty optional fields filled in: region,
@@ -79,8 +85,8 @@ func (p *Policy) Validate() error {
 		return invalidPolicy("hold TTL %s is shorter than the minimum %s", p.HoldTTL, MinHoldTTL)
 	case p.ExecutionLimit < 0:
 		return invalidPolicy("execution limit is negative")
-	case p.EpochLength <= 0:
-		return invalidPolicy("epoch length must be positive")
+	case p.EpochLength < MinEpochLength:
+		return invalidPolicy("epoch length %s is shorter than the minimum %s", p.EpochLength, MinEpochLength)
 	case p.FairnessWeight <= 0:
 		return invalidPolicy("fairness weight must be positive")
 	case !(p.FairnessBudget >= 0 && p.FairnessBudget <= 1):

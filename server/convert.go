@@ -56,7 +56,7 @@ func newPolicyCache(l Ledger) *policyCache {
 }
 
 // get returns generation's policy, from the cache or the store; it returns
-// a store.ErrNotFound-wrapping error for an unknown generation, which says
+// a missing row (store.ErrNotFound) for an unknown generation, which says
 // "policy generation N: not found" whatever the store's words (each store
 // names the generation its own way: wrapping them said it twice), and any
 // other store error as the store wrote it (naming the generation).
@@ -69,7 +69,7 @@ func (c *policyCache) get(ctx context.Context, generation uint64) (ledger.Policy
 	}
 	p, err := c.ledger.Policy(ctx, generation)
 	if errors.Is(err, store.ErrNotFound) {
-		return ledger.Policy{}, fmt.Errorf("policy generation %d: %w", generation, store.ErrNotFound)
+		return ledger.Policy{}, &missing{kind: "policy generation", name: strconv.FormatUint(generation, 10)}
 	}
 	if err != nil {
 		return ledger.Policy{}, err
@@ -431,9 +431,9 @@ func PolicyFromProto(pb *v1.Policy) (ledger.Policy, error) {
 		return ledger.Policy{}, fmt.Errorf("%w: hold_ttl %s is shorter than the minimum %s (leave it out for the default %s)",
 			ledger.ErrInvalidPolicy, p.HoldTTL, ledger.MinHoldTTL, ledger.DefaultHoldTTL)
 	}
-	if pb.GetEpochLength() != nil && p.EpochLength <= 0 {
-		return ledger.Policy{}, fmt.Errorf("%w: epoch_length %s must be positive (leave it out for the default %s)",
-			ledger.ErrInvalidPolicy, p.EpochLength, ledger.DefaultEpochLength)
+	if pb.GetEpochLength() != nil && p.EpochLength < ledger.MinEpochLength {
+		return ledger.Policy{}, fmt.Errorf("%w: epoch_length %s is shorter than the minimum %s (leave it out for the default %s)",
+			ledger.ErrInvalidPolicy, p.EpochLength, ledger.MinEpochLength, ledger.DefaultEpochLength)
 	}
 	switch pb.GetRollout() {
 	case v1.RolloutMode_ROLLOUT_MODE_UNSPECIFIED, v1.RolloutMode_ROLLOUT_MODE_ENFORCE:

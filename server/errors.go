@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"connectrpc.com/connect"
@@ -180,7 +181,7 @@ func operatingError(what string, err error) *connect.Error {
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		// Reads of a missing row; the handler names what was missing.
-		return withReason(connect.NewError(connect.CodeNotFound, fmt.Errorf("%s: %w", what, err)), ReasonReservationNotFound)
+		return notFound(ReasonReservationNotFound, missingName(what, err))
 	case errors.Is(err, context.Canceled):
 		code = connect.CodeCanceled
 	case errors.Is(err, context.DeadlineExceeded):
@@ -203,10 +204,11 @@ func operatingError(what string, err error) *connect.Error {
 }
 
 // readError maps a failed read (nothing was changed, so no "outcome
-// unknown"): store.ErrNotFound becomes NOT_FOUND with the given reason.
+// unknown"): store.ErrNotFound becomes notFound's answer with the given
+// reason, naming the missing row (named), else what.
 func readError(what, notFoundReason string, err error) *connect.Error {
 	if errors.Is(err, store.ErrNotFound) {
-		return withReason(connect.NewError(connect.CodeNotFound, fmt.Errorf("%s: %w", what, err)), notFoundReason)
+		return notFound(notFoundReason, missingName(what, err))
 	}
 	var cerr *connect.Error
 	if errors.As(err, &cerr) {
@@ -281,5 +283,58 @@ func attachDetail(cerr *connect.Error, msg proto.Message) {
 // the caller's token scope (which, for that caller, is the same thing):
 // 404 NO_POLICY naming the key.
 func noPolicy(key ledger.PolicyKey) *connect.Error {
-	return withReason(connect.NewError(connect.CodeNotFound, fmt.Errorf("%w: %s", ledger.ErrNoPolicy, key)), ReasonNoPolicy)
+	return notFound(ReasonNoPolicy, key.String())
+}
+
+// notFoundWhat is, per not-found reason, the ledger error whose text
+// begins the message: the words the ledger's own not-found outcomes use
+// ("reservation not found: r-1"), so that an answer reads the same
+// whether the server or the ledger found the row missing.
+var notFoundWhat = map[string]error{
+	ReasonNoPolicy:            ledger.ErrNoPolicy,
+	ReasonPolicyNotFound:      ledger.ErrPolicyNotFound,
+	ReasonReservationNotFound: ledger.ErrReservationNotFound,
+	ReasonAccountNotFound:     ledger.ErrAccountNotFound,
+	ReasonShardNotFound:       ledger.ErrShardNotFound,
+	ReasonRolloutNotFound:     ledger.ErrRolloutNotFound,
+}
+
+// notFound is every not_found (404) answer the server decides itself
+// (API.md, "Not found"): the message "<what> not found: <name>" (name is
+// the id, generation, rollout name or subject/route@region asked for),
+// one ErrorDetail with the reason alone. A scoped caller's refusal of
+// something outside its scope is this same answer.
+func notFound(reason, name string) *connect.Error {
+	what, ok := notFoundWhat[reason]
+	if !ok {
+		what = errors.New(strings.ToLower(strings.ReplaceAll(reason, "_", " ")))
+	}
+	return withReason(connect.NewError(connect.CodeNotFound, fmt.Errorf("%w: %s", what, name)), reason)
+}
+
+// missing is a read of a named row that found none: it matches
+// store.ErrNotFound, and readError, notSentError and operatingError answer
+// it with notFound naming name. kind says what was read, for its text.
+type missing struct{ kind, name string }
+
+func (m *missing) Error() string        { return m.kind + " " + m.name + ": not found" }
+func (m *missing) Is(target error) bool { return target == store.ErrNotFound }
+
+// named returns err as the missing row kind name when it is a store
+// not-found, else err as it is.
+func named(err error, kind, name string) error {
+	if errors.Is(err, store.ErrNotFound) {
+		return &missing{kind: kind, name: name}
+	}
+	return err
+}
+
+// missingName is the name of the row err says is missing (named), else
+// what.
+func missingName(what string, err error) string {
+	var m *missing
+	if errors.As(err, &m) {
+		return m.name
+	}
+	return what
 }

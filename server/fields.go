@@ -70,24 +70,28 @@ var textFields = map[protoreflect.Name]textRule{
 // where protoreflect's Range allocated for every key (the door's check
 // of a Reserve took 5x as long).
 var unitMaps = map[protoreflect.Name]func(proto.Message) map[string]int64{
-	"units": func(m proto.Message) map[string]int64 {
-		if g, ok := m.(interface{ GetUnits() map[string]int64 }); ok {
-			return g.GetUnits()
+	"units":          unitMap(unitsGetter.GetUnits),
+	"actual_units":   unitMap(actualUnitsGetter.GetActualUnits),
+	"reserved_units": unitMap(reservedUnitsGetter.GetReservedUnits),
+}
+
+// The generated getters of the units maps.
+type (
+	unitsGetter         interface{ GetUnits() map[string]int64 }
+	actualUnitsGetter   interface{ GetActualUnits() map[string]int64 }
+	reservedUnitsGetter interface{ GetReservedUnits() map[string]int64 }
+)
+
+// unitMap returns the reader of one units map by its generated getter
+// get: the map of a message that has the getter, nil for one that has
+// not (not a generated message: checkUnitValues checks its units).
+func unitMap[G any](get func(G) map[string]int64) func(proto.Message) map[string]int64 {
+	return func(m proto.Message) map[string]int64 {
+		if g, ok := m.(G); ok {
+			return get(g)
 		}
-		return nil // not a generated message: checkUnitValues checks
-	},
-	"actual_units": func(m proto.Message) map[string]int64 {
-		if g, ok := m.(interface{ GetActualUnits() map[string]int64 }); ok {
-			return g.GetActualUnits()
-		}
-		return nil // not a generated message: checkUnitValues checks
-	},
-	"reserved_units": func(m proto.Message) map[string]int64 {
-		if g, ok := m.(interface{ GetReservedUnits() map[string]int64 }); ok {
-			return g.GetReservedUnits()
-		}
-		return nil // not a generated message: checkUnitValues checks
-	},
+		return nil
+	}
 }
 
 // unitNameProblem is the door's rule for a unit name a command states (a

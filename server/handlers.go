@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -155,7 +156,7 @@ func (s *Server) GetPolicy(ctx context.Context, req *connect.Request[v1.GetPolic
 		}
 		s.logOutOfScope(ctx, "get policy", "generation", generation)
 	}
-	return nil, withReason(connect.NewError(connect.CodeNotFound, fmt.Errorf("%w: generation %d", ledger.ErrPolicyNotFound, generation)), ReasonPolicyNotFound)
+	return nil, notFound(ReasonPolicyNotFound, strconv.FormatUint(generation, 10))
 }
 
 // ListPolicies implements LedgerService.ListPolicies.
@@ -435,6 +436,12 @@ func (s *Server) ReserveBatch(ctx context.Context, req *connect.Request[v1.Reser
 	var sent []int
 	for i, item := range items {
 		cmd, why, invalid := s.reserveCommand(ctx, item)
+		if invalid != nil && invalid.Code() == connect.CodeUnavailable {
+			// A read the item needs failed (the store, a policy reload):
+			// the call fails before any item is sent, as SettleBatch's,
+			// and is retried whole with the same ids.
+			return nil, invalid
+		}
 		if invalid != nil {
 			s.refused(ledger.KindReserve, invalid)
 			outcomes[i].err = invalid
@@ -559,7 +566,7 @@ func (s *Server) settleCommand(ctx context.Context, req *v1.SettleRequest) (ledg
 		return ledger.Command{}, cerr
 	}
 	if err != nil {
-		return ledger.Command{}, notSentError("settle "+req.GetReservationId(), ReasonReservationNotFound, err)
+		return ledger.Command{}, notSentError("settle "+req.GetReservationId(), ReasonReservationNotFound, named(err, "reservation", req.GetReservationId()))
 	}
 	p, err := s.policies.get(ctx, r.Account.Generation)
 	if err != nil {
@@ -724,7 +731,7 @@ func (s *Server) GetReservation(ctx context.Context, req *connect.Request[v1.Get
 		return nil, cerr
 	}
 	if err != nil {
-		return nil, readError("get reservation "+id, ReasonReservationNotFound, err)
+		return nil, readError("get reservation "+id, ReasonReservationNotFound, named(err, "reservation", id))
 	}
 	pb, err := s.reservationProto(ctx, &r)
 	if err != nil {

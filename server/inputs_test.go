@@ -253,7 +253,7 @@ func TestMessagesNameTheirSubjectOnce(t *testing.T) {
 	h.ok("PublishPolicy", tokensPolicy, "")
 	r := h.call("RollbackPolicy", `{"generation":"9"}`, "")
 	h.wantError(r, http.StatusNotFound, "not_found", server.ReasonPolicyNotFound)
-	if msg, _ := r.body["message"].(string); msg != "rollback policy: policy generation 9: not found" {
+	if msg, _ := r.body["message"].(string); msg != "policy generation not found: 9" {
 		t.Errorf("RollbackPolicy of an unknown generation: message %q", msg)
 	}
 	r = h.call("RecordUsage", `{"reservationId":"rec-1","operationId":"op-rec-1","subject":"tenant-7","route":"chat.generate","actualUnits":{"tokens":0}}`, "")

@@ -100,6 +100,22 @@ func TestLimitsAnswerTheirDocumentedCodes(t *testing.T) {
 	}
 	h.wantError(h.call("PublishPolicy", `{"policy":{"subject":"t","route":"r","epochLength":"0s","dimensions":[{"unit":"tokens","burst":"10"}]}}`, ""),
 		http.StatusBadRequest, "invalid_argument", server.ReasonInvalidPolicy)
+	// An epoch shorter than a second (the epoch worker's look, every
+	// second) was published: "0.001s" closed an epoch, a statement kept
+	// forever, on nearly every command.
+	epoch := func(length string) string {
+		return `{"policy":{"subject":"t3","route":"r","epochLength":"` + length + `","dimensions":[{"unit":"tokens","burst":"10"}]}}`
+	}
+	for _, length := range []string{"0.001s", "0.999999999s"} {
+		r := h.call("PublishPolicy", epoch(length), "")
+		h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidPolicy)
+		if !strings.Contains(r.body["message"].(string), "minimum 1s") {
+			t.Errorf("epochLength %s: %s", length, r.raw)
+		}
+	}
+	if pub := h.ok("PublishPolicy", epoch("1s"), ""); field(pub, "policy", "epochLength") != "1s" {
+		t.Errorf("epochLength 1s published as %v", field(pub, "policy", "epochLength"))
+	}
 	// Left out, the default applies.
 	if pub := h.ok("PublishPolicy", `{"policy":{"subject":"t2","route":"r","dimensions":[{"unit":"tokens","burst":"10"}]}}`, ""); field(pub, "policy", "holdTtl") != "60s" {
 		t.Errorf("default holdTtl: %v", pub)

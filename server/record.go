@@ -28,7 +28,8 @@ func RecordDigest(subject, route, region string) string {
 // policy, an unknown unit) but the id exists, the command goes to the
 // ledger mapped by the existing reservation's generation, so that a retry
 // after the policy changed still gets its receipt (or the conflict), and
-// unmapped is the answer should the ledger not replay it.
+// unmapped is the answer should the ledger neither answer from the id nor
+// record the usage (recordOutcome).
 func (s *Server) recordCommand(ctx context.Context, req *v1.RecordUsageRequest) (cmd ledger.Command, unmapped, invalid *connect.Error) {
 	if cerr := checkID("reservation_id", req.GetReservationId()); cerr != nil {
 		return cmd, nil, cerr
@@ -77,7 +78,12 @@ func (s *Server) recordCommand(ctx context.Context, req *v1.RecordUsageRequest) 
 	// The id is taken: the ledger answers from it before it reads a
 	// policy. The usage goes in the order of the reservation's own
 	// generation; usage that generation cannot place is not what was
-	// recorded, and the server's refusal stands.
+	// recorded, and the server's refusal stands. Should the id vanish
+	// before the ledger looks (retention forgetting it in between), the
+	// ledger records these units, the request's own, only if that
+	// generation decides by then (else it refuses them as stale, and the
+	// command is mapped again); recordOutcome then answers that record,
+	// as for any other: one read, the ledger's, decides the answer.
 	ep, err := s.policies.get(ctx, existing.Account.Generation)
 	if err != nil {
 		return cmd, nil, refusal
@@ -101,7 +107,11 @@ func (s *Server) recordOutcome(ctx context.Context, res *ledger.Result, unmapped
 	if r := &res.Reservation; r.ID != "" && s.outOfScope(ctx, "record usage", r.Account.Subject, r.Account.Route, "reservation", r.ID) {
 		return nil, idTaken() // the id is another tenant's
 	}
-	if unmapped != nil && !(res.Err == nil && res.Replayed) && !errors.Is(res.Err, ledger.ErrDigestMismatch) &&
+	// The server's refusal (unmapped) stands unless the ledger answered
+	// from the id (a replay, a mismatch, another record there) or
+	// recorded the request's usage under the generation that decides
+	// (the id was forgotten meanwhile): the answer is what the ledger did.
+	if unmapped != nil && res.Err != nil && !errors.Is(res.Err, ledger.ErrDigestMismatch) &&
 		!errors.Is(res.Err, ledger.ErrReservationAlreadySettled) {
 		return nil, unmapped
 	}

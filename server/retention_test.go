@@ -123,6 +123,10 @@ type forgettingStore struct {
 	id     string // armed: forget this id after its next read
 	at     time.Time
 	forgot bool
+	// rollback, when set, is a generation rolled back in the same
+	// transaction (another replica's operator, between the two reads).
+	rollback ledger.PolicyKey
+	gen      uint64
 }
 
 func (s *forgettingStore) ReservationGet(ctx context.Context, id string) (ledger.Reservation, error) {
@@ -142,6 +146,12 @@ func (s *forgettingStore) ReservationGet(ctx context.Context, id string) (ledger
 	retire := ledger.Command{Kind: ledger.KindRetire, ReservationID: id, Before: s.at, ForgetBefore: s.at}
 	if res := ledger.Apply(book, &retire, s.at); res.Err != nil {
 		return r, res.Err
+	}
+	if s.gen != 0 {
+		rollback := ledger.Command{Kind: ledger.KindRollbackPolicy, PolicyKey: s.rollback, Generation: s.gen}
+		if res := ledger.Apply(book, &rollback, s.at); res.Err != nil {
+			return r, res.Err
+		}
 	}
 	if terr := tx.Write(ctx, book.Changes()); terr != nil {
 		return r, terr
@@ -202,5 +212,56 @@ func TestUnmappableRetryOfAForgottenIDAdmitsNothing(t *testing.T) {
 	// protojson leaves a zero reserved out.
 	if account := h.ok("GetAccount", `{"subject":"tenant-7","route":"chat.generate"}`, ""); strings.Contains(fmt.Sprint(account), "reserved") {
 		t.Errorf("capacity is held after the refusal: %v", account)
+	}
+}
+
+// A RecordUsage whose units the generation the server believes decides
+// cannot place, under the id of a record of an earlier generation that
+// can, goes to the ledger mapped by that earlier generation, so that the
+// ledger answers the retry. Should retention forget the id between the
+// server's read and the ledger's while that earlier generation decides
+// again by then (another replica rolled the newer one back), the ledger
+// records the usage: the answer must be that record, not the server's
+// UNKNOWN_UNIT, which told the client nothing was recorded while its
+// usage was charged.
+func TestRecordUsageOfAForgottenIDAnswersWhatTheLedgerDid(t *testing.T) {
+	var forgetting *forgettingStore
+	h := newHarness(t, harnessOptions{wrapStore: func(st store.Store) store.Store {
+		forgetting = &forgettingStore{Store: st}
+		return forgetting
+	}})
+	h.ok("PublishPolicy", `{"policy":{"subject":"tenant-7","route":"chat.generate","dimensions":[{"unit":"tokens","burst":"1000"},{"unit":"images","burst":"10"}]}}`, "")
+	body := `{"reservationId":"rec","operationId":"op-1","subject":"tenant-7","route":"chat.generate","actualUnits":{"tokens":10,"images":1}}`
+	h.ok("RecordUsage", body, "")
+	h.ok("PublishPolicy", `{"policy":{"subject":"tenant-7","route":"chat.generate","dimensions":[{"unit":"tokens","burst":"1000"}]}}`, "")
+	// The id found: the ledger replays the retry, as before.
+	if again := h.ok("RecordUsage", body, ""); again["replayed"] != true {
+		t.Fatalf("retry with the id kept: %v", again)
+	}
+
+	forgetting.mu.Lock()
+	forgetting.id, forgetting.at = "rec", h.clock.Now().Add(time.Hour)
+	forgetting.rollback = ledger.PolicyKey{Subject: "tenant-7", Route: "chat.generate", Region: "global"}
+	forgetting.gen = 2
+	forgetting.mu.Unlock()
+	r := h.call("RecordUsage", body, "")
+	forgetting.mu.Lock()
+	forgot := forgetting.forgot
+	forgetting.mu.Unlock()
+	if !forgot {
+		t.Fatal("the store did not forget the id between the reads: the test proves nothing")
+	}
+	stored := h.call("GetReservation", `{"reservationId":"rec"}`, "")
+	switch {
+	case stored.status == 200 && r.status != 200:
+		t.Fatalf("the usage was recorded (%s) but the answer was %d %s", stored.raw, r.status, r.raw)
+	case stored.status != 200 && r.status == 200:
+		t.Fatalf("answered %s but nothing is recorded: %s", r.raw, stored.raw)
+	case stored.status != 200:
+		t.Fatalf("nothing recorded: the rollback did not make generation 1 decide (%s); the test proves nothing", r.raw)
+	}
+	got := h.ok("RecordUsage", body, "")
+	if got["replayed"] != true || num(got["policyGeneration"]) != 1 || field(got, "reservation", "retired") == true {
+		t.Fatalf("the record made then: %v", got)
 	}
 }

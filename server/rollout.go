@@ -328,7 +328,7 @@ func (svc *rolloutService) GetRollout(ctx context.Context, req *connect.Request[
 	}
 	r, err := svc.store.RolloutGet(ctx, req.Msg.GetName())
 	if err != nil {
-		return nil, rolloutError("rollout "+req.Msg.GetName(), err)
+		return nil, rolloutError("rollout "+req.Msg.GetName(), named(err, "rollout", req.Msg.GetName()))
 	}
 	return connect.NewResponse(&v1.GetRolloutResponse{Rollout: rolloutProto(&r)}), nil
 }
@@ -392,7 +392,7 @@ func (svc *rolloutService) SetRolloutShare(ctx context.Context, req *connect.Req
 	}
 	r, err := svc.store.RolloutGet(ctx, name)
 	if err != nil {
-		return nil, rolloutError("rollout "+name, err)
+		return nil, rolloutError("rollout "+name, named(err, "rollout", name))
 	}
 	prior := r.Share
 	changed, err := r.SetShare(bp, who(ctx), svc.s.clock().UTC())
@@ -420,7 +420,7 @@ func (svc *rolloutService) UndoRolloutStep(ctx context.Context, req *connect.Req
 	}
 	r, err := svc.store.RolloutGet(ctx, name)
 	if err != nil {
-		return nil, rolloutError("rollout "+name, err)
+		return nil, rolloutError("rollout "+name, named(err, "rollout", name))
 	}
 	undone, err := r.Undo(who(ctx), svc.s.clock().UTC())
 	if err != nil {
@@ -491,6 +491,13 @@ func (svc *rolloutService) DrainProgress(ctx context.Context, req *connect.Reque
 	gens := req.Msg.GetGenerations()
 	if len(gens) == 0 || len(gens) > MaxRollbackGenerations {
 		return nil, invalidArgument(ReasonInvalidCommand, "%d generations; give 1 to %d", len(gens), MaxRollbackGenerations)
+	}
+	for _, g := range gens {
+		// An unknown generation is answered by name (notFound), before
+		// any drain runs.
+		if _, err := svc.s.policies.get(ctx, g); err != nil {
+			return nil, readError("drain progress", ReasonPolicyNotFound, err)
+		}
 	}
 	resp := &v1.DrainProgressResponse{}
 	if req.Msg.GetRunDrains() {

@@ -146,9 +146,8 @@ func scoped(ctx context.Context) bool {
 // reservationNotFound is the answer to a scoped caller for an id that does
 // not exist and, identically, for one whose reservation lies outside its
 // scope: a refusal must not reveal that the id exists.
-func reservationNotFound(what, id string) *connect.Error {
-	return withReason(connect.NewError(connect.CodeNotFound,
-		fmt.Errorf("%s: %w: %s", what, ledger.ErrReservationNotFound, id)), ReasonReservationNotFound)
+func reservationNotFound(_, id string) *connect.Error {
+	return notFound(ReasonReservationNotFound, id)
 }
 
 // outOfScope is the one out-of-scope rule: it reports whether the caller
@@ -225,7 +224,7 @@ func (s *Server) checkReservationScope(ctx context.Context, what, id string) *co
 		return cerr
 	}
 	if err != nil {
-		return notSentError(what+" "+id, ReasonReservationNotFound, err)
+		return notSentError(what+" "+id, ReasonReservationNotFound, named(err, "reservation", id))
 	}
 	return nil
 }
@@ -272,8 +271,8 @@ func inPolicyScope(ctx context.Context, key ledger.PolicyKey) bool {
 }
 
 // shardNotFound is reservationNotFound for shards.
-func shardNotFound(what, id string) *connect.Error {
-	return withReason(connect.NewError(connect.CodeNotFound, fmt.Errorf("%s: %w: %s", what, ledger.ErrShardNotFound, id)), ReasonShardNotFound)
+func shardNotFound(_, id string) *connect.Error {
+	return notFound(ReasonShardNotFound, id)
 }
 
 // shardIDTaken answers an IssueShard whose shard id is another tenant's.

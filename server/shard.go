@@ -270,7 +270,7 @@ func (svc *shardService) GetShard(ctx context.Context, req *connect.Request[v1.G
 		return nil, cerr
 	}
 	if err != nil {
-		return nil, readError("get shard "+req.Msg.GetShardId(), ReasonShardNotFound, err)
+		return nil, readError("get shard "+req.Msg.GetShardId(), ReasonShardNotFound, named(err, "shard", req.Msg.GetShardId()))
 	}
 	pb, err := svc.shardProto(ctx, &sh, true)
 	if err != nil {
@@ -388,7 +388,7 @@ func (svc *shardService) ReconcileShard(ctx context.Context, req *connect.Reques
 		return nil, svc.refused(ledger.KindShardReconcile, cerr)
 	}
 	if err != nil {
-		return nil, notSentError("reconcile shard "+m.GetShardId(), ReasonShardNotFound, err)
+		return nil, notSentError("reconcile shard "+m.GetShardId(), ReasonShardNotFound, named(err, "shard", m.GetShardId()))
 	}
 	p, err := svc.s.policies.get(ctx, sh.Account.Generation)
 	if err != nil {

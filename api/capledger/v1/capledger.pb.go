@@ -340,7 +340,8 @@ type Policy struct {
 	EmergencyMode bool `protobuf:"varint,13,opt,name=emergency_mode,json=emergencyMode,proto3" json:"emergency_mode,omitempty"`
 	// Enforce (default) or shadow.
 	Rollout RolloutMode `protobuf:"varint,14,opt,name=rollout,proto3,enum=capledger.v1.RolloutMode" json:"rollout,omitempty"`
-	// Accounting epoch (book period) of the accounts. Default 1h.
+	// Accounting epoch (book period) of the accounts. Default 1h; at least
+	// 1s (shorter is refused).
 	EpochLength *durationpb.Duration `protobuf:"bytes,15,opt,name=epoch_length,json=epochLength,proto3" json:"epoch_length,omitempty"`
 	// Set by the server.
 	PublishedAt *timestamppb.Timestamp `protobuf:"bytes,16,opt,name=published_at,json=publishedAt,proto3" json:"published_at,omitempty"`
