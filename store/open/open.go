@@ -137,7 +137,7 @@ func LockSQLite(spec, dataDir string) (unlock func(), err error) {
 		}
 		path = filepath.Join(dataDir, DefaultFile)
 	case hasScheme && scheme == "sqlite":
-		if path, err = sqliteURLPath(spec, rest); err != nil {
+		if path, err = sqliteURLPath(spec, rest); err != nil || sqlite.CheckPath(path) != nil {
 			return func() {}, nil
 		}
 	default:
