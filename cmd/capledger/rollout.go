@@ -429,6 +429,9 @@ func runRollback(ctx context.Context, e *env, args []string) error {
 	if *interval <= 0 {
 		return usagef("--interval must be positive")
 	}
+	if *maxWait < 0 {
+		return usagef("--max-wait %s: want a duration of 0 or more", *maxWait)
+	}
 	if !*status {
 		msg, err := unary(ctx, cf.timeout, client.RollbackGenerations, &v1.RollbackGenerationsRequest{Generations: gens})
 		if err != nil {
