@@ -256,3 +256,15 @@ func TestRollbackNegativeMaxWaitRefusedBeforeRollingBack(t *testing.T) {
 		t.Errorf("generation 1 was rolled back by a refused command:\n%s", out)
 	}
 }
+
+// legacy carve --ttl -1h said "--identity, ... --ttl and --id are
+// required" with every one of them given: a negative TTL is named as such.
+func TestLegacyCarveNegativeTTLNamed(t *testing.T) {
+	url := startInProcess(t)
+	code, out, errOut := cli(t, url, "legacy", "carve", "--identity", "legacy-limiter", "--subject", "tenant-7",
+		"--route", "chat.generate", "--units", "tokens=10", "--ttl", "-1h", "--id", "b-1")
+	wantExit(t, exitUsage, code, out, errOut)
+	if !strings.Contains(errOut, "--ttl -1h0m0s: want a duration above 0") || strings.Contains(errOut, "required") {
+		t.Errorf("the message does not name the negative TTL:\n%s", errOut)
+	}
+}
