@@ -14,6 +14,7 @@ import (
 	neturl "net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -775,6 +776,41 @@ func TestPolicyRollbackPrintsEveryField(t *testing.T) {
 		var compact bytes.Buffer
 		if err := json.Compact(&compact, []byte(out)); err != nil || compact.String() != step.want {
 			t.Errorf("policy rollback %s printed %s (%v), want %s", step.gen, out, err, step.want)
+		}
+	}
+}
+
+// rollout --help's "--by route" entry ended "every request of an enforced
+// route is" and went on with the next flag: a sentence cut off when its
+// last line was lost. No help text has a line ending in a word that
+// cannot end a sentence followed by a new flag's entry, a blank line or
+// the end.
+func TestCLIHelpHasNoSentenceCutOff(t *testing.T) {
+	dangling := regexp.MustCompile(`\b(is|are|the|a|an|of|and|or|by|with|its|when|than)$`)
+	flagEntry := regexp.MustCompile(`^  --\S`)
+	names := []string{""}
+	for name := range commands {
+		names = append(names, name)
+	}
+	for _, name := range names {
+		args := []string{"--help"}
+		if name != "" {
+			args = []string{name, "--help"}
+		}
+		_, out, errOut := cli(t, "", args...)
+		lines := strings.Split(out+errOut, "\n")
+		for i, line := range lines {
+			line = strings.TrimRight(line, " ")
+			if !dangling.MatchString(line) {
+				continue
+			}
+			next := ""
+			if i+1 < len(lines) {
+				next = lines[i+1]
+			}
+			if strings.TrimSpace(next) == "" || flagEntry.MatchString(next) {
+				t.Errorf("capledger %s --help: a sentence is cut off after %q (next line %q)", name, line, next)
+			}
 		}
 	}
 }

@@ -37,6 +37,7 @@ create and never changed:
   --by route     a share of the routes: the routes ordered by the hash of
                  route and region, the first ceil(N% of them) enforced (at
                  least one above 0%); every request of an enforced route is
+                 enforced, the other routes' requests are shadowed
   --by subject   a share of the subjects (tenants) on every route of the
                  rollout: a request is enforced when the hash of its route,
                  region and subject falls below N%
