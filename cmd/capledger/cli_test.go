@@ -814,3 +814,28 @@ func TestCLIHelpHasNoSentenceCutOff(t *testing.T) {
 		}
 	}
 }
+
+// capledger migrate --data-dir with a mistyped directory made a new,
+// empty database there and answered as for the real one ("schema at
+// version N", with --auto-vacuum "auto_vacuum mode 2"): an operator could
+// read it as the conversion of the file meant. It says so when it created
+// the database; on an existing one it does not.
+func TestMigrateSaysWhenItCreatedTheDatabase(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "capledger-dtaa")
+	code, out, errOut := cli(t, "", "migrate", "--data-dir", dir, "--auto-vacuum")
+	wantExit(t, exitOK, code, out, errOut)
+	if !strings.Contains(out, "no database was there: created a new one") {
+		t.Errorf("migrate of a directory without a database says %q: want that it created one", out)
+	}
+	code, out, errOut = cli(t, "", "migrate", "--data-dir", dir)
+	wantExit(t, exitOK, code, out, errOut)
+	if strings.Contains(out, "created") || !strings.Contains(out, "schema at version") {
+		t.Errorf("migrate of an existing database says %q", out)
+	}
+	file := filepath.Join(t.TempDir(), "x.db")
+	code, out, errOut = cli(t, "", "migrate", "--store", "sqlite:"+file)
+	wantExit(t, exitOK, code, out, errOut)
+	if !strings.Contains(out, "no database was there: created a new one") {
+		t.Errorf("migrate of a sqlite: path without a file says %q", out)
+	}
+}
