@@ -839,3 +839,36 @@ func TestMigrateSaysWhenItCreatedTheDatabase(t *testing.T) {
 		t.Errorf("migrate of a sqlite: path without a file says %q", out)
 	}
 }
+
+// A token with a newline in it (a file read with its line end, a pasted
+// line) could not be sent as a header: the command exited 5 "unavailable:
+// net/http: invalid header field value", which a deploy script retries as
+// a server down. It is a bad flag (exit 1) that says what is wrong, for
+// --token and $CAPLEDGER_TOKEN alike, on the commands that use the SDK
+// (get) and those that do not (status, policy list).
+func TestCLITokenWithANewlineIsABadFlag(t *testing.T) {
+	url := startInProcess(t)
+	for _, args := range [][]string{
+		{"policy", "list", "--token", "s3cr3t-token-00000001\n"},
+		{"status", "--token", "s3cr3t-token-00000001\r\n"},
+		{"get", "x", "--token", "s3cr3t-\ttoken-00000001"},
+	} {
+		code, out, errOut := cli(t, url, args...)
+		wantExit(t, exitUsage, code, out, errOut)
+		if !strings.Contains(errOut, "--token") || !strings.Contains(errOut, "control character") {
+			t.Errorf("capledger %q: the message does not say what is wrong with the token:\n%s", args, errOut)
+		}
+	}
+}
+
+// status against an address that is not a capledger server's (a path
+// prefix, another service) printed "status: 404 Not Found <nil>": the
+// answer's status with a nil error pasted after it. It names what answered.
+func TestCLIStatusNamesAnUnexpectedAnswer(t *testing.T) {
+	url := startInProcess(t)
+	code, out, errOut := cli(t, url+"/prefix", "status")
+	wantExit(t, exitUnavailable, code, out, errOut)
+	if strings.Contains(errOut, "<nil>") || !strings.Contains(errOut, "/prefix/statusz answered 404 Not Found") {
+		t.Errorf("status against a wrong path says:\n%s", errOut)
+	}
+}
