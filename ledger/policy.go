@@ -89,6 +89,8 @@ func (p *Policy) Validate() error {
 		return invalidPolicy("epoch length %s is shorter than the minimum %s", p.EpochLength, MinEpochLength)
 	case p.FairnessWeight <= 0:
 		return invalidPolicy("fairness weight must be positive")
+	case p.FairnessWeight > MaxFairnessWeight:
+		return invalidPolicy("fairness weight %d is outside [1, %d]", p.FairnessWeight, MaxFairnessWeight)
 	case !(p.FairnessBudget >= 0 && p.FairnessBudget <= 1):
 		// Written so that NaN, for which every comparison is false, is
 		// refused too: a store cannot keep it (SQLite reads it as NULL)

@@ -2,6 +2,7 @@ package ledger_test
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -320,4 +321,22 @@ func TestShardShapeIsInvalidBeforeTheLookup(t *testing.T) {
 	if res := c.apply(issueCmd("sh-1", "gw-a", 1, 100)); res.Err != nil || !res.Replayed {
 		t.Fatalf("a well-formed retry: %+v, want its shard", res)
 	}
+}
+
+// A fairness weight above what the gateway's scheduler takes (sched's
+// MaxWeight, 2^20) was published, and client.FairQueue clamped it to 2^20
+// without a word: a tenant of weight 2^21 got the share of one of 2^20,
+// while the console's fairness page divided by 2^21. It is refused at
+// publish, like every other term out of range; 2^20 itself is accepted.
+func TestFairnessWeightAboveTheSchedulersIsInvalid(t *testing.T) {
+	c := newChecked(t)
+	p := policyOf(tokens(1000, 100))
+	p.FairnessWeight = ledger.MaxFairnessWeight + 1
+	res := c.apply(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: p})
+	if !errors.Is(res.Err, ledger.ErrInvalidPolicy) || !strings.Contains(res.Err.Error(), "fairness weight 1048577 is outside [1, 1048576]") {
+		t.Fatalf("publish with fairness weight %d: %+v", p.FairnessWeight, res)
+	}
+	p = policyOf(tokens(1000, 100))
+	p.FairnessWeight = ledger.MaxFairnessWeight
+	c.publish(p)
 }

@@ -298,11 +298,13 @@ func IssueShard(b Book, cmd *Command, now time.Time) Result {
 	tick(b, a, p, now)
 	b.AccountPut(a)
 	// A shard is bounded by available capacity and debt like a reservation,
-	// but not by the maximum single reservation: it stands for many.
+	// but not by the maximum single reservation: it stands for many. The
+	// burst bounds it instead: a shard above it never fits (refused as too
+	// large, no wait helps, rather than as waiting for holds to end).
 	unbounded := *p
 	unbounded.Dimensions = slices.Clone(p.Dimensions)
 	for i := range unbounded.Dimensions {
-		unbounded.Dimensions[i].MaxReservation = MaxUnits
+		unbounded.Dimensions[i].MaxReservation = unbounded.Dimensions[i].Burst
 	}
 	if rejected, res := admissible(a, &unbounded, &cmd.Units, now); rejected {
 		res.Generation = p.Generation

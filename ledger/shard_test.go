@@ -653,3 +653,25 @@ func TestShardErrorsNameTheUnit(t *testing.T) {
 		}
 	}
 }
+
+// A shard above the burst never fits, however long refill runs and
+// whatever holds end; it was refused INSUFFICIENT_CAPACITY saying "only
+// outstanding holds ending can make room" on an account with no hold at
+// all. It is refused as a reservation above the policy's bound is
+// (ErrReservationTooLarge: no wait helps), naming the burst; a shard of
+// the whole burst, above the largest single reservation, is still issued.
+func TestShardAboveTheBurstIsTooLarge(t *testing.T) {
+	c := newChecked(t)
+	p := emergencyPolicy()
+	p.Dimensions[0].MaxReservation = 100
+	g := c.publish(p)
+	res := c.apply(issueCmd("sh-1", "gw-a", 1, 1001))
+	if !errors.Is(res.Err, ledger.ErrReservationTooLarge) || res.RetryAfter != 0 || res.Dimension != "tokens" ||
+		!strings.Contains(res.Err.Error(), "1001 tokens requested, at most 1000") || strings.Contains(res.Err.Error(), "holds") {
+		t.Fatalf("a shard above the burst: %+v", res)
+	}
+	if len(c.m.Shards()) != 0 || c.account(g).Balances[0].RetiredForEmergency != 0 {
+		t.Fatal("a refused issuance retired capacity or recorded a shard")
+	}
+	c.must(c.apply(issueCmd("sh-2", "gw-a", 1, 1000)))
+}

@@ -74,6 +74,11 @@ func KeyProblem(subject, route, region string) string {
 // rule.
 func KeyPartProblem(value string) string { return TextProblem(value, MaxKeyBytes) }
 
+// MaxFairnessWeight is the largest fairness weight a policy may give: the
+// largest the gateway's fair scheduler takes (sched.MaxWeight), so that no
+// published weight is clamped there.
+const MaxFairnessWeight = 1 << 20
+
 // MaxDimensions is how many capacity dimensions one policy may limit at once
 // (for example input tokens, output tokens, requests, cost). Amounts are fixed
 // arrays of this size so that a command allocates nothing for them.

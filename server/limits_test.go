@@ -300,3 +300,30 @@ func TestShardReceiptIDBounded(t *testing.T) {
 		}
 	}
 }
+
+// A misspelt method of another service than LedgerService was answered
+// "methods are POST /capledger.v1.LedgerService/<Method>", pointing a
+// client of /capledger.v1.AuditService/Audit (there is only StreamAudit)
+// at the wrong service. The hint names the path's own service and its
+// methods; a path of no service lists the services.
+func TestUnknownMethodNamesItsServicesMethods(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	send := func(path string) string {
+		req, _ := http.NewRequest("POST", h.url+path, strings.NewReader(`{}`))
+		req.Header.Set("Content-Type", "application/json")
+		r := h.do(req)
+		if r.status != http.StatusNotFound || r.body["code"] != "unimplemented" {
+			t.Fatalf("%s: %d %q", path, r.status, r.raw)
+		}
+		return r.body["message"].(string)
+	}
+	if msg := send("/capledger.v1.AuditService/Audit"); !strings.Contains(msg, "AuditService's methods: StreamAudit") || strings.Contains(msg, "LedgerService") {
+		t.Errorf("an unknown AuditService method: %q", msg)
+	}
+	if msg := send("/capledger.v1.LedgerService/Reserv"); !strings.Contains(msg, "LedgerService's methods: ") || !strings.Contains(msg, "Reserve, ReserveBatch") {
+		t.Errorf("an unknown LedgerService method: %q", msg)
+	}
+	if msg := send("/v1/reserve"); !strings.Contains(msg, "POST /capledger.v1.<Service>/<Method>") || !strings.Contains(msg, "ShardService") {
+		t.Errorf("a path of no service: %q", msg)
+	}
+}

@@ -374,8 +374,35 @@ func unknownPath(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNotFound)
 	json.NewEncoder(w).Encode(map[string]string{
 		"code":    connect.CodeUnimplemented.String(),
-		"message": fmt.Sprintf("no method or endpoint at %s (methods are POST /capledger.v1.LedgerService/<Method>)", r.URL.Path),
+		"message": fmt.Sprintf("no method or endpoint at %s (%s)", r.URL.Path, methodsHint(r.URL.Path)),
 	})
+}
+
+// apiServices are the capledger.v1 services a serve port answers.
+var apiServices = []protoreflect.ServiceDescriptor{
+	v1.File_capledger_v1_capledger_proto.Services().ByName("LedgerService"),
+	v1.File_capledger_v1_shard_proto.Services().ByName("ShardService"),
+	v1.File_capledger_v1_audit_proto.Services().ByName("AuditService"),
+	v1.File_capledger_v1_rollout_proto.Services().ByName("RolloutService"),
+	v1.File_capledger_v1_console_proto.Services().ByName("ConsoleService"),
+}
+
+// methodsHint names what a path could have been: the methods of its
+// service when the path names one (a misspelt method), else the services.
+func methodsHint(path string) string {
+	var names []string
+	for _, svc := range apiServices {
+		if strings.HasPrefix(path, "/"+string(svc.FullName())+"/") {
+			methods := svc.Methods()
+			list := make([]string, methods.Len())
+			for i := range list {
+				list[i] = string(methods.Get(i).Name())
+			}
+			return fmt.Sprintf("%s's methods: %s; POST /%s/<Method>", svc.Name(), strings.Join(list, ", "), svc.FullName())
+		}
+		names = append(names, string(svc.Name()))
+	}
+	return "methods are POST /capledger.v1.<Service>/<Method>, services " + strings.Join(names, ", ")
 }
 
 // getOnly answers a method other than GET or HEAD on an endpoint: 405,

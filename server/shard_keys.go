@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -45,6 +46,20 @@ type ShardKeys struct {
 	stamp     string
 	checkedAt time.Time
 	reloadErr error
+	// log, when set (LogReloads), hears of every reload: a failed one once
+	// per change of the files (failedStamp), as TLS certificates are.
+	log         *slog.Logger
+	failedStamp string
+}
+
+// LogReloads makes the ring log its reloads to log: "shard keys reloaded"
+// with the signing key, or, once per change of the files, "shard keys not
+// reloaded: keeping the previous ones" with the error (a rotation line
+// pasted half, a mode readable by others), which the previous keys outlive.
+func (k *ShardKeys) LogReloads(log *slog.Logger) {
+	k.mu.Lock()
+	k.log = log
+	k.mu.Unlock()
 }
 
 var keyIDPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
@@ -274,12 +289,28 @@ func (k *ShardKeys) refresh() {
 	if err == nil && current == stamp {
 		return
 	}
-	if err == nil {
+	if err != nil {
+		current = "error: " + err.Error()
+	} else {
 		err = k.load()
 	}
 	k.mu.Lock()
 	k.reloadErr = err
+	log, logged := k.log, k.failedStamp == current
+	if err != nil {
+		k.failedStamp = current
+	} else {
+		k.failedStamp = ""
+	}
+	signing := k.signing
 	k.mu.Unlock()
+	switch {
+	case log == nil:
+	case err != nil && !logged:
+		log.Warn("shard keys not reloaded: keeping the previous ones", "path", k.path, "err", err)
+	case err == nil:
+		log.Info("shard keys reloaded", "path", k.path, "signing", signing)
+	}
 }
 
 // ReloadError returns the error of the last failed reload (nil when the

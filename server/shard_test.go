@@ -420,3 +420,59 @@ func TestIssueShardStaleMapping(t *testing.T) {
 		t.Fatalf("issued: %+v", sh)
 	}
 }
+
+// A rotation line that does not load (pasted half, say) was ignored
+// without a word: the ring kept the previous keys, as it should, but
+// nothing told the operator that the new key was not signing. The ring
+// logs it once per change of the file, keeps signing with the previous
+// key, and logs the reload once the file loads again.
+func TestShardKeysLogAReloadThatFails(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "shard-keys")
+	first, err := server.NewShardKeyLine("k-first", randReader{}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(first), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	keys, err := server.LoadShardKeys(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logged strings.Builder
+	keys.LogReloads(slog.New(slog.NewTextHandler(&logged, nil)))
+	appendLine := func(line string) {
+		t.Helper()
+		f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.WriteString(line)
+		f.Close()
+	}
+	appendLine("k-next private notbase64\n")
+	for i := 0; i < 3; i++ { // the ring checks the file at most once a second
+		time.Sleep(1100 * time.Millisecond)
+		if id, _, ok := keys.Signer(); !ok || id != "k-first" {
+			t.Fatalf("after a bad rotation line the signer is %q", id)
+		}
+	}
+	failed := `msg="shard keys not reloaded: keeping the previous ones"`
+	if n := strings.Count(logged.String(), failed); n != 1 || !strings.Contains(logged.String(), "k-next") {
+		t.Fatalf("the failed reload was logged %d times (want once, naming the line's key):\n%s", n, logged.String())
+	}
+	good, err := server.NewShardKeyLine("k-good", randReader{}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(first+good), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1100 * time.Millisecond)
+	if id, _, ok := keys.Signer(); !ok || id != "k-good" {
+		t.Fatalf("after a good rotation the signer is %q", id)
+	}
+	if !strings.Contains(logged.String(), `msg="shard keys reloaded"`) || !strings.Contains(logged.String(), "signing=k-good") {
+		t.Fatalf("the reload was not logged:\n%s", logged.String())
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/sched"
 	"github.com/capledger/capledger/store"
 )
 
@@ -459,5 +460,22 @@ func TestSiteGateJudgesOnlyEnabledSites(t *testing.T) {
 	rep.MinFires = rep.Fired[SiteNetDrop] + 1
 	if f := rep.Failures(); len(f) != 1 || !strings.Contains(f[0], "net_drop") {
 		t.Errorf("failures %v, want net_drop's alone", f)
+	}
+}
+
+// Every weight a policy may publish is one the gateway's scheduler takes:
+// ledger.MaxFairnessWeight is sched.MaxWeight (ledger imports nothing, so
+// the two constants meet here, where the simulator hands policies' weights
+// to sched), and the scheduler takes that weight.
+func TestPolicyWeightsFitTheScheduler(t *testing.T) {
+	if ledger.MaxFairnessWeight != sched.MaxWeight {
+		t.Fatalf("ledger.MaxFairnessWeight %d, sched.MaxWeight %d: a published weight would be clamped or refused", ledger.MaxFairnessWeight, sched.MaxWeight)
+	}
+	s, err := sched.New(sched.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetTenant("t", ledger.MaxFairnessWeight, 0); err != nil {
+		t.Fatalf("the scheduler refuses the largest policy weight: %v", err)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	neturl "net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -776,5 +777,98 @@ func TestPolicyRollbackPrintsEveryField(t *testing.T) {
 		if err := json.Compact(&compact, []byte(out)); err != nil || compact.String() != step.want {
 			t.Errorf("policy rollback %s printed %s (%v), want %s", step.gen, out, err, step.want)
 		}
+	}
+}
+
+// rollout --help's "--by route" entry ended "every request of an enforced
+// route is" and went on with the next flag: a sentence cut off when its
+// last line was lost. No help text has a line ending in a word that
+// cannot end a sentence followed by a new flag's entry, a blank line or
+// the end.
+func TestCLIHelpHasNoSentenceCutOff(t *testing.T) {
+	dangling := regexp.MustCompile(`\b(is|are|the|a|an|of|and|or|by|with|its|when|than)$`)
+	flagEntry := regexp.MustCompile(`^  --\S`)
+	names := []string{""}
+	for name := range commands {
+		names = append(names, name)
+	}
+	for _, name := range names {
+		args := []string{"--help"}
+		if name != "" {
+			args = []string{name, "--help"}
+		}
+		_, out, errOut := cli(t, "", args...)
+		lines := strings.Split(out+errOut, "\n")
+		for i, line := range lines {
+			line = strings.TrimRight(line, " ")
+			if !dangling.MatchString(line) {
+				continue
+			}
+			next := ""
+			if i+1 < len(lines) {
+				next = lines[i+1]
+			}
+			if strings.TrimSpace(next) == "" || flagEntry.MatchString(next) {
+				t.Errorf("capledger %s --help: a sentence is cut off after %q (next line %q)", name, line, next)
+			}
+		}
+	}
+}
+
+// capledger migrate --data-dir with a mistyped directory made a new,
+// empty database there and answered as for the real one ("schema at
+// version N", with --auto-vacuum "auto_vacuum mode 2"): an operator could
+// read it as the conversion of the file meant. It says so when it created
+// the database; on an existing one it does not.
+func TestMigrateSaysWhenItCreatedTheDatabase(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "capledger-dtaa")
+	code, out, errOut := cli(t, "", "migrate", "--data-dir", dir, "--auto-vacuum")
+	wantExit(t, exitOK, code, out, errOut)
+	if !strings.Contains(out, "no database was there: created a new one") {
+		t.Errorf("migrate of a directory without a database says %q: want that it created one", out)
+	}
+	code, out, errOut = cli(t, "", "migrate", "--data-dir", dir)
+	wantExit(t, exitOK, code, out, errOut)
+	if strings.Contains(out, "created") || !strings.Contains(out, "schema at version") {
+		t.Errorf("migrate of an existing database says %q", out)
+	}
+	file := filepath.Join(t.TempDir(), "x.db")
+	code, out, errOut = cli(t, "", "migrate", "--store", "sqlite:"+file)
+	wantExit(t, exitOK, code, out, errOut)
+	if !strings.Contains(out, "no database was there: created a new one") {
+		t.Errorf("migrate of a sqlite: path without a file says %q", out)
+	}
+}
+
+// A token with a newline in it (a file read with its line end, a pasted
+// line) could not be sent as a header: the command exited 5 "unavailable:
+// net/http: invalid header field value", which a deploy script retries as
+// a server down. It is a bad flag (exit 1) that says what is wrong, for
+// --token and $CAPLEDGER_TOKEN alike, on the commands that use the SDK
+// (get) and those that do not (status, policy list).
+func TestCLITokenWithANewlineIsABadFlag(t *testing.T) {
+	url := startInProcess(t)
+	for _, args := range [][]string{
+		{"policy", "list", "--token", "s3cr3t-token-00000001\n"},
+		{"status", "--token", "s3cr3t-token-00000001\r\n"},
+		{"get", "x", "--token", "s3cr3t-\ttoken-00000001"},
+	} {
+		code, out, errOut := cli(t, url, args...)
+		wantExit(t, exitUsage, code, out, errOut)
+		if !strings.Contains(errOut, "--token") || !strings.Contains(errOut, "control character") {
+			t.Errorf("capledger %q: the message does not say what is wrong with the token:\n%s", args, errOut)
+		}
+	}
+}
+
+// status against an address that is not a capledger server's (a path
+// prefix, another service) printed "status: 404 Not Found <nil>": the
+// answer's status with a nil error pasted after it. It names what answered.
+func TestCLIStatusNamesAnUnexpectedAnswer(t *testing.T) {
+	url := startInProcess(t)
+	code, out, errOut := cli(t, url+"/prefix", "status")
+	wantExit(t, exitUnavailable, code, out, errOut)
+	if strings.Contains(errOut, "<nil>") || !strings.Contains(errOut, "/prefix/statusz answered 404 Not Found") {
+		t.Errorf("status against a wrong path says:\n%s", errOut)
 	}
 }

@@ -118,7 +118,7 @@ func (c *clientFlags) tlsConfig() (*tls.Config, error) {
 // --ca-file applied, then opts; a usageError for a malformed --addr or an
 // unusable --ca-file.
 func (c *clientFlags) sdk(opts ...client.Option) (*client.Client, error) {
-	if err := c.checkTimeout(); err != nil {
+	if err := c.check(); err != nil {
 		return nil, err
 	}
 	tlsConfig, err := c.tlsConfig()
@@ -155,7 +155,7 @@ func (c *clientFlags) httpClient() (*http.Client, error) {
 // options that send --token as a bearer token on every call; a usageError
 // if --addr is neither http nor https or --timeout is not above 0.
 func (c *clientFlags) endpoint() (string, []connect.ClientOption, error) {
-	if err := c.checkTimeout(); err != nil {
+	if err := c.check(); err != nil {
 		return "", nil, err
 	}
 	addr := c.addr
@@ -170,6 +170,22 @@ func (c *clientFlags) endpoint() (string, []connect.ClientOption, error) {
 		options = append(options, connect.WithInterceptors(bearerToken("Bearer "+c.token)))
 	}
 	return strings.TrimSuffix(addr, "/"), options, nil
+}
+
+// check returns checkTimeout's usageError, or one for a --token (or
+// $CAPLEDGER_TOKEN) holding a control character, a line end most often:
+// no header can carry it, and the call would fail as if the server were
+// unavailable (exit 5) instead of as a bad flag.
+func (c *clientFlags) check() error {
+	if err := c.checkTimeout(); err != nil {
+		return err
+	}
+	for _, r := range c.token {
+		if r < 0x20 || r == 0x7f {
+			return usagef("--token (or $CAPLEDGER_TOKEN) holds a control character (%q): a bearer token is one line of printable characters; strip the line end", r)
+		}
+	}
+	return nil
 }
 
 // checkTimeout returns a usageError for a --timeout of 0 or less, which

@@ -69,7 +69,10 @@ func runLegacy(ctx context.Context, e *env, args []string) error {
 	if err := parseNoArgs(fs, args[1:]); err != nil {
 		return err
 	}
-	if *identity == "" || *subject == "" || *route == "" || *unitSpec == "" || *ttl <= 0 || *id == "" {
+	if *ttl < 0 {
+		return usagef("--ttl %s: want a duration above 0", *ttl)
+	}
+	if *identity == "" || *subject == "" || *route == "" || *unitSpec == "" || *ttl == 0 || *id == "" {
 		return usagef("--identity, --subject, --route, --units, --ttl and --id are required")
 	}
 	units, err := parseUnits("units", *unitSpec)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 
 	"github.com/capledger/capledger/store"
@@ -24,7 +25,8 @@ ahead of a rolling upgrade of PostgreSQL replicas, so that the replicas
 start on a current schema and the migration runs exactly once (replicas
 migrating at once queue on an advisory lock). Migrations apply in one
 transaction: a failure leaves the schema as it was. A schema newer than the
-binary is refused: run the newer binary.
+binary is refused: run the newer binary. A SQLite database that is not
+there is created, and migrate says so (check --data-dir if you expected one).
 
 Flags:
   --store SPEC        "sqlite" (default, in --data-dir), "sqlite:PATH", or a
@@ -83,6 +85,13 @@ func runMigrate(ctx context.Context, e *env, args []string) error {
 	// The SQLite store migrates when it opens; opening is migrating. Not
 	// under a running serve: the file is its (and --auto-vacuum rewrites
 	// it).
+	// A database that was not there is made anew: say so, so that a
+	// mistyped --data-dir does not read as the migration of the real one.
+	created := false
+	if path, ok := open.SQLitePath(*storeSpec, *dataDir); ok {
+		_, statErr := os.Stat(path)
+		created = errors.Is(statErr, os.ErrNotExist)
+	}
 	unlock, err := open.LockSQLite(*storeSpec, *dataDir)
 	if err != nil {
 		return usagef("%v: stop serve first", err)
@@ -106,6 +115,10 @@ func runMigrate(ctx context.Context, e *env, args []string) error {
 			return usagef("auto_vacuum: %v", err)
 		}
 		fmt.Fprintf(e.stdout, "%s auto_vacuum mode %d (2 = incremental)\n", sq.Path(), mode)
+	}
+	if created {
+		fmt.Fprintf(e.stdout, "%s: no database was there: created a new one; schema at version %d\n", storeName(*storeSpec, *dataDir), sqlite.SchemaVersion())
+		return nil
 	}
 	fmt.Fprintf(e.stdout, "%s schema at version %d\n", storeName(*storeSpec, *dataDir), sqlite.SchemaVersion())
 	return nil

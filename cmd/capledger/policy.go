@@ -46,7 +46,7 @@ Policy file (YAML or JSON, one policy per file; durations like "30s", "5m", "1h"
   epochLength: 1h            # accounting epoch (default 1h)
   estimatorDigest: sha256:71a...   # optional, traces receipts to the estimator (at most 512 bytes)
   priority: 0                # optional, for the fair scheduler
-  fairnessWeight: 1          # optional (default 1)
+  fairnessWeight: 1          # optional: 1 to 1048576 (default 1)
   fairnessBudget: 0.05       # optional: tolerated fairness error in [0, 1] (default 0.05)
   emergencyMode: false       # optional: may emergency shards be issued
   dimensions:                # one to four units, limited together

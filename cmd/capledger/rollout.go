@@ -37,6 +37,7 @@ create and never changed:
   --by route     a share of the routes: the routes ordered by the hash of
                  route and region, the first ceil(N% of them) enforced (at
                  least one above 0%); every request of an enforced route is
+                 enforced, the other routes' requests are shadowed
   --by subject   a share of the subjects (tenants) on every route of the
                  rollout: a request is enforced when the hash of its route,
                  region and subject falls below N%
@@ -428,6 +429,9 @@ func runRollback(ctx context.Context, e *env, args []string) error {
 	}
 	if *interval <= 0 {
 		return usagef("--interval must be positive")
+	}
+	if *maxWait < 0 {
+		return usagef("--max-wait %s: want a duration of 0 or more", *maxWait)
 	}
 	if !*status {
 		msg, err := unary(ctx, cf.timeout, client.RollbackGenerations, &v1.RollbackGenerationsRequest{Generations: gens})

@@ -232,3 +232,39 @@ func TestRolloutStepWithoutAnyRollout(t *testing.T) {
 	code, out, errOut := cli(t, url, "rollout", "set", "nope", "--percent", "5")
 	wantExit(t, exitNotFound, code, out, errOut)
 }
+
+// A negative --max-wait (say "-5m" for "5m") was taken as given: rollback
+// rolled the generation back, polled once and exited 4 "not drained after
+// -5m0s". It is a bad flag (exit 1), refused before anything is rolled
+// back, as a non-positive --interval is.
+func TestRollbackNegativeMaxWaitRefusedBeforeRollingBack(t *testing.T) {
+	url := startInProcess(t)
+	path := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(path, []byte(policyYAML), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := cli(t, url, "policy", "publish", path) // generation 1
+	wantExit(t, exitOK, code, out, errOut)
+	code, out, errOut = cli(t, url, "rollback", "1", "--wait", "--max-wait", "-5m", "--interval", "10ms")
+	wantExit(t, exitUsage, code, out, errOut)
+	if !strings.Contains(errOut, "--max-wait -5m0s") {
+		t.Errorf("the message does not name the flag:\n%s", errOut)
+	}
+	code, out, errOut = cli(t, url, "policy", "get", "1")
+	wantExit(t, exitOK, code, out, errOut)
+	if !strings.Contains(out, `"active": true`) {
+		t.Errorf("generation 1 was rolled back by a refused command:\n%s", out)
+	}
+}
+
+// legacy carve --ttl -1h said "--identity, ... --ttl and --id are
+// required" with every one of them given: a negative TTL is named as such.
+func TestLegacyCarveNegativeTTLNamed(t *testing.T) {
+	url := startInProcess(t)
+	code, out, errOut := cli(t, url, "legacy", "carve", "--identity", "legacy-limiter", "--subject", "tenant-7",
+		"--route", "chat.generate", "--units", "tokens=10", "--ttl", "-1h", "--id", "b-1")
+	wantExit(t, exitUsage, code, out, errOut)
+	if !strings.Contains(errOut, "--ttl -1h0m0s: want a duration above 0") || strings.Contains(errOut, "required") {
+		t.Errorf("the message does not name the negative TTL:\n%s", errOut)
+	}
+}

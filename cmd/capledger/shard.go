@@ -535,6 +535,7 @@ func shardConfig(keysPath, dataDir, storeSpec string, maxTTL time.Duration, log 
 	for _, k := range keys.Keys() {
 		log.Info("shard key", "id", k.KeyID, "public", base64.StdEncoding.EncodeToString(k.PublicKey), "signing", k.Signing)
 	}
+	keys.LogReloads(log)
 	return &server.ShardConfig{Keys: keys, MaxTTL: maxTTL}, nil
 }
 

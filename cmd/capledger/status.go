@@ -64,8 +64,11 @@ func runStatus(ctx context.Context, e *env, args []string) error {
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if err != nil || resp.StatusCode != http.StatusOK {
-		return exitError{code: exitUnavailable, err: fmt.Errorf("status: %s %v", resp.Status, err)}
+	if err != nil {
+		return exitError{code: exitUnavailable, err: fmt.Errorf("status: reading the answer of %s: %w", req.URL, err)}
+	}
+	if resp.StatusCode != http.StatusOK {
+		return exitError{code: exitUnavailable, err: fmt.Errorf("status: GET %s answered %s (is --addr a capledger server's address?)", req.URL, resp.Status)}
 	}
 	var st struct {
 		Ready bool `json:"ready"`

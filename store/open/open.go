@@ -125,25 +125,36 @@ func sqliteURLPath(spec, rest string) (string, error) {
 // running the workers beside the first. For other stores it does
 // nothing; a malformed spec is left to OpenWith to report.
 func LockSQLite(spec, dataDir string) (unlock func(), err error) {
-	var path string
+	path, ok := SQLitePath(spec, dataDir)
+	if !ok {
+		return func() {}, nil
+	}
+	if spec == "" || spec == "sqlite" {
+		if err := os.MkdirAll(dataDir, 0o700); err != nil {
+			return nil, fmt.Errorf("open store: data directory: %w", err)
+		}
+	}
+	return lockFile(path + ".lock")
+}
+
+// SQLitePath returns the database file a SQLite spec names (in dataDir for
+// "" and "sqlite"), and false for another store or a spec OpenWith refuses.
+func SQLitePath(spec, dataDir string) (string, bool) {
 	scheme, rest, hasScheme := strings.Cut(spec, ":")
 	switch {
 	case spec == "" || spec == "sqlite":
 		if dataDir == "" {
-			return func() {}, nil
+			return "", false
 		}
-		if err := os.MkdirAll(dataDir, 0o700); err != nil {
-			return nil, fmt.Errorf("open store: data directory: %w", err)
-		}
-		path = filepath.Join(dataDir, DefaultFile)
+		return filepath.Join(dataDir, DefaultFile), true
 	case hasScheme && scheme == "sqlite":
-		if path, err = sqliteURLPath(spec, rest); err != nil {
-			return func() {}, nil
+		path, err := sqliteURLPath(spec, rest)
+		if err != nil || sqlite.CheckPath(path) != nil {
+			return "", false
 		}
-	default:
-		return func() {}, nil
+		return path, true
 	}
-	return lockFile(path + ".lock")
+	return "", false
 }
 
 func openSQLite(ctx context.Context, path string, opts Options) (store.Store, error) {

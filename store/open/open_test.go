@@ -247,3 +247,39 @@ func TestCacheRowsOption(t *testing.T) {
 	}
 	mem.Close()
 }
+
+// A sqlite: path the store refuses ('?' or '#': the driver would read
+// parameters from it) took its lock first, so serve and migrate left a
+// stray "x.db?_pragma=foo.lock" beside the file they refused to open.
+// LockSQLite leaves such a path to Open, which refuses it, and creates
+// nothing.
+func TestLockSQLiteCreatesNothingForARefusedPath(t *testing.T) {
+	dir := t.TempDir()
+	for _, spec := range []string{"sqlite:" + dir + "/x.db?_pragma=foo", "sqlite:" + dir + "/x#y.db", "sqlite://" + dir + "/z.db?mode=ro"} {
+		unlock, err := open.LockSQLite(spec, "")
+		if err != nil {
+			t.Fatalf("%q: lock: %v", spec, err)
+		}
+		unlock()
+		if _, err := open.Open(context.Background(), spec, ""); err == nil || !strings.Contains(err.Error(), "plain file path") {
+			t.Errorf("%q: open: %v, want the path refused", spec, err)
+		}
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		t.Errorf("left %s in the directory", e.Name())
+	}
+	// A plain path is still locked: a second lock on it is refused.
+	spec := "sqlite:" + filepath.Join(dir, "plain.db")
+	unlock, err := open.LockSQLite(spec, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unlock()
+	if _, err := open.LockSQLite(spec, ""); err == nil {
+		t.Error("a second lock on one plain path was granted")
+	}
+}

@@ -129,6 +129,19 @@ type Store struct {
 	auditCopyPages int
 }
 
+// CheckPath refuses a path Open refuses for its form alone: empty, or not
+// a plain file path (the driver reads everything after '?' as parameters;
+// an in-memory database would not be durable).
+func CheckPath(path string) error {
+	if path == "" {
+		return errors.New("open sqlite: empty path")
+	}
+	if strings.ContainsAny(path, "?#") || strings.HasPrefix(path, "file:") || path == ":memory:" {
+		return fmt.Errorf("open sqlite %q: the path must be a plain file path without '?' or '#'", path)
+	}
+	return nil
+}
+
 // Open opens (creating if needed) the database file at path, applies the
 // missing schema migrations and returns the store. It returns an error
 // wrapping ErrSchemaTooNew for a file written by a newer binary, and an
@@ -140,13 +153,8 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 	for _, o := range opts {
 		o(&cfg)
 	}
-	if path == "" {
-		return nil, errors.New("open sqlite: empty path")
-	}
-	if strings.ContainsAny(path, "?#") || strings.HasPrefix(path, "file:") || path == ":memory:" {
-		// The driver reads everything after '?' as parameters; an in-memory
-		// database would not be durable.
-		return nil, fmt.Errorf("open sqlite %q: the path must be a plain file path without '?' or '#'", path)
+	if err := CheckPath(path); err != nil {
+		return nil, err
 	}
 	if cfg.cacheRows < 1 {
 		return nil, fmt.Errorf("open sqlite %s: a row cache of %d rows; want at least 1", path, cfg.cacheRows)

@@ -332,7 +332,7 @@ type Policy struct {
 	ExecutionLimit *durationpb.Duration `protobuf:"bytes,9,opt,name=execution_limit,json=executionLimit,proto3" json:"execution_limit,omitempty"`
 	// Priority level for the fair scheduler (higher runs first).
 	Priority int32 `protobuf:"varint,10,opt,name=priority,proto3" json:"priority,omitempty"`
-	// Fair-share weight among subjects (default 1).
+	// Fair-share weight among subjects, 1 to 2^20 (default 1).
 	FairnessWeight int64 `protobuf:"varint,11,opt,name=fairness_weight,json=fairnessWeight,proto3" json:"fairness_weight,omitempty"`
 	// Tolerated relative fairness error, in [0, 1] (default 0.05).
 	FairnessBudget float64 `protobuf:"fixed64,12,opt,name=fairness_budget,json=fairnessBudget,proto3" json:"fairness_budget,omitempty"`
