@@ -602,6 +602,14 @@ func (c *Client) GetPolicy(ctx context.Context, generation uint64) (*ledgerv1.Po
 	return m.GetPolicy(), nil
 }
 
+// background returns the context of a call the Client makes on its own
+// (not for a caller): bounded as detached, and cancelled by Close, which
+// does not wait for the ledger.
+func (c *Client) background() (context.Context, context.CancelFunc) {
+	budget := time.Duration(c.retry.MaxAttempts) * c.timeout
+	return context.WithTimeout(c.lookups.ctx, budget)
+}
+
 // detached returns a context that outlives the caller's cancellation but is
 // bounded, for bookkeeping that must finish after the caller gave up
 // (settling started work, releasing unstarted work).
