@@ -302,7 +302,8 @@ func bearer(token string) connect.UnaryInterceptorFunc {
 
 // Close stops the breaker's prober and the background work (the lookups
 // of lost Reserves, the resends of kept settles, Emergency's releases of
-// late central holds), waiting for them to return, and releases the idle
+// late central holds, FairQueue's policy reads), waiting for them to
+// return, and releases the idle
 // connections of the SDK's own http.Client. It does not wait for the
 // ledger: a background call in flight is cancelled (a release of a late
 // central hold so cancelled is logged, and the hold expires after its
