@@ -300,10 +300,14 @@ func bearer(token string) connect.UnaryInterceptorFunc {
 	}
 }
 
-// Close stops the breaker's prober and the background lookups of lost
-// Reserves (waiting for them to return), and releases the idle connections
-// of the SDK's own http.Client. The Client must not be used afterwards. It
-// returns nil.
+// Close stops the breaker's prober and the background work (the lookups
+// of lost Reserves, the resends of kept settles, Emergency's releases of
+// late central holds, FairQueue's policy reads), waiting for them to
+// return, and releases the idle
+// connections of the SDK's own http.Client. It does not wait for the
+// ledger: a background call in flight is cancelled (a release of a late
+// central hold so cancelled is logged, and the hold expires after its
+// hold TTL). The Client must not be used afterwards. It returns nil.
 func (c *Client) Close() error {
 	c.breaker.shutdown()
 	c.lookups.shutdown()

@@ -26,7 +26,15 @@ type EmergencyRunResult struct {
 // id (it reaches the ledger at the shard's next Reconcile).
 //
 // Returns as Client.Run; the Reserve errors of Emergency.Reserve when
-// nothing was admitted; the shard store's errors for local steps.
+// nothing was admitted; the shard store's errors for local steps before
+// the work ran. Once local work has run, every failure to settle it is a
+// *UsageUnknownError with the receipt: the usage the shard refused
+// (ErrInvalidCommand: its Receipt has no Actual), or, when the store
+// could not record the settle (ErrShardStoreBroken), the receipt with
+// the work's Actual and Marked false (the store could not mark it
+// either). Such work is USAGE_UNKNOWN once the store is reopened (a
+// restart inherits it) and Emergency.Settle with the receipt's
+// operation id and Actual settles it before the shard is reconciled.
 func (e *Emergency) Run(ctx context.Context, req ReserveRequest, work Work) (*EmergencyRunResult, error) {
 	return e.run(ctx, req, work, nil)
 }
@@ -101,7 +109,13 @@ func (e *Emergency) run(ctx context.Context, req ReserveRequest, work Work, g ga
 		return nil, e.markLocalUnknown(receipt, serr)
 	}
 	if serr != nil {
-		return nil, fmt.Errorf("run: %w", serr)
+		// The store could not record the settle (a failed log write
+		// breaks it until it is reopened): the work ran and its usage is
+		// known, but the shard holds it STARTED. As for a settle the
+		// ledger could not take, the receipt (with Actual) is the
+		// caller's: a reopened store holds the work USAGE_UNKNOWN, and
+		// Emergency.Settle with these ids and units resolves it.
+		return nil, e.markLocalUnknown(receipt, serr)
 	}
 	return &EmergencyRunResult{RunResult: RunResult{Receipt: receipt, Refunded: settled.Refunded}, Local: settled}, werr
 }

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	ledgerv1 "github.com/capledger/capledger/api/capledger/v1"
+	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/sched"
 )
 
@@ -29,12 +31,22 @@ type FairQueueConfig struct {
 	PriorityMode sched.PriorityMode
 	// Weight returns a tenant's fair-share weight and priority level. Nil:
 	// the policy's fairness_weight and priority, read once per generation
-	// with GetPolicy (weight 1, priority 0 while the policy cannot be read).
+	// with GetPolicy. The read runs in the background, one per generation
+	// at a time; a request waits for it at most PolicyWait from the
+	// read's start, and meanwhile, or when it fails (the ledger
+	// unreachable), takes the weight last read for its subject, route and
+	// region (weight 1, priority 0 if none was).
 	Weight func(ctx context.Context, subject string, res *ledgerv1.Reservation) (weight int64, priority int)
+	// PolicyWait bounds the wait for a policy read (0: DefaultPolicyWait).
+	PolicyWait time.Duration
 	// Meter, if set, records every enqueue, dispatch and settle (read it
 	// through FairQueue.Meter, which takes the queue's lock).
 	Meter *sched.Meter
 }
+
+// DefaultPolicyWait is how long requests wait for a FairQueue's policy
+// read by default: the breaker's default DetectTimeout.
+const DefaultPolicyWait = time.Second
 
 // FairQueue holds already-RESERVED requests in front of a backend that
 // runs at most Concurrency of them at once, and dispatches among tenants
@@ -54,8 +66,19 @@ type FairQueue struct {
 	waiters  map[string]*waiter
 	live     map[string]int // waiting (not abandoned) requests per tenant
 
-	policyMu sync.Mutex
-	policies map[uint64]*ledgerv1.Policy
+	policyMu   sync.Mutex
+	policies   map[uint64]*ledgerv1.Policy
+	reads      map[uint64]*policyRead
+	lastWeight map[ledger.PolicyKey]*ledgerv1.Policy
+	policyWait time.Duration
+}
+
+// policyRead is a GetPolicy in flight; done is closed when it ends, with
+// policy set if it succeeded.
+type policyRead struct {
+	started time.Time
+	done    chan struct{}
+	policy  *ledgerv1.Policy
 }
 
 type waiter struct {
@@ -86,9 +109,15 @@ func (c *Client) NewFairQueue(cfg FairQueueConfig) (*FairQueue, error) {
 	q := &FairQueue{
 		client: c, costUnit: cfg.CostUnit, weight: cfg.Weight,
 		s: s, meter: cfg.Meter, free: cfg.Concurrency, maxQueue: maxQueue,
-		waiters:  make(map[string]*waiter),
-		live:     make(map[string]int),
-		policies: make(map[uint64]*ledgerv1.Policy),
+		waiters:    make(map[string]*waiter),
+		live:       make(map[string]int),
+		policies:   make(map[uint64]*ledgerv1.Policy),
+		reads:      make(map[uint64]*policyRead),
+		lastWeight: make(map[ledger.PolicyKey]*ledgerv1.Policy),
+		policyWait: cfg.PolicyWait,
+	}
+	if q.policyWait <= 0 {
+		q.policyWait = DefaultPolicyWait
 	}
 	if q.weight == nil {
 		q.weight = q.policyWeight
@@ -115,20 +144,47 @@ func (q *FairQueue) Stats() (queued, running int) {
 }
 
 // policyWeight reads the fairness weight and priority of the policy that
-// admitted res, caching each generation (generations are immutable).
+// admitted res, caching each generation (generations are immutable). An
+// uncached generation is read in the background (one read per generation
+// at a time, on the Client's background context: bounded, and ended by
+// Close); the caller waits for it at most policyWait from the read's
+// start, so a partition costs a request at most that, and requests
+// arriving later not even that. Without the policy it takes the last
+// one read for the same subject, route and region, else weight 1.
 func (q *FairQueue) policyWeight(ctx context.Context, _ string, res *ledgerv1.Reservation) (int64, int) {
 	gen := res.GetPolicyGeneration()
+	key := ledger.PolicyKey{Subject: res.GetSubject(), Route: res.GetRoute(), Region: res.GetRegion()}
 	q.policyMu.Lock()
 	p, ok := q.policies[gen]
+	read := q.reads[gen]
+	if !ok && read == nil {
+		read = &policyRead{started: time.Now(), done: make(chan struct{})}
+		if q.client.goBackground(func(bctx context.Context) { q.readPolicy(bctx, gen, read) }) {
+			q.reads[gen] = read
+		} else {
+			read = nil // the Client is closed
+		}
+	}
+	last := q.lastWeight[key]
 	q.policyMu.Unlock()
+	if !ok && read != nil {
+		t := time.NewTimer(time.Until(read.started.Add(q.policyWait)))
+		select {
+		case <-read.done:
+			p, ok = read.policy, read.policy != nil
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		t.Stop()
+	}
 	if !ok {
-		got, err := q.client.GetPolicy(ctx, gen)
-		if err != nil {
+		p = last
+		if p == nil {
 			return 1, 0
 		}
-		p = got
+	} else if p != last {
 		q.policyMu.Lock()
-		q.policies[gen] = p
+		q.lastWeight[key] = p
 		q.policyMu.Unlock()
 	}
 	w := p.GetFairnessWeight()
@@ -139,6 +195,19 @@ func (q *FairQueue) policyWeight(ctx context.Context, _ string, res *ledgerv1.Re
 		w = sched.MaxWeight
 	}
 	return w, int(p.GetPriority())
+}
+
+// readPolicy is one background read of generation gen's policy.
+func (q *FairQueue) readPolicy(ctx context.Context, gen uint64, read *policyRead) {
+	got, err := q.client.GetPolicy(ctx, gen)
+	q.policyMu.Lock()
+	defer q.policyMu.Unlock()
+	delete(q.reads, gen)
+	if err == nil {
+		q.policies[gen] = got
+		read.policy = got
+	}
+	close(read.done)
 }
 
 // cost is a request's cost in the fair share: its reserved amount of the

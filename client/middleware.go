@@ -294,7 +294,8 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			// Served from a shard: the shard store keeps the receipt
 			// (not PendingUnknown), and only a local settle resolves it.
 			m.cfg.Logger.Warn("capledger: usage unknown; left USAGE_UNKNOWN in its emergency shard: settle it with Emergency.Settle and this operation id",
-				"reservation", unknown.Receipt.ReservationID, "operation", unknown.Receipt.OperationID, "err", unknown.Err)
+				"reservation", unknown.Receipt.ReservationID, "operation", unknown.Receipt.OperationID,
+				"actual", unknown.Receipt.Actual, "marked", unknown.Marked, "err", unknown.Err)
 			return
 		}
 		if unknown != nil && unknown.Receipt.Actual != nil {

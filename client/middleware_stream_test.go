@@ -3,9 +3,12 @@ package client
 import (
 	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -158,4 +161,64 @@ func TestMiddlewarePartitionMode(t *testing.T) {
 			t.Fatalf("local receipt %+v, want settled with 20 tokens", r)
 		}
 	}
+}
+
+// A stream whose last usage event cannot be read, after an earlier one
+// that could, is USAGE_UNKNOWN with its receipt kept (docs/CLIENTS.md,
+// section 8): the earlier, partial figure is not settled as final (an
+// undercharge), and why is in the error the middleware logs.
+func TestMiddlewareStreamWithAnUnreadableLastUsageIsUnknown(t *testing.T) {
+	l := startLedger(t)
+	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 10_000})
+	c := l.viaProxy(t)
+	backend := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		fmt.Fprint(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":1,\"total_tokens\":10}}\n\n")
+		fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"more\"}}]}\n\n")
+		// The final usage, torn by the backend: not a figure.
+		fmt.Fprint(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":\"7\n\ndata: [DONE]\n\n")
+	})
+	var logs strings.Builder
+	var logMu sync.Mutex
+	logger := slog.New(slog.NewTextHandler(lockedWriter{&logMu, &logs}, nil))
+	srv := gateway(t, c, MiddlewareConfig{Estimator: tokensEstimator, Logger: logger,
+		Usage: UsageFromStream(map[string]string{"tokens": "total_tokens"}, nil)}, backend)
+
+	resp, body := send(t, srv.Client(), srv.URL, "tenant-7", "{}")
+	if resp.StatusCode != 200 || !strings.Contains(body, "[DONE]") {
+		t.Fatalf("stream: %d %q", resp.StatusCode, body)
+	}
+	id := resp.Header.Get(ReservationHeader)
+	res, err := l.direct.GetReservation(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !isState(res, ledgerv1.ReservationState_RESERVATION_STATE_USAGE_UNKNOWN) {
+		t.Fatalf("stream with an unreadable last usage: %s %v, want USAGE_UNKNOWN (not settled at the earlier 10 tokens)", res.GetState(), res.GetActualUnits())
+	}
+	kept := false
+	for _, r := range c.PendingUnknown() {
+		kept = kept || r.ReservationID == id
+	}
+	if !kept {
+		t.Fatalf("receipt of %s not kept in PendingUnknown: %+v", id, c.PendingUnknown())
+	}
+	logMu.Lock()
+	logged := logs.String()
+	logMu.Unlock()
+	if !strings.Contains(logged, id) || !strings.Contains(logged, "unreadable usage event") {
+		t.Fatalf("the middleware's log does not say why %s is unknown:\n%s", id, logged)
+	}
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }

@@ -41,7 +41,9 @@ func gateway(t *testing.T, c *Client, cfg MiddlewareConfig, next http.Handler) *
 	if cfg.Estimator == nil {
 		cfg.Estimator = fixedEstimator
 	}
-	cfg.Logger = quietLogger
+	if cfg.Logger == nil {
+		cfg.Logger = quietLogger
+	}
 	mw, err := c.Middleware(cfg)
 	if err != nil {
 		t.Fatal(err)

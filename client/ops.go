@@ -602,6 +602,34 @@ func (c *Client) GetPolicy(ctx context.Context, generation uint64) (*ledgerv1.Po
 	return m.GetPolicy(), nil
 }
 
+// background returns the context of a call the Client makes on its own
+// (not for a caller): bounded as detached, and cancelled by Close, which
+// does not wait for the ledger.
+func (c *Client) background() (context.Context, context.CancelFunc) {
+	budget := time.Duration(c.retry.MaxAttempts) * c.timeout
+	return context.WithTimeout(c.lookups.ctx, budget)
+}
+
+// goBackground runs f on its own goroutine with the background context
+// (background), counted in the lookups' wait group so that Close waits
+// for it; false, and f not run, once Close has begun.
+func (c *Client) goBackground(f func(ctx context.Context)) bool {
+	ls := c.lookups
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.ctx.Err() != nil {
+		return false
+	}
+	ls.wg.Add(1)
+	go func() {
+		defer ls.wg.Done()
+		ctx, cancel := c.background()
+		defer cancel()
+		f(ctx)
+	}()
+	return true
+}
+
 // detached returns a context that outlives the caller's cancellation but is
 // bounded, for bookkeeping that must finish after the caller gave up
 // (settling started work, releasing unstarted work).

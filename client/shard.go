@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"time"
@@ -51,6 +52,7 @@ type Emergency struct {
 	rpc    capledgerv1connect.ShardServiceClient
 	store  *ShardStore
 	keys   ledger.ShardKeys
+	logger *slog.Logger
 }
 
 // EmergencyOptions configure NewEmergency.
@@ -62,6 +64,11 @@ type EmergencyOptions struct {
 	// from the ledger (ListShardKeys) at each Provision, over the same
 	// connection the shard itself comes from.
 	Keys ledger.ShardKeys
+	// Logger receives what Emergency does in the background and could
+	// not finish: a late central hold whose release was not confirmed
+	// (Client.Close cancelled it, or the ledger did not answer) and that
+	// is left to expire. Nil: slog.Default().
+	Logger *slog.Logger
 }
 
 // NewEmergency returns an Emergency over a Client and a ShardStore.
@@ -76,7 +83,12 @@ func NewEmergency(c *Client, st *ShardStore, opts EmergencyOptions) *Emergency {
 	if opts.Token != "" {
 		options = append(options, connect.WithInterceptors(bearer(opts.Token)))
 	}
+	logger := opts.Logger
+	if logger == nil {
+		logger = slog.Default()
+	}
 	return &Emergency{
+		logger: logger,
 		client: c,
 		rpc:    capledgerv1connect.NewShardServiceClient(c.http, c.baseURL, options...),
 		store:  st,
@@ -236,13 +248,25 @@ func (e *Emergency) Reserve(ctx context.Context, req ReserveRequest) (*Emergency
 		unknown.LookingUp = true
 		e.client.watchLostReserve(id, digest, func(res *ledgerv1.Reservation) {
 			if res.GetState() == ledgerv1.ReservationState_RESERVATION_STATE_RESERVED {
-				rctx, cancel := e.client.detached(context.Background())
-				defer cancel()
-				e.client.Release(rctx, id)
+				e.releaseLateHold(id)
 			}
 		})
 	}
 	return &EmergencyReservation{ReservationID: id, RequestDigest: digest, Local: local, LedgerErr: err}, nil
+}
+
+// releaseLateHold releases the central hold of a request served from the
+// shard, on the lookups' goroutine. Client.Close cancels it (Close does
+// not wait for the ledger); a release not confirmed, cancelled or not
+// answered, is logged and its hold left to expire after its hold TTL.
+func (e *Emergency) releaseLateHold(id string) {
+	rctx, cancel := e.client.background()
+	defer cancel()
+	_, err := e.client.Release(rctx, id)
+	if err != nil && isTransportFault(err) {
+		e.logger.Warn("capledger: release of a late central hold (its request was served from the shard) not confirmed; it stays RESERVED until its hold TTL expires",
+			"reservation", id, "client_closing", e.client.lookups.ctx.Err() != nil, "err", err)
+	}
 }
 
 // Start starts a reservation wherever it was admitted. Errors as

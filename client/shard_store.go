@@ -765,19 +765,31 @@ func (s *ShardStore) BeginSubmission(shardID string) (sub ShardSubmission, ok bo
 // else what the shard has to report; none when there is nothing to report
 // or the shard is not sealed (a shard of this boot still admitting; every
 // shard of an earlier boot is sealed when the store opens). It changes
-// nothing.
+// nothing. An empty list is both "nothing to report" and the first
+// report of a shard nothing was admitted from: DueSubmission tells them
+// apart.
 func (s *ShardStore) DueReceipts(shardID string) ([]*ledgerv1.ShardReceipt, error) {
+	receipts, _, err := s.DueSubmission(shardID)
+	return receipts, err
+}
+
+// DueSubmission is DueReceipts with due: whether Emergency.Reconcile
+// would send a submission now. Due with no receipts is the first report
+// of a shard nothing was admitted from (reconciled empty, all of it is
+// reminted); not due is nothing to report (its first report was
+// accepted and no receipt has been resolved since, or it still admits).
+func (s *ShardStore) DueSubmission(shardID string) (receipts []*ledgerv1.ShardReceipt, due bool, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st, ok := s.shards[shardID]
 	if !ok {
-		return nil, fmt.Errorf("receipts: %w: %s", ledger.ErrShardNotFound, shardID)
+		return nil, false, fmt.Errorf("receipts: %w: %s", ledger.ErrShardNotFound, shardID)
 	}
-	receipts := st.submitting
-	if receipts == nil {
-		receipts, _ = st.local.Submission()
+	local, due := st.submitting, st.submitting != nil
+	if !due {
+		local, due = st.local.Submission()
 	}
-	return wireReceipts(st.units, receipts), nil
+	return wireReceipts(st.units, local), due, nil
 }
 
 // FinishSubmission records that the ledger accepted the submission in

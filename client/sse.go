@@ -23,7 +23,10 @@ const maxSSELine = 1 << 20
 // SSEUsageScanner is an io.Writer that reads a server-sent-events stream
 // as it passes (tee the response into it) and keeps the usage object of
 // the last `data:` event that carries one. It holds at most one line in
-// memory. The middleware runs one over every text/event-stream response
+// memory. A usage event it cannot read (malformed JSON, a count that is
+// not an integer) replaces whatever came before it: the stream's last
+// usage is then unknown (Usage reports none, Err says why), never the
+// earlier, partial figure. The middleware runs one over every text/event-stream response
 // (UsageInfo.Stream); a handler of its own can use one with io.MultiWriter.
 type SSEUsageScanner struct {
 	line    []byte
@@ -83,7 +86,9 @@ func (s *SSEUsageScanner) event(line []byte) {
 		Usage *StreamUsage `json:"usage"`
 	}
 	if err := json.Unmarshal(data, &ev); err != nil {
-		s.invalid = fmt.Errorf("usage event: %w", err)
+		// The last usage event counts: an earlier one is no longer the
+		// stream's final figure (settling it would undercharge).
+		s.usage, s.invalid = nil, fmt.Errorf("unreadable usage event: %w", err)
 		return
 	}
 	if ev.Usage != nil {
@@ -100,6 +105,10 @@ func (s *SSEUsageScanner) Usage() (StreamUsage, bool) {
 	return *s.usage, true
 }
 
+// Err returns why the stream's last usage event could not be read, nil
+// when it could (or none came). Usage reports no usage then.
+func (s *SSEUsageScanner) Err() error { return s.invalid }
+
 // Done reports whether the stream's `data: [DONE]` terminator was seen.
 func (s *SSEUsageScanner) Done() bool { return s.done }
 
@@ -110,7 +119,9 @@ func (s *SSEUsageScanner) Done() bool { return s.done }
 // "total_tokens", e.g. {"tokens": "total_tokens"}); extra fixes units
 // that are not in the stream (e.g. {"requests": 1}). A stream that ended
 // without a usage object (the backend died, the client went away before
-// the end) gives ErrUsageUnknown: the capacity stays held, never refunded.
+// the end) or whose last usage event cannot be read (SSEUsageScanner.Err,
+// in the error's text) gives ErrUsageUnknown: the capacity stays held,
+// never refunded, and never settled at an earlier event's figure.
 func UsageFromStream(fieldByUnit map[string]string, extra Units) UsageReader {
 	return func(u *UsageInfo) (Units, error) {
 		if u.Reported != nil {
@@ -121,6 +132,9 @@ func UsageFromStream(fieldByUnit map[string]string, extra Units) UsageReader {
 			usage, ok = u.Stream.Usage()
 		}
 		if !ok {
+			if u.Stream != nil && u.Stream.Err() != nil {
+				return nil, fmt.Errorf("stream's last usage event (status %d): %v: %w", u.Status, u.Stream.Err(), ErrUsageUnknown)
+			}
 			return nil, fmt.Errorf("stream ended without a usage event (status %d): %w", u.Status, ErrUsageUnknown)
 		}
 		actual := make(Units, len(fieldByUnit)+len(extra))

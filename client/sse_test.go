@@ -43,3 +43,24 @@ func TestSSEUsageScannerTakesTheLastUsageEvent(t *testing.T) {
 		t.Fatalf("reported usage wins: %v %v", got, err)
 	}
 }
+
+// A usage event that cannot be read replaces the earlier one: the stream's
+// final usage is unknown (and Err says why), never the partial figure
+// before it; a readable usage event after it counts again.
+func TestSSEUsageScannerUnreadableLastUsageIsUnknown(t *testing.T) {
+	good := "data: {\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":1,\"total_tokens\":2}}\n\n"
+	bad := "data: {\"usage\":{\"prompt_tokens\":1,\"total_tokens\":\"many\"}}\n\n"
+	s := NewSSEUsageScanner()
+	s.Write([]byte(good + bad + "data: [DONE]\n\n"))
+	if u, ok := s.Usage(); ok || s.Err() == nil {
+		t.Fatalf("usage %+v %v, err %v: want none and the read error", u, ok, s.Err())
+	}
+	read := UsageFromStream(map[string]string{"tokens": "total_tokens"}, nil)
+	if got, err := read(&UsageInfo{Stream: s, Status: 200}); !errors.Is(err, ErrUsageUnknown) || !strings.Contains(err.Error(), "unreadable usage event") {
+		t.Fatalf("read %v, %v: want ErrUsageUnknown saying the last usage event is unreadable", got, err)
+	}
+	s.Write([]byte(good))
+	if u, ok := s.Usage(); !ok || u.TotalTokens != 2 || s.Err() != nil {
+		t.Fatalf("a readable usage after it: %+v %v %v", u, ok, s.Err())
+	}
+}

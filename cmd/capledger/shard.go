@@ -395,9 +395,16 @@ func runShardReceipts(e *env, args []string) error {
 		return err
 	}
 	defer st.Close()
-	due, err := st.DueReceipts(positional[0])
+	due, isDue, err := st.DueSubmission(positional[0])
 	if err != nil {
 		return exitError{code: exitNotFound, err: err}
+	}
+	// Both print []: stderr says which, stdout stays a --receipts file.
+	switch {
+	case !isDue:
+		fmt.Fprintf(e.stderr, "shard %s: nothing to report (its first report was accepted and no receipt was resolved since)\n", positional[0])
+	case len(due) == 0:
+		fmt.Fprintf(e.stderr, "shard %s: first report, no receipts: nothing was admitted from it; reconciled with this empty list, all of it is reminted\n", positional[0])
 	}
 	out := make([]printedReceipt, 0, len(due))
 	for _, r := range due {

@@ -236,3 +236,69 @@ func TestServeRefusesNonPositiveShardMaxTTL(t *testing.T) {
 		}
 	}
 }
+
+// shard receipts prints [] both for the first report of a shard nothing
+// was admitted from (a reconciliation is still due: it remints all of
+// it) and for a shard with nothing to report; stderr says which, stdout
+// stays a --receipts file.
+func TestCLIShardReceiptsSaysWhichEmptyList(t *testing.T) {
+	dir := t.TempDir()
+	code, keyLine, errOut := cli(t, "", "shard", "keygen", "--id", "ops-1")
+	wantExit(t, exitOK, code, keyLine, errOut)
+	keysPath := filepath.Join(dir, "keys")
+	if err := os.WriteFile(keysPath, []byte(keyLine), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	url := startInProcess(t, "--shard-keys", keysPath)
+	policyPath := filepath.Join(dir, "policy.yaml")
+	os.WriteFile(policyPath, []byte(emergencyPolicyYAML), 0o600)
+	code, out, errOut := cli(t, url, "policy", "publish", policyPath)
+	wantExit(t, exitOK, code, out, errOut)
+
+	storeDir := filepath.Join(dir, "gw-dir")
+	st, err := client.OpenShardStore(storeDir, client.ShardStoreOptions{GatewayID: "gw-dir"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut = cli(t, url, "shard", "issue", "--subject", "tenant-7", "--route", "chat.generate",
+		"--units", "tokens=400", "--gateway", "gw-dir", "--boot", strconv.FormatUint(st.BootEpoch(), 10), "--id", "sh-unused")
+	wantExit(t, exitOK, code, out, errOut)
+	var issued struct {
+		Shard struct {
+			Token string `json:"token"`
+		} `json:"shard"`
+	}
+	if err := json.Unmarshal([]byte(out), &issued); err != nil {
+		t.Fatal(err)
+	}
+	token, _ := base64.StdEncoding.DecodeString(issued.Shard.Token)
+	keys, err := server.ParseShardKeys(strings.NewReader(keyLine), "test keys")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Install(token, []string{"tokens"}, keys); err != nil {
+		t.Fatal(err)
+	}
+	st.Close() // nothing admitted from it
+
+	receipts := func() (string, string) {
+		t.Helper()
+		code, out, errOut := cli(t, "", "shard", "receipts", "sh-unused", "--dir", storeDir, "--gateway", "gw-dir")
+		wantExit(t, exitOK, code, out, errOut)
+		if printed, err := parseReceipts([]byte(out)); err != nil || len(printed) != 0 {
+			t.Fatalf("shard receipts printed %q (%v): want an empty --receipts file", out, err)
+		}
+		return out, errOut
+	}
+	if _, errOut := receipts(); !strings.Contains(errOut, "first report") {
+		t.Fatalf("unused shard, never reconciled: stderr %q does not say its first report is due", errOut)
+	}
+	code, out, errOut = cli(t, url, "shard", "reconcile", "--dir", storeDir, "--gateway", "gw-dir")
+	wantExit(t, exitOK, code, out, errOut)
+	if !strings.Contains(out, "sh-unused: 0 receipts, reminted map[tokens:400]") {
+		t.Fatalf("reconcile --dir: %s", out)
+	}
+	if _, errOut := receipts(); !strings.Contains(errOut, "nothing to report") {
+		t.Fatalf("reconciled shard: stderr %q does not say there is nothing to report", errOut)
+	}
+}
