@@ -62,7 +62,7 @@ func TestServeSurvivesTerminatedBackends(t *testing.T) {
 		}
 	}
 
-	// The killer: every 100-300 ms it terminates every backend of the
+	// The killer: every 200-500 ms it terminates every backend of the
 	// replicas (found by their application_name).
 	admin, err := pgx.Connect(context.Background(), serverDSN(t))
 	if err != nil {
@@ -79,7 +79,7 @@ func TestServeSurvivesTerminatedBackends(t *testing.T) {
 			select {
 			case <-stopKiller:
 				return
-			case <-time.After(time.Duration(100+rng.IntN(200)) * time.Millisecond):
+			case <-time.After(time.Duration(200+rng.IntN(300)) * time.Millisecond):
 			}
 			var n int64
 			if err := admin.QueryRow(context.Background(), `SELECT count(*) FROM (SELECT pg_terminate_backend(pid)
@@ -92,78 +92,25 @@ func TestServeSurvivesTerminatedBackends(t *testing.T) {
 	}()
 
 	const gateways, perGateway = 8, 30
-	sizes := []int64{600, 200, 100, 50}
-	var (
-		mu           sync.Mutex
-		acknowledged = map[string]int64{} // reserve ok: id -> units
-		settled      = map[string]int64{} // settle ok: id -> actual
-		lost         = map[string]int64{} // reserve answer lost: id -> units
-		rejections   atomic.Int64
-		lostAnswers  atomic.Int64
-	)
+	l := newGatewayLoad()
 	var wg sync.WaitGroup
 	for gw := range gateways {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ctx := context.Background()
-			rng := mrand.New(mrand.NewPCG(uint64(gw), 9))
 			clients := patient
 			if gw%2 == 1 {
 				clients = impatient
 			}
-			for i := range perGateway {
-				id := fmt.Sprintf("rl-t%d-%d", gw, i)
-				units := sizes[rng.IntN(len(sizes))]
-				c := clients[rng.IntN(len(clients))]
-				_, err := c.Reserve(ctx, client.ReserveRequest{ReservationID: id,
-					Subject: tenant7.Subject, Route: tenant7.Route, Region: tenant7.Region, Units: client.Units{"tokens": units}})
-				var rejection *client.RejectedError
-				switch {
-				case err == nil:
-					mu.Lock()
-					acknowledged[id] = units
-					mu.Unlock()
-				case errors.As(err, &rejection):
-					rejections.Add(1)
-					continue
-				case refused(err):
-					t.Errorf("reserve %s refused: %v", id, err)
-					continue
-				default:
-					lostAnswers.Add(1)
-					mu.Lock()
-					lost[id] = units
-					mu.Unlock()
-					continue
-				}
-				if i%4 == 0 {
-					continue // held: the subject fills up
-				}
-				actual := rng.Int64N(units/4 + 1)
-				op := "op-" + id
-				_, err = clients[rng.IntN(len(clients))].Start(ctx, id, op)
-				if err == nil || errors.Is(err, client.ErrAlreadyStarted) {
-					_, err = clients[rng.IntN(len(clients))].Settle(ctx, id, op, client.Units{"tokens": actual})
-				}
-				switch {
-				case err == nil:
-					mu.Lock()
-					settled[id] = actual
-					mu.Unlock()
-				case refused(err):
-					t.Errorf("start/settle %s refused: %v", id, err)
-				default:
-					lostAnswers.Add(1)
-				}
-			}
+			l.gateway(t, fmt.Sprintf("rl-t%d", gw), uint64(gw), perGateway, nil, clients, nil)
 		}()
 	}
 	wg.Wait()
 	close(stopKiller)
 	<-killerDone
-	if terminated.Load() < 20 {
-		t.Fatalf("only %d backends terminated: the test cut nothing", terminated.Load())
+	if terminated.Load() < 20 || len(l.acknowledged) < 20 {
+		t.Fatalf("%d backends terminated, %d reservations acknowledged: the test cut or admitted too little to prove anything",
+			terminated.Load(), len(l.acknowledged))
 	}
 
 	// The load's clients may still resend settles they kept: close them
@@ -173,43 +120,120 @@ func TestServeSurvivesTerminatedBackends(t *testing.T) {
 	}
 
 	// Both replicas outlived the cuts and answer again.
-	for _, r := range replicas {
-		r.mu.Lock()
-		exited := r.cmd == nil || r.cmd.ProcessState != nil
-		r.mu.Unlock()
-		if exited {
-			t.Fatalf("replica %s exited:\n%s", r.addr, r.logs.String())
-		}
-	}
-	ctx := context.Background()
-	var fresh []*client.Client
-	for i, r := range replicas {
-		c, err := client.New(r.addr, client.WithTimeout(5*time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		fresh = append(fresh, c)
-		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-			_, err = c.GetAccount(ctx, tenant7.Subject, tenant7.Route, tenant7.Region)
-			if err == nil {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("replica %d does not answer after the cuts: %v", i, err)
-			}
-		}
-	}
+	fresh := stillServing(t, replicas)
+	l.check(t, dsn, capacity, fresh[0])
+	t.Logf("%d backends terminated; %s", terminated.Load(), l)
+}
 
+// gatewayLoad runs gateways that reserve from tenant7 at its capacity edge
+// (a quarter of the holds left open, rejections expected), start and
+// settle the rest, and keeps what they saw acknowledged and lost.
+type gatewayLoad struct {
+	mu           sync.Mutex
+	acknowledged map[string]int64 // reserve ok: id -> units
+	settled      map[string]int64 // settle ok: id -> actual
+	lost         map[string]int64 // reserve answer lost: id -> units
+	rejections   atomic.Int64
+	lostAnswers  atomic.Int64
+	// landed counts the lost reserves check found stored.
+	landed int
+}
+
+func newGatewayLoad() *gatewayLoad {
+	return &gatewayLoad{acknowledged: map[string]int64{}, settled: map[string]int64{}, lost: map[string]int64{}}
+}
+
+func (l *gatewayLoad) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return fmt.Sprintf("%d reservations acknowledged, %d settles, %d rejections, %d answers lost (%d lost reserves, %d of them had landed)",
+		len(l.acknowledged), len(l.settled), l.rejections.Load(), l.lostAnswers.Load(), len(l.lost), l.landed)
+}
+
+// gateway runs n lifecycles (until stop closes when n is 0) with ids
+// prefix-0, prefix-1, ..., each call through a client picked from clients;
+// acked, when set, counts acknowledged calls.
+func (l *gatewayLoad) gateway(t *testing.T, prefix string, seed uint64, n int, stop <-chan struct{}, clients []*client.Client, acked *atomic.Int64) {
+	ctx := context.Background()
+	rng := mrand.New(mrand.NewPCG(seed, 9))
+	sizes := []int64{600, 200, 100, 50}
+	ack := func() {
+		if acked != nil {
+			acked.Add(1)
+		}
+	}
+	for i := 0; n == 0 || i < n; i++ {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		id := fmt.Sprintf("%s-%d", prefix, i)
+		units := sizes[rng.IntN(len(sizes))]
+		_, err := clients[rng.IntN(len(clients))].Reserve(ctx, client.ReserveRequest{ReservationID: id,
+			Subject: tenant7.Subject, Route: tenant7.Route, Region: tenant7.Region, Units: client.Units{"tokens": units}})
+		var rejection *client.RejectedError
+		switch {
+		case err == nil:
+			ack()
+			l.mu.Lock()
+			l.acknowledged[id] = units
+			l.mu.Unlock()
+		case errors.As(err, &rejection):
+			l.rejections.Add(1)
+			time.Sleep(5 * time.Millisecond)
+			continue
+		case refused(err):
+			t.Errorf("reserve %s refused: %v", id, err)
+			continue
+		default:
+			l.lostAnswers.Add(1)
+			l.mu.Lock()
+			l.lost[id] = units
+			l.mu.Unlock()
+			continue
+		}
+		if i%4 == 0 {
+			continue // held: the subject fills up
+		}
+		actual := rng.Int64N(units/4 + 1)
+		op := "op-" + id
+		_, err = clients[rng.IntN(len(clients))].Start(ctx, id, op)
+		if err == nil || errors.Is(err, client.ErrAlreadyStarted) {
+			_, err = clients[rng.IntN(len(clients))].Settle(ctx, id, op, client.Units{"tokens": actual})
+		}
+		switch {
+		case err == nil:
+			ack()
+			l.mu.Lock()
+			l.settled[id] = actual
+			l.mu.Unlock()
+		case refused(err):
+			t.Errorf("start/settle %s refused: %v", id, err)
+		default:
+			l.lostAnswers.Add(1)
+		}
+	}
+}
+
+// check reads the schema of dsn directly: no unit admitted beyond
+// capacity, the audit clean, every acknowledged reservation and settle
+// stored as acknowledged. Then it retries every lost reserve through
+// retry with its id: one that landed replays (no second debit), one that
+// did not is admitted or rejected now, and reserved grows by exactly the
+// reserves admitted now. Nothing else may write meanwhile.
+func (l *gatewayLoad) check(t *testing.T, dsn string, capacity int64, retry *client.Client) {
+	t.Helper()
+	ctx := context.Background()
 	s, err := postgres.Open(ctx, dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	checkHeld := func(when string) {
+	books := func(when string) (reserved int64) {
 		t.Helper()
 		snap := mustAudit(t, s)
-		var reserved, spent, sources int64
+		var spent, sources int64
 		for _, a := range snap.Accounts {
 			if a.Key.SubjectKey() == tenant7 {
 				reserved += a.Balances[0].Reserved
@@ -220,44 +244,32 @@ func TestServeSurvivesTerminatedBackends(t *testing.T) {
 		if reserved+spent > sources || sources != capacity {
 			t.Errorf("%s: oversold: reserved %d + spent %d > capacity %d (sources %d)", when, reserved, spent, capacity, sources)
 		}
+		return reserved
 	}
-	checkHeld("after the cuts")
-	for id, units := range acknowledged {
+	before := books("after the faults")
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for id, units := range l.acknowledged {
 		r, err := s.ReservationGet(ctx, id)
 		if err != nil || r.Reserved[0] != units {
 			t.Errorf("acknowledged reservation %s (%d tokens): %v, stored %+v", id, units, err, r)
 		}
 	}
-	for id, actual := range settled {
+	for id, actual := range l.settled {
 		r, err := s.ReservationGet(ctx, id)
 		if err != nil || r.State != ledger.StateSettled || r.Actual[0] != actual {
 			t.Errorf("acknowledged settle %s (%d tokens): %v, stored %+v", id, actual, err, r)
 		}
 	}
-
-	// A gateway resolves each lost reserve answer by retrying with the
-	// same id: a reservation that landed replays (no second debit), one
-	// that did not is admitted or rejected now. The subject's reserved
-	// grows by exactly the reserves admitted now.
-	reservedOf := func(snap *ledger.Snapshot) (reserved int64) {
-		for _, a := range snap.Accounts {
-			if a.Key.SubjectKey() == tenant7 {
-				reserved += a.Balances[0].Reserved
-			}
-		}
-		return reserved
-	}
-	before := reservedOf(mustAudit(t, s))
-	var landed int
 	var admittedNow int64
-	for id, units := range lost {
+	for id, units := range l.lost {
 		stored, getErr := s.ReservationGet(ctx, id)
-		_, err := fresh[0].Reserve(ctx, client.ReserveRequest{ReservationID: id,
+		_, err := retry.Reserve(ctx, client.ReserveRequest{ReservationID: id,
 			Subject: tenant7.Subject, Route: tenant7.Route, Region: tenant7.Region, Units: client.Units{"tokens": units}})
 		var rejection *client.RejectedError
 		switch {
 		case getErr == nil:
-			landed++
+			l.landed++
 			if err != nil {
 				t.Errorf("retry of %s, stored as %s: %v", id, stored.State, err)
 			}
@@ -268,10 +280,39 @@ func TestServeSurvivesTerminatedBackends(t *testing.T) {
 			admittedNow += units
 		}
 	}
-	if after := reservedOf(mustAudit(t, s)); after-before != admittedNow {
+	if after := books("after the retries"); after-before != admittedNow {
 		t.Errorf("retries of lost reserves moved reserved by %d, want %d (the ones admitted now): a replay debited again", after-before, admittedNow)
 	}
-	checkHeld("after the retries")
-	t.Logf("%d backends terminated; %d reservations acknowledged, %d settles, %d rejections, %d answers lost (%d lost reserves, %d of them had landed)",
-		terminated.Load(), len(acknowledged), len(settled), rejections.Load(), lostAnswers.Load(), len(lost), landed)
+}
+
+// stillServing fails the test unless every replica's process is still
+// running and answers a read within 30 s; it returns a client for each.
+func stillServing(t *testing.T, replicas []*replica) []*client.Client {
+	t.Helper()
+	ctx := context.Background()
+	var clients []*client.Client
+	for i, r := range replicas {
+		r.mu.Lock()
+		exited := r.cmd == nil || r.cmd.ProcessState != nil
+		r.mu.Unlock()
+		if exited {
+			t.Fatalf("replica %d exited:\n%s", i, r.logs.String())
+		}
+		c, err := client.New(r.addr, client.WithTimeout(5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		clients = append(clients, c)
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			_, err = c.GetAccount(ctx, tenant7.Subject, tenant7.Route, tenant7.Region)
+			if err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("replica %d does not answer: %v", i, err)
+			}
+		}
+	}
+	return clients
 }
