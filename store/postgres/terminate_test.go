@@ -152,14 +152,15 @@ func (l *gatewayLoad) String() string {
 
 // gateway runs n lifecycles (until stop closes when n is 0) with ids
 // prefix-0, prefix-1, ..., each call through a client picked from clients;
-// acked, when set, counts acknowledged calls.
-func (l *gatewayLoad) gateway(t *testing.T, prefix string, seed uint64, n int, stop <-chan struct{}, clients []*client.Client, acked *atomic.Int64) {
+// answered, when set, counts the calls answered for sure (acknowledged, or
+// rejected for capacity).
+func (l *gatewayLoad) gateway(t *testing.T, prefix string, seed uint64, n int, stop <-chan struct{}, clients []*client.Client, answered *atomic.Int64) {
 	ctx := context.Background()
 	rng := mrand.New(mrand.NewPCG(seed, 9))
 	sizes := []int64{600, 200, 100, 50}
 	ack := func() {
-		if acked != nil {
-			acked.Add(1)
+		if answered != nil {
+			answered.Add(1)
 		}
 	}
 	for i := 0; n == 0 || i < n; i++ {
@@ -180,6 +181,7 @@ func (l *gatewayLoad) gateway(t *testing.T, prefix string, seed uint64, n int, s
 			l.acknowledged[id] = units
 			l.mu.Unlock()
 		case errors.As(err, &rejection):
+			ack()
 			l.rejections.Add(1)
 			time.Sleep(5 * time.Millisecond)
 			continue
@@ -191,6 +193,7 @@ func (l *gatewayLoad) gateway(t *testing.T, prefix string, seed uint64, n int, s
 			l.mu.Lock()
 			l.lost[id] = units
 			l.mu.Unlock()
+			time.Sleep(20 * time.Millisecond) // an unavailable replica may answer at once
 			continue
 		}
 		if i%4 == 0 {
@@ -262,6 +265,10 @@ func (l *gatewayLoad) check(t *testing.T, dsn string, capacity int64, retry *cli
 		}
 	}
 	var admittedNow int64
+	retryStart := time.Now()
+	defer func() {
+		t.Logf("%d lost reserves retried in %s", len(l.lost), time.Since(retryStart).Round(time.Millisecond))
+	}()
 	for id, units := range l.lost {
 		stored, getErr := s.ReservationGet(ctx, id)
 		_, err := retry.Reserve(ctx, client.ReserveRequest{ReservationID: id,
