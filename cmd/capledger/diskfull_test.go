@@ -5,6 +5,7 @@ package main
 import (
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -39,8 +40,8 @@ func setFileSizeLimit(t *testing.T, pid int, soft uint64) uint64 {
 // checkpoint writes fail as on a full disk), then gets its room back
 // without a restart. While the disk is full no reserve, start or settle
 // sent after the fault began may be acknowledged (nothing can be
-// committed), and the server keeps answering; once there is room it
-// acknowledges again by itself. Then, on the same process (whatever it
+// committed), the server keeps answering them 503 and /readyz says not
+// ready; once there is room it is ready and acknowledges again by itself. Then, on the same process (whatever it
 // kept in memory from the failed batches must not leak into later ones)
 // and again after a SIGKILL and restart: every acknowledged step is
 // stored as the client sent it, nothing is half applied, the audit is
@@ -89,6 +90,11 @@ func TestFullDiskThenRoomAgain(t *testing.T) {
 					acks.Add(1)
 				case fullSince.Load() != 0 && status != 0:
 					refusals.Add(1)
+					// docs/OPERATIONS.md: the callers of a failed batch get
+					// 503 and retry with the same ids.
+					if status != http.StatusServiceUnavailable {
+						t.Errorf("%s %s while the disk was full: %d %v, want 503", method, id, status, out)
+					}
 				}
 				return status == 200
 			}
@@ -163,8 +169,24 @@ func TestFullDiskThenRoomAgain(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	time.Sleep(500 * time.Millisecond) // let workers and maintenance hit it too
+	// Not ready while no write can succeed (docs/OPERATIONS.md: a store
+	// that reads but refuses writes stays not ready) ...
+	addr := strings.TrimPrefix(srv.url, "http://")
+	if status, body := readyz(t, addr); status != http.StatusServiceUnavailable {
+		t.Errorf("/readyz while the disk is full: %d %s, want 503", status, body)
+	}
 	fullSince.Store(0)
 	setFileSizeLimit(t, srv.cmd.Process.Pid, old)
+	// ... and ready again by itself once there is room.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if status, _ := readyz(t, addr); status == http.StatusOK {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("/readyz not ready 10 s after room came back")
+			break
+		}
+	}
 	if refusals.Load() < 50 {
 		close(stop)
 		wg.Wait()
