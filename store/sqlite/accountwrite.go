@@ -165,8 +165,13 @@ func (tx *Tx) putAccounts(ctx context.Context, accounts []ledger.Account, conv *
 			upserts = append(upserts, a)
 		}
 	}
-	// The short ones wait in account_log and in memory (accountlog.go):
-	// their rows exist, and the flush updates them.
+	more, err := execChunks(ctx, tx, conv, nil, short, wAccountUpdateRows,
+		func(args []any, a *ledger.Account) []any { return append(args, accountArgs(a, conv)...) },
+		func(a *ledger.Account) string { return "account " + a.Key.String() })
+	if err != nil {
+		return err
+	}
+	upserts = append(upserts, more...)
 	for _, a := range upserts {
 		if err := tx.run(ctx, wAccountPut, func() string { return "account " + a.Key.String() }, conv, accountPutArgs(a, conv)); err != nil {
 			return err

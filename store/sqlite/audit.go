@@ -50,7 +50,7 @@ func (s *Store) AuditSnapshot(ctx context.Context, cut bool, f func(*ledger.Snap
 		return fmt.Errorf("snapshot: %w", translate(ctx, err))
 	}
 	defer conn.Close()
-	tx, err := s.beginAccountsRead(ctx, conn.BeginTx)
+	tx, err := conn.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("snapshot: %w", translate(ctx, err))
 	}

@@ -149,9 +149,6 @@ func (tx *Tx) AccountsPrefetch(ctx context.Context, subjects []ledger.PolicyKey,
 				return err
 			}
 			found[k] = true
-			if d, ok := tx.s.acct.get(key); ok {
-				a = d // its row waits for a flush
-			}
 			remember(c, c.currents, k, &key.Generation, copyRow)
 			remember(c, c.accounts, key, a, copyRow)
 			return nil

@@ -121,9 +121,6 @@ type Store struct {
 	// reservation_subjects, and its flusher (subjectindex.go).
 	subjects        *subjectPending
 	stopSubjectsOne sync.Once
-	// acct is the accounts written behind (accountlog.go, experiment).
-	acct        *acctPending
-	stopAcctOne sync.Once
 	// commitFault, when set (tests), makes a COMMIT that worked answer
 	// its error: a COMMIT whose outcome the caller cannot know.
 	commitFault atomic.Pointer[func() error]
@@ -232,13 +229,6 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 		return nil, fmt.Errorf("open sqlite %s: %w", path, translate(ctx, err))
 	}
 	s.checkpointer = startCheckpointer(sql.OpenDB(connector), &s.commits, s.noteFsyncFailure)
-	s.acct = newAcctPending()
-	if err := s.loadAccountLog(ctx, s.w); err != nil {
-		s.w.close()
-		s.checkpointer.close()
-		return nil, fmt.Errorf("open sqlite %s: %w", path, err)
-	}
-	go s.runAccountFlusher()
 	s.subjects = newSubjectPending(cfg.subjectFlushAge, cfg.subjectFlushCount)
 	go s.runSubjectFlusher()
 	readDSN, err := dsn(path, append(pragmas, "journal_mode(WAL)", "query_only(1)")...)
@@ -467,15 +457,6 @@ func (s *Store) Close() error {
 			_ = s.flushSubjects(ctx)
 		})
 	}
-	if s.acct != nil && !s.closed.Load() {
-		s.stopAcctOne.Do(func() {
-			close(s.acct.stop)
-			<-s.acct.done
-			ctx, cancel := context.WithTimeout(context.Background(), closeFlushWait)
-			defer cancel()
-			_ = s.flushAccounts(ctx)
-		})
-	}
 	if s.closed.Swap(true) {
 		return nil
 	}
@@ -544,13 +525,6 @@ func (s *Store) Begin(ctx context.Context) (store.Tx, error) {
 		<-s.writer
 		return nil, fmt.Errorf("begin: %w", err)
 	}
-	if s.acct.reload {
-		if err := s.loadAccountLog(ctx, s.w); err != nil {
-			t.rollback(ctx)
-			<-s.writer
-			return nil, fmt.Errorf("begin: %w", err)
-		}
-	}
 	return t, nil
 }
 
@@ -617,16 +591,8 @@ func (s *Store) AccountGet(ctx context.Context, key ledger.AccountKey) (ledger.A
 	if key.Generation > 1<<63-1 {
 		return ledger.Account{}, fmt.Errorf("account %s: %w", key, store.ErrNotFound)
 	}
-	// Its row may wait for a flush (accountlog.go): read what waits
-	// first, then the row, and answer the newer (a flush in between
-	// wrote the row from what waited).
-	d, waits := s.acct.get(key)
-	a, err := queryOne(ctx, s, s.r.account, scanAccount, "account "+key.String(),
+	return queryOne(ctx, s, s.r.account, scanAccount, "account "+key.String(),
 		key.Subject, key.Route, key.Region, int64(key.Generation))
-	if waits && (err == nil && d.Version >= a.Version || errors.Is(err, store.ErrNotFound)) {
-		return *d, nil
-	}
-	return a, err
 }
 
 // AccountList returns the accounts of subject ordered by generation, or
@@ -834,7 +800,7 @@ func (s *Store) Snapshot(ctx context.Context) (_ *ledger.Snapshot, err error) {
 	if s.closed.Load() {
 		return nil, errClosed
 	}
-	tx, err := s.beginAccountsRead(ctx, s.readDB.BeginTx)
+	tx, err := s.readDB.BeginTx(ctx, nil)
 	if err != nil {
 		return nil, fmt.Errorf("snapshot: %w", translate(ctx, err))
 	}

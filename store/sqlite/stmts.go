@@ -34,7 +34,6 @@ const (
 	wReservationPrefetchSmall
 	wReservationPrefetch
 	wJournalBatchInsert
-	wAccountLogInsert
 	wDebtorPut
 	wDebtorDelete
 	nBaseStmts
@@ -204,7 +203,6 @@ var baseWriteSQL = [nWriteStmts]string{
 	wReservationPrefetchSmall: "SELECT " + reservationCols + " FROM reservations WHERE id IN (" + params(prefetchSmall) + ")",
 	wReservationPrefetch:      "SELECT " + reservationCols + " FROM reservations WHERE id IN (" + params(prefetchChunk) + ")",
 	wJournalBatchInsert:       "INSERT INTO journal_batches (entries) VALUES (?)",
-	wAccountLogInsert:         "INSERT INTO account_log (seq, accounts) VALUES (?, ?)",
 	wDebtorPut:                "INSERT OR IGNORE INTO account_debtors (subject, route, region, generation) VALUES (?, ?, ?, ?)",
 	wDebtorDelete:             "DELETE FROM account_debtors WHERE subject = ? AND route = ? AND region = ? AND generation = ?",
 }

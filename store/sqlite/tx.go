@@ -48,10 +48,6 @@ type Tx struct {
 	// subject index's pending entries (subjectindex.go).
 	subjectKeys     []subjectKey
 	subjectsRemoved []string
-	// acctLogged is what Write appended to account_log, for
-	// acctPending once the transaction commits (accountlog.go).
-	acctLogged []loggedAccount
-	acctSeq    int64
 }
 
 var _ store.Tx = (*Tx)(nil)
@@ -197,15 +193,6 @@ func (tx *Tx) PolicyHeadGet(ctx context.Context, key ledger.PolicyKey) (*ledger.
 func (tx *Tx) AccountGet(ctx context.Context, key ledger.AccountKey) (*ledger.Account, error) {
 	if !storable(key.Generation) {
 		return nil, fmt.Errorf("account %s: %w", key, store.ErrNotFound)
-	}
-	if a, ok := tx.s.acct.get(key); ok {
-		if err := tx.check(ctx); err != nil {
-			return nil, err
-		}
-		var c codec.Conv
-		tx.noteAccountEpoch(key, c.Nanos(a.EpochStart), a.EpochIdle())
-		tx.noteAccountDebt(key, store.RowInDebt(a))
-		return a, nil
 	}
 	a, err := cachedGet(ctx, tx, tx.s.cache.accounts, key, copyRow, "account", func() (*ledger.Account, error) {
 		return getOne(ctx, tx, wAccountGet, scanAccount, "account "+key.String(),
@@ -392,9 +379,6 @@ func (tx *Tx) write(ctx context.Context, c *store.Changes) error {
 		}
 	}
 	if err := tx.putAccounts(ctx, c.Accounts, &conv); err != nil {
-		return err
-	}
-	if err := tx.logAccounts(ctx, c.Accounts, &conv); err != nil {
 		return err
 	}
 	for _, cur := range c.Currents {
@@ -643,14 +627,10 @@ func (tx *Tx) commit(ctx context.Context) error {
 		// the catch-up restores a kept one's from its batches.
 		tx.s.subjects.remove(tx.subjectsRemoved)
 		tx.s.subjects.behind()
-		if len(tx.acctLogged) > 0 {
-			tx.s.acct.reload = true // read the log again before the next read
-		}
 		tx.rollback(ctx)
 		return fmt.Errorf("commit: %w", tx.err(ctx, err))
 	}
 	tx.s.commits.Add(1)
-	tx.s.acct.committed(tx.acctLogged)
 	tx.s.subjects.add(tx.subjectKeys)
 	tx.s.subjects.remove(tx.subjectsRemoved)
 	for _, c := range tx.written {

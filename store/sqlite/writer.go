@@ -28,7 +28,6 @@ type writer struct {
 	// journalBuf is reused for every Write's journal batch, rowArgs for
 	// the arguments of multi-row INSERTs.
 	journalBuf []byte
-	acctBuf    []byte // the account log's (accountlog.go)
 	rowArgs    []any
 	// extra holds statements prepared on first use (retention.go).
 	extra map[string]driver.Stmt
