@@ -488,12 +488,14 @@ func (c consoleService) GetFairness(ctx context.Context, req *connect.Request[v1
 	resp := &v1.GetFairnessResponse{}
 	for _, gk := range order {
 		g := groups[gk]
-		var weights int64
+		// Summed as float64: weights stored before the 2^20 bound may be
+		// up to 2^63-1, and an int64 sum of two wrapped negative.
+		var weights float64
 		for _, sh := range g.Subjects {
-			weights += sh.Weight
+			weights += float64(sh.Weight)
 		}
 		for _, sh := range g.Subjects {
-			sh.FairShare = float64(sh.Weight) / float64(weights)
+			sh.FairShare = float64(sh.Weight) / weights
 			if g.TotalSpent > 0 {
 				sh.ServedShare = float64(sh.Spent) / float64(g.TotalSpent)
 			}

@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -8,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/server"
 	"github.com/capledger/capledger/store"
 )
@@ -262,4 +264,53 @@ func TestConsoleStandingShowsTheRolloutsMode(t *testing.T) {
 	mode("ROLLOUT_MODE_SHADOW")
 	h.rolloutOK("SetRolloutShare", `{"name":"llm","percent":100}`, adminToken)
 	mode("ROLLOUT_MODE_ENFORCE")
+}
+
+// Weights published before fairnessWeight had its 2^20 bound are stored
+// as they were, up to 2^63-1. The fairness page shares them out without
+// overflowing: two subjects of weight 2^62 on one route have a fair share
+// of 0.5 each (the int64 sum of their weights wrapped negative, and the
+// shares read -0.5 with a negative error "within budget").
+func TestConsoleFairnessOfWeightsStoredBeforeTheBound(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	ctx := context.Background()
+	var policies []ledger.Policy
+	var heads []ledger.PolicyHead
+	for i, subject := range []string{"tenant-a", "tenant-b"} {
+		p := ledger.Policy{
+			Key: ledger.PolicyKey{Subject: subject, Route: "chat.generate", Region: ledger.DefaultRegion}, Generation: uint64(i + 1),
+			Dimensions:     []ledger.Dimension{{Unit: "tokens", Burst: 1000}},
+			FairnessWeight: 1 << 62,
+			PublishedAt:    h.clock.Now(),
+		}.WithDefaults()
+		policies = append(policies, p)
+		heads = append(heads, ledger.PolicyHead{Key: p.Key, Active: p.Generation, Latest: p.Generation})
+	}
+	tx, err := h.store.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Write(ctx, &store.Changes{Meta: map[string]int64{ledger.MetaGeneration: 2}, Policies: policies, Heads: heads}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, subject := range []string{"tenant-a", "tenant-b"} {
+		id := "r-" + subject
+		h.ok("Reserve", fmt.Sprintf(`{"reservationId":%q,"subject":%q,"route":"chat.generate","units":{"tokens":100}}`, id, subject), "")
+		h.ok("Start", fmt.Sprintf(`{"reservationId":%q,"operationId":"op"}`, id), "")
+		h.ok("Settle", fmt.Sprintf(`{"reservationId":%q,"operationId":"op","actualUnits":{"tokens":100}}`, id), "")
+	}
+	got := h.consoleOK("GetFairness", `{}`, "")
+	groups, _ := got["groups"].([]any)
+	if len(groups) != 1 {
+		t.Fatalf("fairness %v", got)
+	}
+	for _, s := range groups[0].(map[string]any)["subjects"].([]any) {
+		s := s.(map[string]any)
+		if s["weight"] != "4611686018427387904" || s["fairShare"] != 0.5 || s["error"] != nil || s["withinBudget"] != true {
+			t.Errorf("share of an equal weight 2^62 serving half: %v", s)
+		}
+	}
 }

@@ -35,7 +35,9 @@ Rollback stops admission under a generation; the newest earlier one that
 was not rolled back becomes active again, and settlement and debt of the
 rolled-back one go on. publish and rollback need an admin token.
 
-Policy file (YAML or JSON, one policy per file; durations like "30s", "5m", "1h"):
+Policy file (YAML or JSON, one policy per file; durations like "30s", "5m", "1h";
+an unknown field, or two keys that differ only in case, "burst" and "Burst",
+is an error):
 
   subject: tenant-7          # or "*" for every subject without its own policy
   route: chat.generate
@@ -43,7 +45,7 @@ Policy file (YAML or JSON, one policy per file; durations like "30s", "5m", "1h"
   rollout: enforce           # enforce (default) or shadow: shadow rejections admit
   holdTTL: 60s               # unstarted reservations expire after this (default 60s)
   executionLimit: 5m         # started work past this becomes USAGE_UNKNOWN (default none)
-  epochLength: 1h            # accounting epoch (default 1h)
+  epochLength: 1h            # accounting epoch (default 1h; at least 1s)
   estimatorDigest: sha256:71a...   # optional, traces receipts to the estimator (at most 512 bytes)
   priority: 0                # optional, for the fair scheduler
   fairnessWeight: 1          # optional: 1 to 1048576 (default 1)

@@ -229,7 +229,7 @@ func runRolloutList(ctx context.Context, e *env, args []string) error {
 	fmt.Fprintln(tw, "ROLLOUT\tBY\tSHARE\tENFORCED\tSHADOW")
 	for _, r := range msg.GetRollouts() {
 		enforced, shadow := routesByMode(r)
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", r.GetName(), r.GetHashBy(), percentText(r.GetPercent()), orDash(enforced), orDash(shadow))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", cell(r.GetName()), r.GetHashBy(), percentText(r.GetPercent()), orDash(enforced), orDash(shadow))
 	}
 	return tw.Flush()
 }
@@ -285,7 +285,7 @@ func runRolloutReport(ctx context.Context, e *env, args []string) error {
 	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "ROUTE\tGEN\tMODE\tBOTH ALLOW\tBOTH DENY\tLEGACY ALLOW, CAPLEDGER DENY\tLEGACY DENY, CAPLEDGER ALLOW\tDISAGREE")
 	for _, c := range msg.GetComparisons() {
-		fmt.Fprintf(tw, "%s@%s\t%d\t%s\t%d\t%d\t%d\t%d\t%.1f%%\n", c.GetRoute(), c.GetRegion(), c.GetGeneration(), c.GetMode(),
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%d\t%d\t%.1f%%\n", routeCell(c.GetRoute(), c.GetRegion()), c.GetGeneration(), c.GetMode(),
 			c.GetBothAllowed(), c.GetBothDenied(), c.GetLegacyAllowedCapledgerDenied(), c.GetLegacyDeniedCapledgerAllowed(), 100*c.GetDisagreementRate())
 	}
 	return tw.Flush()
@@ -293,7 +293,7 @@ func runRolloutReport(ctx context.Context, e *env, args []string) error {
 
 func routesByMode(r *v1.Rollout) (enforced, shadow []string) {
 	for _, rt := range r.GetRoutes() {
-		name := rt.GetRoute() + "@" + rt.GetRegion()
+		name := routeCell(rt.GetRoute(), rt.GetRegion())
 		if rt.GetMode() == "enforce" {
 			enforced = append(enforced, name)
 		} else {
@@ -322,7 +322,7 @@ func whoText(who string) string {
 // printRollout shows a rollout: its share, the mode of each route and,
 // with history, every step.
 func printRollout(w io.Writer, r *v1.Rollout, history bool) {
-	fmt.Fprintf(w, "rollout %s: %s by %s, version %d\n", r.GetName(), percentText(r.GetPercent()), r.GetHashBy(), r.GetVersion())
+	fmt.Fprintf(w, "rollout %s: %s by %s, version %d\n", cell(r.GetName()), percentText(r.GetPercent()), r.GetHashBy(), r.GetVersion())
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "ROUTE\tMODE")
 	for _, rt := range r.GetRoutes() {
@@ -330,7 +330,7 @@ func printRollout(w io.Writer, r *v1.Rollout, history bool) {
 		if r.GetHashBy() == "subject" && mode == "enforce" {
 			mode = "enforce for " + percentText(r.GetPercent()) + " of subjects"
 		}
-		fmt.Fprintf(tw, "%s@%s\t%s\n", rt.GetRoute(), rt.GetRegion(), mode)
+		fmt.Fprintf(tw, "%s\t%s\n", routeCell(rt.GetRoute(), rt.GetRegion()), mode)
 	}
 	tw.Flush()
 	if !history {
@@ -350,7 +350,7 @@ func printRollout(w io.Writer, r *v1.Rollout, history bool) {
 		if s.GetAction() == "create" {
 			share = "0%"
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", s.GetSeq(), s.GetAction(), share, whoText(s.GetWho()), s.GetAt().AsTime().Format(time.RFC3339), note)
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", s.GetSeq(), s.GetAction(), share, cell(whoText(s.GetWho())), s.GetAt().AsTime().Format(time.RFC3339), note)
 	}
 	tw.Flush()
 }
@@ -443,8 +443,8 @@ func runRollback(ctx context.Context, e *env, args []string) error {
 			if r.GetReplayed() {
 				note = " (was rolled back already)"
 			}
-			fmt.Fprintf(e.stdout, "rolled back generation %d of %s/%s@%s%s; active now: %s\n", r.GetGeneration(), r.GetSubject(), r.GetRoute(),
-				r.GetRegion(), note, generationText(r.GetActiveGeneration()))
+			fmt.Fprintf(e.stdout, "rolled back generation %d of %s%s; active now: %s\n", r.GetGeneration(),
+				keyCell(r.GetSubject(), r.GetRoute(), r.GetRegion()), note, generationText(r.GetActiveGeneration()))
 		}
 	}
 	deadline := time.Now().Add(*maxWait)
@@ -544,7 +544,7 @@ func unitsText(m map[string]int64) string {
 	var parts []string
 	for _, k := range slices.Sorted(maps.Keys(m)) {
 		if m[k] != 0 {
-			parts = append(parts, fmt.Sprintf("%s=%d", k, m[k]))
+			parts = append(parts, fmt.Sprintf("%s=%d", cell(k), m[k]))
 		}
 	}
 	if len(parts) == 0 {
@@ -575,7 +575,7 @@ func printDrain(w io.Writer, msg *v1.DrainProgressResponse) {
 		if n := g.GetUnreconciledLegacyBudgets(); n > 0 {
 			shards += fmt.Sprintf(", %d legacy (%s)", n, unitsText(g.GetUnreconciledLegacyUnits()))
 		}
-		fmt.Fprintf(tw, "%d\t%s/%s@%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%v\n", g.GetGeneration(), g.GetSubject(), g.GetRoute(), g.GetRegion(), state,
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%v\n", g.GetGeneration(), keyCell(g.GetSubject(), g.GetRoute(), g.GetRegion()), state,
 			g.GetAccounts(), unitsText(g.GetReserved()), unitsText(g.GetDebt()), unitsText(g.GetAvailable()), blocked, shards, g.GetDrained())
 	}
 	tw.Flush()

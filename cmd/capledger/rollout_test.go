@@ -268,3 +268,40 @@ func TestLegacyCarveNegativeTTLNamed(t *testing.T) {
 		t.Errorf("the message does not name the negative TTL:\n%s", errOut)
 	}
 }
+
+// The API accepts any UTF-8 text without a NUL byte as a subject, route,
+// region or rollout name, line ends included. The CLI's text tables show
+// such a name quoted with Go's escapes, so that it cannot split a row:
+// every row of `rollout list`, `rollout get` and the drain table of
+// `rollback` is one line, and the name reads back escaped.
+func TestCLITablesQuoteNamesWithLineEnds(t *testing.T) {
+	url := startInProcess(t)
+	run := func(args ...string) string {
+		t.Helper()
+		code, out, errOut := cli(t, url, args...)
+		wantExit(t, exitOK, code, out, errOut)
+		return out
+	}
+	path := filepath.Join(t.TempDir(), "policy.yaml")
+	body := "subject: \"tenant\\n7\"\nroute: \"chat\\ngenerate\"\ndimensions:\n  - unit: tokens\n    burst: 1000\n"
+	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	run("policy", "publish", path) // generation 1
+	run("rollout", "create", "two\nlines", "--routes", "chat\ngenerate")
+	oneRow := func(out, row string) {
+		t.Helper()
+		lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
+		if !regexpLine(out, row) {
+			t.Errorf("no row matches %s:\n%s", row, out)
+		}
+		for _, line := range lines {
+			if strings.TrimSpace(line) == "" || strings.HasPrefix(line, "lines") || strings.HasPrefix(line, "generate") || strings.HasPrefix(line, "7/") {
+				t.Errorf("a name split a row: line %q of\n%s", line, out)
+			}
+		}
+	}
+	oneRow(run("rollout", "list"), `^"two\\nlines"\s+route\s+0%\s+-\s+"chat\\ngenerate"@global$`)
+	oneRow(run("rollout", "get", "two\nlines"), `^"chat\\ngenerate"@global\s+shadow$`)
+	oneRow(run("rollback", "1"), `^1\s+"tenant\\n7"/"chat\\ngenerate"@global\s+rolled back\s`)
+}

@@ -195,8 +195,8 @@ func runShardList(ctx context.Context, e *env, args []string) error {
 		case !now.Before(s.GetExpiresAt().AsTime()):
 			state = "expired, not reconciled"
 		}
-		fmt.Fprintf(tw, "%s\t%s/%s@%s#%d\t%s\t%d\t%d\t%s\t%s\t%s\n", s.GetShardId(), s.GetSubject(), s.GetRoute(), s.GetRegion(),
-			s.GetPolicyGeneration(), s.GetGatewayId(), s.GetBootEpoch(), s.GetFence(),
+		fmt.Fprintf(tw, "%s\t%s#%d\t%s\t%d\t%d\t%s\t%s\t%s\n", cell(s.GetShardId()), keyCell(s.GetSubject(), s.GetRoute(), s.GetRegion()),
+			s.GetPolicyGeneration(), cell(s.GetGatewayId()), s.GetBootEpoch(), s.GetFence(),
 			formatUnits(s.GetUnits(), s.GetAllocatedUnits()), s.GetExpiresAt().AsTime().Format(time.RFC3339), state)
 	}
 	return tw.Flush()
@@ -216,7 +216,7 @@ func nonZero(units map[string]int64) map[string]int64 {
 func formatUnits(order []string, units map[string]int64) string {
 	parts := make([]string, 0, len(order))
 	for _, name := range order {
-		parts = append(parts, fmt.Sprintf("%s=%d", name, units[name]))
+		parts = append(parts, fmt.Sprintf("%s=%d", cell(name), units[name]))
 	}
 	return strings.Join(parts, ",")
 }
