@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -126,4 +127,51 @@ func TestMiddlewareFairQueueRefusesACostAboveMaxCost(t *testing.T) {
 		t.Fatalf("%d queued, %d running", queued, running)
 	}
 	l.audit(t)
+}
+
+// Close ends a FairQueue policy read still in flight (docs: Client.Close
+// cancels the background work and waits for it): in a partition the
+// breaker never detects (no watchdog, a call timeout of a minute) the
+// read would run for its whole budget, six minute-long attempts, but
+// Close cancels it and returns, with no goroutine of the read left.
+func TestCloseEndsAFairQueuePolicyReadInFlight(t *testing.T) {
+	l := startLedger(t)
+	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 10_000, weight: 4})
+	res, err := l.direct.Reserve(context.Background(), ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 10}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw, err := New(l.proxy.Addr(), noBreakerWatchdog, WithTimeout(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			gw.Close()
+		}
+	})
+	q, err := gw.NewFairQueue(FairQueueConfig{Concurrency: 1, CostUnit: "tokens", PolicyWait: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.proxy.SetFaults(faultproxy.Faults{Partition: true})
+	l.proxy.CutAll()
+	if w, _ := q.weight(context.Background(), "tenant-7", res.Reservation); w != 1 {
+		t.Fatalf("weight %d in the partition with nothing read, want 1", w)
+	}
+	if g := goroutinesIn("client/fairqueue.go:"); len(g) == 0 {
+		t.Fatal("no policy read in flight")
+	}
+	done := make(chan struct{})
+	go func() { gw.Close(); close(done) }()
+	select {
+	case <-done:
+		closed = true
+	case <-time.After(30 * time.Second): // half a call timeout: a hang guard, not a speed limit
+		t.Fatalf("Client.Close waits for the fair queue's policy read:\n%s", strings.Join(goroutinesIn("client/fairqueue.go:"), "\n\n"))
+	}
+	if g := goroutinesIn("client/fairqueue.go:"); len(g) > 0 {
+		t.Fatalf("policy reads left after Close:\n%s", strings.Join(g, "\n\n"))
+	}
 }
