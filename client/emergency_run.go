@@ -33,8 +33,10 @@ type EmergencyRunResult struct {
 // could not record the settle (ErrShardStoreBroken), the receipt with
 // the work's Actual and Marked false (the store could not mark it
 // either). Such work is USAGE_UNKNOWN once the store is reopened (a
-// restart inherits it) and Emergency.Settle with the receipt's
-// operation id and Actual settles it before the shard is reconciled.
+// restart inherits it; SETTLED if the write reached the disk though its
+// sync failed) and Emergency.Settle with the receipt's operation id and
+// Actual settles it (a replay if it was settled) before the shard is
+// reconciled.
 func (e *Emergency) Run(ctx context.Context, req ReserveRequest, work Work) (*EmergencyRunResult, error) {
 	return e.run(ctx, req, work, nil)
 }

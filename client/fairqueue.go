@@ -16,12 +16,23 @@ import (
 // waiting in the FairQueue as it may; the middleware answers 429.
 var ErrQueueFull = errors.New("fair queue: tenant queue is full")
 
+// ErrCostTooLarge is returned for a request whose reserved amount of the
+// cost unit is above sched.MaxCost (2^32): the queue cannot charge it
+// that cost, and charging it less would give its tenant more than its
+// share. The middleware answers 429 RESERVATION_TOO_LARGE without
+// Retry-After (no wait helps) and releases the reservation.
+var ErrCostTooLarge = errors.New("fair queue: reserved cost above the largest the queue can charge (2^32 of the cost unit)")
+
 // FairQueueConfig configures a FairQueue.
 type FairQueueConfig struct {
 	// Concurrency is how many requests the backend runs at once (required).
 	Concurrency int
 	// CostUnit names the unit whose reserved amount is a request's cost in
-	// the fair share (e.g. "tokens"). Empty: every request costs 1.
+	// the fair share (e.g. "tokens"). Empty: every request costs 1. A
+	// reservation of more than sched.MaxCost (2^32) of it is refused
+	// (ErrCostTooLarge); an actual usage above that is charged as 2^32
+	// in the share (the ledger settles all of it), and a reservation
+	// without the unit costs 1.
 	CostUnit string
 	// MaxQueuePerTenant bounds each tenant's waiting requests (0:
 	// sched.DefaultMaxQueuePerTenant).
@@ -211,12 +222,17 @@ func (q *FairQueue) readPolicy(ctx context.Context, gen uint64, read *policyRead
 }
 
 // cost is a request's cost in the fair share: its reserved amount of the
-// cost unit, clamped to sched's range.
-func (q *FairQueue) cost(units Units) int64 {
+// cost unit, at least 1; ErrCostTooLarge above sched.MaxCost (clamping it
+// would undercharge its tenant).
+func (q *FairQueue) cost(units Units) (int64, error) {
 	if q.costUnit == "" {
-		return 1
+		return 1, nil
 	}
-	return min(max(units[q.costUnit], 1), sched.MaxCost)
+	n := units[q.costUnit]
+	if n > sched.MaxCost {
+		return 0, fmt.Errorf("%w: %d %s reserved", ErrCostTooLarge, n, q.costUnit)
+	}
+	return max(n, 1), nil
 }
 
 // acquire queues the reserved request and waits for its dispatch. It
@@ -226,6 +242,10 @@ func (q *FairQueue) cost(units Units) int64 {
 // while it waits (the queue then drops the request when its turn comes).
 func (q *FairQueue) acquire(ctx context.Context, rr *ReserveResult) (func(actual Units), error) {
 	res := rr.Reservation
+	cost, err := q.cost(res.GetReservedUnits())
+	if err != nil {
+		return nil, err
+	}
 	subject := res.GetSubject()
 	weight, priority := q.weight(ctx, subject, res)
 	id := rr.ReservationID
@@ -240,8 +260,7 @@ func (q *FairQueue) acquire(ctx context.Context, rr *ReserveResult) (func(actual
 		q.mu.Unlock()
 		return nil, ErrQueueFull
 	}
-	err := q.s.Enqueue(sched.Request{ReservationID: id, Tenant: subject, EstimatedCost: q.cost(res.GetReservedUnits())})
-	if err != nil {
+	if err := q.s.Enqueue(sched.Request{ReservationID: id, Tenant: subject, EstimatedCost: cost}); err != nil {
 		q.mu.Unlock()
 		if errors.Is(err, sched.ErrQueueFull) {
 			return nil, ErrQueueFull
@@ -259,7 +278,9 @@ func (q *FairQueue) acquire(ctx context.Context, rr *ReserveResult) (func(actual
 			q.mu.Lock()
 			defer q.mu.Unlock()
 			// The id is dispatched and unsettled here, so Settle cannot
-			// fail with ErrUnknownDispatch; a cost out of range is clamped.
+			// fail with ErrUnknownDispatch. The work ran: an actual cost
+			// above MaxCost is charged as MaxCost (sched takes no more;
+			// refusing it would leave the slot taken).
 			_ = q.s.Settle(id, min(max(actual[q.costUnit], 0), sched.MaxCost))
 			q.free++
 			q.dispatchLocked()

@@ -2,10 +2,16 @@ package client
 
 import (
 	"context"
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/capledger/capledger/client/internal/faultproxy"
+	"github.com/capledger/capledger/sched"
 )
 
 // In a partition the fair queue does not make a request wait for its
@@ -75,5 +81,97 @@ func TestFairQueueWeightDoesNotWaitThroughAPartition(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("the new generation's weight was never read after the partition healed")
 		}
+	}
+}
+
+// A reservation of more of the cost unit than sched charges (MaxCost,
+// 2^32) is refused, not clamped: charged 2^32, a request of 2^33 would cost
+// its tenant half its size and give it twice its share against one whose
+// requests are 2^32. The middleware answers 429 RESERVATION_TOO_LARGE
+// without Retry-After, the backend never sees it and the reservation is
+// released; one of exactly 2^32 runs.
+func TestMiddlewareFairQueueRefusesACostAboveMaxCost(t *testing.T) {
+	l := startLedger(t)
+	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 1 << 40})
+	q, err := l.direct.NewFairQueue(FairQueueConfig{Concurrency: 1, CostUnit: "tokens"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ran atomic.Int32
+	backend := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ran.Add(1)
+		ReportUsage(r.Context(), Units{"tokens": 10, "requests": 1})
+	})
+	estimate := NewEstimator("sha256:body-tokens", func(_ *http.Request, body []byte) (Units, error) {
+		n, err := strconv.ParseInt(string(body), 10, 64)
+		return Units{"tokens": n, "requests": 1}, err
+	})
+	gw := gateway(t, l.direct, MiddlewareConfig{Queue: q, Estimator: estimate}, backend)
+
+	resp, body := send(t, gw.Client(), gw.URL, "tenant-7", strconv.FormatInt(sched.MaxCost+1, 10))
+	var rej RejectionBody
+	_ = json.Unmarshal([]byte(body), &rej)
+	if resp.StatusCode != http.StatusTooManyRequests || rej.Reason != "RESERVATION_TOO_LARGE" || rej.LimitingDimension != "tokens" || resp.Header.Get("Retry-After") != "" {
+		t.Fatalf("a cost above MaxCost: %d %s (Retry-After %q): want 429 RESERVATION_TOO_LARGE on tokens, no Retry-After", resp.StatusCode, body, resp.Header.Get("Retry-After"))
+	}
+	if n := ran.Load(); n != 0 {
+		t.Fatalf("the backend ran %d times for a refused request", n)
+	}
+	if b := l.balance(t, "tenant-7", "chat.generate"); b.GetReserved() != 0 || b.GetSpent() != 0 {
+		t.Fatalf("the refused request still holds capacity: %v", b)
+	}
+	if resp, body := send(t, gw.Client(), gw.URL, "tenant-7", strconv.FormatInt(sched.MaxCost, 10)); resp.StatusCode != 200 || ran.Load() != 1 {
+		t.Fatalf("a cost of exactly MaxCost: %d %s, ran %d", resp.StatusCode, body, ran.Load())
+	}
+	if queued, running := q.Stats(); queued != 0 || running != 0 {
+		t.Fatalf("%d queued, %d running", queued, running)
+	}
+	l.audit(t)
+}
+
+// Close ends a FairQueue policy read still in flight (docs: Client.Close
+// cancels the background work and waits for it): in a partition the
+// breaker never detects (no watchdog, a call timeout of a minute) the
+// read would run for its whole budget, six minute-long attempts, but
+// Close cancels it and returns, with no goroutine of the read left.
+func TestCloseEndsAFairQueuePolicyReadInFlight(t *testing.T) {
+	l := startLedger(t)
+	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 10_000, weight: 4})
+	res, err := l.direct.Reserve(context.Background(), ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 10}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw, err := New(l.proxy.Addr(), noBreakerWatchdog, WithTimeout(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			gw.Close()
+		}
+	})
+	q, err := gw.NewFairQueue(FairQueueConfig{Concurrency: 1, CostUnit: "tokens", PolicyWait: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.proxy.SetFaults(faultproxy.Faults{Partition: true})
+	l.proxy.CutAll()
+	if w, _ := q.weight(context.Background(), "tenant-7", res.Reservation); w != 1 {
+		t.Fatalf("weight %d in the partition with nothing read, want 1", w)
+	}
+	if g := goroutinesIn("client/fairqueue.go:"); len(g) == 0 {
+		t.Fatal("no policy read in flight")
+	}
+	done := make(chan struct{})
+	go func() { gw.Close(); close(done) }()
+	select {
+	case <-done:
+		closed = true
+	case <-time.After(30 * time.Second): // half a call timeout: a hang guard, not a speed limit
+		t.Fatalf("Client.Close waits for the fair queue's policy read:\n%s", strings.Join(goroutinesIn("client/fairqueue.go:"), "\n\n"))
+	}
+	if g := goroutinesIn("client/fairqueue.go:"); len(g) > 0 {
+		t.Fatalf("policy reads left after Close:\n%s", strings.Join(g, "\n\n"))
 	}
 }

@@ -167,6 +167,10 @@ type RejectionBody struct {
 // once the Client's breaker is open that answer is immediate). With
 // cfg.Emergency set, an unreachable ledger instead admits from the
 // gateway's shard (partition mode), and 503 means no shard admits either.
+// With cfg.Queue: 429 QUEUE_FULL (Retry-After: 1) for a tenant whose
+// queue is full, 429 RESERVATION_TOO_LARGE (no Retry-After) for a
+// reservation above the queue's largest cost (ErrCostTooLarge); the
+// reservation is released.
 //
 // The handler runs with the reservation in its request's context:
 // ReceiptFrom(r.Context()) returns its OperationReceipt (reservation id,
@@ -325,6 +329,9 @@ func (m *middleware) refuse(w http.ResponseWriter, r *http.Request, err error) {
 			w.Header().Set("Retry-After", strconv.FormatInt(body.RetryAfterSeconds, 10))
 		}
 		writeJSON(w, http.StatusTooManyRequests, body)
+	case errors.Is(err, ErrCostTooLarge):
+		// The fair queue cannot charge it: no wait helps.
+		writeJSON(w, http.StatusTooManyRequests, RejectionBody{Error: "rate_limited", Reason: "RESERVATION_TOO_LARGE", LimitingDimension: m.cfg.Queue.costUnit})
 	case errors.Is(err, ErrQueueFull):
 		w.Header().Set("Retry-After", "1")
 		writeJSON(w, http.StatusTooManyRequests, RejectionBody{Error: "rate_limited", Reason: "QUEUE_FULL", LimitingDimension: "queue", RetryAfterSeconds: 1})

@@ -16,9 +16,13 @@ type StreamUsage struct {
 	TotalTokens      int64 `json:"total_tokens"`
 }
 
-// maxSSELine bounds the line an SSEUsageScanner buffers; a longer line is
-// skipped (usage events are small).
+// maxSSELine bounds the line an SSEUsageScanner buffers. A longer line is
+// not held: a data line that names "usage" makes the stream's usage
+// unknown (it cannot be read); any other is skipped.
 const maxSSELine = 1 << 20
+
+// usageName is what a data line must contain to be read as a usage event.
+var usageName = []byte(`"usage"`)
 
 // SSEUsageScanner is an io.Writer that reads a server-sent-events stream
 // as it passes (tee the response into it) and keeps the usage object of
@@ -26,14 +30,22 @@ const maxSSELine = 1 << 20
 // memory. A usage event it cannot read (malformed JSON, a count that is
 // not an integer) replaces whatever came before it: the stream's last
 // usage is then unknown (Usage reports none, Err says why), never the
-// earlier, partial figure. The middleware runs one over every text/event-stream response
-// (UsageInfo.Stream); a handler of its own can use one with io.MultiWriter.
+// earlier, partial figure. So does a `data:` line over 1 MiB that
+// names "usage" (it is not held, so it cannot be read); an over-long line
+// without it is skipped. The middleware runs one over every
+// text/event-stream response (UsageInfo.Stream); a handler of its own
+// can use one with io.MultiWriter.
 type SSEUsageScanner struct {
 	line    []byte
-	skip    bool
+	skip    bool // the current line is over maxSSELine: not held
 	usage   *StreamUsage
 	done    bool
 	invalid error
+	// Of a skipped line: whether it is a data line, whether it names
+	// "usage", and its last len(usageName)-1 bytes (a name split
+	// between two writes).
+	longData, longUsage bool
+	tail                []byte
 }
 
 // NewSSEUsageScanner returns an empty scanner.
@@ -51,6 +63,10 @@ func (s *SSEUsageScanner) Write(p []byte) (int, error) {
 		s.appendLine(p[:i])
 		if !s.skip {
 			s.event(bytes.TrimRight(s.line, "\r"))
+		} else if s.longData && s.longUsage {
+			// It may be the last usage event: an earlier one is no
+			// longer the stream's final figure.
+			s.usage, s.invalid = nil, fmt.Errorf("unreadable usage event: a data line over %d bytes was not read", maxSSELine)
 		}
 		s.line, s.skip = s.line[:0], false
 		p = p[i+1:]
@@ -60,13 +76,42 @@ func (s *SSEUsageScanner) Write(p []byte) (int, error) {
 
 func (s *SSEUsageScanner) appendLine(p []byte) {
 	if s.skip {
+		s.scanLong(p)
 		return
 	}
 	if len(s.line)+len(p) > maxSSELine {
-		s.skip = true
+		// Too long to hold: note whether it is a data line naming
+		// "usage" instead, and drop what is held.
+		var head [len("data:")]byte
+		n := copy(head[:], s.line)
+		n += copy(head[n:], p)
+		s.skip, s.longData, s.longUsage, s.tail = true, bytes.HasPrefix(head[:n], []byte("data:")), false, s.tail[:0]
+		s.scanLong(s.line)
+		s.scanLong(p)
+		s.line = s.line[:0]
 		return
 	}
 	s.line = append(s.line, p...)
+}
+
+// scanLong looks for "usage" in the next bytes p of a skipped data line.
+func (s *SSEUsageScanner) scanLong(p []byte) {
+	if !s.longData || s.longUsage || len(p) == 0 {
+		return
+	}
+	k := len(usageName) - 1
+	// A name split between the held tail and p.
+	var across [2 * len(`"usage"`)]byte
+	joined := append(append(across[:0], s.tail...), p[:min(len(p), k)]...)
+	if bytes.Contains(joined, usageName) || bytes.Contains(p, usageName) {
+		s.longUsage = true
+		return
+	}
+	if len(p) >= k {
+		s.tail = append(s.tail[:0], p[len(p)-k:]...)
+	} else {
+		s.tail = append(s.tail[:0], joined[max(0, len(joined)-k):]...)
+	}
 }
 
 func (s *SSEUsageScanner) event(line []byte) {
@@ -79,7 +124,7 @@ func (s *SSEUsageScanner) event(line []byte) {
 		s.done = true
 		return
 	}
-	if !bytes.Contains(data, []byte(`"usage"`)) {
+	if !bytes.Contains(data, usageName) {
 		return
 	}
 	var ev struct {

@@ -64,3 +64,33 @@ func TestSSEUsageScannerUnreadableLastUsageIsUnknown(t *testing.T) {
 		t.Fatalf("a readable usage after it: %+v %v %v", u, ok, s.Err())
 	}
 }
+
+// A usage event on a line over maxSSELine cannot be held, so it cannot be
+// read: like an unreadable one it leaves the stream's usage unknown,
+// never the earlier event's figure (an undercharge). An over-long data
+// line that names no usage is skipped as before.
+func TestSSEUsageScannerOverLongUsageLineIsUnknown(t *testing.T) {
+	good := "data: {\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":1,\"total_tokens\":2}}\n\n"
+	long := "data: {\"choices\":[{\"delta\":{\"content\":\"" + strings.Repeat("x", maxSSELine) +
+		"\"}}],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":900000,\"total_tokens\":900009}}\n\n"
+	for _, chunk := range []int{3, 4096, len(good + long)} {
+		s := NewSSEUsageScanner()
+		for rest := good + long + "data: [DONE]\n\n"; rest != ""; {
+			n := min(chunk, len(rest))
+			s.Write([]byte(rest[:n]))
+			rest = rest[n:]
+		}
+		if u, ok := s.Usage(); ok || s.Err() == nil || !s.Done() {
+			t.Fatalf("chunks of %d: usage %+v %v, err %v: want none and why", chunk, u, ok, s.Err())
+		}
+		read := UsageFromStream(map[string]string{"tokens": "total_tokens"}, nil)
+		if got, err := read(&UsageInfo{Stream: s, Status: 200}); !errors.Is(err, ErrUsageUnknown) {
+			t.Fatalf("chunks of %d: read %v, %v: want ErrUsageUnknown", chunk, got, err)
+		}
+		// A readable usage after it is the last again.
+		s.Write([]byte(good))
+		if u, ok := s.Usage(); !ok || u.TotalTokens != 2 || s.Err() != nil {
+			t.Fatalf("chunks of %d: a readable usage after it: %+v %v %v", chunk, u, ok, s.Err())
+		}
+	}
+}
