@@ -42,14 +42,27 @@ type FairQueueConfig struct {
 	PriorityMode sched.PriorityMode
 	// Weight returns a tenant's fair-share weight and priority level. Nil:
 	// the policy's fairness_weight and priority, read once per generation
-	// with GetPolicy. The read runs in the background, one per generation
-	// at a time; a request waits for it at most PolicyWait from the
-	// read's start, and meanwhile, or when it fails (the ledger
-	// unreachable), takes the weight last read for its subject, route and
-	// region (weight 1, priority 0 if none was).
+	// with GetPolicy and kept for the PolicyCache generations used last
+	// (one evicted is read again when it comes back). The read runs in
+	// the background, one per generation at a time and at most
+	// MaxPolicyReads at once; a request waits for it at most PolicyWait
+	// from the read's start, and meanwhile, or when it fails (the ledger
+	// unreachable) or cannot start (MaxPolicyReads in flight), takes the
+	// weight last read for its subject, route and region, kept for the
+	// PolicyCache keys used last (weight 1, priority 0 if none was, or
+	// it was evicted).
 	Weight func(ctx context.Context, subject string, res *ledgerv1.Reservation) (weight int64, priority int)
 	// PolicyWait bounds the wait for a policy read (0: DefaultPolicyWait).
 	PolicyWait time.Duration
+	// PolicyCache bounds each of the two caches of the default Weight:
+	// weights by generation, and the last weight by subject, route and
+	// region (0: DefaultPolicyCache). Each holds at most this many
+	// entries and drops the least recently used. An entry costs about
+	// 110 bytes in the first and 260 bytes plus its subject, route and
+	// region in the second (measured on amd64); a gateway whose tenants
+	// in use outnumber it reads evicted generations again, and in a
+	// partition gives an evicted subject weight 1, priority 0.
+	PolicyCache int
 	// Meter, if set, records every enqueue, dispatch and settle (read it
 	// through FairQueue.Meter, which takes the queue's lock).
 	Meter *sched.Meter
@@ -58,6 +71,16 @@ type FairQueueConfig struct {
 // DefaultPolicyWait is how long requests wait for a FairQueue's policy
 // read by default: the breaker's default DetectTimeout.
 const DefaultPolicyWait = time.Second
+
+// DefaultPolicyCache is how many entries each of a FairQueue's policy
+// caches keeps by default: about 26 MB for both when full (subjects of
+// 16 bytes).
+const DefaultPolicyCache = 1 << 16
+
+// MaxPolicyReads bounds a FairQueue's policy reads in flight: in a
+// partition each may run through its retries for minutes, and requests of
+// as many new generations must not start as many goroutines.
+const MaxPolicyReads = 64
 
 // FairQueue holds already-RESERVED requests in front of a backend that
 // runs at most Concurrency of them at once, and dispatches among tenants
@@ -77,19 +100,36 @@ type FairQueue struct {
 	waiters  map[string]*waiter
 	live     map[string]int // waiting (not abandoned) requests per tenant
 
-	policyMu   sync.Mutex
-	policies   map[uint64]*ledgerv1.Policy
+	policyMu sync.Mutex
+	// policies holds the share of each generation read (generations are
+	// immutable), lastShare the share last read per policy key; reads
+	// are the GetPolicy calls in flight (at most MaxPolicyReads).
+	policies   *lru[uint64, fairShare]
+	lastShare  *lru[ledger.PolicyKey, fairShare]
 	reads      map[uint64]*policyRead
-	lastWeight map[ledger.PolicyKey]*ledgerv1.Policy
+	maxReads   int // MaxPolicyReads (a test lowers it)
 	policyWait time.Duration
 }
 
+// fairShare is what the queue keeps of a policy: its fairness weight
+// (within sched's bounds) and priority.
+type fairShare struct {
+	weight   int64
+	priority int
+}
+
+// shareOf returns p's fair share, its weight clamped to [1, sched.MaxWeight].
+func shareOf(p *ledgerv1.Policy) fairShare {
+	return fairShare{weight: min(max(p.GetFairnessWeight(), 1), sched.MaxWeight), priority: int(p.GetPriority())}
+}
+
 // policyRead is a GetPolicy in flight; done is closed when it ends, with
-// policy set if it succeeded.
+// read set (and share) if it succeeded.
 type policyRead struct {
 	started time.Time
 	done    chan struct{}
-	policy  *ledgerv1.Policy
+	read    bool
+	share   fairShare
 }
 
 type waiter struct {
@@ -122,11 +162,16 @@ func (c *Client) NewFairQueue(cfg FairQueueConfig) (*FairQueue, error) {
 		s: s, meter: cfg.Meter, free: cfg.Concurrency, maxQueue: maxQueue,
 		waiters:    make(map[string]*waiter),
 		live:       make(map[string]int),
-		policies:   make(map[uint64]*ledgerv1.Policy),
 		reads:      make(map[uint64]*policyRead),
-		lastWeight: make(map[ledger.PolicyKey]*ledgerv1.Policy),
+		maxReads:   MaxPolicyReads,
 		policyWait: cfg.PolicyWait,
 	}
+	cacheSize := cfg.PolicyCache
+	if cacheSize <= 0 {
+		cacheSize = DefaultPolicyCache
+	}
+	q.policies = newLRU[uint64, fairShare](cacheSize)
+	q.lastShare = newLRU[ledger.PolicyKey, fairShare](cacheSize)
 	if q.policyWait <= 0 {
 		q.policyWait = DefaultPolicyWait
 	}
@@ -155,20 +200,21 @@ func (q *FairQueue) Stats() (queued, running int) {
 }
 
 // policyWeight reads the fairness weight and priority of the policy that
-// admitted res, caching each generation (generations are immutable). An
-// uncached generation is read in the background (one read per generation
-// at a time, on the Client's background context: bounded, and ended by
-// Close); the caller waits for it at most policyWait from the read's
-// start, so a partition costs a request at most that, and requests
-// arriving later not even that. Without the policy it takes the last
-// one read for the same subject, route and region, else weight 1.
+// admitted res, caching each generation (generations are immutable) in
+// an LRU. An uncached generation is read in the background (one read
+// per generation at a time, at most MaxPolicyReads at once, on the
+// Client's background context: bounded, and ended by Close); the caller
+// waits for it at most policyWait from the read's start, so a partition
+// costs a request at most that, and requests arriving later not even
+// that. Without the policy it takes the last one read for the same
+// subject, route and region, else weight 1, priority 0.
 func (q *FairQueue) policyWeight(ctx context.Context, _ string, res *ledgerv1.Reservation) (int64, int) {
 	gen := res.GetPolicyGeneration()
 	key := ledger.PolicyKey{Subject: res.GetSubject(), Route: res.GetRoute(), Region: res.GetRegion()}
 	q.policyMu.Lock()
-	p, ok := q.policies[gen]
+	share, ok := q.policies.Get(gen)
 	read := q.reads[gen]
-	if !ok && read == nil {
+	if !ok && read == nil && len(q.reads) < q.maxReads {
 		read = &policyRead{started: time.Now(), done: make(chan struct{})}
 		if q.client.goBackground(func(bctx context.Context) { q.readPolicy(bctx, gen, read) }) {
 			q.reads[gen] = read
@@ -176,36 +222,29 @@ func (q *FairQueue) policyWeight(ctx context.Context, _ string, res *ledgerv1.Re
 			read = nil // the Client is closed
 		}
 	}
-	last := q.lastWeight[key]
+	last, lastOK := q.lastShare.Get(key)
 	q.policyMu.Unlock()
 	if !ok && read != nil {
 		t := time.NewTimer(time.Until(read.started.Add(q.policyWait)))
 		select {
 		case <-read.done:
-			p, ok = read.policy, read.policy != nil
+			share, ok = read.share, read.read
 		case <-t.C:
 		case <-ctx.Done():
 		}
 		t.Stop()
 	}
-	if !ok {
-		p = last
-		if p == nil {
-			return 1, 0
-		}
-	} else if p != last {
+	switch {
+	case ok && (!lastOK || share != last):
 		q.policyMu.Lock()
-		q.lastWeight[key] = p
+		q.lastShare.Put(key, share)
 		q.policyMu.Unlock()
+	case !ok && lastOK:
+		share = last
+	case !ok:
+		share = fairShare{weight: 1}
 	}
-	w := p.GetFairnessWeight()
-	if w < 1 {
-		w = 1
-	}
-	if w > sched.MaxWeight {
-		w = sched.MaxWeight
-	}
-	return w, int(p.GetPriority())
+	return share.weight, share.priority
 }
 
 // readPolicy is one background read of generation gen's policy.
@@ -215,8 +254,8 @@ func (q *FairQueue) readPolicy(ctx context.Context, gen uint64, read *policyRead
 	defer q.policyMu.Unlock()
 	delete(q.reads, gen)
 	if err == nil {
-		q.policies[gen] = got
-		read.policy = got
+		read.share, read.read = shareOf(got), true
+		q.policies.Put(gen, read.share)
 	}
 	close(read.done)
 }

@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	ledgerv1 "github.com/capledger/capledger/api/capledger/v1"
 	"github.com/capledger/capledger/client/internal/faultproxy"
 	"github.com/capledger/capledger/sched"
 )
@@ -175,3 +177,120 @@ func TestCloseEndsAFairQueuePolicyReadInFlight(t *testing.T) {
 		t.Fatalf("policy reads left after Close:\n%s", strings.Join(g, "\n\n"))
 	}
 }
+
+// The default Weight's caches are LRUs of FairQueueConfig.PolicyCache
+// entries, not maps that grow with every tenant and generation: with a
+// cache of 3 and 6 tenants (a generation each) neither holds more than 3;
+// a generation still cached is not read again, an evicted one is (and
+// gives its policy's weight again). In a partition, a new generation of a
+// subject whose last weight is still cached takes it; one whose last
+// weight was evicted falls back to weight 1, priority 0, as documented.
+// At most MaxPolicyReads reads run at once; a generation met beyond them
+// is not read (no goroutine) and takes the fallback.
+func TestFairQueuePolicyCachesAreBoundedLRUs(t *testing.T) {
+	l := startLedger(t)
+	const tenants, cacheSize = 6, 3
+	var policyReads atomic.Int64
+	counting := &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		if strings.HasSuffix(r.URL.Path, "/GetPolicy") {
+			policyReads.Add(1)
+		}
+		return http.DefaultTransport.RoundTrip(r)
+	})}
+	gw := l.viaProxy(t, WithHTTPClient(counting), WithTimeout(time.Minute), WithBreaker(BreakerPolicy{DetectTimeout: time.Minute}))
+	q, err := gw.NewFairQueue(FairQueueConfig{Concurrency: 1, PolicyCache: cacheSize, PolicyWait: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	reserve := func(subject string) *ledgerv1.Reservation {
+		t.Helper()
+		r, err := l.direct.Reserve(ctx, ReserveRequest{Subject: subject, Route: "chat.generate", Units: Units{"tokens": 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Reservation
+	}
+	// weightOf waits out a read slower than PolicyWait on a loaded
+	// machine: the read goes on in the background and lands in the cache.
+	weightOf := func(res *ledgerv1.Reservation, want int64, wantPriority int) {
+		t.Helper()
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			w, p := q.weight(ctx, res.GetSubject(), res)
+			if w == want && p == wantPriority {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s generation %d: weight %d priority %d, want %d, %d", res.GetSubject(), res.GetPolicyGeneration(), w, p, want, wantPriority)
+			}
+		}
+	}
+	cached := func() (generations, keys, reads int) {
+		q.policyMu.Lock()
+		defer q.policyMu.Unlock()
+		return q.policies.Len(), q.lastShare.Len(), len(q.reads)
+	}
+	res := make([]*ledgerv1.Reservation, tenants)
+	for i := range tenants {
+		subject := fmt.Sprintf("tenant-%d", i)
+		l.publish(t, policySpec{subject: subject, route: "chat.generate", burst: 10_000, weight: int64(i + 2), priority: 2})
+		res[i] = reserve(subject)
+	}
+	for range 2 {
+		for i := range tenants {
+			weightOf(res[i], int64(i+2), 2)
+			if g, k, _ := cached(); g > cacheSize || k > cacheSize {
+				t.Fatalf("after tenant %d: %d generations and %d keys cached, want at most %d each", i, g, k, cacheSize)
+			}
+		}
+	}
+	if n := policyReads.Load(); n != 2*tenants {
+		t.Fatalf("%d policy reads for %d generations met twice through a cache of %d, want every one read again (%d)", n, tenants, cacheSize, 2*tenants)
+	}
+	// Cached now: tenants 3, 4 and 5, 3 the oldest. Used, 3 is kept and
+	// 4 evicted by the next generation read (least recently used, not
+	// first in).
+	weightOf(res[3], 5, 2)
+	if n := policyReads.Load(); n != 2*tenants {
+		t.Fatalf("a cached generation was read again: %d reads", n)
+	}
+	weightOf(res[0], 2, 2) // evicted: read again
+	if n := policyReads.Load(); n != 2*tenants+1 {
+		t.Fatalf("an evicted generation was not read again: %d reads, want %d", n, 2*tenants+1)
+	}
+	weightOf(res[3], 5, 2)
+	if n := policyReads.Load(); n != 2*tenants+1 {
+		t.Fatalf("the generation used last but one was evicted (first in, first out?): %d reads", n)
+	}
+
+	// New generations, not read yet; tenant-0, tenant-3 and tenant-5 are
+	// the keys cached now, tenant-1 and tenant-2 were evicted.
+	for _, i := range []int{1, 2, 5} {
+		l.publish(t, policySpec{subject: fmt.Sprintf("tenant-%d", i), route: "chat.generate", burst: 10_000, weight: 50, priority: 3})
+	}
+	renewed5, renewed1, renewed2 := reserve("tenant-5"), reserve("tenant-1"), reserve("tenant-2")
+	l.proxy.SetFaults(faultproxy.Faults{Partition: true})
+	l.proxy.CutAll()
+	if w, p := q.weight(ctx, "tenant-5", renewed5); w != int64(tenants+1) || p != 2 {
+		t.Fatalf("tenant-5's new generation in the partition: weight %d priority %d, want its last cached %d, 2", w, p, tenants+1)
+	}
+	q.policyMu.Lock()
+	q.maxReads = 2 // tenant-5's read and tenant-1's
+	q.policyMu.Unlock()
+	if w, p := q.weight(ctx, "tenant-1", renewed1); w != 1 || p != 0 {
+		t.Fatalf("tenant-1's new generation in the partition, its last weight evicted: weight %d priority %d, want 1, 0", w, p)
+	}
+	if w, p := q.weight(ctx, "tenant-2", renewed2); w != 1 || p != 0 {
+		t.Fatalf("tenant-2's new generation beyond the reads allowed: weight %d priority %d, want 1, 0", w, p)
+	}
+	if _, _, reads := cached(); reads != 2 {
+		t.Fatalf("%d policy reads in flight, want 2 (tenant-2's not started beyond maxReads)", reads)
+	}
+	if g := goroutinesIn("client/fairqueue.go:"); len(g) != 2 {
+		t.Fatalf("%d policy read goroutines, want 2:\n%s", len(g), strings.Join(g, "\n\n"))
+	}
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

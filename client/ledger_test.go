@@ -123,6 +123,7 @@ type policySpec struct {
 	interval       time.Duration
 	holdTTL        time.Duration
 	weight         int64
+	priority       int32
 	maxOverdraft   int64
 	shadow         bool
 }
@@ -142,6 +143,7 @@ func (l *testLedger) publish(t *testing.T, p policySpec) *ledgerv1.Policy {
 		EstimatorDigest: "sha256:e57",
 		HoldTtl:         durationpb.New(p.holdTTL),
 		FairnessWeight:  p.weight,
+		Priority:        p.priority,
 	}
 	if p.shadow {
 		pol.Rollout = ledgerv1.RolloutMode_ROLLOUT_MODE_SHADOW

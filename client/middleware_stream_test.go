@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -221,4 +223,77 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.w.Write(p)
+}
+
+// The upstream closes its stream right after the final usage event, with
+// no line end after it, and the gateway passes the stream on through a
+// reverse proxy (two real servers on real sockets). That last line is the
+// stream's end: whole, it is settled (40 tokens, not the earlier 10); cut
+// mid-JSON, the usage is unknown: USAGE_UNKNOWN, the receipt kept and the
+// log saying why, as for any unreadable usage event.
+func TestMiddlewareStreamEndingWithoutALineEnd(t *testing.T) {
+	l := startLedger(t)
+	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 10_000})
+	c := l.viaProxy(t)
+	const final = "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":31,\"total_tokens\":40}}"
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		fmt.Fprint(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":1,\"total_tokens\":10}}\n\n")
+		fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"more\"}}]}\n\n")
+		http.NewResponseController(w).Flush()
+		if r.URL.Query().Has("cut") {
+			fmt.Fprint(w, final[:len(final)-12]) // the upstream died mid-line
+			return
+		}
+		fmt.Fprint(w, final) // and closed: no "\n"
+	}))
+	t.Cleanup(upstream.Close)
+	target, err := url.Parse(upstream.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs strings.Builder
+	var logMu sync.Mutex
+	logger := slog.New(slog.NewTextHandler(lockedWriter{&logMu, &logs}, nil))
+	srv := gateway(t, c, MiddlewareConfig{Estimator: tokensEstimator, Logger: logger,
+		Usage: UsageFromStream(map[string]string{"tokens": "total_tokens"}, nil)}, httputil.NewSingleHostReverseProxy(target))
+
+	resp, body := send(t, srv.Client(), srv.URL+"/v1/chat", "tenant-7", "{}")
+	if resp.StatusCode != 200 || !strings.HasSuffix(body, final) {
+		t.Fatalf("stream: %d %q", resp.StatusCode, body)
+	}
+	res, err := l.direct.GetReservation(context.Background(), resp.Header.Get(ReservationHeader))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !isState(res, ledgerv1.ReservationState_RESERVATION_STATE_SETTLED) || res.GetActualUnits()["tokens"] != 40 {
+		t.Fatalf("stream ending in its usage event without a line end: %s %v, want SETTLED 40 tokens", res.GetState(), res.GetActualUnits())
+	}
+
+	resp, body = send(t, srv.Client(), srv.URL+"/v1/chat?cut", "tenant-7", "{}")
+	if resp.StatusCode != 200 || !strings.HasSuffix(body, final[:len(final)-12]) {
+		t.Fatalf("cut stream: %d %q", resp.StatusCode, body)
+	}
+	id := resp.Header.Get(ReservationHeader)
+	res, err = l.direct.GetReservation(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !isState(res, ledgerv1.ReservationState_RESERVATION_STATE_USAGE_UNKNOWN) {
+		t.Fatalf("stream cut inside its usage event: %s %v, want USAGE_UNKNOWN (not settled at the earlier 10 tokens)", res.GetState(), res.GetActualUnits())
+	}
+	kept := false
+	for _, r := range c.PendingUnknown() {
+		kept = kept || r.ReservationID == id
+	}
+	if !kept {
+		t.Fatalf("receipt of %s not kept in PendingUnknown: %+v", id, c.PendingUnknown())
+	}
+	logMu.Lock()
+	logged := logs.String()
+	logMu.Unlock()
+	if !strings.Contains(logged, id) || !strings.Contains(logged, "unreadable usage event") {
+		t.Fatalf("the middleware's log does not say why %s is unknown:\n%s", id, logged)
+	}
 }

@@ -3,6 +3,7 @@ package client
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 )
@@ -32,9 +33,17 @@ var usageName = []byte(`"usage"`)
 // usage is then unknown (Usage reports none, Err says why), never the
 // earlier, partial figure. So does a `data:` line over 1 MiB that
 // names "usage" (it is not held, so it cannot be read); an over-long line
-// without it is skipped. The middleware runs one over every
-// text/event-stream response (UsageInfo.Stream); a handler of its own
-// can use one with io.MultiWriter.
+// without it is skipped.
+//
+// Usage, Err and Done answer for a stream that ends at the last byte
+// written, so call them once it has: no other end-of-stream call is
+// needed. A last line without a line end (the upstream closed right
+// after it) is read then: as any other line when it is whole JSON (or
+// `[DONE]`); when it is not (cut mid-line, or over 1 MiB and not held)
+// it may be the usage event, cut, so the usage is unknown. They leave
+// that line held: bytes written later continue it. The middleware runs
+// one over every text/event-stream response (UsageInfo.Stream); a
+// handler of its own can use one with io.MultiWriter.
 type SSEUsageScanner struct {
 	line    []byte
 	skip    bool // the current line is over maxSSELine: not held
@@ -62,11 +71,11 @@ func (s *SSEUsageScanner) Write(p []byte) (int, error) {
 		}
 		s.appendLine(p[:i])
 		if !s.skip {
-			s.event(bytes.TrimRight(s.line, "\r"))
+			s.apply(readLine(bytes.TrimRight(s.line, "\r"), false))
 		} else if s.longData && s.longUsage {
 			// It may be the last usage event: an earlier one is no
 			// longer the stream's final figure.
-			s.usage, s.invalid = nil, fmt.Errorf("unreadable usage event: a data line over %d bytes was not read", maxSSELine)
+			s.apply(lineRead{unreadable: fmt.Errorf("unreadable usage event: a data line over %d bytes was not read", maxSSELine)})
 		}
 		s.line, s.skip = s.line[:0], false
 		p = p[i+1:]
@@ -114,48 +123,88 @@ func (s *SSEUsageScanner) scanLong(p []byte) {
 	}
 }
 
-func (s *SSEUsageScanner) event(line []byte) {
+// lineRead is what one line tells of the stream's usage.
+type lineRead struct {
+	done       bool         // `data: [DONE]`
+	usage      *StreamUsage // a readable usage event
+	unreadable error        // a usage event that cannot be read (or may be one)
+}
+
+// readLine reads one line; cut says the stream ended inside it (no line
+// end followed).
+func readLine(line []byte, cut bool) lineRead {
 	data, ok := bytes.CutPrefix(line, []byte("data:"))
 	if !ok {
-		return
+		return lineRead{}
 	}
 	data = bytes.TrimSpace(data)
 	if string(data) == "[DONE]" {
-		s.done = true
-		return
+		return lineRead{done: true}
 	}
 	if !bytes.Contains(data, usageName) {
-		return
+		if cut && !json.Valid(data) {
+			// Cut before its name, it may still be the usage event.
+			return lineRead{unreadable: errors.New("unreadable usage event: the stream ended inside a data line that is not whole JSON")}
+		}
+		return lineRead{}
 	}
 	var ev struct {
 		Usage *StreamUsage `json:"usage"`
 	}
 	if err := json.Unmarshal(data, &ev); err != nil {
+		if cut {
+			return lineRead{unreadable: fmt.Errorf("unreadable usage event: the stream ended inside it: %w", err)}
+		}
+		return lineRead{unreadable: fmt.Errorf("unreadable usage event: %w", err)}
+	}
+	return lineRead{usage: ev.Usage}
+}
+
+// apply takes what a line told into the scanner's state.
+func (s *SSEUsageScanner) apply(r lineRead) {
+	s.done = s.done || r.done
+	switch {
+	case r.unreadable != nil:
 		// The last usage event counts: an earlier one is no longer the
 		// stream's final figure (settling it would undercharge).
-		s.usage, s.invalid = nil, fmt.Errorf("unreadable usage event: %w", err)
-		return
+		s.usage, s.invalid = nil, r.unreadable
+	case r.usage != nil: // a "usage": null does not erase the last one
+		s.usage, s.invalid = r.usage, nil
 	}
-	if ev.Usage != nil {
-		s.usage, s.invalid = ev.Usage, nil
+}
+
+// atEnd returns the scanner's state for a stream that ends here: with the
+// line it holds (no line end came yet) read as the last. s is left as it
+// is, so a later Write continues that line.
+func (s *SSEUsageScanner) atEnd() SSEUsageScanner {
+	end := SSEUsageScanner{usage: s.usage, done: s.done, invalid: s.invalid}
+	switch {
+	case s.skip && s.longData:
+		// Not held, so not readable; its end never came, so it may have
+		// named "usage" after what was seen.
+		end.apply(lineRead{unreadable: fmt.Errorf("unreadable usage event: the stream ended inside a data line over %d bytes, which was not read", maxSSELine)})
+	case !s.skip && len(s.line) > 0:
+		end.apply(readLine(bytes.TrimRight(s.line, "\r"), true))
 	}
+	return end
 }
 
 // Usage returns the usage of the last event that carried one, and
-// whether there was one.
+// whether there was one, for a stream that ends here.
 func (s *SSEUsageScanner) Usage() (StreamUsage, bool) {
-	if s.usage == nil {
+	end := s.atEnd()
+	if end.usage == nil {
 		return StreamUsage{}, false
 	}
-	return *s.usage, true
+	return *end.usage, true
 }
 
-// Err returns why the stream's last usage event could not be read, nil
-// when it could (or none came). Usage reports no usage then.
-func (s *SSEUsageScanner) Err() error { return s.invalid }
+// Err returns why the last usage event of a stream ending here could not
+// be read, nil when it could (or none came). Usage reports no usage then.
+func (s *SSEUsageScanner) Err() error { return s.atEnd().invalid }
 
 // Done reports whether the stream's `data: [DONE]` terminator was seen.
-func (s *SSEUsageScanner) Done() bool { return s.done }
+func (s *SSEUsageScanner) Done() bool { return s.atEnd().done }
 
 // UsageFromStream returns a UsageReader for streamed (text/event-stream)
 // answers: the usage the handler passed to ReportUsage if any, else the
@@ -165,7 +214,8 @@ func (s *SSEUsageScanner) Done() bool { return s.done }
 // that are not in the stream (e.g. {"requests": 1}). A stream that ended
 // without a usage object (the backend died, the client went away before
 // the end) or whose last usage event cannot be read (SSEUsageScanner.Err,
-// in the error's text) gives ErrUsageUnknown: the capacity stays held,
+// in the error's text; a last line cut mid-line included) gives
+// ErrUsageUnknown: the capacity stays held,
 // never refunded, and never settled at an earlier event's figure.
 func UsageFromStream(fieldByUnit map[string]string, extra Units) UsageReader {
 	return func(u *UsageInfo) (Units, error) {

@@ -94,3 +94,68 @@ func TestSSEUsageScannerOverLongUsageLineIsUnknown(t *testing.T) {
 		}
 	}
 }
+
+// A stream whose upstream closed right after its last line, without a line
+// end: that line is the stream's end and is read like any other when it
+// is whole JSON (the final usage, not the earlier figure; a `[DONE]`
+// counts). When it is not whole (cut mid-line, or over 1 MiB and not
+// held) it may be the usage event, cut: the usage is unknown, never the
+// earlier, partial figure. Usage, Err and Done leave the held line
+// alone, so bytes written after them continue it.
+func TestSSEUsageScannerReadsALastLineWithoutLineEnd(t *testing.T) {
+	early := "data: {\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":1,\"total_tokens\":10}}\n\n"
+	final := "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":31,\"total_tokens\":40}}"
+	write := func(s *SSEUsageScanner, stream string, chunk int) {
+		for rest := stream; rest != ""; {
+			n := min(chunk, len(rest))
+			s.Write([]byte(rest[:n]))
+			rest = rest[n:]
+		}
+	}
+	for _, chunk := range []int{1, 7, 4096} {
+		s := NewSSEUsageScanner()
+		write(s, early+final, chunk)
+		if u, ok := s.Usage(); !ok || u.TotalTokens != 40 || s.Err() != nil || s.Done() {
+			t.Fatalf("chunks of %d, final usage without line end: %+v %v, err %v, done %v: want 40 tokens", chunk, u, ok, s.Err(), s.Done())
+		}
+		s = NewSSEUsageScanner()
+		write(s, early+final+"\n\ndata: [DONE]", chunk)
+		if u, ok := s.Usage(); !ok || u.TotalTokens != 40 || !s.Done() {
+			t.Fatalf("chunks of %d, [DONE] without line end: %+v %v, done %v", chunk, u, ok, s.Done())
+		}
+	}
+
+	read := UsageFromStream(map[string]string{"tokens": "total_tokens"}, nil)
+	for name, last := range map[string]string{
+		"cut mid-JSON":           final[:len(final)-20],
+		"cut before its name":    final[:len("data: {\"choices\":[],\"usa")],
+		"over 1 MiB without end": "data: {\"choices\":[{\"delta\":{\"content\":\"" + strings.Repeat("x", maxSSELine),
+	} {
+		s := NewSSEUsageScanner()
+		write(s, early+last, 4096)
+		if u, ok := s.Usage(); ok || s.Err() == nil {
+			t.Fatalf("%s: usage %+v %v, err %v: want none and why (not the earlier 10 tokens)", name, u, ok, s.Err())
+		}
+		if got, err := read(&UsageInfo{Stream: s, Status: 200}); !errors.Is(err, ErrUsageUnknown) || !strings.Contains(err.Error(), "unreadable usage event") {
+			t.Fatalf("%s: read %v, %v: want ErrUsageUnknown saying the last usage event is unreadable", name, got, err)
+		}
+	}
+
+	// Asked mid-line, the scanner answers for a stream ending there, and
+	// the rest of the line still lands on it.
+	s := NewSSEUsageScanner()
+	write(s, early+final[:30], 4096)
+	if _, ok := s.Usage(); ok || s.Err() == nil {
+		t.Fatalf("mid-line: usage %v, err %v: want unknown", ok, s.Err())
+	}
+	write(s, final[30:]+"\n\n", 4096)
+	if u, ok := s.Usage(); !ok || u.TotalTokens != 40 || s.Err() != nil {
+		t.Fatalf("after the rest of the line: %+v %v %v", u, ok, s.Err())
+	}
+	// A whole last line without a usage leaves the earlier one.
+	s = NewSSEUsageScanner()
+	write(s, early+"data: {\"choices\":[{\"delta\":{\"content\":\"bye\"}}]}", 4096)
+	if u, ok := s.Usage(); !ok || u.TotalTokens != 10 || s.Err() != nil {
+		t.Fatalf("a whole last line without usage: %+v %v %v", u, ok, s.Err())
+	}
+}
