@@ -21,10 +21,16 @@ import (
 // commandCounts scrapes capledger_commands_total from /metrics, over the
 // server's socket, by "kind/outcome".
 func (h *harness) commandCounts() map[string]float64 {
+	return h.kindOutcomeCounts("capledger_commands_total")
+}
+
+// kindOutcomeCounts scrapes metric, a counter by kind and outcome, from
+// /metrics, over the server's socket, by "kind/outcome".
+func (h *harness) kindOutcomeCounts(metric string) map[string]float64 {
 	h.t.Helper()
 	counts := map[string]float64{}
 	for _, line := range strings.Split(h.get("/metrics"), "\n") {
-		rest, ok := strings.CutPrefix(line, `capledger_commands_total{kind="`)
+		rest, ok := strings.CutPrefix(line, metric+`{kind="`)
 		if !ok {
 			continue
 		}
@@ -43,7 +49,13 @@ func (h *harness) commandCounts() map[string]float64 {
 // exactly want (kind/outcome -> delta), and by nothing else.
 func (h *harness) wantCounted(before map[string]float64, want map[string]float64) {
 	h.t.Helper()
-	after := h.commandCounts()
+	h.wantGrown("capledger_commands_total", before, want)
+}
+
+// wantGrown is wantCounted of metric (see kindOutcomeCounts).
+func (h *harness) wantGrown(metric string, before map[string]float64, want map[string]float64) {
+	h.t.Helper()
+	after := h.kindOutcomeCounts(metric)
 	got := map[string]float64{}
 	for key, v := range after {
 		if d := v - before[key]; d != 0 {
@@ -51,7 +63,7 @@ func (h *harness) wantCounted(before map[string]float64, want map[string]float64
 		}
 	}
 	if !maps.Equal(got, want) {
-		h.t.Errorf("capledger_commands_total grew by %v, want %v", sorted(got), sorted(want))
+		h.t.Errorf("%s grew by %v, want %v", metric, sorted(got), sorted(want))
 	}
 }
 
@@ -236,4 +248,24 @@ func TestBatchReadPastDeadlineFailsTheCall(t *testing.T) {
 	if got := h.call("GetReservation", `{"reservationId":"fresh"}`, ""); got.status != 404 {
 		t.Fatalf("an item of the failed batch was admitted: %s", got.raw)
 	}
+}
+
+// An IssueShard the ledger refused as stale is mapped again and issued;
+// capledger_shard_commands_total counts the issue once. It counted the
+// stale refusal too, as invalid_command.
+func TestStaleShardIssueCountsOnce(t *testing.T) {
+	h := newHarness(t, harnessOptions{shards: true})
+	emergency := strings.Replace(tokensPolicy, `"holdTtl"`, `"emergencyMode":true,"holdTtl"`, 1)
+	h.ok("PublishPolicy", emergency, "") // caches generation 1
+	h.publishElsewhere(strings.Replace(tokensPolicySwapped, `"holdTtl"`, `"emergencyMode":true,"holdTtl"`, 1), 2)
+
+	const metric = "capledger_shard_commands_total"
+	before := h.kindOutcomeCounts(metric)
+	req, _ := http.NewRequest(http.MethodPost, h.url+"/capledger.v1.ShardService/IssueShard", strings.NewReader(
+		`{"shardId":"sh-1","subject":"tenant-7","route":"chat.generate","units":{"tokens":100,"requests":2},"gatewayId":"gw-1","bootEpoch":"1","ttl":"600s"}`))
+	req.Header.Set("Content-Type", "application/json")
+	if r := h.do(req); r.status != 200 || num(field(r.body, "shard", "policyGeneration")) != 2 {
+		t.Fatalf("issue after the switch: %d %s", r.status, r.raw)
+	}
+	h.wantGrown(metric, before, map[string]float64{"shard_issue/ok": 1})
 }
