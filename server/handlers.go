@@ -97,12 +97,17 @@ func operatingFailure(cerr *connect.Error) bool {
 
 // refusalOutcome is the outcome label of an answer the server gave as an
 // error: "unavailable" for an operating failure, else the reason of its
-// detail in lower case ("invalid_command"), "invalid" when it carries none.
+// detail in lower case ("invalid_command"); without one, "invalid" for an
+// invalid argument (a body that names no reason), else the code
+// ("internal").
 func refusalOutcome(cerr *connect.Error) string {
 	if operatingFailure(cerr) {
 		return outcomeUnavailable
 	}
 	reason := "invalid"
+	if cerr.Code() != connect.CodeInvalidArgument {
+		reason = cerr.Code().String()
+	}
 	for _, d := range cerr.Details() {
 		if msg, err := d.Value(); err == nil {
 			switch detail := msg.(type) {
@@ -114,6 +119,19 @@ func refusalOutcome(cerr *connect.Error) string {
 		}
 	}
 	return strings.ToLower(reason)
+}
+
+// countAnswer counts one command of kind that reached the ledger (res,
+// when the ledger answered) under the answer its handler gave: answer's
+// outcome when it is an error (a ledger refusal, an operating failure, or
+// an applied command whose answer could not be built), else res's.
+// Handlers defer it right after exec, so that every return counts once.
+func (s *Server) countAnswer(kind ledger.Kind, res *ledger.Result, answer error) {
+	var cerr *connect.Error
+	if !errors.As(answer, &cerr) && answer != nil {
+		cerr = connect.NewError(connect.CodeInternal, answer)
+	}
+	s.metrics.command(kind, answerOutcome(res, cerr))
 }
 
 // answerOutcome is the outcome label of an answer: cerr's when the server
@@ -156,12 +174,13 @@ func regionOrDefault(region string) string {
 // --- policies ---
 
 // PublishPolicy implements LedgerService.PublishPolicy.
-func (s *Server) PublishPolicy(ctx context.Context, req *connect.Request[v1.PublishPolicyRequest]) (*connect.Response[v1.PublishPolicyResponse], error) {
+func (s *Server) PublishPolicy(ctx context.Context, req *connect.Request[v1.PublishPolicyRequest]) (_ *connect.Response[v1.PublishPolicyResponse], answer error) {
 	p, err := PolicyFromProto(req.Msg.GetPolicy())
 	if err != nil {
 		return nil, invalidArgument(ReasonInvalidPolicy, "%v", err)
 	}
-	res, cerr := s.do(ctx, ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p})
+	res, cerr := s.exec(ctx, ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p})
+	defer func() { s.countAnswer(ledger.KindPublishPolicy, &res, answer) }()
 	if cerr != nil {
 		return nil, cerr
 	}
@@ -598,7 +617,7 @@ func (s *Server) reservation(ctx context.Context, what string, res *ledger.Resul
 }
 
 // Start implements LedgerService.Start.
-func (s *Server) Start(ctx context.Context, req *connect.Request[v1.StartRequest]) (*connect.Response[v1.StartResponse], error) {
+func (s *Server) Start(ctx context.Context, req *connect.Request[v1.StartRequest]) (_ *connect.Response[v1.StartResponse], answer error) {
 	if cerr := checkID("reservation_id", req.Msg.GetReservationId()); cerr != nil {
 		s.refused(ledger.KindStart, cerr)
 		return nil, cerr
@@ -611,7 +630,8 @@ func (s *Server) Start(ctx context.Context, req *connect.Request[v1.StartRequest
 		s.refused(ledger.KindStart, cerr)
 		return nil, cerr
 	}
-	res, cerr := s.do(ctx, ledger.Command{Kind: ledger.KindStart, ReservationID: req.Msg.GetReservationId(), OperationID: req.Msg.GetOperationId()})
+	res, cerr := s.exec(ctx, ledger.Command{Kind: ledger.KindStart, ReservationID: req.Msg.GetReservationId(), OperationID: req.Msg.GetOperationId()})
+	defer func() { s.countAnswer(ledger.KindStart, &res, answer) }()
 	if cerr != nil {
 		return nil, cerr
 	}
@@ -748,7 +768,7 @@ func (s *Server) SettleBatch(ctx context.Context, req *connect.Request[v1.Settle
 }
 
 // Release implements LedgerService.Release.
-func (s *Server) Release(ctx context.Context, req *connect.Request[v1.ReleaseRequest]) (*connect.Response[v1.ReleaseResponse], error) {
+func (s *Server) Release(ctx context.Context, req *connect.Request[v1.ReleaseRequest]) (_ *connect.Response[v1.ReleaseResponse], answer error) {
 	if cerr := checkID("reservation_id", req.Msg.GetReservationId()); cerr != nil {
 		s.refused(ledger.KindRelease, cerr)
 		return nil, cerr
@@ -757,7 +777,8 @@ func (s *Server) Release(ctx context.Context, req *connect.Request[v1.ReleaseReq
 		s.refused(ledger.KindRelease, cerr)
 		return nil, cerr
 	}
-	res, cerr := s.do(ctx, ledger.Command{Kind: ledger.KindRelease, ReservationID: req.Msg.GetReservationId()})
+	res, cerr := s.exec(ctx, ledger.Command{Kind: ledger.KindRelease, ReservationID: req.Msg.GetReservationId()})
+	defer func() { s.countAnswer(ledger.KindRelease, &res, answer) }()
 	if cerr != nil {
 		return nil, cerr
 	}
@@ -776,7 +797,7 @@ func (s *Server) Release(ctx context.Context, req *connect.Request[v1.ReleaseReq
 }
 
 // MarkUsageUnknown implements LedgerService.MarkUsageUnknown.
-func (s *Server) MarkUsageUnknown(ctx context.Context, req *connect.Request[v1.MarkUsageUnknownRequest]) (*connect.Response[v1.MarkUsageUnknownResponse], error) {
+func (s *Server) MarkUsageUnknown(ctx context.Context, req *connect.Request[v1.MarkUsageUnknownRequest]) (_ *connect.Response[v1.MarkUsageUnknownResponse], answer error) {
 	if cerr := checkID("reservation_id", req.Msg.GetReservationId()); cerr != nil {
 		s.refused(ledger.KindMarkUsageUnknown, cerr)
 		return nil, cerr
@@ -785,7 +806,8 @@ func (s *Server) MarkUsageUnknown(ctx context.Context, req *connect.Request[v1.M
 		s.refused(ledger.KindMarkUsageUnknown, cerr)
 		return nil, cerr
 	}
-	res, cerr := s.do(ctx, ledger.Command{Kind: ledger.KindMarkUsageUnknown, ReservationID: req.Msg.GetReservationId()})
+	res, cerr := s.exec(ctx, ledger.Command{Kind: ledger.KindMarkUsageUnknown, ReservationID: req.Msg.GetReservationId()})
+	defer func() { s.countAnswer(ledger.KindMarkUsageUnknown, &res, answer) }()
 	if cerr != nil {
 		return nil, cerr
 	}

@@ -269,3 +269,68 @@ func TestStaleShardIssueCountsOnce(t *testing.T) {
 	}
 	h.wantGrown(metric, before, map[string]float64{"shard_issue/ok": 1})
 }
+
+// policyUnreadableStore fails every PolicyGet while failing is set, as a
+// store that went away after a commit does for the read that renders the
+// answer.
+type policyUnreadableStore struct {
+	store.Store
+	mu      sync.Mutex
+	failing bool
+}
+
+func (s *policyUnreadableStore) PolicyGet(ctx context.Context, generation uint64) (ledger.Policy, error) {
+	s.mu.Lock()
+	failing := s.failing
+	s.mu.Unlock()
+	if failing {
+		return ledger.Policy{}, fmt.Errorf("policy %d: %w", generation, store.ErrUnavailable)
+	}
+	return s.Store.PolicyGet(ctx, generation)
+}
+
+// A Start or Release the ledger applied, but whose answer could not be
+// built (a replica whose policy cache is cold cannot read the policy to
+// render the reservation), answers 503 "applied": capledger_commands_total
+// counts it as the caller saw it, unavailable, as it counts a Reserve or
+// Settle so. It counted them ok.
+func TestAppliedButUnrenderedCountsUnavailable(t *testing.T) {
+	var unreadable *policyUnreadableStore
+	h := newHarness(t, harnessOptions{wrapStore: func(st store.Store) store.Store {
+		unreadable = &policyUnreadableStore{Store: st}
+		return unreadable
+	}})
+	h.ok("PublishPolicy", tokensPolicy, "")
+	h.ok("Reserve", reserveBody("r-1", 10), "")
+	h.ok("Reserve", reserveBody("r-2", 10), "")
+
+	// Another replica, started now: its policy cache is empty.
+	metrics := server.NewMetrics()
+	other := serve(t, server.New(h.engine, server.Config{Metrics: metrics, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}))
+	unreadable.mu.Lock()
+	unreadable.failing = true
+	unreadable.mu.Unlock()
+	for _, call := range []struct{ method, body string }{
+		{"Start", `{"reservationId":"r-1","operationId":"op-1"}`},
+		{"Release", `{"reservationId":"r-2"}`},
+	} {
+		req, _ := http.NewRequest(http.MethodPost, other+"/capledger.v1.LedgerService/"+call.method, strings.NewReader(call.body))
+		req.Header.Set("Content-Type", "application/json")
+		r := h.do(req)
+		h.wantError(r, 503, "unavailable", server.ReasonStoreUnavailable)
+		if !strings.Contains(string(r.raw), "applied (committed)") {
+			t.Fatalf("%s: want an applied command's 503, got %s", call.method, r.raw)
+		}
+	}
+	resp, err := http.Get(other + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	got := grep(string(body), "capledger_commands_total{")
+	want := "capledger_commands_total{kind=\"release\",outcome=\"unavailable\"} 1\ncapledger_commands_total{kind=\"start\",outcome=\"unavailable\"} 1"
+	if got != want {
+		t.Errorf("the other replica's capledger_commands_total:\n%s\nwant:\n%s", got, want)
+	}
+}
