@@ -230,16 +230,21 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		}
 	}
 	// An unknown domain or a descriptor no rule matches maps to no policy:
-	// counted as such (once the request is known to be well formed), so
-	// that a mistyped domain or key shows on a dashboard whatever
-	// unknown_descriptor answers.
+	// counted as such (once the request is known to be well formed, and
+	// with the rest once the answer is known: unavailable when the call
+	// fails), so that a mistyped domain or key shows on a dashboard
+	// whatever unknown_descriptor answers.
+	var answers server.Answers
 	for range unmapped {
-		s.srv.RefusedNoPolicy(ledger.KindReserve)
+		answers.RefusedNoPolicy(ledger.KindReserve)
 	}
-	if err := s.run(ctx, items); err != nil {
-		return nil, err
+	err := s.run(ctx, items, &answers)
+	var resp *rlsv3.RateLimitResponse
+	if err == nil {
+		resp, err = s.respond(ctx, items)
 	}
-	return s.respond(ctx, items)
+	s.srv.CountAnswers(&answers, err)
+	return resp, err
 }
 
 // reservationID is the reservation id of a request id for one capacity:
@@ -266,42 +271,69 @@ func randomID() string {
 // its follow-up (start, settle, release) go in one engine call when the
 // request has one descriptor; with several, the reserves go first and the
 // follow-ups second, so that a request refused by one descriptor keeps no
-// capacity of the others (Envoy refuses the request as a whole).
-func (s *Service) run(ctx context.Context, items []item) error {
-	for attempt := 0; ; attempt++ {
-		if err := s.runFirst(ctx, items); err != nil {
-			return err
+// capacity of the others (Envoy refuses the request as a whole). Every
+// command run or refused is added to answers once, with the result the
+// answer is made of.
+func (s *Service) run(ctx context.Context, items []item, answers *server.Answers) error {
+	err := s.runFirstCurrent(ctx, items, answers)
+	// The first call's results, stale ones mapped again replaced by their
+	// last: added once whether or not the call goes on to fail.
+	for i := range items {
+		if it := &items[i]; it.results != nil {
+			answers.Results(it.cmds[:len(it.results)], it.results)
 		}
-		stale := false
-		for i := range items {
-			it := &items[i]
-			if it.results == nil || (it.cmds[0].Kind != ledger.KindReserve && it.cmds[0].Kind != ledger.KindRecord) {
-				continue
-			}
-			if server.Stale(&it.cmds[0], &it.results[0]) && attempt < server.StaleRetries {
-				// Mapped for a generation that no longer decides: map
-				// again. The reservation id stays, so a reserve (or a
-				// record) that did commit meanwhile replays.
-				it.results, it.cmds = nil, nil
-				stale = true
-			}
-		}
-		if !stale {
-			break
-		}
-		if cerr := s.srv.RefreshPolicies(ctx); cerr != nil {
-			return cerr
-		}
+	}
+	if err != nil {
+		return err
 	}
 	if len(items) == 1 {
 		return s.decide(ctx, &items[0])
 	}
-	return s.runSecond(ctx, items)
+	return s.runSecond(ctx, items, answers)
+}
+
+// runFirstCurrent runs the first engine call (runFirst), and again for
+// the descriptors whose reserve or record the ledger refused as mapped
+// for a generation that no longer decides, up to server.StaleRetries
+// times.
+func (s *Service) runFirstCurrent(ctx context.Context, items []item, answers *server.Answers) error {
+	for attempt := 0; ; attempt++ {
+		if err := s.runFirst(ctx, items, answers); err != nil {
+			return err
+		}
+		stale := false
+		for i := range items {
+			stale = stale || staleFirst(&items[i], attempt)
+		}
+		if !stale {
+			return nil
+		}
+		if cerr := s.srv.RefreshPolicies(ctx); cerr != nil {
+			return cerr
+		}
+		for i := range items {
+			if it := &items[i]; staleFirst(it, attempt) {
+				// Map again. The reservation id stays, so a reserve (or a
+				// record) that did commit meanwhile replays.
+				it.results, it.cmds = nil, nil
+			}
+		}
+	}
+}
+
+// staleFirst reports whether the descriptor's reserve or record was
+// refused as mapped for a generation that no longer decides, and is to be
+// mapped again (fewer than server.StaleRetries attempts were made).
+func staleFirst(it *item, attempt int) bool {
+	if it.results == nil || (it.cmds[0].Kind != ledger.KindReserve && it.cmds[0].Kind != ledger.KindRecord) {
+		return false
+	}
+	return server.Stale(&it.cmds[0], &it.results[0]) && attempt < server.StaleRetries
 }
 
 // runFirst plans every descriptor not yet run and runs, in one engine
 // call, a single descriptor's commands or several descriptors' reserves.
-func (s *Service) runFirst(ctx context.Context, items []item) error {
+func (s *Service) runFirst(ctx context.Context, items []item, answers *server.Answers) error {
 	if len(items) == 1 {
 		// The common case: the commands go as planned and the results
 		// come back as they are, with no copy of either.
@@ -309,22 +341,23 @@ func (s *Service) runFirst(ctx context.Context, items []item) error {
 		if it.unknown || it.results != nil {
 			return nil
 		}
-		if err := s.plan(ctx, it); err != nil || it.unknown || len(it.cmds) == 0 {
+		if err := s.plan(ctx, it, answers); err != nil || it.unknown || len(it.cmds) == 0 {
 			return err
 		}
 		results, cerr := s.srv.Run(ctx, it.cmds)
 		if cerr != nil {
+			answers.Failed(it.cmds)
 			return cerr
 		}
 		it.results = results
 		return nil
 	}
-	return s.runFirstSeveral(ctx, items)
+	return s.runFirstSeveral(ctx, items, answers)
 }
 
 // runFirstSeveral is runFirst of several descriptors: their reserves (or
 // settles) in one engine call.
-func (s *Service) runFirstSeveral(ctx context.Context, items []item) error {
+func (s *Service) runFirstSeveral(ctx context.Context, items []item, answers *server.Answers) error {
 	first := make([]ledger.Command, 0, len(items))
 	owners := make([]int, 0, len(items))
 	for i := range items {
@@ -332,7 +365,7 @@ func (s *Service) runFirstSeveral(ctx context.Context, items []item) error {
 		if it.unknown || it.results != nil {
 			continue
 		}
-		if err := s.plan(ctx, it); err != nil {
+		if err := s.plan(ctx, it, answers); err != nil {
 			return err
 		}
 		if it.unknown || len(it.cmds) == 0 {
@@ -343,6 +376,7 @@ func (s *Service) runFirstSeveral(ctx context.Context, items []item) error {
 	}
 	results, cerr := s.srv.Run(ctx, first)
 	if cerr != nil {
+		answers.Failed(first)
 		return cerr
 	}
 	for j, i := range owners {
@@ -359,7 +393,7 @@ func (s *Service) runFirstSeveral(ctx context.Context, items []item) error {
 // whole, or, failing open on the error, sends no settle for holds it was
 // never told of, so a kept hold would be capacity nobody uses until it
 // expires. The call's error is then the first such outcome.
-func (s *Service) runSecond(ctx context.Context, items []item) error {
+func (s *Service) runSecond(ctx context.Context, items []item, answers *server.Answers) error {
 	refused := false
 	var failed error
 	for i := range items {
@@ -397,8 +431,10 @@ func (s *Service) runSecond(ctx context.Context, items []item) error {
 	}
 	results, cerr := s.srv.Run(ctx, second)
 	if cerr != nil {
+		answers.Failed(second)
 		return cerr
 	}
+	answers.Results(second, results)
 	if failed != nil {
 		return failed
 	}
@@ -511,7 +547,7 @@ func releasedNow(it *item) bool {
 // what is not free becomes debt (ledger.Record). A settle of 0 hits
 // without a reservation records nothing. plan sets unknown when the
 // descriptor maps to no policy or unit.
-func (s *Service) plan(ctx context.Context, it *item) error {
+func (s *Service) plan(ctx context.Context, it *item, answers *server.Answers) error {
 	m := &it.mapped
 	if m.Settle {
 		if m.ID != "" {
@@ -524,28 +560,29 @@ func (s *Service) plan(ctx context.Context, it *item) error {
 				it.cmds = it.cmdBuf[:1]
 				return nil
 			case reasonOf(cerr) == server.ReasonUnknownUnit:
-				s.srv.Refused(ledger.KindSettle, cerr)
+				answers.Refused(ledger.KindSettle, cerr)
 				it.unknown = true
 				return nil
 			case reasonOf(cerr) != server.ReasonReservationNotFound:
+				answers.Refused(ledger.KindSettle, cerr) // the call's error, as a Settle's
 				return cerr
 			}
 		}
 		if it.hits == 0 {
 			return nil // nothing used, nothing to record
 		}
-		return s.planRecord(ctx, it)
+		return s.planRecord(ctx, it, answers)
 	}
 	switch {
 	case m.ID == "" && it.hits > 0:
-		return s.planReserve(ctx, it, it.hits, true, it.hits)
+		return s.planReserve(ctx, it, answers, it.hits, true, it.hits)
 	case m.ID != "" && it.hits > 0:
-		return s.planReserve(ctx, it, it.hits, true, -1)
+		return s.planReserve(ctx, it, answers, it.hits, true, -1)
 	case m.ID != "" && m.Rule.Estimate > 0:
-		return s.planReserve(ctx, it, m.Rule.Estimate, true, -1)
+		return s.planReserve(ctx, it, answers, m.Rule.Estimate, true, -1)
 	}
 	it.rid = randomID() // a probe holds nothing, under the request's id least of all
-	if err := s.planReserve(ctx, it, 1, false, -1); err != nil || it.unknown {
+	if err := s.planReserve(ctx, it, answers, 1, false, -1); err != nil || it.unknown {
 		return err
 	}
 	it.cmdBuf[1] = ledger.Command{Kind: ledger.KindRelease, ReservationID: it.rid}
@@ -557,7 +594,7 @@ func (s *Service) plan(ctx context.Context, it *item) error {
 // start when start is set, then a settle of settle units when settle >= 0.
 // A reserve the server cannot map (no policy, no such unit) makes the
 // descriptor unknown.
-func (s *Service) planReserve(ctx context.Context, it *item, units int64, start bool, settle int64) error {
+func (s *Service) planReserve(ctx context.Context, it *item, answers *server.Answers, units int64, start bool, settle int64) error {
 	m := &it.mapped
 	// unmapped: the id exists but its policy no longer maps; the ledger
 	// replays the reserve, the retry of an admitted check, or says the id
@@ -567,7 +604,7 @@ func (s *Service) planReserve(ctx context.Context, it *item, units int64, start 
 		Units: map[string]int64{m.Rule.Unit: units},
 	})
 	if refused != nil {
-		return s.refusedBeforeLedger(it, ledger.KindReserve, refused)
+		return s.refusedBeforeLedger(it, answers, ledger.KindReserve, refused)
 	}
 	it.cmdBuf[0] = cmd
 	it.unmapped = unmapped != nil
@@ -599,7 +636,7 @@ func (s *Service) planReserve(ctx context.Context, it *item, units int64, start 
 // operation id, so that a retry with the same hits replays), made by the
 // server's RecordCommand, as RecordUsage makes it. A record the server
 // cannot map (no policy, no such unit) makes the descriptor unknown.
-func (s *Service) planRecord(ctx context.Context, it *item) error {
+func (s *Service) planRecord(ctx context.Context, it *item, answers *server.Answers) error {
 	m := &it.mapped
 	// unmapped (the id exists but its policy no longer maps) needs nothing
 	// here, as in planReserve: the ledger replays the record or answers
@@ -609,7 +646,7 @@ func (s *Service) planRecord(ctx context.Context, it *item) error {
 		ActualUnits: map[string]int64{m.Rule.Unit: it.hits},
 	})
 	if refused != nil {
-		return s.refusedBeforeLedger(it, ledger.KindRecord, refused)
+		return s.refusedBeforeLedger(it, answers, ledger.KindRecord, refused)
 	}
 	it.cmdBuf[0] = cmd
 	it.cmds = it.cmdBuf[:1]
@@ -617,15 +654,15 @@ func (s *Service) planRecord(ctx context.Context, it *item) error {
 }
 
 // refusedBeforeLedger answers a reserve or record (kind) the server
-// refused before the ledger: one that maps to no policy or no unit of it
-// (NO_POLICY, UNKNOWN_UNIT) is counted as refused under kind and makes
+// refused before the ledger, added to answers as refused under kind: one
+// that maps to no policy or no unit of it (NO_POLICY, UNKNOWN_UNIT) makes
 // the descriptor unknown (nil: the descriptor is answered per
 // unknown_descriptor); any other refusal is returned, an error of the
 // whole call.
-func (s *Service) refusedBeforeLedger(it *item, kind ledger.Kind, refused *connect.Error) error {
+func (s *Service) refusedBeforeLedger(it *item, answers *server.Answers, kind ledger.Kind, refused *connect.Error) error {
+	answers.Refused(kind, refused)
 	switch reasonOf(refused) {
 	case server.ReasonNoPolicy, server.ReasonUnknownUnit:
-		s.srv.Refused(kind, refused)
 		it.unknown = true
 		return nil
 	}

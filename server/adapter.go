@@ -46,27 +46,101 @@ func (s *Server) SettleCommand(ctx context.Context, req *v1.SettleRequest) (ledg
 }
 
 // Run applies cmds in order in one engine call (one store transaction when
-// they fit one batch) and counts each answer in the command metrics. The
-// error is an operating failure (store unavailable, shutting down; the
-// outcome is then unknown), mapped as on every LedgerService method.
+// they fit one batch). The error is an operating failure (store
+// unavailable, shutting down; the outcome is then unknown), mapped as on
+// every LedgerService method. Run counts nothing: the caller adds the
+// results it answers by, or the failure, to its call's Answers.
 func (s *Server) Run(ctx context.Context, cmds []ledger.Command) ([]ledger.Result, *connect.Error) {
 	if len(cmds) == 0 {
 		return nil, nil
 	}
 	results, err := s.ledger.DoBatch(ctx, cmds)
 	if err != nil {
-		for i := range cmds {
-			s.metrics.command(cmds[i].Kind, "unavailable")
-		}
 		return nil, operatingError(cmds[0].Kind.String(), err)
 	}
-	for i := range results {
-		if followsRefusal(cmds, results, i) {
-			continue
-		}
-		s.metrics.command(cmds[i].Kind, outcomeLabel(&results[i]))
-	}
 	return results, nil
+}
+
+// Answers collects the outcomes of one adapter call's commands for
+// capledger_commands_total, counted once the call's own answer is known
+// (CountAnswers), so that each command counts once, with the outcome its
+// caller saw: a result the adapter does not answer by (a stale refusal,
+// mapped again) is never added, and a call that fails on an operating
+// failure counts every command it added as unavailable, as a batch that
+// fails whole counts its items. The zero value is ready; one call's
+// handful of commands needs no allocation.
+type Answers struct {
+	first [8]answer
+	n     int
+	more  []answer
+}
+
+type answer struct {
+	kind    ledger.Kind
+	outcome string
+}
+
+func (a *Answers) add(kind ledger.Kind, outcome string) {
+	if a.n < len(a.first) {
+		a.first[a.n] = answer{kind: kind, outcome: outcome}
+		a.n++
+		return
+	}
+	a.more = append(a.more, answer{kind: kind, outcome: outcome})
+}
+
+// Results adds the results of cmds, one engine call's (Run), but for
+// follow-ups of a command of the same call that failed (followsRefusal):
+// the refusal is counted, not the start or settle that found nothing.
+func (a *Answers) Results(cmds []ledger.Command, results []ledger.Result) {
+	for i := range results {
+		if !followsRefusal(cmds, results, i) {
+			a.add(cmds[i].Kind, outcomeLabel(&results[i]))
+		}
+	}
+}
+
+// Failed adds cmds, one engine call that failed (Run's error), as
+// unavailable.
+func (a *Answers) Failed(cmds []ledger.Command) {
+	for i := range cmds {
+		a.add(cmds[i].Kind, outcomeUnavailable)
+	}
+}
+
+// Refused adds a command of kind refused before the ledger, under the
+// outcome of its refusal.
+func (a *Answers) Refused(kind ledger.Kind, cerr *connect.Error) {
+	a.add(kind, refusalOutcome(cerr))
+}
+
+// RefusedNoPolicy adds a command refused before the ledger because what
+// it names maps to no policy at all (an adapter's request that matches
+// none of its mapping rules), under the outcome a reserve without an
+// active policy gets.
+func (a *Answers) RefusedNoPolicy(kind ledger.Kind) {
+	a.add(kind, strings.ToLower(ReasonNoPolicy))
+}
+
+// CountAnswers counts a's commands in capledger_commands_total once the
+// call answered err (nil on success): each under its own outcome, or all
+// as unavailable when err is an operating failure (the caller saw none of
+// their answers and retries them all).
+func (s *Server) CountAnswers(a *Answers, err error) {
+	var cerr *connect.Error
+	failed := errors.As(err, &cerr) && operatingFailure(cerr)
+	count := func(answered answer) {
+		if failed {
+			answered.outcome = outcomeUnavailable
+		}
+		s.metrics.command(answered.kind, answered.outcome)
+	}
+	for _, answered := range a.first[:a.n] {
+		count(answered)
+	}
+	for _, answered := range a.more {
+		count(answered)
+	}
 }
 
 // followsRefusal reports whether cmds[i] is a follow-up (a start or settle
@@ -83,17 +157,6 @@ func followsRefusal(cmds []ledger.Command, results []ledger.Result, i int) bool 
 		}
 	}
 	return false
-}
-
-// Refused counts a command refused before it reached the ledger.
-func (s *Server) Refused(kind ledger.Kind, cerr *connect.Error) { s.refused(kind, cerr) }
-
-// RefusedNoPolicy counts a command refused before the ledger because what
-// it names maps to no policy at all (an adapter's request that matches none
-// of its mapping rules), under the outcome a reserve without an active
-// policy gets.
-func (s *Server) RefusedNoPolicy(kind ledger.Kind) {
-	s.metrics.command(kind, strings.ToLower(ReasonNoPolicy))
 }
 
 // RefreshPolicies reloads the policy cache (after the ledger said another

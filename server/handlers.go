@@ -24,30 +24,34 @@ var _ capledgerv1connect.LedgerServiceHandler = (*Server)(nil)
 // said another generation decides than the one the units were mapped for.
 const staleRetries = 3
 
-// do runs one command. The error is the mapped operating failure (the
-// command's outcome is then unknown); expected outcomes are in Result.Err.
+// do runs one command whose result is the answer as it is (no retry,
+// no answer of the server's own in its place), and counts it. The error
+// is the mapped operating failure (the command's outcome is then
+// unknown); expected outcomes are in Result.Err.
 func (s *Server) do(ctx context.Context, cmd ledger.Command) (ledger.Result, *connect.Error) {
+	res, cerr := s.exec(ctx, cmd)
+	s.metrics.command(cmd.Kind, answerOutcome(&res, cerr))
+	return res, cerr
+}
+
+// exec is do without counting, for the callers that count the answer
+// themselves (answered): a reserve or record mapped again after a stale
+// refusal, answered by the server's own refusal, or a batch item.
+func (s *Server) exec(ctx context.Context, cmd ledger.Command) (ledger.Result, *connect.Error) {
 	res, err := s.ledger.Do(ctx, cmd)
 	if err != nil {
-		s.metrics.command(cmd.Kind, "unavailable")
 		return res, operatingError(cmd.Kind.String(), err)
 	}
-	s.metrics.command(cmd.Kind, outcomeLabel(&res))
 	return res, nil
 }
 
-// doBatch runs several commands in one engine call, with the same error
-// contract as do.
+// doBatch runs several commands in one engine call and counts each
+// result as its answer, with the same error contract as do.
 func (s *Server) doBatch(ctx context.Context, kind ledger.Kind, cmds []ledger.Command) ([]ledger.Result, *connect.Error) {
-	if len(cmds) == 0 {
-		return nil, nil
-	}
-	results, err := s.ledger.DoBatch(ctx, cmds)
-	if err != nil {
-		for range cmds {
-			s.metrics.command(kind, "unavailable")
-		}
-		return nil, operatingError(kind.String()+" batch", err)
+	results, cerr := s.execBatch(ctx, kind, cmds)
+	if cerr != nil {
+		s.metrics.commandsAs(kind, outcomeUnavailable, len(cmds))
+		return nil, cerr
 	}
 	for i := range results {
 		s.metrics.command(kind, outcomeLabel(&results[i]))
@@ -55,24 +59,88 @@ func (s *Server) doBatch(ctx context.Context, kind ledger.Kind, cmds []ledger.Co
 	return results, nil
 }
 
+// execBatch is doBatch without counting (see exec).
+func (s *Server) execBatch(ctx context.Context, kind ledger.Kind, cmds []ledger.Command) ([]ledger.Result, *connect.Error) {
+	if len(cmds) == 0 {
+		return nil, nil
+	}
+	results, err := s.ledger.DoBatch(ctx, cmds)
+	if err != nil {
+		return nil, operatingError(kind.String()+" batch", err)
+	}
+	return results, nil
+}
+
 // refused counts a command the server refused before it reached the
-// ledger (validation, unknown unit, no policy), under its reason.
+// ledger (validation, unknown unit, no policy, a read that failed), under
+// its outcome.
 func (s *Server) refused(kind ledger.Kind, cerr *connect.Error) {
 	s.metrics.command(kind, refusalOutcome(cerr))
 }
 
-// refusalOutcome is the outcome label of a refusal: its reason in lower
-// case ("invalid_command"), "invalid" when it carries none.
+// outcomeUnavailable is the outcome of a command the ledger could not
+// answer (operatingFailure): one label for a single call and for every
+// item of a batch that failed whole, whatever read or commit failed.
+const outcomeUnavailable = "unavailable"
+
+// operatingFailure reports whether cerr says the ledger could not answer
+// (store unavailable or conflicting, shutting down, the caller's deadline
+// or cancellation first) rather than what it decided: the caller retries
+// with the same ids. A batch fails whole on one, as a single call does.
+func operatingFailure(cerr *connect.Error) bool {
+	switch cerr.Code() {
+	case connect.CodeUnavailable, connect.CodeDeadlineExceeded, connect.CodeCanceled:
+		return true
+	}
+	return false
+}
+
+// refusalOutcome is the outcome label of an answer the server gave as an
+// error: "unavailable" for an operating failure, else the reason of its
+// detail in lower case ("invalid_command"); without one, "invalid" for an
+// invalid argument (a body that names no reason), else the code
+// ("internal").
 func refusalOutcome(cerr *connect.Error) string {
+	if operatingFailure(cerr) {
+		return outcomeUnavailable
+	}
 	reason := "invalid"
+	if cerr.Code() != connect.CodeInvalidArgument {
+		reason = cerr.Code().String()
+	}
 	for _, d := range cerr.Details() {
 		if msg, err := d.Value(); err == nil {
-			if detail, ok := msg.(*v1.ErrorDetail); ok {
+			switch detail := msg.(type) {
+			case *v1.ErrorDetail:
+				reason = detail.GetReason()
+			case *v1.RejectionDetail:
 				reason = detail.GetReason()
 			}
 		}
 	}
 	return strings.ToLower(reason)
+}
+
+// countAnswer counts one command of kind that reached the ledger (res,
+// when the ledger answered) under the answer its handler gave: answer's
+// outcome when it is an error (a ledger refusal, an operating failure, or
+// an applied command whose answer could not be built), else res's.
+// Handlers defer it right after exec, so that every return counts once.
+func (s *Server) countAnswer(kind ledger.Kind, res *ledger.Result, answer error) {
+	var cerr *connect.Error
+	if !errors.As(answer, &cerr) && answer != nil {
+		cerr = connect.NewError(connect.CodeInternal, answer)
+	}
+	s.metrics.command(kind, answerOutcome(res, cerr))
+}
+
+// answerOutcome is the outcome label of an answer: cerr's when the server
+// answered an error of its own, else the ledger's result's.
+func answerOutcome(res *ledger.Result, cerr *connect.Error) string {
+	if cerr != nil {
+		return refusalOutcome(cerr)
+	}
+	return outcomeLabel(res)
 }
 
 func outcomeLabel(res *ledger.Result) string {
@@ -106,12 +174,13 @@ func regionOrDefault(region string) string {
 // --- policies ---
 
 // PublishPolicy implements LedgerService.PublishPolicy.
-func (s *Server) PublishPolicy(ctx context.Context, req *connect.Request[v1.PublishPolicyRequest]) (*connect.Response[v1.PublishPolicyResponse], error) {
+func (s *Server) PublishPolicy(ctx context.Context, req *connect.Request[v1.PublishPolicyRequest]) (_ *connect.Response[v1.PublishPolicyResponse], answer error) {
 	p, err := PolicyFromProto(req.Msg.GetPolicy())
 	if err != nil {
 		return nil, invalidArgument(ReasonInvalidPolicy, "%v", err)
 	}
-	res, cerr := s.do(ctx, ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p})
+	res, cerr := s.exec(ctx, ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p})
+	defer func() { s.countAnswer(ledger.KindPublishPolicy, &res, answer) }()
 	if cerr != nil {
 		return nil, cerr
 	}
@@ -212,6 +281,20 @@ type outcome[T any] struct {
 	resp T
 	res  *ledger.Result
 	err  *connect.Error
+	// label is the metrics outcome of resp (ok, replayed, shadow_rejected).
+	label string
+}
+
+// metricOutcome is the capledger_commands_total outcome of the answer
+// out is: its error's, its ledger refusal's, or its response's.
+func (out *outcome[T]) metricOutcome() string {
+	switch {
+	case out.err != nil:
+		return refusalOutcome(out.err)
+	case out.res != nil:
+		return outcomeLabel(out.res)
+	}
+	return out.label
 }
 
 // reserveCommand validates a reserve request and maps its units to the
@@ -375,7 +458,7 @@ func (s *Server) reserveOutcome(ctx context.Context, res *ledger.Result, unmappe
 		resp.ShadowRejected = true
 		resp.ShadowRejection = rejection(res, reason)
 		s.metrics.shadowRejection(res.Dimension, reason)
-		return outcome[*v1.ReserveResponse]{resp: resp}
+		return outcome[*v1.ReserveResponse]{resp: resp, label: outcomeLabel(res)}
 	}
 	pb, err := s.reservationProto(ctx, &res.Reservation)
 	if err != nil {
@@ -384,19 +467,20 @@ func (s *Server) reserveOutcome(ctx context.Context, res *ledger.Result, unmappe
 		return outcome[*v1.ReserveResponse]{err: appliedError("reserve: render receipt", err)}
 	}
 	resp.Reservation = pb
-	return outcome[*v1.ReserveResponse]{resp: resp}
+	return outcome[*v1.ReserveResponse]{resp: resp, label: outcomeLabel(res)}
 }
 
 // reserveOne runs one reserve, mapping it again if the policy changed under
-// it.
+// it. The caller counts the outcome (metricOutcome): a stale refusal
+// mapped again is no answer, and the server may answer its own refusal
+// (unmapped) or a render failure in place of the ledger's.
 func (s *Server) reserveOne(ctx context.Context, req *v1.ReserveRequest) outcome[*v1.ReserveResponse] {
 	for attempt := 0; ; attempt++ {
 		cmd, unmapped, invalid := s.reserveCommand(ctx, req)
 		if invalid != nil {
-			s.refused(ledger.KindReserve, invalid)
 			return outcome[*v1.ReserveResponse]{err: invalid}
 		}
-		res, cerr := s.do(ctx, cmd)
+		res, cerr := s.exec(ctx, cmd)
 		if cerr != nil {
 			return outcome[*v1.ReserveResponse]{err: cerr}
 		}
@@ -413,6 +497,7 @@ func (s *Server) reserveOne(ctx context.Context, req *v1.ReserveRequest) outcome
 // Reserve implements LedgerService.Reserve.
 func (s *Server) Reserve(ctx context.Context, req *connect.Request[v1.ReserveRequest]) (*connect.Response[v1.ReserveResponse], error) {
 	out := s.reserveOne(ctx, req.Msg)
+	s.metrics.command(ledger.KindReserve, out.metricOutcome())
 	switch {
 	case out.err != nil:
 		return nil, out.err
@@ -436,14 +521,14 @@ func (s *Server) ReserveBatch(ctx context.Context, req *connect.Request[v1.Reser
 	var sent []int
 	for i, item := range items {
 		cmd, why, invalid := s.reserveCommand(ctx, item)
-		if invalid != nil && invalid.Code() == connect.CodeUnavailable {
-			// A read the item needs failed (the store, a policy reload):
-			// the call fails before any item is sent, as SettleBatch's,
+		if invalid != nil && operatingFailure(invalid) {
+			// A read the item needs failed (the store, a policy reload,
+			// the caller's deadline): the call fails before any item is
+			// sent, as SettleBatch's and with a single Reserve's status,
 			// and is retried whole with the same ids.
-			return nil, invalid
+			return nil, s.batchFailed(ledger.KindReserve, len(items), invalid)
 		}
 		if invalid != nil {
-			s.refused(ledger.KindReserve, invalid)
 			outcomes[i].err = invalid
 			continue
 		}
@@ -451,9 +536,9 @@ func (s *Server) ReserveBatch(ctx context.Context, req *connect.Request[v1.Reser
 		cmds = append(cmds, cmd)
 		sent = append(sent, i)
 	}
-	results, cerr := s.doBatch(ctx, ledger.KindReserve, cmds)
+	results, cerr := s.execBatch(ctx, ledger.KindReserve, cmds)
 	if cerr != nil {
-		return nil, cerr
+		return nil, s.batchFailed(ledger.KindReserve, len(items), cerr)
 	}
 	for j, i := range sent {
 		if stale(&cmds[j], &results[j]) {
@@ -465,6 +550,7 @@ func (s *Server) ReserveBatch(ctx context.Context, req *connect.Request[v1.Reser
 	}
 	resp := &v1.ReserveBatchResponse{Outcomes: make([]*v1.ReserveOutcome, len(items))}
 	for i, out := range outcomes {
+		s.metrics.command(ledger.KindReserve, out.metricOutcome())
 		switch {
 		case out.err != nil:
 			resp.Outcomes[i] = &v1.ReserveOutcome{Outcome: &v1.ReserveOutcome_Error{Error: itemFromConnect(out.err)}}
@@ -475,6 +561,15 @@ func (s *Server) ReserveBatch(ctx context.Context, req *connect.Request[v1.Reser
 		}
 	}
 	return connect.NewResponse(resp), nil
+}
+
+// batchFailed counts every item of a batch of kind that fails whole
+// (cerr, an operating failure) once as unavailable, those refused before
+// the ledger too: the caller saw no item's answer and sends them all
+// again. It returns cerr.
+func (s *Server) batchFailed(kind ledger.Kind, items int, cerr *connect.Error) *connect.Error {
+	s.metrics.commandsAs(kind, outcomeUnavailable, items)
+	return cerr
 }
 
 // checkBatchSize refuses a batch without items or with more than
@@ -522,7 +617,7 @@ func (s *Server) reservation(ctx context.Context, what string, res *ledger.Resul
 }
 
 // Start implements LedgerService.Start.
-func (s *Server) Start(ctx context.Context, req *connect.Request[v1.StartRequest]) (*connect.Response[v1.StartResponse], error) {
+func (s *Server) Start(ctx context.Context, req *connect.Request[v1.StartRequest]) (_ *connect.Response[v1.StartResponse], answer error) {
 	if cerr := checkID("reservation_id", req.Msg.GetReservationId()); cerr != nil {
 		s.refused(ledger.KindStart, cerr)
 		return nil, cerr
@@ -535,7 +630,8 @@ func (s *Server) Start(ctx context.Context, req *connect.Request[v1.StartRequest
 		s.refused(ledger.KindStart, cerr)
 		return nil, cerr
 	}
-	res, cerr := s.do(ctx, ledger.Command{Kind: ledger.KindStart, ReservationID: req.Msg.GetReservationId(), OperationID: req.Msg.GetOperationId()})
+	res, cerr := s.exec(ctx, ledger.Command{Kind: ledger.KindStart, ReservationID: req.Msg.GetReservationId(), OperationID: req.Msg.GetOperationId()})
+	defer func() { s.countAnswer(ledger.KindStart, &res, answer) }()
 	if cerr != nil {
 		return nil, cerr
 	}
@@ -595,7 +691,7 @@ func (s *Server) settleOutcome(ctx context.Context, res *ledger.Result) outcome[
 	if err != nil {
 		return outcome[*v1.SettleResponse]{err: appliedError("settle: render refund", err)}
 	}
-	return outcome[*v1.SettleResponse]{resp: &v1.SettleResponse{Reservation: pb, Replayed: res.Replayed, RefundedUnits: refunded}}
+	return outcome[*v1.SettleResponse]{resp: &v1.SettleResponse{Reservation: pb, Replayed: res.Replayed, RefundedUnits: refunded}, label: outcomeLabel(res)}
 }
 
 // Settle implements LedgerService.Settle.
@@ -605,11 +701,13 @@ func (s *Server) Settle(ctx context.Context, req *connect.Request[v1.SettleReque
 		s.refused(ledger.KindSettle, cerr)
 		return nil, cerr
 	}
-	res, cerr := s.do(ctx, cmd)
+	res, cerr := s.exec(ctx, cmd)
 	if cerr != nil {
+		s.metrics.command(ledger.KindSettle, outcomeUnavailable)
 		return nil, cerr
 	}
 	out := s.settleOutcome(ctx, &res)
+	s.metrics.command(ledger.KindSettle, out.metricOutcome())
 	switch {
 	case out.err != nil:
 		return nil, out.err
@@ -635,25 +733,28 @@ func (s *Server) SettleBatch(ctx context.Context, req *connect.Request[v1.Settle
 	for i, item := range items {
 		cmd, cerr := s.settleCommand(ctx, item)
 		if cerr != nil {
-			if cerr.Code() == connect.CodeUnavailable {
-				return nil, cerr
+			if operatingFailure(cerr) {
+				// The item's reservation or policy could not be read (the
+				// store, the caller's deadline): the call fails before
+				// any item is sent, with a single Settle's status.
+				return nil, s.batchFailed(ledger.KindSettle, len(items), cerr)
 			}
-			s.refused(ledger.KindSettle, cerr)
 			outcomes[i].err = cerr
 			continue
 		}
 		cmds = append(cmds, cmd)
 		sent = append(sent, i)
 	}
-	results, cerr := s.doBatch(ctx, ledger.KindSettle, cmds)
+	results, cerr := s.execBatch(ctx, ledger.KindSettle, cmds)
 	if cerr != nil {
-		return nil, cerr
+		return nil, s.batchFailed(ledger.KindSettle, len(items), cerr)
 	}
 	for j, i := range sent {
 		outcomes[i] = s.settleOutcome(ctx, &results[j])
 	}
 	resp := &v1.SettleBatchResponse{Outcomes: make([]*v1.SettleOutcome, len(items))}
 	for i, out := range outcomes {
+		s.metrics.command(ledger.KindSettle, out.metricOutcome())
 		switch {
 		case out.err != nil:
 			resp.Outcomes[i] = &v1.SettleOutcome{Outcome: &v1.SettleOutcome_Error{Error: itemFromConnect(out.err)}}
@@ -667,7 +768,7 @@ func (s *Server) SettleBatch(ctx context.Context, req *connect.Request[v1.Settle
 }
 
 // Release implements LedgerService.Release.
-func (s *Server) Release(ctx context.Context, req *connect.Request[v1.ReleaseRequest]) (*connect.Response[v1.ReleaseResponse], error) {
+func (s *Server) Release(ctx context.Context, req *connect.Request[v1.ReleaseRequest]) (_ *connect.Response[v1.ReleaseResponse], answer error) {
 	if cerr := checkID("reservation_id", req.Msg.GetReservationId()); cerr != nil {
 		s.refused(ledger.KindRelease, cerr)
 		return nil, cerr
@@ -676,7 +777,8 @@ func (s *Server) Release(ctx context.Context, req *connect.Request[v1.ReleaseReq
 		s.refused(ledger.KindRelease, cerr)
 		return nil, cerr
 	}
-	res, cerr := s.do(ctx, ledger.Command{Kind: ledger.KindRelease, ReservationID: req.Msg.GetReservationId()})
+	res, cerr := s.exec(ctx, ledger.Command{Kind: ledger.KindRelease, ReservationID: req.Msg.GetReservationId()})
+	defer func() { s.countAnswer(ledger.KindRelease, &res, answer) }()
 	if cerr != nil {
 		return nil, cerr
 	}
@@ -695,7 +797,7 @@ func (s *Server) Release(ctx context.Context, req *connect.Request[v1.ReleaseReq
 }
 
 // MarkUsageUnknown implements LedgerService.MarkUsageUnknown.
-func (s *Server) MarkUsageUnknown(ctx context.Context, req *connect.Request[v1.MarkUsageUnknownRequest]) (*connect.Response[v1.MarkUsageUnknownResponse], error) {
+func (s *Server) MarkUsageUnknown(ctx context.Context, req *connect.Request[v1.MarkUsageUnknownRequest]) (_ *connect.Response[v1.MarkUsageUnknownResponse], answer error) {
 	if cerr := checkID("reservation_id", req.Msg.GetReservationId()); cerr != nil {
 		s.refused(ledger.KindMarkUsageUnknown, cerr)
 		return nil, cerr
@@ -704,7 +806,8 @@ func (s *Server) MarkUsageUnknown(ctx context.Context, req *connect.Request[v1.M
 		s.refused(ledger.KindMarkUsageUnknown, cerr)
 		return nil, cerr
 	}
-	res, cerr := s.do(ctx, ledger.Command{Kind: ledger.KindMarkUsageUnknown, ReservationID: req.Msg.GetReservationId()})
+	res, cerr := s.exec(ctx, ledger.Command{Kind: ledger.KindMarkUsageUnknown, ReservationID: req.Msg.GetReservationId()})
+	defer func() { s.countAnswer(ledger.KindMarkUsageUnknown, &res, answer) }()
 	if cerr != nil {
 		return nil, cerr
 	}

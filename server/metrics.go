@@ -15,9 +15,10 @@ import (
 // Metrics are the server's Prometheus metrics, on a registry of their own
 // (so several servers in one test process do not collide).
 //
-//	capledger_commands_total{kind,outcome}   commands answered, by outcome
-//	                                         (ok, replayed, shadow_rejected,
-//	                                         a lower-case reason, unavailable)
+//	capledger_commands_total{kind,outcome}   commands answered, each once, by
+//	                                         the outcome its caller saw (ok,
+//	                                         replayed, shadow_rejected, a
+//	                                         lower-case reason, unavailable)
 //	capledger_rejections_total{dimension,reason,rollout}
 //	capledger_batch_commands                 commands per committed batch
 //	capledger_commit_seconds                 batch commit latency
@@ -104,6 +105,11 @@ func (m *Metrics) registerEngine(l Ledger) {
 // command counts one answered command of kind under outcome.
 func (m *Metrics) command(kind ledger.Kind, outcome string) {
 	m.commandCounter(kind, outcome).Inc()
+}
+
+// commandsAs counts n answered commands of kind under outcome.
+func (m *Metrics) commandsAs(kind ledger.Kind, outcome string, n int) {
+	m.commandCounter(kind, outcome).Add(float64(n))
 }
 
 // commandCounter returns the capledger_commands_total counter of kind and

@@ -131,25 +131,35 @@ func (s *Server) recordOutcome(ctx context.Context, res *ledger.Result, unmapped
 
 // RecordUsage implements LedgerService.RecordUsage.
 func (s *Server) RecordUsage(ctx context.Context, req *connect.Request[v1.RecordUsageRequest]) (*connect.Response[v1.RecordUsageResponse], error) {
+	resp, res, cerr := s.recordOne(ctx, req.Msg)
+	s.metrics.command(ledger.KindRecord, answerOutcome(res, cerr))
+	if cerr != nil {
+		return nil, cerr
+	}
+	return connect.NewResponse(resp), nil
+}
+
+// recordOne runs one record, mapping it again if the policy changed under
+// it, and returns the answer and the ledger's last result (nil when none
+// came) for the caller to count: a stale refusal mapped again is no
+// answer, and the server may answer its own refusal (unmapped) in place
+// of the ledger's.
+func (s *Server) recordOne(ctx context.Context, req *v1.RecordUsageRequest) (*v1.RecordUsageResponse, *ledger.Result, *connect.Error) {
 	for attempt := 0; ; attempt++ {
-		cmd, unmapped, invalid := s.recordCommand(ctx, req.Msg)
+		cmd, unmapped, invalid := s.recordCommand(ctx, req)
 		if invalid != nil {
-			s.refused(ledger.KindRecord, invalid)
-			return nil, invalid
+			return nil, nil, invalid
 		}
-		res, cerr := s.do(ctx, cmd)
+		res, cerr := s.exec(ctx, cmd)
 		if cerr != nil {
-			return nil, cerr
+			return nil, nil, cerr
 		}
 		if again, cerr := s.mapAgain(ctx, "record usage", attempt, &cmd, &res); cerr != nil {
-			return nil, cerr
+			return nil, &res, cerr
 		} else if again {
 			continue
 		}
 		resp, cerr := s.recordOutcome(ctx, &res, unmapped)
-		if cerr != nil {
-			return nil, cerr
-		}
-		return connect.NewResponse(resp), nil
+		return resp, &res, cerr
 	}
 }

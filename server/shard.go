@@ -135,30 +135,46 @@ func (svc *shardService) refused(kind ledger.Kind, cerr *connect.Error) *connect
 	return cerr
 }
 
-// do runs one shard command and maps its outcome: nil error and the
-// result on success; the mapped connect error otherwise.
+// do runs one shard command whose result is the answer as it is, maps
+// its outcome (exec) and counts it.
 func (svc *shardService) do(ctx context.Context, cmd ledger.Command) (ledger.Result, *connect.Error) {
+	res, cerr := svc.exec(ctx, cmd)
+	svc.count(cmd.Kind, &res, cerr)
+	return res, cerr
+}
+
+// exec runs one shard command and maps its outcome: nil error and the
+// result on success; the mapped connect error otherwise. It counts
+// nothing (IssueShard counts the answer after a stale refusal was mapped
+// again).
+func (svc *shardService) exec(ctx context.Context, cmd ledger.Command) (ledger.Result, *connect.Error) {
 	res, err := svc.s.ledger.Do(ctx, cmd)
 	if err != nil {
-		svc.metrics.WithLabelValues(cmd.Kind.String(), "unavailable").Inc()
 		return res, operatingError(cmd.Kind.String(), err)
 	}
 	if res.Err == nil {
-		outcome := "ok"
-		if res.Replayed {
-			outcome = "replayed"
-		}
-		svc.metrics.WithLabelValues(cmd.Kind.String(), outcome).Inc()
 		return res, nil
 	}
 	for _, e := range shardErrors {
 		if errors.Is(res.Err, e.err) {
-			svc.metrics.WithLabelValues(cmd.Kind.String(), strings.ToLower(e.reason)).Inc()
 			return res, withReason(connect.NewError(e.code, res.Err), e.reason)
 		}
 	}
-	svc.metrics.WithLabelValues(cmd.Kind.String(), strings.ToLower(classify(res.Err).reason)).Inc()
 	return res, svc.s.outcomeError(ctx, &res)
+}
+
+// count counts one answered shard command of kind in
+// capledger_shard_commands_total: ok or replayed, else the outcome of the
+// error answered (refusalOutcome: unavailable for an operating failure).
+func (svc *shardService) count(kind ledger.Kind, res *ledger.Result, cerr *connect.Error) {
+	outcome := "ok"
+	switch {
+	case cerr != nil:
+		outcome = refusalOutcome(cerr)
+	case res.Replayed:
+		outcome = "replayed"
+	}
+	svc.metrics.WithLabelValues(kind.String(), outcome).Inc()
 }
 
 // IssueShard implements ShardService.IssueShard. The door (checkText)
@@ -222,29 +238,41 @@ func (svc *shardService) issue(ctx context.Context, m *v1.IssueShardRequest, leg
 			Shard: &ledger.ShardArgs{ShardID: m.GetShardId(), GatewayID: m.GetGatewayId(), BootEpoch: m.GetBootEpoch(),
 				TTL: ttl, KeyID: keyID, Sign: sign, Legacy: legacy},
 		}
-		res, cerr := svc.do(ctx, cmd)
+		res, cerr := svc.exec(ctx, cmd)
 		// Another generation decides than the cache said (a stale refusal
-		// always comes with cerr): reload, map again.
+		// always comes with cerr): reload, map again. The stale refusal is
+		// no answer, and is not counted; the next attempt's is.
 		if again, rerr := svc.s.mapAgain(ctx, "issue shard", attempt, &cmd, &res); rerr != nil {
-			return nil, rerr
+			return nil, svc.refused(ledger.KindShardIssue, rerr)
 		} else if again {
 			continue
 		}
+		resp, cerr := svc.issued(ctx, m.GetShardId(), &res, cerr)
+		svc.count(ledger.KindShardIssue, &res, cerr)
 		if cerr != nil {
-			if res.Shard != nil && svc.s.outOfScope(ctx, "issue shard", res.Shard.Account.Subject, res.Shard.Account.Route, "shard", m.GetShardId()) {
-				return nil, shardIDTaken()
-			}
 			return nil, cerr
 		}
-		if svc.s.outOfScope(ctx, "issue shard", res.Shard.Account.Subject, res.Shard.Account.Route, "shard", m.GetShardId()) {
-			return nil, shardIDTaken() // a replay of another tenant's shard id
-		}
-		pb, err := svc.shardProto(ctx, res.Shard, true)
-		if err != nil {
-			return nil, appliedError("issue shard: render", err)
-		}
-		return connect.NewResponse(&v1.IssueShardResponse{Shard: pb, Replayed: res.Replayed}), nil
+		return connect.NewResponse(resp), nil
 	}
+}
+
+// issued is the answer to an IssueShard of shardID whose command the
+// ledger answered with res and cerr (exec).
+func (svc *shardService) issued(ctx context.Context, shardID string, res *ledger.Result, cerr *connect.Error) (*v1.IssueShardResponse, *connect.Error) {
+	if cerr != nil {
+		if res.Shard != nil && svc.s.outOfScope(ctx, "issue shard", res.Shard.Account.Subject, res.Shard.Account.Route, "shard", shardID) {
+			return nil, shardIDTaken()
+		}
+		return nil, cerr
+	}
+	if svc.s.outOfScope(ctx, "issue shard", res.Shard.Account.Subject, res.Shard.Account.Route, "shard", shardID) {
+		return nil, shardIDTaken() // a replay of another tenant's shard id
+	}
+	pb, err := svc.shardProto(ctx, res.Shard, true)
+	if err != nil {
+		return nil, appliedError("issue shard: render", err)
+	}
+	return &v1.IssueShardResponse{Shard: pb, Replayed: res.Replayed}, nil
 }
 
 // GetShard implements ShardService.GetShard.

@@ -1,0 +1,122 @@
+package envoyrls_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"maps"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	rlscommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	v1 "github.com/capledger/capledger/api/capledger/v1"
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/server"
+	"github.com/capledger/capledger/store"
+)
+
+// commandCounts scrapes capledger_commands_total from the server's
+// /metrics over its socket, by "kind/outcome".
+func (h *harness) commandCounts() map[string]float64 {
+	h.t.Helper()
+	resp, err := http.Get("http://" + h.addr + "/metrics")
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	counts := map[string]float64{}
+	for _, line := range strings.Split(string(body), "\n") {
+		rest, ok := strings.CutPrefix(line, `capledger_commands_total{kind="`)
+		if !ok {
+			continue
+		}
+		kind, rest, _ := strings.Cut(rest, `",outcome="`)
+		outcome, value, _ := strings.Cut(rest, `"} `)
+		v, err := strconv.ParseFloat(value, 64)
+		if err != nil {
+			h.t.Fatalf("metrics line %q: %v", line, err)
+		}
+		counts[kind+"/"+outcome] = v
+	}
+	return counts
+}
+
+// wantCounted fails unless capledger_commands_total grew from before by
+// exactly want (kind/outcome -> delta), and by nothing else.
+func (h *harness) wantCounted(before, want map[string]float64) {
+	h.t.Helper()
+	got := map[string]float64{}
+	for key, v := range h.commandCounts() {
+		if d := v - before[key]; d != 0 {
+			got[key] = d
+		}
+	}
+	if !maps.Equal(got, want) {
+		var parts []string
+		for _, k := range slices.Sorted(maps.Keys(got)) {
+			parts = append(parts, fmt.Sprintf("%s +%g", k, got[k]))
+		}
+		h.t.Errorf("capledger_commands_total grew by [%s], want %v", strings.Join(parts, ", "), want)
+	}
+}
+
+// A check that fails because the store cannot commit answers UNAVAILABLE,
+// and each of its descriptors counts once as unavailable: the one that
+// matches no rule too, which was counted no_policy before the call could
+// fail (Envoy saw no descriptor's answer, and checks it again).
+func TestFailedCheckCountsEachDescriptorUnavailable(t *testing.T) {
+	h := newHarness(t, options{config: testMapping(t), faults: true})
+	h.publish("acme", "search", "requests", 10, 1, time.Hour, false)
+	req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*rlscommon.RateLimitDescriptor{
+		descriptor(nil, "tenant", "acme", "route", "search"), descriptor(nil, "user", "acme")}}
+
+	h.faults.FailCommits(fmt.Errorf("disk gone: %w", store.ErrUnavailable))
+	before := h.commandCounts()
+	if _, err := h.check(req); status.Code(err) != codes.Unavailable {
+		t.Fatalf("check with the store failing: %v, want UNAVAILABLE", err)
+	}
+	h.wantCounted(before, map[string]float64{"reserve/unavailable": 2})
+
+	h.faults.FailCommits(nil)
+	before = h.commandCounts()
+	h.mustCheck(req)
+	h.wantCounted(before, map[string]float64{"reserve/ok": 1, "start/ok": 1, "settle/ok": 1, "reserve/no_policy": 1})
+}
+
+// A check mapped by a generation that no longer decides (another replica
+// published a new one) is refused as stale by the ledger, mapped again
+// and run again: Envoy sees the second answer only, and each command
+// counts once. The stale reserve was counted too, as invalid_command.
+func TestStaleCheckCountsOnce(t *testing.T) {
+	h := newHarness(t, options{config: testMapping(t)})
+	h.publish("acme", "search", "requests", 10, 1, time.Hour, false) // cached as generation 1
+	p, err := server.PolicyFromProto(&v1.Policy{Subject: "acme", Route: "search", Dimensions: []*v1.Dimension{{
+		Unit: "requests", Burst: 20, RefillUnits: 1, RefillInterval: durationpb.New(time.Hour)}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Published past this server, as by another replica.
+	if res, err := h.engine.Do(context.Background(), ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p}); err != nil || res.Err != nil || res.Generation != 2 {
+		t.Fatalf("publish generation 2: %+v %v", res, err)
+	}
+	before := h.commandCounts()
+	resp := h.mustCheck(&rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*rlscommon.RateLimitDescriptor{
+		descriptor(nil, "tenant", "acme", "route", "search")}})
+	if resp.GetOverallCode() != OK || resp.GetStatuses()[0].GetLimitRemaining() != 19 {
+		t.Fatalf("check after the switch: %v", resp)
+	}
+	h.wantCounted(before, map[string]float64{"reserve/ok": 1, "start/ok": 1, "settle/ok": 1})
+}
