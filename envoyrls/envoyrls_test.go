@@ -1140,3 +1140,51 @@ func TestEveryOverLimitDescriptorNamesItsReset(t *testing.T) {
 	h.clock.Advance(2 * time.Minute)
 	check("refused, retried", req, 1, window)
 }
+
+// TestUnknownDescriptorDenyKeepsNothing: with unknown_descriptor: deny, a
+// descriptor that maps to no policy (no rule, or no policy for what it
+// names) makes the answer OVER_LIMIT, so Envoy refuses the request; the
+// request's other descriptors must then keep nothing (docs/ENVOY.md: a
+// request Envoy refuses keeps no capacity), neither a classic check's hits
+// nor a hold under a request id, and a retry answers the same. With
+// allow the request goes through and its descriptors are charged.
+func TestUnknownDescriptorDenyKeepsNothing(t *testing.T) {
+	for _, mode := range []string{"deny", "allow"} {
+		t.Run(mode, func(t *testing.T) {
+			cfg := strings.Replace(testMapping(t), "unknown_descriptor: deny", "unknown_descriptor: "+mode, 1)
+			h := newHarness(t, options{config: cfg, auth: true})
+			h.publish("acme", "search", "requests", 10, 1, time.Hour, false)
+			h.publish("acme", "chat", "tokens", 1000, 1, time.Hour, false)
+			want, spent, held := OVER, int64(0), int64(0)
+			if mode == "allow" {
+				want, spent, held = OK, 4, 300
+			}
+			classic := &rlsv3.RateLimitRequest{Domain: "api", HitsAddend: 2, Descriptors: []*rlscommon.RateLimitDescriptor{
+				descriptor(nil, "tenant", "acme", "route", "search"),
+				descriptor(nil, "user", "acme"), // no rule has this key
+			}}
+			withID := &rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlscommon.RateLimitDescriptor{
+				descriptor(hits(300), "tenant", "acme", "x-request-id", "q-u1"),
+				descriptor(hits(300), "tenant", "nobody", "x-request-id", "q-u1"), // no policy
+			}}
+			for attempt := range 2 {
+				resp := h.mustCheck(classic)
+				if resp.GetOverallCode() != want || resp.GetStatuses()[0].GetCode() != OK || resp.GetStatuses()[1].GetCode() != want {
+					t.Fatalf("classic, attempt %d: want overall %v, acme OK; got %v", attempt, want, resp)
+				}
+				if mode == "deny" && resp.GetStatuses()[0].GetLimitRemaining() != 10 {
+					t.Fatalf("classic, attempt %d: acme's limit_remaining %d, want 10 (nothing kept)", attempt, resp.GetStatuses()[0].GetLimitRemaining())
+				}
+				if resp := h.mustCheck(withID); resp.GetOverallCode() != want || resp.GetStatuses()[0].GetCode() != OK {
+					t.Fatalf("with an id, attempt %d: want overall %v, acme OK; got %v", attempt, want, resp)
+				}
+			}
+			if b := h.balance("acme", "search"); b.Spent != spent || b.Reserved != 0 || b.Available != 10-spent {
+				t.Fatalf("acme/search %+v: want spent %d of 10, nothing held", b, spent)
+			}
+			if b := h.balance("acme", "chat"); b.Reserved != held || b.Available != 1000-held {
+				t.Fatalf("acme/chat %+v: want %d held", b, held)
+			}
+		})
+	}
+}

@@ -369,7 +369,10 @@ func (s *Service) runSecond(ctx context.Context, items []item) error {
 			}
 			continue
 		}
-		refused = refused || (items[i].over && !items[i].mapped.Settle)
+		// A check refused for capacity, or one that maps to no policy
+		// under unknown_descriptor: deny, makes Envoy refuse the request.
+		it := &items[i]
+		refused = refused || ((it.over || it.unknown && s.deniesUnknown()) && !it.mapped.Settle)
 	}
 	refused = refused || failed != nil
 	retryOfRefused(items)
@@ -413,6 +416,11 @@ func (s *Service) runSecond(ctx context.Context, items []item) error {
 	leftAfterRelease(items)
 	return nil
 }
+
+// deniesUnknown reports whether a descriptor that maps to no policy is
+// answered OVER_LIMIT (unknown_descriptor: deny), which refuses the whole
+// request as any OVER_LIMIT descriptor does.
+func (s *Service) deniesUnknown() bool { return s.cfg.UnknownDescriptor == "deny" }
 
 // retryOfRefused gives a retried request that was refused as a whole
 // (some descriptor's reserve replays a reservation released in the first
@@ -833,7 +841,7 @@ func (s *Service) respond(ctx context.Context, items []item) (*rlsv3.RateLimitRe
 		resp.Statuses[i] = st
 		switch {
 		case it.unknown:
-			if s.cfg.UnknownDescriptor == "deny" {
+			if s.deniesUnknown() {
 				st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 			}
 		case it.over:
