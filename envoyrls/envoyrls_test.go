@@ -1188,3 +1188,45 @@ func TestUnknownDescriptorDenyKeepsNothing(t *testing.T) {
 		})
 	}
 }
+
+// TestWaitsThatDoNotFitInADuration: a burst or a debt near ledger.MaxUnits
+// refilled one unit an hour takes longer than a Duration holds. The answer
+// names the longest wait (ledger.MaxRetryAfter, as the LedgerService's
+// Retry-After) everywhere: duration_until_reset, RateLimit's t,
+// RateLimit-Policy's w and Retry-After, never a negative or wrapped number
+// (they were t=3600000 after the cost, Retry-After -9223372036 on the next
+// check, and w=0 for the burst).
+func TestWaitsThatDoNotFitInADuration(t *testing.T) {
+	h := newHarness(t, options{config: testMapping(t), auth: true})
+	h.publish("acme", "chat", "tokens", 1000, 1, time.Hour, false)
+	h.publish("big", "search", "requests", int64(ledger.MaxUnits), 1, time.Hour, false)
+	longest := int64(ledger.MaxRetryAfter / time.Second)
+	wantWait := func(what string, resp *rlsv3.RateLimitResponse, retryAfter bool) {
+		t.Helper()
+		st := resp.GetStatuses()[0]
+		if resp.GetOverallCode() != OVER || st.GetDurationUntilReset().GetSeconds() != longest {
+			t.Fatalf("%s: want OVER_LIMIT with duration_until_reset %ds, got %v", what, longest, resp)
+		}
+		if got, want := header(resp, "RateLimit"), fmt.Sprintf(`"chat-tokens";r=0;t=%d`, longest); got != want {
+			t.Fatalf("%s: RateLimit %q, want %q", what, got, want)
+		}
+		if got, want := header(resp, "Retry-After"), fmt.Sprint(longest); retryAfter && got != want {
+			t.Fatalf("%s: Retry-After %q, want %q", what, got, want)
+		}
+	}
+	// The cost after the stream of a request whose check failed open:
+	// recorded in full, nearly all of it debt.
+	wantWait("the cost", h.mustCheck(&rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlscommon.RateLimitDescriptor{
+		descriptor(hits(uint64(ledger.MaxUnits)), "tenant", "acme", "x-request-id", "q-huge", "capledger-phase", "settle")}}), false)
+	wantWait("the next check", h.mustCheck(&rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlscommon.RateLimitDescriptor{
+		descriptor(hits(1), "tenant", "acme", "x-request-id", "q-next")}}), true)
+
+	resp := h.mustCheck(&rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*rlscommon.RateLimitDescriptor{
+		descriptor(nil, "tenant", "big", "route", "search")}})
+	if got, want := header(resp, "RateLimit-Policy"), fmt.Sprintf(`"search-requests";q=%d;w=%d`, ledger.MaxUnits, longest); got != want {
+		t.Fatalf("RateLimit-Policy %q, want %q", got, want)
+	}
+	if got := resp.GetStatuses()[0].GetDurationUntilReset().AsDuration(); got != time.Hour {
+		t.Fatalf("one unit short: duration_until_reset %v, want 1h", got)
+	}
+}

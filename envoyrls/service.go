@@ -982,13 +982,18 @@ func currentLimit(d *ledger.Dimension) (rlsv3.RateLimitResponse_RateLimit_Unit, 
 // untilFull is how long refills take from level to the burst (0 without
 // refill or when full); a negative level is debt, repaid first. Units held
 // by reservations are not counted: it is the wait until the bucket would
-// be full if nothing were held.
+// be full if nothing were held. A wait that does not fit in a Duration (a
+// burst or a debt near ledger.MaxUnits, refilled slowly) is
+// ledger.MaxRetryAfter, as the ledger's Retry-After.
 func untilFull(d *ledger.Dimension, level int64) time.Duration {
 	missing := d.Burst - level
 	if missing <= 0 || d.RefillUnits <= 0 || d.RefillInterval <= 0 {
 		return 0
 	}
 	intervals := (missing + d.RefillUnits - 1) / d.RefillUnits
+	if intervals > int64(ledger.MaxRetryAfter/d.RefillInterval) {
+		return ledger.MaxRetryAfter
+	}
 	return time.Duration(intervals) * d.RefillInterval
 }
 
