@@ -267,7 +267,20 @@ func randomID() string {
 // request has one descriptor; with several, the reserves go first and the
 // follow-ups second, so that a request refused by one descriptor keeps no
 // capacity of the others (Envoy refuses the request as a whole).
+//
+// Several descriptors' calls run detached from the caller's deadline once
+// started: their reserves may commit although the caller stopped waiting
+// (Envoy's timeout), and then their follow-ups must run too, or a check
+// keeps a hold nobody settles or releases (with an id, the settle after
+// the stream would find it never started). A single descriptor's commands
+// go in one engine call, committed together or not at all.
 func (s *Service) run(ctx context.Context, items []item) error {
+	if len(items) > 1 {
+		if err := ctx.Err(); err != nil {
+			return connect.NewError(contextCode(err), err) // nothing started
+		}
+		ctx = context.WithoutCancel(ctx)
+	}
 	for attempt := 0; ; attempt++ {
 		if err := s.runFirst(ctx, items); err != nil {
 			return err
@@ -1030,6 +1043,14 @@ func reasonOf(cerr *connect.Error) string {
 		}
 	}
 	return ""
+}
+
+// contextCode is the gRPC code of a context's error.
+func contextCode(err error) connect.Code {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return connect.CodeDeadlineExceeded
+	}
+	return connect.CodeCanceled
 }
 
 func invalid(format string, args ...any) *connect.Error {
