@@ -1230,3 +1230,26 @@ func TestWaitsThatDoNotFitInADuration(t *testing.T) {
 		t.Fatalf("one unit short: duration_until_reset %v, want 1h", got)
 	}
 }
+
+// TestRequestOverMaxBodyIsResourceExhausted: a request message over the
+// server's body limit (serve --max-body, 1 MiB by default) is refused as
+// ENVOY.md's failure table says, RESOURCE_EXHAUSTED, and charges nothing.
+func TestRequestOverMaxBodyIsResourceExhausted(t *testing.T) {
+	h := newHarness(t, options{config: testMapping(t), auth: true})
+	h.publish("*", "search", "requests", 10, 1, time.Hour, false)
+	long := strings.Repeat("t", 20_000) // over the subject bound too: refused either way
+	req := &rlsv3.RateLimitRequest{Domain: "api"}
+	for i := range 60 {
+		req.Descriptors = append(req.Descriptors, descriptor(nil, "tenant", fmt.Sprint(i, long), "route", "search"))
+	}
+	if size := proto.Size(req); size <= 1<<20 {
+		t.Fatalf("request of %d bytes: not over the limit", size)
+	}
+	if _, err := h.check(req); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("want RESOURCE_EXHAUSTED, got %v", err)
+	}
+	req.Descriptors = []*rlscommon.RateLimitDescriptor{descriptor(nil, "tenant", "acme", "route", "search")}
+	if resp := h.mustCheck(req); resp.GetStatuses()[0].GetLimitRemaining() != 9 {
+		t.Fatalf("first check after the refused one: %v", resp)
+	}
+}
