@@ -1253,3 +1253,44 @@ func TestRequestOverMaxBodyIsResourceExhausted(t *testing.T) {
 		t.Fatalf("first check after the refused one: %v", resp)
 	}
 }
+
+// TestRequestIDReusedAfterItsSettleIsRefused: Envoy checks a request
+// before it runs and settles it after its stream, never checks it again
+// after that. A check whose id's reservation is settled is therefore
+// another request reusing the id (a client sending the x-request-id of an
+// earlier request): it was admitted as a replay and charged nothing, so a
+// client could run any number of requests for the price of one. It is
+// OVER_LIMIT, charges nothing, and refuses its request as a whole (the
+// request's other descriptors keep nothing).
+func TestRequestIDReusedAfterItsSettleIsRefused(t *testing.T) {
+	h := newHarness(t, options{config: testMapping(t), auth: true})
+	h.publish("acme", "chat", "tokens", 1000, 1, time.Hour, false)
+	h.publish("global", "chat", "tokens", 1000, 1, time.Hour, false)
+	check := &rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlscommon.RateLimitDescriptor{
+		descriptor(hits(0), "tenant", "acme", "x-request-id", "q-r1")}}
+	if resp := h.mustCheck(check); resp.GetOverallCode() != OK {
+		t.Fatalf("check: %v", resp)
+	}
+	if resp := h.mustCheck(&rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlscommon.RateLimitDescriptor{
+		descriptor(hits(120), "tenant", "acme", "x-request-id", "q-r1", "capledger-phase", "settle")}}); resp.GetOverallCode() != OK {
+		t.Fatalf("settle: %v", resp)
+	}
+	for attempt := range 2 {
+		resp := h.mustCheck(check)
+		if resp.GetOverallCode() != OVER || header(resp, "Retry-After") != "" {
+			t.Fatalf("attempt %d: the id of a settled request again: want OVER_LIMIT without Retry-After, got %v", attempt, resp)
+		}
+	}
+	both := &rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlscommon.RateLimitDescriptor{
+		descriptor(hits(0), "tenant", "global", "x-request-id", "q-r2"),
+		descriptor(hits(0), "tenant", "acme", "x-request-id", "q-r1")}}
+	if resp := h.mustCheck(both); resp.GetOverallCode() != OVER || resp.GetStatuses()[0].GetCode() != OK || resp.GetStatuses()[1].GetCode() != OVER {
+		t.Fatalf("with a fresh descriptor: want OK, OVER_LIMIT; got %v", resp)
+	}
+	if b := h.balance("acme", "chat"); b.Spent != 120 || b.Reserved != 0 || b.Available != 880 {
+		t.Fatalf("acme %+v: want only the settled 120 spent, nothing held", b)
+	}
+	if b := h.balance("global", "chat"); b.Reserved != 0 || b.Available != 1000 {
+		t.Fatalf("global %+v: the refused request keeps nothing", b)
+	}
+}

@@ -788,6 +788,16 @@ func (s *Service) decide(ctx context.Context, it *item) error {
 			it.over, it.releasedBefore = true, true
 			return nil
 		}
+		if it.cmds[0].Kind == ledger.KindReserve && !it.mapped.Settle && res.Replayed &&
+			(res.Reservation.State == ledger.StateSettled || res.Reservation.State == ledger.StateSettledWithDebt) {
+			// The check of a request whose call after the stream came
+			// already: Envoy never checks a request again after its
+			// stream, so this is another request reusing the id (e.g. a
+			// client's own x-request-id). Replayed, it would be admitted
+			// and charged nothing.
+			it.over = true
+			return nil
+		}
 		if kind := it.cmds[0].Kind; (kind == ledger.KindSettle || kind == ledger.KindRecord) &&
 			res.Reservation.State == ledger.StateSettledWithDebt {
 			// The usage was recorded, beyond what was free: the account is
