@@ -1,6 +1,7 @@
 package envoyrls_test
 
 import (
+	"net/http"
 	"os"
 	"regexp"
 	"strings"
@@ -83,6 +84,27 @@ func TestDocsEnvoyYAML(t *testing.T) {
 		anyOpts := c.GetTypedExtensionProtocolOptions()["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
 		if anyOpts == nil || anyOpts.UnmarshalTo(&opts) != nil || opts.GetExplicitHttpConfig().GetHttp2ProtocolOptions() == nil {
 			t.Fatal("cluster capledger does not speak HTTP/2")
+		}
+		// capledger serves no grpc.health.v1: a gRPC health check would
+		// mark every replica unhealthy. The HTTP one must be answered,
+		// without a token, by the port that serves ShouldRateLimit.
+		if len(c.GetHealthChecks()) == 0 {
+			t.Fatal("cluster capledger has no health check")
+		}
+		for _, hc := range c.GetHealthChecks() {
+			path := hc.GetHttpHealthCheck().GetPath()
+			if path == "" {
+				t.Fatalf("cluster capledger: health check %v is not an HTTP one", hc)
+			}
+			h := newHarness(t, options{config: testMapping(t), auth: true})
+			resp, err := http.Get("http://" + h.addr + path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("health check GET %s: %s", path, resp.Status)
+			}
 		}
 	}
 

@@ -1140,3 +1140,157 @@ func TestEveryOverLimitDescriptorNamesItsReset(t *testing.T) {
 	h.clock.Advance(2 * time.Minute)
 	check("refused, retried", req, 1, window)
 }
+
+// TestUnknownDescriptorDenyKeepsNothing: with unknown_descriptor: deny, a
+// descriptor that maps to no policy (no rule, or no policy for what it
+// names) makes the answer OVER_LIMIT, so Envoy refuses the request; the
+// request's other descriptors must then keep nothing (docs/ENVOY.md: a
+// request Envoy refuses keeps no capacity), neither a classic check's hits
+// nor a hold under a request id, and a retry answers the same. With
+// allow the request goes through and its descriptors are charged.
+func TestUnknownDescriptorDenyKeepsNothing(t *testing.T) {
+	for _, mode := range []string{"deny", "allow"} {
+		t.Run(mode, func(t *testing.T) {
+			cfg := strings.Replace(testMapping(t), "unknown_descriptor: deny", "unknown_descriptor: "+mode, 1)
+			h := newHarness(t, options{config: cfg, auth: true})
+			h.publish("acme", "search", "requests", 10, 1, time.Hour, false)
+			h.publish("acme", "chat", "tokens", 1000, 1, time.Hour, false)
+			want, spent, held := OVER, int64(0), int64(0)
+			if mode == "allow" {
+				want, spent, held = OK, 4, 300
+			}
+			classic := &rlsv3.RateLimitRequest{Domain: "api", HitsAddend: 2, Descriptors: []*rlscommon.RateLimitDescriptor{
+				descriptor(nil, "tenant", "acme", "route", "search"),
+				descriptor(nil, "user", "acme"), // no rule has this key
+			}}
+			withID := &rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlscommon.RateLimitDescriptor{
+				descriptor(hits(300), "tenant", "acme", "x-request-id", "q-u1"),
+				descriptor(hits(300), "tenant", "nobody", "x-request-id", "q-u1"), // no policy
+			}}
+			for attempt := range 2 {
+				resp := h.mustCheck(classic)
+				if resp.GetOverallCode() != want || resp.GetStatuses()[0].GetCode() != OK || resp.GetStatuses()[1].GetCode() != want {
+					t.Fatalf("classic, attempt %d: want overall %v, acme OK; got %v", attempt, want, resp)
+				}
+				if mode == "deny" && resp.GetStatuses()[0].GetLimitRemaining() != 10 {
+					t.Fatalf("classic, attempt %d: acme's limit_remaining %d, want 10 (nothing kept)", attempt, resp.GetStatuses()[0].GetLimitRemaining())
+				}
+				if resp := h.mustCheck(withID); resp.GetOverallCode() != want || resp.GetStatuses()[0].GetCode() != OK {
+					t.Fatalf("with an id, attempt %d: want overall %v, acme OK; got %v", attempt, want, resp)
+				}
+			}
+			if b := h.balance("acme", "search"); b.Spent != spent || b.Reserved != 0 || b.Available != 10-spent {
+				t.Fatalf("acme/search %+v: want spent %d of 10, nothing held", b, spent)
+			}
+			if b := h.balance("acme", "chat"); b.Reserved != held || b.Available != 1000-held {
+				t.Fatalf("acme/chat %+v: want %d held", b, held)
+			}
+		})
+	}
+}
+
+// TestWaitsThatDoNotFitInADuration: a burst or a debt near ledger.MaxUnits
+// refilled one unit an hour takes longer than a Duration holds. The answer
+// names the longest wait (ledger.MaxRetryAfter, as the LedgerService's
+// Retry-After) everywhere: duration_until_reset, RateLimit's t,
+// RateLimit-Policy's w and Retry-After, never a negative or wrapped number
+// (they were t=3600000 after the cost, Retry-After -9223372036 on the next
+// check, and w=0 for the burst).
+func TestWaitsThatDoNotFitInADuration(t *testing.T) {
+	h := newHarness(t, options{config: testMapping(t), auth: true})
+	h.publish("acme", "chat", "tokens", 1000, 1, time.Hour, false)
+	h.publish("big", "search", "requests", int64(ledger.MaxUnits), 1, time.Hour, false)
+	longest := int64(ledger.MaxRetryAfter / time.Second)
+	wantWait := func(what string, resp *rlsv3.RateLimitResponse, retryAfter bool) {
+		t.Helper()
+		st := resp.GetStatuses()[0]
+		if resp.GetOverallCode() != OVER || st.GetDurationUntilReset().GetSeconds() != longest {
+			t.Fatalf("%s: want OVER_LIMIT with duration_until_reset %ds, got %v", what, longest, resp)
+		}
+		if got, want := header(resp, "RateLimit"), fmt.Sprintf(`"chat-tokens";r=0;t=%d`, longest); got != want {
+			t.Fatalf("%s: RateLimit %q, want %q", what, got, want)
+		}
+		if got, want := header(resp, "Retry-After"), fmt.Sprint(longest); retryAfter && got != want {
+			t.Fatalf("%s: Retry-After %q, want %q", what, got, want)
+		}
+	}
+	// The cost after the stream of a request whose check failed open:
+	// recorded in full, nearly all of it debt.
+	wantWait("the cost", h.mustCheck(&rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlscommon.RateLimitDescriptor{
+		descriptor(hits(uint64(ledger.MaxUnits)), "tenant", "acme", "x-request-id", "q-huge", "capledger-phase", "settle")}}), false)
+	wantWait("the next check", h.mustCheck(&rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlscommon.RateLimitDescriptor{
+		descriptor(hits(1), "tenant", "acme", "x-request-id", "q-next")}}), true)
+
+	resp := h.mustCheck(&rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*rlscommon.RateLimitDescriptor{
+		descriptor(nil, "tenant", "big", "route", "search")}})
+	if got, want := header(resp, "RateLimit-Policy"), fmt.Sprintf(`"search-requests";q=%d;w=%d`, ledger.MaxUnits, longest); got != want {
+		t.Fatalf("RateLimit-Policy %q, want %q", got, want)
+	}
+	if got := resp.GetStatuses()[0].GetDurationUntilReset().AsDuration(); got != time.Hour {
+		t.Fatalf("one unit short: duration_until_reset %v, want 1h", got)
+	}
+}
+
+// TestRequestOverMaxBodyIsResourceExhausted: a request message over the
+// server's body limit (serve --max-body, 1 MiB by default) is refused as
+// ENVOY.md's failure table says, RESOURCE_EXHAUSTED, and charges nothing.
+func TestRequestOverMaxBodyIsResourceExhausted(t *testing.T) {
+	h := newHarness(t, options{config: testMapping(t), auth: true})
+	h.publish("*", "search", "requests", 10, 1, time.Hour, false)
+	long := strings.Repeat("t", 20_000) // over the subject bound too: refused either way
+	req := &rlsv3.RateLimitRequest{Domain: "api"}
+	for i := range 60 {
+		req.Descriptors = append(req.Descriptors, descriptor(nil, "tenant", fmt.Sprint(i, long), "route", "search"))
+	}
+	if size := proto.Size(req); size <= 1<<20 {
+		t.Fatalf("request of %d bytes: not over the limit", size)
+	}
+	if _, err := h.check(req); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("want RESOURCE_EXHAUSTED, got %v", err)
+	}
+	req.Descriptors = []*rlscommon.RateLimitDescriptor{descriptor(nil, "tenant", "acme", "route", "search")}
+	if resp := h.mustCheck(req); resp.GetStatuses()[0].GetLimitRemaining() != 9 {
+		t.Fatalf("first check after the refused one: %v", resp)
+	}
+}
+
+// TestRequestIDReusedAfterItsSettleIsRefused: Envoy checks a request
+// before it runs and settles it after its stream, never checks it again
+// after that. A check whose id's reservation is settled is therefore
+// another request reusing the id (a client sending the x-request-id of an
+// earlier request): it was admitted as a replay and charged nothing, so a
+// client could run any number of requests for the price of one. It is
+// OVER_LIMIT, charges nothing, and refuses its request as a whole (the
+// request's other descriptors keep nothing).
+func TestRequestIDReusedAfterItsSettleIsRefused(t *testing.T) {
+	h := newHarness(t, options{config: testMapping(t), auth: true})
+	h.publish("acme", "chat", "tokens", 1000, 1, time.Hour, false)
+	h.publish("global", "chat", "tokens", 1000, 1, time.Hour, false)
+	check := &rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlscommon.RateLimitDescriptor{
+		descriptor(hits(0), "tenant", "acme", "x-request-id", "q-r1")}}
+	if resp := h.mustCheck(check); resp.GetOverallCode() != OK {
+		t.Fatalf("check: %v", resp)
+	}
+	if resp := h.mustCheck(&rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlscommon.RateLimitDescriptor{
+		descriptor(hits(120), "tenant", "acme", "x-request-id", "q-r1", "capledger-phase", "settle")}}); resp.GetOverallCode() != OK {
+		t.Fatalf("settle: %v", resp)
+	}
+	for attempt := range 2 {
+		resp := h.mustCheck(check)
+		if resp.GetOverallCode() != OVER || header(resp, "Retry-After") != "" {
+			t.Fatalf("attempt %d: the id of a settled request again: want OVER_LIMIT without Retry-After, got %v", attempt, resp)
+		}
+	}
+	both := &rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlscommon.RateLimitDescriptor{
+		descriptor(hits(0), "tenant", "global", "x-request-id", "q-r2"),
+		descriptor(hits(0), "tenant", "acme", "x-request-id", "q-r1")}}
+	if resp := h.mustCheck(both); resp.GetOverallCode() != OVER || resp.GetStatuses()[0].GetCode() != OK || resp.GetStatuses()[1].GetCode() != OVER {
+		t.Fatalf("with a fresh descriptor: want OK, OVER_LIMIT; got %v", resp)
+	}
+	if b := h.balance("acme", "chat"); b.Spent != 120 || b.Reserved != 0 || b.Available != 880 {
+		t.Fatalf("acme %+v: want only the settled 120 spent, nothing held", b)
+	}
+	if b := h.balance("global", "chat"); b.Reserved != 0 || b.Available != 1000 {
+		t.Fatalf("global %+v: the refused request keeps nothing", b)
+	}
+}

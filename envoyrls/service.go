@@ -274,7 +274,20 @@ func randomID() string {
 // capacity of the others (Envoy refuses the request as a whole). Every
 // command run or refused is added to answers once, with the result the
 // answer is made of.
+//
+// Several descriptors' calls run detached from the caller's deadline once
+// started: their reserves may commit although the caller stopped waiting
+// (Envoy's timeout), and then their follow-ups must run too, or a check
+// keeps a hold nobody settles or releases (with an id, the settle after
+// the stream would find it never started). A single descriptor's commands
+// go in one engine call, committed together or not at all.
 func (s *Service) run(ctx context.Context, items []item, answers *server.Answers) error {
+	if len(items) > 1 {
+		if err := ctx.Err(); err != nil {
+			return connect.NewError(contextCode(err), err) // nothing started
+		}
+		ctx = context.WithoutCancel(ctx)
+	}
 	err := s.runFirstCurrent(ctx, items, answers)
 	// The first call's results, stale ones mapped again replaced by their
 	// last: added once whether or not the call goes on to fail.
@@ -403,7 +416,10 @@ func (s *Service) runSecond(ctx context.Context, items []item, answers *server.A
 			}
 			continue
 		}
-		refused = refused || (items[i].over && !items[i].mapped.Settle)
+		// A check refused for capacity, or one that maps to no policy
+		// under unknown_descriptor: deny, makes Envoy refuse the request.
+		it := &items[i]
+		refused = refused || ((it.over || it.unknown && s.deniesUnknown()) && !it.mapped.Settle)
 	}
 	refused = refused || failed != nil
 	retryOfRefused(items)
@@ -449,6 +465,11 @@ func (s *Service) runSecond(ctx context.Context, items []item, answers *server.A
 	leftAfterRelease(items)
 	return nil
 }
+
+// deniesUnknown reports whether a descriptor that maps to no policy is
+// answered OVER_LIMIT (unknown_descriptor: deny), which refuses the whole
+// request as any OVER_LIMIT descriptor does.
+func (s *Service) deniesUnknown() bool { return s.cfg.UnknownDescriptor == "deny" }
 
 // retryOfRefused gives a retried request that was refused as a whole
 // (some descriptor's reserve replays a reservation released in the first
@@ -804,6 +825,16 @@ func (s *Service) decide(ctx context.Context, it *item) error {
 			it.over, it.releasedBefore = true, true
 			return nil
 		}
+		if it.cmds[0].Kind == ledger.KindReserve && !it.mapped.Settle && res.Replayed &&
+			(res.Reservation.State == ledger.StateSettled || res.Reservation.State == ledger.StateSettledWithDebt) {
+			// The check of a request whose call after the stream came
+			// already: Envoy never checks a request again after its
+			// stream, so this is another request reusing the id (e.g. a
+			// client's own x-request-id). Replayed, it would be admitted
+			// and charged nothing.
+			it.over = true
+			return nil
+		}
 		if kind := it.cmds[0].Kind; (kind == ledger.KindSettle || kind == ledger.KindRecord) &&
 			res.Reservation.State == ledger.StateSettledWithDebt {
 			// The usage was recorded, beyond what was free: the account is
@@ -870,7 +901,7 @@ func (s *Service) respond(ctx context.Context, items []item) (*rlsv3.RateLimitRe
 		resp.Statuses[i] = st
 		switch {
 		case it.unknown:
-			if s.cfg.UnknownDescriptor == "deny" {
+			if s.deniesUnknown() {
 				st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 			}
 		case it.over:
@@ -1011,13 +1042,18 @@ func currentLimit(d *ledger.Dimension) (rlsv3.RateLimitResponse_RateLimit_Unit, 
 // untilFull is how long refills take from level to the burst (0 without
 // refill or when full); a negative level is debt, repaid first. Units held
 // by reservations are not counted: it is the wait until the bucket would
-// be full if nothing were held.
+// be full if nothing were held. A wait that does not fit in a Duration (a
+// burst or a debt near ledger.MaxUnits, refilled slowly) is
+// ledger.MaxRetryAfter, as the ledger's Retry-After.
 func untilFull(d *ledger.Dimension, level int64) time.Duration {
 	missing := d.Burst - level
 	if missing <= 0 || d.RefillUnits <= 0 || d.RefillInterval <= 0 {
 		return 0
 	}
 	intervals := (missing + d.RefillUnits - 1) / d.RefillUnits
+	if intervals > int64(ledger.MaxRetryAfter/d.RefillInterval) {
+		return ledger.MaxRetryAfter
+	}
 	return time.Duration(intervals) * d.RefillInterval
 }
 
@@ -1054,6 +1090,14 @@ func reasonOf(cerr *connect.Error) string {
 		}
 	}
 	return ""
+}
+
+// contextCode is the gRPC code of a context's error.
+func contextCode(err error) connect.Code {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return connect.CodeDeadlineExceeded
+	}
+	return connect.CodeCanceled
 }
 
 func invalid(format string, args ...any) *connect.Error {

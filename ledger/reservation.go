@@ -285,9 +285,11 @@ func slower(x, y time.Duration) bool {
 	return x > y
 }
 
-// maxRetryAfter is the retry-after of a shortfall so large that the wait
-// does not fit in a Duration: the longest whole-second Duration.
-const maxRetryAfter = time.Duration(math.MaxInt64) / time.Second * time.Second
+// MaxRetryAfter is the retry-after of a shortfall so large that the wait
+// does not fit in a Duration: the longest whole-second Duration (about 292
+// years). Whatever derives a wait from refills (a Retry-After, a reset)
+// caps it here rather than overflow.
+const MaxRetryAfter = time.Duration(math.MaxInt64) / time.Second * time.Second
 
 // refillWait is how long refill needs to mint shortfall units in dimension
 // i, counted from the refill cursor, rounded up to whole intervals and to at
@@ -305,14 +307,14 @@ func refillWait(a *Account, d *Dimension, i int, shortfall Units, now time.Time)
 	// overflowing int64.
 	lag := a.RefilledTo[i] - nowNanos
 	if intervals > (math.MaxInt64-max(lag, 0))/interval {
-		return maxRetryAfter
+		return MaxRetryAfter
 	}
 	wait := time.Duration(lag + intervals*interval)
 	if wait < time.Second {
 		wait = time.Second
 	}
-	if wait > maxRetryAfter {
-		return maxRetryAfter
+	if wait > MaxRetryAfter {
+		return MaxRetryAfter
 	}
 	return (wait + time.Second - 1).Truncate(time.Second)
 }

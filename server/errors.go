@@ -113,7 +113,13 @@ func rejection(res *ledger.Result, reason string) *v1.RejectionDetail {
 
 // retryAfterSeconds rounds up to whole seconds (HTTP Retry-After has
 // second resolution, and rounding down would invite a retry that must fail).
+// A wait beyond ledger.MaxRetryAfter (the ledger's answer to a shortfall
+// refills would take centuries to cover) is ledger.MaxRetryAfter: rounding
+// it up would overflow into a negative Retry-After.
 func retryAfterSeconds(d time.Duration) time.Duration {
+	if d >= ledger.MaxRetryAfter {
+		return ledger.MaxRetryAfter
+	}
 	return (d + time.Second - 1).Truncate(time.Second)
 }
 

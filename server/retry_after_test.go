@@ -8,6 +8,7 @@ import (
 	"time"
 
 	v1 "github.com/capledger/capledger/api/capledger/v1"
+	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/server"
 )
 
@@ -68,5 +69,28 @@ func TestFrozenRejectionRevealsNoBalance(t *testing.T) {
 	acct := h.ok("GetAccount", `{"subject":"tenant-7","route":"chat.generate"}`, "")
 	if num(acct["accounts"].([]any)[0].(map[string]any)["balances"].([]any)[0].(map[string]any)["debt"]) != 180 {
 		t.Fatalf("GetAccount does not show the debt: %v", acct)
+	}
+}
+
+// A debt refills would take centuries to repay (a cost recorded after the
+// fact near ledger.MaxUnits, repaid one token an hour) makes the ledger
+// answer its longest wait, ledger.MaxRetryAfter; the Retry-After header
+// and the detail say that many seconds, not a negative number (rounding
+// it up to whole seconds overflowed: Retry-After -9223372036).
+func TestRetryAfterOfAnUnpayableDebtIsTheLongestWait(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	h.ok("PublishPolicy", `{"policy":{"subject":"t","route":"chat",
+	  "dimensions":[{"unit":"tokens","burst":"100","refillUnits":"1","refillInterval":"3600s"}]}}`, "")
+	h.ok("RecordUsage", `{"reservationId":"huge","operationId":"op-huge","subject":"t","route":"chat","actualUnits":{"tokens":9007199254740992}}`, "")
+	r := h.call("Reserve", `{"reservationId":"after","subject":"t","route":"chat","units":{"tokens":1}}`, "")
+	h.wantError(r, http.StatusTooManyRequests, "resource_exhausted", server.ReasonAdmissionFrozen)
+	want := strconv.FormatInt(int64(ledger.MaxRetryAfter/time.Second), 10)
+	if got := r.header.Get("Retry-After"); got != want {
+		t.Fatalf("Retry-After %q, want %s (ledger.MaxRetryAfter)", got, want)
+	}
+	for _, d := range details(t, r) {
+		if rej, ok := d.(*v1.RejectionDetail); ok && rej.GetRetryAfter().AsDuration() != ledger.MaxRetryAfter {
+			t.Fatalf("detail retryAfter %v, want %v", rej.GetRetryAfter().AsDuration(), ledger.MaxRetryAfter)
+		}
 	}
 }
