@@ -103,16 +103,8 @@ func reserve(b Book, cmd *Command, now time.Time, res *Result) {
 		*res = Result{Err: invalid("units are ordered for policy generation %d, but generation %d decides", cmd.Generation, p.Generation), Generation: p.Generation}
 		return
 	}
-	if err := checkUnits(p, &cmd.Units, true); err != nil {
-		if dim := aboveMaxUnits(p, &cmd.Units); dim >= 0 {
-			// Larger than any policy may allow (burst is at most
-			// MaxUnits): it can never fit, which is what TooLarge says.
-			*res = Result{Err: fmt.Errorf("%w: %d %s requested; no reservation may exceed %d units per dimension",
-				ErrReservationTooLarge, cmd.Units[dim], p.Dimensions[dim].Unit, MaxUnits),
-				Generation: p.Generation, Dimension: p.Dimensions[dim].Unit}
-			return
-		}
-		*res = Result{Err: err, Generation: p.Generation}
+	if refused := checkUnitsToHold(p, &cmd.Units, "reservation"); refused.Err != nil {
+		*res = refused
 		return
 	}
 	a, ok := currentAccount(b, subject, p, now)
@@ -317,6 +309,25 @@ func refillWait(a *Account, d *Dimension, i int, shortfall Units, now time.Time)
 		return MaxRetryAfter
 	}
 	return (wait + time.Second - 1).Truncate(time.Second)
+}
+
+// checkUnitsToHold is checkUnits for units a command takes out of
+// available (a Reserve's estimate, a shard's allocation; what names it in
+// the message): an amount above MaxUnits is ErrReservationTooLarge, with
+// its dimension, because no policy's burst is above MaxUnits, so it can
+// never fit (docs/API.md, "Limits"); it is no malformed command. The zero
+// Result when the units are fine.
+func checkUnitsToHold(p *Policy, units *Amounts, what string) Result {
+	err := checkUnits(p, units, true)
+	if err == nil {
+		return Result{}
+	}
+	if dim := aboveMaxUnits(p, units); dim >= 0 {
+		return Result{Err: fmt.Errorf("%w: %d %s requested; no %s may exceed %d units per dimension",
+			ErrReservationTooLarge, units[dim], p.Dimensions[dim].Unit, what, MaxUnits),
+			Generation: p.Generation, Dimension: p.Dimensions[dim].Unit}
+	}
+	return Result{Err: err, Generation: p.Generation}
 }
 
 // aboveMaxUnits returns the first dimension of p whose amount is above

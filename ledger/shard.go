@@ -235,6 +235,8 @@ func ShardShapeProblem(subject, route, region string, bootEpoch uint64, ttl time
 //     have, or a Generation that does not decide;
 //   - ErrNoPolicy when nothing admits for the subject;
 //   - ErrEmergencyDisabled when the deciding policy's emergency mode is off;
+//   - ErrReservationTooLarge for units above MaxUnits (no burst is above
+//     it, so they never fit), as for a reservation;
 //   - ErrAdmissionFrozen while the account carries debt, and
 //     ErrInsufficientCapacity when the units do not fit in available (with
 //     Dimension and RetryAfter, as for a reservation). The policy's maximum
@@ -288,8 +290,8 @@ func IssueShard(b Book, cmd *Command, now time.Time) Result {
 	if !p.EmergencyMode && !args.Legacy {
 		return Result{Err: fmt.Errorf("%w: %s generation %d", ErrEmergencyDisabled, subject, p.Generation), Generation: p.Generation}
 	}
-	if err := checkUnits(p, &cmd.Units, true); err != nil {
-		return Result{Err: err, Generation: p.Generation}
+	if refused := checkUnitsToHold(p, &cmd.Units, "shard"); refused.Err != nil {
+		return refused
 	}
 	a, ok := currentAccount(b, subject, p, now)
 	if !ok {

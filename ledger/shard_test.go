@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/ed25519"
 	"errors"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -674,4 +675,26 @@ func TestShardAboveTheBurstIsTooLarge(t *testing.T) {
 		t.Fatal("a refused issuance retired capacity or recorded a shard")
 	}
 	c.must(c.apply(issueCmd("sh-2", "gw-a", 1, 1000)))
+}
+
+// A shard above the per-command cap (MaxUnits, 2^53) never fits either,
+// since no burst is above it: ErrReservationTooLarge as for a Reserve of
+// that size, not ErrInvalidCommand, which it answered while Reserve had
+// been moved to TooLarge (docs/API.md: IssueShard's 429 is "as Reserve",
+// RESERVATION_TOO_LARGE above the burst).
+func TestShardAboveTheUnitCapIsTooLarge(t *testing.T) {
+	c := newChecked(t)
+	g := c.publish(emergencyPolicy())
+	for _, units := range []ledger.Units{ledger.MaxUnits + 1, math.MaxInt64} {
+		res := c.apply(issueCmd("sh-cap", "gw-a", 1, units))
+		if !errors.Is(res.Err, ledger.ErrReservationTooLarge) || res.RetryAfter != 0 || res.Dimension != "tokens" ||
+			res.Generation != g || !strings.Contains(res.Err.Error(), "no shard may exceed 9007199254740992 units") {
+			t.Fatalf("a shard of %d units: %+v", units, res)
+		}
+	}
+	if len(c.m.Shards()) != 0 {
+		t.Fatal("a refused issuance recorded a shard")
+	}
+	// Refused before the account was read: the whole burst is still there.
+	c.must(c.apply(issueCmd("sh-cap", "gw-a", 1, 1000)))
 }

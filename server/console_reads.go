@@ -22,6 +22,22 @@ import (
 // answers. Each answers a caller outside the subject's scope exactly as
 // it answers for a subject, account or reservation that does not exist.
 
+// oneSubjectProblem is the rule for a read of one subject's rows
+// (GetAccount, ListSubjectReservations, ListStatements): "" for a subject
+// it can name, else what is wrong. The subject is required and concrete:
+// "*" names a policy for every subject, never an account or a reservation
+// (Reserve and RecordUsage refuse it), so answering it with no rows would
+// read as "this subject has none" where the caller meant "all of them".
+func oneSubjectProblem(subject string) string {
+	switch subject {
+	case "":
+		return "subject is required"
+	case ledger.AnySubject:
+		return fmt.Sprintf("subject %q names every subject; name a concrete one", ledger.AnySubject)
+	}
+	return ""
+}
+
 // maxResolverAnswerIDs bounds GetResolverAnswers.
 const maxResolverAnswerIDs = 1000
 
@@ -39,8 +55,8 @@ func (c consoleService) ListSubjectReservations(ctx context.Context, req *connec
 		return nil, cerr
 	}
 	m := req.Msg
-	if m.GetSubject() == "" {
-		return nil, invalidArgument(ReasonInvalidCommand, "subject is required")
+	if problem := oneSubjectProblem(m.GetSubject()); problem != "" {
+		return nil, invalidArgument(ReasonInvalidCommand, "%s", problem)
 	}
 	size, cerr := pageSize(m.GetPageSize())
 	if cerr != nil {
@@ -167,7 +183,10 @@ func (c consoleService) ListStatements(ctx context.Context, req *connect.Request
 		return nil, cerr
 	}
 	m := req.Msg
-	if m.GetSubject() == "" || m.GetRoute() == "" || m.GetPolicyGeneration() == 0 {
+	if problem := oneSubjectProblem(m.GetSubject()); problem != "" {
+		return nil, invalidArgument(ReasonInvalidCommand, "%s", problem)
+	}
+	if m.GetRoute() == "" || m.GetPolicyGeneration() == 0 {
 		// Generations start at 1: without one no account is named, and an
 		// empty answer would read as "no statements".
 		return nil, invalidArgument(ReasonInvalidCommand, "subject, route and policy_generation are required")

@@ -344,3 +344,29 @@ func TestConsoleSubjectPageTokenBoundToQuery(t *testing.T) {
 	r := h.consoleCall("ListSubjectReservations", `{"subject":"tenant-b/u1","pageSize":1,"pageToken":"`+token+`"}`, consoleViewer)
 	h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidCommand)
 }
+
+// A read of one subject's rows names a concrete subject: "*" is 400
+// INVALID_COMMAND on ListSubjectReservations and ListStatements as on
+// GetAccount (docs/API.md: "subject * where a concrete one is needed").
+// The two console reads answered it 200 with no rows, which reads as "this
+// subject has none" to an operator who meant every subject.
+func TestOneSubjectReadsRefuseTheWildcard(t *testing.T) {
+	h := newHarness(t, harnessOptions{auth: true, tokens: consoleTokens})
+	h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"chat.generate","epochLength":"60s",
+	  "dimensions":[{"unit":"tokens","burst":"100"}]}}`, adminToken)
+	h.ok("Reserve", reserveFor("w1", "tenant-b/u1", 10), adminToken)
+	for _, r := range []response{
+		h.consoleCall("ListSubjectReservations", `{"subject":"*"}`, consoleViewer),
+		h.consoleCall("ListStatements", `{"subject":"*","route":"chat.generate","policyGeneration":"1"}`, consoleViewer),
+		h.call("GetAccount", `{"subject":"*","route":"chat.generate"}`, consoleViewer),
+	} {
+		h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidCommand)
+		if msg, _ := r.body["message"].(string); !strings.Contains(msg, `subject "*" names every subject`) {
+			t.Errorf("message %q does not say why", msg)
+		}
+	}
+	// A concrete subject still reads.
+	if res := h.ok("GetAccount", `{"subject":"tenant-b/u1","route":"chat.generate"}`, consoleViewer); len(res["accounts"].([]any)) != 1 {
+		t.Fatalf("GetAccount of a concrete subject: %v", res)
+	}
+}

@@ -848,8 +848,11 @@ func (s *Server) GetReservation(ctx context.Context, req *connect.Request[v1.Get
 // key are dropped even if a store returned them.
 func (s *Server) GetAccount(ctx context.Context, req *connect.Request[v1.GetAccountRequest]) (*connect.Response[v1.GetAccountResponse], error) {
 	key := ledger.PolicyKey{Subject: req.Msg.GetSubject(), Route: req.Msg.GetRoute(), Region: regionOrDefault(req.Msg.GetRegion())}
-	if key.Subject == "" || key.Subject == ledger.AnySubject || key.Route == "" {
-		return nil, invalidArgument(ReasonInvalidCommand, "subject (concrete, not %q) and route are required", ledger.AnySubject)
+	if problem := oneSubjectProblem(key.Subject); problem != "" {
+		return nil, invalidArgument(ReasonInvalidCommand, "%s", problem)
+	}
+	if key.Route == "" {
+		return nil, invalidArgument(ReasonInvalidCommand, "route is required")
 	}
 	if s.outOfScope(ctx, "get account", key.Subject, key.Route, "", "") {
 		// Answered as a subject that never reserved.

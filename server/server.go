@@ -203,7 +203,10 @@ func New(l Ledger, cfg Config) *Server {
 	}
 	mux.HandleFunc("/", unknownPath)
 	s.mux, s.options = mux, options
-	s.handler = s.limitBody(mux)
+	// gRPC-Web's text mode is base64 on the wire: 4 bytes for every 3 of
+	// the binary body limitBody bounds (its slack for framing included).
+	maxTextWire := 4 * ((s.maxBody + 64<<10 + 2) / 3)
+	s.handler = grpcWebText(s.limitBody(mux), maxTextWire)
 	return s
 }
 

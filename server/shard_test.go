@@ -476,3 +476,32 @@ func TestShardKeysLogAReloadThatFails(t *testing.T) {
 		t.Fatalf("the reload was not logged:\n%s", logged.String())
 	}
 }
+
+// An IssueShard above the per-command cap of 2^53 units answers as a
+// Reserve of that size does and as docs/API.md says IssueShard's 429 does
+// above the burst: resource_exhausted, RESERVATION_TOO_LARGE, naming the
+// unit, no Retry-After. It answered invalid_argument INVALID_COMMAND.
+func TestIssueShardAboveTheUnitCapIsTooLarge(t *testing.T) {
+	h := newShardHarness(t)
+	ctx := context.Background()
+	h.publish(t, true)
+	_, err := h.shards.IssueShard(ctx, connect.NewRequest(issueRequest("sh-cap", "gw-a", ledger.MaxUnits+1)))
+	var cerr *connect.Error
+	if !errors.As(err, &cerr) || cerr.Code() != connect.CodeResourceExhausted || cerr.Meta().Get("Retry-After") != "" {
+		t.Fatalf("want RESOURCE_EXHAUSTED without Retry-After, got %v", err)
+	}
+	var rejection *v1.RejectionDetail
+	for _, d := range cerr.Details() {
+		if msg, derr := d.Value(); derr == nil {
+			if r, ok := msg.(*v1.RejectionDetail); ok {
+				rejection = r
+			}
+		}
+	}
+	if rejection.GetReason() != server.ReasonReservationTooLarge || rejection.GetLimitingDimension() != "tokens" || rejection.GetRetryAfter() != nil {
+		t.Fatalf("rejection detail %v (%v)", rejection, err)
+	}
+	if list, err := h.shards.ListShards(ctx, connect.NewRequest(&v1.ListShardsRequest{})); err != nil || len(list.Msg.Shards) != 0 {
+		t.Fatalf("a refused issuance recorded a shard: %v %v", list, err)
+	}
+}
