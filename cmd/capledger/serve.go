@@ -359,6 +359,9 @@ func runServe(ctx context.Context, e *env, args []string) error {
 		st.Close()
 		return usagef("shard keys: %v", err)
 	}
+	// A rotation is loaded and logged within shardKeysWatchInterval plus
+	// the ring's one-second throttle, not at the next shard issued.
+	go shards.Keys.Watch(ctx, shardKeysWatchInterval)
 	srvCfg := server.Config{Tokens: tokens, MaxBodyBytes: *maxBody, Metrics: metrics, Logger: log, Shards: shards,
 		ReadyCheck: readyCheck}
 	if resolver != nil {
@@ -534,6 +537,11 @@ func storeName(spec, dataDir string) string {
 	}
 	return spec
 }
+
+// shardKeysWatchInterval is how often serve looks at the shard keys'
+// files for a rotation (the ring reads them at most once a second), so
+// an appended key is picked up within about 1.5 s (docs/OPERATIONS.md).
+const shardKeysWatchInterval = 500 * time.Millisecond
 
 // serveCutGCPercent is serve's GC target while a checkpoint is cut.
 const serveCutGCPercent = 100
