@@ -2,6 +2,7 @@ package server
 
 import (
 	"bufio"
+	"context"
 	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/base64"
@@ -31,7 +32,8 @@ import (
 // old key keep verifying while its line stays (it may be turned into a
 // public line, which drops the private half); removing the line revokes it.
 // The ring reloads itself when the file or directory changes, checked at
-// most once a second, so a rotation needs no restart. A file holding
+// most once a second when it is used or watched (Watch), so a rotation
+// needs no restart. A file holding
 // private keys must not be readable by group or others.
 //
 // ShardKeys implements ledger.ShardKeys.
@@ -310,6 +312,27 @@ func (k *ShardKeys) refresh() {
 		log.Warn("shard keys not reloaded: keeping the previous ones", "path", k.path, "err", err)
 	case err == nil:
 		log.Info("shard keys reloaded", "path", k.path, "signing", signing)
+	}
+}
+
+// Watch checks the ring's files every interval until ctx ends. Without
+// it the ring looks at its files only when a shard is issued or verified
+// or the keys are listed, so a rotation on an idle server was neither
+// loaded nor logged ("shard keys reloaded", or a line that does not load)
+// until then: the operator appending a key saw nothing. serve runs it.
+func (k *ShardKeys) Watch(ctx context.Context, interval time.Duration) {
+	if k.path == "" {
+		return // keys that live nowhere on disk never change
+	}
+	ticker := time.NewTicker(interval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+			k.refresh()
+		}
 	}
 }
 

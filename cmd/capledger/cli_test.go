@@ -731,6 +731,28 @@ func TestSecondServeOnOneDataDirRefused(t *testing.T) {
 	wantExit(t, exitOK, code, out, errOut)
 }
 
+// serve and migrate --store sqlite:PATH in a directory that does not exist
+// named a lock file the operator never wrote ("lock: open PATH.lock: no
+// such file or directory"), and migrate added "stop serve first" to it,
+// though no serve ran. Both name the directory now; only a lock another
+// process holds says to stop serve.
+func TestSQLitePathInAMissingDirectory(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "typo")
+	spec := "sqlite:" + filepath.Join(missing, "ledger.db")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	code, out, errOut := runWithEnv(ctx, nil, "serve", "--addr", "127.0.0.1:0", "--store", spec)
+	wantExit(t, exitUsage, code, out, errOut)
+	if !strings.Contains(errOut, "directory "+missing+" does not exist") {
+		t.Fatalf("serve: %s", errOut)
+	}
+	code, out, errOut = cli(t, "", "migrate", "--store", spec)
+	wantExit(t, exitUsage, code, out, errOut)
+	if !strings.Contains(errOut, "directory "+missing+" does not exist") || strings.Contains(errOut, "stop serve first") {
+		t.Fatalf("migrate: %s", errOut)
+	}
+}
+
 // migrate --auto-vacuum converts a SQLite file; asked of a store without
 // one it is refused before anything runs, not silently ignored with exit
 // 0 (an operator would take that for space given back).

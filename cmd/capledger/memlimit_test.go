@@ -25,9 +25,9 @@ func TestServeMemoryLimitKeepsAMillionAccountsWithin600MB(t *testing.T) {
 		t.Fatalf("limit %d MiB + %d MiB outside Go + %d MiB overshoot = %d kB, over %d kB",
 			limit>>20, serveOutsideGo>>20, overshoot>>20, total, budgetKiB)
 	}
-	// A full cache of packed tenants (about 275 bytes each: the account
+	// A full cache of packed tenants (about 257 bytes each: the account
 	// and its current generation, store/sqlite TestPackedCacheBytesPerTenant).
 	if limit < int64(sqlite.DefaultCacheRows)*275+200<<20 {
-		t.Fatalf("limit %d MiB leaves a full cache (about 275 bytes a row) and a cut's replays little room", limit>>20)
+		t.Fatalf("limit %d MiB leaves a full cache (about 257 bytes a row) and a cut's replays little room", limit>>20)
 	}
 }

@@ -94,7 +94,10 @@ func runMigrate(ctx context.Context, e *env, args []string) error {
 	}
 	unlock, err := open.LockSQLite(*storeSpec, *dataDir)
 	if err != nil {
-		return usagef("%v: stop serve first", err)
+		if errors.Is(err, open.ErrStoreLocked) {
+			return usagef("%v: stop serve first", err)
+		}
+		return usagef("%v", err)
 	}
 	defer unlock()
 	st, err := open.Open(ctx, *storeSpec, *dataDir)

@@ -102,8 +102,8 @@ Flags:
   --cache-rows N      SQLite row cache: the most rows of each hot table
                       (accounts, ...) kept in memory, least recently used
                       evicted first, filled with the file's tenants at
-                      start; about 275 bytes per tenant (default 524288,
-                      about 145 MB); refused with the other
+                      start; about 257 bytes per tenant (default 524288,
+                      about 135 MB); refused with the other
                       stores, which have no row cache. Unless GOMEMLIMIT
                       is set, serve sets a soft memory limit of 320 MiB +
                       256 bytes per cached row (448 MiB at the default, and
@@ -359,6 +359,9 @@ func runServe(ctx context.Context, e *env, args []string) error {
 		st.Close()
 		return usagef("shard keys: %v", err)
 	}
+	// A rotation is loaded and logged within shardKeysWatchInterval plus
+	// the ring's one-second throttle, not at the next shard issued.
+	go shards.Keys.Watch(ctx, shardKeysWatchInterval)
 	srvCfg := server.Config{Tokens: tokens, MaxBodyBytes: *maxBody, Metrics: metrics, Logger: log, Shards: shards,
 		ReadyCheck: readyCheck}
 	if resolver != nil {
@@ -535,6 +538,11 @@ func storeName(spec, dataDir string) string {
 	return spec
 }
 
+// shardKeysWatchInterval is how often serve looks at the shard keys'
+// files for a rotation (the ring reads them at most once a second), so
+// an appended key is picked up within about 1.5 s (docs/OPERATIONS.md).
+const shardKeysWatchInterval = 500 * time.Millisecond
+
 // serveCutGCPercent is serve's GC target while a checkpoint is cut.
 const serveCutGCPercent = 100
 
@@ -542,7 +550,7 @@ const serveCutGCPercent = 100
 // cacheRows rows: 320 MiB plus 256 bytes a row (448 MiB at the default).
 // With a GC target of 400 the heap would otherwise grow to five times its
 // live data (1.15 GB RSS with a million accounts); near the limit the GC
-// runs more often instead, and the live data (about 275 bytes per cached
+// runs more often instead, and the live data (about 257 bytes per cached
 // tenant) stays below it. It is soft: past it the GC works
 // harder, it does not fail allocations. The limit counts the Go runtime's
 // memory only: serve's RSS is about 70 MiB more (SQLite's page caches

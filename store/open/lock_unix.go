@@ -19,7 +19,7 @@ func lockFile(path string) (func(), error) {
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		f.Close()
 		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, fmt.Errorf("open store: %s is locked: another capledger serve (or migrate) uses this store; one process owns a SQLite store", path)
+			return nil, fmt.Errorf("open store: %s %w: another capledger serve (or migrate) uses this store; one process owns a SQLite store", path, ErrStoreLocked)
 		}
 		return nil, fmt.Errorf("open store: lock %s: %w", path, err)
 	}

@@ -117,6 +117,9 @@ func sqliteURLPath(spec, rest string) (string, error) {
 	return path, nil
 }
 
+// ErrStoreLocked is LockSQLite's error when another process owns the file.
+var ErrStoreLocked = errors.New("is locked")
+
 // LockSQLite takes the lock that makes one serve process the owner of the
 // SQLite file spec names (in dataDir for "" and "sqlite"): an exclusive
 // lock on the file PATH.lock beside it, held until unlock is called or the
@@ -133,8 +136,18 @@ func LockSQLite(spec, dataDir string) (unlock func(), err error) {
 		if err := os.MkdirAll(dataDir, 0o700); err != nil {
 			return nil, fmt.Errorf("open store: data directory: %w", err)
 		}
+	} else if dir := filepath.Dir(path); !isDir(dir) {
+		// Only --data-dir is created: a directory named in the path may
+		// be a typo. Said here, or the error names the lock file, which
+		// the operator never wrote.
+		return nil, fmt.Errorf("open store %q: directory %s does not exist: create it first (only --data-dir is created)", spec, dir)
 	}
 	return lockFile(path + ".lock")
+}
+
+func isDir(path string) bool {
+	info, err := os.Stat(path)
+	return err == nil && info.IsDir()
 }
 
 // SQLitePath returns the database file a SQLite spec names (in dataDir for

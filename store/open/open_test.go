@@ -283,3 +283,19 @@ func TestLockSQLiteCreatesNothingForARefusedPath(t *testing.T) {
 		t.Error("a second lock on one plain path was granted")
 	}
 }
+
+// serve --store sqlite:PATH in a directory that does not exist was
+// refused with "lock: open PATH.lock: no such file or directory": the
+// error named a file the operator never wrote. It names the directory
+// now, and creates nothing (a typo in the path stays a typo).
+func TestLockSQLiteNamesAMissingDirectory(t *testing.T) {
+	dir := t.TempDir()
+	missing := filepath.Join(dir, "typo")
+	_, err := open.LockSQLite("sqlite:"+filepath.Join(missing, "ledger.db"), "")
+	if err == nil || !strings.Contains(err.Error(), "directory "+missing+" does not exist") {
+		t.Fatalf("lock in a missing directory: %v, want it named", err)
+	}
+	if _, err := os.Stat(missing); !os.IsNotExist(err) {
+		t.Errorf("the missing directory was created (stat: %v)", err)
+	}
+}
