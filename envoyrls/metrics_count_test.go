@@ -92,8 +92,12 @@ func TestFailedCheckCountsEachDescriptorUnavailable(t *testing.T) {
 
 	h.faults.FailCommits(nil)
 	before = h.commandCounts()
-	h.mustCheck(req)
-	h.wantCounted(before, map[string]float64{"reserve/ok": 1, "start/ok": 1, "settle/ok": 1, "reserve/no_policy": 1})
+	// Under unknown_descriptor: deny the descriptor without a policy
+	// refuses the request, so the tenant's reserve is released.
+	if resp := h.mustCheck(req); resp.GetOverallCode() != OVER {
+		t.Fatalf("check with a descriptor of no policy under deny: %v, want OVER_LIMIT", resp)
+	}
+	h.wantCounted(before, map[string]float64{"reserve/ok": 1, "release/ok": 1, "reserve/no_policy": 1})
 }
 
 // A check mapped by a generation that no longer decides (another replica
