@@ -71,7 +71,8 @@ func (c *Core) Sync(ctx context.Context) error {
 func (c *Core) commit(ctx context.Context, cmds []ledger.Command, now time.Time, deferred bool) ([]ledger.Result, error) {
 	tx, err := c.store.Begin(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("begin: %w: %w", ErrNotApplied, err)
+		// The store's error names the step ("begin: ..."): store.Store.
+		return nil, fmt.Errorf("%w: %w", ErrNotApplied, err)
 	}
 	defer tx.Rollback(ctx)
 	if prefetcher, ok := tx.(store.Prefetcher); ok && len(cmds) > 1 {
@@ -117,11 +118,11 @@ func (c *Core) commit(ctx context.Context, cmds []ledger.Command, now time.Time,
 	if err := commit(ctx); err != nil {
 		if errors.Is(err, store.ErrConflict) {
 			// Refused and rolled back: the store's word for a conflict.
-			return nil, fmt.Errorf("commit: %w: %w", ErrNotApplied, err)
+			return nil, fmt.Errorf("%w: %w", ErrNotApplied, err)
 		}
 		// Anything else during COMMIT (store.ErrUnavailable): it may
 		// have committed; the outcome is unknown.
-		return nil, fmt.Errorf("commit: %w", err)
+		return nil, err
 	}
 	return results, nil
 }
@@ -146,7 +147,7 @@ const ProbePadMax = 2048
 func (c *Core) Probe(ctx context.Context, now time.Time, pad int) error {
 	tx, err := c.store.Begin(ctx)
 	if err != nil {
-		return fmt.Errorf("begin: %w", err)
+		return err
 	}
 	defer tx.Rollback(ctx)
 	meta := map[string]int64{MetaReadyProbe: now.UnixNano()}
@@ -157,7 +158,7 @@ func (c *Core) Probe(ctx context.Context, now time.Time, pad int) error {
 		return fmt.Errorf("write: %w", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("commit: %w", err)
+		return err
 	}
 	return nil
 }

@@ -457,7 +457,7 @@ type beginRefusingStore struct {
 
 func (s *beginRefusingStore) Begin(ctx context.Context) (store.Tx, error) {
 	if s.refuse.Load() {
-		return nil, fmt.Errorf("%w: connection refused", store.ErrUnavailable)
+		return nil, fmt.Errorf("begin: %w: connection refused", store.ErrUnavailable)
 	}
 	return s.Store.Begin(ctx)
 }
@@ -475,6 +475,8 @@ func TestNotAppliedMarksFailuresBeforeCommit(t *testing.T) {
 	refusing.refuse.Store(true)
 	if _, err := e.Do(context.Background(), reserveCmd("rl-1", 600)); !errors.Is(err, store.ErrUnavailable) || !errors.Is(err, ErrNotApplied) {
 		t.Fatalf("a refused BEGIN: %v, want unavailable and not applied", err)
+	} else if strings.Count(err.Error(), "begin") != 1 {
+		t.Fatalf("a refused BEGIN: %q names the step other than once", err)
 	}
 	refusing.refuse.Store(false)
 	if _, err := e.Reservation(context.Background(), "rl-1"); !errors.Is(err, store.ErrNotFound) {
@@ -483,5 +485,7 @@ func TestNotAppliedMarksFailuresBeforeCommit(t *testing.T) {
 	ms.FailNextCommit(fmt.Errorf("%w: I/O error during COMMIT", store.ErrUnavailable))
 	if _, err := e.Do(context.Background(), reserveCmd("rl-2", 600)); !errors.Is(err, store.ErrUnavailable) || errors.Is(err, ErrNotApplied) {
 		t.Fatalf("a failed COMMIT: %v, want unavailable with the outcome unknown", err)
+	} else if strings.Count(err.Error(), "commit") != 1 {
+		t.Fatalf("a failed COMMIT: %q names the step other than once", err)
 	}
 }

@@ -35,7 +35,9 @@ var (
 type Store interface {
 	// Begin opens a write transaction. Rows read through it are locked
 	// against other writers until Commit or Rollback (SELECT ... FOR UPDATE
-	// in PostgreSQL; one writer at a time in SQLite).
+	// in PostgreSQL; one writer at a time in SQLite). Its errors, and
+	// Tx.Commit's, name the step ("begin: ...", "commit: ..."): callers
+	// add what they know (the engine: "not applied"), not the step again.
 	Begin(ctx context.Context) (Tx, error)
 
 	// Reads of committed state, outside any write transaction.

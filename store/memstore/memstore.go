@@ -172,7 +172,7 @@ var (
 // Close.
 func (s *Store) Begin(ctx context.Context) (store.Tx, error) {
 	if err := s.checkOpen(); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("begin: %w", err)
 	}
 	// select picks at random among ready cases: check ctx first so an
 	// ended context never opens a transaction.
