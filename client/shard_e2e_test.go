@@ -16,6 +16,7 @@ import (
 
 	ledgerv1 "github.com/capledger/capledger/api/capledger/v1"
 	"github.com/capledger/capledger/client/internal/faultproxy"
+	"github.com/capledger/capledger/internal/childproc"
 	"github.com/capledger/capledger/ledger"
 )
 
@@ -40,6 +41,7 @@ func startLedgerProcess(t *testing.T, dir string) string {
 	ln.Close()
 	var logs bytes.Buffer
 	serve := exec.Command(bin, "serve", "--addr", addr, "--data-dir", filepath.Join(dir, "data"), "--log-level", "warn")
+	childproc.DieWithParent(serve)
 	serve.Stdout, serve.Stderr = &logs, &logs
 	if err := serve.Start(); err != nil {
 		t.Fatal(err)

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/capledger/capledger/internal/childproc"
 )
 
 // gubernatorBinary returns a gubernator found on PATH or in
@@ -54,6 +56,7 @@ func TestBenchGubernatorGRPC(t *testing.T) {
 	bin := gubernatorBinary(t)
 	grpcAddr, httpAddr := freePort(t), freePort(t)
 	cmd := exec.Command(bin)
+	childproc.DieWithParent(cmd)
 	cmd.Env = append(os.Environ(), "GUBER_GRPC_ADDRESS="+grpcAddr, "GUBER_HTTP_ADDRESS="+httpAddr, "GUBER_LOG_LEVEL=error")
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/capledger/capledger/internal/childproc"
 )
 
 // startRedis runs a redis-server of its own on a free loopback port (the
@@ -28,6 +30,7 @@ func startRedis(t *testing.T, flags ...string) string {
 	_, port, _ := net.SplitHostPort(addr)
 	dir := t.TempDir()
 	cmd := exec.Command(bin, append([]string{"--port", port, "--bind", "127.0.0.1", "--save", "", "--dir", dir}, flags...)...)
+	childproc.DieWithParent(cmd)
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

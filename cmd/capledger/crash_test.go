@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/capledger/capledger/internal/childproc"
 )
 
 // buildBinary compiles capledger into a temporary directory once per test.
@@ -60,6 +62,7 @@ func startServer(t *testing.T, bin, dataDir string, extra ...string) *serverProc
 	t.Helper()
 	args := append([]string{"serve", "--addr", "127.0.0.1:0", "--data-dir", dataDir}, extra...)
 	cmd := exec.Command(bin, args...)
+	childproc.DieWithParent(cmd)
 	p := &serverProcess{cmd: cmd, logs: &lockedBuffer{}}
 	// An io.Writer rather than a pipe: Wait then waits until every line
 	// was copied, so the last log lines are never lost.

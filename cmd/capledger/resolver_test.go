@@ -23,6 +23,7 @@ import (
 
 	v1 "github.com/capledger/capledger/api/capledger/v1"
 	"github.com/capledger/capledger/api/capledger/v1/capledgerv1connect"
+	"github.com/capledger/capledger/internal/childproc"
 )
 
 // buildResolverBinaries compiles capledger and testdata/executor, the
@@ -103,6 +104,7 @@ func (j *jobTable) read(f func(j *jobTable)) {
 func startExecutor(t testing.TB, bin string, table *jobTable, args ...string) *executorProcess {
 	t.Helper()
 	cmd := exec.Command(bin, args...)
+	childproc.DieWithParent(cmd)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

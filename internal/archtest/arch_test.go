@@ -127,6 +127,8 @@ var layers = []layer{
 
 	{pkg: "internal/yamlfile", imports: nil, testImports: []string{},
 		why: "reads an operator's YAML or JSON file (a policy, the Envoy mapping) strictly and one document per file, for cmd and envoyrls alike; it knows nothing of the ledger"},
+	{pkg: "internal/childproc", imports: nil, testImports: []string{}, stdOnly: true,
+		why: "a test helper that ties a test's child processes to the test binary's life; it knows nothing of the ledger"},
 	{pkg: "internal/pgformation", imports: nil, testImports: []string{},
 		why: "a test helper that runs a real pg_auto_failover formation; it knows nothing of the ledger"},
 	{pkg: "scripts/auditsize", imports: []string{"engine", "ledger", "store/sqlite"},

@@ -23,6 +23,7 @@ import (
 
 	ledgerv1 "github.com/capledger/capledger/api/capledger/v1"
 	"github.com/capledger/capledger/client"
+	"github.com/capledger/capledger/internal/childproc"
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store/postgres"
 )
@@ -84,6 +85,7 @@ func (r *replica) start() {
 	r.mu.Lock()
 	args := append([]string{"serve", "--addr", r.addr, "--store", r.dsn, "--data-dir", r.dataDir, "--log-level", "warn"}, r.extra...)
 	cmd := exec.Command(r.bin, args...)
+	childproc.DieWithParent(cmd)
 	cmd.Stdout, cmd.Stderr = &r.logs, &r.logs
 	if err := cmd.Start(); err != nil {
 		r.mu.Unlock()

@@ -27,6 +27,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/capledger/capledger/client"
+	"github.com/capledger/capledger/internal/childproc"
 )
 
 // buildCapledger builds the capledger binary into a temporary directory
@@ -86,6 +87,7 @@ func (r *replica) start() {
 	r.mu.Lock()
 	args := append([]string{"serve", "--addr", r.addr, "--store", r.dsn, "--data-dir", r.dataDir, "--log-level", "warn"}, r.extra...)
 	cmd := exec.Command(r.bin, args...)
+	childproc.DieWithParent(cmd)
 	cmd.Stdout, cmd.Stderr = &r.logs, &r.logs
 	if err := cmd.Start(); err != nil {
 		r.mu.Unlock()
