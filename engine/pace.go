@@ -61,14 +61,11 @@ func (e *Engine) makePacer(busy, idle float64) *pacer {
 // auditShareDivisor: an audit's steps take a tenth of MaintenanceShare
 // while admission is busy. An audit is CPU alone, on the cores admission
 // needs, and whoever waits for it sees its progress; retention must keep
-// up with what finishes and gets the whole share. Measured
-// (docs/PERFORMANCE.md, "Bounded history"): back-to-back full audits at
-// a share of 0.2 cost reserves 0.58x their throughput; at a quarter of it
-// (0.05) 0.86-0.95x and their p99 1.17-1.28x over 60 s windows (each
-// audit about 7 % of the server's CPU on a saturated 2-core machine);
-// at a tenth, an audit took 2.07 % of serve's CPU against 5.04 % at a
-// quarter, and reserves beside back-to-back audits a p99 0.96-1.22x
-// against 1.07-1.70x over the same rounds.
+// up with what finishes and gets the whole share. Measured: back-to-back
+// full audits at the whole share (0.2) cost reserves 0.58x their
+// throughput (commit e15b4de); at a quarter of it their p99 1.17-1.28x,
+// at a tenth 0.90-1.07x over 60 s windows (docs/PERFORMANCE.md, "Bounded
+// history").
 const auditShareDivisor = 10
 
 // deferrableShareDivisor: giving space back and deleting a summarised
@@ -176,8 +173,7 @@ func (p *pacer) wait(ctx context.Context, took, floor time.Duration) bool {
 // at least at half speed) and owes the rest of the step's pause, which
 // wait and repay take once the read has ended, so that the copy still takes no
 // more than its share of the time. At full speed inside the read, a copy
-// of 300,000 reservations took a core for some 0.7 s at once (before its
-// query took 0.70x the instructions: docs/PERFORMANCE.md, "Audit"); reserves
+// of 300,000 reservations took a core for some 0.7 s at once; reserves
 // beside full audits ran at 1.07x their p99 at half speed against 1.17x
 // at full speed in one series, 1.14-1.33x at half speed in three more,
 // with the WAL behind the read at 67-203 MB; at a quarter speed 1.15x

@@ -204,9 +204,8 @@ func runServe(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	// The ledger's rows are short-lived garbage: a larger GC target trades
-	// memory for fewer collections (+11-22% at concurrency 64 in
-	// the serve path section of docs/PERFORMANCE.md's git history). GOGC, when
-	// set, wins.
+	// memory for fewer collections (+11-22% reserves a second at
+	// concurrency 64, measured for commit fbb50ac). GOGC, when set, wins.
 	cutGCPercent := 0
 	if os.Getenv("GOGC") == "" {
 		defer debug.SetGCPercent(debug.SetGCPercent(400))
@@ -558,7 +557,7 @@ const serveCutGCPercent = 100
 // live data and garbage would pass it (the expiry of a million holds
 // beside a cut), so the limit is what keeps a million accounts within
 // 600 MB (docs/PERFORMANCE.md, "RSS and the checkpoint cut"; with 256 MiB
-// plus 2 KiB a row, VmHWM reached 605 MB there).
+// plus 2 KiB a row, VmHWM reached 605 MB, measured for commit 1362202).
 func serveMemoryLimit(cacheRows int) int64 {
 	return 320<<20 + int64(cacheRows)*256
 }

@@ -435,8 +435,7 @@ func estimateRowsWith(ctx context.Context, tx *sql.Tx, last *ledger.Checkpoint, 
 // were most of a full audit's CPU. Each SQL function or operator of the
 // packing costs about half a column in the VDBE: prefixing each string
 // with its byte length, char(length(CAST(s AS BLOB))), took 1.43x (a
-// program reading the rows alone, callgrind; docs/PERFORMANCE.md,
-// "Audit"). A string that holds a zero byte makes the split ambiguous;
+// program reading the rows alone, callgrind, for commit e56bb23). A string that holds a zero byte makes the split ambiguous;
 // auditRows then reads that row's strings apart.
 const auditReservationsQuery = "SELECT generation, state, " +
 	"reserved || actual || overdraft || id || x'00' || subject || x'00' || route || x'00' || region " +

@@ -22,7 +22,8 @@ const checkpointInterval = 100 * time.Millisecond
 // accounts) kept the WAL from being copied, that is every frame written
 // meanwhile: 2.2 s for 200 MB on an idle machine, past the engine's 10 s
 // batch timeout under load, so every batch queued behind it failed at
-// "begin" (docs/PERFORMANCE.md, a million tenants). The checkpointer's
+// "begin" (measured for commit d8a9468; docs/PERFORMANCE.md, "The epoch
+// rollover and the begin stalls", has what is left). The checkpointer's
 // copy, on its own connection, holds neither the writer nor a lock a
 // writer or reader waits for.
 
