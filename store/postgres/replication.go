@@ -16,6 +16,10 @@ type Replication struct {
 	Server string
 	// SynchronousCommit and SynchronousStandbyNames are the primary's
 	// settings as the ledger's sessions see them; Fsync is fsync.
+	// SynchronousCommit is the weaker of the session's value and the one
+	// a database or role setting gives the pool's next sessions (ALTER
+	// DATABASE ... SET is read only at a session's start: a pooled
+	// session keeps the value it started with).
 	SynchronousCommit, SynchronousStandbyNames string
 	Fsync                                      bool
 	// Standbys counts the standbys streaming from the primary now
@@ -83,18 +87,64 @@ func (r Replication) String() string {
 // reached; the error names every host the DSN lists.
 func (s *Store) Replication(ctx context.Context) (Replication, error) {
 	var r Replication
-	var fsync string
+	var fsync, source, stored string
 	err := s.pool.QueryRow(ctx, `SELECT coalesce(inet_server_addr()::text, 'local') || ':' || current_setting('port'),
 			current_setting('synchronous_commit'), current_setting('synchronous_standby_names'), current_setting('fsync'),
 			(SELECT count(*) FROM pg_stat_replication),
-			(SELECT count(*) FROM pg_stat_replication WHERE sync_state IN ('sync', 'quorum'))`).
-		Scan(&r.Server, &r.SynchronousCommit, &r.SynchronousStandbyNames, &fsync, &r.Standbys, &r.SyncStandbys)
+			(SELECT count(*) FROM pg_stat_replication WHERE sync_state IN ('sync', 'quorum')),
+			(SELECT source FROM pg_settings WHERE name = 'synchronous_commit'),
+			`+storedSynchronousCommit).
+		Scan(&r.Server, &r.SynchronousCommit, &r.SynchronousStandbyNames, &fsync, &r.Standbys, &r.SyncStandbys, &source, &stored)
 	if err != nil {
 		return Replication{}, s.c.classify("replication: no read-write primary reachable among "+s.hosts(), err, false)
 	}
 	r.Server = strings.TrimSuffix(strings.Replace(r.Server, "/32", "", 1), "/128")
 	r.Fsync = fsync == "on"
+	// A value the DSN sets (source client) overrides database and role
+	// settings in every session the pool opens; otherwise the stored one,
+	// if any, is what the next session starts with.
+	if source != "client" && stored != "" && commitRank(stored) < commitRank(r.SynchronousCommit) {
+		r.SynchronousCommit = normalCommit(stored)
+	}
 	return r, nil
+}
+
+// storedSynchronousCommit selects the synchronous_commit a database or
+// role setting (ALTER DATABASE / ALTER ROLE ... SET) gives a new session
+// of this login in this database, empty when none does: per PostgreSQL's
+// precedence, role-and-database over role over database.
+const storedSynchronousCommit = `coalesce((SELECT substr(c, length('synchronous_commit=') + 1)
+			FROM pg_db_role_setting r, unnest(r.setconfig) AS c
+			WHERE c LIKE 'synchronous_commit=%'
+			AND r.setdatabase IN (0, (SELECT oid FROM pg_database WHERE datname = current_database()))
+			AND r.setrole IN (0, (SELECT oid FROM pg_roles WHERE rolname = session_user))
+			ORDER BY r.setrole <> 0 DESC, r.setdatabase <> 0 DESC LIMIT 1), '')`
+
+// normalCommit spells a synchronous_commit value as SHOW does: a stored
+// setting keeps the spelling it was set with ('false', 'OFF', '0').
+func normalCommit(v string) string {
+	switch v = strings.ToLower(strings.Trim(v, `'" `)); v {
+	case "false", "no", "0":
+		return "off"
+	case "true", "yes", "1":
+		return "on"
+	}
+	return v
+}
+
+// commitRank orders synchronous_commit values by what a COMMIT waits for.
+func commitRank(v string) int {
+	switch normalCommit(v) {
+	case "off":
+		return 0
+	case "local":
+		return 1
+	case "remote_write":
+		return 2
+	case "on":
+		return 3
+	}
+	return 4 // remote_apply
 }
 
 // hosts lists the host:port pairs the DSN names, for messages.

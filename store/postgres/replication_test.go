@@ -2,6 +2,9 @@ package postgres_test
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"net/url"
 	"strings"
 	"testing"
 
@@ -62,5 +65,47 @@ func TestReplicationOfTestServer(t *testing.T) {
 	defer off.Close()
 	if r, err := off.Replication(context.Background()); err != nil || !strings.Contains(r.Risk(), "synchronous_commit is off") {
 		t.Fatalf("synchronous_commit=off session: %+v, %v", r, err)
+	}
+}
+
+// ALTER DATABASE ... SET synchronous_commit = off reaches only sessions
+// that start after it, so the pool's open sessions still show on:
+// Replication must read what the next session starts with, and /readyz
+// say at risk, without a restart.
+func TestReplicationSeesADatabaseSettingBeforeTheSessionsDo(t *testing.T) {
+	dsn := serverDSN(t)
+	var random [6]byte
+	if _, err := rand.Read(random[:]); err != nil {
+		t.Fatal(err)
+	}
+	db := "capledger_sc_" + hex.EncodeToString(random[:])
+	admin(t, dsn, "CREATE DATABASE "+db)
+	t.Cleanup(func() { admin(t, dsn, "DROP DATABASE "+db+" WITH (FORCE)") })
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Skipf("%s is not a URL: %v", envDSN, err)
+	}
+	u.Path = "/" + db
+	s, err := postgres.Open(context.Background(), u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if r, err := s.Replication(context.Background()); err != nil || r.Risk() != "" {
+		t.Fatalf("before: %+v, risk %q, %v", r, r.Risk(), err)
+	}
+	admin(t, dsn, "ALTER DATABASE "+db+" SET synchronous_commit = 'FALSE'")
+	r, err := s.Replication(context.Background())
+	if err != nil || !strings.Contains(r.Risk(), "synchronous_commit is off") {
+		t.Fatalf("after ALTER DATABASE SET synchronous_commit off: %+v, risk %q, %v", r, r.Risk(), err)
+	}
+	// A DSN's own synchronous_commit wins over the database's.
+	on, err := postgres.Open(context.Background(), withParam(t, u.String(), "synchronous_commit", "on"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer on.Close()
+	if r, err := on.Replication(context.Background()); err != nil || r.Risk() != "" {
+		t.Fatalf("DSN synchronous_commit=on over the database's off: %+v, risk %q, %v", r, r.Risk(), err)
 	}
 }
