@@ -17,9 +17,10 @@
 //     it; the call after the stream (apply_on_stream_done, marked by the
 //     rule's phase entry) settles the actual usage for that id. A retry of
 //     either with the same id and hits replays.
-//   - a call after the stream with nothing to settle (no id, or the check
-//     failed open or was a probe) records its cost (ledger.Record), which
-//     no lack of capacity refuses: what is not free becomes debt.
+//   - a call after the stream with nothing to settle (no id; the check
+//     failed open, was a probe, or its hold was released or expired)
+//     records its cost (ledger.Record), which no lack of capacity refuses:
+//     what is not free becomes debt.
 package envoyrls
 
 import (
@@ -314,6 +315,9 @@ func (s *Service) runFirstCurrent(ctx context.Context, items []item, answers *se
 		if err := s.runFirst(ctx, items, answers); err != nil {
 			return err
 		}
+		if err := s.settleUnclosed(ctx, items, answers); err != nil {
+			return err
+		}
 		stale := false
 		for i := range items {
 			stale = stale || staleFirst(&items[i], attempt)
@@ -333,6 +337,74 @@ func (s *Service) runFirstCurrent(ctx context.Context, items []item, answers *se
 		}
 	}
 }
+
+// settleUnclosed finishes the calls after the stream whose settle found
+// the request's reservation unable to take the usage, so that the usage
+// the gateway reports is charged whatever became of the check
+// (docs/ENVOY.md, "What the call after the stream finds"):
+//   - held (RESERVED: the check's start never committed, the call that
+//     would have run it having failed): started now and settled, as the
+//     check would have left it;
+//   - released or expired (the hold was given back: the request was
+//     refused, or failed as a whole and Envoy let it through anyway under
+//     failure_mode_deny: false; or its hold TTL passed before the start):
+//     the usage recorded under usageID, as RecordUsage records it, so
+//     that a retry of the call replays; 0 hits record nothing.
+//
+// The settle's refusal is replaced by what ran instead, the result the
+// answer and the metrics go by. A settle that found no reservation at all
+// was planned as a record already (plan).
+func (s *Service) settleUnclosed(ctx context.Context, items []item, answers *server.Answers) error {
+	for i := range items {
+		it := &items[i]
+		if it.unknown || len(it.results) == 0 || it.cmds[0].Kind != ledger.KindSettle {
+			continue
+		}
+		// The settle was answered: what replaces it runs even if the
+		// caller stops waiting, or the usage it reports is lost (Envoy
+		// does not retry a call after the stream).
+		ctx := context.WithoutCancel(ctx)
+		if errors.Is(it.results[0].Err, ledger.ErrReservationNotStarted) {
+			cmds := []ledger.Command{{Kind: ledger.KindStart, ReservationID: it.rid, OperationID: it.rid}, it.cmds[0]}
+			results, cerr := s.srv.Run(ctx, cmds)
+			if cerr != nil {
+				answers.Failed(cmds)
+				return cerr
+			}
+			if results[0].Err == nil {
+				// A start that failed (the hold expired meanwhile) is no
+				// command of the answer: the record below is.
+				answers.Results(cmds[:1], results[:1])
+			}
+			it.results[0] = results[1]
+		}
+		if err := it.results[0].Err; !errors.Is(err, ledger.ErrReservationReleased) && !errors.Is(err, ledger.ErrReservationExpired) {
+			continue
+		}
+		it.cmds, it.results = nil, nil
+		if it.hits == 0 {
+			continue // nothing used, nothing to record
+		}
+		it.rid = usageID(it.rid)
+		if err := s.planRecord(ctx, it, answers); err != nil || it.unknown {
+			return err
+		}
+		results, cerr := s.srv.Run(ctx, it.cmds)
+		if cerr != nil {
+			answers.Failed(it.cmds)
+			return cerr
+		}
+		it.results = results
+	}
+	return nil
+}
+
+// usageID is the id of the usage recorded for a request whose reservation
+// (rid, "envoy:<id>/...") was released or expired: "usage:<id>/...", as
+// long as rid, so that it is a valid id whenever rid is, and derived from
+// the request id alone, so that a retried call after the stream replays
+// the record instead of charging again.
+func usageID(rid string) string { return "usage:" + strings.TrimPrefix(rid, "envoy:") }
 
 // staleFirst reports whether the descriptor's reserve or record was
 // refused as mapped for a generation that no longer decides, and is to be
@@ -561,7 +633,9 @@ func releasedNow(it *item) bool {
 //	                         that holds nothing
 //	settle with an id:       settle(hits) of the id's reservation; if there
 //	                         is none (the check failed open or was a probe),
-//	                         record(hits) under the id
+//	                         record(hits) under the id (settleUnclosed
+//	                         handles one the settle finds held, released
+//	                         or expired)
 //	settle without an id:    record(hits)
 //
 // A record is usage after the fact: never refused for lack of capacity,
