@@ -28,6 +28,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/bits"
 	"net/http"
 	"strconv"
 	"strings"
@@ -1086,31 +1087,45 @@ func (s *Service) accountRemaining(ctx context.Context, key ledger.PolicyKey, ge
 	return bal.Available, untilFull(&v.d, bal.Available), nil
 }
 
+// envoyUnits are Envoy's units of a current_limit that have a fixed
+// length, shortest first (MONTH has none). A year is taken as 365 days,
+// the shortest, so that a rate per year never claims a leap day's refill.
+var envoyUnits = [...]struct {
+	unit rlsv3.RateLimitResponse_RateLimit_Unit
+	dur  time.Duration
+}{
+	{rlsv3.RateLimitResponse_RateLimit_SECOND, time.Second},
+	{rlsv3.RateLimitResponse_RateLimit_MINUTE, time.Minute},
+	{rlsv3.RateLimitResponse_RateLimit_HOUR, time.Hour},
+	{rlsv3.RateLimitResponse_RateLimit_DAY, 24 * time.Hour},
+	{rlsv3.RateLimitResponse_RateLimit_WEEK, 7 * 24 * time.Hour},
+	{rlsv3.RateLimitResponse_RateLimit_YEAR, 365 * 24 * time.Hour},
+}
+
 // currentLimit expresses a token bucket's refill as Envoy's
-// requests_per_unit: the refill per interval when the interval is one of
-// Envoy's units, else the rate over the smallest unit it fits, rounded
-// down; with no refill, the burst per year (it never refills).
+// requests_per_unit: over the shortest unit that holds a whole refill
+// interval (the longest, a year, when none does), the refill that unit
+// sees, rounded down, so that it never claims more than the policy
+// refills (1 per 7 s, 8.57 per minute, is 8 per MINUTE); with no refill,
+// the burst per year (it never refills). The rate is computed in integers:
+// in floating point a rate just under a whole number can round up to it.
 func currentLimit(d *ledger.Dimension) (rlsv3.RateLimitResponse_RateLimit_Unit, uint32) {
-	units := []struct {
-		unit rlsv3.RateLimitResponse_RateLimit_Unit
-		dur  time.Duration
-	}{
-		{rlsv3.RateLimitResponse_RateLimit_SECOND, time.Second},
-		{rlsv3.RateLimitResponse_RateLimit_MINUTE, time.Minute},
-		{rlsv3.RateLimitResponse_RateLimit_HOUR, time.Hour},
-		{rlsv3.RateLimitResponse_RateLimit_DAY, 24 * time.Hour},
-	}
 	if d.RefillUnits <= 0 || d.RefillInterval <= 0 {
 		return rlsv3.RateLimitResponse_RateLimit_YEAR, clamp32(d.Burst)
 	}
-	for _, u := range units {
-		if d.RefillInterval <= u.dur {
-			perUnit := float64(d.RefillUnits) * float64(u.dur) / float64(d.RefillInterval)
-			return u.unit, clamp32(int64(perUnit))
+	u := envoyUnits[len(envoyUnits)-1]
+	for _, shorter := range envoyUnits {
+		if d.RefillInterval <= shorter.dur {
+			u = shorter
+			break
 		}
 	}
-	perDay := float64(d.RefillUnits) * float64(24*time.Hour) / float64(d.RefillInterval)
-	return rlsv3.RateLimitResponse_RateLimit_DAY, clamp32(int64(perDay))
+	hi, lo := bits.Mul64(uint64(d.RefillUnits), uint64(u.dur))
+	if hi >= uint64(d.RefillInterval) {
+		return u.unit, ^uint32(0) // the quotient exceeds 64 bits, and so any uint32
+	}
+	perUnit, _ := bits.Div64(hi, lo, uint64(d.RefillInterval))
+	return u.unit, uint32(min(perUnit, uint64(^uint32(0))))
 }
 
 // untilFull is how long refills take from level to the burst (0 without
