@@ -958,16 +958,8 @@ func (s *Service) respond(ctx context.Context, items []item) (*rlsv3.RateLimitRe
 			return nil, err
 		}
 	}
-	// One allocation holds every status with its limit and reset.
-	type status struct {
-		st    rlsv3.RateLimitResponse_DescriptorStatus
-		limit rlsv3.RateLimitResponse_RateLimit
-		reset durationpb.Duration
-	}
 	statuses := make([]status, len(items))
 	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(items))}
-	var policies string
-	var limits []byte
 	var retryAfter time.Duration
 	for i := range items {
 		it := &items[i]
@@ -990,8 +982,9 @@ func (s *Service) respond(ctx context.Context, items []item) (*rlsv3.RateLimitRe
 		if it.unknown || v == nil || v.dim < 0 {
 			continue
 		}
+		nameLimit(items, statuses, i)
 		limit := &statuses[i].limit
-		limit.Name, limit.Unit, limit.RequestsPerUnit = v.name, v.limitUnit, v.limitPerUnit
+		limit.Unit, limit.RequestsPerUnit = v.limitUnit, v.limitPerUnit
 		st.CurrentLimit = limit
 		remaining, reset, cerr := s.remaining(ctx, it, v)
 		if cerr != nil {
@@ -1008,31 +1001,19 @@ func (s *Service) respond(ctx context.Context, items []item) (*rlsv3.RateLimitRe
 			// the burst (RateLimit-Policy's w).
 			reset = untilFull(&v.d, 0)
 		}
+		statuses[i].remaining, statuses[i].until = remaining, reset
 		st.LimitRemaining = uint32(min(remaining, int64(^uint32(0))))
 		if reset > 0 {
 			statuses[i].reset.Seconds = seconds(reset)
 			st.DurationUntilReset = &statuses[i].reset
 		}
-		if policies == "" {
-			policies = v.policyHeader
-			limits = make([]byte, 0, len(v.quoted)+32)
-		} else {
-			policies += ", " + v.policyHeader
-			limits = append(limits, ", "...)
-		}
-		limits = append(limits, v.quoted...)
-		limits = append(limits, ";r="...)
-		limits = strconv.AppendInt(limits, remaining, 10)
-		if v.refills {
-			limits = append(limits, ";t="...)
-			limits = strconv.AppendInt(limits, seconds(reset), 10)
-		}
 	}
+	policies, limits := rateLimitHeaders(items, statuses)
 	var headers *[3]corev3.HeaderValue
 	if policies != "" {
 		headers = new([3]corev3.HeaderValue)
 		headers[0].Key, headers[0].Value = "RateLimit-Policy", policies
-		headers[1].Key, headers[1].Value = "RateLimit", string(limits)
+		headers[1].Key, headers[1].Value = "RateLimit", limits
 		resp.ResponseHeadersToAdd = append(make([]*corev3.HeaderValue, 0, 3), &headers[0], &headers[1])
 	}
 	if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT && retryAfter > 0 {
@@ -1043,6 +1024,95 @@ func (s *Service) respond(ctx context.Context, items []item) (*rlsv3.RateLimitRe
 		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &headers[2])
 	}
 	return resp, nil
+}
+
+// status is one descriptor's part of the answer: its status with its
+// limit and reset (one allocation holds every descriptor's), and what the
+// RateLimit headers say of its limit.
+type status struct {
+	st    rlsv3.RateLimitResponse_DescriptorStatus
+	limit rlsv3.RateLimitResponse_RateLimit
+	reset durationpb.Duration
+	// same is the first descriptor of the answer on the same limit (its
+	// own index when it is the first), whose header members stand for
+	// both; quoted and policy are the first's members' name and
+	// RateLimit-Policy item.
+	same           int
+	quoted, policy string
+	remaining      int64
+	until          time.Duration
+}
+
+// nameLimit names descriptor i's limit (statuses[i]) so that a name
+// stands for one limit within the answer: a descriptor on the account and
+// unit of an earlier one takes that one's name, and its limit is listed
+// once in the headers; otherwise the name is <route>-<unit>, or, when an
+// earlier descriptor's limit has that name already (another subject or
+// region on the same route and unit), <route>-<unit>-2, -3, and so on:
+// the first free. Subjects are not named: a header goes to the client.
+func nameLimit(items []item, statuses []status, i int) {
+	it, v, sti := &items[i], items[i].view, &statuses[i]
+	for j := range i {
+		other := &items[j]
+		if statuses[j].st.CurrentLimit != nil && other.mapped.Key == it.mapped.Key &&
+			other.generation == it.generation && other.mapped.Rule.Unit == it.mapped.Rule.Unit {
+			sti.same, sti.limit.Name = j, statuses[j].limit.Name
+			return
+		}
+	}
+	sti.same, sti.limit.Name, sti.quoted, sti.policy = i, v.name, v.quoted, v.policyHeader
+	for n := 2; nameTaken(statuses[:i], sti.limit.Name); n++ {
+		sti.limit.Name = v.name + "-" + strconv.Itoa(n)
+	}
+	if sti.limit.Name != v.name {
+		sti.quoted = quote(sti.limit.Name)
+		sti.policy = sti.quoted + strings.TrimPrefix(v.policyHeader, v.quoted)
+	}
+}
+
+// nameTaken reports whether one of statuses names its limit name.
+func nameTaken(statuses []status, name string) bool {
+	for j := range statuses {
+		if statuses[j].st.CurrentLimit != nil && statuses[j].limit.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// rateLimitHeaders returns the RateLimit-Policy and RateLimit fields of
+// the answer ("" when no descriptor has a limit): one member per limit,
+// in the order of their first descriptors. A limit several descriptors
+// are on reports the least remaining and the longest reset of them.
+func rateLimitHeaders(items []item, statuses []status) (policies, limits string) {
+	var l []byte
+	for i := range statuses {
+		first := &statuses[i]
+		if first.st.CurrentLimit == nil || first.same != i {
+			continue
+		}
+		remaining, until := first.remaining, first.until
+		for j := i + 1; j < len(statuses); j++ {
+			if other := &statuses[j]; other.st.CurrentLimit != nil && other.same == i {
+				remaining, until = min(remaining, other.remaining), max(until, other.until)
+			}
+		}
+		if policies == "" {
+			policies = first.policy // one limit, the common case: the cached item itself
+			l = make([]byte, 0, len(first.quoted)+32)
+		} else {
+			policies += ", " + first.policy
+			l = append(l, ", "...)
+		}
+		l = append(l, first.quoted...)
+		l = append(l, ";r="...)
+		l = strconv.AppendInt(l, remaining, 10)
+		if items[i].view.refills {
+			l = append(l, ";t="...)
+			l = strconv.AppendInt(l, seconds(until), 10)
+		}
+	}
+	return policies, string(l)
 }
 
 // remaining returns what is left of the descriptor's dimension after its
