@@ -358,7 +358,7 @@ func (s *Service) runFirstCurrent(ctx context.Context, items []item, answers *se
 func (s *Service) settleUnclosed(ctx context.Context, items []item, answers *server.Answers) error {
 	for i := range items {
 		it := &items[i]
-		if it.unknown || len(it.results) == 0 || it.cmds[0].Kind != ledger.KindSettle {
+		if it.unknown || len(it.results) == 0 || it.cmds[0].Kind != ledger.KindSettle || it.results[0].Err == nil {
 			continue
 		}
 		// The settle was answered: what replaces it runs even if the
