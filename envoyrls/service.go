@@ -17,9 +17,10 @@
 //     it; the call after the stream (apply_on_stream_done, marked by the
 //     rule's phase entry) settles the actual usage for that id. A retry of
 //     either with the same id and hits replays.
-//   - a call after the stream with nothing to settle (no id, or the check
-//     failed open or was a probe) records its cost (ledger.Record), which
-//     no lack of capacity refuses: what is not free becomes debt.
+//   - a call after the stream with nothing to settle (no id; the check
+//     failed open, was a probe, or its hold was released or expired)
+//     records its cost (ledger.Record), which no lack of capacity refuses:
+//     what is not free becomes debt.
 package envoyrls
 
 import (
@@ -27,6 +28,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/bits"
 	"net/http"
 	"strconv"
 	"strings"
@@ -314,6 +316,9 @@ func (s *Service) runFirstCurrent(ctx context.Context, items []item, answers *se
 		if err := s.runFirst(ctx, items, answers); err != nil {
 			return err
 		}
+		if err := s.settleUnclosed(ctx, items, answers); err != nil {
+			return err
+		}
 		stale := false
 		for i := range items {
 			stale = stale || staleFirst(&items[i], attempt)
@@ -333,6 +338,74 @@ func (s *Service) runFirstCurrent(ctx context.Context, items []item, answers *se
 		}
 	}
 }
+
+// settleUnclosed finishes the calls after the stream whose settle found
+// the request's reservation unable to take the usage, so that the usage
+// the gateway reports is charged whatever became of the check
+// (docs/ENVOY.md, "What the call after the stream finds"):
+//   - held (RESERVED: the check's start never committed, the call that
+//     would have run it having failed): started now and settled, as the
+//     check would have left it;
+//   - released or expired (the hold was given back: the request was
+//     refused, or failed as a whole and Envoy let it through anyway under
+//     failure_mode_deny: false; or its hold TTL passed before the start):
+//     the usage recorded under usageID, as RecordUsage records it, so
+//     that a retry of the call replays; 0 hits record nothing.
+//
+// The settle's refusal is replaced by what ran instead, the result the
+// answer and the metrics go by. A settle that found no reservation at all
+// was planned as a record already (plan).
+func (s *Service) settleUnclosed(ctx context.Context, items []item, answers *server.Answers) error {
+	for i := range items {
+		it := &items[i]
+		if it.unknown || len(it.results) == 0 || it.cmds[0].Kind != ledger.KindSettle || it.results[0].Err == nil {
+			continue
+		}
+		// The settle was answered: what replaces it runs even if the
+		// caller stops waiting, or the usage it reports is lost (Envoy
+		// does not retry a call after the stream).
+		ctx := context.WithoutCancel(ctx)
+		if errors.Is(it.results[0].Err, ledger.ErrReservationNotStarted) {
+			cmds := []ledger.Command{{Kind: ledger.KindStart, ReservationID: it.rid, OperationID: it.rid}, it.cmds[0]}
+			results, cerr := s.srv.Run(ctx, cmds)
+			if cerr != nil {
+				answers.Failed(cmds)
+				return cerr
+			}
+			if results[0].Err == nil {
+				// A start that failed (the hold expired meanwhile) is no
+				// command of the answer: the record below is.
+				answers.Results(cmds[:1], results[:1])
+			}
+			it.results[0] = results[1]
+		}
+		if err := it.results[0].Err; !errors.Is(err, ledger.ErrReservationReleased) && !errors.Is(err, ledger.ErrReservationExpired) {
+			continue
+		}
+		it.cmds, it.results = nil, nil
+		if it.hits == 0 {
+			continue // nothing used, nothing to record
+		}
+		it.rid = usageID(it.rid)
+		if err := s.planRecord(ctx, it, answers); err != nil || it.unknown {
+			return err
+		}
+		results, cerr := s.srv.Run(ctx, it.cmds)
+		if cerr != nil {
+			answers.Failed(it.cmds)
+			return cerr
+		}
+		it.results = results
+	}
+	return nil
+}
+
+// usageID is the id of the usage recorded for a request whose reservation
+// (rid, "envoy:<id>/...") was released or expired: "usage:<id>/...", as
+// long as rid, so that it is a valid id whenever rid is, and derived from
+// the request id alone, so that a retried call after the stream replays
+// the record instead of charging again.
+func usageID(rid string) string { return "usage:" + strings.TrimPrefix(rid, "envoy:") }
 
 // staleFirst reports whether the descriptor's reserve or record was
 // refused as mapped for a generation that no longer decides, and is to be
@@ -561,7 +634,9 @@ func releasedNow(it *item) bool {
 //	                         that holds nothing
 //	settle with an id:       settle(hits) of the id's reservation; if there
 //	                         is none (the check failed open or was a probe),
-//	                         record(hits) under the id
+//	                         record(hits) under the id (settleUnclosed
+//	                         handles one the settle finds held, released
+//	                         or expired)
 //	settle without an id:    record(hits)
 //
 // A record is usage after the fact: never refused for lack of capacity,
@@ -883,16 +958,8 @@ func (s *Service) respond(ctx context.Context, items []item) (*rlsv3.RateLimitRe
 			return nil, err
 		}
 	}
-	// One allocation holds every status with its limit and reset.
-	type status struct {
-		st    rlsv3.RateLimitResponse_DescriptorStatus
-		limit rlsv3.RateLimitResponse_RateLimit
-		reset durationpb.Duration
-	}
 	statuses := make([]status, len(items))
 	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(items))}
-	var policies string
-	var limits []byte
 	var retryAfter time.Duration
 	for i := range items {
 		it := &items[i]
@@ -915,8 +982,9 @@ func (s *Service) respond(ctx context.Context, items []item) (*rlsv3.RateLimitRe
 		if it.unknown || v == nil || v.dim < 0 {
 			continue
 		}
+		nameLimit(items, statuses, i)
 		limit := &statuses[i].limit
-		limit.Name, limit.Unit, limit.RequestsPerUnit = v.name, v.limitUnit, v.limitPerUnit
+		limit.Unit, limit.RequestsPerUnit = v.limitUnit, v.limitPerUnit
 		st.CurrentLimit = limit
 		remaining, reset, cerr := s.remaining(ctx, it, v)
 		if cerr != nil {
@@ -933,31 +1001,19 @@ func (s *Service) respond(ctx context.Context, items []item) (*rlsv3.RateLimitRe
 			// the burst (RateLimit-Policy's w).
 			reset = untilFull(&v.d, 0)
 		}
+		statuses[i].remaining, statuses[i].until = remaining, reset
 		st.LimitRemaining = uint32(min(remaining, int64(^uint32(0))))
 		if reset > 0 {
 			statuses[i].reset.Seconds = seconds(reset)
 			st.DurationUntilReset = &statuses[i].reset
 		}
-		if policies == "" {
-			policies = v.policyHeader
-			limits = make([]byte, 0, len(v.quoted)+32)
-		} else {
-			policies += ", " + v.policyHeader
-			limits = append(limits, ", "...)
-		}
-		limits = append(limits, v.quoted...)
-		limits = append(limits, ";r="...)
-		limits = strconv.AppendInt(limits, remaining, 10)
-		if v.refills {
-			limits = append(limits, ";t="...)
-			limits = strconv.AppendInt(limits, seconds(reset), 10)
-		}
 	}
+	policies, limits := rateLimitHeaders(items, statuses)
 	var headers *[3]corev3.HeaderValue
 	if policies != "" {
 		headers = new([3]corev3.HeaderValue)
 		headers[0].Key, headers[0].Value = "RateLimit-Policy", policies
-		headers[1].Key, headers[1].Value = "RateLimit", string(limits)
+		headers[1].Key, headers[1].Value = "RateLimit", limits
 		resp.ResponseHeadersToAdd = append(make([]*corev3.HeaderValue, 0, 3), &headers[0], &headers[1])
 	}
 	if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT && retryAfter > 0 {
@@ -968,6 +1024,95 @@ func (s *Service) respond(ctx context.Context, items []item) (*rlsv3.RateLimitRe
 		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &headers[2])
 	}
 	return resp, nil
+}
+
+// status is one descriptor's part of the answer: its status with its
+// limit and reset (one allocation holds every descriptor's), and what the
+// RateLimit headers say of its limit.
+type status struct {
+	st    rlsv3.RateLimitResponse_DescriptorStatus
+	limit rlsv3.RateLimitResponse_RateLimit
+	reset durationpb.Duration
+	// same is the first descriptor of the answer on the same limit (its
+	// own index when it is the first), whose header members stand for
+	// both; quoted and policy are the first's members' name and
+	// RateLimit-Policy item.
+	same           int
+	quoted, policy string
+	remaining      int64
+	until          time.Duration
+}
+
+// nameLimit names descriptor i's limit (statuses[i]) so that a name
+// stands for one limit within the answer: a descriptor on the account and
+// unit of an earlier one takes that one's name, and its limit is listed
+// once in the headers; otherwise the name is <route>-<unit>, or, when an
+// earlier descriptor's limit has that name already (another subject or
+// region on the same route and unit), <route>-<unit>-2, -3, and so on:
+// the first free. Subjects are not named: a header goes to the client.
+func nameLimit(items []item, statuses []status, i int) {
+	it, v, sti := &items[i], items[i].view, &statuses[i]
+	for j := range i {
+		other := &items[j]
+		if statuses[j].st.CurrentLimit != nil && other.mapped.Key == it.mapped.Key &&
+			other.generation == it.generation && other.mapped.Rule.Unit == it.mapped.Rule.Unit {
+			sti.same, sti.limit.Name = j, statuses[j].limit.Name
+			return
+		}
+	}
+	sti.same, sti.limit.Name, sti.quoted, sti.policy = i, v.name, v.quoted, v.policyHeader
+	for n := 2; nameTaken(statuses[:i], sti.limit.Name); n++ {
+		sti.limit.Name = v.name + "-" + strconv.Itoa(n)
+	}
+	if sti.limit.Name != v.name {
+		sti.quoted = quote(sti.limit.Name)
+		sti.policy = sti.quoted + strings.TrimPrefix(v.policyHeader, v.quoted)
+	}
+}
+
+// nameTaken reports whether one of statuses names its limit name.
+func nameTaken(statuses []status, name string) bool {
+	for j := range statuses {
+		if statuses[j].st.CurrentLimit != nil && statuses[j].limit.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// rateLimitHeaders returns the RateLimit-Policy and RateLimit fields of
+// the answer ("" when no descriptor has a limit): one member per limit,
+// in the order of their first descriptors. A limit several descriptors
+// are on reports the least remaining and the longest reset of them.
+func rateLimitHeaders(items []item, statuses []status) (policies, limits string) {
+	var l []byte
+	for i := range statuses {
+		first := &statuses[i]
+		if first.st.CurrentLimit == nil || first.same != i {
+			continue
+		}
+		remaining, until := first.remaining, first.until
+		for j := i + 1; j < len(statuses); j++ {
+			if other := &statuses[j]; other.st.CurrentLimit != nil && other.same == i {
+				remaining, until = min(remaining, other.remaining), max(until, other.until)
+			}
+		}
+		if policies == "" {
+			policies = first.policy // one limit, the common case: the cached item itself
+			l = make([]byte, 0, len(first.quoted)+32)
+		} else {
+			policies += ", " + first.policy
+			l = append(l, ", "...)
+		}
+		l = append(l, first.quoted...)
+		l = append(l, ";r="...)
+		l = strconv.AppendInt(l, remaining, 10)
+		if items[i].view.refills {
+			l = append(l, ";t="...)
+			l = strconv.AppendInt(l, seconds(until), 10)
+		}
+	}
+	return policies, string(l)
 }
 
 // remaining returns what is left of the descriptor's dimension after its
@@ -1012,31 +1157,45 @@ func (s *Service) accountRemaining(ctx context.Context, key ledger.PolicyKey, ge
 	return bal.Available, untilFull(&v.d, bal.Available), nil
 }
 
+// envoyUnits are Envoy's units of a current_limit that have a fixed
+// length, shortest first (MONTH has none). A year is taken as 365 days,
+// the shortest, so that a rate per year never claims a leap day's refill.
+var envoyUnits = [...]struct {
+	unit rlsv3.RateLimitResponse_RateLimit_Unit
+	dur  time.Duration
+}{
+	{rlsv3.RateLimitResponse_RateLimit_SECOND, time.Second},
+	{rlsv3.RateLimitResponse_RateLimit_MINUTE, time.Minute},
+	{rlsv3.RateLimitResponse_RateLimit_HOUR, time.Hour},
+	{rlsv3.RateLimitResponse_RateLimit_DAY, 24 * time.Hour},
+	{rlsv3.RateLimitResponse_RateLimit_WEEK, 7 * 24 * time.Hour},
+	{rlsv3.RateLimitResponse_RateLimit_YEAR, 365 * 24 * time.Hour},
+}
+
 // currentLimit expresses a token bucket's refill as Envoy's
-// requests_per_unit: the refill per interval when the interval is one of
-// Envoy's units, else the rate over the smallest unit it fits, rounded
-// down; with no refill, the burst per year (it never refills).
+// requests_per_unit: over the shortest unit that holds a whole refill
+// interval (the longest, a year, when none does), the refill that unit
+// sees, rounded down, so that it never claims more than the policy
+// refills (1 per 7 s, 8.57 per minute, is 8 per MINUTE); with no refill,
+// the burst per year (it never refills). The rate is computed in integers:
+// in floating point a rate just under a whole number can round up to it.
 func currentLimit(d *ledger.Dimension) (rlsv3.RateLimitResponse_RateLimit_Unit, uint32) {
-	units := []struct {
-		unit rlsv3.RateLimitResponse_RateLimit_Unit
-		dur  time.Duration
-	}{
-		{rlsv3.RateLimitResponse_RateLimit_SECOND, time.Second},
-		{rlsv3.RateLimitResponse_RateLimit_MINUTE, time.Minute},
-		{rlsv3.RateLimitResponse_RateLimit_HOUR, time.Hour},
-		{rlsv3.RateLimitResponse_RateLimit_DAY, 24 * time.Hour},
-	}
 	if d.RefillUnits <= 0 || d.RefillInterval <= 0 {
 		return rlsv3.RateLimitResponse_RateLimit_YEAR, clamp32(d.Burst)
 	}
-	for _, u := range units {
-		if d.RefillInterval <= u.dur {
-			perUnit := float64(d.RefillUnits) * float64(u.dur) / float64(d.RefillInterval)
-			return u.unit, clamp32(int64(perUnit))
+	u := envoyUnits[len(envoyUnits)-1]
+	for _, shorter := range envoyUnits {
+		if d.RefillInterval <= shorter.dur {
+			u = shorter
+			break
 		}
 	}
-	perDay := float64(d.RefillUnits) * float64(24*time.Hour) / float64(d.RefillInterval)
-	return rlsv3.RateLimitResponse_RateLimit_DAY, clamp32(int64(perDay))
+	hi, lo := bits.Mul64(uint64(d.RefillUnits), uint64(u.dur))
+	if hi >= uint64(d.RefillInterval) {
+		return u.unit, ^uint32(0) // the quotient exceeds 64 bits, and so any uint32
+	}
+	perUnit, _ := bits.Div64(hi, lo, uint64(d.RefillInterval))
+	return u.unit, uint32(min(perUnit, uint64(^uint32(0))))
 }
 
 // untilFull is how long refills take from level to the burst (0 without
