@@ -11,8 +11,10 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
+	v1 "github.com/capledger/capledger/api/capledger/v1"
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/server"
 	"github.com/capledger/capledger/store"
@@ -427,5 +429,86 @@ func TestBatchRefusedForItsSizeCountsOnce(t *testing.T) {
 		before := h.commandCounts()
 		h.wantError(h.call(c.method, c.body, ""), http.StatusBadRequest, "invalid_argument", server.ReasonInvalidCommand)
 		h.wantCounted(before, map[string]float64{c.kind + "/invalid_command": 1})
+	}
+}
+
+// rejectionCount is the value of capledger_rejections_total's series
+// with labels (`dimension="tokens",...`) on /metrics, 0 when absent.
+func (h *harness) rejectionCount(labels string) float64 {
+	h.t.Helper()
+	for _, line := range strings.Split(h.get("/metrics"), "\n") {
+		if value, ok := strings.CutPrefix(line, "capledger_rejections_total{"+labels+"} "); ok {
+			v, err := strconv.ParseFloat(value, 64)
+			if err != nil {
+				h.t.Fatalf("metrics line %q: %v", line, err)
+			}
+			return v
+		}
+	}
+	return 0
+}
+
+// A protocol adapter (as envoyrls is) counts the capacity rejections its
+// call answers by with the call's Answers: counted once the call
+// answered, not at all when the call then fails whole (its caller saw no
+// rejection, and retries). The adapter here reserves more than is
+// available (rejected), then, with ?then=fail, a second command the store
+// cannot commit, as a check of several descriptors runs its follow-ups.
+func TestAdapterRejectionCountsWithTheAnswer(t *testing.T) {
+	h := newHarness(t, harnessOptions{faults: true})
+	h.ok("PublishPolicy", tokensPolicy, "")
+	h.ok("Reserve", reserveBody("all", 900), "") // 100 tokens left
+	reserve := func(ctx context.Context, id string, tokens int64) ledger.Command {
+		cmd, _, invalid := h.srv.ReserveCommand(ctx, &v1.ReserveRequest{ReservationId: id, Subject: "tenant-7", Route: "chat.generate",
+			Units: map[string]int64{"tokens": tokens, "requests": 1}})
+		if invalid != nil {
+			t.Errorf("reserve %s: %v", id, invalid)
+		}
+		return cmd
+	}
+	var calls atomic.Int32
+	h.srv.Mount("/test-adapter", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx := r.Context()
+		call := calls.Add(1)
+		var answers server.Answers
+		var err error
+		defer func() {
+			h.srv.CountAnswers(&answers, err)
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			}
+		}()
+		first := []ledger.Command{reserve(ctx, fmt.Sprintf("big-%d", call), 500)}
+		results, cerr := h.srv.Run(ctx, first)
+		if cerr != nil {
+			answers.Failed(first)
+			err = cerr
+			return
+		}
+		answers.Results(first, results)
+		if server.Classify(results[0].Err).Capacity {
+			answers.Rejected(&results[0])
+		}
+		if r.URL.Query().Get("then") == "fail" {
+			h.faults.FailCommits(fmt.Errorf("disk gone: %w", store.ErrUnavailable))
+			defer h.faults.FailCommits(nil)
+			second := []ledger.Command{reserve(ctx, fmt.Sprintf("small-%d", call), 1)}
+			if _, cerr := h.srv.Run(ctx, second); cerr != nil {
+				answers.Failed(second)
+				err = cerr
+			}
+		}
+	}))
+	const insufficient = `dimension="tokens",reason="INSUFFICIENT_CAPACITY",rollout="enforce"`
+	before := h.rejectionCount(insufficient)
+	if got := h.get("/test-adapter?then=fail"); !strings.Contains(got, "disk gone") {
+		t.Fatalf("the adapter's call did not fail: %q", got)
+	}
+	if got := h.rejectionCount(insufficient) - before; got != 0 {
+		t.Errorf("a call that failed whole counted %g rejections, want 0", got)
+	}
+	h.get("/test-adapter")
+	if got := h.rejectionCount(insufficient) - before; got != 1 {
+		t.Errorf("a call that answered its rejection counted %g, want 1", got)
 	}
 }
