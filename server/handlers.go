@@ -24,19 +24,12 @@ var _ capledgerv1connect.LedgerServiceHandler = (*Server)(nil)
 // said another generation decides than the one the units were mapped for.
 const staleRetries = 3
 
-// do runs one command whose result is the answer as it is (no retry,
-// no answer of the server's own in its place), and counts it. The error
-// is the mapped operating failure (the command's outcome is then
-// unknown); expected outcomes are in Result.Err.
-func (s *Server) do(ctx context.Context, cmd ledger.Command) (ledger.Result, *connect.Error) {
-	res, cerr := s.exec(ctx, cmd)
-	s.metrics.command(cmd.Kind, answerOutcome(&res, cerr))
-	return res, cerr
-}
-
-// exec is do without counting, for the callers that count the answer
-// themselves (answered): a reserve or record mapped again after a stale
-// refusal, answered by the server's own refusal, or a batch item.
+// exec runs one command and counts nothing: the caller counts the answer
+// it gives (countAnswer, metricOutcome), which may be a reserve or record
+// mapped again after a stale refusal, or the server's own refusal in
+// place of the ledger's. The error is the mapped operating failure (the
+// command's outcome is then unknown); expected outcomes are in
+// Result.Err.
 func (s *Server) exec(ctx context.Context, cmd ledger.Command) (ledger.Result, *connect.Error) {
 	res, err := s.ledger.Do(ctx, cmd)
 	if err != nil {
