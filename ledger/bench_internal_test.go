@@ -37,8 +37,8 @@ func benchPolicy(subject string) *Policy {
 	p := Policy{
 		Key: PolicyKey{Subject: subject, Route: "chat.generate", Region: "eu"},
 		Dimensions: []Dimension{
-			{Unit: "tokens", Burst: 1 << 40, MaxReservation: 4096, RefillUnits: 1000, RefillInterval: time.Microsecond},
-			{Unit: "requests", Burst: 1 << 30, MaxReservation: 1, RefillUnits: 1, RefillInterval: time.Microsecond},
+			{Unit: "tokens", Burst: 1 << 40, MaxReservation: 4096, RefillUnits: 1_000_000, RefillInterval: time.Millisecond},
+			{Unit: "requests", Burst: 1 << 30, MaxReservation: 1, RefillUnits: 1000, RefillInterval: time.Millisecond},
 		},
 		HoldTTL: time.Minute,
 	}.WithDefaults()

@@ -603,3 +603,34 @@ func TestPublishRefusesAnEpochUnderASecond(t *testing.T) {
 		t.Fatalf("epoch length %s: %+v", ledger.MinEpochLength, res)
 	}
 }
+
+// A policy's execution limit, when set, is at least
+// ledger.MinExecutionLimit (1s), and a dimension's refill interval at
+// least ledger.MinRefillInterval (1ms): below them the message names the
+// field and the minimum. The minimums themselves publish.
+func TestPublishRefusesExecutionLimitsAndRefillIntervalsBelowTheMinimum(t *testing.T) {
+	c := newChecked(t)
+	for _, limit := range []time.Duration{time.Nanosecond, ledger.MinExecutionLimit - time.Nanosecond} {
+		p := policyOf(tokens(1000, 100))
+		p.ExecutionLimit = limit
+		res := c.apply(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: p})
+		if !errors.Is(res.Err, ledger.ErrInvalidPolicy) || !strings.Contains(res.Err.Error(), "executionLimit "+limit.String()+" is shorter than the minimum 1s") {
+			t.Errorf("execution limit %s: %+v", limit, res)
+		}
+	}
+	for _, interval := range []time.Duration{time.Nanosecond, ledger.MinRefillInterval - time.Nanosecond} {
+		d := tokens(1000, 100)
+		d.RefillInterval = interval
+		res := c.apply(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: policyOf(d)})
+		if !errors.Is(res.Err, ledger.ErrInvalidPolicy) || !strings.Contains(res.Err.Error(), "tokens: refillInterval "+interval.String()+" is shorter than the minimum 1ms") {
+			t.Errorf("refill interval %s: %+v", interval, res)
+		}
+	}
+	d := tokens(1000, 100)
+	d.RefillInterval = ledger.MinRefillInterval
+	p := policyOf(d)
+	p.ExecutionLimit = ledger.MinExecutionLimit
+	if res := c.apply(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: p}); res.Err != nil {
+		t.Fatalf("the minimums: %+v", res)
+	}
+}

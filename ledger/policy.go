@@ -23,6 +23,17 @@ const (
 	// ended epochs once a second: a shorter epoch closed one on nearly
 	// every command of a busy account, faster than the worker looks.
 	MinEpochLength = time.Second
+	// MinExecutionLimit is the shortest execution limit a policy may set
+	// (0 is none). The limit is a hard stop on started work, marked
+	// USAGE_UNKNOWN by a worker that runs every worker interval (250 ms
+	// by default): a shorter limit would turn ordinary requests into
+	// breaches, and could not be kept to within its own length anyway.
+	MinExecutionLimit = time.Second
+	// MinRefillInterval is the shortest refill interval a dimension may
+	// set. Refill mints whole RefillUnits per interval; any rate is a
+	// number of units per millisecond or more, and a nanosecond interval
+	// asked for refill arithmetic at a resolution no clock gives.
+	MinRefillInterval = time.Millisecond
 )
 
 // WithDefaults returns p with empty optional fields filled in: region,
@@ -84,7 +95,9 @@ func (p *Policy) Validate() error {
 	case p.HoldTTL < MinHoldTTL:
 		return invalidPolicy("hold TTL %s is shorter than the minimum %s", p.HoldTTL, MinHoldTTL)
 	case p.ExecutionLimit < 0:
-		return invalidPolicy("execution limit is negative")
+		return invalidPolicy("executionLimit is negative")
+	case p.ExecutionLimit > 0 && p.ExecutionLimit < MinExecutionLimit:
+		return invalidPolicy("executionLimit %s is shorter than the minimum %s (leave it out for no limit)", p.ExecutionLimit, MinExecutionLimit)
 	case p.EpochLength < MinEpochLength:
 		return invalidPolicy("epoch length %s is shorter than the minimum %s", p.EpochLength, MinEpochLength)
 	case p.FairnessWeight <= 0:
@@ -115,6 +128,8 @@ func (p *Policy) Validate() error {
 			return invalidPolicy("%s: refill units %d are outside [0, %d]", d.Unit, d.RefillUnits, MaxUnits)
 		case d.RefillUnits > 0 && d.RefillInterval <= 0:
 			return invalidPolicy("%s: refill interval must be positive", d.Unit)
+		case d.RefillInterval != 0 && d.RefillInterval < MinRefillInterval:
+			return invalidPolicy("%s: refillInterval %s is shorter than the minimum %s", d.Unit, d.RefillInterval, MinRefillInterval)
 		case d.MaxReservation <= 0 || d.MaxReservation > d.Burst:
 			return invalidPolicy("%s: max reservation %d is outside (0, burst %d]", d.Unit, d.MaxReservation, d.Burst)
 		case d.MaxOverdraft < 0 || d.MaxOverdraft > MaxUnits:

@@ -73,6 +73,25 @@ type Answers struct {
 	first [8]answer
 	n     int
 	more  []answer
+	// rejections are the capacity rejections the call answers by
+	// (Rejected), counted in capledger_rejections_total with the
+	// commands.
+	rejections []rejected
+}
+
+type rejected struct {
+	dimension, reason string
+	shadow            bool
+}
+
+// Rejected adds res, a capacity rejection the call answers by (enforced,
+// or a shadow policy's would-be rejection that let the request through),
+// to capledger_rejections_total, counted by CountAnswers once the call's
+// answer is known: a call that answers an error (a descriptor's outcome
+// that fails the call, an operating failure) counts none, since its
+// caller saw no rejection.
+func (a *Answers) Rejected(res *ledger.Result) {
+	a.rejections = append(a.rejections, rejected{dimension: res.Dimension, reason: classify(res.Err).reason, shadow: res.Shadow})
 }
 
 type answer struct {
@@ -140,6 +159,11 @@ func (s *Server) CountAnswers(a *Answers, err error) {
 	}
 	for _, answered := range a.more {
 		count(answered)
+	}
+	if err == nil {
+		for _, r := range a.rejections {
+			s.countRejection(r.dimension, r.reason, r.shadow)
+		}
 	}
 }
 
@@ -230,15 +254,22 @@ func Classify(err error) Outcome {
 }
 
 // CountRejection counts a capacity rejection of res in the rejection
-// metrics, under shadow when res.Shadow (a shadow policy's would-be
-// rejection, which lets the request through).
+// metrics at once, under shadow when res.Shadow (a shadow policy's
+// would-be rejection, which lets the request through).
+//
+// Deprecated: it counts at decision, so a call that then fails keeps the
+// count; add the rejection to the call's Answers (Answers.Rejected),
+// which counts it with the answer.
 func (s *Server) CountRejection(res *ledger.Result) {
-	reason := classify(res.Err).reason
-	if res.Shadow {
-		s.metrics.shadowRejection(res.Dimension, reason)
+	s.countRejection(res.Dimension, classify(res.Err).reason, res.Shadow)
+}
+
+func (s *Server) countRejection(dimension, reason string, shadow bool) {
+	if shadow {
+		s.metrics.shadowRejection(dimension, reason)
 		return
 	}
-	s.metrics.rejection(res.Dimension, reason)
+	s.metrics.rejection(dimension, reason)
 }
 
 // RetryAfterSeconds rounds a wait up to whole seconds, as the Retry-After

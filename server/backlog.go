@@ -47,6 +47,9 @@ func pageSize(n int32) (int, *connect.Error) {
 
 // ListUsageUnknown implements LedgerService.ListUsageUnknown.
 func (s *Server) ListUsageUnknown(ctx context.Context, req *connect.Request[v1.ListUsageUnknownRequest]) (*connect.Response[v1.ListUsageUnknownResponse], error) {
+	if problem := subjectFilterProblem(req.Msg.GetSubject()); problem != "" {
+		return nil, invalidArgument(ReasonInvalidCommand, "%s", problem)
+	}
 	size, cerr := pageSize(req.Msg.GetPageSize())
 	if cerr != nil {
 		return nil, cerr

@@ -432,12 +432,18 @@ func standing(a *ledger.Account, p *ledger.Policy, active bool, now time.Time) *
 		if ds.Debt > 0 && d.RefillUnits > 0 && d.RefillInterval > 0 {
 			// Refill mints RefillUnits per whole interval from the refill
 			// cursor on, and minting repays debt before anything else.
+			// A repayment further off than ledger.MaxRetryAfter (about
+			// 292 years, the longest wait the server computes) has no
+			// RepaidAt: intervals × interval would overflow a Duration
+			// and wrap into the past.
 			intervals := (ds.Debt + d.RefillUnits - 1) / d.RefillUnits
-			from := now
-			if t := a.RefilledTo[i]; t > 0 {
-				from = time.Unix(0, t)
+			if intervals <= int64(ledger.MaxRetryAfter/d.RefillInterval) {
+				from := now
+				if t := a.RefilledTo[i]; t > 0 {
+					from = time.Unix(0, t)
+				}
+				ds.RepaidAt = timestamp(from.Add(time.Duration(intervals) * d.RefillInterval))
 			}
-			ds.RepaidAt = timestamp(from.Add(time.Duration(intervals) * d.RefillInterval))
 		}
 		out.Dimensions = append(out.Dimensions, ds)
 		out.UsedFraction = max(out.UsedFraction, ds.UsedFraction)

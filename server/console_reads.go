@@ -38,6 +38,18 @@ func oneSubjectProblem(subject string) string {
 	return ""
 }
 
+// subjectFilterProblem is the rule for a list's optional subject filter
+// (ListUsageUnknown, ListShards): "" for none or a subject it can match,
+// else what is wrong. "*" is no pattern there: no reservation or shard
+// has that subject, so matching it literally answered an empty list
+// that read as "none" where the caller meant "every subject".
+func subjectFilterProblem(subject string) string {
+	if subject == ledger.AnySubject {
+		return fmt.Sprintf("subject %q names every subject; leave subject out to list every subject", ledger.AnySubject)
+	}
+	return ""
+}
+
 // maxResolverAnswerIDs bounds GetResolverAnswers.
 const maxResolverAnswerIDs = 1000
 

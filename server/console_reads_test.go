@@ -370,3 +370,34 @@ func TestOneSubjectReadsRefuseTheWildcard(t *testing.T) {
 		t.Fatalf("GetAccount of a concrete subject: %v", res)
 	}
 }
+
+// A list's subject filter is no pattern: "*" is 400 INVALID_COMMAND on
+// ListUsageUnknown and ListShards as on the one-subject reads (both
+// matched it literally and answered 200 with no rows, which reads as
+// "none" to an operator who meant every subject); no filter lists all.
+func TestListSubjectFiltersRefuseTheWildcard(t *testing.T) {
+	h := newHarness(t, harnessOptions{shards: true})
+	h.ok("PublishPolicy", tokensPolicy, "")
+	h.startWork("w1")
+	h.markUnknown("w1")
+	shards := func(body string) response {
+		req, _ := http.NewRequest(http.MethodPost, h.url+"/capledger.v1.ShardService/ListShards", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		return h.do(req)
+	}
+	for name, r := range map[string]response{
+		"ListUsageUnknown": h.call("ListUsageUnknown", `{"subject":"*"}`, ""),
+		"ListShards":       shards(`{"subject":"*"}`),
+	} {
+		h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidCommand)
+		if msg, _ := r.body["message"].(string); !strings.Contains(msg, `subject "*" names every subject; leave subject out`) {
+			t.Errorf("%s: message %q does not say why", name, msg)
+		}
+	}
+	if got := ids(t, h.ok("ListUsageUnknown", `{}`, "")); len(got) != 1 || got[0] != "w1" {
+		t.Errorf("ListUsageUnknown without a filter: %v", got)
+	}
+	if r := shards(`{"subject":"tenant-7"}`); r.status != http.StatusOK {
+		t.Errorf("ListShards of a concrete subject: %d %s", r.status, r.raw)
+	}
+}

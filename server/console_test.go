@@ -314,3 +314,33 @@ func TestConsoleFairnessOfWeightsStoredBeforeTheBound(t *testing.T) {
 		}
 	}
 }
+
+// A debt that refill repays only after more than ledger.MaxRetryAfter
+// (about 292 years) has no repaidAt: intervals × interval overflowed a
+// Duration and showed a date in the past. A debt repaid within it still
+// has its date.
+func TestRepaidAtOfADebtBeyondTheHorizonIsAbsent(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"chat.generate",
+	  "dimensions":[{"unit":"tokens","burst":"1000","refillUnits":"1","refillInterval":"3600s"}]}}`, "")
+	owe := func(subject string, actual int) {
+		h.ok("Reserve", reserveFor(subject+"-1", subject, 1000), "")
+		h.ok("Start", `{"reservationId":"`+subject+`-1","operationId":"op"}`, "")
+		h.ok("Settle", `{"reservationId":"`+subject+`-1","operationId":"op","actualUnits":{"tokens":`+strconv.Itoa(actual)+`}}`, "")
+	}
+	owe("far", 10_000_000) // 9,999,000 hours: beyond the horizon
+	owe("near", 2_001_000) // 2,000,000 hours, about 228 years: within it
+	standings := map[string]map[string]any{}
+	for _, a := range h.consoleOK("ListAccountStandings", `{}`, "")["accounts"].([]any) {
+		standing := a.(map[string]any)
+		standings[field(standing, "account", "subject").(string)] = standing["dimensions"].([]any)[0].(map[string]any)
+	}
+	if far := standings["far"]; num(far["debt"]) != 9_999_000 || far["repaidAt"] != nil {
+		t.Errorf("far debt: %v, want debt 9999000 without repaidAt", far)
+	}
+	near := standings["near"]
+	want := h.clock.Now().Add(2_000_000 * time.Hour)
+	if at, err := time.Parse(time.RFC3339, fmt.Sprint(near["repaidAt"])); err != nil || !at.Equal(want) || num(near["debt"]) != 2_000_000 {
+		t.Errorf("near debt: %v, want repaidAt %v", near, want)
+	}
+}

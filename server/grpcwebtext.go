@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -20,6 +21,10 @@ import (
 // connect-go serves binary gRPC-Web only.
 const grpcWebTextType = "application/grpc-web-text"
 
+// grpcWebBinaryType is the binary gRPC-Web content type connect-go serves;
+// text mode is translated to it (a codec suffix kept).
+const grpcWebBinaryType = "application/grpc-web"
+
 // grpcWebText serves gRPC-Web's text mode by translating it to binary
 // gRPC-Web around next: the request body is decoded and its content type
 // rewritten (application/grpc-web-text[+codec] to
@@ -31,10 +36,10 @@ func grpcWebText(next http.Handler, maxWire int64) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		contentType := r.Header.Get("Content-Type")
 		if !strings.HasPrefix(contentType, grpcWebTextType) {
-			next.ServeHTTP(w, r)
+			next.ServeHTTP(acceptPostWriter{w}, r)
 			return
 		}
-		binaryType := "application/grpc-web" + strings.TrimPrefix(contentType, grpcWebTextType)
+		binaryType := grpcWebBinaryType + strings.TrimPrefix(contentType, grpcWebTextType)
 		if r.Body != nil && r.Body != http.NoBody {
 			wire, err := io.ReadAll(io.LimitReader(r.Body, maxWire+1))
 			r.Body.Close()
@@ -56,12 +61,56 @@ func grpcWebText(next http.Handler, maxWire int64) http.Handler {
 		}
 		r.Header.Set("Content-Type", binaryType)
 		if accept := r.Header.Get("Accept"); strings.HasPrefix(accept, grpcWebTextType) {
-			r.Header.Set("Accept", "application/grpc-web"+strings.TrimPrefix(accept, grpcWebTextType))
+			r.Header.Set("Accept", grpcWebBinaryType+strings.TrimPrefix(accept, grpcWebTextType))
 		}
 		tw := &grpcWebTextWriter{ResponseWriter: w}
 		defer tw.finish()
 		next.ServeHTTP(tw, r)
 	})
+}
+
+// acceptPostWriter adds the text-mode content types to the Accept-Post
+// header of a 415 answer: connect-go lists the types it serves, binary
+// gRPC-Web among them, and this handler serves the text form of each of
+// those, so the list a client reads after a wrong Content-Type is what
+// the port accepts, derived from connect-go's own.
+type acceptPostWriter struct{ http.ResponseWriter }
+
+func (w acceptPostWriter) WriteHeader(status int) {
+	listTextTypes(w.Header(), status)
+	w.ResponseWriter.WriteHeader(status)
+}
+
+// Flush and Unwrap keep streaming answers and http.ResponseController
+// working through the wrapper.
+func (w acceptPostWriter) Flush() { http.NewResponseController(w.ResponseWriter).Flush() }
+
+func (w acceptPostWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// listTextTypes adds the text-mode types to h's Accept-Post when status
+// is 415 (connect-go's answer to a Content-Type it does not serve).
+func listTextTypes(h http.Header, status int) {
+	if status != http.StatusUnsupportedMediaType {
+		return
+	}
+	if list := h.Get("Accept-Post"); list != "" {
+		h.Set("Accept-Post", withGrpcWebTextVariants(list))
+	}
+}
+
+// withGrpcWebTextVariants returns acceptPost (a comma-separated list of
+// content types) with the text-mode type of every binary gRPC-Web type in
+// it (application/grpc-web+proto: application/grpc-web-text+proto), sorted
+// as connect-go sorts its list.
+func withGrpcWebTextVariants(acceptPost string) string {
+	types := strings.Split(acceptPost, ", ")
+	for _, t := range types {
+		if codec, ok := strings.CutPrefix(t, grpcWebBinaryType); ok && !strings.HasPrefix(t, grpcWebTextType) {
+			types = append(types, grpcWebTextType+codec)
+		}
+	}
+	slices.Sort(types)
+	return strings.Join(slices.Compact(types), ", ")
 }
 
 // grpcWebTextError answers a text-mode request that never reached a
@@ -119,10 +168,11 @@ func (w *grpcWebTextWriter) WriteHeader(status int) {
 	}
 	w.wroteHeader = true
 	h := w.Header()
-	if ct := h.Get("Content-Type"); strings.HasPrefix(ct, "application/grpc-web") {
-		h.Set("Content-Type", grpcWebTextType+strings.TrimPrefix(ct, "application/grpc-web"))
+	if ct := h.Get("Content-Type"); strings.HasPrefix(ct, grpcWebBinaryType) {
+		h.Set("Content-Type", grpcWebTextType+strings.TrimPrefix(ct, grpcWebBinaryType))
 	}
 	h.Del("Content-Length") // counts binary bytes
+	listTextTypes(h, status)
 	w.ResponseWriter.WriteHeader(status)
 }
 

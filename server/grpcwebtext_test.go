@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/textproto"
+	"slices"
 	"strings"
 	"testing"
 
@@ -171,4 +172,42 @@ func TestGRPCWebTextMode(t *testing.T) {
 		t.Fatalf("base64 body over the wire bound: %+v", a)
 	}
 	h.wantError(h.call("GetReservation", `{"reservationId":"text-big"}`, gatewayToken), 404, "not_found", "RESERVATION_NOT_FOUND")
+}
+
+// A 415 answer's Accept-Post lists exactly what the port serves: the text
+// forms of gRPC-Web (translated in front of connect-go) with the rest, and
+// each listed type is served (a POST with it is not 415).
+func TestAcceptPostListsTheGrpcWebTextTypes(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	post := func(contentType string) response {
+		req, err := http.NewRequest(http.MethodPost, h.url+"/capledger.v1.LedgerService/GetReservation", strings.NewReader(""))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", contentType)
+		return h.do(req)
+	}
+	refused := post("text/plain")
+	if refused.status != http.StatusUnsupportedMediaType {
+		t.Fatalf("text/plain: %d %q", refused.status, refused.raw)
+	}
+	listed := strings.Split(refused.header.Get("Accept-Post"), ", ")
+	for _, want := range []string{"application/grpc-web-text", "application/grpc-web-text+proto", "application/grpc-web", "application/json"} {
+		if !slices.Contains(listed, want) {
+			t.Errorf("Accept-Post %q lacks %s", refused.header.Get("Accept-Post"), want)
+		}
+	}
+	if !slices.IsSorted(listed) || len(slices.Compact(slices.Clone(listed))) != len(listed) {
+		t.Errorf("Accept-Post %q is not a sorted list without repeats", refused.header.Get("Accept-Post"))
+	}
+	for _, contentType := range listed {
+		if r := post(contentType); r.status == http.StatusUnsupportedMediaType {
+			t.Errorf("Accept-Post lists %s, which is answered 415", contentType)
+		}
+	}
+	// A text-mode type of a codec nobody serves is refused with the
+	// same list.
+	if r := post("application/grpc-web-text+xml"); r.status != http.StatusUnsupportedMediaType || r.header.Get("Accept-Post") != refused.header.Get("Accept-Post") {
+		t.Errorf("grpc-web-text+xml: %d, Accept-Post %q", r.status, r.header.Get("Accept-Post"))
+	}
 }

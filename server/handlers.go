@@ -24,19 +24,12 @@ var _ capledgerv1connect.LedgerServiceHandler = (*Server)(nil)
 // said another generation decides than the one the units were mapped for.
 const staleRetries = 3
 
-// do runs one command whose result is the answer as it is (no retry,
-// no answer of the server's own in its place), and counts it. The error
-// is the mapped operating failure (the command's outcome is then
-// unknown); expected outcomes are in Result.Err.
-func (s *Server) do(ctx context.Context, cmd ledger.Command) (ledger.Result, *connect.Error) {
-	res, cerr := s.exec(ctx, cmd)
-	s.metrics.command(cmd.Kind, answerOutcome(&res, cerr))
-	return res, cerr
-}
-
-// exec is do without counting, for the callers that count the answer
-// themselves (answered): a reserve or record mapped again after a stale
-// refusal, answered by the server's own refusal, or a batch item.
+// exec runs one command and counts nothing: the caller counts the answer
+// it gives (countAnswer, metricOutcome), which may be a reserve or record
+// mapped again after a stale refusal, or the server's own refusal in
+// place of the ledger's. The error is the mapped operating failure (the
+// command's outcome is then unknown); expected outcomes are in
+// Result.Err.
 func (s *Server) exec(ctx context.Context, cmd ledger.Command) (ledger.Result, *connect.Error) {
 	res, err := s.ledger.Do(ctx, cmd)
 	if err != nil {
@@ -45,21 +38,8 @@ func (s *Server) exec(ctx context.Context, cmd ledger.Command) (ledger.Result, *
 	return res, nil
 }
 
-// doBatch runs several commands in one engine call and counts each
-// result as its answer, with the same error contract as do.
-func (s *Server) doBatch(ctx context.Context, kind ledger.Kind, cmds []ledger.Command) ([]ledger.Result, *connect.Error) {
-	results, cerr := s.execBatch(ctx, kind, cmds)
-	if cerr != nil {
-		s.metrics.commandsAs(kind, outcomeUnavailable, len(cmds))
-		return nil, cerr
-	}
-	for i := range results {
-		s.metrics.command(kind, outcomeLabel(&results[i]))
-	}
-	return results, nil
-}
-
-// execBatch is doBatch without counting (see exec).
+// execBatch runs several commands in one engine call, with the error
+// contract of exec, and counts nothing: the caller counts what it answers.
 func (s *Server) execBatch(ctx context.Context, kind ledger.Kind, cmds []ledger.Command) ([]ledger.Result, *connect.Error) {
 	if len(cmds) == 0 {
 		return nil, nil
@@ -121,21 +101,47 @@ func refusalOutcome(cerr *connect.Error) string {
 	return strings.ToLower(reason)
 }
 
-// countAnswer counts one command of kind that reached the ledger (res,
-// when the ledger answered) under the answer its handler gave: answer's
-// outcome when it is an error (a ledger refusal, an operating failure, or
-// an applied command whose answer could not be built), else res's.
-// Handlers defer it right after exec, so that every return counts once.
+// countAnswer counts one command of kind under the answer its handler
+// returned (answer: nil or the error, whether the server refused before
+// the ledger, the ledger refused, the store failed, or an applied
+// command's answer could not be built), else under res's result.
+// Handlers declare res first and defer it, so that every return counts
+// once.
 func (s *Server) countAnswer(kind ledger.Kind, res *ledger.Result, answer error) {
+	s.metrics.command(kind, answerOutcome(res, answerError(answer)))
+}
+
+// countBatchAnswer counts a call of n commands of kind that answers as
+// one (RollbackGenerations): on success each result under its own
+// outcome; on an operating failure all n as unavailable, as a batch that
+// fails whole; on a refusal the refusal once, the one answer the caller
+// saw.
+func (s *Server) countBatchAnswer(kind ledger.Kind, n int, results []ledger.Result, answer error) {
+	cerr := answerError(answer)
+	switch {
+	case cerr == nil:
+		for i := range results {
+			s.metrics.command(kind, outcomeLabel(&results[i]))
+		}
+	case operatingFailure(cerr):
+		s.metrics.commandsAs(kind, outcomeUnavailable, n)
+	default:
+		s.metrics.command(kind, refusalOutcome(cerr))
+	}
+}
+
+// answerError is a handler's returned error as the connect error the
+// caller gets (an error of another type is answered as internal).
+func answerError(answer error) *connect.Error {
 	var cerr *connect.Error
 	if !errors.As(answer, &cerr) && answer != nil {
 		cerr = connect.NewError(connect.CodeInternal, answer)
 	}
-	s.metrics.command(kind, answerOutcome(res, cerr))
+	return cerr
 }
 
 // answerOutcome is the outcome label of an answer: cerr's when the server
-// answered an error of its own, else the ledger's result's.
+// answered an error, else the ledger's result's.
 func answerOutcome(res *ledger.Result, cerr *connect.Error) string {
 	if cerr != nil {
 		return refusalOutcome(cerr)
@@ -164,6 +170,16 @@ func checkID(field, id string) *connect.Error {
 	return nil
 }
 
+// checkGeneration refuses generation 0 in field: generations count from
+// 1, and 0 is what a left-out field reads as, so it names no policy and is
+// a malformed request rather than an unknown generation (404).
+func checkGeneration(field string, generation uint64) *connect.Error {
+	if generation == 0 {
+		return invalidArgument(ReasonInvalidCommand, "%s: 0 names no policy generation (they count from 1; a field left out reads as 0)", field)
+	}
+	return nil
+}
+
 func regionOrDefault(region string) string {
 	if region == "" {
 		return ledger.DefaultRegion
@@ -175,12 +191,13 @@ func regionOrDefault(region string) string {
 
 // PublishPolicy implements LedgerService.PublishPolicy.
 func (s *Server) PublishPolicy(ctx context.Context, req *connect.Request[v1.PublishPolicyRequest]) (_ *connect.Response[v1.PublishPolicyResponse], answer error) {
+	var res ledger.Result
+	defer func() { s.countAnswer(ledger.KindPublishPolicy, &res, answer) }()
 	p, err := PolicyFromProto(req.Msg.GetPolicy())
 	if err != nil {
 		return nil, invalidArgument(ReasonInvalidPolicy, "%v", err)
 	}
 	res, cerr := s.exec(ctx, ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p})
-	defer func() { s.countAnswer(ledger.KindPublishPolicy, &res, answer) }()
 	if cerr != nil {
 		return nil, cerr
 	}
@@ -208,8 +225,8 @@ func (s *Server) PublishPolicy(ctx context.Context, req *connect.Request[v1.Publ
 // GetPolicy implements LedgerService.GetPolicy.
 func (s *Server) GetPolicy(ctx context.Context, req *connect.Request[v1.GetPolicyRequest]) (*connect.Response[v1.GetPolicyResponse], error) {
 	generation := req.Msg.GetGeneration()
-	if generation == 0 {
-		return nil, invalidArgument(ReasonInvalidCommand, "generation is required")
+	if cerr := checkGeneration("generation", generation); cerr != nil {
+		return nil, cerr
 	}
 	all, err := s.policies.refresh(ctx)
 	if err != nil {
@@ -249,16 +266,18 @@ func (s *Server) ListPolicies(ctx context.Context, req *connect.Request[v1.ListP
 }
 
 // RollbackPolicy implements LedgerService.RollbackPolicy.
-func (s *Server) RollbackPolicy(ctx context.Context, req *connect.Request[v1.RollbackPolicyRequest]) (*connect.Response[v1.RollbackPolicyResponse], error) {
+func (s *Server) RollbackPolicy(ctx context.Context, req *connect.Request[v1.RollbackPolicyRequest]) (_ *connect.Response[v1.RollbackPolicyResponse], answer error) {
+	var res ledger.Result
+	defer func() { s.countAnswer(ledger.KindRollbackPolicy, &res, answer) }()
 	generation := req.Msg.GetGeneration()
-	if generation == 0 {
-		return nil, invalidArgument(ReasonInvalidCommand, "generation is required")
+	if cerr := checkGeneration("generation", generation); cerr != nil {
+		return nil, cerr
 	}
 	p, err := s.policies.get(ctx, generation)
 	if err != nil {
 		return nil, readError("rollback policy", ReasonPolicyNotFound, err)
 	}
-	res, cerr := s.do(ctx, ledger.Command{Kind: ledger.KindRollbackPolicy, PolicyKey: p.Key, Generation: generation})
+	res, cerr := s.exec(ctx, ledger.Command{Kind: ledger.KindRollbackPolicy, PolicyKey: p.Key, Generation: generation})
 	if cerr != nil {
 		return nil, cerr
 	}
@@ -288,13 +307,10 @@ type outcome[T any] struct {
 // metricOutcome is the capledger_commands_total outcome of the answer
 // out is: its error's, its ledger refusal's, or its response's.
 func (out *outcome[T]) metricOutcome() string {
-	switch {
-	case out.err != nil:
-		return refusalOutcome(out.err)
-	case out.res != nil:
-		return outcomeLabel(out.res)
+	if out.err == nil && out.res == nil {
+		return out.label
 	}
-	return out.label
+	return answerOutcome(out.res, out.err)
 }
 
 // reserveCommand validates a reserve request and maps its units to the
@@ -513,6 +529,7 @@ func (s *Server) Reserve(ctx context.Context, req *connect.Request[v1.ReserveReq
 func (s *Server) ReserveBatch(ctx context.Context, req *connect.Request[v1.ReserveBatchRequest]) (*connect.Response[v1.ReserveBatchResponse], error) {
 	items := req.Msg.GetRequests()
 	if cerr := checkBatchSize(len(items)); cerr != nil {
+		s.refused(ledger.KindReserve, cerr) // the one answer the caller saw
 		return nil, cerr
 	}
 	outcomes := make([]outcome[*v1.ReserveResponse], len(items))
@@ -725,6 +742,7 @@ func (s *Server) Settle(ctx context.Context, req *connect.Request[v1.SettleReque
 func (s *Server) SettleBatch(ctx context.Context, req *connect.Request[v1.SettleBatchRequest]) (*connect.Response[v1.SettleBatchResponse], error) {
 	items := req.Msg.GetRequests()
 	if cerr := checkBatchSize(len(items)); cerr != nil {
+		s.refused(ledger.KindSettle, cerr) // the one answer the caller saw
 		return nil, cerr
 	}
 	outcomes := make([]outcome[*v1.SettleResponse], len(items))

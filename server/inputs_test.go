@@ -76,6 +76,29 @@ func TestPolicyDurationBeyondRangeIsInvalid(t *testing.T) {
 	}
 }
 
+// A policy with an execution limit under 1s or a refill interval under
+// 1ms (both were accepted down to 1ns) is 400 INVALID_POLICY naming the
+// field and the minimum; the minimums publish.
+func TestPolicyDurationsBelowTheirMinimumAreInvalid(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	for want, body := range map[string]string{
+		"executionLimit 1ns is shorter than the minimum 1s":            `{"policy":{"subject":"t","route":"r","executionLimit":"0.000000001s","dimensions":[{"unit":"tokens","burst":"10"}]}}`,
+		"executionLimit 999ms is shorter than the minimum 1s":          `{"policy":{"subject":"t","route":"r","executionLimit":"0.999s","dimensions":[{"unit":"tokens","burst":"10"}]}}`,
+		"tokens: refillInterval 1ns is shorter than the minimum 1ms":   `{"policy":{"subject":"t","route":"r","dimensions":[{"unit":"tokens","burst":"10","refillUnits":"1","refillInterval":"0.000000001s"}]}}`,
+		"tokens: refillInterval 999µs is shorter than the minimum 1ms": `{"policy":{"subject":"t","route":"r","dimensions":[{"unit":"tokens","burst":"10","refillUnits":"1","refillInterval":"0.000999s"}]}}`,
+	} {
+		r := h.call("PublishPolicy", body, "")
+		h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidPolicy)
+		if !strings.Contains(r.body["message"].(string), want) {
+			t.Errorf("want a message with %q: %s", want, r.raw)
+		}
+	}
+	if list := h.ok("ListPolicies", `{}`, ""); len(list) != 0 {
+		t.Errorf("refused policies were published: %v", list)
+	}
+	h.ok("PublishPolicy", `{"policy":{"subject":"t","route":"r","executionLimit":"1s","dimensions":[{"unit":"tokens","burst":"10","refillUnits":"1","refillInterval":"0.001s"}]}}`, "")
+}
+
 // A Reserve's request_digest was unbounded: a 1 MiB digest was stored
 // with the reservation (and its tombstone for 30 days) and returned by
 // every read of it. A digest over ledger.MaxDigestBytes is 400

@@ -11,8 +11,10 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
+	v1 "github.com/capledger/capledger/api/capledger/v1"
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/server"
 	"github.com/capledger/capledger/store"
@@ -332,5 +334,181 @@ func TestAppliedButUnrenderedCountsUnavailable(t *testing.T) {
 	want := "capledger_commands_total{kind=\"release\",outcome=\"unavailable\"} 1\ncapledger_commands_total{kind=\"start\",outcome=\"unavailable\"} 1"
 	if got != want {
 		t.Errorf("the other replica's capledger_commands_total:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+// Generation 0 names no policy: RollbackPolicy, RollbackGenerations and
+// DrainProgress all answer it 400 INVALID_COMMAND naming the field (the
+// two lists answered it 404 POLICY_NOT_FOUND), before any generation is
+// read or rolled back.
+func TestGenerationZeroIsInvalidEverywhere(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	h.ok("PublishPolicy", tokensPolicy, "")
+	for _, c := range []struct{ service, method, body, field string }{
+		{"LedgerService", "RollbackPolicy", `{"generation":"0"}`, "generation:"},
+		{"LedgerService", "RollbackPolicy", `{}`, "generation:"},
+		{"LedgerService", "GetPolicy", `{}`, "generation:"},
+		{"RolloutService", "RollbackGenerations", `{"generations":["1","0"]}`, "generations[1]:"},
+		{"RolloutService", "DrainProgress", `{"generations":["0"]}`, "generations[0]:"},
+	} {
+		req, _ := http.NewRequest(http.MethodPost, h.url+"/capledger.v1."+c.service+"/"+c.method, strings.NewReader(c.body))
+		req.Header.Set("Content-Type", "application/json")
+		r := h.do(req)
+		if r.status != http.StatusBadRequest || r.body["code"] != "invalid_argument" ||
+			!strings.Contains(fmt.Sprint(r.body["message"]), c.field+" 0 names no policy generation") {
+			t.Errorf("%s %s: %d %s", c.method, c.body, r.status, r.raw)
+		}
+	}
+	if p := h.ok("GetPolicy", `{"generation":"1"}`, ""); field(p, "policy", "rolledBack") != nil {
+		t.Errorf("generation 1 was rolled back beside a refused 0: %v", p)
+	}
+}
+
+// RollbackPolicy and RollbackGenerations count what their caller saw,
+// once: a refusal before the ledger (generation 0, an unknown generation)
+// once under its reason, which RollbackGenerations did not count at all;
+// a success each generation under its outcome.
+func TestRollbacksCountTheirAnswerOnce(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	h.ok("PublishPolicy", tokensPolicy, "")
+	h.ok("PublishPolicy", `{"policy":{"subject":"tenant-8","route":"chat.generate","dimensions":[{"unit":"tokens","burst":"10"}]}}`, "")
+	rollouts := func(method, body string, status int) {
+		t.Helper()
+		if r := h.rollout(method, body, ""); r.status != status {
+			t.Fatalf("%s %s: %d %s", method, body, r.status, r.raw)
+		}
+	}
+	for _, c := range []struct {
+		body   string
+		status int
+		want   map[string]float64
+	}{
+		{`{"generations":["1","9"]}`, http.StatusNotFound, map[string]float64{"rollback_policy/policy_not_found": 1}},
+		{`{"generations":["0","1"]}`, http.StatusBadRequest, map[string]float64{"rollback_policy/invalid_command": 1}},
+		{`{"generations":[]}`, http.StatusBadRequest, map[string]float64{"rollback_policy/invalid_command": 1}},
+		{`{"generations":["1","2"]}`, http.StatusOK, map[string]float64{"rollback_policy/ok": 2}},
+		{`{"generations":["1","2"]}`, http.StatusOK, map[string]float64{"rollback_policy/replayed": 2}},
+	} {
+		before := h.commandCounts()
+		rollouts("RollbackGenerations", c.body, c.status)
+		h.wantCounted(before, c.want)
+	}
+	before := h.commandCounts()
+	h.wantError(h.call("RollbackPolicy", `{"generation":"9"}`, ""), http.StatusNotFound, "not_found", server.ReasonPolicyNotFound)
+	h.wantError(h.call("RollbackPolicy", `{}`, ""), http.StatusBadRequest, "invalid_argument", server.ReasonInvalidCommand)
+	h.ok("RollbackPolicy", `{"generation":"1"}`, "")
+	h.wantCounted(before, map[string]float64{"rollback_policy/policy_not_found": 1, "rollback_policy/invalid_command": 1, "rollback_policy/replayed": 1})
+}
+
+// A RollbackGenerations the store cannot commit fails whole (503): each
+// of its generations counts once as unavailable, as a batch's items do.
+func TestRollbackGenerationsFailedWholeCountsEachUnavailable(t *testing.T) {
+	h := newHarness(t, harnessOptions{faults: true})
+	h.ok("PublishPolicy", tokensPolicy, "")
+	h.ok("PublishPolicy", `{"policy":{"subject":"tenant-8","route":"chat.generate","dimensions":[{"unit":"tokens","burst":"10"}]}}`, "")
+	h.faults.FailCommits(fmt.Errorf("disk gone: %w", store.ErrUnavailable))
+	defer h.faults.FailCommits(nil)
+	before := h.commandCounts()
+	r := h.rollout("RollbackGenerations", `{"generations":["1","2"]}`, "")
+	h.wantError(r, http.StatusServiceUnavailable, "unavailable", server.ReasonStoreUnavailable)
+	h.wantCounted(before, map[string]float64{"rollback_policy/unavailable": 2})
+}
+
+// A ReserveBatch or SettleBatch refused for its size (no items, more than
+// server.MaxBatchItems) counted nothing; it counts once, as the refusal
+// the caller saw.
+func TestBatchRefusedForItsSizeCountsOnce(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	h.ok("PublishPolicy", tokensPolicy, "")
+	tooMany := strings.TrimSuffix(strings.Repeat(reserveBody("x", 1)+",", server.MaxBatchItems+1), ",")
+	for _, c := range []struct{ method, body, kind string }{
+		{"ReserveBatch", `{"requests":[]}`, "reserve"},
+		{"ReserveBatch", `{"requests":[` + tooMany + `]}`, "reserve"},
+		{"SettleBatch", `{}`, "settle"},
+	} {
+		before := h.commandCounts()
+		h.wantError(h.call(c.method, c.body, ""), http.StatusBadRequest, "invalid_argument", server.ReasonInvalidCommand)
+		h.wantCounted(before, map[string]float64{c.kind + "/invalid_command": 1})
+	}
+}
+
+// rejectionCount is the value of capledger_rejections_total's series
+// with labels (`dimension="tokens",...`) on /metrics, 0 when absent.
+func (h *harness) rejectionCount(labels string) float64 {
+	h.t.Helper()
+	for _, line := range strings.Split(h.get("/metrics"), "\n") {
+		if value, ok := strings.CutPrefix(line, "capledger_rejections_total{"+labels+"} "); ok {
+			v, err := strconv.ParseFloat(value, 64)
+			if err != nil {
+				h.t.Fatalf("metrics line %q: %v", line, err)
+			}
+			return v
+		}
+	}
+	return 0
+}
+
+// A protocol adapter (as envoyrls is) counts the capacity rejections its
+// call answers by with the call's Answers: counted once the call
+// answered, not at all when the call then fails whole (its caller saw no
+// rejection, and retries). The adapter here reserves more than is
+// available (rejected), then, with ?then=fail, a second command the store
+// cannot commit, as a check of several descriptors runs its follow-ups.
+func TestAdapterRejectionCountsWithTheAnswer(t *testing.T) {
+	h := newHarness(t, harnessOptions{faults: true})
+	h.ok("PublishPolicy", tokensPolicy, "")
+	h.ok("Reserve", reserveBody("all", 900), "") // 100 tokens left
+	reserve := func(ctx context.Context, id string, tokens int64) ledger.Command {
+		cmd, _, invalid := h.srv.ReserveCommand(ctx, &v1.ReserveRequest{ReservationId: id, Subject: "tenant-7", Route: "chat.generate",
+			Units: map[string]int64{"tokens": tokens, "requests": 1}})
+		if invalid != nil {
+			t.Errorf("reserve %s: %v", id, invalid)
+		}
+		return cmd
+	}
+	var calls atomic.Int32
+	h.srv.Mount("/test-adapter", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx := r.Context()
+		call := calls.Add(1)
+		var answers server.Answers
+		var err error
+		defer func() {
+			h.srv.CountAnswers(&answers, err)
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			}
+		}()
+		first := []ledger.Command{reserve(ctx, fmt.Sprintf("big-%d", call), 500)}
+		results, cerr := h.srv.Run(ctx, first)
+		if cerr != nil {
+			answers.Failed(first)
+			err = cerr
+			return
+		}
+		answers.Results(first, results)
+		if server.Classify(results[0].Err).Capacity {
+			answers.Rejected(&results[0])
+		}
+		if r.URL.Query().Get("then") == "fail" {
+			h.faults.FailCommits(fmt.Errorf("disk gone: %w", store.ErrUnavailable))
+			defer h.faults.FailCommits(nil)
+			second := []ledger.Command{reserve(ctx, fmt.Sprintf("small-%d", call), 1)}
+			if _, cerr := h.srv.Run(ctx, second); cerr != nil {
+				answers.Failed(second)
+				err = cerr
+			}
+		}
+	}))
+	const insufficient = `dimension="tokens",reason="INSUFFICIENT_CAPACITY",rollout="enforce"`
+	before := h.rejectionCount(insufficient)
+	if got := h.get("/test-adapter?then=fail"); !strings.Contains(got, "disk gone") {
+		t.Fatalf("the adapter's call did not fail: %q", got)
+	}
+	if got := h.rejectionCount(insufficient) - before; got != 0 {
+		t.Errorf("a call that failed whole counted %g rejections, want 0", got)
+	}
+	h.get("/test-adapter")
+	if got := h.rejectionCount(insufficient) - before; got != 1 {
+		t.Errorf("a call that answered its rejection counted %g, want 1", got)
 	}
 }

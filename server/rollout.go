@@ -446,11 +446,17 @@ func (svc *rolloutService) ShadowReport(ctx context.Context, req *connect.Reques
 // MaxRollbackGenerations bounds RollbackGenerations.
 const MaxRollbackGenerations = 1000
 
-// RollbackGenerations implements RolloutService.RollbackGenerations.
-func (svc *rolloutService) RollbackGenerations(ctx context.Context, req *connect.Request[v1.RollbackGenerationsRequest]) (*connect.Response[v1.RollbackGenerationsResponse], error) {
+// RollbackGenerations implements RolloutService.RollbackGenerations. The
+// call answers as one: every generation rolled back, or one error and
+// (unless a ledger refusal came after others applied) none rolled back.
+// It counts as it answers (countBatchAnswer): each generation under its
+// own outcome when it succeeds, the refusal once when it is refused.
+func (svc *rolloutService) RollbackGenerations(ctx context.Context, req *connect.Request[v1.RollbackGenerationsRequest]) (_ *connect.Response[v1.RollbackGenerationsResponse], answer error) {
 	gens := req.Msg.GetGenerations()
-	if len(gens) == 0 || len(gens) > MaxRollbackGenerations {
-		return nil, invalidArgument(ReasonInvalidCommand, "%d generations; give 1 to %d", len(gens), MaxRollbackGenerations)
+	var results []ledger.Result
+	defer func() { svc.s.countBatchAnswer(ledger.KindRollbackPolicy, len(gens), results, answer) }()
+	if cerr := checkGenerations(gens); cerr != nil {
+		return nil, cerr
 	}
 	cmds := make([]ledger.Command, len(gens))
 	for i, g := range gens {
@@ -460,7 +466,7 @@ func (svc *rolloutService) RollbackGenerations(ctx context.Context, req *connect
 		}
 		cmds[i] = ledger.Command{Kind: ledger.KindRollbackPolicy, PolicyKey: p.Key, Generation: g}
 	}
-	results, cerr := svc.s.doBatch(ctx, ledger.KindRollbackPolicy, cmds)
+	results, cerr := svc.s.execBatch(ctx, ledger.KindRollbackPolicy, cmds)
 	if cerr != nil {
 		return nil, cerr
 	}
@@ -480,6 +486,20 @@ func (svc *rolloutService) RollbackGenerations(ctx context.Context, req *connect
 	return connect.NewResponse(resp), nil
 }
 
+// checkGenerations is the shape of RollbackGenerations' and
+// DrainProgress's generations: 1 to MaxRollbackGenerations of them, none 0.
+func checkGenerations(gens []uint64) *connect.Error {
+	if len(gens) == 0 || len(gens) > MaxRollbackGenerations {
+		return invalidArgument(ReasonInvalidCommand, "%d generations; give 1 to %d", len(gens), MaxRollbackGenerations)
+	}
+	for i, g := range gens {
+		if cerr := checkGeneration(fmt.Sprintf("generations[%d]", i), g); cerr != nil {
+			return cerr
+		}
+	}
+	return nil
+}
+
 // DrainProgress implements RolloutService.DrainProgress.
 func (svc *rolloutService) DrainProgress(ctx context.Context, req *connect.Request[v1.DrainProgressRequest]) (*connect.Response[v1.DrainProgressResponse], error) {
 	if cerr := refuseScoped(ctx, "drain progress"); cerr != nil {
@@ -489,8 +509,8 @@ func (svc *rolloutService) DrainProgress(ctx context.Context, req *connect.Reque
 		return nil, connect.NewError(connect.CodeUnimplemented, errors.New("this server cannot report drains"))
 	}
 	gens := req.Msg.GetGenerations()
-	if len(gens) == 0 || len(gens) > MaxRollbackGenerations {
-		return nil, invalidArgument(ReasonInvalidCommand, "%d generations; give 1 to %d", len(gens), MaxRollbackGenerations)
+	if cerr := checkGenerations(gens); cerr != nil {
+		return nil, cerr
 	}
 	for _, g := range gens {
 		// An unknown generation is answered by name (notFound), before

@@ -322,6 +322,9 @@ func (svc *shardService) ListShards(ctx context.Context, req *connect.Request[v1
 	if svc.reads == nil {
 		return nil, connect.NewError(connect.CodeUnimplemented, errors.New("this ledger cannot read shards"))
 	}
+	if problem := subjectFilterProblem(req.Msg.GetSubject()); problem != "" {
+		return nil, invalidArgument(ReasonInvalidCommand, "%s", problem)
+	}
 	all, err := svc.reads.Shards(ctx)
 	if err != nil {
 		return nil, readError("list shards", ReasonShardNotFound, err)
