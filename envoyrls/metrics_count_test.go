@@ -124,3 +124,62 @@ func TestStaleCheckCountsOnce(t *testing.T) {
 	}
 	h.wantCounted(before, map[string]float64{"reserve/ok": 1, "start/ok": 1, "settle/ok": 1})
 }
+
+// rejectionTotal scrapes the sum of capledger_rejections_total over every
+// label from the server's /metrics over its socket.
+func (h *harness) rejectionTotal() float64 {
+	h.t.Helper()
+	resp, err := http.Get("http://" + h.addr + "/metrics")
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	total := 0.0
+	for _, line := range strings.Split(string(body), "\n") {
+		if !strings.HasPrefix(line, "capledger_rejections_total{") {
+			continue
+		}
+		_, value, _ := strings.Cut(line, "} ")
+		v, err := strconv.ParseFloat(value, 64)
+		if err != nil {
+			h.t.Fatalf("metrics line %q: %v", line, err)
+		}
+		total += v
+	}
+	return total
+}
+
+// A descriptor refused for capacity in a check that then fails as a whole
+// (another descriptor reuses an id with another estimate: ALREADY_EXISTS)
+// is no rejection Envoy saw: capledger_rejections_total counts it only
+// with an answer that carries it.
+func TestRejectionOfAFailedCheckIsNotCounted(t *testing.T) {
+	h := newHarness(t, options{config: testMapping(t)})
+	h.publish("*", "chat", "tokens", 1000, 1, time.Hour, false)
+	h.mustCheck(&rlsv3.RateLimitRequest{Domain: "llm", HitsAddend: 300, Descriptors: []*rlscommon.RateLimitDescriptor{
+		descriptor(nil, "tenant", "beta", "x-request-id", "r-9")}})
+
+	before := h.rejectionTotal()
+	_, err := h.check(&rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlscommon.RateLimitDescriptor{
+		descriptor(hits(5000), "tenant", "huge", "x-request-id", "r-9"), descriptor(hits(200), "tenant", "beta", "x-request-id", "r-9")}})
+	if status.Code(err) != codes.AlreadyExists {
+		t.Fatalf("check with a refused descriptor and a reused id: %v, want ALREADY_EXISTS", err)
+	}
+	if got := h.rejectionTotal(); got != before {
+		t.Fatalf("capledger_rejections_total grew by %g for a check that answered an error, want 0", got-before)
+	}
+
+	// The same refusal answered as OVER_LIMIT counts once.
+	resp := h.mustCheck(&rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlscommon.RateLimitDescriptor{
+		descriptor(hits(5000), "tenant", "huge", "x-request-id", "r-10")}})
+	if resp.GetOverallCode() != OVER {
+		t.Fatalf("check over the burst: %v, want OVER_LIMIT", resp)
+	}
+	if got := h.rejectionTotal(); got != before+1 {
+		t.Fatalf("capledger_rejections_total grew by %g for an OVER_LIMIT answer, want 1", got-before)
+	}
+}

@@ -302,7 +302,7 @@ func (s *Service) run(ctx context.Context, items []item, answers *server.Answers
 		return err
 	}
 	if len(items) == 1 {
-		return s.decide(ctx, &items[0])
+		return s.decide(ctx, &items[0], answers)
 	}
 	return s.runSecond(ctx, items, answers)
 }
@@ -483,7 +483,7 @@ func (s *Service) runSecond(ctx context.Context, items []item, answers *server.A
 	refused := false
 	var failed error
 	for i := range items {
-		if err := s.decide(ctx, &items[i]); err != nil {
+		if err := s.decide(ctx, &items[i], answers); err != nil {
 			if failed == nil {
 				failed = err
 			}
@@ -873,9 +873,9 @@ func newLimitView(p *ledger.Policy, route, unit string) *limitView {
 
 // decide reads the deciding result of one descriptor: admitted, refused
 // by capacity (over), admitted under a shadow policy's would-be refusal
-// (counted), unknown (no policy), or an outcome that is an error of the
-// whole call.
-func (s *Service) decide(ctx context.Context, it *item) error {
+// (counted with the call's answer), unknown (no policy), or an outcome
+// that is an error of the whole call.
+func (s *Service) decide(ctx context.Context, it *item, answers *server.Answers) error {
 	if it.unknown || len(it.results) == 0 {
 		return nil
 	}
@@ -921,7 +921,7 @@ func (s *Service) decide(ctx context.Context, it *item) error {
 	}
 	out := server.Classify(res.Err)
 	if out.Capacity {
-		s.srv.CountRejection(res)
+		answers.Rejected(res)
 		if res.Shadow {
 			return nil // a shadow policy lets everything through
 		}

@@ -253,17 +253,6 @@ func Classify(err error) Outcome {
 	return Outcome{Code: c.code, Reason: c.reason, Capacity: c.capacity}
 }
 
-// CountRejection counts a capacity rejection of res in the rejection
-// metrics at once, under shadow when res.Shadow (a shadow policy's
-// would-be rejection, which lets the request through).
-//
-// Deprecated: it counts at decision, so a call that then fails keeps the
-// count; add the rejection to the call's Answers (Answers.Rejected),
-// which counts it with the answer.
-func (s *Server) CountRejection(res *ledger.Result) {
-	s.countRejection(res.Dimension, classify(res.Err).reason, res.Shadow)
-}
-
 func (s *Server) countRejection(dimension, reason string, shadow bool) {
 	if shadow {
 		s.metrics.shadowRejection(dimension, reason)
