@@ -108,8 +108,10 @@ type Config struct {
 	// ErrUnknownTenant for it until SetTenant declares it again. It is for
 	// a caller that calls SetTenant right before every Enqueue, as
 	// client.FairQueue does under its lock: the scheduler then holds
-	// nothing for a tenant it forgot. False (the default): declarations
-	// are kept, 16 bytes each plus the map's overhead and the name.
+	// nothing for a tenant it forgot. (Through Locked, another goroutine's
+	// call between the two may forget the declaration.) False (the
+	// default): declarations are kept, about 100 bytes each with a short
+	// name (docs/FAIRNESS.md).
 	ForgetDeclarations bool
 }
 
@@ -137,8 +139,8 @@ type Scheduler struct {
 	rebaseAt int64
 
 	// tenants holds the tenants the Scheduler has not forgotten; declared
-	// the weight and level SetTenant gave each tenant, forgotten or not
-	// (nil with forgetDeclarations: then a held tenant carries its own).
+	// holds the weight and level SetTenant last gave each tenant, held or
+	// not (nil with forgetDeclarations: a held tenant carries its own).
 	tenants            map[string]*tenant
 	declared           map[string]declaration
 	forgetDeclarations bool
@@ -518,6 +520,7 @@ func (s *Scheduler) sweep() {
 		t.onIdle = false
 		switch {
 		case t.queue.n > 0 || t.inflight > 0:
+			// Busy again: Settle puts it back once it is idle.
 		case t.vtime <= t.level.clock-s.credit(1):
 			s.forget(t)
 		default:
@@ -535,7 +538,7 @@ func (s *Scheduler) forget(t *tenant) {
 
 // compactMap returns m, or a copy of it once deletes have left it at an
 // eighth of its peak size *peak (which it then resets): Go maps keep the
-// memory of their largest size, and a burst of tenants must not pin it.
+// memory of their largest size, and a burst must not pin it.
 // The copy walks the old map's capacity, which the deletes since the peak
 // have paid for, so the cost is amortised O(1) per delete.
 func compactMap[K comparable, V any](m map[K]V, peak *int) map[K]V {
