@@ -1525,7 +1525,8 @@ type DimensionStanding struct {
 	UsedFraction float64 `protobuf:"fixed64,6,opt,name=used_fraction,json=usedFraction,proto3" json:"used_fraction,omitempty"`
 	Debt         int64   `protobuf:"varint,7,opt,name=debt,proto3" json:"debt,omitempty"`
 	// With debt and a refill rule: when refill alone will have repaid it
-	// (minting repays debt first), if nothing else is settled on it.
+	// (minting repays debt first), if nothing else is settled on it. Absent
+	// when that is further away than about 292 years (ledger.MaxRetryAfter).
 	RepaidAt      *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=repaid_at,json=repaidAt,proto3" json:"repaid_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
