@@ -34,7 +34,6 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
-	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -106,6 +105,9 @@ type config struct {
 	breaker      BreakerPolicy
 	lostHandler  func(LostReserve)
 	operations   OperationStore // operations.go
+	// pending.go
+	pendingLimit   int
+	pendingDropped func(OperationReceipt)
 }
 
 // Option configures New.
@@ -153,15 +155,14 @@ func WithRetryPolicy(p RetryPolicy) Option { return func(c *config) { c.retry = 
 // shared by a whole process: it holds one http.Client whose connections are
 // reused across calls.
 type Client struct {
-	rpc       capledgerv1connect.LedgerServiceClient
-	http      *http.Client
-	ownsHTTP  bool
-	baseURL   string
-	protocol  Protocol
-	timeout   time.Duration
-	retry     RetryPolicy
-	pendingMu sync.Mutex
-	pending   map[string]OperationReceipt
+	rpc      capledgerv1connect.LedgerServiceClient
+	http     *http.Client
+	ownsHTTP bool
+	baseURL  string
+	protocol Protocol
+	timeout  time.Duration
+	retry    RetryPolicy
+	pending  *pendingReceipts
 	// resends are the kept receipts resent in the background (guarded
 	// by lookups.mu).
 	resends resends
@@ -230,7 +231,7 @@ func New(addr string, options ...Option) (*Client, error) {
 		protocol: cfg.protocol,
 		timeout:  cfg.timeout,
 		retry:    cfg.retry,
-		pending:  make(map[string]OperationReceipt),
+		pending:  newPendingReceipts(cfg.pendingLimit, cfg.pendingDropped),
 		lookups:  newLookups(cfg.lostHandler),
 		ops:      cfg.operations,
 	}

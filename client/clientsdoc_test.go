@@ -173,7 +173,13 @@ func TestMiddlewareClientGoneWithoutUsageIsUnknown(t *testing.T) {
 	if !isState(got, ledgerv1.ReservationState_RESERVATION_STATE_USAGE_UNKNOWN) {
 		t.Fatalf("reservation %s is %s (actual %v), want USAGE_UNKNOWN", id, got.GetState(), got.GetActualUnits())
 	}
-	if pending := l.direct.PendingUnknown(); len(pending) != 1 || pending[0].ReservationID != id || pending[0].Actual != nil {
+	// The ledger marks it before the middleware hears back and keeps the
+	// receipt: wait for that too.
+	pending := l.direct.PendingUnknown()
+	for deadline := time.Now().Add(10 * time.Second); len(pending) == 0 && time.Now().Before(deadline); pending = l.direct.PendingUnknown() {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if len(pending) != 1 || pending[0].ReservationID != id || pending[0].Actual != nil {
 		t.Fatalf("pending receipts %+v, want the one of %s without usage", pending, id)
 	}
 }

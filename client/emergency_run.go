@@ -59,6 +59,11 @@ func (e *Emergency) run(ctx context.Context, req ReserveRequest, work Work, g ga
 		return nil, fmt.Errorf("run %s: local reservation is %s, not RESERVED", id, local.State)
 	}
 	sh := e.store.shardOf(id)
+	if sh == nil {
+		// Its shard was reconciled and compacted away since the reserve
+		// (sealing it released the hold).
+		return nil, fmt.Errorf("run %s: %w: its shard was reconciled meanwhile", id, ledger.ErrShardSealed)
+	}
 	receipt := OperationReceipt{ReservationID: id, Subject: req.Subject, Route: req.Route, Region: sh.Account.Region,
 		PolicyGeneration: sh.Account.Generation, Reserved: local.Reserved}
 	done := func(Units) {}

@@ -297,3 +297,64 @@ func TestMiddlewareStreamEndingWithoutALineEnd(t *testing.T) {
 		t.Fatalf("the middleware's log does not say why %s is unknown:\n%s", id, logged)
 	}
 }
+
+// The SSE specification's line ends and events, through the middleware
+// and a reverse proxy on real sockets: bare-CR line ends are read, a usage
+// object split over several data lines of one event is read whole, and a
+// stream cut between the data lines of its final event is USAGE_UNKNOWN,
+// never settled at the earlier 10 tokens.
+func TestMiddlewareStreamReadsEventsAsTheSSESpecSays(t *testing.T) {
+	l := startLedger(t)
+	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 10_000})
+	c := l.viaProxy(t)
+	const early = "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":1,\"total_tokens\":10}}"
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		flush := http.NewResponseController(w).Flush
+		switch {
+		case r.URL.Query().Has("cr"):
+			fmt.Fprint(w, early+"\r\r")
+			flush()
+			fmt.Fprint(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":31,\"total_tokens\":40}}\r\rdata: [DONE]\r\r")
+		case r.URL.Query().Has("split"):
+			fmt.Fprint(w, early+"\n\n")
+			fmt.Fprint(w, "data: {\"choices\":[],\n")
+			flush()
+			fmt.Fprint(w, "data: \"usage\":{\"prompt_tokens\":9,\"completion_tokens\":31,\n")
+			fmt.Fprint(w, "data: \"total_tokens\":40}}\n\ndata: [DONE]\n\n")
+		case r.URL.Query().Has("cut"):
+			fmt.Fprint(w, early+"\n\n")
+			flush()                                   // chunked: the client's read ends when the gateway's handler does
+			fmt.Fprint(w, "data: {\"choices\":[],\n") // the upstream died here, at a line end
+		}
+	}))
+	t.Cleanup(upstream.Close)
+	target, err := url.Parse(upstream.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := gateway(t, c, MiddlewareConfig{Estimator: tokensEstimator,
+		Usage: UsageFromStream(map[string]string{"tokens": "total_tokens"}, nil)}, httputil.NewSingleHostReverseProxy(target))
+	for _, tc := range []struct {
+		query  string
+		state  ledgerv1.ReservationState
+		tokens int64
+	}{
+		{"cr", ledgerv1.ReservationState_RESERVATION_STATE_SETTLED, 40},
+		{"split", ledgerv1.ReservationState_RESERVATION_STATE_SETTLED, 40},
+		{"cut", ledgerv1.ReservationState_RESERVATION_STATE_USAGE_UNKNOWN, 0},
+	} {
+		resp, body := send(t, srv.Client(), srv.URL+"/v1/chat?"+tc.query, "tenant-7", "{}")
+		if resp.StatusCode != 200 || !strings.HasPrefix(body, early) {
+			t.Fatalf("%s: %d %q", tc.query, resp.StatusCode, body)
+		}
+		res, err := l.direct.GetReservation(context.Background(), resp.Header.Get(ReservationHeader))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !isState(res, tc.state) || res.GetActualUnits()["tokens"] != tc.tokens {
+			t.Errorf("%s: %s %v, want %s %d tokens", tc.query, res.GetState(), res.GetActualUnits(), tc.state, tc.tokens)
+		}
+	}
+}

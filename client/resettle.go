@@ -156,9 +156,7 @@ feed:
 func (c *Client) resendOne(s *resend) {
 	ls := c.lookups
 	id := s.receipt.ReservationID
-	c.pendingMu.Lock()
-	_, kept := c.pending[id]
-	c.pendingMu.Unlock()
+	kept := c.pending.has(id)
 	if kept && c.breaker.allow() != nil {
 		return
 	}

@@ -353,35 +353,47 @@ func isSettled(s ledgerv1.ReservationState) bool {
 // is known (r.Actual set: a settle or an abandoned start whose outcome is
 // not known) is also resent in the background (settleLater). The copy has
 // maps of its own: the work's map (r.Actual) may be reused once Run
-// returned, and the resend must send the usage reported.
+// returned, and the resend must send the usage reported. The oldest
+// receipts past the limit (WithPendingLimit) are dropped, from the resends
+// too.
 func (c *Client) keepPending(r OperationReceipt) {
 	r = r.clone()
-	c.pendingMu.Lock()
-	c.pending[r.ReservationID] = r
-	c.pendingMu.Unlock()
+	dropped := c.pending.keep(r)
 	if r.Actual != nil {
 		c.settleLater(r)
 	}
+	if len(dropped) == 0 {
+		return
+	}
+	c.lookups.mu.Lock()
+	for _, d := range dropped {
+		delete(c.resends.due, d.ReservationID)
+	}
+	c.lookups.mu.Unlock()
+	for _, d := range dropped {
+		c.pending.dropped.Add(1)
+		if c.pending.onDrop != nil {
+			c.pending.onDrop(d)
+		}
+	}
 }
+
+// PendingDropped returns how many receipts were dropped from
+// PendingUnknown to stay within its limit (WithPendingLimit). Each is
+// still USAGE_UNKNOWN at the ledger (ListUsageUnknown).
+func (c *Client) PendingDropped() uint64 { return c.pending.dropped.Load() }
 
 // PendingUnknown returns the receipts of work this Client left
 // USAGE_UNKNOWN (or could not settle or release), by reservation id. They
-// stay until ResolveUnknown settles them. One whose usage is known
+// stay until ResolveUnknown settles them, or until newer ones push the
+// oldest past the limit (WithPendingLimit, DefaultPendingLimit; see
+// PendingDropped). One whose usage is known
 // (Actual set) the Client resends itself in the background, with the same
 // ids, once the ledger is reachable, until it lands or the ledger decides
 // otherwise (then it stays here). The list lives in memory only: a
 // gateway that must survive restarts should persist the receipts from
 // UsageUnknownError itself.
-func (c *Client) PendingUnknown() []OperationReceipt {
-	c.pendingMu.Lock()
-	defer c.pendingMu.Unlock()
-	ids := slices.Sorted(maps.Keys(c.pending))
-	out := make([]OperationReceipt, len(ids))
-	for i, id := range ids {
-		out[i] = c.pending[id].clone()
-	}
-	return out
-}
+func (c *Client) PendingUnknown() []OperationReceipt { return c.pending.list() }
 
 // clone returns r with maps of its own.
 func (r OperationReceipt) clone() OperationReceipt {
@@ -418,9 +430,7 @@ func (c *Client) ResolveUnknown(ctx context.Context, receipt OperationReceipt, a
 	if err != nil {
 		return nil, fmt.Errorf("resolve unknown: %w", err)
 	}
-	c.pendingMu.Lock()
-	delete(c.pending, receipt.ReservationID)
-	c.pendingMu.Unlock()
+	c.pending.remove(receipt.ReservationID)
 	return sr, nil
 }
 

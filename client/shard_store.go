@@ -22,7 +22,10 @@ import (
 // ShardStore is a gateway's durable store of emergency shards: the shards
 // it was issued (as signed tokens) and every local reservation it made
 // from them, kept in an append-only log in one directory, fsync'ed per
-// record before the operation returns. Each shard's local ledger
+// record before the operation returns. The log is compacted: once a
+// shard has ended (reported and fully resolved), its records are dropped
+// in a crash-safe rewrite when ended shards' records outweigh the rest
+// (see maybeCompact), and the shard leaves the store. Each shard's local ledger
 // (ledger.ShardLocal) keeps allocated = available + reserved + spent +
 // retired after every operation.
 //
@@ -54,6 +57,11 @@ type ShardStore struct {
 	byReservation map[string]string
 	// newestFence is the newest fence installed per subject key.
 	newestFence map[ledger.PolicyKey]uint64
+	// logBytes is how many bytes of the log each shard's records take.
+	logBytes map[string]int64
+	// compactAt is the least number of bytes of ended shards' records
+	// the log is compacted for (shardLogCompactAt; tests lower it).
+	compactAt int64
 }
 
 // storedShard is one shard of the store.
@@ -90,6 +98,16 @@ var (
 
 const shardLogName = "shards.log"
 
+// shardLogCompacting is the new log while a compaction writes it; it only
+// replaces shards.log once complete and synced, so one left at open is an
+// interrupted compaction and is removed.
+const shardLogCompacting = "shards.log.compacting"
+
+// shardLogCompactAt is the least number of bytes of ended shards'
+// records that makes a compaction worth its rewrite (it also needs them
+// to outweigh the records of the shards still kept).
+const shardLogCompactAt = 256 << 10
+
 // shardRecord is one log record. Op is one of boot, install, reserve,
 // start, settle, release, unknown, seal, submitting, submitted.
 type shardRecord struct {
@@ -116,6 +134,8 @@ type ShardStoreOptions struct {
 	Keys ledger.ShardKeys
 	// Clock returns the time of operations (default time.Now).
 	Clock func() time.Time
+	// compactAt overrides shardLogCompactAt (tests); negative: never.
+	compactAt int64
 }
 
 // OpenShardStore opens (creating if needed) the store in dir, replays its
@@ -144,10 +164,26 @@ func OpenShardStore(dir string, opts ShardStoreOptions) (*ShardStore, error) {
 	s := &ShardStore{
 		dir: dir, gatewayID: opts.GatewayID, keys: opts.Keys, clock: opts.Clock, lock: lock,
 		shards: map[string]*storedShard{}, byReservation: map[string]string{}, newestFence: map[ledger.PolicyKey]uint64{},
+		logBytes: map[string]int64{}, compactAt: shardLogCompactAt,
+	}
+	if opts.compactAt != 0 {
+		s.compactAt = opts.compactAt
+	}
+	// A compaction cut short (by a crash) left the old log whole: it is
+	// the store; the unfinished new one is dropped.
+	if err := os.Remove(filepath.Join(dir, shardLogCompacting)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		lock.Close()
+		return nil, fmt.Errorf("open shard store: %w", err)
 	}
 	if err := s.replay(); err != nil {
 		lock.Close()
 		return nil, err
+	}
+	s.maybeCompact()
+	if s.broken != nil {
+		err := s.broken
+		s.Close()
+		return nil, fmt.Errorf("open shard store: %w: %v", ErrShardStoreBroken, err)
 	}
 	// The boot epoch grows by one per open, and is at least the clock in
 	// milliseconds: a gateway whose directory was lost still never reuses
@@ -202,6 +238,9 @@ func (s *ShardStore) replay() error {
 				return fmt.Errorf("open shard store %s: %w", s.dir, err)
 			}
 			return fmt.Errorf("open shard store: %w at offset %d: %v", ErrShardStoreCorrupt, offset, err)
+		}
+		if rec.Shard != "" {
+			s.logBytes[rec.Shard] += n
 		}
 		offset += n
 	}
@@ -267,6 +306,9 @@ func (s *ShardStore) append(rec *shardRecord) error {
 	if err := s.log.Sync(); err != nil {
 		s.broken = err
 		return fmt.Errorf("%w: %v", ErrShardStoreBroken, err)
+	}
+	if rec.Shard != "" {
+		s.logBytes[rec.Shard] += int64(len(buf))
 	}
 	return nil
 }
@@ -810,6 +852,7 @@ func (s *ShardStore) FinishSubmission(shardID string) error {
 	}
 	st.local.Submitted(st.submitting)
 	st.submitting = nil
+	s.maybeCompact()
 	return nil
 }
 
@@ -846,6 +889,7 @@ func (s *ShardStore) FinishReceipts(shardID string, ids []string) error {
 	}
 	st.local.Submitted(finished)
 	st.submitting = nil
+	s.maybeCompact()
 	return nil
 }
 

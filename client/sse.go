@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -17,45 +18,69 @@ type StreamUsage struct {
 	TotalTokens      int64 `json:"total_tokens"`
 }
 
-// maxSSELine bounds the line an SSEUsageScanner buffers. A longer line is
-// not held: a data line that names "usage" makes the stream's usage
-// unknown (it cannot be read); any other is skipped.
+// maxSSELine bounds what an SSEUsageScanner holds: the data of the event
+// being read and the line being read, together. An event whose data does
+// not fit is not held: when its data names "usage" the stream's usage
+// becomes unknown (it cannot be read); any other is skipped. A line that
+// does not fit and is not a data line is skipped.
 const maxSSELine = 1 << 20
 
-// usageName is what a data line must contain to be read as a usage event.
+// usageName is what an event's data must contain to be read as a usage
+// event.
 var usageName = []byte(`"usage"`)
 
 // SSEUsageScanner is an io.Writer that reads a server-sent-events stream
 // as it passes (tee the response into it) and keeps the usage object of
-// the last `data:` event that carries one. It holds at most one line in
-// memory. A usage event it cannot read (malformed JSON, a count that is
-// not an integer) replaces whatever came before it: the stream's last
+// the last event that carries one. It reads the stream as the SSE
+// specification (WHATWG HTML, "event stream interpretation") does: lines
+// end in CRLF, LF or a bare CR; an event's data is its `data:` lines
+// joined by "\n" (so a JSON object split over several data lines is read
+// whole); comments and other fields are ignored; and an event is read
+// only at the blank line that ends it. It holds at most 1 MiB: the data
+// of the event being read and the current line. A usage event it cannot
+// read (malformed JSON, a count that is not an integer, data over 1 MiB
+// that names "usage") replaces whatever came before it: the stream's last
 // usage is then unknown (Usage reports none, Err says why), never the
-// earlier, partial figure. So does a `data:` line over 1 MiB that
-// names "usage" (it is not held, so it cannot be read); an over-long line
-// without it is skipped.
+// earlier, partial figure. An over-long event without it is skipped.
 //
 // Usage, Err and Done answer for a stream that ends at the last byte
 // written, so call them once it has: no other end-of-stream call is
-// needed. A last line without a line end (the upstream closed right
-// after it) is read then: as any other line when it is whole JSON (or
-// `[DONE]`); when it is not (cut mid-line, or over 1 MiB and not held)
-// it may be the usage event, cut, so the usage is unknown. They leave
-// that line held: bytes written later continue it. The middleware runs
-// one over every text/event-stream response (UsageInfo.Stream); a
-// handler of its own can use one with io.MultiWriter.
+// needed. The specification drops an event the stream ends inside (no
+// blank line after it); it may be the final usage event, cut, so the
+// scanner does not just drop it. Such a last event (a last line without
+// a line end included) is read as if its blank line had come when its
+// data is whole JSON (or `[DONE]`): more data lines could only have made
+// it unreadable, never another figure. When it is not whole (cut inside a
+// line, between the data lines of an object split over several, inside
+// the field name `data`, or over 1 MiB and not held) it may be the usage
+// event, cut, so the usage is unknown. They leave that event held: bytes
+// written later continue it. The middleware runs one over every
+// text/event-stream response (UsageInfo.Stream); a handler of its own can
+// use one with io.MultiWriter.
 type SSEUsageScanner struct {
-	line    []byte
-	skip    bool // the current line is over maxSSELine: not held
-	usage   *StreamUsage
-	done    bool
-	invalid error
-	// Of a skipped line: whether it is a data line, whether it names
-	// "usage", and its last len(usageName)-1 bytes (a name split
-	// between two writes).
-	longData, longUsage bool
-	tail                []byte
+	line    []byte    // the line being read, while it is held
+	lineIs  lineState // whether it is held, or why not
+	afterCR bool      // the last byte was a CR: an LF right after it ends no line
+	data    []byte    // the event's data lines so far, each followed by "\n"
+	hasData bool      // the event has a data line
+	// The event's data did not fit (it is not held): whether it names
+	// "usage", and the last len(usageName)-1 bytes of the data line being
+	// scanned (a name split between two writes).
+	long, longUsage bool
+	tail            []byte
+	usage           *StreamUsage
+	done            bool
+	invalid         error
 }
+
+// lineState says whether the current line is held.
+type lineState uint8
+
+const (
+	lineHeld     lineState = iota
+	lineLongData           // a data line that did not fit: scanned for "usage", not held
+	lineSkipped            // another line that did not fit: ignored
+)
 
 // NewSSEUsageScanner returns an empty scanner.
 func NewSSEUsageScanner() *SSEUsageScanner { return &SSEUsageScanner{} }
@@ -64,48 +89,71 @@ func NewSSEUsageScanner() *SSEUsageScanner { return &SSEUsageScanner{} }
 func (s *SSEUsageScanner) Write(p []byte) (int, error) {
 	n := len(p)
 	for len(p) > 0 {
-		i := bytes.IndexByte(p, '\n')
+		if s.afterCR {
+			s.afterCR = false
+			if p[0] == '\n' { // the LF of a CRLF
+				p = p[1:]
+				continue
+			}
+		}
+		i := bytes.IndexAny(p, "\r\n")
 		if i < 0 {
 			s.appendLine(p)
 			break
 		}
 		s.appendLine(p[:i])
-		if !s.skip {
-			s.apply(readLine(bytes.TrimRight(s.line, "\r"), false))
-		} else if s.longData && s.longUsage {
-			// It may be the last usage event: an earlier one is no
-			// longer the stream's final figure.
-			s.apply(lineRead{unreadable: fmt.Errorf("unreadable usage event: a data line over %d bytes was not read", maxSSELine)})
-		}
-		s.line, s.skip = s.line[:0], false
+		s.endLine()
+		s.afterCR = p[i] == '\r'
 		p = p[i+1:]
 	}
 	return n, nil
 }
 
 func (s *SSEUsageScanner) appendLine(p []byte) {
-	if s.skip {
+	switch s.lineIs {
+	case lineLongData:
 		s.scanLong(p)
 		return
-	}
-	if len(s.line)+len(p) > maxSSELine {
-		// Too long to hold: note whether it is a data line naming
-		// "usage" instead, and drop what is held.
-		var head [len("data:")]byte
-		n := copy(head[:], s.line)
-		n += copy(head[n:], p)
-		s.skip, s.longData, s.longUsage, s.tail = true, bytes.HasPrefix(head[:n], []byte("data:")), false, s.tail[:0]
-		s.scanLong(s.line)
-		s.scanLong(p)
-		s.line = s.line[:0]
+	case lineSkipped:
 		return
 	}
-	s.line = append(s.line, p...)
+	// A line is held until it is known whether it is a data line, so
+	// that a long one can be told apart.
+	if len(s.data)+len(s.line)+len(p) <= maxSSELine || len(s.line)+len(p) < len("data:") {
+		s.line = append(s.line, p...)
+		return
+	}
+	// Too long to hold. A data line makes the event long; any other is
+	// skipped.
+	var head [len("data:")]byte
+	n := copy(head[:], s.line)
+	n += copy(head[n:], p)
+	if bytes.Equal(head[:n], []byte("data:")) {
+		s.lineIs = lineLongData
+		s.goLong()
+		s.scanLong(s.line[min(len(s.line), len("data:")):])
+		s.scanLong(p)
+	} else {
+		s.lineIs = lineSkipped
+	}
+	s.line = s.line[:0]
 }
 
-// scanLong looks for "usage" in the next bytes p of a skipped data line.
+// goLong stops holding the event's data, noting whether what was held
+// names "usage".
+func (s *SSEUsageScanner) goLong() {
+	s.hasData = true
+	if !s.long {
+		s.long, s.longUsage = true, bytes.Contains(s.data, usageName)
+		s.data = s.data[:0]
+	}
+	s.tail = s.tail[:0]
+}
+
+// scanLong looks for "usage" in the next bytes p of a data line of a long
+// event.
 func (s *SSEUsageScanner) scanLong(p []byte) {
-	if !s.longData || s.longUsage || len(p) == 0 {
+	if s.longUsage || len(p) == 0 {
 		return
 	}
 	k := len(usageName) - 1
@@ -123,20 +171,75 @@ func (s *SSEUsageScanner) scanLong(p []byte) {
 	}
 }
 
-// lineRead is what one line tells of the stream's usage.
+// endLine takes the line just ended: a blank line dispatches the event, a
+// data line adds to its data, any other field or a comment is ignored.
+func (s *SSEUsageScanner) endLine() {
+	line, state := s.line, s.lineIs
+	s.line, s.lineIs = s.line[:0], lineHeld
+	switch {
+	case state != lineHeld: // a long data line was scanned as it came
+	case len(line) == 0:
+		s.apply(s.event(false))
+		s.data, s.hasData, s.long, s.longUsage = s.data[:0], false, false, false
+	default:
+		if value, ok := dataValue(line); ok {
+			s.addData(value)
+		}
+	}
+}
+
+// dataValue returns the value of a data line (one space after the colon
+// dropped, as the specification says), and false for any other line.
+func dataValue(line []byte) ([]byte, bool) {
+	if string(line) == "data" {
+		return nil, true
+	}
+	value, ok := bytes.CutPrefix(line, []byte("data:"))
+	if !ok {
+		return nil, false
+	}
+	value, _ = bytes.CutPrefix(value, []byte(" "))
+	return value, true
+}
+
+func (s *SSEUsageScanner) addData(value []byte) {
+	s.hasData = true
+	if s.long {
+		s.tail = s.tail[:0]
+		s.scanLong(value)
+		return
+	}
+	s.data = append(append(s.data, value...), '\n')
+}
+
+// event reads the event held, as its blank line dispatches it (cut false),
+// or as the stream ends inside it (cut true).
+func (s *SSEUsageScanner) event(cut bool) lineRead {
+	switch {
+	case !s.hasData:
+		return lineRead{}
+	case s.long && s.longUsage:
+		return lineRead{unreadable: fmt.Errorf("unreadable usage event: its data over %d bytes was not read", maxSSELine)}
+	case s.long && cut:
+		// Not held, so not readable; its end never came, so it may have
+		// named "usage" after what was seen.
+		return lineRead{unreadable: fmt.Errorf("unreadable usage event: the stream ended inside an event over %d bytes, which was not read", maxSSELine)}
+	case s.long:
+		return lineRead{}
+	}
+	return readData(bytes.TrimSuffix(s.data, []byte("\n")), cut)
+}
+
+// lineRead is what one event tells of the stream's usage.
 type lineRead struct {
 	done       bool         // `data: [DONE]`
 	usage      *StreamUsage // a readable usage event
 	unreadable error        // a usage event that cannot be read (or may be one)
 }
 
-// readLine reads one line; cut says the stream ended inside it (no line
-// end followed).
-func readLine(line []byte, cut bool) lineRead {
-	data, ok := bytes.CutPrefix(line, []byte("data:"))
-	if !ok {
-		return lineRead{}
-	}
+// readData reads one event's data; cut says the stream ended inside the
+// event (no blank line followed).
+func readData(data []byte, cut bool) lineRead {
 	data = bytes.TrimSpace(data)
 	if string(data) == "[DONE]" {
 		return lineRead{done: true}
@@ -144,7 +247,7 @@ func readLine(line []byte, cut bool) lineRead {
 	if !bytes.Contains(data, usageName) {
 		if cut && !json.Valid(data) {
 			// Cut before its name, it may still be the usage event.
-			return lineRead{unreadable: errors.New("unreadable usage event: the stream ended inside a data line that is not whole JSON")}
+			return lineRead{unreadable: errors.New("unreadable usage event: the stream ended inside an event whose data is not whole JSON")}
 		}
 		return lineRead{}
 	}
@@ -160,7 +263,7 @@ func readLine(line []byte, cut bool) lineRead {
 	return lineRead{usage: ev.Usage}
 }
 
-// apply takes what a line told into the scanner's state.
+// apply takes what an event told into the scanner's state.
 func (s *SSEUsageScanner) apply(r lineRead) {
 	s.done = s.done || r.done
 	switch {
@@ -173,19 +276,31 @@ func (s *SSEUsageScanner) apply(r lineRead) {
 	}
 }
 
-// atEnd returns the scanner's state for a stream that ends here: with the
-// line it holds (no line end came yet) read as the last. s is left as it
-// is, so a later Write continues that line.
+// atEnd returns the scanner's state for a stream that ends here: the
+// event it holds (no blank line came yet), with the line it holds (no
+// line end came yet), read as the last. s is left as it is, so a later
+// Write continues that event.
 func (s *SSEUsageScanner) atEnd() SSEUsageScanner {
-	end := SSEUsageScanner{usage: s.usage, done: s.done, invalid: s.invalid}
-	switch {
-	case s.skip && s.longData:
-		// Not held, so not readable; its end never came, so it may have
-		// named "usage" after what was seen.
-		end.apply(lineRead{unreadable: fmt.Errorf("unreadable usage event: the stream ended inside a data line over %d bytes, which was not read", maxSSELine)})
-	case !s.skip && len(s.line) > 0:
-		end.apply(readLine(bytes.TrimRight(s.line, "\r"), true))
+	end := SSEUsageScanner{usage: s.usage, done: s.done, invalid: s.invalid,
+		hasData: s.hasData, long: s.long, longUsage: s.longUsage, data: s.data}
+	switch s.lineIs {
+	case lineLongData:
+		end.hasData, end.long = true, true
+	case lineHeld:
+		if value, ok := dataValue(s.line); ok {
+			// The data and the held line are not written to: add the
+			// line on a copy.
+			end.hasData = true
+			if !end.long {
+				end.data = append(slices.Clip(end.data), value...)
+			}
+		} else if len(s.line) < len("data") && bytes.HasPrefix([]byte("data"), s.line) && len(s.line) > 0 {
+			// Cut inside the field name: it may have been a data line.
+			end.apply(lineRead{unreadable: errors.New("unreadable usage event: the stream ended inside a line that may be a data line")})
+			return end
+		}
 	}
+	end.apply(end.event(true))
 	return end
 }
 

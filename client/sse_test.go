@@ -159,3 +159,138 @@ func TestSSEUsageScannerReadsALastLineWithoutLineEnd(t *testing.T) {
 		t.Fatalf("a whole last line without usage: %+v %v %v", u, ok, s.Err())
 	}
 }
+
+// writeInChunks writes stream to s chunk bytes at a time.
+func writeInChunks(s *SSEUsageScanner, stream string, chunk int) {
+	for rest := stream; rest != ""; {
+		n := min(chunk, len(rest))
+		s.Write([]byte(rest[:n]))
+		rest = rest[n:]
+	}
+}
+
+// Lines end in CRLF, LF or a bare CR, as the SSE specification says; a
+// CRLF split between two writes is one line end, not a blank line.
+func TestSSEUsageScannerReadsEveryLineEnd(t *testing.T) {
+	early := `data: {"usage":{"prompt_tokens":9,"completion_tokens":1,"total_tokens":10}}`
+	final := `data: {"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":31,"total_tokens":40}}`
+	for name, eol := range map[string]string{"LF": "\n", "CRLF": "\r\n", "CR": "\r"} {
+		stream := ": comment" + eol + early + eol + eol + "event: x" + eol + final + eol + eol + "data: [DONE]" + eol + eol
+		for _, chunk := range []int{1, 2, 7, len(stream)} {
+			s := NewSSEUsageScanner()
+			writeInChunks(s, stream, chunk)
+			if u, ok := s.Usage(); !ok || u.TotalTokens != 40 || s.Err() != nil || !s.Done() {
+				t.Fatalf("%s, chunks of %d: usage %+v %v, err %v, done %v: want 40 tokens and [DONE]", name, chunk, u, ok, s.Err(), s.Done())
+			}
+		}
+	}
+	// A CR then an LF in the next write is one line end: the data line
+	// is not ended twice (which would dispatch it early, alone).
+	s := NewSSEUsageScanner()
+	writeInChunks(s, "data: {\"choices\":[],\r", 100)
+	writeInChunks(s, "\ndata: \"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2,\"total_tokens\":3}}\r\n\r\n", 100)
+	if u, ok := s.Usage(); !ok || u.TotalTokens != 3 || s.Err() != nil {
+		t.Fatalf("CRLF split between writes: %+v %v %v", u, ok, s.Err())
+	}
+}
+
+// An event's data is its data lines joined by "\n": a JSON object split
+// over several is read whole, at the blank line that ends the event.
+func TestSSEUsageScannerJoinsTheDataLinesOfAnEvent(t *testing.T) {
+	stream := "data: {\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":1,\"total_tokens\":10}}\n\n" +
+		"data: {\"choices\":[],\n" +
+		"data:\"usage\":{\"prompt_tokens\":9,\n" + // no space after the colon is fine too
+		": a comment inside the event\n" +
+		"id: 7\n" +
+		"data:  \"completion_tokens\":31,\"total_tokens\":40}}\n" +
+		"\n" +
+		"data\n\n" + // an event of empty data: nothing
+		"data: [DONE]\n\n"
+	for _, chunk := range []int{1, 5, len(stream)} {
+		s := NewSSEUsageScanner()
+		writeInChunks(s, stream, chunk)
+		if u, ok := s.Usage(); !ok || u.TotalTokens != 40 || u.CompletionTokens != 31 || s.Err() != nil || !s.Done() {
+			t.Fatalf("chunks of %d: usage %+v %v, err %v, done %v: want 40 tokens", chunk, u, ok, s.Err(), s.Done())
+		}
+	}
+	// Two whole objects in one event are not one JSON value: unreadable.
+	s := NewSSEUsageScanner()
+	writeInChunks(s, "data: {\"usage\":{\"total_tokens\":10}}\n\n"+
+		"data: {\"usage\":{\"total_tokens\":20}}\ndata: {\"usage\":{\"total_tokens\":30}}\n\n", 4096)
+	if u, ok := s.Usage(); ok || s.Err() == nil {
+		t.Fatalf("two objects in one event: %+v %v, err %v: want unknown", u, ok, s.Err())
+	}
+}
+
+// A stream cut between two data lines of its final event (at a line
+// boundary, before the blank line) has no certain final usage: unknown,
+// never the earlier figure. Cut inside the field name of what may be a
+// data line, the same.
+func TestSSEUsageScannerCutInsideAnEventIsUnknown(t *testing.T) {
+	early := "data: {\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":1,\"total_tokens\":10}}\n\n"
+	for name, last := range map[string]string{
+		"after the first of its data lines, LF":   "data: {\"choices\":[],\n",
+		"after the first of its data lines, CR":   "data: {\"choices\":[],\r",
+		"after the first of its data lines, CRLF": "data: {\"choices\":[],\r\n",
+		"after a comment inside it":               "data: {\"choices\":[],\n: keep-alive\n",
+		"inside the field name":                   "da",
+	} {
+		s := NewSSEUsageScanner()
+		writeInChunks(s, early+last, 4096)
+		if u, ok := s.Usage(); ok || s.Err() == nil {
+			t.Errorf("%s: usage %+v %v, err %v: want unknown, not the earlier 10 tokens", name, u, ok, s.Err())
+		}
+	}
+	// The rest of the event, written after, is read.
+	s := NewSSEUsageScanner()
+	writeInChunks(s, early+"data: {\"choices\":[],\n", 4096)
+	if _, ok := s.Usage(); ok {
+		t.Fatal("cut between data lines: usage known")
+	}
+	writeInChunks(s, "data: \"usage\":{\"prompt_tokens\":9,\"completion_tokens\":31,\"total_tokens\":40}}\n\n", 4096)
+	if u, ok := s.Usage(); !ok || u.TotalTokens != 40 || s.Err() != nil {
+		t.Fatalf("the rest of the event: %+v %v %v", u, ok, s.Err())
+	}
+	// A whole event of other fields, cut before its blank line, leaves
+	// the earlier usage.
+	s = NewSSEUsageScanner()
+	writeInChunks(s, early+"event: ping\n", 4096)
+	if u, ok := s.Usage(); !ok || u.TotalTokens != 10 {
+		t.Fatalf("cut after a non-data line: %+v %v %v", u, ok, s.Err())
+	}
+}
+
+// The scanner holds at most maxSSELine bytes (the event's data and the
+// current line together) however its data is split: an event whose data
+// lines add up to more and that names "usage" cannot be read, so the
+// usage is unknown; one that does not is skipped.
+func TestSSEUsageScannerBoundsAnEventOfManyDataLines(t *testing.T) {
+	early := "data: {\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":1,\"total_tokens\":10}}\n\n"
+	line := "data: " + strings.Repeat("x", 4096) + "\n"
+	var many strings.Builder
+	for many.Len() < 2*maxSSELine {
+		many.WriteString(line)
+	}
+	for name, tc := range map[string]struct {
+		event string
+		known bool
+	}{
+		"naming usage at its end":   {many.String() + "data: \"usage\":{\"total_tokens\":99}}\n\n", false},
+		"naming usage at its start": {"data: {\"usage\":{\"total_tokens\":99},\n" + many.String() + "\n", false},
+		"naming no usage":           {many.String() + "\n", true},
+	} {
+		s := NewSSEUsageScanner()
+		for rest := early + tc.event; rest != ""; {
+			n := min(65536, len(rest))
+			s.Write([]byte(rest[:n]))
+			rest = rest[n:]
+			if held := len(s.data) + len(s.line); held > maxSSELine {
+				t.Fatalf("%s: holds %d bytes, over %d", name, held, maxSSELine)
+			}
+		}
+		u, ok := s.Usage()
+		if tc.known && (!ok || u.TotalTokens != 10) || !tc.known && (ok || s.Err() == nil) {
+			t.Fatalf("%s: usage %+v %v, err %v", name, u, ok, s.Err())
+		}
+	}
+}
