@@ -24,9 +24,10 @@ import (
 	"github.com/capledger/capledger/store"
 )
 
-// commandCounts scrapes capledger_commands_total from the server's
-// /metrics over its socket, by "kind/outcome".
-func (h *harness) commandCounts() map[string]float64 {
+// metricSamples scrapes the samples of one metric from the server's
+// /metrics over its socket: each sample's labels (the text between the
+// braces) and value.
+func (h *harness) metricSamples(name string) map[string]float64 {
 	h.t.Helper()
 	resp, err := http.Get("http://" + h.addr + "/metrics")
 	if err != nil {
@@ -37,19 +38,29 @@ func (h *harness) commandCounts() map[string]float64 {
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	counts := map[string]float64{}
+	samples := map[string]float64{}
 	for _, line := range strings.Split(string(body), "\n") {
-		rest, ok := strings.CutPrefix(line, `capledger_commands_total{kind="`)
+		rest, ok := strings.CutPrefix(line, name+"{")
 		if !ok {
 			continue
 		}
-		kind, rest, _ := strings.Cut(rest, `",outcome="`)
-		outcome, value, _ := strings.Cut(rest, `"} `)
+		labels, value, _ := strings.Cut(rest, "} ")
 		v, err := strconv.ParseFloat(value, 64)
 		if err != nil {
 			h.t.Fatalf("metrics line %q: %v", line, err)
 		}
-		counts[kind+"/"+outcome] = v
+		samples[labels] = v
+	}
+	return samples
+}
+
+// commandCounts reads capledger_commands_total by "kind/outcome".
+func (h *harness) commandCounts() map[string]float64 {
+	h.t.Helper()
+	counts := map[string]float64{}
+	for labels, v := range h.metricSamples("capledger_commands_total") {
+		kind, rest, _ := strings.Cut(strings.TrimPrefix(labels, `kind="`), `",outcome="`)
+		counts[kind+"/"+strings.TrimSuffix(rest, `"`)] = v
 	}
 	return counts
 }
@@ -125,29 +136,11 @@ func TestStaleCheckCountsOnce(t *testing.T) {
 	h.wantCounted(before, map[string]float64{"reserve/ok": 1, "start/ok": 1, "settle/ok": 1})
 }
 
-// rejectionTotal scrapes the sum of capledger_rejections_total over every
-// label from the server's /metrics over its socket.
+// rejectionTotal sums capledger_rejections_total over every label.
 func (h *harness) rejectionTotal() float64 {
 	h.t.Helper()
-	resp, err := http.Get("http://" + h.addr + "/metrics")
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		h.t.Fatal(err)
-	}
 	total := 0.0
-	for _, line := range strings.Split(string(body), "\n") {
-		if !strings.HasPrefix(line, "capledger_rejections_total{") {
-			continue
-		}
-		_, value, _ := strings.Cut(line, "} ")
-		v, err := strconv.ParseFloat(value, 64)
-		if err != nil {
-			h.t.Fatalf("metrics line %q: %v", line, err)
-		}
+	for _, v := range h.metricSamples("capledger_rejections_total") {
 		total += v
 	}
 	return total
