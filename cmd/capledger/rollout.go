@@ -372,9 +372,10 @@ burst is counted as "blocked by burst", never hidden.
 
   --wait          poll until everything is zero, with a progress bar on
                   stderr; exit 0 when drained, 4 after --max-wait, or 4 at
-                  once when a generation holds capacity that nothing can
-                  take (no policy decides for its subject: BLOCKED says
-                  "no policy"); publish one, then run --status GEN --wait
+                  once when a generation holds capacity or debt that
+                  nothing can take (no policy decides for its subject:
+                  BLOCKED says "no policy"); publish one, then run
+                  --status GEN --wait
   --max-wait DUR  give up waiting after this long (default 1h)
   --interval DUR  poll interval (default 2s)
   --status        do not roll back: only show (and drain) what the
@@ -455,9 +456,10 @@ func runRollback(ctx context.Context, e *env, args []string) error {
 			return err
 		}
 		left := drainLeft(msg)
-		if first < 0 {
-			first = left
-		}
+		// Units left can grow while settlement goes on (a settle above its
+		// hold on a rolled-back generation adds debt): the bar measures
+		// against the most ever seen, so it never runs backwards past 0%.
+		first = max(first, left)
 		if !*wait {
 			printDrain(e.stdout, msg)
 			return nil
@@ -467,9 +469,9 @@ func runRollback(ctx context.Context, e *env, args []string) error {
 			printDrain(e.stdout, msg)
 			return nil
 		}
-		// Capacity that no generation can take stays where it is until
-		// someone publishes a policy: waiting for it would only run out
-		// --max-wait while the table shows it blocked.
+		// Capacity or debt that no generation can take stays where it is
+		// until someone publishes a policy: waiting for it would only run
+		// out --max-wait while the table shows it blocked.
 		if stuck := blockedNoPolicy(msg); stuck != "" {
 			printDrain(e.stdout, msg)
 			return exitError{code: exitConflict, err: fmt.Errorf("cannot drain: %s; "+
@@ -495,15 +497,15 @@ func generationText(g uint64) string {
 	return "generation " + strconv.FormatUint(g, 10)
 }
 
-// blockedNoPolicy names the generations holding available capacity that no
-// generation decides for (and so cannot drain until a policy is
-// published), or is empty.
+// blockedNoPolicy names the generations holding available capacity or
+// debt that no generation decides for (and so cannot drain until a policy
+// is published), or is empty.
 func blockedNoPolicy(msg *v1.DrainProgressResponse) string {
 	var parts []string
 	for _, g := range msg.GetGenerations() {
 		if n := g.GetBlockedNoPolicy(); n > 0 {
-			parts = append(parts, fmt.Sprintf("generation %d (%s/%s@%s) has %d account(s) blocked with no policy (available %s)",
-				g.GetGeneration(), g.GetSubject(), g.GetRoute(), g.GetRegion(), n, unitsText(g.GetAvailable())))
+			parts = append(parts, fmt.Sprintf("generation %d (%s/%s@%s) has %d account(s) blocked with no policy (available %s, debt %s)",
+				g.GetGeneration(), g.GetSubject(), g.GetRoute(), g.GetRegion(), n, unitsText(g.GetAvailable()), unitsText(g.GetDebt())))
 		}
 	}
 	return strings.Join(parts, ", ")

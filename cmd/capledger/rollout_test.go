@@ -1,7 +1,9 @@
 package main
 
 import (
+	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -304,4 +306,70 @@ func TestCLITablesQuoteNamesWithLineEnds(t *testing.T) {
 	oneRow(run("rollout", "list"), `^"two\\nlines"\s+route\s+0%\s+-\s+"chat\\ngenerate"@global$`)
 	oneRow(run("rollout", "get", "two\nlines"), `^"chat\\ngenerate"@global\s+shadow$`)
 	oneRow(run("rollback", "1"), `^1\s+"tenant\\n7"/"chat\\ngenerate"@global\s+rolled back\s`)
+}
+
+// Settlement goes on after a rollback, so what a rolled-back generation
+// holds can grow while an operator follows it: a started reservation of
+// the only generation of a key settles far above its hold, and its debt
+// stays on the generation (nothing decides for the subject, and a
+// rolled-back generation mints nothing to repay it). The binary's `rollback
+// --wait` must neither crash on the growing figure (its progress bar once
+// panicked on a negative repeat count) nor wait out --max-wait: the debt
+// is blocked with no policy, so it stops at once with exit 4 and says so.
+func TestRollbackWaitFollowsDebtNothingCanTake(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	bin := buildBinary(t)
+	dir := t.TempDir()
+	srv := startServer(t, bin, filepath.Join(dir, "data"))
+	run := func(want int, args ...string) string {
+		t.Helper()
+		code, out, errOut := cli(t, srv.url, args...)
+		wantExit(t, want, code, out, errOut)
+		return out + errOut
+	}
+	path := filepath.Join(dir, "policy.yaml")
+	body := "subject: tenant-10\nroute: solo.route\nholdTTL: 1h\n" +
+		"dimensions:\n  - unit: tokens\n    burst: 1000\n    refillUnits: 10\n    refillInterval: 1s\n    maxOverdraft: 5000\n"
+	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	run(exitOK, "policy", "publish", path) // generation 1, the key's only one
+	run(exitOK, "reserve", "--subject", "tenant-10", "--route", "solo.route", "--units", "tokens=1000", "--id", "big")
+	run(exitOK, "start", "--id", "big", "--operation", "op-big")
+	run(exitOK, "rollback", "1")
+
+	var stdout, stderr lockedBuffer
+	follow := exec.Command(bin, "rollback", "--status", "1", "--wait", "--interval", "20ms", "--max-wait", "30s")
+	follow.Env = append(os.Environ(), "CAPLEDGER_ADDR="+srv.url, "CAPLEDGER_TOKEN=")
+	follow.Stdout, follow.Stderr = &stdout, &stderr
+	if err := follow.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(20 * time.Second); !strings.Contains(stderr.String(), "1000 units left"); {
+		if time.Now().After(deadline) {
+			follow.Process.Kill()
+			t.Fatalf("no progress line for the hold:\n%s", stderr.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	began := time.Now()
+	// 3000 against a hold of 1000: 2000 of debt on the rolled-back generation.
+	run(exitOK, "settle", "--id", "big", "--operation", "op-big", "--units", "tokens=3000")
+	err := follow.Wait()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != exitConflict {
+		t.Fatalf("rollback --wait: %v, want exit %d\nstdout: %s\nstderr: %s", err, exitConflict, stdout.String(), stderr.String())
+	}
+	if took := time.Since(began); took > 15*time.Second {
+		t.Errorf("--wait took %s to give up on debt nothing can take", took)
+	}
+	if !strings.Contains(stderr.String(), "2000 units left") ||
+		!strings.Contains(stderr.String(), "has 1 account(s) blocked with no policy (available 0, debt tokens=2000)") {
+		t.Errorf("the progress and the message do not show the debt:\n%s", stderr.String())
+	}
+	if !regexpLine(stdout.String(), `^1\s+tenant-10/solo.route@global\s+rolled back\s+1\s+0\s+tokens=2000\s+0\s+0 by burst, 1 no policy\s+0\s+false$`) {
+		t.Errorf("the table does not show the blocked debt:\n%s", stdout.String())
+	}
 }
