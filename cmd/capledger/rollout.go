@@ -374,8 +374,8 @@ burst is counted as "blocked by burst", never hidden.
                   stderr; exit 0 when drained, 4 after --max-wait, or 4 at
                   once when a generation holds capacity or debt that
                   nothing can take (no policy decides for its subject:
-                  BLOCKED says "no policy"); publish one, then run
-                  --status GEN --wait
+                  BLOCKED says "no policy"; publish one, then run --status
+                  GEN --wait) or is its key's active one (it never drains)
   --max-wait DUR  give up waiting after this long (default 1h)
   --interval DUR  poll interval (default 2s)
   --status        do not roll back: only show (and drain) what the
@@ -469,6 +469,13 @@ func runRollback(ctx context.Context, e *env, args []string) error {
 			printDrain(e.stdout, msg)
 			return nil
 		}
+		// An active generation decides admission, so it never drains:
+		// waiting for it would only run out --max-wait.
+		if live := activeGenerations(msg); live != "" {
+			printDrain(e.stdout, msg)
+			return exitError{code: exitConflict, err: fmt.Errorf("cannot drain: %s; "+
+				"an active generation decides admission and never drains: roll it back first (`capledger rollback GEN`)", live)}
+		}
 		// Capacity or debt that no generation can take stays where it is
 		// until someone publishes a policy: waiting for it would only run
 		// out --max-wait while the table shows it blocked.
@@ -506,6 +513,18 @@ func blockedNoPolicy(msg *v1.DrainProgressResponse) string {
 		if n := g.GetBlockedNoPolicy(); n > 0 {
 			parts = append(parts, fmt.Sprintf("generation %d (%s/%s@%s) has %d account(s) blocked with no policy (available %s, debt %s)",
 				g.GetGeneration(), g.GetSubject(), g.GetRoute(), g.GetRegion(), n, unitsText(g.GetAvailable()), unitsText(g.GetDebt())))
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
+// activeGenerations names the generations that are their key's active one
+// (and so never drain), or is empty.
+func activeGenerations(msg *v1.DrainProgressResponse) string {
+	var parts []string
+	for _, g := range msg.GetGenerations() {
+		if g.GetActive() {
+			parts = append(parts, fmt.Sprintf("generation %d (%s) is active", g.GetGeneration(), keyCell(g.GetSubject(), g.GetRoute(), g.GetRegion())))
 		}
 	}
 	return strings.Join(parts, ", ")

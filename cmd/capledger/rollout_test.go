@@ -373,3 +373,30 @@ func TestRollbackWaitFollowsDebtNothingCanTake(t *testing.T) {
 		t.Errorf("the table does not show the blocked debt:\n%s", stdout.String())
 	}
 }
+
+// A generation that is its key's active one decides admission and never
+// drains, so `rollback --status GEN --wait` on it (a mistyped generation at
+// 3 a.m.) stops at once with exit 4 and says to roll it back, instead of
+// polling until --max-wait.
+func TestRollbackWaitRefusesAnActiveGeneration(t *testing.T) {
+	url := startInProcess(t)
+	path := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(path, []byte(policyYAML), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := cli(t, url, "policy", "publish", path) // generation 1
+	wantExit(t, exitOK, code, out, errOut)
+	began := time.Now()
+	code, out, errOut = cli(t, url, "rollback", "--status", "1", "--wait", "--interval", "10ms", "--max-wait", "20s")
+	wantExit(t, exitConflict, code, out, errOut)
+	if took := time.Since(began); took > 10*time.Second {
+		t.Errorf("--wait took %s on an active generation", took)
+	}
+	if !strings.Contains(errOut, "cannot drain: generation 1 (tenant-7/chat.generate@global) is active") ||
+		!strings.Contains(errOut, "roll it back first") {
+		t.Errorf("the message does not name the active generation:\n%s", errOut)
+	}
+	if !regexpLine(out, `^1\s+tenant-7/chat.generate@global\s+active\s+`) {
+		t.Errorf("the table does not show the generation active:\n%s", out)
+	}
+}
