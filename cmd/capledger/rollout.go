@@ -422,10 +422,17 @@ func runRollback(ctx context.Context, e *env, args []string) error {
 	if len(positional) == 0 {
 		return usagef("want the generations to roll back (or --rollout NAME)")
 	}
-	gens := make([]uint64, len(positional))
-	for i, p := range positional {
-		if gens[i], err = strconv.ParseUint(p, 10, 64); err != nil || gens[i] == 0 {
+	// A generation named twice (e.g. pasted twice) is rolled back and
+	// shown once: the server would answer its second mention as "was
+	// rolled back already", as if someone else had done it.
+	var gens []uint64
+	for _, p := range positional {
+		g, err := strconv.ParseUint(p, 10, 64)
+		if err != nil || g == 0 {
 			return usagef("generation %q is not a positive integer", p)
+		}
+		if !slices.Contains(gens, g) {
+			gens = append(gens, g)
 		}
 	}
 	if *interval <= 0 {

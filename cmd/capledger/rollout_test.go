@@ -400,3 +400,24 @@ func TestRollbackWaitRefusesAnActiveGeneration(t *testing.T) {
 		t.Errorf("the table does not show the generation active:\n%s", out)
 	}
 }
+
+// A generation named twice in one rollback (a paste at 3 a.m.) is rolled
+// back once and shown once, not answered a second time as "was rolled back
+// already", which reads as if another operator had done it.
+func TestRollbackOfAGenerationNamedTwice(t *testing.T) {
+	url := startInProcess(t)
+	path := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(path, []byte(policyYAML), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := cli(t, url, "policy", "publish", path) // generation 1
+	wantExit(t, exitOK, code, out, errOut)
+	code, out, errOut = cli(t, url, "rollback", "1", "1")
+	wantExit(t, exitOK, code, out, errOut)
+	if n := strings.Count(out, "rolled back generation 1 of tenant-7/chat.generate@global; active now: none"); n != 1 || strings.Contains(out, "was rolled back already") {
+		t.Errorf("rollback 1 1 answered %d times, want once and fresh:\n%s", n, out)
+	}
+	if n := strings.Count(out, "tenant-7/chat.generate@global  rolled back"); n != 1 {
+		t.Errorf("the drain table shows generation 1 %d times:\n%s", n, out)
+	}
+}
