@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -375,7 +376,9 @@ burst is counted as "blocked by burst", never hidden.
                   once when a generation holds capacity or debt that
                   nothing can take (no policy decides for its subject:
                   BLOCKED says "no policy"; publish one, then run --status
-                  GEN --wait) or is its key's active one (it never drains)
+                  GEN --wait) or is its key's active one (it never drains);
+                  a server unavailable after the first answer is polled
+                  again until --max-wait
   --max-wait DUR  give up waiting after this long (default 1h)
   --interval DUR  poll interval (default 2s)
   --status        do not roll back: only show (and drain) what the
@@ -460,7 +463,18 @@ func runRollback(ctx context.Context, e *env, args []string) error {
 	for {
 		msg, err := unary(ctx, cf.timeout, client.DrainProgress, &v1.DrainProgressRequest{Generations: gens, RunDrains: !*noDrain})
 		if err != nil {
-			return err
+			// A replica restarting or failing over mid-drain does not end
+			// the follow: once a poll has answered, an unavailable server
+			// is polled again until --max-wait, the error shown each time.
+			var failed exitError
+			if !*wait || first < 0 || !errors.As(err, &failed) || failed.code != exitUnavailable || time.Now().After(deadline) {
+				return err
+			}
+			fmt.Fprintf(e.stderr, "poll failed, polling again in %s: %v\n", *interval, err)
+			if err := sleepCtx(ctx, *interval); err != nil {
+				return err
+			}
+			continue
 		}
 		left := drainLeft(msg)
 		// Units left can grow while settlement goes on (a settle above its
@@ -496,11 +510,19 @@ func runRollback(ctx context.Context, e *env, args []string) error {
 			printDrain(e.stdout, msg)
 			return exitError{code: exitConflict, err: fmt.Errorf("not drained after %s", *maxWait)}
 		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(*interval):
+		if err := sleepCtx(ctx, *interval); err != nil {
+			return err
 		}
+	}
+}
+
+// sleepCtx waits d, or returns ctx's error when it ends first.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(d):
+		return nil
 	}
 }
 

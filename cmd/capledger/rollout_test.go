@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"os"
 	"os/exec"
@@ -419,5 +420,73 @@ func TestRollbackOfAGenerationNamedTwice(t *testing.T) {
 	}
 	if n := strings.Count(out, "tenant-7/chat.generate@global  rolled back"); n != 1 {
 		t.Errorf("the drain table shows generation 1 %d times:\n%s", n, out)
+	}
+}
+
+// A follow of a drain outlives the server going away for a while (a
+// replica restarting, a failover): once a poll has answered, `rollback
+// --wait` polls an unavailable server again, saying so, until --max-wait,
+// and ends with exit 0 when the drain completes after the server is back.
+// Here the connection is cut through a proxy while a hold is still
+// reserved, the hold expires meanwhile, and the drain is seen through.
+func TestRollbackWaitOutlivesAnUnavailableServer(t *testing.T) {
+	url := startInProcess(t)
+	proxy := newCuttableProxy(t, strings.TrimPrefix(url, "http://"))
+	dir := t.TempDir()
+	runCLI := func(want int, args ...string) string {
+		t.Helper()
+		code, out, errOut := cli(t, url, args...)
+		wantExit(t, want, code, out, errOut)
+		return out + errOut
+	}
+	for _, overdraft := range []string{"0", "100"} { // generations 1 and 2
+		path := filepath.Join(dir, "policy"+overdraft+".yaml")
+		body := "subject: tenant-7\nroute: chat.generate\nholdTTL: 2s\n" +
+			"dimensions:\n  - unit: tokens\n    burst: 1000\n    refillUnits: 1\n    refillInterval: 1h\n    maxOverdraft: " + overdraft + "\n"
+		if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		runCLI(exitOK, "policy", "publish", path)
+	}
+	runCLI(exitOK, "reserve", "--subject", "tenant-7", "--route", "chat.generate", "--units", "tokens=100", "--id", "hold")
+	runCLI(exitOK, "rollback", "2") // generation 1 decides again; the hold stays on 2
+
+	var stdout, stderr lockedBuffer
+	done := make(chan int, 1)
+	go func() {
+		e := &env{stdout: &stdout, stderr: &stderr, getenv: func(k string) string {
+			if k == "CAPLEDGER_ADDR" {
+				return "http://" + proxy.addr
+			}
+			return ""
+		}}
+		done <- run(context.Background(), e, []string{"rollback", "--status", "2", "--wait", "--interval", "50ms", "--max-wait", "1m", "--timeout", "2s"})
+	}()
+	waitFor := func(what string) {
+		t.Helper()
+		for deadline := time.Now().Add(20 * time.Second); !strings.Contains(stderr.String(), what); {
+			select {
+			case code := <-done:
+				t.Fatalf("rollback --wait exited %d before %q:\nstdout: %s\nstderr: %s", code, what, stdout.String(), stderr.String())
+			default:
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("no %q:\n%s", what, stderr.String())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	waitFor("100 units left")
+	proxy.cut()
+	waitFor("poll failed, polling again in 50ms: unavailable")
+	time.Sleep(3 * time.Second) // the 2 s hold expires while the follower cannot reach the server
+	proxy.mend(t)
+	select {
+	case code := <-done:
+		if code != exitOK || !regexpLine(stdout.String(), `^2\s+tenant-7/chat.generate@global\s+rolled back\s+1\s+0\s+0\s+0\s+-\s+0\s+true$`) {
+			t.Fatalf("rollback --wait exited %d:\nstdout: %s\nstderr: %s", code, stdout.String(), stderr.String())
+		}
+	case <-time.After(40 * time.Second):
+		t.Fatalf("rollback --wait did not finish after the server came back:\n%s", stderr.String())
 	}
 }
