@@ -22,7 +22,8 @@ type GenerationDrain struct {
 	Reserved, Debt, Available ledger.Amounts
 	// BlockedByBurst counts accounts holding available capacity that the
 	// drain cannot move because the deciding account is at its burst;
-	// BlockedNoPolicy those whose subject no generation decides for.
+	// BlockedNoPolicy those holding capacity or debt whose subject no
+	// generation decides for.
 	BlockedByBurst, BlockedNoPolicy int64
 	// UnreconciledShards are shards issued under the generation and not
 	// reconciled; ShardUnits their allocations.
@@ -133,20 +134,20 @@ func (e *Engine) DrainProgress(ctx context.Context, generations []uint64) ([]Gen
 	return out, nil
 }
 
-// addDrain adds one account to d, and says whether the capacity it still
-// holds can move: a drain moves available capacity only up to the deciding
-// account's burst, and nowhere when nothing decides for the subject.
+// addDrain adds one account to d, and says whether what it still holds
+// can move: a drain moves available capacity only up to the deciding
+// account's burst, and neither capacity nor debt anywhere when nothing
+// decides for the subject (a rolled-back generation mints nothing, so its
+// debt would stay forever).
 func (e *Engine) addDrain(ctx context.Context, d *GenerationDrain, a *ledger.Account, active ledger.ActiveGenerations, byGeneration map[uint64]*ledger.Policy) error {
 	d.Accounts++
-	left := false
 	for i := 0; i < a.Dims; i++ {
 		b := &a.Balances[i]
 		d.Reserved[i] += b.Reserved
 		d.Debt[i] += b.Debt()
 		d.Available[i] += b.Available
-		left = left || b.Available > 0
 	}
-	if !left || d.Active {
+	if !holds(a) || d.Active {
 		return nil
 	}
 	deciding, ok := active.Deciding(a.Key.SubjectKey())

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -372,9 +373,12 @@ burst is counted as "blocked by burst", never hidden.
 
   --wait          poll until everything is zero, with a progress bar on
                   stderr; exit 0 when drained, 4 after --max-wait, or 4 at
-                  once when a generation holds capacity that nothing can
-                  take (no policy decides for its subject: BLOCKED says
-                  "no policy"); publish one, then run --status GEN --wait
+                  once when a generation holds capacity or debt that
+                  nothing can take (no policy decides for its subject:
+                  BLOCKED says "no policy"; publish one, then run --status
+                  GEN --wait) or is its key's active one (it never drains);
+                  a server unavailable after the first answer is polled
+                  again until --max-wait
   --max-wait DUR  give up waiting after this long (default 1h)
   --interval DUR  poll interval (default 2s)
   --status        do not roll back: only show (and drain) what the
@@ -421,10 +425,17 @@ func runRollback(ctx context.Context, e *env, args []string) error {
 	if len(positional) == 0 {
 		return usagef("want the generations to roll back (or --rollout NAME)")
 	}
-	gens := make([]uint64, len(positional))
-	for i, p := range positional {
-		if gens[i], err = strconv.ParseUint(p, 10, 64); err != nil || gens[i] == 0 {
+	// A generation named twice (e.g. pasted twice) is rolled back and
+	// shown once: the server would answer its second mention as "was
+	// rolled back already", as if someone else had done it.
+	var gens []uint64
+	for _, p := range positional {
+		g, err := strconv.ParseUint(p, 10, 64)
+		if err != nil || g == 0 {
 			return usagef("generation %q is not a positive integer", p)
+		}
+		if !slices.Contains(gens, g) {
+			gens = append(gens, g)
 		}
 	}
 	if *interval <= 0 {
@@ -452,12 +463,24 @@ func runRollback(ctx context.Context, e *env, args []string) error {
 	for {
 		msg, err := unary(ctx, cf.timeout, client.DrainProgress, &v1.DrainProgressRequest{Generations: gens, RunDrains: !*noDrain})
 		if err != nil {
-			return err
+			// A replica restarting or failing over mid-drain does not end
+			// the follow: once a poll has answered, an unavailable server
+			// is polled again until --max-wait, the error shown each time.
+			var failed exitError
+			if !*wait || first < 0 || !errors.As(err, &failed) || failed.code != exitUnavailable || time.Now().After(deadline) {
+				return err
+			}
+			fmt.Fprintf(e.stderr, "poll failed, polling again in %s: %v\n", *interval, err)
+			if err := sleepCtx(ctx, *interval); err != nil {
+				return err
+			}
+			continue
 		}
 		left := drainLeft(msg)
-		if first < 0 {
-			first = left
-		}
+		// Units left can grow while settlement goes on (a settle above its
+		// hold on a rolled-back generation adds debt): the bar measures
+		// against the most ever seen, so it never runs backwards past 0%.
+		first = max(first, left)
 		if !*wait {
 			printDrain(e.stdout, msg)
 			return nil
@@ -467,9 +490,16 @@ func runRollback(ctx context.Context, e *env, args []string) error {
 			printDrain(e.stdout, msg)
 			return nil
 		}
-		// Capacity that no generation can take stays where it is until
-		// someone publishes a policy: waiting for it would only run out
-		// --max-wait while the table shows it blocked.
+		// An active generation decides admission, so it never drains:
+		// waiting for it would only run out --max-wait.
+		if live := activeGenerations(msg); live != "" {
+			printDrain(e.stdout, msg)
+			return exitError{code: exitConflict, err: fmt.Errorf("cannot drain: %s; "+
+				"an active generation decides admission and never drains: roll it back first (`capledger rollback GEN`)", live)}
+		}
+		// Capacity or debt that no generation can take stays where it is
+		// until someone publishes a policy: waiting for it would only run
+		// out --max-wait while the table shows it blocked.
 		if stuck := blockedNoPolicy(msg); stuck != "" {
 			printDrain(e.stdout, msg)
 			return exitError{code: exitConflict, err: fmt.Errorf("cannot drain: %s; "+
@@ -480,11 +510,19 @@ func runRollback(ctx context.Context, e *env, args []string) error {
 			printDrain(e.stdout, msg)
 			return exitError{code: exitConflict, err: fmt.Errorf("not drained after %s", *maxWait)}
 		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(*interval):
+		if err := sleepCtx(ctx, *interval); err != nil {
+			return err
 		}
+	}
+}
+
+// sleepCtx waits d, or returns ctx's error when it ends first.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(d):
+		return nil
 	}
 }
 
@@ -495,15 +533,27 @@ func generationText(g uint64) string {
 	return "generation " + strconv.FormatUint(g, 10)
 }
 
-// blockedNoPolicy names the generations holding available capacity that no
-// generation decides for (and so cannot drain until a policy is
-// published), or is empty.
+// blockedNoPolicy names the generations holding available capacity or
+// debt that no generation decides for (and so cannot drain until a policy
+// is published), or is empty.
 func blockedNoPolicy(msg *v1.DrainProgressResponse) string {
 	var parts []string
 	for _, g := range msg.GetGenerations() {
 		if n := g.GetBlockedNoPolicy(); n > 0 {
-			parts = append(parts, fmt.Sprintf("generation %d (%s/%s@%s) has %d account(s) blocked with no policy (available %s)",
-				g.GetGeneration(), g.GetSubject(), g.GetRoute(), g.GetRegion(), n, unitsText(g.GetAvailable())))
+			parts = append(parts, fmt.Sprintf("generation %d (%s/%s@%s) has %d account(s) blocked with no policy (available %s, debt %s)",
+				g.GetGeneration(), g.GetSubject(), g.GetRoute(), g.GetRegion(), n, unitsText(g.GetAvailable()), unitsText(g.GetDebt())))
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
+// activeGenerations names the generations that are their key's active one
+// (and so never drain), or is empty.
+func activeGenerations(msg *v1.DrainProgressResponse) string {
+	var parts []string
+	for _, g := range msg.GetGenerations() {
+		if g.GetActive() {
+			parts = append(parts, fmt.Sprintf("generation %d (%s) is active", g.GetGeneration(), keyCell(g.GetSubject(), g.GetRoute(), g.GetRegion())))
 		}
 	}
 	return strings.Join(parts, ", ")

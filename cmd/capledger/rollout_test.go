@@ -1,7 +1,10 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -304,4 +307,186 @@ func TestCLITablesQuoteNamesWithLineEnds(t *testing.T) {
 	oneRow(run("rollout", "list"), `^"two\\nlines"\s+route\s+0%\s+-\s+"chat\\ngenerate"@global$`)
 	oneRow(run("rollout", "get", "two\nlines"), `^"chat\\ngenerate"@global\s+shadow$`)
 	oneRow(run("rollback", "1"), `^1\s+"tenant\\n7"/"chat\\ngenerate"@global\s+rolled back\s`)
+}
+
+// Settlement goes on after a rollback, so what a rolled-back generation
+// holds can grow while an operator follows it: a started reservation of
+// the only generation of a key settles far above its hold, and its debt
+// stays on the generation (nothing decides for the subject, and a
+// rolled-back generation mints nothing to repay it). The binary's `rollback
+// --wait` must neither crash on the growing figure (its progress bar once
+// panicked on a negative repeat count) nor wait out --max-wait: the debt
+// is blocked with no policy, so it stops at once with exit 4 and says so.
+func TestRollbackWaitFollowsDebtNothingCanTake(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	bin := buildBinary(t)
+	dir := t.TempDir()
+	srv := startServer(t, bin, filepath.Join(dir, "data"))
+	run := func(want int, args ...string) string {
+		t.Helper()
+		code, out, errOut := cli(t, srv.url, args...)
+		wantExit(t, want, code, out, errOut)
+		return out + errOut
+	}
+	path := filepath.Join(dir, "policy.yaml")
+	body := "subject: tenant-10\nroute: solo.route\nholdTTL: 1h\n" +
+		"dimensions:\n  - unit: tokens\n    burst: 1000\n    refillUnits: 10\n    refillInterval: 1s\n    maxOverdraft: 5000\n"
+	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	run(exitOK, "policy", "publish", path) // generation 1, the key's only one
+	run(exitOK, "reserve", "--subject", "tenant-10", "--route", "solo.route", "--units", "tokens=1000", "--id", "big")
+	run(exitOK, "start", "--id", "big", "--operation", "op-big")
+	run(exitOK, "rollback", "1")
+
+	var stdout, stderr lockedBuffer
+	follow := exec.Command(bin, "rollback", "--status", "1", "--wait", "--interval", "20ms", "--max-wait", "30s")
+	follow.Env = append(os.Environ(), "CAPLEDGER_ADDR="+srv.url, "CAPLEDGER_TOKEN=")
+	follow.Stdout, follow.Stderr = &stdout, &stderr
+	if err := follow.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(20 * time.Second); !strings.Contains(stderr.String(), "1000 units left"); {
+		if time.Now().After(deadline) {
+			follow.Process.Kill()
+			t.Fatalf("no progress line for the hold:\n%s", stderr.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	began := time.Now()
+	// 3000 against a hold of 1000: 2000 of debt on the rolled-back generation.
+	run(exitOK, "settle", "--id", "big", "--operation", "op-big", "--units", "tokens=3000")
+	err := follow.Wait()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != exitConflict {
+		t.Fatalf("rollback --wait: %v, want exit %d\nstdout: %s\nstderr: %s", err, exitConflict, stdout.String(), stderr.String())
+	}
+	if took := time.Since(began); took > 15*time.Second {
+		t.Errorf("--wait took %s to give up on debt nothing can take", took)
+	}
+	if !strings.Contains(stderr.String(), "2000 units left") ||
+		!strings.Contains(stderr.String(), "has 1 account(s) blocked with no policy (available 0, debt tokens=2000)") {
+		t.Errorf("the progress and the message do not show the debt:\n%s", stderr.String())
+	}
+	if !regexpLine(stdout.String(), `^1\s+tenant-10/solo.route@global\s+rolled back\s+1\s+0\s+tokens=2000\s+0\s+0 by burst, 1 no policy\s+0\s+false$`) {
+		t.Errorf("the table does not show the blocked debt:\n%s", stdout.String())
+	}
+}
+
+// A generation that is its key's active one decides admission and never
+// drains, so `rollback --status GEN --wait` on it (a mistyped generation at
+// 3 a.m.) stops at once with exit 4 and says to roll it back, instead of
+// polling until --max-wait.
+func TestRollbackWaitRefusesAnActiveGeneration(t *testing.T) {
+	url := startInProcess(t)
+	path := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(path, []byte(policyYAML), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := cli(t, url, "policy", "publish", path) // generation 1
+	wantExit(t, exitOK, code, out, errOut)
+	began := time.Now()
+	code, out, errOut = cli(t, url, "rollback", "--status", "1", "--wait", "--interval", "10ms", "--max-wait", "20s")
+	wantExit(t, exitConflict, code, out, errOut)
+	if took := time.Since(began); took > 10*time.Second {
+		t.Errorf("--wait took %s on an active generation", took)
+	}
+	if !strings.Contains(errOut, "cannot drain: generation 1 (tenant-7/chat.generate@global) is active") ||
+		!strings.Contains(errOut, "roll it back first") {
+		t.Errorf("the message does not name the active generation:\n%s", errOut)
+	}
+	if !regexpLine(out, `^1\s+tenant-7/chat.generate@global\s+active\s+`) {
+		t.Errorf("the table does not show the generation active:\n%s", out)
+	}
+}
+
+// A generation named twice in one rollback (a paste at 3 a.m.) is rolled
+// back once and shown once, not answered a second time as "was rolled back
+// already", which reads as if another operator had done it.
+func TestRollbackOfAGenerationNamedTwice(t *testing.T) {
+	url := startInProcess(t)
+	path := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(path, []byte(policyYAML), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := cli(t, url, "policy", "publish", path) // generation 1
+	wantExit(t, exitOK, code, out, errOut)
+	code, out, errOut = cli(t, url, "rollback", "1", "1")
+	wantExit(t, exitOK, code, out, errOut)
+	if n := strings.Count(out, "rolled back generation 1 of tenant-7/chat.generate@global; active now: none"); n != 1 || strings.Contains(out, "was rolled back already") {
+		t.Errorf("rollback 1 1 answered %d times, want once and fresh:\n%s", n, out)
+	}
+	if n := strings.Count(out, "tenant-7/chat.generate@global  rolled back"); n != 1 {
+		t.Errorf("the drain table shows generation 1 %d times:\n%s", n, out)
+	}
+}
+
+// A follow of a drain outlives the server going away for a while (a
+// replica restarting, a failover): once a poll has answered, `rollback
+// --wait` polls an unavailable server again, saying so, until --max-wait,
+// and ends with exit 0 when the drain completes after the server is back.
+// Here the connection is cut through a proxy while a hold is still
+// reserved, the hold expires meanwhile, and the drain is seen through.
+func TestRollbackWaitOutlivesAnUnavailableServer(t *testing.T) {
+	url := startInProcess(t)
+	proxy := newCuttableProxy(t, strings.TrimPrefix(url, "http://"))
+	dir := t.TempDir()
+	runCLI := func(want int, args ...string) string {
+		t.Helper()
+		code, out, errOut := cli(t, url, args...)
+		wantExit(t, want, code, out, errOut)
+		return out + errOut
+	}
+	for _, overdraft := range []string{"0", "100"} { // generations 1 and 2
+		path := filepath.Join(dir, "policy"+overdraft+".yaml")
+		body := "subject: tenant-7\nroute: chat.generate\nholdTTL: 2s\n" +
+			"dimensions:\n  - unit: tokens\n    burst: 1000\n    refillUnits: 1\n    refillInterval: 1h\n    maxOverdraft: " + overdraft + "\n"
+		if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		runCLI(exitOK, "policy", "publish", path)
+	}
+	runCLI(exitOK, "reserve", "--subject", "tenant-7", "--route", "chat.generate", "--units", "tokens=100", "--id", "hold")
+	runCLI(exitOK, "rollback", "2") // generation 1 decides again; the hold stays on 2
+
+	var stdout, stderr lockedBuffer
+	done := make(chan int, 1)
+	go func() {
+		e := &env{stdout: &stdout, stderr: &stderr, getenv: func(k string) string {
+			if k == "CAPLEDGER_ADDR" {
+				return "http://" + proxy.addr
+			}
+			return ""
+		}}
+		done <- run(context.Background(), e, []string{"rollback", "--status", "2", "--wait", "--interval", "50ms", "--max-wait", "1m", "--timeout", "2s"})
+	}()
+	waitFor := func(what string) {
+		t.Helper()
+		for deadline := time.Now().Add(20 * time.Second); !strings.Contains(stderr.String(), what); {
+			select {
+			case code := <-done:
+				t.Fatalf("rollback --wait exited %d before %q:\nstdout: %s\nstderr: %s", code, what, stdout.String(), stderr.String())
+			default:
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("no %q:\n%s", what, stderr.String())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	waitFor("100 units left")
+	proxy.cut()
+	waitFor("poll failed, polling again in 50ms: unavailable")
+	time.Sleep(3 * time.Second) // the 2 s hold expires while the follower cannot reach the server
+	proxy.mend(t)
+	select {
+	case code := <-done:
+		if code != exitOK || !regexpLine(stdout.String(), `^2\s+tenant-7/chat.generate@global\s+rolled back\s+1\s+0\s+0\s+0\s+-\s+0\s+true$`) {
+			t.Fatalf("rollback --wait exited %d:\nstdout: %s\nstderr: %s", code, stdout.String(), stderr.String())
+		}
+	case <-time.After(40 * time.Second):
+		t.Fatalf("rollback --wait did not finish after the server came back:\n%s", stderr.String())
+	}
 }
