@@ -222,7 +222,7 @@ func (r *Rollout) Undo(who string, now time.Time) (RolloutStep, error) {
 		r.Share = undone.Prior
 		return undone, nil
 	}
-	return RolloutStep{}, fmt.Errorf("%w: %s", ErrNothingToUndo, r.Name)
+	return RolloutStep{}, ErrNothingToUndo // the caller names the rollout
 }
 
 func (r *Rollout) appendStep(s RolloutStep) {

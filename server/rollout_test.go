@@ -110,7 +110,11 @@ func TestRolloutStepDecidesReserves(t *testing.T) {
 	if r := overflow("undone-embed", "embed.create"); r.status != 200 || r.body["shadowRejected"] != true {
 		t.Fatalf("embed.create after undo: %d %s", r.status, r.raw)
 	}
-	h.wantError(h.rollout("UndoRolloutStep", `{"name":"llm"}`, adminToken), 400, "failed_precondition", server.ReasonNothingToUndo)
+	nothing := h.rollout("UndoRolloutStep", `{"name":"llm"}`, adminToken)
+	h.wantError(nothing, 400, "failed_precondition", server.ReasonNothingToUndo)
+	if msg, _ := nothing.body["message"].(string); strings.Count(msg, "llm") != 1 {
+		t.Errorf("nothing to undo: message %q names the rollout other than once", msg)
+	}
 
 	// The viewer reads the history: create, set 1% at t0 by ops, undo a
 	// minute later by ops.
