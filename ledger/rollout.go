@@ -69,6 +69,9 @@ const (
 	RolloutCreated RolloutAction = "create"
 	RolloutSet     RolloutAction = "set"
 	RolloutUndo    RolloutAction = "undo"
+	// RolloutEnd ends the rollout: it decides nothing any more and its
+	// routes are free (Rollout.End). It is the last step.
+	RolloutEnd RolloutAction = "end"
 )
 
 // RolloutStep is one entry of a rollout's audit history: who did what,
@@ -113,6 +116,8 @@ var (
 	// rollouts would decide the same request.
 	ErrRouteInRollout = errors.New("route already belongs to another rollout")
 	ErrNothingToUndo  = errors.New("no rollout step left to undo")
+	// ErrRolloutEnded: a step of a rollout that ended (Rollout.End).
+	ErrRolloutEnded = errors.New("rollout ended: it takes no more steps (create another for its routes)")
 )
 
 // MaxRolloutNameBytes bounds a rollout's name.
@@ -176,6 +181,9 @@ func NewRollout(name string, by RolloutHash, routes []RouteKey, others []Rollout
 		if others[i].Name == name {
 			return Rollout{}, fmt.Errorf("%w: %s", ErrRolloutExists, name)
 		}
+		if others[i].Ended() {
+			continue // its routes are free
+		}
 		for _, rk := range set {
 			if others[i].Covers(rk) {
 				return Rollout{}, fmt.Errorf("%w: %s is in rollout %s", ErrRouteInRollout, rk, others[i].Name)
@@ -196,6 +204,9 @@ func (r *Rollout) Covers(route RouteKey) bool {
 // changes nothing) when the rollout is at share already, so a retried
 // step records nothing twice; ErrInvalidRollout for a share above 100%.
 func (r *Rollout) SetShare(share BasisPoints, who string, now time.Time) (bool, error) {
+	if r.Ended() {
+		return false, ErrRolloutEnded
+	}
 	if share > FullShare {
 		return false, fmt.Errorf("%w: share %s is above 100%%", ErrInvalidRollout, share)
 	}
@@ -211,6 +222,9 @@ func (r *Rollout) SetShare(share BasisPoints, who string, now time.Time) (bool, 
 // share goes back to what it was before that step. It returns the step
 // undone, or ErrNothingToUndo when every set step was undone already.
 func (r *Rollout) Undo(who string, now time.Time) (RolloutStep, error) {
+	if r.Ended() {
+		return RolloutStep{}, ErrRolloutEnded
+	}
 	for i := len(r.Steps) - 1; i >= 0; i-- {
 		s := &r.Steps[i]
 		if s.Action != RolloutSet || s.UndoneBy != 0 {
@@ -223,6 +237,25 @@ func (r *Rollout) Undo(who string, now time.Time) (RolloutStep, error) {
 		return undone, nil
 	}
 	return RolloutStep{}, ErrNothingToUndo // the caller names the rollout
+}
+
+// End ends the rollout, by who at now: from then on it decides no
+// request (NewRollouts leaves it out, so its routes follow their
+// policies' modes) and another rollout may take its routes; it keeps its
+// name and history. It returns false (and changes nothing) when the
+// rollout had ended already, so a retried end records nothing twice.
+// The share is left as it stood, for the history.
+func (r *Rollout) End(who string, now time.Time) bool {
+	if r.Ended() {
+		return false
+	}
+	r.appendStep(RolloutStep{Action: RolloutEnd, Share: r.Share, Prior: r.Share, Who: who, At: now})
+	return true
+}
+
+// Ended reports whether End ended the rollout.
+func (r *Rollout) Ended() bool {
+	return len(r.Steps) > 0 && r.Steps[len(r.Steps)-1].Action == RolloutEnd
 }
 
 func (r *Rollout) appendStep(s RolloutStep) {
@@ -286,12 +319,16 @@ type routeRollout struct {
 	enforced bool
 }
 
-// NewRollouts indexes list (each route in at most one rollout, as
-// NewRollout ensures; a later duplicate is ignored).
+// NewRollouts indexes list (each route in at most one rollout that has
+// not ended, as NewRollout ensures; a later duplicate is ignored). An
+// ended rollout decides nothing: it is left out.
 func NewRollouts(list []Rollout) Rollouts {
 	idx := Rollouts{byRoute: map[RouteKey]routeRollout{}}
 	for i := range list {
 		r := &list[i]
+		if r.Ended() {
+			continue
+		}
 		enforced := map[RouteKey]bool{}
 		if r.By == RolloutByRoute {
 			for _, rk := range r.EnforcedRoutes() {

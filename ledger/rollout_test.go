@@ -211,6 +211,44 @@ func TestNewRolloutRefuses(t *testing.T) {
 	}
 }
 
+// An ended rollout decides nothing (its routes take the policy's mode),
+// frees its routes for another rollout but keeps its name, takes no more
+// steps, and ends once: a repeated End records nothing.
+func TestRolloutEnd(t *testing.T) {
+	r, err := ledger.NewRollout("chat", ledger.RolloutByRoute, routes("chat.generate"), nil, "ops", t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.SetShare(ledger.FullShare, "ops", t0); err != nil {
+		t.Fatal(err)
+	}
+	key := r.Routes[0]
+	if mode, name := ledger.RolloutModeFor(ledger.NewRollouts([]ledger.Rollout{r}), key, "t", ledger.RolloutShadow); mode != ledger.RolloutEnforce || name != "chat" {
+		t.Fatalf("before the end: %s %q", mode, name)
+	}
+	if !r.End("ops", t0.Add(time.Minute)) || !r.Ended() || r.Version != 3 || r.Share != ledger.FullShare {
+		t.Fatalf("end: ended %v, version %d, share %s", r.Ended(), r.Version, r.Share)
+	}
+	if r.End("ops", t0.Add(2*time.Minute)) || r.Version != 3 {
+		t.Errorf("a second end recorded a step: version %d", r.Version)
+	}
+	if mode, name := ledger.RolloutModeFor(ledger.NewRollouts([]ledger.Rollout{r}), key, "t", ledger.RolloutShadow); mode != ledger.RolloutShadow || name != "" {
+		t.Errorf("an ended rollout still decides: %s %q", mode, name)
+	}
+	if _, err := r.SetShare(0, "ops", t0); !errors.Is(err, ledger.ErrRolloutEnded) {
+		t.Errorf("a step of an ended rollout: %v", err)
+	}
+	if _, err := r.Undo("ops", t0); !errors.Is(err, ledger.ErrRolloutEnded) {
+		t.Errorf("an undo of an ended rollout: %v", err)
+	}
+	if _, err := ledger.NewRollout("next", ledger.RolloutByRoute, routes("chat.generate"), []ledger.Rollout{r}, "ops", t0); err != nil {
+		t.Errorf("a rollout over an ended one's route: %v", err)
+	}
+	if _, err := ledger.NewRollout("chat", ledger.RolloutByRoute, routes("x"), []ledger.Rollout{r}, "ops", t0); !errors.Is(err, ledger.ErrRolloutExists) {
+		t.Errorf("an ended rollout's name reused: %v", err)
+	}
+}
+
 // The reserve honours the mode the rollout decided over the policy's own:
 // an enforced request of a shadow policy is rejected, a shadowed request
 // of an enforce policy is answered as a shadow rejection.

@@ -43,6 +43,7 @@ var adminOnly = map[string]bool{
 	capledgerv1connect.RolloutServiceCreateRolloutProcedure:       true,
 	capledgerv1connect.RolloutServiceSetRolloutShareProcedure:     true,
 	capledgerv1connect.RolloutServiceUndoRolloutStepProcedure:     true,
+	capledgerv1connect.RolloutServiceEndRolloutProcedure:          true,
 	capledgerv1connect.RolloutServiceRollbackGenerationsProcedure: true,
 	capledgerv1connect.RolloutServiceCarveLegacyBudgetProcedure:   true,
 	capledgerv1connect.AuditServiceStreamAuditProcedure:           true,

@@ -144,6 +144,7 @@ var fieldReasons = map[protoreflect.FullName]string{
 	"capledger.v1.GetRolloutRequest":      ReasonInvalidRollout,
 	"capledger.v1.SetRolloutShareRequest": ReasonInvalidRollout,
 	"capledger.v1.UndoRolloutStepRequest": ReasonInvalidRollout,
+	"capledger.v1.EndRolloutRequest":      ReasonInvalidRollout,
 }
 
 // batchItems are the fields whose items the handler checks one by one

@@ -31,6 +31,7 @@ const (
 	ReasonRolloutExists   = "ROLLOUT_EXISTS"
 	ReasonRouteInRollout  = "ROUTE_IN_ROLLOUT"
 	ReasonNothingToUndo   = "NOTHING_TO_UNDO"
+	ReasonRolloutEnded    = "ROLLOUT_ENDED"
 	ReasonRolloutConflict = "ROLLOUT_CONFLICT"
 )
 
@@ -271,6 +272,8 @@ func rolloutError(what string, err error) *connect.Error {
 		return withReason(connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("%s: %w", what, err)), ReasonRouteInRollout)
 	case errors.Is(err, ledger.ErrNothingToUndo):
 		return withReason(connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("%s: %w", what, err)), ReasonNothingToUndo)
+	case errors.Is(err, ledger.ErrRolloutEnded):
+		return withReason(connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("%s: %w", what, err)), ReasonRolloutEnded)
 	case errors.Is(err, store.ErrConflict):
 		return withReason(connect.NewError(connect.CodeAborted, fmt.Errorf("%s: changed concurrently, read it again and retry: %w", what, err)), ReasonRolloutConflict)
 	}
@@ -434,6 +437,30 @@ func (svc *rolloutService) UndoRolloutStep(ctx context.Context, req *connect.Req
 	return connect.NewResponse(&v1.UndoRolloutStepResponse{Rollout: rolloutProto(&r), Undone: stepProto(&undone)}), nil
 }
 
+// EndRollout implements RolloutService.EndRollout.
+func (svc *rolloutService) EndRollout(ctx context.Context, req *connect.Request[v1.EndRolloutRequest]) (*connect.Response[v1.EndRolloutResponse], error) {
+	if cerr := svc.ready(); cerr != nil {
+		return nil, cerr
+	}
+	name := req.Msg.GetName()
+	if cerr := checkRolloutName(name); cerr != nil {
+		return nil, cerr
+	}
+	r, err := svc.store.RolloutGet(ctx, name)
+	if err != nil {
+		return nil, rolloutError("rollout "+name, named(err, "rollout", name))
+	}
+	changed := r.End(who(ctx), svc.s.clock().UTC())
+	if changed {
+		if err := svc.store.RolloutPut(ctx, &r); err != nil {
+			return nil, rolloutError("rollout "+name, err)
+		}
+		svc.s.rollouts.invalidate()
+		svc.s.log.Info("rollout ended", "rollout", name, "share", r.Share.String(), "who", who(ctx))
+	}
+	return connect.NewResponse(&v1.EndRolloutResponse{Rollout: rolloutProto(&r), Changed: changed}), nil
+}
+
 // ShadowReport implements RolloutService.ShadowReport.
 func (svc *rolloutService) ShadowReport(ctx context.Context, req *connect.Request[v1.ShadowReportRequest]) (*connect.Response[v1.ShadowReportResponse], error) {
 	if cerr := refuseScoped(ctx, "the shadow report"); cerr != nil {
@@ -557,13 +584,16 @@ func (svc *rolloutService) DrainProgress(ctx context.Context, req *connect.Reque
 func percent(s ledger.BasisPoints) float64 { return float64(s) / 100 }
 
 func rolloutProto(r *ledger.Rollout) *v1.Rollout {
-	out := &v1.Rollout{Name: r.Name, HashBy: string(r.By), Percent: percent(r.Share), Version: r.Version}
+	out := &v1.Rollout{Name: r.Name, HashBy: string(r.By), Percent: percent(r.Share), Version: r.Version, Ended: r.Ended()}
 	idx := ledger.NewRollouts([]ledger.Rollout{*r})
 	for _, rk := range r.Routes {
 		// The route's mode for a subject outside any share: under subject
 		// hashing the route is "enforce" while some subjects are.
 		mode, _ := ledger.RolloutModeFor(idx, rk, "", ledger.RolloutShadow)
-		if r.By == ledger.RolloutBySubject && r.Share > 0 {
+		switch {
+		case r.Ended():
+			mode = endedRouteMode
+		case r.By == ledger.RolloutBySubject && r.Share > 0:
 			mode = ledger.RolloutEnforce
 		}
 		out.Routes = append(out.Routes, &v1.RolloutRoute{Route: rk.Route, Region: rk.Region, Mode: string(mode)})
@@ -573,6 +603,10 @@ func rolloutProto(r *ledger.Rollout) *v1.Rollout {
 	}
 	return out
 }
+
+// endedRouteMode is the mode an ended rollout shows for its routes: their
+// deciding policies' own, which the rollout no longer overrides.
+const endedRouteMode ledger.RolloutMode = "policy"
 
 func stepProto(s *ledger.RolloutStep) *v1.RolloutStep {
 	return &v1.RolloutStep{Seq: int32(s.Seq), Action: string(s.Action), Percent: percent(s.Share), PriorPercent: percent(s.Prior),

@@ -287,3 +287,47 @@ func TestRolloutShareIsExactlyOnTheGrid(t *testing.T) {
 		}
 	}
 }
+
+// An ended rollout decides nothing: its routes follow their policies'
+// own modes again at once, another rollout may take them, it takes no
+// more steps, and it stays readable with its history. Ending it again
+// records nothing; only the admin role ends one.
+func TestEndedRolloutHandsItsRoutesBackToTheirPolicies(t *testing.T) {
+	h := newHarness(t, harnessOptions{auth: true, tokens: rolloutTokens()})
+	h.ok("PublishPolicy", shadowPolicy("chat.generate"), adminToken)
+	h.rolloutOK("CreateRollout", `{"name":"llm","hashBy":"route","routes":[{"route":"chat.generate"}]}`, adminToken)
+	h.rolloutOK("SetRolloutShare", `{"name":"llm","percent":100}`, adminToken)
+	h.ok("Reserve", reserveOn("fill", "chat.generate", 900, ""), gatewayToken)
+	if r := h.call("Reserve", reserveOn("enforced", "chat.generate", 500, ""), gatewayToken); r.status != http.StatusTooManyRequests {
+		t.Fatalf("at 100%% the rollout enforces: %d %s", r.status, r.raw)
+	}
+	h.wantError(h.rollout("CreateRollout", `{"name":"again","hashBy":"route","routes":[{"route":"chat.generate"}]}`, adminToken),
+		400, "failed_precondition", server.ReasonRouteInRollout)
+
+	h.wantError(h.rollout("EndRollout", `{"name":"llm"}`, rolloutViewerToken), 403, "permission_denied", server.ReasonPermissionDenied)
+	h.wantError(h.rollout("EndRollout", `{"name":"nope"}`, adminToken), 404, "not_found", server.ReasonRolloutNotFound)
+	ended := h.rolloutOK("EndRollout", `{"name":"llm"}`, adminToken)
+	r := ended["rollout"].(map[string]any)
+	if ended["changed"] != true || r["ended"] != true || fmt.Sprint(r["routes"]) != "[map[mode:policy region:global route:chat.generate]]" {
+		t.Fatalf("ended: %v", ended)
+	}
+	// The policy's own shadow mode decides again.
+	if r := h.call("Reserve", reserveOn("after-end", "chat.generate", 500, ""), gatewayToken); r.status != 200 || r.body["shadowRejected"] != true {
+		t.Fatalf("after the end the policy's shadow mode decides: %d %s", r.status, r.raw)
+	}
+	if again := h.rolloutOK("EndRollout", `{"name":"llm"}`, adminToken); again["changed"] == true {
+		t.Errorf("ending an ended rollout changed it: %v", again)
+	}
+	h.wantError(h.rollout("SetRolloutShare", `{"name":"llm","percent":50}`, adminToken), 400, "failed_precondition", server.ReasonRolloutEnded)
+	h.wantError(h.rollout("UndoRolloutStep", `{"name":"llm"}`, adminToken), 400, "failed_precondition", server.ReasonRolloutEnded)
+
+	// Its route is free; its name and history stay.
+	h.rolloutOK("CreateRollout", `{"name":"again","hashBy":"route","routes":[{"route":"chat.generate"}]}`, adminToken)
+	h.wantError(h.rollout("CreateRollout", `{"name":"llm","hashBy":"route","routes":[{"route":"embed.create"}]}`, adminToken),
+		409, "already_exists", server.ReasonRolloutExists)
+	got := h.rolloutOK("GetRollout", `{"name":"llm"}`, rolloutViewerToken)["rollout"].(map[string]any)
+	steps := got["steps"].([]any)
+	if last := steps[len(steps)-1].(map[string]any); len(steps) != 3 || last["action"] != "end" || last["who"] != "ops" {
+		t.Fatalf("history after the end: %v", steps)
+	}
+}

@@ -57,7 +57,7 @@ var textReasons = map[protoreflect.FullName]string{
 	"capledger.v1.Policy": server.ReasonInvalidPolicy, "capledger.v1.Dimension": server.ReasonInvalidPolicy,
 	"capledger.v1.CreateRolloutRequest": server.ReasonInvalidRollout, "capledger.v1.RolloutRoute": server.ReasonInvalidRollout,
 	"capledger.v1.GetRolloutRequest": server.ReasonInvalidRollout, "capledger.v1.SetRolloutShareRequest": server.ReasonInvalidRollout,
-	"capledger.v1.UndoRolloutStepRequest": server.ReasonInvalidRollout,
+	"capledger.v1.UndoRolloutStepRequest": server.ReasonInvalidRollout, "capledger.v1.EndRolloutRequest": server.ReasonInvalidRollout,
 }
 
 // textCase is one bad value of one field of one method's request.

@@ -18,7 +18,7 @@ import (
 )
 
 func init() {
-	register(&command{name: "rollout", summary: "shadow-to-enforce rollouts: create, set, undo, list, get, report", help: rolloutHelp, run: runRollout})
+	register(&command{name: "rollout", summary: "shadow-to-enforce rollouts: create, set, undo, end, list, get, report", help: rolloutHelp, run: runRollout})
 	register(&command{name: "rollback", summary: "roll generations (or a rollout step) back and follow the drain to zero", help: rollbackHelp, run: runRollback})
 }
 
@@ -26,6 +26,7 @@ const rolloutHelp = `Usage:
   capledger rollout create NAME --routes R[@REGION],... [--by route|subject]
   capledger rollout set [NAME] --percent N
   capledger rollout undo [NAME]
+  capledger rollout end [NAME]
   capledger rollout list
   capledger rollout get NAME [--json]
   capledger rollout report [--route R] [--json]
@@ -47,10 +48,13 @@ Growing N only adds routes (subjects); it never moves one back to shadow.
 set takes a step (e.g. 1, 5, 25, 100; steps of 0.01 allowed, at most two
 decimals: 0.005 or 1e-9 is refused, never rounded); setting the
 share the rollout has records nothing. undo reverts the newest step that
-stands. Every step is recorded with the token's name and the time (get
-shows the history). NAME may be left out when there is one rollout.
-create, set and undo need an admin token; list, get and report a viewer or
-admin token.
+stands. end ends the rollout: its routes go back to their policies' own
+"rollout:" modes (on every replica within a second) and may join another
+rollout; an ended rollout takes no more steps, and list and get still show
+it with its history. Every step is recorded with the token's name and the
+time (get shows the history). NAME may be left out when there is one
+rollout that has not ended. create, set, undo and end need an admin token;
+list, get and report a viewer or admin token.
 
 report shows, per route, generation and mode, how often the legacy
 limiter's decision (the reserve's legacyDecision, "capledger reserve
@@ -68,7 +72,7 @@ Example:
 
 func runRollout(ctx context.Context, e *env, args []string) error {
 	if len(args) == 0 {
-		return usagef("want a subcommand: create, set, undo, list, get or report")
+		return usagef("want a subcommand: create, set, undo, end, list, get or report")
 	}
 	switch args[0] {
 	case "create":
@@ -77,6 +81,8 @@ func runRollout(ctx context.Context, e *env, args []string) error {
 		return runRolloutSet(ctx, e, args[1:])
 	case "undo":
 		return runRolloutUndo(ctx, e, args[1:])
+	case "end":
+		return runRolloutEnd(ctx, e, args[1:])
 	case "list":
 		return runRolloutList(ctx, e, args[1:])
 	case "get":
@@ -86,7 +92,7 @@ func runRollout(ctx context.Context, e *env, args []string) error {
 	case "-h", "--help", "help":
 		return flag.ErrHelp
 	}
-	return usagef("unknown subcommand %q: want create, set, undo, list, get or report", args[0])
+	return usagef("unknown subcommand %q: want create, set, undo, end, list, get or report", args[0])
 }
 
 func runRolloutCreate(ctx context.Context, e *env, args []string) error {
@@ -122,7 +128,8 @@ func runRolloutCreate(ctx context.Context, e *env, args []string) error {
 	return nil
 }
 
-// rolloutName returns the positional name, or the only rollout's name.
+// rolloutName returns the positional name, or the name of the only
+// rollout that has not ended.
 func rolloutName(ctx context.Context, cf *clientFlags, client capledgerv1connect.RolloutServiceClient, positional []string) (string, error) {
 	switch len(positional) {
 	case 1:
@@ -135,14 +142,23 @@ func rolloutName(ctx context.Context, cf *clientFlags, client capledgerv1connect
 	if err != nil {
 		return "", err
 	}
-	switch n := len(list.GetRollouts()); n {
+	var open []string
+	for _, r := range list.GetRollouts() {
+		if !r.GetEnded() {
+			open = append(open, r.GetName())
+		}
+	}
+	switch n := len(open); n {
 	case 1:
 	case 0:
+		if len(list.GetRollouts()) > 0 {
+			return "", usagef("every rollout has ended: create one first (capledger rollout create NAME --routes R,...)")
+		}
 		return "", usagef("no rollout exists: create one first (capledger rollout create NAME --routes R,...)")
 	default:
-		return "", usagef("there are %d rollouts: name the one you mean", n)
+		return "", usagef("there are %d open rollouts: name the one you mean", n)
 	}
-	return list.GetRollouts()[0].GetName(), nil
+	return open[0], nil
 }
 
 func runRolloutSet(ctx context.Context, e *env, args []string) error {
@@ -199,6 +215,33 @@ func runRolloutUndo(ctx context.Context, e *env, args []string) error {
 	return undoStep(ctx, e, &cf, client, name)
 }
 
+func runRolloutEnd(ctx context.Context, e *env, args []string) error {
+	fs := newFlags("rollout end")
+	var cf clientFlags
+	cf.register(fs, e)
+	positional, err := parseFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	client, err := cf.rolloutClient()
+	if err != nil {
+		return err
+	}
+	name, err := rolloutName(ctx, &cf, client, positional)
+	if err != nil {
+		return err
+	}
+	msg, err := unary(ctx, cf.timeout, client.EndRollout, &v1.EndRolloutRequest{Name: name})
+	if err != nil {
+		return err
+	}
+	if !msg.GetChanged() {
+		fmt.Fprintf(e.stderr, "rollout %s had ended already: nothing recorded\n", name)
+	}
+	printRollout(e.stdout, msg.GetRollout(), false)
+	return nil
+}
+
 func undoStep(ctx context.Context, e *env, cf *clientFlags, client capledgerv1connect.RolloutServiceClient, name string) error {
 	msg, err := unary(ctx, cf.timeout, client.UndoRolloutStep, &v1.UndoRolloutStepRequest{Name: name})
 	if err != nil {
@@ -230,7 +273,11 @@ func runRolloutList(ctx context.Context, e *env, args []string) error {
 	fmt.Fprintln(tw, "ROLLOUT\tBY\tSHARE\tENFORCED\tSHADOW")
 	for _, r := range msg.GetRollouts() {
 		enforced, shadow := routesByMode(r)
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", cell(r.GetName()), r.GetHashBy(), percentText(r.GetPercent()), orDash(enforced), orDash(shadow))
+		share := percentText(r.GetPercent())
+		if r.GetEnded() {
+			share, enforced, shadow = "ended", nil, nil
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", cell(r.GetName()), r.GetHashBy(), share, orDash(enforced), orDash(shadow))
 	}
 	return tw.Flush()
 }
@@ -323,7 +370,11 @@ func whoText(who string) string {
 // printRollout shows a rollout: its share, the mode of each route and,
 // with history, every step.
 func printRollout(w io.Writer, r *v1.Rollout, history bool) {
-	fmt.Fprintf(w, "rollout %s: %s by %s, version %d\n", cell(r.GetName()), percentText(r.GetPercent()), r.GetHashBy(), r.GetVersion())
+	state := ""
+	if r.GetEnded() {
+		state = ", ended: its routes follow their policies"
+	}
+	fmt.Fprintf(w, "rollout %s: %s by %s, version %d%s\n", cell(r.GetName()), percentText(r.GetPercent()), r.GetHashBy(), r.GetVersion(), state)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "ROUTE\tMODE")
 	for _, rt := range r.GetRoutes() {

@@ -215,6 +215,29 @@ func TestRolloutCommands(t *testing.T) {
 		t.Fatalf("report:\n%s", out)
 	}
 	run(1, "reserve", "--subject", "t-1", "--route", "moderate.text", "--units", "tokens=1", "--legacy", "maybe")
+
+	// end hands the routes back to their policies (shadow here): the
+	// enforced route admits again, another rollout may take the routes, and
+	// set without a name means the one rollout still open.
+	out = run(0, "rollout", "end")
+	if !strings.Contains(out, "rollout llm: 1% by route, version 5, ended") || !regexpLine(out, `^moderate\.text@global\s+policy$`) {
+		t.Fatalf("end:\n%s", out)
+	}
+	if out := run(0, "rollout", "end", "llm"); !strings.Contains(out, "had ended already: nothing recorded") {
+		t.Errorf("a repeated end:\n%s", out)
+	}
+	if out := reserve(0, "m-4", "moderate.text", "deny"); !strings.Contains(out, `"shadowRejected": true`) {
+		t.Fatalf("after the end the policy's shadow mode decides:\n%s", out)
+	}
+	run(4, "rollout", "set", "llm", "--percent", "5")
+	run(1, "rollout", "set", "--percent", "5") // every rollout has ended
+	run(0, "rollout", "create", "other", "--routes", "moderate.text")
+	if out := run(0, "rollout", "set", "--percent", "100"); !strings.Contains(out, "rollout other: 100% by route") {
+		t.Fatalf("set without a name after the end:\n%s", out)
+	}
+	if out := run(0, "rollout", "list"); !regexpLine(out, `^llm\s+route\s+ended\s+-\s+-$`) {
+		t.Fatalf("list with an ended rollout:\n%s", out)
+	}
 }
 
 // Without a name and without any rollout, set and undo cannot mean one:

@@ -69,7 +69,10 @@ func testRolloutRoundTrip(t *testing.T, s store.Store) {
 	if _, err := b.Undo("bob", at.Add(3*time.Minute)); err != nil {
 		t.Fatal(err)
 	}
-	b.Version = 2 // stored at 1: one write for the three steps
+	if !b.End("carol", at.Add(4*time.Minute)) {
+		t.Fatal("end: not recorded")
+	}
+	b.Version = 2 // stored at 1: one write for the four steps
 	if err := rs.RolloutPut(ctx, &b); err != nil {
 		t.Fatal(err)
 	}
@@ -77,8 +80,8 @@ func testRolloutRoundTrip(t *testing.T, s store.Store) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !reflect.DeepEqual(got, b) {
-		t.Errorf("read back\n%+v\nwrote\n%+v", got, b)
+	if !reflect.DeepEqual(got, b) || !got.Ended() {
+		t.Errorf("read back (ended %v)\n%+v\nwrote\n%+v", got.Ended(), got, b)
 	}
 	list, err := rs.RolloutList(ctx)
 	if err != nil || len(list) != 2 || list[0].Name != "a-embed" || list[1].Name != "b-chat" {

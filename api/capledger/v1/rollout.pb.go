@@ -192,7 +192,8 @@ type RolloutRoute struct {
 	Region string `protobuf:"bytes,2,opt,name=region,proto3" json:"region,omitempty"`
 	// "enforce" or "shadow": the mode of the route's requests now (under
 	// hash_by "subject", the mode of the share of subjects hashed into it:
-	// "enforce" while the share is above 0).
+	// "enforce" while the share is above 0); "policy" once the rollout
+	// ended (the deciding policy's own mode).
 	Mode          string `protobuf:"bytes,3,opt,name=mode,proto3" json:"mode,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -252,7 +253,7 @@ func (x *RolloutRoute) GetMode() string {
 type RolloutStep struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Seq   int32                  `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
-	// "create", "set" or "undo".
+	// "create", "set", "undo" or "end".
 	Action string `protobuf:"bytes,2,opt,name=action,proto3" json:"action,omitempty"`
 	// The enforced share after and before the step, in percent.
 	Percent      float64 `protobuf:"fixed64,3,opt,name=percent,proto3" json:"percent,omitempty"`
@@ -363,10 +364,12 @@ type Rollout struct {
 	// by the hash of route, region and subject).
 	HashBy string `protobuf:"bytes,2,opt,name=hash_by,json=hashBy,proto3" json:"hash_by,omitempty"`
 	// The enforced share, in percent (two decimals).
-	Percent       float64         `protobuf:"fixed64,3,opt,name=percent,proto3" json:"percent,omitempty"`
-	Routes        []*RolloutRoute `protobuf:"bytes,4,rep,name=routes,proto3" json:"routes,omitempty"`
-	Version       uint64          `protobuf:"varint,5,opt,name=version,proto3" json:"version,omitempty"`
-	Steps         []*RolloutStep  `protobuf:"bytes,6,rep,name=steps,proto3" json:"steps,omitempty"`
+	Percent float64         `protobuf:"fixed64,3,opt,name=percent,proto3" json:"percent,omitempty"`
+	Routes  []*RolloutRoute `protobuf:"bytes,4,rep,name=routes,proto3" json:"routes,omitempty"`
+	Version uint64          `protobuf:"varint,5,opt,name=version,proto3" json:"version,omitempty"`
+	Steps   []*RolloutStep  `protobuf:"bytes,6,rep,name=steps,proto3" json:"steps,omitempty"`
+	// Set once EndRollout ended it: it decides nothing any more.
+	Ended         bool `protobuf:"varint,7,opt,name=ended,proto3" json:"ended,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -441,6 +444,13 @@ func (x *Rollout) GetSteps() []*RolloutStep {
 		return x.Steps
 	}
 	return nil
+}
+
+func (x *Rollout) GetEnded() bool {
+	if x != nil {
+		return x.Ended
+	}
+	return false
 }
 
 type CreateRolloutRequest struct {
@@ -918,6 +928,103 @@ func (x *UndoRolloutStepResponse) GetUndone() *RolloutStep {
 	return nil
 }
 
+type EndRolloutRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EndRolloutRequest) Reset() {
+	*x = EndRolloutRequest{}
+	mi := &file_capledger_v1_rollout_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EndRolloutRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EndRolloutRequest) ProtoMessage() {}
+
+func (x *EndRolloutRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_capledger_v1_rollout_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EndRolloutRequest.ProtoReflect.Descriptor instead.
+func (*EndRolloutRequest) Descriptor() ([]byte, []int) {
+	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *EndRolloutRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type EndRolloutResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Rollout *Rollout               `protobuf:"bytes,1,opt,name=rollout,proto3" json:"rollout,omitempty"`
+	// False when the rollout had ended already: nothing was recorded.
+	Changed       bool `protobuf:"varint,2,opt,name=changed,proto3" json:"changed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EndRolloutResponse) Reset() {
+	*x = EndRolloutResponse{}
+	mi := &file_capledger_v1_rollout_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EndRolloutResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EndRolloutResponse) ProtoMessage() {}
+
+func (x *EndRolloutResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_capledger_v1_rollout_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EndRolloutResponse.ProtoReflect.Descriptor instead.
+func (*EndRolloutResponse) Descriptor() ([]byte, []int) {
+	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *EndRolloutResponse) GetRollout() *Rollout {
+	if x != nil {
+		return x.Rollout
+	}
+	return nil
+}
+
+func (x *EndRolloutResponse) GetChanged() bool {
+	if x != nil {
+		return x.Changed
+	}
+	return false
+}
+
 type ShadowReportRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Only this route, when set.
@@ -928,7 +1035,7 @@ type ShadowReportRequest struct {
 
 func (x *ShadowReportRequest) Reset() {
 	*x = ShadowReportRequest{}
-	mi := &file_capledger_v1_rollout_proto_msgTypes[15]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -940,7 +1047,7 @@ func (x *ShadowReportRequest) String() string {
 func (*ShadowReportRequest) ProtoMessage() {}
 
 func (x *ShadowReportRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_rollout_proto_msgTypes[15]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -953,7 +1060,7 @@ func (x *ShadowReportRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShadowReportRequest.ProtoReflect.Descriptor instead.
 func (*ShadowReportRequest) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{15}
+	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ShadowReportRequest) GetRoute() string {
@@ -986,7 +1093,7 @@ type ShadowComparison struct {
 
 func (x *ShadowComparison) Reset() {
 	*x = ShadowComparison{}
-	mi := &file_capledger_v1_rollout_proto_msgTypes[16]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -998,7 +1105,7 @@ func (x *ShadowComparison) String() string {
 func (*ShadowComparison) ProtoMessage() {}
 
 func (x *ShadowComparison) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_rollout_proto_msgTypes[16]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1011,7 +1118,7 @@ func (x *ShadowComparison) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShadowComparison.ProtoReflect.Descriptor instead.
 func (*ShadowComparison) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{16}
+	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ShadowComparison) GetRoute() string {
@@ -1088,7 +1195,7 @@ type ShadowReportResponse struct {
 
 func (x *ShadowReportResponse) Reset() {
 	*x = ShadowReportResponse{}
-	mi := &file_capledger_v1_rollout_proto_msgTypes[17]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1100,7 +1207,7 @@ func (x *ShadowReportResponse) String() string {
 func (*ShadowReportResponse) ProtoMessage() {}
 
 func (x *ShadowReportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_rollout_proto_msgTypes[17]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1113,7 +1220,7 @@ func (x *ShadowReportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShadowReportResponse.ProtoReflect.Descriptor instead.
 func (*ShadowReportResponse) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{17}
+	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ShadowReportResponse) GetComparisons() []*ShadowComparison {
@@ -1139,7 +1246,7 @@ type RollbackGenerationsRequest struct {
 
 func (x *RollbackGenerationsRequest) Reset() {
 	*x = RollbackGenerationsRequest{}
-	mi := &file_capledger_v1_rollout_proto_msgTypes[18]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1151,7 +1258,7 @@ func (x *RollbackGenerationsRequest) String() string {
 func (*RollbackGenerationsRequest) ProtoMessage() {}
 
 func (x *RollbackGenerationsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_rollout_proto_msgTypes[18]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1164,7 +1271,7 @@ func (x *RollbackGenerationsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackGenerationsRequest.ProtoReflect.Descriptor instead.
 func (*RollbackGenerationsRequest) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{18}
+	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RollbackGenerationsRequest) GetGenerations() []uint64 {
@@ -1189,7 +1296,7 @@ type GenerationRollback struct {
 
 func (x *GenerationRollback) Reset() {
 	*x = GenerationRollback{}
-	mi := &file_capledger_v1_rollout_proto_msgTypes[19]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1201,7 +1308,7 @@ func (x *GenerationRollback) String() string {
 func (*GenerationRollback) ProtoMessage() {}
 
 func (x *GenerationRollback) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_rollout_proto_msgTypes[19]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1214,7 +1321,7 @@ func (x *GenerationRollback) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerationRollback.ProtoReflect.Descriptor instead.
 func (*GenerationRollback) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{19}
+	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *GenerationRollback) GetGeneration() uint64 {
@@ -1268,7 +1375,7 @@ type RollbackGenerationsResponse struct {
 
 func (x *RollbackGenerationsResponse) Reset() {
 	*x = RollbackGenerationsResponse{}
-	mi := &file_capledger_v1_rollout_proto_msgTypes[20]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1280,7 +1387,7 @@ func (x *RollbackGenerationsResponse) String() string {
 func (*RollbackGenerationsResponse) ProtoMessage() {}
 
 func (x *RollbackGenerationsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_rollout_proto_msgTypes[20]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1293,7 +1400,7 @@ func (x *RollbackGenerationsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackGenerationsResponse.ProtoReflect.Descriptor instead.
 func (*RollbackGenerationsResponse) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{20}
+	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *RollbackGenerationsResponse) GetRollbacks() []*GenerationRollback {
@@ -1315,7 +1422,7 @@ type DrainProgressRequest struct {
 
 func (x *DrainProgressRequest) Reset() {
 	*x = DrainProgressRequest{}
-	mi := &file_capledger_v1_rollout_proto_msgTypes[21]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1327,7 +1434,7 @@ func (x *DrainProgressRequest) String() string {
 func (*DrainProgressRequest) ProtoMessage() {}
 
 func (x *DrainProgressRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_rollout_proto_msgTypes[21]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1340,7 +1447,7 @@ func (x *DrainProgressRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainProgressRequest.ProtoReflect.Descriptor instead.
 func (*DrainProgressRequest) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{21}
+	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *DrainProgressRequest) GetGenerations() []uint64 {
@@ -1400,7 +1507,7 @@ type GenerationDrain struct {
 
 func (x *GenerationDrain) Reset() {
 	*x = GenerationDrain{}
-	mi := &file_capledger_v1_rollout_proto_msgTypes[22]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1412,7 +1519,7 @@ func (x *GenerationDrain) String() string {
 func (*GenerationDrain) ProtoMessage() {}
 
 func (x *GenerationDrain) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_rollout_proto_msgTypes[22]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1425,7 +1532,7 @@ func (x *GenerationDrain) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerationDrain.ProtoReflect.Descriptor instead.
 func (*GenerationDrain) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{22}
+	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *GenerationDrain) GetGeneration() uint64 {
@@ -1561,7 +1668,7 @@ type DrainProgressResponse struct {
 
 func (x *DrainProgressResponse) Reset() {
 	*x = DrainProgressResponse{}
-	mi := &file_capledger_v1_rollout_proto_msgTypes[23]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1573,7 +1680,7 @@ func (x *DrainProgressResponse) String() string {
 func (*DrainProgressResponse) ProtoMessage() {}
 
 func (x *DrainProgressResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_capledger_v1_rollout_proto_msgTypes[23]
+	mi := &file_capledger_v1_rollout_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1586,7 +1693,7 @@ func (x *DrainProgressResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainProgressResponse.ProtoReflect.Descriptor instead.
 func (*DrainProgressResponse) Descriptor() ([]byte, []int) {
-	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{23}
+	return file_capledger_v1_rollout_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *DrainProgressResponse) GetGenerations() []*GenerationDrain {
@@ -1649,14 +1756,15 @@ const file_capledger_v1_rollout_proto_rawDesc = "" +
 	"\x03who\x18\x05 \x01(\tR\x03who\x12*\n" +
 	"\x02at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x16\n" +
 	"\x06undoes\x18\a \x01(\x05R\x06undoes\x12\x1b\n" +
-	"\tundone_by\x18\b \x01(\x05R\bundoneBy\"\xcf\x01\n" +
+	"\tundone_by\x18\b \x01(\x05R\bundoneBy\"\xe5\x01\n" +
 	"\aRollout\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x17\n" +
 	"\ahash_by\x18\x02 \x01(\tR\x06hashBy\x12\x18\n" +
 	"\apercent\x18\x03 \x01(\x01R\apercent\x122\n" +
 	"\x06routes\x18\x04 \x03(\v2\x1a.capledger.v1.RolloutRouteR\x06routes\x12\x18\n" +
 	"\aversion\x18\x05 \x01(\x04R\aversion\x12/\n" +
-	"\x05steps\x18\x06 \x03(\v2\x19.capledger.v1.RolloutStepR\x05steps\"w\n" +
+	"\x05steps\x18\x06 \x03(\v2\x19.capledger.v1.RolloutStepR\x05steps\x12\x14\n" +
+	"\x05ended\x18\a \x01(\bR\x05ended\"w\n" +
 	"\x14CreateRolloutRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x17\n" +
 	"\ahash_by\x18\x02 \x01(\tR\x06hashBy\x122\n" +
@@ -1680,7 +1788,12 @@ const file_capledger_v1_rollout_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"}\n" +
 	"\x17UndoRolloutStepResponse\x12/\n" +
 	"\arollout\x18\x01 \x01(\v2\x15.capledger.v1.RolloutR\arollout\x121\n" +
-	"\x06undone\x18\x02 \x01(\v2\x19.capledger.v1.RolloutStepR\x06undone\"+\n" +
+	"\x06undone\x18\x02 \x01(\v2\x19.capledger.v1.RolloutStepR\x06undone\"'\n" +
+	"\x11EndRolloutRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"_\n" +
+	"\x12EndRolloutResponse\x12/\n" +
+	"\arollout\x18\x01 \x01(\v2\x15.capledger.v1.RolloutR\arollout\x12\x18\n" +
+	"\achanged\x18\x02 \x01(\bR\achanged\"+\n" +
 	"\x13ShadowReportRequest\x12\x14\n" +
 	"\x05route\x18\x01 \x01(\tR\x05route\"\xf3\x02\n" +
 	"\x10ShadowComparison\x12\x14\n" +
@@ -1757,14 +1870,16 @@ const file_capledger_v1_rollout_proto_rawDesc = "" +
 	"\vgenerations\x18\x01 \x03(\v2\x1d.capledger.v1.GenerationDrainR\vgenerations\x12%\n" +
 	"\x0edrain_commands\x18\x02 \x01(\x03R\rdrainCommands\x12\x18\n" +
 	"\adrained\x18\x03 \x01(\bR\adrained\x12*\n" +
-	"\x02at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x02at2\xe4\x06\n" +
+	"\x02at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x02at2\xb5\a\n" +
 	"\x0eRolloutService\x12X\n" +
 	"\rCreateRollout\x12\".capledger.v1.CreateRolloutRequest\x1a#.capledger.v1.CreateRolloutResponse\x12T\n" +
 	"\n" +
 	"GetRollout\x12\x1f.capledger.v1.GetRolloutRequest\x1a .capledger.v1.GetRolloutResponse\"\x03\x90\x02\x01\x12Z\n" +
 	"\fListRollouts\x12!.capledger.v1.ListRolloutsRequest\x1a\".capledger.v1.ListRolloutsResponse\"\x03\x90\x02\x01\x12^\n" +
 	"\x0fSetRolloutShare\x12$.capledger.v1.SetRolloutShareRequest\x1a%.capledger.v1.SetRolloutShareResponse\x12^\n" +
-	"\x0fUndoRolloutStep\x12$.capledger.v1.UndoRolloutStepRequest\x1a%.capledger.v1.UndoRolloutStepResponse\x12Z\n" +
+	"\x0fUndoRolloutStep\x12$.capledger.v1.UndoRolloutStepRequest\x1a%.capledger.v1.UndoRolloutStepResponse\x12O\n" +
+	"\n" +
+	"EndRollout\x12\x1f.capledger.v1.EndRolloutRequest\x1a .capledger.v1.EndRolloutResponse\x12Z\n" +
 	"\fShadowReport\x12!.capledger.v1.ShadowReportRequest\x1a\".capledger.v1.ShadowReportResponse\"\x03\x90\x02\x01\x12j\n" +
 	"\x13RollbackGenerations\x12(.capledger.v1.RollbackGenerationsRequest\x1a).capledger.v1.RollbackGenerationsResponse\x12X\n" +
 	"\rDrainProgress\x12\".capledger.v1.DrainProgressRequest\x1a#.capledger.v1.DrainProgressResponse\x12d\n" +
@@ -1782,7 +1897,7 @@ func file_capledger_v1_rollout_proto_rawDescGZIP() []byte {
 	return file_capledger_v1_rollout_proto_rawDescData
 }
 
-var file_capledger_v1_rollout_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
+var file_capledger_v1_rollout_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_capledger_v1_rollout_proto_goTypes = []any{
 	(*CarveLegacyBudgetRequest)(nil),    // 0: capledger.v1.CarveLegacyBudgetRequest
 	(*CarveLegacyBudgetResponse)(nil),   // 1: capledger.v1.CarveLegacyBudgetResponse
@@ -1799,30 +1914,32 @@ var file_capledger_v1_rollout_proto_goTypes = []any{
 	(*SetRolloutShareResponse)(nil),     // 12: capledger.v1.SetRolloutShareResponse
 	(*UndoRolloutStepRequest)(nil),      // 13: capledger.v1.UndoRolloutStepRequest
 	(*UndoRolloutStepResponse)(nil),     // 14: capledger.v1.UndoRolloutStepResponse
-	(*ShadowReportRequest)(nil),         // 15: capledger.v1.ShadowReportRequest
-	(*ShadowComparison)(nil),            // 16: capledger.v1.ShadowComparison
-	(*ShadowReportResponse)(nil),        // 17: capledger.v1.ShadowReportResponse
-	(*RollbackGenerationsRequest)(nil),  // 18: capledger.v1.RollbackGenerationsRequest
-	(*GenerationRollback)(nil),          // 19: capledger.v1.GenerationRollback
-	(*RollbackGenerationsResponse)(nil), // 20: capledger.v1.RollbackGenerationsResponse
-	(*DrainProgressRequest)(nil),        // 21: capledger.v1.DrainProgressRequest
-	(*GenerationDrain)(nil),             // 22: capledger.v1.GenerationDrain
-	(*DrainProgressResponse)(nil),       // 23: capledger.v1.DrainProgressResponse
-	nil,                                 // 24: capledger.v1.CarveLegacyBudgetRequest.UnitsEntry
-	nil,                                 // 25: capledger.v1.GenerationDrain.ReservedEntry
-	nil,                                 // 26: capledger.v1.GenerationDrain.DebtEntry
-	nil,                                 // 27: capledger.v1.GenerationDrain.AvailableEntry
-	nil,                                 // 28: capledger.v1.GenerationDrain.UnreconciledShardUnitsEntry
-	nil,                                 // 29: capledger.v1.GenerationDrain.UnreconciledLegacyUnitsEntry
-	(*durationpb.Duration)(nil),         // 30: google.protobuf.Duration
-	(*Shard)(nil),                       // 31: capledger.v1.Shard
-	(*timestamppb.Timestamp)(nil),       // 32: google.protobuf.Timestamp
+	(*EndRolloutRequest)(nil),           // 15: capledger.v1.EndRolloutRequest
+	(*EndRolloutResponse)(nil),          // 16: capledger.v1.EndRolloutResponse
+	(*ShadowReportRequest)(nil),         // 17: capledger.v1.ShadowReportRequest
+	(*ShadowComparison)(nil),            // 18: capledger.v1.ShadowComparison
+	(*ShadowReportResponse)(nil),        // 19: capledger.v1.ShadowReportResponse
+	(*RollbackGenerationsRequest)(nil),  // 20: capledger.v1.RollbackGenerationsRequest
+	(*GenerationRollback)(nil),          // 21: capledger.v1.GenerationRollback
+	(*RollbackGenerationsResponse)(nil), // 22: capledger.v1.RollbackGenerationsResponse
+	(*DrainProgressRequest)(nil),        // 23: capledger.v1.DrainProgressRequest
+	(*GenerationDrain)(nil),             // 24: capledger.v1.GenerationDrain
+	(*DrainProgressResponse)(nil),       // 25: capledger.v1.DrainProgressResponse
+	nil,                                 // 26: capledger.v1.CarveLegacyBudgetRequest.UnitsEntry
+	nil,                                 // 27: capledger.v1.GenerationDrain.ReservedEntry
+	nil,                                 // 28: capledger.v1.GenerationDrain.DebtEntry
+	nil,                                 // 29: capledger.v1.GenerationDrain.AvailableEntry
+	nil,                                 // 30: capledger.v1.GenerationDrain.UnreconciledShardUnitsEntry
+	nil,                                 // 31: capledger.v1.GenerationDrain.UnreconciledLegacyUnitsEntry
+	(*durationpb.Duration)(nil),         // 32: google.protobuf.Duration
+	(*Shard)(nil),                       // 33: capledger.v1.Shard
+	(*timestamppb.Timestamp)(nil),       // 34: google.protobuf.Timestamp
 }
 var file_capledger_v1_rollout_proto_depIdxs = []int32{
-	24, // 0: capledger.v1.CarveLegacyBudgetRequest.units:type_name -> capledger.v1.CarveLegacyBudgetRequest.UnitsEntry
-	30, // 1: capledger.v1.CarveLegacyBudgetRequest.ttl:type_name -> google.protobuf.Duration
-	31, // 2: capledger.v1.CarveLegacyBudgetResponse.budget:type_name -> capledger.v1.Shard
-	32, // 3: capledger.v1.RolloutStep.at:type_name -> google.protobuf.Timestamp
+	26, // 0: capledger.v1.CarveLegacyBudgetRequest.units:type_name -> capledger.v1.CarveLegacyBudgetRequest.UnitsEntry
+	32, // 1: capledger.v1.CarveLegacyBudgetRequest.ttl:type_name -> google.protobuf.Duration
+	33, // 2: capledger.v1.CarveLegacyBudgetResponse.budget:type_name -> capledger.v1.Shard
+	34, // 3: capledger.v1.RolloutStep.at:type_name -> google.protobuf.Timestamp
 	2,  // 4: capledger.v1.Rollout.routes:type_name -> capledger.v1.RolloutRoute
 	3,  // 5: capledger.v1.Rollout.steps:type_name -> capledger.v1.RolloutStep
 	2,  // 6: capledger.v1.CreateRolloutRequest.routes:type_name -> capledger.v1.RolloutRoute
@@ -1832,39 +1949,42 @@ var file_capledger_v1_rollout_proto_depIdxs = []int32{
 	4,  // 10: capledger.v1.SetRolloutShareResponse.rollout:type_name -> capledger.v1.Rollout
 	4,  // 11: capledger.v1.UndoRolloutStepResponse.rollout:type_name -> capledger.v1.Rollout
 	3,  // 12: capledger.v1.UndoRolloutStepResponse.undone:type_name -> capledger.v1.RolloutStep
-	16, // 13: capledger.v1.ShadowReportResponse.comparisons:type_name -> capledger.v1.ShadowComparison
-	32, // 14: capledger.v1.ShadowReportResponse.since:type_name -> google.protobuf.Timestamp
-	19, // 15: capledger.v1.RollbackGenerationsResponse.rollbacks:type_name -> capledger.v1.GenerationRollback
-	25, // 16: capledger.v1.GenerationDrain.reserved:type_name -> capledger.v1.GenerationDrain.ReservedEntry
-	26, // 17: capledger.v1.GenerationDrain.debt:type_name -> capledger.v1.GenerationDrain.DebtEntry
-	27, // 18: capledger.v1.GenerationDrain.available:type_name -> capledger.v1.GenerationDrain.AvailableEntry
-	28, // 19: capledger.v1.GenerationDrain.unreconciled_shard_units:type_name -> capledger.v1.GenerationDrain.UnreconciledShardUnitsEntry
-	29, // 20: capledger.v1.GenerationDrain.unreconciled_legacy_units:type_name -> capledger.v1.GenerationDrain.UnreconciledLegacyUnitsEntry
-	22, // 21: capledger.v1.DrainProgressResponse.generations:type_name -> capledger.v1.GenerationDrain
-	32, // 22: capledger.v1.DrainProgressResponse.at:type_name -> google.protobuf.Timestamp
-	5,  // 23: capledger.v1.RolloutService.CreateRollout:input_type -> capledger.v1.CreateRolloutRequest
-	7,  // 24: capledger.v1.RolloutService.GetRollout:input_type -> capledger.v1.GetRolloutRequest
-	9,  // 25: capledger.v1.RolloutService.ListRollouts:input_type -> capledger.v1.ListRolloutsRequest
-	11, // 26: capledger.v1.RolloutService.SetRolloutShare:input_type -> capledger.v1.SetRolloutShareRequest
-	13, // 27: capledger.v1.RolloutService.UndoRolloutStep:input_type -> capledger.v1.UndoRolloutStepRequest
-	15, // 28: capledger.v1.RolloutService.ShadowReport:input_type -> capledger.v1.ShadowReportRequest
-	18, // 29: capledger.v1.RolloutService.RollbackGenerations:input_type -> capledger.v1.RollbackGenerationsRequest
-	21, // 30: capledger.v1.RolloutService.DrainProgress:input_type -> capledger.v1.DrainProgressRequest
-	0,  // 31: capledger.v1.RolloutService.CarveLegacyBudget:input_type -> capledger.v1.CarveLegacyBudgetRequest
-	6,  // 32: capledger.v1.RolloutService.CreateRollout:output_type -> capledger.v1.CreateRolloutResponse
-	8,  // 33: capledger.v1.RolloutService.GetRollout:output_type -> capledger.v1.GetRolloutResponse
-	10, // 34: capledger.v1.RolloutService.ListRollouts:output_type -> capledger.v1.ListRolloutsResponse
-	12, // 35: capledger.v1.RolloutService.SetRolloutShare:output_type -> capledger.v1.SetRolloutShareResponse
-	14, // 36: capledger.v1.RolloutService.UndoRolloutStep:output_type -> capledger.v1.UndoRolloutStepResponse
-	17, // 37: capledger.v1.RolloutService.ShadowReport:output_type -> capledger.v1.ShadowReportResponse
-	20, // 38: capledger.v1.RolloutService.RollbackGenerations:output_type -> capledger.v1.RollbackGenerationsResponse
-	23, // 39: capledger.v1.RolloutService.DrainProgress:output_type -> capledger.v1.DrainProgressResponse
-	1,  // 40: capledger.v1.RolloutService.CarveLegacyBudget:output_type -> capledger.v1.CarveLegacyBudgetResponse
-	32, // [32:41] is the sub-list for method output_type
-	23, // [23:32] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	4,  // 13: capledger.v1.EndRolloutResponse.rollout:type_name -> capledger.v1.Rollout
+	18, // 14: capledger.v1.ShadowReportResponse.comparisons:type_name -> capledger.v1.ShadowComparison
+	34, // 15: capledger.v1.ShadowReportResponse.since:type_name -> google.protobuf.Timestamp
+	21, // 16: capledger.v1.RollbackGenerationsResponse.rollbacks:type_name -> capledger.v1.GenerationRollback
+	27, // 17: capledger.v1.GenerationDrain.reserved:type_name -> capledger.v1.GenerationDrain.ReservedEntry
+	28, // 18: capledger.v1.GenerationDrain.debt:type_name -> capledger.v1.GenerationDrain.DebtEntry
+	29, // 19: capledger.v1.GenerationDrain.available:type_name -> capledger.v1.GenerationDrain.AvailableEntry
+	30, // 20: capledger.v1.GenerationDrain.unreconciled_shard_units:type_name -> capledger.v1.GenerationDrain.UnreconciledShardUnitsEntry
+	31, // 21: capledger.v1.GenerationDrain.unreconciled_legacy_units:type_name -> capledger.v1.GenerationDrain.UnreconciledLegacyUnitsEntry
+	24, // 22: capledger.v1.DrainProgressResponse.generations:type_name -> capledger.v1.GenerationDrain
+	34, // 23: capledger.v1.DrainProgressResponse.at:type_name -> google.protobuf.Timestamp
+	5,  // 24: capledger.v1.RolloutService.CreateRollout:input_type -> capledger.v1.CreateRolloutRequest
+	7,  // 25: capledger.v1.RolloutService.GetRollout:input_type -> capledger.v1.GetRolloutRequest
+	9,  // 26: capledger.v1.RolloutService.ListRollouts:input_type -> capledger.v1.ListRolloutsRequest
+	11, // 27: capledger.v1.RolloutService.SetRolloutShare:input_type -> capledger.v1.SetRolloutShareRequest
+	13, // 28: capledger.v1.RolloutService.UndoRolloutStep:input_type -> capledger.v1.UndoRolloutStepRequest
+	15, // 29: capledger.v1.RolloutService.EndRollout:input_type -> capledger.v1.EndRolloutRequest
+	17, // 30: capledger.v1.RolloutService.ShadowReport:input_type -> capledger.v1.ShadowReportRequest
+	20, // 31: capledger.v1.RolloutService.RollbackGenerations:input_type -> capledger.v1.RollbackGenerationsRequest
+	23, // 32: capledger.v1.RolloutService.DrainProgress:input_type -> capledger.v1.DrainProgressRequest
+	0,  // 33: capledger.v1.RolloutService.CarveLegacyBudget:input_type -> capledger.v1.CarveLegacyBudgetRequest
+	6,  // 34: capledger.v1.RolloutService.CreateRollout:output_type -> capledger.v1.CreateRolloutResponse
+	8,  // 35: capledger.v1.RolloutService.GetRollout:output_type -> capledger.v1.GetRolloutResponse
+	10, // 36: capledger.v1.RolloutService.ListRollouts:output_type -> capledger.v1.ListRolloutsResponse
+	12, // 37: capledger.v1.RolloutService.SetRolloutShare:output_type -> capledger.v1.SetRolloutShareResponse
+	14, // 38: capledger.v1.RolloutService.UndoRolloutStep:output_type -> capledger.v1.UndoRolloutStepResponse
+	16, // 39: capledger.v1.RolloutService.EndRollout:output_type -> capledger.v1.EndRolloutResponse
+	19, // 40: capledger.v1.RolloutService.ShadowReport:output_type -> capledger.v1.ShadowReportResponse
+	22, // 41: capledger.v1.RolloutService.RollbackGenerations:output_type -> capledger.v1.RollbackGenerationsResponse
+	25, // 42: capledger.v1.RolloutService.DrainProgress:output_type -> capledger.v1.DrainProgressResponse
+	1,  // 43: capledger.v1.RolloutService.CarveLegacyBudget:output_type -> capledger.v1.CarveLegacyBudgetResponse
+	34, // [34:44] is the sub-list for method output_type
+	24, // [24:34] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_capledger_v1_rollout_proto_init() }
@@ -1879,7 +1999,7 @@ func file_capledger_v1_rollout_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_capledger_v1_rollout_proto_rawDesc), len(file_capledger_v1_rollout_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   30,
+			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -63,6 +63,9 @@ const (
 	// RolloutServiceUndoRolloutStepProcedure is the fully-qualified name of the RolloutService's
 	// UndoRolloutStep RPC.
 	RolloutServiceUndoRolloutStepProcedure = "/capledger.v1.RolloutService/UndoRolloutStep"
+	// RolloutServiceEndRolloutProcedure is the fully-qualified name of the RolloutService's EndRollout
+	// RPC.
+	RolloutServiceEndRolloutProcedure = "/capledger.v1.RolloutService/EndRollout"
 	// RolloutServiceShadowReportProcedure is the fully-qualified name of the RolloutService's
 	// ShadowReport RPC.
 	RolloutServiceShadowReportProcedure = "/capledger.v1.RolloutService/ShadowReport"
@@ -100,6 +103,15 @@ type RolloutServiceClient interface {
 	// back to what it was before it. Errors: NOT_FOUND (ROLLOUT_NOT_FOUND);
 	// FAILED_PRECONDITION (NOTHING_TO_UNDO); ABORTED (ROLLOUT_CONFLICT).
 	UndoRolloutStep(context.Context, *connect.Request[v1.UndoRolloutStepRequest]) (*connect.Response[v1.UndoRolloutStepResponse], error)
+	// EndRollout ends a rollout: from now on (on every replica within a
+	// second) its routes are decided by their policies' own modes again and
+	// may join another rollout; the rollout and its history stay readable,
+	// ended, and take no more steps. Ending an ended rollout records nothing
+	// (changed = false), so a retry is safe. Errors: NOT_FOUND
+	// (ROLLOUT_NOT_FOUND); ABORTED (ROLLOUT_CONFLICT). SetRolloutShare and
+	// UndoRolloutStep on an ended rollout: FAILED_PRECONDITION
+	// (ROLLOUT_ENDED).
+	EndRollout(context.Context, *connect.Request[v1.EndRolloutRequest]) (*connect.Response[v1.EndRolloutResponse], error)
 	// ShadowReport returns, per route, generation and mode, how often the
 	// legacy limiter's decision (ReserveRequest.legacy_decision) agreed with
 	// capledger's, counted by this replica since it started.
@@ -175,6 +187,12 @@ func NewRolloutServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(rolloutServiceMethods.ByName("UndoRolloutStep")),
 			connect.WithClientOptions(opts...),
 		),
+		endRollout: connect.NewClient[v1.EndRolloutRequest, v1.EndRolloutResponse](
+			httpClient,
+			baseURL+RolloutServiceEndRolloutProcedure,
+			connect.WithSchema(rolloutServiceMethods.ByName("EndRollout")),
+			connect.WithClientOptions(opts...),
+		),
 		shadowReport: connect.NewClient[v1.ShadowReportRequest, v1.ShadowReportResponse](
 			httpClient,
 			baseURL+RolloutServiceShadowReportProcedure,
@@ -210,6 +228,7 @@ type rolloutServiceClient struct {
 	listRollouts        *connect.Client[v1.ListRolloutsRequest, v1.ListRolloutsResponse]
 	setRolloutShare     *connect.Client[v1.SetRolloutShareRequest, v1.SetRolloutShareResponse]
 	undoRolloutStep     *connect.Client[v1.UndoRolloutStepRequest, v1.UndoRolloutStepResponse]
+	endRollout          *connect.Client[v1.EndRolloutRequest, v1.EndRolloutResponse]
 	shadowReport        *connect.Client[v1.ShadowReportRequest, v1.ShadowReportResponse]
 	rollbackGenerations *connect.Client[v1.RollbackGenerationsRequest, v1.RollbackGenerationsResponse]
 	drainProgress       *connect.Client[v1.DrainProgressRequest, v1.DrainProgressResponse]
@@ -239,6 +258,11 @@ func (c *rolloutServiceClient) SetRolloutShare(ctx context.Context, req *connect
 // UndoRolloutStep calls capledger.v1.RolloutService.UndoRolloutStep.
 func (c *rolloutServiceClient) UndoRolloutStep(ctx context.Context, req *connect.Request[v1.UndoRolloutStepRequest]) (*connect.Response[v1.UndoRolloutStepResponse], error) {
 	return c.undoRolloutStep.CallUnary(ctx, req)
+}
+
+// EndRollout calls capledger.v1.RolloutService.EndRollout.
+func (c *rolloutServiceClient) EndRollout(ctx context.Context, req *connect.Request[v1.EndRolloutRequest]) (*connect.Response[v1.EndRolloutResponse], error) {
+	return c.endRollout.CallUnary(ctx, req)
 }
 
 // ShadowReport calls capledger.v1.RolloutService.ShadowReport.
@@ -284,6 +308,15 @@ type RolloutServiceHandler interface {
 	// back to what it was before it. Errors: NOT_FOUND (ROLLOUT_NOT_FOUND);
 	// FAILED_PRECONDITION (NOTHING_TO_UNDO); ABORTED (ROLLOUT_CONFLICT).
 	UndoRolloutStep(context.Context, *connect.Request[v1.UndoRolloutStepRequest]) (*connect.Response[v1.UndoRolloutStepResponse], error)
+	// EndRollout ends a rollout: from now on (on every replica within a
+	// second) its routes are decided by their policies' own modes again and
+	// may join another rollout; the rollout and its history stay readable,
+	// ended, and take no more steps. Ending an ended rollout records nothing
+	// (changed = false), so a retry is safe. Errors: NOT_FOUND
+	// (ROLLOUT_NOT_FOUND); ABORTED (ROLLOUT_CONFLICT). SetRolloutShare and
+	// UndoRolloutStep on an ended rollout: FAILED_PRECONDITION
+	// (ROLLOUT_ENDED).
+	EndRollout(context.Context, *connect.Request[v1.EndRolloutRequest]) (*connect.Response[v1.EndRolloutResponse], error)
 	// ShadowReport returns, per route, generation and mode, how often the
 	// legacy limiter's decision (ReserveRequest.legacy_decision) agreed with
 	// capledger's, counted by this replica since it started.
@@ -355,6 +388,12 @@ func NewRolloutServiceHandler(svc RolloutServiceHandler, opts ...connect.Handler
 		connect.WithSchema(rolloutServiceMethods.ByName("UndoRolloutStep")),
 		connect.WithHandlerOptions(opts...),
 	)
+	rolloutServiceEndRolloutHandler := connect.NewUnaryHandler(
+		RolloutServiceEndRolloutProcedure,
+		svc.EndRollout,
+		connect.WithSchema(rolloutServiceMethods.ByName("EndRollout")),
+		connect.WithHandlerOptions(opts...),
+	)
 	rolloutServiceShadowReportHandler := connect.NewUnaryHandler(
 		RolloutServiceShadowReportProcedure,
 		svc.ShadowReport,
@@ -392,6 +431,8 @@ func NewRolloutServiceHandler(svc RolloutServiceHandler, opts ...connect.Handler
 			rolloutServiceSetRolloutShareHandler.ServeHTTP(w, r)
 		case RolloutServiceUndoRolloutStepProcedure:
 			rolloutServiceUndoRolloutStepHandler.ServeHTTP(w, r)
+		case RolloutServiceEndRolloutProcedure:
+			rolloutServiceEndRolloutHandler.ServeHTTP(w, r)
 		case RolloutServiceShadowReportProcedure:
 			rolloutServiceShadowReportHandler.ServeHTTP(w, r)
 		case RolloutServiceRollbackGenerationsProcedure:
@@ -427,6 +468,10 @@ func (UnimplementedRolloutServiceHandler) SetRolloutShare(context.Context, *conn
 
 func (UnimplementedRolloutServiceHandler) UndoRolloutStep(context.Context, *connect.Request[v1.UndoRolloutStepRequest]) (*connect.Response[v1.UndoRolloutStepResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("capledger.v1.RolloutService.UndoRolloutStep is not implemented"))
+}
+
+func (UnimplementedRolloutServiceHandler) EndRollout(context.Context, *connect.Request[v1.EndRolloutRequest]) (*connect.Response[v1.EndRolloutResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("capledger.v1.RolloutService.EndRollout is not implemented"))
 }
 
 func (UnimplementedRolloutServiceHandler) ShadowReport(context.Context, *connect.Request[v1.ShadowReportRequest]) (*connect.Response[v1.ShadowReportResponse], error) {
