@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -20,7 +23,44 @@ import (
 	"github.com/capledger/capledger/ledger"
 )
 
-// startLedgerProcess builds the capledger binary and runs `capledger serve`
+// The capledger binary is built once per test run (ledgerBinary), into
+// binaryDir, which TestMain removes.
+var (
+	buildOnce  sync.Once
+	binaryDir  string
+	binaryPath string
+	buildErr   error
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binaryDir != "" {
+		os.RemoveAll(binaryDir)
+	}
+	os.Exit(code)
+}
+
+// ledgerBinary returns the path of the capledger binary built from this
+// tree.
+func ledgerBinary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		binaryDir, buildErr = os.MkdirTemp("", "capledger-bin-")
+		if buildErr != nil {
+			return
+		}
+		binaryPath = filepath.Join(binaryDir, "capledger")
+		if out, err := exec.Command("go", "build", "-o", binaryPath, "../cmd/capledger").CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("build capledger: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binaryPath
+}
+
+// startLedgerProcess runs the capledger binary (ledgerBinary) as `capledger serve`
 // on a free loopback port with its data in dir. It returns the address and
 // stops the process (SIGTERM, by its pid) at cleanup.
 func startLedgerProcess(t *testing.T, dir string) string {
@@ -28,11 +68,7 @@ func startLedgerProcess(t *testing.T, dir string) string {
 	if testing.Short() {
 		t.Skip("builds and runs the capledger binary")
 	}
-	bin := filepath.Join(dir, "capledger")
-	build := exec.Command("go", "build", "-o", bin, "../cmd/capledger")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build capledger: %v\n%s", err, out)
-	}
+	bin := ledgerBinary(t)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
