@@ -3,7 +3,10 @@ package client
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net/http"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -97,5 +100,85 @@ func TestProvisionAgainAfterTheShardEndedAndWasCompactedIsRefused(t *testing.T) 
 	heal(t, proxy, gw)
 	if got := availableTokens(t, direct); got != after {
 		t.Fatalf("available %d, was %d", got, after)
+	}
+}
+
+// endedState polls the ledger until reservation id has left RESERVED and
+// STARTED (the middleware settles or marks after the response was
+// written), and returns it.
+func endedState(t *testing.T, c *Client, id string) *ledgerv1.Reservation {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		res, err := c.GetReservation(context.Background(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch res.GetState() {
+		case ledgerv1.ReservationState_RESERVATION_STATE_RESERVED, ledgerv1.ReservationState_RESERVATION_STATE_STARTED:
+		default:
+			return res
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("reservation %s still %s", id, res.GetState())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// CLIENTS.md section 8: UsageFromStream settles the usage object of a
+// stream's last event, read as the SSE specification reads a stream, and
+// a stream whose usage is not known is USAGE_UNKNOWN: held, never
+// refunded. The specification ignores a byte order mark at the start of a
+// stream, so a stream that begins with one is read as without it. A last
+// usage event that does not state the count a unit is mapped to says
+// nothing of that unit: 0 would refund the whole estimate, so it is
+// unknown.
+func TestMiddlewareStreamUsageAgainstTheLedgerBinary(t *testing.T) {
+	addr := startLedgerProcess(t, t.TempDir())
+	ctx := context.Background()
+	c, err := New(addr, noBreakerWatchdog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, _, err := c.PublishPolicy(ctx, &ledgerv1.Policy{
+		Subject: "tenant-7", Route: "chat.generate",
+		Dimensions: []*ledgerv1.Dimension{{Unit: "tokens", Burst: 10_000}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	backend := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		switch r.URL.Query().Get("stream") {
+		case "bom":
+			fmt.Fprint(w, "\uFEFFdata: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":12,\"total_tokens\":21}}\n\ndata: [DONE]\n\n")
+		case "no-total":
+			fmt.Fprint(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":12,\"total_tokens\":21}}\n\n")
+			fmt.Fprint(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"total_tokens\":null}}\n\ndata: [DONE]\n\n")
+		}
+	})
+	srv := gateway(t, c, MiddlewareConfig{Estimator: tokensEstimator,
+		Usage: UsageFromStream(map[string]string{"tokens": "total_tokens"}, nil)}, backend)
+	stream := func(kind string) *ledgerv1.Reservation {
+		t.Helper()
+		resp, body := send(t, srv.Client(), srv.URL+"?stream="+kind, "tenant-7", "{}")
+		if resp.StatusCode != http.StatusOK || !strings.Contains(body, "[DONE]") {
+			t.Fatalf("%s stream: %d %q", kind, resp.StatusCode, body)
+		}
+		return endedState(t, c, resp.Header.Get(ReservationHeader))
+	}
+
+	if res := stream("bom"); res.GetState() != ledgerv1.ReservationState_RESERVATION_STATE_SETTLED || res.GetActualUnits()["tokens"] != 21 {
+		t.Errorf("stream starting with a byte order mark: %s %v, want SETTLED with 21 tokens", res.GetState(), res.GetActualUnits())
+	}
+	res := stream("no-total")
+	if res.GetState() != ledgerv1.ReservationState_RESERVATION_STATE_USAGE_UNKNOWN {
+		t.Errorf("last usage event without total_tokens: %s %v, want USAGE_UNKNOWN (not settled at 0)", res.GetState(), res.GetActualUnits())
+	}
+	// 100 estimated, 21 settled, 100 held unknown.
+	if got := availableTokens(t, c); got != 10_000-21-100 {
+		t.Errorf("available %d, want %d", got, 10_000-21-100)
 	}
 }
