@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -180,5 +181,60 @@ func TestMiddlewareStreamUsageAgainstTheLedgerBinary(t *testing.T) {
 	// 100 estimated, 21 settled, 100 held unknown.
 	if got := availableTokens(t, c); got != 10_000-21-100 {
 		t.Errorf("available %d, want %d", got, 10_000-21-100)
+	}
+}
+
+// CLIENTS.md section 4, rule 4, and section 5: a Settle that was not
+// applied because the ledger died (kill -9 while the work ran) leaves the
+// work STARTED and its usage known only to the gateway; Run returns
+// *UsageUnknownError with the receipt and its usage, keeps it in
+// PendingUnknown, and resends it with the same ids once the ledger is
+// back, until it lands: charged exactly once, at the usage reported.
+func TestSettleNotAppliedWhileTheLedgerIsKilledLandsAfterItsRestart(t *testing.T) {
+	p := newLedgerProcess(t, t.TempDir())
+	ctx := context.Background()
+	c, err := New(p.addr, noBreakerWatchdog,
+		WithRetryPolicy(RetryPolicy{MaxAttempts: 3, BaseDelay: 10 * time.Millisecond, MaxDelay: 50 * time.Millisecond}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, _, err := c.PublishPolicy(ctx, &ledgerv1.Policy{
+		Subject: "tenant-7", Route: "chat.generate",
+		Dimensions: []*ledgerv1.Dimension{{Unit: "tokens", Burst: 10_000}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Run(ctx, ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 100}},
+		func(context.Context) (Units, error) {
+			p.stop(syscall.SIGKILL)
+			return Units{"tokens": 40}, nil
+		})
+	unknown := mustErrAs[*UsageUnknownError](t, err)
+	if unknown.Receipt.Actual["tokens"] != 40 {
+		t.Fatalf("receipt %+v: want the reported 40 tokens", unknown.Receipt)
+	}
+	if kept := c.PendingUnknown(); len(kept) != 1 || kept[0].ReservationID != unknown.Receipt.ReservationID {
+		t.Fatalf("PendingUnknown %+v, want the receipt of %s", kept, unknown.Receipt.ReservationID)
+	}
+
+	p.start()
+	deadline := time.Now().Add(20 * time.Second)
+	for len(c.PendingUnknown()) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the kept settle was not resent after the restart: %+v (breaker %+v)", c.PendingUnknown(), c.Breaker())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	res, err := c.GetReservation(ctx, unknown.Receipt.ReservationID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.GetState() != ledgerv1.ReservationState_RESERVATION_STATE_SETTLED || res.GetActualUnits()["tokens"] != 40 ||
+		res.GetOperationId() != unknown.Receipt.OperationID {
+		t.Fatalf("after the restart: %s %v op %s, want SETTLED with 40 tokens under %s", res.GetState(), res.GetActualUnits(), res.GetOperationId(), unknown.Receipt.OperationID)
+	}
+	if got := availableTokens(t, c); got != 10_000-40 {
+		t.Fatalf("available %d, want %d", got, 10_000-40)
 	}
 }
