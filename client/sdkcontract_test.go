@@ -5,8 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -236,5 +241,106 @@ func TestSettleNotAppliedWhileTheLedgerIsKilledLandsAfterItsRestart(t *testing.T
 	}
 	if got := availableTokens(t, c); got != 10_000-40 {
 		t.Fatalf("available %d, want %d", got, 10_000-40)
+	}
+}
+
+// intermediary is a reverse proxy in front of the ledger that answers the
+// next requests itself, in plain HTTP as a load balancer does, with
+// status and Retry-After, and records when each request arrived.
+type intermediary struct {
+	mu       sync.Mutex
+	answers  []int // statuses for the next requests; 0 or none: forward
+	retry    string
+	arrivals []time.Time
+}
+
+func startIntermediary(t *testing.T, ledgerAddr string) (*intermediary, string) {
+	t.Helper()
+	in := &intermediary{}
+	forward := httputil.NewSingleHostReverseProxy(&url.URL{Scheme: "http", Host: ledgerAddr})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		in.mu.Lock()
+		in.arrivals = append(in.arrivals, time.Now())
+		status := 0
+		if len(in.answers) > 0 {
+			status, in.answers = in.answers[0], in.answers[1:]
+		}
+		in.mu.Unlock()
+		if status == 0 {
+			forward.ServeHTTP(w, r)
+			return
+		}
+		w.Header().Set("Retry-After", in.retry)
+		w.Header().Set("Content-Type", "text/html")
+		w.WriteHeader(status)
+		fmt.Fprintf(w, "<html>%d</html>", status)
+	}))
+	t.Cleanup(srv.Close)
+	return in, strings.TrimPrefix(srv.URL, "http://")
+}
+
+func (in *intermediary) answerNext(retryAfter string, statuses ...int) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	in.answers, in.retry, in.arrivals = statuses, retryAfter, nil
+}
+
+func (in *intermediary) arrived() []time.Time {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return slices.Clone(in.arrivals)
+}
+
+// CLIENTS.md section 4: a 503 from a proxy in between is a lost answer,
+// retried, and its Retry-After is waited for (bounded by the backoff
+// cap) before the repeat (rule 3); an HTTP 429 is never retried (rule
+// 5): the caller gets a *RejectedError with its Retry-After, and no
+// RESERVATION_UNKNOWN, since the refusal is an answer. Both come from an
+// intermediary in plain HTTP, not in the ledger's error form.
+func TestIntermediaryRetryAfterAndTooManyRequests(t *testing.T) {
+	addr := startLedgerProcess(t, t.TempDir())
+	ctx := context.Background()
+	direct, err := New(addr, noBreakerWatchdog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer direct.Close()
+	if _, _, err := direct.PublishPolicy(ctx, &ledgerv1.Policy{
+		Subject: "tenant-7", Route: "chat.generate",
+		Dimensions: []*ledgerv1.Dimension{{Unit: "tokens", Burst: 10_000}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	in, inAddr := startIntermediary(t, addr)
+	const maxDelay = 300 * time.Millisecond
+	c, err := New(inAddr, noBreakerWatchdog, WithRetryPolicy(RetryPolicy{MaxAttempts: 3, BaseDelay: time.Millisecond, MaxDelay: maxDelay}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	reserve := ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 100}}
+
+	in.answerNext("1", http.StatusServiceUnavailable)
+	if _, err := c.Reserve(ctx, reserve); err != nil {
+		t.Fatalf("reserve after one 503: %v", err)
+	}
+	if at := in.arrived(); len(at) != 2 || at[1].Sub(at[0]) < maxDelay {
+		t.Fatalf("the repeat after a 503 with Retry-After: 1 came %v after it (%d requests), want at least the cap %v", at[1].Sub(at[0]), len(at), maxDelay)
+	}
+
+	in.answerNext("7", http.StatusTooManyRequests)
+	_, err = c.Reserve(ctx, reserve)
+	rejected := mustErrAs[*RejectedError](t, err)
+	if rejected.RetryAfter != 7*time.Second {
+		t.Errorf("rejection %+v: want its Retry-After of 7 s", rejected)
+	}
+	if n := len(in.arrived()); n != 1 {
+		t.Errorf("a 429 was sent %d times, want once (never retried)", n)
+	}
+	if lost := c.LostReserves(); len(lost) != 0 {
+		t.Errorf("a 429 left lost reserves to look up: %+v", lost)
+	}
+	if got := availableTokens(t, direct); got != 10_000-100 {
+		t.Errorf("available %d, want %d (only the first reserve)", got, 10_000-100)
 	}
 }
