@@ -204,6 +204,7 @@ func New(addr string, options ...Option) (*Client, error) {
 			hc.Transport = inlineBody{next: transport}
 		}
 	}
+	hc = withRecordedAnswers(hc)
 	// No gzip: ledger messages are a few hundred bytes, and compressing
 	// them costs the server more CPU than the bytes saved on a LAN (it was
 	// a sixth of the server's CPU in the reserve benchmark).

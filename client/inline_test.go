@@ -122,9 +122,13 @@ func TestNewInlinesBodies(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, inlined := c.http.Transport.(inlineBody)
+		recorded, ok := c.http.Transport.(recordAnswer)
+		if !ok {
+			t.Fatalf("%s: transport %T, want recordAnswer around it", p, c.http.Transport)
+		}
+		_, inlined := recorded.next.(inlineBody)
 		if inlined != (p != ProtocolGRPC) {
-			t.Fatalf("%s: transport %T", p, c.http.Transport)
+			t.Fatalf("%s: transport %T", p, recorded.next)
 		}
 		c.Close()
 	}

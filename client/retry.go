@@ -100,8 +100,11 @@ func do[T any](ctx context.Context, c *Client, f func(context.Context) (T, error
 			return result, 0, false, ctx.Err()
 		}
 		actx, cancel := context.WithTimeout(ctx, c.timeout)
+		answer := &httpAnswer{}
+		actx = context.WithValue(actx, httpAnswerKey{}, answer)
 		end := c.breaker.attempt(ctx, c.timeout, cancel)
 		result, err = f(actx)
+		err = answer.explain(err)
 		end(ctx, err)
 		cancel()
 		attempts = attempt + 1

@@ -96,7 +96,11 @@ func (s *ShardStore) compact() error {
 	s.log.Close()
 	s.log = f
 	s.logBytes = kept
+	if s.compacted == nil {
+		s.compacted = map[string]bool{}
+	}
 	for id := range ended {
+		s.compacted[id] = true
 		delete(s.shards, id)
 	}
 	order := s.order[:0]

@@ -1,13 +1,15 @@
 package client
 
 import (
-	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -20,60 +22,127 @@ import (
 	"github.com/capledger/capledger/ledger"
 )
 
-// startLedgerProcess builds the capledger binary and runs `capledger serve`
-// on a free loopback port with its data in dir. It returns the address and
-// stops the process (SIGTERM, by its pid) at cleanup.
+// The capledger binary is built once per test run (ledgerBinary), into
+// binaryDir, which TestMain removes.
+var (
+	buildOnce  sync.Once
+	binaryDir  string
+	binaryPath string
+	buildErr   error
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binaryDir != "" {
+		os.RemoveAll(binaryDir)
+	}
+	os.Exit(code)
+}
+
+// ledgerBinary returns the path of the capledger binary built from this
+// tree.
+func ledgerBinary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		binaryDir, buildErr = os.MkdirTemp("", "capledger-bin-")
+		if buildErr != nil {
+			return
+		}
+		binaryPath = filepath.Join(binaryDir, "capledger")
+		if out, err := exec.Command("go", "build", "-o", binaryPath, "../cmd/capledger").CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("build capledger: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binaryPath
+}
+
+// startLedgerProcess runs the capledger binary (ledgerBinary) as
+// `capledger serve` on a free loopback port with its data in dir. It
+// returns the address and stops the process (SIGTERM, by its pid) at
+// cleanup.
 func startLedgerProcess(t *testing.T, dir string) string {
+	t.Helper()
+	return newLedgerProcess(t, dir).addr
+}
+
+// ledgerProcess is a `capledger serve` child process that a test can
+// kill (SIGKILL) and start again on the same address and data directory.
+type ledgerProcess struct {
+	t       *testing.T
+	addr    string
+	dataDir string
+	serve   *exec.Cmd
+	exited  chan struct{}
+	logs    lockedBuffer
+}
+
+// newLedgerProcess starts a ledgerProcess (see startLedgerProcess).
+func newLedgerProcess(t *testing.T, dir string) *ledgerProcess {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("builds and runs the capledger binary")
-	}
-	bin := filepath.Join(dir, "capledger")
-	build := exec.Command("go", "build", "-o", bin, "../cmd/capledger")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build capledger: %v\n%s", err, out)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := ln.Addr().String()
+	p := &ledgerProcess{t: t, addr: ln.Addr().String(), dataDir: filepath.Join(dir, "data")}
 	ln.Close()
-	var logs bytes.Buffer
-	serve := exec.Command(bin, "serve", "--addr", addr, "--data-dir", filepath.Join(dir, "data"), "--log-level", "warn")
-	childproc.DieWithParent(serve)
-	serve.Stdout, serve.Stderr = &logs, &logs
-	if err := serve.Start(); err != nil {
-		t.Fatal(err)
-	}
+	p.start()
 	t.Cleanup(func() {
-		serve.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { serve.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			serve.Process.Kill()
-			<-done
-		}
+		p.stop(syscall.SIGTERM)
 		if t.Failed() {
-			t.Logf("capledger serve output:\n%s", logs.String())
+			t.Logf("capledger serve output:\n%s", p.logs.String())
 		}
 	})
+	return p
+}
+
+// start runs the process and waits until it is ready.
+func (p *ledgerProcess) start() {
+	p.t.Helper()
+	p.serve = exec.Command(ledgerBinary(p.t), "serve", "--addr", p.addr, "--data-dir", p.dataDir, "--log-level", "warn")
+	childproc.DieWithParent(p.serve)
+	p.serve.Stdout, p.serve.Stderr = &p.logs, &p.logs
+	if err := p.serve.Start(); err != nil {
+		p.t.Fatal(err)
+	}
+	exited, serve := make(chan struct{}), p.serve
+	p.exited = exited
+	go func() { serve.Wait(); close(exited) }()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		resp, err := http.Get("http://" + addr + "/readyz")
+		resp, err := http.Get("http://" + p.addr + "/readyz")
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
-				return addr
+				return
 			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("capledger serve did not become ready: %v\n%s", err, logs.String())
+			p.t.Fatalf("capledger serve did not become ready: %v\n%s", err, p.logs.String())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// stop sends sig to the running process (if any) and waits for it to
+// exit, killing it after 10 s.
+func (p *ledgerProcess) stop(sig syscall.Signal) {
+	if p.serve == nil {
+		return
+	}
+	p.serve.Process.Signal(sig)
+	select {
+	case <-p.exited:
+	case <-time.After(10 * time.Second):
+		p.serve.Process.Kill()
+		<-p.exited
+	}
+	p.serve = nil
 }
 
 // heal lifts the proxy's faults and waits until c's circuit breaker has

@@ -103,7 +103,7 @@ func TestReconcileResendsReceiptsAnOperatorDidNotResolve(t *testing.T) {
 	if err := os.WriteFile(receiptsFile, []byte(`[{"reservation_id":"`+ids[0]+`","state":"settled","reserved_units":{"tokens":3000},"actual_units":{"tokens":2000}}]`), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cli := exec.Command(filepath.Join(dir, "capledger"), "shard", "reconcile", shard.ID, "--gateway", "gw-a", "--receipts", receiptsFile, "--addr", addr)
+	cli := exec.Command(ledgerBinary(t), "shard", "reconcile", shard.ID, "--gateway", "gw-a", "--receipts", receiptsFile, "--addr", addr)
 	if out, err := cli.CombinedOutput(); err != nil {
 		t.Fatalf("capledger shard reconcile: %v\n%s", err, out)
 	}

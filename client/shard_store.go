@@ -62,6 +62,15 @@ type ShardStore struct {
 	// compactAt is the least number of bytes of ended shards' records
 	// the log is compacted for (shardLogCompactAt; tests lower it).
 	compactAt int64
+	// compacted are the ids of the shards that ended and were compacted
+	// away since the store opened (a few bytes each, against the records
+	// dropped). A caller may still name one it listed before: sealing and
+	// reporting it does nothing, as for any ended shard. And the ledger
+	// replays a shard's token to an IssueShard with its id, which still
+	// verifies for a shard of this boot: Install refuses them, or the
+	// spent and reconciled capacity of an ended shard would be admitted
+	// again.
+	compacted map[string]bool
 }
 
 // storedShard is one shard of the store.
@@ -463,7 +472,8 @@ func (s *ShardStore) GatewayID() string { return s.gatewayID }
 // Returns the shard; an error wrapping the ledger's verification error
 // (ErrShardSignature, ErrShardUnknownKey, ErrShardForeign,
 // ErrShardBootEpoch, ErrShardFenced, ErrShardExpired), ErrShardMalformed,
-// ledger.ErrShardIDReused when the shard id is already installed, or a log
+// ledger.ErrShardIDReused when the shard id is already installed (or was, and
+// has ended and been compacted away in this boot), or a log
 // write error.
 func (s *ShardStore) Install(token []byte, units []string, keys ledger.ShardKeys) (*ledger.Shard, error) {
 	s.mu.Lock()
@@ -493,6 +503,9 @@ func (s *ShardStore) Install(token []byte, units []string, keys ledger.ShardKeys
 	}
 	if _, dup := s.shards[sh.ID]; dup {
 		return nil, fmt.Errorf("install shard %s: %w: already installed", sh.ID, ledger.ErrShardIDReused)
+	}
+	if s.compacted[sh.ID] {
+		return nil, fmt.Errorf("install shard %s: %w: it was installed, reconciled and has ended", sh.ID, ledger.ErrShardIDReused)
 	}
 	if err := s.append(&shardRecord{Op: "install", At: now.UnixNano(), Shard: sh.ID, Token: token, Units: units}); err != nil {
 		return nil, fmt.Errorf("install shard %s: %w", sh.ID, err)
@@ -742,6 +755,9 @@ func (s *ShardStore) seal(shardID string) error {
 		return fmt.Errorf("seal %s: %w: %v", shardID, ErrShardStoreBroken, s.broken)
 	}
 	st, ok := s.shards[shardID]
+	if !ok && s.compacted[shardID] {
+		return nil // ended: sealed for good
+	}
 	if !ok {
 		return fmt.Errorf("seal: %w: %s", ledger.ErrShardNotFound, shardID)
 	}
@@ -781,7 +797,10 @@ func (s *ShardStore) BeginSubmission(shardID string) (sub ShardSubmission, ok bo
 	if err := s.seal(shardID); err != nil {
 		return sub, false, err
 	}
-	st := s.shards[shardID]
+	st, ok := s.shards[shardID]
+	if !ok { // ended and compacted away (seal found it so): nothing to report
+		return sub, false, nil
+	}
 	resumed := st.submitting != nil
 	if st.submitting == nil {
 		receipts, due := st.local.Submission()

@@ -18,6 +18,43 @@ type StreamUsage struct {
 	TotalTokens      int64 `json:"total_tokens"`
 }
 
+// statedUsage is a usage object as an event states it: a count that is
+// absent (or null) is not stated, which is not the same as 0.
+type statedUsage struct {
+	PromptTokens     *int64 `json:"prompt_tokens"`
+	CompletionTokens *int64 `json:"completion_tokens"`
+	TotalTokens      *int64 `json:"total_tokens"`
+}
+
+// count returns the count named field ("prompt_tokens",
+// "completion_tokens" or "total_tokens", any case), whether it is one of
+// those names, and whether the event stated it.
+func (u *statedUsage) count(field string) (value int64, known, stated bool) {
+	var p *int64
+	switch strings.ToLower(field) {
+	case "prompt_tokens":
+		p = u.PromptTokens
+	case "completion_tokens":
+		p = u.CompletionTokens
+	case "total_tokens":
+		p = u.TotalTokens
+	default:
+		return 0, false, false
+	}
+	if p == nil {
+		return 0, true, false
+	}
+	return *p, true, true
+}
+
+func (u *statedUsage) values() StreamUsage {
+	var out StreamUsage
+	out.PromptTokens, _, _ = u.count("prompt_tokens")
+	out.CompletionTokens, _, _ = u.count("completion_tokens")
+	out.TotalTokens, _, _ = u.count("total_tokens")
+	return out
+}
+
 // maxSSELine bounds what an SSEUsageScanner holds: the data of the event
 // being read and the line being read, together. An event whose data does
 // not fit is not held: when its data names "usage" the stream's usage
@@ -32,8 +69,9 @@ var usageName = []byte(`"usage"`)
 // SSEUsageScanner is an io.Writer that reads a server-sent-events stream
 // as it passes (tee the response into it) and keeps the usage object of
 // the last event that carries one. It reads the stream as the SSE
-// specification (WHATWG HTML, "event stream interpretation") does: lines
-// end in CRLF, LF or a bare CR; an event's data is its `data:` lines
+// specification (WHATWG HTML, "event stream interpretation") does: a
+// byte order mark at the start is ignored; lines end in CRLF, LF or a
+// bare CR; an event's data is its `data:` lines
 // joined by "\n" (so a JSON object split over several data lines is read
 // whole); comments and other fields are ignored; and an event is read
 // only at the blank line that ends it. It holds at most 1 MiB: the data
@@ -61,14 +99,19 @@ type SSEUsageScanner struct {
 	line    []byte    // the line being read, while it is held
 	lineIs  lineState // whether it is held, or why not
 	afterCR bool      // the last byte was a CR: an LF right after it ends no line
-	data    []byte    // the event's data lines so far, each followed by "\n"
-	hasData bool      // the event has a data line
+	// started: a byte other than a leading byte order mark was written.
+	// The specification ignores one U+FEFF at the start of the stream
+	// (bom holds the part of it written so far).
+	started bool
+	bom     []byte
+	data    []byte // the event's data lines so far, each followed by "\n"
+	hasData bool   // the event has a data line
 	// The event's data did not fit (it is not held): whether it names
 	// "usage", and the last len(usageName)-1 bytes of the data line being
 	// scanned (a name split between two writes).
 	long, longUsage bool
 	tail            []byte
-	usage           *StreamUsage
+	usage           *statedUsage
 	done            bool
 	invalid         error
 }
@@ -88,6 +131,9 @@ func NewSSEUsageScanner() *SSEUsageScanner { return &SSEUsageScanner{} }
 // Write consumes stream bytes; it never fails.
 func (s *SSEUsageScanner) Write(p []byte) (int, error) {
 	n := len(p)
+	if !s.started {
+		p = s.skipBOM(p)
+	}
 	for len(p) > 0 {
 		if s.afterCR {
 			s.afterCR = false
@@ -107,6 +153,32 @@ func (s *SSEUsageScanner) Write(p []byte) (int, error) {
 		p = p[i+1:]
 	}
 	return n, nil
+}
+
+// utf8BOM is U+FEFF in UTF-8.
+const utf8BOM = "\xEF\xBB\xBF"
+
+// skipBOM drops a byte order mark at the start of the stream, also one
+// split between writes, and returns the rest of p to read.
+func (s *SSEUsageScanner) skipBOM(p []byte) []byte {
+	for len(p) > 0 && len(s.bom) < len(utf8BOM) {
+		if p[0] != utf8BOM[len(s.bom)] {
+			// Not a byte order mark: what was held of it is stream.
+			s.started = true
+			held := s.bom
+			s.bom = nil
+			if len(held) > 0 {
+				s.Write(held)
+			}
+			return p
+		}
+		s.bom = append(s.bom, p[0])
+		p = p[1:]
+	}
+	if len(s.bom) == len(utf8BOM) {
+		s.started, s.bom = true, nil
+	}
+	return p
 }
 
 func (s *SSEUsageScanner) appendLine(p []byte) {
@@ -233,7 +305,7 @@ func (s *SSEUsageScanner) event(cut bool) lineRead {
 // lineRead is what one event tells of the stream's usage.
 type lineRead struct {
 	done       bool         // `data: [DONE]`
-	usage      *StreamUsage // a readable usage event
+	usage      *statedUsage // a readable usage event
 	unreadable error        // a usage event that cannot be read (or may be one)
 }
 
@@ -252,7 +324,7 @@ func readData(data []byte, cut bool) lineRead {
 		return lineRead{}
 	}
 	var ev struct {
-		Usage *StreamUsage `json:"usage"`
+		Usage *statedUsage `json:"usage"`
 	}
 	if err := json.Unmarshal(data, &ev); err != nil {
 		if cut {
@@ -306,12 +378,14 @@ func (s *SSEUsageScanner) atEnd() SSEUsageScanner {
 
 // Usage returns the usage of the last event that carried one, and
 // whether there was one, for a stream that ends here.
+// A count the event left out (or sent as null) reads as 0 here;
+// UsageFromStream refuses to settle a count that was not stated.
 func (s *SSEUsageScanner) Usage() (StreamUsage, bool) {
 	end := s.atEnd()
 	if end.usage == nil {
 		return StreamUsage{}, false
 	}
-	return *end.usage, true
+	return end.usage.values(), true
 }
 
 // Err returns why the last usage event of a stream ending here could not
@@ -328,8 +402,9 @@ func (s *SSEUsageScanner) Done() bool { return s.atEnd().done }
 // "total_tokens", e.g. {"tokens": "total_tokens"}); extra fixes units
 // that are not in the stream (e.g. {"requests": 1}). A stream that ended
 // without a usage object (the backend died, the client went away before
-// the end) or whose last usage event cannot be read (SSEUsageScanner.Err,
-// in the error's text; a last line cut mid-line included) gives
+// the end), whose last usage event cannot be read (SSEUsageScanner.Err,
+// in the error's text; a last line cut mid-line included) or does not
+// state (absent or null) a count of fieldByUnit gives
 // ErrUsageUnknown: the capacity stays held,
 // never refunded, and never settled at an earlier event's figure.
 func UsageFromStream(fieldByUnit map[string]string, extra Units) UsageReader {
@@ -337,11 +412,11 @@ func UsageFromStream(fieldByUnit map[string]string, extra Units) UsageReader {
 		if u.Reported != nil {
 			return u.Reported, nil
 		}
-		usage, ok := StreamUsage{}, false
+		var usage *statedUsage
 		if u.Stream != nil {
-			usage, ok = u.Stream.Usage()
+			usage = u.Stream.atEnd().usage
 		}
-		if !ok {
+		if usage == nil {
 			if u.Stream != nil && u.Stream.Err() != nil {
 				return nil, fmt.Errorf("stream's last usage event (status %d): %v: %w", u.Status, u.Stream.Err(), ErrUsageUnknown)
 			}
@@ -352,16 +427,16 @@ func UsageFromStream(fieldByUnit map[string]string, extra Units) UsageReader {
 			actual[unit] = v
 		}
 		for unit, field := range fieldByUnit {
-			switch strings.ToLower(field) {
-			case "prompt_tokens":
-				actual[unit] = usage.PromptTokens
-			case "completion_tokens":
-				actual[unit] = usage.CompletionTokens
-			case "total_tokens":
-				actual[unit] = usage.TotalTokens
-			default:
+			value, known, stated := usage.count(field)
+			switch {
+			case !known:
 				return nil, fmt.Errorf("usage field %q: want prompt_tokens, completion_tokens or total_tokens: %w", field, ErrUsageUnknown)
+			case !stated:
+				// Not said is not zero: settling 0 would refund what
+				// the work may have used.
+				return nil, fmt.Errorf("the stream's last usage event does not state %s (status %d): %w", field, u.Status, ErrUsageUnknown)
 			}
+			actual[unit] = value
 			if actual[unit] < 0 {
 				return nil, fmt.Errorf("usage %s = %d: %w", field, actual[unit], ErrUsageUnknown)
 			}

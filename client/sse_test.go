@@ -294,3 +294,27 @@ func TestSSEUsageScannerBoundsAnEventOfManyDataLines(t *testing.T) {
 		}
 	}
 }
+
+// The specification ignores one byte order mark at the start of a
+// stream, however the writes split it; one later in the stream is data.
+func TestSSEUsageScannerIgnoresALeadingByteOrderMark(t *testing.T) {
+	event := "data: {\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2,\"total_tokens\":3}}\n\n"
+	for _, writes := range [][]string{
+		{"\xEF\xBB\xBF" + event},
+		{"\xEF", "\xBB", "\xBF", event},
+		{"\xEF\xBB", "\xBF" + event},
+	} {
+		s := NewSSEUsageScanner()
+		for _, w := range writes {
+			s.Write([]byte(w))
+		}
+		if u, ok := s.Usage(); !ok || u.TotalTokens != 3 {
+			t.Errorf("%q: usage %+v %v (%v), want total 3", writes, u, ok, s.Err())
+		}
+	}
+	s := NewSSEUsageScanner()
+	s.Write([]byte(event + "\xEF\xBB\xBF" + strings.ReplaceAll(event, "3}", "4}")))
+	if u, ok := s.Usage(); !ok || u.TotalTokens != 3 {
+		t.Errorf("a byte order mark after the start makes its line no data line: usage %+v %v, want total 3", u, ok)
+	}
+}

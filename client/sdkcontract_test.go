@@ -1,0 +1,346 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	ledgerv1 "github.com/capledger/capledger/api/capledger/v1"
+	"github.com/capledger/capledger/client/internal/faultproxy"
+	"github.com/capledger/capledger/ledger"
+)
+
+// Contract tests of docs/CLIENTS.md and the shard part of
+// docs/OPERATIONS.md, run against the real `capledger serve` binary over
+// real sockets, with faultproxy where the network fails.
+
+// A shard id is Provision's idempotency key, and the ledger answers an
+// IssueShard with a known id by replaying its token, also once the shard
+// is reconciled. A shard that has ended and been compacted out of the
+// store must not come back from that replay: its capacity was spent and
+// the rest reminted to the account, so admitting from it again would
+// spend the same capacity twice.
+func TestProvisionAgainAfterTheShardEndedAndWasCompactedIsRefused(t *testing.T) {
+	dir := t.TempDir()
+	addr := startLedgerProcess(t, dir)
+	proxy, err := faultproxy.Start(addr, 11)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	ctx := context.Background()
+	direct, err := New(addr, noBreakerWatchdog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer direct.Close()
+	if _, _, err := direct.PublishPolicy(ctx, &ledgerv1.Policy{
+		Subject: "tenant-7", Route: "chat.generate", EmergencyMode: true,
+		Dimensions: []*ledgerv1.Dimension{{Unit: "tokens", Burst: 10_000}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	gw, err := newPartitionedGateway(proxy.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gw.Close()
+	// Compacts as soon as an ended shard's records outweigh the rest.
+	store, err := OpenShardStore(filepath.Join(dir, "gw-a"), ShardStoreOptions{GatewayID: "gw-a", compactAt: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	em := NewEmergency(gw, store, EmergencyOptions{})
+	provision := ProvisionRequest{ShardID: "sh-gw-a-tenant-7", Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 1000}, TTL: time.Hour}
+	if _, err := em.Provision(ctx, provision); err != nil {
+		t.Fatal(err)
+	}
+	offlineReserve := func() (*EmergencyReservation, error) {
+		proxy.SetFaults(faultproxy.Faults{Partition: true})
+		proxy.CutAll()
+		octx, cancel := context.WithTimeout(ctx, offlineTimeout)
+		defer cancel()
+		return em.Reserve(octx, ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 100}})
+	}
+	r, err := offlineReserve()
+	if err != nil || r.Local == nil {
+		t.Fatalf("offline reserve: %+v %v", r, err)
+	}
+	if err := em.Start(ctx, r.ReservationID, "op-1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := em.Settle(ctx, r.ReservationID, "op-1", Units{"tokens": 60}); err != nil {
+		t.Fatal(err)
+	}
+	heal(t, proxy, gw)
+	if _, err := em.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if shards := store.Shards(); len(shards) != 0 {
+		t.Fatalf("the ended shard was not compacted away: %+v", shards)
+	}
+	after := availableTokens(t, direct)
+	if after != 10_000-60 {
+		t.Fatalf("available after reconciliation %d, want %d", after, 10_000-60)
+	}
+
+	_, err = em.Provision(ctx, provision)
+	if !errors.Is(err, ledger.ErrShardIDReused) {
+		t.Fatalf("provision of the ended shard's id again: %v, want ErrShardIDReused", err)
+	}
+	if r, err := offlineReserve(); !errors.Is(err, ErrNoShard) {
+		t.Fatalf("offline reserve after the shard ended: %+v %v, want ErrNoShard", r, err)
+	}
+	heal(t, proxy, gw)
+	if got := availableTokens(t, direct); got != after {
+		t.Fatalf("available %d, was %d", got, after)
+	}
+}
+
+// endedState polls the ledger until reservation id has left RESERVED and
+// STARTED (the middleware settles or marks after the response was
+// written), and returns it.
+func endedState(t *testing.T, c *Client, id string) *ledgerv1.Reservation {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		res, err := c.GetReservation(context.Background(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch res.GetState() {
+		case ledgerv1.ReservationState_RESERVATION_STATE_RESERVED, ledgerv1.ReservationState_RESERVATION_STATE_STARTED:
+		default:
+			return res
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("reservation %s still %s", id, res.GetState())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// CLIENTS.md section 8: UsageFromStream settles the usage object of a
+// stream's last event, read as the SSE specification reads a stream, and
+// a stream whose usage is not known is USAGE_UNKNOWN: held, never
+// refunded. The specification ignores a byte order mark at the start of a
+// stream, so a stream that begins with one is read as without it. A last
+// usage event that does not state the count a unit is mapped to says
+// nothing of that unit: 0 would refund the whole estimate, so it is
+// unknown.
+func TestMiddlewareStreamUsageAgainstTheLedgerBinary(t *testing.T) {
+	addr := startLedgerProcess(t, t.TempDir())
+	ctx := context.Background()
+	c, err := New(addr, noBreakerWatchdog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, _, err := c.PublishPolicy(ctx, &ledgerv1.Policy{
+		Subject: "tenant-7", Route: "chat.generate",
+		Dimensions: []*ledgerv1.Dimension{{Unit: "tokens", Burst: 10_000}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	backend := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		switch r.URL.Query().Get("stream") {
+		case "bom":
+			fmt.Fprint(w, "\uFEFFdata: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":12,\"total_tokens\":21}}\n\ndata: [DONE]\n\n")
+		case "no-total":
+			fmt.Fprint(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":12,\"total_tokens\":21}}\n\n")
+			fmt.Fprint(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"total_tokens\":null}}\n\ndata: [DONE]\n\n")
+		}
+	})
+	srv := gateway(t, c, MiddlewareConfig{Estimator: tokensEstimator,
+		Usage: UsageFromStream(map[string]string{"tokens": "total_tokens"}, nil)}, backend)
+	stream := func(kind string) *ledgerv1.Reservation {
+		t.Helper()
+		resp, body := send(t, srv.Client(), srv.URL+"?stream="+kind, "tenant-7", "{}")
+		if resp.StatusCode != http.StatusOK || !strings.Contains(body, "[DONE]") {
+			t.Fatalf("%s stream: %d %q", kind, resp.StatusCode, body)
+		}
+		return endedState(t, c, resp.Header.Get(ReservationHeader))
+	}
+
+	if res := stream("bom"); res.GetState() != ledgerv1.ReservationState_RESERVATION_STATE_SETTLED || res.GetActualUnits()["tokens"] != 21 {
+		t.Errorf("stream starting with a byte order mark: %s %v, want SETTLED with 21 tokens", res.GetState(), res.GetActualUnits())
+	}
+	res := stream("no-total")
+	if res.GetState() != ledgerv1.ReservationState_RESERVATION_STATE_USAGE_UNKNOWN {
+		t.Errorf("last usage event without total_tokens: %s %v, want USAGE_UNKNOWN (not settled at 0)", res.GetState(), res.GetActualUnits())
+	}
+	// 100 estimated, 21 settled, 100 held unknown.
+	if got := availableTokens(t, c); got != 10_000-21-100 {
+		t.Errorf("available %d, want %d", got, 10_000-21-100)
+	}
+}
+
+// CLIENTS.md section 4, rule 4, and section 5: a Settle that was not
+// applied because the ledger died (kill -9 while the work ran) leaves the
+// work STARTED and its usage known only to the gateway; Run returns
+// *UsageUnknownError with the receipt and its usage, keeps it in
+// PendingUnknown, and resends it with the same ids once the ledger is
+// back, until it lands: charged exactly once, at the usage reported.
+func TestSettleNotAppliedWhileTheLedgerIsKilledLandsAfterItsRestart(t *testing.T) {
+	p := newLedgerProcess(t, t.TempDir())
+	ctx := context.Background()
+	c, err := New(p.addr, noBreakerWatchdog,
+		WithRetryPolicy(RetryPolicy{MaxAttempts: 3, BaseDelay: 10 * time.Millisecond, MaxDelay: 50 * time.Millisecond}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, _, err := c.PublishPolicy(ctx, &ledgerv1.Policy{
+		Subject: "tenant-7", Route: "chat.generate",
+		Dimensions: []*ledgerv1.Dimension{{Unit: "tokens", Burst: 10_000}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Run(ctx, ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 100}},
+		func(context.Context) (Units, error) {
+			p.stop(syscall.SIGKILL)
+			return Units{"tokens": 40}, nil
+		})
+	unknown := mustErrAs[*UsageUnknownError](t, err)
+	if unknown.Receipt.Actual["tokens"] != 40 {
+		t.Fatalf("receipt %+v: want the reported 40 tokens", unknown.Receipt)
+	}
+	if kept := c.PendingUnknown(); len(kept) != 1 || kept[0].ReservationID != unknown.Receipt.ReservationID {
+		t.Fatalf("PendingUnknown %+v, want the receipt of %s", kept, unknown.Receipt.ReservationID)
+	}
+
+	p.start()
+	deadline := time.Now().Add(20 * time.Second)
+	for len(c.PendingUnknown()) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the kept settle was not resent after the restart: %+v (breaker %+v)", c.PendingUnknown(), c.Breaker())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	res, err := c.GetReservation(ctx, unknown.Receipt.ReservationID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.GetState() != ledgerv1.ReservationState_RESERVATION_STATE_SETTLED || res.GetActualUnits()["tokens"] != 40 ||
+		res.GetOperationId() != unknown.Receipt.OperationID {
+		t.Fatalf("after the restart: %s %v op %s, want SETTLED with 40 tokens under %s", res.GetState(), res.GetActualUnits(), res.GetOperationId(), unknown.Receipt.OperationID)
+	}
+	if got := availableTokens(t, c); got != 10_000-40 {
+		t.Fatalf("available %d, want %d", got, 10_000-40)
+	}
+}
+
+// intermediary is a reverse proxy in front of the ledger that answers the
+// next requests itself, in plain HTTP as a load balancer does, with
+// status and Retry-After, and records when each request arrived.
+type intermediary struct {
+	mu       sync.Mutex
+	answers  []int // statuses for the next requests; 0 or none: forward
+	retry    string
+	arrivals []time.Time
+}
+
+func startIntermediary(t *testing.T, ledgerAddr string) (*intermediary, string) {
+	t.Helper()
+	in := &intermediary{}
+	forward := httputil.NewSingleHostReverseProxy(&url.URL{Scheme: "http", Host: ledgerAddr})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		in.mu.Lock()
+		in.arrivals = append(in.arrivals, time.Now())
+		status := 0
+		if len(in.answers) > 0 {
+			status, in.answers = in.answers[0], in.answers[1:]
+		}
+		in.mu.Unlock()
+		if status == 0 {
+			forward.ServeHTTP(w, r)
+			return
+		}
+		w.Header().Set("Retry-After", in.retry)
+		w.Header().Set("Content-Type", "text/html")
+		w.WriteHeader(status)
+		fmt.Fprintf(w, "<html>%d</html>", status)
+	}))
+	t.Cleanup(srv.Close)
+	return in, strings.TrimPrefix(srv.URL, "http://")
+}
+
+func (in *intermediary) answerNext(retryAfter string, statuses ...int) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	in.answers, in.retry, in.arrivals = statuses, retryAfter, nil
+}
+
+func (in *intermediary) arrived() []time.Time {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return slices.Clone(in.arrivals)
+}
+
+// CLIENTS.md section 4: a 503 from a proxy in between is a lost answer,
+// retried, and its Retry-After is waited for (bounded by the backoff
+// cap) before the repeat (rule 3); an HTTP 429 is never retried (rule
+// 5): the caller gets a *RejectedError with its Retry-After, and no
+// RESERVATION_UNKNOWN, since the refusal is an answer. Both come from an
+// intermediary in plain HTTP, not in the ledger's error form.
+func TestIntermediaryRetryAfterAndTooManyRequests(t *testing.T) {
+	addr := startLedgerProcess(t, t.TempDir())
+	ctx := context.Background()
+	direct, err := New(addr, noBreakerWatchdog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer direct.Close()
+	if _, _, err := direct.PublishPolicy(ctx, &ledgerv1.Policy{
+		Subject: "tenant-7", Route: "chat.generate",
+		Dimensions: []*ledgerv1.Dimension{{Unit: "tokens", Burst: 10_000}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	in, inAddr := startIntermediary(t, addr)
+	const maxDelay = 300 * time.Millisecond
+	c, err := New(inAddr, noBreakerWatchdog, WithRetryPolicy(RetryPolicy{MaxAttempts: 3, BaseDelay: time.Millisecond, MaxDelay: maxDelay}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	reserve := ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 100}}
+
+	in.answerNext("1", http.StatusServiceUnavailable)
+	if _, err := c.Reserve(ctx, reserve); err != nil {
+		t.Fatalf("reserve after one 503: %v", err)
+	}
+	if at := in.arrived(); len(at) != 2 || at[1].Sub(at[0]) < maxDelay {
+		t.Fatalf("the repeat after a 503 with Retry-After: 1 came %v after it (%d requests), want at least the cap %v", at[1].Sub(at[0]), len(at), maxDelay)
+	}
+
+	in.answerNext("7", http.StatusTooManyRequests)
+	_, err = c.Reserve(ctx, reserve)
+	rejected := mustErrAs[*RejectedError](t, err)
+	if rejected.RetryAfter != 7*time.Second {
+		t.Errorf("rejection %+v: want its Retry-After of 7 s", rejected)
+	}
+	if n := len(in.arrived()); n != 1 {
+		t.Errorf("a 429 was sent %d times, want once (never retried)", n)
+	}
+	if lost := c.LostReserves(); len(lost) != 0 {
+		t.Errorf("a 429 left lost reserves to look up: %+v", lost)
+	}
+	if got := availableTokens(t, direct); got != 10_000-100 {
+		t.Errorf("available %d, want %d (only the first reserve)", got, 10_000-100)
+	}
+}
