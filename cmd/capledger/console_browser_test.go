@@ -957,3 +957,56 @@ func TestConsoleBrowserRoutesScopedSubjectPages(t *testing.T) {
 	shows("chat-1", true, "1")
 	b.noConsoleErrors(true)
 }
+
+// TestConsoleBrowserDebtRepaidBeyondRefillHorizon: a debt refill repays only
+// after more than ~292 years has no repaidAt in the API (the server's
+// longest wait), like a debt without a refill rule. The Debts and Tenants
+// pages tell the two apart from the refill rule instead of claiming there
+// is none.
+func TestConsoleBrowserDebtRepaidBeyondRefillHorizon(t *testing.T) {
+	chromiumPath(t)
+	base := startInProcess(t)
+	publish := func(subject string, refill int64) uint64 {
+		dim := &v1.Dimension{Unit: "tokens", Burst: 100, MaxOverdraft: 1 << 40}
+		if refill > 0 {
+			dim.RefillUnits, dim.RefillInterval = refill, durationpb.New(time.Hour)
+		}
+		var resp v1.PublishPolicyResponse
+		mustCall(t, base, "", "LedgerService/PublishPolicy", &v1.PublishPolicyRequest{Policy: &v1.Policy{
+			Subject: subject, Route: "chat.generate", Dimensions: []*v1.Dimension{dim},
+			HoldTtl: durationpb.New(time.Hour), EpochLength: durationpb.New(8760 * time.Hour),
+		}}, &resp)
+		return resp.Policy.GetGeneration()
+	}
+	owe := func(subject string, actual int64) {
+		id := "r-" + subject
+		mustCall(t, base, "", "LedgerService/Reserve", &v1.ReserveRequest{ReservationId: id, Subject: subject, Route: "chat.generate", Units: map[string]int64{"tokens": 10}}, &v1.ReserveResponse{})
+		mustCall(t, base, "", "LedgerService/Start", &v1.StartRequest{ReservationId: id, OperationId: "op-" + id}, &v1.StartResponse{})
+		mustCall(t, base, "", "LedgerService/Settle", &v1.SettleRequest{ReservationId: id, OperationId: "op-" + id, ActualUnits: map[string]int64{"tokens": actual}}, &v1.SettleResponse{})
+	}
+	// 1 token an hour repays 10^9 in about 114,000 years.
+	hugeGen := publish("tenant-huge", 1)
+	owe("tenant-huge", 1_000_000_000)
+	bareGen := publish("tenant-norefill", 0)
+	owe("tenant-norefill", 150)
+	var st v1.ListAccountStandingsResponse
+	mustCall(t, base, "", "ConsoleService/ListAccountStandings", &v1.ListAccountStandingsRequest{InDebt: true}, &st)
+	if len(st.Accounts) != 2 {
+		t.Fatalf("standings in debt: %v, want tenant-huge and tenant-norefill", st.Accounts)
+	}
+	for _, s := range st.Accounts {
+		if d := s.Dimensions[0]; d.Debt == 0 || d.RepaidAt != nil {
+			t.Fatalf("%s: debt %d repaidAt %v, want a debt without repaidAt", s.Account.Subject, d.Debt, d.RepaidAt)
+		}
+	}
+
+	b := newBrowser(t, base)
+	b.do(chromedp.Navigate(base + "/ui/#debts"))
+	b.waitRendered("debts")
+	b.want(fmt.Sprintf(`tr[data-key="tenant-huge/chat.generate@global#%d/tokens"] td[data-field="repaidAt"]`, hugeGen), "more than 292 years off")
+	b.want(fmt.Sprintf(`tr[data-key="tenant-norefill/chat.generate@global#%d/tokens"] td[data-field="repaidAt"]`, bareGen), "no refill rule")
+	b.open("tenants")
+	b.want(fmt.Sprintf(`tr[data-key="tenant-huge/chat.generate@global#%d"] td[data-field="repaid"]`, hugeGen), "tokens more than 292 years off")
+	b.want(fmt.Sprintf(`tr[data-key="tenant-norefill/chat.generate@global#%d"] td[data-field="repaid"]`, bareGen), "tokens no refill rule")
+	b.noConsoleErrors(false)
+}

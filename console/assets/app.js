@@ -76,6 +76,11 @@ function fmtAge(t, now) {
 const mode = (m) => (m || "ROLLOUT_MODE_ENFORCE").replace("ROLLOUT_MODE_", "").toLowerCase();
 const stateName = (s) => (s || "").replace("RESERVATION_STATE_", "");
 const units = (m) => Object.entries(m || {}).map(([k, v]) => k + " " + fmtInt(v)).join(", ") || "—";
+// repaidBy says when refill repays a standing dimension's debt. The server
+// leaves repaidAt out both without a refill rule and when the wait is
+// beyond what it computes (about 292 years): the refill rule tells which.
+const repaidBy = (d) => (d.repaidAt ? fmtTime(d.repaidAt)
+  : n(d.refillUnits) > 0 && d.refillInterval ? "more than 292 years off" : "no refill rule");
 
 // el builds an element: el("td", {class: "num", "data-field": "x"}, "text", child...).
 function el(tag, attrs, ...children) {
@@ -274,7 +279,7 @@ function standingRow(s) {
   const acc = s.account;
   const key = acc.subject + "/" + acc.route + "@" + acc.region + "#" + n(acc.policyGeneration);
   const dims = s.dimensions || [];
-  const repaid = dims.filter((d) => d.repaidAt).map((d) => d.unit + " " + fmtTime(d.repaidAt)).join(", ");
+  const repaid = dims.filter((d) => n(d.debt)).map((d) => d.unit + " " + repaidBy(d)).join(", ");
   return el("tr", { "data-key": key, class: acc.frozen ? "frozen" : null },
     td("subject", el("a", { class: "subject", href: "#tenants/" + encodeURIComponent(acc.subject) + "/" + encodeURIComponent(acc.route) + "/" + encodeURIComponent(acc.region) }, acc.subject)),
     td("route", acc.route), td("region", acc.region), td("generation", n(acc.policyGeneration)),
@@ -485,11 +490,11 @@ pages.debts = async function (main) {
     const key = a.subject + "/" + a.route + "@" + a.region + "#" + n(a.policyGeneration);
     for (const b of a.balances || []) {
       if (!n(b.debt)) continue;
-      const dim = (repaid[key] || []).find((d) => d.unit === b.unit) || {};
+      const dim = (repaid[key] || []).find((d) => d.unit === b.unit);
       rows.push(el("tr", { "data-key": key + "/" + b.unit, class: "frozen" },
         td("subject", a.subject), td("route", a.route), td("region", a.region), td("generation", n(a.policyGeneration)), td("unit", b.unit),
         td("debt", fmtInt(b.debt), true), td("issued", fmtInt(b.overdraftIssued), true), td("repaid", fmtInt(b.overdraftRepaid), true),
-        td("breaches", fmtInt(a.breaches), true), td("repaidAt", dim.repaidAt ? fmtTime(dim.repaidAt) : "no refill rule")));
+        td("breaches", fmtInt(a.breaches), true), td("repaidAt", dim ? repaidBy(dim) : "—")));
     }
   }
   main.append(table(["subject", "route", "region", "gen", "unit", { label: "debt", num: true }, { label: "overdraft issued", num: true },
