@@ -842,6 +842,10 @@ func TestConsoleBrowserScopedTokenSeesOnlyItsTenant(t *testing.T) {
 			if n := b.count(`main tbody tr`); n != 1 || !strings.Contains(body, "tenant-a") {
 				t.Errorf("tenants shows %d rows to the tenant-a token, want its one:\n%s", n, body)
 			}
+		case "backlog":
+			if b.count(`[data-card="backlog"]`) != 0 || b.text(`[data-card="overdue"] .sub`) != "of those listed" {
+				t.Errorf("the backlog page shows the store-wide figures to a scoped token:\n%s", body)
+			}
 		case "debts":
 			b.want(`[data-value="frozen"]`, "1") // tenant-a's own debt
 		case "tenants/tenant-a/chat.generate/global":
@@ -868,6 +872,11 @@ func TestConsoleBrowserWithoutAuth(t *testing.T) {
 	b.want(`[data-value="backlog"]`, "0")
 	b.open("tenants")
 	b.want(`[data-value="matched"]`, "0")
+	// An empty backlog is still the whole backlog's figures (zeros, which
+	// the API leaves out), not a scoped token's "of those listed".
+	b.open("backlog")
+	b.want(`[data-value="backlog"]`, "0")
+	b.want(`[data-card="overdue"] .sub`, "at the resolver's last scan")
 	b.noConsoleErrors(false)
 }
 

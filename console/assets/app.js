@@ -451,13 +451,16 @@ function backlogTable(resp, now, answers) {
 }
 
 pages.backlog = async function (main) {
-  const resp = await ledgerPage("ListUsageUnknown", {}, "reservations", 1000);
+  // The store-wide figures are absent both for a scoped token and when
+  // they are zero (protojson leaves zeros out): the overview tells which.
+  const [resp, ov] = await Promise.all([ledgerPage("ListUsageUnknown", {}, "reservations", 1000), console_("GetOverview")]);
   const now = Date.now();
   main.append(el("h1", {}, "USAGE_UNKNOWN backlog"));
   const shown = (resp.reservations || []).length;
   const cards = el("div", { class: "cards" }, card("listed", "Listed (your scope)", fmtInt(shown), resp.nextPageToken ? "first 1000" : ""));
-  if (n(resp.backlog) || resp.oldestUsageUnknownAt) {
-    cards.append(card("backlog", "Whole backlog", fmtInt(resp.backlog), "oldest marked " + fmtAge(resp.oldestUsageUnknownAt, now) + " ago"));
+  if (!ov.scoped) {
+    cards.append(card("backlog", "Whole backlog", fmtInt(resp.backlog),
+      resp.oldestUsageUnknownAt ? "oldest marked " + fmtAge(resp.oldestUsageUnknownAt, now) + " ago" : "nothing waiting"));
     cards.append(card("overdue", "Past unknownDeadline", fmtInt(resp.overdue), "at the resolver's last scan"));
   } else {
     // A scoped token gets no store-wide figures: count what is listed.
