@@ -5,8 +5,11 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -878,6 +881,75 @@ func TestConsoleBrowserWithoutAuth(t *testing.T) {
 	b.want(`[data-value="backlog"]`, "0")
 	b.want(`[data-card="overdue"] .sub`, "at the resolver's last scan")
 	b.noConsoleErrors(false)
+}
+
+// TestConsoleBrowserServerUnreachable: the page reaches the server through a
+// proxy the test stops and starts again on the same port. While the server
+// is out of reach the page says so, keeps the last data it read (marked
+// with when), and shows fresh data again on a refresh once it answers.
+func TestConsoleBrowserServerUnreachable(t *testing.T) {
+	chromiumPath(t)
+	target, err := url.Parse(startInProcess(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := target.String()
+	mustCall(t, base, "", "LedgerService/PublishPolicy", &v1.PublishPolicyRequest{Policy: &v1.Policy{
+		Subject: "tenant-a", Route: "chat.generate",
+		Dimensions: []*v1.Dimension{{Unit: "tokens", RefillUnits: 10, RefillInterval: durationpb.New(time.Hour), Burst: 100}},
+		HoldTtl:    durationpb.New(time.Hour), EpochLength: durationpb.New(8760 * time.Hour),
+	}}, &v1.PublishPolicyResponse{})
+	mustCall(t, base, "", "LedgerService/Reserve", &v1.ReserveRequest{ReservationId: "r-a1", Subject: "tenant-a", Route: "chat.generate", Units: map[string]int64{"tokens": 30}}, &v1.ReserveResponse{})
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	// serveProxy serves the proxy on addr and returns the server and the
+	// address it listens on.
+	serveProxy := func(addr string) (*http.Server, string) {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := &http.Server{Handler: proxy}
+		go srv.Serve(ln)
+		t.Cleanup(func() { srv.Close() })
+		return srv, ln.Addr().String()
+	}
+	front, addr := serveProxy("127.0.0.1:0")
+	b := newBrowser(t, "http://"+addr)
+	b.do(chromedp.Navigate("http://" + addr + "/ui/#tenants"))
+	b.waitRendered("tenants")
+	row := `tr[data-key="tenant-a/chat.generate@global#1"] td[data-field="available"]`
+	b.want(row, "tokens 70/100")
+
+	// waitFor waits for sel for a few refreshes, not the tab's whole deadline.
+	waitFor := func(sel string) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second)
+		defer cancel()
+		if _, err := chromedp.Run(ctx, chromedp.WaitVisible(sel)); err != nil {
+			t.Fatalf("%s in 30 s: %v; the page shows:\n%s", sel, err, b.eval(`document.body.innerText`))
+		}
+	}
+	front.Close() // closes the listener and every connection: the server is gone
+	waitFor(`main[data-route="tenants"][data-failed="unreachable"]`)
+	if msg := b.text("#error"); !strings.HasPrefix(msg, "Cannot reach the server") || !strings.Contains(msg, "What is shown was read at ") {
+		t.Errorf("with the server gone the page says %q", msg)
+	}
+	b.want(row, "tokens 70/100") // the last data read, not a blank page
+
+	mustCall(t, base, "", "LedgerService/Reserve", &v1.ReserveRequest{ReservationId: "r-a2", Subject: "tenant-a", Route: "chat.generate", Units: map[string]int64{"tokens": 20}}, &v1.ReserveResponse{})
+	serveProxy(addr)
+	waitFor(`main[data-route="tenants"][data-ready]:not([data-failed])`)
+	b.want(row, "tokens 50/100")
+	if hidden := b.eval(`String(document.getElementById("error").hidden)`); hidden != "true" {
+		t.Errorf("the server answers again, and the page still says %q", b.text("#error"))
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, m := range b.messages { // refused connections are logged; exceptions are bugs
+		if m.Type == chromedp.ConsoleException {
+			t.Errorf("browser console: %s", m)
+		}
+	}
 }
 
 // TestConsoleBrowserRoutesScopedSubjectPages: a viewer token limited to

@@ -22,9 +22,15 @@ async function call(service, method, body) {
   const headers = { "Content-Type": "application/json" };
   const token = sessionStorage.getItem(TOKEN_KEY);
   if (token) headers["Authorization"] = "Bearer " + token;
-  const resp = await fetch("/capledger.v1." + service + "/" + method, {
-    method: "POST", headers, body: JSON.stringify(body || {}), cache: "no-store",
-  });
+  let resp;
+  try {
+    resp = await fetch("/capledger.v1." + service + "/" + method, {
+      method: "POST", headers, body: JSON.stringify(body || {}), cache: "no-store",
+    });
+  } catch (err) {
+    // No HTTP answer at all: the server is down or the network is.
+    throw new APIError(0, "unreachable", err.message);
+  }
   let payload = {};
   try { payload = await resp.json(); } catch (e) { payload = {}; }
   if (!resp.ok) throw new APIError(resp.status, payload.code, payload.message);
@@ -158,10 +164,16 @@ const state = {
   seq: 0, // the latest render; an older one still in flight is dropped
 };
 
-function showError(err) {
+// showError shows err above the page (hides the box without one);
+// staleSince is when the data still shown was read, when the page kept it.
+function showError(err, staleSince) {
   const box = document.getElementById("error");
   if (!err) { box.hidden = true; box.textContent = ""; return; }
   let text = err.message;
+  if (err.code === "unreachable") {
+    text = "Cannot reach the server (" + err.message + "); trying again every " + REFRESH_MS / 1000 + " s." +
+      (staleSince ? " What is shown was read at " + fmtTime(staleSince) + "." : "");
+  }
   if (err.status === 401) text = "This server wants a bearer token (" + err.message + "): type one above.";
   if (err.status === 403) text = "Your token's role may not read this (" + err.message + ").";
   box.textContent = text;
@@ -641,22 +653,32 @@ async function render() {
   const seq = ++state.seq;
   for (const a of document.querySelectorAll("#nav a")) a.classList.toggle("current", a.getAttribute("href") === "#" + page);
   const fresh = el("main", { id: "main", "data-page": page, "data-route": route });
+  let failure = null;
   try {
     await pages[page](fresh, args);
-    showError(null);
-    fresh.setAttribute("data-ready", page);
+    fresh.setAttribute("data-read-at", new Date().toISOString());
   } catch (err) {
-    showError(err);
-    fresh.setAttribute("data-ready", page);
-    fresh.setAttribute("data-failed", err.code || String(err.status || "error"));
+    failure = err;
   }
   if (seq !== state.seq) return; // a newer render (hash change, token) took over
-  // A refresh of the same page keeps what the operator is typing in a
-  // search box (the next refresh after it loses focus shows the new data).
   const old = document.getElementById("main");
-  const typing = document.activeElement && document.activeElement.tagName === "INPUT" &&
-    old.contains(document.activeElement) && old.getAttribute("data-route") === route;
-  if (!typing) old.replaceWith(fresh);
+  const sameRoute = old.getAttribute("data-route") === route;
+  if (failure && failure.code === "unreachable" && sameRoute && old.hasAttribute("data-read-at")) {
+    // The server is out of reach: keep the last data of this page, marked
+    // stale, rather than a blank page; the next refresh tries again.
+    showError(failure, old.getAttribute("data-read-at"));
+    old.setAttribute("data-failed", failure.code);
+    old.setAttribute("data-ready", page);
+  } else {
+    showError(failure);
+    fresh.setAttribute("data-ready", page);
+    if (failure) fresh.setAttribute("data-failed", failure.code || String(failure.status || "error"));
+    // A refresh of the same page keeps what the operator is typing in a
+    // search box (the next refresh after it loses focus shows the new data).
+    const typing = document.activeElement && document.activeElement.tagName === "INPUT" &&
+      old.contains(document.activeElement) && sameRoute;
+    if (!typing) old.replaceWith(fresh);
+  }
   state.timer = setTimeout(render, REFRESH_MS);
 }
 
