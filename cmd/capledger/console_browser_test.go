@@ -1091,3 +1091,64 @@ func TestConsoleBrowserDebtRepaidBeyondRefillHorizon(t *testing.T) {
 	b.want(fmt.Sprintf(`tr[data-key="tenant-norefill/chat.generate@global#%d"] td[data-field="repaid"]`, bareGen), "tokens no refill rule")
 	b.noConsoleErrors(false)
 }
+
+// TestConsoleBrowserUnusualNames: subjects are any UTF-8 text a client
+// sends. One full of HTML is shown as text, never parsed, and a 400-byte
+// one wraps in its cells and headings instead of widening the page.
+func TestConsoleBrowserUnusualNames(t *testing.T) {
+	chromiumPath(t)
+	base := startInProcess(t)
+	const markup = `<img src=x onerror="window.injected=1">&amp;"'</td>`
+	long := strings.Repeat("L", 400) + "-tenant"
+	for _, subject := range []string{markup, long, "tenant-a"} {
+		mustCall(t, base, "", "LedgerService/PublishPolicy", &v1.PublishPolicyRequest{Policy: &v1.Policy{
+			Subject: subject, Route: "chat.generate",
+			Dimensions: []*v1.Dimension{{Unit: "tokens", RefillUnits: 10, RefillInterval: durationpb.New(time.Hour), Burst: 100}},
+			HoldTtl:    durationpb.New(time.Hour), EpochLength: durationpb.New(8760 * time.Hour),
+		}}, &v1.PublishPolicyResponse{})
+		mustCall(t, base, "", "LedgerService/Reserve", &v1.ReserveRequest{
+			ReservationId: "r-" + fmt.Sprint(len(subject)), Subject: subject, Route: "chat.generate", Units: map[string]int64{"tokens": 10},
+		}, &v1.ReserveResponse{})
+	}
+	b := newBrowser(t, base)
+	b.do(chromedp.Navigate(base + "/ui/#tenants"))
+	b.waitRendered("tenants")
+	injected := func(page string) {
+		t.Helper()
+		if n := b.count(`main img`); n != 0 || b.eval(`String(window.injected)`) != "undefined" {
+			t.Errorf("page %s: the subject's markup was parsed (%d img elements, window.injected %s)", page, n, b.eval(`String(window.injected)`))
+		}
+	}
+	// fits: no heading is wider than its box, the long subject's cell is
+	// narrower than the window, and a short subject's cell stays one line.
+	fits := func(page string) {
+		t.Helper()
+		if over := b.eval(`[...document.querySelectorAll("main h1, main h2, main h3")].filter((h) => h.scrollWidth > h.clientWidth).map((h) => h.textContent.slice(0, 40)).join(" | ")`); over != "" {
+			t.Errorf("page %s: headings wider than the page: %s", page, over)
+		}
+		if w := b.eval(`String(Math.max(0, ...[...document.querySelectorAll('td[data-field="subject"]')].filter((c) => c.textContent.startsWith("LLLL")).map((c) => c.offsetWidth)))`); w == "0" || len(w) > 3 {
+			t.Errorf("page %s: the long subject's cell is %s px wide in a 1000 px window", page, w)
+		}
+	}
+	injected("tenants")
+	fits("tenants")
+	key := fmt.Sprintf(`tr[data-key=%q]`, markup+"/chat.generate@global#1")
+	b.want(key+` td[data-field="subject"]`, markup)
+	if h := b.eval(`(() => { const c = document.querySelector('tr[data-key="tenant-a/chat.generate@global#3"] td'); return String(c.offsetHeight <= 2 * parseFloat(getComputedStyle(c).lineHeight)); })()`); h != "true" {
+		t.Errorf("tenant-a's subject cell wraps: %s", b.eval(`document.querySelector('tr[data-key="tenant-a/chat.generate@global#3"] td').offsetHeight + ""`))
+	}
+	b.open("tenants/" + url.PathEscape(markup) + "/chat.generate/global")
+	injected("markup tenant")
+	b.want(`[data-value="subject"]`, markup)
+	b.open("tenants/" + long + "/chat.generate/global")
+	fits("long tenant")
+	b.screenshot("long-tenant")
+	for _, page := range []string{"policies", "fairness"} {
+		b.open(page)
+		injected(page)
+		if !strings.Contains(b.eval(`document.querySelector("main").textContent`), markup) {
+			t.Errorf("page %s does not show the subject %q as text", page, markup)
+		}
+	}
+	b.noConsoleErrors(false)
+}
