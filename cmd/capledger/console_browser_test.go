@@ -935,6 +935,13 @@ func TestConsoleBrowserServerUnreachable(t *testing.T) {
 		t.Errorf("with the server gone the page says %q", msg)
 	}
 	b.want(row, "tokens 70/100") // the last data read, not a blank page
+	// What a token read is not kept after "Forget", server or no server.
+	b.unready()
+	b.eval(`(() => { document.getElementById("token-forget").click(); return ""; })()`)
+	waitFor(`main[data-route="tenants"][data-ready]`)
+	if n := b.count(row); n != 0 {
+		t.Errorf("after Forget the page still shows what the token read: %s", b.eval(`document.body.innerText`))
+	}
 
 	mustCall(t, base, "", "LedgerService/Reserve", &v1.ReserveRequest{ReservationId: "r-a2", Subject: "tenant-a", Route: "chat.generate", Units: map[string]int64{"tokens": 20}}, &v1.ReserveResponse{})
 	serveProxy(addr)

@@ -688,15 +688,22 @@ document.getElementById("token-form").addEventListener("submit", (e) => {
   if (input.value.trim()) sessionStorage.setItem(TOKEN_KEY, input.value.trim());
   input.value = "";
   state.prevOverview = null;
-  tokenState();
-  render();
+  tokenChanged();
 });
 document.getElementById("token-forget").addEventListener("click", () => {
   sessionStorage.removeItem(TOKEN_KEY);
   state.prevOverview = null; state.lastAudit = null;
+  tokenChanged();
+});
+
+// tokenChanged renders the page for the new token (or none). What the
+// old token read is never kept as stale data, also when the server is out
+// of reach.
+function tokenChanged() {
+  document.getElementById("main").removeAttribute("data-read-at");
   tokenState();
   render();
-});
+}
 window.addEventListener("hashchange", render);
 tokenState();
 render();
