@@ -1159,3 +1159,45 @@ func TestConsoleBrowserUnusualNames(t *testing.T) {
 	}
 	b.noConsoleErrors(false)
 }
+
+// TestConsoleBrowserRateChartsCoverAtMost15Minutes: the overview's rate
+// charts keep the samples of the last 15 minutes, however seldom the page
+// sampled (a background tab's timers fire far less often than every 5 s).
+// The test shifts the serverTime of the page's GetOverview answers, the
+// clock its samples are taken by, 20 minutes ahead between two refreshes.
+func TestConsoleBrowserRateChartsCoverAtMost15Minutes(t *testing.T) {
+	chromiumPath(t)
+	base := startInProcess(t)
+	b := newBrowser(t, base)
+	b.do(chromedp.Navigate(base + "/ui/"))
+	b.waitRendered("overview")
+	b.eval(`(() => {
+		window.serverTimeShift = 0;
+		const fetchOrig = window.fetch;
+		window.fetch = async (url, init) => {
+			const resp = await fetchOrig(url, init);
+			if (!String(url).endsWith("/GetOverview") || !window.serverTimeShift) return resp;
+			const body = await resp.json();
+			body.serverTime = new Date(new Date(body.serverTime).getTime() + window.serverTimeShift).toISOString();
+			return new Response(JSON.stringify(body), { status: resp.status, headers: resp.headers });
+		};
+		return "";
+	})()`)
+	samples := func() string { return b.eval(`state.decisionRates.t.join(",")`) }
+	b.unready()
+	b.waitRendered("overview") // the first refresh takes the first sample
+	if n := strings.Count(samples(), ",") + 1; samples() == "" || n != 1 {
+		t.Fatalf("after one refresh the chart has samples %q, want one", samples())
+	}
+	b.eval(`window.serverTimeShift = 20 * 60 * 1000, ""`)
+	b.unready()
+	b.waitRendered("overview")
+	var first, last float64
+	got := samples()
+	fmt.Sscanf(got[:strings.IndexByte(got+",", ',')], "%g", &first)
+	fmt.Sscanf(got[strings.LastIndexByte(got, ',')+1:], "%g", &last)
+	if last-first > 15*60 {
+		t.Errorf("the rate chart's samples %q span %.0f s, more than 15 minutes", got, last-first)
+	}
+	b.noConsoleErrors(false)
+}

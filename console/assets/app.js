@@ -6,7 +6,9 @@
 
 const TOKEN_KEY = "capledger.token";
 const REFRESH_MS = 5000;
-const HISTORY_POINTS = 180;
+// The rate charts cover at most this long. By time, not by a count of
+// samples: a background tab's timers fire far less often than every 5 s.
+const HISTORY_SECONDS = 900;
 
 // ---- API ---------------------------------------------------------------
 
@@ -118,13 +120,14 @@ function bar(frac) {
 
 // ---- charts (uPlot) ----------------------------------------------------
 
-// Series is a rolling window of samples taken by this page since it opened.
+// Series is a chart's samples (t in seconds), keeping only those of the
+// last windowSeconds before the newest when it is given.
 class Series {
-  constructor(names) { this.names = names; this.t = []; this.v = names.map(() => []); }
+  constructor(names, windowSeconds) { this.names = names; this.windowSeconds = windowSeconds; this.t = []; this.v = names.map(() => []); }
   push(t, values) {
     this.t.push(t);
     this.names.forEach((name, i) => this.v[i].push(values[name] ?? 0));
-    if (this.t.length > HISTORY_POINTS) { this.t.shift(); this.v.forEach((a) => a.shift()); }
+    while (this.windowSeconds && this.t[0] < t - this.windowSeconds) { this.t.shift(); this.v.forEach((a) => a.shift()); }
   }
   // ensure adds series that appeared since (a new generation), with zeros
   // for the samples taken before.
@@ -236,10 +239,10 @@ pages.overview = async function (main) {
   for (const d of ov.decisions || []) decided["g" + n(d.policyGeneration) + " " + d.outcome] = n(d.count);
   for (const r of ov.rejections || []) if (r.rollout === "enforce") rejected[r.dimension] = (rejected[r.dimension] || 0) + n(r.count);
   const prev = state.prevOverview;
-  if (!state.decisionRates) state.decisionRates = new Series([]);
+  if (!state.decisionRates) state.decisionRates = new Series([], HISTORY_SECONDS);
   state.decisionRates.ensure(Object.keys(decided).sort());
   const dims = Object.keys(rejected).sort();
-  if (!state.rejectionRates || state.rejectionRates.names.join() !== dims.join()) state.rejectionRates = new Series(dims);
+  if (!state.rejectionRates || state.rejectionRates.names.join() !== dims.join()) state.rejectionRates = new Series(dims, HISTORY_SECONDS);
   if (prev && now > prev.at) {
     const dt = (now - prev.at) / 1000;
     const rate = (cur, old) => Object.fromEntries(Object.keys(cur).map((k) => [k, Math.max(0, (cur[k] - (old[k] || 0)) / dt)]));
