@@ -75,7 +75,7 @@ func TestVendoredUPlotVersion(t *testing.T) {
 
 // docs/CONSOLE.md states how often the shown page reloads its data and how
 // much of the page's own sampling the overview's rate charts keep: the
-// figures app.js uses (REFRESH_MS, and HISTORY_POINTS samples of it).
+// figures app.js uses (REFRESH_MS, HISTORY_SECONDS).
 func TestDocStatesRefreshAndChartWindow(t *testing.T) {
 	js, err := os.ReadFile("assets/app.js")
 	if err != nil {
@@ -94,7 +94,7 @@ func TestDocStatesRefreshAndChartWindow(t *testing.T) {
 		return n
 	}
 	refresh := time.Duration(constant("REFRESH_MS")) * time.Millisecond
-	window := time.Duration(constant("HISTORY_POINTS")) * refresh
+	window := time.Duration(constant("HISTORY_SECONDS")) * time.Second
 	text := strings.Join(strings.Fields(string(doc)), " ")
 	if want := fmt.Sprintf("reloads its data every %d s", int(refresh.Seconds())); !strings.Contains(text, want) {
 		t.Errorf("CONSOLE.md does not say %q", want)

@@ -5,8 +5,11 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -842,6 +845,10 @@ func TestConsoleBrowserScopedTokenSeesOnlyItsTenant(t *testing.T) {
 			if n := b.count(`main tbody tr`); n != 1 || !strings.Contains(body, "tenant-a") {
 				t.Errorf("tenants shows %d rows to the tenant-a token, want its one:\n%s", n, body)
 			}
+		case "backlog":
+			if b.count(`[data-card="backlog"]`) != 0 || b.text(`[data-card="overdue"] .sub`) != "of those listed" {
+				t.Errorf("the backlog page shows the store-wide figures to a scoped token:\n%s", body)
+			}
 		case "debts":
 			b.want(`[data-value="frozen"]`, "1") // tenant-a's own debt
 		case "tenants/tenant-a/chat.generate/global":
@@ -868,7 +875,88 @@ func TestConsoleBrowserWithoutAuth(t *testing.T) {
 	b.want(`[data-value="backlog"]`, "0")
 	b.open("tenants")
 	b.want(`[data-value="matched"]`, "0")
+	// An empty backlog is still the whole backlog's figures (zeros, which
+	// the API leaves out), not a scoped token's "of those listed".
+	b.open("backlog")
+	b.want(`[data-value="backlog"]`, "0")
+	b.want(`[data-card="overdue"] .sub`, "at the resolver's last scan")
 	b.noConsoleErrors(false)
+}
+
+// TestConsoleBrowserServerUnreachable: the page reaches the server through a
+// proxy the test stops and starts again on the same port. While the server
+// is out of reach the page says so, keeps the last data it read (marked
+// with when), and shows fresh data again on a refresh once it answers.
+func TestConsoleBrowserServerUnreachable(t *testing.T) {
+	chromiumPath(t)
+	target, err := url.Parse(startInProcess(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := target.String()
+	mustCall(t, base, "", "LedgerService/PublishPolicy", &v1.PublishPolicyRequest{Policy: &v1.Policy{
+		Subject: "tenant-a", Route: "chat.generate",
+		Dimensions: []*v1.Dimension{{Unit: "tokens", RefillUnits: 10, RefillInterval: durationpb.New(time.Hour), Burst: 100}},
+		HoldTtl:    durationpb.New(time.Hour), EpochLength: durationpb.New(8760 * time.Hour),
+	}}, &v1.PublishPolicyResponse{})
+	mustCall(t, base, "", "LedgerService/Reserve", &v1.ReserveRequest{ReservationId: "r-a1", Subject: "tenant-a", Route: "chat.generate", Units: map[string]int64{"tokens": 30}}, &v1.ReserveResponse{})
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	// serveProxy serves the proxy on addr and returns the server and the
+	// address it listens on.
+	serveProxy := func(addr string) (*http.Server, string) {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := &http.Server{Handler: proxy}
+		go srv.Serve(ln)
+		t.Cleanup(func() { srv.Close() })
+		return srv, ln.Addr().String()
+	}
+	front, addr := serveProxy("127.0.0.1:0")
+	b := newBrowser(t, "http://"+addr)
+	b.do(chromedp.Navigate("http://" + addr + "/ui/#tenants"))
+	b.waitRendered("tenants")
+	row := `tr[data-key="tenant-a/chat.generate@global#1"] td[data-field="available"]`
+	b.want(row, "tokens 70/100")
+
+	// waitFor waits for sel for a few refreshes, not the tab's whole deadline.
+	waitFor := func(sel string) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second)
+		defer cancel()
+		if _, err := chromedp.Run(ctx, chromedp.WaitVisible(sel)); err != nil {
+			t.Fatalf("%s in 30 s: %v; the page shows:\n%s", sel, err, b.eval(`document.body.innerText`))
+		}
+	}
+	front.Close() // closes the listener and every connection: the server is gone
+	waitFor(`main[data-route="tenants"][data-failed="unreachable"]`)
+	if msg := b.text("#error"); !strings.HasPrefix(msg, "Cannot reach the server") || !strings.Contains(msg, "What is shown was read at ") {
+		t.Errorf("with the server gone the page says %q", msg)
+	}
+	b.want(row, "tokens 70/100") // the last data read, not a blank page
+	// What a token read is not kept after "Forget", server or no server.
+	b.unready()
+	b.eval(`(() => { document.getElementById("token-forget").click(); return ""; })()`)
+	waitFor(`main[data-route="tenants"][data-ready]`)
+	if n := b.count(row); n != 0 {
+		t.Errorf("after Forget the page still shows what the token read: %s", b.eval(`document.body.innerText`))
+	}
+
+	mustCall(t, base, "", "LedgerService/Reserve", &v1.ReserveRequest{ReservationId: "r-a2", Subject: "tenant-a", Route: "chat.generate", Units: map[string]int64{"tokens": 20}}, &v1.ReserveResponse{})
+	serveProxy(addr)
+	waitFor(`main[data-route="tenants"][data-ready]:not([data-failed])`)
+	b.want(row, "tokens 50/100")
+	if hidden := b.eval(`String(document.getElementById("error").hidden)`); hidden != "true" {
+		t.Errorf("the server answers again, and the page still says %q", b.text("#error"))
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, m := range b.messages { // refused connections are logged; exceptions are bugs
+		if m.Type == chromedp.ConsoleException {
+			t.Errorf("browser console: %s", m)
+		}
+	}
 }
 
 // TestConsoleBrowserRoutesScopedSubjectPages: a viewer token limited to
@@ -956,4 +1044,160 @@ func TestConsoleBrowserRoutesScopedSubjectPages(t *testing.T) {
 	click("res-newer")
 	shows("chat-1", true, "1")
 	b.noConsoleErrors(true)
+}
+
+// TestConsoleBrowserDebtRepaidBeyondRefillHorizon: a debt refill repays only
+// after more than ~292 years has no repaidAt in the API (the server's
+// longest wait), like a debt without a refill rule. The Debts and Tenants
+// pages tell the two apart from the refill rule instead of claiming there
+// is none.
+func TestConsoleBrowserDebtRepaidBeyondRefillHorizon(t *testing.T) {
+	chromiumPath(t)
+	base := startInProcess(t)
+	publish := func(subject string, refill int64) uint64 {
+		dim := &v1.Dimension{Unit: "tokens", Burst: 100, MaxOverdraft: 1 << 40}
+		if refill > 0 {
+			dim.RefillUnits, dim.RefillInterval = refill, durationpb.New(time.Hour)
+		}
+		var resp v1.PublishPolicyResponse
+		mustCall(t, base, "", "LedgerService/PublishPolicy", &v1.PublishPolicyRequest{Policy: &v1.Policy{
+			Subject: subject, Route: "chat.generate", Dimensions: []*v1.Dimension{dim},
+			HoldTtl: durationpb.New(time.Hour), EpochLength: durationpb.New(8760 * time.Hour),
+		}}, &resp)
+		return resp.Policy.GetGeneration()
+	}
+	owe := func(subject string, actual int64) {
+		id := "r-" + subject
+		mustCall(t, base, "", "LedgerService/Reserve", &v1.ReserveRequest{ReservationId: id, Subject: subject, Route: "chat.generate", Units: map[string]int64{"tokens": 10}}, &v1.ReserveResponse{})
+		mustCall(t, base, "", "LedgerService/Start", &v1.StartRequest{ReservationId: id, OperationId: "op-" + id}, &v1.StartResponse{})
+		mustCall(t, base, "", "LedgerService/Settle", &v1.SettleRequest{ReservationId: id, OperationId: "op-" + id, ActualUnits: map[string]int64{"tokens": actual}}, &v1.SettleResponse{})
+	}
+	// 1 token an hour repays 10^9 in about 114,000 years.
+	hugeGen := publish("tenant-huge", 1)
+	owe("tenant-huge", 1_000_000_000)
+	bareGen := publish("tenant-norefill", 0)
+	owe("tenant-norefill", 150)
+	var st v1.ListAccountStandingsResponse
+	mustCall(t, base, "", "ConsoleService/ListAccountStandings", &v1.ListAccountStandingsRequest{InDebt: true}, &st)
+	if len(st.Accounts) != 2 {
+		t.Fatalf("standings in debt: %v, want tenant-huge and tenant-norefill", st.Accounts)
+	}
+	for _, s := range st.Accounts {
+		if d := s.Dimensions[0]; d.Debt == 0 || d.RepaidAt != nil {
+			t.Fatalf("%s: debt %d repaidAt %v, want a debt without repaidAt", s.Account.Subject, d.Debt, d.RepaidAt)
+		}
+	}
+
+	b := newBrowser(t, base)
+	b.do(chromedp.Navigate(base + "/ui/#debts"))
+	b.waitRendered("debts")
+	b.want(fmt.Sprintf(`tr[data-key="tenant-huge/chat.generate@global#%d/tokens"] td[data-field="repaidAt"]`, hugeGen), "more than 292 years off")
+	b.want(fmt.Sprintf(`tr[data-key="tenant-norefill/chat.generate@global#%d/tokens"] td[data-field="repaidAt"]`, bareGen), "no refill rule")
+	b.open("tenants")
+	b.want(fmt.Sprintf(`tr[data-key="tenant-huge/chat.generate@global#%d"] td[data-field="repaid"]`, hugeGen), "tokens more than 292 years off")
+	b.want(fmt.Sprintf(`tr[data-key="tenant-norefill/chat.generate@global#%d"] td[data-field="repaid"]`, bareGen), "tokens no refill rule")
+	b.noConsoleErrors(false)
+}
+
+// TestConsoleBrowserUnusualNames: subjects are any UTF-8 text a client
+// sends. One full of HTML is shown as text, never parsed, and a 400-byte
+// one wraps in its cells and headings instead of widening the page.
+func TestConsoleBrowserUnusualNames(t *testing.T) {
+	chromiumPath(t)
+	base := startInProcess(t)
+	const markup = `<img src=x onerror="window.injected=1">&amp;"'</td>`
+	long := strings.Repeat("L", 400) + "-tenant"
+	for _, subject := range []string{markup, long, "tenant-a"} {
+		mustCall(t, base, "", "LedgerService/PublishPolicy", &v1.PublishPolicyRequest{Policy: &v1.Policy{
+			Subject: subject, Route: "chat.generate",
+			Dimensions: []*v1.Dimension{{Unit: "tokens", RefillUnits: 10, RefillInterval: durationpb.New(time.Hour), Burst: 100}},
+			HoldTtl:    durationpb.New(time.Hour), EpochLength: durationpb.New(8760 * time.Hour),
+		}}, &v1.PublishPolicyResponse{})
+		mustCall(t, base, "", "LedgerService/Reserve", &v1.ReserveRequest{
+			ReservationId: "r-" + fmt.Sprint(len(subject)), Subject: subject, Route: "chat.generate", Units: map[string]int64{"tokens": 10},
+		}, &v1.ReserveResponse{})
+	}
+	b := newBrowser(t, base)
+	b.do(chromedp.Navigate(base + "/ui/#tenants"))
+	b.waitRendered("tenants")
+	injected := func(page string) {
+		t.Helper()
+		if n := b.count(`main img`); n != 0 || b.eval(`String(window.injected)`) != "undefined" {
+			t.Errorf("page %s: the subject's markup was parsed (%d img elements, window.injected %s)", page, n, b.eval(`String(window.injected)`))
+		}
+	}
+	// fits: no heading is wider than its box, the long subject's cell is
+	// narrower than the window, and a short subject's cell stays one line.
+	fits := func(page string) {
+		t.Helper()
+		if over := b.eval(`[...document.querySelectorAll("main h1, main h2, main h3")].filter((h) => h.scrollWidth > h.clientWidth).map((h) => h.textContent.slice(0, 40)).join(" | ")`); over != "" {
+			t.Errorf("page %s: headings wider than the page: %s", page, over)
+		}
+		if w := b.eval(`String(Math.max(0, ...[...document.querySelectorAll('td[data-field="subject"]')].filter((c) => c.textContent.startsWith("LLLL")).map((c) => c.offsetWidth)))`); w == "0" || len(w) > 3 {
+			t.Errorf("page %s: the long subject's cell is %s px wide in a 1000 px window", page, w)
+		}
+	}
+	injected("tenants")
+	fits("tenants")
+	key := fmt.Sprintf(`tr[data-key=%q]`, markup+"/chat.generate@global#1")
+	b.want(key+` td[data-field="subject"]`, markup)
+	if h := b.eval(`(() => { const c = document.querySelector('tr[data-key="tenant-a/chat.generate@global#3"] td'); return String(c.offsetHeight <= 2 * parseFloat(getComputedStyle(c).lineHeight)); })()`); h != "true" {
+		t.Errorf("tenant-a's subject cell wraps: %s", b.eval(`document.querySelector('tr[data-key="tenant-a/chat.generate@global#3"] td').offsetHeight + ""`))
+	}
+	b.open("tenants/" + url.PathEscape(markup) + "/chat.generate/global")
+	injected("markup tenant")
+	b.want(`[data-value="subject"]`, markup)
+	b.open("tenants/" + long + "/chat.generate/global")
+	fits("long tenant")
+	b.screenshot("long-tenant")
+	for _, page := range []string{"policies", "fairness"} {
+		b.open(page)
+		injected(page)
+		if !strings.Contains(b.eval(`document.querySelector("main").textContent`), markup) {
+			t.Errorf("page %s does not show the subject %q as text", page, markup)
+		}
+	}
+	b.noConsoleErrors(false)
+}
+
+// TestConsoleBrowserRateChartsCoverAtMost15Minutes: the overview's rate
+// charts keep the samples of the last 15 minutes, however seldom the page
+// sampled (a background tab's timers fire far less often than every 5 s).
+// The test shifts the serverTime of the page's GetOverview answers, the
+// clock its samples are taken by, 20 minutes ahead between two refreshes.
+func TestConsoleBrowserRateChartsCoverAtMost15Minutes(t *testing.T) {
+	chromiumPath(t)
+	base := startInProcess(t)
+	b := newBrowser(t, base)
+	b.do(chromedp.Navigate(base + "/ui/"))
+	b.waitRendered("overview")
+	b.eval(`(() => {
+		window.serverTimeShift = 0;
+		const fetchOrig = window.fetch;
+		window.fetch = async (url, init) => {
+			const resp = await fetchOrig(url, init);
+			if (!String(url).endsWith("/GetOverview") || !window.serverTimeShift) return resp;
+			const body = await resp.json();
+			body.serverTime = new Date(new Date(body.serverTime).getTime() + window.serverTimeShift).toISOString();
+			return new Response(JSON.stringify(body), { status: resp.status, headers: resp.headers });
+		};
+		return "";
+	})()`)
+	samples := func() string { return b.eval(`state.decisionRates.t.join(",")`) }
+	b.unready()
+	b.waitRendered("overview") // the first refresh takes the first sample
+	if n := strings.Count(samples(), ",") + 1; samples() == "" || n != 1 {
+		t.Fatalf("after one refresh the chart has samples %q, want one", samples())
+	}
+	b.eval(`window.serverTimeShift = 20 * 60 * 1000, ""`)
+	b.unready()
+	b.waitRendered("overview")
+	var first, last float64
+	got := samples()
+	fmt.Sscanf(got[:strings.IndexByte(got+",", ',')], "%g", &first)
+	fmt.Sscanf(got[strings.LastIndexByte(got, ',')+1:], "%g", &last)
+	if last-first > 15*60 {
+		t.Errorf("the rate chart's samples %q span %.0f s, more than 15 minutes", got, last-first)
+	}
+	b.noConsoleErrors(false)
 }

@@ -6,7 +6,9 @@
 
 const TOKEN_KEY = "capledger.token";
 const REFRESH_MS = 5000;
-const HISTORY_POINTS = 180;
+// The rate charts cover at most this long. By time, not by a count of
+// samples: a background tab's timers fire far less often than every 5 s.
+const HISTORY_SECONDS = 900;
 
 // ---- API ---------------------------------------------------------------
 
@@ -22,9 +24,15 @@ async function call(service, method, body) {
   const headers = { "Content-Type": "application/json" };
   const token = sessionStorage.getItem(TOKEN_KEY);
   if (token) headers["Authorization"] = "Bearer " + token;
-  const resp = await fetch("/capledger.v1." + service + "/" + method, {
-    method: "POST", headers, body: JSON.stringify(body || {}), cache: "no-store",
-  });
+  let resp;
+  try {
+    resp = await fetch("/capledger.v1." + service + "/" + method, {
+      method: "POST", headers, body: JSON.stringify(body || {}), cache: "no-store",
+    });
+  } catch (err) {
+    // No HTTP answer at all: the server is down or the network is.
+    throw new APIError(0, "unreachable", err.message);
+  }
   let payload = {};
   try { payload = await resp.json(); } catch (e) { payload = {}; }
   if (!resp.ok) throw new APIError(resp.status, payload.code, payload.message);
@@ -76,6 +84,11 @@ function fmtAge(t, now) {
 const mode = (m) => (m || "ROLLOUT_MODE_ENFORCE").replace("ROLLOUT_MODE_", "").toLowerCase();
 const stateName = (s) => (s || "").replace("RESERVATION_STATE_", "");
 const units = (m) => Object.entries(m || {}).map(([k, v]) => k + " " + fmtInt(v)).join(", ") || "—";
+// repaidBy says when refill repays a standing dimension's debt. The server
+// leaves repaidAt out both without a refill rule and when the wait is
+// beyond what it computes (about 292 years): the refill rule tells which.
+const repaidBy = (d) => (d.repaidAt ? fmtTime(d.repaidAt)
+  : n(d.refillUnits) > 0 && d.refillInterval ? "more than 292 years off" : "no refill rule");
 
 // el builds an element: el("td", {class: "num", "data-field": "x"}, "text", child...).
 function el(tag, attrs, ...children) {
@@ -107,13 +120,14 @@ function bar(frac) {
 
 // ---- charts (uPlot) ----------------------------------------------------
 
-// Series is a rolling window of samples taken by this page since it opened.
+// Series is a chart's samples (t in seconds), keeping only those of the
+// last windowSeconds before the newest when it is given.
 class Series {
-  constructor(names) { this.names = names; this.t = []; this.v = names.map(() => []); }
+  constructor(names, windowSeconds) { this.names = names; this.windowSeconds = windowSeconds; this.t = []; this.v = names.map(() => []); }
   push(t, values) {
     this.t.push(t);
     this.names.forEach((name, i) => this.v[i].push(values[name] ?? 0));
-    if (this.t.length > HISTORY_POINTS) { this.t.shift(); this.v.forEach((a) => a.shift()); }
+    while (this.windowSeconds && this.t[0] < t - this.windowSeconds) { this.t.shift(); this.v.forEach((a) => a.shift()); }
   }
   // ensure adds series that appeared since (a new generation), with zeros
   // for the samples taken before.
@@ -153,10 +167,16 @@ const state = {
   seq: 0, // the latest render; an older one still in flight is dropped
 };
 
-function showError(err) {
+// showError shows err above the page (hides the box without one);
+// staleSince is when the data still shown was read, when the page kept it.
+function showError(err, staleSince) {
   const box = document.getElementById("error");
   if (!err) { box.hidden = true; box.textContent = ""; return; }
   let text = err.message;
+  if (err.code === "unreachable") {
+    text = "Cannot reach the server (" + err.message + "); trying again every " + REFRESH_MS / 1000 + " s." +
+      (staleSince ? " What is shown was read at " + fmtTime(staleSince) + "." : "");
+  }
   if (err.status === 401) text = "This server wants a bearer token (" + err.message + "): type one above.";
   if (err.status === 403) text = "Your token's role may not read this (" + err.message + ").";
   box.textContent = text;
@@ -219,10 +239,10 @@ pages.overview = async function (main) {
   for (const d of ov.decisions || []) decided["g" + n(d.policyGeneration) + " " + d.outcome] = n(d.count);
   for (const r of ov.rejections || []) if (r.rollout === "enforce") rejected[r.dimension] = (rejected[r.dimension] || 0) + n(r.count);
   const prev = state.prevOverview;
-  if (!state.decisionRates) state.decisionRates = new Series([]);
+  if (!state.decisionRates) state.decisionRates = new Series([], HISTORY_SECONDS);
   state.decisionRates.ensure(Object.keys(decided).sort());
   const dims = Object.keys(rejected).sort();
-  if (!state.rejectionRates || state.rejectionRates.names.join() !== dims.join()) state.rejectionRates = new Series(dims);
+  if (!state.rejectionRates || state.rejectionRates.names.join() !== dims.join()) state.rejectionRates = new Series(dims, HISTORY_SECONDS);
   if (prev && now > prev.at) {
     const dt = (now - prev.at) / 1000;
     const rate = (cur, old) => Object.fromEntries(Object.keys(cur).map((k) => [k, Math.max(0, (cur[k] - (old[k] || 0)) / dt)]));
@@ -274,7 +294,7 @@ function standingRow(s) {
   const acc = s.account;
   const key = acc.subject + "/" + acc.route + "@" + acc.region + "#" + n(acc.policyGeneration);
   const dims = s.dimensions || [];
-  const repaid = dims.filter((d) => d.repaidAt).map((d) => d.unit + " " + fmtTime(d.repaidAt)).join(", ");
+  const repaid = dims.filter((d) => n(d.debt)).map((d) => d.unit + " " + repaidBy(d)).join(", ");
   return el("tr", { "data-key": key, class: acc.frozen ? "frozen" : null },
     td("subject", el("a", { class: "subject", href: "#tenants/" + encodeURIComponent(acc.subject) + "/" + encodeURIComponent(acc.route) + "/" + encodeURIComponent(acc.region) }, acc.subject)),
     td("route", acc.route), td("region", acc.region), td("generation", n(acc.policyGeneration)),
@@ -446,13 +466,16 @@ function backlogTable(resp, now, answers) {
 }
 
 pages.backlog = async function (main) {
-  const resp = await ledgerPage("ListUsageUnknown", {}, "reservations", 1000);
+  // The store-wide figures are absent both for a scoped token and when
+  // they are zero (protojson leaves zeros out): the overview tells which.
+  const [resp, ov] = await Promise.all([ledgerPage("ListUsageUnknown", {}, "reservations", 1000), console_("GetOverview")]);
   const now = Date.now();
   main.append(el("h1", {}, "USAGE_UNKNOWN backlog"));
   const shown = (resp.reservations || []).length;
   const cards = el("div", { class: "cards" }, card("listed", "Listed (your scope)", fmtInt(shown), resp.nextPageToken ? "first 1000" : ""));
-  if (n(resp.backlog) || resp.oldestUsageUnknownAt) {
-    cards.append(card("backlog", "Whole backlog", fmtInt(resp.backlog), "oldest marked " + fmtAge(resp.oldestUsageUnknownAt, now) + " ago"));
+  if (!ov.scoped) {
+    cards.append(card("backlog", "Whole backlog", fmtInt(resp.backlog),
+      resp.oldestUsageUnknownAt ? "oldest marked " + fmtAge(resp.oldestUsageUnknownAt, now) + " ago" : "nothing waiting"));
     cards.append(card("overdue", "Past unknownDeadline", fmtInt(resp.overdue), "at the resolver's last scan"));
   } else {
     // A scoped token gets no store-wide figures: count what is listed.
@@ -485,11 +508,11 @@ pages.debts = async function (main) {
     const key = a.subject + "/" + a.route + "@" + a.region + "#" + n(a.policyGeneration);
     for (const b of a.balances || []) {
       if (!n(b.debt)) continue;
-      const dim = (repaid[key] || []).find((d) => d.unit === b.unit) || {};
+      const dim = (repaid[key] || []).find((d) => d.unit === b.unit);
       rows.push(el("tr", { "data-key": key + "/" + b.unit, class: "frozen" },
         td("subject", a.subject), td("route", a.route), td("region", a.region), td("generation", n(a.policyGeneration)), td("unit", b.unit),
         td("debt", fmtInt(b.debt), true), td("issued", fmtInt(b.overdraftIssued), true), td("repaid", fmtInt(b.overdraftRepaid), true),
-        td("breaches", fmtInt(a.breaches), true), td("repaidAt", dim.repaidAt ? fmtTime(dim.repaidAt) : "no refill rule")));
+        td("breaches", fmtInt(a.breaches), true), td("repaidAt", dim ? repaidBy(dim) : "—")));
     }
   }
   main.append(table(["subject", "route", "region", "gen", "unit", { label: "debt", num: true }, { label: "overdraft issued", num: true },
@@ -633,22 +656,32 @@ async function render() {
   const seq = ++state.seq;
   for (const a of document.querySelectorAll("#nav a")) a.classList.toggle("current", a.getAttribute("href") === "#" + page);
   const fresh = el("main", { id: "main", "data-page": page, "data-route": route });
+  let failure = null;
   try {
     await pages[page](fresh, args);
-    showError(null);
-    fresh.setAttribute("data-ready", page);
+    fresh.setAttribute("data-read-at", new Date().toISOString());
   } catch (err) {
-    showError(err);
-    fresh.setAttribute("data-ready", page);
-    fresh.setAttribute("data-failed", err.code || String(err.status || "error"));
+    failure = err;
   }
   if (seq !== state.seq) return; // a newer render (hash change, token) took over
-  // A refresh of the same page keeps what the operator is typing in a
-  // search box (the next refresh after it loses focus shows the new data).
   const old = document.getElementById("main");
-  const typing = document.activeElement && document.activeElement.tagName === "INPUT" &&
-    old.contains(document.activeElement) && old.getAttribute("data-route") === route;
-  if (!typing) old.replaceWith(fresh);
+  const sameRoute = old.getAttribute("data-route") === route;
+  if (failure && failure.code === "unreachable" && sameRoute && old.hasAttribute("data-read-at")) {
+    // The server is out of reach: keep the last data of this page, marked
+    // stale, rather than a blank page; the next refresh tries again.
+    showError(failure, old.getAttribute("data-read-at"));
+    old.setAttribute("data-failed", failure.code);
+    old.setAttribute("data-ready", page);
+  } else {
+    showError(failure);
+    fresh.setAttribute("data-ready", page);
+    if (failure) fresh.setAttribute("data-failed", failure.code || String(failure.status || "error"));
+    // A refresh of the same page keeps what the operator is typing in a
+    // search box (the next refresh after it loses focus shows the new data).
+    const typing = document.activeElement && document.activeElement.tagName === "INPUT" &&
+      old.contains(document.activeElement) && sameRoute;
+    if (!typing) old.replaceWith(fresh);
+  }
   state.timer = setTimeout(render, REFRESH_MS);
 }
 
@@ -658,15 +691,22 @@ document.getElementById("token-form").addEventListener("submit", (e) => {
   if (input.value.trim()) sessionStorage.setItem(TOKEN_KEY, input.value.trim());
   input.value = "";
   state.prevOverview = null;
-  tokenState();
-  render();
+  tokenChanged();
 });
 document.getElementById("token-forget").addEventListener("click", () => {
   sessionStorage.removeItem(TOKEN_KEY);
   state.prevOverview = null; state.lastAudit = null;
+  tokenChanged();
+});
+
+// tokenChanged renders the page for the new token (or none). What the
+// old token read is never kept as stale data, also when the server is out
+// of reach.
+function tokenChanged() {
+  document.getElementById("main").removeAttribute("data-read-at");
   tokenState();
   render();
-});
+}
 window.addEventListener("hashchange", render);
 tokenState();
 render();
