@@ -207,6 +207,12 @@ func consoleTraffic(t *testing.T, base string) {
 		Name: "embed-rollout", HashBy: "route", Routes: []*v1.RolloutRoute{{Route: "embed.create"}, {Route: "embed.search"}},
 	}, &v1.CreateRolloutResponse{})
 	mustCall(t, base, consoleAdminToken, "RolloutService/SetRolloutShare", &v1.SetRolloutShareRequest{Name: "embed-rollout", Percent: 25}, &v1.SetRolloutShareResponse{})
+	// And one that ended at 50 %: it enforces nothing.
+	mustCall(t, base, consoleAdminToken, "RolloutService/CreateRollout", &v1.CreateRolloutRequest{
+		Name: "rerank-rollout", HashBy: "route", Routes: []*v1.RolloutRoute{{Route: "rerank.query"}},
+	}, &v1.CreateRolloutResponse{})
+	mustCall(t, base, consoleAdminToken, "RolloutService/SetRolloutShare", &v1.SetRolloutShareRequest{Name: "rerank-rollout", Percent: 50}, &v1.SetRolloutShareResponse{})
+	mustCall(t, base, consoleAdminToken, "RolloutService/EndRollout", &v1.EndRolloutRequest{Name: "rerank-rollout"}, &v1.EndRolloutResponse{})
 	// An audit, so the overview has a last clean audit to show.
 	var audit v1.AuditResponse
 	mustCall(t, base, consoleAdminToken, "LedgerService/Audit", &v1.AuditRequest{}, &audit)
@@ -708,12 +714,16 @@ func TestConsoleBrowserPagesShowTheAPIsNumbers(t *testing.T) {
 	}
 	var ro v1.ListRolloutsResponse
 	mustCall(t, base, tok, "RolloutService/ListRollouts", &v1.ListRolloutsRequest{}, &ro)
-	if len(ro.Rollouts) != 1 {
+	if len(ro.Rollouts) != 2 {
 		t.Fatalf("rollouts %v", ro.Rollouts)
 	}
 	for _, r := range ro.Rollouts {
 		row := `tr[data-key="rollout/` + r.Name + `"]`
 		last := r.Steps[len(r.Steps)-1]
+		if r.Ended {
+			b.want(row+` td[data-field="percent"]`, "ended")
+			continue
+		}
 		b.want(row+` td[data-field="percent"]`, fmt.Sprintf("%.2f%%", r.Percent))
 		b.want(row+` td[data-field="who"]`, last.Who)
 		b.want(row+` td[data-field="at"]`, fmtTime(last.At))
@@ -831,7 +841,7 @@ func TestConsoleBrowserScopedTokenSeesOnlyItsTenant(t *testing.T) {
 	for _, page := range []string{"overview", "tenants", "tenants/tenant-a/chat.generate/global", "backlog", "debts", "policies", "shards", "fairness"} {
 		b.open(page)
 		body := b.eval(`document.body.innerText`)
-		for _, other := range []string{"tenant-b", "tenant-c", "tenant-d", "tenant-e", "r-b3", "r-e1", "shard-c1", "embed-rollout"} {
+		for _, other := range []string{"tenant-b", "tenant-c", "tenant-d", "tenant-e", "r-b3", "r-e1", "shard-c1", "embed-rollout", "rerank-rollout"} {
 			if strings.Contains(body, other) {
 				t.Errorf("page %s shows %q to a token scoped to tenant-a:\n%s", page, other, body)
 			}

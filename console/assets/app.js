@@ -554,7 +554,8 @@ pages.policies = async function (main) {
 };
 
 // rolloutsPanel shows the staged rollouts (RolloutService): routes and
-// their mode, the enforced share and the last step, who and when.
+// their mode, the enforced share ("ended" for an ended rollout, which
+// enforces nothing) and the last step, who and when.
 async function rolloutsPanel(main) {
   main.append(el("h2", {}, "Rollouts"));
   let resp;
@@ -569,7 +570,7 @@ async function rolloutsPanel(main) {
       const steps = r.steps || [];
       const last = steps[steps.length - 1] || {};
       return el("tr", { "data-key": "rollout/" + r.name },
-        td("name", r.name), td("hashBy", r.hashBy), td("percent", n(r.percent).toFixed(2) + "%", true),
+        td("name", r.name), td("hashBy", r.hashBy), td("percent", r.ended ? "ended" : n(r.percent).toFixed(2) + "%", true),
         td("routes", (r.routes || []).map((x) => x.route + "@" + (x.region || "global") + " " + x.mode).join(", ")),
         td("version", fmtInt(r.version), true),
         td("step", last.action ? last.action + " " + n(last.priorPercent).toFixed(2) + "% → " + n(last.percent).toFixed(2) + "%" : "—"),
