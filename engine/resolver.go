@@ -74,6 +74,9 @@ type OperationStatusSource interface {
 	OperationStatus(ctx context.Context, r *ledger.Reservation) (OperationStatus, error)
 }
 
+// DefaultResolverMinBackoff is ResolverOptions.MinBackoff when unset.
+const DefaultResolverMinBackoff = time.Second
+
 // ErrNoStatusEndpoint is returned by a source for a route it has no
 // endpoint for; the resolver asks about such a reservation only at its
 // longest backoff.
@@ -213,7 +216,7 @@ func NewResolver(st store.Store, opts ResolverOptions, clock func() time.Time,
 		opts.Interval = time.Second
 	}
 	if opts.MinBackoff <= 0 {
-		opts.MinBackoff = time.Second
+		opts.MinBackoff = DefaultResolverMinBackoff
 	}
 	if opts.MaxBackoff < opts.MinBackoff {
 		opts.MaxBackoff = max(time.Minute, opts.MinBackoff)
