@@ -74,6 +74,9 @@ type OperationStatusSource interface {
 	OperationStatus(ctx context.Context, r *ledger.Reservation) (OperationStatus, error)
 }
 
+// DefaultResolverMinBackoff is ResolverOptions.MinBackoff when unset.
+const DefaultResolverMinBackoff = time.Second
+
 // ErrNoStatusEndpoint is returned by a source for a route it has no
 // endpoint for; the resolver asks about such a reservation only at its
 // longest backoff.
@@ -146,8 +149,12 @@ type attempt struct {
 	// is not asked out of turn and stays on its backoff. outOfTurnFor is
 	// the comeback of its route (routeBack) it was last asked out of turn
 	// for, zero after an answer (see routeDown).
+	// alone says a question of it failed in a scan in which its route
+	// answered another: its failures are its own, not an outage of the
+	// route, so it is not asked out of turn (until it gets an answer).
 	failedAt     time.Time
 	unusable     bool
+	alone        bool
 	outOfTurnFor time.Time
 }
 
@@ -192,7 +199,9 @@ type Resolver struct {
 	// reservation's did, once until it gets an answer, so that one whose
 	// own questions keep failing (a 5xx for its operation only) is not
 	// asked again at every answer of its neighbours, nor is one whose
-	// answers are unusable (attempt.unusable) ever.
+	// answers are unusable (attempt.unusable) ever, nor one whose question
+	// failed in a scan in which the route answered another (attempt.alone):
+	// the failures of such reservations open no outage, however many.
 	routeDown map[string]*routeOutage
 	routeBack map[string]routeComeback
 
@@ -213,7 +222,7 @@ func NewResolver(st store.Store, opts ResolverOptions, clock func() time.Time,
 		opts.Interval = time.Second
 	}
 	if opts.MinBackoff <= 0 {
-		opts.MinBackoff = time.Second
+		opts.MinBackoff = DefaultResolverMinBackoff
 	}
 	if opts.MaxBackoff < opts.MinBackoff {
 		opts.MaxBackoff = max(time.Minute, opts.MinBackoff)
@@ -365,7 +374,7 @@ func (r *Resolver) page(ctx context.Context, rows []ledger.Reservation) {
 		}
 		if !now.Before(a.next) {
 			due = append(due, row)
-		} else if back, ok := r.routeBack[row.Account.Route]; ok && !a.failedAt.IsZero() && !a.unusable && back.at.After(a.failedAt) &&
+		} else if back, ok := r.routeBack[row.Account.Route]; ok && !a.failedAt.IsZero() && !a.unusable && !a.alone && back.at.After(a.failedAt) &&
 			((back.several && a.outOfTurnFor.Before(back.at)) || a.outOfTurnFor.IsZero()) {
 			a.outOfTurnFor = back.at
 			due = append(due, row)
@@ -397,6 +406,14 @@ func (r *Resolver) page(ctx context.Context, rows []ledger.Reservation) {
 	defer r.recordAnswers(ctx, due, heard, now)
 	var cmds []ledger.Command
 	var settling []int
+	// A route that answered any question of this scan was not down for it:
+	// the questions of it that failed failed on their own.
+	answered := map[string]bool{}
+	for i, row := range due {
+		if errs[i] == nil || errors.Is(errs[i], ErrUnusableStatusAnswer) {
+			answered[row.Account.Route] = true
+		}
+	}
 	r.mu.Lock()
 	for i, row := range due {
 		route := row.Account.Route
@@ -409,8 +426,16 @@ func (r *Resolver) page(ctx context.Context, rows []ledger.Reservation) {
 			continue
 		case errors.Is(errs[i], ErrUnusableStatusAnswer):
 			a.failedAt, a.unusable = now, true
+		case errs[i] != nil && (answered[route] || a.alone):
+			// Once its failure was its own, its later ones are taken for
+			// its own too (until it gets an answer): several such
+			// reservations, failing together in a scan the route answered
+			// nothing else in, would otherwise look like an outage and be
+			// asked out of turn at the route's next answer, again and again.
+			a.failedAt, a.unusable, a.alone = now, false, true
+			continue
 		case errs[i] != nil:
-			a.failedAt, a.unusable = now, false
+			a.failedAt, a.unusable, a.alone = now, false, false
 			if o := r.routeDown[route]; o == nil {
 				r.routeDown[route] = &routeOutage{failer: row.ID}
 			} else if o.failer != row.ID {
@@ -418,7 +443,7 @@ func (r *Resolver) page(ctx context.Context, rows []ledger.Reservation) {
 			}
 			continue
 		default:
-			a.failedAt, a.unusable, a.outOfTurnFor = time.Time{}, false, time.Time{}
+			a.failedAt, a.unusable, a.alone, a.outOfTurnFor = time.Time{}, false, false, time.Time{}
 		}
 		if o := r.routeDown[route]; o != nil { // the route answered
 			delete(r.routeDown, route)

@@ -450,3 +450,60 @@ func TestResolverAsksOneFailingReservationOutOfTurnOnce(t *testing.T) {
 		t.Fatalf("asked %d times in 16 min, %d gaps shorter than its backoff (running ones: %d)", len(at), short, src.count("op-run-1"))
 	}
 }
+
+// Several reservations whose own questions keep failing the way a down
+// route's do (a timeout for their operations only) while the route
+// answers the others stay on their backoff: their failures together are
+// no outage either. They used to be taken for one, and each answer of a
+// neighbour, as its comeback, had them asked out of turn again.
+func TestResolverKeepsSeveralFailingReservationsOnTheirBackoff(t *testing.T) {
+	for seed := uint64(1); seed <= 4; seed++ {
+		severalFailingStayOnBackoff(t, seed)
+	}
+}
+
+func severalFailingStayOnBackoff(t *testing.T, seed uint64) {
+	clk := newClock()
+	src := newScripted()
+	e := New(memstore.New(), Options{DisableWorkers: true, Clock: clk.Now,
+		Resolver: &ResolverOptions{Source: src, MinBackoff: time.Second, MaxBackoff: time.Minute, Seed: seed}})
+	defer e.Close()
+	ctx := context.Background()
+	publish(t, e, 10000, time.Minute, 30*time.Second)
+	bad := []string{"bad-1", "bad-2", "bad-3", "bad-4"}
+	ids := append([]string{"run-1", "run-2", "run-3", "run-4", "run-5"}, bad...)
+	unknownWork(t, e, clk, ids...)
+	for _, id := range ids {
+		src.set("op-"+id, OperationStatus{State: OperationRunning}, nil)
+	}
+	for _, id := range bad {
+		src.set("op-"+id, OperationStatus{}, context.DeadlineExceeded)
+	}
+	at := map[string][]time.Time{}
+	for range 16 * 60 {
+		before := map[string]int{}
+		for _, id := range bad {
+			before[id] = src.count("op-" + id)
+		}
+		e.RunResolver(ctx)
+		for _, id := range bad {
+			if src.count("op-"+id) > before[id] {
+				at[id] = append(at[id], clk.Now())
+			}
+		}
+		clk.Advance(time.Second)
+	}
+	// Gap k follows the k-th failure: at least half of min(1s*2^(k-1), 1m),
+	// but for one early question.
+	for _, id := range bad {
+		short := 0
+		for k := 1; k < len(at[id]); k++ {
+			if d := min(time.Second<<min(k-1, 6), time.Minute); at[id][k].Sub(at[id][k-1]) < d/2 {
+				short++
+			}
+		}
+		if short > 1 {
+			t.Errorf("seed %d: %s asked %d times in 16 min, %d gaps shorter than its backoff", seed, id, len(at[id]), short)
+		}
+	}
+}

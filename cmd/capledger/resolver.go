@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/capledger/capledger/api/opstatus"
@@ -85,8 +87,10 @@ func loadResolverConfig(path string) (*resolverConfig, error) {
 		}
 		*d.into = v
 	}
-	if cfg.opts.MinBackoff > 0 && cfg.opts.MaxBackoff > 0 && cfg.opts.MaxBackoff < cfg.opts.MinBackoff {
-		return nil, fmt.Errorf("resolver config %s: maxBackoff %v is below minBackoff %v", path, cfg.opts.MaxBackoff, cfg.opts.MinBackoff)
+	// A maxBackoff below the default minBackoff is refused too: the engine
+	// would otherwise raise it to a minute, the opposite of what was asked.
+	if minBackoff := cmp.Or(cfg.opts.MinBackoff, engine.DefaultResolverMinBackoff); cfg.opts.MaxBackoff > 0 && cfg.opts.MaxBackoff < minBackoff {
+		return nil, fmt.Errorf("resolver config %s: maxBackoff %v is below minBackoff %v", path, cfg.opts.MaxBackoff, minBackoff)
 	}
 	timeout := cfg.opts.CallTimeout
 	if timeout == 0 {
@@ -110,7 +114,9 @@ func loadResolverConfig(path string) (*resolverConfig, error) {
 			return nil, fmt.Errorf("resolver config %s: route %s: secretFile without statusUrl", path, route)
 		case rf.StatusURL != "":
 			u, err := url.Parse(rf.StatusURL)
-			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" {
+			// The question's path is appended to statusUrl: after a query or a
+			// fragment it would not be the path asked.
+			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || strings.ContainsAny(rf.StatusURL, "?#") {
 				return nil, fmt.Errorf("resolver config %s: route %s: statusUrl %q: want http(s)://host[:port][/base]", path, route, rf.StatusURL)
 			}
 			if rf.SecretFile == "" {

@@ -61,6 +61,11 @@ func TestResolverConfigIsCheckedFieldByField(t *testing.T) {
 		{`{"routes":{"r":{"statusUrl":"http://gw","secretFile":"missing.secret"}}}`, "missing.secret"},
 		{`{"routes":{"":{}}}`, "empty route"},
 		{`{"minBackoff":"2m","maxBackoff":"1m","routes":{"r":{}}}`, "below minBackoff"},
+		// Below the default minBackoff (1s): the engine would have raised it to 1m.
+		{`{"maxBackoff":"500ms","routes":{"r":{}}}`, "maxBackoff 500ms is below minBackoff 1s"},
+		// The question's path would land in the fragment (GET / instead).
+		{`{"routes":{"r":{"statusUrl":"http://gw/#frag","secretFile":"ok.secret"}}}`, "statusUrl"},
+		{`{"routes":{"r":{"statusUrl":"http://gw/base?","secretFile":"ok.secret"}}}`, "statusUrl"},
 		// A second object (two files concatenated) was ignored silently.
 		{`{"routes":{"r":{}}}{"routes":{"s":{"unknownDeadline":"1h"}}}`, "after the first JSON value"},
 	} {
