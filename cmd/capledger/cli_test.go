@@ -7,12 +7,14 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	neturl "net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -26,6 +28,7 @@ import (
 
 	v1 "github.com/capledger/capledger/api/capledger/v1"
 	"github.com/capledger/capledger/api/capledger/v1/capledgerv1connect"
+	"github.com/capledger/capledger/internal/childproc"
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store/postgres"
 	"github.com/capledger/capledger/store/sqlite"
@@ -892,5 +895,55 @@ func TestCLIStatusNamesAnUnexpectedAnswer(t *testing.T) {
 	wantExit(t, exitUnavailable, code, out, errOut)
 	if strings.Contains(errOut, "<nil>") || !strings.Contains(errOut, "/prefix/statusz answered 404 Not Found") {
 		t.Errorf("status against a wrong path says:\n%s", errOut)
+	}
+}
+
+// An operator who put back a data directory a newer binary migrated (or
+// restored onto the wrong binary) is told what to do by the refusal
+// itself; a "Run `capledger serve --help` for usage" after it points at
+// flags that are not the problem. The pointer stays for a bad flag. Run
+// through the built binary, as an operator would.
+func TestStoreRefusalHasNoUsageHint(t *testing.T) {
+	bin := buildBinary(t)
+	dir := t.TempDir()
+	code, out, errOut := cli(t, "", "migrate", "--data-dir", dir)
+	wantExit(t, exitOK, code, out, errOut)
+	db, err := sql.Open("sqlite", filepath.Join(dir, "capledger.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = db.Exec(`INSERT INTO schema_migrations (version, name) VALUES (?, 'from_the_future')`, sqlite.SchemaVersion()+1)
+	db.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	runBinary := func(args ...string) (int, string) {
+		t.Helper()
+		cmd := exec.Command(bin, args...)
+		childproc.DieWithParent(cmd)
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		err := cmd.Run()
+		var exit *exec.ExitError
+		if err != nil && !errors.As(err, &exit) {
+			t.Fatalf("capledger %v: %v", args, err)
+		}
+		return cmd.ProcessState.ExitCode(), stderr.String()
+	}
+	for _, args := range [][]string{
+		{"migrate", "--data-dir", dir},
+		{"serve", "--addr", "127.0.0.1:0", "--data-dir", dir},
+	} {
+		code, errOut := runBinary(args...)
+		if code != exitUsage || !strings.Contains(errOut, "this binary knows up to") {
+			t.Errorf("capledger %v: exit %d, stderr %q: want 1 and the refusal", args, code, errOut)
+		}
+		if strings.Contains(errOut, "--help` for usage") {
+			t.Errorf("capledger %v: a store's refusal points at --help: %q", args, errOut)
+		}
+	}
+	code, errOut = runBinary("migrate", "--data-dir", dir, "--bogus")
+	if code != exitUsage || !strings.Contains(errOut, "Run `capledger migrate --help` for usage.") {
+		t.Errorf("capledger migrate --bogus: exit %d, stderr %q: want 1 and the pointer to --help", code, errOut)
 	}
 }

@@ -137,7 +137,12 @@ func run(ctx context.Context, e *env, args []string) int {
 	}
 	code := exitCode(err)
 	fmt.Fprintf(e.stderr, "capledger %s: %v\n", c.name, err)
-	if code == exitUsage {
+	// Exit 1 points at --help, except when the command set the code itself
+	// (exitError): a store refusing migrate or serve (a schema a newer
+	// binary migrated, credentials), where the message says what to do
+	// and the flags are not the problem.
+	var explicit exitError
+	if code == exitUsage && !errors.As(err, &explicit) {
 		fmt.Fprintf(e.stderr, "Run `capledger %s --help` for usage.\n", c.name)
 	}
 	return code

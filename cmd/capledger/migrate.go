@@ -136,5 +136,5 @@ func storeError(err error) error {
 	if errors.Is(err, store.ErrUnavailable) {
 		return exitError{code: exitUnavailable, err: err}
 	}
-	return usagef("%v", err)
+	return exitError{code: exitUsage, err: err}
 }
