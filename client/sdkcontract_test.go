@@ -33,29 +33,8 @@ import (
 // spend the same capacity twice.
 func TestProvisionAgainAfterTheShardEndedAndWasCompactedIsRefused(t *testing.T) {
 	dir := t.TempDir()
-	addr := startLedgerProcess(t, dir)
-	proxy, err := faultproxy.Start(addr, 11)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proxy.Close()
+	_, proxy, direct, gw := newPartitionRig(t, dir, 11)
 	ctx := context.Background()
-	direct, err := New(addr, noBreakerWatchdog)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer direct.Close()
-	if _, _, err := direct.PublishPolicy(ctx, &ledgerv1.Policy{
-		Subject: "tenant-7", Route: "chat.generate", EmergencyMode: true,
-		Dimensions: []*ledgerv1.Dimension{{Unit: "tokens", Burst: 10_000}},
-	}); err != nil {
-		t.Fatal(err)
-	}
-	gw, err := newPartitionedGateway(proxy.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer gw.Close()
 	// Compacts as soon as an ended shard's records outweigh the rest.
 	store, err := OpenShardStore(filepath.Join(dir, "gw-a"), ShardStoreOptions{GatewayID: "gw-a", compactAt: 1})
 	if err != nil {
@@ -142,18 +121,12 @@ func endedState(t *testing.T, c *Client, id string) *ledgerv1.Reservation {
 // unknown.
 func TestMiddlewareStreamUsageAgainstTheLedgerBinary(t *testing.T) {
 	addr := startLedgerProcess(t, t.TempDir())
-	ctx := context.Background()
 	c, err := New(addr, noBreakerWatchdog)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if _, _, err := c.PublishPolicy(ctx, &ledgerv1.Policy{
-		Subject: "tenant-7", Route: "chat.generate",
-		Dimensions: []*ledgerv1.Dimension{{Unit: "tokens", Burst: 10_000}},
-	}); err != nil {
-		t.Fatal(err)
-	}
+	publishTenantPolicy(t, c, false)
 	backend := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		w.WriteHeader(http.StatusOK)
@@ -204,12 +177,7 @@ func TestSettleNotAppliedWhileTheLedgerIsKilledLandsAfterItsRestart(t *testing.T
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if _, _, err := c.PublishPolicy(ctx, &ledgerv1.Policy{
-		Subject: "tenant-7", Route: "chat.generate",
-		Dimensions: []*ledgerv1.Dimension{{Unit: "tokens", Burst: 10_000}},
-	}); err != nil {
-		t.Fatal(err)
-	}
+	publishTenantPolicy(t, c, false)
 	_, err = c.Run(ctx, ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 100}},
 		func(context.Context) (Units, error) {
 			p.stop(syscall.SIGKILL)
@@ -305,12 +273,7 @@ func TestIntermediaryRetryAfterAndTooManyRequests(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer direct.Close()
-	if _, _, err := direct.PublishPolicy(ctx, &ledgerv1.Policy{
-		Subject: "tenant-7", Route: "chat.generate",
-		Dimensions: []*ledgerv1.Dimension{{Unit: "tokens", Burst: 10_000}},
-	}); err != nil {
-		t.Fatal(err)
-	}
+	publishTenantPolicy(t, direct, false)
 	in, inAddr := startIntermediary(t, addr)
 	const maxDelay = 300 * time.Millisecond
 	c, err := New(inAddr, noBreakerWatchdog, WithRetryPolicy(RetryPolicy{MaxAttempts: 3, BaseDelay: time.Millisecond, MaxDelay: maxDelay}))

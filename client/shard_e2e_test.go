@@ -174,6 +174,46 @@ func newPartitionedGateway(addr string) (*Client, error) {
 		WithRetryPolicy(RetryPolicy{MaxAttempts: 2, BaseDelay: 10 * time.Millisecond, MaxDelay: 20 * time.Millisecond}))
 }
 
+// publishTenantPolicy publishes through c the policy the tests against the
+// ledger binary run on: tenant-7 on chat.generate, a burst of 10,000
+// tokens, emergency shards allowed when emergency.
+func publishTenantPolicy(t *testing.T, c *Client, emergency bool) {
+	t.Helper()
+	if _, _, err := c.PublishPolicy(context.Background(), &ledgerv1.Policy{
+		Subject: "tenant-7", Route: "chat.generate", EmergencyMode: emergency,
+		Dimensions: []*ledgerv1.Dimension{{Unit: "tokens", Burst: 10_000}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// newPartitionRig starts the ledger binary on dir, a fault proxy (seed) in
+// front of it, the operator's direct client (never partitioned) with the
+// emergency policy published, and a gateway that reaches the ledger
+// through the proxy; all are closed when the test ends. addr is the
+// ledger's own address.
+func newPartitionRig(t *testing.T, dir string, seed uint64) (addr string, proxy *faultproxy.Proxy, direct, gw *Client) {
+	t.Helper()
+	addr = startLedgerProcess(t, dir)
+	proxy, err := faultproxy.Start(addr, seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	direct, err = New(addr, noBreakerWatchdog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { direct.Close() })
+	publishTenantPolicy(t, direct, true)
+	gw, err = newPartitionedGateway(proxy.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { gw.Close() })
+	return addr, proxy, direct, gw
+}
+
 // availableTokens reads the subject's tokens available in its current
 // account, through a direct (unproxied) connection.
 func availableTokens(t *testing.T, c *Client) int64 {
@@ -203,32 +243,9 @@ func availableTokens(t *testing.T, c *Client) int64 {
 // stays clean.
 func TestEmergencyShardEndToEnd(t *testing.T) {
 	dir := t.TempDir()
-	addr := startLedgerProcess(t, dir)
-	proxy, err := faultproxy.Start(addr, 7)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proxy.Close()
-	ctx := context.Background()
-
 	// direct is the operator's view, never partitioned.
-	direct, err := New(addr, noBreakerWatchdog)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer direct.Close()
-	if _, _, err := direct.PublishPolicy(ctx, &ledgerv1.Policy{
-		Subject: "tenant-7", Route: "chat.generate", EmergencyMode: true,
-		Dimensions: []*ledgerv1.Dimension{{Unit: "tokens", Burst: 10_000}},
-	}); err != nil {
-		t.Fatal(err)
-	}
-
-	gw, err := newPartitionedGateway(proxy.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer gw.Close()
+	_, proxy, direct, gw := newPartitionRig(t, dir, 7)
+	ctx := context.Background()
 	storeDir := filepath.Join(dir, "gw-a")
 	store, err := OpenShardStore(storeDir, ShardStoreOptions{GatewayID: "gw-a"})
 	if err != nil {

@@ -30,29 +30,8 @@ import (
 // anything unknown, and the audit is clean.
 func TestReconcileResendsReceiptsAnOperatorDidNotResolve(t *testing.T) {
 	dir := t.TempDir()
-	addr := startLedgerProcess(t, dir)
-	proxy, err := faultproxy.Start(addr, 23)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proxy.Close()
+	addr, proxy, direct, gw := newPartitionRig(t, dir, 23)
 	ctx := context.Background()
-	direct, err := New(addr, noBreakerWatchdog)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer direct.Close()
-	if _, _, err := direct.PublishPolicy(ctx, &ledgerv1.Policy{
-		Subject: "tenant-7", Route: "chat.generate", EmergencyMode: true,
-		Dimensions: []*ledgerv1.Dimension{{Unit: "tokens", Burst: 10_000}},
-	}); err != nil {
-		t.Fatal(err)
-	}
-	gw, err := newPartitionedGateway(proxy.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer gw.Close()
 	store, err := OpenShardStore(filepath.Join(dir, "gw-a"), ShardStoreOptions{GatewayID: "gw-a"})
 	if err != nil {
 		t.Fatal(err)
