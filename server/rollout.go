@@ -380,6 +380,33 @@ func share(percent float64) (ledger.BasisPoints, *connect.Error) {
 	return ledger.BasisPoints(bp), nil
 }
 
+// changeRollout reads the rollout named name, applies change to it (with
+// the caller's identity and the time) and, when change reports that it
+// changed, writes it over the version it read (a concurrent change makes
+// this ROLLOUT_CONFLICT) and makes this replica's reserves see it at
+// once. It returns the rollout as it stands after the change.
+func (svc *rolloutService) changeRollout(ctx context.Context, name string,
+	change func(r *ledger.Rollout, who string, now time.Time) (bool, error)) (ledger.Rollout, bool, *connect.Error) {
+	if cerr := checkRolloutName(name); cerr != nil {
+		return ledger.Rollout{}, false, cerr
+	}
+	r, err := svc.store.RolloutGet(ctx, name)
+	if err != nil {
+		return ledger.Rollout{}, false, rolloutError("rollout "+name, named(err, "rollout", name))
+	}
+	changed, err := change(&r, who(ctx), svc.s.clock().UTC())
+	if err != nil {
+		return ledger.Rollout{}, false, rolloutError("rollout "+name, err)
+	}
+	if changed {
+		if err := svc.store.RolloutPut(ctx, &r); err != nil {
+			return ledger.Rollout{}, false, rolloutError("rollout "+name, err)
+		}
+		svc.s.rollouts.invalidate()
+	}
+	return r, changed, nil
+}
+
 // SetRolloutShare implements RolloutService.SetRolloutShare.
 func (svc *rolloutService) SetRolloutShare(ctx context.Context, req *connect.Request[v1.SetRolloutShareRequest]) (*connect.Response[v1.SetRolloutShareResponse], error) {
 	if cerr := svc.ready(); cerr != nil {
@@ -389,25 +416,16 @@ func (svc *rolloutService) SetRolloutShare(ctx context.Context, req *connect.Req
 	if cerr != nil {
 		return nil, cerr
 	}
-	name := req.Msg.GetName()
-	if cerr := checkRolloutName(name); cerr != nil {
+	var prior ledger.BasisPoints
+	r, changed, cerr := svc.changeRollout(ctx, req.Msg.GetName(), func(r *ledger.Rollout, who string, now time.Time) (bool, error) {
+		prior = r.Share
+		return r.SetShare(bp, who, now)
+	})
+	if cerr != nil {
 		return nil, cerr
 	}
-	r, err := svc.store.RolloutGet(ctx, name)
-	if err != nil {
-		return nil, rolloutError("rollout "+name, named(err, "rollout", name))
-	}
-	prior := r.Share
-	changed, err := r.SetShare(bp, who(ctx), svc.s.clock().UTC())
-	if err != nil {
-		return nil, rolloutError("rollout "+name, err)
-	}
 	if changed {
-		if err := svc.store.RolloutPut(ctx, &r); err != nil {
-			return nil, rolloutError("rollout "+name, err)
-		}
-		svc.s.rollouts.invalidate()
-		svc.s.log.Info("rollout step", "rollout", name, "from", prior.String(), "to", bp.String(), "who", who(ctx))
+		svc.s.log.Info("rollout step", "rollout", r.Name, "from", prior.String(), "to", bp.String(), "who", who(ctx))
 	}
 	return connect.NewResponse(&v1.SetRolloutShareResponse{Rollout: rolloutProto(&r), Changed: changed}), nil
 }
@@ -417,23 +435,16 @@ func (svc *rolloutService) UndoRolloutStep(ctx context.Context, req *connect.Req
 	if cerr := svc.ready(); cerr != nil {
 		return nil, cerr
 	}
-	name := req.Msg.GetName()
-	if cerr := checkRolloutName(name); cerr != nil {
+	var undone ledger.RolloutStep
+	r, _, cerr := svc.changeRollout(ctx, req.Msg.GetName(), func(r *ledger.Rollout, who string, now time.Time) (bool, error) {
+		var err error
+		undone, err = r.Undo(who, now)
+		return err == nil, err
+	})
+	if cerr != nil {
 		return nil, cerr
 	}
-	r, err := svc.store.RolloutGet(ctx, name)
-	if err != nil {
-		return nil, rolloutError("rollout "+name, named(err, "rollout", name))
-	}
-	undone, err := r.Undo(who(ctx), svc.s.clock().UTC())
-	if err != nil {
-		return nil, rolloutError("rollout "+name, err)
-	}
-	if err := svc.store.RolloutPut(ctx, &r); err != nil {
-		return nil, rolloutError("rollout "+name, err)
-	}
-	svc.s.rollouts.invalidate()
-	svc.s.log.Info("rollout step undone", "rollout", name, "step", undone.Seq, "share", r.Share.String(), "who", who(ctx))
+	svc.s.log.Info("rollout step undone", "rollout", r.Name, "step", undone.Seq, "share", r.Share.String(), "who", who(ctx))
 	return connect.NewResponse(&v1.UndoRolloutStepResponse{Rollout: rolloutProto(&r), Undone: stepProto(&undone)}), nil
 }
 
@@ -442,21 +453,14 @@ func (svc *rolloutService) EndRollout(ctx context.Context, req *connect.Request[
 	if cerr := svc.ready(); cerr != nil {
 		return nil, cerr
 	}
-	name := req.Msg.GetName()
-	if cerr := checkRolloutName(name); cerr != nil {
+	r, changed, cerr := svc.changeRollout(ctx, req.Msg.GetName(), func(r *ledger.Rollout, who string, now time.Time) (bool, error) {
+		return r.End(who, now), nil
+	})
+	if cerr != nil {
 		return nil, cerr
 	}
-	r, err := svc.store.RolloutGet(ctx, name)
-	if err != nil {
-		return nil, rolloutError("rollout "+name, named(err, "rollout", name))
-	}
-	changed := r.End(who(ctx), svc.s.clock().UTC())
 	if changed {
-		if err := svc.store.RolloutPut(ctx, &r); err != nil {
-			return nil, rolloutError("rollout "+name, err)
-		}
-		svc.s.rollouts.invalidate()
-		svc.s.log.Info("rollout ended", "rollout", name, "share", r.Share.String(), "who", who(ctx))
+		svc.s.log.Info("rollout ended", "rollout", r.Name, "share", r.Share.String(), "who", who(ctx))
 	}
 	return connect.NewResponse(&v1.EndRolloutResponse{Rollout: rolloutProto(&r), Changed: changed}), nil
 }

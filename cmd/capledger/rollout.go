@@ -196,38 +196,38 @@ func runRolloutSet(ctx context.Context, e *env, args []string) error {
 	return nil
 }
 
-func runRolloutUndo(ctx context.Context, e *env, args []string) error {
-	fs := newFlags("rollout undo")
-	var cf clientFlags
+// namedRolloutCommand parses the arguments of a rollout command that
+// takes only the client flags and an optional rollout name (undo, end),
+// and returns the client and the rollout meant (rolloutName).
+func namedRolloutCommand(ctx context.Context, e *env, command string, args []string) (*clientFlags, capledgerv1connect.RolloutServiceClient, string, error) {
+	fs := newFlags(command)
+	cf := &clientFlags{}
 	cf.register(fs, e)
 	positional, err := parseFlags(fs, args)
 	if err != nil {
-		return err
+		return nil, nil, "", err
 	}
 	client, err := cf.rolloutClient()
 	if err != nil {
-		return err
+		return nil, nil, "", err
 	}
-	name, err := rolloutName(ctx, &cf, client, positional)
+	name, err := rolloutName(ctx, cf, client, positional)
+	if err != nil {
+		return nil, nil, "", err
+	}
+	return cf, client, name, nil
+}
+
+func runRolloutUndo(ctx context.Context, e *env, args []string) error {
+	cf, client, name, err := namedRolloutCommand(ctx, e, "rollout undo", args)
 	if err != nil {
 		return err
 	}
-	return undoStep(ctx, e, &cf, client, name)
+	return undoStep(ctx, e, cf, client, name)
 }
 
 func runRolloutEnd(ctx context.Context, e *env, args []string) error {
-	fs := newFlags("rollout end")
-	var cf clientFlags
-	cf.register(fs, e)
-	positional, err := parseFlags(fs, args)
-	if err != nil {
-		return err
-	}
-	client, err := cf.rolloutClient()
-	if err != nil {
-		return err
-	}
-	name, err := rolloutName(ctx, &cf, client, positional)
+	cf, client, name, err := namedRolloutCommand(ctx, e, "rollout end", args)
 	if err != nil {
 		return err
 	}
