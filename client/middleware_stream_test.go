@@ -191,13 +191,25 @@ func TestMiddlewareStreamWithAnUnreadableLastUsageIsUnknown(t *testing.T) {
 	if resp.StatusCode != 200 || !strings.Contains(body, "[DONE]") {
 		t.Fatalf("stream: %d %q", resp.StatusCode, body)
 	}
-	id := resp.Header.Get(ReservationHeader)
+	wantUnknownAndKept(t, l, c, resp.Header.Get(ReservationHeader), "stream with an unreadable last usage", func() string {
+		logMu.Lock()
+		defer logMu.Unlock()
+		return logs.String()
+	})
+}
+
+// wantUnknownAndKept fails unless the stream's reservation id is
+// USAGE_UNKNOWN in the ledger (not settled at an earlier figure), its
+// receipt is kept in c.PendingUnknown, and the middleware's log (read
+// last) says why.
+func wantUnknownAndKept(t *testing.T, l *testLedger, c *Client, id, stream string, log func() string) {
+	t.Helper()
 	res, err := l.direct.GetReservation(context.Background(), id)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !isState(res, ledgerv1.ReservationState_RESERVATION_STATE_USAGE_UNKNOWN) {
-		t.Fatalf("stream with an unreadable last usage: %s %v, want USAGE_UNKNOWN (not settled at the earlier 10 tokens)", res.GetState(), res.GetActualUnits())
+		t.Fatalf("%s: %s %v, want USAGE_UNKNOWN (not settled at the earlier 10 tokens)", stream, res.GetState(), res.GetActualUnits())
 	}
 	kept := false
 	for _, r := range c.PendingUnknown() {
@@ -206,10 +218,7 @@ func TestMiddlewareStreamWithAnUnreadableLastUsageIsUnknown(t *testing.T) {
 	if !kept {
 		t.Fatalf("receipt of %s not kept in PendingUnknown: %+v", id, c.PendingUnknown())
 	}
-	logMu.Lock()
-	logged := logs.String()
-	logMu.Unlock()
-	if !strings.Contains(logged, id) || !strings.Contains(logged, "unreadable usage event") {
+	if logged := log(); !strings.Contains(logged, id) || !strings.Contains(logged, "unreadable usage event") {
 		t.Fatalf("the middleware's log does not say why %s is unknown:\n%s", id, logged)
 	}
 }
@@ -275,27 +284,11 @@ func TestMiddlewareStreamEndingWithoutALineEnd(t *testing.T) {
 	if resp.StatusCode != 200 || !strings.HasSuffix(body, final[:len(final)-12]) {
 		t.Fatalf("cut stream: %d %q", resp.StatusCode, body)
 	}
-	id := resp.Header.Get(ReservationHeader)
-	res, err = l.direct.GetReservation(context.Background(), id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !isState(res, ledgerv1.ReservationState_RESERVATION_STATE_USAGE_UNKNOWN) {
-		t.Fatalf("stream cut inside its usage event: %s %v, want USAGE_UNKNOWN (not settled at the earlier 10 tokens)", res.GetState(), res.GetActualUnits())
-	}
-	kept := false
-	for _, r := range c.PendingUnknown() {
-		kept = kept || r.ReservationID == id
-	}
-	if !kept {
-		t.Fatalf("receipt of %s not kept in PendingUnknown: %+v", id, c.PendingUnknown())
-	}
-	logMu.Lock()
-	logged := logs.String()
-	logMu.Unlock()
-	if !strings.Contains(logged, id) || !strings.Contains(logged, "unreadable usage event") {
-		t.Fatalf("the middleware's log does not say why %s is unknown:\n%s", id, logged)
-	}
+	wantUnknownAndKept(t, l, c, resp.Header.Get(ReservationHeader), "stream cut inside its usage event", func() string {
+		logMu.Lock()
+		defer logMu.Unlock()
+		return logs.String()
+	})
 }
 
 // The SSE specification's line ends and events, through the middleware
