@@ -300,8 +300,8 @@ func (r *Rollout) EnforcedRoutes() []RouteKey {
 }
 
 // Mode returns the mode of a request of subject on route under the
-// rollout alone (RolloutModeFor over it), and false when the route is not
-// the rollout's.
+// rollout alone (RolloutModeFor over it), and false when the rollout does
+// not decide it: the route is not the rollout's, or the rollout ended.
 func (r *Rollout) Mode(route RouteKey, subject string) (RolloutMode, bool) {
 	mode, name := RolloutModeFor(NewRollouts([]Rollout{*r}), route, subject, "")
 	return mode, name != ""
