@@ -1,5 +1,0 @@
-//go:build !race
-
-package sched
-
-const raceEnabled = false
