@@ -582,6 +582,30 @@ func TestShapeBeforeState(t *testing.T) {
 	}
 }
 
+// Only a subject can be "*": a route or region "*" is refused at publish
+// instead of being kept as a literal name no gateway sends, which would
+// leave the routes the operator meant without a policy.
+func TestPublishRefusesAWildcardRouteOrRegion(t *testing.T) {
+	c := newChecked(t)
+	for _, tc := range []struct{ route, region, want string }{
+		{"*", "global", `route "*" is not a wildcard`},
+		{"chat.generate", "*", `region "*" is not a wildcard`},
+	} {
+		p := policyOf(tokens(1000, 100))
+		p.Key.Subject = ledger.AnySubject
+		p.Key.Route, p.Key.Region = tc.route, tc.region
+		res := c.apply(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: p})
+		if !errors.Is(res.Err, ledger.ErrInvalidPolicy) || !strings.Contains(res.Err.Error(), tc.want) {
+			t.Errorf("route %q region %q: %+v, want %s", tc.route, tc.region, res, tc.want)
+		}
+	}
+	p := policyOf(tokens(1000, 100))
+	p.Key.Subject = ledger.AnySubject
+	if res := c.apply(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: p}); res.Err != nil {
+		t.Fatalf("a subject \"*\" policy of a named route: %+v", res)
+	}
+}
+
 // A policy's accounting epoch is at least ledger.MinEpochLength (1s):
 // each epoch in which an account changed closes with a statement kept
 // forever, so 1 ms closed one on nearly every command. The ledger refuses

@@ -86,6 +86,8 @@ func (p *Policy) Validate() error {
 		return invalidPolicy("region is empty")
 	case KeyProblem(p.Key.Subject, p.Key.Route, p.Key.Region) != "":
 		return invalidPolicy("%s", KeyProblem(p.Key.Subject, p.Key.Route, p.Key.Region))
+	case RouteKeyProblem(p.Key.Route, p.Key.Region) != "":
+		return invalidPolicy("%s", RouteKeyProblem(p.Key.Route, p.Key.Region))
 	case len(p.Dimensions) == 0:
 		return invalidPolicy("no dimensions: a policy limits at least one unit")
 	case len(p.Dimensions) > MaxDimensions:

@@ -169,6 +169,9 @@ func NewRollout(name string, by RolloutHash, routes []RouteKey, others []Rollout
 		if problem := KeyProblem("", rk.Route, rk.Region); problem != "" {
 			return Rollout{}, fmt.Errorf("%w: route %d: %s (no policy's can)", ErrInvalidRollout, i+1, problem)
 		}
+		if problem := RouteKeyProblem(rk.Route, rk.Region); problem != "" {
+			return Rollout{}, fmt.Errorf("%w: route %d: %s", ErrInvalidRollout, i+1, problem)
+		}
 		set[i] = rk
 	}
 	slices.SortFunc(set, RouteKey.Compare)

@@ -202,6 +202,8 @@ func TestNewRolloutRefuses(t *testing.T) {
 		{"n", ledger.RolloutByRoute, nil, ledger.ErrInvalidRollout},
 		{"n", ledger.RolloutByRoute, routes("x", "x"), ledger.ErrInvalidRollout},
 		{"n", ledger.RolloutByRoute, routes(""), ledger.ErrInvalidRollout},
+		{"n", ledger.RolloutByRoute, routes("*"), ledger.ErrInvalidRollout},
+		{"n", ledger.RolloutByRoute, []ledger.RouteKey{{Route: "x", Region: "*"}}, ledger.ErrInvalidRollout},
 		{"chat", ledger.RolloutByRoute, routes("x"), ledger.ErrRolloutExists},
 		{"n", ledger.RolloutBySubject, routes("x", "chat.generate"), ledger.ErrRouteInRollout},
 	} {

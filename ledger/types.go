@@ -67,6 +67,22 @@ func KeyProblem(subject, route, region string) string {
 	return ""
 }
 
+// RouteKeyProblem says why a policy or a rollout cannot name this route
+// and region, "" when it can. "*" widens only subjects (AnySubject): a
+// route or region "*" would be kept as a literal name that no gateway
+// sends, so an operator who meant "every route" would publish a policy
+// that governs nothing, and every reserve on the real routes would still
+// find no policy.
+func RouteKeyProblem(route, region string) string {
+	switch AnySubject {
+	case route:
+		return fmt.Sprintf("route %q is not a wildcard (only a subject can be): publish one policy per route", AnySubject)
+	case region:
+		return fmt.Sprintf("region %q is not a wildcard (only a subject can be): publish one policy per region", AnySubject)
+	}
+	return ""
+}
+
 // KeyPartProblem says what is wrong with one of an account key's
 // subject, route or region as a client names it (TextProblem with at
 // most MaxKeyBytes), as a phrase that follows the field's name; "" for a
