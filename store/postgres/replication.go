@@ -24,8 +24,12 @@ type Replication struct {
 	Fsync                                      bool
 	// Standbys counts the standbys streaming from the primary now
 	// (pg_stat_replication); SyncStandbys those of them acknowledging
-	// commits (sync_state sync or quorum).
-	Standbys, SyncStandbys int
+	// commits (sync_state sync or quorum). HiddenStandbys counts those
+	// whose sync_state the login may not read: PostgreSQL shows a role
+	// that is neither superuser nor a member of pg_read_all_stats (or
+	// pg_monitor) every standby's row with sync_state NULL, so
+	// SyncStandbys alone would say 0 synchronous on a healthy quorum.
+	Standbys, SyncStandbys, HiddenStandbys int
 }
 
 // Risk returns "" when every commit this primary acknowledges is flushed
@@ -77,8 +81,13 @@ func (r Replication) String() string {
 	if r.SynchronousStandbyNames == "" && r.Standbys == 0 {
 		return fmt.Sprintf("primary %s: standalone (no standbys), synchronous_commit=%s", r.Server, r.SynchronousCommit)
 	}
-	return fmt.Sprintf("primary %s: synchronous_commit=%s synchronous_standby_names=%q, %d standby(s) streaming, %d synchronous",
-		r.Server, r.SynchronousCommit, r.SynchronousStandbyNames, r.Standbys, r.SyncStandbys)
+	sync := fmt.Sprintf("%d synchronous", r.SyncStandbys)
+	if r.HiddenStandbys > 0 {
+		sync = fmt.Sprintf("%d synchronous, sync state of %d not visible to this login (GRANT pg_monitor TO it)",
+			r.SyncStandbys, r.HiddenStandbys)
+	}
+	return fmt.Sprintf("primary %s: synchronous_commit=%s synchronous_standby_names=%q, %d standby(s) streaming, %s",
+		r.Server, r.SynchronousCommit, r.SynchronousStandbyNames, r.Standbys, sync)
 }
 
 // Replication reads the primary's replication settings and standbys
@@ -92,9 +101,10 @@ func (s *Store) Replication(ctx context.Context) (Replication, error) {
 			current_setting('synchronous_commit'), current_setting('synchronous_standby_names'), current_setting('fsync'),
 			(SELECT count(*) FROM pg_stat_replication),
 			(SELECT count(*) FROM pg_stat_replication WHERE sync_state IN ('sync', 'quorum')),
+			(SELECT count(*) FROM pg_stat_replication WHERE sync_state IS NULL),
 			(SELECT source FROM pg_settings WHERE name = 'synchronous_commit'),
 			`+storedSynchronousCommit).
-		Scan(&r.Server, &r.SynchronousCommit, &r.SynchronousStandbyNames, &fsync, &r.Standbys, &r.SyncStandbys, &source, &stored)
+		Scan(&r.Server, &r.SynchronousCommit, &r.SynchronousStandbyNames, &fsync, &r.Standbys, &r.SyncStandbys, &r.HiddenStandbys, &source, &stored)
 	if err != nil {
 		return Replication{}, s.c.classify("replication: no read-write primary reachable among "+s.hosts(), err, false)
 	}

@@ -109,3 +109,21 @@ func TestReplicationSeesADatabaseSettingBeforeTheSessionsDo(t *testing.T) {
 		t.Fatalf("DSN synchronous_commit=on over the database's off: %+v, risk %q, %v", r, r.Risk(), err)
 	}
 }
+
+// A login without pg_read_all_stats reads every standby's sync_state as
+// NULL: the description must not report a healthy quorum as "0
+// synchronous" without saying that it cannot see (found following
+// OPERATIONS.md's pg_auto_failover steps with a capledger role that is
+// not superuser: "2 standby(s) streaming, 0 synchronous").
+func TestReplicationStringSaysWhenSyncStateIsHidden(t *testing.T) {
+	r := postgres.Replication{Server: "10.0.0.7:5432", Fsync: true, SynchronousCommit: "on",
+		SynchronousStandbyNames: "ANY 1 (a, b)", Standbys: 2, SyncStandbys: 0, HiddenStandbys: 2}
+	got := r.String()
+	if !strings.Contains(got, "sync state of 2 not visible to this login") || !strings.Contains(got, "pg_monitor") {
+		t.Errorf("hidden sync state: %q, want it to say the sync state of 2 is not visible and to grant pg_monitor", got)
+	}
+	r.SyncStandbys, r.HiddenStandbys = 2, 0
+	if got := r.String(); strings.Contains(got, "not visible") || !strings.HasSuffix(got, "2 standby(s) streaming, 2 synchronous") {
+		t.Errorf("visible sync state: %q", got)
+	}
+}
