@@ -360,7 +360,12 @@ func (s *Service) runFirstCurrent(ctx context.Context, items []item, answers *se
 //     refused, or failed as a whole and Envoy let it through anyway under
 //     failure_mode_deny: false; or its hold TTL passed before the start):
 //     the usage recorded under usageID, as RecordUsage records it, so
-//     that a retry of the call replays; 0 hits record nothing.
+//     that a retry of the call replays; 0 hits record nothing. Retention
+//     removing the reservation changes nothing: its tombstone answers
+//     the settle as the state it ended in;
+//   - settled and removed by retention: a replay (a late retry of the
+//     call), whatever the hits, since the tombstone keeps no usage to
+//     compare them with.
 //
 // The settle's refusal is replaced by what ran instead, the result the
 // answer and the metrics go by. A settle that found no reservation at all
@@ -388,6 +393,15 @@ func (s *Service) settleUnclosed(ctx context.Context, items []item, answers *ser
 				answers.Results(cmds[:1], results[:1])
 			}
 			it.results[0] = results[1]
+		}
+		if err := it.results[0].Err; errors.Is(err, ledger.ErrReservationRetired) && errors.Is(err, ledger.ErrReservationAlreadySettled) {
+			// Retention removed the settled reservation: its tombstone
+			// keeps neither the operation id nor the usage a replay is
+			// compared with, so a late call (a retry) replays, charging
+			// nothing twice, as a record's tombstone answers
+			// (docs/API.md, "Retention: removed reservations").
+			it.results[0].Err, it.results[0].Replayed = nil, true
+			continue
 		}
 		if err := it.results[0].Err; !errors.Is(err, ledger.ErrReservationReleased) && !errors.Is(err, ledger.ErrReservationExpired) {
 			continue
