@@ -72,7 +72,9 @@ func (s *forgettingStore) ReservationGet(ctx context.Context, id string) (ledger
 // RESERVATION_TOO_LARGE rejection counted, for a unit no policy the
 // server knew has, where the LedgerService answers UNKNOWN_UNIT. It is
 // unknown, answered per unknown_descriptor (here allow), and holds
-// nothing.
+// nothing; /metrics counts its reserve as the LedgerService's Reserve
+// counts the same refusal, unknown_unit, not too_large (the amount no
+// policy admits is the adapter's device, not the caller's request).
 func TestUnmappableCheckOfAForgottenIDIsUnknown(t *testing.T) {
 	var forgetting *forgettingStore
 	cfg := strings.Replace(testMapping(t), "unknown_descriptor: deny", "unknown_descriptor: allow", 1)
@@ -97,6 +99,7 @@ func TestUnmappableCheckOfAForgottenIDIsUnknown(t *testing.T) {
 	forgetting.id, forgetting.at = "envoy:q-f/acme/chat/global", h.clock.Now().Add(time.Hour)
 	forgetting.rollback, forgetting.gen = ledger.PolicyKey{Subject: "acme", Route: "chat", Region: "global"}, 2
 	forgetting.mu.Unlock()
+	before := h.commandCounts()
 	resp := h.mustCheck(check)
 	forgetting.mu.Lock()
 	forgot := forgetting.forgot
@@ -107,6 +110,7 @@ func TestUnmappableCheckOfAForgottenIDIsUnknown(t *testing.T) {
 	if resp.GetOverallCode() != OK || resp.GetStatuses()[0].GetCurrentLimit() != nil {
 		t.Fatalf("want the unknown descriptor's answer (OK, code alone), got %v", resp)
 	}
+	h.wantCounted(before, map[string]float64{"reserve/unknown_unit": 1})
 	if _, err := h.ledger.GetReservation(context.Background(), connect.NewRequest(&v1.GetReservationRequest{ReservationId: "envoy:q-f/acme/chat/global"})); connect.CodeOf(err) != connect.CodeNotFound {
 		t.Fatalf("a reservation under the forgotten id: %v", err)
 	}

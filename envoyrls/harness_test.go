@@ -83,6 +83,10 @@ type options struct {
 	bridged bool
 	// wrapStore, when set, wraps the store the engine is given.
 	wrapStore func(store.Store) store.Store
+	// retention, when positive, is the engine's retention window (and
+	// tombstone horizon: 10 times it); the workers stay off, so a test
+	// runs a pass with engine.RunRetention.
+	retention time.Duration
 }
 
 func newHarness(t testing.TB, opts options) *harness {
@@ -104,7 +108,8 @@ func newHarness(t testing.TB, opts options) *harness {
 	if opts.wrapStore != nil {
 		engineStore = opts.wrapStore(st)
 	}
-	h.engine = engine.New(engineStore, engine.Options{Clock: h.clock.Now, DisableWorkers: true, OnBatch: metrics.ObserveBatch, Logger: logger})
+	h.engine = engine.New(engineStore, engine.Options{Clock: h.clock.Now, DisableWorkers: true, OnBatch: metrics.ObserveBatch, Logger: logger,
+		Retention: opts.retention, TombstoneRetention: 10 * opts.retention})
 	cfg := server.Config{Metrics: metrics, Logger: logger, Clock: h.clock.Now}
 	if opts.auth {
 		tokens, err := server.ParseTokens(strings.NewReader(adminToken + " admin ops\n" + gatewayToken + " gateway envoy\n" + viewerToken + " viewer watcher\n" + scopedToken + " gateway gw-a subjects=tenant-a/*\n"))

@@ -155,8 +155,10 @@ type item struct {
 	left    int64
 	leftSet bool
 	// unmapped: the server could not map the reserve (no policy, no such
-	// unit) and sent it only to be answered from its existing id.
-	unmapped bool
+	// unit) and sent it only to be answered from its existing id; it is
+	// the server's refusal (NO_POLICY, UNKNOWN_UNIT), which stands when
+	// the ledger did not answer from the id (answeredFromID).
+	unmapped *connect.Error
 	// cmdBuf backs cmds: plan makes at most three commands (reserve,
 	// start, settle), so a check allocates none of its own.
 	cmdBuf [3]ledger.Command
@@ -294,7 +296,15 @@ func (s *Service) run(ctx context.Context, items []item, answers *server.Answers
 	// The first call's results, stale ones mapped again replaced by their
 	// last: added once whether or not the call goes on to fail.
 	for i := range items {
-		if it := &items[i]; it.results != nil {
+		it := &items[i]
+		switch {
+		case it.results == nil:
+		case it.unmapped != nil && !answeredFromID(&it.results[0]):
+			// The server's refusal stands (decide), so the reserve
+			// counts as Reserve counts it (no_policy, unknown_unit),
+			// not by the amount no policy admits that the ledger refused.
+			answers.Refused(ledger.KindReserve, it.unmapped)
+		default:
 			answers.Results(it.cmds[:len(it.results)], it.results)
 		}
 	}
@@ -350,7 +360,12 @@ func (s *Service) runFirstCurrent(ctx context.Context, items []item, answers *se
 //     refused, or failed as a whole and Envoy let it through anyway under
 //     failure_mode_deny: false; or its hold TTL passed before the start):
 //     the usage recorded under usageID, as RecordUsage records it, so
-//     that a retry of the call replays; 0 hits record nothing.
+//     that a retry of the call replays; 0 hits record nothing. Retention
+//     removing the reservation changes nothing: its tombstone answers
+//     the settle as the state it ended in;
+//   - settled and removed by retention: a replay (a late retry of the
+//     call), whatever the hits, since the tombstone keeps no usage to
+//     compare them with.
 //
 // The settle's refusal is replaced by what ran instead, the result the
 // answer and the metrics go by. A settle that found no reservation at all
@@ -378,6 +393,15 @@ func (s *Service) settleUnclosed(ctx context.Context, items []item, answers *ser
 				answers.Results(cmds[:1], results[:1])
 			}
 			it.results[0] = results[1]
+		}
+		if err := it.results[0].Err; errors.Is(err, ledger.ErrReservationRetired) && errors.Is(err, ledger.ErrReservationAlreadySettled) {
+			// Retention removed the settled reservation: its tombstone
+			// keeps neither the operation id nor the usage a replay is
+			// compared with, so a late call (a retry) replays, charging
+			// nothing twice, as a record's tombstone answers
+			// (docs/API.md, "Retention: removed reservations").
+			it.results[0].Err, it.results[0].Replayed = nil, true
+			continue
 		}
 		if err := it.results[0].Err; !errors.Is(err, ledger.ErrReservationReleased) && !errors.Is(err, ledger.ErrReservationExpired) {
 			continue
@@ -703,7 +727,7 @@ func (s *Service) planReserve(ctx context.Context, it *item, answers *server.Ans
 		return s.refusedBeforeLedger(it, answers, ledger.KindReserve, refused)
 	}
 	it.cmdBuf[0] = cmd
-	it.unmapped = unmapped != nil
+	it.unmapped = unmapped
 	clear(it.cmdBuf[1:]) // in place: no command-sized temporaries on the stack
 	n := 1
 	if start {
@@ -880,7 +904,7 @@ func (s *Service) decide(ctx context.Context, it *item, answers *server.Answers)
 		return nil
 	}
 	res := &it.results[0]
-	if it.unmapped && !(res.Err == nil && res.Replayed) && !errors.Is(res.Err, ledger.ErrDigestMismatch) {
+	if it.unmapped != nil && !answeredFromID(res) {
 		// Not answered from the id (it was forgotten before the ledger
 		// read it): the server's refusal stands, NO_POLICY or
 		// UNKNOWN_UNIT, as Reserve answers it (the amount sent admits
@@ -934,6 +958,13 @@ func (s *Service) decide(ctx context.Context, it *item, answers *server.Answers)
 		return nil
 	}
 	return connect.NewError(out.Code, fmt.Errorf("%s %s: %w", it.cmds[0].Kind, it.rid, res.Err))
+}
+
+// answeredFromID reports whether the ledger answered a reserve from its
+// existing id (a replay or a digest mismatch): for an unmapped reserve,
+// the only answers that are not the server's own refusal.
+func answeredFromID(res *ledger.Result) bool {
+	return (res.Err == nil && res.Replayed) || errors.Is(res.Err, ledger.ErrDigestMismatch)
 }
 
 // followErr returns the error of a follow-up command that failed for a

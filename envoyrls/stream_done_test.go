@@ -94,7 +94,9 @@ func TestStreamDoneChargesWhateverTheCheckLeft(t *testing.T) {
 	t.Run("released by a refusal, nothing used", func(t *testing.T) {
 		h.t = t
 		// The second descriptor does not fit: Envoy refuses the request,
-		// which never runs, and its call after the stream reports 0.
+		// which never runs, and its call after the stream reports 0 (with
+		// the hits taken from the response, as docs/ENVOY.md configures
+		// them, Envoy leaves the descriptor out of that call instead).
 		resp := h.mustCheck(&rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlscommon.RateLimitDescriptor{
 			descriptor(hits(100), "tenant", "refused", "x-request-id", "q-1"), descriptor(hits(5000), "tenant", "huge", "x-request-id", "q-1")}})
 		if resp.GetOverallCode() != OVER {
@@ -106,6 +108,37 @@ func TestStreamDoneChargesWhateverTheCheckLeft(t *testing.T) {
 		}
 		if b := h.balance("refused", "chat"); b.Spent != 0 || b.Reserved != 0 {
 			t.Fatalf("after a refused request: %+v, want nothing spent or held", b)
+		}
+	})
+
+	t.Run("refused, hits reported anyway", func(t *testing.T) {
+		h.t = t
+		// Envoy sends the call after the stream of a request it refused
+		// too, with the hits its hits_addend gives (a fixed number, or
+		// the request's 1 when the rate limit has none): the ledger
+		// cannot tell whether Envoy ran the request (a filter not
+		// enforcing, an answer past its timeout), so they are charged,
+		// once (docs/ENVOY.md). Refused alone: no reservation, recorded
+		// under the reservation's id.
+		resp := h.mustCheck(&rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlscommon.RateLimitDescriptor{
+			descriptor(hits(5000), "tenant", "refused-alone", "x-request-id", "q-2")}})
+		if resp.GetOverallCode() != OVER {
+			t.Fatalf("check over the burst: %v, want OVER_LIMIT", resp)
+		}
+		h.mustCharge("refused alone", "refused-alone", "q-2", 1, 1)
+		if r := h.reservation("envoy:q-2/refused-alone/chat/global"); r.GetActualUnits()["tokens"] != 1 {
+			t.Fatalf("the usage's receipt: %v, want 1 token", r)
+		}
+		// Refused with another descriptor: its hold released, recorded
+		// under usage:<id>.
+		resp = h.mustCheck(&rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlscommon.RateLimitDescriptor{
+			descriptor(hits(100), "tenant", "refused-with", "x-request-id", "q-3"), descriptor(hits(5000), "tenant", "huge", "x-request-id", "q-3")}})
+		if resp.GetOverallCode() != OVER {
+			t.Fatalf("check with a descriptor over the burst: %v, want OVER_LIMIT", resp)
+		}
+		h.mustCharge("refused with another", "refused-with", "q-3", 7, 7)
+		if r := h.reservation("usage:q-3/refused-with/chat/global"); r.GetActualUnits()["tokens"] != 7 {
+			t.Fatalf("the usage's receipt: %v, want 7 tokens", r)
 		}
 	})
 
