@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"reflect"
 	"runtime"
+	"slices"
 	"strconv"
 	"testing"
 
@@ -351,5 +352,138 @@ func TestMemoryFollowsTenantsInUse(t *testing.T) {
 	}
 	if left := (drained - base) / n; left > 8 {
 		t.Errorf("%d bytes per tenant left after all were forgotten, want at most 8", left)
+	}
+}
+
+// A tenant the scheduler forgot and one it kept must come back alike after
+// a policy moves them to another priority and then changes their weight
+// (rapid seed 15949225870294582765 of the property above). x is served once
+// at priority 0, goes idle and falls behind that level's clock, so the
+// forgetting scheduler drops it. The policy then moves x to priority 1 at
+// weight 3 and changes it to weight 1 there; x comes back with 10 requests
+// of cost 10 while b, weight 1, has 10 of its own queued at priority 1.
+// x has its whole credit at every step, so to the scheduler it is a new
+// tenant: it returns one quantum (100) behind the clock at weight 1, and its
+// requests finishing at the clock - 90 … clock all come before b's next,
+// at the clock + 10. An x that carried the credit of weight 3 (a third of
+// a quantum) would come back only 4 requests ahead of b. Both
+// ForgetDeclarations settings, the first with the declarations kept, the
+// second declaring right before each Enqueue.
+func TestRedeclaredIdleTenantGetsANewTenantsCredit(t *testing.T) {
+	for _, forgetDeclarations := range []bool{false, true} {
+		t.Run(fmt.Sprint("ForgetDeclarations=", forgetDeclarations), func(t *testing.T) {
+			run := func(keepIdle bool) (order []string, xForgotten bool) {
+				s := mustNew(t, Config{Quantum: 100, MaxQueuePerTenant: 16, PriorityMode: PriorityStrict, ForgetDeclarations: forgetDeclarations})
+				s.keepIdle = keepIdle
+				settleNext := func() Request {
+					r := mustDispatch(t, s)
+					if err := s.Settle(r.ReservationID, r.EstimatedCost); err != nil {
+						t.Fatal(err)
+					}
+					return r
+				}
+				mustSetTenant(t, s, "x", 1, 0)
+				mustEnqueue(t, s, "x-0", "x", 10)
+				settleNext()
+				// a moves priority 0's clock far past x (and its sweeps
+				// forget x); b sets priority 1's clock.
+				for i := range 6 {
+					mustSetTenant(t, s, "a", 1, 0)
+					mustEnqueue(t, s, fmt.Sprint("a-", i), "a", 100)
+					settleNext()
+				}
+				for i := range 3 {
+					mustSetTenant(t, s, "b", 1, 1)
+					mustEnqueue(t, s, fmt.Sprint("b-", i), "b", 50)
+					settleNext()
+				}
+				xForgotten = s.tenants["x"] == nil
+				mustSetTenant(t, s, "x", 3, 1)
+				mustSetTenant(t, s, "x", 1, 1)
+				for i := range 10 {
+					mustSetTenant(t, s, "b", 1, 1)
+					mustEnqueue(t, s, fmt.Sprint("b-", 3+i), "b", 10)
+				}
+				for i := range 10 {
+					mustSetTenant(t, s, "x", 1, 1)
+					mustEnqueue(t, s, fmt.Sprint("x-", 1+i), "x", 10)
+				}
+				for s.Len() > 0 {
+					order = append(order, settleNext().Tenant)
+				}
+				return order, xForgotten
+			}
+			got, forgotten := run(false)
+			want, kept := run(true)
+			if !forgotten || kept {
+				t.Fatalf("x forgotten: %v by the forgetting scheduler (want true), %v by the keeping one (want false)", forgotten, kept)
+			}
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("dispatch order with forgetting differs from the scheduler that keeps every tenant:\n forgetting %v\n keeping    %v", got, want)
+			}
+			for name, order := range map[string][]string{"forgetting": got, "keeping": want} {
+				xFirst := 0
+				for _, tenant := range order {
+					if tenant != "x" {
+						break
+					}
+					xFirst++
+				}
+				if xFirst != 10 {
+					t.Errorf("%s: x came back with %d dispatches before b's next, want 10 (a new tenant's quantum of 100 at weight 1): %v", name, xFirst, order)
+				}
+			}
+		})
+	}
+}
+
+// A new weight does not wipe what an idle tenant was charged: only an idle
+// tenant with its whole credit is a new tenant to SetTenant. a starts as a
+// new tenant (one quantum, 100, behind the clock at 0) and its request
+// estimated at 10 costs 1000: it ends at 900, ahead of the clock. b, new
+// too, moves the clock to 400 in 50 dispatches; a goes to weight 2 while
+// idle and comes back: its request finishes at 900 + 10/2, so b's requests
+// finishing at 410 … 900 (50) still come first, with or without forgetting.
+// Had the weight change made a a new tenant, it would go first.
+func TestWeightChangeKeepsAnIdleTenantsCharge(t *testing.T) {
+	run := func(keepIdle bool) []string {
+		s := mustNew(t, Config{Quantum: 100, MaxQueuePerTenant: 4})
+		s.keepIdle = keepIdle
+		mustSetTenant(t, s, "a", 1, 0)
+		mustSetTenant(t, s, "b", 1, 0)
+		mustEnqueue(t, s, "a-1", "a", 10)
+		if err := s.Settle(mustDispatch(t, s).ReservationID, 1000); err != nil {
+			t.Fatal(err)
+		}
+		var order []string
+		id := 0
+		step := func() {
+			for s.QueueLen("b") < 4 {
+				mustEnqueue(t, s, fmt.Sprint("b-", id), "b", 10)
+				id++
+			}
+			r := mustDispatch(t, s)
+			order = append(order, r.Tenant)
+			if err := s.Settle(r.ReservationID, r.EstimatedCost); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for range 50 {
+			step()
+		}
+		mustSetTenant(t, s, "a", 2, 0)
+		mustEnqueue(t, s, "a-2", "a", 10)
+		for range 60 {
+			step()
+		}
+		return order[50:]
+	}
+	got, want := run(false), run(true)
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("dispatch order differs from a scheduler that keeps every tenant:\n got %v\nwant %v", got, want)
+	}
+	bBeforeA := slices.Index(got, "a")
+	if bBeforeA != 50 {
+		t.Errorf("a, 900 cost units ahead, went to weight 2 and came back after %d dispatches of b, want 50 (its charge kept)", bBeforeA)
 	}
 }

@@ -126,7 +126,9 @@ type Config struct {
 // weight can bring back (v <= V - Quantum*VirtualScale). Past that point the
 // tenant, coming back, would start at V minus its credit whether it was kept
 // or not, so the Scheduler forgets it and the dispatch order is the same as
-// if it had kept everything. A tenant idle but ahead (it was charged more
+// if it had kept everything. That holds across policy changes too, because
+// an idle tenant with its whole credit is treated as a new one wherever its
+// credit is decided (newTenantVtime). A tenant idle but ahead (it was charged more
 // than its share, e.g. by settles above the estimate) is kept until the
 // clock passes it, so leaving and coming back gains it nothing. Forgetting
 // is lazy: each call examines at most sweepPerCall idle tenants, so memory
@@ -242,9 +244,13 @@ func New(cfg Config) (*Scheduler, error) {
 // [1, MaxWeight], nil otherwise.
 //
 // A new weight applies to requests dispatched from now on (settles of
-// earlier dispatches undo what was charged then). A new priority moves the
-// tenant's queue to that level, where it starts at the level's current
-// virtual time with no credit.
+// earlier dispatches undo what was charged then); a tenant with nothing
+// queued or in flight that has its whole credit (one quantum: it is as far
+// behind the clock as a new tenant) gets a new tenant's credit at the new
+// weight, exactly what it would get had the scheduler forgotten it. A new
+// priority moves the tenant to that level: with requests queued it starts
+// at the level's current virtual time with no credit, with none queued it
+// starts as a new tenant of that level.
 //
 // The declaration is kept until SetTenant changes it, unless
 // Config.ForgetDeclarations is set: then it lasts as long as the tenant's
@@ -270,7 +276,7 @@ func (s *Scheduler) SetTenant(name string, weight int64, priority int) error {
 		old := t.level
 		t.level, t.weight = lv, weight
 		if t.heapIndex < 0 {
-			t.vtime = lv.clock - s.credit(weight)
+			t.vtime = s.newTenantVtime(lv, weight)
 			return nil
 		}
 		old.heap.remove(t.heapIndex)
@@ -285,6 +291,15 @@ func (s *Scheduler) SetTenant(name string, weight int64, priority int) error {
 		return nil
 	}
 	if t.weight != weight {
+		if t.queue.n == 0 && t.inflight == 0 && t.vtime <= s.newTenantVtime(lv, t.weight) {
+			// Idle with its whole credit, it is to the scheduler a new
+			// tenant (one it may have forgotten, see Scheduler): it gets a
+			// new tenant's credit at the new weight. Keeping its virtual
+			// time would leave it the credit of the old weight (less than a
+			// quantum when the weight goes down), which a forgotten tenant
+			// declared anew would not have.
+			t.vtime = s.newTenantVtime(lv, weight)
+		}
 		t.weight = weight
 		if t.heapIndex >= 0 {
 			head := t.queue.front()
@@ -356,7 +371,7 @@ func (s *Scheduler) Enqueue(r Request) error {
 		// The tenant was idle: it restarts at the level's clock, keeping at
 		// most one quantum of the credit it had (settles of overestimated
 		// work while idle, or simply having been away).
-		if floor := lv.clock - s.credit(t.weight); t.vtime < floor {
+		if floor := s.newTenantVtime(lv, t.weight); t.vtime < floor {
 			t.vtime = floor
 		}
 		lv.heap.push(heapEntry{key: t.vtime + charge(r.EstimatedCost, t.weight), seq: s.seq, t: t})
@@ -491,7 +506,7 @@ func (s *Scheduler) QueueLen(tenant string) int {
 // clock with a full credit, as a tenant kept since it was last at or behind
 // the clock would be when it becomes backlogged.
 func (s *Scheduler) hold(name string, weight int64, lv *level) *tenant {
-	t := &tenant{name: name, weight: weight, level: lv, vtime: lv.clock - s.credit(weight), heapIndex: -1}
+	t := &tenant{name: name, weight: weight, level: lv, vtime: s.newTenantVtime(lv, weight), heapIndex: -1}
 	s.tenants[name] = t
 	s.tenantsPeak = max(s.tenantsPeak, len(s.tenants))
 	return t
@@ -521,7 +536,7 @@ func (s *Scheduler) sweep() {
 		switch {
 		case t.queue.n > 0 || t.inflight > 0:
 			// Busy again: Settle puts it back once it is idle.
-		case t.vtime <= t.level.clock-s.credit(1):
+		case t.vtime <= s.newTenantVtime(t.level, 1):
 			s.forget(t)
 		default:
 			s.markIdle(t)
@@ -585,6 +600,18 @@ func charge(cost, weight int64) int64 { return cost * VirtualScale / weight }
 // credit is the most virtual time an idle flow of this weight may lag
 // behind its clock when it becomes backlogged.
 func (s *Scheduler) credit(weight int64) int64 { return charge(s.quantum, weight) }
+
+// newTenantVtime is the virtual time of a tenant new to lv at this weight:
+// the level's clock less its whole credit (one quantum). It is the one rule
+// for a tenant's credit, used wherever a tenant starts afresh (hold, a move
+// to another level while nothing is queued), wherever an idle tenant comes
+// back (Enqueue raises it to this), and to tell an idle tenant that has its
+// whole credit (at or below this), which says nothing a new tenant's state
+// would not: sweep forgets it once that holds at weight 1, and SetTenant
+// gives it a new tenant's credit when its weight changes.
+func (s *Scheduler) newTenantVtime(lv *level, weight int64) int64 {
+	return lv.clock - s.credit(weight)
+}
 
 // activateLevel applies the idle-credit rule one layer up, when a level
 // gets its first queued request.
@@ -657,7 +684,7 @@ func (s *Scheduler) rebaseLevel(lv *level) {
 			continue
 		}
 		t.vtime -= shift
-		if floor := -s.credit(t.weight); t.heapIndex < 0 && t.vtime < floor {
+		if floor := s.newTenantVtime(lv, t.weight); t.heapIndex < 0 && t.vtime < floor {
 			t.vtime = floor
 		}
 	}
