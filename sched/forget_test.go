@@ -487,3 +487,60 @@ func TestWeightChangeKeepsAnIdleTenantsCharge(t *testing.T) {
 		t.Errorf("a, 900 cost units ahead, went to weight 2 and came back after %d dispatches of b, want 50 (its charge kept)", bBeforeA)
 	}
 }
+
+// The same defect by way of a clock rebase: rebaseLevel raises an idle
+// tenant far behind the clock to a new tenant's credit at its weight (3
+// here), and a weight change right after (to 1) must then give it a new
+// tenant's credit at weight 1, as the forgetting scheduler, which dropped
+// x before the rebase, gives it when x comes back. b's 22nd request moves
+// the clock past rebaseAt (2000), so the level is rebased to 0; x then
+// comes back with 10 requests of cost 10 behind 10 of b's, and goes first
+// with all of them (finishing at -90 … 0, b's next at 10).
+func TestRebasedIdleTenantGetsANewTenantsCredit(t *testing.T) {
+	run := func(keepIdle bool) (order []string, xForgotten bool) {
+		s := mustNew(t, Config{Quantum: 100, MaxQueuePerTenant: 16, PriorityMode: PriorityStrict})
+		s.keepIdle = keepIdle
+		s.rebaseAt = 2000 * VirtualScale
+		settleNext := func() Request {
+			r := mustDispatch(t, s)
+			if err := s.Settle(r.ReservationID, r.EstimatedCost); err != nil {
+				t.Fatal(err)
+			}
+			return r
+		}
+		mustSetTenant(t, s, "x", 3, 0)
+		mustSetTenant(t, s, "b", 1, 0)
+		mustEnqueue(t, s, "x-0", "x", 10)
+		settleNext()
+		for i := range 22 {
+			mustEnqueue(t, s, fmt.Sprint("b-", i), "b", 100)
+			settleNext()
+		}
+		if s.levels[0].clock != 0 {
+			t.Fatalf("clock at %d after b's 22nd dispatch, want 0 (rebased)", s.levels[0].clock)
+		}
+		xForgotten = s.tenants["x"] == nil
+		mustSetTenant(t, s, "x", 1, 0)
+		for i := range 10 {
+			mustEnqueue(t, s, fmt.Sprint("b-", 22+i), "b", 10)
+		}
+		for i := range 10 {
+			mustEnqueue(t, s, fmt.Sprint("x-", 1+i), "x", 10)
+		}
+		for s.Len() > 0 {
+			order = append(order, settleNext().Tenant)
+		}
+		return order, xForgotten
+	}
+	got, forgotten := run(false)
+	want, kept := run(true)
+	if !forgotten || kept {
+		t.Fatalf("x forgotten: %v by the forgetting scheduler (want true), %v by the keeping one (want false)", forgotten, kept)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("dispatch order with forgetting differs from the scheduler that keeps every tenant:\n forgetting %v\n keeping    %v", got, want)
+	}
+	if xFirst := slices.Index(want, "b"); xFirst != 10 {
+		t.Errorf("kept x came back with %d dispatches before b's next, want 10 (a new tenant's quantum of 100 at weight 1): %v", xFirst, want)
+	}
+}
