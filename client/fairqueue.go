@@ -152,8 +152,10 @@ func (c *Client) NewFairQueue(cfg FairQueueConfig) (*FairQueue, error) {
 	// sched cannot remove a queued request, so one whose caller gave up
 	// stays queued until its turn (then it is skipped). The queue counts
 	// only live waiters against the per-tenant limit and gives sched room
-	// for the abandoned ones.
-	s, err := sched.New(sched.Config{Quantum: cfg.Quantum, MaxQueuePerTenant: 4 * maxQueue, PriorityMode: cfg.PriorityMode, Meter: cfg.Meter})
+	// for the abandoned ones. acquire declares the tenant right before
+	// each Enqueue, under q.mu, so sched need not keep the declarations of
+	// tenants it forgot (ForgetDeclarations): it holds only tenants in use.
+	s, err := sched.New(sched.Config{Quantum: cfg.Quantum, MaxQueuePerTenant: 4 * maxQueue, PriorityMode: cfg.PriorityMode, Meter: cfg.Meter, ForgetDeclarations: true})
 	if err != nil {
 		return nil, fmt.Errorf("fair queue: %w", err)
 	}
@@ -291,6 +293,8 @@ func (q *FairQueue) acquire(ctx context.Context, rr *ReserveResult) (func(actual
 	w := &waiter{tenant: subject, ready: make(chan struct{})}
 
 	q.mu.Lock()
+	// No sched call between this declaration and the Enqueue below: with
+	// ForgetDeclarations it may lapse at the next one.
 	if err := q.s.SetTenant(subject, weight, priority); err != nil {
 		q.mu.Unlock()
 		return nil, fmt.Errorf("fair queue: tenant %s: %w", subject, err)

@@ -24,7 +24,14 @@
 //     back by (G-S)*VirtualScale/weight when S < G, forward when S > G;
 //   - a tenant that becomes backlogged again starts at
 //     max(v, V - Quantum*VirtualScale/weight): an idle tenant earns at most
-//     one quantum of credit.
+//     one quantum of credit;
+//   - a tenant with nothing queued or in flight, behind its level's clock by
+//     at least the largest credit, is forgotten (a few are looked at per
+//     call): it would come back exactly as a fresh tenant, so memory follows
+//     the tenants in use and the order does not change (see Scheduler);
+//   - for the same reason a kept idle tenant with its whole credit is a new
+//     tenant to SetTenant: a new weight or priority gives it a new tenant's
+//     credit at that weight and level.
 //
 // Priority levels are either weighted (the default, PriorityWeighted: the
 // levels share dispatches by their own weights with the same SCFQ rule one

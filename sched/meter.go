@@ -29,13 +29,22 @@ import (
 // fair); otherwise it is S_i plus the estimated cost it still has queued.
 // All cost accounting is int64; only the metrics are float64.
 //
+// A Meter keeps a tenant only while it matters to the metrics: StartWindow
+// drops a tenant that has nothing queued and had no event in the window
+// ending nor in the one before it (such a tenant has no service, demand or
+// backlog in the new window, so RFE and Snapshot do not change).
+//
 // A Meter is safe for concurrent use: a server may call Snapshot while a
 // dispatcher feeds it.
 type Meter struct {
-	mu       sync.Mutex
-	window   uint64
-	tenants  map[string]*meterTenant
-	inflight map[string]meterDispatch
+	mu          sync.Mutex
+	window      uint64
+	tenants     map[string]*meterTenant
+	tenantsPeak int // for compactMap
+	inflight    map[string]meterDispatch
+	// keepIdle disables dropping idle tenants; tests compare the metrics
+	// with and without it.
+	keepIdle bool
 }
 
 type meterTenant struct {
@@ -50,6 +59,8 @@ type meterTenant struct {
 	settledCost     int64 // actual cost of requests dispatched and settled in the window
 	unsettledCost   int64 // estimated cost of requests dispatched in the window, not settled yet
 	backloggedSince bool  // queued > 0 at every moment since the window started
+
+	lastEvent uint64 // the window of the tenant's last event
 }
 
 type meterDispatch struct {
@@ -94,7 +105,9 @@ func (m *Meter) tenant(name string) *meterTenant {
 	if t == nil {
 		t = &meterTenant{name: name, weight: 1}
 		m.tenants[name] = t
+		m.tenantsPeak = max(m.tenantsPeak, len(m.tenants))
 	}
+	t.lastEvent = m.window
 	return t
 }
 
@@ -143,21 +156,30 @@ func (m *Meter) Settled(reservationID string, actualCost int64) {
 	if d.window != m.window {
 		return
 	}
+	d.t.lastEvent = m.window
 	d.t.unsettledCost -= d.estimate
 	d.t.settledCost += actualCost
 }
 
 // StartWindow ends the current window and starts a new one: service
 // counters restart at zero and a tenant counts as backlogged in the new
-// window if it has a request queued now.
+// window if it has a request queued now. A tenant with nothing queued and no
+// event in the window ending or the one before is dropped (a settle of a
+// request it dispatched before then is ignored, as any settle of an earlier
+// window is).
 func (m *Meter) StartWindow() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.window++
-	for _, t := range m.tenants {
+	for name, t := range m.tenants {
+		if t.queued == 0 && t.lastEvent+2 < m.window && !m.keepIdle {
+			delete(m.tenants, name)
+			continue
+		}
 		t.settledCost, t.unsettledCost = 0, 0
 		t.backloggedSince = t.queued > 0
 	}
+	m.tenants = compactMap(m.tenants, &m.tenantsPeak)
 }
 
 // RFE returns the relative fairness error of the current window: the

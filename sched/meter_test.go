@@ -3,8 +3,13 @@ package sched
 import (
 	"fmt"
 	"math"
+	"reflect"
+	"sort"
+	"strconv"
 	"sync"
 	"testing"
+
+	"pgregory.net/rapid"
 )
 
 func near(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
@@ -226,5 +231,98 @@ func TestMeterConcurrentSnapshot(t *testing.T) {
 	got := m.Snapshot()
 	if len(got) != 1 || got[0].Served != 500*2 || got[0].Demand != 500*2 || got[0].Share != 1 {
 		t.Errorf("final snapshot %+v, want tenant a served and demanded 1000 (500 settles of 2), share 1", got)
+	}
+}
+
+// Dropping idle tenants at StartWindow changes no metric: the same events,
+// windows and settles of long-finished dispatches given to a Meter that
+// drops and to one that keeps every tenant give the same RFE and Snapshot
+// at every step, and the dropping one holds only recent tenants.
+func TestMeterDropsIdleTenantsWithoutChangingMetrics(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		drops, keeps := NewMeter(), NewMeter()
+		keeps.keepIdle = true
+		both := []*Meter{drops, keeps}
+		nTenants := rapid.IntRange(1, 10).Draw(t, "tenants")
+		queued := make([][]int64, nTenants)
+		var inflight []string
+		nextID := 0
+		t.Repeat(map[string]func(*rapid.T){
+			"": func(t *rapid.T) {
+				if d, k := drops.RFE(), keeps.RFE(); d != k {
+					t.Fatalf("RFE %v dropping, %v keeping", d, k)
+				}
+				if d, k := drops.Snapshot(), keeps.Snapshot(); !reflect.DeepEqual(d, k) {
+					t.Fatalf("Snapshot\n%+v dropping\n%+v keeping", d, k)
+				}
+			},
+			"enqueue": func(t *rapid.T) {
+				i := rapid.IntRange(0, nTenants-1).Draw(t, "tenant")
+				cost := rapid.Int64Range(1, 100).Draw(t, "cost")
+				queued[i] = append(queued[i], cost)
+				for _, m := range both {
+					m.Enqueued(tenantName(i), i%2, int64(1+i%3), cost)
+				}
+			},
+			"dispatch": func(t *rapid.T) {
+				i := rapid.IntRange(0, nTenants-1).Draw(t, "tenant")
+				if len(queued[i]) == 0 {
+					t.Skip("nothing queued")
+				}
+				id := strconv.Itoa(nextID)
+				nextID++
+				for _, m := range both {
+					m.Dispatched(id, tenantName(i), queued[i][0])
+				}
+				queued[i] = queued[i][1:]
+				inflight = append(inflight, id)
+			},
+			"settle": func(t *rapid.T) {
+				if len(inflight) == 0 {
+					t.Skip("nothing in flight")
+				}
+				k := rapid.IntRange(0, len(inflight)-1).Draw(t, "which")
+				actual := rapid.Int64Range(0, 200).Draw(t, "actual")
+				for _, m := range both {
+					m.Settled(inflight[k], actual)
+				}
+				inflight = append(inflight[:k], inflight[k+1:]...)
+			},
+			"window": func(t *rapid.T) {
+				for _, m := range both {
+					m.StartWindow()
+				}
+			},
+		})
+	})
+
+	// The windows a tenant is kept for, by hand.
+	m := NewMeter()
+	m.Enqueued("gone", 0, 1, 5)
+	m.Dispatched("g", "gone", 5)
+	m.Settled("g", 5)
+	m.Enqueued("waiting", 0, 1, 5) // never dispatched: stays
+	m.Enqueued("late", 0, 1, 5)
+	m.Dispatched("l", "late", 5) // settled two windows later
+	held := func() []string {
+		var names []string
+		for name := range m.tenants {
+			names = append(names, name)
+		}
+		sort.Strings(names)
+		return names
+	}
+	m.StartWindow() // window 1: all had events in window 0
+	m.StartWindow() // window 2: window 0 is the one before the ending window 1
+	if got := fmt.Sprint(held()); got != "[gone late waiting]" {
+		t.Fatalf("at window 2 the meter holds %s, want [gone late waiting]", got)
+	}
+	m.StartWindow() // window 3: no event in windows 1 and 2
+	if got := fmt.Sprint(held()); got != "[waiting]" {
+		t.Fatalf("at window 3 the meter holds %s, want [waiting]", got)
+	}
+	m.Settled("l", 50) // dispatched in window 0: ignored
+	if snap := m.Snapshot(); len(snap) != 1 || snap[0].Tenant != "waiting" || snap[0].Served != 0 {
+		t.Fatalf("snapshot after a late settle %+v, want waiting alone with nothing served", snap)
 	}
 }

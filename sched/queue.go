@@ -7,45 +7,53 @@ type slot struct {
 	res *reservation
 }
 
-// ring is a FIFO of slots in a power-of-two circular buffer. It starts
-// small and doubles when full, so 10,000 mostly idle tenants cost little and
-// a busy one stops allocating once its buffer fits its queue bound.
-type ring struct {
-	buf  []slot
+// ring is a FIFO in a power-of-two circular buffer. It starts small and
+// doubles when full, so mostly idle tenants cost little and a busy one stops
+// allocating once its buffer fits its queue bound.
+type ring[T any] struct {
+	buf  []T
 	head int
 	n    int
 }
 
-func (q *ring) push(s slot) {
+func (q *ring[T]) push(v T) {
 	if q.n == len(q.buf) {
-		q.grow()
+		q.resize(max(2*len(q.buf), 4))
 	}
-	q.buf[(q.head+q.n)&(len(q.buf)-1)] = s
+	q.buf[(q.head+q.n)&(len(q.buf)-1)] = v
 	q.n++
 }
 
-func (q *ring) grow() {
-	size := 2 * len(q.buf)
-	if size == 0 {
-		size = 4
-	}
-	buf := make([]slot, size)
+// resize moves the elements into a buffer of size (a power of two, at least
+// q.n).
+func (q *ring[T]) resize(size int) {
+	buf := make([]T, size)
 	for i := 0; i < q.n; i++ {
 		buf[i] = q.buf[(q.head+i)&(len(q.buf)-1)]
 	}
 	q.buf, q.head = buf, 0
 }
 
-// front returns the oldest slot; the ring must not be empty.
-func (q *ring) front() *slot { return &q.buf[q.head] }
+// shrink halves the buffer when it is at most a quarter full, so a ring that
+// once held a burst gives the memory back; each halving copies at most a
+// quarter of the elements it frees room for, so the cost is amortised O(1).
+func (q *ring[T]) shrink() {
+	if len(q.buf) > 64 && q.n <= len(q.buf)/4 {
+		q.resize(len(q.buf) / 2)
+	}
+}
 
-// pop removes and returns the oldest slot; the ring must not be empty.
-func (q *ring) pop() slot {
-	s := q.buf[q.head]
-	q.buf[q.head] = slot{} // drop the payload reference for the GC
+// front returns the oldest element; the ring must not be empty.
+func (q *ring[T]) front() *T { return &q.buf[q.head] }
+
+// pop removes and returns the oldest element; the ring must not be empty.
+func (q *ring[T]) pop() T {
+	v := q.buf[q.head]
+	var zero T
+	q.buf[q.head] = zero // drop references for the GC
 	q.head = (q.head + 1) & (len(q.buf) - 1)
 	q.n--
-	return s
+	return v
 }
 
 // heapEntry keys a backlogged tenant by the virtual finish time of its head
@@ -98,6 +106,10 @@ func (h *tenantHeap) remove(i int) {
 	}
 	old[last] = heapEntry{}
 	*h = old[:last]
+	if cap(old) > 64 && last < cap(old)/4 {
+		// A burst of backlogged tenants is over: give its array back.
+		*h = append(make(tenantHeap, 0, 2*last), old[:last]...)
+	}
 	if i != last {
 		h.fix(i)
 	}

@@ -2,6 +2,7 @@ package sched
 
 import (
 	"errors"
+	"slices"
 	"sort"
 )
 
@@ -17,7 +18,9 @@ var (
 	// ErrQueueFull: the tenant already has Config.MaxQueuePerTenant requests
 	// waiting. The caller should release the reservation or retry later.
 	ErrQueueFull = errors.New("sched: tenant queue is full")
-	// ErrUnknownTenant: Enqueue for a tenant that SetTenant never declared.
+	// ErrUnknownTenant: Enqueue for a tenant that SetTenant never declared
+	// or, with Config.ForgetDeclarations, whose declaration was forgotten
+	// with its state.
 	ErrUnknownTenant = errors.New("sched: tenant has no weight and priority set")
 	// ErrDuplicateReservation: the reservation id is already queued or
 	// dispatched and not yet settled.
@@ -48,6 +51,10 @@ const (
 	// DefaultFairnessBudget is the per-tenant fairness error budget (e_i in
 	// docs/FAIRNESS.md) a policy gets when it does not set its own.
 	DefaultFairnessBudget = 0.05
+
+	// sweepPerCall is how many held idle tenants each Enqueue, Dispatch
+	// and Settle examines for forgetting (see sweep).
+	sweepPerCall = 2
 
 	// defaultRebaseAt: when a virtual clock passes it, every virtual time on
 	// that clock is shifted down so int64 never overflows (see rebaseLevel).
@@ -95,11 +102,37 @@ type Config struct {
 	PriorityMode PriorityMode
 	// Meter, if not nil, receives every enqueue, dispatch and settle.
 	Meter *Meter
+	// ForgetDeclarations makes SetTenant's declaration (weight and
+	// priority) live only as long as the tenant's state: once the
+	// scheduler forgets an idle tenant (see Scheduler), Enqueue returns
+	// ErrUnknownTenant for it until SetTenant declares it again. It is for
+	// a caller that calls SetTenant right before every Enqueue, as
+	// client.FairQueue does under its lock: the scheduler then holds
+	// nothing for a tenant it forgot. (Through Locked, another goroutine's
+	// call between the two may forget the declaration.) False (the
+	// default): declarations are kept, about 100 bytes each with a short
+	// name (docs/FAIRNESS.md).
+	ForgetDeclarations bool
 }
 
 // Scheduler is a work-conserving weighted fair queue of reserved requests.
 // Use New; the zero value is not usable. Not safe for concurrent use (see
 // Locked).
+//
+// The Scheduler holds a tenant's state (its queue and virtual time) only
+// while it says something a fresh tenant's would not: while the tenant has
+// requests queued or dispatched and unsettled, and afterwards until its
+// level's clock V has passed its virtual time by the most idle credit any
+// weight can bring back (v <= V - Quantum*VirtualScale). Past that point the
+// tenant, coming back, would start at V minus its credit whether it was kept
+// or not, so the Scheduler forgets it and the dispatch order is the same as
+// if it had kept everything. That holds across policy changes too, because
+// an idle tenant with its whole credit is treated as a new one wherever its
+// credit is decided (newTenantVtime). A tenant idle but ahead (it was charged more
+// than its share, e.g. by settles above the estimate) is kept until the
+// clock passes it, so leaving and coming back gains it nothing. Forgetting
+// is lazy: each call examines at most sweepPerCall idle tenants, so memory
+// follows the tenants in use, not every tenant ever seen.
 type Scheduler struct {
 	quantum  int64
 	maxQueue int
@@ -107,13 +140,30 @@ type Scheduler struct {
 	meter    *Meter
 	rebaseAt int64
 
-	tenants map[string]*tenant
-	levels  []*level // by priority, highest first
+	// tenants holds the tenants the Scheduler has not forgotten; declared
+	// holds the weight and level SetTenant last gave each tenant, held or
+	// not (nil with forgetDeclarations: a held tenant carries its own).
+	tenants            map[string]*tenant
+	declared           map[string]declaration
+	forgetDeclarations bool
+	// idle holds every held tenant with nothing queued or in flight (and
+	// maybe some that became busy again since), oldest first; sweep walks
+	// it. tenantsPeak is the largest len(tenants) since the map was last
+	// rebuilt (Go maps do not give memory back when entries are deleted).
+	idle        ring[*tenant]
+	tenantsPeak int
+	// keepIdle disables forgetting; tests compare the dispatch order with
+	// and without it.
+	keepIdle bool
+
+	levels []*level // by priority, highest first
 	// ids holds every queued or dispatched-but-unsettled reservation, to
-	// refuse duplicates and to find a dispatch again at Settle. Records are
-	// recycled through free, so steady state allocates nothing.
-	ids  map[string]*reservation
-	free []*reservation
+	// refuse duplicates and to find a dispatch again at Settle (idsPeak:
+	// for compactMap). Records are recycled through free, so steady state
+	// allocates nothing.
+	ids     map[string]*reservation
+	idsPeak int
+	free    []*reservation
 
 	queued   int
 	inflight int
@@ -126,8 +176,16 @@ type tenant struct {
 	weight    int64
 	level     *level
 	vtime     int64 // virtual finish time of the tenant's last dispatch, corrected by settles
-	queue     ring
-	heapIndex int // position in level.heap, -1 when the queue is empty
+	queue     ring[slot]
+	heapIndex int  // position in level.heap, -1 when the queue is empty
+	inflight  int  // dispatched and not settled
+	onIdle    bool // in Scheduler.idle
+}
+
+// declaration is what SetTenant said of a tenant.
+type declaration struct {
+	weight int64
+	level  *level
 }
 
 type level struct {
@@ -165,15 +223,20 @@ func New(cfg Config) (*Scheduler, error) {
 	if maxQueue == 0 {
 		maxQueue = DefaultMaxQueuePerTenant
 	}
-	return &Scheduler{
-		quantum:  cfg.Quantum,
-		maxQueue: maxQueue,
-		mode:     cfg.PriorityMode,
-		meter:    cfg.Meter,
-		rebaseAt: defaultRebaseAt,
-		tenants:  make(map[string]*tenant),
-		ids:      make(map[string]*reservation),
-	}, nil
+	s := &Scheduler{
+		quantum:            cfg.Quantum,
+		maxQueue:           maxQueue,
+		mode:               cfg.PriorityMode,
+		meter:              cfg.Meter,
+		rebaseAt:           defaultRebaseAt,
+		tenants:            make(map[string]*tenant),
+		forgetDeclarations: cfg.ForgetDeclarations,
+		ids:                make(map[string]*reservation),
+	}
+	if !s.forgetDeclarations {
+		s.declared = make(map[string]declaration)
+	}
+	return s, nil
 }
 
 // SetTenant declares a tenant or changes its weight and priority, as the
@@ -181,22 +244,31 @@ func New(cfg Config) (*Scheduler, error) {
 // [1, MaxWeight], nil otherwise.
 //
 // A new weight applies to requests dispatched from now on (settles of
-// earlier dispatches undo what was charged then). A new priority moves the
-// tenant's queue to that level, where it starts at the level's current
-// virtual time with no credit.
+// earlier dispatches undo what was charged then); a tenant with nothing
+// queued or in flight that has its whole credit (one quantum: it is as far
+// behind the clock as a new tenant) gets a new tenant's credit at the new
+// weight, exactly what it would get had the scheduler forgotten it. A new
+// priority moves the tenant to that level: with requests queued it starts
+// at the level's current virtual time with no credit, with none queued it
+// starts as a new tenant of that level.
+//
+// The declaration is kept until SetTenant changes it, unless
+// Config.ForgetDeclarations is set: then it lasts as long as the tenant's
+// state, which for a tenant with nothing queued or in flight may end at the
+// next Enqueue, Dispatch or Settle; call SetTenant right before Enqueue.
 func (s *Scheduler) SetTenant(name string, weight int64, priority int) error {
 	if weight < 1 || weight > MaxWeight {
 		return ErrInvalidWeight
 	}
 	lv := s.levelFor(priority)
+	if !s.forgetDeclarations {
+		s.declared[name] = declaration{weight: weight, level: lv}
+	}
 	t := s.tenants[name]
 	if t == nil {
-		s.tenants[name] = &tenant{
-			name:      name,
-			weight:    weight,
-			level:     lv,
-			vtime:     lv.clock - s.credit(weight),
-			heapIndex: -1,
+		if s.forgetDeclarations {
+			// The state carries the declaration; it is idle until Enqueue.
+			s.markIdle(s.hold(name, weight, lv))
 		}
 		return nil
 	}
@@ -204,7 +276,7 @@ func (s *Scheduler) SetTenant(name string, weight int64, priority int) error {
 		old := t.level
 		t.level, t.weight = lv, weight
 		if t.heapIndex < 0 {
-			t.vtime = lv.clock - s.credit(weight)
+			t.vtime = s.newTenantVtime(lv, weight)
 			return nil
 		}
 		old.heap.remove(t.heapIndex)
@@ -219,6 +291,15 @@ func (s *Scheduler) SetTenant(name string, weight int64, priority int) error {
 		return nil
 	}
 	if t.weight != weight {
+		if t.queue.n == 0 && t.inflight == 0 && t.vtime <= s.newTenantVtime(lv, t.weight) {
+			// Idle with its whole credit, it is to the scheduler a new
+			// tenant (one it may have forgotten, see Scheduler): it gets a
+			// new tenant's credit at the new weight. Keeping its virtual
+			// time would leave it the credit of the old weight (less than a
+			// quantum when the weight goes down), which a forgotten tenant
+			// declared anew would not have.
+			t.vtime = s.newTenantVtime(lv, weight)
+		}
 		t.weight = weight
 		if t.heapIndex >= 0 {
 			head := t.queue.front()
@@ -256,11 +337,20 @@ func (s *Scheduler) Enqueue(r Request) error {
 		return ErrInvalidCost
 	}
 	t := s.tenants[r.Tenant]
+	var d declaration
 	if t == nil {
-		return ErrUnknownTenant
+		var declared bool
+		if d, declared = s.declared[r.Tenant]; !declared {
+			return ErrUnknownTenant
+		}
 	}
 	if s.ids[r.ReservationID] != nil {
 		return ErrDuplicateReservation
+	}
+	if t == nil {
+		// Forgotten (or never enqueued): it starts afresh, as a kept tenant
+		// at or behind the clock would (see Scheduler).
+		t = s.hold(r.Tenant, d.weight, d.level)
 	}
 	if t.queue.n >= s.maxQueue {
 		return ErrQueueFull
@@ -270,6 +360,7 @@ func (s *Scheduler) Enqueue(r Request) error {
 	res.t = t
 	t.queue.push(slot{req: r, seq: s.seq, res: res})
 	s.ids[r.ReservationID] = res
+	s.idsPeak = max(s.idsPeak, len(s.ids))
 	s.queued++
 	lv := t.level
 	lv.queued++
@@ -280,7 +371,7 @@ func (s *Scheduler) Enqueue(r Request) error {
 		// The tenant was idle: it restarts at the level's clock, keeping at
 		// most one quantum of the credit it had (settles of overestimated
 		// work while idle, or simply having been away).
-		if floor := lv.clock - s.credit(t.weight); t.vtime < floor {
+		if floor := s.newTenantVtime(lv, t.weight); t.vtime < floor {
 			t.vtime = floor
 		}
 		lv.heap.push(heapEntry{key: t.vtime + charge(r.EstimatedCost, t.weight), seq: s.seq, t: t})
@@ -288,6 +379,7 @@ func (s *Scheduler) Enqueue(r Request) error {
 	if s.meter != nil {
 		s.meter.Enqueued(t.name, lv.priority, t.weight, r.EstimatedCost)
 	}
+	s.sweep()
 	return nil
 }
 
@@ -321,6 +413,7 @@ func (s *Scheduler) Dispatch() (Request, bool) {
 	lv.queued--
 	s.queued--
 	s.inflight++
+	t.inflight++
 	var levelCharge int64
 	if s.mode == PriorityWeighted {
 		levelCharge = levelKey - lv.vtime
@@ -347,6 +440,7 @@ func (s *Scheduler) Dispatch() (Request, bool) {
 	if s.meter != nil {
 		s.meter.Dispatched(sl.req.ReservationID, t.name, sl.req.EstimatedCost)
 	}
+	s.sweep()
 	return sl.req, true
 }
 
@@ -381,11 +475,15 @@ func (s *Scheduler) Settle(reservationID string, actualCost int64) error {
 	if s.mode == PriorityWeighted {
 		res.lv.vtime -= res.levelCharge - charge(actualCost, res.levelWeight)
 	}
-	*res = reservation{}
-	s.free = append(s.free, res)
+	s.ids = compactMap(s.ids, &s.idsPeak)
+	s.recycle(res)
+	if t.inflight--; t.inflight == 0 && t.queue.n == 0 {
+		s.markIdle(t)
+	}
 	if s.meter != nil {
 		s.meter.Settled(reservationID, actualCost)
 	}
+	s.sweep()
 	return nil
 }
 
@@ -404,6 +502,88 @@ func (s *Scheduler) QueueLen(tenant string) int {
 	return 0
 }
 
+// hold creates the state of a tenant that has none: idle, at its level's
+// clock with a full credit, as a tenant kept since it was last at or behind
+// the clock would be when it becomes backlogged.
+func (s *Scheduler) hold(name string, weight int64, lv *level) *tenant {
+	t := &tenant{name: name, weight: weight, level: lv, vtime: s.newTenantVtime(lv, weight), heapIndex: -1}
+	s.tenants[name] = t
+	s.tenantsPeak = max(s.tenantsPeak, len(s.tenants))
+	return t
+}
+
+// markIdle queues a tenant that has nothing queued or in flight for sweep.
+func (s *Scheduler) markIdle(t *tenant) {
+	if !t.onIdle {
+		t.onIdle = true
+		s.idle.push(t)
+	}
+}
+
+// sweep examines the sweepPerCall oldest tenants on the idle ring: one
+// that became busy again leaves it (Settle puts it back when it is idle
+// again); one at or behind its level's clock by the largest credit is
+// forgotten; one still ahead goes to the back, to be looked at again once
+// the clock may have passed it. Every idle tenant is on the ring, so each
+// is looked at within len(ring)/sweepPerCall calls.
+func (s *Scheduler) sweep() {
+	if s.keepIdle {
+		return
+	}
+	for range min(sweepPerCall, s.idle.n) {
+		t := s.idle.pop()
+		t.onIdle = false
+		switch {
+		case t.queue.n > 0 || t.inflight > 0:
+			// Busy again: Settle puts it back once it is idle.
+		case t.vtime <= s.newTenantVtime(t.level, 1):
+			s.forget(t)
+		default:
+			s.markIdle(t)
+		}
+	}
+	s.idle.shrink()
+}
+
+// forget drops an idle tenant's state.
+func (s *Scheduler) forget(t *tenant) {
+	delete(s.tenants, t.name)
+	s.tenants = compactMap(s.tenants, &s.tenantsPeak)
+}
+
+// compactMap returns m, or a copy of it once deletes have left it at an
+// eighth of its peak size *peak (which it then resets): Go maps keep the
+// memory of their largest size, and a burst must not pin it.
+// The copy walks the old map's capacity, which the deletes since the peak
+// have paid for, so the cost is amortised O(1) per delete.
+func compactMap[K comparable, V any](m map[K]V, peak *int) map[K]V {
+	*peak = max(*peak, len(m))
+	if *peak < 1024 || len(m) > *peak/8 {
+		return m
+	}
+	c := make(map[K]V, len(m))
+	for k, v := range m {
+		c[k] = v
+	}
+	*peak = len(c)
+	return c
+}
+
+// recycle keeps a settled request's record for a later Enqueue, up to as
+// many as are in use (and at least 64), so steady state allocates nothing;
+// once the free records are twice that, the surplus and its array go back to
+// the GC (the copy costs less than the settles that made the surplus).
+func (s *Scheduler) recycle(res *reservation) {
+	limit := max(64, s.queued+s.inflight)
+	if len(s.free) < limit {
+		*res = reservation{}
+		s.free = append(s.free, res)
+	}
+	if len(s.free) > 2*limit {
+		s.free = slices.Clone(s.free[:limit])
+	}
+}
+
 // newReservation returns a zeroed record, recycled if one is free.
 func (s *Scheduler) newReservation() *reservation {
 	if n := len(s.free); n > 0 {
@@ -420,6 +600,18 @@ func charge(cost, weight int64) int64 { return cost * VirtualScale / weight }
 // credit is the most virtual time an idle flow of this weight may lag
 // behind its clock when it becomes backlogged.
 func (s *Scheduler) credit(weight int64) int64 { return charge(s.quantum, weight) }
+
+// newTenantVtime is the virtual time of a tenant new to lv at this weight:
+// the level's clock less its whole credit (one quantum). It is the one rule
+// for a tenant's credit, used wherever a tenant starts afresh (hold, a move
+// to another level while nothing is queued), wherever an idle tenant comes
+// back (Enqueue raises it to this), and to tell an idle tenant that has its
+// whole credit (at or below this), which says nothing a new tenant's state
+// would not: sweep forgets it once that holds at weight 1, and SetTenant
+// gives it a new tenant's credit when its weight changes.
+func (s *Scheduler) newTenantVtime(lv *level, weight int64) int64 {
+	return lv.clock - s.credit(weight)
+}
 
 // activateLevel applies the idle-credit rule one layer up, when a level
 // gets its first queued request.
@@ -482,7 +674,8 @@ func (s *Scheduler) levelFor(priority int) *level {
 // between virtual times matter, so the dispatch order is unchanged; idle
 // tenants further behind than their credit are raised to it, which their
 // next Enqueue would do anyway. At VirtualScale 2^20 this runs after about
-// 2^40 cost units per unit of weight, so its O(tenants) cost is negligible.
+// 2^40 cost units per unit of weight, so its cost, O(tenants held: forgotten
+// ones have no virtual time to shift), is negligible.
 func (s *Scheduler) rebaseLevel(lv *level) {
 	shift := lv.clock
 	lv.clock = 0
@@ -491,7 +684,7 @@ func (s *Scheduler) rebaseLevel(lv *level) {
 			continue
 		}
 		t.vtime -= shift
-		if floor := -s.credit(t.weight); t.heapIndex < 0 && t.vtime < floor {
+		if floor := s.newTenantVtime(lv, t.weight); t.heapIndex < 0 && t.vtime < floor {
 			t.vtime = floor
 		}
 	}
