@@ -67,7 +67,13 @@ Examples:
   capledger sim --interleavings 1000000           # the release gate
   capledger sim --seed 42 --interleavings 1 --trace   # replay one seed
 
-Exit codes: 0 every gate passed, 1 usage error, 6 a gate failed, 130 interrupted.
+CAPLEDGER_MUTANT=NAME selects a deliberately broken ledger or store in a
+binary built with -tags capledger_mutants (docs/SIMULATOR.md); a name it
+does not know (or any name, in a binary built without the tag) is a usage
+error that lists the known names.
+
+Exit codes: 0 every gate passed, 1 usage error (an unknown CAPLEDGER_MUTANT
+too), 6 a gate failed, 130 interrupted.
 `
 
 func runSim(ctx context.Context, e *env, args []string) error {
@@ -94,6 +100,9 @@ func runSim(ctx context.Context, e *env, args []string) error {
 	recordShare := fs.Float64("record-share", def.RecordShare, "")
 	if err := parseNoArgs(fs, args); err != nil {
 		return err
+	}
+	if err := sim.CheckMutant(e.getenv("CAPLEDGER_MUTANT")); err != nil {
+		return usagef("%v", err)
 	}
 	if *interleavings < 1 {
 		return usagef("--interleavings %d: at least 1", *interleavings)
