@@ -73,7 +73,7 @@ does not know (or any name, in a binary built without the tag) is a usage
 error that lists the known names.
 
 Exit codes: 0 every gate passed, 1 usage error (an unknown CAPLEDGER_MUTANT
-too), 6 a gate failed, 130 interrupted.
+too), 6 a gate failed, 130 interrupted (no verdict, see the RESULT line).
 `
 
 func runSim(ctx context.Context, e *env, args []string) error {
@@ -152,7 +152,7 @@ func runSim(ctx context.Context, e *env, args []string) error {
 	rep := sim.Run(ctx, &cfg, opts)
 	rep.WriteTable(e.stdout, e.stderr)
 	if ctx.Err() != nil {
-		return exitError{code: exitUsage, err: fmt.Errorf("interrupted after %d of %d interleavings", rep.Interleavings, *interleavings)}
+		return exitError{code: exitInterrupted, err: fmt.Errorf("interrupted after %d of %d interleavings", rep.Interleavings, *interleavings)}
 	}
 	if f := rep.Failures(); len(f) > 0 {
 		return exitError{code: exitDiscrepancies, err: fmt.Errorf("%d gate(s) failed; the first: %s", len(f), f[0])}

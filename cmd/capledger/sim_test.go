@@ -186,3 +186,27 @@ func TestSimRefusesAnUnknownMutant(t *testing.T) {
 		t.Fatalf("without CAPLEDGER_MUTANT: exit %d\n%s", code, stderr)
 	}
 }
+
+// An interrupted sim (its context cancelled, as Ctrl-C does) exits 130,
+// says after how many interleavings, and judges neither UNKNOWN
+// convergence nor fairness: no row of those tables says "ok".
+func TestSimInterruptedSaysSo(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	var out, errOut bytes.Buffer
+	code := run(ctx, &env{stdout: &out, stderr: &errOut, getenv: func(string) string { return "" }},
+		[]string{"sim", "--seed", "1", "--interleavings", "50", "--workers", "1"})
+	if code != exitInterrupted {
+		t.Fatalf("exit %d, want %d\n%s\n%s", code, exitInterrupted, out.String(), errOut.String())
+	}
+	if !strings.Contains(out.String(), "RESULT: INTERRUPTED after 0 of 50 interleavings") || !strings.Contains(errOut.String(), "interrupted") {
+		t.Errorf("no interrupted verdict:\n%s\n%s", out.String(), errOut.String())
+	}
+	for _, line := range strings.Split(out.String(), "\n") {
+		if strings.HasPrefix(line, "RESERVATION_UNKNOWN") || strings.HasPrefix(line, "USAGE_UNKNOWN") || strings.HasPrefix(line, "tenants of weight") {
+			if strings.HasSuffix(strings.TrimSpace(line), " ok") || !strings.Contains(line, "not judged: interrupted") {
+				t.Errorf("interrupted run: %q, want it marked not judged: interrupted", line)
+			}
+		}
+	}
+}
