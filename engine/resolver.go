@@ -106,7 +106,9 @@ type ResolverOptions struct {
 	MinBackoff, MaxBackoff time.Duration
 	// CallTimeout bounds one status call (default 5s).
 	CallTimeout time.Duration
-	// Concurrency is how many status calls run at once (default 8).
+	// Concurrency is how many status calls run at once per route
+	// (default 8). Routes are asked independently: one whose endpoint
+	// hangs holds back only its own reservations.
 	Concurrency int
 	// PageSize and MaxPages bound one scan: at most MaxPages pages of
 	// PageSize reservations, oldest-marked first (defaults 256 and 16);
@@ -152,8 +154,11 @@ type attempt struct {
 	// alone says a question of it failed in a scan in which its route
 	// answered another: its failures are its own, not an outage of the
 	// route, so it is not asked out of turn (until it gets an answer).
+	// inLane says it was handed to its route's lane and the lane is not
+	// done with it: a scan meanwhile does not hand it over again.
 	failedAt     time.Time
 	unusable     bool
+	inLane       bool
 	alone        bool
 	outOfTurnFor time.Time
 }
@@ -204,6 +209,12 @@ type Resolver struct {
 	// the failures of such reservations open no outage, however many.
 	routeDown map[string]*routeOutage
 	routeBack map[string]routeComeback
+	// lanes holds, per route, the end of its lane's last rows (startLane);
+	// laneRows counts the rows its lane holds; lanesBusy counts the lane
+	// goroutines (Wait).
+	lanes     map[string]chan struct{}
+	laneRows  map[string]int
+	lanesBusy sync.WaitGroup
 
 	polls, failures, settled, neverStarted atomic.Uint64
 	overdueDone                            atomic.Int64 // last complete pass; -1 before one
@@ -211,8 +222,9 @@ type Resolver struct {
 
 // NewResolver returns a resolver that reads the backlog from st, reads the
 // time from clock, and commits its settles with commit (Engine.DoBatch,
-// or Core.Commit at a simulated time). Call Run for each scan; Run is not
-// safe for concurrent use.
+// or Core.Commit at a simulated time; it is called from several
+// goroutines at once, one per route). Call Scan (or Run, which waits for
+// the answers) for each scan; neither is safe for concurrent use.
 func NewResolver(st store.Store, opts ResolverOptions, clock func() time.Time,
 	commit func(ctx context.Context, cmds []ledger.Command) ([]ledger.Result, error), log *slog.Logger) *Resolver {
 	if log == nil {
@@ -242,6 +254,7 @@ func NewResolver(st store.Store, opts ResolverOptions, clock func() time.Time,
 	r := &Resolver{
 		store: st, clock: clock, commit: commit, log: log, opts: opts, attempts: map[string]*attempt{}, pass: 1,
 		routeDown: map[string]*routeOutage{}, routeBack: map[string]routeComeback{},
+		lanes: map[string]chan struct{}{}, laneRows: map[string]int{},
 		rng: rand.New(rand.NewPCG(opts.Seed, opts.Seed^0x9e3779b97f4a7c15)),
 	}
 	r.overdueDone.Store(-1)
@@ -293,9 +306,24 @@ func (r *Resolver) backoff(polls int) time.Duration {
 	return d/2 + time.Duration(r.rng.Int64N(int64(d/2)+1))
 }
 
-// Run is one scan: up to MaxPages pages of the backlog from the cursor,
-// each page's due reservations asked about and the answers settled.
+// Run is one scan (Scan) that then waits for every route's questions
+// and settles to end (Wait): the simulator and RunResolver, whose callers
+// read the outcome at once.
 func (r *Resolver) Run(ctx context.Context) {
+	r.Scan(ctx)
+	r.Wait()
+}
+
+// Scan is one scan: up to MaxPages pages of the backlog from the cursor.
+// Each page's reservations are handed to their route's lane, which asks
+// about the due ones and settles with the answers on its own (askRoute),
+// so a route whose endpoint hangs holds back only its own reservations:
+// Scan returns without waiting for the lanes. A reservation already in a
+// lane is not handed over again until its lane is done with it, and a
+// route whose lane holds MaxPages pages' worth of reservations gets no
+// more until it catches up (they wait for a later pass). The worker calls
+// Scan every Interval; Scan is not safe for concurrent use.
+func (r *Resolver) Scan(ctx context.Context) {
 	for range r.opts.MaxPages {
 		if ctx.Err() != nil {
 			return
@@ -324,6 +352,9 @@ func (r *Resolver) Run(ctx context.Context) {
 	}
 }
 
+// Wait waits until every lane has finished what Scan handed it.
+func (r *Resolver) Wait() { r.lanesBusy.Wait() }
+
 // endPass closes a scan of the whole backlog: it publishes the overdue
 // count and forgets the reservations the pass did not see (settled by
 // someone). The caller holds mu.
@@ -339,12 +370,15 @@ func (r *Resolver) endPass() {
 	r.cursor = store.UnknownCursor{}
 }
 
-// page handles one page of the backlog.
+// page handles one page of the backlog: it counts the overdue and hands
+// each route's reservations to the route's lane (startLane).
 func (r *Resolver) page(ctx context.Context, rows []ledger.Reservation) {
 	now := r.clock()
 	stored := r.storedAnswers(ctx, rows)
-	var due []*ledger.Reservation
+	byRoute := map[string][]*ledger.Reservation{}
+	var routes []string
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	for i := range rows {
 		row := &rows[i]
 		a := r.attempts[row.ID]
@@ -369,8 +403,66 @@ func (r *Resolver) page(ctx context.Context, rows []ledger.Reservation) {
 				}
 			}
 		}
-		if r.opts.Source == nil {
+		route := row.Account.Route
+		if r.opts.Source == nil || a.inLane || r.laneRows[route] >= r.opts.PageSize*r.opts.MaxPages {
 			continue
+		}
+		a.inLane = true
+		r.laneRows[route]++
+		if byRoute[route] == nil {
+			routes = append(routes, route)
+		}
+		byRoute[route] = append(byRoute[route], row)
+	}
+	for _, route := range routes {
+		r.startLane(ctx, route, byRoute[route])
+	}
+}
+
+// startLane hands rows, all of route, to the route's lane: a goroutine
+// that first waits for the lane's previous rows (so a route's questions,
+// answers and backoff draws keep the order of the backlog, and the
+// outage rules see one route's scans one after another), then asks about
+// them (askRoute). The caller holds mu.
+func (r *Resolver) startLane(ctx context.Context, route string, rows []*ledger.Reservation) {
+	prev := r.lanes[route]
+	done := make(chan struct{})
+	r.lanes[route] = done
+	r.lanesBusy.Add(1)
+	go func() {
+		defer r.lanesBusy.Done()
+		defer close(done)
+		if prev != nil {
+			<-prev
+		}
+		if ctx.Err() == nil {
+			r.askRoute(ctx, rows)
+		}
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		for _, row := range rows {
+			if a := r.attempts[row.ID]; a != nil {
+				a.inLane = false
+			}
+		}
+		r.laneRows[route] -= len(rows)
+		if r.lanes[route] == done {
+			delete(r.lanes, route)
+		}
+	}()
+}
+
+// askRoute asks about the due ones of rows, all of one route, and settles
+// with the answers. Which are due is decided now, when the lane gets to
+// them, with what the route's earlier questions taught (routeBack).
+func (r *Resolver) askRoute(ctx context.Context, rows []*ledger.Reservation) {
+	now := r.clock()
+	var due []*ledger.Reservation
+	r.mu.Lock()
+	for _, row := range rows {
+		a := r.attempts[row.ID]
+		if a == nil {
+			continue // left USAGE_UNKNOWN meanwhile (a pass did not see it)
 		}
 		if !now.Before(a.next) {
 			due = append(due, row)

@@ -24,6 +24,9 @@ type worker struct {
 	name     string
 	interval time.Duration
 	run      func(ctx context.Context)
+	// wait, when set, waits for work run left going (the resolver's
+	// lanes); the worker calls it when it stops.
+	wait func()
 }
 
 // leaderWorkers lists the maintenance workers, the one place they are
@@ -33,17 +36,19 @@ type worker struct {
 // more entry here.
 func (e *Engine) leaderWorkers() []worker {
 	workers := []worker{
-		{"expiry", e.opts.WorkerInterval, e.runDue},
-		{"epochs", min(e.opts.EpochInterval, epochWatchInterval), e.runEpochsWhenDue},
+		{name: "expiry", interval: e.opts.WorkerInterval, run: e.runDue},
+		{name: "epochs", interval: min(e.opts.EpochInterval, epochWatchInterval), run: e.runEpochsWhenDue},
 	}
 	if e.opts.Retention > 0 {
-		workers = append(workers, worker{"retention", e.opts.RetentionInterval, e.runRetention})
+		workers = append(workers, worker{name: "retention", interval: e.opts.RetentionInterval, run: e.runRetention})
 	}
 	if e.opts.Compaction != nil {
-		workers = append(workers, worker{"compaction", e.opts.Compaction.Interval, e.runCompaction})
+		workers = append(workers, worker{name: "compaction", interval: e.opts.Compaction.Interval, run: e.runCompaction})
 	}
 	if e.resolver != nil {
-		workers = append(workers, worker{"resolver", e.resolver.opts.Interval, e.resolver.Run})
+		// Scan, not Run: the next scan does not wait for a route whose
+		// questions are still out.
+		workers = append(workers, worker{name: "resolver", interval: e.resolver.opts.Interval, run: e.resolver.Scan, wait: e.resolver.Wait})
 	}
 	return workers
 }
@@ -187,6 +192,9 @@ func (e *Engine) renewLease(ctx context.Context, ttl time.Duration) {
 // everyAsLeader runs w every interval while this engine leads.
 func (e *Engine) everyAsLeader(ctx context.Context, w worker) {
 	defer e.workers.Done()
+	if w.wait != nil {
+		defer w.wait()
+	}
 	ticker := time.NewTicker(w.interval)
 	defer ticker.Stop()
 	for {

@@ -2,7 +2,10 @@
 
 package ledger
 
-import "os"
+import (
+	"os"
+	"slices"
+)
 
 // mutantOn reports whether the named, deliberately broken variant of the
 // ledger is switched on: CAPLEDGER_MUTANT names it. Only binaries built with
@@ -34,5 +37,24 @@ import "os"
 //     not look at its tombstone and charges the usage anew.
 //
 // The variable is read on every call so that a test can switch variants
-// between runs in one process.
-func mutantOn(name string) bool { return os.Getenv("CAPLEDGER_MUTANT") == name }
+// between runs in one process. A name not in mutantNames panics: the list
+// MutantNames returns is the one a misspelt CAPLEDGER_MUTANT is refused
+// with, so it must not miss a variant.
+func mutantOn(name string) bool {
+	if !slices.Contains(mutantNames, name) {
+		panic("ledger: mutant " + name + " is not in mutantNames")
+	}
+	return os.Getenv("CAPLEDGER_MUTANT") == name
+}
+
+// mutantNames are the variants above.
+var mutantNames = []string{
+	"refund_twice", "expire_started", "debt_admits", "unknown_without_limit",
+	"retry_after_ignores_holds", "shard_unknown_reminted", "worker_marks_started_unknown",
+	"refill_half_debt", "fairness_weight_ignored", "reserve_ignores_tombstone",
+	"record_charges_replay", "record_ignores_tombstone",
+}
+
+// MutantNames returns the names CAPLEDGER_MUTANT can select in the
+// ledger (none without the capledger_mutants build tag).
+func MutantNames() []string { return slices.Clone(mutantNames) }

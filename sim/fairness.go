@@ -107,12 +107,16 @@ func (s *FairnessSummary) Failures() []string {
 	return out
 }
 
-func (s *FairnessSummary) write(out io.Writer) {
+// write writes the fairness table; an interrupted run's rows are marked
+// not judged (its verdict is for a whole run).
+func (s *FairnessSummary) write(out io.Writer, interrupted bool) {
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "FAIRNESS (sched, %d windows)\tWINDOWS\tSERVED\tFAIR SHARE\tERROR\tBUDGET\t\n", s.Windows)
 	for w := 1; w <= maxWeight; w++ {
 		mark := "ok"
 		switch {
+		case interrupted:
+			mark = "- (not judged: interrupted)"
 		case s.WindowsBy[w] < minFairWindows:
 			mark = fmt.Sprintf("(under %d windows: not gated)", minFairWindows)
 		case s.ClassError(w) > ledger.DefaultFairnessBudget:

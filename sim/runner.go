@@ -450,7 +450,12 @@ func (r *Report) WriteTable(w, timing io.Writer) {
 		h    *Histogram
 	}{{"RESERVATION_UNKNOWN", &r.ReservationUnknown}, {"USAGE_UNKNOWN", &r.UsageUnknown}} {
 		mark := "ok"
-		if row.h.Quantile(0.99) > MaxUnknownP99 {
+		switch {
+		case r.Interrupted:
+			// Not judged: the p99 of a partial run is no verdict (and
+			// of none at all, 0s), whatever it is.
+			mark = "- (not judged: interrupted)"
+		case row.h.Quantile(0.99) > MaxUnknownP99:
 			mark = "FAIL"
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t\n", row.name, row.h.Count(),
@@ -458,7 +463,7 @@ func (r *Report) WriteTable(w, timing io.Writer) {
 	}
 	tw.Flush()
 	fmt.Fprintln(w)
-	r.Fairness.write(w)
+	r.Fairness.write(w, r.Interrupted)
 
 	f := r.Failures()
 	switch {

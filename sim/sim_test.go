@@ -394,6 +394,14 @@ func TestInterruptedRunGivesNoVerdict(t *testing.T) {
 	if f := rep.Failures(); len(f) != 0 {
 		t.Errorf("interrupted run without violations: failures %v, want none", f)
 	}
+	// Its UNKNOWN convergence and fairness rows are not judged either:
+	// they say so, not "ok" (it used to print ok for a p99 of nothing).
+	for _, line := range strings.Split(out, "\n") {
+		if (strings.HasPrefix(line, "RESERVATION_UNKNOWN") || strings.HasPrefix(line, "USAGE_UNKNOWN") || strings.HasPrefix(line, "tenants of weight")) &&
+			(strings.HasSuffix(strings.TrimSpace(line), " ok") || !strings.Contains(line, "not judged: interrupted")) {
+			t.Errorf("interrupted run: %q, want it marked not judged: interrupted", line)
+		}
+	}
 
 	rep.Gates[GateConservation] = 1
 	table.Reset()

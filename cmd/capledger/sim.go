@@ -67,7 +67,13 @@ Examples:
   capledger sim --interleavings 1000000           # the release gate
   capledger sim --seed 42 --interleavings 1 --trace   # replay one seed
 
-Exit codes: 0 every gate passed, 1 usage error, 6 a gate failed, 130 interrupted.
+CAPLEDGER_MUTANT=NAME selects a deliberately broken ledger or store in a
+binary built with -tags capledger_mutants (docs/SIMULATOR.md); a name it
+does not know (or any name, in a binary built without the tag) is a usage
+error that lists the known names.
+
+Exit codes: 0 every gate passed, 1 usage error (an unknown CAPLEDGER_MUTANT
+too), 6 a gate failed, 130 interrupted (no verdict, see the RESULT line).
 `
 
 func runSim(ctx context.Context, e *env, args []string) error {
@@ -94,6 +100,9 @@ func runSim(ctx context.Context, e *env, args []string) error {
 	recordShare := fs.Float64("record-share", def.RecordShare, "")
 	if err := parseNoArgs(fs, args); err != nil {
 		return err
+	}
+	if err := sim.CheckMutant(e.getenv("CAPLEDGER_MUTANT")); err != nil {
+		return usagef("%v", err)
 	}
 	if *interleavings < 1 {
 		return usagef("--interleavings %d: at least 1", *interleavings)
@@ -143,7 +152,7 @@ func runSim(ctx context.Context, e *env, args []string) error {
 	rep := sim.Run(ctx, &cfg, opts)
 	rep.WriteTable(e.stdout, e.stderr)
 	if ctx.Err() != nil {
-		return exitError{code: exitUsage, err: fmt.Errorf("interrupted after %d of %d interleavings", rep.Interleavings, *interleavings)}
+		return exitError{code: exitInterrupted, err: fmt.Errorf("interrupted after %d of %d interleavings", rep.Interleavings, *interleavings)}
 	}
 	if f := rep.Failures(); len(f) > 0 {
 		return exitError{code: exitDiscrepancies, err: fmt.Errorf("%d gate(s) failed; the first: %s", len(f), f[0])}

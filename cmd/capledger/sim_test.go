@@ -138,3 +138,75 @@ func TestSimDeadlineIsInclusive(t *testing.T) {
 		t.Errorf("--deadline %s, a second short of what seed 1 took: exit %d, want %d with a liveness violation\n%s", took-time.Second, code, exitDiscrepancies, out)
 	}
 }
+
+// A CAPLEDGER_MUTANT this binary does not know (misspelt, or any name in
+// a binary built without -tags capledger_mutants) is refused with exit 1
+// and the known names, before anything runs: run unmutated, it would pass
+// as if the simulator had missed the bug. A known name runs. Run it in
+// both builds: go test [-tags capledger_mutants] -run TestSimRefusesAnUnknownMutant ./cmd/capledger
+func TestSimRefusesAnUnknownMutant(t *testing.T) {
+	simWith := func(mutant string) (code int, stdout, stderr string) {
+		var out, errOut bytes.Buffer
+		getenv := func(k string) string {
+			if k == "CAPLEDGER_MUTANT" {
+				return mutant
+			}
+			return ""
+		}
+		code = run(context.Background(), &env{stdout: &out, stderr: &errOut, getenv: getenv},
+			[]string{"sim", "--seed", "1", "--interleavings", "1"})
+		return code, out.String(), errOut.String()
+	}
+	code, out, stderr := simWith("refund_twise")
+	if code != exitUsage || out != "" {
+		t.Fatalf("CAPLEDGER_MUTANT=refund_twise: exit %d, %d bytes of stdout (%q), want %d and nothing run",
+			code, len(out), out[strings.LastIndex(out, "RESULT")+1:], exitUsage)
+	}
+	names := sim.MutantNames()
+	if !strings.Contains(stderr, "CAPLEDGER_MUTANT=refund_twise") {
+		t.Errorf("stderr does not name the variable and its value: %q", stderr)
+	}
+	if len(names) == 0 && !strings.Contains(stderr, "-tags capledger_mutants") {
+		t.Errorf("a build without mutants: stderr does not say how to build one: %q", stderr)
+	}
+	for _, name := range names {
+		if !strings.Contains(stderr, name) {
+			t.Errorf("stderr does not list the known mutant %s: %q", name, stderr)
+		}
+	}
+	if len(names) > 0 {
+		// A known name is accepted: a verdict, not a usage error (the
+		// variants read the process environment, where it is unset here,
+		// so this run is unmutated).
+		if code, out, stderr := simWith(names[0]); code != exitOK && code != exitDiscrepancies {
+			t.Fatalf("CAPLEDGER_MUTANT=%s: exit %d\n%s\n%s", names[0], code, out, stderr)
+		}
+	}
+	if code, _, stderr := simWith(""); code != exitOK {
+		t.Fatalf("without CAPLEDGER_MUTANT: exit %d\n%s", code, stderr)
+	}
+}
+
+// An interrupted sim (its context cancelled, as Ctrl-C does) exits 130,
+// says after how many interleavings, and judges neither UNKNOWN
+// convergence nor fairness: no row of those tables says "ok".
+func TestSimInterruptedSaysSo(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	var out, errOut bytes.Buffer
+	code := run(ctx, &env{stdout: &out, stderr: &errOut, getenv: func(string) string { return "" }},
+		[]string{"sim", "--seed", "1", "--interleavings", "50", "--workers", "1"})
+	if code != exitInterrupted {
+		t.Fatalf("exit %d, want %d\n%s\n%s", code, exitInterrupted, out.String(), errOut.String())
+	}
+	if !strings.Contains(out.String(), "RESULT: INTERRUPTED after 0 of 50 interleavings") || !strings.Contains(errOut.String(), "interrupted") {
+		t.Errorf("no interrupted verdict:\n%s\n%s", out.String(), errOut.String())
+	}
+	for _, line := range strings.Split(out.String(), "\n") {
+		if strings.HasPrefix(line, "RESERVATION_UNKNOWN") || strings.HasPrefix(line, "USAGE_UNKNOWN") || strings.HasPrefix(line, "tenants of weight") {
+			if strings.HasSuffix(strings.TrimSpace(line), " ok") || !strings.Contains(line, "not judged: interrupted") {
+				t.Errorf("interrupted run: %q, want it marked not judged: interrupted", line)
+			}
+		}
+	}
+}

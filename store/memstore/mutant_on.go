@@ -2,7 +2,10 @@
 
 package memstore
 
-import "os"
+import (
+	"os"
+	"slices"
+)
 
 // mutantOn reports whether the named, deliberately broken variant of the
 // in-memory store is switched on: CAPLEDGER_MUTANT names it (as for the
@@ -14,4 +17,18 @@ import "os"
 //     one unit more minted and available in its first account's closing
 //     vector (which still balances), sealed again so that its digests
 //     still verify.
-func mutantOn(name string) bool { return os.Getenv("CAPLEDGER_MUTANT") == name }
+//
+// A name not in mutantNames panics (as the ledger's).
+func mutantOn(name string) bool {
+	if !slices.Contains(mutantNames, name) {
+		panic("memstore: mutant " + name + " is not in mutantNames")
+	}
+	return os.Getenv("CAPLEDGER_MUTANT") == name
+}
+
+// mutantNames are the variants above.
+var mutantNames = []string{"compaction_drops_entry", "checkpoint_wrong_closing"}
+
+// MutantNames returns the names CAPLEDGER_MUTANT can select in the
+// in-memory store (none without the capledger_mutants build tag).
+func MutantNames() []string { return slices.Clone(mutantNames) }
