@@ -307,3 +307,115 @@ func TestIntermediaryRetryAfterAndTooManyRequests(t *testing.T) {
 		t.Errorf("available %d, want %d (only the first reserve)", got, 10_000-100)
 	}
 }
+
+// A retry of a request served from a shard, after the shard ended and was
+// compacted out of the store, gets the same answer as before, from the
+// store: the Reserve replays (Retired) and is not sent to the ledger,
+// which does not know the id and would admit it anew (the capacity
+// charged a second time), nor admitted from a newer shard while the
+// ledger is unreachable; the settle answers "already settled" instead of
+// the ledger's NOT_FOUND. Also after a gateway restart.
+func TestARetryOfARequestServedFromAnEndedShardIsNeverAdmittedAgain(t *testing.T) {
+	dir := t.TempDir()
+	addr := startLedgerProcess(t, dir)
+	proxy, err := faultproxy.Start(addr, 12)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	ctx := context.Background()
+	direct, err := New(addr, noBreakerWatchdog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer direct.Close()
+	if _, _, err := direct.PublishPolicy(ctx, &ledgerv1.Policy{
+		Subject: "tenant-7", Route: "chat.generate", EmergencyMode: true,
+		Dimensions: []*ledgerv1.Dimension{{Unit: "tokens", Burst: 10_000}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	gw, err := newPartitionedGateway(proxy.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gw.Close()
+	storeDir := filepath.Join(dir, "gw-a")
+	store, err := OpenShardStore(storeDir, ShardStoreOptions{GatewayID: "gw-a", compactAt: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	em := NewEmergency(gw, store, EmergencyOptions{})
+	if _, err := em.Provision(ctx, ProvisionRequest{ShardID: "sh-1", Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 1000}, TTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	partition := func() {
+		proxy.SetFaults(faultproxy.Faults{Partition: true})
+		proxy.CutAll()
+	}
+	request := ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 100}}
+	partition()
+	octx, cancel := context.WithTimeout(ctx, offlineTimeout)
+	first, err := em.Reserve(octx, request)
+	cancel()
+	if err != nil || first.Local == nil {
+		t.Fatalf("offline reserve: %+v %v", first, err)
+	}
+	if err := em.Start(ctx, first.ReservationID, "op-1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := em.Settle(ctx, first.ReservationID, "op-1", Units{"tokens": 60}); err != nil {
+		t.Fatal(err)
+	}
+	heal(t, proxy, gw)
+	if _, err := em.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if shards := store.Shards(); len(shards) != 0 {
+		t.Fatalf("the ended shard was not compacted away: %+v", shards)
+	}
+	available := availableTokens(t, direct)
+
+	retry := request
+	retry.ReservationID, retry.RequestDigest = first.ReservationID, first.RequestDigest
+	retried := func(when string, em *Emergency) {
+		t.Helper()
+		r, err := em.Reserve(ctx, retry)
+		if err != nil || r.Local == nil || !r.Local.Replayed || !r.Local.Retired || r.Local.State != ledger.StateSettled {
+			t.Fatalf("%s: retried reserve: %+v %v, want the local receipt replayed (retired, SETTLED)", when, r, err)
+		}
+		if err := em.Settle(ctx, first.ReservationID, "op-1", Units{"tokens": 60}); !errors.Is(err, ledger.ErrReservationAlreadySettled) {
+			t.Fatalf("%s: retried settle: %v, want already settled", when, err)
+		}
+		if got := availableTokens(t, direct); got != available {
+			t.Fatalf("%s: available %d, was %d: the retry was charged again", when, got, available)
+		}
+	}
+	retried("ledger reachable", em)
+
+	// Unreachable, with a fresh shard that has room: still a replay.
+	if _, err := em.Provision(ctx, ProvisionRequest{ShardID: "sh-2", Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 1000}, TTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	available = availableTokens(t, direct)
+	partition()
+	octx, cancel = context.WithTimeout(ctx, offlineTimeout)
+	r, err := em.Reserve(octx, retry)
+	cancel()
+	if err != nil || r.Local == nil || !r.Local.Retired || r.Local.ShardID != "sh-1" {
+		t.Fatalf("offline retry: %+v %v, want the retired receipt of sh-1", r, err)
+	}
+	if shards := store.Shards(); len(shards) != 1 || shards[0].Available["tokens"] != 1000 {
+		t.Fatalf("the fresh shard admitted the retry: %+v", shards)
+	}
+	heal(t, proxy, gw)
+
+	// The gateway restarts.
+	store.Close()
+	store, err = OpenShardStore(storeDir, ShardStoreOptions{GatewayID: "gw-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	retried("after a restart", NewEmergency(gw, store, EmergencyOptions{}))
+}

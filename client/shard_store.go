@@ -25,7 +25,11 @@ import (
 // record before the operation returns. The log is compacted: once a
 // shard has ended (reported and fully resolved), its records are dropped
 // in a crash-safe rewrite when ended shards' records outweigh the rest
-// (see maybeCompact), and the shard leaves the store. Each shard's local ledger
+// (see maybeCompact), and the shard leaves the store; its reservations'
+// tombstones stay for ShardStoreOptions.TombstoneRetention, so a retried
+// id is answered as the ledger answers from its own tombstones, never
+// admitted again, and the newest fence of every subject key stays for
+// good (see shard_compact.go). Each shard's local ledger
 // (ledger.ShardLocal) keeps allocated = available + reserved + spent +
 // retired after every operation.
 //
@@ -55,22 +59,25 @@ type ShardStore struct {
 	order  []string
 	// byReservation maps a local reservation id to its shard.
 	byReservation map[string]string
-	// newestFence is the newest fence installed per subject key.
+	// newestFence is the newest fence installed per subject key, kept
+	// for every subject key the store ever held a shard for (compaction
+	// writes it as fence records), so a reopen still refuses an older
+	// fence after the shard that carried the newest one is gone.
 	newestFence map[ledger.PolicyKey]uint64
 	// logBytes is how many bytes of the log each shard's records take.
 	logBytes map[string]int64
 	// compactAt is the least number of bytes of ended shards' records
 	// the log is compacted for (shardLogCompactAt; tests lower it).
 	compactAt int64
-	// compacted are the ids of the shards that ended and were compacted
-	// away since the store opened (a few bytes each, against the records
-	// dropped). A caller may still name one it listed before: sealing and
-	// reporting it does nothing, as for any ended shard. And the ledger
-	// replays a shard's token to an IssueShard with its id, which still
-	// verifies for a shard of this boot: Install refuses them, or the
-	// spent and reconciled capacity of an ended shard would be admitted
-	// again.
-	compacted map[string]bool
+	// ended are the shards compacted away, as their tombstones, until
+	// they may be forgotten (endedShard.forgettable); retired maps each
+	// of their reservation ids to its tombstone. Both are replayed from
+	// the log's ended records, so they hold across reopens.
+	ended   map[string]*endedShard
+	retired map[string]*shardTombstone
+	// tombstoneRetention is how long an ended shard's tombstones are
+	// kept at least (ShardStoreOptions.TombstoneRetention).
+	tombstoneRetention time.Duration
 }
 
 // storedShard is one shard of the store.
@@ -118,7 +125,9 @@ const shardLogCompacting = "shards.log.compacting"
 const shardLogCompactAt = 256 << 10
 
 // shardRecord is one log record. Op is one of boot, install, reserve,
-// start, settle, release, unknown, seal, submitting, submitted.
+// start, settle, release, unknown, seal, submitting, submitted; and,
+// written only by a compaction, ended (an ended shard's tombstones) and
+// fence (the newest fence of a subject key).
 type shardRecord struct {
 	Op        string                `json:"op"`
 	At        int64                 `json:"at"`
@@ -132,6 +141,14 @@ type shardRecord struct {
 	Operation string                `json:"operation,omitempty"`
 	Amounts   ledger.Amounts        `json:"amounts,omitzero"`
 	Receipts  []ledger.ShardReceipt `json:"receipts,omitempty"`
+	// Account is an ended shard's account, or a fence record's subject
+	// key (its generation 0); Fence the fence of a fence record; Expires
+	// an ended shard's expiry (Unix nanoseconds); Tombstones its
+	// reservations.
+	Account    *ledger.AccountKey `json:"account,omitempty"`
+	Fence      uint64             `json:"fence,omitempty"`
+	Expires    int64              `json:"expires,omitempty"`
+	Tombstones []tombstoneRecord  `json:"tombstones,omitempty"`
 }
 
 // ShardStoreOptions configure OpenShardStore.
@@ -143,9 +160,21 @@ type ShardStoreOptions struct {
 	Keys ledger.ShardKeys
 	// Clock returns the time of operations (default time.Now).
 	Clock func() time.Time
+	// TombstoneRetention is how long, at least, the store answers for
+	// the reservation ids of a shard after the shard ended and was
+	// compacted away (default DefaultShardTombstoneRetention, the
+	// ledger's default `serve --tombstone-retention`; set it to the
+	// ledger's). Within it a retried id is answered from its tombstone,
+	// never admitted again; after it the id is unknown, as at the
+	// ledger after its tombstone horizon.
+	TombstoneRetention time.Duration
 	// compactAt overrides shardLogCompactAt (tests); negative: never.
 	compactAt int64
 }
+
+// DefaultShardTombstoneRetention is ShardStoreOptions.TombstoneRetention's
+// default: 30 days, as the ledger's `serve --tombstone-retention`.
+const DefaultShardTombstoneRetention = 720 * time.Hour
 
 // OpenShardStore opens (creating if needed) the store in dir, replays its
 // log and starts a new boot epoch. It returns an error wrapping
@@ -158,6 +187,12 @@ func OpenShardStore(dir string, opts ShardStoreOptions) (*ShardStore, error) {
 	}
 	if opts.Clock == nil {
 		opts.Clock = time.Now
+	}
+	if opts.TombstoneRetention < 0 {
+		return nil, errors.New("open shard store: the tombstone retention is negative")
+	}
+	if opts.TombstoneRetention == 0 {
+		opts.TombstoneRetention = DefaultShardTombstoneRetention
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("open shard store: %w", err)
@@ -174,6 +209,7 @@ func OpenShardStore(dir string, opts ShardStoreOptions) (*ShardStore, error) {
 		dir: dir, gatewayID: opts.GatewayID, keys: opts.Keys, clock: opts.Clock, lock: lock,
 		shards: map[string]*storedShard{}, byReservation: map[string]string{}, newestFence: map[ledger.PolicyKey]uint64{},
 		logBytes: map[string]int64{}, compactAt: shardLogCompactAt,
+		ended: map[string]*endedShard{}, retired: map[string]*shardTombstone{}, tombstoneRetention: opts.TombstoneRetention,
 	}
 	if opts.compactAt != 0 {
 		s.compactAt = opts.compactAt
@@ -349,6 +385,14 @@ func (s *ShardStore) apply(rec *shardRecord) error {
 		}
 		st.local.Seal(at)
 		return nil
+	case "ended":
+		return s.applyEnded(rec, at)
+	case "fence":
+		if rec.Account == nil {
+			return errors.New("fence record without a subject key")
+		}
+		s.raiseFence(rec.Account.SubjectKey(), rec.Fence)
+		return nil
 	case "submitting", "submitted":
 		st, ok := s.shards[rec.Shard]
 		if !ok {
@@ -418,8 +462,13 @@ func (s *ShardStore) install(sh *ledger.Shard, token []byte, units []string, at 
 	local.Units = slices.Clone(units)
 	s.shards[sh.ID] = &storedShard{local: local, token: slices.Clone(token), units: slices.Clone(units)}
 	s.order = append(s.order, sh.ID)
-	if sh.Fence > s.newestFence[key] {
-		s.newestFence[key] = sh.Fence
+	s.raiseFence(key, sh.Fence)
+}
+
+// raiseFence records fence as key's newest if it is newer.
+func (s *ShardStore) raiseFence(key ledger.PolicyKey, fence uint64) {
+	if fence > s.newestFence[key] {
+		s.newestFence[key] = fence
 	}
 }
 
@@ -472,9 +521,10 @@ func (s *ShardStore) GatewayID() string { return s.gatewayID }
 // Returns the shard; an error wrapping the ledger's verification error
 // (ErrShardSignature, ErrShardUnknownKey, ErrShardForeign,
 // ErrShardBootEpoch, ErrShardFenced, ErrShardExpired), ErrShardMalformed,
-// ledger.ErrShardIDReused when the shard id is already installed (or was, and
-// has ended and been compacted away in this boot), or a log
-// write error.
+// ledger.ErrShardIDReused when the shard id is already installed (or was,
+// and has ended and been compacted away, while its tombstones are kept:
+// until its expiry at least, after which its token no longer verifies),
+// or a log write error.
 func (s *ShardStore) Install(token []byte, units []string, keys ledger.ShardKeys) (*ledger.Shard, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -504,7 +554,7 @@ func (s *ShardStore) Install(token []byte, units []string, keys ledger.ShardKeys
 	if _, dup := s.shards[sh.ID]; dup {
 		return nil, fmt.Errorf("install shard %s: %w: already installed", sh.ID, ledger.ErrShardIDReused)
 	}
-	if s.compacted[sh.ID] {
+	if _, gone := s.ended[sh.ID]; gone {
 		return nil, fmt.Errorf("install shard %s: %w: it was installed, reconciled and has ended", sh.ID, ledger.ErrShardIDReused)
 	}
 	if err := s.append(&shardRecord{Op: "install", At: now.UnixNano(), Shard: sh.ID, Token: token, Units: units}); err != nil {
@@ -529,14 +579,23 @@ type LocalReceipt struct {
 	// Refunded is what this call gave back to the shard.
 	Refunded Units
 	Replayed bool
+	// Retired is set on an answer from the tombstone of a reservation
+	// whose shard ended and was compacted away (ShardStoreOptions.
+	// TombstoneRetention): only the ids, digest and state are kept, the
+	// units are empty, as for the ledger's retired receipts.
+	Retired bool
 }
 
-// Has reports whether id is a local reservation of this store.
+// Has reports whether id is a local reservation of this store: of a
+// shard it holds, or of an ended one whose tombstones it keeps. Every
+// call on such an id is answered by the store, never by the ledger,
+// which does not know it.
 func (s *ShardStore) Has(id string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	_, ok := s.byReservation[id]
-	return ok
+	_, live := s.byReservation[id]
+	_, retired := s.retired[id]
+	return live || retired
 }
 
 // current returns the shard that decides for key in this boot: the
@@ -557,6 +616,10 @@ func (s *ShardStore) current(key ledger.PolicyKey) (string, *storedShard) {
 // subject, route and region (empty region: "global").
 //
 // Returns the RESERVED receipt (Replayed for a repeated id and digest);
+// for the id of a reservation whose shard ended and was compacted away,
+// the answer of its tombstone (Replayed and Retired for the same digest,
+// else ErrDigestMismatch and ledger.ErrReservationRetired): a retry is
+// never admitted again while the tombstone is kept;
 // ErrNoShard when no shard of this boot covers the subject; errors wrapping
 // ledger.ErrShardSealed,
 // ledger.ErrInsufficientCapacity, ErrAdmissionFrozen, ErrShardExpired,
@@ -570,6 +633,9 @@ func (s *ShardStore) Reserve(id, digest, subject, route, region string, units Un
 	}
 	if region == "" {
 		region = ledger.DefaultRegion
+	}
+	if t, ok := s.retired[id]; ok {
+		return t.answer(id, "reserve", ledger.KindReserve, digest)
 	}
 	now := s.clock()
 	shardID := s.byReservation[id]
@@ -589,7 +655,11 @@ func (s *ShardStore) Reserve(id, digest, subject, route, region string, units Un
 
 // Start binds operationID to a local reservation (STARTED). Errors as
 // ledger.ShardLocal.Start, wrapped; ErrReservationNotFound for an id this
-// store does not hold.
+// store does not hold. On the id of a reservation whose shard ended and
+// was compacted away, this and the other calls below answer from its
+// tombstone (ledger.Tombstone.Answer: the error of its terminal state,
+// wrapping ledger.ErrReservationRetired; a release of a released one
+// replays).
 func (s *ShardStore) Start(id, operationID string) (*LocalReceipt, error) {
 	return s.reservationOp(&shardRecord{Op: "start", ID: id, Operation: operationID})
 }
@@ -617,6 +687,9 @@ func (s *ShardStore) reservationOp(rec *shardRecord, actual ...Units) (*LocalRec
 	defer s.mu.Unlock()
 	if s.broken != nil {
 		return nil, fmt.Errorf("local %s %s: %w: %v", rec.Op, rec.ID, ErrShardStoreBroken, s.broken)
+	}
+	if t, ok := s.retired[rec.ID]; ok {
+		return t.answer(rec.ID, rec.Op, tombstoneKinds[rec.Op], "")
 	}
 	shardID, ok := s.byReservation[rec.ID]
 	if !ok {
@@ -755,7 +828,7 @@ func (s *ShardStore) seal(shardID string) error {
 		return fmt.Errorf("seal %s: %w: %v", shardID, ErrShardStoreBroken, s.broken)
 	}
 	st, ok := s.shards[shardID]
-	if !ok && s.compacted[shardID] {
+	if _, gone := s.ended[shardID]; !ok && gone {
 		return nil // ended: sealed for good
 	}
 	if !ok {

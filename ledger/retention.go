@@ -95,6 +95,13 @@ func missing(err error, kind Kind) Result {
 	return Result{Err: err}
 }
 
+// Answer is what a command of kind on the removed reservation answers
+// (digest: the command's request digest, for reserve and record), as
+// fromTombstone decides it. The gateway's shard store answers for the
+// reservations of its ended shards with it, so a retried id gets the
+// same answers there as from the ledger's own tombstones.
+func (t *Tombstone) Answer(kind Kind, digest string) Result { return fromTombstone(t, kind, digest) }
+
 // fromTombstone answers a command on a removed reservation. The receipt is
 // the tombstone's (Retired set); nothing is debited, refunded or changed.
 //   - reserve with the stored digest: Replayed, as for a live row (a retry
