@@ -44,7 +44,10 @@ func (d *GenerationDrain) Drained() bool {
 
 // RunDrains runs one full pass of the drain worker now, on this replica
 // (leader or not: drains are ledger commands, safe next to the leader's),
-// and returns how many drain commands it ran. The worker does the same
+// and returns how many of its drain commands moved capacity or debt (one
+// for an account that holds only reservations, or is blocked by the
+// deciding account's burst, moves nothing and is not counted, so an
+// operator following a rollback sees 0 while nothing moves). The worker does the same
 // once per epoch interval; this is for an operator following a rollback.
 func (e *Engine) RunDrains(ctx context.Context) (int, error) {
 	p, _, err := e.core.DrainPager(ctx, e.opts.PageSize, nil)
@@ -64,10 +67,15 @@ func (e *Engine) RunDrains(ctx context.Context) (int, error) {
 		e.workerCmds.Add(uint64(len(cmds)))
 		for start := 0; start < len(cmds); start += e.opts.MaxBatch {
 			end := min(start+e.opts.MaxBatch, len(cmds))
-			if _, err := e.doMaintenance(ctx, cmds[start:end]); err != nil {
+			results, err := e.doMaintenance(ctx, cmds[start:end])
+			if err != nil {
 				return ran, fmt.Errorf("drains: %w", err)
 			}
-			ran += end - start
+			for i := range results {
+				if results[i].Move != nil {
+					ran++
+				}
+			}
 		}
 	}
 }

@@ -343,6 +343,50 @@ func TestDrainPagesCrossEntriesLeftBehind(t *testing.T) {
 	}
 }
 
+// RunDrains counts only drains that moved something: a superseded
+// account whose capacity cannot move because the deciding account is at
+// its burst gets a drain command on every pass, which moves nothing (an
+// operator following a rollback saw "1 drain command" on every poll while
+// nothing moved).
+func TestRunDrainsCountsOnlyDrainsThatMove(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	now := t0
+	e := New(st, Options{DisableWorkers: true, Clock: func() time.Time { return now }})
+	defer e.Close()
+	publish := func(burst int64) {
+		t.Helper()
+		p := ledger.Policy{Key: ledger.PolicyKey{Subject: ledger.AnySubject, Route: "chat.generate", Region: "eu"},
+			Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: burst}}}.WithDefaults()
+		if _, err := e.Do(ctx, ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	publish(1000)
+	if res, err := e.Do(ctx, reserveCmd("rl-1", 5)); err != nil || res.Err != nil {
+		t.Fatalf("reserve: %+v, %v", res, err)
+	}
+	publish(10) // generation 2 starts at its burst: no room for generation 1's 995
+	// The subject's next command switches it to generation 2 (the switch
+	// is a move of its own); then nothing of generation 1 can move.
+	if res, err := e.Do(ctx, reserveCmd("rl-2", 1)); err != nil || res.Err != nil {
+		t.Fatalf("reserve under generation 2: %+v, %v", res, err)
+	}
+	progress, err := e.DrainProgress(ctx, []uint64{1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if progress[0].Available == (ledger.Amounts{}) {
+		t.Fatalf("generation 1 holds no available capacity: %+v", progress[0])
+	}
+	for pass := range 2 {
+		if ran, err := e.RunDrains(ctx); err != nil || ran != 0 {
+			t.Fatalf("pass %d: RunDrains counted %d drains, %v; want 0 (nothing can move)", pass, ran, err)
+		}
+	}
+	auditClean(t, e)
+}
+
 // slowCatchUpStore stands for a store whose epoch index catch-up takes a
 // while (a million entries left behind by a rollover): every call
 // reports more to do until it has been called calls times, and step runs

@@ -1657,7 +1657,9 @@ func (x *GenerationDrain) GetUnreconciledLegacyUnits() map[string]int64 {
 type DrainProgressResponse struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	Generations []*GenerationDrain     `protobuf:"bytes,1,rep,name=generations,proto3" json:"generations,omitempty"`
-	// Drain commands run on demand by this call (run_drains).
+	// Drain commands run on demand by this call (run_drains) that moved
+	// capacity or debt; one that could move nothing (blocked by the
+	// deciding account's burst) is not counted.
 	DrainCommands int64 `protobuf:"varint,2,opt,name=drain_commands,json=drainCommands,proto3" json:"drain_commands,omitempty"`
 	// True when every generation asked for is drained.
 	Drained       bool                   `protobuf:"varint,3,opt,name=drained,proto3" json:"drained,omitempty"`
