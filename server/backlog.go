@@ -91,6 +91,7 @@ func (s *Server) ListUsageUnknown(ctx context.Context, req *connect.Request[v1.L
 		resp.NextPageToken = s.sealNext(ctx, "ListUsageUnknown", unknownToken(*next, query))
 	}
 	if s.resolver != nil {
+		resp.ResolverConfigured = true
 		resp.OverdueReservationIds = overdueFirst(s.resolver, rows, s.clock())
 		if !scoped(ctx) { // store-wide, as the backlog
 			resp.Overdue = s.resolver.ResolverStats().Overdue

@@ -45,6 +45,7 @@ func ids(t *testing.T, page map[string]any) []string {
 func TestListUsageUnknown(t *testing.T) {
 	h := newHarness(t, harnessOptions{})
 	h.ok("PublishPolicy", tokensPolicy, "")
+	// Without a resolver resolverConfigured is false (left out) too.
 	empty := h.ok("ListUsageUnknown", `{}`, "")
 	if len(empty) != 0 {
 		t.Fatalf("empty backlog answered %v", empty)

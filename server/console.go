@@ -336,7 +336,7 @@ func (c consoleService) ListAccountStandings(ctx context.Context, req *connect.R
 	if m.GetInDebt() {
 		accounts, policies, err = c.debtors(ctx, limit)
 	} else {
-		accounts, policies, err = c.accounts(ctx)
+		accounts, policies, err = c.accounts(ctx, standingsKey(m))
 	}
 	if err != nil {
 		return nil, err
@@ -347,7 +347,8 @@ func (c consoleService) ListAccountStandings(ctx context.Context, req *connect.R
 	for i := range accounts {
 		a := &accounts[i]
 		k := a.Key
-		if (m.GetSubjectContains() != "" && !strings.Contains(k.Subject, m.GetSubjectContains())) ||
+		if (m.GetSubject() != "" && m.GetSubject() != k.Subject) ||
+			(m.GetSubjectContains() != "" && !strings.Contains(k.Subject, m.GetSubjectContains())) ||
 			(m.GetRoute() != "" && m.GetRoute() != k.Route) || (m.GetRegion() != "" && m.GetRegion() != k.Region) ||
 			(m.GetPolicyGeneration() != 0 && m.GetPolicyGeneration() != k.Generation) {
 			continue
@@ -378,10 +379,22 @@ func (c consoleService) ListAccountStandings(ctx context.Context, req *connect.R
 	return connect.NewResponse(resp), nil
 }
 
-// accounts returns every account in the caller's scope (as GetAccount
-// shows them, in key order) and every policy.
-func (c consoleService) accounts(ctx context.Context) ([]ledger.Account, []ledger.Policy, *connect.Error) {
-	all, err := c.s.ledger.Accounts(ctx, ledger.PolicyKey{})
+// standingsKey is the one subject key a ListAccountStandings request
+// names whole (subject, route and region), whose accounts alone need be
+// read; the zero key (read every account) when it names less.
+func standingsKey(m *v1.ListAccountStandingsRequest) ledger.PolicyKey {
+	if m.GetSubject() == "" || m.GetRoute() == "" || m.GetRegion() == "" {
+		return ledger.PolicyKey{}
+	}
+	return ledger.PolicyKey{Subject: m.GetSubject(), Route: m.GetRoute(), Region: m.GetRegion()}
+}
+
+// accounts returns the accounts of key (every account for the zero key)
+// in the caller's scope (as GetAccount shows them, in key order) and
+// every policy. The callers filter the rows again: a store may return
+// rows of other keys.
+func (c consoleService) accounts(ctx context.Context, key ledger.PolicyKey) ([]ledger.Account, []ledger.Policy, *connect.Error) {
+	all, err := c.s.ledger.Accounts(ctx, key)
 	if err != nil {
 		return nil, nil, readError("accounts", ReasonAccountNotFound, err)
 	}
@@ -453,7 +466,7 @@ func standing(a *ledger.Account, p *ledger.Policy, active bool, now time.Time) *
 
 // GetFairness implements ConsoleService.GetFairness.
 func (c consoleService) GetFairness(ctx context.Context, req *connect.Request[v1.GetFairnessRequest]) (*connect.Response[v1.GetFairnessResponse], error) {
-	accounts, policies, cerr := c.accounts(ctx)
+	accounts, policies, cerr := c.accounts(ctx, ledger.PolicyKey{})
 	if cerr != nil {
 		return nil, cerr
 	}

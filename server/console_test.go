@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -342,5 +344,104 @@ func TestRepaidAtOfADebtBeyondTheHorizonIsAbsent(t *testing.T) {
 	want := h.clock.Now().Add(2_000_000 * time.Hour)
 	if at, err := time.Parse(time.RFC3339, fmt.Sprint(near["repaidAt"])); err != nil || !at.Equal(want) || num(near["debt"]) != 2_000_000 {
 		t.Errorf("near debt: %v, want repaidAt %v", near, want)
+	}
+}
+
+// accountListKeys records the subject keys the engine lists accounts of.
+type accountListKeys struct {
+	store.Store
+	mu   sync.Mutex
+	keys []ledger.PolicyKey
+}
+
+func (s *accountListKeys) AccountList(ctx context.Context, key ledger.PolicyKey) ([]ledger.Account, error) {
+	s.mu.Lock()
+	s.keys = append(s.keys, key)
+	s.mu.Unlock()
+	return s.Store.AccountList(ctx, key)
+}
+
+// similarSubjects are the 1110 subjects of t10 .. t1999 that contain
+// "t1": t10 .. t19, t100 .. t199, t1000 .. t1999.
+func similarSubjects() []string {
+	var out []string
+	for i := 10; i < 2000; i++ {
+		if subject := fmt.Sprintf("t%d", i); strings.HasPrefix(subject, "t1") {
+			out = append(out, subject)
+		}
+	}
+	return out
+}
+
+// The console's tenant page asks for one subject's standing. With
+// subjectContains and limit 1000, "t1" is not found when more than 1000
+// other subjects contain it and stand nearer their limit (similarSubjects);
+// the exact subject filter finds it, and only it, and with route and
+// region reads that one subject key's accounts, not every account. A
+// scoped token asking for a subject outside its scope gets what an
+// unknown subject gets.
+func TestConsoleStandingsOfOneSubjectExactly(t *testing.T) {
+	lists := &accountListKeys{}
+	h := newHarness(t, harnessOptions{auth: true, tokens: consoleTokens, wrapStore: func(st store.Store) store.Store {
+		lists.Store = st
+		return lists
+	}})
+	h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"chat.generate",
+	  "dimensions":[{"unit":"tokens","burst":"100","refillUnits":"10","refillInterval":"3600s"}]}}`, adminToken)
+	h.ok("Reserve", reserveFor("r-t1", "t1", 1), adminToken)
+	var items []string
+	for _, subject := range similarSubjects() {
+		items = append(items, reserveFor("r-"+subject, subject, 2))
+		if len(items) == 500 {
+			h.ok("ReserveBatch", `{"requests":[`+strings.Join(items, ",")+`]}`, adminToken)
+			items = nil
+		}
+	}
+	h.ok("ReserveBatch", `{"requests":[`+strings.Join(items, ",")+`]}`, adminToken)
+	h.ok("Reserve", reserveFor("r-other", "tenant-b/u1", 1), adminToken)
+
+	subjects := func(got map[string]any) []string {
+		var out []string
+		for _, a := range got["accounts"].([]any) {
+			out = append(out, field(a.(map[string]any), "account", "subject").(string))
+		}
+		return out
+	}
+	contains := h.consoleOK("ListAccountStandings", `{"subjectContains":"t1","limit":1000}`, consoleViewer)
+	if num(contains["matched"]) != 1111 || slices.Contains(subjects(contains), "t1") {
+		t.Fatalf("subjectContains t1: matched %v, t1 listed %v; want 1111 matched and t1 beyond the limit (the case the exact filter is for)",
+			contains["matched"], slices.Contains(subjects(contains), "t1"))
+	}
+
+	lists.mu.Lock()
+	lists.keys = nil
+	lists.mu.Unlock()
+	exact := h.consoleOK("ListAccountStandings", `{"subject":"t1","route":"chat.generate","region":"global","limit":1000}`, consoleViewer)
+	if got := subjects(exact); num(exact["matched"]) != 1 || !slices.Equal(got, []string{"t1"}) {
+		t.Fatalf("subject t1 on its route and region: matched %v, %v; want t1 alone", exact["matched"], got)
+	}
+	if acc := exact["accounts"].([]any)[0].(map[string]any); acc["usedFraction"].(float64) != 0.01 {
+		t.Errorf("t1's standing %v, want usedFraction 0.01", acc)
+	}
+	lists.mu.Lock()
+	read := slices.Clone(lists.keys)
+	lists.mu.Unlock()
+	if want := (ledger.PolicyKey{Subject: "t1", Route: "chat.generate", Region: "global"}); !slices.Equal(read, []ledger.PolicyKey{want}) {
+		t.Errorf("accounts listed for the exact subject key: %v, want only %v", read, want)
+	}
+
+	if got := h.consoleOK("ListAccountStandings", `{"subject":"t1"}`, consoleViewer); num(got["matched"]) != 1 || !slices.Equal(subjects(got), []string{"t1"}) {
+		t.Errorf("subject t1 on any route: %v", got)
+	}
+	if got := h.consoleOK("ListAccountStandings", `{"subject":"t1","subjectContains":"t10"}`, consoleViewer); num(got["matched"]) != 0 {
+		t.Errorf("subject t1 and subjectContains t10 (both apply): %v", got)
+	}
+	unknown := h.consoleOK("ListAccountStandings", `{"subject":"nobody","route":"chat.generate","region":"global"}`, consoleScoped)
+	outside := h.consoleOK("ListAccountStandings", `{"subject":"t1","route":"chat.generate","region":"global"}`, consoleScoped)
+	if fmt.Sprint(unknown) != fmt.Sprint(outside) {
+		t.Errorf("scoped token: a subject outside the scope answers %v, an unknown one %v", outside, unknown)
+	}
+	if got := h.consoleOK("ListAccountStandings", `{"subject":"tenant-b/u1","route":"chat.generate","region":"global"}`, consoleScoped); !slices.Equal(subjects(got), []string{"tenant-b/u1"}) {
+		t.Errorf("scoped token, its own subject: %v", got)
 	}
 }

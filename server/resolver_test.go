@@ -40,6 +40,11 @@ func TestOverdueUnknownAreListedFirstAndCounted(t *testing.T) {
 	if got := ids(t, page); !slices.Equal(got, []string{"u-old", "u-mid", "u-young"}) || page["overdueReservationIds"] != nil {
 		t.Fatalf("before any deadline: %v %v", got, page["overdueReservationIds"])
 	}
+	// Nothing overdue, but the deadlines are there: the console tells
+	// this 0 from a server without a resolver (TestListUsageUnknown).
+	if page["resolverConfigured"] != true {
+		t.Errorf("resolverConfigured %v with serve --resolver-config", page["resolverConfigured"])
+	}
 
 	h.clock.Advance(2 * time.Minute)
 	h.engine.RunResolver(context.Background())

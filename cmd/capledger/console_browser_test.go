@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -409,6 +410,14 @@ func fmtInt(v int64) string {
 		return "-" + s
 	}
 	return s
+}
+
+// fmtPct is the page's fmtPct: a percentage with one decimal, thousands
+// separated.
+func fmtPct(f float64) string {
+	whole, frac, _ := strings.Cut(strconv.FormatFloat(100*f, 'f', 1, 64), ".")
+	v, _ := strconv.ParseInt(whole, 10, 64)
+	return fmtInt(v) + "." + frac + "%"
 }
 
 func writeConsoleTokens(t *testing.T) string {
@@ -831,7 +840,7 @@ func checkSubjectReservations(t *testing.T, b *browser, res *v1.ListSubjectReser
 // token scoped to tenant-a: no other tenant's name or number appears.
 func TestConsoleBrowserScopedTokenSeesOnlyItsTenant(t *testing.T) {
 	chromiumPath(t)
-	base := startInProcess(t, "--tokens", writeConsoleTokens(t))
+	base := startInProcess(t, "--tokens", writeConsoleTokens(t), "--resolver-config", runningGateway(t))
 	consoleTraffic(t, base)
 	b := newBrowser(t, base)
 	b.do(chromedp.Navigate(base + "/ui/#tenants"))
@@ -886,10 +895,12 @@ func TestConsoleBrowserWithoutAuth(t *testing.T) {
 	b.open("tenants")
 	b.want(`[data-value="matched"]`, "0")
 	// An empty backlog is still the whole backlog's figures (zeros, which
-	// the API leaves out), not a scoped token's "of those listed".
+	// the API leaves out). Without --resolver-config there are no
+	// deadlines: the page says so instead of "0 past unknownDeadline".
 	b.open("backlog")
 	b.want(`[data-value="backlog"]`, "0")
-	b.want(`[data-card="overdue"] .sub`, "at the resolver's last scan")
+	b.want(`[data-value="overdue"]`, "—")
+	b.want(`[data-card="overdue"] .sub`, "this server runs no resolver (serve --resolver-config), so no deadline")
 	b.noConsoleErrors(false)
 }
 
@@ -1106,6 +1117,16 @@ func TestConsoleBrowserDebtRepaidBeyondRefillHorizon(t *testing.T) {
 	b.open("tenants")
 	b.want(fmt.Sprintf(`tr[data-key="tenant-huge/chat.generate@global#%d"] td[data-field="repaid"]`, hugeGen), "tokens more than 292 years off")
 	b.want(fmt.Sprintf(`tr[data-key="tenant-norefill/chat.generate@global#%d"] td[data-field="repaid"]`, bareGen), "tokens no refill rule")
+	// A used fraction of ten million (debt of 10^5 bursts) is thousands
+	// separated, as every other number on the page.
+	for _, s := range st.Accounts {
+		if s.Account.Subject == "tenant-huge" {
+			b.want(fmt.Sprintf(`tr[data-key="tenant-huge/chat.generate@global#%d"] td[data-field="used"]`, hugeGen), fmtPct(s.UsedFraction))
+			if got := fmtPct(s.UsedFraction); got != "1,000,000,000.0%" {
+				t.Errorf("tenant-huge's used fraction %v formats as %q, want 1,000,000,000.0%%", s.UsedFraction, got)
+			}
+		}
+	}
 	b.noConsoleErrors(false)
 }
 
@@ -1209,5 +1230,73 @@ func TestConsoleBrowserRateChartsCoverAtMost15Minutes(t *testing.T) {
 	if last-first > 15*60 {
 		t.Errorf("the rate chart's samples %q span %.0f s, more than 15 minutes", got, last-first)
 	}
+	b.noConsoleErrors(false)
+}
+
+// TestConsoleBrowserTenantAmongSimilarSubjects: the tenant page of t1
+// shows t1's standing although 1110 other subjects contain "t1" (t10 ..
+// t1999) and all stand nearer their limit, so a search by subjectContains
+// with the largest limit (1000) leaves t1 out. The page asks for the
+// subject exactly.
+func TestConsoleBrowserTenantAmongSimilarSubjects(t *testing.T) {
+	chromiumPath(t)
+	base := startInProcess(t)
+	var pub v1.PublishPolicyResponse
+	mustCall(t, base, "", "LedgerService/PublishPolicy", &v1.PublishPolicyRequest{Policy: &v1.Policy{
+		Subject: "*", Route: "chat.generate", HoldTtl: durationpb.New(time.Hour),
+		Dimensions: []*v1.Dimension{{Unit: "tokens", Burst: 100, RefillUnits: 10, RefillInterval: durationpb.New(time.Hour)}},
+	}}, &pub)
+	gen := pub.Policy.GetGeneration()
+	reserve := func(subject string, tokens int64) *v1.ReserveRequest {
+		return &v1.ReserveRequest{ReservationId: "r-" + subject, Subject: subject, Route: "chat.generate", Units: map[string]int64{"tokens": tokens}}
+	}
+	mustCall(t, base, "", "LedgerService/Reserve", reserve("t1", 1), &v1.ReserveResponse{})
+	// t10 .. t19, t100 .. t199, t1000 .. t1999: 1110 subjects containing
+	// "t1", each nearer its limit than t1.
+	var similar []string
+	for i := 10; i < 2000; i++ {
+		if subject := fmt.Sprintf("t%d", i); strings.HasPrefix(subject, "t1") {
+			similar = append(similar, subject)
+		}
+	}
+	for from := 0; from < len(similar); from += 500 {
+		batch := &v1.ReserveBatchRequest{}
+		for _, subject := range similar[from:min(from+500, len(similar))] {
+			batch.Requests = append(batch.Requests, reserve(subject, 2))
+		}
+		var resp v1.ReserveBatchResponse
+		mustCall(t, base, "", "LedgerService/ReserveBatch", batch, &resp)
+		for i, out := range resp.Outcomes {
+			if out.GetOk() == nil {
+				t.Fatalf("batch item %d: %v", i, out)
+			}
+		}
+	}
+	var contains v1.ListAccountStandingsResponse
+	mustCall(t, base, "", "ConsoleService/ListAccountStandings", &v1.ListAccountStandingsRequest{SubjectContains: "t1", Route: "chat.generate", Region: "global", Limit: 1000}, &contains)
+	for _, s := range contains.Accounts {
+		if s.Account.Subject == "t1" {
+			t.Fatalf("subjectContains t1 lists t1 among its first 1000 of %d: the case this test is for is gone", contains.Matched)
+		}
+	}
+	var exact v1.ListAccountStandingsResponse
+	mustCall(t, base, "", "ConsoleService/ListAccountStandings", &v1.ListAccountStandingsRequest{Subject: "t1", Route: "chat.generate", Region: "global"}, &exact)
+	if len(exact.Accounts) != 1 {
+		t.Fatalf("the exact standing of t1: %v", exact.Accounts)
+	}
+	want := exact.Accounts[0]
+
+	b := newBrowser(t, base)
+	b.do(chromedp.Navigate(base + "/ui/#tenants/t1/chat.generate/global"))
+	b.waitRendered("tenants/t1/chat.generate/global")
+	row := fmt.Sprintf(`tr[data-key="t1/chat.generate@global#%d"]`, gen)
+	b.want(row+` td[data-field="subject"]`, "t1")
+	b.want(row+` td[data-field="used"]`, fmtPct(want.UsedFraction))
+	d := want.Dimensions[0]
+	b.want(row+` td[data-field="available"]`, fmt.Sprintf("tokens %s/%s", fmtInt(d.Available), fmtInt(d.Burst)))
+	if n := b.count(`tr[data-key^="t1"]`); n != 1 {
+		t.Errorf("the tenant page of t1 shows %d standing rows, want t1's one", n)
+	}
+	b.screenshot("tenant-among-similar")
 	b.noConsoleErrors(false)
 }

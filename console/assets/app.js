@@ -69,9 +69,12 @@ const rollouts = (m, b) => call("RolloutService", m, b);
 
 // protojson writes 64-bit integers as strings and leaves zeros out.
 const n = (v) => (v === undefined || v === null || v === "" ? 0 : Number(v));
+// Every number the page shows goes through fmtInt or fmtDec: thousands
+// separated, the same everywhere.
 const fmtInt = (v) => n(v).toLocaleString("en-US");
-const fmtPct = (f) => (100 * f).toFixed(1) + "%";
-const fmtSec = (s) => (s >= 1 ? s.toFixed(2) + " s" : (s * 1000).toFixed(s < 0.01 ? 2 : 1) + " ms");
+const fmtDec = (v, digits) => n(v).toLocaleString("en-US", { minimumFractionDigits: digits, maximumFractionDigits: digits });
+const fmtPct = (f) => fmtDec(100 * f, 1) + "%";
+const fmtSec = (s) => (s >= 1 ? fmtDec(s, 2) + " s" : (s * 1000).toFixed(s < 0.01 ? 2 : 1) + " ms");
 const fmtTime = (t) => (t ? new Date(t).toISOString().replace("T", " ").replace(/\.\d+Z$/, "Z") : "—");
 function fmtAge(t, now) {
   if (!t) return "—";
@@ -79,7 +82,7 @@ function fmtAge(t, now) {
   if (s < 120) return s + " s";
   if (s < 7200) return Math.round(s / 60) + " min";
   if (s < 172800) return (s / 3600).toFixed(1) + " h";
-  return (s / 86400).toFixed(1) + " d";
+  return fmtDec(s / 86400, 1) + " d";
 }
 const mode = (m) => (m || "ROLLOUT_MODE_ENFORCE").replace("ROLLOUT_MODE_", "").toLowerCase();
 const stateName = (s) => (s || "").replace("RESERVATION_STATE_", "");
@@ -323,7 +326,7 @@ pages.tenants = async function (main, args) {
   main.append(form);
   const resp = await console_("ListAccountStandings", { subjectContains: q, limit });
   main.append(el("p", { class: "note" }, "Nearest their limit first (accounts in debt before all others): ",
-    el("span", { "data-value": "matched" }, fmtInt(resp.matched)), " accounts match, showing ", String((resp.accounts || []).length), "."));
+    el("span", { "data-value": "matched" }, fmtInt(resp.matched)), " accounts match, showing ", fmtInt((resp.accounts || []).length), "."));
   main.append(table(standingHeaders, (resp.accounts || []).map(standingRow), "No account matches."));
 };
 
@@ -333,13 +336,14 @@ async function tenantDetail(main, subject, route, region) {
   main.append(el("h1", {}, "Tenant ", el("span", { "data-value": "subject" }, subject), " on ", route, " @ ", region));
   const [acc, standing, unknown] = await Promise.all([
     ledger("GetAccount", { subject, route, region }),
-    console_("ListAccountStandings", { subjectContains: subject, route, region, limit: 1000 }),
+    // Exactly this subject's accounts on this route: subjectContains
+    // would match t10 .. t19999 for t1, and the limit could leave t1 out.
+    console_("ListAccountStandings", { subject, route, region, limit: 1000 }),
     ledger("ListUsageUnknown", { subject, route, pageSize: 1000 }).catch((err) => ({ error: err })),
   ]);
   const accounts = acc.accounts || [];
   if (!accounts.length) { main.append(el("p", { class: "empty" }, "This subject has no account on this route (it never reserved).")); return; }
-  const standings = (standing.accounts || []).filter((s) => s.account.subject === subject);
-  main.append(table(standingHeaders, standings.map(standingRow)));
+  main.append(table(standingHeaders, (standing.accounts || []).map(standingRow)));
   const now = Date.now();
   for (const a of accounts) {
     const gen = n(a.policyGeneration);
@@ -476,6 +480,12 @@ pages.backlog = async function (main) {
   if (!ov.scoped) {
     cards.append(card("backlog", "Whole backlog", fmtInt(resp.backlog),
       resp.oldestUsageUnknownAt ? "oldest marked " + fmtAge(resp.oldestUsageUnknownAt, now) + " ago" : "nothing waiting"));
+  }
+  if (!resp.resolverConfigured) {
+    // Without deadlines nothing is ever overdue: a 0 would say the
+    // backlog is within them.
+    cards.append(card("overdue", "Past unknownDeadline", "—", "this server runs no resolver (serve --resolver-config), so no deadline"));
+  } else if (!ov.scoped) {
     cards.append(card("overdue", "Past unknownDeadline", fmtInt(resp.overdue), "at the resolver's last scan"));
   } else {
     // A scoped token gets no store-wide figures: count what is listed.
@@ -547,7 +557,7 @@ pages.policies = async function (main) {
         td("generation", gen), td("subject", p.subject), td("route", p.route), td("region", p.region), td("published", fmtTime(p.publishedAt)),
         td("mode", mode(p.rollout)), td("state", p.rolledBack ? "rolled back" : p.active ? "active" : "superseded"),
         td("dimensions", (p.dimensions || []).map((x) => x.unit + ": burst " + fmtInt(x.burst) + ", +" + fmtInt(x.refillUnits) + "/" + (x.refillInterval || "—")).join("; ")),
-        td("drain", d ? fmtInt(d.left) + " on " + d.accounts + " accounts" : "", true));
+        td("drain", d ? fmtInt(d.left) + " on " + fmtInt(d.accounts) + " accounts" : "", true));
     }), "No policy published."));
   const rolledBack = policies.filter((p) => p.rolledBack).map((p) => n(p.generation));
   if (rolledBack.length && !scoped) await drainPanel(main, rolledBack);
@@ -642,8 +652,8 @@ pages.fairness = async function (main) {
       { label: "fair share", num: true }, { label: "e_i", num: true }, { label: "budget", num: true }, "within"],
     (g.subjects || []).map((s) => el("tr", { "data-key": g.route + "@" + g.region + "/" + g.unit + "/" + s.subject },
       td("subject", s.subject), td("generation", n(s.policyGeneration)), td("weight", fmtInt(s.weight), true), td("spent", fmtInt(s.spent), true),
-      td("served", fmtPct(n(s.servedShare)), true), td("fair", fmtPct(n(s.fairShare)), true), td("error", n(s.error).toFixed(3), true),
-      td("budget", n(s.budget).toFixed(3), true), td("within", s.withinBudget ? "yes" : "NO")))));
+      td("served", fmtPct(n(s.servedShare)), true), td("fair", fmtPct(n(s.fairShare)), true), td("error", fmtDec(s.error, 3), true),
+      td("budget", fmtDec(s.budget, 3), true), td("within", s.withinBudget ? "yes" : "NO")))));
   }
 };
 

@@ -2654,9 +2654,14 @@ type ListUsageUnknownResponse struct {
 	// How many USAGE_UNKNOWN reservations were past their deadline at the
 	// resolver's last complete scan of the backlog (this replica's), as
 	// the metric capledger_usage_unknown_overdue; 0 without deadlines.
-	Overdue       int64 `protobuf:"varint,6,opt,name=overdue,proto3" json:"overdue,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Overdue int64 `protobuf:"varint,6,opt,name=overdue,proto3" json:"overdue,omitempty"`
+	// Whether this replica runs the USAGE_UNKNOWN resolver's deadlines
+	// (serve --resolver-config). Without them no reservation is ever
+	// overdue: overdue and overdue_reservation_ids are empty, which says
+	// nothing about the backlog.
+	ResolverConfigured bool `protobuf:"varint,7,opt,name=resolver_configured,json=resolverConfigured,proto3" json:"resolver_configured,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *ListUsageUnknownResponse) Reset() {
@@ -2729,6 +2734,13 @@ func (x *ListUsageUnknownResponse) GetOverdue() int64 {
 		return x.Overdue
 	}
 	return 0
+}
+
+func (x *ListUsageUnknownResponse) GetResolverConfigured() bool {
+	if x != nil {
+		return x.ResolverConfigured
+	}
+	return false
 }
 
 type ListDebtsRequest struct {
@@ -3550,14 +3562,15 @@ const file_capledger_v1_capledger_proto_rawDesc = "" +
 	"\x05route\x18\x02 \x01(\tR\x05route\x12\x1b\n" +
 	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x04 \x01(\tR\tpageToken\"\xc0\x02\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\"\xf1\x02\n" +
 	"\x18ListUsageUnknownResponse\x12=\n" +
 	"\freservations\x18\x01 \x03(\v2\x19.capledger.v1.ReservationR\freservations\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\x12\x18\n" +
 	"\abacklog\x18\x03 \x01(\x03R\abacklog\x12Q\n" +
 	"\x17oldest_usage_unknown_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x14oldestUsageUnknownAt\x126\n" +
 	"\x17overdue_reservation_ids\x18\x05 \x03(\tR\x15overdueReservationIds\x12\x18\n" +
-	"\aoverdue\x18\x06 \x01(\x03R\aoverdue\"N\n" +
+	"\aoverdue\x18\x06 \x01(\x03R\aoverdue\x12/\n" +
+	"\x13resolver_configured\x18\a \x01(\bR\x12resolverConfigured\"N\n" +
 	"\x10ListDebtsRequest\x12\x1b\n" +
 	"\tpage_size\x18\x01 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +

@@ -1294,7 +1294,13 @@ type ListAccountStandingsRequest struct {
 	// scoped token possibly fewer: it reads as many store pages as one
 	// ListDebts call), then filtered and ordered as above; matched counts
 	// those.
-	InDebt        bool `protobuf:"varint,6,opt,name=in_debt,json=inDebt,proto3" json:"in_debt,omitempty"`
+	InDebt bool `protobuf:"varint,6,opt,name=in_debt,json=inDebt,proto3" json:"in_debt,omitempty"`
+	// Only this subject, exactly; empty: every subject. With route and
+	// region too, only that subject key's accounts are read, not every
+	// account. A subject that is part of many others' names (t1 of t10 ..
+	// t19999) is found by this, where subject_contains and limit may leave
+	// it out.
+	Subject       string `protobuf:"bytes,7,opt,name=subject,proto3" json:"subject,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1369,6 +1375,13 @@ func (x *ListAccountStandingsRequest) GetInDebt() bool {
 		return x.InDebt
 	}
 	return false
+}
+
+func (x *ListAccountStandingsRequest) GetSubject() string {
+	if x != nil {
+		return x.Subject
+	}
+	return ""
 }
 
 type ListAccountStandingsResponse struct {
@@ -2004,14 +2017,15 @@ const file_capledger_v1_console_proto_rawDesc = "" +
 	"\x06detail\x18\x03 \x01(\tR\x06detail\x125\n" +
 	"\basked_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\aaskedAt\x12\x1a\n" +
 	"\battempts\x18\x05 \x01(\x03R\battempts\x12B\n" +
-	"\x0fnext_attempt_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\rnextAttemptAt\"\xd2\x01\n" +
+	"\x0fnext_attempt_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\rnextAttemptAt\"\xec\x01\n" +
 	"\x1bListAccountStandingsRequest\x12)\n" +
 	"\x10subject_contains\x18\x01 \x01(\tR\x0fsubjectContains\x12\x14\n" +
 	"\x05route\x18\x02 \x01(\tR\x05route\x12\x16\n" +
 	"\x06region\x18\x03 \x01(\tR\x06region\x12+\n" +
 	"\x11policy_generation\x18\x04 \x01(\x04R\x10policyGeneration\x12\x14\n" +
 	"\x05limit\x18\x05 \x01(\x05R\x05limit\x12\x17\n" +
-	"\ain_debt\x18\x06 \x01(\bR\x06inDebt\"s\n" +
+	"\ain_debt\x18\x06 \x01(\bR\x06inDebt\x12\x18\n" +
+	"\asubject\x18\a \x01(\tR\asubject\"s\n" +
 	"\x1cListAccountStandingsResponse\x129\n" +
 	"\baccounts\x18\x01 \x03(\v2\x1d.capledger.v1.AccountStandingR\baccounts\x12\x18\n" +
 	"\amatched\x18\x02 \x01(\x03R\amatched\"\x96\x02\n" +
