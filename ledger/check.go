@@ -181,7 +181,8 @@ func checkBalance(b *Balance) error {
 //   - each shard account's RetiredForEmergency equals its shards' allocation,
 //     and each reconciled shard splits its allocation exactly;
 //   - with a complete journal: replaying it gives every account's balances,
-//     no reservation was refunded twice, every move is journaled at both
+//     no reservation was refunded twice (each life of an id, reused after
+//     its tombstone was forgotten, ends once), every move is journaled at both
 //     ends;
 //   - statements chain: each epoch opens with the previous closing;
 //   - the checkpoint chain verifies (VerifyCheckpoints), and the journal
@@ -355,7 +356,8 @@ func AuditWith(s *Snapshot, o AuditOptions) ([]Discrepancy, *Checkpoint) {
 	var (
 		replays   *replaySet
 		touched   int64
-		twice     []string
+		twice     []endedTwice
+		twiceAt   map[idKey]int // twice's index of a life ended twice so far
 		refunds   map[idKey]int32
 		receipts  moveEnds
 		journalRd error
@@ -366,7 +368,7 @@ func AuditWith(s *Snapshot, o AuditOptions) ([]Discrepancy, *Checkpoint) {
 		// reservation id, a fixed size smaller than most ids over a long
 		// journal, deterministic, and not open to ids crafted to collide
 		// (two ids of one key would be reported as one ended twice).
-		refunds = map[idKey]int32{}
+		refunds, twiceAt = map[idKey]int32{}, map[idKey]int{}
 		receipts = newMoveEnds(s.Moves)
 		cache := newIDCache()
 		journalRd = s.forEachJournal(func(pos int64, e *JournalEntry) {
@@ -383,10 +385,31 @@ func AuditWith(s *Snapshot, o AuditOptions) ([]Discrepancy, *Checkpoint) {
 				}
 				builder.add(pos, e, r)
 			}
-			if e.ReservationID != "" && e.To.Terminal() && e.From != e.To {
+			if begins, ends := e.Begins(), e.Ends(); begins || ends {
+				// Endings are counted per life of the id: an admission
+				// after the life before it ended begins a new count (the
+				// id was reused after its tombstone was forgotten); one
+				// while it has not ended stays in it, so a doubly
+				// admitted id's endings add up.
 				h := keyOf(e.ReservationID)
-				if refunds[h]++; refunds[h] == 2 {
-					twice = append(twice, e.ReservationID)
+				n := refunds[h]
+				if begins && n > 0 {
+					if n >= 2 {
+						delete(twiceAt, h)
+					}
+					delete(refunds, h)
+					n = 0
+				}
+				if ends {
+					n++
+					refunds[h] = n
+					switch {
+					case n == 2:
+						twiceAt[h] = len(twice)
+						twice = append(twice, endedTwice{id: e.ReservationID, times: n})
+					case n > 2:
+						twice[twiceAt[h]].times = n
+					}
 				}
 			}
 			receipts.note(e)
@@ -412,8 +435,8 @@ func AuditWith(s *Snapshot, o AuditOptions) ([]Discrepancy, *Checkpoint) {
 	if s.JournalComplete {
 		readErr("journal", journalRd)
 		out = append(out, pass.replayOut...)
-		for _, id := range twice {
-			add(CheckRefundOnce, AccountKey{}, id, "ended %d times", refunds[keyOf(id)])
+		for _, tw := range twice {
+			add(CheckRefundOnce, AccountKey{}, tw.id, "ended %d times", tw.times)
 		}
 		// A move's entries are written in one batch, so either the last
 		// checkpoint summarised both ends (it counts such moves) or the
@@ -479,6 +502,12 @@ func AuditWith(s *Snapshot, o AuditOptions) ([]Discrepancy, *Checkpoint) {
 	}
 	cp, found := s.cutCheckpoint(builder, replays, pass, o)
 	return append(out, found...), cp
+}
+
+// endedTwice is a life of a reservation id that ended more than once.
+type endedTwice struct {
+	id    string
+	times int32
 }
 
 // moveEnds are the accounts whose journal since the last checkpoint

@@ -1,6 +1,7 @@
 package ledger_test
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -297,5 +298,79 @@ func TestAuditProgressCountsAccounts(t *testing.T) {
 	if last != want {
 		t.Fatalf("progress ended at %d rows; want %d reservations + %d journal entries + %d accounts",
 			last, len(snap.Reservations), len(snap.Journal), len(snap.Accounts))
+	}
+}
+
+// TestAuditRefundOncePerLife: refund_once counts endings per life of an
+// id. A life begins with the id's admission; one after the previous life
+// ended is a reuse after the tombstone horizon (API.md, "Retention:
+// removed reservations") and is judged apart, so reuse is clean, while a
+// second ending within any one life is reported with its count. The
+// planted entries (copies of the admission and the release of
+// "released") move nothing, so only refund_once can see them.
+func TestAuditRefundOncePerLife(t *testing.T) {
+	const (
+		begin = "begin"
+		end   = "end"
+	)
+	cases := []struct {
+		name          string
+		before, after []string // planted just before and after the first life's release
+		appended      []string // planted after the sound ledger's entries
+		want          []string
+	}{
+		{"reused after its life ended", nil, nil, []string{begin, end}, nil},
+		{"reused twice", nil, nil, []string{begin, end, begin, end}, nil},
+		{"reused, not ended yet", nil, nil, []string{begin}, nil},
+		{"ended twice in the new life", nil, nil, []string{begin, end, end}, []string{"ended 2 times"}},
+		{"ended three times in the new life", nil, nil, []string{begin, end, end, end}, []string{"ended 3 times"}},
+		{"ended twice, no reuse", nil, []string{end}, nil, []string{"ended 2 times"}},
+		{"ended twice in the first life, then reused", nil, []string{end}, []string{begin, end}, []string{"ended 2 times"}},
+		{"ended twice in both lives", nil, []string{end}, []string{begin, end, end, end}, []string{"ended 2 times", "ended 3 times"}},
+		{"admitted again while live, ended twice", []string{begin}, []string{end}, nil, []string{"ended 2 times"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			m := soundLedger(t)
+			var admit, release ledger.JournalEntry
+			at := -1
+			for i, e := range m.Journal {
+				switch {
+				case e.ReservationID == "released" && e.Begins():
+					admit = e
+				case e.ReservationID == "released" && e.Ends():
+					release, at = e, i
+				}
+			}
+			if at < 0 || admit.ReservationID == "" {
+				t.Fatal("no admission and release of \"released\" in the journal")
+			}
+			admit.Delta, release.Delta = ledger.Balances{}, ledger.Balances{}
+			entries := func(steps []string) []ledger.JournalEntry {
+				var out []ledger.JournalEntry
+				for _, step := range steps {
+					if step == begin {
+						out = append(out, admit)
+					} else {
+						out = append(out, release)
+					}
+				}
+				return out
+			}
+			journal := slices.Concat(m.Journal[:at], entries(tc.before), m.Journal[at:at+1], entries(tc.after),
+				m.Journal[at+1:], entries(tc.appended))
+			m.Journal = journal
+			var got []string
+			for _, d := range ledger.Audit(m.Snapshot()) {
+				if d.Check != ledger.CheckRefundOnce || d.Reservation != "released" {
+					t.Errorf("unexpected discrepancy: %s", d)
+					continue
+				}
+				got = append(got, d.Detail)
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Fatalf("refund_once found %q, want %q", got, tc.want)
+			}
+		})
 	}
 }

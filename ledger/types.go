@@ -516,3 +516,18 @@ type JournalEntry struct {
 	ReceiptID string
 	Delta     Balances
 }
+
+// Begins reports whether e admits its reservation: a reserve or record,
+// from REQUESTED, the first entry of a life of the id. An id lives more
+// than once when a client reuses it after retention removed it and its
+// tombstone horizon passed (API.md, "Retention: removed reservations").
+func (e *JournalEntry) Begins() bool {
+	return e.ReservationID != "" && e.From == StateRequested && e.To != StateRequested
+}
+
+// Ends reports whether e ends its reservation: the move into a terminal
+// state, which settles or refunds it and must happen once per life (a
+// record both begins and ends one).
+func (e *JournalEntry) Ends() bool {
+	return e.ReservationID != "" && e.To.Terminal() && e.From != e.To
+}

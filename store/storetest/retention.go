@@ -20,6 +20,7 @@ var retentionCases = []struct {
 	{"Retention", testRetention},
 	{"RetentionConcurrentReplicas", testRetentionConcurrent},
 	{"TombstoneDuplicate", testTombstoneDuplicate},
+	{"AuditReusedIDAfterHorizon", testAuditReusedID},
 	{"SnapshotStreaming", testSnapshotStreaming},
 }
 
@@ -415,5 +416,82 @@ func testSnapshotStreaming(t *testing.T, s store.Store) {
 	})
 	if !errors.Is(err, stop) || n != 1 {
 		t.Fatalf("a yield error: %v after %d entries, want it back after 1", err, n)
+	}
+}
+
+// testAuditReusedID: an id whose tombstone was forgotten (the horizon
+// passed) is new again (API.md, "Retention: removed reservations"), so a
+// client may reserve and end it once more. The audit's refund_once check
+// judges each life of the id apart, on the journal the store keeps
+// whole: the reuse is clean, through Snapshot and through the streaming
+// AuditSnapshot, while a second ending planted within one life, the
+// first or the new one, is still reported.
+func testAuditReusedID(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	now, key := retentionWorld(t, s, time.Date(2026, 7, 19, 14, 0, 0, 0, time.UTC))
+	run := func(cmd *ledger.Command, want State) {
+		t.Helper()
+		res, err := apply(ctx, s, cmd, now)
+		if err != nil || res.Err != nil || res.Replayed || res.Reservation.Retired || res.Reservation.State != want {
+			t.Fatalf("%s %s at %s: %+v, %v", cmd.Kind, cmd.ReservationID, now, res, err)
+		}
+		now = now.Add(time.Second)
+	}
+	// Ended lives of x (expired), s (settled with debt) and r (released):
+	// retention removes them, the horizon passes, the tombstones go.
+	for _, kind := range []ledger.Kind{ledger.KindRetire, ledger.KindForget} {
+		for _, id := range []string{"x", "s", "r"} {
+			res, err := apply(ctx, s, &ledger.Command{Kind: kind, ReservationID: id, Before: now}, now)
+			if err != nil || res.Err != nil || res.Replayed {
+				t.Fatalf("%s %s: %+v, %v", kind, id, res, err)
+			}
+		}
+		now = now.Add(721 * time.Hour)
+	}
+	// New lives under the same ids: reserve, start, settle; a record
+	// (the late settle of an Envoy gateway, say), which begins and ends a
+	// life in one step; reserve and release.
+	cmd := func(kind ledger.Kind, id string, units ledger.Units) *ledger.Command {
+		return &ledger.Command{Kind: kind, ReservationID: id, RequestDigest: "sha256:" + id + "-again", OperationID: "op2-" + id,
+			Subject: key.Subject, Route: key.Route, Region: key.Region, Units: ledger.Amounts{units}}
+	}
+	run(cmd(ledger.KindReserve, "s", 50), ledger.StateReserved)
+	run(cmd(ledger.KindStart, "s", 0), ledger.StateStarted)
+	run(cmd(ledger.KindSettle, "s", 30), ledger.StateSettled)
+	run(cmd(ledger.KindRecord, "r", 20), ledger.StateSettled)
+	run(cmd(ledger.KindReserve, "x", 10), ledger.StateReserved)
+	run(cmd(ledger.KindRelease, "x", 0), ledger.StateReleased)
+	audits := func() [][]ledger.Discrepancy {
+		t.Helper()
+		snap, err := s.Snapshot(ctx)
+		if err != nil {
+			t.Fatalf("snapshot: %v", err)
+		}
+		if !snap.JournalComplete {
+			t.Fatal("snapshot: journal not complete, the refund_once check does not run")
+		}
+		var streamed []ledger.Discrepancy
+		if err := s.AuditSnapshot(ctx, false, func(snap *ledger.Snapshot, _ int64) error {
+			streamed = ledger.Audit(snap)
+			return nil
+		}); err != nil {
+			t.Fatalf("audit snapshot: %v", err)
+		}
+		return [][]ledger.Discrepancy{ledger.Audit(snap), streamed}
+	}
+	for _, found := range audits() {
+		for _, d := range found {
+			t.Errorf("audit after reusing forgotten ids: %s", d)
+		}
+	}
+
+	// A second ending within one life is a double refund, whether the id
+	// lived before: planted after s's second settle (a release that moves
+	// nothing, so only refund_once can see it), it is reported.
+	commit(t, s, &store.Changes{Journal: []ledger.JournalEntry{{At: now, Kind: ledger.KindRelease, Account: key,
+		ReservationID: "s", From: ledger.StateReserved, To: ledger.StateReleased}}})
+	for _, found := range audits() {
+		want := []ledger.Discrepancy{{Check: ledger.CheckRefundOnce, Reservation: "s", Detail: "ended 2 times"}}
+		same(t, "audit after a second ending of the new life", found, want)
 	}
 }
