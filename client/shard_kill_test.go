@@ -1,0 +1,149 @@
+package client
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/capledger/capledger/ledger"
+)
+
+// killChildEnv names the store directory a child process of
+// TestShardStoreKilledMidCompaction works on.
+const killChildEnv = "CAPLEDGER_SHARD_KILL_CHILD"
+
+// The child: ends shards of tenant-7 one by one in a store that compacts
+// at every chance (compactAt 1), and appends each one's index to acks once
+// the store returned (so what acks lists was synced), until killed.
+func TestShardStoreKillChild(t *testing.T) {
+	dir := os.Getenv(killChildEnv)
+	if dir == "" {
+		t.Skip("run by TestShardStoreKilledMidCompaction")
+	}
+	from, _ := strconv.Atoi(os.Getenv(killChildEnv + "_FROM"))
+	clock := &testClock{now: shardT0}
+	st := openCompactingStore(t, dir, clock, 1)
+	acks, err := os.OpenFile(filepath.Join(dir, "acks"), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Println("ready")
+	for i := from; ; i++ {
+		if err := endShards(st, i, i+1); err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(acks, "%d\n", i)
+	}
+}
+
+// A gateway killed (SIGKILL) at random points while its store compacts
+// over and over keeps every promise after a reopen: each reservation id
+// it served (and acknowledged) is known and answered as before, never
+// admitted again, its shard is never installed again, the newest fence
+// still refuses an older one, and no unfinished new log is left.
+func TestShardStoreKilledMidCompaction(t *testing.T) {
+	if testing.Short() {
+		t.Skip("kills child processes")
+	}
+	dir := t.TempDir()
+	clock := &testClock{now: shardT0}
+	next := 0
+	for round := range 12 {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestShardStoreKillChild$", "-test.count=1")
+		cmd.Env = append(os.Environ(), killChildEnv+"="+dir, killChildEnv+"_FROM="+strconv.Itoa(next))
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd.Stderr = os.Stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		line, _ := bufio.NewReader(out).ReadString('\n')
+		if strings.TrimSpace(line) != "ready" {
+			cmd.Process.Kill()
+			cmd.Wait()
+			t.Fatalf("round %d: the child said %q", round, line)
+		}
+		time.Sleep(time.Duration(20+rand.IntN(400)) * time.Millisecond)
+		cmd.Process.Signal(syscall.SIGKILL)
+		cmd.Wait()
+
+		data, err := os.ReadFile(filepath.Join(dir, "acks"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var acked []int
+		for _, f := range strings.Fields(string(data)) {
+			i, err := strconv.Atoi(f)
+			if err != nil {
+				continue // a torn last line: not acknowledged
+			}
+			acked = append(acked, i)
+		}
+		if len(acked) == 0 {
+			t.Fatalf("round %d: the child acknowledged nothing", round)
+		}
+		last := acked[len(acked)-1]
+		next = last + 1000 // past any shard the child had begun
+
+		st := openCompactingStore(t, dir, clock, 1)
+		if _, err := os.Stat(filepath.Join(dir, shardLogCompacting)); !os.IsNotExist(err) {
+			t.Fatalf("round %d: an unfinished new log is left (%v)", round, err)
+		}
+		boot := st.BootEpoch()
+		if _, err := st.Install(signSubjectToken(fmt.Sprintf("sh-old-%d", round), "tenant-7", "gw-a", boot, uint64(99+last), 1000, clock.Now().Add(time.Hour)), testUnits, nil); !errors.Is(err, ledger.ErrShardFenced) {
+			t.Fatalf("round %d: an older fence (%d) was installed: %v", round, 99+last, err)
+		}
+		live := fmt.Sprintf("sh-live-%d", round)
+		if _, err := st.Install(signSubjectToken(live, "tenant-7", "gw-a", boot, uint64(100+next), 1000, clock.Now().Add(time.Hour)), testUnits, nil); err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		var retired int
+		for _, i := range acked {
+			rid := fmt.Sprintf("r-end-%d", i)
+			if !st.Has(rid) {
+				t.Fatalf("round %d: %s is unknown after a reopen", round, rid)
+			}
+			r, err := st.Reserve(rid, "d", "tenant-7", "chat", "", Units{"tokens": 10})
+			if err != nil || !r.Replayed || r.ShardID != fmt.Sprintf("sh-end-%d", i) {
+				t.Fatalf("round %d: retry of %s: %+v, %v", round, rid, r, err)
+			}
+			if r.Retired {
+				retired++
+			}
+			if _, err := st.Reserve(rid, "other", "tenant-7", "chat", "", Units{"tokens": 10}); !errors.Is(err, ledger.ErrDigestMismatch) {
+				t.Fatalf("round %d: retry of %s with another digest: %v", round, rid, err)
+			}
+			// A retried settle replays on a held shard, and is
+			// ALREADY_SETTLED from a tombstone (as the ledger's).
+			s, err := st.Settle(rid, "op-"+rid, Units{"tokens": 7})
+			if r.Retired && !errors.Is(err, ledger.ErrReservationAlreadySettled) || !r.Retired && (err != nil || !s.Replayed) {
+				t.Fatalf("round %d: retried settle of %s (retired %v): %+v, %v", round, rid, r.Retired, s, err)
+			}
+			if _, err := st.Install(signSubjectToken(fmt.Sprintf("sh-end-%d", i), "tenant-7", "gw-a", boot, uint64(100+next+1), 1000, clock.Now().Add(time.Hour)), testUnits, nil); !errors.Is(err, ledger.ErrShardIDReused) {
+				t.Fatalf("round %d: shard sh-end-%d installed again: %v", round, i, err)
+			}
+		}
+		if retired == 0 && round > 0 {
+			t.Fatalf("round %d: no reservation was answered from a tombstone: nothing was compacted", round)
+		}
+		// Nothing of the retries was charged to the live shard.
+		for _, sh := range st.Shards() {
+			if sh.Shard.ID == live && sh.Available["tokens"] != 1000 {
+				t.Fatalf("round %d: the live shard lost capacity to retries: %+v", round, sh)
+			}
+		}
+		st.Close()
+		t.Logf("round %d: %d acknowledged, %d from tombstones", round, len(acked), retired)
+	}
+}
