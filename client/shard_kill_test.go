@@ -147,3 +147,56 @@ func TestShardStoreKilledMidCompaction(t *testing.T) {
 		t.Logf("round %d: %d acknowledged, %d from tombstones", round, len(acked), retired)
 	}
 }
+
+// The fence records every compaction writes (one per subject key ever
+// held, for good) count as what the log keeps when deciding to compact:
+// a gateway that served many subjects once does not rewrite all their
+// fences for each small shard that ends (so each rewrite is still paid
+// for by as many bytes dropped, and the log stays under twice what it
+// keeps, fences included, plus the threshold). It used to compact
+// whenever an ended shard's records outweighed the live shards and
+// tombstones alone, rewriting every fence record each time.
+func TestShardStoreFencesCountAgainstCompaction(t *testing.T) {
+	clock := &testClock{now: shardT0}
+	dir := t.TempDir()
+	st, err := OpenShardStore(dir, ShardStoreOptions{GatewayID: "gw-a", Keys: testShardRing, Clock: clock.Now,
+		TombstoneRetention: time.Minute, compactAt: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	end := func(i int) {
+		t.Helper()
+		id, rid := fmt.Sprintf("sh-%d", i), fmt.Sprintf("r-%d", i)
+		subject := fmt.Sprintf("tenant-%d", i)
+		steps := []func() error{
+			func() error {
+				_, err := st.Install(signSubjectToken(id, subject, "gw-a", st.BootEpoch(), 1, 1000, clock.Now().Add(time.Minute)), testUnits, nil)
+				return err
+			},
+			func() error { _, err := st.Reserve(rid, "d", subject, "chat", "", Units{"tokens": 10}); return err },
+			func() error { _, err := st.Release(rid); return err },
+			func() error { st.Seal(id); _, _, err := st.BeginSubmission(id); return err },
+			func() error { return st.FinishSubmission(id) },
+		}
+		for _, step := range steps {
+			if err := step(); err != nil {
+				t.Fatalf("shard %s: %v", id, err)
+			}
+		}
+	}
+	for i := range 300 {
+		end(i)
+	}
+	clock.Advance(2 * time.Minute) // every tombstone may be forgotten now
+	end(300)                       // its compaction forgets them (those of shards it compacts stay)
+	ended := logOps(t, dir)["ended"]
+	if ended == 0 || ended > 100 {
+		t.Fatalf("%d ended records, want the few of the shards compacted last", ended)
+	}
+	clock.Advance(2 * time.Minute)
+	end(301) // a few KB dropped, against 301 fence records kept
+	if ops := logOps(t, dir); ops["install"] != 1 || ops["ended"] != ended {
+		t.Fatalf("the log holds %v: 300 fences were rewritten for one small shard that ended", ops)
+	}
+}
