@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -198,5 +199,44 @@ func TestShardStoreFencesCountAgainstCompaction(t *testing.T) {
 	end(301) // a few KB dropped, against 301 fence records kept
 	if ops := logOps(t, dir); ops["install"] != 1 || ops["ended"] != ended {
 		t.Fatalf("the log holds %v: 300 fences were rewritten for one small shard that ended", ops)
+	}
+}
+
+// A torn last record after a compaction (a write the crash cut short,
+// never acknowledged) is dropped at open; the tombstones and fences the
+// compaction wrote before it all hold.
+func TestShardStoreTornRecordAfterCompaction(t *testing.T) {
+	clock := &testClock{now: shardT0}
+	dir := t.TempDir()
+	st := openCompactingStore(t, dir, clock, 1)
+	if err := endShards(st, 0, 5); err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	if logOps(t, dir)["ended"] == 0 {
+		t.Fatal("nothing was compacted")
+	}
+	whole, err := os.ReadFile(filepath.Join(dir, shardLogName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, torn := range map[string][]byte{
+		"header cut":  {0, 0, 1},
+		"payload cut": {0, 0, 0, 100, 1, 2, 3, 4, '{', '"', 'o'},
+	} {
+		if err := os.WriteFile(filepath.Join(dir, shardLogName), append(slices.Clone(whole), torn...), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		st := openCompactingStore(t, dir, clock, 1)
+		for i := range 5 {
+			rid := fmt.Sprintf("r-end-%d", i)
+			if r, err := st.Reserve(rid, "d", "tenant-7", "chat", "", Units{"tokens": 10}); err != nil || !r.Replayed || !st.Has(rid) {
+				t.Fatalf("%s: retry of %s: %+v, %v", name, rid, r, err)
+			}
+		}
+		if _, err := st.Install(signSubjectToken("sh-old", "tenant-7", "gw-a", st.BootEpoch(), 103, 1000, clock.Now().Add(time.Hour)), testUnits, nil); !errors.Is(err, ledger.ErrShardFenced) {
+			t.Fatalf("%s: an older fence was installed: %v", name, err)
+		}
+		st.Close()
 	}
 }
