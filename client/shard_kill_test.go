@@ -50,7 +50,9 @@ func TestShardStoreKillChild(t *testing.T) {
 // over and over keeps every promise after a reopen: each reservation id
 // it served (and acknowledged) is known and answered as before, never
 // admitted again, its shard is never installed again, the newest fence
-// still refuses an older one, and no unfinished new log is left.
+// still refuses an older one (here often carried by a shard the kill left
+// held; TestShardStoreTornRecordAfterCompaction checks the fence records
+// alone), and no unfinished new log is left.
 func TestShardStoreKilledMidCompaction(t *testing.T) {
 	if testing.Short() {
 		t.Skip("kills child processes")
