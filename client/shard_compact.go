@@ -147,7 +147,8 @@ func endedRecords(shardID string, st *storedShard, now time.Time) []*shardRecord
 // give way to ended records, and ended shards that are forgettable),
 // tail the ended and fence records to write after the records kept.
 // dropped and kept are the bytes of log records of the shards dropped
-// and of those kept (held and not ended, or ended and not forgettable).
+// and of those kept (held and not ended, or ended and not forgettable),
+// kept with the fence records of tail.
 func (s *ShardStore) compactionPlan(now time.Time) (drop map[string]bool, tail []*shardRecord, dropped, kept int64) {
 	drop = map[string]bool{}
 	for _, id := range s.order {
@@ -174,17 +175,24 @@ func (s *ShardStore) compactionPlan(now time.Time) (drop map[string]bool, tail [
 	}
 	slices.SortFunc(keys, func(a, b ledger.PolicyKey) int { return strings.Compare(a.String(), b.String()) })
 	for _, key := range keys {
-		tail = append(tail, &shardRecord{Op: "fence", At: now.UnixNano(),
-			Account: &ledger.AccountKey{Subject: key.Subject, Route: key.Route, Region: key.Region}, Fence: s.newestFence[key]})
+		rec := &shardRecord{Op: "fence", At: now.UnixNano(),
+			Account: &ledger.AccountKey{Subject: key.Subject, Route: key.Route, Region: key.Region}, Fence: s.newestFence[key]}
+		tail = append(tail, rec)
+		// The fence records are rewritten by every compaction: they
+		// count as kept, so a rewrite is still paid for by as many
+		// bytes dropped however many subject keys the store has held.
+		if payload, err := json.Marshal(rec); err == nil {
+			kept += int64(8 + len(payload))
+		}
 	}
 	return drop, tail, dropped, kept
 }
 
 // maybeCompact compacts the log when the records of the shards a
 // compaction drops (compactionPlan) take at least compactAt bytes and
-// more than those of the shards kept, so the log stays under twice what
-// the kept shards and tombstones need (plus compactAt, and the boot and
-// fence records), and each rewrite is paid for by at least as many bytes
+// more than those of the shards kept and the fence records, so the log
+// stays under twice what the kept shards, tombstones and fences need
+// (plus compactAt, and the boot records), and each rewrite is paid for by at least as many bytes
 // dropped. A compaction that fails before the new log replaces the old
 // one leaves the store as it was (it is tried again at the next
 // trigger); one that fails after breaks the store (s.broken), as a

@@ -166,7 +166,9 @@ type ShardStoreOptions struct {
 	// ledger's default `serve --tombstone-retention`; set it to the
 	// ledger's). Within it a retried id is answered from its tombstone,
 	// never admitted again; after it the id is unknown, as at the
-	// ledger after its tombstone horizon.
+	// ledger after its tombstone horizon. Judged by Clock, from the
+	// compaction that made the tombstones: a clock that jumps ahead by
+	// more than it lets them be forgotten early.
 	TombstoneRetention time.Duration
 	// compactAt overrides shardLogCompactAt (tests); negative: never.
 	compactAt int64
