@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capledger/capledger/internal/childproc"
 	"github.com/capledger/capledger/ledger"
 )
 
@@ -68,6 +69,7 @@ func TestShardStoreKilledMidCompaction(t *testing.T) {
 			t.Fatal(err)
 		}
 		cmd.Stderr = os.Stderr
+		childproc.DieWithParent(cmd)
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
