@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -77,6 +78,10 @@ type OperationStatusSource interface {
 // DefaultResolverMinBackoff is ResolverOptions.MinBackoff when unset.
 const DefaultResolverMinBackoff = time.Second
 
+// DefaultResolverMaxInFlight is ResolverOptions.MaxInFlight when unset:
+// eight routes' worth of the default per-route Concurrency.
+const DefaultResolverMaxInFlight = 64
+
 // ErrNoStatusEndpoint is returned by a source for a route it has no
 // endpoint for; the resolver asks about such a reservation only at its
 // longest backoff.
@@ -110,6 +115,14 @@ type ResolverOptions struct {
 	// (default 8). Routes are asked independently: one whose endpoint
 	// hangs holds back only its own reservations.
 	Concurrency int
+	// MaxInFlight is how many status calls run at once across all routes
+	// (default DefaultResolverMaxInFlight), so a backlog on a thousand
+	// routes does not open a thousand times Concurrency connections. See
+	// callSlots for how the slots are shared: a route whose endpoint
+	// hangs holds at most Concurrency of them, and a freed slot goes to
+	// the waiting route with the fewest calls out, so routes that answer
+	// keep getting slots while others hang.
+	MaxInFlight int
 	// PageSize and MaxPages bound one scan: at most MaxPages pages of
 	// PageSize reservations, oldest-marked first (defaults 256 and 16);
 	// the next scan goes on from where this one stopped.
@@ -215,6 +228,8 @@ type Resolver struct {
 	lanes     map[string]chan struct{}
 	laneRows  map[string]int
 	lanesBusy sync.WaitGroup
+	// slots bounds the status calls out across all routes (MaxInFlight).
+	slots *callSlots
 
 	polls, failures, settled, neverStarted atomic.Uint64
 	overdueDone                            atomic.Int64 // last complete pass; -1 before one
@@ -245,6 +260,9 @@ func NewResolver(st store.Store, opts ResolverOptions, clock func() time.Time,
 	if opts.Concurrency <= 0 {
 		opts.Concurrency = 8
 	}
+	if opts.MaxInFlight <= 0 {
+		opts.MaxInFlight = DefaultResolverMaxInFlight
+	}
 	if opts.PageSize <= 0 {
 		opts.PageSize = 256
 	}
@@ -255,7 +273,8 @@ func NewResolver(st store.Store, opts ResolverOptions, clock func() time.Time,
 		store: st, clock: clock, commit: commit, log: log, opts: opts, attempts: map[string]*attempt{}, pass: 1,
 		routeDown: map[string]*routeOutage{}, routeBack: map[string]routeComeback{},
 		lanes: map[string]chan struct{}{}, laneRows: map[string]int{},
-		rng: rand.New(rand.NewPCG(opts.Seed, opts.Seed^0x9e3779b97f4a7c15)),
+		rng:   rand.New(rand.NewPCG(opts.Seed, opts.Seed^0x9e3779b97f4a7c15)),
+		slots: newCallSlots(opts.MaxInFlight),
 	}
 	r.overdueDone.Store(-1)
 	return r
@@ -321,11 +340,21 @@ func (r *Resolver) Run(ctx context.Context) {
 // Scan returns without waiting for the lanes. A reservation already in a
 // lane is not handed over again until its lane is done with it, and a
 // route whose lane holds MaxPages pages' worth of reservations gets no
-// more until it catches up (they wait for a later pass). The worker calls
-// Scan every Interval; Scan is not safe for concurrent use.
-func (r *Resolver) Scan(ctx context.Context) {
+// more until it catches up (they wait for a later pass). Scan is not safe
+// for concurrent use.
+func (r *Resolver) Scan(ctx context.Context) { r.ScanWhile(ctx, nil) }
+
+// ScanWhile is Scan for a resolver that may stop leading: the engine's
+// worker calls it every Interval with Engine.IsLeader. Before each page
+// and before each status question its lanes ask, leading is called; once
+// it returns false the scan reads no more pages and the lanes ask nothing
+// more of the rows it handed them: they drop them (unasked, unrecorded,
+// free to be handed over again), since the replica now leading asks about
+// them itself. Answers already in are still settled (a second settle
+// with the same receipt replays). A nil leading always leads.
+func (r *Resolver) ScanWhile(ctx context.Context, leading func() bool) {
 	for range r.opts.MaxPages {
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || !leads(leading) {
 			return
 		}
 		r.mu.Lock()
@@ -338,7 +367,7 @@ func (r *Resolver) Scan(ctx context.Context) {
 			}
 			return
 		}
-		r.page(ctx, rows)
+		r.page(ctx, rows, leading)
 		r.mu.Lock()
 		if len(rows) < r.opts.PageSize {
 			r.endPass()
@@ -354,6 +383,9 @@ func (r *Resolver) Scan(ctx context.Context) {
 
 // Wait waits until every lane has finished what Scan handed it.
 func (r *Resolver) Wait() { r.lanesBusy.Wait() }
+
+// leads calls leading, if any.
+func leads(leading func() bool) bool { return leading == nil || leading() }
 
 // endPass closes a scan of the whole backlog: it publishes the overdue
 // count and forgets the reservations the pass did not see (settled by
@@ -372,7 +404,7 @@ func (r *Resolver) endPass() {
 
 // page handles one page of the backlog: it counts the overdue and hands
 // each route's reservations to the route's lane (startLane).
-func (r *Resolver) page(ctx context.Context, rows []ledger.Reservation) {
+func (r *Resolver) page(ctx context.Context, rows []ledger.Reservation, leading func() bool) {
 	now := r.clock()
 	stored := r.storedAnswers(ctx, rows)
 	byRoute := map[string][]*ledger.Reservation{}
@@ -415,7 +447,7 @@ func (r *Resolver) page(ctx context.Context, rows []ledger.Reservation) {
 		byRoute[route] = append(byRoute[route], row)
 	}
 	for _, route := range routes {
-		r.startLane(ctx, route, byRoute[route])
+		r.startLane(ctx, route, byRoute[route], leading)
 	}
 }
 
@@ -423,8 +455,8 @@ func (r *Resolver) page(ctx context.Context, rows []ledger.Reservation) {
 // that first waits for the lane's previous rows (so a route's questions,
 // answers and backoff draws keep the order of the backlog, and the
 // outage rules see one route's scans one after another), then asks about
-// them (askRoute). The caller holds mu.
-func (r *Resolver) startLane(ctx context.Context, route string, rows []*ledger.Reservation) {
+// them (askRoute) while leading says so. The caller holds mu.
+func (r *Resolver) startLane(ctx context.Context, route string, rows []*ledger.Reservation, leading func() bool) {
 	prev := r.lanes[route]
 	done := make(chan struct{})
 	r.lanes[route] = done
@@ -435,8 +467,8 @@ func (r *Resolver) startLane(ctx context.Context, route string, rows []*ledger.R
 		if prev != nil {
 			<-prev
 		}
-		if ctx.Err() == nil {
-			r.askRoute(ctx, rows)
+		if ctx.Err() == nil && leads(leading) {
+			r.askRoute(ctx, route, rows, leading)
 		}
 		r.mu.Lock()
 		defer r.mu.Unlock()
@@ -452,10 +484,13 @@ func (r *Resolver) startLane(ctx context.Context, route string, rows []*ledger.R
 	}()
 }
 
-// askRoute asks about the due ones of rows, all of one route, and settles
+// askRoute asks about the due ones of rows, all of route, and settles
 // with the answers. Which are due is decided now, when the lane gets to
-// them, with what the route's earlier questions taught (routeBack).
-func (r *Resolver) askRoute(ctx context.Context, rows []*ledger.Reservation) {
+// them, with what the route's earlier questions taught (routeBack). It
+// asks at most Concurrency at once, each in one of the resolver's slots
+// (callSlots), and stops asking when leading says this replica no longer
+// leads or ctx ends: the due ones not asked are left as they were.
+func (r *Resolver) askRoute(ctx context.Context, route string, rows []*ledger.Reservation, leading func() bool) {
 	now := r.clock()
 	var due []*ledger.Reservation
 	r.mu.Lock()
@@ -480,17 +515,40 @@ func (r *Resolver) askRoute(ctx context.Context, rows []*ledger.Reservation) {
 	errs := make([]error, len(due))
 	sem := make(chan struct{}, r.opts.Concurrency)
 	var wg sync.WaitGroup
+	asked := 0
 	for i := range due {
+		// The route's own slot first, then a global one: a lane waits
+		// for a global slot with at most one question (callSlots.waiting
+		// holds one entry per route), and a hanging route holds at most
+		// Concurrency global slots.
 		sem <- struct{}{}
+		if !r.slots.acquire(ctx, route) {
+			<-sem
+			break
+		}
+		// Checked after the wait for the slots, just before asking: a
+		// replica that stopped leading while it waited asks nothing more.
+		if !leads(leading) {
+			r.slots.release(route)
+			<-sem
+			break
+		}
+		asked++
 		wg.Add(1)
 		go func() {
-			defer func() { <-sem; wg.Done() }()
+			defer func() { r.slots.release(route); <-sem; wg.Done() }()
 			cctx, cancel := context.WithTimeout(ctx, r.opts.CallTimeout)
 			defer cancel()
 			answers[i], errs[i] = r.opts.Source.OperationStatus(cctx, due[i])
 		}()
 	}
 	wg.Wait()
+	// Those not asked (leadership lost, ctx ended) keep their state: no
+	// failure recorded, no backoff drawn; the lane drops them.
+	due, answers, errs = due[:asked], answers[:asked], errs[:asked]
+	if asked == 0 {
+		return
+	}
 
 	// heard[i] is the answer recorded for due[i] once its next question
 	// is scheduled (recordAnswers); a settled one is not recorded.
@@ -508,7 +566,6 @@ func (r *Resolver) askRoute(ctx context.Context, rows []*ledger.Reservation) {
 	}
 	r.mu.Lock()
 	for i, row := range due {
-		route := row.Account.Route
 		a := r.attempts[row.ID]
 		if a == nil {
 			a = &attempt{} // forgotten meanwhile: record only the route
@@ -664,4 +721,99 @@ func (r *Resolver) forget(id string) {
 	r.mu.Lock()
 	delete(r.attempts, id)
 	r.mu.Unlock()
+}
+
+// callSlots are the resolver's status-call slots across all routes
+// (ResolverOptions.MaxInFlight). A lane takes one per question, after
+// its route's own (Concurrency), and gives it back when the call ends.
+//
+// Why not a plain semaphore: a route whose endpoint hangs keeps its
+// slots for a whole CallTimeout per question and always wants more, so
+// with enough hanging routes every slot is held by one of them, and in
+// a first-come queue a route that answers in a millisecond would, after
+// each answer, queue behind every hanging route again: one question per
+// round of timeouts. Here a freed slot goes to the waiting route with
+// the fewest calls out (the longest-waiting among equals), so:
+//   - a hanging route holds at most Concurrency slots (its own bound
+//     still applies), and MaxInFlight is never exceeded;
+//   - when hanging routes hold every slot, an answering route waits for
+//     the first call to end anywhere (at most CallTimeout), and from then
+//     on its own answers hand it the slot back (it has the fewest out),
+//     so it keeps asking at its own pace, and gets more slots as the
+//     hanging calls time out, up to an even share (or Concurrency).
+//
+// Reserving slots per route instead would bound nothing with a thousand
+// routes, and splitting MaxInFlight into fixed per-route shares would
+// leave most slots idle when only a few routes have a backlog.
+type callSlots struct {
+	mu   sync.Mutex
+	free int
+	out  map[string]int // calls out, per route
+	// waiting are the lanes waiting for a slot, oldest first; there are
+	// waiters only while free is 0.
+	waiting []*slotWaiter
+}
+
+type slotWaiter struct {
+	route   string
+	granted chan struct{} // closed when release hands it a slot
+}
+
+func newCallSlots(n int) *callSlots {
+	return &callSlots{free: n, out: map[string]int{}}
+}
+
+// acquire takes a slot for route, waiting for one if none is free. It
+// returns false, holding none, if ctx ends first.
+func (s *callSlots) acquire(ctx context.Context, route string) bool {
+	s.mu.Lock()
+	if s.free > 0 {
+		s.free--
+		s.out[route]++
+		s.mu.Unlock()
+		return true
+	}
+	w := &slotWaiter{route: route, granted: make(chan struct{})}
+	s.waiting = append(s.waiting, w)
+	s.mu.Unlock()
+	select {
+	case <-w.granted:
+		return true
+	case <-ctx.Done():
+	}
+	s.mu.Lock()
+	select {
+	case <-w.granted: // handed one meanwhile: hand it on
+		s.mu.Unlock()
+		s.release(route)
+		return false
+	default:
+	}
+	s.waiting = slices.DeleteFunc(s.waiting, func(x *slotWaiter) bool { return x == w })
+	s.mu.Unlock()
+	return false
+}
+
+// release gives route's slot back: to the waiting route with the fewest
+// calls out, the oldest waiter among equals, or to the free ones.
+func (s *callSlots) release(route string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.out[route]--; s.out[route] <= 0 {
+		delete(s.out, route)
+	}
+	if len(s.waiting) == 0 {
+		s.free++
+		return
+	}
+	best := 0
+	for i, w := range s.waiting {
+		if s.out[w.route] < s.out[s.waiting[best].route] {
+			best = i
+		}
+	}
+	w := s.waiting[best]
+	s.waiting = slices.Delete(s.waiting, best, best+1)
+	s.out[w.route]++
+	close(w.granted)
 }

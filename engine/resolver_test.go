@@ -271,7 +271,7 @@ func TestResolverAndGatewaySettleOnce(t *testing.T) {
 	for i := range rows {
 		rows[i].State = ledger.StateUsageUnknown
 	}
-	e.resolver.page(ctx, rows)
+	e.resolver.page(ctx, rows, nil)
 	if reserved, spent := reservedTokens(t, e); reserved != 0 || spent != 150 {
 		t.Fatalf("reserved %d spent %d, want 0 and 150 (charged once)", reserved, spent)
 	}

@@ -47,11 +47,16 @@ func (e *Engine) leaderWorkers() []worker {
 	}
 	if e.resolver != nil {
 		// Scan, not Run: the next scan does not wait for a route whose
-		// questions are still out.
-		workers = append(workers, worker{name: "resolver", interval: e.resolver.opts.Interval, run: e.resolver.Scan, wait: e.resolver.Wait})
+		// questions are still out; ScanWhile with IsLeader, so the lanes
+		// stop asking once this replica loses the lease.
+		workers = append(workers, worker{name: "resolver", interval: e.resolver.opts.Interval, run: e.resolverScan, wait: e.resolver.Wait})
 	}
 	return workers
 }
+
+// resolverScan is the resolver worker's scan: its lanes ask only while
+// this engine leads (Resolver.ScanWhile).
+func (e *Engine) resolverScan(ctx context.Context) { e.resolver.ScanWhile(ctx, e.IsLeader) }
 
 // LeaderStatus is this engine's view of the worker lease.
 type LeaderStatus struct {

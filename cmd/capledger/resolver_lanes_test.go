@@ -1,0 +1,262 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/capledger/capledger/api/opstatus"
+	"github.com/capledger/capledger/engine"
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+	"github.com/capledger/capledger/store/memstore"
+)
+
+// leaseTakenOver is an in-memory store whose worker lease another
+// replica takes over once taken is set: from then on LeaseAcquire
+// reports the other replica as the holder, as the store does when this
+// replica's renewals lapsed and another one acquired the lease.
+type leaseTakenOver struct {
+	*memstore.Store
+	taken atomic.Bool
+}
+
+func (s *leaseTakenOver) LeaseAcquire(ctx context.Context, name, holder string, ttl time.Duration) (store.Lease, error) {
+	if s.taken.Load() {
+		return store.Lease{Name: name, Holder: "other-replica", Fence: 1 << 20, Expires: time.Now().Add(ttl)}, nil
+	}
+	return s.Store.LeaseAcquire(ctx, name, holder, ttl)
+}
+
+// laneRig is an engine running the resolver worker on the wall clock,
+// with the resolver config loaded as serve loads it: route name -> the
+// URL of a real HTTP status endpoint, all sharing one secret.
+type laneRig struct {
+	t      *testing.T
+	e      *engine.Engine
+	secret []byte
+}
+
+func newLaneRig(t *testing.T, st store.Store, leaseTTL time.Duration, timeout string, maxInFlight int, routes map[string]string) *laneRig {
+	t.Helper()
+	secret := []byte("0123456789abcdef-route-secret")
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "route.secret"), secret, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var entries []string
+	for route, url := range routes {
+		entries = append(entries, fmt.Sprintf(`%q: {"statusUrl": %q, "secretFile": "route.secret"}`, route, url))
+	}
+	cfgPath := filepath.Join(dir, "resolver.json")
+	if err := os.WriteFile(cfgPath, []byte(`{"interval": "50ms", "minBackoff": "100ms", "maxBackoff": "200ms", "timeout": "`+timeout+`",
+		"routes": {`+strings.Join(entries, ",")+`}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := loadResolverConfig(cfgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := cfg.opts
+	opts.MaxInFlight = maxInFlight
+	e := engine.New(st, engine.Options{Resolver: &opts, LeaseTTL: leaseTTL})
+	t.Cleanup(func() { e.Close() })
+	rig := &laneRig{t: t, e: e, secret: secret}
+	for route := range routes {
+		p := ledger.Policy{
+			Key:        ledger.PolicyKey{Subject: ledger.AnySubject, Route: route, Region: "eu"},
+			Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: 1 << 30, RefillUnits: 10, RefillInterval: time.Second}},
+			HoldTTL:    time.Hour,
+		}.WithDefaults()
+		rig.do(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p})
+	}
+	return rig
+}
+
+func (rig *laneRig) do(c ledger.Command) {
+	rig.t.Helper()
+	if res, err := rig.e.Do(context.Background(), c); err != nil || res.Err != nil {
+		rig.t.Fatalf("%v %s: %v %v", c.Kind, c.ReservationID, err, res.Err)
+	}
+}
+
+// unknown reserves, starts and marks USAGE_UNKNOWN the ids on route.
+func (rig *laneRig) unknown(route string, ids ...string) {
+	rig.t.Helper()
+	for _, id := range ids {
+		rig.do(ledger.Command{Kind: ledger.KindReserve, ReservationID: id, RequestDigest: "sha256:" + id,
+			Subject: "tenant-7", Route: route, Region: "eu", Units: ledger.Amounts{300}})
+		rig.do(ledger.Command{Kind: ledger.KindStart, ReservationID: id, OperationID: "op-" + id})
+		rig.do(ledger.Command{Kind: ledger.KindMarkUsageUnknown, ReservationID: id})
+	}
+}
+
+// answer writes an authenticated answer of status (finished: 7 tokens).
+func (rig *laneRig) answer(w http.ResponseWriter, r *http.Request, status string) {
+	op := strings.TrimPrefix(r.URL.Path, "/operations/")
+	res := r.URL.Query().Get("reservationId")
+	if err := opstatus.VerifyRequest(rig.secret, r, res, op, time.Now()); err != nil {
+		http.Error(w, err.Error(), http.StatusUnauthorized)
+		return
+	}
+	a := opstatus.Answer{Status: status, OperationID: op, ReservationID: res}
+	if status == opstatus.StatusFinished {
+		a.ActualUnits = map[string]int64{"tokens": 7}
+	}
+	opstatus.WriteAnswer(w, r, rig.secret, a)
+}
+
+func ids(prefix string, n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("%s-%03d", prefix, i)
+	}
+	return out
+}
+
+// TestResolverLaneStopsAskingWhenLeadershipIsLost: a replica's lane holds
+// a route's backlog of 120 reservations, asked 8 at a time, each question
+// answered "running" after 150 ms (about 2.3 s for the lot). Another
+// replica takes the worker lease over a few questions in. From the moment
+// this replica knows it no longer leads, its lane may finish only the
+// questions already out (at most Concurrency, 8), counted at the HTTP
+// server: it must not go on asking about the rest of what it was handed.
+func TestResolverLaneStopsAskingWhenLeadershipIsLost(t *testing.T) {
+	var asked atomic.Int64
+	var rig *laneRig
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		asked.Add(1)
+		time.Sleep(150 * time.Millisecond)
+		rig.answer(w, r, opstatus.StatusRunning)
+	}))
+	defer srv.Close()
+	st := &leaseTakenOver{Store: memstore.New()}
+	rig = newLaneRig(t, st, 300*time.Millisecond, "3s", 0, map[string]string{"busy.route": srv.URL})
+	rig.unknown("busy.route", ids("busy", 120)...)
+
+	waitUntil(t, 10*time.Second, func() string { return "the resolver to ask (needs the worker lease)" }, func() bool {
+		return asked.Load() >= 8
+	})
+	st.taken.Store(true)
+	// The lease loop renews every LeaseTTL/3 (0.1 s) and hears of the
+	// other holder at its next renewal.
+	deadline := time.Now().Add(5 * time.Second)
+	for rig.e.IsLeader() {
+		if time.Now().After(deadline) {
+			t.Fatal("the replica still leads 5 s after the lease was taken over")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	atLoss := asked.Load()
+	time.Sleep(2500 * time.Millisecond) // the whole backlog's worth of questions
+	after := asked.Load() - atLoss
+	t.Logf("asked %d before the replica knew it lost the lease, %d after", atLoss, after)
+	if after > 8 {
+		t.Fatalf("a replica that lost the worker lease asked %d more questions (at most the 8 already out may arrive)", after)
+	}
+	if atLoss >= 120 {
+		t.Fatalf("the whole backlog was asked (%d) before the lease was lost: the test proves nothing", atLoss)
+	}
+}
+
+// TestResolverGlobalBoundAcrossRoutes: five routes' endpoints hang (every
+// question fails after 1.4 s, against a 1.5 s timeout), each with a backlog of 12, and the
+// resolver may make 12 status calls at once across routes (MaxInFlight),
+// though each route alone may make 8. The calls in flight, measured at
+// the servers, never exceed 12; and a route that answers at once, whose
+// 30 reservations are marked while the hanging routes hold every slot,
+// still has them all settled within 5 s (a few timeouts): a freed slot goes
+// to the route with the fewest calls out, so it keeps one as long as it
+// has questions instead of queueing behind every hanging route after each
+// answer (which would take over a dozen rounds of timeouts).
+func TestResolverGlobalBoundAcrossRoutes(t *testing.T) {
+	const maxInFlight = 12
+	var inFlight, peak atomic.Int64
+	var rig *laneRig
+	enter := func() {
+		n := inFlight.Add(1)
+		for {
+			p := peak.Load()
+			if n <= p || peak.CompareAndSwap(p, n) {
+				return
+			}
+		}
+	}
+	release := make(chan struct{})
+	hanging := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		enter()
+		defer inFlight.Add(-1)
+		// Hangs until just before the resolver's 1.5 s timeout, then
+		// fails: the server, not the client's timeout, ends each call,
+		// so its count of calls out is exact (a timed-out client's
+		// closed connection reaches the handler a moment late).
+		select {
+		case <-r.Context().Done():
+		case <-release:
+		case <-time.After(1400 * time.Millisecond):
+			http.Error(w, "upstream stuck", http.StatusServiceUnavailable)
+		}
+	}))
+	defer hanging.Close()
+	defer close(release)
+	var fastAsked atomic.Int64
+	answering := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		enter()
+		defer inFlight.Add(-1)
+		fastAsked.Add(1)
+		time.Sleep(5 * time.Millisecond)
+		rig.answer(w, r, opstatus.StatusFinished)
+	}))
+	defer answering.Close()
+
+	routes := map[string]string{"fast.route": answering.URL}
+	for i := range 5 {
+		// One server, a base path per route: each route is its own
+		// endpoint to the resolver.
+		routes[fmt.Sprintf("hang%d.route", i)] = hanging.URL + fmt.Sprintf("/hang%d", i)
+	}
+	rig = newLaneRig(t, memstore.New(), 0, "1500ms", maxInFlight, routes)
+	for i := range 5 {
+		rig.unknown(fmt.Sprintf("hang%d.route", i), ids(fmt.Sprintf("hang%d", i), 12)...)
+	}
+	waitUntil(t, 10*time.Second, func() string {
+		return fmt.Sprintf("the hanging routes to hold every slot (%d in flight)", inFlight.Load())
+	}, func() bool { return inFlight.Load() >= maxInFlight })
+
+	fast := ids("fast", 30)
+	rig.unknown("fast.route", fast...)
+	marked := time.Now()
+	waitUntil(t, 5*time.Second, func() string { // 1.5-2.7 s seen; a first-come queue asks 7 of 30 in 5 s
+		return fmt.Sprintf("the answering route's 30 reservations to settle while 5 routes hang (%d asked, %v)", fastAsked.Load(), time.Since(marked))
+	}, func() bool {
+		for _, id := range fast {
+			r, err := rig.e.Reservation(context.Background(), id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.State != ledger.StateSettled {
+				return false
+			}
+		}
+		return true
+	})
+	t.Logf("answering route settled 30 in %v; peak calls in flight %d (bound %d)", time.Since(marked), peak.Load(), maxInFlight)
+	// Another round of timeouts under the bound.
+	time.Sleep(2 * time.Second)
+	if p := peak.Load(); p > maxInFlight {
+		t.Fatalf("%d status calls in flight at once across routes, bound %d", p, maxInFlight)
+	}
+	for i := range 5 {
+		id := fmt.Sprintf("hang%d-000", i)
+		if r, err := rig.e.Reservation(context.Background(), id); err != nil || r.State != ledger.StateUsageUnknown {
+			t.Fatalf("%s: %v %v", id, r.State, err)
+		}
+	}
+}
