@@ -272,6 +272,7 @@ func TestResolverAndGatewaySettleOnce(t *testing.T) {
 		rows[i].State = ledger.StateUsageUnknown
 	}
 	e.resolver.page(ctx, rows, nil)
+	e.resolver.Wait() // page hands the rows to their route's lane: wait for its settles
 	if reserved, spent := reservedTokens(t, e); reserved != 0 || spent != 150 {
 		t.Fatalf("reserved %d spent %d, want 0 and 150 (charged once)", reserved, spent)
 	}
