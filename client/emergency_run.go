@@ -26,7 +26,9 @@ type EmergencyRunResult struct {
 // id (it reaches the ledger at the shard's next Reconcile).
 //
 // Returns as Client.Run; the Reserve errors of Emergency.Reserve when
-// nothing was admitted; the shard store's errors for local steps before
+// nothing was admitted (for a retried id whose shard ended and was
+// compacted away, an error wrapping ledger.ErrReservationRetired: the
+// work is not run); the shard store's errors for local steps before
 // the work ran. Once local work has run, every failure to settle it is a
 // *UsageUnknownError with the receipt: the usage the shard refused
 // (ErrInvalidCommand: its Receipt has no Actual), or, when the store
@@ -56,6 +58,12 @@ func (e *Emergency) run(ctx context.Context, req ReserveRequest, work Work, g ga
 	local := er.Local
 	id := local.ReservationID
 	if local.State != ledger.StateReserved {
+		if local.Retired {
+			// A retry of a request whose shard ended and was compacted
+			// away: its tombstone replays the reserve; wrap
+			// ErrReservationRetired as every other tombstone answer does.
+			return nil, fmt.Errorf("run %s: local reservation is %s, not RESERVED: %w", id, local.State, ledger.ErrReservationRetired)
+		}
 		return nil, fmt.Errorf("run %s: local reservation is %s, not RESERVED", id, local.State)
 	}
 	sh := e.store.shardOf(id)

@@ -314,7 +314,9 @@ func TestIntermediaryRetryAfterAndTooManyRequests(t *testing.T) {
 // which does not know the id and would admit it anew (the capacity
 // charged a second time), nor admitted from a newer shard while the
 // ledger is unreachable; the settle answers "already settled" instead of
-// the ledger's NOT_FOUND. Also after a gateway restart.
+// the ledger's NOT_FOUND; a retried Emergency.Run runs nothing and its
+// error wraps ledger.ErrReservationRetired (it used not to, unlike every
+// other answer from a tombstone). Also after a gateway restart.
 func TestARetryOfARequestServedFromAnEndedShardIsNeverAdmittedAgain(t *testing.T) {
 	dir := t.TempDir()
 	addr := startLedgerProcess(t, dir)
@@ -386,6 +388,11 @@ func TestARetryOfARequestServedFromAnEndedShardIsNeverAdmittedAgain(t *testing.T
 		}
 		if err := em.Settle(ctx, first.ReservationID, "op-1", Units{"tokens": 60}); !errors.Is(err, ledger.ErrReservationAlreadySettled) {
 			t.Fatalf("%s: retried settle: %v, want already settled", when, err)
+		}
+		ran := false
+		res, err := em.Run(ctx, retry, func(context.Context) (Units, error) { ran = true; return Units{"tokens": 60}, nil })
+		if ran || res != nil || !errors.Is(err, ledger.ErrReservationRetired) {
+			t.Fatalf("%s: retried Run: ran %v, %+v %v, want the work not run and an error wrapping ErrReservationRetired", when, ran, res, err)
 		}
 		if got := availableTokens(t, direct); got != available {
 			t.Fatalf("%s: available %d, was %d: the retry was charged again", when, got, available)

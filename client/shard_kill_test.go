@@ -244,3 +244,66 @@ func TestShardStoreTornRecordAfterCompaction(t *testing.T) {
 		st.Close()
 	}
 }
+
+// The truncation of a torn last record at open is fsynced before anything
+// is appended: the log file is synced while it has the truncated length,
+// before the boot record extends it. Otherwise a crash between the boot
+// record's write and its sync could keep the write and lose the
+// truncation, leaving the torn bytes in front of (or after) the boot
+// record: a log that no longer opens. A real power cut cannot be staged
+// here; this checks the sync the durability rests on, through the real
+// os.File.Sync, observed by the store's sync hook.
+func TestShardStoreTornRecordTruncationIsSynced(t *testing.T) {
+	clock := &testClock{now: shardT0}
+	dir := t.TempDir()
+	st := openCompactingStore(t, dir, clock, -1)
+	if err := endShards(st, 0, 1); err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	path := filepath.Join(dir, shardLogName)
+	whole, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, torn := range map[string][]byte{
+		"header cut":  {0, 0, 1},
+		"payload cut": {0, 0, 0, 100, 1, 2, 3, 4, '{', '"', 'o'},
+	} {
+		if err := os.WriteFile(path, append(slices.Clone(whole), torn...), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		var synced []int64 // the log's size at each sync
+		st, err := OpenShardStore(dir, ShardStoreOptions{GatewayID: "gw-a", Keys: testShardRing, Clock: clock.Now, compactAt: -1,
+			syncLog: func(f *os.File) error {
+				if f.Name() != path {
+					t.Errorf("%s: synced %s, want the log %s", name, f.Name(), path)
+				}
+				info, err := f.Stat()
+				if err != nil {
+					return err
+				}
+				synced = append(synced, info.Size())
+				return f.Sync()
+			}})
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		st.Close()
+		if len(synced) == 0 || synced[0] != int64(len(whole)) {
+			t.Fatalf("%s: the log was synced at sizes %v: want a first sync at the truncated size %d, before the boot record (the torn record was %d bytes)",
+				name, synced, len(whole), len(torn))
+		}
+		after, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(after) <= len(whole) || !slices.Equal(after[:len(whole)], whole) {
+			t.Fatalf("%s: the log after the open is not the old one and a boot record", name)
+		}
+		if ops := logOps(t, dir); ops["boot"] < 2 {
+			t.Fatalf("%s: log records %v: the boot record after the truncation is unreadable", name, ops)
+		}
+		whole = after
+	}
+}

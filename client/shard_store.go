@@ -69,6 +69,8 @@ type ShardStore struct {
 	// compactAt is the least number of bytes of ended shards' records
 	// the log is compacted for (shardLogCompactAt; tests lower it).
 	compactAt int64
+	// syncLog fsyncs the log file (ShardStoreOptions.syncLog).
+	syncLog func(f *os.File) error
 	// ended are the shards compacted away, as their tombstones, until
 	// they may be forgotten (endedShard.forgettable); retired maps each
 	// of their reservation ids to its tombstone. Both are replayed from
@@ -172,6 +174,9 @@ type ShardStoreOptions struct {
 	TombstoneRetention time.Duration
 	// compactAt overrides shardLogCompactAt (tests); negative: never.
 	compactAt int64
+	// syncLog, if set, is called in place of the log file's Sync (tests
+	// observe the syncs with it; it must call f.Sync).
+	syncLog func(f *os.File) error
 }
 
 // DefaultShardTombstoneRetention is ShardStoreOptions.TombstoneRetention's
@@ -215,6 +220,10 @@ func OpenShardStore(dir string, opts ShardStoreOptions) (*ShardStore, error) {
 	}
 	if opts.compactAt != 0 {
 		s.compactAt = opts.compactAt
+	}
+	s.syncLog = (*os.File).Sync
+	if opts.syncLog != nil {
+		s.syncLog = opts.syncLog
 	}
 	// A compaction cut short (by a crash) left the old log whole: it is
 	// the store; the unfinished new one is dropped.
@@ -263,10 +272,16 @@ func (s *ShardStore) replay() error {
 		payload, n, err := readShardRecord(r, size-offset)
 		if errors.Is(err, errTornRecord) {
 			// The last write did not complete, so it was never
-			// acknowledged: drop it.
+			// acknowledged: drop it, durably before anything is
+			// appended, so that no crash brings the torn bytes back in
+			// front of a later record (which would then be unreadable).
 			if err := f.Truncate(offset); err != nil {
 				f.Close()
 				return fmt.Errorf("open shard store: truncate torn record: %w", err)
+			}
+			if err := s.syncLog(f); err != nil {
+				f.Close()
+				return fmt.Errorf("open shard store: sync truncated log: %w", err)
 			}
 			break
 		}
@@ -350,7 +365,7 @@ func (s *ShardStore) append(rec *shardRecord) error {
 		s.broken = err
 		return fmt.Errorf("%w: %v", ErrShardStoreBroken, err)
 	}
-	if err := s.log.Sync(); err != nil {
+	if err := s.syncLog(s.log); err != nil {
 		s.broken = err
 		return fmt.Errorf("%w: %v", ErrShardStoreBroken, err)
 	}

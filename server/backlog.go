@@ -93,8 +93,12 @@ func (s *Server) ListUsageUnknown(ctx context.Context, req *connect.Request[v1.L
 	if s.resolver != nil {
 		resp.ResolverConfigured = true
 		resp.OverdueReservationIds = overdueFirst(s.resolver, rows, s.clock())
+		stats := s.resolver.ResolverStats()
+		// Before the first complete scan overdue counts nothing (the
+		// metric is left out): resolverScanned tells that 0 apart.
+		resp.ResolverScanned = stats.Scanned
 		if !scoped(ctx) { // store-wide, as the backlog
-			resp.Overdue = s.resolver.ResolverStats().Overdue
+			resp.Overdue = stats.Overdue
 		}
 	}
 	for i := range rows {

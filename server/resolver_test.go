@@ -32,6 +32,12 @@ func TestOverdueUnknownAreListedFirstAndCounted(t *testing.T) {
 	if strings.Contains(metrics, "capledger_usage_unknown_overdue ") {
 		t.Fatalf("overdue gauge before the resolver's first scan:\n%s", grep(metrics, "overdue"))
 	}
+	// Nor does the API count them as 0 overdue: it says no scan happened
+	// (the console's card says "not scanned yet").
+	if page := h.ok("ListUsageUnknown", `{}`, ""); page["resolverConfigured"] != true || page["resolverScanned"] != nil || page["overdue"] != nil {
+		t.Fatalf("before the first scan: resolverConfigured %v, resolverScanned %v, overdue %v; want true, absent, absent",
+			page["resolverConfigured"], page["resolverScanned"], page["overdue"])
+	}
 	h.engine.RunResolver(context.Background())
 	if metrics = h.get("/metrics"); !strings.Contains(metrics, "capledger_usage_unknown_overdue 0\n") {
 		t.Fatalf("nothing overdue yet:\n%s", grep(metrics, "overdue"))
@@ -42,8 +48,8 @@ func TestOverdueUnknownAreListedFirstAndCounted(t *testing.T) {
 	}
 	// Nothing overdue, but the deadlines are there: the console tells
 	// this 0 from a server without a resolver (TestListUsageUnknown).
-	if page["resolverConfigured"] != true {
-		t.Errorf("resolverConfigured %v with serve --resolver-config", page["resolverConfigured"])
+	if page["resolverConfigured"] != true || page["resolverScanned"] != true {
+		t.Errorf("resolverConfigured %v, resolverScanned %v with serve --resolver-config after a scan", page["resolverConfigured"], page["resolverScanned"])
 	}
 
 	h.clock.Advance(2 * time.Minute)

@@ -434,8 +434,14 @@ func writeConsoleTokens(t *testing.T) string {
 
 // runningGateway serves the operation-status endpoint of docs/CLIENTS.md
 // for the USAGE_UNKNOWN resolver, answering "running" for every operation,
-// and returns a --resolver-config file pointing at it.
+// and returns a --resolver-config file pointing at it (a scan every 200ms).
 func runningGateway(t *testing.T) string {
+	t.Helper()
+	return runningGatewayEvery(t, "200ms")
+}
+
+// runningGatewayEvery is runningGateway with the resolver's scan interval.
+func runningGatewayEvery(t *testing.T, interval string) string {
 	t.Helper()
 	secret := []byte("console-test-secret-0123456789")
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -452,7 +458,7 @@ func runningGateway(t *testing.T) string {
 	if err := os.WriteFile(filepath.Join(dir, "secret"), secret, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cfg := `{"interval":"200ms","routes":{"chat.generate":{"statusUrl":"` + srv.URL + `","secretFile":"secret"}}}`
+	cfg := `{"interval":"` + interval + `","routes":{"chat.generate":{"statusUrl":"` + srv.URL + `","secretFile":"secret"}}}`
 	path := filepath.Join(dir, "resolver.json")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
@@ -662,6 +668,16 @@ func TestConsoleBrowserPagesShowTheAPIsNumbers(t *testing.T) {
 		return resp.Answers[0]
 	}
 	b.want(`tr[data-key="r-b3"] td[data-field="answer"]`, "running")
+	// The overdue card shows the count of the resolver's last scan once
+	// there was one (TestConsoleBrowserBacklogBeforeTheResolversFirstScan).
+	b.wantEventually("backlog", `[data-value="overdue"]`, func() string {
+		var resp v1.ListUsageUnknownResponse
+		mustCall(t, base, tok, "LedgerService/ListUsageUnknown", &v1.ListUsageUnknownRequest{PageSize: 1}, &resp)
+		if !resp.ResolverScanned {
+			return "a scan" // never on the page: waits for the scan
+		}
+		return fmtInt(resp.Overdue)
+	})
 	b.wantEventually("backlog", `tr[data-key="r-b3"] td[data-field="attempts"]`, func() string { return fmtInt(answer().Attempts) })
 	b.wantEventually("backlog", `tr[data-key="r-b3"] td[data-field="nextAt"]`, func() string { return fmtTime(answer().NextAttemptAt) })
 	b.screenshot("backlog")
@@ -902,6 +918,33 @@ func TestConsoleBrowserWithoutAuth(t *testing.T) {
 	b.want(`[data-value="overdue"]`, "—")
 	b.want(`[data-card="overdue"] .sub`, "this server runs no resolver (serve --resolver-config), so no deadline")
 	b.noConsoleErrors(false)
+}
+
+// TestConsoleBrowserBacklogBeforeTheResolversFirstScan: with
+// --resolver-config the overdue count is known only after the resolver's
+// first complete scan (the API's resolverScanned, the metric left out
+// until then); before it the card says "not scanned yet", not 0. The
+// resolver here scans every hour, so not during the test.
+func TestConsoleBrowserBacklogBeforeTheResolversFirstScan(t *testing.T) {
+	chromiumPath(t)
+	base := startInProcess(t, "--tokens", writeConsoleTokens(t), "--resolver-config", runningGatewayEvery(t, "1h"))
+	consoleTraffic(t, base)
+	var unknown v1.ListUsageUnknownResponse
+	mustCall(t, base, consoleViewerToken, "LedgerService/ListUsageUnknown", &v1.ListUsageUnknownRequest{PageSize: 1000}, &unknown)
+	if !unknown.ResolverConfigured || unknown.ResolverScanned || len(unknown.Reservations) == 0 {
+		t.Fatalf("ListUsageUnknown: configured %v, scanned %v, %d reservations: want a configured, unscanned resolver and a backlog",
+			unknown.ResolverConfigured, unknown.ResolverScanned, len(unknown.Reservations))
+	}
+	b := newBrowser(t, base)
+	b.do(chromedp.Navigate(base + "/ui/#backlog"))
+	b.do(chromedp.WaitVisible(`main[data-failed]`))
+	b.setToken(consoleViewerToken)
+	b.waitRendered("backlog")
+	b.want(`[data-value="listed"]`, fmtInt(int64(len(unknown.Reservations))))
+	b.want(`[data-value="overdue"]`, "not scanned yet")
+	b.want(`[data-card="overdue"] .sub`, "the resolver has not completed a scan of the backlog yet (every --resolver-config interval)")
+	b.screenshot("backlog_unscanned")
+	b.noConsoleErrors(true)
 }
 
 // TestConsoleBrowserServerUnreachable: the page reaches the server through a

@@ -2653,15 +2653,22 @@ type ListUsageUnknownResponse struct {
 	OverdueReservationIds []string `protobuf:"bytes,5,rep,name=overdue_reservation_ids,json=overdueReservationIds,proto3" json:"overdue_reservation_ids,omitempty"`
 	// How many USAGE_UNKNOWN reservations were past their deadline at the
 	// resolver's last complete scan of the backlog (this replica's), as
-	// the metric capledger_usage_unknown_overdue; 0 without deadlines.
+	// the metric capledger_usage_unknown_overdue; 0 without deadlines,
+	// and before the first scan (see resolver_scanned).
 	Overdue int64 `protobuf:"varint,6,opt,name=overdue,proto3" json:"overdue,omitempty"`
 	// Whether this replica runs the USAGE_UNKNOWN resolver's deadlines
 	// (serve --resolver-config). Without them no reservation is ever
 	// overdue: overdue and overdue_reservation_ids are empty, which says
 	// nothing about the backlog.
 	ResolverConfigured bool `protobuf:"varint,7,opt,name=resolver_configured,json=resolverConfigured,proto3" json:"resolver_configured,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// Whether this replica's resolver has completed a scan of the backlog
+	// since the process started (the resolver runs on the worker leader:
+	// a replica that has not led has none). Until then overdue counts
+	// nothing, as the metric capledger_usage_unknown_overdue is left out
+	// until then. False without resolver_configured.
+	ResolverScanned bool `protobuf:"varint,8,opt,name=resolver_scanned,json=resolverScanned,proto3" json:"resolver_scanned,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *ListUsageUnknownResponse) Reset() {
@@ -2739,6 +2746,13 @@ func (x *ListUsageUnknownResponse) GetOverdue() int64 {
 func (x *ListUsageUnknownResponse) GetResolverConfigured() bool {
 	if x != nil {
 		return x.ResolverConfigured
+	}
+	return false
+}
+
+func (x *ListUsageUnknownResponse) GetResolverScanned() bool {
+	if x != nil {
+		return x.ResolverScanned
 	}
 	return false
 }
@@ -3562,7 +3576,7 @@ const file_capledger_v1_capledger_proto_rawDesc = "" +
 	"\x05route\x18\x02 \x01(\tR\x05route\x12\x1b\n" +
 	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x04 \x01(\tR\tpageToken\"\xf1\x02\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\"\x9c\x03\n" +
 	"\x18ListUsageUnknownResponse\x12=\n" +
 	"\freservations\x18\x01 \x03(\v2\x19.capledger.v1.ReservationR\freservations\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\x12\x18\n" +
@@ -3570,7 +3584,8 @@ const file_capledger_v1_capledger_proto_rawDesc = "" +
 	"\x17oldest_usage_unknown_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x14oldestUsageUnknownAt\x126\n" +
 	"\x17overdue_reservation_ids\x18\x05 \x03(\tR\x15overdueReservationIds\x12\x18\n" +
 	"\aoverdue\x18\x06 \x01(\x03R\aoverdue\x12/\n" +
-	"\x13resolver_configured\x18\a \x01(\bR\x12resolverConfigured\"N\n" +
+	"\x13resolver_configured\x18\a \x01(\bR\x12resolverConfigured\x12)\n" +
+	"\x10resolver_scanned\x18\b \x01(\bR\x0fresolverScanned\"N\n" +
 	"\x10ListDebtsRequest\x12\x1b\n" +
 	"\tpage_size\x18\x01 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +
