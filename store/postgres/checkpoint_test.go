@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/url"
 	"os"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/capledger/capledger/engine"
 	"github.com/capledger/capledger/internal/childproc"
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
@@ -374,5 +376,50 @@ func TestCheckpointBehindPgBouncer(t *testing.T) {
 	last, ok, err := direct.CheckpointLast(context.Background())
 	if err != nil || !ok || last.Seq != cuts {
 		t.Fatalf("last checkpoint %+v, %v, %v; want %d", last, ok, err, cuts)
+	}
+}
+
+// A compaction worker whose cuts are refused pass after pass, because
+// another writer holds the checkpoint lease, says so in its log (it was
+// silent: compaction stopped without a word), and says once that it
+// recovered when the lease is free and its cut goes through.
+func TestCompactionLogsAHeldCheckpointLease(t *testing.T) {
+	ctx := context.Background()
+	s, _ := openStore(t)
+	if lease, err := s.LeaseAcquire(ctx, "checkpoint", "another-writer", time.Hour); err != nil || !lease.Held {
+		t.Fatalf("hold the checkpoint lease: %+v, %v", lease, err)
+	}
+	var logs lockedBuffer
+	e := engine.New(s, engine.Options{
+		Logger:     slog.New(slog.NewTextHandler(&logs, nil)),
+		Compaction: &engine.CompactionOptions{Every: time.Hour, Interval: 50 * time.Millisecond},
+	})
+	defer e.Close()
+	k := subjectKey(1)
+	if _, err := e.DoBatch(ctx, []ledger.Command{publishCmd(k, 1000)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.DoBatch(ctx, []ledger.Command{reserveOn(k, "r1", 10)}); err != nil {
+		t.Fatal(err)
+	}
+	waitLog := func(what string) {
+		t.Helper()
+		for deadline := time.Now().Add(20 * time.Second); !strings.Contains(logs.String(), what); {
+			if time.Now().After(deadline) {
+				t.Fatalf("no log line %q after 20s; stats %+v; log:\n%s", what, e.CompactionStats(), logs.String())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	waitLog("compaction: checkpoint refused pass after pass")
+	if n := e.CompactionStats().Checkpoints; n != 0 {
+		t.Fatalf("%d checkpoints cut while another writer held the lease", n)
+	}
+	if err := s.LeaseRelease(ctx, "checkpoint", "another-writer"); err != nil {
+		t.Fatal(err)
+	}
+	waitLog("recovered")
+	if n := e.CompactionStats().Checkpoints; n != 1 {
+		t.Fatalf("%d checkpoints cut once the lease was free, want 1", n)
 	}
 }
