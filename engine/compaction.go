@@ -68,10 +68,22 @@ func (o *CompactionOptions) withDefaults() *CompactionOptions {
 
 const defaultCompactionBatch = 256
 
+// compactionConflictLog is the warning of a compaction worker whose cuts
+// the store refuses with store.ErrConflict pass after pass (another
+// writer holds the checkpoint lease), logged from the
+// compactionConflictsLogged-th pass in a row on.
+const (
+	compactionConflictLog     = "compaction: checkpoint refused pass after pass, another writer holds the store's checkpoint lease"
+	compactionConflictsLogged = 2
+)
+
 type compactionCounters struct {
 	checkpoints, deleted, refused atomic.Uint64
-	lastCut                       atomic.Int64 // Unix nanoseconds of the last CutAt seen
-	lastSeq                       atomic.Int64
+	// conflicts counts the passes in a row whose cut was refused with
+	// store.ErrConflict.
+	conflicts atomic.Uint64
+	lastCut   atomic.Int64 // Unix nanoseconds of the last CutAt seen
+	lastSeq   atomic.Int64
 	// written is the rate at which journal rows were stored, per second
 	// (math.Float64bits), between the cuts of the last two checkpoints
 	// this engine saw (sawCheckpoint): journal positions, so every
@@ -414,8 +426,21 @@ func (e *Engine) runCompaction(ctx context.Context) {
 			// due at every pass.
 			debug.FreeOSMemory()
 		}
+		if errors.Is(err, store.ErrConflict) {
+			// Once is a race with another replica (it appended first,
+			// or is writing: the next pass finds its checkpoint). Again
+			// at every pass, a writer holds the store's checkpoint lease
+			// and no checkpoint lands: say so, at most once per
+			// workerLogEvery, and once when a cut goes through again.
+			if n := e.compaction.conflicts.Add(1); n >= compactionConflictsLogged {
+				e.failLog.failed(e.log, compactionConflictLog, err, "passes", n)
+			}
+		} else if err == nil {
+			e.compaction.conflicts.Store(0)
+			e.failLog.ok(e.log, compactionConflictLog)
+		}
 		switch {
-		case errors.Is(err, store.ErrConflict): // another replica cut it
+		case errors.Is(err, store.ErrConflict): // another replica cuts
 		case err != nil:
 			if ctx.Err() == nil {
 				e.log.Warn("compaction: checkpoint", "err", err)

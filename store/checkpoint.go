@@ -63,7 +63,9 @@ type CheckpointStore interface {
 type CheckpointWriter interface {
 	// Put stores page, the checkpoint's next accounts in key order, in
 	// bounded transactions (one per page of the driver's size); they stay
-	// invisible until Finish.
+	// invisible until Finish. A writer that lost its right to write to
+	// another (PostgreSQL: its lease lapsed and was taken over) gets
+	// ErrConflict from Put and Finish, and writes nothing more.
 	Put(ctx context.Context, page []ledger.CheckpointAccount) error
 	// Finish stores c's header (c.Seq the writer's, c.Accounts ignored: they
 	// are the pages put) in one short transaction that checks c still

@@ -2,11 +2,13 @@ package postgres
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
@@ -124,36 +126,63 @@ func (s *Store) JournalAfter(ctx context.Context, pos int64) (bool, error) {
 	return after, nil
 }
 
-// checkpointLock is the session advisory lock a checkpoint writer holds,
-// per schema: one writer at a time across replicas, so no attempt deletes
-// the rows another is staging.
-const checkpointLock = `hashtextextended('capledger.checkpoint.' || current_schema(), 0)`
+// checkpointLease is the lease (leases table, so per schema) a checkpoint
+// writer holds: one writer at a time across replicas, so no attempt
+// deletes the rows another is staging.
+const checkpointLease = "checkpoint"
 
-// CheckpointWrite implements store.CheckpointStore: the writer holds a
-// connection with the session advisory lock checkpointLock (another
-// replica writing gets ErrConflict), stages the accounts a transaction of
+// checkpointLeaseTTL is how long a checkpoint writer's lease lasts after
+// its last transaction. Every transaction of the writer renews it, so it
+// needs only to outlast the gap between two of them (a page of the
+// paced audit, a few seconds at most) for the writer to keep it without
+// anyone waiting; and it bounds how long the cuts stay refused after a
+// writer died without Close (a killed process, a lost connection): 60 s
+// is within the compaction worker's default one-minute interval, so the
+// next replica's next pass takes it over. A writer whose lease lapsed
+// goes on while nobody took it over; once another did, the lapsed one's
+// transactions are refused (fenced).
+const checkpointLeaseTTL = 60 * time.Second
+
+// checkpointRenewSQL renews the lease of a writer (name $1, holder $2,
+// fence $3) for $4 microseconds; no row when another writer took it over.
+// It runs first in each of the writer's transactions, so the row lock it
+// takes keeps a takeover out until the writes commit or roll back.
+const checkpointRenewSQL = `UPDATE leases SET expires_at = clock_timestamp() + $4 * interval '1 microsecond'
+	WHERE name = $1 AND holder = $2 AND fence = $3`
+
+// CheckpointWrite implements store.CheckpointStore: the writer takes the
+// lease checkpointLease for a holder of its own (another writer holding
+// it gets ErrConflict), stages the accounts a transaction of
 // checkpointPage rows at a time under their seq (invisible: readers read
 // the accounts of the last stored header only) and stores the header
 // last in a short transaction that locks the chain and checks it still
 // follows. Rows staged by an attempt that never stored its header are
-// deleted first.
+// deleted first. Each transaction renews the lease and checks the writer
+// still holds it (holder and fence) before its writes, so nothing
+// depends on a server session (PgBouncer in transaction mode runs each
+// transaction on whichever server connection is free) and a writer whose
+// lease was taken over writes nothing more.
 func (s *Store) CheckpointWrite(ctx context.Context, seq int64) (store.CheckpointWriter, error) {
-	conn, err := s.pool.Acquire(ctx)
+	var token [12]byte
+	if _, err := rand.Read(token[:]); err != nil {
+		return nil, fmt.Errorf("checkpoint %d: holder: %w", seq, err)
+	}
+	ttl := s.checkpointTTL
+	if ttl <= 0 {
+		ttl = checkpointLeaseTTL
+	}
+	holder := "checkpoint-" + hex.EncodeToString(token[:])
+	lease, err := s.LeaseAcquire(ctx, checkpointLease, holder, ttl)
 	if err != nil {
-		return nil, s.c.classify("checkpoint: connect", err, false)
+		return nil, fmt.Errorf("checkpoint %d: %w", seq, err)
 	}
-	var locked bool
-	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock(`+checkpointLock+`)`).Scan(&locked); err != nil {
-		conn.Release()
-		return nil, s.c.classify("checkpoint: lock", err, false)
+	if !lease.Held {
+		return nil, fmt.Errorf("checkpoint %d: another checkpoint is being written (lease %q held by %s until %s): %w",
+			seq, checkpointLease, lease.Holder, lease.Expires.Format(time.RFC3339Nano), store.ErrConflict)
 	}
-	if !locked {
-		conn.Release()
-		return nil, fmt.Errorf("checkpoint %d: another checkpoint is being written: %w", seq, store.ErrConflict)
-	}
-	w := &checkpointWriter{s: s, conn: conn, seq: seq}
+	w := &checkpointWriter{s: s, seq: seq, holder: holder, fence: lease.Fence, ttlMicros: int64((ttl + time.Microsecond - 1) / time.Microsecond)}
 	var last int64
-	if err := conn.QueryRow(ctx, `SELECT COALESCE(MAX(seq), 0) FROM checkpoints`).Scan(&last); err != nil {
+	if err := s.pool.QueryRow(ctx, `SELECT COALESCE(MAX(seq), 0) FROM checkpoints`).Scan(&last); err != nil {
 		w.Close()
 		return nil, s.c.classify("checkpoint", err, false)
 	}
@@ -170,21 +199,58 @@ func (s *Store) CheckpointWrite(ctx context.Context, seq int64) (store.Checkpoin
 
 // checkpointWriter is the PostgreSQL store.CheckpointWriter.
 type checkpointWriter struct {
-	s    *Store
-	conn *pgxpool.Conn // holds checkpointLock
-	seq  int64
+	s   *Store
+	seq int64
+	// holder and fence name the writer's checkpointLease, renewed for
+	// ttlMicros by each of its transactions; closed once Close released it.
+	holder    string
+	fence     int64
+	ttlMicros int64
+	closed    bool
+}
+
+// tx runs f in a transaction on the pool that first renews the writer's
+// lease: ErrConflict, and nothing written, when another writer took it
+// over. what names the step in errors.
+func (w *checkpointWriter) tx(ctx context.Context, what string, f func(tx pgx.Tx) error) error {
+	if w.closed {
+		return fmt.Errorf("checkpoint %d: %s: the writer is closed", w.seq, what)
+	}
+	err := pgx.BeginFunc(ctx, w.s.pool, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, checkpointRenewSQL, checkpointLease, w.holder, w.fence, w.ttlMicros)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			return fmt.Errorf("checkpoint %d: %s: the writer's lease %q (fence %d) was taken over: %w",
+				w.seq, what, checkpointLease, w.fence, store.ErrConflict)
+		}
+		return f(tx)
+	})
+	if errors.Is(err, store.ErrConflict) {
+		return err
+	}
+	if err != nil {
+		return w.s.c.classify("checkpoint: "+what, err, true)
+	}
+	return nil
 }
 
 // deletePages deletes the checkpoint account rows where cond ($1 is arg),
 // a page per transaction.
 func (w *checkpointWriter) deletePages(ctx context.Context, cond string, arg int64) error {
 	for {
-		tag, err := w.conn.Exec(ctx, `DELETE FROM checkpoint_accounts WHERE ctid IN (
-			SELECT ctid FROM checkpoint_accounts WHERE `+cond+` LIMIT $2)`, arg, checkpointPage)
+		var n int64
+		err := w.tx(ctx, "delete accounts", func(tx pgx.Tx) error {
+			tag, err := tx.Exec(ctx, `DELETE FROM checkpoint_accounts WHERE ctid IN (
+				SELECT ctid FROM checkpoint_accounts WHERE `+cond+` LIMIT $2)`, arg, checkpointPage)
+			n = tag.RowsAffected()
+			return err
+		})
 		if err != nil {
-			return w.s.c.classify("checkpoint: delete accounts", err, true)
+			return err
 		}
-		if tag.RowsAffected() < checkpointPage {
+		if n < checkpointPage {
 			return nil
 		}
 	}
@@ -211,10 +277,14 @@ func (w *checkpointWriter) Put(ctx context.Context, page []ledger.CheckpointAcco
 			subject[i], route[i], region[i], generation[i] = a.Account.Subject, a.Account.Route, a.Account.Region, int64(a.Account.Generation)
 			balances[i], entries[i], journal[i] = codec.EncodeBalances(&a.Balances), a.Entries, a.Journal
 		}
-		if _, err := w.conn.Exec(ctx, `INSERT INTO checkpoint_accounts (seq, subject, route, region, generation, balances, entries, journal)
-			SELECT $1, * FROM unnest($2::text[], $3::text[], $4::text[], $5::bigint[], $6::bytea[], $7::bigint[], $8::text[])`,
-			w.seq, subject, route, region, generation, balances, entries, journal); err != nil {
-			return w.s.c.classify("checkpoint: accounts", err, true)
+		err := w.tx(ctx, "accounts", func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `INSERT INTO checkpoint_accounts (seq, subject, route, region, generation, balances, entries, journal)
+				SELECT $1, * FROM unnest($2::text[], $3::text[], $4::text[], $5::bigint[], $6::bytea[], $7::bigint[], $8::text[])`,
+				w.seq, subject, route, region, generation, balances, entries, journal)
+			return err
+		})
+		if err != nil {
+			return err
 		}
 	}
 	return nil
@@ -230,7 +300,7 @@ func (w *checkpointWriter) Finish(ctx context.Context, c *ledger.Checkpoint) err
 	if c.Seq != w.seq {
 		return fmt.Errorf("checkpoint %d finished by the writer of %d", c.Seq, w.seq)
 	}
-	err := pgx.BeginFunc(ctx, w.conn, func(tx pgx.Tx) error {
+	err := w.tx(ctx, "header", func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `LOCK TABLE checkpoints IN EXCLUSIVE MODE`); err != nil {
 			return err
 		}
@@ -248,11 +318,8 @@ func (w *checkpointWriter) Finish(ctx context.Context, c *ledger.Checkpoint) err
 			VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`, c.Seq, c.Through, cutAt, c.Entries, c.Moves, c.Prev, c.AccountsDigest, c.Digest)
 		return err
 	})
-	if errors.Is(err, store.ErrConflict) {
-		return err
-	}
 	if err != nil {
-		return w.s.c.classify("checkpoint", err, true)
+		return err
 	}
 	// The header is stored: what follows only frees space, and what it
 	// leaves the next checkpoint's write deletes.
@@ -260,16 +327,16 @@ func (w *checkpointWriter) Finish(ctx context.Context, c *ledger.Checkpoint) err
 	return nil
 }
 
-// Close implements store.CheckpointWriter: it releases the lock and the
-// connection (a connection that cannot unlock is closed, which does).
+// Close implements store.CheckpointWriter: it releases the lease if the
+// writer still holds it (expires it, so the next writer takes it over at
+// once). A release that fails leaves the lease to lapse after its TTL.
 func (w *checkpointWriter) Close() {
-	if w.conn == nil {
+	if w.closed {
 		return
 	}
-	ctx := context.Background()
-	if _, err := w.conn.Exec(ctx, `SELECT pg_advisory_unlock(`+checkpointLock+`)`); err != nil {
-		_ = w.conn.Conn().Close(ctx)
-	}
-	w.conn.Release()
-	w.conn = nil
+	w.closed = true
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, _ = w.s.pool.Exec(ctx, `UPDATE leases SET expires_at = clock_timestamp()
+		WHERE name = $1 AND holder = $2 AND fence = $3`, checkpointLease, w.holder, w.fence)
 }

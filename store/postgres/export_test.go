@@ -1,6 +1,8 @@
 package postgres
 
 import (
+	"time"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -44,3 +46,7 @@ func PoolOf(s *Store) *pgxpool.Pool { return s.pool }
 // store, for reading what the transaction did (its statistics, its
 // connection's prepared statements).
 func PgxTx(t store.Tx) pgx.Tx { return t.(*tx).tx }
+
+// SetCheckpointLeaseTTL sets the TTL of the lease s's checkpoint writers
+// take (checkpointLeaseTTL when 0).
+func SetCheckpointLeaseTTL(s *Store, ttl time.Duration) { s.checkpointTTL = ttl }

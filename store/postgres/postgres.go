@@ -47,6 +47,8 @@ type Store struct {
 	// planPerStatement is set when write transactions keep cached plans
 	// and plan only their lookups by arrays of keys at each run (plan.go).
 	planPerStatement bool
+	// checkpointTTL, when positive, replaces checkpointLeaseTTL (tests).
+	checkpointTTL time.Duration
 }
 
 var _ store.Store = (*Store)(nil)
