@@ -2,8 +2,6 @@ package postgres
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"time"
@@ -163,15 +161,18 @@ const checkpointRenewSQL = `UPDATE leases SET expires_at = clock_timestamp() + $
 // transaction on whichever server connection is free) and a writer whose
 // lease was taken over writes nothing more.
 func (s *Store) CheckpointWrite(ctx context.Context, seq int64) (store.CheckpointWriter, error) {
-	var token [12]byte
-	if _, err := rand.Read(token[:]); err != nil {
-		return nil, fmt.Errorf("checkpoint %d: holder: %w", seq, err)
-	}
 	ttl := s.checkpointTTL
 	if ttl <= 0 {
 		ttl = checkpointLeaseTTL
 	}
-	holder := "checkpoint-" + hex.EncodeToString(token[:])
+	// The holder names this attempt, unique across replicas and time: a
+	// transaction id the database hands out once (the store draws no
+	// randomness of its own; txid_current, not pg_current_xact_id, for
+	// PostgreSQL 12).
+	var holder string
+	if err := s.pool.QueryRow(ctx, `SELECT 'checkpoint-' || txid_current()::text`).Scan(&holder); err != nil {
+		return nil, s.c.classify(fmt.Sprintf("checkpoint %d: holder", seq), err, false)
+	}
 	lease, err := s.LeaseAcquire(ctx, checkpointLease, holder, ttl)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint %d: %w", seq, err)
