@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/capledger/capledger/ledger"
-	"github.com/capledger/capledger/store"
 	"github.com/capledger/capledger/store/sqlite"
 )
 
@@ -31,23 +30,7 @@ func TestStreamingAuditMatchesSnapshotAudit(t *testing.T) {
 	auditClean(t, e)
 
 	// Change an account behind the journal: conservation still holds.
-	accounts, err := st.AccountList(ctx, ledger.PolicyKey{})
-	if err != nil || len(accounts) != 1 {
-		t.Fatalf("accounts %v %v", accounts, err)
-	}
-	a := accounts[0]
-	a.Balances[0].Opening++
-	a.Balances[0].Available++
-	tx, err := st.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Write(ctx, &store.Changes{Accounts: []ledger.Account{a}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
+	changeAccountBehindTheJournal(t, st)
 	streamed, err := e.Audit(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"runtime/debug"
 	"runtime/metrics"
 	"testing"
@@ -12,7 +11,6 @@ import (
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
 	"github.com/capledger/capledger/store/memstore"
-	"github.com/capledger/capledger/store/sqlite"
 )
 
 // lifecycle runs n reserve/start/settle lifecycles through e.
@@ -42,17 +40,7 @@ func journalLen(t *testing.T, st store.Store) int {
 // journal since the checkpoint stays, and an account changed behind the
 // journal's back stops compaction: no checkpoint, nothing deleted.
 func TestCompactionCutsVerifiedCheckpoints(t *testing.T) {
-	for name, open := range map[string]func(t *testing.T) store.Store{
-		"memstore": func(*testing.T) store.Store { return memstore.New() },
-		"sqlite": func(t *testing.T) store.Store {
-			st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "compaction.db"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { st.Close() })
-			return st
-		},
-	} {
+	for name, open := range memstoreAndSQLite {
 		t.Run(name, func(t *testing.T) {
 			ctx := context.Background()
 			st := open(t)
@@ -94,23 +82,7 @@ func TestCompactionCutsVerifiedCheckpoints(t *testing.T) {
 
 			// Change an account behind the journal: the next cut refuses.
 			lifecycle(t, e, "c", 5)
-			accounts, err := st.AccountList(ctx, ledger.PolicyKey{})
-			if err != nil || len(accounts) != 1 {
-				t.Fatalf("accounts %v %v", accounts, err)
-			}
-			a := accounts[0]
-			a.Balances[0].Opening++
-			a.Balances[0].Available++
-			tx, err := st.Begin(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := tx.Write(ctx, &store.Changes{Accounts: []ledger.Account{a}}); err != nil {
-				t.Fatal(err)
-			}
-			if err := tx.Commit(ctx); err != nil {
-				t.Fatal(err)
-			}
+			changeAccountBehindTheJournal(t, st)
 			left := journalLen(t, st)
 			clk.Advance(time.Hour)
 			e.runCompaction(ctx)
@@ -270,17 +242,7 @@ func TestCheckpointCutHoldsAPage(t *testing.T) {
 	defer func(page int) { checkpointPage = page }(checkpointPage)
 	checkpointPage = 16
 	const accounts = 600
-	for name, open := range map[string]func(t *testing.T) store.Store{
-		"memstore": func(*testing.T) store.Store { return memstore.New() },
-		"sqlite": func(t *testing.T) store.Store {
-			st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "page.db"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { st.Close() })
-			return st
-		},
-	} {
+	for name, open := range memstoreAndSQLite {
 		t.Run(name, func(t *testing.T) {
 			ctx := context.Background()
 			st := &materialising{Store: open(t)}
@@ -363,17 +325,7 @@ func forcedGCs() uint64 {
 // pass.
 func TestDueCompactionWithNothingNewTakesNoSnapshot(t *testing.T) {
 	ctx := context.Background()
-	for name, open := range map[string]func(t *testing.T) store.Store{
-		"memstore": func(*testing.T) store.Store { return memstore.New() },
-		"sqlite": func(t *testing.T) store.Store {
-			st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "ledger.db"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { st.Close() })
-			return st
-		},
-	} {
+	for name, open := range memstoreAndSQLite {
 		t.Run(name, func(t *testing.T) {
 			st := &snapshotCounter{Store: open(t)}
 			clk := newClock()

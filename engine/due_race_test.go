@@ -2,14 +2,10 @@ package engine
 
 import (
 	"context"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/capledger/capledger/ledger"
-	"github.com/capledger/capledger/store"
-	"github.com/capledger/capledger/store/memstore"
-	"github.com/capledger/capledger/store/sqlite"
 )
 
 // TestGatewayCommandBetweenDueListingAndWorkerBatchWins checks that the
@@ -48,18 +44,7 @@ func TestGatewayCommandBetweenDueListingAndWorkerBatchWins(t *testing.T) {
 		{name: "settle of overrunning work", started: true, between: [][]ledger.Command{{settle}},
 			wantState: ledger.StateSettled, wantSpent: 40},
 	}
-	stores := map[string]func(t *testing.T) store.Store{
-		"memstore": func(*testing.T) store.Store { return memstore.New() },
-		"sqlite": func(t *testing.T) store.Store {
-			st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "capledger.db"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { st.Close() })
-			return st
-		},
-	}
-	for storeName, open := range stores {
+	for storeName, open := range memstoreAndSQLite {
 		for _, tc := range cases {
 			t.Run(storeName+"/"+tc.name, func(t *testing.T) {
 				ctx := context.Background()

@@ -1,17 +1,15 @@
 package engine
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/capledger/capledger/internal/logcapture"
 	"github.com/capledger/capledger/store"
 	"github.com/capledger/capledger/store/memstore"
 )
@@ -30,31 +28,14 @@ func (s *dueFailingStore) ReservationsDue(ctx context.Context, now time.Time, li
 	return s.Store.ReservationsDue(ctx, now, limit)
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) lines(substr string) int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return strings.Count(b.b.String(), substr)
-}
-
 // A worker that fails every tick (the store is down) logs its first
 // failure, then at most once per period (30 s) with a count and how long
 // it has been failing, and once when it works again: not four lines a
 // second.
 func TestFailingExpiryWorkerLogsOncePerPeriod(t *testing.T) {
 	st := &dueFailingStore{Store: memstore.New()}
-	var logs syncBuffer
-	e := New(st, Options{DisableWorkers: true, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	logger, logs := logcapture.New()
+	e := New(st, Options{DisableWorkers: true, Logger: logger})
 	defer e.Close()
 	ctx := context.Background()
 	start := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
@@ -67,27 +48,27 @@ func TestFailingExpiryWorkerLogsOncePerPeriod(t *testing.T) {
 	}
 	now = start.Add(workerLogEvery - time.Millisecond)
 	e.runDue(ctx)
-	if n := logs.lines(`msg="expiry worker"`); n != 1 {
-		t.Fatalf("%d lines for 41 failed ticks within the period, want 1:\n%s", n, logs.b.String())
+	if n := logs.Count(`msg="expiry worker"`); n != 1 {
+		t.Fatalf("%d lines for 41 failed ticks within the period, want 1:\n%s", n, logs.String())
 	}
 	now = start.Add(workerLogEvery)
 	e.runDue(ctx)
-	if n := logs.lines(`msg="expiry worker"`); n != 2 || logs.lines("failures_since_last_log=41 failing_for=30s") != 1 {
-		t.Fatalf("after the period: want a second line counting 41 failures in 30s:\n%s", logs.b.String())
+	if n := logs.Count(`msg="expiry worker"`); n != 2 || logs.Count("failures_since_last_log=41 failing_for=30s") != 1 {
+		t.Fatalf("after the period: want a second line counting 41 failures in 30s:\n%s", logs.String())
 	}
 	st.fail.Store(false)
 	now = now.Add(5 * time.Second)
 	e.runDue(ctx)
 	e.runDue(ctx)
-	if n := logs.lines(`msg="expiry worker recovered" failures=42 failed_for=35s`); n != 1 {
-		t.Fatalf("want one recovery line:\n%s", logs.b.String())
+	if n := logs.Count(`msg="expiry worker recovered" failures=42 failed_for=35s`); n != 1 {
+		t.Fatalf("want one recovery line:\n%s", logs.String())
 	}
 	// A new failure after recovery is logged at once.
 	st.fail.Store(true)
 	e.runDue(ctx)
 	e.runDue(ctx)
-	if n := logs.lines(`msg="expiry worker"`); n != 3 {
-		t.Fatalf("a new outage's first failure: %d lines:\n%s", n, logs.b.String())
+	if n := logs.Count(`msg="expiry worker"`); n != 3 {
+		t.Fatalf("a new outage's first failure: %d lines:\n%s", n, logs.String())
 	}
 }
 
@@ -97,11 +78,11 @@ func TestFailingExpiryWorkerLogsOncePerPeriod(t *testing.T) {
 // period, and no "batch failed" line per batch beside it (four a second).
 func TestFailingWorkerBatchesLogOncePerPeriod(t *testing.T) {
 	st := memstore.New()
-	var logs syncBuffer
+	logger, logs := logcapture.New()
 	now := time.Date(2026, 12, 3, 16, 0, 0, 0, time.UTC)
 	var mu sync.Mutex
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	e := New(st, Options{DisableWorkers: true, Clock: clock, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	e := New(st, Options{DisableWorkers: true, Clock: clock, Logger: logger})
 	defer e.Close()
 	e.failLog.now = clock // moves once, before the failures: the 40 ticks are within one period
 	publish(t, e, 1000, time.Second, 0)
@@ -115,22 +96,22 @@ func TestFailingWorkerBatchesLogOncePerPeriod(t *testing.T) {
 	for range 40 { // ten seconds of ticks
 		e.runDue(context.Background())
 	}
-	if n := logs.lines(`msg="worker batch"`); n != 1 {
-		t.Fatalf("%d worker batch lines for 40 failed ticks, want 1:\n%s", n, logs.b.String())
+	if n := logs.Count(`msg="worker batch"`); n != 1 {
+		t.Fatalf("%d worker batch lines for 40 failed ticks, want 1:\n%s", n, logs.String())
 	}
-	if n := logs.lines(`msg="batch failed"`); n != 0 {
-		t.Fatalf("%d batch failed lines for 40 failed worker batches, want none (the worker logs them):\n%s", n, logs.b.String())
+	if n := logs.Count(`msg="batch failed"`); n != 0 {
+		t.Fatalf("%d batch failed lines for 40 failed worker batches, want none (the worker logs them):\n%s", n, logs.String())
 	}
 	// A gateway's failed batch is still logged each time.
 	if _, err := e.Do(context.Background(), reserveCmd("refused", 10)); err == nil {
 		t.Fatal("reserve committed on a store that fails every commit")
 	}
-	if n := logs.lines(`msg="batch failed"`); n != 1 {
-		t.Fatalf("a gateway's failed batch: %d batch failed lines, want 1:\n%s", n, logs.b.String())
+	if n := logs.Count(`msg="batch failed"`); n != 1 {
+		t.Fatalf("a gateway's failed batch: %d batch failed lines, want 1:\n%s", n, logs.String())
 	}
 	st.FailCommits(nil)
 	e.runDue(context.Background())
-	if n := logs.lines(`msg="worker batch recovered" failures=40`); n != 1 {
-		t.Fatalf("want one recovery line:\n%s", logs.b.String())
+	if n := logs.Count(`msg="worker batch recovered" failures=40`); n != 1 {
+		t.Fatalf("want one recovery line:\n%s", logs.String())
 	}
 }

@@ -115,64 +115,121 @@ func TestPropertyForgettingKeepsDispatchOrder(t *testing.T) {
 	}
 }
 
+// scenarioRun is what a scenario did on one Scheduler: the tenants in the
+// order they were dispatched (or the part of it the test compares), and
+// whatever else the test looked at on the way.
+type scenarioRun[Seen any] struct {
+	order []string
+	seen  Seen
+}
+
+// forgettingKeepsOrder runs scenario on a Scheduler made from cfg that
+// forgets idle tenants once the clock has passed them, then on one made
+// from cfg that keeps every tenant, and fails the test (and goes on) unless
+// both dispatched in the same order: forgetting must never change what the
+// Scheduler does. It returns both runs for the checks that are each test's
+// own.
+func forgettingKeepsOrder[Seen any](t *testing.T, cfg Config, scenario func(s *Scheduler) scenarioRun[Seen]) (forgetting, keeping scenarioRun[Seen]) {
+	t.Helper()
+	run := func(keepIdle bool) scenarioRun[Seen] {
+		s := mustNew(t, cfg)
+		s.keepIdle = keepIdle
+		return scenario(s)
+	}
+	forgetting, keeping = run(false), run(true)
+	if !reflect.DeepEqual(forgetting.order, keeping.order) {
+		t.Errorf("dispatch order with forgetting differs from the scheduler that keeps every tenant:\n forgetting %v\n keeping    %v", forgetting.order, keeping.order)
+	}
+	return forgetting, keeping
+}
+
+// dispatchAndSettle dispatches the next request and settles it at its
+// estimate.
+func dispatchAndSettle(t *testing.T, s *Scheduler) Request {
+	t.Helper()
+	r := mustDispatch(t, s)
+	if err := s.Settle(r.ReservationID, r.EstimatedCost); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// dispatchAll dispatches and settles (at its estimate) every queued
+// request and returns their tenants in dispatch order.
+func dispatchAll(t *testing.T, s *Scheduler) []string {
+	t.Helper()
+	var tenants []string
+	for s.Len() > 0 {
+		tenants = append(tenants, dispatchAndSettle(t, s).Tenant)
+	}
+	return tenants
+}
+
+// aheadOfTheClock is the start of the scenarios of tenant a coming back
+// ahead of the clock: a and b at weight 1, and a served once with a
+// request estimated at 10 that costs 1000, so its virtual time moves 990
+// cost units past where it started, far ahead of the clock.
+type aheadOfTheClock struct {
+	t     *testing.T
+	s     *Scheduler
+	nextB int
+	// order is the tenant of every request serve dispatched.
+	order []string
+}
+
+func startAheadOfTheClock(t *testing.T, s *Scheduler) *aheadOfTheClock {
+	t.Helper()
+	mustSetTenant(t, s, "a", 1, 0)
+	mustSetTenant(t, s, "b", 1, 0)
+	mustEnqueue(t, s, "a-1", "a", 10)
+	if err := s.Settle(mustDispatch(t, s).ReservationID, 1000); err != nil {
+		t.Fatal(err)
+	}
+	return &aheadOfTheClock{t: t, s: s}
+}
+
+// serve dispatches n requests, each time first topping b's queue up to 4
+// requests of cost 10, and settles each at its estimate: b alone moves
+// the clock 10 per dispatch.
+func (sc *aheadOfTheClock) serve(n int) {
+	sc.t.Helper()
+	for range n {
+		for sc.s.QueueLen("b") < 4 {
+			mustEnqueue(sc.t, sc.s, fmt.Sprint("b-", sc.nextB), "b", 10)
+			sc.nextB++
+		}
+		sc.order = append(sc.order, dispatchAndSettle(sc.t, sc.s).Tenant)
+	}
+}
+
 // A tenant idle but ahead of its level's clock (a settle charged it more
 // than its estimate) is kept until the clock passes it, so leaving and
 // coming back gains it nothing: it waits behind the other tenant exactly as
 // long as it would had it never left. Once the clock has passed it, it is
 // forgotten without any call of its own.
 func TestIdleTenantAheadOfTheClockIsKept(t *testing.T) {
-	run := func(keepIdle bool) (order []string, heldWhileAhead bool, forgottenAfter bool) {
-		s := mustNew(t, Config{MaxQueuePerTenant: 4})
-		s.keepIdle = keepIdle
-		mustSetTenant(t, s, "a", 1, 0)
-		mustSetTenant(t, s, "b", 1, 0)
-		// a dispatches a request estimated at 10 that costs 1000: its
-		// virtual time ends 990 cost units ahead of the clock.
-		mustEnqueue(t, s, "a-1", "a", 10)
-		if err := s.Settle(mustDispatch(t, s).ReservationID, 1000); err != nil {
-			t.Fatal(err)
-		}
-		id := 0
-		step := func() {
-			for s.QueueLen("b") < 4 {
-				mustEnqueue(t, s, fmt.Sprint("b-", id), "b", 10)
-				id++
-			}
-			r := mustDispatch(t, s)
-			order = append(order, r.Tenant)
-			if err := s.Settle(r.ReservationID, r.EstimatedCost); err != nil {
-				t.Fatal(err)
-			}
-		}
+	type seen struct{ heldWhileAhead, forgottenAfter bool }
+	forgetting, _ := forgettingKeepsOrder(t, Config{MaxQueuePerTenant: 4}, func(s *Scheduler) (run scenarioRun[seen]) {
+		ahead := startAheadOfTheClock(t, s)
 		// b alone moves the clock 10 per dispatch, to 510: many sweeps
 		// later, a is still ahead.
-		for range 50 {
-			step()
-		}
-		heldWhileAhead = s.tenants["a"] != nil
+		ahead.serve(50)
+		run.seen.heldWhileAhead = s.tenants["a"] != nil
 		// a comes back: its request finishes at 1010, so b goes first
 		// until its own finish times reach 1010.
 		mustEnqueue(t, s, "a-2", "a", 10)
-		for range 60 {
-			step()
-		}
+		ahead.serve(60)
 		// The clock is now past a (at 1010): a few sweeps forget it.
-		for range 4 {
-			step()
-		}
-		forgottenAfter = s.tenants["a"] == nil
-		return order, heldWhileAhead, forgottenAfter
-	}
-	got, held, forgotten := run(false)
-	want, _, _ := run(true)
-	if !held {
+		ahead.serve(4)
+		run.seen.forgottenAfter = s.tenants["a"] == nil
+		run.order = ahead.order
+		return run
+	})
+	if !forgetting.seen.heldWhileAhead {
 		t.Error("a, idle 490 cost units ahead of the clock, was forgotten")
 	}
-	if !reflect.DeepEqual(got, want) {
-		t.Errorf("dispatch order differs from a scheduler that keeps every tenant:\n got %v\nwant %v", got, want)
-	}
 	bBeforeA := 0
-	for _, tenant := range got[50:] {
+	for _, tenant := range forgetting.order[50:] {
 		if tenant == "a" {
 			break
 		}
@@ -184,7 +241,7 @@ func TestIdleTenantAheadOfTheClockIsKept(t *testing.T) {
 	if bBeforeA != 49 {
 		t.Errorf("a came back and was served after %d dispatches of b, want 49 (it had used 990 cost units more than b)", bBeforeA)
 	}
-	if !forgotten {
+	if !forgetting.seen.forgottenAfter {
 		t.Error("a was still held after the clock passed it")
 	}
 }
@@ -370,34 +427,27 @@ func TestMemoryFollowsTenantsInUse(t *testing.T) {
 // ForgetDeclarations settings, the first with the declarations kept, the
 // second declaring right before each Enqueue.
 func TestRedeclaredIdleTenantGetsANewTenantsCredit(t *testing.T) {
+	type seen struct{ xForgotten bool }
 	for _, forgetDeclarations := range []bool{false, true} {
 		t.Run(fmt.Sprint("ForgetDeclarations=", forgetDeclarations), func(t *testing.T) {
-			run := func(keepIdle bool) (order []string, xForgotten bool) {
-				s := mustNew(t, Config{Quantum: 100, MaxQueuePerTenant: 16, PriorityMode: PriorityStrict, ForgetDeclarations: forgetDeclarations})
-				s.keepIdle = keepIdle
-				settleNext := func() Request {
-					r := mustDispatch(t, s)
-					if err := s.Settle(r.ReservationID, r.EstimatedCost); err != nil {
-						t.Fatal(err)
-					}
-					return r
-				}
+			cfg := Config{Quantum: 100, MaxQueuePerTenant: 16, PriorityMode: PriorityStrict, ForgetDeclarations: forgetDeclarations}
+			forgetting, keeping := forgettingKeepsOrder(t, cfg, func(s *Scheduler) (run scenarioRun[seen]) {
 				mustSetTenant(t, s, "x", 1, 0)
 				mustEnqueue(t, s, "x-0", "x", 10)
-				settleNext()
+				dispatchAndSettle(t, s)
 				// a moves priority 0's clock far past x (and its sweeps
 				// forget x); b sets priority 1's clock.
 				for i := range 6 {
 					mustSetTenant(t, s, "a", 1, 0)
 					mustEnqueue(t, s, fmt.Sprint("a-", i), "a", 100)
-					settleNext()
+					dispatchAndSettle(t, s)
 				}
 				for i := range 3 {
 					mustSetTenant(t, s, "b", 1, 1)
 					mustEnqueue(t, s, fmt.Sprint("b-", i), "b", 50)
-					settleNext()
+					dispatchAndSettle(t, s)
 				}
-				xForgotten = s.tenants["x"] == nil
+				run.seen.xForgotten = s.tenants["x"] == nil
 				mustSetTenant(t, s, "x", 3, 1)
 				mustSetTenant(t, s, "x", 1, 1)
 				for i := range 10 {
@@ -408,20 +458,13 @@ func TestRedeclaredIdleTenantGetsANewTenantsCredit(t *testing.T) {
 					mustSetTenant(t, s, "x", 1, 1)
 					mustEnqueue(t, s, fmt.Sprint("x-", 1+i), "x", 10)
 				}
-				for s.Len() > 0 {
-					order = append(order, settleNext().Tenant)
-				}
-				return order, xForgotten
+				run.order = dispatchAll(t, s)
+				return run
+			})
+			if !forgetting.seen.xForgotten || keeping.seen.xForgotten {
+				t.Fatalf("x forgotten: %v by the forgetting scheduler (want true), %v by the keeping one (want false)", forgetting.seen.xForgotten, keeping.seen.xForgotten)
 			}
-			got, forgotten := run(false)
-			want, kept := run(true)
-			if !forgotten || kept {
-				t.Fatalf("x forgotten: %v by the forgetting scheduler (want true), %v by the keeping one (want false)", forgotten, kept)
-			}
-			if !reflect.DeepEqual(got, want) {
-				t.Errorf("dispatch order with forgetting differs from the scheduler that keeps every tenant:\n forgetting %v\n keeping    %v", got, want)
-			}
-			for name, order := range map[string][]string{"forgetting": got, "keeping": want} {
+			for name, order := range map[string][]string{"forgetting": forgetting.order, "keeping": keeping.order} {
 				xFirst := 0
 				for _, tenant := range order {
 					if tenant != "x" {
@@ -446,43 +489,15 @@ func TestRedeclaredIdleTenantGetsANewTenantsCredit(t *testing.T) {
 // finishing at 410 … 900 (50) still come first, with or without forgetting.
 // Had the weight change made a a new tenant, it would go first.
 func TestWeightChangeKeepsAnIdleTenantsCharge(t *testing.T) {
-	run := func(keepIdle bool) []string {
-		s := mustNew(t, Config{Quantum: 100, MaxQueuePerTenant: 4})
-		s.keepIdle = keepIdle
-		mustSetTenant(t, s, "a", 1, 0)
-		mustSetTenant(t, s, "b", 1, 0)
-		mustEnqueue(t, s, "a-1", "a", 10)
-		if err := s.Settle(mustDispatch(t, s).ReservationID, 1000); err != nil {
-			t.Fatal(err)
-		}
-		var order []string
-		id := 0
-		step := func() {
-			for s.QueueLen("b") < 4 {
-				mustEnqueue(t, s, fmt.Sprint("b-", id), "b", 10)
-				id++
-			}
-			r := mustDispatch(t, s)
-			order = append(order, r.Tenant)
-			if err := s.Settle(r.ReservationID, r.EstimatedCost); err != nil {
-				t.Fatal(err)
-			}
-		}
-		for range 50 {
-			step()
-		}
+	forgetting, _ := forgettingKeepsOrder(t, Config{Quantum: 100, MaxQueuePerTenant: 4}, func(s *Scheduler) scenarioRun[struct{}] {
+		ahead := startAheadOfTheClock(t, s)
+		ahead.serve(50)
 		mustSetTenant(t, s, "a", 2, 0)
 		mustEnqueue(t, s, "a-2", "a", 10)
-		for range 60 {
-			step()
-		}
-		return order[50:]
-	}
-	got, want := run(false), run(true)
-	if !reflect.DeepEqual(got, want) {
-		t.Errorf("dispatch order differs from a scheduler that keeps every tenant:\n got %v\nwant %v", got, want)
-	}
-	bBeforeA := slices.Index(got, "a")
+		ahead.serve(60)
+		return scenarioRun[struct{}]{order: ahead.order[50:]}
+	})
+	bBeforeA := slices.Index(forgetting.order, "a")
 	if bBeforeA != 50 {
 		t.Errorf("a, 900 cost units ahead, went to weight 2 and came back after %d dispatches of b, want 50 (its charge kept)", bBeforeA)
 	}
@@ -497,29 +512,22 @@ func TestWeightChangeKeepsAnIdleTenantsCharge(t *testing.T) {
 // comes back with 10 requests of cost 10 behind 10 of b's, and goes first
 // with all of them (finishing at -90 … 0, b's next at 10).
 func TestRebasedIdleTenantGetsANewTenantsCredit(t *testing.T) {
-	run := func(keepIdle bool) (order []string, xForgotten bool) {
-		s := mustNew(t, Config{Quantum: 100, MaxQueuePerTenant: 16, PriorityMode: PriorityStrict})
-		s.keepIdle = keepIdle
+	type seen struct{ xForgotten bool }
+	cfg := Config{Quantum: 100, MaxQueuePerTenant: 16, PriorityMode: PriorityStrict}
+	forgetting, keeping := forgettingKeepsOrder(t, cfg, func(s *Scheduler) (run scenarioRun[seen]) {
 		s.rebaseAt = 2000 * VirtualScale
-		settleNext := func() Request {
-			r := mustDispatch(t, s)
-			if err := s.Settle(r.ReservationID, r.EstimatedCost); err != nil {
-				t.Fatal(err)
-			}
-			return r
-		}
 		mustSetTenant(t, s, "x", 3, 0)
 		mustSetTenant(t, s, "b", 1, 0)
 		mustEnqueue(t, s, "x-0", "x", 10)
-		settleNext()
+		dispatchAndSettle(t, s)
 		for i := range 22 {
 			mustEnqueue(t, s, fmt.Sprint("b-", i), "b", 100)
-			settleNext()
+			dispatchAndSettle(t, s)
 		}
 		if s.levels[0].clock != 0 {
 			t.Fatalf("clock at %d after b's 22nd dispatch, want 0 (rebased)", s.levels[0].clock)
 		}
-		xForgotten = s.tenants["x"] == nil
+		run.seen.xForgotten = s.tenants["x"] == nil
 		mustSetTenant(t, s, "x", 1, 0)
 		for i := range 10 {
 			mustEnqueue(t, s, fmt.Sprint("b-", 22+i), "b", 10)
@@ -527,20 +535,13 @@ func TestRebasedIdleTenantGetsANewTenantsCredit(t *testing.T) {
 		for i := range 10 {
 			mustEnqueue(t, s, fmt.Sprint("x-", 1+i), "x", 10)
 		}
-		for s.Len() > 0 {
-			order = append(order, settleNext().Tenant)
-		}
-		return order, xForgotten
+		run.order = dispatchAll(t, s)
+		return run
+	})
+	if !forgetting.seen.xForgotten || keeping.seen.xForgotten {
+		t.Fatalf("x forgotten: %v by the forgetting scheduler (want true), %v by the keeping one (want false)", forgetting.seen.xForgotten, keeping.seen.xForgotten)
 	}
-	got, forgotten := run(false)
-	want, kept := run(true)
-	if !forgotten || kept {
-		t.Fatalf("x forgotten: %v by the forgetting scheduler (want true), %v by the keeping one (want false)", forgotten, kept)
-	}
-	if !reflect.DeepEqual(got, want) {
-		t.Errorf("dispatch order with forgetting differs from the scheduler that keeps every tenant:\n forgetting %v\n keeping    %v", got, want)
-	}
-	if xFirst := slices.Index(want, "b"); xFirst != 10 {
-		t.Errorf("kept x came back with %d dispatches before b's next, want 10 (a new tenant's quantum of 100 at weight 1): %v", xFirst, want)
+	if xFirst := slices.Index(keeping.order, "b"); xFirst != 10 {
+		t.Errorf("kept x came back with %d dispatches before b's next, want 10 (a new tenant's quantum of 100 at weight 1): %v", xFirst, keeping.order)
 	}
 }

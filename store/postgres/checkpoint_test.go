@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/url"
 	"os"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/capledger/capledger/engine"
 	"github.com/capledger/capledger/internal/childproc"
+	"github.com/capledger/capledger/internal/logcapture"
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
 	"github.com/capledger/capledger/store/postgres"
@@ -283,7 +283,7 @@ ignore_startup_parameters = lock_timeout,idle_in_transaction_session_timeout,pla
 	}
 	cmd := exec.Command(bin, args...)
 	childproc.DieWithParent(cmd)
-	var logs lockedBuffer
+	var logs logcapture.Logs
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start pgbouncer: %v", err)
@@ -307,23 +307,6 @@ ignore_startup_parameters = lock_timeout,idle_in_transaction_session_timeout,pla
 		time.Sleep(20 * time.Millisecond)
 	}
 	return fmt.Sprintf("postgres://%s@%s/capledger?sslmode=disable&default_query_exec_mode=exec", user, addr)
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // Behind PgBouncer in transaction mode, where each transaction runs on
@@ -389,9 +372,9 @@ func TestCompactionLogsAHeldCheckpointLease(t *testing.T) {
 	if lease, err := s.LeaseAcquire(ctx, "checkpoint", "another-writer", time.Hour); err != nil || !lease.Held {
 		t.Fatalf("hold the checkpoint lease: %+v, %v", lease, err)
 	}
-	var logs lockedBuffer
+	logger, logs := logcapture.New()
 	e := engine.New(s, engine.Options{
-		Logger:     slog.New(slog.NewTextHandler(&logs, nil)),
+		Logger:     logger,
 		Compaction: &engine.CompactionOptions{Every: time.Hour, Interval: 50 * time.Millisecond},
 	})
 	defer e.Close()
