@@ -1,7 +1,6 @@
 package postgres_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -24,6 +23,7 @@ import (
 	ledgerv1 "github.com/capledger/capledger/api/capledger/v1"
 	"github.com/capledger/capledger/client"
 	"github.com/capledger/capledger/internal/childproc"
+	"github.com/capledger/capledger/internal/logcapture"
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store/postgres"
 )
@@ -68,7 +68,7 @@ type replica struct {
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
-	logs bytes.Buffer
+	logs logcapture.Logs // the child writes it while a failure message reads it
 }
 
 func startReplica(t testing.TB, bin, dsn string, extra ...string) *replica {

@@ -6,7 +6,6 @@ package failovergate
 // porcupine model of one no-refill account.
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -28,6 +27,7 @@ import (
 
 	"github.com/capledger/capledger/client"
 	"github.com/capledger/capledger/internal/childproc"
+	"github.com/capledger/capledger/internal/logcapture"
 )
 
 // buildCapledger builds the capledger binary into a temporary directory
@@ -70,7 +70,7 @@ type replica struct {
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
-	logs bytes.Buffer
+	logs logcapture.Logs // the child writes it while a failure message reads it
 }
 
 func startReplica(t testing.TB, bin, dsn string, extra ...string) *replica {
