@@ -104,8 +104,10 @@ var (
 	// ErrShardStoreLocked: another process holds the directory.
 	ErrShardStoreLocked = errors.New("shard store in use by another process")
 	// ErrShardStoreCorrupt: a log record in the middle of the log does not
-	// verify (a torn last record is dropped silently: it was never
-	// acknowledged).
+	// verify, or zeros stand where a record should be with data after
+	// them. A torn last record, and zeros from a record boundary to the
+	// end of the file (a write whose bytes never reached the disk), are
+	// dropped silently: that write was never acknowledged.
 	ErrShardStoreCorrupt = errors.New("shard store log corrupt")
 	// ErrShardStoreIdentity: the directory belongs to another gateway
 	// identity (ShardStoreOptions.GatewayID differs from the one its log
@@ -270,6 +272,20 @@ func (s *ShardStore) replay() error {
 	var offset int64
 	for offset < size {
 		payload, n, err := readShardRecord(r, size-offset)
+		if err != nil && !errors.Is(err, errTornRecord) {
+			zero, zerr := zeroTail(f, offset, size)
+			if zerr != nil {
+				f.Close()
+				return fmt.Errorf("open shard store: %w", zerr)
+			}
+			if zero {
+				// The file grew over the last write but its bytes never
+				// reached the disk (ext4 data=writeback, XFS): a write
+				// the crash cut short, never acknowledged, since every
+				// acknowledged record was synced whole.
+				err = errTornRecord
+			}
+		}
 		if errors.Is(err, errTornRecord) {
 			// The last write did not complete, so it was never
 			// acknowledged: drop it, durably before anything is
@@ -316,10 +332,31 @@ func (s *ShardStore) replay() error {
 
 var errTornRecord = errors.New("torn record")
 
+// zeroTail reports whether the bytes of f from offset to size are all
+// zero. It reads with ReadAt, leaving f's offset alone.
+func zeroTail(f *os.File, offset, size int64) (bool, error) {
+	buf := make([]byte, 64<<10)
+	for offset < size {
+		n, err := f.ReadAt(buf[:min(int64(len(buf)), size-offset)], offset)
+		for _, b := range buf[:n] {
+			if b != 0 {
+				return false, nil
+			}
+		}
+		offset += int64(n)
+		if err != nil && offset < size {
+			return false, err
+		}
+	}
+	return true, nil
+}
+
 // readShardRecord reads one record (4-byte length, 4-byte CRC-32C, JSON
 // payload) of at most left bytes. A record cut short by the end of the file
 // is errTornRecord; a checksum mismatch is errTornRecord when the record is
-// the last one in the file and corruption otherwise.
+// the last one in the file and corruption otherwise; so is a zero length
+// (replay tells zeros up to the end of the file, a write whose bytes never
+// reached the disk, from zeros in the middle).
 func readShardRecord(r *bufio.Reader, left int64) ([]byte, int64, error) {
 	var header [8]byte
 	if left < 8 {
@@ -334,6 +371,11 @@ func readShardRecord(r *bufio.Reader, left int64) ([]byte, int64, error) {
 	}
 	if n > 64<<20 {
 		return nil, 0, fmt.Errorf("record of %d bytes", n)
+	}
+	if n == 0 {
+		// No record is empty (each is a JSON object), and zeros pass the
+		// checksum: a zero header is zeros where a record should be.
+		return nil, 0, errors.New("zero bytes where a record should begin (data follows them, so this is damage, not a torn tail)")
 	}
 	payload := make([]byte, n)
 	if _, err := io.ReadFull(r, payload); err != nil {

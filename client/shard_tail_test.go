@@ -1,0 +1,136 @@
+package client
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// A crash after a record's write but before its fsync can leave, on ext4
+// with data=writeback or on XFS, a file that grew over the record while
+// its bytes stayed zero. That record was never acknowledged: the open
+// drops the zeros as it drops a torn record (truncated and synced before
+// the boot record), whatever their length, and keeps every complete
+// record. Zeros followed by a record again are damage in the middle of
+// the log, not a tail: the open refuses (ErrShardStoreCorrupt), saying
+// where. Zeros of 8 bytes or more used to read as an empty record and
+// refuse the whole log as corrupt.
+func TestShardStoreZeroFilledTail(t *testing.T) {
+	clock := &testClock{now: shardT0}
+	dir := t.TempDir()
+	st := openCompactingStore(t, dir, clock, -1)
+	if err := endShards(st, 0, 3); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Install(signSubjectToken("sh-live", "tenant-live", "gw-a", st.BootEpoch(), 1, 1000, shardT0.Add(time.Hour)), testUnits, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Reserve("l1", "d", "tenant-live", "chat", "", Units{"tokens": 50}); err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	path := filepath.Join(dir, shardLogName)
+	whole, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The log's last record, to write again after zeros.
+	last := lastRecord(t, whole)
+
+	for _, zeros := range []int{1, 7, 8, 9, 64, 511, 4096, 70000} {
+		name := fmt.Sprintf("%d zero bytes", zeros)
+		if err := os.WriteFile(path, append(slices.Clone(whole), make([]byte, zeros)...), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		var synced []int64
+		st, err := OpenShardStore(dir, ShardStoreOptions{GatewayID: "gw-a", Keys: testShardRing, Clock: clock.Now, compactAt: -1,
+			syncLog: func(f *os.File) error {
+				info, err := f.Stat()
+				if err != nil {
+					return err
+				}
+				synced = append(synced, info.Size())
+				return f.Sync()
+			}})
+		if err != nil {
+			t.Fatalf("%s after the log: %v", name, err)
+		}
+		got := allState(t, st)
+		for i := range 3 {
+			rid := fmt.Sprintf("r-end-%d", i)
+			if r, err := st.Reserve(rid, "d", "tenant-7", "chat", "", Units{"tokens": 10}); err != nil || !r.Replayed {
+				t.Fatalf("%s: retry of %s: %+v, %v", name, rid, r, err)
+			}
+		}
+		st.Close()
+		// The inherited shards are sealed by the new boot; compare what
+		// a reopen of the undamaged log reads.
+		clean := t.TempDir()
+		if err := os.WriteFile(filepath.Join(clean, shardLogName), whole, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		ref := openCompactingStore(t, clean, clock, -1)
+		wantNow := allState(t, ref)
+		ref.Close()
+		if got != wantNow || !strings.Contains(got, "sh-live") {
+			t.Fatalf("%s: the store reads\n%s\nwant\n%s", name, got, wantNow)
+		}
+		if len(synced) == 0 || synced[0] != int64(len(whole)) {
+			t.Fatalf("%s: synced at sizes %v, want a first sync at the truncated size %d", name, synced, len(whole))
+		}
+		after, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(after[:len(whole)], whole) || logOps(t, dir)["boot"] != logOpsOf(t, whole)["boot"]+1 {
+			t.Fatalf("%s: the log after the open is not the old one and a boot record", name)
+		}
+		if err := os.WriteFile(path, whole, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Zeros with a record after them are not a tail.
+	for _, zeros := range []int{8, 4096} {
+		damaged := append(append(slices.Clone(whole), make([]byte, zeros)...), last...)
+		if err := os.WriteFile(path, damaged, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		_, err := OpenShardStore(dir, ShardStoreOptions{GatewayID: "gw-a", Keys: testShardRing, Clock: clock.Now, compactAt: -1})
+		if !errors.Is(err, ErrShardStoreCorrupt) || !strings.Contains(err.Error(), fmt.Sprintf("offset %d", len(whole))) {
+			t.Fatalf("%d zero bytes then a record: %v, want ErrShardStoreCorrupt at offset %d", zeros, err, len(whole))
+		}
+		if after, _ := os.ReadFile(path); !slices.Equal(after, damaged) {
+			t.Fatalf("%d zero bytes then a record: the refused log was changed", zeros)
+		}
+	}
+}
+
+// lastRecord returns the last record (header and payload) of a log.
+func lastRecord(t *testing.T, log []byte) []byte {
+	t.Helper()
+	var last []byte
+	for len(log) >= 8 {
+		n := 8 + int(uint32(log[0])<<24|uint32(log[1])<<16|uint32(log[2])<<8|uint32(log[3]))
+		last, log = log[:n], log[n:]
+	}
+	if len(log) != 0 || last == nil {
+		t.Fatal("not a whole log")
+	}
+	return slices.Clone(last)
+}
+
+// logOpsOf counts the records of log by op.
+func logOpsOf(t *testing.T, log []byte) map[string]int {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, shardLogName), log, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return logOps(t, dir)
+}
