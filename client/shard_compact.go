@@ -211,7 +211,7 @@ func (s *ShardStore) maybeCompact() {
 
 // compact writes the log without the records of the shards of drop, and
 // with tail after the rest, to a new file, syncs it, renames it over the
-// log and syncs the directory: a crash at any point leaves either the old
+// log and syncs the directory (each sync through s.syncFile): a crash at any point leaves either the old
 // log or the new one, whole (a new file left unrenamed is removed at
 // open). Then it applies the same change in memory: the held shards
 // dropped become ended ones (from their ended records in tail, as a
@@ -220,7 +220,7 @@ func (s *ShardStore) maybeCompact() {
 func (s *ShardStore) compact(drop map[string]bool, tail []*shardRecord, now time.Time) error {
 	path := filepath.Join(s.dir, shardLogName)
 	newPath := filepath.Join(s.dir, shardLogCompacting)
-	kept, err := writeCompacted(path, newPath, drop, tail)
+	kept, err := writeCompacted(path, newPath, drop, tail, s.syncFile)
 	if err != nil {
 		os.Remove(newPath)
 		return err
@@ -231,7 +231,7 @@ func (s *ShardStore) compact(drop map[string]bool, tail []*shardRecord, now time
 	}
 	// From here the old log is gone from the directory: appending to it
 	// would be lost, so any failure breaks the store.
-	if err := syncDir(s.dir); err != nil {
+	if err := syncDir(s.dir, s.syncFile); err != nil {
 		s.broken = fmt.Errorf("compact shard log: sync directory: %w", err)
 		return s.broken
 	}
@@ -285,7 +285,7 @@ func (s *ShardStore) compact(drop map[string]bool, tail []*shardRecord, now time
 
 // writeCompacted writes to newPath the records of the log at path that a
 // replay needs once the shards of drop are dropped, then the records of
-// tail, syncs and closes it, and returns the bytes each kept shard's
+// tail, syncs (with sync) and closes it, and returns the bytes each kept shard's
 // records (its ended records too) take in it.
 //
 // Besides the kept shards' records: of each run of boot records with no
@@ -295,7 +295,7 @@ func (s *ShardStore) compact(drop map[string]bool, tail []*shardRecord, now time
 // older-fence kept shard of its subject, a seal of that shard at the same
 // time takes its place; and the old fence records are left out (tail
 // carries the newest fences).
-func writeCompacted(path, newPath string, drop map[string]bool, tail []*shardRecord) (map[string]int64, error) {
+func writeCompacted(path, newPath string, drop map[string]bool, tail []*shardRecord, sync func(*os.File) error) (map[string]int64, error) {
 	src, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("compact shard log: %w", err)
@@ -411,7 +411,7 @@ func writeCompacted(path, newPath string, drop map[string]bool, tail []*shardRec
 	if err := w.Flush(); err != nil {
 		return nil, fmt.Errorf("compact shard log: %w", err)
 	}
-	if err := dst.Sync(); err != nil {
+	if err := sync(dst); err != nil {
 		return nil, fmt.Errorf("compact shard log: %w", err)
 	}
 	if err := dst.Close(); err != nil {
@@ -420,12 +420,12 @@ func writeCompacted(path, newPath string, drop map[string]bool, tail []*shardRec
 	return kept, nil
 }
 
-// syncDir fsyncs a directory, making a rename in it durable.
-func syncDir(dir string) error {
+// syncDir fsyncs a directory with sync, making a rename in it durable.
+func syncDir(dir string, sync func(*os.File) error) error {
 	d, err := os.Open(dir)
 	if err != nil {
 		return err
 	}
 	defer d.Close()
-	return d.Sync()
+	return sync(d)
 }

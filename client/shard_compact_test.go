@@ -271,7 +271,7 @@ func TestShardStoreCompactionInterruptedAtEveryStep(t *testing.T) {
 	st.Close()
 	// What the compaction would write, made once from a copy.
 	scratch := copyLog(t, dir)
-	if _, err := writeCompacted(filepath.Join(scratch, shardLogName), filepath.Join(scratch, shardLogCompacting), drop, tail); err != nil {
+	if _, err := writeCompacted(filepath.Join(scratch, shardLogName), filepath.Join(scratch, shardLogCompacting), drop, tail, (*os.File).Sync); err != nil {
 		t.Fatal(err)
 	}
 	compacted, err := os.ReadFile(filepath.Join(scratch, shardLogCompacting))

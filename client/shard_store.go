@@ -69,8 +69,9 @@ type ShardStore struct {
 	// compactAt is the least number of bytes of ended shards' records
 	// the log is compacted for (shardLogCompactAt; tests lower it).
 	compactAt int64
-	// syncLog fsyncs the log file (ShardStoreOptions.syncLog).
-	syncLog func(f *os.File) error
+	// syncFile makes every sync the store does, of the log, of a
+	// compaction's new log and of the directory (ShardStoreOptions.syncFile).
+	syncFile func(f *os.File) error
 	// ended are the shards compacted away, as their tombstones, until
 	// they may be forgotten (endedShard.forgettable); retired maps each
 	// of their reservation ids to its tombstone. Both are replayed from
@@ -176,9 +177,10 @@ type ShardStoreOptions struct {
 	TombstoneRetention time.Duration
 	// compactAt overrides shardLogCompactAt (tests); negative: never.
 	compactAt int64
-	// syncLog, if set, is called in place of the log file's Sync (tests
+	// syncFile, if set, is called in place of every Sync the store makes:
+	// of the log, of a compaction's new log, of the directory (tests
 	// observe the syncs with it; it must call f.Sync).
-	syncLog func(f *os.File) error
+	syncFile func(f *os.File) error
 }
 
 // DefaultShardTombstoneRetention is ShardStoreOptions.TombstoneRetention's
@@ -223,9 +225,9 @@ func OpenShardStore(dir string, opts ShardStoreOptions) (*ShardStore, error) {
 	if opts.compactAt != 0 {
 		s.compactAt = opts.compactAt
 	}
-	s.syncLog = (*os.File).Sync
-	if opts.syncLog != nil {
-		s.syncLog = opts.syncLog
+	s.syncFile = (*os.File).Sync
+	if opts.syncFile != nil {
+		s.syncFile = opts.syncFile
 	}
 	// A compaction cut short (by a crash) left the old log whole: it is
 	// the store; the unfinished new one is dropped.
@@ -295,7 +297,7 @@ func (s *ShardStore) replay() error {
 				f.Close()
 				return fmt.Errorf("open shard store: truncate torn record: %w", err)
 			}
-			if err := s.syncLog(f); err != nil {
+			if err := s.syncFile(f); err != nil {
 				f.Close()
 				return fmt.Errorf("open shard store: sync truncated log: %w", err)
 			}
@@ -407,7 +409,7 @@ func (s *ShardStore) append(rec *shardRecord) error {
 		s.broken = err
 		return fmt.Errorf("%w: %v", ErrShardStoreBroken, err)
 	}
-	if err := s.syncLog(s.log); err != nil {
+	if err := s.syncFile(s.log); err != nil {
 		s.broken = err
 		return fmt.Errorf("%w: %v", ErrShardStoreBroken, err)
 	}

@@ -49,7 +49,7 @@ func TestShardStoreZeroFilledTail(t *testing.T) {
 		}
 		var synced []int64
 		st, err := OpenShardStore(dir, ShardStoreOptions{GatewayID: "gw-a", Keys: testShardRing, Clock: clock.Now, compactAt: -1,
-			syncLog: func(f *os.File) error {
+			syncFile: func(f *os.File) error {
 				info, err := f.Stat()
 				if err != nil {
 					return err
@@ -133,4 +133,93 @@ func logOpsOf(t *testing.T, log []byte) map[string]int {
 		t.Fatal(err)
 	}
 	return logOps(t, dir)
+}
+
+// A compaction's syncs (of the new log, then of the directory after the
+// rename) go through the store's sync hook, as the log's own do, so a
+// fault injected there reaches them. A failed sync of the new log comes
+// back as compact's error and leaves the old log the store, byte for
+// byte, readable, with nothing acknowledged lost; the store goes on
+// working on it. A failed sync of the directory (the old log already
+// renamed away) comes back too and breaks the store, whose log then
+// reopens with every record that was acknowledged. The compaction used
+// to call Sync itself, out of the hook's reach.
+func TestShardStoreCompactionSyncFailure(t *testing.T) {
+	injected := errors.New("injected sync failure")
+	for _, target := range []string{"new log", "directory"} {
+		clock := &testClock{now: shardT0}
+		dir := t.TempDir()
+		var fail string // the file whose next sync fails
+		var syncs []string
+		st, err := OpenShardStore(dir, ShardStoreOptions{GatewayID: "gw-a", Keys: testShardRing, Clock: clock.Now, compactAt: -1,
+			syncFile: func(f *os.File) error {
+				syncs = append(syncs, filepath.Base(f.Name()))
+				if f.Name() == fail {
+					return injected
+				}
+				return f.Sync()
+			}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.Install(signSubjectToken("sh-live", "tenant-live", "gw-a", st.BootEpoch(), 1, 1000, shardT0.Add(time.Hour)), testUnits, nil); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.Reserve("l1", "d", "tenant-live", "chat", "", Units{"tokens": 50}); err != nil {
+			t.Fatal(err)
+		}
+		if err := endShards(st, 0, 10); err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(dir, shardLogName)
+		before, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if target == "new log" {
+			fail = filepath.Join(dir, shardLogCompacting)
+		} else {
+			fail = dir
+		}
+		syncs = nil
+		st.mu.Lock()
+		drop, tail, _, _ := st.compactionPlan(clock.Now())
+		err = st.compact(drop, tail, clock.Now())
+		broken := st.broken
+		st.mu.Unlock()
+		if !errors.Is(err, injected) {
+			t.Fatalf("%s: compact returned %v, want the injected sync failure (syncs seen: %v)", target, err, syncs)
+		}
+		if _, err := os.Stat(filepath.Join(dir, shardLogCompacting)); !os.IsNotExist(err) {
+			t.Fatalf("%s: the unfinished new log is left (%v)", target, err)
+		}
+		if target == "new log" {
+			if broken != nil {
+				t.Fatalf("%s: the store broke (%v), though its old log is whole", target, broken)
+			}
+			if after, _ := os.ReadFile(path); !slices.Equal(after, before) {
+				t.Fatalf("%s: the old log changed", target)
+			}
+			if _, err := st.Reserve("l2", "d", "tenant-live", "chat", "", Units{"tokens": 5}); err != nil {
+				t.Fatalf("%s: the store stopped working: %v", target, err)
+			}
+		} else {
+			if _, err := st.Reserve("l2", "d", "tenant-live", "chat", "", Units{"tokens": 5}); !errors.Is(err, ErrShardStoreBroken) {
+				t.Fatalf("%s: a reserve after the failed directory sync: %v, want ErrShardStoreBroken", target, err)
+			}
+		}
+		st.Close()
+		st = openCompactingStore(t, dir, clock, -1)
+		for i := range 10 {
+			rid := fmt.Sprintf("r-end-%d", i)
+			if r, err := st.Reserve(rid, "d", "tenant-7", "chat", "", Units{"tokens": 10}); err != nil || !r.Replayed {
+				t.Fatalf("%s: after a reopen, retry of %s: %+v, %v", target, rid, r, err)
+			}
+		}
+		receipts, err := st.Receipts("sh-live")
+		if err != nil || len(receipts) == 0 || receipts[0].ReservationID != "l1" {
+			t.Fatalf("%s: after a reopen, sh-live's receipts: %+v, %v", target, receipts, err)
+		}
+		st.Close()
+	}
 }

@@ -55,7 +55,7 @@ func TestShardStoreRetryOfAnEndedShardsReservationIsNeverAdmittedAgain(t *testin
 	st.mu.Unlock()
 	before := copyLog(t, dir) // the log before the compaction
 	scratch := copyLog(t, dir)
-	if _, err := writeCompacted(filepath.Join(scratch, shardLogName), filepath.Join(scratch, shardLogCompacting), drop, tail); err != nil {
+	if _, err := writeCompacted(filepath.Join(scratch, shardLogName), filepath.Join(scratch, shardLogCompacting), drop, tail, (*os.File).Sync); err != nil {
 		t.Fatal(err)
 	}
 	compacted, err := os.ReadFile(filepath.Join(scratch, shardLogCompacting))
