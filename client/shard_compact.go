@@ -147,10 +147,15 @@ func endedRecords(shardID string, st *storedShard, now time.Time) []*shardRecord
 // give way to ended records, and ended shards that are forgettable),
 // tail the ended and fence records to write after the records kept.
 // dropped and kept are the bytes of log records of the shards dropped
-// and of those kept (held and not ended, or ended and not forgettable),
-// kept with the fence records of tail.
+// (with the boot records merged away) and of those kept (held and not
+// ended, or ended and not forgettable), kept with the fence records of
+// tail.
 func (s *ShardStore) compactionPlan(now time.Time) (drop map[string]bool, tail []*shardRecord, dropped, kept int64) {
 	drop = map[string]bool{}
+	// Each open appends a boot record: counting those a compaction
+	// merges away makes a store restarted over and over without a
+	// shard ending compact too, so restarts do not grow the log.
+	dropped = s.mergedBootBytes
 	for _, id := range s.order {
 		st := s.shards[id]
 		if st.ended() {
@@ -188,12 +193,13 @@ func (s *ShardStore) compactionPlan(now time.Time) (drop map[string]bool, tail [
 	return drop, tail, dropped, kept
 }
 
-// maybeCompact compacts the log when the records of the shards a
-// compaction drops (compactionPlan) take at least compactAt bytes and
-// more than those of the shards kept and the fence records, so the log
-// stays under twice what the kept shards, tombstones and fences need
-// (plus compactAt, and the boot records), and each rewrite is paid for by at least as many bytes
-// dropped. A compaction that fails before the new log replaces the old
+// maybeCompact compacts the log when the records a compaction drops
+// (compactionPlan: the shards' and the boot records merged away) take at
+// least compactAt bytes and more than those of the shards kept and the
+// fence records, so the log stays under twice what the kept shards,
+// tombstones and fences need plus compactAt (and one boot record per
+// run the kept records leave between them), and each rewrite is paid
+// for by at least as many bytes dropped. A compaction that fails before the new log replaces the old
 // one leaves the store as it was (it is tried again at the next
 // trigger); one that fails after breaks the store (s.broken), as a
 // failed append does.
@@ -249,6 +255,10 @@ func (s *ShardStore) compact(drop map[string]bool, tail []*shardRecord, now time
 	s.log.Close()
 	s.log = f
 	s.logBytes = kept
+	// No two boot records follow each other in the new log. Whether it
+	// ends with one is not tracked: the next boot record is not counted
+	// as merged, one record less than it could.
+	s.mergedBootBytes, s.lastIsBoot = 0, false
 	for id := range drop {
 		if e, ok := s.ended[id]; ok {
 			for _, rid := range e.ids {

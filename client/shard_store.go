@@ -66,6 +66,12 @@ type ShardStore struct {
 	newestFence map[ledger.PolicyKey]uint64
 	// logBytes is how many bytes of the log each shard's records take.
 	logBytes map[string]int64
+	// mergedBootBytes is how many bytes of the log the boot records a
+	// compaction merges away take: each that directly follows another
+	// boot record (one per open of a store nothing happened in since).
+	// lastIsBoot: the log's last record is a boot record.
+	mergedBootBytes int64
+	lastIsBoot      bool
 	// compactAt is the least number of bytes of ended shards' records
 	// the log is compacted for (shardLogCompactAt; tests lower it).
 	compactAt int64
@@ -319,9 +325,7 @@ func (s *ShardStore) replay() error {
 			}
 			return fmt.Errorf("open shard store: %w at offset %d: %v", ErrShardStoreCorrupt, offset, err)
 		}
-		if rec.Shard != "" {
-			s.logBytes[rec.Shard] += n
-		}
+		s.count(&rec, n)
 		offset += n
 	}
 	if _, err := f.Seek(offset, io.SeekStart); err != nil {
@@ -413,10 +417,19 @@ func (s *ShardStore) append(rec *shardRecord) error {
 		s.broken = err
 		return fmt.Errorf("%w: %v", ErrShardStoreBroken, err)
 	}
-	if rec.Shard != "" {
-		s.logBytes[rec.Shard] += int64(len(buf))
-	}
+	s.count(rec, int64(len(buf)))
 	return nil
+}
+
+// count accounts for a record of n bytes in the log, for compaction.
+func (s *ShardStore) count(rec *shardRecord, n int64) {
+	if rec.Shard != "" {
+		s.logBytes[rec.Shard] += n
+	}
+	if rec.Op == "boot" && s.lastIsBoot {
+		s.mergedBootBytes += n
+	}
+	s.lastIsBoot = rec.Op == "boot"
 }
 
 // apply replays one record. Every logged operation succeeded when it was

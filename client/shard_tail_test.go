@@ -223,3 +223,60 @@ func TestShardStoreCompactionSyncFailure(t *testing.T) {
 		st.Close()
 	}
 }
+
+// Each open appends a boot record; a store restarted over and over
+// without a shard ending still compacts once the boot records a
+// compaction merges (each run of them with nothing between keeps one)
+// reach the threshold and outweigh what the log keeps, so its log does
+// not grow with restarts. The boot epoch still grows at every open (a
+// merged run keeps its last), and a shard inherited from the first boot,
+// with work started, reads the same after every restart (a merged run
+// keeps its first time, when that boot sealed the shards before it). The
+// boot records used to pile up until a shard ended.
+func TestShardStoreRestartsDoNotGrowTheLog(t *testing.T) {
+	const compactAt = 4 << 10
+	clock := &testClock{now: shardT0}
+	dir := t.TempDir()
+	st := openCompactingStore(t, dir, clock, compactAt)
+	if _, err := st.Install(signSubjectToken("sh-held", "tenant-held", "gw-a", st.BootEpoch(), 1, 1000, shardT0.Add(time.Hour)), testUnits, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"h1", "h2"} {
+		if _, err := st.Reserve(id, "d", "tenant-held", "chat", "", Units{"tokens": 50}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := st.Start("h1", "op-h1"); err != nil {
+		t.Fatal(err)
+	}
+	boot := st.BootEpoch()
+	st.Close()
+	path := filepath.Join(dir, shardLogName)
+	var want string
+	var largest int64
+	maxBoots := 0
+	for i := range 200 {
+		clock.Advance(time.Second)
+		st := openCompactingStore(t, dir, clock, compactAt)
+		if st.BootEpoch() <= boot {
+			t.Fatalf("open %d: boot epoch %d after %d", i, st.BootEpoch(), boot)
+		}
+		boot = st.BootEpoch()
+		got := allState(t, st)
+		st.Close()
+		if i == 0 {
+			want = got
+		} else if got != want {
+			t.Fatalf("open %d: the store reads\n%s\nwant, as after the first restart,\n%s", i, got, want)
+		}
+		largest = max(largest, fileSize(t, path))
+		maxBoots = max(maxBoots, logOps(t, dir)["boot"])
+	}
+	// A boot record here is under 100 bytes: the log holds at most the
+	// threshold of them, and the held shard's records and its fence.
+	kept := int64(2 << 10)
+	if largest > kept+compactAt+200 || maxBoots > compactAt/70+2 {
+		t.Fatalf("over 200 restarts the log reached %d bytes and %d boot records (threshold %d)", largest, maxBoots, compactAt)
+	}
+	t.Logf("over 200 restarts: at most %d bytes, %d boot records", largest, maxBoots)
+}
