@@ -199,10 +199,10 @@ func (s *ShardStore) compactionPlan(now time.Time) (drop map[string]bool, tail [
 // fence records, so the log stays under twice what the kept shards,
 // tombstones and fences need plus compactAt (and one boot record per
 // run the kept records leave between them), and each rewrite is paid
-// for by at least as many bytes dropped. A compaction that fails before the new log replaces the old
-// one leaves the store as it was (it is tried again at the next
-// trigger); one that fails after breaks the store (s.broken), as a
-// failed append does.
+// for by at least as many bytes dropped. A compaction that fails before
+// the new log replaces the old one leaves the store as it was (it is
+// tried again at the next trigger); one that fails after breaks the
+// store (s.broken), as a failed append does.
 func (s *ShardStore) maybeCompact() {
 	if s.broken != nil || s.compactAt < 0 {
 		return
@@ -217,9 +217,9 @@ func (s *ShardStore) maybeCompact() {
 
 // compact writes the log without the records of the shards of drop, and
 // with tail after the rest, to a new file, syncs it, renames it over the
-// log and syncs the directory (each sync through s.syncFile): a crash at any point leaves either the old
-// log or the new one, whole (a new file left unrenamed is removed at
-// open). Then it applies the same change in memory: the held shards
+// log and syncs the directory (each sync through s.syncFile): a crash
+// at any point leaves either the old log or the new one, whole (a new
+// file left unrenamed is removed at open). Then it applies the same change in memory: the held shards
 // dropped become ended ones (from their ended records in tail, as a
 // replay would), the ended ones dropped are forgotten. The caller holds
 // s.mu.
@@ -295,8 +295,8 @@ func (s *ShardStore) compact(drop map[string]bool, tail []*shardRecord, now time
 
 // writeCompacted writes to newPath the records of the log at path that a
 // replay needs once the shards of drop are dropped, then the records of
-// tail, syncs (with sync) and closes it, and returns the bytes each kept shard's
-// records (its ended records too) take in it.
+// tail, syncs it with sync and closes it, and returns the bytes each
+// kept shard's records (its ended records too) take in it.
 //
 // Besides the kept shards' records: of each run of boot records with no
 // kept record between them only the first is written (its time is when

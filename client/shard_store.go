@@ -39,7 +39,9 @@ import (
 // again (their unstarted holds released, their started work USAGE_UNKNOWN),
 // but their receipts are still reported at reconciliation. Only shards
 // issued to this boot, unexpired and not fenced by a newer one for the
-// same subject, admit.
+// same subject, admit. Each open logs a boot record; a compaction merges
+// boot records with nothing between them, and counts them toward its
+// trigger, so restarts do not grow the log without bound.
 //
 // The directory belongs to one gateway identity and one process at a
 // time (an exclusive lock file guards it). A ShardStore is safe for
@@ -73,7 +75,8 @@ type ShardStore struct {
 	mergedBootBytes int64
 	lastIsBoot      bool
 	// compactAt is the least number of bytes of ended shards' records
-	// the log is compacted for (shardLogCompactAt; tests lower it).
+	// and merged boot records the log is compacted for
+	// (shardLogCompactAt; tests lower it).
 	compactAt int64
 	// syncFile makes every sync the store does, of the log, of a
 	// compaction's new log and of the directory (ShardStoreOptions.syncFile).
@@ -131,8 +134,9 @@ const shardLogName = "shards.log"
 const shardLogCompacting = "shards.log.compacting"
 
 // shardLogCompactAt is the least number of bytes of ended shards'
-// records that makes a compaction worth its rewrite (it also needs them
-// to outweigh the records of the shards still kept).
+// records and boot records to merge that makes a compaction worth its
+// rewrite (it also needs them to outweigh the records of the shards
+// still kept).
 const shardLogCompactAt = 256 << 10
 
 // shardRecord is one log record. Op is one of boot, install, reserve,
