@@ -32,60 +32,94 @@ import (
 // the rest reminted to the account, so admitting from it again would
 // spend the same capacity twice.
 func TestProvisionAgainAfterTheShardEndedAndWasCompactedIsRefused(t *testing.T) {
-	dir := t.TempDir()
-	_, proxy, direct, gw := newPartitionRig(t, dir, 11)
+	rig := newEndedShardRig(t, 11, "sh-gw-a-tenant-7")
 	ctx := context.Background()
-	// Compacts as soon as an ended shard's records outweigh the rest.
-	store, err := OpenShardStore(filepath.Join(dir, "gw-a"), ShardStoreOptions{GatewayID: "gw-a", compactAt: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
-	em := NewEmergency(gw, store, EmergencyOptions{})
-	provision := ProvisionRequest{ShardID: "sh-gw-a-tenant-7", Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 1000}, TTL: time.Hour}
-	if _, err := em.Provision(ctx, provision); err != nil {
-		t.Fatal(err)
-	}
-	offlineReserve := func() (*EmergencyReservation, error) {
-		proxy.SetFaults(faultproxy.Faults{Partition: true})
-		proxy.CutAll()
-		octx, cancel := context.WithTimeout(ctx, offlineTimeout)
-		defer cancel()
-		return em.Reserve(octx, ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 100}})
-	}
-	r, err := offlineReserve()
-	if err != nil || r.Local == nil {
-		t.Fatalf("offline reserve: %+v %v", r, err)
-	}
-	if err := em.Start(ctx, r.ReservationID, "op-1"); err != nil {
-		t.Fatal(err)
-	}
-	if err := em.Settle(ctx, r.ReservationID, "op-1", Units{"tokens": 60}); err != nil {
-		t.Fatal(err)
-	}
-	heal(t, proxy, gw)
-	if _, err := em.Reconcile(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if shards := store.Shards(); len(shards) != 0 {
-		t.Fatalf("the ended shard was not compacted away: %+v", shards)
-	}
-	after := availableTokens(t, direct)
-	if after != 10_000-60 {
-		t.Fatalf("available after reconciliation %d, want %d", after, 10_000-60)
-	}
-
-	_, err = em.Provision(ctx, provision)
+	after := availableTokens(t, rig.direct)
+	_, err := rig.em.Provision(ctx, rig.provision)
 	if !errors.Is(err, ledger.ErrShardIDReused) {
 		t.Fatalf("provision of the ended shard's id again: %v, want ErrShardIDReused", err)
 	}
-	if r, err := offlineReserve(); !errors.Is(err, ErrNoShard) {
+	if r, err := rig.offlineReserve(rig.request); !errors.Is(err, ErrNoShard) {
 		t.Fatalf("offline reserve after the shard ended: %+v %v, want ErrNoShard", r, err)
 	}
-	heal(t, proxy, gw)
-	if got := availableTokens(t, direct); got != after {
+	heal(t, rig.proxy, rig.gw)
+	if got := availableTokens(t, rig.direct); got != after {
 		t.Fatalf("available %d, was %d", got, after)
 	}
+}
+
+// endedShardRig is a gateway (store in storeDir, compacting as soon as an
+// ended shard's records outweigh the rest) before the ledger binary: it
+// provisioned shard provision, served request from it while the ledger
+// was unreachable (served: reserved 100 tokens, started, settled 60),
+// reconciled once the ledger answered, and the shard ended and was
+// compacted out of the store.
+type endedShardRig struct {
+	proxy     *faultproxy.Proxy
+	direct    *Client
+	gw        *Client
+	storeDir  string
+	store     *ShardStore
+	em        *Emergency
+	provision ProvisionRequest
+	request   ReserveRequest
+	served    *EmergencyReservation
+}
+
+func newEndedShardRig(t *testing.T, seed uint64, shardID string) *endedShardRig {
+	t.Helper()
+	dir := t.TempDir()
+	_, proxy, direct, gw := newPartitionRig(t, dir, seed)
+	ctx := context.Background()
+	rig := &endedShardRig{proxy: proxy, direct: direct, gw: gw, storeDir: filepath.Join(dir, "gw-a"),
+		provision: ProvisionRequest{ShardID: shardID, Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 1000}, TTL: time.Hour},
+		request:   ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 100}}}
+	var err error
+	rig.store, err = OpenShardStore(rig.storeDir, ShardStoreOptions{GatewayID: "gw-a", compactAt: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := rig.store
+	t.Cleanup(func() { store.Close() })
+	rig.em = NewEmergency(gw, rig.store, EmergencyOptions{})
+	if _, err := rig.em.Provision(ctx, rig.provision); err != nil {
+		t.Fatal(err)
+	}
+	rig.served, err = rig.offlineReserve(rig.request)
+	if err != nil || rig.served.Local == nil {
+		t.Fatalf("offline reserve: %+v %v", rig.served, err)
+	}
+	if err := rig.em.Start(ctx, rig.served.ReservationID, "op-1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := rig.em.Settle(ctx, rig.served.ReservationID, "op-1", Units{"tokens": 60}); err != nil {
+		t.Fatal(err)
+	}
+	heal(t, proxy, gw)
+	if _, err := rig.em.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if shards := rig.store.Shards(); len(shards) != 0 {
+		t.Fatalf("the ended shard was not compacted away: %+v", shards)
+	}
+	if got := availableTokens(t, direct); got != 10_000-60 {
+		t.Fatalf("available after reconciliation %d, want %d", got, 10_000-60)
+	}
+	return rig
+}
+
+// partition cuts the gateway off the ledger (heal reconnects it).
+func (rig *endedShardRig) partition() {
+	rig.proxy.SetFaults(faultproxy.Faults{Partition: true})
+	rig.proxy.CutAll()
+}
+
+// offlineReserve sends request with the ledger unreachable.
+func (rig *endedShardRig) offlineReserve(request ReserveRequest) (*EmergencyReservation, error) {
+	rig.partition()
+	ctx, cancel := context.WithTimeout(context.Background(), offlineTimeout)
+	defer cancel()
+	return rig.em.Reserve(ctx, request)
 }
 
 // endedState polls the ledger until reservation id has left RESERVED and
@@ -318,67 +352,12 @@ func TestIntermediaryRetryAfterAndTooManyRequests(t *testing.T) {
 // error wraps ledger.ErrReservationRetired (it used not to, unlike every
 // other answer from a tombstone). Also after a gateway restart.
 func TestARetryOfARequestServedFromAnEndedShardIsNeverAdmittedAgain(t *testing.T) {
-	dir := t.TempDir()
-	addr := startLedgerProcess(t, dir)
-	proxy, err := faultproxy.Start(addr, 12)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proxy.Close()
+	rig := newEndedShardRig(t, 12, "sh-1")
 	ctx := context.Background()
-	direct, err := New(addr, noBreakerWatchdog)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer direct.Close()
-	if _, _, err := direct.PublishPolicy(ctx, &ledgerv1.Policy{
-		Subject: "tenant-7", Route: "chat.generate", EmergencyMode: true,
-		Dimensions: []*ledgerv1.Dimension{{Unit: "tokens", Burst: 10_000}},
-	}); err != nil {
-		t.Fatal(err)
-	}
-	gw, err := newPartitionedGateway(proxy.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer gw.Close()
-	storeDir := filepath.Join(dir, "gw-a")
-	store, err := OpenShardStore(storeDir, ShardStoreOptions{GatewayID: "gw-a", compactAt: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	em := NewEmergency(gw, store, EmergencyOptions{})
-	if _, err := em.Provision(ctx, ProvisionRequest{ShardID: "sh-1", Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 1000}, TTL: time.Hour}); err != nil {
-		t.Fatal(err)
-	}
-	partition := func() {
-		proxy.SetFaults(faultproxy.Faults{Partition: true})
-		proxy.CutAll()
-	}
-	request := ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 100}}
-	partition()
-	octx, cancel := context.WithTimeout(ctx, offlineTimeout)
-	first, err := em.Reserve(octx, request)
-	cancel()
-	if err != nil || first.Local == nil {
-		t.Fatalf("offline reserve: %+v %v", first, err)
-	}
-	if err := em.Start(ctx, first.ReservationID, "op-1"); err != nil {
-		t.Fatal(err)
-	}
-	if err := em.Settle(ctx, first.ReservationID, "op-1", Units{"tokens": 60}); err != nil {
-		t.Fatal(err)
-	}
-	heal(t, proxy, gw)
-	if _, err := em.Reconcile(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if shards := store.Shards(); len(shards) != 0 {
-		t.Fatalf("the ended shard was not compacted away: %+v", shards)
-	}
+	direct, gw, em, store, first := rig.direct, rig.gw, rig.em, rig.store, rig.served
 	available := availableTokens(t, direct)
 
-	retry := request
+	retry := rig.request
 	retry.ReservationID, retry.RequestDigest = first.ReservationID, first.RequestDigest
 	retried := func(when string, em *Emergency) {
 		t.Helper()
@@ -405,21 +384,18 @@ func TestARetryOfARequestServedFromAnEndedShardIsNeverAdmittedAgain(t *testing.T
 		t.Fatal(err)
 	}
 	available = availableTokens(t, direct)
-	partition()
-	octx, cancel = context.WithTimeout(ctx, offlineTimeout)
-	r, err := em.Reserve(octx, retry)
-	cancel()
+	r, err := rig.offlineReserve(retry)
 	if err != nil || r.Local == nil || !r.Local.Retired || r.Local.ShardID != "sh-1" {
 		t.Fatalf("offline retry: %+v %v, want the retired receipt of sh-1", r, err)
 	}
 	if shards := store.Shards(); len(shards) != 1 || shards[0].Available["tokens"] != 1000 {
 		t.Fatalf("the fresh shard admitted the retry: %+v", shards)
 	}
-	heal(t, proxy, gw)
+	heal(t, rig.proxy, gw)
 
 	// The gateway restarts.
 	store.Close()
-	store, err = OpenShardStore(storeDir, ShardStoreOptions{GatewayID: "gw-a"})
+	store, err = OpenShardStore(rig.storeDir, ShardStoreOptions{GatewayID: "gw-a"})
 	if err != nil {
 		t.Fatal(err)
 	}

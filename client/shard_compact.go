@@ -147,10 +147,15 @@ func endedRecords(shardID string, st *storedShard, now time.Time) []*shardRecord
 // give way to ended records, and ended shards that are forgettable),
 // tail the ended and fence records to write after the records kept.
 // dropped and kept are the bytes of log records of the shards dropped
-// and of those kept (held and not ended, or ended and not forgettable),
-// kept with the fence records of tail.
+// (with the boot records merged away) and of those kept (held and not
+// ended, or ended and not forgettable), kept with the fence records of
+// tail.
 func (s *ShardStore) compactionPlan(now time.Time) (drop map[string]bool, tail []*shardRecord, dropped, kept int64) {
 	drop = map[string]bool{}
+	// Each open appends a boot record: counting those a compaction
+	// merges away makes a store restarted over and over without a
+	// shard ending compact too, so restarts do not grow the log.
+	dropped = s.mergedBootBytes
 	for _, id := range s.order {
 		st := s.shards[id]
 		if st.ended() {
@@ -188,15 +193,16 @@ func (s *ShardStore) compactionPlan(now time.Time) (drop map[string]bool, tail [
 	return drop, tail, dropped, kept
 }
 
-// maybeCompact compacts the log when the records of the shards a
-// compaction drops (compactionPlan) take at least compactAt bytes and
-// more than those of the shards kept and the fence records, so the log
-// stays under twice what the kept shards, tombstones and fences need
-// (plus compactAt, and the boot records), and each rewrite is paid for by at least as many bytes
-// dropped. A compaction that fails before the new log replaces the old
-// one leaves the store as it was (it is tried again at the next
-// trigger); one that fails after breaks the store (s.broken), as a
-// failed append does.
+// maybeCompact compacts the log when the records a compaction drops
+// (compactionPlan: the shards' and the boot records merged away) take at
+// least compactAt bytes and more than those of the shards kept and the
+// fence records, so the log stays under twice what the kept shards,
+// tombstones and fences need plus compactAt (and one boot record per
+// run the kept records leave between them), and each rewrite is paid
+// for by at least as many bytes dropped. A compaction that fails before
+// the new log replaces the old one leaves the store as it was (it is
+// tried again at the next trigger); one that fails after breaks the
+// store (s.broken), as a failed append does.
 func (s *ShardStore) maybeCompact() {
 	if s.broken != nil || s.compactAt < 0 {
 		return
@@ -211,16 +217,16 @@ func (s *ShardStore) maybeCompact() {
 
 // compact writes the log without the records of the shards of drop, and
 // with tail after the rest, to a new file, syncs it, renames it over the
-// log and syncs the directory: a crash at any point leaves either the old
-// log or the new one, whole (a new file left unrenamed is removed at
-// open). Then it applies the same change in memory: the held shards
+// log and syncs the directory (each sync through s.syncFile): a crash
+// at any point leaves either the old log or the new one, whole (a new
+// file left unrenamed is removed at open). Then it applies the same change in memory: the held shards
 // dropped become ended ones (from their ended records in tail, as a
 // replay would), the ended ones dropped are forgotten. The caller holds
 // s.mu.
 func (s *ShardStore) compact(drop map[string]bool, tail []*shardRecord, now time.Time) error {
 	path := filepath.Join(s.dir, shardLogName)
 	newPath := filepath.Join(s.dir, shardLogCompacting)
-	kept, err := writeCompacted(path, newPath, drop, tail)
+	kept, err := writeCompacted(path, newPath, drop, tail, s.syncFile)
 	if err != nil {
 		os.Remove(newPath)
 		return err
@@ -231,7 +237,7 @@ func (s *ShardStore) compact(drop map[string]bool, tail []*shardRecord, now time
 	}
 	// From here the old log is gone from the directory: appending to it
 	// would be lost, so any failure breaks the store.
-	if err := syncDir(s.dir); err != nil {
+	if err := syncDir(s.dir, s.syncFile); err != nil {
 		s.broken = fmt.Errorf("compact shard log: sync directory: %w", err)
 		return s.broken
 	}
@@ -249,6 +255,10 @@ func (s *ShardStore) compact(drop map[string]bool, tail []*shardRecord, now time
 	s.log.Close()
 	s.log = f
 	s.logBytes = kept
+	// No two boot records follow each other in the new log. Whether it
+	// ends with one is not tracked: the next boot record is not counted
+	// as merged, one record less than it could.
+	s.mergedBootBytes, s.lastIsBoot = 0, false
 	for id := range drop {
 		if e, ok := s.ended[id]; ok {
 			for _, rid := range e.ids {
@@ -285,8 +295,8 @@ func (s *ShardStore) compact(drop map[string]bool, tail []*shardRecord, now time
 
 // writeCompacted writes to newPath the records of the log at path that a
 // replay needs once the shards of drop are dropped, then the records of
-// tail, syncs and closes it, and returns the bytes each kept shard's
-// records (its ended records too) take in it.
+// tail, syncs it with sync and closes it, and returns the bytes each
+// kept shard's records (its ended records too) take in it.
 //
 // Besides the kept shards' records: of each run of boot records with no
 // kept record between them only the first is written (its time is when
@@ -295,7 +305,7 @@ func (s *ShardStore) compact(drop map[string]bool, tail []*shardRecord, now time
 // older-fence kept shard of its subject, a seal of that shard at the same
 // time takes its place; and the old fence records are left out (tail
 // carries the newest fences).
-func writeCompacted(path, newPath string, drop map[string]bool, tail []*shardRecord) (map[string]int64, error) {
+func writeCompacted(path, newPath string, drop map[string]bool, tail []*shardRecord, sync func(*os.File) error) (map[string]int64, error) {
 	src, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("compact shard log: %w", err)
@@ -411,7 +421,7 @@ func writeCompacted(path, newPath string, drop map[string]bool, tail []*shardRec
 	if err := w.Flush(); err != nil {
 		return nil, fmt.Errorf("compact shard log: %w", err)
 	}
-	if err := dst.Sync(); err != nil {
+	if err := sync(dst); err != nil {
 		return nil, fmt.Errorf("compact shard log: %w", err)
 	}
 	if err := dst.Close(); err != nil {
@@ -420,12 +430,12 @@ func writeCompacted(path, newPath string, drop map[string]bool, tail []*shardRec
 	return kept, nil
 }
 
-// syncDir fsyncs a directory, making a rename in it durable.
-func syncDir(dir string) error {
+// syncDir fsyncs a directory with sync, making a rename in it durable.
+func syncDir(dir string, sync func(*os.File) error) error {
 	d, err := os.Open(dir)
 	if err != nil {
 		return err
 	}
 	defer d.Close()
-	return d.Sync()
+	return sync(d)
 }

@@ -241,6 +241,36 @@ func copyLog(t *testing.T, dir string) string {
 	return copied
 }
 
+// plannedCompaction is a compaction of st's log at now, planned and
+// written once to a copy of the log (st and its log are left as they
+// are): its plan, the new log it writes, and what a kill during it leaves
+// of the new log, by the step the kill struck at.
+type plannedCompaction struct {
+	drop        map[string]bool
+	tail        []*shardRecord
+	compacted   []byte
+	interrupted map[string][]byte
+}
+
+func planCompaction(t *testing.T, st *ShardStore, now time.Time) plannedCompaction {
+	t.Helper()
+	st.mu.Lock()
+	drop, tail, _, _ := st.compactionPlan(now)
+	st.mu.Unlock()
+	scratch := copyLog(t, st.dir)
+	if _, err := writeCompacted(filepath.Join(scratch, shardLogName), filepath.Join(scratch, shardLogCompacting), drop, tail, (*os.File).Sync); err != nil {
+		t.Fatal(err)
+	}
+	compacted, err := os.ReadFile(filepath.Join(scratch, shardLogCompacting))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return plannedCompaction{drop: drop, tail: tail, compacted: compacted, interrupted: map[string][]byte{
+		"while writing the new log":         compacted[:len(compacted)/2],
+		"after syncing it, before renaming": compacted,
+	}}
+}
+
 // A compaction is crash-safe at every step. Killed while it writes the
 // new log, or after it synced it but before the rename, the old log is
 // whole and is the store: the new one is removed at open and the store
@@ -265,19 +295,8 @@ func TestShardStoreCompactionInterruptedAtEveryStep(t *testing.T) {
 	if err := endShards(st, 0, 20); err != nil {
 		t.Fatal(err)
 	}
-	st.mu.Lock()
-	drop, tail, _, _ := st.compactionPlan(clock.Now())
-	st.mu.Unlock()
+	planned := planCompaction(t, st, clock.Now())
 	st.Close()
-	// What the compaction would write, made once from a copy.
-	scratch := copyLog(t, dir)
-	if _, err := writeCompacted(filepath.Join(scratch, shardLogName), filepath.Join(scratch, shardLogCompacting), drop, tail); err != nil {
-		t.Fatal(err)
-	}
-	compacted, err := os.ReadFile(filepath.Join(scratch, shardLogCompacting))
-	if err != nil {
-		t.Fatal(err)
-	}
 
 	reopen := func(dir string) string {
 		st := openCompactingStore(t, dir, clock, -1)
@@ -285,10 +304,7 @@ func TestShardStoreCompactionInterruptedAtEveryStep(t *testing.T) {
 		return allState(t, st)
 	}
 	want := reopen(copyLog(t, dir))
-	for name, leftover := range map[string][]byte{
-		"while writing the new log":         compacted[:len(compacted)/2],
-		"after syncing it, before renaming": compacted,
-	} {
+	for name, leftover := range planned.interrupted {
 		crashed := copyLog(t, dir)
 		if err := os.WriteFile(filepath.Join(crashed, shardLogCompacting), leftover, 0o600); err != nil {
 			t.Fatal(err)
@@ -301,7 +317,7 @@ func TestShardStoreCompactionInterruptedAtEveryStep(t *testing.T) {
 		}
 	}
 	renamed := t.TempDir()
-	if err := os.WriteFile(filepath.Join(renamed, shardLogName), compacted, 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(renamed, shardLogName), planned.compacted, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	st = openCompactingStore(t, renamed, clock, -1)

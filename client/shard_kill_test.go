@@ -275,7 +275,7 @@ func TestShardStoreTornRecordTruncationIsSynced(t *testing.T) {
 		}
 		var synced []int64 // the log's size at each sync
 		st, err := OpenShardStore(dir, ShardStoreOptions{GatewayID: "gw-a", Keys: testShardRing, Clock: clock.Now, compactAt: -1,
-			syncLog: func(f *os.File) error {
+			syncFile: func(f *os.File) error {
 				if f.Name() != path {
 					t.Errorf("%s: synced %s, want the log %s", name, f.Name(), path)
 				}

@@ -39,7 +39,9 @@ import (
 // again (their unstarted holds released, their started work USAGE_UNKNOWN),
 // but their receipts are still reported at reconciliation. Only shards
 // issued to this boot, unexpired and not fenced by a newer one for the
-// same subject, admit.
+// same subject, admit. Each open logs a boot record; a compaction merges
+// boot records with nothing between them, and counts them toward its
+// trigger, so restarts do not grow the log without bound.
 //
 // The directory belongs to one gateway identity and one process at a
 // time (an exclusive lock file guards it). A ShardStore is safe for
@@ -66,11 +68,19 @@ type ShardStore struct {
 	newestFence map[ledger.PolicyKey]uint64
 	// logBytes is how many bytes of the log each shard's records take.
 	logBytes map[string]int64
+	// mergedBootBytes is how many bytes of the log the boot records a
+	// compaction merges away take: each that directly follows another
+	// boot record (one per open of a store nothing happened in since).
+	// lastIsBoot: the log's last record is a boot record.
+	mergedBootBytes int64
+	lastIsBoot      bool
 	// compactAt is the least number of bytes of ended shards' records
-	// the log is compacted for (shardLogCompactAt; tests lower it).
+	// and merged boot records the log is compacted for
+	// (shardLogCompactAt; tests lower it).
 	compactAt int64
-	// syncLog fsyncs the log file (ShardStoreOptions.syncLog).
-	syncLog func(f *os.File) error
+	// syncFile makes every sync the store does, of the log, of a
+	// compaction's new log and of the directory (ShardStoreOptions.syncFile).
+	syncFile func(f *os.File) error
 	// ended are the shards compacted away, as their tombstones, until
 	// they may be forgotten (endedShard.forgettable); retired maps each
 	// of their reservation ids to its tombstone. Both are replayed from
@@ -104,8 +114,10 @@ var (
 	// ErrShardStoreLocked: another process holds the directory.
 	ErrShardStoreLocked = errors.New("shard store in use by another process")
 	// ErrShardStoreCorrupt: a log record in the middle of the log does not
-	// verify (a torn last record is dropped silently: it was never
-	// acknowledged).
+	// verify, or zeros stand where a record should be with data after
+	// them. A torn last record, and zeros from a record boundary to the
+	// end of the file (a write whose bytes never reached the disk), are
+	// dropped silently: that write was never acknowledged.
 	ErrShardStoreCorrupt = errors.New("shard store log corrupt")
 	// ErrShardStoreIdentity: the directory belongs to another gateway
 	// identity (ShardStoreOptions.GatewayID differs from the one its log
@@ -122,8 +134,9 @@ const shardLogName = "shards.log"
 const shardLogCompacting = "shards.log.compacting"
 
 // shardLogCompactAt is the least number of bytes of ended shards'
-// records that makes a compaction worth its rewrite (it also needs them
-// to outweigh the records of the shards still kept).
+// records and boot records to merge that makes a compaction worth its
+// rewrite (it also needs them to outweigh the records of the shards
+// still kept).
 const shardLogCompactAt = 256 << 10
 
 // shardRecord is one log record. Op is one of boot, install, reserve,
@@ -174,9 +187,10 @@ type ShardStoreOptions struct {
 	TombstoneRetention time.Duration
 	// compactAt overrides shardLogCompactAt (tests); negative: never.
 	compactAt int64
-	// syncLog, if set, is called in place of the log file's Sync (tests
+	// syncFile, if set, is called in place of every Sync the store makes:
+	// of the log, of a compaction's new log, of the directory (tests
 	// observe the syncs with it; it must call f.Sync).
-	syncLog func(f *os.File) error
+	syncFile func(f *os.File) error
 }
 
 // DefaultShardTombstoneRetention is ShardStoreOptions.TombstoneRetention's
@@ -221,9 +235,9 @@ func OpenShardStore(dir string, opts ShardStoreOptions) (*ShardStore, error) {
 	if opts.compactAt != 0 {
 		s.compactAt = opts.compactAt
 	}
-	s.syncLog = (*os.File).Sync
-	if opts.syncLog != nil {
-		s.syncLog = opts.syncLog
+	s.syncFile = (*os.File).Sync
+	if opts.syncFile != nil {
+		s.syncFile = opts.syncFile
 	}
 	// A compaction cut short (by a crash) left the old log whole: it is
 	// the store; the unfinished new one is dropped.
@@ -270,6 +284,20 @@ func (s *ShardStore) replay() error {
 	var offset int64
 	for offset < size {
 		payload, n, err := readShardRecord(r, size-offset)
+		if err != nil && !errors.Is(err, errTornRecord) {
+			zero, zerr := zeroTail(f, offset, size)
+			if zerr != nil {
+				f.Close()
+				return fmt.Errorf("open shard store: %w", zerr)
+			}
+			if zero {
+				// The file grew over the last write but its bytes never
+				// reached the disk (ext4 data=writeback, XFS): a write
+				// the crash cut short, never acknowledged, since every
+				// acknowledged record was synced whole.
+				err = errTornRecord
+			}
+		}
 		if errors.Is(err, errTornRecord) {
 			// The last write did not complete, so it was never
 			// acknowledged: drop it, durably before anything is
@@ -279,7 +307,7 @@ func (s *ShardStore) replay() error {
 				f.Close()
 				return fmt.Errorf("open shard store: truncate torn record: %w", err)
 			}
-			if err := s.syncLog(f); err != nil {
+			if err := s.syncFile(f); err != nil {
 				f.Close()
 				return fmt.Errorf("open shard store: sync truncated log: %w", err)
 			}
@@ -301,9 +329,7 @@ func (s *ShardStore) replay() error {
 			}
 			return fmt.Errorf("open shard store: %w at offset %d: %v", ErrShardStoreCorrupt, offset, err)
 		}
-		if rec.Shard != "" {
-			s.logBytes[rec.Shard] += n
-		}
+		s.count(&rec, n)
 		offset += n
 	}
 	if _, err := f.Seek(offset, io.SeekStart); err != nil {
@@ -316,10 +342,31 @@ func (s *ShardStore) replay() error {
 
 var errTornRecord = errors.New("torn record")
 
+// zeroTail reports whether the bytes of f from offset to size are all
+// zero. It reads with ReadAt, leaving f's offset alone.
+func zeroTail(f *os.File, offset, size int64) (bool, error) {
+	buf := make([]byte, 64<<10)
+	for offset < size {
+		n, err := f.ReadAt(buf[:min(int64(len(buf)), size-offset)], offset)
+		for _, b := range buf[:n] {
+			if b != 0 {
+				return false, nil
+			}
+		}
+		offset += int64(n)
+		if err != nil && offset < size {
+			return false, err
+		}
+	}
+	return true, nil
+}
+
 // readShardRecord reads one record (4-byte length, 4-byte CRC-32C, JSON
 // payload) of at most left bytes. A record cut short by the end of the file
 // is errTornRecord; a checksum mismatch is errTornRecord when the record is
-// the last one in the file and corruption otherwise.
+// the last one in the file and corruption otherwise; so is a zero length
+// (replay tells zeros up to the end of the file, a write whose bytes never
+// reached the disk, from zeros in the middle).
 func readShardRecord(r *bufio.Reader, left int64) ([]byte, int64, error) {
 	var header [8]byte
 	if left < 8 {
@@ -334,6 +381,11 @@ func readShardRecord(r *bufio.Reader, left int64) ([]byte, int64, error) {
 	}
 	if n > 64<<20 {
 		return nil, 0, fmt.Errorf("record of %d bytes", n)
+	}
+	if n == 0 {
+		// No record is empty (each is a JSON object), and zeros pass the
+		// checksum: a zero header is zeros where a record should be.
+		return nil, 0, errors.New("zero bytes where a record should begin (data follows them, so this is damage, not a torn tail)")
 	}
 	payload := make([]byte, n)
 	if _, err := io.ReadFull(r, payload); err != nil {
@@ -365,14 +417,23 @@ func (s *ShardStore) append(rec *shardRecord) error {
 		s.broken = err
 		return fmt.Errorf("%w: %v", ErrShardStoreBroken, err)
 	}
-	if err := s.syncLog(s.log); err != nil {
+	if err := s.syncFile(s.log); err != nil {
 		s.broken = err
 		return fmt.Errorf("%w: %v", ErrShardStoreBroken, err)
 	}
-	if rec.Shard != "" {
-		s.logBytes[rec.Shard] += int64(len(buf))
-	}
+	s.count(rec, int64(len(buf)))
 	return nil
+}
+
+// count accounts for a record of n bytes in the log, for compaction.
+func (s *ShardStore) count(rec *shardRecord, n int64) {
+	if rec.Shard != "" {
+		s.logBytes[rec.Shard] += n
+	}
+	if rec.Op == "boot" && s.lastIsBoot {
+		s.mergedBootBytes += n
+	}
+	s.lastIsBoot = rec.Op == "boot"
 }
 
 // apply replays one record. Every logged operation succeeded when it was

@@ -50,20 +50,10 @@ func TestShardStoreRetryOfAnEndedShardsReservationIsNeverAdmittedAgain(t *testin
 	if err := endShards(st, 0, 3); err != nil {
 		t.Fatal(err)
 	}
-	st.mu.Lock()
-	drop, tail, _, _ := st.compactionPlan(clock.Now())
-	st.mu.Unlock()
+	planned := planCompaction(t, st, clock.Now())
 	before := copyLog(t, dir) // the log before the compaction
-	scratch := copyLog(t, dir)
-	if _, err := writeCompacted(filepath.Join(scratch, shardLogName), filepath.Join(scratch, shardLogCompacting), drop, tail); err != nil {
-		t.Fatal(err)
-	}
-	compacted, err := os.ReadFile(filepath.Join(scratch, shardLogCompacting))
-	if err != nil {
-		t.Fatal(err)
-	}
 	st.mu.Lock()
-	err = st.compact(drop, tail, clock.Now())
+	err := st.compact(planned.drop, planned.tail, clock.Now())
 	st.mu.Unlock()
 	if err != nil {
 		t.Fatal(err)
@@ -111,10 +101,7 @@ func TestShardStoreRetryOfAnEndedShardsReservationIsNeverAdmittedAgain(t *testin
 
 	// Killed during the compaction: the old log (its shards still held)
 	// or the new one (their tombstones) answers the same.
-	for name, leftover := range map[string][]byte{
-		"while writing the new log":         compacted[:len(compacted)/2],
-		"after syncing it, before renaming": compacted,
-	} {
+	for name, leftover := range planned.interrupted {
 		crashed := copyLog(t, before)
 		if err := os.WriteFile(filepath.Join(crashed, shardLogCompacting), leftover, 0o600); err != nil {
 			t.Fatal(err)
@@ -129,7 +116,7 @@ func TestShardStoreRetryOfAnEndedShardsReservationIsNeverAdmittedAgain(t *testin
 		st.Close()
 	}
 	renamed := t.TempDir()
-	if err := os.WriteFile(filepath.Join(renamed, shardLogName), compacted, 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(renamed, shardLogName), planned.compacted, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	check("killed after the rename", openCompactingStore(t, renamed, clock, -1))
