@@ -42,6 +42,14 @@ type Snapshot struct {
 	// (valid only during the call) and may be called more than once.
 	CheckpointAccountStream func(yield func(a *CheckpointAccount) error) error
 	Journal                 []JournalEntry
+	// ForgetsJournaledAfter is the journal position after which the
+	// store journals every forgotten tombstone (a KindForget entry): 0
+	// for a store that did from its first entry, the last position
+	// written before the upgrade for a store an earlier version wrote,
+	// which forgot tombstones silently. The refund_once check accepts a
+	// second life of an id only after a forget entry, except after an
+	// ending at or before this position, whose forget may be unjournaled.
+	ForgetsJournaledAfter int64
 	// JournalComplete says Journal holds every entry since the last
 	// checkpoint (since the beginning without one), so replay checks apply.
 	JournalComplete bool
@@ -182,8 +190,9 @@ func checkBalance(b *Balance) error {
 //     and each reconciled shard splits its allocation exactly;
 //   - with a complete journal: replaying it gives every account's balances,
 //     no reservation was refunded twice (each life of an id, reused after
-//     its tombstone was forgotten, ends once), every move is journaled at both
-//     ends;
+//     its tombstone was forgotten, ends once), no id was admitted again
+//     after it ended without a forget entry between (its tombstone still
+//     answered for it), every move is journaled at both ends;
 //   - statements chain: each epoch opens with the previous closing;
 //   - the checkpoint chain verifies (VerifyCheckpoints), and the journal
 //     since the last checkpoint replays from its closing vectors.
@@ -358,7 +367,8 @@ func AuditWith(s *Snapshot, o AuditOptions) ([]Discrepancy, *Checkpoint) {
 		touched   int64
 		twice     []endedTwice
 		twiceAt   map[idKey]int // twice's index of a life ended twice so far
-		refunds   map[idKey]int32
+		refunds   map[idKey]life
+		reborn    []rebornID
 		receipts  moveEnds
 		journalRd error
 	)
@@ -368,7 +378,7 @@ func AuditWith(s *Snapshot, o AuditOptions) ([]Discrepancy, *Checkpoint) {
 		// reservation id, a fixed size smaller than most ids over a long
 		// journal, deterministic, and not open to ids crafted to collide
 		// (two ids of one key would be reported as one ended twice).
-		refunds, twiceAt = map[idKey]int32{}, map[idKey]int{}
+		refunds, twiceAt = map[idKey]life{}, map[idKey]int{}
 		receipts = newMoveEnds(s.Moves)
 		cache := newIDCache()
 		journalRd = s.forEachJournal(func(pos int64, e *JournalEntry) {
@@ -385,30 +395,40 @@ func AuditWith(s *Snapshot, o AuditOptions) ([]Discrepancy, *Checkpoint) {
 				}
 				builder.add(pos, e, r)
 			}
-			if begins, ends := e.Begins(), e.Ends(); begins || ends {
-				// Endings are counted per life of the id: an admission
-				// after the life before it ended begins a new count (the
-				// id was reused after its tombstone was forgotten); one
-				// while it has not ended stays in it, so a doubly
-				// admitted id's endings add up.
+			if begins, ends := e.Begins(), e.Ends(); begins || ends || e.Forgets() {
+				// Endings are counted per life of the id. A life ends
+				// for good at its forget entry (retention forgot its
+				// tombstone: the id may be reused), which closes its
+				// count. An admission after an ending with no forget
+				// entry between re-admitted the id while its tombstone
+				// (or its row) still answered for it: reported, unless
+				// that ending is older than the store's forget entries
+				// (ForgetsJournaledAfter), when it is taken for a reuse
+				// as before them. Either way it begins a new count. An
+				// admission while the id has not ended stays in its
+				// life, so a doubly admitted id's endings add up.
 				h := keyOf(e.ReservationID)
-				n := refunds[h]
-				if begins && n > 0 {
-					if n >= 2 {
+				l := refunds[h]
+				if e.Forgets() || begins && l.ends > 0 {
+					if begins && l.journaled {
+						reborn = append(reborn, rebornID{id: e.ReservationID, at: pos})
+					}
+					if l.ends >= 2 {
 						delete(twiceAt, h)
 					}
 					delete(refunds, h)
-					n = 0
+					l = life{}
 				}
 				if ends {
-					n++
-					refunds[h] = n
+					l.ends++
+					l.journaled = pos > s.ForgetsJournaledAfter
+					refunds[h] = l
 					switch {
-					case n == 2:
+					case l.ends == 2:
 						twiceAt[h] = len(twice)
-						twice = append(twice, endedTwice{id: e.ReservationID, times: n})
-					case n > 2:
-						twice[twiceAt[h]].times = n
+						twice = append(twice, endedTwice{id: e.ReservationID, times: l.ends})
+					case l.ends > 2:
+						twice[twiceAt[h]].times = l.ends
 					}
 				}
 			}
@@ -437,6 +457,10 @@ func AuditWith(s *Snapshot, o AuditOptions) ([]Discrepancy, *Checkpoint) {
 		out = append(out, pass.replayOut...)
 		for _, tw := range twice {
 			add(CheckRefundOnce, AccountKey{}, tw.id, "ended %d times", tw.times)
+		}
+		for _, rb := range reborn {
+			add(CheckRefundOnce, AccountKey{}, rb.id, "admitted again at journal position %d after it ended, with no forget entry between: "+
+				"its tombstone (or its row) still answered for the id", rb.at)
 		}
 		// A move's entries are written in one batch, so either the last
 		// checkpoint summarised both ends (it counts such moves) or the
@@ -508,6 +532,22 @@ func AuditWith(s *Snapshot, o AuditOptions) ([]Discrepancy, *Checkpoint) {
 type endedTwice struct {
 	id    string
 	times int32
+}
+
+// life is the refund-once check's count of the latest life of an id:
+// how often it ended so far, and whether its last ending is one whose
+// forget, if its tombstone was forgotten, is journaled (after
+// Snapshot.ForgetsJournaledAfter).
+type life struct {
+	ends      int32
+	journaled bool
+}
+
+// rebornID is an id admitted again after it ended, with no forget entry
+// between, at journal position at.
+type rebornID struct {
+	id string
+	at int64
 }
 
 // moveEnds are the accounts whose journal since the last checkpoint

@@ -302,32 +302,48 @@ func TestAuditProgressCountsAccounts(t *testing.T) {
 }
 
 // TestAuditRefundOncePerLife: refund_once counts endings per life of an
-// id. A life begins with the id's admission; one after the previous life
-// ended is a reuse after the tombstone horizon (API.md, "Retention:
+// id. A life ends for good at its forget entry (retention forgot its
+// tombstone); an admission after it is a reuse (API.md, "Retention:
 // removed reservations") and is judged apart, so reuse is clean, while a
-// second ending within any one life is reported with its count. The
-// planted entries (copies of the admission and the release of
-// "released") move nothing, so only refund_once can see them.
+// second ending within any one life is reported with its count, and so
+// is an admission after an ending with no forget entry between (a
+// tombstone ignored), unless that ending is older than the store's
+// forget entries (ForgetsJournaledAfter: an upgraded store). The planted
+// entries (copies of the admission and the release of "released", and a
+// forget of it) move nothing, so only refund_once can see them.
 func TestAuditRefundOncePerLife(t *testing.T) {
 	const (
-		begin = "begin"
-		end   = "end"
+		begin  = "begin"
+		end    = "end"
+		forget = "forget"
+		reborn = "admitted again"
+		twice  = "ended 2 times"
+		thrice = "ended 3 times"
 	)
 	cases := []struct {
 		name          string
 		before, after []string // planted just before and after the first life's release
 		appended      []string // planted after the sound ledger's entries
-		want          []string
+		// upgraded: only the appended entries are after
+		// ForgetsJournaledAfter (a store that journals forgets since).
+		upgraded bool
+		want     []string
 	}{
-		{"reused after its life ended", nil, nil, []string{begin, end}, nil},
-		{"reused twice", nil, nil, []string{begin, end, begin, end}, nil},
-		{"reused, not ended yet", nil, nil, []string{begin}, nil},
-		{"ended twice in the new life", nil, nil, []string{begin, end, end}, []string{"ended 2 times"}},
-		{"ended three times in the new life", nil, nil, []string{begin, end, end, end}, []string{"ended 3 times"}},
-		{"ended twice, no reuse", nil, []string{end}, nil, []string{"ended 2 times"}},
-		{"ended twice in the first life, then reused", nil, []string{end}, []string{begin, end}, []string{"ended 2 times"}},
-		{"ended twice in both lives", nil, []string{end}, []string{begin, end, end, end}, []string{"ended 2 times", "ended 3 times"}},
-		{"admitted again while live, ended twice", []string{begin}, []string{end}, nil, []string{"ended 2 times"}},
+		{"reused after its tombstone was forgotten", nil, nil, []string{forget, begin, end}, false, nil},
+		{"reused twice", nil, nil, []string{forget, begin, end, forget, begin, end}, false, nil},
+		{"reused, not ended yet", nil, nil, []string{forget, begin}, false, nil},
+		{"reused while its tombstone lived", nil, nil, []string{begin, end}, false, []string{reborn}},
+		{"reused while its tombstone lived, not ended yet", nil, nil, []string{begin}, false, []string{reborn}},
+		{"reused twice, once while its tombstone lived", nil, nil, []string{forget, begin, end, begin, end}, false, []string{reborn}},
+		{"forgotten twice, reused", nil, nil, []string{forget, forget, begin, end}, false, nil},
+		{"reused before the store journaled forgets", nil, nil, []string{begin, end}, true, nil},
+		{"reused after the upgrade while its tombstone lived", nil, nil, []string{begin, end, begin, end}, true, []string{reborn}},
+		{"ended twice in the new life", nil, nil, []string{forget, begin, end, end}, false, []string{twice}},
+		{"ended three times in the new life", nil, nil, []string{forget, begin, end, end, end}, false, []string{thrice}},
+		{"ended twice, no reuse", nil, []string{end}, nil, false, []string{twice}},
+		{"ended twice in the first life, then reused", nil, []string{end}, []string{forget, begin, end}, false, []string{twice}},
+		{"ended twice in both lives", nil, []string{end}, []string{forget, begin, end, end, end}, false, []string{twice, thrice}},
+		{"admitted again while live, ended twice", []string{begin}, []string{end}, nil, false, []string{twice}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -346,25 +362,38 @@ func TestAuditRefundOncePerLife(t *testing.T) {
 				t.Fatal("no admission and release of \"released\" in the journal")
 			}
 			admit.Delta, release.Delta = ledger.Balances{}, ledger.Balances{}
+			forgotten := ledger.JournalEntry{At: release.At, Kind: ledger.KindForget, Account: release.Account,
+				ReservationID: release.ReservationID, From: release.To, To: release.To}
 			entries := func(steps []string) []ledger.JournalEntry {
 				var out []ledger.JournalEntry
 				for _, step := range steps {
-					if step == begin {
+					switch step {
+					case begin:
 						out = append(out, admit)
-					} else {
+					case end:
 						out = append(out, release)
+					default:
+						out = append(out, forgotten)
 					}
 				}
 				return out
 			}
 			journal := slices.Concat(m.Journal[:at], entries(tc.before), m.Journal[at:at+1], entries(tc.after),
-				m.Journal[at+1:], entries(tc.appended))
-			m.Journal = journal
+				m.Journal[at+1:])
+			upgradedAt := int64(len(journal)) // Memory's journal[i] is at position i+1
+			m.Journal = append(journal, entries(tc.appended)...)
+			snap := m.Snapshot()
+			if tc.upgraded {
+				snap.ForgetsJournaledAfter = upgradedAt
+			}
 			var got []string
-			for _, d := range ledger.Audit(m.Snapshot()) {
+			for _, d := range ledger.Audit(snap) {
 				if d.Check != ledger.CheckRefundOnce || d.Reservation != "released" {
 					t.Errorf("unexpected discrepancy: %s", d)
 					continue
+				}
+				if strings.HasPrefix(d.Detail, reborn) {
+					d.Detail = reborn
 				}
 				got = append(got, d.Detail)
 			}

@@ -294,9 +294,9 @@ func Apply(b Book, cmd *Command, now time.Time) (res Result) {
 	case KindShardReconcile:
 		return ReconcileShard(b, cmd.Shard, now)
 	case KindRetire:
-		return Retire(b, cmd.ReservationID, cmd.Before, cmd.ForgetBefore)
+		return Retire(b, cmd.ReservationID, cmd.Before, cmd.ForgetBefore, now)
 	case KindForget:
-		return Forget(b, cmd.ReservationID, cmd.Before)
+		return Forget(b, cmd.ReservationID, cmd.Before, now)
 	case KindRecord:
 		return Record(b, cmd, now)
 	}

@@ -13,8 +13,10 @@ import (
 // reservation answers is decided here; a store only keeps (and deletes)
 // the rows. Removing a reservation changes no balance: its settled usage
 // and overdraft are added to the account's Retained totals in the same
-// step, so the audit's spent and debt checks still add up, and no journal
-// entry is written (the journal records balance changes only).
+// step, so the audit's spent and debt checks still add up. The journal
+// records one thing of retention: the end of a tombstone (forgetEntry),
+// after which the id may be reused; the audit's refund_once check splits
+// an id's lives only there.
 
 // Tombstone is what is left of a reservation retention removed: enough to
 // recognise a retry of it (id and request digest) and to say how it ended.
@@ -142,7 +144,8 @@ func fromTombstone(t *Tombstone, kind Kind, digest string) Result {
 // at once (a backlog older than the horizon: retention switched on over an
 // old store, a pass after a long outage), and so costs one removal, not
 // a tombstone written and then deleted. A retry of its id is then
-// unknown, as it would be a moment later.
+// unknown, as it would be a moment later, and the retire journals the
+// forget entry a Forget would (forgetEntry).
 //
 // Returns: success (Reservation is the tombstone's receipt, or what it
 // would have been) once removed;
@@ -153,7 +156,7 @@ func fromTombstone(t *Tombstone, kind Kind, digest string) Result {
 // receipt, and is never removed); ErrReservationNotDue when it finished
 // after before; ErrInvalidCommand for an empty id or a book that keeps no
 // tombstones.
-func Retire(b Book, id string, before, forgetBefore time.Time) Result {
+func Retire(b Book, id string, before, forgetBefore, now time.Time) Result {
 	rb, ok := b.(RetentionBook)
 	if !ok {
 		return Result{Err: invalid("this book keeps no tombstones")}
@@ -192,20 +195,23 @@ func Retire(b Book, id string, before, forgetBefore time.Time) Result {
 	rb.RetainedPut(totals)
 	if forgetBefore.IsZero() || r.FinishedAt.After(forgetBefore) {
 		rb.TombstonePut(t)
+	} else {
+		forgetEntry(b, t, now)
 	}
 	rb.ReservationRemove(id)
 	return Result{Reservation: t.Receipt(), Generation: t.Account.Generation}
 }
 
 // Forget drops the tombstone of a reservation that finished at or before
-// before (the tombstone horizon's cutoff). After it, the id is unknown:
-// a reserve with it admits a new reservation.
+// before (the tombstone horizon's cutoff) and journals that it did
+// (forgetEntry). After it, the id is unknown: a reserve with it admits a
+// new reservation.
 //
 // Returns: success; ErrReservationNotFound when there is no tombstone (a
 // replay of a forget); ErrReservationNotDue when it finished after before;
 // ErrInvalidCommand for an empty id, a live reservation of that id (not a
 // tombstone), or a book that keeps no tombstones.
-func Forget(b Book, id string, before time.Time) Result {
+func Forget(b Book, id string, before, now time.Time) Result {
 	rb, ok := b.(RetentionBook)
 	if !ok {
 		return Result{Err: invalid("this book keeps no tombstones")}
@@ -221,7 +227,18 @@ func Forget(b Book, id string, before time.Time) Result {
 		return Result{Err: fmt.Errorf("%w: %s finished at %s, after the cutoff %s", ErrReservationNotDue, id, t.FinishedAt, before), Reservation: t.Receipt()}
 	}
 	rb.TombstoneRemove(id)
+	forgetEntry(b, t, now)
 	return Result{Reservation: t.Receipt(), Generation: t.Account.Generation}
+}
+
+// forgetEntry journals the end of t: from now on its id is unknown and
+// may be admitted again. The audit (refund_once) accepts a second life of
+// an id only after such an entry, so an id admitted again while its
+// tombstone lived (a reserve or record that ignored it) is reported, not
+// taken for a reuse. The entry moves nothing (zero delta) and neither
+// begins nor ends a life (From = To = the state it ended in).
+func forgetEntry(b Book, t *Tombstone, now time.Time) {
+	b.JournalAppend(JournalEntry{At: now, Kind: KindForget, Account: t.Account, ReservationID: t.ID, From: t.State, To: t.State})
 }
 
 // Memory's retention rows.

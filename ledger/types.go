@@ -525,6 +525,12 @@ func (e *JournalEntry) Begins() bool {
 	return e.ReservationID != "" && e.From == StateRequested && e.To != StateRequested
 }
 
+// Forgets reports whether e is the end of a tombstone (KindForget):
+// after it, the id may be admitted again as a new life.
+func (e *JournalEntry) Forgets() bool {
+	return e.ReservationID != "" && e.Kind == KindForget
+}
+
 // Ends reports whether e ends its reservation: the move into a terminal
 // state, which settles or refunds it and must happen once per life (a
 // record both begins and ends one).

@@ -312,6 +312,14 @@ func (c *checker) retention(ch *store.RetentionChanges) {
 func (c *checker) entry(e *ledger.JournalEntry, ch *store.Changes) {
 	a := c.account(e.Account, ch)
 	before := a.bal
+	if e.Forgets() {
+		// Retention forgot the id's tombstone (or retired it past the
+		// horizon, leaving none): no transition, nothing moves.
+		if e.Delta != (ledger.Balances{}) {
+			c.violate(GateJournal, "forget of %s moved %s", e.ReservationID, fmtDelta(&e.Delta, max(a.dims, 1)))
+		}
+		return
+	}
 	if e.ReservationID != "" && !(e.From == ledger.StateRequested && e.To == ledger.StateRequested) {
 		c.transition(e, a, &before, ch)
 		if c.w.fail != nil {

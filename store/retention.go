@@ -9,6 +9,12 @@ import (
 	"github.com/capledger/capledger/ledger"
 )
 
+// MetaForgetsJournaledAfter names the meta row where a SQL store keeps
+// ledger.Snapshot.ForgetsJournaledAfter: the journal position its
+// migration found when it began to journal forgotten tombstones (0 for a
+// store created since). Its audit snapshot reads it.
+const MetaForgetsJournaledAfter = "forgets_journaled_after"
+
 // RetentionStore is the part of Store retention reads outside a write
 // transaction. The ledger decides what may be removed (ledger.Retire,
 // ledger.Forget); these reads only find the candidates, through an index

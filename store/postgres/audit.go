@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
 	"github.com/capledger/capledger/store/codec"
 )
 
@@ -169,6 +170,10 @@ func (s *Store) snapshotRows(ctx context.Context, tx pgx.Tx, reservations bool) 
 	}
 	if snap.Retained, err = s.retainedList(ctx, tx); err != nil {
 		return nil, fmt.Errorf("snapshot: %w", err)
+	}
+	if err := tx.QueryRow(ctx, `SELECT COALESCE(MAX(value), 0) FROM meta WHERE name = $1`, store.MetaForgetsJournaledAfter).
+		Scan(&snap.ForgetsJournaledAfter); err != nil {
+		return nil, s.c.classify("snapshot: meta", err, false)
 	}
 	if snap.Checkpoints, err = s.checkpointChain(ctx, tx, reservations); err != nil {
 		return nil, fmt.Errorf("snapshot: %w", err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -421,11 +422,13 @@ func testSnapshotStreaming(t *testing.T, s store.Store) {
 
 // testAuditReusedID: an id whose tombstone was forgotten (the horizon
 // passed) is new again (API.md, "Retention: removed reservations"), so a
-// client may reserve and end it once more. The audit's refund_once check
-// judges each life of the id apart, on the journal the store keeps
-// whole: the reuse is clean, through Snapshot and through the streaming
-// AuditSnapshot, while a second ending planted within one life, the
-// first or the new one, is still reported.
+// client may reserve and end it once more. The store journals each
+// forgotten tombstone, and the audit's refund_once check judges each
+// life of the id apart only across such a forget entry, on the journal
+// the store keeps whole: the reuse is clean, through Snapshot and
+// through the streaming AuditSnapshot, while a second ending planted
+// within one life, and a life planted while the id's tombstone lived,
+// are reported.
 func testAuditReusedID(t *testing.T, s store.Store) {
 	ctx := context.Background()
 	now, key := retentionWorld(t, s, time.Date(2026, 7, 19, 14, 0, 0, 0, time.UTC))
@@ -438,10 +441,19 @@ func testAuditReusedID(t *testing.T, s store.Store) {
 		now = now.Add(time.Second)
 	}
 	// Ended lives of x (expired), s (settled with debt) and r (released):
-	// retention removes them, the horizon passes, the tombstones go.
+	// retention removes them, the horizon passes, the tombstones go: s's
+	// and r's by forget; x's at once, retired past the horizon
+	// (ForgetBefore), which leaves no tombstone. Either way the store
+	// journals a forget entry, and only after one is a new life clean.
 	for _, kind := range []ledger.Kind{ledger.KindRetire, ledger.KindForget} {
 		for _, id := range []string{"x", "s", "r"} {
-			res, err := apply(ctx, s, &ledger.Command{Kind: kind, ReservationID: id, Before: now}, now)
+			cmd := &ledger.Command{Kind: kind, ReservationID: id, Before: now}
+			if id == "x" && kind == ledger.KindForget {
+				continue
+			} else if id == "x" {
+				cmd.ForgetBefore = now
+			}
+			res, err := apply(ctx, s, cmd, now)
 			if err != nil || res.Err != nil || res.Replayed {
 				t.Fatalf("%s %s: %+v, %v", kind, id, res, err)
 			}
@@ -490,8 +502,53 @@ func testAuditReusedID(t *testing.T, s store.Store) {
 	// nothing, so only refund_once can see it), it is reported.
 	commit(t, s, &store.Changes{Journal: []ledger.JournalEntry{{At: now, Kind: ledger.KindRelease, Account: key,
 		ReservationID: "s", From: ledger.StateReserved, To: ledger.StateReleased}}})
+	twice := ledger.Discrepancy{Check: ledger.CheckRefundOnce, Reservation: "s", Detail: "ended 2 times"}
 	for _, found := range audits() {
-		want := []ledger.Discrepancy{{Check: ledger.CheckRefundOnce, Reservation: "s", Detail: "ended 2 times"}}
-		same(t, "audit after a second ending of the new life", found, want)
+		same(t, "audit after a second ending of the new life", found, []ledger.Discrepancy{twice})
+	}
+
+	// x's second life is retired: its tombstone answers for the id, so
+	// a third life now is one a reserve or record gave while ignoring it
+	// (the sim's reserve_ignores_tombstone): planted (an admission and a
+	// release that move nothing), it is reported, naming x.
+	res, err := apply(ctx, s, &ledger.Command{Kind: ledger.KindRetire, ReservationID: "x", Before: now}, now)
+	if err != nil || res.Err != nil || res.Replayed || !res.Reservation.Retired {
+		t.Fatalf("retire x again: %+v, %v", res, err)
+	}
+	plantLife := func() {
+		t.Helper()
+		commit(t, s, &store.Changes{Journal: []ledger.JournalEntry{
+			{At: now, Kind: ledger.KindReserve, Account: key, ReservationID: "x", From: ledger.StateRequested, To: ledger.StateReserved},
+			{At: now, Kind: ledger.KindRelease, Account: key, ReservationID: "x", From: ledger.StateReserved, To: ledger.StateReleased}}})
+	}
+	plantLife()
+	reborn := func(found []ledger.Discrepancy) []ledger.Discrepancy {
+		t.Helper()
+		var out []ledger.Discrepancy
+		for _, d := range found {
+			if d.Check == ledger.CheckRefundOnce && d.Reservation == "x" && strings.HasPrefix(d.Detail, "admitted again ") &&
+				strings.Contains(d.Detail, "with no forget entry between") {
+				out = append(out, ledger.Discrepancy{Check: d.Check, Reservation: d.Reservation, Detail: "admitted again"})
+			} else {
+				out = append(out, d)
+			}
+		}
+		return out
+	}
+	again := ledger.Discrepancy{Check: ledger.CheckRefundOnce, Reservation: "x", Detail: "admitted again"}
+	for _, found := range audits() {
+		same(t, "audit after x was admitted while its tombstone lived", reborn(found), []ledger.Discrepancy{twice, again})
+	}
+
+	// Once retention forgets that tombstone, a fourth life is a reuse:
+	// nothing more is reported.
+	now = now.Add(721 * time.Hour)
+	res, err = apply(ctx, s, &ledger.Command{Kind: ledger.KindForget, ReservationID: "x", Before: now}, now)
+	if err != nil || res.Err != nil || res.Replayed {
+		t.Fatalf("forget x: %+v, %v", res, err)
+	}
+	plantLife()
+	for _, found := range audits() {
+		same(t, "audit after x was reused once its tombstone was forgotten", reborn(found), []ledger.Discrepancy{twice, again})
 	}
 }

@@ -1,0 +1,96 @@
+package postgres_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+	"github.com/capledger/capledger/store/postgres"
+)
+
+// A schema written before version 14 forgot tombstones without
+// journaling it, so an id reused after its horizon shows two lives with
+// no forget entry between. Version 14's migration keeps the greatest
+// journal seq it found (forgets_journaled_after): the audit judges those
+// old lives as before (clean), while a life begun after an ending the
+// new binary journaled needs a forget entry, or it is reported. The
+// schema "at version 13" is one at 14 whose migration is undone (its
+// meta row and schema_migrations row deleted), so reopening runs it over
+// the journal already written.
+func TestForgetsJournaledAfterTheUpgrade(t *testing.T) {
+	ctx := context.Background()
+	s, dsn := openStore(t)
+	account := ledger.AccountKey{Subject: "tenant", Route: "chat", Region: "eu", Generation: 1}
+	now := time.Date(2026, 7, 19, 14, 0, 0, 0, time.UTC)
+	// life plants one life of id: an admission and a release that move
+	// nothing.
+	life := func(s store.Store, id string) {
+		t.Helper()
+		writeChanges(t, s, &store.Changes{Journal: []ledger.JournalEntry{
+			{At: now, Kind: ledger.KindReserve, Account: account, ReservationID: id, From: ledger.StateRequested, To: ledger.StateReserved},
+			{At: now, Kind: ledger.KindRelease, Account: account, ReservationID: id, From: ledger.StateReserved, To: ledger.StateReleased}}})
+		now = now.Add(time.Second)
+	}
+	// reborn returns the ids refund_once reports admitted again with no
+	// forget entry between (the planted journal names an account the
+	// store does not hold: the other checks' findings are not looked at).
+	reborn := func(s store.Store) []string {
+		t.Helper()
+		var ids []string
+		if err := s.AuditSnapshot(ctx, false, func(snap *ledger.Snapshot, _ int64) error {
+			for _, d := range ledger.Audit(snap) {
+				if d.Check == ledger.CheckRefundOnce {
+					if !strings.HasPrefix(d.Detail, "admitted again") {
+						t.Errorf("unexpected: %s", d)
+					}
+					ids = append(ids, d.Reservation)
+				}
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return ids
+	}
+	life(s, "old")
+	life(s, "old")
+	if got := reborn(s); len(got) != 1 || got[0] != "old" {
+		t.Fatalf("a new schema: refund_once reports %q, want old admitted again", got)
+	}
+	s.Close()
+
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{"DELETE FROM schema_migrations WHERE version = 14",
+		"DELETE FROM meta WHERE name = '" + store.MetaForgetsJournaledAfter + "'"} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	conn.Close(ctx)
+	upgraded, err := postgres.Open(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer upgraded.Close()
+	if got := reborn(upgraded); len(got) != 0 {
+		t.Fatalf("upgraded: refund_once reports %q for lives written before the upgrade", got)
+	}
+	// A third life after the upgrade begins after an ending of before it:
+	// clean. A fourth with no forget entry since the third ended is not.
+	life(upgraded, "old")
+	if got := reborn(upgraded); len(got) != 0 {
+		t.Fatalf("upgraded, a life after an old ending: refund_once reports %q", got)
+	}
+	life(upgraded, "old")
+	if got := reborn(upgraded); len(got) != 1 || got[0] != "old" {
+		t.Fatalf("upgraded, a life after a new ending with no forget: refund_once reports %q, want old", got)
+	}
+}
