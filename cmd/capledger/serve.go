@@ -11,6 +11,7 @@ import (
 	"os"
 	"runtime/debug"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/capledger/capledger/console"
@@ -341,6 +342,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 		st.Close()
 		return err
 	}
+	readyCheck = bothChecks(readyCheck, pathCheck(st, log))
 	metrics := server.NewMetrics()
 	engineOpts := engine.Options{MaxBatch: *maxBatch, OnBatch: metrics.ObserveBatch, Logger: log, LeaseTTL: *leaseTTL,
 		Retention: *retention, TombstoneRetention: *tombstoneRetention, RetentionInterval: *retentionInterval,
@@ -490,6 +492,82 @@ func replicationCheck(ctx context.Context, st store.Store, allowAsync bool, log 
 		}
 		return r.String(), nil
 	}, nil
+}
+
+// pathCheckInterval is how often readiness checks the PostgreSQL
+// connection path again: each check opens two connections of its own.
+const pathCheckInterval = time.Minute
+
+// pathCheck logs a warning, for a PostgreSQL store, for each session
+// setting Open found not in effect (postgres.Store.CheckPath; Open
+// refused a path where prepared statements are lost), and returns the
+// readiness check that checks the path again, at most every
+// pathCheckInterval: lost prepared statements make the replica not
+// ready, settings not in effect are shown as warnings. For other stores
+// it returns a nil check.
+func pathCheck(st store.Store, log *slog.Logger) func(context.Context) (string, error) {
+	pg, ok := st.(*postgres.Store)
+	if !ok {
+		return nil
+	}
+	settings := pg.SettingsNotInEffect()
+	for _, s := range settings {
+		log.Warn("a session setting the store relies on is not in effect on its connections (a pooler dropping startup parameters?)",
+			"setting", s.Name, "seen", s.Seen, "want", s.Want, "fix", s.Fix())
+	}
+	var mu sync.Mutex
+	checked := time.Now()
+	var lost error
+	return func(ctx context.Context) (string, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if time.Since(checked) >= pathCheckInterval {
+			report, err := pg.CheckPath(ctx)
+			switch {
+			case err == nil:
+				settings, lost, checked = report.Settings, nil, time.Now()
+			case errors.Is(err, postgres.ErrPreparedStatementsLost):
+				lost, checked = err, time.Now()
+			default:
+				// Not reached now: not ready, and checked again at the
+				// next probe.
+				return "", err
+			}
+		}
+		if lost != nil {
+			return "", lost
+		}
+		var warnings []string
+		for _, s := range settings {
+			warnings = append(warnings, "warning: "+s.String())
+		}
+		return strings.Join(warnings, "\n"), nil
+	}
+}
+
+// bothChecks returns the readiness check that passes when both pass,
+// their details on lines of their own; a nil check passes.
+func bothChecks(a, b func(context.Context) (string, error)) func(context.Context) (string, error) {
+	if a == nil {
+		return b
+	}
+	if b == nil {
+		return a
+	}
+	return func(ctx context.Context) (string, error) {
+		da, err := a(ctx)
+		if err != nil {
+			return "", err
+		}
+		db, err := b(ctx)
+		if err != nil {
+			return "", err
+		}
+		if da == "" || db == "" {
+			return da + db, nil
+		}
+		return da + "\n" + db, nil
+	}
 }
 
 // requireLoopback refuses a listen address that other machines can reach

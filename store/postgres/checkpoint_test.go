@@ -233,9 +233,12 @@ func TestCheckpointLeaseIsNotASession(t *testing.T) {
 }
 
 // pgbouncer runs PgBouncer in transaction mode on a private port in
-// front of the test server, its server connections set to schema, and
-// returns a DSN for it. The test is skipped without a pgbouncer binary.
-func pgbouncer(t *testing.T, schema string) string {
+// front of the test server, its server connections set to schema (and
+// running serverSetup, e.g. "SET lock_timeout = 5000", when not empty),
+// and returns a DSN for it in pgx's default query exec mode. It drops
+// the session settings the store sends (ignore_startup_parameters). The
+// test is skipped without a pgbouncer binary.
+func pgbouncer(t *testing.T, schema, serverSetup string) string {
 	t.Helper()
 	bin, err := exec.LookPath("pgbouncer")
 	if err != nil {
@@ -261,8 +264,12 @@ func pgbouncer(t *testing.T, schema string) string {
 	}
 	addr := freeAddr(t)
 	_, listenPort, _ := net.SplitHostPort(addr)
+	connectQuery := "SET search_path TO " + schema
+	if serverSetup != "" {
+		connectQuery += "; " + serverSetup
+	}
 	ini := fmt.Sprintf(`[databases]
-capledger = host=%s port=%s dbname=%s user=%s connect_query='SET search_path TO %s'
+capledger = host=%s port=%s dbname=%s user=%s connect_query='%s'
 [pgbouncer]
 listen_addr = 127.0.0.1
 listen_port = %s
@@ -272,7 +279,7 @@ pool_mode = transaction
 default_pool_size = 4
 max_client_conn = 200
 ignore_startup_parameters = lock_timeout,idle_in_transaction_session_timeout,plan_cache_mode,search_path
-`, host, port, strings.TrimPrefix(u.Path, "/"), user, schema, listenPort)
+`, host, port, strings.TrimPrefix(u.Path, "/"), user, connectQuery, listenPort)
 	cfg := filepath.Join(dir, "pgbouncer.ini")
 	if err := os.WriteFile(cfg, []byte(ini), 0o644); err != nil {
 		t.Fatal(err)
@@ -306,7 +313,7 @@ ignore_startup_parameters = lock_timeout,idle_in_transaction_session_timeout,pla
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	return fmt.Sprintf("postgres://%s@%s/capledger?sslmode=disable&default_query_exec_mode=exec", user, addr)
+	return fmt.Sprintf("postgres://%s@%s/capledger?sslmode=disable", user, addr)
 }
 
 // Behind PgBouncer in transaction mode, where each transaction runs on
@@ -320,7 +327,7 @@ func TestCheckpointBehindPgBouncer(t *testing.T) {
 	_ = direct
 	u, _ := url.Parse(dsn)
 	schema := u.Query().Get("search_path")
-	s := openMore(t, pgbouncer(t, schema))
+	s := openMore(t, pgbouncer(t, schema, "")+"&default_query_exec_mode=exec")
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

@@ -49,6 +49,13 @@ type Store struct {
 	planPerStatement bool
 	// checkpointTTL, when positive, replaces checkpointLeaseTTL (tests).
 	checkpointTTL time.Duration
+	// connConfig is the pool's connection configuration, for CheckPath's
+	// connections; relied, the session settings the store relies on with
+	// the values it sends (path.go).
+	connConfig *pgx.ConnConfig
+	relied     map[string]string
+	// openPath is what CheckPath found at Open.
+	openPath PathReport
 }
 
 var _ store.Store = (*Store)(nil)
@@ -248,6 +255,10 @@ func dsnSetsTargetSessionAttrs(dsn string) bool {
 // search_path may be given in it), applies pending migrations (see
 // Migrate) and returns the store.
 //
+// Open then checks the connection path (CheckPath): it returns an error
+// wrapping ErrPreparedStatementsLost where every command would fail, and
+// keeps the session settings found not in effect (SettingsNotInEffect).
+//
 // Returns an error wrapping store.ErrUnavailable when the server cannot be
 // reached; an error for a malformed DSN or a schema newer than this binary.
 func Open(ctx context.Context, dsn string) (*Store, error) {
@@ -255,7 +266,12 @@ func Open(ctx context.Context, dsn string) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{planPerStatement: planPerStatement}
+	s := &Store{planPerStatement: planPerStatement, connConfig: cfg.ConnConfig.Copy(), relied: reliedSettings(cfg.ConnConfig)}
+	// First the path: behind a pooler that loses prepared statements
+	// migrating would fail too, with the symptom rather than the cause.
+	if s.openPath, err = s.CheckPath(ctx); err != nil {
+		return nil, fmt.Errorf("open: %w", err)
+	}
 	conn, err := pgx.ConnectConfig(ctx, cfg.ConnConfig.Copy())
 	if err != nil {
 		return nil, s.c.classify("open: connect", err, false)
@@ -273,6 +289,11 @@ func Open(ctx context.Context, dsn string) (*Store, error) {
 	s.c.onLost = s.resetOnLostServer
 	return s, nil
 }
+
+// SettingsNotInEffect returns the session settings the store relies on
+// that Open found not in effect as the store set them (CheckPath), for
+// the caller to report.
+func (s *Store) SettingsNotInEffect() []SettingNotInEffect { return s.openPath.Settings }
 
 // Close closes every pooled connection; it waits for transactions in
 // progress to end. It returns nil.
