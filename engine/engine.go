@@ -120,6 +120,9 @@ type Engine struct {
 	workers  sync.WaitGroup
 	closeErr sync.Once
 	resolver *Resolver // nil without Options.Resolver
+	// resolverTerm is the term as worker leader (leader.term) the
+	// resolver's scans belong to: its counts are this term's only.
+	resolverTerm atomic.Uint64
 	// pipe is pipelined durability (pipeline.go), nil unless the store
 	// is a pipelined store.Syncer.
 	pipe *pipeline

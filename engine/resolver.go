@@ -280,12 +280,23 @@ func NewResolver(st store.Store, opts ResolverOptions, clock func() time.Time,
 	return r
 }
 
-// ResolverStats returns the resolver's counters (zero without a resolver).
+// ResolverStats returns the resolver's counters (zero without a
+// resolver). With the workers on, Overdue and Scanned are those of a scan
+// completed in this engine's current term as worker leader: a replica that
+// does not lead (never did, or lost the lease) reports none, as one that
+// took the lease back reports none until it scanned again, since
+// meanwhile another replica asked and the backlog changed.
 func (e *Engine) ResolverStats() ResolverStats {
 	if e.resolver == nil {
 		return ResolverStats{}
 	}
-	return e.resolver.Stats()
+	s := e.resolver.Stats()
+	if !e.opts.DisableWorkers {
+		if term := e.leaderTerm(); term == 0 || term != e.resolverTerm.Load() {
+			s.Overdue, s.Scanned = 0, false
+		}
+	}
+	return s
 }
 
 // Stats returns the resolver's counters.
@@ -397,6 +408,19 @@ func (r *Resolver) endPass() {
 			delete(r.attempts, id)
 		}
 	}
+	r.pass++
+	r.overdue = 0
+	r.cursor = store.UnknownCursor{}
+}
+
+// restartPass forgets the overdue count of the last complete scan and
+// starts the next scan at the oldest of the backlog, as a new pass: the
+// engine's worker calls it when this replica begins a term as worker
+// leader. The backoff of the reservations it knows is kept.
+func (r *Resolver) restartPass() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.overdueDone.Store(-1)
 	r.pass++
 	r.overdue = 0
 	r.cursor = store.UnknownCursor{}

@@ -55,8 +55,21 @@ func (e *Engine) leaderWorkers() []worker {
 }
 
 // resolverScan is the resolver worker's scan: its lanes ask only while
-// this engine leads (Resolver.ScanWhile).
-func (e *Engine) resolverScan(ctx context.Context) { e.resolver.ScanWhile(ctx, e.IsLeader) }
+// this engine leads (Resolver.ScanWhile). The first scan of a term as
+// leader starts the backlog over (Resolver.restartPass): while this
+// replica did not lead, another may have, so what it counted before says
+// nothing now.
+func (e *Engine) resolverScan(ctx context.Context) {
+	term := e.leaderTerm()
+	if term == 0 {
+		return
+	}
+	if term != e.resolverTerm.Load() {
+		e.resolver.restartPass()
+		e.resolverTerm.Store(term)
+	}
+	e.resolver.ScanWhile(ctx, e.IsLeader)
+}
 
 // LeaderStatus is this engine's view of the worker lease.
 type LeaderStatus struct {
@@ -77,6 +90,17 @@ type LeaderStatus struct {
 	Err string
 }
 
+// leaderTerm returns which of this engine's terms as worker leader runs
+// now (1 for the first), or 0 when it does not lead.
+func (e *Engine) leaderTerm() uint64 {
+	e.lead.mu.Lock()
+	defer e.lead.mu.Unlock()
+	if !e.lead.status.Leader || !time.Now().Before(e.lead.until) {
+		return 0
+	}
+	return e.lead.term
+}
+
 // leader tracks the worker lease.
 type leader struct {
 	mu     sync.Mutex
@@ -86,6 +110,8 @@ type leader struct {
 	// (the store's expiry is measured from later than that, so this ends
 	// first).
 	until time.Time
+	// term counts the times this engine became leader (leaderTerm).
+	term uint64
 }
 
 // defaultHolder names this process for the lease: host, pid and a random
@@ -182,6 +208,7 @@ func (e *Engine) renewLease(ctx context.Context, ttl time.Duration) {
 		e.lead.until = started.Add(ttl)
 		if !was {
 			e.lead.status.Since = started
+			e.lead.term++
 			e.log.Info("worker lease acquired: this replica runs the workers", "holder", lease.Holder, "fence", lease.Fence)
 		}
 		e.lead.status.Leader = true

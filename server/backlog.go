@@ -94,8 +94,9 @@ func (s *Server) ListUsageUnknown(ctx context.Context, req *connect.Request[v1.L
 		resp.ResolverConfigured = true
 		resp.OverdueReservationIds = overdueFirst(s.resolver, rows, s.clock())
 		stats := s.resolver.ResolverStats()
-		// Before the first complete scan overdue counts nothing (the
-		// metric is left out): resolverScanned tells that 0 apart.
+		// Without a complete scan by this replica as worker leader
+		// overdue counts nothing (the metric is left out):
+		// resolverScanned tells that 0 apart.
 		resp.ResolverScanned = stats.Scanned
 		if !scoped(ctx) { // store-wide, as the backlog
 			resp.Overdue = stats.Overdue

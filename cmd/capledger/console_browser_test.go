@@ -942,7 +942,7 @@ func TestConsoleBrowserBacklogBeforeTheResolversFirstScan(t *testing.T) {
 	b.waitRendered("backlog")
 	b.want(`[data-value="listed"]`, fmtInt(int64(len(unknown.Reservations))))
 	b.want(`[data-value="overdue"]`, "not scanned yet")
-	b.want(`[data-card="overdue"] .sub`, "the resolver has not completed a scan of the backlog yet (every --resolver-config interval)")
+	b.want(`[data-card="overdue"] .sub`, "this replica's resolver has no complete scan of the backlog since it took the worker lease (only the lease holder scans, every --resolver-config interval)")
 	b.screenshot("backlog_unscanned")
 	b.noConsoleErrors(true)
 }

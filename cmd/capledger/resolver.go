@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -18,7 +19,8 @@ import (
 	"github.com/capledger/capledger/ledger"
 )
 
-// resolverFile is the JSON of serve --resolver-config: per route, the
+// resolverFile is the JSON of serve --resolver-config: the scan's timing,
+// the bound on status calls out at once across routes, and per route the
 // operation-status endpoint of its gateways, the shared secret that
 // authenticates it (docs/CLIENTS.md), and the unknownDeadline past which
 // USAGE_UNKNOWN work is flagged for an operator. Route "*" applies to
@@ -27,11 +29,14 @@ import (
 // accounting term, must not mint a policy generation, and must not be
 // readable by every token that may read policies.
 type resolverFile struct {
-	Interval   string                       `json:"interval,omitempty"`
-	MinBackoff string                       `json:"minBackoff,omitempty"`
-	MaxBackoff string                       `json:"maxBackoff,omitempty"`
-	Timeout    string                       `json:"timeout,omitempty"`
-	Routes     map[string]resolverRouteFile `json:"routes"`
+	Interval   string `json:"interval,omitempty"`
+	MinBackoff string `json:"minBackoff,omitempty"`
+	MaxBackoff string `json:"maxBackoff,omitempty"`
+	Timeout    string `json:"timeout,omitempty"`
+	// MaxInFlight is raw so that a wrong type is refused with the
+	// field's name in the same words as a 0 or a negative number.
+	MaxInFlight json.RawMessage              `json:"maxInFlight,omitempty"`
+	Routes      map[string]resolverRouteFile `json:"routes"`
 }
 
 type resolverRouteFile struct {
@@ -91,6 +96,14 @@ func loadResolverConfig(path string) (*resolverConfig, error) {
 	// would otherwise raise it to a minute, the opposite of what was asked.
 	if minBackoff := cmp.Or(cfg.opts.MinBackoff, engine.DefaultResolverMinBackoff); cfg.opts.MaxBackoff > 0 && cfg.opts.MaxBackoff < minBackoff {
 		return nil, fmt.Errorf("resolver config %s: maxBackoff %v is below minBackoff %v", path, cfg.opts.MaxBackoff, minBackoff)
+	}
+	if f.MaxInFlight != nil {
+		var n int
+		if err := json.Unmarshal(f.MaxInFlight, &n); err != nil || n <= 0 {
+			return nil, fmt.Errorf("resolver config %s: maxInFlight %s: want a positive integer like %d (status calls out at once across routes)",
+				path, f.MaxInFlight, engine.DefaultResolverMaxInFlight)
+		}
+		cfg.opts.MaxInFlight = n
 	}
 	timeout := cfg.opts.CallTimeout
 	if timeout == 0 {

@@ -27,13 +27,13 @@ func TestResolverConfigIsCheckedFieldByField(t *testing.T) {
 		}
 		return path
 	}
-	cfg, err := loadResolverConfig(write(`{"interval":"2s","maxBackoff":"30s","routes":{
+	cfg, err := loadResolverConfig(write(`{"interval":"2s","maxBackoff":"30s","maxInFlight":12,"routes":{
 		"chat.generate":{"statusUrl":"https://gw:8443/base","secretFile":"ok.secret","unknownDeadline":"30m"},
 		"*":{"unknownDeadline":"1h"}}}`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.opts.Interval != 2*time.Second || cfg.opts.MaxBackoff != 30*time.Second || cfg.opts.Source == nil {
+	if cfg.opts.Interval != 2*time.Second || cfg.opts.MaxBackoff != 30*time.Second || cfg.opts.MaxInFlight != 12 || cfg.opts.Source == nil {
 		t.Fatalf("options %+v", cfg.opts)
 	}
 	chat := &ledger.Reservation{Account: ledger.AccountKey{Route: "chat.generate"}}
@@ -60,6 +60,12 @@ func TestResolverConfigIsCheckedFieldByField(t *testing.T) {
 		{`{"routes":{"r":{"statusUrl":"http://gw","secretFile":"short.secret"}}}`, "at least 16"},
 		{`{"routes":{"r":{"statusUrl":"http://gw","secretFile":"missing.secret"}}}`, "missing.secret"},
 		{`{"routes":{"":{}}}`, "empty route"},
+		{`{"maxInFlight":0,"routes":{"r":{}}}`, "maxInFlight 0: want a positive integer"},
+		{`{"maxInFlight":-3,"routes":{"r":{}}}`, "maxInFlight -3: want a positive integer"},
+		{`{"maxInFlight":"12","routes":{"r":{}}}`, `maxInFlight "12": want a positive integer`},
+		{`{"maxInFlight":1.5,"routes":{"r":{}}}`, "maxInFlight 1.5: want a positive integer"},
+		{`{"maxInFlight":null,"routes":{"r":{}}}`, "maxInFlight null: want a positive integer"},
+		{`{"maxCalls":12,"routes":{"r":{}}}`, "unknown field"},
 		{`{"minBackoff":"2m","maxBackoff":"1m","routes":{"r":{}}}`, "below minBackoff"},
 		// Below the default minBackoff (1s): the engine would have raised it to 1m.
 		{`{"maxBackoff":"500ms","routes":{"r":{}}}`, "maxBackoff 500ms is below minBackoff 1s"},

@@ -5,9 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -35,91 +32,9 @@ func (s *leaseTakenOver) LeaseAcquire(ctx context.Context, name, holder string, 
 	return s.Store.LeaseAcquire(ctx, name, holder, ttl)
 }
 
-// laneRig is an engine running the resolver worker on the wall clock,
-// with the resolver config loaded as serve loads it: route name -> the
-// URL of a real HTTP status endpoint, all sharing one secret.
-type laneRig struct {
-	t      *testing.T
-	e      *engine.Engine
-	secret []byte
-}
-
-func newLaneRig(t *testing.T, st store.Store, leaseTTL time.Duration, timeout string, maxInFlight int, routes map[string]string) *laneRig {
-	t.Helper()
-	secret := []byte("0123456789abcdef-route-secret")
-	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "route.secret"), secret, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	var entries []string
-	for route, url := range routes {
-		entries = append(entries, fmt.Sprintf(`%q: {"statusUrl": %q, "secretFile": "route.secret"}`, route, url))
-	}
-	cfgPath := filepath.Join(dir, "resolver.json")
-	if err := os.WriteFile(cfgPath, []byte(`{"interval": "50ms", "minBackoff": "100ms", "maxBackoff": "200ms", "timeout": "`+timeout+`",
-		"routes": {`+strings.Join(entries, ",")+`}}`), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := loadResolverConfig(cfgPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	opts := cfg.opts
-	opts.MaxInFlight = maxInFlight
-	e := engine.New(st, engine.Options{Resolver: &opts, LeaseTTL: leaseTTL})
-	t.Cleanup(func() { e.Close() })
-	rig := &laneRig{t: t, e: e, secret: secret}
-	for route := range routes {
-		p := ledger.Policy{
-			Key:        ledger.PolicyKey{Subject: ledger.AnySubject, Route: route, Region: "eu"},
-			Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: 1 << 30, RefillUnits: 10, RefillInterval: time.Second}},
-			HoldTTL:    time.Hour,
-		}.WithDefaults()
-		rig.do(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p})
-	}
-	return rig
-}
-
-func (rig *laneRig) do(c ledger.Command) {
-	rig.t.Helper()
-	if res, err := rig.e.Do(context.Background(), c); err != nil || res.Err != nil {
-		rig.t.Fatalf("%v %s: %v %v", c.Kind, c.ReservationID, err, res.Err)
-	}
-}
-
-// unknown reserves, starts and marks USAGE_UNKNOWN the ids on route.
-func (rig *laneRig) unknown(route string, ids ...string) {
-	rig.t.Helper()
-	for _, id := range ids {
-		rig.do(ledger.Command{Kind: ledger.KindReserve, ReservationID: id, RequestDigest: "sha256:" + id,
-			Subject: "tenant-7", Route: route, Region: "eu", Units: ledger.Amounts{300}})
-		rig.do(ledger.Command{Kind: ledger.KindStart, ReservationID: id, OperationID: "op-" + id})
-		rig.do(ledger.Command{Kind: ledger.KindMarkUsageUnknown, ReservationID: id})
-	}
-}
-
-// answer writes an authenticated answer of status (finished: 7 tokens).
-func (rig *laneRig) answer(w http.ResponseWriter, r *http.Request, status string) {
-	op := strings.TrimPrefix(r.URL.Path, "/operations/")
-	res := r.URL.Query().Get("reservationId")
-	if err := opstatus.VerifyRequest(rig.secret, r, res, op, time.Now()); err != nil {
-		http.Error(w, err.Error(), http.StatusUnauthorized)
-		return
-	}
-	a := opstatus.Answer{Status: status, OperationID: op, ReservationID: res}
-	if status == opstatus.StatusFinished {
-		a.ActualUnits = map[string]int64{"tokens": 7}
-	}
-	opstatus.WriteAnswer(w, r, rig.secret, a)
-}
-
-func ids(prefix string, n int) []string {
-	out := make([]string, n)
-	for i := range out {
-		out[i] = fmt.Sprintf("%s-%03d", prefix, i)
-	}
-	return out
-}
+// laneSettings are the lane tests' scan timing: an interval of 50 ms and
+// a backoff of 100 to 200 ms.
+const laneSettings = `"interval": "50ms", "minBackoff": "100ms", "maxBackoff": "200ms"`
 
 // TestResolverLaneStopsAskingWhenLeadershipIsLost: a replica's lane holds
 // a route's backlog of 120 reservations, asked 8 at a time, each question
@@ -130,15 +45,15 @@ func ids(prefix string, n int) []string {
 // server: it must not go on asking about the rest of what it was handed.
 func TestResolverLaneStopsAskingWhenLeadershipIsLost(t *testing.T) {
 	var asked atomic.Int64
-	var rig *laneRig
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		asked.Add(1)
 		time.Sleep(150 * time.Millisecond)
-		rig.answer(w, r, opstatus.StatusRunning)
+		answer(w, r, opstatus.StatusRunning)
 	}))
 	defer srv.Close()
 	st := &leaseTakenOver{Store: memstore.New()}
-	rig = newLaneRig(t, st, 300*time.Millisecond, "3s", 0, map[string]string{"busy.route": srv.URL})
+	rig := newEngineRig(t, st, laneSettings+`, "timeout": "3s"`, map[string]string{"busy.route": srv.URL},
+		engine.Options{LeaseTTL: 300 * time.Millisecond}, nil)
 	rig.unknown("busy.route", ids("busy", 120)...)
 
 	waitUntil(t, 10*time.Second, func() string { return "the resolver to ask (needs the worker lease)" }, func() bool {
@@ -170,7 +85,8 @@ func TestResolverLaneStopsAskingWhenLeadershipIsLost(t *testing.T) {
 // question fails after 1.4 s, against a 1.5 s timeout), each with a backlog of 12, and the
 // resolver may make 12 status calls at once across routes (MaxInFlight),
 // though each route alone may make 8. The calls in flight, measured at
-// the servers, never exceed 12; and a route that answers at once, whose
+// the servers, never exceed 12 (the config file's maxInFlight, loaded as
+// serve loads it); and a route that answers at once, whose
 // 30 reservations are marked while the hanging routes hold every slot,
 // still has them all settled within 5 s (a few timeouts): a freed slot goes
 // to the route with the fewest calls out, so it keeps one as long as it
@@ -179,7 +95,6 @@ func TestResolverLaneStopsAskingWhenLeadershipIsLost(t *testing.T) {
 func TestResolverGlobalBoundAcrossRoutes(t *testing.T) {
 	const maxInFlight = 12
 	var inFlight, peak atomic.Int64
-	var rig *laneRig
 	enter := func() {
 		n := inFlight.Add(1)
 		for {
@@ -212,7 +127,7 @@ func TestResolverGlobalBoundAcrossRoutes(t *testing.T) {
 		defer inFlight.Add(-1)
 		fastAsked.Add(1)
 		time.Sleep(5 * time.Millisecond)
-		rig.answer(w, r, opstatus.StatusFinished)
+		answer(w, r, opstatus.StatusFinished)
 	}))
 	defer answering.Close()
 
@@ -222,7 +137,9 @@ func TestResolverGlobalBoundAcrossRoutes(t *testing.T) {
 		// endpoint to the resolver.
 		routes[fmt.Sprintf("hang%d.route", i)] = hanging.URL + fmt.Sprintf("/hang%d", i)
 	}
-	rig = newLaneRig(t, memstore.New(), 0, "1500ms", maxInFlight, routes)
+	// The bound comes from the config file, as serve reads it.
+	rig := newEngineRig(t, memstore.New(), laneSettings+fmt.Sprintf(`, "timeout": "1500ms", "maxInFlight": %d`, maxInFlight),
+		routes, engine.Options{}, nil)
 	for i := range 5 {
 		rig.unknown(fmt.Sprintf("hang%d.route", i), ids(fmt.Sprintf("hang%d", i), 12)...)
 	}

@@ -486,9 +486,10 @@ pages.backlog = async function (main) {
     // backlog is within them.
     cards.append(card("overdue", "Past unknownDeadline", "—", "this server runs no resolver (serve --resolver-config), so no deadline"));
   } else if (!ov.scoped && !resp.resolverScanned) {
-    // Before the resolver's first complete scan the count is not known
-    // (the metric is left out too): a 0 would say nothing is overdue.
-    cards.append(card("overdue", "Past unknownDeadline", "not scanned yet", "the resolver has not completed a scan of the backlog yet (every --resolver-config interval)"));
+    // Without a complete scan by this replica as worker leader the count
+    // is not known (the metric is left out too): a 0 would say nothing
+    // is overdue.
+    cards.append(card("overdue", "Past unknownDeadline", "not scanned yet", "this replica's resolver has no complete scan of the backlog since it took the worker lease (only the lease holder scans, every --resolver-config interval)"));
   } else if (!ov.scoped) {
     cards.append(card("overdue", "Past unknownDeadline", fmtInt(resp.overdue), "at the resolver's last scan"));
   } else {

@@ -2652,20 +2652,22 @@ type ListUsageUnknownResponse struct {
 	// rest of the page.
 	OverdueReservationIds []string `protobuf:"bytes,5,rep,name=overdue_reservation_ids,json=overdueReservationIds,proto3" json:"overdue_reservation_ids,omitempty"`
 	// How many USAGE_UNKNOWN reservations were past their deadline at the
-	// resolver's last complete scan of the backlog (this replica's), as
-	// the metric capledger_usage_unknown_overdue; 0 without deadlines,
-	// and before the first scan (see resolver_scanned).
+	// resolver's last complete scan of the backlog (this replica's, as
+	// worker leader), as the metric capledger_usage_unknown_overdue; 0
+	// without deadlines, and without such a scan (see resolver_scanned).
 	Overdue int64 `protobuf:"varint,6,opt,name=overdue,proto3" json:"overdue,omitempty"`
 	// Whether this replica runs the USAGE_UNKNOWN resolver's deadlines
 	// (serve --resolver-config). Without them no reservation is ever
 	// overdue: overdue and overdue_reservation_ids are empty, which says
 	// nothing about the backlog.
 	ResolverConfigured bool `protobuf:"varint,7,opt,name=resolver_configured,json=resolverConfigured,proto3" json:"resolver_configured,omitempty"`
-	// Whether this replica's resolver has completed a scan of the backlog
-	// since the process started (the resolver runs on the worker leader:
-	// a replica that has not led has none). Until then overdue counts
-	// nothing, as the metric capledger_usage_unknown_overdue is left out
-	// until then. False without resolver_configured.
+	// Whether this replica holds the worker lease and its resolver has
+	// completed a scan of the backlog since it took the lease (the
+	// resolver runs on the worker leader only: a replica that does not
+	// lead, or took the lease back and has not scanned again, has no count
+	// of its own). Without one overdue counts nothing, as the metric
+	// capledger_usage_unknown_overdue is left out. False without
+	// resolver_configured.
 	ResolverScanned bool `protobuf:"varint,8,opt,name=resolver_scanned,json=resolverScanned,proto3" json:"resolver_scanned,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
