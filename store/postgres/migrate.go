@@ -38,12 +38,20 @@ func SchemaVersion() int {
 // Returns an error wrapping store.ErrUnavailable when the server cannot be
 // reached, and an error naming the versions when the database holds a
 // migration this binary does not know (a newer binary migrated it: run
-// that binary, or roll forward). The errors say which step failed, not
+// that binary, or roll forward), and one wrapping ErrPreparedStatementsLost
+// on a connection path that loses them (CheckPath, as Open). The errors say which step failed, not
 // that it was a migration: the caller names that (capledger migrate names
 // the command; Open says "open: migrate").
 func Migrate(ctx context.Context, dsn string) ([]int, error) {
-	cfg, _, err := parseConfig(dsn)
+	cfg, planPerStatement, err := parseConfig(dsn)
 	if err != nil {
+		return nil, err
+	}
+	// The path first, as Open checks it: behind a pooler that loses
+	// prepared statements a migration fails with the symptom (42P05,
+	// 26000) rather than the cause, and serve would refuse the path anyway.
+	path := &Store{planPerStatement: planPerStatement, connConfig: cfg.ConnConfig.Copy(), relied: reliedSettings(cfg.ConnConfig)}
+	if _, err := path.CheckPath(ctx); err != nil {
 		return nil, err
 	}
 	conn, err := pgx.ConnectConfig(ctx, cfg.ConnConfig)

@@ -30,7 +30,7 @@ func pgbouncerSchema(t *testing.T, serverSetup string) string {
 // prepared statements are lost between transactions: Open refuses,
 // naming the fix, and `capledger serve` exits with that error instead of
 // starting and calling itself ready while every command fails with
-// SQLSTATE 26000.
+// SQLSTATE 26000; Migrate and `capledger migrate` refuse it the same way.
 func TestOpenRefusesAPathLosingPreparedStatements(t *testing.T) {
 	dsn := pgbouncerSchema(t, "")
 	s, err := postgres.Open(context.Background(), dsn)
@@ -42,7 +42,15 @@ func TestOpenRefusesAPathLosingPreparedStatements(t *testing.T) {
 		t.Fatalf("Open: %v; want ErrPreparedStatementsLost", err)
 	}
 
+	if _, err := postgres.Migrate(context.Background(), dsn); !errors.Is(err, postgres.ErrPreparedStatementsLost) {
+		t.Fatalf("Migrate: %v; want ErrPreparedStatementsLost", err)
+	}
+
 	bin := buildCapledger(t)
+	migrated, err := exec.Command(bin, "migrate", "--store", dsn).CombinedOutput()
+	if err == nil || !strings.Contains(string(migrated), "default_query_exec_mode=exec") {
+		t.Fatalf("capledger migrate behind the same path: %v, want it refused naming the fix:\n%s", err, migrated)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, "serve", "--addr", freeAddr(t), "--store", dsn, "--data-dir", t.TempDir())
