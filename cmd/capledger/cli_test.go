@@ -947,3 +947,35 @@ func TestStoreRefusalHasNoUsageHint(t *testing.T) {
 		t.Errorf("capledger migrate --bogus: exit %d, stderr %q: want 1 and the pointer to --help", code, errOut)
 	}
 }
+
+// A second serve (or a migrate) on a data directory a running serve owns is
+// refused because of the store, not its flags: the refusal says to stop the
+// other process, and no "Run `capledger serve --help` for usage" follows it
+// (an operator at 3 a.m. would go looking for a wrong flag). Exit 1 as for
+// any store that refuses (docs/OPERATIONS.md, "Migrations and upgrades").
+func TestLockedStoreHasNoUsageHint(t *testing.T) {
+	bin := buildBinary(t)
+	dir := t.TempDir()
+	startServer(t, bin, dir)
+	for _, args := range [][]string{
+		{"serve", "--addr", "127.0.0.1:0", "--data-dir", dir},
+		{"migrate", "--data-dir", dir},
+	} {
+		cmd := exec.Command(bin, args...)
+		childproc.DieWithParent(cmd)
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		err := cmd.Run()
+		var exit *exec.ExitError
+		if err != nil && !errors.As(err, &exit) {
+			t.Fatalf("capledger %v: %v", args, err)
+		}
+		code, errOut := cmd.ProcessState.ExitCode(), stderr.String()
+		if code != exitUsage || !strings.Contains(errOut, "is locked: another capledger serve (or migrate) uses this store") {
+			t.Errorf("capledger %v: exit %d, stderr %q: want 1 and the lock's refusal", args, code, errOut)
+		}
+		if strings.Contains(errOut, "--help` for usage") {
+			t.Errorf("capledger %v: a locked store points at --help: %q", args, errOut)
+		}
+	}
+}

@@ -94,10 +94,7 @@ func runMigrate(ctx context.Context, e *env, args []string) error {
 	}
 	unlock, err := open.LockSQLite(*storeSpec, *dataDir)
 	if err != nil {
-		if errors.Is(err, open.ErrStoreLocked) {
-			return usagef("%v: stop serve first", err)
-		}
-		return usagef("%v", err)
+		return lockError(err, ": stop serve first")
 	}
 	defer unlock()
 	st, err := open.Open(ctx, *storeSpec, *dataDir)
@@ -125,6 +122,17 @@ func runMigrate(ctx context.Context, e *env, args []string) error {
 	}
 	fmt.Fprintf(e.stdout, "%s schema at version %d\n", storeName(*storeSpec, *dataDir), sqlite.SchemaVersion())
 	return nil
+}
+
+// lockError is the exit for a SQLite store whose lock could not be taken
+// (migrate, serve): another process owning it is the store's refusal, 1
+// without the pointer to --help (the flags are not the problem; hint says
+// what to do); anything else is the path the flags named, a usage error.
+func lockError(err error, hint string) error {
+	if errors.Is(err, open.ErrStoreLocked) {
+		return exitError{code: exitUsage, err: fmt.Errorf("%w%s", err, hint)}
+	}
+	return usagef("%v", err)
 }
 
 // storeError is the exit for a store that could not be opened, checked or

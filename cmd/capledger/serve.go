@@ -311,7 +311,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	// lead the workers beside the first.
 	unlock, err := open.LockSQLite(*storeSpec, *dataDir)
 	if err != nil {
-		return usagef("%v", err)
+		return lockError(err, "")
 	}
 	defer unlock()
 	// --cache-rows given with a store that has no row cache is refused
