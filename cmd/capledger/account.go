@@ -100,8 +100,16 @@ func runAudit(ctx context.Context, e *env, args []string) error {
 	cf.register(fs, e)
 	since := fs.Bool("since-checkpoint", false, "")
 	progress := fs.Bool("progress", isTerminal(e.stderr), "")
+	dataDir := fs.String("data-dir", "", "")
+	storeSpec := fs.String("store", "", "")
 	if err := parseNoArgs(fs, args); err != nil {
 		return err
+	}
+	if *dataDir != "" || *storeSpec != "" {
+		if flagGiven(fs, "addr") {
+			return usagef("--addr asks a server; --data-dir and --store read the store without one: give one or the other")
+		}
+		return auditStore(ctx, e, *storeSpec, *dataDir, *since, *progress)
 	}
 	msg, err := streamAudit(ctx, &cf, *since, *progress, e.stderr)
 	if connect.CodeOf(err) == connect.CodeUnimplemented && !*since {
@@ -116,7 +124,13 @@ func runAudit(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := printJSON(e.stdout, msg); err != nil {
+	return printAuditReport(e.stdout, msg)
+}
+
+// printAuditReport prints an audit's answer and returns the exit 6 error
+// when it found discrepancies.
+func printAuditReport(w io.Writer, msg *v1.AuditResponse) error {
+	if err := printJSON(w, msg); err != nil {
 		return err
 	}
 	if n := len(msg.GetDiscrepancies()); n > 0 {
