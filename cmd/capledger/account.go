@@ -40,6 +40,8 @@ Example:
 ` + clientFlagsHelp + "\n" + exitCodesHelp
 
 const auditHelp = `Usage: capledger audit [flags]
+       capledger audit --data-dir DIR|FILE [--since-checkpoint] [--progress]
+       capledger audit --store postgres://... [--since-checkpoint] [--progress]
 
 Audit asks the server to read the whole ledger in one consistent snapshot
 and check it: conservation of every account in every dimension, reserved
@@ -55,6 +57,17 @@ traffic); --timeout is how long to wait for the next message, not for
 the whole audit: keep it at 5s or more (the default 10s). A server without
 the stream is asked with LedgerService.Audit instead (full audit only).
 
+Without a server (a backup before restoring it, a data directory whose
+serve will not start, PostgreSQL with every replica down), --data-dir or
+--store runs the same audit here on the store opened read-only: it
+migrates nothing and writes nothing to the database, and refuses (exit 1) a store whose
+schema is older or newer than this binary's, saying which. It reads one
+consistent snapshot: a serve running on the same store meanwhile is
+fine (SQLite: the last commit before the audit's read began; PostgreSQL:
+one REPEATABLE READ transaction), and the audit does not see what is
+committed after it began. No token, --addr or --timeout: --addr beside
+--data-dir or --store is a usage error.
+
 Flags:
   --since-checkpoint  skip the checks that read every reservation
                       (reserved vs holds, spent vs settled, unrecorded
@@ -63,10 +76,16 @@ Flags:
                       happened since, not the history
   --progress          draw a progress bar on stderr (default: when stderr
                       is a terminal)
+  --data-dir DIR      audit the SQLite store in DIR (as serve --data-dir),
+                      or DIR may be the database file itself: a backup
+  --store SPEC        audit the store SPEC names, as serve --store:
+                      postgres://... or sqlite:PATH
 
 Example:
   capledger audit --token $ADMIN_TOKEN && echo sound
   capledger audit --since-checkpoint --progress
+  capledger audit --data-dir /backups/capledger.db
+  capledger audit --store postgres://capledger@db:5432/capledger
 
 ` + clientFlagsHelp + "\n" + exitCodesHelp
 
