@@ -314,3 +314,25 @@ func fileHash(t *testing.T, path string) [sha256.Size]byte {
 	}
 	return sha256.Sum256(b)
 }
+
+// A serve running on the data directory does not stop an audit of it
+// (nor the audit the server): the audit reads the last commit before
+// its read began, sound here, and the server goes on admitting.
+func TestAuditDataDirBesideARunningServer(t *testing.T) {
+	bin := buildBinary(t)
+	dir := t.TempDir()
+	srv := startServer(t, bin, dir)
+	policy := filepath.Join(t.TempDir(), "policy.yaml")
+	os.WriteFile(policy, []byte("subject: tenant-7\nroute: chat\nholdTTL: 1h\ndimensions:\n  - unit: tokens\n    burst: 6000\n"), 0o600)
+	code, out, errOut := cli(t, srv.url, "policy", "publish", policy)
+	wantExit(t, exitOK, code, out, errOut)
+	code, out, errOut = cli(t, srv.url, "reserve", "--subject", "tenant-7", "--route", "chat", "--units", "tokens=100", "--id", "r1")
+	wantExit(t, exitOK, code, out, errOut)
+
+	report := auditBinary(t, bin, exitOK, "--data-dir", dir)
+	if len(report.Discrepancies) != 0 {
+		t.Fatalf("a live data dir: %+v", report)
+	}
+	code, out, errOut = cli(t, srv.url, "reserve", "--subject", "tenant-7", "--route", "chat", "--units", "tokens=100", "--id", "r2")
+	wantExit(t, exitOK, code, out, errOut)
+}
