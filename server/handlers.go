@@ -910,15 +910,23 @@ const (
 	auditModeSinceCheckpoint = "since_checkpoint"
 )
 
-// auditResponse is the answer of an audit in mode that found found,
-// logged when it is not empty.
-func (s *Server) auditResponse(ctx context.Context, found []ledger.Discrepancy, mode string) *v1.AuditResponse {
-	resp := &v1.AuditResponse{CheckedAt: timestamp(time.Now())}
+// AuditReport is the answer of an audit that found found at checkedAt:
+// what the server sends and `capledger audit --data-dir/--store` prints
+// without one.
+func AuditReport(found []ledger.Discrepancy, checkedAt time.Time) *v1.AuditResponse {
+	resp := &v1.AuditResponse{CheckedAt: timestamp(checkedAt)}
 	for _, d := range found {
 		resp.Discrepancies = append(resp.Discrepancies, &v1.Discrepancy{
 			Check: d.Check, Account: d.Account, ReservationId: d.Reservation, Detail: d.Detail,
 		})
 	}
+	return resp
+}
+
+// auditResponse is the answer of an audit in mode that found found,
+// logged when it is not empty.
+func (s *Server) auditResponse(ctx context.Context, found []ledger.Discrepancy, mode string) *v1.AuditResponse {
+	resp := AuditReport(found, time.Now())
 	if len(found) > 0 {
 		s.log.Warn("audit found discrepancies", "count", len(found), "first", found[0].String())
 	}

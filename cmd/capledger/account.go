@@ -40,6 +40,8 @@ Example:
 ` + clientFlagsHelp + "\n" + exitCodesHelp
 
 const auditHelp = `Usage: capledger audit [flags]
+       capledger audit --data-dir DIR|FILE [--since-checkpoint] [--progress]
+       capledger audit --store postgres://... [--since-checkpoint] [--progress]
 
 Audit asks the server to read the whole ledger in one consistent snapshot
 and check it: conservation of every account in every dimension, reserved
@@ -55,6 +57,17 @@ traffic); --timeout is how long to wait for the next message, not for
 the whole audit: keep it at 5s or more (the default 10s). A server without
 the stream is asked with LedgerService.Audit instead (full audit only).
 
+Without a server (a backup before restoring it, a data directory whose
+serve will not start, PostgreSQL with every replica down), --data-dir or
+--store runs the same audit here on the store opened read-only: it
+migrates nothing and writes nothing to the database, and refuses (exit 1) a store whose
+schema is older or newer than this binary's, saying which. It reads one
+consistent snapshot: a serve running on the same store meanwhile is
+fine (SQLite: the last commit before the audit's read began; PostgreSQL:
+one REPEATABLE READ transaction), and the audit does not see what is
+committed after it began. No token, --addr or --timeout: --addr beside
+--data-dir or --store is a usage error.
+
 Flags:
   --since-checkpoint  skip the checks that read every reservation
                       (reserved vs holds, spent vs settled, unrecorded
@@ -63,10 +76,16 @@ Flags:
                       happened since, not the history
   --progress          draw a progress bar on stderr (default: when stderr
                       is a terminal)
+  --data-dir DIR      audit the SQLite store in DIR (as serve --data-dir),
+                      or DIR may be the database file itself: a backup
+  --store SPEC        audit the store SPEC names, as serve --store:
+                      postgres://... or sqlite:PATH
 
 Example:
   capledger audit --token $ADMIN_TOKEN && echo sound
   capledger audit --since-checkpoint --progress
+  capledger audit --data-dir /backups/capledger.db
+  capledger audit --store postgres://capledger@db:5432/capledger
 
 ` + clientFlagsHelp + "\n" + exitCodesHelp
 
@@ -100,8 +119,16 @@ func runAudit(ctx context.Context, e *env, args []string) error {
 	cf.register(fs, e)
 	since := fs.Bool("since-checkpoint", false, "")
 	progress := fs.Bool("progress", isTerminal(e.stderr), "")
+	dataDir := fs.String("data-dir", "", "")
+	storeSpec := fs.String("store", "", "")
 	if err := parseNoArgs(fs, args); err != nil {
 		return err
+	}
+	if *dataDir != "" || *storeSpec != "" {
+		if flagGiven(fs, "addr") {
+			return usagef("--addr asks a server; --data-dir and --store read the store without one: give one or the other")
+		}
+		return auditStore(ctx, e, *storeSpec, *dataDir, *since, *progress)
 	}
 	msg, err := streamAudit(ctx, &cf, *since, *progress, e.stderr)
 	if connect.CodeOf(err) == connect.CodeUnimplemented && !*since {
@@ -116,7 +143,13 @@ func runAudit(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := printJSON(e.stdout, msg); err != nil {
+	return printAuditReport(e.stdout, msg)
+}
+
+// printAuditReport prints an audit's answer and returns the exit 6 error
+// when it found discrepancies.
+func printAuditReport(w io.Writer, msg *v1.AuditResponse) error {
+	if err := printJSON(w, msg); err != nil {
 		return err
 	}
 	if n := len(msg.GetDiscrepancies()); n > 0 {

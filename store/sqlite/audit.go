@@ -89,8 +89,9 @@ func (s *Store) AuditSnapshot(ctx context.Context, cut bool, f func(*ledger.Snap
 	// fails anyway.
 	var copyErr error
 	// copied copies the transaction's view and ends the transaction, once.
+	// A read-only store reads in place (OpenReadOnly says why).
 	copied := func() error {
-		if cp != nil || copyErr != nil {
+		if cp != nil || copyErr != nil || s.readOnly {
 			return copyErr
 		}
 		c, err := copyForAudit(ctx, filepath.Dir(s.path), conn, s.auditCopyPages, func(done, total int) int64 {

@@ -127,6 +127,8 @@ type Store struct {
 	// auditCopyPages is the pages of a step of a full audit's copy
 	// (auditcopy.go).
 	auditCopyPages int
+	// readOnly: opened by OpenReadOnly (readonly.go), no writer.
+	readOnly bool
 }
 
 // CheckPath refuses a path Open refuses for its form alone: empty, or not
@@ -505,6 +507,9 @@ func durationOf(ns int64) time.Duration { return time.Duration(ns) }
 func (s *Store) Begin(ctx context.Context) (store.Tx, error) {
 	if s.closed.Load() {
 		return nil, errClosed
+	}
+	if s.readOnly {
+		return nil, fmt.Errorf("begin: %w", errReadOnly)
 	}
 	if err := s.sync.failure(); err != nil {
 		return nil, fmt.Errorf("begin: %w", err)

@@ -1,0 +1,338 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/capledger/capledger/engine"
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+	"github.com/capledger/capledger/store/open"
+	"github.com/capledger/capledger/store/postgres"
+	"github.com/capledger/capledger/store/sqlite"
+)
+
+// `capledger audit --data-dir` audits a SQLite data directory, and a
+// backup file, without a server: a sound ledger exits 0 with the
+// report, an account changed behind the journal's back exits 6 naming
+// it, and the database file is the same byte for byte afterwards.
+func TestAuditDataDirWithoutServer(t *testing.T) {
+	bin := buildBinary(t)
+	dir := t.TempDir()
+	db := filepath.Join(dir, open.DefaultFile)
+	withSQLite(t, db, fillLedger)
+
+	report := auditBinary(t, bin, exitOK, "--data-dir", dir)
+	if len(report.Discrepancies) != 0 || report.CheckedAt == "" {
+		t.Fatalf("a sound data dir: %+v", report)
+	}
+
+	withSQLite(t, db, plantBehindTheJournal)
+	before := fileHash(t, db)
+	report = auditBinary(t, bin, exitDiscrepancies, "--data-dir", dir, "--since-checkpoint")
+	wantJournalReplay(t, report)
+	report = auditBinary(t, bin, exitDiscrepancies, "--data-dir", dir)
+	wantJournalReplay(t, report)
+	if after := fileHash(t, db); after != before {
+		t.Fatalf("the audit changed %s", db)
+	}
+
+	// A backup as OPERATIONS.md makes one: a single file, audited
+	// before it is restored.
+	backup := filepath.Join(t.TempDir(), "capledger.db")
+	execSQL(t, db, "VACUUM INTO '"+backup+"'")
+	before = fileHash(t, backup)
+	report = auditBinary(t, bin, exitDiscrepancies, "--data-dir", backup)
+	wantJournalReplay(t, report)
+	if after := fileHash(t, backup); after != before {
+		t.Fatalf("the audit changed the backup %s", backup)
+	}
+	// SQLite may leave a WAL beside a file it read, but an empty one:
+	// nothing a restore could replay onto the copy.
+	for _, path := range []string{db + "-wal", backup + "-wal"} {
+		if fi, err := os.Stat(path); err == nil && fi.Size() != 0 {
+			t.Fatalf("%s holds %d bytes after the audit", path, fi.Size())
+		}
+	}
+
+	// --addr asks a server: beside --data-dir it is a usage error.
+	out, code := runBinary(t, bin, "audit", "--data-dir", dir, "--addr", "http://127.0.0.1:1")
+	if code != exitUsage || !strings.Contains(out, "--addr") {
+		t.Fatalf("audit --data-dir --addr: exit %d, %s", code, out)
+	}
+	// A directory without a database is an error, and stays empty.
+	empty := t.TempDir()
+	out, code = runBinary(t, bin, "audit", "--data-dir", empty)
+	if entries, _ := os.ReadDir(empty); code != exitUsage || len(entries) != 0 {
+		t.Fatalf("audit of an empty dir: exit %d, %d files made, %s", code, len(entries), out)
+	}
+}
+
+// A store whose schema is not the binary's is refused, exit 1, saying
+// which way it differs, and left as it was: the audit does not migrate.
+func TestAuditDataDirRefusesAnotherSchema(t *testing.T) {
+	bin := buildBinary(t)
+	for _, c := range []struct {
+		name, change, want string
+	}{
+		{"newer", fmt.Sprintf("INSERT INTO schema_migrations (version, name) VALUES (%d, 'from the future')", sqlite.SchemaVersion()+1), "newer"},
+		{"older", fmt.Sprintf("DELETE FROM schema_migrations WHERE version = %d", sqlite.SchemaVersion()), "older"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			db := filepath.Join(dir, open.DefaultFile)
+			withSQLite(t, db, fillLedger)
+			execSQL(t, db, c.change)
+			before := fileHash(t, db)
+			out, code := runBinary(t, bin, "audit", "--data-dir", dir)
+			if code != exitUsage || !strings.Contains(out, c.want) || !strings.Contains(out, "schema version") {
+				t.Fatalf("audit of a %s schema: exit %d, %s", c.name, code, out)
+			}
+			if after := fileHash(t, db); after != before {
+				t.Fatalf("the refused audit changed %s", db)
+			}
+		})
+	}
+}
+
+// `capledger audit --store postgres://...` audits the PostgreSQL store
+// with no replica running: sound exits 0, planted exits 6 naming it; a
+// schema a newer binary migrated is refused and left as it was.
+func TestAuditPostgresWithoutServer(t *testing.T) {
+	dsn := postgresSchema(t)
+	bin := buildBinary(t)
+	ctx := context.Background()
+	withStore := func(f func(*testing.T, store.Store)) {
+		st, err := postgres.Open(ctx, dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer st.Close()
+		f(t, st)
+	}
+	withStore(fillLedger)
+	report := auditBinary(t, bin, exitOK, "--store", dsn)
+	if len(report.Discrepancies) != 0 {
+		t.Fatalf("a sound store: %+v", report)
+	}
+	withStore(plantBehindTheJournal)
+	wantJournalReplay(t, auditBinary(t, bin, exitDiscrepancies, "--store", dsn))
+	wantJournalReplay(t, auditBinary(t, bin, exitDiscrepancies, "--store", dsn, "--since-checkpoint"))
+
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "INSERT INTO schema_migrations (version, name) VALUES ($1, 'from the future')", postgres.SchemaVersion()+1); err != nil {
+		t.Fatal(err)
+	}
+	out, code := runBinary(t, bin, "audit", "--store", dsn)
+	if code != exitUsage || !strings.Contains(out, "newer capledger") {
+		t.Fatalf("audit of a newer schema: exit %d, %s", code, out)
+	}
+}
+
+// auditReport is the part of an audit's JSON report the tests read.
+type auditReport struct {
+	CheckedAt     string `json:"checkedAt"`
+	Discrepancies []struct {
+		Check, Account, Detail string
+	} `json:"discrepancies"`
+}
+
+// auditBinary runs the built binary's `audit` with args and no server
+// to ask (CAPLEDGER_ADDR unset), wants exit code want and returns the
+// report it printed.
+func auditBinary(t *testing.T, bin string, want int, args ...string) auditReport {
+	t.Helper()
+	cmd := exec.Command(bin, append([]string{"audit", "--progress"}, args...)...)
+	cmd.Env = withoutAddr()
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	code := 0
+	var exit *exec.ExitError
+	if errors.As(err, &exit) {
+		code = exit.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	if code != want {
+		t.Fatalf("audit %v: exit %d, want %d\nstdout %s\nstderr %s", args, code, want, stdout.String(), stderr.String())
+	}
+	var r auditReport
+	if err := json.Unmarshal([]byte(stdout.String()), &r); err != nil {
+		t.Fatalf("audit %v printed %q: %v", args, stdout.String(), err)
+	}
+	if !strings.Contains(stderr.String(), "100%") {
+		t.Errorf("audit %v --progress drew no finished bar: %q", args, stderr.String())
+	}
+	return r
+}
+
+// runBinary runs the built binary with args and no server to ask, and
+// returns its stdout and stderr together and its exit code.
+func runBinary(t *testing.T, bin string, args ...string) (string, int) {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = withoutAddr()
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	if errors.As(err, &exit) {
+		return string(out), exit.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return string(out), 0
+}
+
+func withoutAddr() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "CAPLEDGER_ADDR=") {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
+// withSQLite opens the SQLite store at path read-write, as a server
+// would, runs f on it and closes it.
+func withSQLite(t *testing.T, path string, f func(*testing.T, store.Store)) {
+	t.Helper()
+	st, err := sqlite.Open(context.Background(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f(t, st)
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// fillLedger publishes a policy and reserves, starts and settles through
+// the engine, as a server's gateways would.
+func fillLedger(t *testing.T, st store.Store) {
+	t.Helper()
+	ctx := context.Background()
+	e := engine.New(st, engine.Options{DisableWorkers: true})
+	defer e.Close()
+	p := ledger.Policy{
+		Key:        ledger.PolicyKey{Subject: ledger.AnySubject, Route: "chat.generate", Region: ledger.DefaultRegion},
+		Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: 100000, RefillUnits: 10, RefillInterval: time.Second}},
+		HoldTTL:    time.Hour,
+	}.WithDefaults()
+	if res, err := e.Do(ctx, ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p}); err != nil || res.Err != nil {
+		t.Fatalf("publish: %v %v", err, res.Err)
+	}
+	for i := range 50 {
+		id := fmt.Sprintf("r%02d", i)
+		cmds := []ledger.Command{
+			{Kind: ledger.KindReserve, ReservationID: id, RequestDigest: "sha256:" + id, Subject: "tenant-7", Route: "chat.generate", Region: ledger.DefaultRegion, Units: ledger.Amounts{10}},
+			{Kind: ledger.KindStart, ReservationID: id, OperationID: "op-" + id},
+		}
+		if i%2 == 0 { // half settled, half still running
+			cmds = append(cmds, ledger.Command{Kind: ledger.KindSettle, ReservationID: id, OperationID: "op-" + id, Units: ledger.Amounts{4}})
+		}
+		results, err := e.DoBatch(ctx, cmds)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range results {
+			if r.Err != nil {
+				t.Fatalf("%s: %v", id, r.Err)
+			}
+		}
+	}
+}
+
+// plantBehindTheJournal raises the opening and the available units of
+// st's only account by one in a write of its own with no journal entry,
+// as the engine's audit tests do: conservation still holds, replaying
+// the journal no longer gives the account (journal_replay).
+func plantBehindTheJournal(t *testing.T, st store.Store) {
+	t.Helper()
+	ctx := context.Background()
+	accounts, err := st.AccountList(ctx, ledger.PolicyKey{})
+	if err != nil || len(accounts) != 1 {
+		t.Fatalf("accounts %v %v", accounts, err)
+	}
+	a := accounts[0]
+	a.Balances[0].Opening++
+	a.Balances[0].Available++
+	tx, err := st.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Write(ctx, &store.Changes{Accounts: []ledger.Account{a}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func wantJournalReplay(t *testing.T, r auditReport) {
+	t.Helper()
+	if len(r.Discrepancies) == 0 || r.Discrepancies[0].Check != ledger.CheckJournal || !strings.Contains(r.Discrepancies[0].Account, "tenant-7") {
+		t.Fatalf("the planted change: %+v, want %s naming tenant-7's account", r.Discrepancies, ledger.CheckJournal)
+	}
+}
+
+// execSQL runs one statement on the SQLite file at path with
+// database/sql, behind the store's back.
+func execSQL(t *testing.T, path, stmt string) {
+	t.Helper()
+	db, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := db.Exec(stmt); err != nil {
+		t.Fatalf("%s: %v", stmt, err)
+	}
+}
+
+func fileHash(t *testing.T, path string) [sha256.Size]byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sha256.Sum256(b)
+}
+
+// A serve running on the data directory does not stop an audit of it
+// (nor the audit the server): the audit reads the last commit before
+// its read began, sound here, and the server goes on admitting.
+func TestAuditDataDirBesideARunningServer(t *testing.T) {
+	bin := buildBinary(t)
+	dir := t.TempDir()
+	srv := startServer(t, bin, dir)
+	policy := filepath.Join(t.TempDir(), "policy.yaml")
+	os.WriteFile(policy, []byte("subject: tenant-7\nroute: chat\nholdTTL: 1h\ndimensions:\n  - unit: tokens\n    burst: 6000\n"), 0o600)
+	code, out, errOut := cli(t, srv.url, "policy", "publish", policy)
+	wantExit(t, exitOK, code, out, errOut)
+	code, out, errOut = cli(t, srv.url, "reserve", "--subject", "tenant-7", "--route", "chat", "--units", "tokens=100", "--id", "r1")
+	wantExit(t, exitOK, code, out, errOut)
+
+	report := auditBinary(t, bin, exitOK, "--data-dir", dir)
+	if len(report.Discrepancies) != 0 {
+		t.Fatalf("a live data dir: %+v", report)
+	}
+	code, out, errOut = cli(t, srv.url, "reserve", "--subject", "tenant-7", "--route", "chat", "--units", "tokens=100", "--id", "r2")
+	wantExit(t, exitOK, code, out, errOut)
+}
