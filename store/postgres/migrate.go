@@ -47,18 +47,18 @@ func Migrate(ctx context.Context, dsn string) ([]int, error) {
 	if err != nil {
 		return nil, err
 	}
-	// The path first, as Open checks it: behind a pooler that loses
+	conn, err := pgx.ConnectConfig(ctx, cfg.ConnConfig)
+	if err != nil {
+		return nil, (&counters{}).classify("connect", err, false)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	// Then the path, as Open checks it: behind a pooler that loses
 	// prepared statements a migration fails with the symptom (42P05,
 	// 26000) rather than the cause, and serve would refuse the path anyway.
 	path := &Store{planPerStatement: planPerStatement, connConfig: cfg.ConnConfig.Copy(), relied: reliedSettings(cfg.ConnConfig)}
 	if _, err := path.CheckPath(ctx); err != nil {
 		return nil, err
 	}
-	conn, err := pgx.ConnectConfig(ctx, cfg.ConnConfig)
-	if err != nil {
-		return nil, (&counters{}).classify("connect", err, false)
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
 	return migrate(ctx, conn)
 }
 
