@@ -95,8 +95,9 @@ func TestShardStoreZeroFilledTail(t *testing.T) {
 		}
 	}
 
-	// Zeros with a record after them are not a tail.
-	for _, zeros := range []int{8, 4096} {
+	// Zeros with a record after them are not a tail, also when the
+	// record lies beyond the first read of the zeros (70000 > 64 KiB).
+	for _, zeros := range []int{8, 4096, 70000} {
 		damaged := append(append(slices.Clone(whole), make([]byte, zeros)...), last...)
 		if err := os.WriteFile(path, damaged, 0o600); err != nil {
 			t.Fatal(err)

@@ -286,3 +286,72 @@ func TestFinishedBy(t *testing.T) {
 		t.Fatalf("finishedBy = %d, want 3 (a settle, a release, an expiry)", got)
 	}
 }
+
+// The tombstone horizon's edge: a pass writes no tombstone for a
+// reservation that finished at the cutoff (now - TombstoneRetention, as a
+// forget takes those at or before it) and keeps one for a reservation that
+// finished just after it, which a retry must still find; with no horizon
+// (TombstoneRetention 0) every tombstone is kept however old.
+func TestRetentionTombstoneHorizonEdge(t *testing.T) {
+	ctx := context.Background()
+	finish := func(t *testing.T, e *Engine, id string) {
+		t.Helper()
+		if res, err := e.DoBatch(ctx, []ledger.Command{reserveCmd(id, 10), {Kind: ledger.KindRelease, ReservationID: id}}); err != nil || res[1].Err != nil {
+			t.Fatalf("%s: %+v %v", id, res, err)
+		}
+	}
+	tombstoned := func(t *testing.T, e *Engine, id string, want bool) {
+		t.Helper()
+		_, err := e.Tombstone(ctx, id)
+		if err != nil && !errors.Is(err, store.ErrNotFound) {
+			t.Fatal(err)
+		}
+		if got := err == nil; got != want {
+			t.Fatalf("%s has a tombstone: %v, want %v", id, got, want)
+		}
+		if !want {
+			return
+		}
+		res, err := e.Do(ctx, reserveCmd(id, 10))
+		if err != nil || res.Err != nil || !res.Replayed || !res.Reservation.Retired {
+			t.Fatalf("retried reserve of %s: %+v %v, want the tombstone's answer", id, res, err)
+		}
+	}
+	t.Run("at and just after the cutoff", func(t *testing.T) {
+		clk := newClock()
+		e := New(memstore.New(), Options{Clock: clk.Now, DisableWorkers: true, Retention: time.Hour,
+			TombstoneRetention: 2 * time.Hour, RetentionBatch: 10, RetentionPause: time.Millisecond})
+		defer e.Close()
+		publish(t, e, 1_000_000, time.Minute, 0)
+		finish(t, e, "at-cutoff")
+		clk.Advance(time.Millisecond)
+		finish(t, e, "after-cutoff")
+		clk.Advance(2*time.Hour - time.Millisecond)
+		if err := e.RunRetention(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if s := e.RetentionStats(); s.Retired != 2 || s.Failed != 0 {
+			t.Fatalf("stats %+v, want 2 retired", s)
+		}
+		tombstoned(t, e, "at-cutoff", false)
+		tombstoned(t, e, "after-cutoff", true)
+		auditClean(t, e)
+	})
+	t.Run("no horizon", func(t *testing.T) {
+		clk := newClock()
+		e := New(memstore.New(), Options{Clock: clk.Now, DisableWorkers: true, Retention: time.Hour,
+			RetentionBatch: 10, RetentionPause: time.Millisecond})
+		defer e.Close()
+		publish(t, e, 1_000_000, time.Minute, 0)
+		finish(t, e, "old")
+		clk.Advance(10_000 * time.Hour)
+		if err := e.RunRetention(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if s := e.RetentionStats(); s.Retired != 1 || s.Forgotten != 0 || s.Failed != 0 {
+			t.Fatalf("stats %+v, want 1 retired and none forgotten", s)
+		}
+		tombstoned(t, e, "old", true)
+		auditClean(t, e)
+	})
+}

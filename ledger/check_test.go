@@ -312,6 +312,12 @@ func TestAuditProgressCountsAccounts(t *testing.T) {
 // entries (copies of the admission and the release of "released", and a
 // forget of it) move nothing, so only refund_once can see them.
 func TestAuditRefundOncePerLife(t *testing.T) {
+	type upgrade int
+	const (
+		notUpgraded upgrade = iota
+		upgradedBeforeAppended
+		upgradedAtRelease
+	)
 	const (
 		begin  = "begin"
 		end    = "end"
@@ -324,26 +330,30 @@ func TestAuditRefundOncePerLife(t *testing.T) {
 		name          string
 		before, after []string // planted just before and after the first life's release
 		appended      []string // planted after the sound ledger's entries
-		// upgraded: only the appended entries are after
-		// ForgetsJournaledAfter (a store that journals forgets since).
-		upgraded bool
+		// upgraded: where ForgetsJournaledAfter lies (a store that
+		// journals forgets since): none, before the appended entries,
+		// or at the first life's release itself.
+		upgraded upgrade
 		want     []string
 	}{
-		{"reused after its tombstone was forgotten", nil, nil, []string{forget, begin, end}, false, nil},
-		{"reused twice", nil, nil, []string{forget, begin, end, forget, begin, end}, false, nil},
-		{"reused, not ended yet", nil, nil, []string{forget, begin}, false, nil},
-		{"reused while its tombstone lived", nil, nil, []string{begin, end}, false, []string{reborn}},
-		{"reused while its tombstone lived, not ended yet", nil, nil, []string{begin}, false, []string{reborn}},
-		{"reused twice, once while its tombstone lived", nil, nil, []string{forget, begin, end, begin, end}, false, []string{reborn}},
-		{"forgotten twice, reused", nil, nil, []string{forget, forget, begin, end}, false, nil},
-		{"reused before the store journaled forgets", nil, nil, []string{begin, end}, true, nil},
-		{"reused after the upgrade while its tombstone lived", nil, nil, []string{begin, end, begin, end}, true, []string{reborn}},
-		{"ended twice in the new life", nil, nil, []string{forget, begin, end, end}, false, []string{twice}},
-		{"ended three times in the new life", nil, nil, []string{forget, begin, end, end, end}, false, []string{thrice}},
-		{"ended twice, no reuse", nil, []string{end}, nil, false, []string{twice}},
-		{"ended twice in the first life, then reused", nil, []string{end}, []string{forget, begin, end}, false, []string{twice}},
-		{"ended twice in both lives", nil, []string{end}, []string{forget, begin, end, end, end}, false, []string{twice, thrice}},
-		{"admitted again while live, ended twice", []string{begin}, []string{end}, nil, false, []string{twice}},
+		{"reused after its tombstone was forgotten", nil, nil, []string{forget, begin, end}, notUpgraded, nil},
+		{"reused twice", nil, nil, []string{forget, begin, end, forget, begin, end}, notUpgraded, nil},
+		{"reused, not ended yet", nil, nil, []string{forget, begin}, notUpgraded, nil},
+		{"reused while its tombstone lived", nil, nil, []string{begin, end}, notUpgraded, []string{reborn}},
+		{"reused while its tombstone lived, not ended yet", nil, nil, []string{begin}, notUpgraded, []string{reborn}},
+		{"reused twice, once while its tombstone lived", nil, nil, []string{forget, begin, end, begin, end}, notUpgraded, []string{reborn}},
+		{"forgotten twice, reused", nil, nil, []string{forget, forget, begin, end}, notUpgraded, nil},
+		{"reused before the store journaled forgets", nil, nil, []string{begin, end}, upgradedBeforeAppended, nil},
+		// The release at ForgetsJournaledAfter itself was written before the
+		// upgrade: a reuse after it is judged the old way.
+		{"reused after a release at the upgrade's position", nil, nil, []string{begin, end}, upgradedAtRelease, nil},
+		{"reused after the upgrade while its tombstone lived", nil, nil, []string{begin, end, begin, end}, upgradedBeforeAppended, []string{reborn}},
+		{"ended twice in the new life", nil, nil, []string{forget, begin, end, end}, notUpgraded, []string{twice}},
+		{"ended three times in the new life", nil, nil, []string{forget, begin, end, end, end}, notUpgraded, []string{thrice}},
+		{"ended twice, no reuse", nil, []string{end}, nil, notUpgraded, []string{twice}},
+		{"ended twice in the first life, then reused", nil, []string{end}, []string{forget, begin, end}, notUpgraded, []string{twice}},
+		{"ended twice in both lives", nil, []string{end}, []string{forget, begin, end, end, end}, notUpgraded, []string{twice, thrice}},
+		{"admitted again while live, ended twice", []string{begin}, []string{end}, nil, notUpgraded, []string{twice}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -381,9 +391,15 @@ func TestAuditRefundOncePerLife(t *testing.T) {
 			journal := slices.Concat(m.Journal[:at], entries(tc.before), m.Journal[at:at+1], entries(tc.after),
 				m.Journal[at+1:])
 			upgradedAt := int64(len(journal)) // Memory's journal[i] is at position i+1
+			if tc.upgraded == upgradedAtRelease {
+				upgradedAt = int64(at + len(tc.before) + 1)
+				if e := journal[upgradedAt-1]; e.ReservationID != "released" || !e.Ends() {
+					t.Fatalf("journal position %d is not the release", upgradedAt)
+				}
+			}
 			m.Journal = append(journal, entries(tc.appended)...)
 			snap := m.Snapshot()
-			if tc.upgraded {
+			if tc.upgraded != notUpgraded {
 				snap.ForgetsJournaledAfter = upgradedAt
 			}
 			var got []string
