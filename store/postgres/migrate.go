@@ -107,21 +107,9 @@ func migrate(ctx context.Context, conn *pgx.Conn) ([]int, error) {
 			return nil, c.classify("schema_migrations", err, false)
 		}
 	}
-	rows, err := tx.Query(ctx, `SELECT version FROM schema_migrations ORDER BY version`)
+	done, unknown, err := appliedVersions(ctx, tx, len(all))
 	if err != nil {
-		return nil, c.classify("applied versions", err, false)
-	}
-	applied, err := pgx.CollectRows(rows, pgx.RowTo[int32])
-	if err != nil {
-		return nil, c.classify("applied versions", err, false)
-	}
-	done := map[int]bool{}
-	var unknown []int
-	for _, v := range applied {
-		done[int(v)] = true
-		if int(v) > len(all) {
-			unknown = append(unknown, int(v))
-		}
+		return nil, err
 	}
 	if len(unknown) > 0 {
 		return nil, fmt.Errorf("schema %q has migrations %v that this binary (schema version %d) does not know: a newer capledger migrated it; run that version", schema, unknown, len(all))
@@ -143,4 +131,28 @@ func migrate(ctx context.Context, conn *pgx.Conn) ([]int, error) {
 		return nil, c.classify("commit", err, true)
 	}
 	return ran, nil
+}
+
+// appliedVersions reads the schema's schema_migrations: the versions
+// applied, and those of them a binary knowing known migrations does not
+// know (a newer binary applied them). Migrate and the read-only open
+// judge the two their own ways.
+func appliedVersions(ctx context.Context, q querier, known int) (done map[int]bool, unknown []int, err error) {
+	var c counters
+	rows, err := q.Query(ctx, `SELECT version FROM schema_migrations ORDER BY version`)
+	if err != nil {
+		return nil, nil, c.classify("applied versions", err, false)
+	}
+	applied, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil {
+		return nil, nil, c.classify("applied versions", err, false)
+	}
+	done = map[int]bool{}
+	for _, v := range applied {
+		done[int(v)] = true
+		if int(v) > known {
+			unknown = append(unknown, int(v))
+		}
+	}
+	return done, unknown, nil
 }

@@ -69,21 +69,9 @@ func checkSchemaCurrent(ctx context.Context, conn *pgx.Conn) error {
 	if !exists {
 		return fmt.Errorf("schema %q has no capledger tables (no schema_migrations): check the DSN's database and search_path", *schema)
 	}
-	rows, err := conn.Query(ctx, `SELECT version FROM schema_migrations ORDER BY version`)
+	done, unknown, err := appliedVersions(ctx, conn, len(all))
 	if err != nil {
-		return c.classify("applied versions", err, false)
-	}
-	applied, err := pgx.CollectRows(rows, pgx.RowTo[int32])
-	if err != nil {
-		return c.classify("applied versions", err, false)
-	}
-	done := map[int]bool{}
-	var unknown []int
-	for _, v := range applied {
-		done[int(v)] = true
-		if int(v) > len(all) {
-			unknown = append(unknown, int(v))
-		}
+		return err
 	}
 	if len(unknown) > 0 {
 		return fmt.Errorf("schema %q has migrations %v that this binary (schema version %d) does not know: a newer capledger migrated it; audit it with that version",
