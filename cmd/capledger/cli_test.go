@@ -185,8 +185,11 @@ func TestCLIAgainstServer(t *testing.T) {
 
 	code, out, errOut = cli(t, url, "get", "req-1")
 	wantExit(t, exitOK, code, out, errOut)
-	if !strings.Contains(out, `"state": "RESERVATION_STATE_SETTLED"`) {
-		t.Fatalf("get printed %s", out)
+	// The reservation itself (limitReservation.v1, as help says), not the
+	// answer that wraps it.
+	var got map[string]any
+	if err := json.Unmarshal([]byte(out), &got); err != nil || got["reservationId"] != "req-1" || got["state"] != "RESERVATION_STATE_SETTLED" {
+		t.Fatalf("get printed %s (%v)", out, err)
 	}
 	code, out, errOut = cli(t, url, "get", "never-reserved")
 	wantExit(t, exitNotFound, code, out, errOut)

@@ -7,9 +7,12 @@ import (
 	"fmt"
 	"time"
 
+	"connectrpc.com/connect"
 	"github.com/oklog/ulid/v2"
+	"google.golang.org/protobuf/proto"
 
 	v1 "github.com/capledger/capledger/api/capledger/v1"
+	"github.com/capledger/capledger/api/capledger/v1/capledgerv1connect"
 )
 
 func init() {
@@ -302,39 +305,31 @@ func runRecord(ctx context.Context, e *env, args []string) error {
 }
 
 func runRelease(ctx context.Context, e *env, args []string) error {
-	cf, id, err := parseIDFlags("release", e, args)
-	if err != nil {
-		return err
-	}
-	client, err := cf.client()
-	if err != nil {
-		return err
-	}
-	msg, err := unary(ctx, cf.timeout, client.Release, &v1.ReleaseRequest{ReservationId: id})
-	if err != nil {
-		return err
-	}
-	return printJSON(e.stdout, msg)
+	return runByID(ctx, e, args, "release", capledgerv1connect.LedgerServiceClient.Release,
+		func(id string) *v1.ReleaseRequest { return &v1.ReleaseRequest{ReservationId: id} },
+		func(m *v1.ReleaseResponse) proto.Message { return m })
 }
 
 func runMarkUnknown(ctx context.Context, e *env, args []string) error {
-	cf, id, err := parseIDFlags("mark-unknown", e, args)
-	if err != nil {
-		return err
-	}
-	client, err := cf.client()
-	if err != nil {
-		return err
-	}
-	msg, err := unary(ctx, cf.timeout, client.MarkUsageUnknown, &v1.MarkUsageUnknownRequest{ReservationId: id})
-	if err != nil {
-		return err
-	}
-	return printJSON(e.stdout, msg)
+	return runByID(ctx, e, args, "mark-unknown", capledgerv1connect.LedgerServiceClient.MarkUsageUnknown,
+		func(id string) *v1.MarkUsageUnknownRequest { return &v1.MarkUsageUnknownRequest{ReservationId: id} },
+		func(m *v1.MarkUsageUnknownResponse) proto.Message { return m })
 }
 
 func runGet(ctx context.Context, e *env, args []string) error {
-	cf, id, err := parseIDFlags("get", e, args)
+	return runByID(ctx, e, args, "get", capledgerv1connect.LedgerServiceClient.GetReservation,
+		func(id string) *v1.GetReservationRequest { return &v1.GetReservationRequest{ReservationId: id} },
+		func(m *v1.GetReservationResponse) proto.Message { return m.GetReservation() })
+}
+
+// runByID runs a command that names one reservation and has no other
+// flags of its own (release, mark-unknown, get): one call of the
+// LedgerService with the request made of the id, printing what show picks
+// of the answer.
+func runByID[Req, Res any](ctx context.Context, e *env, args []string, name string,
+	call func(capledgerv1connect.LedgerServiceClient, context.Context, *connect.Request[Req]) (*connect.Response[Res], error),
+	request func(id string) *Req, show func(*Res) proto.Message) error {
+	cf, id, err := parseIDFlags(name, e, args)
 	if err != nil {
 		return err
 	}
@@ -342,15 +337,16 @@ func runGet(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	msg, err := unary(ctx, cf.timeout, client.GetReservation, &v1.GetReservationRequest{ReservationId: id})
+	msg, err := unary(ctx, cf.timeout, func(ctx context.Context, req *connect.Request[Req]) (*connect.Response[Res], error) {
+		return call(client, ctx, req)
+	}, request(id))
 	if err != nil {
 		return err
 	}
-	return printJSON(e.stdout, msg.GetReservation())
+	return printJSON(e.stdout, show(msg))
 }
 
-// parseIDFlags parses the flags of a command that names one reservation
-// and has no other flags of its own (release, mark-unknown, get).
+// parseIDFlags parses the flags of a command run by runByID.
 func parseIDFlags(name string, e *env, args []string) (*clientFlags, string, error) {
 	fs := newFlags(name)
 	cf := &clientFlags{}

@@ -21,6 +21,7 @@ import (
 	"github.com/capledger/capledger/engine"
 	"github.com/capledger/capledger/internal/childproc"
 	"github.com/capledger/capledger/internal/logcapture"
+	"github.com/capledger/capledger/internal/replicatest"
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
 	"github.com/capledger/capledger/store/postgres"
@@ -203,7 +204,7 @@ func TestCheckpointLeaseIsNotASession(t *testing.T) {
 		t.Fatal(err)
 	}
 	killed := time.Now()
-	admin(t, serverDSN(t), fmt.Sprintf(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = '%s'`, app))
+	replicatest.Admin(t, serverDSN(t), fmt.Sprintf(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = '%s'`, app))
 	if w2, err := second.CheckpointWrite(ctx, 2); !errors.Is(err, store.ErrConflict) {
 		if w2 != nil {
 			w2.Close()
@@ -262,7 +263,7 @@ func pgbouncer(t *testing.T, schema, serverSetup string) string {
 	if err := os.Chmod(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	addr := freeAddr(t)
+	addr := replicatest.FreeAddr(t)
 	_, listenPort, _ := net.SplitHostPort(addr)
 	connectQuery := "SET search_path TO " + schema
 	if serverSetup != "" {

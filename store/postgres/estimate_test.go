@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/capledger/capledger/engine"
+	"github.com/capledger/capledger/internal/replicatest"
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store/postgres"
 )
@@ -38,7 +39,7 @@ func TestAuditEstimateTracksReservationsPresent(t *testing.T) {
 		}
 	}
 	statsCounted(t, dsn, "reservations", finished+kept)
-	admin(t, dsn, "ANALYZE reservations")
+	replicatest.Admin(t, dsn, "ANALYZE reservations")
 	now.Add(int64(90 * time.Minute))
 	if err := e.RunRetention(ctx); err != nil {
 		t.Fatal(err)
@@ -153,8 +154,8 @@ func TestAuditEstimateSurvivesAStatisticsReset(t *testing.T) {
 		reserve(b*100, 100)
 	}
 	statsCounted(t, dsn, "reservations", 2000)
-	admin(t, dsn, "ANALYZE reservations")
-	admin(t, dsn, "SELECT pg_stat_reset_single_table_counters('reservations'::regclass)")
+	replicatest.Admin(t, dsn, "ANALYZE reservations")
+	replicatest.Admin(t, dsn, "SELECT pg_stat_reset_single_table_counters('reservations'::regclass)")
 	reserve(2000, 10)
 	statsCounted(t, dsn, "reservations", 10)
 	if n := reservationsEstimated(t, s); n < 1900 || n > 2200 {

@@ -14,6 +14,7 @@ import (
 
 	ledgerv1 "github.com/capledger/capledger/api/capledger/v1"
 	"github.com/capledger/capledger/client"
+	"github.com/capledger/capledger/internal/replicatest"
 )
 
 // TestStartRacingExpiry: executors start reservations right around the end
@@ -29,22 +30,22 @@ func TestStartRacingExpiry(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary and runs server processes")
 	}
-	bin := buildCapledger(t)
+	bin := replicatest.BuildCapledger(t)
 	t.Run("postgres", func(t *testing.T) {
 		dsn := schemaDSN(t)
-		testStartRacingExpiry(t, startReplica(t, bin, dsn), startReplica(t, bin, dsn))
+		testStartRacingExpiry(t, replicatest.StartReplica(t, bin, dsn), replicatest.StartReplica(t, bin, dsn))
 	})
 	t.Run("sqlite", func(t *testing.T) {
-		r := startReplica(t, bin, "sqlite:"+filepath.Join(t.TempDir(), "capledger.db"))
+		r := replicatest.StartReplica(t, bin, "sqlite:"+filepath.Join(t.TempDir(), "capledger.db"))
 		testStartRacingExpiry(t, r, r)
 	})
 }
 
-func testStartRacingExpiry(t *testing.T, replicas ...*replica) {
+func testStartRacingExpiry(t *testing.T, replicas ...*replicatest.Replica) {
 	const holdTTL = 300 * time.Millisecond
 	var clients []*client.Client
 	for _, r := range replicas {
-		c, err := client.New(r.addr, client.WithTimeout(10*time.Second))
+		c, err := client.New(r.Addr, client.WithTimeout(10*time.Second))
 		if err != nil {
 			t.Fatal(err)
 		}

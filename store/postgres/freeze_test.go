@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/capledger/capledger/client"
+	"github.com/capledger/capledger/internal/replicatest"
 )
 
 // TestFrozenReplicaMidTransaction: of two replicas serving one subject at
@@ -40,14 +41,14 @@ func TestFrozenReplicaMidTransaction(t *testing.T) {
 	}
 	dsnA, appA := dsnFor("a")
 	dsnB, _ := dsnFor("b")
-	bin := buildCapledger(t)
-	replicas := []*replica{startReplica(t, bin, dsnA, "--lease-ttl", "1s"), startReplica(t, bin, dsnB, "--lease-ttl", "1s")}
+	bin := replicatest.BuildCapledger(t)
+	replicas := []*replicatest.Replica{replicatest.StartReplica(t, bin, dsnA, "--lease-ttl", "1s"), replicatest.StartReplica(t, bin, dsnB, "--lease-ttl", "1s")}
 	const capacity = 8_000
-	publishPolicy(t, replicas[0].addr, capacity, capacity)
+	publishPolicy(t, replicas[0].Addr, capacity, capacity)
 
 	var clients []*client.Client
 	for _, r := range replicas {
-		c, err := client.New(r.addr, client.WithTimeout(3*time.Second),
+		c, err := client.New(r.Addr, client.WithTimeout(3*time.Second),
 			client.WithRetryPolicy(client.RetryPolicy{MaxAttempts: 4, BaseDelay: 20 * time.Millisecond, MaxDelay: 200 * time.Millisecond}))
 		if err != nil {
 			t.Fatal(err)
@@ -97,7 +98,7 @@ func TestFrozenReplicaMidTransaction(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer admin.Close(context.Background())
-	frozen := replicas[0].cmd.Process
+	frozen := replicas[0]
 	inTransaction := func() bool {
 		var n int
 		if err := admin.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity a

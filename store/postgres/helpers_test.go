@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/capledger/capledger/internal/replicatest"
 	"github.com/capledger/capledger/store/postgres"
 )
 
@@ -49,23 +50,9 @@ func schemaDSN(t testing.TB) string {
 		t.Fatal(err)
 	}
 	schema := "capledger_test_" + hex.EncodeToString(random[:])
-	admin(t, dsn, "CREATE SCHEMA "+schema)
-	t.Cleanup(func() { admin(t, dsn, "DROP SCHEMA "+schema+" CASCADE") })
+	replicatest.Admin(t, dsn, "CREATE SCHEMA "+schema)
+	t.Cleanup(func() { replicatest.Admin(t, dsn, "DROP SCHEMA "+schema+" CASCADE") })
 	return withParam(t, dsn, "search_path", schema)
-}
-
-func admin(t testing.TB, dsn, sql string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatalf("connect: %v", err)
-	}
-	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, sql); err != nil {
-		t.Fatalf("%s: %v", sql, err)
-	}
 }
 
 // withParam returns dsn with a connection parameter added (URL or

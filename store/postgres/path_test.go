@@ -13,6 +13,7 @@ import (
 
 	"github.com/capledger/capledger/client"
 	"github.com/capledger/capledger/internal/childproc"
+	"github.com/capledger/capledger/internal/replicatest"
 	"github.com/capledger/capledger/store/postgres"
 )
 
@@ -46,14 +47,14 @@ func TestOpenRefusesAPathLosingPreparedStatements(t *testing.T) {
 		t.Fatalf("Migrate: %v; want ErrPreparedStatementsLost", err)
 	}
 
-	bin := buildCapledger(t)
+	bin := replicatest.BuildCapledger(t)
 	migrated, err := exec.Command(bin, "migrate", "--store", dsn).CombinedOutput()
 	if err == nil || !strings.Contains(string(migrated), "default_query_exec_mode=exec") {
 		t.Fatalf("capledger migrate behind the same path: %v, want it refused naming the fix:\n%s", err, migrated)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, "serve", "--addr", freeAddr(t), "--store", dsn, "--data-dir", t.TempDir())
+	cmd := exec.CommandContext(ctx, bin, "serve", "--addr", replicatest.FreeAddr(t), "--store", dsn, "--data-dir", t.TempDir())
 	childproc.DieWithParent(cmd)
 	out, err := cmd.CombinedOutput()
 	if ctx.Err() != nil {
@@ -75,9 +76,9 @@ func TestOpenRefusesAPathLosingPreparedStatements(t *testing.T) {
 // are named in a warning at start, with their fix, and under /readyz.
 func TestServeBehindPgBouncerExecModeWarnsOfDroppedSettings(t *testing.T) {
 	dsn := pgbouncerSchema(t, "") + "&default_query_exec_mode=exec"
-	r := startReplica(t, buildCapledger(t), dsn)
-	publishPolicy(t, r.addr, 1000, 1000)
-	c, err := client.New(r.addr)
+	r := replicatest.StartReplica(t, replicatest.BuildCapledger(t), dsn)
+	publishPolicy(t, r.Addr, 1000, 1000)
+	c, err := client.New(r.Addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +89,7 @@ func TestServeBehindPgBouncerExecModeWarnsOfDroppedSettings(t *testing.T) {
 			t.Fatalf("reserve %d behind PgBouncer in exec mode: %v", i, err)
 		}
 	}
-	resp, err := http.Get("http://" + r.addr + "/readyz")
+	resp, err := http.Get("http://" + r.Addr + "/readyz")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,8 +98,8 @@ func TestServeBehindPgBouncerExecModeWarnsOfDroppedSettings(t *testing.T) {
 	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "warning: lock_timeout") {
 		t.Errorf("/readyz: %d %q; want 200 naming lock_timeout", resp.StatusCode, body)
 	}
-	r.stop()
-	logs := r.logs.String()
+	r.Stop()
+	logs := r.Logs.String()
 	for _, want := range []string{
 		`setting=lock_timeout seen=0 want=5s fix="ALTER ROLE postgres SET lock_timeout = '5s'"`,
 		`setting=idle_in_transaction_session_timeout seen=0 want=30s fix="ALTER ROLE postgres SET idle_in_transaction_session_timeout = '30s'"`,

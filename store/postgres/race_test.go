@@ -11,6 +11,7 @@ import (
 
 	ledgerv1 "github.com/capledger/capledger/api/capledger/v1"
 	"github.com/capledger/capledger/client"
+	"github.com/capledger/capledger/internal/replicatest"
 )
 
 // TestGatewaysRacingTheSameIDs: gateways on different replicas send the
@@ -31,22 +32,22 @@ func TestGatewaysRacingTheSameIDs(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary and runs server processes")
 	}
-	bin := buildCapledger(t)
+	bin := replicatest.BuildCapledger(t)
 	t.Run("postgres", func(t *testing.T) {
 		dsn := schemaDSN(t)
-		testRacingIDs(t, startReplica(t, bin, dsn), startReplica(t, bin, dsn))
+		testRacingIDs(t, replicatest.StartReplica(t, bin, dsn), replicatest.StartReplica(t, bin, dsn))
 	})
 	t.Run("sqlite", func(t *testing.T) {
-		r := startReplica(t, bin, "sqlite:"+filepath.Join(t.TempDir(), "capledger.db"))
+		r := replicatest.StartReplica(t, bin, "sqlite:"+filepath.Join(t.TempDir(), "capledger.db"))
 		testRacingIDs(t, r, r)
 	})
 }
 
-func testRacingIDs(t *testing.T, replicas ...*replica) {
-	publishPolicy(t, replicas[0].addr, 1<<40, 1<<30)
+func testRacingIDs(t *testing.T, replicas ...*replicatest.Replica) {
+	publishPolicy(t, replicas[0].Addr, 1<<40, 1<<30)
 	var clients []*client.Client
 	for _, r := range replicas {
-		c, err := client.New(r.addr, client.WithTimeout(10*time.Second))
+		c, err := client.New(r.Addr, client.WithTimeout(10*time.Second))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -6,139 +6,19 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
-	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"runtime"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
-	"github.com/anishathalye/porcupine"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	ledgerv1 "github.com/capledger/capledger/api/capledger/v1"
 	"github.com/capledger/capledger/client"
-	"github.com/capledger/capledger/internal/childproc"
-	"github.com/capledger/capledger/internal/logcapture"
+	"github.com/capledger/capledger/internal/replicatest"
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store/postgres"
 )
-
-// buildCapledger builds the capledger binary into a temporary directory
-// and returns its path.
-func buildCapledger(t testing.TB) string {
-	t.Helper()
-	goTool, err := exec.LookPath("go")
-	if err != nil {
-		goTool = filepath.Join(runtime.GOROOT(), "bin", "go")
-	}
-	bin := filepath.Join(t.TempDir(), "capledger")
-	cmd := exec.Command(goTool, "build", "-o", bin, "github.com/capledger/capledger/cmd/capledger")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build capledger: %v\n%s", err, out)
-	}
-	return bin
-}
-
-// freeAddr returns a loopback address nothing listens on now.
-func freeAddr(t testing.TB) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
-// replica is one `capledger serve --store postgres://...` process.
-type replica struct {
-	t     testing.TB
-	bin   string
-	dsn   string
-	addr  string
-	extra []string
-	// dataDir is where the process writes the files it keeps besides the
-	// store (its shard keys): a temporary directory, not the package's.
-	dataDir string
-
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	logs logcapture.Logs // the child writes it while a failure message reads it
-}
-
-func startReplica(t testing.TB, bin, dsn string, extra ...string) *replica {
-	t.Helper()
-	r := &replica{t: t, bin: bin, dsn: dsn, addr: freeAddr(t), extra: extra, dataDir: t.TempDir()}
-	r.start()
-	t.Cleanup(r.stop)
-	return r
-}
-
-// start runs the process and waits until it answers /readyz.
-func (r *replica) start() {
-	r.t.Helper()
-	r.mu.Lock()
-	args := append([]string{"serve", "--addr", r.addr, "--store", r.dsn, "--data-dir", r.dataDir, "--log-level", "warn"}, r.extra...)
-	cmd := exec.Command(r.bin, args...)
-	childproc.DieWithParent(cmd)
-	cmd.Stdout, cmd.Stderr = &r.logs, &r.logs
-	if err := cmd.Start(); err != nil {
-		r.mu.Unlock()
-		r.t.Fatalf("start replica: %v", err)
-	}
-	r.cmd = cmd
-	r.mu.Unlock()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		resp, err := http.Get("http://" + r.addr + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
-		}
-		if time.Now().After(deadline) {
-			r.mu.Lock()
-			defer r.mu.Unlock()
-			r.t.Fatalf("replica %s not ready after 30s: %v\n%s", r.addr, err, r.logs.String())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-// kill ends the process with SIGKILL: no graceful shutdown, batches in
-// flight are cut off mid-transaction.
-func (r *replica) kill() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.cmd != nil {
-		r.cmd.Process.Signal(syscall.SIGKILL)
-		r.cmd.Wait()
-		r.cmd = nil
-	}
-}
-
-func (r *replica) stop() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.cmd != nil {
-		r.cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { r.cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			r.cmd.Process.Kill()
-			<-done
-		}
-		r.cmd = nil
-	}
-}
 
 // cutter relays TCP connections to a replica and can cut all of them at
 // once (a load balancer restart, a network blip): the clients see their
@@ -215,19 +95,6 @@ func (c *cutter) cut() {
 
 func (c *cutter) addr() string { return c.ln.Addr().String() }
 
-// refused reports whether err is a definite refusal by the ledger (as
-// opposed to a lost answer or an unavailable server).
-func refused(err error) bool {
-	for _, sentinel := range []error{client.ErrNotFound, client.ErrDigestMismatch, client.ErrNotStarted,
-		client.ErrAlreadyStarted, client.ErrAlreadySettled, client.ErrReleased, client.ErrExpired,
-		client.ErrOperationMismatch, client.ErrNoPolicy} {
-		if errors.Is(err, sentinel) {
-			return true
-		}
-	}
-	return false
-}
-
 // publishPolicy publishes a tokens policy for tenant-7 through a replica.
 func publishPolicy(t testing.TB, addr string, burst, maxReservation int64) {
 	t.Helper()
@@ -260,16 +127,16 @@ func TestReplicasLinearizableUnderFaults(t *testing.T) {
 		t.Skip("builds the binary and runs three server processes")
 	}
 	dsn := schemaDSN(t)
-	bin := buildCapledger(t)
-	var replicas []*replica
+	bin := replicatest.BuildCapledger(t)
+	var replicas []*replicatest.Replica
 	var cutters []*cutter
 	for range 3 {
-		r := startReplica(t, bin, dsn)
+		r := replicatest.StartReplica(t, bin, dsn)
 		replicas = append(replicas, r)
-		cutters = append(cutters, newCutter(t, r.addr))
+		cutters = append(cutters, newCutter(t, r.Addr))
 	}
 	const capacity = 1000
-	publishPolicy(t, replicas[0].addr, capacity, capacity)
+	publishPolicy(t, replicas[0].Addr, capacity, capacity)
 
 	var clients []*client.Client
 	for _, c := range cutters {
@@ -284,7 +151,7 @@ func TestReplicasLinearizableUnderFaults(t *testing.T) {
 
 	const gateways, perGateway = 8, 14
 	sizes := []int64{600, 200, 100, 50}
-	h := &history{start: time.Now()}
+	h := replicatest.NewHistory()
 	var (
 		mu           sync.Mutex
 		acknowledged = map[string]int64{} // reserve ok: id -> units
@@ -295,16 +162,8 @@ func TestReplicasLinearizableUnderFaults(t *testing.T) {
 	// replica's client connections are cut, and at the third signal replica
 	// 2 is SIGKILLed mid-load and restarted.
 	faultCh := make(chan struct{}, 64)
-	record := func(client int, call int64, in accountInput, out accountOutput) {
-		ret := h.now()
-		if out.unknown {
-			ret = neverReturned
-		}
-		mu.Lock()
-		h.ops = append(h.ops, porcupine.Operation{ClientId: client, Call: call, Return: ret, Input: in, Output: out})
-		n := len(h.ops)
-		mu.Unlock()
-		if n%15 == 0 {
+	record := func(client int, call int64, in replicatest.AccountInput, out replicatest.AccountOutput) {
+		if n := h.Record(client, call, in, out); n%15 == 0 {
 			select {
 			case faultCh <- struct{}{}:
 			default:
@@ -327,9 +186,9 @@ func TestReplicasLinearizableUnderFaults(t *testing.T) {
 			}
 			if i == 3 {
 				kills.Add(1)
-				replicas[2].kill()
+				replicas[2].Kill()
 				time.Sleep(200 * time.Millisecond)
-				replicas[2].start()
+				replicas[2].Start()
 				continue
 			}
 			cutters[rng.IntN(len(cutters))].cut()
@@ -346,32 +205,32 @@ func TestReplicasLinearizableUnderFaults(t *testing.T) {
 			for i := range perGateway {
 				id := fmt.Sprintf("rl-g%d-%d", gw, i)
 				units := sizes[rng.IntN(len(sizes))]
-				in := accountInput{id: id, units: units}
-				call := h.now()
+				in := replicatest.AccountInput{ID: id, Units: units}
+				call := h.Now()
 				_, err := clients[rng.IntN(len(clients))].Reserve(ctx, client.ReserveRequest{ReservationID: id,
 					Subject: tenant7.Subject, Route: tenant7.Route, Region: tenant7.Region, Units: client.Units{"tokens": units}})
 				var rejection *client.RejectedError
 				switch {
 				case err == nil:
-					record(gw, call, in, accountOutput{ok: true})
+					record(gw, call, in, replicatest.AccountOutput{OK: true})
 					mu.Lock()
 					acknowledged[id] = units
 					mu.Unlock()
 				case errors.As(err, &rejection):
-					record(gw, call, in, accountOutput{rejected: true})
+					record(gw, call, in, replicatest.AccountOutput{Rejected: true})
 					continue
 				default:
 					// Answer lost on every attempt (killed replica, cut
 					// connections): unknown outcome; the gateway would
 					// resolve it later, the history keeps it open.
-					record(gw, call, in, accountOutput{unknown: true})
+					record(gw, call, in, replicatest.AccountOutput{Unknown: true})
 					continue
 				}
 				// Small actuals keep the run about contention for held
 				// capacity rather than running dry.
 				actual := rng.Int64N(units/10 + 1)
-				settle := accountInput{settle: true, id: id, units: units, actual: actual}
-				call = h.now()
+				settle := replicatest.AccountInput{Settle: true, ID: id, Units: units, Actual: actual}
+				call = h.Now()
 				op := "op-" + id
 				_, err = clients[rng.IntN(len(clients))].Start(ctx, id, op)
 				if err == nil {
@@ -379,15 +238,15 @@ func TestReplicasLinearizableUnderFaults(t *testing.T) {
 				}
 				switch {
 				case err == nil:
-					record(gw, call, settle, accountOutput{ok: true})
+					record(gw, call, settle, replicatest.AccountOutput{OK: true})
 					mu.Lock()
 					settled[id] = actual
 					mu.Unlock()
-				case refused(err):
+				case replicatest.Refused(err):
 					t.Errorf("start/settle %s refused: %v", id, err)
-					record(gw, call, settle, accountOutput{unknown: true})
+					record(gw, call, settle, replicatest.AccountOutput{Unknown: true})
 				default: // lost or unavailable: unknown outcome
-					record(gw, call, settle, accountOutput{unknown: true})
+					record(gw, call, settle, replicatest.AccountOutput{Unknown: true})
 				}
 			}
 		}()
@@ -427,33 +286,14 @@ func TestReplicasLinearizableUnderFaults(t *testing.T) {
 		}
 	}
 
-	checkStart := time.Now()
-	res, info := porcupine.CheckOperationsVerbose(accountModel(capacity), h.ops, 30*time.Second)
-	checked := time.Since(checkStart)
-	switch res {
-	case porcupine.Ok:
-	case porcupine.Illegal:
-		path := filepath.Join(os.TempDir(), fmt.Sprintf("capledger-linearizability-%d.html", time.Now().UnixNano()))
-		if err := porcupine.VisualizePath(accountModel(capacity), info, path); err == nil {
-			t.Errorf("history of %d operations is not linearizable; visualization: %s", len(h.ops), path)
-		} else {
-			t.Errorf("history of %d operations is not linearizable", len(h.ops))
-		}
-	default:
-		t.Errorf("linearizability check of %d operations did not finish in 30s", len(h.ops))
-	}
-	unknown := 0
-	for _, op := range h.ops {
-		if op.Output.(accountOutput).unknown {
-			unknown++
-		}
-	}
+	checked := h.CheckLinearizable(t, replicatest.AccountModel(capacity), 30*time.Second)
+	ops, unknown, _ := h.Counts()
 	var cuts int32
 	for _, c := range cutters {
 		cuts += c.cuts.Load()
 	}
 	t.Logf("%d operations (%d with lost answers), %d reservations acknowledged, %d settles; %d connection cuts, %d replica kills; linearizability checked in %s",
-		len(h.ops), unknown, len(acknowledged), len(settled), cuts, kills.Load(), checked.Round(time.Millisecond))
+		ops, unknown, len(acknowledged), len(settled), cuts, kills.Load(), checked.Round(time.Millisecond))
 	if kills.Load() == 0 {
 		t.Error("the load ended before the replica was killed: the run tested no crash")
 	}
@@ -465,17 +305,17 @@ func TestReplicasLinearizableUnderFaults(t *testing.T) {
 // is its own transaction (what a server without group commit does), with
 // the default the engine groups whatever is waiting into one transaction.
 func BenchmarkReplicasReserve(b *testing.B) {
-	bin := buildCapledger(b)
+	bin := replicatest.BuildCapledger(b)
 	for _, maxBatch := range []int{1, 512} {
 		b.Run(fmt.Sprintf("max-batch=%d", maxBatch), func(b *testing.B) {
 			dsn := schemaDSN(b)
 			var clients []*client.Client
 			for i := range 2 {
-				r := startReplica(b, bin, dsn, "--max-batch", fmt.Sprint(maxBatch))
+				r := replicatest.StartReplica(b, bin, dsn, "--max-batch", fmt.Sprint(maxBatch))
 				if i == 0 {
-					publishPolicy(b, r.addr, 1<<50, 1<<50)
+					publishPolicy(b, r.Addr, 1<<50, 1<<50)
 				}
-				c, err := client.New(r.addr, client.WithMaxIdleConns(64))
+				c, err := client.New(r.Addr, client.WithMaxIdleConns(64))
 				if err != nil {
 					b.Fatal(err)
 				}

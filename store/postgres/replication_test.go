@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/capledger/capledger/internal/replicatest"
 	"github.com/capledger/capledger/store/postgres"
 )
 
@@ -79,8 +80,8 @@ func TestReplicationSeesADatabaseSettingBeforeTheSessionsDo(t *testing.T) {
 		t.Fatal(err)
 	}
 	db := "capledger_sc_" + hex.EncodeToString(random[:])
-	admin(t, dsn, "CREATE DATABASE "+db)
-	t.Cleanup(func() { admin(t, dsn, "DROP DATABASE "+db+" WITH (FORCE)") })
+	replicatest.Admin(t, dsn, "CREATE DATABASE "+db)
+	t.Cleanup(func() { replicatest.Admin(t, dsn, "DROP DATABASE "+db+" WITH (FORCE)") })
 	u, err := url.Parse(dsn)
 	if err != nil {
 		t.Skipf("%s is not a URL: %v", envDSN, err)
@@ -94,7 +95,7 @@ func TestReplicationSeesADatabaseSettingBeforeTheSessionsDo(t *testing.T) {
 	if r, err := s.Replication(context.Background()); err != nil || r.Risk() != "" {
 		t.Fatalf("before: %+v, risk %q, %v", r, r.Risk(), err)
 	}
-	admin(t, dsn, "ALTER DATABASE "+db+" SET synchronous_commit = 'FALSE'")
+	replicatest.Admin(t, dsn, "ALTER DATABASE "+db+" SET synchronous_commit = 'FALSE'")
 	r, err := s.Replication(context.Background())
 	if err != nil || !strings.Contains(r.Risk(), "synchronous_commit is off") {
 		t.Fatalf("after ALTER DATABASE SET synchronous_commit off: %+v, risk %q, %v", r, r.Risk(), err)

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/capledger/capledger/engine"
+	"github.com/capledger/capledger/internal/replicatest"
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
 	"github.com/capledger/capledger/store/postgres"
@@ -539,12 +540,12 @@ func TestOpenAsDMLOnlyRole(t *testing.T) {
 	}
 	role := fmt.Sprintf("capledger_dml_%d", time.Now().UnixNano())
 	schema := mustQueryParam(t, dsn, "search_path")
-	admin(t, dsn, `CREATE ROLE `+role+` LOGIN`)
+	replicatest.Admin(t, dsn, `CREATE ROLE `+role+` LOGIN`)
 	t.Cleanup(func() {
-		admin(t, dsn, `DROP OWNED BY `+role)
-		admin(t, dsn, `DROP ROLE `+role)
+		replicatest.Admin(t, dsn, `DROP OWNED BY `+role)
+		replicatest.Admin(t, dsn, `DROP ROLE `+role)
 	})
-	admin(t, dsn, `GRANT USAGE ON SCHEMA `+schema+` TO `+role+`;
+	replicatest.Admin(t, dsn, `GRANT USAGE ON SCHEMA `+schema+` TO `+role+`;
 		GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA `+schema+` TO `+role+`;
 		GRANT USAGE ON ALL SEQUENCES IN SCHEMA `+schema+` TO `+role)
 	u, err := url.Parse(dsn)

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/capledger/capledger/client"
+	"github.com/capledger/capledger/internal/replicatest"
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store/postgres"
 )
@@ -37,10 +38,10 @@ func TestServeSurvivesTerminatedBackends(t *testing.T) {
 	rand.Read(random[:])
 	app := "capledger_faults_" + hex.EncodeToString(random[:])
 	dsn := withParam(t, schemaDSN(t), "application_name", app)
-	bin := buildCapledger(t)
-	replicas := []*replica{startReplica(t, bin, dsn), startReplica(t, bin, dsn)}
+	bin := replicatest.BuildCapledger(t)
+	replicas := []*replicatest.Replica{replicatest.StartReplica(t, bin, dsn), replicatest.StartReplica(t, bin, dsn)}
 	const capacity = 8_000
-	publishPolicy(t, replicas[0].addr, capacity, capacity)
+	publishPolicy(t, replicas[0].Addr, capacity, capacity)
 
 	// Per replica a patient client (retries ride out most cuts) and an
 	// impatient one (one attempt: its lost answers are resolved at the
@@ -48,7 +49,7 @@ func TestServeSurvivesTerminatedBackends(t *testing.T) {
 	var patient, impatient []*client.Client
 	for _, r := range replicas {
 		for _, attempts := range []int{8, 1} {
-			c, err := client.New(r.addr, client.WithTimeout(5*time.Second),
+			c, err := client.New(r.Addr, client.WithTimeout(5*time.Second),
 				client.WithRetryPolicy(client.RetryPolicy{MaxAttempts: attempts, BaseDelay: 20 * time.Millisecond, MaxDelay: 200 * time.Millisecond}))
 			if err != nil {
 				t.Fatal(err)
@@ -202,7 +203,7 @@ func (l *gatewayLoad) gateway(t *testing.T, prefix string, seed uint64, n int, s
 			l.rejections.Add(1)
 			time.Sleep(5 * time.Millisecond)
 			continue
-		case refused(err):
+		case replicatest.Refused(err):
 			t.Errorf("reserve %s refused: %v", id, err)
 			continue
 		default:
@@ -228,7 +229,7 @@ func (l *gatewayLoad) gateway(t *testing.T, prefix string, seed uint64, n int, s
 			l.mu.Lock()
 			l.settled[id] = actual
 			l.mu.Unlock()
-		case refused(err):
+		case replicatest.Refused(err):
 			t.Errorf("start/settle %s refused: %v", id, err)
 		default:
 			l.lostAnswers.Add(1)
@@ -311,18 +312,15 @@ func (l *gatewayLoad) check(t *testing.T, dsn string, capacity int64, retry *cli
 
 // stillServing fails the test unless every replica's process is still
 // running and answers a read within 30 s; it returns a client for each.
-func stillServing(t *testing.T, replicas []*replica) []*client.Client {
+func stillServing(t *testing.T, replicas []*replicatest.Replica) []*client.Client {
 	t.Helper()
 	ctx := context.Background()
 	var clients []*client.Client
 	for i, r := range replicas {
-		r.mu.Lock()
-		exited := r.cmd == nil || r.cmd.ProcessState != nil
-		r.mu.Unlock()
-		if exited {
-			t.Fatalf("replica %d exited:\n%s", i, r.logs.String())
+		if r.Exited() {
+			t.Fatalf("replica %d exited:\n%s", i, r.Logs.String())
 		}
-		c, err := client.New(r.addr, client.WithTimeout(5*time.Second))
+		c, err := client.New(r.Addr, client.WithTimeout(5*time.Second))
 		if err != nil {
 			t.Fatal(err)
 		}

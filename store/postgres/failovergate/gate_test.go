@@ -11,7 +11,6 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -26,6 +25,7 @@ import (
 	ledgerv1 "github.com/capledger/capledger/api/capledger/v1"
 	"github.com/capledger/capledger/client"
 	"github.com/capledger/capledger/internal/pgformation"
+	"github.com/capledger/capledger/internal/replicatest"
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store/postgres"
 )
@@ -87,7 +87,7 @@ func failoverAccountOf(id string) int {
 // lost one that must be repeated with the same ids.
 func definite(err error) bool {
 	var rejection *client.RejectedError
-	return err == nil || errors.As(err, &rejection) || refused(err)
+	return err == nil || errors.As(err, &rejection) || replicatest.Refused(err)
 }
 
 // The failover gate: a pg_auto_failover formation (monitor, primary, two
@@ -109,15 +109,15 @@ func TestFailoverGate(t *testing.T) {
 	f := pgformation.Start(t, 3)
 	formationUp := time.Since(runStart)
 	ctx := context.Background()
-	admin(t, f.DSN(), "CREATE SCHEMA capledger_failover")
+	replicatest.Admin(t, f.DSN(), "CREATE SCHEMA capledger_failover")
 	dsn := f.DSN("search_path=capledger_failover")
-	bin := buildCapledger(t)
-	var replicas []*replica
+	bin := replicatest.BuildCapledger(t)
+	var replicas []*replicatest.Replica
 	var clients []*client.Client
 	for range 3 {
-		r := startReplica(t, bin, dsn)
+		r := replicatest.StartReplica(t, bin, dsn)
 		replicas = append(replicas, r)
-		c, err := client.New(r.addr, client.WithTimeout(4*time.Second), client.WithMaxIdleConns(64),
+		c, err := client.New(r.Addr, client.WithTimeout(4*time.Second), client.WithMaxIdleConns(64),
 			client.WithRetryPolicy(client.RetryPolicy{MaxAttempts: 3, BaseDelay: 100 * time.Millisecond, MaxDelay: 500 * time.Millisecond}))
 		if err != nil {
 			t.Fatal(err)
@@ -137,23 +137,16 @@ func TestFailoverGate(t *testing.T) {
 	defer check.Close()
 
 	rec := &failoverRecord{reserved: map[string]int64{}, started: map[string]string{}, settled: map[string]int64{}}
-	h := &history{start: time.Now()}
+	h := replicatest.NewHistory()
 	var (
-		histMu      sync.Mutex
 		acks        atomic.Int64 // definite answers
 		unavailable atomic.Int64 // calls repeated because no answer was decided
-		// killedAt is h.now() of the last kill (0 before the first);
+		// killedAt is h.Now() of the last kill (0 before the first);
 		// firstOK the call time of the first success called after it.
 		killedAt, firstOK atomic.Int64
 	)
-	record := func(clientID int, call int64, in accountInput, out accountOutput) {
-		ret := h.now()
-		if out.unknown {
-			ret = neverReturned
-		}
-		histMu.Lock()
-		h.ops = append(h.ops, porcupine.Operation{ClientId: clientID, Call: call, Return: ret, Input: in, Output: out})
-		histMu.Unlock()
+	record := func(clientID int, call int64, in replicatest.AccountInput, out replicatest.AccountOutput) {
+		h.Record(clientID, call, in, out)
 	}
 	// persist repeats op with the same ids until the ledger decides it
 	// (up to 90 s, far longer than a failover), moving to the next
@@ -161,7 +154,7 @@ func TestFailoverGate(t *testing.T) {
 	persist := func(c int, op func(*client.Client) error) error {
 		deadline := time.Now().Add(90 * time.Second)
 		for attempt := 0; ; attempt++ {
-			call := h.now()
+			call := h.Now()
 			err := op(clients[(c+attempt)%len(clients)])
 			if definite(err) {
 				if err == nil && killedAt.Load() > 0 && call > killedAt.Load() {
@@ -197,8 +190,8 @@ func TestFailoverGate(t *testing.T) {
 				}
 				id := fmt.Sprintf("fo%d-c%d-%d", a, c, i)
 				units := failoverSizes[rng.IntN(len(failoverSizes))]
-				in := accountInput{id: id, units: units}
-				call := h.now()
+				in := replicatest.AccountInput{ID: id, Units: units}
+				call := h.Now()
 				err := persist(c, func(cl *client.Client) error {
 					_, err := cl.Reserve(ctx, client.ReserveRequest{ReservationID: id, Subject: subject.Subject,
 						Route: subject.Route, Region: subject.Region, Units: client.Units{"tokens": units}})
@@ -207,27 +200,27 @@ func TestFailoverGate(t *testing.T) {
 				var rejection *client.RejectedError
 				switch {
 				case err == nil:
-					record(c, call, in, accountOutput{ok: true})
+					record(c, call, in, replicatest.AccountOutput{OK: true})
 					rec.mu.Lock()
 					rec.reserved[id] = units
 					rec.mu.Unlock()
 				case errors.As(err, &rejection):
-					record(c, call, in, accountOutput{rejected: true})
+					record(c, call, in, replicatest.AccountOutput{Rejected: true})
 					time.Sleep(time.Duration(20+rng.IntN(30)) * time.Millisecond)
 					continue
 				default:
-					if refused(err) {
+					if replicatest.Refused(err) {
 						t.Errorf("reserve %s refused: %v", id, err)
 					}
-					record(c, call, in, accountOutput{unknown: true})
+					record(c, call, in, replicatest.AccountOutput{Unknown: true})
 					continue
 				}
 				// Hold it a moment, as a request runs.
 				time.Sleep(time.Duration(10+rng.IntN(40)) * time.Millisecond)
 				op := "op-" + id
 				actual := rng.Int64N(50)
-				settle := accountInput{settle: true, id: id, units: units, actual: actual}
-				call = h.now()
+				settle := replicatest.AccountInput{Settle: true, ID: id, Units: units, Actual: actual}
+				call = h.Now()
 				err = persist(c, func(cl *client.Client) error { _, err := cl.Start(ctx, id, op); return err })
 				if err == nil {
 					rec.mu.Lock()
@@ -240,15 +233,15 @@ func TestFailoverGate(t *testing.T) {
 				}
 				switch {
 				case err == nil:
-					record(c, call, settle, accountOutput{ok: true})
+					record(c, call, settle, replicatest.AccountOutput{OK: true})
 					rec.mu.Lock()
 					rec.settled[id] = actual
 					rec.mu.Unlock()
-				case refused(err):
+				case replicatest.Refused(err):
 					t.Errorf("start/settle %s refused: %v", id, err)
-					record(c, call, settle, accountOutput{unknown: true})
+					record(c, call, settle, replicatest.AccountOutput{Unknown: true})
 				default:
-					record(c, call, settle, accountOutput{unknown: true})
+					record(c, call, settle, replicatest.AccountOutput{Unknown: true})
 				}
 			}
 		}()
@@ -281,13 +274,13 @@ func TestFailoverGate(t *testing.T) {
 		repeatedBefore := unavailable.Load()
 		killedAt.Store(0)
 		firstOK.Store(0)
-		killTime := h.now()
+		killTime := h.Now()
 		fo := failover{killedNode: primary.Name}
 		fo.processes = primary.Kill()
 		// Only a call begun after every process of the old primary is
 		// gone proves the new one: a call begun while the kill was still
 		// collecting the tree may have committed on the old primary.
-		killedAt.Store(h.now())
+		killedAt.Store(h.Now())
 
 		// While no primary is reachable, readiness must say so (and why).
 		// The killed node rejoins as soon as the monitor has promoted a
@@ -302,7 +295,7 @@ func TestFailoverGate(t *testing.T) {
 				// A write was acknowledged after the old primary was gone:
 				// a standby has been promoted, whatever the monitor has
 				// heard yet (under load its view lags by seconds).
-				fo.promoted = time.Duration(h.now() - killTime)
+				fo.promoted = time.Duration(h.Now() - killTime)
 				rejoinStart = time.Now()
 				primary.Rejoin()
 			}
@@ -310,7 +303,7 @@ func TestFailoverGate(t *testing.T) {
 				if states, err := f.States(wctx); err == nil {
 					for _, st := range states {
 						if st.Name != primary.Name && (st.Reported == "wait_primary" || st.Reported == "primary") {
-							fo.promoted = time.Duration(h.now() - killTime)
+							fo.promoted = time.Duration(h.Now() - killTime)
 							rejoinStart = time.Now()
 							primary.Rejoin()
 							break
@@ -318,7 +311,7 @@ func TestFailoverGate(t *testing.T) {
 					}
 				}
 			}
-			if status, body := getReadyz(replicas[k%len(replicas)].addr); status == http.StatusServiceUnavailable && fo.notReady == "" {
+			if status, body := getReadyz(replicas[k%len(replicas)].Addr); status == http.StatusServiceUnavailable && fo.notReady == "" {
 				fo.notReady = strings.TrimSpace(body)
 			}
 			time.Sleep(100 * time.Millisecond)
@@ -335,7 +328,7 @@ func TestFailoverGate(t *testing.T) {
 		// its synchronous standbys. The new primary may still be taking
 		// its standbys back into the quorum; give it a few seconds.
 		for range 50 {
-			status, body := getReadyz(replicas[0].addr)
+			status, body := getReadyz(replicas[0].Addr)
 			fo.readyText = strings.TrimSpace(body)
 			if status == http.StatusOK {
 				break
@@ -359,39 +352,17 @@ func TestFailoverGate(t *testing.T) {
 	load.Wait()
 	acknowledged, lost := checkAcknowledged(t, check, rec)
 
-	model := accountModel(failoverCapacity)
+	model := replicatest.AccountModel(failoverCapacity)
 	model.Partition = func(ops []porcupine.Operation) [][]porcupine.Operation {
 		parts := make([][]porcupine.Operation, failoverAccounts)
 		for _, op := range ops {
-			a := failoverAccountOf(op.Input.(accountInput).id)
+			a := failoverAccountOf(op.Input.(replicatest.AccountInput).ID)
 			parts[a] = append(parts[a], op)
 		}
 		return parts
 	}
-	checkStart := time.Now()
-	res, info := porcupine.CheckOperationsVerbose(model, h.ops, 60*time.Second)
-	checked := time.Since(checkStart)
-	switch res {
-	case porcupine.Ok:
-	case porcupine.Illegal:
-		path := filepath.Join(os.TempDir(), fmt.Sprintf("capledger-failover-%d.html", time.Now().UnixNano()))
-		if err := porcupine.VisualizePath(model, info, path); err == nil {
-			t.Errorf("history of %d operations is not linearizable; visualization: %s", len(h.ops), path)
-		} else {
-			t.Errorf("history of %d operations is not linearizable", len(h.ops))
-		}
-	default:
-		t.Errorf("linearizability check of %d operations did not finish in 60s", len(h.ops))
-	}
-	var unknown, rejected int
-	for _, op := range h.ops {
-		switch out := op.Output.(accountOutput); {
-		case out.unknown:
-			unknown++
-		case out.rejected:
-			rejected++
-		}
-	}
+	checked := h.CheckLinearizable(t, model, 60*time.Second)
+	ops, unknown, rejected := h.Counts()
 	_, started, settled := rec.copy()
 	var sumUnavailable time.Duration
 	var worst time.Duration
@@ -404,7 +375,7 @@ func TestFailoverGate(t *testing.T) {
 	t.Logf("FAILOVER GATE: %d failovers (formation up in %.0fs, run %.0fs); %d operations in the history (%d rejected for capacity, %d never answered); "+
 		"acknowledged %d reservations, %d starts, %d settles; lost %d; %d calls repeated for want of an answer; "+
 		"unavailable seconds per failover [%s] (worst %.1f); linearizability checked in %s",
-		len(failovers), formationUp.Seconds(), time.Since(runStart).Seconds(), len(h.ops), rejected, unknown,
+		len(failovers), formationUp.Seconds(), time.Since(runStart).Seconds(), ops, rejected, unknown,
 		acknowledged, len(started), len(settled), lost, unavailable.Load(),
 		strings.Join(parts, " "), worst.Seconds(), checked.Round(time.Millisecond))
 	if rejected == 0 {
@@ -540,15 +511,15 @@ func TestGateCheckReportsLoss(t *testing.T) {
 		t.Skip("needs CAPLEDGER_TEST_POSTGRES, e.g. postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
 	}
 	schema := fmt.Sprintf("capledger_gatecheck_%d", time.Now().UnixNano())
-	admin(t, dsn, "CREATE SCHEMA "+schema)
-	t.Cleanup(func() { admin(t, dsn, "DROP SCHEMA "+schema+" CASCADE") })
+	replicatest.Admin(t, dsn, "CREATE SCHEMA "+schema)
+	t.Cleanup(func() { replicatest.Admin(t, dsn, "DROP SCHEMA "+schema+" CASCADE") })
 	sep := "?"
 	if strings.Contains(dsn, "?") {
 		sep = "&"
 	}
-	bin := buildCapledger(t)
-	r := startReplica(t, bin, dsn+sep+"search_path="+schema)
-	c, err := client.New(r.addr)
+	bin := replicatest.BuildCapledger(t)
+	r := replicatest.StartReplica(t, bin, dsn+sep+"search_path="+schema)
+	c, err := client.New(r.Addr)
 	if err != nil {
 		t.Fatal(err)
 	}

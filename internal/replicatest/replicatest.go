@@ -1,0 +1,208 @@
+// Package replicatest runs `capledger serve` replicas for the tests of
+// store/postgres and its failover gate, and checks what their clients saw
+// against a linearizability model of one account (model.go). It is test
+// support: only test files import it.
+package replicatest
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/capledger/capledger/client"
+	"github.com/capledger/capledger/internal/childproc"
+	"github.com/capledger/capledger/internal/logcapture"
+)
+
+// BuildCapledger builds the capledger binary into a temporary directory
+// and returns its path.
+func BuildCapledger(t testing.TB) string {
+	t.Helper()
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		goTool = filepath.Join(runtime.GOROOT(), "bin", "go")
+	}
+	bin := filepath.Join(t.TempDir(), "capledger")
+	cmd := exec.Command(goTool, "build", "-o", bin, "github.com/capledger/capledger/cmd/capledger")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build capledger: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// FreeAddr returns a loopback address nothing listens on now.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// Replica is one `capledger serve --store postgres://...` process.
+type Replica struct {
+	// Addr is where it serves (the same across restarts).
+	Addr string
+	// Logs is its output; the child writes it while a failure message
+	// reads it.
+	Logs logcapture.Logs
+
+	t   testing.TB
+	bin string
+	dsn string
+	// extra are serve flags after the store's.
+	extra []string
+	// dataDir is where the process writes the files it keeps besides the
+	// store (its shard keys): a temporary directory, not the package's.
+	dataDir string
+
+	mu  sync.Mutex
+	cmd *exec.Cmd
+	// exited is closed once the running process has exited, however it
+	// ended (its Wait returned).
+	exited chan struct{}
+}
+
+// StartReplica starts a replica of the store at dsn with the extra serve
+// flags, waits until it is ready and stops it when the test ends.
+func StartReplica(t testing.TB, bin, dsn string, extra ...string) *Replica {
+	t.Helper()
+	r := &Replica{Addr: FreeAddr(t), t: t, bin: bin, dsn: dsn, extra: extra, dataDir: t.TempDir()}
+	r.Start()
+	t.Cleanup(r.Stop)
+	return r
+}
+
+// Start runs the process and waits until it answers /readyz.
+func (r *Replica) Start() {
+	r.t.Helper()
+	r.mu.Lock()
+	args := append([]string{"serve", "--addr", r.Addr, "--store", r.dsn, "--data-dir", r.dataDir, "--log-level", "warn"}, r.extra...)
+	cmd := exec.Command(r.bin, args...)
+	childproc.DieWithParent(cmd)
+	cmd.Stdout, cmd.Stderr = &r.Logs, &r.Logs
+	if err := cmd.Start(); err != nil {
+		r.mu.Unlock()
+		r.t.Fatalf("start replica: %v", err)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	r.cmd, r.exited = cmd, exited
+	r.mu.Unlock()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Get("http://" + r.Addr + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		if r.Exited() {
+			r.t.Fatalf("replica %s exited before it was ready:\n%s", r.Addr, r.Logs.String())
+		}
+		if time.Now().After(deadline) {
+			r.t.Fatalf("replica %s not ready after 30s: %v\n%s", r.Addr, err, r.Logs.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Kill ends the process with SIGKILL: no graceful shutdown, batches in
+// flight are cut off mid-transaction.
+func (r *Replica) Kill() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cmd != nil {
+		r.cmd.Process.Signal(syscall.SIGKILL)
+		<-r.exited
+		r.cmd = nil
+	}
+}
+
+// Stop ends the process with SIGTERM (a graceful shutdown), and with
+// SIGKILL if it has not exited after 10 s.
+func (r *Replica) Stop() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cmd != nil {
+		r.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-r.exited:
+		case <-time.After(10 * time.Second):
+			r.cmd.Process.Kill()
+			<-r.exited
+		}
+		r.cmd = nil
+	}
+}
+
+// Signal sends sig to the running process (SIGSTOP and SIGCONT freeze
+// and thaw it: a long GC or VM pause); it fails if none runs.
+func (r *Replica) Signal(sig os.Signal) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cmd == nil {
+		return errors.New("replica not running")
+	}
+	return r.cmd.Process.Signal(sig)
+}
+
+// Exited reports whether the process is not running: never started,
+// stopped or killed, or exited on its own.
+func (r *Replica) Exited() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cmd == nil {
+		return true
+	}
+	select {
+	case <-r.exited:
+		return true
+	default:
+		return false
+	}
+}
+
+// Refused reports whether err is a definite refusal by the ledger (as
+// opposed to a lost answer or an unavailable server).
+func Refused(err error) bool {
+	for _, sentinel := range []error{client.ErrNotFound, client.ErrDigestMismatch, client.ErrNotStarted,
+		client.ErrAlreadyStarted, client.ErrAlreadySettled, client.ErrReleased, client.ErrExpired,
+		client.ErrOperationMismatch, client.ErrNoPolicy} {
+		if errors.Is(err, sentinel) {
+			return true
+		}
+	}
+	return false
+}
+
+// Admin runs sql on the server at dsn on a connection of its own (schema
+// and role changes, faults planted behind the store's back), failing the
+// test if it fails.
+func Admin(t testing.TB, dsn, sql string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, sql); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+}
