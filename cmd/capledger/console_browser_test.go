@@ -365,12 +365,23 @@ func (b *browser) wantEventually(route, sel string, want func() string) {
 // screenshot saves the page as a PNG.
 func (b *browser) screenshot(name string) {
 	b.t.Helper()
+	b.noSidewaysScroll(name)
 	png, err := chromedp.Run(b.ctx, chromedp.FullScreenshot(100))
 	if err != nil {
 		b.t.Fatalf("screenshot %s: %v", name, err)
 	}
 	if err := os.WriteFile(filepath.Join(b.shots, name+".png"), png, 0o644); err != nil {
 		b.t.Fatal(err)
+	}
+}
+
+// noSidewaysScroll fails if the page is wider than the window: a wide
+// table scrolls inside its own box, so the header, the cards and the
+// notes stay in view in a 1000 px window.
+func (b *browser) noSidewaysScroll(page string) {
+	b.t.Helper()
+	if w := b.eval(`document.documentElement.scrollWidth > window.innerWidth ? document.documentElement.scrollWidth + " px in a " + window.innerWidth + " px window" : ""`); w != "" {
+		b.t.Errorf("page %s scrolls sideways: %s", page, w)
 	}
 }
 

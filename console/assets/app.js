@@ -108,9 +108,11 @@ function el(tag, attrs, ...children) {
 }
 function table(headers, rows, empty) {
   if (!rows.length) return el("p", { class: "empty", "data-empty": "1" }, empty || "None.");
-  return el("table", {},
+  // In a box of its own that scrolls sideways when the table is wider
+  // than the window, so the page itself never does.
+  return el("div", { class: "table-wrap" }, el("table", {},
     el("thead", {}, el("tr", {}, headers.map((h) => el("th", { class: h.num ? "num" : null }, h.label || h)))),
-    el("tbody", {}, rows));
+    el("tbody", {}, rows)));
 }
 const td = (field, value, num) => el("td", { "data-field": field, class: num ? "num" : null }, value);
 const card = (id, label, value, sub, cls) =>
