@@ -61,7 +61,8 @@ Without a server (a backup before restoring it, a data directory whose
 serve will not start, PostgreSQL with every replica down), --data-dir or
 --store runs the same audit here on the store opened read-only: it
 migrates nothing and writes nothing to the database, and refuses (exit 1) a store whose
-schema is older or newer than this binary's, saying which. It reads one
+schema is older or newer than this binary's, saying which, and a path
+that does not exist or is not a SQLite database, naming it. It reads one
 consistent snapshot: a serve running on the same store meanwhile is
 fine (SQLite: the last commit before the audit's read began; PostgreSQL:
 one REPEATABLE READ transaction), and the audit does not see what is
