@@ -376,3 +376,29 @@ func auditHere(t *testing.T, args ...string) (int, string) {
 	code := run(context.Background(), e, append([]string{"audit", "--progress=false"}, args...))
 	return code, out.String()
 }
+
+// `capledger audit --store sqlite` reads the store `capledger serve
+// --store sqlite` wrote: capledger.db in ./capledger-data without
+// --data-dir, in --data-dir with it.
+func TestAuditStoreSQLiteDefaultsToServesDataDir(t *testing.T) {
+	work := t.TempDir()
+	t.Chdir(work)
+	for _, dir := range []string{"capledger-data", "other"} {
+		if err := os.Mkdir(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	withSQLite(t, filepath.Join(work, "capledger-data", open.DefaultFile), fillLedger)
+	code, out := auditHere(t, "--store", "sqlite")
+	if code != exitOK || !strings.Contains(out, `"checkedAt"`) {
+		t.Fatalf("audit --store sqlite beside ./capledger-data: exit %d, %s", code, out)
+	}
+
+	other := filepath.Join(work, "other")
+	withSQLite(t, filepath.Join(other, open.DefaultFile), fillLedger)
+	withSQLite(t, filepath.Join(other, open.DefaultFile), plantBehindTheJournal)
+	code, out = auditHere(t, "--store", "sqlite", "--data-dir", other)
+	if code != exitDiscrepancies || !strings.Contains(out, ledger.CheckJournal) {
+		t.Fatalf("audit --store sqlite --data-dir %s: exit %d, %s", other, code, out)
+	}
+}

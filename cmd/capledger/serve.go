@@ -175,7 +175,7 @@ connections: retry later) and when the server fails while running.
 func runServe(ctx context.Context, e *env, args []string) error {
 	fs := newFlags("serve")
 	addr := fs.String("addr", "127.0.0.1:7070", "")
-	dataDir := fs.String("data-dir", "./capledger-data", "")
+	dataDir := fs.String("data-dir", defaultDataDir, "")
 	storeSpec := fs.String("store", "", "")
 	tokensPath := fs.String("tokens", "", "")
 	shardKeysPath := fs.String("shard-keys", "", "")
@@ -493,6 +493,10 @@ func replicationCheck(ctx context.Context, st store.Store, allowAsync bool, log 
 		return r.String(), nil
 	}, nil
 }
+
+// defaultDataDir is --data-dir when not given, for serve, migrate and
+// audit --store sqlite alike.
+const defaultDataDir = "./capledger-data"
 
 // pathCheckInterval is how often readiness checks the PostgreSQL
 // connection path again: each check opens two connections of its own.
