@@ -434,6 +434,11 @@ func TestConfigErrors(t *testing.T) {
 			t.Errorf("%s: accepted", name)
 		}
 	}
+	// encoding/json would read "Unit" as unit: refused, naming both.
+	_, err := envoyrls.ParseConfig([]byte("domains: [{name: a, rules: [{subject: {key: t}, Unit: u}]}]"))
+	if err == nil || !strings.Contains(err.Error(), `field "Unit"`) || !strings.Contains(err.Error(), `spelt "unit"`) {
+		t.Errorf("a key in another case: %v, want an error naming \"Unit\" and \"unit\"", err)
+	}
 	if _, err := envoyrls.ParseConfig([]byte(testMapping(t))); err != nil {
 		t.Fatal(err)
 	}

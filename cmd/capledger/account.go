@@ -61,7 +61,8 @@ Without a server (a backup before restoring it, a data directory whose
 serve will not start, PostgreSQL with every replica down), --data-dir or
 --store runs the same audit here on the store opened read-only: it
 migrates nothing and writes nothing to the database, and refuses (exit 1) a store whose
-schema is older or newer than this binary's, saying which. It reads one
+schema is older or newer than this binary's, saying which, and a path
+that does not exist or is not a SQLite database, naming it. It reads one
 consistent snapshot: a serve running on the same store meanwhile is
 fine (SQLite: the last commit before the audit's read began; PostgreSQL:
 one REPEATABLE READ transaction), and the audit does not see what is
@@ -79,7 +80,8 @@ Flags:
   --data-dir DIR      audit the SQLite store in DIR (as serve --data-dir),
                       or DIR may be the database file itself: a backup
   --store SPEC        audit the store SPEC names, as serve --store:
-                      postgres://... or sqlite:PATH
+                      postgres://..., sqlite:PATH, or sqlite (the
+                      database in --data-dir, default ./capledger-data)
 
 Example:
   capledger audit --token $ADMIN_TOKEN && echo sound
@@ -128,7 +130,13 @@ func runAudit(ctx context.Context, e *env, args []string) error {
 		if flagGiven(fs, "addr") {
 			return usagef("--addr asks a server; --data-dir and --store read the store without one: give one or the other")
 		}
-		return auditStore(ctx, e, *storeSpec, *dataDir, *since, *progress)
+		dir := *dataDir
+		if dir == "" {
+			// --store as serve reads it: "sqlite" is the file in
+			// serve's default data directory.
+			dir = defaultDataDir
+		}
+		return auditStore(ctx, e, *storeSpec, dir, *since, *progress)
 	}
 	msg, err := streamAudit(ctx, &cf, *since, *progress, e.stderr)
 	if connect.CodeOf(err) == connect.CodeUnimplemented && !*since {

@@ -336,3 +336,69 @@ func TestAuditDataDirBesideARunningServer(t *testing.T) {
 	code, out, errOut = cli(t, srv.url, "reserve", "--subject", "tenant-7", "--route", "chat", "--units", "tokens=100", "--id", "r2")
 	wantExit(t, exitOK, code, out, errOut)
 }
+
+// A file that is not a SQLite database given to --data-dir is bad input:
+// exit 1 naming the file, not 5 (a store that cannot be reached, to
+// retry later). A missing path stays exit 1, and so does a SQLite file
+// without capledger's tables.
+func TestAuditDataDirRefusesAFileThatIsNotADatabase(t *testing.T) {
+	dir := t.TempDir()
+	text := filepath.Join(dir, "notes.txt")
+	if err := os.WriteFile(text, []byte("not a database, only notes\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	before := fileHash(t, text)
+	code, out := auditHere(t, "--data-dir", text)
+	if code != exitUsage || !strings.Contains(out, text) || !strings.Contains(out, "not a SQLite database") {
+		t.Fatalf("audit of a text file: exit %d, %s", code, out)
+	}
+	if after := fileHash(t, text); after != before {
+		t.Fatalf("the refused audit changed %s", text)
+	}
+	code, out = auditHere(t, "--data-dir", filepath.Join(dir, "missing.db"))
+	if code != exitUsage || !strings.Contains(out, "missing.db") {
+		t.Fatalf("audit of a missing file: exit %d, %s", code, out)
+	}
+	other := filepath.Join(dir, "other.db")
+	execSQL(t, other, "CREATE TABLE notes (body TEXT)")
+	code, out = auditHere(t, "--data-dir", other)
+	if code != exitUsage || !strings.Contains(out, "schema_migrations") {
+		t.Fatalf("audit of a SQLite file without capledger's tables: exit %d, %s", code, out)
+	}
+}
+
+// auditHere runs `capledger audit args...` in this process, with no
+// server to ask, and returns its exit code and what it printed.
+func auditHere(t *testing.T, args ...string) (int, string) {
+	t.Helper()
+	var out strings.Builder
+	e := &env{stdout: &out, stderr: &out, getenv: func(string) string { return "" }}
+	code := run(context.Background(), e, append([]string{"audit", "--progress=false"}, args...))
+	return code, out.String()
+}
+
+// `capledger audit --store sqlite` reads the store `capledger serve
+// --store sqlite` wrote: capledger.db in ./capledger-data without
+// --data-dir, in --data-dir with it.
+func TestAuditStoreSQLiteDefaultsToServesDataDir(t *testing.T) {
+	work := t.TempDir()
+	t.Chdir(work)
+	for _, dir := range []string{"capledger-data", "other"} {
+		if err := os.Mkdir(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	withSQLite(t, filepath.Join(work, "capledger-data", open.DefaultFile), fillLedger)
+	code, out := auditHere(t, "--store", "sqlite")
+	if code != exitOK || !strings.Contains(out, `"checkedAt"`) {
+		t.Fatalf("audit --store sqlite beside ./capledger-data: exit %d, %s", code, out)
+	}
+
+	other := filepath.Join(work, "other")
+	withSQLite(t, filepath.Join(other, open.DefaultFile), fillLedger)
+	withSQLite(t, filepath.Join(other, open.DefaultFile), plantBehindTheJournal)
+	code, out = auditHere(t, "--store", "sqlite", "--data-dir", other)
+	if code != exitDiscrepancies || !strings.Contains(out, ledger.CheckJournal) {
+		t.Fatalf("audit --store sqlite --data-dir %s: exit %d, %s", other, code, out)
+	}
+}

@@ -21,6 +21,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/capledger/capledger/internal/yamlfile"
 )
 
 // Exit codes, the same for every subcommand (documented in --help and the
@@ -267,8 +269,9 @@ func readInput(path string) ([]byte, error) {
 
 // decodeStrictJSON decodes raw, a file an operator wrote, into v: a field
 // v does not have is an error (a misspelt field must not read as zero),
-// and so is anything after the first JSON value but white space (two
-// files concatenated: the second would be dropped without a word).
+// so is a field spelt in another case (yamlfile.ExactKeys), and so is
+// anything after the first JSON value but white space (two files
+// concatenated: the second would be dropped without a word).
 func decodeStrictJSON(raw []byte, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
@@ -278,7 +281,7 @@ func decodeStrictJSON(raw []byte, v any) error {
 	if _, err := dec.Token(); err != io.EOF {
 		return fmt.Errorf("data after the first JSON value (at byte %d): one value per file", dec.InputOffset())
 	}
-	return nil
+	return yamlfile.ExactKeys(raw, v)
 }
 
 // wantArgs checks the number of positional arguments.

@@ -52,7 +52,7 @@ down or refusing connections: retry later), as for every command.
 func runMigrate(ctx context.Context, e *env, args []string) error {
 	fs := newFlags("migrate")
 	storeSpec := fs.String("store", "", "")
-	dataDir := fs.String("data-dir", "./capledger-data", "")
+	dataDir := fs.String("data-dir", defaultDataDir, "")
 	autoVacuum := fs.Bool("auto-vacuum", false, "")
 	if err := parseNoArgs(fs, args); err != nil {
 		return err

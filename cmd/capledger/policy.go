@@ -36,8 +36,8 @@ was not rolled back becomes active again, and settlement and debt of the
 rolled-back one go on. publish and rollback need an admin token.
 
 Policy file (YAML or JSON, one policy per file; durations like "30s", "5m", "1h";
-an unknown field, or two keys that differ only in case, "burst" and "Burst",
-is an error):
+an unknown field, or a key spelt in another case than its field, "Burst" for
+"burst" or "holdTtl" for "holdTTL", is an error naming both):
 
   subject: tenant-7          # or "*" for every subject without its own policy
   route: chat.generate

@@ -66,6 +66,10 @@ func TestResolverConfigIsCheckedFieldByField(t *testing.T) {
 		{`{"maxInFlight":1.5,"routes":{"r":{}}}`, "maxInFlight 1.5: want a positive integer"},
 		{`{"maxInFlight":null,"routes":{"r":{}}}`, "maxInFlight null: want a positive integer"},
 		{`{"maxCalls":12,"routes":{"r":{}}}`, "unknown field"},
+		// encoding/json reads a key in another case as the field: refused,
+		// naming the key as written and the spelling.
+		{`{"maxInflight":12,"routes":{"r":{}}}`, `field "maxInflight": no such field; the field is spelt "maxInFlight"`},
+		{`{"routes":{"r":{"UnknownDeadline":"1h"}}}`, `routes.r: field "UnknownDeadline": no such field; the field is spelt "unknownDeadline"`},
 		{`{"minBackoff":"2m","maxBackoff":"1m","routes":{"r":{}}}`, "below minBackoff"},
 		// Below the default minBackoff (1s): the engine would have raised it to 1m.
 		{`{"maxBackoff":"500ms","routes":{"r":{}}}`, "maxBackoff 500ms is below minBackoff 1s"},
@@ -78,6 +82,27 @@ func TestResolverConfigIsCheckedFieldByField(t *testing.T) {
 		_, err := loadResolverConfig(write(c.body))
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: %v, want an error about %q", c.body, err, c.want)
+		}
+	}
+}
+
+// A policy file's key spelt in another case than the field's is refused
+// naming both, at the top and in a dimension: encoding/json would read
+// "holdTtl" as holdTTL and "Burst" as burst.
+func TestPolicyFileKeysAreCaseSensitive(t *testing.T) {
+	if _, err := parsePolicyFile([]byte("subject: tenant-7\nroute: chat\nholdTTL: 1h\ndimensions:\n  - unit: tokens\n    burst: 10\n")); err != nil {
+		t.Fatalf("a policy file as written: %v", err)
+	}
+	for _, c := range []struct{ file, want string }{
+		{"subject: tenant-7\nroute: chat\nholdTtl: 1h\ndimensions:\n  - unit: tokens\n    burst: 10\n",
+			`field "holdTtl": no such field; the field is spelt "holdTTL"`},
+		{"subject: tenant-7\nroute: chat\ndimensions:\n  - unit: tokens\n    Burst: 10\n",
+			`dimensions[0]: field "Burst": no such field; the field is spelt "burst"`},
+		{`{"subject":"tenant-7","route":"chat","dimensions":[{"Unit":"tokens","burst":10}]}`,
+			`dimensions[0]: field "Unit": no such field; the field is spelt "unit"`},
+	} {
+		if _, err := parsePolicyFile([]byte(c.file)); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: %v, want an error with %q", c.file, err, c.want)
 		}
 	}
 }

@@ -175,7 +175,7 @@ connections: retry later) and when the server fails while running.
 func runServe(ctx context.Context, e *env, args []string) error {
 	fs := newFlags("serve")
 	addr := fs.String("addr", "127.0.0.1:7070", "")
-	dataDir := fs.String("data-dir", "./capledger-data", "")
+	dataDir := fs.String("data-dir", defaultDataDir, "")
 	storeSpec := fs.String("store", "", "")
 	tokensPath := fs.String("tokens", "", "")
 	shardKeysPath := fs.String("shard-keys", "", "")
@@ -494,6 +494,10 @@ func replicationCheck(ctx context.Context, st store.Store, allowAsync bool, log 
 	}, nil
 }
 
+// defaultDataDir is --data-dir when not given, for serve, migrate and
+// audit --store sqlite alike.
+const defaultDataDir = "./capledger-data"
+
 // pathCheckInterval is how often readiness checks the PostgreSQL
 // connection path again: each check opens two connections of its own.
 const pathCheckInterval = time.Minute
@@ -502,9 +506,8 @@ const pathCheckInterval = time.Minute
 // setting Open found not in effect (postgres.Store.CheckPath; Open
 // refused a path where prepared statements are lost), and returns the
 // readiness check that checks the path again, at most every
-// pathCheckInterval: lost prepared statements make the replica not
-// ready, settings not in effect are shown as warnings. For other stores
-// it returns a nil check.
+// pathCheckInterval (cachedPathCheck). For other stores it returns a nil
+// check.
 func pathCheck(st store.Store, log *slog.Logger) func(context.Context) (string, error) {
 	pg, ok := st.(*postgres.Store)
 	if !ok {
@@ -515,27 +518,32 @@ func pathCheck(st store.Store, log *slog.Logger) func(context.Context) (string, 
 		log.Warn("a session setting the store relies on is not in effect on its connections (a pooler dropping startup parameters?)",
 			"setting", s.Name, "seen", s.Seen, "want", s.Want, "fix", s.Fix())
 	}
+	return cachedPathCheck(settings, pg.CheckPath, time.Now)
+}
+
+// cachedPathCheck returns the readiness check that runs check (two
+// connections of its own) when pathCheckInterval has passed by now since
+// the last run (or since settings were found), and otherwise answers what
+// the last run found: its error, failed (lost prepared statements) or not
+// (the server could not be reached: a probe every few seconds must not
+// add two connection attempts each to a database that is down), until
+// the next run; else the settings not in effect, as warnings.
+func cachedPathCheck(settings []postgres.SettingNotInEffect, check func(context.Context) (postgres.PathReport, error), now func() time.Time) func(context.Context) (string, error) {
 	var mu sync.Mutex
-	checked := time.Now()
-	var lost error
+	checked := now()
+	var failed error
 	return func(ctx context.Context) (string, error) {
 		mu.Lock()
 		defer mu.Unlock()
-		if time.Since(checked) >= pathCheckInterval {
-			report, err := pg.CheckPath(ctx)
-			switch {
-			case err == nil:
-				settings, lost, checked = report.Settings, nil, time.Now()
-			case errors.Is(err, postgres.ErrPreparedStatementsLost):
-				lost, checked = err, time.Now()
-			default:
-				// Not reached now: not ready, and checked again at the
-				// next probe.
-				return "", err
+		if now().Sub(checked) >= pathCheckInterval {
+			report, err := check(ctx)
+			failed, checked = err, now()
+			if err == nil {
+				settings = report.Settings
 			}
 		}
-		if lost != nil {
-			return "", lost
+		if failed != nil {
+			return "", failed
 		}
 		var warnings []string
 		for _, s := range settings {

@@ -30,14 +30,17 @@ var ErrEmptyFirstDocument = errors.New("the first document in the file is empty 
 // does (unknown or duplicate fields are errors) and returns
 // ErrSeveralDocuments when data holds more than one non-empty document,
 // ErrEmptyFirstDocument when its one non-empty document is not the first.
-// Two keys of one object that differ in case alone ("burst" and "Burst")
-// are an error too: encoding/json gives both to one field and keeps one.
+// A key spelt in another case than its field's ("Burst" for "burst") is an
+// error too (ExactKeys): encoding/json would read it as the field.
 func UnmarshalStrict(data []byte, v any) error {
 	if err := yaml.UnmarshalStrict(data, v); err != nil {
 		return err
 	}
-	if err := sameFieldTwice(data, reflect.TypeOf(v)); err != nil {
-		return err
+	if js, err := yaml.YAMLToJSON(data); err == nil {
+		// Not JSON: UnmarshalStrict read it, nothing more to say here.
+		if err := ExactKeys(js, v); err != nil {
+			return err
+		}
 	}
 	dec := yamlv2.NewDecoder(bytes.NewReader(data))
 	documents := 0
@@ -64,23 +67,25 @@ func UnmarshalStrict(data []byte, v any) error {
 	}
 }
 
-// sameFieldTwice reports two keys of one object in data (YAML or JSON, its
-// first document) that name one field of t: encoding/json matches keys to
-// fields regardless of case, so the later overwrites the earlier. The keys
-// of a map are data, not field names: they are not compared.
-func sameFieldTwice(data []byte, t reflect.Type) error {
-	js, err := yaml.YAMLToJSON(data)
-	if err != nil {
-		return nil // UnmarshalStrict read it; nothing more to say here
-	}
-	var doc any
-	if err := json.Unmarshal(js, &doc); err != nil {
+// ExactKeys is the check, for every strict decode of a file an operator
+// wrote (UnmarshalStrict; the JSON files of cmd/capledger), that each key
+// of an object in doc, one JSON value, names a field of v's type exactly
+// as its json tag spells it: encoding/json matches keys regardless of
+// case, so "maxinflight" would set maxInFlight and, beside the real key,
+// one of the two would be dropped. It returns an error naming the key as
+// written, where it is, and the field's spelling. The keys of a map are
+// data, not field names: they are not compared. Keys that name no field
+// at all, and a doc that is not JSON, are the decoder's to refuse: it
+// returns nil for them.
+func ExactKeys(doc []byte, v any) error {
+	var parsed any
+	if err := json.Unmarshal(doc, &parsed); err != nil {
 		return nil
 	}
-	return foldedKeys(doc, t, "")
+	return exactKeys(parsed, reflect.TypeOf(v), "")
 }
 
-func foldedKeys(doc any, t reflect.Type, path string) error {
+func exactKeys(doc any, t reflect.Type, path string) error {
 	for t != nil && t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
@@ -94,23 +99,16 @@ func foldedKeys(doc any, t reflect.Type, path string) error {
 			return nil
 		}
 		fields := jsonFields(t)
-		keys := make([]string, 0, len(obj))
-		for k := range obj {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		seen := map[string]string{} // field name -> the key that named it
-		for _, k := range keys {
-			for name, ft := range fields {
-				if !strings.EqualFold(name, k) {
-					continue
-				}
-				if other, dup := seen[name]; dup {
-					return fmt.Errorf("%s%q and %q name one field regardless of case, and one would be dropped: keep one (%q)", prefix(path), other, k, name)
-				}
-				seen[name] = k
-				if err := foldedKeys(obj[k], ft, join(path, name)); err != nil {
+		for _, k := range sortedKeys(obj) {
+			if ft, ok := fields[k]; ok {
+				if err := exactKeys(obj[k], ft, join(path, k)); err != nil {
 					return err
+				}
+				continue
+			}
+			for name := range fields {
+				if strings.EqualFold(name, k) {
+					return fmt.Errorf("%sfield %q: no such field; the field is spelt %q (field names are case-sensitive)", prefix(path), k, name)
 				}
 			}
 		}
@@ -120,7 +118,7 @@ func foldedKeys(doc any, t reflect.Type, path string) error {
 			return nil
 		}
 		for i, item := range list {
-			if err := foldedKeys(item, t.Elem(), fmt.Sprintf("%s[%d]", path, i)); err != nil {
+			if err := exactKeys(item, t.Elem(), fmt.Sprintf("%s[%d]", path, i)); err != nil {
 				return err
 			}
 		}
@@ -129,18 +127,22 @@ func foldedKeys(doc any, t reflect.Type, path string) error {
 		if !ok {
 			return nil
 		}
-		keys := make([]string, 0, len(obj))
-		for k := range obj {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		for _, k := range keys {
-			if err := foldedKeys(obj[k], t.Elem(), join(path, k)); err != nil {
+		for _, k := range sortedKeys(obj) {
+			if err := exactKeys(obj[k], t.Elem(), join(path, k)); err != nil {
 				return err
 			}
 		}
 	}
 	return nil
+}
+
+func sortedKeys(obj map[string]any) []string {
+	keys := make([]string, 0, len(obj))
+	for k := range obj {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
 }
 
 func join(path, name string) string {

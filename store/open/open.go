@@ -56,18 +56,18 @@ type Options struct {
 
 // OpenWith is Open with options.
 func OpenWith(ctx context.Context, spec, dataDir string, opts Options) (store.Store, error) {
-	scheme, rest, hasScheme := strings.Cut(spec, ":")
-	switch {
-	case spec == "" || spec == "sqlite":
-		if dataDir == "" {
-			return nil, errors.New("open store: no data directory for the default SQLite store (give one, or a sqlite:PATH store)")
-		}
-		if err := os.MkdirAll(dataDir, 0o700); err != nil {
+	loc, err := parseSpec(spec, dataDir)
+	if err != nil {
+		return nil, err
+	}
+	switch loc.kind {
+	case kindSQLiteDataDir:
+		if err := os.MkdirAll(loc.path, 0o700); err != nil {
 			return nil, fmt.Errorf("open store: data directory: %w", err)
 		}
-		return openSQLite(ctx, filepath.Join(dataDir, DefaultFile), opts)
+		return openSQLite(ctx, filepath.Join(loc.path, DefaultFile), opts)
 
-	case spec == "memory":
+	case kindMemory:
 		if opts.CacheRows != 0 {
 			return nil, errors.New("open store: a row cache is for SQLite; the memory store holds every row in memory")
 		}
@@ -76,28 +76,64 @@ func OpenWith(ctx context.Context, spec, dataDir string, opts Options) (store.St
 		}
 		return memstore.New(), nil
 
+	case kindSQLiteFile:
+		return openSQLite(ctx, loc.path, opts)
+	}
+	// PostgreSQL: the store for several `capledger serve` replicas.
+	if opts.CacheRows != 0 {
+		return nil, errors.New("open store: a row cache is for SQLite; the PostgreSQL store has none (its server caches pages: shared_buffers)")
+	}
+	if opts.PipelinedSync {
+		return nil, errors.New("open store: pipelined sync is for SQLite; a PostgreSQL COMMIT waits for its own WAL flush (keep synchronous_commit on)")
+	}
+	s, err := postgres.Open(ctx, loc.path)
+	if err != nil {
+		return nil, fmt.Errorf("open store postgres: %w", err)
+	}
+	return s, nil
+}
+
+// kind is the sort of store a spec names.
+type kind int
+
+const (
+	kindSQLiteDataDir kind = iota // "" or "sqlite": DefaultFile in the data directory
+	kindSQLiteFile                // "sqlite:PATH"
+	kindMemory                    // "memory"
+	kindPostgres                  // "postgres://..." or "postgresql://..."
+)
+
+// location is a parsed spec: its kind and its path (the data directory,
+// the SQLite file, or the PostgreSQL URL; empty for memory).
+type location struct {
+	kind kind
+	path string
+}
+
+// parseSpec is the one reading of a --store spec and a data directory,
+// for OpenWith, OpenReadOnly and SQLitePath alike. It returns an error
+// naming the accepted forms for an unknown spec, and one for "" or
+// "sqlite" without a dataDir.
+func parseSpec(spec, dataDir string) (location, error) {
+	scheme, rest, hasScheme := strings.Cut(spec, ":")
+	switch {
+	case spec == "" || spec == "sqlite":
+		if dataDir == "" {
+			return location{}, errors.New("open store: no data directory for the default SQLite store (give one, or a sqlite:PATH store)")
+		}
+		return location{kindSQLiteDataDir, dataDir}, nil
+	case spec == "memory":
+		return location{kind: kindMemory}, nil
 	case hasScheme && scheme == "sqlite":
 		path, err := sqliteURLPath(spec, rest)
 		if err != nil {
-			return nil, err
+			return location{}, err
 		}
-		return openSQLite(ctx, path, opts)
-
-	// PostgreSQL: the store for several `capledger serve` replicas.
+		return location{kindSQLiteFile, path}, nil
 	case hasScheme && (scheme == "postgres" || scheme == "postgresql"):
-		if opts.CacheRows != 0 {
-			return nil, errors.New("open store: a row cache is for SQLite; the PostgreSQL store has none (its server caches pages: shared_buffers)")
-		}
-		if opts.PipelinedSync {
-			return nil, errors.New("open store: pipelined sync is for SQLite; a PostgreSQL COMMIT waits for its own WAL flush (keep synchronous_commit on)")
-		}
-		s, err := postgres.Open(ctx, spec)
-		if err != nil {
-			return nil, fmt.Errorf("open store postgres: %w", err)
-		}
-		return s, nil
+		return location{kindPostgres, spec}, nil
 	}
-	return nil, fmt.Errorf("open store: unknown store %q; accepted forms: %s", spec, Forms)
+	return location{}, fmt.Errorf("open store: unknown store %q; accepted forms: %s", spec, Forms)
 }
 
 // sqliteURLPath returns the file a "sqlite:REST" spec names.
@@ -153,19 +189,14 @@ func isDir(path string) bool {
 // SQLitePath returns the database file a SQLite spec names (in dataDir for
 // "" and "sqlite"), and false for another store or a spec OpenWith refuses.
 func SQLitePath(spec, dataDir string) (string, bool) {
-	scheme, rest, hasScheme := strings.Cut(spec, ":")
+	loc, err := parseSpec(spec, dataDir)
 	switch {
-	case spec == "" || spec == "sqlite":
-		if dataDir == "" {
-			return "", false
-		}
-		return filepath.Join(dataDir, DefaultFile), true
-	case hasScheme && scheme == "sqlite":
-		path, err := sqliteURLPath(spec, rest)
-		if err != nil || sqlite.CheckPath(path) != nil {
-			return "", false
-		}
-		return path, true
+	case err != nil:
+		return "", false
+	case loc.kind == kindSQLiteDataDir:
+		return filepath.Join(loc.path, DefaultFile), true
+	case loc.kind == kindSQLiteFile && sqlite.CheckPath(loc.path) == nil:
+		return loc.path, true
 	}
 	return "", false
 }

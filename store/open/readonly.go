@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"strings"
 
 	"github.com/capledger/capledger/store"
 	"github.com/capledger/capledger/store/postgres"
@@ -19,33 +18,27 @@ import (
 // creates nothing. A schema older or newer than the binary's is an error
 // saying so; "memory" is refused (there is nothing to read).
 func OpenReadOnly(ctx context.Context, spec, dataDir string) (store.Store, error) {
-	scheme, rest, hasScheme := strings.Cut(spec, ":")
-	switch {
-	case spec == "" || spec == "sqlite":
-		if dataDir == "" {
-			return nil, errors.New("open store: no data directory or database file to read")
-		}
-		path := dataDir
-		if isDir(dataDir) {
-			path = filepath.Join(dataDir, DefaultFile)
-		}
-		return sqliteReadOnly(ctx, path)
-	case hasScheme && scheme == "sqlite":
-		path, err := sqliteURLPath(spec, rest)
-		if err != nil {
-			return nil, err
+	loc, err := parseSpec(spec, dataDir)
+	if err != nil {
+		return nil, err
+	}
+	switch loc.kind {
+	case kindSQLiteDataDir:
+		path := loc.path
+		if isDir(path) {
+			path = filepath.Join(path, DefaultFile)
 		}
 		return sqliteReadOnly(ctx, path)
-	case hasScheme && (scheme == "postgres" || scheme == "postgresql"):
-		s, err := postgres.OpenReadOnly(ctx, spec)
-		if err != nil {
-			return nil, fmt.Errorf("open store postgres: %w", err)
-		}
-		return s, nil
-	case spec == "memory":
+	case kindSQLiteFile:
+		return sqliteReadOnly(ctx, loc.path)
+	case kindMemory:
 		return nil, errors.New("open store: the memory store holds nothing outside the process that made it; nothing to read")
 	}
-	return nil, fmt.Errorf("open store: unknown store %q; accepted forms: %s", spec, Forms)
+	s, err := postgres.OpenReadOnly(ctx, loc.path)
+	if err != nil {
+		return nil, fmt.Errorf("open store postgres: %w", err)
+	}
+	return s, nil
 }
 
 func sqliteReadOnly(ctx context.Context, path string) (store.Store, error) {

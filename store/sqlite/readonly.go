@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -13,6 +14,15 @@ import (
 // ErrSchemaTooOld is returned by OpenReadOnly for a database this binary
 // would migrate before using it: a read-only store does not migrate.
 var ErrSchemaTooOld = errors.New("database schema is older than this binary")
+
+// ErrNotADatabase is returned by OpenReadOnly for a file that is not a
+// SQLite database (a text file, a tarball): bad input, not a store that
+// is unavailable.
+var ErrNotADatabase = errors.New("not a SQLite database")
+
+// sqliteHeader opens every SQLite database file (the file format's first
+// 16 bytes).
+const sqliteHeader = "SQLite format 3\x00"
 
 // errReadOnly answers every write to a store opened with OpenReadOnly.
 var errReadOnly = errors.New("sqlite store opened read-only")
@@ -23,7 +33,9 @@ var errReadOnly = errors.New("sqlite store opened read-only")
 // (SQLite's mode=ro), so a backup can be audited before it is restored
 // and a data directory whose server will not start can be audited as it
 // is. Its schema must be the binary's: an older one is an error wrapping
-// ErrSchemaTooOld, a newer one ErrSchemaTooNew. Begin fails.
+// ErrSchemaTooOld, a newer one ErrSchemaTooNew; a file that does not
+// begin with SQLite's header is an error wrapping ErrNotADatabase, naming
+// the file. Begin fails.
 //
 // A server may be writing the file meanwhile: SQLite's WAL lets a reader
 // beside the writer, and each read transaction (an audit's is one) sees
@@ -42,6 +54,9 @@ func OpenReadOnly(ctx context.Context, path string) (*Store, error) {
 	}
 	if fi.IsDir() {
 		return nil, fmt.Errorf("open sqlite %s read-only: a directory, not a database file", path)
+	}
+	if err := checkHeader(path, fi); err != nil {
+		return nil, fmt.Errorf("open sqlite %s read-only: %w", path, err)
 	}
 	abs, err := filepath.Abs(path)
 	if err != nil {
@@ -70,6 +85,32 @@ func OpenReadOnly(ctx context.Context, path string) (*Store, error) {
 		return nil, fmt.Errorf("open sqlite %s read-only: %w", path, translate(ctx, err))
 	}
 	return s, nil
+}
+
+// checkHeader returns an error wrapping ErrNotADatabase when the
+// regular file at path (fi) does not begin with SQLite's header. An empty
+// file passes (SQLite reads it as an empty database; the schema check
+// then says it holds no capledger tables), and so does a file it cannot
+// read or that is not a regular file (opening a FIFO would wait): SQLite's
+// own open reports those as it always did.
+func checkHeader(path string, fi os.FileInfo) error {
+	if fi.Size() == 0 || !fi.Mode().IsRegular() {
+		return nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	head := make([]byte, len(sqliteHeader))
+	n, err := io.ReadFull(f, head)
+	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) {
+		return nil
+	}
+	if string(head[:n]) != sqliteHeader {
+		return fmt.Errorf("the file is %w (its first bytes are not SQLite's header): give a data directory or a SQLite database file", ErrNotADatabase)
+	}
+	return nil
 }
 
 // checkSchemaCurrent returns nil when db's schema is the binary's, else
