@@ -506,8 +506,9 @@ const pathCheckInterval = time.Minute
 // setting Open found not in effect (postgres.Store.CheckPath; Open
 // refused a path where prepared statements are lost), and returns the
 // readiness check that checks the path again, at most every
-// pathCheckInterval (cachedPathCheck). For other stores it returns a nil
-// check.
+// pathCheckInterval: lost prepared statements make the replica not
+// ready, settings not in effect are shown as warnings. For other stores
+// it returns a nil check.
 func pathCheck(st store.Store, log *slog.Logger) func(context.Context) (string, error) {
 	pg, ok := st.(*postgres.Store)
 	if !ok {
@@ -518,32 +519,27 @@ func pathCheck(st store.Store, log *slog.Logger) func(context.Context) (string, 
 		log.Warn("a session setting the store relies on is not in effect on its connections (a pooler dropping startup parameters?)",
 			"setting", s.Name, "seen", s.Seen, "want", s.Want, "fix", s.Fix())
 	}
-	return cachedPathCheck(settings, pg.CheckPath, time.Now)
-}
-
-// cachedPathCheck returns the readiness check that runs check (two
-// connections of its own) when pathCheckInterval has passed by now since
-// the last run (or since settings were found), and otherwise answers what
-// the last run found: its error, failed (lost prepared statements) or not
-// (the server could not be reached: a probe every few seconds must not
-// add two connection attempts each to a database that is down), until
-// the next run; else the settings not in effect, as warnings.
-func cachedPathCheck(settings []postgres.SettingNotInEffect, check func(context.Context) (postgres.PathReport, error), now func() time.Time) func(context.Context) (string, error) {
 	var mu sync.Mutex
-	checked := now()
-	var failed error
+	checked := time.Now()
+	var lost error
 	return func(ctx context.Context) (string, error) {
 		mu.Lock()
 		defer mu.Unlock()
-		if now().Sub(checked) >= pathCheckInterval {
-			report, err := check(ctx)
-			failed, checked = err, now()
-			if err == nil {
-				settings = report.Settings
+		if time.Since(checked) >= pathCheckInterval {
+			report, err := pg.CheckPath(ctx)
+			switch {
+			case err == nil:
+				settings, lost, checked = report.Settings, nil, time.Now()
+			case errors.Is(err, postgres.ErrPreparedStatementsLost):
+				lost, checked = err, time.Now()
+			default:
+				// Not reached now: not ready, and checked again at the
+				// next probe.
+				return "", err
 			}
 		}
-		if failed != nil {
-			return "", failed
+		if lost != nil {
+			return "", lost
 		}
 		var warnings []string
 		for _, s := range settings {
