@@ -305,7 +305,9 @@ func refillWait(a *Account, d *Dimension, i int, shortfall Units, now time.Time)
 	if wait < time.Second {
 		wait = time.Second
 	}
-	if wait > MaxRetryAfter {
+	// MaxRetryAfter is whole seconds, so every wait in its last second
+	// rounds up to it; adding the second below would overflow there.
+	if wait > MaxRetryAfter-time.Second {
 		return MaxRetryAfter
 	}
 	return (wait + time.Second - 1).Truncate(time.Second)
