@@ -171,8 +171,9 @@ type Dimension struct {
 	Burst Units
 	// MaxReservation is the largest single reservation (0: Burst).
 	MaxReservation Units
-	// MaxOverdraft is the overuse the policy tolerates on one settle. Usage
-	// beyond it is still recorded in full as debt (a breach), never dropped.
+	// MaxOverdraft is the debt one settle may create without a breach
+	// (overuse that available covers is no debt). More debt is still
+	// recorded in full (a breach), never dropped.
 	MaxOverdraft Units
 }
 
