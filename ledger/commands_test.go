@@ -658,3 +658,33 @@ func TestPublishRefusesExecutionLimitsAndRefillIntervalsBelowTheMinimum(t *testi
 		t.Fatalf("the minimums: %+v", res)
 	}
 }
+
+// Epochs count from the zero time (year 1), so an epoch length that
+// divides the 62,135,596,800 s from there to 1970-01-01 and is longer
+// than the years since puts the current epoch's start exactly on the Unix
+// epoch, which the stores keep as "no time" (int64 Unix nanoseconds 0):
+// every command under such a policy (epochLength "3106779840s", 98
+// years) then failed with a 503 no retry cured. No epoch of at most
+// MaxEpochLength (50 years) starts there from 2021 on, so publishing refuses
+// longer ones; the maximum publishes and admits.
+func TestPublishRefusesEpochsLongerThanTheMaximum(t *testing.T) {
+	c := newChecked(t)
+	for _, length := range []time.Duration{3106779840 * time.Second, ledger.MaxEpochLength + time.Nanosecond, time.Duration(math.MaxInt64)} {
+		p := policyOf(tokens(1000, 100))
+		p.EpochLength = length
+		res := c.apply(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: p})
+		if !errors.Is(res.Err, ledger.ErrInvalidPolicy) || !strings.Contains(res.Err.Error(), "epochLength "+length.String()+" is longer than the maximum "+ledger.MaxEpochLength.String()) {
+			t.Errorf("epoch length %s: %+v", length, res)
+		}
+	}
+	if ledger.MaxEpochLength > time.Duration(time.Date(2021, 1, 1, 0, 0, 0, 0, time.UTC).Sub(time.Unix(0, 0))) {
+		t.Fatalf("MaxEpochLength %s: an epoch of it could start at the Unix epoch in 2021 or later", ledger.MaxEpochLength)
+	}
+	p := policyOf(tokens(1000, 100))
+	p.EpochLength = ledger.MaxEpochLength
+	c.publish(p)
+	res := c.must(c.reserve("a", 10))
+	if start := res.Reservation.AccountingEpoch; start.UnixNano() == 0 || start.After(c.now) || !c.now.Before(start.Add(ledger.MaxEpochLength)) {
+		t.Fatalf("accounting epoch %s for now %s under a %s epoch", start, c.now, ledger.MaxEpochLength)
+	}
+}

@@ -2,6 +2,7 @@ package ledger_test
 
 import (
 	"errors"
+	"math"
 	"testing"
 	"time"
 
@@ -360,5 +361,45 @@ func TestRetireKeepsTheOverdraftOfWhatItRemoves(t *testing.T) {
 	rt, ok := c.m.Retained(c.account(g).Key)
 	if !ok || rt.Reservations != 1 || rt.Spent[0] != 130 || rt.Overdraft[0] != 30 {
 		t.Fatalf("retained after retiring a settle of 130 against 100 held: %+v, want 1 reservation, 130 spent, 30 overdraft", rt)
+	}
+}
+
+// A policy may hold a hold TTL and an execution limit up to the longest
+// Duration (about 292 years; API.md, Durations), but a store keeps times
+// as int64 Unix nanoseconds, which end in 2262: a deadline computed as
+// now + 292 years could not be stored, and every Reserve (or Start) under
+// such a policy failed as a 503 that no retry could cure. The deadline is
+// given as LatestTime instead, which every store keeps and which is as
+// unreachable.
+func TestDeadlinesBeyondTheStorableRangeAreLatestTime(t *testing.T) {
+	c := newChecked(t)
+	p := policyOf(tokens(100, 10))
+	p.HoldTTL, p.ExecutionLimit = time.Duration(math.MaxInt64), time.Duration(math.MaxInt64)
+	c.publish(p)
+	storable := func(what string, at time.Time) {
+		t.Helper()
+		if !at.Equal(ledger.LatestTime) || !time.Unix(0, at.UnixNano()).Equal(at) {
+			t.Fatalf("%s %s: want LatestTime %s, a time int64 Unix nanoseconds hold", what, at, ledger.LatestTime)
+		}
+	}
+	res := c.must(c.reserve("a", 10))
+	storable("expiresAt", res.Reservation.ExpiresAt)
+	res = c.must(c.start("a"))
+	storable("executionDeadline", res.Reservation.ExecutionDeadline)
+	if !ledger.LatestTime.Equal(time.Unix(0, math.MaxInt64)) {
+		t.Fatalf("LatestTime %s is not the last int64 Unix nanosecond", ledger.LatestTime)
+	}
+	// Short limits keep now + the limit.
+	c2 := newChecked(t)
+	p2 := policyOf(tokens(100, 10))
+	p2.HoldTTL, p2.ExecutionLimit = time.Minute, time.Hour
+	c2.publish(p2)
+	res = c2.must(c2.reserve("a", 10))
+	if want := c2.now.Add(time.Minute); !res.Reservation.ExpiresAt.Equal(want) {
+		t.Fatalf("expiresAt %s, want %s", res.Reservation.ExpiresAt, want)
+	}
+	res = c2.must(c2.start("a"))
+	if want := c2.now.Add(time.Hour); !res.Reservation.ExecutionDeadline.Equal(want) {
+		t.Fatalf("executionDeadline %s, want %s", res.Reservation.ExecutionDeadline, want)
 	}
 }

@@ -23,6 +23,13 @@ const (
 	// ended epochs once a second: a shorter epoch closed one on nearly
 	// every command of a busy account, faster than the worker looks.
 	MinEpochLength = time.Second
+	// MaxEpochLength is the longest accounting epoch a policy may set, 50
+	// years of 365.25 days. Epochs count from the zero time (year 1); one
+	// longer than the years since 1970 whose length divides the time from
+	// year 1 to 1970 (98 years does) would start exactly at the Unix epoch,
+	// which the stores keep as no time at all. No epoch of at most 50 years
+	// starts there from 2021 on.
+	MaxEpochLength = 50 * 8766 * time.Hour
 	// MinExecutionLimit is the shortest execution limit a policy may set
 	// (0 is none). The limit is a hard stop on started work, marked
 	// USAGE_UNKNOWN by a worker that runs every worker interval (250 ms
@@ -102,6 +109,8 @@ func (p *Policy) Validate() error {
 		return invalidPolicy("executionLimit %s is shorter than the minimum %s (leave it out for no limit)", p.ExecutionLimit, MinExecutionLimit)
 	case p.EpochLength < MinEpochLength:
 		return invalidPolicy("epoch length %s is shorter than the minimum %s", p.EpochLength, MinEpochLength)
+	case p.EpochLength > MaxEpochLength:
+		return invalidPolicy("epochLength %s is longer than the maximum %s", p.EpochLength, MaxEpochLength)
 	case p.FairnessWeight <= 0:
 		return invalidPolicy("fairness weight must be positive")
 	case p.FairnessWeight > MaxFairnessWeight:

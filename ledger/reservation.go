@@ -147,7 +147,7 @@ func reserve(b Book, cmd *Command, now time.Time, res *Result) {
 	r := newReservation(b)
 	r.ID, r.RequestDigest, r.Account = cmd.ReservationID, cmd.RequestDigest, a.Key
 	r.AccountingEpoch, r.Reserved, r.State = a.EpochStart, cmd.Units, StateReserved
-	r.CreatedAt, r.ExpiresAt = now, now.Add(p.HoldTTL)
+	r.CreatedAt, r.ExpiresAt = now, deadline(now, p.HoldTTL)
 	journal(b, a, &before, KindReserve, r.ID, StateRequested, StateReserved, "", now)
 	b.AccountPut(a)
 	b.ReservationPut(r)
@@ -305,7 +305,9 @@ func refillWait(a *Account, d *Dimension, i int, shortfall Units, now time.Time)
 	if wait < time.Second {
 		wait = time.Second
 	}
-	if wait > MaxRetryAfter {
+	// MaxRetryAfter is whole seconds, so every wait in its last second
+	// rounds up to it; adding the second below would overflow there.
+	if wait > MaxRetryAfter-time.Second {
 		return MaxRetryAfter
 	}
 	return (wait + time.Second - 1).Truncate(time.Second)
@@ -530,7 +532,7 @@ func start(b Book, id, operationID string, now time.Time, res *Result) {
 		r.OperationID = operationID
 		r.StartedAt = now
 		if p, ok := b.Policy(r.Account.Generation); ok && p.ExecutionLimit > 0 {
-			r.ExecutionDeadline = now.Add(p.ExecutionLimit)
+			r.ExecutionDeadline = deadline(now, p.ExecutionLimit)
 		}
 		transition(b, r, StateReserved, KindStart, now)
 		res.Reservation, res.Generation = *r, r.Account.Generation

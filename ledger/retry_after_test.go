@@ -103,3 +103,27 @@ func (r *splitmix) next() uint64 {
 // Int64N and IntN return a value in [0, n) for n > 0.
 func (r *splitmix) Int64N(n int64) int64 { return int64(r.next() % uint64(n)) }
 func (r *splitmix) IntN(n int) int       { return int(r.next() % uint64(n)) }
+
+// A wait a moment short of MaxRetryAfter rounds up to it. Rounding up to
+// whole seconds added almost a second to the wait first, which overflowed
+// for waits in the last second below the longest Duration: a reserve 100
+// ms after the refill cursor under a refill interval of 9223372036s (the
+// longest a policy takes) then got a negative retry-after, and over the
+// API a 429 without Retry-After, as if refill could never make room.
+func TestRetryAfterJustBelowTheLongestRoundsUpToIt(t *testing.T) {
+	for _, late := range []time.Duration{time.Nanosecond, 100 * time.Millisecond, time.Second - time.Nanosecond} {
+		c := newChecked(t)
+		d := tokens(10, 1)
+		d.RefillInterval = ledger.MaxRetryAfter
+		c.publish(policyOf(d))
+		c.must(c.reserve("all", 10))
+		c.must(c.start("all"))
+		c.must(c.settle("all", 10))
+		c.advance(late)
+		res := c.reserve("one", 1)
+		if !errors.Is(res.Err, ledger.ErrInsufficientCapacity) || res.RetryAfter != ledger.MaxRetryAfter {
+			t.Errorf("%v after the cursor, one interval of %v away: %v, retry-after %v, want %v",
+				late, ledger.MaxRetryAfter, res.Err, res.RetryAfter, ledger.MaxRetryAfter)
+		}
+	}
+}

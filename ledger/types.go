@@ -13,6 +13,7 @@ package ledger
 import (
 	"cmp"
 	"fmt"
+	"math"
 	"time"
 )
 
@@ -45,6 +46,22 @@ const MaxUnits Units = 1 << 53
 // as part of a settle and cannot simply be refused, so bounding it needs a
 // design of its own.
 const MaxLifetimeUnits Units = 1 << 58
+
+// LatestTime is the latest deadline the ledger gives: the last instant of
+// int64 Unix nanoseconds (2262-04-11T23:47:16.854775807Z), the range every
+// store keeps times in. A policy may hold a hold TTL or an execution limit
+// up to the longest Duration (about 292 years), so now plus one can fall
+// past it; such a deadline (ExpiresAt, ExecutionDeadline) is LatestTime,
+// as unreachable as the sum and storable.
+var LatestTime = time.Unix(0, math.MaxInt64).UTC()
+
+// deadline is now + d, or LatestTime when that is later.
+func deadline(now time.Time, d time.Duration) time.Time {
+	if t := now.Add(d); t.Before(LatestTime) {
+		return t
+	}
+	return LatestTime
+}
 
 // MaxKeyBytes bounds each of an account key's subject, route and region:
 // the PostgreSQL store keys accounts, policy heads, statements and
@@ -154,8 +171,9 @@ type Dimension struct {
 	Burst Units
 	// MaxReservation is the largest single reservation (0: Burst).
 	MaxReservation Units
-	// MaxOverdraft is the overuse the policy tolerates on one settle. Usage
-	// beyond it is still recorded in full as debt (a breach), never dropped.
+	// MaxOverdraft is the debt one settle may create without a breach
+	// (overuse that available covers is no debt). More debt is still
+	// recorded in full (a breach), never dropped.
 	MaxOverdraft Units
 }
 

@@ -115,9 +115,10 @@ func rejection(res *ledger.Result, reason string) *v1.RejectionDetail {
 // second resolution, and rounding down would invite a retry that must fail).
 // A wait beyond ledger.MaxRetryAfter (the ledger's answer to a shortfall
 // refills would take centuries to cover) is ledger.MaxRetryAfter: rounding
-// it up would overflow into a negative Retry-After.
+// it up would overflow into a negative Retry-After; so would a wait in the
+// last second below it, which rounds up to it.
 func retryAfterSeconds(d time.Duration) time.Duration {
-	if d >= ledger.MaxRetryAfter {
+	if d > ledger.MaxRetryAfter-time.Second {
 		return ledger.MaxRetryAfter
 	}
 	return (d + time.Second - 1).Truncate(time.Second)

@@ -94,3 +94,23 @@ func TestRetryAfterOfAnUnpayableDebtIsTheLongestWait(t *testing.T) {
 		}
 	}
 }
+
+// RetryAfterSeconds rounds up to whole seconds, and every wait in the
+// last second below ledger.MaxRetryAfter rounds up to it: adding almost a
+// second first overflowed there into a negative wait (Envoy's reset
+// seconds and windows use it with waits not rounded by the ledger).
+func TestRetryAfterSecondsJustBelowTheLongestWait(t *testing.T) {
+	for d, want := range map[time.Duration]time.Duration{
+		time.Nanosecond:                             time.Second,
+		1500 * time.Millisecond:                     2 * time.Second,
+		ledger.MaxRetryAfter - time.Second:          ledger.MaxRetryAfter - time.Second,
+		ledger.MaxRetryAfter - time.Second + 1:      ledger.MaxRetryAfter,
+		ledger.MaxRetryAfter - 100*time.Millisecond: ledger.MaxRetryAfter,
+		ledger.MaxRetryAfter:                        ledger.MaxRetryAfter,
+		time.Duration(1<<63 - 1):                    ledger.MaxRetryAfter,
+	} {
+		if got := server.RetryAfterSeconds(d); got != want {
+			t.Errorf("RetryAfterSeconds(%v) = %v, want %v", d, got, want)
+		}
+	}
+}

@@ -222,8 +222,9 @@ type Dimension struct {
 	// Largest single reservation (0 on publish: the burst). Larger estimates
 	// are rejected with reason RESERVATION_TOO_LARGE.
 	MaxReservation int64 `protobuf:"varint,5,opt,name=max_reservation,json=maxReservation,proto3" json:"max_reservation,omitempty"`
-	// Overuse tolerated on one settle. Usage beyond it is still recorded in
-	// full as debt and counted as a breach.
+	// Debt one settle may create without a breach (overuse that available
+	// capacity covers is no debt). More debt is still recorded in full and
+	// counted as a breach.
 	MaxOverdraft  int64 `protobuf:"varint,6,opt,name=max_overdraft,json=maxOverdraft,proto3" json:"max_overdraft,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
