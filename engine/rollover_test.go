@@ -341,6 +341,11 @@ func TestDrainPagesCrossEntriesLeftBehind(t *testing.T) {
 	if err != nil || ran != accounts {
 		t.Fatalf("RunDrains ran %d drains, %v; want %d", ran, err, accounts)
 	}
+	// Drains are worker commands (capledger_worker_commands_total,
+	// /statusz workerCommands; docs/API.md, "Metrics").
+	if got := e.Stats().WorkerCmds; got != accounts {
+		t.Fatalf("worker commands after the drains: %d, want %d", got, accounts)
+	}
 }
 
 // RunDrains counts only drains that moved something: a superseded

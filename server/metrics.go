@@ -97,7 +97,7 @@ func (m *Metrics) registerEngine(l Ledger) {
 			func(s engine.Stats) uint64 { return s.Conflicts }),
 		counter("capledger_batch_failures_total", "Batches that failed (store unavailable or conflicts exhausted).",
 			func(s engine.Stats) uint64 { return s.Failures }),
-		counter("capledger_worker_commands_total", "Commands run by the expiry, unknown-usage and epoch workers.",
+		counter("capledger_worker_commands_total", "Commands run by the expiry, unknown-usage, epoch and drain workers.",
 			func(s engine.Stats) uint64 { return s.WorkerCmds }),
 	)
 }

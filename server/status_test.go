@@ -263,3 +263,51 @@ func TestStatusShowsTheSubjectIndex(t *testing.T) {
 		t.Errorf("in-memory store: /metrics shows %q", got)
 	}
 }
+
+// leaseUnreadable is a store whose worker lease row cannot be read, as on
+// PostgreSQL when the leases table does not answer while the rest does.
+type leaseUnreadable struct{ store.Store }
+
+func (leaseUnreadable) LeaseAcquire(context.Context, string, string, time.Duration) (store.Lease, error) {
+	return store.Lease{}, errors.New("lease workers: the leases table does not answer")
+}
+
+// A replica whose lease attempts failed before it ever read the lease row
+// knows no holder, fence or expiry: /statusz shows no holder and no
+// leaseExpires, fence 0 and the error, and /metrics a fence of 0
+// (docs/API.md: holder and leaseExpires are absent until the lease was
+// first read, not only before the first attempt).
+func TestStatusBeforeTheLeaseWasRead(t *testing.T) {
+	h := newHarness(t, harnessOptions{workers: true, wrapStore: func(st store.Store) store.Store { return leaseUnreadable{st} }})
+	var workers map[string]any
+	for i := 0; ; i++ {
+		var raw struct {
+			Workers map[string]any `json:"workers"`
+		}
+		if err := json.Unmarshal([]byte(h.get("/statusz")), &raw); err != nil {
+			t.Fatal(err)
+		}
+		workers = raw.Workers
+		if _, failed := workers["leaseError"]; failed || i > 500 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond) // the first lease attempt runs on its own goroutine
+	}
+	var keys []string
+	for k := range workers {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	if got, want := strings.Join(keys, ","), "fence,leader,leaseError,self"; got != want {
+		t.Fatalf("/statusz workers has %s, want %s: %v", got, want, workers)
+	}
+	if workers["fence"] != 0.0 || workers["leader"] != false {
+		t.Fatalf("lease never read: /statusz workers %v, want fence 0, not leader", workers)
+	}
+	metrics := h.get("/metrics")
+	for _, want := range []string{"capledger_worker_leader 0\n", "capledger_worker_lease_fence 0\n"} {
+		if !strings.Contains(metrics, want) {
+			t.Fatalf("/metrics lacks %q:\n%s", want, grep(metrics, "capledger_worker_le"))
+		}
+	}
+}
