@@ -197,7 +197,11 @@ type Resolver struct {
 	clock  func() time.Time
 	commit func(ctx context.Context, cmds []ledger.Command) ([]ledger.Result, error)
 	log    *slog.Logger
-	opts   ResolverOptions
+	// fails rate-limits the warnings of store reads and writes that keep
+	// failing (a store that is down fails every scan, twice a second at
+	// the default interval), as the engine's workers do.
+	fails failLog
+	opts  ResolverOptions
 
 	mu       sync.Mutex
 	rng      *rand.Rand
@@ -374,10 +378,11 @@ func (r *Resolver) ScanWhile(ctx context.Context, leading func() bool) {
 		rows, err := r.store.ReservationsUnknown(ctx, store.UnknownFilter{After: after, Limit: r.opts.PageSize})
 		if err != nil {
 			if ctx.Err() == nil {
-				r.log.Warn("resolver: read backlog", "err", err)
+				r.fails.failed(r.log, "resolver: read backlog", err)
 			}
 			return
 		}
+		r.fails.ok(r.log, "resolver: read backlog")
 		r.page(ctx, rows, leading)
 		r.mu.Lock()
 		if len(rows) < r.opts.PageSize {
@@ -658,7 +663,7 @@ func (r *Resolver) askRoute(ctx context.Context, route string, rows []*ledger.Re
 		// Outcome unknown: the next scan sees whether they settled, and a
 		// second settle with the same receipt replays.
 		if ctx.Err() == nil {
-			r.log.Warn("resolver: settle batch", "commands", len(cmds), "err", err)
+			r.fails.failed(r.log, "resolver: settle batch", err, "commands", len(cmds))
 		}
 		for _, i := range settling {
 			heard[i] = store.ResolverAnswer{Answer: AnswerError, Detail: "settle: " + err.Error()}
@@ -666,6 +671,7 @@ func (r *Resolver) askRoute(ctx context.Context, route string, rows []*ledger.Re
 		}
 		return
 	}
+	r.fails.ok(r.log, "resolver: settle batch")
 	for k, i := range settling {
 		row, res := due[i], &results[k]
 		switch {

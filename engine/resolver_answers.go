@@ -54,10 +54,11 @@ func (r *Resolver) storedAnswers(ctx context.Context, rows []ledger.Reservation)
 	list, err := as.ResolverAnswersGet(ctx, ids)
 	if err != nil {
 		if ctx.Err() == nil {
-			r.log.Warn("resolver: read stored answers", "err", err)
+			r.fails.failed(r.log, "resolver: read stored answers", err)
 		}
 		return nil
 	}
+	r.fails.ok(r.log, "resolver: read stored answers")
 	out := make(map[string]store.ResolverAnswer, len(list))
 	for _, a := range list {
 		out[a.ReservationID] = a
@@ -88,8 +89,11 @@ func (r *Resolver) recordAnswers(ctx context.Context, due []*ledger.Reservation,
 	if len(put) == 0 {
 		return
 	}
-	if err := as.ResolverAnswersPut(ctx, put); err != nil && ctx.Err() == nil {
-		r.log.Warn("resolver: record answers", "answers", len(put), "err", err)
+	switch err := as.ResolverAnswersPut(ctx, put); {
+	case err == nil:
+		r.fails.ok(r.log, "resolver: record answers")
+	case ctx.Err() == nil:
+		r.fails.failed(r.log, "resolver: record answers", err, "answers", len(put))
 	}
 }
 
@@ -100,7 +104,10 @@ func (r *Resolver) pruneAnswers(ctx context.Context) {
 	if as == nil {
 		return
 	}
-	if _, err := as.ResolverAnswersPrune(ctx); err != nil && ctx.Err() == nil {
-		r.log.Warn("resolver: prune answers", "err", err)
+	switch _, err := as.ResolverAnswersPrune(ctx); {
+	case err == nil:
+		r.fails.ok(r.log, "resolver: prune answers")
+	case ctx.Err() == nil:
+		r.fails.failed(r.log, "resolver: prune answers", err)
 	}
 }

@@ -253,10 +253,11 @@ func (e *Engine) reclaim(ctx context.Context, what string) {
 		more, err := r.ReclaimStep(ctx, reclaimStepPages)
 		if err != nil {
 			if ctx.Err() == nil {
-				e.log.Warn(what+" reclaim", "err", err)
+				e.failLog.failed(e.log, what+" reclaim", err)
 			}
 			return
 		}
+		e.failLog.ok(e.log, what+" reclaim")
 		if !more || !pace.wait(ctx, time.Since(started), 0) {
 			return
 		}
@@ -359,9 +360,12 @@ func (e *Engine) runRetention(ctx context.Context) {
 	for ctx.Err() == nil {
 		cmds, err := e.core.RetentionDue(ctx, e.opts.Clock(), e.opts.Retention, e.opts.TombstoneRetention, e.opts.RetentionBatch)
 		if err != nil {
-			e.log.Warn("retention worker", "err", err)
+			if ctx.Err() == nil {
+				e.failLog.failed(e.log, "retention worker", err)
+			}
 			break
 		}
+		e.failLog.ok(e.log, "retention worker")
 		if len(cmds) == 0 {
 			break
 		}
@@ -380,10 +384,11 @@ func (e *Engine) runRetention(ctx context.Context) {
 		results, err := e.doMaintenance(ctx, cmds)
 		if err != nil {
 			if ctx.Err() == nil {
-				e.log.Warn("retention batch", "commands", len(cmds), "err", err)
+				e.failLog.failed(e.log, "retention batch", err, "commands", len(cmds))
 			}
 			break
 		}
+		e.failLog.ok(e.log, "retention batch")
 		progress := 0
 		backlog := false
 		for i := range results {

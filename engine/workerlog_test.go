@@ -10,22 +10,40 @@ import (
 	"time"
 
 	"github.com/capledger/capledger/internal/logcapture"
+	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
 	"github.com/capledger/capledger/store/memstore"
 )
 
-// dueFailingStore fails ReservationsDue while fail is set: a store that is
-// down for the expiry worker.
-type dueFailingStore struct {
+// unreachableStore fails, while fail is set, the first read of the
+// expiry worker, the retention worker and the resolver: a store that is
+// down for them.
+type unreachableStore struct {
 	*memstore.Store
 	fail atomic.Bool
 }
 
-func (s *dueFailingStore) ReservationsDue(ctx context.Context, now time.Time, limit int) ([]store.DueReservation, error) {
+var errUnreachable = errors.New("failed to connect to `host=127.0.0.1`: dial error: connection refused")
+
+func (s *unreachableStore) ReservationsDue(ctx context.Context, now time.Time, limit int) ([]store.DueReservation, error) {
 	if s.fail.Load() {
-		return nil, errors.New("failed to connect to `host=127.0.0.1`: dial error: connection refused")
+		return nil, errUnreachable
 	}
 	return s.Store.ReservationsDue(ctx, now, limit)
+}
+
+func (s *unreachableStore) ReservationsFinished(ctx context.Context, before time.Time, limit int) ([]string, error) {
+	if s.fail.Load() {
+		return nil, errUnreachable
+	}
+	return s.Store.ReservationsFinished(ctx, before, limit)
+}
+
+func (s *unreachableStore) ReservationsUnknown(ctx context.Context, f store.UnknownFilter) ([]ledger.Reservation, error) {
+	if s.fail.Load() {
+		return nil, errUnreachable
+	}
+	return s.Store.ReservationsUnknown(ctx, f)
 }
 
 // A worker that fails every tick (the store is down) logs its first
@@ -33,36 +51,14 @@ func (s *dueFailingStore) ReservationsDue(ctx context.Context, now time.Time, li
 // it has been failing, and once when it works again: not four lines a
 // second.
 func TestFailingExpiryWorkerLogsOncePerPeriod(t *testing.T) {
-	st := &dueFailingStore{Store: memstore.New()}
+	st := &unreachableStore{Store: memstore.New()}
 	logger, logs := logcapture.New()
 	e := New(st, Options{DisableWorkers: true, Logger: logger})
 	defer e.Close()
 	ctx := context.Background()
-	start := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
-	now := start
+	now := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
 	e.failLog.now = func() time.Time { return now }
-	st.fail.Store(true)
-	for range 40 { // ten seconds of ticks
-		e.runDue(ctx)
-		now = now.Add(250 * time.Millisecond)
-	}
-	now = start.Add(workerLogEvery - time.Millisecond)
-	e.runDue(ctx)
-	if n := logs.Count(`msg="expiry worker"`); n != 1 {
-		t.Fatalf("%d lines for 41 failed ticks within the period, want 1:\n%s", n, logs.String())
-	}
-	now = start.Add(workerLogEvery)
-	e.runDue(ctx)
-	if n := logs.Count(`msg="expiry worker"`); n != 2 || logs.Count("failures_since_last_log=41 failing_for=30s") != 1 {
-		t.Fatalf("after the period: want a second line counting 41 failures in 30s:\n%s", logs.String())
-	}
-	st.fail.Store(false)
-	now = now.Add(5 * time.Second)
-	e.runDue(ctx)
-	e.runDue(ctx)
-	if n := logs.Count(`msg="expiry worker recovered" failures=42 failed_for=35s`); n != 1 {
-		t.Fatalf("want one recovery line:\n%s", logs.String())
-	}
+	failingLines(t, st, &now, logs, "expiry worker", func() { e.runDue(ctx) })
 	// A new failure after recovery is logged at once.
 	st.fail.Store(true)
 	e.runDue(ctx)
@@ -114,4 +110,69 @@ func TestFailingWorkerBatchesLogOncePerPeriod(t *testing.T) {
 	if n := logs.Count(`msg="worker batch recovered" failures=40`); n != 1 {
 		t.Fatalf("want one recovery line:\n%s", logs.String())
 	}
+}
+
+// failingLines drives run (one pass of a worker) against a store that is
+// down, ten seconds of passes every 250 ms and one just before the
+// period ends, then one at its end, then two after the store is back,
+// and checks the worker logged msg as the expiry worker does: its first
+// failure, one line at the period counting the failures since, and one
+// recovery line.
+func failingLines(t *testing.T, st *unreachableStore, clock *time.Time, logs *logcapture.Logs, msg string, run func()) {
+	t.Helper()
+	start := *clock
+	st.fail.Store(true)
+	for range 40 {
+		run()
+		*clock = clock.Add(250 * time.Millisecond)
+	}
+	*clock = start.Add(workerLogEvery - time.Millisecond)
+	run()
+	if n := logs.Count(fmt.Sprintf("msg=%q", msg)); n != 1 {
+		t.Fatalf("%d %q lines for 41 failed passes within the period, want 1:\n%s", n, msg, logs.String())
+	}
+	*clock = start.Add(workerLogEvery)
+	run()
+	if n := logs.Count(fmt.Sprintf("msg=%q", msg)); n != 2 || logs.Count("failures_since_last_log=41 failing_for=30s") != 1 {
+		t.Fatalf("after the period: want a second %q line counting 41 failures in 30s:\n%s", msg, logs.String())
+	}
+	st.fail.Store(false)
+	*clock = clock.Add(5 * time.Second)
+	run()
+	run()
+	if n := logs.Count(fmt.Sprintf("msg=%q failures=42 failed_for=35s", msg+" recovered")); n != 1 {
+		t.Fatalf("want one %q recovery line:\n%s", msg, logs.String())
+	}
+}
+
+// The retention worker and the resolver, whose store reads fail at
+// every pass while the store is down (every second, twice a second),
+// log as rarely as the expiry worker: a line at the first failure, one
+// a period, one on recovery.
+func TestFailingRetentionAndResolverLogOncePerPeriod(t *testing.T) {
+	ctx := context.Background()
+	t.Run("retention", func(t *testing.T) {
+		st := &unreachableStore{Store: memstore.New()}
+		logger, logs := logcapture.New()
+		e := New(st, Options{DisableWorkers: true, Logger: logger, Retention: time.Hour})
+		defer e.Close()
+		now := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+		e.failLog.now = func() time.Time { return now }
+		failingLines(t, st, &now, logs, "retention worker", func() {
+			if err := e.RunRetention(ctx); err != nil {
+				t.Fatal(err)
+			}
+		})
+	})
+	t.Run("resolver", func(t *testing.T) {
+		st := &unreachableStore{Store: memstore.New()}
+		logger, logs := logcapture.New()
+		commit := func(context.Context, []ledger.Command) ([]ledger.Result, error) {
+			return nil, errors.New("nothing to commit here")
+		}
+		r := NewResolver(st, ResolverOptions{}, time.Now, commit, logger)
+		now := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+		r.fails.now = func() time.Time { return now }
+		failingLines(t, st, &now, logs, "resolver: read backlog", func() { r.ScanWhile(ctx, nil) })
+	})
 }
