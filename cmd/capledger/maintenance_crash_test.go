@@ -174,10 +174,16 @@ type terms map[string]map[string]int64
 // accountTerms reads subject's account on chat (one generation).
 func accountTerms(t *testing.T, url, subject string) terms {
 	t.Helper()
-	body := mustPost(t, url, "GetAccount", fmt.Sprintf(`{"subject":%q,"route":"chat"}`, subject))
+	return routeTerms(t, url, subject, "chat")
+}
+
+// routeTerms reads subject's account on route (one generation).
+func routeTerms(t *testing.T, url, subject, route string) terms {
+	t.Helper()
+	body := mustPost(t, url, "GetAccount", fmt.Sprintf(`{"subject":%q,"route":%q}`, subject, route))
 	accounts, _ := body["accounts"].([]any)
 	if len(accounts) != 1 {
-		t.Fatalf("account %s: %v", subject, body)
+		t.Fatalf("account %s/%s: %v", subject, route, body)
 	}
 	out := terms{}
 	for _, b := range accounts[0].(map[string]any)["balances"].([]any) {

@@ -1,0 +1,190 @@
+package main
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/capledger/capledger/internal/faultproxy"
+)
+
+// TestLostRefundAnswersRetriedOnTheOtherReplica: a gateway's settle or
+// release reaches a `capledger serve` replica, is applied, and its answer
+// is lost on the way back (a TCP proxy forwards the request and swallows
+// the answer); the gateway retries with the same ids on the other replica
+// of the same PostgreSQL database, which had seen the reservation before
+// the first replica changed it. Each refund is made exactly once (the
+// retry answers replayed, refunding nothing), usage above the estimate is
+// recorded as debt once and admits nothing while it is owed, a reserve
+// whose batch repays the debt and whose answer is lost debits once on its
+// retry, and the audit is clean. On SQLite the retry goes to the same
+// process, directly.
+func TestLostRefundAnswersRetriedOnTheOtherReplica(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary and runs server processes")
+	}
+	bin := buildBinary(t)
+	t.Run("postgres", func(t *testing.T) {
+		dsn := postgresSchema(t)
+		lossy := startServer(t, bin, t.TempDir(), "--store", dsn)
+		other := startServer(t, bin, t.TempDir(), "--store", dsn)
+		testLostRefundAnswers(t, bin, lossy.url, other.url)
+	})
+	t.Run("sqlite", func(t *testing.T) {
+		srv := startServer(t, bin, t.TempDir())
+		testLostRefundAnswers(t, bin, srv.url, srv.url)
+	})
+}
+
+// lossyLink is a gateway's path to one replica through a proxy that can
+// lose the next answer.
+type lossyLink struct {
+	t     *testing.T
+	url   string
+	proxy *faultproxy.Proxy
+}
+
+func newLossyLink(t *testing.T, target string) *lossyLink {
+	t.Helper()
+	proxy, err := faultproxy.Start(strings.TrimPrefix(target, "http://"), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	return &lossyLink{t: t, url: "http://" + proxy.Addr(), proxy: proxy}
+}
+
+// lose sends one call whose answer the proxy swallows after the server
+// produced it, and fails the test unless the answer was indeed lost.
+func (l *lossyLink) lose(method, body string) {
+	l.t.Helper()
+	dropped := l.proxy.Stats().DroppedResponses
+	l.proxy.DropNextResponses(1)
+	status, out := post(&http.Client{Timeout: 30 * time.Second}, l.url, method, body)
+	if status != 0 {
+		l.t.Fatalf("%s %s: answered %d %v, want the answer lost", method, body, status, out)
+	}
+	if got := l.proxy.Stats().DroppedResponses; got != dropped+1 {
+		l.t.Fatalf("%s: the proxy dropped %d answers, want 1 (the request never reached the server?)", method, got-dropped)
+	}
+}
+
+// lostRefundPolicy: no refill on refund (so balances move only when a
+// reservation does), a refill on repay that repays a debt of 300 and
+// leaves 200 within one 2 s interval. Epochs far longer than the test, so
+// no epoch close moves spent into an opening mid-test.
+const lostRefundPolicy = `{"policy":{"subject":"*","route":%q,"holdTtl":"3600s","epochLength":"315360000s",
+  "dimensions":[{"unit":"tokens","burst":"1000"%s,"maxOverdraft":"1000"}]}}`
+
+func testLostRefundAnswers(t *testing.T, bin, lossyURL, otherURL string) {
+	lossy := newLossyLink(t, lossyURL)
+	mustPost(t, lossyURL, "PublishPolicy", fmt.Sprintf(lostRefundPolicy, "refund", ""))
+	mustPost(t, lossyURL, "PublishPolicy", fmt.Sprintf(lostRefundPolicy, "repay", `,"refillUnits":"500","refillInterval":"2s"`))
+
+	const subject = "tenant-lost"
+	reserve := func(url, route, id string, tokens int64) map[string]any {
+		t.Helper()
+		return mustPost(t, url, "Reserve", fmt.Sprintf(`{"reservationId":%q,"subject":%q,"route":%q,"units":{"tokens":%d}}`, id, subject, route, tokens))
+	}
+	start := func(url, id string) {
+		t.Helper()
+		mustPost(t, url, "Start", fmt.Sprintf(`{"reservationId":%q,"operationId":"op-%s"}`, id, id))
+	}
+	settleBody := func(id string, actual int64) string {
+		return fmt.Sprintf(`{"reservationId":%q,"operationId":"op-%s","actualUnits":{"tokens":%d}}`, id, id, actual)
+	}
+	// retried sends the retry of a call whose first answer was lost and
+	// checks that it replays the stored outcome in state, refunding nothing.
+	retried := func(url, method, body, state string) {
+		t.Helper()
+		out := mustPost(t, url, method, body)
+		if out["replayed"] != true || len(asMap(out["refundedUnits"])) != 0 {
+			t.Errorf("%s retry on %s: replayed %v, refunded %v; want a replay refunding nothing", method, url, out["replayed"], out["refundedUnits"])
+		}
+		if got := asMap(out["reservation"])["state"]; got != state {
+			t.Errorf("%s retry on %s: state %v, want %s", method, url, got, state)
+		}
+	}
+	wantTerms := func(route string, want map[string]int64) terms {
+		t.Helper()
+		tm := routeTerms(t, otherURL, subject, route)
+		checkConservation(t, subject, tm)
+		for term, v := range want {
+			if got := tm["tokens"][term]; got != v {
+				t.Errorf("%s %s: %s %d, want %d (%v)", subject, route, term, got, v, tm["tokens"])
+			}
+		}
+		return tm
+	}
+
+	// A settle below the estimate refunds 400; its answer is lost.
+	reserve(otherURL, "refund", "lost-settle", 600)
+	start(otherURL, "lost-settle")
+	lossy.lose("Settle", settleBody("lost-settle", 200))
+	retried(otherURL, "Settle", settleBody("lost-settle", 200), "RESERVATION_STATE_SETTLED")
+	retried(lossy.url, "Settle", settleBody("lost-settle", 200), "RESERVATION_STATE_SETTLED") // the lossy path healed
+	wantTerms("refund", map[string]int64{"available": 800, "reserved": 0, "spent": 200})
+
+	// A release refunds its whole hold; its answer is lost.
+	reserve(otherURL, "refund", "lost-release", 300)
+	release := `{"reservationId":"lost-release"}`
+	lossy.lose("Release", release)
+	retried(otherURL, "Release", release, "RESERVATION_STATE_RELEASED")
+	retried(lossy.url, "Release", release, "RESERVATION_STATE_RELEASED")
+	wantTerms("refund", map[string]int64{"available": 800, "reserved": 0, "spent": 200})
+
+	// Usage above the estimate, beside a hold of 200: 100 of its own
+	// hold, 500 of available, 300 of debt; the answer is lost.
+	reserve(otherURL, "refund", "beside-debt", 200)
+	reserve(otherURL, "refund", "lost-debt", 100)
+	start(otherURL, "lost-debt")
+	lossy.lose("Settle", settleBody("lost-debt", 900))
+	retried(otherURL, "Settle", settleBody("lost-debt", 900), "RESERVATION_STATE_SETTLED_WITH_DEBT")
+	retried(lossy.url, "Settle", settleBody("lost-debt", 900), "RESERVATION_STATE_SETTLED_WITH_DEBT")
+	wantTerms("refund", map[string]int64{"available": 0, "reserved": 200, "spent": 1100, "overdraftIssued": 300, "overdraftRepaid": 0})
+	// The hold beside it is released while the debt is owed, its answer
+	// lost: 200 come back to available once, and admission stays 0 on
+	// both replicas all the same.
+	release = `{"reservationId":"beside-debt"}`
+	lossy.lose("Release", release)
+	retried(otherURL, "Release", release, "RESERVATION_STATE_RELEASED")
+	wantTerms("refund", map[string]int64{"available": 200, "reserved": 0, "spent": 1100, "overdraftIssued": 300, "overdraftRepaid": 0})
+	for i, url := range []string{otherURL, lossy.url} {
+		id := fmt.Sprintf("in-debt-%d", i)
+		if status, out := post(crashClient, url, "Reserve", fmt.Sprintf(`{"reservationId":%q,"subject":%q,"route":"refund","units":{"tokens":1}}`, id, subject)); status != http.StatusTooManyRequests {
+			t.Errorf("reserve of 1 token of 200 available while 300 are owed, through %s: %d %v, want 429", url, status, out)
+		}
+	}
+
+	// Debt on repay: the whole burst reserved, 300 used beyond it.
+	reserve(otherURL, "repay", "repay-hold", 1000)
+	start(otherURL, "repay-hold")
+	settled := mustPost(t, otherURL, "Settle", settleBody("repay-hold", 1300))
+	if got := asMap(settled["reservation"])["state"]; got != "RESERVATION_STATE_SETTLED_WITH_DEBT" {
+		t.Fatalf("settle 1300 of a 1000 hold with nothing available: %v", settled)
+	}
+	before := wantTerms("repay", map[string]int64{"overdraftIssued": 300, "available": 0})
+	if before["tokens"]["overdraftRepaid"] == 300 {
+		t.Fatalf("the debt was repaid before the test lost the repayment's answer (a slow machine): %v", before["tokens"])
+	}
+	// The first reserve after a refill interval mints 500: 300 repay the
+	// debt, 200 fill available, and 100 of them are reserved. Its answer
+	// is lost; the retry on the other replica repeats the receipt.
+	time.Sleep(2100 * time.Millisecond)
+	repaying := fmt.Sprintf(`{"reservationId":"repaying","subject":%q,"route":"repay","units":{"tokens":100}}`, subject)
+	lossy.lose("Reserve", repaying)
+	out := mustPost(t, otherURL, "Reserve", repaying)
+	if out["replayed"] != true {
+		t.Errorf("reserve retry on the other replica: %v, want a replay", out)
+	}
+	mustPost(t, lossy.url, "Reserve", repaying)
+	wantTerms("repay", map[string]int64{"overdraftIssued": 300, "overdraftRepaid": 300, "reserved": 100, "debt": 0})
+	auditProcess(t, bin, otherURL)
+}
+
+func asMap(v any) map[string]any {
+	m, _ := v.(map[string]any)
+	return m
+}
