@@ -188,3 +188,61 @@ func asMap(v any) map[string]any {
 	m, _ := v.(map[string]any)
 	return m
 }
+
+// TestLostStartAnswerOutlivesItsHold: an executor's start reaches one
+// replica and is applied; its answer is lost, and by the time the
+// executor retries on the other replica the hold's TTL has passed and the
+// expiry worker (on whichever replica leads) has expired an unstarted
+// hold beside it. The started work is not expired: the retry replays
+// STARTED, the settle charges its usage and refunds the rest once, and
+// the audit is clean. On SQLite the retry goes to the same process.
+func TestLostStartAnswerOutlivesItsHold(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary and runs server processes")
+	}
+	bin := buildBinary(t)
+	t.Run("postgres", func(t *testing.T) {
+		dsn := postgresSchema(t)
+		lossy := startServer(t, bin, t.TempDir(), "--store", dsn)
+		other := startServer(t, bin, t.TempDir(), "--store", dsn)
+		testLostStartAnswer(t, bin, lossy.url, other.url)
+	})
+	t.Run("sqlite", func(t *testing.T) {
+		srv := startServer(t, bin, t.TempDir())
+		testLostStartAnswer(t, bin, srv.url, srv.url)
+	})
+}
+
+func testLostStartAnswer(t *testing.T, bin, lossyURL, otherURL string) {
+	lossy := newLossyLink(t, lossyURL)
+	mustPost(t, lossyURL, "PublishPolicy", `{"policy":{"subject":"*","route":"exp","holdTtl":"1s","epochLength":"315360000s",
+	  "dimensions":[{"unit":"tokens","burst":"1000"}]}}`)
+	const subject = "tenant-exp"
+	for id, tokens := range map[string]int{"runs": 300, "idle": 200} {
+		mustPost(t, otherURL, "Reserve", fmt.Sprintf(`{"reservationId":%q,"subject":%q,"route":"exp","units":{"tokens":%d}}`, id, subject, tokens))
+	}
+	start := `{"reservationId":"runs","operationId":"op-runs"}`
+	lossy.lose("Start", start)
+	state := func(id string) any {
+		return asMap(mustPost(t, otherURL, "GetReservation", fmt.Sprintf(`{"reservationId":%q}`, id))["reservation"])["state"]
+	}
+	for deadline := time.Now().Add(30 * time.Second); state("idle") != "RESERVATION_STATE_EXPIRED"; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the unstarted hold is %v 30 s after its TTL of 1 s", state("idle"))
+		}
+	}
+	out := mustPost(t, otherURL, "Start", start)
+	if out["replayed"] != true || asMap(out["reservation"])["state"] != "RESERVATION_STATE_STARTED" {
+		t.Fatalf("start retried after the hold's TTL: %v, want a replay of STARTED", out)
+	}
+	settled := mustPost(t, lossy.url, "Settle", `{"reservationId":"runs","operationId":"op-runs","actualUnits":{"tokens":100}}`)
+	if got := fmt.Sprint(asMap(settled["refundedUnits"])["tokens"]); got != "200" {
+		t.Errorf("settle of 100 of 300: refunded %s, want 200: %v", got, settled)
+	}
+	tm := routeTerms(t, otherURL, subject, "exp")
+	checkConservation(t, subject, tm)
+	if m := tm["tokens"]; m["available"] != 900 || m["reserved"] != 0 || m["spent"] != 100 {
+		t.Errorf("%s: %v, want available 900, reserved 0, spent 100", subject, m)
+	}
+	auditProcess(t, bin, otherURL)
+}
