@@ -10,13 +10,14 @@ import (
 	"github.com/capledger/capledger/internal/faultproxy"
 )
 
-// TestLostRefundAnswersRetriedOnTheOtherReplica: a gateway's settle or
-// release reaches a `capledger serve` replica, is applied, and its answer
-// is lost on the way back (a TCP proxy forwards the request and swallows
-// the answer); the gateway retries with the same ids on the other replica
-// of the same PostgreSQL database, which had seen the reservation before
-// the first replica changed it. Each refund is made exactly once (the
-// retry answers replayed, refunding nothing), usage above the estimate is
+// TestLostRefundAnswersRetriedOnTheOtherReplica: a gateway's settle,
+// release or record of usage reaches a `capledger serve` replica, is
+// applied, and its answer is lost on the way back (a TCP proxy forwards
+// the request and swallows the answer); the gateway retries with the same
+// ids on the other replica of the same PostgreSQL database, which had
+// seen the reservation before the first replica changed it. Each refund
+// is made exactly once (the retry answers replayed, refunding nothing),
+// usage above the estimate (or recorded without a reservation) is
 // recorded as debt once and admits nothing while it is owed, a reserve
 // whose batch repays the debt and whose answer is lost debits once on its
 // retry, and the audit is clean. On SQLite the retry goes to the same
@@ -156,6 +157,23 @@ func testLostRefundAnswers(t *testing.T, bin, lossyURL, otherURL string) {
 		if status, out := post(crashClient, url, "Reserve", fmt.Sprintf(`{"reservationId":%q,"subject":%q,"route":"refund","units":{"tokens":1}}`, id, subject)); status != http.StatusTooManyRequests {
 			t.Errorf("reserve of 1 token of 200 available while 300 are owed, through %s: %d %v, want 429", url, status, out)
 		}
+	}
+
+	// Usage recorded after the fact (nothing reserved for it), 1200 on an
+	// account of 1000: 200 of debt. The answer is lost; the retries on
+	// the other replica and on the healed path charge nothing again.
+	record := `{"reservationId":"lost-record","operationId":"op-lost-record","subject":"tenant-record","route":"refund","actualUnits":{"tokens":1200}}`
+	lossy.lose("RecordUsage", record)
+	for _, url := range []string{otherURL, lossy.url} {
+		out := mustPost(t, url, "RecordUsage", record)
+		if out["replayed"] != true || asMap(out["reservation"])["state"] != "RESERVATION_STATE_SETTLED_WITH_DEBT" {
+			t.Errorf("record retry on %s: %v, want a replay of SETTLED_WITH_DEBT", url, out)
+		}
+	}
+	recorded := routeTerms(t, otherURL, "tenant-record", "refund")
+	checkConservation(t, "tenant-record", recorded)
+	if m := recorded["tokens"]; m["spent"] != 1200 || m["overdraftIssued"] != 200 || m["available"] != 0 {
+		t.Errorf("tenant-record: %v, want 1200 spent once, 200 of debt, nothing available", m)
 	}
 
 	// Debt on repay: the whole burst reserved, 300 used beyond it.
