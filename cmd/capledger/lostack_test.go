@@ -74,7 +74,7 @@ func (l *lossyLink) lose(method, body string) {
 
 // lostRefundPolicy: no refill on refund (so balances move only when a
 // reservation does), a refill on repay that repays a debt of 300 and
-// leaves 200 within one 2 s interval. Epochs far longer than the test, so
+// leaves 200 within one 3 s interval. Epochs far longer than the test, so
 // no epoch close moves spent into an opening mid-test.
 const lostRefundPolicy = `{"policy":{"subject":"*","route":%q,"holdTtl":"3600s","epochLength":"315360000s",
   "dimensions":[{"unit":"tokens","burst":"1000"%s,"maxOverdraft":"1000"}]}}`
@@ -82,7 +82,7 @@ const lostRefundPolicy = `{"policy":{"subject":"*","route":%q,"holdTtl":"3600s",
 func testLostRefundAnswers(t *testing.T, bin, lossyURL, otherURL string) {
 	lossy := newLossyLink(t, lossyURL)
 	mustPost(t, lossyURL, "PublishPolicy", fmt.Sprintf(lostRefundPolicy, "refund", ""))
-	mustPost(t, lossyURL, "PublishPolicy", fmt.Sprintf(lostRefundPolicy, "repay", `,"refillUnits":"500","refillInterval":"2s"`))
+	mustPost(t, lossyURL, "PublishPolicy", fmt.Sprintf(lostRefundPolicy, "repay", `,"refillUnits":"500","refillInterval":"3s"`))
 
 	const subject = "tenant-lost"
 	reserve := func(url, route, id string, tokens int64) map[string]any {
@@ -190,7 +190,7 @@ func testLostRefundAnswers(t *testing.T, bin, lossyURL, otherURL string) {
 	// The first reserve after a refill interval mints 500: 300 repay the
 	// debt, 200 fill available, and 100 of them are reserved. Its answer
 	// is lost; the retry on the other replica repeats the receipt.
-	time.Sleep(2100 * time.Millisecond)
+	time.Sleep(3100 * time.Millisecond)
 	repaying := fmt.Sprintf(`{"reservationId":"repaying","subject":%q,"route":"repay","units":{"tokens":100}}`, subject)
 	lossy.lose("Reserve", repaying)
 	out := mustPost(t, otherURL, "Reserve", repaying)

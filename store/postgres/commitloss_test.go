@@ -43,7 +43,7 @@ func TestLostCommitAnswersOfRefundsAndRepayments(t *testing.T) {
 		Subject: tenant7.Subject, Route: tenant7.Route, Region: tenant7.Region,
 		HoldTtl: durationpb.New(time.Hour), EpochLength: durationpb.New(10 * 365 * 24 * time.Hour),
 		Dimensions: []*ledgerv1.Dimension{{Unit: "tokens", Burst: 1000, MaxOverdraft: 1000,
-			RefillUnits: 500, RefillInterval: durationpb.New(2 * time.Second)}},
+			RefillUnits: 500, RefillInterval: durationpb.New(3 * time.Second)}},
 	}})); err != nil {
 		t.Fatal(err)
 	}
@@ -153,7 +153,7 @@ func TestLostCommitAnswersOfRefundsAndRepayments(t *testing.T) {
 	// After a refill interval, 500 are minted by the next command on the
 	// account: 300 repay the debt, 200 fill available, 100 are reserved.
 	// That batch's COMMIT answer is lost; the retries replay its receipt.
-	time.Sleep(2100 * time.Millisecond)
+	time.Sleep(3100 * time.Millisecond)
 	lost("repaying", func() error { _, err := reserve(viaLossy, "repaying", 100); return err })
 	for _, c := range []capledgerv1connect.LedgerServiceClient{viaLossy, viaOther} {
 		res, err := reserve(c, "repaying", 100)
