@@ -264,3 +264,80 @@ func testLostStartAnswer(t *testing.T, bin, lossyURL, otherURL string) {
 	}
 	auditProcess(t, bin, otherURL)
 }
+
+// TestUnknownUsageStaysHeldAcrossReplicas: work whose usage is unknown
+// keeps its hold until a settle names the usage, on two replicas of one
+// PostgreSQL database: one piece of work is marked USAGE_UNKNOWN by a
+// gateway (its answer lost, the retry on the other replica replays it),
+// another by the execution-limit worker of whichever replica leads. While
+// both are unknown their units stay reserved and admit nothing else; their
+// settles (one with its answer lost and retried on the other replica)
+// charge the usage and refund the rest once, and the audit is clean. On
+// SQLite every call goes to one process.
+func TestUnknownUsageStaysHeldAcrossReplicas(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary and runs server processes")
+	}
+	bin := buildBinary(t)
+	t.Run("postgres", func(t *testing.T) {
+		dsn := postgresSchema(t)
+		lossy := startServer(t, bin, t.TempDir(), "--store", dsn)
+		other := startServer(t, bin, t.TempDir(), "--store", dsn)
+		testUnknownUsageHeld(t, bin, lossy.url, other.url)
+	})
+	t.Run("sqlite", func(t *testing.T) {
+		srv := startServer(t, bin, t.TempDir())
+		testUnknownUsageHeld(t, bin, srv.url, srv.url)
+	})
+}
+
+func testUnknownUsageHeld(t *testing.T, bin, lossyURL, otherURL string) {
+	lossy := newLossyLink(t, lossyURL)
+	mustPost(t, lossyURL, "PublishPolicy", `{"policy":{"subject":"*","route":"unk","holdTtl":"3600s","executionLimit":"1s","epochLength":"315360000s",
+	  "dimensions":[{"unit":"tokens","burst":"1000","maxOverdraft":"1000"}]}}`)
+	const subject = "tenant-unk"
+	for id, tokens := range map[string]int{"by-gateway": 200, "by-worker": 300} {
+		mustPost(t, otherURL, "Reserve", fmt.Sprintf(`{"reservationId":%q,"subject":%q,"route":"unk","units":{"tokens":%d}}`, id, subject, tokens))
+		mustPost(t, otherURL, "Start", fmt.Sprintf(`{"reservationId":%q,"operationId":"op-%s"}`, id, id))
+	}
+	mark := `{"reservationId":"by-gateway"}`
+	lossy.lose("MarkUsageUnknown", mark)
+	if out := mustPost(t, otherURL, "MarkUsageUnknown", mark); out["replayed"] != true || asMap(out["reservation"])["state"] != "RESERVATION_STATE_USAGE_UNKNOWN" {
+		t.Fatalf("mark retried on the other replica: %v, want a replay of USAGE_UNKNOWN", out)
+	}
+	state := func(id string) any {
+		return asMap(mustPost(t, otherURL, "GetReservation", fmt.Sprintf(`{"reservationId":%q}`, id))["reservation"])["state"]
+	}
+	for deadline := time.Now().Add(30 * time.Second); state("by-worker") != "RESERVATION_STATE_USAGE_UNKNOWN"; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("work past its execution limit of 1 s is %v after 30 s", state("by-worker"))
+		}
+	}
+	terms := func(want map[string]int64) {
+		t.Helper()
+		tm := routeTerms(t, otherURL, subject, "unk")
+		checkConservation(t, subject, tm)
+		for term, v := range want {
+			if got := tm["tokens"][term]; got != v {
+				t.Errorf("%s: %s %d, want %d (%v)", subject, term, got, v, tm["tokens"])
+			}
+		}
+	}
+	// Unknown is not unconsumed: the 500 stay reserved, and 501 do not fit.
+	terms(map[string]int64{"available": 500, "reserved": 500, "spent": 0})
+	for i, url := range []string{otherURL, lossy.url} {
+		if status, out := post(crashClient, url, "Reserve", fmt.Sprintf(`{"reservationId":"beyond-%d","subject":%q,"route":"unk","units":{"tokens":501}}`, i, subject)); status != 429 {
+			t.Errorf("reserve of 501 beside 500 held by unknown work, through %s: %d %v, want 429", url, status, out)
+		}
+	}
+	// The receipts arrive: 100 of 300 used (its settle's answer lost),
+	// 250 of 200 (50 from available).
+	settle := `{"reservationId":"by-worker","operationId":"op-by-worker","actualUnits":{"tokens":100}}`
+	lossy.lose("Settle", settle)
+	if out := mustPost(t, otherURL, "Settle", settle); out["replayed"] != true || len(asMap(out["refundedUnits"])) != 0 {
+		t.Errorf("settle retried on the other replica: %v, want a replay refunding nothing", out)
+	}
+	mustPost(t, otherURL, "Settle", `{"reservationId":"by-gateway","operationId":"op-by-gateway","actualUnits":{"tokens":250}}`)
+	terms(map[string]int64{"available": 650, "reserved": 0, "spent": 350, "overdraftIssued": 0})
+	auditProcess(t, bin, otherURL)
+}
