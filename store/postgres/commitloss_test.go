@@ -169,3 +169,133 @@ func TestLostCommitAnswersOfRefundsAndRepayments(t *testing.T) {
 		t.Fatalf("audit: %v %v", audit, err)
 	}
 }
+
+// TestLostCommitAnswerOfADrain: a rolled back generation owes debt and
+// holds capacity; the drain that moves both to the generation that decides
+// again is run on a replica whose COMMIT answer for it is lost (the seed's
+// lost debt-repayment ACK, at a drain). The replica does not claim the
+// drain ran; running the drains again there and on the other replica at
+// once moves nothing twice: the debt is owed once, on the deciding
+// generation, which admits nothing until it is repaid, and the audit is
+// clean.
+func TestLostCommitAnswerOfADrain(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary and runs server processes")
+	}
+	dsn := schemaDSN(t)
+	cutter := newCommitCutter(t, targetOf(t, dsn))
+	bin := buildCapledger(t)
+	lossy := startReplica(t, bin, cutter.dsnVia(t, dsn))
+	other := startReplica(t, bin, dsn)
+	ctx := context.Background()
+	httpClient := &http.Client{Timeout: 30 * time.Second}
+	viaOther := capledgerv1connect.NewLedgerServiceClient(httpClient, "http://"+other.addr)
+	rollouts := func(r *replica) capledgerv1connect.RolloutServiceClient {
+		return capledgerv1connect.NewRolloutServiceClient(httpClient, "http://"+r.addr)
+	}
+	const subject = "tenant-drain"
+	publish := func(burst int64) uint64 {
+		t.Helper()
+		res, err := viaOther.PublishPolicy(ctx, connect.NewRequest(&ledgerv1.PublishPolicyRequest{Policy: &ledgerv1.Policy{
+			Subject: "*", Route: tenant7.Route, Region: tenant7.Region,
+			HoldTtl: durationpb.New(time.Hour), EpochLength: durationpb.New(10 * 365 * 24 * time.Hour),
+			Dimensions: []*ledgerv1.Dimension{{Unit: "tokens", Burst: burst, MaxOverdraft: 1000}},
+		}}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.Msg.GetPolicy().GetGeneration()
+	}
+	g1, g2 := publish(1000), publish(2000)
+	reserve := func(id string, n int64) error {
+		_, err := viaOther.Reserve(ctx, connect.NewRequest(&ledgerv1.ReserveRequest{ReservationId: id,
+			Subject: subject, Route: tenant7.Route, Region: tenant7.Region, Units: map[string]int64{"tokens": n}}))
+		return err
+	}
+	// Under generation 2 (2000 available): 100 reserved and 2300 used,
+	// 300 of debt; rolled back, generation 1 decides again.
+	if err := reserve("over", 100); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := viaOther.Start(ctx, connect.NewRequest(&ledgerv1.StartRequest{ReservationId: "over", OperationId: "op-over"})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := viaOther.Settle(ctx, connect.NewRequest(&ledgerv1.SettleRequest{ReservationId: "over", OperationId: "op-over",
+		ActualUnits: map[string]int64{"tokens": 2300}})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := viaOther.RollbackPolicy(ctx, connect.NewRequest(&ledgerv1.RollbackPolicyRequest{Generation: g2})); err != nil {
+		t.Fatal(err)
+	}
+
+	debtOf := func(generation uint64) int64 {
+		t.Helper()
+		accounts, err := viaOther.GetAccount(ctx, connect.NewRequest(&ledgerv1.GetAccountRequest{Subject: subject, Route: tenant7.Route, Region: tenant7.Region}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range accounts.Msg.GetAccounts() {
+			if a.GetPolicyGeneration() == generation {
+				return a.GetBalances()[0].GetDebt()
+			}
+		}
+		return 0
+	}
+	if debt := debtOf(g2); debt != 300 {
+		t.Fatalf("generation %d owes %d before the drain, want 300", g2, debt)
+	}
+
+	// The drain's COMMIT answer is lost.
+	cuts := cutter.cuts.Load()
+	cutter.armFor(subject)
+	drains := connect.NewRequest(&ledgerv1.DrainProgressRequest{Generations: []uint64{g2}, RunDrains: true})
+	res, err := rollouts(lossy).DrainProgress(ctx, drains)
+	if err == nil && res.Msg.GetDrainCommands() > 0 {
+		t.Fatalf("drain answered %d drains run although its COMMIT's answer was lost", res.Msg.GetDrainCommands())
+	}
+	t.Logf("the drain whose COMMIT answer was lost answered %v", err)
+	if got := cutter.cuts.Load(); got != cuts+1 {
+		t.Fatalf("%d COMMITs cut, want the drain's", got-cuts)
+	}
+	// The drains again, on both replicas at once.
+	done := make(chan error, 2)
+	for _, r := range []*replica{lossy, other} {
+		go func() {
+			_, err := rollouts(r).DrainProgress(ctx, connect.NewRequest(&ledgerv1.DrainProgressRequest{Generations: []uint64{g2}, RunDrains: true}))
+			done <- err
+		}()
+	}
+	for range 2 {
+		if err := <-done; err != nil {
+			t.Errorf("drains run again: %v", err)
+		}
+	}
+	res, err = rollouts(other).DrainProgress(ctx, connect.NewRequest(&ledgerv1.DrainProgressRequest{Generations: []uint64{g2}}))
+	if err != nil || !res.Msg.GetDrained() {
+		t.Fatalf("generation %d after the drains: %v %v", g2, res, err)
+	}
+	accounts, err := viaOther.GetAccount(ctx, connect.NewRequest(&ledgerv1.GetAccountRequest{Subject: subject, Route: tenant7.Route, Region: tenant7.Region}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range accounts.Msg.GetAccounts() {
+		b := a.GetBalances()[0]
+		if in, out := b.GetOpening()+b.GetMinted()+b.GetOverdraftIssued(),
+			b.GetAvailable()+b.GetReserved()+b.GetSpent()+b.GetRetiredForEmergency()+b.GetRetiredForMove()+b.GetOverdraftRepaid(); in != out || b.GetAvailable() < 0 {
+			t.Errorf("generation %d: conservation broken: %v", a.GetPolicyGeneration(), b)
+		}
+		if a.GetPolicyGeneration() == g1 && b.GetDebt() != 300 {
+			t.Errorf("generation %d owes %d, want the 300 moved to it once: %v", g1, b.GetDebt(), b)
+		}
+		if a.GetPolicyGeneration() == g2 && (b.GetDebt() != 0 || b.GetAvailable() != 0) {
+			t.Errorf("generation %d after the drain: %v, want nothing owed or available", g2, b)
+		}
+	}
+	if err := reserve("frozen", 1); connect.CodeOf(err) != connect.CodeResourceExhausted {
+		t.Errorf("reserve while the moved debt is owed: %v, want resource exhausted", err)
+	}
+	audit, err := viaOther.Audit(ctx, connect.NewRequest(&ledgerv1.AuditRequest{}))
+	if err != nil || len(audit.Msg.GetDiscrepancies()) != 0 {
+		t.Fatalf("audit: %v %v", audit, err)
+	}
+}
