@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/capledger/capledger/client/internal/faultproxy"
+	"github.com/capledger/capledger/internal/faultproxy"
 )
 
 // probeWatch is the HTTP transport of a Client under test: it records

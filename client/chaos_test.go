@@ -11,7 +11,7 @@ import (
 	"time"
 
 	ledgerv1 "github.com/capledger/capledger/api/capledger/v1"
-	"github.com/capledger/capledger/client/internal/faultproxy"
+	"github.com/capledger/capledger/internal/faultproxy"
 )
 
 // belief is what the client side knows about one reservation id.

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/capledger/capledger/client/internal/faultproxy"
+	"github.com/capledger/capledger/internal/faultproxy"
 	"github.com/capledger/capledger/ledger"
 )
 

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	ledgerv1 "github.com/capledger/capledger/api/capledger/v1"
-	"github.com/capledger/capledger/client/internal/faultproxy"
+	"github.com/capledger/capledger/internal/faultproxy"
 	"github.com/capledger/capledger/sched"
 )
 

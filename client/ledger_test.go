@@ -17,8 +17,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	ledgerv1 "github.com/capledger/capledger/api/capledger/v1"
-	"github.com/capledger/capledger/client/internal/faultproxy"
 	"github.com/capledger/capledger/engine"
+	"github.com/capledger/capledger/internal/faultproxy"
 	"github.com/capledger/capledger/server"
 	"github.com/capledger/capledger/store/sqlite"
 )

@@ -14,7 +14,7 @@ import (
 	"connectrpc.com/connect"
 
 	ledgerv1 "github.com/capledger/capledger/api/capledger/v1"
-	"github.com/capledger/capledger/client/internal/faultproxy"
+	"github.com/capledger/capledger/internal/faultproxy"
 	"github.com/capledger/capledger/ledger"
 )
 

@@ -89,10 +89,16 @@ func startServer(t *testing.T, bin, dataDir string, extra ...string) *serverProc
 	}
 }
 
-// post sends one JSON call; status 0 means no answer arrived (connection
-// refused or reset, timeout): the outcome is unknown to the client.
+// post sends one JSON call (method of the LedgerService, or
+// "Service/Method" of another capledger.v1 service); status 0 means no
+// answer arrived (connection refused or reset, timeout): the outcome is
+// unknown to the client.
 func post(client *http.Client, url, method, body string) (int, map[string]any) {
-	resp, err := client.Post(url+"/capledger.v1.LedgerService/"+method, "application/json", strings.NewReader(body))
+	path := "/capledger.v1.LedgerService/" + method
+	if strings.Contains(method, "/") {
+		path = "/capledger.v1." + method
+	}
+	resp, err := client.Post(url+path, "application/json", strings.NewReader(body))
 	if err != nil {
 		return 0, nil
 	}

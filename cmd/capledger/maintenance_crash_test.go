@@ -174,28 +174,49 @@ type terms map[string]map[string]int64
 // accountTerms reads subject's account on chat (one generation).
 func accountTerms(t *testing.T, url, subject string) terms {
 	t.Helper()
-	body := mustPost(t, url, "GetAccount", fmt.Sprintf(`{"subject":%q,"route":"chat"}`, subject))
+	return routeTerms(t, url, subject, "chat")
+}
+
+// routeTerms reads subject's account on route (one generation).
+func routeTerms(t *testing.T, url, subject, route string) terms {
+	t.Helper()
+	generations := generationTerms(t, url, subject, route)
+	if len(generations) != 1 {
+		t.Fatalf("account %s/%s: %d generations, want 1: %v", subject, route, len(generations), generations)
+	}
+	for _, tm := range generations {
+		return tm
+	}
+	return nil
+}
+
+// generationTerms reads subject's accounts on route, by policy generation.
+func generationTerms(t *testing.T, url, subject, route string) map[string]terms {
+	t.Helper()
+	body := mustPost(t, url, "GetAccount", fmt.Sprintf(`{"subject":%q,"route":%q}`, subject, route))
 	accounts, _ := body["accounts"].([]any)
-	if len(accounts) != 1 {
-		t.Fatalf("account %s: %v", subject, body)
-	}
-	out := terms{}
-	for _, b := range accounts[0].(map[string]any)["balances"].([]any) {
-		bal := b.(map[string]any)
-		m := map[string]int64{}
-		for k, v := range bal {
-			if k == "unit" {
-				continue
+	generations := map[string]terms{}
+	for _, a := range accounts {
+		account := a.(map[string]any)
+		out := terms{}
+		for _, b := range account["balances"].([]any) {
+			bal := b.(map[string]any)
+			m := map[string]int64{}
+			for k, v := range bal {
+				if k == "unit" {
+					continue
+				}
+				n, err := strconv.ParseInt(fmt.Sprint(v), 10, 64)
+				if err != nil {
+					t.Fatalf("account %s: %s = %v", subject, k, v)
+				}
+				m[k] = n
 			}
-			n, err := strconv.ParseInt(fmt.Sprint(v), 10, 64)
-			if err != nil {
-				t.Fatalf("account %s: %s = %v", subject, k, v)
-			}
-			m[k] = n
+			out[bal["unit"].(string)] = m
 		}
-		out[bal["unit"].(string)] = m
+		generations[fmt.Sprint(account["policyGeneration"])] = out
 	}
-	return out
+	return generations
 }
 
 // checkConservation fails the test unless the seed's equation holds in

@@ -112,8 +112,6 @@ var layers = []layer{
 		// which orders requests the ledger already reserved. Never engine,
 		// a store or the server: a gateway links only the SDK.
 		why: "the Go SDK for gateways"},
-	{pkg: "client/internal/faultproxy", imports: nil, stdOnly: true,
-		why: "a TCP proxy that injects faults into the SDK's tests"},
 
 	{pkg: "sim", imports: []string{"engine", "ledger", "store", "store/memstore", "store/sqlite", "sched"},
 		why: "the deterministic simulator drives the very engine and ledger that run in production, on the in-memory store (and, for a share of interleavings, the real SQLite store)"},
@@ -129,6 +127,8 @@ var layers = []layer{
 
 	{pkg: "internal/yamlfile", imports: nil, testImports: []string{},
 		why: "reads an operator's YAML or JSON file (a policy, the Envoy mapping) strictly and one document per file, for cmd and envoyrls alike; it knows nothing of the ledger"},
+	{pkg: "internal/faultproxy", imports: nil, stdOnly: true,
+		why: "a test helper: a TCP proxy that injects network faults (lost answers, lost requests, torn messages, partitions) between a client and a server; it knows nothing of the ledger"},
 	{pkg: "internal/childproc", imports: nil, testImports: []string{}, stdOnly: true,
 		why: "a test helper that ties a test's child processes to the test binary's life; it knows nothing of the ledger"},
 	{pkg: "internal/logcapture", imports: nil, testImports: []string{}, stdOnly: true, pure: true, pureTests: true,

@@ -16,12 +16,26 @@ import (
 // sees a connection lost during COMMIT whose transaction did commit, the
 // case the store must report as store.ErrUnavailable, never as success or
 // as a clean failure.
+//
+// With a marker (armFor), only the COMMIT of a transaction that sent the
+// marker's bytes (a reservation id, say) is cut, so that a server process
+// whose workers and lease renewals commit beside it loses the answer of
+// the transaction a test means.
 type commitCutter struct {
 	ln     net.Listener
 	target string
 	armed  atomic.Bool
+	marker atomic.Pointer[[]byte]
 	cuts   atomic.Int32
 	wg     sync.WaitGroup
+}
+
+// armFor arms the cutter for the next COMMIT of a transaction that sent
+// marker.
+func (p *commitCutter) armFor(marker string) {
+	m := []byte(marker)
+	p.marker.Store(&m)
+	p.armed.Store(true)
 }
 
 func newCommitCutter(t *testing.T, target string) *commitCutter {
@@ -55,12 +69,22 @@ func (p *commitCutter) serve() {
 			defer p.wg.Done()
 			defer server.Close()
 			buf := make([]byte, 64<<10)
+			// sent is what this connection sent since its last COMMIT,
+			// while a marker is armed (to find the marker in it).
+			var sent []byte
 			for {
 				n, err := client.Read(buf)
 				if n > 0 {
+					marker := p.marker.Load()
+					if p.armed.Load() && marker != nil {
+						sent = append(sent, buf[:n]...)
+					}
 					// pgx sends COMMIT as a simple query: 'Q', length, "commit\0".
-					if p.armed.Load() && bytes.Contains(buf[:n], []byte("commit\x00")) && p.armed.CompareAndSwap(true, false) {
-						cut.Store(true)
+					if p.armed.Load() && bytes.Contains(buf[:n], []byte("commit\x00")) {
+						if (marker == nil || bytes.Contains(sent, *marker)) && p.armed.CompareAndSwap(true, false) {
+							cut.Store(true)
+						}
+						sent = sent[:0]
 					}
 					if _, werr := server.Write(buf[:n]); werr != nil {
 						return
