@@ -11,6 +11,7 @@ import (
 
 	ledgerv1 "github.com/capledger/capledger/api/capledger/v1"
 	"github.com/capledger/capledger/api/capledger/v1/capledgerv1connect"
+	"github.com/capledger/capledger/internal/replicatest"
 )
 
 // TestLostCommitAnswersOfRefundsAndRepayments: two `capledger serve`
@@ -30,11 +31,11 @@ func TestLostCommitAnswersOfRefundsAndRepayments(t *testing.T) {
 	}
 	dsn := schemaDSN(t)
 	cutter := newCommitCutter(t, targetOf(t, dsn))
-	bin := buildCapledger(t)
-	lossy := startReplica(t, bin, cutter.dsnVia(t, dsn))
-	other := startReplica(t, bin, dsn)
-	ledgerOf := func(r *replica) capledgerv1connect.LedgerServiceClient {
-		return capledgerv1connect.NewLedgerServiceClient(&http.Client{Timeout: 30 * time.Second}, "http://"+r.addr)
+	bin := replicatest.BuildCapledger(t)
+	lossy := replicatest.StartReplica(t, bin, cutter.dsnVia(t, dsn))
+	other := replicatest.StartReplica(t, bin, dsn)
+	ledgerOf := func(r *replicatest.Replica) capledgerv1connect.LedgerServiceClient {
+		return capledgerv1connect.NewLedgerServiceClient(&http.Client{Timeout: 30 * time.Second}, "http://"+r.Addr)
 	}
 	viaLossy, viaOther := ledgerOf(lossy), ledgerOf(other)
 	ctx := context.Background()
@@ -184,14 +185,14 @@ func TestLostCommitAnswerOfADrain(t *testing.T) {
 	}
 	dsn := schemaDSN(t)
 	cutter := newCommitCutter(t, targetOf(t, dsn))
-	bin := buildCapledger(t)
-	lossy := startReplica(t, bin, cutter.dsnVia(t, dsn))
-	other := startReplica(t, bin, dsn)
+	bin := replicatest.BuildCapledger(t)
+	lossy := replicatest.StartReplica(t, bin, cutter.dsnVia(t, dsn))
+	other := replicatest.StartReplica(t, bin, dsn)
 	ctx := context.Background()
 	httpClient := &http.Client{Timeout: 30 * time.Second}
-	viaOther := capledgerv1connect.NewLedgerServiceClient(httpClient, "http://"+other.addr)
-	rollouts := func(r *replica) capledgerv1connect.RolloutServiceClient {
-		return capledgerv1connect.NewRolloutServiceClient(httpClient, "http://"+r.addr)
+	viaOther := capledgerv1connect.NewLedgerServiceClient(httpClient, "http://"+other.Addr)
+	rollouts := func(r *replicatest.Replica) capledgerv1connect.RolloutServiceClient {
+		return capledgerv1connect.NewRolloutServiceClient(httpClient, "http://"+r.Addr)
 	}
 	const subject = "tenant-drain"
 	publish := func(burst int64) uint64 {
@@ -259,7 +260,7 @@ func TestLostCommitAnswerOfADrain(t *testing.T) {
 	}
 	// The drains again, on both replicas at once.
 	done := make(chan error, 2)
-	for _, r := range []*replica{lossy, other} {
+	for _, r := range []*replicatest.Replica{lossy, other} {
 		go func() {
 			_, err := rollouts(r).DrainProgress(ctx, connect.NewRequest(&ledgerv1.DrainProgressRequest{Generations: []uint64{g2}, RunDrains: true}))
 			done <- err
