@@ -1301,3 +1301,60 @@ func TestRequestIDReusedAfterItsSettleIsRefused(t *testing.T) {
 		t.Fatalf("global %+v: the refused request keeps nothing", b)
 	}
 }
+
+// TestConfigShadowedRule: a rule that an earlier rule of its domain
+// matches every descriptor of never maps one (the first match wins); such
+// a mapping served, sending every descriptor meant for the second rule
+// to the first's unit, until it was refused at load.
+func TestConfigShadowedRule(t *testing.T) {
+	rules := func(rs ...string) string {
+		return "domains: [{name: a, rules: [" + strings.Join(rs, ", ") + "]}]"
+	}
+	for name, cfg := range map[string]string{
+		"the same keys, another unit": rules(
+			"{subject: {key: t}, unit: requests}",
+			"{subject: {key: t}, unit: tokens}"),
+		"general before fixed value": rules(
+			"{subject: {key: t}, route: {key: r}, unit: requests}",
+			"{subject: {key: t}, match: {r: search}, unit: tokens}"),
+		"the same match": rules(
+			"{subject: {key: t}, match: {g: x}, unit: requests}",
+			"{subject: {key: t}, match: {g: x}, unit: tokens}"),
+		"id rule before one without": rules(
+			"{subject: {key: t}, id_key: i, phase_key: p, unit: tokens}",
+			"{subject: {key: t}, unit: requests}"),
+		"later in the list": rules(
+			"{subject: {key: t}, match: {g: x}, unit: requests}",
+			"{subject: {key: t}, route: {value: chat}, unit: tokens}",
+			"{subject: {key: t}, route: {value: other}, unit: requests}"),
+	} {
+		_, err := envoyrls.ParseConfig([]byte(cfg))
+		if err == nil || !strings.Contains(err.Error(), "never matches") {
+			t.Errorf("%s: %v, want the later rule refused as never matching", name, err)
+		}
+	}
+	for name, cfg := range map[string]string{
+		"told apart by match": rules(
+			"{subject: {key: t}, match: {g: tokens}, unit: tokens}",
+			"{subject: {key: t}, match: {g: requests}, unit: requests}"),
+		"fixed value before general": rules(
+			"{subject: {key: t}, match: {r: search}, unit: tokens}",
+			"{subject: {key: t}, route: {key: r}, unit: requests}"),
+		"later rule has an id": rules(
+			"{subject: {key: t}, unit: requests}",
+			"{subject: {key: t}, id_key: i, unit: tokens}"),
+		"later rule has a phase": rules(
+			"{subject: {key: t}, id_key: i, unit: tokens}",
+			"{subject: {key: t}, id_key: i, phase_key: p, unit: tokens}"),
+		"subject may be empty": rules(
+			"{subject: {key: r}, route: {value: x}, region: {key: t}, unit: u}",
+			"{subject: {key: t}, route: {key: r}, unit: u}"),
+		"more keys": rules(
+			"{subject: {key: t}, unit: requests}",
+			"{subject: {key: t}, route: {key: r}, unit: requests}"),
+	} {
+		if _, err := envoyrls.ParseConfig([]byte(cfg)); err != nil {
+			t.Errorf("%s: %v, want accepted (the later rule maps descriptors the earlier does not)", name, err)
+		}
+	}
+}
