@@ -1358,3 +1358,40 @@ func TestConfigShadowedRule(t *testing.T) {
 		}
 	}
 }
+
+// TestRefusedAloneRetriedAfresh: a refused reserve leaves nothing, so a
+// request whose only descriptor with an id was refused has no released
+// reservation to stay refused by: its retry is checked afresh, admitted
+// once the limit has room, and settled as any check (docs/ENVOY.md,
+// "With an id"). The table of the call after the stream finds such a
+// refusal as "none".
+func TestRefusedAloneRetriedAfresh(t *testing.T) {
+	h := newHarness(t, options{config: testMapping(t), auth: true})
+	h.publish("solo", "chat", "tokens", 1000, 100, time.Minute, false)
+	check := func(id string, n uint64) *rlsv3.RateLimitResponse {
+		return h.mustCheck(&rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlscommon.RateLimitDescriptor{
+			descriptor(hits(n), "tenant", "solo", "x-request-id", id)}})
+	}
+	if resp := check("a-1", 995); resp.GetOverallCode() != OK {
+		t.Fatalf("a-1: %v", resp)
+	}
+	if resp, err := h.streamDone("solo", "a-1", 995); err != nil || resp.GetOverallCode() != OK {
+		t.Fatalf("a-1 stream done: %v %v", resp, err)
+	}
+	if resp := check("a-2", 10); resp.GetOverallCode() != OVER {
+		t.Fatalf("a-2 with 5 free: %v, want OVER_LIMIT", resp)
+	}
+	if _, err := h.ledger.GetReservation(context.Background(), connect.NewRequest(&v1.GetReservationRequest{ReservationId: "envoy:a-2/solo/chat/global"})); connect.CodeOf(err) != connect.CodeNotFound {
+		t.Fatalf("a-2's reservation after its refusal: %v, want none (NOT_FOUND)", err)
+	}
+	h.clock.Advance(time.Minute) // 105 free
+	for attempt := range 2 {
+		if resp := check("a-2", 10); resp.GetOverallCode() != OK || resp.GetStatuses()[0].GetLimitRemaining() != 95 {
+			t.Fatalf("a-2 retried with room (attempt %d): %v, want OK with 95 remaining", attempt+1, resp)
+		}
+	}
+	if r := h.reservation("envoy:a-2/solo/chat/global"); r.GetState() != v1.ReservationState_RESERVATION_STATE_STARTED || r.GetReservedUnits()["tokens"] != 10 {
+		t.Fatalf("a-2 after the retry: %v, want STARTED holding 10", r)
+	}
+	h.mustCharge("a-2", "solo", "a-2", 7, 1002)
+}
