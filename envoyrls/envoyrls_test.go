@@ -1395,3 +1395,50 @@ func TestRefusedAloneRetriedAfresh(t *testing.T) {
 	}
 	h.mustCharge("a-2", "solo", "a-2", 7, 1002)
 }
+
+// TestCheckOfAnExpiredIDIsRefused: a check whose id names a hold that
+// expired unstarted (its first check's start never committed, and its hold
+// TTL passed; or another request reusing the id) can neither replay nor
+// start it: OVER_LIMIT, charged nothing, no Retry-After, as for a settled
+// or released one (docs/ENVOY.md, "With an id"). It answered
+// FAILED_PRECONDITION, which Envoy handles by failure_mode_deny. With
+// another descriptor, the request is refused as a whole and keeps
+// nothing; the call after the stream still records the usage.
+func TestCheckOfAnExpiredIDIsRefused(t *testing.T) {
+	h := newHarness(t, options{config: testMapping(t), auth: true})
+	h.publish("acme", "chat", "tokens", 1000, 1, time.Hour, false)
+	h.publish("global", "chat", "tokens", 1000, 1, time.Hour, false)
+	ctx := context.Background()
+	const rid = "envoy:q-e1/acme/chat/global"
+	if _, err := h.ledger.Reserve(ctx, connect.NewRequest(&v1.ReserveRequest{ReservationId: rid,
+		Subject: "acme", Route: "chat", Units: map[string]int64{"tokens": 500}})); err != nil {
+		t.Fatal(err)
+	}
+	h.clock.Advance(ledger.DefaultHoldTTL + time.Second)
+	for _, kind := range []ledger.Kind{ledger.KindExpireClaim, ledger.KindExpire} {
+		if res, err := h.engine.Do(ctx, ledger.Command{Kind: kind, ReservationID: rid, Cause: ledger.CauseHoldExpired}); err != nil || res.Err != nil {
+			t.Fatalf("%s: %+v %v", kind, res, err)
+		}
+	}
+	check := &rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlscommon.RateLimitDescriptor{
+		descriptor(hits(0), "tenant", "acme", "x-request-id", "q-e1")}}
+	for attempt := range 2 {
+		resp, err := h.check(check)
+		if err != nil || resp.GetOverallCode() != OVER || header(resp, "Retry-After") != "" {
+			t.Fatalf("attempt %d: the id of an expired hold again: %v %v, want OVER_LIMIT without Retry-After", attempt, resp, err)
+		}
+	}
+	both := &rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlscommon.RateLimitDescriptor{
+		descriptor(hits(0), "tenant", "global", "x-request-id", "q-e1"),
+		descriptor(hits(0), "tenant", "acme", "x-request-id", "q-e1")}}
+	if resp, err := h.check(both); err != nil || resp.GetOverallCode() != OVER || resp.GetStatuses()[0].GetCode() != OK || resp.GetStatuses()[1].GetCode() != OVER {
+		t.Fatalf("with a fresh descriptor: %v %v, want OK, OVER_LIMIT", resp, err)
+	}
+	if b := h.balance("global", "chat"); b.Reserved != 0 || b.Available != 1000 {
+		t.Fatalf("global %+v: the refused request keeps nothing", b)
+	}
+	h.mustCharge("expired, checked again", "acme", "q-e1", 90, 90)
+	if b := h.balance("acme", "chat"); b.Reserved != 0 || b.Available != 910 {
+		t.Fatalf("acme %+v: want only the 90 recorded spent, nothing held", b)
+	}
+}
