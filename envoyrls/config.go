@@ -3,6 +3,7 @@ package envoyrls
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 
@@ -138,6 +139,11 @@ func (c *Config) validate() error {
 			if err := d.Rules[j].validate(); err != nil {
 				return fmt.Errorf("domain %q rules[%d]: %w", d.Name, j, err)
 			}
+			for i := range j {
+				if d.Rules[i].covers(&d.Rules[j]) {
+					return fmt.Errorf("domain %q rules[%d] never matches: rules[%d] before it matches every descriptor it would (the first rule that matches wins); tell them apart with match, or put the narrower rule first", d.Name, j, i)
+				}
+			}
 		}
 	}
 	return nil
@@ -196,6 +202,41 @@ func (r *Rule) validate() error {
 		}
 	}
 	return nil
+}
+
+// covers reports whether r matches every descriptor that b matches, so
+// that b, after r, would never map one. It holds when both require the
+// same entry keys, each of r's match entries is one of b's with the same
+// value (an entry b fixes may be one r reads any value of), b's id and
+// phase keys, when set, are r's, and r's subject, when read from an
+// entry, is never empty where b matches. It errs on the side of false: a
+// rule it does not report may still be unreachable in a way it does not
+// see.
+func (r *Rule) covers(b *Rule) bool {
+	required := func(x *Rule) map[string]bool {
+		keys := map[string]bool{}
+		for _, k := range []string{x.Subject.Key, x.Route.Key, x.Region.Key} {
+			if k != "" {
+				keys[k] = true
+			}
+		}
+		for k := range x.Match {
+			keys[k] = true
+		}
+		return keys
+	}
+	if !maps.Equal(required(r), required(b)) {
+		return false
+	}
+	for k, v := range r.Match {
+		if w, ok := b.Match[k]; !ok || w != v {
+			return false
+		}
+	}
+	if b.IDKey != "" && b.IDKey != r.IDKey || b.PhaseKey != "" && b.PhaseKey != r.PhaseKey {
+		return false
+	}
+	return r.Subject.Key == "" || r.Subject.Key == b.Subject.Key || b.Match[r.Subject.Key] != ""
 }
 
 // keys returns every entry key the rule reads ("" for unset ones).

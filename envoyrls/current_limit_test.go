@@ -2,6 +2,7 @@ package envoyrls_test
 
 import (
 	"fmt"
+	"math"
 	"math/big"
 	"testing"
 	"time"
@@ -56,5 +57,28 @@ func TestCurrentLimitNeverClaimsMore(t *testing.T) {
 			t.Errorf("%d per %s: current_limit %d per %s claims more than the policy refills", tc.refill, tc.every,
 				limit.GetRequestsPerUnit(), limit.GetUnit())
 		}
+	}
+}
+
+// TestCountsBeyond32Bits: Envoy's limit_remaining and requests_per_unit
+// are 32-bit; a budget beyond 4294967295 (billions of tokens) reports
+// 4294967295 there, never a wrapped-around small number, and the
+// RateLimit header's r carries the exact remaining (docs/ENVOY.md, "The
+// answer").
+func TestCountsBeyond32Bits(t *testing.T) {
+	h := newHarness(t, options{config: testMapping(t)})
+	const burst = 1<<40 + 10
+	h.publish("huge", "search", "requests", burst, 10_000_000_000, time.Second, false)
+	resp := h.mustCheck(&rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*rlscommon.RateLimitDescriptor{
+		descriptor(nil, "tenant", "huge", "route", "search")}})
+	st := resp.GetStatuses()[0]
+	if st.GetCode() != OK || st.GetLimitRemaining() != math.MaxUint32 {
+		t.Fatalf("one hit of %d: %v, want OK with limit_remaining %d", burst, st, uint32(math.MaxUint32))
+	}
+	if limit := st.GetCurrentLimit(); limit.GetRequestsPerUnit() != math.MaxUint32 || limit.GetUnit() != rlsv3.RateLimitResponse_RateLimit_SECOND {
+		t.Fatalf("10^10 per second: current_limit %v, want %d per SECOND", limit, uint32(math.MaxUint32))
+	}
+	if got, want := header(resp, "RateLimit"), fmt.Sprintf(`"search-requests";r=%d;t=1`, burst-1); got != want {
+		t.Fatalf("RateLimit header %q, want %q", got, want)
 	}
 }

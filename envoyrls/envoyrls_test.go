@@ -1301,3 +1301,144 @@ func TestRequestIDReusedAfterItsSettleIsRefused(t *testing.T) {
 		t.Fatalf("global %+v: the refused request keeps nothing", b)
 	}
 }
+
+// TestConfigShadowedRule: a rule that an earlier rule of its domain
+// matches every descriptor of never maps one (the first match wins); such
+// a mapping served, sending every descriptor meant for the second rule
+// to the first's unit, until it was refused at load.
+func TestConfigShadowedRule(t *testing.T) {
+	rules := func(rs ...string) string {
+		return "domains: [{name: a, rules: [" + strings.Join(rs, ", ") + "]}]"
+	}
+	for name, cfg := range map[string]string{
+		"the same keys, another unit": rules(
+			"{subject: {key: t}, unit: requests}",
+			"{subject: {key: t}, unit: tokens}"),
+		"general before fixed value": rules(
+			"{subject: {key: t}, route: {key: r}, unit: requests}",
+			"{subject: {key: t}, match: {r: search}, unit: tokens}"),
+		"the same match": rules(
+			"{subject: {key: t}, match: {g: x}, unit: requests}",
+			"{subject: {key: t}, match: {g: x}, unit: tokens}"),
+		"id rule before one without": rules(
+			"{subject: {key: t}, id_key: i, phase_key: p, unit: tokens}",
+			"{subject: {key: t}, unit: requests}"),
+		"later in the list": rules(
+			"{subject: {key: t}, match: {g: x}, unit: requests}",
+			"{subject: {key: t}, route: {value: chat}, unit: tokens}",
+			"{subject: {key: t}, route: {value: other}, unit: requests}"),
+	} {
+		_, err := envoyrls.ParseConfig([]byte(cfg))
+		if err == nil || !strings.Contains(err.Error(), "never matches") {
+			t.Errorf("%s: %v, want the later rule refused as never matching", name, err)
+		}
+	}
+	for name, cfg := range map[string]string{
+		"told apart by match": rules(
+			"{subject: {key: t}, match: {g: tokens}, unit: tokens}",
+			"{subject: {key: t}, match: {g: requests}, unit: requests}"),
+		"fixed value before general": rules(
+			"{subject: {key: t}, match: {r: search}, unit: tokens}",
+			"{subject: {key: t}, route: {key: r}, unit: requests}"),
+		"later rule has an id": rules(
+			"{subject: {key: t}, unit: requests}",
+			"{subject: {key: t}, id_key: i, unit: tokens}"),
+		"later rule has a phase": rules(
+			"{subject: {key: t}, id_key: i, unit: tokens}",
+			"{subject: {key: t}, id_key: i, phase_key: p, unit: tokens}"),
+		"subject may be empty": rules(
+			"{subject: {key: r}, route: {value: x}, region: {key: t}, unit: u}",
+			"{subject: {key: t}, route: {key: r}, unit: u}"),
+		"more keys": rules(
+			"{subject: {key: t}, unit: requests}",
+			"{subject: {key: t}, route: {key: r}, unit: requests}"),
+	} {
+		if _, err := envoyrls.ParseConfig([]byte(cfg)); err != nil {
+			t.Errorf("%s: %v, want accepted (the later rule maps descriptors the earlier does not)", name, err)
+		}
+	}
+}
+
+// TestRefusedAloneRetriedAfresh: a refused reserve leaves nothing, so a
+// request whose only descriptor with an id was refused has no released
+// reservation to stay refused by: its retry is checked afresh, admitted
+// once the limit has room, and settled as any check (docs/ENVOY.md,
+// "With an id"). The table of the call after the stream finds such a
+// refusal as "none".
+func TestRefusedAloneRetriedAfresh(t *testing.T) {
+	h := newHarness(t, options{config: testMapping(t), auth: true})
+	h.publish("solo", "chat", "tokens", 1000, 100, time.Minute, false)
+	check := func(id string, n uint64) *rlsv3.RateLimitResponse {
+		return h.mustCheck(&rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlscommon.RateLimitDescriptor{
+			descriptor(hits(n), "tenant", "solo", "x-request-id", id)}})
+	}
+	if resp := check("a-1", 995); resp.GetOverallCode() != OK {
+		t.Fatalf("a-1: %v", resp)
+	}
+	if resp, err := h.streamDone("solo", "a-1", 995); err != nil || resp.GetOverallCode() != OK {
+		t.Fatalf("a-1 stream done: %v %v", resp, err)
+	}
+	if resp := check("a-2", 10); resp.GetOverallCode() != OVER {
+		t.Fatalf("a-2 with 5 free: %v, want OVER_LIMIT", resp)
+	}
+	if _, err := h.ledger.GetReservation(context.Background(), connect.NewRequest(&v1.GetReservationRequest{ReservationId: "envoy:a-2/solo/chat/global"})); connect.CodeOf(err) != connect.CodeNotFound {
+		t.Fatalf("a-2's reservation after its refusal: %v, want none (NOT_FOUND)", err)
+	}
+	h.clock.Advance(time.Minute) // 105 free
+	for attempt := range 2 {
+		if resp := check("a-2", 10); resp.GetOverallCode() != OK || resp.GetStatuses()[0].GetLimitRemaining() != 95 {
+			t.Fatalf("a-2 retried with room (attempt %d): %v, want OK with 95 remaining", attempt+1, resp)
+		}
+	}
+	if r := h.reservation("envoy:a-2/solo/chat/global"); r.GetState() != v1.ReservationState_RESERVATION_STATE_STARTED || r.GetReservedUnits()["tokens"] != 10 {
+		t.Fatalf("a-2 after the retry: %v, want STARTED holding 10", r)
+	}
+	h.mustCharge("a-2", "solo", "a-2", 7, 1002)
+}
+
+// TestCheckOfAnExpiredIDIsRefused: a check whose id names a hold that
+// expired unstarted (its first check's start never committed, and its hold
+// TTL passed; or another request reusing the id) can neither replay nor
+// start it: OVER_LIMIT, charged nothing, no Retry-After, as for a settled
+// or released one (docs/ENVOY.md, "With an id"). It answered
+// FAILED_PRECONDITION, which Envoy handles by failure_mode_deny. With
+// another descriptor, the request is refused as a whole and keeps
+// nothing; the call after the stream still records the usage.
+func TestCheckOfAnExpiredIDIsRefused(t *testing.T) {
+	h := newHarness(t, options{config: testMapping(t), auth: true})
+	h.publish("acme", "chat", "tokens", 1000, 1, time.Hour, false)
+	h.publish("global", "chat", "tokens", 1000, 1, time.Hour, false)
+	ctx := context.Background()
+	const rid = "envoy:q-e1/acme/chat/global"
+	if _, err := h.ledger.Reserve(ctx, connect.NewRequest(&v1.ReserveRequest{ReservationId: rid,
+		Subject: "acme", Route: "chat", Units: map[string]int64{"tokens": 500}})); err != nil {
+		t.Fatal(err)
+	}
+	h.clock.Advance(ledger.DefaultHoldTTL + time.Second)
+	for _, kind := range []ledger.Kind{ledger.KindExpireClaim, ledger.KindExpire} {
+		if res, err := h.engine.Do(ctx, ledger.Command{Kind: kind, ReservationID: rid, Cause: ledger.CauseHoldExpired}); err != nil || res.Err != nil {
+			t.Fatalf("%s: %+v %v", kind, res, err)
+		}
+	}
+	check := &rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlscommon.RateLimitDescriptor{
+		descriptor(hits(0), "tenant", "acme", "x-request-id", "q-e1")}}
+	for attempt := range 2 {
+		resp, err := h.check(check)
+		if err != nil || resp.GetOverallCode() != OVER || header(resp, "Retry-After") != "" {
+			t.Fatalf("attempt %d: the id of an expired hold again: %v %v, want OVER_LIMIT without Retry-After", attempt, resp, err)
+		}
+	}
+	both := &rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlscommon.RateLimitDescriptor{
+		descriptor(hits(0), "tenant", "global", "x-request-id", "q-e1"),
+		descriptor(hits(0), "tenant", "acme", "x-request-id", "q-e1")}}
+	if resp, err := h.check(both); err != nil || resp.GetOverallCode() != OVER || resp.GetStatuses()[0].GetCode() != OK || resp.GetStatuses()[1].GetCode() != OVER {
+		t.Fatalf("with a fresh descriptor: %v %v, want OK, OVER_LIMIT", resp, err)
+	}
+	if b := h.balance("global", "chat"); b.Reserved != 0 || b.Available != 1000 {
+		t.Fatalf("global %+v: the refused request keeps nothing", b)
+	}
+	h.mustCharge("expired, checked again", "acme", "q-e1", 90, 90)
+	if b := h.balance("acme", "chat"); b.Reserved != 0 || b.Available != 910 {
+		t.Fatalf("acme %+v: want only the 90 recorded spent, nothing held", b)
+	}
+}

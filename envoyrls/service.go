@@ -934,6 +934,16 @@ func (s *Service) decide(ctx context.Context, it *item, answers *server.Answers)
 			it.over = true
 			return nil
 		}
+		if expiredHold(it) {
+			// The check of an id whose hold expired unstarted (its first
+			// check's start never committed and the hold TTL passed, or
+			// another request reusing the id): the hold is final, as a
+			// released one is, and its start fails (followErr ignores
+			// that). Refused, charged nothing; the call after the stream
+			// records what the request used.
+			it.over = true
+			return nil
+		}
 		if kind := it.cmds[0].Kind; (kind == ledger.KindSettle || kind == ledger.KindRecord) &&
 			res.Reservation.State == ledger.StateSettledWithDebt {
 			// The usage was recorded, beyond what was free: the account is
@@ -970,7 +980,7 @@ func answeredFromID(res *ledger.Result) bool {
 // followErr returns the error of a follow-up command that failed for a
 // reason other than its reserve having been refused.
 func followErr(it *item) error {
-	if len(it.results) < 2 || it.results[0].Err != nil {
+	if len(it.results) < 2 || it.results[0].Err != nil || expiredHold(it) {
 		return nil
 	}
 	for j := 1; j < len(it.results); j++ {
@@ -979,6 +989,18 @@ func followErr(it *item) error {
 		}
 	}
 	return nil
+}
+
+// expiredHold reports whether a check's reserve replayed a hold that
+// expiry claimed before any start (EXPIRING or EXPIRED): final, so the
+// check is refused and its start's failure is no error of the call.
+func expiredHold(it *item) bool {
+	if len(it.results) == 0 || it.cmds[0].Kind != ledger.KindReserve || it.mapped.Settle {
+		return false
+	}
+	res := &it.results[0]
+	return res.Err == nil && res.Replayed &&
+		(res.Reservation.State == ledger.StateExpiring || res.Reservation.State == ledger.StateExpired)
 }
 
 // respond builds the answer: one status per descriptor, the overall code,
