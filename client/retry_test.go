@@ -48,3 +48,16 @@ func TestHalfJitterDrawsFromHalfToBelowTheWait(t *testing.T) {
 		}
 	}
 }
+
+// A cap below the base is raised to the base (withDefaults): the first
+// repeat's ceiling is BaseDelay, never the smaller MaxDelay.
+func TestBackoffCapBelowBaseIsTheBase(t *testing.T) {
+	p := RetryPolicy{BaseDelay: 100 * time.Millisecond, MaxDelay: 10 * time.Millisecond}
+	for retry := range 3 {
+		var gotN int64
+		p.Backoff(retry, func(n int64) int64 { gotN = n; return 0 })
+		if time.Duration(gotN) != p.BaseDelay {
+			t.Errorf("retry %d: ceiling %s, want the base %s", retry, time.Duration(gotN), p.BaseDelay)
+		}
+	}
+}

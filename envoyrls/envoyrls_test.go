@@ -409,6 +409,10 @@ func TestBadRequests(t *testing.T) {
 	if resp := h.mustCheck(&rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*rlscommon.RateLimitDescriptor{d}}); resp.GetStatuses()[0].GetLimitRemaining() != 9 {
 		t.Fatalf("first valid check after bad requests: %v", resp)
 	}
+	// At most 64 descriptors (docs/ENVOY.md): 64 is a request like any other.
+	if _, err := h.check(&rlsv3.RateLimitRequest{Domain: "api", Descriptors: many[:64]}); err != nil {
+		t.Fatalf("64 descriptors: %v", err)
+	}
 }
 
 func TestConfigErrors(t *testing.T) {

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"compress/gzip"
 	"encoding/base64"
+	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -325,5 +327,74 @@ func TestUnknownMethodNamesItsServicesMethods(t *testing.T) {
 	}
 	if msg := send("/v1/reserve"); !strings.Contains(msg, "POST /capledger.v1.<Service>/<Method>") || !strings.Contains(msg, "ShardService") {
 		t.Errorf("a path of no service: %q", msg)
+	}
+}
+
+// The body limit is inclusive (API.md, "Limits": a body larger than the
+// limit is refused): a Connect body of exactly --max-body bytes is
+// served, whether sized (Content-Length), chunked or gzip-compressed, and
+// one byte more is 413.
+func TestBodyOfExactlyTheLimitIsServed(t *testing.T) {
+	const limit = 4096
+	h := newHarness(t, harnessOptions{maxBody: limit})
+	h.ok("PublishPolicy", tokensPolicy, "")
+	// A reserve padded with trailing spaces to n bytes.
+	body := func(id string, n int) []byte {
+		b := reserveBody(id, 1)
+		return []byte(b + strings.Repeat(" ", n-len(b)))
+	}
+	gz := func(b []byte) []byte {
+		var buf bytes.Buffer
+		zw := gzip.NewWriter(&buf)
+		zw.Write(b)
+		zw.Close()
+		return buf.Bytes()
+	}
+	for _, c := range []struct {
+		name    string
+		chunked bool
+		gzip    bool
+	}{{"sized", false, false}, {"chunked", true, false}, {"gzip", false, true}} {
+		for _, n := range []int{limit, limit + 1} {
+			raw := body(fmt.Sprintf("%s-%d", c.name, n), n)
+			if c.gzip {
+				raw = gz(raw)
+			}
+			var rd io.Reader = bytes.NewReader(raw)
+			if c.chunked {
+				rd = io.MultiReader(rd) // no length known: sent chunked
+			}
+			req, _ := http.NewRequest(http.MethodPost, h.url+"/capledger.v1.LedgerService/Reserve", rd)
+			req.Header.Set("Content-Type", "application/json")
+			if c.gzip {
+				req.Header.Set("Content-Encoding", "gzip")
+			}
+			if c.chunked && req.ContentLength != 0 {
+				t.Fatalf("chunked request has Content-Length %d", req.ContentLength)
+			}
+			r := h.do(req)
+			want := http.StatusOK
+			if n > limit {
+				want = http.StatusRequestEntityTooLarge
+			}
+			if r.status != want {
+				t.Errorf("%s body of %d bytes (limit %d): %d %s, want %d", c.name, n, limit, r.status, r.raw, want)
+			}
+		}
+	}
+}
+
+// A request with several bad unit names is answered for the first of
+// them in byte order, whatever order the map is read in: the same request
+// always gets the same answer (an empty name sorts before "a\u0000").
+func TestSeveralBadUnitNamesAnswerAlike(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	h.ok("PublishPolicy", tokensPolicy, "")
+	for i := range 20 {
+		r := h.call("Reserve", `{"reservationId":"bad-units","subject":"tenant-7","route":"chat.generate","units":{"a\u0000":1,"":1,"b\u0000":1}}`, "")
+		h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidCommand)
+		if msg, _ := r.body["message"].(string); !strings.Contains(msg, "a unit name is empty") {
+			t.Fatalf("call %d: %s, want the empty name's answer", i, r.raw)
+		}
 	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -195,7 +196,7 @@ func TestRolloutCommands(t *testing.T) {
 	if out := run(0, "rollout", "set", "llm", "--percent", "1"); !strings.Contains(out, "nothing recorded") {
 		t.Errorf("a repeated step:\n%s", out)
 	}
-	run(0, "rollout", "set", "--percent", "50")
+	run(0, "rollout", "set", "--percent", "50%") // a percent sign is allowed
 	out = run(0, "rollout", "list")
 	if !regexpLine(out, `^llm\s+route\s+50%\s+embed\.create@global,moderate\.text@global\s+chat\.generate@global,rerank\.query@global$`) {
 		t.Fatalf("list at 50%%:\n%s", out)
@@ -511,5 +512,42 @@ func TestRollbackWaitOutlivesAnUnavailableServer(t *testing.T) {
 		}
 	case <-time.After(40 * time.Second):
 		t.Fatalf("rollback --wait did not finish after the server came back:\n%s", stderr.String())
+	}
+}
+
+// rollback's arguments and flags at their edges: generation 0 is no
+// generation (exit 1, nothing sent); --max-wait 0 is allowed (poll once);
+// and a follow whose very first poll finds the server unavailable ends at
+// once with exit 5, polling again only once some poll has answered.
+func TestRollbackArgumentEdges(t *testing.T) {
+	url := startInProcess(t)
+	path := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(path, []byte(policyYAML), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := cli(t, url, "policy", "publish", path) // generation 1
+	wantExit(t, exitOK, code, out, errOut)
+	code, out, errOut = cli(t, url, "rollback", "0")
+	wantExit(t, exitUsage, code, out, errOut)
+	if !strings.Contains(errOut, `generation "0" is not a positive integer`) {
+		t.Errorf("rollback 0:\n%s", errOut)
+	}
+	// Generation 1 holds nothing: rolled back, it is drained at the one poll.
+	code, out, errOut = cli(t, url, "rollback", "1", "--wait", "--max-wait", "0", "--interval", "10ms")
+	wantExit(t, exitOK, code, out, errOut)
+	if !regexpLine(out, `^1\s+.*\s+true$`) {
+		t.Errorf("rollback 1 --wait --max-wait 0:\n%s", out)
+	}
+	// Nothing listens on the address (a port just closed).
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := "http://" + ln.Addr().String()
+	ln.Close()
+	code, out, errOut = cli(t, dead, "rollback", "--status", "1", "--wait", "--max-wait", "3s", "--interval", "10ms", "--timeout", "1s")
+	wantExit(t, exitUnavailable, code, out, errOut)
+	if strings.Contains(errOut, "poll failed") {
+		t.Errorf("the first poll's failure was polled again:\n%s", errOut)
 	}
 }

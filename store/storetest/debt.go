@@ -57,8 +57,9 @@ func debtAccounts() ([]ledger.Account, []ledger.AccountKey) {
 		mk(debtKey("t7", "chat", "us", 2), 2, noDebt(), owing(3, 1)),
 		mk(debtKey("t7", "embed", "eu", 1), 1, noDebt()),
 		mk(debtKey("t70", "chat", "eu", 2), 1, owing(9, 0)),
-		// Debt in a balance past Dims: the row holds it, so it counts.
-		mk(debtKey("t8", "chat", "eu", 4), 1, noDebt(), noDebt(), owing(1, 0)),
+		// Debt in a balance past Dims, the last one a row can hold
+		// (ledger.MaxDimensions): the row holds it, so it counts.
+		mk(debtKey("t8", "chat", "eu", 4), 1, noDebt(), noDebt(), noDebt(), owing(1, 0)),
 		mk(debtKey("t9", "chat", "eu", 1), 1, owing(60, 60)),
 	}
 	inDebt := []ledger.AccountKey{
