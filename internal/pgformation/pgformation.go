@@ -199,13 +199,13 @@ func Start(t testing.TB, nodes int) *Formation {
 		n.create()
 	}
 	if err := f.WaitHealthy(ctx); err != nil {
-		t.Fatalf("formation did not become healthy: %v\n%s", err, f.logs())
+		t.Fatalf("formation did not become healthy: %v\n%s", err, f.Logs())
 	}
 	if err := f.monitorExec(ctx, "SELECT pgautofailover.set_formation_number_sync_standbys('default', 1)"); err != nil {
 		t.Fatalf("number-sync-standbys 1: %v", err)
 	}
 	if err := f.WaitHealthy(ctx); err != nil {
-		t.Fatalf("formation did not become healthy: %v\n%s", err, f.logs())
+		t.Fatalf("formation did not become healthy: %v\n%s", err, f.Logs())
 	}
 	return f
 }
@@ -270,7 +270,9 @@ func (p *process) output() string {
 	return s
 }
 
-func (f *Formation) logs() string {
+// Logs returns the tail of every node's pg_autoctl output, for a failure
+// message.
+func (f *Formation) Logs() string {
 	var b strings.Builder
 	for _, n := range f.Nodes {
 		fmt.Fprintf(&b, "--- %s (port %d)\n%s\n", n.Name, n.Port, n.output())

@@ -319,7 +319,7 @@ func TestFailoverGate(t *testing.T) {
 		fo.unavailable = time.Duration(firstOK.Load() - killTime)
 		if err := f.WaitHealthy(wctx); err != nil {
 			cancel()
-			t.Fatalf("failover %d: formation not healthy after rejoin: %v", k+1, err)
+			t.Fatalf("failover %d: formation not healthy after rejoin: %v\n%s", k+1, err, f.Logs())
 		}
 		cancel()
 		fo.rejoin = time.Since(rejoinStart)
