@@ -308,8 +308,9 @@ func bearer(token string) connect.UnaryInterceptorFunc {
 // return, and releases the idle
 // connections of the SDK's own http.Client. It does not wait for the
 // ledger: a background call in flight is cancelled (a release of a late
-// central hold so cancelled is logged, and the hold expires after its
-// hold TTL). The Client must not be used afterwards. It returns nil.
+// central hold so cancelled is logged; unless it reached the ledger, the
+// hold expires after its hold TTL). The Client must not be used
+// afterwards. It returns nil.
 func (c *Client) Close() error {
 	c.breaker.shutdown()
 	c.lookups.shutdown()

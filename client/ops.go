@@ -259,7 +259,9 @@ type StartResult struct {
 // matching ErrExpired, ErrReleased, ErrOperationMismatch or ErrNotFound when
 // the ledger refuses, *LostError when every answer was lost (repeat with the
 // same operation id, or Release: a started reservation then answers
-// ErrAlreadyStarted).
+// ErrAlreadyStarted); the transport error (connect code Unavailable,
+// ErrLedgerUnreachable while the breaker is open) when no attempt could be
+// sent: nothing was applied.
 func (c *Client) Start(ctx context.Context, id, operationID string) (*StartResult, error) {
 	m, err := call(ctx, c, "start", id, func(actx context.Context) (*connect.Response[ledgerv1.StartResponse], error) {
 		return c.rpc.Start(actx, connect.NewRequest(&ledgerv1.StartRequest{ReservationId: id, OperationId: operationID}))
@@ -288,7 +290,12 @@ type SettleResult struct {
 // ErrOperationMismatch, ErrAlreadySettled (a different settle was recorded),
 // ErrReleased, ErrExpired or ErrNotFound when the ledger refuses;
 // *LostError when every answer was lost (repeat it with the same values, or
-// MarkUsageUnknown).
+// MarkUsageUnknown). When no attempt could be sent (connection refused, the
+// breaker open) it returns the transport error (connect code Unavailable,
+// ErrLedgerUnreachable while the breaker is open), not a *LostError: nothing
+// was applied, the work stays STARTED, and the usage is known only to the
+// caller, who must send the same settle again until it lands. Settle keeps
+// no receipt for that; Run and Middleware do (PendingUnknown).
 func (c *Client) Settle(ctx context.Context, id, operationID string, actual Units) (*SettleResult, error) {
 	if actual == nil {
 		actual = Units{}
@@ -372,7 +379,8 @@ func (c *Client) RecordUsage(ctx context.Context, req RecordUsageRequest) (*Reco
 // Release gives an unstarted reservation back in full. It returns a
 // *LedgerError matching ErrAlreadyStarted (settle it instead),
 // ErrAlreadySettled, ErrExpired or ErrNotFound when the ledger refuses,
-// *LostError when every answer was lost.
+// *LostError when every answer was lost, the transport error (connect code
+// Unavailable) when no attempt could be sent: nothing was applied.
 func (c *Client) Release(ctx context.Context, id string) (*SettleResult, error) {
 	m, err := call(ctx, c, "release", id, func(actx context.Context) (*connect.Response[ledgerv1.ReleaseResponse], error) {
 		return c.rpc.Release(actx, connect.NewRequest(&ledgerv1.ReleaseRequest{ReservationId: id}))
@@ -387,7 +395,8 @@ func (c *Client) Release(ctx context.Context, id string) (*SettleResult, error) 
 // capacity stays held until a Settle with the operation id. It returns the
 // reservation (USAGE_UNKNOWN), a *LedgerError matching ErrNotStarted or
 // ErrAlreadySettled (with the reservation attached) when the ledger refuses,
-// *LostError when every answer was lost.
+// *LostError when every answer was lost, the transport error (connect code
+// Unavailable) when no attempt could be sent: nothing was applied.
 func (c *Client) MarkUsageUnknown(ctx context.Context, id string) (*ledgerv1.Reservation, error) {
 	m, err := call(ctx, c, "mark usage unknown", id, func(actx context.Context) (*connect.Response[ledgerv1.MarkUsageUnknownResponse], error) {
 		return c.rpc.MarkUsageUnknown(actx, connect.NewRequest(&ledgerv1.MarkUsageUnknownRequest{ReservationId: id}))

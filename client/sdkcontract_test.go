@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
 	ledgerv1 "github.com/capledger/capledger/api/capledger/v1"
 	"github.com/capledger/capledger/internal/faultproxy"
 	"github.com/capledger/capledger/ledger"
@@ -401,4 +402,79 @@ func TestARetryOfARequestServedFromAnEndedShardIsNeverAdmittedAgain(t *testing.T
 	}
 	defer store.Close()
 	retried("after a restart", NewEmergency(gw, store, EmergencyOptions{}))
+}
+
+// A Settle the SDK could not send at all (connection refused, breaker
+// open) applied nothing: the work stays STARTED and its usage is known
+// only to the caller. A direct Client.Settle says so with the transport
+// error (connect code Unavailable, Unreachable true, ErrLedgerUnreachable
+// once the breaker is open), not a *LostError, and keeps no receipt: only
+// Run and the middleware keep and resend such a settle (docs/CLIENTS.md,
+// section 4, rule 4; Settle's godoc). Sending it again with the same
+// values once the ledger is back applies it, for the first time.
+func TestDirectSettleNotSentIsTheCallersToSendAgain(t *testing.T) {
+	p := newLedgerProcess(t, t.TempDir())
+	ctx := context.Background()
+	c, err := New(p.addr, WithBreaker(BreakerPolicy{FailureThreshold: 1, DetectTimeout: 50 * time.Millisecond, ProbeBase: time.Hour, ProbeMax: time.Hour}),
+		WithRetryPolicy(RetryPolicy{MaxAttempts: 3, BaseDelay: 10 * time.Millisecond, MaxDelay: 50 * time.Millisecond}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	publishTenantPolicy(t, c, false)
+	r, err := c.Reserve(ctx, ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 100}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	op := NewOperationID()
+	if _, err := c.Start(ctx, r.ReservationID, op); err != nil {
+		t.Fatal(err)
+	}
+	p.stop(syscall.SIGKILL)
+
+	notSent := func(what string, err error) {
+		t.Helper()
+		var lost *LostError
+		if err == nil || errors.As(err, &lost) || connect.CodeOf(err) != connect.CodeUnavailable || !Unreachable(err) {
+			t.Fatalf("%s: %T %v, want the transport error (code unavailable, not *LostError)", what, err, err)
+		}
+		if kept := c.PendingUnknown(); len(kept) != 0 {
+			t.Fatalf("%s: PendingUnknown %+v, want nothing kept by a direct Settle", what, kept)
+		}
+	}
+	_, err = c.Settle(ctx, r.ReservationID, op, Units{"tokens": 40})
+	notSent("settle refused", err)
+	deadline := time.Now().Add(10 * time.Second)
+	for c.Breaker().State != BreakerOpen {
+		if time.Now().After(deadline) {
+			t.Fatalf("breaker %+v did not open", c.Breaker())
+		}
+		time.Sleep(10 * time.Millisecond)
+		_, _ = c.GetReservation(ctx, r.ReservationID) // a failure once no answer came for DetectTimeout opens it
+	}
+	_, err = c.Settle(ctx, r.ReservationID, op, Units{"tokens": 40})
+	notSent("settle with the breaker open", err)
+	if !errors.Is(err, ErrLedgerUnreachable) {
+		t.Fatalf("settle with the breaker open: %v, want ErrLedgerUnreachable", err)
+	}
+	_, err = c.Start(ctx, r.ReservationID, op)
+	notSent("start with the breaker open", err)
+	_, err = c.Release(ctx, r.ReservationID)
+	notSent("release with the breaker open", err)
+	_, err = c.MarkUsageUnknown(ctx, r.ReservationID)
+	notSent("mark usage unknown with the breaker open", err)
+
+	p.start()
+	direct, err := New(p.addr, noBreakerWatchdog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer direct.Close()
+	if got, err := direct.GetReservation(ctx, r.ReservationID); err != nil || got.GetState() != ledgerv1.ReservationState_RESERVATION_STATE_STARTED {
+		t.Fatalf("after the refused settles: %v %v, want STARTED", got.GetState(), err)
+	}
+	res, err := direct.Settle(ctx, r.ReservationID, op, Units{"tokens": 40})
+	if err != nil || res.Replayed || res.Reservation.GetActualUnits()["tokens"] != 40 {
+		t.Fatalf("settle sent again: %+v %v, want applied now (not a replay) with 40 tokens", res, err)
+	}
 }

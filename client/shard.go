@@ -66,8 +66,9 @@ type EmergencyOptions struct {
 	Keys ledger.ShardKeys
 	// Logger receives what Emergency does in the background and could
 	// not finish: a late central hold whose release was not confirmed
-	// (Client.Close cancelled it, or the ledger did not answer) and that
-	// is left to expire. Nil: slog.Default().
+	// (Client.Close cancelled it, or the ledger did not answer): it may
+	// have landed, else the hold expires after its hold TTL. Nil:
+	// slog.Default().
 	Logger *slog.Logger
 }
 
@@ -258,13 +259,14 @@ func (e *Emergency) Reserve(ctx context.Context, req ReserveRequest) (*Emergency
 // releaseLateHold releases the central hold of a request served from the
 // shard, on the lookups' goroutine. Client.Close cancels it (Close does
 // not wait for the ledger); a release not confirmed, cancelled or not
-// answered, is logged and its hold left to expire after its hold TTL.
+// answered, is logged: it may have landed, else its hold expires after its
+// hold TTL.
 func (e *Emergency) releaseLateHold(id string) {
 	rctx, cancel := e.client.background()
 	defer cancel()
 	_, err := e.client.Release(rctx, id)
 	if err != nil && isTransportFault(err) {
-		e.logger.Warn("capledger: release of a late central hold (its request was served from the shard) not confirmed; it stays RESERVED until its hold TTL expires",
+		e.logger.Warn("capledger: release of a late central hold (its request was served from the shard) not confirmed; it may have landed, else the hold stays RESERVED until its hold TTL expires",
 			"reservation", id, "client_closing", e.client.lookups.ctx.Err() != nil, "err", err)
 	}
 }
