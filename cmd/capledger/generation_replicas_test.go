@@ -18,20 +18,7 @@ import (
 // account's terms are exact after each step and the audit is clean. On
 // SQLite every call goes to one process.
 func TestGenerationSwitchAcrossReplicas(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the binary and runs server processes")
-	}
-	bin := buildBinary(t)
-	t.Run("postgres", func(t *testing.T) {
-		dsn := postgresSchema(t)
-		first := startServer(t, bin, t.TempDir(), "--store", dsn)
-		other := startServer(t, bin, t.TempDir(), "--store", dsn)
-		testGenerationSwitch(t, bin, first.url, other.url)
-	})
-	t.Run("sqlite", func(t *testing.T) {
-		srv := startServer(t, bin, t.TempDir())
-		testGenerationSwitch(t, bin, srv.url, srv.url)
-	})
+	onTwoReplicasAndSQLite(t, testGenerationSwitch)
 }
 
 func testGenerationSwitch(t *testing.T, bin, firstURL, otherURL string) {
@@ -125,22 +112,7 @@ func testGenerationSwitch(t *testing.T, bin, firstURL, otherURL string) {
 // zero. Every account conserves, spent over both generations is the
 // settled usage, and the audit is clean. On SQLite every call goes to
 // one process.
-func TestRollbackAcrossReplicas(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the binary and runs server processes")
-	}
-	bin := buildBinary(t)
-	t.Run("postgres", func(t *testing.T) {
-		dsn := postgresSchema(t)
-		first := startServer(t, bin, t.TempDir(), "--store", dsn)
-		other := startServer(t, bin, t.TempDir(), "--store", dsn)
-		testRollback(t, bin, first.url, other.url)
-	})
-	t.Run("sqlite", func(t *testing.T) {
-		srv := startServer(t, bin, t.TempDir())
-		testRollback(t, bin, srv.url, srv.url)
-	})
-}
+func TestRollbackAcrossReplicas(t *testing.T) { onTwoReplicasAndSQLite(t, testRollback) }
 
 func testRollback(t *testing.T, bin, firstURL, otherURL string) {
 	lossy := newLossyLink(t, firstURL)

@@ -23,19 +23,28 @@ import (
 // retry, and the audit is clean. On SQLite the retry goes to the same
 // process, directly.
 func TestLostRefundAnswersRetriedOnTheOtherReplica(t *testing.T) {
+	onTwoReplicasAndSQLite(t, testLostRefundAnswers)
+}
+
+// onTwoReplicasAndSQLite runs body against two `capledger serve` replicas
+// of one PostgreSQL schema (a call and its retry can go to different
+// processes: firstURL and otherURL), then against one process on SQLite
+// (both URLs the same).
+func onTwoReplicasAndSQLite(t *testing.T, body func(t *testing.T, bin, firstURL, otherURL string)) {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("builds the binary and runs server processes")
 	}
 	bin := buildBinary(t)
 	t.Run("postgres", func(t *testing.T) {
 		dsn := postgresSchema(t)
-		lossy := startServer(t, bin, t.TempDir(), "--store", dsn)
+		first := startServer(t, bin, t.TempDir(), "--store", dsn)
 		other := startServer(t, bin, t.TempDir(), "--store", dsn)
-		testLostRefundAnswers(t, bin, lossy.url, other.url)
+		body(t, bin, first.url, other.url)
 	})
 	t.Run("sqlite", func(t *testing.T) {
 		srv := startServer(t, bin, t.TempDir())
-		testLostRefundAnswers(t, bin, srv.url, srv.url)
+		body(t, bin, srv.url, srv.url)
 	})
 }
 
@@ -214,22 +223,7 @@ func asMap(v any) map[string]any {
 // hold beside it. The started work is not expired: the retry replays
 // STARTED, the settle charges its usage and refunds the rest once, and
 // the audit is clean. On SQLite the retry goes to the same process.
-func TestLostStartAnswerOutlivesItsHold(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the binary and runs server processes")
-	}
-	bin := buildBinary(t)
-	t.Run("postgres", func(t *testing.T) {
-		dsn := postgresSchema(t)
-		lossy := startServer(t, bin, t.TempDir(), "--store", dsn)
-		other := startServer(t, bin, t.TempDir(), "--store", dsn)
-		testLostStartAnswer(t, bin, lossy.url, other.url)
-	})
-	t.Run("sqlite", func(t *testing.T) {
-		srv := startServer(t, bin, t.TempDir())
-		testLostStartAnswer(t, bin, srv.url, srv.url)
-	})
-}
+func TestLostStartAnswerOutlivesItsHold(t *testing.T) { onTwoReplicasAndSQLite(t, testLostStartAnswer) }
 
 func testLostStartAnswer(t *testing.T, bin, lossyURL, otherURL string) {
 	lossy := newLossyLink(t, lossyURL)
@@ -275,20 +269,7 @@ func testLostStartAnswer(t *testing.T, bin, lossyURL, otherURL string) {
 // charge the usage and refund the rest once, and the audit is clean. On
 // SQLite every call goes to one process.
 func TestUnknownUsageStaysHeldAcrossReplicas(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the binary and runs server processes")
-	}
-	bin := buildBinary(t)
-	t.Run("postgres", func(t *testing.T) {
-		dsn := postgresSchema(t)
-		lossy := startServer(t, bin, t.TempDir(), "--store", dsn)
-		other := startServer(t, bin, t.TempDir(), "--store", dsn)
-		testUnknownUsageHeld(t, bin, lossy.url, other.url)
-	})
-	t.Run("sqlite", func(t *testing.T) {
-		srv := startServer(t, bin, t.TempDir())
-		testUnknownUsageHeld(t, bin, srv.url, srv.url)
-	})
+	onTwoReplicasAndSQLite(t, testUnknownUsageHeld)
 }
 
 func testUnknownUsageHeld(t *testing.T, bin, lossyURL, otherURL string) {
