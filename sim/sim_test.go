@@ -289,10 +289,12 @@ func TestFairnessGateCatchesWeightBlindScheduler(t *testing.T) {
 	cfg := DefaultConfig()
 	var blind FairnessSummary
 	perTenant := 0
+	worstWindow := 0.0
 	const n = 1500
 	for seed := uint64(1); seed <= n; seed++ {
 		o := runOne(&cfg, seed, hooks{ignoreWeights: true})
 		blind.add(&o.Fairness)
+		worstWindow = max(worstWindow, o.Fairness.WorstRFE)
 		if o.Violation != nil && o.Violation.Gate == GateTenantFairness {
 			perTenant++
 		}
@@ -307,7 +309,8 @@ func TestFairnessGateCatchesWeightBlindScheduler(t *testing.T) {
 	if worst <= ledger.DefaultFairnessBudget {
 		t.Errorf("a weight-blind scheduler passed the per-weight aggregate: worst class error %.4f", worst)
 	}
-	t.Logf("weight-blind scheduler: %d of %d interleavings fail tenant_fairness; worst class error %.4f (budget %.2f)", perTenant, n, worst, ledger.DefaultFairnessBudget)
+	t.Logf("weight-blind scheduler: %d of %d interleavings fail tenant_fairness; worst class error %.4f (budget %.2f); worst window RFE %.3f of its bound (the fairness gate's windows are too short to see it)",
+		perTenant, n, worst, ledger.DefaultFairnessBudget, worstWindow)
 }
 
 // BenchmarkInterleaving is the cost of one interleaving of the default
@@ -556,5 +559,29 @@ func TestUnknownP99AboveTenMinutesFailsTheRun(t *testing.T) {
 		if len(f) != 1 || !strings.Contains(f[0], tc.name+" p99") {
 			t.Errorf("%s p99 above %s: failures %v, want one naming it", tc.name, MaxUnknownP99, f)
 		}
+	}
+}
+
+// The weight-class aggregate is a statistical figure over 8-dispatch
+// windows, with no proven bound: on a correct scheduler it strays past
+// the 0.05 budget in small runs (seeds 3001..4000: weight 1 at 0.055 and
+// weight 3 at 0.063, with 487 and 328 windows), so it judges only a class
+// with minFairWindows windows, about a 10,000-interleaving run, and a
+// small run of the correct code passes.
+func TestWeightClassGateSparesASmallRunOfACorrectScheduler(t *testing.T) {
+	if raceEnabled {
+		t.Skip("too slow under the race detector")
+	}
+	cfg := DefaultConfig()
+	var sum FairnessSummary
+	for seed := uint64(3001); seed <= 4000; seed++ {
+		o := RunOne(&cfg, seed)
+		if o.Violation != nil {
+			t.Fatalf("seed %d:\n%s", seed, o.Violation.Report())
+		}
+		sum.add(&o.Fairness)
+	}
+	if f := sum.Failures(); len(f) != 0 {
+		t.Fatalf("a correct scheduler fails the weight-class gate over seeds 3001..4000: %v", f)
 	}
 }
