@@ -112,3 +112,83 @@ func TestLegacyBudgetOverTheAPI(t *testing.T) {
 		t.Fatalf("audit: %v", audit.Msg.GetDiscrepancies())
 	}
 }
+
+// A legacy limiter that overspent its carve (receipts above the budget)
+// is charged, not forgiven: the reconcile answers the excess as debtUnits,
+// the subject's available repays what it can at once, and the rest
+// freezes the subject's admission (docs/ROLLOUT.md, section 5).
+func TestLegacyBudgetOverspendIsChargedAsDebt(t *testing.T) {
+	dir := t.TempDir()
+	st, err := sqlite.Open(context.Background(), filepath.Join(dir, "ledger.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	eng := engine.New(st, engine.Options{DisableWorkers: true, Logger: logger})
+	t.Cleanup(func() { eng.Close(); st.Close() })
+	keys, _, err := server.EnsureShardKeys(filepath.Join(dir, "shard-keys"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokens, err := server.ParseTokens(strings.NewReader(
+		shardAdminToken + " admin ops\n" + gw1Token + " gateway gw-1\n" + legacyToken + " gateway legacy-limiter\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := serve(t, server.New(eng, server.Config{Logger: logger, Tokens: tokens, Rollouts: st, Drains: eng,
+		Shards: &server.ShardConfig{Keys: keys, MaxTTL: time.Hour}}))
+	hc := &http.Client{Timeout: 10 * time.Second}
+	rollouts := capledgerv1connect.NewRolloutServiceClient(hc, url, connect.WithInterceptors(bearer(shardAdminToken)))
+	legacyShards := capledgerv1connect.NewShardServiceClient(hc, url, connect.WithInterceptors(bearer(legacyToken)))
+	gateway := capledgerv1connect.NewLedgerServiceClient(hc, url, connect.WithInterceptors(bearer(gw1Token)))
+	h := &shardHarness{ledger: capledgerv1connect.NewLedgerServiceClient(hc, url, connect.WithInterceptors(bearer(shardAdminToken)))}
+	h.publish(t, false) // burst 1000 tokens
+	ctx := context.Background()
+
+	if _, err := rollouts.CarveLegacyBudget(ctx, connect.NewRequest(&v1.CarveLegacyBudgetRequest{BudgetId: "legacy-over",
+		Identity: "legacy-limiter", Subject: "tenant-7", Route: "chat.generate", Region: "eu",
+		Units: map[string]int64{"tokens": 200}, Ttl: durationpb.New(30 * time.Minute)})); err != nil {
+		t.Fatal(err)
+	}
+	// 790 of the 800 left are held by a gateway: 10 stay available.
+	if _, err := gateway.Reserve(ctx, connect.NewRequest(&v1.ReserveRequest{ReservationId: "held", Subject: "tenant-7",
+		Route: "chat.generate", Region: "eu", Units: map[string]int64{"tokens": 790, "requests": 1}})); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := legacyShards.ReconcileShard(ctx, connect.NewRequest(&v1.ReconcileShardRequest{ShardId: "legacy-over",
+		GatewayId: "legacy:legacy-limiter", Receipts: []*v1.ShardReceipt{{ReservationId: "l-over",
+			State:         v1.ReservationState_RESERVATION_STATE_SETTLED,
+			ReservedUnits: map[string]int64{"tokens": 300}, ActualUnits: map[string]int64{"tokens": 300}}}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := rec.Msg.GetDebtUnits()["tokens"]; got != 100 {
+		t.Fatalf("debtUnits %d, want the 100 spent beyond the 200 carved", got)
+	}
+	if got := rec.Msg.GetRemintedUnits()["tokens"]; got != 0 {
+		t.Fatalf("reminted %d of an overspent budget", got)
+	}
+	acct, err := h.ledger.GetAccount(ctx, connect.NewRequest(&v1.GetAccountRequest{Subject: "tenant-7", Route: "chat.generate", Region: "eu"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range acct.Msg.GetAccounts() {
+		for _, bal := range a.GetBalances() {
+			if bal.GetUnit() == "tokens" && (bal.GetOverdraftIssued() != 100 || bal.GetOverdraftRepaid() != 10 || bal.GetAvailable() != 0) {
+				t.Fatalf("tokens after the overspend: %v, want 100 issued, the 10 available repaid at once", bal)
+			}
+		}
+	}
+	_, err = gateway.Reserve(ctx, connect.NewRequest(&v1.ReserveRequest{ReservationId: "after", Subject: "tenant-7",
+		Route: "chat.generate", Region: "eu", Units: map[string]int64{"tokens": 1, "requests": 1}}))
+	if connect.CodeOf(err) != connect.CodeResourceExhausted || !strings.Contains(err.Error(), "admission frozen") {
+		t.Fatalf("reserve after the overspend: %v, want admission frozen by the debt", err)
+	}
+	audit, err := h.ledger.Audit(ctx, connect.NewRequest(&v1.AuditRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(audit.Msg.GetDiscrepancies()); n != 0 {
+		t.Fatalf("audit: %v", audit.Msg.GetDiscrepancies())
+	}
+}

@@ -551,3 +551,23 @@ func TestRollbackArgumentEdges(t *testing.T) {
 		t.Errorf("the first poll's failure was polled again:\n%s", errOut)
 	}
 }
+
+// A refusal the server answered (exit 1: a percent off the grid, a role
+// that may not step) says what is wrong itself; no "Run `capledger rollout
+// --help` for usage." follows it, as docs/ROLLOUT.md's transcripts show.
+// A flag the CLI itself cannot read keeps the pointer.
+func TestServerRefusalHasNoUsagePointer(t *testing.T) {
+	url := startInProcess(t)
+	code, out, errOut := cli(t, url, "rollout", "create", "llm", "--routes", "chat.generate", "--by", "route")
+	wantExit(t, exitOK, code, out, errOut)
+	code, out, errOut = cli(t, url, "rollout", "set", "llm", "--percent", "0.005")
+	wantExit(t, exitUsage, code, out, errOut)
+	if !strings.Contains(errOut, "INVALID_ROLLOUT") || strings.Contains(errOut, "--help` for usage") {
+		t.Errorf("a server's refusal:\n%s", errOut)
+	}
+	code, out, errOut = cli(t, url, "rollout", "set", "llm", "--percent", "abc")
+	wantExit(t, exitUsage, code, out, errOut)
+	if !strings.Contains(errOut, "Run `capledger rollout --help` for usage.") {
+		t.Errorf("a flag the CLI cannot read:\n%s", errOut)
+	}
+}
