@@ -1354,3 +1354,96 @@ func TestConsoleBrowserTenantAmongSimilarSubjects(t *testing.T) {
 	b.screenshot("tenant-among-similar")
 	b.noConsoleErrors(false)
 }
+
+// TestConsoleBrowserKeyboardAndToken: an operator on the keyboard. Enter in
+// the tenant search shows its result at once (not when the box loses
+// focus); the focus stays on the control it was on (the state filter, a
+// tenant's link) across the 5 s refresh; a tenant whose subject holds
+// "/", "#", "%" and spaces is reached by its link, back / forward and a
+// reload keep the page; and a token the server does not know is called
+// refused, not missing.
+func TestConsoleBrowserKeyboardAndToken(t *testing.T) {
+	chromiumPath(t)
+	base := startInProcess(t, "--tokens", writeConsoleTokens(t))
+	const odd = "org/42 team#1 100%"
+	for i, subject := range []string{"tenant-a", "tenant-b", odd} {
+		mustCall(t, base, consoleAdminToken, "LedgerService/PublishPolicy", &v1.PublishPolicyRequest{Policy: &v1.Policy{
+			Subject: subject, Route: "chat.generate",
+			Dimensions: []*v1.Dimension{{Unit: "tokens", RefillUnits: 10, RefillInterval: durationpb.New(time.Hour), Burst: 100}},
+			HoldTtl:    durationpb.New(time.Hour), EpochLength: durationpb.New(8760 * time.Hour),
+		}}, &v1.PublishPolicyResponse{})
+		mustCall(t, base, consoleAdminToken, "LedgerService/Reserve", &v1.ReserveRequest{
+			ReservationId: fmt.Sprintf("r-%d", i), Subject: subject, Route: "chat.generate", Units: map[string]int64{"tokens": 10},
+		}, &v1.ReserveResponse{})
+	}
+	b := newBrowser(t, base)
+	b.do(chromedp.Navigate(base + "/ui/#tenants"))
+	b.do(chromedp.WaitVisible(`main[data-failed]`))
+	b.want("#error", "This server wants a bearer token (missing bearer token: send `Authorization: Bearer <token>`): type one above.")
+	b.setToken("not-a-token-of-this-server")
+	b.do(chromedp.WaitVisible(`main[data-failed][data-ready]`))
+	if got := b.text("#error"); !strings.HasPrefix(got, "The server refused this tab's token (") {
+		t.Errorf("with an unknown token the page says %q, want that the server refused the token", got)
+	}
+	b.screenshot("unknown-token")
+	b.unready()
+	b.do(chromedp.Click("#token-forget"), chromedp.WaitVisible(`main[data-failed][data-ready]`))
+	b.setToken(consoleViewerToken)
+	b.waitRendered("tenants")
+	if n := b.count(`main tbody tr`); n != 3 {
+		t.Fatalf("tenants shows %d rows, want 3", n)
+	}
+
+	// Enter in the search box: the result shows at once, the focus and
+	// the typed text stay in the box.
+	b.do(chromedp.SendKeys("#search-subject", "tenant-b\r"))
+	// Two refreshes' time: the page used to keep the old result for as
+	// long as the box had the focus.
+	for deadline := time.Now().Add(12 * time.Second); b.count(`main tbody tr`) != 1; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("12 s after Enter in the search box the page shows %d rows, want tenant-b's 1", b.count(`main tbody tr`))
+		}
+	}
+	b.want(`[data-value="matched"]`, "1")
+	if got := b.eval(`document.activeElement.id + "=" + document.activeElement.value`); got != "search-subject=tenant-b" {
+		t.Errorf("after Enter the focus is on %q, want the search box with tenant-b", got)
+	}
+	// focusAfterRefresh focuses sel, waits for the page's next refresh and
+	// returns what has the focus then.
+	focusAfterRefresh := func(route, sel string) string {
+		t.Helper()
+		b.eval(fmt.Sprintf(`(document.querySelector(%q).focus(), "")`, sel))
+		b.unready()
+		b.waitRendered(route)
+		return b.eval(`(() => { const a = document.activeElement; return a.tagName + "#" + a.id + (a.getAttribute("href") || ""); })()`)
+	}
+	b.eval(`(document.getElementById("search-subject").value = "", document.getElementById("search").requestSubmit(), "")`)
+	b.waitRendered("tenants")
+	if got := focusAfterRefresh("tenants", `a.subject[href*="org"]`); !strings.HasPrefix(got, "A#") || !strings.Contains(got, "org") {
+		t.Errorf("after a refresh the focus is on %q, want the link of %q it was on", got, odd)
+	}
+
+	// The odd subject's link, Enter on it, its page; back, forward, reload.
+	b.unready()
+	b.do(chromedp.KeyEvent("\r"))
+	route := b.eval(`location.hash.slice(1)`)
+	b.waitRendered(route)
+	b.want(`[data-value="subject"]`, odd)
+	if got := focusAfterRefresh(route, "#state-filter"); got != "SELECT#state-filter" {
+		t.Errorf("after a refresh the focus is on %q, want the state filter it was on", got)
+	}
+	b.unready()
+	b.do(chromedp.NavigateBack())
+	b.waitRendered("tenants")
+	b.unready()
+	b.do(chromedp.NavigateForward())
+	b.waitRendered(route)
+	b.want(`[data-value="subject"]`, odd)
+	b.unready()
+	b.do(chromedp.Reload())
+	b.waitRendered(route)
+	b.want(`[data-value="subject"]`, odd)
+	b.want("#token-state", "token set (this tab)")
+	b.screenshot("odd-tenant")
+	b.noConsoleErrors(true)
+}

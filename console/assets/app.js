@@ -182,7 +182,11 @@ function showError(err, staleSince) {
     text = "Cannot reach the server (" + err.message + "); trying again every " + REFRESH_MS / 1000 + " s." +
       (staleSince ? " What is shown was read at " + fmtTime(staleSince) + "." : "");
   }
-  if (err.status === 401) text = "This server wants a bearer token (" + err.message + "): type one above.";
+  if (err.status === 401) {
+    text = sessionStorage.getItem(TOKEN_KEY)
+      ? "The server refused this tab's token (" + err.message + "): type another above, or Forget it."
+      : "This server wants a bearer token (" + err.message + "): type one above.";
+  }
   if (err.status === 403) text = "Your token's role may not read this (" + err.message + ").";
   box.textContent = text;
   box.hidden = false;
@@ -666,7 +670,11 @@ pages.fairness = async function (main) {
 
 // ---- router ------------------------------------------------------------
 
-async function render() {
+// render draws the page of the location's hash. The refresh timer calls
+// it with {refresh: true}; every other call is the operator's action
+// (navigation, a submitted form, a token).
+async function render(opts) {
+  const refresh = !!(opts && opts.refresh === true);
   clearTimeout(state.timer);
   const route = location.hash.replace(/^#/, "") || "overview";
   const [name, ...args] = route.split("/");
@@ -695,12 +703,38 @@ async function render() {
     fresh.setAttribute("data-ready", page);
     if (failure) fresh.setAttribute("data-failed", failure.code || String(failure.status || "error"));
     // A refresh of the same page keeps what the operator is typing in a
-    // search box (the next refresh after it loses focus shows the new data).
-    const typing = document.activeElement && document.activeElement.tagName === "INPUT" &&
-      old.contains(document.activeElement) && sameRoute;
-    if (!typing) old.replaceWith(fresh);
+    // search box: an input whose value differs from the one it was drawn
+    // with. A submitted search (Enter) is shown at once, and the focus
+    // stays where it was.
+    const active = document.activeElement;
+    const focused = active && active !== document.body && old.contains(active) && sameRoute ? active : null;
+    const typing = refresh && focused && focused.tagName === "INPUT" && focused.value !== focused.defaultValue;
+    if (!typing) {
+      old.replaceWith(fresh);
+      keepFocus(focused, fresh);
+    }
   }
-  state.timer = setTimeout(render, REFRESH_MS);
+  state.timer = setTimeout(() => render({ refresh: true }), REFRESH_MS);
+}
+
+// keepFocus moves the focus from an element of the replaced page to its
+// counterpart (the same id) in the new one, so a refresh every 5 s does
+// not throw a keyboard user back to the top of the page.
+// A link without an id is found by its href (the same one of several).
+function keepFocus(focused, fresh) {
+  if (!focused) return;
+  let twin = null;
+  if (focused.id) twin = fresh.querySelector("#" + CSS.escape(focused.id));
+  else if (focused.tagName === "A" && focused.hasAttribute("href")) {
+    const sel = 'a[href="' + CSS.escape(focused.getAttribute("href")) + '"]';
+    const i = [...focused.closest("main").querySelectorAll(sel)].indexOf(focused);
+    twin = fresh.querySelectorAll(sel)[i] || null;
+  }
+  if (!twin) return;
+  twin.focus({ preventScroll: true });
+  if (twin.tagName === "INPUT" && twin.type === "text" && focused.selectionStart !== null) {
+    twin.setSelectionRange(focused.selectionStart, focused.selectionEnd);
+  }
 }
 
 document.getElementById("token-form").addEventListener("submit", (e) => {
