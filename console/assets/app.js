@@ -168,6 +168,7 @@ const state = {
   rejectionRates: null, // Series of 429/s by dimension
   reservationPages: {}, // subject -> page tokens of its reservations list (the first is "")
   lastAudit: null, // the audit this page ran, if any
+  auditError: null, // why the last audit this page asked for was not run
   timer: null,
   seq: 0, // the latest render; an older one still in flight is dropped
 };
@@ -241,6 +242,11 @@ pages.overview = async function (main) {
       a.persisted ? "recorded in the store: the same on every replica" : "this replica's memory since it started"));
   }
   auditCard.append(el("div", {}, el("button", { id: "run-audit", onclick: runAudit }, "Run audit (admin)")));
+  const ae = state.auditError;
+  if (ae) {
+    auditCard.append(el("div", { class: "sub bad", "data-value": "audit-error" },
+      (ae.status === 403 ? "Not run: running the audit needs an admin token (" : "Not run (") + ae.message + ")."));
+  }
   cards.append(auditCard);
 
   // Rates: differences of cumulative counters between two answers.
@@ -282,11 +288,14 @@ pages.overview = async function (main) {
   if (state.lastAudit) main.append(auditTable(state.lastAudit));
 };
 
+// runAudit runs the audit; a refusal (a viewer's token) or failure stays
+// in the audit card until the next run or token, where the page's error
+// box would be cleared by the next refresh.
 async function runAudit() {
   try {
     state.lastAudit = await ledger("Audit");
-    showError(null);
-  } catch (err) { showError(err); return; }
+    state.auditError = null;
+  } catch (err) { state.auditError = err; }
   render();
 }
 
@@ -755,6 +764,7 @@ document.getElementById("token-forget").addEventListener("click", () => {
 // old token read is never kept as stale data, also when the server is out
 // of reach.
 function tokenChanged() {
+  state.auditError = null;
   document.getElementById("main").removeAttribute("data-read-at");
   tokenState();
   render();
