@@ -807,6 +807,9 @@ func TestConsoleBrowserPagesShowTheAPIsNumbers(t *testing.T) {
 			b.want(row+` td[data-field="error"]`, fmt.Sprintf("%.3f", s.Error))
 		}
 	}
+	if b.count(`[data-scoped="fairness"]`) != 0 {
+		t.Errorf("the fairness page says a viewer's unscoped token sees shares among its tenants only")
+	}
 	b.screenshot("fairness")
 
 	// The overview's rate charts (uPlot) draw from the page's own samples
@@ -903,6 +906,13 @@ func TestConsoleBrowserScopedTokenSeesOnlyItsTenant(t *testing.T) {
 			if b.count(`[data-rollouts="scoped"]`) != 1 {
 				t.Errorf("the policies page does not say why rollouts are not shown:\n%s", body)
 			}
+		case "fairness":
+			// The shares are among tenant-a's accounts only (100 % of
+			// what the group spent): the page says so.
+			if b.count(`[data-scoped="fairness"]`) != 1 {
+				t.Errorf("the fairness page does not say its shares are among the token's tenants only:\n%s", body)
+			}
+			b.want(`td[data-field="served"]`, "100.0%")
 		}
 		b.screenshot(strings.ReplaceAll(page, "/", "_"))
 	}

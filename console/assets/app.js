@@ -659,8 +659,14 @@ pages.shards = async function (main) {
 };
 
 pages.fairness = async function (main) {
-  const resp = await console_("GetFairness");
+  const [resp, ov] = await Promise.all([console_("GetFairness"), console_("GetOverview")]);
   main.append(el("h1", {}, "Fairness"));
+  if (ov.scoped) {
+    // GetFairness counts only the scope's accounts: the group, its total
+    // and every share are those of your tenants, not of the route's.
+    main.append(el("p", { class: "note", "data-scoped": "fairness" },
+      "Your token is scoped to some tenants: each group, its total spent and every share here are among your tenants' accounts only, not every tenant's on the route."));
+  }
   main.append(el("p", { class: "note" }, "Per route and unit: each subject's spent units against its weighted share of what the group spent, " +
     "e_i = |served − fair| / fair, against the policy's budget. This is the ledger's lifetime view of the active accounts, with shares by weight regardless of demand; " +
     "a tenant that asks less than its share shows a large e_i without being treated unfairly. The scheduler's exact window figure (docs/FAIRNESS.md) lives in the gateway."));
