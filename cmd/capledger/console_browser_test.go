@@ -1379,13 +1379,21 @@ func TestConsoleBrowserKeyboardAndToken(t *testing.T) {
 	for i, subject := range []string{"tenant-a", "tenant-b", odd} {
 		mustCall(t, base, consoleAdminToken, "LedgerService/PublishPolicy", &v1.PublishPolicyRequest{Policy: &v1.Policy{
 			Subject: subject, Route: "chat.generate",
-			Dimensions: []*v1.Dimension{{Unit: "tokens", RefillUnits: 10, RefillInterval: durationpb.New(time.Hour), Burst: 100}},
+			Dimensions: []*v1.Dimension{{Unit: "tokens", RefillUnits: 10, RefillInterval: durationpb.New(time.Hour), Burst: 100, MaxOverdraft: 1000}},
 			HoldTtl:    durationpb.New(time.Hour), EpochLength: durationpb.New(8760 * time.Hour),
 		}}, &v1.PublishPolicyResponse{})
 		mustCall(t, base, consoleAdminToken, "LedgerService/Reserve", &v1.ReserveRequest{
 			ReservationId: fmt.Sprintf("r-%d", i), Subject: subject, Route: "chat.generate", Units: map[string]int64{"tokens": 10},
 		}, &v1.ReserveResponse{})
 	}
+	// tenant-a's reservation is USAGE_UNKNOWN, the odd subject owes debt.
+	for _, id := range []string{"r-0", "r-2"} {
+		mustCall(t, base, consoleAdminToken, "LedgerService/Start", &v1.StartRequest{ReservationId: id, OperationId: "op-" + id}, &v1.StartResponse{})
+	}
+	mustCall(t, base, consoleAdminToken, "LedgerService/MarkUsageUnknown", &v1.MarkUsageUnknownRequest{ReservationId: "r-0"}, &v1.MarkUsageUnknownResponse{})
+	mustCall(t, base, consoleAdminToken, "LedgerService/Settle", &v1.SettleRequest{
+		ReservationId: "r-2", OperationId: "op-r-2", ActualUnits: map[string]int64{"tokens": 150},
+	}, &v1.SettleResponse{})
 	b := newBrowser(t, base)
 	b.do(chromedp.Navigate(base + "/ui/#tenants"))
 	b.do(chromedp.WaitVisible(`main[data-failed]`))
@@ -1455,6 +1463,20 @@ func TestConsoleBrowserKeyboardAndToken(t *testing.T) {
 	b.want(`[data-value="subject"]`, odd)
 	b.want("#token-state", "token set (this tab)")
 	b.screenshot("odd-tenant")
+
+	// The Debts and Backlog pages link each subject to its tenant page.
+	for _, c := range []struct{ page, subject string }{{"debts", odd}, {"backlog", "tenant-a"}} {
+		b.open(c.page)
+		if n := b.count(`td[data-field="subject"] a`); n != 1 {
+			t.Errorf("the %s page links %d subjects to their tenant page, want %q's", c.page, n, c.subject)
+			continue
+		}
+		b.unready()
+		b.do(chromedp.Click(`td[data-field="subject"] a`))
+		want := "tenants/" + strings.ReplaceAll(url.PathEscape(c.subject), "/", "%2F") + "/chat.generate/global"
+		b.waitRendered(want)
+		b.want(`[data-value="subject"]`, c.subject)
+	}
 	b.noConsoleErrors(true)
 }
 

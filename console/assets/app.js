@@ -308,13 +308,17 @@ function auditTable(audit, only) {
       "None: the ledger is sound."));
 }
 
+// tenantLink links a subject to its tenant page on route @ region.
+const tenantLink = (subject, route, region) => el("a", { class: "subject",
+  href: "#tenants/" + encodeURIComponent(subject) + "/" + encodeURIComponent(route) + "/" + encodeURIComponent(region || "global") }, subject);
+
 function standingRow(s) {
   const acc = s.account;
   const key = acc.subject + "/" + acc.route + "@" + acc.region + "#" + n(acc.policyGeneration);
   const dims = s.dimensions || [];
   const repaid = dims.filter((d) => n(d.debt)).map((d) => d.unit + " " + repaidBy(d)).join(", ");
   return el("tr", { "data-key": key, class: acc.frozen ? "frozen" : null },
-    td("subject", el("a", { class: "subject", href: "#tenants/" + encodeURIComponent(acc.subject) + "/" + encodeURIComponent(acc.route) + "/" + encodeURIComponent(acc.region) }, acc.subject)),
+    td("subject", tenantLink(acc.subject, acc.route, acc.region)),
     td("route", acc.route), td("region", acc.region), td("generation", n(acc.policyGeneration)),
     td("used", el("span", {}, bar(n(s.usedFraction)), fmtPct(n(s.usedFraction))), true),
     td("available", dims.map((d) => d.unit + " " + fmtInt(d.available) + "/" + fmtInt(d.burst)).join(", ")),
@@ -475,7 +479,7 @@ function backlogTable(resp, now, answers) {
     (resp.reservations || []).map((r) => {
       const a = answers[r.reservationId];
       return el("tr", { "data-key": r.reservationId },
-        td("reservation", r.reservationId), td("subject", r.subject), td("route", r.route), td("generation", n(r.policyGeneration)),
+        td("reservation", r.reservationId), td("subject", tenantLink(r.subject, r.route, r.region)), td("route", r.route), td("generation", n(r.policyGeneration)),
         td("operation", r.operationId || ""), td("markedAt", fmtTime(r.usageUnknownAt)), td("age", fmtAge(r.usageUnknownAt, now), true),
         td("held", units(r.reservedUnits)), td("overdue", overdue.has(r.reservationId) ? "OVERDUE" : ""),
         td("answer", a ? a.answer + (a.detail ? ": " + a.detail : "") : "not asked yet"), td("askedAt", a ? fmtTime(a.askedAt) : "—"),
@@ -540,7 +544,7 @@ pages.debts = async function (main) {
       if (!n(b.debt)) continue;
       const dim = (repaid[key] || []).find((d) => d.unit === b.unit);
       rows.push(el("tr", { "data-key": key + "/" + b.unit, class: "frozen" },
-        td("subject", a.subject), td("route", a.route), td("region", a.region), td("generation", n(a.policyGeneration)), td("unit", b.unit),
+        td("subject", tenantLink(a.subject, a.route, a.region)), td("route", a.route), td("region", a.region), td("generation", n(a.policyGeneration)), td("unit", b.unit),
         td("debt", fmtInt(b.debt), true), td("issued", fmtInt(b.overdraftIssued), true), td("repaid", fmtInt(b.overdraftRepaid), true),
         td("breaches", fmtInt(a.breaches), true), td("repaidAt", dim ? repaidBy(dim) : "—")));
     }
