@@ -1406,8 +1406,13 @@ func TestConsoleBrowserKeyboardAndToken(t *testing.T) {
 	b.screenshot("unknown-token")
 	b.unready()
 	b.do(chromedp.Click("#token-forget"), chromedp.WaitVisible(`main[data-failed][data-ready]`))
-	b.setToken(consoleViewerToken)
+	// The token, typed and sent with Enter.
+	b.unready()
+	b.do(chromedp.SendKeys("#token", consoleViewerToken+"\r"))
 	b.waitRendered("tenants")
+	if got := b.eval(`sessionStorage.getItem("capledger.token") + " " + document.getElementById("token").value`); got != consoleViewerToken+" " {
+		t.Errorf("after Enter in the token box: sessionStorage and the box hold %q, want the token and an empty box", got)
+	}
 	if n := b.count(`main tbody tr`); n != 3 {
 		t.Fatalf("tenants shows %d rows, want 3", n)
 	}
