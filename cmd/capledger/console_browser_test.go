@@ -807,6 +807,9 @@ func TestConsoleBrowserPagesShowTheAPIsNumbers(t *testing.T) {
 			b.want(row+` td[data-field="error"]`, fmt.Sprintf("%.3f", s.Error))
 		}
 	}
+	if b.count(`[data-scoped="fairness"]`) != 0 {
+		t.Errorf("the fairness page says a viewer's unscoped token sees shares among its tenants only")
+	}
 	b.screenshot("fairness")
 
 	// The overview's rate charts (uPlot) draw from the page's own samples
@@ -903,6 +906,13 @@ func TestConsoleBrowserScopedTokenSeesOnlyItsTenant(t *testing.T) {
 			if b.count(`[data-rollouts="scoped"]`) != 1 {
 				t.Errorf("the policies page does not say why rollouts are not shown:\n%s", body)
 			}
+		case "fairness":
+			// The shares are among tenant-a's accounts only (100 % of
+			// what the group spent): the page says so.
+			if b.count(`[data-scoped="fairness"]`) != 1 {
+				t.Errorf("the fairness page does not say its shares are among the token's tenants only:\n%s", body)
+			}
+			b.want(`td[data-field="served"]`, "100.0%")
 		}
 		b.screenshot(strings.ReplaceAll(page, "/", "_"))
 	}
@@ -1353,4 +1363,187 @@ func TestConsoleBrowserTenantAmongSimilarSubjects(t *testing.T) {
 	}
 	b.screenshot("tenant-among-similar")
 	b.noConsoleErrors(false)
+}
+
+// TestConsoleBrowserKeyboardAndToken: an operator on the keyboard. Enter in
+// the tenant search shows its result at once (not when the box loses
+// focus); the focus stays on the control it was on (the state filter, a
+// tenant's link) across the 5 s refresh; a tenant whose subject holds
+// "/", "#", "%" and spaces is reached by its link, back / forward and a
+// reload keep the page; and a token the server does not know is called
+// refused, not missing.
+func TestConsoleBrowserKeyboardAndToken(t *testing.T) {
+	chromiumPath(t)
+	base := startInProcess(t, "--tokens", writeConsoleTokens(t))
+	const odd = "org/42 team#1 100%"
+	for i, subject := range []string{"tenant-a", "tenant-b", odd} {
+		mustCall(t, base, consoleAdminToken, "LedgerService/PublishPolicy", &v1.PublishPolicyRequest{Policy: &v1.Policy{
+			Subject: subject, Route: "chat.generate",
+			Dimensions: []*v1.Dimension{{Unit: "tokens", RefillUnits: 10, RefillInterval: durationpb.New(time.Hour), Burst: 100, MaxOverdraft: 1000}},
+			HoldTtl:    durationpb.New(time.Hour), EpochLength: durationpb.New(8760 * time.Hour),
+		}}, &v1.PublishPolicyResponse{})
+		mustCall(t, base, consoleAdminToken, "LedgerService/Reserve", &v1.ReserveRequest{
+			ReservationId: fmt.Sprintf("r-%d", i), Subject: subject, Route: "chat.generate", Units: map[string]int64{"tokens": 10},
+		}, &v1.ReserveResponse{})
+	}
+	// tenant-a's reservation is USAGE_UNKNOWN, the odd subject owes debt.
+	for _, id := range []string{"r-0", "r-2"} {
+		mustCall(t, base, consoleAdminToken, "LedgerService/Start", &v1.StartRequest{ReservationId: id, OperationId: "op-" + id}, &v1.StartResponse{})
+	}
+	mustCall(t, base, consoleAdminToken, "LedgerService/MarkUsageUnknown", &v1.MarkUsageUnknownRequest{ReservationId: "r-0"}, &v1.MarkUsageUnknownResponse{})
+	mustCall(t, base, consoleAdminToken, "LedgerService/Settle", &v1.SettleRequest{
+		ReservationId: "r-2", OperationId: "op-r-2", ActualUnits: map[string]int64{"tokens": 150},
+	}, &v1.SettleResponse{})
+	b := newBrowser(t, base)
+	b.do(chromedp.Navigate(base + "/ui/#tenants"))
+	b.do(chromedp.WaitVisible(`main[data-failed]`))
+	b.want("#error", "This server wants a bearer token (missing bearer token: send `Authorization: Bearer <token>`): type one above.")
+	b.setToken("not-a-token-of-this-server")
+	b.do(chromedp.WaitVisible(`main[data-failed][data-ready]`))
+	if got := b.text("#error"); !strings.HasPrefix(got, "The server refused this tab's token (") {
+		t.Errorf("with an unknown token the page says %q, want that the server refused the token", got)
+	}
+	b.screenshot("unknown-token")
+	b.unready()
+	b.do(chromedp.Click("#token-forget"), chromedp.WaitVisible(`main[data-failed][data-ready]`))
+	// The token, typed and sent with Enter.
+	b.unready()
+	b.do(chromedp.SendKeys("#token", consoleViewerToken+"\r"))
+	b.waitRendered("tenants")
+	if got := b.eval(`sessionStorage.getItem("capledger.token") + " " + document.getElementById("token").value`); got != consoleViewerToken+" " {
+		t.Errorf("after Enter in the token box: sessionStorage and the box hold %q, want the token and an empty box", got)
+	}
+	if n := b.count(`main tbody tr`); n != 3 {
+		t.Fatalf("tenants shows %d rows, want 3", n)
+	}
+
+	// Enter in the search box: the result shows at once, the focus and
+	// the typed text stay in the box.
+	b.do(chromedp.SendKeys("#search-subject", "tenant-b\r"))
+	// Two refreshes' time: the page used to keep the old result for as
+	// long as the box had the focus.
+	for deadline := time.Now().Add(12 * time.Second); b.count(`main tbody tr`) != 1; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("12 s after Enter in the search box the page shows %d rows, want tenant-b's 1", b.count(`main tbody tr`))
+		}
+	}
+	b.want(`[data-value="matched"]`, "1")
+	if got := b.eval(`document.activeElement.id + "=" + document.activeElement.value`); got != "search-subject=tenant-b" {
+		t.Errorf("after Enter the focus is on %q, want the search box with tenant-b", got)
+	}
+	// focusAfterRefresh focuses sel, waits for the page's next refresh and
+	// returns what has the focus then.
+	focusAfterRefresh := func(route, sel string) string {
+		t.Helper()
+		b.eval(fmt.Sprintf(`(document.querySelector(%q).focus(), "")`, sel))
+		b.unready()
+		b.waitRendered(route)
+		return b.eval(`(() => { const a = document.activeElement; return a.tagName + "#" + a.id + (a.getAttribute("href") || ""); })()`)
+	}
+	b.eval(`(document.getElementById("search-subject").value = "", document.getElementById("search").requestSubmit(), "")`)
+	b.waitRendered("tenants")
+	if got := focusAfterRefresh("tenants", `a.subject[href*="org"]`); !strings.HasPrefix(got, "A#") || !strings.Contains(got, "org") {
+		t.Errorf("after a refresh the focus is on %q, want the link of %q it was on", got, odd)
+	}
+
+	// The odd subject's link, Enter on it, its page; back, forward, reload.
+	b.unready()
+	b.do(chromedp.KeyEvent("\r"))
+	route := b.eval(`location.hash.slice(1)`)
+	b.waitRendered(route)
+	b.want(`[data-value="subject"]`, odd)
+	if got := focusAfterRefresh(route, "#state-filter"); got != "SELECT#state-filter" {
+		t.Errorf("after a refresh the focus is on %q, want the state filter it was on", got)
+	}
+	b.unready()
+	b.do(chromedp.NavigateBack())
+	b.waitRendered("tenants")
+	b.unready()
+	b.do(chromedp.NavigateForward())
+	b.waitRendered(route)
+	b.want(`[data-value="subject"]`, odd)
+	b.unready()
+	b.do(chromedp.Reload())
+	b.waitRendered(route)
+	b.want(`[data-value="subject"]`, odd)
+	b.want("#token-state", "token set (this tab)")
+	b.screenshot("odd-tenant")
+
+	// The Debts and Backlog pages link each subject to its tenant page.
+	for _, c := range []struct{ page, subject string }{{"debts", odd}, {"backlog", "tenant-a"}} {
+		b.open(c.page)
+		if n := b.count(`td[data-field="subject"] a`); n != 1 {
+			t.Errorf("the %s page links %d subjects to their tenant page, want %q's", c.page, n, c.subject)
+			continue
+		}
+		b.unready()
+		b.do(chromedp.Click(`td[data-field="subject"] a`))
+		want := "tenants/" + strings.ReplaceAll(url.PathEscape(c.subject), "/", "%2F") + "/chat.generate/global"
+		b.waitRendered(want)
+		b.want(`[data-value="subject"]`, c.subject)
+	}
+	b.noConsoleErrors(true)
+}
+
+// TestConsoleBrowserRunAudit: the overview's "Run audit (admin)" button.
+// With a viewer token the refusal says an admin token is needed and stays
+// in the audit card across refreshes (the page's error box was cleared by
+// the next refresh, within 5 s); with an admin token the audit runs, the
+// card shows it as the last audit by that token, and its discrepancies
+// (none) show on the overview and the shards page.
+func TestConsoleBrowserRunAudit(t *testing.T) {
+	chromiumPath(t)
+	base := startInProcess(t, "--tokens", writeConsoleTokens(t))
+	b := newBrowser(t, base)
+	b.do(chromedp.Navigate(base + "/ui/"))
+	b.do(chromedp.WaitVisible(`main[data-failed]`))
+	b.setToken(consoleViewerToken)
+	b.waitRendered("overview")
+	b.want(`[data-value="audit"]`, "not run")
+	b.unready()
+	b.do(chromedp.Click("#run-audit"))
+	b.waitRendered("overview")
+	const refused = "Not run: running the audit needs an admin token (/capledger.v1.LedgerService/Audit is not open to the viewer role (token \"oncall\"))."
+	b.want(`[data-value="audit-error"]`, refused)
+	b.unready()
+	b.waitRendered("overview") // the next refresh
+	b.want(`[data-value="audit-error"]`, refused)
+	b.want(`[data-value="audit"]`, "not run")
+	b.screenshot("audit-refused")
+
+	b.unready()
+	b.do(chromedp.Click("#token-forget"), chromedp.WaitVisible(`main[data-failed][data-ready]`))
+	b.setToken(consoleAdminToken)
+	b.waitRendered("overview")
+	if n := b.count(`[data-value="audit-error"]`); n != 0 {
+		t.Errorf("a new token still shows the refusal of the old one's audit")
+	}
+	b.unready()
+	b.do(chromedp.Click("#run-audit"))
+	b.waitRendered("overview")
+	var ov v1.GetOverviewResponse
+	mustCall(t, base, consoleAdminToken, "ConsoleService/GetOverview", &v1.GetOverviewRequest{}, &ov)
+	b.want(`[data-value="audit"]`, "clean")
+	b.want(`[data-value="audit-last"]`, fmtTime(ov.Audit.GetLastAuditAt()))
+	b.want(`[data-value="audit-last-by"]`, " by ops, full")
+	b.want(`[data-audit] [data-empty]`, "None: the ledger is sound.")
+	if n := b.count(`[data-value="audit-error"]`); n != 0 {
+		t.Errorf("the audit ran and the card still shows a refusal")
+	}
+	b.screenshot("audit-run")
+	b.open("shards")
+	b.want(`[data-audit] [data-empty]`, "None: the ledger is sound.")
+	// The 401 before the token and the viewer's 403 are the browser's
+	// network log; anything else is an error of the page.
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, m := range b.messages {
+		switch m.Type {
+		case chromedp.ConsoleError, chromedp.ConsoleWarning, chromedp.ConsoleException:
+			if m.Source == "network" && (strings.Contains(m.Text, "401") || strings.Contains(m.Text, "403") && strings.HasSuffix(m.URL, ".LedgerService/Audit")) {
+				continue
+			}
+			t.Errorf("browser console: %s (%s:%d)", m, m.URL, m.Line)
+		}
+	}
 }

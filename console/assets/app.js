@@ -168,6 +168,7 @@ const state = {
   rejectionRates: null, // Series of 429/s by dimension
   reservationPages: {}, // subject -> page tokens of its reservations list (the first is "")
   lastAudit: null, // the audit this page ran, if any
+  auditError: null, // why the last audit this page asked for was not run
   timer: null,
   seq: 0, // the latest render; an older one still in flight is dropped
 };
@@ -182,7 +183,11 @@ function showError(err, staleSince) {
     text = "Cannot reach the server (" + err.message + "); trying again every " + REFRESH_MS / 1000 + " s." +
       (staleSince ? " What is shown was read at " + fmtTime(staleSince) + "." : "");
   }
-  if (err.status === 401) text = "This server wants a bearer token (" + err.message + "): type one above.";
+  if (err.status === 401) {
+    text = sessionStorage.getItem(TOKEN_KEY)
+      ? "The server refused this tab's token (" + err.message + "): type another above, or Forget it."
+      : "This server wants a bearer token (" + err.message + "): type one above.";
+  }
   if (err.status === 403) text = "Your token's role may not read this (" + err.message + ").";
   box.textContent = text;
   box.hidden = false;
@@ -237,6 +242,11 @@ pages.overview = async function (main) {
       a.persisted ? "recorded in the store: the same on every replica" : "this replica's memory since it started"));
   }
   auditCard.append(el("div", {}, el("button", { id: "run-audit", onclick: runAudit }, "Run audit (admin)")));
+  const ae = state.auditError;
+  if (ae) {
+    auditCard.append(el("div", { class: "sub bad", "data-value": "audit-error" },
+      (ae.status === 403 ? "Not run: running the audit needs an admin token (" : "Not run (") + ae.message + ")."));
+  }
   cards.append(auditCard);
 
   // Rates: differences of cumulative counters between two answers.
@@ -278,11 +288,14 @@ pages.overview = async function (main) {
   if (state.lastAudit) main.append(auditTable(state.lastAudit));
 };
 
+// runAudit runs the audit; a refusal (a viewer's token) or failure stays
+// in the audit card until the next run or token, where the page's error
+// box would be cleared by the next refresh.
 async function runAudit() {
   try {
     state.lastAudit = await ledger("Audit");
-    showError(null);
-  } catch (err) { showError(err); return; }
+    state.auditError = null;
+  } catch (err) { state.auditError = err; }
   render();
 }
 
@@ -295,13 +308,17 @@ function auditTable(audit, only) {
       "None: the ledger is sound."));
 }
 
+// tenantLink links a subject to its tenant page on route @ region.
+const tenantLink = (subject, route, region) => el("a", { class: "subject",
+  href: "#tenants/" + encodeURIComponent(subject) + "/" + encodeURIComponent(route) + "/" + encodeURIComponent(region || "global") }, subject);
+
 function standingRow(s) {
   const acc = s.account;
   const key = acc.subject + "/" + acc.route + "@" + acc.region + "#" + n(acc.policyGeneration);
   const dims = s.dimensions || [];
   const repaid = dims.filter((d) => n(d.debt)).map((d) => d.unit + " " + repaidBy(d)).join(", ");
   return el("tr", { "data-key": key, class: acc.frozen ? "frozen" : null },
-    td("subject", el("a", { class: "subject", href: "#tenants/" + encodeURIComponent(acc.subject) + "/" + encodeURIComponent(acc.route) + "/" + encodeURIComponent(acc.region) }, acc.subject)),
+    td("subject", tenantLink(acc.subject, acc.route, acc.region)),
     td("route", acc.route), td("region", acc.region), td("generation", n(acc.policyGeneration)),
     td("used", el("span", {}, bar(n(s.usedFraction)), fmtPct(n(s.usedFraction))), true),
     td("available", dims.map((d) => d.unit + " " + fmtInt(d.available) + "/" + fmtInt(d.burst)).join(", ")),
@@ -462,7 +479,7 @@ function backlogTable(resp, now, answers) {
     (resp.reservations || []).map((r) => {
       const a = answers[r.reservationId];
       return el("tr", { "data-key": r.reservationId },
-        td("reservation", r.reservationId), td("subject", r.subject), td("route", r.route), td("generation", n(r.policyGeneration)),
+        td("reservation", r.reservationId), td("subject", tenantLink(r.subject, r.route, r.region)), td("route", r.route), td("generation", n(r.policyGeneration)),
         td("operation", r.operationId || ""), td("markedAt", fmtTime(r.usageUnknownAt)), td("age", fmtAge(r.usageUnknownAt, now), true),
         td("held", units(r.reservedUnits)), td("overdue", overdue.has(r.reservationId) ? "OVERDUE" : ""),
         td("answer", a ? a.answer + (a.detail ? ": " + a.detail : "") : "not asked yet"), td("askedAt", a ? fmtTime(a.askedAt) : "—"),
@@ -527,7 +544,7 @@ pages.debts = async function (main) {
       if (!n(b.debt)) continue;
       const dim = (repaid[key] || []).find((d) => d.unit === b.unit);
       rows.push(el("tr", { "data-key": key + "/" + b.unit, class: "frozen" },
-        td("subject", a.subject), td("route", a.route), td("region", a.region), td("generation", n(a.policyGeneration)), td("unit", b.unit),
+        td("subject", tenantLink(a.subject, a.route, a.region)), td("route", a.route), td("region", a.region), td("generation", n(a.policyGeneration)), td("unit", b.unit),
         td("debt", fmtInt(b.debt), true), td("issued", fmtInt(b.overdraftIssued), true), td("repaid", fmtInt(b.overdraftRepaid), true),
         td("breaches", fmtInt(a.breaches), true), td("repaidAt", dim ? repaidBy(dim) : "—")));
     }
@@ -646,8 +663,14 @@ pages.shards = async function (main) {
 };
 
 pages.fairness = async function (main) {
-  const resp = await console_("GetFairness");
+  const [resp, ov] = await Promise.all([console_("GetFairness"), console_("GetOverview")]);
   main.append(el("h1", {}, "Fairness"));
+  if (ov.scoped) {
+    // GetFairness counts only the scope's accounts: the group, its total
+    // and every share are those of your tenants, not of the route's.
+    main.append(el("p", { class: "note", "data-scoped": "fairness" },
+      "Your token is scoped to some tenants: each group, its total spent and every share here are among your tenants' accounts only, not every tenant's on the route."));
+  }
   main.append(el("p", { class: "note" }, "Per route and unit: each subject's spent units against its weighted share of what the group spent, " +
     "e_i = |served − fair| / fair, against the policy's budget. This is the ledger's lifetime view of the active accounts, with shares by weight regardless of demand; " +
     "a tenant that asks less than its share shows a large e_i without being treated unfairly. The scheduler's exact window figure (docs/FAIRNESS.md) lives in the gateway."));
@@ -666,7 +689,11 @@ pages.fairness = async function (main) {
 
 // ---- router ------------------------------------------------------------
 
-async function render() {
+// render draws the page of the location's hash. The refresh timer calls
+// it with {refresh: true}; every other call is the operator's action
+// (navigation, a submitted form, a token).
+async function render(opts) {
+  const refresh = !!(opts && opts.refresh === true);
   clearTimeout(state.timer);
   const route = location.hash.replace(/^#/, "") || "overview";
   const [name, ...args] = route.split("/");
@@ -695,12 +722,38 @@ async function render() {
     fresh.setAttribute("data-ready", page);
     if (failure) fresh.setAttribute("data-failed", failure.code || String(failure.status || "error"));
     // A refresh of the same page keeps what the operator is typing in a
-    // search box (the next refresh after it loses focus shows the new data).
-    const typing = document.activeElement && document.activeElement.tagName === "INPUT" &&
-      old.contains(document.activeElement) && sameRoute;
-    if (!typing) old.replaceWith(fresh);
+    // search box: an input whose value differs from the one it was drawn
+    // with. A submitted search (Enter) is shown at once, and the focus
+    // stays where it was.
+    const active = document.activeElement;
+    const focused = active && active !== document.body && old.contains(active) && sameRoute ? active : null;
+    const typing = refresh && focused && focused.tagName === "INPUT" && focused.value !== focused.defaultValue;
+    if (!typing) {
+      old.replaceWith(fresh);
+      keepFocus(focused, fresh);
+    }
   }
-  state.timer = setTimeout(render, REFRESH_MS);
+  state.timer = setTimeout(() => render({ refresh: true }), REFRESH_MS);
+}
+
+// keepFocus moves the focus from an element of the replaced page to its
+// counterpart (the same id) in the new one, so a refresh every 5 s does
+// not throw a keyboard user back to the top of the page.
+// A link without an id is found by its href (the same one of several).
+function keepFocus(focused, fresh) {
+  if (!focused) return;
+  let twin = null;
+  if (focused.id) twin = fresh.querySelector("#" + CSS.escape(focused.id));
+  else if (focused.tagName === "A" && focused.hasAttribute("href")) {
+    const sel = 'a[href="' + CSS.escape(focused.getAttribute("href")) + '"]';
+    const i = [...focused.closest("main").querySelectorAll(sel)].indexOf(focused);
+    twin = fresh.querySelectorAll(sel)[i] || null;
+  }
+  if (!twin) return;
+  twin.focus({ preventScroll: true });
+  if (twin.tagName === "INPUT" && twin.type === "text" && focused.selectionStart !== null) {
+    twin.setSelectionRange(focused.selectionStart, focused.selectionEnd);
+  }
 }
 
 document.getElementById("token-form").addEventListener("submit", (e) => {
@@ -721,6 +774,7 @@ document.getElementById("token-forget").addEventListener("click", () => {
 // old token read is never kept as stale data, also when the server is out
 // of reach.
 function tokenChanged() {
+  state.auditError = null;
   document.getElementById("main").removeAttribute("data-read-at");
   tokenState();
   render();
