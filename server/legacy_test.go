@@ -23,12 +23,11 @@ import (
 
 const legacyToken = "legacy-token-0123456789"
 
-// The legacy limiter's budget over a real server with auth on: only an
-// admin carves it, with emergency mode off; it is bound to the legacy
-// limiter's token, which alone (besides an admin) reconciles it; a
-// reconciliation that would return the whole block is refused; the
-// confirmed-unused units come back; the audit finds nothing.
-func TestLegacyBudgetOverTheAPI(t *testing.T) {
+// legacyServer serves, over a real socket, a server on a SQLite store with
+// shards on and three tokens: an admin (ops), gateway gw-1 and the legacy
+// limiter's gateway token; it returns its URL.
+func legacyServer(t *testing.T) string {
+	t.Helper()
 	dir := t.TempDir()
 	st, err := sqlite.Open(context.Background(), filepath.Join(dir, "ledger.db"))
 	if err != nil {
@@ -48,6 +47,16 @@ func TestLegacyBudgetOverTheAPI(t *testing.T) {
 	}
 	url := serve(t, server.New(eng, server.Config{Logger: logger, Tokens: tokens, Rollouts: st, Drains: eng,
 		Shards: &server.ShardConfig{Keys: keys, MaxTTL: time.Hour}}))
+	return url
+}
+
+// The legacy limiter's budget over a real server with auth on: only an
+// admin carves it, with emergency mode off; it is bound to the legacy
+// limiter's token, which alone (besides an admin) reconciles it; a
+// reconciliation that would return the whole block is refused; the
+// confirmed-unused units come back; the audit finds nothing.
+func TestLegacyBudgetOverTheAPI(t *testing.T) {
+	url := legacyServer(t)
 	hc := &http.Client{Timeout: 10 * time.Second}
 	rolloutAs := func(token string) capledgerv1connect.RolloutServiceClient {
 		return capledgerv1connect.NewRolloutServiceClient(hc, url, connect.WithInterceptors(bearer(token)))
@@ -62,7 +71,7 @@ func TestLegacyBudgetOverTheAPI(t *testing.T) {
 	carve := &v1.CarveLegacyBudgetRequest{BudgetId: "legacy-t7", Identity: "legacy-limiter", Subject: "tenant-7", Route: "chat.generate",
 		Region: "eu", Units: map[string]int64{"tokens": 200}, Ttl: durationpb.New(30 * time.Minute)}
 
-	_, err = rolloutAs(gw1Token).CarveLegacyBudget(ctx, connect.NewRequest(carve))
+	_, err := rolloutAs(gw1Token).CarveLegacyBudget(ctx, connect.NewRequest(carve))
 	wantShardError(t, err, connect.CodePermissionDenied, server.ReasonPermissionDenied)
 	// An identity whose gateway id (legacy:<identity>) would pass the id
 	// bound is refused: no ReconcileShard could name that budget.
@@ -118,25 +127,7 @@ func TestLegacyBudgetOverTheAPI(t *testing.T) {
 // the subject's available repays what it can at once, and the rest
 // freezes the subject's admission (docs/ROLLOUT.md, section 5).
 func TestLegacyBudgetOverspendIsChargedAsDebt(t *testing.T) {
-	dir := t.TempDir()
-	st, err := sqlite.Open(context.Background(), filepath.Join(dir, "ledger.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
-	eng := engine.New(st, engine.Options{DisableWorkers: true, Logger: logger})
-	t.Cleanup(func() { eng.Close(); st.Close() })
-	keys, _, err := server.EnsureShardKeys(filepath.Join(dir, "shard-keys"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tokens, err := server.ParseTokens(strings.NewReader(
-		shardAdminToken + " admin ops\n" + gw1Token + " gateway gw-1\n" + legacyToken + " gateway legacy-limiter\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	url := serve(t, server.New(eng, server.Config{Logger: logger, Tokens: tokens, Rollouts: st, Drains: eng,
-		Shards: &server.ShardConfig{Keys: keys, MaxTTL: time.Hour}}))
+	url := legacyServer(t)
 	hc := &http.Client{Timeout: 10 * time.Second}
 	rollouts := capledgerv1connect.NewRolloutServiceClient(hc, url, connect.WithInterceptors(bearer(shardAdminToken)))
 	legacyShards := capledgerv1connect.NewShardServiceClient(hc, url, connect.WithInterceptors(bearer(legacyToken)))
