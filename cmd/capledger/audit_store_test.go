@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/capledger/capledger/engine"
+	"github.com/capledger/capledger/internal/childproc"
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
 	"github.com/capledger/capledger/store/open"
@@ -184,11 +185,13 @@ func auditBinary(t *testing.T, bin string, want int, args ...string) auditReport
 }
 
 // runBinary runs the built binary with args and no server to ask, and
-// returns its stdout and stderr together and its exit code.
+// returns its stdout and stderr together and its exit code (a command
+// that is expected to refuse: it waits for the process to end).
 func runBinary(t *testing.T, bin string, args ...string) (string, int) {
 	t.Helper()
 	cmd := exec.Command(bin, args...)
 	cmd.Env = withoutAddr()
+	childproc.DieWithParent(cmd) // a serve that should have refused would outlive the test
 	out, err := cmd.CombinedOutput()
 	var exit *exec.ExitError
 	if errors.As(err, &exit) {

@@ -7,14 +7,12 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	neturl "net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -28,7 +26,6 @@ import (
 
 	v1 "github.com/capledger/capledger/api/capledger/v1"
 	"github.com/capledger/capledger/api/capledger/v1/capledgerv1connect"
-	"github.com/capledger/capledger/internal/childproc"
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store/postgres"
 	"github.com/capledger/capledger/store/sqlite"
@@ -920,24 +917,11 @@ func TestStoreRefusalHasNoUsageHint(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runBinary := func(args ...string) (int, string) {
-		t.Helper()
-		cmd := exec.Command(bin, args...)
-		childproc.DieWithParent(cmd)
-		var stderr strings.Builder
-		cmd.Stderr = &stderr
-		err := cmd.Run()
-		var exit *exec.ExitError
-		if err != nil && !errors.As(err, &exit) {
-			t.Fatalf("capledger %v: %v", args, err)
-		}
-		return cmd.ProcessState.ExitCode(), stderr.String()
-	}
 	for _, args := range [][]string{
 		{"migrate", "--data-dir", dir},
 		{"serve", "--addr", "127.0.0.1:0", "--data-dir", dir},
 	} {
-		code, errOut := runBinary(args...)
+		errOut, code := runBinary(t, bin, args...)
 		if code != exitUsage || !strings.Contains(errOut, "this binary knows up to") {
 			t.Errorf("capledger %v: exit %d, stderr %q: want 1 and the refusal", args, code, errOut)
 		}
@@ -945,7 +929,7 @@ func TestStoreRefusalHasNoUsageHint(t *testing.T) {
 			t.Errorf("capledger %v: a store's refusal points at --help: %q", args, errOut)
 		}
 	}
-	code, errOut = runBinary("migrate", "--data-dir", dir, "--bogus")
+	errOut, code = runBinary(t, bin, "migrate", "--data-dir", dir, "--bogus")
 	if code != exitUsage || !strings.Contains(errOut, "Run `capledger migrate --help` for usage.") {
 		t.Errorf("capledger migrate --bogus: exit %d, stderr %q: want 1 and the pointer to --help", code, errOut)
 	}
@@ -964,16 +948,7 @@ func TestLockedStoreHasNoUsageHint(t *testing.T) {
 		{"serve", "--addr", "127.0.0.1:0", "--data-dir", dir},
 		{"migrate", "--data-dir", dir},
 	} {
-		cmd := exec.Command(bin, args...)
-		childproc.DieWithParent(cmd)
-		var stderr strings.Builder
-		cmd.Stderr = &stderr
-		err := cmd.Run()
-		var exit *exec.ExitError
-		if err != nil && !errors.As(err, &exit) {
-			t.Fatalf("capledger %v: %v", args, err)
-		}
-		code, errOut := cmd.ProcessState.ExitCode(), stderr.String()
+		errOut, code := runBinary(t, bin, args...)
 		if code != exitUsage || !strings.Contains(errOut, "is locked: another capledger serve (or migrate) uses this store") {
 			t.Errorf("capledger %v: exit %d, stderr %q: want 1 and the lock's refusal", args, code, errOut)
 		}
