@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 
 	"github.com/capledger/capledger/internal/childproc"
+	"github.com/capledger/capledger/internal/replicatest"
 )
 
 // gubernatorBinary returns a gubernator found on PATH or in
@@ -37,16 +38,6 @@ func gubernatorBinary(t *testing.T) string {
 	return p
 }
 
-func freePort(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 // TestBenchGubernatorGRPC drives a real gubernator's gRPC API with the
 // hand-encoded GetRateLimits of --mode gubernator --protocol grpc: every
 // call admitted while the limit lasts, and an exhausted limit (hits above
@@ -54,7 +45,7 @@ func freePort(t *testing.T) string {
 // would not produce.
 func TestBenchGubernatorGRPC(t *testing.T) {
 	bin := gubernatorBinary(t)
-	grpcAddr, httpAddr := freePort(t), freePort(t)
+	grpcAddr, httpAddr := replicatest.FreeAddr(t), replicatest.FreeAddr(t)
 	cmd := exec.Command(bin)
 	childproc.DieWithParent(cmd)
 	cmd.Env = append(os.Environ(), "GUBER_GRPC_ADDRESS="+grpcAddr, "GUBER_HTTP_ADDRESS="+httpAddr, "GUBER_LOG_LEVEL=error")

@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -24,6 +23,7 @@ import (
 	v1 "github.com/capledger/capledger/api/capledger/v1"
 	"github.com/capledger/capledger/api/capledger/v1/capledgerv1connect"
 	"github.com/capledger/capledger/internal/childproc"
+	"github.com/capledger/capledger/internal/replicatest"
 )
 
 // buildResolverBinaries compiles capledger and testdata/executor, the
@@ -35,16 +35,6 @@ func buildResolverBinaries(t testing.TB) (capledger, executor string) {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	return filepath.Join(dir, "capledger"), filepath.Join(dir, "executor")
-}
-
-func freeAddr(t testing.TB) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
 
 // jobLine is one line of the executor: "job RES OP TOKENS" (the job is in
@@ -156,7 +146,7 @@ func newResolverRig(t *testing.T, bin, dir string, resolver string, execLimit ti
 	if err := os.WriteFile(secretPath, []byte("s3cret-of-the-jobs-route\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	execAddr := freeAddr(t)
+	execAddr := replicatest.FreeAddr(t)
 	cfg := fmt.Sprintf(`{%s "routes": {"jobs.run": {"statusUrl": "http://%s", "secretFile": "route.secret", "unknownDeadline": "10m"}}}`, resolver, execAddr)
 	cfgPath := filepath.Join(dir, "resolver.json")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {

@@ -1,7 +1,9 @@
 // Package replicatest runs `capledger serve` replicas for the tests of
 // store/postgres and its failover gate, and checks what their clients saw
-// against a linearizability model of one account (model.go). It is test
-// support: only test files import it.
+// against a linearizability model of one account (model.go); its smaller
+// pieces (a free loopback address, a statement run as the PostgreSQL
+// admin) serve other packages' tests too. It is test support: only test
+// files import it.
 package replicatest
 
 import (

@@ -12,8 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
+	"github.com/capledger/capledger/internal/replicatest"
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
 	"github.com/capledger/capledger/store/memstore"
@@ -161,8 +160,8 @@ func TestPostgresSchemesOpenAServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	schema := "capledger_open_" + hex.EncodeToString(random[:])
-	adminExec(t, dsn, "CREATE SCHEMA "+schema)
-	t.Cleanup(func() { adminExec(t, dsn, "DROP SCHEMA "+schema+" CASCADE") })
+	replicatest.Admin(t, dsn, "CREATE SCHEMA "+schema)
+	t.Cleanup(func() { replicatest.Admin(t, dsn, "DROP SCHEMA "+schema+" CASCADE") })
 	q := u.Query()
 	q.Set("search_path", schema)
 	u.RawQuery = q.Encode()
@@ -177,20 +176,6 @@ func TestPostgresSchemesOpenAServer(t *testing.T) {
 		} else if _, err := s.ReservationGet(ctx, "rl-1"); err != nil {
 			t.Fatalf("postgresql:// does not see what postgres:// wrote: %v", err)
 		}
-	}
-}
-
-func adminExec(t *testing.T, dsn, sql string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatalf("connect: %v", err)
-	}
-	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, sql); err != nil {
-		t.Fatalf("%s: %v", sql, err)
 	}
 }
 
