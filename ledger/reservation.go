@@ -283,6 +283,17 @@ func slower(x, y time.Duration) bool {
 // caps it here rather than overflow.
 const MaxRetryAfter = time.Duration(math.MaxInt64) / time.Second * time.Second
 
+// WholeSeconds rounds a wait up to whole seconds (HTTP Retry-After has
+// second resolution, and rounding down would invite a retry that must
+// fail), MaxRetryAfter at most: rounding a wait in the last second below
+// it, or beyond it, would overflow into a negative wait.
+func WholeSeconds(d time.Duration) time.Duration {
+	if d > MaxRetryAfter-time.Second {
+		return MaxRetryAfter
+	}
+	return (d + time.Second - 1).Truncate(time.Second)
+}
+
 // refillWait is how long refill needs to mint shortfall units in dimension
 // i, counted from the refill cursor, rounded up to whole intervals and to at
 // least one second (HTTP Retry-After has second resolution). It is
@@ -305,12 +316,7 @@ func refillWait(a *Account, d *Dimension, i int, shortfall Units, now time.Time)
 	if wait < time.Second {
 		wait = time.Second
 	}
-	// MaxRetryAfter is whole seconds, so every wait in its last second
-	// rounds up to it; adding the second below would overflow there.
-	if wait > MaxRetryAfter-time.Second {
-		return MaxRetryAfter
-	}
-	return (wait + time.Second - 1).Truncate(time.Second)
+	return WholeSeconds(wait)
 }
 
 // checkUnitsToHold is checkUnits for units a command takes out of

@@ -262,8 +262,8 @@ func (s *Server) countRejection(dimension, reason string, shadow bool) {
 }
 
 // RetryAfterSeconds rounds a wait up to whole seconds, as the Retry-After
-// header of a 429 does.
-func RetryAfterSeconds(d time.Duration) time.Duration { return retryAfterSeconds(d) }
+// header of a 429 does (ledger.WholeSeconds).
+func RetryAfterSeconds(d time.Duration) time.Duration { return ledger.WholeSeconds(d) }
 
 // RequestDigest is the digest the server derives for a reserve that names
 // none (the canonical request digest over subject, route, region, units).

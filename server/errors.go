@@ -106,22 +106,9 @@ func rejection(res *ledger.Result, reason string) *v1.RejectionDetail {
 		Reason:            reason,
 	}
 	if res.RetryAfter > 0 {
-		detail.RetryAfter = durationpb.New(retryAfterSeconds(res.RetryAfter))
+		detail.RetryAfter = durationpb.New(ledger.WholeSeconds(res.RetryAfter))
 	}
 	return detail
-}
-
-// retryAfterSeconds rounds up to whole seconds (HTTP Retry-After has
-// second resolution, and rounding down would invite a retry that must fail).
-// A wait beyond ledger.MaxRetryAfter (the ledger's answer to a shortfall
-// refills would take centuries to cover) is ledger.MaxRetryAfter: rounding
-// it up would overflow into a negative Retry-After; so would a wait in the
-// last second below it, which rounds up to it.
-func retryAfterSeconds(d time.Duration) time.Duration {
-	if d > ledger.MaxRetryAfter-time.Second {
-		return ledger.MaxRetryAfter
-	}
-	return (d + time.Second - 1).Truncate(time.Second)
 }
 
 // outcomeError turns a ledger outcome whose Err is set into a connect error
@@ -137,7 +124,7 @@ func (s *Server) outcomeError(ctx context.Context, res *ledger.Result) *connect.
 		detail := rejection(res, class.reason)
 		s.metrics.rejection(res.Dimension, class.reason)
 		if res.RetryAfter > 0 {
-			cerr.Meta().Set("Retry-After", strconv.FormatInt(int64(retryAfterSeconds(res.RetryAfter)/time.Second), 10))
+			cerr.Meta().Set("Retry-After", strconv.FormatInt(int64(ledger.WholeSeconds(res.RetryAfter)/time.Second), 10))
 		}
 		attachDetail(cerr, detail)
 		return cerr
