@@ -36,8 +36,9 @@ func UnmarshalStrict(data []byte, v any) error {
 	if err := yaml.UnmarshalStrict(data, v); err != nil {
 		return err
 	}
+	// A document YAMLToJSON cannot convert was read above all the same:
+	// there are then no keys to compare.
 	if js, err := yaml.YAMLToJSON(data); err == nil {
-		// Not JSON: UnmarshalStrict read it, nothing more to say here.
 		if err := ExactKeys(js, v); err != nil {
 			return err
 		}
