@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"runtime"
 	"runtime/debug"
@@ -68,13 +69,25 @@ func (o *CompactionOptions) withDefaults() *CompactionOptions {
 
 const defaultCompactionBatch = 256
 
-// compactionConflictLog is the warning of a compaction worker whose cuts
-// the store refuses with store.ErrConflict pass after pass (another
-// writer holds the checkpoint lease), logged from the
-// compactionConflictsLogged-th pass in a row on.
+// The compaction worker's failures and refusals, each logged through
+// the engine's failLog (its first at once, then at most once per
+// workerLogEvery, and once when a pass gets past it again), as the other
+// workers' are: a refusal stays until someone acts, and the pass that
+// meets it again runs every Interval.
+//
+// compactionConflictLog is the warning of a worker whose cuts the store
+// refuses with store.ErrConflict pass after pass (another writer holds
+// the checkpoint lease), logged from the compactionConflictsLogged-th
+// pass in a row on. compactionRefusedLog is the error of a cut its audit
+// refused (discrepancies; counted in CompactionStats.Refused at every
+// pass); the other three are the store's failures at each step.
 const (
 	compactionConflictLog     = "compaction: checkpoint refused pass after pass, another writer holds the store's checkpoint lease"
 	compactionConflictsLogged = 2
+	compactionRefusedLog      = "compaction: the audit found discrepancies; no checkpoint cut, nothing deleted"
+	compactionLastLog         = "compaction: last checkpoint"
+	compactionCutLog          = "compaction: checkpoint"
+	compactionJournalLog      = "compaction: journal"
 )
 
 type compactionCounters struct {
@@ -404,10 +417,11 @@ func (e *Engine) runCompaction(ctx context.Context) {
 	last, ok, err := e.core.store.CheckpointLast(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
-			e.log.Warn("compaction: last checkpoint", "err", err)
+			e.failLog.failed(e.log, compactionLastLog, err)
 		}
 		return
 	}
+	e.failLog.ok(e.log, compactionLastLog)
 	if ok {
 		e.compaction.lastCut.Store(last.CutAt.UnixNano())
 		e.compaction.lastSeq.Store(last.Seq)
@@ -440,21 +454,29 @@ func (e *Engine) runCompaction(ctx context.Context) {
 			e.failLog.ok(e.log, compactionConflictLog)
 		}
 		switch {
-		case errors.Is(err, store.ErrConflict): // another replica cuts
+		case errors.Is(err, store.ErrConflict): // the store answered: another replica cuts
+			e.failLog.ok(e.log, compactionCutLog)
 		case err != nil:
 			if ctx.Err() == nil {
-				e.log.Warn("compaction: checkpoint", "err", err)
+				e.failLog.failed(e.log, compactionCutLog, err)
 			}
 			return
 		case len(found) > 0:
-			e.log.Error("compaction: the audit found discrepancies; no checkpoint cut, nothing deleted",
+			e.failLog.failedAt(e.log, slog.LevelError, compactionRefusedLog, nil,
 				"count", len(found), "first", found[0].String())
 			return
+		default:
+			e.failLog.ok(e.log, compactionCutLog)
+			e.failLog.ok(e.log, compactionRefusedLog)
 		}
 	}
 	n, err := e.CompactJournal(ctx)
-	if err != nil && ctx.Err() == nil {
-		e.log.Warn("compaction: journal", "err", err)
+	if err != nil {
+		if ctx.Err() == nil {
+			e.failLog.failed(e.log, compactionJournalLog, err)
+		}
+	} else {
+		e.failLog.ok(e.log, compactionJournalLog)
 	}
 	if n > 0 {
 		e.reclaim(ctx, "compaction")

@@ -77,14 +77,22 @@ var memstoreAndSQLite = map[string]func(t *testing.T) store.Store{
 // longer gives the account (the audit's journal_replay check).
 func changeAccountBehindTheJournal(t *testing.T, st store.Store) {
 	t.Helper()
+	shiftAccountBehindTheJournal(t, st, 1)
+}
+
+// shiftAccountBehindTheJournal adds delta to the only account's opening
+// and available in the store, with no journal entry (-1 after
+// changeAccountBehindTheJournal repairs it).
+func shiftAccountBehindTheJournal(t *testing.T, st store.Store, delta int64) {
+	t.Helper()
 	ctx := context.Background()
 	accounts, err := st.AccountList(ctx, ledger.PolicyKey{})
 	if err != nil || len(accounts) != 1 {
 		t.Fatalf("accounts %v %v", accounts, err)
 	}
 	a := accounts[0]
-	a.Balances[0].Opening++
-	a.Balances[0].Available++
+	a.Balances[0].Opening += delta
+	a.Balances[0].Available += delta
 	tx, err := st.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)

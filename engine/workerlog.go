@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"log/slog"
 	"sync"
 	"time"
@@ -40,9 +41,19 @@ type failing struct {
 	total, unlogged int
 }
 
-// failed logs err (and attrs) of the worker named msg, unless it logged
-// within every.
+// failed logs err (and attrs) of the worker named msg as a warning,
+// unless it logged within workerLogEvery.
 func (f *failLog) failed(log *slog.Logger, msg string, err error, attrs ...any) {
+	f.failedAt(log, slog.LevelWarn, msg, err, attrs...)
+}
+
+// failedAt is failed at level: a refusal that is the ledger's fault, not
+// the store's (the compaction audit's discrepancies), stays an error
+// while it repeats. err may be nil when attrs say what happened.
+func (f *failLog) failedAt(log *slog.Logger, level slog.Level, msg string, err error, attrs ...any) {
+	if err != nil {
+		attrs = append(attrs, "err", err)
+	}
 	now := f.clock()
 	f.mu.Lock()
 	if f.m == nil {
@@ -54,7 +65,7 @@ func (f *failLog) failed(log *slog.Logger, msg string, err error, attrs ...any) 
 		f.m[msg] = s
 		s.total++
 		f.mu.Unlock()
-		log.Warn(msg, append(attrs, "err", err)...)
+		log.Log(context.Background(), level, msg, attrs...)
 		return
 	}
 	s.total++
@@ -67,7 +78,7 @@ func (f *failLog) failed(log *slog.Logger, msg string, err error, attrs ...any) 
 	s.logged, s.unlogged = now, 0
 	failingFor := now.Sub(s.since).Round(time.Second)
 	f.mu.Unlock()
-	log.Warn(msg, append(attrs, "err", err, "failures_since_last_log", n, "failing_for", failingFor.String())...)
+	log.Log(context.Background(), level, msg, append(attrs, "failures_since_last_log", n, "failing_for", failingFor.String())...)
 }
 
 // ok ends a failure run of the worker named msg: logs once that it

@@ -39,6 +39,13 @@ func (s *unreachableStore) ReservationsFinished(ctx context.Context, before time
 	return s.Store.ReservationsFinished(ctx, before, limit)
 }
 
+func (s *unreachableStore) CheckpointLast(ctx context.Context) (ledger.Checkpoint, bool, error) {
+	if s.fail.Load() {
+		return ledger.Checkpoint{}, false, errUnreachable
+	}
+	return s.Store.CheckpointLast(ctx)
+}
+
 func (s *unreachableStore) ReservationsUnknown(ctx context.Context, f store.UnknownFilter) ([]ledger.Reservation, error) {
 	if s.fail.Load() {
 		return nil, errUnreachable
@@ -145,11 +152,11 @@ func failingLines(t *testing.T, st *unreachableStore, clock *time.Time, logs *lo
 	}
 }
 
-// The retention worker and the resolver, whose store reads fail at
-// every pass while the store is down (every second, twice a second),
-// log as rarely as the expiry worker: a line at the first failure, one
-// a period, one on recovery.
-func TestFailingRetentionAndResolverLogOncePerPeriod(t *testing.T) {
+// The retention and compaction workers and the resolver, whose store
+// reads fail at every pass while the store is down, log as rarely as the
+// expiry worker: a line at the first failure, one a period, one on
+// recovery.
+func TestFailingRetentionCompactionAndResolverLogOncePerPeriod(t *testing.T) {
 	ctx := context.Background()
 	t.Run("retention", func(t *testing.T) {
 		st := &unreachableStore{Store: memstore.New()}
@@ -164,6 +171,15 @@ func TestFailingRetentionAndResolverLogOncePerPeriod(t *testing.T) {
 			}
 		})
 	})
+	t.Run("compaction", func(t *testing.T) {
+		st := &unreachableStore{Store: memstore.New()}
+		logger, logs := logcapture.New()
+		e := New(st, Options{DisableWorkers: true, Logger: logger, Compaction: &CompactionOptions{}})
+		defer e.Close()
+		now := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+		e.failLog.now = func() time.Time { return now }
+		failingLines(t, st, &now, logs, "compaction: last checkpoint", func() { e.runCompaction(ctx) })
+	})
 	t.Run("resolver", func(t *testing.T) {
 		st := &unreachableStore{Store: memstore.New()}
 		logger, logs := logcapture.New()
@@ -175,4 +191,55 @@ func TestFailingRetentionAndResolverLogOncePerPeriod(t *testing.T) {
 		r.fails.now = func() time.Time { return now }
 		failingLines(t, st, &now, logs, "resolver: read backlog", func() { r.ScanWhile(ctx, nil) })
 	})
+}
+
+// A compaction cut its audit refuses (an account changed behind the
+// journal) is refused again at every pass until someone repairs the
+// ledger; the worker says so as the other workers report failures (an
+// error line at once, then at most once per period with a count, one
+// line once a cut goes through), while Refused still counts every pass.
+func TestRefusedCompactionLogsOncePerPeriod(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	logger, logs := logcapture.New()
+	clk := newClock()
+	e := New(st, Options{Clock: clk.Now, DisableWorkers: true, Logger: logger, Compaction: &CompactionOptions{Every: time.Hour}})
+	defer e.Close()
+	now := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	e.failLog.now = func() time.Time { return now }
+	publish(t, e, 1_000_000, time.Minute, 0)
+	lifecycle(t, e, "a", 5)
+	e.runCompaction(ctx)
+	lifecycle(t, e, "b", 5)
+	changeAccountBehindTheJournal(t, st)
+	clk.Advance(time.Hour) // the next cut is due, and stays due while refused
+	const msg = `level=ERROR msg="compaction: the audit found discrepancies; no checkpoint cut, nothing deleted"`
+	start := now
+	for range 40 {
+		e.runCompaction(ctx)
+		now = now.Add(250 * time.Millisecond)
+	}
+	now = start.Add(workerLogEvery - time.Millisecond)
+	e.runCompaction(ctx)
+	if n := logs.Count(msg); n != 1 {
+		t.Fatalf("%d refusal lines for 41 refused passes within the period, want 1:\n%s", n, logs.String())
+	}
+	now = start.Add(workerLogEvery)
+	e.runCompaction(ctx)
+	if n := logs.Count(msg); n != 2 || logs.Count("failures_since_last_log=41 failing_for=30s") != 1 {
+		t.Fatalf("after the period: want a second refusal line counting 41 refusals in 30s:\n%s", logs.String())
+	}
+	if s := e.CompactionStats(); s.Refused != 42 || s.Checkpoints != 1 {
+		t.Fatalf("after 42 refused passes: %+v, want every one counted in Refused", s)
+	}
+	shiftAccountBehindTheJournal(t, st, -1) // repaired
+	now = now.Add(5 * time.Second)
+	e.runCompaction(ctx)
+	e.runCompaction(ctx)
+	if s := e.CompactionStats(); s.Checkpoints != 2 {
+		t.Fatalf("after the repair: %+v, want the cut through", s)
+	}
+	if n := logs.Count(`msg="compaction: the audit found discrepancies; no checkpoint cut, nothing deleted recovered" failures=42 failed_for=35s`); n != 1 {
+		t.Fatalf("want one recovery line:\n%s", logs.String())
+	}
 }

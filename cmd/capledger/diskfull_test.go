@@ -3,8 +3,12 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -208,4 +212,76 @@ func TestFullDiskThenRoomAgain(t *testing.T) {
 	restarted := startServer(t, bin, dataDir)
 	t.Run("after a restart", func(t *testing.T) { verify(t, restarted.url, records) })
 	stopGracefully(t, restarted)
+}
+
+// TestServeRestartedOnAFullDisk: `capledger serve` restarted on a SQLite
+// data directory whose disk is still full exits 5 (store unavailable,
+// what a supervisor retries on) saying the disk is full and where,
+// instead of SQLite's bare "disk I/O error (4874)"; once there is room
+// it starts again. Needs root to mount a size-limited tmpfs; skipped
+// otherwise.
+func TestServeRestartedOnAFullDisk(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "tmpfs")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", dir).CombinedOutput(); err != nil {
+		t.Skipf("cannot mount a size-limited tmpfs (needs root): %v %s", err, out)
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
+			t.Errorf("umount %s: %v %s", dir, err, out)
+		}
+	})
+	data := filepath.Join(dir, "data")
+	e := &env{getenv: func(string) string { return "" }}
+	// serveOnce starts serve on data and stops it once it listens; it
+	// returns serve's exit code and output.
+	serveOnce := func() (int, string) {
+		t.Helper()
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		logs := &lockedBuffer{}
+		e.stdout, e.stderr = logs, logs
+		done := make(chan int, 1)
+		go func() { done <- run(ctx, e, []string{"serve", "--addr", "127.0.0.1:0", "--data-dir", data}) }()
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+			select {
+			case code := <-done:
+				return code, logs.String()
+			default:
+			}
+			if listeningLine.MatchString(logs.String()) {
+				cancel()
+				return <-done, logs.String()
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("serve neither listened nor exited:\n%s", logs.String())
+			}
+		}
+	}
+	if code, out := serveOnce(); code != exitOK {
+		t.Fatalf("first start: exit %d:\n%s", code, out)
+	}
+	filler := filepath.Join(dir, "filler")
+	f, err := os.Create(filler)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for chunk := make([]byte, 4<<10); ; {
+		if _, err := f.Write(chunk); err != nil {
+			break
+		}
+	}
+	f.Close()
+	code, out := serveOnce()
+	if want := "no room in " + data + " (0 bytes free): no space left on device"; code != exitUnavailable || !strings.Contains(out, want) {
+		t.Fatalf("serve on a full disk: exit %d, want %d with %q:\n%s", code, exitUnavailable, want, out)
+	}
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	if code, out := serveOnce(); code != exitOK {
+		t.Fatalf("serve once there is room again: exit %d:\n%s", code, out)
+	}
 }

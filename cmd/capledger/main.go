@@ -46,7 +46,9 @@ const exitCodesHelp = `Exit codes:
   4  conflict or failed precondition (already settled, released, expired,
      operation mismatch, reservation id reused for another request;
      rollback --wait not drained, or holding capacity no policy can take)
-  5  server unavailable (cannot connect, store down, shutting down)
+  5  server unavailable (cannot connect, store down, shutting down); serve
+     and migrate: the store cannot be reached, or its data directory's
+     disk is full (free space, then start again)
   6  audit found discrepancies
 130  interrupted (Ctrl-C or SIGTERM) before it finished; serve stops with 0
 `

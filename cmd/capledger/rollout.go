@@ -510,7 +510,7 @@ func runRollback(ctx context.Context, e *env, args []string) error {
 		}
 	}
 	deadline := time.Now().Add(*maxWait)
-	var first int64 = -1
+	var bar drainBar
 	for {
 		msg, err := unary(ctx, cf.timeout, client.DrainProgress, &v1.DrainProgressRequest{Generations: gens, RunDrains: !*noDrain})
 		if err != nil {
@@ -518,7 +518,7 @@ func runRollback(ctx context.Context, e *env, args []string) error {
 			// the follow: once a poll has answered, an unavailable server
 			// is polled again until --max-wait, the error shown each time.
 			var failed exitError
-			if !*wait || first < 0 || !errors.As(err, &failed) || failed.code != exitUnavailable || time.Now().After(deadline) {
+			if !*wait || !bar.polled || !errors.As(err, &failed) || failed.code != exitUnavailable || time.Now().After(deadline) {
 				return err
 			}
 			fmt.Fprintf(e.stderr, "poll failed, polling again in %s: %v\n", *interval, err)
@@ -527,16 +527,11 @@ func runRollback(ctx context.Context, e *env, args []string) error {
 			}
 			continue
 		}
-		left := drainLeft(msg)
-		// Units left can grow while settlement goes on (a settle above its
-		// hold on a rolled-back generation adds debt): the bar measures
-		// against the most ever seen, so it never runs backwards past 0%.
-		first = max(first, left)
 		if !*wait {
 			printDrain(e.stdout, msg)
 			return nil
 		}
-		fmt.Fprintln(e.stderr, progressLine(first, left, msg))
+		fmt.Fprintln(e.stderr, bar.line(msg))
 		if msg.GetDrained() {
 			printDrain(e.stdout, msg)
 			return nil
@@ -624,21 +619,53 @@ func drainLeft(msg *v1.DrainProgressResponse) int64 {
 	return n
 }
 
-func progressLine(first, left int64, msg *v1.DrainProgressResponse) string {
-	const width = 30
-	done := width
-	if first > 0 {
-		done = int(int64(width) * (first - left) / first)
+// drainBar draws `rollback --wait`'s progress line, one per poll. Units
+// left can grow while it follows (settlement goes on: a settle above its
+// hold on a rolled-back generation adds debt), and a bar measured against
+// any fixed total then runs backwards. So the bar is the share drained of
+// all the generations held while followed (the units left fell by
+// drained over the polls so far; drained / (drained + left)), it never
+// moves back (after a rise it holds until the drain passes it again), and
+// it is full only once DrainProgress says drained. The line says by how
+// much the units left rose since the last poll, so a larger figure there
+// reads as new units, not as the drain undone.
+type drainBar struct {
+	polled  bool  // a poll has answered
+	left    int64 // units left at the last poll
+	drained int64 // the falls of units left between polls, summed
+	done    int   // cells of the bar filled on the last line
+}
+
+const drainBarWidth = 30
+
+// line notes msg, a poll's answer, and returns its progress line.
+func (b *drainBar) line(msg *v1.DrainProgressResponse) string {
+	left := drainLeft(msg)
+	var rose int64
+	if b.polled {
+		if left < b.left {
+			b.drained += b.left - left
+		} else {
+			rose = left - b.left
+		}
 	}
-	if msg.GetDrained() {
-		done = width
+	b.polled, b.left = true, left
+	switch {
+	case msg.GetDrained():
+		b.done = drainBarWidth
+	case b.drained > 0:
+		b.done = max(b.done, min(drainBarWidth-1, int(drainBarWidth*b.drained/(b.drained+left))))
 	}
 	var shards int64
 	for _, g := range msg.GetGenerations() {
 		shards += g.GetUnreconciledShards()
 	}
-	return fmt.Sprintf("[%s%s] %3d%%  %d units left, %d shards open, %d drain commands",
-		strings.Repeat("#", done), strings.Repeat(".", width-done), 100*done/width, left, shards, msg.GetDrainCommands())
+	grew := ""
+	if rose > 0 {
+		grew = fmt.Sprintf(" (up %d since the last poll)", rose)
+	}
+	return fmt.Sprintf("[%s%s] %3d%%  %d units left%s, %d shards open, %d drain commands",
+		strings.Repeat("#", b.done), strings.Repeat(".", drainBarWidth-b.done), 100*b.done/drainBarWidth, left, grew, shards, msg.GetDrainCommands())
 }
 
 func unitsText(m map[string]int64) string {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -12,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	v1 "github.com/capledger/capledger/api/capledger/v1"
 )
 
 // A rollback drains to zero across a restart, on a real SQLite data
@@ -569,5 +572,36 @@ func TestServerRefusalHasNoUsagePointer(t *testing.T) {
 	wantExit(t, exitUsage, code, out, errOut)
 	if !strings.Contains(errOut, "Run `capledger rollout --help` for usage.") {
 		t.Errorf("a flag the CLI cannot read:\n%s", errOut)
+	}
+}
+
+// `rollback --wait`'s progress line while what a rolled-back generation
+// holds grows (settlement goes on: a settle above its hold adds debt):
+// the bar never runs backwards, the line says the units left rose, and
+// the bar is full only once the poll says drained.
+func TestDrainBarNeverRunsBackwards(t *testing.T) {
+	poll := func(reserved, debt int64, drained bool) *v1.DrainProgressResponse {
+		return &v1.DrainProgressResponse{Drained: drained, Generations: []*v1.GenerationDrain{{
+			Generation: 5, Reserved: map[string]int64{"tokens": reserved}, Debt: map[string]int64{"tokens": debt}}}}
+	}
+	steps := []struct {
+		msg     *v1.DrainProgressResponse
+		percent int
+		left    string
+	}{
+		{poll(100, 0, false), 0, "100 units left, "},
+		{poll(50, 0, false), 50, "50 units left, "},
+		{poll(50, 100, false), 50, "150 units left (up 100 since the last poll), "}, // a settle added debt
+		{poll(0, 100, false), 50, "100 units left, "},
+		{poll(0, 20, false), 90, "20 units left, "},
+		{poll(0, 0, false), 96, "0 units left, "}, // not drained yet (a shard open)
+		{poll(0, 0, true), 100, "0 units left, "},
+	}
+	var bar drainBar
+	for i, s := range steps {
+		line := bar.line(s.msg)
+		if want := fmt.Sprintf("] %3d%%  %s", s.percent, s.left); !strings.Contains(line, want) {
+			t.Errorf("poll %d: %q, want %q in it", i, line, want)
+		}
 	}
 }

@@ -5,7 +5,9 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strings"
+	"syscall"
 
 	"modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
@@ -25,7 +27,8 @@ import (
 //
 // Both sentinels stay in the chain (%w twice), so errors.Is finds the
 // store's term and the driver's detail is kept for the log. Anything else
-// is returned unchanged. ctx may be nil.
+// is returned unchanged. ctx may be nil. (openFailed adds what Open knows
+// beyond the driver: that the disk is full.)
 func translate(ctx context.Context, err error) error {
 	if err == nil {
 		return nil
@@ -62,4 +65,34 @@ func translate(ctx context.Context, err error) error {
 		return fmt.Errorf("%w: %w", store.ErrUnavailable, err)
 	}
 	return err
+}
+
+// openRoom is the free space below which Open blames a failure to write
+// on a full disk: opening writes the -shm file (32 KiB) and, in WAL
+// mode, the -wal file's header and the frames of setup's and the
+// migrations' commits, so a file system with less cannot open the store
+// whatever else is wrong.
+const openRoom = 1 << 20
+
+// openFailed is Open's error for err. When err is a failure to write or
+// create a file (an I/O error, SQLITE_FULL, SQLITE_CANTOPEN) and the file
+// system holding path has less than openRoom free, it says the disk is
+// full and where, with syscall.ENOSPC and store.ErrUnavailable in the
+// chain: SQLite reports an ENOSPC while sizing the -shm file as a bare
+// "disk I/O error (4874)", which names neither.
+func openFailed(path string, err error) error {
+	var e *sqlite.Error
+	if errors.As(err, &e) {
+		switch e.Code() & 0xff {
+		case sqlite3.SQLITE_IOERR, sqlite3.SQLITE_FULL, sqlite3.SQLITE_CANTOPEN:
+			dir := filepath.Dir(path)
+			if free, ok := freeBytes(dir); ok && free < openRoom {
+				if !errors.Is(err, store.ErrUnavailable) {
+					err = fmt.Errorf("%w: %w", store.ErrUnavailable, err)
+				}
+				return fmt.Errorf("open sqlite %s: no room in %s (%d bytes free): %w: %w", path, dir, free, syscall.ENOSPC, err)
+			}
+		}
+	}
+	return fmt.Errorf("open sqlite %s: %w", path, err)
 }

@@ -148,7 +148,9 @@ func CheckPath(path string) error {
 // missing schema migrations and returns the store. It returns an error
 // wrapping ErrSchemaTooNew for a file written by a newer binary, and an
 // error for a path the DSN cannot carry, a file that is not a SQLite
-// database, or a filesystem where WAL or synchronous=FULL cannot be set.
+// database, or a filesystem where WAL or synchronous=FULL cannot be set;
+// on a full disk, one naming the directory and its free space that wraps
+// store.ErrUnavailable and syscall.ENOSPC (openFailed).
 func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 	cfg := config{busyTimeout: DefaultBusyTimeout, readConns: DefaultReadConns, cacheRows: DefaultCacheRows,
 		subjectFlushAge: DefaultSubjectFlushAge, subjectFlushCount: DefaultSubjectFlushCount, auditCopyPages: defaultAuditCopyPages}
@@ -233,10 +235,10 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 		err = closeErr
 	}
 	if err != nil {
-		return nil, fmt.Errorf("open sqlite %s: %w", path, err)
+		return nil, openFailed(path, err)
 	}
 	if s.w, err = openWriter(ctx, connector, writerSync); err != nil {
-		return nil, fmt.Errorf("open sqlite %s: %w", path, translate(ctx, err))
+		return nil, openFailed(path, translate(ctx, err))
 	}
 	s.checkpointer = startCheckpointer(sql.OpenDB(connector), &s.commits, s.noteFsyncFailure)
 	s.subjects = newSubjectPending(cfg.subjectFlushAge, cfg.subjectFlushCount)
@@ -252,7 +254,7 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 	}
 	if err != nil {
 		s.Close()
-		return nil, fmt.Errorf("open sqlite %s: %w", path, translate(ctx, err))
+		return nil, openFailed(path, translate(ctx, err))
 	}
 	return s, nil
 }
