@@ -659,6 +659,46 @@ func TestPublishRefusesExecutionLimitsAndRefillIntervalsBelowTheMinimum(t *testi
 	}
 }
 
+// Accounting epochs start at whole multiples of the epoch length counted
+// from 0001-01-01T00:00:00Z, a Monday, in UTC (docs/API.md, PublishPolicy):
+// not from the Unix epoch (a Thursday) and not from the first command. So
+// the 7-day epoch holding Wednesday 2026-12-02 15:04 started on Monday
+// 2026-11-30 at 00:00 UTC and closes on Monday 2026-12-07, and a 1-day
+// epoch starts at 00:00 UTC, whatever the location of the time given.
+func TestEpochsStartAtMultiplesOfTheirLengthFromYearOne(t *testing.T) {
+	berlin := time.FixedZone("CET", 3600)
+	wednesday := time.Date(2026, 12, 2, 16, 4, 5, 0, berlin) // 15:04:05 UTC
+	for _, tc := range []struct {
+		length    time.Duration
+		start     time.Time
+		nextStart time.Time // of the epoch holding wednesday + length
+	}{
+		{7 * 24 * time.Hour, time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC), time.Date(2026, 12, 7, 0, 0, 0, 0, time.UTC)},
+		{24 * time.Hour, time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC), time.Date(2026, 12, 3, 0, 0, 0, 0, time.UTC)},
+	} {
+		c := newChecked(t)
+		c.now = wednesday
+		p := policyOf(tokens(1000, 100))
+		p.EpochLength = tc.length
+		c.publish(p)
+		res := c.must(c.reserve("a", 10))
+		if got := res.Reservation.AccountingEpoch; !got.Equal(tc.start) || got.Location() != time.UTC {
+			t.Fatalf("%s epoch holding %s: starts %s, want %s", tc.length, wednesday, got, tc.start)
+		}
+		c.advance(tc.length)
+		res = c.must(c.reserve("b", 10))
+		if got := res.Reservation.AccountingEpoch; !got.Equal(tc.nextStart) {
+			t.Fatalf("%s epoch holding %s: starts %s, want %s", tc.length, c.now, got, tc.nextStart)
+		}
+		if n := len(c.m.Statements); n != 1 || !c.m.Statements[0].EpochStart.Equal(tc.start) || !c.m.Statements[0].EpochEnd.Equal(tc.nextStart) {
+			t.Fatalf("%s epochs: statements %+v, want one from %s to %s", tc.length, c.m.Statements, tc.start, tc.nextStart)
+		}
+	}
+	if monday := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC); monday.Weekday() != time.Monday || (time.Time{}).Weekday() != time.Monday {
+		t.Fatalf("the calendar: %s is a %s, year 1 began on a %s", monday, monday.Weekday(), (time.Time{}).Weekday())
+	}
+}
+
 // Epochs count from the zero time (year 1), so an epoch length that
 // divides the 62,135,596,800 s from there to 1970-01-01 and is longer
 // than the years since puts the current epoch's start exactly on the Unix
