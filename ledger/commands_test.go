@@ -638,7 +638,7 @@ func TestPublishRefusesExecutionLimitsAndRefillIntervalsBelowTheMinimum(t *testi
 		p := policyOf(tokens(1000, 100))
 		p.ExecutionLimit = limit
 		res := c.apply(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: p})
-		if !errors.Is(res.Err, ledger.ErrInvalidPolicy) || !strings.Contains(res.Err.Error(), "executionLimit "+limit.String()+" is shorter than the minimum 1s") {
+		if !errors.Is(res.Err, ledger.ErrInvalidPolicy) || !strings.Contains(res.Err.Error(), "executionLimit "+ledger.DurationText(limit)+" is shorter than the minimum 1s") {
 			t.Errorf("execution limit %s: %+v", limit, res)
 		}
 	}
@@ -646,7 +646,7 @@ func TestPublishRefusesExecutionLimitsAndRefillIntervalsBelowTheMinimum(t *testi
 		d := tokens(1000, 100)
 		d.RefillInterval = interval
 		res := c.apply(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: policyOf(d)})
-		if !errors.Is(res.Err, ledger.ErrInvalidPolicy) || !strings.Contains(res.Err.Error(), "tokens: refillInterval "+interval.String()+" is shorter than the minimum 1ms") {
+		if !errors.Is(res.Err, ledger.ErrInvalidPolicy) || !strings.Contains(res.Err.Error(), "tokens: refillInterval "+ledger.DurationText(interval)+" is shorter than the minimum 0.001s") {
 			t.Errorf("refill interval %s: %+v", interval, res)
 		}
 	}
@@ -713,14 +713,21 @@ func TestPublishRefusesEpochsLongerThanTheMaximum(t *testing.T) {
 		p := policyOf(tokens(1000, 100))
 		p.EpochLength = length
 		res := c.apply(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: p})
-		if !errors.Is(res.Err, ledger.ErrInvalidPolicy) || !strings.Contains(res.Err.Error(), "epochLength "+length.String()+" is longer than the maximum "+ledger.MaxEpochLength.String()) {
+		if !errors.Is(res.Err, ledger.ErrInvalidPolicy) || !strings.Contains(res.Err.Error(), "epochLength "+ledger.DurationText(length)+" is longer than the maximum 1577880000s (50 years)") {
 			t.Errorf("epoch length %s: %+v", length, res)
 		}
+	}
+	// The message speaks the API's Durations, as a client sends them
+	// ("3106779840s"), not Go's (862994h24m0s against 438300h0m0s).
+	p := policyOf(tokens(1000, 100))
+	p.EpochLength = 3106779840 * time.Second
+	if want := "epochLength 3106779840s is longer than the maximum 1577880000s (50 years)"; !strings.HasSuffix(c.apply(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: p}).Err.Error(), want) {
+		t.Errorf("98 years: want the message to end %q", want)
 	}
 	if ledger.MaxEpochLength > time.Duration(time.Date(2021, 1, 1, 0, 0, 0, 0, time.UTC).Sub(time.Unix(0, 0))) {
 		t.Fatalf("MaxEpochLength %s: an epoch of it could start at the Unix epoch in 2021 or later", ledger.MaxEpochLength)
 	}
-	p := policyOf(tokens(1000, 100))
+	p = policyOf(tokens(1000, 100))
 	p.EpochLength = ledger.MaxEpochLength
 	c.publish(p)
 	res := c.must(c.reserve("a", 10))
