@@ -561,9 +561,8 @@ func (w *epochWatch) due(now time.Time, every time.Duration) bool {
 // has ended between that pass's start and now.
 func (w *epochWatch) ended(now time.Time) bool {
 	for _, length := range w.lengths {
-		// The ledger's epochs start at multiples of their length
-		// (ledger.startEpoch): one ended when now is in a later one.
-		if now.Truncate(length).After(w.last.Truncate(length)) {
+		// One ended when now is in a later epoch than the pass's start.
+		if ledger.EpochStartOf(now, length).After(ledger.EpochStartOf(w.last, length)) {
 			return true
 		}
 	}

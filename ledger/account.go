@@ -256,8 +256,19 @@ func bringToNow(b Book, a *Account, p *Policy, now time.Time, refill bool) {
 	}
 }
 
+// EpochStartOf is the start of the accounting epoch of the given length
+// that holds t: the latest whole multiple of length counted from
+// 0001-01-01T00:00:00Z (time.Time's zero, a Monday) at or before t, in
+// UTC whatever t's location. So a 1-hour epoch starts on the hour, a
+// 1-day one at 00:00 UTC and a 7-day one on a Monday at 00:00 UTC
+// (docs/API.md, PublishPolicy); a 30-day one keeps no calendar month. The ledger
+// opens epochs by it and the engine's epoch worker watches their ends by it.
+func EpochStartOf(t time.Time, length time.Duration) time.Time {
+	return t.Truncate(length).UTC()
+}
+
 func startEpoch(a *Account, p *Policy, now time.Time) {
-	a.EpochStart = now.Truncate(p.EpochLength).UTC()
+	a.EpochStart = EpochStartOf(now, p.EpochLength)
 	a.EpochOpening = a.Balances
 }
 
@@ -282,7 +293,7 @@ func rollEpoch(b Book, a *Account, p *Policy, now time.Time) {
 	if now.Before(a.EpochStart.Add(p.EpochLength)) {
 		return
 	}
-	next := now.Truncate(p.EpochLength).UTC()
+	next := EpochStartOf(now, p.EpochLength)
 	b.StatementPut(Statement{
 		Account: a.Key, EpochStart: a.EpochStart, EpochEnd: next, Dims: a.Dims,
 		Opening: a.EpochOpening, Closing: a.Balances,

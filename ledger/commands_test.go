@@ -638,7 +638,7 @@ func TestPublishRefusesExecutionLimitsAndRefillIntervalsBelowTheMinimum(t *testi
 		p := policyOf(tokens(1000, 100))
 		p.ExecutionLimit = limit
 		res := c.apply(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: p})
-		if !errors.Is(res.Err, ledger.ErrInvalidPolicy) || !strings.Contains(res.Err.Error(), "executionLimit "+limit.String()+" is shorter than the minimum 1s") {
+		if !errors.Is(res.Err, ledger.ErrInvalidPolicy) || !strings.Contains(res.Err.Error(), "executionLimit "+ledger.DurationText(limit)+" is shorter than the minimum 1s") {
 			t.Errorf("execution limit %s: %+v", limit, res)
 		}
 	}
@@ -646,7 +646,7 @@ func TestPublishRefusesExecutionLimitsAndRefillIntervalsBelowTheMinimum(t *testi
 		d := tokens(1000, 100)
 		d.RefillInterval = interval
 		res := c.apply(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: policyOf(d)})
-		if !errors.Is(res.Err, ledger.ErrInvalidPolicy) || !strings.Contains(res.Err.Error(), "tokens: refillInterval "+interval.String()+" is shorter than the minimum 1ms") {
+		if !errors.Is(res.Err, ledger.ErrInvalidPolicy) || !strings.Contains(res.Err.Error(), "tokens: refillInterval "+ledger.DurationText(interval)+" is shorter than the minimum 0.001s") {
 			t.Errorf("refill interval %s: %+v", interval, res)
 		}
 	}
@@ -656,6 +656,46 @@ func TestPublishRefusesExecutionLimitsAndRefillIntervalsBelowTheMinimum(t *testi
 	p.ExecutionLimit = ledger.MinExecutionLimit
 	if res := c.apply(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: p}); res.Err != nil {
 		t.Fatalf("the minimums: %+v", res)
+	}
+}
+
+// Accounting epochs start at whole multiples of the epoch length counted
+// from 0001-01-01T00:00:00Z, a Monday, in UTC (docs/API.md, PublishPolicy):
+// not from the Unix epoch (a Thursday) and not from the first command. So
+// the 7-day epoch holding Wednesday 2026-12-02 15:04 started on Monday
+// 2026-11-30 at 00:00 UTC and closes on Monday 2026-12-07, and a 1-day
+// epoch starts at 00:00 UTC, whatever the location of the time given.
+func TestEpochsStartAtMultiplesOfTheirLengthFromYearOne(t *testing.T) {
+	berlin := time.FixedZone("CET", 3600)
+	wednesday := time.Date(2026, 12, 2, 16, 4, 5, 0, berlin) // 15:04:05 UTC
+	for _, tc := range []struct {
+		length    time.Duration
+		start     time.Time
+		nextStart time.Time // of the epoch holding wednesday + length
+	}{
+		{7 * 24 * time.Hour, time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC), time.Date(2026, 12, 7, 0, 0, 0, 0, time.UTC)},
+		{24 * time.Hour, time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC), time.Date(2026, 12, 3, 0, 0, 0, 0, time.UTC)},
+	} {
+		c := newChecked(t)
+		c.now = wednesday
+		p := policyOf(tokens(1000, 100))
+		p.EpochLength = tc.length
+		c.publish(p)
+		res := c.must(c.reserve("a", 10))
+		if got := res.Reservation.AccountingEpoch; !got.Equal(tc.start) || got.Location() != time.UTC {
+			t.Fatalf("%s epoch holding %s: starts %s, want %s", tc.length, wednesday, got, tc.start)
+		}
+		c.advance(tc.length)
+		res = c.must(c.reserve("b", 10))
+		if got := res.Reservation.AccountingEpoch; !got.Equal(tc.nextStart) {
+			t.Fatalf("%s epoch holding %s: starts %s, want %s", tc.length, c.now, got, tc.nextStart)
+		}
+		if n := len(c.m.Statements); n != 1 || !c.m.Statements[0].EpochStart.Equal(tc.start) || !c.m.Statements[0].EpochEnd.Equal(tc.nextStart) {
+			t.Fatalf("%s epochs: statements %+v, want one from %s to %s", tc.length, c.m.Statements, tc.start, tc.nextStart)
+		}
+	}
+	if monday := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC); monday.Weekday() != time.Monday || (time.Time{}).Weekday() != time.Monday {
+		t.Fatalf("the calendar: %s is a %s, year 1 began on a %s", monday, monday.Weekday(), (time.Time{}).Weekday())
 	}
 }
 
@@ -673,14 +713,21 @@ func TestPublishRefusesEpochsLongerThanTheMaximum(t *testing.T) {
 		p := policyOf(tokens(1000, 100))
 		p.EpochLength = length
 		res := c.apply(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: p})
-		if !errors.Is(res.Err, ledger.ErrInvalidPolicy) || !strings.Contains(res.Err.Error(), "epochLength "+length.String()+" is longer than the maximum "+ledger.MaxEpochLength.String()) {
+		if !errors.Is(res.Err, ledger.ErrInvalidPolicy) || !strings.Contains(res.Err.Error(), "epochLength "+ledger.DurationText(length)+" is longer than the maximum 1577880000s (50 years)") {
 			t.Errorf("epoch length %s: %+v", length, res)
 		}
+	}
+	// The message speaks the API's Durations, as a client sends them
+	// ("3106779840s"), not Go's (862994h24m0s against 438300h0m0s).
+	p := policyOf(tokens(1000, 100))
+	p.EpochLength = 3106779840 * time.Second
+	if want := "epochLength 3106779840s is longer than the maximum 1577880000s (50 years)"; !strings.HasSuffix(c.apply(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: p}).Err.Error(), want) {
+		t.Errorf("98 years: want the message to end %q", want)
 	}
 	if ledger.MaxEpochLength > time.Duration(time.Date(2021, 1, 1, 0, 0, 0, 0, time.UTC).Sub(time.Unix(0, 0))) {
 		t.Fatalf("MaxEpochLength %s: an epoch of it could start at the Unix epoch in 2021 or later", ledger.MaxEpochLength)
 	}
-	p := policyOf(tokens(1000, 100))
+	p = policyOf(tokens(1000, 100))
 	p.EpochLength = ledger.MaxEpochLength
 	c.publish(p)
 	res := c.must(c.reserve("a", 10))

@@ -29,7 +29,7 @@ const (
 	// year 1 to 1970 (98 years does) would start exactly at the Unix epoch,
 	// which the stores keep as no time at all. No epoch of at most 50 years
 	// starts there from 2021 on.
-	MaxEpochLength = 50 * 8766 * time.Hour
+	MaxEpochLength = maxEpochYears * 8766 * time.Hour
 	// MinExecutionLimit is the shortest execution limit a policy may set
 	// (0 is none). The limit is a hard stop on started work, marked
 	// USAGE_UNKNOWN by a worker that runs every worker interval (250 ms
@@ -42,6 +42,33 @@ const (
 	// asked for refill arithmetic at a resolution no clock gives.
 	MinRefillInterval = time.Millisecond
 )
+
+// maxEpochYears is MaxEpochLength in years of 365.25 days, as refusals
+// name it beside the seconds.
+const maxEpochYears = 50
+
+// DurationText writes d the way the API's JSON writes a Duration
+// (docs/API.md, Durations): whole seconds with an "s" suffix, and a
+// fraction of 3, 6 or 9 digits when d has one: "1577880000s", "0.100s",
+// "-1.500s", "0.000000001s". Every refusal that names a duration or a
+// duration limit writes it so, in the form a client sends it, rather than
+// Go's (438300h0m0s, 100ms, 999µs).
+func DurationText(d time.Duration) string {
+	sign, abs := "", uint64(d)
+	if d < 0 {
+		sign, abs = "-", -abs // unsigned, so the most negative Duration negates too
+	}
+	seconds, nanos := abs/uint64(time.Second), abs%uint64(time.Second)
+	switch {
+	case nanos == 0:
+		return fmt.Sprintf("%s%ds", sign, seconds)
+	case nanos%1e6 == 0:
+		return fmt.Sprintf("%s%d.%03ds", sign, seconds, nanos/1e6)
+	case nanos%1e3 == 0:
+		return fmt.Sprintf("%s%d.%06ds", sign, seconds, nanos/1e3)
+	}
+	return fmt.Sprintf("%s%d.%09ds", sign, seconds, nanos)
+}
 
 // WithDefaults returns p with empty optional fields filled in: region,
 // rollout mode, hold TTL, epoch length, fairness weight and budget,
@@ -102,15 +129,15 @@ func (p *Policy) Validate() error {
 	case p.Rollout != RolloutEnforce && p.Rollout != RolloutShadow:
 		return invalidPolicy("rollout mode %q is neither %q nor %q", p.Rollout, RolloutEnforce, RolloutShadow)
 	case p.HoldTTL < MinHoldTTL:
-		return invalidPolicy("hold TTL %s is shorter than the minimum %s", p.HoldTTL, MinHoldTTL)
+		return invalidPolicy("hold TTL %s is shorter than the minimum %s", DurationText(p.HoldTTL), DurationText(MinHoldTTL))
 	case p.ExecutionLimit < 0:
 		return invalidPolicy("executionLimit is negative")
 	case p.ExecutionLimit > 0 && p.ExecutionLimit < MinExecutionLimit:
-		return invalidPolicy("executionLimit %s is shorter than the minimum %s (leave it out for no limit)", p.ExecutionLimit, MinExecutionLimit)
+		return invalidPolicy("executionLimit %s is shorter than the minimum %s (leave it out for no limit)", DurationText(p.ExecutionLimit), DurationText(MinExecutionLimit))
 	case p.EpochLength < MinEpochLength:
-		return invalidPolicy("epoch length %s is shorter than the minimum %s", p.EpochLength, MinEpochLength)
+		return invalidPolicy("epoch length %s is shorter than the minimum %s", DurationText(p.EpochLength), DurationText(MinEpochLength))
 	case p.EpochLength > MaxEpochLength:
-		return invalidPolicy("epochLength %s is longer than the maximum %s", p.EpochLength, MaxEpochLength)
+		return invalidPolicy("epochLength %s is longer than the maximum %s (%d years)", DurationText(p.EpochLength), DurationText(MaxEpochLength), maxEpochYears)
 	case p.FairnessWeight <= 0:
 		return invalidPolicy("fairness weight must be positive")
 	case p.FairnessWeight > MaxFairnessWeight:
@@ -140,7 +167,7 @@ func (p *Policy) Validate() error {
 		case d.RefillUnits > 0 && d.RefillInterval <= 0:
 			return invalidPolicy("%s: refill interval must be positive", d.Unit)
 		case d.RefillInterval != 0 && d.RefillInterval < MinRefillInterval:
-			return invalidPolicy("%s: refillInterval %s is shorter than the minimum %s", d.Unit, d.RefillInterval, MinRefillInterval)
+			return invalidPolicy("%s: refillInterval %s is shorter than the minimum %s", d.Unit, DurationText(d.RefillInterval), DurationText(MinRefillInterval))
 		case d.MaxReservation <= 0 || d.MaxReservation > d.Burst:
 			return invalidPolicy("%s: max reservation %d is outside (0, burst %d]", d.Unit, d.MaxReservation, d.Burst)
 		case d.MaxOverdraft < 0 || d.MaxOverdraft > MaxUnits:

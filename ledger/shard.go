@@ -208,7 +208,7 @@ func ShardShapeProblem(subject, route, region string, bootEpoch uint64, ttl time
 	case bootEpoch == 0:
 		return "boot epoch is required (a gateway process numbers its boots from 1)"
 	case ttl <= 0:
-		return fmt.Sprintf("shard TTL must be above 0 (%s)", ttl)
+		return fmt.Sprintf("shard TTL must be above 0 (%s)", DurationText(ttl))
 	case !anyAbove0(units):
 		return "units: no units to carve (at least one amount above 0)"
 	}
@@ -227,7 +227,7 @@ func ShardShapeProblem(subject, route, region string, bootEpoch uint64, ttl time
 //     or gateway id, negative units, or a shape ShardShapeProblem refuses
 //     (no subject, route, region, boot epoch, TTL or unit above 0);
 //   - success with the new shard (fence = the gateway's previous fence + 1,
-//     ExpiresAt = now + TTL, signed);
+//     ExpiresAt = now + TTL or LatestTime when that is later, signed);
 //   - success with Replayed and the stored shard when the id exists for the
 //     same gateway, boot epoch, subject and allocation (nothing moves twice);
 //   - ErrShardIDReused when the id names a different shard;
@@ -335,7 +335,10 @@ func IssueShard(b Book, cmd *Command, now time.Time) Result {
 		Fence:     fence,
 		Allocated: cmd.Units,
 		IssuedAt:  now.UTC(),
-		ExpiresAt: now.Add(args.TTL).UTC(),
+		// Through deadline, as a hold's: serve --shard-max-ttl may allow
+		// up to the longest Duration, and now + that can pass what the
+		// stores and the signed token (int64 Unix ns) keep.
+		ExpiresAt: deadline(now, args.TTL).UTC(),
 		KeyID:     args.KeyID,
 	}
 	s.Signature = args.Sign(ShardCanonical(s))

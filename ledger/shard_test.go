@@ -698,3 +698,27 @@ func TestShardAboveTheUnitCapIsTooLarge(t *testing.T) {
 	// Refused before the account was read: the whole burst is still there.
 	c.must(c.apply(issueCmd("sh-cap", "gw-a", 1, 1000)))
 }
+
+// serve --shard-max-ttl may allow up to the longest Duration (about 292
+// years), but the stores and the signed token keep a shard's expiry as
+// int64 Unix nanoseconds, which end in 2262: now + such a TTL failed every
+// issuance as a 503 that no retry cured. The expiry is LatestTime instead,
+// as a hold's is (TestDeadlinesBeyondTheStorableRangeAreLatestTime), and
+// the token carries it exactly.
+func TestShardExpiryBeyondTheStorableRangeIsLatestTime(t *testing.T) {
+	c := newChecked(t)
+	c.publish(emergencyPolicy())
+	cmd := issueCmd("sh-far", "gw-a", 1, 100)
+	cmd.Shard.TTL = time.Duration(math.MaxInt64)
+	s := c.must(c.apply(cmd)).Shard
+	if !s.ExpiresAt.Equal(ledger.LatestTime) {
+		t.Fatalf("expiresAt %s for a %s TTL, want LatestTime %s", s.ExpiresAt, cmd.Shard.TTL, ledger.LatestTime)
+	}
+	decoded, err := ledger.DecodeShardToken(ledger.EncodeShardToken(s))
+	if err != nil || !decoded.ExpiresAt.Equal(ledger.LatestTime) {
+		t.Fatalf("token decodes to expiresAt %v (%v), want LatestTime", decoded, err)
+	}
+	if err := ledger.VerifyShard(decoded, shardKeys, ledger.ShardHolder{GatewayID: "gw-a", BootEpoch: 1}, c.now); err != nil {
+		t.Fatalf("the decoded shard does not verify: %v", err)
+	}
+}

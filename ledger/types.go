@@ -49,10 +49,11 @@ const MaxLifetimeUnits Units = 1 << 58
 
 // LatestTime is the latest deadline the ledger gives: the last instant of
 // int64 Unix nanoseconds (2262-04-11T23:47:16.854775807Z), the range every
-// store keeps times in. A policy may hold a hold TTL or an execution limit
-// up to the longest Duration (about 292 years), so now plus one can fall
-// past it; such a deadline (ExpiresAt, ExecutionDeadline) is LatestTime,
-// as unreachable as the sum and storable.
+// store keeps times in. A policy may hold a hold TTL or an execution limit,
+// and serve --shard-max-ttl may allow a shard TTL, up to the longest
+// Duration (about 292 years), so now plus one can fall past it; such a
+// deadline (a reservation's ExpiresAt and ExecutionDeadline, a shard's
+// ExpiresAt) is LatestTime, as unreachable as the sum and storable.
 var LatestTime = time.Unix(0, math.MaxInt64).UTC()
 
 // deadline is now + d, or LatestTime when that is later.

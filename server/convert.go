@@ -429,11 +429,11 @@ func PolicyFromProto(pb *v1.Policy) (ledger.Policy, error) {
 	// silently 60s. Leave the field out for the default.
 	if pb.GetHoldTtl() != nil && p.HoldTTL < ledger.MinHoldTTL {
 		return ledger.Policy{}, fmt.Errorf("%w: hold_ttl %s is shorter than the minimum %s (leave it out for the default %s)",
-			ledger.ErrInvalidPolicy, p.HoldTTL, ledger.MinHoldTTL, ledger.DefaultHoldTTL)
+			ledger.ErrInvalidPolicy, ledger.DurationText(p.HoldTTL), ledger.DurationText(ledger.MinHoldTTL), ledger.DurationText(ledger.DefaultHoldTTL))
 	}
 	if pb.GetEpochLength() != nil && p.EpochLength < ledger.MinEpochLength {
 		return ledger.Policy{}, fmt.Errorf("%w: epoch_length %s is shorter than the minimum %s (leave it out for the default %s)",
-			ledger.ErrInvalidPolicy, p.EpochLength, ledger.MinEpochLength, ledger.DefaultEpochLength)
+			ledger.ErrInvalidPolicy, ledger.DurationText(p.EpochLength), ledger.DurationText(ledger.MinEpochLength), ledger.DurationText(ledger.DefaultEpochLength))
 	}
 	switch pb.GetRollout() {
 	case v1.RolloutMode_ROLLOUT_MODE_UNSPECIFIED, v1.RolloutMode_ROLLOUT_MODE_ENFORCE:

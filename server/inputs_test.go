@@ -4,12 +4,14 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"math"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -82,10 +84,10 @@ func TestPolicyDurationBeyondRangeIsInvalid(t *testing.T) {
 func TestPolicyDurationsBelowTheirMinimumAreInvalid(t *testing.T) {
 	h := newHarness(t, harnessOptions{})
 	for want, body := range map[string]string{
-		"executionLimit 1ns is shorter than the minimum 1s":            `{"policy":{"subject":"t","route":"r","executionLimit":"0.000000001s","dimensions":[{"unit":"tokens","burst":"10"}]}}`,
-		"executionLimit 999ms is shorter than the minimum 1s":          `{"policy":{"subject":"t","route":"r","executionLimit":"0.999s","dimensions":[{"unit":"tokens","burst":"10"}]}}`,
-		"tokens: refillInterval 1ns is shorter than the minimum 1ms":   `{"policy":{"subject":"t","route":"r","dimensions":[{"unit":"tokens","burst":"10","refillUnits":"1","refillInterval":"0.000000001s"}]}}`,
-		"tokens: refillInterval 999µs is shorter than the minimum 1ms": `{"policy":{"subject":"t","route":"r","dimensions":[{"unit":"tokens","burst":"10","refillUnits":"1","refillInterval":"0.000999s"}]}}`,
+		"executionLimit 0.000000001s is shorter than the minimum 1s":             `{"policy":{"subject":"t","route":"r","executionLimit":"0.000000001s","dimensions":[{"unit":"tokens","burst":"10"}]}}`,
+		"executionLimit 0.999s is shorter than the minimum 1s":                   `{"policy":{"subject":"t","route":"r","executionLimit":"0.999s","dimensions":[{"unit":"tokens","burst":"10"}]}}`,
+		"tokens: refillInterval 0.000000001s is shorter than the minimum 0.001s": `{"policy":{"subject":"t","route":"r","dimensions":[{"unit":"tokens","burst":"10","refillUnits":"1","refillInterval":"0.000000001s"}]}}`,
+		"tokens: refillInterval 0.000999s is shorter than the minimum 0.001s":    `{"policy":{"subject":"t","route":"r","dimensions":[{"unit":"tokens","burst":"10","refillUnits":"1","refillInterval":"0.000999s"}]}}`,
 	} {
 		r := h.call("PublishPolicy", body, "")
 		h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidPolicy)
@@ -97,6 +99,43 @@ func TestPolicyDurationsBelowTheirMinimumAreInvalid(t *testing.T) {
 		t.Errorf("refused policies were published: %v", list)
 	}
 	h.ok("PublishPolicy", `{"policy":{"subject":"t","route":"r","executionLimit":"1s","dimensions":[{"unit":"tokens","burst":"10","refillUnits":"1","refillInterval":"0.001s"}]}}`, "")
+}
+
+// A refusal names a duration and its limit as the API writes Durations
+// (ledger.DurationText, the form protojson gives), so a client reads back
+// what it sent: an epochLength over the 50-year maximum said
+// "438300h0m0s", Go's form, while the request said "1577880001s".
+func TestDurationRefusalsSpeakTheAPIsDurations(t *testing.T) {
+	for _, d := range []time.Duration{0, time.Nanosecond, 999 * time.Microsecond, 100 * time.Millisecond, 1500 * time.Millisecond,
+		time.Second, ledger.MaxEpochLength, -1500 * time.Millisecond, time.Duration(math.MaxInt64), time.Duration(math.MinInt64)} {
+		wire, err := protojson.Marshal(durationpb.New(d))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := ledger.DurationText(d); `"`+got+`"` != string(wire) {
+			t.Errorf("DurationText(%s) = %s, the API writes %s", d, got, wire)
+		}
+	}
+	h := newHarness(t, harnessOptions{shards: true})
+	h.ok("PublishPolicy", tokensPolicy, "")
+	for want, body := range map[string]string{
+		"epochLength 1577880001s is longer than the maximum 1577880000s (50 years)":             `{"policy":{"subject":"t","route":"r","epochLength":"1577880001s","dimensions":[{"unit":"tokens","burst":"10"}]}}`,
+		"hold_ttl 0.099s is shorter than the minimum 0.100s (leave it out for the default 60s)": `{"policy":{"subject":"t","route":"r","holdTtl":"0.099s","dimensions":[{"unit":"tokens","burst":"10"}]}}`,
+	} {
+		r := h.call("PublishPolicy", body, "")
+		h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidPolicy)
+		if !strings.Contains(r.body["message"].(string), want) {
+			t.Errorf("want a message with %q: %s", want, r.raw)
+		}
+	}
+	req, _ := http.NewRequest(http.MethodPost, h.url+"/capledger.v1.ShardService/IssueShard",
+		strings.NewReader(`{"shardId":"s","subject":"tenant-7","route":"chat.generate","units":{"tokens":1},"gatewayId":"gw","bootEpoch":1,"ttl":"3600.5s"}`))
+	req.Header.Set("Content-Type", "application/json")
+	r := h.do(req)
+	h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidCommand)
+	if want := "ttl 3600.500s is outside (0, 3600s]"; !strings.Contains(r.body["message"].(string), want) {
+		t.Errorf("want a message with %q: %s", want, r.raw)
+	}
 }
 
 // A Reserve's request_digest was unbounded: a 1 MiB digest was stored

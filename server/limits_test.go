@@ -92,7 +92,7 @@ func TestLimitsAnswerTheirDocumentedCodes(t *testing.T) {
 	for _, ttl := range []string{"0s", "0.001s", "0.099s"} {
 		r := h.call("PublishPolicy", policy(ttl), "")
 		h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidPolicy)
-		if !strings.Contains(r.body["message"].(string), "minimum 100ms") {
+		if !strings.Contains(r.body["message"].(string), "minimum 0.100s") {
 			t.Errorf("holdTtl %s: %s", ttl, r.raw)
 		}
 	}

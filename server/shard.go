@@ -207,7 +207,7 @@ func (svc *shardService) issue(ctx context.Context, m *v1.IssueShardRequest, leg
 		return nil, svc.refused(ledger.KindShardIssue, invalidArgument(ReasonInvalidCommand, "%s", problem))
 	}
 	if ttl > svc.maxTTL {
-		return nil, svc.refused(ledger.KindShardIssue, invalidArgument(ReasonInvalidCommand, "ttl %s is outside (0, %s]", ttl, svc.maxTTL))
+		return nil, svc.refused(ledger.KindShardIssue, invalidArgument(ReasonInvalidCommand, "ttl %s is outside (0, %s]", ledger.DurationText(ttl), ledger.DurationText(svc.maxTTL)))
 	}
 	key := ledger.PolicyKey{Subject: m.GetSubject(), Route: m.GetRoute(), Region: region}
 	if cerr := svc.s.subjectOutOfScope(ctx, "issue shard", key); cerr != nil {

@@ -15,6 +15,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/signal"
 	"slices"
@@ -212,7 +213,8 @@ func parseFlags(fs *flag.FlagSet, args []string) ([]string, error) {
 
 // flagValueError turns the flag package's `invalid value "5" for flag
 // -retention: parse error` into what the flag wants (`--retention "5":
-// want a duration with a unit, such as 500ms, 30s, 5m or 72h`); other
+// want a duration with a unit, such as 500ms, 30s, 5m or 72h, of at most
+// 2562047h47m16.854775807s`); other
 // errors pass through as usage errors.
 func flagValueError(fs *flag.FlagSet, err error) error {
 	const suffix = ": parse error"
@@ -234,7 +236,9 @@ func flagValueError(fs *flag.FlagSet, err error) error {
 	if g, ok := f.Value.(flag.Getter); ok {
 		switch g.Get().(type) {
 		case time.Duration:
-			want = "a duration with a unit, such as 500ms, 30s, 5m or 72h"
+			// The flag package says "parse error" for a duration too long
+			// for time.Duration as for one without a unit: name both.
+			want = "a duration with a unit, such as 500ms, 30s, 5m or 72h, of at most " + time.Duration(math.MaxInt64).String()
 		case int, int64, uint, uint64:
 			want = "a whole number"
 		case float64:

@@ -362,3 +362,37 @@ func TestServeLogsShardKeyRotationWithoutTraffic(t *testing.T) {
 		t.Fatalf("shard keys after the rotation:\n%s", out)
 	}
 }
+
+// serve --shard-max-ttl takes any positive Go duration, up to about 292
+// years; a shard ttl near such a raised maximum put the expiry past
+// 2262-04-11, which the stores (int64 Unix nanoseconds) cannot keep: the
+// issuance answered 503 ("retry with the same ids"), which no retry cured.
+// The expiry is that latest time instead, as a hold's is, on SQLite and on
+// PostgreSQL, and the stored shard reads back with it.
+func TestShardTTLNearARaisedMaximumExpiresAtTheLatestStorableTime(t *testing.T) {
+	for _, store := range []string{"sqlite", "postgres"} {
+		t.Run(store, func(t *testing.T) {
+			args := []string{"--shard-max-ttl", "2562047h"}
+			if store == "postgres" {
+				args = append(args, "--store", postgresSchema(t))
+			}
+			url := startInProcess(t, args...)
+			policyPath := filepath.Join(t.TempDir(), "policy.yaml")
+			os.WriteFile(policyPath, []byte(emergencyPolicyYAML), 0o600)
+			code, out, errOut := cli(t, url, "policy", "publish", policyPath)
+			wantExit(t, exitOK, code, out, errOut)
+			code, out, errOut = cli(t, url, "shard", "issue", "--subject", "tenant-7", "--route", "chat.generate",
+				"--units", "tokens=100", "--gateway", "gw-1", "--boot", "1", "--ttl", "2500000h", "--id", "sh-far")
+			wantExit(t, exitOK, code, out, errOut)
+			const latest = `"expiresAt": "2262-04-11T23:47:16.854775807Z"`
+			if !strings.Contains(out, latest) || !strings.Contains(out, `"signatureValid": true`) {
+				t.Fatalf("issued: %s", out)
+			}
+			code, out, errOut = cli(t, url, "shard", "inspect", "sh-far")
+			wantExit(t, exitOK, code, out, errOut)
+			if !strings.Contains(out, latest) || !strings.Contains(out, `"signatureValid": true`) {
+				t.Fatalf("read back: %s", out)
+			}
+		})
+	}
+}
