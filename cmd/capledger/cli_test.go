@@ -100,7 +100,7 @@ func wantExit(t *testing.T, want int, code int, stdout, stderr string) {
 const policyYAML = `# tenant-7 on chat.generate
 subject: tenant-7
 route: chat.generate
-holdTTL: 30s
+holdTtl: 30s
 dimensions:
   - unit: tokens
     burst: 1000
@@ -131,7 +131,7 @@ func TestCLIAgainstServer(t *testing.T) {
 	// replay of the same terms.
 	code, out, errOut = cli(t, url, "policy", "get", "1", "--format", "yaml")
 	wantExit(t, exitOK, code, out, errOut)
-	if !strings.Contains(out, "holdTTL: 30s") || !strings.Contains(out, "refillInterval: 1s") {
+	if !strings.Contains(out, "holdTtl: 30s") || !strings.Contains(out, "refillInterval: 1s") {
 		t.Fatalf("yaml form:\n%s", out)
 	}
 	roundTrip := filepath.Join(dir, "again.yaml")

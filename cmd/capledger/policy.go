@@ -35,15 +35,18 @@ Rollback stops admission under a generation; the newest earlier one that
 was not rolled back becomes active again, and settlement and debt of the
 rolled-back one go on. publish and rollback need an admin token.
 
-Policy file (YAML or JSON, one policy per file; durations like "30s", "5m", "1h";
-an unknown field, or a key spelt in another case than its field, "Burst" for
-"burst" or "holdTtl" for "holdTTL", is an error naming both):
+Policy file (YAML or JSON, one policy per file; durations like "30s", "5m", "1h").
+Field names are those of the API's Policy (docs/API.md, PublishPolicy);
+"holdTTL", the spelling of older files, is still read as holdTtl, and a file
+giving both is refused. An unknown field, or a key spelt in another case
+than its field ("Burst" for "burst", "HoldTtl" for "holdTtl"), is an error
+naming both:
 
   subject: tenant-7          # or "*" for every subject without its own policy
   route: chat.generate
   region: global             # default global
   rollout: enforce           # enforce (default) or shadow: shadow rejections admit
-  holdTTL: 60s               # unstarted reservations expire after this (default 60s)
+  holdTtl: 60s               # unstarted reservations expire after this (default 60s)
   executionLimit: 5m         # started work past this becomes USAGE_UNKNOWN (default none)
   epochLength: 1h            # accounting epoch (default 1h; at least 1s)
   estimatorDigest: sha256:71a...   # optional, traces receipts to the estimator (at most 512 bytes)
@@ -214,14 +217,16 @@ func runPolicyRollback(ctx context.Context, e *env, args []string) error {
 	return printJSONAll(e.stdout, msg)
 }
 
-// policyFile is the human form of a policy (see policyHelp).
+// policyFile is the human form of a policy (see policyHelp). Its keys are
+// the API's JSON names of the same fields, so that a policy copied from an
+// API example reads as a file.
 type policyFile struct {
 	Schema          string          `json:"schema,omitempty"`
 	Subject         string          `json:"subject"`
 	Route           string          `json:"route"`
 	Region          string          `json:"region,omitempty"`
 	Rollout         string          `json:"rollout,omitempty"`
-	HoldTTL         string          `json:"holdTTL,omitempty"`
+	HoldTTL         string          `json:"holdTtl,omitempty" formerly:"holdTTL"` // the API's spelling; files for older binaries spell it holdTTL
 	ExecutionLimit  string          `json:"executionLimit,omitempty"`
 	EpochLength     string          `json:"epochLength,omitempty"`
 	EstimatorDigest string          `json:"estimatorDigest,omitempty"`
@@ -242,7 +247,7 @@ type dimensionFile struct {
 }
 
 // parsePolicyFile reads the human policy form (YAML or JSON). Unknown
-// fields are errors (a misspelt "holdTtl" must not silently become the
+// fields are errors (a misspelt "holdTime" must not silently become the
 // default), as are malformed durations and unknown rollout modes; the
 // server validates the rest.
 func parsePolicyFile(data []byte) (*v1.Policy, error) {
@@ -272,7 +277,7 @@ func parsePolicyFile(data []byte) (*v1.Policy, error) {
 		return nil, fmt.Errorf("rollout %q: want enforce or shadow", f.Rollout)
 	}
 	var err error
-	if p.HoldTtl, err = fileDuration("holdTTL", f.HoldTTL); err != nil {
+	if p.HoldTtl, err = fileDuration("holdTtl", f.HoldTTL); err != nil {
 		return nil, err
 	}
 	if p.ExecutionLimit, err = fileDuration("executionLimit", f.ExecutionLimit); err != nil {

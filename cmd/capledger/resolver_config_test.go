@@ -88,14 +88,14 @@ func TestResolverConfigIsCheckedFieldByField(t *testing.T) {
 
 // A policy file's key spelt in another case than the field's is refused
 // naming both, at the top and in a dimension: encoding/json would read
-// "holdTtl" as holdTTL and "Burst" as burst.
+// "HoldTtl" as holdTtl and "Burst" as burst.
 func TestPolicyFileKeysAreCaseSensitive(t *testing.T) {
-	if _, err := parsePolicyFile([]byte("subject: tenant-7\nroute: chat\nholdTTL: 1h\ndimensions:\n  - unit: tokens\n    burst: 10\n")); err != nil {
+	if _, err := parsePolicyFile([]byte("subject: tenant-7\nroute: chat\nholdTtl: 1h\ndimensions:\n  - unit: tokens\n    burst: 10\n")); err != nil {
 		t.Fatalf("a policy file as written: %v", err)
 	}
 	for _, c := range []struct{ file, want string }{
-		{"subject: tenant-7\nroute: chat\nholdTtl: 1h\ndimensions:\n  - unit: tokens\n    burst: 10\n",
-			`field "holdTtl": no such field; the field is spelt "holdTTL"`},
+		{"subject: tenant-7\nroute: chat\nHoldTtl: 1h\ndimensions:\n  - unit: tokens\n    burst: 10\n",
+			`field "HoldTtl": no such field; the field is spelt "holdTtl"`},
 		{"subject: tenant-7\nroute: chat\ndimensions:\n  - unit: tokens\n    Burst: 10\n",
 			`dimensions[0]: field "Burst": no such field; the field is spelt "burst"`},
 		{`{"subject":"tenant-7","route":"chat","dimensions":[{"Unit":"tokens","burst":10}]}`,

@@ -31,7 +31,8 @@ var ErrEmptyFirstDocument = errors.New("the first document in the file is empty 
 // ErrSeveralDocuments when data holds more than one non-empty document,
 // ErrEmptyFirstDocument when its one non-empty document is not the first.
 // A key spelt in another case than its field's ("Burst" for "burst") is an
-// error too (ExactKeys): encoding/json would read it as the field.
+// error too, unless it is the field's former spelling (ExactKeys):
+// encoding/json would read it as the field.
 func UnmarshalStrict(data []byte, v any) error {
 	if err := yaml.UnmarshalStrict(data, v); err != nil {
 		return err
@@ -78,6 +79,13 @@ func UnmarshalStrict(data []byte, v any) error {
 // data, not field names: they are not compared. Keys that name no field
 // at all, and a doc that is not JSON, are the decoder's to refuse: it
 // returns nil for them.
+//
+// A field may keep one former spelling, so that files written for an
+// older binary still load: a struct tag formerly:"holdTTL" beside
+// json:"holdTtl". The former spelling is accepted as the field (the
+// decoder reads it already, for it differs in case alone); a key in any
+// other case is refused naming the json tag's spelling, and an object
+// giving both spellings of one field is refused as ambiguous.
 func ExactKeys(doc []byte, v any) error {
 	var parsed any
 	if err := json.Unmarshal(doc, &parsed); err != nil {
@@ -100,9 +108,26 @@ func exactKeys(doc any, t reflect.Type, path string) error {
 			return nil
 		}
 		fields := jsonFields(t)
+		formerly := map[string]string{} // former spelling -> the field's
+		for name, f := range fields {
+			if f.formerly != "" {
+				formerly[f.formerly] = name
+			}
+		}
 		for _, k := range sortedKeys(obj) {
-			if ft, ok := fields[k]; ok {
-				if err := exactKeys(obj[k], ft, join(path, k)); err != nil {
+			name, ok := k, true
+			if _, current := fields[k]; !current {
+				name, ok = formerly[k]
+			}
+			if ok {
+				if former := fields[name].formerly; former != "" {
+					_, hasCurrent := obj[name]
+					_, hasFormer := obj[former]
+					if hasCurrent && hasFormer {
+						return fmt.Errorf("%sfields %q and %q: one field given twice; it is spelt %q (%q, its former spelling, is still read): keep one", prefix(path), former, name, name, former)
+					}
+				}
+				if err := exactKeys(obj[k], fields[name].typ, join(path, k)); err != nil {
 					return err
 				}
 				continue
@@ -160,10 +185,20 @@ func prefix(path string) string {
 	return path + ": "
 }
 
+// jsonField is one field of a struct as a file spells it: its type, and
+// the former spelling its formerly tag names ("" for none).
+type jsonField struct {
+	typ      reflect.Type
+	formerly string
+}
+
 // jsonFields maps the JSON names of t's fields (as encoding/json reads
-// them, embedded structs' fields included) to their types.
-func jsonFields(t reflect.Type) map[string]reflect.Type {
-	fields := map[string]reflect.Type{}
+// them, embedded structs' fields included) to their types and former
+// spellings. It panics on a former spelling that differs from the field's
+// in more than case: the decoders would refuse it as an unknown field, so
+// the tag could never work.
+func jsonFields(t reflect.Type) map[string]jsonField {
+	fields := map[string]jsonField{}
 	for i := 0; i < t.NumField(); i++ {
 		f := t.Field(i)
 		tag := f.Tag.Get("json")
@@ -177,8 +212,8 @@ func jsonFields(t reflect.Type) map[string]reflect.Type {
 				ft = ft.Elem()
 			}
 			if ft.Kind() == reflect.Struct {
-				for n, typ := range jsonFields(ft) {
-					fields[n] = typ
+				for n, field := range jsonFields(ft) {
+					fields[n] = field
 				}
 				continue
 			}
@@ -189,7 +224,11 @@ func jsonFields(t reflect.Type) map[string]reflect.Type {
 		if name == "" {
 			name = f.Name
 		}
-		fields[name] = f.Type
+		former := f.Tag.Get("formerly")
+		if former != "" && (former == name || !strings.EqualFold(former, name)) {
+			panic(fmt.Sprintf("yamlfile: %s.%s: formerly:%q must differ from json:%q in case alone", t, f.Name, former, name))
+		}
+		fields[name] = jsonField{typ: f.Type, formerly: former}
 	}
 	return fields
 }

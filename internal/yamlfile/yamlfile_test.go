@@ -82,3 +82,55 @@ func TestKeysInAnotherCase(t *testing.T) {
 		t.Errorf("map keys differing in case: %v %+v, want two entries", err, f)
 	}
 }
+
+// A field's former spelling (formerly tag) still reads, in YAML and JSON
+// and inside a list, as the same value as its spelling now; any other
+// case is refused naming the spelling now, and both spellings in one
+// object are refused as ambiguous (encoding/json would keep the last).
+func TestFormerSpelling(t *testing.T) {
+	type dimension struct {
+		Unit  string `json:"unit"`
+		Burst int64  `json:"burst" formerly:"BURST"`
+	}
+	type file struct {
+		HoldTTL    string      `json:"holdTtl,omitempty" formerly:"holdTTL"`
+		Dimensions []dimension `json:"dimensions"`
+	}
+	want := file{HoldTTL: "60s", Dimensions: []dimension{{Unit: "t", Burst: 5}}}
+	for _, doc := range []string{
+		"holdTtl: 60s\ndimensions: [{unit: t, burst: 5}]\n",
+		"holdTTL: 60s\ndimensions: [{unit: t, BURST: 5}]\n",
+		`{"holdTTL":"60s","dimensions":[{"unit":"t","burst":5}]}`,
+	} {
+		var f file
+		if err := UnmarshalStrict([]byte(doc), &f); err != nil || f.HoldTTL != want.HoldTTL || len(f.Dimensions) != 1 || f.Dimensions[0] != want.Dimensions[0] {
+			t.Errorf("%q: %v %+v, want %+v", doc, err, f, want)
+		}
+	}
+	for _, c := range []struct{ doc, want string }{
+		{"HoldTtl: 60s\ndimensions: []\n", `field "HoldTtl": no such field; the field is spelt "holdTtl"`},
+		{"HOLDTTL: 60s\ndimensions: []\n", `field "HOLDTTL": no such field; the field is spelt "holdTtl"`},
+		{"holdTtl: 60s\nholdTTL: 90s\ndimensions: []\n", `fields "holdTTL" and "holdTtl": one field given twice; it is spelt "holdTtl" ("holdTTL", its former spelling, is still read): keep one`},
+		{`{"dimensions":[{"unit":"t","BURST":5,"burst":6}]}`, `dimensions[0]: fields "BURST" and "burst": one field given twice`},
+		{`{"dimensions":[{"unit":"t","Burst":5}]}`, `dimensions[0]: field "Burst": no such field; the field is spelt "burst"`},
+	} {
+		var f file
+		if err := UnmarshalStrict([]byte(c.doc), &f); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: %v %+v, want an error with %q", c.doc, err, f, c.want)
+		}
+	}
+}
+
+// A former spelling that differs in more than case could never be read
+// (the decoder refuses it as unknown): such a tag panics at the first use.
+func TestFormerSpellingOnlyInCase(t *testing.T) {
+	type file struct {
+		HoldTTL string `json:"holdTtl" formerly:"hold_ttl"`
+	}
+	defer func() {
+		if recover() == nil {
+			t.Error("formerly:\"hold_ttl\" beside json:\"holdTtl\" was taken")
+		}
+	}()
+	ExactKeys([]byte(`{"holdTtl":"1s"}`), &file{})
+}

@@ -7,7 +7,7 @@
 // body), so the gap's answers can be compared with API.md. Stop it with
 // SIGTERM, then check that every acknowledged id is stored:
 //
-//	capledger policy publish policy.yaml   # subject "*", route chat, unit tokens, holdTTL 1h
+//	capledger policy publish policy.yaml   # subject "*", route chat, unit tokens, holdTtl 1h
 //	go run ./scripts/failoverload -addr http://127.0.0.1:7070 -prefix run1 &
 //	pg_autoctl perform failover; kill -9 the primary node's processes; ...
 //	kill %1; go run ./scripts/failoverload -addr http://127.0.0.1:7070 verify run1.acked
