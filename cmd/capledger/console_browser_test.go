@@ -1598,17 +1598,25 @@ func TestConsoleBrowserChartsInUTC(t *testing.T) {
 		t.Helper()
 		sel := fmt.Sprintf(`[data-chart^=%q]`, prefix)
 		b.do(chromedp.WaitVisible(sel + ` .uplot canvas`))
-		raw := b.eval(fmt.Sprintf(`(() => { const ax = document.querySelector(%q).uplot.axes[0]; return JSON.stringify([ax._splits, ax._values, ax.label]); })()`, sel))
+		raw := b.eval(fmt.Sprintf(`(() => {
+			const u = document.querySelector(%q).uplot, ax = u.axes[0];
+			return JSON.stringify([ax._splits, ax._values, ax.label, u.series[0].value(u, ax._splits[0])]);
+		})()`, sel))
 		var got []json.RawMessage
-		var label string
-		if err := json.Unmarshal([]byte(raw), &got); err != nil || len(got) != 3 {
+		var label, legend string
+		if err := json.Unmarshal([]byte(raw), &got); err != nil || len(got) != 4 {
 			t.Fatalf("chart %s axis %s: %v", prefix, raw, err)
 		}
-		if json.Unmarshal(got[0], &splits) != nil || json.Unmarshal(got[1], &values) != nil || json.Unmarshal(got[2], &label) != nil || len(splits) == 0 || len(splits) != len(values) {
+		if json.Unmarshal(got[0], &splits) != nil || json.Unmarshal(got[1], &values) != nil || json.Unmarshal(got[2], &label) != nil ||
+			json.Unmarshal(got[3], &legend) != nil || len(splits) == 0 || len(splits) != len(values) {
 			t.Fatalf("chart %s axis %s", prefix, raw)
 		}
 		if label != "time (UTC)" {
 			t.Errorf("chart %s: time axis labelled %q, want time (UTC)", prefix, label)
+		}
+		// The legend under the cursor writes the time as fmtTime does.
+		if want := time.Unix(0, int64(splits[0]*1e9)).UTC().Format("2006-01-02 15:04:05Z"); legend != want {
+			t.Errorf("chart %s: the legend's time of the first tick is %q, want %q", prefix, legend, want)
 		}
 		return splits, values
 	}
@@ -1623,6 +1631,7 @@ func TestConsoleBrowserChartsInUTC(t *testing.T) {
 		}
 	}
 	check("tokens at each epoch close")
+	b.screenshot("tenant")
 	// The overview's rates: a sample per refresh (5 s), two make a line.
 	b.open("overview")
 	for i := range 3 {
@@ -1631,6 +1640,7 @@ func TestConsoleBrowserChartsInUTC(t *testing.T) {
 		b.waitRendered("overview")
 	}
 	check("decisions/s by generation and outcome")
+	b.screenshot("overview")
 	b.noConsoleErrors(false)
 }
 
@@ -1695,6 +1705,7 @@ func TestConsoleBrowserRolloutModeAgrees(t *testing.T) {
 	both(held, "tenant-r", "embed.create", "shadow (rollout; own enforce)", "shadow (rollout; own enforce)")
 	both(free, "tenant-s", "chat.generate", "shadow", "shadow")
 	both(wild, "tenant-t", "embed.search", "per subject (a rollout hashes them), own enforce", tenantT)
+	b.open("policies")
 	b.screenshot("policies")
 	mustCall(t, base, "", "RolloutService/SetRolloutShare", &v1.SetRolloutShareRequest{Name: "embed-create", Percent: 100}, &v1.SetRolloutShareResponse{})
 	both(held, "tenant-r", "embed.create", "enforce", "enforce")

@@ -190,7 +190,7 @@ function chart(container, title, series, yLabel, emptyText) {
     // Ticks fall on whole UTC minutes, hours and days, labelled in UTC.
     tzDate: (t) => uPlot.tzDate(new Date(t * 1000), "Etc/UTC"),
     axes: [{ label: "time (UTC)", values: utcTicks }, { label: yLabel, size: 60 }],
-    series: [{}].concat(series.names.map((name, i) => ({ label: name, stroke: palette[i % palette.length], width: 2 }))),
+    series: [{ label: "time (UTC)", value: (u, t) => (t == null ? "--" : fmtTime(t * 1000)) }].concat(series.names.map((name, i) => ({ label: name, stroke: palette[i % palette.length], width: 2 }))),
   };
   const box = el("div", { class: "chart", "data-chart": title });
   container.append(box);
@@ -366,8 +366,8 @@ function standingRow(s) {
     td("available", dims.map((d) => d.unit + " " + fmtInt(d.available) + "/" + fmtInt(d.burst)).join(", ")),
     td("debt", dims.filter((d) => n(d.debt)).map((d) => d.unit + " " + fmtInt(d.debt)).join(", ") || "0"),
     td("repaid", repaid || "—"),
-    td("state", (s.active ? "active" : s.rolledBack ? "rolled back" : "superseded") + ", ",
-      el("span", { "data-mode": "g" + n(acc.policyGeneration) }, modeShown(s.rollout, s.policyRollout))));
+    td("state", [(s.active ? "active" : s.rolledBack ? "rolled back" : "superseded") + ", ",
+      el("span", { "data-mode": "g" + n(acc.policyGeneration) }, modeShown(s.rollout, s.policyRollout))]));
 }
 const standingHeaders = ["subject", "route", "region", "gen", { label: "used", num: true }, "available / burst", "debt", "debt repaid by refill at", "generation"];
 
