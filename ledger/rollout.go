@@ -372,5 +372,19 @@ func RolloutModeFor(idx Rollouts, route RouteKey, subject string, policyMode Rol
 	return RolloutShadow, r.Name
 }
 
+// PolicyModeNow is the mode the reserves decided by policy p get now
+// (RolloutModeFor for p's subject), and false when they have no one mode:
+// p is a "*" policy on a route that a rollout hashes by subject at a share
+// strictly between 0 and 100%, where each subject's mode is its own.
+func PolicyModeNow(idx Rollouts, p *Policy) (RolloutMode, bool) {
+	route := RouteKey{Route: p.Key.Route, Region: p.Key.Region}
+	if rr, ok := idx.byRoute[route]; ok && p.Key.Subject == AnySubject &&
+		rr.rollout.By == RolloutBySubject && rr.rollout.Share > 0 && rr.rollout.Share < FullShare {
+		return "", false
+	}
+	mode, _ := RolloutModeFor(idx, route, p.Key.Subject, p.Rollout)
+	return mode, true
+}
+
 // Empty reports whether no route belongs to a rollout.
 func (idx Rollouts) Empty() bool { return len(idx.byRoute) == 0 }

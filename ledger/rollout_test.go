@@ -140,6 +140,41 @@ func TestRolloutBySubjectShare(t *testing.T) {
 	}
 }
 
+// A policy's mode now is the one its reserves get: its own off every
+// rollout, the rollout's on a rollout's route, and none for a "*" policy
+// whose route a rollout hashes by subject between 0 and 100%.
+func TestPolicyModeNow(t *testing.T) {
+	r, err := ledger.NewRollout("chat", ledger.RolloutBySubject, routes("chat.generate"), nil, "ops", t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	policy := func(subject, route string, own ledger.RolloutMode) *ledger.Policy {
+		return &ledger.Policy{Key: ledger.PolicyKey{Subject: subject, Route: route, Region: ledger.DefaultRegion}, Rollout: own}
+	}
+	for _, tc := range []struct {
+		share  ledger.BasisPoints
+		by     ledger.RolloutHash
+		policy *ledger.Policy
+		want   ledger.RolloutMode
+		one    bool
+	}{
+		{2500, ledger.RolloutBySubject, policy("tenant-7", "embed.create", ledger.RolloutShadow), ledger.RolloutShadow, true},
+		{2500, ledger.RolloutBySubject, policy("tenant-7", "chat.generate", ledger.RolloutEnforce), ledger.RolloutShadow, true}, // bucket 8287
+		{8288, ledger.RolloutBySubject, policy("tenant-7", "chat.generate", ledger.RolloutShadow), ledger.RolloutEnforce, true},
+		{2500, ledger.RolloutBySubject, policy(ledger.AnySubject, "chat.generate", ledger.RolloutEnforce), "", false},
+		{0, ledger.RolloutBySubject, policy(ledger.AnySubject, "chat.generate", ledger.RolloutEnforce), ledger.RolloutShadow, true},
+		{10000, ledger.RolloutBySubject, policy(ledger.AnySubject, "chat.generate", ledger.RolloutShadow), ledger.RolloutEnforce, true},
+		{10000, ledger.RolloutByRoute, policy(ledger.AnySubject, "chat.generate", ledger.RolloutShadow), ledger.RolloutEnforce, true},
+		{0, ledger.RolloutByRoute, policy(ledger.AnySubject, "chat.generate", ledger.RolloutEnforce), ledger.RolloutShadow, true},
+	} {
+		r.Share, r.By = tc.share, tc.by
+		got, one := ledger.PolicyModeNow(ledger.NewRollouts([]ledger.Rollout{r}), tc.policy)
+		if got != tc.want || one != tc.one {
+			t.Errorf("%s %s at %s by %s: %q %v, want %q %v", tc.policy.Key, tc.policy.Rollout, tc.share, tc.by, got, one, tc.want, tc.one)
+		}
+	}
+}
+
 // Steps and undo: each step is recorded with who and when; undo walks
 // back one standing step at a time; a repeated step records nothing.
 func TestRolloutStepAndUndo(t *testing.T) {

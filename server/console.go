@@ -431,7 +431,8 @@ func (c consoleService) debtors(ctx context.Context, limit int) ([]ledger.Accoun
 // standing renders one account with its limits.
 func standing(a *ledger.Account, p *ledger.Policy, active bool, now time.Time) *v1.AccountStanding {
 	out := &v1.AccountStanding{
-		Account: accountProto(a, p), Active: active, RolledBack: p.RolledBack, Rollout: rolloutToProto[p.Rollout],
+		Account: accountProto(a, p), Active: active, RolledBack: p.RolledBack,
+		Rollout: rolloutToProto[p.Rollout], PolicyRollout: rolloutToProto[p.Rollout],
 	}
 	for i := 0; i < a.Dims && i < len(p.Dimensions); i++ {
 		d, b := &p.Dimensions[i], &a.Balances[i]

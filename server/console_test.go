@@ -245,7 +245,9 @@ func TestConsoleOverviewCountsBatchDecisions(t *testing.T) {
 
 // A standing's rollout mode is the one the account's reserves get now: on
 // a route a staged rollout holds, the rollout's (docs/CONSOLE.md, Tenants:
-// "generation state and rollout mode"), not the policy's own.
+// "generation state and rollout mode"), not the policy's own, which
+// policyRollout keeps. ListPolicies's rolloutNow of the generation is the
+// same mode, so the console's Policies and Tenants pages agree.
 func TestConsoleStandingShowsTheRolloutsMode(t *testing.T) {
 	h := newHarness(t, harnessOptions{auth: true, tokens: rolloutTokens()})
 	h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"chat.generate",
@@ -254,8 +256,12 @@ func TestConsoleStandingShowsTheRolloutsMode(t *testing.T) {
 	mode := func(want string) {
 		t.Helper()
 		got := h.consoleOK("ListAccountStandings", `{}`, rolloutViewerToken)["accounts"].([]any)
-		if len(got) != 1 || got[0].(map[string]any)["rollout"] != want {
-			t.Errorf("standings %v, want one with rollout %s", got, want)
+		if len(got) != 1 || got[0].(map[string]any)["rollout"] != want || got[0].(map[string]any)["policyRollout"] != "ROLLOUT_MODE_ENFORCE" {
+			t.Errorf("standings %v, want one with rollout %s and policyRollout ROLLOUT_MODE_ENFORCE", got, want)
+		}
+		policies := h.ok("ListPolicies", `{}`, rolloutViewerToken)["policies"].([]any)
+		if len(policies) != 1 || policies[0].(map[string]any)["rolloutNow"] != want {
+			t.Errorf("policies %v, want one with rolloutNow %s", policies, want)
 		}
 	}
 	mode("ROLLOUT_MODE_ENFORCE")

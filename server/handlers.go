@@ -238,7 +238,7 @@ func (s *Server) GetPolicy(ctx context.Context, req *connect.Request[v1.GetPolic
 			continue
 		}
 		if inPolicyScope(ctx, all[i].Key) {
-			return connect.NewResponse(&v1.GetPolicyResponse{Policy: PolicyProto(&all[i], active[all[i].Key] == generation)}), nil
+			return connect.NewResponse(&v1.GetPolicyResponse{Policy: s.policyWithModeNow(ctx, &all[i], active[all[i].Key] == generation)}), nil
 		}
 		s.logOutOfScope(ctx, "get policy", "generation", generation)
 	}
@@ -260,9 +260,22 @@ func (s *Server) ListPolicies(ctx context.Context, req *connect.Request[v1.ListP
 			(m.GetRegion() != "" && m.GetRegion() != k.Region) || !inPolicyScope(ctx, k) {
 			continue
 		}
-		resp.Policies = append(resp.Policies, PolicyProto(&all[i], active[k] == all[i].Generation))
+		resp.Policies = append(resp.Policies, s.policyWithModeNow(ctx, &all[i], active[k] == all[i].Generation))
 	}
 	return connect.NewResponse(resp), nil
+}
+
+// policyWithModeNow is PolicyProto with rolloutNow: for the active
+// generation the mode its reserves get now (a staged rollout's on its
+// route), where it has one.
+func (s *Server) policyWithModeNow(ctx context.Context, p *ledger.Policy, active bool) *v1.Policy {
+	pb := PolicyProto(p, active)
+	if active {
+		if mode, one := s.rollouts.policyModeNow(ctx, p); one {
+			pb.RolloutNow = rolloutToProto[mode]
+		}
+	}
+	return pb
 }
 
 // RollbackPolicy implements LedgerService.RollbackPolicy.

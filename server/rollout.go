@@ -69,8 +69,22 @@ type rolloutCache struct {
 // mode returns the mode of a reserve of subject on route whose deciding
 // policy has policyMode (ledger.RolloutModeFor over the cached rollouts).
 func (c *rolloutCache) mode(ctx context.Context, route ledger.RouteKey, subject string, policyMode ledger.RolloutMode) ledger.RolloutMode {
+	mode, _ := ledger.RolloutModeFor(c.index(ctx), route, subject, policyMode)
+	return mode
+}
+
+// policyModeNow returns the mode the reserves decided by p get now
+// (ledger.PolicyModeNow over the cached rollouts), and false when they
+// have no one mode.
+func (c *rolloutCache) policyModeNow(ctx context.Context, p *ledger.Policy) (ledger.RolloutMode, bool) {
+	return ledger.PolicyModeNow(c.index(ctx), p)
+}
+
+// index returns the cached rollouts, reloaded when older than
+// rolloutRefresh; none without a rollout store or before a first load.
+func (c *rolloutCache) index(ctx context.Context) ledger.Rollouts {
 	if c == nil || c.store == nil {
-		return policyMode
+		return ledger.Rollouts{}
 	}
 	v := c.view.Load()
 	if v == nil || time.Since(v.loadedAt) > rolloutRefresh {
@@ -79,10 +93,9 @@ func (c *rolloutCache) mode(ctx context.Context, route ledger.RouteKey, subject 
 		}
 	}
 	if v == nil {
-		return policyMode
+		return ledger.Rollouts{}
 	}
-	mode, _ := ledger.RolloutModeFor(v.idx, route, subject, policyMode)
-	return mode
+	return v.idx
 }
 
 // reload reads the rollouts again (waiting for a reload under way when

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -237,6 +238,13 @@ type browser struct {
 // tab does is bounded by one generous deadline (the machine may be loaded).
 func newBrowser(t *testing.T, base string) *browser {
 	t.Helper()
+	return newBrowserWith(t, base)
+}
+
+// newBrowserWith is newBrowser with more options for Chromium (a window
+// size, an environment), which take precedence.
+func newBrowserWith(t *testing.T, base string, extra ...chromedp.ExecAllocatorOption) *browser {
+	t.Helper()
 	opts := []chromedp.ExecAllocatorOption{
 		chromedp.ExecPath(chromiumPath(t)),
 		chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun, chromedp.NoDefaultBrowserCheck,
@@ -247,6 +255,7 @@ func newBrowser(t *testing.T, base string) *browser {
 		chromedp.UserDataDir(t.TempDir()),
 		chromedp.WindowSize(1000, 800),
 	}
+	opts = append(opts, extra...)
 	deadline, cancelDeadline := context.WithTimeout(context.Background(), 5*time.Minute)
 	alloc, cancelAlloc := chromedp.NewExecAllocator(deadline, opts...)
 	ctx, cancelCtx := chromedp.NewContext(alloc)
@@ -429,6 +438,14 @@ func fmtPct(f float64) string {
 	whole, frac, _ := strings.Cut(strconv.FormatFloat(100*f, 'f', 1, 64), ".")
 	v, _ := strconv.ParseInt(whole, 10, 64)
 	return fmtInt(v) + "." + frac + "%"
+}
+
+// plural is the page's plural with the default plural form.
+func plural(n int, one string) string {
+	if n == 1 {
+		return one
+	}
+	return one + "s"
 }
 
 func writeConsoleTokens(t *testing.T) string {
@@ -737,7 +754,7 @@ func TestConsoleBrowserPagesShowTheAPIsNumbers(t *testing.T) {
 						sum += bal.Available + bal.Reserved + bal.Debt
 					}
 				}
-				return fmt.Sprintf("%s on %d accounts", fmtInt(sum), len(left.Accounts))
+				return fmt.Sprintf("%s on %d %s", fmtInt(sum), len(left.Accounts), plural(len(left.Accounts), "account"))
 			})
 		case p.Active:
 			b.want(row+` td[data-field="state"]`, "active")
@@ -1546,4 +1563,220 @@ func TestConsoleBrowserRunAudit(t *testing.T) {
 			t.Errorf("browser console: %s (%s:%d)", m, m.URL, m.Line)
 		}
 	}
+}
+
+// TestConsoleBrowserChartsInUTC: in a browser whose zone is Asia/Kolkata
+// (UTC+05:30) the charts' time axes are labelled in UTC, as every other
+// time on the page: the tenant's balance history and the overview's rate
+// charts.
+func TestConsoleBrowserChartsInUTC(t *testing.T) {
+	chromiumPath(t)
+	base := startInProcess(t)
+	var pe v1.PublishPolicyResponse
+	mustCall(t, base, "", "LedgerService/PublishPolicy", &v1.PublishPolicyRequest{Policy: &v1.Policy{
+		Subject: "tenant-e", Route: "chat.generate",
+		Dimensions: []*v1.Dimension{{Unit: "tokens", RefillUnits: 10, RefillInterval: durationpb.New(time.Hour), Burst: 100}},
+		HoldTtl:    durationpb.New(time.Hour), EpochLength: durationpb.New(2 * time.Second),
+	}}, &pe)
+	reserve := func(id string) {
+		mustCall(t, base, "", "LedgerService/Reserve", &v1.ReserveRequest{
+			ReservationId: id, Subject: "tenant-e", Route: "chat.generate", Units: map[string]int64{"tokens": 1},
+		}, &v1.ReserveResponse{})
+	}
+	reserve("r-e1")
+	time.Sleep(2100 * time.Millisecond)
+	reserve("r-e2") // closes the first epoch: a statement, two points on the chart
+	b := newBrowserWith(t, base, chromedp.Env("TZ=Asia/Kolkata"))
+	b.do(chromedp.Navigate(base + "/ui/#tenants/tenant-e/chat.generate/global"))
+	b.waitRendered("tenants/tenant-e/chat.generate/global")
+	if off := b.eval(`String(new Date(0).getTimezoneOffset())`); off != "-330" {
+		t.Fatalf("the browser's zone is %s minutes off UTC, want -330 (Asia/Kolkata)", off)
+	}
+	// labels returns the time axis's tick positions (s) and labels as
+	// drawn by the chart whose title starts with prefix.
+	labels := func(prefix string) (splits []float64, values []string) {
+		t.Helper()
+		sel := fmt.Sprintf(`[data-chart^=%q]`, prefix)
+		b.do(chromedp.WaitVisible(sel + ` .uplot canvas`))
+		raw := b.eval(fmt.Sprintf(`(() => {
+			const u = document.querySelector(%q).uplot, ax = u.axes[0];
+			return JSON.stringify([ax._splits, ax._values, ax.label, u.series[0].value(u, ax._splits[0])]);
+		})()`, sel))
+		var got []json.RawMessage
+		var label, legend string
+		if err := json.Unmarshal([]byte(raw), &got); err != nil || len(got) != 4 {
+			t.Fatalf("chart %s axis %s: %v", prefix, raw, err)
+		}
+		if json.Unmarshal(got[0], &splits) != nil || json.Unmarshal(got[1], &values) != nil || json.Unmarshal(got[2], &label) != nil ||
+			json.Unmarshal(got[3], &legend) != nil || len(splits) == 0 || len(splits) != len(values) {
+			t.Fatalf("chart %s axis %s", prefix, raw)
+		}
+		if label != "time (UTC)" {
+			t.Errorf("chart %s: time axis labelled %q, want time (UTC)", prefix, label)
+		}
+		// The legend under the cursor writes the time as fmtTime does.
+		if want := time.Unix(0, int64(splits[0]*1e9)).UTC().Format("2006-01-02 15:04:05Z"); legend != want {
+			t.Errorf("chart %s: the legend's time of the first tick is %q, want %q", prefix, legend, want)
+		}
+		return splits, values
+	}
+	check := func(prefix string) {
+		t.Helper()
+		splits, values := labels(prefix)
+		for i, split := range splits {
+			at := time.Unix(0, int64(split*1e9)).UTC()
+			if v := values[i]; v != at.Format("15:04:05") && v != at.Format("15:04") && v != at.Format("2006-01-02") {
+				t.Errorf("chart %s: the tick at %s is labelled %q, not in UTC", prefix, at.Format(time.RFC3339), v)
+			}
+		}
+	}
+	check("tokens at each epoch close")
+	b.screenshot("tenant")
+	// The overview's rates: a sample per refresh (5 s), two make a line.
+	b.open("overview")
+	for i := range 3 {
+		reserve(fmt.Sprintf("r-load-%d", i))
+		b.unready()
+		b.waitRendered("overview")
+	}
+	check("decisions/s by generation and outcome")
+	b.screenshot("overview")
+	b.noConsoleErrors(false)
+}
+
+// TestConsoleBrowserRolloutModeAgrees: a generation on a route that a
+// staged rollout holds shows the same mode on the Policies and the Tenants
+// pages: the one its reserves get now, with its own beside it where they
+// differ; a "*" generation whose route a rollout hashes by subject shows
+// that each subject has its own.
+func TestConsoleBrowserRolloutModeAgrees(t *testing.T) {
+	chromiumPath(t)
+	base := startInProcess(t)
+	publish := func(subject, route string, mode v1.RolloutMode) uint64 {
+		var resp v1.PublishPolicyResponse
+		mustCall(t, base, "", "LedgerService/PublishPolicy", &v1.PublishPolicyRequest{Policy: &v1.Policy{
+			Subject: subject, Route: route, Rollout: mode,
+			Dimensions: []*v1.Dimension{{Unit: "tokens", RefillUnits: 10, RefillInterval: durationpb.New(time.Hour), Burst: 100}},
+			HoldTtl:    durationpb.New(time.Hour),
+		}}, &resp)
+		return resp.Policy.GetGeneration()
+	}
+	reserve := func(id, subject, route string) {
+		mustCall(t, base, "", "LedgerService/Reserve", &v1.ReserveRequest{
+			ReservationId: id, Subject: subject, Route: route, Units: map[string]int64{"tokens": 1},
+		}, &v1.ReserveResponse{})
+	}
+	held := publish("tenant-r", "embed.create", v1.RolloutMode_ROLLOUT_MODE_ENFORCE)
+	free := publish("tenant-s", "chat.generate", v1.RolloutMode_ROLLOUT_MODE_SHADOW)
+	wild := publish("*", "embed.search", v1.RolloutMode_ROLLOUT_MODE_ENFORCE)
+	reserve("r-r1", "tenant-r", "embed.create")
+	reserve("r-s1", "tenant-s", "chat.generate")
+	reserve("r-t1", "tenant-t", "embed.search")
+	mustCall(t, base, "", "RolloutService/CreateRollout", &v1.CreateRolloutRequest{
+		Name: "embed-create", HashBy: "route", Routes: []*v1.RolloutRoute{{Route: "embed.create"}},
+	}, &v1.CreateRolloutResponse{})
+	mustCall(t, base, "", "RolloutService/CreateRollout", &v1.CreateRolloutRequest{
+		Name: "embed-search", HashBy: "subject", Routes: []*v1.RolloutRoute{{Route: "embed.search"}},
+	}, &v1.CreateRolloutResponse{})
+	mustCall(t, base, "", "RolloutService/SetRolloutShare", &v1.SetRolloutShareRequest{Name: "embed-search", Percent: 25}, &v1.SetRolloutShareResponse{})
+	// tenant-t's own mode under embed-search at 25 %, as the reserve path
+	// decides it.
+	var st v1.ListAccountStandingsResponse
+	mustCall(t, base, "", "ConsoleService/ListAccountStandings", &v1.ListAccountStandingsRequest{Subject: "tenant-t", Limit: 10}, &st)
+	if len(st.Accounts) != 1 {
+		t.Fatalf("tenant-t's standings %v", st.Accounts)
+	}
+	tenantT := "shadow (rollout; own enforce)"
+	if st.Accounts[0].Rollout == v1.RolloutMode_ROLLOUT_MODE_ENFORCE {
+		tenantT = "enforce"
+	}
+	b := newBrowser(t, base)
+	b.do(chromedp.Navigate(base + "/ui/#policies"))
+	b.waitRendered("policies")
+	// both checks the mode the Policies page shows for generation gen and
+	// the one the Tenants page shows for subject's account of it.
+	both := func(gen uint64, subject, route, policies, tenants string) {
+		t.Helper()
+		b.open("policies")
+		b.want(fmt.Sprintf(`tr[data-key="g%d"] td[data-field="mode"]`, gen), policies)
+		b.open("tenants/" + subject + "/" + route + "/global")
+		b.want(fmt.Sprintf(`[data-mode="g%d"]`, gen), tenants)
+	}
+	both(held, "tenant-r", "embed.create", "shadow (rollout; own enforce)", "shadow (rollout; own enforce)")
+	both(free, "tenant-s", "chat.generate", "shadow", "shadow")
+	both(wild, "tenant-t", "embed.search", "per subject (a rollout hashes them), own enforce", tenantT)
+	b.open("policies")
+	b.screenshot("policies")
+	mustCall(t, base, "", "RolloutService/SetRolloutShare", &v1.SetRolloutShareRequest{Name: "embed-create", Percent: 100}, &v1.SetRolloutShareResponse{})
+	both(held, "tenant-r", "embed.create", "enforce", "enforce")
+	mustCall(t, base, "", "RolloutService/EndRollout", &v1.EndRolloutRequest{Name: "embed-search"}, &v1.EndRolloutResponse{})
+	both(wild, "tenant-t", "embed.search", "enforce", "enforce")
+	b.noConsoleErrors(false)
+}
+
+// TestConsoleBrowserTableScrollHint: in an 800 px window a table wider
+// than the page fades at the edge beyond which more columns lie (right
+// first, left once scrolled to the end), and a table that fits does not;
+// widened to 2400 px, the wide table fits and its hint goes. Counts agree
+// with their nouns ("1 account matches").
+func TestConsoleBrowserTableScrollHint(t *testing.T) {
+	chromiumPath(t)
+	base := startInProcess(t)
+	mustCall(t, base, "", "LedgerService/PublishPolicy", &v1.PublishPolicyRequest{Policy: &v1.Policy{
+		Subject: "tenant-a", Route: "chat.generate",
+		Dimensions: []*v1.Dimension{{Unit: "tokens", RefillUnits: 10, RefillInterval: durationpb.New(time.Hour), Burst: 100}},
+		HoldTtl:    durationpb.New(time.Hour),
+	}}, &v1.PublishPolicyResponse{})
+	mustCall(t, base, "", "LedgerService/Reserve", &v1.ReserveRequest{
+		ReservationId: "r-a1", Subject: "tenant-a", Route: "chat.generate", Units: map[string]int64{"tokens": 1},
+	}, &v1.ReserveResponse{})
+	b := newBrowserWith(t, base, chromedp.WindowSize(800, 800))
+	b.do(chromedp.Navigate(base + "/ui/#tenants"))
+	b.waitRendered("tenants")
+	b.want(`main p.note`, "Nearest their limit first (accounts in debt before all others): 1 account matches, showing 1.")
+	for v, want := range map[string]string{"0": "accounts", "1": "account", "2": "accounts", "1000": "accounts"} {
+		if got := b.eval(`plural(` + v + `, "account")`); got != want {
+			t.Errorf("plural(%s, account) = %q, want %q", v, got, want)
+		}
+	}
+	if got := b.eval(`plural("1", "batch", "batches") + " " + plural(3, "batch", "batches")`); got != "batch batches" {
+		t.Errorf("plural of batch: %q", got)
+	}
+	// hint returns the table box's data-more and whether its right and
+	// left edges are faded (the pseudo-elements' opacity), read at once.
+	hint := func(sel string) string {
+		t.Helper()
+		return b.eval(fmt.Sprintf(`(() => {
+			const box = document.querySelector(%q).closest(".table-box");
+			const shown = (pseudo) => getComputedStyle(box, pseudo).opacity === "1" ? "faded" : "clear";
+			return (box.getAttribute("data-more") || "none") + " / right " + shown("::after") + " / left " + shown("::before");
+		})()`, sel))
+	}
+	wide := `tr[data-key="g1/tokens"]` // the account's conservation terms: 12 columns
+	b.open("tenants/tenant-a/chat.generate/global")
+	if got := hint(wide); got != "right / right faded / left clear" {
+		t.Errorf("the conservation table in 800 px: %s, want a fade on the right", got)
+	}
+	narrow := `tr[data-key^="counts/"]` // reservations by state: 3 columns
+	if got := hint(narrow); got != "none / right clear / left clear" {
+		t.Errorf("the reservation counts in 800 px: %s, want no fade", got)
+	}
+	b.screenshot("tenant-800px")
+	scrolled := b.eval(fmt.Sprintf(`(() => {
+		const wrap = document.querySelector(%q).closest(".table-wrap");
+		wrap.scrollLeft = wrap.scrollWidth;
+		wrap.dispatchEvent(new Event("scroll"));
+		const box = wrap.parentElement;
+		return (box.getAttribute("data-more") || "none") + " / right " + getComputedStyle(box, "::after").opacity + " / left " + getComputedStyle(box, "::before").opacity;
+	})()`, wide))
+	if scrolled != "left / right 0 / left 1" {
+		t.Errorf("the conservation table scrolled to its end: %s, want a fade on the left only", scrolled)
+	}
+	b.do(chromedp.EmulateViewport(2400, 800))
+	b.unready()
+	b.waitRendered("tenants/tenant-a/chat.generate/global")
+	if got := hint(wide); got != "none / right clear / left clear" {
+		t.Errorf("the conservation table in 2400 px: %s, want no fade", got)
+	}
+	b.noConsoleErrors(false)
 }

@@ -73,6 +73,10 @@ const n = (v) => (v === undefined || v === null || v === "" ? 0 : Number(v));
 // separated, the same everywhere.
 const fmtInt = (v) => n(v).toLocaleString("en-US");
 const fmtDec = (v, digits) => n(v).toLocaleString("en-US", { minimumFractionDigits: digits, maximumFractionDigits: digits });
+// plural is the word for v things: one when v is 1, else many ("batch",
+// "batches"; many defaults to one + "s"). Every count the page writes out
+// in words goes through it, so "1 account" never reads "1 accounts".
+const plural = (v, one, many) => (n(v) === 1 ? one : many || one + "s");
 const fmtPct = (f) => fmtDec(100 * f, 1) + "%";
 const fmtSec = (s) => (s >= 1 ? fmtDec(s, 2) + " s" : (s * 1000).toFixed(s < 0.01 ? 2 : 1) + " ms");
 const fmtTime = (t) => (t ? new Date(t).toISOString().replace("T", " ").replace(/\.\d+Z$/, "Z") : "—");
@@ -85,6 +89,16 @@ function fmtAge(t, now) {
   return fmtDec(s / 86400, 1) + " d";
 }
 const mode = (m) => (m || "ROLLOUT_MODE_ENFORCE").replace("ROLLOUT_MODE_", "").toLowerCase();
+// modeShown is a generation's rollout mode as the Tenants and the Policies
+// pages both show it: the mode its reserves get now (now: the API's
+// AccountStanding.rollout or Policy.rolloutNow), with the generation's own
+// after it where a staged rollout decides otherwise. Without now the
+// reserves have no one mode: a "*" generation whose route a rollout hashes
+// by subject.
+function modeShown(now, own) {
+  if (!now) return "per subject (a rollout hashes them), own " + mode(own);
+  return mode(now) === mode(own) ? mode(now) : mode(now) + " (rollout; own " + mode(own) + ")";
+}
 const stateName = (s) => (s || "").replace("RESERVATION_STATE_", "");
 const units = (m) => Object.entries(m || {}).map(([k, v]) => k + " " + fmtInt(v)).join(", ") || "—";
 // repaidBy says when refill repays a standing dimension's debt. The server
@@ -98,7 +112,7 @@ function el(tag, attrs, ...children) {
   const e = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) {
     if (v === undefined || v === null || v === false) continue;
-    if (k === "onclick" || k === "onsubmit" || k === "oninput") e[k] = v; else e.setAttribute(k, v === true ? "" : v);
+    if (k === "onclick" || k === "onsubmit" || k === "oninput" || k === "onscroll") e[k] = v; else e.setAttribute(k, v === true ? "" : v);
   }
   for (const c of children.flat()) {
     if (c === undefined || c === null) continue;
@@ -109,11 +123,27 @@ function el(tag, attrs, ...children) {
 function table(headers, rows, empty) {
   if (!rows.length) return el("p", { class: "empty", "data-empty": "1" }, empty || "None.");
   // In a box of its own that scrolls sideways when the table is wider
-  // than the window, so the page itself never does.
-  return el("div", { class: "table-wrap" }, el("table", {},
+  // than the window, so the page itself never does; the box's edges fade
+  // where more columns lie beyond (markScrollHint).
+  const wrap = el("div", { class: "table-wrap", onscroll: (e) => markScrollHint(e.target) }, el("table", {},
     el("thead", {}, el("tr", {}, headers.map((h) => el("th", { class: h.num ? "num" : null }, h.label || h)))),
     el("tbody", {}, rows)));
+  return el("div", { class: "table-box" }, wrap);
 }
+// markScrollHint sets the table box's data-more to the edges ("left",
+// "right") beyond which its table goes on, or removes it when the table
+// fits: style.css fades those edges. Scroll bars that show only while
+// scrolling (headless Chromium's, macOS's) give no other hint that more
+// columns are there.
+function markScrollHint(wrap) {
+  const more = [];
+  if (wrap.scrollLeft > 0) more.push("left");
+  if (wrap.scrollLeft + wrap.clientWidth < wrap.scrollWidth - 1) more.push("right");
+  if (more.length) wrap.parentElement.setAttribute("data-more", more.join(" "));
+  else wrap.parentElement.removeAttribute("data-more");
+}
+// markScrollHints marks every table box under root, once it is laid out.
+const markScrollHints = (root) => root.querySelectorAll(".table-wrap").forEach(markScrollHint);
 const td = (field, value, num) => el("td", { "data-field": field, class: num ? "num" : null }, value);
 const card = (id, label, value, sub, cls) =>
   el("div", { class: "card", "data-card": id }, el("div", { class: "label" }, label),
@@ -143,13 +173,24 @@ class Series {
   }
   data() { return [this.t, ...this.v]; }
 }
+// utcTicks labels the time axis in UTC, as fmtTime writes every other time
+// on the page (and the API answers them): uPlot would use the browser's
+// zone. Seconds, minutes or days by the spacing of the ticks.
+function utcTicks(u, splits, axisIdx, space, incr) {
+  return splits.map((t) => {
+    const iso = new Date(t * 1000).toISOString();
+    return incr < 60 ? iso.slice(11, 19) : incr < 86400 ? iso.slice(11, 16) : iso.slice(0, 10);
+  });
+}
 const palette = ["#2e90fa", "#f04438", "#12b76a", "#f79009", "#7a5af8", "#ee46bc", "#667085", "#0ba5ec"];
 function chart(container, title, series, yLabel, emptyText) {
   const opts = {
-    title, width: 440, height: 200,
+    title, width: 440, height: 220,
     scales: { x: { time: true } },
-    axes: [{}, { label: yLabel, size: 60 }],
-    series: [{}].concat(series.names.map((name, i) => ({ label: name, stroke: palette[i % palette.length], width: 2 }))),
+    // Ticks fall on whole UTC minutes, hours and days, labelled in UTC.
+    tzDate: (t) => uPlot.tzDate(new Date(t * 1000), "Etc/UTC"),
+    axes: [{ label: "time (UTC)", values: utcTicks }, { label: yLabel, size: 60 }],
+    series: [{ label: "time (UTC)", value: (u, t) => (t == null ? "--" : fmtTime(t * 1000)) }].concat(series.names.map((name, i) => ({ label: name, stroke: palette[i % palette.length], width: 2 }))),
   };
   const box = el("div", { class: "chart", "data-chart": title });
   container.append(box);
@@ -157,7 +198,8 @@ function chart(container, title, series, yLabel, emptyText) {
     box.append(el("p", { class: "empty" }, title + ": " + (emptyText || "the chart fills in as this page samples the API every " + REFRESH_MS / 1000 + " s.")));
     return;
   }
-  new uPlot(opts, series.data(), box);
+  // Kept on the box: the browser tests read the axis labels drawn.
+  box.uplot = new uPlot(opts, series.data(), box);
 }
 
 // ---- state -------------------------------------------------------------
@@ -221,7 +263,7 @@ pages.overview = async function (main) {
   const c = ov.commit || {};
   const batches = n(c.batches);
   cards.append(card("commit", "Commit latency (p50 / p99)", batches ? fmtSec(n(c.p50Seconds)) + " / " + fmtSec(n(c.p99Seconds)) : "—",
-    batches ? fmtInt(batches) + " batches, mean " + fmtSec(n(c.sumSeconds) / batches) + " (bucket bounds)" : "no batch yet"));
+    batches ? fmtInt(batches) + " " + plural(batches, "batch", "batches") + ", mean " + fmtSec(n(c.sumSeconds) / batches) + " (bucket bounds)" : "no batch yet"));
   const a = ov.audit;
   let auditCard;
   if (!a) {
@@ -229,7 +271,7 @@ pages.overview = async function (main) {
   } else {
     const found = n(a.lastDiscrepancies);
     const who = (by, how) => " by " + (by || "(auth off)") + ", " + (how || "full").replace("_", " ");
-    auditCard = card("audit", "Audit", found ? fmtInt(found) + " discrepancies" : "clean", null, found ? "bad" : "ok");
+    auditCard = card("audit", "Audit", found ? fmtInt(found) + " " + plural(found, "discrepancy", "discrepancies") : "clean", null, found ? "bad" : "ok");
     auditCard.append(el("div", { class: "sub" }, "last ", el("span", { "data-value": "audit-last" }, fmtTime(a.lastAuditAt)),
       a.persisted ? el("span", { "data-value": "audit-last-by" }, who(a.lastBy, a.lastMode)) : null));
     auditCard.append(el("div", { class: "sub" }, "last clean ", el("span", { "data-value": "audit-clean" }, fmtTime(a.lastCleanAuditAt)),
@@ -324,7 +366,8 @@ function standingRow(s) {
     td("available", dims.map((d) => d.unit + " " + fmtInt(d.available) + "/" + fmtInt(d.burst)).join(", ")),
     td("debt", dims.filter((d) => n(d.debt)).map((d) => d.unit + " " + fmtInt(d.debt)).join(", ") || "0"),
     td("repaid", repaid || "—"),
-    td("state", (s.active ? "active" : s.rolledBack ? "rolled back" : "superseded") + ", " + mode(s.rollout)));
+    td("state", [(s.active ? "active" : s.rolledBack ? "rolled back" : "superseded") + ", ",
+      el("span", { "data-mode": "g" + n(acc.policyGeneration) }, modeShown(s.rollout, s.policyRollout))]));
 }
 const standingHeaders = ["subject", "route", "region", "gen", { label: "used", num: true }, "available / burst", "debt", "debt repaid by refill at", "generation"];
 
@@ -345,7 +388,8 @@ pages.tenants = async function (main, args) {
   main.append(form);
   const resp = await console_("ListAccountStandings", { subjectContains: q, limit });
   main.append(el("p", { class: "note" }, "Nearest their limit first (accounts in debt before all others): ",
-    el("span", { "data-value": "matched" }, fmtInt(resp.matched)), " accounts match, showing ", fmtInt((resp.accounts || []).length), "."));
+    el("span", { "data-value": "matched" }, fmtInt(resp.matched)), " " + plural(resp.matched, "account matches", "accounts match") + ", showing ",
+    fmtInt((resp.accounts || []).length), "."));
   main.append(table(standingHeaders, (resp.accounts || []).map(standingRow), "No account matches."));
 };
 
@@ -396,7 +440,7 @@ async function statementsPanel(main, subject, route, region, account) {
   const list = resp.statements || [];
   main.append(el("h3", {}, "Balance history of generation " + gen + " (epoch statements, latest first)"));
   main.append(el("p", { class: "note" }, el("span", { "data-value": "statements-g" + gen }, fmtInt(list.length)),
-    " closed epochs" + (resp.nextPageToken ? " (the latest 50)" : "") + ". Each row is an epoch's closing balance; the chart ends with the account now."));
+    " closed " + plural(list.length, "epoch") + (resp.nextPageToken ? " (the latest 50)" : "") + ". Each row is an epoch's closing balance; the chart ends with the account now."));
   for (const b of account.balances || []) {
     const series = new Series(["available", "reserved", "spent", "debt"]);
     for (const st of list.slice().reverse()) {
@@ -437,8 +481,8 @@ async function subjectReservationsPanel(main, subject) {
   let total = 0;
   for (const c of counts) total += n(c.count);
   main.append(el("p", { class: "note" }, el("span", { "data-value": "reservations-total" }, fmtInt(total)),
-    " kept reservations; ", el("span", { "data-value": "retained" }, fmtInt(resp.retained)),
-    " finished ones were removed by retention (serve --retention) and are neither listed nor counted here."));
+    " kept " + plural(total, "reservation") + "; ", el("span", { "data-value": "retained" }, fmtInt(resp.retained)),
+    " finished " + plural(resp.retained, "one was", "ones were") + " removed by retention (serve --retention): neither listed nor counted here."));
   main.append(table(["route", "state", { label: "count", num: true }],
     counts.map((c) => el("tr", { "data-key": "counts/" + c.route + "/" + stateName(c.state) },
       td("route", c.route), td("state", stateName(c.state)), td("count", fmtInt(c.count), true))), "No reservation kept."));
@@ -564,7 +608,8 @@ pages.policies = async function (main) {
     "Rollouts and drain progress span tenants: a scoped token does not see them."));
   else await rolloutsPanel(main);
   main.append(el("h2", {}, "Generations"));
-  main.append(el("p", { class: "note" }, "Every published generation, oldest first, with its rollout mode (enforce or shadow). " +
+  main.append(el("p", { class: "note" }, "Every published generation, oldest first, with the rollout mode its reserves get now (enforce or shadow: " +
+    "a staged rollout's on its route, with the generation's own beside it where they differ; the Tenants page shows the same). " +
     "For a rolled-back generation, the last column is what is left on its accounts until the drain reaches zero."));
   const drains = {};
   await Promise.all(policies.filter((p) => p.rolledBack).map(async (p) => {
@@ -573,15 +618,15 @@ pages.policies = async function (main) {
     for (const s of st.accounts || []) for (const b of s.account.balances || []) left += n(b.available) + n(b.reserved) + n(b.debt);
     drains[n(p.generation)] = { left, accounts: (st.accounts || []).length };
   }));
-  main.append(table(["gen", "subject", "route", "region", "published", "mode", "state", "dimensions", { label: "left to drain", num: true }],
+  main.append(table(["gen", "subject", "route", "region", "published", "mode now", "state", "dimensions", { label: "left to drain", num: true }],
     policies.map((p) => {
       const gen = n(p.generation);
       const d = drains[gen];
       return el("tr", { "data-key": "g" + gen },
         td("generation", gen), td("subject", p.subject), td("route", p.route), td("region", p.region), td("published", fmtTime(p.publishedAt)),
-        td("mode", mode(p.rollout)), td("state", p.rolledBack ? "rolled back" : p.active ? "active" : "superseded"),
+        td("mode", modeShown(p.active ? p.rolloutNow : p.rollout, p.rollout)), td("state", p.rolledBack ? "rolled back" : p.active ? "active" : "superseded"),
         td("dimensions", (p.dimensions || []).map((x) => x.unit + ": burst " + fmtInt(x.burst) + ", +" + fmtInt(x.refillUnits) + "/" + (x.refillInterval || "—")).join("; ")),
-        td("drain", d ? fmtInt(d.left) + " on " + fmtInt(d.accounts) + " accounts" : "", true));
+        td("drain", d ? fmtInt(d.left) + " on " + fmtInt(d.accounts) + " " + plural(d.accounts, "account") : "", true));
     }), "No policy published."));
   const rolledBack = policies.filter((p) => p.rolledBack).map((p) => n(p.generation));
   if (rolledBack.length && !scoped) await drainPanel(main, rolledBack);
@@ -649,7 +694,7 @@ pages.shards = async function (main) {
   }
   main.append(el("h1", {}, "Emergency shards"));
   main.append(el("div", { class: "cards" },
-    card("issued", "Issued", fmtInt(list.length)), card("live", "Live", fmtInt(live), fmtInt(expiring) + " expire within 10 min"),
+    card("issued", "Issued", fmtInt(list.length)), card("live", "Live", fmtInt(live), fmtInt(expiring) + " " + plural(expiring, "expires", "expire") + " within 10 min"),
     card("expired", "Expired, not reconciled", fmtInt(expired), "", expired ? "warn" : ""), card("reconciled", "Reconciled", fmtInt(reconciled)),
     card("refused", "Refused submissions", fmtInt(refused), "", refused ? "warn" : ""), card("invalid", "Signature no longer valid", fmtInt(invalid))));
   main.append(table(["shard", "subject", "route", "gen", "gateway", "fence", "allocated", "issued", "expires", "reconciled", "spent", "unknown", "reminted"],
@@ -730,6 +775,7 @@ async function render(opts) {
     const typing = refresh && focused && focused.tagName === "INPUT" && focused.value !== focused.defaultValue;
     if (!typing) {
       old.replaceWith(fresh);
+      markScrollHints(fresh);
       keepFocus(focused, fresh);
     }
   }
@@ -780,5 +826,6 @@ function tokenChanged() {
   render();
 }
 window.addEventListener("hashchange", render);
+window.addEventListener("resize", () => markScrollHints(document));
 tokenState();
 render();

@@ -349,7 +349,14 @@ type Policy struct {
 	// Set by a rollback: the generation admits nothing more.
 	RolledBack bool `protobuf:"varint,17,opt,name=rolled_back,json=rolledBack,proto3" json:"rolled_back,omitempty"`
 	// Whether this generation is the one that admits for its key now.
-	Active        bool `protobuf:"varint,18,opt,name=active,proto3" json:"active,omitempty"`
+	Active bool `protobuf:"varint,18,opt,name=active,proto3" json:"active,omitempty"`
+	// Set by GetPolicy and ListPolicies for the active generation: the mode
+	// its reserves get now, a staged rollout's on its route (RolloutService)
+	// or else its own rollout. Unset for a generation that admits nothing
+	// and for a "*" generation whose route a rollout hashes by subject at a
+	// share between 0 and 100% (each subject's mode differs:
+	// ConsoleService.ListAccountStandings has it per account).
+	RolloutNow    RolloutMode `protobuf:"varint,19,opt,name=rollout_now,json=rolloutNow,proto3,enum=capledger.v1.RolloutMode" json:"rollout_now,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -508,6 +515,13 @@ func (x *Policy) GetActive() bool {
 		return x.Active
 	}
 	return false
+}
+
+func (x *Policy) GetRolloutNow() RolloutMode {
+	if x != nil {
+		return x.RolloutNow
+	}
+	return RolloutMode_ROLLOUT_MODE_UNSPECIFIED
 }
 
 // Reservation is limitReservation.v1, the receipt of one admission.
@@ -3388,7 +3402,7 @@ const file_capledger_v1_capledger_proto_rawDesc = "" +
 	"\x0frefill_interval\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x0erefillInterval\x12\x14\n" +
 	"\x05burst\x18\x04 \x01(\x03R\x05burst\x12'\n" +
 	"\x0fmax_reservation\x18\x05 \x01(\x03R\x0emaxReservation\x12#\n" +
-	"\rmax_overdraft\x18\x06 \x01(\x03R\fmaxOverdraft\"\xe6\x05\n" +
+	"\rmax_overdraft\x18\x06 \x01(\x03R\fmaxOverdraft\"\xa2\x06\n" +
 	"\x06Policy\x12\x16\n" +
 	"\x06schema\x18\x01 \x01(\tR\x06schema\x12\x18\n" +
 	"\asubject\x18\x02 \x01(\tR\asubject\x12\x14\n" +
@@ -3413,7 +3427,9 @@ const file_capledger_v1_capledger_proto_rawDesc = "" +
 	"\fpublished_at\x18\x10 \x01(\v2\x1a.google.protobuf.TimestampR\vpublishedAt\x12\x1f\n" +
 	"\vrolled_back\x18\x11 \x01(\bR\n" +
 	"rolledBack\x12\x16\n" +
-	"\x06active\x18\x12 \x01(\bR\x06active\"\xfa\t\n" +
+	"\x06active\x18\x12 \x01(\bR\x06active\x12:\n" +
+	"\vrollout_now\x18\x13 \x01(\x0e2\x19.capledger.v1.RolloutModeR\n" +
+	"rolloutNow\"\xfa\t\n" +
 	"\vReservation\x12\x16\n" +
 	"\x06schema\x18\x01 \x01(\tR\x06schema\x12%\n" +
 	"\x0ereservation_id\x18\x02 \x01(\tR\rreservationId\x12%\n" +
@@ -3753,93 +3769,94 @@ var file_capledger_v1_capledger_proto_depIdxs = []int32{
 	0,  // 4: capledger.v1.Policy.rollout:type_name -> capledger.v1.RolloutMode
 	55, // 5: capledger.v1.Policy.epoch_length:type_name -> google.protobuf.Duration
 	56, // 6: capledger.v1.Policy.published_at:type_name -> google.protobuf.Timestamp
-	56, // 7: capledger.v1.Reservation.accounting_epoch:type_name -> google.protobuf.Timestamp
-	47, // 8: capledger.v1.Reservation.reserved_units:type_name -> capledger.v1.Reservation.ReservedUnitsEntry
-	48, // 9: capledger.v1.Reservation.actual_units:type_name -> capledger.v1.Reservation.ActualUnitsEntry
-	49, // 10: capledger.v1.Reservation.overdraft_units:type_name -> capledger.v1.Reservation.OverdraftUnitsEntry
-	1,  // 11: capledger.v1.Reservation.state:type_name -> capledger.v1.ReservationState
-	56, // 12: capledger.v1.Reservation.created_at:type_name -> google.protobuf.Timestamp
-	56, // 13: capledger.v1.Reservation.expires_at:type_name -> google.protobuf.Timestamp
-	56, // 14: capledger.v1.Reservation.started_at:type_name -> google.protobuf.Timestamp
-	56, // 15: capledger.v1.Reservation.execution_deadline:type_name -> google.protobuf.Timestamp
-	56, // 16: capledger.v1.Reservation.finished_at:type_name -> google.protobuf.Timestamp
-	56, // 17: capledger.v1.Reservation.usage_unknown_at:type_name -> google.protobuf.Timestamp
-	55, // 18: capledger.v1.RejectionDetail.retry_after:type_name -> google.protobuf.Duration
-	4,  // 19: capledger.v1.ErrorDetail.reservation:type_name -> capledger.v1.Reservation
-	3,  // 20: capledger.v1.PublishPolicyRequest.policy:type_name -> capledger.v1.Policy
-	3,  // 21: capledger.v1.PublishPolicyResponse.policy:type_name -> capledger.v1.Policy
-	3,  // 22: capledger.v1.GetPolicyResponse.policy:type_name -> capledger.v1.Policy
-	3,  // 23: capledger.v1.ListPoliciesResponse.policies:type_name -> capledger.v1.Policy
-	50, // 24: capledger.v1.ReserveRequest.units:type_name -> capledger.v1.ReserveRequest.UnitsEntry
-	4,  // 25: capledger.v1.ReserveResponse.reservation:type_name -> capledger.v1.Reservation
-	5,  // 26: capledger.v1.ReserveResponse.shadow_rejection:type_name -> capledger.v1.RejectionDetail
-	15, // 27: capledger.v1.ReserveBatchRequest.requests:type_name -> capledger.v1.ReserveRequest
-	5,  // 28: capledger.v1.ItemError.rejection:type_name -> capledger.v1.RejectionDetail
-	6,  // 29: capledger.v1.ItemError.detail:type_name -> capledger.v1.ErrorDetail
-	16, // 30: capledger.v1.ReserveOutcome.ok:type_name -> capledger.v1.ReserveResponse
-	18, // 31: capledger.v1.ReserveOutcome.error:type_name -> capledger.v1.ItemError
-	19, // 32: capledger.v1.ReserveBatchResponse.outcomes:type_name -> capledger.v1.ReserveOutcome
-	4,  // 33: capledger.v1.StartResponse.reservation:type_name -> capledger.v1.Reservation
-	51, // 34: capledger.v1.SettleRequest.actual_units:type_name -> capledger.v1.SettleRequest.ActualUnitsEntry
-	4,  // 35: capledger.v1.SettleResponse.reservation:type_name -> capledger.v1.Reservation
-	52, // 36: capledger.v1.SettleResponse.refunded_units:type_name -> capledger.v1.SettleResponse.RefundedUnitsEntry
-	53, // 37: capledger.v1.RecordUsageRequest.actual_units:type_name -> capledger.v1.RecordUsageRequest.ActualUnitsEntry
-	4,  // 38: capledger.v1.RecordUsageResponse.reservation:type_name -> capledger.v1.Reservation
-	23, // 39: capledger.v1.SettleBatchRequest.requests:type_name -> capledger.v1.SettleRequest
-	24, // 40: capledger.v1.SettleOutcome.ok:type_name -> capledger.v1.SettleResponse
-	18, // 41: capledger.v1.SettleOutcome.error:type_name -> capledger.v1.ItemError
-	28, // 42: capledger.v1.SettleBatchResponse.outcomes:type_name -> capledger.v1.SettleOutcome
-	4,  // 43: capledger.v1.ReleaseResponse.reservation:type_name -> capledger.v1.Reservation
-	54, // 44: capledger.v1.ReleaseResponse.refunded_units:type_name -> capledger.v1.ReleaseResponse.RefundedUnitsEntry
-	4,  // 45: capledger.v1.MarkUsageUnknownResponse.reservation:type_name -> capledger.v1.Reservation
-	4,  // 46: capledger.v1.GetReservationResponse.reservation:type_name -> capledger.v1.Reservation
-	4,  // 47: capledger.v1.ListUsageUnknownResponse.reservations:type_name -> capledger.v1.Reservation
-	56, // 48: capledger.v1.ListUsageUnknownResponse.oldest_usage_unknown_at:type_name -> google.protobuf.Timestamp
-	41, // 49: capledger.v1.ListDebtsResponse.accounts:type_name -> capledger.v1.Account
-	56, // 50: capledger.v1.Account.epoch_start:type_name -> google.protobuf.Timestamp
-	40, // 51: capledger.v1.Account.balances:type_name -> capledger.v1.Balance
-	41, // 52: capledger.v1.GetAccountResponse.accounts:type_name -> capledger.v1.Account
-	45, // 53: capledger.v1.AuditResponse.discrepancies:type_name -> capledger.v1.Discrepancy
-	56, // 54: capledger.v1.AuditResponse.checked_at:type_name -> google.protobuf.Timestamp
-	7,  // 55: capledger.v1.LedgerService.PublishPolicy:input_type -> capledger.v1.PublishPolicyRequest
-	9,  // 56: capledger.v1.LedgerService.GetPolicy:input_type -> capledger.v1.GetPolicyRequest
-	11, // 57: capledger.v1.LedgerService.ListPolicies:input_type -> capledger.v1.ListPoliciesRequest
-	13, // 58: capledger.v1.LedgerService.RollbackPolicy:input_type -> capledger.v1.RollbackPolicyRequest
-	15, // 59: capledger.v1.LedgerService.Reserve:input_type -> capledger.v1.ReserveRequest
-	17, // 60: capledger.v1.LedgerService.ReserveBatch:input_type -> capledger.v1.ReserveBatchRequest
-	21, // 61: capledger.v1.LedgerService.Start:input_type -> capledger.v1.StartRequest
-	23, // 62: capledger.v1.LedgerService.Settle:input_type -> capledger.v1.SettleRequest
-	27, // 63: capledger.v1.LedgerService.SettleBatch:input_type -> capledger.v1.SettleBatchRequest
-	25, // 64: capledger.v1.LedgerService.RecordUsage:input_type -> capledger.v1.RecordUsageRequest
-	30, // 65: capledger.v1.LedgerService.Release:input_type -> capledger.v1.ReleaseRequest
-	32, // 66: capledger.v1.LedgerService.MarkUsageUnknown:input_type -> capledger.v1.MarkUsageUnknownRequest
-	34, // 67: capledger.v1.LedgerService.GetReservation:input_type -> capledger.v1.GetReservationRequest
-	42, // 68: capledger.v1.LedgerService.GetAccount:input_type -> capledger.v1.GetAccountRequest
-	36, // 69: capledger.v1.LedgerService.ListUsageUnknown:input_type -> capledger.v1.ListUsageUnknownRequest
-	38, // 70: capledger.v1.LedgerService.ListDebts:input_type -> capledger.v1.ListDebtsRequest
-	44, // 71: capledger.v1.LedgerService.Audit:input_type -> capledger.v1.AuditRequest
-	8,  // 72: capledger.v1.LedgerService.PublishPolicy:output_type -> capledger.v1.PublishPolicyResponse
-	10, // 73: capledger.v1.LedgerService.GetPolicy:output_type -> capledger.v1.GetPolicyResponse
-	12, // 74: capledger.v1.LedgerService.ListPolicies:output_type -> capledger.v1.ListPoliciesResponse
-	14, // 75: capledger.v1.LedgerService.RollbackPolicy:output_type -> capledger.v1.RollbackPolicyResponse
-	16, // 76: capledger.v1.LedgerService.Reserve:output_type -> capledger.v1.ReserveResponse
-	20, // 77: capledger.v1.LedgerService.ReserveBatch:output_type -> capledger.v1.ReserveBatchResponse
-	22, // 78: capledger.v1.LedgerService.Start:output_type -> capledger.v1.StartResponse
-	24, // 79: capledger.v1.LedgerService.Settle:output_type -> capledger.v1.SettleResponse
-	29, // 80: capledger.v1.LedgerService.SettleBatch:output_type -> capledger.v1.SettleBatchResponse
-	26, // 81: capledger.v1.LedgerService.RecordUsage:output_type -> capledger.v1.RecordUsageResponse
-	31, // 82: capledger.v1.LedgerService.Release:output_type -> capledger.v1.ReleaseResponse
-	33, // 83: capledger.v1.LedgerService.MarkUsageUnknown:output_type -> capledger.v1.MarkUsageUnknownResponse
-	35, // 84: capledger.v1.LedgerService.GetReservation:output_type -> capledger.v1.GetReservationResponse
-	43, // 85: capledger.v1.LedgerService.GetAccount:output_type -> capledger.v1.GetAccountResponse
-	37, // 86: capledger.v1.LedgerService.ListUsageUnknown:output_type -> capledger.v1.ListUsageUnknownResponse
-	39, // 87: capledger.v1.LedgerService.ListDebts:output_type -> capledger.v1.ListDebtsResponse
-	46, // 88: capledger.v1.LedgerService.Audit:output_type -> capledger.v1.AuditResponse
-	72, // [72:89] is the sub-list for method output_type
-	55, // [55:72] is the sub-list for method input_type
-	55, // [55:55] is the sub-list for extension type_name
-	55, // [55:55] is the sub-list for extension extendee
-	0,  // [0:55] is the sub-list for field type_name
+	0,  // 7: capledger.v1.Policy.rollout_now:type_name -> capledger.v1.RolloutMode
+	56, // 8: capledger.v1.Reservation.accounting_epoch:type_name -> google.protobuf.Timestamp
+	47, // 9: capledger.v1.Reservation.reserved_units:type_name -> capledger.v1.Reservation.ReservedUnitsEntry
+	48, // 10: capledger.v1.Reservation.actual_units:type_name -> capledger.v1.Reservation.ActualUnitsEntry
+	49, // 11: capledger.v1.Reservation.overdraft_units:type_name -> capledger.v1.Reservation.OverdraftUnitsEntry
+	1,  // 12: capledger.v1.Reservation.state:type_name -> capledger.v1.ReservationState
+	56, // 13: capledger.v1.Reservation.created_at:type_name -> google.protobuf.Timestamp
+	56, // 14: capledger.v1.Reservation.expires_at:type_name -> google.protobuf.Timestamp
+	56, // 15: capledger.v1.Reservation.started_at:type_name -> google.protobuf.Timestamp
+	56, // 16: capledger.v1.Reservation.execution_deadline:type_name -> google.protobuf.Timestamp
+	56, // 17: capledger.v1.Reservation.finished_at:type_name -> google.protobuf.Timestamp
+	56, // 18: capledger.v1.Reservation.usage_unknown_at:type_name -> google.protobuf.Timestamp
+	55, // 19: capledger.v1.RejectionDetail.retry_after:type_name -> google.protobuf.Duration
+	4,  // 20: capledger.v1.ErrorDetail.reservation:type_name -> capledger.v1.Reservation
+	3,  // 21: capledger.v1.PublishPolicyRequest.policy:type_name -> capledger.v1.Policy
+	3,  // 22: capledger.v1.PublishPolicyResponse.policy:type_name -> capledger.v1.Policy
+	3,  // 23: capledger.v1.GetPolicyResponse.policy:type_name -> capledger.v1.Policy
+	3,  // 24: capledger.v1.ListPoliciesResponse.policies:type_name -> capledger.v1.Policy
+	50, // 25: capledger.v1.ReserveRequest.units:type_name -> capledger.v1.ReserveRequest.UnitsEntry
+	4,  // 26: capledger.v1.ReserveResponse.reservation:type_name -> capledger.v1.Reservation
+	5,  // 27: capledger.v1.ReserveResponse.shadow_rejection:type_name -> capledger.v1.RejectionDetail
+	15, // 28: capledger.v1.ReserveBatchRequest.requests:type_name -> capledger.v1.ReserveRequest
+	5,  // 29: capledger.v1.ItemError.rejection:type_name -> capledger.v1.RejectionDetail
+	6,  // 30: capledger.v1.ItemError.detail:type_name -> capledger.v1.ErrorDetail
+	16, // 31: capledger.v1.ReserveOutcome.ok:type_name -> capledger.v1.ReserveResponse
+	18, // 32: capledger.v1.ReserveOutcome.error:type_name -> capledger.v1.ItemError
+	19, // 33: capledger.v1.ReserveBatchResponse.outcomes:type_name -> capledger.v1.ReserveOutcome
+	4,  // 34: capledger.v1.StartResponse.reservation:type_name -> capledger.v1.Reservation
+	51, // 35: capledger.v1.SettleRequest.actual_units:type_name -> capledger.v1.SettleRequest.ActualUnitsEntry
+	4,  // 36: capledger.v1.SettleResponse.reservation:type_name -> capledger.v1.Reservation
+	52, // 37: capledger.v1.SettleResponse.refunded_units:type_name -> capledger.v1.SettleResponse.RefundedUnitsEntry
+	53, // 38: capledger.v1.RecordUsageRequest.actual_units:type_name -> capledger.v1.RecordUsageRequest.ActualUnitsEntry
+	4,  // 39: capledger.v1.RecordUsageResponse.reservation:type_name -> capledger.v1.Reservation
+	23, // 40: capledger.v1.SettleBatchRequest.requests:type_name -> capledger.v1.SettleRequest
+	24, // 41: capledger.v1.SettleOutcome.ok:type_name -> capledger.v1.SettleResponse
+	18, // 42: capledger.v1.SettleOutcome.error:type_name -> capledger.v1.ItemError
+	28, // 43: capledger.v1.SettleBatchResponse.outcomes:type_name -> capledger.v1.SettleOutcome
+	4,  // 44: capledger.v1.ReleaseResponse.reservation:type_name -> capledger.v1.Reservation
+	54, // 45: capledger.v1.ReleaseResponse.refunded_units:type_name -> capledger.v1.ReleaseResponse.RefundedUnitsEntry
+	4,  // 46: capledger.v1.MarkUsageUnknownResponse.reservation:type_name -> capledger.v1.Reservation
+	4,  // 47: capledger.v1.GetReservationResponse.reservation:type_name -> capledger.v1.Reservation
+	4,  // 48: capledger.v1.ListUsageUnknownResponse.reservations:type_name -> capledger.v1.Reservation
+	56, // 49: capledger.v1.ListUsageUnknownResponse.oldest_usage_unknown_at:type_name -> google.protobuf.Timestamp
+	41, // 50: capledger.v1.ListDebtsResponse.accounts:type_name -> capledger.v1.Account
+	56, // 51: capledger.v1.Account.epoch_start:type_name -> google.protobuf.Timestamp
+	40, // 52: capledger.v1.Account.balances:type_name -> capledger.v1.Balance
+	41, // 53: capledger.v1.GetAccountResponse.accounts:type_name -> capledger.v1.Account
+	45, // 54: capledger.v1.AuditResponse.discrepancies:type_name -> capledger.v1.Discrepancy
+	56, // 55: capledger.v1.AuditResponse.checked_at:type_name -> google.protobuf.Timestamp
+	7,  // 56: capledger.v1.LedgerService.PublishPolicy:input_type -> capledger.v1.PublishPolicyRequest
+	9,  // 57: capledger.v1.LedgerService.GetPolicy:input_type -> capledger.v1.GetPolicyRequest
+	11, // 58: capledger.v1.LedgerService.ListPolicies:input_type -> capledger.v1.ListPoliciesRequest
+	13, // 59: capledger.v1.LedgerService.RollbackPolicy:input_type -> capledger.v1.RollbackPolicyRequest
+	15, // 60: capledger.v1.LedgerService.Reserve:input_type -> capledger.v1.ReserveRequest
+	17, // 61: capledger.v1.LedgerService.ReserveBatch:input_type -> capledger.v1.ReserveBatchRequest
+	21, // 62: capledger.v1.LedgerService.Start:input_type -> capledger.v1.StartRequest
+	23, // 63: capledger.v1.LedgerService.Settle:input_type -> capledger.v1.SettleRequest
+	27, // 64: capledger.v1.LedgerService.SettleBatch:input_type -> capledger.v1.SettleBatchRequest
+	25, // 65: capledger.v1.LedgerService.RecordUsage:input_type -> capledger.v1.RecordUsageRequest
+	30, // 66: capledger.v1.LedgerService.Release:input_type -> capledger.v1.ReleaseRequest
+	32, // 67: capledger.v1.LedgerService.MarkUsageUnknown:input_type -> capledger.v1.MarkUsageUnknownRequest
+	34, // 68: capledger.v1.LedgerService.GetReservation:input_type -> capledger.v1.GetReservationRequest
+	42, // 69: capledger.v1.LedgerService.GetAccount:input_type -> capledger.v1.GetAccountRequest
+	36, // 70: capledger.v1.LedgerService.ListUsageUnknown:input_type -> capledger.v1.ListUsageUnknownRequest
+	38, // 71: capledger.v1.LedgerService.ListDebts:input_type -> capledger.v1.ListDebtsRequest
+	44, // 72: capledger.v1.LedgerService.Audit:input_type -> capledger.v1.AuditRequest
+	8,  // 73: capledger.v1.LedgerService.PublishPolicy:output_type -> capledger.v1.PublishPolicyResponse
+	10, // 74: capledger.v1.LedgerService.GetPolicy:output_type -> capledger.v1.GetPolicyResponse
+	12, // 75: capledger.v1.LedgerService.ListPolicies:output_type -> capledger.v1.ListPoliciesResponse
+	14, // 76: capledger.v1.LedgerService.RollbackPolicy:output_type -> capledger.v1.RollbackPolicyResponse
+	16, // 77: capledger.v1.LedgerService.Reserve:output_type -> capledger.v1.ReserveResponse
+	20, // 78: capledger.v1.LedgerService.ReserveBatch:output_type -> capledger.v1.ReserveBatchResponse
+	22, // 79: capledger.v1.LedgerService.Start:output_type -> capledger.v1.StartResponse
+	24, // 80: capledger.v1.LedgerService.Settle:output_type -> capledger.v1.SettleResponse
+	29, // 81: capledger.v1.LedgerService.SettleBatch:output_type -> capledger.v1.SettleBatchResponse
+	26, // 82: capledger.v1.LedgerService.RecordUsage:output_type -> capledger.v1.RecordUsageResponse
+	31, // 83: capledger.v1.LedgerService.Release:output_type -> capledger.v1.ReleaseResponse
+	33, // 84: capledger.v1.LedgerService.MarkUsageUnknown:output_type -> capledger.v1.MarkUsageUnknownResponse
+	35, // 85: capledger.v1.LedgerService.GetReservation:output_type -> capledger.v1.GetReservationResponse
+	43, // 86: capledger.v1.LedgerService.GetAccount:output_type -> capledger.v1.GetAccountResponse
+	37, // 87: capledger.v1.LedgerService.ListUsageUnknown:output_type -> capledger.v1.ListUsageUnknownResponse
+	39, // 88: capledger.v1.LedgerService.ListDebts:output_type -> capledger.v1.ListDebtsResponse
+	46, // 89: capledger.v1.LedgerService.Audit:output_type -> capledger.v1.AuditResponse
+	73, // [73:90] is the sub-list for method output_type
+	56, // [56:73] is the sub-list for method input_type
+	56, // [56:56] is the sub-list for extension type_name
+	56, // [56:56] is the sub-list for extension extendee
+	0,  // [0:56] is the sub-list for field type_name
 }
 
 func init() { file_capledger_v1_capledger_proto_init() }

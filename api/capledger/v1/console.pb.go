@@ -1447,9 +1447,13 @@ type AccountStanding struct {
 	// The highest used_fraction of the dimensions.
 	UsedFraction float64 `protobuf:"fixed64,3,opt,name=used_fraction,json=usedFraction,proto3" json:"used_fraction,omitempty"`
 	// Whether the account's generation decides for its key now.
-	Active        bool        `protobuf:"varint,4,opt,name=active,proto3" json:"active,omitempty"`
-	RolledBack    bool        `protobuf:"varint,5,opt,name=rolled_back,json=rolledBack,proto3" json:"rolled_back,omitempty"`
-	Rollout       RolloutMode `protobuf:"varint,6,opt,name=rollout,proto3,enum=capledger.v1.RolloutMode" json:"rollout,omitempty"`
+	Active     bool `protobuf:"varint,4,opt,name=active,proto3" json:"active,omitempty"`
+	RolledBack bool `protobuf:"varint,5,opt,name=rolled_back,json=rolledBack,proto3" json:"rolled_back,omitempty"`
+	// For the deciding generation the mode its reserves get now (a staged
+	// rollout's on its route); else the generation's own.
+	Rollout RolloutMode `protobuf:"varint,6,opt,name=rollout,proto3,enum=capledger.v1.RolloutMode" json:"rollout,omitempty"`
+	// The generation's own rollout mode, as published.
+	PolicyRollout RolloutMode `protobuf:"varint,7,opt,name=policy_rollout,json=policyRollout,proto3,enum=capledger.v1.RolloutMode" json:"policy_rollout,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1522,6 +1526,13 @@ func (x *AccountStanding) GetRolledBack() bool {
 func (x *AccountStanding) GetRollout() RolloutMode {
 	if x != nil {
 		return x.Rollout
+	}
+	return RolloutMode_ROLLOUT_MODE_UNSPECIFIED
+}
+
+func (x *AccountStanding) GetPolicyRollout() RolloutMode {
+	if x != nil {
+		return x.PolicyRollout
 	}
 	return RolloutMode_ROLLOUT_MODE_UNSPECIFIED
 }
@@ -2028,7 +2039,7 @@ const file_capledger_v1_console_proto_rawDesc = "" +
 	"\asubject\x18\a \x01(\tR\asubject\"s\n" +
 	"\x1cListAccountStandingsResponse\x129\n" +
 	"\baccounts\x18\x01 \x03(\v2\x1d.capledger.v1.AccountStandingR\baccounts\x12\x18\n" +
-	"\amatched\x18\x02 \x01(\x03R\amatched\"\x96\x02\n" +
+	"\amatched\x18\x02 \x01(\x03R\amatched\"\xd8\x02\n" +
 	"\x0fAccountStanding\x12/\n" +
 	"\aaccount\x18\x01 \x01(\v2\x15.capledger.v1.AccountR\aaccount\x12?\n" +
 	"\n" +
@@ -2038,7 +2049,8 @@ const file_capledger_v1_console_proto_rawDesc = "" +
 	"\x06active\x18\x04 \x01(\bR\x06active\x12\x1f\n" +
 	"\vrolled_back\x18\x05 \x01(\bR\n" +
 	"rolledBack\x123\n" +
-	"\arollout\x18\x06 \x01(\x0e2\x19.capledger.v1.RolloutModeR\arollout\"\xb4\x02\n" +
+	"\arollout\x18\x06 \x01(\x0e2\x19.capledger.v1.RolloutModeR\arollout\x12@\n" +
+	"\x0epolicy_rollout\x18\a \x01(\x0e2\x19.capledger.v1.RolloutModeR\rpolicyRollout\"\xb4\x02\n" +
 	"\x11DimensionStanding\x12\x12\n" +
 	"\x04unit\x18\x01 \x01(\tR\x04unit\x12\x14\n" +
 	"\x05burst\x18\x02 \x01(\x03R\x05burst\x12\x1c\n" +
@@ -2152,27 +2164,28 @@ var file_capledger_v1_console_proto_depIdxs = []int32{
 	29, // 23: capledger.v1.AccountStanding.account:type_name -> capledger.v1.Account
 	20, // 24: capledger.v1.AccountStanding.dimensions:type_name -> capledger.v1.DimensionStanding
 	30, // 25: capledger.v1.AccountStanding.rollout:type_name -> capledger.v1.RolloutMode
-	31, // 26: capledger.v1.DimensionStanding.refill_interval:type_name -> google.protobuf.Duration
-	25, // 27: capledger.v1.DimensionStanding.repaid_at:type_name -> google.protobuf.Timestamp
-	23, // 28: capledger.v1.GetFairnessResponse.groups:type_name -> capledger.v1.FairnessGroup
-	24, // 29: capledger.v1.FairnessGroup.subjects:type_name -> capledger.v1.FairnessShare
-	0,  // 30: capledger.v1.ConsoleService.GetOverview:input_type -> capledger.v1.GetOverviewRequest
-	17, // 31: capledger.v1.ConsoleService.ListAccountStandings:input_type -> capledger.v1.ListAccountStandingsRequest
-	21, // 32: capledger.v1.ConsoleService.GetFairness:input_type -> capledger.v1.GetFairnessRequest
-	8,  // 33: capledger.v1.ConsoleService.ListSubjectReservations:input_type -> capledger.v1.ListSubjectReservationsRequest
-	11, // 34: capledger.v1.ConsoleService.ListStatements:input_type -> capledger.v1.ListStatementsRequest
-	14, // 35: capledger.v1.ConsoleService.GetResolverAnswers:input_type -> capledger.v1.GetResolverAnswersRequest
-	1,  // 36: capledger.v1.ConsoleService.GetOverview:output_type -> capledger.v1.GetOverviewResponse
-	18, // 37: capledger.v1.ConsoleService.ListAccountStandings:output_type -> capledger.v1.ListAccountStandingsResponse
-	22, // 38: capledger.v1.ConsoleService.GetFairness:output_type -> capledger.v1.GetFairnessResponse
-	9,  // 39: capledger.v1.ConsoleService.ListSubjectReservations:output_type -> capledger.v1.ListSubjectReservationsResponse
-	12, // 40: capledger.v1.ConsoleService.ListStatements:output_type -> capledger.v1.ListStatementsResponse
-	15, // 41: capledger.v1.ConsoleService.GetResolverAnswers:output_type -> capledger.v1.GetResolverAnswersResponse
-	36, // [36:42] is the sub-list for method output_type
-	30, // [30:36] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	30, // 26: capledger.v1.AccountStanding.policy_rollout:type_name -> capledger.v1.RolloutMode
+	31, // 27: capledger.v1.DimensionStanding.refill_interval:type_name -> google.protobuf.Duration
+	25, // 28: capledger.v1.DimensionStanding.repaid_at:type_name -> google.protobuf.Timestamp
+	23, // 29: capledger.v1.GetFairnessResponse.groups:type_name -> capledger.v1.FairnessGroup
+	24, // 30: capledger.v1.FairnessGroup.subjects:type_name -> capledger.v1.FairnessShare
+	0,  // 31: capledger.v1.ConsoleService.GetOverview:input_type -> capledger.v1.GetOverviewRequest
+	17, // 32: capledger.v1.ConsoleService.ListAccountStandings:input_type -> capledger.v1.ListAccountStandingsRequest
+	21, // 33: capledger.v1.ConsoleService.GetFairness:input_type -> capledger.v1.GetFairnessRequest
+	8,  // 34: capledger.v1.ConsoleService.ListSubjectReservations:input_type -> capledger.v1.ListSubjectReservationsRequest
+	11, // 35: capledger.v1.ConsoleService.ListStatements:input_type -> capledger.v1.ListStatementsRequest
+	14, // 36: capledger.v1.ConsoleService.GetResolverAnswers:input_type -> capledger.v1.GetResolverAnswersRequest
+	1,  // 37: capledger.v1.ConsoleService.GetOverview:output_type -> capledger.v1.GetOverviewResponse
+	18, // 38: capledger.v1.ConsoleService.ListAccountStandings:output_type -> capledger.v1.ListAccountStandingsResponse
+	22, // 39: capledger.v1.ConsoleService.GetFairness:output_type -> capledger.v1.GetFairnessResponse
+	9,  // 40: capledger.v1.ConsoleService.ListSubjectReservations:output_type -> capledger.v1.ListSubjectReservationsResponse
+	12, // 41: capledger.v1.ConsoleService.ListStatements:output_type -> capledger.v1.ListStatementsResponse
+	15, // 42: capledger.v1.ConsoleService.GetResolverAnswers:output_type -> capledger.v1.GetResolverAnswersResponse
+	37, // [37:43] is the sub-list for method output_type
+	31, // [31:37] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_capledger_v1_console_proto_init() }
