@@ -415,22 +415,30 @@ func TestARetryOfARequestServedFromAnEndedShardIsNeverAdmittedAgain(t *testing.T
 func TestDirectSettleNotSentIsTheCallersToSendAgain(t *testing.T) {
 	p := newLedgerProcess(t, t.TempDir())
 	ctx := context.Background()
+	// The set-up's calls go through a client without the watchdog: on a
+	// loaded machine an answer later than the tested client's 50 ms would
+	// open its breaker (for an hour) before the ledger is killed.
+	setup, err := New(p.addr, noBreakerWatchdog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer setup.Close()
+	publishTenantPolicy(t, setup, false)
+	r, err := setup.Reserve(ctx, ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 100}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	op := NewOperationID()
+	if _, err := setup.Start(ctx, r.ReservationID, op); err != nil {
+		t.Fatal(err)
+	}
+	p.stop(syscall.SIGKILL)
 	c, err := New(p.addr, WithBreaker(BreakerPolicy{FailureThreshold: 1, DetectTimeout: 50 * time.Millisecond, ProbeBase: time.Hour, ProbeMax: time.Hour}),
 		WithRetryPolicy(RetryPolicy{MaxAttempts: 3, BaseDelay: 10 * time.Millisecond, MaxDelay: 50 * time.Millisecond}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	publishTenantPolicy(t, c, false)
-	r, err := c.Reserve(ctx, ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 100}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	op := NewOperationID()
-	if _, err := c.Start(ctx, r.ReservationID, op); err != nil {
-		t.Fatal(err)
-	}
-	p.stop(syscall.SIGKILL)
 
 	notSent := func(what string, err error) {
 		t.Helper()
