@@ -169,9 +169,11 @@ const (
 	offlineTimeout     = 200 * time.Millisecond
 )
 
-func newPartitionedGateway(addr string) (*Client, error) {
-	return New(addr, WithTimeout(mustSucceedTimeout), WithBreaker(BreakerPolicy{DetectTimeout: mustSucceedTimeout}),
-		WithRetryPolicy(RetryPolicy{MaxAttempts: 2, BaseDelay: 10 * time.Millisecond, MaxDelay: 20 * time.Millisecond}))
+// newPartitionedGateway returns a gateway's Client for the ledger at addr,
+// patient as above; extra options come last (and so override).
+func newPartitionedGateway(addr string, extra ...Option) (*Client, error) {
+	return New(addr, append([]Option{WithTimeout(mustSucceedTimeout), WithBreaker(BreakerPolicy{DetectTimeout: mustSucceedTimeout}),
+		WithRetryPolicy(RetryPolicy{MaxAttempts: 2, BaseDelay: 10 * time.Millisecond, MaxDelay: 20 * time.Millisecond})}, extra...)...)
 }
 
 // publishTenantPolicy publishes through c the policy the tests against the

@@ -23,8 +23,9 @@ type Options struct {
 	// WorkerInterval is how often expiry and unknown-usage marking run
 	// (default 250ms); EpochInterval how often ended epochs are closed
 	// and superseded generations drained (default 1 minute), and besides
-	// within a second of the end of any policy's accounting epoch
-	// (epochWatch). Workers are off when DisableWorkers is set.
+	// within a second of the end of an accounting epoch of any policy the
+	// last run read (epochWatch: a policy published since counts from the
+	// next run). Workers are off when DisableWorkers is set.
 	WorkerInterval time.Duration
 	EpochInterval  time.Duration
 	DisableWorkers bool

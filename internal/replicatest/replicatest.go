@@ -1,5 +1,6 @@
-// Package replicatest runs `capledger serve` replicas for the tests of
-// store/postgres and its failover gate, and checks what their clients saw
+// Package replicatest runs `capledger serve` replicas on a fresh
+// PostgreSQL schema for the tests of store/postgres, its failover gate and
+// the SDK (client's external tests), and checks what their clients saw
 // against a linearizability model of one account (model.go); its smaller
 // pieces (a free loopback address, a statement run as the PostgreSQL
 // admin) serve other packages' tests too. It is test support: only test
@@ -8,13 +9,17 @@ package replicatest
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -207,4 +212,61 @@ func Admin(t testing.TB, dsn, sql string) {
 	if _, err := conn.Exec(ctx, sql); err != nil {
 		t.Fatalf("%s: %v", sql, err)
 	}
+}
+
+// EnvDSN names the variable holding the test PostgreSQL server's DSN; CI
+// sets it to postgres://postgres@127.0.0.1:5432/test?sslmode=disable.
+const EnvDSN = "CAPLEDGER_TEST_POSTGRES"
+
+// ServerDSN returns the test server's DSN. Without the variable the test
+// is skipped (saying how to set it); with it, an unreachable server fails
+// the test, so CI can never pass by silently skipping.
+func ServerDSN(t testing.TB) string {
+	t.Helper()
+	dsn := os.Getenv(EnvDSN)
+	if dsn == "" {
+		t.Skipf("PostgreSQL tests need a server: set %s, e.g. %s=postgres://postgres@127.0.0.1:5432/test?sslmode=disable", EnvDSN, EnvDSN)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatalf("%s is set but the server cannot be reached: %v", EnvDSN, err)
+	}
+	conn.Close(ctx)
+	return dsn
+}
+
+// SchemaDSN creates a fresh schema capledger_test_<random> on the test
+// server (ServerDSN), drops it when the test ends, and returns a DSN whose
+// search_path selects it, so parallel test packages and runs never share
+// tables.
+func SchemaDSN(t testing.TB) string {
+	t.Helper()
+	dsn := ServerDSN(t)
+	var random [6]byte
+	if _, err := rand.Read(random[:]); err != nil {
+		t.Fatal(err)
+	}
+	schema := "capledger_test_" + hex.EncodeToString(random[:])
+	Admin(t, dsn, "CREATE SCHEMA "+schema)
+	t.Cleanup(func() { Admin(t, dsn, "DROP SCHEMA "+schema+" CASCADE") })
+	return WithParam(t, dsn, "search_path", schema)
+}
+
+// WithParam returns dsn with a connection parameter added (URL or
+// key=value form).
+func WithParam(t testing.TB, dsn, name, value string) string {
+	t.Helper()
+	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			t.Fatalf("parse %s: %v", EnvDSN, err)
+		}
+		q := u.Query()
+		q.Set(name, value)
+		u.RawQuery = q.Encode()
+		return u.String()
+	}
+	return dsn + " " + name + "=" + value
 }

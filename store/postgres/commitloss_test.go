@@ -2,11 +2,14 @@ package postgres_test
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	ledgerv1 "github.com/capledger/capledger/api/capledger/v1"
@@ -29,33 +32,16 @@ func TestLostCommitAnswersOfRefundsAndRepayments(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary and runs server processes")
 	}
-	dsn := schemaDSN(t)
-	cutter := newCommitCutter(t, targetOf(t, dsn))
-	bin := replicatest.BuildCapledger(t)
-	lossy := replicatest.StartReplica(t, bin, cutter.dsnVia(t, dsn))
-	other := replicatest.StartReplica(t, bin, dsn)
-	ledgerOf := func(r *replicatest.Replica) capledgerv1connect.LedgerServiceClient {
-		return capledgerv1connect.NewLedgerServiceClient(&http.Client{Timeout: 30 * time.Second}, "http://"+r.Addr)
-	}
-	viaLossy, viaOther := ledgerOf(lossy), ledgerOf(other)
-	ctx := context.Background()
-
-	if _, err := viaOther.PublishPolicy(ctx, connect.NewRequest(&ledgerv1.PublishPolicyRequest{Policy: &ledgerv1.Policy{
+	rig, _ := newCommitLossRig(t)
+	viaLossy, viaOther, ctx := rig.viaLossy, rig.viaOther, context.Background()
+	rig.publish(&ledgerv1.Policy{
 		Subject: tenant7.Subject, Route: tenant7.Route, Region: tenant7.Region,
 		HoldTtl: durationpb.New(time.Hour), EpochLength: durationpb.New(10 * 365 * 24 * time.Hour),
 		Dimensions: []*ledgerv1.Dimension{{Unit: "tokens", Burst: 1000, MaxOverdraft: 1000,
 			RefillUnits: 500, RefillInterval: durationpb.New(3 * time.Second)}},
-	}})); err != nil {
-		t.Fatal(err)
-	}
-	tokens := func(n int64) map[string]int64 { return map[string]int64{"tokens": n} }
+	})
 	reserve := func(c capledgerv1connect.LedgerServiceClient, id string, n int64) (*ledgerv1.ReserveResponse, error) {
-		res, err := c.Reserve(ctx, connect.NewRequest(&ledgerv1.ReserveRequest{ReservationId: id,
-			Subject: tenant7.Subject, Route: tenant7.Route, Region: tenant7.Region, Units: tokens(n)}))
-		if err != nil {
-			return nil, err
-		}
-		return res.Msg, nil
+		return rig.reserve(c, tenant7.Subject, id, n)
 	}
 	mustReserve := func(id string, n int64) {
 		t.Helper()
@@ -63,19 +49,7 @@ func TestLostCommitAnswersOfRefundsAndRepayments(t *testing.T) {
 			t.Fatalf("reserve %s: %v", id, err)
 		}
 	}
-	start := func(id string) {
-		t.Helper()
-		if _, err := viaOther.Start(ctx, connect.NewRequest(&ledgerv1.StartRequest{ReservationId: id, OperationId: "op-" + id})); err != nil {
-			t.Fatalf("start %s: %v", id, err)
-		}
-	}
-	settle := func(c capledgerv1connect.LedgerServiceClient, id string, actual int64) (*ledgerv1.SettleResponse, error) {
-		res, err := c.Settle(ctx, connect.NewRequest(&ledgerv1.SettleRequest{ReservationId: id, OperationId: "op-" + id, ActualUnits: tokens(actual)}))
-		if err != nil {
-			return nil, err
-		}
-		return res.Msg, nil
-	}
+	start, settle, lost := rig.start, rig.settle, rig.lost
 	release := func(c capledgerv1connect.LedgerServiceClient, id string) (*ledgerv1.ReleaseResponse, error) {
 		res, err := c.Release(ctx, connect.NewRequest(&ledgerv1.ReleaseRequest{ReservationId: id}))
 		if err != nil {
@@ -83,37 +57,7 @@ func TestLostCommitAnswersOfRefundsAndRepayments(t *testing.T) {
 		}
 		return res.Msg, nil
 	}
-	// lost runs call, which the lossy replica commits while its COMMIT's
-	// answer is lost, and fails the test if the replica claimed success
-	// or if no COMMIT carrying id was cut.
-	lost := func(id string, call func() error) {
-		t.Helper()
-		cuts := cutter.cuts.Load()
-		cutter.armFor(id)
-		err := call()
-		if err == nil {
-			t.Fatalf("%s: answered success although its COMMIT's answer was lost", id)
-		}
-		if got := cutter.cuts.Load(); got != cuts+1 {
-			t.Fatalf("%s: %d COMMITs cut, want 1 (answered %v)", id, got-cuts, err)
-		}
-		if code := connect.CodeOf(err); code != connect.CodeUnavailable {
-			t.Errorf("%s with its COMMIT's answer lost: %v, want unavailable (outcome unknown, retry with the same ids)", id, err)
-		}
-	}
-	balance := func() *ledgerv1.Balance {
-		t.Helper()
-		res, err := viaOther.GetAccount(ctx, connect.NewRequest(&ledgerv1.GetAccountRequest{Subject: tenant7.Subject, Route: tenant7.Route, Region: tenant7.Region}))
-		if err != nil || len(res.Msg.GetAccounts()) != 1 {
-			t.Fatalf("account: %v %v", res, err)
-		}
-		b := res.Msg.GetAccounts()[0].GetBalances()[0]
-		if in, out := b.GetOpening()+b.GetMinted()+b.GetOverdraftIssued(),
-			b.GetAvailable()+b.GetReserved()+b.GetSpent()+b.GetRetiredForEmergency()+b.GetRetiredForMove()+b.GetOverdraftRepaid(); in != out || b.GetAvailable() < 0 {
-			t.Errorf("conservation broken: %v", b)
-		}
-		return b
-	}
+	balance := func() *ledgerv1.Balance { t.Helper(); return rig.balance(tenant7.Subject) }
 
 	// A settle of 200 of a 600 hold refunds 400; its COMMIT's answer is
 	// lost. Its retries replay, refunding nothing.
@@ -165,10 +109,7 @@ func TestLostCommitAnswersOfRefundsAndRepayments(t *testing.T) {
 	if b := balance(); b.GetOverdraftIssued() != 300 || b.GetOverdraftRepaid() != 300 || b.GetReserved() != 100 || b.GetSpent() != 1300 {
 		t.Fatalf("after the repayment: %v, want 300 issued and repaid once, 100 reserved, 1300 spent", b)
 	}
-	audit, err := viaOther.Audit(ctx, connect.NewRequest(&ledgerv1.AuditRequest{}))
-	if err != nil || len(audit.Msg.GetDiscrepancies()) != 0 {
-		t.Fatalf("audit: %v %v", audit, err)
-	}
+	rig.audit()
 }
 
 // TestLostCommitAnswerOfADrain: a rolled back generation owes debt and
@@ -183,29 +124,21 @@ func TestLostCommitAnswerOfADrain(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary and runs server processes")
 	}
-	dsn := schemaDSN(t)
-	cutter := newCommitCutter(t, targetOf(t, dsn))
-	bin := replicatest.BuildCapledger(t)
-	lossy := replicatest.StartReplica(t, bin, cutter.dsnVia(t, dsn))
-	other := replicatest.StartReplica(t, bin, dsn)
+	rig, _ := newCommitLossRig(t)
+	lossy, other, cutter, viaOther := rig.lossy, rig.other, rig.cutter, rig.viaOther
 	ctx := context.Background()
 	httpClient := &http.Client{Timeout: 30 * time.Second}
-	viaOther := capledgerv1connect.NewLedgerServiceClient(httpClient, "http://"+other.Addr)
 	rollouts := func(r *replicatest.Replica) capledgerv1connect.RolloutServiceClient {
 		return capledgerv1connect.NewRolloutServiceClient(httpClient, "http://"+r.Addr)
 	}
 	const subject = "tenant-drain"
 	publish := func(burst int64) uint64 {
 		t.Helper()
-		res, err := viaOther.PublishPolicy(ctx, connect.NewRequest(&ledgerv1.PublishPolicyRequest{Policy: &ledgerv1.Policy{
+		return rig.publish(&ledgerv1.Policy{
 			Subject: "*", Route: tenant7.Route, Region: tenant7.Region,
 			HoldTtl: durationpb.New(time.Hour), EpochLength: durationpb.New(10 * 365 * 24 * time.Hour),
 			Dimensions: []*ledgerv1.Dimension{{Unit: "tokens", Burst: burst, MaxOverdraft: 1000}},
-		}}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return res.Msg.GetPolicy().GetGeneration()
+		})
 	}
 	g1, g2 := publish(1000), publish(2000)
 	reserve := func(id string, n int64) error {
@@ -295,8 +228,267 @@ func TestLostCommitAnswerOfADrain(t *testing.T) {
 	if err := reserve("frozen", 1); connect.CodeOf(err) != connect.CodeResourceExhausted {
 		t.Errorf("reserve while the moved debt is owed: %v, want resource exhausted", err)
 	}
-	audit, err := viaOther.Audit(ctx, connect.NewRequest(&ledgerv1.AuditRequest{}))
-	if err != nil || len(audit.Msg.GetDiscrepancies()) != 0 {
-		t.Fatalf("audit: %v %v", audit, err)
+	rig.audit()
+}
+
+// commitLossRig is two `capledger serve` replicas on one fresh schema, the
+// first (lossy) reaching PostgreSQL through a commitCutter and started
+// first, so that it holds the worker lease, and clients of both.
+type commitLossRig struct {
+	t                  *testing.T
+	cutter             *commitCutter
+	lossy, other       *replicatest.Replica
+	viaLossy, viaOther capledgerv1connect.LedgerServiceClient
+	console            capledgerv1connect.ConsoleServiceClient
+}
+
+// newCommitLossRig starts the rig. The policies given are published
+// before the other replica starts, and the lossy one is restarted after
+// publishing them, so that its epoch worker has read them when it starts:
+// the worker looks for ended epochs every second only among the policies
+// its last (minutely) pass read. It returns their generations in order.
+func newCommitLossRig(t *testing.T, policies ...*ledgerv1.Policy) (*commitLossRig, []uint64) {
+	t.Helper()
+	dsn := schemaDSN(t)
+	rig := &commitLossRig{t: t, cutter: newCommitCutter(t, targetOf(t, dsn))}
+	bin := replicatest.BuildCapledger(t)
+	rig.lossy = replicatest.StartReplica(t, bin, rig.cutter.dsnVia(t, dsn))
+	httpClient := &http.Client{Timeout: 30 * time.Second}
+	rig.viaLossy = capledgerv1connect.NewLedgerServiceClient(httpClient, "http://"+rig.lossy.Addr)
+	var generations []uint64
+	if len(policies) > 0 {
+		for _, p := range policies {
+			res, err := rig.viaLossy.PublishPolicy(context.Background(), connect.NewRequest(&ledgerv1.PublishPolicyRequest{Policy: p}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			generations = append(generations, res.Msg.GetPolicy().GetGeneration())
+		}
+		rig.lossy.Stop()
+		rig.lossy.Start()
 	}
+	rig.waitLeader(rig.lossy)
+	rig.other = replicatest.StartReplica(t, bin, dsn)
+	rig.viaOther = capledgerv1connect.NewLedgerServiceClient(httpClient, "http://"+rig.other.Addr)
+	rig.console = capledgerv1connect.NewConsoleServiceClient(httpClient, "http://"+rig.other.Addr)
+	return rig, generations
+}
+
+// waitLeader waits until r says (GET /statusz) it holds the worker lease.
+func (rig *commitLossRig) waitLeader(r *replicatest.Replica) {
+	rig.t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		var status struct {
+			Workers struct {
+				Leader bool `json:"leader"`
+			} `json:"workers"`
+		}
+		if resp, err := http.Get("http://" + r.Addr + "/statusz"); err == nil {
+			err = json.NewDecoder(resp.Body).Decode(&status)
+			resp.Body.Close()
+			if err == nil && status.Workers.Leader {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			rig.t.Fatalf("replica %s does not hold the worker lease:\n%s", r.Addr, r.Logs.String())
+		}
+	}
+}
+
+func (rig *commitLossRig) publish(p *ledgerv1.Policy) uint64 {
+	rig.t.Helper()
+	res, err := rig.viaOther.PublishPolicy(context.Background(), connect.NewRequest(&ledgerv1.PublishPolicyRequest{Policy: p}))
+	if err != nil {
+		rig.t.Fatal(err)
+	}
+	return res.Msg.GetPolicy().GetGeneration()
+}
+
+func (rig *commitLossRig) reserve(c capledgerv1connect.LedgerServiceClient, subject, id string, n int64) (*ledgerv1.ReserveResponse, error) {
+	res, err := c.Reserve(context.Background(), connect.NewRequest(&ledgerv1.ReserveRequest{ReservationId: id,
+		Subject: subject, Route: tenant7.Route, Region: tenant7.Region, Units: map[string]int64{"tokens": n}}))
+	if err != nil {
+		return nil, err
+	}
+	return res.Msg, nil
+}
+
+// start starts id (operation "op-"+id) through the other replica.
+func (rig *commitLossRig) start(id string) {
+	rig.t.Helper()
+	if _, err := rig.viaOther.Start(context.Background(), connect.NewRequest(&ledgerv1.StartRequest{ReservationId: id, OperationId: "op-" + id})); err != nil {
+		rig.t.Fatalf("start %s: %v", id, err)
+	}
+}
+
+func (rig *commitLossRig) settle(c capledgerv1connect.LedgerServiceClient, id string, actual int64) (*ledgerv1.SettleResponse, error) {
+	res, err := c.Settle(context.Background(), connect.NewRequest(&ledgerv1.SettleRequest{ReservationId: id, OperationId: "op-" + id,
+		ActualUnits: map[string]int64{"tokens": actual}}))
+	if err != nil {
+		return nil, err
+	}
+	return res.Msg, nil
+}
+
+// lost runs call, which the lossy replica commits while its COMMIT's
+// answer is lost, and fails the test if the replica claimed success or if
+// no COMMIT carrying id was cut.
+func (rig *commitLossRig) lost(id string, call func() error) {
+	rig.t.Helper()
+	cuts := rig.cutter.cuts.Load()
+	rig.cutter.armFor(id)
+	err := call()
+	if err == nil {
+		rig.t.Fatalf("%s: answered success although its COMMIT's answer was lost", id)
+	}
+	if got := rig.cutter.cuts.Load(); got != cuts+1 {
+		rig.t.Fatalf("%s: %d COMMITs cut, want 1 (answered %v)", id, got-cuts, err)
+	}
+	if code := connect.CodeOf(err); code != connect.CodeUnavailable {
+		rig.t.Errorf("%s with its COMMIT's answer lost: %v, want unavailable (outcome unknown, retry with the same ids)", id, err)
+	}
+}
+
+// balance returns the tokens balance of the subject's one account (as
+// GetAccount shows it: with the refill due up to now), failing the test
+// if it breaks conservation.
+func (rig *commitLossRig) balance(subject string) *ledgerv1.Balance {
+	rig.t.Helper()
+	res, err := rig.viaOther.GetAccount(context.Background(), connect.NewRequest(&ledgerv1.GetAccountRequest{Subject: subject, Route: tenant7.Route, Region: tenant7.Region}))
+	if err != nil || len(res.Msg.GetAccounts()) != 1 {
+		rig.t.Fatalf("account: %v %v", res, err)
+	}
+	b := res.Msg.GetAccounts()[0].GetBalances()[0]
+	if in, out := b.GetOpening()+b.GetMinted()+b.GetOverdraftIssued(),
+		b.GetAvailable()+b.GetReserved()+b.GetSpent()+b.GetRetiredForEmergency()+b.GetRetiredForMove()+b.GetOverdraftRepaid(); in != out || b.GetAvailable() < 0 {
+		rig.t.Errorf("conservation broken: %v", b)
+	}
+	return b
+}
+
+// audit fails the test unless the ledger's audit is clean.
+func (rig *commitLossRig) audit() {
+	rig.t.Helper()
+	audit, err := rig.viaOther.Audit(context.Background(), connect.NewRequest(&ledgerv1.AuditRequest{}))
+	if err != nil || len(audit.Msg.GetDiscrepancies()) != 0 {
+		rig.t.Fatalf("audit: %v %v", audit, err)
+	}
+}
+
+// TestLostCommitAnswerOfTheEpochWorkersCloseAndTheNextEpochsRepayment: an
+// account goes 300 into debt; its epoch ends and the epoch worker, on the
+// replica holding the worker lease, closes it (the statement of an epoch
+// that ends owing 300) while its COMMIT's answer is lost, so the worker
+// does not know whether the close happened. The worker does not close it
+// again (one statement for the epoch). In a later epoch the refill repays
+// the debt, in the batch of the first reserve, which closes the epochs
+// between (a second statement opening on the first's closing) and whose
+// COMMIT's answer is lost too; the gateway's retries on both replicas
+// replay it. The 300 are owed once and repaid once, every statement
+// chains onto the one before, and the audit is clean. (The worker itself
+// only closes epochs: ledger.CloseEpoch does not refill, so the debt is
+// repaid by the epoch's first command, or by a drain.)
+func TestLostCommitAnswerOfTheEpochWorkersCloseAndTheNextEpochsRepayment(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary and runs server processes")
+	}
+	const subject = "tenant-epoch"
+	const refillEvery = 4 * time.Second
+	rig, generations := newCommitLossRig(t, &ledgerv1.Policy{
+		Subject: subject, Route: tenant7.Route, Region: tenant7.Region,
+		HoldTtl: durationpb.New(time.Hour), EpochLength: durationpb.New(time.Second),
+		Dimensions: []*ledgerv1.Dimension{{Unit: "tokens", Burst: 1000, MaxOverdraft: 1000,
+			RefillUnits: 500, RefillInterval: durationpb.New(refillEvery)}},
+	})
+	ctx, generation := context.Background(), generations[0]
+	// 1,300 used of a 1,000 hold: 300 owed, before a refill interval. The
+	// account opens (and starts refilling) between openedFrom and
+	// openedBy.
+	openedFrom := time.Now()
+	if _, err := rig.reserve(rig.viaOther, subject, "into-debt", 1000); err != nil {
+		t.Fatal(err)
+	}
+	openedBy := time.Now()
+	rig.start("into-debt")
+	if res, err := rig.settle(rig.viaOther, "into-debt", 1300); err != nil || res.GetReservation().GetState() != ledgerv1.ReservationState_RESERVATION_STATE_SETTLED_WITH_DEBT {
+		t.Fatalf("settle into debt: %v %v", res, err)
+	}
+	// The next COMMIT carrying the subject is the epoch worker's close of
+	// the settle's epoch, on the lossy replica: the gateway sends nothing
+	// meanwhile, and an epoch in which the account changed is closed by
+	// the worker soon after it ends.
+	rig.cutter.armFor(subject)
+	if b := rig.balance(subject); b.GetDebt() != 300 {
+		t.Fatalf("after the overuse: %v, want 300 owed (a slow machine refilled first?)", b)
+	}
+	for deadline := time.Now().Add(30 * time.Second); rig.cutter.cuts.Load() == 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the epoch worker closed no epoch of %s in 30 s:\n%s", subject, rig.lossy.Logs.String())
+		}
+	}
+	// The worker logs its failed batch; it does not know the outcome.
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(rig.lossy.Logs.String(), "worker batch"); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the worker did not log its failed batch:\n%s", rig.lossy.Logs.String())
+		}
+	}
+	statements := func() []*ledgerv1.Statement {
+		t.Helper()
+		res, err := rig.console.ListStatements(ctx, connect.NewRequest(&ledgerv1.ListStatementsRequest{
+			Subject: subject, Route: tenant7.Route, Region: tenant7.Region, PolicyGeneration: generation, PageSize: 1000}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.Msg.GetStatements()
+	}
+	// Newest first: the worker's closes the epoch owing 300.
+	closed := statements()
+	if len(closed) == 0 || closed[0].GetClosing()[0].GetDebt() != 300 {
+		t.Fatalf("statements after the worker's close: %v, want the newest closing 300 owed", closed)
+	}
+
+	// A refill interval after the account opened, the first reserve
+	// mints: 300 repay the debt, the rest fills available. Its COMMIT's
+	// answer is lost; the retries on both replicas replay it.
+	time.Sleep(time.Until(openedBy.Add(refillEvery + 100*time.Millisecond)))
+	lossyStart := time.Now()
+	rig.lost("repaying", func() error { _, err := rig.reserve(rig.viaLossy, subject, "repaying", 100); return err })
+	for _, c := range []capledgerv1connect.LedgerServiceClient{rig.viaLossy, rig.viaOther} {
+		if res, err := rig.reserve(c, subject, "repaying", 100); err != nil || !res.GetReplayed() {
+			t.Errorf("reserve retry: %v %v, want a replay", res, err)
+		}
+	}
+	b := rig.balance(subject)
+	// GetAccount shows the refill due up to now, 500 for each whole
+	// interval since the account opened: at least as many as had surely
+	// passed when the lost reserve was sent, at most as many as can have
+	// passed by now.
+	least, most := int64(lossyStart.Sub(openedBy)/refillEvery), int64(time.Since(openedFrom)/refillEvery)
+	if b.GetOverdraftIssued() != 300 || b.GetOverdraftRepaid() != 300 || b.GetReserved() != 100 || b.GetSpent() != 1300 ||
+		b.GetMinted()%500 != 0 || b.GetMinted() < 500*least || b.GetMinted() > 500*most {
+		t.Fatalf("after the repayment: %v, want 300 owed and repaid once, 100 reserved, 1,300 spent, 500 minted per interval passed (%d to %d)", b, least, most)
+	}
+	// The reserve's batch closed the idle epochs since the worker's close
+	// in one statement, still owing 300 (the refill came after, in the
+	// epoch of now). Each statement opens on the closing of the one before
+	// and starts where it ended; the epoch the worker closed has one.
+	after := statements()
+	if len(after) != len(closed)+1 || after[0].GetClosing()[0].GetDebt() != 300 {
+		t.Fatalf("statements after the repaying reserve: %v, want one more than the %d before, closing 300 owed", after, len(closed))
+	}
+	worker := 0
+	for i := range after {
+		if after[i].GetEpochStart().AsTime().Equal(closed[0].GetEpochStart().AsTime()) {
+			worker++
+		}
+		if i+1 < len(after) && (!proto.Equal(after[i].GetOpening()[0], after[i+1].GetClosing()[0]) ||
+			!after[i].GetEpochStart().AsTime().Equal(after[i+1].GetEpochEnd().AsTime())) {
+			t.Errorf("statement %d (%v) does not follow on the one before (%v)", i, after[i], after[i+1])
+		}
+	}
+	if worker != 1 {
+		t.Errorf("the epoch the worker closed has %d statements, want 1: %v", worker, after)
+	}
+	rig.audit()
 }
