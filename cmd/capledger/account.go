@@ -161,7 +161,7 @@ func printAuditReport(w io.Writer, msg *v1.AuditResponse) error {
 		return err
 	}
 	if n := len(msg.GetDiscrepancies()); n > 0 {
-		return exitError{code: exitDiscrepancies, err: fmt.Errorf("%d discrepancies", n)}
+		return exitError{code: exitDiscrepancies, err: errors.New(counted(n, "discrepancy", "discrepancies"))}
 	}
 	return nil
 }

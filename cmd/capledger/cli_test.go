@@ -331,7 +331,7 @@ func TestCLIAuditDiscrepanciesExit6(t *testing.T) {
 	defer srv.Close()
 	code, out, errOut := cli(t, "http://"+ln.Addr().String(), "audit")
 	wantExit(t, exitDiscrepancies, code, out, errOut)
-	if !strings.Contains(out, "off by one") || !strings.Contains(errOut, "1 discrepancies") {
+	if !strings.Contains(out, "off by one") || !strings.Contains(errOut, "1 discrepancy\n") {
 		t.Fatalf("audit output: %s / %s", out, errOut)
 	}
 }

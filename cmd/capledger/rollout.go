@@ -664,8 +664,17 @@ func (b *drainBar) line(msg *v1.DrainProgressResponse) string {
 	if rose > 0 {
 		grew = fmt.Sprintf(" (up %d since the last poll)", rose)
 	}
-	return fmt.Sprintf("[%s%s] %3d%%  %d units left%s, %d shards open, %d drain commands",
-		strings.Repeat("#", b.done), strings.Repeat(".", drainBarWidth-b.done), 100*b.done/drainBarWidth, left, grew, shards, msg.GetDrainCommands())
+	return fmt.Sprintf("[%s%s] %3d%%  %d units left%s, %s open, %s",
+		strings.Repeat("#", b.done), strings.Repeat(".", drainBarWidth-b.done), 100*b.done/drainBarWidth, left, grew,
+		counted(shards, "shard", "shards"), counted(msg.GetDrainCommands(), "drain command", "drain commands"))
+}
+
+// counted writes n and the noun that agrees with it: "1 shard", "2 shards".
+func counted[N int | int64](n N, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return fmt.Sprintf("%d %s", n, many)
 }
 
 func unitsText(m map[string]int64) string {

@@ -73,7 +73,7 @@ func TestRollbackDrainsToZeroAcrossRestart(t *testing.T) {
 		t.Fatalf("drain progress right after the rollback:\n%s", out)
 	}
 	out = run(4, "rollback", "--status", "2", "--wait", "--max-wait", "1ms", "--interval", "1ms")
-	if !strings.Contains(out, "not drained after 1ms") || !strings.Contains(out, "350 units left, 1 shards open") {
+	if !strings.Contains(out, "not drained after 1ms") || !strings.Contains(out, "350 units left, 1 shard open") {
 		t.Fatalf("--wait that gives up:\n%s", out)
 	}
 
