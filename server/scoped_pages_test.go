@@ -538,3 +538,32 @@ func TestFullLastPageHasNoNextToken(t *testing.T) {
 		}
 	}
 }
+
+// Two tokens of one name (a rotation, a copied line) are still two
+// tokens: a page token is accepted only with the token it was issued to
+// (API.md, "Authentication"), so a viewer scoped to tenant-b/* cannot
+// continue the pages of an unscoped viewer that bears its name, nor the
+// unscoped one a page of the scoped one's; each continues its own.
+func TestPageTokensAreBoundToTheTokenNotToItsName(t *testing.T) {
+	const twin = "console-twin-0123456789" // named oncall, as consoleViewer
+	h := newHarness(t, harnessOptions{auth: true, tokens: consoleTokens + twin + " viewer oncall subjects=tenant-b/*\n"})
+	h.ok("PublishPolicy", anySubjectPolicy, adminToken)
+	for _, subject := range []string{"tenant-a/u1", "tenant-b/u1", "tenant-b/u2", "tenant-b/u3"} {
+		h.ok("Reserve", `{"reservationId":"`+subject+`","subject":"`+subject+`","route":"chat.generate","units":{"tokens":10}}`, adminToken)
+		h.ok("Start", `{"reservationId":"`+subject+`","operationId":"op"}`, adminToken)
+		h.ok("Settle", `{"reservationId":"`+subject+`","operationId":"op","actualUnits":{"tokens":2000}}`, adminToken)
+	}
+	for _, c := range []struct{ issuedTo, presentedBy string }{{consoleViewer, twin}, {twin, consoleViewer}} {
+		next, _ := h.ok("ListDebts", `{"pageSize":1}`, c.issuedTo)["nextPageToken"].(string)
+		if next == "" {
+			t.Fatalf("ListDebts of one row for %s: no next page token", c.issuedTo)
+		}
+		again := `{"pageSize":1,"pageToken":"` + next + `"}`
+		r := h.call("ListDebts", again, c.presentedBy)
+		h.wantError(r, http.StatusBadRequest, "invalid_argument", "INVALID_COMMAND")
+		if msg, _ := r.body["message"].(string); !strings.Contains(msg, "not a next_page_token this server issued") {
+			t.Errorf("%s's page token with %s: message %q", c.issuedTo, c.presentedBy, msg)
+		}
+		h.ok("ListDebts", again, c.issuedTo)
+	}
+}
