@@ -275,7 +275,9 @@ func shardNotFound(_, id string) *connect.Error {
 	return notFound(ReasonShardNotFound, id)
 }
 
-// shardIDTaken answers an IssueShard whose shard id is another tenant's.
-func shardIDTaken() *connect.Error {
-	return withReason(connect.NewError(connect.CodeAlreadyExists, errors.New("shard id already used for another shard")), ReasonShardIDReused)
+// shardIDTaken answers an IssueShard whose shard id is another tenant's
+// exactly as the ledger answers a reuse of one's own (ledger.IssueShard:
+// ErrShardIDReused naming the caller's id), so the two read alike.
+func shardIDTaken(shardID string) *connect.Error {
+	return withReason(connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("%w: %s", ledger.ErrShardIDReused, shardID)), ReasonShardIDReused)
 }
