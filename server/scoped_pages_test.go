@@ -567,3 +567,38 @@ func TestPageTokensAreBoundToTheTokenNotToItsName(t *testing.T) {
 		h.ok("ListDebts", again, c.issuedTo)
 	}
 }
+
+// A ListUsageUnknown filtered on a subject or a route outside the token's
+// scope is answered as one naming a subject or route with no rows: no
+// rows and no next page token. Reading on past the other tenant's rows,
+// it answered an empty page with a token when that tenant had more
+// USAGE_UNKNOWN reservations than the first read covers, and none when it
+// had none: a probe of another tenant's backlog.
+func TestUsageUnknownFilterOutsideTheScopeAnswersAsNoRows(t *testing.T) {
+	const routesScoped = "console-routes-token-000000002"
+	h := newHarness(t, harnessOptions{auth: true, tokens: consoleTokens +
+		routesScoped + " viewer team-b-chat subjects=tenant-b/* routes=chat.generate\n"})
+	for _, route := range []string{"chat.generate", "embed.batch"} {
+		h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"`+route+`",
+		  "dimensions":[{"unit":"tokens","burst":"100000","refillUnits":"10","refillInterval":"3600s"}]}}`, adminToken)
+	}
+	for i := range 3 * scopedScanPages { // more than one call reads
+		for _, w := range []struct{ subject, route string }{{"tenant-a/u1", "chat.generate"}, {"tenant-b/u1", "embed.batch"}} {
+			id := fmt.Sprintf("%s-%s-%d", w.subject, w.route, i)
+			h.ok("Reserve", `{"reservationId":"`+id+`","subject":"`+w.subject+`","route":"`+w.route+`","units":{"tokens":1}}`, adminToken)
+			h.ok("Start", `{"reservationId":"`+id+`","operationId":"op"}`, adminToken)
+			h.ok("MarkUsageUnknown", `{"reservationId":"`+id+`"}`, adminToken)
+		}
+	}
+	for _, c := range []struct{ token, outside, nobody string }{
+		{consoleScoped, `"subject":"tenant-a/u1"`, `"subject":"tenant-a/nobody"`},
+		{routesScoped, `"subject":"tenant-b/u1","route":"embed.batch"`, `"subject":"tenant-b/u1","route":"embed.nothing"`},
+		{routesScoped, `"route":"embed.batch"`, `"route":"embed.nothing"`},
+	} {
+		outside := h.call("ListUsageUnknown", `{"pageSize":1,`+c.outside+`}`, c.token)
+		nobody := h.call("ListUsageUnknown", `{"pageSize":1,`+c.nobody+`}`, c.token)
+		if outside.status != http.StatusOK || string(outside.raw) != string(nobody.raw) {
+			t.Errorf("{%s} outside the scope answers\n  %d %s\nbut {%s}\n  %d %s", c.outside, outside.status, outside.raw, c.nobody, nobody.status, nobody.raw)
+		}
+	}
+}
