@@ -113,6 +113,10 @@ type Identity struct {
 	Name  string
 	Role  Role
 	Scope Scope
+	// token is the SHA-256 of the token presented: what page tokens are
+	// bound to (sealNext), since names need not be unique (a rotation
+	// gives a new token the old one's name).
+	token [sha256.Size]byte
 }
 
 type tokenEntry struct {
@@ -178,7 +182,7 @@ func ParseTokens(r io.Reader) (*Tokens, error) {
 			return nil, fmt.Errorf("line %d: token appears twice", line)
 		}
 		seen[digest] = true
-		t.entries = append(t.entries, tokenEntry{digest: digest, id: Identity{Name: fields[2], Role: role, Scope: scope}})
+		t.entries = append(t.entries, tokenEntry{digest: digest, id: Identity{Name: fields[2], Role: role, Scope: scope, token: digest}})
 	}
 	if err := scanner.Err(); err != nil {
 		return nil, err

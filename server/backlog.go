@@ -63,18 +63,22 @@ func (s *Server) ListUsageUnknown(ctx context.Context, req *connect.Request[v1.L
 	if err != nil {
 		return nil, invalidArgument(ReasonInvalidCommand, "page_token: %v", err)
 	}
-	filter := store.UnknownFilter{Subject: req.Msg.GetSubject(), Route: req.Msg.GetRoute(), After: after}
-	rows, next, err := reservationPage(ctx, size, func(limit int, after *store.UnknownCursor) ([]ledger.Reservation, error) {
-		filter.Limit = limit
-		if after != nil {
-			filter.After = *after
+	var rows []ledger.Reservation
+	var next *store.UnknownCursor
+	if !s.filterOutOfScope(ctx, "list usage unknown", req.Msg.GetSubject(), req.Msg.GetRoute()) {
+		filter := store.UnknownFilter{Subject: req.Msg.GetSubject(), Route: req.Msg.GetRoute(), After: after}
+		rows, next, err = reservationPage(ctx, size, func(limit int, after *store.UnknownCursor) ([]ledger.Reservation, error) {
+			filter.Limit = limit
+			if after != nil {
+				filter.After = *after
+			}
+			return s.ledger.ReservationsUnknown(ctx, filter)
+		}, func(r *ledger.Reservation) store.UnknownCursor {
+			return store.UnknownCursor{MarkedAt: r.UnknownAt, ID: r.ID}
+		})
+		if err != nil {
+			return nil, readError("list usage unknown", ReasonStoreUnavailable, err)
 		}
-		return s.ledger.ReservationsUnknown(ctx, filter)
-	}, func(r *ledger.Reservation) store.UnknownCursor {
-		return store.UnknownCursor{MarkedAt: r.UnknownAt, ID: r.ID}
-	})
-	if err != nil {
-		return nil, readError("list usage unknown", ReasonStoreUnavailable, err)
 	}
 	backlog, err := s.ledger.UnknownBacklog(ctx)
 	if err != nil {

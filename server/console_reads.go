@@ -92,7 +92,7 @@ func (c consoleService) ListSubjectReservations(ctx context.Context, req *connec
 		return nil, invalidArgument(ReasonInvalidCommand, "page_token: %v", err)
 	}
 	resp := &v1.ListSubjectReservationsResponse{}
-	if c.s.subjectOutOfScopeOnEveryRoute(ctx, "list subject reservations", m.GetSubject()) {
+	if c.s.filterOutOfScope(ctx, "list subject reservations", m.GetSubject(), "") {
 		return connect.NewResponse(resp), nil // as for a subject without reservations
 	}
 	counts, err := cs.ReservationStatesOfSubject(ctx, m.GetSubject())

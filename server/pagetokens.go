@@ -22,7 +22,8 @@ import (
 // account key) must not reach the caller, so such tokens are sealed:
 // encrypted and authenticated (AES-256-GCM) under a key derived from
 // every token of the tokens file (pageSealer), bound to the method and to
-// the token's name. Replicas given the same tokens file share the key, and
+// the token itself (its digest; not its name, which two tokens may
+// share). Replicas given the same tokens file share the key, and
 // it survives restarts; a sealed token from another tokens file is
 // refused as not this method's (the caller starts again). Unscoped
 // callers' tokens are sealed the same way (sealNext), so that a cursor
@@ -120,7 +121,8 @@ func newPageSealer(t *Tokens) *pageSealer {
 	return &pageSealer{aead: aead}
 }
 
-// seal returns plain sealed for holder's calls of method.
+// seal returns plain sealed for the calls of method by holder (the digest
+// of the token it is issued to).
 func (p *pageSealer) seal(method, holder, plain string) string {
 	nonce := make([]byte, p.aead.NonceSize())
 	rand.Read(nonce) // never fails (crypto/rand)
@@ -160,7 +162,7 @@ func (s *Server) sealNext(ctx context.Context, method, plain string) string {
 		return plain
 	}
 	id, _ := IdentityFrom(ctx)
-	return s.sealer.seal(method, id.Name, plain)
+	return s.sealer.seal(method, string(id.token[:]), plain)
 }
 
 // unsealPage returns the plain token of a list request's page_token: ""
@@ -181,5 +183,5 @@ func (s *Server) unsealPage(ctx context.Context, method, token string) (string, 
 	if !ok || s.sealer == nil {
 		return "", errSealedElsewhere
 	}
-	return s.sealer.open(method, id.Name, token)
+	return s.sealer.open(method, string(id.token[:]), token)
 }

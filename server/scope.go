@@ -182,14 +182,19 @@ func (s *Server) subjectOutOfScope(ctx context.Context, call string, key ledger.
 	return nil
 }
 
-// subjectOutOfScopeOnEveryRoute is outOfScope for a call naming a subject
-// without a route (ConsoleService.ListSubjectReservations): true, and
-// logged, when the caller's scope admits subject on no route.
-func (s *Server) subjectOutOfScopeOnEveryRoute(ctx context.Context, call, subject string) bool {
-	if id, ok := IdentityFrom(ctx); !ok || matchesAny(id.Scope.Subjects, subject) {
+// filterOutOfScope is outOfScope for a list filtered on a subject or a
+// route, either left empty for "any" (ConsoleService.ListSubjectReservations,
+// LedgerService.ListUsageUnknown): true, and logged, when the caller's
+// scope admits no row the filters select. Such a list is answered as one
+// whose filters select no row, without reading: reading on past the rows
+// it may not show would answer an empty page with a next page token
+// where another tenant has rows, and none where it has none.
+func (s *Server) filterOutOfScope(ctx context.Context, call, subject, route string) bool {
+	id, ok := IdentityFrom(ctx)
+	if !ok || (subject == "" || matchesAny(id.Scope.Subjects, subject)) && (route == "" || matchesAny(id.Scope.Routes, route)) {
 		return false
 	}
-	s.logOutOfScope(ctx, call, "subject", subject)
+	s.logOutOfScope(ctx, call, "subject", subject, "route", route)
 	return true
 }
 
@@ -275,7 +280,9 @@ func shardNotFound(_, id string) *connect.Error {
 	return notFound(ReasonShardNotFound, id)
 }
 
-// shardIDTaken answers an IssueShard whose shard id is another tenant's.
-func shardIDTaken() *connect.Error {
-	return withReason(connect.NewError(connect.CodeAlreadyExists, errors.New("shard id already used for another shard")), ReasonShardIDReused)
+// shardIDTaken answers an IssueShard whose shard id is another tenant's
+// exactly as the ledger answers a reuse of one's own (ledger.IssueShard:
+// ErrShardIDReused naming the caller's id), so the two read alike.
+func shardIDTaken(shardID string) *connect.Error {
+	return withReason(connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("%w: %s", ledger.ErrShardIDReused, shardID)), ReasonShardIDReused)
 }

@@ -287,3 +287,33 @@ func TestBearerSchemeIsCaseInsensitive(t *testing.T) {
 	req.Header.Set("Authorization", "Basic "+gatewayToken)
 	h.wantError(h.do(req), http.StatusUnauthorized, "unauthenticated", server.ReasonUnauthenticated)
 }
+
+// A shard id another tenant's shard holds is answered as a reused id of
+// one's own is, word for word (API.md: "as for any reused id"), not with
+// a message of its own that tells the two apart.
+func TestForeignShardIDAnswersAsAReusedOwnID(t *testing.T) {
+	h := newHarness(t, harnessOptions{auth: true, tokens: scopedTokens, shards: true})
+	h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"chat.generate","emergencyMode":true,
+	  "dimensions":[{"unit":"tokens","burst":"1000","refillUnits":"10","refillInterval":"1s"}]}}`, adminToken)
+	issue := func(shard, subject, gateway, token string, units int) response {
+		req, _ := http.NewRequest(http.MethodPost, h.url+"/capledger.v1.ShardService/IssueShard", strings.NewReader(`{"shardId":"`+shard+
+			`","subject":"`+subject+`","route":"chat.generate","units":{"tokens":`+strconv.Itoa(units)+`},"gatewayId":"`+gateway+`","bootEpoch":"1","ttl":"60s"}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer "+token)
+		return h.do(req)
+	}
+	for _, c := range []struct{ shard, subject, gateway, token string }{
+		{"sh-a", "tenant-a/u1", "gw-a", gwAToken}, {"sh-b", "tenant-b/u1", "gw-b", gwBToken},
+	} {
+		if r := issue(c.shard, c.subject, c.gateway, c.token, 5); r.status != http.StatusOK {
+			t.Fatalf("issue %s: %d %s", c.shard, r.status, r.raw)
+		}
+	}
+	own := issue("sh-b", "tenant-b/u1", "gw-b", gwBToken, 6)
+	h.wantError(own, http.StatusConflict, "already_exists", server.ReasonShardIDReused)
+	foreign := issue("sh-a", "tenant-b/u1", "gw-b", gwBToken, 6)
+	h.wantError(foreign, http.StatusConflict, "already_exists", server.ReasonShardIDReused)
+	if got := strings.ReplaceAll(string(foreign.raw), "sh-a", "sh-b"); got != string(own.raw) {
+		t.Errorf("tenant-a's shard id answers\n  %s\nbut gw-b's own reused one\n  %s", foreign.raw, own.raw)
+	}
+}

@@ -538,3 +538,67 @@ func TestFullLastPageHasNoNextToken(t *testing.T) {
 		}
 	}
 }
+
+// Two tokens of one name (a rotation, a copied line) are still two
+// tokens: a page token is accepted only with the token it was issued to
+// (API.md, "Authentication"), so a viewer scoped to tenant-b/* cannot
+// continue the pages of an unscoped viewer that bears its name, nor the
+// unscoped one a page of the scoped one's; each continues its own.
+func TestPageTokensAreBoundToTheTokenNotToItsName(t *testing.T) {
+	const twin = "console-twin-0123456789" // named oncall, as consoleViewer
+	h := newHarness(t, harnessOptions{auth: true, tokens: consoleTokens + twin + " viewer oncall subjects=tenant-b/*\n"})
+	h.ok("PublishPolicy", anySubjectPolicy, adminToken)
+	for _, subject := range []string{"tenant-a/u1", "tenant-b/u1", "tenant-b/u2", "tenant-b/u3"} {
+		h.ok("Reserve", `{"reservationId":"`+subject+`","subject":"`+subject+`","route":"chat.generate","units":{"tokens":10}}`, adminToken)
+		h.ok("Start", `{"reservationId":"`+subject+`","operationId":"op"}`, adminToken)
+		h.ok("Settle", `{"reservationId":"`+subject+`","operationId":"op","actualUnits":{"tokens":2000}}`, adminToken)
+	}
+	for _, c := range []struct{ issuedTo, presentedBy string }{{consoleViewer, twin}, {twin, consoleViewer}} {
+		next, _ := h.ok("ListDebts", `{"pageSize":1}`, c.issuedTo)["nextPageToken"].(string)
+		if next == "" {
+			t.Fatalf("ListDebts of one row for %s: no next page token", c.issuedTo)
+		}
+		again := `{"pageSize":1,"pageToken":"` + next + `"}`
+		r := h.call("ListDebts", again, c.presentedBy)
+		h.wantError(r, http.StatusBadRequest, "invalid_argument", "INVALID_COMMAND")
+		if msg, _ := r.body["message"].(string); !strings.Contains(msg, "not a next_page_token this server issued") {
+			t.Errorf("%s's page token with %s: message %q", c.issuedTo, c.presentedBy, msg)
+		}
+		h.ok("ListDebts", again, c.issuedTo)
+	}
+}
+
+// A ListUsageUnknown filtered on a subject or a route outside the token's
+// scope is answered as one naming a subject or route with no rows: no
+// rows and no next page token. Reading on past the other tenant's rows,
+// it answered an empty page with a token when that tenant had more
+// USAGE_UNKNOWN reservations than the first read covers, and none when it
+// had none: a probe of another tenant's backlog.
+func TestUsageUnknownFilterOutsideTheScopeAnswersAsNoRows(t *testing.T) {
+	const routesScoped = "console-routes-token-000000002"
+	h := newHarness(t, harnessOptions{auth: true, tokens: consoleTokens +
+		routesScoped + " viewer team-b-chat subjects=tenant-b/* routes=chat.generate\n"})
+	for _, route := range []string{"chat.generate", "embed.batch"} {
+		h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"`+route+`",
+		  "dimensions":[{"unit":"tokens","burst":"100000","refillUnits":"10","refillInterval":"3600s"}]}}`, adminToken)
+	}
+	for i := range 3 * scopedScanPages { // more than one call reads
+		for _, w := range []struct{ subject, route string }{{"tenant-a/u1", "chat.generate"}, {"tenant-b/u1", "embed.batch"}} {
+			id := fmt.Sprintf("%s-%s-%d", w.subject, w.route, i)
+			h.ok("Reserve", `{"reservationId":"`+id+`","subject":"`+w.subject+`","route":"`+w.route+`","units":{"tokens":1}}`, adminToken)
+			h.ok("Start", `{"reservationId":"`+id+`","operationId":"op"}`, adminToken)
+			h.ok("MarkUsageUnknown", `{"reservationId":"`+id+`"}`, adminToken)
+		}
+	}
+	for _, c := range []struct{ token, outside, nobody string }{
+		{consoleScoped, `"subject":"tenant-a/u1"`, `"subject":"tenant-a/nobody"`},
+		{routesScoped, `"subject":"tenant-b/u1","route":"embed.batch"`, `"subject":"tenant-b/u1","route":"embed.nothing"`},
+		{routesScoped, `"route":"embed.batch"`, `"route":"embed.nothing"`},
+	} {
+		outside := h.call("ListUsageUnknown", `{"pageSize":1,`+c.outside+`}`, c.token)
+		nobody := h.call("ListUsageUnknown", `{"pageSize":1,`+c.nobody+`}`, c.token)
+		if outside.status != http.StatusOK || string(outside.raw) != string(nobody.raw) {
+			t.Errorf("{%s} outside the scope answers\n  %d %s\nbut {%s}\n  %d %s", c.outside, outside.status, outside.raw, c.nobody, nobody.status, nobody.raw)
+		}
+	}
+}

@@ -261,12 +261,12 @@ func (svc *shardService) issue(ctx context.Context, m *v1.IssueShardRequest, leg
 func (svc *shardService) issued(ctx context.Context, shardID string, res *ledger.Result, cerr *connect.Error) (*v1.IssueShardResponse, *connect.Error) {
 	if cerr != nil {
 		if res.Shard != nil && svc.s.outOfScope(ctx, "issue shard", res.Shard.Account.Subject, res.Shard.Account.Route, "shard", shardID) {
-			return nil, shardIDTaken()
+			return nil, shardIDTaken(shardID)
 		}
 		return nil, cerr
 	}
 	if svc.s.outOfScope(ctx, "issue shard", res.Shard.Account.Subject, res.Shard.Account.Route, "shard", shardID) {
-		return nil, shardIDTaken() // a replay of another tenant's shard id
+		return nil, shardIDTaken(shardID) // a replay of another tenant's shard id
 	}
 	pb, err := svc.shardProto(ctx, res.Shard, true)
 	if err != nil {
