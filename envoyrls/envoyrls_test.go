@@ -1265,44 +1265,94 @@ func TestRequestOverMaxBodyIsResourceExhausted(t *testing.T) {
 	}
 }
 
-// TestRequestIDReusedAfterItsSettleIsRefused: Envoy checks a request
-// before it runs and settles it after its stream, never checks it again
-// after that. A check whose id's reservation is settled is therefore
-// another request reusing the id (a client sending the x-request-id of an
-// earlier request): it was admitted as a replay and charged nothing, so a
-// client could run any number of requests for the price of one. It is
-// OVER_LIMIT, charges nothing, and refuses its request as a whole (the
-// request's other descriptors keep nothing).
-func TestRequestIDReusedAfterItsSettleIsRefused(t *testing.T) {
-	h := newHarness(t, options{config: testMapping(t), auth: true})
-	h.publish("acme", "chat", "tokens", 1000, 1, time.Hour, false)
-	h.publish("global", "chat", "tokens", 1000, 1, time.Hour, false)
-	check := &rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlscommon.RateLimitDescriptor{
-		descriptor(hits(0), "tenant", "acme", "x-request-id", "q-r1")}}
-	if resp := h.mustCheck(check); resp.GetOverallCode() != OK {
-		t.Fatalf("check: %v", resp)
-	}
-	if resp := h.mustCheck(&rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlscommon.RateLimitDescriptor{
-		descriptor(hits(120), "tenant", "acme", "x-request-id", "q-r1", "capledger-phase", "settle")}}); resp.GetOverallCode() != OK {
-		t.Fatalf("settle: %v", resp)
-	}
-	for attempt := range 2 {
-		resp := h.mustCheck(check)
-		if resp.GetOverallCode() != OVER || header(resp, "Retry-After") != "" {
-			t.Fatalf("attempt %d: the id of a settled request again: want OVER_LIMIT without Retry-After, got %v", attempt, resp)
-		}
-	}
-	both := &rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlscommon.RateLimitDescriptor{
-		descriptor(hits(0), "tenant", "global", "x-request-id", "q-r2"),
-		descriptor(hits(0), "tenant", "acme", "x-request-id", "q-r1")}}
-	if resp := h.mustCheck(both); resp.GetOverallCode() != OVER || resp.GetStatuses()[0].GetCode() != OK || resp.GetStatuses()[1].GetCode() != OVER {
-		t.Fatalf("with a fresh descriptor: want OK, OVER_LIMIT; got %v", resp)
-	}
-	if b := h.balance("acme", "chat"); b.Spent != 120 || b.Reserved != 0 || b.Available != 880 {
-		t.Fatalf("acme %+v: want only the settled 120 spent, nothing held", b)
-	}
-	if b := h.balance("global", "chat"); b.Reserved != 0 || b.Available != 1000 {
-		t.Fatalf("global %+v: the refused request keeps nothing", b)
+// TestCheckOfAClosedIDIsRefused: Envoy checks a request before it runs
+// and settles it after its stream, never checks it again after that. A
+// check whose id names a reservation already closed, so that it can
+// neither replay nor start it, is OVER_LIMIT, charges nothing, has no
+// Retry-After, and refuses its request as a whole (the request's other
+// descriptors keep nothing) (docs/ENVOY.md, "With an id"):
+//   - settled: another request reusing the id (a client sending the
+//     x-request-id of an earlier request), which as a replay was admitted
+//     and charged nothing, so a client could run any number of requests
+//     for the price of one;
+//   - expired unstarted (its first check's start never committed and the
+//     hold TTL passed, or another request reusing the id): it answered
+//     FAILED_PRECONDITION, which Envoy handles by failure_mode_deny. The
+//     call after the stream still records the usage.
+func TestCheckOfAClosedIDIsRefused(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name string
+		// close leaves acme's reservation under the request id closed.
+		close func(h *harness, requestID string)
+		// after runs once the id is refused: what else the request does.
+		after func(h *harness, requestID string)
+		// wantSpent is acme's spent at the end: nothing held, the rest
+		// of 1000 available.
+		wantSpent int64
+	}{
+		{
+			name: "settled",
+			close: func(h *harness, requestID string) {
+				if resp := h.mustCheck(&rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlscommon.RateLimitDescriptor{
+					descriptor(hits(0), "tenant", "acme", "x-request-id", requestID)}}); resp.GetOverallCode() != OK {
+					h.t.Fatalf("check: %v", resp)
+				}
+				if resp, err := h.streamDone("acme", requestID, 120); err != nil || resp.GetOverallCode() != OK {
+					h.t.Fatalf("settle: %v %v", resp, err)
+				}
+			},
+			after:     func(*harness, string) {},
+			wantSpent: 120,
+		},
+		{
+			name: "expired",
+			close: func(h *harness, requestID string) {
+				rid := "envoy:" + requestID + "/acme/chat/global"
+				if _, err := h.ledger.Reserve(ctx, connect.NewRequest(&v1.ReserveRequest{ReservationId: rid,
+					Subject: "acme", Route: "chat", Units: map[string]int64{"tokens": 500}})); err != nil {
+					h.t.Fatal(err)
+				}
+				h.clock.Advance(ledger.DefaultHoldTTL + time.Second)
+				for _, kind := range []ledger.Kind{ledger.KindExpireClaim, ledger.KindExpire} {
+					if res, err := h.engine.Do(ctx, ledger.Command{Kind: kind, ReservationID: rid, Cause: ledger.CauseHoldExpired}); err != nil || res.Err != nil {
+						h.t.Fatalf("%s: %+v %v", kind, res, err)
+					}
+				}
+			},
+			after: func(h *harness, requestID string) {
+				h.mustCharge("expired, checked again", "acme", requestID, 90, 90)
+			},
+			wantSpent: 90,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, options{config: testMapping(t), auth: true})
+			h.publish("acme", "chat", "tokens", 1000, 1, time.Hour, false)
+			h.publish("global", "chat", "tokens", 1000, 1, time.Hour, false)
+			const requestID = "q-1"
+			tc.close(h, requestID)
+			for attempt := range 2 {
+				resp := h.mustCheck(&rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlscommon.RateLimitDescriptor{
+					descriptor(hits(0), "tenant", "acme", "x-request-id", requestID)}})
+				if resp.GetOverallCode() != OVER || header(resp, "Retry-After") != "" {
+					t.Fatalf("attempt %d: the %s reservation's id again: want OVER_LIMIT without Retry-After, got %v", attempt, tc.name, resp)
+				}
+			}
+			both := &rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlscommon.RateLimitDescriptor{
+				descriptor(hits(0), "tenant", "global", "x-request-id", requestID),
+				descriptor(hits(0), "tenant", "acme", "x-request-id", requestID)}}
+			if resp := h.mustCheck(both); resp.GetOverallCode() != OVER || resp.GetStatuses()[0].GetCode() != OK || resp.GetStatuses()[1].GetCode() != OVER {
+				t.Fatalf("with a fresh descriptor: want OK, OVER_LIMIT; got %v", resp)
+			}
+			if b := h.balance("global", "chat"); b.Reserved != 0 || b.Available != 1000 {
+				t.Fatalf("global %+v: the refused request keeps nothing", b)
+			}
+			tc.after(h, requestID)
+			if b := h.balance("acme", "chat"); b.Spent != tc.wantSpent || b.Reserved != 0 || b.Available != 1000-tc.wantSpent {
+				t.Fatalf("acme %+v: want only the %d charged spent, nothing held", b, tc.wantSpent)
+			}
+		})
 	}
 }
 
@@ -1398,51 +1448,4 @@ func TestRefusedAloneRetriedAfresh(t *testing.T) {
 		t.Fatalf("a-2 after the retry: %v, want STARTED holding 10", r)
 	}
 	h.mustCharge("a-2", "solo", "a-2", 7, 1002)
-}
-
-// TestCheckOfAnExpiredIDIsRefused: a check whose id names a hold that
-// expired unstarted (its first check's start never committed, and its hold
-// TTL passed; or another request reusing the id) can neither replay nor
-// start it: OVER_LIMIT, charged nothing, no Retry-After, as for a settled
-// or released one (docs/ENVOY.md, "With an id"). It answered
-// FAILED_PRECONDITION, which Envoy handles by failure_mode_deny. With
-// another descriptor, the request is refused as a whole and keeps
-// nothing; the call after the stream still records the usage.
-func TestCheckOfAnExpiredIDIsRefused(t *testing.T) {
-	h := newHarness(t, options{config: testMapping(t), auth: true})
-	h.publish("acme", "chat", "tokens", 1000, 1, time.Hour, false)
-	h.publish("global", "chat", "tokens", 1000, 1, time.Hour, false)
-	ctx := context.Background()
-	const rid = "envoy:q-e1/acme/chat/global"
-	if _, err := h.ledger.Reserve(ctx, connect.NewRequest(&v1.ReserveRequest{ReservationId: rid,
-		Subject: "acme", Route: "chat", Units: map[string]int64{"tokens": 500}})); err != nil {
-		t.Fatal(err)
-	}
-	h.clock.Advance(ledger.DefaultHoldTTL + time.Second)
-	for _, kind := range []ledger.Kind{ledger.KindExpireClaim, ledger.KindExpire} {
-		if res, err := h.engine.Do(ctx, ledger.Command{Kind: kind, ReservationID: rid, Cause: ledger.CauseHoldExpired}); err != nil || res.Err != nil {
-			t.Fatalf("%s: %+v %v", kind, res, err)
-		}
-	}
-	check := &rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlscommon.RateLimitDescriptor{
-		descriptor(hits(0), "tenant", "acme", "x-request-id", "q-e1")}}
-	for attempt := range 2 {
-		resp, err := h.check(check)
-		if err != nil || resp.GetOverallCode() != OVER || header(resp, "Retry-After") != "" {
-			t.Fatalf("attempt %d: the id of an expired hold again: %v %v, want OVER_LIMIT without Retry-After", attempt, resp, err)
-		}
-	}
-	both := &rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlscommon.RateLimitDescriptor{
-		descriptor(hits(0), "tenant", "global", "x-request-id", "q-e1"),
-		descriptor(hits(0), "tenant", "acme", "x-request-id", "q-e1")}}
-	if resp, err := h.check(both); err != nil || resp.GetOverallCode() != OVER || resp.GetStatuses()[0].GetCode() != OK || resp.GetStatuses()[1].GetCode() != OVER {
-		t.Fatalf("with a fresh descriptor: %v %v, want OK, OVER_LIMIT", resp, err)
-	}
-	if b := h.balance("global", "chat"); b.Reserved != 0 || b.Available != 1000 {
-		t.Fatalf("global %+v: the refused request keeps nothing", b)
-	}
-	h.mustCharge("expired, checked again", "acme", "q-e1", 90, 90)
-	if b := h.balance("acme", "chat"); b.Reserved != 0 || b.Available != 910 {
-		t.Fatalf("acme %+v: want only the 90 recorded spent, nothing held", b)
-	}
 }

@@ -114,4 +114,28 @@ func TestStreamDoneAfterRetention(t *testing.T) {
 		}
 	})
 
+	// settled, removed past the tombstone horizon: nothing is left to
+	// tell a late call from one whose check never reached the ledger, so
+	// it is the "none" row (docs/ENVOY.md): the hits are recorded again,
+	// once (a retry replays), and the call answers OK, refusing nothing.
+	t.Run("settled, removed past the tombstone horizon", func(t *testing.T) {
+		h.t = t
+		h.mustCheck(&rlsv3.RateLimitRequest{Domain: "llm", HitsAddend: 300, Descriptors: []*rlscommon.RateLimitDescriptor{
+			descriptor(nil, "tenant", "long-gone", "x-request-id", "g-1")}})
+		h.mustCharge("settled", "long-gone", "g-1", 120, 120)
+		h.retain(11 * time.Hour)
+		if _, err := h.ledger.GetReservation(context.Background(), connect.NewRequest(&v1.GetReservationRequest{
+			ReservationId: "envoy:g-1/long-gone/chat/global"})); connect.CodeOf(err) != connect.CodeNotFound {
+			t.Fatalf("the forgotten reservation: %v, want NOT_FOUND", err)
+		}
+		before := h.commandCounts()
+		h.mustCharge("settled and forgotten", "long-gone", "g-1", 120, 240)
+		// The retry finds the record's reservation, settled: a replay.
+		h.wantCounted(before, map[string]float64{"record/ok": 1, "settle/replayed": 1})
+		// Hits 0 past the horizon record nothing.
+		if resp, err := h.streamDone("long-gone", "g-0", 0); err != nil || resp.GetOverallCode() != OK {
+			t.Fatalf("stream done of 0 hits for a forgotten id: %v %v, want OK", resp, err)
+		}
+	})
+
 }

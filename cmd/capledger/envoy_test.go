@@ -69,9 +69,30 @@ func TestServeEnvoyConfigErrors(t *testing.T) {
 	if err := os.WriteFile(bad, []byte("domains: [{name: a, rules: [{subject: {key: t}}]}]\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// A misspelt key deep in a long file: the refusal says where it is.
+	misspelt := filepath.Join(dir, "misspelt.yaml")
+	if err := os.WriteFile(misspelt, []byte(`domains:
+  - name: api
+    rules:
+      - subject: {key: tenant}
+        unit: requests
+      - subject: {key: user}
+        unit: requests
+  - name: llm
+    rules:
+      - subject: {key: tenant}
+        unit: tokens
+        id_key: x-request-id
+      - subject: {key: tenant}
+        route: {kye: model}
+        unit: tokens
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for file, says := range map[string]string{
 		filepath.Join(dir, "missing.yaml"): "no such file",
 		bad:                                "unit is required",
+		misspelt:                           "envoy config " + misspelt + `: line 14: domains[1].rules[1].route: field "kye": no such field; the fields here: key, value`,
 	} {
 		code, out, errOut := cli(t, "", "serve", "--addr", "127.0.0.1:0", "--data-dir", filepath.Join(dir, "data"), "--envoy-config", file)
 		if code != exitUsage || !strings.Contains(out+errOut, says) {

@@ -275,10 +275,14 @@ func readInput(path string) ([]byte, error) {
 
 // decodeStrictJSON decodes raw, a file an operator wrote, into v: a field
 // v does not have is an error (a misspelt field must not read as zero),
-// so is a field spelt in another case (yamlfile.ExactKeys), and so is
+// so is a field spelt in another case, both naming the line and path
+// (yamlfile.ExactKeys, first, for the decoder names neither), and so is
 // anything after the first JSON value but white space (two files
 // concatenated: the second would be dropped without a word).
 func decodeStrictJSON(raw []byte, v any) error {
+	if err := yamlfile.ExactKeys(raw, v); err != nil {
+		return err
+	}
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
@@ -287,7 +291,7 @@ func decodeStrictJSON(raw []byte, v any) error {
 	if _, err := dec.Token(); err != io.EOF {
 		return fmt.Errorf("data after the first JSON value (at byte %d): one value per file", dec.InputOffset())
 	}
-	return yamlfile.ExactKeys(raw, v)
+	return nil
 }
 
 // wantArgs checks the number of positional arguments.

@@ -50,7 +50,8 @@ func TestResolverConfigIsCheckedFieldByField(t *testing.T) {
 
 	for _, c := range []struct{ body, want string }{
 		{`{"routes":{}}`, "no routes"},
-		{`{"routes":{"r":{}}, "extra":1}`, "unknown field"},
+		{`{"routes":{"r":{}}, "extra":1}`, `line 1: field "extra": no such field; the fields here: interval, maxBackoff, maxInFlight, minBackoff, routes, timeout`},
+		{"{\"routes\": {\n  \"r\": {\"deadline\": \"1h\"}\n}}", `line 2: routes.r: field "deadline": no such field; the fields here: secretFile, statusUrl, unknownDeadline`},
 		{`{"interval":"soon","routes":{"r":{}}}`, "interval"},
 		{`{"timeout":"-1s","routes":{"r":{}}}`, "timeout"},
 		{`{"routes":{"r":{"unknownDeadline":"0s"}}}`, "unknownDeadline"},
@@ -65,7 +66,7 @@ func TestResolverConfigIsCheckedFieldByField(t *testing.T) {
 		{`{"maxInFlight":"12","routes":{"r":{}}}`, `maxInFlight "12": want a positive integer`},
 		{`{"maxInFlight":1.5,"routes":{"r":{}}}`, "maxInFlight 1.5: want a positive integer"},
 		{`{"maxInFlight":null,"routes":{"r":{}}}`, "maxInFlight null: want a positive integer"},
-		{`{"maxCalls":12,"routes":{"r":{}}}`, "unknown field"},
+		{`{"maxCalls":12,"routes":{"r":{}}}`, `field "maxCalls": no such field`},
 		// encoding/json reads a key in another case as the field: refused,
 		// naming the key as written and the spelling.
 		{`{"maxInflight":12,"routes":{"r":{}}}`, `field "maxInflight": no such field; the field is spelt "maxInFlight"`},
@@ -100,6 +101,9 @@ func TestPolicyFileKeysAreCaseSensitive(t *testing.T) {
 			`dimensions[0]: field "Burst": no such field; the field is spelt "burst"`},
 		{`{"subject":"tenant-7","route":"chat","dimensions":[{"Unit":"tokens","burst":10}]}`,
 			`dimensions[0]: field "Unit": no such field; the field is spelt "unit"`},
+		// A field it has in no case: where it is, and what is there.
+		{"subject: tenant-7\nroute: chat\ndimensions:\n  - unit: tokens\n    burst: 10\n    refill: 5\n",
+			`line 6: dimensions[0]: field "refill": no such field; the fields here: burst, maxOverdraft, maxReservation, refillInterval, refillUnits, unit`},
 	} {
 		if _, err := parsePolicyFile([]byte(c.file)); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%q: %v, want an error with %q", c.file, err, c.want)

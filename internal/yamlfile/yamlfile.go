@@ -9,11 +9,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"reflect"
-	"sort"
+	"slices"
 	"strings"
 
 	yamlv2 "go.yaml.in/yaml/v2"
+	yamlv3 "go.yaml.in/yaml/v3"
 	"sigs.k8s.io/yaml"
 )
 
@@ -30,19 +32,21 @@ var ErrEmptyFirstDocument = errors.New("the first document in the file is empty 
 // does (unknown or duplicate fields are errors) and returns
 // ErrSeveralDocuments when data holds more than one non-empty document,
 // ErrEmptyFirstDocument when its one non-empty document is not the first.
-// A key spelt in another case than its field's ("Burst" for "burst") is an
-// error too, unless it is the field's former spelling (ExactKeys):
-// encoding/json would read it as the field.
+// A key that names no field, or spells one in another case than its
+// field's ("Burst" for "burst", which encoding/json would read as the
+// field) unless it is the field's former spelling, is refused by
+// ExactKeys, saying where it is.
 func UnmarshalStrict(data []byte, v any) error {
-	if err := yaml.UnmarshalStrict(data, v); err != nil {
-		return err
-	}
-	// A document YAMLToJSON cannot convert was read above all the same:
-	// there are then no keys to compare.
+	// The keys first, so that a field v lacks is refused saying where it
+	// is, not in the decoder's words ("unknown field", nothing more). A
+	// document YAMLToJSON cannot convert is the decoder's to refuse.
 	if js, err := yaml.YAMLToJSON(data); err == nil {
-		if err := ExactKeys(js, v); err != nil {
+		if err := exactKeysIn(js, v, data); err != nil {
 			return err
 		}
+	}
+	if err := yaml.UnmarshalStrict(data, v); err != nil {
+		return err
 	}
 	dec := yamlv2.NewDecoder(bytes.NewReader(data))
 	documents := 0
@@ -72,13 +76,20 @@ func UnmarshalStrict(data []byte, v any) error {
 // ExactKeys is the check, for every strict decode of a file an operator
 // wrote (UnmarshalStrict; the JSON files of cmd/capledger), that each key
 // of an object in doc, one JSON value, names a field of v's type exactly
-// as its json tag spells it: encoding/json matches keys regardless of
-// case, so "maxinflight" would set maxInFlight and, beside the real key,
-// one of the two would be dropped. It returns an error naming the key as
-// written, where it is, and the field's spelling. The keys of a map are
-// data, not field names: they are not compared. Keys that name no field
-// at all, and a doc that is not JSON, are the decoder's to refuse: it
-// returns nil for them.
+// as its json tag spells it. It returns an error saying where the first
+// key that does not is, as "line N: PATH: field "KEY": ...", PATH the
+// object's JSON path (domains[0].rules[3]; none for the top level), so
+// that an operator finds it in a long file:
+//   - a key naming no field: "no such field", with the fields there;
+//   - a key naming a field in another case ("maxinflight" for
+//     maxInFlight): encoding/json matches keys regardless of case, so it
+//     would set the field and, beside the real key, one of the two would
+//     be dropped. The error names the field's spelling.
+//
+// The keys of a map are data, not field names, and so is what a type
+// that decodes itself (json.Unmarshaler, e.g. json.RawMessage) is given:
+// they are not compared. A doc that is not JSON is the decoder's to
+// refuse: it returns nil for it.
 //
 // A field may keep one former spelling, so that files written for an
 // older binary still load: a struct tag formerly:"holdTTL" beside
@@ -87,18 +98,75 @@ func UnmarshalStrict(data []byte, v any) error {
 // other case is refused naming the json tag's spelling, and an object
 // giving both spellings of one field is refused as ambiguous.
 func ExactKeys(doc []byte, v any) error {
+	return exactKeysIn(doc, v, doc)
+}
+
+// exactKeysIn is ExactKeys on doc, the JSON form of source, the file as
+// written (YAML or JSON), in which the line of the key is looked up.
+func exactKeysIn(doc []byte, v any, source []byte) error {
 	var parsed any
 	if err := json.Unmarshal(doc, &parsed); err != nil {
 		return nil
 	}
-	return exactKeys(parsed, reflect.TypeOf(v), "")
+	kerr := exactKeys(parsed, reflect.TypeOf(v), nil)
+	if kerr == nil {
+		return nil
+	}
+	where := ""
+	if line := keyLine(source, kerr.at); line > 0 {
+		where = fmt.Sprintf("line %d: ", line)
+	}
+	if parent := kerr.at[:len(kerr.at)-1]; len(parent) > 0 {
+		where += pathText(parent) + ": "
+	}
+	return errors.New(where + kerr.text)
 }
 
-func exactKeys(doc any, t reflect.Type, path string) error {
+// keyError is a key ExactKeys refuses: at is the path to it (its last
+// step the key itself), text what is wrong with it.
+type keyError struct {
+	at   []step
+	text string
+}
+
+// step is one step of a path into a JSON value: an object's key, or a
+// list's index when key is "" and isIndex is set.
+type step struct {
+	key     string
+	index   int
+	isIndex bool
+}
+
+// pathText writes path as JSON paths are written: rules[3].subject.
+func pathText(path []step) string {
+	var b strings.Builder
+	for _, s := range path {
+		switch {
+		case s.isIndex:
+			fmt.Fprintf(&b, "[%d]", s.index)
+		case b.Len() == 0:
+			b.WriteString(s.key)
+		default:
+			b.WriteString("." + s.key)
+		}
+	}
+	return b.String()
+}
+
+// with returns path and then s, in a new slice (path is shared by the
+// siblings of s).
+func with(path []step, s step) []step {
+	return append(path[:len(path):len(path)], s)
+}
+
+// unmarshalerType is json.Unmarshaler: a type that reads its own keys.
+var unmarshalerType = reflect.TypeFor[json.Unmarshaler]()
+
+func exactKeys(doc any, t reflect.Type, path []step) *keyError {
 	for t != nil && t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
-	if t == nil {
+	if t == nil || reflect.PointerTo(t).Implements(unmarshalerType) {
 		return nil
 	}
 	switch t.Kind() {
@@ -115,6 +183,7 @@ func exactKeys(doc any, t reflect.Type, path string) error {
 			}
 		}
 		for _, k := range sortedKeys(obj) {
+			at := with(path, step{key: k})
 			name, ok := k, true
 			if _, current := fields[k]; !current {
 				name, ok = formerly[k]
@@ -124,19 +193,20 @@ func exactKeys(doc any, t reflect.Type, path string) error {
 					_, hasCurrent := obj[name]
 					_, hasFormer := obj[former]
 					if hasCurrent && hasFormer {
-						return fmt.Errorf("%sfields %q and %q: one field given twice; it is spelt %q (%q, its former spelling, is still read): keep one", prefix(path), former, name, name, former)
+						return &keyError{at, fmt.Sprintf("fields %q and %q: one field given twice; it is spelt %q (%q, its former spelling, is still read): keep one", former, name, name, former)}
 					}
 				}
-				if err := exactKeys(obj[k], fields[name].typ, join(path, k)); err != nil {
+				if err := exactKeys(obj[k], fields[name].typ, at); err != nil {
 					return err
 				}
 				continue
 			}
 			for name := range fields {
 				if strings.EqualFold(name, k) {
-					return fmt.Errorf("%sfield %q: no such field; the field is spelt %q (field names are case-sensitive)", prefix(path), k, name)
+					return &keyError{at, fmt.Sprintf("field %q: no such field; the field is spelt %q (field names are case-sensitive)", k, name)}
 				}
 			}
+			return &keyError{at, fmt.Sprintf("field %q: no such field; the fields here: %s", k, strings.Join(slices.Sorted(maps.Keys(fields)), ", "))}
 		}
 	case reflect.Slice, reflect.Array:
 		list, ok := doc.([]any)
@@ -144,7 +214,7 @@ func exactKeys(doc any, t reflect.Type, path string) error {
 			return nil
 		}
 		for i, item := range list {
-			if err := exactKeys(item, t.Elem(), fmt.Sprintf("%s[%d]", path, i)); err != nil {
+			if err := exactKeys(item, t.Elem(), with(path, step{index: i, isIndex: true})); err != nil {
 				return err
 			}
 		}
@@ -154,7 +224,7 @@ func exactKeys(doc any, t reflect.Type, path string) error {
 			return nil
 		}
 		for _, k := range sortedKeys(obj) {
-			if err := exactKeys(obj[k], t.Elem(), join(path, k)); err != nil {
+			if err := exactKeys(obj[k], t.Elem(), with(path, step{key: k})); err != nil {
 				return err
 			}
 		}
@@ -163,26 +233,91 @@ func exactKeys(doc any, t reflect.Type, path string) error {
 }
 
 func sortedKeys(obj map[string]any) []string {
-	keys := make([]string, 0, len(obj))
-	for k := range obj {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
+	return slices.Sorted(maps.Keys(obj))
 }
 
-func join(path, name string) string {
-	if path == "" {
-		return name
+// keyLine returns the line of the key at path (its last step) in source,
+// a YAML or JSON file, or 0 when it cannot be found there.
+func keyLine(source []byte, path []step) int {
+	var doc yamlv3.Node
+	if err := yamlv3.Unmarshal(source, &doc); err != nil || doc.Kind != yamlv3.DocumentNode || len(doc.Content) == 0 {
+		return 0
 	}
-	return path + "." + name
+	node := doc.Content[0]
+	for i, s := range path {
+		node = resolved(node)
+		if s.isIndex {
+			if node.Kind != yamlv3.SequenceNode || s.index >= len(node.Content) {
+				return 0
+			}
+			node = node.Content[s.index]
+			continue
+		}
+		key, value := mappingEntry(node, s.key)
+		if key == nil {
+			return 0
+		}
+		if i == len(path)-1 {
+			return key.Line
+		}
+		node = value
+	}
+	return 0
 }
 
-func prefix(path string) string {
-	if path == "" {
+// plainKeyJSON returns the JSON key YAMLToJSON makes of a plain (unquoted)
+// YAML key, which YAML 1.1 may read as another type: yes is "true", 0x10
+// "16"; "" when it makes none.
+func plainKeyJSON(key string) string {
+	js, err := yaml.YAMLToJSON([]byte(key + ": 0"))
+	if err != nil {
 		return ""
 	}
-	return path + ": "
+	var obj map[string]any
+	if json.Unmarshal(js, &obj) != nil || len(obj) != 1 {
+		return ""
+	}
+	for k := range obj {
+		return k
+	}
+	return ""
+}
+
+// resolved returns the node an alias (*name) stands for, or node.
+func resolved(node *yamlv3.Node) *yamlv3.Node {
+	for node.Kind == yamlv3.AliasNode && node.Alias != nil {
+		node = node.Alias
+	}
+	return node
+}
+
+// mappingEntry returns the key and value nodes of key in the mapping
+// node, looking into what its merge keys (<<: *base) bring when it is not
+// written there itself; nil when there is none.
+func mappingEntry(node *yamlv3.Node, key string) (*yamlv3.Node, *yamlv3.Node) {
+	if node.Kind != yamlv3.MappingNode {
+		return nil, nil
+	}
+	var merged []*yamlv3.Node
+	for i := 0; i+1 < len(node.Content); i += 2 {
+		k, v := node.Content[i], node.Content[i+1]
+		switch {
+		case k.Value == key, k.Kind == yamlv3.ScalarNode && k.Style == 0 && plainKeyJSON(k.Value) == key:
+			return k, v
+		case k.Tag == "!!merge":
+			if v = resolved(v); v.Kind == yamlv3.SequenceNode {
+				merged = append(merged, v.Content...)
+			} else {
+				merged = append(merged, v)
+			}
+		}
+	}
+	for _, m := range merged {
+		if k, v := mappingEntry(resolved(m), key); k != nil {
+			return k, v
+		}
+	}
+	return nil, nil
 }
 
 // jsonField is one field of a struct as a file spells it: its type, and

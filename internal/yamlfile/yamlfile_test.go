@@ -1,9 +1,11 @@
 package yamlfile
 
 import (
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
+	"time"
 )
 
 // A second document was dropped without a word by sigs.k8s.io/yaml, which
@@ -133,4 +135,72 @@ func TestFormerSpellingOnlyInCase(t *testing.T) {
 		}
 	}()
 	ExactKeys([]byte(`{"holdTtl":"1s"}`), &file{})
+}
+
+// selfDecoded decodes itself from any object (counting its keys): its
+// keys are its own, not the fields of its struct.
+type selfDecoded struct{ Keys int }
+
+func (s *selfDecoded) UnmarshalJSON(b []byte) error {
+	var m map[string]any
+	err := json.Unmarshal(b, &m)
+	s.Keys = len(m)
+	return err
+}
+
+// A key naming no field was refused in the decoder's words alone
+// (`unknown field "kye"`): in a mapping file of 200 rules the operator
+// could not find it. It is refused saying where: its line in the file as
+// written (YAML or JSON; a key a merge key brings in, where it is
+// written), the JSON path of its object, and the fields there. What a
+// type decodes itself (json.RawMessage, time.Time) and a map's keys are
+// not field names.
+func TestUnknownFieldSaysWhere(t *testing.T) {
+	type field struct {
+		Key   string `json:"key,omitempty"`
+		Value string `json:"value,omitempty"`
+	}
+	type rule struct {
+		Subject field  `json:"subject"`
+		Unit    string `json:"unit"`
+	}
+	type file struct {
+		Rules     []rule          `json:"rules"`
+		Templates map[string]any  `json:"templates,omitempty"`
+		Raw       json.RawMessage `json:"raw,omitempty"`
+		At        time.Time       `json:"at,omitzero"`
+		Self      selfDecoded     `json:"self"`
+	}
+	for _, c := range []struct{ doc, want string }{
+		{"rules:\n  - unit: u\n    subject: {key: t}\n  - unit: u\n    subject:\n      kye: t\n",
+			`line 6: rules[1].subject: field "kye": no such field; the fields here: key, value`},
+		{"{\"rules\": [\n  {\"unit\": \"u\", \"subject\": {\"key\": \"t\"}},\n  {\"unit\": \"u\", \"units\": 3}\n]}",
+			`line 3: rules[1]: field "units": no such field; the fields here: subject, unit`},
+		{"# a comment\n\nrules: []\nrulez: []\n",
+			`line 4: field "rulez": no such field; the fields here: at, raw, rules, self, templates`},
+		{"templates:\n  t: &t\n    kye: t\nrules:\n  - unit: u\n    subject: {<<: *t}\n",
+			`line 3: rules[0].subject: field "kye": no such field`},
+		// A plain key YAML 1.1 reads as another type: the field named as
+		// the decoder reads it, where it is written.
+		{"rules: []\nyes: 1\n", `line 2: field "true": no such field`},
+		{"rules: []\n\n0x10: 1\n", `line 3: field "16": no such field`},
+		// In another case: where it is too.
+		{"rules:\n  - unit: u\n    Subject: {key: t}\n",
+			`line 3: rules[0]: field "Subject": no such field; the field is spelt "subject"`},
+	} {
+		var f file
+		err := UnmarshalStrict([]byte(c.doc), &f)
+		if err == nil || !strings.HasPrefix(err.Error(), c.want) {
+			t.Errorf("%q: %v, want an error starting %q", c.doc, err, c.want)
+		}
+	}
+	// JSON through ExactKeys alone, as cmd/capledger's JSON files are read.
+	if err := ExactKeys([]byte("{\"rules\": [],\n \"extra\": 1}"), &file{}); err == nil || !strings.HasPrefix(err.Error(), `line 2: field "extra": no such field`) {
+		t.Errorf("ExactKeys: %v, want line 2, field \"extra\"", err)
+	}
+	ok := "rules: [{unit: u, subject: {value: v}}]\ntemplates: {anything: {goes: here}}\nraw: {any: key}\nat: 2026-07-19T14:00:00Z\nself: {a: 1, b: 2}\n"
+	var f file
+	if err := UnmarshalStrict([]byte(ok), &f); err != nil || len(f.Rules) != 1 || string(f.Raw) != `{"any":"key"}` || f.At.IsZero() || f.Self.Keys != 2 {
+		t.Errorf("%q: %v %+v, want read", ok, err, f)
+	}
 }
