@@ -26,17 +26,6 @@ import (
 	"github.com/capledger/capledger/internal/replicatest"
 )
 
-// buildResolverBinaries compiles capledger and testdata/executor, the
-// job executor the resolver tests crash, in one go build.
-func buildResolverBinaries(t testing.TB) (capledger, executor string) {
-	t.Helper()
-	dir := t.TempDir()
-	if out, err := exec.Command("go", "build", "-o", dir+string(filepath.Separator), ".", "./testdata/executor").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return filepath.Join(dir, "capledger"), filepath.Join(dir, "executor")
-}
-
 // jobLine is one line of the executor: "job RES OP TOKENS" (the job is in
 // its durable log), "hang RES OP" (it hangs before calling the work),
 // "recovered ...", "recovery done N".
@@ -252,7 +241,7 @@ func TestResolverSettlesWorkOfKilledExecutors(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs capledger and an executor")
 	}
-	bin, exe := buildResolverBinaries(t)
+	bin, exe := buildBinaries(t)
 	dir := t.TempDir()
 	rig := newResolverRig(t, bin, dir, `"interval": "200ms", "minBackoff": "200ms", "maxBackoff": "1s", "timeout": "1s",`, 2*time.Second)
 	table := &jobTable{tokens: map[string]int64{}}
@@ -373,7 +362,7 @@ func TestResolverSoak(t *testing.T) {
 		return def
 	}
 	crashEvery, down := envDuration("CAPLEDGER_SOAK_CRASH_EVERY", 10*time.Second), envDuration("CAPLEDGER_SOAK_DOWN", 5*time.Second)
-	bin, exe := buildResolverBinaries(t)
+	bin, exe := buildBinaries(t)
 	dir := t.TempDir()
 	rig := newResolverRig(t, bin, dir, "", 3*time.Second, "--log-level", "debug")
 	table := &jobTable{tokens: map[string]int64{}}
