@@ -41,6 +41,10 @@ import (
 //
 // Without a Chromium binary the tests skip, unless CAPLEDGER_TEST_BROWSER=1
 // (set by .ci/run) turns the skip into a failure.
+//
+// They run in parallel: each has its own in-process server (data dir,
+// port), Chromium profile and screenshot directory, and most of their time
+// is spent waiting on the browser and on epochs to end.
 
 const (
 	consoleAdminToken  = "console-admin-token-0001"
@@ -505,6 +509,7 @@ func fmtTime(ts *timestamppb.Timestamp) string {
 // TestConsoleBrowserPagesShowTheAPIsNumbers loads every page with a viewer token
 // and compares what it shows with the API's answers.
 func TestConsoleBrowserPagesShowTheAPIsNumbers(t *testing.T) {
+	t.Parallel()
 	chromiumPath(t)
 	base := startInProcess(t, "--tokens", writeConsoleTokens(t), "--resolver-config", runningGateway(t))
 	consoleTraffic(t, base)
@@ -886,6 +891,7 @@ func checkSubjectReservations(t *testing.T, b *browser, res *v1.ListSubjectReser
 // TestConsoleBrowserScopedTokenSeesOnlyItsTenant loads every page with a viewer
 // token scoped to tenant-a: no other tenant's name or number appears.
 func TestConsoleBrowserScopedTokenSeesOnlyItsTenant(t *testing.T) {
+	t.Parallel()
 	chromiumPath(t)
 	base := startInProcess(t, "--tokens", writeConsoleTokens(t), "--resolver-config", runningGateway(t))
 	consoleTraffic(t, base)
@@ -939,6 +945,7 @@ func TestConsoleBrowserScopedTokenSeesOnlyItsTenant(t *testing.T) {
 // TestConsoleBrowserWithoutAuth: zero-config serve has auth off, and the console
 // works without a token.
 func TestConsoleBrowserWithoutAuth(t *testing.T) {
+	t.Parallel()
 	chromiumPath(t)
 	base := startInProcess(t)
 	b := newBrowser(t, base)
@@ -964,6 +971,7 @@ func TestConsoleBrowserWithoutAuth(t *testing.T) {
 // until then); before it the card says "not scanned yet", not 0. The
 // resolver here scans every hour, so not during the test.
 func TestConsoleBrowserBacklogBeforeTheResolversFirstScan(t *testing.T) {
+	t.Parallel()
 	chromiumPath(t)
 	base := startInProcess(t, "--tokens", writeConsoleTokens(t), "--resolver-config", runningGatewayEvery(t, "1h"))
 	consoleTraffic(t, base)
@@ -990,6 +998,7 @@ func TestConsoleBrowserBacklogBeforeTheResolversFirstScan(t *testing.T) {
 // is out of reach the page says so, keeps the last data it read (marked
 // with when), and shows fresh data again on a refresh once it answers.
 func TestConsoleBrowserServerUnreachable(t *testing.T) {
+	t.Parallel()
 	chromiumPath(t)
 	target, err := url.Parse(startInProcess(t))
 	if err != nil {
@@ -1069,6 +1078,7 @@ func TestConsoleBrowserServerUnreachable(t *testing.T) {
 // chat.generate reservation, "older" reads on to the other, and "newer"
 // comes back.
 func TestConsoleBrowserRoutesScopedSubjectPages(t *testing.T) {
+	t.Parallel()
 	chromiumPath(t)
 	const routesToken = "console-routes-token-0001"
 	path := filepath.Join(t.TempDir(), "tokens")
@@ -1154,6 +1164,7 @@ func TestConsoleBrowserRoutesScopedSubjectPages(t *testing.T) {
 // pages tell the two apart from the refill rule instead of claiming there
 // is none.
 func TestConsoleBrowserDebtRepaidBeyondRefillHorizon(t *testing.T) {
+	t.Parallel()
 	chromiumPath(t)
 	base := startInProcess(t)
 	publish := func(subject string, refill int64) uint64 {
@@ -1215,6 +1226,7 @@ func TestConsoleBrowserDebtRepaidBeyondRefillHorizon(t *testing.T) {
 // sends. One full of HTML is shown as text, never parsed, and a 400-byte
 // one wraps in its cells and headings instead of widening the page.
 func TestConsoleBrowserUnusualNames(t *testing.T) {
+	t.Parallel()
 	chromiumPath(t)
 	base := startInProcess(t)
 	const markup = `<img src=x onerror="window.injected=1">&amp;"'</td>`
@@ -1278,6 +1290,7 @@ func TestConsoleBrowserUnusualNames(t *testing.T) {
 // The test shifts the serverTime of the page's GetOverview answers, the
 // clock its samples are taken by, 20 minutes ahead between two refreshes.
 func TestConsoleBrowserRateChartsCoverAtMost15Minutes(t *testing.T) {
+	t.Parallel()
 	chromiumPath(t)
 	base := startInProcess(t)
 	b := newBrowser(t, base)
@@ -1320,6 +1333,7 @@ func TestConsoleBrowserRateChartsCoverAtMost15Minutes(t *testing.T) {
 // with the largest limit (1000) leaves t1 out. The page asks for the
 // subject exactly.
 func TestConsoleBrowserTenantAmongSimilarSubjects(t *testing.T) {
+	t.Parallel()
 	chromiumPath(t)
 	base := startInProcess(t)
 	var pub v1.PublishPolicyResponse
@@ -1390,6 +1404,7 @@ func TestConsoleBrowserTenantAmongSimilarSubjects(t *testing.T) {
 // reload keep the page; and a token the server does not know is called
 // refused, not missing.
 func TestConsoleBrowserKeyboardAndToken(t *testing.T) {
+	t.Parallel()
 	chromiumPath(t)
 	base := startInProcess(t, "--tokens", writeConsoleTokens(t))
 	const odd = "org/42 team#1 100%"
@@ -1509,6 +1524,7 @@ func TestConsoleBrowserKeyboardAndToken(t *testing.T) {
 // card shows it as the last audit by that token, and its discrepancies
 // (none) show on the overview and the shards page.
 func TestConsoleBrowserRunAudit(t *testing.T) {
+	t.Parallel()
 	chromiumPath(t)
 	base := startInProcess(t, "--tokens", writeConsoleTokens(t))
 	b := newBrowser(t, base)
@@ -1570,6 +1586,7 @@ func TestConsoleBrowserRunAudit(t *testing.T) {
 // time on the page: the tenant's balance history and the overview's rate
 // charts.
 func TestConsoleBrowserChartsInUTC(t *testing.T) {
+	t.Parallel()
 	chromiumPath(t)
 	base := startInProcess(t)
 	var pe v1.PublishPolicyResponse
@@ -1650,6 +1667,7 @@ func TestConsoleBrowserChartsInUTC(t *testing.T) {
 // differ; a "*" generation whose route a rollout hashes by subject shows
 // that each subject has its own.
 func TestConsoleBrowserRolloutModeAgrees(t *testing.T) {
+	t.Parallel()
 	chromiumPath(t)
 	base := startInProcess(t)
 	publish := func(subject, route string, mode v1.RolloutMode) uint64 {
@@ -1720,6 +1738,7 @@ func TestConsoleBrowserRolloutModeAgrees(t *testing.T) {
 // widened to 2400 px, the wide table fits and its hint goes. Counts agree
 // with their nouns ("1 account matches").
 func TestConsoleBrowserTableScrollHint(t *testing.T) {
+	t.Parallel()
 	chromiumPath(t)
 	base := startInProcess(t)
 	mustCall(t, base, "", "LedgerService/PublishPolicy", &v1.PublishPolicyRequest{Policy: &v1.Policy{
