@@ -1472,6 +1472,7 @@ func TestConsoleBrowserKeyboardAndToken(t *testing.T) {
 		b.waitRendered(route)
 		return b.eval(`(() => { const a = document.activeElement; return a.tagName + "#" + a.id + (a.getAttribute("href") || ""); })()`)
 	}
+	b.unready()
 	b.eval(`(document.getElementById("search-subject").value = "", document.getElementById("search").requestSubmit(), "")`)
 	b.waitRendered("tenants")
 	if got := focusAfterRefresh("tenants", `a.subject[href*="org"]`); !strings.HasPrefix(got, "A#") || !strings.Contains(got, "org") {
