@@ -69,6 +69,9 @@ func TestReconcileResendsReceiptsAnOperatorDidNotResolve(t *testing.T) {
 			t.Fatalf("lost reserves still looked up: %+v", gw.LostReserves())
 		}
 	}
+	if !proxy.WaitQuiet(300*time.Millisecond, 30*time.Second) {
+		t.Fatalf("the gateway's connection never went quiet: %+v", proxy.Stats())
+	}
 	proxy.DropNextResponses(1)
 	if res, err := em.Reconcile(ctx); err != nil || len(res) != 1 || !res[0].AlreadyReconciled || res[0].Shard.GetUnknownUnits()["tokens"] != 8000 {
 		t.Fatalf("first reconciliation: %+v %v", res, err)

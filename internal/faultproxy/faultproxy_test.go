@@ -184,3 +184,40 @@ func TestDropNextResponses(t *testing.T) {
 		t.Fatalf("handled %d, stats %+v", handled.Load(), p.Stats())
 	}
 }
+
+// WaitQuiet waits out traffic still passing (here a client posting every
+// 20 ms for 400 ms): it returns only once the posts stopped, and reports
+// false when the traffic outlasts its timeout.
+func TestWaitQuietWaitsForTrafficToStop(t *testing.T) {
+	srv, handled := backend(t)
+	p := start(t, srv.Listener.Addr().String())
+	hc := &http.Client{Timeout: 5 * time.Second}
+	traffic := func(d time.Duration) <-chan struct{} {
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+				if _, err := post(t, hc, p.Addr(), "x"); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+		return done
+	}
+	done := traffic(400 * time.Millisecond)
+	time.Sleep(50 * time.Millisecond)
+	if !p.WaitQuiet(100*time.Millisecond, 10*time.Second) {
+		t.Fatal("WaitQuiet timed out although the traffic stops")
+	}
+	select {
+	case <-done:
+	default:
+		t.Fatalf("WaitQuiet returned while the client was still posting (%d handled)", handled.Load())
+	}
+	done = traffic(time.Second)
+	if p.WaitQuiet(100*time.Millisecond, 300*time.Millisecond) {
+		t.Fatal("WaitQuiet reported quiet while the client kept posting")
+	}
+	<-done
+}
