@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -138,6 +139,11 @@ func failingLines(t *testing.T, st *unreachableStore, clock *time.Time, logs *lo
 	if n := logs.Count(fmt.Sprintf("msg=%q", msg)); n != 1 {
 		t.Fatalf("%d %q lines for 41 failed passes within the period, want 1:\n%s", n, msg, logs.String())
 	}
+	for _, line := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(line, fmt.Sprintf("msg=%q", msg)) && !strings.Contains(line, " err=") {
+			t.Fatalf("a failure line without the store's error: %s", line)
+		}
+	}
 	*clock = start.Add(workerLogEvery)
 	run()
 	if n := logs.Count(fmt.Sprintf("msg=%q", msg)); n != 2 || logs.Count("failures_since_last_log=41 failing_for=30s") != 1 {
@@ -221,8 +227,8 @@ func TestRefusedCompactionLogsOncePerPeriod(t *testing.T) {
 	}
 	now = start.Add(workerLogEvery - time.Millisecond)
 	e.runCompaction(ctx)
-	if n := logs.Count(msg); n != 1 {
-		t.Fatalf("%d refusal lines for 41 refused passes within the period, want 1:\n%s", n, logs.String())
+	if n := logs.Count(msg); n != 1 || logs.Count("err=") != 0 {
+		t.Fatalf("%d refusal lines for 41 refused passes within the period, want 1 (with no err, there is none):\n%s", n, logs.String())
 	}
 	now = start.Add(workerLogEvery)
 	e.runCompaction(ctx)

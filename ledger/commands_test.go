@@ -617,7 +617,7 @@ func TestPublishRefusesAnEpochUnderASecond(t *testing.T) {
 		p := policyOf(tokens(1000, 100))
 		p.EpochLength = length
 		res := c.apply(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: p})
-		if !errors.Is(res.Err, ledger.ErrInvalidPolicy) || !strings.Contains(res.Err.Error(), "minimum 1s") {
+		if !errors.Is(res.Err, ledger.ErrInvalidPolicy) || !strings.Contains(res.Err.Error(), "epoch length "+ledger.DurationText(length)+" is shorter than the minimum 1s") {
 			t.Fatalf("epoch length %s: %+v", length, res)
 		}
 	}
@@ -629,11 +629,18 @@ func TestPublishRefusesAnEpochUnderASecond(t *testing.T) {
 }
 
 // A policy's execution limit, when set, is at least
-// ledger.MinExecutionLimit (1s), and a dimension's refill interval at
-// least ledger.MinRefillInterval (1ms): below them the message names the
-// field and the minimum. The minimums themselves publish.
+// ledger.MinExecutionLimit (1s), its hold TTL at least ledger.MinHoldTTL
+// (100ms), and a dimension's refill interval at least
+// ledger.MinRefillInterval (1ms): below them the message names the field
+// and the minimum, as the API writes Durations. The minimums themselves
+// publish.
 func TestPublishRefusesExecutionLimitsAndRefillIntervalsBelowTheMinimum(t *testing.T) {
 	c := newChecked(t)
+	p := policyOf(tokens(1000, 100))
+	p.HoldTTL = ledger.MinHoldTTL - time.Millisecond
+	if res := c.apply(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: p}); !errors.Is(res.Err, ledger.ErrInvalidPolicy) || !strings.Contains(res.Err.Error(), "hold TTL 0.099s is shorter than the minimum 0.100s") {
+		t.Errorf("hold TTL %s: %+v", p.HoldTTL, res)
+	}
 	for _, limit := range []time.Duration{time.Nanosecond, ledger.MinExecutionLimit - time.Nanosecond} {
 		p := policyOf(tokens(1000, 100))
 		p.ExecutionLimit = limit
@@ -652,8 +659,8 @@ func TestPublishRefusesExecutionLimitsAndRefillIntervalsBelowTheMinimum(t *testi
 	}
 	d := tokens(1000, 100)
 	d.RefillInterval = ledger.MinRefillInterval
-	p := policyOf(d)
-	p.ExecutionLimit = ledger.MinExecutionLimit
+	p = policyOf(d)
+	p.ExecutionLimit, p.HoldTTL = ledger.MinExecutionLimit, ledger.MinHoldTTL
 	if res := c.apply(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: p}); res.Err != nil {
 		t.Fatalf("the minimums: %+v", res)
 	}

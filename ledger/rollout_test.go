@@ -166,6 +166,9 @@ func TestPolicyModeNow(t *testing.T) {
 		{10000, ledger.RolloutBySubject, policy(ledger.AnySubject, "chat.generate", ledger.RolloutShadow), ledger.RolloutEnforce, true},
 		{10000, ledger.RolloutByRoute, policy(ledger.AnySubject, "chat.generate", ledger.RolloutShadow), ledger.RolloutEnforce, true},
 		{0, ledger.RolloutByRoute, policy(ledger.AnySubject, "chat.generate", ledger.RolloutEnforce), ledger.RolloutShadow, true},
+		// The rollout covers chat.generate in the default region alone:
+		// the route in another region keeps its policy's own mode.
+		{2500, ledger.RolloutBySubject, &ledger.Policy{Key: ledger.PolicyKey{Subject: ledger.AnySubject, Route: "chat.generate", Region: "eu"}, Rollout: ledger.RolloutEnforce}, ledger.RolloutEnforce, true},
 	} {
 		r.Share, r.By = tc.share, tc.by
 		got, one := ledger.PolicyModeNow(ledger.NewRollouts([]ledger.Rollout{r}), tc.policy)

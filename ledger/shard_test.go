@@ -722,3 +722,15 @@ func TestShardExpiryBeyondTheStorableRangeIsLatestTime(t *testing.T) {
 		t.Fatalf("the decoded shard does not verify: %v", err)
 	}
 }
+
+// A shard TTL not above 0 is refused naming it as the API writes
+// Durations ("-1.500s", not Go's "-1.5s"), so a client finds what it sent.
+func TestShardTTLNotAboveZeroIsNamedAsTheAPIWritesIt(t *testing.T) {
+	c := newChecked(t)
+	c.publish(emergencyPolicy())
+	cmd := issueCmd("sh-neg", "gw-a", 1, 100)
+	cmd.Shard.TTL = -1500 * time.Millisecond
+	if res := c.apply(cmd); res.Err == nil || !strings.Contains(res.Err.Error(), "shard TTL must be above 0 (-1.500s)") {
+		t.Fatalf("ttl %s: %+v, want refused naming -1.500s", cmd.Shard.TTL, res)
+	}
+}

@@ -107,7 +107,7 @@ func TestPolicyDurationsBelowTheirMinimumAreInvalid(t *testing.T) {
 // "438300h0m0s", Go's form, while the request said "1577880001s".
 func TestDurationRefusalsSpeakTheAPIsDurations(t *testing.T) {
 	for _, d := range []time.Duration{0, time.Nanosecond, 999 * time.Microsecond, 100 * time.Millisecond, 1500 * time.Millisecond,
-		time.Second, ledger.MaxEpochLength, -1500 * time.Millisecond, time.Duration(math.MaxInt64), time.Duration(math.MinInt64)} {
+		time.Second, ledger.MaxEpochLength, -time.Nanosecond, -1500 * time.Millisecond, time.Duration(math.MaxInt64), time.Duration(math.MinInt64)} {
 		wire, err := protojson.Marshal(durationpb.New(d))
 		if err != nil {
 			t.Fatal(err)

@@ -605,3 +605,28 @@ func TestDrainBarNeverRunsBackwards(t *testing.T) {
 		}
 	}
 }
+
+// The progress line's counts agree with their nouns: "1 shard open",
+// "0 shards open", "1 drain command", "2 drain commands".
+func TestDrainLineCountsAgreeWithTheirNouns(t *testing.T) {
+	poll := func(shards ...int64) *v1.DrainProgressResponse {
+		msg := &v1.DrainProgressResponse{DrainCommands: int64(len(shards))}
+		for i, n := range shards {
+			msg.Generations = append(msg.Generations, &v1.GenerationDrain{Generation: uint64(i + 1), UnreconciledShards: n})
+		}
+		return msg
+	}
+	for _, c := range []struct {
+		msg  *v1.DrainProgressResponse
+		want string
+	}{
+		{poll(), "0 shards open, 0 drain commands"},
+		{poll(1), "1 shard open, 1 drain command"},
+		{poll(0, 2), "2 shards open, 2 drain commands"},
+	} {
+		var bar drainBar
+		if line := bar.line(c.msg); !strings.HasSuffix(line, c.want) {
+			t.Errorf("%q, want it to end %q", line, c.want)
+		}
+	}
+}

@@ -97,6 +97,7 @@ func TestFormerSpelling(t *testing.T) {
 	type file struct {
 		HoldTTL    string      `json:"holdTtl,omitempty" formerly:"holdTTL"`
 		Dimensions []dimension `json:"dimensions"`
+		Default    *dimension  `json:"defaultDim,omitempty" formerly:"defaultdim"`
 	}
 	want := file{HoldTTL: "60s", Dimensions: []dimension{{Unit: "t", Burst: 5}}}
 	for _, doc := range []string{
@@ -115,6 +116,9 @@ func TestFormerSpelling(t *testing.T) {
 		{"holdTtl: 60s\nholdTTL: 90s\ndimensions: []\n", `fields "holdTTL" and "holdTtl": one field given twice; it is spelt "holdTtl" ("holdTTL", its former spelling, is still read): keep one`},
 		{`{"dimensions":[{"unit":"t","BURST":5,"burst":6}]}`, `dimensions[0]: fields "BURST" and "burst": one field given twice`},
 		{`{"dimensions":[{"unit":"t","Burst":5}]}`, `dimensions[0]: field "Burst": no such field; the field is spelt "burst"`},
+		// Under its former spelling a field's value is checked as the
+		// field's type, as under its spelling now.
+		{"dimensions: []\ndefaultdim:\n  unit: t\n  brust: 5\n", `line 4: defaultdim: field "brust": no such field; the fields here: burst, unit`},
 	} {
 		var f file
 		if err := UnmarshalStrict([]byte(c.doc), &f); err == nil || !strings.Contains(err.Error(), c.want) {
@@ -125,16 +129,25 @@ func TestFormerSpelling(t *testing.T) {
 
 // A former spelling that differs in more than case could never be read
 // (the decoder refuses it as unknown): such a tag panics at the first use.
+// One the same as the field's would refuse every file giving the field
+// (both spellings at once): it panics too.
 func TestFormerSpellingOnlyInCase(t *testing.T) {
-	type file struct {
+	type otherWord struct {
 		HoldTTL string `json:"holdTtl" formerly:"hold_ttl"`
 	}
-	defer func() {
-		if recover() == nil {
-			t.Error("formerly:\"hold_ttl\" beside json:\"holdTtl\" was taken")
-		}
-	}()
-	ExactKeys([]byte(`{"holdTtl":"1s"}`), &file{})
+	type sameSpelling struct {
+		HoldTTL string `json:"holdTtl" formerly:"holdTtl"`
+	}
+	for _, v := range []any{&otherWord{}, &sameSpelling{}} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("%T: its formerly tag was taken", v)
+				}
+			}()
+			ExactKeys([]byte(`{"holdTtl":"1s"}`), v)
+		}()
+	}
 }
 
 // selfDecoded decodes itself from any object (counting its keys): its
@@ -164,12 +177,17 @@ func TestUnknownFieldSaysWhere(t *testing.T) {
 		Subject field  `json:"subject"`
 		Unit    string `json:"unit"`
 	}
+	type Common struct {
+		Owner string `json:"owner,omitempty"`
+	}
 	type file struct {
-		Rules     []rule          `json:"rules"`
-		Templates map[string]any  `json:"templates,omitempty"`
-		Raw       json.RawMessage `json:"raw,omitempty"`
-		At        time.Time       `json:"at,omitzero"`
-		Self      selfDecoded     `json:"self"`
+		Common
+		Rules     []rule           `json:"rules"`
+		Named     map[string]field `json:"named,omitempty"`
+		Templates map[string]any   `json:"templates,omitempty"`
+		Raw       json.RawMessage  `json:"raw,omitempty"`
+		At        time.Time        `json:"at,omitzero"`
+		Self      selfDecoded      `json:"self"`
 	}
 	for _, c := range []struct{ doc, want string }{
 		{"rules:\n  - unit: u\n    subject: {key: t}\n  - unit: u\n    subject:\n      kye: t\n",
@@ -177,7 +195,12 @@ func TestUnknownFieldSaysWhere(t *testing.T) {
 		{"{\"rules\": [\n  {\"unit\": \"u\", \"subject\": {\"key\": \"t\"}},\n  {\"unit\": \"u\", \"units\": 3}\n]}",
 			`line 3: rules[1]: field "units": no such field; the fields here: subject, unit`},
 		{"# a comment\n\nrules: []\nrulez: []\n",
-			`line 4: field "rulez": no such field; the fields here: at, raw, rules, self, templates`},
+			`line 4: field "rulez": no such field; the fields here: at, named, owner, raw, rules, self, templates`},
+		// A map's values are checked as its element type.
+		{"rules: []\nnamed:\n  a: {key: k}\n  b:\n    kye: k\n", `line 5: named.b: field "kye": no such field; the fields here: key, value`},
+		// Merge keys given as a list: each map in it is looked into.
+		{"templates:\n  t: &t\n    kye: t\n  u: &u\n    value: v\nrules:\n  - unit: u\n    subject: {<<: [*t, *u]}\n",
+			`line 3: rules[0].subject: field "kye": no such field`},
 		{"templates:\n  t: &t\n    kye: t\nrules:\n  - unit: u\n    subject: {<<: *t}\n",
 			`line 3: rules[0].subject: field "kye": no such field`},
 		// A plain key YAML 1.1 reads as another type: the field named as
@@ -198,9 +221,9 @@ func TestUnknownFieldSaysWhere(t *testing.T) {
 	if err := ExactKeys([]byte("{\"rules\": [],\n \"extra\": 1}"), &file{}); err == nil || !strings.HasPrefix(err.Error(), `line 2: field "extra": no such field`) {
 		t.Errorf("ExactKeys: %v, want line 2, field \"extra\"", err)
 	}
-	ok := "rules: [{unit: u, subject: {value: v}}]\ntemplates: {anything: {goes: here}}\nraw: {any: key}\nat: 2026-07-19T14:00:00Z\nself: {a: 1, b: 2}\n"
+	ok := "owner: o\nrules: [{unit: u, subject: {value: v}}]\ntemplates: {anything: {goes: here}}\nraw: {any: key}\nat: 2026-07-19T14:00:00Z\nself: {a: 1, b: 2}\n"
 	var f file
-	if err := UnmarshalStrict([]byte(ok), &f); err != nil || len(f.Rules) != 1 || string(f.Raw) != `{"any":"key"}` || f.At.IsZero() || f.Self.Keys != 2 {
+	if err := UnmarshalStrict([]byte(ok), &f); err != nil || len(f.Rules) != 1 || string(f.Raw) != `{"any":"key"}` || f.At.IsZero() || f.Self.Keys != 2 || f.Owner != "o" {
 		t.Errorf("%q: %v %+v, want read", ok, err, f)
 	}
 }
