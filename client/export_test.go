@@ -9,8 +9,13 @@ var (
 	NewPartitionedGateway = newPartitionedGateway
 	PublishTenantPolicy   = publishTenantPolicy
 	NoBreakerWatchdog     = noBreakerWatchdog
+	Spread                = spread
 )
 
 // OfflineTimeout bounds the calls an external test makes while a proxy
 // cuts its gateway off (offlineTimeout).
 const OfflineTimeout = offlineTimeout
+
+// ByPath routes ReconcileShard calls through one transport and the rest
+// through another (byPath).
+type ByPath = byPath

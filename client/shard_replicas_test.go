@@ -3,13 +3,11 @@ package client_test
 import (
 	"context"
 	"errors"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -88,7 +86,7 @@ func TestShardFallbackThroughAPartitionFromTwoReplicas(t *testing.T) {
 		shard *ledger.Shard
 	}
 	newGateway := func(id string, allocated int64) *gateway {
-		lb := byPath{reconcile: spread(reconcileProxies), rest: spread(proxies)}
+		lb := client.ByPath{Reconcile: client.Spread(reconcileProxies), Rest: client.Spread(proxies)}
 		// Four attempts: a lost answer on each replica, then an answer.
 		c, err := client.NewPartitionedGateway("ledger.invalid:7070", client.WithHTTPClient(&http.Client{Transport: lb}),
 			client.WithRetryPolicy(client.RetryPolicy{MaxAttempts: 4, BaseDelay: 10 * time.Millisecond, MaxDelay: 20 * time.Millisecond}))
@@ -298,28 +296,4 @@ func TestShardFallbackThroughAPartitionFromTwoReplicas(t *testing.T) {
 			t.Fatalf("capledger %v: %v\n%s", args, err, out)
 		}
 	}
-}
-
-// spread returns a transport that dials the proxies in turn, a new
-// connection per request: a load balancer in front of the replicas.
-func spread(proxies []*faultproxy.Proxy) *http.Transport {
-	var dials atomic.Uint64
-	var dialer net.Dialer
-	return &http.Transport{
-		DisableKeepAlives: true,
-		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
-			return dialer.DialContext(ctx, network, proxies[dials.Add(1)%uint64(len(proxies))].Addr())
-		},
-	}
-}
-
-// byPath sends the ShardService's ReconcileShard calls through one
-// transport and every other call through another.
-type byPath struct{ reconcile, rest http.RoundTripper }
-
-func (b byPath) RoundTrip(r *http.Request) (*http.Response, error) {
-	if r.URL.Path == capledgerv1connect.ShardServiceReconcileShardProcedure {
-		return b.reconcile.RoundTrip(r)
-	}
-	return b.rest.RoundTrip(r)
 }

@@ -151,26 +151,6 @@ func (p *Proxy) DropNextResponses(n int) {
 	p.mu.Unlock()
 }
 
-// WaitQuiet returns once no chunk has passed the proxy in either direction
-// for quiet, or false when that did not happen within timeout. A one-shot
-// fault set after it (DropNextResponses) then hits the next exchange, not
-// the tail of one still under way: a client's background call, or the
-// last chunk of an answer the client already acted on.
-func (p *Proxy) WaitQuiet(quiet, timeout time.Duration) bool {
-	deadline := time.Now().Add(timeout)
-	last := p.Stats()
-	for since := time.Now(); time.Since(since) < quiet; {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(quiet / 10)
-		if now := p.Stats(); now != last {
-			last, since = now, time.Now()
-		}
-	}
-	return true
-}
-
 // DropNextRequests makes the next n client->server chunks be swallowed,
 // each cutting its connection before the server sees the bytes.
 func (p *Proxy) DropNextRequests(n int) {
