@@ -3,13 +3,11 @@ package client
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -19,23 +17,17 @@ import (
 	ledgerv1 "github.com/capledger/capledger/api/capledger/v1"
 	"github.com/capledger/capledger/internal/childproc"
 	"github.com/capledger/capledger/internal/faultproxy"
+	"github.com/capledger/capledger/internal/testbinary"
 	"github.com/capledger/capledger/ledger"
 )
 
-// The capledger binary is built once per test run (ledgerBinary), into
-// binaryDir, which TestMain removes.
-var (
-	buildOnce  sync.Once
-	binaryDir  string
-	binaryPath string
-	buildErr   error
-)
+// The capledger binary the tests run as `capledger serve`, built once per
+// test run.
+var binaries = testbinary.New("../cmd/capledger")
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if binaryDir != "" {
-		os.RemoveAll(binaryDir)
-	}
+	binaries.Remove()
 	os.Exit(code)
 }
 
@@ -43,20 +35,7 @@ func TestMain(m *testing.M) {
 // tree.
 func ledgerBinary(t *testing.T) string {
 	t.Helper()
-	buildOnce.Do(func() {
-		binaryDir, buildErr = os.MkdirTemp("", "capledger-bin-")
-		if buildErr != nil {
-			return
-		}
-		binaryPath = filepath.Join(binaryDir, "capledger")
-		if out, err := exec.Command("go", "build", "-o", binaryPath, "../cmd/capledger").CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("build capledger: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return binaryPath
+	return binaries.Path(t, "capledger")
 }
 
 // startLedgerProcess runs the capledger binary (ledgerBinary) as

@@ -1,55 +1,30 @@
 package main
 
 import (
-	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"sync"
 	"testing"
+
+	"github.com/capledger/capledger/internal/testbinary"
 )
 
-// The binaries the tests run are built once per package run, on first
-// use, into binDir: a go build links for seconds, and most tests of this
-// package run the real binary. Tests only execute them, never change them.
-var (
-	buildOnce sync.Once
-	binDir    string
-	buildErr  error
-)
+// The binaries the tests run: capledger and testdata/executor, the job
+// executor the resolver tests crash, built once per package run.
+var binaries = testbinary.New(".", "./testdata/executor")
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if binDir != "" {
-		os.RemoveAll(binDir)
-	}
+	binaries.Remove()
 	os.Exit(code)
 }
 
-// buildBinaries compiles capledger and testdata/executor, the job
-// executor the resolver tests crash, in one go build, once.
+// buildBinaries returns the paths of capledger and testdata/executor.
 func buildBinaries(t testing.TB) (capledger, executor string) {
 	t.Helper()
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "capledger-cmd-test-")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		binDir = dir
-		if out, err := exec.Command("go", "build", "-o", dir+string(filepath.Separator), ".", "./testdata/executor").CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return filepath.Join(binDir, "capledger"), filepath.Join(binDir, "executor")
+	return binaries.Path(t, "capledger"), binaries.Path(t, "executor")
 }
 
 // buildBinary returns the capledger binary built for this package run.
 func buildBinary(t testing.TB) string {
 	t.Helper()
-	bin, _ := buildBinaries(t)
-	return bin
+	return binaries.Path(t, "capledger")
 }
