@@ -35,6 +35,13 @@ func journalLen(t *testing.T, st store.Store) int {
 	return len(snap.Journal)
 }
 
+// compactingOptions are the options of the compaction tests' engines:
+// the clock clk, no background workers (each test runs the passes), a
+// checkpoint due every hour, deletions 7 a batch.
+func compactingOptions(clk *clock) Options {
+	return Options{Clock: clk.Now, DisableWorkers: true, Compaction: &CompactionOptions{Every: time.Hour, Batch: 7}}
+}
+
 // The compaction pass cuts a checkpoint once per Every and deletes the
 // journal it summarises; the audit stays clean in both modes, the
 // journal since the checkpoint stays, and an account changed behind the
@@ -45,7 +52,7 @@ func TestCompactionCutsVerifiedCheckpoints(t *testing.T) {
 			ctx := context.Background()
 			st := open(t)
 			clk := newClock()
-			e := New(st, Options{Clock: clk.Now, DisableWorkers: true, Compaction: &CompactionOptions{Every: time.Hour, Batch: 7}})
+			e := New(st, compactingOptions(clk))
 			defer e.Close()
 			publish(t, e, 1_000_000, time.Minute, 0)
 			lifecycle(t, e, "a", 50)
@@ -103,7 +110,7 @@ func TestCompactionAfterRestartFollowsTheStoredCheckpoint(t *testing.T) {
 	st := memstore.New()
 	clk := newClock()
 	clk.Advance(10 * time.Minute) // not on the hour: a boundary is not due at once
-	opts := Options{Clock: clk.Now, DisableWorkers: true, Compaction: &CompactionOptions{Every: time.Hour, Batch: 7}}
+	opts := compactingOptions(clk)
 	first := New(st, opts)
 	publish(t, first, 1_000_000, time.Minute, 0)
 	lifecycle(t, first, "a", 20)
@@ -329,7 +336,7 @@ func TestDueCompactionWithNothingNewTakesNoSnapshot(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			st := &snapshotCounter{Store: open(t)}
 			clk := newClock()
-			e := New(st, Options{Clock: clk.Now, DisableWorkers: true, Compaction: &CompactionOptions{Every: time.Hour, Batch: 7}})
+			e := New(st, compactingOptions(clk))
 			defer e.Close()
 			publish(t, e, 1_000_000, time.Minute, 0)
 			lifecycle(t, e, "a", 5)
@@ -367,7 +374,7 @@ func TestCompactionIgnoresWhatOnlyTheFullAuditFinds(t *testing.T) {
 			ctx := context.Background()
 			st := open(t)
 			clk := newClock()
-			e := New(st, Options{Clock: clk.Now, DisableWorkers: true, Compaction: &CompactionOptions{Every: time.Hour, Batch: 7}})
+			e := New(st, compactingOptions(clk))
 			defer e.Close()
 			publish(t, e, 1_000_000, time.Hour, 0)
 			lifecycle(t, e, "a", 5)
