@@ -1736,8 +1736,9 @@ func TestConsoleBrowserRolloutModeAgrees(t *testing.T) {
 // TestConsoleBrowserTableScrollHint: in an 800 px window a table wider
 // than the page fades at the edge beyond which more columns lie (right
 // first, left once scrolled to the end), and a table that fits does not;
-// widened to 2400 px, the wide table fits and its hint goes. Counts agree
-// with their nouns ("1 account matches").
+// a refresh keeps a table scrolled sideways where it was; widened to
+// 2400 px, the wide table fits and its hint goes. Counts agree with their
+// nouns ("1 account matches").
 func TestConsoleBrowserTableScrollHint(t *testing.T) {
 	t.Parallel()
 	chromiumPath(t)
@@ -1791,6 +1792,17 @@ func TestConsoleBrowserTableScrollHint(t *testing.T) {
 	})()`, wide))
 	if scrolled != "left / right 0 / left 1" {
 		t.Errorf("the conservation table scrolled to its end: %s, want a fade on the left only", scrolled)
+	}
+	// The page's next refresh (every 5 s) redraws the table: it stays
+	// scrolled where the operator left it.
+	b.unready()
+	b.waitRendered("tenants/tenant-a/chat.generate/global")
+	if got := b.eval(fmt.Sprintf(`(() => { const wrap = document.querySelector(%q).closest(".table-wrap");
+		return wrap.scrollLeft > 0 && wrap.scrollLeft + wrap.clientWidth >= wrap.scrollWidth - 1 ? "at the end" : "at " + wrap.scrollLeft + " of " + wrap.scrollWidth; })()`, wide)); got != "at the end" {
+		t.Errorf("after a refresh the conservation table is scrolled %s, want at the end where it was", got)
+	}
+	if got := hint(wide); got != "left / right clear / left faded" {
+		t.Errorf("after a refresh the conservation table's hint: %s, want a fade on the left only", got)
 	}
 	b.do(chromedp.EmulateViewport(2400, 800))
 	b.unready()

@@ -774,12 +774,22 @@ async function render(opts) {
     const focused = active && active !== document.body && old.contains(active) && sameRoute ? active : null;
     const typing = refresh && focused && focused.tagName === "INPUT" && focused.value !== focused.defaultValue;
     if (!typing) {
+      const scrolled = sameRoute ? [...old.querySelectorAll(".table-wrap")].map((w) => w.scrollLeft) : [];
       old.replaceWith(fresh);
+      keepSidewaysScroll(scrolled, fresh);
       markScrollHints(fresh);
       keepFocus(focused, fresh);
     }
   }
   state.timer = setTimeout(() => render({ refresh: true }), REFRESH_MS);
+}
+
+// keepSidewaysScroll scrolls each wide table of a redrawn page as far
+// sideways as its counterpart (the same place among the page's tables) was,
+// so a refresh every 5 s does not throw the operator back to the first
+// columns. Only a redraw of the same route keeps them.
+function keepSidewaysScroll(scrolled, fresh) {
+  fresh.querySelectorAll(".table-wrap").forEach((wrap, i) => { if (scrolled[i]) wrap.scrollLeft = scrolled[i]; });
 }
 
 // keepFocus moves the focus from an element of the replaced page to its
