@@ -40,7 +40,7 @@ func TestPolicyFileSpellsFieldsAsTheAPI(t *testing.T) {
 // ambiguous, and any other case is refused naming holdTtl.
 func TestPolicyFileReadsHoldTTLAsHoldTtl(t *testing.T) {
 	const rest = "subject: tenant-7\nroute: chat\ndimensions:\n  - unit: tokens\n    burst: 10\n"
-	want, err := parsePolicyFile([]byte("holdTtl: 90s\n" + rest))
+	want, _, err := parsePolicyFile([]byte("holdTtl: 90s\n" + rest))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +52,7 @@ func TestPolicyFileReadsHoldTTLAsHoldTtl(t *testing.T) {
 		`{"subject":"tenant-7","route":"chat","holdTTL":"90s","dimensions":[{"unit":"tokens","burst":10}]}`,
 		`{"subject":"tenant-7","route":"chat","holdTtl":"90s","dimensions":[{"unit":"tokens","burst":10}]}`,
 	} {
-		got, err := parsePolicyFile([]byte(file))
+		got, _, err := parsePolicyFile([]byte(file))
 		if err != nil || !proto.Equal(got, want) {
 			t.Errorf("%q: %v %v, want %v", file, err, got, want)
 		}
@@ -63,7 +63,7 @@ func TestPolicyFileReadsHoldTTLAsHoldTtl(t *testing.T) {
 		{"HoldTtl: 90s\n" + rest, `field "HoldTtl": no such field; the field is spelt "holdTtl"`},
 		{"holdttl: 90s\n" + rest, `field "holdttl": no such field; the field is spelt "holdTtl"`},
 	} {
-		if got, err := parsePolicyFile([]byte(c.file)); err == nil || !strings.Contains(err.Error(), c.want) {
+		if got, _, err := parsePolicyFile([]byte(c.file)); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%q: %v %v, want an error with %q", c.file, err, got, c.want)
 		}
 	}
@@ -112,7 +112,7 @@ func TestDocPolicyFilesLoad(t *testing.T) {
 	files["README.md PublishPolicy"] = string(body.Policy)
 
 	for where, file := range files {
-		p, err := parsePolicyFile([]byte(file))
+		p, _, err := parsePolicyFile([]byte(file))
 		if err != nil {
 			t.Errorf("%s:\n%s\ndoes not load: %v", where, file, err)
 			continue
