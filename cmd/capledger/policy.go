@@ -25,7 +25,7 @@ func init() {
 const policyHelp = `Usage:
   capledger policy publish FILE     publish a policy file (YAML or JSON; - for stdin)
   capledger policy get GEN [--format json|yaml]   json (default): the API's record;
-                                    yaml: the policy file form, to edit and publish
+                                    yaml: the file form below; both publish again
   capledger policy list [--subject S] [--route R] [--region REGION]
   capledger policy rollback GEN     prints activeGeneration (the generation now
                                     active for the key, "0": none) and replayed
@@ -41,9 +41,9 @@ rolled-back one go on. publish and rollback need an admin token.
 Policy file (YAML or JSON, one policy per file; durations like "30s", "5m", "1h").
 Field names are those of the API's Policy (docs/API.md, PublishPolicy);
 "holdTTL", the spelling of older files, is still read as holdTtl, and a file
-giving both is refused. An unknown field, or a key spelt in another case
-than its field ("Burst" for "burst", "HoldTtl" for "holdTtl"), is an error
-naming both:
+giving both is refused. An unknown field, a key spelt in another case than
+its field ("Burst" for "burst", "HoldTtl" for "holdTtl") or a value its
+field does not take ("burst: 10x") is an error naming its line and field:
 
   subject: tenant-7          # or "*" for every subject without its own policy
   route: chat.generate
@@ -71,10 +71,20 @@ naming both:
 
 Example:
   capledger policy publish tenant-7.yaml --token $ADMIN_TOKEN
-  capledger policy get 3 --format yaml > tenant-7.yaml   # edit, publish again
-  (the JSON "get" prints is the API's Policy message, with generation,
-  publishedAt and int64s as strings: publish reads the file form only)
   capledger policy rollback 3
+
+To edit a live policy, get its active generation, edit, publish:
+  capledger policy get 3 --format yaml > tenant-7.yaml
+  capledger policy publish tenant-7.yaml --token $ADMIN_TOKEN
+What get prints of the active generation publishes unchanged in either
+form (a replay of it). A file also takes the API's JSON spellings (rollout
+ROLLOUT_MODE_SHADOW, int64s as strings: "1000") and ignores the fields the
+server sets (publishedAt, active, rolledBack, rolloutNow). Its "generation"
+is the one it was edited from: publish refuses it (exit 4, reason
+POLICY_GENERATION_CHANGED, nothing published) once that generation is no
+longer the active one of its subject, route and region, so a stale copy
+cannot undo a newer publish. Get the active generation and edit that, or
+delete the generation line to publish the file's terms over it.
 
 ` + clientFlagsHelp + "\n" + exitCodesHelp
 

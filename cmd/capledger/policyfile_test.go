@@ -75,10 +75,10 @@ func TestPolicyFileReadsHoldTTLAsHoldTtl(t *testing.T) {
 // API's JSON, copied into a file).
 func TestDocPolicyFilesLoad(t *testing.T) {
 	files := map[string]string{}
-	_, afterIntro, ok := strings.Cut(policyHelp, "naming both:\n\n")
+	_, afterIntro, ok := strings.Cut(policyHelp, "naming its line and field:\n\n")
 	example, _, ok2 := strings.Cut(afterIntro, "\nExample:")
 	if !ok || !ok2 {
-		t.Fatal("policy --help: no example policy file between \"naming both:\" and \"Example:\"")
+		t.Fatal("policy --help: no example policy file between \"naming its line and field:\" and \"Example:\"")
 	}
 	files["policy --help"] = regexp.MustCompile(`(?m)^  `).ReplaceAllString(example, "")
 
