@@ -125,3 +125,19 @@ func TestDocPolicyFilesLoad(t *testing.T) {
 		}
 	}
 }
+
+// The API's JSON of a policy reads as a file: the fields the server sets
+// (publishedAt, rolledBack, active, rolloutNow) are ignored, whatever they
+// say, and generation is returned as the generation the file was edited
+// from; the policy is the one the same file without them gives.
+func TestPolicyFileIgnoresServerSetFields(t *testing.T) {
+	const terms = `"subject":"tenant-7","route":"chat","rollout":"ROLLOUT_MODE_SHADOW","dimensions":[{"unit":"tokens","burst":"10"}]`
+	want, from, err := parsePolicyFile([]byte(`{` + terms + `}`))
+	if err != nil || from != 0 {
+		t.Fatalf("the terms alone: %v, edited from %d", err, from)
+	}
+	got, from, err := parsePolicyFile([]byte(`{` + terms + `,"generation":"7","publishedAt":"2026-12-05T04:30:36Z","rolledBack":true,"active":false,"rolloutNow":"ROLLOUT_MODE_ENFORCE"}`))
+	if err != nil || from != 7 || !proto.Equal(got, want) {
+		t.Fatalf("with the server's fields: %v %v, edited from %d; want %v from 7", err, got, from, want)
+	}
+}
