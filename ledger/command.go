@@ -90,7 +90,10 @@ type Command struct {
 	// reserve and record, a non-zero Generation is the generation whose
 	// dimension order Units were put in (a caller mapping unit names to
 	// positions): if another generation decides, the command is refused
-	// rather than charging amounts to the wrong dimensions.
+	// rather than charging amounts to the wrong dimensions. On publish, a
+	// non-zero Generation is the generation Policy was edited from: unless
+	// it is still the active one of the policy's key (or the terms replay),
+	// the publish is refused with ErrPolicyGenerationChanged.
 	PolicyKey  PolicyKey
 	Generation uint64
 	// Account names the account of refill, close-epoch and drain.
@@ -231,6 +234,9 @@ var (
 	ErrInvalidPolicy = errors.New("invalid policy")
 	// ErrPolicyNotFound: rollback of a generation that does not exist.
 	ErrPolicyNotFound = errors.New("policy generation not found")
+	// ErrPolicyGenerationChanged: a publish edited from a generation that
+	// is no longer the active one of its key (see Command.Generation).
+	ErrPolicyGenerationChanged = errors.New("policy generation changed")
 	// ErrAccountNotFound: refill, close-epoch or drain of an unknown account.
 	ErrAccountNotFound = errors.New("account not found")
 	// ErrNothingToDrain: drain of an account that is current or empty.
@@ -259,7 +265,7 @@ var (
 func Apply(b Book, cmd *Command, now time.Time) (res Result) {
 	switch cmd.Kind {
 	case KindPublishPolicy:
-		return PublishPolicy(b, cmd.Policy, now)
+		return publishPolicy(b, cmd.Policy, cmd.Generation, now)
 	case KindRollbackPolicy:
 		return RollbackPolicy(b, cmd.PolicyKey, cmd.Generation, now)
 	case KindReserve:

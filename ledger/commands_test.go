@@ -742,3 +742,39 @@ func TestPublishRefusesEpochsLongerThanTheMaximum(t *testing.T) {
 		t.Fatalf("accounting epoch %s for now %s under a %s epoch", start, c.now, ledger.MaxEpochLength)
 	}
 }
+
+// A publish edited from a generation (Command.Generation) goes through
+// only while that generation is the active one of its key: an edit of a
+// stale copy does not undo what was published since. Its exact terms
+// replay whatever it names, so a retried publish still replays.
+func TestPublishEditedFromAStaleGenerationIsRefused(t *testing.T) {
+	c := newChecked(t)
+	g1 := c.publish(policyOf(tokens(1000, 100)))
+	edited := func(burst ledger.Units, from uint64) ledger.Result {
+		return c.apply(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: policyOf(tokens(burst, 100)), Generation: from})
+	}
+	g2 := edited(2000, g1)
+	if g2.Err != nil || g2.Replayed {
+		t.Fatalf("publish edited from the active generation %d: %+v", g1, g2)
+	}
+	if res := edited(3000, g1); !errors.Is(res.Err, ledger.ErrPolicyGenerationChanged) ||
+		!strings.Contains(res.Err.Error(), "generation 2 is active now") {
+		t.Fatalf("publish edited from generation %d after %d was published: %+v", g1, g2.Generation, res)
+	}
+	if res := edited(2000, g1); res.Err != nil || !res.Replayed || res.Generation != g2.Generation {
+		t.Fatalf("a retry of the publish edited from %d: %+v, want a replay of %d", g1, res, g2.Generation)
+	}
+	if res := edited(3000, 99); !errors.Is(res.Err, ledger.ErrPolicyGenerationChanged) ||
+		!strings.Contains(res.Err.Error(), "generation 99 is no generation of") {
+		t.Fatalf("publish edited from a generation that does not exist: %+v", res)
+	}
+	c.rollback(testSubject, g2.Generation)
+	c.rollback(testSubject, g1)
+	if res := edited(3000, g2.Generation); !errors.Is(res.Err, ledger.ErrPolicyGenerationChanged) ||
+		!strings.Contains(res.Err.Error(), "no active generation") {
+		t.Fatalf("publish edited from a rolled-back generation: %+v", res)
+	}
+	if res := edited(3000, 0); res.Err != nil || res.Replayed {
+		t.Fatalf("publish edited from nothing in particular: %+v", res)
+	}
+}

@@ -195,6 +195,16 @@ func sameTerms(a, b *Policy) bool {
 // generation); ErrInvalidPolicy when p is nil or fails Validate (call
 // WithDefaults first to fill optional fields).
 func PublishPolicy(b Book, p *Policy, now time.Time) Result {
+	return publishPolicy(b, p, 0, now)
+}
+
+// publishPolicy is PublishPolicy of a policy edited from generation
+// replaces (0: from nothing in particular). A non-zero replaces must still
+// be the active generation of p's key, else the publish is refused with
+// ErrPolicyGenerationChanged: an edit of a stale copy would otherwise undo
+// what was published since. The replay check comes first, so a retry of
+// a publish that succeeded (its answer lost) still replays.
+func publishPolicy(b Book, p *Policy, replaces uint64, now time.Time) Result {
 	if p == nil {
 		return Result{Err: invalidPolicy("no policy")}
 	}
@@ -205,6 +215,11 @@ func PublishPolicy(b Book, p *Policy, now time.Time) Result {
 	if ok && head.Active != 0 {
 		if active, found := b.Policy(head.Active); found && sameTerms(active, p) {
 			return Result{Generation: active.Generation, Replayed: true}
+		}
+	}
+	if replaces != 0 {
+		if err := stillActive(b, p.Key, head, ok, replaces); err != nil {
+			return Result{Err: err}
 		}
 	}
 	if !ok {
@@ -226,6 +241,22 @@ func PublishPolicy(b Book, p *Policy, now time.Time) Result {
 	head.Latest = generation
 	b.PolicyHeadPut(head)
 	return Result{Generation: generation}
+}
+
+// stillActive returns nil when replaces is the active generation of key
+// (head, found, is its head), else ErrPolicyGenerationChanged saying what
+// is active instead.
+func stillActive(b Book, key PolicyKey, head *PolicyHead, found bool, replaces uint64) error {
+	if found && head.Active == replaces {
+		return nil
+	}
+	if p, ok := b.Policy(replaces); !ok || p.Key != key {
+		return fmt.Errorf("%w: generation %d is no generation of %s", ErrPolicyGenerationChanged, replaces, key)
+	}
+	if !found || head.Active == 0 {
+		return fmt.Errorf("%w: edited from generation %d of %s, which has no active generation now (rolled back)", ErrPolicyGenerationChanged, replaces, key)
+	}
+	return fmt.Errorf("%w: edited from generation %d of %s, but generation %d is active now", ErrPolicyGenerationChanged, replaces, key, head.Active)
 }
 
 // RollbackPolicy stops admission under generation of key. Settlement, debt

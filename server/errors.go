@@ -43,6 +43,7 @@ const (
 	ReasonLifetimeExhausted    = "ACCOUNT_LIFETIME_EXHAUSTED"
 	ReasonInvalidCommand       = "INVALID_COMMAND"
 	ReasonInvalidPolicy        = "INVALID_POLICY"
+	ReasonGenerationChanged    = "POLICY_GENERATION_CHANGED"
 	ReasonUnknownUnit          = "UNKNOWN_UNIT"
 	ReasonStoreUnavailable     = "STORE_UNAVAILABLE"
 	ReasonStoreConflict        = "STORE_CONFLICT"
@@ -82,6 +83,7 @@ var ledgerErrors = []struct {
 	{ledger.ErrOperationMismatch, classification{code: connect.CodeFailedPrecondition, reason: ReasonOperationMismatch, withReservation: true}},
 	{ledger.ErrReservationNotDue, classification{code: connect.CodeFailedPrecondition, reason: ReasonNotDue, withReservation: true}},
 	{ledger.ErrLifetimeExhausted, classification{code: connect.CodeFailedPrecondition, reason: ReasonLifetimeExhausted, withReservation: true}},
+	{ledger.ErrPolicyGenerationChanged, classification{code: connect.CodeFailedPrecondition, reason: ReasonGenerationChanged}},
 	{ledger.ErrInvalidPolicy, classification{code: connect.CodeInvalidArgument, reason: ReasonInvalidPolicy}},
 	{ledger.ErrInvalidCommand, classification{code: connect.CodeInvalidArgument, reason: ReasonInvalidCommand}},
 }

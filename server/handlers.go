@@ -197,7 +197,7 @@ func (s *Server) PublishPolicy(ctx context.Context, req *connect.Request[v1.Publ
 	if err != nil {
 		return nil, invalidArgument(ReasonInvalidPolicy, "%v", err)
 	}
-	res, cerr := s.exec(ctx, ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p})
+	res, cerr := s.exec(ctx, ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p, Generation: req.Msg.GetEditedFrom()})
 	if cerr != nil {
 		return nil, cerr
 	}

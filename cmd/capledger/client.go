@@ -338,7 +338,34 @@ func describe(err error) error {
 			parts = append(parts, "Retry-After: "+ra+"s")
 		}
 	}
-	return exitError{code: exitCode(err), err: errors.New(strings.Join(parts, "; "))}
+	return exitError{code: exitCode(err), err: describedError{text: strings.Join(parts, "; "), cause: cerr}}
+}
+
+// describedError is a server error as describe words it, still holding
+// the error itself (for errorDetailReason).
+type describedError struct {
+	text  string
+	cause *connect.Error
+}
+
+func (d describedError) Error() string { return d.text }
+func (d describedError) Unwrap() error { return d.cause }
+
+// errorDetailReason returns the reason of the ErrorDetail a server error
+// carries (POLICY_GENERATION_CHANGED, ...), "" when it carries none.
+func errorDetailReason(err error) string {
+	var cerr *connect.Error
+	if !errors.As(err, &cerr) {
+		return ""
+	}
+	for _, d := range cerr.Details() {
+		if m, derr := d.Value(); derr == nil {
+			if detail, ok := m.(*v1.ErrorDetail); ok {
+				return detail.GetReason()
+			}
+		}
+	}
+	return ""
 }
 
 // certificateHint says what to do about a server certificate this client

@@ -2,15 +2,18 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
 	"sigs.k8s.io/yaml"
 
 	"github.com/capledger/capledger/internal/yamlfile"
+	"github.com/capledger/capledger/server"
 
 	v1 "github.com/capledger/capledger/api/capledger/v1"
 )
@@ -22,7 +25,7 @@ func init() {
 const policyHelp = `Usage:
   capledger policy publish FILE     publish a policy file (YAML or JSON; - for stdin)
   capledger policy get GEN [--format json|yaml]   json (default): the API's record;
-                                    yaml: the policy file form, to edit and publish
+                                    yaml: the file form below; both publish again
   capledger policy list [--subject S] [--route R] [--region REGION]
   capledger policy rollback GEN     prints activeGeneration (the generation now
                                     active for the key, "0": none) and replayed
@@ -38,9 +41,9 @@ rolled-back one go on. publish and rollback need an admin token.
 Policy file (YAML or JSON, one policy per file; durations like "30s", "5m", "1h").
 Field names are those of the API's Policy (docs/API.md, PublishPolicy);
 "holdTTL", the spelling of older files, is still read as holdTtl, and a file
-giving both is refused. An unknown field, or a key spelt in another case
-than its field ("Burst" for "burst", "HoldTtl" for "holdTtl"), is an error
-naming both:
+giving both is refused. An unknown field, a key spelt in another case than
+its field ("Burst" for "burst", "HoldTtl" for "holdTtl") or a value its
+field does not take ("burst: 10x") is an error naming its line and field:
 
   subject: tenant-7          # or "*" for every subject without its own policy
   route: chat.generate
@@ -68,10 +71,20 @@ naming both:
 
 Example:
   capledger policy publish tenant-7.yaml --token $ADMIN_TOKEN
-  capledger policy get 3 --format yaml > tenant-7.yaml   # edit, publish again
-  (the JSON "get" prints is the API's Policy message, with generation,
-  publishedAt and int64s as strings: publish reads the file form only)
   capledger policy rollback 3
+
+To edit a live policy, get its active generation, edit, publish:
+  capledger policy get 3 --format yaml > tenant-7.yaml
+  capledger policy publish tenant-7.yaml --token $ADMIN_TOKEN
+What get prints of the active generation publishes unchanged in either
+form (a replay of it). A file also takes the API's JSON spellings (rollout
+ROLLOUT_MODE_SHADOW, int64s as strings: "1000") and ignores the fields the
+server sets (publishedAt, active, rolledBack, rolloutNow). Its "generation"
+is the one it was edited from: publish refuses it (exit 4, reason
+POLICY_GENERATION_CHANGED, nothing published) once that generation is no
+longer the active one of its subject, route and region, so a stale copy
+cannot undo a newer publish. Get the active generation and edit that, or
+delete the generation line to publish the file's terms over it.
 
 ` + clientFlagsHelp + "\n" + exitCodesHelp
 
@@ -109,7 +122,7 @@ func runPolicyPublish(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return usagef("read policy: %v", err)
 	}
-	policy, err := parsePolicyFile(data)
+	policy, editedFrom, err := parsePolicyFile(data)
 	if err != nil {
 		return usagef("policy %s: %v", positional[0], err)
 	}
@@ -117,8 +130,11 @@ func runPolicyPublish(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	msg, err := unary(ctx, cf.timeout, client.PublishPolicy, &v1.PublishPolicyRequest{Policy: policy})
+	msg, err := unary(ctx, cf.timeout, client.PublishPolicy, &v1.PublishPolicyRequest{Policy: policy, EditedFrom: editedFrom})
 	if err != nil {
+		if errorDetailReason(err) == server.ReasonGenerationChanged {
+			return fmt.Errorf("%w\n%s names generation %d, the one it was edited from: get the active generation and edit that, or delete the generation line to publish the file over it", err, positional[0], editedFrom)
+		}
 		return err
 	}
 	if msg.GetReplayed() {
@@ -218,130 +234,195 @@ func runPolicyRollback(ctx context.Context, e *env, args []string) error {
 }
 
 // policyFile is the human form of a policy (see policyHelp). Its keys are
-// the API's JSON names of the same fields, so that a policy copied from an
-// API example reads as a file.
+// the API's JSON names of the same fields, and its values take the API's
+// JSON spellings too (int64s as quoted strings, ROLLOUT_MODE_SHADOW), so
+// that a policy the API printed (policy get) reads as a file.
 type policyFile struct {
-	Schema          string          `json:"schema,omitempty"`
-	Subject         string          `json:"subject"`
-	Route           string          `json:"route"`
-	Region          string          `json:"region,omitempty"`
-	Rollout         string          `json:"rollout,omitempty"`
-	HoldTTL         string          `json:"holdTtl,omitempty" formerly:"holdTTL"` // the API's spelling; files for older binaries spell it holdTTL
-	ExecutionLimit  string          `json:"executionLimit,omitempty"`
-	EpochLength     string          `json:"epochLength,omitempty"`
-	EstimatorDigest string          `json:"estimatorDigest,omitempty"`
-	Priority        int32           `json:"priority,omitempty"`
-	FairnessWeight  int64           `json:"fairnessWeight,omitempty"`
-	FairnessBudget  float64         `json:"fairnessBudget,omitempty"`
-	EmergencyMode   bool            `json:"emergencyMode,omitempty"`
-	Dimensions      []dimensionFile `json:"dimensions"`
+	Schema          string           `json:"schema,omitempty"`
+	Generation      yamlfile.Uint64  `json:"generation,omitempty"` // the generation the file was edited from: publish sends it as editedFrom
+	Subject         string           `json:"subject"`
+	Route           string           `json:"route"`
+	Region          string           `json:"region,omitempty"`
+	Rollout         fileRollout      `json:"rollout,omitempty"`
+	HoldTTL         fileDuration     `json:"holdTtl,omitempty" formerly:"holdTTL"` // the API's spelling; files for older binaries spell it holdTTL
+	ExecutionLimit  fileDuration     `json:"executionLimit,omitempty"`
+	EpochLength     fileDuration     `json:"epochLength,omitempty"`
+	EstimatorDigest string           `json:"estimatorDigest,omitempty"`
+	Priority        int32            `json:"priority,omitempty"`
+	FairnessWeight  yamlfile.Int64   `json:"fairnessWeight,omitempty"`
+	FairnessBudget  float64          `json:"fairnessBudget,omitempty"`
+	EmergencyMode   bool             `json:"emergencyMode,omitempty"`
+	Dimensions      []dimensionFile  `json:"dimensions"`
+	PublishedAt     serverSetIgnored `json:"publishedAt,omitempty"`
+	RolledBack      serverSetIgnored `json:"rolledBack,omitempty"`
+	Active          serverSetIgnored `json:"active,omitempty"`
+	RolloutNow      serverSetIgnored `json:"rolloutNow,omitempty"`
 }
 
 type dimensionFile struct {
-	Unit           string `json:"unit"`
-	Burst          int64  `json:"burst"`
-	RefillUnits    int64  `json:"refillUnits,omitempty"`
-	RefillInterval string `json:"refillInterval,omitempty"`
-	MaxReservation int64  `json:"maxReservation,omitempty"`
-	MaxOverdraft   int64  `json:"maxOverdraft,omitempty"`
+	Unit           string         `json:"unit"`
+	Burst          yamlfile.Int64 `json:"burst"`
+	RefillUnits    yamlfile.Int64 `json:"refillUnits,omitempty"`
+	RefillInterval fileDuration   `json:"refillInterval,omitempty"`
+	MaxReservation yamlfile.Int64 `json:"maxReservation,omitempty"`
+	MaxOverdraft   yamlfile.Int64 `json:"maxOverdraft,omitempty"`
 }
 
-// parsePolicyFile reads the human policy form (YAML or JSON). Unknown
-// fields are errors (a misspelt "holdTime" must not silently become the
-// default), as are malformed durations and unknown rollout modes; the
-// server validates the rest.
-func parsePolicyFile(data []byte) (*v1.Policy, error) {
+// serverSetIgnored is a field of a published policy that the server sets
+// and a publish ignores (publishedAt, rolledBack, active, rolloutNow): a
+// file read from the API's JSON may carry it, and it means nothing there.
+type serverSetIgnored = json.RawMessage
+
+// fileRollout is a policy file's rollout mode: its short name (enforce,
+// shadow) or the API's name of it (ROLLOUT_MODE_SHADOW), the one rule for
+// both spellings; empty is enforce, as the API takes an unset mode.
+type fileRollout string
+
+// rolloutModes maps every spelling a file may give to its mode.
+var rolloutModes = func() map[string]v1.RolloutMode {
+	modes := map[string]v1.RolloutMode{}
+	for _, mode := range []v1.RolloutMode{v1.RolloutMode_ROLLOUT_MODE_ENFORCE, v1.RolloutMode_ROLLOUT_MODE_SHADOW} {
+		modes[mode.String()] = mode
+		modes[rolloutShortName(mode)] = mode
+	}
+	return modes
+}()
+
+// rolloutShortName is the file's name of mode: "shadow" for
+// ROLLOUT_MODE_SHADOW.
+func rolloutShortName(mode v1.RolloutMode) string {
+	return strings.ToLower(strings.TrimPrefix(mode.String(), "ROLLOUT_MODE_"))
+}
+
+func (r *fileRollout) UnmarshalJSON(raw []byte) error {
+	var name string
+	if err := json.Unmarshal(raw, &name); err != nil {
+		return fmt.Errorf("%s is no rollout mode: want enforce or shadow", raw)
+	}
+	if _, ok := rolloutModes[name]; !ok {
+		return fmt.Errorf("%q is no rollout mode: want enforce or shadow (or %s, %s)", name,
+			v1.RolloutMode_ROLLOUT_MODE_ENFORCE, v1.RolloutMode_ROLLOUT_MODE_SHADOW)
+	}
+	*r = fileRollout(name)
+	return nil
+}
+
+// mode returns the mode r names (enforce when empty).
+func (r fileRollout) mode() v1.RolloutMode {
+	if mode, ok := rolloutModes[string(r)]; ok {
+		return mode
+	}
+	return v1.RolloutMode_ROLLOUT_MODE_ENFORCE
+}
+
+// fileDuration is a duration as a file writes it ("30s", "5m", "1h", or
+// the API's "3600s"); empty when the file leaves it out.
+type fileDuration string
+
+func (d *fileDuration) UnmarshalJSON(raw []byte) error {
+	var text string
+	if string(raw) == "null" {
+		return nil
+	}
+	if err := json.Unmarshal(raw, &text); err != nil {
+		return fmt.Errorf("%s is not a duration: write durations like 30s, 5m, 1h", raw)
+	}
+	value, err := time.ParseDuration(text)
+	if err != nil {
+		return fmt.Errorf("%q is not a duration: write durations like 30s, 5m, 1h", text)
+	}
+	if value < 0 {
+		return fmt.Errorf("%q is negative", text)
+	}
+	*d = fileDuration(text)
+	return nil
+}
+
+// proto returns d as the API's Duration, nil when d is empty (the
+// server's default applies).
+func (d fileDuration) proto() *durationpb.Duration {
+	if d == "" {
+		return nil
+	}
+	value, err := time.ParseDuration(string(d))
+	if err != nil {
+		panic(fmt.Sprintf("policy file: duration %q read without its check", string(d)))
+	}
+	return durationpb.New(value)
+}
+
+// fileDurationOf is the file's spelling of an API Duration ("" for none).
+func fileDurationOf(d *durationpb.Duration) fileDuration {
+	if d == nil {
+		return ""
+	}
+	return fileDuration(d.AsDuration().String())
+}
+
+// parsePolicyFile reads the human policy form (YAML or JSON) and returns
+// the policy and the generation the file was edited from (0: none given).
+// Unknown fields are errors (a misspelt "holdTime" must not silently
+// become the default), as are malformed values, each naming its line and
+// field (yamlfile.UnmarshalStrict); the server validates the rest.
+func parsePolicyFile(data []byte) (*v1.Policy, uint64, error) {
 	var f policyFile
 	if err := yamlfile.UnmarshalStrict(data, &f); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	if f.Schema != "" && f.Schema != "admissionBudget.v1" {
-		return nil, fmt.Errorf("schema %q: want admissionBudget.v1", f.Schema)
+		return nil, 0, fmt.Errorf("schema %q: want admissionBudget.v1", f.Schema)
 	}
 	p := &v1.Policy{
 		Subject:         f.Subject,
 		Route:           f.Route,
 		Region:          f.Region,
+		Rollout:         f.Rollout.mode(),
+		HoldTtl:         f.HoldTTL.proto(),
+		ExecutionLimit:  f.ExecutionLimit.proto(),
+		EpochLength:     f.EpochLength.proto(),
 		EstimatorDigest: f.EstimatorDigest,
 		Priority:        f.Priority,
-		FairnessWeight:  f.FairnessWeight,
+		FairnessWeight:  int64(f.FairnessWeight),
 		FairnessBudget:  f.FairnessBudget,
 		EmergencyMode:   f.EmergencyMode,
 	}
-	switch f.Rollout {
-	case "", "enforce":
-		p.Rollout = v1.RolloutMode_ROLLOUT_MODE_ENFORCE
-	case "shadow":
-		p.Rollout = v1.RolloutMode_ROLLOUT_MODE_SHADOW
-	default:
-		return nil, fmt.Errorf("rollout %q: want enforce or shadow", f.Rollout)
-	}
-	var err error
-	if p.HoldTtl, err = fileDuration("holdTtl", f.HoldTTL); err != nil {
-		return nil, err
-	}
-	if p.ExecutionLimit, err = fileDuration("executionLimit", f.ExecutionLimit); err != nil {
-		return nil, err
-	}
-	if p.EpochLength, err = fileDuration("epochLength", f.EpochLength); err != nil {
-		return nil, err
-	}
-	for i, d := range f.Dimensions {
-		interval, err := fileDuration(fmt.Sprintf("dimensions[%d].refillInterval", i), d.RefillInterval)
-		if err != nil {
-			return nil, err
-		}
+	for _, d := range f.Dimensions {
 		p.Dimensions = append(p.Dimensions, &v1.Dimension{
-			Unit: d.Unit, Burst: d.Burst, RefillUnits: d.RefillUnits, RefillInterval: interval,
-			MaxReservation: d.MaxReservation, MaxOverdraft: d.MaxOverdraft,
+			Unit: d.Unit, Burst: int64(d.Burst), RefillUnits: int64(d.RefillUnits), RefillInterval: d.RefillInterval.proto(),
+			MaxReservation: int64(d.MaxReservation), MaxOverdraft: int64(d.MaxOverdraft),
 		})
 	}
-	return p, nil
-}
-
-func fileDuration(field, value string) (*durationpb.Duration, error) {
-	if value == "" {
-		return nil, nil
-	}
-	d, err := time.ParseDuration(value)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %v (write durations like 30s, 5m, 1h)", field, err)
-	}
-	if d < 0 {
-		return nil, fmt.Errorf("%s: %s is negative", field, value)
-	}
-	return durationpb.New(d), nil
+	return p, uint64(f.Generation), nil
 }
 
 // policyFileOf renders a published policy in the file form, so that it can
-// be edited and published again.
+// be edited and published again: with its generation, which publish then
+// sends as the generation the file was edited from.
 func policyFileOf(p *v1.Policy) policyFile {
 	f := policyFile{
 		Schema:          p.GetSchema(),
+		Generation:      yamlfile.Uint64(p.GetGeneration()),
 		Subject:         p.GetSubject(),
 		Route:           p.GetRoute(),
 		Region:          p.GetRegion(),
-		Rollout:         "enforce",
+		Rollout:         fileRollout(rolloutShortName(v1.RolloutMode_ROLLOUT_MODE_ENFORCE)),
+		HoldTTL:         fileDurationOf(p.GetHoldTtl()),
+		ExecutionLimit:  fileDurationOf(p.GetExecutionLimit()),
+		EpochLength:     fileDurationOf(p.GetEpochLength()),
 		EstimatorDigest: p.GetEstimatorDigest(),
 		Priority:        p.GetPriority(),
-		FairnessWeight:  p.GetFairnessWeight(),
+		FairnessWeight:  yamlfile.Int64(p.GetFairnessWeight()),
 		FairnessBudget:  p.GetFairnessBudget(),
 		EmergencyMode:   p.GetEmergencyMode(),
 	}
 	if p.GetRollout() == v1.RolloutMode_ROLLOUT_MODE_SHADOW {
-		f.Rollout = "shadow"
+		f.Rollout = fileRollout(rolloutShortName(v1.RolloutMode_ROLLOUT_MODE_SHADOW))
 	}
-	text := func(d *durationpb.Duration) string {
-		if d == nil {
-			return ""
-		}
-		return d.AsDuration().String()
-	}
-	f.HoldTTL, f.ExecutionLimit, f.EpochLength = text(p.GetHoldTtl()), text(p.GetExecutionLimit()), text(p.GetEpochLength())
 	for _, d := range p.GetDimensions() {
 		f.Dimensions = append(f.Dimensions, dimensionFile{
-			Unit: d.GetUnit(), Burst: d.GetBurst(), RefillUnits: d.GetRefillUnits(), RefillInterval: text(d.GetRefillInterval()),
-			MaxReservation: d.GetMaxReservation(), MaxOverdraft: d.GetMaxOverdraft(),
+			Unit: d.GetUnit(), Burst: yamlfile.Int64(d.GetBurst()), RefillUnits: yamlfile.Int64(d.GetRefillUnits()),
+			RefillInterval: fileDurationOf(d.GetRefillInterval()),
+			MaxReservation: yamlfile.Int64(d.GetMaxReservation()), MaxOverdraft: yamlfile.Int64(d.GetMaxOverdraft()),
 		})
 	}
 	return f

@@ -40,7 +40,7 @@ func TestPolicyFileSpellsFieldsAsTheAPI(t *testing.T) {
 // ambiguous, and any other case is refused naming holdTtl.
 func TestPolicyFileReadsHoldTTLAsHoldTtl(t *testing.T) {
 	const rest = "subject: tenant-7\nroute: chat\ndimensions:\n  - unit: tokens\n    burst: 10\n"
-	want, err := parsePolicyFile([]byte("holdTtl: 90s\n" + rest))
+	want, _, err := parsePolicyFile([]byte("holdTtl: 90s\n" + rest))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +52,7 @@ func TestPolicyFileReadsHoldTTLAsHoldTtl(t *testing.T) {
 		`{"subject":"tenant-7","route":"chat","holdTTL":"90s","dimensions":[{"unit":"tokens","burst":10}]}`,
 		`{"subject":"tenant-7","route":"chat","holdTtl":"90s","dimensions":[{"unit":"tokens","burst":10}]}`,
 	} {
-		got, err := parsePolicyFile([]byte(file))
+		got, _, err := parsePolicyFile([]byte(file))
 		if err != nil || !proto.Equal(got, want) {
 			t.Errorf("%q: %v %v, want %v", file, err, got, want)
 		}
@@ -63,7 +63,7 @@ func TestPolicyFileReadsHoldTTLAsHoldTtl(t *testing.T) {
 		{"HoldTtl: 90s\n" + rest, `field "HoldTtl": no such field; the field is spelt "holdTtl"`},
 		{"holdttl: 90s\n" + rest, `field "holdttl": no such field; the field is spelt "holdTtl"`},
 	} {
-		if got, err := parsePolicyFile([]byte(c.file)); err == nil || !strings.Contains(err.Error(), c.want) {
+		if got, _, err := parsePolicyFile([]byte(c.file)); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%q: %v %v, want an error with %q", c.file, err, got, c.want)
 		}
 	}
@@ -75,10 +75,10 @@ func TestPolicyFileReadsHoldTTLAsHoldTtl(t *testing.T) {
 // API's JSON, copied into a file).
 func TestDocPolicyFilesLoad(t *testing.T) {
 	files := map[string]string{}
-	_, afterIntro, ok := strings.Cut(policyHelp, "naming both:\n\n")
+	_, afterIntro, ok := strings.Cut(policyHelp, "naming its line and field:\n\n")
 	example, _, ok2 := strings.Cut(afterIntro, "\nExample:")
 	if !ok || !ok2 {
-		t.Fatal("policy --help: no example policy file between \"naming both:\" and \"Example:\"")
+		t.Fatal("policy --help: no example policy file between \"naming its line and field:\" and \"Example:\"")
 	}
 	files["policy --help"] = regexp.MustCompile(`(?m)^  `).ReplaceAllString(example, "")
 
@@ -112,7 +112,7 @@ func TestDocPolicyFilesLoad(t *testing.T) {
 	files["README.md PublishPolicy"] = string(body.Policy)
 
 	for where, file := range files {
-		p, err := parsePolicyFile([]byte(file))
+		p, _, err := parsePolicyFile([]byte(file))
 		if err != nil {
 			t.Errorf("%s:\n%s\ndoes not load: %v", where, file, err)
 			continue
@@ -123,5 +123,21 @@ func TestDocPolicyFilesLoad(t *testing.T) {
 		if strings.Contains(file, "holdTTL") {
 			t.Errorf("%s shows holdTTL, the former spelling: show holdTtl", where)
 		}
+	}
+}
+
+// The API's JSON of a policy reads as a file: the fields the server sets
+// (publishedAt, rolledBack, active, rolloutNow) are ignored, whatever they
+// say, and generation is returned as the generation the file was edited
+// from; the policy is the one the same file without them gives.
+func TestPolicyFileIgnoresServerSetFields(t *testing.T) {
+	const terms = `"subject":"tenant-7","route":"chat","rollout":"ROLLOUT_MODE_SHADOW","dimensions":[{"unit":"tokens","burst":"10"}]`
+	want, from, err := parsePolicyFile([]byte(`{` + terms + `}`))
+	if err != nil || from != 0 {
+		t.Fatalf("the terms alone: %v, edited from %d", err, from)
+	}
+	got, from, err := parsePolicyFile([]byte(`{` + terms + `,"generation":"7","publishedAt":"2026-12-05T04:30:36Z","rolledBack":true,"active":false,"rolloutNow":"ROLLOUT_MODE_ENFORCE"}`))
+	if err != nil || from != 7 || !proto.Equal(got, want) {
+		t.Fatalf("with the server's fields: %v %v, edited from %d; want %v from 7", err, got, from, want)
 	}
 }

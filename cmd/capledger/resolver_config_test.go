@@ -91,7 +91,7 @@ func TestResolverConfigIsCheckedFieldByField(t *testing.T) {
 // naming both, at the top and in a dimension: encoding/json would read
 // "HoldTtl" as holdTtl and "Burst" as burst.
 func TestPolicyFileKeysAreCaseSensitive(t *testing.T) {
-	if _, err := parsePolicyFile([]byte("subject: tenant-7\nroute: chat\nholdTtl: 1h\ndimensions:\n  - unit: tokens\n    burst: 10\n")); err != nil {
+	if _, _, err := parsePolicyFile([]byte("subject: tenant-7\nroute: chat\nholdTtl: 1h\ndimensions:\n  - unit: tokens\n    burst: 10\n")); err != nil {
 		t.Fatalf("a policy file as written: %v", err)
 	}
 	for _, c := range []struct{ file, want string }{
@@ -105,7 +105,7 @@ func TestPolicyFileKeysAreCaseSensitive(t *testing.T) {
 		{"subject: tenant-7\nroute: chat\ndimensions:\n  - unit: tokens\n    burst: 10\n    refill: 5\n",
 			`line 6: dimensions[0]: field "refill": no such field; the fields here: burst, maxOverdraft, maxReservation, refillInterval, refillUnits, unit`},
 	} {
-		if _, err := parsePolicyFile([]byte(c.file)); err == nil || !strings.Contains(err.Error(), c.want) {
+		if _, _, err := parsePolicyFile([]byte(c.file)); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%q: %v, want an error with %q", c.file, err, c.want)
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"maps"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 
 	yamlv2 "go.yaml.in/yaml/v2"
@@ -41,7 +42,7 @@ func UnmarshalStrict(data []byte, v any) error {
 	// is, not in the decoder's words ("unknown field", nothing more). A
 	// document YAMLToJSON cannot convert is the decoder's to refuse.
 	if js, err := yaml.YAMLToJSON(data); err == nil {
-		if err := exactKeysIn(js, v, data); err != nil {
+		if err := exactKeysIn(js, v, data, true); err != nil {
 			return err
 		}
 	}
@@ -76,20 +77,26 @@ func UnmarshalStrict(data []byte, v any) error {
 // ExactKeys is the check, for every strict decode of a file an operator
 // wrote (UnmarshalStrict; the JSON files of cmd/capledger), that each key
 // of an object in doc, one JSON value, names a field of v's type exactly
-// as its json tag spells it. It returns an error saying where the first
-// key that does not is, as "line N: PATH: field "KEY": ...", PATH the
-// object's JSON path (domains[0].rules[3]; none for the top level), so
-// that an operator finds it in a long file:
+// as its json tag spells it, and that each value decodes as its field's
+// type. It returns an error saying where the first key or value that
+// does not is, as "line N: PATH: field "KEY": ...", PATH the object's
+// JSON path (domains[0].rules[3]; none for the top level), so that an
+// operator finds it in a long file (the decoders name neither line nor
+// list item):
 //   - a key naming no field: "no such field", with the fields there;
 //   - a key naming a field in another case ("maxinflight" for
 //     maxInFlight): encoding/json matches keys regardless of case, so it
 //     would set the field and, beside the real key, one of the two would
-//     be dropped. The error names the field's spelling.
+//     be dropped. The error names the field's spelling;
+//   - a value its field's type does not take ("burst: 10x"): the error
+//     says what the value is not ("an integer"), or, for a type that
+//     decodes itself (json.Unmarshaler, e.g. Int64), what its
+//     UnmarshalJSON says.
 //
 // The keys of a map are data, not field names, and so is what a type
-// that decodes itself (json.Unmarshaler, e.g. json.RawMessage) is given:
-// they are not compared. A doc that is not JSON is the decoder's to
-// refuse: it returns nil for it.
+// that decodes itself (json.RawMessage) is given: they are not compared.
+// A doc that is not JSON is the decoder's to refuse: it returns nil for
+// it.
 //
 // A field may keep one former spelling, so that files written for an
 // older binary still load: a struct tag formerly:"holdTTL" beside
@@ -98,17 +105,24 @@ func UnmarshalStrict(data []byte, v any) error {
 // other case is refused naming the json tag's spelling, and an object
 // giving both spellings of one field is refused as ambiguous.
 func ExactKeys(doc []byte, v any) error {
-	return exactKeysIn(doc, v, doc)
+	return exactKeysIn(doc, v, doc, false)
 }
 
 // exactKeysIn is ExactKeys on doc, the JSON form of source, the file as
 // written (YAML or JSON), in which the line of the key is looked up.
-func exactKeysIn(doc []byte, v any, source []byte) error {
+// fromYAML says doc is what sigs.k8s.io/yaml made of a YAML source, whose
+// decoder gives a string field a number or boolean as its text (port: 80
+// reads "80"): the check takes those as the decoder will.
+func exactKeysIn(doc []byte, v any, source []byte, fromYAML bool) error {
+	// Numbers as written (json.Number), so that a value is checked as the
+	// file gives it: an int64 near 2^63 would not survive a float64.
+	dec := json.NewDecoder(bytes.NewReader(doc))
+	dec.UseNumber()
 	var parsed any
-	if err := json.Unmarshal(doc, &parsed); err != nil {
+	if err := dec.Decode(&parsed); err != nil {
 		return nil
 	}
-	kerr := exactKeys(parsed, reflect.TypeOf(v), nil)
+	kerr := exactKeys(parsed, reflect.TypeOf(v), nil, fromYAML)
 	if kerr == nil {
 		return nil
 	}
@@ -162,19 +176,26 @@ func with(path []step, s step) []step {
 // unmarshalerType is json.Unmarshaler: a type that reads its own keys.
 var unmarshalerType = reflect.TypeFor[json.Unmarshaler]()
 
-func exactKeys(doc any, t reflect.Type, path []step) *keyError {
+func exactKeys(doc any, t reflect.Type, path []step, fromYAML bool) *keyError {
 	for t != nil && t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
-	if t == nil || reflect.PointerTo(t).Implements(unmarshalerType) {
+	if t == nil || doc == nil {
 		return nil
 	}
-	switch t.Kind() {
+	_, isObject := doc.(map[string]any)
+	_, isList := doc.([]any)
+	kind := t.Kind()
+	switch {
+	case reflect.PointerTo(t).Implements(unmarshalerType),
+		kind == reflect.Struct && !isObject, kind == reflect.Map && !isObject,
+		(kind == reflect.Slice || kind == reflect.Array) && !isList,
+		kind != reflect.Struct && kind != reflect.Map && kind != reflect.Slice && kind != reflect.Array:
+		return valueError(doc, t, path, fromYAML)
+	}
+	switch kind {
 	case reflect.Struct:
-		obj, ok := doc.(map[string]any)
-		if !ok {
-			return nil
-		}
+		obj := doc.(map[string]any)
 		fields := jsonFields(t)
 		formerly := map[string]string{} // former spelling -> the field's
 		for name, f := range fields {
@@ -196,7 +217,7 @@ func exactKeys(doc any, t reflect.Type, path []step) *keyError {
 						return &keyError{at, fmt.Sprintf("fields %q and %q: one field given twice; it is spelt %q (%q, its former spelling, is still read): keep one", former, name, name, former)}
 					}
 				}
-				if err := exactKeys(obj[k], fields[name].typ, at); err != nil {
+				if err := exactKeys(obj[k], fields[name].typ, at, fromYAML); err != nil {
 					return err
 				}
 				continue
@@ -209,27 +230,88 @@ func exactKeys(doc any, t reflect.Type, path []step) *keyError {
 			return &keyError{at, fmt.Sprintf("field %q: no such field; the fields here: %s", k, strings.Join(slices.Sorted(maps.Keys(fields)), ", "))}
 		}
 	case reflect.Slice, reflect.Array:
-		list, ok := doc.([]any)
-		if !ok {
-			return nil
-		}
-		for i, item := range list {
-			if err := exactKeys(item, t.Elem(), with(path, step{index: i, isIndex: true})); err != nil {
+		for i, item := range doc.([]any) {
+			if err := exactKeys(item, t.Elem(), with(path, step{index: i, isIndex: true}), fromYAML); err != nil {
 				return err
 			}
 		}
 	case reflect.Map:
-		obj, ok := doc.(map[string]any)
-		if !ok {
-			return nil
-		}
+		obj := doc.(map[string]any)
 		for _, k := range sortedKeys(obj) {
-			if err := exactKeys(obj[k], t.Elem(), with(path, step{key: k})); err != nil {
+			if err := exactKeys(obj[k], t.Elem(), with(path, step{key: k}), fromYAML); err != nil {
 				return err
 			}
 		}
 	}
 	return nil
+}
+
+// valueError returns nil when doc, a value as the file gives it, decodes
+// as t (as the decoder will decode it), else the keyError at path saying
+// why not.
+func valueError(doc any, t reflect.Type, path []step, fromYAML bool) *keyError {
+	if t.Kind() == reflect.String && fromYAML {
+		switch scalar := doc.(type) {
+		case json.Number:
+			doc = scalar.String()
+		case bool:
+			doc = strconv.FormatBool(scalar)
+		}
+	}
+	raw, err := json.Marshal(doc)
+	if err != nil {
+		return nil // not from a JSON document; the decoder's to refuse
+	}
+	err = json.Unmarshal(raw, reflect.New(t).Interface())
+	if err == nil {
+		return nil
+	}
+	text := err.Error()
+	var typeErr *json.UnmarshalTypeError
+	if errors.As(err, &typeErr) {
+		text = fmt.Sprintf("%s is not %s", valueText(doc, raw), wanted(t, doc))
+	}
+	last := path[len(path)-1]
+	if last.isIndex {
+		return &keyError{path, fmt.Sprintf("item %d: %s", last.index, text)}
+	}
+	return &keyError{path, fmt.Sprintf("field %q: %s", last.key, text)}
+}
+
+// valueText is a value as an error shows it: a scalar as JSON writes it
+// ("10x", 1.5, true), a list or mapping by its kind.
+func valueText(doc any, raw []byte) string {
+	switch doc.(type) {
+	case map[string]any:
+		return "a mapping"
+	case []any:
+		return "a list"
+	}
+	return string(raw)
+}
+
+// wanted says what a value of t is, for "VALUE is not WANTED"; for an
+// integer type given a whole number, that it is out of t's range.
+func wanted(t reflect.Type, doc any) string {
+	switch t.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		if n, ok := doc.(json.Number); ok && !strings.ContainsAny(n.String(), ".eE") {
+			return fmt.Sprintf("within the range of %s", t.Kind())
+		}
+		return "an integer"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.String:
+		return "a string"
+	case reflect.Slice, reflect.Array:
+		return "a list"
+	case reflect.Struct, reflect.Map:
+		return "a mapping (key: value)"
+	}
+	return "a " + t.String()
 }
 
 func sortedKeys(obj map[string]any) []string {
@@ -251,6 +333,9 @@ func keyLine(source []byte, path []step) int {
 				return 0
 			}
 			node = node.Content[s.index]
+			if i == len(path)-1 {
+				return node.Line
+			}
 			continue
 		}
 		key, value := mappingEntry(node, s.key)

@@ -227,3 +227,92 @@ func TestUnknownFieldSaysWhere(t *testing.T) {
 		t.Errorf("%q: %v %+v, want read", ok, err, f)
 	}
 }
+
+// A value its field's type does not take is refused saying where it is
+// (line and path, as for a key) and what it is not, at any depth and in
+// a list of scalars, in YAML and in JSON (ExactKeys); the decoders named
+// neither line nor list item. What the decoder takes still reads: an
+// int64 at its bound, a YAML number or boolean for a string field (the
+// decoder reads its text), null.
+func TestValueErrorsSayWhere(t *testing.T) {
+	type dimension struct {
+		Unit  string `json:"unit"`
+		Burst int64  `json:"burst"`
+	}
+	type file struct {
+		Name       string      `json:"name"`
+		Enabled    bool        `json:"enabled,omitempty"`
+		Share      float64     `json:"share,omitempty"`
+		Tags       []int32     `json:"tags,omitempty"`
+		Dimensions []dimension `json:"dimensions"`
+		Weight     Int64       `json:"weight,omitempty"`
+	}
+	for _, c := range []struct{ doc, want string }{
+		{"name: a\ndimensions:\n  - unit: t\n    burst: 10\n  - unit: u\n    burst: 10x\n", `line 6: dimensions[1]: field "burst": "10x" is not an integer`},
+		{"name: a\ndimensions:\n  - unit: t\n    burst: 1.5\n", `line 4: dimensions[0]: field "burst": 1.5 is not an integer`},
+		{"name: a\ndimensions:\n  - unit: t\n    burst: 9223372036854775808\n", `line 4: dimensions[0]: field "burst": 9223372036854775808 is not within the range of int64`},
+		{"name: a\nenabled: maybe\n", `line 2: field "enabled": "maybe" is not true or false`},
+		{"name: a\nshare: lots\n", `line 2: field "share": "lots" is not a number`},
+		{"name: a\ntags: [1, 2, x]\n", `line 2: tags: item 2: "x" is not an integer`},
+		{"name: a\ndimensions: 5\n", `line 2: field "dimensions": 5 is not a list`},
+		{"name: a\ndimensions:\n  - 5\n", `line 3: dimensions: item 0: 5 is not a mapping (key: value)`},
+		{"name: [a]\n", `line 1: field "name": a list is not a string`},
+		{"name: a\nweight: heavy\n", `line 2: field "weight": "heavy" is not an integer`},
+		{`{"name":"a","dimensions":[{"unit":"t","burst":"10"}]}`, `line 1: dimensions[0]: field "burst": "10" is not an integer`},
+	} {
+		var f file
+		if err := UnmarshalStrict([]byte(c.doc), &f); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: %v, want an error with %q", c.doc, err, c.want)
+		}
+	}
+	if err := ExactKeys([]byte(`{"name":"a","dimensions":[{"unit":"t","burst":true}]}`), &file{}); err == nil ||
+		!strings.Contains(err.Error(), `dimensions[0]: field "burst": true is not an integer`) {
+		t.Errorf("ExactKeys on JSON: %v, want the burst's error", err)
+	}
+	// In JSON decoded as JSON (ExactKeys), a number is no string.
+	if err := ExactKeys([]byte(`{"name":5,"dimensions":[]}`), &file{}); err == nil || !strings.Contains(err.Error(), `field "name": 5 is not a string`) {
+		t.Errorf("ExactKeys of a number for a string: %v", err)
+	}
+	var f file
+	if err := UnmarshalStrict([]byte("name: 80\nenabled: yes\ntags: [1]\nweight: null\ndimensions:\n  - unit: true\n    burst: 9223372036854775807\n"), &f); err != nil ||
+		f.Name != "80" || f.Dimensions[0].Unit != "true" || f.Dimensions[0].Burst != 9223372036854775807 || !f.Enabled {
+		t.Errorf("values the decoder takes: %v %+v", err, f)
+	}
+}
+
+// Int64 and Uint64 read an integer given as a number or as a quoted
+// decimal string (the API's JSON writes int64s so), and write a number;
+// anything else is refused saying what it is and what was wanted.
+func TestIntegersAsNumbersOrStrings(t *testing.T) {
+	type file struct {
+		Burst      Int64  `json:"burst"`
+		Generation Uint64 `json:"generation,omitempty"`
+	}
+	for _, doc := range []string{"burst: 1000\ngeneration: 3\n", "burst: \"1000\"\ngeneration: \"3\"\n", `{"burst":"1000","generation":"3"}`, `{"burst":1000,"generation":3}`} {
+		var f file
+		if err := UnmarshalStrict([]byte(doc), &f); err != nil || f.Burst != 1000 || f.Generation != 3 {
+			t.Errorf("%q: %v %+v, want burst 1000, generation 3", doc, err, f)
+		}
+	}
+	var f file
+	if err := UnmarshalStrict([]byte(`{"burst":"-9223372036854775808"}`), &f); err != nil || f.Burst != -9223372036854775808 {
+		t.Errorf("the least int64 as a string: %v %+v", err, f)
+	}
+	for _, c := range []struct{ doc, want string }{
+		{`burst: ""`, `line 1: field "burst": "" is not an integer`},
+		{`burst: "1e3"`, `line 1: field "burst": "1e3" is not an integer (want -9223372036854775808 to 9223372036854775807)`},
+		{`burst: "9223372036854775808"`, `line 1: field "burst": "9223372036854775808" is out of range: want -9223372036854775808 to 9223372036854775807`},
+		{"burst: 1\ngeneration: -1\n", `line 2: field "generation": -1 is not an integer (want 0 to 18446744073709551615)`},
+		{"burst: true\n", `line 1: field "burst": true is not an integer`},
+		{"burst: [1]\n", `line 1: field "burst": [1] is not an integer`},
+	} {
+		var f file
+		if err := UnmarshalStrict([]byte(c.doc), &f); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: %v, want an error with %q", c.doc, err, c.want)
+		}
+	}
+	out, err := json.Marshal(file{Burst: 1000, Generation: 3})
+	if err != nil || string(out) != `{"burst":1000,"generation":3}` {
+		t.Errorf("written as %s %v, want numbers", out, err)
+	}
+}

@@ -844,7 +844,8 @@ type ErrorDetail struct {
 	// RESERVATION_NOT_STARTED, RESERVATION_ALREADY_STARTED,
 	// RESERVATION_ALREADY_SETTLED, RESERVATION_RELEASED, RESERVATION_EXPIRED,
 	// OPERATION_MISMATCH, RESERVATION_NOT_DUE, INVALID_COMMAND, INVALID_POLICY,
-	// UNKNOWN_UNIT, STORE_UNAVAILABLE, PERMISSION_DENIED, UNAUTHENTICATED.
+	// POLICY_GENERATION_CHANGED, UNKNOWN_UNIT, STORE_UNAVAILABLE,
+	// PERMISSION_DENIED, UNAUTHENTICATED.
 	Reason string `protobuf:"bytes,1,opt,name=reason,proto3" json:"reason,omitempty"`
 	// For state errors: the reservation as it is now (so a caller sees, for
 	// instance, that it was already settled and with what usage).
@@ -899,9 +900,17 @@ func (x *ErrorDetail) GetReservation() *Reservation {
 
 type PublishPolicyRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The policy to publish; generation, published_at, rolled_back and
-	// active are ignored.
-	Policy        *Policy `protobuf:"bytes,1,opt,name=policy,proto3" json:"policy,omitempty"`
+	// The policy to publish; generation, published_at, rolled_back, active
+	// and rollout_now are ignored.
+	Policy *Policy `protobuf:"bytes,1,opt,name=policy,proto3" json:"policy,omitempty"`
+	// The generation the policy was edited from (0: none). When set, the
+	// publish is refused with FAILED_PRECONDITION, reason
+	// POLICY_GENERATION_CHANGED, unless it is still the active generation of
+	// the policy's subject, route and region: an edit of a stale copy does
+	// not undo what was published since. Terms equal to the active
+	// generation's replay whatever this says (a retry of a publish whose
+	// answer was lost replays).
+	EditedFrom    uint64 `protobuf:"varint,2,opt,name=edited_from,json=editedFrom,proto3" json:"edited_from,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -941,6 +950,13 @@ func (x *PublishPolicyRequest) GetPolicy() *Policy {
 		return x.Policy
 	}
 	return nil
+}
+
+func (x *PublishPolicyRequest) GetEditedFrom() uint64 {
+	if x != nil {
+		return x.EditedFrom
+	}
+	return 0
 }
 
 type PublishPolicyResponse struct {
@@ -3474,9 +3490,11 @@ const file_capledger_v1_capledger_proto_rawDesc = "" +
 	"\x06reason\x18\x04 \x01(\tR\x06reason\"b\n" +
 	"\vErrorDetail\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\x12;\n" +
-	"\vreservation\x18\x02 \x01(\v2\x19.capledger.v1.ReservationR\vreservation\"D\n" +
+	"\vreservation\x18\x02 \x01(\v2\x19.capledger.v1.ReservationR\vreservation\"e\n" +
 	"\x14PublishPolicyRequest\x12,\n" +
-	"\x06policy\x18\x01 \x01(\v2\x14.capledger.v1.PolicyR\x06policy\"a\n" +
+	"\x06policy\x18\x01 \x01(\v2\x14.capledger.v1.PolicyR\x06policy\x12\x1f\n" +
+	"\vedited_from\x18\x02 \x01(\x04R\n" +
+	"editedFrom\"a\n" +
 	"\x15PublishPolicyResponse\x12,\n" +
 	"\x06policy\x18\x01 \x01(\v2\x14.capledger.v1.PolicyR\x06policy\x12\x1a\n" +
 	"\breplayed\x18\x02 \x01(\bR\breplayed\"2\n" +

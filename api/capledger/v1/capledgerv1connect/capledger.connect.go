@@ -129,7 +129,9 @@ type LedgerServiceClient interface {
 	// one on the subject's next reservation, so republishing never hands out
 	// a fresh burst or forgets debt. Publishing exactly the terms of the active
 	// generation again returns that generation with replayed = true.
-	// Role: admin. Errors: INVALID_ARGUMENT (reason INVALID_POLICY).
+	// Role: admin. Errors: INVALID_ARGUMENT (reason INVALID_POLICY),
+	// FAILED_PRECONDITION (POLICY_GENERATION_CHANGED, see
+	// PublishPolicyRequest.edited_from).
 	PublishPolicy(context.Context, *connect.Request[v1.PublishPolicyRequest]) (*connect.Response[v1.PublishPolicyResponse], error)
 	// GetPolicy returns one generation. Errors: NOT_FOUND (POLICY_NOT_FOUND).
 	GetPolicy(context.Context, *connect.Request[v1.GetPolicyRequest]) (*connect.Response[v1.GetPolicyResponse], error)
@@ -491,7 +493,9 @@ type LedgerServiceHandler interface {
 	// one on the subject's next reservation, so republishing never hands out
 	// a fresh burst or forgets debt. Publishing exactly the terms of the active
 	// generation again returns that generation with replayed = true.
-	// Role: admin. Errors: INVALID_ARGUMENT (reason INVALID_POLICY).
+	// Role: admin. Errors: INVALID_ARGUMENT (reason INVALID_POLICY),
+	// FAILED_PRECONDITION (POLICY_GENERATION_CHANGED, see
+	// PublishPolicyRequest.edited_from).
 	PublishPolicy(context.Context, *connect.Request[v1.PublishPolicyRequest]) (*connect.Response[v1.PublishPolicyResponse], error)
 	// GetPolicy returns one generation. Errors: NOT_FOUND (POLICY_NOT_FOUND).
 	GetPolicy(context.Context, *connect.Request[v1.GetPolicyRequest]) (*connect.Response[v1.GetPolicyResponse], error)
