@@ -88,4 +88,19 @@ func TestScopedCallNeverActsOnAReusedID(t *testing.T) {
 			t.Errorf("%s by tenant-a left tenant-b's reservation %v, want %s: %v", c.method, state, wantState, theirs)
 		}
 	}
+
+	// A scoped retry of a call on the caller's own reservation, checked
+	// against its own account, replays as before.
+	h.ok("Reserve", `{"reservationId":"own","subject":"tenant-a/u1","route":"chat.generate","units":{"tokens":10}}`, gwAToken)
+	for _, c := range []struct{ method, body string }{
+		{"Start", `{"reservationId":"own","operationId":"op-own"}`},
+		{"MarkUsageUnknown", `{"reservationId":"own"}`},
+		{"Settle", `{"reservationId":"own","operationId":"op-own","actualUnits":{"tokens":4}}`},
+	} {
+		first := h.ok(c.method, c.body, gwAToken)
+		again := h.ok(c.method, c.body, gwAToken)
+		if first["replayed"] == true || again["replayed"] != true || fmt.Sprint(again["reservation"]) != fmt.Sprint(first["reservation"]) {
+			t.Errorf("%s retried by its owner: %v after %v", c.method, again, first)
+		}
+	}
 }
