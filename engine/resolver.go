@@ -723,7 +723,10 @@ func (r *Resolver) settleCommand(ctx context.Context, row *ledger.Reservation, s
 	default:
 		return nil, fmt.Errorf("answer has state %v", st.State)
 	}
-	return &ledger.Command{Kind: ledger.KindSettle, ReservationID: row.ID, OperationID: row.OperationID, Units: units}, nil
+	// Checked against row's account: the answer is about row's operation,
+	// in row's units, and settles nothing that took the id since.
+	return &ledger.Command{Kind: ledger.KindSettle, ReservationID: row.ID, OperationID: row.OperationID, Units: units,
+		CheckedAccount: row.Account}, nil
 }
 
 // later schedules the next question about id after a backoff; longest

@@ -98,6 +98,16 @@ type Command struct {
 	Generation uint64
 	// Account names the account of refill, close-epoch and drain.
 	Account AccountKey
+	// CheckedAccount, when set on a command naming a reservation by id
+	// alone (start, settle, release, expiry, unknown marking), is the
+	// account the caller found that reservation in when it checked that
+	// it may act on it (a scoped token's check; the reservation whose
+	// generation mapped a settle's units). A reservation or tombstone of
+	// another account under the id took it after that check (retention
+	// forgot the checked one, and the id was reused): the command answers
+	// exactly as for an unknown id (ErrReservationNotFound), so it never
+	// acts on it nor says anything about it. Zero: no check.
+	CheckedAccount AccountKey
 	// Shard carries the arguments of shard issuance and reconciliation.
 	Shard *ShardArgs
 	// Cause is why an expiry or unknown-marking command may act. The zero
@@ -272,23 +282,23 @@ func Apply(b Book, cmd *Command, now time.Time) (res Result) {
 		reserve(b, cmd, now, &res)
 		return res
 	case KindStart:
-		start(b, cmd.ReservationID, cmd.OperationID, now, &res)
+		start(b, cmd.ReservationID, cmd.OperationID, cmd.CheckedAccount, now, &res)
 		return res
 	case KindSettle:
-		settle(b, cmd.ReservationID, cmd.OperationID, cmd.Units, now, &res)
+		settle(b, cmd.ReservationID, cmd.OperationID, cmd.Units, cmd.CheckedAccount, now, &res)
 		return res
 	case KindRelease:
-		return Release(b, cmd.ReservationID, now)
+		return release(b, cmd.ReservationID, cmd.CheckedAccount, now)
 	case KindExpireClaim, KindExpire:
 		if cmd.Cause != CauseRequest && cmd.Cause != CauseHoldExpired {
 			return Result{Err: invalid("%s with cause %s: expiry acts only on a hold that ran out", cmd.Kind, cmd.Cause)}
 		}
 		if cmd.Kind == KindExpireClaim {
-			return ExpireClaim(b, cmd.ReservationID, now)
+			return expireClaim(b, cmd.ReservationID, cmd.CheckedAccount, now)
 		}
-		return Expire(b, cmd.ReservationID, now)
+		return expire(b, cmd.ReservationID, cmd.CheckedAccount, now)
 	case KindMarkUsageUnknown:
-		return MarkUsageUnknownFor(b, cmd.ReservationID, cmd.Cause, now)
+		return markUsageUnknown(b, cmd.ReservationID, cmd.Cause, cmd.CheckedAccount, now)
 	case KindRefill:
 		return Refill(b, cmd.Account, now)
 	case KindCloseEpoch:

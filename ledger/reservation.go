@@ -513,21 +513,21 @@ func checkUnits(p *Policy, units *Amounts, positive bool) error {
 // ErrReservationReleased; ErrReservationExpired when expiry claimed it
 // first (EXPIRING or EXPIRED).
 func Start(b Book, id, operationID string, now time.Time) (res Result) {
-	start(b, id, operationID, now, &res)
+	start(b, id, operationID, AccountKey{}, now, &res)
 	return res
 }
 
 // start is Start answering into *res, which must be zero: Apply
 // passes its own result, so the receipt is not copied once more on the way
-// out.
-func start(b Book, id, operationID string, now time.Time, res *Result) {
+// out. checked is the command's CheckedAccount (lookup).
+func start(b Book, id, operationID string, checked AccountKey, now time.Time, res *Result) {
 	// The command's shape before the reservation: a malformed start is
 	// ErrInvalidCommand whatever the id names (or whether it exists).
 	if operationID == "" && id != "" {
 		*res = Result{Err: invalid("operation id is empty")}
 		return
 	}
-	r, err := lookup(b, id)
+	r, err := lookup(b, id, checked)
 	if err != nil {
 		*res = missing(err, KindStart)
 		return
@@ -581,20 +581,20 @@ func start(b Book, id, operationID string, now time.Time, res *Result) {
 // MaxLifetimeUnits; ErrAccountNotFound / ErrPolicyNotFound only when the
 // book lost the reservation's account or policy.
 func Settle(b Book, id, operationID string, actual Amounts, now time.Time) (res Result) {
-	settle(b, id, operationID, actual, now, &res)
+	settle(b, id, operationID, actual, AccountKey{}, now, &res)
 	return res
 }
 
 // settle is Settle answering into *res, which must be zero: Apply
 // passes its own result, so the receipt is not copied once more on the way
-// out.
-func settle(b Book, id, operationID string, actual Amounts, now time.Time, res *Result) {
+// out. checked is the command's CheckedAccount (lookup).
+func settle(b Book, id, operationID string, actual Amounts, checked AccountKey, now time.Time, res *Result) {
 	// The command's shape decides before the reservation's state: a
 	// malformed settle (no operation id, a negative amount or one above
 	// MaxUnits) is ErrInvalidCommand whatever the id names, even an
 	// unknown, removed or finished one. The reservation is read first
 	// only so the message can name the unit.
-	r, err := lookup(b, id)
+	r, err := lookup(b, id, checked)
 	if id != "" {
 		var p *Policy
 		if err == nil {
@@ -717,7 +717,13 @@ func chargeBeyond(bal *Balance, r *Reservation, i int, extra Units, d *Dimension
 // ErrReservationNotFound; ErrInvalidCommand for a missing id. A release on
 // a superseded generation forwards like a settle.
 func Release(b Book, id string, now time.Time) Result {
-	r, err := lookup(b, id)
+	return release(b, id, AccountKey{}, now)
+}
+
+// release is Release checked against the command's CheckedAccount
+// (lookup).
+func release(b Book, id string, checked AccountKey, now time.Time) Result {
+	r, err := lookup(b, id, checked)
 	if err != nil {
 		return missing(err, KindRelease)
 	}
@@ -746,7 +752,13 @@ func Release(b Book, id string, now time.Time) Result {
 // / ErrReservationAlreadySettled for finished ones; ErrReservationNotFound;
 // ErrInvalidCommand for a missing id.
 func ExpireClaim(b Book, id string, now time.Time) Result {
-	r, err := lookup(b, id)
+	return expireClaim(b, id, AccountKey{}, now)
+}
+
+// expireClaim is ExpireClaim checked against the command's
+// CheckedAccount (lookup).
+func expireClaim(b Book, id string, checked AccountKey, now time.Time) Result {
+	r, err := lookup(b, id, checked)
 	if err != nil {
 		return missing(err, KindExpireClaim)
 	}
@@ -787,7 +799,13 @@ func ExpireClaim(b Book, id string, now time.Time) Result {
 // ErrReservationNotFound; ErrInvalidCommand for a missing id. An expiry on
 // a superseded generation forwards like a settle.
 func Expire(b Book, id string, now time.Time) Result {
-	r, err := lookup(b, id)
+	return expire(b, id, AccountKey{}, now)
+}
+
+// expire is Expire checked against the command's CheckedAccount
+// (lookup).
+func expire(b Book, id string, checked AccountKey, now time.Time) Result {
+	r, err := lookup(b, id, checked)
 	if err != nil {
 		return missing(err, KindExpire)
 	}
@@ -827,7 +845,13 @@ func MarkUsageUnknown(b Book, id string, now time.Time) Result {
 // policy without an execution limit) must never make started work unknown.
 // CauseHoldExpired is ErrInvalidCommand: an expired hold never started.
 func MarkUsageUnknownFor(b Book, id string, cause Cause, now time.Time) Result {
-	r, err := lookup(b, id)
+	return markUsageUnknown(b, id, cause, AccountKey{}, now)
+}
+
+// markUsageUnknown is MarkUsageUnknownFor checked against the command's
+// CheckedAccount (lookup).
+func markUsageUnknown(b Book, id string, cause Cause, checked AccountKey, now time.Time) Result {
+	r, err := lookup(b, id, checked)
 	if err != nil {
 		return missing(err, KindMarkUsageUnknown)
 	}
@@ -895,18 +919,33 @@ func transition(b Book, r *Reservation, from State, kind Kind, now time.Time) {
 // lookup returns the reservation named id, or ErrInvalidCommand for an
 // empty id, or ErrReservationNotFound. (An error rather than a Result: the
 // found path copies no 500-byte Result.)
-func lookup(b Book, id string) (*Reservation, error) {
+//
+// checked is the command's CheckedAccount: when set, a reservation or
+// tombstone of another account is not the one the caller checked, and
+// is answered exactly as an id nobody used (same error, same words), so
+// the command neither acts on it nor reveals it. This is the one place
+// that rule lives.
+func lookup(b Book, id string, checked AccountKey) (*Reservation, error) {
 	if id == "" {
 		return nil, invalid("reservation id is empty")
 	}
 	r, ok := b.Reservation(id)
+	if ok && !checkedElsewhere(r.Account, checked) {
+		return r, nil
+	}
 	if !ok {
-		if t, ok := tombstone(b, id); ok {
+		if t, ok := tombstone(b, id); ok && !checkedElsewhere(t.Account, checked) {
 			return nil, retiredError{t}
 		}
-		return nil, fmt.Errorf("%w: %s", ErrReservationNotFound, id)
 	}
-	return r, nil
+	return nil, fmt.Errorf("%w: %s", ErrReservationNotFound, id)
+}
+
+// checkedElsewhere reports whether a reservation of account is outside
+// the account a command was checked against (checked; zero checks
+// nothing).
+func checkedElsewhere(account, checked AccountKey) bool {
+	return checked != (AccountKey{}) && account != checked
 }
 
 // stateError names why a reservation in state s cannot take the command.

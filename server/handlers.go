@@ -656,11 +656,12 @@ func (s *Server) Start(ctx context.Context, req *connect.Request[v1.StartRequest
 		s.refused(ledger.KindStart, cerr)
 		return nil, cerr
 	}
-	if cerr := s.checkReservationScope(ctx, "start", req.Msg.GetReservationId()); cerr != nil {
+	checked, cerr := s.checkReservationScope(ctx, "start", req.Msg.GetReservationId())
+	if cerr != nil {
 		s.refused(ledger.KindStart, cerr)
 		return nil, cerr
 	}
-	res, cerr := s.exec(ctx, ledger.Command{Kind: ledger.KindStart, ReservationID: req.Msg.GetReservationId(), OperationID: req.Msg.GetOperationId()})
+	res, cerr := s.exec(ctx, ledger.Command{Kind: ledger.KindStart, ReservationID: req.Msg.GetReservationId(), OperationID: req.Msg.GetOperationId(), CheckedAccount: checked})
 	defer func() { s.countAnswer(ledger.KindStart, &res, answer) }()
 	if cerr != nil {
 		return nil, cerr
@@ -676,7 +677,8 @@ func (s *Server) Start(ctx context.Context, req *connect.Request[v1.StartRequest
 }
 
 // settleCommand validates a settle and maps its units by the reservation's
-// own generation (immutable, so this mapping cannot go stale).
+// own generation (immutable, so this mapping cannot go stale: the command
+// is checked against the reservation's account).
 func (s *Server) settleCommand(ctx context.Context, req *v1.SettleRequest) (ledger.Command, *connect.Error) {
 	if cerr := checkID("reservation_id", req.GetReservationId()); cerr != nil {
 		return ledger.Command{}, cerr
@@ -706,7 +708,12 @@ func (s *Server) settleCommand(ctx context.Context, req *v1.SettleRequest) (ledg
 		return ledger.Command{}, invalidArgument(ReasonInvalidCommand,
 			"settle %s: actualUnits must state the usage of every unit it reserved (0 when none was used); missing %s", req.GetReservationId(), missing)
 	}
-	return ledger.Command{Kind: ledger.KindSettle, ReservationID: r.ID, OperationID: req.GetOperationId(), Units: units}, nil
+	// The units are mapped by r's generation, and a scoped caller was
+	// checked against r's account: the ledger settles r or nothing
+	// (ledger.Command.CheckedAccount), never a reservation that took the
+	// id since.
+	return ledger.Command{Kind: ledger.KindSettle, ReservationID: r.ID, OperationID: req.GetOperationId(), Units: units,
+		CheckedAccount: r.Account}, nil
 }
 
 func (s *Server) settleOutcome(ctx context.Context, res *ledger.Result) outcome[*v1.SettleResponse] {
@@ -804,11 +811,12 @@ func (s *Server) Release(ctx context.Context, req *connect.Request[v1.ReleaseReq
 		s.refused(ledger.KindRelease, cerr)
 		return nil, cerr
 	}
-	if cerr := s.checkReservationScope(ctx, "release", req.Msg.GetReservationId()); cerr != nil {
+	checked, cerr := s.checkReservationScope(ctx, "release", req.Msg.GetReservationId())
+	if cerr != nil {
 		s.refused(ledger.KindRelease, cerr)
 		return nil, cerr
 	}
-	res, cerr := s.exec(ctx, ledger.Command{Kind: ledger.KindRelease, ReservationID: req.Msg.GetReservationId()})
+	res, cerr := s.exec(ctx, ledger.Command{Kind: ledger.KindRelease, ReservationID: req.Msg.GetReservationId(), CheckedAccount: checked})
 	defer func() { s.countAnswer(ledger.KindRelease, &res, answer) }()
 	if cerr != nil {
 		return nil, cerr
@@ -833,11 +841,12 @@ func (s *Server) MarkUsageUnknown(ctx context.Context, req *connect.Request[v1.M
 		s.refused(ledger.KindMarkUsageUnknown, cerr)
 		return nil, cerr
 	}
-	if cerr := s.checkReservationScope(ctx, "mark usage unknown", req.Msg.GetReservationId()); cerr != nil {
+	checked, cerr := s.checkReservationScope(ctx, "mark usage unknown", req.Msg.GetReservationId())
+	if cerr != nil {
 		s.refused(ledger.KindMarkUsageUnknown, cerr)
 		return nil, cerr
 	}
-	res, cerr := s.exec(ctx, ledger.Command{Kind: ledger.KindMarkUsageUnknown, ReservationID: req.Msg.GetReservationId()})
+	res, cerr := s.exec(ctx, ledger.Command{Kind: ledger.KindMarkUsageUnknown, ReservationID: req.Msg.GetReservationId(), CheckedAccount: checked})
 	defer func() { s.countAnswer(ledger.KindMarkUsageUnknown, &res, answer) }()
 	if cerr != nil {
 		return nil, cerr

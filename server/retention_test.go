@@ -127,6 +127,9 @@ type forgettingStore struct {
 	// transaction (another replica's operator, between the two reads).
 	rollback ledger.PolicyKey
 	gen      uint64
+	// reuse, when set, are commands applied in a second transaction
+	// after the retire's (another tenant reserving the forgotten id).
+	reuse []ledger.Command
 }
 
 func (s *forgettingStore) ReservationGet(ctx context.Context, id string) (ledger.Reservation, error) {
@@ -137,30 +140,40 @@ func (s *forgettingStore) ReservationGet(ctx context.Context, id string) (ledger
 		return r, err
 	}
 	s.id = ""
-	tx, terr := s.Store.Begin(ctx)
-	if terr != nil {
-		return r, terr
-	}
-	defer tx.Rollback(ctx)
-	book := store.NewBook(ctx, tx, 1)
-	retire := ledger.Command{Kind: ledger.KindRetire, ReservationID: id, Before: s.at, ForgetBefore: s.at}
-	if res := ledger.Apply(book, &retire, s.at); res.Err != nil {
-		return r, res.Err
-	}
+	forget := []ledger.Command{{Kind: ledger.KindRetire, ReservationID: id, Before: s.at, ForgetBefore: s.at}}
 	if s.gen != 0 {
-		rollback := ledger.Command{Kind: ledger.KindRollbackPolicy, PolicyKey: s.rollback, Generation: s.gen}
-		if res := ledger.Apply(book, &rollback, s.at); res.Err != nil {
-			return r, res.Err
+		forget = append(forget, ledger.Command{Kind: ledger.KindRollbackPolicy, PolicyKey: s.rollback, Generation: s.gen})
+	}
+	if terr := s.commit(ctx, forget); terr != nil {
+		return r, terr
+	}
+	if len(s.reuse) > 0 {
+		if terr := s.commit(ctx, s.reuse); terr != nil {
+			return r, terr
 		}
-	}
-	if terr := tx.Write(ctx, book.Changes()); terr != nil {
-		return r, terr
-	}
-	if terr := tx.Commit(ctx); terr != nil {
-		return r, terr
 	}
 	s.forgot = true
 	return r, err
+}
+
+// commit applies cmds in one transaction of the store, as the engine
+// does, and fails on any refusal.
+func (s *forgettingStore) commit(ctx context.Context, cmds []ledger.Command) error {
+	tx, err := s.Store.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(ctx)
+	book := store.NewBook(ctx, tx, 1)
+	for i := range cmds {
+		if res := ledger.Apply(book, &cmds[i], s.at); res.Err != nil {
+			return fmt.Errorf("%s %s: %w", cmds[i].Kind, cmds[i].ReservationID, res.Err)
+		}
+	}
+	if err := tx.Write(ctx, book.Changes()); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
 }
 
 // A Reserve whose units the deciding generation cannot place, under the

@@ -216,22 +216,27 @@ func (s *Server) storedOutOfScope(ctx context.Context, call, kind, id string, ac
 	return nil
 }
 
-// checkReservationScope is the scope check of an id-only call: nil when
-// the caller is unscoped or the stored reservation is in its scope;
-// reservationNotFound when it is missing or outside; a read error when the
-// store cannot say.
-func (s *Server) checkReservationScope(ctx context.Context, what, id string) *connect.Error {
+// checkReservationScope is the scope check of an id-only call. It
+// returns the account of the stored reservation it checked, for the
+// command to carry as its ledger.Command.CheckedAccount: the ledger then
+// refuses, as an unknown id, a reservation that took the id after this
+// check (retention forgot the caller's, another tenant reused the id), so
+// isolation does not rest on nothing happening between the read and the
+// command. The zero key when the caller is unscoped (nothing read,
+// nothing to check); reservationNotFound when the reservation is missing
+// or outside the scope; a read error when the store cannot say.
+func (s *Server) checkReservationScope(ctx context.Context, what, id string) (ledger.AccountKey, *connect.Error) {
 	if !scoped(ctx) {
-		return nil
+		return ledger.AccountKey{}, nil
 	}
 	r, err := s.ledger.Reservation(ctx, id)
 	if cerr := s.storedOutOfScope(ctx, what, "reservation", id, r.Account, err, reservationNotFound); cerr != nil {
-		return cerr
+		return ledger.AccountKey{}, cerr
 	}
 	if err != nil {
-		return notSentError(what+" "+id, ReasonReservationNotFound, named(err, "reservation", id))
+		return ledger.AccountKey{}, notSentError(what+" "+id, ReasonReservationNotFound, named(err, "reservation", id))
 	}
-	return nil
+	return r.Account, nil
 }
 
 // scopeFilter returns the filter of a list for the caller of ctx: true

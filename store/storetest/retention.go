@@ -22,6 +22,7 @@ var retentionCases = []struct {
 	{"RetentionConcurrentReplicas", testRetentionConcurrent},
 	{"TombstoneDuplicate", testTombstoneDuplicate},
 	{"AuditReusedIDAfterHorizon", testAuditReusedID},
+	{"CheckedAccountAfterIDReuse", testCheckedAccountAfterIDReuse},
 	{"SnapshotStreaming", testSnapshotStreaming},
 }
 
