@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capledger/capledger/internal/logcapture"
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
 	"github.com/capledger/capledger/store/memstore"
@@ -406,5 +407,145 @@ func TestCompactionIgnoresWhatOnlyTheFullAuditFinds(t *testing.T) {
 				t.Fatalf("a pass with a discrepancy only the full audit finds: %+v", s)
 			}
 		})
+	}
+}
+
+// auditCounter counts the audit snapshots its store takes and keeps the
+// store's audit records (store.AuditRecords), which the server writes
+// for every audit it answers.
+type auditCounter struct {
+	*snapshotCounter
+	store.AuditRecords
+}
+
+// shiftSubjectBehindTheJournal adds delta to the opening and available of
+// subject's only account, with no journal entry.
+func shiftSubjectBehindTheJournal(t *testing.T, st store.Store, subject string, delta int64) {
+	t.Helper()
+	ctx := context.Background()
+	accounts, err := st.AccountList(ctx, ledger.PolicyKey{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range accounts {
+		if a.Key.Subject != subject {
+			continue
+		}
+		a.Balances[0].Opening += delta
+		a.Balances[0].Available += delta
+		tx, err := st.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Write(ctx, &store.Changes{Accounts: []ledger.Account{a}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	t.Fatalf("no account of %s in %v", subject, accounts)
+}
+
+// A cut its audit refuses (an account changed behind the journal) is
+// not audited again at every pass while nothing the audit reads was
+// fixed: over three hours of passes a minute apart, with the journal
+// moving, the audit runs after 2, 4, 8, 16, 32 and then 60 minutes
+// (compactionRefusedWaitMax), each refused audit counted in Refused. The
+// error line comes at the first refusal, then at most once per
+// compactionLogEvery with the refusals since. Once the account is
+// repaired, a clean audit recorded in the store (capledger audit) makes
+// the next pass audit and cut, with one recovery line; without one,
+// the next scheduled audit finds the repair. A dirty audit recorded
+// meanwhile changes nothing.
+func TestRefusedCompactionBacksOff(t *testing.T) {
+	for _, recorded := range []bool{true, false} {
+		for name, open := range memstoreAndSQLite {
+			t.Run(fmt.Sprintf("%s/clean-audit-recorded=%v", name, recorded), func(t *testing.T) {
+				ctx := context.Background()
+				inner := open(t)
+				st := &auditCounter{snapshotCounter: &snapshotCounter{Store: inner}, AuditRecords: inner.(store.AuditRecords)}
+				logger, logs := logcapture.New()
+				clk := newClock()
+				opts := compactingOptions(clk)
+				opts.Logger = logger
+				e := New(st, opts)
+				defer e.Close()
+				e.failLog.now = clk.Now
+				publish(t, e, 1_000_000, time.Minute, 0)
+				lifecycle(t, e, "a", 5)
+				e.runCompaction(ctx)
+				if s := e.CompactionStats(); s.Checkpoints != 1 {
+					t.Fatalf("first pass: %+v", s)
+				}
+				lifecycle(t, e, "b", 5)
+				shiftSubjectBehindTheJournal(t, inner, "tenant-7", 1)
+				clk.Advance(time.Hour) // the next cut is due, and stays due while refused
+				start := clk.Now()
+				const msg = `level=ERROR msg="compaction: the audit found discrepancies; no checkpoint cut, nothing deleted"`
+				var auditedAt []int
+				for minute := range 180 {
+					if minute%10 == 5 { // the journal moves: no sign of a fix
+						cmd := reserveCmd(fmt.Sprintf("other-%03d", minute), 1)
+						cmd.Subject = "tenant-8"
+						if res, err := e.Do(ctx, cmd); err != nil || res.Err != nil {
+							t.Fatalf("reserve: %v %v", err, res.Err)
+						}
+					}
+					if minute == 20 { // an operator's audit finds the discrepancy too
+						if err := st.AuditRecordPut(ctx, &store.AuditRecord{At: clk.Now(), Mode: "full", Discrepancies: 1}); err != nil {
+							t.Fatal(err)
+						}
+					}
+					before := st.snapshots
+					e.runCompaction(ctx)
+					if st.snapshots != before {
+						auditedAt = append(auditedAt, minute)
+					}
+					clk.Advance(time.Minute)
+				}
+				if want := []int{0, 2, 6, 14, 30, 62, 122}; fmt.Sprint(auditedAt) != fmt.Sprint(want) {
+					t.Fatalf("refused cuts audited at minutes %v, want %v", auditedAt, want)
+				}
+				s := e.CompactionStats()
+				if s.Refused != 7 || s.Checkpoints != 1 || !s.RefusingSince.Equal(start) || !s.NextAuditAt.Equal(start.Add(182*time.Minute)) {
+					t.Fatalf("after three hours of refusals: %+v, want 7 refused since %v, the next audit at minute 182", s, start)
+				}
+				// Lines at minutes 0, 30 (the refusals of 2, 6, 14, 30), 62 and 122.
+				if n := logs.Count(msg); n != 4 || logs.Count("failures_since_last_log=4 failing_for=30m0s") != 1 ||
+					logs.Count("failures_since_last_log=1 failing_for=2h2m0s") != 1 || logs.Count(" first=") != 4 {
+					t.Fatalf("%d refusal lines, want 4 (minutes 0, 30, 62, 122) with their counts:\n%s", n, logs.String())
+				}
+
+				shiftSubjectBehindTheJournal(t, inner, "tenant-7", -1) // repaired
+				audits := st.snapshots
+				e.runCompaction(ctx)
+				if st.snapshots != audits {
+					t.Fatal("a pass before the next audit is due, with nothing recorded, audited")
+				}
+				if recorded {
+					found, err := e.AuditWith(ctx, AuditOptions{SinceCheckpoint: true})
+					if err != nil || len(found) > 0 {
+						t.Fatalf("the operator's audit after the repair: %v %v", found, err)
+					}
+					if err := st.AuditRecordPut(ctx, &store.AuditRecord{At: clk.Now(), Mode: "since_checkpoint"}); err != nil {
+						t.Fatal(err)
+					}
+					audits = st.snapshots
+				} else {
+					clk.Advance(s.NextAuditAt.Sub(clk.Now()))
+				}
+				clk.Advance(time.Minute)
+				e.runCompaction(ctx)
+				if s := e.CompactionStats(); s.Checkpoints != 2 || s.Refused != 7 || !s.RefusingSince.IsZero() || !s.NextAuditAt.IsZero() || st.snapshots != audits+1 {
+					t.Fatalf("the pass after the fix: %+v, %d audits, want the cut through at one audit", s, st.snapshots-audits)
+				}
+				if n := logs.Count(`msg="compaction: the audit found discrepancies; no checkpoint cut, nothing deleted recovered" failures=7`); n != 1 {
+					t.Fatalf("want one recovery line:\n%s", logs.String())
+				}
+				auditClean(t, e)
+			})
+		}
 	}
 }
