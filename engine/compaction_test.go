@@ -454,15 +454,16 @@ func shiftSubjectBehindTheJournal(t *testing.T, st store.Store, subject string, 
 // moving, the audit runs after 2, 4, 8, 16, 32 and then 60 minutes
 // (compactionRefusedWaitMax), each refused audit counted in Refused. The
 // error line comes at the first refusal, then at most once per
-// compactionLogEvery with the refusals since. Once the account is
-// repaired, a clean audit recorded in the store (capledger audit) makes
-// the next pass audit and cut, with one recovery line; without one,
-// the next scheduled audit finds the repair. A dirty audit recorded
-// meanwhile changes nothing.
+// compactionLogEvery with the refusals since. Audits recorded before the
+// refusal (clean) or during it (dirty) change nothing. Once the account
+// is repaired, the refusal ends at the next pass after a clean audit is
+// recorded in the store (capledger audit), at the next scheduled audit
+// without one, or at the pass after another replica cut a checkpoint,
+// with one recovery line.
 func TestRefusedCompactionBacksOff(t *testing.T) {
-	for _, recorded := range []bool{true, false} {
+	for _, fix := range []string{"clean audit recorded", "next scheduled audit", "another replica cut"} {
 		for name, open := range memstoreAndSQLite {
-			t.Run(fmt.Sprintf("%s/clean-audit-recorded=%v", name, recorded), func(t *testing.T) {
+			t.Run(name+"/"+fix, func(t *testing.T) {
 				ctx := context.Background()
 				inner := open(t)
 				st := &auditCounter{snapshotCounter: &snapshotCounter{Store: inner}, AuditRecords: inner.(store.AuditRecords)}
@@ -478,6 +479,9 @@ func TestRefusedCompactionBacksOff(t *testing.T) {
 				e.runCompaction(ctx)
 				if s := e.CompactionStats(); s.Checkpoints != 1 {
 					t.Fatalf("first pass: %+v", s)
+				}
+				if err := st.AuditRecordPut(ctx, &store.AuditRecord{At: clk.Now(), Mode: "full"}); err != nil {
+					t.Fatal(err) // a clean audit before the refusal
 				}
 				lifecycle(t, e, "b", 5)
 				shiftSubjectBehindTheJournal(t, inner, "tenant-7", 1)
@@ -524,7 +528,9 @@ func TestRefusedCompactionBacksOff(t *testing.T) {
 				if st.snapshots != audits {
 					t.Fatal("a pass before the next audit is due, with nothing recorded, audited")
 				}
-				if recorded {
+				checkpoints := uint64(2)
+				switch fix {
+				case "clean audit recorded":
 					found, err := e.AuditWith(ctx, AuditOptions{SinceCheckpoint: true})
 					if err != nil || len(found) > 0 {
 						t.Fatalf("the operator's audit after the repair: %v %v", found, err)
@@ -533,13 +539,22 @@ func TestRefusedCompactionBacksOff(t *testing.T) {
 						t.Fatal(err)
 					}
 					audits = st.snapshots
-				} else {
+				case "next scheduled audit":
 					clk.Advance(s.NextAuditAt.Sub(clk.Now()))
+				case "another replica cut":
+					other := New(st, compactingOptions(clk))
+					defer other.Close()
+					other.runCompaction(ctx)
+					if s := other.CompactionStats(); s.Checkpoints != 1 || s.LastSeq != 2 {
+						t.Fatalf("the other replica's pass: %+v", s)
+					}
+					checkpoints, audits = 1, st.snapshots-1
 				}
 				clk.Advance(time.Minute)
 				e.runCompaction(ctx)
-				if s := e.CompactionStats(); s.Checkpoints != 2 || s.Refused != 7 || !s.RefusingSince.IsZero() || !s.NextAuditAt.IsZero() || st.snapshots != audits+1 {
-					t.Fatalf("the pass after the fix: %+v, %d audits, want the cut through at one audit", s, st.snapshots-audits)
+				if s := e.CompactionStats(); s.Checkpoints != checkpoints || s.LastSeq != 2 || s.Refused != 7 ||
+					!s.RefusingSince.IsZero() || !s.NextAuditAt.IsZero() || st.snapshots != audits+1 {
+					t.Fatalf("the pass after the fix: %+v, %d audits, want checkpoint 2 through at one audit", s, st.snapshots-audits)
 				}
 				if n := logs.Count(`msg="compaction: the audit found discrepancies; no checkpoint cut, nothing deleted recovered" failures=7`); n != 1 {
 					t.Fatalf("want one recovery line:\n%s", logs.String())
