@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime/debug"
 	"runtime/metrics"
+	"strings"
 	"testing"
 	"time"
 
@@ -562,5 +563,87 @@ func TestRefusedCompactionBacksOff(t *testing.T) {
 				auditClean(t, e)
 			})
 		}
+	}
+}
+
+// failingCompaction fails, while set, the store's journal deletion
+// (journalErr) and the cut's audit snapshot (cutErr): a store.ErrConflict
+// there is another replica appending first or holding the checkpoint
+// lease.
+type failingCompaction struct {
+	store.Store
+	journalErr, cutErr error
+}
+
+func (f *failingCompaction) JournalCompact(ctx context.Context, limit int) (int, error) {
+	if f.journalErr != nil {
+		return 0, f.journalErr
+	}
+	return f.Store.JournalCompact(ctx, limit)
+}
+
+func (f *failingCompaction) AuditSnapshot(ctx context.Context, cut bool, fn func(*ledger.Snapshot, int64) error) error {
+	if f.cutErr != nil {
+		return f.cutErr
+	}
+	return f.Store.AuditSnapshot(ctx, cut, fn)
+}
+
+// The compaction worker's warnings each end with their own recovery line
+// (OPERATIONS.md, "Retention and compaction"): a journal deletion that
+// failed, once one works; a cut the store failed, once the store answers
+// again (a conflict is an answer); and the conflict warning (from the
+// second conflicting pass in a row), once a cut goes through, after which
+// a single conflict is a race again and logs nothing.
+func TestCompactionWarningsRecover(t *testing.T) {
+	ctx := context.Background()
+	st := &failingCompaction{Store: memstore.New()}
+	logger, logs := logcapture.New()
+	clk := newClock()
+	opts := compactingOptions(clk)
+	opts.Logger = logger
+	e := New(st, opts)
+	defer e.Close()
+	e.failLog.now = clk.Now
+	publish(t, e, 1_000_000, time.Minute, 0)
+	lines := func(msg string) int { t.Helper(); return logs.Count(fmt.Sprintf("msg=%q", msg)) }
+	conflict := fmt.Errorf("%w: another replica appended checkpoint 2", store.ErrConflict)
+
+	// The journal deletion fails, then works.
+	lifecycle(t, e, "a", 5)
+	st.journalErr = fmt.Errorf("%w: disk I/O error", store.ErrUnavailable)
+	e.runCompaction(ctx)
+	st.journalErr = nil
+	clk.Advance(time.Minute)
+	e.runCompaction(ctx)
+	if s := e.CompactionStats(); lines("compaction: journal") != 1 || lines("compaction: journal recovered") != 1 ||
+		!strings.Contains(logs.String(), `msg="compaction: journal recovered" failures=1 failed_for=1m0s`) || s.Checkpoints != 1 || s.Deleted == 0 {
+		t.Fatalf("a journal deletion that failed, then worked: %+v\n%s", s, logs.String())
+	}
+
+	// The cut fails (the store is down), then conflicts twice, then
+	// goes through.
+	lifecycle(t, e, "b", 5)
+	clk.Advance(time.Hour)
+	st.cutErr = fmt.Errorf("%w: connection refused", store.ErrUnavailable)
+	e.runCompaction(ctx)
+	st.cutErr = conflict
+	e.runCompaction(ctx)
+	if lines("compaction: checkpoint") != 1 || lines("compaction: checkpoint recovered") != 1 || lines(compactionConflictLog) != 0 {
+		t.Fatalf("a failed cut, then one conflict (a race, no warning):\n%s", logs.String())
+	}
+	e.runCompaction(ctx)
+	st.cutErr = nil
+	e.runCompaction(ctx)
+	if s := e.CompactionStats(); lines(compactionConflictLog) != 1 || !strings.Contains(logs.String(), " passes=2") ||
+		!strings.Contains(logs.String(), fmt.Sprintf("msg=%q failures=1", compactionConflictLog+" recovered")) || s.Checkpoints != 2 {
+		t.Fatalf("two conflicts in a row, then a cut: %+v\n%s", s, logs.String())
+	}
+	lifecycle(t, e, "c", 5)
+	clk.Advance(time.Hour)
+	st.cutErr = conflict
+	e.runCompaction(ctx)
+	if lines(compactionConflictLog) != 1 {
+		t.Fatalf("one conflict after a cut went through: a race, no warning:\n%s", logs.String())
 	}
 }
