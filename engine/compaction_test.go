@@ -594,7 +594,8 @@ func (f *failingCompaction) AuditSnapshot(ctx context.Context, cut bool, fn func
 // failed, once one works; a cut the store failed, once the store answers
 // again (a conflict is an answer); and the conflict warning (from the
 // second conflicting pass in a row), once a cut goes through, after which
-// a single conflict is a race again and logs nothing.
+// a single conflict is a race again and logs nothing; a cut the store
+// failed, once a cut goes through.
 func TestCompactionWarningsRecover(t *testing.T) {
 	ctx := context.Background()
 	st := &failingCompaction{Store: memstore.New()}
@@ -645,5 +646,14 @@ func TestCompactionWarningsRecover(t *testing.T) {
 	e.runCompaction(ctx)
 	if lines(compactionConflictLog) != 1 {
 		t.Fatalf("one conflict after a cut went through: a race, no warning:\n%s", logs.String())
+	}
+
+	// The cut fails again, then goes through.
+	st.cutErr = fmt.Errorf("%w: connection refused", store.ErrUnavailable)
+	e.runCompaction(ctx)
+	st.cutErr = nil
+	e.runCompaction(ctx)
+	if s := e.CompactionStats(); lines("compaction: checkpoint") != 2 || lines("compaction: checkpoint recovered") != 2 || s.Checkpoints != 3 {
+		t.Fatalf("a failed cut, then one through: %+v\n%s", s, logs.String())
 	}
 }
