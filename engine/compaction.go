@@ -568,6 +568,16 @@ func (e *Engine) runCompaction(ctx context.Context) {
 	}
 }
 
+// RunCompaction runs one compaction pass now (tests, operators' tools),
+// as the worker does every Interval; it returns once the pass ends.
+func (e *Engine) RunCompaction(ctx context.Context) error {
+	if e.opts.Compaction == nil {
+		return errors.New("compaction is off")
+	}
+	e.runCompaction(ctx)
+	return nil
+}
+
 // cleanAuditSince reports whether the store records a clean audit after
 // at (store.AuditRecords: the server records every audit it answers), the
 // sign that an operator fixed what the compaction audit refused. A store
