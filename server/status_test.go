@@ -382,8 +382,8 @@ func TestStatusShowsARefusedCompaction(t *testing.T) {
 			c.NextAuditAt == nil || !c.NextAuditAt.After(h.clock.Now()) {
 			t.Fatalf("refusing (an operator's dirty audit: %v): /statusz compaction %+v", operatorAudits, c)
 		}
-		if got := grep(h.get("/metrics"), "capledger_compaction_refus"); !strings.Contains(got, "capledger_compaction_refusing 1") ||
-			!strings.Contains(got, "capledger_compaction_refused_total 1") {
+		if got := grep(h.get("/metrics"), "capledger_compaction_refus"); !slices.Contains(strings.Split(got, "\n"), "capledger_compaction_refusing 1") ||
+			!slices.Contains(strings.Split(got, "\n"), "capledger_compaction_refused_total 1") {
 			t.Fatalf("refusing: /metrics %q", got)
 		}
 	}
@@ -398,7 +398,7 @@ func TestStatusShowsARefusedCompaction(t *testing.T) {
 	if c := compaction(); c.Refusing || c.RefusingSince != nil || c.NextAuditAt != nil || c.Checkpoints != 2 {
 		t.Fatalf("after a clean audit: /statusz compaction %+v", c)
 	}
-	if got := grep(h.get("/metrics"), "capledger_compaction_refusing"); !strings.Contains(got, "capledger_compaction_refusing 0") {
+	if got := grep(h.get("/metrics"), "capledger_compaction_refusing"); !slices.Contains(strings.Split(got, "\n"), "capledger_compaction_refusing 0") {
 		t.Fatalf("after a clean audit: /metrics %q", got)
 	}
 }
