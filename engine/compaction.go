@@ -243,7 +243,8 @@ type CompactionStats struct {
 	LastCutAt time.Time
 	// RefusingSince is when the first of the refused audits in a row
 	// ran, NextAuditAt when the next is due (compactionRefusedWaitMax);
-	// both zero unless the last audit refused the cut.
+	// both zero unless the last audit refused the cut and this engine
+	// still runs the worker (it holds the worker lease).
 	RefusingSince, NextAuditAt time.Time
 }
 
@@ -254,7 +255,11 @@ func (e *Engine) CompactionStats() CompactionStats {
 	if t := e.compaction.lastCut.Load(); t != 0 {
 		s.LastCutAt = time.Unix(0, t).UTC()
 	}
-	s.RefusingSince, s.NextAuditAt, _, _ = e.compaction.refusal.state()
+	if e.opts.DisableWorkers || e.IsLeader() {
+		// A replica that lost the lease no longer runs the worker: the
+		// refusal is the new holder's to show.
+		s.RefusingSince, s.NextAuditAt, _, _ = e.compaction.refusal.state()
+	}
 	return s
 }
 

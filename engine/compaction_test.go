@@ -657,3 +657,36 @@ func TestCompactionWarningsRecover(t *testing.T) {
 		t.Fatalf("a failed cut, then one through: %+v\n%s", s, logs.String())
 	}
 }
+
+// A refusal shows (CompactionStats.RefusingSince, NextAuditAt: /statusz,
+// capledger_compaction_refusing) only while this engine holds the worker
+// lease and so runs the worker: a replica that stopped leading leaves
+// the refusal, if it lasts, to the new holder, instead of showing its
+// own last one for ever. Refused keeps what it counted.
+func TestRefusalShowsOnlyWhileLeading(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	clk := newClock()
+	// The worker's own passes are an hour apart: the test runs them.
+	e := New(st, Options{Clock: clk.Now, Compaction: &CompactionOptions{Every: time.Hour, Interval: time.Hour}})
+	defer e.Close()
+	for deadline := time.Now().Add(10 * time.Second); !e.IsLeader(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the engine never took the worker lease of its own store")
+		}
+	}
+	publish(t, e, 1_000_000, time.Minute, 0)
+	lifecycle(t, e, "a", 5)
+	e.runCompaction(ctx)
+	lifecycle(t, e, "b", 5)
+	changeAccountBehindTheJournal(t, st)
+	clk.Advance(time.Hour)
+	e.runCompaction(ctx)
+	if s := e.CompactionStats(); s.Refused != 1 || s.RefusingSince.IsZero() || s.NextAuditAt.IsZero() {
+		t.Fatalf("the leader's refused cut: %+v", s)
+	}
+	e.Close() // releases the lease
+	if s := e.CompactionStats(); s.Refused != 1 || !s.RefusingSince.IsZero() || !s.NextAuditAt.IsZero() {
+		t.Fatalf("after the lease was let go: %+v, want the refusal no longer shown, still counted", s)
+	}
+}

@@ -240,7 +240,7 @@ func (m *Metrics) registerMaintenance(l Ledger) {
 			counter("capledger_compaction_refused_total", "Checkpoint cuts refused because their audit found discrepancies, one per refused audit.",
 				func(s engine.CompactionStats) uint64 { return s.Refused }),
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "capledger_compaction_refusing",
-				Help: "1 while the last compaction audit refused the cut (discrepancies; nothing is deleted), else 0."},
+				Help: "1 on the worker lease holder while its last compaction audit refused the cut (discrepancies; nothing is deleted), else 0."},
 				func() float64 {
 					if cr.CompactionStats().RefusingSince.IsZero() {
 						return 0
