@@ -70,17 +70,19 @@ func (o *CompactionOptions) withDefaults() *CompactionOptions {
 const defaultCompactionBatch = 256
 
 // The compaction worker's failures and refusals, each logged through
-// the engine's failLog (its first at once, then at most once per
-// workerLogEvery, and once when a pass gets past it again), as the other
-// workers' are: a refusal stays until someone acts, and the pass that
-// meets it again runs every Interval.
+// the engine's failLog (its first at once, then at most once per a
+// period, and once when a pass gets past it again), as the other
+// workers' are.
 //
 // compactionConflictLog is the warning of a worker whose cuts the store
 // refuses with store.ErrConflict pass after pass (another writer holds
 // the checkpoint lease), logged from the compactionConflictsLogged-th
 // pass in a row on. compactionRefusedLog is the error of a cut its audit
 // refused (discrepancies; counted in CompactionStats.Refused at every
-// pass); the other three are the store's failures at each step.
+// refused audit); both repeat at most once per compactionLogEvery: they
+// stay until someone acts, and at workerLogEvery a pass a minute apart
+// logged every pass. The other three are the store's failures at each
+// step, which end by themselves as a store outage does (workerLogEvery).
 const (
 	compactionConflictLog     = "compaction: checkpoint refused pass after pass, another writer holds the store's checkpoint lease"
 	compactionConflictsLogged = 2
@@ -88,7 +90,67 @@ const (
 	compactionLastLog         = "compaction: last checkpoint"
 	compactionCutLog          = "compaction: checkpoint"
 	compactionJournalLog      = "compaction: journal"
+	compactionLogEvery        = 15 * time.Minute
 )
+
+// A refused cut's audit is not run again at every pass: nothing it
+// read changes by itself (a discrepancy is an account, a chain or an
+// entry already written), and on a large ledger it reads every account.
+// The k-th refused audit in a row waits Interval<<k (2, 4, 8 ... passes)
+// for the next, at most compactionRefusedWaitMax (never below Interval),
+// unless the operator's fix shows first: a clean audit recorded in the
+// store after the refused one (capledger audit, the console's Run audit,
+// against any replica), or a last checkpoint other than the one the
+// refused audit started from (another replica cut, a restore). A restart
+// audits at its first due pass. The journal moving on is no sign: under
+// load it always does.
+const compactionRefusedWaitMax = time.Hour
+
+// compactionRefusal is the compaction worker's state while its audits
+// refuse the cut: written by its passes, read by CompactionStats.
+type compactionRefusal struct {
+	mu sync.Mutex
+	// audits counts the refused audits in a row (0: not refusing);
+	// since is the first's time, auditedAt the last's and next when the
+	// next is due, all on the engine's Clock; seq is the last
+	// checkpoint's Seq the last refused audit started from.
+	audits                 int
+	since, auditedAt, next time.Time
+	seq                    int64
+}
+
+// refused notes an audit at now, from the checkpoint seq, that refused
+// the cut, and returns when the next audit is due.
+func (r *compactionRefusal) refused(now time.Time, seq int64, interval time.Duration) time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.audits == 0 {
+		r.since = now
+	}
+	r.audits++
+	wait, most := interval, max(interval, compactionRefusedWaitMax)
+	for range r.audits {
+		wait = min(2*wait, most)
+	}
+	r.auditedAt, r.next, r.seq = now, now.Add(wait), seq
+	return r.next
+}
+
+// end ends the refusal (a cut went through, or another replica's did).
+func (r *compactionRefusal) end() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.audits, r.since, r.auditedAt, r.next, r.seq = 0, time.Time{}, time.Time{}, time.Time{}, 0
+}
+
+// state returns the refusal's start and when its next audit is due (zero
+// times when no cut is refused), and the checkpoint and time of its last
+// refused audit.
+func (r *compactionRefusal) state() (since, next time.Time, seq int64, auditedAt time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.since, r.next, r.seq, r.auditedAt
+}
 
 type compactionCounters struct {
 	checkpoints, deleted, refused atomic.Uint64
@@ -105,6 +167,8 @@ type compactionCounters struct {
 	// seenMu guards seen, the newest checkpoint header this engine saw.
 	seenMu sync.Mutex
 	seen   ledger.Checkpoint
+	// refusal is set while the audits refuse the cut.
+	refusal compactionRefusal
 }
 
 // sawCheckpoint notes c, a checkpoint header read from the store or just
@@ -171,11 +235,17 @@ type CompactionStats struct {
 	// the lease holder.
 	On bool
 	// Checkpoints cut by this engine; Deleted journal rows; Refused: cuts
-	// not made because the audit found discrepancies.
+	// not made because the audit found discrepancies, one per refused
+	// audit.
 	Checkpoints, Deleted, Refused uint64
 	// LastSeq and LastCutAt name the newest checkpoint this engine saw.
 	LastSeq   int64
 	LastCutAt time.Time
+	// RefusingSince is when the first of the refused audits in a row
+	// ran, NextAuditAt when the next is due (compactionRefusedWaitMax);
+	// both zero unless the last audit refused the cut and this engine
+	// still runs the worker (it holds the worker lease).
+	RefusingSince, NextAuditAt time.Time
 }
 
 // CompactionStats returns the compaction worker's counters.
@@ -184,6 +254,11 @@ func (e *Engine) CompactionStats() CompactionStats {
 		Refused: e.compaction.refused.Load(), LastSeq: e.compaction.lastSeq.Load()}
 	if t := e.compaction.lastCut.Load(); t != 0 {
 		s.LastCutAt = time.Unix(0, t).UTC()
+	}
+	if e.opts.DisableWorkers || e.IsLeader() {
+		// A replica that lost the lease no longer runs the worker: the
+		// refusal is the new holder's to show.
+		s.RefusingSince, s.NextAuditAt, _, _ = e.compaction.refusal.state()
 	}
 	return s
 }
@@ -410,7 +485,9 @@ func (e *Engine) CompactJournal(ctx context.Context) (int, error) {
 // file of the same size every deploy or crash loop. Only a store without
 // any checkpoint is due at once. The journal the last checkpoint
 // summarises is deleted at every pass, due or not, so what a process
-// that died mid-deletion left goes at the next one's first pass.
+// that died mid-deletion left goes at the next one's first pass; not
+// while the audit refuses the cut, which it runs again only as
+// compactionRefusedWaitMax says.
 func (e *Engine) runCompaction(ctx context.Context) {
 	o := e.opts.Compaction
 	now := e.opts.Clock()
@@ -427,7 +504,18 @@ func (e *Engine) runCompaction(ctx context.Context) {
 		e.compaction.lastSeq.Store(last.Seq)
 		e.sawCheckpoint(last)
 	}
-	if !ok || now.Truncate(o.Every).After(last.CutAt) {
+	due := !ok || now.Truncate(o.Every).After(last.CutAt)
+	if since, next, seq, auditedAt := e.compaction.refusal.state(); !since.IsZero() {
+		switch {
+		case last.Seq != seq && !due:
+			// Another replica's cut went through its audit since.
+			e.compaction.refusal.end()
+			e.failLog.ok(e.log, compactionRefusedLog)
+		case last.Seq == seq && now.Before(next) && !e.cleanAuditSince(ctx, auditedAt):
+			return // still refused: nothing the audit reads was fixed
+		}
+	}
+	if due {
 		cp, found, err := e.CutCheckpoint(ctx, now)
 		if cp != nil || len(found) > 0 || err != nil {
 			// The cut's snapshot (every account, the last checkpoint's
@@ -445,9 +533,9 @@ func (e *Engine) runCompaction(ctx context.Context) {
 			// or is writing: the next pass finds its checkpoint). Again
 			// at every pass, a writer holds the store's checkpoint lease
 			// and no checkpoint lands: say so, at most once per
-			// workerLogEvery, and once when a cut goes through again.
+			// compactionLogEvery, and once when a cut goes through again.
 			if n := e.compaction.conflicts.Add(1); n >= compactionConflictsLogged {
-				e.failLog.failed(e.log, compactionConflictLog, err, "passes", n)
+				e.failLog.failedEvery(e.log, slog.LevelWarn, compactionLogEvery, compactionConflictLog, err, "passes", n)
 			}
 		} else if err == nil {
 			e.compaction.conflicts.Store(0)
@@ -462,10 +550,12 @@ func (e *Engine) runCompaction(ctx context.Context) {
 			}
 			return
 		case len(found) > 0:
-			e.failLog.failedAt(e.log, slog.LevelError, compactionRefusedLog, nil,
-				"count", len(found), "first", found[0].String())
+			next := e.compaction.refusal.refused(now, last.Seq, o.Interval)
+			e.failLog.failedEvery(e.log, slog.LevelError, compactionLogEvery, compactionRefusedLog, nil,
+				"count", len(found), "first", found[0].String(), "next_audit_at", next.UTC().Format(time.RFC3339))
 			return
 		default:
+			e.compaction.refusal.end()
 			e.failLog.ok(e.log, compactionCutLog)
 			e.failLog.ok(e.log, compactionRefusedLog)
 		}
@@ -481,6 +571,30 @@ func (e *Engine) runCompaction(ctx context.Context) {
 	if n > 0 {
 		e.reclaim(ctx, "compaction")
 	}
+}
+
+// RunCompaction runs one compaction pass now (tests, operators' tools),
+// as the worker does every Interval; it returns once the pass ends.
+func (e *Engine) RunCompaction(ctx context.Context) error {
+	if e.opts.Compaction == nil {
+		return errors.New("compaction is off")
+	}
+	e.runCompaction(ctx)
+	return nil
+}
+
+// cleanAuditSince reports whether the store records a clean audit after
+// at (store.AuditRecords: the server records every audit it answers), the
+// sign that an operator fixed what the compaction audit refused. A store
+// without the records, or whose read fails, shows none: the refusal's
+// wait stands (a failing store shows in the other workers' lines).
+func (e *Engine) cleanAuditSince(ctx context.Context, at time.Time) bool {
+	records, ok := e.core.store.(store.AuditRecords)
+	if !ok {
+		return false
+	}
+	_, clean, err := records.AuditRecordsGet(ctx)
+	return err == nil && clean != nil && clean.At.After(at)
 }
 
 // AuditOptions choose an audit's mode.

@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"runtime/debug"
 	"runtime/metrics"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/capledger/capledger/internal/logcapture"
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
 	"github.com/capledger/capledger/store/memstore"
@@ -406,5 +408,285 @@ func TestCompactionIgnoresWhatOnlyTheFullAuditFinds(t *testing.T) {
 				t.Fatalf("a pass with a discrepancy only the full audit finds: %+v", s)
 			}
 		})
+	}
+}
+
+// auditCounter counts the audit snapshots its store takes and keeps the
+// store's audit records (store.AuditRecords), which the server writes
+// for every audit it answers.
+type auditCounter struct {
+	*snapshotCounter
+	store.AuditRecords
+}
+
+// shiftSubjectBehindTheJournal adds delta to the opening and available of
+// subject's only account, with no journal entry.
+func shiftSubjectBehindTheJournal(t *testing.T, st store.Store, subject string, delta int64) {
+	t.Helper()
+	ctx := context.Background()
+	accounts, err := st.AccountList(ctx, ledger.PolicyKey{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range accounts {
+		if a.Key.Subject != subject {
+			continue
+		}
+		a.Balances[0].Opening += delta
+		a.Balances[0].Available += delta
+		tx, err := st.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Write(ctx, &store.Changes{Accounts: []ledger.Account{a}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	t.Fatalf("no account of %s in %v", subject, accounts)
+}
+
+// A cut its audit refuses (an account changed behind the journal) is
+// not audited again at every pass while nothing the audit reads was
+// fixed: over three hours of passes a minute apart, with the journal
+// moving, the audit runs after 2, 4, 8, 16, 32 and then 60 minutes
+// (compactionRefusedWaitMax), each refused audit counted in Refused. The
+// error line comes at the first refusal, then at most once per
+// compactionLogEvery with the refusals since. Audits recorded before the
+// refusal (clean) or during it (dirty) change nothing. Once the account
+// is repaired, the refusal ends at the next pass after a clean audit is
+// recorded in the store (capledger audit), at the next scheduled audit
+// without one, or at the pass after another replica cut a checkpoint,
+// with one recovery line.
+func TestRefusedCompactionBacksOff(t *testing.T) {
+	for _, fix := range []string{"clean audit recorded", "next scheduled audit", "another replica cut"} {
+		for name, open := range memstoreAndSQLite {
+			t.Run(name+"/"+fix, func(t *testing.T) {
+				ctx := context.Background()
+				inner := open(t)
+				st := &auditCounter{snapshotCounter: &snapshotCounter{Store: inner}, AuditRecords: inner.(store.AuditRecords)}
+				logger, logs := logcapture.New()
+				clk := newClock()
+				opts := compactingOptions(clk)
+				opts.Logger = logger
+				e := New(st, opts)
+				defer e.Close()
+				e.failLog.now = clk.Now
+				publish(t, e, 1_000_000, time.Minute, 0)
+				lifecycle(t, e, "a", 5)
+				e.runCompaction(ctx)
+				if s := e.CompactionStats(); s.Checkpoints != 1 {
+					t.Fatalf("first pass: %+v", s)
+				}
+				if err := st.AuditRecordPut(ctx, &store.AuditRecord{At: clk.Now(), Mode: "full"}); err != nil {
+					t.Fatal(err) // a clean audit before the refusal
+				}
+				lifecycle(t, e, "b", 5)
+				shiftSubjectBehindTheJournal(t, inner, "tenant-7", 1)
+				clk.Advance(time.Hour) // the next cut is due, and stays due while refused
+				start := clk.Now()
+				const msg = `level=ERROR msg="compaction: the audit found discrepancies; no checkpoint cut, nothing deleted"`
+				var auditedAt []int
+				for minute := range 180 {
+					if minute%10 == 5 { // the journal moves: no sign of a fix
+						cmd := reserveCmd(fmt.Sprintf("other-%03d", minute), 1)
+						cmd.Subject = "tenant-8"
+						if res, err := e.Do(ctx, cmd); err != nil || res.Err != nil {
+							t.Fatalf("reserve: %v %v", err, res.Err)
+						}
+					}
+					if minute == 20 { // an operator's audit finds the discrepancy too
+						if err := st.AuditRecordPut(ctx, &store.AuditRecord{At: clk.Now(), Mode: "full", Discrepancies: 1}); err != nil {
+							t.Fatal(err)
+						}
+					}
+					before := st.snapshots
+					e.runCompaction(ctx)
+					if st.snapshots != before {
+						auditedAt = append(auditedAt, minute)
+					}
+					clk.Advance(time.Minute)
+				}
+				if want := []int{0, 2, 6, 14, 30, 62, 122}; fmt.Sprint(auditedAt) != fmt.Sprint(want) {
+					t.Fatalf("refused cuts audited at minutes %v, want %v", auditedAt, want)
+				}
+				s := e.CompactionStats()
+				if s.Refused != 7 || s.Checkpoints != 1 || !s.RefusingSince.Equal(start) || !s.NextAuditAt.Equal(start.Add(182*time.Minute)) {
+					t.Fatalf("after three hours of refusals: %+v, want 7 refused since %v, the next audit at minute 182", s, start)
+				}
+				// Lines at minutes 0, 30 (the refusals of 2, 6, 14, 30), 62 and 122.
+				if n := logs.Count(msg); n != 4 || logs.Count("failures_since_last_log=4 failing_for=30m0s") != 1 ||
+					logs.Count("failures_since_last_log=1 failing_for=2h2m0s") != 1 || logs.Count(" first=") != 4 {
+					t.Fatalf("%d refusal lines, want 4 (minutes 0, 30, 62, 122) with their counts:\n%s", n, logs.String())
+				}
+
+				shiftSubjectBehindTheJournal(t, inner, "tenant-7", -1) // repaired
+				audits := st.snapshots
+				e.runCompaction(ctx)
+				if st.snapshots != audits {
+					t.Fatal("a pass before the next audit is due, with nothing recorded, audited")
+				}
+				checkpoints := uint64(2)
+				switch fix {
+				case "clean audit recorded":
+					found, err := e.AuditWith(ctx, AuditOptions{SinceCheckpoint: true})
+					if err != nil || len(found) > 0 {
+						t.Fatalf("the operator's audit after the repair: %v %v", found, err)
+					}
+					if err := st.AuditRecordPut(ctx, &store.AuditRecord{At: clk.Now(), Mode: "since_checkpoint"}); err != nil {
+						t.Fatal(err)
+					}
+					audits = st.snapshots
+				case "next scheduled audit":
+					clk.Advance(s.NextAuditAt.Sub(clk.Now()))
+				case "another replica cut":
+					other := New(st, compactingOptions(clk))
+					defer other.Close()
+					other.runCompaction(ctx)
+					if s := other.CompactionStats(); s.Checkpoints != 1 || s.LastSeq != 2 {
+						t.Fatalf("the other replica's pass: %+v", s)
+					}
+					checkpoints, audits = 1, st.snapshots-1
+				}
+				clk.Advance(time.Minute)
+				e.runCompaction(ctx)
+				if s := e.CompactionStats(); s.Checkpoints != checkpoints || s.LastSeq != 2 || s.Refused != 7 ||
+					!s.RefusingSince.IsZero() || !s.NextAuditAt.IsZero() || st.snapshots != audits+1 {
+					t.Fatalf("the pass after the fix: %+v, %d audits, want checkpoint 2 through at one audit", s, st.snapshots-audits)
+				}
+				if n := logs.Count(`msg="compaction: the audit found discrepancies; no checkpoint cut, nothing deleted recovered" failures=7`); n != 1 {
+					t.Fatalf("want one recovery line:\n%s", logs.String())
+				}
+				auditClean(t, e)
+			})
+		}
+	}
+}
+
+// failingCompaction fails, while set, the store's journal deletion
+// (journalErr) and the cut's audit snapshot (cutErr): a store.ErrConflict
+// there is another replica appending first or holding the checkpoint
+// lease.
+type failingCompaction struct {
+	store.Store
+	journalErr, cutErr error
+}
+
+func (f *failingCompaction) JournalCompact(ctx context.Context, limit int) (int, error) {
+	if f.journalErr != nil {
+		return 0, f.journalErr
+	}
+	return f.Store.JournalCompact(ctx, limit)
+}
+
+func (f *failingCompaction) AuditSnapshot(ctx context.Context, cut bool, fn func(*ledger.Snapshot, int64) error) error {
+	if f.cutErr != nil {
+		return f.cutErr
+	}
+	return f.Store.AuditSnapshot(ctx, cut, fn)
+}
+
+// The compaction worker's warnings each end with their own recovery line
+// (OPERATIONS.md, "Retention and compaction"): a journal deletion that
+// failed, once one works; a cut the store failed, once the store answers
+// again (a conflict is an answer); and the conflict warning (from the
+// second conflicting pass in a row), once a cut goes through, after which
+// a single conflict is a race again and logs nothing; a cut the store
+// failed, once a cut goes through.
+func TestCompactionWarningsRecover(t *testing.T) {
+	ctx := context.Background()
+	st := &failingCompaction{Store: memstore.New()}
+	logger, logs := logcapture.New()
+	clk := newClock()
+	opts := compactingOptions(clk)
+	opts.Logger = logger
+	e := New(st, opts)
+	defer e.Close()
+	e.failLog.now = clk.Now
+	publish(t, e, 1_000_000, time.Minute, 0)
+	lines := func(msg string) int { t.Helper(); return logs.Count(fmt.Sprintf("msg=%q", msg)) }
+	conflict := fmt.Errorf("%w: another replica appended checkpoint 2", store.ErrConflict)
+
+	// The journal deletion fails, then works.
+	lifecycle(t, e, "a", 5)
+	st.journalErr = fmt.Errorf("%w: disk I/O error", store.ErrUnavailable)
+	e.runCompaction(ctx)
+	st.journalErr = nil
+	clk.Advance(time.Minute)
+	e.runCompaction(ctx)
+	if s := e.CompactionStats(); lines("compaction: journal") != 1 || lines("compaction: journal recovered") != 1 ||
+		!strings.Contains(logs.String(), `msg="compaction: journal recovered" failures=1 failed_for=1m0s`) || s.Checkpoints != 1 || s.Deleted == 0 {
+		t.Fatalf("a journal deletion that failed, then worked: %+v\n%s", s, logs.String())
+	}
+
+	// The cut fails (the store is down), then conflicts twice, then
+	// goes through.
+	lifecycle(t, e, "b", 5)
+	clk.Advance(time.Hour)
+	st.cutErr = fmt.Errorf("%w: connection refused", store.ErrUnavailable)
+	e.runCompaction(ctx)
+	st.cutErr = conflict
+	e.runCompaction(ctx)
+	if lines("compaction: checkpoint") != 1 || lines("compaction: checkpoint recovered") != 1 || lines(compactionConflictLog) != 0 {
+		t.Fatalf("a failed cut, then one conflict (a race, no warning):\n%s", logs.String())
+	}
+	e.runCompaction(ctx)
+	st.cutErr = nil
+	e.runCompaction(ctx)
+	if s := e.CompactionStats(); lines(compactionConflictLog) != 1 || !strings.Contains(logs.String(), " passes=2") ||
+		!strings.Contains(logs.String(), fmt.Sprintf("msg=%q failures=1", compactionConflictLog+" recovered")) || s.Checkpoints != 2 {
+		t.Fatalf("two conflicts in a row, then a cut: %+v\n%s", s, logs.String())
+	}
+	lifecycle(t, e, "c", 5)
+	clk.Advance(time.Hour)
+	st.cutErr = conflict
+	e.runCompaction(ctx)
+	if lines(compactionConflictLog) != 1 {
+		t.Fatalf("one conflict after a cut went through: a race, no warning:\n%s", logs.String())
+	}
+
+	// The cut fails again, then goes through.
+	st.cutErr = fmt.Errorf("%w: connection refused", store.ErrUnavailable)
+	e.runCompaction(ctx)
+	st.cutErr = nil
+	e.runCompaction(ctx)
+	if s := e.CompactionStats(); lines("compaction: checkpoint") != 2 || lines("compaction: checkpoint recovered") != 2 || s.Checkpoints != 3 {
+		t.Fatalf("a failed cut, then one through: %+v\n%s", s, logs.String())
+	}
+}
+
+// A refusal shows (CompactionStats.RefusingSince, NextAuditAt: /statusz,
+// capledger_compaction_refusing) only while this engine holds the worker
+// lease and so runs the worker: a replica that stopped leading leaves
+// the refusal, if it lasts, to the new holder, instead of showing its
+// own last one for ever. Refused keeps what it counted.
+func TestRefusalShowsOnlyWhileLeading(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	clk := newClock()
+	// The worker's own passes are an hour apart: the test runs them.
+	e := New(st, Options{Clock: clk.Now, Compaction: &CompactionOptions{Every: time.Hour, Interval: time.Hour}})
+	defer e.Close()
+	for deadline := time.Now().Add(10 * time.Second); !e.IsLeader(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the engine never took the worker lease of its own store")
+		}
+	}
+	publish(t, e, 1_000_000, time.Minute, 0)
+	lifecycle(t, e, "a", 5)
+	e.runCompaction(ctx)
+	lifecycle(t, e, "b", 5)
+	changeAccountBehindTheJournal(t, st)
+	clk.Advance(time.Hour)
+	e.runCompaction(ctx)
+	if s := e.CompactionStats(); s.Refused != 1 || s.RefusingSince.IsZero() || s.NextAuditAt.IsZero() {
+		t.Fatalf("the leader's refused cut: %+v", s)
+	}
+	e.Close() // releases the lease
+	if s := e.CompactionStats(); s.Refused != 1 || !s.RefusingSince.IsZero() || !s.NextAuditAt.IsZero() {
+		t.Fatalf("after the lease was let go: %+v, want the refusal no longer shown, still counted", s)
 	}
 }

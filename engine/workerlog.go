@@ -44,13 +44,16 @@ type failing struct {
 // failed logs err (and attrs) of the worker named msg as a warning,
 // unless it logged within workerLogEvery.
 func (f *failLog) failed(log *slog.Logger, msg string, err error, attrs ...any) {
-	f.failedAt(log, slog.LevelWarn, msg, err, attrs...)
+	f.failedEvery(log, slog.LevelWarn, workerLogEvery, msg, err, attrs...)
 }
 
-// failedAt is failed at level: a refusal that is the ledger's fault, not
-// the store's (the compaction audit's discrepancies), stays an error
-// while it repeats. err may be nil when attrs say what happened.
-func (f *failLog) failedAt(log *slog.Logger, level slog.Level, msg string, err error, attrs ...any) {
+// failedEvery is failed at level, at most once per every: a refusal that
+// is the ledger's fault, not the store's (the compaction audit's
+// discrepancies), stays an error while it repeats, and a worker whose
+// passes are a minute or more apart needs a period longer than
+// workerLogEvery for its lines to be fewer than its passes. err may be
+// nil when attrs say what happened.
+func (f *failLog) failedEvery(log *slog.Logger, level slog.Level, every time.Duration, msg string, err error, attrs ...any) {
 	if err != nil {
 		attrs = append(attrs, "err", err)
 	}
@@ -70,7 +73,7 @@ func (f *failLog) failedAt(log *slog.Logger, level slog.Level, msg string, err e
 	}
 	s.total++
 	s.unlogged++
-	if now.Sub(s.logged) < workerLogEvery {
+	if now.Sub(s.logged) < every {
 		f.mu.Unlock()
 		return
 	}

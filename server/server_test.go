@@ -85,6 +85,9 @@ type harnessOptions struct {
 	resolver *engine.ResolverOptions
 	// retention is the engine's retention window (0: off).
 	retention time.Duration
+	// compaction cuts a checkpoint every hour (engine.CompactionOptions);
+	// the test runs the passes (engine.RunCompaction).
+	compaction bool
 	// ready is server.Config.ReadyCheck.
 	ready func(ctx context.Context) (string, error)
 	// wrapStore, when set, wraps the store the engine is given (to count
@@ -125,11 +128,15 @@ func newHarness(t testing.TB, opts harnessOptions) *harness {
 	if opts.wrapStore != nil {
 		engineStore = opts.wrapStore(h.store)
 	}
-	h.engine = engine.New(engineStore, engine.Options{
+	engineOpts := engine.Options{
 		Clock: h.clock.Now, DisableWorkers: !opts.workers, WorkerInterval: 5 * time.Millisecond,
 		OnBatch: metrics.ObserveBatch, Logger: logger, Resolver: opts.resolver,
 		Retention: opts.retention, TombstoneRetention: 10 * opts.retention,
-	})
+	}
+	if opts.compaction {
+		engineOpts.Compaction = &engine.CompactionOptions{Every: time.Hour}
+	}
+	h.engine = engine.New(engineStore, engineOpts)
 	cfg := server.Config{Metrics: metrics, Logger: logger, MaxBodyBytes: opts.maxBody, Clock: h.clock.Now, ReadyCheck: opts.ready}
 	if opts.resolver != nil {
 		cfg.Resolver = h.engine

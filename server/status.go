@@ -96,6 +96,12 @@ type CompactionStatus struct {
 	Refused     uint64     `json:"refused"`
 	LastSeq     int64      `json:"lastCheckpoint"`
 	LastCutAt   *time.Time `json:"lastCutAt,omitempty"`
+	// Refusing: the last audit refused the cut (discrepancies), since
+	// RefusingSince; the next audit is due at NextAuditAt, or at the
+	// next pass after a clean audit is recorded (docs/OPERATIONS.md).
+	Refusing      bool       `json:"refusing"`
+	RefusingSince *time.Time `json:"refusingSince,omitempty"`
+	NextAuditAt   *time.Time `json:"nextAuditAt,omitempty"`
 }
 
 // compactionReporter is the Ledger capability behind Status.Compaction.
@@ -133,7 +139,8 @@ func (s *Server) status(ctx context.Context) Status {
 	if cr, ok := s.ledger.(compactionReporter); ok && cr.CompactionStats().On {
 		c := cr.CompactionStats()
 		st.Compaction = &CompactionStatus{Checkpoints: c.Checkpoints, Deleted: c.Deleted, Refused: c.Refused,
-			LastSeq: c.LastSeq, LastCutAt: timePtr(c.LastCutAt)}
+			LastSeq: c.LastSeq, LastCutAt: timePtr(c.LastCutAt),
+			Refusing: !c.RefusingSince.IsZero(), RefusingSince: timePtr(c.RefusingSince), NextAuditAt: timePtr(c.NextAuditAt)}
 	}
 	if rr, ok := s.ledger.(retentionReporter); ok {
 		if r := rr.RetentionStats(); r.On {
@@ -230,8 +237,16 @@ func (m *Metrics) registerMaintenance(l Ledger) {
 				func(s engine.CompactionStats) uint64 { return s.Checkpoints }),
 			counter("capledger_compaction_journal_rows_deleted_total", "Journal rows deleted behind checkpoints.",
 				func(s engine.CompactionStats) uint64 { return s.Deleted }),
-			counter("capledger_compaction_refused_total", "Checkpoint cuts refused because their audit found discrepancies.",
+			counter("capledger_compaction_refused_total", "Checkpoint cuts refused because their audit found discrepancies, one per refused audit.",
 				func(s engine.CompactionStats) uint64 { return s.Refused }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "capledger_compaction_refusing",
+				Help: "1 on the worker lease holder while its last compaction audit refused the cut (discrepancies; nothing is deleted), else 0."},
+				func() float64 {
+					if cr.CompactionStats().RefusingSince.IsZero() {
+						return 0
+					}
+					return 1
+				}),
 		)
 	}
 }

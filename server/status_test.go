@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/server"
 	"github.com/capledger/capledger/store"
 )
@@ -309,5 +310,95 @@ func TestStatusBeforeTheLeaseWasRead(t *testing.T) {
 		if !strings.Contains(metrics, want) {
 			t.Fatalf("/metrics lacks %q:\n%s", want, grep(metrics, "capledger_worker_le"))
 		}
+	}
+}
+
+// A compaction cut its audit refuses shows on /statusz (refusing, since
+// when, the next audit) and /metrics (capledger_compaction_refusing 1)
+// for as long as it lasts, not only at the pass that audited: the passes
+// between audits do not audit again. An operator's Audit that still finds
+// the discrepancy changes nothing; once the ledger is repaired, a clean
+// Audit through the API (recorded in the store) makes the next pass cut,
+// and both show it ended (docs/OPERATIONS.md, "Retention and
+// compaction").
+func TestStatusShowsARefusedCompaction(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t, harnessOptions{compaction: true})
+	h.ok("PublishPolicy", tokensPolicy, "")
+	h.ok("Reserve", reserveBody("before", 100), "")
+	if err := h.engine.RunCompaction(ctx); err != nil {
+		t.Fatal(err)
+	}
+	h.ok("Reserve", reserveBody("after", 100), "")
+	shift := func(delta int64) {
+		t.Helper()
+		accounts, err := h.store.AccountList(ctx, ledger.PolicyKey{})
+		if err != nil || len(accounts) != 1 {
+			t.Fatalf("accounts %v %v", accounts, err)
+		}
+		a := accounts[0]
+		a.Balances[0].Opening += delta
+		a.Balances[0].Available += delta
+		tx, err := h.store.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Write(ctx, &store.Changes{Accounts: []ledger.Account{a}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	compaction := func() server.CompactionStatus {
+		t.Helper()
+		var st server.Status
+		if err := json.Unmarshal([]byte(h.get("/statusz")), &st); err != nil {
+			t.Fatal(err)
+		}
+		if st.Compaction == nil {
+			t.Fatal("compaction on, /statusz shows none")
+		}
+		return *st.Compaction
+	}
+	shift(1) // behind the journal
+	h.clock.Advance(time.Hour)
+	if err := h.engine.RunCompaction(ctx); err != nil {
+		t.Fatal(err)
+	}
+	refusedAt := h.clock.Now()
+	for _, operatorAudits := range []bool{false, true} {
+		if operatorAudits {
+			if found := h.ok("Audit", "{}", "")["discrepancies"]; found == nil {
+				t.Fatal("the operator's audit of the broken ledger found nothing")
+			}
+		}
+		h.clock.Advance(10 * time.Second) // the next audit is not due yet
+		if err := h.engine.RunCompaction(ctx); err != nil {
+			t.Fatal(err)
+		}
+		c := compaction()
+		if !c.Refusing || c.Refused != 1 || c.Checkpoints != 1 || c.RefusingSince == nil || !c.RefusingSince.Equal(refusedAt) ||
+			c.NextAuditAt == nil || !c.NextAuditAt.After(h.clock.Now()) {
+			t.Fatalf("refusing (an operator's dirty audit: %v): /statusz compaction %+v", operatorAudits, c)
+		}
+		if got := grep(h.get("/metrics"), "capledger_compaction_refus"); !slices.Contains(strings.Split(got, "\n"), "capledger_compaction_refusing 1") ||
+			!slices.Contains(strings.Split(got, "\n"), "capledger_compaction_refused_total 1") {
+			t.Fatalf("refusing: /metrics %q", got)
+		}
+	}
+	shift(-1) // repaired
+	if found := h.ok("Audit", "{}", "")["discrepancies"]; found != nil {
+		t.Fatalf("the operator's audit of the repaired ledger: %v", found)
+	}
+	h.clock.Advance(10 * time.Second)
+	if err := h.engine.RunCompaction(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if c := compaction(); c.Refusing || c.RefusingSince != nil || c.NextAuditAt != nil || c.Checkpoints != 2 {
+		t.Fatalf("after a clean audit: /statusz compaction %+v", c)
+	}
+	if got := grep(h.get("/metrics"), "capledger_compaction_refusing"); !slices.Contains(strings.Split(got, "\n"), "capledger_compaction_refusing 0") {
+		t.Fatalf("after a clean audit: /metrics %q", got)
 	}
 }

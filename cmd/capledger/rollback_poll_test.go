@@ -1,0 +1,110 @@
+package main
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// drainPollGate is a reverse proxy in front of a server (a load balancer)
+// that passes the first answered DrainProgress polls, then answers every
+// later one 503, as a balancer does whose backends all went away; every
+// other call goes through.
+type drainPollGate struct {
+	answered int64 // DrainProgress polls passed before the 503s
+	polls    atomic.Int64
+	url      string
+}
+
+func newDrainPollGate(t *testing.T, target string, answered int64) *drainPollGate {
+	t.Helper()
+	u, err := url.Parse(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &drainPollGate{answered: answered}
+	proxy := httputil.NewSingleHostReverseProxy(u)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/DrainProgress") && g.polls.Add(1) > g.answered {
+			http.Error(w, "no healthy upstream", http.StatusServiceUnavailable)
+			return
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	g.url = srv.URL
+	return g
+}
+
+// cliWithin is cli with a bound on how long the command may run: a
+// follow that never ends is cut off at within (its exit code then says
+// interrupted, not what the test wants).
+func cliWithin(t *testing.T, within time.Duration, url string, args ...string) (int, string, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	var stdout, stderr lockedBuffer
+	e := &env{stdout: &stdout, stderr: &stderr, getenv: func(k string) string {
+		if k == "CAPLEDGER_ADDR" {
+			return url
+		}
+		return ""
+	}}
+	code := run(ctx, e, args)
+	return code, stdout.String(), stderr.String()
+}
+
+// `rollback GEN --wait` whose rollback was answered but whose very first
+// drain poll finds the server unavailable ends at once with exit 5: the
+// rollback's own answer is no poll answered (rollback --help: "a server
+// unavailable after the first answer is polled again"). Once a poll has
+// answered, an unavailable server is polled again every --interval,
+// each failure shown, and the follow gives up with exit 5 at --max-wait.
+func TestRollbackWaitPollsAgainOnlyAfterAPollAnswered(t *testing.T) {
+	server := startInProcess(t)
+	dir := t.TempDir()
+	for _, overdraft := range []string{"0", "100"} { // generations 1 and 2
+		path := filepath.Join(dir, "policy"+overdraft+".yaml")
+		body := "subject: tenant-7\nroute: chat.generate\nholdTTL: 1h\n" +
+			"dimensions:\n  - unit: tokens\n    burst: 1000\n    refillUnits: 1\n    refillInterval: 1h\n    maxOverdraft: " + overdraft + "\n"
+		if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		code, out, errOut := cli(t, server, "policy", "publish", path)
+		wantExit(t, exitOK, code, out, errOut)
+	}
+	code, out, errOut := cli(t, server, "reserve", "--subject", "tenant-7", "--route", "chat.generate", "--units", "tokens=100", "--id", "hold")
+	wantExit(t, exitOK, code, out, errOut)
+
+	// Generation 2 holds the reservation: it does not drain while followed.
+	first := newDrainPollGate(t, server, 0)
+	code, out, errOut = cliWithin(t, 20*time.Second, first.url, "rollback", "2", "--wait", "--interval", "50ms", "--max-wait", "5s", "--timeout", "2s")
+	wantExit(t, exitUnavailable, code, out, errOut)
+	if !strings.Contains(out, "rolled back generation 2 of tenant-7/chat.generate@global") || first.polls.Load() != 1 ||
+		strings.Contains(errOut, "poll failed") || !strings.Contains(errOut, "unavailable") {
+		t.Fatalf("a first drain poll that failed after the rollback answered: %d polls, exit %d\nstdout: %s\nstderr: %s",
+			first.polls.Load(), code, out, errOut)
+	}
+
+	later := newDrainPollGate(t, server, 1)
+	const interval, maxWait = 100 * time.Millisecond, 2 * time.Second
+	code, out, errOut = cliWithin(t, 20*time.Second, later.url, "rollback", "--status", "2", "--wait",
+		"--interval", interval.String(), "--max-wait", maxWait.String(), "--timeout", "2s")
+	wantExit(t, exitUnavailable, code, out, errOut)
+	failed := strings.Count(errOut, "poll failed, polling again in 100ms: unavailable")
+	// Polls after the first answer are --interval apart: at most one per
+	// interval within --max-wait (a slow machine polls less, never more).
+	if !strings.Contains(errOut, "100 units left") || failed < 2 || failed > int(maxWait/interval)+1 ||
+		later.polls.Load() != int64(failed)+2 {
+		t.Fatalf("polls failing after one answered: %d polls, %d failures shown, exit %d\nstdout: %s\nstderr: %s",
+			later.polls.Load(), failed, code, out, errOut)
+	}
+}
