@@ -27,6 +27,7 @@ const (
 	ReasonReservationExpired        = "RESERVATION_EXPIRED"
 	ReasonOperationMismatch         = "OPERATION_MISMATCH"
 	ReasonLifetimeExhausted         = "ACCOUNT_LIFETIME_EXHAUSTED"
+	ReasonPolicyGenerationChanged   = "POLICY_GENERATION_CHANGED"
 )
 
 // Sentinel errors a *LedgerError matches with errors.Is, one per reason a
@@ -44,8 +45,12 @@ var (
 	// ErrLifetimeExhausted: the account's lifetime counters are full (2^58
 	// units spent); nothing changed, and an operator must publish a new
 	// generation. A settle refused so leaves the reservation started.
-	ErrLifetimeExhausted     = errors.New("account lifetime counters exhausted")
-	errReasonSentinelsByName = map[string]error{
+	ErrLifetimeExhausted = errors.New("account lifetime counters exhausted")
+	// ErrPolicyGenerationChanged: PublishPolicyEditedFrom named a
+	// generation that is no longer the active one of its key; nothing was
+	// published.
+	ErrPolicyGenerationChanged = errors.New("policy generation changed since it was read")
+	errReasonSentinelsByName   = map[string]error{
 		ReasonNoPolicy:                  ErrNoPolicy,
 		ReasonPolicyNotFound:            ErrNotFound,
 		ReasonReservationNotFound:       ErrNotFound,
@@ -57,6 +62,7 @@ var (
 		ReasonReservationExpired:        ErrExpired,
 		ReasonOperationMismatch:         ErrOperationMismatch,
 		ReasonLifetimeExhausted:         ErrLifetimeExhausted,
+		ReasonPolicyGenerationChanged:   ErrPolicyGenerationChanged,
 	}
 )
 

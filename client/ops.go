@@ -590,8 +590,18 @@ func (c *Client) Audit(ctx context.Context) ([]*ledgerv1.Discrepancy, error) {
 // stored policy and whether it equalled the active one (replayed). A lost
 // answer is retried: publishing the same terms again is recognised.
 func (c *Client) PublishPolicy(ctx context.Context, p *ledgerv1.Policy) (*ledgerv1.Policy, bool, error) {
+	return c.PublishPolicyEditedFrom(ctx, p, 0)
+}
+
+// PublishPolicyEditedFrom publishes p as an edit of generation editedFrom
+// (as read with GetPolicy): unless that generation is still the active
+// one of p's key, nothing is published and the error is a *LedgerError
+// matching ErrPolicyGenerationChanged, so an edit of a stale copy never
+// undoes what another operator published since. A lost answer is retried
+// as PublishPolicy's: the same terms replay. editedFrom 0 checks nothing.
+func (c *Client) PublishPolicyEditedFrom(ctx context.Context, p *ledgerv1.Policy, editedFrom uint64) (*ledgerv1.Policy, bool, error) {
 	m, err := call(ctx, c, "publish policy", p.GetSubject(), func(actx context.Context) (*connect.Response[ledgerv1.PublishPolicyResponse], error) {
-		return c.rpc.PublishPolicy(actx, connect.NewRequest(&ledgerv1.PublishPolicyRequest{Policy: p}))
+		return c.rpc.PublishPolicy(actx, connect.NewRequest(&ledgerv1.PublishPolicyRequest{Policy: p, EditedFrom: editedFrom}))
 	})
 	if err != nil {
 		return nil, false, err
