@@ -161,7 +161,7 @@ func BenchmarkCoreBatchAccounts(b *testing.B) {
 			pprof.Do(ctx, pprof.Labels("accounts", strconv.Itoa(over)), func(context.Context) {
 				for range b.N {
 					now = now.Add(time.Millisecond)
-					coreReserves(b, core, now, 100, func(int) int { return rng.IntN(over) })
+					coreReserves(b, core, now, "rl-core-", 100, func(int) int { return rng.IntN(over) })
 				}
 			})
 			b.StopTimer()
@@ -180,11 +180,13 @@ func BenchmarkCoreBatchAccounts(b *testing.B) {
 var coreAccountsStart = time.Date(2026, 7, 19, 0, 0, 0, 0, time.UTC)
 
 // coreReserves commits one batch of n reserves, the i-th on subject
-// subjectOf(i), and fails b unless every one was admitted.
-func coreReserves(b *testing.B, core *Core, now time.Time, n int, subjectOf func(i int) int) {
+// subjectOf(i), with ids prefix followed by a number this process has not
+// used, and fails b unless every one was admitted (a replayed id would be
+// answered without touching its account).
+func coreReserves(b *testing.B, core *Core, now time.Time, prefix string, n int, subjectOf func(i int) int) {
 	cmds := make([]ledger.Command, n)
 	for i := range cmds {
-		id := fmt.Sprintf("rl-core-%012d", benchSeq.Add(1))
+		id := fmt.Sprintf("%s%012d", prefix, benchSeq.Add(1))
 		cmds[i] = ledger.Command{Kind: ledger.KindReserve, ReservationID: id, RequestDigest: "sha256:" + id,
 			Subject: "tenant-" + strconv.Itoa(subjectOf(i)), Route: "chat.generate", Region: "eu", Units: ledger.Amounts{1}}
 	}
@@ -193,8 +195,8 @@ func coreReserves(b *testing.B, core *Core, now time.Time, n int, subjectOf func
 		b.Fatal(err)
 	}
 	for i := range results {
-		if results[i].Err != nil {
-			b.Fatal(results[i].Err)
+		if results[i].Err != nil || results[i].Replayed {
+			b.Fatalf("%s: %v, replayed %v", cmds[i].ReservationID, results[i].Err, results[i].Replayed)
 		}
 	}
 }
@@ -237,7 +239,7 @@ func coreAccountsTemplate(b *testing.B, accounts int) string {
 	const chunk = 1000
 	for from := 0; from < accounts; from += chunk {
 		now = now.Add(time.Millisecond)
-		coreReserves(b, core, now, min(chunk, accounts-from), func(i int) int { return from + i })
+		coreReserves(b, core, now, "rl-fill-", min(chunk, accounts-from), func(i int) int { return from + i })
 	}
 	if err := st.Close(); err != nil {
 		b.Fatal(err)
