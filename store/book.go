@@ -1,10 +1,11 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"errors"
-	"maps"
 	"slices"
+	"strings"
 
 	"github.com/capledger/capledger/ledger"
 )
@@ -48,18 +49,19 @@ type Book struct {
 }
 
 // NewBook returns the book of a batch of the given number of commands
-// over tx. The maps a reserve needs are sized for the batch; the others
-// are made on first write (a nil map reads as empty), so a batch pays for
-// what it uses.
+// over tx. The maps a reserve needs are sized for the batch (a batch over
+// as many subjects as commands fills them; growing them cost a rehash per
+// doubling); the others are made on first write (a nil map reads as
+// empty), so a batch pays for what it uses.
 func NewBook(ctx context.Context, tx Tx, commands int) *Book {
 	return &Book{
 		ctx: ctx, tx: tx,
 		policies:     make(map[uint64]*ledger.Policy, 1),
-		heads:        make(map[ledger.PolicyKey]*ledger.PolicyHead, 2),
-		accounts:     make(map[ledger.AccountKey]*ledger.Account, 1),
-		accountDirty: make(map[ledger.AccountKey]bool, 1),
-		current:      make(map[ledger.PolicyKey]uint64, 1),
-		currentKnown: make(map[ledger.PolicyKey]bool, 1),
+		heads:        make(map[ledger.PolicyKey]*ledger.PolicyHead, commands+1),
+		accounts:     make(map[ledger.AccountKey]*ledger.Account, commands),
+		accountDirty: make(map[ledger.AccountKey]bool, commands),
+		current:      make(map[ledger.PolicyKey]uint64, commands),
+		currentKnown: make(map[ledger.PolicyKey]bool, commands),
 		reservations: make(map[string]*ledger.Reservation, commands),
 		resDirty:     make(map[string]bool, commands),
 		resNew:       make(map[string]bool, commands),
@@ -246,40 +248,60 @@ func (b *Book) Changes() *Changes {
 			c.Meta[name] = b.meta[name]
 		}
 	}
-	for _, g := range slices.Sorted(maps.Keys(b.policyDirty)) {
+	for _, g := range sortedKeys(b.policyDirty, cmp.Compare) {
 		c.Policies = append(c.Policies, *b.policies[g])
 	}
-	for _, k := range sortedKeys(b.headDirty, ledger.PolicyKey.Compare) {
-		c.Heads = append(c.Heads, *b.heads[k])
+	if len(b.headDirty) > 0 {
+		c.Heads = make([]ledger.PolicyHead, 0, len(b.headDirty))
+		for _, k := range sortedKeys(b.headDirty, ledger.PolicyKey.Compare) {
+			c.Heads = append(c.Heads, *b.heads[k])
+		}
 	}
-	for _, k := range sortedKeys(b.accountDirty, ledger.AccountKey.Compare) {
-		c.Accounts = append(c.Accounts, *b.accounts[k])
+	if len(b.accountDirty) > 0 {
+		// Made at its size: an account is about 700 bytes, and a batch
+		// over many subjects writes one for each.
+		c.Accounts = make([]ledger.Account, 0, len(b.accountDirty))
+		for _, k := range sortedKeys(b.accountDirty, ledger.AccountKey.Compare) {
+			c.Accounts = append(c.Accounts, *b.accounts[k])
+		}
 	}
-	for _, k := range sortedKeys(b.currentDirty, ledger.PolicyKey.Compare) {
-		c.Currents = append(c.Currents, Current{Subject: k, Generation: b.current[k]})
+	if len(b.currentDirty) > 0 {
+		c.Currents = make([]Current, 0, len(b.currentDirty))
+		for _, k := range sortedKeys(b.currentDirty, ledger.PolicyKey.Compare) {
+			c.Currents = append(c.Currents, Current{Subject: k, Generation: b.current[k]})
+		}
 	}
 	if len(b.resDirty) > 0 {
 		c.NewReservations = make(map[string]bool, len(b.resNew))
 		c.Reservations = make([]ledger.Reservation, 0, len(b.resDirty))
-		for _, id := range slices.Sorted(maps.Keys(b.resDirty)) {
+		for _, id := range sortedKeys(b.resDirty, strings.Compare) {
 			c.Reservations = append(c.Reservations, *b.reservations[id])
 			if b.resNew[id] {
 				c.NewReservations[id] = true
 			}
 		}
 	}
-	for _, id := range slices.Sorted(maps.Keys(b.moveNew)) {
+	for _, id := range sortedKeys(b.moveNew, strings.Compare) {
 		c.Moves = append(c.Moves, *b.moves[id])
 	}
-	for _, id := range slices.Sorted(maps.Keys(b.shardDirty)) {
+	for _, id := range sortedKeys(b.shardDirty, strings.Compare) {
 		c.Shards = append(c.Shards, *b.shards[id])
 	}
 	b.retentionChanges(c)
 	return c
 }
 
+// sortedKeys returns the keys of set in compare's order, in a slice made
+// at its size (collecting them into a growing one cost an allocation and
+// a copy per doubling, per batch).
 func sortedKeys[K comparable](set map[K]bool, compare func(a, b K) int) []K {
-	keys := slices.Collect(maps.Keys(set))
+	if len(set) == 0 {
+		return nil
+	}
+	keys := make([]K, 0, len(set))
+	for k := range set {
+		keys = append(keys, k)
+	}
 	slices.SortFunc(keys, compare)
 	return keys
 }

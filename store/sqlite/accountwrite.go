@@ -166,7 +166,7 @@ func (tx *Tx) putAccounts(ctx context.Context, accounts []ledger.Account, conv *
 		}
 	}
 	more, err := execChunks(ctx, tx, conv, nil, short, wAccountUpdateRows,
-		func(args []any, a *ledger.Account) []any { return append(args, accountArgs(a, conv)...) },
+		func(args []any, a *ledger.Account) []any { return appendAccountArgs(args, a, conv) },
 		func(a *ledger.Account) string { return "account " + a.Key.String() })
 	if err != nil {
 		return err

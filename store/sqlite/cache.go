@@ -6,7 +6,6 @@ import (
 
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
-	"github.com/capledger/capledger/store/codec"
 )
 
 // DefaultCacheRows bounds the row cache: the most rows of each cached
@@ -327,14 +326,16 @@ func (c *rowCache) committed(ch *store.Changes) {
 	for i := range ch.Heads {
 		remember(c, c.heads, ch.Heads[i].Key, &ch.Heads[i], copyRow)
 	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	for i := range ch.Accounts {
-		// Times read back as UTC without a monotonic reading.
-		a := ch.Accounts[i]
-		var conv codec.Conv
-		a.EpochStart = conv.Time(conv.Nanos(a.EpochStart))
-		remember(c, c.accounts, a.Key, &a, copyRow)
+		// The packed table keeps the epoch start as Unix nanoseconds, as
+		// the file does, and decodes it as a read returns it (UTC, no
+		// monotonic reading), so the committed row is encoded as it stands:
+		// no copy of it to convert first (a heap copy of every account).
+		c.accounts.rememberRow(ch.Accounts[i].Key, &ch.Accounts[i], nil)
 	}
-	for _, cur := range ch.Currents {
-		remember(c, c.currents, cur.Subject, &cur.Generation, copyRow)
+	for i := range ch.Currents {
+		c.currents.rememberRow(ch.Currents[i].Subject, &ch.Currents[i].Generation, nil)
 	}
 }

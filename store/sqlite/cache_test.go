@@ -255,3 +255,44 @@ func TestFreshGroupDuplicate(t *testing.T) {
 		}
 	}
 }
+
+// An account committed with an epoch start in a local zone and with a
+// monotonic reading is cached as it is stored: the write transaction's
+// next read (from the row cache) returns what a read of the file
+// returns, and a policy head the cache knows is absent is not found.
+func TestCommittedAccountReadsAsTheFile(t *testing.T) {
+	ctx := context.Background()
+	s, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "capledger.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	a := accountWith(400)
+	a.EpochStart = time.Now().In(time.FixedZone("UTC+3", 3*3600)) // a monotonic reading, too
+	a.Version = 7
+	writeTx(t, s, &store.Changes{Accounts: []ledger.Account{a}})
+
+	stored, err := s.AccountGet(ctx, a.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := s.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	cached, err := tx.AccountGet(ctx, a.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(*cached, stored) {
+		t.Fatalf("after its commit the account reads\n%+v\nwhere the file holds\n%+v", *cached, stored)
+	}
+	missing := ledger.PolicyKey{Subject: "nobody", Route: "chat", Region: "eu"}
+	for range 2 { // read, then answered by the cache
+		_, err := tx.PolicyHeadGet(ctx, missing)
+		if !errors.Is(err, store.ErrNotFound) || err.Error() != "policy head: not found" {
+			t.Fatalf("policy head of %s: %v, want policy head: not found", missing, err)
+		}
+	}
+}

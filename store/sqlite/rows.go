@@ -117,10 +117,17 @@ func scanHead(sc scanner) (ledger.PolicyHead, error) {
 }
 
 func accountArgs(a *ledger.Account, c *codec.Conv) []any {
+	// Room for the 11 values and accountPutArgs' epoch_indexed.
+	return appendAccountArgs(make([]any, 0, 12), a, c)
+}
+
+// appendAccountArgs appends accountArgs(a, c) to args without making a
+// slice of its own (a multi-row statement binds every row into one).
+func appendAccountArgs(args []any, a *ledger.Account, c *codec.Conv) []any {
 	refilled := ledger.Amounts(a.RefilledTo)
-	return []any{a.Key.Subject, a.Key.Route, a.Key.Region, c.Int(a.Key.Generation), int64(a.Dims),
+	return append(args, a.Key.Subject, a.Key.Route, a.Key.Region, c.Int(a.Key.Generation), int64(a.Dims),
 		codec.EncodeBalances(&a.Balances), c.Nanos(a.EpochStart), codec.EncodeBalances(&a.EpochOpening),
-		codec.EncodeAmounts(&refilled), a.Breaches, c.Int(a.Version)}
+		codec.EncodeAmounts(&refilled), a.Breaches, c.Int(a.Version))
 }
 
 func scanAccount(sc scanner) (ledger.Account, error) {
