@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"time"
 )
@@ -54,11 +55,30 @@ const maxEpochYears = 50
 // duration limit writes it so, in the form a client sends it, rather than
 // Go's (438300h0m0s, 100ms, 999µs).
 func DurationText(d time.Duration) string {
-	sign, abs := "", uint64(d)
-	if d < 0 {
-		sign, abs = "-", -abs // unsigned, so the most negative Duration negates too
+	negative, abs := d < 0, uint64(d)
+	if negative {
+		abs = -abs // unsigned, so the most negative Duration negates too
 	}
-	seconds, nanos := abs/uint64(time.Second), abs%uint64(time.Second)
+	return durationText(negative, abs/uint64(time.Second), abs%uint64(time.Second))
+}
+
+// SecondsText writes a duration given as a protobuf Duration's seconds
+// and nanos (both of one sign), as DurationText does: a refusal of one too
+// long for a time.Duration names it as the client sent it.
+func SecondsText(seconds int64, nanos int32) string {
+	negative := seconds < 0 || nanos < 0
+	abs, absNanos := uint64(seconds), uint64(nanos)
+	if negative {
+		abs, absNanos = -abs, uint64(-int64(nanos))
+	}
+	return durationText(negative, abs, absNanos)
+}
+
+func durationText(negative bool, seconds, nanos uint64) string {
+	sign := ""
+	if negative {
+		sign = "-"
+	}
 	switch {
 	case nanos == 0:
 		return fmt.Sprintf("%s%ds", sign, seconds)
@@ -69,6 +89,15 @@ func DurationText(d time.Duration) string {
 	}
 	return fmt.Sprintf("%s%d.%09ds", sign, seconds, nanos)
 }
+
+// MaxDurationSeconds is the longest duration a request may carry, in
+// whole seconds: 9223372036s (about 292 years), the whole seconds a
+// time.Duration holds, and the longest Retry-After the server computes.
+// It is the one bound of every Duration of the API; a fraction beyond it
+// ("9223372036.5s") is beyond it too, though a time.Duration would hold up
+// to 0.854775807s more: a limit a client can state and check is worth
+// more than the last fraction of 292 years.
+const MaxDurationSeconds = int64(math.MaxInt64 / int64(time.Second))
 
 // WithDefaults returns p with empty optional fields filled in: region,
 // rollout mode, hold TTL, epoch length, fairness weight and budget,

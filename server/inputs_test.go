@@ -47,26 +47,30 @@ func TestPolicyNaNFairnessBudgetIsInvalid(t *testing.T) {
 // A Duration the proto allows (up to 10,000 years) but Go's time.Duration
 // cannot hold (about 292 years) was saturated silently: a refill interval
 // of 315576000000s was stored as 9223372036.854775807s. Each policy
-// duration beyond the range is 400 INVALID_POLICY naming the field, and
-// the longest one that fits is kept exactly.
+// duration above the one maximum, 9223372036s (docs/API.md, Durations),
+// is 400 INVALID_POLICY naming the field as the JSON spells it and the
+// value as it was sent; a fraction past the maximum is past it too (it
+// was accepted up to .854775807s, what a time.Duration holds, while the
+// docs said 9223372036s), and the maximum itself is kept exactly.
 func TestPolicyDurationBeyondRangeIsInvalid(t *testing.T) {
 	h := newHarness(t, harnessOptions{})
-	const tooLong = `"315576000000s"`
-	for field, body := range map[string]string{
-		"refill_interval": `{"policy":{"subject":"t","route":"r","dimensions":[{"unit":"tokens","burst":"10","refillUnits":"1","refillInterval":` + tooLong + `}]}}`,
-		"hold_ttl":        `{"policy":{"subject":"t","route":"r","holdTtl":` + tooLong + `,"dimensions":[{"unit":"tokens","burst":"10"}]}}`,
-		"execution_limit": `{"policy":{"subject":"t","route":"r","executionLimit":` + tooLong + `,"dimensions":[{"unit":"tokens","burst":"10"}]}}`,
-		"epoch_length":    `{"policy":{"subject":"t","route":"r","epochLength":"9223372037s","dimensions":[{"unit":"tokens","burst":"10"}]}}`,
-		// The longest Duration's whole seconds, with more nanoseconds than
-		// it has (it ends at .854775807s): it would be kept as another,
-		// shorter duration than the one asked.
-		"execution_limit nanos": `{"policy":{"subject":"t","route":"r","executionLimit":"9223372036.999999999s","dimensions":[{"unit":"tokens","burst":"10"}]}}`,
+	const dimension = `"dimensions":[{"unit":"tokens","burst":"10"}]`
+	for _, c := range []struct{ field, value, body string }{
+		{"dimensions[0].refillInterval", "315576000000s", `{"policy":{"subject":"t","route":"r","dimensions":[{"unit":"tokens","burst":"10","refillUnits":"1","refillInterval":"315576000000s"}]}}`},
+		{"dimensions[0].refillInterval", "9223372036.500s", `{"policy":{"subject":"t","route":"r","dimensions":[{"unit":"tokens","burst":"10","refillUnits":"1","refillInterval":"9223372036.5s"}]}}`},
+		{"holdTtl", "315576000000s", `{"policy":{"subject":"t","route":"r","holdTtl":"315576000000s",` + dimension + `}}`},
+		{"holdTtl", "9223372036.500s", `{"policy":{"subject":"t","route":"r","holdTtl":"9223372036.5s",` + dimension + `}}`},
+		{"holdTtl", "9223372036.000000001s", `{"policy":{"subject":"t","route":"r","hold_ttl":"9223372036.000000001s",` + dimension + `}}`},
+		{"executionLimit", "315576000000s", `{"policy":{"subject":"t","route":"r","executionLimit":"315576000000s",` + dimension + `}}`},
+		{"executionLimit", "9223372036.999999999s", `{"policy":{"subject":"t","route":"r","executionLimit":"9223372036.999999999s",` + dimension + `}}`},
+		{"executionLimit", "-9223372036.500s", `{"policy":{"subject":"t","route":"r","executionLimit":"-9223372036.5s",` + dimension + `}}`},
+		{"epochLength", "9223372037s", `{"policy":{"subject":"t","route":"r","epochLength":"9223372037s",` + dimension + `}}`},
 	} {
-		field = strings.TrimSuffix(field, " nanos")
-		r := h.call("PublishPolicy", body, "")
+		r := h.call("PublishPolicy", c.body, "")
 		h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidPolicy)
-		if !strings.Contains(r.body["message"].(string), field) {
-			t.Errorf("%s: the message does not name the field: %s", field, r.raw)
+		message, _ := r.body["message"].(string)
+		if !strings.Contains(message, c.field+" "+c.value+" is ") || !strings.Contains(message, "9223372036s") {
+			t.Errorf("%s %s: the message does not name the field, the value sent and the maximum: %s", c.field, c.value, r.raw)
 		}
 	}
 	if list := h.ok("ListPolicies", `{}`, ""); len(list) != 0 {
@@ -119,8 +123,8 @@ func TestDurationRefusalsSpeakTheAPIsDurations(t *testing.T) {
 	h := newHarness(t, harnessOptions{shards: true})
 	h.ok("PublishPolicy", tokensPolicy, "")
 	for want, body := range map[string]string{
-		"epochLength 1577880001s is longer than the maximum 1577880000s (50 years)":             `{"policy":{"subject":"t","route":"r","epochLength":"1577880001s","dimensions":[{"unit":"tokens","burst":"10"}]}}`,
-		"hold_ttl 0.099s is shorter than the minimum 0.100s (leave it out for the default 60s)": `{"policy":{"subject":"t","route":"r","holdTtl":"0.099s","dimensions":[{"unit":"tokens","burst":"10"}]}}`,
+		"epochLength 1577880001s is longer than the maximum 1577880000s (50 years)":            `{"policy":{"subject":"t","route":"r","epochLength":"1577880001s","dimensions":[{"unit":"tokens","burst":"10"}]}}`,
+		"holdTtl 0.099s is shorter than the minimum 0.100s (leave it out for the default 60s)": `{"policy":{"subject":"t","route":"r","holdTtl":"0.099s","dimensions":[{"unit":"tokens","burst":"10"}]}}`,
 	} {
 		r := h.call("PublishPolicy", body, "")
 		h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidPolicy)
