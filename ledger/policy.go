@@ -156,26 +156,24 @@ func (p *Policy) Validate() error {
 	case len(p.Dimensions) > MaxDimensions:
 		return invalidPolicy("%d dimensions; at most %d", len(p.Dimensions), MaxDimensions)
 	case p.Rollout != RolloutEnforce && p.Rollout != RolloutShadow:
-		return invalidPolicy("rollout mode %q is neither %q nor %q", p.Rollout, RolloutEnforce, RolloutShadow)
+		return invalidPolicy("rollout %q is neither %q nor %q", p.Rollout, RolloutEnforce, RolloutShadow)
 	case p.HoldTTL < MinHoldTTL:
-		return invalidPolicy("hold TTL %s is shorter than the minimum %s", DurationText(p.HoldTTL), DurationText(MinHoldTTL))
+		return invalidPolicy("holdTtl %s is shorter than the minimum %s", DurationText(p.HoldTTL), DurationText(MinHoldTTL))
 	case p.ExecutionLimit < 0:
-		return invalidPolicy("executionLimit is negative")
+		return invalidPolicy("executionLimit %s is negative", DurationText(p.ExecutionLimit))
 	case p.ExecutionLimit > 0 && p.ExecutionLimit < MinExecutionLimit:
 		return invalidPolicy("executionLimit %s is shorter than the minimum %s (leave it out for no limit)", DurationText(p.ExecutionLimit), DurationText(MinExecutionLimit))
 	case p.EpochLength < MinEpochLength:
-		return invalidPolicy("epoch length %s is shorter than the minimum %s", DurationText(p.EpochLength), DurationText(MinEpochLength))
+		return invalidPolicy("epochLength %s is shorter than the minimum %s", DurationText(p.EpochLength), DurationText(MinEpochLength))
 	case p.EpochLength > MaxEpochLength:
 		return invalidPolicy("epochLength %s is longer than the maximum %s (%d years)", DurationText(p.EpochLength), DurationText(MaxEpochLength), maxEpochYears)
-	case p.FairnessWeight <= 0:
-		return invalidPolicy("fairness weight must be positive")
-	case p.FairnessWeight > MaxFairnessWeight:
-		return invalidPolicy("fairness weight %d is outside [1, %d]", p.FairnessWeight, MaxFairnessWeight)
+	case p.FairnessWeight <= 0 || p.FairnessWeight > MaxFairnessWeight:
+		return invalidPolicy("fairnessWeight %d is outside [1, %d]", p.FairnessWeight, MaxFairnessWeight)
 	case !(p.FairnessBudget >= 0 && p.FairnessBudget <= 1):
 		// Written so that NaN, for which every comparison is false, is
 		// refused too: a store cannot keep it (SQLite reads it as NULL)
 		// or compare it (a republished NaN would never replay).
-		return invalidPolicy("fairness budget %v is outside [0, 1]", p.FairnessBudget)
+		return invalidPolicy("fairnessBudget %v is outside [0, 1]", p.FairnessBudget)
 	}
 	if problem := TextProblem(p.EstimatorDigest, MaxDigestBytes); problem != "" {
 		return invalidPolicy("estimatorDigest %s", problem)
@@ -184,23 +182,23 @@ func (p *Policy) Validate() error {
 		d := &p.Dimensions[i]
 		switch {
 		case d.Unit == "":
-			return invalidPolicy("dimension %d has no unit", i)
+			return invalidPolicy("dimensions[%d].unit is empty", i)
 		case TextProblem(d.Unit, MaxUnitBytes) != "":
-			return invalidPolicy("dimension %d: unit %s", i, TextProblem(d.Unit, MaxUnitBytes))
+			return invalidPolicy("dimensions[%d].unit %s", i, TextProblem(d.Unit, MaxUnitBytes))
 		case p.DimensionIndex(d.Unit) != i:
 			return invalidPolicy("unit %q appears twice", d.Unit)
 		case d.Burst <= 0 || d.Burst > MaxUnits:
 			return invalidPolicy("%s: burst %d is outside (0, %d]", d.Unit, d.Burst, MaxUnits)
 		case d.RefillUnits < 0 || d.RefillUnits > MaxUnits:
-			return invalidPolicy("%s: refill units %d are outside [0, %d]", d.Unit, d.RefillUnits, MaxUnits)
+			return invalidPolicy("%s: refillUnits %d is outside [0, %d]", d.Unit, d.RefillUnits, MaxUnits)
 		case d.RefillUnits > 0 && d.RefillInterval <= 0:
-			return invalidPolicy("%s: refill interval must be positive", d.Unit)
+			return invalidPolicy("%s: refillInterval %s must be above 0 to mint refillUnits", d.Unit, DurationText(d.RefillInterval))
 		case d.RefillInterval != 0 && d.RefillInterval < MinRefillInterval:
 			return invalidPolicy("%s: refillInterval %s is shorter than the minimum %s", d.Unit, DurationText(d.RefillInterval), DurationText(MinRefillInterval))
 		case d.MaxReservation <= 0 || d.MaxReservation > d.Burst:
-			return invalidPolicy("%s: max reservation %d is outside (0, burst %d]", d.Unit, d.MaxReservation, d.Burst)
+			return invalidPolicy("%s: maxReservation %d is outside (0, burst %d]", d.Unit, d.MaxReservation, d.Burst)
 		case d.MaxOverdraft < 0 || d.MaxOverdraft > MaxUnits:
-			return invalidPolicy("%s: max overdraft %d is outside [0, %d]", d.Unit, d.MaxOverdraft, MaxUnits)
+			return invalidPolicy("%s: maxOverdraft %d is outside [0, %d]", d.Unit, d.MaxOverdraft, MaxUnits)
 		}
 	}
 	return nil

@@ -35,8 +35,42 @@ func TestPolicyNaNFairnessBudgetIsInvalid(t *testing.T) {
 		r := h.call("PublishPolicy", `{"policy":{"subject":"t","route":"r","fairnessBudget":`+budget+`,
 			"dimensions":[{"unit":"tokens","burst":"10"}]}}`, "")
 		h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidPolicy)
-		if !strings.Contains(r.body["message"].(string), "fairness budget") {
+		if !strings.Contains(r.body["message"].(string), "fairnessBudget") {
 			t.Errorf("fairnessBudget %s: the message does not name the field: %s", budget, r.raw)
+		}
+	}
+	if list := h.ok("ListPolicies", `{}`, ""); len(list) != 0 {
+		t.Errorf("refused policies were published: %v", list)
+	}
+}
+
+// A refused policy's message names the refused term as the JSON spells
+// it (holdTtl, refillUnits, dimensions[0].unit), the way a client wrote
+// it: the ledger's checks wrote "hold TTL", "refill units", "max
+// reservation" while the server's wrote hold_ttl, and a client had to
+// guess which field either meant.
+func TestPolicyRefusalsNameTheJSONField(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	policy := func(terms, dimension string) string {
+		return `{"policy":{"subject":"t","route":"r"` + terms + `,"dimensions":[{"unit":"tokens","burst":"10"` + dimension + `}]}}`
+	}
+	for want, body := range map[string]string{
+		"holdTtl 0.050s is shorter":                      policy(`,"holdTtl":"0.05s"`, ""),
+		"executionLimit -1s is negative":                 policy(`,"executionLimit":"-1s"`, ""),
+		"epochLength 0.500s is shorter":                  policy(`,"epochLength":"0.5s"`, ""),
+		"fairnessWeight -1 is outside [1, 1048576]":      policy(`,"fairnessWeight":"-1"`, ""),
+		"fairnessBudget 2 is outside [0, 1]":             policy(`,"fairnessBudget":2`, ""),
+		"tokens: refillUnits -1 is outside":              policy("", `,"refillUnits":"-1"`),
+		"tokens: refillInterval 0s must be above 0":      policy("", `,"refillUnits":"1"`),
+		"tokens: maxReservation 11 is outside (0, burst": policy("", `,"maxReservation":"11"`),
+		"tokens: maxOverdraft -1 is outside":             policy("", `,"maxOverdraft":"-1"`),
+		"dimensions[0].unit is empty":                    `{"policy":{"subject":"t","route":"r","dimensions":[{"burst":"10"}]}}`,
+		"tokens: refillInterval -1.500s must be above 0": policy("", `,"refillInterval":"-1.5s","refillUnits":"1"`),
+	} {
+		r := h.call("PublishPolicy", body, "")
+		h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidPolicy)
+		if message, _ := r.body["message"].(string); !strings.Contains(message, want) {
+			t.Errorf("want a message with %q: %s", want, r.raw)
 		}
 	}
 	if list := h.ok("ListPolicies", `{}`, ""); len(list) != 0 {
@@ -254,9 +288,9 @@ func TestPolicyUnitAndEstimatorDigestBounded(t *testing.T) {
 	}
 	for name, c := range map[string]struct{ body, want string }{
 		"long unit": {policy(strings.Repeat("u", 10000), "d"),
-			fmt.Sprintf("dimension 0: unit is 10000 bytes long; at most %d", ledger.MaxUnitBytes)},
+			fmt.Sprintf("dimensions[0].unit is 10000 bytes long; at most %d", ledger.MaxUnitBytes)},
 		"unit one over": {policy(strings.Repeat("u", ledger.MaxUnitBytes+1), "d"),
-			fmt.Sprintf("dimension 0: unit is %d bytes long; at most %d", ledger.MaxUnitBytes+1, ledger.MaxUnitBytes)},
+			fmt.Sprintf("dimensions[0].unit is %d bytes long; at most %d", ledger.MaxUnitBytes+1, ledger.MaxUnitBytes)},
 		"long digest": {policy("tokens", strings.Repeat("d", 100000)),
 			fmt.Sprintf("estimatorDigest is 100000 bytes long; at most %d", ledger.MaxDigestBytes)},
 	} {
