@@ -78,6 +78,41 @@ func TestPolicyRefusalsNameTheJSONField(t *testing.T) {
 	}
 }
 
+// A refused command's message names the field as the JSON spells it
+// (reservationId, actualUnits, pageToken), as policy refusals do: they
+// named it by its proto name (reservation_id), which no JSON client
+// sends or reads back.
+func TestCommandRefusalsNameTheJSONField(t *testing.T) {
+	h := newHarness(t, harnessOptions{shards: true})
+	h.ok("PublishPolicy", tokensPolicy, "")
+	h.ok("Reserve", reserveBody("named", 1), "")
+	for _, c := range []struct{ method, body, want string }{
+		{"Reserve", `{"subject":"tenant-7","route":"chat.generate","units":{"tokens":1}}`, "reservationId is required"},
+		{"Reserve", `{"reservationId":"n1","requestDigest":"record:x","subject":"tenant-7","route":"chat.generate","units":{"tokens":1}}`, "requestDigest: "},
+		{"Reserve", `{"reservationId":"n1","legacyDecision":"maybe","subject":"tenant-7","route":"chat.generate","units":{"tokens":1}}`, `legacyDecision "maybe"`},
+		{"Reserve", `{"reservation_id":"n1\u0000","subject":"tenant-7","route":"chat.generate","units":{"tokens":1}}`, "reservationId contains a NUL byte"},
+		{"Start", `{"reservationId":"named"}`, "operationId is required"},
+		{"Settle", `{"reservationId":"named","operationId":"op","actualUnits":{"tokens":-1}}`, `actualUnits: "tokens" is negative`},
+		{"RecordUsage", `{"reservationId":"n2","operationId":"op","subject":"tenant-7","route":"chat.generate"}`, "actualUnits: no usage to record"},
+		{"ListUsageUnknown", `{"pageSize":5000}`, "pageSize 5000: want 1 to 1000"},
+		{"ListDebts", `{"pageToken":"nonsense"}`, "pageToken: "},
+		{"ShardService/IssueShard", `{"shardId":"s","subject":"tenant-7","route":"chat.generate","units":{"tokens":1},"gatewayId":"gw","ttl":"60s"}`, "bootEpoch is required"},
+		{"ShardService/IssueShard", `{"shardId":"s","subject":"tenant-7","route":"chat.generate","units":{"tokens":1},"gatewayId":"gw","bootEpoch":1}`, "ttl must be above 0"},
+	} {
+		path := "LedgerService/" + c.method
+		if strings.Contains(c.method, "/") {
+			path = c.method
+		}
+		req, _ := http.NewRequest(http.MethodPost, h.url+"/capledger.v1."+path, strings.NewReader(c.body))
+		req.Header.Set("Content-Type", "application/json")
+		r := h.do(req)
+		h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidCommand)
+		if message, _ := r.body["message"].(string); !strings.Contains(message, c.want) {
+			t.Errorf("%s %s: want a message with %q: %s", c.method, c.body, c.want, r.raw)
+		}
+	}
+}
+
 // A Duration the proto allows (up to 10,000 years) but Go's time.Duration
 // cannot hold (about 292 years) was saturated silently: a refill interval
 // of 315576000000s was stored as 9223372036.854775807s. Each policy
@@ -188,7 +223,7 @@ func TestRequestDigestOverTheLimitIsRefused(t *testing.T) {
 	}
 	r := h.call("Reserve", body("long", "sha256:"+strings.Repeat("a", ledger.MaxDigestBytes)), "")
 	h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidCommand)
-	if !strings.Contains(r.body["message"].(string), "request_digest") {
+	if !strings.Contains(r.body["message"].(string), "requestDigest") {
 		t.Errorf("the message does not name the field: %s", r.raw)
 	}
 	h.wantError(h.call("GetReservation", `{"reservationId":"long"}`, ""), http.StatusNotFound, "not_found", server.ReasonReservationNotFound)
@@ -358,7 +393,7 @@ func TestMessagesNameTheirSubjectOnce(t *testing.T) {
 	}
 	r = h.call("RecordUsage", `{"reservationId":"rec-1","operationId":"op-rec-1","subject":"tenant-7","route":"chat.generate","actualUnits":{"tokens":0}}`, "")
 	h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidCommand)
-	if msg, _ := r.body["message"].(string); !strings.HasPrefix(msg, "actual_units: no usage to record") {
+	if msg, _ := r.body["message"].(string); !strings.HasPrefix(msg, "actualUnits: no usage to record") {
 		t.Errorf("RecordUsage without usage: message %q", msg)
 	}
 }
@@ -393,7 +428,7 @@ func TestDoorDoesNotCountForbiddenShardWrites(t *testing.T) {
 // An empty gateway id of a shard write is refused by the door, the one
 // place that checks it, before the token's right to act for a gateway
 // (API.md, Order of checks: only a gatewayId that is no valid id is 400
-// before the 403): 400 INVALID_COMMAND "gateway_id is required", counted
+// before the 403): 400 INVALID_COMMAND "gatewayId is required", counted
 // as a shard command answered, over Connect JSON and gRPC, for a gateway
 // token (which would otherwise be 403 for gateway "") and an admin token.
 func TestEmptyGatewayIDIsRefusedAtTheDoor(t *testing.T) {
@@ -417,7 +452,7 @@ func TestEmptyGatewayIDIsRefusedAtTheDoor(t *testing.T) {
 			req.Header.Set("Authorization", "Bearer "+token)
 			r := h.do(req)
 			h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidCommand)
-			if msg, _ := r.body["message"].(string); msg != "gateway_id is required" {
+			if msg, _ := r.body["message"].(string); msg != "gatewayId is required" {
 				t.Errorf("%s with an empty gateway id (JSON): message %q", c.method, msg)
 			}
 			answers++
@@ -427,8 +462,8 @@ func TestEmptyGatewayIDIsRefusedAtTheDoor(t *testing.T) {
 		_, errIssue := grpcShards.IssueShard(context.Background(), connect.NewRequest(issue))
 		_, errReconcile := grpcShards.ReconcileShard(context.Background(), connect.NewRequest(reconcile))
 		for method, err := range map[string]error{"IssueShard": errIssue, "ReconcileShard": errReconcile} {
-			if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "gateway_id is required") {
-				t.Errorf("%s with an empty gateway id (gRPC): %v; want invalid_argument gateway_id is required", method, err)
+			if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "gatewayId is required") {
+				t.Errorf("%s with an empty gateway id (gRPC): %v; want invalid_argument gatewayId is required", method, err)
 			}
 			answers++
 		}
@@ -477,12 +512,12 @@ func TestOverlongUnitNameIsInvalidCommand(t *testing.T) {
 	}{
 		{"LedgerService/Reserve", reserve, "units", false},
 		{"LedgerService/ReserveBatch", `{"requests":[` + reserve + `]}`, "units", true},
-		{"LedgerService/Settle", settle, "actual_units", false},
-		{"LedgerService/SettleBatch", `{"requests":[` + settle + `]}`, "actual_units", true},
-		{"LedgerService/RecordUsage", `{"reservationId":"rec","operationId":"op-rec","subject":"tenant-7","route":"chat.generate","actualUnits":{"tokens":1,"` + long + `":1}}`, "actual_units", false},
+		{"LedgerService/Settle", settle, "actualUnits", false},
+		{"LedgerService/SettleBatch", `{"requests":[` + settle + `]}`, "actualUnits", true},
+		{"LedgerService/RecordUsage", `{"reservationId":"rec","operationId":"op-rec","subject":"tenant-7","route":"chat.generate","actualUnits":{"tokens":1,"` + long + `":1}}`, "actualUnits", false},
 		{"ShardService/IssueShard", `{"shardId":"sh-2","subject":"tenant-7","route":"chat.generate","units":{"tokens":1,"` + long + `":1},"gatewayId":"gw","bootEpoch":"1","ttl":"60s"}`, "units", false},
-		{"ShardService/ReconcileShard", reconcileReserved, "receipts[0].reserved_units", false},
-		{"ShardService/ReconcileShard", reconcileActual, "receipts[0].actual_units", false},
+		{"ShardService/ReconcileShard", reconcileReserved, "receipts[0].reservedUnits", false},
+		{"ShardService/ReconcileShard", reconcileActual, "receipts[0].actualUnits", false},
 		{"RolloutService/CarveLegacyBudget", `{"budgetId":"b1","identity":"old-limiter","subject":"tenant-7","route":"chat.generate","units":{"tokens":1,"` + long + `":1},"ttl":"60s"}`, "units", false},
 	} {
 		r := post(c.path, c.body)
