@@ -394,7 +394,7 @@ func PolicyProto(p *ledger.Policy, active bool) *v1.Policy {
 // validated by the ledger when publishing.
 func PolicyFromProto(pb *v1.Policy) (ledger.Policy, error) {
 	if pb == nil {
-		return ledger.Policy{}, fmt.Errorf("%w: no policy", ledger.ErrInvalidPolicy)
+		return ledger.Policy{}, fmt.Errorf("%w: policy is required", ledger.ErrInvalidPolicy)
 	}
 	// Empty means the one schema there is; another name is terms this server
 	// does not know, and publishing them as admissionBudget.v1 would be a guess.
@@ -440,7 +440,7 @@ func PolicyFromProto(pb *v1.Policy) (ledger.Policy, error) {
 	case v1.RolloutMode_ROLLOUT_MODE_SHADOW:
 		p.Rollout = ledger.RolloutShadow
 	default:
-		return ledger.Policy{}, fmt.Errorf("%w: unknown rollout mode %d", ledger.ErrInvalidPolicy, pb.GetRollout())
+		return ledger.Policy{}, fmt.Errorf("%w: rollout %d is neither %s nor %s", ledger.ErrInvalidPolicy, pb.GetRollout(), v1.RolloutMode_ROLLOUT_MODE_ENFORCE, v1.RolloutMode_ROLLOUT_MODE_SHADOW)
 	}
 	for i, d := range pb.GetDimensions() {
 		interval, err := durationFromProto(ledger.ErrInvalidPolicy, fmt.Sprintf("dimensions[%d].refillInterval", i), d.GetRefillInterval())

@@ -65,6 +65,8 @@ func TestPolicyRefusalsNameTheJSONField(t *testing.T) {
 		"tokens: maxReservation 11 is outside (0, burst": policy("", `,"maxReservation":"11"`),
 		"tokens: maxOverdraft -1 is outside":             policy("", `,"maxOverdraft":"-1"`),
 		"dimensions[0].unit is empty":                    `{"policy":{"subject":"t","route":"r","dimensions":[{"burst":"10"}]}}`,
+		"rollout 7 is neither ROLLOUT_MODE_ENFORCE nor":  policy(`,"rollout":7`, ""),
+		"policy is required":                             `{}`,
 		"tokens: refillInterval -1.500s must be above 0": policy("", `,"refillInterval":"-1.5s","refillUnits":"1"`),
 	} {
 		r := h.call("PublishPolicy", body, "")
