@@ -88,19 +88,25 @@ func TestCommandRefusalsNameTheJSONField(t *testing.T) {
 	h := newHarness(t, harnessOptions{shards: true})
 	h.ok("PublishPolicy", tokensPolicy, "")
 	h.ok("Reserve", reserveBody("named", 1), "")
-	for _, c := range []struct{ method, body, want string }{
-		{"Reserve", `{"subject":"tenant-7","route":"chat.generate","units":{"tokens":1}}`, "reservationId is required"},
-		{"Reserve", `{"reservationId":"n1","requestDigest":"record:x","subject":"tenant-7","route":"chat.generate","units":{"tokens":1}}`, "requestDigest: "},
-		{"Reserve", `{"reservationId":"n1","legacyDecision":"maybe","subject":"tenant-7","route":"chat.generate","units":{"tokens":1}}`, `legacyDecision "maybe"`},
-		{"Reserve", `{"reservation_id":"n1\u0000","subject":"tenant-7","route":"chat.generate","units":{"tokens":1}}`, "reservationId contains a NUL byte"},
-		{"Start", `{"reservationId":"named"}`, "operationId is required"},
-		{"Settle", `{"reservationId":"named","operationId":"op","actualUnits":{"tokens":-1}}`, `actualUnits: "tokens" is negative`},
-		{"RecordUsage", `{"reservationId":"n2","operationId":"op","subject":"tenant-7","route":"chat.generate"}`, "actualUnits: no usage to record"},
-		{"ListUsageUnknown", `{"pageSize":5000}`, "pageSize 5000: want 1 to 1000"},
-		{"ListDebts", `{"pageToken":"nonsense"}`, "pageToken: "},
-		{"ShardService/IssueShard", `{"shardId":"s","subject":"tenant-7","route":"chat.generate","units":{"tokens":1},"gatewayId":"gw","ttl":"60s"}`, "bootEpoch is required"},
-		{"ShardService/IssueShard", `{"shardId":"s","subject":"tenant-7","route":"chat.generate","units":{"tokens":1},"gatewayId":"gw","bootEpoch":1}`, "ttl must be above 0"},
+	for _, c := range []struct{ method, body, want, reason string }{
+		{"Reserve", `{"subject":"tenant-7","route":"chat.generate","units":{"tokens":1}}`, "reservationId is required", ""},
+		{"Reserve", `{"reservationId":"n1","requestDigest":"record:x","subject":"tenant-7","route":"chat.generate","units":{"tokens":1}}`, "requestDigest: ", ""},
+		{"Reserve", `{"reservationId":"n1","legacyDecision":"maybe","subject":"tenant-7","route":"chat.generate","units":{"tokens":1}}`, `legacyDecision "maybe"`, ""},
+		{"Reserve", `{"reservation_id":"n1\u0000","subject":"tenant-7","route":"chat.generate","units":{"tokens":1}}`, "reservationId contains a NUL byte", ""},
+		{"Start", `{"reservationId":"named"}`, "operationId is required", ""},
+		{"Settle", `{"reservationId":"named","operationId":"op","actualUnits":{"tokens":-1}}`, `actualUnits: "tokens" is negative`, ""},
+		{"RecordUsage", `{"reservationId":"n2","operationId":"op","subject":"tenant-7","route":"chat.generate"}`, "actualUnits: no usage to record", ""},
+		{"ListUsageUnknown", `{"pageSize":5000}`, "pageSize 5000: want 1 to 1000", ""},
+		{"ListDebts", `{"pageToken":"nonsense"}`, "pageToken: ", ""},
+		{"ShardService/IssueShard", `{"shardId":"s","subject":"tenant-7","route":"chat.generate","units":{"tokens":1},"gatewayId":"gw","ttl":"60s"}`, "bootEpoch is required", ""},
+		{"ShardService/IssueShard", `{"shardId":"s","subject":"tenant-7","route":"chat.generate","units":{"tokens":1},"gatewayId":"gw","bootEpoch":1}`, "ttl must be above 0", ""},
+		{"RolloutService/CreateRollout", `{"name":"c","hashBy":"x","routes":[{"route":"chat.generate"}]}`, `hashBy "x" is neither`, server.ReasonInvalidRollout},
+		{"RolloutService/CreateRollout", `{"name":"c","hashBy":"route","routes":[{"route":"chat.generate"},{"route":"*"}]}`, `routes[1]: route "*" is not a wildcard`, server.ReasonInvalidRollout},
+		{"RolloutService/CreateRollout", `{"name":"c","hashBy":"route","routes":[{"region":"eu"}]}`, "routes[0].route is empty", server.ReasonInvalidRollout},
 	} {
+		if c.reason == "" {
+			c.reason = server.ReasonInvalidCommand
+		}
 		path := "LedgerService/" + c.method
 		if strings.Contains(c.method, "/") {
 			path = c.method
@@ -108,7 +114,7 @@ func TestCommandRefusalsNameTheJSONField(t *testing.T) {
 		req, _ := http.NewRequest(http.MethodPost, h.url+"/capledger.v1."+path, strings.NewReader(c.body))
 		req.Header.Set("Content-Type", "application/json")
 		r := h.do(req)
-		h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidCommand)
+		h.wantError(r, http.StatusBadRequest, "invalid_argument", c.reason)
 		if message, _ := r.body["message"].(string); !strings.Contains(message, c.want) {
 			t.Errorf("%s %s: want a message with %q: %s", c.method, c.body, c.want, r.raw)
 		}
