@@ -617,7 +617,7 @@ func TestPublishRefusesAnEpochUnderASecond(t *testing.T) {
 		p := policyOf(tokens(1000, 100))
 		p.EpochLength = length
 		res := c.apply(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: p})
-		if !errors.Is(res.Err, ledger.ErrInvalidPolicy) || !strings.Contains(res.Err.Error(), "epoch length "+ledger.DurationText(length)+" is shorter than the minimum 1s") {
+		if !errors.Is(res.Err, ledger.ErrInvalidPolicy) || !strings.Contains(res.Err.Error(), "epochLength "+ledger.DurationText(length)+" is shorter than the minimum 1s") {
 			t.Fatalf("epoch length %s: %+v", length, res)
 		}
 	}
@@ -638,7 +638,7 @@ func TestPublishRefusesExecutionLimitsAndRefillIntervalsBelowTheMinimum(t *testi
 	c := newChecked(t)
 	p := policyOf(tokens(1000, 100))
 	p.HoldTTL = ledger.MinHoldTTL - time.Millisecond
-	if res := c.apply(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: p}); !errors.Is(res.Err, ledger.ErrInvalidPolicy) || !strings.Contains(res.Err.Error(), "hold TTL 0.099s is shorter than the minimum 0.100s") {
+	if res := c.apply(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: p}); !errors.Is(res.Err, ledger.ErrInvalidPolicy) || !strings.Contains(res.Err.Error(), "holdTtl 0.099s is shorter than the minimum 0.100s") {
 		t.Errorf("hold TTL %s: %+v", p.HoldTTL, res)
 	}
 	for _, limit := range []time.Duration{time.Nanosecond, ledger.MinExecutionLimit - time.Nanosecond} {

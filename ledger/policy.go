@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"time"
 )
@@ -54,11 +55,30 @@ const maxEpochYears = 50
 // duration limit writes it so, in the form a client sends it, rather than
 // Go's (438300h0m0s, 100ms, 999µs).
 func DurationText(d time.Duration) string {
-	sign, abs := "", uint64(d)
-	if d < 0 {
-		sign, abs = "-", -abs // unsigned, so the most negative Duration negates too
+	negative, abs := d < 0, uint64(d)
+	if negative {
+		abs = -abs // unsigned, so the most negative Duration negates too
 	}
-	seconds, nanos := abs/uint64(time.Second), abs%uint64(time.Second)
+	return durationText(negative, abs/uint64(time.Second), abs%uint64(time.Second))
+}
+
+// SecondsText writes a duration given as a protobuf Duration's seconds
+// and nanos (both of one sign), as DurationText does: a refusal of one too
+// long for a time.Duration names it as the client sent it.
+func SecondsText(seconds int64, nanos int32) string {
+	negative := seconds < 0 || nanos < 0
+	abs, absNanos := uint64(seconds), uint64(nanos)
+	if negative {
+		abs, absNanos = -abs, uint64(-int64(nanos))
+	}
+	return durationText(negative, abs, absNanos)
+}
+
+func durationText(negative bool, seconds, nanos uint64) string {
+	sign := ""
+	if negative {
+		sign = "-"
+	}
 	switch {
 	case nanos == 0:
 		return fmt.Sprintf("%s%ds", sign, seconds)
@@ -69,6 +89,15 @@ func DurationText(d time.Duration) string {
 	}
 	return fmt.Sprintf("%s%d.%09ds", sign, seconds, nanos)
 }
+
+// MaxDurationSeconds is the longest duration a request may carry, in
+// whole seconds: 9223372036s (about 292 years), the whole seconds a
+// time.Duration holds, and the longest Retry-After the server computes.
+// It is the one bound of every Duration of the API; a fraction beyond it
+// ("9223372036.5s") is beyond it too, though a time.Duration would hold up
+// to 0.854775807s more: a limit a client can state and check is worth
+// more than the last fraction of 292 years.
+const MaxDurationSeconds = int64(math.MaxInt64 / int64(time.Second))
 
 // WithDefaults returns p with empty optional fields filled in: region,
 // rollout mode, hold TTL, epoch length, fairness weight and budget,
@@ -127,26 +156,24 @@ func (p *Policy) Validate() error {
 	case len(p.Dimensions) > MaxDimensions:
 		return invalidPolicy("%d dimensions; at most %d", len(p.Dimensions), MaxDimensions)
 	case p.Rollout != RolloutEnforce && p.Rollout != RolloutShadow:
-		return invalidPolicy("rollout mode %q is neither %q nor %q", p.Rollout, RolloutEnforce, RolloutShadow)
+		return invalidPolicy("rollout %q is neither %q nor %q", p.Rollout, RolloutEnforce, RolloutShadow)
 	case p.HoldTTL < MinHoldTTL:
-		return invalidPolicy("hold TTL %s is shorter than the minimum %s", DurationText(p.HoldTTL), DurationText(MinHoldTTL))
+		return invalidPolicy("holdTtl %s is shorter than the minimum %s", DurationText(p.HoldTTL), DurationText(MinHoldTTL))
 	case p.ExecutionLimit < 0:
-		return invalidPolicy("executionLimit is negative")
+		return invalidPolicy("executionLimit %s is negative", DurationText(p.ExecutionLimit))
 	case p.ExecutionLimit > 0 && p.ExecutionLimit < MinExecutionLimit:
 		return invalidPolicy("executionLimit %s is shorter than the minimum %s (leave it out for no limit)", DurationText(p.ExecutionLimit), DurationText(MinExecutionLimit))
 	case p.EpochLength < MinEpochLength:
-		return invalidPolicy("epoch length %s is shorter than the minimum %s", DurationText(p.EpochLength), DurationText(MinEpochLength))
+		return invalidPolicy("epochLength %s is shorter than the minimum %s", DurationText(p.EpochLength), DurationText(MinEpochLength))
 	case p.EpochLength > MaxEpochLength:
 		return invalidPolicy("epochLength %s is longer than the maximum %s (%d years)", DurationText(p.EpochLength), DurationText(MaxEpochLength), maxEpochYears)
-	case p.FairnessWeight <= 0:
-		return invalidPolicy("fairness weight must be positive")
-	case p.FairnessWeight > MaxFairnessWeight:
-		return invalidPolicy("fairness weight %d is outside [1, %d]", p.FairnessWeight, MaxFairnessWeight)
+	case p.FairnessWeight <= 0 || p.FairnessWeight > MaxFairnessWeight:
+		return invalidPolicy("fairnessWeight %d is outside [1, %d]", p.FairnessWeight, MaxFairnessWeight)
 	case !(p.FairnessBudget >= 0 && p.FairnessBudget <= 1):
 		// Written so that NaN, for which every comparison is false, is
 		// refused too: a store cannot keep it (SQLite reads it as NULL)
 		// or compare it (a republished NaN would never replay).
-		return invalidPolicy("fairness budget %v is outside [0, 1]", p.FairnessBudget)
+		return invalidPolicy("fairnessBudget %v is outside [0, 1]", p.FairnessBudget)
 	}
 	if problem := TextProblem(p.EstimatorDigest, MaxDigestBytes); problem != "" {
 		return invalidPolicy("estimatorDigest %s", problem)
@@ -155,23 +182,23 @@ func (p *Policy) Validate() error {
 		d := &p.Dimensions[i]
 		switch {
 		case d.Unit == "":
-			return invalidPolicy("dimension %d has no unit", i)
+			return invalidPolicy("dimensions[%d].unit is empty", i)
 		case TextProblem(d.Unit, MaxUnitBytes) != "":
-			return invalidPolicy("dimension %d: unit %s", i, TextProblem(d.Unit, MaxUnitBytes))
+			return invalidPolicy("dimensions[%d].unit %s", i, TextProblem(d.Unit, MaxUnitBytes))
 		case p.DimensionIndex(d.Unit) != i:
 			return invalidPolicy("unit %q appears twice", d.Unit)
 		case d.Burst <= 0 || d.Burst > MaxUnits:
 			return invalidPolicy("%s: burst %d is outside (0, %d]", d.Unit, d.Burst, MaxUnits)
 		case d.RefillUnits < 0 || d.RefillUnits > MaxUnits:
-			return invalidPolicy("%s: refill units %d are outside [0, %d]", d.Unit, d.RefillUnits, MaxUnits)
+			return invalidPolicy("%s: refillUnits %d is outside [0, %d]", d.Unit, d.RefillUnits, MaxUnits)
 		case d.RefillUnits > 0 && d.RefillInterval <= 0:
-			return invalidPolicy("%s: refill interval must be positive", d.Unit)
+			return invalidPolicy("%s: refillInterval %s must be above 0 to mint refillUnits", d.Unit, DurationText(d.RefillInterval))
 		case d.RefillInterval != 0 && d.RefillInterval < MinRefillInterval:
 			return invalidPolicy("%s: refillInterval %s is shorter than the minimum %s", d.Unit, DurationText(d.RefillInterval), DurationText(MinRefillInterval))
 		case d.MaxReservation <= 0 || d.MaxReservation > d.Burst:
-			return invalidPolicy("%s: max reservation %d is outside (0, burst %d]", d.Unit, d.MaxReservation, d.Burst)
+			return invalidPolicy("%s: maxReservation %d is outside (0, burst %d]", d.Unit, d.MaxReservation, d.Burst)
 		case d.MaxOverdraft < 0 || d.MaxOverdraft > MaxUnits:
-			return invalidPolicy("%s: max overdraft %d is outside [0, %d]", d.Unit, d.MaxOverdraft, MaxUnits)
+			return invalidPolicy("%s: maxOverdraft %d is outside [0, %d]", d.Unit, d.MaxOverdraft, MaxUnits)
 		}
 	}
 	return nil

@@ -129,7 +129,7 @@ func RecordShapeProblem(subject, route, region string, units []Units) string {
 		return problem
 	}
 	if !anyAbove0(units) {
-		return "actual_units: no usage to record (at least one amount above 0)"
+		return "actualUnits: no usage to record (at least one amount above 0)"
 	}
 	return ""
 }

@@ -333,7 +333,7 @@ func TestFairnessWeightAboveTheSchedulersIsInvalid(t *testing.T) {
 	p := policyOf(tokens(1000, 100))
 	p.FairnessWeight = ledger.MaxFairnessWeight + 1
 	res := c.apply(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: p})
-	if !errors.Is(res.Err, ledger.ErrInvalidPolicy) || !strings.Contains(res.Err.Error(), "fairness weight 1048577 is outside [1, 1048576]") {
+	if !errors.Is(res.Err, ledger.ErrInvalidPolicy) || !strings.Contains(res.Err.Error(), "fairnessWeight 1048577 is outside [1, 1048576]") {
 		t.Fatalf("publish with fairness weight %d: %+v", p.FairnessWeight, res)
 	}
 	p = policyOf(tokens(1000, 100))

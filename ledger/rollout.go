@@ -152,25 +152,25 @@ func NewRollout(name string, by RolloutHash, routes []RouteKey, others []Rollout
 	}
 	switch {
 	case by != RolloutByRoute && by != RolloutBySubject:
-		return Rollout{}, fmt.Errorf("%w: hash by %q is neither %q nor %q", ErrInvalidRollout, by, RolloutByRoute, RolloutBySubject)
+		return Rollout{}, fmt.Errorf("%w: hashBy %q is neither %q nor %q", ErrInvalidRollout, by, RolloutByRoute, RolloutBySubject)
 	case len(routes) == 0:
-		return Rollout{}, fmt.Errorf("%w: no routes", ErrInvalidRollout)
+		return Rollout{}, fmt.Errorf("%w: routes: none given (a rollout covers at least one route)", ErrInvalidRollout)
 	case len(routes) > MaxRolloutRoutes:
 		return Rollout{}, fmt.Errorf("%w: %d routes; at most %d", ErrInvalidRollout, len(routes), MaxRolloutRoutes)
 	}
 	set := make([]RouteKey, len(routes))
 	for i, rk := range routes {
 		if rk.Route == "" {
-			return Rollout{}, fmt.Errorf("%w: route %d is empty", ErrInvalidRollout, i+1)
+			return Rollout{}, fmt.Errorf("%w: routes[%d].route is empty", ErrInvalidRollout, i)
 		}
 		if rk.Region == "" {
 			rk.Region = DefaultRegion
 		}
 		if problem := KeyProblem("", rk.Route, rk.Region); problem != "" {
-			return Rollout{}, fmt.Errorf("%w: route %d: %s (no policy's can)", ErrInvalidRollout, i+1, problem)
+			return Rollout{}, fmt.Errorf("%w: routes[%d]: %s (no policy's can)", ErrInvalidRollout, i, problem)
 		}
 		if problem := RouteKeyProblem(rk.Route, rk.Region); problem != "" {
-			return Rollout{}, fmt.Errorf("%w: route %d: %s", ErrInvalidRollout, i+1, problem)
+			return Rollout{}, fmt.Errorf("%w: routes[%d]: %s", ErrInvalidRollout, i, problem)
 		}
 		set[i] = rk
 	}

@@ -206,9 +206,9 @@ func ShardShapeProblem(subject, route, region string, bootEpoch uint64, ttl time
 	}
 	switch {
 	case bootEpoch == 0:
-		return "boot epoch is required (a gateway process numbers its boots from 1)"
+		return "bootEpoch is required (a gateway process numbers its boots from 1)"
 	case ttl <= 0:
-		return fmt.Sprintf("shard TTL must be above 0 (%s)", DurationText(ttl))
+		return fmt.Sprintf("ttl must be above 0 (%s)", DurationText(ttl))
 	case !anyAbove0(units):
 		return "units: no units to carve (at least one amount above 0)"
 	}

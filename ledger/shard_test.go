@@ -730,7 +730,7 @@ func TestShardTTLNotAboveZeroIsNamedAsTheAPIWritesIt(t *testing.T) {
 	c.publish(emergencyPolicy())
 	cmd := issueCmd("sh-neg", "gw-a", 1, 100)
 	cmd.Shard.TTL = -1500 * time.Millisecond
-	if res := c.apply(cmd); res.Err == nil || !strings.Contains(res.Err.Error(), "shard TTL must be above 0 (-1.500s)") {
+	if res := c.apply(cmd); res.Err == nil || !strings.Contains(res.Err.Error(), "ttl must be above 0 (-1.500s)") {
 		t.Fatalf("ttl %s: %+v, want refused naming -1.500s", cmd.Shard.TTL, res)
 	}
 }

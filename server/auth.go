@@ -231,6 +231,12 @@ type authCheck struct{ tokens *Tokens }
 // interceptor and the grpc-go path (grpcUnary) both call it.
 func (a *authCheck) authorize(authorization, procedure string) (Identity, error) {
 	token, ok := bearerToken(authorization)
+	if !ok && strings.TrimSpace(authorization) != "" {
+		// Another scheme (Basic, a bare token): say so, without echoing
+		// the header, which may hold a credential.
+		return Identity{}, withReason(connect.NewError(connect.CodeUnauthenticated,
+			errors.New("the Authorization header holds no bearer token: send `Authorization: Bearer <token>`")), ReasonUnauthenticated)
+	}
 	if !ok {
 		return Identity{}, withReason(connect.NewError(connect.CodeUnauthenticated,
 			errors.New("missing bearer token: send `Authorization: Bearer <token>`")), ReasonUnauthenticated)

@@ -38,7 +38,7 @@ const (
 func pageSize(n int32) (int, *connect.Error) {
 	switch {
 	case n < 0 || n > maxPageSize:
-		return 0, invalidArgument(ReasonInvalidCommand, "page_size %d: want 1 to %d (0 for %d)", n, maxPageSize, defaultPageSize)
+		return 0, invalidArgument(ReasonInvalidCommand, "pageSize %d: want 1 to %d (0 for %d)", n, maxPageSize, defaultPageSize)
 	case n == 0:
 		return defaultPageSize, nil
 	}
@@ -57,11 +57,11 @@ func (s *Server) ListUsageUnknown(ctx context.Context, req *connect.Request[v1.L
 	query := queryDigest(req.Msg.GetSubject(), req.Msg.GetRoute())
 	plain, err := s.unsealPage(ctx, "ListUsageUnknown", req.Msg.GetPageToken())
 	if err != nil {
-		return nil, invalidArgument(ReasonInvalidCommand, "page_token: %v", err)
+		return nil, invalidArgument(ReasonInvalidCommand, "pageToken: %v", err)
 	}
 	after, err := parseUnknownToken(plain, query)
 	if err != nil {
-		return nil, invalidArgument(ReasonInvalidCommand, "page_token: %v", err)
+		return nil, invalidArgument(ReasonInvalidCommand, "pageToken: %v", err)
 	}
 	var rows []ledger.Reservation
 	var next *store.UnknownCursor
@@ -149,7 +149,7 @@ func parseUnknownToken(token, query string) (store.UnknownCursor, error) {
 	return store.UnknownCursor{MarkedAt: time.Unix(0, n), ID: id}, nil
 }
 
-var errUnknownTokenOtherFilter = errors.New("issued for another subject or route filter: ask for the first page (no page_token) when either changes")
+var errUnknownTokenOtherFilter = errors.New("issued for another subject or route filter: ask for the first page (no pageToken) when either changes")
 
 // queryDigest names the query a page token belongs to: the first 8 bytes
 // of SHA-256 over its parts (each length-prefixed), in hex. The list
@@ -165,7 +165,7 @@ func queryDigest(parts ...string) string {
 	return hex.EncodeToString(h.Sum(nil)[:8])
 }
 
-var errNotOurToken = errors.New("not a next_page_token of ListUsageUnknown")
+var errNotOurToken = errors.New("not a nextPageToken of ListUsageUnknown")
 
 // backlogCacheFor is how long one reading of the backlog serves scrapes:
 // several Prometheus servers (or a scrape and a dashboard) then cost one

@@ -244,7 +244,7 @@ func TestListUsageUnknownRefusesAHandBuiltToken(t *testing.T) {
 	forged := base64.RawURLEncoding.EncodeToString([]byte(fmt.Sprintf("%d/%s/u-b", marked.UnixNano(), hex.EncodeToString(digest.Sum(nil)[:8]))))
 	r := h.call("ListUsageUnknown", `{"pageSize":1,"pageToken":"`+forged+`"}`, adminToken)
 	h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidCommand)
-	if msg, _ := r.body["message"].(string); !strings.Contains(msg, "not a next_page_token this server issued") {
+	if msg, _ := r.body["message"].(string); !strings.Contains(msg, "not a nextPageToken this server issued") {
 		t.Errorf("a hand-built token: message %q", msg)
 	}
 }

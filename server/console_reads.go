@@ -85,11 +85,11 @@ func (c consoleService) ListSubjectReservations(ctx context.Context, req *connec
 	query := subjectQueryDigest(m.GetSubject(), states)
 	plain, err := c.s.unsealPage(ctx, "ListSubjectReservations", m.GetPageToken())
 	if err != nil {
-		return nil, invalidArgument(ReasonInvalidCommand, "page_token: %v", err)
+		return nil, invalidArgument(ReasonInvalidCommand, "pageToken: %v", err)
 	}
 	before, err := parseSubjectToken(plain, query)
 	if err != nil {
-		return nil, invalidArgument(ReasonInvalidCommand, "page_token: %v", err)
+		return nil, invalidArgument(ReasonInvalidCommand, "pageToken: %v", err)
 	}
 	resp := &v1.ListSubjectReservationsResponse{}
 	if c.s.filterOutOfScope(ctx, "list subject reservations", m.GetSubject(), "") {
@@ -184,9 +184,9 @@ func parseSubjectToken(token, query string) (store.SubjectCursor, error) {
 	return store.SubjectCursor{CreatedAt: time.Unix(0, n), ID: id}, nil
 }
 
-var errSubjectTokenOtherQuery = errors.New("issued for another subject or states filter: ask for the first page (no page_token) when either changes")
+var errSubjectTokenOtherQuery = errors.New("issued for another subject or states filter: ask for the first page (no pageToken) when either changes")
 
-var errNotSubjectToken = errors.New("not a next_page_token of ListSubjectReservations")
+var errNotSubjectToken = errors.New("not a nextPageToken of ListSubjectReservations")
 
 // ListStatements implements ConsoleService.ListStatements.
 func (c consoleService) ListStatements(ctx context.Context, req *connect.Request[v1.ListStatementsRequest]) (*connect.Response[v1.ListStatementsResponse], error) {
@@ -201,7 +201,7 @@ func (c consoleService) ListStatements(ctx context.Context, req *connect.Request
 	if m.GetRoute() == "" || m.GetPolicyGeneration() == 0 {
 		// Generations start at 1: without one no account is named, and an
 		// empty answer would read as "no statements".
-		return nil, invalidArgument(ReasonInvalidCommand, "subject, route and policy_generation are required")
+		return nil, invalidArgument(ReasonInvalidCommand, "subject, route and policyGeneration are required")
 	}
 	size, cerr := pageSize(m.GetPageSize())
 	if cerr != nil {
@@ -211,7 +211,7 @@ func (c consoleService) ListStatements(ctx context.Context, req *connect.Request
 	query := queryDigest(key.Subject, key.Route, key.Region, strconv.FormatUint(key.Generation, 10))
 	before, err := parseStatementToken(m.GetPageToken(), query)
 	if err != nil {
-		return nil, invalidArgument(ReasonInvalidCommand, "page_token: %v", err)
+		return nil, invalidArgument(ReasonInvalidCommand, "pageToken: %v", err)
 	}
 	resp := &v1.ListStatementsResponse{}
 	if c.s.outOfScope(ctx, "list statements", key.Subject, key.Route, "", "") {
@@ -274,9 +274,9 @@ func parseStatementToken(token, query string) (time.Time, error) {
 	return time.Unix(0, n), nil
 }
 
-var errStatementTokenOtherAccount = errors.New("issued for another account (subject, route, region or policy_generation): ask for the first page (no page_token) when it changes")
+var errStatementTokenOtherAccount = errors.New("issued for another account (subject, route, region or policyGeneration): ask for the first page (no pageToken) when it changes")
 
-var errNotStatementToken = errors.New("not a next_page_token of ListStatements")
+var errNotStatementToken = errors.New("not a nextPageToken of ListStatements")
 
 // GetResolverAnswers implements ConsoleService.GetResolverAnswers.
 func (c consoleService) GetResolverAnswers(ctx context.Context, req *connect.Request[v1.GetResolverAnswersRequest]) (*connect.Response[v1.GetResolverAnswersResponse], error) {
@@ -287,15 +287,15 @@ func (c consoleService) GetResolverAnswers(ctx context.Context, req *connect.Req
 	ids := req.Msg.GetReservationIds()
 	switch {
 	case len(ids) == 0:
-		return nil, invalidArgument(ReasonInvalidCommand, "reservation_ids: at least one id is required")
+		return nil, invalidArgument(ReasonInvalidCommand, "reservationIds: at least one id is required")
 	case len(ids) > maxResolverAnswerIDs:
-		return nil, invalidArgument(ReasonInvalidCommand, "%d reservation_ids: at most %d", len(ids), maxResolverAnswerIDs)
+		return nil, invalidArgument(ReasonInvalidCommand, "%d reservationIds: at most %d", len(ids), maxResolverAnswerIDs)
 	}
 	// An empty (or over-long) id names no reservation: refused as every
 	// other method refuses it, rather than answered as an id without an
 	// answer, which would read as "not asked about yet".
 	for i, id := range ids {
-		if cerr := checkID(fmt.Sprintf("reservation_ids[%d]", i), id); cerr != nil {
+		if cerr := checkID(fmt.Sprintf("reservationIds[%d]", i), id); cerr != nil {
 			return nil, cerr
 		}
 	}

@@ -251,10 +251,10 @@ func TestConsoleResolverAnswers(t *testing.T) {
 	// An empty id, an over-long one, or none at all is refused, naming
 	// the field: not answered as ids nobody asked about.
 	for body, want := range map[string]string{
-		`{"reservationIds":["ua",""]}`:                            "reservation_ids[1] is required",
-		`{"reservationIds":["` + strings.Repeat("x", 257) + `"]}`: "reservation_ids[0] is 257 bytes long",
-		`{"reservationIds":[]}`:                                   "reservation_ids: at least one id",
-		`{}`:                                                      "reservation_ids: at least one id",
+		`{"reservationIds":["ua",""]}`:                            "reservationIds[1] is required",
+		`{"reservationIds":["` + strings.Repeat("x", 257) + `"]}`: "reservationIds[0] is 257 bytes long",
+		`{"reservationIds":[]}`:                                   "reservationIds: at least one id",
+		`{}`:                                                      "reservationIds: at least one id",
 	} {
 		r := h.consoleCall("GetResolverAnswers", body, consoleViewer)
 		h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidCommand)

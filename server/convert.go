@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -395,7 +394,7 @@ func PolicyProto(p *ledger.Policy, active bool) *v1.Policy {
 // validated by the ledger when publishing.
 func PolicyFromProto(pb *v1.Policy) (ledger.Policy, error) {
 	if pb == nil {
-		return ledger.Policy{}, fmt.Errorf("%w: no policy", ledger.ErrInvalidPolicy)
+		return ledger.Policy{}, fmt.Errorf("%w: policy is required", ledger.ErrInvalidPolicy)
 	}
 	// Empty means the one schema there is; another name is terms this server
 	// does not know, and publishing them as admissionBudget.v1 would be a guess.
@@ -416,23 +415,23 @@ func PolicyFromProto(pb *v1.Policy) (ledger.Policy, error) {
 		in   *durationpb.Duration
 		out  *time.Duration
 	}{
-		{"hold_ttl", pb.GetHoldTtl(), &p.HoldTTL},
-		{"execution_limit", pb.GetExecutionLimit(), &p.ExecutionLimit},
-		{"epoch_length", pb.GetEpochLength(), &p.EpochLength},
+		{"holdTtl", pb.GetHoldTtl(), &p.HoldTTL},
+		{"executionLimit", pb.GetExecutionLimit(), &p.ExecutionLimit},
+		{"epochLength", pb.GetEpochLength(), &p.EpochLength},
 	}
 	for _, d := range durations {
 		if *d.out, err = durationFromProto(ledger.ErrInvalidPolicy, d.name, d.in); err != nil {
 			return ledger.Policy{}, err
 		}
 	}
-	// An explicit value is never turned into a default: hold_ttl "0s" was
+	// An explicit value is never turned into a default: holdTtl "0s" was
 	// silently 60s. Leave the field out for the default.
 	if pb.GetHoldTtl() != nil && p.HoldTTL < ledger.MinHoldTTL {
-		return ledger.Policy{}, fmt.Errorf("%w: hold_ttl %s is shorter than the minimum %s (leave it out for the default %s)",
+		return ledger.Policy{}, fmt.Errorf("%w: holdTtl %s is shorter than the minimum %s (leave it out for the default %s)",
 			ledger.ErrInvalidPolicy, ledger.DurationText(p.HoldTTL), ledger.DurationText(ledger.MinHoldTTL), ledger.DurationText(ledger.DefaultHoldTTL))
 	}
 	if pb.GetEpochLength() != nil && p.EpochLength < ledger.MinEpochLength {
-		return ledger.Policy{}, fmt.Errorf("%w: epoch_length %s is shorter than the minimum %s (leave it out for the default %s)",
+		return ledger.Policy{}, fmt.Errorf("%w: epochLength %s is shorter than the minimum %s (leave it out for the default %s)",
 			ledger.ErrInvalidPolicy, ledger.DurationText(p.EpochLength), ledger.DurationText(ledger.MinEpochLength), ledger.DurationText(ledger.DefaultEpochLength))
 	}
 	switch pb.GetRollout() {
@@ -441,10 +440,10 @@ func PolicyFromProto(pb *v1.Policy) (ledger.Policy, error) {
 	case v1.RolloutMode_ROLLOUT_MODE_SHADOW:
 		p.Rollout = ledger.RolloutShadow
 	default:
-		return ledger.Policy{}, fmt.Errorf("%w: unknown rollout mode %d", ledger.ErrInvalidPolicy, pb.GetRollout())
+		return ledger.Policy{}, fmt.Errorf("%w: rollout %d is neither %s nor %s", ledger.ErrInvalidPolicy, pb.GetRollout(), v1.RolloutMode_ROLLOUT_MODE_ENFORCE, v1.RolloutMode_ROLLOUT_MODE_SHADOW)
 	}
 	for i, d := range pb.GetDimensions() {
-		interval, err := durationFromProto(ledger.ErrInvalidPolicy, fmt.Sprintf("dimensions[%d].refill_interval", i), d.GetRefillInterval())
+		interval, err := durationFromProto(ledger.ErrInvalidPolicy, fmt.Sprintf("dimensions[%d].refillInterval", i), d.GetRefillInterval())
 		if err != nil {
 			return ledger.Policy{}, err
 		}
@@ -462,8 +461,8 @@ func PolicyFromProto(pb *v1.Policy) (ledger.Policy, error) {
 
 // durationFromProto returns d as a time.Duration (0 when unset), or an
 // error wrapping kind (ledger.ErrInvalidPolicy, ledger.ErrInvalidCommand)
-// that names the field when d is no valid Duration or beyond what a
-// time.Duration holds.
+// that names the field when d is no valid Duration or beyond
+// ledger.MaxDurationSeconds either way (a fraction past it too).
 func durationFromProto(kind error, name string, d *durationpb.Duration) (time.Duration, error) {
 	if d == nil {
 		return 0, nil
@@ -473,9 +472,12 @@ func durationFromProto(kind error, name string, d *durationpb.Duration) (time.Du
 	}
 	// The proto allows 10,000 years, time.Duration about 292; AsDuration
 	// saturates, which would keep another duration than the one asked.
-	got := d.AsDuration()
-	if back := durationpb.New(got); back.GetSeconds() != d.GetSeconds() || back.GetNanos() != d.GetNanos() {
-		return 0, fmt.Errorf("%w: %s %ds is beyond the longest duration, %ds", kind, name, d.GetSeconds(), int64(time.Duration(math.MaxInt64)/time.Second))
+	seconds, nanos := d.GetSeconds(), d.GetNanos()
+	switch {
+	case seconds > ledger.MaxDurationSeconds || seconds == ledger.MaxDurationSeconds && nanos > 0:
+		return 0, fmt.Errorf("%w: %s %s is longer than the maximum %ds (about 292 years)", kind, name, ledger.SecondsText(seconds, nanos), ledger.MaxDurationSeconds)
+	case seconds < -ledger.MaxDurationSeconds || seconds == -ledger.MaxDurationSeconds && nanos < 0:
+		return 0, fmt.Errorf("%w: %s %s is below the minimum -%ds", kind, name, ledger.SecondsText(seconds, nanos), ledger.MaxDurationSeconds)
 	}
-	return got, nil
+	return d.AsDuration(), nil
 }

@@ -201,8 +201,8 @@ func planOf(md protoreflect.MessageDescriptor) *textPlan {
 // textProblem checks every ruled string field of m and of the messages it
 // holds (but batch items) by ledger.TextProblem, and returns the first
 // failure as 400 invalid_argument with the holding message's reason, the
-// message naming the field's path (`receipts[2].reservation_id contains a
-// NUL byte`); nil when every field is good. Empty fields pass: whether a
+// message naming the field's path as the JSON spells it
+// (`receipts[2].reservationId contains a NUL byte`); nil when every field is good. Empty fields pass: whether a
 // field is required is its handler's rule.
 func textProblem(m protoreflect.Message) *connect.Error {
 	return textProblemAt(m, "")
@@ -215,18 +215,18 @@ func textProblemAt(m protoreflect.Message, prefix string) *connect.Error {
 			list := m.Get(fd).List()
 			for j := 0; j < list.Len(); j++ {
 				if problem := ledger.TextProblem(list.Get(j).String(), p.rules[i].max); problem != "" {
-					return invalidArgument(p.reason, "%s%s[%d] %s", prefix, fd.Name(), j, problem)
+					return invalidArgument(p.reason, "%s%s[%d] %s", prefix, fd.JSONName(), j, problem)
 				}
 			}
 			continue
 		}
 		if problem := ledger.TextProblem(m.Get(fd).String(), p.rules[i].max); problem != "" {
-			return invalidArgument(p.reason, "%s%s %s", prefix, fd.Name(), problem)
+			return invalidArgument(p.reason, "%s%s %s", prefix, fd.JSONName(), problem)
 		}
 	}
 	for i, fd := range p.units {
 		if name, bad := firstBadUnitName(p.unitsOf[i](m.Interface())); bad {
-			return unitNameProblem(prefix+string(fd.Name()), name)
+			return unitNameProblem(prefix+fd.JSONName(), name)
 		}
 	}
 	for _, fd := range p.messages {
@@ -236,13 +236,13 @@ func textProblemAt(m protoreflect.Message, prefix string) *connect.Error {
 		if fd.IsList() {
 			list := m.Get(fd).List()
 			for j := 0; j < list.Len(); j++ {
-				if cerr := textProblemAt(list.Get(j).Message(), fmt.Sprintf("%s%s[%d].", prefix, fd.Name(), j)); cerr != nil {
+				if cerr := textProblemAt(list.Get(j).Message(), fmt.Sprintf("%s%s[%d].", prefix, fd.JSONName(), j)); cerr != nil {
 					return cerr
 				}
 			}
 			continue
 		}
-		if cerr := textProblemAt(m.Get(fd).Message(), prefix+string(fd.Name())+"."); cerr != nil {
+		if cerr := textProblemAt(m.Get(fd).Message(), prefix+fd.JSONName()+"."); cerr != nil {
 			return cerr
 		}
 	}
@@ -309,7 +309,7 @@ func checkText(ctx context.Context, procedure string, msg any) *connect.Error {
 		return nil
 	}
 	if g, ok := msg.(interface{ GetGatewayId() string }); ok && shardWrites[procedure] != "" {
-		if cerr := checkID("gateway_id", g.GetGatewayId()); cerr != nil {
+		if cerr := checkID("gatewayId", g.GetGatewayId()); cerr != nil {
 			return cerr
 		}
 		if cerr := authorizeGateway(ctx, shardWrites[procedure], g.GetGatewayId()); cerr != nil {

@@ -335,7 +335,7 @@ func (out *outcome[T]) metricOutcome() string {
 // the command then goes to the ledger without units, and unmapped is the
 // answer should the ledger not replay it.
 func (s *Server) reserveCommand(ctx context.Context, req *v1.ReserveRequest) (cmd ledger.Command, unmapped, invalid *connect.Error) {
-	if cerr := checkID("reservation_id", req.GetReservationId()); cerr != nil {
+	if cerr := checkID("reservationId", req.GetReservationId()); cerr != nil {
 		return cmd, nil, cerr
 	}
 	if cerr := checkLegacyDecision(req.GetLegacyDecision()); cerr != nil {
@@ -362,7 +362,7 @@ func (s *Server) reserveCommand(ctx context.Context, req *v1.ReserveRequest) (cm
 	// A caller's digest in the records' space is refused (by the ledger's
 	// rule, here so that it is INVALID_COMMAND before scope and policy).
 	if problem := ledger.ReserveDigestProblem(req.GetRequestDigest()); problem != "" {
-		return cmd, nil, invalidArgument(ReasonInvalidCommand, "request_digest: %s", problem)
+		return cmd, nil, invalidArgument(ReasonInvalidCommand, "requestDigest: %s", problem)
 	}
 	digest := req.GetRequestDigest()
 	if digest == "" {
@@ -648,11 +648,11 @@ func (s *Server) reservation(ctx context.Context, what string, res *ledger.Resul
 
 // Start implements LedgerService.Start.
 func (s *Server) Start(ctx context.Context, req *connect.Request[v1.StartRequest]) (_ *connect.Response[v1.StartResponse], answer error) {
-	if cerr := checkID("reservation_id", req.Msg.GetReservationId()); cerr != nil {
+	if cerr := checkID("reservationId", req.Msg.GetReservationId()); cerr != nil {
 		s.refused(ledger.KindStart, cerr)
 		return nil, cerr
 	}
-	if cerr := checkID("operation_id", req.Msg.GetOperationId()); cerr != nil {
+	if cerr := checkID("operationId", req.Msg.GetOperationId()); cerr != nil {
 		s.refused(ledger.KindStart, cerr)
 		return nil, cerr
 	}
@@ -680,13 +680,13 @@ func (s *Server) Start(ctx context.Context, req *connect.Request[v1.StartRequest
 // own generation (immutable, so this mapping cannot go stale: the command
 // is checked against the reservation's account).
 func (s *Server) settleCommand(ctx context.Context, req *v1.SettleRequest) (ledger.Command, *connect.Error) {
-	if cerr := checkID("reservation_id", req.GetReservationId()); cerr != nil {
+	if cerr := checkID("reservationId", req.GetReservationId()); cerr != nil {
 		return ledger.Command{}, cerr
 	}
-	if cerr := checkID("operation_id", req.GetOperationId()); cerr != nil {
+	if cerr := checkID("operationId", req.GetOperationId()); cerr != nil {
 		return ledger.Command{}, cerr
 	}
-	if cerr := checkUnitValues("actual_units", req.GetActualUnits(), true); cerr != nil {
+	if cerr := checkUnitValues("actualUnits", req.GetActualUnits(), true); cerr != nil {
 		return ledger.Command{}, cerr
 	}
 	r, err := s.ledger.Reservation(ctx, req.GetReservationId())
@@ -700,7 +700,7 @@ func (s *Server) settleCommand(ctx context.Context, req *v1.SettleRequest) (ledg
 	if err != nil {
 		return ledger.Command{}, notSentError("settle "+req.GetReservationId(), ReasonPolicyNotFound, err)
 	}
-	units, cerr := amounts(&p, "settle "+req.GetReservationId(), "actual_units", req.GetActualUnits())
+	units, cerr := amounts(&p, "settle "+req.GetReservationId(), "actualUnits", req.GetActualUnits())
 	if cerr != nil {
 		return ledger.Command{}, cerr
 	}
@@ -807,7 +807,7 @@ func (s *Server) SettleBatch(ctx context.Context, req *connect.Request[v1.Settle
 
 // Release implements LedgerService.Release.
 func (s *Server) Release(ctx context.Context, req *connect.Request[v1.ReleaseRequest]) (_ *connect.Response[v1.ReleaseResponse], answer error) {
-	if cerr := checkID("reservation_id", req.Msg.GetReservationId()); cerr != nil {
+	if cerr := checkID("reservationId", req.Msg.GetReservationId()); cerr != nil {
 		s.refused(ledger.KindRelease, cerr)
 		return nil, cerr
 	}
@@ -837,7 +837,7 @@ func (s *Server) Release(ctx context.Context, req *connect.Request[v1.ReleaseReq
 
 // MarkUsageUnknown implements LedgerService.MarkUsageUnknown.
 func (s *Server) MarkUsageUnknown(ctx context.Context, req *connect.Request[v1.MarkUsageUnknownRequest]) (_ *connect.Response[v1.MarkUsageUnknownResponse], answer error) {
-	if cerr := checkID("reservation_id", req.Msg.GetReservationId()); cerr != nil {
+	if cerr := checkID("reservationId", req.Msg.GetReservationId()); cerr != nil {
 		s.refused(ledger.KindMarkUsageUnknown, cerr)
 		return nil, cerr
 	}
@@ -866,7 +866,7 @@ func (s *Server) MarkUsageUnknown(ctx context.Context, req *connect.Request[v1.M
 // GetReservation implements LedgerService.GetReservation.
 func (s *Server) GetReservation(ctx context.Context, req *connect.Request[v1.GetReservationRequest]) (*connect.Response[v1.GetReservationResponse], error) {
 	id := req.Msg.GetReservationId()
-	if cerr := checkID("reservation_id", id); cerr != nil {
+	if cerr := checkID("reservationId", id); cerr != nil {
 		return nil, cerr
 	}
 	r, err := s.ledger.Reservation(ctx, id)

@@ -35,7 +35,7 @@ func TestPolicyNaNFairnessBudgetIsInvalid(t *testing.T) {
 		r := h.call("PublishPolicy", `{"policy":{"subject":"t","route":"r","fairnessBudget":`+budget+`,
 			"dimensions":[{"unit":"tokens","burst":"10"}]}}`, "")
 		h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidPolicy)
-		if !strings.Contains(r.body["message"].(string), "fairness budget") {
+		if !strings.Contains(r.body["message"].(string), "fairnessBudget") {
 			t.Errorf("fairnessBudget %s: the message does not name the field: %s", budget, r.raw)
 		}
 	}
@@ -44,29 +44,110 @@ func TestPolicyNaNFairnessBudgetIsInvalid(t *testing.T) {
 	}
 }
 
+// A refused policy's message names the refused term as the JSON spells
+// it (holdTtl, refillUnits, dimensions[0].unit), the way a client wrote
+// it: the ledger's checks wrote "hold TTL", "refill units", "max
+// reservation" while the server's wrote hold_ttl, and a client had to
+// guess which field either meant.
+func TestPolicyRefusalsNameTheJSONField(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	policy := func(terms, dimension string) string {
+		return `{"policy":{"subject":"t","route":"r"` + terms + `,"dimensions":[{"unit":"tokens","burst":"10"` + dimension + `}]}}`
+	}
+	for want, body := range map[string]string{
+		"holdTtl 0.050s is shorter":                      policy(`,"holdTtl":"0.05s"`, ""),
+		"executionLimit -1s is negative":                 policy(`,"executionLimit":"-1s"`, ""),
+		"epochLength 0.500s is shorter":                  policy(`,"epochLength":"0.5s"`, ""),
+		"fairnessWeight -1 is outside [1, 1048576]":      policy(`,"fairnessWeight":"-1"`, ""),
+		"fairnessBudget 2 is outside [0, 1]":             policy(`,"fairnessBudget":2`, ""),
+		"tokens: refillUnits -1 is outside":              policy("", `,"refillUnits":"-1"`),
+		"tokens: refillInterval 0s must be above 0":      policy("", `,"refillUnits":"1"`),
+		"tokens: maxReservation 11 is outside (0, burst": policy("", `,"maxReservation":"11"`),
+		"tokens: maxOverdraft -1 is outside":             policy("", `,"maxOverdraft":"-1"`),
+		"dimensions[0].unit is empty":                    `{"policy":{"subject":"t","route":"r","dimensions":[{"burst":"10"}]}}`,
+		"rollout 7 is neither ROLLOUT_MODE_ENFORCE nor":  policy(`,"rollout":7`, ""),
+		"policy is required":                             `{}`,
+		"tokens: refillInterval -1.500s must be above 0": policy("", `,"refillInterval":"-1.5s","refillUnits":"1"`),
+	} {
+		r := h.call("PublishPolicy", body, "")
+		h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidPolicy)
+		if message, _ := r.body["message"].(string); !strings.Contains(message, want) {
+			t.Errorf("want a message with %q: %s", want, r.raw)
+		}
+	}
+	if list := h.ok("ListPolicies", `{}`, ""); len(list) != 0 {
+		t.Errorf("refused policies were published: %v", list)
+	}
+}
+
+// A refused command's message names the field as the JSON spells it
+// (reservationId, actualUnits, pageToken), as policy refusals do: they
+// named it by its proto name (reservation_id), which no JSON client
+// sends or reads back.
+func TestCommandRefusalsNameTheJSONField(t *testing.T) {
+	h := newHarness(t, harnessOptions{shards: true})
+	h.ok("PublishPolicy", tokensPolicy, "")
+	h.ok("Reserve", reserveBody("named", 1), "")
+	for _, c := range []struct{ method, body, want, reason string }{
+		{"Reserve", `{"subject":"tenant-7","route":"chat.generate","units":{"tokens":1}}`, "reservationId is required", ""},
+		{"Reserve", `{"reservationId":"n1","requestDigest":"record:x","subject":"tenant-7","route":"chat.generate","units":{"tokens":1}}`, "requestDigest: ", ""},
+		{"Reserve", `{"reservationId":"n1","legacyDecision":"maybe","subject":"tenant-7","route":"chat.generate","units":{"tokens":1}}`, `legacyDecision "maybe"`, ""},
+		{"Reserve", `{"reservation_id":"n1\u0000","subject":"tenant-7","route":"chat.generate","units":{"tokens":1}}`, "reservationId contains a NUL byte", ""},
+		{"Start", `{"reservationId":"named"}`, "operationId is required", ""},
+		{"Settle", `{"reservationId":"named","operationId":"op","actualUnits":{"tokens":-1}}`, `actualUnits: "tokens" is negative`, ""},
+		{"RecordUsage", `{"reservationId":"n2","operationId":"op","subject":"tenant-7","route":"chat.generate"}`, "actualUnits: no usage to record", ""},
+		{"ListUsageUnknown", `{"pageSize":5000}`, "pageSize 5000: want 1 to 1000", ""},
+		{"ListDebts", `{"pageToken":"nonsense"}`, "pageToken: ", ""},
+		{"ShardService/IssueShard", `{"shardId":"s","subject":"tenant-7","route":"chat.generate","units":{"tokens":1},"gatewayId":"gw","ttl":"60s"}`, "bootEpoch is required", ""},
+		{"ShardService/IssueShard", `{"shardId":"s","subject":"tenant-7","route":"chat.generate","units":{"tokens":1},"gatewayId":"gw","bootEpoch":1}`, "ttl must be above 0", ""},
+		{"RolloutService/CreateRollout", `{"name":"c","hashBy":"x","routes":[{"route":"chat.generate"}]}`, `hashBy "x" is neither`, server.ReasonInvalidRollout},
+		{"RolloutService/CreateRollout", `{"name":"c","hashBy":"route","routes":[{"route":"chat.generate"},{"route":"*"}]}`, `routes[1]: route "*" is not a wildcard`, server.ReasonInvalidRollout},
+		{"RolloutService/CreateRollout", `{"name":"c","hashBy":"route","routes":[{"region":"eu"}]}`, "routes[0].route is empty", server.ReasonInvalidRollout},
+	} {
+		if c.reason == "" {
+			c.reason = server.ReasonInvalidCommand
+		}
+		path := "LedgerService/" + c.method
+		if strings.Contains(c.method, "/") {
+			path = c.method
+		}
+		req, _ := http.NewRequest(http.MethodPost, h.url+"/capledger.v1."+path, strings.NewReader(c.body))
+		req.Header.Set("Content-Type", "application/json")
+		r := h.do(req)
+		h.wantError(r, http.StatusBadRequest, "invalid_argument", c.reason)
+		if message, _ := r.body["message"].(string); !strings.Contains(message, c.want) {
+			t.Errorf("%s %s: want a message with %q: %s", c.method, c.body, c.want, r.raw)
+		}
+	}
+}
+
 // A Duration the proto allows (up to 10,000 years) but Go's time.Duration
 // cannot hold (about 292 years) was saturated silently: a refill interval
 // of 315576000000s was stored as 9223372036.854775807s. Each policy
-// duration beyond the range is 400 INVALID_POLICY naming the field, and
-// the longest one that fits is kept exactly.
+// duration above the one maximum, 9223372036s (docs/API.md, Durations),
+// is 400 INVALID_POLICY naming the field as the JSON spells it and the
+// value as it was sent; a fraction past the maximum is past it too (it
+// was accepted up to .854775807s, what a time.Duration holds, while the
+// docs said 9223372036s), and the maximum itself is kept exactly.
 func TestPolicyDurationBeyondRangeIsInvalid(t *testing.T) {
 	h := newHarness(t, harnessOptions{})
-	const tooLong = `"315576000000s"`
-	for field, body := range map[string]string{
-		"refill_interval": `{"policy":{"subject":"t","route":"r","dimensions":[{"unit":"tokens","burst":"10","refillUnits":"1","refillInterval":` + tooLong + `}]}}`,
-		"hold_ttl":        `{"policy":{"subject":"t","route":"r","holdTtl":` + tooLong + `,"dimensions":[{"unit":"tokens","burst":"10"}]}}`,
-		"execution_limit": `{"policy":{"subject":"t","route":"r","executionLimit":` + tooLong + `,"dimensions":[{"unit":"tokens","burst":"10"}]}}`,
-		"epoch_length":    `{"policy":{"subject":"t","route":"r","epochLength":"9223372037s","dimensions":[{"unit":"tokens","burst":"10"}]}}`,
-		// The longest Duration's whole seconds, with more nanoseconds than
-		// it has (it ends at .854775807s): it would be kept as another,
-		// shorter duration than the one asked.
-		"execution_limit nanos": `{"policy":{"subject":"t","route":"r","executionLimit":"9223372036.999999999s","dimensions":[{"unit":"tokens","burst":"10"}]}}`,
+	const dimension = `"dimensions":[{"unit":"tokens","burst":"10"}]`
+	for _, c := range []struct{ field, value, body string }{
+		{"dimensions[0].refillInterval", "315576000000s", `{"policy":{"subject":"t","route":"r","dimensions":[{"unit":"tokens","burst":"10","refillUnits":"1","refillInterval":"315576000000s"}]}}`},
+		{"dimensions[0].refillInterval", "9223372036.500s", `{"policy":{"subject":"t","route":"r","dimensions":[{"unit":"tokens","burst":"10","refillUnits":"1","refillInterval":"9223372036.5s"}]}}`},
+		{"holdTtl", "315576000000s", `{"policy":{"subject":"t","route":"r","holdTtl":"315576000000s",` + dimension + `}}`},
+		{"holdTtl", "9223372036.500s", `{"policy":{"subject":"t","route":"r","holdTtl":"9223372036.5s",` + dimension + `}}`},
+		{"holdTtl", "9223372036.000000001s", `{"policy":{"subject":"t","route":"r","hold_ttl":"9223372036.000000001s",` + dimension + `}}`},
+		{"executionLimit", "315576000000s", `{"policy":{"subject":"t","route":"r","executionLimit":"315576000000s",` + dimension + `}}`},
+		{"executionLimit", "9223372036.999999999s", `{"policy":{"subject":"t","route":"r","executionLimit":"9223372036.999999999s",` + dimension + `}}`},
+		{"executionLimit", "-9223372036.500s", `{"policy":{"subject":"t","route":"r","executionLimit":"-9223372036.5s",` + dimension + `}}`},
+		{"epochLength", "9223372037s", `{"policy":{"subject":"t","route":"r","epochLength":"9223372037s",` + dimension + `}}`},
 	} {
-		field = strings.TrimSuffix(field, " nanos")
-		r := h.call("PublishPolicy", body, "")
+		r := h.call("PublishPolicy", c.body, "")
 		h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidPolicy)
-		if !strings.Contains(r.body["message"].(string), field) {
-			t.Errorf("%s: the message does not name the field: %s", field, r.raw)
+		message, _ := r.body["message"].(string)
+		if !strings.Contains(message, c.field+" "+c.value+" is ") || !strings.Contains(message, "9223372036s") {
+			t.Errorf("%s %s: the message does not name the field, the value sent and the maximum: %s", c.field, c.value, r.raw)
 		}
 	}
 	if list := h.ok("ListPolicies", `{}`, ""); len(list) != 0 {
@@ -119,8 +200,8 @@ func TestDurationRefusalsSpeakTheAPIsDurations(t *testing.T) {
 	h := newHarness(t, harnessOptions{shards: true})
 	h.ok("PublishPolicy", tokensPolicy, "")
 	for want, body := range map[string]string{
-		"epochLength 1577880001s is longer than the maximum 1577880000s (50 years)":             `{"policy":{"subject":"t","route":"r","epochLength":"1577880001s","dimensions":[{"unit":"tokens","burst":"10"}]}}`,
-		"hold_ttl 0.099s is shorter than the minimum 0.100s (leave it out for the default 60s)": `{"policy":{"subject":"t","route":"r","holdTtl":"0.099s","dimensions":[{"unit":"tokens","burst":"10"}]}}`,
+		"epochLength 1577880001s is longer than the maximum 1577880000s (50 years)":            `{"policy":{"subject":"t","route":"r","epochLength":"1577880001s","dimensions":[{"unit":"tokens","burst":"10"}]}}`,
+		"holdTtl 0.099s is shorter than the minimum 0.100s (leave it out for the default 60s)": `{"policy":{"subject":"t","route":"r","holdTtl":"0.099s","dimensions":[{"unit":"tokens","burst":"10"}]}}`,
 	} {
 		r := h.call("PublishPolicy", body, "")
 		h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidPolicy)
@@ -150,7 +231,7 @@ func TestRequestDigestOverTheLimitIsRefused(t *testing.T) {
 	}
 	r := h.call("Reserve", body("long", "sha256:"+strings.Repeat("a", ledger.MaxDigestBytes)), "")
 	h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidCommand)
-	if !strings.Contains(r.body["message"].(string), "request_digest") {
+	if !strings.Contains(r.body["message"].(string), "requestDigest") {
 		t.Errorf("the message does not name the field: %s", r.raw)
 	}
 	h.wantError(h.call("GetReservation", `{"reservationId":"long"}`, ""), http.StatusNotFound, "not_found", server.ReasonReservationNotFound)
@@ -250,9 +331,9 @@ func TestPolicyUnitAndEstimatorDigestBounded(t *testing.T) {
 	}
 	for name, c := range map[string]struct{ body, want string }{
 		"long unit": {policy(strings.Repeat("u", 10000), "d"),
-			fmt.Sprintf("dimension 0: unit is 10000 bytes long; at most %d", ledger.MaxUnitBytes)},
+			fmt.Sprintf("dimensions[0].unit is 10000 bytes long; at most %d", ledger.MaxUnitBytes)},
 		"unit one over": {policy(strings.Repeat("u", ledger.MaxUnitBytes+1), "d"),
-			fmt.Sprintf("dimension 0: unit is %d bytes long; at most %d", ledger.MaxUnitBytes+1, ledger.MaxUnitBytes)},
+			fmt.Sprintf("dimensions[0].unit is %d bytes long; at most %d", ledger.MaxUnitBytes+1, ledger.MaxUnitBytes)},
 		"long digest": {policy("tokens", strings.Repeat("d", 100000)),
 			fmt.Sprintf("estimatorDigest is 100000 bytes long; at most %d", ledger.MaxDigestBytes)},
 	} {
@@ -320,7 +401,7 @@ func TestMessagesNameTheirSubjectOnce(t *testing.T) {
 	}
 	r = h.call("RecordUsage", `{"reservationId":"rec-1","operationId":"op-rec-1","subject":"tenant-7","route":"chat.generate","actualUnits":{"tokens":0}}`, "")
 	h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidCommand)
-	if msg, _ := r.body["message"].(string); !strings.HasPrefix(msg, "actual_units: no usage to record") {
+	if msg, _ := r.body["message"].(string); !strings.HasPrefix(msg, "actualUnits: no usage to record") {
 		t.Errorf("RecordUsage without usage: message %q", msg)
 	}
 }
@@ -355,7 +436,7 @@ func TestDoorDoesNotCountForbiddenShardWrites(t *testing.T) {
 // An empty gateway id of a shard write is refused by the door, the one
 // place that checks it, before the token's right to act for a gateway
 // (API.md, Order of checks: only a gatewayId that is no valid id is 400
-// before the 403): 400 INVALID_COMMAND "gateway_id is required", counted
+// before the 403): 400 INVALID_COMMAND "gatewayId is required", counted
 // as a shard command answered, over Connect JSON and gRPC, for a gateway
 // token (which would otherwise be 403 for gateway "") and an admin token.
 func TestEmptyGatewayIDIsRefusedAtTheDoor(t *testing.T) {
@@ -379,7 +460,7 @@ func TestEmptyGatewayIDIsRefusedAtTheDoor(t *testing.T) {
 			req.Header.Set("Authorization", "Bearer "+token)
 			r := h.do(req)
 			h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidCommand)
-			if msg, _ := r.body["message"].(string); msg != "gateway_id is required" {
+			if msg, _ := r.body["message"].(string); msg != "gatewayId is required" {
 				t.Errorf("%s with an empty gateway id (JSON): message %q", c.method, msg)
 			}
 			answers++
@@ -389,8 +470,8 @@ func TestEmptyGatewayIDIsRefusedAtTheDoor(t *testing.T) {
 		_, errIssue := grpcShards.IssueShard(context.Background(), connect.NewRequest(issue))
 		_, errReconcile := grpcShards.ReconcileShard(context.Background(), connect.NewRequest(reconcile))
 		for method, err := range map[string]error{"IssueShard": errIssue, "ReconcileShard": errReconcile} {
-			if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "gateway_id is required") {
-				t.Errorf("%s with an empty gateway id (gRPC): %v; want invalid_argument gateway_id is required", method, err)
+			if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "gatewayId is required") {
+				t.Errorf("%s with an empty gateway id (gRPC): %v; want invalid_argument gatewayId is required", method, err)
 			}
 			answers++
 		}
@@ -439,12 +520,12 @@ func TestOverlongUnitNameIsInvalidCommand(t *testing.T) {
 	}{
 		{"LedgerService/Reserve", reserve, "units", false},
 		{"LedgerService/ReserveBatch", `{"requests":[` + reserve + `]}`, "units", true},
-		{"LedgerService/Settle", settle, "actual_units", false},
-		{"LedgerService/SettleBatch", `{"requests":[` + settle + `]}`, "actual_units", true},
-		{"LedgerService/RecordUsage", `{"reservationId":"rec","operationId":"op-rec","subject":"tenant-7","route":"chat.generate","actualUnits":{"tokens":1,"` + long + `":1}}`, "actual_units", false},
+		{"LedgerService/Settle", settle, "actualUnits", false},
+		{"LedgerService/SettleBatch", `{"requests":[` + settle + `]}`, "actualUnits", true},
+		{"LedgerService/RecordUsage", `{"reservationId":"rec","operationId":"op-rec","subject":"tenant-7","route":"chat.generate","actualUnits":{"tokens":1,"` + long + `":1}}`, "actualUnits", false},
 		{"ShardService/IssueShard", `{"shardId":"sh-2","subject":"tenant-7","route":"chat.generate","units":{"tokens":1,"` + long + `":1},"gatewayId":"gw","bootEpoch":"1","ttl":"60s"}`, "units", false},
-		{"ShardService/ReconcileShard", reconcileReserved, "receipts[0].reserved_units", false},
-		{"ShardService/ReconcileShard", reconcileActual, "receipts[0].actual_units", false},
+		{"ShardService/ReconcileShard", reconcileReserved, "receipts[0].reservedUnits", false},
+		{"ShardService/ReconcileShard", reconcileActual, "receipts[0].actualUnits", false},
 		{"RolloutService/CarveLegacyBudget", `{"budgetId":"b1","identity":"old-limiter","subject":"tenant-7","route":"chat.generate","units":{"tokens":1,"` + long + `":1},"ttl":"60s"}`, "units", false},
 	} {
 		r := post(c.path, c.body)

@@ -149,7 +149,7 @@ func sealedAD(method, holder string) []byte {
 	return []byte(method + "\x00" + holder)
 }
 
-var errSealedElsewhere = errors.New("not a next_page_token this server issued for this method and token (sealed tokens are bound to the token they were issued to and to the tokens file): ask for the first page (no page_token)")
+var errSealedElsewhere = errors.New("not a nextPageToken this server issued for this method and token (sealed tokens are bound to the token they were issued to and to the tokens file): ask for the first page (no pageToken)")
 
 // sealNext returns a list method's next page token for the caller: sealed
 // whenever the server has a tokens file (a scoped caller's may follow a

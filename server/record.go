@@ -31,16 +31,16 @@ func RecordDigest(subject, route, region string) string {
 // unmapped is the answer should the ledger neither answer from the id nor
 // record the usage (recordOutcome).
 func (s *Server) recordCommand(ctx context.Context, req *v1.RecordUsageRequest) (cmd ledger.Command, unmapped, invalid *connect.Error) {
-	if cerr := checkID("reservation_id", req.GetReservationId()); cerr != nil {
+	if cerr := checkID("reservationId", req.GetReservationId()); cerr != nil {
 		return cmd, nil, cerr
 	}
-	if cerr := checkID("operation_id", req.GetOperationId()); cerr != nil {
+	if cerr := checkID("operationId", req.GetOperationId()); cerr != nil {
 		return cmd, nil, cerr
 	}
 	if cerr := textProblem(req.ProtoReflect()); cerr != nil { // as in reserveCommand
 		return cmd, nil, cerr
 	}
-	if cerr := checkUnitValues("actual_units", req.GetActualUnits(), true); cerr != nil {
+	if cerr := checkUnitValues("actualUnits", req.GetActualUnits(), true); cerr != nil {
 		return cmd, nil, cerr
 	}
 	region := regionOrDefault(req.GetRegion())
@@ -60,7 +60,7 @@ func (s *Server) recordCommand(ctx context.Context, req *v1.RecordUsageRequest) 
 	if cerr := s.subjectOutOfScope(ctx, "record usage", key); cerr != nil {
 		return cmd, nil, cerr
 	}
-	p, units, refusal, cerr := s.mapActive(ctx, key, "actual_units", req.GetActualUnits(), "record usage", cmd.ReservationID)
+	p, units, refusal, cerr := s.mapActive(ctx, key, "actualUnits", req.GetActualUnits(), "record usage", cmd.ReservationID)
 	if cerr != nil {
 		return cmd, nil, cerr
 	}
@@ -88,7 +88,7 @@ func (s *Server) recordCommand(ctx context.Context, req *v1.RecordUsageRequest) 
 	if err != nil {
 		return cmd, nil, refusal
 	}
-	if units, cerr = amounts(&ep, "", "actual_units", req.GetActualUnits()); cerr != nil {
+	if units, cerr = amounts(&ep, "", "actualUnits", req.GetActualUnits()); cerr != nil {
 		return cmd, nil, refusal
 	}
 	cmd.Units, cmd.Generation = units, existing.Account.Generation

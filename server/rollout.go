@@ -243,7 +243,7 @@ func (sc *shadowCounts) report(route string) []*v1.ShadowComparison {
 // and "deny".
 func checkLegacyDecision(d string) *connect.Error {
 	if d != "" && d != legacyAllow && d != legacyDeny {
-		return invalidArgument(ReasonInvalidCommand, "legacy_decision %q is neither %q nor %q", d, legacyAllow, legacyDeny)
+		return invalidArgument(ReasonInvalidCommand, "legacyDecision %q is neither %q nor %q", d, legacyAllow, legacyDeny)
 	}
 	return nil
 }
@@ -567,7 +567,7 @@ func (svc *rolloutService) DrainProgress(ctx context.Context, req *connect.Reque
 	if req.Msg.GetRunDrains() {
 		if id, ok := IdentityFrom(ctx); ok && id.Role != RoleAdmin {
 			return nil, withReason(connect.NewError(connect.CodePermissionDenied,
-				fmt.Errorf("run_drains writes: token %q (role %s) may only read the progress", id.Name, id.Role)), ReasonPermissionDenied)
+				fmt.Errorf("runDrains writes: token %q (role %s) may only read the progress", id.Name, id.Role)), ReasonPermissionDenied)
 		}
 		n, err := svc.drains.RunDrains(ctx)
 		resp.DrainCommands = int64(n)
@@ -635,7 +635,7 @@ func stepProto(s *ledger.RolloutStep) *v1.RolloutStep {
 // with ShardArgs.Legacy set (the admin role alone may call it).
 func (svc *rolloutService) CarveLegacyBudget(ctx context.Context, req *connect.Request[v1.CarveLegacyBudgetRequest]) (*connect.Response[v1.CarveLegacyBudgetResponse], error) {
 	m := req.Msg
-	if cerr := checkID("budget_id", m.GetBudgetId()); cerr != nil {
+	if cerr := checkID("budgetId", m.GetBudgetId()); cerr != nil {
 		return nil, cerr
 	}
 	if cerr := checkID("identity", m.GetIdentity()); cerr != nil {

@@ -164,10 +164,10 @@ func TestScopedBacklogReadsAreBounded(t *testing.T) {
 	}
 
 	for _, c := range []struct{ body, token, says string }{
-		{`{"route":"chat.generate","pageToken":"` + firstToken + `"}`, consoleViewer, "not a next_page_token this server issued"},
-		{`{"route":"chat.generate","pageToken":"` + firstToken + `"}`, adminToken, "not a next_page_token this server issued"},
+		{`{"route":"chat.generate","pageToken":"` + firstToken + `"}`, consoleViewer, "not a nextPageToken this server issued"},
+		{`{"route":"chat.generate","pageToken":"` + firstToken + `"}`, adminToken, "not a nextPageToken this server issued"},
 		{`{"pageToken":"` + firstToken + `"}`, consoleScoped, "another subject or route filter"},
-		{`{"pageToken":"p1.` + strings.Repeat("A", 40) + `"}`, consoleScoped, "not a next_page_token this server issued"},
+		{`{"pageToken":"p1.` + strings.Repeat("A", 40) + `"}`, consoleScoped, "not a nextPageToken this server issued"},
 	} {
 		r := h.call("ListUsageUnknown", c.body, c.token)
 		h.wantError(r, http.StatusBadRequest, "invalid_argument", "INVALID_COMMAND")
@@ -326,11 +326,11 @@ func TestScopedSubjectReservationReadsAreBounded(t *testing.T) {
 	}
 
 	for _, c := range []struct{ body, token, says string }{
-		{`{"subject":"tenant-b/u1","pageToken":"` + firstToken + `"}`, consoleScoped, "not a next_page_token this server issued"},
-		{`{"subject":"tenant-b/u1","pageToken":"` + firstToken + `"}`, consoleViewer, "not a next_page_token this server issued"},
+		{`{"subject":"tenant-b/u1","pageToken":"` + firstToken + `"}`, consoleScoped, "not a nextPageToken this server issued"},
+		{`{"subject":"tenant-b/u1","pageToken":"` + firstToken + `"}`, consoleViewer, "not a nextPageToken this server issued"},
 		{`{"subject":"tenant-b/u2","pageToken":"` + firstToken + `"}`, routesScoped, "another subject or states filter"},
 		{`{"subject":"tenant-b/u1","states":["RESERVATION_STATE_RESERVED"],"pageToken":"` + firstToken + `"}`, routesScoped, "another subject or states filter"},
-		{`{"subject":"tenant-b/u1","pageToken":"p1.` + strings.Repeat("A", 40) + `"}`, routesScoped, "not a next_page_token this server issued"},
+		{`{"subject":"tenant-b/u1","pageToken":"p1.` + strings.Repeat("A", 40) + `"}`, routesScoped, "not a nextPageToken this server issued"},
 	} {
 		r := h.consoleCall("ListSubjectReservations", c.body, c.token)
 		h.wantError(r, http.StatusBadRequest, "invalid_argument", "INVALID_COMMAND")
@@ -561,7 +561,7 @@ func TestPageTokensAreBoundToTheTokenNotToItsName(t *testing.T) {
 		again := `{"pageSize":1,"pageToken":"` + next + `"}`
 		r := h.call("ListDebts", again, c.presentedBy)
 		h.wantError(r, http.StatusBadRequest, "invalid_argument", "INVALID_COMMAND")
-		if msg, _ := r.body["message"].(string); !strings.Contains(msg, "not a next_page_token this server issued") {
+		if msg, _ := r.body["message"].(string); !strings.Contains(msg, "not a nextPageToken this server issued") {
 			t.Errorf("%s's page token with %s: message %q", c.issuedTo, c.presentedBy, msg)
 		}
 		h.ok("ListDebts", again, c.issuedTo)

@@ -739,6 +739,40 @@ func TestAuthRoles(t *testing.T) {
 	}
 }
 
+// The Authorization header's scheme is case-insensitive (docs/API.md,
+// Authentication), and a header of another scheme is 401 saying the
+// header holds no bearer token, not that the token is missing (a client
+// that sent "Basic ..." was told to send what it thought it had sent),
+// without echoing the header.
+func TestAuthSchemes(t *testing.T) {
+	h := newHarness(t, harnessOptions{auth: true})
+	for header, want := range map[string]string{
+		"":                          "missing bearer token",
+		"Basic " + adminToken:       "the Authorization header holds no bearer token",
+		adminToken:                  "the Authorization header holds no bearer token",
+		"bearer " + adminToken:      "",
+		"BEARER   " + adminToken:    "",
+		"Bearer wrong-token-012345": "unknown",
+	} {
+		req, _ := http.NewRequest(http.MethodPost, h.url+"/capledger.v1.LedgerService/ListPolicies", strings.NewReader(`{}`))
+		req.Header.Set("Content-Type", "application/json")
+		if header != "" {
+			req.Header.Set("Authorization", header)
+		}
+		r := h.do(req)
+		if want == "" {
+			if r.status != http.StatusOK {
+				t.Errorf("Authorization %q: %d %s, want 200", header, r.status, r.raw)
+			}
+			continue
+		}
+		h.wantError(r, http.StatusUnauthorized, "unauthenticated", server.ReasonUnauthenticated)
+		if message, _ := r.body["message"].(string); !strings.Contains(message, want) || strings.Contains(message, adminToken) {
+			t.Errorf("Authorization %q: want a message with %q that does not echo the token: %s", header, want, r.raw)
+		}
+	}
+}
+
 func TestParseTokensRejectsBadFiles(t *testing.T) {
 	for _, bad := range []string{
 		"",

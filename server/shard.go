@@ -184,7 +184,7 @@ func (svc *shardService) count(kind ledger.Kind, res *ledger.Result, cerr *conne
 // carved); admin tokens may issue for any gateway.
 func (svc *shardService) IssueShard(ctx context.Context, req *connect.Request[v1.IssueShardRequest]) (*connect.Response[v1.IssueShardResponse], error) {
 	m := req.Msg
-	if cerr := checkID("shard_id", m.GetShardId()); cerr != nil {
+	if cerr := checkID("shardId", m.GetShardId()); cerr != nil {
 		return nil, svc.refused(ledger.KindShardIssue, cerr)
 	}
 	return svc.issue(ctx, m, false)
@@ -277,7 +277,7 @@ func (svc *shardService) issued(ctx context.Context, shardID string, res *ledger
 
 // GetShard implements ShardService.GetShard.
 func (svc *shardService) GetShard(ctx context.Context, req *connect.Request[v1.GetShardRequest]) (*connect.Response[v1.GetShardResponse], error) {
-	if cerr := checkID("shard_id", req.Msg.GetShardId()); cerr != nil {
+	if cerr := checkID("shardId", req.Msg.GetShardId()); cerr != nil {
 		return nil, cerr
 	}
 	ids := req.Msg.GetReceiptIds()
@@ -286,7 +286,7 @@ func (svc *shardService) GetShard(ctx context.Context, req *connect.Request[v1.G
 	}
 	// An empty id names no receipt: refused, not answered NOT_PENDING.
 	for i, id := range ids {
-		if cerr := checkID(fmt.Sprintf("receipt_ids[%d]", i), id); cerr != nil {
+		if cerr := checkID(fmt.Sprintf("receiptIds[%d]", i), id); cerr != nil {
 			return nil, cerr
 		}
 	}
@@ -377,7 +377,7 @@ func (svc *shardService) ReconcileShard(ctx context.Context, req *connect.Reques
 	m := req.Msg
 	// The door (checkText) checked the gateway id and the token's right
 	// to act for it.
-	if cerr := checkID("shard_id", m.GetShardId()); cerr != nil {
+	if cerr := checkID("shardId", m.GetShardId()); cerr != nil {
 		return nil, svc.refused(ledger.KindShardReconcile, cerr)
 	}
 	if len(m.GetReceipts()) > maxShardReceipts {
@@ -388,7 +388,7 @@ func (svc *shardService) ReconcileShard(ctx context.Context, req *connect.Reques
 		// A receipt id is a reservation id, checked as GetShard checks
 		// its receipt_ids (present, at most 256 bytes, no NUL byte, which
 		// the PostgreSQL store cannot keep and answers unavailable).
-		if cerr := checkID(fmt.Sprintf("receipts[%d].reservation_id", i), r.GetReservationId()); cerr != nil {
+		if cerr := checkID(fmt.Sprintf("receipts[%d].reservationId", i), r.GetReservationId()); cerr != nil {
 			return nil, svc.refused(ledger.KindShardReconcile, cerr)
 		}
 		state, ok := stateFromProto(r.GetState())
@@ -396,10 +396,10 @@ func (svc *shardService) ReconcileShard(ctx context.Context, req *connect.Reques
 			return nil, svc.refused(ledger.KindShardReconcile, invalidArgument(ReasonInvalidCommand, "receipt %q: state %s", r.GetReservationId(), r.GetState()))
 		}
 		shapes[i] = ledger.ShardReceipt{ReservationID: r.GetReservationId(), State: state}
-		if cerr := checkUnitValues(fmt.Sprintf("receipts[%d].reserved_units", i), r.GetReservedUnits(), true); cerr != nil {
+		if cerr := checkUnitValues(fmt.Sprintf("receipts[%d].reservedUnits", i), r.GetReservedUnits(), true); cerr != nil {
 			return nil, svc.refused(ledger.KindShardReconcile, cerr)
 		}
-		if cerr := checkUnitValues(fmt.Sprintf("receipts[%d].actual_units", i), r.GetActualUnits(), true); cerr != nil {
+		if cerr := checkUnitValues(fmt.Sprintf("receipts[%d].actualUnits", i), r.GetActualUnits(), true); cerr != nil {
 			return nil, svc.refused(ledger.KindShardReconcile, cerr)
 		}
 	}
@@ -432,11 +432,11 @@ func (svc *shardService) ReconcileShard(ctx context.Context, req *connect.Reques
 			return nil, svc.refused(ledger.KindShardReconcile, invalidArgument(ReasonInvalidCommand, "receipt %q: state %s", r.GetReservationId(), r.GetState()))
 		}
 		receipt := fmt.Sprintf("receipt %q", r.GetReservationId())
-		reserved, cerr := amounts(&p, receipt, fmt.Sprintf("receipts[%d].reserved_units", i), r.GetReservedUnits())
+		reserved, cerr := amounts(&p, receipt, fmt.Sprintf("receipts[%d].reservedUnits", i), r.GetReservedUnits())
 		if cerr != nil {
 			return nil, svc.refused(ledger.KindShardReconcile, cerr)
 		}
-		actual, cerr := amounts(&p, receipt, fmt.Sprintf("receipts[%d].actual_units", i), r.GetActualUnits())
+		actual, cerr := amounts(&p, receipt, fmt.Sprintf("receipts[%d].actualUnits", i), r.GetActualUnits())
 		if cerr != nil {
 			return nil, svc.refused(ledger.KindShardReconcile, cerr)
 		}

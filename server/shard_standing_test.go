@@ -62,7 +62,7 @@ func TestShardReceiptStandingsAndContradictions(t *testing.T) {
 	// answered as a receipt that is not pending.
 	_, err = h.shards.GetShard(ctx, connect.NewRequest(&v1.GetShardRequest{ShardId: "sh-1", ReceiptIds: []string{"lost", ""}}))
 	wantShardError(t, err, connect.CodeInvalidArgument, server.ReasonInvalidCommand)
-	if !strings.Contains(err.Error(), "receipt_ids[1] is required") {
+	if !strings.Contains(err.Error(), "receiptIds[1] is required") {
 		t.Errorf("empty receipt id: %v", err)
 	}
 }

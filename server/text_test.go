@@ -16,6 +16,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode"
 
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -64,7 +65,8 @@ var textReasons = map[protoreflect.FullName]string{
 // textCase is one bad value of one field of one method's request.
 type textCase struct {
 	method protoreflect.MethodDescriptor
-	// path names the field as the refusal does (receipts[0].reservation_id).
+	// path names the field by its proto names (receipts[0].reservation_id);
+	// the refusal names it as the JSON does (jsonPath).
 	path   string
 	field  protoreflect.FieldDescriptor
 	holder protoreflect.FullName
@@ -88,9 +90,29 @@ func (c textCase) bound() int {
 // problem is problem (badText.want).
 func (c textCase) refusal(problem string) string {
 	if c.unitName {
-		return c.path + ": a unit name " + problem
+		return jsonPath(c.path) + ": a unit name " + problem
 	}
-	return c.path + " " + problem
+	return jsonPath(c.path) + " " + problem
+}
+
+// jsonPath spells a path of proto field names (receipts[0].reservation_id)
+// as the JSON does, and so as a refusal names it (receipts[0].reservationId):
+// each underscore dropped and the letter after it upper-cased.
+func jsonPath(path string) string {
+	var b strings.Builder
+	upper := false
+	for _, r := range path {
+		switch {
+		case r == '_':
+			upper = true
+		case upper:
+			b.WriteRune(unicode.ToUpper(r))
+			upper = false
+		default:
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
 }
 
 // textCases walks every method of every service and returns, for each
