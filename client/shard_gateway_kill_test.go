@@ -175,7 +175,7 @@ func TestGatewayKilledWhileServingFromItsShard(t *testing.T) {
 	em := NewEmergency(gw, store, EmergencyOptions{})
 	shards := store.Shards()
 	if len(shards) != 1 || shards[0].Live || !shards[0].Sealed || shards[0].Shard.BootEpoch >= store.BootEpoch() {
-		t.Fatalf("after the restart the old shard is %+v (boot %d), want sealed and not live", shards, store.BootEpoch())
+		t.Fatalf("after the restart (boot %d) the old shards are %v, want one, sealed and not live", store.BootEpoch(), shardSummaries(shards))
 	}
 	receipts, err := store.Receipts(shards[0].Shard.ID)
 	if err != nil {
@@ -242,4 +242,14 @@ func TestGatewayKilledWhileServingFromItsShard(t *testing.T) {
 	if err != nil {
 		t.Fatalf("capledger audit: %v\n%s", err, out)
 	}
+}
+
+// shardSummaries names each shard's id, boot epoch and whether it is
+// sealed and live, for a failure message.
+func shardSummaries(shards []ShardStatus) []string {
+	var out []string
+	for _, s := range shards {
+		out = append(out, fmt.Sprintf("%s boot %d sealed %v live %v", s.Shard.ID, s.Shard.BootEpoch, s.Sealed, s.Live))
+	}
+	return out
 }
