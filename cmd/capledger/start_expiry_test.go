@@ -35,16 +35,17 @@ func testStartRacesExpiry(t *testing.T, bin, lossyURL, otherURL string) {
 	mustPost(t, otherURL, "PublishPolicy", fmt.Sprintf(`{"policy":{"subject":"*","route":"race","holdTtl":"2s","epochLength":"315360000s",
 	  "dimensions":[{"unit":"tokens","burst":"%d"}]}}`, holds*hold))
 	id := func(i int) string { return fmt.Sprintf("race-%02d", i) }
-	state := func(id string) any {
-		return asMap(mustPost(t, otherURL, "GetReservation", fmt.Sprintf(`{"reservationId":%q}`, id))["reservation"])["state"]
-	}
-	waitExpired := func(id string) {
-		t.Helper()
-		for deadline := time.Now().Add(60 * time.Second); state(id) != "RESERVATION_STATE_EXPIRED"; time.Sleep(50 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s is %v 60 s after its TTL of %v", id, state(id), holdTTL)
+	// waitExpired waits until id is EXPIRED and reports whether it got
+	// there within a minute; it may run on any goroutine.
+	waitExpired := func(id string) bool {
+		for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+			status, out := post(crashClient, otherURL, "GetReservation", fmt.Sprintf(`{"reservationId":%q}`, id))
+			if status == 200 && asMap(out["reservation"])["state"] == "RESERVATION_STATE_EXPIRED" {
+				return true
 			}
 		}
+		t.Errorf("%s is not EXPIRED 60 s after its TTL of %v", id, holdTTL)
+		return false
 	}
 
 	// Three groups, by i%3: 0 starts at once (before the expiry, unless
@@ -69,7 +70,9 @@ func testStartRacesExpiry(t *testing.T, bin, lossyURL, otherURL string) {
 				offset := holdTTL - 300*time.Millisecond + time.Duration(i)*600*time.Millisecond/holds
 				time.Sleep(time.Until(reservedAt[i].Add(offset)))
 			case 2:
-				waitExpired(id(i))
+				if !waitExpired(id(i)) {
+					return
+				}
 			}
 			body := fmt.Sprintf(`{"reservationId":%q,"operationId":"op-%s"}`, id(i), id(i))
 			first := otherURL
@@ -105,11 +108,13 @@ func testStartRacesExpiry(t *testing.T, bin, lossyURL, otherURL string) {
 	// after all the others: once it is EXPIRED, the worker has had every
 	// hold above past its TTL in a listing.
 	mustPost(t, otherURL, "Reserve", fmt.Sprintf(`{"reservationId":"sentinel","subject":%q,"route":"race","units":{"tokens":1}}`, subject))
-	waitExpired("sentinel")
+	if !waitExpired("sentinel") {
+		return
+	}
 
 	startedCount := 0
 	for i := range holds {
-		got := state(id(i))
+		got := asMap(mustPost(t, otherURL, "GetReservation", fmt.Sprintf(`{"reservationId":%q}`, id(i)))["reservation"])["state"]
 		switch {
 		case started[i] && got != "RESERVATION_STATE_STARTED":
 			t.Errorf("%s: start acknowledged, then %v", id(i), got)
