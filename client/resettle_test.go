@@ -72,7 +72,12 @@ func TestSettleNotAppliedIsKeptAndResent(t *testing.T) {
 func TestKeptSettlesAreResentByOneBoundedLoop(t *testing.T) {
 	l := startLedger(t)
 	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 1_000_000})
-	c := l.viaProxy(t, resendTestOptions...)
+	// 40 reserves at once under -race on a loaded machine took more than
+	// resendTestOptions' 1 s twice (RESERVATION_UNKNOWN before the outage):
+	// here a call waits 5 s, and the breaker opens on the first that times
+	// out in the partition, as there.
+	c := l.viaProxy(t, append(resendTestOptions, WithTimeout(5*time.Second),
+		WithBreaker(BreakerPolicy{FailureThreshold: 1, DetectTimeout: 5 * time.Second, ProbeBase: 20 * time.Millisecond, ProbeMax: 100 * time.Millisecond}))...)
 	const runs = 40
 	ctx := context.Background()
 	started := make(chan struct{}, runs)
