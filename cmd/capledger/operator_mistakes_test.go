@@ -1,6 +1,7 @@
 package main
 
 import (
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -90,5 +91,21 @@ func TestRollbackWaitSaysWhatIsBlockedByBurst(t *testing.T) {
 	if !strings.Contains(last, "100 units left, 0 shards open, ") || !strings.Contains(last, ", 1 account blocked by burst (moves once the deciding account has room)") ||
 		!strings.Contains(out, "1 by burst, 0 no policy") {
 		t.Errorf("the progress line does not say what blocks the drain:\nstdout: %s\nstderr: %s", out, errOut)
+	}
+}
+
+// `capledger status` against a server that is down said "capledger
+// status: status: Get ...": the command's name twice.
+func TestStatusOfADownServerNamesTheCommandOnce(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens here now
+	code, out, errOut := cli(t, "http://"+addr, "status")
+	wantExit(t, exitUnavailable, code, out, errOut)
+	if want := `capledger status: Get "http://` + addr + `/statusz": dial tcp`; !strings.HasPrefix(errOut, want) {
+		t.Errorf("status of a server that is down: %q, want it to start %q", errOut, want)
 	}
 }
