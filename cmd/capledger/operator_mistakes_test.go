@@ -109,3 +109,23 @@ func TestStatusOfADownServerNamesTheCommandOnce(t *testing.T) {
 		t.Errorf("status of a server that is down: %q, want it to start %q", errOut, want)
 	}
 }
+
+// A command without a token (or with a wrong one) against a server with
+// --tokens was told to "send `Authorization: Bearer <token>`", the API's
+// words; the operator at a shell is told the flag.
+func TestMissingTokenNamesTheFlag(t *testing.T) {
+	tokens := filepath.Join(t.TempDir(), "tokens")
+	if err := os.WriteFile(tokens, []byte("admin-token-0123456789 admin ops\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	url := startInProcess(t, "--tokens", tokens)
+	for _, args := range [][]string{{"policy", "list"}, {"policy", "list", "--token", "not-a-token-of-this-server"}} {
+		code, out, errOut := cli(t, url, args...)
+		wantExit(t, exitUsage, code, out, errOut)
+		if want := "; this server checks tokens: give yours with --token TOKEN or $CAPLEDGER_TOKEN\n"; !strings.HasSuffix(errOut, want) {
+			t.Errorf("capledger %v: %q, want it to end %q", args, errOut, want)
+		}
+	}
+	code, out, errOut := cli(t, url, "policy", "list", "--token", "admin-token-0123456789")
+	wantExit(t, exitOK, code, out, errOut)
+}
