@@ -1,11 +1,13 @@
 package main
 
 import (
+	"context"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // `capledger policy get 1 --format yaml > tenant-7.yaml` against a server
@@ -128,4 +130,34 @@ func TestMissingTokenNamesTheFlag(t *testing.T) {
 	}
 	code, out, errOut := cli(t, url, "policy", "list", "--token", "admin-token-0123456789")
 	wantExit(t, exitOK, code, out, errOut)
+}
+
+// serve started from another directory, or with a mistyped --data-dir,
+// made a new, empty ledger without a word: every gateway then met
+// NO_POLICY. Its log says when it created the database, and only then.
+func TestServeSaysWhenItCreatedTheDatabase(t *testing.T) {
+	dataDir := t.TempDir()
+	for i, wantCreated := range []bool{true, false} {
+		ctx, cancel := context.WithCancel(context.Background())
+		logs := &lockedBuffer{}
+		done := make(chan int, 1)
+		go func() {
+			done <- run(ctx, &env{stdout: logs, stderr: logs, getenv: func(string) string { return "" }},
+				[]string{"serve", "--addr", "127.0.0.1:0", "--data-dir", dataDir})
+		}()
+		for deadline := time.Now().Add(30 * time.Second); listeningLine.FindString(logs.String()) == ""; time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				cancel()
+				t.Fatalf("start %d: serve did not start:\n%s", i, logs.String())
+			}
+		}
+		cancel()
+		if code := <-done; code != exitOK {
+			t.Fatalf("start %d: serve exited %d:\n%s", i, code, logs.String())
+		}
+		want := `msg="no database was there: created a new, empty one" path=` + filepath.Join(dataDir, "capledger.db")
+		if got := strings.Contains(logs.String(), want); got != wantCreated {
+			t.Errorf("start %d: the log says it created the database: %v, want %v:\n%s", i, got, wantCreated, logs.String())
+		}
+	}
 }

@@ -310,6 +310,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 		defer stopProfiles()
 	}
 
+	newFile, created := newSQLiteFile(*storeSpec, *dataDir)
 	// One serve owns a SQLite store: a second on the same file would
 	// lead the workers beside the first.
 	unlock, err := open.LockSQLite(*storeSpec, *dataDir)
@@ -328,6 +329,9 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	st, err := open.OpenWith(ctx, *storeSpec, *dataDir, openOpts)
 	if err != nil {
 		return storeError(err)
+	}
+	if created {
+		log.Info("no database was there: created a new, empty one", "path", newFile)
 	}
 	if w, ok := st.(interface {
 		WarmCache(context.Context) (int, error)
