@@ -123,11 +123,11 @@ type Client struct {
 var ErrUnsigned = errors.New("operation status answer is not signed with the route's secret")
 
 // ErrBadAnswer is wrapped by Get for an answer the endpoint gave that
-// cannot be used: a status code below 500 other than 200 and 404, a body
-// over the limit or not an Answer for these ids, an unknown status, a
-// negative unit, an unsigned settling answer (ErrUnsigned too). Errors
-// without it (a transport error, a timeout, a 5xx, a body cut off) mean
-// the endpoint could not answer.
+// cannot be used: a status code below 500 other than 200, 404, 408 and
+// 429, a body over the limit or not an Answer for these ids, an unknown
+// status, a negative unit, an unsigned settling answer (ErrUnsigned too).
+// Errors without it (a transport error, a timeout, a 5xx, a 408 or 429, a
+// body cut off) mean the endpoint could not answer.
 var ErrBadAnswer = errors.New("operation status answer unusable")
 
 // badAnswer wraps err with ErrBadAnswer, keeping err's message.

@@ -338,6 +338,11 @@ func describe(err error) error {
 			parts = append(parts, "Retry-After: "+ra+"s")
 		}
 	}
+	// The server's words are for any client ("send Authorization:
+	// Bearer"); an operator at a shell needs the flag.
+	if cerr.Code() == connect.CodeUnauthenticated {
+		parts = append(parts, "this server checks tokens: give yours with --token TOKEN or $CAPLEDGER_TOKEN")
+	}
 	return exitError{code: exitCode(err), err: describedError{text: strings.Join(parts, "; "), cause: cerr}}
 }
 

@@ -87,11 +87,7 @@ func runMigrate(ctx context.Context, e *env, args []string) error {
 	// it).
 	// A database that was not there is made anew: say so, so that a
 	// mistyped --data-dir does not read as the migration of the real one.
-	created := false
-	if path, ok := open.SQLitePath(*storeSpec, *dataDir); ok {
-		_, statErr := os.Stat(path)
-		created = errors.Is(statErr, os.ErrNotExist)
-	}
+	_, created := newSQLiteFile(*storeSpec, *dataDir)
 	unlock, err := open.LockSQLite(*storeSpec, *dataDir)
 	if err != nil {
 		return lockError(err, ": stop serve first")
@@ -145,4 +141,18 @@ func storeError(err error) error {
 		return exitError{code: exitUnavailable, err: err}
 	}
 	return exitError{code: exitUsage, err: err}
+}
+
+// newSQLiteFile returns the database file of a SQLite store (spec and
+// dataDir as serve and migrate take them) and whether it is not there
+// yet, so that opening the store creates it empty. A mistyped --data-dir,
+// or serve started from another directory, then reads as an empty ledger
+// rather than the real one: migrate and serve say so.
+func newSQLiteFile(spec, dataDir string) (string, bool) {
+	path, ok := open.SQLitePath(spec, dataDir)
+	if !ok {
+		return "", false
+	}
+	_, err := os.Stat(path)
+	return path, errors.Is(err, os.ErrNotExist)
 }

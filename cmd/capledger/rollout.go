@@ -656,17 +656,26 @@ func (b *drainBar) line(msg *v1.DrainProgressResponse) string {
 	case b.drained > 0:
 		b.done = max(b.done, min(drainBarWidth-1, int(drainBarWidth*b.drained/(b.drained+left))))
 	}
-	var shards int64
+	var shards, byBurst int64
 	for _, g := range msg.GetGenerations() {
 		shards += g.GetUnreconciledShards()
+		byBurst += g.GetBlockedByBurst()
 	}
 	grew := ""
 	if rose > 0 {
 		grew = fmt.Sprintf(" (up %d since the last poll)", rose)
 	}
-	return fmt.Sprintf("[%s%s] %3d%%  %d units left%s, %s open, %s",
+	// Capacity blocked by burst moves only once its subject uses some
+	// under the deciding generation: an idle tenant's never does. The
+	// line says so, or a follower watches the same figure until
+	// --max-wait with no reason given.
+	blocked := ""
+	if byBurst > 0 {
+		blocked = fmt.Sprintf(", %s blocked by burst (moves once the deciding account has room)", counted(byBurst, "account", "accounts"))
+	}
+	return fmt.Sprintf("[%s%s] %3d%%  %d units left%s, %s open, %s%s",
 		strings.Repeat("#", b.done), strings.Repeat(".", drainBarWidth-b.done), 100*b.done/drainBarWidth, left, grew,
-		counted(shards, "shard", "shards"), counted(msg.GetDrainCommands(), "drain command", "drain commands"))
+		counted(shards, "shard", "shards"), counted(msg.GetDrainCommands(), "drain command", "drain commands"), blocked)
 }
 
 // counted writes n and the noun that agrees with it: "1 shard", "2 shards".

@@ -264,6 +264,9 @@ func runServe(ctx context.Context, e *env, args []string) error {
 		}
 	}
 
+	if err := checkListenAddr(*addr); err != nil {
+		return err
+	}
 	var tokens *server.Tokens
 	if *tokensPath != "" {
 		if tokens, err = server.LoadTokens(*tokensPath); err != nil {
@@ -307,6 +310,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 		defer stopProfiles()
 	}
 
+	newFile, created := newSQLiteFile(*storeSpec, *dataDir)
 	// One serve owns a SQLite store: a second on the same file would
 	// lead the workers beside the first.
 	unlock, err := open.LockSQLite(*storeSpec, *dataDir)
@@ -325,6 +329,9 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	st, err := open.OpenWith(ctx, *storeSpec, *dataDir, openOpts)
 	if err != nil {
 		return storeError(err)
+	}
+	if created {
+		log.Info("no database was there: created a new, empty one", "path", newFile)
 	}
 	if w, ok := st.(interface {
 		WarmCache(context.Context) (int, error)
@@ -572,6 +579,26 @@ func bothChecks(a, b func(context.Context) (string, error)) func(context.Context
 		}
 		return da + "\n" + db, nil
 	}
+}
+
+// checkListenAddr refuses a listen address that is not HOST:PORT, saying
+// what to write instead. The client commands' --addr is a URL
+// (http://host:port), and that value pasted into serve's failed as "too
+// many colons in address"; a port out of range was reported as reachable
+// from other machines.
+func checkListenAddr(addr string) error {
+	if scheme, rest, ok := strings.Cut(addr, "://"); ok {
+		return usagef("--addr %q: serve listens on HOST:PORT, without %s:// (--addr %s); the URL form is the client commands' --addr",
+			addr, scheme, strings.TrimSuffix(rest, "/"))
+	}
+	_, port, err := net.SplitHostPort(addr)
+	if err == nil {
+		_, err = net.LookupPort("tcp", port)
+	}
+	if err != nil {
+		return usagef("--addr %q: want HOST:PORT, such as 127.0.0.1:7070 (port 0: any free one): %v", addr, err)
+	}
+	return nil
 }
 
 // requireLoopback refuses a listen address that other machines can reach

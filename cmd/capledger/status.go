@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -60,27 +61,27 @@ func runStatus(ctx context.Context, e *env, args []string) error {
 		if hint := certificateHint(err); hint != "" {
 			err = fmt.Errorf("%w; %s", err, hint)
 		}
-		return exitError{code: exitUnavailable, err: fmt.Errorf("status: %w", err)}
+		return exitError{code: exitUnavailable, err: err}
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if err != nil {
-		return exitError{code: exitUnavailable, err: fmt.Errorf("status: reading the answer of %s: %w", req.URL, err)}
+		return exitError{code: exitUnavailable, err: fmt.Errorf("reading the answer of %s: %w", req.URL, err)}
 	}
 	if resp.StatusCode != http.StatusOK {
-		return exitError{code: exitUnavailable, err: fmt.Errorf("status: GET %s answered %s (is --addr a capledger server's address?)", req.URL, resp.Status)}
+		return exitError{code: exitUnavailable, err: fmt.Errorf("GET %s answered %s (is --addr a capledger server's address?)", req.URL, resp.Status)}
 	}
 	var st struct {
 		Ready bool `json:"ready"`
 	}
 	if err := json.Unmarshal(body, &st); err != nil {
-		return exitError{code: exitUnavailable, err: fmt.Errorf("status: not a status answer: %w", err)}
+		return exitError{code: exitUnavailable, err: fmt.Errorf("not a status answer: %w", err)}
 	}
 	if _, err := e.stdout.Write(body); err != nil {
 		return err
 	}
 	if !st.Ready {
-		return exitError{code: exitUnavailable, err: fmt.Errorf("status: the server is not ready")}
+		return exitError{code: exitUnavailable, err: errors.New("the server is not ready")}
 	}
 	return nil
 }

@@ -29,10 +29,16 @@ var ErrSeveralDocuments = errors.New("more than one document in the file (a seco
 // UnmarshalStrict alone would decode as nothing.
 var ErrEmptyFirstDocument = errors.New("the first document in the file is empty (content after a second ---): remove the empty one")
 
+// ErrNoDocument: the file holds nothing but blanks, comments or "---"
+// (say, the output of a command that failed, redirected into it), which
+// UnmarshalStrict alone would decode as a zero value without a word.
+var ErrNoDocument = errors.New("the file is empty (nothing but blanks or comments)")
+
 // UnmarshalStrict decodes data into v as sigs.k8s.io/yaml's UnmarshalStrict
 // does (unknown or duplicate fields are errors) and returns
 // ErrSeveralDocuments when data holds more than one non-empty document,
-// ErrEmptyFirstDocument when its one non-empty document is not the first.
+// ErrEmptyFirstDocument when its one non-empty document is not the first,
+// ErrNoDocument when it holds none.
 // A key that names no field, or spells one in another case than its
 // field's ("Burst" for "burst", which encoding/json would read as the
 // field) unless it is the field's former spelling, is refused by
@@ -55,6 +61,9 @@ func UnmarshalStrict(data []byte, v any) error {
 		var doc any
 		err := dec.Decode(&doc)
 		if errors.Is(err, io.EOF) {
+			if documents == 0 {
+				return ErrNoDocument
+			}
 			return nil
 		}
 		if err != nil {

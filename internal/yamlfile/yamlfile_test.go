@@ -48,6 +48,29 @@ func TestOneDocumentPerFile(t *testing.T) {
 	}
 }
 
+// An empty file decoded as a zero value without a word: a policy file
+// left empty by a "policy get > FILE" that failed was sent to the server,
+// which refused it as a policy with no subject. A file with nothing in it
+// is refused as empty; an empty object is a document, for its reader to
+// judge.
+func TestEmptyFileIsRefused(t *testing.T) {
+	type file struct {
+		Name string `json:"name"`
+	}
+	for _, empty := range []string{"", "\n\n", "   \n", "# only a comment\n", "---\n", "---\n# a comment\n---\n", "null\n"} {
+		var f file
+		if err := UnmarshalStrict([]byte(empty), &f); !errors.Is(err, ErrNoDocument) {
+			t.Errorf("%q: %v %+v, want ErrNoDocument", empty, err, f)
+		}
+	}
+	for _, document := range []string{"{}", "{}\n# end\n"} {
+		var f file
+		if err := UnmarshalStrict([]byte(document), &f); err != nil {
+			t.Errorf("%q: %v, want it read", document, err)
+		}
+	}
+}
+
 // encoding/json, under sigs.k8s.io/yaml, matches a key to a field
 // regardless of case: "Burst: 99" published burst 99, and beside
 // "burst: 10" one of the two was dropped without a word. A key spelt in
