@@ -386,16 +386,7 @@ func TestCompactionIgnoresWhatOnlyTheFullAuditFinds(t *testing.T) {
 			}
 			r := res.Reservation
 			r.Reserved = ledger.Amounts{9}
-			tx, err := st.Begin(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := tx.Write(ctx, &store.Changes{Reservations: []ledger.Reservation{r}}); err != nil {
-				t.Fatal(err)
-			}
-			if err := tx.Commit(ctx); err != nil {
-				t.Fatal(err)
-			}
+			writeBehindTheJournal(t, st, &store.Changes{Reservations: []ledger.Reservation{r}})
 			found, err := e.AuditWith(ctx, AuditOptions{})
 			if err != nil || len(found) != 1 || found[0].Check != "reserved_vs_holds" {
 				t.Fatalf("full audit: %v %v, want one reserved_vs_holds", found, err)
@@ -417,36 +408,6 @@ func TestCompactionIgnoresWhatOnlyTheFullAuditFinds(t *testing.T) {
 type auditCounter struct {
 	*snapshotCounter
 	store.AuditRecords
-}
-
-// shiftSubjectBehindTheJournal adds delta to the opening and available of
-// subject's only account, with no journal entry.
-func shiftSubjectBehindTheJournal(t *testing.T, st store.Store, subject string, delta int64) {
-	t.Helper()
-	ctx := context.Background()
-	accounts, err := st.AccountList(ctx, ledger.PolicyKey{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, a := range accounts {
-		if a.Key.Subject != subject {
-			continue
-		}
-		a.Balances[0].Opening += delta
-		a.Balances[0].Available += delta
-		tx, err := st.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := tx.Write(ctx, &store.Changes{Accounts: []ledger.Account{a}}); err != nil {
-			t.Fatal(err)
-		}
-		if err := tx.Commit(ctx); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	t.Fatalf("no account of %s in %v", subject, accounts)
 }
 
 // A cut its audit refuses (an account changed behind the journal) is

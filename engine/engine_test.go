@@ -85,19 +85,40 @@ func changeAccountBehindTheJournal(t *testing.T, st store.Store) {
 // changeAccountBehindTheJournal repairs it).
 func shiftAccountBehindTheJournal(t *testing.T, st store.Store, delta int64) {
 	t.Helper()
-	ctx := context.Background()
-	accounts, err := st.AccountList(ctx, ledger.PolicyKey{})
-	if err != nil || len(accounts) != 1 {
+	shiftSubjectBehindTheJournal(t, st, "", delta)
+}
+
+// shiftSubjectBehindTheJournal adds delta to the opening and available of
+// subject's only account ("": the store's only account), with no journal
+// entry.
+func shiftSubjectBehindTheJournal(t *testing.T, st store.Store, subject string, delta int64) {
+	t.Helper()
+	accounts, err := st.AccountList(context.Background(), ledger.PolicyKey{})
+	if err != nil || subject == "" && len(accounts) != 1 {
 		t.Fatalf("accounts %v %v", accounts, err)
 	}
-	a := accounts[0]
-	a.Balances[0].Opening += delta
-	a.Balances[0].Available += delta
+	for _, a := range accounts {
+		if subject != "" && a.Key.Subject != subject {
+			continue
+		}
+		a.Balances[0].Opening += delta
+		a.Balances[0].Available += delta
+		writeBehindTheJournal(t, st, &store.Changes{Accounts: []ledger.Account{a}})
+		return
+	}
+	t.Fatalf("no account of %s in %v", subject, accounts)
+}
+
+// writeBehindTheJournal writes changes to st in a transaction of its own,
+// with no journal entry: what an audit must find.
+func writeBehindTheJournal(t *testing.T, st store.Store, changes *store.Changes) {
+	t.Helper()
+	ctx := context.Background()
 	tx, err := st.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := tx.Write(ctx, &store.Changes{Accounts: []ledger.Account{a}}); err != nil {
+	if err := tx.Write(ctx, changes); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Commit(ctx); err != nil {
