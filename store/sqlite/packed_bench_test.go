@@ -28,7 +28,7 @@ func BenchmarkPackedTableChurn(b *testing.B) {
 			b.ReportAllocs()
 			for range b.N {
 				i := rng.IntN(over)
-				if _, ok := table.lookupRow(keys[i], nil); !ok {
+				if _, ok, _ := table.lookupRow(keys[i], nil); !ok {
 					table.rememberRow(keys[i], &rows[i], nil)
 				}
 			}

@@ -82,7 +82,7 @@ func TestPackedAccountRoundTrip(t *testing.T) {
 	table := newPackedTable(8, accountCodec)
 	for _, a := range []ledger.Account{full, zero} {
 		table.rememberRow(a.Key, &a, copyRow)
-		got, found := table.lookupRow(a.Key, copyRow)
+		got, found, _ := table.lookupRow(a.Key, copyRow)
 		if !found || got == nil {
 			t.Fatalf("%s: not found after remember", a.Key)
 		}
@@ -92,11 +92,11 @@ func TestPackedAccountRoundTrip(t *testing.T) {
 	}
 	absent := ledger.AccountKey{Subject: "tenant-é", Route: "chat", Region: "eu-west", Generation: 1}
 	table.rememberRow(absent, nil, copyRow)
-	if got, found := table.lookupRow(absent, copyRow); !found || got != nil {
+	if got, found, _ := table.lookupRow(absent, copyRow); !found || got != nil {
 		t.Fatalf("absent row: %v %v, want nil, true", got, found)
 	}
 	// A key that only prefixes a cached one is not it.
-	if _, found := table.lookupRow(ledger.AccountKey{Subject: "tenant-é", Route: "chat", Region: "eu-west"}, copyRow); found {
+	if _, found, _ := table.lookupRow(ledger.AccountKey{Subject: "tenant-é", Route: "chat", Region: "eu-west"}, copyRow); found {
 		t.Fatal("an uncached key found")
 	}
 
@@ -104,7 +104,7 @@ func TestPackedAccountRoundTrip(t *testing.T) {
 	for _, g := range []uint64{0, 1, math.MaxInt64, math.MaxUint64} {
 		k := ledger.PolicyKey{Subject: "s", Route: fmt.Sprint(g)}
 		currents.rememberRow(k, &g, copyRow)
-		if got, found := currents.lookupRow(k, copyRow); !found || got == nil || *got != g {
+		if got, found, _ := currents.lookupRow(k, copyRow); !found || got == nil || *got != g {
 			t.Fatalf("current %d read back as %v %v", g, got, found)
 		}
 	}
@@ -140,7 +140,7 @@ func TestPackedTableEvictsColdRowsOnly(t *testing.T) {
 	for i := range 10 * limit {
 		if i%10 == 0 {
 			for _, h := range hot {
-				if a, ok := table.lookupRow(key(h), copyRow); !ok || a.Version != uint64(h+1000) {
+				if a, ok, _ := table.lookupRow(key(h), copyRow); !ok || a.Version != uint64(h+1000) {
 					t.Fatalf("hot row %d evicted or changed after %d scanned rows: %v", h, i, a)
 				}
 			}
@@ -156,10 +156,10 @@ func TestPackedTableEvictsColdRowsOnly(t *testing.T) {
 			t.Fatalf("index %d entries, %d slots", len(table.index), table.len())
 		}
 	}
-	if _, ok := table.lookupRow(key(10*limit-1), copyRow); !ok {
+	if _, ok, _ := table.lookupRow(key(10*limit-1), copyRow); !ok {
 		t.Error("the last row put is not cached")
 	}
-	if _, ok := table.lookupRow(key(0), copyRow); ok {
+	if _, ok, _ := table.lookupRow(key(0), copyRow); ok {
 		t.Error("the first scanned row is still cached after 10 limits of others")
 	}
 	if int(table.evictions) != 10*limit-(limit-len(hot)) {
@@ -186,11 +186,11 @@ func TestPackedTableHashCollision(t *testing.T) {
 	table.index[hashB] = slotA
 	table.slots[slotA].hash = hashB
 	delete(table.index, hashA)
-	if row, found := table.lookupRow(b.Key, copyRow); found {
+	if row, found, _ := table.lookupRow(b.Key, copyRow); found {
 		t.Fatalf("b read a's slot: %+v", row)
 	}
 	table.rememberRow(b.Key, &b, copyRow)
-	if row, found := table.lookupRow(b.Key, copyRow); !found || row.Version != 5 || row.Key != b.Key {
+	if row, found, _ := table.lookupRow(b.Key, copyRow); !found || row.Version != 5 || row.Key != b.Key {
 		t.Fatalf("b reads %+v %v", row, found)
 	}
 	if table.len() != 1 {
