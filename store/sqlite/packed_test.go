@@ -260,3 +260,80 @@ func TestWarmCacheFillsUpToTheBound(t *testing.T) {
 		s.Close()
 	}
 }
+
+// rememberAt writes into the slot lookupRow found only while that slot
+// still holds the key: after the key was evicted and its slot refilled,
+// after a remove moved it, or after a reset, the key is looked up again,
+// so no other key's slot is overwritten and no stale copy stays indexed.
+func TestPackedTableRememberAtChecksTheSlot(t *testing.T) {
+	const limit = 4
+	key := func(i int) ledger.AccountKey {
+		return ledger.AccountKey{Subject: fmt.Sprint(i), Route: "r", Generation: 1}
+	}
+	account := func(i int, version uint64) *ledger.Account {
+		return &ledger.Account{Key: key(i), Dims: 1, Version: version}
+	}
+	// readsAsPut checks that every cached key reads the row last put for
+	// it, and the index names exactly the slots.
+	readsAsPut := func(t *testing.T, table *packedTable[ledger.AccountKey, ledger.Account], want map[int]uint64) {
+		t.Helper()
+		if len(table.index) != table.len() {
+			t.Fatalf("index %d entries, %d slots", len(table.index), table.len())
+		}
+		for h, i := range table.index {
+			if table.slots[i].hash != h {
+				t.Fatalf("index says %x is in slot %d, which holds %x", h, i, table.slots[i].hash)
+			}
+		}
+		for k, version := range want {
+			if a, ok, _ := table.lookupRow(key(k), copyRow); ok && (a.Key != key(k) || a.Version != version) {
+				t.Fatalf("key %d reads %+v, want version %d", k, a, version)
+			}
+		}
+	}
+	cases := map[string]func(table *packedTable[ledger.AccountKey, ledger.Account], want map[int]uint64){
+		"kept": func(*packedTable[ledger.AccountKey, ledger.Account], map[int]uint64) {},
+		"evicted, then read again elsewhere": func(table *packedTable[ledger.AccountKey, ledger.Account], want map[int]uint64) {
+			for i := 1; i <= 3*limit; i++ {
+				table.rememberRow(key(i), account(i, uint64(i)), copyRow)
+				want[i] = uint64(i)
+			}
+			if _, ok, _ := table.lookupRow(key(0), copyRow); ok {
+				t.Fatal("key 0 not evicted")
+			}
+			table.rememberRow(key(0), account(0, 1), copyRow)
+		},
+		"moved by a remove": func(table *packedTable[ledger.AccountKey, ledger.Account], want map[int]uint64) {
+			// Key 0 is in slot 0: fill the rest, then move key 3 into it.
+			for i := 1; i < limit; i++ {
+				table.rememberRow(key(i), account(i, uint64(i)), copyRow)
+				want[i] = uint64(i)
+			}
+			table.remove(0)
+			table.rememberRow(key(0), account(0, 1), copyRow)
+		},
+		"reset": func(table *packedTable[ledger.AccountKey, ledger.Account], want map[int]uint64) {
+			table.reset()
+			table.rememberRow(key(5), account(5, 5), copyRow)
+			want[5] = 5
+		},
+	}
+	for name, between := range cases {
+		t.Run(name, func(t *testing.T) {
+			table := newPackedTable(limit, accountCodec)
+			table.rememberRow(key(0), account(0, 1), copyRow)
+			_, _, slot := table.lookupRow(key(0), copyRow)
+			if slot == noSlot {
+				t.Fatal("key 0 found at no slot")
+			}
+			want := map[int]uint64{0: 1}
+			between(table, want)
+			table.rememberAt(key(0), account(0, 2), slot)
+			want[0] = 2
+			readsAsPut(t, table, want)
+			if a, ok, _ := table.lookupRow(key(0), copyRow); !ok || a.Version != 2 {
+				t.Fatalf("key 0 reads %+v %v after its update, want version 2", a, ok)
+			}
+		})
+	}
+}
