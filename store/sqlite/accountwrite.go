@@ -73,20 +73,38 @@ func accountPutArgs(a *ledger.Account, c *codec.Conv) []any {
 
 // storedEpoch is what a transaction knows of an account's stored row for
 // putAccounts: its epoch_start and whether its epoch is idle
-// (ledger.Account.EpochIdle: nothing changed in it).
+// (ledger.Account.EpochIdle: nothing changed in it); and, for the row
+// cache's update after the commit (accountSlot), the slot the account was
+// read from in the cache, noSlot if it was read from the file.
 type storedEpoch struct {
 	start int64
 	idle  bool
+	slot  int32
 }
 
 // noteAccountEpoch records the epoch_start the file holds for key and
 // whether the row's epoch is idle, so a write of the account can use the
-// short UPDATE.
-func (tx *Tx) noteAccountEpoch(key ledger.AccountKey, epochStart int64, idle bool) {
+// short UPDATE, and the cache slot it was read from (noSlot: keep the one
+// noted before, if any).
+func (tx *Tx) noteAccountEpoch(key ledger.AccountKey, epochStart int64, idle bool, slot int32) {
 	if tx.storedEpochs == nil {
 		tx.storedEpochs = map[ledger.AccountKey]storedEpoch{}
 	}
-	tx.storedEpochs[key] = storedEpoch{start: epochStart, idle: idle}
+	if slot == noSlot {
+		if stored, ok := tx.storedEpochs[key]; ok {
+			slot = stored.slot
+		}
+	}
+	tx.storedEpochs[key] = storedEpoch{start: epochStart, idle: idle, slot: slot}
+}
+
+// accountSlot returns the row cache slot the transaction read key from
+// (noSlot if none): a hint for rowCache.committed.
+func (tx *Tx) accountSlot(key ledger.AccountKey) int32 {
+	if stored, ok := tx.storedEpochs[key]; ok {
+		return stored.slot
+	}
+	return noSlot
 }
 
 // noteAccountDebt records whether the row the file holds for key owes
@@ -179,7 +197,7 @@ func (tx *Tx) putAccounts(ctx context.Context, accounts []ledger.Account, conv *
 	}
 	for i := range accounts {
 		a := &accounts[i]
-		tx.noteAccountEpoch(a.Key, conv.Nanos(a.EpochStart), a.EpochIdle())
+		tx.noteAccountEpoch(a.Key, conv.Nanos(a.EpochStart), a.EpochIdle(), noSlot)
 	}
 	return tx.putDebtors(ctx, accounts, conv)
 }

@@ -274,17 +274,17 @@ func (t *clockTable[K, T]) has(key K) bool {
 	return ok
 }
 
-func (t *clockTable[K, T]) lookupRow(key K, clone func(*T) *T) (*T, bool) {
+func (t *clockTable[K, T]) lookupRow(key K, clone func(*T) *T) (*T, bool, int32) {
 	e, ok := t.get(key)
 	if !ok {
 		// In a complete table, a key not held is a row that does not
 		// exist.
-		return nil, t.complete
+		return nil, t.complete, noSlot
 	}
 	if e.row == nil {
-		return nil, true
+		return nil, true, noSlot
 	}
-	return clone(e.row), true
+	return clone(e.row), true, noSlot
 }
 
 func (t *clockTable[K, T]) rememberRow(key K, row *T, clone func(*T) *T) {
@@ -295,8 +295,9 @@ func (t *clockTable[K, T]) rememberRow(key K, row *T, clone func(*T) *T) {
 }
 
 // lookup returns a copy of the cached row (nil with found true when the row
-// is known not to exist); found is false when the key is not cached.
-func lookup[K comparable, T any](c *rowCache, m rowTable[K, T], key K, clone func(*T) *T) (row *T, found bool) {
+// is known not to exist); found is false when the key is not cached. slot
+// is rowTable.lookupRow's hint.
+func lookup[K comparable, T any](c *rowCache, m rowTable[K, T], key K, clone func(*T) *T) (row *T, found bool, slot int32) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return m.lookupRow(key, clone)
@@ -311,8 +312,10 @@ func remember[K comparable, T any](c *rowCache, m rowTable[K, T], key K, row *T,
 
 // committed records what a committed transaction wrote to the cached
 // tables, as a read would return it. Policies (written once per
-// generation) are only forgotten, to be read again.
-func (c *rowCache) committed(ch *store.Changes) {
+// generation) are only forgotten, to be read again. accountSlot returns
+// where the transaction found an account in the cache (noSlot if it did
+// not), a hint that saves looking it up again.
+func (c *rowCache) committed(ch *store.Changes, accountSlot func(ledger.AccountKey) int32) {
 	for name, v := range ch.Meta {
 		remember(c, c.meta, name, &v, copyRow)
 	}
@@ -333,7 +336,8 @@ func (c *rowCache) committed(ch *store.Changes) {
 		// the file does, and decodes it as a read returns it (UTC, no
 		// monotonic reading), so the committed row is encoded as it stands:
 		// no copy of it to convert first (a heap copy of every account).
-		c.accounts.rememberRow(ch.Accounts[i].Key, &ch.Accounts[i], nil)
+		a := &ch.Accounts[i]
+		c.accounts.rememberAt(a.Key, a, accountSlot(a.Key))
 	}
 	for i := range ch.Currents {
 		c.currents.rememberRow(ch.Currents[i].Subject, &ch.Currents[i].Generation, nil)

@@ -296,3 +296,83 @@ func TestCommittedAccountReadsAsTheFile(t *testing.T) {
 		}
 	}
 }
+
+// TestCommittedAccountMovedInTheCache: an account a transaction read from
+// the row cache, evicted by the transaction's other reads and read again
+// into another slot, is updated after the commit where it now stands: the
+// cache reads as the file, for it and for the accounts that took its
+// first slot.
+func TestCommittedAccountMovedInTheCache(t *testing.T) {
+	ctx := context.Background()
+	const rows = 4
+	s, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "capledger.db"), sqlite.WithCacheRows(rows))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	accounts := make([]ledger.Account, 3*rows)
+	for i := range accounts {
+		accounts[i] = accountWith(int64(i))
+		accounts[i].Key.Subject = fmt.Sprintf("tenant-%d", i)
+	}
+	writeTx(t, s, &store.Changes{Accounts: accounts})
+	moved := accounts[0].Key
+
+	read := func(tx store.Tx, key ledger.AccountKey) ledger.Account {
+		t.Helper()
+		a, err := tx.AccountGet(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return *a
+	}
+	// A first transaction caches the account, so the next reads it from
+	// the cache.
+	tx, err := s.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	read(tx, moved)
+	tx.Rollback(ctx)
+
+	tx, err = s.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	a := read(tx, moved)
+	evictions := s.CacheStats().Evictions
+	for i := 1; i <= 2*rows; i++ {
+		read(tx, accounts[i].Key)
+	}
+	if s.CacheStats().Evictions-evictions < 2*rows {
+		t.Fatalf("%d evictions, want the account evicted", s.CacheStats().Evictions-evictions)
+	}
+	read(tx, moved) // from the file, into another slot
+	a.Version++
+	a.Balances[0].Available--
+	a.Balances[0].Reserved++
+	if err := tx.Write(ctx, &store.Changes{Accounts: []ledger.Account{a}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	tx, err = s.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	for _, k := range append([]ledger.AccountKey{moved}, accounts[1].Key, accounts[2*rows].Key) {
+		for range 2 { // the cache's answer, if cached, then surely cached
+			stored, err := s.AccountGet(ctx, k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := read(tx, k); !reflect.DeepEqual(got, stored) {
+				t.Fatalf("%s reads\n%+v\nwhere the file holds\n%+v", k, got, stored)
+			}
+		}
+	}
+}

@@ -13,8 +13,9 @@ import (
 type rowTable[K comparable, T any] interface {
 	// lookupRow returns a copy of the cached row (nil with found true when
 	// the row is known not to exist); found is false when the key is not
-	// cached.
-	lookupRow(key K, clone func(*T) *T) (row *T, found bool)
+	// cached. slot is where a packedTable found it (a hint for
+	// rememberAt), noSlot otherwise.
+	lookupRow(key K, clone func(*T) *T) (row *T, found bool, slot int32)
 	// rememberRow caches a copy of row (nil: the row does not exist).
 	rememberRow(key K, row *T, clone func(*T) *T)
 	// has reports whether the key is cached (a row or its absence).
@@ -69,37 +70,67 @@ func (t *packedTable[K, T]) find(key K) (hash uint64, slot int32, held, match bo
 	if !held {
 		return hash, 0, false, false
 	}
-	d := t.slots[slot].data
-	return hash, slot, true, len(d) > len(t.scratch) && d[:len(t.scratch)] == string(t.scratch)
+	return hash, slot, true, t.holds(slot)
 }
+
+// holds reports whether slot i holds the key encoded in t.scratch. Keys
+// are encoded prefix-free (length-prefixed strings, then varints), so a
+// slot whose data starts with the key's encoding is that key's.
+func (t *packedTable[K, T]) holds(i int32) bool {
+	d := t.slots[i].data
+	return len(d) > len(t.scratch) && d[:len(t.scratch)] == string(t.scratch)
+}
+
+// noSlot is the slot hint of a row not found in a packedTable.
+const noSlot int32 = -1
 
 func (t *packedTable[K, T]) has(key K) bool {
 	_, _, _, match := t.find(key)
 	return match
 }
 
-func (t *packedTable[K, T]) lookupRow(key K, _ func(*T) *T) (*T, bool) {
+func (t *packedTable[K, T]) lookupRow(key K, _ func(*T) *T) (*T, bool, int32) {
 	_, i, _, match := t.find(key)
 	if !match {
-		return nil, false
+		return nil, false, noSlot
 	}
 	t.touch(i)
 	rest := t.slots[i].data[len(t.scratch):]
 	if rest[0] == 0 {
-		return nil, true
+		return nil, true, i
 	}
 	row, err := t.codec.decodeRow(rest[1:], key)
 	if err != nil {
 		// Only a bug of the codec gets here: forget the row, so it is
 		// read from the file again.
 		t.remove(i)
-		return nil, false
+		return nil, false, noSlot
 	}
-	return row, true
+	return row, true, i
 }
 
 func (t *packedTable[K, T]) rememberRow(key K, row *T, _ func(*T) *T) {
-	hash, i, held, _ := t.find(key)
+	t.rememberAt(key, row, noSlot)
+}
+
+// rememberAt is rememberRow for a key that lookupRow found at slot hint:
+// when that slot still holds the key it is replaced without a look-up of
+// the index (a million-entry map: a cache miss or two a row). Since the
+// look-up the slot may have been evicted, refilled with another key, moved
+// (remove) or emptied (reset), so it is checked; otherwise the key is
+// looked up as rememberRow does.
+func (t *packedTable[K, T]) rememberAt(key K, row *T, hint int32) {
+	var (
+		hash uint64
+		i    int32
+		held bool
+	)
+	t.scratch = t.codec.appendKey(t.scratch[:0], key)
+	if hint >= 0 && int(hint) < len(t.slots) && t.holds(hint) {
+		hash, i, held = t.slots[hint].hash, hint, true
+	} else {
+		hash, i, held, _ = t.find(key)
+	}
 	b := t.scratch
 	if row == nil {
 		b = append(b, 0)

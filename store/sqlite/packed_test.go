@@ -82,7 +82,7 @@ func TestPackedAccountRoundTrip(t *testing.T) {
 	table := newPackedTable(8, accountCodec)
 	for _, a := range []ledger.Account{full, zero} {
 		table.rememberRow(a.Key, &a, copyRow)
-		got, found := table.lookupRow(a.Key, copyRow)
+		got, found, _ := table.lookupRow(a.Key, copyRow)
 		if !found || got == nil {
 			t.Fatalf("%s: not found after remember", a.Key)
 		}
@@ -92,11 +92,11 @@ func TestPackedAccountRoundTrip(t *testing.T) {
 	}
 	absent := ledger.AccountKey{Subject: "tenant-é", Route: "chat", Region: "eu-west", Generation: 1}
 	table.rememberRow(absent, nil, copyRow)
-	if got, found := table.lookupRow(absent, copyRow); !found || got != nil {
+	if got, found, _ := table.lookupRow(absent, copyRow); !found || got != nil {
 		t.Fatalf("absent row: %v %v, want nil, true", got, found)
 	}
 	// A key that only prefixes a cached one is not it.
-	if _, found := table.lookupRow(ledger.AccountKey{Subject: "tenant-é", Route: "chat", Region: "eu-west"}, copyRow); found {
+	if _, found, _ := table.lookupRow(ledger.AccountKey{Subject: "tenant-é", Route: "chat", Region: "eu-west"}, copyRow); found {
 		t.Fatal("an uncached key found")
 	}
 
@@ -104,7 +104,7 @@ func TestPackedAccountRoundTrip(t *testing.T) {
 	for _, g := range []uint64{0, 1, math.MaxInt64, math.MaxUint64} {
 		k := ledger.PolicyKey{Subject: "s", Route: fmt.Sprint(g)}
 		currents.rememberRow(k, &g, copyRow)
-		if got, found := currents.lookupRow(k, copyRow); !found || got == nil || *got != g {
+		if got, found, _ := currents.lookupRow(k, copyRow); !found || got == nil || *got != g {
 			t.Fatalf("current %d read back as %v %v", g, got, found)
 		}
 	}
@@ -140,7 +140,7 @@ func TestPackedTableEvictsColdRowsOnly(t *testing.T) {
 	for i := range 10 * limit {
 		if i%10 == 0 {
 			for _, h := range hot {
-				if a, ok := table.lookupRow(key(h), copyRow); !ok || a.Version != uint64(h+1000) {
+				if a, ok, _ := table.lookupRow(key(h), copyRow); !ok || a.Version != uint64(h+1000) {
 					t.Fatalf("hot row %d evicted or changed after %d scanned rows: %v", h, i, a)
 				}
 			}
@@ -156,10 +156,10 @@ func TestPackedTableEvictsColdRowsOnly(t *testing.T) {
 			t.Fatalf("index %d entries, %d slots", len(table.index), table.len())
 		}
 	}
-	if _, ok := table.lookupRow(key(10*limit-1), copyRow); !ok {
+	if _, ok, _ := table.lookupRow(key(10*limit-1), copyRow); !ok {
 		t.Error("the last row put is not cached")
 	}
-	if _, ok := table.lookupRow(key(0), copyRow); ok {
+	if _, ok, _ := table.lookupRow(key(0), copyRow); ok {
 		t.Error("the first scanned row is still cached after 10 limits of others")
 	}
 	if int(table.evictions) != 10*limit-(limit-len(hot)) {
@@ -186,11 +186,11 @@ func TestPackedTableHashCollision(t *testing.T) {
 	table.index[hashB] = slotA
 	table.slots[slotA].hash = hashB
 	delete(table.index, hashA)
-	if row, found := table.lookupRow(b.Key, copyRow); found {
+	if row, found, _ := table.lookupRow(b.Key, copyRow); found {
 		t.Fatalf("b read a's slot: %+v", row)
 	}
 	table.rememberRow(b.Key, &b, copyRow)
-	if row, found := table.lookupRow(b.Key, copyRow); !found || row.Version != 5 || row.Key != b.Key {
+	if row, found, _ := table.lookupRow(b.Key, copyRow); !found || row.Version != 5 || row.Key != b.Key {
 		t.Fatalf("b reads %+v %v", row, found)
 	}
 	if table.len() != 1 {
@@ -258,5 +258,82 @@ func TestWarmCacheFillsUpToTheBound(t *testing.T) {
 		}
 		tx.Rollback(ctx)
 		s.Close()
+	}
+}
+
+// rememberAt writes into the slot lookupRow found only while that slot
+// still holds the key: after the key was evicted and its slot refilled,
+// after a remove moved it, or after a reset, the key is looked up again,
+// so no other key's slot is overwritten and no stale copy stays indexed.
+func TestPackedTableRememberAtChecksTheSlot(t *testing.T) {
+	const limit = 4
+	key := func(i int) ledger.AccountKey {
+		return ledger.AccountKey{Subject: fmt.Sprint(i), Route: "r", Generation: 1}
+	}
+	account := func(i int, version uint64) *ledger.Account {
+		return &ledger.Account{Key: key(i), Dims: 1, Version: version}
+	}
+	// readsAsPut checks that every cached key reads the row last put for
+	// it, and the index names exactly the slots.
+	readsAsPut := func(t *testing.T, table *packedTable[ledger.AccountKey, ledger.Account], want map[int]uint64) {
+		t.Helper()
+		if len(table.index) != table.len() {
+			t.Fatalf("index %d entries, %d slots", len(table.index), table.len())
+		}
+		for h, i := range table.index {
+			if table.slots[i].hash != h {
+				t.Fatalf("index says %x is in slot %d, which holds %x", h, i, table.slots[i].hash)
+			}
+		}
+		for k, version := range want {
+			if a, ok, _ := table.lookupRow(key(k), copyRow); ok && (a.Key != key(k) || a.Version != version) {
+				t.Fatalf("key %d reads %+v, want version %d", k, a, version)
+			}
+		}
+	}
+	cases := map[string]func(table *packedTable[ledger.AccountKey, ledger.Account], want map[int]uint64){
+		"kept": func(*packedTable[ledger.AccountKey, ledger.Account], map[int]uint64) {},
+		"evicted, then read again elsewhere": func(table *packedTable[ledger.AccountKey, ledger.Account], want map[int]uint64) {
+			for i := 1; i <= 3*limit; i++ {
+				table.rememberRow(key(i), account(i, uint64(i)), copyRow)
+				want[i] = uint64(i)
+			}
+			if _, ok, _ := table.lookupRow(key(0), copyRow); ok {
+				t.Fatal("key 0 not evicted")
+			}
+			table.rememberRow(key(0), account(0, 1), copyRow)
+		},
+		"moved by a remove": func(table *packedTable[ledger.AccountKey, ledger.Account], want map[int]uint64) {
+			// Key 0 is in slot 0: fill the rest, then move key 3 into it.
+			for i := 1; i < limit; i++ {
+				table.rememberRow(key(i), account(i, uint64(i)), copyRow)
+				want[i] = uint64(i)
+			}
+			table.remove(0)
+			table.rememberRow(key(0), account(0, 1), copyRow)
+		},
+		"reset": func(table *packedTable[ledger.AccountKey, ledger.Account], want map[int]uint64) {
+			table.reset()
+			table.rememberRow(key(5), account(5, 5), copyRow)
+			want[5] = 5
+		},
+	}
+	for name, between := range cases {
+		t.Run(name, func(t *testing.T) {
+			table := newPackedTable(limit, accountCodec)
+			table.rememberRow(key(0), account(0, 1), copyRow)
+			_, _, slot := table.lookupRow(key(0), copyRow)
+			if slot == noSlot {
+				t.Fatal("key 0 found at no slot")
+			}
+			want := map[int]uint64{0: 1}
+			between(table, want)
+			table.rememberAt(key(0), account(0, 2), slot)
+			want[0] = 2
+			readsAsPut(t, table, want)
+			if a, ok, _ := table.lookupRow(key(0), copyRow); !ok || a.Version != 2 {
+				t.Fatalf("key 0 reads %+v %v after its update, want version 2", a, ok)
+			}
+		})
 	}
 }

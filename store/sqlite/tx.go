@@ -121,16 +121,24 @@ func getOne[T any](ctx context.Context, tx *Tx, i int, scan func(scanner) (T, er
 // the committed row), caches the answer, a row or its absence.
 func cachedGet[K comparable, T any](ctx context.Context, tx *Tx, m rowTable[K, T], key K, clone func(*T) *T,
 	what string, read func() (*T, error)) (*T, error) {
+	row, _, err := cachedGetAt(ctx, tx, m, key, clone, what, read)
+	return row, err
+}
+
+// cachedGetAt is cachedGet that also returns the slot the row was found at
+// in the cache (rowTable.lookupRow), noSlot when it was read.
+func cachedGetAt[K comparable, T any](ctx context.Context, tx *Tx, m rowTable[K, T], key K, clone func(*T) *T,
+	what string, read func() (*T, error)) (*T, int32, error) {
 	if err := tx.check(ctx); err != nil {
-		return nil, err
+		return nil, noSlot, err
 	}
 	c := tx.s.cache
 	if len(tx.written) == 0 {
-		if row, found := lookup(c, m, key, clone); found {
+		if row, found, slot := lookup(c, m, key, clone); found {
 			if row == nil {
-				return nil, notFoundError{what}
+				return nil, slot, notFoundError{what}
 			}
-			return row, nil
+			return row, slot, nil
 		}
 	}
 	row, err := read()
@@ -142,7 +150,7 @@ func cachedGet[K comparable, T any](ctx context.Context, tx *Tx, m rowTable[K, T
 			remember(c, m, key, nil, clone)
 		}
 	}
-	return row, err
+	return row, noSlot, err
 }
 
 // notFoundError is fmt.Errorf("%s: %w", what, store.ErrNotFound) made
@@ -204,13 +212,13 @@ func (tx *Tx) AccountGet(ctx context.Context, key ledger.AccountKey) (*ledger.Ac
 	if !storable(key.Generation) {
 		return nil, fmt.Errorf("account %s: %w", key, store.ErrNotFound)
 	}
-	a, err := cachedGet(ctx, tx, tx.s.cache.accounts, key, copyRow, "account", func() (*ledger.Account, error) {
+	a, slot, err := cachedGetAt(ctx, tx, tx.s.cache.accounts, key, copyRow, "account", func() (*ledger.Account, error) {
 		return getOne(ctx, tx, wAccountGet, scanAccount, "account "+key.String(),
 			key.Subject, key.Route, key.Region, int64(key.Generation))
 	})
 	if err == nil {
 		var c codec.Conv // as accountArgs stores it
-		tx.noteAccountEpoch(key, c.Nanos(a.EpochStart), a.EpochIdle())
+		tx.noteAccountEpoch(key, c.Nanos(a.EpochStart), a.EpochIdle(), slot)
 		tx.noteAccountDebt(key, store.RowInDebt(a))
 	} else if errors.Is(err, store.ErrNotFound) {
 		// No account, so no key in account_debtors: a new account's
@@ -644,7 +652,7 @@ func (tx *Tx) commit(ctx context.Context) error {
 	tx.s.subjects.add(tx.subjectKeys)
 	tx.s.subjects.remove(tx.subjectsRemoved)
 	for _, c := range tx.written {
-		tx.s.cache.committed(c)
+		tx.s.cache.committed(c, tx.accountSlot)
 	}
 	return nil
 }
