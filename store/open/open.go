@@ -131,6 +131,10 @@ func parseSpec(spec, dataDir string) (location, error) {
 		}
 		return location{kindSQLiteFile, path}, nil
 	case hasScheme && (scheme == "postgres" || scheme == "postgresql"):
+		if !strings.HasPrefix(rest, "//") {
+			// Not echoed: what follows the scheme may hold a password.
+			return location{}, fmt.Errorf("open store: a %s store is a URL with // after %s: (%s://USER@HOST:PORT/DATABASE)", scheme, scheme, scheme)
+		}
 		return location{kindPostgres, spec}, nil
 	}
 	return location{}, fmt.Errorf("open store: unknown store %q; accepted forms: %s", spec, Forms)

@@ -126,6 +126,18 @@ func TestRejectsUnknownSpecs(t *testing.T) {
 	}
 }
 
+// A PostgreSQL spec without // after its scheme (pgx would read it as
+// keyword=value settings and say only that it cannot parse them) is
+// refused with the URL form, without echoing what may hold a password.
+func TestPostgresSpecWithoutSlashesSaysTheURLForm(t *testing.T) {
+	for _, spec := range []string{"postgres:/db", "postgresql:db", "postgres:capledger:s3cret@db-host/capledger"} {
+		_, err := open.Open(context.Background(), spec, "")
+		if err == nil || !strings.Contains(err.Error(), "://USER@HOST:PORT/DATABASE") || strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("%q: %v, want the URL form named and no password echoed", spec, err)
+		}
+	}
+}
+
 // Both PostgreSQL schemes reach the PostgreSQL store: with nothing
 // listening on the port, it reports the server unreachable.
 func TestPostgresSchemes(t *testing.T) {
