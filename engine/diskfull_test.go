@@ -5,11 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/capledger/capledger/internal/tmpfs"
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
 	"github.com/capledger/capledger/store/sqlite"
@@ -22,18 +22,7 @@ import (
 // disk has room again it comes back without traffic. Needs root to mount
 // a size-limited tmpfs; skipped otherwise.
 func TestReadyStaysOutOnAFullDiskBetweenFailedBatches(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "tmpfs")
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", dir).CombinedOutput(); err != nil {
-		t.Skipf("cannot mount a size-limited tmpfs (needs root): %v %s", err, out)
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
-			t.Errorf("umount %s: %v %s", dir, err, out)
-		}
-	})
+	dir := tmpfs.Mount(t, "4m")
 	st, err := sqlite.Open(context.Background(), filepath.Join(dir, "ledger.db"))
 	if err != nil {
 		t.Fatal(err)

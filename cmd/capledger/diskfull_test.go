@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -16,6 +15,8 @@ import (
 	"testing"
 	"time"
 	"unsafe"
+
+	"github.com/capledger/capledger/internal/tmpfs"
 )
 
 // setFileSizeLimit sets the soft RLIMIT_FSIZE of the running process pid
@@ -221,18 +222,7 @@ func TestFullDiskThenRoomAgain(t *testing.T) {
 // it starts again. Needs root to mount a size-limited tmpfs; skipped
 // otherwise.
 func TestServeRestartedOnAFullDisk(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "tmpfs")
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", dir).CombinedOutput(); err != nil {
-		t.Skipf("cannot mount a size-limited tmpfs (needs root): %v %s", err, out)
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
-			t.Errorf("umount %s: %v %s", dir, err, out)
-		}
-	})
+	dir := tmpfs.Mount(t, "8m")
 	data := filepath.Join(dir, "data")
 	e := &env{getenv: func(string) string { return "" }}
 	// serveOnce starts serve on data and stops it once it listens; it

@@ -76,7 +76,7 @@ var layers = []layer{
 
 	// Its tests may also read its logs through internal/logcapture, a
 	// leaf that knows nothing of the ledger.
-	{pkg: "engine", imports: []string{"ledger", "store"}, testImports: []string{"internal/logcapture", "ledger", "store/..."},
+	{pkg: "engine", imports: []string{"ledger", "store"}, testImports: []string{"internal/logcapture", "internal/tmpfs", "ledger", "store/..."},
 		why: "orders, batches and commits commands through the Store interface; it owns the clock and the workers, never a concrete driver, the network or the simulator"},
 
 	{pkg: "api/digest", imports: nil, testImports: []string{}, stdOnly: true, pure: true,
@@ -137,6 +137,8 @@ var layers = []layer{
 		why: "a test helper for store/postgres, its failover gate and the SDK's replica tests: runs serve replicas on a fresh PostgreSQL schema as child processes and checks their clients' histories against a linearizability model of one account; it reaches the ledger only through the SDK's errors"},
 	{pkg: "internal/testbinary", imports: nil, testImports: []string{}, stdOnly: true,
 		why: "a test helper that builds the commands a package's tests run as child processes, once per test binary; it knows nothing of the ledger"},
+	{pkg: "internal/tmpfs", imports: nil, testImports: []string{}, stdOnly: true,
+		why: "a test helper that mounts a size-limited tmpfs for the full-disk tests (a real ENOSPC); it knows nothing of the ledger"},
 	{pkg: "internal/pgformation", imports: nil, testImports: []string{},
 		why: "a test helper that runs a real pg_auto_failover formation; it knows nothing of the ledger"},
 	{pkg: "scripts/auditsize", imports: []string{"engine", "ledger", "store/sqlite"},

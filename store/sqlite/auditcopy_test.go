@@ -7,13 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/capledger/capledger/internal/tmpfs"
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
 	"modernc.org/sqlite"
@@ -257,18 +257,7 @@ func TestAuditCopyIsUnlinkedAndClosed(t *testing.T) {
 // and finds the ledger sound. Needs root to mount a size-limited tmpfs;
 // skipped otherwise.
 func TestAuditCopyOnAFullDisk(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "tmpfs")
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", dir).CombinedOutput(); err != nil {
-		t.Skipf("cannot mount a size-limited tmpfs (needs root): %v %s", err, out)
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
-			t.Errorf("umount %s: %v %s", dir, err, out)
-		}
-	})
+	dir := tmpfs.Mount(t, "16m")
 	ctx := context.Background()
 	s, err := Open(ctx, filepath.Join(dir, "ledger.db"))
 	if err != nil {

@@ -5,12 +5,12 @@ import (
 	"database/sql"
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 
+	"github.com/capledger/capledger/internal/tmpfs"
 	"github.com/capledger/capledger/store"
 )
 
@@ -23,18 +23,7 @@ import (
 // marked unavailable says so once. Needs root to mount a size-limited
 // tmpfs; skipped otherwise.
 func TestOpenFailedOnAFullDiskIsUnavailable(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "tmpfs")
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", dir).CombinedOutput(); err != nil {
-		t.Skipf("cannot mount a size-limited tmpfs (needs root): %v %s", err, out)
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
-			t.Errorf("umount %s: %v %s", dir, err, out)
-		}
-	})
+	dir := tmpfs.Mount(t, "1m")
 	filler, err := os.Create(filepath.Join(dir, "filler"))
 	if err != nil {
 		t.Fatal(err)
