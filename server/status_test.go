@@ -467,7 +467,9 @@ func TestStatusShowsAFailingWorker(t *testing.T) {
 		t.Fatalf("failing: /metrics %q", got)
 	}
 	h.faults.FailCommits(nil)
-	waitFor("the store is back", func(w map[string]server.WorkerHealthStatus) bool { return !w["expiry"].Failing && w["expiry"].FailingSince == nil })
+	waitFor("the store is back", func(w map[string]server.WorkerHealthStatus) bool {
+		return !w["expiry"].Failing && w["expiry"].FailingSince == nil
+	})
 	if got := grep(h.get("/metrics"), "capledger_worker_failing"); !strings.Contains(got, `capledger_worker_failing{worker="expiry"} 0`) {
 		t.Fatalf("recovered: /metrics %q", got)
 	}
