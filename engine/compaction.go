@@ -70,19 +70,17 @@ func (o *CompactionOptions) withDefaults() *CompactionOptions {
 const defaultCompactionBatch = 256
 
 // The compaction worker's failures and refusals, each logged through
-// the engine's failLog (its first at once, then at most once per a
-// period, and once when a pass gets past it again), as the other
-// workers' are.
+// the worker's failLog at the cadence every worker's failures follow
+// (workerlog.go: the first at once, then further and further apart, and
+// once when a pass gets past it again).
 //
 // compactionConflictLog is the warning of a worker whose cuts the store
 // refuses with store.ErrConflict pass after pass (another writer holds
 // the checkpoint lease), logged from the compactionConflictsLogged-th
 // pass in a row on. compactionRefusedLog is the error of a cut its audit
 // refused (discrepancies; counted in CompactionStats.Refused at every
-// refused audit); both repeat at most once per compactionLogEvery: they
-// stay until someone acts, and at workerLogEvery a pass a minute apart
-// logged every pass. The other three are the store's failures at each
-// step, which end by themselves as a store outage does (workerLogEvery).
+// refused audit). The other three are the store's failures at each
+// step.
 const (
 	compactionConflictLog     = "compaction: checkpoint refused pass after pass, another writer holds the store's checkpoint lease"
 	compactionConflictsLogged = 2
@@ -90,7 +88,6 @@ const (
 	compactionLastLog         = "compaction: last checkpoint"
 	compactionCutLog          = "compaction: checkpoint"
 	compactionJournalLog      = "compaction: journal"
-	compactionLogEvery        = 15 * time.Minute
 )
 
 // A refused cut's audit is not run again at every pass: nothing it
@@ -111,17 +108,21 @@ const compactionRefusedWaitMax = time.Hour
 type compactionRefusal struct {
 	mu sync.Mutex
 	// audits counts the refused audits in a row (0: not refusing);
-	// since is the first's time, auditedAt the last's and next when the
-	// next is due, all on the engine's Clock; seq is the last
-	// checkpoint's Seq the last refused audit started from.
-	audits                 int
-	since, auditedAt, next time.Time
-	seq                    int64
+	// since is the first's time and next when the next is due, on the
+	// engine's Clock (the schedule the passes keep, as the cut's due
+	// time is); seq is the last checkpoint's Seq the last refused audit
+	// started from. auditedAt is when the last refused audit ended on
+	// the wall clock (cleanAuditSince says why).
+	audits      int
+	since, next time.Time
+	auditedAt   time.Time
+	seq         int64
 }
 
-// refused notes an audit at now, from the checkpoint seq, that refused
-// the cut, and returns when the next audit is due.
-func (r *compactionRefusal) refused(now time.Time, seq int64, interval time.Duration) time.Time {
+// refused notes an audit at now (engine Clock), ended at the wall
+// clock's auditedAt, from the checkpoint seq, that refused the cut, and
+// returns when the next audit is due.
+func (r *compactionRefusal) refused(now, auditedAt time.Time, seq int64, interval time.Duration) time.Time {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.audits == 0 {
@@ -132,7 +133,7 @@ func (r *compactionRefusal) refused(now time.Time, seq int64, interval time.Dura
 	for range r.audits {
 		wait = min(2*wait, most)
 	}
-	r.auditedAt, r.next, r.seq = now, now.Add(wait), seq
+	r.auditedAt, r.next, r.seq = auditedAt, now.Add(wait), seq
 	return r.next
 }
 
@@ -169,6 +170,16 @@ type compactionCounters struct {
 	seen   ledger.Checkpoint
 	// refusal is set while the audits refuse the cut.
 	refusal compactionRefusal
+}
+
+// newTerm forgets the refusal and the conflicts in a row: this engine
+// starts a term as worker leader (tick), and while another replica led,
+// an operator may have fixed what the audit refused, or that replica
+// cut. Its first due pass audits at once, as a replica that never led
+// does, instead of waiting out the backoff of its earlier term.
+func (c *compactionCounters) newTerm() {
+	c.refusal.end()
+	c.conflicts.Store(0)
 }
 
 // sawCheckpoint notes c, a checkpoint header read from the store or just
@@ -255,7 +266,7 @@ func (e *Engine) CompactionStats() CompactionStats {
 	if t := e.compaction.lastCut.Load(); t != 0 {
 		s.LastCutAt = time.Unix(0, t).UTC()
 	}
-	if e.opts.DisableWorkers || e.IsLeader() {
+	if w := e.leaderWorker("compaction"); w != nil && e.runsTermOf(w) {
 		// A replica that lost the lease no longer runs the worker: the
 		// refusal is the new holder's to show.
 		s.RefusingSince, s.NextAuditAt, _, _ = e.compaction.refusal.state()
@@ -494,11 +505,11 @@ func (e *Engine) runCompaction(ctx context.Context) {
 	last, ok, err := e.core.store.CheckpointLast(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
-			e.failLog.failed(e.log, compactionLastLog, err)
+			e.fails.compaction.failed(compactionLastLog, err)
 		}
 		return
 	}
-	e.failLog.ok(e.log, compactionLastLog)
+	e.fails.compaction.ok(compactionLastLog)
 	if ok {
 		e.compaction.lastCut.Store(last.CutAt.UnixNano())
 		e.compaction.lastSeq.Store(last.Seq)
@@ -510,7 +521,7 @@ func (e *Engine) runCompaction(ctx context.Context) {
 		case last.Seq != seq && !due:
 			// Another replica's cut went through its audit since.
 			e.compaction.refusal.end()
-			e.failLog.ok(e.log, compactionRefusedLog)
+			e.fails.compaction.ok(compactionRefusedLog)
 		case last.Seq == seq && now.Before(next) && !e.cleanAuditSince(ctx, auditedAt):
 			return // still refused: nothing the audit reads was fixed
 		}
@@ -532,44 +543,44 @@ func (e *Engine) runCompaction(ctx context.Context) {
 			// Once is a race with another replica (it appended first,
 			// or is writing: the next pass finds its checkpoint). Again
 			// at every pass, a writer holds the store's checkpoint lease
-			// and no checkpoint lands: say so, at most once per
-			// compactionLogEvery, and once when a cut goes through again.
+			// and no checkpoint lands: say so, and once when a cut goes
+			// through again.
 			if n := e.compaction.conflicts.Add(1); n >= compactionConflictsLogged {
-				e.failLog.failedEvery(e.log, slog.LevelWarn, compactionLogEvery, compactionConflictLog, err, "passes", n)
+				e.fails.compaction.failed(compactionConflictLog, err, "passes", n)
 			}
 		} else if err == nil {
 			e.compaction.conflicts.Store(0)
-			e.failLog.ok(e.log, compactionConflictLog)
+			e.fails.compaction.ok(compactionConflictLog)
 		}
 		switch {
 		case errors.Is(err, store.ErrConflict): // the store answered: another replica cuts
-			e.failLog.ok(e.log, compactionCutLog)
+			e.fails.compaction.ok(compactionCutLog)
 		case err != nil:
 			if ctx.Err() == nil {
-				e.failLog.failed(e.log, compactionCutLog, err)
+				e.fails.compaction.failed(compactionCutLog, err)
 			}
 			return
 		case len(found) > 0:
-			next := e.compaction.refusal.refused(now, last.Seq, o.Interval)
-			e.failLog.failedEvery(e.log, slog.LevelError, compactionLogEvery, compactionRefusedLog, nil,
+			next := e.compaction.refusal.refused(now, time.Now(), last.Seq, o.Interval)
+			e.fails.compaction.failedAt(slog.LevelError, compactionRefusedLog, nil,
 				"count", len(found), "first", found[0].String(), "next_audit_at", next.UTC().Format(time.RFC3339))
 			return
 		default:
 			e.compaction.refusal.end()
-			e.failLog.ok(e.log, compactionCutLog)
-			e.failLog.ok(e.log, compactionRefusedLog)
+			e.fails.compaction.ok(compactionCutLog)
+			e.fails.compaction.ok(compactionRefusedLog)
 		}
 	}
 	n, err := e.CompactJournal(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
-			e.failLog.failed(e.log, compactionJournalLog, err)
+			e.fails.compaction.failed(compactionJournalLog, err)
 		}
 	} else {
-		e.failLog.ok(e.log, compactionJournalLog)
+		e.fails.compaction.ok(compactionJournalLog)
 	}
 	if n > 0 {
-		e.reclaim(ctx, "compaction")
+		e.reclaim(ctx, &e.fails.compaction)
 	}
 }
 
@@ -588,6 +599,19 @@ func (e *Engine) RunCompaction(ctx context.Context) error {
 // sign that an operator fixed what the compaction audit refused. A store
 // without the records, or whose read fails, shows none: the refusal's
 // wait stands (a failing store shows in the other workers' lines).
+//
+// at is a wall-clock time, the refused audit's end, not the engine's
+// Clock: a record's At is the wall clock of whichever replica answered
+// the audit (server: time.Now when it answers), so only the wall clock
+// orders the two. The engine's Clock is the time commands apply at and
+// need not be the wall clock (a test's, a replay's): one ahead of it
+// made a clean audit recorded after the fix look older than the refusal
+// (the fix ignored until the next scheduled audit, up to an hour), one
+// behind it made a clean audit from before the refusal end it (an audit
+// at every pass, which the backoff is there to spare). Against the
+// refused audit's end, not its start: a clean audit recorded before
+// that ended while the refused one was still reading, from rows read
+// before any fix.
 func (e *Engine) cleanAuditSince(ctx context.Context, at time.Time) bool {
 	records, ok := e.core.store.(store.AuditRecords)
 	if !ok {

@@ -6,6 +6,7 @@ import (
 	"runtime/debug"
 	"runtime/metrics"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -415,9 +416,11 @@ type auditCounter struct {
 // fixed: over three hours of passes a minute apart, with the journal
 // moving, the audit runs after 2, 4, 8, 16, 32 and then 60 minutes
 // (compactionRefusedWaitMax), each refused audit counted in Refused. The
-// error line comes at the first refusal, then at most once per
-// compactionLogEvery with the refusals since. Audits recorded before the
-// refusal (clean) or during it (dirty) change nothing. Once the account
+// error line comes at the first refusal, then at the cadence of every
+// worker's failures (workerlog.go), which the audits' backoff keeps
+// behind: a line per refused audit. Audits recorded (at the wall clock,
+// as the server stamps them) before the refusal (clean) or during it
+// (dirty) change nothing. Once the account
 // is repaired, the refusal ends at the next pass after a clean audit is
 // recorded in the store (capledger audit), at the next scheduled audit
 // without one, or at the pass after another replica cut a checkpoint,
@@ -435,14 +438,14 @@ func TestRefusedCompactionBacksOff(t *testing.T) {
 				opts.Logger = logger
 				e := New(st, opts)
 				defer e.Close()
-				e.failLog.now = clk.Now
+				driveFailLogs(e, clk.Now)
 				publish(t, e, 1_000_000, time.Minute, 0)
 				lifecycle(t, e, "a", 5)
 				e.runCompaction(ctx)
 				if s := e.CompactionStats(); s.Checkpoints != 1 {
 					t.Fatalf("first pass: %+v", s)
 				}
-				if err := st.AuditRecordPut(ctx, &store.AuditRecord{At: clk.Now(), Mode: "full"}); err != nil {
+				if err := st.AuditRecordPut(ctx, &store.AuditRecord{At: time.Now(), Mode: "full"}); err != nil {
 					t.Fatal(err) // a clean audit before the refusal
 				}
 				lifecycle(t, e, "b", 5)
@@ -460,7 +463,7 @@ func TestRefusedCompactionBacksOff(t *testing.T) {
 						}
 					}
 					if minute == 20 { // an operator's audit finds the discrepancy too
-						if err := st.AuditRecordPut(ctx, &store.AuditRecord{At: clk.Now(), Mode: "full", Discrepancies: 1}); err != nil {
+						if err := st.AuditRecordPut(ctx, &store.AuditRecord{At: time.Now(), Mode: "full", Discrepancies: 1}); err != nil {
 							t.Fatal(err)
 						}
 					}
@@ -478,10 +481,10 @@ func TestRefusedCompactionBacksOff(t *testing.T) {
 				if s.Refused != 7 || s.Checkpoints != 1 || !s.RefusingSince.Equal(start) || !s.NextAuditAt.Equal(start.Add(182*time.Minute)) {
 					t.Fatalf("after three hours of refusals: %+v, want 7 refused since %v, the next audit at minute 182", s, start)
 				}
-				// Lines at minutes 0, 30 (the refusals of 2, 6, 14, 30), 62 and 122.
-				if n := logs.Count(msg); n != 4 || logs.Count("failures_since_last_log=4 failing_for=30m0s") != 1 ||
-					logs.Count("failures_since_last_log=1 failing_for=2h2m0s") != 1 || logs.Count(" first=") != 4 {
-					t.Fatalf("%d refusal lines, want 4 (minutes 0, 30, 62, 122) with their counts:\n%s", n, logs.String())
+				// A line per refused audit: minutes 0, 2, 6, 14, 30, 62 and 122.
+				if n := logs.Count(msg); n != 7 || logs.Count("failures_since_last_log=1 failing_for=30m0s") != 1 ||
+					logs.Count("failures_since_last_log=1 failing_for=2h2m0s") != 1 || logs.Count(" first=") != 7 {
+					t.Fatalf("%d refusal lines, want 7 (minutes 0, 2, 6, 14, 30, 62, 122) with their counts:\n%s", n, logs.String())
 				}
 
 				shiftSubjectBehindTheJournal(t, inner, "tenant-7", -1) // repaired
@@ -497,7 +500,7 @@ func TestRefusedCompactionBacksOff(t *testing.T) {
 					if err != nil || len(found) > 0 {
 						t.Fatalf("the operator's audit after the repair: %v %v", found, err)
 					}
-					if err := st.AuditRecordPut(ctx, &store.AuditRecord{At: clk.Now(), Mode: "since_checkpoint"}); err != nil {
+					if err := st.AuditRecordPut(ctx, &store.AuditRecord{At: time.Now(), Mode: "since_checkpoint"}); err != nil {
 						t.Fatal(err)
 					}
 					audits = st.snapshots
@@ -566,7 +569,7 @@ func TestCompactionWarningsRecover(t *testing.T) {
 	opts.Logger = logger
 	e := New(st, opts)
 	defer e.Close()
-	e.failLog.now = clk.Now
+	driveFailLogs(e, clk.Now)
 	publish(t, e, 1_000_000, time.Minute, 0)
 	lines := func(msg string) int { t.Helper(); return logs.Count(fmt.Sprintf("msg=%q", msg)) }
 	conflict := fmt.Errorf("%w: another replica appended checkpoint 2", store.ErrConflict)
@@ -638,16 +641,149 @@ func TestRefusalShowsOnlyWhileLeading(t *testing.T) {
 	}
 	publish(t, e, 1_000_000, time.Minute, 0)
 	lifecycle(t, e, "a", 5)
-	e.runCompaction(ctx)
+	w := e.leaderWorker("compaction")
+	e.tick(ctx, w)
 	lifecycle(t, e, "b", 5)
 	changeAccountBehindTheJournal(t, st)
 	clk.Advance(time.Hour)
-	e.runCompaction(ctx)
+	e.tick(ctx, w)
 	if s := e.CompactionStats(); s.Refused != 1 || s.RefusingSince.IsZero() || s.NextAuditAt.IsZero() {
 		t.Fatalf("the leader's refused cut: %+v", s)
 	}
 	e.Close() // releases the lease
 	if s := e.CompactionStats(); s.Refused != 1 || !s.RefusingSince.IsZero() || !s.NextAuditAt.IsZero() {
 		t.Fatalf("after the lease was let go: %+v, want the refusal no longer shown, still counted", s)
+	}
+}
+
+// leaseSwitch is a store whose worker lease another replica holds while
+// elsewhere is set.
+type leaseSwitch struct {
+	*auditCounter
+	elsewhere atomic.Bool
+}
+
+func (s *leaseSwitch) LeaseAcquire(ctx context.Context, name, holder string, ttl time.Duration) (store.Lease, error) {
+	if s.elsewhere.Load() {
+		return store.Lease{Name: name, Holder: "other-replica", Fence: 2, Expires: time.Now().Add(ttl)}, nil
+	}
+	return s.auditCounter.LeaseAcquire(ctx, name, holder, ttl)
+}
+
+// A replica that lost the worker lease and took it back starts the
+// compaction worker afresh, as a replica that never led does: while
+// another replica led, an operator may have repaired the ledger (and
+// that replica cut), so its first due pass audits at once, not when the
+// backoff of its earlier term says, and its refusal (status and log)
+// starts again. Between losing the lease and that first pass it shows
+// no refusal.
+func TestRegainedLeaseStartsCompactionAfresh(t *testing.T) {
+	ctx := context.Background()
+	inner := memstore.New()
+	st := &leaseSwitch{auditCounter: &auditCounter{snapshotCounter: &snapshotCounter{Store: inner}, AuditRecords: inner}}
+	logger, logs := logcapture.New()
+	clk := newClock()
+	// The worker's own passes, and the lease loop's renewals, are hours
+	// apart: the test runs them.
+	e := New(st, Options{Clock: clk.Now, Logger: logger, LeaseTTL: 3 * time.Hour,
+		Compaction: &CompactionOptions{Every: time.Hour, Interval: time.Hour}})
+	defer e.Close()
+	driveFailLogs(e, clk.Now)
+	for deadline := time.Now().Add(10 * time.Second); !e.IsLeader(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the engine never took the worker lease")
+		}
+	}
+	renew := func(leads bool) {
+		t.Helper()
+		e.renewLease(ctx, 3*time.Hour)
+		if e.IsLeader() != leads {
+			t.Fatalf("after a renewal: leader %v, want %v", e.IsLeader(), leads)
+		}
+	}
+	w := e.leaderWorker("compaction")
+	publish(t, e, 1_000_000, time.Minute, 0)
+	lifecycle(t, e, "a", 5)
+	e.tick(ctx, w)
+	lifecycle(t, e, "b", 5)
+	shiftSubjectBehindTheJournal(t, inner, "tenant-7", 1)
+	clk.Advance(time.Hour)
+	e.tick(ctx, w)
+	audits := st.snapshots
+	clk.Advance(time.Minute)
+	e.tick(ctx, w) // the next audit is due in an hour (Interval, at most compactionRefusedWaitMax)
+	if s := e.CompactionStats(); s.Refused != 1 || s.RefusingSince.IsZero() || st.snapshots != audits {
+		t.Fatalf("refusing, before the next audit: %+v, %d audits since the refusal", s, st.snapshots-audits)
+	}
+
+	st.elsewhere.Store(true)
+	renew(false)
+	e.tick(ctx, w)
+	if s := e.CompactionStats(); !s.RefusingSince.IsZero() || st.snapshots != audits {
+		t.Fatalf("another replica leads: %+v, %d audits", s, st.snapshots-audits)
+	}
+	clk.Advance(30 * time.Second) // long before the earlier term's next audit
+	st.elsewhere.Store(false)
+	renew(true)
+	if s := e.CompactionStats(); !s.RefusingSince.IsZero() || !s.NextAuditAt.IsZero() {
+		t.Fatalf("the lease taken back, before the worker's first pass: %+v, want the earlier term's refusal not shown", s)
+	}
+	e.tick(ctx, w)
+	const msg = `level=ERROR msg="compaction: the audit found discrepancies; no checkpoint cut, nothing deleted"`
+	if s := e.CompactionStats(); st.snapshots != audits+1 || s.Refused != 2 || !s.RefusingSince.Equal(clk.Now()) ||
+		!s.NextAuditAt.Equal(clk.Now().Add(time.Hour)) {
+		t.Fatalf("the first pass of the new term: %+v, %d audits, want one audit refused now, the next in an hour", s, st.snapshots-audits)
+	}
+	if n := logs.Count(msg); n != 2 || logs.Count("failures_since_last_log") != 0 {
+		t.Fatalf("want the refusal logged as a first one again:\n%s", logs.String())
+	}
+}
+
+// The clean audit that ends a refusal early is ordered against the
+// refused audit by the wall clock, the time base of the audit records
+// (the server stamps each with time.Now when it answers), whatever the
+// engine's Clock says: with a Clock a day behind the wall clock, a clean
+// audit recorded before the refusal does not end it (it did: an audit
+// at every pass); with one a day ahead, a clean audit recorded after the
+// repair does (it did not: the refusal waited for its next scheduled
+// audit).
+func TestRefusalEndsOnACleanAuditByTheWallClock(t *testing.T) {
+	for _, offset := range []time.Duration{-24 * time.Hour, 24 * time.Hour} {
+		t.Run("clock "+offset.String(), func(t *testing.T) {
+			ctx := context.Background()
+			inner := memstore.New()
+			st := &auditCounter{snapshotCounter: &snapshotCounter{Store: inner}, AuditRecords: inner}
+			clk := &clock{}
+			clk.nanos.Store(time.Now().Add(offset).UnixNano())
+			e := New(st, compactingOptions(clk))
+			defer e.Close()
+			cleanAudit := func() {
+				t.Helper()
+				if err := st.AuditRecordPut(ctx, &store.AuditRecord{At: time.Now(), Mode: "full"}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			publish(t, e, 1_000_000, time.Minute, 0)
+			lifecycle(t, e, "a", 5)
+			e.runCompaction(ctx)
+			cleanAudit() // before the refusal
+			lifecycle(t, e, "b", 5)
+			shiftSubjectBehindTheJournal(t, inner, "tenant-7", 1)
+			clk.Advance(time.Hour)
+			e.runCompaction(ctx)
+			audits := st.snapshots
+			clk.Advance(time.Minute) // the next audit is due a minute later
+			e.runCompaction(ctx)
+			if s := e.CompactionStats(); st.snapshots != audits || s.Refused != 1 {
+				t.Fatalf("a clean audit recorded before the refusal: %+v, %d audits since, want none", s, st.snapshots-audits)
+			}
+			shiftSubjectBehindTheJournal(t, inner, "tenant-7", -1) // repaired
+			cleanAudit()
+			clk.Advance(30 * time.Second)
+			e.runCompaction(ctx)
+			if s := e.CompactionStats(); st.snapshots != audits+1 || s.Checkpoints != 2 || !s.RefusingSince.IsZero() {
+				t.Fatalf("a clean audit recorded after the repair: %+v, %d audits since, want the next pass to cut", s, st.snapshots-audits)
+			}
+		})
 	}
 }

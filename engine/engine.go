@@ -121,9 +121,8 @@ type Engine struct {
 	workers  sync.WaitGroup
 	closeErr sync.Once
 	resolver *Resolver // nil without Options.Resolver
-	// resolverTerm is the term as worker leader (leader.term) the
-	// resolver's scans belong to: its counts are this term's only.
-	resolverTerm atomic.Uint64
+	// leaderWorkers are the maintenance workers (workers.go), made once.
+	leaderWorkers []*worker
 	// pipe is pipelined durability (pipeline.go), nil unless the store
 	// is a pipelined store.Syncer.
 	pipe *pipeline
@@ -146,8 +145,10 @@ type Engine struct {
 	epochScans EpochScans
 	epochWatch epochWatch
 	pace       workerPacer
-	// failLog rate-limits the warnings of failing workers.
-	failLog    failLog
+	// fails are the workers' failure runs (workerlog.go), one failLog
+	// per worker (the resolver's is its own: Resolver.fails) and the
+	// lease loop's.
+	fails      workerFails
 	retention  retentionCounters
 	compaction compactionCounters
 
@@ -272,6 +273,9 @@ func New(st store.Store, opts Options) *Engine {
 	if opts.Resolver != nil {
 		e.resolver = NewResolver(st, *opts.Resolver, opts.Clock, e.DoBatch, opts.Logger)
 	}
+	e.fails = workerFails{expiry: newFailLog("expiry", opts.Logger), epochs: newFailLog("epochs", opts.Logger),
+		retention: newFailLog("retention", opts.Logger), compaction: newFailLog("compaction", opts.Logger), lease: newFailLog("lease", opts.Logger)}
+	e.leaderWorkers = e.newLeaderWorkers()
 	go e.commitLoop(ctx)
 	if !opts.DisableWorkers {
 		e.startWorkers(ctx)
@@ -444,9 +448,9 @@ func (e *Engine) runBatch(batch []*request) ([]*request, outcome) {
 // writes nothing read what the batches before it wrote, so it waits for
 // their fsync too) and is committed without its fsync. A failed batch is
 // logged ("batch failed") unless only maintenance workers submitted it
-// (workersOnly): each of them logs its own failures, the periodic ones
-// at most once per workerLogEvery (failLog), which a line per batch
-// (four a second from the expiry worker on a full disk) would undo.
+// (workersOnly): each of them logs its own failures at the cadence of
+// its failLog (workerlog.go), which a line per batch (four a second
+// from the expiry worker on a full disk) would undo.
 func (e *Engine) commit(ctx context.Context, cmds []ledger.Command, workersOnly bool) outcome {
 	start := time.Now()
 	var results []ledger.Result
@@ -522,12 +526,20 @@ func (e *Engine) runDue(ctx context.Context) {
 		cmds, err := e.core.Due(ctx, e.opts.Clock(), duePage)
 		if err != nil {
 			if ctx.Err() == nil {
-				e.failLog.failed(e.log, "expiry worker", err)
+				e.fails.expiry.failed("expiry worker", err)
 			}
 			return
 		}
-		e.failLog.ok(e.log, "expiry worker")
-		if len(cmds) == 0 || !e.runWorkerCommands(ctx, cmds) {
+		e.fails.expiry.ok("expiry worker")
+		if len(cmds) == 0 {
+			// Nothing is due: no batch of this worker failed and waits
+			// to be committed again (a gateway may have ended what a
+			// failed one held), so a batch failure would otherwise stay
+			// open, and the worker failing, until the next expiry.
+			e.fails.expiry.ok("worker batch")
+			return
+		}
+		if !e.runWorkerCommands(ctx, &e.fails.expiry, cmds) {
 			return
 		}
 	}
@@ -585,9 +597,12 @@ func (e *Engine) runEpochs(ctx context.Context) {
 	now := e.opts.Clock()
 	epochs, err := e.core.EpochPager(ctx, now, e.opts.PageSize, &e.epochScans)
 	if err != nil {
-		e.log.Warn("epoch worker", "err", err)
+		if ctx.Err() == nil {
+			e.fails.epochs.failed("epoch worker", err)
+		}
 		return
 	}
+	e.fails.epochs.ok("epoch worker")
 	e.epochWatch = epochWatch{last: now, lengths: epochs.lengths}
 	complete := e.runPages(ctx, "epoch", epochs)
 	if complete {
@@ -618,7 +633,7 @@ func (e *Engine) runEpochs(ctx context.Context) {
 			return
 		case err != nil:
 			if ctx.Err() == nil {
-				e.log.Warn("epoch worker", "err", err)
+				e.fails.epochs.failed("epoch worker", err)
 			}
 			complete = false
 		}
@@ -629,9 +644,12 @@ func (e *Engine) runEpochs(ctx context.Context) {
 	}
 	drains, active, err := e.core.DrainPager(ctx, e.opts.PageSize, e.drains.skip)
 	if err != nil {
-		e.log.Warn("drain worker", "err", err)
+		if ctx.Err() == nil {
+			e.fails.epochs.failed("drain worker", err)
+		}
 		return
 	}
+	e.fails.epochs.ok("drain worker")
 	complete = e.runPages(ctx, "drain", drains)
 	e.drains.update(active, drains, complete)
 }
@@ -639,8 +657,9 @@ func (e *Engine) runEpochs(ctx context.Context) {
 // runWorkerCommands commits a worker's commands in chunks of at most
 // workerChunk, each after the pacer's pause (workerPacer), so gateway
 // commands never wait behind more than one small chunk. It returns false
-// if a chunk failed or ctx ended before all were committed.
-func (e *Engine) runWorkerCommands(ctx context.Context, cmds []ledger.Command) bool {
+// if a chunk failed or ctx ended before all were committed. A failed
+// chunk is logged ("worker batch") to fails, the worker's.
+func (e *Engine) runWorkerCommands(ctx context.Context, fails *failLog, cmds []ledger.Command) bool {
 	if len(cmds) == 0 {
 		return true
 	}
@@ -658,11 +677,11 @@ func (e *Engine) runWorkerCommands(ctx context.Context, cmds []ledger.Command) b
 			// Stop the pass: the pager's memory (EpochScans, the drain
 			// memo) must not count these commands as done.
 			if ctx.Err() == nil {
-				e.failLog.failed(e.log, "worker batch", err, "commands", end-start)
+				fails.failed("worker batch", err, "commands", end-start)
 			}
 			return false
 		}
-		e.failLog.ok(e.log, "worker batch")
+		fails.ok("worker batch")
 	}
 	return true
 }

@@ -198,8 +198,9 @@ type Resolver struct {
 	commit func(ctx context.Context, cmds []ledger.Command) ([]ledger.Result, error)
 	log    *slog.Logger
 	// fails rate-limits the warnings of store reads and writes that keep
-	// failing (a store that is down fails every scan, twice a second at
-	// the default interval), as the engine's workers do.
+	// failing (a store that is down fails every scan, once a second at
+	// the default interval), as the engine's workers do: the resolver
+	// worker's failLog.
 	fails failLog
 	opts  ResolverOptions
 
@@ -274,7 +275,7 @@ func NewResolver(st store.Store, opts ResolverOptions, clock func() time.Time,
 		opts.MaxPages = 16
 	}
 	r := &Resolver{
-		store: st, clock: clock, commit: commit, log: log, opts: opts, attempts: map[string]*attempt{}, pass: 1,
+		store: st, clock: clock, commit: commit, log: log, fails: newFailLog("resolver", log), opts: opts, attempts: map[string]*attempt{}, pass: 1,
 		routeDown: map[string]*routeOutage{}, routeBack: map[string]routeComeback{},
 		lanes: map[string]chan struct{}{}, laneRows: map[string]int{},
 		rng:   rand.New(rand.NewPCG(opts.Seed, opts.Seed^0x9e3779b97f4a7c15)),
@@ -295,10 +296,8 @@ func (e *Engine) ResolverStats() ResolverStats {
 		return ResolverStats{}
 	}
 	s := e.resolver.Stats()
-	if !e.opts.DisableWorkers {
-		if term := e.leaderTerm(); term == 0 || term != e.resolverTerm.Load() {
-			s.Overdue, s.Scanned = 0, false
-		}
+	if !e.runsTermOf(e.leaderWorker("resolver")) {
+		s.Overdue, s.Scanned = 0, false
 	}
 	return s
 }
@@ -378,11 +377,11 @@ func (r *Resolver) ScanWhile(ctx context.Context, leading func() bool) {
 		rows, err := r.store.ReservationsUnknown(ctx, store.UnknownFilter{After: after, Limit: r.opts.PageSize})
 		if err != nil {
 			if ctx.Err() == nil {
-				r.fails.failed(r.log, "resolver: read backlog", err)
+				r.fails.failed("resolver: read backlog", err)
 			}
 			return
 		}
-		r.fails.ok(r.log, "resolver: read backlog")
+		r.fails.ok("resolver: read backlog")
 		r.page(ctx, rows, leading)
 		r.mu.Lock()
 		if len(rows) < r.opts.PageSize {
@@ -663,7 +662,7 @@ func (r *Resolver) askRoute(ctx context.Context, route string, rows []*ledger.Re
 		// Outcome unknown: the next scan sees whether they settled, and a
 		// second settle with the same receipt replays.
 		if ctx.Err() == nil {
-			r.fails.failed(r.log, "resolver: settle batch", err, "commands", len(cmds))
+			r.fails.failed("resolver: settle batch", err, "commands", len(cmds))
 		}
 		for _, i := range settling {
 			heard[i] = store.ResolverAnswer{Answer: AnswerError, Detail: "settle: " + err.Error()}
@@ -671,7 +670,7 @@ func (r *Resolver) askRoute(ctx context.Context, route string, rows []*ledger.Re
 		}
 		return
 	}
-	r.fails.ok(r.log, "resolver: settle batch")
+	r.fails.ok("resolver: settle batch")
 	for k, i := range settling {
 		row, res := due[i], &results[k]
 		switch {

@@ -54,11 +54,11 @@ func (r *Resolver) storedAnswers(ctx context.Context, rows []ledger.Reservation)
 	list, err := as.ResolverAnswersGet(ctx, ids)
 	if err != nil {
 		if ctx.Err() == nil {
-			r.fails.failed(r.log, "resolver: read stored answers", err)
+			r.fails.failed("resolver: read stored answers", err)
 		}
 		return nil
 	}
-	r.fails.ok(r.log, "resolver: read stored answers")
+	r.fails.ok("resolver: read stored answers")
 	out := make(map[string]store.ResolverAnswer, len(list))
 	for _, a := range list {
 		out[a.ReservationID] = a
@@ -91,9 +91,9 @@ func (r *Resolver) recordAnswers(ctx context.Context, due []*ledger.Reservation,
 	}
 	switch err := as.ResolverAnswersPut(ctx, put); {
 	case err == nil:
-		r.fails.ok(r.log, "resolver: record answers")
+		r.fails.ok("resolver: record answers")
 	case ctx.Err() == nil:
-		r.fails.failed(r.log, "resolver: record answers", err, "answers", len(put))
+		r.fails.failed("resolver: record answers", err, "answers", len(put))
 	}
 }
 
@@ -106,8 +106,8 @@ func (r *Resolver) pruneAnswers(ctx context.Context) {
 	}
 	switch _, err := as.ResolverAnswersPrune(ctx); {
 	case err == nil:
-		r.fails.ok(r.log, "resolver: prune answers")
+		r.fails.ok("resolver: prune answers")
 	case ctx.Err() == nil:
-		r.fails.failed(r.log, "resolver: prune answers", err)
+		r.fails.failed("resolver: prune answers", err)
 	}
 }

@@ -242,7 +242,7 @@ const reclaimStepPages = 256
 // reclaim gives space back through the store's Reclaimer, if any, a
 // paced step at a time (newDeferrablePacer: nothing waits for it), until
 // the store keeps no more than its reserve or ctx ends.
-func (e *Engine) reclaim(ctx context.Context, what string) {
+func (e *Engine) reclaim(ctx context.Context, fails *failLog) {
 	r, ok := e.core.store.(Reclaimer)
 	if !ok {
 		return
@@ -253,11 +253,11 @@ func (e *Engine) reclaim(ctx context.Context, what string) {
 		more, err := r.ReclaimStep(ctx, reclaimStepPages)
 		if err != nil {
 			if ctx.Err() == nil {
-				e.failLog.failed(e.log, what+" reclaim", err)
+				fails.failed(fails.worker+" reclaim", err)
 			}
 			return
 		}
-		e.failLog.ok(e.log, what+" reclaim")
+		fails.ok(fails.worker + " reclaim")
 		if !more || !pace.wait(ctx, time.Since(started), 0) {
 			return
 		}
@@ -361,11 +361,11 @@ func (e *Engine) runRetention(ctx context.Context) {
 		cmds, err := e.core.RetentionDue(ctx, e.opts.Clock(), e.opts.Retention, e.opts.TombstoneRetention, e.opts.RetentionBatch)
 		if err != nil {
 			if ctx.Err() == nil {
-				e.failLog.failed(e.log, "retention worker", err)
+				e.fails.retention.failed("retention worker", err)
 			}
 			break
 		}
-		e.failLog.ok(e.log, "retention worker")
+		e.fails.retention.ok("retention worker")
 		if len(cmds) == 0 {
 			break
 		}
@@ -384,11 +384,11 @@ func (e *Engine) runRetention(ctx context.Context) {
 		results, err := e.doMaintenance(ctx, cmds)
 		if err != nil {
 			if ctx.Err() == nil {
-				e.failLog.failed(e.log, "retention batch", err, "commands", len(cmds))
+				e.fails.retention.failed("retention batch", err, "commands", len(cmds))
 			}
 			break
 		}
-		e.failLog.ok(e.log, "retention batch")
+		e.fails.retention.ok("retention batch")
 		progress := 0
 		backlog := false
 		for i := range results {
@@ -446,7 +446,7 @@ func (e *Engine) runRetention(ctx context.Context) {
 	}
 	e.retention.rateMu.Unlock()
 	if removed > 0 {
-		e.reclaim(ctx, "retention")
+		e.reclaim(ctx, &e.fails.retention)
 	}
 	e.retention.passes.Add(1)
 	e.retention.lastPassAt.Store(start.UnixNano())

@@ -7,26 +7,50 @@ import (
 	"time"
 )
 
-// workerLogEvery is how often, at most, a worker that keeps failing logs
-// again after its first failure.
-const workerLogEvery = 30 * time.Second
+// The cadence of a failing worker's lines (failLog), the one rule for
+// every worker: its first failure is logged at once; while the same
+// error repeats, the next line comes workerLogFirstGap later and each
+// later one after twice the gap before, at most workerLogMaxGap apart
+// (lines at 0, 30 s, 1 m 30 s, 3 m 30 s, 7 m 30 s, 15 m 30 s, then
+// every 15 minutes: 9 lines in a store outage of an hour, whether the
+// worker fails four times a second or once a minute); an error text
+// other than the last line's is logged at once, at most once per
+// workerLogFirstGap (a text that changes at every failure, a port
+// number in it, cannot flood the log either); and the first success
+// logs one recovery line.
+const (
+	workerLogFirstGap = 30 * time.Second
+	workerLogMaxGap   = 15 * time.Minute
+)
 
-// failLog rate-limits the warnings of a failing worker (a store that is
-// down fails every tick, four times a second for the expiry worker): the
-// first failure is logged at once, then at most one line per every
-// period, with the failures since the last line and how long it has been
-// failing, and one line when it works again.
+// failLog is one worker's failure runs: it rate-limits the lines of the
+// worker's steps that keep failing (a store that is down fails every
+// tick, four times a second for the expiry worker), by the cadence
+// above, with the failures since the last line and how long the step
+// has been failing, and logs one line when the step works again. The
+// worker's open runs are also its failing status (failingSince:
+// /statusz, capledger_worker_failing).
 //
 // It reads the wall clock, not the engine's Clock: the Clock is the time
 // commands are applied at (a test's frozen clock, a replay's fast one),
-// while this period is the operators' time between log lines, like the
+// while these periods are the operators' time between log lines, like the
 // other operational durations the engine measures (batch retries, pacing,
 // the worker lease).
 type failLog struct {
+	// worker names the worker in every line (worker=...), so that two
+	// workers' lines of one step ("worker batch") tell apart; log is
+	// where the lines go.
+	worker string
+	log    *slog.Logger
+
 	mu sync.Mutex
 	// now is time.Now when nil; tests drive it.
 	now func() time.Time
 	m   map[string]*failing
+}
+
+func newFailLog(worker string, log *slog.Logger) failLog {
+	return failLog{worker: worker, log: log}
 }
 
 func (f *failLog) clock() time.Time {
@@ -36,25 +60,29 @@ func (f *failLog) clock() time.Time {
 	return time.Now()
 }
 
+// failing is one step's failure run: since its first failure, logged
+// when the last line was, gap the wait after it before the next line of
+// the same text, changed when the last line for a changed text was.
 type failing struct {
-	since, logged   time.Time
-	total, unlogged int
+	since, logged, changed time.Time
+	gap                    time.Duration
+	text                   string
+	total, unlogged        int
 }
 
-// failed logs err (and attrs) of the worker named msg as a warning,
-// unless it logged within workerLogEvery.
-func (f *failLog) failed(log *slog.Logger, msg string, err error, attrs ...any) {
-	f.failedEvery(log, slog.LevelWarn, workerLogEvery, msg, err, attrs...)
+// failed logs err (and attrs) of the step msg as a warning, as the
+// cadence says.
+func (f *failLog) failed(msg string, err error, attrs ...any) {
+	f.failedAt(slog.LevelWarn, msg, err, attrs...)
 }
 
-// failedEvery is failed at level, at most once per every: a refusal that
-// is the ledger's fault, not the store's (the compaction audit's
-// discrepancies), stays an error while it repeats, and a worker whose
-// passes are a minute or more apart needs a period longer than
-// workerLogEvery for its lines to be fewer than its passes. err may be
-// nil when attrs say what happened.
-func (f *failLog) failedEvery(log *slog.Logger, level slog.Level, every time.Duration, msg string, err error, attrs ...any) {
+// failedAt is failed at level: a refusal that is the ledger's fault, not
+// the store's (the compaction audit's discrepancies), is an error. err
+// may be nil when attrs say what happened.
+func (f *failLog) failedAt(level slog.Level, msg string, err error, attrs ...any) {
+	text := ""
 	if err != nil {
+		text = err.Error()
 		attrs = append(attrs, "err", err)
 	}
 	now := f.clock()
@@ -64,29 +92,32 @@ func (f *failLog) failedEvery(log *slog.Logger, level slog.Level, every time.Dur
 	}
 	s := f.m[msg]
 	if s == nil {
-		s = &failing{since: now, logged: now}
-		f.m[msg] = s
-		s.total++
+		f.m[msg] = &failing{since: now, logged: now, gap: workerLogFirstGap, text: text, total: 1}
 		f.mu.Unlock()
-		log.Log(context.Background(), level, msg, attrs...)
+		f.log.Log(context.Background(), level, msg, append(attrs, "worker", f.worker)...)
 		return
 	}
 	s.total++
 	s.unlogged++
-	if now.Sub(s.logged) < every {
+	switch {
+	case text != s.text && now.Sub(s.changed) >= workerLogFirstGap:
+		s.changed = now
+	case now.Sub(s.logged) >= s.gap:
+		s.gap = min(2*s.gap, workerLogMaxGap)
+	default:
 		f.mu.Unlock()
 		return
 	}
 	n := s.unlogged
-	s.logged, s.unlogged = now, 0
+	s.logged, s.unlogged, s.text = now, 0, text
 	failingFor := now.Sub(s.since).Round(time.Second)
 	f.mu.Unlock()
-	log.Log(context.Background(), level, msg, append(attrs, "failures_since_last_log", n, "failing_for", failingFor.String())...)
+	f.log.Log(context.Background(), level, msg, append(attrs, "failures_since_last_log", n, "failing_for", failingFor.String(), "worker", f.worker)...)
 }
 
-// ok ends a failure run of the worker named msg: logs once that it
-// recovered, with how many times it failed.
-func (f *failLog) ok(log *slog.Logger, msg string) {
+// ok ends a failure run of the step msg: logs once that it recovered,
+// with how many times it failed.
+func (f *failLog) ok(msg string) {
 	f.mu.Lock()
 	s := f.m[msg]
 	if s == nil {
@@ -95,5 +126,27 @@ func (f *failLog) ok(log *slog.Logger, msg string) {
 	}
 	delete(f.m, msg)
 	f.mu.Unlock()
-	log.Info(msg+" recovered", "failures", s.total, "failed_for", f.clock().Sub(s.since).Round(time.Millisecond).String())
+	f.log.Info(msg+" recovered", "failures", s.total, "failed_for", f.clock().Sub(s.since).Round(time.Millisecond).String(), "worker", f.worker)
+}
+
+// failingSince returns the start of the oldest failure run still open
+// (zero when every step works).
+func (f *failLog) failingSince() time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var since time.Time
+	for _, s := range f.m {
+		if since.IsZero() || s.since.Before(since) {
+			since = s.since
+		}
+	}
+	return since
+}
+
+// forget drops every failure run without a line: the worker starts
+// afresh (a new term as worker leader, workers.go tick).
+func (f *failLog) forget() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.m = nil
 }

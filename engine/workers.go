@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/capledger/capledger/ledger"
@@ -27,48 +28,120 @@ type worker struct {
 	// wait, when set, waits for work run left going (the resolver's
 	// lanes); the worker calls it when it stops.
 	wait func()
+	// fails is the worker's failure runs: its log lines and its failing
+	// status (WorkerHealth).
+	fails *failLog
+	// newTerm, when set, forgets what the worker's passes remembered
+	// from an earlier term as leader (tick).
+	newTerm func()
+	// term is the term as worker leader (leaderTerm) of the worker's
+	// last pass.
+	term atomic.Uint64
 }
 
-// leaderWorkers lists the maintenance workers, the one place they are
+// workerFails are the engine's failLogs: one per worker that logs its
+// failures (the resolver's is Resolver.fails), and the lease loop's.
+type workerFails struct {
+	expiry, epochs, retention, compaction, lease failLog
+}
+
+// newLeaderWorkers lists the maintenance workers, the one place they are
 // registered: each runs every interval while this engine holds the worker
 // lease (store.DefaultWorkerLease), and never on the other replicas of the
 // same store. A new worker (retention, the USAGE_UNKNOWN resolver) is one
 // more entry here.
-func (e *Engine) leaderWorkers() []worker {
-	workers := []worker{
-		{name: "expiry", interval: e.opts.WorkerInterval, run: e.runDue},
-		{name: "epochs", interval: min(e.opts.EpochInterval, epochWatchInterval), run: e.runEpochsWhenDue},
+func (e *Engine) newLeaderWorkers() []*worker {
+	workers := []*worker{
+		{name: "expiry", interval: e.opts.WorkerInterval, run: e.runDue, fails: &e.fails.expiry},
+		{name: "epochs", interval: min(e.opts.EpochInterval, epochWatchInterval), run: e.runEpochsWhenDue, fails: &e.fails.epochs},
 	}
 	if e.opts.Retention > 0 {
-		workers = append(workers, worker{name: "retention", interval: e.opts.RetentionInterval, run: e.runRetention})
+		workers = append(workers, &worker{name: "retention", interval: e.opts.RetentionInterval, run: e.runRetention, fails: &e.fails.retention})
 	}
 	if e.opts.Compaction != nil {
-		workers = append(workers, worker{name: "compaction", interval: e.opts.Compaction.Interval, run: e.runCompaction})
+		workers = append(workers, &worker{name: "compaction", interval: e.opts.Compaction.Interval, run: e.runCompaction, fails: &e.fails.compaction,
+			newTerm: e.compaction.newTerm})
 	}
 	if e.resolver != nil {
-		// Scan, not Run: the next scan does not wait for a route whose
-		// questions are still out; ScanWhile with IsLeader, so the lanes
-		// stop asking once this replica loses the lease.
-		workers = append(workers, worker{name: "resolver", interval: e.resolver.opts.Interval, run: e.resolverScan, wait: e.resolver.Wait})
+		// ScanWhile with IsLeader, so the lanes stop asking once this
+		// replica loses the lease; Scan, not Run: the next scan does not
+		// wait for a route whose questions are still out.
+		workers = append(workers, &worker{name: "resolver", interval: e.resolver.opts.Interval,
+			run: func(ctx context.Context) { e.resolver.ScanWhile(ctx, e.IsLeader) }, wait: e.resolver.Wait,
+			fails: &e.resolver.fails, newTerm: e.resolver.restartPass})
 	}
 	return workers
 }
 
-// resolverScan is the resolver worker's scan: its lanes ask only while
-// this engine leads (Resolver.ScanWhile). The first scan of a term as
-// leader starts the backlog over (Resolver.restartPass): while this
-// replica did not lead, another may have, so what it counted before says
-// nothing now.
-func (e *Engine) resolverScan(ctx context.Context) {
+// tick runs one pass of w if this engine leads. The first pass of each
+// term as leader starts the worker afresh, as on a replica that never
+// led: while this one did not lead, another may have, so what its
+// passes remembered says nothing now (its open failure runs, which end
+// without a recovery line: "worker lease lost" said why; the compaction
+// refusal's backoff; the resolver's backlog count).
+func (e *Engine) tick(ctx context.Context, w *worker) {
 	term := e.leaderTerm()
 	if term == 0 {
 		return
 	}
-	if term != e.resolverTerm.Load() {
-		e.resolver.restartPass()
-		e.resolverTerm.Store(term)
+	if w.term.Load() != term {
+		w.fails.forget()
+		if w.newTerm != nil {
+			w.newTerm()
+		}
+		w.term.Store(term)
 	}
-	e.resolver.ScanWhile(ctx, e.IsLeader)
+	w.run(ctx)
+}
+
+// WorkerHealth is one maintenance worker's failing status.
+type WorkerHealth struct {
+	// Name is the worker's (expiry, epochs, retention, compaction,
+	// resolver).
+	Name string
+	// FailingSince is when the oldest of the worker's failures still
+	// without a recovery line in the log was (wall clock); zero when
+	// none is, or this engine does not run the worker: it does not hold
+	// the worker lease, or has not run a pass in this term yet.
+	FailingSince time.Time
+}
+
+// WorkersHealth returns each maintenance worker's failing status, in
+// the order they are registered (newLeaderWorkers).
+func (e *Engine) WorkersHealth() []WorkerHealth {
+	out := make([]WorkerHealth, 0, len(e.leaderWorkers))
+	for _, w := range e.leaderWorkers {
+		h := WorkerHealth{Name: w.name}
+		if e.runsTermOf(w) {
+			h.FailingSince = w.fails.failingSince()
+		}
+		out = append(out, h)
+	}
+	return out
+}
+
+// runsTermOf reports whether what w's passes remember is this engine's
+// to show: with workers disabled (tests, tools that run passes
+// themselves) always; otherwise while it leads and w's last pass was in
+// this term. A replica that lost the lease no longer runs w: its
+// failures, if they last, are the new holder's to show.
+func (e *Engine) runsTermOf(w *worker) bool {
+	if e.opts.DisableWorkers {
+		return true
+	}
+	term := e.leaderTerm()
+	return term != 0 && w.term.Load() == term
+}
+
+// leaderWorker returns the registered worker named name (nil if it is
+// not configured).
+func (e *Engine) leaderWorker(name string) *worker {
+	for _, w := range e.leaderWorkers {
+		if w.name == name {
+			return w
+		}
+	}
+	return nil
 }
 
 // LeaderStatus is this engine's view of the worker lease.
@@ -146,7 +219,7 @@ func (e *Engine) Leader() LeaderStatus {
 func (e *Engine) startWorkers(ctx context.Context) {
 	e.workers.Add(1)
 	go e.leaseLoop(ctx)
-	for _, w := range e.leaderWorkers() {
+	for _, w := range e.leaderWorkers {
 		e.workers.Add(1)
 		go e.everyAsLeader(ctx, w)
 	}
@@ -190,7 +263,7 @@ func (e *Engine) renewLease(ctx context.Context, ttl time.Duration) {
 	if err != nil {
 		if ctx.Err() == nil {
 			e.lead.status.Err = err.Error()
-			e.log.Warn("worker lease", "err", err)
+			e.fails.lease.failed("worker lease", err)
 		}
 		// Keep leading until the last successful renewal lapses: the
 		// store may be back before then. Once it lapsed, another replica
@@ -203,6 +276,7 @@ func (e *Engine) renewLease(ctx context.Context, ttl time.Duration) {
 		return
 	}
 	e.lead.status.Err = ""
+	e.fails.lease.ok("worker lease")
 	e.lead.status.Holder, e.lead.status.Fence, e.lead.status.Expires = lease.Holder, lease.Fence, lease.Expires
 	if lease.Held {
 		e.lead.until = started.Add(ttl)
@@ -221,8 +295,8 @@ func (e *Engine) renewLease(ctx context.Context, ttl time.Duration) {
 	e.lead.until = time.Time{}
 }
 
-// everyAsLeader runs w every interval while this engine leads.
-func (e *Engine) everyAsLeader(ctx context.Context, w worker) {
+// everyAsLeader runs w every interval while this engine leads (tick).
+func (e *Engine) everyAsLeader(ctx context.Context, w *worker) {
 	defer e.workers.Done()
 	if w.wait != nil {
 		defer w.wait()
@@ -234,9 +308,7 @@ func (e *Engine) everyAsLeader(ctx context.Context, w worker) {
 		case <-ctx.Done():
 			return
 		case <-ticker.C:
-			if e.IsLeader() {
-				w.run(ctx)
-			}
+			e.tick(ctx, w)
 		}
 	}
 }
@@ -247,6 +319,7 @@ func (e *Engine) everyAsLeader(ctx context.Context, w worker) {
 // goes on between its chunks. It returns false if it stopped early (ctx
 // ended, leadership lost, a read failed).
 func (e *Engine) runPages(ctx context.Context, what string, p *Pager) bool {
+	fails := &e.fails.epochs
 	for ctx.Err() == nil {
 		if !e.IsLeader() {
 			return false
@@ -254,15 +327,15 @@ func (e *Engine) runPages(ctx context.Context, what string, p *Pager) bool {
 		cmds, err := p.Next(ctx)
 		if err != nil {
 			if ctx.Err() == nil {
-				e.failLog.failed(e.log, what+" worker", err)
+				fails.failed(what+" worker", err)
 			}
 			return false
 		}
-		e.failLog.ok(e.log, what+" worker")
+		fails.ok(what + " worker")
 		if len(cmds) == 0 {
 			return true
 		}
-		if !e.runWorkerCommands(ctx, cmds) {
+		if !e.runWorkerCommands(ctx, fails, cmds) {
 			return false
 		}
 	}

@@ -33,6 +33,12 @@ type Status struct {
 		LeaseExpires *time.Time `json:"leaseExpires,omitempty"`
 		LeaderSince  *time.Time `json:"leaderSince,omitempty"`
 		LeaseError   string     `json:"leaseError,omitempty"`
+		// Health: each maintenance worker this replica is configured
+		// with (expiry, epochs, and retention, compaction, resolver when
+		// on), failing while a failure it logged has no recovery line
+		// yet (docs/OPERATIONS.md, "Worker leader"); false on a replica
+		// that does not run the workers.
+		Health map[string]WorkerHealthStatus `json:"health,omitempty"`
 	} `json:"workers"`
 	Commands       uint64 `json:"commands"`
 	Batches        uint64 `json:"batches"`
@@ -53,6 +59,18 @@ type Status struct {
 	// answer 503 (docs/OPERATIONS.md); absent on other stores.
 	SubjectIndex *SubjectIndexStatus `json:"subjectIndex,omitempty"`
 }
+
+// WorkerHealthStatus is one maintenance worker's part of Status.
+type WorkerHealthStatus struct {
+	// Failing since FailingSince, when the first of its failures that
+	// have no recovery line in the log yet was logged.
+	Failing      bool       `json:"failing"`
+	FailingSince *time.Time `json:"failingSince,omitempty"`
+}
+
+// workerHealthReporter is the Ledger capability behind
+// Status.Workers.Health.
+type workerHealthReporter interface{ WorkersHealth() []engine.WorkerHealth }
 
 // SubjectIndexStatus is the store's subject index part of Status
 // (store.SubjectIndexStatus).
@@ -136,6 +154,12 @@ func (s *Server) status(ctx context.Context) Status {
 		st.Workers.Leader, st.Workers.Self, st.Workers.Holder, st.Workers.Fence = l.Leader, l.Self, l.Holder, l.Fence
 		st.Workers.LeaseExpires, st.Workers.LeaderSince, st.Workers.LeaseError = timePtr(l.Expires), timePtr(l.Since), l.Err
 	}
+	if hr, ok := s.ledger.(workerHealthReporter); ok {
+		st.Workers.Health = map[string]WorkerHealthStatus{}
+		for _, h := range hr.WorkersHealth() {
+			st.Workers.Health[h.Name] = WorkerHealthStatus{Failing: !h.FailingSince.IsZero(), FailingSince: timePtr(h.FailingSince)}
+		}
+	}
 	if cr, ok := s.ledger.(compactionReporter); ok && cr.CompactionStats().On {
 		c := cr.CompactionStats()
 		st.Compaction = &CompactionStatus{Checkpoints: c.Checkpoints, Deleted: c.Deleted, Refused: c.Refused,
@@ -173,8 +197,25 @@ func (s *Server) statusz(w http.ResponseWriter, r *http.Request) {
 // registerLeader exports the worker lease: capledger_worker_leader is 1 on
 // the replica that runs the workers, 0 on the others (sum it over the
 // replicas of one store: it should be 1), and capledger_worker_lease_fence
-// counts the leader changes the store has seen.
+// counts the leader changes the store has seen. capledger_worker_failing
+// is 1 per worker while it is failing (Status.Workers.Health).
 func (m *Metrics) registerLeader(l Ledger) {
+	if hr, ok := l.(workerHealthReporter); ok {
+		for _, h := range hr.WorkersHealth() {
+			name := h.Name
+			m.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "capledger_worker_failing",
+				Help:        "1 while the maintenance worker (label worker) is failing: a failure it logged has no recovery line yet; 0 when it works or this replica does not run it.",
+				ConstLabels: prometheus.Labels{"worker": name}},
+				func() float64 {
+					for _, h := range hr.WorkersHealth() {
+						if h.Name == name && !h.FailingSince.IsZero() {
+							return 1
+						}
+					}
+					return 0
+				}))
+		}
+	}
 	lr, ok := l.(leaderReporter)
 	if !ok {
 		return

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"slices"
@@ -51,9 +52,9 @@ func TestStatusShowsTheWorkerLeader(t *testing.T) {
 			keys = append(keys, k)
 		}
 		slices.Sort(keys)
-		wantKeys := "fence,leader,self"
+		wantKeys := "fence,health,leader,self"
 		if workers {
-			wantKeys = "fence,holder,leader,leaderSince,self"
+			wantKeys = "fence,health,holder,leader,leaderSince,self"
 			if raw.Workers["fence"] != 1.0 {
 				t.Errorf("embedded store: fence %v, want 1", raw.Workers["fence"])
 			}
@@ -299,7 +300,7 @@ func TestStatusBeforeTheLeaseWasRead(t *testing.T) {
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
-	if got, want := strings.Join(keys, ","), "fence,leader,leaseError,self"; got != want {
+	if got, want := strings.Join(keys, ","), "fence,health,leader,leaseError,self"; got != want {
 		t.Fatalf("/statusz workers has %s, want %s: %v", got, want, workers)
 	}
 	if workers["fence"] != 0.0 || workers["leader"] != false {
@@ -386,6 +387,15 @@ func TestStatusShowsARefusedCompaction(t *testing.T) {
 			!slices.Contains(strings.Split(got, "\n"), "capledger_compaction_refused_total 1") {
 			t.Fatalf("refusing: /metrics %q", got)
 		}
+		// The refusal is the compaction worker failing, as its log line
+		// says, and nothing else is.
+		if w := workerHealth(t, h); !w["compaction"].Failing || w["compaction"].FailingSince == nil || w["expiry"].Failing {
+			t.Fatalf("refusing: /statusz workers.health %+v", w)
+		}
+		if got := grep(h.get("/metrics"), "capledger_worker_failing"); !strings.Contains(got, `capledger_worker_failing{worker="compaction"} 1`) ||
+			!strings.Contains(got, `capledger_worker_failing{worker="expiry"} 0`) {
+			t.Fatalf("refusing: /metrics %q", got)
+		}
 	}
 	shift(-1) // repaired
 	if found := h.ok("Audit", "{}", "")["discrepancies"]; found != nil {
@@ -400,5 +410,67 @@ func TestStatusShowsARefusedCompaction(t *testing.T) {
 	}
 	if got := grep(h.get("/metrics"), "capledger_compaction_refusing"); !slices.Contains(strings.Split(got, "\n"), "capledger_compaction_refusing 0") {
 		t.Fatalf("after a clean audit: /metrics %q", got)
+	}
+	if w := workerHealth(t, h); w["compaction"].Failing || w["compaction"].FailingSince != nil {
+		t.Fatalf("after a clean audit: /statusz workers.health %+v", w)
+	}
+	if got := grep(h.get("/metrics"), "capledger_worker_failing"); !strings.Contains(got, `capledger_worker_failing{worker="compaction"} 0`) {
+		t.Fatalf("after a clean audit: /metrics %q", got)
+	}
+}
+
+// workerHealth returns /statusz workers.health.
+func workerHealth(t *testing.T, h *harness) map[string]server.WorkerHealthStatus {
+	t.Helper()
+	var st server.Status
+	if err := json.Unmarshal([]byte(h.get("/statusz")), &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Workers.Health
+}
+
+// A worker whose store fails (the disk is full: the expiry worker reads
+// what is due but cannot commit it) shows as failing in /statusz
+// (workers.health.expiry, since its first failure) and /metrics
+// (capledger_worker_failing{worker="expiry"} 1) on the replica that runs
+// it, until a pass works again; every configured worker is listed, the
+// others not failing.
+func TestStatusShowsAFailingWorker(t *testing.T) {
+	h := newHarness(t, harnessOptions{workers: true, faults: true, retention: time.Hour})
+	h.ok("PublishPolicy", tokensPolicy, "")
+	h.ok("Reserve", reserveBody("held", 100), "")
+	waitFor := func(what string, done func(map[string]server.WorkerHealthStatus) bool) map[string]server.WorkerHealthStatus {
+		t.Helper()
+		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+			w := workerHealth(t, h)
+			if done(w) {
+				return w
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: /statusz workers.health %+v", what, w)
+			}
+		}
+	}
+	w := waitFor("workers configured", func(w map[string]server.WorkerHealthStatus) bool { return len(w) > 0 })
+	if len(w) != 3 || w["expiry"].Failing || w["epochs"].Failing || w["retention"].Failing {
+		t.Fatalf("before the failure: /statusz workers.health %+v, want expiry, epochs, retention, none failing", w)
+	}
+	before := time.Now()
+	h.faults.FailCommits(fmt.Errorf("%w: database or disk is full (13)", store.ErrUnavailable))
+	h.clock.Advance(time.Minute) // the hold is due for expiry
+	w = waitFor("the expiry worker's batches fail", func(w map[string]server.WorkerHealthStatus) bool { return w["expiry"].Failing })
+	if since := w["expiry"].FailingSince; since == nil || since.Before(before.Add(-time.Second)) || since.After(time.Now()) {
+		t.Fatalf("failing: /statusz workers.health.expiry %+v, want failingSince now", w["expiry"])
+	}
+	if got := grep(h.get("/metrics"), "capledger_worker_failing"); !strings.Contains(got, `capledger_worker_failing{worker="expiry"} 1`) ||
+		!strings.Contains(got, `capledger_worker_failing{worker="retention"} 0`) {
+		t.Fatalf("failing: /metrics %q", got)
+	}
+	h.faults.FailCommits(nil)
+	waitFor("the store is back", func(w map[string]server.WorkerHealthStatus) bool {
+		return !w["expiry"].Failing && w["expiry"].FailingSince == nil
+	})
+	if got := grep(h.get("/metrics"), "capledger_worker_failing"); !strings.Contains(got, `capledger_worker_failing{worker="expiry"} 0`) {
+		t.Fatalf("recovered: /metrics %q", got)
 	}
 }

@@ -20,7 +20,10 @@ whether it holds the worker lease (workers.leader: it runs expiry,
 epoch close and drains; with several replicas on one PostgreSQL exactly
 one does, and another takes over within the lease TTL and one renewal
 period after it dies), who holds the lease (workers.holder), its fence
-(grows by one with every change of leader), and the engine's counters.
+(grows by one with every change of leader), whether each maintenance
+worker is failing (workers.health.NAME.failing and failingSince: a
+failure it logged has no recovery line yet; only on the lease holder),
+and the engine's counters.
 Optional blocks: compaction and retention (unless serve --compaction 0
 or --retention 0; only the lease holder runs them, so on another replica
 their counters are what it counted since it started, 0 if it never led),

@@ -19,6 +19,10 @@ func TestCLIStatus(t *testing.T) {
 			Leader bool   `json:"leader"`
 			Self   string `json:"self"`
 			Holder string `json:"holder"`
+			Health map[string]struct {
+				Failing      *bool      `json:"failing"`
+				FailingSince *time.Time `json:"failingSince"`
+			} `json:"health"`
 		} `json:"workers"`
 	}
 	for i := 0; ; i++ {
@@ -34,6 +38,12 @@ func TestCLIStatus(t *testing.T) {
 	}
 	if !st.Ready || !st.Workers.Leader || st.Workers.Self == "" || st.Workers.Holder != st.Workers.Self {
 		t.Fatalf("status %+v: want ready and this replica the worker leader", st)
+	}
+	// Each worker serve runs by default, none failing.
+	for _, name := range []string{"expiry", "epochs", "retention", "compaction"} {
+		if h, ok := st.Workers.Health[name]; !ok || h.Failing == nil || *h.Failing || h.FailingSince != nil {
+			t.Fatalf("status workers.health %+v: want %s listed, not failing", st.Workers.Health, name)
+		}
 	}
 
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -54,7 +64,7 @@ func TestCLIStatus(t *testing.T) {
 func TestStatusHelpNamesTheOptionalBlocks(t *testing.T) {
 	code, out, errOut := cli(t, "", "status", "--help")
 	wantExit(t, exitOK, code, out, errOut)
-	for _, block := range []string{"compaction", "retention", "subjectIndex"} {
+	for _, block := range []string{"compaction", "retention", "subjectIndex", "workers.health"} {
 		if !strings.Contains(out, block) {
 			t.Errorf("status --help does not name /statusz's %s block:\n%s", block, out)
 		}
