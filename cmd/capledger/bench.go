@@ -30,6 +30,7 @@ import (
 
 	v1 "github.com/capledger/capledger/api/capledger/v1"
 	"github.com/capledger/capledger/client"
+	"github.com/capledger/capledger/ledger"
 )
 
 func init() {
@@ -228,24 +229,23 @@ func runBench(ctx context.Context, e *env, args []string) error {
 	if cfg.protocol, err = client.ParseProtocol(*protocol); err != nil {
 		return usagef("--protocol: %v", err)
 	}
-	switch {
-	case !slices.Contains(benchModes, cfg.mode):
+	if !slices.Contains(benchModes, cfg.mode) {
 		return usagef("--mode %q: want one of %s", cfg.mode, strings.Join(benchModes, ", "))
-	case cfg.concurrency < 1:
-		return usagef("--concurrency must be at least 1")
-	case cfg.duration <= 0 || cfg.warmup < 0:
-		return usagef("--duration must be positive and --warmup not negative")
-	case cfg.subjects < 1:
-		return usagef("--subjects must be at least 1")
-	case cfg.batchSize < 1 || cfg.batchSize > client.MaxBatch:
-		return usagef("--batch-size must be in [1, %d]", client.MaxBatch)
-	case cfg.units < 1:
-		return usagef("--units must be at least 1")
-	case cfg.rate < 0 || math.IsNaN(cfg.rate) || math.IsInf(cfg.rate, 0):
-		return usagef("--rate must be a number of ops a second, 0 for as fast as the callers go")
 	}
-	if cfg.prefillFrom < 0 || cfg.prefillFrom > cfg.subjects {
-		return usagef("--prefill-from must be in [0, --subjects]")
+	if err := firstError(
+		intIn("concurrency", cfg.concurrency, 1, maxBenchConcurrency),
+		durationIn("duration", cfg.duration, time.Nanosecond, time.Duration(math.MaxInt64)),
+		durationIn("warmup", cfg.warmup, 0, time.Duration(math.MaxInt64)),
+		intIn("subjects", cfg.subjects, 1, maxBenchSubjects),
+		intIn("batch-size", cfg.batchSize, 1, client.MaxBatch),
+		intIn("units", cfg.units, 1, int64(ledger.MaxUnits)),
+		intIn("prefill-from", cfg.prefillFrom, 0, cfg.subjects),
+		durationOffOrIn("epoch-length", cfg.epochLength, ledger.MinEpochLength, ledger.MaxEpochLength, "the server's default"),
+	); err != nil {
+		return err
+	}
+	if cfg.rate < 0 || math.IsNaN(cfg.rate) || math.IsInf(cfg.rate, 0) {
+		return usagef("--rate %v: want a number of ops a second, 0 for as fast as the callers go", cfg.rate)
 	}
 	switch *prefill {
 	case "":
@@ -254,6 +254,9 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		cfg.prefill = *prefill == "true"
 	default:
 		return usagef("--prefill %q: want true or false", *prefill)
+	}
+	if cfg.prefillFrom > 0 && !cfg.prefill {
+		return usagef("--prefill-from %d resumes a prefill, and there is none: give --prefill=true (or more than one --subjects)", cfg.prefillFrom)
 	}
 	if *addrs != "" {
 		for _, a := range strings.Split(*addrs, ",") {
@@ -315,6 +318,13 @@ func runBench(ctx context.Context, e *env, args []string) error {
 	}
 	return nil
 }
+
+// The ranges of bench's --concurrency and --subjects: a caller is a
+// goroutine with its own connection state, a subject a row in the store.
+const (
+	maxBenchConcurrency = 1 << 16
+	maxBenchSubjects    = 1 << 30
+)
 
 // benchRuntime tunes the Go runtime of the load generator, which shares
 // the machine with the server it measures, so that its own CPU per call

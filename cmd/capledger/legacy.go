@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"flag"
+	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -69,8 +70,10 @@ func runLegacy(ctx context.Context, e *env, args []string) error {
 	if err := parseNoArgs(fs, args[1:]); err != nil {
 		return err
 	}
-	if *ttl < 0 {
-		return usagef("--ttl %s: want a duration above 0", *ttl)
+	if *ttl != 0 {
+		if err := durationIn("ttl", *ttl, time.Second, maxAPIDuration); err != nil {
+			return err
+		}
 	}
 	if *identity == "" || *subject == "" || *route == "" || *unitSpec == "" || *ttl == 0 || *id == "" {
 		return usagef("--identity, --subject, --route, --units, --ttl and --id are required")

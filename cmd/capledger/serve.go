@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -204,6 +205,14 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	if err := parseNoArgs(fs, args); err != nil {
 		return err
 	}
+	if err := checkServeFlags(serveBounds{
+		maxBody: *maxBody, maxBatch: *maxBatch, cacheRows: *cacheRows, leaseTTL: *leaseTTL,
+		retention: *retention, tombstoneRetention: *tombstoneRetention, retentionInterval: *retentionInterval,
+		compaction: *compaction, compactionInterval: *compactionInterval, shardMaxTTL: *shardMaxTTL,
+		maintenanceShare: *maintenanceShare,
+	}); err != nil {
+		return err
+	}
 	// The ledger's rows are short-lived garbage: a larger GC target trades
 	// memory for fewer collections (+11-22% reserves a second at
 	// concurrency 64, measured for commit fbb50ac). GOGC, when set, wins.
@@ -220,34 +229,9 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	if *cacheRows >= 1 && os.Getenv("GOMEMLIMIT") == "" {
+	if os.Getenv("GOMEMLIMIT") == "" {
 		// GOMEMLIMIT, when set, wins.
 		defer debug.SetMemoryLimit(debug.SetMemoryLimit(serveMemoryLimit(*cacheRows)))
-	}
-	if *maxBody <= 0 || *maxBatch <= 0 {
-		return usagef("--max-body and --max-batch must be positive")
-	}
-	if *cacheRows < 1 {
-		return usagef("--cache-rows %d: want at least 1", *cacheRows)
-	}
-	if *leaseTTL < 300*time.Millisecond {
-		return usagef("--lease-ttl %v: want at least 300ms (the lease is renewed every third of it)", *leaseTTL)
-	}
-
-	if *retention < 0 || *tombstoneRetention < 0 || *retentionInterval <= 0 {
-		return usagef("--retention and --tombstone-retention may not be negative, --retention-interval must be positive")
-	}
-	if *compaction < 0 || *compactionInterval <= 0 {
-		return usagef("--compaction may not be negative, --compaction-interval must be positive")
-	}
-	if *shardMaxTTL <= 0 {
-		return usagef("--shard-max-ttl %v: want a lifetime above 0", *shardMaxTTL)
-	}
-	if !(*maintenanceShare > 0 && *maintenanceShare <= 1) {
-		return usagef("--maintenance-share %v: want a share above 0 and at most 1", *maintenanceShare)
-	}
-	if *retention > 0 && *tombstoneRetention > 0 && *tombstoneRetention < *retention {
-		return usagef("--tombstone-retention %s is shorter than --retention %s: a tombstone must outlive the window", *tombstoneRetention, *retention)
 	}
 
 	if *grpcTransport != "grpc-go" && *grpcTransport != "net/http" {
@@ -669,4 +653,62 @@ const serveCutGCPercent = 100
 // plus 2 KiB a row, VmHWM reached 605 MB, measured for commit 1362202).
 func serveMemoryLimit(cacheRows int) int64 {
 	return 320<<20 + int64(cacheRows)*256
+}
+
+// The ranges of serve's numeric flags (serveHelp, docs/OPERATIONS.md).
+const (
+	minMaxBody   = 1 << 10 // a policy or a batch of a few items fits
+	maxMaxBody   = 1 << 30 // a body is read whole into memory
+	maxMaxBatch  = 1 << 16 // the engine's queue holds 4 batches
+	maxCacheRows = 1 << 30 // 256 GiB of memory limit (serveMemoryLimit)
+	// The worker lease is renewed every third of --lease-ttl; a dead
+	// holder's work waits for it to run out.
+	minLeaseTTL = 300 * time.Millisecond
+	maxLeaseTTL = 24 * time.Hour
+	// How often a maintenance pass runs: not in a loop, at least daily.
+	minPassInterval = time.Millisecond
+	maxPassInterval = 24 * time.Hour
+	// A checkpoint is cut at most once a second.
+	minCompaction = time.Second
+	// A shard shorter than a second could not be used; the API grants
+	// none longer than its longest duration.
+	minShardMaxTTL = time.Second
+)
+
+// serveBounds is what checkServeFlags checks.
+type serveBounds struct {
+	maxBody                                 int64
+	maxBatch, cacheRows                     int
+	leaseTTL, retention, tombstoneRetention time.Duration
+	retentionInterval, compaction           time.Duration
+	compactionInterval, shardMaxTTL         time.Duration
+	maintenanceShare                        float64
+}
+
+// checkServeFlags returns the usage error naming the first of serve's
+// numeric flags outside its range, its value and the range; nil when
+// all are in range.
+func checkServeFlags(b serveBounds) error {
+	const forever = time.Duration(math.MaxInt64)
+	if err := firstError(
+		intIn("max-body", b.maxBody, minMaxBody, maxMaxBody),
+		intIn("max-batch", b.maxBatch, 1, maxMaxBatch),
+		intIn("cache-rows", b.cacheRows, 1, maxCacheRows),
+		durationIn("lease-ttl", b.leaseTTL, minLeaseTTL, maxLeaseTTL),
+		durationIn("retention", b.retention, 0, forever),
+		durationIn("tombstone-retention", b.tombstoneRetention, 0, forever),
+		durationIn("retention-interval", b.retentionInterval, minPassInterval, maxPassInterval),
+		durationOffOrIn("compaction", b.compaction, minCompaction, forever, "keep the whole journal"),
+		durationIn("compaction-interval", b.compactionInterval, minPassInterval, maxPassInterval),
+		durationIn("shard-max-ttl", b.shardMaxTTL, minShardMaxTTL, maxAPIDuration),
+	); err != nil {
+		return err
+	}
+	if !(b.maintenanceShare > 0 && b.maintenanceShare <= 1) {
+		return usagef("--maintenance-share %v: want a share above 0 and at most 1", b.maintenanceShare)
+	}
+	if b.retention > 0 && b.tombstoneRetention > 0 && b.tombstoneRetention < b.retention {
+		return usagef("--tombstone-retention %s is shorter than --retention %s: a tombstone must outlive the window", b.tombstoneRetention, b.retention)
+	}
+	return nil
 }

@@ -135,6 +135,10 @@ func runShardIssue(ctx context.Context, e *env, args []string) error {
 	if *subject == "" || *route == "" || *gateway == "" || *boot == 0 || *unitsSpec == "" {
 		return usagef("--subject, --route, --units, --gateway and --boot are required")
 	}
+	// The server refuses what is above its --shard-max-ttl too.
+	if err := durationIn("ttl", *ttl, time.Second, maxAPIDuration); err != nil {
+		return err
+	}
 	units, err := parseUnits("units", *unitsSpec)
 	if err != nil {
 		return err
@@ -236,6 +240,9 @@ func runShardInspect(ctx context.Context, e *env, args []string) error {
 			return err
 		}
 		return inspectToken(e, *tokenPath, *keysPath)
+	}
+	if *keysPath != "" {
+		return usagef("--keys verifies a --token-file offline; give --token-file FILE, or leave out --keys to ask the server")
 	}
 	if err := wantArgs(positional, 1, "a shard id (or --token-file FILE)"); err != nil {
 		return err
@@ -345,6 +352,9 @@ func runShardReconcile(ctx context.Context, e *env, args []string) error {
 		return usagef("--gateway is required")
 	}
 	if *dir != "" {
+		if *receiptsPath != "" {
+			return usagef("--dir reports the receipts the store in DIR keeps, --receipts those of a file: give one or the other")
+		}
 		if err := wantArgs(positional, 0, ""); err != nil {
 			return err
 		}

@@ -3,12 +3,17 @@ package main
 import (
 	"context"
 	"fmt"
+	"math"
 	"runtime"
 	"strconv"
 	"time"
 
 	"github.com/capledger/capledger/sim"
 )
+
+// maxSimWorkers bounds --workers: a worker is a goroutine running
+// interleavings; more than the cores only share them.
+const maxSimWorkers = 1 << 12
 
 func init() {
 	register(&command{name: "sim", summary: "run the deterministic simulator and its release gates (exit 6 on a violation)", help: simHelp, run: runSim})
@@ -104,11 +109,12 @@ func runSim(ctx context.Context, e *env, args []string) error {
 	if err := sim.CheckMutant(e.getenv("CAPLEDGER_MUTANT")); err != nil {
 		return usagef("%v", err)
 	}
-	if *interleavings < 1 {
-		return usagef("--interleavings %d: at least 1", *interleavings)
-	}
-	if *workers < 1 {
-		return usagef("--workers %d: at least 1", *workers)
+	if err := firstError(
+		intIn("interleavings", *interleavings, 1, math.MaxInt64),
+		intIn("workers", *workers, 1, maxSimWorkers),
+		intIn("reports", *reports, 0, math.MaxInt),
+	); err != nil {
+		return err
 	}
 	seed := uint64(time.Now().UnixNano())
 	if *seedFlag != "" {
