@@ -463,8 +463,8 @@ func PolicyFromProto(pb *v1.Policy) (ledger.Policy, error) {
 // error naming the field when d is no valid Duration or beyond
 // ledger.MaxDurationSeconds either way (a fraction past it too). The
 // error says what is wrong and nothing more: the caller answers it under
-// its reason (INVALID_POLICY in a policy, whose messages begin "invalid
-// policy: ", INVALID_COMMAND in a shard's ttl, whose messages do not).
+// its reason (INVALID_POLICY in a policy, INVALID_COMMAND in a shard's
+// ttl, whose messages say what is wrong alone: outcomeMessage).
 func durationFromProto(name string, d *durationpb.Duration) (time.Duration, error) {
 	if d == nil {
 		return 0, nil

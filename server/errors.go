@@ -164,8 +164,7 @@ func (s *Server) itemError(ctx context.Context, res *ledger.Result) *v1.ItemErro
 // text, less the "invalid command: " that the ledger's ErrInvalidCommand
 // puts first. The reason (INVALID_COMMAND) says that already, and the
 // server's own checks at the door say what is wrong alone: one refusal
-// must not read two ways by the layer that decided it. (INVALID_POLICY
-// messages keep "invalid policy: ", which both layers write.)
+// must not read two ways by the layer that decided it.
 func outcomeMessage(err error) string {
 	if errors.Is(err, ledger.ErrInvalidCommand) {
 		return strings.TrimPrefix(err.Error(), ledger.ErrInvalidCommand.Error()+": ")

@@ -79,17 +79,18 @@ Flags:
   --mode MODE        reserve, lifecycle, batch, echo, gubernator, redis,
                      redis-batch or envoy (default reserve)
   --envoy-domain D   rate limit domain of --mode envoy (default bench)
-  --concurrency N    concurrent callers (default 64)
-  --duration DUR     measured time (default 10s); it goes on until at
-                     least one call has finished, so a short run on a
-                     loaded machine still measures one
-  --warmup DUR       unmeasured time before it (default 1s)
+  --concurrency N    concurrent callers (default 64; 1 to 65536)
+  --duration DUR     measured time (default 10s; above 0); it goes on
+                     until at least one call has finished, so a short run
+                     on a loaded machine still measures one
+  --warmup DUR       unmeasured time before it (default 1s; not negative)
   --rate N           pace all callers together to N ops a second (an open
                      schedule: call k is due at k/N s; one that is overdue
                      starts at once), a steady load whatever else the
                      machine runs; latency counts from the call's start.
                      0 = as fast as the callers go (default 0)
-  --subjects N       subjects to spread over; 1 = one hot subject (default 1)
+  --subjects N       subjects to spread over; 1 = one hot subject (default 1;
+                     at most 1073741824)
   --prefill BOOL     before the warmup, reserve once for every subject (in
                      batches of 250, one at a time), so
                      each has its account and the measured run reads
@@ -100,10 +101,10 @@ Flags:
                      times) and a second prefill of the same subjects only
                      replays. The 1M-tenant case is one command:
                      capledger bench --subjects 1000000
-  --prefill-from N   start the prefill at subject N (resume one that was
-                     interrupted; default 0)
+  --prefill-from N   start the prefill at subject N, 0 to --subjects (resume
+                     one that was interrupted; default 0; needs a prefill)
   --epoch-length DUR accounting epoch of the bench policy (default the
-                     server's, 1h); a short one makes an epoch rollover of
+                     server's, 1h; else 1s to 438300h); a short one makes an epoch rollover of
                      every prefilled account happen during the run
   --addrs A,B,...    spread the callers over several servers (replicas of
                      one store) round-robin, instead of --addr
@@ -115,7 +116,7 @@ Flags:
                      the same order (a warm cache flatters them); give a
                      printed seed to repeat a run's subjects
   --route ROUTE      route of the reservations (default bench.reserve)
-  --units N          tokens per reservation (default 1)
+  --units N          tokens per reservation (default 1; at most 2^53)
   --protocol P       connect (binary protobuf, default), connect-json or grpc
                      (the SDK's connect-go client), or grpc-go: reserve,
                      lifecycle and batch with a grpc-go client (one

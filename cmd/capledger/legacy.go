@@ -37,7 +37,7 @@ Flags:
   --identity NAME   the legacy limiter's token name (required)
   --subject S, --route R, --region REGION   the capacity (region default global)
   --units SPEC      e.g. tokens=200 (required)
-  --ttl DUR         how long it may be spent, at most serve --shard-max-ttl (required)
+  --ttl DUR         how long it may be spent, 1s to serve --shard-max-ttl (required)
   --id ID           the budget's id, its idempotency key (required)
 
 Example:

@@ -176,7 +176,7 @@ func TestPolicyPublishOfMalformedJSONSendsNothing(t *testing.T) {
 		{"comma-in-list.yaml", "{\n  " + terms + ",]\n}\n", "line 4, column 50: invalid character ']' looking for beginning of value (a comma before ]: JSON allows no trailing comma)"},
 		{"comment.json", "{\n  // tenant 7\n  " + terms + "]\n}\n", "line 2, column 3: invalid character '/'"},
 		{"twice.json", "{\n  " + terms + "],\n  \"route\": \"embed\"\n}\n", `line 5, column 3: key "route" given twice`},
-		{"yaml.json", "subject: tenant-7\nroute: chat\n", "line 1, column 2"},
+		{"yaml.json", "subject: tenant-7\nroute: chat\n", "line 1, column 1: invalid character 's' looking for beginning of value"},
 	} {
 		path := filepath.Join(dir, c.name)
 		if err := os.WriteFile(path, []byte(c.content), 0o600); err != nil {

@@ -39,6 +39,10 @@ was not rolled back becomes active again, and settlement and debt of the
 rolled-back one go on. publish and rollback need an admin token.
 
 Policy file (YAML or JSON, one policy per file; durations like "30s", "5m", "1h").
+A file whose name ends in .json, or whose first character is { or [
+(standard input too), is JSON and read as strict JSON: a trailing comma, a
+comment or a key given twice is an error naming its line and column.
+Anything else is YAML (write a YAML file in block style, as below).
 Field names are those of the API's Policy (docs/API.md, PublishPolicy);
 "holdTTL", the spelling of older files, is still read as holdTtl, and a file
 giving both is refused. An unknown field, a key spelt in another case than

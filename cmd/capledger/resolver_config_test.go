@@ -82,7 +82,7 @@ func TestResolverConfigIsCheckedFieldByField(t *testing.T) {
 		// JSON's mistakes, by line and column; a key given twice (the last
 		// one was kept without a word).
 		{"{\"routes\":{\"r\":{}},\n}", "line 2, column 1: invalid character '}' looking for beginning of object key string (a comma before }: JSON allows no trailing comma)"},
-		{`{"interval":"5s","routes":{"r":{}},"interval":"1h"}`, `line 1, column 37: key "interval" given twice`},
+		{`{"interval":"5s","routes":{"r":{}},"interval":"1h"}`, `line 1, column 36: key "interval" given twice`},
 	} {
 		_, err := loadResolverConfig(write(c.body))
 		if err == nil || !strings.Contains(err.Error(), c.want) {

@@ -438,8 +438,8 @@ burst is counted as "blocked by burst", never hidden.
                   GEN --wait) or is its key's active one (it never drains);
                   a server unavailable after the first answer is polled
                   again until --max-wait
-  --max-wait DUR  give up waiting after this long (default 1h)
-  --interval DUR  poll interval (default 2s)
+  --max-wait DUR  give up waiting after this long (default 1h; 0 polls once)
+  --interval DUR  poll interval (default 2s; 1ms to 1h)
   --status        do not roll back: only show (and drain) what the
                   generations hold
   --no-drain      do not run the drain pass (read only: a viewer token may

@@ -67,7 +67,8 @@ Flags:
                       file shard-keys in --data-dir, created with a new key on
                       first start. Replicas on one PostgreSQL need the same keys.
   --shard-max-ttl DUR longest emergency-shard lifetime granted (default 24h;
-                      0 or below is refused)
+                      1s to 2562047h47m16s, the API's longest duration,
+                      9223372036s)
   --tls-cert FILE     PEM certificate (chain) to serve HTTPS with; needs
                       --tls-key. Both files are re-read when they change
                       (checked at most every 2s during handshakes): rotate by
@@ -99,13 +100,13 @@ Flags:
                       to start against such a primary and /readyz reports
                       not ready while it is one. A standalone server with no
                       standbys needs no flag.
-  --max-body BYTES    request body limit (default 1048576)
-  --max-batch N       commands per store transaction (default 512)
+  --max-body BYTES    request body limit (default 1048576; 1024 to 1073741824)
+  --max-batch N       commands per store transaction (default 512; 1 to 65536)
   --cache-rows N      SQLite row cache: the most rows of each hot table
                       (accounts, ...) kept in memory, least recently used
                       evicted first, filled with the file's tenants at
                       start; about 257 bytes per tenant (default 524288,
-                      about 135 MB); refused with the other
+                      about 135 MB; 1 to 1073741824); refused with the other
                       stores, which have no row cache. Unless GOMEMLIMIT
                       is set, serve sets a soft memory limit of 320 MiB +
                       256 bytes per cached row (448 MiB at the default, and
@@ -122,24 +123,27 @@ Flags:
                       drains, retention, compaction, the resolver); it
                       renews every third of DUR, and when it dies
                       another replica takes over within DUR + DUR/3
-                      (default 15s; see /statusz or "capledger status")
+                      (default 15s; 300ms to 24h; see /statusz or
+                      "capledger status")
   --retention DUR     remove finished reservations (settled, released,
                       expired) this long after they finished (default 72h;
-                      0 keeps every row forever). See docs/OPERATIONS.md,
+                      0 keeps every row forever; not negative). See docs/OPERATIONS.md,
                       "Retention and compaction".
   --tombstone-retention DUR
                       how long a removed reservation's tombstone answers a
                       retry of its id (default 720h = 30 days; at least
-                      --retention; 0 keeps tombstones forever)
+                      --retention; 0 keeps tombstones forever; not negative)
   --retention-interval DUR
-                      how often the retention pass runs (default 1m)
+                      how often the retention pass runs (default 1m; 1ms
+                      to 24h)
   --compaction DUR    cut a statement checkpoint this often (at the first
                       pass after each multiple of DUR, UTC) once an audit
                       since the last one is clean, then delete the journal
                       it summarises (default 1h, the default epoch length;
-                      0 keeps the whole journal)
+                      0 keeps the whole journal; else at least 1s)
   --compaction-interval DUR
-                      how often the compaction pass runs (default 1m)
+                      how often the compaction pass runs (default 1m; 1ms
+                      to 24h)
   --maintenance-share F
                       share of the time (0 < F <= 1) that retention,
                       compaction, giving disk space back and audits take
@@ -165,6 +169,9 @@ Example:
       --tls-cert /etc/capledger/tls/tls.crt --tls-key /etc/capledger/tls/tls.key
   (clients then use --addr https://ledger.example:7443, and --ca-file when a
   private CA signed the certificate)
+
+A flag outside its range is refused at start, naming the flag, the value
+and the range; nothing is opened.
 
 Exit codes: 0 after a graceful shutdown; 1 for bad flags, an address that
 cannot be opened, a TLS pair that does not load, or a store that refuses

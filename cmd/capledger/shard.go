@@ -65,7 +65,7 @@ allow issuance. Gateways normally do all this through the Go SDK
       Without --receipts: no receipts, i.e. the gateway used nothing (for a
       shard that never reached its gateway). Accepted once per shard;
       later, only receipts resolving work left unknown.
-  shard reconcile --dir DIR --gateway GW
+  shard reconcile --dir DIR --gateway GW   (not with --receipts)
       reconcile every shard of a gateway's shard store directory (a stopped
       gateway's disk): the receipts it logged are sent, once.
   shard keys
@@ -80,7 +80,8 @@ Flags of issue:
   --units SPEC      units to carve out, e.g. tokens=5000,requests=50
   --gateway GW      gateway identity the shard is bound to
   --boot N          the gateway process's boot epoch
-  --ttl DUR         how long it may be spent (default 10m)
+  --ttl DUR         how long it may be spent (default 10m; at least 1s, at
+                    most serve --shard-max-ttl)
   --id ID           shard id (default: a new "sh-" ULID); retry with the same
                     id after a lost answer
 

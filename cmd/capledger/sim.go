@@ -38,7 +38,7 @@ require every fault site to have fired at least 1,000 times (every site
 Flags:
   --interleavings N   seeded runs to do (default 10000)
   --seed S            first seed (default: from the clock, printed)
-  --workers K         parallel workers (default: all cores)
+  --workers K         parallel workers (default: all cores; 1 to 4096)
   --trace             print every event (use with --interleavings 1)
   --last N            events shown in a violation report (default 40)
   --reports N         full violation reports printed (default 5; the rest
