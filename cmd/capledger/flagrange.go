@@ -20,7 +20,7 @@ const maxAPIDuration = time.Duration(ledger.MaxDurationSeconds) * time.Second
 
 // intIn returns nil when value, given as --name, is in [least, most], else
 // the usage error saying so.
-func intIn[N int | int64 | uint64](name string, value, least, most N) error {
+func intIn[N int | int64](name string, value, least, most N) error {
 	if value < least || value > most {
 		return usagef("--%s %d: want %d to %d", name, value, least, most)
 	}

@@ -127,8 +127,8 @@ Flags:
                       "capledger status")
   --retention DUR     remove finished reservations (settled, released,
                       expired) this long after they finished (default 72h;
-                      0 keeps every row forever; not negative). See docs/OPERATIONS.md,
-                      "Retention and compaction".
+                      0 keeps every row forever; not negative). See
+                      docs/OPERATIONS.md, "Retention and compaction".
   --tombstone-retention DUR
                       how long a removed reservation's tombstone answers a
                       retry of its id (default 720h = 30 days; at least
