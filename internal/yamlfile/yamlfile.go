@@ -1,6 +1,8 @@
 // Package yamlfile reads a file an operator wrote (a policy, an Envoy
-// mapping) in YAML or JSON into a Go value: strictly, and one document per
-// file, so that nothing in it is dropped without a word.
+// mapping, a resolver configuration) in YAML or JSON into a Go value:
+// strictly, and one document per file, so that nothing in it is dropped
+// without a word. A file that is JSON (IsJSON) is held to JSON's own
+// rules, its syntax errors named by line and column.
 package yamlfile
 
 import (
