@@ -79,6 +79,8 @@ func TestFlagsOutOfRangeAreRefusedNamingFlagValueAndRange(t *testing.T) {
 			"--ttl 10ms: want 1s to"},
 		{[]string{"shard", "reconcile", "--gateway", "g", "--dir", dir, "--receipts", token}, "--dir reports the receipts the store in DIR keeps, --receipts those of a file: give one or the other"},
 		{[]string{"shard", "inspect", "sh-1", "--keys", token}, "--keys verifies a --token-file offline"},
+		{[]string{"reserve", "--subject", "t", "--route", "r", "--units", "tokens=9007199254740993"}, "--units: amount 9007199254740993 of tokens: want 0 to 9007199254740992"},
+		{[]string{"settle", "x", "--operation", "op", "--units", "tokens=1,requests=9223372036854775807"}, "--units: amount 9223372036854775807 of requests: want 0 to 9007199254740992"},
 		{[]string{"sim", "--workers", "100000"}, "--workers 100000: want 1 to 4096"},
 		{[]string{"sim", "--reports", "-1"}, "--reports -1: want 0 to"},
 		{[]string{"sim", "--interleavings", "0"}, "--interleavings 0: want 1 to"},
