@@ -83,6 +83,7 @@ func TestFlagsOutOfRangeAreRefusedNamingFlagValueAndRange(t *testing.T) {
 		{[]string{"settle", "x", "--operation", "op", "--units", "tokens=1,requests=9223372036854775807"}, "--units: amount 9223372036854775807 of requests: want 0 to 9007199254740992"},
 		{[]string{"sim", "--workers", "100000"}, "--workers 100000: want 1 to 4096"},
 		{[]string{"sim", "--reports", "-1"}, "--reports -1: want 0 to"},
+		{[]string{"sim", "--last", "1000000000000000"}, "--last 1000000000000000: want 0 to 65536"},
 		{[]string{"sim", "--interleavings", "0"}, "--interleavings 0: want 1 to"},
 	} {
 		code, out, errOut := cli(t, "http://127.0.0.1:1", c.args...)

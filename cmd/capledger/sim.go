@@ -15,6 +15,10 @@ import (
 // interleavings; more than the cores only share them.
 const maxSimWorkers = 1 << 12
 
+// maxSimLastEvents bounds --last: each worker keeps a ring of that many
+// events for its reports (--last 1e15 panicked making it).
+const maxSimLastEvents = 1 << 16
+
 func init() {
 	register(&command{name: "sim", summary: "run the deterministic simulator and its release gates (exit 6 on a violation)", help: simHelp, run: runSim})
 }
@@ -40,7 +44,8 @@ Flags:
   --seed S            first seed (default: from the clock, printed)
   --workers K         parallel workers (default: all cores; 1 to 4096)
   --trace             print every event (use with --interleavings 1)
-  --last N            events shown in a violation report (default 40)
+  --last N            events shown in a violation report (default 40; 0 to
+                      65536)
   --reports N         full violation reports printed (default 5; the rest
                       one line each)
   --min-fires N       site gate: fires every site needs (default 1000 for
@@ -113,6 +118,7 @@ func runSim(ctx context.Context, e *env, args []string) error {
 		intIn("interleavings", *interleavings, 1, math.MaxInt64),
 		intIn("workers", *workers, 1, maxSimWorkers),
 		intIn("reports", *reports, 0, math.MaxInt),
+		intIn("last", *last, 0, maxSimLastEvents),
 	); err != nil {
 		return err
 	}
