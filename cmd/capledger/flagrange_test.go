@@ -84,6 +84,10 @@ func TestFlagsOutOfRangeAreRefusedNamingFlagValueAndRange(t *testing.T) {
 		{[]string{"sim", "--workers", "100000"}, "--workers 100000: want 1 to 4096"},
 		{[]string{"sim", "--reports", "-1"}, "--reports -1: want 0 to"},
 		{[]string{"sim", "--last", "1000000000000000"}, "--last 1000000000000000: want 0 to 65536"},
+		{[]string{"sim", "--gateways", "100000000"}, "--gateways 100000000: want 2 to 64"},
+		{[]string{"sim", "--requests", "1000000000"}, "--requests 1000000000: want 1 to 64"},
+		{[]string{"sim", "--tenants", "0"}, "--tenants 0: want 1 to 64"},
+		{[]string{"sim", "--executors", "65"}, "--executors 65: want 1 to 64"},
 		{[]string{"sim", "--interleavings", "0"}, "--interleavings 0: want 1 to"},
 	} {
 		code, out, errOut := cli(t, "http://127.0.0.1:1", c.args...)

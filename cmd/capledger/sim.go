@@ -19,6 +19,11 @@ const maxSimWorkers = 1 << 12
 // events for its reports (--last 1e15 panicked making it).
 const maxSimLastEvents = 1 << 16
 
+// maxSimNodes bounds --gateways, --executors, --tenants and --requests
+// (per gateway): 64 of each runs an interleaving in seconds, while
+// --requests 1e9 or --gateways 1e8 ran out of memory in the first one.
+const maxSimNodes = 64
+
 func init() {
 	register(&command{name: "sim", summary: "run the deterministic simulator and its release gates (exit 6 on a violation)", help: simHelp, run: runSim})
 }
@@ -53,7 +58,8 @@ Flags:
   --only LIST         enable only these comma-separated fault sites
   --gateways N, --executors N, --tenants N, --requests N
                       most gateways, executors, tenants, requests per gateway
-                      an interleaving draws (defaults 4, 3, 3, 6)
+                      an interleaving draws (defaults 4, 3, 3, 6; at most
+                      64 each; gateways at least 2, the rest at least 1)
   --arrival-window D, --heal-at D, --deadline D
                       requests arrive within D; faults heal at D; everything
                       must converge within D after healing (defaults 2m, 3m,
@@ -119,6 +125,10 @@ func runSim(ctx context.Context, e *env, args []string) error {
 		intIn("workers", *workers, 1, maxSimWorkers),
 		intIn("reports", *reports, 0, math.MaxInt),
 		intIn("last", *last, 0, maxSimLastEvents),
+		intIn("gateways", *gateways, 2, maxSimNodes),
+		intIn("executors", *executors, 1, maxSimNodes),
+		intIn("tenants", *tenants, 1, maxSimNodes),
+		intIn("requests", *requests, 1, maxSimNodes),
 	); err != nil {
 		return err
 	}
