@@ -88,6 +88,8 @@ func TestFlagsOutOfRangeAreRefusedNamingFlagValueAndRange(t *testing.T) {
 		{[]string{"sim", "--requests", "1000000000"}, "--requests 1000000000: want 1 to 64"},
 		{[]string{"sim", "--tenants", "0"}, "--tenants 0: want 1 to 64"},
 		{[]string{"sim", "--executors", "65"}, "--executors 65: want 1 to 64"},
+		{[]string{"sim", "--arrival-window", "10000h", "--heal-at", "10001h"}, "--arrival-window 10000h0m0s: want 1ns to 24h0m0s"},
+		{[]string{"sim", "--deadline", "25h"}, "--deadline 25h0m0s: want 1ns to 24h0m0s"},
 		{[]string{"sim", "--interleavings", "0"}, "--interleavings 0: want 1 to"},
 	} {
 		code, out, errOut := cli(t, "http://127.0.0.1:1", c.args...)

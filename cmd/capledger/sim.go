@@ -24,6 +24,11 @@ const maxSimLastEvents = 1 << 16
 // --requests 1e9 or --gateways 1e8 ran out of memory in the first one.
 const maxSimNodes = 64
 
+// maxSimTime bounds the simulated --arrival-window, --heal-at and
+// --deadline: the workers' ticks make an interleaving's cost grow with
+// its simulated time (10000h took 37 s for one; the defaults are minutes).
+const maxSimTime = 24 * time.Hour
+
 func init() {
 	register(&command{name: "sim", summary: "run the deterministic simulator and its release gates (exit 6 on a violation)", help: simHelp, run: runSim})
 }
@@ -63,7 +68,7 @@ Flags:
   --arrival-window D, --heal-at D, --deadline D
                       requests arrive within D; faults heal at D; everything
                       must converge within D after healing (defaults 2m, 3m,
-                      30m, simulated)
+                      30m, simulated; at most 24h each)
   --audit-every N     full ledger.Audit after every N-th commit, besides
                       after every restart and at the end (default 0: only
                       there; the incremental checks run after every commit)
@@ -129,6 +134,9 @@ func runSim(ctx context.Context, e *env, args []string) error {
 		intIn("executors", *executors, 1, maxSimNodes),
 		intIn("tenants", *tenants, 1, maxSimNodes),
 		intIn("requests", *requests, 1, maxSimNodes),
+		durationIn("arrival-window", *arrival, time.Nanosecond, maxSimTime),
+		durationIn("heal-at", *healAt, 0, maxSimTime),
+		durationIn("deadline", *deadline, time.Nanosecond, maxSimTime),
 	); err != nil {
 		return err
 	}
