@@ -90,19 +90,25 @@ func LoadConfig(path string) (*Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("envoy config: %w", err)
 	}
-	c, err := ParseConfig(data)
+	c, err := parseConfigFile(path, data)
 	if err != nil {
 		return nil, fmt.Errorf("envoy config %s: %w", path, err)
 	}
 	return c, nil
 }
 
-// ParseConfig parses and validates a mapping in YAML (or JSON). Unknown
-// fields are errors, so a misspelt key does not silently change the
-// mapping.
+// ParseConfig parses and validates a mapping in YAML, or in strict JSON
+// when it is JSON ("{" first: yamlfile.IsJSON). Unknown fields are
+// errors, so a misspelt key does not silently change the mapping.
 func ParseConfig(data []byte) (*Config, error) {
+	return parseConfigFile("", data)
+}
+
+// parseConfigFile is ParseConfig for the file named name, which is JSON
+// also when its name ends in .json.
+func parseConfigFile(name string, data []byte) (*Config, error) {
 	var c Config
-	if err := yamlfile.UnmarshalStrict(data, &c); err != nil {
+	if err := yamlfile.UnmarshalFile(name, data, &c); err != nil {
 		return nil, err
 	}
 	if err := c.validate(); err != nil {

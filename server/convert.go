@@ -420,8 +420,8 @@ func PolicyFromProto(pb *v1.Policy) (ledger.Policy, error) {
 		{"epochLength", pb.GetEpochLength(), &p.EpochLength},
 	}
 	for _, d := range durations {
-		if *d.out, err = durationFromProto(ledger.ErrInvalidPolicy, d.name, d.in); err != nil {
-			return ledger.Policy{}, err
+		if *d.out, err = durationFromProto(d.name, d.in); err != nil {
+			return ledger.Policy{}, fmt.Errorf("%w: %v", ledger.ErrInvalidPolicy, err)
 		}
 	}
 	// An explicit value is never turned into a default: holdTtl "0s" was
@@ -443,9 +443,9 @@ func PolicyFromProto(pb *v1.Policy) (ledger.Policy, error) {
 		return ledger.Policy{}, fmt.Errorf("%w: rollout %d is neither %s nor %s", ledger.ErrInvalidPolicy, pb.GetRollout(), v1.RolloutMode_ROLLOUT_MODE_ENFORCE, v1.RolloutMode_ROLLOUT_MODE_SHADOW)
 	}
 	for i, d := range pb.GetDimensions() {
-		interval, err := durationFromProto(ledger.ErrInvalidPolicy, fmt.Sprintf("dimensions[%d].refillInterval", i), d.GetRefillInterval())
+		interval, err := durationFromProto(fmt.Sprintf("dimensions[%d].refillInterval", i), d.GetRefillInterval())
 		if err != nil {
-			return ledger.Policy{}, err
+			return ledger.Policy{}, fmt.Errorf("%w: %v", ledger.ErrInvalidPolicy, err)
 		}
 		p.Dimensions = append(p.Dimensions, ledger.Dimension{
 			Unit:           d.GetUnit(),
@@ -460,24 +460,26 @@ func PolicyFromProto(pb *v1.Policy) (ledger.Policy, error) {
 }
 
 // durationFromProto returns d as a time.Duration (0 when unset), or an
-// error wrapping kind (ledger.ErrInvalidPolicy, ledger.ErrInvalidCommand)
-// that names the field when d is no valid Duration or beyond
-// ledger.MaxDurationSeconds either way (a fraction past it too).
-func durationFromProto(kind error, name string, d *durationpb.Duration) (time.Duration, error) {
+// error naming the field when d is no valid Duration or beyond
+// ledger.MaxDurationSeconds either way (a fraction past it too). The
+// error says what is wrong and nothing more: the caller answers it under
+// its reason (INVALID_POLICY in a policy, INVALID_COMMAND in a shard's
+// ttl, whose messages say what is wrong alone: outcomeMessage).
+func durationFromProto(name string, d *durationpb.Duration) (time.Duration, error) {
 	if d == nil {
 		return 0, nil
 	}
 	if err := d.CheckValid(); err != nil {
-		return 0, fmt.Errorf("%w: %s: %v", kind, name, err)
+		return 0, fmt.Errorf("%s: %v", name, err)
 	}
 	// The proto allows 10,000 years, time.Duration about 292; AsDuration
 	// saturates, which would keep another duration than the one asked.
 	seconds, nanos := d.GetSeconds(), d.GetNanos()
 	switch {
 	case seconds > ledger.MaxDurationSeconds || seconds == ledger.MaxDurationSeconds && nanos > 0:
-		return 0, fmt.Errorf("%w: %s %s is longer than the maximum %ds (about 292 years)", kind, name, ledger.SecondsText(seconds, nanos), ledger.MaxDurationSeconds)
+		return 0, fmt.Errorf("%s %s is longer than the maximum %ds (about 292 years)", name, ledger.SecondsText(seconds, nanos), ledger.MaxDurationSeconds)
 	case seconds < -ledger.MaxDurationSeconds || seconds == -ledger.MaxDurationSeconds && nanos < 0:
-		return 0, fmt.Errorf("%w: %s %s is below the minimum -%ds", kind, name, ledger.SecondsText(seconds, nanos), ledger.MaxDurationSeconds)
+		return 0, fmt.Errorf("%s %s is below the minimum -%ds", name, ledger.SecondsText(seconds, nanos), ledger.MaxDurationSeconds)
 	}
 	return d.AsDuration(), nil
 }

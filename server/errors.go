@@ -121,7 +121,7 @@ func rejection(res *ledger.Result, reason string) *v1.RejectionDetail {
 // reservation's amounts by unit name.
 func (s *Server) outcomeError(ctx context.Context, res *ledger.Result) *connect.Error {
 	class := classify(res.Err)
-	cerr := connect.NewError(class.code, res.Err)
+	cerr := connect.NewError(class.code, refusal{outcomeMessage(res.Err), res.Err})
 	if class.capacity {
 		detail := rejection(res, class.reason)
 		s.metrics.rejection(res.Dimension, class.reason)
@@ -145,7 +145,7 @@ func (s *Server) outcomeError(ctx context.Context, res *ledger.Result) *connect.
 // carried in the response instead of failing the call.
 func (s *Server) itemError(ctx context.Context, res *ledger.Result) *v1.ItemError {
 	class := classify(res.Err)
-	item := &v1.ItemError{Code: class.code.String(), Message: res.Err.Error()}
+	item := &v1.ItemError{Code: class.code.String(), Message: outcomeMessage(res.Err)}
 	if class.capacity {
 		item.Rejection = rejection(res, class.reason)
 		s.metrics.rejection(res.Dimension, class.reason)
@@ -159,6 +159,28 @@ func (s *Server) itemError(ctx context.Context, res *ledger.Result) *v1.ItemErro
 	}
 	return item
 }
+
+// outcomeMessage is what the answer to a refused command says: err's
+// text, less the "invalid command: " that the ledger's ErrInvalidCommand
+// puts first. The reason (INVALID_COMMAND) says that already, and the
+// server's own checks at the door say what is wrong alone: one refusal
+// must not read two ways by the layer that decided it.
+func outcomeMessage(err error) string {
+	if errors.Is(err, ledger.ErrInvalidCommand) {
+		return strings.TrimPrefix(err.Error(), ledger.ErrInvalidCommand.Error()+": ")
+	}
+	return err.Error()
+}
+
+// refusal is a ledger outcome's error with the text outcomeMessage gives
+// it; errors.Is still finds the ledger's error under it.
+type refusal struct {
+	text string
+	err  error
+}
+
+func (r refusal) Error() string { return r.text }
+func (r refusal) Unwrap() error { return r.err }
 
 // operatingError maps an engine or store failure (not a ledger outcome).
 // The message says what is known of the command's outcome: "not applied"

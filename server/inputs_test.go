@@ -583,3 +583,37 @@ func TestPolicyOtherSchemaIsInvalid(t *testing.T) {
 		}
 	}
 }
+
+// An INVALID_COMMAND refusal said "invalid command: " first when a shard's
+// ttl was decided by durationFromProto, or a receipt by the ledger, and
+// nothing before what was wrong when decided at the door ("ttl must be
+// above 0"): one reason read two ways by the layer that decided it. Each
+// now says what is wrong alone, under the same code and reason.
+func TestInvalidCommandMessagesSayWhatIsWrongAlone(t *testing.T) {
+	h := newHarness(t, harnessOptions{shards: true})
+	h.ok("PublishPolicy", tokensPolicy, "")
+	shard := func(method, body string) response {
+		req, _ := http.NewRequest(http.MethodPost, h.url+"/capledger.v1.ShardService/"+method, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		return h.do(req)
+	}
+	issue := func(ttl string) string {
+		return `{"shardId":"s","subject":"tenant-7","route":"chat.generate","units":{"tokens":1},"gatewayId":"gw","bootEpoch":1,"ttl":"` + ttl + `"}`
+	}
+	settled := `{"reservationId":"a","state":"RESERVATION_STATE_SETTLED","reservedUnits":{"tokens":1},"actualUnits":{"tokens":1}}`
+	for _, c := range []struct{ method, body, message string }{
+		{"IssueShard", issue("9999999999s"), "ttl 9999999999s is longer than the maximum 9223372036s (about 292 years)"},
+		{"IssueShard", issue("9223372036.5s"), "ttl 9223372036.500s is longer than the maximum 9223372036s (about 292 years)"},
+		{"IssueShard", issue("-9999999999s"), "ttl -9999999999s is below the minimum -9223372036s"},
+		{"IssueShard", issue("0s"), "ttl must be above 0 (0s)"},
+		{"ReconcileShard", `{"shardId":"s","gatewayId":"gw","receipts":[` + settled + `,` + settled + `]}`, "receipt a appears twice"},
+		{"ReconcileShard", `{"shardId":"s","gatewayId":"gw","receipts":[{"reservationId":"b","state":"RESERVATION_STATE_RESERVED","reservedUnits":{"tokens":1}}]}`,
+			"receipt b is RESERVED: release unstarted holds before reconciling"},
+	} {
+		r := shard(c.method, c.body)
+		h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidCommand)
+		if message, _ := r.body["message"].(string); message != c.message {
+			t.Errorf("%s %s: message %q, want %q", c.method, c.body, message, c.message)
+		}
+	}
+}

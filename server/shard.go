@@ -196,7 +196,7 @@ func (svc *shardService) issue(ctx context.Context, m *v1.IssueShardRequest, leg
 	if cerr := checkUnitValues("units", m.GetUnits(), false); cerr != nil {
 		return nil, svc.refused(ledger.KindShardIssue, cerr)
 	}
-	ttl, err := durationFromProto(ledger.ErrInvalidCommand, "ttl", m.GetTtl())
+	ttl, err := durationFromProto("ttl", m.GetTtl())
 	if err != nil {
 		return nil, svc.refused(ledger.KindShardIssue, invalidArgument(ReasonInvalidCommand, "%v", err))
 	}
@@ -408,7 +408,7 @@ func (svc *shardService) ReconcileShard(ctx context.Context, req *connect.Reques
 	// id names (unknown, another gateway's, reconciled), never a refusal
 	// counted against the shard.
 	if err := ledger.CheckShardReceipts(shapes, nil); err != nil {
-		return nil, svc.refused(ledger.KindShardReconcile, invalidArgument(ReasonInvalidCommand, "%v", err))
+		return nil, svc.refused(ledger.KindShardReconcile, invalidArgument(ReasonInvalidCommand, "%s", outcomeMessage(err)))
 	}
 	if svc.reads == nil {
 		return nil, connect.NewError(connect.CodeUnimplemented, errors.New("this ledger cannot read shards"))

@@ -30,6 +30,7 @@ import (
 
 	v1 "github.com/capledger/capledger/api/capledger/v1"
 	"github.com/capledger/capledger/client"
+	"github.com/capledger/capledger/ledger"
 )
 
 func init() {
@@ -78,17 +79,18 @@ Flags:
   --mode MODE        reserve, lifecycle, batch, echo, gubernator, redis,
                      redis-batch or envoy (default reserve)
   --envoy-domain D   rate limit domain of --mode envoy (default bench)
-  --concurrency N    concurrent callers (default 64)
-  --duration DUR     measured time (default 10s); it goes on until at
-                     least one call has finished, so a short run on a
-                     loaded machine still measures one
-  --warmup DUR       unmeasured time before it (default 1s)
+  --concurrency N    concurrent callers (default 64; 1 to 65536)
+  --duration DUR     measured time (default 10s; above 0); it goes on
+                     until at least one call has finished, so a short run
+                     on a loaded machine still measures one
+  --warmup DUR       unmeasured time before it (default 1s; not negative)
   --rate N           pace all callers together to N ops a second (an open
                      schedule: call k is due at k/N s; one that is overdue
                      starts at once), a steady load whatever else the
                      machine runs; latency counts from the call's start.
                      0 = as fast as the callers go (default 0)
-  --subjects N       subjects to spread over; 1 = one hot subject (default 1)
+  --subjects N       subjects to spread over; 1 = one hot subject (default 1;
+                     at most 1073741824)
   --prefill BOOL     before the warmup, reserve once for every subject (in
                      batches of 250, one at a time), so
                      each has its account and the measured run reads
@@ -99,10 +101,10 @@ Flags:
                      times) and a second prefill of the same subjects only
                      replays. The 1M-tenant case is one command:
                      capledger bench --subjects 1000000
-  --prefill-from N   start the prefill at subject N (resume one that was
-                     interrupted; default 0)
+  --prefill-from N   start the prefill at subject N, 0 to --subjects (resume
+                     one that was interrupted; default 0; needs a prefill)
   --epoch-length DUR accounting epoch of the bench policy (default the
-                     server's, 1h); a short one makes an epoch rollover of
+                     server's, 1h; else 1s to 438300h); a short one makes an epoch rollover of
                      every prefilled account happen during the run
   --addrs A,B,...    spread the callers over several servers (replicas of
                      one store) round-robin, instead of --addr
@@ -114,7 +116,7 @@ Flags:
                      the same order (a warm cache flatters them); give a
                      printed seed to repeat a run's subjects
   --route ROUTE      route of the reservations (default bench.reserve)
-  --units N          tokens per reservation (default 1)
+  --units N          tokens per reservation (default 1; at most 2^53)
   --protocol P       connect (binary protobuf, default), connect-json or grpc
                      (the SDK's connect-go client), or grpc-go: reserve,
                      lifecycle and batch with a grpc-go client (one
@@ -228,24 +230,23 @@ func runBench(ctx context.Context, e *env, args []string) error {
 	if cfg.protocol, err = client.ParseProtocol(*protocol); err != nil {
 		return usagef("--protocol: %v", err)
 	}
-	switch {
-	case !slices.Contains(benchModes, cfg.mode):
+	if !slices.Contains(benchModes, cfg.mode) {
 		return usagef("--mode %q: want one of %s", cfg.mode, strings.Join(benchModes, ", "))
-	case cfg.concurrency < 1:
-		return usagef("--concurrency must be at least 1")
-	case cfg.duration <= 0 || cfg.warmup < 0:
-		return usagef("--duration must be positive and --warmup not negative")
-	case cfg.subjects < 1:
-		return usagef("--subjects must be at least 1")
-	case cfg.batchSize < 1 || cfg.batchSize > client.MaxBatch:
-		return usagef("--batch-size must be in [1, %d]", client.MaxBatch)
-	case cfg.units < 1:
-		return usagef("--units must be at least 1")
-	case cfg.rate < 0 || math.IsNaN(cfg.rate) || math.IsInf(cfg.rate, 0):
-		return usagef("--rate must be a number of ops a second, 0 for as fast as the callers go")
 	}
-	if cfg.prefillFrom < 0 || cfg.prefillFrom > cfg.subjects {
-		return usagef("--prefill-from must be in [0, --subjects]")
+	if err := firstError(
+		intIn("concurrency", cfg.concurrency, 1, maxBenchConcurrency),
+		durationIn("duration", cfg.duration, time.Nanosecond, time.Duration(math.MaxInt64)),
+		durationIn("warmup", cfg.warmup, 0, time.Duration(math.MaxInt64)),
+		intIn("subjects", cfg.subjects, 1, maxBenchSubjects),
+		intIn("batch-size", cfg.batchSize, 1, client.MaxBatch),
+		intIn("units", cfg.units, 1, int64(ledger.MaxUnits)),
+		intIn("prefill-from", cfg.prefillFrom, 0, cfg.subjects),
+		durationOffOrIn("epoch-length", cfg.epochLength, ledger.MinEpochLength, ledger.MaxEpochLength, "the server's default"),
+	); err != nil {
+		return err
+	}
+	if cfg.rate < 0 || math.IsNaN(cfg.rate) || math.IsInf(cfg.rate, 0) {
+		return usagef("--rate %v: want a number of ops a second, 0 for as fast as the callers go", cfg.rate)
 	}
 	switch *prefill {
 	case "":
@@ -254,6 +255,9 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		cfg.prefill = *prefill == "true"
 	default:
 		return usagef("--prefill %q: want true or false", *prefill)
+	}
+	if cfg.prefillFrom > 0 && !cfg.prefill {
+		return usagef("--prefill-from %d resumes a prefill, and there is none: give --prefill=true (or more than one --subjects)", cfg.prefillFrom)
 	}
 	if *addrs != "" {
 		for _, a := range strings.Split(*addrs, ",") {
@@ -315,6 +319,13 @@ func runBench(ctx context.Context, e *env, args []string) error {
 	}
 	return nil
 }
+
+// The ranges of bench's --concurrency and --subjects: a caller is a
+// goroutine with its own connection state, a subject a row in the store.
+const (
+	maxBenchConcurrency = 1 << 16
+	maxBenchSubjects    = 1 << 30
+)
 
 // benchRuntime tunes the Go runtime of the load generator, which shares
 // the machine with the server it measures, so that its own CPU per call

@@ -22,6 +22,7 @@ import (
 	v1 "github.com/capledger/capledger/api/capledger/v1"
 	"github.com/capledger/capledger/api/capledger/v1/capledgerv1connect"
 	"github.com/capledger/capledger/client"
+	"github.com/capledger/capledger/ledger"
 )
 
 // clientFlags are the flags of every command that talks to a server.
@@ -410,6 +411,11 @@ func parseUnits(flagName, spec string) (map[string]int64, error) {
 		amount, err := strconv.ParseInt(value, 10, 64)
 		if err != nil || amount < 0 {
 			return nil, usagef("--%s: amount %q of %s is not a non-negative integer", flagName, value, name)
+		}
+		if amount > int64(ledger.MaxUnits) {
+			// The largest amount a command may carry; the server would
+			// refuse it.
+			return nil, usagef("--%s: amount %d of %s: want 0 to %d", flagName, amount, name, int64(ledger.MaxUnits))
 		}
 		if _, dup := units[name]; dup {
 			return nil, usagef("--%s: unit %s given twice", flagName, name)

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"flag"
+	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -36,7 +37,7 @@ Flags:
   --identity NAME   the legacy limiter's token name (required)
   --subject S, --route R, --region REGION   the capacity (region default global)
   --units SPEC      e.g. tokens=200 (required)
-  --ttl DUR         how long it may be spent, at most serve --shard-max-ttl (required)
+  --ttl DUR         how long it may be spent, 1s to serve --shard-max-ttl (required)
   --id ID           the budget's id, its idempotency key (required)
 
 Example:
@@ -69,8 +70,10 @@ func runLegacy(ctx context.Context, e *env, args []string) error {
 	if err := parseNoArgs(fs, args[1:]); err != nil {
 		return err
 	}
-	if *ttl < 0 {
-		return usagef("--ttl %s: want a duration above 0", *ttl)
+	if *ttl != 0 {
+		if err := durationIn("ttl", *ttl, time.Second, maxAPIDuration); err != nil {
+			return err
+		}
 	}
 	if *identity == "" || *subject == "" || *route == "" || *unitSpec == "" || *ttl == 0 || *id == "" {
 		return usagef("--identity, --subject, --route, --units, --ttl and --id are required")

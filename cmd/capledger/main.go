@@ -8,9 +8,7 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -273,25 +271,16 @@ func readInput(path string) ([]byte, error) {
 	return os.ReadFile(path)
 }
 
-// decodeStrictJSON decodes raw, a file an operator wrote, into v: a field
-// v does not have is an error (a misspelt field must not read as zero),
-// so is a field spelt in another case, both naming the line and path
-// (yamlfile.ExactKeys, first, for the decoder names neither), and so is
-// anything after the first JSON value but white space (two files
-// concatenated: the second would be dropped without a word).
+// decodeStrictJSON decodes raw, a JSON file an operator wrote, into v
+// as strictly as every file the CLI reads (yamlfile.UnmarshalStrictJSON):
+// a JSON syntax error (a trailing comma, a comment) names its line and
+// column; a field v does not have (a misspelt field must not read as
+// zero), a field spelt in another case and a key given twice name their
+// line and path; anything after the first JSON value but white space (two
+// files concatenated: the second would be dropped without a word) is
+// refused.
 func decodeStrictJSON(raw []byte, v any) error {
-	if err := yamlfile.ExactKeys(raw, v); err != nil {
-		return err
-	}
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return err
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return fmt.Errorf("data after the first JSON value (at byte %d): one value per file", dec.InputOffset())
-	}
-	return nil
+	return yamlfile.UnmarshalStrictJSON(raw, v)
 }
 
 // wantArgs checks the number of positional arguments.

@@ -161,3 +161,48 @@ func TestServeSaysWhenItCreatedTheDatabase(t *testing.T) {
 		}
 	}
 }
+
+// A policy file written as JSON was read by the YAML decoder, which
+// published what JSON refuses: a trailing comma, a comment, a key given
+// twice (the last one won). A file that is JSON (a .json name, or "{"
+// first, standard input too) is refused for them, naming the line and
+// column, before anything is sent; YAML files stay YAML.
+func TestPolicyPublishOfMalformedJSONSendsNothing(t *testing.T) {
+	url := startInProcess(t)
+	dir := t.TempDir()
+	terms := "\"subject\": \"tenant-7\",\n  \"route\": \"chat\",\n  \"dimensions\": [{\"unit\": \"tokens\", \"burst\": 10}"
+	for _, c := range []struct{ name, content, says string }{
+		{"comma.json", "{\n  " + terms + "],\n}\n", "line 5, column 1: invalid character '}' looking for beginning of object key string (a comma before }: JSON allows no trailing comma)"},
+		{"comma-in-list.yaml", "{\n  " + terms + ",]\n}\n", "line 4, column 50: invalid character ']' looking for beginning of value (a comma before ]: JSON allows no trailing comma)"},
+		{"comment.json", "{\n  // tenant 7\n  " + terms + "]\n}\n", "line 2, column 3: invalid character '/'"},
+		{"twice.json", "{\n  " + terms + "],\n  \"route\": \"embed\"\n}\n", `line 5, column 3: key "route" given twice`},
+		{"yaml.json", "subject: tenant-7\nroute: chat\n", "line 1, column 1: invalid character 's' looking for beginning of value"},
+	} {
+		path := filepath.Join(dir, c.name)
+		if err := os.WriteFile(path, []byte(c.content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		code, out, errOut := cli(t, url, "policy", "publish", path)
+		wantExit(t, exitUsage, code, out, errOut)
+		if want := "policy " + path + ": " + c.says; !strings.Contains(errOut, want) {
+			t.Errorf("publish %s: %q, want %q", c.name, errOut, want)
+		}
+	}
+	code, out, errOut := cli(t, url, "policy", "list")
+	wantExit(t, exitOK, code, out, errOut)
+	if strings.Contains(out, "generation") {
+		t.Fatalf("a malformed JSON file published a policy:\n%s", out)
+	}
+	// The same terms, well formed, publish: as JSON and as YAML.
+	for name, content := range map[string]string{
+		"ok.json": "{\n  " + terms + "]\n}\n",
+		"ok.yaml": "# tenant 7\nsubject: tenant-7\nroute: chat\ndimensions: [{unit: tokens, burst: 10,}]\n",
+	} {
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		code, out, errOut := cli(t, url, "policy", "publish", path)
+		wantExit(t, exitOK, code, out, errOut)
+	}
+}

@@ -28,7 +28,7 @@ func (p *pageFlags) register(fs *flag.FlagSet) {
 // contradict each other.
 func (p *pageFlags) check() error {
 	if p.limit < 1 || p.limit > 1000 {
-		return usagef("--limit must be in [1, 1000]")
+		return intIn("limit", p.limit, 1, 1000)
 	}
 	if p.all && p.token != "" {
 		return usagef("--all starts at the first page; leave out --page-token")

@@ -39,6 +39,10 @@ was not rolled back becomes active again, and settlement and debt of the
 rolled-back one go on. publish and rollback need an admin token.
 
 Policy file (YAML or JSON, one policy per file; durations like "30s", "5m", "1h").
+A file whose name ends in .json, or whose first character is { or [
+(standard input too), is JSON and read as strict JSON: a trailing comma, a
+comment or a key given twice is an error naming its line and column.
+Anything else is YAML (write a YAML file in block style, as below).
 Field names are those of the API's Policy (docs/API.md, PublishPolicy);
 "holdTTL", the spelling of older files, is still read as holdTtl, and a file
 giving both is refused. An unknown field, a key spelt in another case than
@@ -122,7 +126,7 @@ func runPolicyPublish(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return usagef("read policy: %v", err)
 	}
-	policy, editedFrom, err := parsePolicyFile(data)
+	policy, editedFrom, err := parsePolicyFile(positional[0], data)
 	if err != nil {
 		return usagef("policy %s: %v", positional[0], err)
 	}
@@ -359,14 +363,17 @@ func fileDurationOf(d *durationpb.Duration) fileDuration {
 	return fileDuration(d.AsDuration().String())
 }
 
-// parsePolicyFile reads the human policy form (YAML or JSON) and returns
-// the policy and the generation the file was edited from (0: none given).
+// parsePolicyFile reads the human policy form, the file named name ("-"
+// for standard input): strict JSON when it is JSON (a .json name, or "{"
+// first), else YAML (yamlfile.UnmarshalFile). It returns the policy and
+// the generation the file was edited from (0: none given).
 // Unknown fields are errors (a misspelt "holdTime" must not silently
 // become the default), as are malformed values, each naming its line and
-// field (yamlfile.UnmarshalStrict); the server validates the rest.
-func parsePolicyFile(data []byte) (*v1.Policy, uint64, error) {
+// field, and JSON's syntax errors their line and column; the server
+// validates the rest.
+func parsePolicyFile(name string, data []byte) (*v1.Policy, uint64, error) {
 	var f policyFile
-	if err := yamlfile.UnmarshalStrict(data, &f); err != nil {
+	if err := yamlfile.UnmarshalFile(name, data, &f); err != nil {
 		return nil, 0, err
 	}
 	if f.Schema != "" && f.Schema != "admissionBudget.v1" {

@@ -40,7 +40,7 @@ func TestPolicyFileSpellsFieldsAsTheAPI(t *testing.T) {
 // ambiguous, and any other case is refused naming holdTtl.
 func TestPolicyFileReadsHoldTTLAsHoldTtl(t *testing.T) {
 	const rest = "subject: tenant-7\nroute: chat\ndimensions:\n  - unit: tokens\n    burst: 10\n"
-	want, _, err := parsePolicyFile([]byte("holdTtl: 90s\n" + rest))
+	want, _, err := parsePolicyFile("", []byte("holdTtl: 90s\n"+rest))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +52,7 @@ func TestPolicyFileReadsHoldTTLAsHoldTtl(t *testing.T) {
 		`{"subject":"tenant-7","route":"chat","holdTTL":"90s","dimensions":[{"unit":"tokens","burst":10}]}`,
 		`{"subject":"tenant-7","route":"chat","holdTtl":"90s","dimensions":[{"unit":"tokens","burst":10}]}`,
 	} {
-		got, _, err := parsePolicyFile([]byte(file))
+		got, _, err := parsePolicyFile("", []byte(file))
 		if err != nil || !proto.Equal(got, want) {
 			t.Errorf("%q: %v %v, want %v", file, err, got, want)
 		}
@@ -63,7 +63,7 @@ func TestPolicyFileReadsHoldTTLAsHoldTtl(t *testing.T) {
 		{"HoldTtl: 90s\n" + rest, `field "HoldTtl": no such field; the field is spelt "holdTtl"`},
 		{"holdttl: 90s\n" + rest, `field "holdttl": no such field; the field is spelt "holdTtl"`},
 	} {
-		if got, _, err := parsePolicyFile([]byte(c.file)); err == nil || !strings.Contains(err.Error(), c.want) {
+		if got, _, err := parsePolicyFile("", []byte(c.file)); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%q: %v %v, want an error with %q", c.file, err, got, c.want)
 		}
 	}
@@ -112,7 +112,7 @@ func TestDocPolicyFilesLoad(t *testing.T) {
 	files["README.md PublishPolicy"] = string(body.Policy)
 
 	for where, file := range files {
-		p, _, err := parsePolicyFile([]byte(file))
+		p, _, err := parsePolicyFile("", []byte(file))
 		if err != nil {
 			t.Errorf("%s:\n%s\ndoes not load: %v", where, file, err)
 			continue
@@ -132,11 +132,11 @@ func TestDocPolicyFilesLoad(t *testing.T) {
 // from; the policy is the one the same file without them gives.
 func TestPolicyFileIgnoresServerSetFields(t *testing.T) {
 	const terms = `"subject":"tenant-7","route":"chat","rollout":"ROLLOUT_MODE_SHADOW","dimensions":[{"unit":"tokens","burst":"10"}]`
-	want, from, err := parsePolicyFile([]byte(`{` + terms + `}`))
+	want, from, err := parsePolicyFile("", []byte(`{`+terms+`}`))
 	if err != nil || from != 0 {
 		t.Fatalf("the terms alone: %v, edited from %d", err, from)
 	}
-	got, from, err := parsePolicyFile([]byte(`{` + terms + `,"generation":"7","publishedAt":"2026-12-05T04:30:36Z","rolledBack":true,"active":false,"rolloutNow":"ROLLOUT_MODE_ENFORCE"}`))
+	got, from, err := parsePolicyFile("", []byte(`{`+terms+`,"generation":"7","publishedAt":"2026-12-05T04:30:36Z","rolledBack":true,"active":false,"rolloutNow":"ROLLOUT_MODE_ENFORCE"}`))
 	if err != nil || from != 7 || !proto.Equal(got, want) {
 		t.Fatalf("with the server's fields: %v %v, edited from %d; want %v from 7", err, got, from, want)
 	}

@@ -78,7 +78,11 @@ func TestResolverConfigIsCheckedFieldByField(t *testing.T) {
 		{`{"routes":{"r":{"statusUrl":"http://gw/#frag","secretFile":"ok.secret"}}}`, "statusUrl"},
 		{`{"routes":{"r":{"statusUrl":"http://gw/base?","secretFile":"ok.secret"}}}`, "statusUrl"},
 		// A second object (two files concatenated) was ignored silently.
-		{`{"routes":{"r":{}}}{"routes":{"s":{"unknownDeadline":"1h"}}}`, "after the first JSON value"},
+		{`{"routes":{"r":{}}}{"routes":{"s":{"unknownDeadline":"1h"}}}`, "line 1, column 20: more than one document"},
+		// JSON's mistakes, by line and column; a key given twice (the last
+		// one was kept without a word).
+		{"{\"routes\":{\"r\":{}},\n}", "line 2, column 1: invalid character '}' looking for beginning of object key string (a comma before }: JSON allows no trailing comma)"},
+		{`{"interval":"5s","routes":{"r":{}},"interval":"1h"}`, `line 1, column 36: key "interval" given twice`},
 	} {
 		_, err := loadResolverConfig(write(c.body))
 		if err == nil || !strings.Contains(err.Error(), c.want) {
@@ -91,7 +95,7 @@ func TestResolverConfigIsCheckedFieldByField(t *testing.T) {
 // naming both, at the top and in a dimension: encoding/json would read
 // "HoldTtl" as holdTtl and "Burst" as burst.
 func TestPolicyFileKeysAreCaseSensitive(t *testing.T) {
-	if _, _, err := parsePolicyFile([]byte("subject: tenant-7\nroute: chat\nholdTtl: 1h\ndimensions:\n  - unit: tokens\n    burst: 10\n")); err != nil {
+	if _, _, err := parsePolicyFile("", []byte("subject: tenant-7\nroute: chat\nholdTtl: 1h\ndimensions:\n  - unit: tokens\n    burst: 10\n")); err != nil {
 		t.Fatalf("a policy file as written: %v", err)
 	}
 	for _, c := range []struct{ file, want string }{
@@ -105,7 +109,7 @@ func TestPolicyFileKeysAreCaseSensitive(t *testing.T) {
 		{"subject: tenant-7\nroute: chat\ndimensions:\n  - unit: tokens\n    burst: 10\n    refill: 5\n",
 			`line 6: dimensions[0]: field "refill": no such field; the fields here: burst, maxOverdraft, maxReservation, refillInterval, refillUnits, unit`},
 	} {
-		if _, _, err := parsePolicyFile([]byte(c.file)); err == nil || !strings.Contains(err.Error(), c.want) {
+		if _, _, err := parsePolicyFile("", []byte(c.file)); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%q: %v, want an error with %q", c.file, err, c.want)
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,6 +16,7 @@ import (
 
 	v1 "github.com/capledger/capledger/api/capledger/v1"
 	"github.com/capledger/capledger/api/capledger/v1/capledgerv1connect"
+	"github.com/capledger/capledger/ledger"
 )
 
 func init() {
@@ -111,6 +113,9 @@ func runRolloutCreate(ctx context.Context, e *env, args []string) error {
 	if *routeSpec == "" {
 		return usagef("--routes is required (route[@region],...)")
 	}
+	if hash := ledger.RolloutHash(*by); hash != ledger.RolloutByRoute && hash != ledger.RolloutBySubject {
+		return usagef("--by %q: want %s or %s", *by, ledger.RolloutByRoute, ledger.RolloutBySubject)
+	}
 	req := &v1.CreateRolloutRequest{Name: positional[0], HashBy: *by}
 	for _, spec := range strings.Split(*routeSpec, ",") {
 		route, region, _ := strings.Cut(strings.TrimSpace(spec), "@")
@@ -174,8 +179,11 @@ func runRolloutSet(ctx context.Context, e *env, args []string) error {
 		return usagef("--percent is required (0 to 100)")
 	}
 	percent, err := strconv.ParseFloat(strings.TrimSuffix(*percentFlag, "%"), 64)
-	if err != nil {
+	if err != nil || math.IsNaN(percent) {
 		return usagef("--percent %q is not a number", *percentFlag)
+	}
+	if percent < 0 || percent > 100 {
+		return usagef("--percent %s: want 0 to 100", *percentFlag)
 	}
 	client, err := cf.rolloutClient()
 	if err != nil {
@@ -430,8 +438,8 @@ burst is counted as "blocked by burst", never hidden.
                   GEN --wait) or is its key's active one (it never drains);
                   a server unavailable after the first answer is polled
                   again until --max-wait
-  --max-wait DUR  give up waiting after this long (default 1h)
-  --interval DUR  poll interval (default 2s)
+  --max-wait DUR  give up waiting after this long (default 1h; 0 polls once)
+  --interval DUR  poll interval (default 2s; 1ms to 1h)
   --status        do not roll back: only show (and drain) what the
                   generations hold
   --no-drain      do not run the drain pass (read only: a viewer token may
@@ -489,11 +497,13 @@ func runRollback(ctx context.Context, e *env, args []string) error {
 			gens = append(gens, g)
 		}
 	}
-	if *interval <= 0 {
-		return usagef("--interval must be positive")
-	}
-	if *maxWait < 0 {
-		return usagef("--max-wait %s: want a duration of 0 or more", *maxWait)
+	// --interval: polls not in a loop, at least hourly; --max-wait 0
+	// polls once.
+	if err := firstError(
+		durationIn("interval", *interval, time.Millisecond, time.Hour),
+		durationIn("max-wait", *maxWait, 0, time.Duration(math.MaxInt64)),
+	); err != nil {
+		return err
 	}
 	if !*status {
 		msg, err := unary(ctx, cf.timeout, client.RollbackGenerations, &v1.RollbackGenerationsRequest{Generations: gens})

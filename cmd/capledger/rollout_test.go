@@ -294,7 +294,7 @@ func TestLegacyCarveNegativeTTLNamed(t *testing.T) {
 	code, out, errOut := cli(t, url, "legacy", "carve", "--identity", "legacy-limiter", "--subject", "tenant-7",
 		"--route", "chat.generate", "--units", "tokens=10", "--ttl", "-1h", "--id", "b-1")
 	wantExit(t, exitUsage, code, out, errOut)
-	if !strings.Contains(errOut, "--ttl -1h0m0s: want a duration above 0") || strings.Contains(errOut, "required") {
+	if !strings.Contains(errOut, "--ttl -1h0m0s: want 1s to 2562047h47m16s (9223372036s, the API's longest duration)") || strings.Contains(errOut, "required") {
 		t.Errorf("the message does not name the negative TTL:\n%s", errOut)
 	}
 }

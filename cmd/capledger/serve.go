@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -66,7 +67,8 @@ Flags:
                       file shard-keys in --data-dir, created with a new key on
                       first start. Replicas on one PostgreSQL need the same keys.
   --shard-max-ttl DUR longest emergency-shard lifetime granted (default 24h;
-                      0 or below is refused)
+                      1s to 2562047h47m16s, the API's longest duration,
+                      9223372036s)
   --tls-cert FILE     PEM certificate (chain) to serve HTTPS with; needs
                       --tls-key. Both files are re-read when they change
                       (checked at most every 2s during handshakes): rotate by
@@ -98,13 +100,13 @@ Flags:
                       to start against such a primary and /readyz reports
                       not ready while it is one. A standalone server with no
                       standbys needs no flag.
-  --max-body BYTES    request body limit (default 1048576)
-  --max-batch N       commands per store transaction (default 512)
+  --max-body BYTES    request body limit (default 1048576; 1024 to 1073741824)
+  --max-batch N       commands per store transaction (default 512; 1 to 65536)
   --cache-rows N      SQLite row cache: the most rows of each hot table
                       (accounts, ...) kept in memory, least recently used
                       evicted first, filled with the file's tenants at
                       start; about 257 bytes per tenant (default 524288,
-                      about 135 MB); refused with the other
+                      about 135 MB; 1 to 1073741824); refused with the other
                       stores, which have no row cache. Unless GOMEMLIMIT
                       is set, serve sets a soft memory limit of 320 MiB +
                       256 bytes per cached row (448 MiB at the default, and
@@ -121,24 +123,27 @@ Flags:
                       drains, retention, compaction, the resolver); it
                       renews every third of DUR, and when it dies
                       another replica takes over within DUR + DUR/3
-                      (default 15s; see /statusz or "capledger status")
+                      (default 15s; 300ms to 24h; see /statusz or
+                      "capledger status")
   --retention DUR     remove finished reservations (settled, released,
                       expired) this long after they finished (default 72h;
-                      0 keeps every row forever). See docs/OPERATIONS.md,
-                      "Retention and compaction".
+                      0 keeps every row forever; not negative). See
+                      docs/OPERATIONS.md, "Retention and compaction".
   --tombstone-retention DUR
                       how long a removed reservation's tombstone answers a
                       retry of its id (default 720h = 30 days; at least
-                      --retention; 0 keeps tombstones forever)
+                      --retention; 0 keeps tombstones forever; not negative)
   --retention-interval DUR
-                      how often the retention pass runs (default 1m)
+                      how often the retention pass runs (default 1m; 1ms
+                      to 24h)
   --compaction DUR    cut a statement checkpoint this often (at the first
                       pass after each multiple of DUR, UTC) once an audit
                       since the last one is clean, then delete the journal
                       it summarises (default 1h, the default epoch length;
-                      0 keeps the whole journal)
+                      0 keeps the whole journal; else at least 1s)
   --compaction-interval DUR
-                      how often the compaction pass runs (default 1m)
+                      how often the compaction pass runs (default 1m; 1ms
+                      to 24h)
   --maintenance-share F
                       share of the time (0 < F <= 1) that retention,
                       compaction, giving disk space back and audits take
@@ -164,6 +169,9 @@ Example:
       --tls-cert /etc/capledger/tls/tls.crt --tls-key /etc/capledger/tls/tls.key
   (clients then use --addr https://ledger.example:7443, and --ca-file when a
   private CA signed the certificate)
+
+A flag outside its range is refused at start, naming the flag, the value
+and the range; nothing is opened.
 
 Exit codes: 0 after a graceful shutdown; 1 for bad flags, an address that
 cannot be opened, a TLS pair that does not load, or a store that refuses
@@ -204,6 +212,14 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	if err := parseNoArgs(fs, args); err != nil {
 		return err
 	}
+	if err := checkServeFlags(serveBounds{
+		maxBody: *maxBody, maxBatch: *maxBatch, cacheRows: *cacheRows, leaseTTL: *leaseTTL,
+		retention: *retention, tombstoneRetention: *tombstoneRetention, retentionInterval: *retentionInterval,
+		compaction: *compaction, compactionInterval: *compactionInterval, shardMaxTTL: *shardMaxTTL,
+		maintenanceShare: *maintenanceShare,
+	}); err != nil {
+		return err
+	}
 	// The ledger's rows are short-lived garbage: a larger GC target trades
 	// memory for fewer collections (+11-22% reserves a second at
 	// concurrency 64, measured for commit fbb50ac). GOGC, when set, wins.
@@ -220,34 +236,9 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	if *cacheRows >= 1 && os.Getenv("GOMEMLIMIT") == "" {
+	if os.Getenv("GOMEMLIMIT") == "" {
 		// GOMEMLIMIT, when set, wins.
 		defer debug.SetMemoryLimit(debug.SetMemoryLimit(serveMemoryLimit(*cacheRows)))
-	}
-	if *maxBody <= 0 || *maxBatch <= 0 {
-		return usagef("--max-body and --max-batch must be positive")
-	}
-	if *cacheRows < 1 {
-		return usagef("--cache-rows %d: want at least 1", *cacheRows)
-	}
-	if *leaseTTL < 300*time.Millisecond {
-		return usagef("--lease-ttl %v: want at least 300ms (the lease is renewed every third of it)", *leaseTTL)
-	}
-
-	if *retention < 0 || *tombstoneRetention < 0 || *retentionInterval <= 0 {
-		return usagef("--retention and --tombstone-retention may not be negative, --retention-interval must be positive")
-	}
-	if *compaction < 0 || *compactionInterval <= 0 {
-		return usagef("--compaction may not be negative, --compaction-interval must be positive")
-	}
-	if *shardMaxTTL <= 0 {
-		return usagef("--shard-max-ttl %v: want a lifetime above 0", *shardMaxTTL)
-	}
-	if !(*maintenanceShare > 0 && *maintenanceShare <= 1) {
-		return usagef("--maintenance-share %v: want a share above 0 and at most 1", *maintenanceShare)
-	}
-	if *retention > 0 && *tombstoneRetention > 0 && *tombstoneRetention < *retention {
-		return usagef("--tombstone-retention %s is shorter than --retention %s: a tombstone must outlive the window", *tombstoneRetention, *retention)
 	}
 
 	if *grpcTransport != "grpc-go" && *grpcTransport != "net/http" {
@@ -669,4 +660,62 @@ const serveCutGCPercent = 100
 // plus 2 KiB a row, VmHWM reached 605 MB, measured for commit 1362202).
 func serveMemoryLimit(cacheRows int) int64 {
 	return 320<<20 + int64(cacheRows)*256
+}
+
+// The ranges of serve's numeric flags (serveHelp, docs/OPERATIONS.md).
+const (
+	minMaxBody   = 1 << 10 // a policy or a batch of a few items fits
+	maxMaxBody   = 1 << 30 // a body is read whole into memory
+	maxMaxBatch  = 1 << 16 // the engine's queue holds 4 batches
+	maxCacheRows = 1 << 30 // 256 GiB of memory limit (serveMemoryLimit)
+	// The worker lease is renewed every third of --lease-ttl; a dead
+	// holder's work waits for it to run out.
+	minLeaseTTL = 300 * time.Millisecond
+	maxLeaseTTL = 24 * time.Hour
+	// How often a maintenance pass runs: not in a loop, at least daily.
+	minPassInterval = time.Millisecond
+	maxPassInterval = 24 * time.Hour
+	// A checkpoint is cut at most once a second.
+	minCompaction = time.Second
+	// A shard shorter than a second could not be used; the API grants
+	// none longer than its longest duration.
+	minShardMaxTTL = time.Second
+)
+
+// serveBounds is what checkServeFlags checks.
+type serveBounds struct {
+	maxBody                                 int64
+	maxBatch, cacheRows                     int
+	leaseTTL, retention, tombstoneRetention time.Duration
+	retentionInterval, compaction           time.Duration
+	compactionInterval, shardMaxTTL         time.Duration
+	maintenanceShare                        float64
+}
+
+// checkServeFlags returns the usage error naming the first of serve's
+// numeric flags outside its range, its value and the range; nil when
+// all are in range.
+func checkServeFlags(b serveBounds) error {
+	const forever = time.Duration(math.MaxInt64)
+	if err := firstError(
+		intIn("max-body", b.maxBody, minMaxBody, maxMaxBody),
+		intIn("max-batch", b.maxBatch, 1, maxMaxBatch),
+		intIn("cache-rows", b.cacheRows, 1, maxCacheRows),
+		durationIn("lease-ttl", b.leaseTTL, minLeaseTTL, maxLeaseTTL),
+		durationIn("retention", b.retention, 0, forever),
+		durationIn("tombstone-retention", b.tombstoneRetention, 0, forever),
+		durationIn("retention-interval", b.retentionInterval, minPassInterval, maxPassInterval),
+		durationOffOrIn("compaction", b.compaction, minCompaction, forever, "keep the whole journal"),
+		durationIn("compaction-interval", b.compactionInterval, minPassInterval, maxPassInterval),
+		durationIn("shard-max-ttl", b.shardMaxTTL, minShardMaxTTL, maxAPIDuration),
+	); err != nil {
+		return err
+	}
+	if !(b.maintenanceShare > 0 && b.maintenanceShare <= 1) {
+		return usagef("--maintenance-share %v: want a share above 0 and at most 1", b.maintenanceShare)
+	}
+	if b.retention > 0 && b.tombstoneRetention > 0 && b.tombstoneRetention < b.retention {
+		return usagef("--tombstone-retention %s is shorter than --retention %s: a tombstone must outlive the window", b.tombstoneRetention, b.retention)
+	}
+	return nil
 }

@@ -65,7 +65,7 @@ allow issuance. Gateways normally do all this through the Go SDK
       Without --receipts: no receipts, i.e. the gateway used nothing (for a
       shard that never reached its gateway). Accepted once per shard;
       later, only receipts resolving work left unknown.
-  shard reconcile --dir DIR --gateway GW
+  shard reconcile --dir DIR --gateway GW   (not with --receipts)
       reconcile every shard of a gateway's shard store directory (a stopped
       gateway's disk): the receipts it logged are sent, once.
   shard keys
@@ -80,7 +80,8 @@ Flags of issue:
   --units SPEC      units to carve out, e.g. tokens=5000,requests=50
   --gateway GW      gateway identity the shard is bound to
   --boot N          the gateway process's boot epoch
-  --ttl DUR         how long it may be spent (default 10m)
+  --ttl DUR         how long it may be spent (default 10m; at least 1s, at
+                    most serve --shard-max-ttl)
   --id ID           shard id (default: a new "sh-" ULID); retry with the same
                     id after a lost answer
 
@@ -134,6 +135,10 @@ func runShardIssue(ctx context.Context, e *env, args []string) error {
 	}
 	if *subject == "" || *route == "" || *gateway == "" || *boot == 0 || *unitsSpec == "" {
 		return usagef("--subject, --route, --units, --gateway and --boot are required")
+	}
+	// The server refuses what is above its --shard-max-ttl too.
+	if err := durationIn("ttl", *ttl, time.Second, maxAPIDuration); err != nil {
+		return err
 	}
 	units, err := parseUnits("units", *unitsSpec)
 	if err != nil {
@@ -236,6 +241,9 @@ func runShardInspect(ctx context.Context, e *env, args []string) error {
 			return err
 		}
 		return inspectToken(e, *tokenPath, *keysPath)
+	}
+	if *keysPath != "" {
+		return usagef("--keys verifies a --token-file offline; give --token-file FILE, or leave out --keys to ask the server")
 	}
 	if err := wantArgs(positional, 1, "a shard id (or --token-file FILE)"); err != nil {
 		return err
@@ -345,6 +353,9 @@ func runShardReconcile(ctx context.Context, e *env, args []string) error {
 		return usagef("--gateway is required")
 	}
 	if *dir != "" {
+		if *receiptsPath != "" {
+			return usagef("--dir reports the receipts the store in DIR keeps, --receipts those of a file: give one or the other")
+		}
 		if err := wantArgs(positional, 0, ""); err != nil {
 			return err
 		}

@@ -101,7 +101,7 @@ func TestCLIShardLifecycle(t *testing.T) {
 [{"reservation_id": "l2", "state": "usage_unknown", "reserved_units": {"tokens": 300}}]`), 0o600)
 	code, out, errOut = cli(t, url, "shard", "reconcile", "sh-cli", "--gateway", "gw-1", "--receipts", concatPath)
 	wantExit(t, exitUsage, code, out, errOut)
-	if !strings.Contains(errOut, "after the first JSON value") {
+	if !strings.Contains(errOut, "line 2, column 1: more than one document in the file") {
 		t.Fatalf("concatenated receipts: %s", errOut)
 	}
 

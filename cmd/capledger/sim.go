@@ -3,12 +3,31 @@ package main
 import (
 	"context"
 	"fmt"
+	"math"
 	"runtime"
 	"strconv"
 	"time"
 
 	"github.com/capledger/capledger/sim"
 )
+
+// maxSimWorkers bounds --workers: a worker is a goroutine running
+// interleavings; more than the cores only share them.
+const maxSimWorkers = 1 << 12
+
+// maxSimLastEvents bounds --last: each worker keeps a ring of that many
+// events for its reports (--last 1e15 panicked making it).
+const maxSimLastEvents = 1 << 16
+
+// maxSimNodes bounds --gateways, --executors, --tenants and --requests
+// (per gateway): 64 of each runs an interleaving in seconds, while
+// --requests 1e9 or --gateways 1e8 ran out of memory in the first one.
+const maxSimNodes = 64
+
+// maxSimTime bounds the simulated --arrival-window, --heal-at and
+// --deadline: the workers' ticks make an interleaving's cost grow with
+// its simulated time (10000h took 37 s for one; the defaults are minutes).
+const maxSimTime = 24 * time.Hour
 
 func init() {
 	register(&command{name: "sim", summary: "run the deterministic simulator and its release gates (exit 6 on a violation)", help: simHelp, run: runSim})
@@ -33,9 +52,10 @@ require every fault site to have fired at least 1,000 times (every site
 Flags:
   --interleavings N   seeded runs to do (default 10000)
   --seed S            first seed (default: from the clock, printed)
-  --workers K         parallel workers (default: all cores)
+  --workers K         parallel workers (default: all cores; 1 to 4096)
   --trace             print every event (use with --interleavings 1)
-  --last N            events shown in a violation report (default 40)
+  --last N            events shown in a violation report (default 40; 0 to
+                      65536)
   --reports N         full violation reports printed (default 5; the rest
                       one line each)
   --min-fires N       site gate: fires every site needs (default 1000 for
@@ -43,11 +63,12 @@ Flags:
   --only LIST         enable only these comma-separated fault sites
   --gateways N, --executors N, --tenants N, --requests N
                       most gateways, executors, tenants, requests per gateway
-                      an interleaving draws (defaults 4, 3, 3, 6)
+                      an interleaving draws (defaults 4, 3, 3, 6; at most
+                      64 each; gateways at least 2, the rest at least 1)
   --arrival-window D, --heal-at D, --deadline D
                       requests arrive within D; faults heal at D; everything
                       must converge within D after healing (defaults 2m, 3m,
-                      30m, simulated)
+                      30m, simulated; at most 24h each)
   --audit-every N     full ledger.Audit after every N-th commit, besides
                       after every restart and at the end (default 0: only
                       there; the incremental checks run after every commit)
@@ -104,11 +125,20 @@ func runSim(ctx context.Context, e *env, args []string) error {
 	if err := sim.CheckMutant(e.getenv("CAPLEDGER_MUTANT")); err != nil {
 		return usagef("%v", err)
 	}
-	if *interleavings < 1 {
-		return usagef("--interleavings %d: at least 1", *interleavings)
-	}
-	if *workers < 1 {
-		return usagef("--workers %d: at least 1", *workers)
+	if err := firstError(
+		intIn("interleavings", *interleavings, 1, math.MaxInt64),
+		intIn("workers", *workers, 1, maxSimWorkers),
+		intIn("reports", *reports, 0, math.MaxInt),
+		intIn("last", *last, 0, maxSimLastEvents),
+		intIn("gateways", *gateways, 2, maxSimNodes),
+		intIn("executors", *executors, 1, maxSimNodes),
+		intIn("tenants", *tenants, 1, maxSimNodes),
+		intIn("requests", *requests, 1, maxSimNodes),
+		durationIn("arrival-window", *arrival, time.Nanosecond, maxSimTime),
+		durationIn("heal-at", *healAt, 0, maxSimTime),
+		durationIn("deadline", *deadline, time.Nanosecond, maxSimTime),
+	); err != nil {
+		return err
 	}
 	seed := uint64(time.Now().UnixNano())
 	if *seedFlag != "" {

@@ -1,6 +1,8 @@
 // Package yamlfile reads a file an operator wrote (a policy, an Envoy
-// mapping) in YAML or JSON into a Go value: strictly, and one document per
-// file, so that nothing in it is dropped without a word.
+// mapping, a resolver configuration) in YAML or JSON into a Go value:
+// strictly, and one document per file, so that nothing in it is dropped
+// without a word. A file that is JSON (IsJSON) is held to JSON's own
+// rules, its syntax errors named by line and column.
 package yamlfile
 
 import (
@@ -34,7 +36,43 @@ var ErrEmptyFirstDocument = errors.New("the first document in the file is empty 
 // UnmarshalStrict alone would decode as a zero value without a word.
 var ErrNoDocument = errors.New("the file is empty (nothing but blanks or comments)")
 
-// UnmarshalStrict decodes data into v as sigs.k8s.io/yaml's UnmarshalStrict
+// UnmarshalStrict is UnmarshalFile for a file without a name (standard
+// input): JSON when its content is (IsJSON), else YAML.
+func UnmarshalStrict(data []byte, v any) error {
+	return UnmarshalFile("", data, v)
+}
+
+// UnmarshalFile decodes data, the file named name ("" or "-" for
+// standard input), into v: as strict JSON (UnmarshalStrictJSON) when IsJSON
+// says it is JSON, else as YAML (unmarshalYAML). Both refuse what
+// unmarshalYAML says, in the same words.
+func UnmarshalFile(name string, data []byte, v any) error {
+	if IsJSON(name, data) {
+		return UnmarshalStrictJSON(data, v)
+	}
+	return unmarshalYAML(data, v)
+}
+
+// IsJSON reports whether the file named name holding data is read as
+// JSON rather than YAML: its name ends in ".json" (in any case), or its
+// first character other than white space (after a UTF-8 byte order mark)
+// is "{" or "[". A YAML reader takes most JSON, but also what JSON
+// refuses (a trailing comma, a comment, a single-quoted string or a key
+// without quotes), so a file written as JSON, which another JSON tool may
+// read too, is held to JSON. A YAML file may not begin with a flow
+// mapping or list then: write it in block style, or as JSON.
+func IsJSON(name string, data []byte) bool {
+	if strings.HasSuffix(strings.ToLower(name), ".json") {
+		return true
+	}
+	rest := bytes.TrimLeft(bytes.TrimPrefix(data, utf8BOM), " \t\r\n")
+	return len(rest) > 0 && (rest[0] == '{' || rest[0] == '[')
+}
+
+// utf8BOM is the byte order mark some editors write first.
+var utf8BOM = []byte("\xef\xbb\xbf")
+
+// unmarshalYAML decodes data into v as sigs.k8s.io/yaml's UnmarshalStrict
 // does (unknown or duplicate fields are errors) and returns
 // ErrSeveralDocuments when data holds more than one non-empty document,
 // ErrEmptyFirstDocument when its one non-empty document is not the first,
@@ -43,7 +81,7 @@ var ErrNoDocument = errors.New("the file is empty (nothing but blanks or comment
 // field's ("Burst" for "burst", which encoding/json would read as the
 // field) unless it is the field's former spelling, is refused by
 // ExactKeys, saying where it is.
-func UnmarshalStrict(data []byte, v any) error {
+func unmarshalYAML(data []byte, v any) error {
 	// The keys first, so that a field v lacks is refused saying where it
 	// is, not in the decoder's words ("unknown field", nothing more). A
 	// document YAMLToJSON cannot convert is the decoder's to refuse.

@@ -63,7 +63,7 @@ func TestEmptyFileIsRefused(t *testing.T) {
 			t.Errorf("%q: %v %+v, want ErrNoDocument", empty, err, f)
 		}
 	}
-	for _, document := range []string{"{}", "{}\n# end\n"} {
+	for _, document := range []string{"{}", "{}\n\n", "# a comment\n{}\n"} {
 		var f file
 		if err := UnmarshalStrict([]byte(document), &f); err != nil {
 			t.Errorf("%q: %v, want it read", document, err)
@@ -337,5 +337,76 @@ func TestIntegersAsNumbersOrStrings(t *testing.T) {
 	out, err := json.Marshal(file{Burst: 1000, Generation: 3})
 	if err != nil || string(out) != `{"burst":1000,"generation":3}` {
 		t.Errorf("written as %s %v, want numbers", out, err)
+	}
+}
+
+// A file written as JSON was read by the YAML decoder, which took what
+// JSON refuses: a policy with a trailing comma, a comment or a key
+// without quotes published, while every JSON tool the operator checks it
+// with refuses it. A file that is JSON (its first character "{" or "[",
+// or a .json name) is read as strict JSON, its mistakes named by line and
+// column; YAML stays YAML.
+func TestJSONFileIsStrictJSON(t *testing.T) {
+	type dimension struct {
+		Unit  string `json:"unit"`
+		Burst Int64  `json:"burst"`
+	}
+	type file struct {
+		Name       string      `json:"name"`
+		Dimensions []dimension `json:"dimensions"`
+	}
+	for _, c := range []struct {
+		name, data string
+		says       []string
+	}{
+		{"", `{"name": "a",}`, []string{"line 1, column 14", "trailing comma"}},
+		{"", "{\n  \"name\": \"a\",\n  \"dimensions\": [{\"unit\": \"t\", \"burst\": 5},]\n}\n", []string{"line 3, column 44", "a comma before ]: JSON allows no trailing comma"}},
+		{"", "{\n  \"name\": \"a\",\n}\n", []string{"line 3, column 1", "trailing comma"}},
+		{"", "{\"name\": \"a\" // the tenant\n}", []string{"line 1, column 14"}},
+		{"", "  {'name': 'a'}", []string{"line 1, column 4"}},
+		{"", "{name: \"a\"}", []string{"line 1, column 2"}},
+		{"", "{\"name\": \"a\",\n \"name\": \"b\"}", []string{"line 2, column 2", `key "name" given twice`}},
+		{"", "{\"dimensions\": [{\"unit\": \"t\", \"burst\": 1, \"burst\": 2}]}", []string{"line 1, column 43", `key "burst" given twice`}},
+		{"", "{\"name\": \"a\"}\n{\"name\": \"b\"}", []string{"line 2, column 1", "more than one document"}},
+		{"", "{\"name\": \"a\"", []string{"ends inside"}},
+		{"", "{\"name\": \"a\", \"nmae\": \"b\"}", []string{"line 1", `field "nmae": no such field`}},
+		{"", "{\"dimensions\": [{\"unit\": \"t\", \"burst\": \"10x\"}]}", []string{"line 1", "dimensions[0]", "burst"}},
+		// A .json name is JSON whatever it holds.
+		{"policy.json", "name: a\n", []string{"line 1, column 2"}},
+		// JSON has no comments, after its value neither.
+		{"", "{\"name\": \"a\"}\n# the tenant\n", []string{"line 2, column 1", "after the JSON value"}},
+		{"POLICY.JSON", "", []string{"empty"}},
+		// Content that opens as JSON is JSON whatever the name.
+		{"policy.yaml", "{name: a}\n", []string{"line 1, column 2"}},
+	} {
+		var f file
+		err := UnmarshalFile(c.name, []byte(c.data), &f)
+		if err == nil {
+			t.Errorf("%s %q: read as %+v, want an error saying %q", c.name, c.data, f, c.says)
+			continue
+		}
+		for _, say := range c.says {
+			if !strings.Contains(err.Error(), say) {
+				t.Errorf("%s %q: %v, want it to say %q", c.name, c.data, err, say)
+			}
+		}
+	}
+	for _, c := range []struct{ name, data string }{
+		{"", `{"name": "a", "dimensions": [{"unit": "t", "burst": "5"}]}`},
+		{"", "\xef\xbb\xbf\n  {\"name\": \"a\", \"dimensions\": [{\"unit\": \"t\", \"burst\": 5}]}\n\n"},
+		{"p.json", `{"name": "a", "dimensions": [{"unit": "t", "burst": 5}]}`},
+		// YAML stays YAML: comments, block style, a flow list inside.
+		{"p.yaml", "# tenant a\nname: a\ndimensions: [{unit: t, burst: 5}]\n"},
+		{"", "name: a # tenant a\ndimensions:\n  - unit: t\n    burst: 5\n"},
+	} {
+		var f file
+		if err := UnmarshalFile(c.name, []byte(c.data), &f); err != nil || f.Name != "a" || len(f.Dimensions) != 1 || f.Dimensions[0].Burst != 5 {
+			t.Errorf("%s %q: %v %+v, want name a, one dimension of burst 5", c.name, c.data, err, f)
+		}
+	}
+	// UnmarshalStrict, for a file without a name, goes by its content.
+	var f file
+	if err := UnmarshalStrict([]byte(`{"name": "a",}`), &f); err == nil {
+		t.Errorf("UnmarshalStrict read a trailing comma as %+v", f)
 	}
 }
