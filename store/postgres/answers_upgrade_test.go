@@ -19,8 +19,9 @@ import (
 // reservation's account; the others (a settled reservation's, a removed
 // one's, and one asked before its reservation was marked, so about an
 // earlier life of the id, perhaps another tenant's) get none, are never
-// shown, and the next prune deletes them. The schema "at version 14" is
-// one at 15 with the table put back as version 11 created it.
+// shown, and the next prune deletes them. The old table stays, written
+// by replicas of the earlier version during a rolling upgrade. The schema
+// "at version 14" is one at 15 without version 15's table.
 func TestResolverAnswersUpgradeKeepsRowsByAccount(t *testing.T) {
 	ctx := context.Background()
 	s, dsn := openStore(t)
@@ -51,16 +52,7 @@ func TestResolverAnswersUpgradeKeepsRowsByAccount(t *testing.T) {
 	}
 	defer conn.Close(ctx)
 	asked := func(d time.Duration) int64 { return t0.Add(d).UnixNano() }
-	for _, q := range []string{"DROP TABLE resolver_answers",
-		`CREATE TABLE resolver_answers (
-		    reservation_id text   PRIMARY KEY,
-		    answer         text   NOT NULL,
-		    detail         text   NOT NULL,
-		    asked_at       bigint NOT NULL,
-		    attempts       bigint NOT NULL CHECK (attempts >= 0),
-		    next_at        bigint NOT NULL
-		)`,
-		"DELETE FROM schema_migrations WHERE version = 15"} {
+	for _, q := range []string{"DROP TABLE resolver_answers_by_account", "DELETE FROM schema_migrations WHERE version = 15"} {
 		if _, err := conn.Exec(ctx, q); err != nil {
 			t.Fatalf("%s: %v", q, err)
 		}
@@ -77,9 +69,20 @@ func TestResolverAnswersUpgradeKeepsRowsByAccount(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer upgraded.Close()
-	var kept int
-	if err := conn.QueryRow(ctx, "SELECT count(*) FROM resolver_answers").Scan(&kept); err != nil || kept != 4 {
-		t.Fatalf("%d answers after the upgrade, %v; want the 4 of before", kept, err)
+	for _, table := range []string{"resolver_answers_by_account", "resolver_answers"} {
+		var kept int
+		if err := conn.QueryRow(ctx, "SELECT count(*) FROM "+table).Scan(&kept); err != nil || kept != 4 {
+			t.Fatalf("%d answers in %s after the upgrade, %v; want the 4 of before", kept, table, err)
+		}
+	}
+	// Expand-only: a replica of the earlier version still records its
+	// answers, in the table it knows, during the rolling upgrade.
+	if _, err := conn.Exec(ctx, `INSERT INTO resolver_answers (reservation_id, answer, detail, asked_at, attempts, next_at)
+		SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[])
+		ON CONFLICT (reservation_id) DO UPDATE SET answer = excluded.answer, detail = excluded.detail,
+		asked_at = excluded.asked_at, attempts = excluded.attempts, next_at = excluded.next_at`,
+		[]string{"u1"}, []string{"unknown"}, []string{""}, []int64{1}, []int64{4}, []int64{1}); err != nil {
+		t.Fatalf("an earlier version's answer after the upgrade: %v", err)
 	}
 	got, err := upgraded.ResolverAnswersGet(ctx, []string{"u1", "u2", "s1", "gone"})
 	want := []store.ResolverAnswer{{Account: tenantA, ReservationID: "u1", Answer: "running", AskedAt: t0.Add(20 * time.Second),

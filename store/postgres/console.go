@@ -33,7 +33,7 @@ const (
 		SELECT id FROM statements WHERE subject = $1 AND route = $2 AND region = $3 AND generation = $4
 		AND epoch_start < $5 ORDER BY epoch_start DESC LIMIT $6)
 		ORDER BY st.epoch_start DESC, t.dim, t.closing`
-	answerPutSQL = `INSERT INTO resolver_answers (reservation_id, subject, route, region, generation,
+	answerPutSQL = `INSERT INTO resolver_answers_by_account (reservation_id, subject, route, region, generation,
 		answer, detail, asked_at, attempts, next_at)
 		SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[],
 			$6::text[], $7::text[], $8::bigint[], $9::bigint[], $10::bigint[])
@@ -45,9 +45,9 @@ const (
 		AND r.region = a.region AND r.generation = a.generation AND r.state = 8`
 	answersGetSQL = `SELECT a.reservation_id, a.subject, a.route, a.region, a.generation,
 		a.answer, a.detail, a.asked_at, a.attempts, a.next_at
-		FROM resolver_answers a JOIN reservations r ON ` + answerOfItsReservation + `
+		FROM resolver_answers_by_account a JOIN reservations r ON ` + answerOfItsReservation + `
 		WHERE a.reservation_id = ANY($1)`
-	answersPruneSQL = `DELETE FROM resolver_answers a WHERE NOT EXISTS (
+	answersPruneSQL = `DELETE FROM resolver_answers_by_account a WHERE NOT EXISTS (
 		SELECT 1 FROM reservations r WHERE ` + answerOfItsReservation + `)`
 	auditRecordPutSQL = `INSERT INTO audit_records (name, at, by_name, mode, discrepancies, checks)
 		SELECT n, a, b, m, d, c::jsonb FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::bigint[], $6::text[])
