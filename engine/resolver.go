@@ -152,6 +152,21 @@ type ResolverStats struct {
 	Scanned bool
 }
 
+// unknownKey names one USAGE_UNKNOWN reservation: its account and its id.
+// The resolver keeps what it learnt of a reservation under both, since
+// ids are the clients': once retention forgot a reservation, another
+// account may reserve under its id (and reach USAGE_UNKNOWN while this
+// resolver still remembers the first), and that reservation must start
+// afresh, not with the first one's backoff, attempt count or overdue
+// flag. (An id reused by its own account within one pass goes on with
+// the backoff: it is the same tenant's, and costs at most a wait.)
+type unknownKey struct {
+	account ledger.AccountKey
+	id      string
+}
+
+func keyOf(r *ledger.Reservation) unknownKey { return unknownKey{r.Account, r.ID} }
+
 // attempt is the backoff state of one reservation.
 type attempt struct {
 	polls   int
@@ -179,7 +194,7 @@ type attempt struct {
 // routeOutage is a route that could not answer: failer is the first
 // reservation whose question failed, several that another's failed too.
 type routeOutage struct {
-	failer  string
+	failer  unknownKey
 	several bool
 }
 
@@ -206,7 +221,7 @@ type Resolver struct {
 
 	mu       sync.Mutex
 	rng      *rand.Rand
-	attempts map[string]*attempt
+	attempts map[unknownKey]*attempt
 	cursor   store.UnknownCursor
 	pass     uint64 // scans of the whole backlog begun
 	overdue  int64  // counted in the current pass
@@ -275,7 +290,7 @@ func NewResolver(st store.Store, opts ResolverOptions, clock func() time.Time,
 		opts.MaxPages = 16
 	}
 	r := &Resolver{
-		store: st, clock: clock, commit: commit, log: log, fails: newFailLog("resolver", log), opts: opts, attempts: map[string]*attempt{}, pass: 1,
+		store: st, clock: clock, commit: commit, log: log, fails: newFailLog("resolver", log), opts: opts, attempts: map[unknownKey]*attempt{}, pass: 1,
 		routeDown: map[string]*routeOutage{}, routeBack: map[string]routeComeback{},
 		lanes: map[string]chan struct{}{}, laneRows: map[string]int{},
 		rng:   rand.New(rand.NewPCG(opts.Seed, opts.Seed^0x9e3779b97f4a7c15)),
@@ -441,15 +456,15 @@ func (r *Resolver) page(ctx context.Context, rows []ledger.Reservation, leading 
 	defer r.mu.Unlock()
 	for i := range rows {
 		row := &rows[i]
-		a := r.attempts[row.ID]
+		a := r.attempts[keyOf(row)]
 		if a == nil {
 			a = &attempt{}
-			if prev, ok := stored[row.ID]; ok {
+			if prev, ok := stored[keyOf(row)]; ok {
 				// Asked before this resolver started (a restart, or
 				// another replica led): go on with that backoff.
 				a.polls, a.next = int(prev.Attempts), prev.NextAt
 			}
-			r.attempts[row.ID] = a
+			r.attempts[keyOf(row)] = a
 		}
 		a.pass = r.pass
 		if r.opts.Deadline != nil {
@@ -501,7 +516,7 @@ func (r *Resolver) startLane(ctx context.Context, route string, rows []*ledger.R
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		for _, row := range rows {
-			if a := r.attempts[row.ID]; a != nil {
+			if a := r.attempts[keyOf(row)]; a != nil {
 				a.inLane = false
 			}
 		}
@@ -523,7 +538,7 @@ func (r *Resolver) askRoute(ctx context.Context, route string, rows []*ledger.Re
 	var due []*ledger.Reservation
 	r.mu.Lock()
 	for _, row := range rows {
-		a := r.attempts[row.ID]
+		a := r.attempts[keyOf(row)]
 		if a == nil {
 			continue // left USAGE_UNKNOWN meanwhile (a pass did not see it)
 		}
@@ -594,7 +609,7 @@ func (r *Resolver) askRoute(ctx context.Context, route string, rows []*ledger.Re
 	}
 	r.mu.Lock()
 	for i, row := range due {
-		a := r.attempts[row.ID]
+		a := r.attempts[keyOf(row)]
 		if a == nil {
 			a = &attempt{} // forgotten meanwhile: record only the route
 		}
@@ -614,8 +629,8 @@ func (r *Resolver) askRoute(ctx context.Context, route string, rows []*ledger.Re
 		case errs[i] != nil:
 			a.failedAt, a.unusable, a.alone = now, false, false
 			if o := r.routeDown[route]; o == nil {
-				r.routeDown[route] = &routeOutage{failer: row.ID}
-			} else if o.failer != row.ID {
+				r.routeDown[route] = &routeOutage{failer: keyOf(row)}
+			} else if o.failer != keyOf(row) {
 				o.several = true
 			}
 			continue
@@ -631,7 +646,7 @@ func (r *Resolver) askRoute(ctx context.Context, route string, rows []*ledger.Re
 	for i, row := range due {
 		if errors.Is(errs[i], ErrNoStatusEndpoint) {
 			heard[i] = store.ResolverAnswer{Answer: AnswerNoEndpoint}
-			r.later(row.ID, true) // not a question asked: not counted
+			r.later(keyOf(row), true) // not a question asked: not counted
 			continue
 		}
 		r.polls.Add(1)
@@ -642,13 +657,13 @@ func (r *Resolver) askRoute(ctx context.Context, route string, rows []*ledger.Re
 				heard[i].Answer = AnswerSettleRefused // an answer that cannot settle
 			}
 			r.failures.Add(1)
-			r.later(row.ID, false)
+			r.later(keyOf(row), false)
 			r.log.Debug("resolver: stays USAGE_UNKNOWN", "reservation", row.ID, "operation", row.OperationID, "err", err)
 			continue
 		}
 		if cmd == nil {
 			heard[i] = store.ResolverAnswer{Answer: answers[i].State.String()}
-			r.later(row.ID, false) // running or unknown
+			r.later(keyOf(row), false) // running or unknown
 			continue
 		}
 		cmds = append(cmds, *cmd)
@@ -666,7 +681,7 @@ func (r *Resolver) askRoute(ctx context.Context, route string, rows []*ledger.Re
 		}
 		for _, i := range settling {
 			heard[i] = store.ResolverAnswer{Answer: AnswerError, Detail: "settle: " + err.Error()}
-			r.later(due[i].ID, false)
+			r.later(keyOf(due[i]), false)
 		}
 		return
 	}
@@ -679,15 +694,15 @@ func (r *Resolver) askRoute(ctx context.Context, route string, rows []*ledger.Re
 			if answers[i].State == OperationNeverStarted {
 				r.neverStarted.Add(1)
 			}
-			r.forget(row.ID)
+			r.forget(keyOf(row))
 		case errors.Is(res.Err, ledger.ErrReservationAlreadySettled):
-			r.forget(row.ID) // settled by someone else meanwhile
+			r.forget(keyOf(row)) // settled by someone else meanwhile
 		default:
 			// Refused (the lifetime bound, a mismatched operation):
 			// it stays USAGE_UNKNOWN for an operator.
 			r.log.Warn("resolver: settle refused; stays USAGE_UNKNOWN", "reservation", row.ID, "err", res.Err)
 			heard[i] = store.ResolverAnswer{Answer: AnswerSettleRefused, Detail: res.Err.Error()}
-			r.later(row.ID, true)
+			r.later(keyOf(row), true)
 		}
 	}
 }
@@ -728,11 +743,11 @@ func (r *Resolver) settleCommand(ctx context.Context, row *ledger.Reservation, s
 		CheckedAccount: row.Account}, nil
 }
 
-// later schedules the next question about id after a backoff; longest
+// later schedules the next question about k after a backoff; longest
 // goes straight to MaxBackoff.
-func (r *Resolver) later(id string, longest bool) {
+func (r *Resolver) later(k unknownKey, longest bool) {
 	r.mu.Lock()
-	a := r.attempts[id]
+	a := r.attempts[k]
 	r.mu.Unlock()
 	if a == nil {
 		return
@@ -749,9 +764,9 @@ func (r *Resolver) later(id string, longest bool) {
 	r.mu.Unlock()
 }
 
-func (r *Resolver) forget(id string) {
+func (r *Resolver) forget(k unknownKey) {
 	r.mu.Lock()
-	delete(r.attempts, id)
+	delete(r.attempts, k)
 	r.mu.Unlock()
 }
 

@@ -8,8 +8,9 @@ import (
 	"github.com/capledger/capledger/store"
 )
 
-// The resolver's last answer per USAGE_UNKNOWN reservation, kept in the
-// store (store.ResolverAnswers) when the store keeps them: every replica
+// The resolver's last answer per USAGE_UNKNOWN reservation, by account
+// and reservation id, kept in the store (store.ResolverAnswers) when the
+// store keeps them: every replica
 // can then show it (ConsoleService.GetResolverAnswers), and a resolver
 // that starts (a restart, a new worker leader) goes on with the backoff
 // the last one reached instead of asking every gateway again at once.
@@ -33,9 +34,12 @@ func (r *Resolver) answerStore() store.ResolverAnswers {
 }
 
 // storedAnswers returns the stored answers of the rows this resolver has
-// no attempt for yet, by reservation id; none when the store keeps none
-// or cannot be read (the resolver then starts them afresh).
-func (r *Resolver) storedAnswers(ctx context.Context, rows []ledger.Reservation) map[string]store.ResolverAnswer {
+// no attempt for yet, by account and reservation id; none when the store
+// keeps none or cannot be read (the resolver then starts them afresh).
+// An answer of another account under a row's id is none of the row's
+// (store.ResolverAnswer): the store leaves it out, and so does this
+// (the row was read before the store's answer).
+func (r *Resolver) storedAnswers(ctx context.Context, rows []ledger.Reservation) map[unknownKey]store.ResolverAnswer {
 	as := r.answerStore()
 	if as == nil {
 		return nil
@@ -43,7 +47,7 @@ func (r *Resolver) storedAnswers(ctx context.Context, rows []ledger.Reservation)
 	var ids []string
 	r.mu.Lock()
 	for i := range rows {
-		if r.attempts[rows[i].ID] == nil {
+		if r.attempts[keyOf(&rows[i])] == nil {
 			ids = append(ids, rows[i].ID)
 		}
 	}
@@ -59,9 +63,9 @@ func (r *Resolver) storedAnswers(ctx context.Context, rows []ledger.Reservation)
 		return nil
 	}
 	r.fails.ok("resolver: read stored answers")
-	out := make(map[string]store.ResolverAnswer, len(list))
+	out := make(map[unknownKey]store.ResolverAnswer, len(list))
 	for _, a := range list {
-		out[a.ReservationID] = a
+		out[unknownKey{a.Account, a.ReservationID}] = a
 	}
 	return out
 }
@@ -77,12 +81,13 @@ func (r *Resolver) recordAnswers(ctx context.Context, due []*ledger.Reservation,
 	var put []store.ResolverAnswer
 	r.mu.Lock()
 	for i, row := range due {
-		a := r.attempts[row.ID]
+		a := r.attempts[keyOf(row)]
 		if heard[i].Answer == "" || a == nil {
 			continue
 		}
 		rec := heard[i]
-		rec.ReservationID, rec.AskedAt, rec.Attempts, rec.NextAt = row.ID, now, int64(a.polls), a.next
+		rec.Account, rec.ReservationID = row.Account, row.ID
+		rec.AskedAt, rec.Attempts, rec.NextAt = now, int64(a.polls), a.next
 		put = append(put, rec)
 	}
 	r.mu.Unlock()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -172,8 +173,27 @@ func metaShardMoves(shardID string) string { return "shard_moves/" + shardID }
 // metaShardPending is 1 while a receipt's usage is unknown, 2 once resolved
 // (0: the receipt was never reported unknown). metaShardPendingUnits holds
 // the units it left unknown in dimension d.
+//
+// Both ids are escaped (metaNamePart): ids may hold "/", and joined as they
+// are, shard "a"'s receipt "b/c" and shard "a/b"'s receipt "c" (another
+// gateway's, perhaps another tenant's) named one counter, so a submission
+// for one shard resolved the other's unknown hold (reminting it into its
+// own account), and a receipt "c/0" named receipt "c"'s units. Ids
+// without "/" or "%" keep the names written before the escaping; a hold
+// left pending under an id with either, before it, is no longer found: a
+// later receipt cannot resolve it, and its capacity stays retired as
+// unknown capacity does.
 func metaShardPending(shardID, receiptID string) string {
-	return "shard_unknown/" + shardID + "/" + receiptID
+	return "shard_unknown/" + metaNamePart(shardID) + "/" + metaNamePart(receiptID)
+}
+
+// metaNamePart escapes an id for a part of a Meta name joined by "/":
+// "%" as "%25" and "/" as "%2F", so that the parts are read back one way.
+func metaNamePart(id string) string {
+	if !strings.ContainsAny(id, "%/") {
+		return id
+	}
+	return strings.NewReplacer("%", "%25", "/", "%2F").Replace(id)
 }
 
 func metaShardPendingUnits(shardID, receiptID string, d int) string {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -399,5 +400,87 @@ func TestListSubjectFiltersRefuseTheWildcard(t *testing.T) {
 	}
 	if r := shards(`{"subject":"tenant-7"}`); r.status != http.StatusOK {
 		t.Errorf("ListShards of a concrete subject: %d %s", r.status, r.raw)
+	}
+}
+
+// swappingConsole hands x to another tenant right after the console store
+// read its resolver answers, once armed: x's gateway settles it,
+// retention forgets it, and tenant-b reserves, starts and leaves
+// USAGE_UNKNOWN a reservation under the same id.
+type swappingConsole struct {
+	store.ConsoleStore
+	ledger  *forgettingStore // its commit applies commands to the store
+	mu      sync.Mutex
+	armed   bool
+	swapped bool
+}
+
+func (c *swappingConsole) ResolverAnswersGet(ctx context.Context, ids []string) ([]store.ResolverAnswer, error) {
+	answers, err := c.ConsoleStore.ResolverAnswersGet(ctx, ids)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err != nil || !c.armed {
+		return answers, err
+	}
+	c.armed = false
+	for _, cmds := range [][]ledger.Command{
+		{{Kind: ledger.KindSettle, ReservationID: "x", OperationID: "op-x", Units: ledger.Amounts{1}}},
+		{{Kind: ledger.KindRetire, ReservationID: "x", Before: c.ledger.at, ForgetBefore: c.ledger.at}},
+		{{Kind: ledger.KindReserve, ReservationID: "x", RequestDigest: "sha256:tenant-b-x", Subject: "tenant-b/u2",
+			Route: "chat.generate", Region: "global", Units: ledger.Amounts{1}},
+			{Kind: ledger.KindStart, ReservationID: "x", OperationID: "op-x"},
+			{Kind: ledger.KindMarkUsageUnknown, ReservationID: "x"}},
+	} {
+		if err := c.ledger.commit(ctx, cmds); err != nil {
+			return nil, err
+		}
+	}
+	c.swapped = true
+	return answers, err
+}
+
+// A resolver answer is shown by the scope of its own account. A token
+// scoped to tenant-b/* asks about x while x is tenant-a's (the store's
+// read finds tenant-a's answer), and x changes hands right after: the
+// answer about tenant-a's x is not shown to tenant-b, which gets exactly
+// what an unknown id gets, and tenant-b's x, never asked about, has no
+// answer for anyone.
+func TestConsoleResolverAnswerOfAReusedIDStaysItsTenants(t *testing.T) {
+	var swapping *swappingConsole
+	h := newHarness(t, harnessOptions{auth: true, tokens: consoleTokens, resolver: &engine.ResolverOptions{Source: runningSource{}},
+		wrapConsole: func(cs store.ConsoleStore) store.ConsoleStore {
+			swapping = &swappingConsole{ConsoleStore: cs}
+			return swapping
+		}})
+	swapping.ledger = &forgettingStore{Store: h.store}
+	consoleTraffic(h)
+	h.ok("Reserve", reserveFor("x", "tenant-a/u2", 1), adminToken)
+	h.ok("Start", `{"reservationId":"x","operationId":"op-x"}`, adminToken)
+	h.ok("MarkUsageUnknown", `{"reservationId":"x"}`, adminToken)
+	h.engine.RunResolver(context.Background())
+	if got, _ := h.consoleOK("GetResolverAnswers", `{"reservationIds":["x"]}`, consoleViewer)["answers"].([]any); len(got) != 1 {
+		t.Fatalf("tenant-a's x: answers %v, want its running", got)
+	}
+	h.clock.Advance(time.Second)
+	swapping.ledger.at = h.clock.Now()
+
+	swapping.mu.Lock()
+	swapping.armed = true
+	swapping.mu.Unlock()
+	got := h.consoleCall("GetResolverAnswers", `{"reservationIds":["x"]}`, consoleScoped)
+	swapping.mu.Lock()
+	swapped := swapping.swapped
+	swapping.mu.Unlock()
+	if !swapped {
+		t.Fatal("x did not change hands after the store's read: the test proves nothing")
+	}
+	unknown := h.consoleCall("GetResolverAnswers", `{"reservationIds":["nope"]}`, consoleScoped)
+	if got.status != http.StatusOK || string(got.raw) != string(unknown.raw) {
+		t.Errorf("tenant-b asking about x as it changed hands: %d %s; an unknown id: %d %s", got.status, got.raw, unknown.status, unknown.raw)
+	}
+	for _, token := range []string{consoleScoped, consoleViewer} {
+		if got, _ := h.consoleOK("GetResolverAnswers", `{"reservationIds":["x"]}`, token)["answers"].([]any); len(got) != 0 {
+			t.Errorf("tenant-b's x, never asked about: answers %v", got)
+		}
 	}
 }

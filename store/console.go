@@ -27,7 +27,14 @@ type ConsoleStore interface {
 // ResolverAnswer is the USAGE_UNKNOWN resolver's last answer about one
 // reservation, kept so that every replica can show it and a new worker
 // leader picks the backoff up where the last one left it.
+//
+// An answer belongs to (Account, ReservationID): ids are the clients',
+// and once retention forgot a reservation another account may reserve
+// under its id, so an answer about the first (a settle refused because
+// the id was taken meanwhile, a backoff, an attempt count) must never
+// show for, or steer the resolver on, the second.
 type ResolverAnswer struct {
+	Account       ledger.AccountKey
 	ReservationID string
 	// Answer is what the last question got: an engine.OperationState
 	// name ("running", "unknown", ...), or "error", "no_endpoint",
@@ -43,20 +50,39 @@ type ResolverAnswer struct {
 }
 
 // ResolverAnswers keeps the resolver's last answer per USAGE_UNKNOWN
-// reservation.
+// reservation, by (account, reservation id).
 type ResolverAnswers interface {
-	// ResolverAnswersPut upserts answers, by reservation id, in one
-	// transaction.
+	// ResolverAnswersPut upserts answers, by (Account, ReservationID),
+	// in one transaction. An answer without a reservation id or an
+	// account's subject is an error, and nothing is stored.
 	ResolverAnswersPut(ctx context.Context, answers []ResolverAnswer) error
-	// ResolverAnswersGet returns the stored answers of those ids whose
-	// reservation is USAGE_UNKNOWN now, in the order of ids (an id
-	// without an answer, or whose reservation was settled or removed
-	// since, is left out: such an answer is stale).
+	// ResolverAnswersGet returns, in the order of ids and at most one
+	// per id, the stored answer about the reservation each id names now
+	// when that reservation is USAGE_UNKNOWN and the answer is of its
+	// account. An id without an answer, whose reservation was settled or
+	// removed since, or whose answer is of another account (retention
+	// forgot that account's reservation and this one reused the id) is
+	// left out: such an answer is stale, or another tenant's.
 	ResolverAnswersGet(ctx context.Context, ids []string) ([]ResolverAnswer, error)
-	// ResolverAnswersPrune deletes every answer whose reservation is no
-	// longer USAGE_UNKNOWN (settled, or removed by retention) and
+	// ResolverAnswersPrune deletes every answer that is not of a
+	// USAGE_UNKNOWN reservation of its account under its id (settled,
+	// removed by retention, or the id reused by another account) and
 	// returns how many it deleted.
 	ResolverAnswersPrune(ctx context.Context) (int, error)
+}
+
+// Check returns an error when a cannot be stored: it names no
+// reservation or no account. Every driver calls it on each answer before
+// it writes any, so a bad batch fails alike on each store and stores
+// nothing.
+func (a *ResolverAnswer) Check() error {
+	switch {
+	case a.ReservationID == "":
+		return fmt.Errorf("resolver answer without a reservation id")
+	case a.Account.Subject == "":
+		return fmt.Errorf("resolver answer of %s without its account", a.ReservationID)
+	}
+	return nil
 }
 
 // SubjectReservations lists one subject's reservations, through an index

@@ -18,7 +18,7 @@ var _ store.ConsoleStore = (*Store)(nil)
 // consoleRows are the rows of store.ConsoleStore that are not the
 // ledger's: written outside the ledger's transactions, like rollouts.
 type consoleRows struct {
-	answers map[string]store.ResolverAnswer
+	answers map[answerKey]store.ResolverAnswer
 	audits  map[string]store.AuditRecord
 }
 
@@ -35,7 +35,16 @@ func (s *Store) write(ctx context.Context, f func(r *rows) error) error {
 	return f(s.committed)
 }
 
-// ResolverAnswersPut upserts answers by reservation id.
+// answerKey is what a resolver answer is stored under: its account and
+// its reservation id (store.ResolverAnswer).
+type answerKey struct {
+	account ledger.AccountKey
+	id      string
+}
+
+func keyOfAnswer(a *store.ResolverAnswer) answerKey { return answerKey{a.Account, a.ReservationID} }
+
+// ResolverAnswersPut upserts answers by (account, reservation id).
 func (s *Store) ResolverAnswersPut(ctx context.Context, answers []store.ResolverAnswer) error {
 	for _, a := range answers {
 		if err := storableAnswer(&a); err != nil {
@@ -44,14 +53,23 @@ func (s *Store) ResolverAnswersPut(ctx context.Context, answers []store.Resolver
 	}
 	return s.write(ctx, func(r *rows) error {
 		if r.console.answers == nil {
-			r.console.answers = map[string]store.ResolverAnswer{}
+			r.console.answers = map[answerKey]store.ResolverAnswer{}
 		}
 		for _, a := range answers {
 			a.AskedAt, a.NextAt = stored(a.AskedAt), stored(a.NextAt)
-			r.console.answers[a.ReservationID] = a
+			r.console.answers[keyOfAnswer(&a)] = a
 		}
 		return nil
 	})
+}
+
+// currentUnknown returns the USAGE_UNKNOWN reservation id names now,
+// nil when there is none.
+func (r *rows) currentUnknown(id string) *ledger.Reservation {
+	if !r.unknown[id] {
+		return nil
+	}
+	return r.reservations[id]
 }
 
 // storableTime refuses a time the SQL stores cannot hold, as they do.
@@ -69,8 +87,8 @@ func stored(t time.Time) time.Time {
 
 // storableAnswer refuses what the SQL stores cannot hold.
 func storableAnswer(a *store.ResolverAnswer) error {
-	if a.ReservationID == "" {
-		return fmt.Errorf("resolver answer without a reservation id")
+	if err := a.Check(); err != nil {
+		return err
 	}
 	if err := storableTime(a.AskedAt); err != nil {
 		return fmt.Errorf("resolver answer of %s: %w", a.ReservationID, err)
@@ -82,13 +100,19 @@ func storableAnswer(a *store.ResolverAnswer) error {
 }
 
 // ResolverAnswersGet returns the answers of ids whose reservation is
-// USAGE_UNKNOWN, in the order of ids.
+// USAGE_UNKNOWN, each only if it is of that reservation's account, in
+// the order of ids.
 func (s *Store) ResolverAnswersGet(ctx context.Context, ids []string) (out []store.ResolverAnswer, err error) {
 	err = s.read(ctx, func(r *rows) error {
+		answered := map[string]bool{}
 		for _, id := range ids {
-			a, ok := r.console.answers[id]
-			if ok && r.unknown[id] {
+			res := r.currentUnknown(id)
+			if res == nil || answered[id] {
+				continue
+			}
+			if a, ok := r.console.answers[answerKey{res.Account, id}]; ok {
 				out = append(out, a)
+				answered[id] = true // an id asked twice is answered once
 			}
 		}
 		return nil
@@ -96,13 +120,13 @@ func (s *Store) ResolverAnswersGet(ctx context.Context, ids []string) (out []sto
 	return out, err
 }
 
-// ResolverAnswersPrune deletes the answers of reservations no longer
-// USAGE_UNKNOWN.
+// ResolverAnswersPrune deletes the answers that are not of a
+// USAGE_UNKNOWN reservation of their account.
 func (s *Store) ResolverAnswersPrune(ctx context.Context) (n int, err error) {
 	err = s.write(ctx, func(r *rows) error {
-		for id := range r.console.answers {
-			if !r.unknown[id] {
-				delete(r.console.answers, id)
+		for k := range r.console.answers {
+			if res := r.currentUnknown(k.id); res == nil || res.Account != k.account {
+				delete(r.console.answers, k)
 				n++
 			}
 		}

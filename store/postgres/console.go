@@ -33,15 +33,22 @@ const (
 		SELECT id FROM statements WHERE subject = $1 AND route = $2 AND region = $3 AND generation = $4
 		AND epoch_start < $5 ORDER BY epoch_start DESC LIMIT $6)
 		ORDER BY st.epoch_start DESC, t.dim, t.closing`
-	answerPutSQL = `INSERT INTO resolver_answers (reservation_id, answer, detail, asked_at, attempts, next_at)
-		SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[])
-		ON CONFLICT (reservation_id) DO UPDATE SET answer = excluded.answer, detail = excluded.detail,
-		asked_at = excluded.asked_at, attempts = excluded.attempts, next_at = excluded.next_at`
-	answersGetSQL = `SELECT a.reservation_id, a.answer, a.detail, a.asked_at, a.attempts, a.next_at
-		FROM resolver_answers a JOIN reservations r ON r.id = a.reservation_id AND r.state = 8
+	answerPutSQL = `INSERT INTO resolver_answers_by_account (reservation_id, subject, route, region, generation,
+		answer, detail, asked_at, attempts, next_at)
+		SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[],
+			$6::text[], $7::text[], $8::bigint[], $9::bigint[], $10::bigint[])
+		ON CONFLICT (reservation_id, subject, route, region, generation) DO UPDATE SET answer = excluded.answer,
+		detail = excluded.detail, asked_at = excluded.asked_at, attempts = excluded.attempts, next_at = excluded.next_at`
+	// An answer is of the reservation its id names only when that
+	// reservation is of its account (store.ResolverAnswer).
+	answerOfItsReservation = `r.id = a.reservation_id AND r.subject = a.subject AND r.route = a.route
+		AND r.region = a.region AND r.generation = a.generation AND r.state = 8`
+	answersGetSQL = `SELECT a.reservation_id, a.subject, a.route, a.region, a.generation,
+		a.answer, a.detail, a.asked_at, a.attempts, a.next_at
+		FROM resolver_answers_by_account a JOIN reservations r ON ` + answerOfItsReservation + `
 		WHERE a.reservation_id = ANY($1)`
-	answersPruneSQL = `DELETE FROM resolver_answers a WHERE NOT EXISTS (
-		SELECT 1 FROM reservations r WHERE r.id = a.reservation_id AND r.state = 8)`
+	answersPruneSQL = `DELETE FROM resolver_answers_by_account a WHERE NOT EXISTS (
+		SELECT 1 FROM reservations r WHERE ` + answerOfItsReservation + `)`
 	auditRecordPutSQL = `INSERT INTO audit_records (name, at, by_name, mode, discrepancies, checks)
 		SELECT n, a, b, m, d, c::jsonb FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::bigint[], $6::text[])
 			AS u (n, a, b, m, d, c)
@@ -157,34 +164,40 @@ func (s *Store) StatementsOf(ctx context.Context, f store.StatementFilter) ([]le
 		k.Subject, k.Route, k.Region, int64(k.Generation), before, f.Limit)
 }
 
-// ResolverAnswersPut upserts answers by reservation id, in one statement.
+// ResolverAnswersPut upserts answers by (account, reservation id), in
+// one statement.
 func (s *Store) ResolverAnswersPut(ctx context.Context, answers []store.ResolverAnswer) error {
 	if len(answers) == 0 {
 		return nil
 	}
+	n := len(answers)
 	var (
-		conv                   codec.Conv
-		ids, kinds, details    = make([]string, len(answers)), make([]string, len(answers)), make([]string, len(answers))
-		asked, attempts, nexts = make([]int64, len(answers)), make([]int64, len(answers)), make([]int64, len(answers))
+		conv                           codec.Conv
+		ids, subjects, routes, regions = make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+		generations                    = make([]int64, n)
+		kinds, details                 = make([]string, n), make([]string, n)
+		asked, attempts, nexts         = make([]int64, n), make([]int64, n), make([]int64, n)
 	)
 	for i, a := range answers {
-		if a.ReservationID == "" {
-			return fmt.Errorf("resolver answer without a reservation id")
+		if err := a.Check(); err != nil {
+			return err
 		}
 		ids[i], kinds[i], details[i] = a.ReservationID, a.Answer, a.Detail
+		subjects[i], routes[i], regions[i], generations[i] = a.Account.Subject, a.Account.Route, a.Account.Region, conv.Int(a.Account.Generation)
 		asked[i], attempts[i], nexts[i] = conv.Nanos(a.AskedAt), a.Attempts, conv.Nanos(a.NextAt)
 	}
 	if err := conv.Err(); err != nil {
 		return fmt.Errorf("resolver answers: %w", err)
 	}
-	if _, err := s.pool.Exec(ctx, answerPutSQL, ids, kinds, details, asked, attempts, nexts); err != nil {
+	if _, err := s.pool.Exec(ctx, answerPutSQL, ids, subjects, routes, regions, generations, kinds, details, asked, attempts, nexts); err != nil {
 		return s.c.classify("resolver answers", err, true)
 	}
 	return nil
 }
 
 // ResolverAnswersGet returns the answers of ids whose reservation is
-// USAGE_UNKNOWN, in the order of ids.
+// USAGE_UNKNOWN, each only if it is of that reservation's account, in
+// the order of ids.
 func (s *Store) ResolverAnswersGet(ctx context.Context, ids []string) ([]store.ResolverAnswer, error) {
 	if len(ids) == 0 {
 		return nil, nil
@@ -197,13 +210,15 @@ func (s *Store) ResolverAnswersGet(ctx context.Context, ids []string) ([]store.R
 	byID := map[string]store.ResolverAnswer{}
 	for rows.Next() {
 		var (
-			a           store.ResolverAnswer
-			asked, next int64
-			conv        codec.Conv
+			a                       store.ResolverAnswer
+			generation, asked, next int64
+			conv                    codec.Conv
 		)
-		if err := rows.Scan(&a.ReservationID, &a.Answer, &a.Detail, &asked, &a.Attempts, &next); err != nil {
+		if err := rows.Scan(&a.ReservationID, &a.Account.Subject, &a.Account.Route, &a.Account.Region, &generation,
+			&a.Answer, &a.Detail, &asked, &a.Attempts, &next); err != nil {
 			return nil, s.c.classify("resolver answers", err, false)
 		}
+		a.Account.Generation = conv.Uint(generation)
 		a.AskedAt, a.NextAt = conv.Time(asked), conv.Time(next)
 		if err := conv.Err(); err != nil {
 			return nil, fmt.Errorf("resolver answer of %s: %w", a.ReservationID, err)
@@ -223,8 +238,8 @@ func (s *Store) ResolverAnswersGet(ctx context.Context, ids []string) ([]store.R
 	return out, nil
 }
 
-// ResolverAnswersPrune deletes the answers of reservations that are no
-// longer USAGE_UNKNOWN.
+// ResolverAnswersPrune deletes the answers that are not of a
+// USAGE_UNKNOWN reservation of their account.
 func (s *Store) ResolverAnswersPrune(ctx context.Context) (int, error) {
 	tag, err := s.pool.Exec(ctx, answersPruneSQL)
 	if err != nil {

@@ -27,10 +27,15 @@ const (
 		" ORDER BY subject, route, region, generation"
 	statementsOfSQL = "SELECT " + statementCols + " FROM statements WHERE subject = ?1 AND route = ?2 AND region = ?3" +
 		" AND generation = ?4 AND epoch_start < ?5 ORDER BY epoch_start DESC LIMIT ?6"
-	answerCols        = "reservation_id, answer, detail, asked_at, attempts, next_at"
-	answerPutSQL      = "INSERT OR REPLACE INTO resolver_answers (" + answerCols + ") VALUES (?, ?, ?, ?, ?, ?)"
-	answersStaleSQL   = "SELECT reservation_id FROM resolver_answers WHERE reservation_id NOT IN (SELECT id FROM reservations WHERE state = 8)"
-	answerDeleteSQL   = "DELETE FROM resolver_answers WHERE reservation_id = ?"
+	answerCols   = "reservation_id, subject, route, region, generation, answer, detail, asked_at, attempts, next_at"
+	answerPutSQL = "INSERT OR REPLACE INTO resolver_answers (" + answerCols + ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+	// An answer is of the reservation its id names only when that
+	// reservation is of its account (store.ResolverAnswer).
+	answerOfItsReservation = "r.id = a.reservation_id AND r.subject = a.subject AND r.route = a.route AND r.region = a.region" +
+		" AND r.generation = a.generation AND r.state = 8"
+	answersStaleSQL = "SELECT reservation_id, subject, route, region, generation FROM resolver_answers a" +
+		" WHERE NOT EXISTS (SELECT 1 FROM reservations r WHERE " + answerOfItsReservation + ")"
+	answerDeleteSQL   = "DELETE FROM resolver_answers WHERE reservation_id = ? AND subject = ? AND route = ? AND region = ? AND generation = ?"
 	auditCols         = "at, by, mode, discrepancies, checks"
 	auditRecordsSQL   = "SELECT name, " + auditCols + " FROM audit_records"
 	auditRecordPutSQL = "INSERT INTO audit_records (name, " + auditCols + ") VALUES (?, ?, ?, ?, ?, ?)" +
@@ -327,8 +332,8 @@ func (s *Store) writeOwn(ctx context.Context, what string, f func(exec func(q st
 	return nil
 }
 
-// ResolverAnswersPut upserts answers by reservation id, in one write
-// transaction.
+// ResolverAnswersPut upserts answers by (account, reservation id), in
+// one write transaction.
 func (s *Store) ResolverAnswersPut(ctx context.Context, answers []store.ResolverAnswer) error {
 	if len(answers) == 0 {
 		return nil
@@ -336,10 +341,12 @@ func (s *Store) ResolverAnswersPut(ctx context.Context, answers []store.Resolver
 	var c codec.Conv
 	args := make([][]any, len(answers))
 	for i, a := range answers {
-		if a.ReservationID == "" {
-			return fmt.Errorf("resolver answer without a reservation id")
+		if err := a.Check(); err != nil {
+			return err
 		}
-		args[i] = []any{a.ReservationID, a.Answer, a.Detail, c.Nanos(a.AskedAt), a.Attempts, c.Nanos(a.NextAt)}
+		k := a.Account
+		args[i] = []any{a.ReservationID, k.Subject, k.Route, k.Region, c.Int(k.Generation),
+			a.Answer, a.Detail, c.Nanos(a.AskedAt), a.Attempts, c.Nanos(a.NextAt)}
 	}
 	if err := c.Err(); err != nil {
 		return fmt.Errorf("resolver answers: %w", err)
@@ -355,18 +362,20 @@ func (s *Store) ResolverAnswersPut(ctx context.Context, answers []store.Resolver
 }
 
 // ResolverAnswersGet returns the answers of ids whose reservation is
-// USAGE_UNKNOWN, in the order of ids.
+// USAGE_UNKNOWN, each only if it is of that reservation's account, in
+// the order of ids.
 func (s *Store) ResolverAnswersGet(ctx context.Context, ids []string) (_ []store.ResolverAnswer, err error) {
 	defer s.readBarrier(ctx, &err)
 	if s.closed.Load() {
 		return nil, errClosed
 	}
 	var out []store.ResolverAnswer
+	answered := map[string]bool{}
 	for len(ids) > 0 {
 		chunk := ids[:min(len(ids), 500)]
 		ids = ids[len(chunk):]
-		q := "SELECT a.reservation_id, a.answer, a.detail, a.asked_at, a.attempts, a.next_at FROM resolver_answers a" +
-			" JOIN reservations r ON r.id = a.reservation_id AND r.state = 8" +
+		q := "SELECT a." + strings.ReplaceAll(answerCols, ", ", ", a.") + " FROM resolver_answers a" +
+			" JOIN reservations r ON " + answerOfItsReservation +
 			" WHERE a.reservation_id IN (?" + strings.Repeat(", ?", len(chunk)-1) + ")"
 		args := make([]any, len(chunk))
 		for i, id := range chunk {
@@ -381,8 +390,9 @@ func (s *Store) ResolverAnswersGet(ctx context.Context, ids []string) (_ []store
 			byID[a.ReservationID] = a
 		}
 		for _, id := range chunk {
-			if a, ok := byID[id]; ok {
+			if a, ok := byID[id]; ok && !answered[id] {
 				out = append(out, a)
+				answered[id] = true // an id asked twice is answered once
 			}
 		}
 	}
@@ -391,36 +401,43 @@ func (s *Store) ResolverAnswersGet(ctx context.Context, ids []string) (_ []store
 
 func scanAnswer(sc scanner) (store.ResolverAnswer, error) {
 	var (
-		a           store.ResolverAnswer
-		c           codec.Conv
-		asked, next int64
+		a                       store.ResolverAnswer
+		c                       codec.Conv
+		generation, asked, next int64
 	)
-	if err := sc.Scan(&a.ReservationID, &a.Answer, &a.Detail, &asked, &a.Attempts, &next); err != nil {
+	if err := sc.Scan(&a.ReservationID, &a.Account.Subject, &a.Account.Route, &a.Account.Region, &generation,
+		&a.Answer, &a.Detail, &asked, &a.Attempts, &next); err != nil {
 		return a, err
 	}
+	a.Account.Generation = c.Uint(generation)
 	a.AskedAt, a.NextAt = c.Time(asked), c.Time(next)
 	return a, c.Err()
 }
 
-// ResolverAnswersPrune deletes the answers of reservations that are no
-// longer USAGE_UNKNOWN. It finds them on a read connection first: a
-// reservation that left USAGE_UNKNOWN never returns to it, so an answer
-// found stale is still stale when the delete runs.
+// ResolverAnswersPrune deletes the answers that are not of a
+// USAGE_UNKNOWN reservation of their account. It finds them on a read
+// connection first: a reservation that left USAGE_UNKNOWN never returns
+// to it, so an answer found stale is still stale when the delete runs
+// (unless its own account reused the id meanwhile: that reservation's
+// resolver then asks afresh, as after a restart without answers).
 func (s *Store) ResolverAnswersPrune(ctx context.Context) (int, error) {
 	if s.closed.Load() {
 		return 0, errClosed
 	}
-	stale, err := queryAll(ctx, s.reader(answersStaleSQL), func(sc scanner) (string, error) {
-		var id string
-		err := sc.Scan(&id)
-		return id, err
+	stale, err := queryAll(ctx, s.reader(answersStaleSQL), func(sc scanner) ([]any, error) {
+		var (
+			id, subject, route, region string
+			generation                 int64
+		)
+		err := sc.Scan(&id, &subject, &route, &region, &generation)
+		return []any{id, subject, route, region, generation}, err
 	}, "stale resolver answers")
 	if err != nil || len(stale) == 0 {
 		return 0, err
 	}
 	err = s.writeOwn(ctx, "prune resolver answers", func(exec func(string, ...any) error) error {
-		for _, id := range stale {
-			if err := exec(answerDeleteSQL, id); err != nil {
+		for _, key := range stale {
+			if err := exec(answerDeleteSQL, key...); err != nil {
 				return err
 			}
 		}

@@ -104,3 +104,78 @@ func testCheckedAccountAfterIDReuse(t *testing.T, s store.Store) {
 	refused("tombstone, prefetched batch", applyPrefetched(t, s, checkedByA, now))
 	auditClean(t, s)
 }
+
+// testResolverAnswersAfterIDReuse: the resolver's answers belong to
+// (account, reservation id). tenant-a's x is USAGE_UNKNOWN and has an
+// answer; retention forgets x once settled, and tenant-b's x reaches
+// USAGE_UNKNOWN. A late answer about tenant-a's x (the resolver's settle,
+// checked against tenant-a, refused as "reservation not found: x") is
+// stored under tenant-a's key: it never shows for tenant-b's x, never
+// replaces tenant-b's own answer, and prune deletes it and tenant-a's
+// earlier one while tenant-b's stays.
+func testResolverAnswersAfterIDReuse(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	cs := consoleStore(t, s)
+	now := time.Date(2026, 7, 19, 14, 0, 0, 0, time.UTC)
+	run := func(cmd ledger.Command) ledger.Result {
+		t.Helper()
+		res, err := apply(ctx, s, &cmd, now)
+		if err != nil || res.Err != nil {
+			t.Fatalf("%s %s: %+v, %v", cmd.Kind, cmd.ReservationID, res, err)
+		}
+		now = now.Add(time.Second)
+		return res
+	}
+	accounts := map[string]ledger.AccountKey{}
+	for _, subject := range []string{"tenant-a", "tenant-b"} {
+		key := ledger.PolicyKey{Subject: subject, Route: "chat", Region: "eu"}
+		policy := ledger.Policy{Key: key, Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: 1000}}, HoldTTL: time.Minute}.WithDefaults()
+		g := run(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &policy}).Generation
+		accounts[subject] = ledger.AccountKey{Subject: subject, Route: key.Route, Region: key.Region, Generation: g}
+	}
+	unknown := func(subject string) {
+		a := accounts[subject]
+		run(ledger.Command{Kind: ledger.KindReserve, ReservationID: "x", RequestDigest: "sha256:" + subject,
+			Subject: a.Subject, Route: a.Route, Region: a.Region, Units: ledger.Amounts{100}})
+		run(ledger.Command{Kind: ledger.KindStart, ReservationID: "x", OperationID: "op-x"})
+		run(ledger.Command{Kind: ledger.KindMarkUsageUnknown, ReservationID: "x"})
+	}
+	put := func(a store.ResolverAnswer) store.ResolverAnswer {
+		t.Helper()
+		a.ReservationID, a.AskedAt, a.NextAt = "x", now, now.Add(time.Hour)
+		if err := cs.ResolverAnswersPut(ctx, []store.ResolverAnswer{a}); err != nil {
+			t.Fatal(err)
+		}
+		a.AskedAt, a.NextAt = a.AskedAt.UTC(), a.NextAt.UTC()
+		return a
+	}
+	get := func(what string, want ...store.ResolverAnswer) {
+		t.Helper()
+		got, err := cs.ResolverAnswersGet(ctx, []string{"x"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		same(t, what, got, want)
+	}
+
+	unknown("tenant-a")
+	first := put(store.ResolverAnswer{Account: accounts["tenant-a"], Answer: "running", Attempts: 1})
+	get("tenant-a's x", first)
+	run(ledger.Command{Kind: ledger.KindSettle, ReservationID: "x", OperationID: "op-x", Units: ledger.Amounts{10}})
+	run(ledger.Command{Kind: ledger.KindRetire, ReservationID: "x", Before: now, ForgetBefore: now})
+	unknown("tenant-b")
+	late := put(store.ResolverAnswer{Account: accounts["tenant-a"], Answer: "settle_refused",
+		Detail: "reservation not found: x", Attempts: 9})
+	get("tenant-b's x, with answers of tenant-a's only")
+	theirs := put(store.ResolverAnswer{Account: accounts["tenant-b"], Answer: "running", Attempts: 1})
+	get("tenant-b's x with its own answer", theirs)
+	late.Attempts++
+	put(late)
+	get("tenant-b's x after another late answer about tenant-a's", theirs)
+	// tenant-a's answers are one row (the late ones replaced the first).
+	n, err := cs.ResolverAnswersPrune(ctx)
+	if err != nil || n != 1 {
+		t.Fatalf("prune deleted %d, %v; want tenant-a's answer", n, err)
+	}
+	get("tenant-b's x after prune", theirs)
+}

@@ -256,11 +256,12 @@ func testResolverAnswers(t *testing.T, s store.Store) {
 	second := rows[5] // s-4, STARTED
 	second.State, second.UnknownAt = ledger.StateUsageUnknown, at(10*time.Second)
 	commit(t, s, &store.Changes{Reservations: []ledger.Reservation{second}})
+	chat, embed := rows[3].Account, rows[5].Account
 	answers := []store.ResolverAnswer{
-		{ReservationID: "s-3b", Answer: "running", AskedAt: at(20 * time.Second), Attempts: 1, NextAt: at(21 * time.Second)},
-		{ReservationID: "s-4", Answer: "error", Detail: "connection refused", AskedAt: at(22 * time.Second), Attempts: 4, NextAt: at(30 * time.Second)},
-		{ReservationID: "s-5", Answer: "running", AskedAt: at(22 * time.Second), Attempts: 1, NextAt: at(23 * time.Second)}, // SETTLED: stale
-		{ReservationID: "gone", Answer: "unknown", AskedAt: at(22 * time.Second), Attempts: 1, NextAt: at(23 * time.Second)},
+		{Account: chat, ReservationID: "s-3b", Answer: "running", AskedAt: at(20 * time.Second), Attempts: 1, NextAt: at(21 * time.Second)},
+		{Account: embed, ReservationID: "s-4", Answer: "error", Detail: "connection refused", AskedAt: at(22 * time.Second), Attempts: 4, NextAt: at(30 * time.Second)},
+		{Account: chat, ReservationID: "s-5", Answer: "running", AskedAt: at(22 * time.Second), Attempts: 1, NextAt: at(23 * time.Second)}, // SETTLED: stale
+		{Account: chat, ReservationID: "gone", Answer: "unknown", AskedAt: at(22 * time.Second), Attempts: 1, NextAt: at(23 * time.Second)},
 	}
 	if err := cs.ResolverAnswersPut(ctx, answers); err != nil {
 		t.Fatal(err)
@@ -274,6 +275,7 @@ func testResolverAnswers(t *testing.T, s store.Store) {
 		return got
 	}
 	same(t, "answers in the order asked", get("s-4", "s-5", "gone", "s-3b", "none"), []store.ResolverAnswer{answers[1], answers[0]})
+	same(t, "an id asked twice", get("s-3b", "s-3b"), []store.ResolverAnswer{answers[0]})
 	if got := get(); len(got) != 0 {
 		t.Errorf("no ids: %v", got)
 	}
@@ -299,9 +301,16 @@ func testResolverAnswers(t *testing.T, s store.Store) {
 		t.Fatalf("second prune deleted %d, %v; want 0", n, err)
 	}
 	same(t, "after prune", get("s-3b", "s-4"), []store.ResolverAnswer{replaced})
-	if err := cs.ResolverAnswersPut(ctx, []store.ResolverAnswer{{ReservationID: "", AskedAt: at(0)}}); err == nil {
-		t.Error("an answer without a reservation id was stored")
+	// A batch with an answer naming no reservation or no account stores
+	// nothing, not even its good answers.
+	good := replaced
+	good.Attempts, good.AskedAt = 3, at(60*time.Second)
+	for _, bad := range []store.ResolverAnswer{{Account: chat, ReservationID: "", AskedAt: at(0)}, {ReservationID: "s-3b", AskedAt: at(0)}} {
+		if err := cs.ResolverAnswersPut(ctx, []store.ResolverAnswer{good, bad}); err == nil {
+			t.Errorf("an answer without a reservation id or an account was stored: %+v", bad)
+		}
 	}
+	same(t, "after the refused puts", get("s-3b"), []store.ResolverAnswer{replaced})
 }
 
 // The last audit and the last clean one, each the latest by At whatever

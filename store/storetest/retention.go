@@ -23,6 +23,7 @@ var retentionCases = []struct {
 	{"TombstoneDuplicate", testTombstoneDuplicate},
 	{"AuditReusedIDAfterHorizon", testAuditReusedID},
 	{"CheckedAccountAfterIDReuse", testCheckedAccountAfterIDReuse},
+	{"ResolverAnswersAfterIDReuse", testResolverAnswersAfterIDReuse},
 	{"SnapshotStreaming", testSnapshotStreaming},
 }
 
