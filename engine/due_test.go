@@ -359,3 +359,36 @@ func TestConflictRetriesLastTheBudget(t *testing.T) {
 		t.Fatalf("conflicts %d, want the 3 retries", st.Conflicts)
 	}
 }
+
+// A drain pass that found one command in a generation does not count the
+// generation clean (Pager.Clean): the drain memo would skip it for good.
+func TestDrainPassWithOneCommandIsNotClean(t *testing.T) {
+	ctx := context.Background()
+	core := NewCore(memstore.New())
+	now := t0
+	run := func(cmd ledger.Command) {
+		t.Helper()
+		results, err := core.Commit(ctx, []ledger.Command{cmd}, now)
+		if err != nil || results[0].Err != nil {
+			t.Fatalf("%s: %v, %v", cmd.Kind, err, results[0].Err)
+		}
+	}
+	publish := func(burst int64) {
+		p := ledger.Policy{Key: ledger.PolicyKey{Subject: ledger.AnySubject, Route: "chat.generate", Region: "eu"},
+			Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: burst}}}.WithDefaults()
+		run(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p})
+	}
+	publish(1000)
+	run(reserveCmd("rl-1", 10))
+	publish(2000) // generation 1's one account now drains
+	drains, _, err := core.DrainPager(ctx, 64, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cmds, _ := pages(t, core, drains, now); len(cmds) != 1 || cmds[0].Account.Generation != 1 {
+		t.Fatalf("drains: %+v, want generation 1's account", cmds)
+	}
+	if clean := drains.Clean(); slices.Contains(clean, 1) {
+		t.Fatalf("generation 1 counted clean after a drain: %v", clean)
+	}
+}
