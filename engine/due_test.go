@@ -359,3 +359,78 @@ func TestConflictRetriesLastTheBudget(t *testing.T) {
 		t.Fatalf("conflicts %d, want the 3 retries", st.Conflicts)
 	}
 }
+
+// A drain pass that found one command in a generation does not count the
+// generation clean (Pager.Clean): the drain memo would skip it for good.
+func TestDrainPassWithOneCommandIsNotClean(t *testing.T) {
+	ctx := context.Background()
+	core := NewCore(memstore.New())
+	now := t0
+	run := func(cmd ledger.Command) {
+		t.Helper()
+		results, err := core.Commit(ctx, []ledger.Command{cmd}, now)
+		if err != nil || results[0].Err != nil {
+			t.Fatalf("%s: %v, %v", cmd.Kind, err, results[0].Err)
+		}
+	}
+	publish := func(burst int64) {
+		p := ledger.Policy{Key: ledger.PolicyKey{Subject: ledger.AnySubject, Route: "chat.generate", Region: "eu"},
+			Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: burst}}}.WithDefaults()
+		run(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p})
+	}
+	publish(1000)
+	run(reserveCmd("rl-1", 10))
+	publish(2000) // generation 1's one account now drains
+	drains, _, err := core.DrainPager(ctx, 64, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cmds, _ := pages(t, core, drains, now); len(cmds) != 1 || cmds[0].Account.Generation != 1 {
+		t.Fatalf("drains: %+v, want generation 1's account", cmds)
+	}
+	if clean := drains.Clean(); slices.Contains(clean, 1) {
+		t.Fatalf("generation 1 counted clean after a drain: %v", clean)
+	}
+}
+
+// A command stamped up to EpochLateness before the epoch worker's clock
+// may commit after the worker's pass read its epoch's accounts: the next
+// pass, which resumes where that one ended (EpochScans), still reads back
+// far enough to close that account's epoch.
+func TestEpochPassReadsBackTheLateness(t *testing.T) {
+	ctx := context.Background()
+	core := NewCore(memstore.New())
+	nine := time.Date(2026, 7, 20, 9, 0, 0, 0, time.UTC)
+	commitAt := func(now time.Time, cmd ledger.Command) {
+		t.Helper()
+		results, err := core.Commit(ctx, []ledger.Command{cmd}, now)
+		if err != nil || results[0].Err != nil {
+			t.Fatalf("%s: %v, %v", cmd.Kind, err, results[0].Err)
+		}
+	}
+	p := ledger.Policy{Key: ledger.PolicyKey{Subject: ledger.AnySubject, Route: "chat.generate", Region: "eu"},
+		Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: 1000}}, EpochLength: time.Hour}.WithDefaults()
+	commitAt(nine, ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p})
+	var scans EpochScans
+	pass := func(now time.Time) []ledger.Command {
+		t.Helper()
+		pager, err := core.EpochPager(ctx, now, 64, &scans)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmds, _ := pages(t, core, pager, now)
+		scans.Update(pager, true)
+		return cmds
+	}
+	if cmds := pass(nine.Add(time.Hour + 30*time.Second)); len(cmds) != 0 {
+		t.Fatalf("first pass, no account: %+v", cmds)
+	}
+	// Stamped 40 s before that pass, committed after it: an account in
+	// the 09:00 epoch the pass did not see.
+	late := reserveCmd("rl-late", 10)
+	commitAt(nine.Add(time.Hour-10*time.Second), late)
+	cmds := pass(nine.Add(2*time.Hour + 30*time.Second))
+	if len(cmds) != 1 || cmds[0].Kind != ledger.KindCloseEpoch || cmds[0].Account.Subject != late.Subject {
+		t.Fatalf("the next pass closes the late account's 09:00 epoch: %+v", cmds)
+	}
+}

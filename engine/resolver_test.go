@@ -229,6 +229,10 @@ func TestResolverFlagsOverdueAndKeepsThemHeld(t *testing.T) {
 	if s := e.ResolverStats(); s.Overdue != 1 || !e.UnknownOverdue(&old, clk.Now()) || e.UnknownOverdue(&young, clk.Now()) {
 		t.Fatalf("one past its deadline: %+v", s)
 	}
+	// The deadline's own instant is past it; a nanosecond before is not.
+	if at := young.UnknownAt.Add(10 * time.Minute); !e.UnknownOverdue(&young, at) || e.UnknownOverdue(&young, at.Add(-time.Nanosecond)) {
+		t.Fatalf("at its deadline %s: overdue %v; a nanosecond before: %v", at, e.UnknownOverdue(&young, at), e.UnknownOverdue(&young, at.Add(-time.Nanosecond)))
+	}
 	clk.Advance(time.Hour)
 	e.RunResolver(ctx)
 	if s := e.ResolverStats(); s.Overdue != 2 {
@@ -506,5 +510,26 @@ func severalFailingStayOnBackoff(t *testing.T, seed uint64) {
 		if short > 1 {
 			t.Errorf("seed %d: %s asked %d times in 16 min, %d gaps shorter than its backoff", seed, id, len(at[id]), short)
 		}
+	}
+}
+
+// An answer's units above ledger.MaxUnits are a bad answer: no settle is
+// made of it; MaxUnits itself settles.
+func TestResolverRefusesAnAnswerAboveMaxUnits(t *testing.T) {
+	st := memstore.New()
+	e := New(st, Options{DisableWorkers: true})
+	defer e.Close()
+	publish(t, e, 10000, time.Minute, 30*time.Second)
+	r := NewResolver(st, ResolverOptions{}, time.Now, nil, nil)
+	row := ledger.Reservation{ID: "rl-1", OperationID: "op-1",
+		Account: ledger.AccountKey{Subject: "tenant", Route: "chat.generate", Region: "eu", Generation: 1}}
+	answer := func(n ledger.Units) OperationStatus {
+		return OperationStatus{State: OperationFinished, Units: map[string]ledger.Units{"tokens": n}}
+	}
+	if cmd, err := r.settleCommand(context.Background(), &row, answer(ledger.MaxUnits+1), nil); err == nil {
+		t.Fatalf("an answer of MaxUnits+1 tokens made %+v", cmd)
+	}
+	if cmd, err := r.settleCommand(context.Background(), &row, answer(ledger.MaxUnits), nil); err != nil || cmd.Units[0] != ledger.MaxUnits {
+		t.Fatalf("an answer of MaxUnits tokens: %+v, %v", cmd, err)
 	}
 }

@@ -108,6 +108,17 @@ func TestShardDecodeRefusesMalformed(t *testing.T) {
 	if _, err := ledger.DecodeShardToken(ledger.EncodeShardToken(s)); !errors.Is(err, ledger.ErrShardMalformed) {
 		t.Fatalf("negative allocation: %v", err)
 	}
+	// Each string is bounded by MaxShardString even where the token is
+	// well under MaxShardToken.
+	s = signedShard()
+	s.Account.Subject = string(bytes.Repeat([]byte("s"), ledger.MaxShardString))
+	if _, err := ledger.DecodeShardToken(ledger.EncodeShardToken(s)); err != nil {
+		t.Fatalf("a subject of MaxShardString bytes: %v", err)
+	}
+	s.Account.Subject += "s"
+	if _, err := ledger.DecodeShardToken(ledger.EncodeShardToken(s)); !errors.Is(err, ledger.ErrShardMalformed) {
+		t.Fatalf("a subject of MaxShardString+1 bytes: %v", err)
+	}
 	huge := binary.BigEndian.AppendUint32(nil, 1<<31)
 	if _, err := ledger.DecodeShardToken(huge); !errors.Is(err, ledger.ErrShardMalformed) {
 		t.Fatalf("2 GiB schema length: %v", err)
@@ -245,5 +256,19 @@ func BenchmarkShardLocalReserveSettle(b *testing.B) {
 		if res := l.Settle(id, "op", ledger.Amounts{7}, signT0); res.Err != nil {
 			b.Fatal(res.Err)
 		}
+	}
+}
+
+// A key ring entry that is not an Ed25519 public key (a truncated or
+// mistyped key) is an unknown key, not a panic in ed25519.Verify.
+func TestShardKeyRingRefusesAMalformedKey(t *testing.T) {
+	s := signedShard()
+	pub := shardKey.Public().(ed25519.PublicKey)
+	ring := ledger.ShardKeyRing{"k1": pub[:ed25519.PublicKeySize-1]}
+	if _, ok := ring.ShardPublicKey("k1"); ok {
+		t.Fatal("a 31-byte key was handed out")
+	}
+	if err := ledger.VerifyShardSignature(s, ring); !errors.Is(err, ledger.ErrShardUnknownKey) {
+		t.Fatalf("verify with a 31-byte key: %v", err)
 	}
 }

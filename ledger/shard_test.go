@@ -78,6 +78,21 @@ func TestShardIssueMovesAvailableToRetired(t *testing.T) {
 	if res := c.apply(issueCmd("sh-1", "gw-b", 3, 300)); !errors.Is(res.Err, ledger.ErrShardIDReused) {
 		t.Fatalf("shard id reused for another gateway: %v", res.Err)
 	}
+	// Each field the shard binds tells it apart: another boot, subject,
+	// route, region or allocation under the same id is another shard.
+	for what, change := range map[string]func(*ledger.Command){
+		"boot":       func(cmd *ledger.Command) { cmd.Shard.BootEpoch = 4 },
+		"subject":    func(cmd *ledger.Command) { cmd.Subject += "-other" },
+		"route":      func(cmd *ledger.Command) { cmd.Route += "-other" },
+		"region":     func(cmd *ledger.Command) { cmd.Region += "-other" },
+		"allocation": func(cmd *ledger.Command) { cmd.Units[0] = 301 },
+	} {
+		cmd := issueCmd("sh-1", "gw-a", 3, 300)
+		change(&cmd)
+		if res := c.apply(cmd); !errors.Is(res.Err, ledger.ErrShardIDReused) {
+			t.Fatalf("shard id reused for another %s: %v", what, res.Err)
+		}
+	}
 
 	// Every issuance to the gateway bumps its fence; another gateway has
 	// its own sequence.
@@ -472,6 +487,20 @@ func TestShardAuditCatchesBrokenRecords(t *testing.T) {
 		t.Errorf("shared fence not caught: %v", ds)
 	}
 
+	// One unit minted past what the shard confirmed unused is caught.
+	overminted := c.m.Snapshot()
+	overminted.Moves[0].Units[0] = overminted.Shards[0].Reminted[0] + 1
+	if ds := ledger.Audit(overminted); !has(ds, ledger.CheckShardRemint) {
+		t.Errorf("remint one unit above the confirmed unused not caught: %v", ds)
+	}
+
+	// A shard must expire after it was issued, not at the same instant.
+	instant := c.m.Snapshot()
+	instant.Shards[1].ExpiresAt = instant.Shards[1].IssuedAt
+	if ds := ledger.Audit(instant); !has(ds, ledger.CheckShardRecord) {
+		t.Errorf("a shard expiring at its issuance not caught: %v", ds)
+	}
+
 	dropped := c.m.Snapshot()
 	dropped.Shards = dropped.Shards[:1]
 	if ds := ledger.Audit(dropped); !has(ds, ledger.CheckShard) {
@@ -732,5 +761,20 @@ func TestShardTTLNotAboveZeroIsNamedAsTheAPIWritesIt(t *testing.T) {
 	cmd.Shard.TTL = -1500 * time.Millisecond
 	if res := c.apply(cmd); res.Err == nil || !strings.Contains(res.Err.Error(), "ttl must be above 0 (-1.500s)") {
 		t.Fatalf("ttl %s: %+v, want refused naming -1.500s", cmd.Shard.TTL, res)
+	}
+}
+
+// A shard id may hold colons (the remint receipt "shard-remint:ID:N" is
+// split at its last one): its reconciliation's remint audits clean.
+func TestShardAuditShardIDWithColons(t *testing.T) {
+	c := newChecked(t)
+	c.publish(emergencyPolicy())
+	c.must(c.apply(issueCmd("gw-a:boot-1:sh-1", "gw-a", 1, 100)))
+	res := c.must(c.apply(reconcileCmd("gw-a:boot-1:sh-1", "gw-a", nil)))
+	if res.Move == nil || res.Move.Units[0] != 100 {
+		t.Fatalf("reconciliation of an unused shard: %+v", res)
+	}
+	if d := ledger.Audit(c.m.Snapshot()); len(d) != 0 {
+		t.Fatalf("sound ledger with a colon in a shard id: %v", d)
 	}
 }

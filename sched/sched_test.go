@@ -507,3 +507,35 @@ func TestLockedConcurrentUse(t *testing.T) {
 		t.Errorf("InFlight = %d after settling everything", l.InFlight())
 	}
 }
+
+// A settle corrects the tenant's virtual time at the weight its request
+// was dispatched under, even when the weight changed while it ran: the
+// charge taken back is the one that was made.
+func TestSettleRefundsAtTheDispatchWeight(t *testing.T) {
+	s := mustNew(t, Config{})
+	mustSetTenant(t, s, "a", 1, 0)
+	mustEnqueue(t, s, "a1", "a", 100)
+	mustEnqueue(t, s, "a2", "a", 100) // keeps the tenant held after a1's settle
+	before := s.tenants["a"].vtime
+	mustDispatch(t, s)
+	mustSetTenant(t, s, "a", 4, 0)
+	if err := s.Settle("a1", 20); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := s.tenants["a"].vtime, before+charge(20, 1); got != want {
+		t.Fatalf("virtual time after a settle of 20 dispatched at weight 1: %d, want %d", got, want)
+	}
+}
+
+// In weighted mode two levels whose next finish times tie go in priority
+// order, whichever was enqueued first.
+func TestWeightedLevelTieGoesToHigherPriority(t *testing.T) {
+	s := mustNew(t, Config{})
+	mustSetTenant(t, s, "low", 1, 0)
+	mustSetTenant(t, s, "high", 1, 5)
+	mustEnqueue(t, s, "l1", "low", 10)
+	mustEnqueue(t, s, "h1", "high", 10)
+	if r := mustDispatch(t, s); r.Tenant != "high" {
+		t.Fatalf("tie between levels went to %s, want high", r.Tenant)
+	}
+}

@@ -2,6 +2,7 @@ package codec
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"math"
 	"reflect"
@@ -295,9 +296,28 @@ func TestConvScalars(t *testing.T) {
 		}
 	}
 	var ok Conv
+	if ok.State(int64(ledger.StateReservationUnknown)) != ledger.StateReservationUnknown || ok.Err() != nil {
+		t.Fatalf("the last state, RESERVATION_UNKNOWN: %v", ok.Err())
+	}
 	if ok.State(int64(ledger.StateUsageUnknown)) != ledger.StateUsageUnknown || ok.Dims(4) != 4 ||
 		ok.Kind(int64(ledger.KindSettle)) != ledger.KindSettle || ok.MoveKind(3) != ledger.MoveShardRemint ||
 		ok.Bool(true) != 1 || ok.Bool(false) != 0 || ok.Err() != nil {
 		t.Fatalf("valid scalars: %v", ok.Err())
+	}
+}
+
+// Reader.Bytes refuses a length past what is left, the first byte past
+// included, without slicing beyond its buffer.
+func TestReaderBytesRefusesALengthPastTheEnd(t *testing.T) {
+	for left := range 3 {
+		src := append(binary.AppendUvarint(nil, uint64(left+1)), make([]byte, left)...)
+		r := NewReader("bytes", src)
+		if b := r.Bytes(); !errors.Is(r.Err(), ErrCorrupt) || b != nil {
+			t.Fatalf("length %d with %d bytes left: %q, %v", left+1, left, b, r.Err())
+		}
+	}
+	r := NewReader("bytes", append(binary.AppendUvarint(nil, 2), 'a', 'b'))
+	if b := r.Bytes(); string(b) != "ab" || r.Err() != nil || r.Remaining() != 0 {
+		t.Fatalf("length 2 with 2 bytes: %q, %v", b, r.Err())
 	}
 }

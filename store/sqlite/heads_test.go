@@ -86,3 +86,57 @@ func TestPolicyHeadsCachedWhole(t *testing.T) {
 		t.Fatal("a head another connection committed is not found")
 	}
 }
+
+// A complete heads table that evicts a head to make room is no longer
+// complete: the evicted head is read again, not answered "not found".
+func TestPolicyHeadsEvictionEndsCompleteness(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(ctx, filepath.Join(t.TempDir(), "capledger.db"), WithCacheRows(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	key := func(subject string) ledger.PolicyKey {
+		return ledger.PolicyKey{Subject: subject, Route: "chat", Region: "eu"}
+	}
+	write := func(subject string) {
+		t.Helper()
+		tx, err := s.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		if err := tx.Write(ctx, &store.Changes{Heads: []ledger.PolicyHead{{Key: key(subject), Active: 1, Latest: 1}}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	missing := func(subjects ...string) []string {
+		t.Helper()
+		tx, err := s.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		var out []string
+		for _, subject := range subjects {
+			if _, err := tx.PolicyHeadGet(ctx, key(subject)); errors.Is(err, store.ErrNotFound) {
+				out = append(out, subject)
+			} else if err != nil {
+				t.Fatal(err)
+			}
+		}
+		return out
+	}
+	write("a")
+	write("b")
+	if m := missing("a", "b"); len(m) != 0 {
+		t.Fatalf("heads not found: %v", m)
+	}
+	write("c") // the table is full: a head is evicted
+	if m := missing("a", "b", "c"); len(m) != 0 {
+		t.Fatalf("heads not found after an eviction: %v", m)
+	}
+}

@@ -2,6 +2,7 @@ package sqlite
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"math"
 	"path/filepath"
@@ -335,5 +336,21 @@ func TestPackedTableRememberAtChecksTheSlot(t *testing.T) {
 				t.Fatalf("key 0 reads %+v %v after its update, want version 2", a, ok)
 			}
 		})
+	}
+}
+
+// A mask naming a value past the ones a row holds is damage, the first
+// such bit included.
+func TestPackedIntsRejectAMaskPastItsValues(t *testing.T) {
+	var vs [4]int64
+	r := packedReader{b: string(binary.AppendUvarint(nil, 1<<len(vs)))}
+	r.ints(vs[:])
+	if r.err == nil {
+		t.Fatalf("mask bit %d of %d values decoded", len(vs), len(vs))
+	}
+	r = packedReader{b: string(binary.AppendVarint(binary.AppendUvarint(nil, 1<<(len(vs)-1)), 7))}
+	r.ints(vs[:])
+	if r.err != nil || vs[len(vs)-1] != 7 {
+		t.Fatalf("the last value's bit: %v, %v", vs, r.err)
 	}
 }

@@ -528,8 +528,10 @@ func TestSubjectIndexCatchesUpAfterAnUnknownCommit(t *testing.T) {
 // Flushes that keep failing (a full disk) do not grow pending without
 // bound: at 4 times the flush count it is dropped, the listing answers
 // ErrUnavailable instead of a page missing acknowledged reservations, and
-// once a flush works the journal restores every entry.
+// once a flush works the journal restores every entry, from more
+// batches than one catch-up transaction reads (subjectCatchUpBatches).
 func TestSubjectIndexPendingBoundedWhenFlushesFail(t *testing.T) {
+	const commits = 300
 	ctx := context.Background()
 	s, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "capledger.db"), sqlite.WithSubjectIndexFlush(time.Hour, 2))
 	if err != nil {
@@ -538,8 +540,8 @@ func TestSubjectIndexPendingBoundedWhenFlushesFail(t *testing.T) {
 	defer s.Close()
 	sqlite.SetSubjectFlushFault(s, errors.New("database or disk is full"))
 	var want []string
-	for i := range 20 {
-		id := fmt.Sprintf("r%02d", i)
+	for i := range commits {
+		id := fmt.Sprintf("r%03d", i)
 		commit(t, s, journaled(id))
 		want = append([]string{id}, want...)
 		if n := s.SubjectIndexPending(); n >= 8 {
@@ -563,8 +565,8 @@ func TestSubjectIndexPendingBoundedWhenFlushesFail(t *testing.T) {
 	if got := listedIDs(t, s, "tenant7"); !slices.Equal(got, want) {
 		t.Errorf("listed %v, want %v", got, want)
 	}
-	if through, err := s.SubjectIndexThrough(ctx); err != nil || through != 20 {
-		t.Errorf("subject_index_through %d (%v), want 20", through, err)
+	if through, err := s.SubjectIndexThrough(ctx); err != nil || through != commits {
+		t.Errorf("subject_index_through %d (%v), want %d", through, err, commits)
 	}
 }
 

@@ -201,6 +201,12 @@ func testCheckpointConflict(t *testing.T, s store.Store) {
 	if err := store.PutCheckpoint(ctx, s, cp); !errors.Is(err, store.ErrConflict) {
 		t.Fatalf("the same checkpoint twice: %v, want ErrConflict", err)
 	}
+	// The next checkpoint must summarise entries past the last one's.
+	none := *cp
+	none.Seq, none.Prev = cp.Seq+1, cp.Digest
+	if err := store.PutCheckpoint(ctx, s, &none); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("a checkpoint through %d after one through %d: %v, want ErrConflict", none.Through, cp.Through, err)
+	}
 	snap, err := s.Snapshot(ctx)
 	if err != nil {
 		t.Fatal(err)

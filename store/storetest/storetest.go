@@ -337,6 +337,20 @@ func testNotFound(t *testing.T, s store.Store) {
 	mustNotFound(t, "PolicyGet", err)
 	_, err = s.ShardGet(ctx, "sh-none")
 	mustNotFound(t, "ShardGet", err)
+
+	// What a transaction did not find (and a store may have cached as
+	// absent) is found once a later transaction wrote it.
+	p := fixturePolicies()[2]
+	p.Generation = 99
+	commit(t, s, &store.Changes{Policies: []ledger.Policy{p}, Meta: map[string]int64{"no_such_counter": 4}})
+	inTx(t, s, func(ctx context.Context, tx store.Tx) {
+		if got, err := tx.PolicyGet(ctx, 99); err != nil || got.Generation != 99 || !reflect.DeepEqual(got.Dimensions, p.Dimensions) {
+			t.Fatalf("tx PolicyGet of generation 99 after it was written: %+v, %v", got, err)
+		}
+		if v, err := tx.MetaGet(ctx, "no_such_counter"); err != nil || v != 4 {
+			t.Fatalf("tx MetaGet of a counter after it was written: %d, %v", v, err)
+		}
+	})
 }
 
 func testTxReadsOwnWrites(t *testing.T, s store.Store) {
