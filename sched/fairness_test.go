@@ -473,3 +473,45 @@ func TestBoundedWaitUnderFlood(t *testing.T) {
 		})
 	}
 }
+
+// Many tenants, short queues: 256 tenants, 64 of each weight 1 to 4, each
+// with two requests queued (topped up every tick), as the
+// simulator's 256-tenant runs give an executor. Over the run every tenant
+// is backlogged, so its fair share is w_i/Σw of the service; each weight
+// class's service must be within the default budget of its classes' fair
+// share, and each tenant within the proven bound of docs/FAIRNESS.md,
+// |S_i - F_i| <= (M + 3·c·E)·(1 + w_i/w_min) (exact estimates: E = 0).
+func TestManyTenantsShortQueuesShareByWeight(t *testing.T) {
+	sc := saturated125()
+	sc.flows = nil
+	for i := range 256 {
+		sc.flows = append(sc.flows, flow{name: fmt.Sprintf("t%03d", i), weight: int64(1 + i%4), backlog: 2})
+	}
+	sc.ticks, sc.warmup = 60000, 2000
+	sc.maxQueue = 4
+	o := sc.run(t, sc.newScheduler(t))
+	var served, fair [5]float64
+	var capacity float64
+	for _, tf := range o.snapshot {
+		capacity += float64(tf.Served)
+	}
+	bound := float64(sc.maxCost) // M = L with Q = 0, E = 0
+	for _, tf := range o.snapshot {
+		if !tf.Backlogged {
+			t.Fatalf("%s was not backlogged through the window: the scenario is not saturated", tf.Tenant)
+		}
+		f := tf.FairShare * capacity
+		served[tf.Weight] += float64(tf.Served)
+		fair[tf.Weight] += f
+		if d, b := math.Abs(float64(tf.Served)-f), bound*(1+float64(tf.Weight)); d > b {
+			t.Errorf("%s (w=%d) served %d against a fair %.0f: off by %.0f > bound %.0f", tf.Tenant, tf.Weight, tf.Served, f, d, b)
+		}
+	}
+	for w := 1; w <= 4; w++ {
+		e := math.Abs(served[w]-fair[w]) / fair[w]
+		t.Logf("weight %d: served %.0f, fair %.0f, error %.4f", w, served[w], fair[w], e)
+		if e > DefaultFairnessBudget {
+			t.Errorf("tenants of weight %d served %.0f against a fair %.0f: error %.4f > budget %.2f", w, served[w], fair[w], e, DefaultFairnessBudget)
+		}
+	}
+}

@@ -19,10 +19,16 @@ const maxSimWorkers = 1 << 12
 // events for its reports (--last 1e15 panicked making it).
 const maxSimLastEvents = 1 << 16
 
-// maxSimNodes bounds --gateways, --executors, --tenants and --requests
-// (per gateway): 64 of each runs an interleaving in seconds, while
+// maxSimNodes bounds --gateways and --executors, and maxSimTenants
+// --tenants and --requests (per gateway): 64 gateways and executors with
+// 256 tenants and 256 requests each (16,384 requests) run an interleaving
+// in about 5 s of CPU and 400 MB (seed 1), enough to put many tenants in each executor's queue
+// (where the old weight-class fairness gate went wrong), while
 // --requests 1e9 or --gateways 1e8 ran out of memory in the first one.
-const maxSimNodes = 64
+const (
+	maxSimNodes   = 64
+	maxSimTenants = 256
+)
 
 // maxSimTime bounds the simulated --arrival-window, --heal-at and
 // --deadline: the workers' ticks make an interleaving's cost grow with
@@ -64,7 +70,8 @@ Flags:
   --gateways N, --executors N, --tenants N, --requests N
                       most gateways, executors, tenants, requests per gateway
                       an interleaving draws (defaults 4, 3, 3, 6; at most
-                      64 each; gateways at least 2, the rest at least 1)
+                      64, 64, 256, 256; gateways at least 2, the rest at
+                      least 1)
   --arrival-window D, --heal-at D, --deadline D
                       requests arrive within D; faults heal at D; everything
                       must converge within D after healing (defaults 2m, 3m,
@@ -132,8 +139,8 @@ func runSim(ctx context.Context, e *env, args []string) error {
 		intIn("last", *last, 0, maxSimLastEvents),
 		intIn("gateways", *gateways, 2, maxSimNodes),
 		intIn("executors", *executors, 1, maxSimNodes),
-		intIn("tenants", *tenants, 1, maxSimNodes),
-		intIn("requests", *requests, 1, maxSimNodes),
+		intIn("tenants", *tenants, 1, maxSimTenants),
+		intIn("requests", *requests, 1, maxSimTenants),
 		durationIn("arrival-window", *arrival, time.Nanosecond, maxSimTime),
 		durationIn("heal-at", *healAt, 0, maxSimTime),
 		durationIn("deadline", *deadline, time.Nanosecond, maxSimTime),
