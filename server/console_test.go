@@ -497,7 +497,10 @@ func TestConsoleStandingsShareOneScan(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range answers {
 		wg.Add(1)
-		go func() { defer wg.Done(); answers[i] = h.consoleOK("ListAccountStandings", `{"limit":20}`, consoleViewer) }()
+		go func() {
+			defer wg.Done()
+			answers[i] = h.consoleOK("ListAccountStandings", `{"limit":20}`, consoleViewer)
+		}()
 	}
 	for scans.count() == 0 {
 		time.Sleep(time.Millisecond)
