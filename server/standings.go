@@ -20,14 +20,11 @@ import (
 // open tab, so the server computes one ranking per distinct question (the
 // filters, the limit and the caller's scope) at a time, shares it with
 // every caller asking the same while it runs, and answers it again until
-// it is standingsReuseFactor times as old as its scan took (at least
-// standingsMinReuse): however many tabs are open, ranking takes at most
-// about 1/standingsReuseFactor of a core, and a small ledger (a scan of
-// milliseconds) is answered fresh. Each answer carries its asOf.
-const (
-	standingsReuseFactor = 9
-	standingsMinReuse    = 0
-)
+// it is standingsReuseFactor times as old as its scan took: however many
+// tabs are open, ranking takes at most about a tenth of a core, and a
+// small ledger (a scan of milliseconds) is answered fresh. Each answer
+// carries its asOf.
+const standingsReuseFactor = 9
 
 // standingsQuestion is what a ranking of every account depends on.
 type standingsQuestion struct {
@@ -50,8 +47,6 @@ type standingsRanking struct {
 type sharedStandings struct {
 	mu       sync.Mutex
 	rankings map[standingsQuestion]*standingsRanking
-	// scans counts the rankings computed (for tests).
-	scans int64
 }
 
 func newSharedStandings() *sharedStandings {
@@ -96,14 +91,13 @@ func (sh *sharedStandings) answer(ctx context.Context, q standingsQuestion, rank
 		}
 		r = &standingsRanking{done: make(chan struct{})}
 		sh.rankings[q] = r
-		sh.scans++
 		sh.mu.Unlock()
 		// The ranking runs apart from this caller's context: a caller
 		// that gives up must not fail the others waiting for it.
 		started := time.Now()
 		r.resp, r.err = rank()
 		took := time.Since(started)
-		r.reuseUntil = time.Now().Add(max(standingsMinReuse, standingsReuseFactor*took))
+		r.reuseUntil = time.Now().Add(standingsReuseFactor * took)
 		close(r.done)
 	} else {
 		sh.mu.Unlock()
