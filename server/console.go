@@ -333,10 +333,14 @@ func (c consoleService) ListAccountStandings(ctx context.Context, req *connect.R
 	if !m.GetInDebt() && key == (ledger.PolicyKey{}) {
 		q := standingsQuestion{scope: scopeKey(ctx), subject: m.GetSubject(), subjectContains: m.GetSubjectContains(),
 			route: m.GetRoute(), region: m.GetRegion(), generation: m.GetPolicyGeneration(), limit: limit}
-		resp, err := s.standings.answer(ctx, q, func() (*v1.ListAccountStandingsResponse, *connect.Error) {
+		ranking, err := s.standings.answer(ctx, q, func(r *standingsRanking) *connect.Error {
 			// Apart from this caller's cancellation: others may share it.
-			return c.rankAll(context.WithoutCancel(ctx), m, limit)
+			return c.rankAll(context.WithoutCancel(ctx), m, limit, r)
 		})
+		if err != nil {
+			return nil, err
+		}
+		resp, err := c.standingsOf(ctx, ranking)
 		if err != nil {
 			return nil, err
 		}

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-	"google.golang.org/protobuf/proto"
 
 	v1 "github.com/capledger/capledger/api/capledger/v1"
 	"github.com/capledger/capledger/ledger"
@@ -35,10 +34,15 @@ type standingsQuestion struct {
 }
 
 // standingsRanking is one computation of a question: running until done
-// is closed, then its answer (or error) until reuseUntil.
+// is closed, then its answer (or error) until reuseUntil. The answer is
+// the accounts as read at asOf, best first, and how many matched; each
+// caller builds its standings from them with the rollout modes and
+// generation states of its own time.
 type standingsRanking struct {
 	done       chan struct{}
-	resp       *v1.ListAccountStandingsResponse
+	ranked     []*rankedStanding
+	matched    int64
+	asOf       time.Time
 	err        *connect.Error
 	reuseUntil time.Time
 }
@@ -65,9 +69,8 @@ func scopeKey(ctx context.Context) string {
 
 // answer returns the ranking of q: the one being computed (waiting for
 // it), one still young enough to reuse, or a new one computed by rank.
-// Each caller gets its own copy of the answer. A failed ranking is not
-// reused.
-func (sh *sharedStandings) answer(ctx context.Context, q standingsQuestion, rank func() (*v1.ListAccountStandingsResponse, *connect.Error)) (*v1.ListAccountStandingsResponse, *connect.Error) {
+// Callers must not change it. A failed ranking is not reused.
+func (sh *sharedStandings) answer(ctx context.Context, q standingsQuestion, rank func(r *standingsRanking) *connect.Error) (*standingsRanking, *connect.Error) {
 	sh.mu.Lock()
 	r := sh.rankings[q]
 	if r != nil {
@@ -95,7 +98,7 @@ func (sh *sharedStandings) answer(ctx context.Context, q standingsQuestion, rank
 		// The ranking runs apart from this caller's context: a caller
 		// that gives up must not fail the others waiting for it.
 		started := time.Now()
-		r.resp, r.err = rank()
+		r.err = rank(r)
 		took := time.Since(started)
 		r.reuseUntil = time.Now().Add(standingsReuseFactor * took)
 		close(r.done)
@@ -110,7 +113,7 @@ func (sh *sharedStandings) answer(ctx context.Context, q standingsQuestion, rank
 	if r.err != nil {
 		return nil, r.err
 	}
-	return proto.Clone(r.resp).(*v1.ListAccountStandingsResponse), nil
+	return r, nil
 }
 
 // rankedStanding is a candidate of the ranking: its place in the order
@@ -121,7 +124,6 @@ type rankedStanding struct {
 	used    float64
 	index   int
 	account ledger.Account
-	policy  *ledger.Policy
 }
 
 // before reports whether a ranks before b.
@@ -184,14 +186,15 @@ func dimensionUsed(d *ledger.Dimension, b *ledger.Balance) float64 {
 // standingsPage is how many accounts rankAll reads at a time.
 const standingsPage = 1000
 
-// rankAll answers a ListAccountStandings that reads every account: the
-// accounts matching m in the caller's scope, the best limit of them built
-// into standings, asOf the time the read began. It reads the accounts
-// page by page (Ledger.AccountsPage), keeping only the best limit: its
-// memory is a page's, and no read stays open for the whole scan.
-func (c consoleService) rankAll(ctx context.Context, m *v1.ListAccountStandingsRequest, limit int) (*v1.ListAccountStandingsResponse, *connect.Error) {
+// rankAll ranks for a ListAccountStandings that reads every account:
+// into r the best limit of the accounts matching m in the caller's
+// scope, how many matched, and asOf, the time the read began. It reads
+// the accounts page by page (Ledger.AccountsPage), keeping only the best
+// limit: its memory is a page's, and no read stays open for the whole
+// scan.
+func (c consoleService) rankAll(ctx context.Context, m *v1.ListAccountStandingsRequest, limit int, r *standingsRanking) *connect.Error {
 	s := c.s
-	asOf := s.clock()
+	r.asOf = s.clock()
 	top := make(topStandings, 0, limit)
 	var matched int64
 	index := 0
@@ -200,7 +203,7 @@ func (c consoleService) rankAll(ctx context.Context, m *v1.ListAccountStandingsR
 		var err error
 		page, after, more, err = s.ledger.AccountsPage(ctx, after, standingsPage)
 		if err != nil {
-			return nil, readError("accounts", ReasonAccountNotFound, err)
+			return readError("accounts", ReasonAccountNotFound, err)
 		}
 		for i := range page {
 			a := &page[i]
@@ -210,7 +213,7 @@ func (c consoleService) rankAll(ctx context.Context, m *v1.ListAccountStandingsR
 			}
 			p, cerr := s.Policy(ctx, a.Key.Generation)
 			if cerr != nil {
-				return nil, cerr
+				return cerr
 			}
 			matched++
 			c := &rankedStanding{used: usedFraction(a, &p), index: index}
@@ -219,23 +222,34 @@ func (c consoleService) rankAll(ctx context.Context, m *v1.ListAccountStandingsR
 			if len(top) == limit && !c.before(top[0]) {
 				continue // ranks below every one kept: copy nothing
 			}
-			c.account, c.policy = *a, &p
+			c.account = *a
 			top.offer(c, limit)
 		}
 	}
-	policies, err := s.ledger.Policies(ctx)
+	r.ranked = make([]*rankedStanding, len(top))
+	for i := len(top) - 1; i >= 0; i-- {
+		r.ranked[i] = heap.Pop(&top).(*rankedStanding)
+	}
+	r.matched = matched
+	return nil
+}
+
+// standingsOf answers a ranking now: its accounts with the rollout modes
+// and generation states of now.
+func (c consoleService) standingsOf(ctx context.Context, r *standingsRanking) (*v1.ListAccountStandingsResponse, *connect.Error) {
+	policies, err := c.s.ledger.Policies(ctx)
 	if err != nil {
 		return nil, readError("policies", ReasonPolicyNotFound, err)
 	}
 	active := ledger.NewActiveGenerations(policies)
-	now := s.clock()
-	ranked := make([]*rankedStanding, len(top))
-	for i := len(top) - 1; i >= 0; i-- {
-		ranked[i] = heap.Pop(&top).(*rankedStanding)
-	}
-	resp := &v1.ListAccountStandingsResponse{Matched: matched, AsOf: timestamp(asOf)}
-	for _, r := range ranked {
-		resp.Accounts = append(resp.Accounts, c.standingNow(ctx, &r.account, r.policy, active, now))
+	now := c.s.clock()
+	resp := &v1.ListAccountStandingsResponse{Matched: r.matched, AsOf: timestamp(r.asOf)}
+	for _, ranked := range r.ranked {
+		p, cerr := c.s.Policy(ctx, ranked.account.Key.Generation)
+		if cerr != nil {
+			return nil, cerr
+		}
+		resp.Accounts = append(resp.Accounts, c.standingNow(ctx, &ranked.account, &p, active, now))
 	}
 	return resp, nil
 }
