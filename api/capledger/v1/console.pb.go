@@ -1390,9 +1390,10 @@ type ListAccountStandingsResponse struct {
 	Accounts []*AccountStanding `protobuf:"bytes,1,rep,name=accounts,proto3" json:"accounts,omitempty"`
 	// How many accounts matched the filters (and the scope), before limit.
 	Matched int64 `protobuf:"varint,2,opt,name=matched,proto3" json:"matched,omitempty"`
-	// When the accounts were read. A ranking that reads every account is
-	// computed once for the callers asking the same while it runs, and
-	// answered again for a while after (API.md): this says how old it is.
+	// When the accounts' balances were read. A ranking that reads every
+	// account is computed once for the callers asking the same while it
+	// runs, and given again for a while after (API.md): this says how old
+	// it is.
 	AsOf          *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=as_of,json=asOf,proto3" json:"as_of,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
