@@ -832,6 +832,47 @@ func (e *Engine) Accounts(ctx context.Context, subject ledger.PolicyKey) ([]ledg
 	return refilledAsShown(accounts, all, e.opts.Clock())
 }
 
+// AccountsPage returns the accounts after the subject key of after (the
+// zero key: from the first) in key order, whole subject keys of about
+// limit accounts, shown as Accounts shows them (refill due up to now
+// applied to the account holding each subject's capacity), and the
+// cursor of the next page; more is false at the end. Each page is a read
+// of its own (store.Store.AccountsPage): reading every account this way
+// never holds one read open over all of them.
+func (e *Engine) AccountsPage(ctx context.Context, after ledger.AccountKey, limit int) (_ []ledger.Account, next ledger.AccountKey, more bool, err error) {
+	limit = max(limit, 1)
+	page, err := e.core.store.AccountsPage(ctx, store.DebtFilter{After: after, Limit: limit})
+	if err != nil {
+		return nil, after, false, err
+	}
+	if len(page) == limit {
+		// The last subject key may go on in the next page: leave it
+		// there, whole, unless it fills the page alone.
+		last := page[len(page)-1].Key.SubjectKey()
+		whole := len(page)
+		for whole > 0 && page[whole-1].Key.SubjectKey() == last {
+			whole--
+		}
+		if whole == 0 {
+			if page, err = e.core.store.AccountList(ctx, last); err != nil {
+				return nil, after, false, err
+			}
+		} else {
+			page = page[:whole]
+		}
+		more = len(page) > 0
+	}
+	if len(page) > 0 {
+		next = page[len(page)-1].Key
+	}
+	all, err := e.core.store.PolicyList(ctx)
+	if err != nil {
+		return nil, after, false, fmt.Errorf("policies: %w", err)
+	}
+	shown, err := refilledAsShown(page, all, e.opts.Clock())
+	return shown, next, more, err
+}
+
 // refilledAsShown applies to accounts, one subject's (every generation),
 // the refill due up to now, given every published policy (all): what
 // Accounts shows. It returns store.ErrNotFound (wrapped) for an account

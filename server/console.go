@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"slices"
 	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -330,13 +329,31 @@ func (c consoleService) ListAccountStandings(ctx context.Context, req *connect.R
 	case limit == 0:
 		limit = defaultStandings
 	}
+	key := standingsKey(m)
+	if !m.GetInDebt() && key == (ledger.PolicyKey{}) {
+		q := standingsQuestion{scope: scopeKey(ctx), subject: m.GetSubject(), subjectContains: m.GetSubjectContains(),
+			route: m.GetRoute(), region: m.GetRegion(), generation: m.GetPolicyGeneration(), limit: limit}
+		ranking, err := s.standings.answer(ctx, q, func(r *standingsRanking) *connect.Error {
+			// Apart from this caller's cancellation: others may share it.
+			return c.rankAll(context.WithoutCancel(ctx), m, limit, r)
+		})
+		if err != nil {
+			return nil, err
+		}
+		resp, err := c.standingsOf(ctx, ranking)
+		if err != nil {
+			return nil, err
+		}
+		return connect.NewResponse(resp), nil
+	}
+	asOf := s.clock()
 	var accounts []ledger.Account
 	var policies []ledger.Policy
 	var err *connect.Error
 	if m.GetInDebt() {
 		accounts, policies, err = c.debtors(ctx, limit)
 	} else {
-		accounts, policies, err = c.accounts(ctx, standingsKey(m))
+		accounts, policies, err = c.accounts(ctx, key)
 	}
 	if err != nil {
 		return nil, err
@@ -346,26 +363,14 @@ func (c consoleService) ListAccountStandings(ctx context.Context, req *connect.R
 	var standings []*v1.AccountStanding
 	for i := range accounts {
 		a := &accounts[i]
-		k := a.Key
-		if (m.GetSubject() != "" && m.GetSubject() != k.Subject) ||
-			(m.GetSubjectContains() != "" && !strings.Contains(k.Subject, m.GetSubjectContains())) ||
-			(m.GetRoute() != "" && m.GetRoute() != k.Route) || (m.GetRegion() != "" && m.GetRegion() != k.Region) ||
-			(m.GetPolicyGeneration() != 0 && m.GetPolicyGeneration() != k.Generation) {
+		if !standingMatches(m, a.Key) {
 			continue
 		}
-		p, cerr := s.Policy(ctx, k.Generation)
+		p, cerr := s.Policy(ctx, a.Key.Generation)
 		if cerr != nil {
 			return nil, cerr
 		}
-		deciding, _ := active.Deciding(k.SubjectKey())
-		st := standing(a, &p, deciding == k.Generation, now)
-		if st.Active {
-			// The mode the account's reserves get now: a staged
-			// rollout's on its routes, as the reserve path decides.
-			mode := s.rollouts.mode(ctx, ledger.RouteKey{Route: k.Route, Region: k.Region}, k.Subject, p.Rollout)
-			st.Rollout = rolloutToProto[mode]
-		}
-		standings = append(standings, st)
+		standings = append(standings, c.standingNow(ctx, a, &p, active, now))
 	}
 	sort.SliceStable(standings, func(i, j int) bool {
 		a, b := standings[i], standings[j]
@@ -374,7 +379,7 @@ func (c consoleService) ListAccountStandings(ctx context.Context, req *connect.R
 		}
 		return a.UsedFraction > b.UsedFraction
 	})
-	resp := &v1.ListAccountStandingsResponse{Matched: int64(len(standings))}
+	resp := &v1.ListAccountStandingsResponse{Matched: int64(len(standings)), AsOf: timestamp(asOf)}
 	resp.Accounts = standings[:min(limit, len(standings))]
 	return connect.NewResponse(resp), nil
 }
@@ -440,9 +445,7 @@ func standing(a *ledger.Account, p *ledger.Policy, active bool, now time.Time) *
 			Unit: d.Unit, Burst: d.Burst, Available: b.Available, RefillUnits: d.RefillUnits,
 			RefillInterval: duration(d.RefillInterval), Debt: b.Debt(),
 		}
-		if d.Burst > 0 {
-			ds.UsedFraction = float64(d.Burst-b.Available+ds.Debt) / float64(d.Burst)
-		}
+		ds.UsedFraction = dimensionUsed(d, b)
 		if ds.Debt > 0 && d.RefillUnits > 0 && d.RefillInterval > 0 {
 			// Refill mints RefillUnits per whole interval from the refill
 			// cursor on, and minting repays debt before anything else.

@@ -451,3 +451,94 @@ func TestConsoleStandingsOfOneSubjectExactly(t *testing.T) {
 		t.Errorf("scoped token, its own subject: %v", got)
 	}
 }
+
+// gatedScans counts the scans of every account (AccountsPage from the
+// first account) and holds each first page until release is closed.
+type gatedScans struct {
+	store.Store
+	mu      sync.Mutex
+	scans   int
+	release chan struct{}
+}
+
+func (s *gatedScans) AccountsPage(ctx context.Context, f store.DebtFilter) ([]ledger.Account, error) {
+	if f.After == (ledger.AccountKey{}) {
+		s.mu.Lock()
+		s.scans++
+		release := s.release
+		s.mu.Unlock()
+		if release != nil {
+			<-release
+		}
+	}
+	return s.Store.AccountsPage(ctx, f)
+}
+
+func (s *gatedScans) count() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.scans
+}
+
+// Three tabs asking for the Tenants page's ranking while one scan of
+// every account runs get that one scan's answer, saying when it was
+// read; a scoped token gets a ranking of its own; once the scan's reuse
+// is over (nine times as long as it took), a refresh shows what changed
+// since, with its own time.
+func TestConsoleStandingsShareOneScan(t *testing.T) {
+	scans := &gatedScans{release: make(chan struct{})}
+	h := newHarness(t, harnessOptions{auth: true, tokens: consoleTokens, wrapStore: func(st store.Store) store.Store {
+		scans.Store = st
+		return scans
+	}})
+	consoleTraffic(h)
+	readAt := h.clock.Now()
+	answers := make([]map[string]any, 3)
+	var wg sync.WaitGroup
+	for i := range answers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			answers[i] = h.consoleOK("ListAccountStandings", `{"limit":20}`, consoleViewer)
+		}()
+	}
+	for scans.count() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(200 * time.Millisecond) // the other two arrive and wait (or come later, and reuse it)
+	h.clock.Advance(time.Minute)       // the answer's time is the scan's start, not its end
+	close(scans.release)
+	wg.Wait()
+	if got := scans.count(); got != 1 {
+		t.Fatalf("%d scans for three callers, want one", got)
+	}
+	for i, a := range answers {
+		if at, err := time.Parse(time.RFC3339Nano, fmt.Sprint(a["asOf"])); err != nil || !at.Equal(readAt) || num(a["matched"]) != 2 {
+			t.Errorf("caller %d: asOf %v, matched %v; want %v, 2", i, a["asOf"], a["matched"], readAt)
+		}
+	}
+	scoped := h.consoleOK("ListAccountStandings", `{"limit":20}`, consoleScoped)
+	if num(scoped["matched"]) != 1 || scans.count() != 2 {
+		t.Errorf("scoped token: matched %v after %d scans; want its own scan of its one account", scoped["matched"], scans.count())
+	}
+
+	h.ok("Reserve", reserveFor("c1", "tenant-c/u1", 90), adminToken)
+	changedAt := h.clock.Now()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		got := h.consoleOK("ListAccountStandings", `{"limit":20}`, consoleViewer)
+		if num(got["matched"]) == 3 {
+			if at, err := time.Parse(time.RFC3339Nano, fmt.Sprint(got["asOf"])); err != nil || !at.Equal(changedAt) {
+				t.Errorf("refreshed ranking asOf %v, want %v", got["asOf"], changedAt)
+			}
+			break
+		}
+		if at, err := time.Parse(time.RFC3339Nano, fmt.Sprint(got["asOf"])); err != nil || !at.Equal(readAt) {
+			t.Fatalf("before the change shows: asOf %v, want the shared scan's %v", got["asOf"], readAt)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the reservation of tenant-c never shows: %v", got)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

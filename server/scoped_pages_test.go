@@ -73,6 +73,13 @@ func (c *countingStore) AccountsOfSubjects(ctx context.Context, subjects []ledge
 	return rows, err
 }
 
+func (c *countingStore) AccountsPage(ctx context.Context, f store.DebtFilter) ([]ledger.Account, error) {
+	c.reads.Add(1)
+	rows, err := c.Store.AccountsPage(ctx, f)
+	c.accountRows.Add(int64(len(rows)))
+	return rows, err
+}
+
 // scopedScanPages is server.maxScopedScanPages (and engine's maxDebtScans):
 // the store pages of at most the page size one scoped list call reads.
 const scopedScanPages = 8

@@ -40,6 +40,7 @@ type Ledger interface {
 	DoBatch(ctx context.Context, cmds []ledger.Command) ([]ledger.Result, error)
 	Reservation(ctx context.Context, id string) (ledger.Reservation, error)
 	Accounts(ctx context.Context, subject ledger.PolicyKey) ([]ledger.Account, error)
+	AccountsPage(ctx context.Context, after ledger.AccountKey, limit int) ([]ledger.Account, ledger.AccountKey, bool, error)
 	Policies(ctx context.Context) ([]ledger.Policy, error)
 	Policy(ctx context.Context, generation uint64) (ledger.Policy, error)
 	Audit(ctx context.Context) ([]ledger.Discrepancy, error)
@@ -118,6 +119,9 @@ type Server struct {
 	ready   func(ctx context.Context) (string, error)
 	// console counts what the ConsoleService reports beyond the metrics.
 	console *consoleCounters
+	// standings shares ListAccountStandings rankings of every account
+	// between callers (standings.go).
+	standings *sharedStandings
 	// rollouts decides reserves' modes on rollout routes; shadow counts
 	// the legacy limiter's decisions against the ledger's (rollout.go).
 	rollouts *rolloutCache
@@ -149,15 +153,16 @@ func New(l Ledger, cfg Config) *Server {
 		cfg.Clock = time.Now
 	}
 	s := &Server{
-		ledger:   l,
-		policies: newPolicyCache(l),
-		metrics:  cfg.Metrics,
-		log:      cfg.Logger,
-		maxBody:  cfg.MaxBodyBytes,
-		resolver: cfg.Resolver,
-		clock:    cfg.Clock,
-		ready:    cfg.ReadyCheck,
-		console:  &consoleCounters{store: cfg.Console},
+		ledger:    l,
+		policies:  newPolicyCache(l),
+		metrics:   cfg.Metrics,
+		log:       cfg.Logger,
+		maxBody:   cfg.MaxBodyBytes,
+		resolver:  cfg.Resolver,
+		clock:     cfg.Clock,
+		ready:     cfg.ReadyCheck,
+		console:   &consoleCounters{store: cfg.Console},
+		standings: newSharedStandings(),
 	}
 	s.rollouts = &rolloutCache{store: cfg.Rollouts, log: s.log}
 	s.shadow = newShadowCounts(s.metrics.registry, cfg.Clock())

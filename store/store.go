@@ -55,6 +55,15 @@ type Store interface {
 	// query (SQLite: one statement per 128 subjects), so a page of
 	// debtors costs the engine one read, not one AccountList per row.
 	AccountsOfSubjects(ctx context.Context, subjects []ledger.PolicyKey) ([]ledger.Account, error)
+	// AccountsPage returns up to f.Limit accounts in key order (subject,
+	// route, region, generation; text compared as in AccountList's order
+	// of every account), strictly after f.After unless it is the zero
+	// key; none is an empty list, f.Limit <= 0 or a cursor generation
+	// above math.MaxInt64 an error. Each page is a read of its own (a
+	// seek into the accounts' key, then limit rows), so reading every
+	// account page by page holds no read open for the whole of them: in
+	// SQLite a long read keeps WAL checkpoints from finishing.
+	AccountsPage(ctx context.Context, f DebtFilter) ([]ledger.Account, error)
 	PolicyGet(ctx context.Context, generation uint64) (ledger.Policy, error)
 	// PolicyList returns every generation, oldest first.
 	PolicyList(ctx context.Context) ([]ledger.Policy, error)

@@ -573,6 +573,11 @@ func TestConsoleBrowserPagesShowTheAPIsNumbers(t *testing.T) {
 	var st v1.ListAccountStandingsResponse
 	mustCall(t, base, tok, "ConsoleService/ListAccountStandings", &v1.ListAccountStandingsRequest{Limit: 20}, &st)
 	b.want(`[data-value="matched"]`, fmtInt(st.Matched))
+	// When its accounts were read: a time of this test, to the second.
+	if at, err := time.Parse("2006-01-02 15:04:05Z", b.text(`[data-value="asOf"]`)); err != nil ||
+		at.Before(st.AsOf.AsTime().Add(-time.Minute)) || at.After(time.Now()) {
+		t.Errorf("tenants: accounts read at %q (%v), want a time near the API's asOf %v", b.text(`[data-value="asOf"]`), err, st.AsOf.AsTime())
+	}
 	if n := b.count(`main tbody tr`); n != len(st.Accounts) || n != 6 {
 		t.Errorf("tenants shows %d rows, the API %d (want 6: tenant-d has two generations)", n, len(st.Accounts))
 	}

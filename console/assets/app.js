@@ -389,7 +389,8 @@ pages.tenants = async function (main, args) {
   const resp = await console_("ListAccountStandings", { subjectContains: q, limit });
   main.append(el("p", { class: "note" }, "Nearest their limit first (accounts in debt before all others): ",
     el("span", { "data-value": "matched" }, fmtInt(resp.matched)), " " + plural(resp.matched, "account matches", "accounts match") + ", showing ",
-    fmtInt((resp.accounts || []).length), "."));
+    fmtInt((resp.accounts || []).length), "; accounts read at ", el("span", { "data-value": "asOf" }, fmtTime(resp.asOf)),
+    " (one ranking of every account is shared and given again for a while: API.md)."));
   main.append(table(standingHeaders, (resp.accounts || []).map(standingRow), "No account matches."));
 };
 

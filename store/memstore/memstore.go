@@ -523,6 +523,34 @@ func (s *Store) AccountsInDebt(ctx context.Context, f store.DebtFilter) (out []l
 	return out, err
 }
 
+// AccountsPage returns copies of up to f.Limit accounts in key order
+// after f.After (store.Store.AccountsPage): one read, which walks every
+// account.
+func (s *Store) AccountsPage(ctx context.Context, f store.DebtFilter) (out []ledger.Account, err error) {
+	if f.Limit <= 0 {
+		return nil, fmt.Errorf("accounts page: limit %d is not positive", f.Limit)
+	}
+	var conv codec.Conv
+	if conv.Int(f.After.Generation); conv.Err() != nil {
+		return nil, fmt.Errorf("accounts page: cursor %s: %w", f.After, conv.Err())
+	}
+	fromStart := f.After == (ledger.AccountKey{})
+	var list []*ledger.Account
+	err = s.read(ctx, func(r *rows) error {
+		for key, a := range r.accounts {
+			if fromStart || key.Compare(f.After) > 0 {
+				list = append(list, a)
+			}
+		}
+		slices.SortFunc(list, func(a, b *ledger.Account) int { return a.Key.Compare(b.Key) })
+		for _, a := range list[:min(f.Limit, len(list))] {
+			out = append(out, *a)
+		}
+		return nil
+	})
+	return out, err
+}
+
 // Snapshot returns copies of every committed row in one consistent read:
 // accounts by key, reservations by id, moves by receipt id, shards by id,
 // policies by generation, statements and journal in insertion order (the

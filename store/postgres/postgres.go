@@ -685,6 +685,60 @@ func (s *Store) AccountsInDebt(ctx context.Context, f store.DebtFilter) ([]ledge
 	return accounts, nil
 }
 
+// pageSQL returns AccountsPage's query, with the cursor clause when after
+// is set ($1 the limit, $2 to $5 the cursor key): the inner SELECT seeks
+// the accounts' unique key at the cursor and stops after $1 accounts;
+// the LATERAL one reads each one's term rows by primary key (as debtSQL,
+// whose comments say why). Keys order, and the cursor compares, in the
+// database's collation, the unique key's, as AccountList orders every
+// account.
+func pageSQL(after bool) string {
+	cursor := ""
+	if after {
+		cursor = `
+			WHERE (d.subject, d.route, d.region, d.generation) > ($2::text, $3::text, $4::text, $5::bigint)`
+	}
+	return accountSelectColumns + ` FROM (SELECT d.* FROM accounts d` + cursor + `
+		ORDER BY d.subject, d.route, d.region, d.generation LIMIT $1) a
+	CROSS JOIN LATERAL (SELECT * FROM account_terms o WHERE o.account_id = a.id ORDER BY o.dim LIMIT ` + fmt.Sprint(ledger.MaxDimensions) + `) t
+	ORDER BY a.subject, a.route, a.region, a.generation, t.dim`
+}
+
+var (
+	pageFirstSQL = pageSQL(false)
+	pageAfterSQL = pageSQL(true)
+)
+
+// AccountsPage returns up to f.Limit accounts in key order after f.After
+// (store.Store.AccountsPage), each page one statement.
+func (s *Store) AccountsPage(ctx context.Context, f store.DebtFilter) ([]ledger.Account, error) {
+	if f.Limit <= 0 {
+		return nil, fmt.Errorf("accounts page: limit %d is not positive", f.Limit)
+	}
+	var conv codecConv
+	generation := conv.Int(f.After.Generation)
+	if err := conv.Err(); err != nil {
+		return nil, fmt.Errorf("accounts page: cursor %s: %w", f.After, err)
+	}
+	var (
+		rows pgx.Rows
+		err  error
+	)
+	if f.After == (ledger.AccountKey{}) {
+		rows, err = s.pool.Query(ctx, pageFirstSQL, f.Limit)
+	} else {
+		rows, err = s.pool.Query(ctx, pageAfterSQL, f.Limit, f.After.Subject, f.After.Route, f.After.Region, generation)
+	}
+	if err != nil {
+		return nil, s.c.classify("accounts page", err, false)
+	}
+	accounts, _, err := scanAccounts(rows)
+	if err != nil {
+		return nil, s.c.classify("accounts page", err, false)
+	}
+	return accounts, nil
+}
+
 // Snapshot reads every row in one REPEATABLE READ, read-only transaction,
 // so the audit sees one consistent state while writers go on.
 func (s *Store) Snapshot(ctx context.Context) (*ledger.Snapshot, error) {

@@ -805,6 +805,28 @@ func (s *Store) AccountsInDebt(ctx context.Context, f store.DebtFilter) (_ []led
 		f.After.Subject, f.After.Route, f.After.Region, generation)
 }
 
+// AccountsPage returns up to f.Limit accounts in key order after f.After
+// (store.Store.AccountsPage), each page one statement.
+func (s *Store) AccountsPage(ctx context.Context, f store.DebtFilter) (_ []ledger.Account, err error) {
+	defer s.readBarrier(ctx, &err)
+	if s.closed.Load() {
+		return nil, errClosed
+	}
+	if f.Limit <= 0 {
+		return nil, fmt.Errorf("accounts page: limit %d is not positive", f.Limit)
+	}
+	var c codec.Conv
+	generation := c.Int(f.After.Generation)
+	if err := c.Err(); err != nil {
+		return nil, fmt.Errorf("accounts page: cursor %s: %w", f.After, err)
+	}
+	if f.After == (ledger.AccountKey{}) {
+		return queryAll(ctx, s.r.pageFirst, scanAccount, "accounts page", f.Limit)
+	}
+	return queryAll(ctx, s.r.pageAfter, scanAccount, "accounts page", f.Limit,
+		f.After.Subject, f.After.Route, f.After.Region, generation)
+}
+
 // Snapshot reads every row in one read transaction (a consistent WAL
 // snapshot): accounts by key, reservations by id, moves by receipt id,
 // shards by id, policies by generation, statements and journal in

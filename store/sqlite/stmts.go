@@ -217,6 +217,7 @@ type readStmts struct {
 	reservation, account, accountsOf, accountsAll, policy, policies, shard, shards, due *sql.Stmt
 	unknownFirst, unknownAfter, unknownBacklog                                          *sql.Stmt
 	debtFirst, debtAfter                                                                *sql.Stmt
+	pageFirst, pageAfter                                                                *sql.Stmt
 	// accountsOfSubjects holds accountsOfSubjectsSQL of each size of
 	// subjectChunkSizes, in that order.
 	accountsOfSubjects [len(subjectChunkSizes)]*sql.Stmt
@@ -245,6 +246,8 @@ func (r *readStmts) prepare(ctx context.Context, db *sql.DB) error {
 	r.unknownBacklog = prep(unknownBacklogSQL)
 	r.debtFirst = prep(debtFirstSQL)
 	r.debtAfter = prep(debtAfterSQL)
+	r.pageFirst = prep(pageFirstSQL)
+	r.pageAfter = prep(pageAfterSQL)
 	for i, n := range subjectChunkSizes {
 		r.accountsOfSubjects[i] = prep(accountsOfSubjectsSQL(n))
 	}
@@ -253,7 +256,7 @@ func (r *readStmts) prepare(ctx context.Context, db *sql.DB) error {
 
 func (r *readStmts) close() {
 	stmts := []*sql.Stmt{r.reservation, r.account, r.accountsOf, r.accountsAll, r.policy, r.policies, r.shard, r.shards, r.due,
-		r.unknownFirst, r.unknownAfter, r.unknownBacklog, r.debtFirst, r.debtAfter}
+		r.unknownFirst, r.unknownAfter, r.unknownBacklog, r.debtFirst, r.debtAfter, r.pageFirst, r.pageAfter}
 	for _, st := range append(stmts, r.accountsOfSubjects[:]...) {
 		if st != nil {
 			st.Close()
@@ -311,6 +314,14 @@ var (
 	debtFirstSQL = "SELECT " + accountCols + debtFrom + " ORDER BY d.subject, d.route, d.region, d.generation LIMIT ?1"
 	debtAfterSQL = "SELECT " + accountCols + debtFrom +
 		" WHERE (d.subject, d.route, d.region, d.generation) > (?2, ?3, ?4, ?5) ORDER BY d.subject, d.route, d.region, d.generation LIMIT ?1"
+)
+
+// The AccountsPage queries seek the accounts' primary key at the cursor
+// (?2, ?3, ?4, ?5) and read ?1 rows in its order.
+var (
+	pageFirstSQL = "SELECT " + accountCols + " FROM accounts ORDER BY subject, route, region, generation LIMIT ?1"
+	pageAfterSQL = "SELECT " + accountCols + " FROM accounts" +
+		" WHERE (subject, route, region, generation) > (?2, ?3, ?4, ?5) ORDER BY subject, route, region, generation LIMIT ?1"
 )
 
 // subjectChunkSizes are the subject counts of AccountsOfSubjects'

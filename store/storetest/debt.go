@@ -353,3 +353,65 @@ func testAccountsInDebtFollowsWrites(t *testing.T, s store.Store) {
 	owes[200] = true
 	check("written blind again")
 }
+
+// testAccountsPage: paging through every account, each page after the
+// last account of the one before, lists every account once, in
+// AccountList's order of every account, whatever the page size; a
+// cursor between keys starts at the next one.
+func testAccountsPage(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	if got, err := s.AccountsPage(ctx, store.DebtFilter{Limit: 10}); err != nil || len(got) != 0 {
+		t.Errorf("empty store: %v, %v; want none", got, err)
+	}
+	if _, err := s.AccountsPage(ctx, store.DebtFilter{Limit: 0}); err == nil {
+		t.Error("limit 0: no error")
+	}
+	accounts, _ := debtAccounts()
+	commit(t, s, &store.Changes{Accounts: accounts})
+	every, err := s.AccountList(ctx, ledger.PolicyKey{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys []ledger.AccountKey
+	for _, a := range every {
+		keys = append(keys, a.Key)
+	}
+	if len(keys) != len(accounts) {
+		t.Fatalf("AccountList of every account: %d, want %d", len(keys), len(accounts))
+	}
+	for _, limit := range []int{1, 2, 3, 13, 100} {
+		pages := [][]ledger.AccountKey{}
+		f := store.DebtFilter{Limit: limit}
+		for range 50 {
+			page, err := s.AccountsPage(ctx, f)
+			if err != nil {
+				t.Fatalf("%+v: %v", f, err)
+			}
+			got := []ledger.AccountKey{}
+			for i := range page {
+				got = append(got, page[i].Key)
+				if limit == 100 {
+					same(t, "account "+page[i].Key.String(), page[i], every[slices.Index(keys, page[i].Key)])
+				}
+			}
+			pages = append(pages, got)
+			if len(page) < limit {
+				break
+			}
+			f.After = page[len(page)-1].Key
+		}
+		same(t, fmt.Sprint("pages of ", limit), pages, split(keys, limit))
+	}
+	i := slices.Index(keys, debtKey("t7", "chat", "eu", 2))
+	if got, err := s.AccountsPage(ctx, store.DebtFilter{After: debtKey("t7", "chat", "eu", 2), Limit: 2}); err != nil ||
+		len(got) != 2 || got[0].Key != keys[i+1] || got[1].Key != keys[i+2] {
+		t.Errorf("after t7/chat/eu/2: %v, %v; want %v", got, err, keys[i+1:i+3])
+	}
+	if got, err := s.AccountsPage(ctx, store.DebtFilter{After: debtKey("t7", "chat", "eu", 0), Limit: 1}); err != nil ||
+		len(got) != 1 || got[0].Key != debtKey("t7", "chat", "eu", 1) {
+		t.Errorf("after a key with no account: %v, %v; want t7/chat/eu/1", got, err)
+	}
+	if got, err := s.AccountsPage(ctx, store.DebtFilter{After: keys[len(keys)-1], Limit: 5}); err != nil || len(got) != 0 {
+		t.Errorf("after the last account: %v, %v; want none", got, err)
+	}
+}

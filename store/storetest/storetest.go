@@ -83,6 +83,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"ReservationsUnknownBacklog", testReservationsUnknownBacklog},
 		{"AccountsInDebt", testAccountsInDebt},
 		{"AccountsInDebtFollowsWrites", testAccountsInDebtFollowsWrites},
+		{"AccountsPage", testAccountsPage},
 		{"AccountsByEpoch", testAccountsByEpoch},
 		{"AccountsByEpochAfterRolls", testAccountsByEpochAfterRolls},
 		{"Leases", testLeases},

@@ -1389,7 +1389,12 @@ type ListAccountStandingsResponse struct {
 	// Nearest their limit first.
 	Accounts []*AccountStanding `protobuf:"bytes,1,rep,name=accounts,proto3" json:"accounts,omitempty"`
 	// How many accounts matched the filters (and the scope), before limit.
-	Matched       int64 `protobuf:"varint,2,opt,name=matched,proto3" json:"matched,omitempty"`
+	Matched int64 `protobuf:"varint,2,opt,name=matched,proto3" json:"matched,omitempty"`
+	// When the accounts' balances were read. A ranking that reads every
+	// account is computed once for the callers asking the same while it
+	// runs, and given again for a while after (API.md): this says how old
+	// it is.
+	AsOf          *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=as_of,json=asOf,proto3" json:"as_of,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1436,6 +1441,13 @@ func (x *ListAccountStandingsResponse) GetMatched() int64 {
 		return x.Matched
 	}
 	return 0
+}
+
+func (x *ListAccountStandingsResponse) GetAsOf() *timestamppb.Timestamp {
+	if x != nil {
+		return x.AsOf
+	}
+	return nil
 }
 
 // AccountStanding is an account (as GetAccount shows it, refill due up to
@@ -2036,10 +2048,11 @@ const file_capledger_v1_console_proto_rawDesc = "" +
 	"\x11policy_generation\x18\x04 \x01(\x04R\x10policyGeneration\x12\x14\n" +
 	"\x05limit\x18\x05 \x01(\x05R\x05limit\x12\x17\n" +
 	"\ain_debt\x18\x06 \x01(\bR\x06inDebt\x12\x18\n" +
-	"\asubject\x18\a \x01(\tR\asubject\"s\n" +
+	"\asubject\x18\a \x01(\tR\asubject\"\xa4\x01\n" +
 	"\x1cListAccountStandingsResponse\x129\n" +
 	"\baccounts\x18\x01 \x03(\v2\x1d.capledger.v1.AccountStandingR\baccounts\x12\x18\n" +
-	"\amatched\x18\x02 \x01(\x03R\amatched\"\xd8\x02\n" +
+	"\amatched\x18\x02 \x01(\x03R\amatched\x12/\n" +
+	"\x05as_of\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x04asOf\"\xd8\x02\n" +
 	"\x0fAccountStanding\x12/\n" +
 	"\aaccount\x18\x01 \x01(\v2\x15.capledger.v1.AccountR\aaccount\x12?\n" +
 	"\n" +
@@ -2161,31 +2174,32 @@ var file_capledger_v1_console_proto_depIdxs = []int32{
 	25, // 20: capledger.v1.ResolverAnswer.asked_at:type_name -> google.protobuf.Timestamp
 	25, // 21: capledger.v1.ResolverAnswer.next_attempt_at:type_name -> google.protobuf.Timestamp
 	19, // 22: capledger.v1.ListAccountStandingsResponse.accounts:type_name -> capledger.v1.AccountStanding
-	29, // 23: capledger.v1.AccountStanding.account:type_name -> capledger.v1.Account
-	20, // 24: capledger.v1.AccountStanding.dimensions:type_name -> capledger.v1.DimensionStanding
-	30, // 25: capledger.v1.AccountStanding.rollout:type_name -> capledger.v1.RolloutMode
-	30, // 26: capledger.v1.AccountStanding.policy_rollout:type_name -> capledger.v1.RolloutMode
-	31, // 27: capledger.v1.DimensionStanding.refill_interval:type_name -> google.protobuf.Duration
-	25, // 28: capledger.v1.DimensionStanding.repaid_at:type_name -> google.protobuf.Timestamp
-	23, // 29: capledger.v1.GetFairnessResponse.groups:type_name -> capledger.v1.FairnessGroup
-	24, // 30: capledger.v1.FairnessGroup.subjects:type_name -> capledger.v1.FairnessShare
-	0,  // 31: capledger.v1.ConsoleService.GetOverview:input_type -> capledger.v1.GetOverviewRequest
-	17, // 32: capledger.v1.ConsoleService.ListAccountStandings:input_type -> capledger.v1.ListAccountStandingsRequest
-	21, // 33: capledger.v1.ConsoleService.GetFairness:input_type -> capledger.v1.GetFairnessRequest
-	8,  // 34: capledger.v1.ConsoleService.ListSubjectReservations:input_type -> capledger.v1.ListSubjectReservationsRequest
-	11, // 35: capledger.v1.ConsoleService.ListStatements:input_type -> capledger.v1.ListStatementsRequest
-	14, // 36: capledger.v1.ConsoleService.GetResolverAnswers:input_type -> capledger.v1.GetResolverAnswersRequest
-	1,  // 37: capledger.v1.ConsoleService.GetOverview:output_type -> capledger.v1.GetOverviewResponse
-	18, // 38: capledger.v1.ConsoleService.ListAccountStandings:output_type -> capledger.v1.ListAccountStandingsResponse
-	22, // 39: capledger.v1.ConsoleService.GetFairness:output_type -> capledger.v1.GetFairnessResponse
-	9,  // 40: capledger.v1.ConsoleService.ListSubjectReservations:output_type -> capledger.v1.ListSubjectReservationsResponse
-	12, // 41: capledger.v1.ConsoleService.ListStatements:output_type -> capledger.v1.ListStatementsResponse
-	15, // 42: capledger.v1.ConsoleService.GetResolverAnswers:output_type -> capledger.v1.GetResolverAnswersResponse
-	37, // [37:43] is the sub-list for method output_type
-	31, // [31:37] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	25, // 23: capledger.v1.ListAccountStandingsResponse.as_of:type_name -> google.protobuf.Timestamp
+	29, // 24: capledger.v1.AccountStanding.account:type_name -> capledger.v1.Account
+	20, // 25: capledger.v1.AccountStanding.dimensions:type_name -> capledger.v1.DimensionStanding
+	30, // 26: capledger.v1.AccountStanding.rollout:type_name -> capledger.v1.RolloutMode
+	30, // 27: capledger.v1.AccountStanding.policy_rollout:type_name -> capledger.v1.RolloutMode
+	31, // 28: capledger.v1.DimensionStanding.refill_interval:type_name -> google.protobuf.Duration
+	25, // 29: capledger.v1.DimensionStanding.repaid_at:type_name -> google.protobuf.Timestamp
+	23, // 30: capledger.v1.GetFairnessResponse.groups:type_name -> capledger.v1.FairnessGroup
+	24, // 31: capledger.v1.FairnessGroup.subjects:type_name -> capledger.v1.FairnessShare
+	0,  // 32: capledger.v1.ConsoleService.GetOverview:input_type -> capledger.v1.GetOverviewRequest
+	17, // 33: capledger.v1.ConsoleService.ListAccountStandings:input_type -> capledger.v1.ListAccountStandingsRequest
+	21, // 34: capledger.v1.ConsoleService.GetFairness:input_type -> capledger.v1.GetFairnessRequest
+	8,  // 35: capledger.v1.ConsoleService.ListSubjectReservations:input_type -> capledger.v1.ListSubjectReservationsRequest
+	11, // 36: capledger.v1.ConsoleService.ListStatements:input_type -> capledger.v1.ListStatementsRequest
+	14, // 37: capledger.v1.ConsoleService.GetResolverAnswers:input_type -> capledger.v1.GetResolverAnswersRequest
+	1,  // 38: capledger.v1.ConsoleService.GetOverview:output_type -> capledger.v1.GetOverviewResponse
+	18, // 39: capledger.v1.ConsoleService.ListAccountStandings:output_type -> capledger.v1.ListAccountStandingsResponse
+	22, // 40: capledger.v1.ConsoleService.GetFairness:output_type -> capledger.v1.GetFairnessResponse
+	9,  // 41: capledger.v1.ConsoleService.ListSubjectReservations:output_type -> capledger.v1.ListSubjectReservationsResponse
+	12, // 42: capledger.v1.ConsoleService.ListStatements:output_type -> capledger.v1.ListStatementsResponse
+	15, // 43: capledger.v1.ConsoleService.GetResolverAnswers:output_type -> capledger.v1.GetResolverAnswersResponse
+	38, // [38:44] is the sub-list for method output_type
+	32, // [32:38] is the sub-list for method input_type
+	32, // [32:32] is the sub-list for extension type_name
+	32, // [32:32] is the sub-list for extension extendee
+	0,  // [0:32] is the sub-list for field type_name
 }
 
 func init() { file_capledger_v1_console_proto_init() }
