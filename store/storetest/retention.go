@@ -25,6 +25,7 @@ var retentionCases = []struct {
 	{"CheckedAccountAfterIDReuse", testCheckedAccountAfterIDReuse},
 	{"ResolverAnswersAfterIDReuse", testResolverAnswersAfterIDReuse},
 	{"SnapshotStreaming", testSnapshotStreaming},
+	{"ReuseInOneBatch", testReuseInOneBatch},
 }
 
 // retentionWorld publishes one policy and drives reservations into every
