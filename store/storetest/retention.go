@@ -26,6 +26,7 @@ var retentionCases = []struct {
 	{"ResolverAnswersAfterIDReuse", testResolverAnswersAfterIDReuse},
 	{"SnapshotStreaming", testSnapshotStreaming},
 	{"ReuseInOneBatch", testReuseInOneBatch},
+	{"ReinsertThenUpdate", testReinsertThenUpdate},
 }
 
 // retentionWorld publishes one policy and drives reservations into every

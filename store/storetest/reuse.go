@@ -208,3 +208,48 @@ func applyBatch(ctx context.Context, s store.Store, cmds []ledger.Command, now t
 	}
 	return results, nil
 }
+
+// testReinsertThenUpdate: a Write that deletes a reservation row
+// (RetentionChanges.RemovedReservations) and inserts one under the same
+// id leaves that new row in place, and a later Write of the same
+// transaction updates it (it is not NewReservations there: the row
+// exists) rather than inserting it a second time.
+func testReinsertThenUpdate(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	commit(t, s, fixture())
+	old := fixtureReservations()[1]
+	again := old
+	again.RequestDigest = "sha256:again"
+	again.CreatedAt = old.CreatedAt.Add(time.Hour)
+	again.ExpiresAt = old.ExpiresAt.Add(time.Hour)
+	tx, err := s.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.ReservationGet(ctx, old.ID); err != nil {
+		t.Fatalf("read %s: %v", old.ID, err)
+	}
+	err = tx.Write(ctx, &store.Changes{Reservations: []ledger.Reservation{again}, NewReservations: map[string]bool{again.ID: true},
+		Retention: store.RetentionChanges{RemovedReservations: []string{old.ID}}})
+	if err != nil {
+		t.Fatalf("remove %s and insert it again: %v", old.ID, err)
+	}
+	got, err := tx.ReservationGet(ctx, old.ID)
+	if err != nil || got.RequestDigest != again.RequestDigest {
+		t.Fatalf("%s read back in the transaction: %+v, %v", old.ID, got, err)
+	}
+	released := again
+	released.State, released.FinishedAt = ledger.StateReleased, again.CreatedAt.Add(time.Second)
+	if err := tx.Write(ctx, &store.Changes{Reservations: []ledger.Reservation{released}}); err != nil {
+		t.Fatalf("update of the inserted %s: %v", old.ID, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatalf("commit: %v", err)
+	}
+	stored, err := s.ReservationGet(ctx, old.ID)
+	if err != nil || stored.RequestDigest != released.RequestDigest || stored.State != ledger.StateReleased ||
+		!stored.CreatedAt.Equal(released.CreatedAt) {
+		t.Fatalf("%s after the commit: %+v, %v", old.ID, stored, err)
+	}
+}
