@@ -355,3 +355,61 @@ func TestRetentionTombstoneHorizonEdge(t *testing.T) {
 		auditClean(t, e)
 	})
 }
+
+// A retention page commits in one batch with the gateways' commands beside
+// it (DoBatch), and a gateway may reuse an id the page ends: forgotten
+// ("a"), or retired past the horizon with no tombstone ("b"). The batch
+// commits whole: the page's commands, the reserves of the reused ids and
+// an unrelated release all succeed, the new holds are the rows stored,
+// and the audit is clean.
+func TestRetentionPageAndReusedIDsInOneBatch(t *testing.T) {
+	ctx := context.Background()
+	clk := newClock()
+	st := memstore.New()
+	e := New(st, Options{Clock: clk.Now, DisableWorkers: true, Retention: time.Hour,
+		TombstoneRetention: 2 * time.Hour, RetentionBatch: 8, RetentionPause: time.Millisecond})
+	defer e.Close()
+	publish(t, e, 1_000_000, time.Minute, 0)
+	for _, id := range []string{"a", "c"} {
+		if res, err := e.Do(ctx, reserveCmd(id, 10)); err != nil || res.Err != nil {
+			t.Fatalf("reserve %s: %+v %v", id, res, err)
+		}
+	}
+	if res, err := e.Do(ctx, ledger.Command{Kind: ledger.KindRelease, ReservationID: "a"}); err != nil || res.Err != nil {
+		t.Fatalf("release a: %+v %v", res, err)
+	}
+	clk.Advance(61 * time.Minute)
+	if err := e.RunRetention(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := e.DoBatch(ctx, []ledger.Command{reserveCmd("b", 10), {Kind: ledger.KindRelease, ReservationID: "b"}}); err != nil || res[1].Err != nil {
+		t.Fatalf("b: %+v %v", res, err)
+	}
+	clk.Advance(3 * time.Hour)
+	page, err := e.core.RetentionDue(ctx, clk.Now(), time.Hour, 2*time.Hour, 8)
+	if err != nil || len(page) != 2 || page[0].Kind != ledger.KindRetire || page[0].ReservationID != "b" ||
+		page[1].Kind != ledger.KindForget || page[1].ReservationID != "a" {
+		t.Fatalf("retention page: %+v, %v; want a retire of b and a forget of a", page, err)
+	}
+	cmds := append(page, reserveCmd("a", 20), reserveCmd("b", 30), ledger.Command{Kind: ledger.KindRelease, ReservationID: "c"})
+	cmds[2].RequestDigest, cmds[3].RequestDigest = "sha256:a-again", "sha256:b-again"
+	results, err := e.DoBatch(ctx, cmds)
+	if err != nil {
+		t.Fatalf("a retention page with reserves of the ids it ends: %v", err)
+	}
+	for i, res := range results {
+		if res.Err != nil || res.Replayed {
+			t.Errorf("%s %s: %+v", cmds[i].Kind, cmds[i].ReservationID, res)
+		}
+	}
+	for id, units := range map[string]ledger.Units{"a": 20, "b": 30} {
+		r, err := st.ReservationGet(ctx, id)
+		if err != nil || r.State != ledger.StateReserved || r.RequestDigest != "sha256:"+id+"-again" || r.Reserved[0] != units {
+			t.Errorf("reused %s: %+v, %v", id, r, err)
+		}
+		if _, err := e.Tombstone(ctx, id); !errors.Is(err, store.ErrNotFound) {
+			t.Errorf("tombstone of reused %s: %v", id, err)
+		}
+	}
+	auditClean(t, e)
+}

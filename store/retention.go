@@ -43,10 +43,16 @@ type RetentionTx interface {
 	RetainedGet(ctx context.Context, key ledger.AccountKey) (*ledger.Retained, error)
 }
 
-// RetentionChanges is what a batch of retire and forget commands wrote. A
-// driver applies it after the other rows of Changes: reservation rows
-// deleted, tombstones inserted (an id that has one already is
-// ErrDuplicate) or deleted, retained totals upserted.
+// RetentionChanges is what a batch of retire and forget commands wrote:
+// reservation rows deleted, tombstones inserted (an id that has one
+// already is ErrDuplicate) or deleted, retained totals upserted. A driver
+// deletes RemovedReservations before it writes Changes.Reservations, and
+// applies the rest after the other rows. An id may be in both: one batch
+// retired it and then admitted it again (its tombstone forgotten in the
+// batch, or never left: a retire past the tombstone horizon), which
+// inserts the new row (Changes.NewReservations) in place of the old one,
+// never a duplicate key; the engine commits a retention page in the same
+// transaction as the gateways' commands beside it.
 type RetentionChanges struct {
 	RemovedReservations []string
 	Tombstones          []ledger.Tombstone

@@ -140,7 +140,8 @@ type Tx interface {
 
 	// Write applies a batch of changes inside the transaction. Rows are
 	// written in a fixed order (policies, heads, meta, accounts by key,
-	// currents, reservations by id, moves, shards, statements, journal).
+	// currents, the reservations retention removed, reservations by id,
+	// moves, shards, statements, the rest of Retention, journal).
 	Write(ctx context.Context, c *Changes) error
 	// Commit makes the transaction durable. It returns nil only once the
 	// changes are durable; ErrConflict if it must be retried; ErrUnavailable

@@ -62,14 +62,34 @@ func (tx *Tx) RetainedGet(ctx context.Context, key ledger.AccountKey) (out *ledg
 	return out, err
 }
 
-// stageRetention copies c's retention changes into the overlay.
-func (tx *Tx) stageRetention(c *store.RetentionChanges) error {
-	p, committed := tx.pending, tx.s.committed
-	var conv codec.Conv
-	for _, id := range c.RemovedReservations {
+// reservationLookup returns the reservation row id as the transaction of
+// overlay p over committed rows c sees it: staged, or committed and not
+// removed by the transaction.
+func reservationLookup(p, c *rows, id string) (*ledger.Reservation, bool) {
+	if v, ok := p.reservations[id]; ok {
+		return v, true
+	}
+	if p.ret.goneRes[id] {
+		return nil, false
+	}
+	v, ok := c.reservations[id]
+	return v, ok
+}
+
+// stageRemovedReservations stages the deletion of the reservation rows
+// ids, before the rows of the same Write are staged (stage).
+func stageRemovedReservations(p *rows, ids []string) {
+	for _, id := range ids {
 		delete(p.reservations, id)
 		p.ret.goneRes[id] = true
 	}
+}
+
+// stageRetention copies c's retention changes into the overlay, but for
+// the removed reservations, which stage deleted before the other rows.
+func (tx *Tx) stageRetention(c *store.RetentionChanges) error {
+	p, committed := tx.pending, tx.s.committed
+	var conv codec.Conv
 	for _, t := range c.Tombstones {
 		if _, exists := lookup(p.ret.tombstones, committed.ret.tombstones, t.ID); exists && !p.ret.goneTomb[t.ID] {
 			return fmt.Errorf("insert tombstone %s: %w", t.ID, store.ErrDuplicate)

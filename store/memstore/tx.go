@@ -138,10 +138,7 @@ func (tx *Tx) AccountCurrentGet(ctx context.Context, subject ledger.PolicyKey) (
 // ReservationGet returns a copy of the reservation, or store.ErrNotFound.
 func (tx *Tx) ReservationGet(ctx context.Context, id string) (out *ledger.Reservation, err error) {
 	err = tx.get(ctx, func(p, c *rows) error {
-		v, ok := lookup(p.reservations, c.reservations, id)
-		if _, again := p.reservations[id]; !again && p.ret.goneRes[id] {
-			ok = false
-		}
+		v, ok := reservationLookup(p, c, id)
 		if !ok {
 			return notFound("reservation", id)
 		}
@@ -242,9 +239,13 @@ func (tx *Tx) stage(c *store.Changes) error {
 		}
 		p.currents[cur.Subject] = cur.Generation
 	}
+	// Removed rows go first: a batch that retired an id and then admitted
+	// it again (store.RetentionChanges) inserts the new row in place of
+	// the old one.
+	stageRemovedReservations(p, c.Retention.RemovedReservations)
 	for _, r := range c.Reservations {
 		if c.NewReservations[r.ID] {
-			if _, exists := lookup(p.reservations, committed.reservations, r.ID); exists {
+			if _, exists := reservationLookup(p, committed, r.ID); exists {
 				return fmt.Errorf("insert reservation %s: %w", r.ID, store.ErrDuplicate)
 			}
 		}

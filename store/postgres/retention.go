@@ -177,11 +177,19 @@ func (t *tx) RetainedGet(ctx context.Context, key ledger.AccountKey) (*ledger.Re
 	return r, t.result(k, err)
 }
 
-// writeRetention queues c's retention changes on w.
-func (t *tx) writeRetention(w *batchWriter, c *store.RetentionChanges) {
-	if len(c.RemovedReservations) > 0 {
-		w.queueLookup("delete reservations", sqlReservationsDelete, c.RemovedReservations)
+// deleteReservations queues the deletion of the reservation rows ids
+// retention removed. Write queues it before the batch's reservation
+// writes: a batch that retired an id and then admitted it again
+// (store.RetentionChanges) inserts the new row once the old one is gone.
+func (t *tx) deleteReservations(w *batchWriter, ids []string) {
+	if len(ids) > 0 {
+		w.queueLookup("delete reservations", sqlReservationsDelete, ids)
 	}
+}
+
+// writeRetention queues c's retention changes on w, but for the removed
+// reservations (deleteReservations).
+func (t *tx) writeRetention(w *batchWriter, c *store.RetentionChanges) {
 	if n := len(c.Tombstones); n > 0 {
 		var (
 			id, digest, subject, route, region = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
@@ -214,9 +222,6 @@ func (t *tx) retentionWritten(c *store.RetentionChanges) {
 	t.tombs = nil
 	for i := range c.Retained {
 		delete(t.absent, retainedRow(c.Retained[i].Account))
-	}
-	for _, id := range c.RemovedReservations {
-		t.absent[rowKey{rank: rankReservation, a: id}] = true
 	}
 }
 

@@ -202,6 +202,7 @@ func (t *tx) Write(ctx context.Context, c *store.Changes) error {
 	t.writeHeads(&w, c.Heads)
 	t.writeAccounts(&w, c.Accounts)
 	t.writeCurrents(&w, c.Currents)
+	t.deleteReservations(&w, c.Retention.RemovedReservations)
 	t.writeReservations(&w, c)
 	t.writeMoves(&w, c.Moves)
 	t.writeShards(&w, c.Shards)
@@ -246,6 +247,11 @@ func (t *tx) written(c *store.Changes) {
 	}
 	for i := range c.Currents {
 		delete(t.absent, policyKeyRow(tagCurrent, c.Currents[i].Subject))
+	}
+	// Removed rows first, as Write deleted them: an id retired and
+	// admitted again in c exists.
+	for _, id := range c.Retention.RemovedReservations {
+		t.absent[rowKey{rank: rankReservation, a: id}] = true
 	}
 	for i := range c.Reservations {
 		delete(t.absent, rowKey{rank: rankReservation, a: c.Reservations[i].ID})

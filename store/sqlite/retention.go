@@ -147,19 +147,10 @@ func (tx *Tx) RetainedGet(ctx context.Context, key ledger.AccountKey) (*ledger.R
 	return &r, nil
 }
 
-// writeRetention writes c's retention changes: reservation rows deleted,
-// tombstones inserted (ErrDuplicate for an id that has one) or deleted,
-// retained totals upserted. Deletes and inserts run in id order, up to
-// retentionChunk rows per statement (a retention page is mostly these):
-// one statement per row cost a VDBE program's setup and a B-tree descent
-// from the root per row, where in key order neighbours share the leaf
-// the previous row left in the page cache.
-func (tx *Tx) writeRetention(ctx context.Context, c *store.RetentionChanges) error {
-	if c.Empty() {
-		return nil
-	}
-	var conv codec.Conv
-	run := func(q, what string, args []any) error {
+// retentionRun returns a function that runs retention statement q with
+// args, prepared on first use, naming what in its error.
+func (tx *Tx) retentionRun(ctx context.Context, conv *codec.Conv) func(q, what string, args []any) error {
+	return func(q, what string, args []any) error {
 		if err := conv.Err(); err != nil {
 			return fmt.Errorf("%s: %w", what, err)
 		}
@@ -172,24 +163,53 @@ func (tx *Tx) writeRetention(ctx context.Context, c *store.RetentionChanges) err
 		}
 		return nil
 	}
-	var args []any
-	if ids := slices.Sorted(slices.Values(c.RemovedReservations)); len(ids) > 0 {
-		err := inChunks(len(ids), func(from, n int) error {
-			args = args[:0]
-			for _, id := range ids[from : from+n] {
-				args = append(args, id)
-			}
-			// The subject index's entries first, read from the rows
-			// (those still pending are forgotten at Commit).
-			if err := run(subjectDeleteSQL(n), fmt.Sprintf("delete the subject index entries of %d reservations from %s", n, ids[from]), args); err != nil {
-				return err
-			}
-			return run(reservationDelSQL(n), fmt.Sprintf("delete %d reservations from %s", n, ids[from]), args)
-		})
-		if err != nil {
+}
+
+// deleteReservations deletes the reservation rows ids removed, with their
+// subject index entries. write runs it before it writes the batch's
+// reservations: a batch that retired an id and then admitted it again
+// (store.RetentionChanges) inserts the new row once the old one is gone.
+// Deletes run in id order, up to retentionChunk rows per statement (a
+// retention page is mostly these): one statement per row cost a VDBE
+// program's setup and a B-tree descent from the root per row, where in
+// key order neighbours share the leaf the previous row left in the page
+// cache.
+func (tx *Tx) deleteReservations(ctx context.Context, removed []string) error {
+	if len(removed) == 0 {
+		return nil
+	}
+	var conv codec.Conv
+	run := tx.retentionRun(ctx, &conv)
+	ids := slices.Sorted(slices.Values(removed))
+	args := make([]any, 0, min(len(ids), retentionChunk))
+	return inChunks(len(ids), func(from, n int) error {
+		args = args[:0]
+		for _, id := range ids[from : from+n] {
+			args = append(args, id)
+			// The file holds no row of id now: a later write of it
+			// in this transaction is not an update of what was read.
+			delete(tx.storedReservations, id)
+		}
+		// The subject index's entries first, read from the rows
+		// (those still pending are forgotten at Commit).
+		if err := run(subjectDeleteSQL(n), fmt.Sprintf("delete the subject index entries of %d reservations from %s", n, ids[from]), args); err != nil {
 			return err
 		}
+		return run(reservationDelSQL(n), fmt.Sprintf("delete %d reservations from %s", n, ids[from]), args)
+	})
+}
+
+// writeRetention writes c's retention changes but for the removed
+// reservations (deleteReservations): tombstones inserted (ErrDuplicate
+// for an id that has one) or deleted, retained totals upserted, in id
+// order, in chunks as deleteReservations does.
+func (tx *Tx) writeRetention(ctx context.Context, c *store.RetentionChanges) error {
+	if len(c.Tombstones) == 0 && len(c.RemovedTombstones) == 0 && len(c.Retained) == 0 {
+		return nil
 	}
+	var conv codec.Conv
+	run := tx.retentionRun(ctx, &conv)
+	var args []any
 	if len(c.Tombstones) > 0 {
 		tombs := slices.SortedFunc(slices.Values(c.Tombstones), func(a, b ledger.Tombstone) int { return strings.Compare(a.ID, b.ID) })
 		err := inChunks(len(tombs), func(from, n int) error {

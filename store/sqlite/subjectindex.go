@@ -401,6 +401,27 @@ func (tx *Tx) noteSubjects(reservations []ledger.Reservation, isNew map[string]b
 	}
 }
 
+// noteSubjectsRemoved records the ids of the reservation rows a Write
+// removed, whose entries Commit takes out of pending before it adds the
+// keys noteSubjects recorded. A key an earlier Write of this transaction
+// recorded for one of them is dropped, so that what Commit hands over
+// follows the order of the writes: a row inserted and later removed has
+// no entry, a row removed and inserted again (a reuse of a forgotten id
+// in one batch) has its new one.
+func (tx *Tx) noteSubjectsRemoved(ids []string) {
+	if len(ids) == 0 {
+		return
+	}
+	if len(tx.subjectKeys) > 0 {
+		gone := make(map[string]bool, len(ids))
+		for _, id := range ids {
+			gone[id] = true
+		}
+		tx.subjectKeys = slices.DeleteFunc(tx.subjectKeys, func(k subjectKey) bool { return gone[k.id] })
+	}
+	tx.subjectsRemoved = append(tx.subjectsRemoved, ids...)
+}
+
 // subjectDeleteSQL deletes the index entries of n reservations, read from
 // their rows (before retention deletes them).
 func subjectDeleteSQL(n int) string {

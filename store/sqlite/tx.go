@@ -348,8 +348,9 @@ func (tx *Tx) Write(ctx context.Context, c *store.Changes) error {
 		tx.failed = err
 		return err
 	}
+	// In write's order: the removed rows, then the written ones.
+	tx.noteSubjectsRemoved(c.Retention.RemovedReservations)
 	tx.noteSubjects(c.Reservations, c.NewReservations)
-	tx.subjectsRemoved = append(tx.subjectsRemoved, c.Retention.RemovedReservations...)
 	return nil
 }
 
@@ -403,6 +404,9 @@ func (tx *Tx) write(ctx context.Context, c *store.Changes) error {
 		if err := tx.run(ctx, wCurrentPut, func() string { return "current of " + cur.Subject.String() }, &conv, currentArgs(cur.Subject, cur.Generation, &conv)); err != nil {
 			return err
 		}
+	}
+	if err := tx.deleteReservations(ctx, c.Retention.RemovedReservations); err != nil {
+		return err
 	}
 	var inserts, freshInserts, updates []*ledger.Reservation
 	for i := range c.Reservations {
@@ -649,8 +653,10 @@ func (tx *Tx) commit(ctx context.Context) error {
 		return fmt.Errorf("commit: %w", tx.err(ctx, err))
 	}
 	tx.s.commits.Add(1)
-	tx.s.subjects.add(tx.subjectKeys)
+	// Removals first: an id retired and admitted again in this
+	// transaction keeps its new entry (noteSubjectsRemoved).
 	tx.s.subjects.remove(tx.subjectsRemoved)
+	tx.s.subjects.add(tx.subjectKeys)
 	for _, c := range tx.written {
 		tx.s.cache.committed(c, tx.accountSlot)
 	}

@@ -25,6 +25,8 @@ var retentionCases = []struct {
 	{"CheckedAccountAfterIDReuse", testCheckedAccountAfterIDReuse},
 	{"ResolverAnswersAfterIDReuse", testResolverAnswersAfterIDReuse},
 	{"SnapshotStreaming", testSnapshotStreaming},
+	{"ReuseInOneBatch", testReuseInOneBatch},
+	{"ReinsertThenUpdate", testReinsertThenUpdate},
 }
 
 // retentionWorld publishes one policy and drives reservations into every
