@@ -19,23 +19,8 @@ import (
 // stays as it was. Its owner's commands reach it.
 func testCheckedAccountAfterIDReuse(t *testing.T, s store.Store) {
 	ctx := context.Background()
-	now := time.Date(2026, 7, 19, 14, 0, 0, 0, time.UTC)
-	run := func(cmd ledger.Command) ledger.Result {
-		t.Helper()
-		res, err := apply(ctx, s, &cmd, now)
-		if err != nil || res.Err != nil {
-			t.Fatalf("%s %s: %+v, %v", cmd.Kind, cmd.ReservationID, res, err)
-		}
-		now = now.Add(time.Second)
-		return res
-	}
-	accounts := map[string]ledger.AccountKey{}
-	for _, subject := range []string{"tenant-a", "tenant-b"} {
-		key := ledger.PolicyKey{Subject: subject, Route: "chat", Region: "eu"}
-		policy := ledger.Policy{Key: key, Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: 1000}}, HoldTTL: time.Minute}.WithDefaults()
-		g := run(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &policy}).Generation
-		accounts[subject] = ledger.AccountKey{Subject: subject, Route: key.Route, Region: key.Region, Generation: g}
-	}
+	l := newTwoTenants(t, s)
+	run, accounts := l.run, l.accounts
 	lifeOf := func(subject string) {
 		a := accounts[subject]
 		run(ledger.Command{Kind: ledger.KindReserve, ReservationID: "x", RequestDigest: "sha256:" + subject,
@@ -45,7 +30,7 @@ func testCheckedAccountAfterIDReuse(t *testing.T, s store.Store) {
 	// tenant-a's life of x ends and is forgotten; tenant-b's begins.
 	lifeOf("tenant-a")
 	run(ledger.Command{Kind: ledger.KindSettle, ReservationID: "x", OperationID: "op-x", Units: ledger.Amounts{10}})
-	run(ledger.Command{Kind: ledger.KindRetire, ReservationID: "x", Before: now, ForgetBefore: now})
+	run(ledger.Command{Kind: ledger.KindRetire, ReservationID: "x", Before: l.now, ForgetBefore: l.now})
 	lifeOf("tenant-b")
 	theirs, err := s.ReservationGet(ctx, "x")
 	if err != nil {
@@ -74,7 +59,7 @@ func testCheckedAccountAfterIDReuse(t *testing.T, s store.Store) {
 		t.Helper()
 		var results []ledger.Result
 		for i := range checkedByA {
-			res, err := apply(ctx, s, &checkedByA[i], now)
+			res, err := apply(ctx, s, &checkedByA[i], l.now)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -83,7 +68,7 @@ func testCheckedAccountAfterIDReuse(t *testing.T, s store.Store) {
 		return results
 	}
 	refused("one by one", oneByOne())
-	refused("prefetched batch", applyPrefetched(t, s, checkedByA, now))
+	refused("prefetched batch", applyPrefetched(t, s, checkedByA, l.now))
 	if after, err := s.ReservationGet(ctx, "x"); err != nil || after != theirs {
 		t.Fatalf("tenant-b's x after tenant-a's commands: %+v, %v; was %+v", after, err, theirs)
 	}
@@ -95,13 +80,13 @@ func testCheckedAccountAfterIDReuse(t *testing.T, s store.Store) {
 	if res := run(settle); res.Reservation.State != ledger.StateSettled {
 		t.Fatalf("tenant-b's own settle: %+v", res)
 	}
-	run(ledger.Command{Kind: ledger.KindRetire, ReservationID: "x", Before: now})
-	res, err := apply(ctx, s, &settle, now)
+	run(ledger.Command{Kind: ledger.KindRetire, ReservationID: "x", Before: l.now})
+	res, err := apply(ctx, s, &settle, l.now)
 	if err != nil || !errors.Is(res.Err, ledger.ErrReservationAlreadySettled) || !errors.Is(res.Err, ledger.ErrReservationRetired) {
 		t.Fatalf("tenant-b's retried settle of its tombstone: %+v, %v", res, err)
 	}
 	refused("tombstone", oneByOne())
-	refused("tombstone, prefetched batch", applyPrefetched(t, s, checkedByA, now))
+	refused("tombstone, prefetched batch", applyPrefetched(t, s, checkedByA, l.now))
 	auditClean(t, s)
 }
 
@@ -116,23 +101,8 @@ func testCheckedAccountAfterIDReuse(t *testing.T, s store.Store) {
 func testResolverAnswersAfterIDReuse(t *testing.T, s store.Store) {
 	ctx := context.Background()
 	cs := consoleStore(t, s)
-	now := time.Date(2026, 7, 19, 14, 0, 0, 0, time.UTC)
-	run := func(cmd ledger.Command) ledger.Result {
-		t.Helper()
-		res, err := apply(ctx, s, &cmd, now)
-		if err != nil || res.Err != nil {
-			t.Fatalf("%s %s: %+v, %v", cmd.Kind, cmd.ReservationID, res, err)
-		}
-		now = now.Add(time.Second)
-		return res
-	}
-	accounts := map[string]ledger.AccountKey{}
-	for _, subject := range []string{"tenant-a", "tenant-b"} {
-		key := ledger.PolicyKey{Subject: subject, Route: "chat", Region: "eu"}
-		policy := ledger.Policy{Key: key, Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: 1000}}, HoldTTL: time.Minute}.WithDefaults()
-		g := run(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &policy}).Generation
-		accounts[subject] = ledger.AccountKey{Subject: subject, Route: key.Route, Region: key.Region, Generation: g}
-	}
+	l := newTwoTenants(t, s)
+	run, accounts := l.run, l.accounts
 	unknown := func(subject string) {
 		a := accounts[subject]
 		run(ledger.Command{Kind: ledger.KindReserve, ReservationID: "x", RequestDigest: "sha256:" + subject,
@@ -142,7 +112,7 @@ func testResolverAnswersAfterIDReuse(t *testing.T, s store.Store) {
 	}
 	put := func(a store.ResolverAnswer) store.ResolverAnswer {
 		t.Helper()
-		a.ReservationID, a.AskedAt, a.NextAt = "x", now, now.Add(time.Hour)
+		a.ReservationID, a.AskedAt, a.NextAt = "x", l.now, l.now.Add(time.Hour)
 		if err := cs.ResolverAnswersPut(ctx, []store.ResolverAnswer{a}); err != nil {
 			t.Fatal(err)
 		}
@@ -162,7 +132,7 @@ func testResolverAnswersAfterIDReuse(t *testing.T, s store.Store) {
 	first := put(store.ResolverAnswer{Account: accounts["tenant-a"], Answer: "running", Attempts: 1})
 	get("tenant-a's x", first)
 	run(ledger.Command{Kind: ledger.KindSettle, ReservationID: "x", OperationID: "op-x", Units: ledger.Amounts{10}})
-	run(ledger.Command{Kind: ledger.KindRetire, ReservationID: "x", Before: now, ForgetBefore: now})
+	run(ledger.Command{Kind: ledger.KindRetire, ReservationID: "x", Before: l.now, ForgetBefore: l.now})
 	unknown("tenant-b")
 	late := put(store.ResolverAnswer{Account: accounts["tenant-a"], Answer: "settle_refused",
 		Detail: "reservation not found: x", Attempts: 9})
@@ -178,4 +148,37 @@ func testResolverAnswersAfterIDReuse(t *testing.T, s store.Store) {
 		t.Fatalf("prune deleted %d, %v; want tenant-a's answer", n, err)
 	}
 	get("tenant-b's x after prune", theirs)
+}
+
+// twoTenants is a store with a policy each for tenant-a and tenant-b
+// (route chat, region eu, burst 1000) and a clock that run advances a
+// second a command: the set-up of the id-reuse cases.
+type twoTenants struct {
+	t        *testing.T
+	s        store.Store
+	now      time.Time
+	accounts map[string]ledger.AccountKey
+}
+
+func newTwoTenants(t *testing.T, s store.Store) *twoTenants {
+	l := &twoTenants{t: t, s: s, now: time.Date(2026, 7, 19, 14, 0, 0, 0, time.UTC), accounts: map[string]ledger.AccountKey{}}
+	for _, subject := range []string{"tenant-a", "tenant-b"} {
+		key := ledger.PolicyKey{Subject: subject, Route: "chat", Region: "eu"}
+		policy := ledger.Policy{Key: key, Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: 1000}}, HoldTTL: time.Minute}.WithDefaults()
+		g := l.run(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &policy}).Generation
+		l.accounts[subject] = ledger.AccountKey{Subject: subject, Route: key.Route, Region: key.Region, Generation: g}
+	}
+	return l
+}
+
+// run applies cmd at the clock, fails the test unless it succeeds, and
+// advances the clock a second.
+func (l *twoTenants) run(cmd ledger.Command) ledger.Result {
+	l.t.Helper()
+	res, err := apply(context.Background(), l.s, &cmd, l.now)
+	if err != nil || res.Err != nil {
+		l.t.Fatalf("%s %s: %+v, %v", cmd.Kind, cmd.ReservationID, res, err)
+	}
+	l.now = l.now.Add(time.Second)
+	return res
 }
