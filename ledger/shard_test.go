@@ -460,9 +460,29 @@ func TestShardAuditCatchesBrokenRecords(t *testing.T) {
 		}
 		return false
 	}
+	// A snapshot lists moves and shards in no set order: find sh-1's
+	// remint and a shard by id.
+	remint := func(snap *ledger.Snapshot) *ledger.Move {
+		for i := range snap.Moves {
+			if snap.Moves[i].Kind == ledger.MoveShardRemint {
+				return &snap.Moves[i]
+			}
+		}
+		t.Fatalf("no remint among %+v", snap.Moves)
+		return nil
+	}
+	shard := func(snap *ledger.Snapshot, id string) *ledger.Shard {
+		for i := range snap.Shards {
+			if snap.Shards[i].ID == id {
+				return &snap.Shards[i]
+			}
+		}
+		t.Fatalf("no shard %s", id)
+		return nil
+	}
 
 	dup := c.m.Snapshot()
-	again := dup.Moves[0]
+	again := *remint(dup)
 	again.ReceiptID = ledger.ShardRemintReceipt("sh-1", 2)
 	dup.Moves = append(dup.Moves, again)
 	if ds := ledger.Audit(dup); !has(ds, ledger.CheckShardRemint) {
@@ -489,14 +509,14 @@ func TestShardAuditCatchesBrokenRecords(t *testing.T) {
 
 	// One unit minted past what the shard confirmed unused is caught.
 	overminted := c.m.Snapshot()
-	overminted.Moves[0].Units[0] = overminted.Shards[0].Reminted[0] + 1
+	remint(overminted).Units[0] = shard(overminted, "sh-1").Reminted[0] + 1
 	if ds := ledger.Audit(overminted); !has(ds, ledger.CheckShardRemint) {
 		t.Errorf("remint one unit above the confirmed unused not caught: %v", ds)
 	}
 
 	// A shard must expire after it was issued, not at the same instant.
 	instant := c.m.Snapshot()
-	instant.Shards[1].ExpiresAt = instant.Shards[1].IssuedAt
+	shard(instant, "sh-2").ExpiresAt = shard(instant, "sh-2").IssuedAt
 	if ds := ledger.Audit(instant); !has(ds, ledger.CheckShardRecord) {
 		t.Errorf("a shard expiring at its issuance not caught: %v", ds)
 	}
