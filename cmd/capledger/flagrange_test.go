@@ -49,6 +49,7 @@ func TestFlagsOutOfRangeAreRefusedNamingFlagValueAndRange(t *testing.T) {
 		{serve("--compaction", "-1h"), "--compaction -1h0m0s: want 0 (keep the whole journal) or 1s to"},
 		{serve("--maintenance-share", "1.5"), "--maintenance-share 1.5: want a share above 0 and at most 1"},
 		{serve("--log-level", "loud"), `--log-level "loud": want debug, info, warn or error`},
+		{serve("--tokens", "tokens.json", "--insecure"), "--insecure allows a non-loopback --addr without --tokens, and --tokens FILE turns auth on: give one or the other"},
 		{serve("--grpc-transport", "quic"), `--grpc-transport "quic": want grpc-go or net/http`},
 		{[]string{"bench", "--concurrency", "0"}, "--concurrency 0: want 1 to 65536"},
 		{[]string{"bench", "--concurrency", "10000000"}, "--concurrency 10000000: want 1 to 65536"},

@@ -85,7 +85,8 @@ Flags:
                       net/http's HTTP/2 server like every other protocol
                       (docs/OPERATIONS.md, "gRPC on the serve port")
   --insecure          allow listening on a non-loopback address without
-                      --tokens (anyone who can connect may publish policies)
+                      --tokens (anyone who can connect may publish
+                      policies); refused beside --tokens
   --resolver-config FILE
                       the USAGE_UNKNOWN resolver: per route, the gateways'
                       operation-status endpoint, its shared secret and an
@@ -259,6 +260,11 @@ func runServe(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	var tokens *server.Tokens
+	if *tokensPath != "" && *insecure {
+		// --insecure lets serve run without auth; beside --tokens it
+		// would do nothing, and whoever wrote both meant one of them.
+		return usagef("--insecure allows a non-loopback --addr without --tokens, and --tokens FILE turns auth on: give one or the other")
+	}
 	if *tokensPath != "" {
 		if tokens, err = server.LoadTokens(*tokensPath); err != nil {
 			return usagef("%v", err)
