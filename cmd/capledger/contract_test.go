@@ -545,6 +545,28 @@ func TestContractPromises(t *testing.T) {
 	if a := post("GetReservation", `{"reservationId":"r-t0"}`); a.status != http.StatusNotFound {
 		t.Errorf("a Reserve with Connect-Timeout-Ms 0 was applied: %d %s", a.status, a.raw)
 	}
+	// A ListUsageUnknown page token belongs to its filters: with another,
+	// 400 INVALID_COMMAND, the message beginning as API.md quotes it.
+	for _, id := range []string{"u1", "u2"} {
+		for _, step := range [][2]string{
+			{"Reserve", fmt.Sprintf(reserve, id, `{"tokens":1}`)},
+			{"Start", `{"reservationId":"r-` + id + `","operationId":"op"}`},
+			{"MarkUsageUnknown", `{"reservationId":"r-` + id + `"}`},
+		} {
+			if a := post(step[0], step[1]); a.status != http.StatusOK {
+				t.Fatalf("%s %s: %d %s", step[0], id, a.status, a.raw)
+			}
+		}
+	}
+	first := post("ListUsageUnknown", `{"subject":"tenant-7","pageSize":1}`)
+	token := first.str("nextPageToken")
+	if first.status != http.StatusOK || token == "" {
+		t.Fatalf("ListUsageUnknown page 1 of 2: %d %s; want a nextPageToken", first.status, first.raw)
+	}
+	a := post("ListUsageUnknown", `{"subject":"tenant-8","pageSize":1,"pageToken":"`+token+`"}`)
+	if a.status != http.StatusBadRequest || a.reason() != "INVALID_COMMAND" || !strings.HasPrefix(a.str("message"), "pageToken: issued for another subject or route filter") {
+		t.Errorf("a page token with another subject filter: %d %s; want 400 INVALID_COMMAND, pageToken: issued for another subject or route filter ...", a.status, a.raw)
+	}
 }
 
 // TestContractExactlyOnce: the same request id sent concurrently is
