@@ -706,7 +706,7 @@ func (s *Server) settleCommand(ctx context.Context, req *v1.SettleRequest) (ledg
 	}
 	if missing := unstated(&p, &r.Reserved, req.GetActualUnits()); missing != "" {
 		return ledger.Command{}, invalidArgument(ReasonInvalidCommand,
-			"settle %s: actualUnits must state the usage of every unit it reserved (0 when none was used); missing %s", req.GetReservationId(), missing)
+			"actualUnits must state the usage of every unit it reserved (0 when none was used); missing %s", missing)
 	}
 	// The units are mapped by r's generation, and a scoped caller was
 	// checked against r's account: the ledger settles r or nothing

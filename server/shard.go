@@ -393,7 +393,7 @@ func (svc *shardService) ReconcileShard(ctx context.Context, req *connect.Reques
 		}
 		state, ok := stateFromProto(r.GetState())
 		if !ok {
-			return nil, svc.refused(ledger.KindShardReconcile, invalidArgument(ReasonInvalidCommand, "receipt %q: state %s", r.GetReservationId(), r.GetState()))
+			return nil, svc.refused(ledger.KindShardReconcile, receiptStateProblem(i, r.GetState()))
 		}
 		shapes[i] = ledger.ShardReceipt{ReservationID: r.GetReservationId(), State: state}
 		if cerr := checkUnitValues(fmt.Sprintf("receipts[%d].reservedUnits", i), r.GetReservedUnits(), true); cerr != nil {
@@ -429,7 +429,7 @@ func (svc *shardService) ReconcileShard(ctx context.Context, req *connect.Reques
 	for i, r := range m.GetReceipts() {
 		state, ok := stateFromProto(r.GetState())
 		if !ok {
-			return nil, svc.refused(ledger.KindShardReconcile, invalidArgument(ReasonInvalidCommand, "receipt %q: state %s", r.GetReservationId(), r.GetState()))
+			return nil, svc.refused(ledger.KindShardReconcile, receiptStateProblem(i, r.GetState()))
 		}
 		receipt := fmt.Sprintf("receipt %q", r.GetReservationId())
 		reserved, cerr := amounts(&p, receipt, fmt.Sprintf("receipts[%d].reservedUnits", i), r.GetReservedUnits())
@@ -525,6 +525,17 @@ func (svc *shardService) shardProto(ctx context.Context, sh *ledger.Shard, withR
 
 // stateFromProto is the inverse of stateToProto for the states a receipt
 // may carry.
+// receiptStateProblem is the refusal of receipt i's state when
+// stateFromProto knows none for it: 400 INVALID_COMMAND naming the field
+// by its path, as every other check of a receipt does
+// ("receipts[0].state is required").
+func receiptStateProblem(i int, s v1.ReservationState) *connect.Error {
+	if s == v1.ReservationState_RESERVATION_STATE_UNSPECIFIED {
+		return invalidArgument(ReasonInvalidCommand, "receipts[%d].state is required", i)
+	}
+	return invalidArgument(ReasonInvalidCommand, "receipts[%d].state %s is no reservation state", i, s)
+}
+
 func stateFromProto(s v1.ReservationState) (ledger.State, bool) {
 	for state, pb := range stateToProto {
 		if pb == s && s != v1.ReservationState_RESERVATION_STATE_UNSPECIFIED {
