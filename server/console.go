@@ -333,9 +333,8 @@ func (c consoleService) ListAccountStandings(ctx context.Context, req *connect.R
 	if !m.GetInDebt() && key == (ledger.PolicyKey{}) {
 		q := standingsQuestion{scope: scopeKey(ctx), subject: m.GetSubject(), subjectContains: m.GetSubjectContains(),
 			route: m.GetRoute(), region: m.GetRegion(), generation: m.GetPolicyGeneration(), limit: limit}
-		ranking, err := s.standings.answer(ctx, q, func(r *standingsRanking) *connect.Error {
-			// Apart from this caller's cancellation: others may share it.
-			return c.rankAll(context.WithoutCancel(ctx), m, limit, r)
+		ranking, err := s.standings.answer(ctx, q, time.Time{}, func(ctx context.Context, r *standingsRanking) *connect.Error {
+			return c.rankAll(ctx, m, limit, r)
 		})
 		if err != nil {
 			return nil, err
@@ -466,68 +465,6 @@ func standing(a *ledger.Account, p *ledger.Policy, active bool, now time.Time) *
 		out.UsedFraction = max(out.UsedFraction, ds.UsedFraction)
 	}
 	return out
-}
-
-// GetFairness implements ConsoleService.GetFairness.
-func (c consoleService) GetFairness(ctx context.Context, req *connect.Request[v1.GetFairnessRequest]) (*connect.Response[v1.GetFairnessResponse], error) {
-	accounts, policies, cerr := c.accounts(ctx, ledger.PolicyKey{})
-	if cerr != nil {
-		return nil, cerr
-	}
-	active := ledger.NewActiveGenerations(policies)
-	type groupKey struct{ route, region, unit string }
-	groups := map[groupKey]*v1.FairnessGroup{}
-	var order []groupKey
-	for i := range accounts {
-		a := &accounts[i]
-		k := a.Key
-		if deciding, _ := active.Deciding(k.SubjectKey()); deciding != k.Generation ||
-			(req.Msg.GetRoute() != "" && req.Msg.GetRoute() != k.Route) {
-			continue // only the account that admits for the subject now
-		}
-		p, cerr := c.s.Policy(ctx, k.Generation)
-		if cerr != nil {
-			return nil, cerr
-		}
-		for d := 0; d < a.Dims && d < len(p.Dimensions); d++ {
-			gk := groupKey{k.Route, k.Region, p.Dimensions[d].Unit}
-			g := groups[gk]
-			if g == nil {
-				g = &v1.FairnessGroup{Route: gk.route, Region: gk.region, Unit: gk.unit}
-				groups[gk] = g
-				order = append(order, gk)
-			}
-			g.TotalSpent += a.Balances[d].Spent
-			g.Subjects = append(g.Subjects, &v1.FairnessShare{
-				Subject: k.Subject, PolicyGeneration: k.Generation, Weight: max(p.FairnessWeight, 1),
-				Spent: a.Balances[d].Spent, Budget: p.FairnessBudget,
-			})
-		}
-	}
-	sort.Slice(order, func(i, j int) bool {
-		a, b := order[i], order[j]
-		return a.route+"\x00"+a.region+"\x00"+a.unit < b.route+"\x00"+b.region+"\x00"+b.unit
-	})
-	resp := &v1.GetFairnessResponse{}
-	for _, gk := range order {
-		g := groups[gk]
-		// Summed as float64: weights stored before the 2^20 bound may be
-		// up to 2^63-1, and an int64 sum of two wrapped negative.
-		var weights float64
-		for _, sh := range g.Subjects {
-			weights += float64(sh.Weight)
-		}
-		for _, sh := range g.Subjects {
-			sh.FairShare = float64(sh.Weight) / weights
-			if g.TotalSpent > 0 {
-				sh.ServedShare = float64(sh.Spent) / float64(g.TotalSpent)
-			}
-			sh.Error = abs(sh.ServedShare-sh.FairShare) / sh.FairShare
-			sh.WithinBudget = sh.Error <= sh.Budget
-		}
-		resp.Groups = append(resp.Groups, g)
-	}
-	return connect.NewResponse(resp), nil
 }
 
 func abs(x float64) float64 {

@@ -3,12 +3,15 @@ package server
 import (
 	"cmp"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"math"
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -253,10 +256,55 @@ type rolloutService struct {
 	s      *Server
 	store  store.Rollouts
 	drains Drains
+	// progress shares DrainProgress passes between callers (shared.go).
+	progress *sharedAnswers[drainQuestion, drainPass]
+}
+
+// drainQuestion is what a DrainProgress pass depends on: the generations
+// asked for, in order, and a digest of every policy's generation and
+// rolled-back state as read from the store before the pass (a rollback
+// or a publication since makes a new question, so no caller is answered
+// from a pass that began before a change it may have waited for).
+type drainQuestion struct {
+	generations string
+	policies    uint64
+}
+
+// drainPass is one DrainProgress pass: what the generations held, read
+// from asOf on.
+type drainPass struct {
+	drains []engine.GenerationDrain
+	asOf   time.Time
+}
+
+// drainQuestionOf returns the question of gens now, reading the policies
+// from the store (not the cache, which may lag another replica's
+// rollback).
+func (svc *rolloutService) drainQuestionOf(ctx context.Context, gens []uint64) (drainQuestion, *connect.Error) {
+	policies, err := svc.s.ledger.Policies(ctx)
+	if err != nil {
+		return drainQuestion{}, readError("policies", ReasonPolicyNotFound, err)
+	}
+	h := fnv.New64a()
+	var b [9]byte
+	for i := range policies {
+		binary.BigEndian.PutUint64(b[:8], policies[i].Generation)
+		b[8] = 0
+		if policies[i].RolledBack {
+			b[8] = 1
+		}
+		h.Write(b[:])
+	}
+	var q strings.Builder
+	for _, g := range gens {
+		q.WriteString(strconv.FormatUint(g, 10))
+		q.WriteByte(',')
+	}
+	return drainQuestion{generations: q.String(), policies: h.Sum64()}, nil
 }
 
 func registerRolloutService(mux *http.ServeMux, s *Server, rollouts store.Rollouts, drains Drains, options []connect.HandlerOption) {
-	svc := &rolloutService{s: s, store: rollouts, drains: drains}
+	svc := &rolloutService{s: s, store: rollouts, drains: drains, progress: newSharedAnswers[drainQuestion, drainPass]()}
 	path, handler := capledgerv1connect.NewRolloutServiceHandler(svc, options...)
 	mountProcedures(mux, path, handler, v1.File_capledger_v1_rollout_proto.Services().ByName("RolloutService"))
 }
@@ -564,6 +612,10 @@ func (svc *rolloutService) DrainProgress(ctx context.Context, req *connect.Reque
 		}
 	}
 	resp := &v1.DrainProgressResponse{}
+	// Without runDrains any pass of the same question will do; with it,
+	// only one begun after this call's drain pass ended (`rollback
+	// --wait` must not see the drain it waited for undone).
+	var notBefore time.Time
 	if req.Msg.GetRunDrains() {
 		if id, ok := IdentityFrom(ctx); ok && id.Role != RoleAdmin {
 			return nil, withReason(connect.NewError(connect.CodePermissionDenied,
@@ -574,14 +626,26 @@ func (svc *rolloutService) DrainProgress(ctx context.Context, req *connect.Reque
 		if err != nil {
 			return nil, operatingError("drains", err)
 		}
+		notBefore = time.Now()
 	}
-	drains, err := svc.drains.DrainProgress(ctx, gens)
-	if err != nil {
-		return nil, readError("drain progress", ReasonPolicyNotFound, err)
+	q, cerr := svc.drainQuestionOf(ctx, gens)
+	if cerr != nil {
+		return nil, cerr
+	}
+	pass, cerr := svc.progress.answer(ctx, q, notBefore, func(ctx context.Context, pass *drainPass) *connect.Error {
+		pass.asOf = svc.s.clock()
+		var err error
+		if pass.drains, err = svc.drains.DrainProgress(ctx, gens); err != nil {
+			return readError("drain progress", ReasonPolicyNotFound, err)
+		}
+		return nil
+	})
+	if cerr != nil {
+		return nil, cerr
 	}
 	resp.Drained = true
-	for i := range drains {
-		d := &drains[i]
+	for i := range pass.drains {
+		d := &pass.drains[i]
 		p := &d.Policy
 		resp.Generations = append(resp.Generations, &v1.GenerationDrain{
 			Generation: p.Generation, Subject: p.Key.Subject, Route: p.Key.Route, Region: p.Key.Region,
@@ -595,6 +659,7 @@ func (svc *rolloutService) DrainProgress(ctx context.Context, req *connect.Reque
 		resp.Drained = resp.Drained && d.Drained()
 	}
 	resp.At = timestamppb.New(svc.s.clock())
+	resp.AsOf = timestamppb.New(pass.asOf)
 	return connect.NewResponse(resp), nil
 }
 

@@ -122,6 +122,8 @@ type Server struct {
 	// standings shares ListAccountStandings rankings of every account
 	// between callers (standings.go).
 	standings *sharedStandings
+	// fairness shares GetFairness answers between callers (fairness.go).
+	fairness *sharedFairness
 	// rollouts decides reserves' modes on rollout routes; shadow counts
 	// the legacy limiter's decisions against the ledger's (rollout.go).
 	rollouts *rolloutCache
@@ -163,6 +165,7 @@ func New(l Ledger, cfg Config) *Server {
 		ready:     cfg.ReadyCheck,
 		console:   &consoleCounters{store: cfg.Console},
 		standings: newSharedStandings(),
+		fairness:  newSharedAnswers[fairnessQuestion, *v1.GetFairnessResponse](),
 	}
 	s.rollouts = &rolloutCache{store: cfg.Rollouts, log: s.log}
 	s.shadow = newShadowCounts(s.metrics.registry, cfg.Clock())

@@ -1,10 +1,8 @@
 package server
 
 import (
-	"container/heap"
 	"context"
 	"strings"
-	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -13,17 +11,9 @@ import (
 	"github.com/capledger/capledger/ledger"
 )
 
-// A ListAccountStandings ranking that reads every account costs time in
-// proportion to the accounts: at a million of them, seconds of the
-// server's CPU. The console's Tenants page asks for it every 5 s in every
-// open tab, so the server computes one ranking per distinct question (the
-// filters, the limit and the caller's scope) at a time, shares it with
-// every caller asking the same while it runs, and answers it again until
-// it is standingsReuseFactor times as old as its scan took: however many
-// tabs are open, ranking takes at most about a tenth of a core, and a
-// small ledger (a scan of milliseconds) is answered fresh. Each answer
-// carries its asOf.
-const standingsReuseFactor = 9
+// A ListAccountStandings ranking that reads every account is shared
+// between callers asking the same (sharedAnswers, shared.go) and given
+// again until sharedReuseFactor times as old as its scan took.
 
 // standingsQuestion is what a ranking of every account depends on.
 type standingsQuestion struct {
@@ -33,28 +23,20 @@ type standingsQuestion struct {
 	limit                                   int
 }
 
-// standingsRanking is one computation of a question: running until done
-// is closed, then its answer (or error) until reuseUntil. The answer is
-// the accounts as read at asOf, best first, and how many matched; each
-// caller builds its standings from them with the rollout modes and
-// generation states of its own time.
+// standingsRanking is one ranking: the accounts as read at asOf, best
+// first, and how many matched; each caller builds its standings from them
+// with the rollout modes and generation states of its own time.
 type standingsRanking struct {
-	done       chan struct{}
-	ranked     []*rankedStanding
-	matched    int64
-	asOf       time.Time
-	err        *connect.Error
-	reuseUntil time.Time
+	ranked  []*rankedStanding
+	matched int64
+	asOf    time.Time
 }
 
 // sharedStandings holds the rankings being computed or still reused.
-type sharedStandings struct {
-	mu       sync.Mutex
-	rankings map[standingsQuestion]*standingsRanking
-}
+type sharedStandings = sharedAnswers[standingsQuestion, standingsRanking]
 
 func newSharedStandings() *sharedStandings {
-	return &sharedStandings{rankings: map[standingsQuestion]*standingsRanking{}}
+	return newSharedAnswers[standingsQuestion, standingsRanking]()
 }
 
 // scopeKey names the caller's scope: callers with the same scope see the
@@ -65,55 +47,6 @@ func scopeKey(ctx context.Context) string {
 		return ""
 	}
 	return strings.Join(id.Scope.Subjects, "\x00") + "\x01" + strings.Join(id.Scope.Routes, "\x00")
-}
-
-// answer returns the ranking of q: the one being computed (waiting for
-// it), one still young enough to reuse, or a new one computed by rank.
-// Callers must not change it. A failed ranking is not reused.
-func (sh *sharedStandings) answer(ctx context.Context, q standingsQuestion, rank func(r *standingsRanking) *connect.Error) (*standingsRanking, *connect.Error) {
-	sh.mu.Lock()
-	r := sh.rankings[q]
-	if r != nil {
-		select {
-		case <-r.done:
-			if r.err != nil || !time.Now().Before(r.reuseUntil) {
-				r = nil
-			}
-		default: // still running: wait for it below
-		}
-	}
-	if r == nil {
-		for k, old := range sh.rankings { // forget the stale ones
-			select {
-			case <-old.done:
-				if !time.Now().Before(old.reuseUntil) {
-					delete(sh.rankings, k)
-				}
-			default:
-			}
-		}
-		r = &standingsRanking{done: make(chan struct{})}
-		sh.rankings[q] = r
-		sh.mu.Unlock()
-		// The ranking runs apart from this caller's context: a caller
-		// that gives up must not fail the others waiting for it.
-		started := time.Now()
-		r.err = rank(r)
-		took := time.Since(started)
-		r.reuseUntil = time.Now().Add(standingsReuseFactor * took)
-		close(r.done)
-	} else {
-		sh.mu.Unlock()
-	}
-	select {
-	case <-r.done:
-	case <-ctx.Done():
-		return nil, connect.NewError(connect.CodeCanceled, ctx.Err())
-	}
-	if r.err != nil {
-		return nil, r.err
-	}
-	return r, nil
 }
 
 // rankedStanding is a candidate of the ranking: its place in the order
@@ -135,33 +68,6 @@ func (a *rankedStanding) before(b *rankedStanding) bool {
 		return a.used > b.used
 	}
 	return a.index < b.index
-}
-
-// topStandings keeps the best limit candidates: a heap whose root is the
-// one that ranks last, pushed out when a better one comes.
-type topStandings []*rankedStanding
-
-func (t topStandings) Len() int           { return len(t) }
-func (t topStandings) Less(i, j int) bool { return t[j].before(t[i]) }
-func (t topStandings) Swap(i, j int)      { t[i], t[j] = t[j], t[i] }
-func (t *topStandings) Push(x any)        { *t = append(*t, x.(*rankedStanding)) }
-func (t *topStandings) Pop() any {
-	old := *t
-	x := old[len(old)-1]
-	*t = old[:len(old)-1]
-	return x
-}
-
-// offer adds c if it ranks among the best limit so far.
-func (t *topStandings) offer(c *rankedStanding, limit int) {
-	if len(*t) < limit {
-		heap.Push(t, c)
-		return
-	}
-	if c.before((*t)[0]) {
-		(*t)[0] = c
-		heap.Fix(t, 0)
-	}
 }
 
 // usedFraction is the account's highest used fraction over its
@@ -195,7 +101,7 @@ const standingsPage = 1000
 func (c consoleService) rankAll(ctx context.Context, m *v1.ListAccountStandingsRequest, limit int, r *standingsRanking) *connect.Error {
 	s := c.s
 	r.asOf = s.clock()
-	top := make(topStandings, 0, limit)
+	top := newBest(limit, (*rankedStanding).before)
 	var matched int64
 	index := 0
 	for after, more := (ledger.AccountKey{}), true; more; {
@@ -219,17 +125,14 @@ func (c consoleService) rankAll(ctx context.Context, m *v1.ListAccountStandingsR
 			c := &rankedStanding{used: usedFraction(a, &p), index: index}
 			dim, _ := a.Debt()
 			c.frozen = dim >= 0
-			if len(top) == limit && !c.before(top[0]) {
+			if !top.wants(c) {
 				continue // ranks below every one kept: copy nothing
 			}
 			c.account = *a
-			top.offer(c, limit)
+			top.offer(c)
 		}
 	}
-	r.ranked = make([]*rankedStanding, len(top))
-	for i := len(top) - 1; i >= 0; i-- {
-		r.ranked[i] = heap.Pop(&top).(*rankedStanding)
-	}
+	r.ranked = top.ranked()
 	r.matched = matched
 	return nil
 }

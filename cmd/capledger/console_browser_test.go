@@ -828,6 +828,9 @@ func TestConsoleBrowserPagesShowTheAPIsNumbers(t *testing.T) {
 		t.Fatalf("fairness %v", fair.Groups)
 	}
 	for _, g := range fair.Groups {
+		group := fmt.Sprintf(`[data-group="%s@%s/%s"]`, g.Route, g.Region, g.Unit)
+		b.want(group+` [data-value="subjectCount"]`, fmtInt(g.SubjectCount))
+		b.want(group+` [data-value="outsideBudget"]`, fmtInt(g.OutsideBudget))
 		for _, s := range g.Subjects {
 			row := fmt.Sprintf(`tr[data-key="%s@%s/%s/%s"]`, g.Route, g.Region, g.Unit, s.Subject)
 			b.want(row+` td[data-field="spent"]`, fmtInt(s.Spent))

@@ -721,9 +721,15 @@ pages.fairness = async function (main) {
     "e_i = |served − fair| / fair, against the policy's budget. This is the ledger's lifetime view of the active accounts, with shares by weight regardless of demand; " +
     "a tenant that asks less than its share shows a large e_i without being treated unfairly. The scheduler's exact window figure (docs/FAIRNESS.md) lives in the gateway."));
   const groups = resp.groups || [];
+  main.append(el("p", { class: "note" }, "Each group lists at most the 20 subjects farthest from their fair share (the largest e_i first) and counts every subject; accounts read at ",
+    el("span", { "data-value": "asOf" }, fmtTime(resp.asOf)), " (one computation over every account is shared and given again for a while: API.md)."));
   if (!groups.length) main.append(el("p", { class: "empty" }, "No account yet."));
   for (const g of groups) {
+    const listed = (g.subjects || []).length;
     main.append(el("h2", {}, g.route + " @ " + g.region + " — " + g.unit + " (" + fmtInt(g.totalSpent) + " spent)"));
+    main.append(el("p", { class: "note", "data-group": g.route + "@" + g.region + "/" + g.unit },
+      el("span", { "data-value": "subjectCount" }, fmtInt(g.subjectCount)), " " + plural(n(g.subjectCount), "subject", "subjects") + ", ",
+      el("span", { "data-value": "outsideBudget" }, fmtInt(g.outsideBudget)), " outside budget; showing the " + fmtInt(listed) + " farthest from their fair share."));
     main.append(table(["subject", "gen", { label: "weight", num: true }, { label: "spent", num: true }, { label: "served", num: true },
       { label: "fair share", num: true }, { label: "e_i", num: true }, { label: "budget", num: true }, "within"],
     (g.subjects || []).map((s) => el("tr", { "data-key": g.route + "@" + g.region + "/" + g.unit + "/" + s.subject },

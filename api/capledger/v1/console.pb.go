@@ -1657,7 +1657,10 @@ func (x *DimensionStanding) GetRepaidAt() *timestamppb.Timestamp {
 type GetFairnessRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Only this route; empty: every route.
-	Route         string `protobuf:"bytes,1,opt,name=route,proto3" json:"route,omitempty"`
+	Route string `protobuf:"bytes,1,opt,name=route,proto3" json:"route,omitempty"`
+	// How many subjects each group lists (the farthest from their fair
+	// share): 0 for 20, at most 1000.
+	Limit         int32 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1699,9 +1702,19 @@ func (x *GetFairnessRequest) GetRoute() string {
 	return ""
 }
 
+func (x *GetFairnessRequest) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
 type GetFairnessResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Groups        []*FairnessGroup       `protobuf:"bytes,1,rep,name=groups,proto3" json:"groups,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Groups []*FairnessGroup       `protobuf:"bytes,1,rep,name=groups,proto3" json:"groups,omitempty"`
+	// When the accounts were read (the computation's start): a shared
+	// answer is given again until 9 times as old as its computation took.
+	AsOf          *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=as_of,json=asOf,proto3" json:"as_of,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1743,6 +1756,13 @@ func (x *GetFairnessResponse) GetGroups() []*FairnessGroup {
 	return nil
 }
 
+func (x *GetFairnessResponse) GetAsOf() *timestamppb.Timestamp {
+	if x != nil {
+		return x.AsOf
+	}
+	return nil
+}
+
 // FairnessGroup is the subjects of one route, region and unit.
 type FairnessGroup struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
@@ -1750,8 +1770,19 @@ type FairnessGroup struct {
 	Region string                 `protobuf:"bytes,2,opt,name=region,proto3" json:"region,omitempty"`
 	Unit   string                 `protobuf:"bytes,3,opt,name=unit,proto3" json:"unit,omitempty"`
 	// Units spent by every subject of the group (the scope permitting).
-	TotalSpent    int64            `protobuf:"varint,4,opt,name=total_spent,json=totalSpent,proto3" json:"total_spent,omitempty"`
-	Subjects      []*FairnessShare `protobuf:"bytes,5,rep,name=subjects,proto3" json:"subjects,omitempty"`
+	TotalSpent int64 `protobuf:"varint,4,opt,name=total_spent,json=totalSpent,proto3" json:"total_spent,omitempty"`
+	// The limit subjects farthest from their fair share: the largest
+	// error first, then by subject. Before subject_count was added it held
+	// every subject.
+	Subjects []*FairnessShare `protobuf:"bytes,5,rep,name=subjects,proto3" json:"subjects,omitempty"`
+	// Subjects of the group (each one's account of the deciding
+	// generation), listed or not.
+	SubjectCount int64 `protobuf:"varint,6,opt,name=subject_count,json=subjectCount,proto3" json:"subject_count,omitempty"`
+	// Subjects of the group whose error is above their budget
+	// (within_budget false), listed or not.
+	OutsideBudget int64 `protobuf:"varint,7,opt,name=outside_budget,json=outsideBudget,proto3" json:"outside_budget,omitempty"`
+	// The sum of the group's weights (fair_share = weight / total_weight).
+	TotalWeight   float64 `protobuf:"fixed64,8,opt,name=total_weight,json=totalWeight,proto3" json:"total_weight,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1819,6 +1850,27 @@ func (x *FairnessGroup) GetSubjects() []*FairnessShare {
 		return x.Subjects
 	}
 	return nil
+}
+
+func (x *FairnessGroup) GetSubjectCount() int64 {
+	if x != nil {
+		return x.SubjectCount
+	}
+	return 0
+}
+
+func (x *FairnessGroup) GetOutsideBudget() int64 {
+	if x != nil {
+		return x.OutsideBudget
+	}
+	return 0
+}
+
+func (x *FairnessGroup) GetTotalWeight() float64 {
+	if x != nil {
+		return x.TotalWeight
+	}
+	return 0
 }
 
 type FairnessShare struct {
@@ -2072,18 +2124,23 @@ const file_capledger_v1_console_proto_rawDesc = "" +
 	"\x0frefill_interval\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x0erefillInterval\x12#\n" +
 	"\rused_fraction\x18\x06 \x01(\x01R\fusedFraction\x12\x12\n" +
 	"\x04debt\x18\a \x01(\x03R\x04debt\x127\n" +
-	"\trepaid_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\brepaidAt\"*\n" +
+	"\trepaid_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\brepaidAt\"@\n" +
 	"\x12GetFairnessRequest\x12\x14\n" +
-	"\x05route\x18\x01 \x01(\tR\x05route\"J\n" +
+	"\x05route\x18\x01 \x01(\tR\x05route\x12\x14\n" +
+	"\x05limit\x18\x02 \x01(\x05R\x05limit\"{\n" +
 	"\x13GetFairnessResponse\x123\n" +
-	"\x06groups\x18\x01 \x03(\v2\x1b.capledger.v1.FairnessGroupR\x06groups\"\xab\x01\n" +
+	"\x06groups\x18\x01 \x03(\v2\x1b.capledger.v1.FairnessGroupR\x06groups\x12/\n" +
+	"\x05as_of\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04asOf\"\x9a\x02\n" +
 	"\rFairnessGroup\x12\x14\n" +
 	"\x05route\x18\x01 \x01(\tR\x05route\x12\x16\n" +
 	"\x06region\x18\x02 \x01(\tR\x06region\x12\x12\n" +
 	"\x04unit\x18\x03 \x01(\tR\x04unit\x12\x1f\n" +
 	"\vtotal_spent\x18\x04 \x01(\x03R\n" +
 	"totalSpent\x127\n" +
-	"\bsubjects\x18\x05 \x03(\v2\x1b.capledger.v1.FairnessShareR\bsubjects\"\x99\x02\n" +
+	"\bsubjects\x18\x05 \x03(\v2\x1b.capledger.v1.FairnessShareR\bsubjects\x12#\n" +
+	"\rsubject_count\x18\x06 \x01(\x03R\fsubjectCount\x12%\n" +
+	"\x0eoutside_budget\x18\a \x01(\x03R\routsideBudget\x12!\n" +
+	"\ftotal_weight\x18\b \x01(\x01R\vtotalWeight\"\x99\x02\n" +
 	"\rFairnessShare\x12\x18\n" +
 	"\asubject\x18\x01 \x01(\tR\asubject\x12+\n" +
 	"\x11policy_generation\x18\x02 \x01(\x04R\x10policyGeneration\x12\x16\n" +
@@ -2182,24 +2239,25 @@ var file_capledger_v1_console_proto_depIdxs = []int32{
 	31, // 28: capledger.v1.DimensionStanding.refill_interval:type_name -> google.protobuf.Duration
 	25, // 29: capledger.v1.DimensionStanding.repaid_at:type_name -> google.protobuf.Timestamp
 	23, // 30: capledger.v1.GetFairnessResponse.groups:type_name -> capledger.v1.FairnessGroup
-	24, // 31: capledger.v1.FairnessGroup.subjects:type_name -> capledger.v1.FairnessShare
-	0,  // 32: capledger.v1.ConsoleService.GetOverview:input_type -> capledger.v1.GetOverviewRequest
-	17, // 33: capledger.v1.ConsoleService.ListAccountStandings:input_type -> capledger.v1.ListAccountStandingsRequest
-	21, // 34: capledger.v1.ConsoleService.GetFairness:input_type -> capledger.v1.GetFairnessRequest
-	8,  // 35: capledger.v1.ConsoleService.ListSubjectReservations:input_type -> capledger.v1.ListSubjectReservationsRequest
-	11, // 36: capledger.v1.ConsoleService.ListStatements:input_type -> capledger.v1.ListStatementsRequest
-	14, // 37: capledger.v1.ConsoleService.GetResolverAnswers:input_type -> capledger.v1.GetResolverAnswersRequest
-	1,  // 38: capledger.v1.ConsoleService.GetOverview:output_type -> capledger.v1.GetOverviewResponse
-	18, // 39: capledger.v1.ConsoleService.ListAccountStandings:output_type -> capledger.v1.ListAccountStandingsResponse
-	22, // 40: capledger.v1.ConsoleService.GetFairness:output_type -> capledger.v1.GetFairnessResponse
-	9,  // 41: capledger.v1.ConsoleService.ListSubjectReservations:output_type -> capledger.v1.ListSubjectReservationsResponse
-	12, // 42: capledger.v1.ConsoleService.ListStatements:output_type -> capledger.v1.ListStatementsResponse
-	15, // 43: capledger.v1.ConsoleService.GetResolverAnswers:output_type -> capledger.v1.GetResolverAnswersResponse
-	38, // [38:44] is the sub-list for method output_type
-	32, // [32:38] is the sub-list for method input_type
-	32, // [32:32] is the sub-list for extension type_name
-	32, // [32:32] is the sub-list for extension extendee
-	0,  // [0:32] is the sub-list for field type_name
+	25, // 31: capledger.v1.GetFairnessResponse.as_of:type_name -> google.protobuf.Timestamp
+	24, // 32: capledger.v1.FairnessGroup.subjects:type_name -> capledger.v1.FairnessShare
+	0,  // 33: capledger.v1.ConsoleService.GetOverview:input_type -> capledger.v1.GetOverviewRequest
+	17, // 34: capledger.v1.ConsoleService.ListAccountStandings:input_type -> capledger.v1.ListAccountStandingsRequest
+	21, // 35: capledger.v1.ConsoleService.GetFairness:input_type -> capledger.v1.GetFairnessRequest
+	8,  // 36: capledger.v1.ConsoleService.ListSubjectReservations:input_type -> capledger.v1.ListSubjectReservationsRequest
+	11, // 37: capledger.v1.ConsoleService.ListStatements:input_type -> capledger.v1.ListStatementsRequest
+	14, // 38: capledger.v1.ConsoleService.GetResolverAnswers:input_type -> capledger.v1.GetResolverAnswersRequest
+	1,  // 39: capledger.v1.ConsoleService.GetOverview:output_type -> capledger.v1.GetOverviewResponse
+	18, // 40: capledger.v1.ConsoleService.ListAccountStandings:output_type -> capledger.v1.ListAccountStandingsResponse
+	22, // 41: capledger.v1.ConsoleService.GetFairness:output_type -> capledger.v1.GetFairnessResponse
+	9,  // 42: capledger.v1.ConsoleService.ListSubjectReservations:output_type -> capledger.v1.ListSubjectReservationsResponse
+	12, // 43: capledger.v1.ConsoleService.ListStatements:output_type -> capledger.v1.ListStatementsResponse
+	15, // 44: capledger.v1.ConsoleService.GetResolverAnswers:output_type -> capledger.v1.GetResolverAnswersResponse
+	39, // [39:45] is the sub-list for method output_type
+	33, // [33:39] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_capledger_v1_console_proto_init() }

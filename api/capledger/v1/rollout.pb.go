@@ -1662,8 +1662,11 @@ type DrainProgressResponse struct {
 	// deciding account's burst) is not counted.
 	DrainCommands int64 `protobuf:"varint,2,opt,name=drain_commands,json=drainCommands,proto3" json:"drain_commands,omitempty"`
 	// True when every generation asked for is drained.
-	Drained       bool                   `protobuf:"varint,3,opt,name=drained,proto3" json:"drained,omitempty"`
-	At            *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=at,proto3" json:"at,omitempty"`
+	Drained bool                   `protobuf:"varint,3,opt,name=drained,proto3" json:"drained,omitempty"`
+	At      *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=at,proto3" json:"at,omitempty"`
+	// When the pass that read the accounts and shards began (at or before
+	// at: a shared pass is given again until 9 times as old as it took).
+	AsOf          *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=as_of,json=asOf,proto3" json:"as_of,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1722,6 +1725,13 @@ func (x *DrainProgressResponse) GetDrained() bool {
 func (x *DrainProgressResponse) GetAt() *timestamppb.Timestamp {
 	if x != nil {
 		return x.At
+	}
+	return nil
+}
+
+func (x *DrainProgressResponse) GetAsOf() *timestamppb.Timestamp {
+	if x != nil {
+		return x.AsOf
 	}
 	return nil
 }
@@ -1867,12 +1877,13 @@ const file_capledger_v1_rollout_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1aJ\n" +
 	"\x1cUnreconciledLegacyUnitsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\xc5\x01\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\xf6\x01\n" +
 	"\x15DrainProgressResponse\x12?\n" +
 	"\vgenerations\x18\x01 \x03(\v2\x1d.capledger.v1.GenerationDrainR\vgenerations\x12%\n" +
 	"\x0edrain_commands\x18\x02 \x01(\x03R\rdrainCommands\x12\x18\n" +
 	"\adrained\x18\x03 \x01(\bR\adrained\x12*\n" +
-	"\x02at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x02at2\xb5\a\n" +
+	"\x02at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12/\n" +
+	"\x05as_of\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x04asOf2\xb5\a\n" +
 	"\x0eRolloutService\x12X\n" +
 	"\rCreateRollout\x12\".capledger.v1.CreateRolloutRequest\x1a#.capledger.v1.CreateRolloutResponse\x12T\n" +
 	"\n" +
@@ -1962,31 +1973,32 @@ var file_capledger_v1_rollout_proto_depIdxs = []int32{
 	31, // 21: capledger.v1.GenerationDrain.unreconciled_legacy_units:type_name -> capledger.v1.GenerationDrain.UnreconciledLegacyUnitsEntry
 	24, // 22: capledger.v1.DrainProgressResponse.generations:type_name -> capledger.v1.GenerationDrain
 	34, // 23: capledger.v1.DrainProgressResponse.at:type_name -> google.protobuf.Timestamp
-	5,  // 24: capledger.v1.RolloutService.CreateRollout:input_type -> capledger.v1.CreateRolloutRequest
-	7,  // 25: capledger.v1.RolloutService.GetRollout:input_type -> capledger.v1.GetRolloutRequest
-	9,  // 26: capledger.v1.RolloutService.ListRollouts:input_type -> capledger.v1.ListRolloutsRequest
-	11, // 27: capledger.v1.RolloutService.SetRolloutShare:input_type -> capledger.v1.SetRolloutShareRequest
-	13, // 28: capledger.v1.RolloutService.UndoRolloutStep:input_type -> capledger.v1.UndoRolloutStepRequest
-	15, // 29: capledger.v1.RolloutService.EndRollout:input_type -> capledger.v1.EndRolloutRequest
-	17, // 30: capledger.v1.RolloutService.ShadowReport:input_type -> capledger.v1.ShadowReportRequest
-	20, // 31: capledger.v1.RolloutService.RollbackGenerations:input_type -> capledger.v1.RollbackGenerationsRequest
-	23, // 32: capledger.v1.RolloutService.DrainProgress:input_type -> capledger.v1.DrainProgressRequest
-	0,  // 33: capledger.v1.RolloutService.CarveLegacyBudget:input_type -> capledger.v1.CarveLegacyBudgetRequest
-	6,  // 34: capledger.v1.RolloutService.CreateRollout:output_type -> capledger.v1.CreateRolloutResponse
-	8,  // 35: capledger.v1.RolloutService.GetRollout:output_type -> capledger.v1.GetRolloutResponse
-	10, // 36: capledger.v1.RolloutService.ListRollouts:output_type -> capledger.v1.ListRolloutsResponse
-	12, // 37: capledger.v1.RolloutService.SetRolloutShare:output_type -> capledger.v1.SetRolloutShareResponse
-	14, // 38: capledger.v1.RolloutService.UndoRolloutStep:output_type -> capledger.v1.UndoRolloutStepResponse
-	16, // 39: capledger.v1.RolloutService.EndRollout:output_type -> capledger.v1.EndRolloutResponse
-	19, // 40: capledger.v1.RolloutService.ShadowReport:output_type -> capledger.v1.ShadowReportResponse
-	22, // 41: capledger.v1.RolloutService.RollbackGenerations:output_type -> capledger.v1.RollbackGenerationsResponse
-	25, // 42: capledger.v1.RolloutService.DrainProgress:output_type -> capledger.v1.DrainProgressResponse
-	1,  // 43: capledger.v1.RolloutService.CarveLegacyBudget:output_type -> capledger.v1.CarveLegacyBudgetResponse
-	34, // [34:44] is the sub-list for method output_type
-	24, // [24:34] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	34, // 24: capledger.v1.DrainProgressResponse.as_of:type_name -> google.protobuf.Timestamp
+	5,  // 25: capledger.v1.RolloutService.CreateRollout:input_type -> capledger.v1.CreateRolloutRequest
+	7,  // 26: capledger.v1.RolloutService.GetRollout:input_type -> capledger.v1.GetRolloutRequest
+	9,  // 27: capledger.v1.RolloutService.ListRollouts:input_type -> capledger.v1.ListRolloutsRequest
+	11, // 28: capledger.v1.RolloutService.SetRolloutShare:input_type -> capledger.v1.SetRolloutShareRequest
+	13, // 29: capledger.v1.RolloutService.UndoRolloutStep:input_type -> capledger.v1.UndoRolloutStepRequest
+	15, // 30: capledger.v1.RolloutService.EndRollout:input_type -> capledger.v1.EndRolloutRequest
+	17, // 31: capledger.v1.RolloutService.ShadowReport:input_type -> capledger.v1.ShadowReportRequest
+	20, // 32: capledger.v1.RolloutService.RollbackGenerations:input_type -> capledger.v1.RollbackGenerationsRequest
+	23, // 33: capledger.v1.RolloutService.DrainProgress:input_type -> capledger.v1.DrainProgressRequest
+	0,  // 34: capledger.v1.RolloutService.CarveLegacyBudget:input_type -> capledger.v1.CarveLegacyBudgetRequest
+	6,  // 35: capledger.v1.RolloutService.CreateRollout:output_type -> capledger.v1.CreateRolloutResponse
+	8,  // 36: capledger.v1.RolloutService.GetRollout:output_type -> capledger.v1.GetRolloutResponse
+	10, // 37: capledger.v1.RolloutService.ListRollouts:output_type -> capledger.v1.ListRolloutsResponse
+	12, // 38: capledger.v1.RolloutService.SetRolloutShare:output_type -> capledger.v1.SetRolloutShareResponse
+	14, // 39: capledger.v1.RolloutService.UndoRolloutStep:output_type -> capledger.v1.UndoRolloutStepResponse
+	16, // 40: capledger.v1.RolloutService.EndRollout:output_type -> capledger.v1.EndRolloutResponse
+	19, // 41: capledger.v1.RolloutService.ShadowReport:output_type -> capledger.v1.ShadowReportResponse
+	22, // 42: capledger.v1.RolloutService.RollbackGenerations:output_type -> capledger.v1.RollbackGenerationsResponse
+	25, // 43: capledger.v1.RolloutService.DrainProgress:output_type -> capledger.v1.DrainProgressResponse
+	1,  // 44: capledger.v1.RolloutService.CarveLegacyBudget:output_type -> capledger.v1.CarveLegacyBudgetResponse
+	35, // [35:45] is the sub-list for method output_type
+	25, // [25:35] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_capledger_v1_rollout_proto_init() }

@@ -86,11 +86,19 @@ type ConsoleServiceClient interface {
 	// in_debt only the accounts owing debt.
 	// Errors: INVALID_ARGUMENT (limit above 1000).
 	ListAccountStandings(context.Context, *connect.Request[v1.ListAccountStandingsRequest]) (*connect.Response[v1.ListAccountStandingsResponse], error)
-	// GetFairness compares, per route and unit, what each subject's account
-	// of the deciding generation has spent with its weighted share of what
-	// all of them spent (shares by the policies' fairness weights). It is the
-	// ledger's view over the accounts' whole lives; the scheduler's exact
-	// window figure lives in the gateway (docs/FAIRNESS.md).
+	// GetFairness compares, per route, region and unit, what each subject's
+	// account of the deciding generation has spent with its weighted share
+	// of what all of them spent (shares by the policies' fairness weights).
+	// It is the ledger's view over the accounts' whole lives; the
+	// scheduler's exact window figure lives in the gateway
+	// (docs/FAIRNESS.md). Per group it answers the totals over every
+	// subject (total_spent, total_weight, subject_count, outside_budget)
+	// and only the limit subjects farthest from their fair share. It reads
+	// every account page by page; callers asking the same (route, limit,
+	// token scope) share one computation, given again until 9 times as old
+	// as it took (as_of says when its accounts were read).
+	// Errors: INVALID_ARGUMENT (INVALID_COMMAND: limit below 0 or above
+	// 1000).
 	GetFairness(context.Context, *connect.Request[v1.GetFairnessRequest]) (*connect.Response[v1.GetFairnessResponse], error)
 	// ListSubjectReservations returns one subject's reservations: how many
 	// are in each state, and a page of them, the newest first (by creation
@@ -235,11 +243,19 @@ type ConsoleServiceHandler interface {
 	// in_debt only the accounts owing debt.
 	// Errors: INVALID_ARGUMENT (limit above 1000).
 	ListAccountStandings(context.Context, *connect.Request[v1.ListAccountStandingsRequest]) (*connect.Response[v1.ListAccountStandingsResponse], error)
-	// GetFairness compares, per route and unit, what each subject's account
-	// of the deciding generation has spent with its weighted share of what
-	// all of them spent (shares by the policies' fairness weights). It is the
-	// ledger's view over the accounts' whole lives; the scheduler's exact
-	// window figure lives in the gateway (docs/FAIRNESS.md).
+	// GetFairness compares, per route, region and unit, what each subject's
+	// account of the deciding generation has spent with its weighted share
+	// of what all of them spent (shares by the policies' fairness weights).
+	// It is the ledger's view over the accounts' whole lives; the
+	// scheduler's exact window figure lives in the gateway
+	// (docs/FAIRNESS.md). Per group it answers the totals over every
+	// subject (total_spent, total_weight, subject_count, outside_budget)
+	// and only the limit subjects farthest from their fair share. It reads
+	// every account page by page; callers asking the same (route, limit,
+	// token scope) share one computation, given again until 9 times as old
+	// as it took (as_of says when its accounts were read).
+	// Errors: INVALID_ARGUMENT (INVALID_COMMAND: limit below 0 or above
+	// 1000).
 	GetFairness(context.Context, *connect.Request[v1.GetFairnessRequest]) (*connect.Response[v1.GetFairnessResponse], error)
 	// ListSubjectReservations returns one subject's reservations: how many
 	// are in each state, and a page of them, the newest first (by creation

@@ -128,6 +128,10 @@ type RolloutServiceClient interface {
 	// units, debt, available capacity not yet moved to the generation that
 	// decides (and why it cannot move), unreconciled shards. When
 	// run_drains is set it first runs the drain worker's pass on demand.
+	// The accounts and shards are read in one pass (as_of) shared by the
+	// callers asking for the same generations while the policies stay as
+	// they were, given again until 9 times as old as the pass took; with
+	// run_drains the answer is always a pass begun after this call's drain.
 	DrainProgress(context.Context, *connect.Request[v1.DrainProgressRequest]) (*connect.Response[v1.DrainProgressResponse], error)
 	// CarveLegacyBudget carves the legacy limiter's budget: the units move
 	// from the subject's available capacity to retired_for_emergency in one
@@ -333,6 +337,10 @@ type RolloutServiceHandler interface {
 	// units, debt, available capacity not yet moved to the generation that
 	// decides (and why it cannot move), unreconciled shards. When
 	// run_drains is set it first runs the drain worker's pass on demand.
+	// The accounts and shards are read in one pass (as_of) shared by the
+	// callers asking for the same generations while the policies stay as
+	// they were, given again until 9 times as old as the pass took; with
+	// run_drains the answer is always a pass begun after this call's drain.
 	DrainProgress(context.Context, *connect.Request[v1.DrainProgressRequest]) (*connect.Response[v1.DrainProgressResponse], error)
 	// CarveLegacyBudget carves the legacy limiter's budget: the units move
 	// from the subject's available capacity to retired_for_emergency in one

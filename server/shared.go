@@ -1,0 +1,147 @@
+package server
+
+import (
+	"container/heap"
+	"context"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+)
+
+// A console read that scans every account costs time in proportion to
+// the accounts: at a million of them, seconds of the server's CPU. The
+// console asks every 5 s in every open tab, and `rollback --wait` every
+// 2 s, so such a read is computed once per distinct question at a time,
+// shared with every caller asking the same while it runs, and answered
+// again until it is sharedReuseFactor times as old as its computation
+// took: however many callers poll, the scans take at most about a tenth
+// of a core, and a small ledger (a scan of milliseconds) is answered
+// fresh. Each answer says when its accounts were read (asOf).
+// ListAccountStandings (standings.go), GetFairness (fairness.go) and
+// DrainProgress (rollout.go) share answers this way.
+const sharedReuseFactor = 9
+
+// sharedAnswers holds, per question Q, the computation of an answer A
+// being run or still reused.
+type sharedAnswers[Q comparable, A any] struct {
+	mu      sync.Mutex
+	answers map[Q]*sharedAnswer[A]
+}
+
+// sharedAnswer is one computation: running until done is closed, then
+// its value (or error) until reuseUntil. began is when it started (on
+// this process's monotonic clock).
+type sharedAnswer[A any] struct {
+	done       chan struct{}
+	began      time.Time
+	value      A
+	err        *connect.Error
+	reuseUntil time.Time
+}
+
+func newSharedAnswers[Q comparable, A any]() *sharedAnswers[Q, A] {
+	return &sharedAnswers[Q, A]{answers: map[Q]*sharedAnswer[A]{}}
+}
+
+// answer returns the answer to q: the one being computed (waiting for
+// it), or one still young enough to reuse, if it began at notBefore or
+// later; else a new one computed by compute (which runs apart from this
+// caller's cancellation: others may share it). Callers must not change
+// the value. A failed computation is not reused; it answers its error to
+// the callers that waited for it. The zero notBefore takes any.
+func (sh *sharedAnswers[Q, A]) answer(ctx context.Context, q Q, notBefore time.Time, compute func(ctx context.Context, value *A) *connect.Error) (*A, *connect.Error) {
+	sh.mu.Lock()
+	r := sh.answers[q]
+	if r != nil && r.began.Before(notBefore) {
+		r = nil // read too early for this caller: a new one replaces it
+	}
+	if r != nil {
+		select {
+		case <-r.done:
+			if r.err != nil || !time.Now().Before(r.reuseUntil) {
+				r = nil
+			}
+		default: // still running: wait for it below
+		}
+	}
+	if r == nil {
+		for k, old := range sh.answers { // forget the stale ones
+			select {
+			case <-old.done:
+				if !time.Now().Before(old.reuseUntil) {
+					delete(sh.answers, k)
+				}
+			default:
+			}
+		}
+		r = &sharedAnswer[A]{done: make(chan struct{}), began: time.Now()}
+		sh.answers[q] = r
+		sh.mu.Unlock()
+		r.err = compute(context.WithoutCancel(ctx), &r.value)
+		r.reuseUntil = time.Now().Add(sharedReuseFactor * time.Since(r.began))
+		close(r.done)
+	} else {
+		sh.mu.Unlock()
+	}
+	select {
+	case <-r.done:
+	case <-ctx.Done():
+		return nil, connect.NewError(connect.CodeCanceled, ctx.Err())
+	}
+	if r.err != nil {
+		return nil, r.err
+	}
+	return &r.value, nil
+}
+
+// best keeps the limit best items offered (by before: whether a ranks
+// before b), in a heap whose root is the one that ranks last, pushed out
+// when a better one comes. Its memory is limit items however many are
+// offered.
+type best[T any] struct {
+	items  []T
+	limit  int
+	before func(a, b T) bool
+}
+
+func newBest[T any](limit int, before func(a, b T) bool) *best[T] {
+	return &best[T]{items: make([]T, 0, min(limit, 1024)), limit: limit, before: before}
+}
+
+func (b *best[T]) Len() int           { return len(b.items) }
+func (b *best[T]) Less(i, j int) bool { return b.before(b.items[j], b.items[i]) }
+func (b *best[T]) Swap(i, j int)      { b.items[i], b.items[j] = b.items[j], b.items[i] }
+func (b *best[T]) Push(x any)         { b.items = append(b.items, x.(T)) }
+func (b *best[T]) Pop() any {
+	x := b.items[len(b.items)-1]
+	b.items = b.items[:len(b.items)-1]
+	return x
+}
+
+// wants reports whether c would be kept: fewer than limit are kept, or c
+// ranks before the last one kept. A caller may check it before building
+// the item in full.
+func (b *best[T]) wants(c T) bool {
+	return len(b.items) < b.limit || (b.limit > 0 && b.before(c, b.items[0]))
+}
+
+// offer keeps c if it ranks among the best limit so far.
+func (b *best[T]) offer(c T) {
+	switch {
+	case len(b.items) < b.limit:
+		heap.Push(b, c)
+	case b.limit > 0 && b.before(c, b.items[0]):
+		b.items[0] = c
+		heap.Fix(b, 0)
+	}
+}
+
+// ranked returns the items kept, best first, and empties b.
+func (b *best[T]) ranked() []T {
+	out := make([]T, len(b.items))
+	for i := len(b.items) - 1; i >= 0; i-- {
+		out[i] = heap.Pop(b).(T)
+	}
+	return out
+}
