@@ -161,7 +161,63 @@ const (
 )
 
 // MetaShardFence is the Meta name of the newest fence issued to a gateway.
-func MetaShardFence(gatewayID string) string { return "shard_fence/" + gatewayID }
+func MetaShardFence(gatewayID string) string { return MetaShardFencePrefix + gatewayID }
+
+// MetaShardFencePrefix begins every MetaShardFence name.
+const MetaShardFencePrefix = "shard_fence/"
+
+// MetaShardFenceFloor is the Meta name of the fence floor: at least every
+// fence whose MetaShardFence row retention removed (FoldShardFences).
+// An issuance's fence is above both its gateway's row and the floor
+// (NextShardFence), so a gateway whose row was removed and that comes
+// back (a pod name reused, a process restarted after days) is never
+// handed a fence it held before. It sorts after every MetaShardFence
+// name ('_' > '/'), so a writer that reads a gateway's row and then the
+// floor takes the rows in one order.
+const MetaShardFenceFloor = "shard_fence_floor"
+
+// NextShardFence returns the fence of a gateway's next shard: one above
+// both the gateway's newest fence (own, 0 when its row is absent) and the
+// store's fence floor.
+func NextShardFence(own, floor int64) int64 { return max(own, floor) + 1 }
+
+// FoldShardFences removes the MetaShardFence rows of gateways and raises
+// the fence floor to at least each removed fence, so that NextShardFence
+// stays above every fence the gateways held. It is always safe for the
+// fences' order (a gateway named here that was issued a shard meanwhile
+// only sees its next fence come from the floor); retention names
+// gateways whose shards all expired a window ago, so the rows removed
+// are those of gateways gone quiet, and a store keeps one row per
+// gateway active within the window instead of one per gateway ever seen.
+// It returns how many rows it removed.
+func FoldShardFences(b MetaRemover, gateways []string) int {
+	floor := b.Meta(MetaShardFenceFloor)
+	raised := floor
+	removed := 0
+	for _, g := range gateways {
+		name := MetaShardFence(g)
+		v := b.Meta(name)
+		if v == 0 {
+			continue
+		}
+		raised = max(raised, v)
+		b.MetaRemove(name)
+		removed++
+	}
+	if raised != floor {
+		b.MetaPut(MetaShardFenceFloor, raised)
+	}
+	return removed
+}
+
+// MetaRemover is a Book's meta counters with removal: what FoldShardFences
+// needs (its caller is retention, not a command of Apply).
+type MetaRemover interface {
+	Meta(name string) int64
+	MetaPut(name string, value int64)
+	// MetaRemove deletes the named counter; Meta then returns 0.
+	MetaRemove(name string)
+}
 
 // MetaShardRefusedFor is the Meta name counting refused submissions for
 // one shard.
@@ -246,7 +302,8 @@ func ShardShapeProblem(subject, route, region string, bootEpoch uint64, ttl time
 //   - ErrInvalidCommand, before the id is looked up, for a missing shard
 //     or gateway id, negative units, or a shape ShardShapeProblem refuses
 //     (no subject, route, region, boot epoch, TTL or unit above 0);
-//   - success with the new shard (fence = the gateway's previous fence + 1,
+//   - success with the new shard (fence = NextShardFence of the gateway's
+//     previous fence and the fence floor,
 //     ExpiresAt = now + TTL or LatestTime when that is later, signed);
 //   - success with Replayed and the stored shard when the id exists for the
 //     same gateway, boot epoch, subject and allocation (nothing moves twice);
@@ -345,7 +402,8 @@ func IssueShard(b Book, cmd *Command, now time.Time) Result {
 		a.Balances[i].Available -= cmd.Units[i]
 		a.Balances[i].RetiredForEmergency += cmd.Units[i]
 	}
-	fence := uint64(b.Meta(MetaShardFence(args.GatewayID))) + 1
+	// The gateway's row first, then the floor (the names' order).
+	fence := uint64(NextShardFence(b.Meta(MetaShardFence(args.GatewayID)), b.Meta(MetaShardFenceFloor)))
 	b.MetaPut(MetaShardFence(args.GatewayID), int64(fence))
 	s := &Shard{
 		ID:        args.ShardID,
