@@ -168,21 +168,30 @@ const MetaShardFencePrefix = "shard_fence/"
 
 // MetaShardFenceFloor is the Meta name of the fence floor: at least every
 // fence whose MetaShardFence row retention removed (FoldShardFences).
-// An issuance's fence is above both its gateway's row and the floor
-// (NextShardFence), so a gateway whose row was removed and that comes
-// back (a pod name reused, a process restarted after days) is never
-// handed a fence it held before. It sorts after every MetaShardFence
-// name ('_' > '/'), so a writer that reads a gateway's row and then the
-// floor takes the rows in one order.
+// A gateway without a row starts above it (nextShardFence), so a gateway
+// whose row was removed and that comes back (a pod name reused, a process
+// restarted after days) is never handed a fence it held before. It sorts
+// after every MetaShardFence name ('_' > '/'), so a writer that reads a
+// gateway's row and then the floor takes the rows in one order.
 const MetaShardFenceFloor = "shard_fence_floor"
 
-// NextShardFence returns the fence of a gateway's next shard: one above
-// both the gateway's newest fence (own, 0 when its row is absent) and the
-// store's fence floor.
-func NextShardFence(own, floor int64) int64 { return max(own, floor) + 1 }
+// nextShardFence returns the fence of a gateway's next shard: one above
+// its row, which holds the newest fence it was issued; for a gateway
+// without a row (never issued a shard, or its row folded), one above the
+// fence floor. The floor is read only then: a row, once written, is
+// above every fence its gateway held (it was written from the floor if
+// it was folded before), so issuances to gateways that have one do not
+// all read, and on PostgreSQL lock, the one floor row.
+func nextShardFence(b Book, gatewayID string) uint64 {
+	own := b.Meta(MetaShardFence(gatewayID))
+	if own == 0 {
+		own = b.Meta(MetaShardFenceFloor)
+	}
+	return uint64(own) + 1
+}
 
 // FoldShardFences removes the MetaShardFence rows of gateways and raises
-// the fence floor to at least each removed fence, so that NextShardFence
+// the fence floor to at least each removed fence, so that nextShardFence
 // stays above every fence the gateways held. It is always safe for the
 // fences' order (a gateway named here that was issued a shard meanwhile
 // only sees its next fence come from the floor); retention names
@@ -302,8 +311,8 @@ func ShardShapeProblem(subject, route, region string, bootEpoch uint64, ttl time
 //   - ErrInvalidCommand, before the id is looked up, for a missing shard
 //     or gateway id, negative units, or a shape ShardShapeProblem refuses
 //     (no subject, route, region, boot epoch, TTL or unit above 0);
-//   - success with the new shard (fence = NextShardFence of the gateway's
-//     previous fence and the fence floor,
+//   - success with the new shard (fence = the gateway's previous fence
+//     + 1, or the fence floor + 1 when it has none: nextShardFence,
 //     ExpiresAt = now + TTL or LatestTime when that is later, signed);
 //   - success with Replayed and the stored shard when the id exists for the
 //     same gateway, boot epoch, subject and allocation (nothing moves twice);
@@ -402,8 +411,7 @@ func IssueShard(b Book, cmd *Command, now time.Time) Result {
 		a.Balances[i].Available -= cmd.Units[i]
 		a.Balances[i].RetiredForEmergency += cmd.Units[i]
 	}
-	// The gateway's row first, then the floor (the names' order).
-	fence := uint64(NextShardFence(b.Meta(MetaShardFence(args.GatewayID)), b.Meta(MetaShardFenceFloor)))
+	fence := nextShardFence(b, args.GatewayID)
 	b.MetaPut(MetaShardFence(args.GatewayID), int64(fence))
 	s := &Shard{
 		ID:        args.ShardID,
