@@ -311,8 +311,8 @@ func ShardShapeProblem(subject, route, region string, bootEpoch uint64, ttl time
 //   - ErrInvalidCommand, before the id is looked up, for a missing shard
 //     or gateway id, negative units, or a shape ShardShapeProblem refuses
 //     (no subject, route, region, boot epoch, TTL or unit above 0);
-//   - success with the new shard (fence = the gateway's previous fence
-//     + 1, or the fence floor + 1 when it has none: nextShardFence,
+//   - success with the new shard (fence one above the gateway's previous
+//     fence, or above the fence floor when it has none: nextShardFence;
 //     ExpiresAt = now + TTL or LatestTime when that is later, signed);
 //   - success with Replayed and the stored shard when the id exists for the
 //     same gateway, boot epoch, subject and allocation (nothing moves twice);
