@@ -323,7 +323,7 @@ func (c *Core) ShardFencesFold(ctx context.Context, before time.Time, page int) 
 	for ctx.Err() == nil {
 		gateways, err := c.store.ShardFencesIdle(ctx, before, page)
 		if err != nil {
-			return total, fmt.Errorf("idle shard fences: %w", err)
+			return total, err // the store names the read ("idle shard fences: ...")
 		}
 		if len(gateways) == 0 {
 			return total, nil
