@@ -303,12 +303,75 @@ func (c *Core) RetentionDue(ctx context.Context, now time.Time, window, horizon 
 	return cmds, nil
 }
 
+// shardFencePage is how many gateways' fence rows one transaction of
+// ShardFencesFold folds.
+const shardFencePage = 256
+
+// ShardFencesFold removes the fence rows (ledger.MetaShardFence) of
+// gateways none of whose shards expires after before, folding them into
+// the store's fence floor (ledger.FoldShardFences), page transactions of
+// up to page gateways until none is left. Without it a store keeps one row
+// per gateway id ever issued a shard: gateways named after pods add one
+// with every deployment. It is safe in any interleaving with issuance
+// and with another replica folding the same rows: each page reads the
+// rows it removes, locked, in the transaction that removes them and
+// raises the floor, and a gateway issued a shard meanwhile only has its
+// next fence come from the floor. It returns how many rows it removed,
+// and the first error (a conflict leaves the rest to the next pass).
+func (c *Core) ShardFencesFold(ctx context.Context, before time.Time, page int) (int, error) {
+	total := 0
+	for ctx.Err() == nil {
+		gateways, err := c.store.ShardFencesIdle(ctx, before, page)
+		if err != nil {
+			return total, err // the store names the read ("idle shard fences: ...")
+		}
+		if len(gateways) == 0 {
+			return total, nil
+		}
+		n, err := c.foldFences(ctx, gateways)
+		total += n
+		if err != nil {
+			return total, err
+		}
+		if n == 0 || len(gateways) < page {
+			return total, nil
+		}
+	}
+	return total, ctx.Err()
+}
+
+// foldFences commits one page of ShardFencesFold.
+func (c *Core) foldFences(ctx context.Context, gateways []string) (int, error) {
+	tx, err := c.store.Begin(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("fold shard fences: %w", err)
+	}
+	defer tx.Rollback(ctx)
+	book := store.NewBook(ctx, tx, 0)
+	n := ledger.FoldShardFences(book, gateways)
+	if err := book.Err(); err != nil {
+		return 0, fmt.Errorf("fold shard fences: read: %w", err)
+	}
+	if changes := book.Changes(); !changes.Empty() {
+		if err := tx.Write(ctx, changes); err != nil {
+			return 0, fmt.Errorf("fold shard fences: write: %w", err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, fmt.Errorf("fold shard fences: %w", err)
+	}
+	return n, nil
+}
+
 // RetentionStats are the retention worker's counters.
 type RetentionStats struct {
 	// On: the engine has a retention window (Options.Retention > 0),
 	// so the worker runs on the lease holder.
 	On                                 bool
 	Passes, Retired, Forgotten, Failed uint64
+	// FencesFolded counts the shard fence rows of quiet gateways folded
+	// into the store's fence floor (Core.ShardFencesFold).
+	FencesFolded uint64
 	// LastPassAt and LastPass are the start and length of the last
 	// finished pass.
 	LastPassAt time.Time
@@ -445,6 +508,18 @@ func (e *Engine) runRetention(ctx context.Context) {
 		e.retention.dueRate = due
 	}
 	e.retention.rateMu.Unlock()
+	if ctx.Err() == nil {
+		folded, err := e.core.ShardFencesFold(ctx, e.opts.Clock().Add(-e.opts.Retention), shardFencePage)
+		e.retention.fencesFolded.Add(uint64(folded))
+		removed += folded
+		if err != nil {
+			if ctx.Err() == nil {
+				e.fails.retention.failed("retention shard fences", err)
+			}
+		} else {
+			e.fails.retention.ok("retention shard fences")
+		}
+	}
 	if removed > 0 {
 		e.reclaim(ctx, &e.fails.retention)
 	}
@@ -473,7 +548,8 @@ func sleep(ctx context.Context, d time.Duration) bool {
 func (e *Engine) RetentionStats() RetentionStats {
 	s := RetentionStats{On: e.opts.Retention > 0, Passes: e.retention.passes.Load(), Retired: e.retention.retired.Load(),
 		Forgotten: e.retention.forgotten.Load(), Failed: e.retention.failed.Load(),
-		LastPass: time.Duration(e.retention.lastPass.Load())}
+		FencesFolded: e.retention.fencesFolded.Load(),
+		LastPass:     time.Duration(e.retention.lastPass.Load())}
 	if t := e.retention.lastPassAt.Load(); t != 0 {
 		s.LastPassAt = time.Unix(0, t)
 	}

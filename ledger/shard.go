@@ -161,7 +161,72 @@ const (
 )
 
 // MetaShardFence is the Meta name of the newest fence issued to a gateway.
-func MetaShardFence(gatewayID string) string { return "shard_fence/" + gatewayID }
+func MetaShardFence(gatewayID string) string { return MetaShardFencePrefix + gatewayID }
+
+// MetaShardFencePrefix begins every MetaShardFence name.
+const MetaShardFencePrefix = "shard_fence/"
+
+// MetaShardFenceFloor is the Meta name of the fence floor: at least every
+// fence whose MetaShardFence row retention removed (FoldShardFences).
+// A gateway without a row starts above it (nextShardFence), so a gateway
+// whose row was removed and that comes back (a pod name reused, a process
+// restarted after days) is never handed a fence it held before. It sorts
+// after every MetaShardFence name ('_' > '/'), so a writer that reads a
+// gateway's row and then the floor takes the rows in one order.
+const MetaShardFenceFloor = "shard_fence_floor"
+
+// nextShardFence returns the fence of a gateway's next shard: one above
+// its row, which holds the newest fence it was issued; for a gateway
+// without a row (never issued a shard, or its row folded), one above the
+// fence floor. The floor is read only then: a row, once written, is
+// above every fence its gateway held (it was written from the floor if
+// it was folded before), so issuances to gateways that have one do not
+// all read, and on PostgreSQL lock, the one floor row.
+func nextShardFence(b Book, gatewayID string) uint64 {
+	own := b.Meta(MetaShardFence(gatewayID))
+	if own == 0 {
+		own = b.Meta(MetaShardFenceFloor)
+	}
+	return uint64(own) + 1
+}
+
+// FoldShardFences removes the MetaShardFence rows of gateways and raises
+// the fence floor to at least each removed fence, so that nextShardFence
+// stays above every fence the gateways held. It is always safe for the
+// fences' order (a gateway named here that was issued a shard meanwhile
+// only sees its next fence come from the floor); retention names
+// gateways whose shards all expired a window ago, so the rows removed
+// are those of gateways gone quiet, and a store keeps one row per
+// gateway active within the window instead of one per gateway ever seen.
+// It returns how many rows it removed.
+func FoldShardFences(b MetaRemover, gateways []string) int {
+	floor := b.Meta(MetaShardFenceFloor)
+	raised := floor
+	removed := 0
+	for _, g := range gateways {
+		name := MetaShardFence(g)
+		v := b.Meta(name)
+		if v == 0 {
+			continue
+		}
+		raised = max(raised, v)
+		b.MetaRemove(name)
+		removed++
+	}
+	if raised != floor {
+		b.MetaPut(MetaShardFenceFloor, raised)
+	}
+	return removed
+}
+
+// MetaRemover is a Book's meta counters with removal: what FoldShardFences
+// needs (its caller is retention, not a command of Apply).
+type MetaRemover interface {
+	Meta(name string) int64
+	MetaPut(name string, value int64)
+	// MetaRemove deletes the named counter; Meta then returns 0.
+	MetaRemove(name string)
+}
 
 // MetaShardRefusedFor is the Meta name counting refused submissions for
 // one shard.
@@ -246,7 +311,8 @@ func ShardShapeProblem(subject, route, region string, bootEpoch uint64, ttl time
 //   - ErrInvalidCommand, before the id is looked up, for a missing shard
 //     or gateway id, negative units, or a shape ShardShapeProblem refuses
 //     (no subject, route, region, boot epoch, TTL or unit above 0);
-//   - success with the new shard (fence = the gateway's previous fence + 1,
+//   - success with the new shard (fence one above the gateway's previous
+//     fence, or above the fence floor when it has none: nextShardFence;
 //     ExpiresAt = now + TTL or LatestTime when that is later, signed);
 //   - success with Replayed and the stored shard when the id exists for the
 //     same gateway, boot epoch, subject and allocation (nothing moves twice);
@@ -345,7 +411,7 @@ func IssueShard(b Book, cmd *Command, now time.Time) Result {
 		a.Balances[i].Available -= cmd.Units[i]
 		a.Balances[i].RetiredForEmergency += cmd.Units[i]
 	}
-	fence := uint64(b.Meta(MetaShardFence(args.GatewayID))) + 1
+	fence := nextShardFence(b, args.GatewayID)
 	b.MetaPut(MetaShardFence(args.GatewayID), int64(fence))
 	s := &Shard{
 		ID:        args.ShardID,

@@ -93,7 +93,10 @@ type RetentionStatus struct {
 	Passes    uint64 `json:"passes"`
 	Retired   uint64 `json:"retired"`
 	Forgotten uint64 `json:"tombstonesForgotten"`
-	Failed    uint64 `json:"failed"`
+	// FencesFolded: shard fence rows of quiet gateways folded into the
+	// store's fence floor.
+	FencesFolded uint64 `json:"shardFencesFolded"`
+	Failed       uint64 `json:"failed"`
 	// LastPassAt and LastPassSeconds: the start and length of the last
 	// finished pass.
 	LastPassAt      *time.Time `json:"lastPassAt,omitempty"`
@@ -168,7 +171,7 @@ func (s *Server) status(ctx context.Context) Status {
 	}
 	if rr, ok := s.ledger.(retentionReporter); ok {
 		if r := rr.RetentionStats(); r.On {
-			st.Retention = &RetentionStatus{Passes: r.Passes, Retired: r.Retired, Forgotten: r.Forgotten, Failed: r.Failed,
+			st.Retention = &RetentionStatus{Passes: r.Passes, Retired: r.Retired, Forgotten: r.Forgotten, FencesFolded: r.FencesFolded, Failed: r.Failed,
 				LastPassAt: timePtr(r.LastPassAt), LastPassSeconds: r.LastPass.Seconds(), PassRunningSince: timePtr(r.RunningSince)}
 			if !r.RunningSince.IsZero() {
 				st.Retention.PassRunningSeconds = max(time.Since(r.RunningSince).Seconds(), 1e-9)
@@ -249,10 +252,12 @@ func (m *Metrics) registerMaintenance(l Ledger) {
 		m.registry.MustRegister(
 			counter("capledger_retention_passes_total", "Retention passes finished on this replica.", nil,
 				func(s engine.RetentionStats) uint64 { return s.Passes }),
-			counter("capledger_retention_removed_total", "Finished reservations (kind=reservation) and tombstones (kind=tombstone) retention removed.",
+			counter("capledger_retention_removed_total", "Finished reservations (kind=reservation), tombstones (kind=tombstone) and quiet gateways' shard fence rows (kind=shard_fence) retention removed.",
 				prometheus.Labels{"kind": "reservation"}, func(s engine.RetentionStats) uint64 { return s.Retired }),
-			counter("capledger_retention_removed_total", "Finished reservations (kind=reservation) and tombstones (kind=tombstone) retention removed.",
+			counter("capledger_retention_removed_total", "Finished reservations (kind=reservation), tombstones (kind=tombstone) and quiet gateways' shard fence rows (kind=shard_fence) retention removed.",
 				prometheus.Labels{"kind": "tombstone"}, func(s engine.RetentionStats) uint64 { return s.Forgotten }),
+			counter("capledger_retention_removed_total", "Finished reservations (kind=reservation), tombstones (kind=tombstone) and quiet gateways' shard fence rows (kind=shard_fence) retention removed.",
+				prometheus.Labels{"kind": "shard_fence"}, func(s engine.RetentionStats) uint64 { return s.FencesFolded }),
 			counter("capledger_retention_failed_total", "Retention commands the ledger refused.", nil,
 				func(s engine.RetentionStats) uint64 { return s.Failed }),
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "capledger_retention_last_pass_seconds",

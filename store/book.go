@@ -27,6 +27,7 @@ type Book struct {
 
 	meta         map[string]int64
 	metaDirty    map[string]bool
+	metaGone     map[string]bool
 	policies     map[uint64]*ledger.Policy
 	policyDirty  map[uint64]bool
 	heads        map[ledger.PolicyKey]*ledger.PolicyHead
@@ -100,6 +101,15 @@ func (b *Book) Meta(name string) int64 {
 func (b *Book) MetaPut(name string, value int64) {
 	set(&b.meta, name, value)
 	set(&b.metaDirty, name, true)
+	delete(b.metaGone, name)
+}
+
+// MetaRemove deletes a named counter (ledger.MetaRemover): Changes lists
+// it in MetaRemoved, and Meta answers 0 for it meanwhile.
+func (b *Book) MetaRemove(name string) {
+	set(&b.meta, name, 0)
+	delete(b.metaDirty, name)
+	set(&b.metaGone, name, true)
 }
 
 func (b *Book) Policy(generation uint64) (*ledger.Policy, bool) {
@@ -247,6 +257,9 @@ func (b *Book) Changes() *Changes {
 		for name := range b.metaDirty {
 			c.Meta[name] = b.meta[name]
 		}
+	}
+	if len(b.metaGone) > 0 {
+		c.MetaRemoved = sortedKeys(b.metaGone, strings.Compare)
 	}
 	for _, g := range sortedKeys(b.policyDirty, cmp.Compare) {
 		c.Policies = append(c.Policies, *b.policies[g])

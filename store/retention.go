@@ -33,6 +33,14 @@ type RetentionStore interface {
 	// TombstoneGet returns the committed tombstone of a removed
 	// reservation, or ErrNotFound.
 	TombstoneGet(ctx context.Context, id string) (ledger.Tombstone, error)
+	// ShardFencesIdle returns up to limit gateway ids that have a
+	// ledger.MetaShardFence row and no shard expiring after before, in
+	// id order (bytes compared); none is an empty list, limit <= 0 an
+	// error. It reads the fence rows and the shards' gateways and expiry
+	// times, one read of each (no index by gateway: shards are few
+	// beside reservations). Retention folds them (ledger.FoldShardFences),
+	// so the next call finds the ones after them.
+	ShardFencesIdle(ctx context.Context, before time.Time, limit int) ([]string, error)
 }
 
 // RetentionTx is the part of Tx retention reads: a tombstone, and an

@@ -181,7 +181,10 @@ type Current struct {
 // row; Moves, Statements and Journal are inserts (a move or shard receipt id
 // that exists already is ErrDuplicate).
 type Changes struct {
-	Meta         map[string]int64
+	Meta map[string]int64
+	// MetaRemoved names meta rows to delete (absent ones are no error),
+	// in name order; a name is never in both Meta and MetaRemoved.
+	MetaRemoved  []string
 	Policies     []ledger.Policy
 	Heads        []ledger.PolicyHead
 	Accounts     []ledger.Account
@@ -201,7 +204,7 @@ type Changes struct {
 
 // Empty reports whether the batch changed nothing.
 func (c *Changes) Empty() bool {
-	return len(c.Meta) == 0 && len(c.Policies) == 0 && len(c.Heads) == 0 && len(c.Accounts) == 0 &&
+	return len(c.Meta) == 0 && len(c.MetaRemoved) == 0 && len(c.Policies) == 0 && len(c.Heads) == 0 && len(c.Accounts) == 0 &&
 		len(c.Currents) == 0 && len(c.Reservations) == 0 && len(c.Moves) == 0 && len(c.Shards) == 0 &&
 		len(c.Statements) == 0 && len(c.Journal) == 0 && c.Retention.Empty()
 }

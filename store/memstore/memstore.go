@@ -34,7 +34,10 @@ import (
 
 // rows is one complete set of the ledger's rows.
 type rows struct {
-	meta     map[string]int64
+	meta map[string]int64
+	// metaGone holds the meta names a transaction's overlay deleted
+	// (Changes.MetaRemoved); empty in the committed rows.
+	metaGone map[string]bool
 	policies map[uint64]*ledger.Policy
 	heads    map[ledger.PolicyKey]*ledger.PolicyHead
 	accounts map[ledger.AccountKey]*ledger.Account

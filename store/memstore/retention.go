@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/capledger/capledger/ledger"
@@ -209,4 +210,31 @@ func retainedSnapshot(r *rows) []ledger.Retained {
 		out = append(out, *r.ret.retained[k])
 	}
 	return out
+}
+
+// ShardFencesIdle returns the gateways that have a fence row and no shard
+// expiring after before, in id order (store.RetentionStore).
+func (s *Store) ShardFencesIdle(ctx context.Context, before time.Time, limit int) (out []string, err error) {
+	if limit <= 0 {
+		return nil, fmt.Errorf("idle shard fences: limit %d, want a positive one", limit)
+	}
+	err = s.read(ctx, func(r *rows) error {
+		live := map[string]bool{}
+		for _, sh := range r.shards {
+			if sh.ExpiresAt.After(before) {
+				live[sh.GatewayID] = true
+			}
+		}
+		for _, name := range slices.Sorted(maps.Keys(r.meta)) {
+			g, ok := strings.CutPrefix(name, ledger.MetaShardFencePrefix)
+			if !ok || live[g] {
+				continue
+			}
+			if out = append(out, g); len(out) == limit {
+				break
+			}
+		}
+		return nil
+	})
+	return out, err
 }

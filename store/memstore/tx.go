@@ -60,6 +60,9 @@ func (tx *Tx) MetaGet(ctx context.Context, name string) (v int64, err error) {
 		if v, ok = p.meta[name]; ok {
 			return nil
 		}
+		if p.metaGone[name] {
+			return notFound("meta", name)
+		}
 		if v, ok = c.meta[name]; ok {
 			return nil
 		}
@@ -207,6 +210,14 @@ func (tx *Tx) stage(c *store.Changes) error {
 	var conv codec.Conv
 	for _, name := range sortedKeys(c.Meta) {
 		p.meta[name] = c.Meta[name]
+		delete(p.metaGone, name)
+	}
+	for _, name := range c.MetaRemoved {
+		delete(p.meta, name)
+		if p.metaGone == nil {
+			p.metaGone = map[string]bool{}
+		}
+		p.metaGone[name] = true
 	}
 	for i := range c.Policies {
 		pol, err := normalizePolicy(&c.Policies[i])
@@ -378,6 +389,9 @@ func (tx *Tx) commit(ctx context.Context, deferred bool) error {
 // apply merges the overlay into the committed rows. s.mu must be held.
 func (tx *Tx) apply() {
 	p, c := tx.pending, tx.s.committed
+	for k := range p.metaGone {
+		delete(c.meta, k)
+	}
 	for k, v := range p.meta {
 		c.meta[k] = v
 	}

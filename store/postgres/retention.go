@@ -282,3 +282,17 @@ func (s *Store) retainedList(ctx context.Context, q querier) ([]ledger.Retained,
 	}
 	return out, s.c.classify("retained", rows.Err(), false)
 }
+
+// sqlShardFencesIdle lists the gateways of fence rows with no shard
+// expiring after the cutoff ($1), in bytes order: the shards' live
+// gateways are read once (a hashed NOT IN subplan), not per fence row.
+const sqlShardFencesIdle = `SELECT substr(name, length('` + ledger.MetaShardFencePrefix + `') + 1) FROM meta
+WHERE starts_with(name, '` + ledger.MetaShardFencePrefix + `')
+  AND substr(name, length('` + ledger.MetaShardFencePrefix + `') + 1) NOT IN (SELECT gateway_id FROM shards WHERE expires_at > $1)
+ORDER BY name COLLATE "C" LIMIT $2`
+
+// ShardFencesIdle returns the gateways that have a fence row and no
+// shard expiring after before, in id order (store.RetentionStore).
+func (s *Store) ShardFencesIdle(ctx context.Context, before time.Time, limit int) ([]string, error) {
+	return s.retentionIDs(ctx, sqlShardFencesIdle, "idle shard fences", before, limit)
+}

@@ -198,6 +198,9 @@ func (t *tx) Write(ctx context.Context, c *store.Changes) error {
 	}
 	w := batchWriter{planEachRun: t.s.planPerStatement}
 	t.writeMeta(&w, c.Meta)
+	if len(c.MetaRemoved) > 0 {
+		w.queue("delete meta", `DELETE FROM meta WHERE name = ANY($1::text[])`, c.MetaRemoved)
+	}
 	t.writePolicies(&w, c.Policies)
 	t.writeHeads(&w, c.Heads)
 	t.writeAccounts(&w, c.Accounts)
@@ -236,6 +239,9 @@ func (t *tx) written(c *store.Changes) {
 	t.forgetPrefetch()
 	for name := range c.Meta {
 		delete(t.absent, rowKey{rank: rankMeta, a: name})
+	}
+	for _, name := range c.MetaRemoved {
+		t.absent[rowKey{rank: rankMeta, a: name}] = true
 	}
 	for i := range c.Heads {
 		delete(t.absent, policyKeyRow(tagHead, c.Heads[i].Key))

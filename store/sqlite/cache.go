@@ -319,6 +319,9 @@ func (c *rowCache) committed(ch *store.Changes, accountSlot func(ledger.AccountK
 	for name, v := range ch.Meta {
 		remember(c, c.meta, name, &v, copyRow)
 	}
+	for _, name := range ch.MetaRemoved {
+		remember[string, int64](c, c.meta, name, nil, copyRow)
+	}
 	if len(ch.Policies) > 0 {
 		c.mu.Lock()
 		for i := range ch.Policies {

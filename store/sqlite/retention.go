@@ -389,3 +389,18 @@ func (tx *Tx) prefetchTombstones(ctx context.Context, ids []string, found map[st
 }
 
 var tombstonePrefetchSQL = "SELECT " + tombstoneCols + " FROM tombstones WHERE id IN (" + params(prefetchChunk) + ")"
+
+// shardFencesIdleSQL lists the gateways of fence rows with no shard
+// expiring after the cutoff: the shards' live gateways are read once
+// (NOT IN over a subquery without outer references), not per fence row.
+const shardFencesIdleSQL = `SELECT substr(name, length('` + ledger.MetaShardFencePrefix + `') + 1) FROM meta
+WHERE substr(name, 1, length('` + ledger.MetaShardFencePrefix + `')) = '` + ledger.MetaShardFencePrefix + `'
+  AND substr(name, length('` + ledger.MetaShardFencePrefix + `') + 1) NOT IN (SELECT gateway_id FROM shards WHERE expires_at > ?)
+ORDER BY name LIMIT ?`
+
+// ShardFencesIdle returns the gateways that have a fence row and no
+// shard expiring after before, in id order (store.RetentionStore).
+func (s *Store) ShardFencesIdle(ctx context.Context, before time.Time, limit int) (_ []string, err error) {
+	defer s.readBarrier(ctx, &err)
+	return s.retentionIDs(ctx, shardFencesIdleSQL, "idle shard fences", before, limit)
+}

@@ -36,6 +36,7 @@ const (
 	wJournalBatchInsert
 	wDebtorPut
 	wDebtorDelete
+	wMetaDelete
 	nBaseStmts
 )
 
@@ -205,6 +206,7 @@ var baseWriteSQL = [nWriteStmts]string{
 	wJournalBatchInsert:       "INSERT INTO journal_batches (entries) VALUES (?)",
 	wDebtorPut:                "INSERT OR IGNORE INTO account_debtors (subject, route, region, generation) VALUES (?, ?, ?, ?)",
 	wDebtorDelete:             "DELETE FROM account_debtors WHERE subject = ? AND route = ? AND region = ? AND generation = ?",
+	wMetaDelete:               "DELETE FROM meta WHERE name = ?",
 }
 
 // params returns n comma-separated placeholders.

@@ -379,6 +379,11 @@ func (tx *Tx) write(ctx context.Context, c *store.Changes) error {
 			return err
 		}
 	}
+	for _, name := range c.MetaRemoved {
+		if err := tx.run(ctx, wMetaDelete, func() string { return "delete meta " + name }, &conv, []any{name}); err != nil {
+			return err
+		}
+	}
 	for i := range c.Policies {
 		p := &c.Policies[i]
 		if err := tx.run(ctx, wPolicyPut, func() string { return fmt.Sprintf("policy generation %d", p.Generation) }, &conv, policyArgs(p, &conv)); err != nil {

@@ -27,6 +27,8 @@ var retentionCases = []struct {
 	{"SnapshotStreaming", testSnapshotStreaming},
 	{"ReuseInOneBatch", testReuseInOneBatch},
 	{"ReinsertThenUpdate", testReinsertThenUpdate},
+	{"ShardFencesIdle", testShardFencesIdle},
+	{"MetaRemoved", testMetaRemoved},
 }
 
 // retentionWorld publishes one policy and drives reservations into every
