@@ -52,6 +52,9 @@ func TestContractCLIFileOfTheWrongShapeIsAUsageError(t *testing.T) {
 		{"receipts holding a mapping", []string{"shard", "reconcile", "s-1", "--gateway", "gw-1", "--addr", noServer,
 			"--receipts", write("receipts.json", `{"reservation_id":"x","state":"RELEASED","reserved_units":{"tokens":1}}`)},
 			"the file holds a mapping; want a list"},
+		{"an Envoy mapping file holding a list", []string{"serve", "--addr", "127.0.0.1:0", "--data-dir", filepath.Join(dir, "data"),
+			"--envoy-config", write("envoy.yaml", "- domain: d\n")},
+			"the file holds a list; want a mapping (key: value)"},
 		{"a resolver config holding a list", []string{"serve", "--addr", "127.0.0.1:0", "--data-dir", filepath.Join(dir, "data"),
 			"--resolver-config", write("resolver.json", `[{"routes":{}}]`)},
 			"the file holds a list; want a mapping (key: value)"},
@@ -172,5 +175,45 @@ func TestContractCLIExitCodes(t *testing.T) {
 		if code != s.want {
 			t.Errorf("%s (capledger %s): exit %d; README.md says %d\n%s", s.name, strings.Join(args, " "), code, s.want, out)
 		}
+	}
+}
+
+// TestContractRolloutHistoryHasNoTrailingSpaces: ROLLOUT.md shows `rollout
+// get`'s step table as it prints, and its lines end where their text
+// does; a step without a note (create, set) once ended in the padding of
+// its AT column, so the page's lines and the command's never compared
+// equal, and a script matching `...Z$` missed them.
+func TestContractRolloutHistoryHasNoTrailingSpaces(t *testing.T) {
+	bin := buildBinary(t)
+	dir := t.TempDir()
+	srv := startServer(t, bin, filepath.Join(dir, "data"))
+	policy := writeFile(t, dir, "p.yaml", "subject: \"*\"\nroute: moderate.text\nrollout: shadow\nholdTtl: 60s\n"+
+		"dimensions:\n  - unit: tokens\n    burst: 1000\n")
+	var out string
+	for _, args := range [][]string{
+		{"policy", "publish", policy},
+		{"rollout", "create", "llm", "--routes", "moderate.text", "--by", "route"},
+		{"rollout", "set", "--percent", "1"},
+		{"rollout", "set", "--percent", "50"},
+		{"rollout", "undo"},
+		{"rollout", "get", "llm"},
+	} {
+		var code int
+		out, code = runBinary(t, bin, append(args, "--addr", srv.url)...)
+		if code != exitOK {
+			t.Fatalf("capledger %s: exit %d\n%s", strings.Join(args, " "), code, out)
+		}
+	}
+	steps := 0
+	for _, line := range strings.Split(strings.TrimSuffix(out, "\n"), "\n") {
+		if strings.HasSuffix(line, " ") {
+			t.Errorf("rollout get: line %q ends in spaces", line)
+		}
+		if regexp.MustCompile(`^[1-4] +(create|set|undo) `).MatchString(line) {
+			steps++
+		}
+	}
+	if steps != 4 {
+		t.Errorf("rollout get: %d step lines; want 4:\n%s", steps, out)
 	}
 }
