@@ -410,7 +410,13 @@ func printRollout(w io.Writer, r *v1.Rollout, history bool) {
 		if s.GetAction() == "create" {
 			share = "0%"
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", s.GetSeq(), s.GetAction(), share, cell(whoText(s.GetWho())), s.GetAt().AsTime().Format(time.RFC3339), note)
+		// A step without a note ends with its time (RFC 3339, one width
+		// for every step, so the NOTE column stays aligned), not with the
+		// padding a tab after it would add.
+		if note != "" {
+			note = "\t" + note
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s%s\n", s.GetSeq(), s.GetAction(), share, cell(whoText(s.GetWho())), s.GetAt().AsTime().Format(time.RFC3339), note)
 	}
 	tw.Flush()
 }

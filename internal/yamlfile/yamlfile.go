@@ -177,8 +177,8 @@ func exactKeysIn(doc []byte, v any, source []byte, fromYAML bool) error {
 	if line := keyLine(source, kerr.at); line > 0 {
 		where = fmt.Sprintf("line %d: ", line)
 	}
-	if parent := kerr.at[:len(kerr.at)-1]; len(parent) > 0 {
-		where += pathText(parent) + ": "
+	if len(kerr.at) > 1 {
+		where += pathText(kerr.at[:len(kerr.at)-1]) + ": "
 	}
 	return errors.New(where + kerr.text)
 }
@@ -317,6 +317,14 @@ func valueError(doc any, t reflect.Type, path []step, fromYAML bool) *keyError {
 	var typeErr *json.UnmarshalTypeError
 	if errors.As(err, &typeErr) {
 		text = fmt.Sprintf("%s is not %s", valueText(doc, raw), wanted(t, doc))
+	}
+	if len(path) == 0 {
+		// The document itself (a list, or a number, where the file
+		// should hold a mapping): there is no field to name.
+		if errors.As(err, &typeErr) {
+			text = fmt.Sprintf("the file holds %s; want %s", valueText(doc, raw), wanted(t, doc))
+		}
+		return &keyError{nil, text}
 	}
 	last := path[len(path)-1]
 	if last.isIndex {

@@ -303,6 +303,46 @@ func TestValueErrorsSayWhere(t *testing.T) {
 	}
 }
 
+// A document that is itself of the wrong shape (a list or a number where
+// the file should hold a mapping, a mapping where a list) is refused
+// saying so; it once panicked (there is no field to name).
+func TestDocumentOfTheWrongShape(t *testing.T) {
+	type file struct {
+		Name string `json:"name"`
+	}
+	for _, c := range []struct {
+		doc  string
+		into any
+		want string
+	}{
+		{"- a\n- b\n", &file{}, "the file holds a list; want a mapping (key: value)"},
+		{`[{"name":"a"}]`, &file{}, "the file holds a list; want a mapping (key: value)"},
+		{"42", &file{}, "the file holds 42; want a mapping (key: value)"},
+		{`{"name":"a"}`, &[]file{}, "the file holds a mapping; want a list"},
+	} {
+		var err error
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					err = errors.New("panic: " + strings.TrimSpace(strings.SplitN(fmtAny(r), "\n", 2)[0]))
+				}
+			}()
+			err = UnmarshalFile("f", []byte(c.doc), c.into)
+		}()
+		if err == nil || err.Error() != c.want {
+			t.Errorf("%q: %v; want %q", c.doc, err, c.want)
+		}
+	}
+}
+
+func fmtAny(v any) string {
+	if e, ok := v.(error); ok {
+		return e.Error()
+	}
+	s, _ := v.(string)
+	return s
+}
+
 // Int64 and Uint64 read an integer given as a number or as a quoted
 // decimal string (the API's JSON writes int64s so), and write a number;
 // anything else is refused saying what it is and what was wanted.
