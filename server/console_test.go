@@ -452,6 +452,32 @@ func TestConsoleStandingsOfOneSubjectExactly(t *testing.T) {
 	}
 }
 
+// callersDuringOneComputation makes three calls at once while the first
+// computation they start is held: it waits until started() counts it,
+// lets the other two arrive for settle (they wait for it, or come later
+// and reuse it), moves the clock a minute on (an answer's time is its
+// computation's start, not its end), lets it go by closing release and
+// returns the three answers.
+func callersDuringOneComputation(h *harness, started func() int, release chan struct{}, settle time.Duration, call func() map[string]any) []map[string]any {
+	answers := make([]map[string]any, 3)
+	var wg sync.WaitGroup
+	for i := range answers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			answers[i] = call()
+		}()
+	}
+	for started() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(settle)
+	h.clock.Advance(time.Minute)
+	close(release)
+	wg.Wait()
+	return answers
+}
+
 // gatedScans counts the scans of every account (AccountsPage from the
 // first account) and holds each first page until release is closed.
 type gatedScans struct {
@@ -493,22 +519,9 @@ func TestConsoleStandingsShareOneScan(t *testing.T) {
 	}})
 	consoleTraffic(h)
 	readAt := h.clock.Now()
-	answers := make([]map[string]any, 3)
-	var wg sync.WaitGroup
-	for i := range answers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			answers[i] = h.consoleOK("ListAccountStandings", `{"limit":20}`, consoleViewer)
-		}()
-	}
-	for scans.count() == 0 {
-		time.Sleep(time.Millisecond)
-	}
-	time.Sleep(200 * time.Millisecond) // the other two arrive and wait (or come later, and reuse it)
-	h.clock.Advance(time.Minute)       // the answer's time is the scan's start, not its end
-	close(scans.release)
-	wg.Wait()
+	answers := callersDuringOneComputation(h, scans.count, scans.release, 200*time.Millisecond, func() map[string]any {
+		return h.consoleOK("ListAccountStandings", `{"limit":20}`, consoleViewer)
+	})
 	if got := scans.count(); got != 1 {
 		t.Fatalf("%d scans for three callers, want one", got)
 	}

@@ -66,22 +66,9 @@ func TestDrainProgressSharesOnePass(t *testing.T) {
 	const progress = `{"generations":["1"]}`
 
 	readAt := h.clock.Now()
-	answers := make([]map[string]any, 3)
-	var wg sync.WaitGroup
-	for i := range answers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			answers[i] = h.rolloutOK("DrainProgress", progress, "")
-		}()
-	}
-	for passes.count() == 0 {
-		time.Sleep(time.Millisecond)
-	}
-	time.Sleep(500 * time.Millisecond) // the others arrive and wait; the pass is then reused for 9 times as long
-	h.clock.Advance(time.Minute)
-	close(passes.release)
-	wg.Wait()
+	answers := callersDuringOneComputation(h, passes.count, passes.release, 500*time.Millisecond, func() map[string]any {
+		return h.rolloutOK("DrainProgress", progress, "")
+	})
 	if got := passes.count(); got != 1 {
 		t.Fatalf("%d passes for three callers, want one", got)
 	}

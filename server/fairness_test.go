@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"sort"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -197,22 +196,9 @@ func TestConsoleFairnessSharesOneComputation(t *testing.T) {
 	}})
 	consoleTraffic(h)
 	readAt := h.clock.Now()
-	answers := make([]map[string]any, 3)
-	var wg sync.WaitGroup
-	for i := range answers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			answers[i] = h.consoleOK("GetFairness", `{}`, consoleViewer)
-		}()
-	}
-	for scans.count() == 0 {
-		time.Sleep(time.Millisecond)
-	}
-	time.Sleep(200 * time.Millisecond) // the other two arrive and wait (or come later, and reuse it)
-	h.clock.Advance(time.Minute)       // the answer's time is the computation's start
-	close(scans.release)
-	wg.Wait()
+	answers := callersDuringOneComputation(h, scans.count, scans.release, 200*time.Millisecond, func() map[string]any {
+		return h.consoleOK("GetFairness", `{}`, consoleViewer)
+	})
 	if got := scans.count(); got != 1 {
 		t.Fatalf("%d scans for three callers, want one", got)
 	}
