@@ -47,6 +47,15 @@ func TestShardStoreKillChild(t *testing.T) {
 	}
 }
 
+// ackLines counts the complete lines of the child's acks file in dir.
+func ackLines(t *testing.T, dir string) int {
+	data, err := os.ReadFile(filepath.Join(dir, "acks"))
+	if err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	return strings.Count(string(data), "\n")
+}
+
 // A gateway killed (SIGKILL) at random points while its store compacts
 // over and over keeps every promise after a reopen: each reservation id
 // it served (and acknowledged) is known and answered as before, never
@@ -79,7 +88,19 @@ func TestShardStoreKilledMidCompaction(t *testing.T) {
 			cmd.Wait()
 			t.Fatalf("round %d: the child said %q", round, line)
 		}
-		time.Sleep(time.Duration(20+rand.IntN(400)) * time.Millisecond)
+		// The kill lands a random moment after the child's first
+		// acknowledgement of this round: on a loaded machine a fixed
+		// delay after "ready" could pass before it ended one shard.
+		ackedBefore := ackLines(t, dir)
+		for deadline := time.Now().Add(2 * time.Minute); ackLines(t, dir) == ackedBefore; {
+			if time.Now().After(deadline) {
+				cmd.Process.Kill()
+				cmd.Wait()
+				t.Fatalf("round %d: the child acknowledged nothing in 2 minutes", round)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		time.Sleep(time.Duration(rand.IntN(400)) * time.Millisecond)
 		cmd.Process.Signal(syscall.SIGKILL)
 		cmd.Wait()
 
