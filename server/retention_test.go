@@ -31,12 +31,13 @@ func TestReplayAfterRetentionOverJSON(t *testing.T) {
 	if s := h.engine.RetentionStats(); s.Retired != 1 {
 		t.Fatalf("retention stats %+v", s)
 	}
-	// /statusz shows the pass to an operator.
+	// /statusz shows the pass to an operator: one reservation retired, no
+	// tombstone forgotten yet (each under its own field).
 	var st server.Status
 	if err := json.Unmarshal([]byte(h.get("/statusz")), &st); err != nil {
 		t.Fatal(err)
 	}
-	if r := st.Retention; r == nil || r.Passes != 1 || r.Retired != 1 || r.LastPassAt == nil {
+	if r := st.Retention; r == nil || r.Passes != 1 || r.Retired != 1 || r.Forgotten != 0 || r.LastPassAt == nil {
 		t.Fatalf("/statusz retention: %+v", st.Retention)
 	}
 	acct := h.ok("GetAccount", `{"subject":"tenant-7","route":"chat.generate"}`, "")

@@ -317,3 +317,24 @@ func TestForeignShardIDAnswersAsAReusedOwnID(t *testing.T) {
 		t.Errorf("tenant-a's shard id answers\n  %s\nbut gw-b's own reused one\n  %s", foreign.raw, own.raw)
 	}
 }
+
+// A pattern may start with `*` (docs/API.md: `*` matches any run of
+// characters anywhere in a pattern): `*.generate` is every route ending
+// `.generate`, and `*/team-1/*` needs a backtrack past the first slash.
+func TestScopePatternsMayStartWithAStar(t *testing.T) {
+	sc := server.Scope{Subjects: []string{"*/team-1/*"}, Routes: []string{"*.generate"}}
+	for _, c := range []struct {
+		subject, route string
+		want           bool
+	}{
+		{"tenant-b/team-1/u9", "chat.generate", true},
+		{"tenant-b/x/team-1/u9", "image.generate", true},
+		{"tenant-b/team-2/u9", "chat.generate", false},
+		{"tenant-b/team-1/u9", "chat.embed", false},
+		{"team-1/u9", "chat.generate", false},
+	} {
+		if got := sc.Covers(c.subject, c.route); got != c.want {
+			t.Errorf("%v covers %s %s: %v, want %v", sc, c.subject, c.route, got, c.want)
+		}
+	}
+}
