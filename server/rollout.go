@@ -304,7 +304,7 @@ func (svc *rolloutService) drainQuestionOf(ctx context.Context, gens []uint64) (
 }
 
 func registerRolloutService(mux *http.ServeMux, s *Server, rollouts store.Rollouts, drains Drains, options []connect.HandlerOption) {
-	svc := &rolloutService{s: s, store: rollouts, drains: drains, progress: newSharedAnswers[drainQuestion, drainPass]()}
+	svc := &rolloutService{s: s, store: rollouts, drains: drains, progress: &sharedAnswers[drainQuestion, drainPass]{}}
 	path, handler := capledgerv1connect.NewRolloutServiceHandler(svc, options...)
 	mountProcedures(mux, path, handler, v1.File_capledger_v1_rollout_proto.Services().ByName("RolloutService"))
 }

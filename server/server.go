@@ -164,8 +164,8 @@ func New(l Ledger, cfg Config) *Server {
 		clock:     cfg.Clock,
 		ready:     cfg.ReadyCheck,
 		console:   &consoleCounters{store: cfg.Console},
-		standings: newSharedStandings(),
-		fairness:  newSharedAnswers[fairnessQuestion, *v1.GetFairnessResponse](),
+		standings: &sharedStandings{},
+		fairness:  &sharedFairness{},
 	}
 	s.rollouts = &rolloutCache{store: cfg.Rollouts, log: s.log}
 	s.shadow = newShadowCounts(s.metrics.registry, cfg.Clock())

@@ -523,8 +523,6 @@ func (svc *shardService) shardProto(ctx context.Context, sh *ledger.Shard, withR
 	return pb, nil
 }
 
-// stateFromProto is the inverse of stateToProto for the states a receipt
-// may carry.
 // receiptStateProblem is the refusal of receipt i's state when
 // stateFromProto knows none for it: 400 INVALID_COMMAND naming the field
 // by its path, as every other check of a receipt does
@@ -536,6 +534,8 @@ func receiptStateProblem(i int, s v1.ReservationState) *connect.Error {
 	return invalidArgument(ReasonInvalidCommand, "receipts[%d].state %s is no reservation state", i, s)
 }
 
+// stateFromProto is the inverse of stateToProto for the states a receipt
+// may carry.
 func stateFromProto(s v1.ReservationState) (ledger.State, bool) {
 	for state, pb := range stateToProto {
 		if pb == s && s != v1.ReservationState_RESERVATION_STATE_UNSPECIFIED {

@@ -23,7 +23,7 @@ import (
 const sharedReuseFactor = 9
 
 // sharedAnswers holds, per question Q, the computation of an answer A
-// being run or still reused.
+// being run or still reused. Its zero value is ready to use.
 type sharedAnswers[Q comparable, A any] struct {
 	mu      sync.Mutex
 	answers map[Q]*sharedAnswer[A]
@@ -40,10 +40,6 @@ type sharedAnswer[A any] struct {
 	reuseUntil time.Time
 }
 
-func newSharedAnswers[Q comparable, A any]() *sharedAnswers[Q, A] {
-	return &sharedAnswers[Q, A]{answers: map[Q]*sharedAnswer[A]{}}
-}
-
 // answer returns the answer to q: the one being computed (waiting for
 // it), or one still young enough to reuse, if it began at notBefore or
 // later; else a new one computed by compute (which runs apart from this
@@ -52,6 +48,9 @@ func newSharedAnswers[Q comparable, A any]() *sharedAnswers[Q, A] {
 // the callers that waited for it. The zero notBefore takes any.
 func (sh *sharedAnswers[Q, A]) answer(ctx context.Context, q Q, notBefore time.Time, compute func(ctx context.Context, value *A) *connect.Error) (*A, *connect.Error) {
 	sh.mu.Lock()
+	if sh.answers == nil {
+		sh.answers = map[Q]*sharedAnswer[A]{}
+	}
 	r := sh.answers[q]
 	if r != nil && r.began.Before(notBefore) {
 		r = nil // read too early for this caller: a new one replaces it

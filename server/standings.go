@@ -35,10 +35,6 @@ type standingsRanking struct {
 // sharedStandings holds the rankings being computed or still reused.
 type sharedStandings = sharedAnswers[standingsQuestion, standingsRanking]
 
-func newSharedStandings() *sharedStandings {
-	return newSharedAnswers[standingsQuestion, standingsRanking]()
-}
-
 // scopeKey names the caller's scope: callers with the same scope see the
 // same accounts, so they may share a ranking.
 func scopeKey(ctx context.Context) string {
