@@ -953,6 +953,18 @@ func (s *Service) decide(ctx context.Context, it *item, answers *server.Answers)
 		}
 		return nil
 	}
+	if it.cmds[0].Kind == ledger.KindReserve && !it.mapped.Settle && errors.Is(res.Err, ledger.ErrDigestMismatch) &&
+		strings.HasPrefix(res.Reservation.RequestDigest, ledger.RecordDigestPrefix) {
+		// The check of an id under which the call after the stream
+		// recorded the request's cost (its check never reached the
+		// ledger, was refused, or was a probe): the request is over, so
+		// this is another request reusing the id, as a settled replay
+		// above. Refused, charged nothing, rather than ALREADY_EXISTS (a
+		// record has no estimate to differ from), an error of the call
+		// that a failing-open Envoy lets through.
+		it.over = true
+		return nil
+	}
 	out := server.Classify(res.Err)
 	if out.Capacity {
 		answers.Rejected(res)

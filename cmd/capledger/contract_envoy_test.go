@@ -70,7 +70,10 @@ func envoyCheck(t *testing.T, c rlsv3.RateLimitServiceClient, id string, settle 
 // answered FAILED_PRECONDITION instead ("start ...: reservation
 // released", or "already settled (reservation removed by retention)"),
 // an error of the whole call, which Envoy answers per failure_mode_deny:
-// with the default (fail open) the reused id's request ran.
+// with the default (fail open) the reused id's request ran. A check of an
+// id under which the call after the stream recorded the cost (the "none"
+// row: the check never reached the ledger) answered ALREADY_EXISTS (the
+// record's digest is not a reserve's), the same error of the call.
 func TestContractEnvoyCheckOfAFinishedIDIsRefused(t *testing.T) {
 	bin := buildBinary(t)
 	// The ids are checked again while their rows are live (default
@@ -118,7 +121,12 @@ func checkFinishedIDsAreRefused(t *testing.T, bin string, retention []string) {
 	if resp := envoyCheck(t, rls, "released", false, 0, "t1", "small"); resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
 		t.Fatalf("check on t1 and small: %v, want OVER_LIMIT", resp)
 	}
-	ids := []string{"settled", "released"}
+	// recorded: the check never reached the ledger; the call after the
+	// stream recorded the cost under the id.
+	if resp := envoyCheck(t, rls, "recorded", true, 10, "t1"); resp.OverallCode != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("call after the stream with nothing reserved: %v", resp)
+	}
+	ids := []string{"settled", "released", "recorded"}
 	if retention != nil {
 		// Wait until retention removed both (their tombstones answer).
 		for _, id := range ids {
