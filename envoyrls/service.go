@@ -939,7 +939,7 @@ func (s *Service) decide(ctx context.Context, it *item, answers *server.Answers)
 			// check's start never committed and the hold TTL passed, or
 			// another request reusing the id): the hold is final, as a
 			// released one is, and its start fails (followErr ignores
-			// that). Refused, charged nothing; the call after the stream
+			// that, see finalHold). Refused, charged nothing; the call after the stream
 			// records what the request used.
 			it.over = true
 			return nil
@@ -951,6 +951,18 @@ func (s *Service) decide(ctx context.Context, it *item, answers *server.Answers)
 			// does not enforce an answer after the stream; it tells).
 			it.over = true
 		}
+		return nil
+	}
+	if it.cmds[0].Kind == ledger.KindReserve && !it.mapped.Settle && errors.Is(res.Err, ledger.ErrDigestMismatch) &&
+		strings.HasPrefix(res.Reservation.RequestDigest, ledger.RecordDigestPrefix) {
+		// The check of an id under which the call after the stream
+		// recorded the request's cost (its check never reached the
+		// ledger, was refused, or was a probe): the request is over, so
+		// this is another request reusing the id, as a settled replay
+		// above. Refused, charged nothing, rather than ALREADY_EXISTS (a
+		// record has no estimate to differ from), an error of the call
+		// that a failing-open Envoy lets through.
+		it.over = true
 		return nil
 	}
 	out := server.Classify(res.Err)
@@ -978,9 +990,10 @@ func answeredFromID(res *ledger.Result) bool {
 }
 
 // followErr returns the error of a follow-up command that failed for a
-// reason other than its reserve having been refused.
+// reason other than its reserve having been refused or having replayed a
+// reservation that is over (finalHold).
 func followErr(it *item) error {
-	if len(it.results) < 2 || it.results[0].Err != nil || expiredHold(it) {
+	if len(it.results) < 2 || it.results[0].Err != nil || finalHold(it) {
 		return nil
 	}
 	for j := 1; j < len(it.results); j++ {
@@ -991,9 +1004,29 @@ func followErr(it *item) error {
 	return nil
 }
 
+// finalHold reports whether a check's reserve replayed a reservation that
+// is over: released, settled or expired, from its row or, once retention
+// removed it, from its tombstone (whose start fails where a live settled
+// row's start replays). decide refuses such a check, charged nothing, so
+// its start's failure is no error of the call.
+func finalHold(it *item) bool {
+	if len(it.results) == 0 || it.cmds[0].Kind != ledger.KindReserve || it.mapped.Settle {
+		return false
+	}
+	res := &it.results[0]
+	if res.Err != nil || !res.Replayed {
+		return false
+	}
+	switch res.Reservation.State {
+	case ledger.StateReleased, ledger.StateSettled, ledger.StateSettledWithDebt, ledger.StateExpiring, ledger.StateExpired:
+		return true
+	}
+	return false
+}
+
 // expiredHold reports whether a check's reserve replayed a hold that
 // expiry claimed before any start (EXPIRING or EXPIRED): final, so the
-// check is refused and its start's failure is no error of the call.
+// check is refused.
 func expiredHold(it *item) bool {
 	if len(it.results) == 0 || it.cmds[0].Kind != ledger.KindReserve || it.mapped.Settle {
 		return false

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"runtime"
 	"runtime/debug"
@@ -323,7 +324,11 @@ func progress(w io.Writer, total int64, done, violations *atomic.Int64, start ti
 		rate := float64(n) / max(elapsed.Seconds(), 1e-9)
 		eta := "--"
 		if rate > 0 && n < total {
-			eta = time.Duration(float64(total-n) / rate * float64(time.Second)).Round(time.Second).String()
+			if left := float64(total-n) / rate; left < float64(math.MaxInt64/int64(time.Second)) {
+				eta = time.Duration(left * float64(time.Second)).Round(time.Second).String()
+			} else {
+				eta = "more than 292 years" // beyond a time.Duration
+			}
 		}
 		const width = 30
 		filled := int(float64(width) * float64(n) / float64(max(total, 1)))

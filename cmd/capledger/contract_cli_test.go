@@ -217,3 +217,39 @@ func TestContractRolloutHistoryHasNoTrailingSpaces(t *testing.T) {
 		t.Errorf("rollout get: %d step lines; want 4:\n%s", steps, out)
 	}
 }
+
+// TestContractSimBadFlagsAreUsageErrors: docs/SIMULATOR.md's exit codes
+// say bad flags exit 1 and nothing runs. A negative --min-fires (the
+// site gate's minimum; -5 ran with the default gate), an --only naming no
+// fault site (",": every site on, the opposite of what was asked) and a
+// negative --audit-every were not all refused that way: the first two
+// ran and passed (exit 0), the last said "audit-every -1: negative"
+// rather than the "--FLAG VALUE: want ..." of every other range.
+func TestContractSimBadFlagsAreUsageErrors(t *testing.T) {
+	bin := buildBinary(t)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--min-fires", "-5"}, "capledger sim: --min-fires -5: want 0 to 9223372036854775807"},
+		{[]string{"--min-fires", "-1"}, "capledger sim: --min-fires -1: want 0 to 9223372036854775807"},
+		{[]string{"--only", ","}, `capledger sim: --only ",": names no fault site`},
+		{[]string{"--only", " "}, `capledger sim: --only " ": names no fault site`},
+		{[]string{"--audit-every", "-1"}, "capledger sim: --audit-every -1: want 0 to 9223372036854775807"},
+		{[]string{"--reports", "-1"}, "capledger sim: --reports -1: want 0 to 9223372036854775807"},
+	} {
+		args := append([]string{"sim", "--seed", "1", "--interleavings", "1", "--workers", "1"}, c.args...)
+		out, code := runBinary(t, bin, args...)
+		first, _, _ := strings.Cut(out, "\n")
+		if code != exitUsage || first != c.want || strings.Contains(out, "RESULT") {
+			t.Errorf("capledger %s: exit %d, output:\n%s\nwant exit 1, nothing run, first line\n%s", strings.Join(args, " "), code, out, c.want)
+		}
+	}
+	// A run's own --min-fires 0 and an --only of one site still run.
+	for _, extra := range [][]string{{"--min-fires", "0"}, {"--only", "net_drop,"}} {
+		args := append([]string{"sim", "--seed", "1", "--interleavings", "1", "--workers", "1"}, extra...)
+		if out, code := runBinary(t, bin, args...); code != exitOK || !strings.Contains(out, "RESULT: PASS") {
+			t.Errorf("capledger %s: exit %d\n%s", strings.Join(args, " "), code, out)
+		}
+	}
+}

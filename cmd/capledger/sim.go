@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"math"
 	"runtime"
@@ -129,6 +130,10 @@ func runSim(ctx context.Context, e *env, args []string) error {
 	if err := parseNoArgs(fs, args); err != nil {
 		return err
 	}
+	// -1, the default, picks the site gate by the run's size (sim.Options);
+	// given, --min-fires is a count.
+	minFiresSet := false
+	fs.Visit(func(f *flag.Flag) { minFiresSet = minFiresSet || f.Name == "min-fires" })
 	if err := sim.CheckMutant(e.getenv("CAPLEDGER_MUTANT")); err != nil {
 		return usagef("%v", err)
 	}
@@ -136,6 +141,7 @@ func runSim(ctx context.Context, e *env, args []string) error {
 		intIn("interleavings", *interleavings, 1, math.MaxInt64),
 		intIn("workers", *workers, 1, maxSimWorkers),
 		intIn("reports", *reports, 0, math.MaxInt),
+		intIn("audit-every", *auditEvery, 0, math.MaxInt),
 		intIn("last", *last, 0, maxSimLastEvents),
 		intIn("gateways", *gateways, 2, maxSimNodes),
 		intIn("executors", *executors, 1, maxSimNodes),
@@ -146,6 +152,11 @@ func runSim(ctx context.Context, e *env, args []string) error {
 		durationIn("deadline", *deadline, time.Nanosecond, maxSimTime),
 	); err != nil {
 		return err
+	}
+	if minFiresSet {
+		if err := intIn("min-fires", *minFires, 0, math.MaxInt64); err != nil {
+			return err
+		}
 	}
 	seed := uint64(time.Now().UnixNano())
 	if *seedFlag != "" {
@@ -165,6 +176,10 @@ func runSim(ctx context.Context, e *env, args []string) error {
 		sites, err := sim.ParseSites(*only)
 		if err != nil {
 			return usagef("--only: %v", err)
+		}
+		if len(sites) == 0 {
+			// An empty Only is every site: the opposite of the flag.
+			return usagef("--only %q: names no fault site", *only)
 		}
 		cfg.Only = sites
 	}

@@ -210,3 +210,34 @@ func TestSimInterruptedSaysSo(t *testing.T) {
 		}
 	}
 }
+
+// TestSimProgressETAOfAHugeRun: the progress line's ETA (SIMULATOR.md:
+// done/total, rate, ETA) of a run longer than a time.Duration holds (the
+// flag takes up to 2^63-1 interleavings) said "ETA -2562047h47m16.854775808s"
+// (the conversion overflowed); it says the wait is beyond 292 years.
+func TestSimProgressETAOfAHugeRun(t *testing.T) {
+	var line string
+	// The line has an ETA once an interleaving is done: on a busy machine
+	// that may take longer than the first try.
+	for _, wait := range []time.Duration{1500 * time.Millisecond, 5 * time.Second, 20 * time.Second} {
+		ctx, cancel := context.WithTimeout(context.Background(), wait)
+		var out, errOut bytes.Buffer
+		code := run(ctx, &env{stdout: &out, stderr: &errOut, getenv: func(string) string { return "" }},
+			[]string{"sim", "--seed", "1", "--interleavings", "9223372036854775807", "--workers", "1"})
+		cancel()
+		if code != exitInterrupted {
+			t.Fatalf("exit %d, want %d\n%s", code, exitInterrupted, errOut.String())
+		}
+		for _, l := range strings.Split(errOut.String(), "\n") {
+			if strings.Contains(l, "ETA") {
+				line = l
+			}
+		}
+		if !strings.Contains(line, "ETA --") {
+			break
+		}
+	}
+	if !strings.Contains(line, "ETA more than 292 years ") || strings.Contains(line, "ETA -") {
+		t.Errorf("progress line %q: want ETA more than 292 years", line)
+	}
+}

@@ -1,0 +1,182 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+// The tests of this file are docs/ENVOY.md's outside client: they run the
+// real binary with `serve --envoy-config` and call ShouldRateLimit over a
+// real socket with go-control-plane's generated grpc-go client, as Envoy's
+// ratelimit filter does, checking what the page promises.
+
+// contractEnvoyMapping is the page's llm domain: a check reserves the
+// estimate under the request id, the call after the stream settles it.
+const contractEnvoyMapping = `domains:
+  - name: llm
+    rules:
+      - subject: {key: tenant}
+        route: {value: chat}
+        unit: tokens
+        id_key: x-request-id
+        phase_key: capledger-phase
+        estimate: 500
+`
+
+// envoyCheck is one ShouldRateLimit call of the llm domain: a descriptor
+// per tenant, each with the request id and descriptor hits 0 (the check),
+// or, with settle, one descriptor of the call after the stream.
+func envoyCheck(t *testing.T, c rlsv3.RateLimitServiceClient, id string, settle bool, hits uint64, tenants ...string) *rlsv3.RateLimitResponse {
+	t.Helper()
+	req := &rlsv3.RateLimitRequest{Domain: "llm"}
+	for _, tenant := range tenants {
+		d := &rlcommon.RateLimitDescriptor{
+			Entries: []*rlcommon.RateLimitDescriptor_Entry{
+				{Key: "tenant", Value: tenant}, {Key: "x-request-id", Value: id},
+			},
+			HitsAddend: wrapperspb.UInt64(hits),
+		}
+		if settle {
+			d.Entries = append(d.Entries, &rlcommon.RateLimitDescriptor_Entry{Key: "capledger-phase", Value: "settle"})
+		}
+		req.Descriptors = append(req.Descriptors, d)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := c.ShouldRateLimit(ctx, req)
+	if err != nil {
+		t.Fatalf("ShouldRateLimit(%s, id %s, settle %v, hits %d): %v", strings.Join(tenants, ","), id, settle, hits, err)
+	}
+	return resp
+}
+
+// TestContractEnvoyCheckOfAFinishedIDIsRefused: ENVOY.md promises that a
+// check whose id's reservation is settled already (another request
+// reusing the id) is OVER_LIMIT, charged nothing, with no Retry-After,
+// that a refused request's released reservation is final, and that a
+// reservation retention removed is found as its tombstone, in the state
+// it ended in. A check of one descriptor (reserve and start in one call)
+// answered FAILED_PRECONDITION instead ("start ...: reservation
+// released", or "already settled (reservation removed by retention)"),
+// an error of the whole call, which Envoy answers per failure_mode_deny:
+// with the default (fail open) the reused id's request ran. A check of an
+// id under which the call after the stream recorded the cost (the "none"
+// row: the check never reached the ledger) answered ALREADY_EXISTS (the
+// record's digest is not a reserve's), the same error of the call.
+func TestContractEnvoyCheckOfAFinishedIDIsRefused(t *testing.T) {
+	bin := buildBinary(t)
+	// The ids are checked again while their rows are live (default
+	// retention, 72h), then on a server whose retention removed them.
+	for _, c := range []struct {
+		name      string
+		retention []string
+	}{
+		{"live", nil},
+		{"removed", []string{"--retention", "1s", "--tombstone-retention", "1h", "--retention-interval", "100ms"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			checkFinishedIDsAreRefused(t, bin, c.retention)
+		})
+	}
+}
+
+func checkFinishedIDsAreRefused(t *testing.T, bin string, retention []string) {
+	dir := t.TempDir()
+	srv := startServer(t, bin, filepath.Join(dir, "data"), append([]string{
+		"--envoy-config", writeFile(t, dir, "mapping.yaml", contractEnvoyMapping)}, retention...)...)
+	client := &http.Client{Timeout: 10 * time.Second}
+	for _, p := range []string{
+		`{"policy":{"subject":"t1","route":"chat","holdTtl":"60s","dimensions":[{"unit":"tokens","burst":"10000"}]}}`,
+		`{"policy":{"subject":"small","route":"chat","holdTtl":"60s","dimensions":[{"unit":"tokens","burst":"100"}]}}`,
+	} {
+		if status, body := post(client, srv.url, "PublishPolicy", p); status != 200 {
+			t.Fatalf("publish: %d %v", status, body)
+		}
+	}
+	conn, err := grpc.NewClient(strings.TrimPrefix(srv.url, "http://"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	rls := rlsv3.NewRateLimitServiceClient(conn)
+
+	// settled: checked, then settled by the call after the stream.
+	envoyCheck(t, rls, "settled", false, 0, "t1")
+	if resp := envoyCheck(t, rls, "settled", true, 10, "t1"); resp.OverallCode != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("settle: %v", resp)
+	}
+	// released: t1's reservation fitted, small's estimate did not, so the
+	// request was refused and t1's reservation released.
+	if resp := envoyCheck(t, rls, "released", false, 0, "t1", "small"); resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("check on t1 and small: %v, want OVER_LIMIT", resp)
+	}
+	// recorded: the check never reached the ledger; the call after the
+	// stream recorded the cost under the id.
+	if resp := envoyCheck(t, rls, "recorded", true, 10, "t1"); resp.OverallCode != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("call after the stream with nothing reserved: %v", resp)
+	}
+	ids := []string{"settled", "released", "recorded"}
+	if retention != nil {
+		// Wait until retention removed both (their tombstones answer).
+		for _, id := range ids {
+			deadline := time.Now().Add(30 * time.Second)
+			for {
+				status, body := post(client, srv.url, "GetReservation", `{"reservationId":"envoy:`+id+`/t1/chat/global"}`)
+				r, _ := body["reservation"].(map[string]any)
+				if status == 200 && r["retired"] == true {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("retention did not remove %s: %d %v\n%s", id, status, body, srv.logs.String())
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		}
+	}
+	account := func() string {
+		status, body := post(client, srv.url, "GetAccount", `{"subject":"t1","route":"chat"}`)
+		if status != 200 {
+			t.Fatalf("GetAccount: %d %v", status, body)
+		}
+		raw, _ := json.Marshal(body["accounts"])
+		return string(raw)
+	}
+	for _, id := range ids {
+		before := account()
+		req := &rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlcommon.RateLimitDescriptor{{
+			Entries: []*rlcommon.RateLimitDescriptor_Entry{
+				{Key: "tenant", Value: "t1"}, {Key: "x-request-id", Value: id},
+			},
+			HitsAddend: wrapperspb.UInt64(0),
+		}}}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		resp, err := rls.ShouldRateLimit(ctx, req)
+		cancel()
+		if err != nil {
+			t.Errorf("check of the %s id: %v; want OVER_LIMIT, charged nothing", id, err)
+			continue
+		}
+		if resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+			t.Errorf("check of the %s id: %v; want OVER_LIMIT", id, resp.OverallCode)
+		}
+		for _, h := range resp.ResponseHeadersToAdd {
+			if h.GetKey() == "Retry-After" {
+				t.Errorf("check of the %s id: Retry-After %s; want none", id, h.GetValue())
+			}
+		}
+		if after := account(); after != before {
+			t.Errorf("check of the %s id charged t1:\nbefore %s\nafter  %s", id, before, after)
+		}
+	}
+}
