@@ -66,6 +66,11 @@ type Options struct {
 	RetentionInterval  time.Duration
 	RetentionBatch     int
 	RetentionPause     time.Duration
+	// StatementRetention, when positive, also removes the epoch
+	// statements whose epoch ended longer ago than it, at the end of each
+	// retention pass (retention.go, StatementsRemove; 0 keeps them
+	// forever). It needs Retention: the pass runs only with it.
+	StatementRetention time.Duration
 
 	// Compaction, when set, cuts statement checkpoints and deletes the
 	// journal they summarise (engine/compaction.go).
@@ -161,7 +166,10 @@ type Engine struct {
 type retentionCounters struct {
 	passes, retired, forgotten, failed atomic.Uint64
 	// fencesFolded counts shard fence rows folded into the floor.
-	fencesFolded         atomic.Uint64
+	fencesFolded atomic.Uint64
+	// statementsRemoved counts epoch statements removed
+	// (Options.StatementRetention).
+	statementsRemoved    atomic.Uint64
 	lastPassAt, lastPass atomic.Int64
 	runningSince         atomic.Int64 // the pass under way's start, 0 when none runs
 	// rate is where the next pass measures this replica's finish rate

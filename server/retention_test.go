@@ -279,3 +279,51 @@ func TestRecordUsageOfAForgottenIDAnswersWhatTheLedgerDid(t *testing.T) {
 		t.Fatalf("the record made then: %v", got)
 	}
 }
+
+// With StatementRetention, the retention pass removes the statements
+// whose epoch ended longer ago; /statusz and /metrics count them apart
+// from the other kinds, and ListStatements answers the kept ones.
+func TestStatementRetentionOverJSON(t *testing.T) {
+	h := newHarness(t, harnessOptions{retention: time.Hour, statementRetention: 2 * time.Hour})
+	h.ok("PublishPolicy", `{"policy":{"subject":"tenant-7","route":"chat.generate","epochLength":"3600s",
+	  "dimensions":[{"unit":"tokens","burst":"1000","refillUnits":"1","refillInterval":"3600s"}]}}`, "")
+	// A reserve in each of four epochs [H, H+1h) ... [H+3h, H+4h)
+	// closes three statements, ended at H+1h, H+2h and H+3h.
+	for i := range 4 {
+		if i > 0 {
+			h.clock.Advance(time.Hour)
+		}
+		h.ok("Reserve", fmt.Sprintf(`{"reservationId":"st-%d","subject":"tenant-7","route":"chat.generate","units":{"tokens":10}}`, i), "")
+	}
+	// At H+4h30m the first two ended 3.5 h and 2.5 h ago: removed; the
+	// third 1.5 h ago: kept.
+	now := h.clock.Now()
+	h.clock.Advance(now.Truncate(time.Hour).Add(90 * time.Minute).Sub(now))
+	if err := h.engine.RunRetention(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var st server.Status
+	if err := json.Unmarshal([]byte(h.get("/statusz")), &st); err != nil {
+		t.Fatal(err)
+	}
+	if r := st.Retention; r == nil || r.StatementsRemoved != 2 || r.Retired != 0 || r.FencesFolded != 0 {
+		t.Fatalf("/statusz retention: %+v", st.Retention)
+	}
+	if m := h.get("/metrics"); !strings.Contains(m, `capledger_retention_removed_total{kind="statement"} 2`) ||
+		!strings.Contains(m, `capledger_retention_removed_total{kind="shard_fence"} 0`) {
+		t.Fatalf("/metrics lacks the statements removed:\n%s", m)
+	}
+	list := h.consoleOK("ListStatements", `{"subject":"tenant-7","route":"chat.generate","policyGeneration":"1"}`, "")
+	sts, _ := list["statements"].([]any)
+	if len(sts) != 1 {
+		t.Fatalf("ListStatements after two were removed: %v", list)
+	}
+	start, _ := time.Parse(time.RFC3339Nano, sts[0].(map[string]any)["epochStart"].(string))
+	if want := h.clock.Now().Truncate(time.Hour).Add(-2 * time.Hour); !start.Equal(want) {
+		t.Fatalf("kept statement starts %v, want %v (the latest)", start, want)
+	}
+	discrepancies, err := h.engine.Audit(context.Background())
+	if err != nil || len(discrepancies) > 0 {
+		t.Fatalf("audit after statements were removed: %v %v", discrepancies, err)
+	}
+}

@@ -85,6 +85,8 @@ type harnessOptions struct {
 	resolver *engine.ResolverOptions
 	// retention is the engine's retention window (0: off).
 	retention time.Duration
+	// statementRetention is the engine's StatementRetention (0: off).
+	statementRetention time.Duration
 	// compaction cuts a checkpoint every hour (engine.CompactionOptions);
 	// the test runs the passes (engine.RunCompaction).
 	compaction bool
@@ -131,7 +133,7 @@ func newHarness(t testing.TB, opts harnessOptions) *harness {
 	engineOpts := engine.Options{
 		Clock: h.clock.Now, DisableWorkers: !opts.workers, WorkerInterval: 5 * time.Millisecond,
 		OnBatch: metrics.ObserveBatch, Logger: logger, Resolver: opts.resolver,
-		Retention: opts.retention, TombstoneRetention: 10 * opts.retention,
+		Retention: opts.retention, TombstoneRetention: 10 * opts.retention, StatementRetention: opts.statementRetention,
 	}
 	if opts.compaction {
 		engineOpts.Compaction = &engine.CompactionOptions{Every: time.Hour}

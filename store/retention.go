@@ -41,6 +41,18 @@ type RetentionStore interface {
 	// beside reservations). Retention folds them (ledger.FoldShardFences),
 	// so the next call finds the ones after them.
 	ShardFencesIdle(ctx context.Context, before time.Time, limit int) ([]string, error)
+	// StatementsRemove deletes up to limit epoch statements whose epoch
+	// ended at or before before, the earliest ended first (then in
+	// insertion order), in one short transaction, and returns how many it
+	// deleted: 0 once none is due. limit <= 0 is an error. A driver finds
+	// them through an index by epoch end, so it reads no statement that
+	// is not due. An account's epochs end one after another, so what a
+	// call leaves of an account is its latest statements, a chain from
+	// the oldest kept on. Statements are only ever inserted, each with
+	// an end at most the time its epoch closed, so a statement ending
+	// before before is never written again: the delete is safe in any
+	// interleaving with writers and with another replica deleting.
+	StatementsRemove(ctx context.Context, before time.Time, limit int) (int, error)
 }
 
 // RetentionTx is the part of Tx retention reads: a tombstone, and an

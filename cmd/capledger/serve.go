@@ -137,6 +137,11 @@ Flags:
   --retention-interval DUR
                       how often the retention pass runs (default 1m; 1ms
                       to 24h)
+  --statement-retention DUR
+                      the retention pass also removes epoch statements
+                      whose epoch ended longer ago than DUR (default 0:
+                      keep them forever, the billing record; else at
+                      least 24h, and --retention above 0)
   --compaction DUR    cut a statement checkpoint this often (at the first
                       pass after each multiple of DUR, UTC) once an audit
                       since the last one is clean, then delete the journal
@@ -201,6 +206,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	retention := fs.Duration("retention", engine.DefaultRetention, "")
 	tombstoneRetention := fs.Duration("tombstone-retention", engine.DefaultTombstoneRetention, "")
 	retentionInterval := fs.Duration("retention-interval", time.Minute, "")
+	statementRetention := fs.Duration("statement-retention", 0, "")
 	compaction := fs.Duration("compaction", time.Hour, "")
 	compactionInterval := fs.Duration("compaction-interval", time.Minute, "")
 	maintenanceShare := fs.Float64("maintenance-share", engine.DefaultMaintenanceShare, "")
@@ -216,7 +222,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	if err := checkServeFlags(serveBounds{
 		maxBody: *maxBody, maxBatch: *maxBatch, cacheRows: *cacheRows, leaseTTL: *leaseTTL,
 		retention: *retention, tombstoneRetention: *tombstoneRetention, retentionInterval: *retentionInterval,
-		compaction: *compaction, compactionInterval: *compactionInterval, shardMaxTTL: *shardMaxTTL,
+		statementRetention: *statementRetention, compaction: *compaction, compactionInterval: *compactionInterval, shardMaxTTL: *shardMaxTTL,
 		maintenanceShare: *maintenanceShare,
 	}); err != nil {
 		return err
@@ -350,7 +356,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	metrics := server.NewMetrics()
 	engineOpts := engine.Options{MaxBatch: *maxBatch, OnBatch: metrics.ObserveBatch, Logger: log, LeaseTTL: *leaseTTL,
 		Retention: *retention, TombstoneRetention: *tombstoneRetention, RetentionInterval: *retentionInterval,
-		MaintenanceShare: *maintenanceShare}
+		StatementRetention: *statementRetention, MaintenanceShare: *maintenanceShare}
 	if resolver != nil {
 		engineOpts.Resolver = &resolver.opts
 	}
@@ -683,6 +689,10 @@ const (
 	maxPassInterval = 24 * time.Hour
 	// A checkpoint is cut at most once a second.
 	minCompaction = time.Second
+	// Statements are the billing record: one kept less than a day after
+	// its epoch ended is more likely a mistaken unit (30m meant as 30
+	// months) than a wish, and a daily export would miss it.
+	minStatementRetention = 24 * time.Hour
 	// A shard shorter than a second could not be used; the API grants
 	// none longer than its longest duration.
 	minShardMaxTTL = time.Second
@@ -694,6 +704,7 @@ type serveBounds struct {
 	maxBatch, cacheRows                     int
 	leaseTTL, retention, tombstoneRetention time.Duration
 	retentionInterval, compaction           time.Duration
+	statementRetention                      time.Duration
 	compactionInterval, shardMaxTTL         time.Duration
 	maintenanceShare                        float64
 }
@@ -711,6 +722,7 @@ func checkServeFlags(b serveBounds) error {
 		durationIn("retention", b.retention, 0, forever),
 		durationIn("tombstone-retention", b.tombstoneRetention, 0, forever),
 		durationIn("retention-interval", b.retentionInterval, minPassInterval, maxPassInterval),
+		durationOffOrIn("statement-retention", b.statementRetention, minStatementRetention, forever, "keep statements forever"),
 		durationOffOrIn("compaction", b.compaction, minCompaction, forever, "keep the whole journal"),
 		durationIn("compaction-interval", b.compactionInterval, minPassInterval, maxPassInterval),
 		durationIn("shard-max-ttl", b.shardMaxTTL, minShardMaxTTL, maxAPIDuration),
@@ -722,6 +734,9 @@ func checkServeFlags(b serveBounds) error {
 	}
 	if b.retention > 0 && b.tombstoneRetention > 0 && b.tombstoneRetention < b.retention {
 		return usagef("--tombstone-retention %s is shorter than --retention %s: a tombstone must outlive the window", b.tombstoneRetention, b.retention)
+	}
+	if b.statementRetention > 0 && b.retention == 0 {
+		return usagef("--statement-retention %s needs the retention pass, which --retention 0 turns off", b.statementRetention)
 	}
 	return nil
 }

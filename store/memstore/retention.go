@@ -238,3 +238,50 @@ func (s *Store) ShardFencesIdle(ctx context.Context, before time.Time, limit int
 	})
 	return out, err
 }
+
+// StatementsRemove deletes up to limit statements whose epoch ended at
+// or before before, the earliest ended first, then in insertion order
+// (store.RetentionStore). It is durable at once, as the SQL stores'
+// deletes are. It looks at every statement's end, as the other retention
+// reads of this store look at their sets; the SQL stores read an index
+// by epoch end.
+func (s *Store) StatementsRemove(ctx context.Context, before time.Time, limit int) (int, error) {
+	if limit <= 0 {
+		return 0, fmt.Errorf("statement retention: limit %d, want a positive one", limit)
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return 0, errClosed
+	}
+	r := s.committed
+	var due []int
+	for i := range r.statements {
+		if !r.statements[i].EpochEnd.After(before) {
+			due = append(due, i)
+		}
+	}
+	if len(due) == 0 {
+		return 0, nil
+	}
+	slices.SortStableFunc(due, func(a, b int) int { return r.statements[a].EpochEnd.Compare(r.statements[b].EpochEnd) })
+	due = due[:min(len(due), limit)]
+	gone := make(map[int]bool, len(due))
+	for _, i := range due {
+		gone[i] = true
+	}
+	s.beforeApply(false)
+	kept := make([]ledger.Statement, 0, len(r.statements)-len(due))
+	for i, st := range r.statements {
+		if gone[i] {
+			delete(r.statementIDs, statementKey{st.Account, st.EpochStart})
+			continue
+		}
+		kept = append(kept, st)
+	}
+	r.statements = kept
+	return len(due), nil
+}

@@ -296,3 +296,31 @@ ORDER BY name COLLATE "C" LIMIT $2`
 func (s *Store) ShardFencesIdle(ctx context.Context, before time.Time, limit int) ([]string, error) {
 	return s.retentionIDs(ctx, sqlShardFencesIdle, "idle shard fences", before, limit)
 }
+
+// sqlStatementsRemove deletes a page of the statements due, found through
+// statements_by_end, with their term rows: one statement, so one
+// transaction (the foreign key from statement_terms is checked at its
+// end, when both are gone).
+const sqlStatementsRemove = `WITH due AS (
+		SELECT id FROM statements WHERE epoch_end <= $1 ORDER BY epoch_end, id LIMIT $2),
+	terms AS (DELETE FROM statement_terms WHERE statement_id IN (SELECT id FROM due))
+	DELETE FROM statements WHERE id IN (SELECT id FROM due)`
+
+// StatementsRemove deletes up to limit statements whose epoch ended at
+// or before before, the earliest ended first, with their terms
+// (store.RetentionStore).
+func (s *Store) StatementsRemove(ctx context.Context, before time.Time, limit int) (int, error) {
+	if limit <= 0 {
+		return 0, fmt.Errorf("statement retention: limit %d, want a positive one", limit)
+	}
+	var conv codecConv
+	end := conv.Nanos(before)
+	if err := conv.Err(); err != nil {
+		return 0, fmt.Errorf("statement retention: %w", err)
+	}
+	tag, err := s.pool.Exec(ctx, sqlStatementsRemove, end, limit)
+	if err != nil {
+		return 0, s.c.classify("statement retention", err, true)
+	}
+	return int(tag.RowsAffected()), nil
+}

@@ -404,3 +404,32 @@ func (s *Store) ShardFencesIdle(ctx context.Context, before time.Time, limit int
 	defer s.readBarrier(ctx, &err)
 	return s.retentionIDs(ctx, shardFencesIdleSQL, "idle shard fences", before, limit)
 }
+
+// statementsRemoveSQL deletes a page of the statements due, found
+// through statements_by_end (whose entries carry the rowid, seq).
+const statementsRemoveSQL = "DELETE FROM statements WHERE seq IN (SELECT seq FROM statements WHERE epoch_end <= ? ORDER BY epoch_end, seq LIMIT ?)"
+
+// StatementsRemove deletes up to limit statements whose epoch ended at
+// or before before, the earliest ended first (store.RetentionStore), in
+// one write transaction. Deleting the newest rows would let SQLite hand
+// their seq out again (a rowid, max+1); the next statement still sorts
+// after every kept one, which is all Snapshot's order needs.
+func (s *Store) StatementsRemove(ctx context.Context, before time.Time, limit int) (int, error) {
+	if limit <= 0 {
+		return 0, fmt.Errorf("statement retention: limit %d, want a positive one", limit)
+	}
+	var conv codec.Conv
+	end := conv.Nanos(before)
+	if err := conv.Err(); err != nil {
+		return 0, fmt.Errorf("statement retention: %w", err)
+	}
+	var deleted int64
+	err := s.withWriter(ctx, func(w *writer) error {
+		return s.inWriteTx(ctx, w, "statement retention", func(tx *writeTx) error {
+			n, err := tx.exec(statementsRemoveSQL, end, int64(limit))
+			deleted = n
+			return err
+		})
+	})
+	return int(deleted), err
+}

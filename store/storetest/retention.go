@@ -29,6 +29,7 @@ var retentionCases = []struct {
 	{"ReinsertThenUpdate", testReinsertThenUpdate},
 	{"ShardFencesIdle", testShardFencesIdle},
 	{"MetaRemoved", testMetaRemoved},
+	{"StatementsRetained", testStatementsRetained},
 }
 
 // retentionWorld publishes one policy and drives reservations into every
