@@ -133,8 +133,8 @@ func (c *policyCache) active(key ledger.PolicyKey) (ledger.Policy, bool) {
 
 // amounts maps a units map to the policy's dimension order. When a name
 // is not one of the policy's dimensions it returns unmappedUnitName's
-// refusal (call names the command, field the map).
-func amounts(p *ledger.Policy, call, field string, units map[string]int64) (ledger.Amounts, *connect.Error) {
+// refusal (field names the map).
+func amounts(p *ledger.Policy, field string, units map[string]int64) (ledger.Amounts, *connect.Error) {
 	var out ledger.Amounts
 	var unknown []string
 	for name, value := range units {
@@ -160,7 +160,7 @@ func amounts(p *ledger.Policy, call, field string, units map[string]int64) (ledg
 		}
 		return strings.Compare(a, b)
 	})
-	return out, unmappedUnitName(call, field, unknown[0], p)
+	return out, unmappedUnitName(field, unknown[0], p)
 }
 
 // checkUnitValues is the shape check of a units map, made before any
