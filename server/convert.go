@@ -119,6 +119,30 @@ func (c *policyCache) reloadLocked(ctx context.Context) ([]ledger.Policy, error)
 	return all, nil
 }
 
+// recent reports whether generation is the active generation of its
+// policy key (subject, route, region) or one of the two newest published
+// for it: the one deciding and the one it replaced, or a rolled-back one
+// and the one deciding again (however many newer ones were rolled back).
+// It reports true for a generation the cache does not know, so nothing is
+// forgotten on a guess.
+func (c *policyCache) recent(generation uint64) bool {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	p, ok := c.byGen[generation]
+	if active, isActive := c.activeGen.Active(p.Key); !ok || (isActive && active == generation) {
+		return true
+	}
+	newer := 0
+	for g, q := range c.byGen {
+		if g > generation && q.Key == p.Key {
+			if newer++; newer == 2 {
+				return false
+			}
+		}
+	}
+	return true
+}
+
 // active returns the cached policy that decides for a concrete subject:
 // the subject's own active generation, else the route's AnySubject one.
 func (c *policyCache) active(key ledger.PolicyKey) (ledger.Policy, bool) {
@@ -133,8 +157,8 @@ func (c *policyCache) active(key ledger.PolicyKey) (ledger.Policy, bool) {
 
 // amounts maps a units map to the policy's dimension order. When a name
 // is not one of the policy's dimensions it returns unmappedUnitName's
-// refusal (call names the command, field the map).
-func amounts(p *ledger.Policy, call, field string, units map[string]int64) (ledger.Amounts, *connect.Error) {
+// refusal (field names the map).
+func amounts(p *ledger.Policy, field string, units map[string]int64) (ledger.Amounts, *connect.Error) {
 	var out ledger.Amounts
 	var unknown []string
 	for name, value := range units {
@@ -160,7 +184,7 @@ func amounts(p *ledger.Policy, call, field string, units map[string]int64) (ledg
 		}
 		return strings.Compare(a, b)
 	})
-	return out, unmappedUnitName(call, field, unknown[0], p)
+	return out, unmappedUnitName(field, unknown[0], p)
 }
 
 // checkUnitValues is the shape check of a units map, made before any

@@ -120,15 +120,14 @@ func unitNameProblem(field, name string) *connect.Error {
 // generation published now can have ("units: a unit name is 300 bytes
 // long; at most 128"; it was UNKNOWN_UNIT quoting the whole name, which
 // may be as long as the request), else UNKNOWN_UNIT naming it and the
-// units generation p has. call names the command ("settle r1") in the
-// UNKNOWN_UNIT message only: an INVALID_COMMAND message says what is
-// wrong with nothing before it, whichever check decided it (API.md,
-// "Errors"), as the door's own check of the same map does.
-func unmappedUnitName(call, field, name string, p *ledger.Policy) *connect.Error {
+// units generation p has. Either message says what is wrong with nothing
+// before it but field ("actualUnits: unknown unit ..."), whichever command
+// asked (API.md, "Errors"), as the door's own check of the same map does.
+func unmappedUnitName(field, name string, p *ledger.Policy) *connect.Error {
 	if problem := ledger.TextProblem(name, ledger.MaxUnitBytes); problem != "" {
 		return invalidArgument(ReasonInvalidCommand, "%s: a unit name %s", field, problem)
 	}
-	return invalidArgument(ReasonUnknownUnit, "%s: unknown unit %q: policy generation %d limits %s", call, name, p.Generation, unitList(p))
+	return invalidArgument(ReasonUnknownUnit, "%s: unknown unit %q: policy generation %d limits %s", field, name, p.Generation, unitList(p))
 }
 
 // notText are the string fields of requests that textFields leaves out

@@ -380,7 +380,7 @@ func (s *Server) reserveCommand(ctx context.Context, req *v1.ReserveRequest) (cm
 	if cerr := s.subjectOutOfScope(ctx, "reserve", key); cerr != nil {
 		return cmd, nil, cerr
 	}
-	p, units, refusal, cerr := s.mapActive(ctx, key, "units", req.GetUnits(), "reserve", cmd.ReservationID)
+	p, units, refusal, cerr := s.mapActive(ctx, key, "units", req.GetUnits(), "reserve")
 	if cerr != nil {
 		return cmd, nil, cerr
 	}
@@ -419,20 +419,20 @@ func (s *Server) reserveCommand(ctx context.Context, req *v1.ReserveRequest) (cm
 // generation with other units); such a request never reaches the ledger,
 // which would otherwise say the mapping is stale, so it reloads (at most
 // once per missReloadInterval) and maps again. refusal is NO_POLICY or
-// UNKNOWN_UNIT (call and id name the request in its message); cerr is a
-// reload that failed.
-func (s *Server) mapActive(ctx context.Context, key ledger.PolicyKey, field string, units map[string]int64, call, id string) (p ledger.Policy, mapped ledger.Amounts, refusal, cerr *connect.Error) {
+// UNKNOWN_UNIT (its message names field, not call); cerr is a reload that
+// failed (its message names call).
+func (s *Server) mapActive(ctx context.Context, key ledger.PolicyKey, field string, units map[string]int64, call string) (p ledger.Policy, mapped ledger.Amounts, refusal, cerr *connect.Error) {
 	p, ok := s.policies.active(key)
 	var unitErr *connect.Error
 	if ok {
-		mapped, unitErr = amounts(&p, call+" "+id, field, units)
+		mapped, unitErr = amounts(&p, field, units)
 	}
 	if !ok || unitErr != nil {
 		if err := s.policies.refreshForMiss(ctx); err != nil {
 			return p, mapped, nil, notSentError(call+": policies", ReasonNoPolicy, err)
 		}
 		if p, ok = s.policies.active(key); ok {
-			mapped, unitErr = amounts(&p, call+" "+id, field, units)
+			mapped, unitErr = amounts(&p, field, units)
 		}
 	}
 	switch {
@@ -700,7 +700,7 @@ func (s *Server) settleCommand(ctx context.Context, req *v1.SettleRequest) (ledg
 	if err != nil {
 		return ledger.Command{}, notSentError("settle "+req.GetReservationId(), ReasonPolicyNotFound, err)
 	}
-	units, cerr := amounts(&p, "settle "+req.GetReservationId(), "actualUnits", req.GetActualUnits())
+	units, cerr := amounts(&p, "actualUnits", req.GetActualUnits())
 	if cerr != nil {
 		return ledger.Command{}, cerr
 	}

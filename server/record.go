@@ -60,7 +60,7 @@ func (s *Server) recordCommand(ctx context.Context, req *v1.RecordUsageRequest) 
 	if cerr := s.subjectOutOfScope(ctx, "record usage", key); cerr != nil {
 		return cmd, nil, cerr
 	}
-	p, units, refusal, cerr := s.mapActive(ctx, key, "actualUnits", req.GetActualUnits(), "record usage", cmd.ReservationID)
+	p, units, refusal, cerr := s.mapActive(ctx, key, "actualUnits", req.GetActualUnits(), "record usage")
 	if cerr != nil {
 		return cmd, nil, cerr
 	}
@@ -88,7 +88,7 @@ func (s *Server) recordCommand(ctx context.Context, req *v1.RecordUsageRequest) 
 	if err != nil {
 		return cmd, nil, refusal
 	}
-	if units, cerr = amounts(&ep, "", "actualUnits", req.GetActualUnits()); cerr != nil {
+	if units, cerr = amounts(&ep, "actualUnits", req.GetActualUnits()); cerr != nil {
 		return cmd, nil, refusal
 	}
 	cmd.Units, cmd.Generation = units, existing.Account.Generation

@@ -150,15 +150,24 @@ type shadowKey struct {
 type shadowCells [2][2]atomic.Uint64
 
 // shadowCounts counts the legacy limiter's decisions against capledger's.
+// It keeps the comparisons (cells and series) of the generations recent
+// reports true for, each policy key's active one and two newest: those of an older
+// generation are forgotten when a comparison of a generation not counted
+// before arrives, and when the report is read (forgetOld), so they grow
+// with the policy keys, not with every generation ever published.
 type shadowCounts struct {
 	since  time.Time
+	recent func(generation uint64) bool
+	// mu guards cells, and the series with them: a count and the
+	// forgetting of its generation never interleave, so a forgotten
+	// series does not come back with a count its cells lost.
 	mu     sync.RWMutex
 	cells  map[shadowKey]*shadowCells
 	metric *prometheus.CounterVec
 }
 
-func newShadowCounts(registry *prometheus.Registry, now time.Time) *shadowCounts {
-	c := &shadowCounts{since: now, cells: map[shadowKey]*shadowCells{},
+func newShadowCounts(registry *prometheus.Registry, now time.Time, recent func(generation uint64) bool) *shadowCounts {
+	c := &shadowCounts{since: now, recent: recent, cells: map[shadowKey]*shadowCells{},
 		metric: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "capledger_shadow_decisions_total",
 			Help: "Reserves that carried the legacy limiter's decision, by route, region, generation, mode, the legacy decision and capledger's (allow or deny).",
@@ -199,26 +208,68 @@ func (c *shadowCounts) compare(cmd *ledger.Command, legacy string, res *ledger.R
 	}
 	key := shadowKey{route: ledger.RouteKey{Route: cmd.Route, Region: cmd.Region}, generation: res.Generation, mode: mode}
 	c.mu.RLock()
-	cells := c.cells[key]
-	c.mu.RUnlock()
-	if cells == nil {
-		c.mu.Lock()
-		if cells = c.cells[key]; cells == nil {
-			cells = new(shadowCells)
-			c.cells[key] = cells
-		}
-		c.mu.Unlock()
+	if cells := c.cells[key]; cells != nil {
+		c.count(key, cells, theirs, ours)
+		c.mu.RUnlock()
+		return
 	}
-	cells[theirs][ours].Add(1)
-	names := [2]string{legacyAllow, legacyDeny}
-	c.metric.WithLabelValues(key.route.Route, key.route.Region, strconv.FormatUint(key.generation, 10), string(mode), names[theirs], names[ours]).Inc()
+	c.mu.RUnlock()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	cells := c.cells[key]
+	if cells == nil {
+		if !c.recent(key.generation) {
+			// Two newer generations of its key were published and it
+			// no longer decides: its comparisons are forgotten, a late
+			// one (a reserve decided just before a publication) is not
+			// counted.
+			return
+		}
+		cells = new(shadowCells)
+		c.cells[key] = cells
+		c.forgetOld()
+	}
+	c.count(key, cells, theirs, ours)
 }
 
-// report returns the comparisons, ordered by route, region, generation
-// and mode.
+var shadowDecisionNames = [2]string{legacyAllow, legacyDeny}
+
+// count adds one comparison to cells and key's series; mu is held.
+func (c *shadowCounts) count(key shadowKey, cells *shadowCells, theirs, ours int) {
+	cells[theirs][ours].Add(1)
+	c.metric.WithLabelValues(key.route.Route, key.route.Region, strconv.FormatUint(key.generation, 10), string(key.mode),
+		shadowDecisionNames[theirs], shadowDecisionNames[ours]).Inc()
+}
+
+// forgetOld drops the cells and series of the generations recent no
+// longer reports; mu is held for writing.
+func (c *shadowCounts) forgetOld() {
+	verdict := map[uint64]bool{}
+	for key := range c.cells {
+		keep, seen := verdict[key.generation]
+		if !seen {
+			keep = c.recent(key.generation)
+			verdict[key.generation] = keep
+		}
+		if keep {
+			continue
+		}
+		delete(c.cells, key)
+		generation := strconv.FormatUint(key.generation, 10)
+		for _, legacy := range shadowDecisionNames {
+			for _, ours := range shadowDecisionNames {
+				c.metric.DeleteLabelValues(key.route.Route, key.route.Region, generation, string(key.mode), legacy, ours)
+			}
+		}
+	}
+}
+
+// report returns the comparisons kept (forgetting those of generations
+// no longer recent first), ordered by route, region, generation and mode.
 func (sc *shadowCounts) report(route string) []*v1.ShadowComparison {
-	sc.mu.RLock()
-	defer sc.mu.RUnlock()
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	sc.forgetOld()
 	keys := make([]shadowKey, 0, len(sc.cells))
 	for k := range sc.cells {
 		if route == "" || k.route.Route == route {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -183,6 +184,83 @@ func TestShadowComparison(t *testing.T) {
 	if !strings.Contains(string(body), line) {
 		t.Errorf("metrics lack %s", line)
 	}
+}
+
+// The comparisons of a generation are kept while it is the active one or
+// one of the two newest of its policy key (OPERATIONS.md, "What grows with
+// what"): a third generation of the "*" key forgets the first's cells and
+// series, while tenant-8's own key on the same route, older than both kept
+// "*" generations, keeps its only one; a generation that decides again
+// after two rollbacks is counted.
+func TestShadowComparisonsKeepEachKeysActiveAndNewestGenerations(t *testing.T) {
+	h := newHarness(t, harnessOptions{auth: true, tokens: rolloutTokens()})
+	tenant8 := `{"reservationId":%q,"subject":"tenant-8","route":"chat.generate","units":{"tokens":1},"legacyDecision":"deny"}`
+	publish := func(subject string, burst int) {
+		h.ok("PublishPolicy", fmt.Sprintf(`{"policy":{"subject":%q,"route":"chat.generate","rollout":"ROLLOUT_MODE_SHADOW",
+  "dimensions":[{"unit":"tokens","burst":"%d"}],"holdTtl":"30s"}}`, subject, burst), adminToken)
+	}
+	// kept returns the generations of the /metrics series and of the
+	// report's rows, read in that order (the report forgets too) unless
+	// reportFirst.
+	kept := func(reportFirst bool) (report, series []string) {
+		readReport := func() {
+			for _, row := range h.rolloutOK("ShadowReport", `{}`, rolloutViewerToken)["comparisons"].([]any) {
+				report = append(report, row.(map[string]any)["generation"].(string))
+			}
+		}
+		if reportFirst {
+			readReport()
+		}
+		resp, err := http.Get(h.url + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		for _, line := range strings.Split(string(body), "\n") {
+			if rest, ok := strings.CutPrefix(line, "capledger_shadow_decisions_total{"); ok {
+				_, gen, _ := strings.Cut(rest, `generation="`)
+				gen, _, _ = strings.Cut(gen, `"`)
+				if !slices.Contains(series, gen) {
+					series = append(series, gen)
+				}
+			}
+		}
+		slices.Sort(series)
+		if !reportFirst {
+			readReport()
+		}
+		return report, series
+	}
+	want := func(step string, reportFirst bool, generations ...string) {
+		t.Helper()
+		report, series := kept(reportFirst)
+		if !slices.Equal(report, generations) || !slices.Equal(series, generations) {
+			t.Errorf("%s: the report shows generations %v, /metrics %v; want %v", step, report, series, generations)
+		}
+	}
+	publish("*", 1000) // generation 1
+	h.ok("Reserve", reserveOn("a1", "chat.generate", 1, "allow"), gatewayToken)
+	publish("tenant-8", 1000) // generation 2, tenant-8's only
+	h.ok("Reserve", fmt.Sprintf(tenant8, "t1"), gatewayToken)
+	publish("*", 1001) // generation 3
+	h.ok("Reserve", reserveOn("a2", "chat.generate", 1, "allow"), gatewayToken)
+	want("the second \"*\" generation", false, "1", "2", "3")
+	publish("*", 1002) // generation 4: "*"'s first is two behind
+	h.ok("Reserve", reserveOn("a3", "chat.generate", 1, "deny"), gatewayToken)
+	h.ok("Reserve", fmt.Sprintf(tenant8, "t2"), gatewayToken)
+	want("the third \"*\" generation's first comparison", false, "2", "3", "4")
+	report := h.rolloutOK("ShadowReport", `{}`, rolloutViewerToken)["comparisons"].([]any)
+	if row := report[0].(map[string]any); row["generation"] != "2" || row["legacyDeniedCapledgerAllowed"] != "2" {
+		t.Errorf("tenant-8's comparisons %v, want its two reserves counted on generation 2", row)
+	}
+	publish("*", 1003) // generation 5, no comparison yet: the report forgets 3
+	want("the fourth \"*\" generation, before any comparison", true, "2", "4")
+	// Generations 4 and 5 rolled back: 3 decides again, and is counted
+	// anew, two behind the newest.
+	h.rolloutOK("RollbackGenerations", `{"generations":["4","5"]}`, adminToken)
+	h.ok("Reserve", reserveOn("a4", "chat.generate", 1, "allow"), gatewayToken)
+	want("generations 4 and 5 rolled back", false, "2", "3", "4")
 }
 
 // The gates measured at audit: every check at 0 on a sound ledger, the

@@ -168,7 +168,7 @@ func New(l Ledger, cfg Config) *Server {
 		fairness:  &sharedFairness{},
 	}
 	s.rollouts = &rolloutCache{store: cfg.Rollouts, log: s.log}
-	s.shadow = newShadowCounts(s.metrics.registry, cfg.Clock())
+	s.shadow = newShadowCounts(s.metrics.registry, cfg.Clock(), s.policies.recent)
 	s.gates = newGateMetrics(s.metrics.registry)
 	s.metrics.registerEngine(l)
 	s.metrics.registerLeader(l)

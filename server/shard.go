@@ -225,7 +225,7 @@ func (svc *shardService) issue(ctx context.Context, m *v1.IssueShardRequest, leg
 		// cache that predates a generation published through another
 		// replica is reloaded (rate-limited) before NO_POLICY or
 		// UNKNOWN_UNIT is answered.
-		p, units, refusal, cerr := svc.s.mapActive(ctx, key, "units", m.GetUnits(), "issue shard", m.GetShardId())
+		p, units, refusal, cerr := svc.s.mapActive(ctx, key, "units", m.GetUnits(), "issue shard")
 		if cerr != nil {
 			return nil, cerr
 		}
@@ -431,12 +431,11 @@ func (svc *shardService) ReconcileShard(ctx context.Context, req *connect.Reques
 		if !ok {
 			return nil, svc.refused(ledger.KindShardReconcile, receiptStateProblem(i, r.GetState()))
 		}
-		receipt := fmt.Sprintf("receipt %q", r.GetReservationId())
-		reserved, cerr := amounts(&p, receipt, fmt.Sprintf("receipts[%d].reservedUnits", i), r.GetReservedUnits())
+		reserved, cerr := amounts(&p, fmt.Sprintf("receipts[%d].reservedUnits", i), r.GetReservedUnits())
 		if cerr != nil {
 			return nil, svc.refused(ledger.KindShardReconcile, cerr)
 		}
-		actual, cerr := amounts(&p, receipt, fmt.Sprintf("receipts[%d].actualUnits", i), r.GetActualUnits())
+		actual, cerr := amounts(&p, fmt.Sprintf("receipts[%d].actualUnits", i), r.GetActualUnits())
 		if cerr != nil {
 			return nil, svc.refused(ledger.KindShardReconcile, cerr)
 		}

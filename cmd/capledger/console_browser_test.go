@@ -809,6 +809,22 @@ func TestConsoleBrowserPagesShowTheAPIsNumbers(t *testing.T) {
 			return "no"
 		})
 	}
+	// When the drain's accounts were read: a time of this test, to the
+	// second, as the tenants page's.
+	if rolledBack > 0 {
+		var dp v1.DrainProgressResponse
+		var gens []uint64
+		for _, p := range pols.Policies {
+			if p.RolledBack {
+				gens = append(gens, p.Generation)
+			}
+		}
+		mustCall(t, base, tok, "RolloutService/DrainProgress", &v1.DrainProgressRequest{Generations: gens}, &dp)
+		if at, err := time.Parse("2006-01-02 15:04:05Z", b.text(`[data-value="drainAsOf"]`)); err != nil || dp.AsOf == nil ||
+			at.Before(dp.AsOf.AsTime().Add(-time.Minute)) || at.After(time.Now()) {
+			t.Errorf("policies: drain progress read at %q (%v), want a time near the API's asOf %v", b.text(`[data-value="drainAsOf"]`), err, dp.AsOf.AsTime())
+		}
+	}
 	b.screenshot("policies")
 
 	// Shards.

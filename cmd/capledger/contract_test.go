@@ -423,6 +423,83 @@ func TestContractInvalidCommandMessagesHaveNothingBeforeThem(t *testing.T) {
 	}
 }
 
+// TestContractUnknownUnitMessagesHaveNothingBeforeThem: docs/API.md,
+// "Errors": an UNKNOWN_UNIT message, as an INVALID_COMMAND one, says what
+// is wrong with nothing before it: the field, the unit it names and the
+// units of the policy. Settle, the batches and ReconcileShard answered
+// with the command and its id first ("settle r1: unknown unit ..."), and
+// RecordUsage with a bare ": unknown unit ...".
+func TestContractUnknownUnitMessagesHaveNothingBeforeThem(t *testing.T) {
+	bin := buildBinary(t)
+	srv := startServer(t, bin, t.TempDir())
+	call := func(method, body string) contractAnswer {
+		return contractCall(t, srv.url, http.MethodPost, method, []byte(body), nil)
+	}
+	for _, setup := range [][2]string{
+		{"PublishPolicy", `{"policy":{"subject":"tenant-7","route":"chat","emergencyMode":true,
+		  "dimensions":[{"unit":"tokens","burst":1000},{"unit":"requests","burst":10}]}}`},
+		{"Reserve", `{"reservationId":"r1","subject":"tenant-7","route":"chat","units":{"tokens":10,"requests":1}}`},
+		{"Start", `{"reservationId":"r1","operationId":"op-1"}`},
+		{"Reserve", `{"reservationId":"r3","subject":"tenant-7","route":"chat","units":{"tokens":10}}`},
+		{"Start", `{"reservationId":"r3","operationId":"op-3"}`},
+		{"RecordUsage", `{"reservationId":"rec-2","operationId":"op","subject":"tenant-7","route":"chat","actualUnits":{"tokens":1}}`},
+		{"ShardService/IssueShard", `{"shardId":"sh-1","subject":"tenant-7","route":"chat","units":{"tokens":5},"gatewayId":"gw","bootEpoch":1,"ttl":"60s"}`},
+	} {
+		if a := call(setup[0], setup[1]); a.status != http.StatusOK {
+			t.Fatalf("%s: %d %s", setup[0], a.status, a.raw)
+		}
+	}
+	unknown := `unknown unit "gpus": policy generation 1 limits "tokens", "requests"`
+	for _, c := range []struct {
+		name, method, body, want string
+		batch                    bool
+	}{
+		{"Reserve", "Reserve",
+			`{"reservationId":"r2","subject":"tenant-7","route":"chat","units":{"tokens":1,"gpus":1}}`, "units: " + unknown, false},
+		{"ReserveBatch item", "ReserveBatch",
+			`{"requests":[{"reservationId":"r2","subject":"tenant-7","route":"chat","units":{"tokens":1,"gpus":1}}]}`, "units: " + unknown, true},
+		{"Settle", "Settle",
+			`{"reservationId":"r1","operationId":"op-1","actualUnits":{"tokens":1,"requests":1,"gpus":0}}`, "actualUnits: " + unknown, false},
+		{"SettleBatch item", "SettleBatch",
+			`{"requests":[{"reservationId":"r1","operationId":"op-1","actualUnits":{"tokens":1,"requests":1,"gpus":0}}]}`, "actualUnits: " + unknown, true},
+		{"RecordUsage, a new id", "RecordUsage",
+			`{"reservationId":"rec-1","operationId":"op","subject":"tenant-7","route":"chat","actualUnits":{"tokens":1,"gpus":1}}`, "actualUnits: " + unknown, false},
+		{"RecordUsage, an id recorded before", "RecordUsage",
+			`{"reservationId":"rec-2","operationId":"op","subject":"tenant-7","route":"chat","actualUnits":{"tokens":1,"gpus":1}}`, "actualUnits: " + unknown, false},
+		{"IssueShard", "ShardService/IssueShard",
+			`{"shardId":"sh-2","subject":"tenant-7","route":"chat","units":{"tokens":1,"gpus":1},"gatewayId":"gw","bootEpoch":1,"ttl":"60s"}`, "units: " + unknown, false},
+		{"ReconcileShard, reserved unit", "ShardService/ReconcileShard",
+			`{"shardId":"sh-1","gatewayId":"gw","receipts":[{"reservationId":"l-1","state":"RESERVATION_STATE_SETTLED","reservedUnits":{"tokens":1,"gpus":0},"actualUnits":{"tokens":1}}]}`,
+			"receipts[0].reservedUnits: " + unknown, false},
+		{"ReconcileShard, actual unit", "ShardService/ReconcileShard",
+			`{"shardId":"sh-1","gatewayId":"gw","receipts":[{"reservationId":"l-1","state":"RESERVATION_STATE_SETTLED","reservedUnits":{"tokens":1},"actualUnits":{"tokens":1,"gpus":0}}]}`,
+			"receipts[0].actualUnits: " + unknown, false},
+	} {
+		a := call(c.method, c.body)
+		code, reason, message := a.str("code"), a.reason(), a.str("message")
+		if c.batch {
+			outcomes, _ := a.body["outcomes"].([]any)
+			if a.status != http.StatusOK || len(outcomes) != 1 {
+				t.Errorf("%s: %d %s; want 200 with one outcome", c.name, a.status, a.raw)
+				continue
+			}
+			item, _ := outcomes[0].(map[string]any)["error"].(map[string]any)
+			detail, _ := item["detail"].(map[string]any)
+			code, _ = item["code"].(string)
+			reason, _ = detail["reason"].(string)
+			message, _ = item["message"].(string)
+		} else if a.status != http.StatusBadRequest {
+			t.Errorf("%s: HTTP %d; want 400", c.name, a.status)
+		}
+		if code != "invalid_argument" || reason != "UNKNOWN_UNIT" || message != c.want {
+			t.Errorf("%s: %s %s %q; want invalid_argument UNKNOWN_UNIT %q", c.name, code, reason, message, c.want)
+		}
+	}
+	if a := call("GetReservation", `{"reservationId":"r1"}`); !strings.Contains(string(a.raw), `"RESERVATION_STATE_STARTED"`) {
+		t.Errorf("a refused settle changed the reservation: %s", a.raw)
+	}
+}
+
 // TestContractPromises checks, over a real socket, the answers docs/API.md
 // lists for malformed input, limits, content types and methods, each by
 // status, code, reason and, where the page quotes it, message.

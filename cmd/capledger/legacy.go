@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -11,7 +10,7 @@ import (
 )
 
 func init() {
-	register(&command{name: "legacy", summary: "carve the legacy rate limiter's budget out of the ledger", help: legacyHelp, run: runLegacy})
+	register(&command{name: "legacy", summary: "carve the legacy rate limiter's budget out of the ledger", help: legacyHelp, subs: []subcommand{{"carve", runLegacyCarve}}})
 }
 
 const legacyHelp = `Usage:
@@ -46,17 +45,7 @@ Example:
 
 ` + clientFlagsHelp + "\n" + exitCodesHelp
 
-func runLegacy(ctx context.Context, e *env, args []string) error {
-	if len(args) == 0 {
-		return usagef("want a subcommand: carve")
-	}
-	switch args[0] {
-	case "carve":
-	case "-h", "--help", "help":
-		return flag.ErrHelp
-	default:
-		return usagef("unknown subcommand %q: want carve", args[0])
-	}
+func runLegacyCarve(ctx context.Context, e *env, args []string) error {
 	fs := newFlags("legacy carve")
 	var cf clientFlags
 	cf.register(fs, e)
@@ -67,7 +56,7 @@ func runLegacy(ctx context.Context, e *env, args []string) error {
 	unitSpec := fs.String("units", "", "")
 	ttl := fs.Duration("ttl", 0, "")
 	id := fs.String("id", "", "")
-	if err := parseNoArgs(fs, args[1:]); err != nil {
+	if err := parseNoArgs(fs, args); err != nil {
 		return err
 	}
 	if *ttl != 0 {

@@ -18,6 +18,7 @@ import (
 	"os/signal"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -59,8 +60,21 @@ type command struct {
 	// help is the full --help text: what it does, its flags, an example.
 	help string
 	// run executes the command; its error decides the exit code (see
-	// exitCode).
-	run func(ctx context.Context, e *env, args []string) error
+	// exitCode). A command made of subcommands (policy, rollout, shard,
+	// legacy) has subs instead.
+	run runFunc
+	// subs are the subcommands, in the order usage messages list them;
+	// the word naming one is found by takeWord, as the command's own.
+	subs []subcommand
+}
+
+// runFunc runs a (sub)command with the arguments after its words.
+type runFunc func(ctx context.Context, e *env, args []string) error
+
+// subcommand is one word of a command made of several ("policy get").
+type subcommand struct {
+	name string
+	run  runFunc
 }
 
 var commands = map[string]*command{}
@@ -117,13 +131,27 @@ func run(ctx context.Context, e *env, args []string) int {
 		}
 		return exitOK
 	}
-	c, ok := commands[args[0]]
+	name, rest, err := takeWord(args)
+	if err != nil || name == "help" {
+		// No command among the flags ("capledger --addr X"), or the word
+		// help after them: the overview, as for no arguments at all.
+		printOverview(e.stdout)
+		if errors.Is(err, flag.ErrHelp) || name == "help" {
+			return exitOK
+		}
+		return exitUsage
+	}
+	c, ok := commands[name]
 	if !ok {
-		fmt.Fprintf(e.stderr, "capledger: unknown command %q\n\n", args[0])
+		fmt.Fprintf(e.stderr, "capledger: unknown command %q\n\n", name)
 		printOverview(e.stderr)
 		return exitUsage
 	}
-	err := c.run(ctx, e, args[1:])
+	if c.subs != nil {
+		err = runSub(ctx, e, c, rest)
+	} else {
+		err = c.run(ctx, e, rest)
+	}
 	if errors.Is(err, flag.ErrHelp) {
 		fmt.Fprint(e.stdout, c.help)
 		return exitOK
@@ -187,26 +215,189 @@ func newFlags(name string) *flag.FlagSet {
 	return fs
 }
 
-// parseFlags parses flags and positional arguments in any order
-// ("policy get 7 --addr x" as well as "policy get --addr x 7") and returns
-// the positional ones. It returns flag.ErrHelp for -h/--help and a
-// usageError for anything malformed.
-func parseFlags(fs *flag.FlagSet, args []string) ([]string, error) {
-	var positional []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return nil, err
-			}
-			return nil, flagValueError(fs, err)
-		}
-		args = fs.Args()
-		if len(args) == 0 {
-			return positional, nil
-		}
-		positional = append(positional, args[0])
-		args = args[1:]
+// runSub runs the subcommand of c that args name (their first positional
+// word, wherever the flags are: "policy list --addr X", "policy --addr X
+// list"). It returns flag.ErrHelp for no word but -h/--help, or the word
+// help, and a usageError for no word or an unknown one.
+func runSub(ctx context.Context, e *env, c *command, args []string) error {
+	names := make([]string, len(c.subs))
+	for i, sub := range c.subs {
+		names[i] = sub.name
 	}
+	want := strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
+	if len(names) == 1 {
+		want = names[0]
+	}
+	word, rest, err := takeWord(args)
+	switch {
+	case err != nil && errors.Is(err, flag.ErrHelp), word == "help":
+		return flag.ErrHelp
+	case err != nil:
+		return usagef("want a subcommand: %s", want)
+	}
+	for _, sub := range c.subs {
+		if sub.name == word {
+			return sub.run(ctx, e, rest)
+		}
+	}
+	return usagef("unknown %s subcommand %q: want %s", c.name, word, want)
+}
+
+// argKind is what scanArgs makes of one argument.
+type argKind uint8
+
+const (
+	argPositional argKind = iota
+	argFlag               // -name, --name or --name=value
+	argFlagValue          // the value after --name
+	argEndOfFlags         // "--"
+)
+
+// scanArgs is the one rule of where flags go, for every command and
+// subcommand: anywhere among the positional arguments and the command's
+// words ("capledger --addr X policy get 7", "capledger policy get 7
+// --addr X", "capledger settle ID --operation OP" and "capledger settle
+// --operation OP ID" alike). It returns what each argument is. A flag is
+// an argument that begins with "-" ("-" alone, standard input, is
+// positional); written --name value it takes the next argument as its
+// value, whatever that looks like (--id list, --timeout -1s, --id --),
+// when takesValue(name); --name=value, a boolean flag and an unknown one
+// take none. "--" ends the flags: every argument after it is positional
+// (an id beginning with "-").
+func scanArgs(args []string, takesValue func(name string) bool) []argKind {
+	kinds := make([]argKind, len(args))
+	for i := 0; i < len(args); i++ {
+		arg := args[i]
+		switch {
+		case arg == "--":
+			kinds[i] = argEndOfFlags
+			return kinds // the rest: argPositional
+		case len(arg) < 2 || arg[0] != '-':
+			kinds[i] = argPositional
+		default:
+			kinds[i] = argFlag
+			name := strings.TrimPrefix(arg[1:], "-")
+			if !strings.Contains(name, "=") && takesValue(name) && i+1 < len(args) {
+				i++
+				kinds[i] = argFlagValue
+			}
+		}
+	}
+	return kinds
+}
+
+// takeWord returns the first positional argument of args (scanArgs, with
+// the flags of every subcommand: valueFlags), the word naming a command or
+// a subcommand, and args without it, the flags and "--" in place for the
+// command to parse. It returns flag.ErrHelp when there is no word but a
+// -h/--help, and errNoWord when there is none at all.
+func takeWord(args []string) (word string, rest []string, err error) {
+	takes := valueFlags()
+	kinds := scanArgs(args, func(name string) bool { return takes[name] })
+	for i, kind := range kinds {
+		if kind == argPositional {
+			return args[i], append(slices.Clone(args[:i]), args[i+1:]...), nil
+		}
+	}
+	for i, kind := range kinds {
+		if name := strings.TrimLeft(args[i], "-"); kind == argFlag && (name == "h" || name == "help") {
+			return "", nil, flag.ErrHelp
+		}
+	}
+	return "", nil, errNoWord
+}
+
+var errNoWord = errors.New("no command word")
+
+// flagProbeArg is the argument list's one argument no one types: parseFlags
+// answers it with a flagProbe carrying the flag set, before the command
+// does anything, so valueFlags learns every command's flags from the
+// commands themselves.
+const flagProbeArg = "\x00capledger-flag-probe"
+
+// flagProbe is parseFlags' answer to flagProbeArg.
+type flagProbe struct{ fs *flag.FlagSet }
+
+func (flagProbe) Error() string { return "flag probe" }
+
+var valueFlagsOnce = sync.OnceValue(func() map[string]bool {
+	takes, _ := flagKinds()
+	return takes
+})
+
+// valueFlags returns the names of the flags that take a value in any
+// (sub)command. Before a command's words are found its flags are not
+// known; a name is a value flag everywhere or nowhere
+// (TestCLIFlagNamesMeanOneKindEverywhere), so this decides as the
+// command's own flag set would.
+func valueFlags() map[string]bool { return valueFlagsOnce() }
+
+// flagKinds probes every (sub)command (flagProbeArg) and returns the
+// names of the flags that take a value in some, and those that are
+// boolean in some.
+func flagKinds() (value, boolean map[string]bool) {
+	value, boolean = map[string]bool{}, map[string]bool{}
+	probe := &env{stdout: io.Discard, stderr: io.Discard, getenv: func(string) string { return "" }}
+	for _, c := range commands {
+		runs := []runFunc{c.run}
+		if c.subs != nil {
+			runs = runs[:0]
+			for _, sub := range c.subs {
+				runs = append(runs, sub.run)
+			}
+		}
+		for _, run := range runs {
+			var p flagProbe
+			if !errors.As(run(context.Background(), probe, []string{flagProbeArg}), &p) {
+				continue
+			}
+			p.fs.VisitAll(func(f *flag.Flag) {
+				if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
+					boolean[f.Name] = true
+				} else {
+					value[f.Name] = true
+				}
+			})
+		}
+	}
+	return value, boolean
+}
+
+// parseFlags parses flags and positional arguments in any order (scanArgs)
+// and returns the positional ones. It returns flag.ErrHelp for -h/--help
+// and a usageError for anything malformed: an unknown flag ("unknown flag
+// --bogus"), a value the flag cannot take, a flag without its value.
+func parseFlags(fs *flag.FlagSet, args []string) ([]string, error) {
+	if len(args) == 1 && args[0] == flagProbeArg {
+		return nil, flagProbe{fs}
+	}
+	var flags, positional []string
+	kinds := scanArgs(args, func(name string) bool {
+		f := fs.Lookup(name)
+		if f == nil {
+			return false
+		}
+		b, ok := f.Value.(interface{ IsBoolFlag() bool })
+		return !ok || !b.IsBoolFlag()
+	})
+	for i, kind := range kinds {
+		switch kind {
+		case argPositional:
+			positional = append(positional, args[i])
+		case argFlag, argFlagValue:
+			flags = append(flags, args[i])
+		}
+	}
+	if err := fs.Parse(flags); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, err
+		}
+		if name, ok := strings.CutPrefix(err.Error(), "flag provided but not defined: -"); ok {
+			return nil, usagef("unknown flag --%s", name)
+		}
+		return nil, flagValueError(fs, err)
+	}
+	return positional, nil
 }
 
 // flagValueError turns the flag package's `invalid value "5" for flag

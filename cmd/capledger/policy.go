@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"strconv"
 	"strings"
@@ -19,7 +18,8 @@ import (
 )
 
 func init() {
-	register(&command{name: "policy", summary: "publish, get, list and roll back policies (admissionBudget.v1)", help: policyHelp, run: runPolicy})
+	register(&command{name: "policy", summary: "publish, get, list and roll back policies (admissionBudget.v1)", help: policyHelp, subs: []subcommand{
+		{"publish", runPolicyPublish}, {"get", runPolicyGet}, {"list", runPolicyList}, {"rollback", runPolicyRollback}}})
 }
 
 const policyHelp = `Usage:
@@ -91,25 +91,6 @@ cannot undo a newer publish. Get the active generation and edit that, or
 delete the generation line to publish the file's terms over it.
 
 ` + clientFlagsHelp + "\n" + exitCodesHelp
-
-func runPolicy(ctx context.Context, e *env, args []string) error {
-	if len(args) == 0 {
-		return usagef("want a subcommand: publish, get, list or rollback")
-	}
-	switch args[0] {
-	case "publish":
-		return runPolicyPublish(ctx, e, args[1:])
-	case "get":
-		return runPolicyGet(ctx, e, args[1:])
-	case "list":
-		return runPolicyList(ctx, e, args[1:])
-	case "rollback":
-		return runPolicyRollback(ctx, e, args[1:])
-	case "-h", "--help", "help":
-		return flag.ErrHelp
-	}
-	return usagef("unknown policy subcommand %q: want publish, get, list or rollback", args[0])
-}
 
 func runPolicyPublish(ctx context.Context, e *env, args []string) error {
 	fs := newFlags("policy publish")

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"maps"
@@ -20,7 +19,9 @@ import (
 )
 
 func init() {
-	register(&command{name: "rollout", summary: "shadow-to-enforce rollouts: create, set, undo, end, list, get, report", help: rolloutHelp, run: runRollout})
+	register(&command{name: "rollout", summary: "shadow-to-enforce rollouts: create, set, undo, end, list, get, report", help: rolloutHelp, subs: []subcommand{
+		{"create", runRolloutCreate}, {"set", runRolloutSet}, {"undo", runRolloutUndo}, {"end", runRolloutEnd},
+		{"list", runRolloutList}, {"get", runRolloutGet}, {"report", runRolloutReport}}})
 	register(&command{name: "rollback", summary: "roll generations (or a rollout step) back and follow the drain to zero", help: rollbackHelp, run: runRollback})
 }
 
@@ -71,31 +72,6 @@ Example:
   capledger rollout undo
 
 ` + clientFlagsHelp + "\n" + exitCodesHelp
-
-func runRollout(ctx context.Context, e *env, args []string) error {
-	if len(args) == 0 {
-		return usagef("want a subcommand: create, set, undo, end, list, get or report")
-	}
-	switch args[0] {
-	case "create":
-		return runRolloutCreate(ctx, e, args[1:])
-	case "set":
-		return runRolloutSet(ctx, e, args[1:])
-	case "undo":
-		return runRolloutUndo(ctx, e, args[1:])
-	case "end":
-		return runRolloutEnd(ctx, e, args[1:])
-	case "list":
-		return runRolloutList(ctx, e, args[1:])
-	case "get":
-		return runRolloutGet(ctx, e, args[1:])
-	case "report":
-		return runRolloutReport(ctx, e, args[1:])
-	case "-h", "--help", "help":
-		return flag.ErrHelp
-	}
-	return usagef("unknown subcommand %q: want create, set, undo, end, list, get or report", args[0])
-}
 
 func runRolloutCreate(ctx context.Context, e *env, args []string) error {
 	fs := newFlags("rollout create")

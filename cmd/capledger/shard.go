@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -26,7 +25,11 @@ import (
 )
 
 func init() {
-	register(&command{name: "shard", summary: "emergency shards: issue, list, inspect, receipts, reconcile, keys, keygen", help: shardHelp, run: runShard})
+	register(&command{name: "shard", summary: "emergency shards: issue, list, inspect, receipts, reconcile, keys, keygen", help: shardHelp, subs: []subcommand{
+		{"issue", runShardIssue}, {"list", runShardList}, {"inspect", runShardInspect},
+		{"receipts", func(_ context.Context, e *env, args []string) error { return runShardReceipts(e, args) }},
+		{"reconcile", runShardReconcile}, {"keys", runShardKeys},
+		{"keygen", func(_ context.Context, e *env, args []string) error { return runShardKeygen(e, args) }}}})
 }
 
 const shardHelp = `Usage: capledger shard <issue|list|inspect|receipts|reconcile|keys|keygen> [flags]
@@ -92,31 +95,6 @@ Example:
   capledger shard reconcile sh-01J... --gateway gw-eu-1 --receipts receipts.json
 
 ` + clientFlagsHelp + "\n" + exitCodesHelp
-
-func runShard(ctx context.Context, e *env, args []string) error {
-	if len(args) == 0 {
-		return usagef("want a subcommand: issue, list, inspect, receipts, reconcile, keys or keygen")
-	}
-	switch args[0] {
-	case "issue":
-		return runShardIssue(ctx, e, args[1:])
-	case "list":
-		return runShardList(ctx, e, args[1:])
-	case "inspect":
-		return runShardInspect(ctx, e, args[1:])
-	case "receipts":
-		return runShardReceipts(e, args[1:])
-	case "reconcile":
-		return runShardReconcile(ctx, e, args[1:])
-	case "keys":
-		return runShardKeys(ctx, e, args[1:])
-	case "keygen":
-		return runShardKeygen(e, args[1:])
-	case "-h", "--help", "help":
-		return flag.ErrHelp
-	}
-	return usagef("unknown shard subcommand %q (want issue, list, inspect, receipts, reconcile, keys or keygen)", args[0])
-}
 
 func runShardIssue(ctx context.Context, e *env, args []string) error {
 	fs := newFlags("shard issue")

@@ -673,6 +673,10 @@ async function drainPanel(main, generations) {
       td("shards", fmtInt(d.unreconciledShards), true),
       td("blocked", n(d.blockedByBurst) + n(d.blockedNoPolicy) ? fmtInt(d.blockedByBurst) + " at burst, " + fmtInt(d.blockedNoPolicy) + " without a policy" : "—"),
       td("drained", d.drained ? "yes" : "no"))), "Nothing to drain."));
+  // When the pass that read these accounts and shards began: one pass is
+  // shared and given again for a while, as the Fairness page says of its own.
+  if (resp.asOf) main.append(el("p", { class: "note" }, "Accounts and shards read at ",
+    el("span", { "data-value": "drainAsOf" }, fmtTime(resp.asOf)), " (one pass over the generation's accounts is shared and given again for a while: API.md)."));
 }
 
 pages.shards = async function (main) {
