@@ -161,7 +161,9 @@ type Engine struct {
 type retentionCounters struct {
 	passes, retired, forgotten, failed atomic.Uint64
 	// fencesFolded counts shard fence rows folded into the floor.
-	fencesFolded         atomic.Uint64
+	fencesFolded atomic.Uint64
+	// shardsRemoved counts settled shards removed (Core.ShardsRemove).
+	shardsRemoved        atomic.Uint64
 	lastPassAt, lastPass atomic.Int64
 	runningSince         atomic.Int64 // the pass under way's start, 0 when none runs
 	// rate is where the next pass measures this replica's finish rate

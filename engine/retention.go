@@ -372,6 +372,9 @@ type RetentionStats struct {
 	// FencesFolded counts the shard fence rows of quiet gateways folded
 	// into the store's fence floor (Core.ShardFencesFold).
 	FencesFolded uint64
+	// ShardsRemoved counts the settled emergency shards removed with
+	// their meta rows (Core.ShardsRemove).
+	ShardsRemoved uint64
 	// LastPassAt and LastPass are the start and length of the last
 	// finished pass.
 	LastPassAt time.Time
@@ -520,6 +523,9 @@ func (e *Engine) runRetention(ctx context.Context) {
 			e.fails.retention.ok("retention shard fences")
 		}
 	}
+	if ctx.Err() == nil {
+		removed += e.removeShards(ctx)
+	}
 	if removed > 0 {
 		e.reclaim(ctx, &e.fails.retention)
 	}
@@ -548,8 +554,9 @@ func sleep(ctx context.Context, d time.Duration) bool {
 func (e *Engine) RetentionStats() RetentionStats {
 	s := RetentionStats{On: e.opts.Retention > 0, Passes: e.retention.passes.Load(), Retired: e.retention.retired.Load(),
 		Forgotten: e.retention.forgotten.Load(), Failed: e.retention.failed.Load(),
-		FencesFolded: e.retention.fencesFolded.Load(),
-		LastPass:     time.Duration(e.retention.lastPass.Load())}
+		FencesFolded:  e.retention.fencesFolded.Load(),
+		ShardsRemoved: e.retention.shardsRemoved.Load(),
+		LastPass:      time.Duration(e.retention.lastPass.Load())}
 	if t := e.retention.lastPassAt.Load(); t != 0 {
 		s.LastPassAt = time.Unix(0, t)
 	}

@@ -38,6 +38,9 @@ type rows struct {
 	// metaGone holds the meta names a transaction's overlay deleted
 	// (Changes.MetaRemoved); empty in the committed rows.
 	metaGone map[string]bool
+	// shardGone holds the shard ids a transaction's overlay deleted
+	// (Changes.RemovedShards); empty in the committed rows.
+	shardGone map[string]bool
 	policies map[uint64]*ledger.Policy
 	heads    map[ledger.PolicyKey]*ledger.PolicyHead
 	accounts map[ledger.AccountKey]*ledger.Account
@@ -593,6 +596,7 @@ func (r *rows) snapshot() *ledger.Snapshot {
 	snap.Journal, _ = r.journalSince()
 	snap.Checkpoints = r.chainCopy()
 	snap.Retained = retainedSnapshot(r)
+	snap.RetainedShards = retainedShardsSnapshot(r)
 	return snap
 }
 
