@@ -41,9 +41,9 @@ type rows struct {
 	// shardGone holds the shard ids a transaction's overlay deleted
 	// (Changes.RemovedShards); empty in the committed rows.
 	shardGone map[string]bool
-	policies map[uint64]*ledger.Policy
-	heads    map[ledger.PolicyKey]*ledger.PolicyHead
-	accounts map[ledger.AccountKey]*ledger.Account
+	policies  map[uint64]*ledger.Policy
+	heads     map[ledger.PolicyKey]*ledger.PolicyHead
+	accounts  map[ledger.AccountKey]*ledger.Account
 	// debtors holds the keys of the accounts whose row owes debt
 	// (store.RowInDebt), as the SQL stores' debtor index does, so
 	// AccountsInDebt need not read the others.
