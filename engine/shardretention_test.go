@@ -102,6 +102,7 @@ func TestRetentionKeepsShardsFlat(t *testing.T) {
 				}
 				rows, metas = append(rows, len(list)), append(metas, len(names))
 			}
+			t.Logf("shard rows per cycle %v, meta rows %v", rows, metas)
 			// A window of an hour at three shards every 20 minutes: the
 			// last few cycles' shards, gw-live's and gw-stuck's.
 			for cycle := 10; cycle < cycles; cycle++ {

@@ -285,7 +285,7 @@ func TestRecordUsageOfAForgottenIDAnswersWhatTheLedgerDid(t *testing.T) {
 // with nothing left unknown: /statusz counts it (retention.shardsRemoved)
 // and /metrics (kind="shard"); ListShards no longer lists it, and
 // GetShard and a reconciliation sent again answer 404 SHARD_NOT_FOUND,
-// reminting nothing.
+// reminting nothing; IssueShard under its id carves a new shard.
 func TestShardRemovedByRetentionOverJSON(t *testing.T) {
 	h := newHarness(t, harnessOptions{shards: true, retention: time.Hour})
 	h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"chat.generate","emergencyMode":true,
@@ -330,5 +330,10 @@ func TestShardRemovedByRetentionOverJSON(t *testing.T) {
 	}
 	if after := h.ok("GetAccount", `{"subject":"tenant-7","route":"chat.generate"}`, ""); fmt.Sprint(after) != fmt.Sprint(before) {
 		t.Fatalf("a reconciliation of a removed shard changed the account: %v, was %v", after, before)
+	}
+	// Its id is free again: IssueShard carves a new shard under it.
+	r := post("IssueShard", `{"shardId":"sh-old","subject":"tenant-7","route":"chat.generate","units":{"tokens":7},"gatewayId":"gw","bootEpoch":"1","ttl":"60s"}`)
+	if r.status != http.StatusOK || r.body["replayed"] == true || !strings.Contains(string(r.raw), `"tokens":"7"`) {
+		t.Fatalf("issue under a removed shard's id: %d %s", r.status, r.raw)
 	}
 }

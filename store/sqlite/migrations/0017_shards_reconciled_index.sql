@@ -5,4 +5,4 @@
 -- ShardsReconciled reads the candidates through this index of reconciled
 -- shards by expiry, so it reads no live or unreconciled shard. The
 -- retained shard totals are meta rows (ledger.MetaShardRetainedPrefix).
-CREATE INDEX shards_reconciled ON shards (expires_at, id) WHERE reconciled = 1;
+CREATE INDEX IF NOT EXISTS shards_reconciled ON shards (expires_at, id) WHERE reconciled = 1;
