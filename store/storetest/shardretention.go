@@ -5,6 +5,8 @@ import (
 	"context"
 	"crypto/ed25519"
 	"errors"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -19,24 +21,34 @@ var shardRetentionCases = []struct {
 	f    func(t *testing.T, s store.Store)
 }{
 	{"ShardRetention", testShardRetention},
+	{"ShardRetentionConcurrentReplicas", testShardRetentionConcurrent},
 }
 
-// removeShardsBefore runs what the engine's Core.ShardsRemove runs: pages
-// of ShardsReconciled after a cursor, each shard's receipt counters
-// (MetaNames), and ledger.RemoveShards in a transaction. It returns how
-// many shards were removed.
+// removeShardsBefore runs what the engine's Core.ShardsRemove runs
+// (removeShards) and fails t on an error.
 func removeShardsBefore(t *testing.T, s store.Store, before time.Time, page int) int {
 	t.Helper()
-	ctx := context.Background()
+	n, err := removeShards(context.Background(), s, before, page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// removeShards runs what the engine's Core.ShardsRemove runs: pages of
+// ShardsReconciled after a cursor, each shard's receipt counters
+// (MetaNames), and ledger.RemoveShards in a transaction per page. It
+// returns how many shards were removed.
+func removeShards(ctx context.Context, s store.Store, before time.Time, page int) (int, error) {
 	removed := 0
 	var after store.ShardCursor
 	for {
 		shards, err := s.ShardsReconciled(ctx, after, before, page)
 		if err != nil {
-			t.Fatalf("reconciled shards: %v", err)
+			return removed, fmt.Errorf("reconciled shards: %w", err)
 		}
 		if len(shards) == 0 {
-			return removed
+			return removed, nil
 		}
 		after = store.ShardCursor{ExpiresAt: shards[len(shards)-1].ExpiresAt, ID: shards[len(shards)-1].ID}
 		var ids []string
@@ -44,30 +56,108 @@ func removeShardsBefore(t *testing.T, s store.Store, before time.Time, page int)
 		for i := range shards {
 			names, err := s.MetaNames(ctx, ledger.ShardUnknownPrefix(shards[i].ID), 100)
 			if err != nil {
-				t.Fatalf("receipt counters of %s: %v", shards[i].ID, err)
+				return removed, fmt.Errorf("receipt counters of %s: %w", shards[i].ID, err)
 			}
 			ids, unknown[shards[i].ID] = append(ids, shards[i].ID), names
 		}
-		inTx(t, s, func(ctx context.Context, tx store.Tx) {
-			book := store.NewBook(ctx, tx, 0)
-			n := ledger.RemoveShards(book, ids, before, unknown)
-			if err := book.Err(); err != nil {
-				t.Fatal(err)
-			}
-			if c := book.Changes(); !c.Empty() {
-				if err := tx.Write(ctx, c); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if err := tx.Commit(ctx); err != nil {
-				t.Fatal(err)
-			}
-			removed += n
-		})
+		n, err := removeShardsTx(ctx, s, ids, before, unknown)
+		if err != nil {
+			return removed, err
+		}
+		removed += n
 		if len(shards) < page {
-			return removed
+			return removed, nil
 		}
 	}
+}
+
+func removeShardsTx(ctx context.Context, s store.Store, ids []string, before time.Time, unknown map[string][]string) (int, error) {
+	tx, err := s.Begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback(ctx)
+	book := store.NewBook(ctx, tx, 0)
+	n := ledger.RemoveShards(book, ids, before, unknown)
+	if err := book.Err(); err != nil {
+		return 0, err
+	}
+	if c := book.Changes(); !c.Empty() {
+		if err := tx.Write(ctx, c); err != nil {
+			return 0, err
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, err
+	}
+	return n, nil
+}
+
+// Replicas removing the same shards at once (a lease handover): each
+// shard is removed, and folded into the retained totals, exactly once;
+// a pass that lost a race (ErrConflict) is run again, as the next
+// retention pass would.
+func testShardRetentionConcurrent(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	now := time.Date(2026, 7, 19, 14, 0, 0, 0, time.UTC)
+	key := ledger.PolicyKey{Subject: "tenant-sc", Route: "chat", Region: "eu"}
+	policy := ledger.Policy{Key: key, EmergencyMode: true,
+		Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: 10_000, RefillUnits: 1, RefillInterval: time.Hour}}}.WithDefaults()
+	_, signKey, _ := ed25519.GenerateKey(bytes.NewReader(make([]byte, 64)))
+	run := func(cmd ledger.Command) ledger.Result {
+		t.Helper()
+		res, err := apply(ctx, s, &cmd, now)
+		if err != nil || res.Err != nil {
+			t.Fatalf("%s: %+v, %v", cmd.Kind, res, err)
+		}
+		return res
+	}
+	gen := run(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &policy}).Generation
+	const shards = 24
+	for i := range shards {
+		id := fmt.Sprintf("sh-%02d", i)
+		run(ledger.Command{Kind: ledger.KindShardIssue, Subject: key.Subject, Route: key.Route, Region: key.Region,
+			Units: ledger.Amounts{10}, Shard: &ledger.ShardArgs{ShardID: id, GatewayID: "gw", BootEpoch: 1,
+				TTL: time.Minute, KeyID: "k1", Sign: ledger.Ed25519ShardSigner(signKey)}})
+		run(ledger.Command{Kind: ledger.KindShardReconcile, Shard: &ledger.ShardArgs{ShardID: id, GatewayID: "gw",
+			Receipts: []ledger.ShardReceipt{{ReservationID: "r", State: ledger.StateSettled, Actual: ledger.Amounts{4}}}}})
+	}
+	before := now.Add(time.Hour)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	total := 0
+	errs := make(chan error, 4)
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for attempt := 0; attempt < 100; attempt++ {
+				n, err := removeShards(ctx, s, before, 5)
+				mu.Lock()
+				total += n
+				mu.Unlock()
+				if err == nil {
+					return
+				}
+				if !errors.Is(err, store.ErrConflict) {
+					errs <- err
+					return
+				}
+			}
+			errs <- errors.New("still conflicting after 100 passes")
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if total != shards {
+		t.Fatalf("replicas removed %d shards in all, want %d", total, shards)
+	}
+	account := ledger.AccountKey{Subject: key.Subject, Route: key.Route, Region: key.Region, Generation: gen}
+	same(t, "retained shards", auditClean(t, s).RetainedShards, []ledger.RetainedShards{{Account: account, Shards: shards, Remints: shards,
+		Allocated: ledger.Amounts{10 * shards}, Spent: ledger.Amounts{4 * shards}, Reminted: ledger.Amounts{6 * shards}}})
 }
 
 // testShardRetention: retention removes exactly the settled shards
