@@ -32,11 +32,22 @@ const (
 // keeps (work still unknown) do not hold up the ones behind them, and
 // commits transactions of at most shardRemoveRows meta rows. It is safe
 // in any interleaving with reconciliations and with another replica
-// removing the same shards. It returns how many shards it removed, and
-// the first error (the rest is left to the next pass).
-func (c *Core) ShardsRemove(ctx context.Context, before time.Time, page int) (int, error) {
+// removing the same shards. After each transaction it calls pause (when
+// not nil) with the time the transaction took, and stops when pause
+// returns false. It returns how many shards it removed, and the first
+// error (the rest is left to the next pass).
+func (c *Core) ShardsRemove(ctx context.Context, before time.Time, page int, pause func(took time.Duration) bool) (int, error) {
 	total := 0
 	var after store.ShardCursor
+	commit := func(ids []string, unknown map[string][]string) (bool, error) {
+		started := time.Now()
+		n, err := c.removeShards(ctx, ids, before, unknown)
+		total += n
+		if err != nil {
+			return false, err
+		}
+		return pause == nil || pause(time.Since(started)), nil
+	}
 	for ctx.Err() == nil {
 		shards, err := c.store.ShardsReconciled(ctx, after, before, page)
 		if err != nil {
@@ -63,9 +74,7 @@ func (c *Core) ShardsRemove(ctx context.Context, before time.Time, page int) (in
 				continue
 			}
 			if rows+3+len(names) > shardRemoveRows && len(ids) > 0 {
-				n, err := c.removeShards(ctx, ids, before, unknown)
-				total += n
-				if err != nil {
+				if more, err := commit(ids, unknown); err != nil || !more {
 					return total, err
 				}
 				ids, unknown, rows = nil, map[string][]string{}, 0
@@ -75,9 +84,7 @@ func (c *Core) ShardsRemove(ctx context.Context, before time.Time, page int) (in
 			rows += 3 + len(names)
 		}
 		if len(ids) > 0 {
-			n, err := c.removeShards(ctx, ids, before, unknown)
-			total += n
-			if err != nil {
+			if more, err := commit(ids, unknown); err != nil || !more {
 				return total, err
 			}
 		}
@@ -112,10 +119,14 @@ func (c *Core) removeShards(ctx context.Context, ids []string, before time.Time,
 }
 
 // removeShards is the retention pass's step over emergency shards: those
-// settled and ended a retention window ago. It returns how many it
-// removed.
+// settled and ended a retention window ago, a transaction at a time,
+// paced as the pass's pages are (half the time idle, MaintenanceShare
+// while gateways are admitted, at least RetentionPause apart). It
+// returns how many it removed.
 func (e *Engine) removeShards(ctx context.Context) int {
-	n, err := e.core.ShardsRemove(ctx, e.opts.Clock().Add(-e.opts.Retention), shardRemovePage)
+	pace := e.newPacer(0.5)
+	n, err := e.core.ShardsRemove(ctx, e.opts.Clock().Add(-e.opts.Retention), shardRemovePage,
+		func(took time.Duration) bool { return pace.wait(ctx, took, e.opts.RetentionPause) })
 	e.retention.shardsRemoved.Add(uint64(n))
 	if err != nil {
 		if ctx.Err() == nil {
