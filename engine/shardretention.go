@@ -124,9 +124,14 @@ func (c *Core) removeShards(ctx context.Context, ids []string, before time.Time,
 // while gateways are admitted, at least RetentionPause apart). It
 // returns how many it removed.
 func (e *Engine) removeShards(ctx context.Context) int {
-	pace := e.newPacer(0.5)
+	var pace *pacer // made at the first transaction: a pass with no shard to remove makes none
 	n, err := e.core.ShardsRemove(ctx, e.opts.Clock().Add(-e.opts.Retention), shardRemovePage,
-		func(took time.Duration) bool { return pace.wait(ctx, took, e.opts.RetentionPause) })
+		func(took time.Duration) bool {
+			if pace == nil {
+				pace = e.newPacer(0.5)
+			}
+			return pace.wait(ctx, took, e.opts.RetentionPause)
+		})
 	e.retention.shardsRemoved.Add(uint64(n))
 	if err != nil {
 		if ctx.Err() == nil {
