@@ -161,9 +161,7 @@ type Engine struct {
 type retentionCounters struct {
 	passes, retired, forgotten, failed atomic.Uint64
 	// fencesFolded counts shard fence rows folded into the floor.
-	fencesFolded atomic.Uint64
-	// shardsRemoved counts settled shards removed (Core.ShardsRemove).
-	shardsRemoved        atomic.Uint64
+	fencesFolded         atomic.Uint64
 	lastPassAt, lastPass atomic.Int64
 	runningSince         atomic.Int64 // the pass under way's start, 0 when none runs
 	// rate is where the next pass measures this replica's finish rate
@@ -174,6 +172,9 @@ type retentionCounters struct {
 	// dueRate is the rate at which the last pass's rows came due, per
 	// second, from their finish times (retention.go, dueSpan).
 	dueRate float64
+
+	// shardsRemoved counts settled shards removed (Core.ShardsRemove).
+	shardsRemoved atomic.Uint64
 }
 
 // errBox holds the outcome of the last batch (or ready probe): its error,

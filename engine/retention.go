@@ -372,9 +372,6 @@ type RetentionStats struct {
 	// FencesFolded counts the shard fence rows of quiet gateways folded
 	// into the store's fence floor (Core.ShardFencesFold).
 	FencesFolded uint64
-	// ShardsRemoved counts the settled emergency shards removed with
-	// their meta rows (Core.ShardsRemove).
-	ShardsRemoved uint64
 	// LastPassAt and LastPass are the start and length of the last
 	// finished pass.
 	LastPassAt time.Time
@@ -384,6 +381,10 @@ type RetentionStats struct {
 	// than the retention interval shows the worker is behind before it
 	// ends, which under a saturating load may be hours away.
 	RunningSince time.Time
+
+	// ShardsRemoved counts the settled emergency shards removed with
+	// their meta rows (Core.ShardsRemove).
+	ShardsRemoved uint64
 }
 
 // runRetention is one retention pass: pages of RetentionBatch rows, each
@@ -512,6 +513,9 @@ func (e *Engine) runRetention(ctx context.Context) {
 	}
 	e.retention.rateMu.Unlock()
 	if ctx.Err() == nil {
+		removed += e.removeShards(ctx)
+	}
+	if ctx.Err() == nil {
 		folded, err := e.core.ShardFencesFold(ctx, e.opts.Clock().Add(-e.opts.Retention), shardFencePage)
 		e.retention.fencesFolded.Add(uint64(folded))
 		removed += folded
@@ -522,9 +526,6 @@ func (e *Engine) runRetention(ctx context.Context) {
 		} else {
 			e.fails.retention.ok("retention shard fences")
 		}
-	}
-	if ctx.Err() == nil {
-		removed += e.removeShards(ctx)
 	}
 	if removed > 0 {
 		e.reclaim(ctx, &e.fails.retention)
@@ -554,15 +555,15 @@ func sleep(ctx context.Context, d time.Duration) bool {
 func (e *Engine) RetentionStats() RetentionStats {
 	s := RetentionStats{On: e.opts.Retention > 0, Passes: e.retention.passes.Load(), Retired: e.retention.retired.Load(),
 		Forgotten: e.retention.forgotten.Load(), Failed: e.retention.failed.Load(),
-		FencesFolded:  e.retention.fencesFolded.Load(),
-		ShardsRemoved: e.retention.shardsRemoved.Load(),
-		LastPass:      time.Duration(e.retention.lastPass.Load())}
+		FencesFolded: e.retention.fencesFolded.Load(),
+		LastPass:     time.Duration(e.retention.lastPass.Load())}
 	if t := e.retention.lastPassAt.Load(); t != 0 {
 		s.LastPassAt = time.Unix(0, t)
 	}
 	if t := e.retention.runningSince.Load(); t != 0 {
 		s.RunningSince = time.Unix(0, t)
 	}
+	s.ShardsRemoved = e.retention.shardsRemoved.Load()
 	return s
 }
 

@@ -101,10 +101,7 @@ type RetentionStatus struct {
 	// FencesFolded: shard fence rows of quiet gateways folded into the
 	// store's fence floor.
 	FencesFolded uint64 `json:"shardFencesFolded"`
-	// ShardsRemoved: settled emergency shards removed with their meta
-	// rows, folded into retained shard totals.
-	ShardsRemoved uint64 `json:"shardsRemoved"`
-	Failed        uint64 `json:"failed"`
+	Failed       uint64 `json:"failed"`
 	// LastPassAt and LastPassSeconds: the start and length of the last
 	// finished pass.
 	LastPassAt      *time.Time `json:"lastPassAt,omitempty"`
@@ -113,6 +110,10 @@ type RetentionStatus struct {
 	// under way and how long it has run so far (absent when none runs).
 	PassRunningSince   *time.Time `json:"passRunningSince,omitempty"`
 	PassRunningSeconds float64    `json:"passRunningSeconds,omitempty"`
+
+	// ShardsRemoved: settled emergency shards removed with their meta
+	// rows, folded into retained shard totals.
+	ShardsRemoved uint64 `json:"shardsRemoved"`
 }
 
 // retentionReporter is the Ledger capability behind Status.Retention.
@@ -179,11 +180,12 @@ func (s *Server) status(ctx context.Context) Status {
 	}
 	if rr, ok := s.ledger.(retentionReporter); ok {
 		if r := rr.RetentionStats(); r.On {
-			st.Retention = &RetentionStatus{Passes: r.Passes, Retired: r.Retired, Forgotten: r.Forgotten, FencesFolded: r.FencesFolded, ShardsRemoved: r.ShardsRemoved, Failed: r.Failed,
+			st.Retention = &RetentionStatus{Passes: r.Passes, Retired: r.Retired, Forgotten: r.Forgotten, FencesFolded: r.FencesFolded, Failed: r.Failed,
 				LastPassAt: timePtr(r.LastPassAt), LastPassSeconds: r.LastPass.Seconds(), PassRunningSince: timePtr(r.RunningSince)}
 			if !r.RunningSince.IsZero() {
 				st.Retention.PassRunningSeconds = max(time.Since(r.RunningSince).Seconds(), 1e-9)
 			}
+			st.Retention.ShardsRemoved = r.ShardsRemoved
 		}
 	}
 	if r, ok := subjectIndexOf(s.console.store); ok {
