@@ -180,6 +180,9 @@ type retentionCounters struct {
 	// dueRate is the rate at which the last pass's rows came due, per
 	// second, from their finish times (retention.go, dueSpan).
 	dueRate float64
+
+	// shardsRemoved counts settled shards removed (Core.ShardsRemove).
+	shardsRemoved atomic.Uint64
 }
 
 // errBox holds the outcome of the last batch (or ready probe): its error,

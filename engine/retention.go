@@ -431,6 +431,10 @@ type RetentionStats struct {
 	// than the retention interval shows the worker is behind before it
 	// ends, which under a saturating load may be hours away.
 	RunningSince time.Time
+
+	// ShardsRemoved counts the settled emergency shards removed with
+	// their meta rows (Core.ShardsRemove).
+	ShardsRemoved uint64
 }
 
 // runRetention is one retention pass: pages of RetentionBatch rows, each
@@ -559,6 +563,9 @@ func (e *Engine) runRetention(ctx context.Context) {
 	}
 	e.retention.rateMu.Unlock()
 	if ctx.Err() == nil {
+		removed += e.removeShards(ctx)
+	}
+	if ctx.Err() == nil {
 		folded, err := e.core.ShardFencesFold(ctx, e.opts.Clock().Add(-e.opts.Retention), shardFencePage)
 		e.retention.fencesFolded.Add(uint64(folded))
 		removed += folded
@@ -617,6 +624,7 @@ func (e *Engine) RetentionStats() RetentionStats {
 	if t := e.retention.runningSince.Load(); t != 0 {
 		s.RunningSince = time.Unix(0, t)
 	}
+	s.ShardsRemoved = e.retention.shardsRemoved.Load()
 	return s
 }
 

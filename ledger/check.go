@@ -33,6 +33,10 @@ type Snapshot struct {
 	// Retained holds, per account, what retention removed (Retire): the
 	// spent and debt checks add it to the reservations still stored.
 	Retained []Retained
+	// RetainedShards holds, per account, the shards retention removed
+	// (RemoveShards): the shard checks add them to the shards still
+	// stored.
+	RetainedShards []RetainedShards
 	// Checkpoints is the checkpoint chain, oldest first; the last one
 	// carries its accounts, the others may be headers. Journal then holds
 	// the entries after the last one only.
@@ -337,6 +341,17 @@ func AuditWith(s *Snapshot, o AuditOptions) ([]Discrepancy, *Checkpoint) {
 					add(CheckShard, sh.Account, "", "shard %s %s: allocated %d != spent %d + unknown %d + reminted %d",
 						sh.ID, dimensionName(snapshotPolicy(s, sh.Account.Generation), d), sh.Allocated[d], sh.Spent[d], sh.Unknown[d], sh.Reminted[d])
 				}
+			}
+		}
+	}
+	for i := range s.RetainedShards {
+		rs := &s.RetainedShards[i]
+		t := get(rs.Account)
+		for d := range rs.Allocated {
+			t.shards[d] += rs.Allocated[d]
+			if rs.Spent[d]+rs.Reminted[d] != rs.Allocated[d] || rs.Spent[d] < 0 || rs.Reminted[d] < 0 {
+				add(CheckShard, rs.Account, "", "%d removed shards %s: allocated %d != spent %d + reminted %d",
+					rs.Shards, dimensionName(snapshotPolicy(s, rs.Account.Generation), d), rs.Allocated[d], rs.Spent[d], rs.Reminted[d])
 			}
 		}
 	}

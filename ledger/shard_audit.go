@@ -25,7 +25,10 @@ const (
 //   - the remint moves of each shard mint at most its Reminted, per
 //     dimension (less only when the active generation no longer limits a
 //     unit), so confirmed-unused capacity came back at most once;
-//   - every remint move names a stored shard;
+//   - every remint move names a stored shard, or a shard retention
+//     removed from its source account: those moves are as many as the
+//     account's retained shard totals count, and mint at most their
+//     Reminted, per dimension;
 //   - fences are unique per gateway, and every shard expires after it was
 //     issued.
 func auditShards(s *Snapshot) []Discrepancy {
@@ -57,6 +60,15 @@ func auditShards(s *Snapshot) []Discrepancy {
 		}
 		fences[k] = sh.ID
 	}
+	retained := make(map[AccountKey]*RetainedShards, len(s.RetainedShards))
+	for i := range s.RetainedShards {
+		retained[s.RetainedShards[i].Account] = &s.RetainedShards[i]
+	}
+	type orphan struct {
+		moves int64
+		units Amounts
+	}
+	orphans := map[AccountKey]orphan{}
 	reminted := map[string]Amounts{}
 	for i := range s.Moves {
 		m := &s.Moves[i]
@@ -64,6 +76,17 @@ func auditShards(s *Snapshot) []Discrepancy {
 			continue
 		}
 		id, ok := shardOfRemint(m.ReceiptID)
+		if ok && shards[id] == nil && retained[m.From] != nil {
+			// A removed shard's move: checked against its account's
+			// retained shard totals below.
+			o := orphans[m.From]
+			o.moves++
+			for d := range o.units {
+				o.units[d] += m.Units[d]
+			}
+			orphans[m.From] = o
+			continue
+		}
 		if !ok || shards[id] == nil {
 			add(CheckShardRemint, m.To, "remint move %s names no stored shard", m.ReceiptID)
 			continue
@@ -80,6 +103,20 @@ func auditShards(s *Snapshot) []Discrepancy {
 			if sum[d] > sh.Reminted[d] {
 				add(CheckShardRemint, sh.Account, "shard %s %s: remint moves minted %d, the shard confirmed %d unused",
 					id, dimensionName(snapshotPolicy(s, sh.Account.Generation), d), sum[d], sh.Reminted[d])
+			}
+		}
+	}
+	for i := range s.RetainedShards {
+		rs := &s.RetainedShards[i]
+		o := orphans[rs.Account]
+		if o.moves != rs.Remints {
+			add(CheckShardRemint, rs.Account, "%d remint moves name removed shards of the account, whose %d removed shards made %d",
+				o.moves, rs.Shards, rs.Remints)
+		}
+		for d := range o.units {
+			if o.units[d] > rs.Reminted[d] {
+				add(CheckShardRemint, rs.Account, "removed shards %s: remint moves minted %d, the shards confirmed %d unused",
+					dimensionName(snapshotPolicy(s, rs.Account.Generation), d), o.units[d], rs.Reminted[d])
 			}
 		}
 	}

@@ -88,6 +88,11 @@ func subjectIndexOf(cs store.ConsoleStore) (store.SubjectIndexReporter, bool) {
 	return r, ok
 }
 
+// retentionRemovedHelp is the help of capledger_retention_removed_total,
+// one for every kind.
+const retentionRemovedHelp = "Finished reservations (kind=reservation), tombstones (kind=tombstone), quiet gateways' shard fence rows (kind=shard_fence), " +
+	"settled emergency shards (kind=shard) and epoch statements past --statement-retention (kind=statement) retention removed."
+
 // RetentionStatus is the retention worker's part of Status.
 type RetentionStatus struct {
 	Passes    uint64 `json:"passes"`
@@ -99,7 +104,10 @@ type RetentionStatus struct {
 	// StatementsRemoved: epoch statements removed past serve
 	// --statement-retention.
 	StatementsRemoved uint64 `json:"statementsRemoved"`
-	Failed            uint64 `json:"failed"`
+	// ShardsRemoved: settled emergency shards removed with their meta
+	// rows, folded into retained shard totals.
+	ShardsRemoved uint64 `json:"shardsRemoved"`
+	Failed        uint64 `json:"failed"`
 	// LastPassAt and LastPassSeconds: the start and length of the last
 	// finished pass.
 	LastPassAt      *time.Time `json:"lastPassAt,omitempty"`
@@ -175,7 +183,7 @@ func (s *Server) status(ctx context.Context) Status {
 	if rr, ok := s.ledger.(retentionReporter); ok {
 		if r := rr.RetentionStats(); r.On {
 			st.Retention = &RetentionStatus{Passes: r.Passes, Retired: r.Retired, Forgotten: r.Forgotten, FencesFolded: r.FencesFolded,
-				StatementsRemoved: r.StatementsRemoved, Failed: r.Failed,
+				StatementsRemoved: r.StatementsRemoved, ShardsRemoved: r.ShardsRemoved, Failed: r.Failed,
 				LastPassAt: timePtr(r.LastPassAt), LastPassSeconds: r.LastPass.Seconds(), PassRunningSince: timePtr(r.RunningSince)}
 			if !r.RunningSince.IsZero() {
 				st.Retention.PassRunningSeconds = max(time.Since(r.RunningSince).Seconds(), 1e-9)
@@ -253,17 +261,18 @@ func (m *Metrics) registerMaintenance(l Ledger) {
 			return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels},
 				func() float64 { return float64(f(rr.RetentionStats())) })
 		}
-		const removedHelp = "Finished reservations (kind=reservation), tombstones (kind=tombstone), quiet gateways' shard fence rows (kind=shard_fence) and epoch statements past --statement-retention (kind=statement) retention removed."
 		m.registry.MustRegister(
 			counter("capledger_retention_passes_total", "Retention passes finished on this replica.", nil,
 				func(s engine.RetentionStats) uint64 { return s.Passes }),
-			counter("capledger_retention_removed_total", removedHelp,
+			counter("capledger_retention_removed_total", retentionRemovedHelp,
 				prometheus.Labels{"kind": "reservation"}, func(s engine.RetentionStats) uint64 { return s.Retired }),
-			counter("capledger_retention_removed_total", removedHelp,
+			counter("capledger_retention_removed_total", retentionRemovedHelp,
 				prometheus.Labels{"kind": "tombstone"}, func(s engine.RetentionStats) uint64 { return s.Forgotten }),
-			counter("capledger_retention_removed_total", removedHelp,
+			counter("capledger_retention_removed_total", retentionRemovedHelp,
 				prometheus.Labels{"kind": "shard_fence"}, func(s engine.RetentionStats) uint64 { return s.FencesFolded }),
-			counter("capledger_retention_removed_total", removedHelp,
+			counter("capledger_retention_removed_total", retentionRemovedHelp,
+				prometheus.Labels{"kind": "shard"}, func(s engine.RetentionStats) uint64 { return s.ShardsRemoved }),
+			counter("capledger_retention_removed_total", retentionRemovedHelp,
 				prometheus.Labels{"kind": "statement"}, func(s engine.RetentionStats) uint64 { return s.StatementsRemoved }),
 			counter("capledger_retention_failed_total", "Retention commands the ledger refused.", nil,
 				func(s engine.RetentionStats) uint64 { return s.Failed }),

@@ -44,6 +44,7 @@ type Book struct {
 	moveNew      map[string]bool
 	shards       map[string]*ledger.Shard
 	shardDirty   map[string]bool
+	shardGone    map[string]bool
 	statements   []ledger.Statement
 	journal      []ledger.JournalEntry
 	ret          bookRetention
@@ -242,6 +243,7 @@ func (b *Book) Shard(id string) (*ledger.Shard, bool) {
 func (b *Book) ShardPut(s *ledger.Shard) {
 	set(&b.shards, s.ID, s)
 	set(&b.shardDirty, s.ID, true)
+	delete(b.shardGone, s.ID)
 }
 
 func (b *Book) StatementPut(s ledger.Statement) { b.statements = append(b.statements, s) }
@@ -301,6 +303,7 @@ func (b *Book) Changes() *Changes {
 		c.Shards = append(c.Shards, *b.shards[id])
 	}
 	b.retentionChanges(c)
+	b.removedShards(c)
 	return c
 }
 

@@ -119,6 +119,7 @@ type Store interface {
 	DueIndexes
 	Leases
 	RetentionStore
+	ShardRetentionStore
 	CheckpointStore
 
 	Close() error
@@ -200,13 +201,17 @@ type Changes struct {
 	Journal         []ledger.JournalEntry
 	// Retention is what retire and forget commands wrote.
 	Retention RetentionChanges
+	// RemovedShards names shard rows retention removed
+	// (ledger.RemoveShards), in id order; a driver deletes them after it
+	// writes Shards (an id is never in both).
+	RemovedShards []string
 }
 
 // Empty reports whether the batch changed nothing.
 func (c *Changes) Empty() bool {
 	return len(c.Meta) == 0 && len(c.MetaRemoved) == 0 && len(c.Policies) == 0 && len(c.Heads) == 0 && len(c.Accounts) == 0 &&
 		len(c.Currents) == 0 && len(c.Reservations) == 0 && len(c.Moves) == 0 && len(c.Shards) == 0 &&
-		len(c.Statements) == 0 && len(c.Journal) == 0 && c.Retention.Empty()
+		len(c.Statements) == 0 && len(c.Journal) == 0 && c.Retention.Empty() && len(c.RemovedShards) == 0
 }
 
 // UnknownFilter selects USAGE_UNKNOWN reservations for ReservationsUnknown.

@@ -38,9 +38,12 @@ type rows struct {
 	// metaGone holds the meta names a transaction's overlay deleted
 	// (Changes.MetaRemoved); empty in the committed rows.
 	metaGone map[string]bool
-	policies map[uint64]*ledger.Policy
-	heads    map[ledger.PolicyKey]*ledger.PolicyHead
-	accounts map[ledger.AccountKey]*ledger.Account
+	// shardGone holds the shard ids a transaction's overlay deleted
+	// (Changes.RemovedShards); empty in the committed rows.
+	shardGone map[string]bool
+	policies  map[uint64]*ledger.Policy
+	heads     map[ledger.PolicyKey]*ledger.PolicyHead
+	accounts  map[ledger.AccountKey]*ledger.Account
 	// debtors holds the keys of the accounts whose row owes debt
 	// (store.RowInDebt), as the SQL stores' debtor index does, so
 	// AccountsInDebt need not read the others.
@@ -593,6 +596,7 @@ func (r *rows) snapshot() *ledger.Snapshot {
 	snap.Journal, _ = r.journalSince()
 	snap.Checkpoints = r.chainCopy()
 	snap.Retained = retainedSnapshot(r)
+	snap.RetainedShards = retainedShardsSnapshot(r)
 	return snap
 }
 

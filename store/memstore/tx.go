@@ -170,7 +170,7 @@ func (tx *Tx) MoveGet(ctx context.Context, receiptID string) (out *ledger.Move, 
 func (tx *Tx) ShardGet(ctx context.Context, id string) (out *ledger.Shard, err error) {
 	err = tx.get(ctx, func(p, c *rows) error {
 		v, ok := lookup(p.shards, c.shards, id)
-		if !ok {
+		if !ok || p.shardGone[id] {
 			return notFound("shard", id)
 		}
 		cp := copyShard(v)
@@ -293,6 +293,14 @@ func (tx *Tx) stage(c *store.Changes) error {
 			return fmt.Errorf("shard %s: %w", sh.ID, err)
 		}
 		p.shards[sh.ID] = &sh
+		delete(p.shardGone, sh.ID)
+	}
+	for _, id := range c.RemovedShards {
+		delete(p.shards, id)
+		if p.shardGone == nil {
+			p.shardGone = map[string]bool{}
+		}
+		p.shardGone[id] = true
 	}
 	for _, st := range c.Statements {
 		conv.Int(st.Account.Generation)
@@ -436,6 +444,9 @@ func (tx *Tx) apply() {
 	}
 	for k, v := range p.shards {
 		c.shards[k] = v
+	}
+	for k := range p.shardGone {
+		delete(c.shards, k)
 	}
 	for k := range p.statementIDs {
 		c.statementIDs[k] = true

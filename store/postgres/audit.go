@@ -171,6 +171,9 @@ func (s *Store) snapshotRows(ctx context.Context, tx pgx.Tx, reservations bool) 
 	if snap.Retained, err = s.retainedList(ctx, tx); err != nil {
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}
+	if snap.RetainedShards, err = s.retainedShardsList(ctx, tx); err != nil {
+		return nil, fmt.Errorf("snapshot: %w", err)
+	}
 	if err := tx.QueryRow(ctx, `SELECT COALESCE(MAX(value), 0) FROM meta WHERE name = $1`, store.MetaForgetsJournaledAfter).
 		Scan(&snap.ForgetsJournaledAfter); err != nil {
 		return nil, s.c.classify("snapshot: meta", err, false)

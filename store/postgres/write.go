@@ -209,6 +209,7 @@ func (t *tx) Write(ctx context.Context, c *store.Changes) error {
 	t.writeReservations(&w, c)
 	t.writeMoves(&w, c.Moves)
 	t.writeShards(&w, c.Shards)
+	t.deleteShards(&w, c.RemovedShards)
 	for i := range c.Statements {
 		t.writeStatement(&w, &c.Statements[i])
 	}
@@ -242,6 +243,9 @@ func (t *tx) written(c *store.Changes) {
 	}
 	for _, name := range c.MetaRemoved {
 		t.absent[rowKey{rank: rankMeta, a: name}] = true
+	}
+	for _, id := range c.RemovedShards {
+		t.absent[rowKey{rank: rankShard, a: id}] = true
 	}
 	for i := range c.Heads {
 		delete(t.absent, policyKeyRow(tagHead, c.Heads[i].Key))

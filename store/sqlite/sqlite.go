@@ -882,6 +882,9 @@ func (s *Store) snapshotRows(ctx context.Context, tx *sql.Tx, full bool) (*ledge
 	if snap.Retained, err = queryAll(ctx, q(retainedSnapshotSQL), scanRetained, "snapshot retained"); err != nil {
 		return nil, err
 	}
+	if snap.RetainedShards, err = retainedShards(ctx, q(metaPrefixSQL)); err != nil {
+		return nil, err
+	}
 	// Version 15's migration wrote the row (store.MetaForgetsJournaledAfter).
 	if err := tx.QueryRowContext(ctx, "SELECT COALESCE(MAX(value), 0) FROM meta WHERE name = ?", store.MetaForgetsJournaledAfter).
 		Scan(&snap.ForgetsJournaledAfter); err != nil {

@@ -457,6 +457,9 @@ func (tx *Tx) write(ctx context.Context, c *store.Changes) error {
 			return err
 		}
 	}
+	if err := tx.deleteShards(ctx, &conv, c.RemovedShards); err != nil {
+		return err
+	}
 	statements := make([]*ledger.Statement, len(c.Statements))
 	for i := range c.Statements {
 		statements[i] = &c.Statements[i]

@@ -98,6 +98,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"RecordScenario", testRecordScenario},
 	}
 	tests = append(tests, retentionCases...)
+	tests = append(tests, shardRetentionCases...)
 	tests = append(tests, rolloutCases...)
 	tests = append(tests, checkpointCases...)
 	tests = append(tests, consoleCases...)

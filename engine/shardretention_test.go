@@ -1,0 +1,150 @@
+package engine
+
+import (
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+)
+
+// A fleet re-issues shards every few minutes: each cycle issues shards to
+// a new pod, reconciles them (some usage, the rest reminted, a receipt
+// left unknown and resolved in the next cycle), and retention removes the
+// settled ones a window after they ended. Shard rows and their meta rows
+// stay flat over the cycles instead of growing with every shard issued;
+// an unreconciled shard and one still holding unknown work are kept; the
+// audit adds the removed shards up exactly; shard list and drain progress
+// read the kept shards and still count the unreconciled one; and a
+// reconciliation sent again for a removed shard is not found and
+// reminds nothing.
+func TestRetentionKeepsShardsFlat(t *testing.T) {
+	for name, open := range memstoreAndSQLite {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			clk := newClock()
+			st := open(t)
+			e := New(st, Options{Clock: clk.Now, DisableWorkers: true, Retention: time.Hour,
+				TombstoneRetention: 2 * time.Hour, RetentionPause: time.Millisecond})
+			defer e.Close()
+			p := ledger.Policy{Key: ledger.PolicyKey{Subject: "tenant-7", Route: "chat.generate", Region: "eu"},
+				Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: 1_000_000}}, EmergencyMode: true}.WithDefaults()
+			res, err := e.Do(ctx, ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p})
+			if err != nil || res.Err != nil {
+				t.Fatalf("publish: %+v %v", res, err)
+			}
+			gen := res.Generation
+			_, key, _ := ed25519.GenerateKey(bytes.NewReader(make([]byte, 64)))
+			do := func(cmd ledger.Command) ledger.Result {
+				t.Helper()
+				res, err := e.Do(ctx, cmd)
+				if err != nil || res.Err != nil {
+					t.Fatalf("%s %s: %+v %v", cmd.Kind, cmd.Shard.ShardID, res, err)
+				}
+				return res
+			}
+			shards := 0
+			issue := func(gateway string, ttl time.Duration) string {
+				t.Helper()
+				shards++
+				id := fmt.Sprintf("sh-%d", shards)
+				do(ledger.Command{Kind: ledger.KindShardIssue, Subject: "tenant-7", Route: "chat.generate", Region: "eu",
+					Units: ledger.Amounts{10}, Shard: &ledger.ShardArgs{ShardID: id, GatewayID: gateway, BootEpoch: 1,
+						TTL: ttl, KeyID: "k1", Sign: ledger.Ed25519ShardSigner(key)}})
+				return id
+			}
+			reconcile := func(id, gateway string, receipts ...ledger.ShardReceipt) {
+				t.Helper()
+				do(ledger.Command{Kind: ledger.KindShardReconcile, Shard: &ledger.ShardArgs{ShardID: id, GatewayID: gateway, Receipts: receipts}})
+			}
+			issue("gw-live", 1000*time.Hour) // never reconciled
+			stuck := issue("gw-stuck", time.Minute)
+			reconcile(stuck, "gw-stuck", ledger.ShardReceipt{ReservationID: "r", State: ledger.StateUsageUnknown, Reserved: ledger.Amounts{4}})
+			const cycles = 30
+			var rows, metas []int
+			var first string
+			type pendingReceipt struct{ shard, gateway string }
+			var late []pendingReceipt
+			for cycle := range cycles {
+				for _, l := range late { // resolve last cycle's unknown work
+					reconcile(l.shard, l.gateway, ledger.ShardReceipt{ReservationID: "u", State: ledger.StateSettled, Actual: ledger.Amounts{2}})
+				}
+				late = late[:0]
+				gateway := fmt.Sprintf("pod-%d", cycle)
+				for i := range 3 {
+					id := issue(gateway, time.Minute)
+					if first == "" {
+						first = id
+					}
+					receipts := []ledger.ShardReceipt{{ReservationID: "s", State: ledger.StateSettled, Actual: ledger.Amounts{3}}}
+					if i == 0 {
+						receipts = append(receipts, ledger.ShardReceipt{ReservationID: "u", State: ledger.StateStarted, Reserved: ledger.Amounts{5}})
+						late = append(late, pendingReceipt{id, gateway})
+					}
+					reconcile(id, gateway, receipts...)
+				}
+				clk.Advance(20 * time.Minute)
+				if err := e.RunRetention(ctx); err != nil {
+					t.Fatal(err)
+				}
+				list, err := e.Shards(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				names, err := st.MetaNames(ctx, "shard_", 1<<20)
+				if err != nil {
+					t.Fatal(err)
+				}
+				rows, metas = append(rows, len(list)), append(metas, len(names))
+			}
+			t.Logf("shard rows per cycle %v, meta rows %v", rows, metas)
+			// A window of an hour at three shards every 20 minutes: the
+			// last few cycles' shards, gw-live's and gw-stuck's.
+			for cycle := 10; cycle < cycles; cycle++ {
+				if rows[cycle] > 14 || rows[cycle] != rows[9] || metas[cycle] != metas[9] {
+					t.Fatalf("shard rows per cycle %v, meta rows %v: not flat (cycle %d)", rows, metas, cycle)
+				}
+			}
+			for _, id := range []string{"sh-1", stuck} {
+				if _, err := e.Shard(ctx, id); err != nil {
+					t.Fatalf("kept shard %s: %v", id, err)
+				}
+			}
+			if _, err := e.Shard(ctx, first); !errors.Is(err, store.ErrNotFound) {
+				t.Fatalf("first pod's shard %s: %v, want it removed", first, err)
+			}
+			if s := e.RetentionStats(); s.ShardsRemoved < 3*(cycles-4) {
+				t.Fatalf("stats %+v: removed %d shards", s, s.ShardsRemoved)
+			}
+			drains, err := e.DrainProgress(ctx, []uint64{gen})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d := drains[0]; d.UnreconciledShards != 1 || d.ShardUnits[0] != 10 {
+				t.Fatalf("drain progress %+v: want gw-live's shard alone unreconciled", d)
+			}
+			auditClean(t, e)
+			before, err := st.AccountGet(ctx, ledger.AccountKey{Subject: "tenant-7", Route: "chat.generate", Region: "eu", Generation: gen})
+			if err != nil {
+				t.Fatal(err)
+			}
+			res, err = e.Do(ctx, ledger.Command{Kind: ledger.KindShardReconcile, Shard: &ledger.ShardArgs{ShardID: first, GatewayID: "pod-0",
+				Receipts: []ledger.ShardReceipt{{ReservationID: "s", State: ledger.StateSettled, Actual: ledger.Amounts{3}}}}})
+			if err != nil || !errors.Is(res.Err, ledger.ErrShardNotFound) {
+				t.Fatalf("reconcile of a removed shard: %+v %v", res, err)
+			}
+			after, err := st.AccountGet(ctx, before.Key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if after.Balances[0].Available != before.Balances[0].Available {
+				t.Fatalf("a reconciliation of a removed shard changed available: %d, was %d", after.Balances[0].Available, before.Balances[0].Available)
+			}
+		})
+	}
+}

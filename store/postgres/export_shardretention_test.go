@@ -1,0 +1,7 @@
+package postgres
+
+// The shard retention reads, for the plan test.
+var (
+	ShardsReconciledSQL      = sqlShardsReconciled
+	ShardsReconciledAfterSQL = sqlShardsReconciledAfter
+)

@@ -1,0 +1,11 @@
+-- capledger schema version 16: retention of settled emergency shards.
+--
+-- Retention removes a shard once it is reconciled with nothing left
+-- unknown and ended a retention window ago (ledger.RemoveShards);
+-- ShardsReconciled reads the candidates through this index of reconciled
+-- shards by expiry, so it reads no live or unreconciled shard. The
+-- retained shard totals are meta rows (ledger.MetaShardRetainedPrefix).
+-- Migrations run in one transaction, so this is a plain CREATE INDEX (it
+-- blocks writes to shards while it builds); build it beforehand with
+-- CREATE INDEX CONCURRENTLY under this name, and this step does nothing.
+CREATE INDEX IF NOT EXISTS shards_reconciled ON shards (expires_at, id) WHERE reconciled;

@@ -1,0 +1,113 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+)
+
+// Retention of settled emergency shards (schema version 17): the partial
+// index shards_reconciled finds the candidates; the retained shard totals
+// are meta rows (ledger.MetaShardRetainedPrefix), read by prefix.
+const (
+	sqlShardsReconciled      = shardSelect + ` WHERE reconciled AND expires_at <= $1 ORDER BY expires_at, id LIMIT $2`
+	sqlShardsReconciledAfter = shardSelect + ` WHERE reconciled AND expires_at <= $1 AND (expires_at, id) > ($2, $3)
+	ORDER BY expires_at, id LIMIT $4`
+	// The meta rows are few beside reservations (global counters, a
+	// fence row per recent gateway, a shard's own while it is kept), so
+	// a prefix is read by starts_with, which is bytes compared whatever
+	// the database's collation.
+	sqlMetaNames    = `SELECT name FROM meta WHERE starts_with(name, $1) ORDER BY name COLLATE "C" LIMIT $2`
+	sqlMetaPrefix   = `SELECT name, value FROM meta WHERE starts_with(name, $1)`
+	sqlShardsDelete = `DELETE FROM shards WHERE id = ANY($1)`
+)
+
+// ShardsReconciled returns up to limit reconciled shards expiring at or
+// before before, after the cursor in (expires_at, id) order, through the
+// partial index shards_reconciled (store.ShardRetentionStore).
+func (s *Store) ShardsReconciled(ctx context.Context, after store.ShardCursor, before time.Time, limit int) ([]ledger.Shard, error) {
+	if limit <= 0 {
+		return nil, fmt.Errorf("reconciled shards: limit %d, want a positive one", limit)
+	}
+	var conv codecConv
+	cutoff := conv.Nanos(before)
+	q, args := sqlShardsReconciled, []any{cutoff, limit}
+	if after != (store.ShardCursor{}) {
+		q, args = sqlShardsReconciledAfter, []any{cutoff, conv.Nanos(after.ExpiresAt), after.ID, limit}
+	}
+	if err := conv.Err(); err != nil {
+		return nil, fmt.Errorf("reconciled shards: %w", err)
+	}
+	rows, err := s.pool.Query(ctx, q, args...)
+	if err != nil {
+		return nil, s.c.classify("reconciled shards", err, false)
+	}
+	defer rows.Close()
+	var out []ledger.Shard
+	for rows.Next() {
+		sh, err := scanShard(rows)
+		if err != nil {
+			return nil, s.c.classify("reconciled shards", err, false)
+		}
+		out = append(out, *sh)
+	}
+	return out, s.c.classify("reconciled shards", rows.Err(), false)
+}
+
+// MetaNames returns up to limit meta names that begin with prefix, in
+// bytes order (store.ShardRetentionStore).
+func (s *Store) MetaNames(ctx context.Context, prefix string, limit int) ([]string, error) {
+	if limit <= 0 || prefix == "" {
+		return nil, fmt.Errorf("meta names %q: limit %d, want a prefix and a positive limit", prefix, limit)
+	}
+	rows, err := s.pool.Query(ctx, sqlMetaNames, prefix, limit)
+	if err != nil {
+		return nil, s.c.classify("meta names "+prefix, err, false)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	return names, s.c.classify("meta names "+prefix, err, false)
+}
+
+// deleteShards queues the deletion of the shard rows retention removed;
+// Write queues it after the batch's shard writes.
+func (t *tx) deleteShards(w *batchWriter, ids []string) {
+	if len(ids) > 0 {
+		w.queueLookup("delete shards", sqlShardsDelete, ids)
+	}
+}
+
+// retainedShardsList reads the retained shard totals from their meta
+// rows, by account key.
+func (s *Store) retainedShardsList(ctx context.Context, q querier) ([]ledger.RetainedShards, error) {
+	rows, err := q.Query(ctx, sqlMetaPrefix, ledger.MetaShardRetainedPrefix)
+	if err != nil {
+		return nil, s.c.classify("retained shards", err, false)
+	}
+	defer rows.Close()
+	by := map[ledger.AccountKey]*ledger.RetainedShards{}
+	for rows.Next() {
+		var (
+			name  string
+			value int64
+		)
+		if err := rows.Scan(&name, &value); err != nil {
+			return nil, s.c.classify("retained shards", err, false)
+		}
+		ledger.ParseRetainedShards(by, name, value)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, s.c.classify("retained shards", err, false)
+	}
+	var out []ledger.RetainedShards
+	for _, k := range slices.SortedFunc(maps.Keys(by), ledger.AccountKey.Compare) {
+		out = append(out, *by[k])
+	}
+	return out, nil
+}

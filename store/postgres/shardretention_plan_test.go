@@ -1,0 +1,50 @@
+package postgres_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/capledger/capledger/store/postgres"
+)
+
+// Shard retention reads reconciled shards through the partial index
+// shards_reconciled, in its order, in the generic plan, on a table where
+// most shards are live or unreconciled: never a scan of the table.
+func TestShardsReconciledUsesItsIndex(t *testing.T) {
+	_, dsn := openStore(t)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	for _, q := range []string{
+		`INSERT INTO shards (id, subject, route, region, generation, gateway_id, boot_epoch, fence, allocated, spent, unknown,
+			reminted, issued_at, expires_at, key_id, signature, reconciled)
+		SELECT 'sh-' || i, 'tenant' || i % 10, 'chat.generate', 'eu', 1, 'gw-' || i, 1, 1, '{10,0,0,0}', '{0,0,0,0}', '{0,0,0,0}',
+			'{0,0,0,0}', i, i + 60, 'k1', '\x00', i % 50 = 0
+		FROM generate_series(1, 20000) AS i`,
+		`ANALYZE shards`,
+		`SET plan_cache_mode = force_generic_plan`,
+	} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	for name, c := range map[string]struct {
+		query string
+		args  []any
+	}{
+		"first page":     {postgres.ShardsReconciledSQL, []any{int64(1000), 64}},
+		"after a cursor": {postgres.ShardsReconciledAfterSQL, []any{int64(1000), int64(500), "sh-440", 64}},
+	} {
+		plan := genericPlan(t, conn, c.query, c.args)
+		t.Logf("%s:\n%s", name, plan)
+		if !strings.Contains(plan, "shards_reconciled") || strings.Contains(plan, "Seq Scan") || strings.Contains(plan, "Sort") {
+			t.Errorf("reconciled shards, %s: not read through shards_reconciled in its order:\n%s", name, plan)
+		}
+	}
+}

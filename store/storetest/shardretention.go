@@ -1,0 +1,385 @@
+package storetest
+
+import (
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+)
+
+// shardRetentionCases are the checks of the retention of emergency
+// shards, run by Run.
+var shardRetentionCases = []struct {
+	name string
+	f    func(t *testing.T, s store.Store)
+}{
+	{"ShardRetention", testShardRetention},
+	{"ShardRetentionConcurrentReplicas", testShardRetentionConcurrent},
+}
+
+// removeShardsBefore runs what the engine's Core.ShardsRemove runs
+// (removeShards) and fails t on an error.
+func removeShardsBefore(t *testing.T, s store.Store, before time.Time, page int) int {
+	t.Helper()
+	n, err := removeShards(context.Background(), s, before, page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// removeShards runs what the engine's Core.ShardsRemove runs: pages of
+// ShardsReconciled after a cursor, each shard's receipt counters
+// (MetaNames), and ledger.RemoveShards in a transaction per page. It
+// returns how many shards were removed.
+func removeShards(ctx context.Context, s store.Store, before time.Time, page int) (int, error) {
+	removed := 0
+	var after store.ShardCursor
+	for {
+		shards, err := s.ShardsReconciled(ctx, after, before, page)
+		if err != nil {
+			return removed, fmt.Errorf("reconciled shards: %w", err)
+		}
+		if len(shards) == 0 {
+			return removed, nil
+		}
+		after = store.ShardCursor{ExpiresAt: shards[len(shards)-1].ExpiresAt, ID: shards[len(shards)-1].ID}
+		var ids []string
+		unknown := map[string][]string{}
+		for i := range shards {
+			names, err := s.MetaNames(ctx, ledger.ShardUnknownPrefix(shards[i].ID), 100)
+			if err != nil {
+				return removed, fmt.Errorf("receipt counters of %s: %w", shards[i].ID, err)
+			}
+			ids, unknown[shards[i].ID] = append(ids, shards[i].ID), names
+		}
+		n, err := removeShardsTx(ctx, s, ids, before, unknown)
+		if err != nil {
+			return removed, err
+		}
+		removed += n
+		if len(shards) < page {
+			return removed, nil
+		}
+	}
+}
+
+func removeShardsTx(ctx context.Context, s store.Store, ids []string, before time.Time, unknown map[string][]string) (int, error) {
+	tx, err := s.Begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback(ctx)
+	book := store.NewBook(ctx, tx, 0)
+	n := ledger.RemoveShards(book, ids, before, unknown)
+	if err := book.Err(); err != nil {
+		return 0, err
+	}
+	if c := book.Changes(); !c.Empty() {
+		if err := tx.Write(ctx, c); err != nil {
+			return 0, err
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, err
+	}
+	return n, nil
+}
+
+// Replicas removing the same shards at once (a lease handover): each
+// shard is removed, and folded into the retained totals, exactly once;
+// a pass that lost a race (ErrConflict) is run again, as the next
+// retention pass would.
+func testShardRetentionConcurrent(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	now := time.Date(2026, 7, 19, 14, 0, 0, 0, time.UTC)
+	key := ledger.PolicyKey{Subject: "tenant-sc", Route: "chat", Region: "eu"}
+	policy := ledger.Policy{Key: key, EmergencyMode: true,
+		Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: 10_000, RefillUnits: 1, RefillInterval: time.Hour}}}.WithDefaults()
+	_, signKey, _ := ed25519.GenerateKey(bytes.NewReader(make([]byte, 64)))
+	run := func(cmd ledger.Command) ledger.Result {
+		t.Helper()
+		res, err := apply(ctx, s, &cmd, now)
+		if err != nil || res.Err != nil {
+			t.Fatalf("%s: %+v, %v", cmd.Kind, res, err)
+		}
+		return res
+	}
+	gen := run(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &policy}).Generation
+	const shards = 24
+	for i := range shards {
+		id := fmt.Sprintf("sh-%02d", i)
+		run(ledger.Command{Kind: ledger.KindShardIssue, Subject: key.Subject, Route: key.Route, Region: key.Region,
+			Units: ledger.Amounts{10}, Shard: &ledger.ShardArgs{ShardID: id, GatewayID: "gw", BootEpoch: 1,
+				TTL: time.Minute, KeyID: "k1", Sign: ledger.Ed25519ShardSigner(signKey)}})
+		run(ledger.Command{Kind: ledger.KindShardReconcile, Shard: &ledger.ShardArgs{ShardID: id, GatewayID: "gw",
+			Receipts: []ledger.ShardReceipt{{ReservationID: "r", State: ledger.StateSettled, Actual: ledger.Amounts{4}}}}})
+	}
+	before := now.Add(time.Hour)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	total := 0
+	errs := make(chan error, 4)
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for attempt := 0; attempt < 100; attempt++ {
+				n, err := removeShards(ctx, s, before, 5)
+				mu.Lock()
+				total += n
+				mu.Unlock()
+				if err == nil {
+					return
+				}
+				if !errors.Is(err, store.ErrConflict) {
+					errs <- err
+					return
+				}
+			}
+			errs <- errors.New("still conflicting after 100 passes")
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if total != shards {
+		t.Fatalf("replicas removed %d shards in all, want %d", total, shards)
+	}
+	account := ledger.AccountKey{Subject: key.Subject, Route: key.Route, Region: key.Region, Generation: gen}
+	same(t, "retained shards", auditClean(t, s).RetainedShards, []ledger.RetainedShards{{Account: account, Shards: shards, Remints: shards,
+		Allocated: ledger.Amounts{10 * shards}, Spent: ledger.Amounts{4 * shards}, Reminted: ledger.Amounts{6 * shards}}})
+}
+
+// testShardRetention: retention removes exactly the settled shards
+// (reconciled, nothing unknown, no receipt left pending) that ended (their
+// expiry, or their last remint when later) at or before the cutoff, with
+// their meta rows; it keeps shards live, unreconciled, holding unknown
+// work, or with a receipt left unknown that holds nothing. The audit, of
+// the snapshot and of the streamed one, adds the removed shards' retained
+// totals up exactly, and still reports a retained total or a remint move
+// planted after the removal. A reconciliation sent again for a removed
+// shard is ErrShardNotFound and reminds nothing.
+func testShardRetention(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	start := time.Date(2026, 7, 19, 14, 0, 0, 0, time.UTC)
+	now := start
+	key := ledger.PolicyKey{Subject: "tenant-sr", Route: "chat", Region: "eu"}
+	policy := ledger.Policy{Key: key, EmergencyMode: true,
+		Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: 1000, RefillUnits: 1, RefillInterval: time.Hour}}}.WithDefaults()
+	_, signKey, _ := ed25519.GenerateKey(bytes.NewReader(make([]byte, 64)))
+	run := func(cmd ledger.Command) ledger.Result {
+		t.Helper()
+		res, err := apply(ctx, s, &cmd, now)
+		if err != nil || res.Err != nil {
+			t.Fatalf("%s at %s: %+v, %v", cmd.Kind, now, res, err)
+		}
+		now = now.Add(time.Second)
+		return res
+	}
+	gen := run(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &policy}).Generation
+	account := ledger.AccountKey{Subject: key.Subject, Route: key.Route, Region: key.Region, Generation: gen}
+	issue := func(id string, units ledger.Units) {
+		t.Helper()
+		run(ledger.Command{Kind: ledger.KindShardIssue, Subject: key.Subject, Route: key.Route, Region: key.Region,
+			Units: ledger.Amounts{units}, Shard: &ledger.ShardArgs{ShardID: id, GatewayID: "gw-1", BootEpoch: 1,
+				TTL: time.Minute, KeyID: "k1", Sign: ledger.Ed25519ShardSigner(signKey)}})
+	}
+	reconcile := func(id string, receipts ...ledger.ShardReceipt) ledger.Result {
+		t.Helper()
+		return run(ledger.Command{Kind: ledger.KindShardReconcile, Shard: &ledger.ShardArgs{ShardID: id, GatewayID: "gw-1", Receipts: receipts}})
+	}
+	settled := func(id string, used ledger.Units) ledger.ShardReceipt {
+		return ledger.ShardReceipt{ReservationID: id, State: ledger.StateSettled, Reserved: ledger.Amounts{used}, Actual: ledger.Amounts{used}}
+	}
+	unknownHold := func(id string, held ledger.Units) ledger.ShardReceipt {
+		return ledger.ShardReceipt{ReservationID: id, State: ledger.StateUsageUnknown, Reserved: ledger.Amounts{held}}
+	}
+	for _, id := range []string{"sh-a", "sh-b", "sh-c", "sh-d", "sh-e", "sh/f", "sh-late"} {
+		issue(id, 100)
+	}
+	now = start.Add(2 * time.Minute)                                                        // every shard expired
+	reconcile("sh-a", settled("a1", 30))                                                    // reminted 70
+	reconcile("sh-b", unknownHold("b1", 20), settled("b2", 10))                             // reminted 70, 20 unknown
+	reconcile("sh-b", settled("b1", 5))                                                     // resolved: reminted 15 more
+	reconcile("sh-c", ledger.ShardReceipt{ReservationID: "c1", State: ledger.StateStarted}) // pending, holding nothing
+	reconcile("sh-d", unknownHold("d1", 10))                                                // 10 unknown
+	reconcile("sh/f", settled("f1", 100))                                                   // nothing reminted: no move
+	if res, err := apply(ctx, s, &ledger.Command{Kind: ledger.KindShardReconcile,
+		Shard: &ledger.ShardArgs{ShardID: "sh-a", GatewayID: "gw-1"}}, now); err != nil || !errors.Is(res.Err, ledger.ErrShardAlreadyReconciled) {
+		t.Fatalf("second submission: %+v %v", res, err) // counted in shard_refused/sh-a
+	}
+	now = start.Add(30 * time.Minute)
+	reconcile("sh-late", settled("l1", 40)) // reminted 60, a move at +30m
+	auditClean(t, s)
+
+	// The candidates: reconciled shards by expiry, then id, in pages.
+	var listed []string
+	var after store.ShardCursor
+	for {
+		page, err := s.ShardsReconciled(ctx, after, start.Add(time.Hour), 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, sh := range page {
+			listed = append(listed, sh.ID)
+		}
+		if len(page) < 2 {
+			break
+		}
+		after = store.ShardCursor{ExpiresAt: page[1].ExpiresAt, ID: page[1].ID}
+	}
+	sameIDs(t, "reconciled shards", listed, []string{"sh-a", "sh-b", "sh-c", "sh-d", "sh/f", "sh-late"})
+	if none, err := s.ShardsReconciled(ctx, store.ShardCursor{}, start, 10); err != nil || len(none) != 0 {
+		t.Fatalf("reconciled shards expiring before the first expiry: %v %v", none, err)
+	}
+	if _, err := s.ShardsReconciled(ctx, store.ShardCursor{}, start, 0); err == nil {
+		t.Error("ShardsReconciled with limit 0: no error")
+	}
+	names, err := s.MetaNames(ctx, ledger.ShardUnknownPrefix("sh-b"), 10)
+	sameIDs(t, "sh-b's receipt counters", names, []string{ledger.MetaShardReceipt("sh-b", "b1"), ledger.MetaShardReceipt("sh-b", "b1") + "/0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.MetaNames(ctx, "shard_unknown/", 0); err == nil {
+		t.Error("MetaNames with limit 0: no error")
+	}
+
+	accountBefore, err := s.AccountGet(ctx, account)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Nothing ended by the first expiry; by +90s only sh/f (no remint):
+	// the others' remints came at +2m.
+	if n := removeShardsBefore(t, s, start.Add(time.Minute), 10); n != 0 {
+		t.Fatalf("removed %d shards before anything ended", n)
+	}
+	if n := removeShardsBefore(t, s, start.Add(90*time.Second), 10); n != 1 {
+		t.Fatalf("removed %d shards by +90s, want sh/f", n)
+	}
+	if n := removeShardsBefore(t, s, start.Add(10*time.Minute), 1); n != 2 {
+		t.Fatalf("removed %d shards by +10m, want sh-a and sh-b", n)
+	}
+	for _, id := range []string{"sh-a", "sh-b", "sh/f"} {
+		_, err := s.ShardGet(ctx, id)
+		mustNotFound(t, "removed shard "+id, err)
+	}
+	for _, id := range []string{"sh-c", "sh-d", "sh-e", "sh-late"} {
+		if _, err := s.ShardGet(ctx, id); err != nil {
+			t.Errorf("kept shard %s: %v", id, err)
+		}
+	}
+	for _, name := range []string{"shard_moves/sh-a", "shard_moves/sh-b", ledger.MetaShardRefusedFor("sh-a"), ledger.MetaShardReceipt("sh-b", "b1"),
+		ledger.MetaShardReceipt("sh-b", "b1") + "/0"} {
+		if v, found := metaOf(t, s, name); found {
+			t.Errorf("meta row %s of a removed shard is left: %d", name, v)
+		}
+	}
+	if v, found := metaOf(t, s, ledger.MetaShardReceipt("sh-c", "c1")); !found || ledger.ShardReceiptStandingOf(v) != ledger.ShardReceiptPending {
+		t.Errorf("kept shard's pending receipt: %d %v", v, found)
+	}
+	if v, found := metaOf(t, s, ledger.MetaShardRemints); !found || v != 6 {
+		t.Errorf("remints counter: %d %v, want all 6 remints counted", v, found)
+	}
+	want := []ledger.RetainedShards{{Account: account, Shards: 3, Remints: 3,
+		Allocated: ledger.Amounts{300}, Spent: ledger.Amounts{30 + 15 + 100}, Reminted: ledger.Amounts{70 + 85}}}
+	snap := auditClean(t, s)
+	same(t, "retained shards", snap.RetainedShards, want)
+	if n := removeShardsBefore(t, s, start.Add(40*time.Minute), 10); n != 1 {
+		t.Fatalf("removed %d shards by +40m, want sh-late", n)
+	}
+	want[0].Shards, want[0].Remints, want[0].Allocated[0], want[0].Spent[0], want[0].Reminted[0] = 4, 4, 400, 185, 215
+	same(t, "retained shards", auditClean(t, s).RetainedShards, want)
+	if n := removeShardsBefore(t, s, start.Add(time.Hour), 10); n != 0 {
+		t.Fatalf("a second pass removed %d", n)
+	}
+	streamed := func() []ledger.Discrepancy {
+		t.Helper()
+		var out []ledger.Discrepancy
+		if err := s.AuditSnapshot(ctx, false, func(snap *ledger.Snapshot, _ int64) error {
+			out = ledger.Audit(snap)
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	for _, d := range streamed() {
+		t.Errorf("streamed audit: %s", d)
+	}
+
+	// A reconciliation sent again for a removed shard: not found, and
+	// nothing is reminted twice.
+	res, err := apply(ctx, s, &ledger.Command{Kind: ledger.KindShardReconcile,
+		Shard: &ledger.ShardArgs{ShardID: "sh-a", GatewayID: "gw-1", Receipts: []ledger.ShardReceipt{settled("a1", 30)}}}, now)
+	if err != nil || !errors.Is(res.Err, ledger.ErrShardNotFound) || res.Move != nil {
+		t.Fatalf("reconcile of a removed shard: %+v %v", res, err)
+	}
+	accountAfter, err := s.AccountGet(ctx, account)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if accountAfter.Balances[0] != accountBefore.Balances[0] {
+		t.Fatalf("removal or a replay changed the account: %+v, was %+v", accountAfter.Balances[0], accountBefore.Balances[0])
+	}
+
+	// Planted after the removal: a retained total that no longer adds up,
+	// then a second remint move under a removed shard's name.
+	allocated := "shard_retained/tenant-sr/chat/eu/" + itoa(gen) + "/allocated/0"
+	if v, found := metaOf(t, s, allocated); !found || v != 400 {
+		t.Fatalf("retained allocated row %s: %d %v", allocated, v, found)
+	}
+	commit(t, s, &store.Changes{Meta: map[string]int64{allocated: 401}})
+	wantCheck(t, "planted retained allocation", ledger.Audit(mustSnapshot(t, s)), ledger.CheckShard)
+	wantCheck(t, "planted retained allocation, streamed", streamed(), ledger.CheckShard)
+	commit(t, s, &store.Changes{Meta: map[string]int64{allocated: 400}})
+	auditClean(t, s)
+	spent := "shard_retained/tenant-sr/chat/eu/" + itoa(gen) + "/spent/0"
+	commit(t, s, &store.Changes{Meta: map[string]int64{spent: 184}})
+	wantCheck(t, "planted retained spent", ledger.Audit(mustSnapshot(t, s)), ledger.CheckShard)
+	commit(t, s, &store.Changes{Meta: map[string]int64{spent: 185}})
+	auditClean(t, s)
+	commit(t, s, &store.Changes{Moves: []ledger.Move{{ReceiptID: ledger.ShardRemintReceipt("sh-a", 2), Kind: ledger.MoveShardRemint,
+		From: account, To: account, Units: ledger.Amounts{1}, At: now}}})
+	wantCheck(t, "planted remint of a removed shard", ledger.Audit(mustSnapshot(t, s)), ledger.CheckShardRemint)
+	wantCheck(t, "planted remint of a removed shard, streamed", streamed(), ledger.CheckShardRemint)
+}
+
+func itoa(v uint64) string {
+	var b []byte
+	for {
+		b = append([]byte{byte('0' + v%10)}, b...)
+		if v /= 10; v == 0 {
+			return string(b)
+		}
+	}
+}
+
+func mustSnapshot(t *testing.T, s store.Store) *ledger.Snapshot {
+	t.Helper()
+	snap, err := s.Snapshot(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return snap
+}
+
+// wantCheck fails unless ds holds a discrepancy of check.
+func wantCheck(t *testing.T, what string, ds []ledger.Discrepancy, check string) {
+	t.Helper()
+	for _, d := range ds {
+		if d.Check == check {
+			return
+		}
+	}
+	t.Errorf("%s: audit found %v, want a %s discrepancy", what, ds, check)
+}
