@@ -21,6 +21,14 @@ import (
 // gateways can be issued emergency shards.
 func startShardLedger(t *testing.T) *testLedger {
 	t.Helper()
+	return startShardLedgerWith(t, engine.Options{})
+}
+
+// startShardLedgerWith is startShardLedger with the engine's options opts
+// (its WorkerInterval and Logger are set here); the engine is kept in the
+// testLedger.
+func startShardLedgerWith(t *testing.T, opts engine.Options) *testLedger {
+	t.Helper()
 	ctx := context.Background()
 	dir := t.TempDir()
 	st, err := sqlite.Open(ctx, filepath.Join(dir, "ledger.db"))
@@ -31,7 +39,8 @@ func startShardLedger(t *testing.T) *testLedger {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eng := engine.New(st, engine.Options{WorkerInterval: 20 * time.Millisecond, Logger: quietLogger})
+	opts.WorkerInterval, opts.Logger = 20*time.Millisecond, quietLogger
+	eng := engine.New(st, opts)
 	srv := server.New(eng, server.Config{Logger: quietLogger, Shards: &server.ShardConfig{Keys: keys, MaxTTL: time.Hour}})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -54,7 +63,7 @@ func startShardLedger(t *testing.T) *testLedger {
 		eng.Close()
 		st.Close()
 	})
-	return &testLedger{addr: ln.Addr().String(), proxy: proxy, direct: direct}
+	return &testLedger{addr: ln.Addr().String(), proxy: proxy, direct: direct, engine: eng}
 }
 
 // emergencyGateway returns a gateway's Client (through the fault proxy)

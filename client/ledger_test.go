@@ -31,6 +31,8 @@ type testLedger struct {
 	proxy *faultproxy.Proxy
 	// direct talks to the server without faults (for setup and checks).
 	direct *Client
+	// engine is the server's engine (set by startShardLedgerWith).
+	engine *engine.Engine
 }
 
 var quietLogger = slog.New(slog.NewTextHandler(io.Discard, nil))

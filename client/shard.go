@@ -317,7 +317,8 @@ func (e *Emergency) MarkUsageUnknown(ctx context.Context, id string) error {
 // ShardReconciliation is the ledger's answer to one shard's submission.
 type ShardReconciliation struct {
 	ShardID string
-	// Shard is the ledger's record after the submission.
+	// Shard is the ledger's record after the submission (nil when the
+	// ledger answered SHARD_NOT_FOUND: its retention removed the shard).
 	Shard *ledgerv1.Shard
 	// Reminted and Debt are what this call's accepted submissions reminted
 	// into the active generation and charged there as debt;
@@ -346,7 +347,9 @@ type RefusedReceipt struct {
 // ledger did not take: receipts resolved centrally by another submission,
 // receipts it refused (e.g. SHARD_RECEIPT_CONTRADICTS), or a first
 // submission refused because the ledger holds a different reconciliation
-// of the shard. Err is the ledger's refusal when there was one.
+// of the shard, or a submission for a shard another submission reconciled
+// and the ledger's retention then removed (SHARD_NOT_FOUND). Err is the
+// ledger's refusal when there was one.
 type ShardReceiptsError struct {
 	ShardID  string
 	Receipts []RefusedReceipt
@@ -415,8 +418,16 @@ const maxReconcileRounds = 4
 // there, and returns a *ShardReceiptsError naming every receipt whose
 // values the ledger did not take. No receipt is dropped silently.
 //
+// A SHARD_NOT_FOUND refusal means the ledger reconciled the shard and its
+// retention then removed it (the store holds the shard: it was issued to
+// this gateway). The submission is finished either way, so it is not sent
+// again and the shard can end locally. For the submission really in
+// flight it is the success of the earlier attempt (AlreadyReconciled);
+// otherwise another submission reconciled the shard, and the call returns
+// a *ShardReceiptsError naming every receipt of this one as not taken.
+//
 // Errors: *ShardReceiptsError (with ok true when something was reported);
-// a *LedgerError (reason SHARD_FOREIGN, SHARD_NOT_FOUND, INVALID_COMMAND)
+// a *LedgerError (reason SHARD_FOREIGN, INVALID_COMMAND)
 // when the ledger refused; *LostError when every answer was lost; or a
 // store error.
 func (e *Emergency) ReconcileShard(ctx context.Context, shardID string) (ShardReconciliation, bool, error) {
@@ -447,6 +458,24 @@ func (e *Emergency) ReconcileShard(ctx context.Context, shardID string) (ShardRe
 			continue // a settle may have made more receipts due meanwhile
 		}
 		var le *LedgerError
+		if errors.As(err, &le) && le.Reason == reasonShardNotFound {
+			// The store holds this shard (issued to this gateway, its
+			// token verified), so the ledger reconciled it and then
+			// retention removed it: it waits for nothing from it.
+			out.Shard = nil
+			if err := e.store.FinishSubmission(shardID); err != nil {
+				return out, reported, err
+			}
+			reported = true
+			if sub.Resumed || maybeApplied {
+				// The submission in flight: its earlier attempt's success.
+				out.AlreadyReconciled = true
+				out.Receipts += len(sub.Receipts)
+				continue
+			}
+			refused = append(refused, refuseAll(sub.Receipts, reasonRemovedShard)...)
+			return out, reported, &ShardReceiptsError{ShardID: shardID, Receipts: refused, Err: err}
+		}
 		if !errors.As(err, &le) || le.Reason != reasonShardAlreadyReconciled {
 			if le != nil && le.Code == connect.CodeFailedPrecondition && le.Reason != reasonShardForeign {
 				// A refusal of these receipts (SHARD_RECEIPT_CONTRADICTS):
@@ -671,7 +700,13 @@ func addUnits(sum, more Units) Units {
 const (
 	reasonShardAlreadyReconciled = "SHARD_ALREADY_RECONCILED"
 	reasonShardForeign           = "SHARD_FOREIGN"
+	reasonShardNotFound          = "SHARD_NOT_FOUND"
 )
+
+// reasonRemovedShard is a RefusedReceipt's reason when the ledger no
+// longer knows a shard this store holds and this submission was not in
+// flight before.
+const reasonRemovedShard = "the shard was reconciled by another submission and removed by the ledger's retention; the ledger did not take this receipt"
 
 func stateProto(s ledger.State) ledgerv1.ReservationState {
 	switch s {
