@@ -35,6 +35,11 @@ import (
 //     id and usage charges the usage again instead of replaying;
 //   - record_ignores_tombstone: a record of an id retention removed does
 //     not look at its tombstone and charges the usage anew.
+//   - shard_retained_drops_spent: shard retention folds a removed shard's
+//     allocated and reminted units into the retained shard totals, not its
+//     spent units;
+//   - shard_removed_early: shard retention removes a settled shard without
+//     waiting a window after it ended.
 //
 // The variable is read on every call so that a test can switch variants
 // between runs in one process. A name not in mutantNames panics: the list
@@ -52,7 +57,8 @@ var mutantNames = []string{
 	"refund_twice", "expire_started", "debt_admits", "unknown_without_limit",
 	"retry_after_ignores_holds", "shard_unknown_reminted", "worker_marks_started_unknown",
 	"refill_half_debt", "fairness_weight_ignored", "reserve_ignores_tombstone",
-	"record_charges_replay", "record_ignores_tombstone",
+	"record_charges_replay", "record_ignores_tombstone", "shard_retained_drops_spent",
+	"shard_removed_early",
 }
 
 // MutantNames returns the names CAPLEDGER_MUTANT can select in the

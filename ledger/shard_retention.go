@@ -190,7 +190,7 @@ func RemoveShards(b ShardRemover, ids []string, before time.Time, unknown map[st
 	removed := 0
 	for _, id := range ids {
 		s, ok := b.Shard(id)
-		if !ok || !ShardSettled(s) || ShardEnded(b, s).After(before) || legacyWholeBlock(s, s.Spent, s.Unknown) {
+		if !ok || !ShardSettled(s) || ShardEnded(b, s).After(before) && !mutantOn("shard_removed_early") || legacyWholeBlock(s, s.Spent, s.Unknown) {
 			continue
 		}
 		sound := true
@@ -244,7 +244,9 @@ func addRetainedShard(b MetaRemover, s *Shard, moves int64) {
 	add(retainedShardsRemints, -1, moves)
 	for d := range s.Allocated {
 		add(retainedShardsAllocated, d, s.Allocated[d])
-		add(retainedShardsSpent, d, s.Spent[d])
+		if !mutantOn("shard_retained_drops_spent") {
+			add(retainedShardsSpent, d, s.Spent[d])
+		}
 		add(retainedShardsReminted, d, s.Reminted[d])
 	}
 }

@@ -321,7 +321,9 @@ func (w *world) ledgerReceive(m *message) {
 		return
 	}
 	w.log(recDeliver, ledgerNodeID, m.cmd.Kind, m.cmd.ReservationID, int64(m.from), msgNames[m.kind])
-	w.shardDelivered(m)
+	if !m.late {
+		w.shardDelivered(m)
+	}
 	n.inbox = append(n.inbox, m)
 	w.scheduleBatch()
 	if m.kind == msgCommand && m.cmd.Kind == ledger.KindStart && !m.probe {
@@ -692,6 +694,10 @@ func (w *world) workerTick(extra bool) {
 		}
 		for _, c := range cmds {
 			n.internal = append(n.internal, internalCmd{cmd: c, from: fromWorker})
+		}
+		w.removeShards()
+		if w.fail != nil {
+			return
 		}
 	}
 	if !extra {

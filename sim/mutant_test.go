@@ -26,6 +26,8 @@ func TestMutants(t *testing.T) {
 		{"reserve_ignores_tombstone", GateRetention},
 		{"record_charges_replay", GateSecondReservation},
 		{"record_ignores_tombstone", GateRetention},
+		{"shard_retained_drops_spent", GateShardConservation},
+		{"shard_removed_early", GateRetention},
 		{"compaction_drops_entry", GateCompaction},
 		{"checkpoint_wrong_closing", GateCompaction},
 	}

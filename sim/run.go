@@ -48,6 +48,10 @@ type Outcome struct {
 	Retention        bool
 	TombstoneReplays int64
 	Retired          int64
+	// ShardsRemoved counts the emergency shards it removed
+	// (engine.Core.ShardsRemove), LateShardResends the resubmissions
+	// gateways sent for them.
+	ShardsRemoved, LateShardResends int64
 	// Compaction says the compaction worker ran; Checkpoints counts the
 	// checkpoints it stored, Compacted the journal rows it deleted,
 	// CutCrashes the cuts crash_mid_cut ended.
@@ -178,6 +182,8 @@ func runOne(cfg *Config, seed uint64, h hooks) Outcome {
 		Retention:        w.retention.on,
 		TombstoneReplays: w.retention.tombstoneReplays,
 		Retired:          int64(w.chk.retired),
+		ShardsRemoved:    w.shards.removedCount,
+		LateShardResends: w.shards.lateResends,
 
 		Compaction:  w.compaction.on,
 		Checkpoints: w.compaction.checkpoints,

@@ -82,6 +82,9 @@ type Report struct {
 	OnRetention      int64
 	TombstoneReplays int64
 	Retired          int64
+	// ShardsRemoved counts the emergency shards it removed,
+	// LateShardResends the gateways' resubmissions for them.
+	ShardsRemoved, LateShardResends int64
 	// OnCompaction counts the interleavings whose compaction worker ran;
 	// Checkpoints the checkpoints it stored, Compacted the journal rows it
 	// deleted, CutCrashes the cuts a crash ended.
@@ -117,6 +120,8 @@ type acc struct {
 	onRetention     int64
 	tombReplays     int64
 	retired         int64
+	shardsRemoved   int64
+	lateShard       int64
 	onCompaction    int64
 	checkpoints     int64
 	compacted       int64
@@ -156,6 +161,8 @@ func (a *acc) add(o *Outcome) {
 	}
 	a.tombReplays += o.TombstoneReplays
 	a.retired += o.Retired
+	a.shardsRemoved += o.ShardsRemoved
+	a.lateShard += o.LateShardResends
 	if o.Compaction {
 		a.onCompaction++
 	}
@@ -279,6 +286,8 @@ func Run(ctx context.Context, cfg *Config, opts Options) *Report {
 		rep.OnRetention += a.onRetention
 		rep.TombstoneReplays += a.tombReplays
 		rep.Retired += a.retired
+		rep.ShardsRemoved += a.shardsRemoved
+		rep.LateShardResends += a.lateShard
 		rep.OnCompaction += a.onCompaction
 		rep.Checkpoints += a.checkpoints
 		rep.Compacted += a.compacted
@@ -412,6 +421,7 @@ func (r *Report) WriteTable(w, timing io.Writer) {
 		fmt.Fprintf(w, "  %d with pipelined durability; their crashes lost %d commits made before an fsync\n", r.Pipelined, r.LostUnsynced)
 	}
 	fmt.Fprintf(w, "  %d with the retention worker (engine.Core.RetentionDue): %d reservations removed, %d retried reserves answered from a tombstone\n", r.OnRetention, r.Retired, r.TombstoneReplays)
+	fmt.Fprintf(w, "    and engine.Core.ShardsRemove: %d emergency shards removed, %d late resubmissions for them answered SHARD_NOT_FOUND\n", r.ShardsRemoved, r.LateShardResends)
 	fmt.Fprintf(w, "  %d records (RecordUsage, no reservation): %d with debt; retries answered by %d replays, %d from a tombstone\n",
 		r.Records.Records, r.Records.WithDebt, r.Records.Replays, r.Records.FromTombstone)
 	fmt.Fprintf(w, "  %d with the compaction worker: %d checkpoints stored, %d journal rows deleted, %d cuts ended by a crash\n", r.OnCompaction, r.Checkpoints, r.Compacted, r.CutCrashes)

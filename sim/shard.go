@@ -91,6 +91,20 @@ type shardSim struct {
 	applied map[string]int
 	charged map[string]ledger.Amounts
 	byID    map[string]*simShard
+	// Retention (sim/shardretention.go): removed marks the shards the
+	// retention worker removed (their last row stays in rows), lastRemint
+	// is each shard's latest remint move and moves counts them, retained
+	// the checker's own retained shard totals per account.
+	removed    map[string]bool
+	lastRemint map[string]time.Time
+	moves      map[string]int64
+	retained   map[ledger.AccountKey]*ledger.RetainedShards
+	// removedCount counts the removals, lateResends the gateways'
+	// resubmissions for a removed shard (each answered SHARD_NOT_FOUND,
+	// moving nothing).
+	removedCount, lateResends int64
+	// countedRemovals is removedCount at the end of the last pass.
+	countedRemovals int64
 }
 
 func gatewayID(gw int) string { return "gw" + strconv.Itoa(gw) }
@@ -103,6 +117,10 @@ func (s *shardSim) init(w *world) {
 	s.applied = map[string]int{}
 	s.charged = map[string]ledger.Amounts{}
 	s.byID = map[string]*simShard{}
+	s.removed = map[string]bool{}
+	s.lastRemint = map[string]time.Time{}
+	s.moves = map[string]int64{}
+	s.retained = map[ledger.AccountKey]*ledger.RetainedShards{}
 	if s.on {
 		w.after(shardEvery, evShard, shardEvTick, 0, 0)
 	}
@@ -268,6 +286,10 @@ func (w *world) shardAnswer(m *message) {
 		w.foreignProbeAnswer(sh, m)
 		return
 	}
+	if m.late {
+		w.lateShardAnswer(sh, m)
+		return
+	}
 	if m.attempt != sh.attempt {
 		w.log(recStale, node, m.cmd.Kind, sh.id, int64(m.attempt), "")
 		return
@@ -367,6 +389,14 @@ func (w *world) reconcileAnswer(sh *simShard, m *message) {
 		sh.phase = shDone
 		w.log(recShard, w.gatewayNode(sh.gw), 0, sh.id, 0, "closed: never issued")
 		return
+	case errors.Is(res.Err, ledger.ErrShardNotFound) && w.shards.removed[sh.id]:
+		// Retention removed the shard since: correct only when an earlier
+		// copy of this very submission was applied (docs/API.md: the
+		// gateway takes it as accepted).
+		if !w.shardRemovedApplied(sh, int(m.sub)) {
+			return
+		}
+		w.log(recShard, w.gatewayNode(sh.gw), ledger.KindShardReconcile, sh.id, 0, "retry answered SHARD_NOT_FOUND: removed by retention after it was applied")
 	default:
 		w.violate(GateProtocol, fmt.Sprintf("shard reconcile %s answered %v", sh.id, res.Err))
 		return
@@ -558,6 +588,12 @@ func (w *world) restartGateway(g int) {
 // shrinks, and what was reminted equals the remint moves, once each.
 func (w *world) shardChanges(ch *store.Changes) {
 	s := &w.shards
+	if len(s.removed) > 0 && len(ch.Meta) > 0 {
+		w.removedShardMeta(ch)
+		if w.fail != nil {
+			return
+		}
+	}
 	for i := range ch.Moves {
 		m := &ch.Moves[i]
 		if m.Kind != ledger.MoveShardRemint {
@@ -566,6 +602,14 @@ func (w *world) shardChanges(ch *store.Changes) {
 		id := strings.TrimPrefix(m.ReceiptID, "shard-remint:")
 		if k := strings.LastIndexByte(id, ':'); k >= 0 {
 			id = id[:k]
+		}
+		if s.removed[id] {
+			w.violate(GateDuplicateRecovery, fmt.Sprintf("shard %s reminted %v again (move %s) after retention removed it", id, m.Units, m.ReceiptID))
+			return
+		}
+		s.moves[id]++
+		if m.At.After(s.lastRemint[id]) {
+			s.lastRemint[id] = m.At
 		}
 		sum, debt := s.reminted[id], s.charged[id]
 		for d := range sum {
@@ -577,6 +621,10 @@ func (w *world) shardChanges(ch *store.Changes) {
 	}
 	for i := range ch.Shards {
 		row := &ch.Shards[i]
+		if s.removed[row.ID] {
+			w.violate(GateDuplicateShardConsumption, fmt.Sprintf("shard %s written again (%+v) after retention removed it", row.ID, *row))
+			return
+		}
 		prev, seen := s.rows[row.ID]
 		if !seen && s.issued[row.ID] != row.Allocated {
 			w.violate(GateShardConservation, fmt.Sprintf("shard %s allocates %v, but its issuance retired %v", row.ID, row.Allocated, s.issued[row.ID]))
@@ -613,6 +661,12 @@ func (w *world) shardChanges(ch *store.Changes) {
 		}
 		s.rows[row.ID] = *row
 	}
+	for _, id := range ch.RemovedShards {
+		w.shardRemoved(id)
+		if w.fail != nil {
+			return
+		}
+	}
 }
 
 // shardIssued records what an issuance journal entry retired.
@@ -627,18 +681,19 @@ func (s *shardSim) shardIssued(e *ledger.JournalEntry) {
 // shardAudit compares the store's shards with what was seen committed.
 func (w *world) shardAudit(snap *ledger.Snapshot, why string) {
 	s := &w.shards
-	if len(snap.Shards) != len(s.rows) {
-		w.violate(GateJournal, fmt.Sprintf("%s: the store has %d shards, %d were committed", why, len(snap.Shards), len(s.rows)))
+	if len(snap.Shards) != len(s.rows)-len(s.removed) {
+		w.violate(GateJournal, fmt.Sprintf("%s: the store has %d shards, %d were committed and %d removed by retention", why, len(snap.Shards), len(s.rows), len(s.removed)))
 		return
 	}
 	for i := range snap.Shards {
 		row := &snap.Shards[i]
 		prev, ok := s.rows[row.ID]
-		if !ok || prev.Spent != row.Spent || prev.Unknown != row.Unknown || prev.Reminted != row.Reminted || prev.Reconciled != row.Reconciled {
+		if !ok || s.removed[row.ID] || prev.Spent != row.Spent || prev.Unknown != row.Unknown || prev.Reminted != row.Reminted || prev.Reconciled != row.Reconciled {
 			w.violate(GateJournal, fmt.Sprintf("%s: store shard %s differs from everything committed", why, row.ID))
 			return
 		}
 	}
+	w.retainedShardsAudit(snap, why)
 }
 
 // quiescent reports whether every shard was reconciled with nothing left

@@ -270,7 +270,7 @@ func TestSmoke(t *testing.T) {
 		t.Fatalf("gates failed: %v\n%s", f, table.String())
 	}
 	if rep.Interleavings != n || rep.ReservationUnknown.Count() == 0 || rep.UsageUnknown.Count() == 0 || rep.Fairness.Windows == 0 || rep.OnSQLite == 0 || rep.Pipelined == 0 ||
-		rep.Fairness.Judged == 0 || rep.TombstoneReplays == 0 || rep.Retired == 0 || rep.OnCompaction == 0 || rep.Checkpoints == 0 || rep.Compacted == 0 ||
+		rep.Fairness.Judged == 0 || rep.TombstoneReplays == 0 || rep.Retired == 0 || rep.ShardsRemoved == 0 || rep.LateShardResends == 0 || rep.OnCompaction == 0 || rep.Checkpoints == 0 || rep.Compacted == 0 ||
 		rep.CutCrashes == 0 || rep.Records.Records == 0 || rep.Records.WithDebt == 0 || rep.Records.Replays == 0 || rep.Records.FromTombstone == 0 {
 		t.Fatalf("the run did not exercise what it should:\n%s", table.String())
 	}

@@ -92,7 +92,7 @@ type message struct {
 	owner   int32
 	attempt int32
 	probe   bool
-	late    bool // a retention_retry reserve
+	late    bool // a retention_retry reserve, or a resubmission for a removed shard
 	// answerID numbers the ledger's answers; a network duplicate of an
 	// answer carries the same number.
 	answerID int64
