@@ -79,8 +79,10 @@ type gate func(ctx context.Context, rr *ReserveResult) (done func(actual Units),
 //     *LedgerError) when nothing was reserved, without calling work;
 //   - the Start error when the reservation could not be started (work is not
 //     called; a Start whose answer was lost is undone: released, or settled
-//     at zero if it landed; a Start never sent, the ledger unreachable,
-//     leaves the reservation to expire after its hold TTL);
+//     at zero if it landed; when neither can be confirmed, its receipt is
+//     kept with zero usage (PendingUnknown) and resent; a Start never
+//     sent, the ledger unreachable, leaves the reservation to expire after
+//     its hold TTL);
 //   - ctx.Err() when ctx ended before Start (the reservation is released);
 //   - *UsageUnknownError when work's usage is unknown (see Work), the
 //     settle answer was lost (every UNAVAILABLE answer counts as lost,
@@ -306,23 +308,27 @@ func (c *Client) start(ctx context.Context, receipt OperationReceipt) (*ledgerv1
 // abandonStart undoes a Start whose answer was lost and whose work will not
 // run: Release if it did not start; if it did (ErrAlreadyStarted), settle
 // zero usage, which is the truth because the work was never called. If
-// neither can be confirmed, the receipt (with zero actual usage) is kept
-// for ResolveUnknown.
+// the release cannot be confirmed (its answer lost, not sent because the
+// breaker is open, any other failure), or the zero settle's answer is
+// lost, the receipt (with zero actual usage) is kept for ResolveUnknown:
+// the Start may have landed, or may still land, and only this operation
+// id can settle it. The ledger's answer that the reservation has ended
+// (released, expired, settled) lets it go.
 func (c *Client) abandonStart(ctx context.Context, receipt OperationReceipt) {
 	actx, cancel := c.detached(ctx)
 	defer cancel()
 	receipt.Actual = zeroUnits(receipt.Reserved)
 	_, err := c.Release(actx, receipt.ReservationID)
-	var lost *LostError
 	switch {
 	case err == nil:
 		return
-	case errors.As(err, &lost):
+	case errors.Is(err, ErrReleased) || errors.Is(err, ErrExpired) || errors.Is(err, ErrAlreadySettled):
+		return // ended: nothing is held, and no Start can land any more
+	case !errors.Is(err, ErrAlreadyStarted):
 		c.keepPending(receipt)
 		return
-	case !errors.Is(err, ErrAlreadyStarted):
-		return // expired, released or settled: nothing is held
 	}
+	var lost *LostError
 	if _, err := c.Settle(actx, receipt.ReservationID, receipt.OperationID, receipt.Actual); errors.As(err, &lost) {
 		c.keepPending(receipt)
 	}
@@ -407,8 +413,9 @@ func (r OperationReceipt) clone() OperationReceipt {
 //   - the settle result (Replayed when this exact settle was already
 //     recorded, e.g. a settle whose answer was lost did land);
 //   - for a receipt whose Start never took effect (kept after a lost Start
-//     answer), the result of releasing the reservation, or the reservation
-//     as it is when it already ended released or expired (nothing is held);
+//     answer), the result of releasing the reservation (or of the settle,
+//     when the Start lands before the release), or the reservation as it
+//     is when it already ended released or expired (nothing is held);
 //   - a *LedgerError matching ErrAlreadySettled when a different settle was
 //     recorded, ErrOperationMismatch for a receipt of another operation;
 //   - *LostError when every answer was lost (call it again).
@@ -421,6 +428,10 @@ func (c *Client) ResolveUnknown(ctx context.Context, receipt OperationReceipt, a
 		// The Start whose answer was lost never landed: the work did not
 		// run under this reservation; give it back.
 		sr, err = c.Release(ctx, receipt.ReservationID)
+		if errors.Is(err, ErrAlreadyStarted) {
+			// It landed in between (a delayed copy): settle it after all.
+			sr, err = c.Settle(ctx, receipt.ReservationID, receipt.OperationID, actual)
+		}
 	}
 	var le *LedgerError
 	if errors.As(err, &le) && (errors.Is(err, ErrReleased) || errors.Is(err, ErrExpired)) {
