@@ -398,25 +398,7 @@ func TestContractInvalidCommandMessagesHaveNothingBeforeThem(t *testing.T) {
 			`{"shardId":"sh-1","gatewayId":"gw","receipts":[{"reservationId":"l-1","state":"RESERVATION_STATE_SETTLED"},{"reservationId":"l-2"}]}`,
 			"receipts[1].state is required", false},
 	} {
-		a := call(c.method, c.body)
-		code, reason, message := a.str("code"), a.reason(), a.str("message")
-		if c.batch {
-			outcomes, _ := a.body["outcomes"].([]any)
-			if a.status != http.StatusOK || len(outcomes) != 1 {
-				t.Errorf("%s: %d %s; want 200 with one outcome", c.name, a.status, a.raw)
-				continue
-			}
-			item, _ := outcomes[0].(map[string]any)["error"].(map[string]any)
-			detail, _ := item["detail"].(map[string]any)
-			code, _ = item["code"].(string)
-			reason, _ = detail["reason"].(string)
-			message, _ = item["message"].(string)
-		} else if a.status != http.StatusBadRequest {
-			t.Errorf("%s: HTTP %d; want 400", c.name, a.status)
-		}
-		if code != "invalid_argument" || reason != "INVALID_COMMAND" || message != c.want {
-			t.Errorf("%s: %s %s %q; want invalid_argument INVALID_COMMAND %q", c.name, code, reason, message, c.want)
-		}
+		checkRefusal(t, call(c.method, c.body), c.name, c.batch, "INVALID_COMMAND", c.want)
 	}
 	if a := call("GetReservation", `{"reservationId":"r1"}`); !strings.Contains(string(a.raw), `"RESERVATION_STATE_STARTED"`) {
 		t.Errorf("a refused settle changed the reservation: %s", a.raw)
@@ -475,28 +457,35 @@ func TestContractUnknownUnitMessagesHaveNothingBeforeThem(t *testing.T) {
 			`{"shardId":"sh-1","gatewayId":"gw","receipts":[{"reservationId":"l-1","state":"RESERVATION_STATE_SETTLED","reservedUnits":{"tokens":1},"actualUnits":{"tokens":1,"gpus":0}}]}`,
 			"receipts[0].actualUnits: " + unknown, false},
 	} {
-		a := call(c.method, c.body)
-		code, reason, message := a.str("code"), a.reason(), a.str("message")
-		if c.batch {
-			outcomes, _ := a.body["outcomes"].([]any)
-			if a.status != http.StatusOK || len(outcomes) != 1 {
-				t.Errorf("%s: %d %s; want 200 with one outcome", c.name, a.status, a.raw)
-				continue
-			}
-			item, _ := outcomes[0].(map[string]any)["error"].(map[string]any)
-			detail, _ := item["detail"].(map[string]any)
-			code, _ = item["code"].(string)
-			reason, _ = detail["reason"].(string)
-			message, _ = item["message"].(string)
-		} else if a.status != http.StatusBadRequest {
-			t.Errorf("%s: HTTP %d; want 400", c.name, a.status)
-		}
-		if code != "invalid_argument" || reason != "UNKNOWN_UNIT" || message != c.want {
-			t.Errorf("%s: %s %s %q; want invalid_argument UNKNOWN_UNIT %q", c.name, code, reason, message, c.want)
-		}
+		checkRefusal(t, call(c.method, c.body), c.name, c.batch, "UNKNOWN_UNIT", c.want)
 	}
 	if a := call("GetReservation", `{"reservationId":"r1"}`); !strings.Contains(string(a.raw), `"RESERVATION_STATE_STARTED"`) {
 		t.Errorf("a refused settle changed the reservation: %s", a.raw)
+	}
+}
+
+// checkRefusal checks that a was refused invalid_argument with reason and
+// exactly the message want: a 400 for a call, or a batch's 200 whose one
+// outcome carries the error.
+func checkRefusal(t *testing.T, a contractAnswer, name string, batch bool, reason, want string) {
+	t.Helper()
+	code, got, message := a.str("code"), a.reason(), a.str("message")
+	if batch {
+		outcomes, _ := a.body["outcomes"].([]any)
+		if a.status != http.StatusOK || len(outcomes) != 1 {
+			t.Errorf("%s: %d %s; want 200 with one outcome", name, a.status, a.raw)
+			return
+		}
+		item, _ := outcomes[0].(map[string]any)["error"].(map[string]any)
+		detail, _ := item["detail"].(map[string]any)
+		code, _ = item["code"].(string)
+		got, _ = detail["reason"].(string)
+		message, _ = item["message"].(string)
+	} else if a.status != http.StatusBadRequest {
+		t.Errorf("%s: HTTP %d; want 400", name, a.status)
+	}
+	if code != "invalid_argument" || got != reason || message != want {
+		t.Errorf("%s: %s %s %q; want invalid_argument %s %q", name, code, got, message, reason, want)
 	}
 }
 
