@@ -4,4 +4,8 @@ package postgres
 var (
 	ShardsReconciledSQL      = sqlShardsReconciled
 	ShardsReconciledAfterSQL = sqlShardsReconciledAfter
+	MetaNamesSQL             = sqlMetaNames
+	MetaPrefixSQL            = sqlMetaPrefix
+	ShardFencesIdleSQL       = sqlShardFencesIdle
+	MetaPrefixEnd            = metaPrefixEnd
 )

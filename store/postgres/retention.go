@@ -284,12 +284,19 @@ func (s *Store) retainedList(ctx context.Context, q querier) ([]ledger.Retained,
 }
 
 // sqlShardFencesIdle lists the gateways of fence rows with no shard
-// expiring after the cutoff ($1), in bytes order: the shards' live
-// gateways are read once (a hashed NOT IN subplan), not per fence row.
+// expiring after the cutoff ($1), in bytes order: the fence rows are the
+// key range of their prefix in meta_name_bytes (the prefix, ASCII, ends
+// in '/', so the range ends at '0'), and the shards' live gateways are
+// read once (a hashed NOT IN subplan), not per fence row.
 const sqlShardFencesIdle = `SELECT substr(name, length('` + ledger.MetaShardFencePrefix + `') + 1) FROM meta
-WHERE starts_with(name, '` + ledger.MetaShardFencePrefix + `')
+WHERE name COLLATE "C" >= '` + ledger.MetaShardFencePrefix + `'
+  AND name COLLATE "C" < '` + shardFencePrefixEnd + `'
   AND substr(name, length('` + ledger.MetaShardFencePrefix + `') + 1) NOT IN (SELECT gateway_id FROM shards WHERE expires_at > $1)
 ORDER BY name COLLATE "C" LIMIT $2`
+
+// shardFencePrefixEnd is metaPrefixEnd(ledger.MetaShardFencePrefix),
+// written out for the constant query (a test checks they agree).
+const shardFencePrefixEnd = "shard_fence0"
 
 // ShardFencesIdle returns the gateways that have a fence row and no
 // shard expiring after before, in id order (store.RetentionStore).

@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store/postgres"
 )
 
@@ -45,6 +46,52 @@ func TestShardsReconciledUsesItsIndex(t *testing.T) {
 		t.Logf("%s:\n%s", name, plan)
 		if !strings.Contains(plan, "shards_reconciled") || strings.Contains(plan, "Seq Scan") || strings.Contains(plan, "Sort") {
 			t.Errorf("reconciled shards, %s: not read through shards_reconciled in its order:\n%s", name, plan)
+		}
+	}
+}
+
+// The meta reads by name prefix (a shard's unknown receipts for every
+// shard retention may remove, the gateways' fence rows, the retained
+// shard totals) read their key range of meta_name_bytes in the generic
+// plan, on a table holding many other names: never a scan of meta, which
+// grows with the accounts that folded shards.
+func TestMetaPrefixReadsUseTheirIndex(t *testing.T) {
+	_, dsn := openStore(t)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	for _, q := range []string{
+		`INSERT INTO meta (name, value)
+		SELECT 'shard_retained/tenant' || i || '/chat.generate/eu/1/tokens/count', i FROM generate_series(1, 20000) AS i`,
+		`INSERT INTO meta (name, value) SELECT 'shard_unknown/sh-' || i || '/r', i FROM generate_series(1, 200) AS i`,
+		`INSERT INTO meta (name, value) SELECT 'shard_fence/gw-' || i, i FROM generate_series(1, 20) AS i`,
+		`ANALYZE meta`,
+		`SET plan_cache_mode = force_generic_plan`,
+	} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	unknown := ledger.ShardUnknownPrefix("sh-7")
+	unknownEnd, _ := postgres.MetaPrefixEnd(unknown)
+	for name, c := range map[string]struct {
+		query string
+		args  []any
+	}{
+		"a shard's unknown receipts": {postgres.MetaNamesSQL, []any{unknown, unknownEnd, 17}},
+		"idle fences":                {postgres.ShardFencesIdleSQL, []any{int64(1000), 64}},
+	} {
+		plan := genericPlan(t, conn, c.query, c.args)
+		t.Logf("%s:\n%s", name, plan)
+		// An index scan in name order filtered by the prefix would also
+		// avoid a Seq Scan and a Sort, and still read every name after
+		// the prefix: the index condition must bound the range.
+		if !strings.Contains(plan, "meta_name_bytes") || !strings.Contains(plan, "Index Cond: ((name >=") ||
+			!strings.Contains(plan, "AND (name <") || strings.Contains(plan, "Seq Scan on meta") || strings.Contains(plan, "Sort") {
+			t.Errorf("%s: not read as a key range of meta_name_bytes in its order:\n%s", name, plan)
 		}
 	}
 }

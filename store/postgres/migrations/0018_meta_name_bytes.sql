@@ -1,0 +1,13 @@
+-- capledger schema version 18: meta names in bytes order.
+--
+-- Retention reads meta rows by name prefix: a shard's unknown receipts
+-- (shard_unknown/ID/) for every shard it may remove, the fence rows of
+-- gateways, the retained shard totals for the audit. The primary key
+-- orders names by the database's collation, which a prefix cannot use,
+-- so each read scanned the table, which grows with the accounts that
+-- folded shards (shard_retained/...). This index orders them as bytes,
+-- as the store compares them; a prefix is its key range.
+-- Migrations run in one transaction, so this is a plain CREATE INDEX (it
+-- blocks writes to meta while it builds); build it beforehand with
+-- CREATE INDEX CONCURRENTLY under this name, and this step does nothing.
+CREATE INDEX IF NOT EXISTS meta_name_bytes ON meta (name COLLATE "C");
