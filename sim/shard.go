@@ -385,6 +385,18 @@ func (w *world) reconcileAnswer(sh *simShard, m *message) {
 		// non-terminal receipts), but the shard shows that the earlier
 		// attempt took effect: only this gateway can reconcile it.
 		w.log(recShard, w.gatewayNode(sh.gw), ledger.KindShardReconcile, sh.id, 0, "retry refused as invalid; the shard shows the first attempt took effect")
+	case sh.phase == shClosing && errors.Is(res.Err, ledger.ErrShardNotFound) && w.shards.removed[sh.id]:
+		// A late copy did issue it, an earlier copy of this closing
+		// submission reconciled it whole (its answer lost), and retention
+		// removed it since: the gateway, never having held it, takes
+		// SHARD_NOT_FOUND as "nothing to close", which is right only if
+		// that earlier copy was applied.
+		if !w.shardRemovedApplied(sh, int(m.sub)) {
+			return
+		}
+		sh.phase = shDone
+		w.log(recShard, w.gatewayNode(sh.gw), 0, sh.id, 0, "closed: issued late, reconciled whole by an earlier copy, removed by retention")
+		return
 	case sh.phase == shClosing && errors.Is(res.Err, ledger.ErrShardNotFound):
 		sh.phase = shDone
 		w.log(recShard, w.gatewayNode(sh.gw), 0, sh.id, 0, "closed: never issued")
