@@ -259,7 +259,7 @@ func TestShardReconcileRemintsExactlyTheUnused(t *testing.T) {
 	if got := res.Shard; got.Spent[0] != 230 || got.Unknown[0] != 0 || got.Reminted[0] != 770 {
 		t.Fatalf("after the late receipt: %+v", got)
 	}
-	if res.Move == nil || res.Move.Units[0] != 20 || res.Move.ReceiptID != ledger.ShardRemintReceipt("sh-1", 2) {
+	if res.Move == nil || res.Move.Units[0] != 20 || res.Move.ReceiptID != ledger.ShardRemintReceipt(res.Shard, 2) {
 		t.Fatalf("late remint move: %+v", res.Move)
 	}
 	if bal := c.account(g).Balances[0]; bal.Available != 770 {
@@ -483,7 +483,7 @@ func TestShardAuditCatchesBrokenRecords(t *testing.T) {
 
 	dup := c.m.Snapshot()
 	again := *remint(dup)
-	again.ReceiptID = ledger.ShardRemintReceipt("sh-1", 2)
+	again.ReceiptID = ledger.ShardRemintReceipt(shard(dup, "sh-1"), 2)
 	dup.Moves = append(dup.Moves, again)
 	if ds := ledger.Audit(dup); !has(ds, ledger.CheckShardRemint) {
 		t.Errorf("duplicate remint not caught: %v", ds)
@@ -686,7 +686,7 @@ func TestShardErrorsNameTheUnit(t *testing.T) {
 	for name, broken := range map[string]func(*ledger.Snapshot){
 		"duplicate remint": func(s *ledger.Snapshot) {
 			again := s.Moves[0]
-			again.ReceiptID = ledger.ShardRemintReceipt("sh-1", 2)
+			again.ReceiptID = ledger.ShardRemintReceipt(&s.Shards[0], 2)
 			s.Moves = append(s.Moves, again)
 		},
 		"split": func(s *ledger.Snapshot) { s.Shards[0].Spent[0] = 1 },
