@@ -148,3 +148,68 @@ func TestRetentionKeepsShardsFlat(t *testing.T) {
 		})
 	}
 }
+
+// API.md: a shard id is free again once retention removed its settled
+// shard; IssueShard under it carves a new shard, and answers under the id
+// are about the new one. The removed shard's remint moves stay (the audit
+// checks them against the retained shard totals), so the new shard's
+// remint must not take one of their receipts: the reconciliation of a
+// shard issued under a removed id failed as a store conflict on the
+// receipt "shard-remint:<id>:1" on every retry, its capacity retired for
+// good. Each shard under the id, of another gateway, of the same one and
+// of another account, is reconciled, reminted and removed in turn, and
+// the audit adds every remint move to the right shard or to the retained
+// totals.
+func TestShardIDTakenAgainAfterRetentionReconciles(t *testing.T) {
+	for name, open := range memstoreAndSQLite {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			clk := newClock()
+			st := open(t)
+			e := New(st, Options{Clock: clk.Now, DisableWorkers: true, Retention: time.Hour,
+				TombstoneRetention: 2 * time.Hour, RetentionPause: time.Millisecond})
+			defer e.Close()
+			for _, subject := range []string{"tenant-7", "tenant-8"} {
+				p := ledger.Policy{Key: ledger.PolicyKey{Subject: subject, Route: "chat.generate", Region: "eu"},
+					Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: 1_000_000}}, EmergencyMode: true}.WithDefaults()
+				if res, err := e.Do(ctx, ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p}); err != nil || res.Err != nil {
+					t.Fatalf("publish: %+v %v", res, err)
+				}
+			}
+			_, key, _ := ed25519.GenerateKey(bytes.NewReader(make([]byte, 64)))
+			for i, owner := range []struct{ subject, gateway string }{
+				{"tenant-7", "gw-a"}, {"tenant-7", "gw-b"}, {"tenant-7", "gw-b"}, {"tenant-8", "gw-a"},
+			} {
+				res, err := e.Do(ctx, ledger.Command{Kind: ledger.KindShardIssue, Subject: owner.subject, Route: "chat.generate", Region: "eu",
+					Units: ledger.Amounts{10}, Shard: &ledger.ShardArgs{ShardID: "sh-x", GatewayID: owner.gateway, BootEpoch: 1,
+						TTL: time.Minute, KeyID: "k1", Sign: ledger.Ed25519ShardSigner(key)}})
+				if err != nil || res.Err != nil || res.Shard == nil || res.Shard.GatewayID != owner.gateway || res.Replayed {
+					t.Fatalf("shard %d under sh-x: issue to %s: %+v %v", i+1, owner.gateway, res, err)
+				}
+				// Two submissions, so two remints: 5 then 3 of 10 unused.
+				for _, receipts := range [][]ledger.ShardReceipt{
+					{{ReservationID: "s", State: ledger.StateSettled, Actual: ledger.Amounts{3}},
+						{ReservationID: "u", State: ledger.StateStarted, Reserved: ledger.Amounts{4}}},
+					{{ReservationID: "u", State: ledger.StateSettled, Actual: ledger.Amounts{1}}},
+				} {
+					res, err = e.Do(ctx, ledger.Command{Kind: ledger.KindShardReconcile, Shard: &ledger.ShardArgs{ShardID: "sh-x", GatewayID: owner.gateway, Receipts: receipts}})
+					if err != nil || res.Err != nil || res.Move == nil {
+						t.Fatalf("shard %d under sh-x: reconcile: %+v %v", i+1, res, err)
+					}
+				}
+				if got, err := e.Shard(ctx, "sh-x"); err != nil || got.GatewayID != owner.gateway || got.Reminted[0] != 6 {
+					t.Fatalf("shard %d under sh-x: %+v %v; want %s's, 6 reminted", i+1, got, err, owner.gateway)
+				}
+				auditClean(t, e)
+				clk.Advance(2 * time.Hour)
+				if err := e.RunRetention(ctx); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := e.Shard(ctx, "sh-x"); !errors.Is(err, store.ErrNotFound) {
+					t.Fatalf("shard %d under sh-x after retention: %v, want it removed", i+1, err)
+				}
+				auditClean(t, e)
+			}
+		})
+	}
+}

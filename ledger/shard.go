@@ -270,9 +270,21 @@ const (
 	pendingResolved = 2
 )
 
-// ShardRemintReceipt returns the move receipt id of a shard's n-th remint
-// (n counts from 1: the first accepted submission).
-func ShardRemintReceipt(shardID string, n int64) string {
+// ShardRemintReceipt returns the move receipt id of shard s's n-th remint
+// (n counts from 1: the first accepted submission):
+// "shard-remint:<id>:<issued>.<n>", issued being s.IssuedAt in Unix
+// nanoseconds. The issue time tells the shards under one id apart: once
+// retention removed a settled shard its id is free again, while its
+// remint moves stay (the audit checks them against the retained shard
+// totals), so a receipt named by the id and n alone made the first remint
+// of the id's next shard a duplicate move, refused on every retry.
+func ShardRemintReceipt(s *Shard, n int64) string {
+	return "shard-remint:" + s.ID + ":" + strconv.FormatInt(s.IssuedAt.UnixNano(), 10) + "." + strconv.FormatInt(n, 10)
+}
+
+// LegacyShardRemintReceipt is the receipt id of a shard's n-th remint
+// made before receipts carried the issue time: "shard-remint:<id>:<n>".
+func LegacyShardRemintReceipt(shardID string, n int64) string {
 	return "shard-remint:" + shardID + ":" + strconv.FormatInt(n, 10)
 }
 
@@ -767,7 +779,7 @@ func remintShard(b Book, s *Shard, dest *remintDest, units, debt Amounts, now ti
 	n := b.Meta(metaShardMoves(s.ID)) + 1
 	b.MetaPut(metaShardMoves(s.ID), n)
 	b.MetaPut(MetaShardRemints, b.Meta(MetaShardRemints)+1)
-	move := Move{ReceiptID: ShardRemintReceipt(s.ID, n), Kind: MoveShardRemint, From: s.Account, To: to.Key, At: now}
+	move := Move{ReceiptID: ShardRemintReceipt(s, n), Kind: MoveShardRemint, From: s.Account, To: to.Key, At: now}
 	before := to.Balances
 	for i := 0; i < len(fromPolicy.Dimensions); i++ {
 		j := toPolicy.DimensionIndex(fromPolicy.Dimensions[i].Unit)

@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 )
 
@@ -76,7 +77,7 @@ func auditShards(s *Snapshot) []Discrepancy {
 			continue
 		}
 		id, ok := shardOfRemint(m.ReceiptID)
-		if ok && shards[id] == nil && retained[m.From] != nil {
+		if ok && !remintOf(m, shards[id]) && retained[m.From] != nil {
 			// A removed shard's move: checked against its account's
 			// retained shard totals below.
 			o := orphans[m.From]
@@ -87,7 +88,7 @@ func auditShards(s *Snapshot) []Discrepancy {
 			orphans[m.From] = o
 			continue
 		}
-		if !ok || shards[id] == nil {
+		if !ok || !remintOf(m, shards[id]) {
 			add(CheckShardRemint, m.To, "remint move %s names no stored shard", m.ReceiptID)
 			continue
 		}
@@ -133,7 +134,8 @@ func snapshotPolicy(s *Snapshot, generation uint64) *Policy {
 	return nil
 }
 
-// shardOfRemint returns the shard id of a ShardRemintReceipt id.
+// shardOfRemint returns the shard id of a ShardRemintReceipt (or
+// LegacyShardRemintReceipt) id.
 func shardOfRemint(receiptID string) (string, bool) {
 	rest, ok := strings.CutPrefix(receiptID, "shard-remint:")
 	if !ok {
@@ -144,4 +146,23 @@ func shardOfRemint(receiptID string) (string, bool) {
 		return "", false
 	}
 	return rest[:i], true
+}
+
+// remintOf reports whether remint move m is one of stored shard sh's
+// (false for a nil sh): its receipt carries sh's issue time. A move
+// under sh's id with another issue time is a shard's that retention
+// removed before sh was issued under the same id. A legacy receipt
+// (without the issue time) is sh's when it was made at or after sh's
+// issuance: a removed shard's moves all came before its removal, and the
+// id was free for sh only after that.
+func remintOf(m *Move, sh *Shard) bool {
+	if sh == nil {
+		return false
+	}
+	tail := m.ReceiptID[strings.LastIndexByte(m.ReceiptID, ':')+1:]
+	issued, _, marked := strings.Cut(tail, ".")
+	if !marked {
+		return !m.At.Before(sh.IssuedAt)
+	}
+	return issued == strconv.FormatInt(sh.IssuedAt.UnixNano(), 10)
 }

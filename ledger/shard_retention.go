@@ -140,7 +140,11 @@ func ShardSettled(s *Shard) bool { return s.Reconciled && s.Unknown == (Amounts{
 func ShardEnded(b ShardRemover, s *Shard) time.Time {
 	ended := s.ExpiresAt
 	if n := b.Meta(metaShardMoves(s.ID)); n > 0 {
-		if m, ok := b.Move(ShardRemintReceipt(s.ID, n)); ok && m.At.After(ended) {
+		m, ok := b.Move(ShardRemintReceipt(s, n))
+		if !ok { // reminted before receipts carried the issue time
+			m, ok = b.Move(LegacyShardRemintReceipt(s.ID, n))
+		}
+		if ok && m.At.After(ended) {
 			ended = m.At
 		}
 	}

@@ -127,8 +127,9 @@ Flags:
                       (default 15s; 300ms to 24h; see /statusz or
                       "capledger status")
   --retention DUR     remove finished reservations (settled, released,
-                      expired) this long after they finished (default 72h;
-                      0 keeps every row forever; not negative). See
+                      expired) this long after they finished, and settled
+                      emergency shards this long after they ended (default
+                      72h; 0 keeps every row forever; not negative). See
                       docs/OPERATIONS.md, "Retention and compaction".
   --tombstone-retention DUR
                       how long a removed reservation's tombstone answers a

@@ -348,7 +348,7 @@ func testShardRetention(t *testing.T, s store.Store) {
 	wantCheck(t, "planted retained spent", ledger.Audit(mustSnapshot(t, s)), ledger.CheckShard)
 	commit(t, s, &store.Changes{Meta: map[string]int64{spent: 185}})
 	auditClean(t, s)
-	commit(t, s, &store.Changes{Moves: []ledger.Move{{ReceiptID: ledger.ShardRemintReceipt("sh-a", 2), Kind: ledger.MoveShardRemint,
+	commit(t, s, &store.Changes{Moves: []ledger.Move{{ReceiptID: ledger.LegacyShardRemintReceipt("sh-a", 2), Kind: ledger.MoveShardRemint,
 		From: account, To: account, Units: ledger.Amounts{1}, At: now}}})
 	wantCheck(t, "planted remint of a removed shard", ledger.Audit(mustSnapshot(t, s)), ledger.CheckShardRemint)
 	wantCheck(t, "planted remint of a removed shard, streamed", streamed(), ledger.CheckShardRemint)
