@@ -3,7 +3,10 @@ package client
 import (
 	"context"
 	"errors"
+	"net"
 	"net/http"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -19,15 +22,19 @@ const (
 	answerLost callFault = iota + 1
 	// requestLost: the call is not sent on, and fails as a lost answer.
 	requestLost
+	// refused: the connection is refused (a dial error): nothing was
+	// sent, so no answer is lost; the call fails with UNAVAILABLE.
+	refused
 )
 
 // faultyCalls forwards every call to next, except that faults[procedure]
-// loses it (as a cut connection would), and after[procedure], when set,
-// runs once the call was forwarded (or lost), and before[procedure]
-// before it is forwarded.
+// loses it (as a cut connection would) until healed (when set) is true,
+// and after[procedure], when set, runs once the call was forwarded (or
+// lost), and before[procedure] before it is forwarded.
 type faultyCalls struct {
 	next          http.RoundTripper
 	faults        map[string]callFault
+	healed        *atomic.Bool
 	before, after map[string]func()
 }
 
@@ -39,8 +46,14 @@ func (f faultyCalls) RoundTrip(r *http.Request) (*http.Response, error) {
 		defer hook()
 	}
 	fault := f.faults[r.URL.Path]
-	if fault == requestLost {
+	if f.healed != nil && f.healed.Load() {
+		fault = 0
+	}
+	switch fault {
+	case requestLost:
 		return nil, errors.New("connection reset before the request was sent on")
+	case refused:
+		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
 	}
 	resp, err := f.next.RoundTrip(r)
 	if err != nil {
@@ -58,6 +71,7 @@ const (
 	startCall   = capledgerv1connect.LedgerServiceStartProcedure
 	getCall     = capledgerv1connect.LedgerServiceGetReservationProcedure
 	releaseCall = capledgerv1connect.LedgerServiceReleaseProcedure
+	settleCall  = capledgerv1connect.LedgerServiceSettleProcedure
 )
 
 // newFaultyClient returns a Client to l through f, one attempt per call,
@@ -152,6 +166,46 @@ func TestAbandonedStartIsKeptWhenItsUndoIsNotSent(t *testing.T) {
 			l.audit(t)
 		})
 	}
+}
+
+// A Start whose answer was lost landed, and the release answers "already
+// started"; the zero settle that should end it fails without an answer
+// lost: it is not sent (the connection is refused here; an open breaker
+// refuses it the same way). Only an answer that the reservation ended
+// lets the receipt go, so Run keeps it (zero usage) and settles it once
+// the ledger is reachable, instead of leaving the reservation STARTED
+// with nobody holding its operation id.
+func TestAbandonedStartIsKeptWhenItsZeroSettleIsNotSent(t *testing.T) {
+	l := startLedger(t)
+	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 10_000})
+	f := faultyCalls{next: http.DefaultTransport, healed: &atomic.Bool{},
+		faults: map[string]callFault{startCall: answerLost, getCall: requestLost, settleCall: refused}}
+	c := newFaultyClient(t, l, f)
+	_, err := c.Run(context.Background(), ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 100}},
+		func(context.Context) (Units, error) { t.Error("work ran"); return nil, nil })
+	lost := mustErrAs[*LostError](t, err)
+	// The resends are refused too until healed: the receipt stays.
+	got, err := l.direct.GetReservation(context.Background(), lost.ReservationID)
+	if err != nil || !isState(got, ledgerv1.ReservationState_RESERVATION_STATE_STARTED) {
+		t.Fatalf("reservation %v (%v): want STARTED (the Start landed)", got.GetState(), err)
+	}
+	pending := c.PendingUnknown()
+	if len(pending) != 1 || pending[0].ReservationID != lost.ReservationID || pending[0].Actual == nil || !usedNothing(pending[0].Actual) {
+		t.Fatalf("pending %+v: want the abandoned start's receipt with zero usage", pending)
+	}
+	f.healed.Store(true) // the ledger is reachable again: a resend lands
+	waitResends(c)
+	if left := c.PendingUnknown(); len(left) != 0 {
+		t.Fatalf("pending %+v after the resend", left)
+	}
+	got, err = l.direct.GetReservation(context.Background(), lost.ReservationID)
+	if err != nil || !isState(got, ledgerv1.ReservationState_RESERVATION_STATE_SETTLED) || got.GetActualUnits()["tokens"] != 0 {
+		t.Fatalf("reservation %v actual %v (%v): want SETTLED with zero usage", got.GetState(), got.GetActualUnits(), err)
+	}
+	if b := l.balance(t, "tenant-7", "chat.generate"); b.GetReserved() != 0 || b.GetSpent() != 0 {
+		t.Fatalf("reserved %d spent %d, want 0 and 0", b.GetReserved(), b.GetSpent())
+	}
+	l.audit(t)
 }
 
 // A kept abandoned start whose Start had not landed is resolved by a

@@ -79,10 +79,10 @@ type gate func(ctx context.Context, rr *ReserveResult) (done func(actual Units),
 //     *LedgerError) when nothing was reserved, without calling work;
 //   - the Start error when the reservation could not be started (work is not
 //     called; a Start whose answer was lost is undone: released, or settled
-//     at zero if it landed; when neither can be confirmed, its receipt is
-//     kept with zero usage (PendingUnknown) and resent; a Start never
-//     sent, the ledger unreachable, leaves the reservation to expire after
-//     its hold TTL);
+//     at zero if it landed; until the ledger answers that the reservation
+//     ended, its receipt is kept with zero usage (PendingUnknown) and
+//     resent; a Start never sent, the ledger unreachable, leaves the
+//     reservation to expire after its hold TTL);
 //   - ctx.Err() when ctx ended before Start (the reservation is released);
 //   - *UsageUnknownError when work's usage is unknown (see Work), the
 //     settle answer was lost (every UNAVAILABLE answer counts as lost,
@@ -308,30 +308,31 @@ func (c *Client) start(ctx context.Context, receipt OperationReceipt) (*ledgerv1
 // abandonStart undoes a Start whose answer was lost and whose work will not
 // run: Release if it did not start; if it did (ErrAlreadyStarted), settle
 // zero usage, which is the truth because the work was never called. If
-// the release cannot be confirmed (its answer lost, not sent because the
-// breaker is open, any other failure), or the zero settle's answer is
-// lost, the receipt (with zero actual usage) is kept for ResolveUnknown:
-// the Start may have landed, or may still land, and only this operation
-// id can settle it. The ledger's answer that the reservation has ended
-// (released, expired, settled) lets it go.
+// the release or the zero settle cannot be confirmed (its answer lost,
+// not sent because the breaker is open or the connection refused, any
+// other failure), the receipt (with zero actual usage) is kept for
+// ResolveUnknown: the Start may have landed, or may still land, and only
+// this operation id can settle it. Only the ledger's answer that the
+// reservation has ended (released, expired, settled) lets it go.
 func (c *Client) abandonStart(ctx context.Context, receipt OperationReceipt) {
 	actx, cancel := c.detached(ctx)
 	defer cancel()
 	receipt.Actual = zeroUnits(receipt.Reserved)
 	_, err := c.Release(actx, receipt.ReservationID)
-	switch {
-	case err == nil:
-		return
-	case errors.Is(err, ErrReleased) || errors.Is(err, ErrExpired) || errors.Is(err, ErrAlreadySettled):
-		return // ended: nothing is held, and no Start can land any more
-	case !errors.Is(err, ErrAlreadyStarted):
-		c.keepPending(receipt)
-		return
+	if errors.Is(err, ErrAlreadyStarted) {
+		_, err = c.Settle(actx, receipt.ReservationID, receipt.OperationID, receipt.Actual)
 	}
-	var lost *LostError
-	if _, err := c.Settle(actx, receipt.ReservationID, receipt.OperationID, receipt.Actual); errors.As(err, &lost) {
+	if !reservationEnded(err) {
 		c.keepPending(receipt)
 	}
+}
+
+// reservationEnded reports whether err, the outcome of a release or a
+// settle, is the ledger's word that the reservation has ended (nil: this
+// call ended it, or a replay of it had): nothing is held any more and no
+// Start can land on it.
+func reservationEnded(err error) bool {
+	return err == nil || errors.Is(err, ErrReleased) || errors.Is(err, ErrExpired) || errors.Is(err, ErrAlreadySettled)
 }
 
 // markUnknown records USAGE_UNKNOWN for started work and keeps its

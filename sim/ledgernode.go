@@ -88,6 +88,33 @@ func (s *recStore) synced() {
 	s.unsynced = nil
 }
 
+// StatementsRemove and JournalCompact are durable at once on the
+// memstore, which first makes every deferred commit before them durable
+// (its beforeApply): the record follows, so a crash after them keeps
+// those commits in the checker's view as it does in the store. (SQLite's
+// write transactions outside a Tx are not synced themselves; its WAL
+// keeps them in order after the commits before them, and a SQLite crash
+// here keeps every commit.)
+func (s *recStore) StatementsRemove(ctx context.Context, before time.Time, limit int) (int, error) {
+	n, err := s.Store.StatementsRemove(ctx, before, limit)
+	s.removedDurably(err)
+	return n, err
+}
+
+func (s *recStore) JournalCompact(ctx context.Context, limit int) (int, error) {
+	n, err := s.Store.JournalCompact(ctx, limit)
+	s.removedDurably(err)
+	return n, err
+}
+
+// removedDurably records a removal outside transactions with outcome err
+// (see StatementsRemove).
+func (s *recStore) removedDurably(err error) {
+	if err == nil && s.mem != nil {
+		s.synced()
+	}
+}
+
 func (s *recStore) Begin(ctx context.Context) (store.Tx, error) {
 	tx, err := s.Store.Begin(ctx)
 	if err != nil {
@@ -127,7 +154,19 @@ func (t *recTx) commit(ctx context.Context, deferred bool) error {
 	if deferred {
 		commitInner = inner.CommitDeferred
 	}
-	record := func() {
+	// applied records a commit the store applied. A Commit (not
+	// deferred) is durable when it returns together with every deferred
+	// commit before it (the memstore's beforeApply; SQLite's Commit syncs
+	// the WAL), so those become durable first, in commit order, also when
+	// it wrote nothing: a removal decided on them (the shard removal's
+	// transactions) must never be durable without them.
+	applied := func() {
+		if !deferred {
+			s.synced()
+		}
+		if t.changes == nil {
+			return
+		}
 		if deferred {
 			s.unsynced = append(s.unsynced, t.changes)
 		} else {
@@ -135,7 +174,7 @@ func (t *recTx) commit(ctx context.Context, deferred bool) error {
 		}
 	}
 	if s.mem == nil {
-		return t.commitSQLite(ctx, fault, commitInner, record)
+		return t.commitSQLite(ctx, fault, commitInner, applied)
 	}
 	switch fault {
 	case faultFail:
@@ -148,8 +187,8 @@ func (t *recTx) commit(ctx context.Context, deferred bool) error {
 		s.mem.Crash()
 	}
 	err := commitInner(ctx)
-	if t.changes != nil && (err == nil || fault == faultLoseAck) {
-		record()
+	if err == nil || fault == faultLoseAck {
+		applied()
 	}
 	return err
 }
@@ -158,7 +197,7 @@ func (t *recTx) commit(ctx context.Context, deferred bool) error {
 // recording store injects around the real commit: a failure or a
 // conflict (and a crash inside the commit) rolls back and applies
 // nothing; a lost acknowledgement commits and reports failure.
-func (t *recTx) commitSQLite(ctx context.Context, fault commitFault, commitInner func(context.Context) error, record func()) error {
+func (t *recTx) commitSQLite(ctx context.Context, fault commitFault, commitInner func(context.Context) error, applied func()) error {
 	switch fault {
 	case faultFail, faultConflict, faultCrash:
 		t.Tx.Rollback(ctx)
@@ -168,8 +207,8 @@ func (t *recTx) commitSQLite(ctx context.Context, fault commitFault, commitInner
 		return fmt.Errorf("%w: injected commit failure", store.ErrUnavailable)
 	}
 	err := commitInner(ctx)
-	if err == nil && t.changes != nil {
-		record()
+	if err == nil {
+		applied()
 	}
 	if err == nil && fault == faultLoseAck {
 		return fmt.Errorf("%w: acknowledgement lost", store.ErrUnavailable)

@@ -57,7 +57,8 @@ func asProbe(err error, p *flagProbe) bool {
 // them (capledger --addr X policy list, capledger policy --addr X list,
 // capledger settle --operation OP ID) are the same command, for every
 // command, with the same rule; "--" ends the flags; an unknown flag is a
-// usage error (exit 1) naming it wherever it stands.
+// usage error (exit 1) naming it wherever it stands, also when a word
+// follows it that names no command (it may be the flag's value).
 func TestContractCLIFlagsGoAnywhere(t *testing.T) {
 	bin := buildBinary(t)
 	dir := t.TempDir()
@@ -112,6 +113,13 @@ func TestContractCLIFlagsGoAnywhere(t *testing.T) {
 		t.Errorf("get -- -dash --addr: %s; want two ids refused", out)
 	}
 
+	// Without any command word.
+	for _, args := range [][]string{w("--bogus"), w("--bogus", "x"), w("--bogus=1", "x")} {
+		if out := run(exitUsage, args...); !strings.Contains(out, "unknown flag --bogus") {
+			t.Errorf("capledger %s: %s; want the unknown flag --bogus named", strings.Join(args, " "), out)
+		}
+	}
+
 	// Every (sub)command: an unknown flag before, among or after its
 	// words is a usage error naming it; a value flag before the words
 	// whose value is a command word takes it.
@@ -127,9 +135,11 @@ func TestContractCLIFlagsGoAnywhere(t *testing.T) {
 			}
 		})
 		parts := strings.Fields(words)
-		placements := [][]string{cat(w("--bogus"), parts), cat(parts, w("--bogus"))}
+		// An unknown flag may have taken the word after it as its value
+		// ("--bogus x"): the flag, not that word, is what is wrong.
+		placements := [][]string{cat(w("--bogus"), parts), cat(parts, w("--bogus")), cat(w("--bogus", "x"), parts)}
 		if len(parts) == 2 {
-			placements = append(placements, w(parts[0], "--bogus", parts[1]))
+			placements = append(placements, w(parts[0], "--bogus", parts[1]), w(parts[0], "--bogus", "x", parts[1]))
 		}
 		if valueFlag != "" {
 			placements = append(placements, cat(w("--"+valueFlag, "policy"), parts, w("--bogus")))

@@ -132,6 +132,13 @@ func run(ctx context.Context, e *env, args []string) int {
 		return exitOK
 	}
 	name, rest, err := takeWord(args)
+	_, known := commands[name]
+	if flagName := unknownFlagBeforeWord(args); flagName != "" && !errors.Is(err, flag.ErrHelp) && name != "help" && !known {
+		// "capledger --bogus x status": x may be --bogus's value; either
+		// way the flag is what is wrong, as it is after a command word.
+		fmt.Fprintf(e.stderr, "capledger: unknown flag --%s\nRun `capledger --help` for usage.\n", flagName)
+		return exitUsage
+	}
 	if err != nil || name == "help" {
 		// No command among the flags ("capledger --addr X"), or the word
 		// help after them: the overview, as for no arguments at all.
@@ -232,15 +239,44 @@ func runSub(ctx context.Context, e *env, c *command, args []string) error {
 	switch {
 	case err != nil && errors.Is(err, flag.ErrHelp), word == "help":
 		return flag.ErrHelp
-	case err != nil:
-		return usagef("want a subcommand: %s", want)
 	}
-	for _, sub := range c.subs {
-		if sub.name == word {
-			return sub.run(ctx, e, rest)
+	if err == nil {
+		for _, sub := range c.subs {
+			if sub.name == word {
+				return sub.run(ctx, e, rest)
+			}
 		}
 	}
+	if name := unknownFlagBeforeWord(args); name != "" {
+		// "capledger policy --bogus x list": as in run.
+		return usagef("unknown flag --%s", name)
+	}
+	if err != nil {
+		return usagef("want a subcommand: %s", want)
+	}
 	return usagef("unknown %s subcommand %q: want %s", c.name, word, want)
+}
+
+// unknownFlagBeforeWord returns the name of the first flag of args before
+// their first positional argument (the word takeWord finds, scanning as it
+// does; all of args when there is none) that no (sub)command defines, or
+// "". Such a flag's value, if it takes one, is unknown: the word after it
+// may be that value rather than a command, so when the word names no
+// command, the unknown flag is the error to report.
+func unknownFlagBeforeWord(args []string) string {
+	value, boolean := knownFlags()
+	for i, kind := range scanArgs(args, func(name string) bool { return value[name] }) {
+		switch kind {
+		case argPositional, argEndOfFlags:
+			return ""
+		case argFlag:
+			name, _, _ := strings.Cut(strings.TrimLeft(args[i], "-"), "=")
+			if !value[name] && !boolean[name] && name != "h" && name != "help" {
+				return name
+			}
+		}
+	}
+	return ""
 }
 
 // argKind is what scanArgs makes of one argument.
@@ -320,17 +356,18 @@ type flagProbe struct{ fs *flag.FlagSet }
 
 func (flagProbe) Error() string { return "flag probe" }
 
-var valueFlagsOnce = sync.OnceValue(func() map[string]bool {
-	takes, _ := flagKinds()
-	return takes
-})
+// knownFlags returns flagKinds, probed once.
+var knownFlags = sync.OnceValues(flagKinds)
 
 // valueFlags returns the names of the flags that take a value in any
 // (sub)command. Before a command's words are found its flags are not
 // known; a name is a value flag everywhere or nowhere
 // (TestCLIFlagNamesMeanOneKindEverywhere), so this decides as the
 // command's own flag set would.
-func valueFlags() map[string]bool { return valueFlagsOnce() }
+func valueFlags() map[string]bool {
+	value, _ := knownFlags()
+	return value
+}
 
 // flagKinds probes every (sub)command (flagProbeArg) and returns the
 // names of the flags that take a value in some, and those that are

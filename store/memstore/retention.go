@@ -242,9 +242,10 @@ func (s *Store) ShardFencesIdle(ctx context.Context, before time.Time, limit int
 // StatementsRemove deletes up to limit statements whose epoch ended at
 // or before before, the earliest ended first, then in insertion order
 // (store.RetentionStore). It is durable at once, as the SQL stores'
-// deletes are. It looks at every statement's end, as the other retention
-// reads of this store look at their sets; the SQL stores read an index
-// by epoch end.
+// deletes are, together with every deferred commit before it (as
+// JournalCompact and Commit are): it may have been decided on them. It
+// looks at every statement's end, as the other retention reads of this
+// store look at their sets; the SQL stores read an index by epoch end.
 func (s *Store) StatementsRemove(ctx context.Context, before time.Time, limit int) (int, error) {
 	if limit <= 0 {
 		return 0, fmt.Errorf("statement retention: limit %d, want a positive one", limit)
