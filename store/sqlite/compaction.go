@@ -448,7 +448,8 @@ func (t *writeTx) queryRow(q string, args []any, scan func(scanner) error) (bool
 }
 
 // inWriteTx runs f in a write transaction on w (BEGIN IMMEDIATE), commits
-// it when f succeeds and rolls it back otherwise.
+// it when f succeeds and rolls it back otherwise. w is the writer that
+// withWriter lends, which makes the commit durable before it returns.
 func (s *Store) inWriteTx(ctx context.Context, w *writer, what string, f func(*writeTx) error) error {
 	sctx := stmtCtx(ctx)
 	if err := w.exec(sctx, w.begin, nil); err != nil {
@@ -461,7 +462,14 @@ func (s *Store) inWriteTx(ctx context.Context, w *writer, what string, f func(*w
 		}
 		return fmt.Errorf("%s: %w", what, translate(ctx, err))
 	}
-	if err := w.exec(sctx, w.commit, nil); err != nil {
+	// Counted like Tx.commit's COMMIT: a read from here on waits for the
+	// Sync that withWriter runs after it (pipeline.go). Counting from
+	// BEGIN instead would hold every read back for the whole transaction,
+	// though none sees its writes before the COMMIT.
+	seq := s.beginWrite()
+	err := w.exec(sctx, w.commit, nil)
+	s.endWrite(seq)
+	if err != nil {
 		_ = w.exec(sctx, w.rollback, nil)
 		return fmt.Errorf("%s: %w", what, translate(ctx, err))
 	}

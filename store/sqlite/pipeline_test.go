@@ -3,12 +3,15 @@ package sqlite_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
+	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
 	"github.com/capledger/capledger/store/sqlite"
 	"github.com/capledger/capledger/store/storetest"
@@ -164,4 +167,75 @@ func TestFailedSyncFailsTheStoreForGood(t *testing.T) {
 	if err := tx.Commit(ctx); !errors.Is(err, sqlite.ErrSyncFailed) {
 		t.Fatalf("Commit whose fsync failed: %v", err)
 	}
+}
+
+// The writes outside a batch (the subject index flusher, checkpoint
+// pages, journal compaction, statement retention, the vacuum) follow
+// Commit's rule in a pipelined store: each is fsynced before it returns,
+// so a read after it has nothing of it left to sync. Otherwise a read
+// could answer from a removal that a power loss undoes (OPERATIONS.md,
+// "--pipelined-sync").
+func TestPipelinedMaintenanceWritesAreSyncedBeforeTheyReturn(t *testing.T) {
+	ctx := context.Background()
+	s, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "capledger.db"),
+		sqlite.WithPipelinedSync(), sqlite.WithSubjectIndexFlush(time.Hour, 1<<30))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	syncs := countSyncs(s)
+	durable := func(what string, write func() error) {
+		t.Helper()
+		before := syncs.Load()
+		if err := write(); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		after := syncs.Load()
+		if after == before {
+			t.Fatalf("%s returned without an fsync", what)
+		}
+		if _, err := s.ReservationGet(ctx, "no-such"); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("read after %s: %v", what, err)
+		}
+		if n := syncs.Load() - after; n != 0 {
+			t.Fatalf("a read after %s returned had to fsync it first", what)
+		}
+	}
+
+	commit(t, s, journaled("a")) // batch 1
+	commit(t, s, journaled("b")) // batch 2
+	durable("subject index flush", func() error { return s.FlushSubjectIndex(ctx) })
+	cp := &ledger.Checkpoint{Seq: 1, Through: 2, CutAt: t0}
+	cp.Seal()
+	durable("checkpoint", func() error { return store.PutCheckpoint(ctx, s, cp) })
+	durable("journal compaction", func() error {
+		n, err := s.JournalCompact(ctx, 1000)
+		if err == nil && n == 0 {
+			err = errors.New("deleted nothing")
+		}
+		return err
+	})
+
+	// Enough statements that removing them frees more than the eighth of
+	// the file ReclaimStep keeps.
+	var statements store.Changes
+	key := reservation("a").Account
+	filler := ledger.Balances{{Opening: 1, Available: 1}}
+	for i := range 3000 {
+		statements.Statements = append(statements.Statements, ledger.Statement{Account: key,
+			EpochStart: t0.Add(time.Duration(i) * time.Hour), EpochEnd: t0.Add(time.Duration(i+1) * time.Hour),
+			Dims: 1, Opening: filler, Closing: filler})
+	}
+	commit(t, s, &statements)
+	durable("statement retention", func() error {
+		n, err := s.StatementsRemove(ctx, t0.Add(10_000*time.Hour), 10_000)
+		if err == nil && n != 3000 {
+			err = fmt.Errorf("deleted %d statements, want 3000", n)
+		}
+		return err
+	})
+	durable("reclaim", func() error {
+		_, err := s.ReclaimStep(ctx, 1<<20)
+		return err
+	})
 }

@@ -67,7 +67,8 @@ func (s *Store) FreePages(ctx context.Context) (free, total int64, err error) {
 }
 
 // withWriter runs f on the write connection while no transaction is open
-// (waiting for the writer like Begin does).
+// (waiting for the writer like Begin does) and, in a pipelined store,
+// makes what f committed durable before it returns, as Tx.Commit does.
 func (s *Store) withWriter(ctx context.Context, f func(w *writer) error) error {
 	if s.closed.Load() {
 		return errClosed
@@ -84,10 +85,11 @@ func (s *Store) withWriter(ctx context.Context, f func(w *writer) error) error {
 	if err := s.sync.failure(); err != nil {
 		return err
 	}
-	// Pipelined, what f commits is durable once the Sync returns.
-	seq := s.beginWrite()
+	// Pipelined, what f commits is durable once the Sync returns: f
+	// counts each of its commits (beginWrite, endWrite; inWriteTx does)
+	// as Tx.commit does, so reads wait for this Sync, and only once
+	// something is committed.
 	err := f(s.w)
-	s.endWrite(seq)
 	s.noteFsyncFailure(err)
 	if err != nil {
 		return err
@@ -160,7 +162,12 @@ func (s *Store) vacuumStep(ctx context.Context, pages int64) error {
 			return fmt.Errorf("reclaim: %w", translate(ctx, err))
 		}
 		// incremental_vacuum answers a row per page freed: read them.
-		if err := w.query(stmtCtx(ctx), st, nil, func(scanner) error { return nil }); err != nil {
+		// It commits on its own (no transaction is open): counted like a
+		// COMMIT.
+		seq := s.beginWrite()
+		err = w.query(stmtCtx(ctx), st, nil, func(scanner) error { return nil })
+		s.endWrite(seq)
+		if err != nil {
 			return fmt.Errorf("reclaim: %w", translate(ctx, err))
 		}
 		s.commits.Add(1) // the checkpointer copies the truncation
