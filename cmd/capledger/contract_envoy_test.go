@@ -12,7 +12,9 @@ import (
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
@@ -177,6 +179,28 @@ func checkFinishedIDsAreRefused(t *testing.T, bin string, retention []string) {
 		}
 		if after := account(); after != before {
 			t.Errorf("check of the %s id charged t1:\nbefore %s\nafter  %s", id, before, after)
+		}
+	}
+	// Another estimate (hits 7 against the mapping's 500) is another
+	// request, ALREADY_EXISTS, whatever the reservation's state: the
+	// estimate is compared first. A recorded id has no estimate to differ
+	// from: OVER_LIMIT as above.
+	for id, want := range map[string]codes.Code{"settled": codes.AlreadyExists, "released": codes.AlreadyExists, "recorded": codes.OK} {
+		req := &rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlcommon.RateLimitDescriptor{{
+			Entries: []*rlcommon.RateLimitDescriptor_Entry{
+				{Key: "tenant", Value: "t1"}, {Key: "x-request-id", Value: id},
+			},
+			HitsAddend: wrapperspb.UInt64(7),
+		}}}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		resp, err := rls.ShouldRateLimit(ctx, req)
+		cancel()
+		if got := status.Code(err); got != want {
+			t.Errorf("check of the %s id with another estimate: %v (%v), want %v", id, got, err, want)
+			continue
+		}
+		if err == nil && resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+			t.Errorf("check of the %s id with another estimate: %v, want OVER_LIMIT", id, resp.OverallCode)
 		}
 	}
 }
