@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/capledger/capledger/ledger"
 )
@@ -45,15 +46,24 @@ func (c ShardCursor) After(s *ledger.Shard) bool {
 	return s.ID > c.ID
 }
 
-// PrefixEnd returns the least string above every string that begins with
-// prefix (bytes compared), for a key range [prefix, end); "" when there is
-// none (prefix is all 0xff bytes).
+// PrefixEnd returns the least text above every string that begins with
+// prefix, in bytes order, for a key range [prefix, end): the prefix with
+// its last character replaced by the next one. UTF-8 orders as its code
+// points do, so the end stays valid text (PostgreSQL refuses a parameter
+// that is not) where adding one to the last byte would not. It returns
+// "" when there is no such text: an empty prefix, one of only U+10FFFF,
+// or one that is not valid UTF-8.
 func PrefixEnd(prefix string) string {
-	b := []byte(prefix)
-	for i := len(b) - 1; i >= 0; i-- {
-		if b[i] < 0xff {
-			b[i]++
-			return string(b[:i+1])
+	for p := prefix; p != ""; {
+		r, size := utf8.DecodeLastRuneInString(p)
+		p = p[:len(p)-size]
+		switch {
+		case r == utf8.RuneError && size == 1:
+			return ""
+		case r == 0xD7FF: // the surrogates are not characters
+			return p + string(rune(0xE000))
+		case r < utf8.MaxRune:
+			return p + string(r+1)
 		}
 	}
 	return ""

@@ -7,5 +7,4 @@ var (
 	MetaNamesSQL             = sqlMetaNames
 	MetaPrefixSQL            = sqlMetaPrefix
 	ShardFencesIdleSQL       = sqlShardFencesIdle
-	MetaPrefixEnd            = metaPrefixEnd
 )

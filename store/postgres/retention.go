@@ -294,7 +294,7 @@ WHERE name COLLATE "C" >= '` + ledger.MetaShardFencePrefix + `'
   AND substr(name, length('` + ledger.MetaShardFencePrefix + `') + 1) NOT IN (SELECT gateway_id FROM shards WHERE expires_at > $1)
 ORDER BY name COLLATE "C" LIMIT $2`
 
-// shardFencePrefixEnd is metaPrefixEnd(ledger.MetaShardFencePrefix),
+// shardFencePrefixEnd is store.PrefixEnd(ledger.MetaShardFencePrefix),
 // written out for the constant query (a test checks they agree).
 const shardFencePrefixEnd = "shard_fence0"
 

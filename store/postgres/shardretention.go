@@ -6,7 +6,6 @@ import (
 	"maps"
 	"slices"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -23,34 +22,12 @@ const (
 	ORDER BY expires_at, id LIMIT $4`
 	// A prefix of meta names is read as the key range [$1, $2) of the
 	// index meta_name_bytes (schema 18), names compared as bytes whatever
-	// the database's collation; $2 is metaPrefixEnd($1).
+	// the database's collation; $2 is store.PrefixEnd($1).
 	sqlMetaNames    = `SELECT name FROM meta WHERE ` + metaNameInRange + ` ORDER BY name COLLATE "C" LIMIT $3`
 	sqlMetaPrefix   = `SELECT name, value FROM meta WHERE ` + metaNameInRange
 	metaNameInRange = `name COLLATE "C" >= $1 AND name COLLATE "C" < $2`
 	sqlShardsDelete = `DELETE FROM shards WHERE id = ANY($1)`
 )
-
-// metaPrefixEnd returns the least text above every name that begins with
-// prefix, in bytes order: the prefix with its last character replaced by
-// the next one. UTF-8 orders as its code points do, so the end stays
-// valid text (PostgreSQL refuses a parameter that is not) where adding
-// one to the last byte would not. It reports false when no such text
-// exists (an empty prefix, or one of only U+10FFFF).
-func metaPrefixEnd(prefix string) (string, bool) {
-	for p := prefix; p != ""; {
-		r, size := utf8.DecodeLastRuneInString(p)
-		p = p[:len(p)-size]
-		switch {
-		case r == utf8.RuneError && size == 1:
-			return "", false
-		case r == 0xD7FF:
-			return p + string(rune(0xE000)), true
-		case r < utf8.MaxRune:
-			return p + string(r+1), true
-		}
-	}
-	return "", false
-}
 
 // ShardsReconciled returns up to limit reconciled shards expiring at or
 // before before, after the cursor in (expires_at, id) order, through the
@@ -90,8 +67,8 @@ func (s *Store) MetaNames(ctx context.Context, prefix string, limit int) ([]stri
 	if limit <= 0 || prefix == "" {
 		return nil, fmt.Errorf("meta names %q: limit %d, want a prefix and a positive limit", prefix, limit)
 	}
-	end, ok := metaPrefixEnd(prefix)
-	if !ok {
+	end := store.PrefixEnd(prefix)
+	if end == "" {
 		return nil, fmt.Errorf("meta names %q: no text follows every name with this prefix", prefix)
 	}
 	rows, err := s.pool.Query(ctx, sqlMetaNames, prefix, end, limit)
@@ -113,7 +90,7 @@ func (t *tx) deleteShards(w *batchWriter, ids []string) {
 // retainedShardsList reads the retained shard totals from their meta
 // rows, by account key.
 func (s *Store) retainedShardsList(ctx context.Context, q querier) ([]ledger.RetainedShards, error) {
-	end, _ := metaPrefixEnd(ledger.MetaShardRetainedPrefix)
+	end := store.PrefixEnd(ledger.MetaShardRetainedPrefix)
 	rows, err := q.Query(ctx, sqlMetaPrefix, ledger.MetaShardRetainedPrefix, end)
 	if err != nil {
 		return nil, s.c.classify("retained shards", err, false)

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
 	"github.com/capledger/capledger/store/postgres"
 )
 
@@ -76,7 +77,7 @@ func TestMetaPrefixReadsUseTheirIndex(t *testing.T) {
 		}
 	}
 	unknown := ledger.ShardUnknownPrefix("sh-7")
-	unknownEnd, _ := postgres.MetaPrefixEnd(unknown)
+	unknownEnd := store.PrefixEnd(unknown)
 	for name, c := range map[string]struct {
 		query string
 		args  []any

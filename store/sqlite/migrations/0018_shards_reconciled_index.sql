@@ -1,4 +1,4 @@
--- capledger schema version 17: retention of settled emergency shards.
+-- capledger schema version 18: retention of settled emergency shards.
 --
 -- Retention removes a shard once it is reconciled with nothing left
 -- unknown and ended a retention window ago (ledger.RemoveShards);
