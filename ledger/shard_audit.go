@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Audit check names of emergency shards, besides CheckShard (each shard
@@ -148,13 +149,22 @@ func shardOfRemint(receiptID string) (string, bool) {
 	return rest[:i], true
 }
 
+// legacyRemintSkew is how far a legacy remint move's time may fall before
+// its shard's issuance: the replica that reconciled may have a clock
+// behind the one that issued (PostgreSQL replicas each read their own),
+// so a shard reconciled within that of its issuance must still own its
+// moves. Retention windows are far longer, so a removed shard's moves
+// stay before it.
+const legacyRemintSkew = time.Minute
+
 // remintOf reports whether remint move m is one of stored shard sh's
 // (false for a nil sh): its receipt carries sh's issue time. A move
 // under sh's id with another issue time is a shard's that retention
 // removed before sh was issued under the same id. A legacy receipt
-// (without the issue time) is sh's when it was made at or after sh's
-// issuance: a removed shard's moves all came before its removal, and the
-// id was free for sh only after that.
+// (without the issue time) is sh's when it was made no earlier than
+// legacyRemintSkew before sh's issuance: a removed shard's moves all came
+// before its removal, a retention window after it ended, and the id was
+// free for sh only after that.
 func remintOf(m *Move, sh *Shard) bool {
 	if sh == nil {
 		return false
@@ -162,7 +172,7 @@ func remintOf(m *Move, sh *Shard) bool {
 	tail := m.ReceiptID[strings.LastIndexByte(m.ReceiptID, ':')+1:]
 	issued, _, marked := strings.Cut(tail, ".")
 	if !marked {
-		return !m.At.Before(sh.IssuedAt)
+		return !m.At.Before(sh.IssuedAt.Add(-legacyRemintSkew))
 	}
 	return issued == strconv.FormatInt(sh.IssuedAt.UnixNano(), 10)
 }
