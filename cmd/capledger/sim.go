@@ -204,7 +204,9 @@ func runSim(ctx context.Context, e *env, args []string) error {
 	rep := sim.Run(ctx, &cfg, opts)
 	rep.WriteTable(e.stdout, e.stderr)
 	if ctx.Err() != nil {
-		return exitError{code: exitInterrupted, err: fmt.Errorf("interrupted after %d of %d interleavings", rep.Interleavings, *interleavings)}
+		// main prints this as "capledger sim: interrupted (...)": say how
+		// far the run got, not "interrupted" twice.
+		return exitError{code: exitInterrupted, err: fmt.Errorf("%d of %d interleavings run", rep.Interleavings, *interleavings)}
 	}
 	if f := rep.Failures(); len(f) > 0 {
 		return exitError{code: exitDiscrepancies, err: fmt.Errorf("%d gate(s) failed; the first: %s", len(f), f[0])}

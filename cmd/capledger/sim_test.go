@@ -202,6 +202,12 @@ func TestSimInterruptedSaysSo(t *testing.T) {
 	if !strings.Contains(out.String(), "RESULT: INTERRUPTED after 0 of 50 interleavings") || !strings.Contains(errOut.String(), "interrupted") {
 		t.Errorf("no interrupted verdict:\n%s\n%s", out.String(), errOut.String())
 	}
+	// The last stderr line is main's "capledger sim: interrupted (...)"
+	// around the command's error: that error says how far the run got,
+	// not "interrupted" a second time.
+	if want := "capledger sim: interrupted (0 of 50 interleavings run)\n"; !strings.HasSuffix(errOut.String(), want) {
+		t.Errorf("stderr %q, want it to end %q", errOut.String(), want)
+	}
 	for _, line := range strings.Split(out.String(), "\n") {
 		if strings.HasPrefix(line, "RESERVATION_UNKNOWN") || strings.HasPrefix(line, "USAGE_UNKNOWN") || strings.HasPrefix(line, "tenants of weight") {
 			if strings.HasSuffix(strings.TrimSpace(line), " ok") || !strings.Contains(line, "not judged: interrupted") {
