@@ -15,7 +15,9 @@ const (
 	shardRemovePage = 64
 	// shardRemoveRows bounds the meta rows one transaction of
 	// ShardsRemove deletes (a shard's three and its receipts'): a page
-	// is committed in as many transactions as it needs.
+	// is committed in as many transactions as it needs. Besides them it
+	// writes the retained shard totals of the shards' accounts, at most
+	// 14 rows an account, at most 64 accounts (a page).
 	shardRemoveRows = 1024
 	// shardUnknownNames is the most receipt counters a shard may have to
 	// be removed: a shard whose gateway left more receipts unknown is
