@@ -77,7 +77,7 @@ func auditShards(s *Snapshot) []Discrepancy {
 		if m.Kind != MoveShardRemint {
 			continue
 		}
-		id, ok := shardOfRemint(m.ReceiptID)
+		id, ok := ShardOfRemint(m.ReceiptID)
 		if ok && !remintOf(m, shards[id]) && retained[m.From] != nil {
 			// A removed shard's move: checked against its account's
 			// retained shard totals below.
@@ -135,9 +135,9 @@ func snapshotPolicy(s *Snapshot, generation uint64) *Policy {
 	return nil
 }
 
-// shardOfRemint returns the shard id of a ShardRemintReceipt (or
+// ShardOfRemint returns the shard id of a ShardRemintReceipt (or
 // LegacyShardRemintReceipt) id.
-func shardOfRemint(receiptID string) (string, bool) {
+func ShardOfRemint(receiptID string) (string, bool) {
 	rest, ok := strings.CutPrefix(receiptID, "shard-remint:")
 	if !ok {
 		return "", false

@@ -611,10 +611,7 @@ func (w *world) shardChanges(ch *store.Changes) {
 		if m.Kind != ledger.MoveShardRemint {
 			continue
 		}
-		id := strings.TrimPrefix(m.ReceiptID, "shard-remint:")
-		if k := strings.LastIndexByte(id, ':'); k >= 0 {
-			id = id[:k]
-		}
+		id, _ := ledger.ShardOfRemint(m.ReceiptID)
 		if s.removed[id] {
 			w.violate(GateDuplicateRecovery, fmt.Sprintf("shard %s reminted %v again (move %s) after retention removed it", id, m.Units, m.ReceiptID))
 			return
