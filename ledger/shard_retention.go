@@ -1,6 +1,8 @@
 package ledger
 
 import (
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -68,6 +70,16 @@ func unescapeMetaNamePart(s string) string {
 		return s
 	}
 	return strings.NewReplacer("%2F", "/", "%25", "%").Replace(s)
+}
+
+// SortedRetainedShards lists the totals ParseRetainedShards gathered, in
+// account key order, as a Snapshot holds them.
+func SortedRetainedShards(by map[AccountKey]*RetainedShards) []RetainedShards {
+	var out []RetainedShards
+	for _, k := range slices.SortedFunc(maps.Keys(by), AccountKey.Compare) {
+		out = append(out, *by[k])
+	}
+	return out
 }
 
 // ParseRetainedShards adds the counter name = value to the retained shard

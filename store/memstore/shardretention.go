@@ -65,9 +65,5 @@ func retainedShardsSnapshot(r *rows) []ledger.RetainedShards {
 	for name, v := range r.meta {
 		ledger.ParseRetainedShards(by, name, v)
 	}
-	var out []ledger.RetainedShards
-	for _, k := range slices.SortedFunc(maps.Keys(by), ledger.AccountKey.Compare) {
-		out = append(out, *by[k])
-	}
-	return out
+	return ledger.SortedRetainedShards(by)
 }

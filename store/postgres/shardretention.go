@@ -3,8 +3,6 @@ package postgres
 import (
 	"context"
 	"fmt"
-	"maps"
-	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -110,9 +108,5 @@ func (s *Store) retainedShardsList(ctx context.Context, q querier) ([]ledger.Ret
 	if err := rows.Err(); err != nil {
 		return nil, s.c.classify("retained shards", err, false)
 	}
-	var out []ledger.RetainedShards
-	for _, k := range slices.SortedFunc(maps.Keys(by), ledger.AccountKey.Compare) {
-		out = append(out, *by[k])
-	}
-	return out, nil
+	return ledger.SortedRetainedShards(by), nil
 }

@@ -3,8 +3,6 @@ package sqlite
 import (
 	"context"
 	"fmt"
-	"maps"
-	"slices"
 	"time"
 
 	"github.com/capledger/capledger/ledger"
@@ -94,9 +92,5 @@ func retainedShards(ctx context.Context, q queryer) ([]ledger.RetainedShards, er
 	for _, r := range rows {
 		ledger.ParseRetainedShards(by, r.name, r.value)
 	}
-	var out []ledger.RetainedShards
-	for _, k := range slices.SortedFunc(maps.Keys(by), ledger.AccountKey.Compare) {
-		out = append(out, *by[k])
-	}
-	return out, nil
+	return ledger.SortedRetainedShards(by), nil
 }
