@@ -176,3 +176,16 @@ func TestScanArgs(t *testing.T) {
 		}
 	}
 }
+
+// TestParseFlagsBooleanTakesNoWord: a boolean flag before a positional
+// argument leaves it positional ("capledger get --wait r1" gets r1); a
+// value flag takes the next word.
+func TestParseFlagsBooleanTakesNoWord(t *testing.T) {
+	fs := newFlags("get")
+	wait := fs.Bool("wait", false, "")
+	addr := fs.String("addr", "", "")
+	positional, err := parseFlags(fs, []string{"--wait", "r1", "--addr", "x", "r2"})
+	if err != nil || !slices.Equal(positional, []string{"r1", "r2"}) || !*wait || *addr != "x" {
+		t.Fatalf("parseFlags: positional %q, wait %v, addr %q, %v; want [r1 r2], true, x", positional, *wait, *addr, err)
+	}
+}
