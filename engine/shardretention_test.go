@@ -213,3 +213,54 @@ func TestShardIDTakenAgainAfterRetentionReconciles(t *testing.T) {
 		})
 	}
 }
+
+// ShardsRemove reads the candidates a page at a time after a cursor: a
+// full page of shards it keeps (work left unknown) is followed by the
+// next page, and the settled shards behind it are removed in the same
+// call.
+func TestShardsRemovePagesPastAFullPageKept(t *testing.T) {
+	for name, open := range memstoreAndSQLite {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			clk := newClock()
+			e := New(open(t), Options{Clock: clk.Now, DisableWorkers: true, Retention: time.Hour, TombstoneRetention: 2 * time.Hour})
+			defer e.Close()
+			p := ledger.Policy{Key: ledger.PolicyKey{Subject: "tenant-7", Route: "chat.generate", Region: "eu"},
+				Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: 1_000_000}}, EmergencyMode: true}.WithDefaults()
+			_, key, _ := ed25519.GenerateKey(bytes.NewReader(make([]byte, 64)))
+			do := func(cmd ledger.Command) {
+				t.Helper()
+				res, err := e.Do(ctx, cmd)
+				if err != nil || res.Err != nil {
+					t.Fatalf("%s: %+v %v", cmd.Kind, res, err)
+				}
+			}
+			do(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p})
+			for i := range 7 {
+				id := fmt.Sprintf("sh-%d", i)
+				do(ledger.Command{Kind: ledger.KindShardIssue, Subject: "tenant-7", Route: "chat.generate", Region: "eu",
+					Units: ledger.Amounts{10}, Shard: &ledger.ShardArgs{ShardID: id, GatewayID: "gw-1", BootEpoch: 1,
+						TTL: time.Minute, KeyID: "k1", Sign: ledger.Ed25519ShardSigner(key)}})
+				clk.Advance(time.Second)
+			}
+			clk.Advance(time.Minute)
+			for i := range 7 {
+				receipt := ledger.ShardReceipt{ReservationID: "s", State: ledger.StateSettled, Actual: ledger.Amounts{3}}
+				if i < 2 { // the first page (of 2): kept
+					receipt = ledger.ShardReceipt{ReservationID: "u", State: ledger.StateUsageUnknown, Reserved: ledger.Amounts{4}}
+				}
+				do(ledger.Command{Kind: ledger.KindShardReconcile, Shard: &ledger.ShardArgs{ShardID: fmt.Sprintf("sh-%d", i), GatewayID: "gw-1",
+					Receipts: []ledger.ShardReceipt{receipt}}})
+			}
+			clk.Advance(2 * time.Hour)
+			n, err := e.core.ShardsRemove(ctx, clk.Now(), 2, nil)
+			if err != nil || n != 5 {
+				t.Fatalf("ShardsRemove with pages of 2: removed %d, %v; want the 5 settled shards behind a full page kept", n, err)
+			}
+			list, err := e.Shards(ctx)
+			if err != nil || len(list) != 2 {
+				t.Fatalf("kept shards %d, %v: want sh-0 and sh-1", len(list), err)
+			}
+		})
+	}
+}

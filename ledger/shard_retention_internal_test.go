@@ -40,3 +40,31 @@ func TestRetainedShardsNamesReadBack(t *testing.T) {
 		}
 	}
 }
+
+// A shard's receipt counters are its prefix, one escaped receipt id and
+// at most a dimension written as strconv.Itoa writes it: RemoveShards
+// removes only those, so a name that merely looks like one ("01", "-0",
+// another shard's deeper name) is left alone.
+func TestOwnUnknownNames(t *testing.T) {
+	p := ShardUnknownPrefix("sh-1")
+	for _, c := range []struct {
+		name      string
+		units, ok bool
+	}{
+		{p + "r1", false, true},
+		{p + "r1/0", true, true},
+		{p + "r1/3", true, true},
+		{p + "r1/01", false, false},
+		{p + "r1/-0", false, false},
+		{p + "r1/+1", false, false},
+		{p + "r1/x", false, false},
+		{p + "r1/4", false, false},
+		{p, false, false},
+		{p + "/0", false, false},
+		{ShardUnknownPrefix("sh-2") + "r1", false, false},
+	} {
+		if units, ok := ownUnknownName("sh-1", c.name); units != c.units || ok != c.ok {
+			t.Errorf("ownUnknownName(sh-1, %q) = %v, %v; want %v, %v", c.name, units, ok, c.units, c.ok)
+		}
+	}
+}

@@ -152,3 +152,50 @@ func TestContractCLIFlagsGoAnywhere(t *testing.T) {
 		}
 	}
 }
+
+// TestScanArgs: the one rule of where flags go, argument by argument: a
+// flag is "-" and more ("-" alone is standard input, "" an empty
+// positional argument); --name value takes the next argument, whatever
+// it looks like, only when name takes a value and no "=" gave it one; a
+// boolean or unknown flag takes none; "--" ends the flags.
+func TestScanArgs(t *testing.T) {
+	takes := func(name string) bool { return name == "addr" || name == "id" || name == "timeout" }
+	const (
+		p = argPositional
+		f = argFlag
+		v = argFlagValue
+		e = argEndOfFlags
+	)
+	for _, c := range []struct {
+		args []string
+		want []argKind
+	}{
+		{[]string{"policy", "get", "7", "--addr", "x"}, []argKind{p, p, p, f, v}},
+		{[]string{"--addr=x", "policy", "list"}, []argKind{f, p, p}},
+		{[]string{"-addr=x", "get", "r1"}, []argKind{f, p, p}},
+		{[]string{"-", "--addr", "x"}, []argKind{p, f, v}},
+		{[]string{"get", "", "--addr", "x"}, []argKind{p, p, f, v}},
+		{[]string{"--wait", "7"}, []argKind{f, p}},
+		{[]string{"--bogus", "7"}, []argKind{f, p}},
+		{[]string{"--timeout", "-1s", "--id", "--"}, []argKind{f, v, f, v}},
+		{[]string{"settle", "--", "--addr", "-r1"}, []argKind{p, e, p, p}},
+		{[]string{"get", "--addr"}, []argKind{p, f}},
+	} {
+		if got := scanArgs(c.args, takes); !slices.Equal(got, c.want) {
+			t.Errorf("scanArgs(%q) = %v, want %v", c.args, got, c.want)
+		}
+	}
+}
+
+// TestParseFlagsBooleanTakesNoWord: a boolean flag before a positional
+// argument leaves it positional ("capledger get --wait r1" gets r1); a
+// value flag takes the next word.
+func TestParseFlagsBooleanTakesNoWord(t *testing.T) {
+	fs := newFlags("get")
+	wait := fs.Bool("wait", false, "")
+	addr := fs.String("addr", "", "")
+	positional, err := parseFlags(fs, []string{"--wait", "r1", "--addr", "x", "r2"})
+	if err != nil || !slices.Equal(positional, []string{"r1", "r2"}) || !*wait || *addr != "x" {
+		t.Fatalf("parseFlags: positional %q, wait %v, addr %q, %v; want [r1 r2], true, x", positional, *wait, *addr, err)
+	}
+}

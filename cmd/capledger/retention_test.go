@@ -75,3 +75,23 @@ func TestFlagValueErrorsSayWhatTheFlagWants(t *testing.T) {
 		}
 	}
 }
+
+// --statement-retention is refused before anything opens when it is
+// shorter than a day, or given with --retention 0 (no retention pass to
+// run it). The store named cannot be reached, so a serve that went on
+// fails there instead, fast, with another message.
+func TestServeRefusesBadStatementRetention(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--statement-retention", "48h", "--retention", "0"}, "needs the retention pass"},
+		{[]string{"--statement-retention", "23h"}, "--statement-retention"},
+	} {
+		code, out, errOut := cli(t, "", append([]string{"serve", "--addr", "127.0.0.1:0", "--store", "postgres://127.0.0.1:1/none"}, c.args...)...)
+		wantExit(t, exitUsage, code, out, errOut)
+		if !strings.Contains(errOut, c.want) {
+			t.Fatalf("%v: %q does not say what is wrong (%q)", c.args, errOut, c.want)
+		}
+	}
+}

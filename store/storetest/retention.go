@@ -30,6 +30,7 @@ var retentionCases = []struct {
 	{"ShardFencesIdle", testShardFencesIdle},
 	{"MetaRemoved", testMetaRemoved},
 	{"StatementsRetained", testStatementsRetained},
+	{"StatementsRemoveEarliestEndedFirst", testStatementsRemoveEarliestEndedFirst},
 }
 
 // retentionWorld publishes one policy and drives reservations into every

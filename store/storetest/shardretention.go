@@ -22,6 +22,7 @@ var shardRetentionCases = []struct {
 }{
 	{"ShardRetention", testShardRetention},
 	{"ShardRetentionConcurrentReplicas", testShardRetentionConcurrent},
+	{"ShardRetentionEdges", testShardRetentionEdges},
 }
 
 // removeShardsBefore runs what the engine's Core.ShardsRemove runs
@@ -352,6 +353,10 @@ func testShardRetention(t *testing.T, s store.Store) {
 		From: account, To: account, Units: ledger.Amounts{1}, At: now}}})
 	wantCheck(t, "planted remint of a removed shard", ledger.Audit(mustSnapshot(t, s)), ledger.CheckShardRemint)
 	wantCheck(t, "planted remint of a removed shard, streamed", streamed(), ledger.CheckShardRemint)
+	// Counted as well (5 remints): the moves now mint a unit more than
+	// the removed shards confirmed unused.
+	commit(t, s, &store.Changes{Meta: map[string]int64{"shard_retained/tenant-sr/chat/eu/" + itoa(gen) + "/remints": 5}})
+	wantCheck(t, "planted counted remint of a removed shard", ledger.Audit(mustSnapshot(t, s)), ledger.CheckShardRemint)
 }
 
 func itoa(v uint64) string {
@@ -382,4 +387,115 @@ func wantCheck(t *testing.T, what string, ds []ledger.Discrepancy, check string)
 		}
 	}
 	t.Errorf("%s: audit found %v, want a %s discrepancy", what, ds, check)
+}
+
+// testShardRetentionEdges: ShardsReconciled lists no unreconciled shard,
+// and RemoveShards takes a settled shard that ended
+// exactly at the cutoff, and leaves alone, even when asked for by id, a
+// shard that is not reconciled, one whose record does not add up
+// (spent + reminted short of allocated with nothing unknown), and a
+// legacy budget returned whole: the audit keeps reading those.
+func testShardRetentionEdges(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	start := time.Date(2026, 7, 20, 9, 0, 0, 0, time.UTC)
+	now := start
+	key := ledger.PolicyKey{Subject: "tenant-se", Route: "chat", Region: "eu"}
+	policy := ledger.Policy{Key: key, EmergencyMode: true,
+		Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: 1000, RefillUnits: 1, RefillInterval: time.Hour}}}.WithDefaults()
+	_, signKey, _ := ed25519.GenerateKey(bytes.NewReader(make([]byte, 64)))
+	run := func(cmd ledger.Command) ledger.Result {
+		t.Helper()
+		res, err := apply(ctx, s, &cmd, now)
+		if err != nil || res.Err != nil {
+			t.Fatalf("%s at %s: %+v, %v", cmd.Kind, now, res, err)
+		}
+		now = now.Add(time.Second)
+		return res
+	}
+	run(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &policy})
+	ids := []string{"se-edge", "se-unreconciled", "se-short", "se-legacy"}
+	for _, id := range ids {
+		run(ledger.Command{Kind: ledger.KindShardIssue, Subject: key.Subject, Route: key.Route, Region: key.Region,
+			Units: ledger.Amounts{100}, Shard: &ledger.ShardArgs{ShardID: id, GatewayID: "gw-1", BootEpoch: 1,
+				TTL: time.Minute, KeyID: "k1", Sign: ledger.Ed25519ShardSigner(signKey)}})
+	}
+	now = start.Add(2 * time.Minute)
+	run(ledger.Command{Kind: ledger.KindShardReconcile, Shard: &ledger.ShardArgs{ShardID: "se-edge", GatewayID: "gw-1",
+		Receipts: []ledger.ShardReceipt{{ReservationID: "e1", State: ledger.StateSettled, Reserved: ledger.Amounts{100}, Actual: ledger.Amounts{100}}}}})
+	edge, err := s.ShardGet(ctx, "se-edge")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !ledger.ShardSettled(&edge) || edge.Reminted != (ledger.Amounts{}) {
+		t.Fatalf("se-edge after its reconciliation: %+v, want settled with nothing reminted (no move)", edge)
+	}
+
+	// Records only a broken writer (or a hand edit) leaves, planted as rows.
+	plant := func(id string, edit func(sh *ledger.Shard)) {
+		t.Helper()
+		sh, err := s.ShardGet(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		edit(&sh)
+		commit(t, s, &store.Changes{Shards: []ledger.Shard{sh}})
+	}
+	plant("se-unreconciled", func(sh *ledger.Shard) { sh.Spent[0], sh.Reminted[0] = 40, 60 })
+	plant("se-short", func(sh *ledger.Shard) { sh.Reconciled, sh.Spent[0], sh.Reminted[0] = true, 30, 60 })
+	plant("se-legacy", func(sh *ledger.Shard) {
+		sh.GatewayID, sh.Reconciled, sh.Reminted[0] = ledger.LegacyGateway("limiter-1"), true, 100
+	})
+
+	// The first page of candidates (no cursor) holds only reconciled
+	// shards, in expiry order.
+	var listed []string
+	page, err := s.ShardsReconciled(ctx, store.ShardCursor{}, start.Add(time.Hour), 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sh := range page {
+		listed = append(listed, sh.ID)
+	}
+	sameIDs(t, "reconciled shards", listed, []string{"se-edge", "se-short", "se-legacy"})
+	// MetaNames reads the prefix's key range, without its end
+	// (store.PrefixEnd: "/" + 1 is "0").
+	commit(t, s, &store.Changes{Meta: map[string]int64{"se_names/a": 1, "se_names0": 1, "se_names.": 1}})
+	names, err := s.MetaNames(ctx, "se_names/", 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sameIDs(t, "meta names of se_names/", names, []string{"se_names/a"})
+
+	// The cutoff is inclusive: a shard that ended at it is due (the
+	// others expire a second and more later).
+	if n := removeShardsBefore(t, s, edge.ExpiresAt.Add(-time.Nanosecond), 10); n != 0 {
+		t.Fatalf("removed %d shards a nanosecond before se-edge ended", n)
+	}
+	if n := removeShardsBefore(t, s, edge.ExpiresAt, 10); n != 1 {
+		t.Fatalf("removed %d shards at the moment se-edge ended, want se-edge", n)
+	}
+	_, err = s.ShardGet(ctx, "se-edge")
+	mustNotFound(t, "removed shard se-edge", err)
+
+	// A transaction reads its own removal; a rollback keeps the row.
+	tx, err := s.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Write(ctx, &store.Changes{RemovedShards: []string{"se-short"}}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = tx.ShardGet(ctx, "se-short")
+	mustNotFound(t, "shard se-short after its removal in the same transaction", err)
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := removeShardsTx(ctx, s, ids[1:], start.Add(time.Hour), nil); err != nil || n != 0 {
+		t.Fatalf("removed %d (%v) of the shards the audit reads", n, err)
+	}
+	for _, id := range ids[1:] {
+		if _, err := s.ShardGet(ctx, id); err != nil {
+			t.Errorf("kept shard %s: %v", id, err)
+		}
+	}
 }

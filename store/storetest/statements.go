@@ -136,3 +136,27 @@ func testStatementsRetained(t *testing.T, s store.Store) {
 		t.Fatal(err)
 	}
 }
+
+// testStatementsRemoveEarliestEndedFirst: StatementsRemove takes the
+// earliest ended first, not the first inserted: a statement written
+// after one that ends later (another replica's, or one written from a
+// clock behind) still goes first.
+func testStatementsRemoveEarliestEndedFirst(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	base := fixture()
+	base.Statements = nil
+	commit(t, s, base)
+	later, earlier := fixtureStatements()[1], fixtureStatements()[0]
+	commit(t, s, &store.Changes{Statements: []ledger.Statement{later}})
+	commit(t, s, &store.Changes{Statements: []ledger.Statement{earlier}})
+	if n, err := s.StatementsRemove(ctx, at(0), 1); err != nil || n != 1 {
+		t.Fatalf("StatementsRemove(limit 1) = %d, %v; want 1", n, err)
+	}
+	snap, err := s.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(snap.Statements) != 1 || !snap.Statements[0].EpochEnd.Equal(later.EpochEnd) {
+		t.Fatalf("kept %+v, want the statement ending at %s", snap.Statements, later.EpochEnd)
+	}
+}
