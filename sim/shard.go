@@ -247,7 +247,7 @@ func (w *world) issueShard(g, tenant int) {
 	}
 	sh.id = fmt.Sprintf("sh-%s-b%d-%d", gatewayID(g), sh.boot, sh.idx)
 	sh.key = sh.id
-	if id, ok := w.reuseShardID(g); ok {
+	if id, ok := w.reuseShardID(); ok {
 		sh.id, sh.key = id, lifeKey(id, s.life[id]+1)
 		w.log(recShard, w.gatewayNode(g), ledger.KindShardIssue, sh.id, int64(s.life[id]+1), "reuses the id of a shard retention removed")
 	}

@@ -216,14 +216,14 @@ func (s *shardSim) remintLife(id, receiptID string) string {
 	return ""
 }
 
-// reuseShardID picks, for a shard gateway g is about to ask for, the id
-// of one of its shards that retention removed (docs/API.md: the id is
-// free again), when the shard_reuse site fires. Only an id its gateway is
-// done with qualifies: the old shard reconciled with nothing in flight,
+// reuseShardID picks, for a shard a gateway is about to ask for, the id
+// of a shard that retention removed (docs/API.md: the id is free again),
+// half the time while the shard_reuse site is enabled. Only an id the
+// removed shard's gateway is done with qualifies: the old shard reconciled with nothing in flight,
 // and removed longer ago than any message (a late resubmission, a
 // duplicate) can still travel, so that nothing meant for the old shard
 // reaches the new one.
-func (w *world) reuseShardID(g int) (string, bool) {
+func (w *world) reuseShardID() (string, bool) {
 	s := &w.shards
 	for i, id := range s.reusable {
 		old := s.byLife[s.key(id)]
