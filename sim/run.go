@@ -50,8 +50,9 @@ type Outcome struct {
 	Retired          int64
 	// ShardsRemoved counts the emergency shards it removed
 	// (engine.Core.ShardsRemove), LateShardResends the resubmissions
-	// gateways sent for them.
-	ShardsRemoved, LateShardResends int64
+	// gateways sent for them, ShardsReissued the shards issued under the
+	// id of a removed one.
+	ShardsRemoved, LateShardResends, ShardsReissued int64
 	// Compaction says the compaction worker ran; Checkpoints counts the
 	// checkpoints it stored, Compacted the journal rows it deleted,
 	// CutCrashes the cuts crash_mid_cut ended.
@@ -184,6 +185,7 @@ func runOne(cfg *Config, seed uint64, h hooks) Outcome {
 		Retired:          int64(w.chk.retired),
 		ShardsRemoved:    w.shards.removedCount,
 		LateShardResends: w.shards.lateResends,
+		ShardsReissued:   w.shards.reissued,
 
 		Compaction:  w.compaction.on,
 		Checkpoints: w.compaction.checkpoints,

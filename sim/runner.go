@@ -83,8 +83,9 @@ type Report struct {
 	TombstoneReplays int64
 	Retired          int64
 	// ShardsRemoved counts the emergency shards it removed,
-	// LateShardResends the gateways' resubmissions for them.
-	ShardsRemoved, LateShardResends int64
+	// LateShardResends the gateways' resubmissions for them,
+	// ShardsReissued the shards issued under a removed one's id.
+	ShardsRemoved, LateShardResends, ShardsReissued int64
 	// OnCompaction counts the interleavings whose compaction worker ran;
 	// Checkpoints the checkpoints it stored, Compacted the journal rows it
 	// deleted, CutCrashes the cuts a crash ended.
@@ -122,6 +123,7 @@ type acc struct {
 	retired         int64
 	shardsRemoved   int64
 	lateShard       int64
+	reissued        int64
 	onCompaction    int64
 	checkpoints     int64
 	compacted       int64
@@ -163,6 +165,7 @@ func (a *acc) add(o *Outcome) {
 	a.retired += o.Retired
 	a.shardsRemoved += o.ShardsRemoved
 	a.lateShard += o.LateShardResends
+	a.reissued += o.ShardsReissued
 	if o.Compaction {
 		a.onCompaction++
 	}
@@ -288,6 +291,7 @@ func Run(ctx context.Context, cfg *Config, opts Options) *Report {
 		rep.Retired += a.retired
 		rep.ShardsRemoved += a.shardsRemoved
 		rep.LateShardResends += a.lateShard
+		rep.ShardsReissued += a.reissued
 		rep.OnCompaction += a.onCompaction
 		rep.Checkpoints += a.checkpoints
 		rep.Compacted += a.compacted
@@ -421,7 +425,8 @@ func (r *Report) WriteTable(w, timing io.Writer) {
 		fmt.Fprintf(w, "  %d with pipelined durability; their crashes lost %d commits made before an fsync\n", r.Pipelined, r.LostUnsynced)
 	}
 	fmt.Fprintf(w, "  %d with the retention worker (engine.Core.RetentionDue): %d reservations removed, %d retried reserves answered from a tombstone\n", r.OnRetention, r.Retired, r.TombstoneReplays)
-	fmt.Fprintf(w, "    and engine.Core.ShardsRemove: %d emergency shards removed, %d late resubmissions for them answered SHARD_NOT_FOUND\n", r.ShardsRemoved, r.LateShardResends)
+	fmt.Fprintf(w, "    and engine.Core.ShardsRemove: %d emergency shards removed, %d late resubmissions for them answered SHARD_NOT_FOUND, %d shards issued again under a removed one's id\n",
+		r.ShardsRemoved, r.LateShardResends, r.ShardsReissued)
 	fmt.Fprintf(w, "  %d records (RecordUsage, no reservation): %d with debt; retries answered by %d replays, %d from a tombstone\n",
 		r.Records.Records, r.Records.WithDebt, r.Records.Replays, r.Records.FromTombstone)
 	fmt.Fprintf(w, "  %d with the compaction worker: %d checkpoints stored, %d journal rows deleted, %d cuts ended by a crash\n", r.OnCompaction, r.Checkpoints, r.Compacted, r.CutCrashes)

@@ -48,8 +48,12 @@ var shardPhaseNames = [...]string{"", "issuing", "live", "sealed", "resolving", 
 // document, the gateway-local ledger (ledger.ShardLocal, the same code the
 // client SDK uses) and where reconciliation is.
 type simShard struct {
-	idx      int32
-	id       string
+	idx int32
+	id  string
+	// key is the shard's life as the checker keys it (lifeKey): retention
+	// frees a removed shard's id, and a gateway may issue a new shard
+	// under it (reuseShardID).
+	key      string
 	gw       int
 	boot     uint64
 	tenant   int
@@ -90,7 +94,11 @@ type shardSim struct {
 	// shows applied; charged sums the debt its remint moves charged.
 	applied map[string]int
 	charged map[string]ledger.Amounts
-	byID    map[string]*simShard
+	byLife  map[string]*simShard
+	// life is each shard id's current life (0 its first shard, n its n-th
+	// reuse); the maps above and below are keyed by lifeKey, so that the
+	// shards under one id are told apart.
+	life map[string]int
 	// Retention (sim/shardretention.go): removed marks the shards the
 	// retention worker removed (their last row stays in rows), lastRemint
 	// is each shard's latest remint move and moves counts them, retained
@@ -99,10 +107,15 @@ type shardSim struct {
 	lastRemint map[string]time.Time
 	moves      map[string]int64
 	retained   map[ledger.AccountKey]*ledger.RetainedShards
+	// reusable lists the ids whose current life retention removed, not
+	// reused yet; removedAt is when (sim ns) the id's life was removed.
+	reusable  []string
+	removedAt map[string]int64
 	// removedCount counts the removals, lateResends the gateways'
 	// resubmissions for a removed shard (each answered SHARD_NOT_FOUND,
-	// moving nothing).
-	removedCount, lateResends int64
+	// moving nothing), reissued the shards the ledger issued under the id
+	// of a removed one.
+	removedCount, lateResends, reissued int64
 	// countedRemovals is removedCount at the end of the last pass.
 	countedRemovals int64
 }
@@ -116,7 +129,9 @@ func (s *shardSim) init(w *world) {
 	s.issued = map[string]ledger.Amounts{}
 	s.applied = map[string]int{}
 	s.charged = map[string]ledger.Amounts{}
-	s.byID = map[string]*simShard{}
+	s.byLife = map[string]*simShard{}
+	s.life = map[string]int{}
+	s.removedAt = map[string]int64{}
 	s.removed = map[string]bool{}
 	s.lastRemint = map[string]time.Time{}
 	s.moves = map[string]int64{}
@@ -231,12 +246,17 @@ func (w *world) issueShard(g, tenant int) {
 		phase:  shIssuing,
 	}
 	sh.id = fmt.Sprintf("sh-%s-b%d-%d", gatewayID(g), sh.boot, sh.idx)
+	sh.key = sh.id
+	if id, ok := w.reuseShardID(); ok {
+		sh.id, sh.key = id, lifeKey(id, s.life[id]+1)
+		w.log(recShard, w.gatewayNode(g), ledger.KindShardIssue, sh.id, int64(s.life[id]+1), "reuses the id of a shard retention removed")
+	}
 	sh.units[0] = w.between(p.Dimensions[0].Burst/6, p.Dimensions[0].Burst/3)
 	for d := 1; d < len(p.Dimensions); d++ {
 		sh.units[d] = 2
 	}
 	s.list = append(s.list, sh)
-	s.byID[sh.id] = sh
+	s.byLife[sh.key] = sh
 	w.log(recShard, w.gatewayNode(g), ledger.KindShardIssue, sh.id, sh.units[0], "issue")
 	w.sendIssue(sh)
 }
@@ -385,7 +405,7 @@ func (w *world) reconcileAnswer(sh *simShard, m *message) {
 		// non-terminal receipts), but the shard shows that the earlier
 		// attempt took effect: only this gateway can reconcile it.
 		w.log(recShard, w.gatewayNode(sh.gw), ledger.KindShardReconcile, sh.id, 0, "retry refused as invalid; the shard shows the first attempt took effect")
-	case sh.phase == shClosing && errors.Is(res.Err, ledger.ErrShardNotFound) && w.shards.removed[sh.id]:
+	case sh.phase == shClosing && errors.Is(res.Err, ledger.ErrShardNotFound) && w.shards.removed[sh.key]:
 		// A late copy did issue it, an earlier copy of this closing
 		// submission reconciled it whole (its answer lost), and retention
 		// removed it since: the gateway, never having held it, takes
@@ -401,7 +421,7 @@ func (w *world) reconcileAnswer(sh *simShard, m *message) {
 		sh.phase = shDone
 		w.log(recShard, w.gatewayNode(sh.gw), 0, sh.id, 0, "closed: never issued")
 		return
-	case errors.Is(res.Err, ledger.ErrShardNotFound) && w.shards.removed[sh.id]:
+	case errors.Is(res.Err, ledger.ErrShardNotFound) && w.shards.removed[sh.key]:
 		// Retention removed the shard since: correct only when an earlier
 		// copy of this very submission was applied (docs/API.md: the
 		// gateway takes it as accepted).
@@ -612,34 +632,50 @@ func (w *world) shardChanges(ch *store.Changes) {
 			continue
 		}
 		id, _ := ledger.ShardOfRemint(m.ReceiptID)
-		if s.removed[id] {
-			w.violate(GateDuplicateRecovery, fmt.Sprintf("shard %s reminted %v again (move %s) after retention removed it", id, m.Units, m.ReceiptID))
+		key := s.remintLife(id, m.ReceiptID)
+		if key == "" {
+			w.violate(GateDuplicateRecovery, fmt.Sprintf("remint move %s names shard %s issued at a time none of its shards was", m.ReceiptID, id))
 			return
 		}
-		s.moves[id]++
-		if m.At.After(s.lastRemint[id]) {
-			s.lastRemint[id] = m.At
+		if s.removed[key] {
+			w.violate(GateDuplicateRecovery, fmt.Sprintf("shard %s reminted %v again (move %s) after retention removed it", key, m.Units, m.ReceiptID))
+			return
 		}
-		sum, debt := s.reminted[id], s.charged[id]
+		s.moves[key]++
+		if m.At.After(s.lastRemint[key]) {
+			s.lastRemint[key] = m.At
+		}
+		sum, debt := s.reminted[key], s.charged[key]
 		for d := range sum {
 			sum[d] += m.Units[d]
 			debt[d] += m.Debt[d]
 		}
-		s.reminted[id] = sum
-		s.charged[id] = debt
+		s.reminted[key] = sum
+		s.charged[key] = debt
 	}
 	for i := range ch.Shards {
 		row := &ch.Shards[i]
-		if s.removed[row.ID] {
-			w.violate(GateDuplicateShardConsumption, fmt.Sprintf("shard %s written again (%+v) after retention removed it", row.ID, *row))
-			return
+		key := s.key(row.ID)
+		if s.removed[key] {
+			for n := s.life[row.ID]; n >= 0; n-- {
+				if old := lifeKey(row.ID, n); s.rows[old].IssuedAt.Equal(row.IssuedAt) {
+					w.violate(GateDuplicateShardConsumption, fmt.Sprintf("shard %s written again (%+v) after retention removed it", old, *row))
+					return
+				}
+			}
+			// A new shard under a removed shard's id (docs/API.md: the
+			// id is free again): the id's next life, checked as any
+			// other shard.
+			s.life[row.ID]++
+			key = s.key(row.ID)
+			s.reissued++
 		}
-		prev, seen := s.rows[row.ID]
+		prev, seen := s.rows[key]
 		if !seen && s.issued[row.ID] != row.Allocated {
 			w.violate(GateShardConservation, fmt.Sprintf("shard %s allocates %v, but its issuance retired %v", row.ID, row.Allocated, s.issued[row.ID]))
 			return
 		}
-		if seen && (prev.Allocated != row.Allocated || prev.GatewayID != row.GatewayID || prev.BootEpoch != row.BootEpoch || prev.Account != row.Account) {
+		if seen && (!prev.IssuedAt.Equal(row.IssuedAt) || prev.Allocated != row.Allocated || prev.GatewayID != row.GatewayID || prev.BootEpoch != row.BootEpoch || prev.Account != row.Account) {
 			w.violate(GateDuplicateShardConsumption, fmt.Sprintf("shard %s was re-issued: %+v became %+v", row.ID, prev, *row))
 			return
 		}
@@ -656,8 +692,8 @@ func (w *world) shardChanges(ch *store.Changes) {
 				return
 			}
 		}
-		if s.reminted[row.ID] != row.Reminted {
-			w.violate(GateDuplicateRecovery, fmt.Sprintf("shard %s records %v reminted, its remint moves carried %v", row.ID, row.Reminted, s.reminted[row.ID]))
+		if s.reminted[key] != row.Reminted {
+			w.violate(GateDuplicateRecovery, fmt.Sprintf("shard %s records %v reminted, its remint moves carried %v", key, row.Reminted, s.reminted[key]))
 			return
 		}
 		if row.Reconciled {
@@ -668,7 +704,7 @@ func (w *world) shardChanges(ch *store.Changes) {
 		if w.fail != nil {
 			return
 		}
-		s.rows[row.ID] = *row
+		s.rows[key] = *row
 	}
 	for _, id := range ch.RemovedShards {
 		w.shardRemoved(id)
@@ -696,8 +732,9 @@ func (w *world) shardAudit(snap *ledger.Snapshot, why string) {
 	}
 	for i := range snap.Shards {
 		row := &snap.Shards[i]
-		prev, ok := s.rows[row.ID]
-		if !ok || s.removed[row.ID] || prev.Spent != row.Spent || prev.Unknown != row.Unknown || prev.Reminted != row.Reminted || prev.Reconciled != row.Reconciled {
+		key := s.key(row.ID)
+		prev, ok := s.rows[key]
+		if !ok || s.removed[key] || prev.Spent != row.Spent || prev.Unknown != row.Unknown || prev.Reminted != row.Reminted || prev.Reconciled != row.Reconciled {
 			w.violate(GateJournal, fmt.Sprintf("%s: store shard %s differs from everything committed", why, row.ID))
 			return
 		}

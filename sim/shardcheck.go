@@ -91,19 +91,20 @@ func modelShard(allocated ledger.Amounts, subs [][]ledger.ShardReceipt, k int) s
 // gateway's submissions, and that submission must have been sent.
 func (w *world) shardRowApplied(row *ledger.Shard) {
 	s := &w.shards
-	sh := s.byID[row.ID]
+	key := s.key(row.ID)
+	sh := s.byLife[key]
 	if sh == nil {
-		w.violate(GateShardConservation, fmt.Sprintf("shard %s was reconciled, but no gateway ever took it", row.ID))
+		w.violate(GateShardConservation, fmt.Sprintf("shard %s was reconciled, but no gateway ever took it", key))
 		return
 	}
-	s.applied[row.ID]++
-	k := s.applied[row.ID]
+	s.applied[key]++
+	k := s.applied[key]
 	if k > len(sh.subs) {
 		w.violate(GateDuplicateRecovery, fmt.Sprintf("shard %s shows %d reconciliations applied, its gateway sent %d submissions", row.ID, k, len(sh.subs)))
 		return
 	}
 	want := modelShard(row.Allocated, sh.subs, k)
-	if row.Spent == want.spent && row.Unknown == want.unknown && row.Reminted == want.reminted && s.charged[row.ID] == want.charged {
+	if row.Spent == want.spent && row.Unknown == want.unknown && row.Reminted == want.reminted && s.charged[key] == want.charged {
 		return
 	}
 	gate := GateShardConservation
@@ -116,7 +117,7 @@ func (w *world) shardRowApplied(row *ledger.Shard) {
 	}
 	w.violate(gate, fmt.Sprintf("shard %s after submission %d of %d receipts: central spent %v unknown %v reminted %v charged %v; "+
 		"the gateway's receipts give spent %v unknown %v reminted %v charged %v",
-		row.ID, k, len(sh.subs[k-1]), row.Spent, row.Unknown, row.Reminted, s.charged[row.ID],
+		key, k, len(sh.subs[k-1]), row.Spent, row.Unknown, row.Reminted, s.charged[key],
 		want.spent, want.unknown, want.reminted, want.charged))
 }
 
@@ -129,7 +130,7 @@ func (w *world) shardCopyApplied(sh *simShard, sub int) bool {
 		w.violate(GateProtocol, fmt.Sprintf("shard reconcile %s answered for submission %d of %d", sh.id, sub, len(sh.subs)))
 		return false
 	}
-	copies, applied := sh.delivered[sub-1], w.shards.applied[sh.id]
+	copies, applied := sh.delivered[sub-1], w.shards.applied[sh.key]
 	if copies >= 2 && applied >= sub {
 		return true
 	}
@@ -157,7 +158,7 @@ func (w *world) shardDelivered(m *message) {
 func (w *world) shardFinal() {
 	s := &w.shards
 	for _, sh := range s.list {
-		row, ok := s.rows[sh.id]
+		row, ok := s.rows[sh.key]
 		if !ok {
 			continue // never issued
 		}
@@ -166,7 +167,7 @@ func (w *world) shardFinal() {
 			// late copy, reconciled whole by a closing submission whose
 			// answer was lost (shardRowApplied checked the row against it:
 			// nothing spent), then removed before the resend arrived.
-			if s.removed[sh.id] && sh.phase == shDone && s.applied[sh.id] == len(sh.subs) {
+			if s.removed[sh.key] && sh.phase == shDone && s.applied[sh.key] == len(sh.subs) {
 				continue
 			}
 			w.violate(GateShardConservation, fmt.Sprintf("shard %s was issued, but its gateway never learnt of it", sh.id))
@@ -181,15 +182,15 @@ func (w *world) shardFinal() {
 			}
 		}
 		var central ledger.Amounts
-		charged := s.charged[sh.id]
+		charged := s.charged[sh.key]
 		for d := range central {
 			central[d] = row.Spent[d] + charged[d]
 		}
 		switch {
 		case !row.Reconciled || row.Unknown != (ledger.Amounts{}):
 			w.violate(GateShardConservation, fmt.Sprintf("shard %s ends with reconciled=%v unknown %v", sh.id, row.Reconciled, row.Unknown))
-		case s.applied[sh.id] != len(sh.subs):
-			w.violate(GateShardConservation, fmt.Sprintf("shard %s: the gateway sent %d submissions, the central row shows %d applied", sh.id, len(sh.subs), s.applied[sh.id]))
+		case s.applied[sh.key] != len(sh.subs):
+			w.violate(GateShardConservation, fmt.Sprintf("shard %s: the gateway sent %d submissions, the central row shows %d applied", sh.id, len(sh.subs), s.applied[sh.key]))
 		case central != local:
 			w.violate(GateUnknownAsUnconsumed, fmt.Sprintf("shard %s: central spent %v + charged %v, but the gateway settled %v locally", sh.id, row.Spent, charged, local))
 		}

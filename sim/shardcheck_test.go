@@ -37,9 +37,9 @@ func TestShardChecksAgainstTheGateway(t *testing.T) {
 	fresh := func() (*world, *simShard) {
 		w := newWorld(&cfg, 1, hooks{})
 		w.shards.init(w)
-		sh := &simShard{id: "sh-1", subs: [][]ledger.ShardReceipt{{{ReservationID: "b", State: ledger.StateStarted, Reserved: ledger.Amounts{40}}}}, delivered: []int{1}}
+		sh := &simShard{id: "sh-1", key: "sh-1", subs: [][]ledger.ShardReceipt{{{ReservationID: "b", State: ledger.StateStarted, Reserved: ledger.Amounts{40}}}}, delivered: []int{1}}
 		w.shards.list = append(w.shards.list, sh)
-		w.shards.byID[sh.id] = sh
+		w.shards.byLife[sh.key] = sh
 		return w, sh
 	}
 	w, sh := fresh()

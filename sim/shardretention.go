@@ -3,6 +3,8 @@ package sim
 import (
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/capledger/capledger/ledger"
@@ -59,13 +61,14 @@ func (w *world) removeShards() {
 // shardRemoved checks a removal the checker saw committed.
 func (w *world) shardRemoved(id string) {
 	s := &w.shards
-	row, ok := s.rows[id]
-	if !ok || s.removed[id] {
-		w.violate(GateRetention, fmt.Sprintf("retention removed shard %s, which was not stored (seen %v, removed before %v)", id, ok, s.removed[id]))
+	key := s.key(id)
+	row, ok := s.rows[key]
+	if !ok || s.removed[key] {
+		w.violate(GateRetention, fmt.Sprintf("retention removed shard %s, which was not stored (seen %v, removed before %v)", key, ok, s.removed[key]))
 		return
 	}
 	ended := row.ExpiresAt
-	if at := s.lastRemint[id]; at.After(ended) {
+	if at := s.lastRemint[key]; at.After(ended) {
 		ended = at
 	}
 	cutoff := w.time().Add(-w.retention.window)
@@ -81,22 +84,24 @@ func (w *world) shardRemoved(id string) {
 	if w.fail != nil {
 		return
 	}
-	sh := s.byID[id]
+	sh := s.byLife[key]
 	if sh != nil && sh.local != nil && !sh.submitting {
 		if _, pending := sh.local.Reconciled(); pending > 0 {
 			w.violate(GateRetention, fmt.Sprintf("retention removed shard %s while its gateway holds %d receipts left unknown with no submission in flight", id, pending))
 			return
 		}
 	}
-	s.removed[id] = true
+	s.removed[key] = true
 	s.removedCount++
+	s.reusable = append(s.reusable, id)
+	s.removedAt[id] = w.now
 	r := s.retained[row.Account]
 	if r == nil {
 		r = &ledger.RetainedShards{Account: row.Account}
 		s.retained[row.Account] = r
 	}
 	r.Shards++
-	r.Remints += s.moves[id]
+	r.Remints += s.moves[key]
 	for d := range row.Allocated {
 		r.Allocated[d] += row.Allocated[d]
 		r.Spent[d] += row.Spent[d]
@@ -117,11 +122,11 @@ func (w *world) shardRemoved(id string) {
 // copy of it was applied. It records a violation (returning false)
 // otherwise.
 func (w *world) shardRemovedApplied(sh *simShard, sub int) bool {
-	if sub >= 1 && sub <= len(sh.subs) && w.shards.applied[sh.id] >= sub {
+	if sub >= 1 && sub <= len(sh.subs) && w.shards.applied[sh.key] >= sub {
 		return true
 	}
 	w.violate(GateRetention, fmt.Sprintf("shard reconcile %s submission %d answered SHARD_NOT_FOUND after retention removed the shard, "+
-		"but the central row shows %d submissions applied", sh.id, sub, w.shards.applied[sh.id]))
+		"but the central row shows %d submissions applied", sh.id, sub, w.shards.applied[sh.key]))
 	return false
 }
 
@@ -172,9 +177,64 @@ func (w *world) removedShardMeta(ch *store.Changes) {
 		default:
 			continue
 		}
-		if w.shards.removed[id] {
+		if w.shards.removed[w.shards.key(id)] {
 			w.violate(GateRetention, fmt.Sprintf("meta row %s = %d written after retention removed shard %s", name, ch.Meta[name], id))
 			return
 		}
 	}
+}
+
+// lifeKey names life n of shard id in the checker's maps: the id itself
+// for its first shard, "id#n" for the n-th shard issued under it again.
+func lifeKey(id string, n int) string {
+	if n == 0 {
+		return id
+	}
+	return id + "#" + strconv.Itoa(n)
+}
+
+// key is the current life of shard id.
+func (s *shardSim) key(id string) string { return lifeKey(id, s.life[id]) }
+
+// remintLife returns the life of shard id that remint move receiptID
+// names: ledger.ShardRemintReceipt carries the shard's issue time, which
+// tells the shards under one id apart; a receipt without it (the legacy
+// form) names the id's current life. It returns "" when the issue time is
+// none of the id's shards'.
+func (s *shardSim) remintLife(id, receiptID string) string {
+	rest := strings.TrimPrefix(receiptID, "shard-remint:"+id+":")
+	issued, _, ok := strings.Cut(rest, ".")
+	if !ok {
+		return s.key(id)
+	}
+	for n := s.life[id]; n >= 0; n-- {
+		key := lifeKey(id, n)
+		if row, seen := s.rows[key]; seen && strconv.FormatInt(row.IssuedAt.UnixNano(), 10) == issued {
+			return key
+		}
+	}
+	return ""
+}
+
+// reuseShardID picks, for a shard a gateway is about to ask for, the id
+// of a shard that retention removed (docs/API.md: the id is free again),
+// half the time while the shard_reuse site is enabled. Only an id the
+// removed shard's gateway is done with qualifies: the old shard reconciled with nothing in flight,
+// and removed longer ago than any message (a late resubmission, a
+// duplicate) can still travel, so that nothing meant for the old shard
+// reaches the new one.
+func (w *world) reuseShardID() (string, bool) {
+	s := &w.shards
+	for i, id := range s.reusable {
+		old := s.byLife[s.key(id)]
+		if old == nil || old.phase != shDone || old.submitting || w.now-s.removedAt[id] <= shardQuietWait {
+			continue
+		}
+		if !w.f.enabled[SiteShardReuse] || !w.chance(0.5) {
+			return "", false
+		}
+		s.reusable = slices.Delete(s.reusable, i, i+1)
+		return id, true
+	}
+	return "", false
 }
