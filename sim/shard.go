@@ -589,6 +589,11 @@ func (w *world) foreignProbeAnswer(sh *simShard, m *message) {
 	if m.kind != msgAnswer {
 		return
 	}
+	if errors.Is(m.res.Err, ledger.ErrShardNotFound) && w.shards.removed[sh.key] {
+		// Retention removed the shard before the probe arrived: there is
+		// nothing left to consume (shardChanges checks no row names it).
+		return
+	}
 	if !errors.Is(m.res.Err, ledger.ErrShardForeign) {
 		w.violate(GateDuplicateShardConsumption, fmt.Sprintf("another gateway's reconciliation of shard %s answered %v, not %v",
 			sh.id, m.res.Err, ledger.ErrShardForeign))
