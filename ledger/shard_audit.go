@@ -169,10 +169,25 @@ func remintOf(m *Move, sh *Shard) bool {
 	if sh == nil {
 		return false
 	}
-	tail := m.ReceiptID[strings.LastIndexByte(m.ReceiptID, ':')+1:]
-	issued, _, marked := strings.Cut(tail, ".")
+	issued, marked := ShardRemintIssued(m.ReceiptID)
 	if !marked {
 		return !m.At.Before(sh.IssuedAt.Add(-legacyRemintSkew))
 	}
-	return issued == strconv.FormatInt(sh.IssuedAt.UnixNano(), 10)
+	return issued == sh.IssuedAt.UnixNano()
+}
+
+// ShardRemintIssued returns the issue time, in Unix nanoseconds, that a
+// ShardRemintReceipt id carries, and false for a LegacyShardRemintReceipt
+// (no issue time). A malformed time is -1, no shard's.
+func ShardRemintIssued(receiptID string) (int64, bool) {
+	tail := receiptID[strings.LastIndexByte(receiptID, ':')+1:]
+	issued, _, marked := strings.Cut(tail, ".")
+	if !marked {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(issued, 10, 64)
+	if err != nil {
+		return -1, true
+	}
+	return n, true
 }

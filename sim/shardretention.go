@@ -202,14 +202,13 @@ func (s *shardSim) key(id string) string { return lifeKey(id, s.life[id]) }
 // form) names the id's current life. It returns "" when the issue time is
 // none of the id's shards'.
 func (s *shardSim) remintLife(id, receiptID string) string {
-	rest := strings.TrimPrefix(receiptID, "shard-remint:"+id+":")
-	issued, _, ok := strings.Cut(rest, ".")
+	issued, ok := ledger.ShardRemintIssued(receiptID)
 	if !ok {
 		return s.key(id)
 	}
 	for n := s.life[id]; n >= 0; n-- {
 		key := lifeKey(id, n)
-		if row, seen := s.rows[key]; seen && strconv.FormatInt(row.IssuedAt.UnixNano(), 10) == issued {
+		if row, seen := s.rows[key]; seen && row.IssuedAt.UnixNano() == issued {
 			return key
 		}
 	}
