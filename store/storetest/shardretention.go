@@ -173,32 +173,10 @@ func testShardRetentionConcurrent(t *testing.T, s store.Store) {
 func testShardRetention(t *testing.T, s store.Store) {
 	ctx := context.Background()
 	start := time.Date(2026, 7, 19, 14, 0, 0, 0, time.UTC)
-	now := start
-	key := ledger.PolicyKey{Subject: "tenant-sr", Route: "chat", Region: "eu"}
-	policy := ledger.Policy{Key: key, EmergencyMode: true,
-		Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: 1000, RefillUnits: 1, RefillInterval: time.Hour}}}.WithDefaults()
-	_, signKey, _ := ed25519.GenerateKey(bytes.NewReader(make([]byte, 64)))
-	run := func(cmd ledger.Command) ledger.Result {
-		t.Helper()
-		res, err := apply(ctx, s, &cmd, now)
-		if err != nil || res.Err != nil {
-			t.Fatalf("%s at %s: %+v, %v", cmd.Kind, now, res, err)
-		}
-		now = now.Add(time.Second)
-		return res
-	}
-	gen := run(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &policy}).Generation
-	account := ledger.AccountKey{Subject: key.Subject, Route: key.Route, Region: key.Region, Generation: gen}
-	issue := func(id string, units ledger.Units) {
-		t.Helper()
-		run(ledger.Command{Kind: ledger.KindShardIssue, Subject: key.Subject, Route: key.Route, Region: key.Region,
-			Units: ledger.Amounts{units}, Shard: &ledger.ShardArgs{ShardID: id, GatewayID: "gw-1", BootEpoch: 1,
-				TTL: time.Minute, KeyID: "k1", Sign: ledger.Ed25519ShardSigner(signKey)}})
-	}
-	reconcile := func(id string, receipts ...ledger.ShardReceipt) ledger.Result {
-		t.Helper()
-		return run(ledger.Command{Kind: ledger.KindShardReconcile, Shard: &ledger.ShardArgs{ShardID: id, GatewayID: "gw-1", Receipts: receipts}})
-	}
+	f := newShardFixture(t, s, "tenant-sr", start)
+	issue, reconcile := f.issue, f.reconcile
+	gen := f.gen
+	account := ledger.AccountKey{Subject: f.key.Subject, Route: f.key.Route, Region: f.key.Region, Generation: gen}
 	settled := func(id string, used ledger.Units) ledger.ShardReceipt {
 		return ledger.ShardReceipt{ReservationID: id, State: ledger.StateSettled, Reserved: ledger.Amounts{used}, Actual: ledger.Amounts{used}}
 	}
@@ -208,7 +186,7 @@ func testShardRetention(t *testing.T, s store.Store) {
 	for _, id := range []string{"sh-a", "sh-b", "sh-c", "sh-d", "sh-e", "sh/f", "sh-late"} {
 		issue(id, 100)
 	}
-	now = start.Add(2 * time.Minute)                                                        // every shard expired
+	f.now = start.Add(2 * time.Minute)                                                      // every shard expired
 	reconcile("sh-a", settled("a1", 30))                                                    // reminted 70
 	reconcile("sh-b", unknownHold("b1", 20), settled("b2", 10))                             // reminted 70, 20 unknown
 	reconcile("sh-b", settled("b1", 5))                                                     // resolved: reminted 15 more
@@ -216,10 +194,10 @@ func testShardRetention(t *testing.T, s store.Store) {
 	reconcile("sh-d", unknownHold("d1", 10))                                                // 10 unknown
 	reconcile("sh/f", settled("f1", 100))                                                   // nothing reminted: no move
 	if res, err := apply(ctx, s, &ledger.Command{Kind: ledger.KindShardReconcile,
-		Shard: &ledger.ShardArgs{ShardID: "sh-a", GatewayID: "gw-1"}}, now); err != nil || !errors.Is(res.Err, ledger.ErrShardAlreadyReconciled) {
+		Shard: &ledger.ShardArgs{ShardID: "sh-a", GatewayID: "gw-1"}}, f.now); err != nil || !errors.Is(res.Err, ledger.ErrShardAlreadyReconciled) {
 		t.Fatalf("second submission: %+v %v", res, err) // counted in shard_refused/sh-a
 	}
-	now = start.Add(30 * time.Minute)
+	f.now = start.Add(30 * time.Minute)
 	reconcile("sh-late", settled("l1", 40)) // reminted 60, a move at +30m
 	auditClean(t, s)
 
@@ -321,7 +299,7 @@ func testShardRetention(t *testing.T, s store.Store) {
 	// A reconciliation sent again for a removed shard: not found, and
 	// nothing is reminted twice.
 	res, err := apply(ctx, s, &ledger.Command{Kind: ledger.KindShardReconcile,
-		Shard: &ledger.ShardArgs{ShardID: "sh-a", GatewayID: "gw-1", Receipts: []ledger.ShardReceipt{settled("a1", 30)}}}, now)
+		Shard: &ledger.ShardArgs{ShardID: "sh-a", GatewayID: "gw-1", Receipts: []ledger.ShardReceipt{settled("a1", 30)}}}, f.now)
 	if err != nil || !errors.Is(res.Err, ledger.ErrShardNotFound) || res.Move != nil {
 		t.Fatalf("reconcile of a removed shard: %+v %v", res, err)
 	}
@@ -350,13 +328,59 @@ func testShardRetention(t *testing.T, s store.Store) {
 	commit(t, s, &store.Changes{Meta: map[string]int64{spent: 185}})
 	auditClean(t, s)
 	commit(t, s, &store.Changes{Moves: []ledger.Move{{ReceiptID: ledger.LegacyShardRemintReceipt("sh-a", 2), Kind: ledger.MoveShardRemint,
-		From: account, To: account, Units: ledger.Amounts{1}, At: now}}})
+		From: account, To: account, Units: ledger.Amounts{1}, At: f.now}}})
 	wantCheck(t, "planted remint of a removed shard", ledger.Audit(mustSnapshot(t, s)), ledger.CheckShardRemint)
 	wantCheck(t, "planted remint of a removed shard, streamed", streamed(), ledger.CheckShardRemint)
 	// Counted as well (5 remints): the moves now mint a unit more than
 	// the removed shards confirmed unused.
 	commit(t, s, &store.Changes{Meta: map[string]int64{"shard_retained/tenant-sr/chat/eu/" + itoa(gen) + "/remints": 5}})
 	wantCheck(t, "planted counted remint of a removed shard", ledger.Audit(mustSnapshot(t, s)), ledger.CheckShardRemint)
+}
+
+// shardFixture is an emergency-mode policy for one subject, published at
+// a test's start, and the shard commands the retention tests apply at now,
+// each a second after the last (a test moves now on to expire shards).
+type shardFixture struct {
+	t       *testing.T
+	s       store.Store
+	key     ledger.PolicyKey
+	gen     uint64
+	now     time.Time
+	signKey ed25519.PrivateKey
+}
+
+func newShardFixture(t *testing.T, s store.Store, subject string, start time.Time) *shardFixture {
+	_, signKey, _ := ed25519.GenerateKey(bytes.NewReader(make([]byte, 64)))
+	f := &shardFixture{t: t, s: s, key: ledger.PolicyKey{Subject: subject, Route: "chat", Region: "eu"}, now: start, signKey: signKey}
+	policy := ledger.Policy{Key: f.key, EmergencyMode: true,
+		Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: 1000, RefillUnits: 1, RefillInterval: time.Hour}}}.WithDefaults()
+	f.gen = f.run(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &policy}).Generation
+	return f
+}
+
+// run applies cmd at now, which it must succeed at, and moves now a second on.
+func (f *shardFixture) run(cmd ledger.Command) ledger.Result {
+	f.t.Helper()
+	res, err := apply(context.Background(), f.s, &cmd, f.now)
+	if err != nil || res.Err != nil {
+		f.t.Fatalf("%s at %s: %+v, %v", cmd.Kind, f.now, res, err)
+	}
+	f.now = f.now.Add(time.Second)
+	return res
+}
+
+// issue issues shard id of units tokens to gw-1, for a minute.
+func (f *shardFixture) issue(id string, units ledger.Units) {
+	f.t.Helper()
+	f.run(ledger.Command{Kind: ledger.KindShardIssue, Subject: f.key.Subject, Route: f.key.Route, Region: f.key.Region,
+		Units: ledger.Amounts{units}, Shard: &ledger.ShardArgs{ShardID: id, GatewayID: "gw-1", BootEpoch: 1,
+			TTL: time.Minute, KeyID: "k1", Sign: ledger.Ed25519ShardSigner(f.signKey)}})
+}
+
+// reconcile submits receipts for gw-1's shard id.
+func (f *shardFixture) reconcile(id string, receipts ...ledger.ShardReceipt) ledger.Result {
+	f.t.Helper()
+	return f.run(ledger.Command{Kind: ledger.KindShardReconcile, Shard: &ledger.ShardArgs{ShardID: id, GatewayID: "gw-1", Receipts: receipts}})
 }
 
 func itoa(v uint64) string {
@@ -398,30 +422,13 @@ func wantCheck(t *testing.T, what string, ds []ledger.Discrepancy, check string)
 func testShardRetentionEdges(t *testing.T, s store.Store) {
 	ctx := context.Background()
 	start := time.Date(2026, 7, 20, 9, 0, 0, 0, time.UTC)
-	now := start
-	key := ledger.PolicyKey{Subject: "tenant-se", Route: "chat", Region: "eu"}
-	policy := ledger.Policy{Key: key, EmergencyMode: true,
-		Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: 1000, RefillUnits: 1, RefillInterval: time.Hour}}}.WithDefaults()
-	_, signKey, _ := ed25519.GenerateKey(bytes.NewReader(make([]byte, 64)))
-	run := func(cmd ledger.Command) ledger.Result {
-		t.Helper()
-		res, err := apply(ctx, s, &cmd, now)
-		if err != nil || res.Err != nil {
-			t.Fatalf("%s at %s: %+v, %v", cmd.Kind, now, res, err)
-		}
-		now = now.Add(time.Second)
-		return res
-	}
-	run(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &policy})
+	f := newShardFixture(t, s, "tenant-se", start)
 	ids := []string{"se-edge", "se-unreconciled", "se-short", "se-legacy"}
 	for _, id := range ids {
-		run(ledger.Command{Kind: ledger.KindShardIssue, Subject: key.Subject, Route: key.Route, Region: key.Region,
-			Units: ledger.Amounts{100}, Shard: &ledger.ShardArgs{ShardID: id, GatewayID: "gw-1", BootEpoch: 1,
-				TTL: time.Minute, KeyID: "k1", Sign: ledger.Ed25519ShardSigner(signKey)}})
+		f.issue(id, 100)
 	}
-	now = start.Add(2 * time.Minute)
-	run(ledger.Command{Kind: ledger.KindShardReconcile, Shard: &ledger.ShardArgs{ShardID: "se-edge", GatewayID: "gw-1",
-		Receipts: []ledger.ShardReceipt{{ReservationID: "e1", State: ledger.StateSettled, Reserved: ledger.Amounts{100}, Actual: ledger.Amounts{100}}}}})
+	f.now = start.Add(2 * time.Minute)
+	f.reconcile("se-edge", ledger.ShardReceipt{ReservationID: "e1", State: ledger.StateSettled, Reserved: ledger.Amounts{100}, Actual: ledger.Amounts{100}})
 	edge, err := s.ShardGet(ctx, "se-edge")
 	if err != nil {
 		t.Fatal(err)
