@@ -112,7 +112,7 @@ func runAccount(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	return printJSON(e.stdout, msg)
+	return printJSONList(e.stdout, msg)
 }
 
 func runAudit(ctx context.Context, e *env, args []string) error {
@@ -157,7 +157,7 @@ func runAudit(ctx context.Context, e *env, args []string) error {
 // printAuditReport prints an audit's answer and returns the exit 6 error
 // when it found discrepancies.
 func printAuditReport(w io.Writer, msg *v1.AuditResponse) error {
-	if err := printJSON(w, msg); err != nil {
+	if err := printJSONList(w, msg); err != nil {
 		return err
 	}
 	if n := len(msg.GetDiscrepancies()); n > 0 {

@@ -73,5 +73,5 @@ func runBacklog(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	return printJSON(e.stdout, msg)
+	return printJSONList(e.stdout, msg)
 }

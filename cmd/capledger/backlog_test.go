@@ -91,8 +91,8 @@ func TestCLIDebts(t *testing.T) {
 	var out, errOut string
 	code, out, errOut = cli(t, url, "debts")
 	wantExit(t, exitOK, code, out, errOut)
-	if out != "{}\n" {
-		t.Fatalf("no debt yet, printed %q", out)
+	if out != "{\n  \"accounts\": []\n}\n" {
+		t.Fatalf("no debt yet, printed %q; want an empty list of accounts", out)
 	}
 	// The whole burst reserved, then a settle far above the reservation:
 	// the debt takes refill (100 tokens/s) many minutes to repay.

@@ -255,7 +255,39 @@ func printJSONAll(w io.Writer, msg proto.Message) error {
 	return printJSONWith(w, protojson.MarshalOptions{EmitUnpopulated: true}, msg)
 }
 
+// printJSONList is printJSON for an answer that lists something
+// (backlog, debts, policy list, ...): its list, the message's first field
+// in every such answer, is printed as [] when empty, where protojson
+// leaves it out (and printJSON would print {}), so that a script's
+// `jq '.reservations[]'` reads an empty answer as no entries instead of
+// failing on null. Every other field prints as printJSON prints it: the
+// list goes first, where protojson puts it when it is not empty.
+func printJSONList(w io.Writer, msg proto.Message) error {
+	m := msg.ProtoReflect()
+	list := m.Descriptor().Fields().Get(0)
+	if !list.IsList() {
+		panic(fmt.Sprintf("printJSONList: %s's first field %s is not a list", m.Descriptor().FullName(), list.Name()))
+	}
+	if m.Get(list).List().Len() > 0 {
+		return printJSON(w, msg)
+	}
+	return printJSONEdited(w, protojson.MarshalOptions{}, msg, func(compact []byte) []byte {
+		// compact is {} or {"field":...,...}: put the empty list in front.
+		withList := []byte(`{"` + list.JSONName() + `":[]`)
+		if len(compact) > 2 {
+			withList = append(withList, ',')
+		}
+		return append(withList, compact[1:]...)
+	})
+}
+
 func printJSONWith(w io.Writer, opts protojson.MarshalOptions, msg proto.Message) error {
+	return printJSONEdited(w, opts, msg, func(compact []byte) []byte { return compact })
+}
+
+// printJSONEdited prints msg as printJSONWith does, with its compact
+// JSON first passed through edit.
+func printJSONEdited(w io.Writer, opts protojson.MarshalOptions, msg proto.Message, edit func(compact []byte) []byte) error {
 	raw, err := opts.Marshal(msg)
 	if err != nil {
 		return err
@@ -264,7 +296,7 @@ func printJSONWith(w io.Writer, opts protojson.MarshalOptions, msg proto.Message
 	if err := json.Compact(&compact, raw); err != nil {
 		return err
 	}
-	if err := json.Indent(&out, compact.Bytes(), "", "  "); err != nil {
+	if err := json.Indent(&out, edit(compact.Bytes()), "", "  "); err != nil {
 		return err
 	}
 	out.WriteByte('\n')

@@ -57,5 +57,5 @@ func runDebts(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	return printJSON(e.stdout, msg)
+	return printJSONList(e.stdout, msg)
 }

@@ -57,7 +57,7 @@ func asProbe(err error, p *flagProbe) bool {
 // them (capledger --addr X policy list, capledger policy --addr X list,
 // capledger settle --operation OP ID) are the same command, for every
 // command, with the same rule; "--" ends the flags; an unknown flag is a
-// usage error (exit 1) naming it wherever it stands, also when a word
+// usage error (exit 1) naming it as typed (-x or --x) wherever it stands, also when a word
 // follows it that names no command (it may be the flag's value).
 func TestContractCLIFlagsGoAnywhere(t *testing.T) {
 	bin := buildBinary(t)
@@ -113,10 +113,13 @@ func TestContractCLIFlagsGoAnywhere(t *testing.T) {
 		t.Errorf("get -- -dash --addr: %s; want two ids refused", out)
 	}
 
-	// Without any command word.
-	for _, args := range [][]string{w("--bogus"), w("--bogus", "x"), w("--bogus=1", "x")} {
-		if out := run(exitUsage, args...); !strings.Contains(out, "unknown flag --bogus") {
-			t.Errorf("capledger %s: %s; want the unknown flag --bogus named", strings.Join(args, " "), out)
+	// Without any command word. The flag is named as typed: -bogus
+	// with one dash, --bogus with two (the flag package accepts both).
+	for _, typed := range []string{"--bogus", "-bogus"} {
+		for _, args := range [][]string{w(typed), w(typed, "x"), w(typed+"=1", "x")} {
+			if out := run(exitUsage, args...); !strings.Contains(out, "unknown flag "+typed+"\n") {
+				t.Errorf("capledger %s: %s; want the unknown flag %s named as typed", strings.Join(args, " "), out, typed)
+			}
 		}
 	}
 
@@ -136,18 +139,21 @@ func TestContractCLIFlagsGoAnywhere(t *testing.T) {
 		})
 		parts := strings.Fields(words)
 		// An unknown flag may have taken the word after it as its value
-		// ("--bogus x"): the flag, not that word, is what is wrong.
-		placements := [][]string{cat(w("--bogus"), parts), cat(parts, w("--bogus")), cat(w("--bogus", "x"), parts)}
-		if len(parts) == 2 {
-			placements = append(placements, w(parts[0], "--bogus", parts[1]), w(parts[0], "--bogus", "x", parts[1]))
-		}
-		if valueFlag != "" {
-			placements = append(placements, cat(w("--"+valueFlag, "policy"), parts, w("--bogus")))
-		}
-		for _, args := range placements {
-			out, code := runBinary(t, bin, args...)
-			if code != exitUsage || !strings.Contains(out, "unknown flag --bogus") {
-				t.Errorf("capledger %s: exit %d; want %d naming the unknown flag --bogus\n%s", strings.Join(args, " "), code, exitUsage, out)
+		// ("--bogus x"): the flag, not that word, is what is wrong. It is
+		// named as typed, with one dash or two.
+		for _, typed := range []string{"--bogus", "-bogus"} {
+			placements := [][]string{cat(w(typed), parts), cat(parts, w(typed)), cat(w(typed, "x"), parts)}
+			if len(parts) == 2 {
+				placements = append(placements, w(parts[0], typed, parts[1]), w(parts[0], typed, "x", parts[1]))
+			}
+			if valueFlag != "" {
+				placements = append(placements, cat(w("--"+valueFlag, "policy"), parts, w(typed)))
+			}
+			for _, args := range placements {
+				out, code := runBinary(t, bin, args...)
+				if code != exitUsage || !strings.Contains(out, "unknown flag "+typed+"\n") {
+					t.Errorf("capledger %s: exit %d; want %d naming the unknown flag %s as typed\n%s", strings.Join(args, " "), code, exitUsage, typed, out)
+				}
 			}
 		}
 	}

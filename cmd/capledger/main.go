@@ -136,7 +136,7 @@ func run(ctx context.Context, e *env, args []string) int {
 	if flagName := unknownFlagBeforeWord(args); flagName != "" && !errors.Is(err, flag.ErrHelp) && name != "help" && !known {
 		// "capledger --bogus x status": x may be --bogus's value; either
 		// way the flag is what is wrong, as it is after a command word.
-		fmt.Fprintf(e.stderr, "capledger: unknown flag --%s\nRun `capledger --help` for usage.\n", flagName)
+		fmt.Fprintf(e.stderr, "capledger: unknown flag %s\nRun `capledger --help` for usage.\n", flagName)
 		return exitUsage
 	}
 	if err != nil || name == "help" {
@@ -249,7 +249,7 @@ func runSub(ctx context.Context, e *env, c *command, args []string) error {
 	}
 	if name := unknownFlagBeforeWord(args); name != "" {
 		// "capledger policy --bogus x list": as in run.
-		return usagef("unknown flag --%s", name)
+		return usagef("unknown flag %s", name)
 	}
 	if err != nil {
 		return usagef("want a subcommand: %s", want)
@@ -257,10 +257,10 @@ func runSub(ctx context.Context, e *env, c *command, args []string) error {
 	return usagef("unknown %s subcommand %q: want %s", c.name, word, want)
 }
 
-// unknownFlagBeforeWord returns the name of the first flag of args before
-// their first positional argument (the word takeWord finds, scanning as it
-// does; all of args when there is none) that no (sub)command defines, or
-// "". Such a flag's value, if it takes one, is unknown: the word after it
+// unknownFlagBeforeWord returns the first flag of args before their first
+// positional argument (the word takeWord finds, scanning as it does; all
+// of args when there is none) that no (sub)command defines, as typed
+// (typedFlag: "-x", "--bogus"), or "". Such a flag's value, if it takes one, is unknown: the word after it
 // may be that value rather than a command, so when the word names no
 // command, the unknown flag is the error to report.
 func unknownFlagBeforeWord(args []string) string {
@@ -272,7 +272,7 @@ func unknownFlagBeforeWord(args []string) string {
 		case argFlag:
 			name, _, _ := strings.Cut(strings.TrimLeft(args[i], "-"), "=")
 			if !value[name] && !boolean[name] && name != "h" && name != "help" {
-				return name
+				return typedFlag(args[i])
 			}
 		}
 	}
@@ -402,8 +402,9 @@ func flagKinds() (value, boolean map[string]bool) {
 
 // parseFlags parses flags and positional arguments in any order (scanArgs)
 // and returns the positional ones. It returns flag.ErrHelp for -h/--help
-// and a usageError for anything malformed: an unknown flag ("unknown flag
-// --bogus"), a value the flag cannot take, a flag without its value.
+// and a usageError for anything malformed: an unknown flag, named as
+// typed ("unknown flag --bogus", "unknown flag -x"), a value the flag
+// cannot take, a flag without its value.
 func parseFlags(fs *flag.FlagSet, args []string) ([]string, error) {
 	if len(args) == 1 && args[0] == flagProbeArg {
 		return nil, flagProbe{fs}
@@ -430,11 +431,37 @@ func parseFlags(fs *flag.FlagSet, args []string) ([]string, error) {
 			return nil, err
 		}
 		if name, ok := strings.CutPrefix(err.Error(), "flag provided but not defined: -"); ok {
-			return nil, usagef("unknown flag --%s", name)
+			return nil, usagef("unknown flag %s", unknownFlagTyped(args, kinds, name))
 		}
 		return nil, flagValueError(fs, err)
 	}
 	return positional, nil
+}
+
+// typedFlag returns a flag argument as the user typed it, without a
+// value written after "=": "-x" for -x, "--bogus" for --bogus=1, so that
+// an error names the flag as it stands on the command line.
+func typedFlag(arg string) string {
+	typed, _, _ := strings.Cut(arg, "=")
+	return typed
+}
+
+// unknownFlagTyped returns the first flag argument of args (kinds from
+// scanArgs) named name, as typed (typedFlag); the flag package, which
+// reported name as not defined, stops at the first such argument. It
+// returns "--"+name if none matches, which the flag package, given only
+// args' flags, does not report.
+func unknownFlagTyped(args []string, kinds []argKind, name string) string {
+	for i, kind := range kinds {
+		if kind != argFlag {
+			continue
+		}
+		typed := typedFlag(args[i])
+		if strings.TrimPrefix(typed[1:], "-") == name {
+			return typed
+		}
+	}
+	return "--" + name
 }
 
 // flagValueError turns the flag package's `invalid value "5" for flag

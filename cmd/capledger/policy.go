@@ -192,7 +192,7 @@ func runPolicyList(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	return printJSON(e.stdout, msg)
+	return printJSONList(e.stdout, msg)
 }
 
 func runPolicyRollback(ctx context.Context, e *env, args []string) error {

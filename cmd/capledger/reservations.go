@@ -132,13 +132,19 @@ Flags:
 const getHelp = `Usage: capledger get ID [flags]   (or: capledger get --id ID [flags])
 
 Get prints a reservation (limitReservation.v1) by id: its state, reserved,
-actual and overdraft units, operation id and times. It is the recovery path
-when a reserve answer was lost (RESERVATION_UNKNOWN): exit 3 means the id
-was never admitted, anything else is its receipt. Never reserve again under
-a new id for the same request. A reservation retention removed prints its
-tombstone ("retired": true, its terminal state, no units) until the
-tombstone horizon (serve --tombstone-retention, default 30 days after it
-ended); after that its id is unknown (exit 3) like one never used.
+actual and overdraft units, operation id and times. It is the recovery
+path when a reserve answer was lost (RESERVATION_UNKNOWN): exit 3 means
+the id was never admitted, anything else is its receipt. Never reserve
+again under a new id for the same request. A reservation retention
+removed prints its tombstone ("retired": true, its terminal state, no
+units) until the tombstone horizon (serve --tombstone-retention, default
+30 days after it ended); after that its id is unknown (exit 3) like one
+never used.
+
+It prints the reservation itself: {"reservationId": ..., "state": ...},
+read with jq .state. Reserve, start, settle, release and mark-unknown
+print their answer, the reservation under "reservation": jq
+'.reservation.state'.
 `
 
 func examples(lines ...string) string {

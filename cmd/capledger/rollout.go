@@ -311,7 +311,7 @@ func runRolloutReport(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	if *asJSON {
-		return printJSON(e.stdout, msg)
+		return printJSONList(e.stdout, msg)
 	}
 	fmt.Fprintf(e.stdout, "legacy decisions compared since %s (this replica)\n", msg.GetSince().AsTime().Format(time.RFC3339))
 	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)

@@ -163,7 +163,7 @@ func runShardList(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	if *asJSON {
-		return printJSON(e.stdout, msg)
+		return printJSONList(e.stdout, msg)
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "SHARD\tSUBJECT\tGATEWAY\tBOOT\tFENCE\tALLOCATED\tEXPIRES\tSTATE")

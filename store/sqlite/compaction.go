@@ -463,10 +463,11 @@ func (s *Store) inWriteTx(ctx context.Context, w *writer, what string, f func(*w
 		return fmt.Errorf("%s: %w", what, translate(ctx, err))
 	}
 	// Counted like Tx.commit's COMMIT: a read from here on waits for the
-	// Sync that withWriter runs after it (pipeline.go). Counting from
-	// BEGIN instead would hold every read back for the whole transaction,
-	// though none sees its writes before the COMMIT.
-	seq := s.beginWrite()
+	// Sync that withWriter runs after it (pipeline.go), unless f changed
+	// nothing (beginCommit). Counting from BEGIN instead would hold every
+	// read back for the whole transaction, though none sees its writes
+	// before the COMMIT.
+	seq := s.beginCommit(sctx, w)
 	err := w.exec(sctx, w.commit, nil)
 	s.endWrite(seq)
 	if err != nil {

@@ -174,10 +174,49 @@ func (s *Store) beginWrite() uint64 {
 	return s.sync.started.Add(1)
 }
 
+// beginCommit is beginWrite for the COMMIT of a transaction on w, which
+// it counts only when the transaction may have changed something
+// (w.changedRows): a COMMIT that changed no row makes nothing visible
+// that was not before, so no read needs to wait for it and no Sync needs
+// to fsync for it (a maintenance pass that finds nothing to do costs no
+// fdatasync). It returns 0 for a COMMIT it does not count, which
+// endWrite ignores.
+func (s *Store) beginCommit(ctx context.Context, w *writer) uint64 {
+	if !s.pipelined || !w.changedRows(ctx) {
+		return 0
+	}
+	return s.sync.started.Add(1)
+}
+
+// endWrite is called after the COMMIT (or write) beginWrite or
+// beginCommit numbered seq, whatever it returned.
 func (s *Store) endWrite(seq uint64) {
-	if s.pipelined {
+	if s.pipelined && seq != 0 {
 		s.sync.committed.Store(seq)
 	}
+}
+
+// changedRows reports whether a statement on w changed a row since the
+// last call, by SQLite's total_changes() (every row an INSERT, UPDATE or
+// DELETE on the connection changed, whether kept or rolled back since):
+// at a COMMIT, whether the transaction may have written anything. It
+// answers true at its first call and when the count cannot be read, so
+// it errs towards a sync. The store's transactions change the file only
+// by INSERT, UPDATE and DELETE (schema changes run at Open, before any
+// of them), so a transaction that changed no row wrote no page a read
+// could see.
+func (w *writer) changedRows(ctx context.Context) bool {
+	st, err := w.stmt(ctx, "SELECT total_changes()")
+	if err != nil {
+		return true
+	}
+	total, err := queryOneRow(ctx, w, st, nil, scanInt)
+	if err != nil {
+		return true
+	}
+	changed := !w.totalChangesRead || total != w.totalChanges
+	w.totalChanges, w.totalChangesRead = total, true
+	return changed
 }
 
 // afterRead returns nil once everything a read that has just finished

@@ -239,3 +239,81 @@ func TestPipelinedMaintenanceWritesAreSyncedBeforeTheyReturn(t *testing.T) {
 		return err
 	})
 }
+
+// A transaction that changed no row costs no fdatasync in a pipelined
+// store, and no read waits for it: a maintenance pass that finds nothing
+// to do (statement retention with none due, journal compaction with
+// nothing summarised, a retention page whose rows went meanwhile) commits
+// such a transaction every time it runs. One that changed something is
+// synced before it returns, as before; and a Commit after deferred
+// commits still makes them durable, whatever it wrote itself.
+func TestPipelinedTransactionsThatChangeNothingCostNoSync(t *testing.T) {
+	ctx := context.Background()
+	s := openPipelined(t)
+	syncs := countSyncs(s)
+	costs := func(want int64, what string, f func() error) {
+		t.Helper()
+		before := syncs.Load()
+		if err := f(); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if _, err := s.ReservationGet(ctx, "no-such"); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("read after %s: %v", what, err)
+		}
+		if n := syncs.Load() - before; n != want {
+			t.Fatalf("%s, then a read: %d fdatasyncs, want %d", what, n, want)
+		}
+	}
+	nothing := func() error {
+		tx, err := s.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.ReservationGet(ctx, "a"); err != nil {
+			return err
+		}
+		return tx.Commit(ctx)
+	}
+	removeStatements := func(want int) func() error {
+		return func() error {
+			n, err := s.StatementsRemove(ctx, t0.Add(10_000*time.Hour), 256)
+			if err == nil && n != want {
+				err = fmt.Errorf("removed %d statements, want %d", n, want)
+			}
+			return err
+		}
+	}
+
+	costs(1, "a commit that wrote", func() error { commit(t, s, insert("a")); return nil })
+	costs(0, "a transaction that read and wrote nothing", nothing)
+	costs(0, "statement retention with no statement due", removeStatements(0))
+	costs(0, "journal compaction with no checkpoint", func() error {
+		n, err := s.JournalCompact(ctx, 1000)
+		if err == nil && n != 0 {
+			err = fmt.Errorf("deleted %d journal rows, want 0", n)
+		}
+		return err
+	})
+	costs(1, "a write after them", func() error { commit(t, s, insert("b")); return nil })
+
+	key := reservation("a").Account
+	filler := ledger.Balances{{Opening: 1, Available: 1}}
+	commit(t, s, &store.Changes{Statements: []ledger.Statement{{Account: key,
+		EpochStart: t0, EpochEnd: t0.Add(time.Hour), Dims: 1, Opening: filler, Closing: filler}}})
+	costs(1, "statement retention that removed one", removeStatements(1))
+	costs(0, "statement retention again, with none left", removeStatements(0))
+
+	// Deferred commits not yet synced: a Commit that wrote nothing still
+	// returns only once they are durable, and a read still waits for them.
+	commitDeferred(t, s, insert("c"))
+	costs(1, "a Commit that wrote nothing after a deferred commit", nothing)
+	commitDeferred(t, s, insert("d"))
+	tx, err := s.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.(store.DeferredCommitter).CommitDeferred(ctx); err != nil {
+		t.Fatal(err)
+	}
+	costs(1, "a read after a deferred commit and a deferred commit of nothing", func() error { return nil })
+}

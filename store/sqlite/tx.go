@@ -639,7 +639,7 @@ func (tx *Tx) commit(ctx context.Context) error {
 		tx.rollback(ctx)
 		return fmt.Errorf("commit: %w", err)
 	}
-	seq := tx.s.beginWrite()
+	seq := tx.s.beginCommit(stmtCtx(ctx), tx.w)
 	err := tx.w.exec(stmtCtx(ctx), tx.w.commit, nil)
 	tx.s.endWrite(seq)
 	if f := tx.s.commitFault.Load(); f != nil && err == nil {

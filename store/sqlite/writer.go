@@ -31,6 +31,10 @@ type writer struct {
 	rowArgs    []any
 	// extra holds statements prepared on first use (retention.go).
 	extra map[string]driver.Stmt
+	// totalChanges is total_changes() as changedRows last read it, valid
+	// once totalChangesRead (pipeline.go).
+	totalChanges     int64
+	totalChangesRead bool
 
 	closeOnce sync.Once
 	closeErr  error
