@@ -369,3 +369,67 @@ func TestResendKeepsAReceiptWhileAnswersAreLost(t *testing.T) {
 	}
 	l.audit(t)
 }
+
+// ResolveUnknown with a receipt of another operation (a gateway that
+// mixed up its persisted receipts) is refused for good
+// (ErrOperationMismatch), but the receipt kept for the operation that
+// did start the reservation stays and still settles it.
+func TestResolveUnknownOfAnotherOperationKeepsTheRightReceipt(t *testing.T) {
+	ctx := context.Background()
+	l := startLedger(t)
+	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 10_000})
+	c := l.viaProxy(t)
+	_, err := c.Run(ctx, ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 100}}, unknownWork)
+	receipt := mustErrAs[*UsageUnknownError](t, err).Receipt
+	other := receipt
+	other.OperationID = NewOperationID()
+	_, err = c.ResolveUnknown(ctx, other, Units{"tokens": 30, "requests": 0})
+	if !errors.Is(err, ErrReceiptRefused) || !errors.Is(err, ErrOperationMismatch) {
+		t.Fatalf("resolve with another operation's receipt: %v", err)
+	}
+	if p := c.PendingUnknown(); len(p) != 1 || p[0].OperationID != receipt.OperationID {
+		t.Fatalf("pending %+v, want the receipt of the operation that started it", p)
+	}
+	if _, err := c.ResolveUnknown(ctx, receipt, Units{"tokens": 40, "requests": 0}); err != nil {
+		t.Fatal(err)
+	}
+	if p := c.PendingUnknown(); len(p) != 0 {
+		t.Fatalf("pending after it settled: %+v", p)
+	}
+	l.audit(t)
+}
+
+// A Run whose Start answers are lost, on a reservation another request
+// (reusing the caller's reservation id) started first under its own
+// operation, undoes nothing and keeps nothing: the ledger's answer to
+// this operation's zero settle, OPERATION_MISMATCH, is final (this Start
+// never landed and never will). It used to keep the receipt pending, for
+// good.
+func TestAbandonedStartOfAReservationAnotherOperationStartedIsNotKept(t *testing.T) {
+	ctx := context.Background()
+	l := startLedger(t)
+	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 10_000})
+	c := l.viaProxy(t, WithTimeout(time.Second), WithRetryPolicy(RetryPolicy{MaxAttempts: 2, BaseDelay: time.Millisecond}),
+		WithBreaker(BreakerPolicy{Disabled: true}))
+	ran := false
+	_, err := c.run(ctx, ReserveRequest{ReservationID: "rl-shared-id", Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 100}},
+		func(context.Context) (Units, error) { ran = true; return nil, nil },
+		func(ctx context.Context, rr *ReserveResult) (func(Units), error) {
+			if _, err := l.direct.Start(ctx, rr.ReservationID, "op-the-other"); err != nil {
+				return nil, err
+			}
+			l.proxy.DropNextResponses(2) // this Run's two Start attempts
+			return func(Units) {}, nil
+		})
+	mustErrAs[*LostError](t, err)
+	if ran {
+		t.Fatal("the work ran")
+	}
+	if p := c.PendingUnknown(); len(p) != 0 {
+		t.Fatalf("pending %+v, want none: nothing of this operation is held", p)
+	}
+	got, err := l.direct.GetReservation(ctx, "rl-shared-id")
+	if err != nil || got.GetOperationId() != "op-the-other" || !isState(got, ledgerv1.ReservationState_RESERVATION_STATE_STARTED) {
+		t.Fatalf("reservation %v %v, want still started by the other operation", got, err)
+	}
+}

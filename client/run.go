@@ -315,7 +315,10 @@ func (c *Client) start(ctx context.Context, receipt OperationReceipt) (*ledgerv1
 // other failure), the receipt (with zero actual usage) is kept for
 // ResolveUnknown: the Start may have landed, or may still land, and only
 // this operation id can settle it. Only the ledger's answer that the
-// reservation has ended (released, expired, settled) lets it go.
+// reservation has ended (released, expired, settled) or another final
+// answer (ErrReceiptRefused: another operation started it, the ledger does
+// not know it; either way this Start never landed and never will) lets it
+// go.
 func (c *Client) abandonStart(ctx context.Context, receipt OperationReceipt) {
 	actx, cancel := c.detached(ctx)
 	defer cancel()
@@ -324,7 +327,7 @@ func (c *Client) abandonStart(ctx context.Context, receipt OperationReceipt) {
 	if errors.Is(err, ErrAlreadyStarted) {
 		_, err = c.Settle(actx, receipt.ReservationID, receipt.OperationID, receipt.Actual)
 	}
-	if !reservationEnded(err) {
+	if !reservationEnded(err) && !refusedForGood(err) {
 		c.keepPending(receipt)
 	}
 }
