@@ -82,12 +82,13 @@ var (
 //     operation id;
 //   - ErrNotFound (reason RESERVATION_NOT_FOUND): the ledger does not
 //     know the reservation. Retention removes only ended reservations and
-//     forgets their tombstones after serve --tombstone-retention, so one
-//     this Client reserved and started was settled (by this receipt's
-//     settle, the resolver or an operator: which, and with what usage, can
-//     no longer be learned) or released; or the ledger was restored
-//     without it, or this Client's token no longer has its subject in
-//     scope (the ledger answers the same).
+//     forgets their tombstones after serve --tombstone-retention, so
+//     started work was settled (by this receipt's settle, the resolver or
+//     an operator: which, and with what usage, can no longer be learned;
+//     so this is no proof that this receipt's usage was recorded), and a
+//     hold whose Start never landed was settled, released or expired; or
+//     the ledger was restored without it, or this Client's token no
+//     longer has its subject in scope (the ledger answers the same).
 //
 // Answers that are not final (lost answers, unavailable, a 5xx or 429 of a
 // proxy, an error without the ledger's reason, invalid_argument for the

@@ -330,10 +330,11 @@ func TestResolveUnknownKeepsTheReceiptOnAnswersThatAreNotFinal(t *testing.T) {
 	l.audit(t)
 }
 
-// A kept settle whose resends get no answer (503s from a proxy in
-// between) stays pending and is resent until it lands with its usage;
-// nothing is reported refused.
-func TestResendKeepsAReceiptWhileAnswersAreLost(t *testing.T) {
+// A settle a proxy in between refused (HTTP 429: the ledger never
+// answers a settle so) is not applied: Run keeps it. A kept settle whose
+// resends get no answer (503s) or a 429 again stays pending and is
+// resent until it lands with its usage; nothing is reported refused.
+func TestSettlesAProxyRefusedOrLostAreKeptUntilTheyLand(t *testing.T) {
 	l := startLedger(t)
 	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 10_000})
 	in, inAddr := startIntermediary(t, l.addr)
@@ -346,15 +347,19 @@ func TestResendKeepsAReceiptWhileAnswersAreLost(t *testing.T) {
 	t.Cleanup(func() { c.Close() })
 	_, err = c.Run(context.Background(), ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 100}},
 		func(context.Context) (Units, error) {
-			// The settle (2 attempts), the mark (2) and the first resends
-			// get no answer from the ledger.
-			s := http.StatusServiceUnavailable
-			in.answerNext("", s, s, s, s, s, s, s, s)
+			// The settle meets a 429; the first resends get 503s (two
+			// attempts each) and a 429 again.
+			s, busy := http.StatusServiceUnavailable, http.StatusTooManyRequests
+			in.answerNext("1", busy, s, s, busy, s, s)
 			return Units{"tokens": 40}, nil
 		})
-	receipt := mustErrAs[*UsageUnknownError](t, err).Receipt
+	unknown := mustErrAs[*UsageUnknownError](t, err)
+	receipt := unknown.Receipt
+	if unknown.Marked || !errors.As(err, new(*RejectedError)) {
+		t.Fatalf("run: %v (marked %v), want the proxy's 429, not marked", err, unknown.Marked)
+	}
 	if p := c.PendingUnknown(); len(p) != 1 || p[0].Actual["tokens"] != 40 {
-		t.Fatalf("pending %+v, want the lost settle with its usage", p)
+		t.Fatalf("pending %+v, want the refused settle with its usage", p)
 	}
 	waitResendsDone(c)
 	if p := c.PendingUnknown(); len(p) != 0 {

@@ -2,7 +2,6 @@ package client
 
 import (
 	"context"
-	"errors"
 	"sync"
 	"time"
 )
@@ -169,8 +168,7 @@ func (c *Client) resendOne(s *resend) {
 		actx, cancel := context.WithTimeout(ls.ctx, 2*c.timeout)
 		_, removed, err := c.resolveUnknown(actx, s.receipt, s.receipt.Actual)
 		cancel()
-		var rejected *RejectedError
-		if err != nil && (isTransportFault(err) || errors.As(err, &rejected)) {
+		if err != nil && isTransportFault(err) { // also a proxy's 429 (*RejectedError, no connect code)
 			ls.mu.Lock()
 			s.next = time.Now().Add(halfJitter(s.wait))
 			s.wait = min(2*s.wait, resendMaxWait)

@@ -96,7 +96,8 @@ type gate func(ctx context.Context, rr *ReserveResult) (done func(actual Units),
 //     reservation is marked USAGE_UNKNOWN, its receipt is kept
 //     (PendingUnknown) and ResolveUnknown settles it later;
 //   - *UsageUnknownError (Marked false) when the settle was not sent
-//     (the breaker is open, the connection was refused): the
+//     (the breaker is open, the connection was refused) or a proxy in
+//     between refused it (HTTP 429, *RejectedError): the
 //     reservation stays STARTED and its receipt, with the usage, is kept
 //     (PendingUnknown).
 //
@@ -220,8 +221,10 @@ func (c *Client) runReserved(ctx context.Context, rr *ReserveResult, work Work, 
 		}
 		if isTransportFault(serr) {
 			// Not sent (the breaker is open, the connection was
-			// refused): not applied. Kept and resent in the background
-			// with the same ids until it lands.
+			// refused), or refused by a proxy in between (HTTP 429, a
+			// *RejectedError without a connect code: the ledger never
+			// answers a settle so): not applied. Kept and resent in the
+			// background with the same ids until it lands.
 			c.keepPending(receipt)
 			return nil, &UsageUnknownError{Receipt: receipt, Err: serr}
 		}
