@@ -37,9 +37,9 @@ func WithPendingLimit(limit int, dropped func(OperationReceipt)) Option {
 // ErrReceiptRefused and the ledger's answer: ErrAlreadySettled,
 // ErrOperationMismatch or ErrNotFound), e.g. to log it or to reconcile
 // the usage it carried with the settle the ledger recorded.
-// Client.PendingRefused counts them either way. A receipt ResolveUnknown
-// dropped so is not passed: its caller got the error. refused is called
-// without locks held, from a goroutine of the resend.
+// Client.PendingRefused counts them, with or without refused. A receipt
+// ResolveUnknown dropped so is not passed: its caller got the error.
+// refused is called without locks held, from a goroutine of the resend.
 func WithRefusedReceipts(refused func(OperationReceipt, error)) Option {
 	return func(c *config) { c.pendingRefused = refused }
 }
