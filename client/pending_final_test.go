@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -437,4 +440,64 @@ func TestAbandonedStartOfAReservationAnotherOperationStartedIsNotKept(t *testing
 	if err != nil || got.GetOperationId() != "op-the-other" || !isState(got, ledgerv1.ReservationState_RESERVATION_STATE_STARTED) {
 		t.Fatalf("reservation %v %v, want still started by the other operation", got, err)
 	}
+}
+
+// A Run whose settle answers are lost while an operator settles the same
+// operation with another usage learns it from MarkUsageUnknown's
+// ALREADY_SETTLED: an error matching ErrReceiptRefused and
+// ErrAlreadySettled, nothing kept. It used to report success, as if its
+// own lost settle had landed.
+func TestRunWhoseLostSettleWasOvertakenIsRefused(t *testing.T) {
+	ctx := context.Background()
+	l := startLedger(t)
+	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 10_000})
+	var mu sync.Mutex
+	var receipt OperationReceipt
+	lose := 0 // settle requests still to answer 503, after the operator's settle
+	forward := httputil.NewSingleHostReverseProxy(&url.URL{Scheme: "http", Host: l.addr})
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		overtake := strings.HasSuffix(r.URL.Path, "/Settle") && lose > 0
+		if overtake {
+			lose--
+		}
+		first, rcpt := lose == 1, receipt
+		mu.Unlock()
+		if !overtake {
+			forward.ServeHTTP(w, r)
+			return
+		}
+		if first {
+			if _, err := l.direct.Settle(ctx, rcpt.ReservationID, rcpt.OperationID, Units{"tokens": 70, "requests": 0}); err != nil {
+				t.Error(err)
+			}
+		}
+		http.Error(w, "upstream gone", http.StatusServiceUnavailable)
+	}))
+	t.Cleanup(front.Close)
+	c, err := New(strings.TrimPrefix(front.URL, "http://"), noBreakerWatchdog,
+		WithRetryPolicy(RetryPolicy{MaxAttempts: 2, BaseDelay: time.Millisecond}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	_, err = c.Run(ctx, ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 100}},
+		func(ctx context.Context) (Units, error) {
+			r, _ := ReceiptFrom(ctx)
+			mu.Lock()
+			receipt, lose = r, 2
+			mu.Unlock()
+			return Units{"tokens": 40}, nil
+		})
+	if !errors.Is(err, ErrReceiptRefused) || !errors.Is(err, ErrAlreadySettled) {
+		t.Fatalf("run: %v, want refused: another usage is recorded", err)
+	}
+	if p := c.PendingUnknown(); len(p) != 0 {
+		t.Fatalf("pending %+v", p)
+	}
+	got, err := l.direct.GetReservation(ctx, receipt.ReservationID)
+	if err != nil || got.GetActualUnits()["tokens"] != 70 {
+		t.Fatalf("reservation %v %v, want the operator's 70 tokens", got, err)
+	}
+	l.audit(t)
 }

@@ -95,6 +95,10 @@ type gate func(ctx context.Context, rr *ReserveResult) (done func(actual Units),
 //     account's lifetime counters are full): the
 //     reservation is marked USAGE_UNKNOWN, its receipt is kept
 //     (PendingUnknown) and ResolveUnknown settles it later;
+//   - an error matching ErrReceiptRefused and ErrAlreadySettled when
+//     the settle answer was lost and the ledger shows the work settled
+//     under this operation with another usage (the USAGE_UNKNOWN resolver
+//     or an operator settled it meanwhile): nothing is kept;
 //   - *UsageUnknownError (Marked false) when the settle was not sent
 //     (the breaker is open, the connection was refused) or a proxy in
 //     between refused it (HTTP 429, *RejectedError): the
@@ -346,7 +350,11 @@ func reservationEnded(err error) bool {
 // markUnknown records USAGE_UNKNOWN for started work and keeps its
 // receipt. It returns the reservation and nil when the ledger answers that
 // the work is already settled by the settle this Run sent (its answer was
-// lost but it landed), or nil and the *UsageUnknownError for the caller.
+// lost but it landed: this operation, this usage); an error matching
+// ErrReceiptRefused and ErrAlreadySettled, keeping nothing, when it is
+// settled with another usage (the resolver or an operator settled it
+// while this Run's settle went unanswered); or nil and the
+// *UsageUnknownError for the caller.
 func (c *Client) markUnknown(ctx context.Context, receipt OperationReceipt, cause error) (*ledgerv1.Reservation, error) {
 	mctx, cancel := c.detached(ctx)
 	defer cancel()
@@ -354,10 +362,29 @@ func (c *Client) markUnknown(ctx context.Context, receipt OperationReceipt, caus
 	var le *LedgerError
 	if errors.As(err, &le) && le.Reservation != nil && isSettled(le.Reservation.GetState()) &&
 		receipt.Actual != nil && le.Reservation.GetOperationId() == receipt.OperationID {
-		return le.Reservation, nil
+		if sameUsage(le.Reservation.GetActualUnits(), receipt.Actual) {
+			return le.Reservation, nil
+		}
+		return nil, fmt.Errorf("run %s: settled with another usage than the %v reported: %w: %w", receipt.ReservationID, receipt.Actual, ErrReceiptRefused, err)
 	}
 	c.keepPending(receipt)
 	return nil, &UsageUnknownError{Receipt: receipt, Marked: err == nil, Err: cause}
+}
+
+// sameUsage reports whether two usages are the same, a unit one leaves
+// out counting as zero.
+func sameUsage(a, b Units) bool {
+	for unit, n := range a {
+		if b[unit] != n {
+			return false
+		}
+	}
+	for unit, n := range b {
+		if a[unit] != n {
+			return false
+		}
+	}
+	return true
 }
 
 func isSettled(s ledgerv1.ReservationState) bool {
