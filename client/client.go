@@ -108,6 +108,7 @@ type config struct {
 	// pending.go
 	pendingLimit   int
 	pendingDropped func(OperationReceipt)
+	pendingRefused func(OperationReceipt, error)
 }
 
 // Option configures New.
@@ -232,7 +233,7 @@ func New(addr string, options ...Option) (*Client, error) {
 		protocol: cfg.protocol,
 		timeout:  cfg.timeout,
 		retry:    cfg.retry,
-		pending:  newPendingReceipts(cfg.pendingLimit, cfg.pendingDropped),
+		pending:  newPendingReceipts(cfg.pendingLimit, cfg.pendingDropped, cfg.pendingRefused),
 		lookups:  newLookups(cfg.lostHandler),
 		ops:      cfg.operations,
 	}

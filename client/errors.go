@@ -66,6 +66,35 @@ var (
 	}
 )
 
+// ErrReceiptRefused matches (errors.Is) the error of ResolveUnknown, and
+// the one a background resend reports (WithRefusedReceipts), when the
+// ledger's answer to an operation receipt is final: no call with the
+// receipt can ever settle or release its reservation, so the receipt has
+// left PendingUnknown. The error also matches the ledger's answer (a
+// *LedgerError), one of:
+//   - ErrAlreadySettled: another settle of the reservation is recorded
+//     (the *LedgerError's Reservation shows it; the USAGE_UNKNOWN resolver
+//     or an operator settled it with other figures), or, once retention
+//     removed the reservation (Reservation.Retired), it is settled and its
+//     tombstone does not keep how: possibly by this receipt's own earlier
+//     settle;
+//   - ErrOperationMismatch: the reservation was started under another
+//     operation id;
+//   - ErrNotFound (reason RESERVATION_NOT_FOUND): the ledger does not
+//     know the reservation. Retention removes only ended reservations and
+//     forgets their tombstones after serve --tombstone-retention, so
+//     started work was settled (by this receipt's settle, the resolver or
+//     an operator: which, and with what usage, can no longer be learned;
+//     so this is no proof that this receipt's usage was recorded), and a
+//     hold whose Start never landed was settled, released or expired; or
+//     the ledger was restored without it, or this Client's token no
+//     longer has its subject in scope (the ledger answers the same).
+//
+// Answers that are not final (lost answers, unavailable, a 5xx or 429 of a
+// proxy, an error without the ledger's reason, invalid_argument for the
+// usage given, permission) leave the receipt in PendingUnknown.
+var ErrReceiptRefused = errors.New("operation receipt refused for good")
+
 // ErrUsageUnknown is returned (or wrapped) by a Run function to say that it
 // cannot tell how much its work used; Run then marks the reservation
 // USAGE_UNKNOWN instead of settling it.

@@ -79,4 +79,10 @@ func TestRunMarksUnknownWhenUsageCannotBeRecorded(t *testing.T) {
 	if pending := tl.direct.PendingUnknown(); len(pending) != 1 || pending[0].ReservationID != unknown.Receipt.ReservationID {
 		t.Fatalf("pending receipts: %+v", pending)
 	}
+	// Its resend meets the same refusal, which is not final: the resends
+	// end and the receipt stays (docs/CLIENTS.md).
+	waitResendsDone(tl.direct)
+	if pending := tl.direct.PendingUnknown(); len(pending) != 1 || tl.direct.PendingRefused() != 0 {
+		t.Fatalf("pending receipts after the resend: %+v (%d refused)", pending, tl.direct.PendingRefused())
+	}
 }

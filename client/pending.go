@@ -17,15 +17,31 @@ const DefaultPendingLimit = 100_000
 // default). When a new receipt would pass the limit the oldest kept one is
 // dropped from memory: it leaves PendingUnknown and is no longer resent,
 // Client.PendingDropped counts it, and dropped (if not nil) receives it,
-// e.g. to write it somewhere durable. Nothing is lost at the ledger: the
-// reservation stays held there, USAGE_UNKNOWN (the ledger's execution
-// limit marks started work whose mark did not land; a hold whose start
-// never landed expires), listed by ListUsageUnknown and resolved with its
-// operation receipt (ResolveUnknown or Settle with its ids) or by the
-// USAGE_UNKNOWN resolver. dropped is called without locks held, from the
-// goroutine that kept the newer receipt.
+// e.g. to write it somewhere durable. Nothing is lost at the ledger: no
+// answer this Client got for the receipt was final (such a receipt leaves
+// PendingUnknown at once, see ErrReceiptRefused), so the reservation is
+// held there, USAGE_UNKNOWN (the ledger's execution limit marks started
+// work whose mark did not land; a hold whose start never landed expires),
+// listed by ListUsageUnknown and resolved with its operation receipt
+// (ResolveUnknown or Settle with its ids) or by the USAGE_UNKNOWN
+// resolver, unless the resolver or an operator already settled it since
+// the Client last asked (GetReservation tells). dropped is called without
+// locks held, from the goroutine that kept the newer receipt.
 func WithPendingLimit(limit int, dropped func(OperationReceipt)) Option {
 	return func(c *config) { c.pendingLimit, c.pendingDropped = limit, dropped }
+}
+
+// WithRefusedReceipts sets refused, called with each receipt the
+// background resend (see PendingUnknown) dropped from PendingUnknown
+// because the ledger's answer to it was final (the error matches
+// ErrReceiptRefused and the ledger's answer: ErrAlreadySettled,
+// ErrOperationMismatch or ErrNotFound), e.g. to log it or to reconcile
+// the usage it carried with the settle the ledger recorded.
+// Client.PendingRefused counts them, with or without refused. A receipt
+// ResolveUnknown dropped so is not passed: its caller got the error.
+// refused is called without locks held, from a goroutine of the resend.
+func WithRefusedReceipts(refused func(OperationReceipt, error)) Option {
+	return func(c *config) { c.pendingRefused = refused }
 }
 
 // pendingReceipts are the receipts of PendingUnknown, by reservation id,
@@ -40,6 +56,10 @@ type pendingReceipts struct {
 	// dropped counts the receipts dropped for the limit; onDrop gets them.
 	dropped atomic.Uint64
 	onDrop  func(OperationReceipt)
+	// refused counts the receipts the resend dropped on a final answer;
+	// onRefuse gets them.
+	refused  atomic.Uint64
+	onRefuse func(OperationReceipt, error)
 }
 
 type pendingEntry struct {
@@ -52,11 +72,11 @@ type pendingRef struct {
 	seq uint64
 }
 
-func newPendingReceipts(limit int, onDrop func(OperationReceipt)) *pendingReceipts {
+func newPendingReceipts(limit int, onDrop func(OperationReceipt), onRefuse func(OperationReceipt, error)) *pendingReceipts {
 	if limit <= 0 {
 		limit = DefaultPendingLimit
 	}
-	return &pendingReceipts{byID: map[string]pendingEntry{}, limit: limit, onDrop: onDrop}
+	return &pendingReceipts{byID: map[string]pendingEntry{}, limit: limit, onDrop: onDrop, onRefuse: onRefuse}
 }
 
 // keep keeps r (replacing a receipt of the same reservation, which keeps
@@ -112,6 +132,20 @@ func (p *pendingReceipts) remove(id string) {
 	defer p.mu.Unlock()
 	delete(p.byID, id)
 	p.tidy()
+}
+
+// removeOperation removes the receipt kept for reservation id if it is
+// the one of operation op, and reports whether it did.
+func (p *pendingReceipts) removeOperation(id, op string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	e, ok := p.byID[id]
+	if !ok || e.receipt.OperationID != op {
+		return false
+	}
+	delete(p.byID, id)
+	p.tidy()
+	return true
 }
 
 // list returns copies of the receipts kept, by reservation id.

@@ -98,7 +98,7 @@ func TestPendingUnknownLimitBoundsTheResends(t *testing.T) {
 // bookkeeping of the order stays within about twice the receipts kept
 // however many are kept and resolved.
 func TestPendingReceiptsOrderAndBound(t *testing.T) {
-	p := newPendingReceipts(3, nil)
+	p := newPendingReceipts(3, nil, nil)
 	for _, id := range []string{"a", "b", "c"} {
 		p.keep(OperationReceipt{ReservationID: id})
 	}

@@ -42,11 +42,12 @@ type resend struct {
 // such receipt, resendParallel at a time, while the breaker is closed;
 // each receipt backs off on its own (100 ms doubling to 5 s). A receipt
 // leaves the loop when it is resolved (ResolveUnknown drops it from
-// PendingUnknown), when the ledger decides otherwise (e.g.
-// ErrAlreadySettled: the receipt stays pending for the caller), or when
-// the caller resolved it meanwhile; the loop ends when none is left or the
-// Client closes (Close waits for it). A receipt already being resent is
-// not added again.
+// PendingUnknown), when the ledger's answer is final (ErrReceiptRefused:
+// ResolveUnknown drops it from PendingUnknown too, and resendOne reports
+// it), when the ledger refuses the call without a final answer (the
+// receipt stays pending for the caller), or when the caller resolved it
+// meanwhile; the loop ends when none is left or the Client closes (Close
+// waits for it). A receipt already being resent is not added again.
 func (c *Client) settleLater(r OperationReceipt) {
 	ls := c.lookups
 	ls.mu.Lock()
@@ -151,8 +152,11 @@ feed:
 
 // resendOne resends one receipt and either drops it from the loop (it
 // landed, the ledger decided, or the caller resolved it) or schedules its
-// next resend after its back-off. A resend the breaker would refuse is
-// not sent and not counted: the loop waits for the breaker instead.
+// next resend after its back-off: when no answer came (lost, unavailable,
+// a 5xx) or a proxy in between refused it (429). A final answer
+// (ErrReceiptRefused) has dropped the receipt from PendingUnknown too:
+// it is counted and reported. A resend the breaker would refuse is not
+// sent and not counted: the loop waits for the breaker instead.
 func (c *Client) resendOne(s *resend) {
 	ls := c.lookups
 	id := s.receipt.ReservationID
@@ -162,14 +166,20 @@ func (c *Client) resendOne(s *resend) {
 	}
 	if kept {
 		actx, cancel := context.WithTimeout(ls.ctx, 2*c.timeout)
-		_, err := c.ResolveUnknown(actx, s.receipt, s.receipt.Actual)
+		_, removed, err := c.resolveUnknown(actx, s.receipt, s.receipt.Actual)
 		cancel()
-		if err != nil && isTransportFault(err) {
+		if err != nil && isTransportFault(err) { // also a proxy's 429 (*RejectedError, no connect code)
 			ls.mu.Lock()
 			s.next = time.Now().Add(halfJitter(s.wait))
 			s.wait = min(2*s.wait, resendMaxWait)
 			ls.mu.Unlock()
 			return
+		}
+		if removed {
+			c.pending.refused.Add(1)
+			if c.pending.onRefuse != nil {
+				c.pending.onRefuse(s.receipt.clone(), err)
+			}
 		}
 	}
 	ls.mu.Lock()

@@ -80,8 +80,9 @@ type gate func(ctx context.Context, rr *ReserveResult) (done func(actual Units),
 //   - the Start error when the reservation could not be started (work is not
 //     called; a Start whose answer was lost is undone: released, or settled
 //     at zero if it landed; until the ledger answers that the reservation
-//     ended, its receipt is kept with zero usage (PendingUnknown) and
-//     resent; a Start never sent, the ledger unreachable, leaves the
+//     ended, or gives a final answer (ErrReceiptRefused), its receipt is
+//     kept with zero usage (PendingUnknown) and resent; a Start never
+//     sent, the ledger unreachable, leaves the
 //     reservation to expire after its hold TTL);
 //   - ctx.Err() when ctx ended before Start (the reservation is released);
 //   - *UsageUnknownError when work's usage is unknown (see Work), the
@@ -94,13 +95,19 @@ type gate func(ctx context.Context, rr *ReserveResult) (done func(actual Units),
 //     account's lifetime counters are full): the
 //     reservation is marked USAGE_UNKNOWN, its receipt is kept
 //     (PendingUnknown) and ResolveUnknown settles it later;
+//   - an error matching ErrReceiptRefused and ErrAlreadySettled when
+//     the settle answer was lost and the ledger shows the work settled
+//     under this operation with another usage (the USAGE_UNKNOWN resolver
+//     or an operator settled it meanwhile): nothing is kept;
 //   - *UsageUnknownError (Marked false) when the settle was not sent
-//     (the breaker is open, the connection was refused): the
+//     (the breaker is open, the connection was refused) or a proxy in
+//     between refused it (HTTP 429, *RejectedError): the
 //     reservation stays STARTED and its receipt, with the usage, is kept
 //     (PendingUnknown).
 //
 // A kept receipt whose usage is known is resent in the background with
-// the same ids until it lands (see PendingUnknown).
+// the same ids until it lands or the ledger's answer is final (see
+// PendingUnknown).
 //
 // Once work has started, cancellation of ctx does not stop the bookkeeping:
 // Settle and MarkUsageUnknown run on a context detached from ctx's
@@ -218,8 +225,10 @@ func (c *Client) runReserved(ctx context.Context, rr *ReserveResult, work Work, 
 		}
 		if isTransportFault(serr) {
 			// Not sent (the breaker is open, the connection was
-			// refused): not applied. Kept and resent in the background
-			// with the same ids until it lands.
+			// refused), or refused by a proxy in between (HTTP 429, a
+			// *RejectedError without a connect code: the ledger never
+			// answers a settle so): not applied. Kept and resent in the
+			// background with the same ids until it lands.
 			c.keepPending(receipt)
 			return nil, &UsageUnknownError{Receipt: receipt, Err: serr}
 		}
@@ -313,7 +322,10 @@ func (c *Client) start(ctx context.Context, receipt OperationReceipt) (*ledgerv1
 // other failure), the receipt (with zero actual usage) is kept for
 // ResolveUnknown: the Start may have landed, or may still land, and only
 // this operation id can settle it. Only the ledger's answer that the
-// reservation has ended (released, expired, settled) lets it go.
+// reservation has ended (released, expired, settled) or another final
+// answer (ErrReceiptRefused: another operation started it, the ledger does
+// not know it; either way this Start never landed and never will) lets it
+// go.
 func (c *Client) abandonStart(ctx context.Context, receipt OperationReceipt) {
 	actx, cancel := c.detached(ctx)
 	defer cancel()
@@ -322,7 +334,7 @@ func (c *Client) abandonStart(ctx context.Context, receipt OperationReceipt) {
 	if errors.Is(err, ErrAlreadyStarted) {
 		_, err = c.Settle(actx, receipt.ReservationID, receipt.OperationID, receipt.Actual)
 	}
-	if !reservationEnded(err) {
+	if !reservationEnded(err) && !refusedForGood(err) {
 		c.keepPending(receipt)
 	}
 }
@@ -338,7 +350,11 @@ func reservationEnded(err error) bool {
 // markUnknown records USAGE_UNKNOWN for started work and keeps its
 // receipt. It returns the reservation and nil when the ledger answers that
 // the work is already settled by the settle this Run sent (its answer was
-// lost but it landed), or nil and the *UsageUnknownError for the caller.
+// lost but it landed: this operation, this usage); an error matching
+// ErrReceiptRefused and ErrAlreadySettled, keeping nothing, when it is
+// settled with another usage (the resolver or an operator settled it
+// while this Run's settle went unanswered); or nil and the
+// *UsageUnknownError for the caller.
 func (c *Client) markUnknown(ctx context.Context, receipt OperationReceipt, cause error) (*ledgerv1.Reservation, error) {
 	mctx, cancel := c.detached(ctx)
 	defer cancel()
@@ -346,10 +362,29 @@ func (c *Client) markUnknown(ctx context.Context, receipt OperationReceipt, caus
 	var le *LedgerError
 	if errors.As(err, &le) && le.Reservation != nil && isSettled(le.Reservation.GetState()) &&
 		receipt.Actual != nil && le.Reservation.GetOperationId() == receipt.OperationID {
-		return le.Reservation, nil
+		if sameUsage(le.Reservation.GetActualUnits(), receipt.Actual) {
+			return le.Reservation, nil
+		}
+		return nil, fmt.Errorf("run %s: settled with another usage than the %v reported: %w: %w", receipt.ReservationID, receipt.Actual, ErrReceiptRefused, err)
 	}
 	c.keepPending(receipt)
 	return nil, &UsageUnknownError{Receipt: receipt, Marked: err == nil, Err: cause}
+}
+
+// sameUsage reports whether two usages are the same, a unit one leaves
+// out counting as zero.
+func sameUsage(a, b Units) bool {
+	for unit, n := range a {
+		if b[unit] != n {
+			return false
+		}
+	}
+	for unit, n := range b {
+		if a[unit] != n {
+			return false
+		}
+	}
+	return true
 }
 
 func isSettled(s ledgerv1.ReservationState) bool {
@@ -386,20 +421,37 @@ func (c *Client) keepPending(r OperationReceipt) {
 }
 
 // PendingDropped returns how many receipts were dropped from
-// PendingUnknown to stay within its limit (WithPendingLimit). Each is
-// still USAGE_UNKNOWN at the ledger (ListUsageUnknown).
+// PendingUnknown to stay within its limit (WithPendingLimit). No answer
+// the Client got for any of them was final: each is USAGE_UNKNOWN (or
+// STARTED) at the ledger (ListUsageUnknown) unless the resolver or an
+// operator settled it since the Client last asked.
 func (c *Client) PendingDropped() uint64 { return c.pending.dropped.Load() }
 
+// PendingRefused returns how many receipts the background resend dropped
+// from PendingUnknown because the ledger's answer to them was final
+// (ErrReceiptRefused; WithRefusedReceipts receives them).
+func (c *Client) PendingRefused() uint64 { return c.pending.refused.Load() }
+
 // PendingUnknown returns the receipts of work this Client left
-// USAGE_UNKNOWN (or could not settle or release), by reservation id. They
-// stay until ResolveUnknown settles them, or until newer ones push the
+// USAGE_UNKNOWN (or could not settle or release), by reservation id. A
+// receipt stays until the ledger's answer to it is final: ResolveUnknown
+// (or the background resend, below) settled or released its reservation,
+// or got an answer that no call with the receipt can change
+// (ErrReceiptRefused: another settle is recorded, another operation
+// started it, the ledger no longer knows it); or until newer ones push the
 // oldest past the limit (WithPendingLimit, DefaultPendingLimit; see
-// PendingDropped). One whose usage is known
-// (Actual set) the Client resends itself in the background, with the same
-// ids, once the ledger is reachable, until it lands or the ledger decides
-// otherwise (then it stays here). The list lives in memory only: a
-// gateway that must survive restarts should persist the receipts from
-// UsageUnknownError itself.
+// PendingDropped). One whose usage is known (Actual set) the Client
+// resends itself in the background, with the same ids, once the ledger is
+// reachable, until it lands, the answer is final (the receipt leaves,
+// PendingRefused counts it, WithRefusedReceipts receives it), or the
+// ledger refuses the call without a final answer (invalid_argument,
+// permission, an exhausted account: it stays here, no longer resent). A
+// receipt of unknown usage is not sent until ResolveUnknown: if the
+// resolver or an operator settled its reservation meanwhile, it stays
+// here until then. Lost answers, an unreachable ledger and 5xx answers
+// never drop a receipt. The list lives in memory only: a gateway that must
+// survive restarts should persist the receipts from UsageUnknownError
+// itself.
 func (c *Client) PendingUnknown() []OperationReceipt { return c.pending.list() }
 
 // clone returns r with maps of its own.
@@ -417,12 +469,26 @@ func (r OperationReceipt) clone() OperationReceipt {
 //     answer), the result of releasing the reservation (or of the settle,
 //     when the Start lands before the release), or the reservation as it
 //     is when it already ended released or expired (nothing is held);
-//   - a *LedgerError matching ErrAlreadySettled when a different settle was
-//     recorded, ErrOperationMismatch for a receipt of another operation;
-//   - *LostError when every answer was lost (call it again).
+//   - an error matching ErrReceiptRefused when the ledger's answer is
+//     final but not this settle: another settle is recorded
+//     (ErrAlreadySettled), the reservation was started under another
+//     operation id (ErrOperationMismatch), or the ledger does not know it
+//     (ErrNotFound); the receipt kept for this operation leaves
+//     PendingUnknown (see ErrReceiptRefused for what each means);
+//   - any other error with the receipt still kept: *LostError when every
+//     answer was lost, ErrLedgerUnreachable, a 5xx, a refusal of the usage
+//     given (invalid_argument: call it again with a usage the ledger
+//     takes). Call it again.
 func (c *Client) ResolveUnknown(ctx context.Context, receipt OperationReceipt, actual Units) (*SettleResult, error) {
+	sr, _, err := c.resolveUnknown(ctx, receipt, actual)
+	return sr, err
+}
+
+// resolveUnknown is ResolveUnknown, also reporting whether this call
+// dropped the receipt from PendingUnknown on a final refusal.
+func (c *Client) resolveUnknown(ctx context.Context, receipt OperationReceipt, actual Units) (*SettleResult, bool, error) {
 	if receipt.ReservationID == "" || receipt.OperationID == "" {
-		return nil, errors.New("resolve unknown: receipt has no reservation or operation id")
+		return nil, false, errors.New("resolve unknown: receipt has no reservation or operation id")
 	}
 	sr, err := c.Settle(ctx, receipt.ReservationID, receipt.OperationID, actual)
 	if errors.Is(err, ErrNotStarted) {
@@ -439,11 +505,34 @@ func (c *Client) ResolveUnknown(ctx context.Context, receipt OperationReceipt, a
 		// Ended unstarted: nothing was spent and nothing is held.
 		sr, err = &SettleResult{Reservation: le.Reservation, Replayed: true}, nil
 	}
+	if refusedForGood(err) {
+		// Only the receipt of this operation goes: a receipt of another
+		// operation kept for the same reservation is not answered by it.
+		removed := c.pending.removeOperation(receipt.ReservationID, receipt.OperationID)
+		return nil, removed, fmt.Errorf("resolve unknown: %w: %w", ErrReceiptRefused, err)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("resolve unknown: %w", err)
+		return nil, false, fmt.Errorf("resolve unknown: %w", err)
 	}
 	c.pending.remove(receipt.ReservationID)
-	return sr, nil
+	return sr, false, nil
+}
+
+// refusedForGood reports whether err, the outcome of a settle or release
+// with an operation receipt, is the ledger's final answer that the
+// receipt cannot settle its reservation (ErrReceiptRefused). Only the
+// ledger's own answer counts, with its reason: a not_found without one
+// (e.g. from a proxy in between) proves nothing.
+func refusedForGood(err error) bool {
+	var le *LedgerError
+	if !errors.As(err, &le) {
+		return false
+	}
+	switch le.Reason {
+	case ReasonReservationAlreadySettled, ReasonOperationMismatch, ReasonReservationNotFound:
+		return true
+	}
+	return false
 }
 
 // usageToSettle is the usage a Run settles for work that reported actual

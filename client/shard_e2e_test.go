@@ -56,10 +56,13 @@ type ledgerProcess struct {
 	serve   *exec.Cmd
 	exited  chan struct{}
 	logs    lockedBuffer
+	// args are more flags of serve (e.g. --resolver-config).
+	args []string
 }
 
-// newLedgerProcess starts a ledgerProcess (see startLedgerProcess).
-func newLedgerProcess(t *testing.T, dir string) *ledgerProcess {
+// newLedgerProcess starts a ledgerProcess (see startLedgerProcess), args
+// added to serve's flags.
+func newLedgerProcess(t *testing.T, dir string, args ...string) *ledgerProcess {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("builds and runs the capledger binary")
@@ -68,7 +71,7 @@ func newLedgerProcess(t *testing.T, dir string) *ledgerProcess {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &ledgerProcess{t: t, addr: ln.Addr().String(), dataDir: filepath.Join(dir, "data")}
+	p := &ledgerProcess{t: t, addr: ln.Addr().String(), dataDir: filepath.Join(dir, "data"), args: args}
 	ln.Close()
 	p.start()
 	t.Cleanup(func() {
@@ -83,7 +86,7 @@ func newLedgerProcess(t *testing.T, dir string) *ledgerProcess {
 // start runs the process and waits until it is ready.
 func (p *ledgerProcess) start() {
 	p.t.Helper()
-	p.serve = exec.Command(ledgerBinary(p.t), "serve", "--addr", p.addr, "--data-dir", p.dataDir, "--log-level", "warn")
+	p.serve = exec.Command(ledgerBinary(p.t), append([]string{"serve", "--addr", p.addr, "--data-dir", p.dataDir, "--log-level", "warn"}, p.args...)...)
 	childproc.DieWithParent(p.serve)
 	p.serve.Stdout, p.serve.Stderr = &p.logs, &p.logs
 	if err := p.serve.Start(); err != nil {
