@@ -249,3 +249,36 @@ func TestResolveUnknownSettlesAStartThatLandsBeforeItsRelease(t *testing.T) {
 	}
 	l.audit(t)
 }
+
+// A Start whose answer was lost landed; the release answers "already
+// started" and the zero settle is answered: the ledger says the
+// reservation ended, so Run lets the receipt go at once (nothing is left
+// pending or resent) and the reservation is SETTLED with zero usage when
+// Run returns. A resend after Run returned is held here, so a receipt
+// kept by mistake stays in PendingUnknown.
+func TestAbandonedStartIsNotKeptWhenItsZeroSettleIsAnswered(t *testing.T) {
+	l := startLedger(t)
+	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 10_000})
+	var returned atomic.Bool
+	hold := make(chan struct{})
+	f := faultyCalls{next: http.DefaultTransport, faults: map[string]callFault{startCall: answerLost, getCall: requestLost},
+		before: map[string]func(){settleCall: func() {
+			if returned.Load() {
+				<-hold
+			}
+		}}}
+	c := newFaultyClient(t, l, f)
+	t.Cleanup(func() { close(hold) }) // before c.Close (cleanups run last first)
+	_, err := c.Run(context.Background(), ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 100}},
+		func(context.Context) (Units, error) { t.Error("work ran"); return nil, nil })
+	returned.Store(true)
+	lost := mustErrAs[*LostError](t, err)
+	if pending := c.PendingUnknown(); len(pending) != 0 {
+		t.Fatalf("pending %+v: the zero settle was answered, nothing is left to resolve", pending)
+	}
+	got, err := l.direct.GetReservation(context.Background(), lost.ReservationID)
+	if err != nil || !isState(got, ledgerv1.ReservationState_RESERVATION_STATE_SETTLED) || got.GetActualUnits()["tokens"] != 0 {
+		t.Fatalf("reservation %v actual %v (%v): want SETTLED with zero usage when Run returns", got.GetState(), got.GetActualUnits(), err)
+	}
+	l.audit(t)
+}

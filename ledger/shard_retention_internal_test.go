@@ -68,3 +68,27 @@ func TestOwnUnknownNames(t *testing.T) {
 		}
 	}
 }
+
+// SortedRetainedShards lists the totals in account key order (subject,
+// route, region, generation), whatever order the meta rows came in.
+func TestSortedRetainedShardsInAccountOrder(t *testing.T) {
+	keys := []AccountKey{
+		{Subject: "a", Route: "chat", Region: "eu", Generation: 2},
+		{Subject: "a", Route: "chat", Region: "eu", Generation: 10},
+		{Subject: "a", Route: "chat", Region: "us", Generation: 1},
+		{Subject: "b", Route: "batch", Region: "eu", Generation: 1},
+	}
+	by := map[AccountKey]*RetainedShards{}
+	for i := len(keys) - 1; i >= 0; i-- {
+		by[keys[i]] = &RetainedShards{Account: keys[i], Shards: int64(i + 1)}
+	}
+	got := SortedRetainedShards(by)
+	if len(got) != len(keys) {
+		t.Fatalf("%d totals, want %d", len(got), len(keys))
+	}
+	for i, k := range keys {
+		if got[i].Account != k || got[i].Shards != int64(i+1) {
+			t.Errorf("totals %d: %+v, want account %+v with %d shards", i, got[i], k, i+1)
+		}
+	}
+}

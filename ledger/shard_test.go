@@ -845,6 +845,14 @@ func TestShardAuditLegacyRemintReceipts(t *testing.T) {
 	if remintFound(snap) {
 		t.Errorf("a legacy receipt of the stored shard's remint, its replica's clock 30 s behind: %v", ledger.Audit(snap))
 	}
+	m.At = sh.IssuedAt.Add(-time.Minute) // "up to a minute before": the minute itself included
+	if remintFound(snap) {
+		t.Errorf("a legacy receipt of the stored shard's remint, its replica's clock a minute behind: %v", ledger.Audit(snap))
+	}
+	m.At = sh.IssuedAt.Add(-time.Minute - time.Nanosecond)
+	if !remintFound(snap) {
+		t.Errorf("a legacy receipt of a remint over a minute before the stored shard was issued: %v, want %s", ledger.Audit(snap), ledger.CheckShardRemint)
+	}
 	m.At = sh.IssuedAt.Add(-2 * time.Minute)
 	if !remintFound(snap) {
 		t.Errorf("a legacy receipt of a remint before the stored shard was issued: %v, want %s", ledger.Audit(snap), ledger.CheckShardRemint)
@@ -856,5 +864,48 @@ func TestShardAuditLegacyRemintReceipts(t *testing.T) {
 	m.ReceiptID = ledger.ShardRemintReceipt(&other, 1)
 	if !remintFound(snap) {
 		t.Errorf("a receipt of another shard under the id: %v, want %s", ledger.Audit(snap), ledger.CheckShardRemint)
+	}
+	// A receipt whose issue time does not read as a number is no shard's,
+	// not a legacy one (which would be the stored shard's by its time).
+	snap = c.m.Snapshot()
+	m, _ = remintOf(snap)
+	m.ReceiptID = "shard-remint:sh-1:x17.1"
+	if !remintFound(snap) {
+		t.Errorf("a receipt with a malformed issue time: %v, want %s", ledger.Audit(snap), ledger.CheckShardRemint)
+	}
+}
+
+// Remint receipt ids read back: the shard id (colons included) and the
+// issue time of ShardRemintReceipt, none for LegacyShardRemintReceipt,
+// -1 for an issue time that is not a number, and no shard for an id of
+// another form.
+func TestShardRemintReceiptsReadBack(t *testing.T) {
+	issued := time.Date(2026, 12, 5, 20, 0, 0, 123, time.UTC)
+	for _, c := range []struct {
+		receipt string
+		shard   string
+		issued  int64
+		marked  bool
+	}{
+		{ledger.ShardRemintReceipt(&ledger.Shard{ID: "sh-1", IssuedAt: issued}, 3), "sh-1", issued.UnixNano(), true},
+		{ledger.ShardRemintReceipt(&ledger.Shard{ID: "gw:b1:sh.2", IssuedAt: issued}, 1), "gw:b1:sh.2", issued.UnixNano(), true},
+		{ledger.LegacyShardRemintReceipt("sh-1", 2), "sh-1", 0, false},
+		{ledger.LegacyShardRemintReceipt("gw:b1:sh.2", 2), "gw:b1:sh.2", 0, false},
+		{"shard-remint:sh-1:x17.1", "sh-1", -1, true},
+	} {
+		if id, ok := ledger.ShardOfRemint(c.receipt); !ok || id != c.shard {
+			t.Errorf("ShardOfRemint(%q) = %q %v, want %q", c.receipt, id, ok, c.shard)
+		}
+		if n, marked := ledger.ShardRemintIssued(c.receipt); n != c.issued || marked != c.marked {
+			t.Errorf("ShardRemintIssued(%q) = %d %v, want %d %v", c.receipt, n, marked, c.issued, c.marked)
+		}
+	}
+	if got := ledger.LegacyShardRemintReceipt("sh-1", 2); got != "shard-remint:sh-1:2" {
+		t.Errorf("legacy receipt %q, want shard-remint:sh-1:2 (the form stored before receipts carried the issue time)", got)
+	}
+	for _, receipt := range []string{"move-1", "shard-remint-sh-1:1", "shard-remint:sh-1"} {
+		if id, ok := ledger.ShardOfRemint(receipt); ok {
+			t.Errorf("ShardOfRemint(%q) = %q, want no shard", receipt, id)
+		}
 	}
 }

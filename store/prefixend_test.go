@@ -18,6 +18,7 @@ func TestPrefixEnd(t *testing.T) {
 		{"tenant-é", "tenant-ê"},
 		{"x\u007f", "x\u0080"},
 		{"x\ud7ff", "x\ue000"},
+		{"x\ufffd", "x\ufffe"}, // U+FFFD is a character, not a byte that is not UTF-8
 		{"x\U0010ffff", "y"},
 		{"x\U0010ffff\U0010ffff", "y"},
 		{"", ""},

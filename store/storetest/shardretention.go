@@ -23,6 +23,7 @@ var shardRetentionCases = []struct {
 	{"ShardRetention", testShardRetention},
 	{"ShardRetentionConcurrentReplicas", testShardRetentionConcurrent},
 	{"ShardRetentionEdges", testShardRetentionEdges},
+	{"ShardRetentionRemintsAndLegacyEnds", testShardRetentionRemintsAndLegacyEnds},
 }
 
 // removeShardsBefore runs what the engine's Core.ShardsRemove runs
@@ -504,5 +505,79 @@ func testShardRetentionEdges(t *testing.T, s store.Store) {
 		if _, err := s.ShardGet(ctx, id); err != nil {
 			t.Errorf("kept shard %s: %v", id, err)
 		}
+	}
+}
+
+// testShardRetentionRemintsAndLegacyEnds: the audit holds the remint
+// moves of removed shards to the count their retained totals keep, both
+// ways (a counted move missing, a move beyond the count that mints
+// nothing but charges debt); a shard whose last remint is a legacy
+// receipt ("shard-remint:ID:N", made before receipts carried the issue
+// time) ended at that remint, not at its expiry; and a record with a
+// negative spend is left for the audit, not removed.
+func testShardRetentionRemintsAndLegacyEnds(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	start := time.Date(2026, 7, 21, 9, 0, 0, 0, time.UTC)
+	f := newShardFixture(t, s, "tenant-sl", start)
+	account := ledger.AccountKey{Subject: f.key.Subject, Route: f.key.Route, Region: f.key.Region, Generation: f.gen}
+	for _, id := range []string{"sl-a", "sl-legacy", "sl-negative"} {
+		f.issue(id, 100)
+	}
+	f.now = start.Add(2 * time.Minute)
+	f.reconcile("sl-a", ledger.ShardReceipt{ReservationID: "a1", State: ledger.StateSettled, Reserved: ledger.Amounts{30}, Actual: ledger.Amounts{30}})
+	if n := removeShardsBefore(t, s, start.Add(10*time.Minute), 10); n != 1 {
+		t.Fatalf("removed %d shards, want sl-a", n)
+	}
+	auditClean(t, s)
+	remints := "shard_retained/tenant-sl/chat/eu/" + itoa(f.gen) + "/remints"
+	if v, found := metaOf(t, s, remints); !found || v != 1 {
+		t.Fatalf("retained remints %s: %d %v, want 1", remints, v, found)
+	}
+	commit(t, s, &store.Changes{Meta: map[string]int64{remints: 2}})
+	wantCheck(t, "a counted remint move of a removed shard missing", ledger.Audit(mustSnapshot(t, s)), ledger.CheckShardRemint)
+	commit(t, s, &store.Changes{Meta: map[string]int64{remints: 1}})
+	auditClean(t, s)
+	commit(t, s, &store.Changes{Moves: []ledger.Move{{ReceiptID: "shard-remint:sl-a:2", Kind: ledger.MoveShardRemint,
+		From: account, To: account, Debt: ledger.Amounts{5}, At: f.now}}})
+	wantCheck(t, "an uncounted remint move of a removed shard, minting nothing", ledger.Audit(mustSnapshot(t, s)), ledger.CheckShardRemint)
+
+	// Legacy data, planted as rows: sl-legacy reconciled (60 unused) by a
+	// remint 10 minutes after its expiry, under the legacy receipt.
+	legacy, err := s.ShardGet(ctx, "sl-legacy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	remintAt := legacy.ExpiresAt.Add(10 * time.Minute)
+	legacy.Reconciled, legacy.Spent[0], legacy.Reminted[0] = true, 40, 60
+	commit(t, s, &store.Changes{Shards: []ledger.Shard{legacy},
+		Moves: []ledger.Move{{ReceiptID: "shard-remint:sl-legacy:1", Kind: ledger.MoveShardRemint, From: account, To: account,
+			Units: ledger.Amounts{60}, At: remintAt}},
+		Meta: map[string]int64{"shard_moves/sl-legacy": 1}})
+	if n := removeShardsBefore(t, s, remintAt.Add(-time.Second), 10); n != 0 {
+		t.Fatalf("removed %d shards before sl-legacy's legacy remint (ended then, not at its expiry)", n)
+	}
+	if n := removeShardsBefore(t, s, remintAt, 10); n != 1 {
+		t.Fatalf("removed %d shards at sl-legacy's legacy remint, want sl-legacy", n)
+	}
+	_, err = s.ShardGet(ctx, "sl-legacy")
+	mustNotFound(t, "removed shard sl-legacy", err)
+
+	// A store that takes the negative spend (PostgreSQL's CHECK refuses
+	// it) keeps the shard for the audit.
+	negative, err := s.ShardGet(ctx, "sl-negative")
+	if err != nil {
+		t.Fatal(err)
+	}
+	negative.Reconciled, negative.Spent[0], negative.Reminted[0] = true, -10, 110
+	tx, err := s.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if tx.Write(ctx, &store.Changes{Shards: []ledger.Shard{negative}}) != nil || tx.Commit(ctx) != nil {
+		return
+	}
+	if n := removeShardsBefore(t, s, remintAt, 10); n != 0 {
+		t.Errorf("removed %d shards: sl-negative, spending -10, want it kept for the audit", n)
 	}
 }
