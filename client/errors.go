@@ -88,7 +88,10 @@ var (
 //     so this is no proof that this receipt's usage was recorded), and a
 //     hold whose Start never landed was settled, released or expired; or
 //     the ledger was restored without it, or this Client's token no
-//     longer has its subject in scope (the ledger answers the same).
+//     longer has its subject in scope (the ledger answers the same). That
+//     last one can change: the reservation still holds its capacity and
+//     the receipt settles it once the token's scope covers the subject
+//     again, so keep refused receipts if your tokens' scopes can change.
 //
 // Answers that are not final (lost answers, unavailable, a 5xx or 429 of a
 // proxy, an error without the ledger's reason, invalid_argument for the

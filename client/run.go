@@ -438,7 +438,9 @@ func (c *Client) PendingRefused() uint64 { return c.pending.refused.Load() }
 // (or the background resend, below) settled or released its reservation,
 // or got an answer that no call with the receipt can change
 // (ErrReceiptRefused: another settle is recorded, another operation
-// started it, the ledger no longer knows it); or until newer ones push the
+// started it, the ledger no longer knows it or this Client's token no
+// longer has its subject in scope, which can change: see ErrNotFound
+// there); or until newer ones push the
 // oldest past the limit (WithPendingLimit, DefaultPendingLimit; see
 // PendingDropped). One whose usage is known (Actual set) the Client
 // resends itself in the background, with the same ids, once the ledger is

@@ -68,10 +68,15 @@ func runBacklog(ctx context.Context, e *env, args []string) error {
 		})
 	}, func(sofar, next *v1.ListUsageUnknownResponse) *v1.ListUsageUnknownResponse {
 		next.Reservations = append(sofar.Reservations, next.Reservations...)
+		next.OverdueReservationIds = append(sofar.OverdueReservationIds, next.OverdueReservationIds...)
 		return next
 	})
 	if err != nil {
 		return err
+	}
+	if msg.GetResolverConfigured() {
+		// With deadlines, none overdue is an empty list, not no list.
+		return printJSONList(e.stdout, msg, "overdue_reservation_ids")
 	}
 	return printJSONList(e.stdout, msg)
 }

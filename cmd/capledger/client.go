@@ -18,6 +18,7 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	v1 "github.com/capledger/capledger/api/capledger/v1"
 	"github.com/capledger/capledger/api/capledger/v1/capledgerv1connect"
@@ -260,24 +261,63 @@ func printJSONAll(w io.Writer, msg proto.Message) error {
 // in every such answer, is printed as [] when empty, where protojson
 // leaves it out (and printJSON would print {}), so that a script's
 // `jq '.reservations[]'` reads an empty answer as no entries instead of
-// failing on null. Every other field prints as printJSON prints it: the
-// list goes first, where protojson puts it when it is not empty.
-func printJSONList(w io.Writer, msg proto.Message) error {
+// failing on null. So are the other list fields named in also (their
+// proto names), e.g. one the answer has only in some configurations.
+// Every other field prints as printJSON prints it, in protojson's order.
+func printJSONList(w io.Writer, msg proto.Message, also ...protoreflect.Name) error {
 	m := msg.ProtoReflect()
-	list := m.Descriptor().Fields().Get(0)
-	if !list.IsList() {
-		panic(fmt.Sprintf("printJSONList: %s's first field %s is not a list", m.Descriptor().FullName(), list.Name()))
+	fields := m.Descriptor().Fields()
+	lists := []protoreflect.FieldDescriptor{fields.Get(0)}
+	for _, name := range also {
+		lists = append(lists, fields.ByName(name))
 	}
-	if m.Get(list).List().Len() > 0 {
+	empty := map[string]bool{}
+	for _, list := range lists {
+		if list == nil || !list.IsList() {
+			panic(fmt.Sprintf("printJSONList: %s: %v is not a list field", m.Descriptor().FullName(), also))
+		}
+		if m.Get(list).List().Len() == 0 {
+			empty[list.JSONName()] = true
+		}
+	}
+	if len(empty) == 0 {
 		return printJSON(w, msg)
 	}
-	return printJSONEdited(w, protojson.MarshalOptions{}, msg, func(compact []byte) []byte {
-		// compact is {} or {"field":...,...}: put the empty list in front.
-		withList := []byte(`{"` + list.JSONName() + `":[]`)
-		if len(compact) > 2 {
-			withList = append(withList, ',')
+	// Marshal every field for protojson's order, then print those
+	// protojson prints, as it prints them, and the empty lists as [].
+	var present map[string]json.RawMessage
+	raw, err := protojson.Marshal(msg)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(raw, &present); err != nil {
+		return err
+	}
+	return printJSONEdited(w, protojson.MarshalOptions{EmitUnpopulated: true}, msg, func(compact []byte) []byte {
+		dec := json.NewDecoder(bytes.NewReader(compact))
+		out := []byte{'{'}
+		dec.Token() // {
+		for dec.More() {
+			key, _ := dec.Token()
+			var value json.RawMessage
+			if err := dec.Decode(&value); err != nil {
+				panic(fmt.Sprintf("printJSONList: protojson printed %s: %v", compact, err))
+			}
+			name, _ := key.(string)
+			if v, ok := present[name]; ok {
+				value = v // as protojson prints it: no unpopulated fields inside
+			} else if empty[name] {
+				value = json.RawMessage("[]")
+			} else {
+				continue
+			}
+			if len(out) > 1 {
+				out = append(out, ',')
+			}
+			k, _ := json.Marshal(name)
+			out = append(append(append(out, k...), ':'), value...)
 		}
-		return append(withList, compact[1:]...)
+		return append(out, '}')
 	})
 }
 
