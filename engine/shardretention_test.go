@@ -264,3 +264,61 @@ func TestShardsRemovePagesPastAFullPageKept(t *testing.T) {
 		})
 	}
 }
+
+// A settled shard is removed with up to shardUnknownNames receipt
+// counters (receipts it once left unknown, resolved since), so its
+// removal is one bounded transaction; one with a counter more is kept.
+func TestShardsRemoveKeepsAShardWithMoreThanTheReceiptCounterBound(t *testing.T) {
+	for name, open := range memstoreAndSQLite {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			clk := newClock()
+			e := New(open(t), Options{Clock: clk.Now, DisableWorkers: true, Retention: time.Hour, TombstoneRetention: 2 * time.Hour})
+			defer e.Close()
+			p := ledger.Policy{Key: ledger.PolicyKey{Subject: "tenant-7", Route: "chat.generate", Region: "eu"},
+				Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: 1_000_000}}, EmergencyMode: true}.WithDefaults()
+			_, key, _ := ed25519.GenerateKey(bytes.NewReader(make([]byte, 64)))
+			do := func(cmd ledger.Command) {
+				t.Helper()
+				res, err := e.Do(ctx, cmd)
+				if err != nil || res.Err != nil {
+					t.Fatalf("%s: %+v %v", cmd.Kind, res.Err, err)
+				}
+			}
+			do(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p})
+			counters := map[string]int{"sh-at-bound": shardUnknownNames, "sh-past-bound": shardUnknownNames + 1}
+			for id := range counters {
+				do(ledger.Command{Kind: ledger.KindShardIssue, Subject: "tenant-7", Route: "chat.generate", Region: "eu",
+					Units: ledger.Amounts{10}, Shard: &ledger.ShardArgs{ShardID: id, GatewayID: "gw-1", BootEpoch: 1,
+						TTL: time.Minute, KeyID: "k1", Sign: ledger.Ed25519ShardSigner(key)}})
+			}
+			clk.Advance(2 * time.Minute)
+			for id, n := range counters {
+				// n receipts left unknown holding nothing (one counter
+				// each), then resolved: n counters, the shard settled.
+				unknown := []ledger.ShardReceipt{{ReservationID: "s", State: ledger.StateSettled, Actual: ledger.Amounts{3}}}
+				var resolved []ledger.ShardReceipt
+				for i := range n {
+					rid := fmt.Sprintf("u-%d", i)
+					unknown = append(unknown, ledger.ShardReceipt{ReservationID: rid, State: ledger.StateUsageUnknown})
+					resolved = append(resolved, ledger.ShardReceipt{ReservationID: rid, State: ledger.StateSettled, Actual: ledger.Amounts{0}})
+				}
+				do(ledger.Command{Kind: ledger.KindShardReconcile, Shard: &ledger.ShardArgs{ShardID: id, GatewayID: "gw-1", Receipts: unknown}})
+				do(ledger.Command{Kind: ledger.KindShardReconcile, Shard: &ledger.ShardArgs{ShardID: id, GatewayID: "gw-1", Receipts: resolved}})
+				names, err := e.core.store.MetaNames(ctx, ledger.ShardUnknownPrefix(id), 2*shardUnknownNames)
+				if err != nil || len(names) != n {
+					t.Fatalf("shard %s: %d receipt counters, %v; want %d", id, len(names), err, n)
+				}
+			}
+			clk.Advance(2 * time.Hour)
+			n, err := e.core.ShardsRemove(ctx, clk.Now(), shardRemovePage, nil)
+			if err != nil || n != 1 {
+				t.Fatalf("ShardsRemove: removed %d, %v; want only sh-at-bound", n, err)
+			}
+			list, err := e.Shards(ctx)
+			if err != nil || len(list) != 1 || list[0].ID != "sh-past-bound" {
+				t.Fatalf("kept shards %+v, %v: want sh-past-bound only", list, err)
+			}
+		})
+	}
+}
