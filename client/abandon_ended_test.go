@@ -28,6 +28,31 @@ func (h *heldAfterReturn) wait() {
 
 func (h *heldAfterReturn) release() { h.once.Do(func() { close(h.hold) }) }
 
+// runAbandonedStart runs a Run of 100 tokens of tenant-7/chat.generate
+// under id through f, with h holding every settle and release sent after
+// Run returns (until h.release, at the latest at cleanup), and wants Run
+// to answer a *LostError without running the work.
+func runAbandonedStart(t *testing.T, l *testLedger, h *heldAfterReturn, f faultyCalls, id string) *Client {
+	t.Helper()
+	c := newFaultyClient(t, l, f)
+	t.Cleanup(h.release) // before c.Close (cleanups run last first)
+	_, err := c.Run(context.Background(), ReserveRequest{ReservationID: id, Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 100}},
+		func(context.Context) (Units, error) { t.Error("work ran"); return nil, nil })
+	h.returned.Store(true)
+	mustErrAs[*LostError](t, err)
+	return c
+}
+
+// wantNothingHeld wants tenant-7/chat.generate to hold nothing reserved
+// and to have spent exactly spent tokens, and the audit to be clean.
+func wantNothingHeld(t *testing.T, l *testLedger, spent int64) {
+	t.Helper()
+	if b := l.balance(t, "tenant-7", "chat.generate"); b.GetReserved() != 0 || b.GetSpent() != spent {
+		t.Fatalf("reserved %d spent %d, want 0 and %d", b.GetReserved(), b.GetSpent(), spent)
+	}
+	l.audit(t)
+}
+
 // A Start whose request was lost never landed, and the hold expired before
 // Run undid it: the release answers RESERVATION_EXPIRED, the ledger's word
 // that the reservation ended. Run keeps nothing (it used to be a receipt
@@ -58,12 +83,7 @@ func TestAbandonedStartIsNotKeptWhenItsHoldExpired(t *testing.T) {
 				}
 			},
 		}}
-	c := newFaultyClient(t, l, f)
-	t.Cleanup(h.release) // before c.Close (cleanups run last first)
-	_, err := c.Run(context.Background(), ReserveRequest{ReservationID: id, Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 100}},
-		func(context.Context) (Units, error) { t.Error("work ran"); return nil, nil })
-	h.returned.Store(true)
-	mustErrAs[*LostError](t, err)
+	c := runAbandonedStart(t, l, h, f, id)
 	if pending := c.PendingUnknown(); len(pending) != 0 {
 		t.Fatalf("pending %+v: the release answered EXPIRED, nothing is left to resolve", pending)
 	}
@@ -71,10 +91,7 @@ func TestAbandonedStartIsNotKeptWhenItsHoldExpired(t *testing.T) {
 	if err != nil || !isState(got, ledgerv1.ReservationState_RESERVATION_STATE_EXPIRED) {
 		t.Fatalf("reservation %v (%v): want EXPIRED", got.GetState(), err)
 	}
-	if b := l.balance(t, "tenant-7", "chat.generate"); b.GetReserved() != 0 || b.GetSpent() != 0 {
-		t.Fatalf("reserved %d spent %d, want 0 and 0", b.GetReserved(), b.GetSpent())
-	}
-	l.audit(t)
+	wantNothingHeld(t, l, 0)
 }
 
 // A Start whose answer was lost landed; the release answers "already
@@ -106,12 +123,7 @@ func TestAbandonedStartIsNotKeptWhenSettledBeforeItsZeroSettle(t *testing.T) {
 				}
 			},
 		}}
-	c := newFaultyClient(t, l, f)
-	t.Cleanup(h.release) // before c.Close (cleanups run last first)
-	_, err := c.Run(context.Background(), ReserveRequest{ReservationID: id, Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 100}},
-		func(context.Context) (Units, error) { t.Error("work ran"); return nil, nil })
-	h.returned.Store(true)
-	mustErrAs[*LostError](t, err)
+	c := runAbandonedStart(t, l, h, f, id)
 	if pending := c.PendingUnknown(); len(pending) != 0 {
 		t.Fatalf("pending %+v: the zero settle answered ALREADY_SETTLED, nothing is left to resolve", pending)
 	}
@@ -119,10 +131,7 @@ func TestAbandonedStartIsNotKeptWhenSettledBeforeItsZeroSettle(t *testing.T) {
 	if err != nil || !isState(got, ledgerv1.ReservationState_RESERVATION_STATE_SETTLED) || got.GetActualUnits()["tokens"] != 40 {
 		t.Fatalf("reservation %v actual %v (%v): want SETTLED with the operator's 40 tokens", got.GetState(), got.GetActualUnits(), err)
 	}
-	if b := l.balance(t, "tenant-7", "chat.generate"); b.GetReserved() != 0 || b.GetSpent() != 40 {
-		t.Fatalf("reserved %d spent %d, want 0 and 40", b.GetReserved(), b.GetSpent())
-	}
-	l.audit(t)
+	wantNothingHeld(t, l, 40)
 }
 
 // A Start whose request was lost never landed; the release that undoes it
@@ -138,12 +147,7 @@ func TestAbandonedStartIsKeptWhenItsReleaseAnswerIsLost(t *testing.T) {
 	f := faultyCalls{next: http.DefaultTransport, healed: healed,
 		faults: map[string]callFault{startCall: requestLost, getCall: requestLost, releaseCall: answerLost},
 		before: map[string]func(){settleCall: h.wait, releaseCall: h.wait}}
-	c := newFaultyClient(t, l, f)
-	t.Cleanup(h.release) // before c.Close (cleanups run last first)
-	_, err := c.Run(context.Background(), ReserveRequest{ReservationID: id, Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 100}},
-		func(context.Context) (Units, error) { t.Error("work ran"); return nil, nil })
-	h.returned.Store(true)
-	mustErrAs[*LostError](t, err)
+	c := runAbandonedStart(t, l, h, f, id)
 	got, err := l.direct.GetReservation(context.Background(), id)
 	if err != nil || !isState(got, ledgerv1.ReservationState_RESERVATION_STATE_RELEASED) {
 		t.Fatalf("reservation %v (%v): want RELEASED (the release landed)", got.GetState(), err)
@@ -158,8 +162,5 @@ func TestAbandonedStartIsKeptWhenItsReleaseAnswerIsLost(t *testing.T) {
 	if left := c.PendingUnknown(); len(left) != 0 {
 		t.Fatalf("pending %+v after the resend", left)
 	}
-	if b := l.balance(t, "tenant-7", "chat.generate"); b.GetReserved() != 0 || b.GetSpent() != 0 {
-		t.Fatalf("reserved %d spent %d, want 0 and 0", b.GetReserved(), b.GetSpent())
-	}
-	l.audit(t)
+	wantNothingHeld(t, l, 0)
 }

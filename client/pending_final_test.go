@@ -151,15 +151,7 @@ func TestResendDropsAReceiptSettledByAnotherSettle(t *testing.T) {
 	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 10_000})
 	var refused refusals
 	c := l.viaProxy(t, append(resendTestOptions, refused.option())...)
-	_, err := c.Run(context.Background(), ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 100}},
-		func(ctx context.Context) (Units, error) {
-			l.proxy.SetFaults(faultsPartition)
-			for c.Breaker().State != BreakerOpen {
-				c.GetReservation(ctx, "rl-anything")
-			}
-			return Units{"tokens": 40}, nil
-		})
-	receipt := mustErrAs[*UsageUnknownError](t, err).Receipt
+	receipt := runWithSettleUnsent(t, l, c, Units{"tokens": 40})
 	if p := c.PendingUnknown(); len(p) != 1 || p[0].Actual["tokens"] != 40 {
 		t.Fatalf("pending %+v, want the unsent settle", p)
 	}
@@ -184,10 +176,7 @@ func TestResendDropsAReceiptSettledByAnotherSettle(t *testing.T) {
 	if err != nil || got.GetActualUnits()["tokens"] != 70 {
 		t.Fatalf("reservation %v %v, want the operator's 70 tokens", got, err)
 	}
-	if b := l.balance(t, "tenant-7", "chat.generate"); b.GetSpent() != 70 || b.GetReserved() != 0 {
-		t.Fatalf("spent %d reserved %d, want 70 and 0", b.GetSpent(), b.GetReserved())
-	}
-	l.audit(t)
+	wantNothingHeld(t, l, 70)
 }
 
 // Once the ledger binary's retention removed a settled reservation and
@@ -282,13 +271,8 @@ func TestResolveUnknownKeepsTheReceiptOnAnswersThatAreNotFinal(t *testing.T) {
 	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 10_000})
 	in, inAddr := startIntermediary(t, l.proxy.Addr())
 	var refused refusals
-	c, err := New(inAddr, WithTimeout(time.Second), WithRetryPolicy(RetryPolicy{MaxAttempts: 2, BaseDelay: time.Millisecond}),
-		WithBreaker(BreakerPolicy{Disabled: true}), refused.option())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	_, err = c.Run(ctx, ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 100}}, unknownWork)
+	c := newViaIntermediary(t, inAddr, refused.option())
+	_, err := c.Run(ctx, ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 100}}, unknownWork)
 	receipt := mustErrAs[*UsageUnknownError](t, err).Receipt
 	usage := Units{"tokens": 40, "requests": 0}
 
@@ -327,10 +311,7 @@ func TestResolveUnknownKeepsTheReceiptOnAnswersThatAreNotFinal(t *testing.T) {
 	if receipts, _ := refused.get(); len(receipts) != 0 || c.PendingRefused() != 0 {
 		t.Fatalf("refused %+v", receipts)
 	}
-	if b := l.balance(t, "tenant-7", "chat.generate"); b.GetSpent() != 40 || b.GetReserved() != 0 {
-		t.Fatalf("spent %d reserved %d, want 40 and 0", b.GetSpent(), b.GetReserved())
-	}
-	l.audit(t)
+	wantNothingHeld(t, l, 40)
 }
 
 // A settle a proxy in between refused (HTTP 429: the ledger never
@@ -342,13 +323,8 @@ func TestSettlesAProxyRefusedOrLostAreKeptUntilTheyLand(t *testing.T) {
 	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 10_000})
 	in, inAddr := startIntermediary(t, l.addr)
 	var refused refusals
-	c, err := New(inAddr, WithTimeout(time.Second), WithRetryPolicy(RetryPolicy{MaxAttempts: 2, BaseDelay: time.Millisecond}),
-		WithBreaker(BreakerPolicy{Disabled: true}), refused.option())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	_, err = c.Run(context.Background(), ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 100}},
+	c := newViaIntermediary(t, inAddr, refused.option())
+	_, err := c.Run(context.Background(), ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 100}},
 		func(context.Context) (Units, error) {
 			// The settle meets a 429; the first resends get 503s (two
 			// attempts each) and a 429 again.
@@ -500,4 +476,35 @@ func TestRunWhoseLostSettleWasOvertakenIsRefused(t *testing.T) {
 		t.Fatalf("reservation %v %v, want the operator's 70 tokens", got, err)
 	}
 	l.audit(t)
+}
+
+// runWithSettleUnsent runs a Run of 100 tokens of tenant-7/chat.generate
+// on c (a Client through l's proxy) whose work cuts the ledger off and
+// waits for c's breaker to open before it reports usage, so the settle
+// is not sent; it wants a *UsageUnknownError and returns its receipt.
+func runWithSettleUnsent(t *testing.T, l *testLedger, c *Client, usage Units) OperationReceipt {
+	t.Helper()
+	_, err := c.Run(context.Background(), ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 100}},
+		func(ctx context.Context) (Units, error) {
+			l.proxy.SetFaults(faultsPartition)
+			for c.Breaker().State != BreakerOpen {
+				c.GetReservation(ctx, "rl-anything")
+			}
+			return usage, nil
+		})
+	return mustErrAs[*UsageUnknownError](t, err).Receipt
+}
+
+// newViaIntermediary returns a Client of addr (an intermediary's) that
+// waits a second for an answer, tries a call twice and has no breaker,
+// closed at cleanup.
+func newViaIntermediary(t *testing.T, addr string, opts ...Option) *Client {
+	t.Helper()
+	c, err := New(addr, append([]Option{WithTimeout(time.Second), WithRetryPolicy(RetryPolicy{MaxAttempts: 2, BaseDelay: time.Millisecond}),
+		WithBreaker(BreakerPolicy{Disabled: true})}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
 }

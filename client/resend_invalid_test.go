@@ -15,15 +15,7 @@ func TestResentSettleRefusedAsInvalidStaysForTheCaller(t *testing.T) {
 	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 10_000})
 	var refused refusals
 	c := l.viaProxy(t, append(resendTestOptions, refused.option())...)
-	_, err := c.Run(context.Background(), ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 100}},
-		func(ctx context.Context) (Units, error) {
-			l.proxy.SetFaults(faultsPartition)
-			for c.Breaker().State != BreakerOpen {
-				c.GetReservation(ctx, "rl-anything")
-			}
-			return Units{"tokens": 40, "pixels": 1}, nil
-		})
-	receipt := mustErrAs[*UsageUnknownError](t, err).Receipt
+	receipt := runWithSettleUnsent(t, l, c, Units{"tokens": 40, "pixels": 1})
 	l.proxy.SetFaults(faultsNone)
 	waitResendsDone(c)
 	// The resend was refused: the reservation is still STARTED.

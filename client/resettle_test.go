@@ -191,15 +191,7 @@ func TestKeptSettleIsResentWithTheUsageReportedThen(t *testing.T) {
 	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 10_000})
 	c := l.viaProxy(t, resendTestOptions...)
 	usage := Units{"tokens": 40, "requests": 0}
-	_, err := c.Run(context.Background(), ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 100}},
-		func(ctx context.Context) (Units, error) {
-			l.proxy.SetFaults(faultsPartition)
-			for c.Breaker().State != BreakerOpen {
-				c.GetReservation(ctx, "rl-anything")
-			}
-			return usage, nil
-		})
-	unknown := mustErrAs[*UsageUnknownError](t, err)
+	receipt := runWithSettleUnsent(t, l, c, usage)
 	usage["tokens"] = 90 // the gateway reuses its map for the next request
 	if p := c.PendingUnknown(); len(p) != 1 || p[0].Actual["tokens"] != 40 {
 		t.Fatalf("pending %+v, want the receipt with the 40 tokens reported", p)
@@ -208,7 +200,7 @@ func TestKeptSettleIsResentWithTheUsageReportedThen(t *testing.T) {
 	for len(c.PendingUnknown()) != 0 {
 		time.Sleep(10 * time.Millisecond)
 	}
-	got, err := l.direct.GetReservation(context.Background(), unknown.Receipt.ReservationID)
+	got, err := l.direct.GetReservation(context.Background(), receipt.ReservationID)
 	if err != nil || !isState(got, ledgerv1.ReservationState_RESERVATION_STATE_SETTLED) || got.GetActualUnits()["tokens"] != 40 {
 		t.Fatalf("after the ledger came back: %v %v, want settled with 40 tokens", got, err)
 	}

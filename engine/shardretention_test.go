@@ -222,20 +222,7 @@ func TestShardsRemovePagesPastAFullPageKept(t *testing.T) {
 	for name, open := range memstoreAndSQLite {
 		t.Run(name, func(t *testing.T) {
 			ctx := context.Background()
-			clk := newClock()
-			e := New(open(t), Options{Clock: clk.Now, DisableWorkers: true, Retention: time.Hour, TombstoneRetention: 2 * time.Hour})
-			defer e.Close()
-			p := ledger.Policy{Key: ledger.PolicyKey{Subject: "tenant-7", Route: "chat.generate", Region: "eu"},
-				Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: 1_000_000}}, EmergencyMode: true}.WithDefaults()
-			_, key, _ := ed25519.GenerateKey(bytes.NewReader(make([]byte, 64)))
-			do := func(cmd ledger.Command) {
-				t.Helper()
-				res, err := e.Do(ctx, cmd)
-				if err != nil || res.Err != nil {
-					t.Fatalf("%s: %+v %v", cmd.Kind, res, err)
-				}
-			}
-			do(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p})
+			e, clk, key, do := newShardRemoveRig(t, open(t))
 			for i := range 7 {
 				id := fmt.Sprintf("sh-%d", i)
 				do(ledger.Command{Kind: ledger.KindShardIssue, Subject: "tenant-7", Route: "chat.generate", Region: "eu",
@@ -272,20 +259,7 @@ func TestShardsRemoveKeepsAShardWithMoreThanTheReceiptCounterBound(t *testing.T)
 	for name, open := range memstoreAndSQLite {
 		t.Run(name, func(t *testing.T) {
 			ctx := context.Background()
-			clk := newClock()
-			e := New(open(t), Options{Clock: clk.Now, DisableWorkers: true, Retention: time.Hour, TombstoneRetention: 2 * time.Hour})
-			defer e.Close()
-			p := ledger.Policy{Key: ledger.PolicyKey{Subject: "tenant-7", Route: "chat.generate", Region: "eu"},
-				Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: 1_000_000}}, EmergencyMode: true}.WithDefaults()
-			_, key, _ := ed25519.GenerateKey(bytes.NewReader(make([]byte, 64)))
-			do := func(cmd ledger.Command) {
-				t.Helper()
-				res, err := e.Do(ctx, cmd)
-				if err != nil || res.Err != nil {
-					t.Fatalf("%s: %+v %v", cmd.Kind, res.Err, err)
-				}
-			}
-			do(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p})
+			e, clk, key, do := newShardRemoveRig(t, open(t))
 			counters := map[string]int{"sh-at-bound": shardUnknownNames, "sh-past-bound": shardUnknownNames + 1}
 			for id := range counters {
 				do(ledger.Command{Kind: ledger.KindShardIssue, Subject: "tenant-7", Route: "chat.generate", Region: "eu",
@@ -321,4 +295,28 @@ func TestShardsRemoveKeepsAShardWithMoreThanTheReceiptCounterBound(t *testing.T)
 			}
 		})
 	}
+}
+
+// newShardRemoveRig starts an engine on st (workers off, retention an
+// hour, tombstones two hours) with an emergency-mode policy for
+// tenant-7/chat.generate/eu published, and returns it, its clock, the
+// key shards are signed with and do, which fails the test unless a
+// command is applied without error.
+func newShardRemoveRig(t *testing.T, st store.Store) (*Engine, *clock, ed25519.PrivateKey, func(ledger.Command)) {
+	t.Helper()
+	clk := newClock()
+	e := New(st, Options{Clock: clk.Now, DisableWorkers: true, Retention: time.Hour, TombstoneRetention: 2 * time.Hour})
+	t.Cleanup(func() { e.Close() })
+	p := ledger.Policy{Key: ledger.PolicyKey{Subject: "tenant-7", Route: "chat.generate", Region: "eu"},
+		Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: 1_000_000}}, EmergencyMode: true}.WithDefaults()
+	_, key, _ := ed25519.GenerateKey(bytes.NewReader(make([]byte, 64)))
+	do := func(cmd ledger.Command) {
+		t.Helper()
+		res, err := e.Do(context.Background(), cmd)
+		if err != nil || res.Err != nil {
+			t.Fatalf("%s: %+v %v", cmd.Kind, res.Err, err)
+		}
+	}
+	do(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p})
+	return e, clk, key, do
 }

@@ -202,6 +202,23 @@ func runBinary(t *testing.T, bin string, args ...string) (string, int) {
 	return string(out), 0
 }
 
+// cliAgainst runs the built binary with args and --addr url (no
+// CAPLEDGER_ADDR from the environment), fails the test on any error or
+// non-zero exit, and returns what it printed on stdout.
+func cliAgainst(t *testing.T, bin, url string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(bin, append(args, "--addr", url)...)
+	cmd.Env = withoutAddr()
+	childproc.DieWithParent(cmd)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("capledger %s: %v\n%s%s", strings.Join(args, " "), err, out, stderr.String())
+	}
+	return string(out)
+}
+
 func withoutAddr() []string {
 	var env []string
 	for _, kv := range os.Environ() {

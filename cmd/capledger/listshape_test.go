@@ -1,16 +1,12 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
-	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
-
-	"github.com/capledger/capledger/internal/childproc"
 )
 
 // TestContractCLIOutputShapes: README ("The capledger command"): a client
@@ -25,16 +21,7 @@ func TestContractCLIOutputShapes(t *testing.T) {
 	srv := startServer(t, bin, filepath.Join(dir, "data"))
 	cli := func(args ...string) string {
 		t.Helper()
-		cmd := exec.Command(bin, append(args, "--addr", srv.url)...)
-		cmd.Env = withoutAddr()
-		childproc.DieWithParent(cmd)
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
-		out, err := cmd.Output()
-		if err != nil {
-			t.Fatalf("capledger %s: %v\n%s%s", strings.Join(args, " "), err, out, stderr.String())
-		}
-		return string(out)
+		return cliAgainst(t, bin, srv.url, args...)
 	}
 	api := func(method, body string) map[string]any {
 		t.Helper()

@@ -1,16 +1,11 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
-	"os/exec"
 	"path/filepath"
 	"reflect"
-	"strings"
 	"testing"
 	"time"
-
-	"github.com/capledger/capledger/internal/childproc"
 )
 
 // TestContractBacklogOverdueList: with serve --resolver-config, backlog's
@@ -26,16 +21,7 @@ func TestContractBacklogOverdueList(t *testing.T) {
 	srv := startServer(t, bin, filepath.Join(dir, "data"), "--resolver-config", resolver)
 	cli := func(args ...string) string {
 		t.Helper()
-		cmd := exec.Command(bin, append(args, "--addr", srv.url)...)
-		cmd.Env = withoutAddr()
-		childproc.DieWithParent(cmd)
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
-		out, err := cmd.Output()
-		if err != nil {
-			t.Fatalf("capledger %s: %v\n%s%s", strings.Join(args, " "), err, out, stderr.String())
-		}
-		return string(out)
+		return cliAgainst(t, bin, srv.url, args...)
 	}
 	backlog := func(args ...string) map[string]any {
 		t.Helper()
