@@ -323,9 +323,11 @@ func (c *Client) start(ctx context.Context, receipt OperationReceipt) (*ledgerv1
 // ResolveUnknown: the Start may have landed, or may still land, and only
 // this operation id can settle it. Only the ledger's answer that the
 // reservation has ended (released, expired, settled) or another final
-// answer (ErrReceiptRefused: another operation started it, the ledger does
-// not know it; either way this Start never landed and never will) lets it
-// go.
+// answer lets it go (ErrReceiptRefused): another operation started it
+// (this Start never landed and never will), or the ledger does not know
+// it (restored without it, or the token's scope no longer covers its
+// subject; then a Start that landed is marked USAGE_UNKNOWN by the
+// execution limit and waits in the ledger's backlog, ListUsageUnknown).
 func (c *Client) abandonStart(ctx context.Context, receipt OperationReceipt) {
 	actx, cancel := c.detached(ctx)
 	defer cancel()
