@@ -2,10 +2,12 @@ package main
 
 import (
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/capledger/capledger/internal/tmpfs"
 	"github.com/capledger/capledger/store/open"
@@ -30,10 +32,34 @@ func TestBackupWhileServingThenRestoreOverACrashedWAL(t *testing.T) {
 	}
 	reserve("r1")
 
+	// Gateways go on reserving and settling while the copy is made; the
+	// copy is one point in time, so it audits sound.
+	stop, loaded := make(chan struct{}), make(chan int)
+	go func() {
+		client, n := &http.Client{Timeout: 10 * time.Second}, 0
+		for ; ; n++ {
+			select {
+			case <-stop:
+				loaded <- n
+				return
+			default:
+			}
+			id := fmt.Sprintf("load-%d", n)
+			if status, body := post(client, srv.url, "Reserve", fmt.Sprintf(`{"reservationId":%q,"subject":"tenant-7","route":"chat","units":{"tokens":1}}`, id)); status != 200 {
+				t.Errorf("reserve %s beside the backup: %d %v", id, status, body)
+			}
+			post(client, srv.url, "Release", fmt.Sprintf(`{"reservationId":%q}`, id))
+		}
+	}()
 	backup := filepath.Join(t.TempDir(), "bk")
 	out, code := runBinary(t, bin, "backup", "--data-dir", dir, backup)
+	close(stop)
+	t.Logf("%d reserves and releases beside the backup", <-loaded)
 	if code != exitOK || !strings.Contains(out, "shard keys: copied") {
 		t.Fatalf("backup while serving: exit %d, %s", code, out)
+	}
+	if r := auditBinary(t, bin, exitOK, "--data-dir", backup); len(r.Discrepancies) != 0 {
+		t.Fatalf("the backup made under load: %+v", r)
 	}
 	if a, b := fileHash(t, filepath.Join(dir, "shard-keys")), fileHash(t, filepath.Join(backup, "shard-keys")); a != b {
 		t.Fatal("the backup's shard keys differ from the data directory's")
