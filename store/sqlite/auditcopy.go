@@ -84,39 +84,15 @@ func copyForAudit(ctx context.Context, dir string, src *sql.Conn, stepPages int,
 	if err := src.QueryRowContext(ctx, "PRAGMA page_size").Scan(&pageSize); err != nil {
 		return nil, fmt.Errorf("audit copy: %w", translate(ctx, err))
 	}
-	var copyConn driver.Conn
-	err = src.Raw(func(dc any) error {
-		conn, ok := dc.(interface {
-			NewBackup(dstURI string) (*sqlite.Backup, error)
-		})
-		if !ok {
-			return fmt.Errorf("driver connection %T has no online backup", dc)
-		}
-		backup, err := conn.NewBackup(dst)
-		if err != nil {
-			return err
-		}
+	copyConn, pages, err := onlineBackup(ctx, src, dst, stepPages, func() {
 		// SQLite holds the file open from here: unlink it.
 		if os.Remove(name) == nil {
 			cp.path = ""
 		}
-		for {
-			more, err := backup.Step(int32(stepPages))
-			size = int64(backup.PageCount()) * pageSize
-			if err != nil {
-				return errors.Join(err, backup.Finish())
-			}
-			store.Pause(ctx, progress(backup.PageCount()-backup.Remaining(), backup.PageCount()))
-			if err := ctx.Err(); err != nil {
-				return errors.Join(err, backup.Finish())
-			}
-			if !more {
-				break
-			}
-		}
-		copyConn, err = backup.Commit()
-		return err
+	}, func(done, total int) {
+		store.Pause(ctx, progress(done, total))
 	})
+	size = int64(pages) * pageSize
 	if err == nil {
 		err = rollbackHeader(f)
 	}
@@ -141,6 +117,46 @@ func copyForAudit(ctx context.Context, dir string, src *sql.Conn, stepPages int,
 		return nil, fmt.Errorf("audit copy: %w", translate(ctx, err))
 	}
 	return cp, nil
+}
+
+// onlineBackup copies the database src's connection reads into the
+// database dstDSN names with SQLite's online backup, stepPages pages a
+// step: opened is called once SQLite holds the destination open, and
+// progress after every step with the pages copied and in all. With a
+// read transaction open on src, the copy is that transaction's view
+// (commits by other connections do not restart it). It returns the
+// destination's connection (the caller closes it) and the pages in all.
+func onlineBackup(ctx context.Context, src *sql.Conn, dstDSN string, stepPages int, opened func(), progress func(done, total int)) (copyConn driver.Conn, pages int, err error) {
+	err = src.Raw(func(dc any) error {
+		conn, ok := dc.(interface {
+			NewBackup(dstURI string) (*sqlite.Backup, error)
+		})
+		if !ok {
+			return fmt.Errorf("driver connection %T has no online backup", dc)
+		}
+		backup, err := conn.NewBackup(dstDSN)
+		if err != nil {
+			return err
+		}
+		opened()
+		for {
+			more, err := backup.Step(int32(stepPages))
+			pages = backup.PageCount()
+			if err != nil {
+				return errors.Join(err, backup.Finish())
+			}
+			progress(backup.PageCount()-backup.Remaining(), backup.PageCount())
+			if err := ctx.Err(); err != nil {
+				return errors.Join(err, backup.Finish())
+			}
+			if !more {
+				break
+			}
+		}
+		copyConn, err = backup.Commit()
+		return err
+	})
+	return copyConn, pages, err
 }
 
 // rollbackHeader turns the header of a backup of a WAL database, in f,

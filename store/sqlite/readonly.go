@@ -48,33 +48,10 @@ func OpenReadOnly(ctx context.Context, path string) (*Store, error) {
 	if err := CheckPath(path); err != nil {
 		return nil, err
 	}
-	fi, err := os.Stat(path)
+	db, err := openReadOnlyDB(path, DefaultReadConns)
 	if err != nil {
 		return nil, fmt.Errorf("open sqlite %s read-only: %w", path, err)
 	}
-	if fi.IsDir() {
-		return nil, fmt.Errorf("open sqlite %s read-only: a directory, not a database file", path)
-	}
-	if err := checkHeader(path, fi); err != nil {
-		return nil, fmt.Errorf("open sqlite %s read-only: %w", path, err)
-	}
-	abs, err := filepath.Abs(path)
-	if err != nil {
-		return nil, fmt.Errorf("open sqlite %s read-only: %w", path, err)
-	}
-	// A file: URI, so that SQLite itself reads mode=ro (the driver passes
-	// a plain path's parameters to no one but itself).
-	q := url.Values{}
-	q.Set("mode", "ro")
-	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", DefaultBusyTimeout.Milliseconds()))
-	q.Add("_pragma", "query_only(1)")
-	uri := (&url.URL{Scheme: "file", Path: abs}).String() + "?" + q.Encode()
-	db, err := sql.Open("sqlite", uri)
-	if err != nil {
-		return nil, fmt.Errorf("open sqlite %s read-only: %w", path, err)
-	}
-	db.SetMaxOpenConns(DefaultReadConns)
-	db.SetMaxIdleConns(DefaultReadConns)
 	if err := checkSchemaCurrent(ctx, db); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("open sqlite %s read-only: %w", path, err)
@@ -85,6 +62,44 @@ func OpenReadOnly(ctx context.Context, path string) (*Store, error) {
 		return nil, fmt.Errorf("open sqlite %s read-only: %w", path, translate(ctx, err))
 	}
 	return s, nil
+}
+
+// openReadOnlyDB opens the existing SQLite database file at path with
+// SQLite's mode=ro and query_only, conns connections at most. A path the
+// store refuses, a directory, a missing file and a file that is not a
+// SQLite database (ErrNotADatabase) are errors.
+func openReadOnlyDB(path string, conns int) (*sql.DB, error) {
+	if err := CheckPath(path); err != nil {
+		return nil, err
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	if fi.IsDir() {
+		return nil, errors.New("a directory, not a database file")
+	}
+	if err := checkHeader(path, fi); err != nil {
+		return nil, err
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, err
+	}
+	// A file: URI, so that SQLite itself reads mode=ro (the driver passes
+	// a plain path's parameters to no one but itself).
+	q := url.Values{}
+	q.Set("mode", "ro")
+	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", DefaultBusyTimeout.Milliseconds()))
+	q.Add("_pragma", "query_only(1)")
+	uri := (&url.URL{Scheme: "file", Path: abs}).String() + "?" + q.Encode()
+	db, err := sql.Open("sqlite", uri)
+	if err != nil {
+		return nil, err
+	}
+	db.SetMaxOpenConns(conns)
+	db.SetMaxIdleConns(conns)
+	return db, nil
 }
 
 // checkHeader returns an error wrapping ErrNotADatabase when the
