@@ -88,6 +88,15 @@ func TestBackupWhileServingThenRestoreOverACrashedWAL(t *testing.T) {
 	if fi, err := os.Stat(db + "-wal"); err != nil || fi.Size() == 0 {
 		t.Fatalf("the killed server left no WAL to replay (%v): nothing to test", err)
 	}
+	// A backup of the crashed store holds what its WAL holds: r2.
+	crashed := filepath.Join(t.TempDir(), "crashed")
+	if out, code := runBinary(t, bin, "backup", "--data-dir", dir, crashed); code != exitOK {
+		t.Fatalf("backup of the crashed store: exit %d, %s", code, out)
+	}
+	copySrv := startServer(t, bin, crashed)
+	cliAgainst(t, bin, copySrv.url, "get", "r2")
+	copySrv.cmd.Process.Kill()
+
 	out, code = runBinary(t, bin, "restore", "--data-dir", dir, backup)
 	if code != exitOK || !strings.Contains(out, "pre-restore-") || !strings.Contains(out, "kept the shard keys") {
 		t.Fatalf("restore: exit %d, %s", code, out)
