@@ -3,9 +3,7 @@ package main
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"fmt"
-	"os"
 	"strings"
 
 	rlscommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -65,23 +63,19 @@ func envoyOp(ctx context.Context, cfg *benchConfig) (func(context.Context, *benc
 }
 
 // grpcGoConn is one grpc-go client connection to --addr (http:// or none
-// for cleartext h2c, https:// for TLS with --ca-file), as Envoy's cluster
+// for cleartext h2c, https:// for TLS with --ca-file, --cert and --key), as Envoy's cluster
 // and gRPC gateways keep one.
 func grpcGoConn(cfg *benchConfig, what string) (*grpc.ClientConn, error) {
 	target := cfg.conn.addr
 	creds := insecure.NewCredentials()
 	switch {
 	case strings.HasPrefix(target, "https://"):
-		tc := &tls.Config{MinVersion: tls.VersionTLS12}
-		if cfg.conn.caFile != "" {
-			pem, err := os.ReadFile(cfg.conn.caFile)
-			if err != nil {
-				return nil, usagef("--ca-file: %v", err)
-			}
-			tc.RootCAs = x509.NewCertPool()
-			if !tc.RootCAs.AppendCertsFromPEM(pem) {
-				return nil, usagef("--ca-file %s: no PEM certificates", cfg.conn.caFile)
-			}
+		tc, err := cfg.conn.tlsConfig()
+		if err != nil {
+			return nil, err
+		}
+		if tc == nil {
+			tc = &tls.Config{MinVersion: tls.VersionTLS12}
 		}
 		creds = credentials.NewTLS(tc)
 		target = strings.TrimPrefix(target, "https://")

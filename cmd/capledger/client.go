@@ -10,9 +10,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -28,10 +31,13 @@ import (
 
 // clientFlags are the flags of every command that talks to a server.
 type clientFlags struct {
-	addr    string
-	token   string
-	caFile  string
-	timeout time.Duration
+	addr   string
+	token  string
+	caFile string
+	// certFile and keyFile are the client certificate and key offered to a
+	// server that asks for one (serve --tls-client-ca).
+	certFile, keyFile string
+	timeout           time.Duration
 }
 
 const clientFlagsHelp = `Connection flags (every command that talks to a server):
@@ -41,6 +47,10 @@ const clientFlagsHelp = `Connection flags (every command that talks to a server)
   --ca-file FILE    PEM CA certificates to verify an https:// server with,
                     instead of the system's roots (default $CAPLEDGER_CA):
                     for a server whose certificate a private CA signed
+  --cert FILE       PEM client certificate (chain) for a server that requires
+                    one, serve --tls-client-ca (default $CAPLEDGER_CERT);
+                    needs --key
+  --key FILE        its PEM private key (default $CAPLEDGER_KEY)
   --timeout DUR     give up after this long (default 10s)
 `
 
@@ -52,6 +62,8 @@ func (c *clientFlags) register(fs *flag.FlagSet, e *env) {
 	fs.StringVar(&c.addr, "addr", addr, "server address")
 	fs.StringVar(&c.token, "token", e.getenv("CAPLEDGER_TOKEN"), "bearer token")
 	fs.StringVar(&c.caFile, "ca-file", e.getenv("CAPLEDGER_CA"), "CA certificates (PEM)")
+	fs.StringVar(&c.certFile, "cert", e.getenv("CAPLEDGER_CERT"), "client certificate (PEM)")
+	fs.StringVar(&c.keyFile, "key", e.getenv("CAPLEDGER_KEY"), "client key (PEM)")
 	fs.DurationVar(&c.timeout, "timeout", 10*time.Second, "request timeout")
 }
 
@@ -99,20 +111,36 @@ func (c *clientFlags) rolloutClient() (capledgerv1connect.RolloutServiceClient, 
 	return capledgerv1connect.NewRolloutServiceClient(hc, base, options...), nil
 }
 
-// tlsConfig returns the TLS settings for --ca-file: TLS 1.2 or newer,
-// trusting only the file's CA certificates (a private CA's server is then
-// verified, and nothing the system roots sign is mistaken for it). It
-// returns nil without --ca-file (Go's defaults: the system roots), and a
-// usageError when the file cannot be read or holds no PEM certificate.
+// tlsConfig returns the TLS settings for --ca-file, --cert and --key:
+// TLS 1.2 or newer, trusting only the file's CA certificates when
+// --ca-file is given (a private CA's server is then verified, and nothing
+// the system roots sign is mistaken for it), offering the client
+// certificate when --cert is. It returns nil with neither (Go's defaults:
+// the system roots), and a usageError when a file cannot be read or holds
+// no PEM certificate, or a key that does not match.
 func (c *clientFlags) tlsConfig() (*tls.Config, error) {
-	if c.caFile == "" {
+	if (c.certFile == "") != (c.keyFile == "") {
+		return nil, usagef("--cert and --key go together: give both files (or $CAPLEDGER_CERT and $CAPLEDGER_KEY), or neither")
+	}
+	if c.caFile == "" && c.certFile == "" {
 		return nil, nil
 	}
-	pool, err := loadCAPool(c.caFile)
-	if err != nil {
-		return nil, usagef("--ca-file: %v", err)
+	config := &tls.Config{MinVersion: tls.VersionTLS12}
+	if c.caFile != "" {
+		pool, err := loadCAPool(c.caFile)
+		if err != nil {
+			return nil, usagef("--ca-file: %v", err)
+		}
+		config.RootCAs = pool
 	}
-	return &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool}, nil
+	if c.certFile != "" {
+		cert, err := tls.LoadX509KeyPair(c.certFile, c.keyFile)
+		if err != nil {
+			return nil, usagef("--cert %s with --key %s: %v", c.certFile, c.keyFile, err)
+		}
+		config.Certificates = []tls.Certificate{cert}
+	}
+	return config, nil
 }
 
 // sdk returns a Go SDK client (for the commands that need its retries or
@@ -141,17 +169,66 @@ func (c *clientFlags) sdk(opts ...client.Option) (*client.Client, error) {
 	return sc, nil
 }
 
-// httpClient returns the http.Client of client and shardClient: Go's
-// default transport, with tlsConfig's roots when --ca-file is given.
+// httpClient returns the http.Client of client, shardClient and status:
+// Go's default transport with tlsConfig's roots and client certificate.
+// A call that fails on a connection whose server asked for a client
+// certificate this client has not got, or one its CAs did not sign,
+// fails with a clientCertError (exit 1 and what to pass): in TLS 1.3 the
+// server's refusal comes after the client's handshake, and often reaches
+// the caller only as a closed connection.
 func (c *clientFlags) httpClient() (*http.Client, error) {
 	tlsConfig, err := c.tlsConfig()
-	if err != nil || tlsConfig == nil {
-		return &http.Client{}, err
+	if err != nil {
+		return nil, err
+	}
+	if tlsConfig == nil {
+		tlsConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	var cert *tls.Certificate
+	if len(tlsConfig.Certificates) > 0 {
+		cert = &tlsConfig.Certificates[0]
+	}
+	rt := &certRefusals{}
+	tlsConfig.Certificates = nil
+	tlsConfig.GetClientCertificate = func(cri *tls.CertificateRequestInfo) (*tls.Certificate, error) {
+		if cert == nil {
+			rt.unmet.Store(true)
+			return &tls.Certificate{}, nil // no certificate: the server decides
+		}
+		if cri.SupportsCertificate(cert) != nil {
+			rt.unmet.Store(true)
+		}
+		return cert, nil
 	}
 	transport := http.DefaultTransport.(*http.Transport).Clone()
 	transport.TLSClientConfig = tlsConfig
-	return &http.Client{Transport: transport}, nil
+	rt.base = transport
+	return &http.Client{Transport: rt}, nil
 }
+
+// certRefusals is a RoundTripper that turns the errors of a client whose
+// certificate a server could not accept into clientCertErrors.
+type certRefusals struct {
+	base http.RoundTripper
+	// unmet is set once a server asked for a client certificate and got
+	// none, or one signed by none of the CAs it named.
+	unmet atomic.Bool
+}
+
+func (r *certRefusals) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := r.base.RoundTrip(req)
+	if err != nil && r.unmet.Load() {
+		err = &clientCertError{err: err}
+	}
+	return resp, err
+}
+
+// clientCertError is a call that failed after a server asked for a client
+// certificate this client could not give (certRefusals).
+type clientCertError struct{ err error }
+
+func (e *clientCertError) Error() string { return e.err.Error() }
+func (e *clientCertError) Unwrap() error { return e.err }
 
 // endpoint returns the base URL of --addr ("host:port" means http) and the
 // options that send --token as a bearer token on every call; a usageError
@@ -361,6 +438,9 @@ func exitCode(err error) int {
 		}
 		return exitUsage
 	}
+	if clientCertificateRefused(err) {
+		return exitUsage // refused credentials
+	}
 	switch cerr.Code() {
 	case connect.CodeResourceExhausted:
 		return exitRejected
@@ -446,11 +526,43 @@ func errorDetailReason(err error) string {
 	return ""
 }
 
+// clientCertificateAlerts are the TLS alerts a server sends about the
+// client's certificate (RFC 8446, 6.2): missing, or not one it accepts.
+var clientCertificateAlerts = []string{
+	"tls: certificate required", "tls: bad certificate", "tls: unknown certificate authority",
+	"tls: unsupported certificate", "tls: revoked certificate", "tls: expired certificate",
+	"tls: unknown certificate", "tls: access denied",
+}
+
+// clientCertificateRefused reports whether err is a server refusing this
+// client's certificate, or its lack of one (serve --tls-client-ca):
+// refused credentials, not an unreachable server. That is a
+// clientCertError, or the server's TLS alert: Go reports a remote alert as
+// a *net.OpError "remote error" around an unexported type, so the alert
+// is told by its text.
+func clientCertificateRefused(err error) bool {
+	var unmet *clientCertError
+	if errors.As(err, &unmet) {
+		return true
+	}
+	var op *net.OpError
+	if !errors.As(err, &op) || op.Op != "remote error" || op.Err == nil {
+		return false
+	}
+	return slices.Contains(clientCertificateAlerts, op.Err.Error())
+}
+
+// clientCertificateHint is what to do about a refused client certificate.
+const clientCertificateHint = "the server requires a client certificate its CA signed (serve --tls-client-ca): pass --cert and --key (or set CAPLEDGER_CERT and CAPLEDGER_KEY) with one"
+
 // certificateHint says what to do about a server certificate this client
-// refused, or returns "" when err is not about one. Connect reports such a
-// failure as unavailable (exit 5) with Go's x509 text, which does not
-// mention --ca-file.
+// refused, or a client certificate the server refused, or returns "" when
+// err is not about one. Connect reports such a failure as unavailable
+// with Go's text, which does not mention --ca-file or --cert.
 func certificateHint(err error) string {
+	if clientCertificateRefused(err) {
+		return clientCertificateHint
+	}
 	var unknownCA x509.UnknownAuthorityError
 	var hostname x509.HostnameError
 	var invalid x509.CertificateInvalidError

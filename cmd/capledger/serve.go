@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -75,6 +76,13 @@ Flags:
                       replacing them, no restart. A pair that fails to load
                       is logged and the previous certificate kept.
   --tls-key FILE      PEM private key of --tls-cert
+  --tls-client-ca FILE
+                      require a client certificate signed by one of the PEM
+                      CA certificates in FILE on every connection (mTLS),
+                      probes and metrics included; needs --tls-cert. Read
+                      at start: restart to change it. It authenticates the
+                      connection, not a role: --tokens still decides what a
+                      caller may do
   --envoy-config FILE serve Envoy's rate limit service (ShouldRateLimit) on
                       the same port, mapping domains and descriptors to
                       subjects, routes and units as FILE says (docs/ENVOY.md)
@@ -199,6 +207,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	allowAsync := fs.Bool("allow-async-replication", false, "")
 	tlsCert := fs.String("tls-cert", "", "")
 	tlsKey := fs.String("tls-key", "", "")
+	tlsClientCA := fs.String("tls-client-ca", "", "")
 	maxBody := fs.Int64("max-body", server.DefaultMaxBodyBytes, "")
 	maxBatch := fs.Int("max-batch", 512, "")
 	leaseTTL := fs.Duration("lease-ttl", engine.DefaultLeaseTTL, "")
@@ -255,6 +264,9 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	if (*tlsCert == "") != (*tlsKey == "") {
 		return usagef("--tls-cert and --tls-key go together: give both files, or neither for cleartext")
 	}
+	if *tlsClientCA != "" && *tlsCert == "" {
+		return usagef("--tls-client-ca needs --tls-cert and --tls-key: client certificates are asked for in the TLS handshake")
+	}
 
 	var resolver *resolverConfig
 	if *resolverPath != "" {
@@ -296,6 +308,12 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	if *tlsCert != "" {
 		if certs, err = newCertReloader(*tlsCert, *tlsKey, log); err != nil {
 			return usagef("%v", err)
+		}
+	}
+	var clientCAs *x509.CertPool
+	if *tlsClientCA != "" {
+		if clientCAs, err = loadCAPool(*tlsClientCA); err != nil {
+			return usagef("--tls-client-ca: %v", err)
 		}
 	}
 
@@ -406,9 +424,12 @@ func runServe(ctx context.Context, e *env, args []string) error {
 		protocols.SetHTTP1(true)
 		protocols.SetHTTP2(true)
 		httpServer.Protocols = protocols
-		httpServer.TLSConfig = serverTLSConfig(certs)
+		httpServer.TLSConfig = serverTLSConfig(certs, clientCAs)
 		httpServer.ErrorLog = tlsServerErrorLog(log)
 		log.Info("tls certificate", certAttrs(certs.cert.Load().Leaf)...)
+		if clientCAs != nil {
+			log.Info("tls client certificates required", "ca", *tlsClientCA)
+		}
 	}
 	// shutdown stops what serves the port, gracefully.
 	shutdown := httpServer.Shutdown

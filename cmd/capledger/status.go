@@ -64,6 +64,9 @@ func runStatus(ctx context.Context, e *env, args []string) error {
 		if hint := certificateHint(err); hint != "" {
 			err = fmt.Errorf("%w; %s", err, hint)
 		}
+		if clientCertificateRefused(err) {
+			return exitError{code: exitUsage, err: err}
+		}
 		return exitError{code: exitUnavailable, err: err}
 	}
 	defer resp.Body.Close()

@@ -149,10 +149,15 @@ func certAttrs(leaf *x509.Certificate) []any {
 }
 
 // serverTLSConfig returns serve's TLS settings: TLS 1.2 or newer, the
-// reloader's certificate. http.Server adds the ALPN protocols (h2 for
-// gRPC, http/1.1) from its Protocols.
-func serverTLSConfig(r *certReloader) *tls.Config {
-	return &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: r.GetCertificate}
+// reloader's certificate, and with clientCAs a client certificate one of
+// them signed required in every handshake (mTLS). http.Server adds the
+// ALPN protocols (h2 for gRPC, http/1.1) from its Protocols.
+func serverTLSConfig(r *certReloader, clientCAs *x509.CertPool) *tls.Config {
+	config := &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: r.GetCertificate}
+	if clientCAs != nil {
+		config.ClientAuth, config.ClientCAs = tls.RequireAndVerifyClientCert, clientCAs
+	}
+	return config
 }
 
 // tlsServerErrorLog returns http.Server.ErrorLog for serve over TLS. It

@@ -41,13 +41,19 @@ type testPKI struct {
 
 func newTestPKI(t *testing.T) *testPKI {
 	t.Helper()
+	return newNamedTestPKI(t, "capledger test CA")
+}
+
+// newNamedTestPKI is newTestPKI with the CA's common name.
+func newNamedTestPKI(t *testing.T, name string) *testPKI {
+	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
 	template := &x509.Certificate{
 		SerialNumber:          big.NewInt(1000),
-		Subject:               pkix.Name{CommonName: "capledger test CA"},
+		Subject:               pkix.Name{CommonName: name},
 		NotBefore:             time.Now().Add(-time.Hour),
 		NotAfter:              time.Now().Add(24 * time.Hour),
 		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,

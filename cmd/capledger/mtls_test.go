@@ -1,0 +1,185 @@
+package main
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"math/big"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+
+	v1 "github.com/capledger/capledger/api/capledger/v1"
+	"github.com/capledger/capledger/client"
+)
+
+// issueClient writes a new key and a client certificate (client auth
+// usage) named name, signed by the CA, to certFile and keyFile.
+func (p *testPKI) issueClient(t *testing.T, certFile, keyFile, name string) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	template := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()),
+		Subject:      pkix.Name{CommonName: name},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(24 * time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, template, p.ca, &key.PublicKey, p.caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writePEM(t, keyFile, "PRIVATE KEY", keyDER)
+	writePEM(t, certFile, "CERTIFICATE", der)
+}
+
+// With --tls-client-ca every connection needs a client certificate the
+// client CA signed: the CLI with --cert and --key (or $CAPLEDGER_CERT and
+// $CAPLEDGER_KEY), status, the SDK over gRPC and a grpc-go client with
+// one are served; without one, or with one another CA signed, the CLI
+// exits 1 saying what to pass, and probes, metrics and gRPC calls are
+// refused too.
+func TestServeMutualTLS(t *testing.T) {
+	pki, clients := newTestPKI(t), newNamedTestPKI(t, "capledger test client CA")
+	addr, logs, _, _ := serveTLS(t, pki, 1, "--tls-client-ca", clients.caFile)
+	if !strings.Contains(logs.String(), `msg="tls client certificates required"`) {
+		t.Fatalf("the start log does not say client certificates are required:\n%s", logs.String())
+	}
+	url := "https://" + addr
+	dir := t.TempDir()
+	certFile, keyFile := filepath.Join(dir, "gw.crt"), filepath.Join(dir, "gw.key")
+	clients.issueClient(t, certFile, keyFile, "gateway-1")
+	strangerCert, strangerKey := filepath.Join(dir, "other.crt"), filepath.Join(dir, "other.key")
+	pki.issueClient(t, strangerCert, strangerKey, "stranger")
+	policy := filepath.Join(t.TempDir(), "policy.yaml")
+	os.WriteFile(policy, []byte(policyYAML), 0o600)
+
+	withCert := []string{"--ca-file", pki.caFile, "--cert", certFile, "--key", keyFile}
+	code, out, errOut := cli(t, url, append([]string{"policy", "publish", policy}, withCert...)...)
+	wantExit(t, exitOK, code, out, errOut)
+	code, out, errOut = cli(t, url, append([]string{"reserve", "--subject", "tenant-7", "--route", "chat.generate", "--units", "tokens=600,requests=1", "--id", "req-1"}, withCert...)...)
+	wantExit(t, exitOK, code, out, errOut)
+	code, out, errOut = runWithEnv(context.Background(), map[string]string{"CAPLEDGER_ADDR": url, "CAPLEDGER_CA": pki.caFile,
+		"CAPLEDGER_CERT": certFile, "CAPLEDGER_KEY": keyFile}, "get", "req-1")
+	wantExit(t, exitOK, code, out, errOut)
+	code, out, errOut = cli(t, url, append([]string{"status"}, withCert...)...)
+	wantExit(t, exitOK, code, out, errOut)
+
+	for _, c := range []struct {
+		name string
+		args []string
+	}{
+		{"no certificate", []string{"get", "req-1", "--ca-file", pki.caFile}},
+		{"status without one", []string{"status", "--ca-file", pki.caFile}},
+		{"a certificate another CA signed", []string{"get", "req-1", "--ca-file", pki.caFile, "--cert", strangerCert, "--key", strangerKey}},
+	} {
+		code, out, errOut := cli(t, url, c.args...)
+		if code != exitUsage || !strings.Contains(errOut, "--cert") {
+			t.Errorf("%s: exit %d, want %d saying --cert\n%s%s", c.name, code, exitUsage, out, errOut)
+		}
+	}
+	// --cert without --key (and a key of another certificate) is a usage
+	// error before anything is sent.
+	for _, args := range [][]string{{"--cert", certFile}, {"--key", keyFile}, {"--cert", certFile, "--key", strangerKey}} {
+		code, out, errOut := cli(t, url, append([]string{"get", "req-1", "--ca-file", pki.caFile}, args...)...)
+		if code != exitUsage || !strings.Contains(errOut, "--cert") {
+			t.Errorf("%v: exit %d, want %d saying --cert\n%s%s", args, code, exitUsage, out, errOut)
+		}
+	}
+
+	// Probes and metrics need one too.
+	clientCert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, certs := range [][]tls.Certificate{nil, {clientCert}} {
+		hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pki.pool, Certificates: certs}}}
+		resp, err := hc.Get(url + "/readyz")
+		if certs == nil {
+			if err == nil {
+				resp.Body.Close()
+				t.Fatalf("GET /readyz without a client certificate: %s", resp.Status)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("GET /readyz with a client certificate: %v", err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("GET /readyz with a client certificate: %s", resp.Status)
+		}
+	}
+
+	// The SDK over gRPC, and grpc-go's own client, with and without.
+	ctx := context.Background()
+	sdk, err := client.New(url, client.WithTLS(&tls.Config{RootCAs: pki.pool, Certificates: []tls.Certificate{clientCert}}), client.WithProtocol(client.ProtocolGRPC))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sdk.Close()
+	if _, err := sdk.Reserve(ctx, client.ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: client.Units{"tokens": 1, "requests": 1}}); err != nil {
+		t.Fatalf("SDK reserve over mTLS: %v", err)
+	}
+	for _, certs := range [][]tls.Certificate{{clientCert}, nil} {
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: pki.pool, Certificates: certs})))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var reserved v1.ReserveResponse
+		err = conn.Invoke(ctx, "/capledger.v1.LedgerService/Reserve", &v1.ReserveRequest{ReservationId: "grpc-go-mtls-" + time.Now().String(),
+			Subject: "tenant-7", Route: "chat.generate", Units: map[string]int64{"tokens": 1, "requests": 1}}, &reserved)
+		conn.Close()
+		if (err == nil) != (certs != nil) {
+			t.Fatalf("grpc-go reserve with %d client certificates: %v", len(certs), err)
+		}
+	}
+}
+
+// --tls-client-ca is refused without --tls-cert, and with a file that
+// holds no CA certificate, before anything listens or opens.
+func TestServeMutualTLSRefusedAtStart(t *testing.T) {
+	pki := newTestPKI(t)
+	certFile, keyFile := filepath.Join(pki.dir, "a.crt"), filepath.Join(pki.dir, "a.key")
+	pki.issue(t, certFile, keyFile, 1)
+	notPEM := filepath.Join(t.TempDir(), "not-a-ca.pem")
+	os.WriteFile(notPEM, []byte("hello\n"), 0o600)
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, c := range []struct {
+		flags []string
+		says  string
+	}{
+		{[]string{"--tls-client-ca", pki.caFile}, "--tls-client-ca needs --tls-cert"},
+		{[]string{"--tls-cert", certFile, "--tls-key", keyFile, "--tls-client-ca", notPEM}, "--tls-client-ca: " + notPEM + ": no PEM certificate"},
+		{[]string{"--tls-cert", certFile, "--tls-key", keyFile, "--tls-client-ca", notPEM + ".none"}, "no such file"},
+	} {
+		dataDir := t.TempDir()
+		args := append([]string{"serve", "--addr", "127.0.0.1:0", "--data-dir", dataDir}, c.flags...)
+		code, out, errOut := runWithEnv(cancelled, nil, args...)
+		if code != exitUsage || !strings.Contains(errOut, c.says) {
+			t.Errorf("capledger %v: exit %d (want %d), output lacks %q:\n%s%s", args, code, exitUsage, c.says, out, errOut)
+		}
+		if entries, _ := os.ReadDir(dataDir); len(entries) != 0 {
+			t.Errorf("capledger %v left %d entries in the data directory", args, len(entries))
+		}
+	}
+}
