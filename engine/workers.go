@@ -97,7 +97,7 @@ func (e *Engine) tick(ctx context.Context, w *worker) {
 // WorkerHealth is one maintenance worker's failing status.
 type WorkerHealth struct {
 	// Name is the worker's (expiry, epochs, retention, compaction,
-	// resolver).
+	// resolver), or lease: the worker lease's renewals.
 	Name string
 	// FailingSince is when the oldest of the worker's failures still
 	// without a recovery line in the log was (wall clock); zero when
@@ -107,9 +107,12 @@ type WorkerHealth struct {
 }
 
 // WorkersHealth returns each maintenance worker's failing status, in
-// the order they are registered (newLeaderWorkers).
+// the order they are registered (newLeaderWorkers), then the lease's.
+// The lease's is shown on every replica, leader or not: every replica
+// renews it, and while the store is down longer than the lease lasts no
+// replica leads, so no worker's failure would show anywhere else.
 func (e *Engine) WorkersHealth() []WorkerHealth {
-	out := make([]WorkerHealth, 0, len(e.leaderWorkers))
+	out := make([]WorkerHealth, 0, len(e.leaderWorkers)+1)
 	for _, w := range e.leaderWorkers {
 		h := WorkerHealth{Name: w.name}
 		if e.runsTermOf(w) {
@@ -117,7 +120,7 @@ func (e *Engine) WorkersHealth() []WorkerHealth {
 		}
 		out = append(out, h)
 	}
-	return out
+	return append(out, WorkerHealth{Name: "lease", FailingSince: e.fails.lease.failingSince()})
 }
 
 // runsTermOf reports whether what w's passes remember is this engine's

@@ -213,13 +213,14 @@ func (s *Server) statusz(w http.ResponseWriter, r *http.Request) {
 // the replica that runs the workers, 0 on the others (sum it over the
 // replicas of one store: it should be 1), and capledger_worker_lease_fence
 // counts the leader changes the store has seen. capledger_worker_failing
-// is 1 per worker while it is failing (Status.Workers.Health).
+// is 1 per worker (and the lease) while it is failing
+// (Status.Workers.Health).
 func (m *Metrics) registerLeader(l Ledger) {
 	if hr, ok := l.(workerHealthReporter); ok {
 		for _, h := range hr.WorkersHealth() {
 			name := h.Name
 			m.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "capledger_worker_failing",
-				Help:        "1 while the maintenance worker (label worker) is failing: a failure it logged has no recovery line yet; 0 when it works or this replica does not run it.",
+				Help:        "1 while the maintenance worker (label worker; lease: the worker lease's renewals, on every replica) is failing: a failure it logged has no recovery line yet; 0 when it works or this replica does not run it.",
 				ConstLabels: prometheus.Labels{"worker": name}},
 				func() float64 {
 					for _, h := range hr.WorkersHealth() {

@@ -433,8 +433,8 @@ func workerHealth(t *testing.T, h *harness) map[string]server.WorkerHealthStatus
 // what is due but cannot commit it) shows as failing in /statusz
 // (workers.health.expiry, since its first failure) and /metrics
 // (capledger_worker_failing{worker="expiry"} 1) on the replica that runs
-// it, until a pass works again; every configured worker is listed, the
-// others not failing.
+// it, until a pass works again; every configured worker is listed, and
+// the lease, the others not failing.
 func TestStatusShowsAFailingWorker(t *testing.T) {
 	h := newHarness(t, harnessOptions{workers: true, faults: true, retention: time.Hour})
 	h.ok("PublishPolicy", tokensPolicy, "")
@@ -452,8 +452,8 @@ func TestStatusShowsAFailingWorker(t *testing.T) {
 		}
 	}
 	w := waitFor("workers configured", func(w map[string]server.WorkerHealthStatus) bool { return len(w) > 0 })
-	if len(w) != 3 || w["expiry"].Failing || w["epochs"].Failing || w["retention"].Failing {
-		t.Fatalf("before the failure: /statusz workers.health %+v, want expiry, epochs, retention, none failing", w)
+	if len(w) != 4 || w["expiry"].Failing || w["epochs"].Failing || w["retention"].Failing || w["lease"].Failing {
+		t.Fatalf("before the failure: /statusz workers.health %+v, want expiry, epochs, retention, lease, none failing", w)
 	}
 	before := time.Now()
 	h.faults.FailCommits(fmt.Errorf("%w: database or disk is full (13)", store.ErrUnavailable))

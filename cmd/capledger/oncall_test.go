@@ -1,0 +1,106 @@
+package main
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	neturl "net/url"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestWorkerFailingShowsAStoreOutageOnEveryReplica: docs/OPERATIONS.md,
+// "When a worker keeps failing", says to alert on
+// capledger_worker_failing at 1 for longer than a store blip. Two replicas
+// on one PostgreSQL lose it (the database unreachable from both): once the
+// lease lapses neither leads, so no maintenance worker's failure shows
+// anywhere; the lease's renewals do, on both, as worker "lease" in
+// /metrics and /statusz workers.health, until the store is back.
+func TestWorkerFailingShowsAStoreOutageOnEveryReplica(t *testing.T) {
+	dsn := postgresSchema(t)
+	u, err := neturl.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := newCuttableProxy(t, u.Host)
+	u.Host = proxy.addr
+	q := u.Query()
+	q.Set("connect_timeout", "1")
+	u.RawQuery = q.Encode()
+	bin := buildBinary(t)
+	replicas := []*serverProcess{
+		startServer(t, bin, t.TempDir(), "--store", u.String(), "--lease-ttl", "900ms"),
+		startServer(t, bin, t.TempDir(), "--store", u.String(), "--lease-ttl", "900ms"),
+	}
+	failing := regexp.MustCompile(`(?m)^capledger_worker_failing\{worker="(\w+)"\} 1$`)
+	// state returns the workers failing in /metrics, whether this replica
+	// leads, and /statusz workers.health.lease.failing.
+	state := func(p *serverProcess) (metrics []string, leader, statusLease bool) {
+		t.Helper()
+		resp, err := http.Get(p.url + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		for _, m := range failing.FindAllStringSubmatch(string(raw), -1) {
+			metrics = append(metrics, m[1])
+		}
+		var st struct {
+			Workers struct {
+				Leader bool
+				Health map[string]struct{ Failing bool }
+			}
+		}
+		resp, err = http.Get(p.url + "/statusz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		json.NewDecoder(resp.Body).Decode(&st)
+		resp.Body.Close()
+		return metrics, st.Workers.Leader, st.Workers.Health["lease"].Failing
+	}
+	waitUntil := func(what string, ok func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for !ok() {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within 20s; logs:\n%s\n---\n%s", what, replicas[0].logs.String(), replicas[1].logs.String())
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	waitUntil("one replica leads", func() bool {
+		_, a, _ := state(replicas[0])
+		_, b, _ := state(replicas[1])
+		return a != b
+	})
+	for i, p := range replicas {
+		if m, _, lease := state(p); len(m) != 0 || lease {
+			t.Fatalf("replica %d with its store up: failing %v, statusz lease failing %v", i, m, lease)
+		}
+	}
+
+	proxy.cut()
+	for i, p := range replicas {
+		waitUntil("the lease lapses on replica "+string(rune('0'+i)), func() bool {
+			return strings.Contains(p.logs.String(), "worker lease lost") || !strings.Contains(p.logs.String(), "worker lease acquired")
+		})
+	}
+	for i, p := range replicas {
+		waitUntil("replica "+string(rune('0'+i))+" shows the outage", func() bool {
+			m, leader, lease := state(p)
+			return !leader && strings.Join(m, ",") == "lease" && lease
+		})
+	}
+
+	proxy.mend(t)
+	for i, p := range replicas {
+		waitUntil("replica "+string(rune('0'+i))+" recovers", func() bool {
+			m, _, lease := state(p)
+			return len(m) == 0 && !lease
+		})
+	}
+}
