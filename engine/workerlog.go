@@ -12,8 +12,9 @@ import (
 // error repeats, the next line comes workerLogFirstGap later and each
 // later one after twice the gap before, at most workerLogMaxGap apart
 // (lines at 0, 30 s, 1 m 30 s, 3 m 30 s, 7 m 30 s, 15 m 30 s, then
-// every 15 minutes: 9 lines in a store outage of an hour, whether the
-// worker fails four times a second or once a minute); an error text
+// every 15 minutes, counted from the first failure: 9 lines in a store
+// outage of an hour, whether the worker fails four times a second or
+// once a minute); an error text
 // other than the last line's is logged at once, at most once per
 // workerLogFirstGap (a text that changes at every failure, a port
 // number in it, cannot flood the log either); and the first success
@@ -60,14 +61,16 @@ func (f *failLog) clock() time.Time {
 	return time.Now()
 }
 
-// failing is one step's failure run: since its first failure, logged
-// when the last line was, gap the wait after it before the next line of
-// the same text, changed when the last line for a changed text was.
+// failing is one step's failure run: since its first failure, due when
+// the next line of the same text is (counted from since, so a line a
+// pass late does not delay the ones after it), gap the wait between the
+// last due time and due, changed when the last line for a changed text
+// was.
 type failing struct {
-	since, logged, changed time.Time
-	gap                    time.Duration
-	text                   string
-	total, unlogged        int
+	since, due, changed time.Time
+	gap                 time.Duration
+	text                string
+	total, unlogged     int
 }
 
 // failed logs err (and attrs) of the step msg as a warning, as the
@@ -92,24 +95,27 @@ func (f *failLog) failedAt(level slog.Level, msg string, err error, attrs ...any
 	}
 	s := f.m[msg]
 	if s == nil {
-		f.m[msg] = &failing{since: now, logged: now, gap: workerLogFirstGap, text: text, total: 1}
+		f.m[msg] = &failing{since: now, due: now.Add(workerLogFirstGap), gap: workerLogFirstGap, text: text, total: 1}
 		f.mu.Unlock()
 		f.log.Log(context.Background(), level, msg, append(attrs, "worker", f.worker)...)
 		return
 	}
 	s.total++
 	s.unlogged++
-	switch {
-	case text != s.text && now.Sub(s.changed) >= workerLogFirstGap:
+	switch changed := text != s.text; {
+	case changed && now.Sub(s.changed) >= workerLogFirstGap:
 		s.changed = now
-	case now.Sub(s.logged) >= s.gap:
-		s.gap = min(2*s.gap, workerLogMaxGap)
+	case !changed && !now.Before(s.due):
+		for !s.due.After(now) { // passes further apart than a gap log once
+			s.gap = min(2*s.gap, workerLogMaxGap)
+			s.due = s.due.Add(s.gap)
+		}
 	default:
 		f.mu.Unlock()
 		return
 	}
 	n := s.unlogged
-	s.logged, s.unlogged, s.text = now, 0, text
+	s.unlogged, s.text = 0, text
 	failingFor := now.Sub(s.since).Round(time.Second)
 	f.mu.Unlock()
 	f.log.Log(context.Background(), level, msg, append(attrs, "failures_since_last_log", n, "failing_for", failingFor.String(), "worker", f.worker)...)
