@@ -657,14 +657,11 @@ func (p *cuttableProxy) mend(t *testing.T) {
 	p.serve(ln)
 }
 
-// TestWorkerLeaseLapseLogged: a replica whose renewals fail (its database
-// unreachable) stops running the workers once its last renewal lapses,
-// and says so in its log with "worker lease lost" (docs/OPERATIONS.md,
-// "Worker leader"), as it does when another replica takes the lease; it
-// logged only the renewals' errors, and "acquired" again once back.
-func TestWorkerLeaseLapseLogged(t *testing.T) {
-	dsn := postgresSchema(t)
-	u, err := neturl.Parse(dsn)
+// postgresBehindCuttableProxy returns the DSN of a fresh test schema
+// reached through a cuttable proxy (connect_timeout 1 s), and the proxy.
+func postgresBehindCuttableProxy(t *testing.T) (string, *cuttableProxy) {
+	t.Helper()
+	u, err := neturl.Parse(postgresSchema(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -673,7 +670,17 @@ func TestWorkerLeaseLapseLogged(t *testing.T) {
 	q := u.Query()
 	q.Set("connect_timeout", "1")
 	u.RawQuery = q.Encode()
-	addr, logs := serveInProcess(t, "--store", u.String(), "--lease-ttl", "900ms")
+	return u.String(), proxy
+}
+
+// TestWorkerLeaseLapseLogged: a replica whose renewals fail (its database
+// unreachable) stops running the workers once its last renewal lapses,
+// and says so in its log with "worker lease lost" (docs/OPERATIONS.md,
+// "Worker leader"), as it does when another replica takes the lease; it
+// logged only the renewals' errors, and "acquired" again once back.
+func TestWorkerLeaseLapseLogged(t *testing.T) {
+	dsn, proxy := postgresBehindCuttableProxy(t)
+	addr, logs := serveInProcess(t, "--store", dsn, "--lease-ttl", "900ms")
 	waitFor := func(what string, within time.Duration) {
 		t.Helper()
 		deadline := time.Now().Add(within)

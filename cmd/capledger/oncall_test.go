@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
-	neturl "net/url"
 	"regexp"
 	"strings"
 	"testing"
@@ -19,20 +18,11 @@ import (
 // anywhere; the lease's renewals do, on both, as worker "lease" in
 // /metrics and /statusz workers.health, until the store is back.
 func TestWorkerFailingShowsAStoreOutageOnEveryReplica(t *testing.T) {
-	dsn := postgresSchema(t)
-	u, err := neturl.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := newCuttableProxy(t, u.Host)
-	u.Host = proxy.addr
-	q := u.Query()
-	q.Set("connect_timeout", "1")
-	u.RawQuery = q.Encode()
+	dsn, proxy := postgresBehindCuttableProxy(t)
 	bin := buildBinary(t)
 	replicas := []*serverProcess{
-		startServer(t, bin, t.TempDir(), "--store", u.String(), "--lease-ttl", "900ms"),
-		startServer(t, bin, t.TempDir(), "--store", u.String(), "--lease-ttl", "900ms"),
+		startServer(t, bin, t.TempDir(), "--store", dsn, "--lease-ttl", "900ms"),
+		startServer(t, bin, t.TempDir(), "--store", dsn, "--lease-ttl", "900ms"),
 	}
 	failing := regexp.MustCompile(`(?m)^capledger_worker_failing\{worker="(\w+)"\} 1$`)
 	// state returns the workers failing in /metrics, whether this replica

@@ -81,19 +81,25 @@ func newNamedTestPKI(t *testing.T, name string) *testPKI {
 // the rotation is visible also on a file system with coarse timestamps.
 func (p *testPKI) issue(t *testing.T, certFile, keyFile string, serial int64) {
 	t.Helper()
+	p.sign(t, certFile, keyFile, &x509.Certificate{
+		SerialNumber: big.NewInt(serial),
+		Subject:      pkix.Name{CommonName: "capledger test server"},
+		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1")},
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	})
+}
+
+// sign writes a new key and a certificate of template (valid from an
+// hour ago for a day, for digital signatures), signed by the CA, to
+// certFile and keyFile.
+func (p *testPKI) sign(t *testing.T, certFile, keyFile string, template *x509.Certificate) {
+	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
-	template := &x509.Certificate{
-		SerialNumber: big.NewInt(serial),
-		Subject:      pkix.Name{CommonName: "capledger test server"},
-		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1")},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(24 * time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
+	template.NotBefore, template.NotAfter = time.Now().Add(-time.Hour), time.Now().Add(24*time.Hour)
+	template.KeyUsage = x509.KeyUsageDigitalSignature
 	der, err := x509.CreateCertificate(rand.Reader, template, p.ca, &key.PublicKey, p.caKey)
 	if err != nil {
 		t.Fatal(err)
