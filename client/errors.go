@@ -67,11 +67,12 @@ var (
 )
 
 // ErrReceiptRefused matches (errors.Is) the error of ResolveUnknown, and
-// the one a background resend reports (WithRefusedReceipts), when the
-// ledger's answer to an operation receipt is final: no call with the
-// receipt can ever settle or release its reservation, so the receipt has
-// left PendingUnknown. The error also matches the ledger's answer (a
-// *LedgerError), one of:
+// the one WithRefusedReceipts receives, when the ledger's answer to an
+// operation receipt is final: no call with the receipt can ever settle or
+// release its reservation, so the receipt has left PendingUnknown. The
+// error also matches the ledger's answer (a *LedgerError), one of (a
+// background check of a receipt of unknown usage also reports
+// ErrReleased and ErrExpired, see WithRefusedReceipts):
 //   - ErrAlreadySettled: another settle of the reservation is recorded
 //     (the *LedgerError's Reservation shows it; the USAGE_UNKNOWN resolver
 //     or an operator settled it with other figures), or, once retention

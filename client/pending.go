@@ -31,15 +31,25 @@ func WithPendingLimit(limit int, dropped func(OperationReceipt)) Option {
 	return func(c *config) { c.pendingLimit, c.pendingDropped = limit, dropped }
 }
 
-// WithRefusedReceipts sets refused, called with each receipt the
-// background resend (see PendingUnknown) dropped from PendingUnknown
-// because the ledger's answer to it was final (the error matches
-// ErrReceiptRefused and the ledger's answer: ErrAlreadySettled,
-// ErrOperationMismatch or ErrNotFound), e.g. to log it or to reconcile
-// the usage it carried with the settle the ledger recorded.
+// WithRefusedReceipts sets refused, called with each receipt the Client
+// dropped, without a caller to tell, because the ledger's answer to it
+// was final (the error matches ErrReceiptRefused and the answer), e.g. to
+// log it or to reconcile the usage it carried with the settle the ledger
+// recorded:
+//   - the background resend of a known usage (see PendingUnknown):
+//     ErrAlreadySettled, ErrOperationMismatch or ErrNotFound;
+//   - the background check of a receipt of unknown usage, which read its
+//     reservation ended: a *LedgerError of Op "get reservation" with the
+//     reservation as read, matching ErrAlreadySettled, ErrReleased,
+//     ErrExpired or ErrOperationMismatch; or ErrNotFound;
+//   - Run undoing a Start whose answer was lost, answered ErrNotFound
+//     (never kept: a Start that landed may hold capacity, see
+//     ErrReceiptRefused).
+//
 // Client.PendingRefused counts them, with or without refused. A receipt
 // ResolveUnknown dropped so is not passed: its caller got the error.
-// refused is called without locks held, from a goroutine of the resend.
+// refused is called without locks held, from a goroutine of the resend
+// loop or of Run.
 func WithRefusedReceipts(refused func(OperationReceipt, error)) Option {
 	return func(c *config) { c.pendingRefused = refused }
 }
@@ -60,6 +70,9 @@ type pendingReceipts struct {
 	// onRefuse gets them.
 	refused  atomic.Uint64
 	onRefuse func(OperationReceipt, error)
+	// resolving counts the resolveUnknown calls in flight, by reservation
+	// id: a check (removeChecked) does not drop their receipts.
+	resolving map[string]int
 }
 
 type pendingEntry struct {
@@ -76,7 +89,7 @@ func newPendingReceipts(limit int, onDrop func(OperationReceipt), onRefuse func(
 	if limit <= 0 {
 		limit = DefaultPendingLimit
 	}
-	return &pendingReceipts{byID: map[string]pendingEntry{}, limit: limit, onDrop: onDrop, onRefuse: onRefuse}
+	return &pendingReceipts{byID: map[string]pendingEntry{}, limit: limit, onDrop: onDrop, onRefuse: onRefuse, resolving: map[string]int{}}
 }
 
 // keep keeps r (replacing a receipt of the same reservation, which keeps
@@ -134,11 +147,49 @@ func (p *pendingReceipts) remove(id string) {
 	p.tidy()
 }
 
+// hasOperation reports whether the receipt kept for reservation id is
+// the one of operation op.
+func (p *pendingReceipts) hasOperation(id, op string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	e, ok := p.byID[id]
+	return ok && e.receipt.OperationID == op
+}
+
+// resolveBegins and resolveEnds bracket a resolveUnknown of reservation
+// id (see removeChecked).
+func (p *pendingReceipts) resolveBegins(id string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.resolving[id]++
+}
+
+func (p *pendingReceipts) resolveEnds(id string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.resolving[id]--; p.resolving[id] <= 0 {
+		delete(p.resolving, id)
+	}
+}
+
+// removeChecked is removeOperation for a check that read the reservation
+// ended, except while a resolveUnknown of it is in flight: the end the
+// check read may be that call's own settle, which that call answers.
+func (p *pendingReceipts) removeChecked(id, op string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.resolving[id] == 0 && p.removeOperationLocked(id, op)
+}
+
 // removeOperation removes the receipt kept for reservation id if it is
 // the one of operation op, and reports whether it did.
 func (p *pendingReceipts) removeOperation(id, op string) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	return p.removeOperationLocked(id, op)
+}
+
+func (p *pendingReceipts) removeOperationLocked(id, op string) bool {
 	e, ok := p.byID[id]
 	if !ok || e.receipt.OperationID != op {
 		return false

@@ -84,7 +84,8 @@ func unknownWork(context.Context) (Units, error) {
 // figure it learned elsewhere (90) then gets the ledger's final answer:
 // ErrReceiptRefused and ErrAlreadySettled, the recorded settle in the
 // detail, and the receipt leaves PendingUnknown. (It used to stay there,
-// and ResolveUnknown failed on it, forever.)
+// and ResolveUnknown failed on it, forever.) The gateway's background
+// check is kept from seeing the settle first (its reads are lost).
 func TestResolveUnknownAfterTheResolverSettledIsFinal(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
@@ -103,7 +104,15 @@ func TestResolveUnknownAfterTheResolverSettledIsFinal(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := newLedgerProcess(t, dir, "--resolver-config", cfg)
-	c, err := New(p.addr, noBreakerWatchdog, WithOperationStore(ops))
+	direct, err := New(p.addr, noBreakerWatchdog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { direct.Close() })
+	// The gateway's background check (its reads) gets no answer here, so
+	// it cannot learn of the resolver's settle before ResolveUnknown does.
+	c, err := New(p.addr, WithBreaker(BreakerPolicy{Disabled: true}), WithOperationStore(ops),
+		WithHTTPClient(&http.Client{Transport: faultyCalls{next: http.DefaultTransport, faults: map[string]callFault{getCall: requestLost}}}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,7 +126,7 @@ func TestResolveUnknownAfterTheResolverSettledIsFinal(t *testing.T) {
 	if err := Finish(ctx, ops, receipt.ReservationID, receipt.OperationID, Units{"tokens": 70}); err != nil {
 		t.Fatal(err)
 	}
-	if got := waitSettled(t, c, receipt.ReservationID); got.GetActualUnits()["tokens"] != 70 || got.GetOperationId() != receipt.OperationID {
+	if got := waitSettled(t, direct, receipt.ReservationID); got.GetActualUnits()["tokens"] != 70 || got.GetOperationId() != receipt.OperationID {
 		t.Fatalf("settled by the resolver: %v", got)
 	}
 	if p := c.PendingUnknown(); len(p) != 1 {
@@ -135,7 +144,7 @@ func TestResolveUnknownAfterTheResolverSettledIsFinal(t *testing.T) {
 	if n := c.PendingRefused(); n != 0 {
 		t.Fatalf("PendingRefused %d: ResolveUnknown's caller got the answer, the resend did not drop it", n)
 	}
-	if got := availableTokens(t, c); got != 10_000-70 {
+	if got := availableTokens(t, direct); got != 10_000-70 {
 		t.Fatalf("available %d, want %d: the resolver's settle stands, once", got, 10_000-70)
 	}
 }
@@ -181,9 +190,11 @@ func TestResendDropsAReceiptSettledByAnotherSettle(t *testing.T) {
 
 // Once the ledger binary's retention removed a settled reservation and
 // forgot its tombstone (serve --retention and --tombstone-retention of a
-// second), it answers RESERVATION_NOT_FOUND: final. A receipt of unknown
-// usage resolved then gets ErrReceiptRefused and ErrNotFound and leaves
-// PendingUnknown; a kept settle resent then is dropped and reported.
+// second), it answers RESERVATION_NOT_FOUND: final. A kept settle resent
+// then is dropped and reported; a receipt of unknown usage is dropped and
+// reported by the background check (which read it settled or, later, not
+// found); ResolveUnknown of it then gets ErrReceiptRefused and
+// ErrNotFound and reports nothing more.
 func TestReceiptsOfForgottenReservationsAreFinal(t *testing.T) {
 	ctx := context.Background()
 	p := newLedgerProcess(t, t.TempDir(), "--retention", "1s", "--tombstone-retention", "1s", "--retention-interval", "50ms")
@@ -240,20 +251,34 @@ func TestReceiptsOfForgottenReservationsAreFinal(t *testing.T) {
 	proxy.SetFaults(faultproxy.Faults{})
 	waitResendsDone(c)
 	receipts, errs := refused.get()
-	if c.PendingRefused() != 1 || len(receipts) != 1 || receipts[0].ReservationID != kept.ReservationID ||
-		!errors.Is(errs[0], ErrReceiptRefused) || !errors.Is(errs[0], ErrNotFound) {
-		t.Fatalf("refused %d %+v %v, want the kept settle, not found", c.PendingRefused(), receipts, errs)
+	if c.PendingRefused() != 2 || len(receipts) != 2 {
+		t.Fatalf("refused %d %+v %v, want both receipts", c.PendingRefused(), receipts, errs)
 	}
-	if p := c.PendingUnknown(); len(p) != 1 || p[0].ReservationID != unknown.ReservationID {
-		t.Fatalf("pending %+v, want only the receipt of unknown usage (never resent)", p)
+	for i, r := range receipts {
+		err := errs[i]
+		switch r.ReservationID {
+		case kept.ReservationID:
+			if !errors.Is(err, ErrReceiptRefused) || !errors.Is(err, ErrNotFound) {
+				t.Fatalf("kept settle reported with %v, want not found", err)
+			}
+		case unknown.ReservationID:
+			if !errors.Is(err, ErrReceiptRefused) || !errors.Is(err, ErrNotFound) && !errors.Is(err, ErrAlreadySettled) {
+				t.Fatalf("receipt of unknown usage reported with %v, want settled or not found", err)
+			}
+		default:
+			t.Fatalf("reported %+v", r)
+		}
+	}
+	if p := c.PendingUnknown(); len(p) != 0 {
+		t.Fatalf("pending %+v, want none", p)
 	}
 
 	_, err = c.ResolveUnknown(withoutWatchdog(ctx), unknown, Units{"tokens": 60})
 	if le := mustErrAs[*LedgerError](t, err); !errors.Is(err, ErrReceiptRefused) || !errors.Is(err, ErrNotFound) || le.Reason != ReasonReservationNotFound {
 		t.Fatalf("resolve of a forgotten reservation: %v", err)
 	}
-	if p := c.PendingUnknown(); len(p) != 0 {
-		t.Fatalf("pending after a final answer: %+v", p)
+	if n := c.PendingRefused(); n != 2 {
+		t.Fatalf("PendingRefused %d after ResolveUnknown, want still 2", n)
 	}
 	if got := availableTokens(t, direct); got != 10_000-100 {
 		t.Fatalf("available %d, want %d: the operator's two settles, once each", got, 10_000-100)

@@ -2,8 +2,14 @@ package client
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
 	"time"
+
+	"connectrpc.com/connect"
+
+	ledgerv1 "github.com/capledger/capledger/api/capledger/v1"
 )
 
 // How kept receipts are resent (see settleLater).
@@ -26,13 +32,18 @@ type resends struct {
 	running bool
 	// wake tells a sleeping loop that a receipt was added (buffered 1).
 	wake chan struct{}
+	// checksNotBefore: no check (checkOne) is sent before it.
+	checksNotBefore time.Time
 }
 
 // resend is one kept receipt's resend state.
 type resend struct {
 	receipt OperationReceipt
-	wait    time.Duration // the back-off after the next failure
-	next    time.Time     // not resent before (zero: at once)
+	// check: a receipt of unknown usage, whose reservation is read
+	// (checkOne), never settled or released.
+	check bool
+	wait  time.Duration // the back-off after the next failure
+	next  time.Time     // not resent before (zero: at once)
 }
 
 // settleLater resends, in the background, the settle (or the release of
@@ -47,8 +58,24 @@ type resend struct {
 // it), when the ledger refuses the call without a final answer (the
 // receipt stays pending for the caller), or when the caller resolved it
 // meanwhile; the loop ends when none is left or the Client closes (Close
-// waits for it). A receipt already being resent is not added again.
+// waits for it). A receipt already being resent is not added again. The
+// same loop checks the receipts of unknown usage (checkLater).
 func (c *Client) settleLater(r OperationReceipt) {
+	c.addResend(&resend{receipt: r, wait: resendFirstWait})
+}
+
+// checkLater checks, in the background, a kept receipt of unknown usage
+// (checkOne), in the loop of settleLater: first after about
+// resendFirstWait, then backing off like a resend, at most resendParallel
+// checks per resendFirstWait for all receipts together.
+func (c *Client) checkLater(r OperationReceipt) {
+	c.addResend(&resend{receipt: r, check: true, wait: resendFirstWait, next: time.Now().Add(halfJitter(resendFirstWait))})
+}
+
+// addResend adds s to the loop, starting it if needed. A receipt already
+// in the loop is not added again, unless s resends a settle where a check
+// was due: the resend replaces the check.
+func (c *Client) addResend(s *resend) {
 	ls := c.lookups
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
@@ -56,14 +83,14 @@ func (c *Client) settleLater(r OperationReceipt) {
 		return
 	}
 	rs := &c.resends
-	if _, ok := rs.due[r.ReservationID]; ok {
+	if old, ok := rs.due[s.receipt.ReservationID]; ok && (s.check || !old.check) {
 		return
 	}
 	if rs.due == nil {
 		rs.due = map[string]*resend{}
 		rs.wake = make(chan struct{}, 1)
 	}
-	rs.due[r.ReservationID] = &resend{receipt: r, wait: resendFirstWait}
+	rs.due[s.receipt.ReservationID] = s
 	if !rs.running {
 		rs.running = true
 		ls.wg.Add(1)
@@ -97,13 +124,24 @@ func (c *Client) resendLoop() {
 			ls.mu.Unlock()
 			return
 		}
+		var checks []*resend
 		for _, s := range c.resends.due {
 			switch {
-			case !s.next.After(now):
+			case s.next.After(now):
+				next = earliest(next, s.next)
+			case s.check:
+				checks = append(checks, s)
+			default:
 				due = append(due, s)
-			case next.IsZero() || s.next.Before(next):
-				next = s.next
 			}
+		}
+		checks, later := pickChecks(checks, now, c.resends.checksNotBefore)
+		if len(checks) > 0 {
+			c.resends.checksNotBefore = now.Add(resendFirstWait)
+			due = append(due, checks...)
+		}
+		if later {
+			next = earliest(next, c.resends.checksNotBefore)
 		}
 		wake := c.resends.wake
 		ls.mu.Unlock()
@@ -121,6 +159,41 @@ func (c *Client) resendLoop() {
 			t.Stop()
 		}
 	}
+}
+
+// earliest returns the earlier of a and b, a zero one counting as none.
+func earliest(a, b time.Time) time.Time {
+	if a.IsZero() || b.Before(a) {
+		return b
+	}
+	return a
+}
+
+// pickChecks returns the checks (checkOne) of due to send now: none
+// before notBefore, else the resendParallel due earliest. later reports
+// whether due checks were left for a later round.
+func pickChecks(due []*resend, now, notBefore time.Time) (picked []*resend, later bool) {
+	if len(due) == 0 {
+		return nil, false
+	}
+	if now.Before(notBefore) {
+		return nil, true
+	}
+	for _, s := range due {
+		i := len(picked)
+		for i > 0 && s.next.Before(picked[i-1].next) {
+			i--
+		}
+		if i == resendParallel {
+			continue
+		}
+		if len(picked) < resendParallel {
+			picked = append(picked, nil)
+		}
+		copy(picked[i+1:], picked[i:len(picked)-1])
+		picked[i] = s
+	}
+	return picked, len(due) > len(picked)
 }
 
 // resendRound resends due, resendParallel at a time, and returns when all
@@ -158,6 +231,10 @@ feed:
 // it is counted and reported. A resend the breaker would refuse is not
 // sent and not counted: the loop waits for the breaker instead.
 func (c *Client) resendOne(s *resend) {
+	if s.check {
+		c.checkOne(s)
+		return
+	}
 	ls := c.lookups
 	id := s.receipt.ReservationID
 	kept := c.pending.has(id)
@@ -176,13 +253,97 @@ func (c *Client) resendOne(s *resend) {
 			return
 		}
 		if removed {
-			c.pending.refused.Add(1)
-			if c.pending.onRefuse != nil {
-				c.pending.onRefuse(s.receipt.clone(), err)
-			}
+			c.reportRefused(s.receipt, err)
 		}
 	}
 	ls.mu.Lock()
 	delete(c.resends.due, id)
 	ls.mu.Unlock()
+}
+
+// reportRefused counts r (PendingRefused) and hands it to
+// WithRefusedReceipts' function with err, which matches ErrReceiptRefused.
+func (c *Client) reportRefused(r OperationReceipt, err error) {
+	c.pending.refused.Add(1)
+	if c.pending.onRefuse != nil {
+		c.pending.onRefuse(r.clone(), err)
+	}
+}
+
+// checkOne reads the reservation of a kept receipt of unknown usage
+// (GetReservation; it never settles or releases anything). When the
+// ledger shows it ended or taken by another operation, or answers
+// RESERVATION_NOT_FOUND (see ErrReceiptRefused), no call with the
+// receipt can settle it: the receipt leaves PendingUnknown and the loop,
+// and is reported (reportRefused) with an error matching
+// ErrReceiptRefused and the answer (endedAnswer's, or the not_found).
+// Otherwise (still STARTED or USAGE_UNKNOWN under this operation, no
+// answer, a 5xx, any other refusal, or a ResolveUnknown of it in flight)
+// the receipt stays and is checked again after its back-off. It leaves
+// the loop when the receipt is no longer kept (resolved, dropped).
+func (c *Client) checkOne(s *resend) {
+	ls := c.lookups
+	r := s.receipt
+	if !c.pending.hasOperation(r.ReservationID, r.OperationID) {
+		ls.mu.Lock()
+		if c.resends.due[r.ReservationID] == s {
+			delete(c.resends.due, r.ReservationID)
+		}
+		ls.mu.Unlock()
+		return
+	}
+	if c.breaker.allow() != nil {
+		return
+	}
+	actx, cancel := context.WithTimeout(ls.ctx, 2*c.timeout)
+	got, err := c.GetReservation(actx, r.ReservationID)
+	cancel()
+	var final error
+	var le *LedgerError
+	switch {
+	case err == nil:
+		final = endedAnswer(r, got)
+	case errors.As(err, &le) && le.Reason == ReasonReservationNotFound:
+		final = err
+	}
+	if final != nil && c.pending.removeChecked(r.ReservationID, r.OperationID) {
+		c.reportRefused(r, fmt.Errorf("check %s: %w: %w", r.ReservationID, ErrReceiptRefused, final))
+	}
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if !c.pending.hasOperation(r.ReservationID, r.OperationID) {
+		if c.resends.due[r.ReservationID] == s {
+			delete(c.resends.due, r.ReservationID)
+		}
+		return
+	}
+	s.next = time.Now().Add(halfJitter(s.wait))
+	s.wait = min(2*s.wait, resendMaxWait)
+}
+
+// endedAnswer returns, for a receipt of unknown usage and its reservation
+// as read (got), the answer a settle with the receipt would get when it
+// is final, as a *LedgerError of Op "get reservation" with got as its
+// Reservation: ErrAlreadySettled (SETTLED or SETTLED_WITH_DEBT, also as
+// a tombstone), ErrReleased, ErrExpired, or ErrOperationMismatch (started
+// under another operation id). It returns nil while the receipt may still
+// settle it (STARTED or USAGE_UNKNOWN under the receipt's operation id,
+// or not started yet).
+func endedAnswer(r OperationReceipt, got *ledgerv1.Reservation) error {
+	var reason string
+	switch got.GetState() {
+	case ledgerv1.ReservationState_RESERVATION_STATE_SETTLED, ledgerv1.ReservationState_RESERVATION_STATE_SETTLED_WITH_DEBT:
+		reason = ReasonReservationAlreadySettled
+	case ledgerv1.ReservationState_RESERVATION_STATE_RELEASED:
+		reason = ReasonReservationReleased
+	case ledgerv1.ReservationState_RESERVATION_STATE_EXPIRED:
+		reason = ReasonReservationExpired
+	default:
+		if op := got.GetOperationId(); op == "" || op == r.OperationID {
+			return nil
+		}
+		reason = ReasonOperationMismatch
+	}
+	return &LedgerError{Op: "get reservation", Code: connect.CodeFailedPrecondition, Reason: reason, Reservation: got,
+		Err: fmt.Errorf("reservation %s is %s, operation %q", r.ReservationID, got.GetState(), got.GetOperationId())}
 }

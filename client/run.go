@@ -321,13 +321,15 @@ func (c *Client) start(ctx context.Context, receipt OperationReceipt) (*ledgerv1
 // not sent because the breaker is open or the connection refused, any
 // other failure), the receipt (with zero actual usage) is kept for
 // ResolveUnknown: the Start may have landed, or may still land, and only
-// this operation id can settle it. Only the ledger's answer that the
-// reservation has ended (released, expired, settled) or another final
-// answer lets it go (ErrReceiptRefused): another operation started it
-// (this Start never landed and never will), or the ledger does not know
-// it (restored without it, or the token's scope no longer covers its
-// subject; then a Start that landed is marked USAGE_UNKNOWN by the
-// execution limit and waits in the ledger's backlog, ListUsageUnknown).
+// this operation id can settle it. The ledger's answer that the
+// reservation has ended (released, expired, settled) or that another
+// operation started it (this Start never landed and never will) lets it
+// go silently: nothing of this operation is held. RESERVATION_NOT_FOUND
+// lets it go too (ErrReceiptRefused) but is reported (reportRefused):
+// the ledger was restored without it, or the token's scope no longer
+// covers its subject, and then a Start that landed holds its capacity,
+// marked USAGE_UNKNOWN by the execution limit (ListUsageUnknown), until
+// the receipt (zero usage) settles it.
 func (c *Client) abandonStart(ctx context.Context, receipt OperationReceipt) {
 	actx, cancel := c.detached(ctx)
 	defer cancel()
@@ -336,7 +338,12 @@ func (c *Client) abandonStart(ctx context.Context, receipt OperationReceipt) {
 	if errors.Is(err, ErrAlreadyStarted) {
 		_, err = c.Settle(actx, receipt.ReservationID, receipt.OperationID, receipt.Actual)
 	}
-	if !reservationEnded(err) && !refusedForGood(err) {
+	switch {
+	case reservationEnded(err) || errors.Is(err, ErrOperationMismatch):
+		// Nothing of this operation is held.
+	case refusedForGood(err): // RESERVATION_NOT_FOUND
+		c.reportRefused(receipt, fmt.Errorf("abandon start %s: %w: %w", receipt.ReservationID, ErrReceiptRefused, err))
+	default:
 		c.keepPending(receipt)
 	}
 }
@@ -405,6 +412,8 @@ func (c *Client) keepPending(r OperationReceipt) {
 	dropped := c.pending.keep(r)
 	if r.Actual != nil {
 		c.settleLater(r)
+	} else {
+		c.checkLater(r)
 	}
 	if len(dropped) == 0 {
 		return
@@ -429,9 +438,10 @@ func (c *Client) keepPending(r OperationReceipt) {
 // operator settled it since the Client last asked.
 func (c *Client) PendingDropped() uint64 { return c.pending.dropped.Load() }
 
-// PendingRefused returns how many receipts the background resend dropped
-// from PendingUnknown because the ledger's answer to them was final
-// (ErrReceiptRefused; WithRefusedReceipts receives them).
+// PendingRefused returns how many receipts the Client dropped (or, for an
+// abandoned Start, did not keep) because the ledger's answer to them was
+// final, with no caller to tell (ErrReceiptRefused; WithRefusedReceipts
+// receives them).
 func (c *Client) PendingRefused() uint64 { return c.pending.refused.Load() }
 
 // PendingUnknown returns the receipts of work this Client left
@@ -450,10 +460,14 @@ func (c *Client) PendingRefused() uint64 { return c.pending.refused.Load() }
 // PendingRefused counts it, WithRefusedReceipts receives it), or the
 // ledger refuses the call without a final answer (invalid_argument,
 // permission, an exhausted account: it stays here, no longer resent). A
-// receipt of unknown usage is not sent until ResolveUnknown: if the
-// resolver or an operator settled its reservation meanwhile, it stays
-// here until then. Lost answers, an unreachable ledger and 5xx answers
-// never drop a receipt. The list lives in memory only: a gateway that must
+// receipt of unknown usage is never sent: the Client reads its
+// reservation in the same loop (at most resendParallel reads per
+// resendFirstWait for all receipts, each backing off like a resend) and
+// drops it when the ledger shows it ended (settled, released, expired),
+// started under another operation id, or answers RESERVATION_NOT_FOUND
+// (PendingRefused counts it, WithRefusedReceipts receives it), unless a
+// ResolveUnknown of it is in flight. Lost answers, an unreachable ledger
+// and 5xx answers never drop a receipt. The list lives in memory only: a gateway that must
 // survive restarts should persist the receipts from UsageUnknownError
 // itself.
 func (c *Client) PendingUnknown() []OperationReceipt { return c.pending.list() }
@@ -494,6 +508,8 @@ func (c *Client) resolveUnknown(ctx context.Context, receipt OperationReceipt, a
 	if receipt.ReservationID == "" || receipt.OperationID == "" {
 		return nil, false, errors.New("resolve unknown: receipt has no reservation or operation id")
 	}
+	c.pending.resolveBegins(receipt.ReservationID)
+	defer c.pending.resolveEnds(receipt.ReservationID)
 	sr, err := c.Settle(ctx, receipt.ReservationID, receipt.OperationID, actual)
 	if errors.Is(err, ErrNotStarted) {
 		// The Start whose answer was lost never landed: the work did not
