@@ -22,6 +22,12 @@ const (
 	// to 5 s, each wait drawn from [d/2, d].
 	resendFirstWait = 100 * time.Millisecond
 	resendMaxWait   = 5 * time.Second
+	// checkMaxWait caps the back-off of a check (checkOne). Work of
+	// unknown usage waits for the ledger's resolver or an operator, on a
+	// scale of minutes, and may stay unknown for hours: a thousand kept
+	// receipts read every 5 s would be 200 reads a second from one
+	// gateway; every minute, about 17.
+	checkMaxWait = time.Minute
 )
 
 // resends are the kept receipts the Client resends in the background, by
@@ -66,8 +72,9 @@ func (c *Client) settleLater(r OperationReceipt) {
 
 // checkLater checks, in the background, a kept receipt of unknown usage
 // (checkOne), in the loop of settleLater: first after about
-// resendFirstWait, then backing off like a resend, at most resendParallel
-// checks per resendFirstWait for all receipts together.
+// resendFirstWait, then backing off like a resend up to checkMaxWait, at
+// most resendParallel checks per resendFirstWait for all receipts
+// together.
 func (c *Client) checkLater(r OperationReceipt) {
 	c.addResend(&resend{receipt: r, check: true, wait: resendFirstWait, next: time.Now().Add(halfJitter(resendFirstWait))})
 }
@@ -318,7 +325,7 @@ func (c *Client) checkOne(s *resend) {
 		return
 	}
 	s.next = time.Now().Add(halfJitter(s.wait))
-	s.wait = min(2*s.wait, resendMaxWait)
+	s.wait = min(2*s.wait, checkMaxWait)
 }
 
 // endedAnswer returns, for a receipt of unknown usage and its reservation
