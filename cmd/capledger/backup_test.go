@@ -88,6 +88,9 @@ func TestBackupWhileServingThenRestoreOverACrashedWAL(t *testing.T) {
 	if fi, err := os.Stat(db + "-wal"); err != nil || fi.Size() == 0 {
 		t.Fatalf("the killed server left no WAL to replay (%v): nothing to test", err)
 	}
+	if _, err := os.Stat(db + "-shm"); err != nil {
+		t.Fatalf("the killed server left no -shm: %v", err)
+	}
 	// A backup of the crashed store holds what its WAL holds: r2.
 	crashed := filepath.Join(t.TempDir(), "crashed")
 	if out, code := runBinary(t, bin, "backup", "--data-dir", dir, crashed); code != exitOK {
@@ -105,13 +108,15 @@ func TestBackupWhileServingThenRestoreOverACrashedWAL(t *testing.T) {
 	if len(aside) != 1 {
 		t.Fatalf("replaced files kept in %v, want one directory", aside)
 	}
-	for _, name := range []string{open.DefaultFile, open.DefaultFile + "-wal"} {
+	for _, name := range []string{open.DefaultFile, open.DefaultFile + "-wal", open.DefaultFile + "-shm"} {
 		if _, err := os.Stat(filepath.Join(aside[0], name)); err != nil {
 			t.Fatalf("the replaced %s was not kept: %v", name, err)
 		}
 	}
-	if _, err := os.Stat(db + "-wal"); err == nil {
-		t.Fatal("a WAL is left beside the restored store")
+	for _, sfx := range []string{"-wal", "-shm"} {
+		if _, err := os.Stat(db + sfx); err == nil {
+			t.Fatalf("a %s is left beside the restored store", sfx)
+		}
 	}
 
 	srv = startServer(t, bin, dir)
