@@ -1,0 +1,155 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/capledger/capledger/internal/childproc"
+	"github.com/capledger/capledger/internal/tmpfs"
+	"github.com/capledger/capledger/store/open"
+)
+
+// With --store sqlite:PATH the shard keys are serve's, in --data-dir
+// (made by serve if missing): a restore into a new place makes that
+// directory for the backup's keys rather than failing after the store
+// was restored.
+func TestRestoreWithStorePathCopiesKeysIntoANewDataDir(t *testing.T) {
+	bin := buildBinary(t)
+	src := t.TempDir()
+	withSQLite(t, filepath.Join(src, open.DefaultFile), fillLedger)
+	os.WriteFile(filepath.Join(src, "shard-keys"), []byte("# keys\n"), 0o600)
+	backup := filepath.Join(t.TempDir(), "bk")
+	if out, code := runBinary(t, bin, "backup", "--data-dir", src, backup); code != exitOK {
+		t.Fatalf("backup: exit %d, %s", code, out)
+	}
+	base := t.TempDir()
+	db, keysDir := filepath.Join(base, "my.db"), filepath.Join(base, "keys-dir")
+	out, code := runBinary(t, bin, "restore", "--store", "sqlite:"+db, "--data-dir", keysDir, backup)
+	if code != exitOK || !strings.Contains(out, "copied the backup's shard keys") {
+		t.Fatalf("restore --store sqlite:PATH into a new data dir: exit %d, %s", code, out)
+	}
+	if fileHash(t, filepath.Join(keysDir, "shard-keys")) != fileHash(t, filepath.Join(backup, "shard-keys")) {
+		t.Fatal("the backup's shard keys were not copied")
+	}
+	if r := auditBinary(t, bin, exitOK, "--data-dir", db); len(r.Discrepancies) != 0 {
+		t.Fatalf("the restored store: %+v", r)
+	}
+}
+
+// A directory without capledger.db is not a backup: exit 1 naming what
+// is missing, and the data directory is not even created.
+func TestRestoreFromADirectoryWithoutADatabase(t *testing.T) {
+	bin := buildBinary(t)
+	notBackup := t.TempDir()
+	os.WriteFile(filepath.Join(notBackup, "shard-keys"), []byte("# keys\n"), 0o600)
+	dir := filepath.Join(t.TempDir(), "data")
+	out, code := runBinary(t, bin, "restore", "--data-dir", dir, notBackup)
+	if code != exitUsage || !strings.Contains(out, notBackup+": no capledger.db in it") {
+		t.Fatalf("restore from a directory without a database: exit %d, %s", code, out)
+	}
+	if _, err := os.Stat(dir); err == nil {
+		t.Fatalf("the refused restore created the data directory %s", dir)
+	}
+}
+
+// A restore without room in the data directory for the copy exits 5
+// saying how much it needs, the store byte for byte as it was.
+func TestRestoreOnAFullDisk(t *testing.T) {
+	bin := buildBinary(t)
+	src := t.TempDir()
+	withSQLite(t, filepath.Join(src, open.DefaultFile), fillLedger)
+	execSQL(t, filepath.Join(src, open.DefaultFile), // more than one step of the online backup (4 MiB)
+		"CREATE TABLE pad(b BLOB); WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i+1 FROM c WHERE i < 50) INSERT INTO pad SELECT randomblob(100000) FROM c")
+	backup := filepath.Join(t.TempDir(), "bk")
+	if out, code := runBinary(t, bin, "backup", "--data-dir", src, backup); code != exitOK {
+		t.Fatalf("backup: exit %d, %s", code, out)
+	}
+	small := tmpfs.Mount(t, "64k")
+	db := filepath.Join(small, open.DefaultFile)
+	os.WriteFile(db, []byte("SQLite format 3\x00 stand-in"), 0o600) // only its bytes are compared
+	hash, before := fileHash(t, db), dirListing(t, small)
+	out, code := runBinary(t, bin, "restore", "--data-dir", small, backup)
+	if code != exitUnavailable || !strings.Contains(out, "no room in "+small) {
+		t.Fatalf("restore onto a full disk: exit %d, %s", code, out)
+	}
+	if m := regexp.MustCompile(`\((\d+) bytes\)`).FindStringSubmatch(out); m == nil || m[1] == "0" {
+		t.Fatalf("the no-room error does not say the copy's size: %s", out)
+	}
+	if fileHash(t, db) != hash || dirListing(t, small) != before {
+		t.Fatalf("the failed restore changed the data directory: %s, was %s", dirListing(t, small), before)
+	}
+}
+
+// A backup killed midway leaves no capledger.db in DEST that a restore
+// or serve could take for a backup: DEST holds a whole one or none.
+func TestBackupKilledMidwayLeavesNoDatabase(t *testing.T) {
+	bin := buildBinary(t)
+	src := t.TempDir()
+	withSQLite(t, filepath.Join(src, open.DefaultFile), fillLedger)
+	execSQL(t, filepath.Join(src, open.DefaultFile),
+		"CREATE TABLE pad(b BLOB); WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i+1 FROM c WHERE i < 30000) INSERT INTO pad SELECT randomblob(4000) FROM c")
+	os.WriteFile(filepath.Join(src, "shard-keys"), []byte("# keys\n"), 0o600)
+	dest := filepath.Join(t.TempDir(), "bk")
+	cmd := exec.Command(bin, "backup", "--data-dir", src, dest)
+	childproc.DieWithParent(cmd)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	written := func() bool {
+		entries, _ := os.ReadDir(dest)
+		for _, e := range entries {
+			if fi, err := e.Info(); err == nil && e.Name() != "shard-keys" && fi.Size() > 0 {
+				return true
+			}
+		}
+		return false
+	}
+	for !written() {
+		time.Sleep(100 * time.Microsecond)
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+	if _, err := os.Stat(filepath.Join(dest, open.DefaultFile)); err == nil {
+		// Only a whole backup may be there (the kill came too late).
+		if r := auditBinary(t, bin, exitOK, "--data-dir", dest); len(r.Discrepancies) != 0 {
+			t.Fatalf("the killed backup's capledger.db: %+v", r)
+		}
+		if _, err := os.Stat(filepath.Join(dest, "shard-keys")); err != nil {
+			t.Fatalf("a capledger.db without its shard keys in DEST: %v", err)
+		}
+	}
+}
+
+// Restored into another ledger's data directory, whose shard keys are
+// kept, restore says which of the backup's keys they lack; from a
+// database file it says no keys were copied.
+func TestRestoreSaysWhatBecameOfTheShardKeys(t *testing.T) {
+	bin := buildBinary(t)
+	src := t.TempDir()
+	withSQLite(t, filepath.Join(src, open.DefaultFile), fillLedger)
+	os.WriteFile(filepath.Join(src, "shard-keys"), []byte("# the backup's\nk-old private AAAA\n"), 0o600)
+	backup := filepath.Join(t.TempDir(), "bk")
+	if out, code := runBinary(t, bin, "backup", "--data-dir", src, backup); code != exitOK {
+		t.Fatalf("backup: exit %d, %s", code, out)
+	}
+	other := t.TempDir()
+	withSQLite(t, filepath.Join(other, open.DefaultFile), fillLedger)
+	os.WriteFile(filepath.Join(other, "shard-keys"), []byte("k-other private BBBB\n"), 0o600)
+	out, code := runBinary(t, bin, "restore", "--data-dir", other, backup)
+	if code != exitOK || !strings.Contains(out, "kept the shard keys") || !strings.Contains(out, "lacks the backup's keys k-old") {
+		t.Fatalf("restore into another ledger's data dir: exit %d, %s", code, out)
+	}
+	fresh := filepath.Join(t.TempDir(), "data")
+	out, code = runBinary(t, bin, "restore", "--data-dir", fresh, filepath.Join(backup, open.DefaultFile))
+	if code != exitOK || !strings.Contains(out, "none copied") {
+		t.Fatalf("restore from a database file: exit %d, %s", code, out)
+	}
+	if _, err := os.Stat(filepath.Join(fresh, "shard-keys")); err == nil {
+		t.Fatal("restore from a database file copied shard keys")
+	}
+}
