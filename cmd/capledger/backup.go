@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/capledger/capledger/engine"
@@ -119,7 +120,7 @@ func runBackup(ctx context.Context, e *env, args []string) error {
 	partial, destKeys := destDB+".partial", filepath.Join(dest, shardKeysFile)
 	keys := "none in " + *dataDir
 	if copied, err := copyIfThere(filepath.Join(*dataDir, shardKeysFile), destKeys); err != nil {
-		return storeError(fmt.Errorf("back up the shard keys: %w", err))
+		return backupError(fmt.Errorf("back up the shard keys: %w", err))
 	} else if copied {
 		keys = "copied"
 	}
@@ -133,7 +134,7 @@ func runBackup(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		os.Remove(partial)
 		os.Remove(destKeys)
-		return storeError(err)
+		return backupError(err)
 	}
 	fmt.Fprintf(e.stdout, "backed up %s (schema %d, %d bytes) to %s; shard keys: %s\n", db, info.Schema, info.Bytes, destDB, keys)
 	return nil
@@ -204,7 +205,7 @@ func runRestore(ctx context.Context, e *env, args []string) error {
 		}
 		return report
 	case err != nil:
-		return storeError(fmt.Errorf("restore from %s: %w (the store is unchanged unless it says otherwise)", backup, err))
+		return backupError(fmt.Errorf("restore from %s: %w (the store is unchanged unless it says otherwise)", backup, err))
 	}
 	fmt.Fprintf(e.stdout, "restored %s from %s\n", db, backup)
 	if aside != "" {
@@ -216,7 +217,7 @@ func runRestore(ctx context.Context, e *env, args []string) error {
 		keys := filepath.Join(*dataDir, shardKeysFile) // serve's, whatever --store says
 		// serve makes --data-dir for its keys even with --store sqlite:PATH.
 		if err := os.MkdirAll(*dataDir, 0o700); err != nil {
-			return storeError(fmt.Errorf("restored the store, but not the shard keys: %w", err))
+			return backupError(fmt.Errorf("restored the store, but not the shard keys: %w", err))
 		}
 		switch copied, err := copyIfThere(filepath.Join(backupDir, shardKeysFile), keys); {
 		case errors.Is(err, os.ErrExist):
@@ -226,12 +227,21 @@ func runRestore(ctx context.Context, e *env, args []string) error {
 					keys, strings.Join(missing, ", "), filepath.Join(backupDir, shardKeysFile))
 			}
 		case err != nil:
-			return storeError(fmt.Errorf("restored the store, but not the shard keys: %w", err))
+			return backupError(fmt.Errorf("restored the store, but not the shard keys: %w", err))
 		case copied:
 			fmt.Fprintf(e.stdout, "copied the backup's shard keys to %s\n", keys)
 		}
 	}
 	return nil
+}
+
+// backupError is storeError's exit, and 5 for any full disk, the shard
+// keys' copy's included (the help's "no room").
+func backupError(err error) error {
+	if errors.Is(err, syscall.ENOSPC) {
+		return exitError{code: exitUnavailable, err: err}
+	}
+	return storeError(err)
 }
 
 // errRestoreUnsound is the restore's prepare step finding discrepancies.

@@ -153,3 +153,28 @@ func TestRestoreSaysWhatBecameOfTheShardKeys(t *testing.T) {
 		t.Fatal("restore from a database file copied shard keys")
 	}
 }
+
+// A disk too full even for the shard keys is "no room" too: exit 5,
+// nothing left in DEST.
+func TestBackupOnADiskFullBeforeTheKeys(t *testing.T) {
+	bin := buildBinary(t)
+	dir := t.TempDir()
+	withSQLite(t, filepath.Join(dir, open.DefaultFile), fillLedger)
+	os.WriteFile(filepath.Join(dir, "shard-keys"), []byte("# keys\n"), 0o600)
+	small := tmpfs.Mount(t, "64k")
+	f, _ := os.Create(filepath.Join(small, "fill"))
+	for {
+		if _, err := f.Write(make([]byte, 4096)); err != nil {
+			break
+		}
+	}
+	f.Close()
+	dest := filepath.Join(small, "bk")
+	out, code := runBinary(t, bin, "backup", "--data-dir", dir, dest)
+	if code != exitUnavailable || !strings.Contains(out, "no space left") {
+		t.Fatalf("backup onto a full disk: exit %d, %s", code, out)
+	}
+	if got := dirListing(t, dest); got != "" {
+		t.Fatalf("the failed backup left %s in DEST", got)
+	}
+}
