@@ -118,22 +118,27 @@ func runBackup(ctx context.Context, e *env, args []string) error {
 	// one that is there has its keys beside it.
 	destDB := filepath.Join(dest, open.DefaultFile)
 	partial, destKeys := destDB+".partial", filepath.Join(dest, shardKeysFile)
-	keys := "none in " + *dataDir
-	if copied, err := copyIfThere(filepath.Join(*dataDir, shardKeysFile), destKeys); err != nil {
+	// What this run made is removed on failure, nothing else: another
+	// backup into the same new DEST meanwhile finds the names taken
+	// (O_EXCL, link), fails and leaves that one's files alone.
+	keys, copied := "none in "+*dataDir, false
+	if copied, err = copyIfThere(filepath.Join(*dataDir, shardKeysFile), destKeys); err != nil {
 		return backupError(fmt.Errorf("back up the shard keys: %w", err))
 	} else if copied {
 		keys = "copied"
 	}
-	info, err := sqlite.Backup(ctx, db, partial)
+	info, err := sqlite.Backup(ctx, db, partial) // removes partial if it fails
 	if err == nil {
-		err = os.Rename(partial, destDB)
-	}
-	if err == nil {
-		err = sqlite.SyncDir(dest)
+		if err = os.Link(partial, destDB); err != nil {
+			os.Remove(partial)
+		} else if err = os.Remove(partial); err == nil {
+			err = sqlite.SyncDir(dest)
+		}
 	}
 	if err != nil {
-		os.Remove(partial)
-		os.Remove(destKeys)
+		if copied {
+			os.Remove(destKeys)
+		}
 		return backupError(err)
 	}
 	fmt.Fprintf(e.stdout, "backed up %s (schema %d, %d bytes) to %s; shard keys: %s\n", db, info.Schema, info.Bytes, destDB, keys)

@@ -178,3 +178,44 @@ func TestBackupOnADiskFullBeforeTheKeys(t *testing.T) {
 		t.Fatalf("the failed backup left %s in DEST", got)
 	}
 }
+
+// Two backups started at once into the same new DEST (a cron job run
+// twice): one makes it, the other fails and leaves that one's files
+// alone; DEST holds a whole backup with its keys and nothing partial.
+func TestTwoBackupsIntoOneDest(t *testing.T) {
+	bin := buildBinary(t)
+	for _, keys := range []bool{true, false} {
+		dir := t.TempDir()
+		withSQLite(t, filepath.Join(dir, open.DefaultFile), fillLedger)
+		execSQL(t, filepath.Join(dir, open.DefaultFile), "CREATE TABLE pad(b BLOB); WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i+1 FROM c WHERE i < 200) INSERT INTO pad SELECT randomblob(4000) FROM c")
+		if keys {
+			os.WriteFile(filepath.Join(dir, "shard-keys"), []byte("# keys\n"), 0o600)
+		}
+		for round := 0; round < 5; round++ {
+			dest := filepath.Join(t.TempDir(), "bk")
+			codes := make(chan int, 2)
+			for range 2 {
+				go func() {
+					cmd := exec.Command(bin, "backup", "--data-dir", dir, dest)
+					childproc.DieWithParent(cmd)
+					cmd.Run()
+					codes <- cmd.ProcessState.ExitCode()
+				}()
+			}
+			a, b := <-codes, <-codes
+			if (a == exitOK) == (b == exitOK) {
+				t.Fatalf("keys %v: two backups into one DEST exited %d and %d, want one 0", keys, a, b)
+			}
+			want := "capledger.db"
+			if keys {
+				want += " shard-keys"
+			}
+			if got := dirListing(t, dest); got != want {
+				t.Fatalf("keys %v: DEST after two backups into it: %q, want %q", keys, got, want)
+			}
+			if r := auditBinary(t, bin, exitOK, "--data-dir", dest); len(r.Discrepancies) != 0 {
+				t.Fatalf("the backup: %+v", r)
+			}
+		}
+	}
+}
