@@ -60,13 +60,12 @@ func TestBackupWhileServingThenRestoreOverACrashedWAL(t *testing.T) {
 			}
 			mu.Lock()
 			if phase.Load() == phaseBefore {
-				ackedBefore[id] = true
+				if ackedBefore[id] = true; len(ackedBefore) == 5 {
+					close(warm)
+				}
 			}
 			if sent == phaseAfter {
 				sentAfter[id] = true
-			}
-			if len(ackedBefore) == 5 && sent == phaseBefore {
-				close(warm)
 			}
 			mu.Unlock()
 			post(client, srv.url, "Release", fmt.Sprintf(`{"reservationId":%q}`, id))
