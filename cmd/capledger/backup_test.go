@@ -234,6 +234,14 @@ func TestRestoreIntoAnEmptyDataDirFromAnOlderSchema(t *testing.T) {
 	if r := auditBinary(t, bin, exitOK, "--data-dir", dir); len(r.Discrepancies) != 0 {
 		t.Fatalf("the restored store (migrated): %+v", r)
 	}
+	// --no-audit skips the audit, not the migration.
+	dir = filepath.Join(t.TempDir(), "new")
+	if out, code := runBinary(t, bin, "restore", "--no-audit", "--data-dir", dir, backup); code != exitOK {
+		t.Fatalf("restore --no-audit: exit %d, %s", code, out)
+	}
+	if r := auditBinary(t, bin, exitOK, "--data-dir", dir); len(r.Discrepancies) != 0 {
+		t.Fatalf("the store restored with --no-audit (migrated): %+v", r)
+	}
 }
 
 // What backup and restore refuse, each with exit 1 and nothing changed:
