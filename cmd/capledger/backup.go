@@ -209,6 +209,8 @@ func runRestore(ctx context.Context, e *env, args []string) error {
 			report = fmt.Errorf("the backup %s fails its audit (report above); the store is unchanged", backup)
 		}
 		return report
+	case err != nil && aside != "":
+		return backupError(fmt.Errorf("restore from %s: %w (the replaced files moved so far are in %s: run restore again once fixed)", backup, err, aside))
 	case err != nil:
 		return backupError(fmt.Errorf("restore from %s: %w (the store is unchanged unless it says otherwise)", backup, err))
 	}

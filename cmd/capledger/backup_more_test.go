@@ -219,3 +219,50 @@ func TestTwoBackupsIntoOneDest(t *testing.T) {
 		}
 	}
 }
+
+// A restore that fails while it moves the old files aside (here a
+// -journal that cannot be moved: a mount point) leaves capledger.db
+// where it was, whole, so a serve started then does not start on an
+// empty store; run again once the cause is gone, it restores.
+func TestRestoreFailingWhileMovingAsideKeepsTheStore(t *testing.T) {
+	bin := buildBinary(t)
+	dir := t.TempDir()
+	db := filepath.Join(dir, open.DefaultFile)
+	withSQLite(t, db, fillLedger)
+	backup := filepath.Join(t.TempDir(), "bk")
+	if out, code := runBinary(t, bin, "backup", "--data-dir", dir, backup); code != exitOK {
+		t.Fatalf("backup: exit %d, %s", code, out)
+	}
+	hash := fileHash(t, db)
+	journal := db + "-journal"
+	if err := os.Mkdir(journal, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=4k", "tmpfs", journal).CombinedOutput(); err != nil {
+		t.Skipf("mount tmpfs: %v %s", err, out)
+	}
+	mounted := true
+	defer func() {
+		if mounted {
+			exec.Command("umount", journal).Run()
+		}
+	}()
+	out, code := runBinary(t, bin, "restore", "--data-dir", dir, backup)
+	if code == exitOK || !strings.Contains(out, "move "+journal+" aside") || !strings.Contains(out, "run restore again") {
+		t.Fatalf("restore with an immovable -journal: exit %d, %s", code, out)
+	}
+	if fileHash(t, db) != hash {
+		t.Fatal("the failed restore left capledger.db changed or missing")
+	}
+	if out, err := exec.Command("umount", journal).CombinedOutput(); err != nil {
+		t.Fatalf("umount: %v %s", err, out)
+	}
+	mounted = false
+	os.Remove(journal)
+	if out, code := runBinary(t, bin, "restore", "--data-dir", dir, backup); code != exitOK {
+		t.Fatalf("restore run again: exit %d, %s", code, out)
+	}
+	if r := auditBinary(t, bin, exitOK, "--data-dir", dir); len(r.Discrepancies) != 0 {
+		t.Fatalf("the restored store: %+v", r)
+	}
+}
