@@ -266,3 +266,50 @@ func TestRestoreFailingWhileMovingAsideKeepsTheStore(t *testing.T) {
 		t.Fatalf("the restored store: %+v", r)
 	}
 }
+
+// A restore killed -9 midway leaves its copy, capledger.db.restoring
+// (and perhaps its -wal), beside the store; serve still has
+// capledger.db, and restore run again replaces the leftover and restores.
+func TestRestoreRunAgainAfterAKill(t *testing.T) {
+	bin := buildBinary(t)
+	dir := t.TempDir()
+	db := filepath.Join(dir, open.DefaultFile)
+	withSQLite(t, db, fillLedger)
+	backup := filepath.Join(t.TempDir(), "bk")
+	if out, code := runBinary(t, bin, "backup", "--data-dir", dir, backup); code != exitOK {
+		t.Fatalf("backup: exit %d, %s", code, out)
+	}
+	cmd := exec.Command(bin, "restore", "--data-dir", dir, backup)
+	childproc.DieWithParent(cmd)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	leftover := db + ".restoring"
+	for {
+		if _, err := os.Stat(leftover); err == nil {
+			break
+		}
+		if done, _ := filepath.Glob(filepath.Join(dir, "pre-restore-*")); len(done) > 0 {
+			break
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+	if _, err := os.Stat(leftover); err != nil {
+		// The kill came too late: leave what such a kill leaves.
+		os.WriteFile(leftover, []byte("SQLite format 3\x00 a partial copy"), 0o600)
+	}
+	if _, err := os.Stat(db); err != nil {
+		t.Fatalf("the killed restore left no store: %v", err)
+	}
+	if out, code := runBinary(t, bin, "restore", "--data-dir", dir, backup); code != exitOK {
+		t.Fatalf("restore run again: exit %d, %s", code, out)
+	}
+	if _, err := os.Stat(leftover); err == nil {
+		t.Fatal("the restore run again left capledger.db.restoring")
+	}
+	if r := auditBinary(t, bin, exitOK, "--data-dir", dir); len(r.Discrepancies) != 0 {
+		t.Fatalf("the restored store: %+v", r)
+	}
+}
