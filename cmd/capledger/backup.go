@@ -7,7 +7,9 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/capledger/capledger/engine"
@@ -31,7 +33,9 @@ backup: shards in the copy were signed with them; a keys file given to
 serve --shard-keys is yours to back up). serve may run meanwhile: the copy
 is what one read of the store sees, and serve goes on admitting. A crashed
 serve's WAL is read too (its commits are in the copy). The copy keeps the
-store's schema as it is, so take one before a migration.
+store's schema as it is, so take one before a migration. DEST/capledger.db
+appears only once whole (after the shard keys): a killed backup leaves
+capledger.db.partial instead; remove DEST and run it again.
 
 Restore it with "capledger restore", or run "capledger serve --data-dir DEST"
 on it. Check it at any time with "capledger audit --data-dir DEST".
@@ -62,7 +66,8 @@ and its -wal and -shm move into DIR/pre-restore-<UTC time> (delete it once
 the restored store is in service) and the copy takes their place: a WAL
 left beside the store by a crash is moved away with it, never replayed
 onto the backup. Where the data directory has no shard-keys file, the
-backup's is copied; one that is there is kept as it is.
+backup directory's is copied (none from a database file); one that is
+there is kept as it is (restore names the backup's keys it lacks).
 
 A restore goes back in time: see docs/OPERATIONS.md "Backups" for what
 gateways see afterwards. If a restore is interrupted, run it again.
@@ -108,20 +113,33 @@ func runBackup(ctx context.Context, e *env, args []string) error {
 	if err := emptyDir(dest); err != nil {
 		return usagef("back up to %s: %v", dest, err)
 	}
+	// The keys first and the database under another name until it is
+	// whole: a backup killed midway leaves no capledger.db in DEST, and
+	// one that is there has its keys beside it.
 	destDB := filepath.Join(dest, open.DefaultFile)
-	info, err := sqlite.Backup(ctx, db, destDB)
-	if err != nil {
-		return storeError(err)
-	}
-	keys := "none in " + *dataDir
-	if copied, err := copyIfThere(filepath.Join(*dataDir, shardKeysFile), filepath.Join(dest, shardKeysFile)); err != nil {
-		os.Remove(destDB)
-		return storeError(fmt.Errorf("back up the shard keys: %w", err))
+	partial, destKeys := destDB+".partial", filepath.Join(dest, shardKeysFile)
+	// What this run made is removed on failure, nothing else: another
+	// backup into the same new DEST meanwhile finds the names taken
+	// (O_EXCL, link), fails and leaves that one's files alone.
+	keys, copied := "none in "+*dataDir, false
+	if copied, err = copyIfThere(filepath.Join(*dataDir, shardKeysFile), destKeys); err != nil {
+		return backupError(fmt.Errorf("back up the shard keys: %w", err))
 	} else if copied {
 		keys = "copied"
 	}
-	if err := sqlite.SyncDir(dest); err != nil {
-		return storeError(err)
+	info, err := sqlite.Backup(ctx, db, partial) // removes partial if it fails
+	if err == nil {
+		if err = os.Link(partial, destDB); err != nil {
+			os.Remove(partial)
+		} else if err = os.Remove(partial); err == nil {
+			err = sqlite.SyncDir(dest)
+		}
+	}
+	if err != nil {
+		if copied {
+			os.Remove(destKeys)
+		}
+		return backupError(err)
 	}
 	fmt.Fprintf(e.stdout, "backed up %s (schema %d, %d bytes) to %s; shard keys: %s\n", db, info.Schema, info.Bytes, destDB, keys)
 	return nil
@@ -144,6 +162,9 @@ func runRestore(ctx context.Context, e *env, args []string) error {
 		return usagef("restore from %s: %v", backup, err)
 	} else if fi.IsDir() {
 		backupDir, backup = backup, filepath.Join(backup, open.DefaultFile)
+		if _, err := os.Stat(backup); err != nil {
+			return usagef("restore from %s: no %s in it (%v): give a directory capledger backup made, or a database file", backupDir, open.DefaultFile, err)
+		}
 	}
 	db, err := sqliteFile(*storeSpec, *dataDir, "restore")
 	if err != nil {
@@ -188,25 +209,46 @@ func runRestore(ctx context.Context, e *env, args []string) error {
 			report = fmt.Errorf("the backup %s fails its audit (report above); the store is unchanged", backup)
 		}
 		return report
+	case err != nil && aside != "":
+		return backupError(fmt.Errorf("restore from %s: %w (the replaced files moved so far are in %s: run restore again once fixed)", backup, err, aside))
 	case err != nil:
-		return storeError(fmt.Errorf("restore from %s: %w (the store is unchanged unless it says otherwise)", backup, err))
+		return backupError(fmt.Errorf("restore from %s: %w (the store is unchanged unless it says otherwise)", backup, err))
 	}
 	fmt.Fprintf(e.stdout, "restored %s from %s\n", db, backup)
 	if aside != "" {
 		fmt.Fprintf(e.stdout, "the replaced files are in %s (delete it once the restored store is in service)\n", aside)
 	}
-	if backupDir != "" {
+	if backupDir == "" {
+		fmt.Fprintf(e.stdout, "shard keys: none copied (%s is a file; a backup directory's shard-keys is copied where %s has none)\n", backup, *dataDir)
+	} else {
 		keys := filepath.Join(*dataDir, shardKeysFile) // serve's, whatever --store says
+		// serve makes --data-dir for its keys even with --store sqlite:PATH.
+		if err := os.MkdirAll(*dataDir, 0o700); err != nil {
+			return backupError(fmt.Errorf("restored the store, but not the shard keys: %w", err))
+		}
 		switch copied, err := copyIfThere(filepath.Join(backupDir, shardKeysFile), keys); {
 		case errors.Is(err, os.ErrExist):
 			fmt.Fprintf(e.stdout, "kept the shard keys in %s\n", keys)
+			if missing := missingKeyLines(filepath.Join(backupDir, shardKeysFile), keys); len(missing) > 0 {
+				fmt.Fprintf(e.stdout, "warning: %s lacks the backup's keys %s, which signed its shards: put their lines from %s above the others in it for those shards to verify\n",
+					keys, strings.Join(missing, ", "), filepath.Join(backupDir, shardKeysFile))
+			}
 		case err != nil:
-			return storeError(fmt.Errorf("restored the store, but not the shard keys: %w", err))
+			return backupError(fmt.Errorf("restored the store, but not the shard keys: %w", err))
 		case copied:
 			fmt.Fprintf(e.stdout, "copied the backup's shard keys to %s\n", keys)
 		}
 	}
 	return nil
+}
+
+// backupError is storeError's exit, and 5 for any full disk, the shard
+// keys' copy's included (the help's "no room").
+func backupError(err error) error {
+	if errors.Is(err, syscall.ENOSPC) {
+		return exitError{code: exitUnavailable, err: err}
+	}
+	return storeError(err)
 }
 
 // errRestoreUnsound is the restore's prepare step finding discrepancies.
@@ -270,4 +312,36 @@ func copyIfThere(src, dst string) (bool, error) {
 		return false, err
 	}
 	return true, sqlite.SyncDir(filepath.Dir(dst))
+}
+
+// missingKeyLines returns the key ids of the keys file backup that the
+// keys file kept does not list (each file's lines "<key-id> private|public
+// <key>"; # comments and blank lines skipped), none where either cannot
+// be read.
+func missingKeyLines(backup, kept string) []string {
+	ids := func(path string) map[string]bool {
+		raw, err := os.ReadFile(path)
+		if err != nil {
+			return nil
+		}
+		m := map[string]bool{}
+		for _, line := range strings.Split(string(raw), "\n") {
+			if f := strings.Fields(line); len(f) > 0 && !strings.HasPrefix(f[0], "#") {
+				m[f[0]] = true
+			}
+		}
+		return m
+	}
+	have := ids(kept)
+	if have == nil {
+		return nil
+	}
+	var missing []string
+	for id := range ids(backup) {
+		if !have[id] {
+			missing = append(missing, id)
+		}
+	}
+	slices.Sort(missing)
+	return missing
 }

@@ -1,11 +1,14 @@
 package main
 
 import (
+	"database/sql"
 	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -33,8 +36,14 @@ func TestBackupWhileServingThenRestoreOverACrashedWAL(t *testing.T) {
 	reserve("r1")
 
 	// Gateways go on reserving and settling while the copy is made; the
-	// copy is one point in time, so it audits sound.
-	stop, loaded := make(chan struct{}), make(chan int)
+	// copy is one point in time, so it audits sound, and it holds every
+	// reservation acknowledged before the backup began and none asked for
+	// after it ended.
+	const phaseBefore, phaseDuring, phaseAfter = 0, 1, 2
+	var phase atomic.Int32
+	var mu sync.Mutex
+	ackedBefore, sentAfter := map[string]bool{}, map[string]bool{}
+	warm, stop, loaded := make(chan struct{}), make(chan struct{}), make(chan int)
 	go func() {
 		client, n := &http.Client{Timeout: 10 * time.Second}, 0
 		for ; ; n++ {
@@ -45,14 +54,37 @@ func TestBackupWhileServingThenRestoreOverACrashedWAL(t *testing.T) {
 			default:
 			}
 			id := fmt.Sprintf("load-%d", n)
+			sent := phase.Load()
 			if status, body := post(client, srv.url, "Reserve", fmt.Sprintf(`{"reservationId":%q,"subject":"tenant-7","route":"chat","units":{"tokens":1}}`, id)); status != 200 {
 				t.Errorf("reserve %s beside the backup: %d %v", id, status, body)
 			}
+			mu.Lock()
+			if phase.Load() == phaseBefore {
+				if ackedBefore[id] = true; len(ackedBefore) == 5 {
+					close(warm)
+				}
+			}
+			if sent == phaseAfter {
+				sentAfter[id] = true
+			}
+			mu.Unlock()
 			post(client, srv.url, "Release", fmt.Sprintf(`{"reservationId":%q}`, id))
 		}
 	}()
+	<-warm
 	backup := filepath.Join(t.TempDir(), "bk")
+	phase.Store(phaseDuring)
 	out, code := runBinary(t, bin, "backup", "--data-dir", dir, backup)
+	phase.Store(phaseAfter)
+	for {
+		mu.Lock()
+		n := len(sentAfter)
+		mu.Unlock()
+		if n >= 5 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
 	close(stop)
 	t.Logf("%d reserves and releases beside the backup", <-loaded)
 	if code != exitOK || !strings.Contains(out, "shard keys: copied") {
@@ -67,6 +99,20 @@ func TestBackupWhileServingThenRestoreOverACrashedWAL(t *testing.T) {
 	for _, sfx := range []string{"-wal", "-shm"} {
 		if _, err := os.Stat(filepath.Join(backup, open.DefaultFile+sfx)); err == nil {
 			t.Fatalf("the backup is not one file: %s%s beside it", open.DefaultFile, sfx)
+		}
+	}
+	inCopy := map[string]bool{}
+	for _, id := range strings.Fields(querySQL(t, filepath.Join(backup, open.DefaultFile), "SELECT id FROM reservations")) {
+		inCopy[id] = true
+	}
+	for id := range ackedBefore {
+		if !inCopy[id] {
+			t.Fatalf("%s, acknowledged before the backup began, is not in it", id)
+		}
+	}
+	for id := range sentAfter {
+		if inCopy[id] {
+			t.Fatalf("%s, reserved after the backup ended, is in it", id)
 		}
 	}
 	reserve("r2")
@@ -88,6 +134,9 @@ func TestBackupWhileServingThenRestoreOverACrashedWAL(t *testing.T) {
 	if fi, err := os.Stat(db + "-wal"); err != nil || fi.Size() == 0 {
 		t.Fatalf("the killed server left no WAL to replay (%v): nothing to test", err)
 	}
+	if _, err := os.Stat(db + "-shm"); err != nil {
+		t.Fatalf("the killed server left no -shm: %v", err)
+	}
 	// A backup of the crashed store holds what its WAL holds: r2.
 	crashed := filepath.Join(t.TempDir(), "crashed")
 	if out, code := runBinary(t, bin, "backup", "--data-dir", dir, crashed); code != exitOK {
@@ -105,13 +154,15 @@ func TestBackupWhileServingThenRestoreOverACrashedWAL(t *testing.T) {
 	if len(aside) != 1 {
 		t.Fatalf("replaced files kept in %v, want one directory", aside)
 	}
-	for _, name := range []string{open.DefaultFile, open.DefaultFile + "-wal"} {
+	for _, name := range []string{open.DefaultFile, open.DefaultFile + "-wal", open.DefaultFile + "-shm"} {
 		if _, err := os.Stat(filepath.Join(aside[0], name)); err != nil {
 			t.Fatalf("the replaced %s was not kept: %v", name, err)
 		}
 	}
-	if _, err := os.Stat(db + "-wal"); err == nil {
-		t.Fatal("a WAL is left beside the restored store")
+	for _, sfx := range []string{"-wal", "-shm"} {
+		if _, err := os.Stat(db + sfx); err == nil {
+			t.Fatalf("a %s is left beside the restored store", sfx)
+		}
 	}
 
 	srv = startServer(t, bin, dir)
@@ -183,6 +234,14 @@ func TestRestoreIntoAnEmptyDataDirFromAnOlderSchema(t *testing.T) {
 	if r := auditBinary(t, bin, exitOK, "--data-dir", dir); len(r.Discrepancies) != 0 {
 		t.Fatalf("the restored store (migrated): %+v", r)
 	}
+	// --no-audit skips the audit, not the migration.
+	dir = filepath.Join(t.TempDir(), "new")
+	if out, code := runBinary(t, bin, "restore", "--no-audit", "--data-dir", dir, backup); code != exitOK {
+		t.Fatalf("restore --no-audit: exit %d, %s", code, out)
+	}
+	if r := auditBinary(t, bin, exitOK, "--data-dir", dir); len(r.Discrepancies) != 0 {
+		t.Fatalf("the store restored with --no-audit (migrated): %+v", r)
+	}
 }
 
 // What backup and restore refuse, each with exit 1 and nothing changed:
@@ -230,6 +289,34 @@ func TestBackupAndRestoreRefusals(t *testing.T) {
 			}
 		})
 	}
+}
+
+// querySQL is the rows stmt reads from the SQLite file at path, opened
+// read-only, one value a row, separated by spaces.
+func querySQL(t *testing.T, path, stmt string) string {
+	t.Helper()
+	db, err := sql.Open("sqlite", "file:"+path+"?mode=ro")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	rows, err := db.Query(stmt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var vals []string
+	for rows.Next() {
+		var v string
+		if err := rows.Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		vals = append(vals, v)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return strings.Join(vals, " ")
 }
 
 // dirListing is the names in dir, sorted, space-separated, but the

@@ -64,10 +64,16 @@ func Backup(ctx context.Context, src, dst string) (BackupInfo, error) {
 	if err != nil {
 		return info, fmt.Errorf("back up %s: read the schema version (is it a capledger database?): %w", src, translate(ctx, err))
 	}
-	var pageSize int64
+	var pageSize, pageCount int64
 	if err := conn.QueryRowContext(ctx, "PRAGMA page_size").Scan(&pageSize); err != nil {
 		return info, fmt.Errorf("back up %s: %w", src, translate(ctx, err))
 	}
+	// The size as this read transaction sees it, for the no-room error:
+	// a backup that fails its first step counts no pages.
+	if err := conn.QueryRowContext(ctx, "PRAGMA page_count").Scan(&pageCount); err != nil {
+		return info, fmt.Errorf("back up %s: %w", src, translate(ctx, err))
+	}
+	info.Bytes = pageCount * pageSize
 
 	f, err := os.OpenFile(dst, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
@@ -87,7 +93,9 @@ func Backup(ctx context.Context, src, dst string) (BackupInfo, error) {
 		return info, fmt.Errorf("back up %s: %w", src, err)
 	}
 	copyConn, pages, err := onlineBackup(ctx, conn, dstDSN, backupStepPages, func() {}, func(int, int) {})
-	info.Bytes = int64(pages) * pageSize
+	if pages > 0 {
+		info.Bytes = int64(pages) * pageSize
+	}
 	if copyConn != nil {
 		err = errors.Join(err, copyConn.Close())
 	}
