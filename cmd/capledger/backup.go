@@ -70,7 +70,9 @@ backup directory's is copied (none from a database file); one that is
 there is kept as it is (restore names the backup's keys it lacks).
 
 A restore goes back in time: see docs/OPERATIONS.md "Backups" for what
-gateways see afterwards. If a restore is interrupted, run it again.
+gateways see afterwards. If a restore is interrupted, run it again: until
+then serve and migrate refuse the store (exit 1, naming the
+capledger.db.restoring it left).
 
 Flags:
   --data-dir DIR   data directory of the embedded store (default ./capledger-data)

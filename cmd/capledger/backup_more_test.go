@@ -1,6 +1,8 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -302,6 +304,21 @@ func TestRestoreRunAgainAfterAKill(t *testing.T) {
 	}
 	if _, err := os.Stat(db); err != nil {
 		t.Fatalf("the killed restore left no store: %v", err)
+	}
+	// serve (and migrate) refuse the store until the restore is run
+	// again: it may have moved the WAL aside already.
+	for _, args := range [][]string{{"serve", "--addr", "127.0.0.1:0", "--data-dir", dir}, {"migrate", "--data-dir", dir}} {
+		// A serve that wrongly starts is stopped after a minute (and
+		// fails the test), rather than running until the test's timeout.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		cmd := exec.CommandContext(ctx, bin, args...)
+		cmd.Env = withoutAddr()
+		out, err := cmd.CombinedOutput()
+		cancel()
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) || exit.ExitCode() != exitUsage || !strings.Contains(string(out), "run capledger restore again") {
+			t.Fatalf("%s after a killed restore: %v, %s", args[0], err, out)
+		}
 	}
 	if out, code := runBinary(t, bin, "restore", "--data-dir", dir, backup); code != exitOK {
 		t.Fatalf("restore run again: exit %d, %s", code, out)

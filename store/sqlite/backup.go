@@ -133,6 +133,27 @@ func SyncDir(dir string) error {
 	return nil
 }
 
+// restoringSuffix names the copy a restore puts beside the database
+// (PATH.restoring) until it is renamed over it. While it is there, Open
+// refuses the database: a restore killed after it moved the WAL aside
+// leaves the file without the commits that WAL held, and serve must not
+// run on that (ErrRestoreInterrupted).
+const restoringSuffix = ".restoring"
+
+// ErrRestoreInterrupted is Open's error for a database beside which an
+// interrupted restore left its copy: run the restore again.
+var ErrRestoreInterrupted = errors.New("an interrupted restore")
+
+// checkNoRestore returns an error wrapping ErrRestoreInterrupted when a
+// restore's copy lies beside the database file at path.
+func checkNoRestore(path string) error {
+	if _, err := os.Lstat(path + restoringSuffix); err == nil {
+		return fmt.Errorf("open sqlite %s: %w left %s: run capledger restore again (the files it was replacing are in the newest pre-restore-* directory beside it; docs/OPERATIONS.md, \"Backups\")",
+			path, ErrRestoreInterrupted, path+restoringSuffix)
+	}
+	return nil
+}
+
 // restoreSuffixes are the files SQLite keeps beside a database: a
 // restore moves them aside with it, since SQLite would replay a WAL left
 // beside the restored file onto it, undoing the restore without a word.
@@ -155,7 +176,7 @@ func Restore(ctx context.Context, backup, path string, now time.Time, prepare fu
 	if err := CheckPath(path); err != nil {
 		return "", err
 	}
-	tmp := path + ".restoring"
+	tmp := path + restoringSuffix
 	removeWithSidecars(tmp) // an interrupted restore's
 	defer func() {
 		if err != nil {

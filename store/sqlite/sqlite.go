@@ -160,6 +160,9 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 	if err := CheckPath(path); err != nil {
 		return nil, err
 	}
+	if err := checkNoRestore(path); err != nil {
+		return nil, err
+	}
 	if cfg.cacheRows < 1 {
 		return nil, fmt.Errorf("open sqlite %s: a row cache of %d rows; want at least 1", path, cfg.cacheRows)
 	}
