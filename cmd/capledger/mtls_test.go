@@ -27,6 +27,12 @@ import (
 // usage) named name, signed by the CA, to certFile and keyFile.
 func (p *testPKI) issueClient(t *testing.T, certFile, keyFile, name string) {
 	t.Helper()
+	p.issueClientWith(t, certFile, keyFile, name, nil)
+}
+
+// issueClientWith is issueClient with the template changed by edit first.
+func (p *testPKI) issueClientWith(t *testing.T, certFile, keyFile, name string, edit func(*x509.Certificate)) {
+	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
@@ -39,6 +45,9 @@ func (p *testPKI) issueClient(t *testing.T, certFile, keyFile, name string) {
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 	}
+	if edit != nil {
+		edit(template)
+	}
 	der, err := x509.CreateCertificate(rand.Reader, template, p.ca, &key.PublicKey, p.caKey)
 	if err != nil {
 		t.Fatal(err)
@@ -49,6 +58,52 @@ func (p *testPKI) issueClient(t *testing.T, certFile, keyFile, name string) {
 	}
 	writePEM(t, keyFile, "PRIVATE KEY", keyDER)
 	writePEM(t, certFile, "CERTIFICATE", der)
+}
+
+// A client certificate the client CA signed but the server cannot accept
+// (expired, or server-auth usage only) exits 1 saying what to pass, every
+// time: the server's refusal mostly reaches the client as a reset
+// connection, which alone reads as an unavailable server (exit 5). The
+// same certificates are no obstacle to a server that asks for none. bench
+// (the SDK, and grpc-go for --mode envoy) exits 1 the same way without a
+// certificate.
+func TestServeMutualTLSUnusableClientCertificate(t *testing.T) {
+	pki, clients := newTestPKI(t), newNamedTestPKI(t, "capledger test client CA")
+	mapping := filepath.Join(t.TempDir(), "bench.yaml")
+	os.WriteFile(mapping, []byte("domains:\n  - name: bench\n    rules:\n      - subject: {key: tenant}\n        route: {value: bench.reserve}\n        unit: tokens\n"), 0o600)
+	addr, _, _, _ := serveTLS(t, pki, 1, "--tls-client-ca", clients.caFile, "--envoy-config", mapping)
+	plainPKI := newTestPKI(t)
+	plainAddr, _, _, _ := serveTLS(t, plainPKI, 1)
+	dir := t.TempDir()
+	expiredCert, expiredKey := filepath.Join(dir, "expired.crt"), filepath.Join(dir, "expired.key")
+	clients.issueClientWith(t, expiredCert, expiredKey, "expired", func(c *x509.Certificate) {
+		c.NotBefore, c.NotAfter = time.Now().Add(-48*time.Hour), time.Now().Add(-24*time.Hour)
+	})
+	serverCert, serverKey := filepath.Join(dir, "server-usage.crt"), filepath.Join(dir, "server-usage.key")
+	clients.issueClientWith(t, serverCert, serverKey, "server usage", func(c *x509.Certificate) {
+		c.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
+	})
+	for _, c := range []struct{ name, cert, key string }{{"expired", expiredCert, expiredKey}, {"server-auth usage only", serverCert, serverKey}} {
+		args := []string{"get", "req-1", "--cert", c.cert, "--key", c.key}
+		for range 30 {
+			code, out, errOut := cli(t, "https://"+addr, append(args, "--ca-file", pki.caFile)...)
+			if code != exitUsage || !strings.Contains(errOut, "--cert") {
+				t.Fatalf("%s certificate: exit %d, want %d saying --cert\n%s%s", c.name, code, exitUsage, out, errOut)
+			}
+		}
+		code, out, errOut := cli(t, "https://"+plainAddr, append(args, "--ca-file", plainPKI.caFile)...)
+		wantExit(t, exitNotFound, code, out, errOut)
+	}
+	for _, args := range [][]string{
+		{"bench", "--mode", "reserve", "--duration", "1s", "--warmup", "0s", "--concurrency", "1"},
+		{"bench", "--mode", "reserve", "--protocol", "grpc", "--setup=false", "--duration", "1s", "--warmup", "0s", "--concurrency", "1"},
+		{"bench", "--mode", "envoy", "--setup=false", "--duration", "1s", "--warmup", "0s", "--concurrency", "1"},
+	} {
+		code, out, errOut := cli(t, "https://"+addr, append(args, "--ca-file", pki.caFile)...)
+		if code != exitUsage || !strings.Contains(errOut, "--cert") {
+			t.Errorf("%v without a certificate: exit %d, want %d saying --cert\n%s%s", args, code, exitUsage, out, errOut)
+		}
+	}
 }
 
 // With --tls-client-ca every connection needs a client certificate the
