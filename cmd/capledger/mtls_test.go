@@ -209,8 +209,9 @@ func TestServeMutualTLS(t *testing.T) {
 	}
 }
 
-// --tls-client-ca is refused without --tls-cert, and with a file that
-// holds no CA certificate, before anything listens or opens.
+// --tls-client-ca is refused without --tls-cert, with a file that holds
+// no CA certificate, and empty (an unset shell variable must not turn
+// client certificates off), before anything listens or opens.
 func TestServeMutualTLSRefusedAtStart(t *testing.T) {
 	pki := newTestPKI(t)
 	certFile, keyFile := filepath.Join(pki.dir, "a.crt"), filepath.Join(pki.dir, "a.key")
@@ -226,6 +227,7 @@ func TestServeMutualTLSRefusedAtStart(t *testing.T) {
 		{[]string{"--tls-client-ca", pki.caFile}, "--tls-client-ca needs --tls-cert"},
 		{[]string{"--tls-cert", certFile, "--tls-key", keyFile, "--tls-client-ca", notPEM}, "--tls-client-ca: " + notPEM + ": no PEM certificate"},
 		{[]string{"--tls-cert", certFile, "--tls-key", keyFile, "--tls-client-ca", notPEM + ".none"}, "no such file"},
+		{[]string{"--tls-cert", certFile, "--tls-key", keyFile, "--tls-client-ca", ""}, "--tls-client-ca: empty file name"},
 	} {
 		dataDir := t.TempDir()
 		args := append([]string{"serve", "--addr", "127.0.0.1:0", "--data-dir", dataDir}, c.flags...)
