@@ -131,10 +131,7 @@ func (c *clientFlags) rolloutClient() (capledgerv1connect.RolloutServiceClient, 
 // the system roots), and a usageError when a file cannot be read or holds
 // no PEM certificate, or a key that does not match.
 func (c *clientFlags) tlsConfig() (*tls.Config, error) {
-	if (c.certFile == "") != (c.keyFile == "") {
-		return nil, usagef("--cert and --key go together: give both files (or $CAPLEDGER_CERT and $CAPLEDGER_KEY), or neither")
-	}
-	if c.caFile == "" && c.certFile == "" {
+	if c.caFile == "" && c.certFile == "" && c.keyFile == "" {
 		return nil, nil
 	}
 	return c.clientTLS()

@@ -10,6 +10,9 @@ import (
 	"crypto/x509/pkix"
 	"math/big"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	neturl "net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -83,7 +86,12 @@ func TestServeMutualTLSUnusableClientCertificate(t *testing.T) {
 	clients.issueClientWith(t, serverCert, serverKey, "server usage", func(c *x509.Certificate) {
 		c.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
 	})
-	for _, c := range []struct{ name, cert, key string }{{"expired", expiredCert, expiredKey}, {"server-auth usage only", serverCert, serverKey}} {
+	futureCert, futureKey := filepath.Join(dir, "future.crt"), filepath.Join(dir, "future.key")
+	clients.issueClientWith(t, futureCert, futureKey, "not yet valid", func(c *x509.Certificate) {
+		c.NotBefore, c.NotAfter = time.Now().Add(24*time.Hour), time.Now().Add(48*time.Hour)
+	})
+	for _, c := range []struct{ name, cert, key string }{{"expired", expiredCert, expiredKey},
+		{"not yet valid", futureCert, futureKey}, {"server-auth usage only", serverCert, serverKey}} {
 		args := []string{"get", "req-1", "--cert", c.cert, "--key", c.key}
 		for range 30 {
 			code, out, errOut := cli(t, "https://"+addr, append(args, "--ca-file", pki.caFile)...)
@@ -153,10 +161,17 @@ func TestServeMutualTLS(t *testing.T) {
 	}
 	// --cert without --key (and a key of another certificate) is a usage
 	// error before anything is sent.
-	for _, args := range [][]string{{"--cert", certFile}, {"--key", keyFile}, {"--cert", certFile, "--key", strangerKey}} {
-		code, out, errOut := cli(t, url, append([]string{"get", "req-1", "--ca-file", pki.caFile}, args...)...)
-		if code != exitUsage || !strings.Contains(errOut, "--cert") {
-			t.Errorf("%v: exit %d, want %d saying --cert\n%s%s", args, code, exitUsage, out, errOut)
+	for _, c := range []struct {
+		args []string
+		says string
+	}{
+		{[]string{"--cert", certFile}, "--cert and --key go together"},
+		{[]string{"--key", keyFile}, "--cert and --key go together"},
+		{[]string{"--cert", certFile, "--key", strangerKey}, "private key does not match"},
+	} {
+		code, out, errOut := cli(t, url, append([]string{"get", "req-1", "--ca-file", pki.caFile}, c.args...)...)
+		if code != exitUsage || !strings.Contains(errOut, c.says) {
+			t.Errorf("%v: exit %d, want %d saying %q\n%s%s", c.args, code, exitUsage, c.says, out, errOut)
 		}
 	}
 
@@ -239,4 +254,26 @@ func TestServeMutualTLSRefusedAtStart(t *testing.T) {
 			t.Errorf("capledger %v left %d entries in the data directory", args, len(entries))
 		}
 	}
+}
+
+// A proxy in front of the ledger that asks for a client certificate but
+// does not require one (tls.RequestClientCert): the CLI without one gets
+// the ledger's answers and their exit codes (3 for a reservation it does
+// not know), not "pass --cert" (exit 1). bench gets through too.
+func TestServeMutualTLSOptionalClientCertificate(t *testing.T) {
+	backend, err := neturl.Parse(startInProcess(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := httptest.NewUnstartedServer(httputil.NewSingleHostReverseProxy(backend))
+	proxy.TLS = &tls.Config{ClientAuth: tls.RequestClientCert}
+	proxy.StartTLS()
+	t.Cleanup(proxy.Close)
+	caFile := filepath.Join(t.TempDir(), "proxy-ca.crt")
+	writePEM(t, caFile, "CERTIFICATE", proxy.Certificate().Raw)
+
+	code, out, errOut := cli(t, proxy.URL, "get", "no-such-reservation", "--ca-file", caFile)
+	wantExit(t, exitNotFound, code, out, errOut)
+	code, out, errOut = cli(t, proxy.URL, "bench", "--mode", "reserve", "--duration", "1s", "--warmup", "0s", "--concurrency", "1", "--ca-file", caFile)
+	wantExit(t, exitOK, code, out, errOut)
 }
