@@ -503,6 +503,11 @@ func describe(err error) error {
 		return err
 	}
 	parts := []string{cerr.Code().String() + ": " + cerr.Message()}
+	if clientCertificateRefused(err) {
+		// Connect's code for it is whichever the broken connection
+		// suggested ("canceled" for a reset): not the server's word.
+		parts[0] = cerr.Message()
+	}
 	if hint := certificateHint(err); hint != "" {
 		parts = append(parts, hint)
 	}
