@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
 	"fmt"
 	"strings"
 
@@ -70,12 +69,9 @@ func grpcGoConn(cfg *benchConfig, what string) (*grpc.ClientConn, error) {
 	creds := insecure.NewCredentials()
 	switch {
 	case strings.HasPrefix(target, "https://"):
-		tc, err := cfg.conn.tlsConfig()
+		tc, err := cfg.conn.clientTLS()
 		if err != nil {
 			return nil, err
-		}
-		if tc == nil {
-			tc = &tls.Config{MinVersion: tls.VersionTLS12}
 		}
 		creds = credentials.NewTLS(tc)
 		target = strings.TrimPrefix(target, "https://")

@@ -12,6 +12,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -19,6 +20,8 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -38,6 +41,11 @@ type clientFlags struct {
 	// server that asks for one (serve --tls-client-ca).
 	certFile, keyFile string
 	timeout           time.Duration
+	// certUnmet is set once a server asked for a client certificate and
+	// this client had none, or one it cannot accept (tlsConfig); shared
+	// with env, which words the failure of a command that used the SDK
+	// or grpc-go.
+	certUnmet *atomic.Bool
 }
 
 const clientFlagsHelp = `Connection flags (every command that talks to a server):
@@ -55,6 +63,10 @@ const clientFlagsHelp = `Connection flags (every command that talks to a server)
 `
 
 func (c *clientFlags) register(fs *flag.FlagSet, e *env) {
+	if e.certUnmet == nil {
+		e.certUnmet = new(atomic.Bool)
+	}
+	c.certUnmet = e.certUnmet
 	addr := e.getenv("CAPLEDGER_ADDR")
 	if addr == "" {
 		addr = "http://127.0.0.1:7070"
@@ -119,11 +131,19 @@ func (c *clientFlags) rolloutClient() (capledgerv1connect.RolloutServiceClient, 
 // the system roots), and a usageError when a file cannot be read or holds
 // no PEM certificate, or a key that does not match.
 func (c *clientFlags) tlsConfig() (*tls.Config, error) {
+	if c.caFile == "" && c.certFile == "" && c.keyFile == "" {
+		return nil, nil
+	}
+	return c.clientTLS()
+}
+
+// clientTLS is tlsConfig's settings even with neither file given (then
+// the system roots and no client certificate). Its GetClientCertificate
+// sets certUnmet when a server asks for a certificate this client has
+// not got, or one the server cannot accept.
+func (c *clientFlags) clientTLS() (*tls.Config, error) {
 	if (c.certFile == "") != (c.keyFile == "") {
 		return nil, usagef("--cert and --key go together: give both files (or $CAPLEDGER_CERT and $CAPLEDGER_KEY), or neither")
-	}
-	if c.caFile == "" && c.certFile == "" {
-		return nil, nil
 	}
 	config := &tls.Config{MinVersion: tls.VersionTLS12}
 	if c.caFile != "" {
@@ -140,7 +160,44 @@ func (c *clientFlags) tlsConfig() (*tls.Config, error) {
 		}
 		config.Certificates = []tls.Certificate{cert}
 	}
+	if c.certUnmet == nil {
+		c.certUnmet = new(atomic.Bool)
+	}
+	unmet := c.certUnmet
+	var cert *tls.Certificate
+	if len(config.Certificates) > 0 {
+		cert = &config.Certificates[0]
+	}
+	config.Certificates = nil
+	config.GetClientCertificate = func(cri *tls.CertificateRequestInfo) (*tls.Certificate, error) {
+		if cert == nil {
+			unmet.Store(true)
+			return &tls.Certificate{}, nil // no certificate: the server decides
+		}
+		if cri.SupportsCertificate(cert) != nil || !clientCertUsable(cert.Leaf, time.Now()) {
+			unmet.Store(true)
+		}
+		return cert, nil
+	}
 	return config, nil
+}
+
+// clientCertUsable reports whether a server verifying leaf for client
+// authentication, as serve --tls-client-ca does, can accept it: within
+// its validity period, and with client-auth usage (or no extended key
+// usage at all). The server's refusal of one that is not often reaches
+// this client only as a reset connection.
+func clientCertUsable(leaf *x509.Certificate, now time.Time) bool {
+	if leaf == nil {
+		return true // not parsed: the server decides
+	}
+	if now.Before(leaf.NotBefore) || now.After(leaf.NotAfter) {
+		return false
+	}
+	if len(leaf.ExtKeyUsage) == 0 {
+		return true
+	}
+	return slices.Contains(leaf.ExtKeyUsage, x509.ExtKeyUsageClientAuth) || slices.Contains(leaf.ExtKeyUsage, x509.ExtKeyUsageAny)
 }
 
 // sdk returns a Go SDK client (for the commands that need its retries or
@@ -152,6 +209,9 @@ func (c *clientFlags) sdk(opts ...client.Option) (*client.Client, error) {
 		return nil, err
 	}
 	tlsConfig, err := c.tlsConfig()
+	if err == nil && tlsConfig == nil && strings.HasPrefix(c.addr, "https://") {
+		tlsConfig, err = c.clientTLS() // to see a client certificate asked for
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -177,33 +237,13 @@ func (c *clientFlags) sdk(opts ...client.Option) (*client.Client, error) {
 // server's refusal comes after the client's handshake, and often reaches
 // the caller only as a closed connection.
 func (c *clientFlags) httpClient() (*http.Client, error) {
-	tlsConfig, err := c.tlsConfig()
+	tlsConfig, err := c.clientTLS()
 	if err != nil {
 		return nil, err
 	}
-	if tlsConfig == nil {
-		tlsConfig = &tls.Config{MinVersion: tls.VersionTLS12}
-	}
-	var cert *tls.Certificate
-	if len(tlsConfig.Certificates) > 0 {
-		cert = &tlsConfig.Certificates[0]
-	}
-	rt := &certRefusals{}
-	tlsConfig.Certificates = nil
-	tlsConfig.GetClientCertificate = func(cri *tls.CertificateRequestInfo) (*tls.Certificate, error) {
-		if cert == nil {
-			rt.unmet.Store(true)
-			return &tls.Certificate{}, nil // no certificate: the server decides
-		}
-		if cri.SupportsCertificate(cert) != nil {
-			rt.unmet.Store(true)
-		}
-		return cert, nil
-	}
 	transport := http.DefaultTransport.(*http.Transport).Clone()
 	transport.TLSClientConfig = tlsConfig
-	rt.base = transport
-	return &http.Client{Transport: rt}, nil
+	return &http.Client{Transport: &certRefusals{base: transport, unmet: c.certUnmet}}, nil
 }
 
 // certRefusals is a RoundTripper that turns the errors of a client whose
@@ -211,8 +251,8 @@ func (c *clientFlags) httpClient() (*http.Client, error) {
 type certRefusals struct {
 	base http.RoundTripper
 	// unmet is set once a server asked for a client certificate and got
-	// none, or one signed by none of the CAs it named.
-	unmet atomic.Bool
+	// none, or one it cannot accept (tlsConfig).
+	unmet *atomic.Bool
 }
 
 func (r *certRefusals) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -463,6 +503,11 @@ func describe(err error) error {
 		return err
 	}
 	parts := []string{cerr.Code().String() + ": " + cerr.Message()}
+	if clientCertificateRefused(err) {
+		// Connect's code for it is whichever the broken connection
+		// suggested ("canceled" for a reset): not the server's word.
+		parts[0] = cerr.Message()
+	}
 	if hint := certificateHint(err); hint != "" {
 		parts = append(parts, hint)
 	}
@@ -607,4 +652,27 @@ func parseUnits(flagName, spec string) (map[string]int64, error) {
 		units[name] = amount
 	}
 	return units, nil
+}
+
+// certRefused words a failed command whose connection a server refused
+// for want of a client certificate it accepts: exit 1 with what to pass.
+// The commands that call through the SDK or grpc-go (bench, shard
+// reconcile --dir) would otherwise report such a refusal as an
+// unavailable server. err is taken for one when it carries the server's
+// alert, or when a server asked for a certificate this command could not
+// give (env.certUnmet) and err is a failure to reach it, not an answer.
+func certRefused(e *env, err error) error {
+	if !clientCertificateRefused(err) {
+		if e.certUnmet == nil || !e.certUnmet.Load() {
+			return err
+		}
+		var urlErr *url.Error
+		if !errors.As(err, &urlErr) && status.Code(err) != codes.Unavailable {
+			return err
+		}
+	}
+	if strings.Contains(err.Error(), clientCertificateHint) {
+		return err // worded by describe
+	}
+	return exitError{code: exitUsage, err: fmt.Errorf("%w; %s", &clientCertError{err: err}, clientCertificateHint)}
 }

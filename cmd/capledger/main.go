@@ -19,6 +19,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -91,6 +92,10 @@ func register(c *command) {
 type env struct {
 	stdout, stderr io.Writer
 	getenv         func(string) string
+	// certUnmet is the command's clientFlags.certUnmet: set once a server
+	// asked for a client certificate the command had not got, or could
+	// not give.
+	certUnmet *atomic.Bool
 }
 
 // usageError is a mistake in how the command was called (exit 1).
@@ -173,6 +178,7 @@ func run(ctx context.Context, e *env, args []string) int {
 		fmt.Fprintf(e.stderr, "capledger %s: interrupted (%v)\n", c.name, err)
 		return exitInterrupted
 	}
+	err = certRefused(e, err)
 	code := exitCode(err)
 	fmt.Fprintf(e.stderr, "capledger %s: %v\n", c.name, err)
 	// Exit 1 points at --help, except when the command set the code itself

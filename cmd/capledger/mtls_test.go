@@ -7,6 +7,9 @@ import (
 	"crypto/x509/pkix"
 	"math/big"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	neturl "net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -24,11 +27,75 @@ import (
 // usage) named name, signed by the CA, to certFile and keyFile.
 func (p *testPKI) issueClient(t *testing.T, certFile, keyFile, name string) {
 	t.Helper()
-	p.sign(t, certFile, keyFile, &x509.Certificate{
+	p.issueClientWith(t, certFile, keyFile, name, nil)
+}
+
+// issueClientWith is issueClient with the template changed by edit first.
+func (p *testPKI) issueClientWith(t *testing.T, certFile, keyFile, name string, edit func(*x509.Certificate)) {
+	t.Helper()
+	template := &x509.Certificate{
 		SerialNumber: big.NewInt(time.Now().UnixNano()),
 		Subject:      pkix.Name{CommonName: name},
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	if edit != nil {
+		edit(template)
+	}
+	p.sign(t, certFile, keyFile, template)
+}
+
+// A client certificate the client CA signed but the server cannot accept
+// (expired, or server-auth usage only) exits 1 saying what to pass, every
+// time: the server's refusal mostly reaches the client as a reset
+// connection, which alone reads as an unavailable server (exit 5), or
+// in Connect's words as "canceled". The
+// same certificates are no obstacle to a server that asks for none. bench
+// (the SDK, and grpc-go for --mode envoy) exits 1 the same way without a
+// certificate.
+func TestServeMutualTLSUnusableClientCertificate(t *testing.T) {
+	pki, clients := newTestPKI(t), newNamedTestPKI(t, "capledger test client CA")
+	mapping := filepath.Join(t.TempDir(), "bench.yaml")
+	os.WriteFile(mapping, []byte("domains:\n  - name: bench\n    rules:\n      - subject: {key: tenant}\n        route: {value: bench.reserve}\n        unit: tokens\n"), 0o600)
+	addr, _, _, _ := serveTLS(t, pki, 1, "--tls-client-ca", clients.caFile, "--envoy-config", mapping)
+	plainPKI := newTestPKI(t)
+	plainAddr, _, _, _ := serveTLS(t, plainPKI, 1)
+	dir := t.TempDir()
+	expiredCert, expiredKey := filepath.Join(dir, "expired.crt"), filepath.Join(dir, "expired.key")
+	clients.issueClientWith(t, expiredCert, expiredKey, "expired", func(c *x509.Certificate) {
+		c.NotBefore, c.NotAfter = time.Now().Add(-48*time.Hour), time.Now().Add(-24*time.Hour)
 	})
+	serverCert, serverKey := filepath.Join(dir, "server-usage.crt"), filepath.Join(dir, "server-usage.key")
+	clients.issueClientWith(t, serverCert, serverKey, "server usage", func(c *x509.Certificate) {
+		c.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
+	})
+	futureCert, futureKey := filepath.Join(dir, "future.crt"), filepath.Join(dir, "future.key")
+	clients.issueClientWith(t, futureCert, futureKey, "not yet valid", func(c *x509.Certificate) {
+		c.NotBefore, c.NotAfter = time.Now().Add(24*time.Hour), time.Now().Add(48*time.Hour)
+	})
+	for _, c := range []struct{ name, cert, key string }{{"expired", expiredCert, expiredKey},
+		{"not yet valid", futureCert, futureKey}, {"server-auth usage only", serverCert, serverKey}} {
+		args := []string{"get", "req-1", "--cert", c.cert, "--key", c.key}
+		for range 30 {
+			code, out, errOut := cli(t, "https://"+addr, append(args, "--ca-file", pki.caFile)...)
+			// A reset connection reads "canceled" in Connect's words;
+			// nobody cancelled anything.
+			if code != exitUsage || !strings.Contains(errOut, "--cert") || strings.Contains(errOut, "canceled") {
+				t.Fatalf("%s certificate: exit %d, want %d saying --cert (and not canceled)\n%s%s", c.name, code, exitUsage, out, errOut)
+			}
+		}
+		code, out, errOut := cli(t, "https://"+plainAddr, append(args, "--ca-file", plainPKI.caFile)...)
+		wantExit(t, exitNotFound, code, out, errOut)
+	}
+	for _, args := range [][]string{
+		{"bench", "--mode", "reserve", "--duration", "1s", "--warmup", "0s", "--concurrency", "1"},
+		{"bench", "--mode", "reserve", "--protocol", "grpc", "--setup=false", "--duration", "1s", "--warmup", "0s", "--concurrency", "1"},
+		{"bench", "--mode", "envoy", "--setup=false", "--duration", "1s", "--warmup", "0s", "--concurrency", "1"},
+	} {
+		code, out, errOut := cli(t, "https://"+addr, append(args, "--ca-file", pki.caFile)...)
+		if code != exitUsage || !strings.Contains(errOut, "--cert") {
+			t.Errorf("%v without a certificate: exit %d, want %d saying --cert\n%s%s", args, code, exitUsage, out, errOut)
+		}
+	}
 }
 
 // With --tls-client-ca every connection needs a client certificate the
@@ -78,10 +145,17 @@ func TestServeMutualTLS(t *testing.T) {
 	}
 	// --cert without --key (and a key of another certificate) is a usage
 	// error before anything is sent.
-	for _, args := range [][]string{{"--cert", certFile}, {"--key", keyFile}, {"--cert", certFile, "--key", strangerKey}} {
-		code, out, errOut := cli(t, url, append([]string{"get", "req-1", "--ca-file", pki.caFile}, args...)...)
-		if code != exitUsage || !strings.Contains(errOut, "--cert") {
-			t.Errorf("%v: exit %d, want %d saying --cert\n%s%s", args, code, exitUsage, out, errOut)
+	for _, c := range []struct {
+		args []string
+		says string
+	}{
+		{[]string{"--cert", certFile}, "--cert and --key go together"},
+		{[]string{"--key", keyFile}, "--cert and --key go together"},
+		{[]string{"--cert", certFile, "--key", strangerKey}, "private key does not match"},
+	} {
+		code, out, errOut := cli(t, url, append([]string{"get", "req-1", "--ca-file", pki.caFile}, c.args...)...)
+		if code != exitUsage || !strings.Contains(errOut, c.says) {
+			t.Errorf("%v: exit %d, want %d saying %q\n%s%s", c.args, code, exitUsage, c.says, out, errOut)
 		}
 	}
 
@@ -134,8 +208,9 @@ func TestServeMutualTLS(t *testing.T) {
 	}
 }
 
-// --tls-client-ca is refused without --tls-cert, and with a file that
-// holds no CA certificate, before anything listens or opens.
+// --tls-client-ca is refused without --tls-cert, with a file that holds
+// no CA certificate, and empty (an unset shell variable must not turn
+// client certificates off), before anything listens or opens.
 func TestServeMutualTLSRefusedAtStart(t *testing.T) {
 	pki := newTestPKI(t)
 	certFile, keyFile := filepath.Join(pki.dir, "a.crt"), filepath.Join(pki.dir, "a.key")
@@ -151,6 +226,7 @@ func TestServeMutualTLSRefusedAtStart(t *testing.T) {
 		{[]string{"--tls-client-ca", pki.caFile}, "--tls-client-ca needs --tls-cert"},
 		{[]string{"--tls-cert", certFile, "--tls-key", keyFile, "--tls-client-ca", notPEM}, "--tls-client-ca: " + notPEM + ": no PEM certificate"},
 		{[]string{"--tls-cert", certFile, "--tls-key", keyFile, "--tls-client-ca", notPEM + ".none"}, "no such file"},
+		{[]string{"--tls-cert", certFile, "--tls-key", keyFile, "--tls-client-ca", ""}, "--tls-client-ca: empty file name"},
 	} {
 		dataDir := t.TempDir()
 		args := append([]string{"serve", "--addr", "127.0.0.1:0", "--data-dir", dataDir}, c.flags...)
@@ -162,4 +238,26 @@ func TestServeMutualTLSRefusedAtStart(t *testing.T) {
 			t.Errorf("capledger %v left %d entries in the data directory", args, len(entries))
 		}
 	}
+}
+
+// A proxy in front of the ledger that asks for a client certificate but
+// does not require one (tls.RequestClientCert): the CLI without one gets
+// the ledger's answers and their exit codes (3 for a reservation it does
+// not know), not "pass --cert" (exit 1). bench gets through too.
+func TestServeMutualTLSOptionalClientCertificate(t *testing.T) {
+	backend, err := neturl.Parse(startInProcess(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := httptest.NewUnstartedServer(httputil.NewSingleHostReverseProxy(backend))
+	proxy.TLS = &tls.Config{ClientAuth: tls.RequestClientCert}
+	proxy.StartTLS()
+	t.Cleanup(proxy.Close)
+	caFile := filepath.Join(t.TempDir(), "proxy-ca.crt")
+	writePEM(t, caFile, "CERTIFICATE", proxy.Certificate().Raw)
+
+	code, out, errOut := cli(t, proxy.URL, "get", "no-such-reservation", "--ca-file", caFile)
+	wantExit(t, exitNotFound, code, out, errOut)
+	code, out, errOut = cli(t, proxy.URL, "bench", "--mode", "reserve", "--duration", "1s", "--warmup", "0s", "--concurrency", "1", "--ca-file", caFile)
+	wantExit(t, exitOK, code, out, errOut)
 }

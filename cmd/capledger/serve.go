@@ -264,6 +264,13 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	if (*tlsCert == "") != (*tlsKey == "") {
 		return usagef("--tls-cert and --tls-key go together: give both files, or neither for cleartext")
 	}
+	clientCAGiven := false
+	fs.Visit(func(f *flag.Flag) { clientCAGiven = clientCAGiven || f.Name == "tls-client-ca" })
+	if clientCAGiven && *tlsClientCA == "" {
+		// --tls-client-ca "$UNSET" must not serve without client
+		// certificates.
+		return usagef("--tls-client-ca: empty file name (give the PEM file of the client CAs, or leave the flag out)")
+	}
 	if *tlsClientCA != "" && *tlsCert == "" {
 		return usagef("--tls-client-ca needs --tls-cert and --tls-key: client certificates are asked for in the TLS handshake")
 	}

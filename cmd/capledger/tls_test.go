@@ -89,17 +89,21 @@ func (p *testPKI) issue(t *testing.T, certFile, keyFile string, serial int64) {
 	})
 }
 
-// sign writes a new key and a certificate of template (valid from an
-// hour ago for a day, for digital signatures), signed by the CA, to
-// certFile and keyFile.
+// sign writes a new key and a certificate of template (unless it says
+// otherwise valid from an hour ago for a day, for digital signatures),
+// signed by the CA, to certFile and keyFile.
 func (p *testPKI) sign(t *testing.T, certFile, keyFile string, template *x509.Certificate) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
-	template.NotBefore, template.NotAfter = time.Now().Add(-time.Hour), time.Now().Add(24*time.Hour)
-	template.KeyUsage = x509.KeyUsageDigitalSignature
+	if template.NotBefore.IsZero() && template.NotAfter.IsZero() {
+		template.NotBefore, template.NotAfter = time.Now().Add(-time.Hour), time.Now().Add(24*time.Hour)
+	}
+	if template.KeyUsage == 0 {
+		template.KeyUsage = x509.KeyUsageDigitalSignature
+	}
 	der, err := x509.CreateCertificate(rand.Reader, template, p.ca, &key.PublicKey, p.caKey)
 	if err != nil {
 		t.Fatal(err)
