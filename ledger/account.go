@@ -149,6 +149,31 @@ func moveBetween(b Book, from, to *Account, kind MoveKind, receiptID string, now
 	return &move
 }
 
+// drainable reports whether moveBetween would move anything from from to
+// to as they stand: debt, or available capacity to's burst has room for.
+func drainable(b Book, from, to *Account) bool {
+	fromPolicy, ok1 := b.Policy(from.Key.Generation)
+	toPolicy, ok2 := b.Policy(to.Key.Generation)
+	if !ok1 || !ok2 {
+		return false
+	}
+	for i := 0; i < from.Dims; i++ {
+		j := toPolicy.DimensionIndex(fromPolicy.Dimensions[i].Unit)
+		if j < 0 {
+			continue
+		}
+		src, dst := &from.Balances[i], &to.Balances[j]
+		if src.Debt() > 0 {
+			return true
+		}
+		room := max(toPolicy.Dimensions[j].Burst-dst.Available-dst.Reserved, 0) + dst.Debt()
+		if min(src.Available, room) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // isCurrent reports whether a holds its subject's capacity: it is the
 // account new reservations go to, and the only one that refills.
 func isCurrent(b Book, a *Account) bool {
@@ -400,6 +425,21 @@ func Drain(b Book, key AccountKey, now time.Time) Result {
 		return Result{Err: fmt.Errorf("%w: %s is current", ErrNothingToDrain, key)}
 	}
 	target, switched, _ := switchTo(b, subject, active, now)
+	if switched == nil {
+		// Nothing can move (no debt, and the current account's burst has
+		// no room for the capacity waiting here): write nothing. The drain
+		// worker tries such an account every pass; closing its epoch each
+		// time wrote a statement per epoch of balances that never changed.
+		// Bringing the target to now first only refills it, which leaves
+		// less room, never more.
+		a, _, err := accountFor(b, key)
+		if err != nil {
+			return Result{Err: err}
+		}
+		if target != nil && !drainable(b, a, target) {
+			return Result{Err: fmt.Errorf("%w: %s holds no available capacity or debt %s can take", ErrNothingToDrain, key, target.Key)}
+		}
+	}
 	bringToNow(b, target, active, now, !active.RolledBack)
 	b.AccountPut(target)
 	if switched != nil && switched.From == key {

@@ -554,6 +554,14 @@ func (m *refModel) drain(id accountID) modelAnswer {
 		return modelAnswer{err: ledger.ErrNothingToDrain}
 	}
 	target, from, moved := m.switchTo(id.subject, p)
+	if !moved {
+		// Nothing can move before the target refills (refill only takes
+		// room): the drain writes nothing, the target is not refilled.
+		dryFrom, dryTo := *a, *target
+		if !m.move(&dryFrom, &dryTo) {
+			return modelAnswer{err: ledger.ErrNothingToDrain}
+		}
+	}
 	m.refill(target, p)
 	if from == a && moved {
 		return modelAnswer{generation: p.generation, checkGen: true}

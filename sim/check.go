@@ -575,7 +575,7 @@ func (c *checker) settledDown() bool {
 			if a.holds[d] != 0 || a.bal[d].Reserved != 0 || a.bal[d].Debt() != 0 {
 				return false
 			}
-			if key.Generation != active && a.bal[d].Available != 0 && c.roomAt(key.SubjectKey(), active) {
+			if key.Generation != active && a.bal[d].Available != 0 && c.roomAt(key.SubjectKey(), active, c.unitOf(key.Generation, d)) {
 				return false
 			}
 		}
@@ -584,9 +584,12 @@ func (c *checker) settledDown() bool {
 }
 
 // roomAt reports whether the subject's account under generation gen can
-// take more capacity in some dimension: available + reserved below the
-// generation's burst (or no account yet).
-func (c *checker) roomAt(subject ledger.PolicyKey, gen uint64) bool {
+// take more capacity of unit: available + reserved below the generation's
+// burst in that unit's dimension (or no account yet). Capacity moves only
+// into its own unit's dimension, and a drain that can move nothing writes
+// nothing, so room in another dimension (which the account's next refill
+// would fill) is no reason to wait.
+func (c *checker) roomAt(subject ledger.PolicyKey, gen uint64, unit string) bool {
 	key := ledger.AccountKey{Subject: subject.Subject, Route: subject.Route, Region: subject.Region, Generation: gen}
 	a := c.accounts[key]
 	if a == nil {
@@ -596,12 +599,16 @@ func (c *checker) roomAt(subject ledger.PolicyKey, gen uint64) bool {
 	if p == nil {
 		return false
 	}
-	for d := 0; d < a.dims && d < len(p.Dimensions); d++ {
-		if a.bal[d].Available+a.bal[d].Reserved < p.Dimensions[d].Burst {
-			return true
-		}
+	d := p.DimensionIndex(unit)
+	return d >= 0 && d < a.dims && a.bal[d].Available+a.bal[d].Reserved < p.Dimensions[d].Burst
+}
+
+// unitOf names dimension d of generation gen ("" when unknown).
+func (c *checker) unitOf(gen uint64, d int) string {
+	if p := c.w.op.policy(gen); p != nil && d < len(p.Dimensions) {
+		return p.Dimensions[d].Unit
 	}
-	return false
+	return ""
 }
 
 // openSummary describes what has not converged, for a liveness report.
