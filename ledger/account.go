@@ -232,9 +232,17 @@ func bringToNow(b Book, a *Account, p *Policy, now time.Time, refill bool) {
 	if !refill {
 		return
 	}
+	if before, minted := refillDue(a, p, now); minted {
+		// One journal entry for the whole refill, every dimension's mint.
+		journal(b, a, &before, KindRefill, "", 0, 0, "", now)
+	}
+}
+
+// refillDue mints into a's balances the refill due since its cursors
+// under p and moves the cursors, writing nothing to the book; it returns
+// the balances before and whether anything was minted.
+func refillDue(a *Account, p *Policy, now time.Time) (before Balances, minted bool) {
 	nowNanos := now.UnixNano()
-	var before Balances
-	minted := false
 	for i := 0; i < a.Dims && i < len(p.Dimensions); i++ {
 		d := &p.Dimensions[i]
 		if d.RefillUnits <= 0 {
@@ -275,10 +283,7 @@ func bringToNow(b Book, a *Account, p *Policy, now time.Time, refill bool) {
 			}
 		}
 	}
-	if minted {
-		// One journal entry for the whole refill, every dimension's mint.
-		journal(b, a, &before, KindRefill, "", 0, 0, "", now)
-	}
+	return before, minted
 }
 
 // EpochStartOf is the start of the accounting epoch of the given length
@@ -426,17 +431,23 @@ func Drain(b Book, key AccountKey, now time.Time) Result {
 	}
 	target, switched, _ := switchTo(b, subject, active, now)
 	if switched == nil {
-		// Nothing can move (no debt, and the current account's burst has
-		// no room for the capacity waiting here): write nothing. The drain
-		// worker tries such an account every pass; closing its epoch each
-		// time wrote a statement per epoch of balances that never changed.
-		// Bringing the target to now first only refills it, which leaves
-		// less room, never more.
+		// Nothing can move (no debt, and the current account's burst,
+		// refilled to now, has no room for the capacity waiting here):
+		// write nothing. The drain worker tries such an account every
+		// pass; closing its epoch each time wrote a statement per epoch
+		// of balances that never changed. The refill is tried on a copy.
 		a, _, err := accountFor(b, key)
 		if err != nil {
 			return Result{Err: err}
 		}
-		if target != nil && !drainable(b, a, target) {
+		if target == nil {
+			return Result{Err: fmt.Errorf("%w: no current account for %s", ErrNothingToDrain, subject)}
+		}
+		refilled := *target
+		if !active.RolledBack {
+			refillDue(&refilled, active, now)
+		}
+		if !drainable(b, a, &refilled) {
 			return Result{Err: fmt.Errorf("%w: %s holds no available capacity or debt %s can take", ErrNothingToDrain, key, target.Key)}
 		}
 	}

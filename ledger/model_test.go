@@ -555,9 +555,10 @@ func (m *refModel) drain(id accountID) modelAnswer {
 	}
 	target, from, moved := m.switchTo(id.subject, p)
 	if !moved {
-		// Nothing can move before the target refills (refill only takes
-		// room): the drain writes nothing, the target is not refilled.
+		// Nothing can move into the target refilled to now: the drain
+		// writes nothing, the target is not refilled.
 		dryFrom, dryTo := *a, *target
+		m.refill(&dryTo, p)
 		if !m.move(&dryFrom, &dryTo) {
 			return modelAnswer{err: ledger.ErrNothingToDrain}
 		}

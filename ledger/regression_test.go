@@ -376,4 +376,26 @@ func TestDrainWithNoRoomWritesNothing(t *testing.T) {
 		t.Errorf("three drains with nothing to move wrote %d statements, versions %d -> %d (generation 1) and %d -> %d (generation 2); want none",
 			n, v1, c.account(g1).Version, v2, c.account(g2).Version)
 	}
+	// The same when generation 2's stored balance has room that its
+	// refill due by now fills: a busy subject's current account is seldom
+	// stored full, but it refills faster than the worker comes by.
+	c.must(c.reserve("c", 300)) // takes 300 of generation 1's 400 on the way
+	c.must(c.start("c"))
+	c.must(c.settle("c", 300))
+	if avail, bal := c.account(g1).Balances[0].Available, c.account(g2).Balances[0]; avail == 0 || bal.Available+bal.Reserved >= 1000 {
+		t.Fatalf("generation 1 holds %d, generation 2 %+v: want capacity waiting and room stored", avail, bal)
+	}
+	c.advance(2 * time.Hour)
+	for _, g := range []uint64{g1, g2} {
+		c.must(c.apply(ledger.Command{Kind: ledger.KindCloseEpoch, Account: c.account(g).Key}))
+	}
+	statements, v1, v2 = len(c.m.Statements), c.account(g1).Version, c.account(g2).Version
+	c.advance(2 * time.Hour)
+	if res := c.apply(ledger.Command{Kind: ledger.KindDrain, Account: c.account(g1).Key}); !errors.Is(res.Err, ledger.ErrNothingToDrain) {
+		t.Fatalf("drain into a current account its refill fills: %+v, want ErrNothingToDrain", res)
+	}
+	if n := len(c.m.Statements) - statements; n != 0 || c.account(g1).Version != v1 || c.account(g2).Version != v2 {
+		t.Errorf("a drain into a current account its refill fills wrote %d statements, versions %d -> %d and %d -> %d; want none",
+			n, v1, c.account(g1).Version, v2, c.account(g2).Version)
+	}
 }

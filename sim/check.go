@@ -136,6 +136,8 @@ type acctState struct {
 	dims  int
 	bal   ledger.Balances
 	holds ledger.Amounts
+	// refilledTo is the refill cursor of the account's last row.
+	refilledTo [ledger.MaxDimensions]int64
 }
 
 type resvState struct {
@@ -245,6 +247,7 @@ func (c *checker) changes(ch *store.Changes) {
 			c.violate(GateJournal, "account %s row %+v differs from the replay of its journal %+v", row.Key, row.Balances[:row.Dims], a.bal[:row.Dims])
 			return
 		}
+		a.refilledTo = row.RefilledTo
 		p := c.w.op.policy(row.Key.Generation)
 		if p == nil {
 			c.w.op.policiesStale = true
@@ -585,10 +588,10 @@ func (c *checker) settledDown() bool {
 
 // roomAt reports whether the subject's account under generation gen can
 // take more capacity of unit: available + reserved below the generation's
-// burst in that unit's dimension (or no account yet). Capacity moves only
-// into its own unit's dimension, and a drain that can move nothing writes
-// nothing, so room in another dimension (which the account's next refill
-// would fill) is no reason to wait.
+// burst in that unit's dimension once the refill due by now is minted (or
+// no account yet). Capacity moves only into its own unit's dimension, and
+// a drain that can move nothing writes nothing, not even the refill: room
+// that refill fills, or room in another dimension, is no reason to wait.
 func (c *checker) roomAt(subject ledger.PolicyKey, gen uint64, unit string) bool {
 	key := ledger.AccountKey{Subject: subject.Subject, Route: subject.Route, Region: subject.Region, Generation: gen}
 	a := c.accounts[key]
@@ -600,7 +603,22 @@ func (c *checker) roomAt(subject ledger.PolicyKey, gen uint64, unit string) bool
 		return false
 	}
 	d := p.DimensionIndex(unit)
-	return d >= 0 && d < a.dims && a.bal[d].Available+a.bal[d].Reserved < p.Dimensions[d].Burst
+	if d < 0 || d >= a.dims {
+		return false
+	}
+	bal, dim := a.bal[d], p.Dimensions[d]
+	room := max(dim.Burst-bal.Available-bal.Reserved, 0)
+	if dim.RefillUnits > 0 && dim.RefillInterval > 0 && !p.RolledBack {
+		if intervals := (c.w.time().UnixNano() - a.refilledTo[d]) / int64(dim.RefillInterval); intervals > 0 {
+			limit := bal.Debt() + room
+			due := limit
+			if intervals < (limit+dim.RefillUnits-1)/dim.RefillUnits {
+				due = intervals * dim.RefillUnits
+			}
+			room -= max(due-bal.Debt(), 0)
+		}
+	}
+	return room > 0
 }
 
 // unitOf names dimension d of generation gen ("" when unknown).
