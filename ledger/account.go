@@ -149,6 +149,31 @@ func moveBetween(b Book, from, to *Account, kind MoveKind, receiptID string, now
 	return &move
 }
 
+// drainable reports whether moveBetween would move anything from from to
+// to as they stand: debt, or available capacity to's burst has room for.
+func drainable(b Book, from, to *Account) bool {
+	fromPolicy, ok1 := b.Policy(from.Key.Generation)
+	toPolicy, ok2 := b.Policy(to.Key.Generation)
+	if !ok1 || !ok2 {
+		return false
+	}
+	for i := 0; i < from.Dims; i++ {
+		j := toPolicy.DimensionIndex(fromPolicy.Dimensions[i].Unit)
+		if j < 0 {
+			continue
+		}
+		src, dst := &from.Balances[i], &to.Balances[j]
+		if src.Debt() > 0 {
+			return true
+		}
+		room := max(toPolicy.Dimensions[j].Burst-dst.Available-dst.Reserved, 0) + dst.Debt()
+		if min(src.Available, room) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // isCurrent reports whether a holds its subject's capacity: it is the
 // account new reservations go to, and the only one that refills.
 func isCurrent(b Book, a *Account) bool {
@@ -207,9 +232,17 @@ func bringToNow(b Book, a *Account, p *Policy, now time.Time, refill bool) {
 	if !refill {
 		return
 	}
+	if before, minted := refillDue(a, p, now); minted {
+		// One journal entry for the whole refill, every dimension's mint.
+		journal(b, a, &before, KindRefill, "", 0, 0, "", now)
+	}
+}
+
+// refillDue mints into a's balances the refill due since its cursors
+// under p and moves the cursors, writing nothing to the book; it returns
+// the balances before and whether anything was minted.
+func refillDue(a *Account, p *Policy, now time.Time) (before Balances, minted bool) {
 	nowNanos := now.UnixNano()
-	var before Balances
-	minted := false
 	for i := 0; i < a.Dims && i < len(p.Dimensions); i++ {
 		d := &p.Dimensions[i]
 		if d.RefillUnits <= 0 {
@@ -250,10 +283,7 @@ func bringToNow(b Book, a *Account, p *Policy, now time.Time, refill bool) {
 			}
 		}
 	}
-	if minted {
-		// One journal entry for the whole refill, every dimension's mint.
-		journal(b, a, &before, KindRefill, "", 0, 0, "", now)
-	}
+	return before, minted
 }
 
 // EpochStartOf is the start of the accounting epoch of the given length
@@ -400,6 +430,27 @@ func Drain(b Book, key AccountKey, now time.Time) Result {
 		return Result{Err: fmt.Errorf("%w: %s is current", ErrNothingToDrain, key)}
 	}
 	target, switched, _ := switchTo(b, subject, active, now)
+	if switched == nil {
+		// Nothing can move (no debt, and the current account's burst,
+		// refilled to now, has no room for the capacity waiting here):
+		// write nothing. The drain worker tries such an account every
+		// pass; closing its epoch each time wrote a statement per epoch
+		// of balances that never changed. The refill is tried on a copy.
+		a, _, err := accountFor(b, key)
+		if err != nil {
+			return Result{Err: err}
+		}
+		if target == nil {
+			return Result{Err: fmt.Errorf("%w: no current account for %s", ErrNothingToDrain, subject)}
+		}
+		refilled := *target
+		if !active.RolledBack {
+			refillDue(&refilled, active, now)
+		}
+		if !drainable(b, a, &refilled) {
+			return Result{Err: fmt.Errorf("%w: %s holds no available capacity or debt %s can take", ErrNothingToDrain, key, target.Key)}
+		}
+	}
 	bringToNow(b, target, active, now, !active.RolledBack)
 	b.AccountPut(target)
 	if switched != nil && switched.From == key {

@@ -554,6 +554,15 @@ func (m *refModel) drain(id accountID) modelAnswer {
 		return modelAnswer{err: ledger.ErrNothingToDrain}
 	}
 	target, from, moved := m.switchTo(id.subject, p)
+	if !moved {
+		// Nothing can move into the target refilled to now: the drain
+		// writes nothing, the target is not refilled.
+		dryFrom, dryTo := *a, *target
+		m.refill(&dryTo, p)
+		if !m.move(&dryFrom, &dryTo) {
+			return modelAnswer{err: ledger.ErrNothingToDrain}
+		}
+	}
 	m.refill(target, p)
 	if from == a && moved {
 		return modelAnswer{generation: p.generation, checkGen: true}

@@ -340,3 +340,62 @@ func TestFairnessWeightAboveTheSchedulersIsInvalid(t *testing.T) {
 	p.FairnessWeight = ledger.MaxFairnessWeight
 	c.publish(p)
 }
+
+// A drain that cannot move anything, because the current account's burst
+// has no room for the capacity a late refund left on the superseded one,
+// writes nothing: no statement for an epoch in which the drained account's
+// balances did not change, no new version of either account. The drain
+// worker tries such an account every pass; closing its epoch each time
+// wrote a statement every epoch for as long as the current account stayed
+// full (OPERATIONS.md, "What grows with what": statements grow with the
+// epochs in which balances changed).
+func TestDrainWithNoRoomWritesNothing(t *testing.T) {
+	c := newChecked(t)
+	g1 := c.publish(policyOf(tokens(1000, 100)))
+	c.must(c.reserve("a", 500))
+	c.must(c.start("a"))
+	p2 := policyOf(tokens(1000, 100))
+	p2.EstimatorDigest = "sha256:v2"
+	g2 := c.publish(p2)
+	c.must(c.reserve("b", 1)) // switch: carries the 500 available
+	c.advance(time.Minute)    // generation 2 refills to its burst
+	c.must(c.settle("a", 100))
+	if avail := c.account(g1).Balances[0].Available; avail != 400 {
+		t.Fatalf("generation 1 holds %d available after the late refund, want 400 (no room on generation 2)", avail)
+	}
+	c.advance(2 * time.Hour)
+	c.must(c.apply(ledger.Command{Kind: ledger.KindCloseEpoch, Account: c.account(g1).Key})) // the refund's epoch
+	statements, v1, v2 := len(c.m.Statements), c.account(g1).Version, c.account(g2).Version
+	for pass := range 3 {
+		c.advance(2 * time.Hour)
+		if res := c.apply(ledger.Command{Kind: ledger.KindDrain, Account: c.account(g1).Key}); !errors.Is(res.Err, ledger.ErrNothingToDrain) {
+			t.Fatalf("drain %d: %+v, want ErrNothingToDrain", pass, res)
+		}
+	}
+	if n := len(c.m.Statements) - statements; n != 0 || c.account(g1).Version != v1 || c.account(g2).Version != v2 {
+		t.Errorf("three drains with nothing to move wrote %d statements, versions %d -> %d (generation 1) and %d -> %d (generation 2); want none",
+			n, v1, c.account(g1).Version, v2, c.account(g2).Version)
+	}
+	// The same when generation 2's stored balance has room that its
+	// refill due by now fills: a busy subject's current account is seldom
+	// stored full, but it refills faster than the worker comes by.
+	c.must(c.reserve("c", 300)) // takes 300 of generation 1's 400 on the way
+	c.must(c.start("c"))
+	c.must(c.settle("c", 300))
+	if avail, bal := c.account(g1).Balances[0].Available, c.account(g2).Balances[0]; avail == 0 || bal.Available+bal.Reserved >= 1000 {
+		t.Fatalf("generation 1 holds %d, generation 2 %+v: want capacity waiting and room stored", avail, bal)
+	}
+	c.advance(2 * time.Hour)
+	for _, g := range []uint64{g1, g2} {
+		c.must(c.apply(ledger.Command{Kind: ledger.KindCloseEpoch, Account: c.account(g).Key}))
+	}
+	statements, v1, v2 = len(c.m.Statements), c.account(g1).Version, c.account(g2).Version
+	c.advance(2 * time.Hour)
+	if res := c.apply(ledger.Command{Kind: ledger.KindDrain, Account: c.account(g1).Key}); !errors.Is(res.Err, ledger.ErrNothingToDrain) {
+		t.Fatalf("drain into a current account its refill fills: %+v, want ErrNothingToDrain", res)
+	}
+	if n := len(c.m.Statements) - statements; n != 0 || c.account(g1).Version != v1 || c.account(g2).Version != v2 {
+		t.Errorf("a drain into a current account its refill fills wrote %d statements, versions %d -> %d and %d -> %d; want none",
+			n, v1, c.account(g1).Version, v2, c.account(g2).Version)
+	}
+}

@@ -55,8 +55,19 @@ type decisionKey struct {
 // consoleCounters are what GetOverview reports beyond the Prometheus
 // metrics: reserve decisions by deciding generation (a label the metrics do
 // not carry, since generations are unbounded) and the last audit answered.
+// Like the shadow comparisons (shadowCounts), the decisions are kept for
+// the generations recent reports true for, each policy key's active one and
+// two newest: an older generation's are forgotten when a generation not
+// counted before decides and when GetOverview reads them, so they grow with
+// the policy keys, not with every generation published since the start.
 type consoleCounters struct {
 	decisions sync.Map // decisionKey -> *atomic.Int64
+	// recent is policyCache.recent; nil keeps every generation.
+	recent func(generation uint64) bool
+	// forgetting serializes adding a generation's first counter with
+	// forgetting old ones, so a counter just added is never dropped on a
+	// verdict read before its generation was published.
+	forgetting sync.Mutex
 
 	// store, when set, keeps the audit status for every replica and
 	// across restarts (the fields below are then only a fallback).
@@ -72,9 +83,40 @@ func (c *consoleCounters) decision(generation uint64, outcome string) {
 	key := decisionKey{generation, outcome}
 	v, ok := c.decisions.Load(key)
 	if !ok {
+		c.forgetting.Lock()
+		if c.recent != nil && !c.recent(generation) {
+			// Two newer generations of its key were published and it
+			// no longer decides: a late decision (a reserve decided just
+			// before a publication) is not counted.
+			c.forgetting.Unlock()
+			return
+		}
 		v, _ = c.decisions.LoadOrStore(key, new(atomic.Int64))
+		c.forgetOld()
+		c.forgetting.Unlock()
 	}
 	v.(*atomic.Int64).Add(1)
+}
+
+// forgetOld drops the counters of the generations recent no longer
+// reports; forgetting is held.
+func (c *consoleCounters) forgetOld() {
+	if c.recent == nil {
+		return
+	}
+	verdict := map[uint64]bool{}
+	c.decisions.Range(func(k, _ any) bool {
+		generation := k.(decisionKey).generation
+		keep, seen := verdict[generation]
+		if !seen {
+			keep = c.recent(generation)
+			verdict[generation] = keep
+		}
+		if !keep {
+			c.decisions.Delete(k)
+		}
+		return true
+	})
 }
 
 // auditRecordTimeout bounds the store write of an audit's record.
@@ -247,6 +289,9 @@ func (c consoleService) GetOverview(ctx context.Context, _ *connect.Request[v1.G
 		a, b := resp.Rejections[i], resp.Rejections[j]
 		return a.Dimension+"\x00"+a.Reason+"\x00"+a.Rollout < b.Dimension+"\x00"+b.Reason+"\x00"+b.Rollout
 	})
+	s.console.forgetting.Lock()
+	s.console.forgetOld()
+	s.console.forgetting.Unlock()
 	s.console.decisions.Range(func(k, v any) bool {
 		key := k.(decisionKey)
 		resp.Decisions = append(resp.Decisions, &v1.DecisionCount{

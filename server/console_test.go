@@ -243,6 +243,58 @@ func TestConsoleOverviewCountsBatchDecisions(t *testing.T) {
 	}
 }
 
+// The overview's decisions are kept for each policy key's active generation
+// and its two newest, as the shadow comparisons (OPERATIONS.md, "What grows
+// with what"): every publication of the "*" key forgets the decisions of the
+// generation now two behind, while tenant-8's own key, older than both kept
+// "*" generations, keeps its only one; a generation deciding again after a
+// rollback is counted anew. So a month of publications leaves policy keys × 3
+// generations, not one per publication.
+func TestConsoleOverviewKeepsEachKeysActiveAndNewestGenerations(t *testing.T) {
+	h := newHarness(t, harnessOptions{auth: true, tokens: consoleTokens})
+	publish := func(subject string, burst int) {
+		h.ok("PublishPolicy", fmt.Sprintf(`{"policy":{"subject":%q,"route":"chat.generate",
+  "dimensions":[{"unit":"tokens","burst":"%d"}],"holdTtl":"30s"}}`, subject, burst), adminToken)
+	}
+	n := 0
+	reserve := func(subject string) {
+		n++
+		h.ok("Reserve", reserveFor(fmt.Sprint("r", n), subject, 1), gatewayToken)
+	}
+	want := func(step string, generations ...string) {
+		t.Helper()
+		var got []string
+		for _, d := range h.consoleOK("GetOverview", `{}`, consoleViewer)["decisions"].([]any) {
+			got = append(got, d.(map[string]any)["policyGeneration"].(string))
+		}
+		if !slices.Equal(got, generations) {
+			t.Errorf("%s: decisions of generations %v, want %v", step, got, generations)
+		}
+	}
+	publish("*", 1000) // generation 1
+	reserve("tenant-7")
+	publish("tenant-8", 1000) // generation 2, tenant-8's only
+	reserve("tenant-8")
+	publish("*", 1001) // generation 3
+	reserve("tenant-7")
+	want("the second \"*\" generation", "1", "2", "3")
+	for burst := 1002; burst < 1012; burst++ { // generations 4 to 13
+		publish("*", burst)
+		reserve("tenant-7")
+	}
+	reserve("tenant-8")
+	want("ten more \"*\" generations", "2", "12", "13")
+	// Generations 12 and 13 rolled back: 11 decides again, and is counted
+	// anew, two behind the newest.
+	h.rolloutOK("RollbackGenerations", `{"generations":["12","13"]}`, adminToken)
+	reserve("tenant-7")
+	want("generations 12 and 13 rolled back", "2", "11", "12", "13")
+	// Reading the overview forgets too, with no decision since: generation
+	// 14 leaves 11 and 12 behind.
+	publish("*", 1012)
+	want("generation 14 before any decision", "2", "13")
+}
+
 // A standing's rollout mode is the one the account's reserves get now: on
 // a route a staged rollout holds, the rollout's (docs/CONSOLE.md, Tenants:
 // "generation state and rollout mode"), not the policy's own, which

@@ -167,6 +167,7 @@ func New(l Ledger, cfg Config) *Server {
 		standings: &sharedStandings{},
 		fairness:  &sharedFairness{},
 	}
+	s.console.recent = s.policies.recent
 	s.rollouts = &rolloutCache{store: cfg.Rollouts, log: s.log}
 	s.shadow = newShadowCounts(s.metrics.registry, cfg.Clock(), s.policies.recent)
 	s.gates = newGateMetrics(s.metrics.registry)

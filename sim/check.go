@@ -136,6 +136,8 @@ type acctState struct {
 	dims  int
 	bal   ledger.Balances
 	holds ledger.Amounts
+	// refilledTo is the refill cursor of the account's last row.
+	refilledTo [ledger.MaxDimensions]int64
 }
 
 type resvState struct {
@@ -245,6 +247,7 @@ func (c *checker) changes(ch *store.Changes) {
 			c.violate(GateJournal, "account %s row %+v differs from the replay of its journal %+v", row.Key, row.Balances[:row.Dims], a.bal[:row.Dims])
 			return
 		}
+		a.refilledTo = row.RefilledTo
 		p := c.w.op.policy(row.Key.Generation)
 		if p == nil {
 			c.w.op.policiesStale = true
@@ -575,7 +578,7 @@ func (c *checker) settledDown() bool {
 			if a.holds[d] != 0 || a.bal[d].Reserved != 0 || a.bal[d].Debt() != 0 {
 				return false
 			}
-			if key.Generation != active && a.bal[d].Available != 0 && c.roomAt(key.SubjectKey(), active) {
+			if key.Generation != active && a.bal[d].Available != 0 && c.roomAt(key.SubjectKey(), active, c.unitOf(key.Generation, d)) {
 				return false
 			}
 		}
@@ -584,9 +587,12 @@ func (c *checker) settledDown() bool {
 }
 
 // roomAt reports whether the subject's account under generation gen can
-// take more capacity in some dimension: available + reserved below the
-// generation's burst (or no account yet).
-func (c *checker) roomAt(subject ledger.PolicyKey, gen uint64) bool {
+// take more capacity of unit: available + reserved below the generation's
+// burst in that unit's dimension once the refill due by now is minted (or
+// no account yet). Capacity moves only into its own unit's dimension, and
+// a drain that can move nothing writes nothing, not even the refill: room
+// that refill fills, or room in another dimension, is no reason to wait.
+func (c *checker) roomAt(subject ledger.PolicyKey, gen uint64, unit string) bool {
 	key := ledger.AccountKey{Subject: subject.Subject, Route: subject.Route, Region: subject.Region, Generation: gen}
 	a := c.accounts[key]
 	if a == nil {
@@ -596,12 +602,31 @@ func (c *checker) roomAt(subject ledger.PolicyKey, gen uint64) bool {
 	if p == nil {
 		return false
 	}
-	for d := 0; d < a.dims && d < len(p.Dimensions); d++ {
-		if a.bal[d].Available+a.bal[d].Reserved < p.Dimensions[d].Burst {
-			return true
+	d := p.DimensionIndex(unit)
+	if d < 0 || d >= a.dims {
+		return false
+	}
+	bal, dim := a.bal[d], p.Dimensions[d]
+	room := max(dim.Burst-bal.Available-bal.Reserved, 0)
+	if dim.RefillUnits > 0 && dim.RefillInterval > 0 && !p.RolledBack {
+		if intervals := (c.w.time().UnixNano() - a.refilledTo[d]) / int64(dim.RefillInterval); intervals > 0 {
+			limit := bal.Debt() + room
+			due := limit
+			if intervals < (limit+dim.RefillUnits-1)/dim.RefillUnits {
+				due = intervals * dim.RefillUnits
+			}
+			room -= max(due-bal.Debt(), 0)
 		}
 	}
-	return false
+	return room > 0
+}
+
+// unitOf names dimension d of generation gen ("" when unknown).
+func (c *checker) unitOf(gen uint64, d int) string {
+	if p := c.w.op.policy(gen); p != nil && d < len(p.Dimensions) {
+		return p.Dimensions[d].Unit
+	}
+	return ""
 }
 
 // openSummary describes what has not converged, for a liveness report.
