@@ -208,38 +208,6 @@ func TestServeMutualTLS(t *testing.T) {
 	}
 }
 
-// --tls-client-ca is refused without --tls-cert, with a file that holds
-// no CA certificate, and empty (an unset shell variable must not turn
-// client certificates off), before anything listens or opens.
-func TestServeMutualTLSRefusedAtStart(t *testing.T) {
-	pki := newTestPKI(t)
-	certFile, keyFile := filepath.Join(pki.dir, "a.crt"), filepath.Join(pki.dir, "a.key")
-	pki.issue(t, certFile, keyFile, 1)
-	notPEM := filepath.Join(t.TempDir(), "not-a-ca.pem")
-	os.WriteFile(notPEM, []byte("hello\n"), 0o600)
-	cancelled, cancel := context.WithCancel(context.Background())
-	cancel()
-	for _, c := range []struct {
-		flags []string
-		says  string
-	}{
-		{[]string{"--tls-client-ca", pki.caFile}, "--tls-client-ca needs --tls-cert"},
-		{[]string{"--tls-cert", certFile, "--tls-key", keyFile, "--tls-client-ca", notPEM}, "--tls-client-ca: " + notPEM + ": no PEM certificate"},
-		{[]string{"--tls-cert", certFile, "--tls-key", keyFile, "--tls-client-ca", notPEM + ".none"}, "no such file"},
-		{[]string{"--tls-cert", certFile, "--tls-key", keyFile, "--tls-client-ca", ""}, "--tls-client-ca: empty file name"},
-	} {
-		dataDir := t.TempDir()
-		args := append([]string{"serve", "--addr", "127.0.0.1:0", "--data-dir", dataDir}, c.flags...)
-		code, out, errOut := runWithEnv(cancelled, nil, args...)
-		if code != exitUsage || !strings.Contains(errOut, c.says) {
-			t.Errorf("capledger %v: exit %d (want %d), output lacks %q:\n%s%s", args, code, exitUsage, c.says, out, errOut)
-		}
-		if entries, _ := os.ReadDir(dataDir); len(entries) != 0 {
-			t.Errorf("capledger %v left %d entries in the data directory", args, len(entries))
-		}
-	}
-}
-
 // A proxy in front of the ledger that asks for a client certificate but
 // does not require one (tls.RequestClientCert): the CLI without one gets
 // the ledger's answers and their exit codes (3 for a reservation it does

@@ -363,6 +363,8 @@ func TestServeTLSRefusedAtStart(t *testing.T) {
 	pki.issue(t, certFile, keyFile, 1)
 	otherCert, otherKey := filepath.Join(pki.dir, "b.crt"), filepath.Join(pki.dir, "b.key")
 	pki.issue(t, otherCert, otherKey, 2)
+	notPEM := filepath.Join(t.TempDir(), "not-a-ca.pem")
+	os.WriteFile(notPEM, []byte("hello\n"), 0o600)
 
 	// Cancelled from the start: a serve that wrongly accepts the flags
 	// shuts down at once and exits 0 instead of running on.
@@ -379,6 +381,13 @@ func TestServeTLSRefusedAtStart(t *testing.T) {
 		{[]string{"--tls-cert", pki.caFile + ".none", "--tls-key", keyFile}, "no such file"},
 		// TLS does not stand in for tokens on a reachable address.
 		{[]string{"--tls-cert", certFile, "--tls-key", keyFile, "--addr", "0.0.0.0:0"}, "--tokens"},
+		// --tls-client-ca: without --tls-cert, a file that holds no CA
+		// certificate, and empty (an unset shell variable must not turn
+		// client certificates off).
+		{[]string{"--tls-client-ca", pki.caFile}, "--tls-client-ca needs --tls-cert"},
+		{[]string{"--tls-cert", certFile, "--tls-key", keyFile, "--tls-client-ca", notPEM}, "--tls-client-ca: " + notPEM + ": no PEM certificate"},
+		{[]string{"--tls-cert", certFile, "--tls-key", keyFile, "--tls-client-ca", notPEM + ".none"}, "no such file"},
+		{[]string{"--tls-cert", certFile, "--tls-key", keyFile, "--tls-client-ca", ""}, "--tls-client-ca: empty file name"},
 	} {
 		dataDir := t.TempDir()
 		args := append([]string{"serve", "--addr", "127.0.0.1:0", "--data-dir", dataDir}, c.flags...)
