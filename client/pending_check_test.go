@@ -59,16 +59,12 @@ func waitNotPending(t *testing.T, c *Client, ids ...string) {
 	}
 }
 
-// Three runs leave USAGE_UNKNOWN work. The ledger's resolver settles the
-// first (the gateway's record says 70 tokens), an operator settles the
-// second with the CLI (55 tokens), nobody knows the third. Without the
-// gateway calling anything, the first two leave PendingUnknown, each
-// reported once (ErrReceiptRefused, ErrAlreadySettled, the recorded
-// settle in the *LedgerError); the third stays, checked again and again.
-// ResolveUnknown of the first afterwards still gets the final answer and
-// reports nothing more. Nothing was settled by the check.
-func TestUnknownReceiptsSettledElsewhereLeavePendingOnTheirOwn(t *testing.T) {
-	ctx := context.Background()
+// resolverLedger starts a ledger whose USAGE_UNKNOWN resolver asks,
+// every 100 ms, the operation status endpoint of route chat.generate
+// (served from ops, the returned gateway operation store), and returns
+// the store, the ledger and a Client of it without a token.
+func resolverLedger(t *testing.T) (*FileOperationStore, *ledgerProcess, *Client) {
+	t.Helper()
 	dir := t.TempDir()
 	ops, err := OpenOperationStore(filepath.Join(dir, "ops"))
 	if err != nil {
@@ -90,6 +86,55 @@ func TestUnknownReceiptsSettledElsewhereLeavePendingOnTheirOwn(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { direct.Close() })
+	return ops, p, direct
+}
+
+// The tokens of scopedLedger: an admin token, and a gateway token scoped
+// to the subjects last given.
+const scopeAdminToken, scopeGatewayToken = "admin-token-0123456789", "gateway-token-0123456789"
+
+// scopedLedger starts a ledger whose tokens file gives the gateway token
+// tenant-7 only and publishes the tenant policy with the admin token. It
+// returns the ledger, the admin Client and restart, which rewrites the
+// gateway token's subjects and restarts the ledger (SIGTERM) to read them.
+func scopedLedger(t *testing.T) (*ledgerProcess, *Client, func(subjects string)) {
+	t.Helper()
+	dir := t.TempDir()
+	tokens := filepath.Join(dir, "tokens")
+	scope := func(subjects string) {
+		t.Helper()
+		if err := os.WriteFile(tokens, []byte(scopeAdminToken+" admin ops\n"+scopeGatewayToken+" gateway gw-a subjects="+subjects+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	scope("tenant-7")
+	p := newLedgerProcess(t, dir, "--tokens", tokens)
+	restart := func(subjects string) {
+		t.Helper()
+		scope(subjects)
+		p.stop(syscall.SIGTERM)
+		p.start()
+	}
+	op, err := New(p.addr, noBreakerWatchdog, WithBearerToken(scopeAdminToken))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { op.Close() })
+	publishTenantPolicy(t, op, false)
+	return p, op, restart
+}
+
+// Three runs leave USAGE_UNKNOWN work. The ledger's resolver settles the
+// first (the gateway's record says 70 tokens), an operator settles the
+// second with the CLI (55 tokens), nobody knows the third. Without the
+// gateway calling anything, the first two leave PendingUnknown, each
+// reported once (ErrReceiptRefused, ErrAlreadySettled, the recorded
+// settle in the *LedgerError); the third stays, checked again and again.
+// ResolveUnknown of the first afterwards still gets the final answer and
+// reports nothing more. Nothing was settled by the check.
+func TestUnknownReceiptsSettledElsewhereLeavePendingOnTheirOwn(t *testing.T) {
+	ctx := context.Background()
+	ops, p, direct := resolverLedger(t)
 	publishTenantPolicy(t, direct, false)
 	var gets getCounter
 	var refused refusals
@@ -206,33 +251,11 @@ func TestUnknownReceiptCheckKeepsItWithoutTheLedgersAnswer(t *testing.T) {
 // is back the reported receipt settles it.
 func TestAbandonedStartNotFoundIsReported(t *testing.T) {
 	ctx := context.Background()
-	dir := t.TempDir()
-	tokens := filepath.Join(dir, "tokens")
-	const admin, gateway = "admin-token-0123456789", "gateway-token-0123456789"
-	scope := func(subjects string) {
-		t.Helper()
-		if err := os.WriteFile(tokens, []byte(admin+" admin ops\n"+gateway+" gateway gw-a subjects="+subjects+"\n"), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	scope("tenant-7")
-	p := newLedgerProcess(t, dir, "--tokens", tokens)
-	restart := func(subjects string) {
-		t.Helper()
-		scope(subjects)
-		p.stop(syscall.SIGTERM)
-		p.start()
-	}
-	op, err := New(p.addr, noBreakerWatchdog, WithBearerToken(admin))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { op.Close() })
-	publishTenantPolicy(t, op, false)
+	p, op, restart := scopedLedger(t)
 	var refused refusals
 	f := faultyCalls{next: http.DefaultTransport, faults: map[string]callFault{startCall: answerLost},
 		after: map[string]func(){startCall: func() { restart("tenant-8") }}}
-	c, err := New(p.addr, WithBearerToken(gateway), refused.option(), WithHTTPClient(&http.Client{Transport: f}),
+	c, err := New(p.addr, WithBearerToken(scopeGatewayToken), refused.option(), WithHTTPClient(&http.Client{Transport: f}),
 		WithTimeout(2*time.Second), WithRetryPolicy(RetryPolicy{MaxAttempts: 1}), WithBreaker(BreakerPolicy{Disabled: true}))
 	if err != nil {
 		t.Fatal(err)
@@ -341,34 +364,16 @@ func TestPickChecksIsBounded(t *testing.T) {
 // reservation still holds its capacity, USAGE_UNKNOWN.
 func TestUnknownReceiptOutOfScopeIsReportedNotFound(t *testing.T) {
 	ctx := context.Background()
-	dir := t.TempDir()
-	tokens := filepath.Join(dir, "tokens")
-	const admin, gateway = "admin-token-0123456789", "gateway-token-0123456789"
-	scope := func(subjects string) {
-		t.Helper()
-		if err := os.WriteFile(tokens, []byte(admin+" admin ops\n"+gateway+" gateway gw-a subjects="+subjects+"\n"), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	scope("tenant-7")
-	p := newLedgerProcess(t, dir, "--tokens", tokens)
-	op, err := New(p.addr, noBreakerWatchdog, WithBearerToken(admin))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { op.Close() })
-	publishTenantPolicy(t, op, false)
+	p, op, restart := scopedLedger(t)
 	var refused refusals
-	c, err := New(p.addr, noBreakerWatchdog, WithBearerToken(gateway), refused.option())
+	c, err := New(p.addr, noBreakerWatchdog, WithBearerToken(scopeGatewayToken), refused.option())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
 	_, err = c.Run(ctx, ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 100}}, unknownWork)
 	receipt := mustErrAs[*UsageUnknownError](t, err).Receipt
-	scope("tenant-8")
-	p.stop(syscall.SIGTERM)
-	p.start()
+	restart("tenant-8")
 	waitNotPending(t, c, receipt.ReservationID)
 	got, errs := refused.get()
 	if c.PendingRefused() != 1 || len(got) != 1 || got[0].OperationID != receipt.OperationID ||

@@ -8,8 +8,6 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -88,27 +86,7 @@ func unknownWork(context.Context) (Units, error) {
 // check is kept from seeing the settle first (its reads are lost).
 func TestResolveUnknownAfterTheResolverSettledIsFinal(t *testing.T) {
 	ctx := context.Background()
-	dir := t.TempDir()
-	ops, err := OpenOperationStore(filepath.Join(dir, "ops"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	secret := []byte("the-route-secret-0123456789")
-	endpoint := httptest.NewServer(OperationStatusHandler(ops, secret))
-	t.Cleanup(endpoint.Close)
-	if err := os.WriteFile(filepath.Join(dir, "secret"), secret, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cfg := filepath.Join(dir, "resolver.json")
-	if err := os.WriteFile(cfg, []byte(`{"interval":"100ms","routes":{"chat.generate":{"statusUrl":"`+endpoint.URL+`","secretFile":"secret"}}}`), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	p := newLedgerProcess(t, dir, "--resolver-config", cfg)
-	direct, err := New(p.addr, noBreakerWatchdog)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { direct.Close() })
+	ops, p, direct := resolverLedger(t)
 	// The gateway's background check (its reads) gets no answer here, so
 	// it cannot learn of the resolver's settle before ResolveUnknown does.
 	c, err := New(p.addr, WithBreaker(BreakerPolicy{Disabled: true}), WithOperationStore(ops),

@@ -3,9 +3,6 @@ package client
 import (
 	"context"
 	"errors"
-	"os"
-	"path/filepath"
-	"syscall"
 	"testing"
 
 	ledgerv1 "github.com/capledger/capledger/api/capledger/v1"
@@ -20,37 +17,14 @@ import (
 // tokens file gives the scope back the same receipt settles it.
 func TestReceiptRefusedForATokenScopeSettlesOnceTheScopeIsBack(t *testing.T) {
 	ctx := context.Background()
-	dir := t.TempDir()
-	tokens := filepath.Join(dir, "tokens")
-	const admin, gateway = "admin-token-0123456789", "gateway-token-0123456789"
-	scope := func(subjects string) {
-		t.Helper()
-		if err := os.WriteFile(tokens, []byte(admin+" admin ops\n"+gateway+" gateway gw-a subjects="+subjects+"\n"), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	scope("tenant-7")
-	p := newLedgerProcess(t, dir, "--tokens", tokens)
-	op, err := New(p.addr, noBreakerWatchdog, WithBearerToken(admin))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { op.Close() })
-	publishTenantPolicy(t, op, false)
-	c, err := New(p.addr, noBreakerWatchdog, WithBearerToken(gateway))
+	p, op, restart := scopedLedger(t)
+	c, err := New(p.addr, noBreakerWatchdog, WithBearerToken(scopeGatewayToken))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
 	_, err = c.Run(ctx, ReserveRequest{Subject: "tenant-7", Route: "chat.generate", Units: Units{"tokens": 100}}, unknownWork)
 	receipt := mustErrAs[*UsageUnknownError](t, err).Receipt
-
-	restart := func(subjects string) {
-		t.Helper()
-		scope(subjects)
-		p.stop(syscall.SIGTERM)
-		p.start()
-	}
 	restart("tenant-8")
 	if _, err := c.ResolveUnknown(ctx, receipt, Units{"tokens": 30}); !errors.Is(err, ErrReceiptRefused) || !errors.Is(err, ErrNotFound) {
 		t.Fatalf("resolve out of the token's scope: %v, want ErrReceiptRefused and ErrNotFound", err)

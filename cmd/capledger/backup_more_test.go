@@ -227,14 +227,7 @@ func TestTwoBackupsIntoOneDest(t *testing.T) {
 // where it was, whole, so a serve started then does not start on an
 // empty store; run again once the cause is gone, it restores.
 func TestRestoreFailingWhileMovingAsideKeepsTheStore(t *testing.T) {
-	bin := buildBinary(t)
-	dir := t.TempDir()
-	db := filepath.Join(dir, open.DefaultFile)
-	withSQLite(t, db, fillLedger)
-	backup := filepath.Join(t.TempDir(), "bk")
-	if out, code := runBinary(t, bin, "backup", "--data-dir", dir, backup); code != exitOK {
-		t.Fatalf("backup: exit %d, %s", code, out)
-	}
+	bin, dir, db, backup := backedUpStore(t)
 	hash := fileHash(t, db)
 	journal := db + "-journal"
 	if err := os.Mkdir(journal, 0o700); err != nil {
@@ -273,14 +266,7 @@ func TestRestoreFailingWhileMovingAsideKeepsTheStore(t *testing.T) {
 // (and perhaps its -wal), beside the store; serve still has
 // capledger.db, and restore run again replaces the leftover and restores.
 func TestRestoreRunAgainAfterAKill(t *testing.T) {
-	bin := buildBinary(t)
-	dir := t.TempDir()
-	db := filepath.Join(dir, open.DefaultFile)
-	withSQLite(t, db, fillLedger)
-	backup := filepath.Join(t.TempDir(), "bk")
-	if out, code := runBinary(t, bin, "backup", "--data-dir", dir, backup); code != exitOK {
-		t.Fatalf("backup: exit %d, %s", code, out)
-	}
+	bin, dir, db, backup := backedUpStore(t)
 	cmd := exec.Command(bin, "restore", "--data-dir", dir, backup)
 	childproc.DieWithParent(cmd)
 	if err := cmd.Start(); err != nil {

@@ -179,14 +179,7 @@ func TestBackupWhileServingThenRestoreOverACrashedWAL(t *testing.T) {
 // the store byte for byte as it was and nothing left beside it; with
 // --no-audit it is restored as asked.
 func TestRestoreRefusesABackupThatFailsItsAudit(t *testing.T) {
-	bin := buildBinary(t)
-	dir := t.TempDir()
-	db := filepath.Join(dir, open.DefaultFile)
-	withSQLite(t, db, fillLedger)
-	backup := filepath.Join(t.TempDir(), "bk")
-	if out, code := runBinary(t, bin, "backup", "--data-dir", dir, backup); code != exitOK {
-		t.Fatalf("backup: exit %d, %s", code, out)
-	}
+	bin, dir, db, backup := backedUpStore(t)
 	withSQLite(t, filepath.Join(backup, open.DefaultFile), plantBehindTheJournal)
 
 	before := dirListing(t, dir)
@@ -334,6 +327,22 @@ func dirListing(t *testing.T, dir string) string {
 		}
 	}
 	return strings.Join(names, " ")
+}
+
+// backedUpStore builds the binary, fills a store in a new data directory
+// (fillLedger) and backs it up with the binary into a new directory; it
+// returns the binary, the data directory, its capledger.db and the backup.
+func backedUpStore(t *testing.T) (bin, dir, db, backup string) {
+	t.Helper()
+	bin = buildBinary(t)
+	dir = t.TempDir()
+	db = filepath.Join(dir, open.DefaultFile)
+	withSQLite(t, db, fillLedger)
+	backup = filepath.Join(t.TempDir(), "bk")
+	if out, code := runBinary(t, bin, "backup", "--data-dir", dir, backup); code != exitOK {
+		t.Fatalf("backup: exit %d, %s", code, out)
+	}
+	return bin, dir, db, backup
 }
 
 // A backup onto a disk without room for it exits 5 saying so, and leaves
