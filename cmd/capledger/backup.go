@@ -317,20 +317,17 @@ func copyIfThere(src, dst string) (bool, error) {
 }
 
 // missingKeyLines returns the key ids of the keys file backup that the
-// keys file kept does not list (each file's lines "<key-id> private|public
-// <key>"; # comments and blank lines skipped), none where either cannot
-// be read.
+// keys file kept does not hold (both read as serve reads them,
+// server.LoadShardKeys), none where either cannot be read.
 func missingKeyLines(backup, kept string) []string {
 	ids := func(path string) map[string]bool {
-		raw, err := os.ReadFile(path)
+		ring, err := server.LoadShardKeys(path)
 		if err != nil {
 			return nil
 		}
 		m := map[string]bool{}
-		for _, line := range strings.Split(string(raw), "\n") {
-			if f := strings.Fields(line); len(f) > 0 && !strings.HasPrefix(f[0], "#") {
-				m[f[0]] = true
-			}
+		for _, k := range ring.Keys() {
+			m[k.KeyID] = true
 		}
 		return m
 	}

@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
+	"github.com/capledger/capledger/server"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -134,14 +136,14 @@ func TestRestoreSaysWhatBecameOfTheShardKeys(t *testing.T) {
 	bin := buildBinary(t)
 	src := t.TempDir()
 	withSQLite(t, filepath.Join(src, open.DefaultFile), fillLedger)
-	os.WriteFile(filepath.Join(src, "shard-keys"), []byte("# the backup's\nk-old private AAAA\n"), 0o600)
+	writeKeyLine(t, filepath.Join(src, "shard-keys"), "k-old")
 	backup := filepath.Join(t.TempDir(), "bk")
 	if out, code := runBinary(t, bin, "backup", "--data-dir", src, backup); code != exitOK {
 		t.Fatalf("backup: exit %d, %s", code, out)
 	}
 	other := t.TempDir()
 	withSQLite(t, filepath.Join(other, open.DefaultFile), fillLedger)
-	os.WriteFile(filepath.Join(other, "shard-keys"), []byte("k-other private BBBB\n"), 0o600)
+	writeKeyLine(t, filepath.Join(other, "shard-keys"), "k-other")
 	out, code := runBinary(t, bin, "restore", "--data-dir", other, backup)
 	if code != exitOK || !strings.Contains(out, "kept the shard keys") || !strings.Contains(out, "lacks the backup's keys k-old") {
 		t.Fatalf("restore into another ledger's data dir: exit %d, %s", code, out)
@@ -153,6 +155,19 @@ func TestRestoreSaysWhatBecameOfTheShardKeys(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(fresh, "shard-keys")); err == nil {
 		t.Fatal("restore from a database file copied shard keys")
+	}
+}
+
+// writeKeyLine writes a keys file of one new signing key named id, as
+// capledger shard keygen makes one.
+func writeKeyLine(t *testing.T, path, id string) {
+	t.Helper()
+	line, err := server.NewShardKeyLine(id, rand.Reader, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(line), 0o600); err != nil {
+		t.Fatal(err)
 	}
 }
 
