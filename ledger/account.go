@@ -129,8 +129,7 @@ func moveBetween(b Book, from, to *Account, kind MoveKind, receiptID string, now
 		// available + reserved, so a forwarded refund must not lift the
 		// subject above it. What does not fit stays on the superseded
 		// account, where nothing is admitted.
-		room := max(toPolicy.Dimensions[j].Burst-dst.Available-dst.Reserved, 0) + dst.Debt()
-		if units := min(src.Available, room); units > 0 {
+		if units := min(src.Available, moveRoom(toPolicy.Dimensions[j].Burst, dst)); units > 0 {
 			src.Available -= units
 			src.RetiredForMove += units
 			mint(dst, units)
@@ -147,6 +146,13 @@ func moveBetween(b Book, from, to *Account, kind MoveKind, receiptID string, now
 	b.AccountPut(to)
 	b.MovePut(&move)
 	return &move
+}
+
+// moveRoom is how much available capacity a move may bring to dst, a
+// dimension whose policy bursts to burst: the burst's room above available
+// and reserved, plus dst's debt, which the units repay first.
+func moveRoom(burst Units, dst *Balance) Units {
+	return max(burst-dst.Available-dst.Reserved, 0) + dst.Debt()
 }
 
 // drainable reports whether moveBetween would move anything from from to
@@ -166,8 +172,7 @@ func drainable(b Book, from, to *Account) bool {
 		if src.Debt() > 0 {
 			return true
 		}
-		room := max(toPolicy.Dimensions[j].Burst-dst.Available-dst.Reserved, 0) + dst.Debt()
-		if min(src.Available, room) > 0 {
+		if min(src.Available, moveRoom(toPolicy.Dimensions[j].Burst, dst)) > 0 {
 			return true
 		}
 	}
