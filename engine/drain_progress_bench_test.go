@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -149,7 +150,7 @@ func drainBenchFixture(dir string, n int) (*Engine, *countingSQLite, error) {
 // (drainProgressOneByOne), poll=after today's; the two alternate, three
 // rounds each. reads/poll counts the store's reads (the drain commands'
 // transactions included), rows/poll the accounts and shards they
-// returned.
+// returned, cpu-ms/poll the process's CPU time (user and system).
 //
 //	go test -run '^$' -bench DrainPoll -benchtime 3x ./engine
 func BenchmarkDrainPoll(b *testing.B) {
@@ -176,7 +177,7 @@ func BenchmarkDrainPoll(b *testing.B) {
 		for _, name := range []string{"before", "after"} {
 			b.Run("poll="+name, func(b *testing.B) {
 				ctx := context.Background()
-				reads, rows := st.reads.Load(), st.rows.Load()
+				reads, rows, cpu := st.reads.Load(), st.rows.Load(), processCPU(b)
 				b.ResetTimer()
 				for range b.N {
 					d, err := polls[name](ctx)
@@ -188,11 +189,22 @@ func BenchmarkDrainPoll(b *testing.B) {
 					}
 				}
 				b.StopTimer()
+				b.ReportMetric(float64((processCPU(b)-cpu).Milliseconds())/float64(b.N), "cpu-ms/poll")
 				b.ReportMetric(float64(st.reads.Load()-reads)/float64(b.N), "reads/poll")
 				b.ReportMetric(float64(st.rows.Load()-rows)/float64(b.N), "rows/poll")
 			})
 		}
 	}
+}
+
+// processCPU returns the CPU time (user and system) this process used so
+// far.
+func processCPU(b *testing.B) time.Duration {
+	var u syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &u); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(u.Utime.Nano() + u.Stime.Nano())
 }
 
 // drainProgressOneByOne is DrainProgress as it was before the deciding
