@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/capledger/capledger/ledger"
@@ -82,7 +81,10 @@ func (e *Engine) RunDrains(ctx context.Context) (int, error) {
 
 // DrainProgress returns what each of generations still holds (see
 // GenerationDrain), reading its accounts page by page and every shard;
-// store.ErrNotFound for a generation that does not exist.
+// store.ErrNotFound for a generation that does not exist. The deciding
+// accounts BlockedByBurst needs are read a page at a time too
+// (store.AccountsOfSubjects of the page's subjects that hold capacity),
+// not one AccountGet per account.
 func (e *Engine) DrainProgress(ctx context.Context, generations []uint64) ([]GenerationDrain, error) {
 	policies, err := e.core.store.PolicyList(ctx)
 	if err != nil {
@@ -108,15 +110,22 @@ func (e *Engine) DrainProgress(ctx context.Context, generations []uint64) ([]Gen
 			d.Active = true
 		}
 		f := store.EpochFilter{Generation: g, Limit: e.opts.PageSize}
+		var waiting []*ledger.Account
+		var subjects []ledger.PolicyKey
 		for {
 			page, next, err := e.core.store.AccountsByEpoch(ctx, f)
 			if err != nil {
 				return nil, fmt.Errorf("accounts of generation %d: %w", g, err)
 			}
+			waiting, subjects = waiting[:0], subjects[:0]
 			for i := range page {
-				if err := e.addDrain(ctx, &d, &page[i], active, byGeneration); err != nil {
-					return nil, err
+				if addDrain(&d, &page[i], active) {
+					waiting = append(waiting, &page[i])
+					subjects = append(subjects, page[i].Key.SubjectKey())
 				}
+			}
+			if err := e.addBlockedByBurst(ctx, &d, waiting, subjects, active, byGeneration); err != nil {
+				return nil, err
 			}
 			if len(page) < f.Limit {
 				break
@@ -142,12 +151,14 @@ func (e *Engine) DrainProgress(ctx context.Context, generations []uint64) ([]Gen
 	return out, nil
 }
 
-// addDrain adds one account to d, and says whether what it still holds
-// can move: a drain moves available capacity only up to the deciding
-// account's burst, and neither capacity nor debt anywhere when nothing
-// decides for the subject (a rolled-back generation mints nothing, so its
+// addDrain adds one account to d's sums and BlockedNoPolicy, and reports
+// whether what it holds can move depends on the deciding account
+// (addBlockedByBurst): it holds available capacity or debt, d's
+// generation is not active, and another generation decides for its
+// subject. When nothing decides for the subject, neither capacity nor
+// debt can move anywhere (a rolled-back generation mints nothing, so its
 // debt would stay forever).
-func (e *Engine) addDrain(ctx context.Context, d *GenerationDrain, a *ledger.Account, active ledger.ActiveGenerations, byGeneration map[uint64]*ledger.Policy) error {
+func addDrain(d *GenerationDrain, a *ledger.Account, active ledger.ActiveGenerations) bool {
 	d.Accounts++
 	for i := 0; i < a.Dims; i++ {
 		b := &a.Balances[i]
@@ -156,35 +167,57 @@ func (e *Engine) addDrain(ctx context.Context, d *GenerationDrain, a *ledger.Acc
 		d.Available[i] += b.Available
 	}
 	if !holds(a) || d.Active {
-		return nil
+		return false
 	}
 	deciding, ok := active.Deciding(a.Key.SubjectKey())
 	if !ok {
 		d.BlockedNoPolicy++
+		return false
+	}
+	return deciding != a.Key.Generation
+}
+
+// addBlockedByBurst counts in d's BlockedByBurst those of accounts (of
+// d's generation, each needing its deciding account: addDrain) that the
+// drain cannot move: a drain moves available capacity only up to the
+// deciding account's burst, held units included. It reads the deciding
+// accounts in one store.AccountsOfSubjects of subjects (the accounts'
+// subject keys); an account whose subject has no account of the deciding
+// generation yet is not blocked (its next command, or the next drain,
+// switches). It returns the read's error.
+func (e *Engine) addBlockedByBurst(ctx context.Context, d *GenerationDrain, accounts []*ledger.Account, subjects []ledger.PolicyKey, active ledger.ActiveGenerations, byGeneration map[uint64]*ledger.Policy) error {
+	if len(accounts) == 0 {
 		return nil
 	}
-	if deciding == a.Key.Generation {
-		return nil
-	}
-	target, err := e.core.store.AccountGet(ctx, ledger.AccountKey{Subject: a.Key.Subject, Route: a.Key.Route, Region: a.Key.Region, Generation: deciding})
-	if errors.Is(err, store.ErrNotFound) {
-		return nil // the subject's next command (or the next drain) switches
-	}
+	rows, err := e.core.store.AccountsOfSubjects(ctx, subjects)
 	if err != nil {
-		return fmt.Errorf("account %s: %w", a.Key, err)
+		return fmt.Errorf("accounts of %d subjects: %w", len(subjects), err)
 	}
-	p := byGeneration[deciding]
-	if p == nil {
-		return nil
+	deciding := make(map[ledger.PolicyKey]*ledger.Account, len(rows))
+	for i := range rows {
+		subject := rows[i].Key.SubjectKey()
+		if g, ok := active.Deciding(subject); ok && g == rows[i].Key.Generation {
+			deciding[subject] = &rows[i]
+		}
 	}
-	for i := 0; i < a.Dims && i < len(d.Policy.Dimensions); i++ {
-		j := p.DimensionIndex(d.Policy.Dimensions[i].Unit)
-		if j < 0 || j >= target.Dims || a.Balances[i].Available == 0 {
+	for _, a := range accounts {
+		target := deciding[a.Key.SubjectKey()]
+		if target == nil {
 			continue
 		}
-		if tb := &target.Balances[j]; tb.Available+tb.Reserved >= p.Dimensions[j].Burst {
-			d.BlockedByBurst++
-			return nil
+		p := byGeneration[target.Key.Generation]
+		if p == nil {
+			continue
+		}
+		for i := 0; i < a.Dims && i < len(d.Policy.Dimensions); i++ {
+			j := p.DimensionIndex(d.Policy.Dimensions[i].Unit)
+			if j < 0 || j >= target.Dims || a.Balances[i].Available == 0 {
+				continue
+			}
+			if tb := &target.Balances[j]; tb.Available+tb.Reserved >= p.Dimensions[j].Burst {
+				d.BlockedByBurst++
+				break
+			}
 		}
 	}
 	return nil
