@@ -62,7 +62,8 @@ type resend struct {
 // PendingUnknown), when the ledger's answer is final (ErrReceiptRefused:
 // ResolveUnknown drops it from PendingUnknown too, and resendOne reports
 // it), when the ledger refuses the call without a final answer (the
-// receipt stays pending for the caller), or when the caller resolved it
+// receipt stays pending for the caller, and the loop reads its
+// reservation from then on, as checkLater's), or when the caller resolved it
 // meanwhile; the loop ends when none is left or the Client closes (Close
 // waits for it). A receipt already being resent is not added again. The
 // same loop checks the receipts of unknown usage (checkLater).
@@ -261,6 +262,18 @@ func (c *Client) resendOne(s *resend) {
 		}
 		if removed {
 			c.reportRefused(s.receipt, err)
+		}
+		if err != nil && !removed {
+			// Refused, not for good (invalid_argument, lifetime counters
+			// full): the receipt stays the caller's, and is read from now
+			// on as one of unknown usage is, so that it leaves once the
+			// ledger ends the reservation (checkOne).
+			ls.mu.Lock()
+			if c.resends.due[id] == s {
+				s.check, s.wait, s.next = true, resendFirstWait, time.Now().Add(halfJitter(resendFirstWait))
+			}
+			ls.mu.Unlock()
+			return
 		}
 	}
 	ls.mu.Lock()

@@ -35,7 +35,9 @@ is what one read of the store sees, and serve goes on admitting. A crashed
 serve's WAL is read too (its commits are in the copy). The copy keeps the
 store's schema as it is, so take one before a migration. DEST/capledger.db
 appears only once whole (after the shard keys): a killed backup leaves
-capledger.db.partial instead; remove DEST and run it again.
+capledger.db.partial instead; remove DEST and run it again. A DEST inside
+the store's directory is made, with a warning on stderr: it shares the
+store's disk, so copy it elsewhere too.
 
 Restore it with "capledger restore", or run "capledger serve --data-dir DEST"
 on it. Check it at any time with "capledger audit --data-dir DEST".
@@ -144,7 +146,26 @@ func runBackup(ctx context.Context, e *env, args []string) error {
 		return backupError(err)
 	}
 	fmt.Fprintf(e.stdout, "backed up %s (schema %d, %d bytes) to %s; shard keys: %s\n", db, info.Schema, info.Bytes, destDB, keys)
+	if within(dest, filepath.Dir(db)) {
+		fmt.Fprintf(e.stderr, "warning: %s is inside %s, on the store's own disk: a lost disk loses the backup too; copy it elsewhere\n", dest, filepath.Dir(db))
+	}
 	return nil
+}
+
+// within reports whether path is dir or lies under it, as absolute paths
+// with symbolic links resolved where they exist.
+func within(path, dir string) bool {
+	resolve := func(p string) string {
+		if abs, err := filepath.Abs(p); err == nil {
+			p = abs
+		}
+		if real, err := filepath.EvalSymlinks(p); err == nil {
+			p = real
+		}
+		return p
+	}
+	rel, err := filepath.Rel(resolve(dir), resolve(path))
+	return err == nil && rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator))
 }
 
 func runRestore(ctx context.Context, e *env, args []string) error {

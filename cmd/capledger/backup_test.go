@@ -277,6 +277,9 @@ func TestBackupAndRestoreRefusals(t *testing.T) {
 			if code != exitUsage || !strings.Contains(out, c.want) {
 				t.Fatalf("exit %d, want %d and %q: %s", code, exitUsage, c.want, out)
 			}
+			if c.args[0] == "restore" && strings.Contains(out, "back up") {
+				t.Fatalf("a refused restore speaks of backing up: %s", out)
+			}
 			if dirListing(t, dir) != before || fileHash(t, db) != hash || dirListing(t, full) != fullBefore || dirListing(t, empty) != emptyBefore {
 				t.Fatalf("the refused %s changed a directory", c.args[0])
 			}
@@ -363,5 +366,33 @@ func TestBackupOnAFullDisk(t *testing.T) {
 	dest = filepath.Join(t.TempDir(), "bk")
 	if out, code := runBinary(t, bin, "backup", "--data-dir", dir, dest); code != exitOK {
 		t.Fatalf("backup with room: exit %d, %s", code, out)
+	}
+}
+
+// A backup into the data directory is made, with a warning that it
+// shares the store's disk; one beside it gets none.
+func TestBackupInsideTheDataDirWarns(t *testing.T) {
+	bin := buildBinary(t)
+	dir := t.TempDir()
+	withSQLite(t, filepath.Join(dir, open.DefaultFile), fillLedger)
+	const warning = "on the store's own disk"
+	for _, c := range []struct {
+		dest string
+		warn bool
+	}{
+		{filepath.Join(dir, "backups", "today"), true},
+		{dir + "-backup", false},
+		{filepath.Join(dir, "..", filepath.Base(dir)+"-other"), false},
+	} {
+		out, code := runBinary(t, bin, "backup", "--data-dir", dir, c.dest)
+		if code != exitOK || !strings.Contains(out, "backed up") {
+			t.Fatalf("backup to %s: exit %d, %s", c.dest, code, out)
+		}
+		if strings.Contains(out, warning) != c.warn {
+			t.Fatalf("backup to %s: want a warning %v: %s", c.dest, c.warn, out)
+		}
+		if _, err := os.Stat(filepath.Join(c.dest, open.DefaultFile)); err != nil {
+			t.Fatalf("backup to %s: %v", c.dest, err)
+		}
 	}
 }

@@ -257,10 +257,23 @@ type certRefusals struct {
 
 func (r *certRefusals) RoundTrip(req *http.Request) (*http.Response, error) {
 	resp, err := r.base.RoundTrip(req)
-	if err != nil && r.unmet.Load() {
+	if err != nil && r.unmet.Load() && !notConnected(err) {
 		err = &clientCertError{err: err}
 	}
 	return resp, err
+}
+
+// notConnected reports whether err is a failure to open a connection
+// (refused, unreachable, a name that does not resolve): no server heard
+// this client, so none refused its certificate, whatever an earlier
+// connection of the command was asked for (a proxy that asks for one
+// without requiring it, then goes down). grpc-go reports its dial
+// failures only as text.
+func notConnected(err error) bool {
+	var op *net.OpError
+	var dns *net.DNSError
+	return (errors.As(err, &op) && op.Op == "dial") || errors.As(err, &dns) ||
+		strings.Contains(err.Error(), "Error while dialing")
 }
 
 // clientCertError is a call that failed after a server asked for a client
@@ -660,14 +673,15 @@ func parseUnits(flagName, spec string) (map[string]int64, error) {
 // reconcile --dir) would otherwise report such a refusal as an
 // unavailable server. err is taken for one when it carries the server's
 // alert, or when a server asked for a certificate this command could not
-// give (env.certUnmet) and err is a failure to reach it, not an answer.
+// give (env.certUnmet) and err is a failure on a connection it opened (not
+// an answer, and not a connection that never opened: notConnected).
 func certRefused(e *env, err error) error {
 	if !clientCertificateRefused(err) {
 		if e.certUnmet == nil || !e.certUnmet.Load() {
 			return err
 		}
 		var urlErr *url.Error
-		if !errors.As(err, &urlErr) && status.Code(err) != codes.Unavailable {
+		if !errors.As(err, &urlErr) && status.Code(err) != codes.Unavailable || notConnected(err) {
 			return err
 		}
 	}

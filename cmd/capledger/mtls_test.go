@@ -13,11 +13,14 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
 
 	v1 "github.com/capledger/capledger/api/capledger/v1"
 	"github.com/capledger/capledger/client"
@@ -228,4 +231,48 @@ func TestServeMutualTLSOptionalClientCertificate(t *testing.T) {
 	wantExit(t, exitNotFound, code, out, errOut)
 	code, out, errOut = cli(t, proxy.URL, "bench", "--mode", "reserve", "--duration", "1s", "--warmup", "0s", "--concurrency", "1", "--ca-file", caFile)
 	wantExit(t, exitOK, code, out, errOut)
+}
+
+// A proxy that asked for a client certificate and then went away: the
+// calls that cannot reach it any more are failures to connect, not a
+// refused certificate (exit 5 and the dial error, not "pass --cert"),
+// both through the CLI's HTTP client and in the wording of an SDK or
+// grpc-go command's failure.
+func TestOptionalClientCertificateProxyGoneIsNotARefusal(t *testing.T) {
+	proxy := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	proxy.TLS = &tls.Config{ClientAuth: tls.RequestClientCert}
+	proxy.StartTLS()
+	caFile := filepath.Join(t.TempDir(), "proxy-ca.crt")
+	writePEM(t, caFile, "CERTIFICATE", proxy.Certificate().Raw)
+
+	e := &env{}
+	c := &clientFlags{addr: proxy.URL, caFile: caFile, timeout: 5 * time.Second, certUnmet: new(atomic.Bool)}
+	e.certUnmet = c.certUnmet
+	hc, err := c.httpClient()
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := hc.Get(proxy.URL)
+	if err != nil {
+		t.Fatalf("through the proxy: %v", err)
+	}
+	resp.Body.Close()
+	if !c.certUnmet.Load() {
+		t.Fatal("the proxy's request for a certificate was not noted")
+	}
+	proxy.Close()
+	_, err = hc.Get(proxy.URL)
+	if err == nil {
+		t.Fatal("a closed proxy answered")
+	}
+	if clientCertificateRefused(err) {
+		t.Fatalf("a proxy gone is read as a refused certificate: %v", err)
+	}
+	if worded := certRefused(e, err); worded != err {
+		t.Fatalf("certRefused words a proxy gone as a refused certificate: %v", worded)
+	}
+	grpcDial := status.Error(codes.Unavailable, `connection error: desc = "transport: Error while dialing: dial tcp 127.0.0.1:1: connect: connection refused"`)
+	if worded := certRefused(e, grpcDial); worded != grpcDial {
+		t.Fatalf("certRefused words grpc-go's failure to dial as a refused certificate: %v", worded)
+	}
 }

@@ -41,43 +41,49 @@ type BackupInfo struct {
 // capledger's schema_migrations table; a failure removes dst, and a full
 // disk is an error wrapping store.ErrUnavailable and syscall.ENOSPC.
 func Backup(ctx context.Context, src, dst string) (BackupInfo, error) {
+	return copyDatabase(ctx, src, dst, "back up")
+}
+
+// copyDatabase is Backup, its errors beginning with verb and src ("back
+// up X: ...", or restore's "copy X: ...").
+func copyDatabase(ctx context.Context, src, dst, verb string) (BackupInfo, error) {
 	var info BackupInfo
 	if err := CheckPath(dst); err != nil {
 		return info, err
 	}
 	db, err := openReadOnlyDB(src, 1)
 	if err != nil {
-		return info, fmt.Errorf("back up %s: %w", src, err)
+		return info, fmt.Errorf("%s %s: %w", verb, src, err)
 	}
 	defer db.Close()
 	conn, err := db.Conn(ctx)
 	if err != nil {
-		return info, fmt.Errorf("back up %s: %w", src, translate(ctx, err))
+		return info, fmt.Errorf("%s %s: %w", verb, src, translate(ctx, err))
 	}
 	defer conn.Close()
 	// The read transaction the copy is made in: begun by its first read.
 	if _, err := conn.ExecContext(ctx, "BEGIN"); err != nil {
-		return info, fmt.Errorf("back up %s: %w", src, translate(ctx, err))
+		return info, fmt.Errorf("%s %s: %w", verb, src, translate(ctx, err))
 	}
 	defer conn.ExecContext(context.WithoutCancel(ctx), "ROLLBACK")
 	err = conn.QueryRowContext(ctx, "SELECT COALESCE(MAX(version), 0) FROM schema_migrations").Scan(&info.Schema)
 	if err != nil {
-		return info, fmt.Errorf("back up %s: read the schema version (is it a capledger database?): %w", src, translate(ctx, err))
+		return info, fmt.Errorf("%s %s: read the schema version (is it a capledger database?): %w", verb, src, translate(ctx, err))
 	}
 	var pageSize, pageCount int64
 	if err := conn.QueryRowContext(ctx, "PRAGMA page_size").Scan(&pageSize); err != nil {
-		return info, fmt.Errorf("back up %s: %w", src, translate(ctx, err))
+		return info, fmt.Errorf("%s %s: %w", verb, src, translate(ctx, err))
 	}
 	// The size as this read transaction sees it, for the no-room error:
 	// a backup that fails its first step counts no pages.
 	if err := conn.QueryRowContext(ctx, "PRAGMA page_count").Scan(&pageCount); err != nil {
-		return info, fmt.Errorf("back up %s: %w", src, translate(ctx, err))
+		return info, fmt.Errorf("%s %s: %w", verb, src, translate(ctx, err))
 	}
 	info.Bytes = pageCount * pageSize
 
 	f, err := os.OpenFile(dst, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
-		return info, fmt.Errorf("back up %s: %w", src, err)
+		return info, fmt.Errorf("%s %s: %w", verb, src, err)
 	}
 	done := false
 	defer func() {
@@ -90,7 +96,7 @@ func Backup(ctx context.Context, src, dst string) (BackupInfo, error) {
 	// removed whole, and the finished one is synced once below.
 	dstDSN, err := dsn(dst, "journal_mode(OFF)", "synchronous(OFF)")
 	if err != nil {
-		return info, fmt.Errorf("back up %s: %w", src, err)
+		return info, fmt.Errorf("%s %s: %w", verb, src, err)
 	}
 	copyConn, pages, err := onlineBackup(ctx, conn, dstDSN, backupStepPages, func() {}, func(int, int) {})
 	if pages > 0 {
@@ -102,18 +108,18 @@ func Backup(ctx context.Context, src, dst string) (BackupInfo, error) {
 	if err != nil {
 		var e *sqlite.Error
 		if errors.As(err, &e) && e.Code()&0xff == sqlite3.SQLITE_FULL {
-			return info, fmt.Errorf("%w: back up %s: no room in %s for a copy of the database (%d bytes): %w", store.ErrUnavailable, src, filepath.Dir(dst), info.Bytes, syscall.ENOSPC)
+			return info, fmt.Errorf("%w: %s %s: no room in %s for a copy of the database (%d bytes): %w", store.ErrUnavailable, verb, src, filepath.Dir(dst), info.Bytes, syscall.ENOSPC)
 		}
-		return info, fmt.Errorf("back up %s: %w", src, translate(ctx, err))
+		return info, fmt.Errorf("%s %s: %w", verb, src, translate(ctx, err))
 	}
 	if err := rollbackHeader(f); err != nil {
-		return info, fmt.Errorf("back up %s: %w", src, err)
+		return info, fmt.Errorf("%s %s: %w", verb, src, err)
 	}
 	if err := f.Sync(); err != nil {
-		return info, fmt.Errorf("back up %s: sync %s: %w", src, dst, err)
+		return info, fmt.Errorf("%s %s: sync %s: %w", verb, src, dst, err)
 	}
 	if err := SyncDir(filepath.Dir(dst)); err != nil {
-		return info, fmt.Errorf("back up %s: %w", src, err)
+		return info, fmt.Errorf("%s %s: %w", verb, src, err)
 	}
 	done = true
 	return info, nil
@@ -183,7 +189,7 @@ func Restore(ctx context.Context, backup, path string, now time.Time, prepare fu
 			removeWithSidecars(tmp)
 		}
 	}()
-	if _, err := Backup(ctx, backup, tmp); err != nil {
+	if _, err := copyDatabase(ctx, backup, tmp, "copy"); err != nil {
 		return "", err
 	}
 	if err := prepare(ctx, tmp); err != nil {
