@@ -28,11 +28,13 @@ type Pager struct {
 	scans []scan
 	cur   int
 	after store.EpochCursor
-	// found counts the commands the current scan produced.
-	found int
-	// clean are the generations whose scan ran to its end without a
-	// command (Clean).
-	clean []uint64
+	// found counts the commands the current scan produced; holding
+	// whether an account it read held reservations.
+	found   int
+	holding bool
+	// ended are the scans that ran to their end, with what they found
+	// (Ended).
+	ended []ScanEnd
 	// points are single accounts to look at after the scans (drains of a
 	// subject's own-policy account under a still-active AnySubject
 	// generation).
@@ -147,8 +149,8 @@ func (s *EpochScans) Update(p *Pager, complete bool) {
 // page from the index), and, under an AnySubject generation that is still
 // active, the accounts of the subjects that have an active policy of their
 // own (one point read each). skip names generations not to read (the
-// engine passes those whose last full pass found nothing, while the
-// active generations are unchanged).
+// engine's drain worker passes those its drainMemo says are settled or
+// waiting).
 func (c *Core) DrainPager(ctx context.Context, pageSize int, skip func(active ledger.ActiveGenerations, generation uint64) bool) (*Pager, ledger.ActiveGenerations, error) {
 	policies, err := c.store.PolicyList(ctx)
 	if err != nil {
@@ -187,6 +189,17 @@ func (c *Core) DrainPager(ctx context.Context, pageSize int, skip func(active le
 	return p, active, nil
 }
 
+// reserves reports whether an account holds reservations in one of its
+// dimensions.
+func reserves(a *ledger.Account) bool {
+	for d := 0; d < a.Dims; d++ {
+		if a.Balances[d].Reserved > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // holds reports whether an account holds available capacity or debt in
 // one of its dimensions.
 func holds(a *ledger.Account) bool {
@@ -223,18 +236,17 @@ func (p *Pager) Next(ctx context.Context) ([]ledger.Command, error) {
 			if cmd, ok := p.make(&page[i]); ok {
 				cmds = append(cmds, cmd)
 			}
+			p.holding = p.holding || reserves(&page[i])
 		}
 		p.found += len(cmds)
 		if len(page) < p.size {
-			if p.found == 0 {
-				p.clean = append(p.clean, s.generation)
-			}
+			p.ended = append(p.ended, ScanEnd{Generation: s.generation, Commands: p.found, Holds: p.holding})
 			p.cur++
 			p.after = store.EpochCursor{}
 			if p.cur < len(p.scans) {
 				p.after = p.scans[p.cur].from
 			}
-			p.found = 0
+			p.found, p.holding = 0, false
 		} else {
 			p.after = next
 		}
@@ -295,9 +307,18 @@ func (p *Pager) CatchUp(ctx context.Context, each func() bool, done func(time.Du
 	return nil
 }
 
-// Clean returns the generations whose whole scan produced no command, so
-// far.
-func (p *Pager) Clean() []uint64 { return p.clean }
+// ScanEnd is what one generation's scan found, once it ran to its end.
+type ScanEnd struct {
+	Generation uint64
+	// Commands is how many commands the scan produced.
+	Commands int
+	// Holds is whether one of the accounts it read held reservations
+	// (a late refund may land there).
+	Holds bool
+}
+
+// Ended returns the scans that ran to their end so far, in order.
+func (p *Pager) Ended() []ScanEnd { return p.ended }
 
 // all drains a pager into one list (for EpochsDue and DrainsDue).
 func (p *Pager) all(ctx context.Context) ([]ledger.Command, error) {

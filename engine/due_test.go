@@ -140,12 +140,13 @@ func TestWorkersReadOnlyWhatIsDue(t *testing.T) {
 	run(own) // tenant-000 switches to generation 2
 	run(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: policy("tenant-000", 5000)})
 	var memo drainMemo
-	drains, active, err := core.DrainPager(ctx, pageSize, memo.skip)
+	skip := func(active ledger.ActiveGenerations, g uint64) bool { return memo.skip(active, g, now) }
+	drains, active, err := core.DrainPager(ctx, pageSize, skip)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cmds, largest = pages(t, core, drains, now)
-	memo.update(active, drains, true)
+	memo.update(active, drains, drainOutcomes{1: true, 2: true}, true, now)
 	gen2 := 0
 	for _, c := range cmds {
 		if c.Account.Generation == 2 {
@@ -160,14 +161,14 @@ func TestWorkersReadOnlyWhatIsDue(t *testing.T) {
 	// it at all while the active generations stay the same.
 	for pass := 2; pass <= 3; pass++ {
 		st.reset()
-		drains, active, err = core.DrainPager(ctx, pageSize, memo.skip)
+		drains, active, err = core.DrainPager(ctx, pageSize, skip)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if cmds, _ := pages(t, core, drains, now); len(cmds) != 0 {
 			t.Fatalf("pass %d: %d drains after draining", pass, len(cmds))
 		}
-		memo.update(active, drains, true)
+		memo.update(active, drains, nil, true, now)
 		if pass == 3 && st.byEpoch.Load() != 0 {
 			t.Fatalf("pass 3 read %d rows of drained generations", st.byEpoch.Load())
 		}
@@ -360,8 +361,9 @@ func TestConflictRetriesLastTheBudget(t *testing.T) {
 	}
 }
 
-// A drain pass that found one command in a generation does not count the
-// generation clean (Pager.Clean): the drain memo would skip it for good.
+// A drain pass that found one command in a generation does not report
+// the generation's scan without commands (Pager.Ended): the drain memo
+// would skip it for good.
 func TestDrainPassWithOneCommandIsNotClean(t *testing.T) {
 	ctx := context.Background()
 	core := NewCore(memstore.New())
@@ -388,8 +390,8 @@ func TestDrainPassWithOneCommandIsNotClean(t *testing.T) {
 	if cmds, _ := pages(t, core, drains, now); len(cmds) != 1 || cmds[0].Account.Generation != 1 {
 		t.Fatalf("drains: %+v, want generation 1's account", cmds)
 	}
-	if clean := drains.Clean(); slices.Contains(clean, 1) {
-		t.Fatalf("generation 1 counted clean after a drain: %v", clean)
+	if ended := drains.Ended(); !slices.ContainsFunc(ended, func(s ScanEnd) bool { return s.Generation == 1 && s.Commands == 1 }) {
+		t.Fatalf("generation 1's scan after a drain: %+v, want one command", ended)
 	}
 }
 

@@ -319,9 +319,10 @@ func (e *Engine) everyAsLeader(ctx context.Context, w *worker) {
 // runPages commits a pager's commands page by page while this engine
 // leads, in paced chunks (runWorkerCommands), so a worker with much to do
 // (the epoch rollover of a million accounts) is spread out and admission
-// goes on between its chunks. It returns false if it stopped early (ctx
+// goes on between its chunks. seen, when set, gets each committed
+// chunk's commands and results. It returns false if it stopped early (ctx
 // ended, leadership lost, a read failed).
-func (e *Engine) runPages(ctx context.Context, what string, p *Pager) bool {
+func (e *Engine) runPages(ctx context.Context, what string, p *Pager, seen func([]ledger.Command, []ledger.Result)) bool {
 	fails := &e.fails.epochs
 	for ctx.Err() == nil {
 		if !e.IsLeader() {
@@ -338,7 +339,7 @@ func (e *Engine) runPages(ctx context.Context, what string, p *Pager) bool {
 		if len(cmds) == 0 {
 			return true
 		}
-		if !e.runWorkerCommands(ctx, fails, cmds) {
+		if !e.runWorkerCommands(ctx, fails, cmds, seen) {
 			return false
 		}
 	}
@@ -412,28 +413,105 @@ func (p *workerPacer) done(took time.Duration) {
 	<-slot
 }
 
-// drainMemo remembers the superseded generations whose last full drain
-// pass found nothing, while the active generations stay the same: nothing
-// lands on such an account later except through the ledger's own forward
-// of a late refund or overuse, which moves it on at once. A change of the
-// active generations (a publish, a rollback) forgets them all.
+// How long the drain worker leaves a superseded generation whose drains
+// moved nothing before it reads it again (drainMemo): the first wait is
+// drainRecheckFirst, each later one twice the one before, up to
+// DrainRecheckMax.
+const (
+	drainRecheckFirst = time.Minute
+	// DrainRecheckMax bounds how long capacity that can move waits for
+	// the drain worker: a generation whose drains moved nothing (capacity
+	// blocked by the deciding account's burst) or that holds reservations
+	// is read again at least this often.
+	DrainRecheckMax = 16 * time.Minute
+)
+
+// drainMemo remembers, per superseded generation, what the drain
+// worker's last full pass over it found, so that passes in between do
+// not read it again (the memo's cost is one entry per generation, its
+// saving a read of every account of the generation and a command per
+// blocked one). While the active generations stay the same (a publish or
+// a rollback forgets everything):
+//
+//   - settled: the scan produced no command and no account it read held
+//     reservations. Nothing can land on such an account: capacity arrives
+//     on a superseded account only as a late refund or overuse of one of
+//     its own reservations. It is not read again.
+//   - waiting: drains were sent and none moved anything, or an account
+//     held reservations. Capacity there is blocked by the deciding
+//     account's burst (ledger.Drain moves only into its room, after the
+//     refill due), or a late refund may land and stay for the same
+//     reason (the ledger's forward moves what fits at once). Refill never
+//     makes room (it fills up to the burst); only the subject's own
+//     commands do (settles that spend, shards issued, overuse), and this
+//     replica does not see those of the others. So the generation is
+//     read again after drainRecheckFirst, then after twice as long each
+//     time nothing moved, up to DrainRecheckMax: a drain that can move
+//     waits at most that long (and moves if the room is still there then:
+//     a refill due first takes it, as it would in the ledger).
+//
+// A generation whose drains moved something has no entry: it is read
+// every pass until one moves nothing.
 type drainMemo struct {
 	active ledger.ActiveGenerations
-	clean  map[uint64]bool
+	gens   map[uint64]drainVerdict
 }
 
-func (m *drainMemo) skip(active ledger.ActiveGenerations, g uint64) bool {
-	return m.clean[g] && sameActive(m.active, active)
+// drainVerdict is what the memo holds for one generation.
+type drainVerdict struct {
+	settled bool
+	// at is when the pass that found it waiting ran (the engine clock),
+	// wait how long it is left alone after that.
+	at   time.Time
+	wait time.Duration
 }
 
-// update records a pass's outcome; complete is whether it ran to its end.
-func (m *drainMemo) update(active ledger.ActiveGenerations, p *Pager, complete bool) {
-	if !sameActive(m.active, active) {
-		m.active, m.clean = active, map[uint64]bool{}
+// skip reports whether the drain pass starting at now leaves generation g
+// alone.
+func (m *drainMemo) skip(active ledger.ActiveGenerations, g uint64, now time.Time) bool {
+	v, ok := m.gens[g]
+	if !ok || !sameActive(m.active, active) {
+		return false
 	}
-	if complete {
-		for _, g := range p.Clean() {
-			m.clean[g] = true
+	// A clock that went back before the verdict reads it again.
+	return v.settled || !now.Before(v.at) && now.Before(v.at.Add(v.wait))
+}
+
+// drainOutcomes collects, over one drain pass, the generations one of
+// whose drains moved something (Result.Move).
+type drainOutcomes map[uint64]bool
+
+func (o drainOutcomes) seen(cmds []ledger.Command, results []ledger.Result) {
+	for i := range results {
+		if results[i].Move != nil && i < len(cmds) {
+			o[cmds[i].Account.Generation] = true
+		}
+	}
+}
+
+// update records the outcome of the pass that started at now; complete
+// is whether it ran to its end (an incomplete pass records nothing: the
+// generations it read and did not record are read again next pass).
+func (m *drainMemo) update(active ledger.ActiveGenerations, p *Pager, moved drainOutcomes, complete bool, now time.Time) {
+	if !sameActive(m.active, active) {
+		m.active, m.gens = active, map[uint64]drainVerdict{}
+	}
+	if !complete {
+		return
+	}
+	for _, s := range p.Ended() {
+		previous := m.gens[s.Generation]
+		switch {
+		case moved[s.Generation]:
+			delete(m.gens, s.Generation)
+		case s.Commands == 0 && !s.Holds:
+			m.gens[s.Generation] = drainVerdict{settled: true}
+		default:
+			wait := drainRecheckFirst
+			if previous.wait > 0 {
+				wait = min(2*previous.wait, DrainRecheckMax)
+			}
+			m.gens[s.Generation] = drainVerdict{at: now, wait: wait}
 		}
 	}
 }
