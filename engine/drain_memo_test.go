@@ -103,6 +103,7 @@ func TestDrainWorkerLeavesBlockedGenerationsAlone(t *testing.T) {
 		t.Fatalf("31 idle passes read %d rows and sent %d drains (by pass: %v, %v); want %d each (5 reads of %d blocked accounts)",
 			totalRows, totalCmds, rows, cmds, 5*blocked, blocked)
 	}
+	t.Logf("31 idle passes over %d blocked accounts: rows read %v, drains %v", blocked, rows, cmds)
 	pass() // minute 31: a recheck; the next waits DrainRecheckMax
 
 	// tenant-0 spends 50 under the deciding generation: room for five
@@ -130,6 +131,7 @@ func TestDrainWorkerLeavesBlockedGenerationsAlone(t *testing.T) {
 		}
 		clk.Advance(time.Minute)
 	}
+	t.Logf("the blocked capacity moved %v after the spend", clk.Now().Sub(roomAt))
 	if waited := clk.Now().Sub(roomAt); waited < 10*time.Minute {
 		t.Fatalf("the room was filled %v after the spend, before the recheck due 16 minutes after the last one", waited)
 	}

@@ -153,6 +153,7 @@ func TestPolicyCacheStaysBoundedPerKey(t *testing.T) {
 		}
 		largest = max(largest, size())
 	}
+	t.Logf("%d generations of %d keys: at most %d policies held", generations, keys, largest)
 	if largest > 3*keys+olderPolicies {
 		t.Fatalf("the cache held up to %d policies over %d generations of %d keys, want at most %d", largest, generations, keys, 3*keys+olderPolicies)
 	}
