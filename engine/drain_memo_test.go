@@ -14,10 +14,15 @@ import (
 
 // drainScanStore counts the account rows drain scans read
 // (AccountsByEpoch without an epoch bound; the epoch worker's scans have
-// one).
+// one) and the point reads of accounts.
 type drainScanStore struct {
 	store.Store
-	rows atomic.Int64
+	rows, points atomic.Int64
+}
+
+func (s *drainScanStore) AccountGet(ctx context.Context, key ledger.AccountKey) (ledger.Account, error) {
+	s.points.Add(1)
+	return s.Store.AccountGet(ctx, key)
 }
 
 func (s *drainScanStore) AccountsByEpoch(ctx context.Context, f store.EpochFilter) ([]ledger.Account, store.EpochCursor, error) {
@@ -32,9 +37,10 @@ func (s *drainScanStore) AccountsByEpoch(ctx context.Context, f store.EpochFilte
 // account's burst has no room for are not read and drained again every
 // pass: the drain worker's reads and commands over idle passes stop
 // growing with the passes (after the first, only the rechecks, one
-// minute apart and doubling up to DrainRecheckMax). Once the subject
-// spends under the deciding generation, the blocked capacity moves at the
-// latest DrainRecheckMax later.
+// minute apart and doubling up to DrainRecheckMax), and a recheck reads
+// the blocked accounts alone, not the generations' other accounts. Once
+// the subject spends under the deciding generation, the blocked capacity
+// moves at the latest DrainRecheckMax later.
 func TestDrainWorkerLeavesBlockedGenerationsAlone(t *testing.T) {
 	clk := newClock()
 	st := &drainScanStore{Store: memstore.New()}
@@ -53,7 +59,7 @@ func TestDrainWorkerLeavesBlockedGenerationsAlone(t *testing.T) {
 	// Each generation bursts 10 below the one before and never refills:
 	// a switch moves all the new burst has room for and leaves 10 behind,
 	// blocked: the deciding account is full.
-	const generations, tenants = 8, 3
+	const generations, tenants, spent = 8, 3, 20
 	burst := func(g int) int64 { return 1000 - 10*int64(g-1) }
 	reserved := 0
 	touch := func(tenant int) { // a reserve and release: switches the tenant
@@ -70,6 +76,19 @@ func TestDrainWorkerLeavesBlockedGenerationsAlone(t *testing.T) {
 		for tenant := range tenants {
 			touch(tenant)
 		}
+		if g == 1 {
+			// Generation 1 also gets empty accounts: tenants that spent
+			// their whole burst and went away. A full read of it reads
+			// them too.
+			for i := range spent {
+				id := fmt.Sprintf("spent-%d", i)
+				cmd := reserveCmd(id, burst(1))
+				cmd.Subject = id
+				do(cmd)
+				do(ledger.Command{Kind: ledger.KindStart, ReservationID: id, OperationID: "op-" + id})
+				do(ledger.Command{Kind: ledger.KindSettle, ReservationID: id, OperationID: "op-" + id, Units: ledger.Amounts{burst(1)}})
+			}
+		}
 	}
 	blocked := generations * tenants
 
@@ -78,19 +97,27 @@ func TestDrainWorkerLeavesBlockedGenerationsAlone(t *testing.T) {
 	pass := func() {
 		t.Helper()
 		st.rows.Store(0)
+		st.points.Store(0)
 		before := e.workerCmds.Load()
 		e.runEpochs(ctx)
-		rows = append(rows, st.rows.Load())
+		rows = append(rows, st.rows.Load()+st.points.Load())
 		cmds = append(cmds, int64(e.workerCmds.Load()-before))
+		if len(rows) > 1 && st.rows.Load() != 0 {
+			t.Errorf("pass %d read %d rows of whole generations, want only the blocked accounts", len(rows), st.rows.Load())
+		}
 		clk.Advance(time.Minute)
 	}
 	for range 31 {
 		pass()
 	}
-	// Read at minutes 0, 1, 3, 7 and 15 (waits of 1, 2, 4, 8 and 16
-	// minutes), each a drain of every blocked account; never again in
-	// the last 15 passes. The worker used to read and drain them all on
+	// Read at minutes 0 (every account), then 1, 3, 7 and 15 (waits of
+	// 1, 2, 4, 8 and 16 minutes: the blocked accounts), each a drain of
+	// every blocked account; never again in the last 15 passes. The
+	// worker used to read every account and drain the blocked ones on
 	// each of the 31 passes.
+	if rows[0] != int64(blocked+spent) || cmds[0] != int64(blocked) {
+		t.Fatalf("first pass: %d rows, %d drains; want %d and %d", rows[0], cmds[0], blocked+spent, blocked)
+	}
 	var totalRows, totalCmds int64
 	for minute := range rows {
 		totalRows += rows[minute]
@@ -99,11 +126,11 @@ func TestDrainWorkerLeavesBlockedGenerationsAlone(t *testing.T) {
 			t.Errorf("pass at minute %d read %d rows and sent %d drains, want none", minute, rows[minute], cmds[minute])
 		}
 	}
-	if totalCmds != 5*int64(blocked) || totalRows != 5*int64(blocked) {
-		t.Fatalf("31 idle passes read %d rows and sent %d drains (by pass: %v, %v); want %d each (5 reads of %d blocked accounts)",
-			totalRows, totalCmds, rows, cmds, 5*blocked, blocked)
+	if totalCmds != 5*int64(blocked) || totalRows != 5*int64(blocked)+spent {
+		t.Fatalf("31 idle passes read %d rows and sent %d drains (by pass: %v, %v); want %d and %d (5 reads of %d blocked accounts, and the empty ones once)",
+			totalRows, totalCmds, rows, cmds, 5*blocked+spent, 5*blocked, blocked)
 	}
-	t.Logf("31 idle passes over %d blocked accounts: rows read %v, drains %v", blocked, rows, cmds)
+	t.Logf("31 idle passes over %d blocked and %d empty accounts: rows read %v, drains %v", blocked, spent, rows, cmds)
 	pass() // minute 31: a recheck; the next waits DrainRecheckMax
 
 	// tenant-0 spends 50 under the deciding generation: room for five
@@ -119,7 +146,7 @@ func TestDrainWorkerLeavesBlockedGenerationsAlone(t *testing.T) {
 	clk.Advance(30 * time.Second)
 	for {
 		e.runEpochs(ctx)
-		a, err := st.AccountGet(ctx, deciding)
+		a, err := st.Store.AccountGet(ctx, deciding)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -197,4 +224,24 @@ func TestDrainWorkerRechecksGenerationsHoldingReservations(t *testing.T) {
 		clk.Advance(time.Minute)
 	}
 	auditClean(t, e)
+}
+
+// A generation whose scan listed more accounts than the pager keeps
+// (ScanEnd.Overflow) is read in full at its recheck, not by points: the
+// accounts left out of the list could need a drain.
+func TestDrainMemoReadsAnOverflowedGenerationInFull(t *testing.T) {
+	key := ledger.PolicyKey{Subject: "tenant-7", Route: "chat.generate", Region: "eu"}
+	active := ledger.ActiveGenerations{key: 3}
+	listed := []ledger.AccountKey{{Subject: "tenant-7", Route: "chat.generate", Region: "eu", Generation: 2}}
+	var m drainMemo
+	m.update(active, &Pager{ended: []ScanEnd{{Generation: 1, Commands: 5, Overflow: true}, {Generation: 2, Commands: 1, Waiting: listed}}}, nil, true, t0)
+	if plan := m.plan(active, 1, t0.Add(30*time.Second)); !plan.Skip {
+		t.Fatalf("generation 1 read %+v before its recheck", plan)
+	}
+	if plan := m.plan(active, 1, t0.Add(drainRecheckFirst)); plan.Skip || plan.ByPoints {
+		t.Fatalf("generation 1, overflowed, at its recheck: %+v, want a full read", plan)
+	}
+	if plan := m.plan(active, 2, t0.Add(drainRecheckFirst)); plan.Skip || !plan.ByPoints || len(plan.Points) != 1 || plan.Points[0] != listed[0] {
+		t.Fatalf("generation 2 at its recheck: %+v, want its one listed account", plan)
+	}
 }

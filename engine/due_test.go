@@ -140,8 +140,8 @@ func TestWorkersReadOnlyWhatIsDue(t *testing.T) {
 	run(own) // tenant-000 switches to generation 2
 	run(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: policy("tenant-000", 5000)})
 	var memo drainMemo
-	skip := func(active ledger.ActiveGenerations, g uint64) bool { return memo.skip(active, g, now) }
-	drains, active, err := core.DrainPager(ctx, pageSize, skip)
+	plan := func(active ledger.ActiveGenerations, g uint64) DrainPlan { return memo.plan(active, g, now) }
+	drains, active, err := core.DrainPager(ctx, pageSize, plan)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,7 +161,7 @@ func TestWorkersReadOnlyWhatIsDue(t *testing.T) {
 	// it at all while the active generations stay the same.
 	for pass := 2; pass <= 3; pass++ {
 		st.reset()
-		drains, active, err = core.DrainPager(ctx, pageSize, skip)
+		drains, active, err = core.DrainPager(ctx, pageSize, plan)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -655,8 +655,8 @@ func (e *Engine) runEpochs(ctx context.Context) {
 	if !complete {
 		return
 	}
-	drains, active, err := e.core.DrainPager(ctx, e.opts.PageSize, func(active ledger.ActiveGenerations, g uint64) bool {
-		return e.drains.skip(active, g, now)
+	drains, active, err := e.core.DrainPager(ctx, e.opts.PageSize, func(active ledger.ActiveGenerations, g uint64) DrainPlan {
+		return e.drains.plan(active, g, now)
 	})
 	if err != nil {
 		if ctx.Err() == nil {

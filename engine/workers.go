@@ -426,32 +426,38 @@ const (
 	DrainRecheckMax = 16 * time.Minute
 )
 
+// drainMemoPoints bounds the accounts the drain memo lists, over all
+// generations (about 100 bytes each): a generation that does not fit is
+// read in full when it is read.
+const drainMemoPoints = 1 << 16
+
 // drainMemo remembers, per superseded generation, what the drain
-// worker's last full pass over it found, so that passes in between do
-// not read it again (the memo's cost is one entry per generation, its
-// saving a read of every account of the generation and a command per
-// blocked one). While the active generations stay the same (a publish or
-// a rollback forgets everything):
+// worker's last full pass over it found, so that later passes read only
+// what can still need a drain, and only when it may (its cost is one
+// entry per generation and up to drainMemoPoints account keys; its saving
+// a read of every account of the generation and a command per blocked
+// one). While the active generations stay the same (a publish or a
+// rollback forgets everything):
 //
 //   - settled: the scan produced no command and no account it read held
 //     reservations. Nothing can land on such an account: capacity arrives
 //     on a superseded account only as a late refund or overuse of one of
 //     its own reservations. It is not read again.
-//   - waiting: drains were sent and none moved anything, or an account
-//     held reservations. Capacity there is blocked by the deciding
-//     account's burst (ledger.Drain moves only into its room, after the
-//     refill due), or a late refund may land and stay for the same
-//     reason (the ledger's forward moves what fits at once). Refill never
-//     makes room (it fills up to the burst); only the subject's own
-//     commands do (settles that spend, shards issued, overuse), and this
-//     replica does not see those of the others. So the generation is
-//     read again after drainRecheckFirst, then after twice as long each
-//     time nothing moved, up to DrainRecheckMax: a drain that can move
-//     waits at most that long (and moves if the room is still there then:
-//     a refill due first takes it, as it would in the ledger).
-//
-// A generation whose drains moved something has no entry: it is read
-// every pass until one moves nothing.
+//   - waiting: the accounts that got a drain or held reservations
+//     (ScanEnd.Waiting); the others cannot need one, so only these are
+//     read again (point reads; the whole generation when they were too
+//     many). When a drain moved something, at the next pass. When none
+//     did, the capacity there is blocked by the deciding account's burst
+//     (ledger.Drain moves only into its room, after the refill due), or a
+//     late refund may land and stay for the same reason (the ledger's
+//     forward moves what fits at once). Refill never makes room (it fills
+//     up to the burst); only the subject's own commands do (settles that
+//     spend, shards issued, overuse), and this replica does not see those
+//     of the others. So they are read again after drainRecheckFirst, then
+//     after twice as long each time nothing moved, up to DrainRecheckMax:
+//     a drain that can move waits at most that long (and moves if the
+//     room is still there then: a refill due first takes it, as it would
+//     in the ledger).
 type drainMemo struct {
 	active ledger.ActiveGenerations
 	gens   map[uint64]drainVerdict
@@ -460,21 +466,27 @@ type drainMemo struct {
 // drainVerdict is what the memo holds for one generation.
 type drainVerdict struct {
 	settled bool
+	// byPoints says to read only points.
+	byPoints bool
+	points   []ledger.AccountKey
 	// at is when the pass that found it waiting ran (the engine clock),
-	// wait how long it is left alone after that.
+	// wait how long it is left alone after that (0: read at the next
+	// pass).
 	at   time.Time
 	wait time.Duration
 }
 
-// skip reports whether the drain pass starting at now leaves generation g
-// alone.
-func (m *drainMemo) skip(active ledger.ActiveGenerations, g uint64, now time.Time) bool {
+// plan says how the drain pass starting at now reads generation g.
+func (m *drainMemo) plan(active ledger.ActiveGenerations, g uint64, now time.Time) DrainPlan {
 	v, ok := m.gens[g]
 	if !ok || !sameActive(m.active, active) {
-		return false
+		return DrainPlan{}
 	}
 	// A clock that went back before the verdict reads it again.
-	return v.settled || !now.Before(v.at) && now.Before(v.at.Add(v.wait))
+	if v.settled || !now.Before(v.at) && now.Before(v.at.Add(v.wait)) {
+		return DrainPlan{Skip: true}
+	}
+	return DrainPlan{ByPoints: v.byPoints, Points: v.points}
 }
 
 // drainOutcomes collects, over one drain pass, the generations one of
@@ -499,20 +511,30 @@ func (m *drainMemo) update(active ledger.ActiveGenerations, p *Pager, moved drai
 	if !complete {
 		return
 	}
+	listed := 0
+	for _, v := range m.gens {
+		listed += len(v.points)
+	}
 	for _, s := range p.Ended() {
 		previous := m.gens[s.Generation]
+		listed -= len(previous.points)
+		if s.Commands == 0 && !s.Holds {
+			m.gens[s.Generation] = drainVerdict{settled: true}
+			continue
+		}
+		v := drainVerdict{at: now}
 		switch {
 		case moved[s.Generation]:
-			delete(m.gens, s.Generation)
-		case s.Commands == 0 && !s.Holds:
-			m.gens[s.Generation] = drainVerdict{settled: true}
+		case previous.wait > 0:
+			v.wait = min(2*previous.wait, DrainRecheckMax)
 		default:
-			wait := drainRecheckFirst
-			if previous.wait > 0 {
-				wait = min(2*previous.wait, DrainRecheckMax)
-			}
-			m.gens[s.Generation] = drainVerdict{at: now, wait: wait}
+			v.wait = drainRecheckFirst
 		}
+		if !s.Overflow && listed+len(s.Waiting) <= drainMemoPoints {
+			v.byPoints, v.points = true, s.Waiting
+			listed += len(s.Waiting)
+		}
+		m.gens[s.Generation] = v
 	}
 }
 
