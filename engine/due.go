@@ -38,6 +38,9 @@ type Pager struct {
 	collect  int
 	waiting  []ledger.AccountKey
 	overflow bool
+	// listed counts the accounts all its scans listed, at most
+	// drainMemoPoints (a scan past that overflows).
+	listed int
 	// ended are the scans that ran to their end, with what they found
 	// (Ended).
 	ended []ScanEnd
@@ -330,16 +333,20 @@ func (p *Pager) readPoints(ctx context.Context, s *scan) ([]ledger.Account, erro
 	return page, nil
 }
 
-// list adds key to the current scan's waiting accounts, up to collect.
+// list adds key to the current scan's waiting accounts, up to collect
+// for the scan and drainMemoPoints for all (what the drain memo keeps at
+// most).
 func (p *Pager) list(key ledger.AccountKey) {
 	if p.collect <= 0 || p.overflow {
 		return
 	}
-	if len(p.waiting) >= p.collect {
+	if len(p.waiting) >= p.collect || p.listed >= drainMemoPoints {
+		p.listed -= len(p.waiting)
 		p.waiting, p.overflow = nil, true
 		return
 	}
 	p.waiting = append(p.waiting, key)
+	p.listed++
 }
 
 // nextPoints reads up to one page of the point candidates.

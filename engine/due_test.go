@@ -436,3 +436,45 @@ func TestEpochPassReadsBackTheLateness(t *testing.T) {
 		t.Fatalf("the next pass closes the late account's 09:00 epoch: %+v", cmds)
 	}
 }
+
+// A drain scan lists the accounts that got a command or held
+// reservations (the drain memo reads only those again), and says it
+// overflowed, listing none, when there were more than it keeps.
+func TestDrainScanListsWaitingAccountsUpToItsBound(t *testing.T) {
+	ctx := context.Background()
+	for _, collect := range []int{3, 2} {
+		core := NewCore(memstore.New())
+		run := func(cmd ledger.Command) {
+			t.Helper()
+			results, err := core.Commit(ctx, []ledger.Command{cmd}, t0)
+			if err != nil || results[0].Err != nil {
+				t.Fatalf("%s: %v, %v", cmd.Kind, err, results[0].Err)
+			}
+		}
+		publish := func(burst int64) {
+			p := ledger.Policy{Key: ledger.PolicyKey{Subject: ledger.AnySubject, Route: "chat.generate", Region: "eu"},
+				Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: burst}}}.WithDefaults()
+			run(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p})
+		}
+		publish(1000)
+		for i := range 3 {
+			cmd := reserveCmd(fmt.Sprintf("rl-%d", i), 10)
+			cmd.Subject = fmt.Sprintf("tenant-%d", i)
+			run(cmd)
+		}
+		publish(2000)
+		drains, _, err := core.DrainPager(ctx, 64, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		drains.collect = collect
+		pages(t, core, drains, t0)
+		ended := drains.Ended()
+		if len(ended) != 1 || ended[0].Generation != 1 {
+			t.Fatalf("collect %d: scans %+v, want generation 1's", collect, ended)
+		}
+		if got := ended[0]; collect == 3 && (got.Overflow || len(got.Waiting) != 3) || collect == 2 && (!got.Overflow || got.Waiting != nil) {
+			t.Fatalf("collect %d: %+v", collect, got)
+		}
+	}
+}
