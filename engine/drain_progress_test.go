@@ -137,11 +137,11 @@ func TestDrainMemoForgetsOnAnotherActiveSet(t *testing.T) {
 	key := ledger.PolicyKey{Subject: "tenant-7", Route: "chat.generate", Region: "eu"}
 	var m drainMemo
 	before := ledger.ActiveGenerations{key: 2}
-	m.update(before, &Pager{clean: []uint64{1}}, true)
-	if !m.skip(ledger.ActiveGenerations{key: 2}, 1) {
+	m.update(before, &Pager{ended: []ScanEnd{{Generation: 1}}}, nil, true, t0)
+	if !m.plan(ledger.ActiveGenerations{key: 2}, 1, t0).Skip {
 		t.Fatal("generation 1, clean under the same active set: not skipped")
 	}
-	if m.skip(ledger.ActiveGenerations{key: 3}, 1) {
+	if m.plan(ledger.ActiveGenerations{key: 3}, 1, t0).Skip {
 		t.Fatal("generation 1 skipped after the active generation changed")
 	}
 }

@@ -28,11 +28,22 @@ type Pager struct {
 	scans []scan
 	cur   int
 	after store.EpochCursor
-	// found counts the commands the current scan produced.
-	found int
-	// clean are the generations whose scan ran to its end without a
-	// command (Clean).
-	clean []uint64
+	// found counts the commands the current scan produced; holding
+	// whether an account it read held reservations.
+	found   int
+	holding bool
+	// collect, when positive, has the scans list up to that many
+	// accounts each that got a command or held reservations (waiting;
+	// overflow once there were more): ScanEnd.Waiting.
+	collect  int
+	waiting  []ledger.AccountKey
+	overflow bool
+	// listed counts the accounts all its scans listed, at most
+	// drainMemoPoints (a scan past that overflows).
+	listed int
+	// ended are the scans that ran to their end, with what they found
+	// (Ended).
+	ended []ScanEnd
 	// points are single accounts to look at after the scans (drains of a
 	// subject's own-policy account under a still-active AnySubject
 	// generation).
@@ -46,11 +57,14 @@ type Pager struct {
 }
 
 // scan is one generation's pass over AccountsByEpoch, from from (the zero
-// cursor: the start) up to epoch starts at startedBy.
+// cursor: the start) up to epoch starts at startedBy; or, with byPoints,
+// a point read of each of points, its accounts left to read.
 type scan struct {
 	generation uint64
 	startedBy  time.Time
 	from       store.EpochCursor
+	byPoints   bool
+	points     []ledger.AccountKey
 }
 
 // EpochPager returns a pager over the accounts whose accounting epoch
@@ -135,6 +149,20 @@ func (s *EpochScans) Update(p *Pager, complete bool) {
 	}
 }
 
+// DrainPlan says how a drain pass reads one superseded generation.
+type DrainPlan struct {
+	// Skip leaves it out.
+	Skip bool
+	// ByPoints reads only Points, its accounts that a complete earlier
+	// scan listed (ScanEnd.Waiting), one point read each.
+	ByPoints bool
+	Points   []ledger.AccountKey
+}
+
+// drainWaitingPerGeneration bounds the accounts a drain scan lists per
+// generation (ScanEnd.Waiting).
+const drainWaitingPerGeneration = 4096
+
 // DrainPager returns a pager over the accounts of superseded or
 // rolled-back generations that still hold available capacity or debt
 // (late refunds and late overuse land there after a generation switch or a
@@ -146,16 +174,20 @@ func (s *EpochScans) Update(p *Pager, complete bool) {
 // account of a generation that is not its key's active one (read page by
 // page from the index), and, under an AnySubject generation that is still
 // active, the accounts of the subjects that have an active policy of their
-// own (one point read each). skip names generations not to read (the
-// engine passes those whose last full pass found nothing, while the
-// active generations are unchanged).
-func (c *Core) DrainPager(ctx context.Context, pageSize int, skip func(active ledger.ActiveGenerations, generation uint64) bool) (*Pager, ledger.ActiveGenerations, error) {
+// own (one point read each). plan, when set, says how to read each
+// superseded generation (the engine's drain worker: its drainMemo); nil
+// reads each in full. Each scan lists the accounts that got a command or
+// held reservations (ScanEnd.Waiting): when it ran to its end, no other
+// account of the generation can need a drain while the active generations
+// stay the same (capacity lands on a superseded account only as a late
+// refund or overuse of its own reservations).
+func (c *Core) DrainPager(ctx context.Context, pageSize int, plan func(active ledger.ActiveGenerations, generation uint64) DrainPlan) (*Pager, ledger.ActiveGenerations, error) {
 	policies, err := c.store.PolicyList(ctx)
 	if err != nil {
 		return nil, nil, fmt.Errorf("policies: %w", err)
 	}
 	active := ledger.NewActiveGenerations(policies)
-	p := &Pager{core: c, size: max(pageSize, 1)}
+	p := &Pager{core: c, size: max(pageSize, 1), collect: drainWaitingPerGeneration}
 	for i := range policies {
 		pol := &policies[i]
 		g, ok := active.Active(pol.Key)
@@ -172,10 +204,15 @@ func (c *Core) DrainPager(ctx context.Context, pageSize int, skip func(active le
 			}
 			continue
 		}
-		if skip != nil && skip(active, pol.Generation) {
-			continue
+		s := scan{generation: pol.Generation}
+		if plan != nil {
+			how := plan(active, pol.Generation)
+			if how.Skip {
+				continue
+			}
+			s.byPoints, s.points = how.ByPoints, how.Points
 		}
-		p.scans = append(p.scans, scan{generation: pol.Generation})
+		p.scans = append(p.scans, s)
 	}
 	p.make = func(a *ledger.Account) (ledger.Command, bool) {
 		deciding, ok := active.Deciding(a.Key.SubjectKey())
@@ -185,6 +222,17 @@ func (c *Core) DrainPager(ctx context.Context, pageSize int, skip func(active le
 		return ledger.Command{Kind: ledger.KindDrain, Account: a.Key}, true
 	}
 	return p, active, nil
+}
+
+// reserves reports whether an account holds reservations in one of its
+// dimensions.
+func reserves(a *ledger.Account) bool {
+	for d := 0; d < a.Dims; d++ {
+		if a.Balances[d].Reserved > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // holds reports whether an account holds available capacity or debt in
@@ -211,30 +259,51 @@ func (p *Pager) Next(ctx context.Context) ([]ledger.Command, error) {
 			p.done = true
 			break
 		}
-		s := p.scans[p.cur]
-		page, next, err := p.core.store.AccountsByEpoch(ctx, store.EpochFilter{
-			Generation: s.generation, StartedBy: s.startedBy, After: p.after, Limit: p.size,
-		})
-		if err != nil {
-			return nil, fmt.Errorf("accounts of generation %d: %w", s.generation, err)
+		s := &p.scans[p.cur]
+		var page []ledger.Account
+		var next store.EpochCursor
+		var last bool
+		if s.byPoints {
+			var err error
+			if page, err = p.readPoints(ctx, s); err != nil {
+				return nil, err
+			}
+			last = len(s.points) == 0
+		} else {
+			var err error
+			page, next, err = p.core.store.AccountsByEpoch(ctx, store.EpochFilter{
+				Generation: s.generation, StartedBy: s.startedBy, After: p.after, Limit: p.size,
+			})
+			if err != nil {
+				return nil, fmt.Errorf("accounts of generation %d: %w", s.generation, err)
+			}
+			last = len(page) < p.size
 		}
 		var cmds []ledger.Command
 		for i := range page {
-			if cmd, ok := p.make(&page[i]); ok {
+			cmd, ok := p.make(&page[i])
+			if ok {
 				cmds = append(cmds, cmd)
+			}
+			held := reserves(&page[i])
+			p.holding = p.holding || held
+			if ok || held {
+				p.list(page[i].Key)
 			}
 		}
 		p.found += len(cmds)
-		if len(page) < p.size {
-			if p.found == 0 {
-				p.clean = append(p.clean, s.generation)
+		if last {
+			end := ScanEnd{Generation: s.generation, Commands: p.found, Holds: p.holding, Overflow: p.overflow}
+			if p.collect > 0 && !p.overflow {
+				end.Waiting = p.waiting
 			}
+			p.ended = append(p.ended, end)
 			p.cur++
 			p.after = store.EpochCursor{}
 			if p.cur < len(p.scans) {
 				p.after = p.scans[p.cur].from
 			}
-			p.found = 0
+			p.found, p.holding, p.waiting, p.overflow = 0, false, nil, false
 		} else {
 			p.after = next
 		}
@@ -243,6 +312,41 @@ func (p *Pager) Next(ctx context.Context) ([]ledger.Command, error) {
 		}
 	}
 	return nil, nil
+}
+
+// readPoints reads up to a page of s's points (those not found are
+// left out) and takes them off s.
+func (p *Pager) readPoints(ctx context.Context, s *scan) ([]ledger.Account, error) {
+	n := min(p.size, len(s.points))
+	page := make([]ledger.Account, 0, n)
+	for _, key := range s.points[:n] {
+		a, err := p.core.store.AccountGet(ctx, key)
+		if errors.Is(err, store.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("account %s: %w", key, err)
+		}
+		page = append(page, a)
+	}
+	s.points = s.points[n:]
+	return page, nil
+}
+
+// list adds key to the current scan's waiting accounts, up to collect
+// for the scan and drainMemoPoints for all (what the drain memo keeps at
+// most).
+func (p *Pager) list(key ledger.AccountKey) {
+	if p.collect <= 0 || p.overflow {
+		return
+	}
+	if len(p.waiting) >= p.collect || p.listed >= drainMemoPoints {
+		p.listed -= len(p.waiting)
+		p.waiting, p.overflow = nil, true
+		return
+	}
+	p.waiting = append(p.waiting, key)
+	p.listed++
 }
 
 // nextPoints reads up to one page of the point candidates.
@@ -295,9 +399,23 @@ func (p *Pager) CatchUp(ctx context.Context, each func() bool, done func(time.Du
 	return nil
 }
 
-// Clean returns the generations whose whole scan produced no command, so
-// far.
-func (p *Pager) Clean() []uint64 { return p.clean }
+// ScanEnd is what one generation's scan found, once it ran to its end.
+type ScanEnd struct {
+	Generation uint64
+	// Commands is how many commands the scan produced.
+	Commands int
+	// Holds is whether one of the accounts it read held reservations
+	// (a late refund may land there).
+	Holds bool
+	// Waiting are the accounts that got a command or held reservations,
+	// when the pager lists them (a drain pager) and they were at most
+	// drainWaitingPerGeneration; Overflow says there were more.
+	Waiting  []ledger.AccountKey
+	Overflow bool
+}
+
+// Ended returns the scans that ran to their end so far, in order.
+func (p *Pager) Ended() []ScanEnd { return p.ended }
 
 // all drains a pager into one list (for EpochsDue and DrainsDue).
 func (p *Pager) all(ctx context.Context) ([]ledger.Command, error) {

@@ -140,12 +140,13 @@ func TestWorkersReadOnlyWhatIsDue(t *testing.T) {
 	run(own) // tenant-000 switches to generation 2
 	run(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: policy("tenant-000", 5000)})
 	var memo drainMemo
-	drains, active, err := core.DrainPager(ctx, pageSize, memo.skip)
+	plan := func(active ledger.ActiveGenerations, g uint64) DrainPlan { return memo.plan(active, g, now) }
+	drains, active, err := core.DrainPager(ctx, pageSize, plan)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cmds, largest = pages(t, core, drains, now)
-	memo.update(active, drains, true)
+	memo.update(active, drains, drainOutcomes{1: true, 2: true}, true, now)
 	gen2 := 0
 	for _, c := range cmds {
 		if c.Account.Generation == 2 {
@@ -160,14 +161,14 @@ func TestWorkersReadOnlyWhatIsDue(t *testing.T) {
 	// it at all while the active generations stay the same.
 	for pass := 2; pass <= 3; pass++ {
 		st.reset()
-		drains, active, err = core.DrainPager(ctx, pageSize, memo.skip)
+		drains, active, err = core.DrainPager(ctx, pageSize, plan)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if cmds, _ := pages(t, core, drains, now); len(cmds) != 0 {
 			t.Fatalf("pass %d: %d drains after draining", pass, len(cmds))
 		}
-		memo.update(active, drains, true)
+		memo.update(active, drains, nil, true, now)
 		if pass == 3 && st.byEpoch.Load() != 0 {
 			t.Fatalf("pass 3 read %d rows of drained generations", st.byEpoch.Load())
 		}
@@ -360,8 +361,9 @@ func TestConflictRetriesLastTheBudget(t *testing.T) {
 	}
 }
 
-// A drain pass that found one command in a generation does not count the
-// generation clean (Pager.Clean): the drain memo would skip it for good.
+// A drain pass that found one command in a generation does not report
+// the generation's scan without commands (Pager.Ended): the drain memo
+// would skip it for good.
 func TestDrainPassWithOneCommandIsNotClean(t *testing.T) {
 	ctx := context.Background()
 	core := NewCore(memstore.New())
@@ -388,8 +390,8 @@ func TestDrainPassWithOneCommandIsNotClean(t *testing.T) {
 	if cmds, _ := pages(t, core, drains, now); len(cmds) != 1 || cmds[0].Account.Generation != 1 {
 		t.Fatalf("drains: %+v, want generation 1's account", cmds)
 	}
-	if clean := drains.Clean(); slices.Contains(clean, 1) {
-		t.Fatalf("generation 1 counted clean after a drain: %v", clean)
+	if ended := drains.Ended(); !slices.ContainsFunc(ended, func(s ScanEnd) bool { return s.Generation == 1 && s.Commands == 1 }) {
+		t.Fatalf("generation 1's scan after a drain: %+v, want one command", ended)
 	}
 }
 
@@ -432,5 +434,47 @@ func TestEpochPassReadsBackTheLateness(t *testing.T) {
 	cmds := pass(nine.Add(2*time.Hour + 30*time.Second))
 	if len(cmds) != 1 || cmds[0].Kind != ledger.KindCloseEpoch || cmds[0].Account.Subject != late.Subject {
 		t.Fatalf("the next pass closes the late account's 09:00 epoch: %+v", cmds)
+	}
+}
+
+// A drain scan lists the accounts that got a command or held
+// reservations (the drain memo reads only those again), and says it
+// overflowed, listing none, when there were more than it keeps.
+func TestDrainScanListsWaitingAccountsUpToItsBound(t *testing.T) {
+	ctx := context.Background()
+	for _, collect := range []int{3, 2} {
+		core := NewCore(memstore.New())
+		run := func(cmd ledger.Command) {
+			t.Helper()
+			results, err := core.Commit(ctx, []ledger.Command{cmd}, t0)
+			if err != nil || results[0].Err != nil {
+				t.Fatalf("%s: %v, %v", cmd.Kind, err, results[0].Err)
+			}
+		}
+		publish := func(burst int64) {
+			p := ledger.Policy{Key: ledger.PolicyKey{Subject: ledger.AnySubject, Route: "chat.generate", Region: "eu"},
+				Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: burst}}}.WithDefaults()
+			run(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p})
+		}
+		publish(1000)
+		for i := range 3 {
+			cmd := reserveCmd(fmt.Sprintf("rl-%d", i), 10)
+			cmd.Subject = fmt.Sprintf("tenant-%d", i)
+			run(cmd)
+		}
+		publish(2000)
+		drains, _, err := core.DrainPager(ctx, 64, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		drains.collect = collect
+		pages(t, core, drains, t0)
+		ended := drains.Ended()
+		if len(ended) != 1 || ended[0].Generation != 1 {
+			t.Fatalf("collect %d: scans %+v, want generation 1's", collect, ended)
+		}
+		if got := ended[0]; collect == 3 && (got.Overflow || len(got.Waiting) != 3) || collect == 2 && (!got.Overflow || got.Waiting != nil) {
+			t.Fatalf("collect %d: %+v", collect, got)
+		}
 	}
 }

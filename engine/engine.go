@@ -552,7 +552,7 @@ func (e *Engine) runDue(ctx context.Context) {
 			e.fails.expiry.ok("worker batch")
 			return
 		}
-		if !e.runWorkerCommands(ctx, &e.fails.expiry, cmds) {
+		if !e.runWorkerCommands(ctx, &e.fails.expiry, cmds, nil) {
 			return
 		}
 	}
@@ -617,7 +617,7 @@ func (e *Engine) runEpochs(ctx context.Context) {
 	}
 	e.fails.epochs.ok("epoch worker")
 	e.epochWatch = epochWatch{last: now, lengths: epochs.lengths}
-	complete := e.runPages(ctx, "epoch", epochs)
+	complete := e.runPages(ctx, "epoch", epochs, nil)
 	if complete {
 		// Then the index entries the pass's rolls left behind (SQLite):
 		// EpochScans may remember this pass only once they have moved.
@@ -655,7 +655,9 @@ func (e *Engine) runEpochs(ctx context.Context) {
 	if !complete {
 		return
 	}
-	drains, active, err := e.core.DrainPager(ctx, e.opts.PageSize, e.drains.skip)
+	drains, active, err := e.core.DrainPager(ctx, e.opts.PageSize, func(active ledger.ActiveGenerations, g uint64) DrainPlan {
+		return e.drains.plan(active, g, now)
+	})
 	if err != nil {
 		if ctx.Err() == nil {
 			e.fails.epochs.failed("drain worker", err)
@@ -663,16 +665,19 @@ func (e *Engine) runEpochs(ctx context.Context) {
 		return
 	}
 	e.fails.epochs.ok("drain worker")
-	complete = e.runPages(ctx, "drain", drains)
-	e.drains.update(active, drains, complete)
+	moved := drainOutcomes{}
+	complete = e.runPages(ctx, "drain", drains, moved.seen)
+	e.drains.update(active, drains, moved, complete, now)
 }
 
 // runWorkerCommands commits a worker's commands in chunks of at most
 // workerChunk, each after the pacer's pause (workerPacer), so gateway
 // commands never wait behind more than one small chunk. It returns false
 // if a chunk failed or ctx ended before all were committed. A failed
-// chunk is logged ("worker batch") to fails, the worker's.
-func (e *Engine) runWorkerCommands(ctx context.Context, fails *failLog, cmds []ledger.Command) bool {
+// chunk is logged ("worker batch") to fails, the worker's. seen, when
+// set, gets each committed chunk's commands and their results (the drain
+// worker learns from them which drains moved something).
+func (e *Engine) runWorkerCommands(ctx context.Context, fails *failLog, cmds []ledger.Command, seen func([]ledger.Command, []ledger.Result)) bool {
 	if len(cmds) == 0 {
 		return true
 	}
@@ -684,7 +689,7 @@ func (e *Engine) runWorkerCommands(ctx context.Context, fails *failLog, cmds []l
 			return false
 		}
 		started := time.Now()
-		_, err := e.doMaintenance(ctx, cmds[start:end])
+		results, err := e.doMaintenance(ctx, cmds[start:end])
 		e.pace.done(time.Since(started))
 		if err != nil {
 			// Stop the pass: the pager's memory (EpochScans, the drain
@@ -695,6 +700,9 @@ func (e *Engine) runWorkerCommands(ctx context.Context, fails *failLog, cmds []l
 			return false
 		}
 		fails.ok("worker batch")
+		if seen != nil {
+			seen(cmds[start:end], results)
+		}
 	}
 	return true
 }

@@ -72,7 +72,7 @@ func expireAll(tb testing.TB, e *Engine, now time.Time) int {
 		if len(due) == 0 {
 			return expired
 		}
-		if !e.runWorkerCommands(context.Background(), &e.fails.expiry, due) {
+		if !e.runWorkerCommands(context.Background(), &e.fails.expiry, due, nil) {
 			tb.Fatal("worker batch failed")
 		}
 		expired += len(due) / 2

@@ -319,9 +319,10 @@ func (e *Engine) everyAsLeader(ctx context.Context, w *worker) {
 // runPages commits a pager's commands page by page while this engine
 // leads, in paced chunks (runWorkerCommands), so a worker with much to do
 // (the epoch rollover of a million accounts) is spread out and admission
-// goes on between its chunks. It returns false if it stopped early (ctx
+// goes on between its chunks. seen, when set, gets each committed
+// chunk's commands and results. It returns false if it stopped early (ctx
 // ended, leadership lost, a read failed).
-func (e *Engine) runPages(ctx context.Context, what string, p *Pager) bool {
+func (e *Engine) runPages(ctx context.Context, what string, p *Pager, seen func([]ledger.Command, []ledger.Result)) bool {
 	fails := &e.fails.epochs
 	for ctx.Err() == nil {
 		if !e.IsLeader() {
@@ -338,7 +339,7 @@ func (e *Engine) runPages(ctx context.Context, what string, p *Pager) bool {
 		if len(cmds) == 0 {
 			return true
 		}
-		if !e.runWorkerCommands(ctx, fails, cmds) {
+		if !e.runWorkerCommands(ctx, fails, cmds, seen) {
 			return false
 		}
 	}
@@ -412,29 +413,128 @@ func (p *workerPacer) done(took time.Duration) {
 	<-slot
 }
 
-// drainMemo remembers the superseded generations whose last full drain
-// pass found nothing, while the active generations stay the same: nothing
-// lands on such an account later except through the ledger's own forward
-// of a late refund or overuse, which moves it on at once. A change of the
-// active generations (a publish, a rollback) forgets them all.
+// How long the drain worker leaves a superseded generation whose drains
+// moved nothing before it reads it again (drainMemo): the first wait is
+// drainRecheckFirst, each later one twice the one before, up to
+// DrainRecheckMax.
+const (
+	drainRecheckFirst = time.Minute
+	// DrainRecheckMax bounds how long capacity that can move waits for
+	// the drain worker: a generation whose drains moved nothing (capacity
+	// blocked by the deciding account's burst) or that holds reservations
+	// is read again at least this often.
+	DrainRecheckMax = 16 * time.Minute
+)
+
+// drainMemoPoints bounds the accounts the drain memo lists, over all
+// generations (about 100 bytes each): a generation that does not fit is
+// read in full when it is read.
+const drainMemoPoints = 1 << 16
+
+// drainMemo remembers, per superseded generation, what the drain
+// worker's last full pass over it found, so that later passes read only
+// what can still need a drain, and only when it may (its cost is one
+// entry per generation and up to drainMemoPoints account keys; its saving
+// a read of every account of the generation and a command per blocked
+// one). While the active generations stay the same (a publish or a
+// rollback forgets everything):
+//
+//   - settled: the scan produced no command and no account it read held
+//     reservations. Nothing can land on such an account: capacity arrives
+//     on a superseded account only as a late refund or overuse of one of
+//     its own reservations. It is not read again.
+//   - waiting: the accounts that got a drain or held reservations
+//     (ScanEnd.Waiting); the others cannot need one, so only these are
+//     read again (point reads; the whole generation when they were too
+//     many). When a drain moved something, at the next pass. When none
+//     did, the capacity there is blocked by the deciding account's burst
+//     (ledger.Drain moves only into its room, after the refill due), or a
+//     late refund may land and stay for the same reason (the ledger's
+//     forward moves what fits at once). Refill never makes room (it fills
+//     up to the burst); only the subject's own commands do (settles that
+//     spend, shards issued, overuse), and this replica does not see those
+//     of the others. So they are read again after drainRecheckFirst, then
+//     after twice as long each time nothing moved, up to DrainRecheckMax:
+//     a drain that can move waits at most that long (and moves if the
+//     room is still there then: a refill due first takes it, as it would
+//     in the ledger).
 type drainMemo struct {
 	active ledger.ActiveGenerations
-	clean  map[uint64]bool
+	gens   map[uint64]drainVerdict
 }
 
-func (m *drainMemo) skip(active ledger.ActiveGenerations, g uint64) bool {
-	return m.clean[g] && sameActive(m.active, active)
+// drainVerdict is what the memo holds for one generation.
+type drainVerdict struct {
+	settled bool
+	// byPoints says to read only points.
+	byPoints bool
+	points   []ledger.AccountKey
+	// at is when the pass that found it waiting ran (the engine clock),
+	// wait how long it is left alone after that (0: read at the next
+	// pass).
+	at   time.Time
+	wait time.Duration
 }
 
-// update records a pass's outcome; complete is whether it ran to its end.
-func (m *drainMemo) update(active ledger.ActiveGenerations, p *Pager, complete bool) {
-	if !sameActive(m.active, active) {
-		m.active, m.clean = active, map[uint64]bool{}
+// plan says how the drain pass starting at now reads generation g.
+func (m *drainMemo) plan(active ledger.ActiveGenerations, g uint64, now time.Time) DrainPlan {
+	v, ok := m.gens[g]
+	if !ok || !sameActive(m.active, active) {
+		return DrainPlan{}
 	}
-	if complete {
-		for _, g := range p.Clean() {
-			m.clean[g] = true
+	// A clock that went back before the verdict reads it again.
+	if v.settled || !now.Before(v.at) && now.Before(v.at.Add(v.wait)) {
+		return DrainPlan{Skip: true}
+	}
+	return DrainPlan{ByPoints: v.byPoints, Points: v.points}
+}
+
+// drainOutcomes collects, over one drain pass, the generations one of
+// whose drains moved something (Result.Move).
+type drainOutcomes map[uint64]bool
+
+func (o drainOutcomes) seen(cmds []ledger.Command, results []ledger.Result) {
+	for i := range results {
+		if results[i].Move != nil && i < len(cmds) {
+			o[cmds[i].Account.Generation] = true
 		}
+	}
+}
+
+// update records the outcome of the pass that started at now; complete
+// is whether it ran to its end (an incomplete pass records nothing: the
+// generations it read and did not record are read again next pass).
+func (m *drainMemo) update(active ledger.ActiveGenerations, p *Pager, moved drainOutcomes, complete bool, now time.Time) {
+	if !sameActive(m.active, active) {
+		m.active, m.gens = active, map[uint64]drainVerdict{}
+	}
+	if !complete {
+		return
+	}
+	listed := 0
+	for _, v := range m.gens {
+		listed += len(v.points)
+	}
+	for _, s := range p.Ended() {
+		previous := m.gens[s.Generation]
+		listed -= len(previous.points)
+		if s.Commands == 0 && !s.Holds {
+			m.gens[s.Generation] = drainVerdict{settled: true}
+			continue
+		}
+		v := drainVerdict{at: now}
+		switch {
+		case moved[s.Generation]:
+		case previous.wait > 0:
+			v.wait = min(2*previous.wait, DrainRecheckMax)
+		default:
+			v.wait = drainRecheckFirst
+		}
+		if !s.Overflow && listed+len(s.Waiting) <= drainMemoPoints {
+			v.byPoints, v.points = true, s.Waiting
+			listed += len(s.Waiting)
+		}
+		m.gens[s.Generation] = v
 	}
 }
 

@@ -30,18 +30,38 @@ import (
 // cannot map at all (no policy for its key, a unit the cached generation
 // lacks) never reaches the ledger, so it reloads the cache itself
 // (refreshForMiss) before it is refused.
+//
+// It keeps, per policy key, the active generation and the two newest (what
+// decides, and what recent reports), and at most olderPolicies older ones
+// that get read from the store since: its size grows with the policy keys,
+// not with the generations published. An older generation is read again
+// on demand (get).
 type policyCache struct {
 	ledger Ledger
 	mu     sync.RWMutex
-	byGen  map[uint64]ledger.Policy
-	// activeGen indexes byGen: per key, the newest generation not rolled back
+	// kept are the generations kept for their key (keptFor); older holds
+	// up to olderPolicies others that get read.
+	kept, older map[uint64]ledger.Policy
+	// activeGen indexes kept: per key, the newest generation not rolled back
 	// (the ledger's rule for the generation that admits).
 	activeGen ledger.ActiveGenerations
+	// newest are, per key, the two newest generations known, the newest
+	// first (0 where there are fewer).
+	newest map[ledger.PolicyKey][2]uint64
+	// through is the newest generation the last full reload read:
+	// generations are numbered in publication order, so one up to it that
+	// is not kept is neither active nor one of its key's two newest.
+	through uint64
 
 	// reload serializes reloads; loadedAt is when the last one started.
 	reload   sync.Mutex
 	loadedAt time.Time
 }
+
+// olderPolicies bounds the generations the cache keeps beyond each key's
+// active one and two newest (those get read for settles, shards and
+// accounts of older generations).
+const olderPolicies = 256
 
 // missReloadInterval bounds how often a reserve for a key without a cached
 // policy reloads the policies: requests for unknown routes must not turn
@@ -51,7 +71,8 @@ type policyCache struct {
 const missReloadInterval = 100 * time.Millisecond
 
 func newPolicyCache(l Ledger) *policyCache {
-	return &policyCache{ledger: l, byGen: map[uint64]ledger.Policy{}, activeGen: ledger.ActiveGenerations{}}
+	return &policyCache{ledger: l, kept: map[uint64]ledger.Policy{}, older: map[uint64]ledger.Policy{},
+		activeGen: ledger.ActiveGenerations{}, newest: map[ledger.PolicyKey][2]uint64{}}
 }
 
 // get returns generation's policy, from the cache or the store; it returns
@@ -61,7 +82,10 @@ func newPolicyCache(l Ledger) *policyCache {
 // other store error as the store wrote it (naming the generation).
 func (c *policyCache) get(ctx context.Context, generation uint64) (ledger.Policy, error) {
 	c.mu.RLock()
-	p, ok := c.byGen[generation]
+	p, ok := c.kept[generation]
+	if !ok {
+		p, ok = c.older[generation]
+	}
 	c.mu.RUnlock()
 	if ok {
 		return p, nil
@@ -74,10 +98,63 @@ func (c *policyCache) get(ctx context.Context, generation uint64) (ledger.Policy
 		return ledger.Policy{}, err
 	}
 	c.mu.Lock()
-	c.byGen[generation] = p
-	c.activeGen.Add(&p)
+	c.addLocked(p)
 	c.mu.Unlock()
 	return p, nil
+}
+
+// addLocked takes one more generation in (mu held for writing): it may
+// become its key's active one and one of its two newest (then the
+// generation that stops being one of them and is not active is dropped),
+// or else goes to older (dropping another there when full).
+func (c *policyCache) addLocked(p ledger.Policy) {
+	wasActive, _ := c.activeGen.Active(p.Key)
+	c.activeGen.Add(&p)
+	two := c.newest[p.Key]
+	switch g := p.Generation; {
+	case g == two[0] || g == two[1]:
+	case g > two[0]:
+		c.newest[p.Key] = [2]uint64{g, two[0]}
+		c.dropLocked(p.Key, two[1])
+	case g > two[1]:
+		c.newest[p.Key] = [2]uint64{two[0], g}
+		c.dropLocked(p.Key, two[1])
+	}
+	c.dropLocked(p.Key, wasActive)
+	if c.keptFor(p.Key, p.Generation) {
+		c.kept[p.Generation] = p
+		delete(c.older, p.Generation)
+		return
+	}
+	c.putOlderLocked(p)
+}
+
+// putOlderLocked puts p in older, dropping another there when full.
+func (c *policyCache) putOlderLocked(p ledger.Policy) {
+	if len(c.older) >= olderPolicies {
+		for g := range c.older {
+			delete(c.older, g)
+			break
+		}
+	}
+	c.older[p.Generation] = p
+}
+
+// dropLocked moves generation of key from kept to older unless keptFor
+// still keeps it.
+func (c *policyCache) dropLocked(key ledger.PolicyKey, generation uint64) {
+	if p, ok := c.kept[generation]; ok && !c.keptFor(key, generation) {
+		delete(c.kept, generation)
+		c.putOlderLocked(p)
+	}
+}
+
+// keptFor reports whether generation is key's active one or one of its two
+// newest.
+func (c *policyCache) keptFor(key ledger.PolicyKey, generation uint64) bool {
+	two := c.newest[key]
+	active, ok := c.activeGen.Active(key)
+	return generation == two[0] || generation == two[1] || ok && active == generation
 }
 
 // refresh reloads every generation and returns them, oldest first.
@@ -107,13 +184,27 @@ func (c *policyCache) reloadLocked(ctx context.Context) ([]ledger.Policy, error)
 	if err != nil {
 		return nil, fmt.Errorf("list policies: %w", err)
 	}
-	byGen := make(map[uint64]ledger.Policy, len(all))
-	for _, p := range all {
-		byGen[p.Generation] = p
-	}
 	active := ledger.NewActiveGenerations(all)
+	newest := make(map[ledger.PolicyKey][2]uint64, len(active))
+	var through uint64
+	for i := range all {
+		g, two := all[i].Generation, newest[all[i].Key]
+		switch {
+		case g > two[0]:
+			newest[all[i].Key] = [2]uint64{g, two[0]}
+		case g > two[1] && g != two[0]:
+			newest[all[i].Key] = [2]uint64{two[0], g}
+		}
+		through = max(through, g)
+	}
+	fresh := &policyCache{activeGen: active, newest: newest, kept: map[uint64]ledger.Policy{}}
+	for i := range all {
+		if fresh.keptFor(all[i].Key, all[i].Generation) {
+			fresh.kept[all[i].Generation] = all[i]
+		}
+	}
 	c.mu.Lock()
-	c.byGen, c.activeGen = byGen, active
+	c.kept, c.older, c.activeGen, c.newest, c.through = fresh.kept, map[uint64]ledger.Policy{}, active, newest, through
 	c.mu.Unlock()
 	c.loadedAt = started
 	return all, nil
@@ -124,23 +215,21 @@ func (c *policyCache) reloadLocked(ctx context.Context) ([]ledger.Policy, error)
 // for it: the one deciding and the one it replaced, or a rolled-back one
 // and the one deciding again (however many newer ones were rolled back).
 // It reports true for a generation the cache does not know, so nothing is
-// forgotten on a guess.
+// forgotten on a guess; a generation up to the newest the last reload read
+// that the cache does not keep is known to be neither (false), and so is
+// one the cache stopped keeping since while it is among the older ones.
+// It looks up two maps, whatever the generations published.
 func (c *policyCache) recent(generation uint64) bool {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	p, ok := c.byGen[generation]
-	if active, isActive := c.activeGen.Active(p.Key); !ok || (isActive && active == generation) {
-		return true
+	p, ok := c.kept[generation]
+	if !ok {
+		p, ok = c.older[generation]
 	}
-	newer := 0
-	for g, q := range c.byGen {
-		if g > generation && q.Key == p.Key {
-			if newer++; newer == 2 {
-				return false
-			}
-		}
+	if !ok {
+		return generation > c.through
 	}
-	return true
+	return c.keptFor(p.Key, generation)
 }
 
 // active returns the cached policy that decides for a concrete subject:
@@ -152,7 +241,7 @@ func (c *policyCache) active(key ledger.PolicyKey) (ledger.Policy, bool) {
 	if !ok {
 		return ledger.Policy{}, false
 	}
-	return c.byGen[generation], true
+	return c.kept[generation], true
 }
 
 // amounts maps a units map to the policy's dimension order. When a name

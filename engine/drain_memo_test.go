@@ -1,0 +1,247 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+	"github.com/capledger/capledger/store/memstore"
+)
+
+// drainScanStore counts the account rows drain scans read
+// (AccountsByEpoch without an epoch bound; the epoch worker's scans have
+// one) and the point reads of accounts.
+type drainScanStore struct {
+	store.Store
+	rows, points atomic.Int64
+}
+
+func (s *drainScanStore) AccountGet(ctx context.Context, key ledger.AccountKey) (ledger.Account, error) {
+	s.points.Add(1)
+	return s.Store.AccountGet(ctx, key)
+}
+
+func (s *drainScanStore) AccountsByEpoch(ctx context.Context, f store.EpochFilter) ([]ledger.Account, store.EpochCursor, error) {
+	out, next, err := s.Store.AccountsByEpoch(ctx, f)
+	if f.StartedBy.IsZero() {
+		s.rows.Add(int64(len(out)))
+	}
+	return out, next, err
+}
+
+// Superseded generations whose accounts hold capacity the deciding
+// account's burst has no room for are not read and drained again every
+// pass: the drain worker's reads and commands over idle passes stop
+// growing with the passes (after the first, only the rechecks, one
+// minute apart and doubling up to DrainRecheckMax), and a recheck reads
+// the blocked accounts alone, not the generations' other accounts. Once
+// the subject spends under the deciding generation, the blocked capacity
+// moves at the latest DrainRecheckMax later.
+func TestDrainWorkerLeavesBlockedGenerationsAlone(t *testing.T) {
+	clk := newClock()
+	st := &drainScanStore{Store: memstore.New()}
+	e := New(st, Options{DisableWorkers: true, Clock: clk.Now})
+	defer e.Close()
+	e.lead.mu.Lock()
+	e.lead.status.Leader, e.lead.until = true, time.Now().Add(time.Hour)
+	e.lead.mu.Unlock()
+	ctx := context.Background()
+	do := func(cmd ledger.Command) {
+		t.Helper()
+		if res, err := e.Do(ctx, cmd); err != nil || res.Err != nil {
+			t.Fatalf("%s %s: %v, %v", cmd.Kind, cmd.ReservationID, err, res.Err)
+		}
+	}
+	// Each generation bursts 10 below the one before and never refills:
+	// a switch moves all the new burst has room for and leaves 10 behind,
+	// blocked: the deciding account is full.
+	const generations, tenants, spent = 8, 3, 20
+	burst := func(g int) int64 { return 1000 - 10*int64(g-1) }
+	reserved := 0
+	touch := func(tenant int) { // a reserve and release: switches the tenant
+		reserved++
+		cmd := reserveCmd(fmt.Sprintf("touch-%d", reserved), 1)
+		cmd.Subject = fmt.Sprintf("tenant-%d", tenant)
+		do(cmd)
+		do(ledger.Command{Kind: ledger.KindRelease, ReservationID: cmd.ReservationID})
+	}
+	for g := 1; g <= generations+1; g++ {
+		p := ledger.Policy{Key: ledger.PolicyKey{Subject: ledger.AnySubject, Route: "chat.generate", Region: "eu"},
+			Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: burst(g)}}, EpochLength: 24 * time.Hour}.WithDefaults()
+		do(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p})
+		for tenant := range tenants {
+			touch(tenant)
+		}
+		if g == 1 {
+			// Generation 1 also gets empty accounts: tenants that spent
+			// their whole burst and went away. A full read of it reads
+			// them too.
+			for i := range spent {
+				id := fmt.Sprintf("spent-%d", i)
+				cmd := reserveCmd(id, burst(1))
+				cmd.Subject = id
+				do(cmd)
+				do(ledger.Command{Kind: ledger.KindStart, ReservationID: id, OperationID: "op-" + id})
+				do(ledger.Command{Kind: ledger.KindSettle, ReservationID: id, OperationID: "op-" + id, Units: ledger.Amounts{burst(1)}})
+			}
+		}
+	}
+	blocked := generations * tenants
+
+	// One pass a minute for half an hour: every pass drains nothing.
+	var rows, cmds []int64
+	pass := func() {
+		t.Helper()
+		st.rows.Store(0)
+		st.points.Store(0)
+		before := e.workerCmds.Load()
+		e.runEpochs(ctx)
+		rows = append(rows, st.rows.Load()+st.points.Load())
+		cmds = append(cmds, int64(e.workerCmds.Load()-before))
+		if len(rows) > 1 && st.rows.Load() != 0 {
+			t.Errorf("pass %d read %d rows of whole generations, want only the blocked accounts", len(rows), st.rows.Load())
+		}
+		clk.Advance(time.Minute)
+	}
+	for range 31 {
+		pass()
+	}
+	// Read at minutes 0 (every account), then 1, 3, 7 and 15 (waits of
+	// 1, 2, 4, 8 and 16 minutes: the blocked accounts), each a drain of
+	// every blocked account; never again in the last 15 passes. The
+	// worker used to read every account and drain the blocked ones on
+	// each of the 31 passes.
+	if rows[0] != int64(blocked+spent) || cmds[0] != int64(blocked) {
+		t.Fatalf("first pass: %d rows, %d drains; want %d and %d", rows[0], cmds[0], blocked+spent, blocked)
+	}
+	var totalRows, totalCmds int64
+	for minute := range rows {
+		totalRows += rows[minute]
+		totalCmds += cmds[minute]
+		if minute > 15 && (rows[minute] != 0 || cmds[minute] != 0) {
+			t.Errorf("pass at minute %d read %d rows and sent %d drains, want none", minute, rows[minute], cmds[minute])
+		}
+	}
+	if totalCmds != 5*int64(blocked) || totalRows != 5*int64(blocked)+spent {
+		t.Fatalf("31 idle passes read %d rows and sent %d drains (by pass: %v, %v); want %d and %d (5 reads of %d blocked accounts, and the empty ones once)",
+			totalRows, totalCmds, rows, cmds, 5*blocked+spent, 5*blocked, blocked)
+	}
+	t.Logf("31 idle passes over %d blocked and %d empty accounts: rows read %v, drains %v", blocked, spent, rows, cmds)
+	pass() // minute 31: a recheck; the next waits DrainRecheckMax
+
+	// tenant-0 spends 50 under the deciding generation: room for five
+	// blocked accounts' 10.
+	clk.Advance(30 * time.Second)
+	roomAt := clk.Now()
+	spend := reserveCmd("spend", 50)
+	spend.Subject = "tenant-0"
+	do(spend)
+	do(ledger.Command{Kind: ledger.KindStart, ReservationID: "spend", OperationID: "op-spend"})
+	do(ledger.Command{Kind: ledger.KindSettle, ReservationID: "spend", OperationID: "op-spend", Units: ledger.Amounts{50}})
+	deciding := ledger.AccountKey{Subject: "tenant-0", Route: "chat.generate", Region: "eu", Generation: generations + 1}
+	clk.Advance(30 * time.Second)
+	for {
+		e.runEpochs(ctx)
+		a, err := st.Store.AccountGet(ctx, deciding)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.Balances[0].Available == burst(generations+1) {
+			break
+		}
+		if clk.Now().Sub(roomAt) > DrainRecheckMax {
+			t.Fatalf("%s still has room %v after the spend: %+v", deciding, clk.Now().Sub(roomAt), a.Balances[0])
+		}
+		clk.Advance(time.Minute)
+	}
+	t.Logf("the blocked capacity moved %v after the spend", clk.Now().Sub(roomAt))
+	if waited := clk.Now().Sub(roomAt); waited < 10*time.Minute {
+		t.Fatalf("the room was filled %v after the spend, before the recheck due 16 minutes after the last one", waited)
+	}
+	snapshot, err := st.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range ledger.Audit(snapshot) {
+		t.Errorf("audit: %s", d)
+	}
+}
+
+// A superseded generation whose accounts hold only reservations is not
+// left alone for good: a late release lands there, and what the
+// deciding account's burst has no room for stays (the ledger forwards
+// what fits). The worker reads it again within DrainRecheckMax, so once
+// the subject spends, the capacity moves.
+func TestDrainWorkerRechecksGenerationsHoldingReservations(t *testing.T) {
+	clk := newClock()
+	e := New(memstore.New(), Options{DisableWorkers: true, Clock: clk.Now})
+	defer e.Close()
+	e.lead.mu.Lock()
+	e.lead.status.Leader, e.lead.until = true, time.Now().Add(time.Hour)
+	e.lead.mu.Unlock()
+	ctx := context.Background()
+	do := func(cmd ledger.Command) {
+		t.Helper()
+		if res, err := e.Do(ctx, cmd); err != nil || res.Err != nil {
+			t.Fatalf("%s %s: %v, %v", cmd.Kind, cmd.ReservationID, err, res.Err)
+		}
+	}
+	publish := func(burst int64) {
+		p := ledger.Policy{Key: ledger.PolicyKey{Subject: ledger.AnySubject, Route: "chat.generate", Region: "eu"},
+			Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: burst}}, EpochLength: 24 * time.Hour, HoldTTL: 24 * time.Hour}.WithDefaults()
+		do(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p})
+	}
+	publish(100)
+	do(reserveCmd("held", 10)) // generation 1: 90 available, 10 reserved
+	publish(90)
+	do(reserveCmd("touch", 1)) // switches: generation 2 gets the 90, full
+	do(ledger.Command{Kind: ledger.KindRelease, ReservationID: "touch"})
+	e.runEpochs(ctx) // generation 1 holds a reservation and nothing to drain
+	clk.Advance(time.Minute)
+	do(ledger.Command{Kind: ledger.KindRelease, ReservationID: "held"}) // 10 land on generation 1 and stay
+	spend := reserveCmd("spend", 10)
+	do(spend)
+	do(ledger.Command{Kind: ledger.KindStart, ReservationID: "spend", OperationID: "op-spend"})
+	do(ledger.Command{Kind: ledger.KindSettle, ReservationID: "spend", OperationID: "op-spend", Units: ledger.Amounts{10}})
+	roomAt := clk.Now()
+	old := ledger.AccountKey{Subject: "tenant-7", Route: "chat.generate", Region: "eu", Generation: 1}
+	for {
+		a, err := e.core.store.AccountGet(ctx, old)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.Balances[0].Available == 0 {
+			break
+		}
+		if clk.Now().Sub(roomAt) > DrainRecheckMax {
+			t.Fatalf("%s still holds %+v %v after the deciding account had room", old, a.Balances[0], clk.Now().Sub(roomAt))
+		}
+		e.runEpochs(ctx)
+		clk.Advance(time.Minute)
+	}
+	auditClean(t, e)
+}
+
+// A generation whose scan listed more accounts than the pager keeps
+// (ScanEnd.Overflow) is read in full at its recheck, not by points: the
+// accounts left out of the list could need a drain.
+func TestDrainMemoReadsAnOverflowedGenerationInFull(t *testing.T) {
+	key := ledger.PolicyKey{Subject: "tenant-7", Route: "chat.generate", Region: "eu"}
+	active := ledger.ActiveGenerations{key: 3}
+	listed := []ledger.AccountKey{{Subject: "tenant-7", Route: "chat.generate", Region: "eu", Generation: 2}}
+	var m drainMemo
+	m.update(active, &Pager{ended: []ScanEnd{{Generation: 1, Commands: 5, Overflow: true}, {Generation: 2, Commands: 1, Waiting: listed}}}, nil, true, t0)
+	if plan := m.plan(active, 1, t0.Add(30*time.Second)); !plan.Skip {
+		t.Fatalf("generation 1 read %+v before its recheck", plan)
+	}
+	if plan := m.plan(active, 1, t0.Add(drainRecheckFirst)); plan.Skip || plan.ByPoints {
+		t.Fatalf("generation 1, overflowed, at its recheck: %+v, want a full read", plan)
+	}
+	if plan := m.plan(active, 2, t0.Add(drainRecheckFirst)); plan.Skip || !plan.ByPoints || len(plan.Points) != 1 || plan.Points[0] != listed[0] {
+		t.Fatalf("generation 2 at its recheck: %+v, want its one listed account", plan)
+	}
+}

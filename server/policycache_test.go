@@ -1,0 +1,179 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+)
+
+// policyRows is a Ledger whose policies are a slice the test edits (the
+// policy cache reads only Policies and Policy).
+type policyRows struct {
+	Ledger
+	rows  []ledger.Policy
+	reads int // Policy calls
+}
+
+func (l *policyRows) Policies(context.Context) ([]ledger.Policy, error) {
+	return append([]ledger.Policy(nil), l.rows...), nil
+}
+
+func (l *policyRows) Policy(_ context.Context, generation uint64) (ledger.Policy, error) {
+	l.reads++
+	for _, p := range l.rows {
+		if p.Generation == generation {
+			return p, nil
+		}
+	}
+	return ledger.Policy{}, store.ErrNotFound
+}
+
+func (l *policyRows) publish(key ledger.PolicyKey) uint64 {
+	g := uint64(len(l.rows) + 1)
+	l.rows = append(l.rows, ledger.Policy{Key: key, Generation: g})
+	return g
+}
+
+// recentBefore is policyCache.recent as it was when the cache kept every
+// generation: active, or fewer than two newer generations of its key; true
+// for one not published.
+func recentBefore(all []ledger.Policy, generation uint64) bool {
+	active := ledger.NewActiveGenerations(all)
+	for _, p := range all {
+		if p.Generation != generation {
+			continue
+		}
+		if g, ok := active.Active(p.Key); ok && g == generation {
+			return true
+		}
+		newer := 0
+		for _, q := range all {
+			if q.Key == p.Key && q.Generation > generation {
+				newer++
+			}
+		}
+		return newer < 2
+	}
+	return true
+}
+
+// recent answers as it did when the cache kept every generation, after
+// any sequence of publications and rollbacks over a few keys, whether the
+// cache learnt them by a reload or (publications here) by get.
+func TestPolicyCacheRecentAnswersAsBefore(t *testing.T) {
+	a := ledger.PolicyKey{Subject: ledger.AnySubject, Route: "chat.generate", Region: "eu"}
+	b := ledger.PolicyKey{Subject: "tenant-7", Route: "chat.generate", Region: "eu"}
+	c := ledger.PolicyKey{Subject: ledger.AnySubject, Route: "embed", Region: "eu"}
+	// Steps: a key publishes; "-N" rolls generation N back.
+	type step struct {
+		publish  *ledger.PolicyKey
+		rollback uint64
+	}
+	pub := func(k ledger.PolicyKey) step { return step{publish: &k} }
+	back := func(g uint64) step { return step{rollback: g} }
+	cases := map[string][]step{
+		"one key":                    {pub(a), pub(a), pub(a), pub(a), pub(a)},
+		"keys interleaved":           {pub(a), pub(b), pub(a), pub(c), pub(b), pub(a), pub(b), pub(a), pub(c), pub(c)},
+		"newest rolled back":         {pub(a), pub(a), pub(a), pub(a), back(4)},
+		"two newest rolled back":     {pub(a), pub(a), pub(a), pub(a), back(4), back(3)},
+		"all rolled back":            {pub(a), pub(a), back(2), back(1)},
+		"publish after rollbacks":    {pub(a), pub(a), pub(a), back(3), back(2), pub(a), pub(a)},
+		"rollback of an older one":   {pub(a), pub(b), pub(a), pub(a), back(1), pub(b)},
+		"many, then back to the old": {pub(a), pub(a), pub(a), pub(a), pub(a), pub(a), back(6), back(5), back(4), back(3)},
+	}
+	for name, steps := range cases {
+		for _, learn := range []string{"reload", "get"} {
+			t.Run(name+"/"+learn, func(t *testing.T) {
+				ctx := context.Background()
+				l := &policyRows{}
+				cache := newPolicyCache(l)
+				for i, s := range steps {
+					switch {
+					case s.publish != nil:
+						g := l.publish(*s.publish)
+						if learn == "get" {
+							if _, err := cache.get(ctx, g); err != nil {
+								t.Fatal(err)
+							}
+						} else if _, err := cache.refresh(ctx); err != nil {
+							t.Fatal(err)
+						}
+					default:
+						// A rollback is always followed by a reload (the
+						// server's handler refreshes).
+						l.rows[s.rollback-1].RolledBack = true
+						if _, err := cache.refresh(ctx); err != nil {
+							t.Fatal(err)
+						}
+					}
+					for g := uint64(1); g <= uint64(len(l.rows))+2; g++ {
+						if got, want := cache.recent(g), recentBefore(l.rows, g); got != want {
+							t.Errorf("after step %d: recent(%d) = %v, want %v", i+1, g, got, want)
+						}
+					}
+				}
+			})
+		}
+	}
+}
+
+// The cache keeps, per key, the active generation and the two newest,
+// plus a bounded number of older ones read since, however many
+// generations are published; an older one is read from the store on
+// demand and answers the same.
+func TestPolicyCacheStaysBoundedPerKey(t *testing.T) {
+	ctx := context.Background()
+	l := &policyRows{}
+	cache := newPolicyCache(l)
+	const keys, generations = 4, 1000
+	key := func(i int) ledger.PolicyKey {
+		return ledger.PolicyKey{Subject: fmt.Sprintf("tenant-%d", i%keys), Route: "chat.generate", Region: "eu"}
+	}
+	size := func() int {
+		cache.mu.RLock()
+		defer cache.mu.RUnlock()
+		return len(cache.kept) + len(cache.older)
+	}
+	largest := 0
+	for i := range generations {
+		g := l.publish(key(i))
+		if i%250 == 0 {
+			if _, err := cache.refresh(ctx); err != nil {
+				t.Fatal(err)
+			}
+		} else if _, err := cache.get(ctx, g); err != nil {
+			t.Fatal(err)
+		}
+		// A late settle's or a shard's older generation.
+		if old, err := cache.get(ctx, uint64(1+i/2)); err != nil || old.Generation != uint64(1+i/2) {
+			t.Fatalf("get(%d): %+v, %v", 1+i/2, old, err)
+		}
+		largest = max(largest, size())
+	}
+	t.Logf("%d generations of %d keys: at most %d policies held", generations, keys, largest)
+	if largest > 3*keys+olderPolicies {
+		t.Fatalf("the cache held up to %d policies over %d generations of %d keys, want at most %d", largest, generations, keys, 3*keys+olderPolicies)
+	}
+	if _, err := cache.refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := size(); n > 3*keys {
+		t.Fatalf("after a reload the cache holds %d policies, want at most %d (3 per key)", n, 3*keys)
+	}
+	reads := l.reads
+	for _, g := range []uint64{1, generations / 2, generations} {
+		p, err := cache.get(ctx, g)
+		if err != nil || p.Generation != g || p.Key != key(int(g-1)) {
+			t.Fatalf("get(%d) after the reload: %+v, %v", g, p, err)
+		}
+	}
+	if l.reads != reads+2 {
+		t.Fatalf("%d store reads for two old generations and a kept one, want 2", l.reads-reads)
+	}
+	if p, ok := cache.active(key(generations - 1)); !ok || p.Generation != generations {
+		t.Fatalf("active: %+v, %v; want generation %d", p, ok, generations)
+	}
+}
