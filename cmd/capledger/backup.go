@@ -253,7 +253,7 @@ func runRestore(ctx context.Context, e *env, args []string) error {
 		case errors.Is(err, os.ErrExist):
 			fmt.Fprintf(e.stdout, "kept the shard keys in %s\n", keys)
 			if missing := missingKeyLines(filepath.Join(backupDir, shardKeysFile), keys); len(missing) > 0 {
-				fmt.Fprintf(e.stdout, "warning: %s lacks the backup's keys %s, which signed its shards: put their lines from %s above the others in it for those shards to verify\n",
+				fmt.Fprintf(e.stdout, "warning: %s lacks the backup's keys %s, which signed any shards in it: put their lines from %s above the others in it for those shards to verify\n",
 					keys, strings.Join(missing, ", "), filepath.Join(backupDir, shardKeysFile))
 			}
 		case err != nil:

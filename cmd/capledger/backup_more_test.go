@@ -278,8 +278,9 @@ func TestRestoreFailingWhileMovingAsideKeepsTheStore(t *testing.T) {
 }
 
 // A restore killed -9 midway leaves its copy, capledger.db.restoring
-// (and perhaps its -wal), beside the store; serve still has
-// capledger.db, and restore run again replaces the leftover and restores.
+// (and perhaps its -wal), beside the store; serve, migrate, audit and
+// backup refuse the store, and restore run again replaces the leftover
+// and restores.
 func TestRestoreRunAgainAfterAKill(t *testing.T) {
 	bin, dir, db, backup := backedUpStore(t)
 	cmd := exec.Command(bin, "restore", "--data-dir", dir, backup)
@@ -306,9 +307,11 @@ func TestRestoreRunAgainAfterAKill(t *testing.T) {
 	if _, err := os.Stat(db); err != nil {
 		t.Fatalf("the killed restore left no store: %v", err)
 	}
-	// serve (and migrate) refuse the store until the restore is run
-	// again: it may have moved the WAL aside already.
-	for _, args := range [][]string{{"serve", "--addr", "127.0.0.1:0", "--data-dir", dir}, {"migrate", "--data-dir", dir}} {
+	// serve, migrate, audit and backup refuse the store until the
+	// restore is run again: it may have moved the WAL aside already, and
+	// an audit or a backup of what is left would pass for the store.
+	for _, args := range [][]string{{"serve", "--addr", "127.0.0.1:0", "--data-dir", dir}, {"migrate", "--data-dir", dir},
+		{"audit", "--data-dir", dir}, {"backup", "--data-dir", dir, filepath.Join(t.TempDir(), "bk")}} {
 		// A serve that wrongly starts is stopped after a minute (and
 		// fails the test), rather than running until the test's timeout.
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -251,5 +253,24 @@ func TestContractSimBadFlagsAreUsageErrors(t *testing.T) {
 		if out, code := runBinary(t, bin, args...); code != exitOK || !strings.Contains(out, "RESULT: PASS") {
 			t.Errorf("capledger %s: exit %d\n%s", strings.Join(args, " "), code, out)
 		}
+	}
+}
+
+// serve on a port another process holds exits 1 before it opens the
+// store, saying what to do: stop the other process or give --addr.
+func TestServeOnATakenPortSaysWhatToDo(t *testing.T) {
+	bin := buildBinary(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	data := filepath.Join(t.TempDir(), "data")
+	out, code := runBinary(t, bin, "serve", "--addr", ln.Addr().String(), "--data-dir", data)
+	if code != exitUsage || !strings.Contains(out, "address already in use") || !strings.Contains(out, "give another with --addr") {
+		t.Fatalf("serve on a taken port: exit %d, %s", code, out)
+	}
+	if _, err := os.Stat(data); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("serve on a taken port touched its data directory: %v", err)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"runtime/debug"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/capledger/capledger/console"
@@ -327,6 +328,9 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	// Listen before opening the store, so a taken port fails fast and
 	// leaves the data directory untouched.
 	ln, err := net.Listen("tcp", *addr)
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return usagef("listen: %v: another process (another serve?) has the port: stop it, or give another with --addr", err)
+	}
 	if err != nil {
 		return usagef("listen: %v", err)
 	}

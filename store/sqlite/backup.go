@@ -51,6 +51,9 @@ func copyDatabase(ctx context.Context, src, dst, verb string) (BackupInfo, error
 	if err := CheckPath(dst); err != nil {
 		return info, err
 	}
+	if err := checkNoRestore(src); err != nil {
+		return info, fmt.Errorf("%s %s: %w", verb, src, err)
+	}
 	db, err := openReadOnlyDB(src, 1)
 	if err != nil {
 		return info, fmt.Errorf("%s %s: %w", verb, src, err)
@@ -142,12 +145,14 @@ func SyncDir(dir string) error {
 // restoringSuffix names the copy a restore puts beside the database
 // (PATH.restoring) until it is renamed over it. While it is there, Open
 // refuses the database: a restore killed after it moved the WAL aside
-// leaves the file without the commits that WAL held, and serve must not
-// run on that (ErrRestoreInterrupted).
+// leaves the file without the commits that WAL held: serve must not run
+// on that, nor an audit or a backup pass it for the store
+// (ErrRestoreInterrupted; Open, OpenReadOnly, Backup).
 const restoringSuffix = ".restoring"
 
-// ErrRestoreInterrupted is Open's error for a database beside which an
-// interrupted restore left its copy: run the restore again.
+// ErrRestoreInterrupted is the error of Open, OpenReadOnly and Backup for
+// a database beside which an interrupted restore left its copy: run the
+// restore again.
 var ErrRestoreInterrupted = errors.New("an interrupted restore")
 
 // checkNoRestore returns an error wrapping ErrRestoreInterrupted when a

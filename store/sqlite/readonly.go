@@ -35,7 +35,8 @@ var errReadOnly = errors.New("sqlite store opened read-only")
 // is. Its schema must be the binary's: an older one is an error wrapping
 // ErrSchemaTooOld, a newer one ErrSchemaTooNew; a file that does not
 // begin with SQLite's header is an error wrapping ErrNotADatabase, naming
-// the file. Begin fails.
+// the file. A database beside which an interrupted restore left its
+// copy is refused (ErrRestoreInterrupted). Begin fails.
 //
 // A server may be writing the file meanwhile: SQLite's WAL lets a reader
 // beside the writer, and each read transaction (an audit's is one) sees
@@ -46,6 +47,9 @@ var errReadOnly = errors.New("sqlite store opened read-only")
 // past it until the audit ends.
 func OpenReadOnly(ctx context.Context, path string) (*Store, error) {
 	if err := CheckPath(path); err != nil {
+		return nil, err
+	}
+	if err := checkNoRestore(path); err != nil {
 		return nil, err
 	}
 	db, err := openReadOnlyDB(path, DefaultReadConns)
