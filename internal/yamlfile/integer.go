@@ -24,7 +24,7 @@ func (n *Int64) UnmarshalJSON(raw []byte) error {
 	}
 	v, err := strconv.ParseInt(text, 10, 64)
 	if err != nil {
-		return integerError(raw, err, fmt.Sprintf("%d to %d", math.MinInt64, math.MaxInt64))
+		return integerError(raw, err, fmt.Sprintf("%d to %d", math.MinInt64, math.MaxInt64), false)
 	}
 	*n = Int64(v)
 	return nil
@@ -37,7 +37,7 @@ func (n *Uint64) UnmarshalJSON(raw []byte) error {
 	}
 	v, err := strconv.ParseUint(text, 10, 64)
 	if err != nil {
-		return integerError(raw, err, fmt.Sprintf("0 to %d", uint64(math.MaxUint64)))
+		return integerError(raw, err, fmt.Sprintf("0 to %d", uint64(math.MaxUint64)), true)
 	}
 	*n = Uint64(v)
 	return nil
@@ -66,10 +66,16 @@ func integerText(raw []byte) (string, error) {
 }
 
 // integerError says why raw, whose digits strconv refused with err, is
-// not an integer of the range span.
-func integerError(raw []byte, err error, span string) error {
+// not an integer of the range span. The span is said for a number out of
+// it, and for any other refusal only where it tells what is wrong
+// (unsigned: a minus sign); for "10x" it would only be noise, since the
+// field's own range (a burst's, say) is narrower and checked later.
+func integerError(raw []byte, err error, span string, unsigned bool) error {
 	if ne, ok := err.(*strconv.NumError); ok && ne.Err == strconv.ErrRange {
 		return fmt.Errorf("%s is out of range: want %s", raw, span)
 	}
-	return fmt.Errorf("%s is not an integer (want %s)", raw, span)
+	if unsigned {
+		return fmt.Errorf("%s is not an integer (want %s)", raw, span)
+	}
+	return fmt.Errorf("%s is not an integer", raw)
 }

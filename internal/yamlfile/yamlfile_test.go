@@ -284,8 +284,8 @@ func TestValueErrorsSayWhere(t *testing.T) {
 		{`{"name":"a","dimensions":[{"unit":"t","burst":"10"}]}`, `line 1: dimensions[0]: field "burst": "10" is not an integer`},
 	} {
 		var f file
-		if err := UnmarshalStrict([]byte(c.doc), &f); err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("%q: %v, want an error with %q", c.doc, err, c.want)
+		if err := UnmarshalStrict([]byte(c.doc), &f); err == nil || !strings.HasSuffix(err.Error(), c.want) {
+			t.Errorf("%q: %v, want an error ending %q", c.doc, err, c.want)
 		}
 	}
 	if err := ExactKeys([]byte(`{"name":"a","dimensions":[{"unit":"t","burst":true}]}`), &file{}); err == nil ||
@@ -363,15 +363,15 @@ func TestIntegersAsNumbersOrStrings(t *testing.T) {
 	}
 	for _, c := range []struct{ doc, want string }{
 		{`burst: ""`, `line 1: field "burst": "" is not an integer`},
-		{`burst: "1e3"`, `line 1: field "burst": "1e3" is not an integer (want -9223372036854775808 to 9223372036854775807)`},
+		{`burst: "1e3"`, `line 1: field "burst": "1e3" is not an integer`},
 		{`burst: "9223372036854775808"`, `line 1: field "burst": "9223372036854775808" is out of range: want -9223372036854775808 to 9223372036854775807`},
 		{"burst: 1\ngeneration: -1\n", `line 2: field "generation": -1 is not an integer (want 0 to 18446744073709551615)`},
 		{"burst: true\n", `line 1: field "burst": true is not an integer`},
 		{"burst: [1]\n", `line 1: field "burst": [1] is not an integer`},
 	} {
 		var f file
-		if err := UnmarshalStrict([]byte(c.doc), &f); err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("%q: %v, want an error with %q", c.doc, err, c.want)
+		if err := UnmarshalStrict([]byte(c.doc), &f); err == nil || !strings.HasSuffix(err.Error(), c.want) {
+			t.Errorf("%q: %v, want an error ending %q", c.doc, err, c.want)
 		}
 	}
 	out, err := json.Marshal(file{Burst: 1000, Generation: 3})
