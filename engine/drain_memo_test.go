@@ -245,3 +245,153 @@ func TestDrainMemoReadsAnOverflowedGenerationInFull(t *testing.T) {
 		t.Fatalf("generation 2 at its recheck: %+v, want its one listed account", plan)
 	}
 }
+
+// A superseded account that still holds its subject's capacity (the
+// subject has not come back since the publish) refills lazily under its
+// own rule: it reads empty to the drain worker's scan, yet when the
+// subject comes back the switch refills it up to its own burst and moves
+// only what the new, smaller burst has room for. The rest stays on the
+// superseded account, though it held no reservation. The worker must
+// still find it: once the subject spends under the deciding generation,
+// that capacity moves within DrainRecheckMax.
+func TestDrainWorkerFindsCapacityASwitchLeftOnAnEmptyCurrentAccount(t *testing.T) {
+	for name, open := range memstoreAndSQLite {
+		t.Run(name, func(t *testing.T) {
+			clk := newClock()
+			e := New(open(t), Options{DisableWorkers: true, Clock: clk.Now})
+			defer e.Close()
+			e.lead.mu.Lock()
+			e.lead.status.Leader, e.lead.until = true, time.Now().Add(time.Hour)
+			e.lead.mu.Unlock()
+			ctx := context.Background()
+			do := func(cmd ledger.Command) {
+				t.Helper()
+				if res, err := e.Do(ctx, cmd); err != nil || res.Err != nil {
+					t.Fatalf("%s %s: %v, %v", cmd.Kind, cmd.ReservationID, err, res.Err)
+				}
+			}
+			publish := func(d ledger.Dimension) {
+				p := ledger.Policy{Key: ledger.PolicyKey{Subject: ledger.AnySubject, Route: "chat.generate", Region: "eu"},
+					Dimensions: []ledger.Dimension{d}, EpochLength: 24 * time.Hour}.WithDefaults()
+				do(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p})
+			}
+			spend := func(id string, units int64) {
+				do(reserveCmd(id, units))
+				do(ledger.Command{Kind: ledger.KindStart, ReservationID: id, OperationID: "op-" + id})
+				do(ledger.Command{Kind: ledger.KindSettle, ReservationID: id, OperationID: "op-" + id, Units: ledger.Amounts{units}})
+			}
+			// Generation 1 refills 10 a minute up to 100; tenant-7 spends it all.
+			publish(ledger.Dimension{Unit: "tokens", Burst: 100, RefillUnits: 10, RefillInterval: time.Minute})
+			spend("all", 100)
+			// Generation 2 bursts 50 and never refills; tenant-7 stays away.
+			publish(ledger.Dimension{Unit: "tokens", Burst: 50})
+			e.runEpochs(ctx) // generation 1: one empty account, no reservation
+			clk.Advance(20 * time.Minute)
+			e.runEpochs(ctx)
+			// tenant-7 comes back: the switch refills generation 1 to 100 and
+			// moves 50; 50 stay behind. It spends 50 under generation 2: room.
+			spend("back", 50)
+			old := ledger.AccountKey{Subject: "tenant-7", Route: "chat.generate", Region: "eu", Generation: 1}
+			if a, err := e.core.store.AccountGet(ctx, old); err != nil || a.Balances[0].Available == 0 {
+				t.Fatalf("%s after the switch: %+v, %v; want capacity left behind", old, a.Balances[0], err)
+			}
+			roomAt := clk.Now()
+			for {
+				clk.Advance(time.Minute)
+				e.runEpochs(ctx)
+				a, err := e.core.store.AccountGet(ctx, old)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if a.Balances[0].Available == 0 {
+					break
+				}
+				if clk.Now().Sub(roomAt) > DrainRecheckMax {
+					t.Fatalf("%s still holds %+v %v after the deciding account had room", old, a.Balances[0], clk.Now().Sub(roomAt))
+				}
+			}
+			// Now that tenant-7 has moved on, generation 1 holds nothing that can
+			// grow: it settles and is not read again.
+			clk.Advance(time.Minute)
+			e.runEpochs(ctx)
+			if v := e.drains.gens[1]; !v.settled {
+				t.Fatalf("generation 1, emptied and its subject moved on: %+v, want settled", v)
+			}
+			auditClean(t, e)
+		})
+	}
+}
+
+// subjectsHookStore runs hook (once) when the drain pager reads the
+// accounts of subjects, before the read.
+type subjectsHookStore struct {
+	store.Store
+	hook func()
+}
+
+func (s *subjectsHookStore) AccountsOfSubjects(ctx context.Context, subjects []ledger.PolicyKey) ([]ledger.Account, error) {
+	if hook := s.hook; hook != nil {
+		s.hook = nil
+		hook()
+	}
+	return s.Store.AccountsOfSubjects(ctx, subjects)
+}
+
+// The subject may come back between the drain scan's read of its empty
+// account and the read that tells whether it moved on: the switch then
+// left capacity on the account the scan read empty. The worker must not
+// take the account for settled because the subject has moved on.
+func TestDrainWorkerFindsCapacityASwitchLeftDuringTheScan(t *testing.T) {
+	clk := newClock()
+	st := &subjectsHookStore{Store: memstore.New()}
+	e := New(st, Options{DisableWorkers: true, Clock: clk.Now})
+	defer e.Close()
+	e.lead.mu.Lock()
+	e.lead.status.Leader, e.lead.until = true, time.Now().Add(time.Hour)
+	e.lead.mu.Unlock()
+	ctx := context.Background()
+	do := func(cmd ledger.Command) {
+		t.Helper()
+		if res, err := e.Do(ctx, cmd); err != nil || res.Err != nil {
+			t.Fatalf("%s %s: %v, %v", cmd.Kind, cmd.ReservationID, err, res.Err)
+		}
+	}
+	publish := func(d ledger.Dimension) {
+		p := ledger.Policy{Key: ledger.PolicyKey{Subject: ledger.AnySubject, Route: "chat.generate", Region: "eu"},
+			Dimensions: []ledger.Dimension{d}, EpochLength: 24 * time.Hour}.WithDefaults()
+		do(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p})
+	}
+	spend := func(id string, units int64) {
+		do(reserveCmd(id, units))
+		do(ledger.Command{Kind: ledger.KindStart, ReservationID: id, OperationID: "op-" + id})
+		do(ledger.Command{Kind: ledger.KindSettle, ReservationID: id, OperationID: "op-" + id, Units: ledger.Amounts{units}})
+	}
+	publish(ledger.Dimension{Unit: "tokens", Burst: 100, RefillUnits: 10, RefillInterval: time.Minute})
+	spend("all", 100)
+	publish(ledger.Dimension{Unit: "tokens", Burst: 50})
+	clk.Advance(20 * time.Minute)
+	// tenant-7 comes back (and spends: room) while the first pass is
+	// between its two reads.
+	st.hook = func() { spend("back", 50) }
+	e.runEpochs(ctx)
+	if st.hook != nil {
+		t.Fatal("the pass did not read the subjects' accounts")
+	}
+	old := ledger.AccountKey{Subject: "tenant-7", Route: "chat.generate", Region: "eu", Generation: 1}
+	roomAt := clk.Now()
+	for {
+		a, err := st.Store.AccountGet(ctx, old)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.Balances[0].Available == 0 {
+			break
+		}
+		if clk.Now().Sub(roomAt) > DrainRecheckMax {
+			t.Fatalf("%s still holds %+v %v after the deciding account had room", old, a.Balances[0], clk.Now().Sub(roomAt))
+		}
+		clk.Advance(time.Minute)
+		e.runEpochs(ctx)
+	}
+	auditClean(t, e)
+}

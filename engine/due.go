@@ -29,11 +29,13 @@ type Pager struct {
 	cur   int
 	after store.EpochCursor
 	// found counts the commands the current scan produced; holding
-	// whether an account it read held reservations.
+	// whether an account it read held reservations or may still hold its
+	// subject's capacity (mayStayCurrent).
 	found   int
 	holding bool
 	// collect, when positive, has the scans list up to that many
-	// accounts each that got a command or held reservations (waiting;
+	// accounts each that got a command, held reservations or may still
+	// hold their subject's capacity (waiting;
 	// overflow once there were more): ScanEnd.Waiting.
 	collect  int
 	waiting  []ledger.AccountKey
@@ -54,6 +56,12 @@ type Pager struct {
 	done    bool
 	// make turns an account of a page into a command, or reports none.
 	make func(a *ledger.Account) (ledger.Command, bool)
+	// switchable, when set (a drain pager for the memo), reports whether
+	// an account that got no command may still be its subject's current
+	// account under a generation that refills (see mayStayCurrent);
+	// live are the generations not rolled back.
+	switchable func(a *ledger.Account) bool
+	live       map[uint64]bool
 }
 
 // scan is one generation's pass over AccountsByEpoch, from from (the zero
@@ -177,10 +185,13 @@ const drainWaitingPerGeneration = 4096
 // own (one point read each). plan, when set, says how to read each
 // superseded generation (the engine's drain worker: its drainMemo); nil
 // reads each in full. Each scan lists the accounts that got a command or
-// held reservations (ScanEnd.Waiting): when it ran to its end, no other
-// account of the generation can need a drain while the active generations
-// stay the same (capacity lands on a superseded account only as a late
-// refund or overuse of its own reservations).
+// held reservations (ScanEnd.Waiting), and with plan those that may still
+// hold their subject's capacity under a generation that refills
+// (mayStayCurrent): when it ran to its end, no other account of the
+// generation can need a drain while the active generations stay the same
+// (capacity lands on a superseded account only as a late refund or
+// overuse of its own reservations, or as the lazy refill a switch leaves
+// on the account it moves the subject from).
 func (c *Core) DrainPager(ctx context.Context, pageSize int, plan func(active ledger.ActiveGenerations, generation uint64) DrainPlan) (*Pager, ledger.ActiveGenerations, error) {
 	policies, err := c.store.PolicyList(ctx)
 	if err != nil {
@@ -220,6 +231,31 @@ func (c *Core) DrainPager(ctx context.Context, pageSize int, plan func(active le
 			return ledger.Command{}, false // nothing admits for the subject, it is the one that does, or it is empty
 		}
 		return ledger.Command{Kind: ledger.KindDrain, Account: a.Key}, true
+	}
+	if plan != nil {
+		// An account that reads empty may still hold its subject's
+		// capacity (the subject has not come back since the publish):
+		// its refill is lazy, and the switch when the subject comes back
+		// refills it under its own rule and leaves there what the
+		// deciding burst has no room for, though it held no reservation.
+		refills := map[uint64]bool{}
+		p.live = map[uint64]bool{}
+		for i := range policies {
+			pol := &policies[i]
+			if pol.RolledBack {
+				continue
+			}
+			p.live[pol.Generation] = true
+			for _, d := range pol.Dimensions {
+				if d.RefillUnits > 0 {
+					refills[pol.Generation] = true
+				}
+			}
+		}
+		p.switchable = func(a *ledger.Account) bool {
+			deciding, ok := active.Deciding(a.Key.SubjectKey())
+			return ok && deciding != a.Key.Generation && refills[a.Key.Generation]
+		}
 	}
 	return p, active, nil
 }
@@ -280,6 +316,7 @@ func (p *Pager) Next(ctx context.Context) ([]ledger.Command, error) {
 			last = len(page) < p.size
 		}
 		var cmds []ledger.Command
+		var quiet []*ledger.Account
 		for i := range page {
 			cmd, ok := p.make(&page[i])
 			if ok {
@@ -289,7 +326,12 @@ func (p *Pager) Next(ctx context.Context) ([]ledger.Command, error) {
 			p.holding = p.holding || held
 			if ok || held {
 				p.list(page[i].Key)
+			} else if p.switchable != nil && p.switchable(&page[i]) {
+				quiet = append(quiet, &page[i])
 			}
+		}
+		if err := p.mayStayCurrent(ctx, quiet); err != nil {
+			return nil, err
 		}
 		p.found += len(cmds)
 		if last {
@@ -312,6 +354,51 @@ func (p *Pager) Next(ctx context.Context) ([]ledger.Command, error) {
 		}
 	}
 	return nil, nil
+}
+
+// mayStayCurrent lists those of quiet (accounts of a page that got no
+// command and hold no reservation, under a generation that refills) that
+// may still be their subject's current account, or that something
+// landed on since the page was read, and marks the scan holding so that
+// the drain memo reads them again: a switch may leave capacity there.
+// One read of the subjects' accounts tells: a subject with an account
+// under a newer generation that is not rolled back has moved on (a switch
+// goes to the deciding generation, and generations only grow, so the
+// subject cannot have come back to this one while that one lives).
+func (p *Pager) mayStayCurrent(ctx context.Context, quiet []*ledger.Account) error {
+	if len(quiet) == 0 {
+		return nil
+	}
+	subjects := make([]ledger.PolicyKey, len(quiet))
+	for i, a := range quiet {
+		subjects[i] = a.Key.SubjectKey()
+	}
+	rows, err := p.core.store.AccountsOfSubjects(ctx, subjects)
+	if err != nil {
+		return fmt.Errorf("accounts of %d subjects: %w", len(subjects), err)
+	}
+	bySubject := make(map[ledger.PolicyKey][]int, len(quiet))
+	for i := range rows {
+		subject := rows[i].Key.SubjectKey()
+		bySubject[subject] = append(bySubject[subject], i)
+	}
+	for _, a := range quiet {
+		landed, movedOn := false, false
+		for _, i := range bySubject[a.Key.SubjectKey()] {
+			r := &rows[i]
+			switch {
+			case r.Key.Generation == a.Key.Generation:
+				landed = holds(r) || reserves(r)
+			case r.Key.Generation > a.Key.Generation && p.live[r.Key.Generation]:
+				movedOn = true
+			}
+		}
+		if landed || !movedOn {
+			p.holding = true
+			p.list(a.Key)
+		}
+	}
+	return nil
 }
 
 // readPoints reads up to a page of s's points (those not found are
@@ -405,10 +492,12 @@ type ScanEnd struct {
 	// Commands is how many commands the scan produced.
 	Commands int
 	// Holds is whether one of the accounts it read held reservations
-	// (a late refund may land there).
+	// (a late refund may land there) or, in a drain pager for the memo,
+	// may still hold its subject's capacity (a switch may leave some
+	// there: mayStayCurrent).
 	Holds bool
-	// Waiting are the accounts that got a command or held reservations,
-	// when the pager lists them (a drain pager) and they were at most
+	// Waiting are the accounts that got a command, held reservations or
+	// may still hold their subject's capacity, when the pager lists them (a drain pager) and they were at most
 	// drainWaitingPerGeneration; Overflow says there were more.
 	Waiting  []ledger.AccountKey
 	Overflow bool

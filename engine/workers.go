@@ -439,12 +439,16 @@ const drainMemoPoints = 1 << 16
 // one). While the active generations stay the same (a publish or a
 // rollback forgets everything):
 //
-//   - settled: the scan produced no command and no account it read held
-//     reservations. Nothing can land on such an account: capacity arrives
-//     on a superseded account only as a late refund or overuse of one of
-//     its own reservations. It is not read again.
-//   - waiting: the accounts that got a drain or held reservations
-//     (ScanEnd.Waiting); the others cannot need one, so only these are
+//   - settled: the scan produced no command, no account it read held
+//     reservations, and none may still hold its subject's capacity under
+//     a generation that refills (Pager.mayStayCurrent). Nothing can land
+//     on such an account: capacity arrives on a superseded account only
+//     as a late refund or overuse of one of its own reservations, or as
+//     the lazy refill that the switch away from it mints there under its
+//     own rule and leaves behind where the deciding burst has no room. It
+//     is not read again.
+//   - waiting: the accounts that got a drain, held reservations or may
+//     still be current (ScanEnd.Waiting); the others cannot need one, so only these are
 //     read again (point reads; the whole generation when they were too
 //     many). When a drain moved something, at the next pass. When none
 //     did, the capacity there is blocked by the deciding account's burst
