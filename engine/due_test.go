@@ -303,11 +303,7 @@ func (s *downStore) Begin(ctx context.Context) (store.Tx, error) {
 func TestFailedEpochChunkIsClosedByTheNextPass(t *testing.T) {
 	clk := newClock()
 	st := &downStore{Store: memstore.New()}
-	e := New(st, Options{DisableWorkers: true, Clock: clk.Now})
-	defer e.Close()
-	e.lead.mu.Lock()
-	e.lead.status.Leader, e.lead.until = true, time.Now().Add(time.Hour)
-	e.lead.mu.Unlock()
+	e := leadingEngine(t, st, Options{Clock: clk.Now})
 	ctx := context.Background()
 	publish(t, e, 1000, time.Hour, time.Hour)
 	const accounts = 100
