@@ -73,6 +73,29 @@ func (r *drainMemoRig) spend(reserve ledger.Command) {
 	r.do(ledger.Command{Kind: ledger.KindSettle, ReservationID: id, OperationID: "op-" + id, Units: reserve.Units})
 }
 
+// waitDrained runs a drain pass (runEpochs) a minute, the clock moved on
+// first, until old holds no available capacity; it fails the test when
+// that takes more than DrainRecheckMax from now (when the deciding
+// account got room).
+func (r *drainMemoRig) waitDrained(old ledger.AccountKey) {
+	r.t.Helper()
+	roomAt := r.clk.Now()
+	for {
+		a, err := r.e.core.store.AccountGet(r.ctx, old)
+		if err != nil {
+			r.t.Fatal(err)
+		}
+		if a.Balances[0].Available == 0 {
+			return
+		}
+		if r.clk.Now().Sub(roomAt) > DrainRecheckMax {
+			r.t.Fatalf("%s still holds %+v %v after the deciding account had room", old, a.Balances[0], r.clk.Now().Sub(roomAt))
+		}
+		r.clk.Advance(time.Minute)
+		r.e.runEpochs(r.ctx)
+	}
+}
+
 // Superseded generations whose accounts hold capacity the deciding
 // account's burst has no room for are not read and drained again every
 // pass: the drain worker's reads and commands over idle passes stop
@@ -216,22 +239,7 @@ func TestDrainWorkerRechecksGenerationsHoldingReservations(t *testing.T) {
 	clk.Advance(time.Minute)
 	do(ledger.Command{Kind: ledger.KindRelease, ReservationID: "held"}) // 10 land on generation 1 and stay
 	r.spend(reserveCmd("spend", 10))
-	roomAt := clk.Now()
-	old := ledger.AccountKey{Subject: "tenant-7", Route: "chat.generate", Region: "eu", Generation: 1}
-	for {
-		a, err := e.core.store.AccountGet(ctx, old)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if a.Balances[0].Available == 0 {
-			break
-		}
-		if clk.Now().Sub(roomAt) > DrainRecheckMax {
-			t.Fatalf("%s still holds %+v %v after the deciding account had room", old, a.Balances[0], clk.Now().Sub(roomAt))
-		}
-		e.runEpochs(ctx)
-		clk.Advance(time.Minute)
-	}
+	r.waitDrained(ledger.AccountKey{Subject: "tenant-7", Route: "chat.generate", Region: "eu", Generation: 1})
 	auditClean(t, e)
 }
 
@@ -283,21 +291,7 @@ func TestDrainWorkerFindsCapacityASwitchLeftOnAnEmptyCurrentAccount(t *testing.T
 			if a, err := e.core.store.AccountGet(ctx, old); err != nil || a.Balances[0].Available == 0 {
 				t.Fatalf("%s after the switch: %+v, %v; want capacity left behind", old, a.Balances[0], err)
 			}
-			roomAt := clk.Now()
-			for {
-				clk.Advance(time.Minute)
-				e.runEpochs(ctx)
-				a, err := e.core.store.AccountGet(ctx, old)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if a.Balances[0].Available == 0 {
-					break
-				}
-				if clk.Now().Sub(roomAt) > DrainRecheckMax {
-					t.Fatalf("%s still holds %+v %v after the deciding account had room", old, a.Balances[0], clk.Now().Sub(roomAt))
-				}
-			}
+			r.waitDrained(old)
 			// Now that tenant-7 has moved on, generation 1 holds nothing that can
 			// grow: it settles and is not read again.
 			clk.Advance(time.Minute)
@@ -344,21 +338,6 @@ func TestDrainWorkerFindsCapacityASwitchLeftDuringTheScan(t *testing.T) {
 	if st.hook != nil {
 		t.Fatal("the pass did not read the subjects' accounts")
 	}
-	old := ledger.AccountKey{Subject: "tenant-7", Route: "chat.generate", Region: "eu", Generation: 1}
-	roomAt := clk.Now()
-	for {
-		a, err := st.Store.AccountGet(ctx, old)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if a.Balances[0].Available == 0 {
-			break
-		}
-		if clk.Now().Sub(roomAt) > DrainRecheckMax {
-			t.Fatalf("%s still holds %+v %v after the deciding account had room", old, a.Balances[0], clk.Now().Sub(roomAt))
-		}
-		clk.Advance(time.Minute)
-		e.runEpochs(ctx)
-	}
+	r.waitDrained(ledger.AccountKey{Subject: "tenant-7", Route: "chat.generate", Region: "eu", Generation: 1})
 	auditClean(t, e)
 }
