@@ -14,13 +14,7 @@ import (
 // then settles it. The receipt is read meanwhile (a check), never
 // resent.
 func TestResentSettleRefusedAsInvalidStaysForTheCaller(t *testing.T) {
-	l := startLedger(t)
-	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 10_000})
-	var refused refusals
-	c := l.viaProxy(t, append(resendTestOptions, refused.option())...)
-	receipt := runWithSettleUnsent(t, l, c, Units{"tokens": 40, "pixels": 1})
-	l.proxy.SetFaults(faultsNone)
-	waitChecking(t, c, receipt.ReservationID)
+	l, c, refused, receipt := resendRefusedAsInvalid(t)
 	// The resend was refused: the reservation is still STARTED.
 	if got, err := l.direct.GetReservation(context.Background(), receipt.ReservationID); err != nil || isSettled(got.GetState()) {
 		t.Fatalf("reservation %v %v, want it still started", got, err)
@@ -40,6 +34,24 @@ func TestResentSettleRefusedAsInvalidStaysForTheCaller(t *testing.T) {
 	if p := c.PendingUnknown(); len(p) != 0 {
 		t.Fatalf("pending after the settle: %+v", p)
 	}
+}
+
+// resendRefusedAsInvalid runs a reservation of tenant-7 through a client
+// that could not send its settle (runWithSettleUnsent), with usage in a
+// unit the policy lacks (pixels), then heals the proxy: the ledger
+// refuses the resend as invalid_argument. It returns once the client
+// reads the kept receipt instead (waitChecking), with the refusals the
+// client reports.
+func resendRefusedAsInvalid(t *testing.T) (*testLedger, *Client, *refusals, OperationReceipt) {
+	t.Helper()
+	l := startLedger(t)
+	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 10_000})
+	refused := &refusals{}
+	c := l.viaProxy(t, append(resendTestOptions, refused.option())...)
+	receipt := runWithSettleUnsent(t, l, c, Units{"tokens": 40, "pixels": 1})
+	l.proxy.SetFaults(faultsNone)
+	waitChecking(t, c, receipt.ReservationID)
+	return l, c, refused, receipt
 }
 
 // waitChecking waits until the loop reads the kept receipt of id rather
@@ -66,13 +78,7 @@ func waitChecking(t *testing.T, c *Client, id string) {
 // reported once (ErrReceiptRefused, ErrAlreadySettled, the operator's
 // usage), and the loop ends.
 func TestResentSettleRefusedAsInvalidLeavesOnceTheLedgerEndsIt(t *testing.T) {
-	l := startLedger(t)
-	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 10_000})
-	var refused refusals
-	c := l.viaProxy(t, append(resendTestOptions, refused.option())...)
-	receipt := runWithSettleUnsent(t, l, c, Units{"tokens": 40, "pixels": 1})
-	l.proxy.SetFaults(faultsNone)
-	waitChecking(t, c, receipt.ReservationID)
+	l, c, refused, receipt := resendRefusedAsInvalid(t)
 	if _, err := l.direct.Settle(context.Background(), receipt.ReservationID, receipt.OperationID, Units{"tokens": 55, "requests": 0}); err != nil {
 		t.Fatal(err)
 	}

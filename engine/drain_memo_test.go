@@ -33,6 +33,69 @@ func (s *drainScanStore) AccountsByEpoch(ctx context.Context, f store.EpochFilte
 	return out, next, err
 }
 
+// drainMemoRig is a leading engine (leadingEngine) on a test clock, with
+// the commands the drain memo's tests run.
+type drainMemoRig struct {
+	t   *testing.T
+	ctx context.Context
+	clk *clock
+	e   *Engine
+}
+
+func newDrainMemoRig(t *testing.T, st store.Store) *drainMemoRig {
+	clk := newClock()
+	return &drainMemoRig{t: t, ctx: context.Background(), clk: clk, e: leadingEngine(t, st, Options{Clock: clk.Now})}
+}
+
+// do runs cmd and fails the test on any error.
+func (r *drainMemoRig) do(cmd ledger.Command) {
+	r.t.Helper()
+	if res, err := r.e.Do(r.ctx, cmd); err != nil || res.Err != nil {
+		r.t.Fatalf("%s %s: %v, %v", cmd.Kind, cmd.ReservationID, err, res.Err)
+	}
+}
+
+// publish publishes a chat.generate/eu policy for every subject with the
+// one dimension d, in epochs of a day.
+func (r *drainMemoRig) publish(d ledger.Dimension) {
+	r.t.Helper()
+	p := ledger.Policy{Key: ledger.PolicyKey{Subject: ledger.AnySubject, Route: "chat.generate", Region: "eu"},
+		Dimensions: []ledger.Dimension{d}, EpochLength: 24 * time.Hour}.WithDefaults()
+	r.do(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p})
+}
+
+// spend reserves with reserve, starts and settles all it reserved.
+func (r *drainMemoRig) spend(reserve ledger.Command) {
+	r.t.Helper()
+	id := reserve.ReservationID
+	r.do(reserve)
+	r.do(ledger.Command{Kind: ledger.KindStart, ReservationID: id, OperationID: "op-" + id})
+	r.do(ledger.Command{Kind: ledger.KindSettle, ReservationID: id, OperationID: "op-" + id, Units: reserve.Units})
+}
+
+// waitDrained runs a drain pass (runEpochs) a minute, the clock moved on
+// first, until old holds no available capacity; it fails the test when
+// that takes more than DrainRecheckMax from now (when the deciding
+// account got room).
+func (r *drainMemoRig) waitDrained(old ledger.AccountKey) {
+	r.t.Helper()
+	roomAt := r.clk.Now()
+	for {
+		a, err := r.e.core.store.AccountGet(r.ctx, old)
+		if err != nil {
+			r.t.Fatal(err)
+		}
+		if a.Balances[0].Available == 0 {
+			return
+		}
+		if r.clk.Now().Sub(roomAt) > DrainRecheckMax {
+			r.t.Fatalf("%s still holds %+v %v after the deciding account had room", old, a.Balances[0], r.clk.Now().Sub(roomAt))
+		}
+		r.clk.Advance(time.Minute)
+		r.e.runEpochs(r.ctx)
+	}
+}
+
 // Superseded generations whose accounts hold capacity the deciding
 // account's burst has no room for are not read and drained again every
 // pass: the drain worker's reads and commands over idle passes stop
@@ -42,20 +105,9 @@ func (s *drainScanStore) AccountsByEpoch(ctx context.Context, f store.EpochFilte
 // the subject spends under the deciding generation, the blocked capacity
 // moves at the latest DrainRecheckMax later.
 func TestDrainWorkerLeavesBlockedGenerationsAlone(t *testing.T) {
-	clk := newClock()
 	st := &drainScanStore{Store: memstore.New()}
-	e := New(st, Options{DisableWorkers: true, Clock: clk.Now})
-	defer e.Close()
-	e.lead.mu.Lock()
-	e.lead.status.Leader, e.lead.until = true, time.Now().Add(time.Hour)
-	e.lead.mu.Unlock()
-	ctx := context.Background()
-	do := func(cmd ledger.Command) {
-		t.Helper()
-		if res, err := e.Do(ctx, cmd); err != nil || res.Err != nil {
-			t.Fatalf("%s %s: %v, %v", cmd.Kind, cmd.ReservationID, err, res.Err)
-		}
-	}
+	r := newDrainMemoRig(t, st)
+	ctx, clk, e, do := r.ctx, r.clk, r.e, r.do
 	// Each generation bursts 10 below the one before and never refills:
 	// a switch moves all the new burst has room for and leaves 10 behind,
 	// blocked: the deciding account is full.
@@ -70,9 +122,7 @@ func TestDrainWorkerLeavesBlockedGenerationsAlone(t *testing.T) {
 		do(ledger.Command{Kind: ledger.KindRelease, ReservationID: cmd.ReservationID})
 	}
 	for g := 1; g <= generations+1; g++ {
-		p := ledger.Policy{Key: ledger.PolicyKey{Subject: ledger.AnySubject, Route: "chat.generate", Region: "eu"},
-			Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: burst(g)}}, EpochLength: 24 * time.Hour}.WithDefaults()
-		do(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p})
+		r.publish(ledger.Dimension{Unit: "tokens", Burst: burst(g)})
 		for tenant := range tenants {
 			touch(tenant)
 		}
@@ -84,9 +134,7 @@ func TestDrainWorkerLeavesBlockedGenerationsAlone(t *testing.T) {
 				id := fmt.Sprintf("spent-%d", i)
 				cmd := reserveCmd(id, burst(1))
 				cmd.Subject = id
-				do(cmd)
-				do(ledger.Command{Kind: ledger.KindStart, ReservationID: id, OperationID: "op-" + id})
-				do(ledger.Command{Kind: ledger.KindSettle, ReservationID: id, OperationID: "op-" + id, Units: ledger.Amounts{burst(1)}})
+				r.spend(cmd)
 			}
 		}
 	}
@@ -139,9 +187,7 @@ func TestDrainWorkerLeavesBlockedGenerationsAlone(t *testing.T) {
 	roomAt := clk.Now()
 	spend := reserveCmd("spend", 50)
 	spend.Subject = "tenant-0"
-	do(spend)
-	do(ledger.Command{Kind: ledger.KindStart, ReservationID: "spend", OperationID: "op-spend"})
-	do(ledger.Command{Kind: ledger.KindSettle, ReservationID: "spend", OperationID: "op-spend", Units: ledger.Amounts{50}})
+	r.spend(spend)
 	deciding := ledger.AccountKey{Subject: "tenant-0", Route: "chat.generate", Region: "eu", Generation: generations + 1}
 	clk.Advance(30 * time.Second)
 	for {
@@ -177,19 +223,8 @@ func TestDrainWorkerLeavesBlockedGenerationsAlone(t *testing.T) {
 // what fits). The worker reads it again within DrainRecheckMax, so once
 // the subject spends, the capacity moves.
 func TestDrainWorkerRechecksGenerationsHoldingReservations(t *testing.T) {
-	clk := newClock()
-	e := New(memstore.New(), Options{DisableWorkers: true, Clock: clk.Now})
-	defer e.Close()
-	e.lead.mu.Lock()
-	e.lead.status.Leader, e.lead.until = true, time.Now().Add(time.Hour)
-	e.lead.mu.Unlock()
-	ctx := context.Background()
-	do := func(cmd ledger.Command) {
-		t.Helper()
-		if res, err := e.Do(ctx, cmd); err != nil || res.Err != nil {
-			t.Fatalf("%s %s: %v, %v", cmd.Kind, cmd.ReservationID, err, res.Err)
-		}
-	}
+	r := newDrainMemoRig(t, memstore.New())
+	ctx, clk, e, do := r.ctx, r.clk, r.e, r.do
 	publish := func(burst int64) {
 		p := ledger.Policy{Key: ledger.PolicyKey{Subject: ledger.AnySubject, Route: "chat.generate", Region: "eu"},
 			Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: burst}}, EpochLength: 24 * time.Hour, HoldTTL: 24 * time.Hour}.WithDefaults()
@@ -203,26 +238,8 @@ func TestDrainWorkerRechecksGenerationsHoldingReservations(t *testing.T) {
 	e.runEpochs(ctx) // generation 1 holds a reservation and nothing to drain
 	clk.Advance(time.Minute)
 	do(ledger.Command{Kind: ledger.KindRelease, ReservationID: "held"}) // 10 land on generation 1 and stay
-	spend := reserveCmd("spend", 10)
-	do(spend)
-	do(ledger.Command{Kind: ledger.KindStart, ReservationID: "spend", OperationID: "op-spend"})
-	do(ledger.Command{Kind: ledger.KindSettle, ReservationID: "spend", OperationID: "op-spend", Units: ledger.Amounts{10}})
-	roomAt := clk.Now()
-	old := ledger.AccountKey{Subject: "tenant-7", Route: "chat.generate", Region: "eu", Generation: 1}
-	for {
-		a, err := e.core.store.AccountGet(ctx, old)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if a.Balances[0].Available == 0 {
-			break
-		}
-		if clk.Now().Sub(roomAt) > DrainRecheckMax {
-			t.Fatalf("%s still holds %+v %v after the deciding account had room", old, a.Balances[0], clk.Now().Sub(roomAt))
-		}
-		e.runEpochs(ctx)
-		clk.Advance(time.Minute)
-	}
+	r.spend(reserveCmd("spend", 10))
+	r.waitDrained(ledger.AccountKey{Subject: "tenant-7", Route: "chat.generate", Region: "eu", Generation: 1})
 	auditClean(t, e)
 }
 
@@ -257,32 +274,11 @@ func TestDrainMemoReadsAnOverflowedGenerationInFull(t *testing.T) {
 func TestDrainWorkerFindsCapacityASwitchLeftOnAnEmptyCurrentAccount(t *testing.T) {
 	for name, open := range memstoreAndSQLite {
 		t.Run(name, func(t *testing.T) {
-			clk := newClock()
-			e := New(open(t), Options{DisableWorkers: true, Clock: clk.Now})
-			defer e.Close()
-			e.lead.mu.Lock()
-			e.lead.status.Leader, e.lead.until = true, time.Now().Add(time.Hour)
-			e.lead.mu.Unlock()
-			ctx := context.Background()
-			do := func(cmd ledger.Command) {
-				t.Helper()
-				if res, err := e.Do(ctx, cmd); err != nil || res.Err != nil {
-					t.Fatalf("%s %s: %v, %v", cmd.Kind, cmd.ReservationID, err, res.Err)
-				}
-			}
-			publish := func(d ledger.Dimension) {
-				p := ledger.Policy{Key: ledger.PolicyKey{Subject: ledger.AnySubject, Route: "chat.generate", Region: "eu"},
-					Dimensions: []ledger.Dimension{d}, EpochLength: 24 * time.Hour}.WithDefaults()
-				do(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p})
-			}
-			spend := func(id string, units int64) {
-				do(reserveCmd(id, units))
-				do(ledger.Command{Kind: ledger.KindStart, ReservationID: id, OperationID: "op-" + id})
-				do(ledger.Command{Kind: ledger.KindSettle, ReservationID: id, OperationID: "op-" + id, Units: ledger.Amounts{units}})
-			}
+			r := newDrainMemoRig(t, open(t))
+			ctx, clk, e, publish := r.ctx, r.clk, r.e, r.publish
 			// Generation 1 refills 10 a minute up to 100; tenant-7 spends it all.
 			publish(ledger.Dimension{Unit: "tokens", Burst: 100, RefillUnits: 10, RefillInterval: time.Minute})
-			spend("all", 100)
+			r.spend(reserveCmd("all", 100))
 			// Generation 2 bursts 50 and never refills; tenant-7 stays away.
 			publish(ledger.Dimension{Unit: "tokens", Burst: 50})
 			e.runEpochs(ctx) // generation 1: one empty account, no reservation
@@ -290,26 +286,12 @@ func TestDrainWorkerFindsCapacityASwitchLeftOnAnEmptyCurrentAccount(t *testing.T
 			e.runEpochs(ctx)
 			// tenant-7 comes back: the switch refills generation 1 to 100 and
 			// moves 50; 50 stay behind. It spends 50 under generation 2: room.
-			spend("back", 50)
+			r.spend(reserveCmd("back", 50))
 			old := ledger.AccountKey{Subject: "tenant-7", Route: "chat.generate", Region: "eu", Generation: 1}
 			if a, err := e.core.store.AccountGet(ctx, old); err != nil || a.Balances[0].Available == 0 {
 				t.Fatalf("%s after the switch: %+v, %v; want capacity left behind", old, a.Balances[0], err)
 			}
-			roomAt := clk.Now()
-			for {
-				clk.Advance(time.Minute)
-				e.runEpochs(ctx)
-				a, err := e.core.store.AccountGet(ctx, old)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if a.Balances[0].Available == 0 {
-					break
-				}
-				if clk.Now().Sub(roomAt) > DrainRecheckMax {
-					t.Fatalf("%s still holds %+v %v after the deciding account had room", old, a.Balances[0], clk.Now().Sub(roomAt))
-				}
-			}
+			r.waitDrained(old)
 			// Now that tenant-7 has moved on, generation 1 holds nothing that can
 			// grow: it settles and is not read again.
 			clk.Advance(time.Minute)
@@ -342,56 +324,20 @@ func (s *subjectsHookStore) AccountsOfSubjects(ctx context.Context, subjects []l
 // left capacity on the account the scan read empty. The worker must not
 // take the account for settled because the subject has moved on.
 func TestDrainWorkerFindsCapacityASwitchLeftDuringTheScan(t *testing.T) {
-	clk := newClock()
 	st := &subjectsHookStore{Store: memstore.New()}
-	e := New(st, Options{DisableWorkers: true, Clock: clk.Now})
-	defer e.Close()
-	e.lead.mu.Lock()
-	e.lead.status.Leader, e.lead.until = true, time.Now().Add(time.Hour)
-	e.lead.mu.Unlock()
-	ctx := context.Background()
-	do := func(cmd ledger.Command) {
-		t.Helper()
-		if res, err := e.Do(ctx, cmd); err != nil || res.Err != nil {
-			t.Fatalf("%s %s: %v, %v", cmd.Kind, cmd.ReservationID, err, res.Err)
-		}
-	}
-	publish := func(d ledger.Dimension) {
-		p := ledger.Policy{Key: ledger.PolicyKey{Subject: ledger.AnySubject, Route: "chat.generate", Region: "eu"},
-			Dimensions: []ledger.Dimension{d}, EpochLength: 24 * time.Hour}.WithDefaults()
-		do(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p})
-	}
-	spend := func(id string, units int64) {
-		do(reserveCmd(id, units))
-		do(ledger.Command{Kind: ledger.KindStart, ReservationID: id, OperationID: "op-" + id})
-		do(ledger.Command{Kind: ledger.KindSettle, ReservationID: id, OperationID: "op-" + id, Units: ledger.Amounts{units}})
-	}
-	publish(ledger.Dimension{Unit: "tokens", Burst: 100, RefillUnits: 10, RefillInterval: time.Minute})
-	spend("all", 100)
-	publish(ledger.Dimension{Unit: "tokens", Burst: 50})
+	r := newDrainMemoRig(t, st)
+	ctx, clk, e := r.ctx, r.clk, r.e
+	r.publish(ledger.Dimension{Unit: "tokens", Burst: 100, RefillUnits: 10, RefillInterval: time.Minute})
+	r.spend(reserveCmd("all", 100))
+	r.publish(ledger.Dimension{Unit: "tokens", Burst: 50})
 	clk.Advance(20 * time.Minute)
 	// tenant-7 comes back (and spends: room) while the first pass is
 	// between its two reads.
-	st.hook = func() { spend("back", 50) }
+	st.hook = func() { r.spend(reserveCmd("back", 50)) }
 	e.runEpochs(ctx)
 	if st.hook != nil {
 		t.Fatal("the pass did not read the subjects' accounts")
 	}
-	old := ledger.AccountKey{Subject: "tenant-7", Route: "chat.generate", Region: "eu", Generation: 1}
-	roomAt := clk.Now()
-	for {
-		a, err := st.Store.AccountGet(ctx, old)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if a.Balances[0].Available == 0 {
-			break
-		}
-		if clk.Now().Sub(roomAt) > DrainRecheckMax {
-			t.Fatalf("%s still holds %+v %v after the deciding account had room", old, a.Balances[0], clk.Now().Sub(roomAt))
-		}
-		clk.Advance(time.Minute)
-		e.runEpochs(ctx)
-	}
+	r.waitDrained(ledger.AccountKey{Subject: "tenant-7", Route: "chat.generate", Region: "eu", Generation: 1})
 	auditClean(t, e)
 }

@@ -4,15 +4,11 @@ import (
 	"bytes"
 	"context"
 	"crypto/ed25519"
-	"path/filepath"
 	"reflect"
 	"testing"
 	"time"
 
 	"github.com/capledger/capledger/ledger"
-	"github.com/capledger/capledger/store"
-	"github.com/capledger/capledger/store/memstore"
-	"github.com/capledger/capledger/store/sqlite"
 )
 
 // DrainProgress, reading the deciding accounts a page at a time, answers
@@ -25,18 +21,7 @@ import (
 // and pages split them; before and after a drain pass; on the in-memory
 // store and SQLite.
 func TestDrainProgressMatchesOneReadPerAccount(t *testing.T) {
-	stores := map[string]func(t *testing.T) store.Store{
-		"memstore": func(*testing.T) store.Store { return memstore.New() },
-		"sqlite": func(t *testing.T) store.Store {
-			st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "capledger.db"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { st.Close() })
-			return st
-		},
-	}
-	for name, open := range stores {
+	for name, open := range memstoreAndSQLite {
 		t.Run(name, func(t *testing.T) {
 			ctx := context.Background()
 			e := New(open(t), Options{DisableWorkers: true, PageSize: 2, Clock: func() time.Time { return t0 }})

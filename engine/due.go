@@ -497,8 +497,9 @@ type ScanEnd struct {
 	// there: mayStayCurrent).
 	Holds bool
 	// Waiting are the accounts that got a command, held reservations or
-	// may still hold their subject's capacity, when the pager lists them (a drain pager) and they were at most
-	// drainWaitingPerGeneration; Overflow says there were more.
+	// may still hold their subject's capacity, when the pager lists them
+	// (a drain pager) and they were at most drainWaitingPerGeneration;
+	// Overflow says there were more.
 	Waiting  []ledger.AccountKey
 	Overflow bool
 }

@@ -303,11 +303,7 @@ func (s *downStore) Begin(ctx context.Context) (store.Tx, error) {
 func TestFailedEpochChunkIsClosedByTheNextPass(t *testing.T) {
 	clk := newClock()
 	st := &downStore{Store: memstore.New()}
-	e := New(st, Options{DisableWorkers: true, Clock: clk.Now})
-	defer e.Close()
-	e.lead.mu.Lock()
-	e.lead.status.Leader, e.lead.until = true, time.Now().Add(time.Hour)
-	e.lead.mu.Unlock()
+	e := leadingEngine(t, st, Options{Clock: clk.Now})
 	ctx := context.Background()
 	publish(t, e, 1000, time.Hour, time.Hour)
 	const accounts = 100
@@ -361,6 +357,25 @@ func TestConflictRetriesLastTheBudget(t *testing.T) {
 	}
 }
 
+// commitAlone commits cmd in a batch of its own on core at now and fails
+// the test on any error.
+func commitAlone(t *testing.T, core *Core, now time.Time, cmd ledger.Command) {
+	t.Helper()
+	results, err := core.Commit(context.Background(), []ledger.Command{cmd}, now)
+	if err != nil || results[0].Err != nil {
+		t.Fatalf("%s: %v, %v", cmd.Kind, err, results[0].Err)
+	}
+}
+
+// publishOnCore publishes on core at now a chat.generate/eu policy for
+// every subject that bursts to burst tokens.
+func publishOnCore(t *testing.T, core *Core, now time.Time, burst int64) {
+	t.Helper()
+	p := ledger.Policy{Key: ledger.PolicyKey{Subject: ledger.AnySubject, Route: "chat.generate", Region: "eu"},
+		Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: burst}}}.WithDefaults()
+	commitAlone(t, core, now, ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p})
+}
+
 // A drain pass that found one command in a generation does not report
 // the generation's scan without commands (Pager.Ended): the drain memo
 // would skip it for good.
@@ -368,21 +383,9 @@ func TestDrainPassWithOneCommandIsNotClean(t *testing.T) {
 	ctx := context.Background()
 	core := NewCore(memstore.New())
 	now := t0
-	run := func(cmd ledger.Command) {
-		t.Helper()
-		results, err := core.Commit(ctx, []ledger.Command{cmd}, now)
-		if err != nil || results[0].Err != nil {
-			t.Fatalf("%s: %v, %v", cmd.Kind, err, results[0].Err)
-		}
-	}
-	publish := func(burst int64) {
-		p := ledger.Policy{Key: ledger.PolicyKey{Subject: ledger.AnySubject, Route: "chat.generate", Region: "eu"},
-			Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: burst}}}.WithDefaults()
-		run(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p})
-	}
-	publish(1000)
-	run(reserveCmd("rl-1", 10))
-	publish(2000) // generation 1's one account now drains
+	publishOnCore(t, core, now, 1000)
+	commitAlone(t, core, now, reserveCmd("rl-1", 10))
+	publishOnCore(t, core, now, 2000) // generation 1's one account now drains
 	drains, _, err := core.DrainPager(ctx, 64, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -403,16 +406,9 @@ func TestEpochPassReadsBackTheLateness(t *testing.T) {
 	ctx := context.Background()
 	core := NewCore(memstore.New())
 	nine := time.Date(2026, 7, 20, 9, 0, 0, 0, time.UTC)
-	commitAt := func(now time.Time, cmd ledger.Command) {
-		t.Helper()
-		results, err := core.Commit(ctx, []ledger.Command{cmd}, now)
-		if err != nil || results[0].Err != nil {
-			t.Fatalf("%s: %v, %v", cmd.Kind, err, results[0].Err)
-		}
-	}
 	p := ledger.Policy{Key: ledger.PolicyKey{Subject: ledger.AnySubject, Route: "chat.generate", Region: "eu"},
 		Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: 1000}}, EpochLength: time.Hour}.WithDefaults()
-	commitAt(nine, ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p})
+	commitAlone(t, core, nine, ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p})
 	var scans EpochScans
 	pass := func(now time.Time) []ledger.Command {
 		t.Helper()
@@ -430,7 +426,7 @@ func TestEpochPassReadsBackTheLateness(t *testing.T) {
 	// Stamped 40 s before that pass, committed after it: an account in
 	// the 09:00 epoch the pass did not see.
 	late := reserveCmd("rl-late", 10)
-	commitAt(nine.Add(time.Hour-10*time.Second), late)
+	commitAlone(t, core, nine.Add(time.Hour-10*time.Second), late)
 	cmds := pass(nine.Add(2*time.Hour + 30*time.Second))
 	if len(cmds) != 1 || cmds[0].Kind != ledger.KindCloseEpoch || cmds[0].Account.Subject != late.Subject {
 		t.Fatalf("the next pass closes the late account's 09:00 epoch: %+v", cmds)
@@ -444,25 +440,13 @@ func TestDrainScanListsWaitingAccountsUpToItsBound(t *testing.T) {
 	ctx := context.Background()
 	for _, collect := range []int{3, 2} {
 		core := NewCore(memstore.New())
-		run := func(cmd ledger.Command) {
-			t.Helper()
-			results, err := core.Commit(ctx, []ledger.Command{cmd}, t0)
-			if err != nil || results[0].Err != nil {
-				t.Fatalf("%s: %v, %v", cmd.Kind, err, results[0].Err)
-			}
-		}
-		publish := func(burst int64) {
-			p := ledger.Policy{Key: ledger.PolicyKey{Subject: ledger.AnySubject, Route: "chat.generate", Region: "eu"},
-				Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: burst}}}.WithDefaults()
-			run(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p})
-		}
-		publish(1000)
+		publishOnCore(t, core, t0, 1000)
 		for i := range 3 {
 			cmd := reserveCmd(fmt.Sprintf("rl-%d", i), 10)
 			cmd.Subject = fmt.Sprintf("tenant-%d", i)
-			run(cmd)
+			commitAlone(t, core, t0, cmd)
 		}
-		publish(2000)
+		publishOnCore(t, core, t0, 2000)
 		drains, _, err := core.DrainPager(ctx, 64, nil)
 		if err != nil {
 			t.Fatal(err)

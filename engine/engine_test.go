@@ -56,6 +56,20 @@ func auditClean(t *testing.T, e *Engine) {
 	}
 }
 
+// leadingEngine returns an engine on st with opts, its workers off (the
+// test runs their passes by hand) and taking itself for the leader (the
+// passes act only on the leader), closed when the test ends.
+func leadingEngine(t *testing.T, st store.Store, opts Options) *Engine {
+	t.Helper()
+	opts.DisableWorkers = true
+	e := New(st, opts)
+	t.Cleanup(func() { e.Close() })
+	e.lead.mu.Lock()
+	e.lead.status.Leader, e.lead.until = true, time.Now().Add(time.Hour)
+	e.lead.mu.Unlock()
+	return e
+}
+
 // memstoreAndSQLite opens, by name, each store that the tests the engine
 // must pass on every store run on: an in-memory store, and a SQLite store
 // in the test's temporary directory, closed when the test ends.

@@ -46,8 +46,11 @@ func (d *GenerationDrain) Drained() bool {
 // and returns how many of its drain commands moved capacity or debt (one
 // for an account that holds only reservations, or is blocked by the
 // deciding account's burst, moves nothing and is not counted, so an
-// operator following a rollback sees 0 while nothing moves). The worker does the same
-// once per epoch interval; this is for an operator following a rollback.
+// operator following a rollback sees 0 while nothing moves). It reads
+// every superseded generation in full; the drain worker runs the same
+// pass once per epoch interval, but reads again only what its drain memo
+// says may still need a drain. This is for an operator following a
+// rollback.
 func (e *Engine) RunDrains(ctx context.Context) (int, error) {
 	p, _, err := e.core.DrainPager(ctx, e.opts.PageSize, nil)
 	if err != nil {
@@ -185,6 +188,15 @@ func addDrain(d *GenerationDrain, a *ledger.Account, active ledger.ActiveGenerat
 // subject keys); an account whose subject has no account of the deciding
 // generation yet is not blocked (its next command, or the next drain,
 // switches). It returns the read's error.
+//
+// It reads the ledger's rule (ledger.Drain) off the stored rows, not to
+// the letter: an account counts when some dimension's capacity cannot
+// move (it stays after a drain), where the ledger drains when any can;
+// the deciding account is taken as stored, where the ledger first adds
+// its refill due (so one that refill would fill reads here as having
+// room, and the account is not counted though its drain moves nothing);
+// and its debt is not counted as room, where the ledger repays it with
+// the capacity moved.
 func (e *Engine) addBlockedByBurst(ctx context.Context, d *GenerationDrain, accounts []*ledger.Account, subjects []ledger.PolicyKey, active ledger.ActiveGenerations, byGeneration map[uint64]*ledger.Policy) error {
 	if len(accounts) == 0 {
 		return nil

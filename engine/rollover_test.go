@@ -22,11 +22,7 @@ import (
 func TestEpochWorkerRunsAtTheBoundary(t *testing.T) {
 	clk := newClock()
 	st := memstore.New()
-	e := New(st, Options{DisableWorkers: true, Clock: clk.Now, EpochInterval: time.Hour})
-	defer e.Close()
-	e.lead.mu.Lock()
-	e.lead.status.Leader, e.lead.until = true, time.Now().Add(time.Hour)
-	e.lead.mu.Unlock()
+	e := leadingEngine(t, st, Options{Clock: clk.Now, EpochInterval: time.Hour})
 	ctx := context.Background()
 	publish(t, e, 1000, time.Hour, time.Hour) // epochs of ledger.DefaultEpochLength, one hour from t0
 	const accounts = 10
@@ -421,11 +417,7 @@ func (s *slowCatchUpStore) EpochIndexCatchUp(ctx context.Context, f store.EpochF
 func TestNewEpochPassDoesNotWaitForCatchUp(t *testing.T) {
 	clk := newClock()
 	st := &slowCatchUpStore{Store: memstore.New()}
-	e := New(st, Options{DisableWorkers: true, Clock: clk.Now, EpochInterval: time.Hour})
-	defer e.Close()
-	e.lead.mu.Lock()
-	e.lead.status.Leader, e.lead.until = true, time.Now().Add(time.Hour)
-	e.lead.mu.Unlock()
+	e := leadingEngine(t, st, Options{Clock: clk.Now, EpochInterval: time.Hour})
 	ctx := context.Background()
 	publish(t, e, 1000, 3*time.Hour, 3*time.Hour) // epochs of an hour from t0
 	statements := func(epoch time.Time) int {

@@ -448,9 +448,9 @@ const drainMemoPoints = 1 << 16
 //     own rule and leaves behind where the deciding burst has no room. It
 //     is not read again.
 //   - waiting: the accounts that got a drain, held reservations or may
-//     still be current (ScanEnd.Waiting); the others cannot need one, so only these are
-//     read again (point reads; the whole generation when they were too
-//     many). When a drain moved something, at the next pass. When none
+//     still be current (ScanEnd.Waiting); the others cannot need one, so
+//     only these are read again (point reads; the whole generation when
+//     they were too many). When a drain moved something, at the next pass. When none
 //     did, the capacity there is blocked by the deciding account's burst
 //     (ledger.Drain moves only into its room, after the refill due), or a
 //     late refund may land and stay for the same reason (the ledger's

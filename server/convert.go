@@ -111,14 +111,9 @@ func (c *policyCache) addLocked(p ledger.Policy) {
 	wasActive, _ := c.activeGen.Active(p.Key)
 	c.activeGen.Add(&p)
 	two := c.newest[p.Key]
-	switch g := p.Generation; {
-	case g == two[0] || g == two[1]:
-	case g > two[0]:
-		c.newest[p.Key] = [2]uint64{g, two[0]}
-		c.dropLocked(p.Key, two[1])
-	case g > two[1]:
-		c.newest[p.Key] = [2]uint64{two[0], g}
-		c.dropLocked(p.Key, two[1])
+	if next := withNewest(two, p.Generation); next != two {
+		c.newest[p.Key] = next
+		c.dropLocked(p.Key, two[1]) // no longer one of the two newest
 	}
 	c.dropLocked(p.Key, wasActive)
 	if c.keptFor(p.Key, p.Generation) {
@@ -127,6 +122,19 @@ func (c *policyCache) addLocked(p ledger.Policy) {
 		return
 	}
 	c.putOlderLocked(p)
+}
+
+// withNewest returns two, a key's two newest generations (the newest
+// first, 0 where there are fewer), with generation taken in.
+func withNewest(two [2]uint64, generation uint64) [2]uint64 {
+	switch {
+	case generation == two[0] || generation == two[1]:
+	case generation > two[0]:
+		two = [2]uint64{generation, two[0]}
+	case generation > two[1]:
+		two[1] = generation
+	}
+	return two
 }
 
 // putOlderLocked puts p in older, dropping another there when full.
@@ -188,14 +196,8 @@ func (c *policyCache) reloadLocked(ctx context.Context) ([]ledger.Policy, error)
 	newest := make(map[ledger.PolicyKey][2]uint64, len(active))
 	var through uint64
 	for i := range all {
-		g, two := all[i].Generation, newest[all[i].Key]
-		switch {
-		case g > two[0]:
-			newest[all[i].Key] = [2]uint64{g, two[0]}
-		case g > two[1] && g != two[0]:
-			newest[all[i].Key] = [2]uint64{two[0], g}
-		}
-		through = max(through, g)
+		newest[all[i].Key] = withNewest(newest[all[i].Key], all[i].Generation)
+		through = max(through, all[i].Generation)
 	}
 	fresh := &policyCache{activeGen: active, newest: newest, kept: map[uint64]ledger.Policy{}}
 	for i := range all {
