@@ -80,8 +80,8 @@ func TestRunMarksUnknownWhenUsageCannotBeRecorded(t *testing.T) {
 		t.Fatalf("pending receipts: %+v", pending)
 	}
 	// Its resend meets the same refusal, which is not final: the resends
-	// end and the receipt stays (docs/CLIENTS.md).
-	waitResendsDone(tl.direct)
+	// end and the receipt stays, read from then on (docs/CLIENTS.md).
+	waitChecking(t, tl.direct, unknown.Receipt.ReservationID)
 	if pending := tl.direct.PendingUnknown(); len(pending) != 1 || tl.direct.PendingRefused() != 0 {
 		t.Fatalf("pending receipts after the resend: %+v (%d refused)", pending, tl.direct.PendingRefused())
 	}
