@@ -264,8 +264,8 @@ func TestFailingWorkersLogAtOneCadence(t *testing.T) {
 	})
 	t.Run("lease", func(t *testing.T) {
 		s := open(t, Options{})
-		outageLines(t, s.st, s.clock, s.logs, "lease", "worker lease", 5*time.Second, cadenceOfFrequentPasses, nil,
-			func() { s.e.renewLease(ctx, DefaultLeaseTTL) })
+		outageLines(t, s.st, s.clock, s.logs, "lease", "worker lease", 5*time.Second, cadenceOfFrequentPasses,
+			func() time.Time { return failingSinceOf(t, s.e, "lease") }, func() { s.e.renewLease(ctx, DefaultLeaseTTL) })
 	})
 }
 

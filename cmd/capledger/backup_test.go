@@ -363,6 +363,16 @@ func TestBackupOnAFullDisk(t *testing.T) {
 	if got := dirListing(t, dest); got != "" {
 		t.Fatalf("the failed backup left %s in DEST", got)
 	}
+	// With shard keys, which fit: the failed backup removes the copy of
+	// them it made too.
+	writeKeyLine(t, filepath.Join(dir, "shard-keys"), "k-full")
+	dest = filepath.Join(small, "bk-keys")
+	if out, code := runBinary(t, bin, "backup", "--data-dir", dir, dest); code != exitUnavailable {
+		t.Fatalf("backup with shard keys onto a full disk: exit %d, %s", code, out)
+	}
+	if got := dirListing(t, dest); got != "" {
+		t.Fatalf("the failed backup with shard keys left %s in DEST", got)
+	}
 	dest = filepath.Join(t.TempDir(), "bk")
 	if out, code := runBinary(t, bin, "backup", "--data-dir", dir, dest); code != exitOK {
 		t.Fatalf("backup with room: exit %d, %s", code, out)
