@@ -209,8 +209,12 @@ func processCPU(b *testing.B) time.Duration {
 
 // drainProgressOneByOne is DrainProgress as it was before the deciding
 // accounts were read a page at a time: one AccountGet per account that
-// holds capacity. The tests compare DrainProgress's answers with it.
+// holds capacity, and, where the deciding account's refill due decides
+// whether it counts blocked, one read of the subject's current pointer
+// (which tells whether the deciding account refills in a drain, where
+// DrainProgress infers it from the subject's accounts). The tests compare DrainProgress's answers with it.
 func drainProgressOneByOne(ctx context.Context, e *Engine, generations []uint64) ([]GenerationDrain, error) {
+	now := e.opts.Clock()
 	policies, err := e.core.store.PolicyList(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("policies: %w", err)
@@ -241,7 +245,7 @@ func drainProgressOneByOne(ctx context.Context, e *Engine, generations []uint64)
 				return nil, fmt.Errorf("accounts of generation %d: %w", g, err)
 			}
 			for i := range page {
-				if err := addDrainOneByOne(ctx, e, &d, &page[i], active, byGeneration); err != nil {
+				if err := addDrainOneByOne(ctx, e, &d, &page[i], active, byGeneration, now); err != nil {
 					return nil, err
 				}
 			}
@@ -269,7 +273,7 @@ func drainProgressOneByOne(ctx context.Context, e *Engine, generations []uint64)
 	return out, nil
 }
 
-func addDrainOneByOne(ctx context.Context, e *Engine, d *GenerationDrain, a *ledger.Account, active ledger.ActiveGenerations, byGeneration map[uint64]*ledger.Policy) error {
+func addDrainOneByOne(ctx context.Context, e *Engine, d *GenerationDrain, a *ledger.Account, active ledger.ActiveGenerations, byGeneration map[uint64]*ledger.Policy, now time.Time) error {
 	d.Accounts++
 	for i := 0; i < a.Dims; i++ {
 		b := &a.Balances[i]
@@ -299,15 +303,35 @@ func addDrainOneByOne(ctx context.Context, e *Engine, d *GenerationDrain, a *led
 	if p == nil {
 		return nil
 	}
-	for i := 0; i < a.Dims && i < len(d.Policy.Dimensions); i++ {
-		j := p.DimensionIndex(d.Policy.Dimensions[i].Unit)
-		if j < 0 || j >= target.Dims || a.Balances[i].Available == 0 {
-			continue
-		}
-		if tb := &target.Balances[j]; tb.Available+tb.Reserved >= p.Dimensions[j].Burst {
-			d.BlockedByBurst++
-			return nil
+	// The deciding account refills in a drain when it is the subject's
+	// current account: read here from the current pointer itself, when
+	// the answer matters (a refill is due).
+	refills := false
+	if blockedByBurst(a, &d.Policy, &target, p, false, now) != blockedByBurst(a, &d.Policy, &target, p, true, now) {
+		if refills, err = isCurrent(ctx, e, a.Key.SubjectKey(), deciding); err != nil {
+			return err
 		}
 	}
+	if blockedByBurst(a, &d.Policy, &target, p, refills && !p.RolledBack, now) {
+		d.BlockedByBurst++
+	}
 	return nil
+}
+
+// isCurrent reports whether generation holds subject's capacity (the
+// subject's current pointer), read in a transaction rolled back.
+func isCurrent(ctx context.Context, e *Engine, subject ledger.PolicyKey, generation uint64) (bool, error) {
+	tx, err := e.core.store.Begin(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer tx.Rollback(ctx)
+	current, err := tx.AccountCurrentGet(ctx, subject)
+	if errors.Is(err, store.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("current of %s: %w", subject, err)
+	}
+	return current == generation, nil
 }

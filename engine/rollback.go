@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
@@ -20,7 +21,9 @@ type GenerationDrain struct {
 	// Reserved, Debt and Available sum the generation's accounts.
 	Reserved, Debt, Available ledger.Amounts
 	// BlockedByBurst counts accounts holding available capacity that the
-	// drain cannot move because the deciding account is at its burst;
+	// drain cannot move because the deciding account has no room: it is
+	// at its burst once refilled to now, as the drain refills it, and owes
+	// nothing (ledger.DrainRoom; counted by addBlockedByBurst);
 	// BlockedNoPolicy those holding capacity or debt whose subject no
 	// generation decides for.
 	BlockedByBurst, BlockedNoPolicy int64
@@ -93,6 +96,7 @@ func (e *Engine) DrainProgress(ctx context.Context, generations []uint64) ([]Gen
 	if err != nil {
 		return nil, fmt.Errorf("policies: %w", err)
 	}
+	now := e.opts.Clock()
 	active := ledger.NewActiveGenerations(policies)
 	byGeneration := make(map[uint64]*ledger.Policy, len(policies))
 	for i := range policies {
@@ -127,7 +131,7 @@ func (e *Engine) DrainProgress(ctx context.Context, generations []uint64) ([]Gen
 					subjects = append(subjects, page[i].Key.SubjectKey())
 				}
 			}
-			if err := e.addBlockedByBurst(ctx, &d, waiting, subjects, active, byGeneration); err != nil {
+			if err := e.addBlockedByBurst(ctx, &d, waiting, subjects, active, byGeneration, now); err != nil {
 				return nil, err
 			}
 			if len(page) < f.Limit {
@@ -181,23 +185,27 @@ func addDrain(d *GenerationDrain, a *ledger.Account, active ledger.ActiveGenerat
 }
 
 // addBlockedByBurst counts in d's BlockedByBurst those of accounts (of
-// d's generation, each needing its deciding account: addDrain) that the
-// drain cannot move: a drain moves available capacity only up to the
-// deciding account's burst, held units included. It reads the deciding
-// accounts in one store.AccountsOfSubjects of subjects (the accounts'
-// subject keys); an account whose subject has no account of the deciding
-// generation yet is not blocked (its next command, or the next drain,
-// switches). It returns the read's error.
+// d's generation, each needing its deciding account: addDrain) whose
+// available capacity a drain at now cannot move, in some dimension the
+// deciding policy limits: that dimension's ledger.DrainRoom (the deciding
+// account refilled to now as the ledger's Drain refills it, then the
+// burst's room above available and reserved, plus its debt) is 0. It reads
+// the deciding accounts in one store.AccountsOfSubjects of subjects (the
+// accounts' subject keys); an account whose subject has no account of the
+// deciding generation yet is not blocked (its next command, or the next
+// drain, switches). It returns the read's error.
 //
-// It reads the ledger's rule (ledger.Drain) off the stored rows, not to
-// the letter: an account counts when some dimension's capacity cannot
-// move (it stays after a drain), where the ledger drains when any can;
-// the deciding account is taken as stored, where the ledger first adds
-// its refill due (so one that refill would fill reads here as having
-// room, and the account is not counted though its drain moves nothing);
-// and its debt is not counted as room, where the ledger repays it with
-// the capacity moved.
-func (e *Engine) addBlockedByBurst(ctx context.Context, d *GenerationDrain, accounts []*ledger.Account, subjects []ledger.PolicyKey, active ledger.ActiveGenerations, byGeneration map[uint64]*ledger.Policy) error {
+// It counts an account when any dimension's capacity cannot move, where
+// the ledger's drain runs when any can (ledger.drainable): BLOCKED is
+// capacity that stays behind waiting for room, and a drain that moves one
+// dimension leaves the other's there. The deciding account refills in the
+// drain only when it is its subject's current account. It is, unless the
+// subject has an account of a newer generation (one rolled back: a newer
+// live one would decide): that one may still be current, and then the
+// drain first switches from it, which refills the deciding account
+// nothing. So such a deciding account is read as stored; if the subject
+// had switched back already, its refill due is not seen.
+func (e *Engine) addBlockedByBurst(ctx context.Context, d *GenerationDrain, accounts []*ledger.Account, subjects []ledger.PolicyKey, active ledger.ActiveGenerations, byGeneration map[uint64]*ledger.Policy, now time.Time) error {
 	if len(accounts) == 0 {
 		return nil
 	}
@@ -206,14 +214,17 @@ func (e *Engine) addBlockedByBurst(ctx context.Context, d *GenerationDrain, acco
 		return fmt.Errorf("accounts of %d subjects: %w", len(subjects), err)
 	}
 	deciding := make(map[ledger.PolicyKey]*ledger.Account, len(rows))
+	newest := make(map[ledger.PolicyKey]uint64, len(rows))
 	for i := range rows {
 		subject := rows[i].Key.SubjectKey()
+		newest[subject] = max(newest[subject], rows[i].Key.Generation)
 		if g, ok := active.Deciding(subject); ok && g == rows[i].Key.Generation {
 			deciding[subject] = &rows[i]
 		}
 	}
 	for _, a := range accounts {
-		target := deciding[a.Key.SubjectKey()]
+		subject := a.Key.SubjectKey()
+		target := deciding[subject]
 		if target == nil {
 			continue
 		}
@@ -221,16 +232,26 @@ func (e *Engine) addBlockedByBurst(ctx context.Context, d *GenerationDrain, acco
 		if p == nil {
 			continue
 		}
-		for i := 0; i < a.Dims && i < len(d.Policy.Dimensions); i++ {
-			j := p.DimensionIndex(d.Policy.Dimensions[i].Unit)
-			if j < 0 || j >= target.Dims || a.Balances[i].Available == 0 {
-				continue
-			}
-			if tb := &target.Balances[j]; tb.Available+tb.Reserved >= p.Dimensions[j].Burst {
-				d.BlockedByBurst++
-				break
-			}
+		refills := !p.RolledBack && newest[subject] == target.Key.Generation
+		if blockedByBurst(a, &d.Policy, target, p, refills, now) {
+			d.BlockedByBurst++
 		}
 	}
 	return nil
+}
+
+// blockedByBurst reports whether some dimension of a (under its policy
+// ap) holds available capacity that a drain into target (under p, refilled
+// to now when refills is set) has no room for (ledger.DrainRoom).
+func blockedByBurst(a *ledger.Account, ap *ledger.Policy, target *ledger.Account, p *ledger.Policy, refills bool, now time.Time) bool {
+	for i := 0; i < a.Dims && i < len(ap.Dimensions); i++ {
+		j := p.DimensionIndex(ap.Dimensions[i].Unit)
+		if j < 0 || j >= target.Dims || a.Balances[i].Available <= 0 {
+			continue
+		}
+		if ledger.DrainRoom(p, target, j, refills, now) == 0 {
+			return true
+		}
+	}
+	return false
 }

@@ -155,9 +155,27 @@ func moveRoom(burst Units, dst *Balance) Units {
 	return max(burst-dst.Available-dst.Reserved, 0) + dst.Debt()
 }
 
+// DrainRoom is the room a drain has for available capacity in dimension j
+// of to, the deciding account under its policy p: to refilled to now when
+// refills is set (the ledger's Drain refills the subject's current account
+// under a generation not rolled back, on a copy, before it decides), then
+// moveRoom, the burst's room above available and reserved plus to's debt.
+// A drain moves min(available, DrainRoom) of a dimension. It reads to and
+// writes nothing. A caller that holds to as stored (the engine's
+// DrainProgress) gets the ledger's answer without the ledger's Book.
+func DrainRoom(p *Policy, to *Account, j int, refills bool, now time.Time) Units {
+	refilled := *to
+	if refills {
+		refillDue(&refilled, p, now)
+	}
+	return moveRoom(p.Dimensions[j].Burst, &refilled.Balances[j])
+}
+
 // drainable reports whether moveBetween would move anything from from to
-// to as they stand: debt, or available capacity to's burst has room for.
-func drainable(b Book, from, to *Account) bool {
+// to, the subject's current account, after to's refill due at now (when
+// refills is set): debt, or available capacity to's burst has room for
+// (DrainRoom).
+func drainable(b Book, from, to *Account, refills bool, now time.Time) bool {
 	fromPolicy, ok1 := b.Policy(from.Key.Generation)
 	toPolicy, ok2 := b.Policy(to.Key.Generation)
 	if !ok1 || !ok2 {
@@ -168,11 +186,11 @@ func drainable(b Book, from, to *Account) bool {
 		if j < 0 {
 			continue
 		}
-		src, dst := &from.Balances[i], &to.Balances[j]
+		src := &from.Balances[i]
 		if src.Debt() > 0 {
 			return true
 		}
-		if min(src.Available, moveRoom(toPolicy.Dimensions[j].Burst, dst)) > 0 {
+		if src.Available > 0 && DrainRoom(toPolicy, to, j, refills, now) > 0 {
 			return true
 		}
 	}
@@ -440,7 +458,8 @@ func Drain(b Book, key AccountKey, now time.Time) Result {
 		// refilled to now, has no room for the capacity waiting here):
 		// write nothing. The drain worker tries such an account every
 		// pass; closing its epoch each time wrote a statement per epoch
-		// of balances that never changed. The refill is tried on a copy.
+		// of balances that never changed. The refill is tried on a copy
+		// (DrainRoom).
 		a, _, err := accountFor(b, key)
 		if err != nil {
 			return Result{Err: err}
@@ -448,11 +467,7 @@ func Drain(b Book, key AccountKey, now time.Time) Result {
 		if target == nil {
 			return Result{Err: fmt.Errorf("%w: no current account for %s", ErrNothingToDrain, subject)}
 		}
-		refilled := *target
-		if !active.RolledBack {
-			refillDue(&refilled, active, now)
-		}
-		if !drainable(b, a, &refilled) {
+		if !drainable(b, a, target, !active.RolledBack, now) {
 			return Result{Err: fmt.Errorf("%w: %s holds no available capacity or debt %s can take", ErrNothingToDrain, key, target.Key)}
 		}
 	}
