@@ -681,7 +681,7 @@ func certRefused(e *env, err error) error {
 			return err
 		}
 		var urlErr *url.Error
-		if !errors.As(err, &urlErr) && status.Code(err) != codes.Unavailable || notConnected(err) {
+		if (!errors.As(err, &urlErr) && status.Code(err) != codes.Unavailable) || notConnected(err) {
 			return err
 		}
 	}
