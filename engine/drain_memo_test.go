@@ -208,13 +208,7 @@ func TestDrainWorkerLeavesBlockedGenerationsAlone(t *testing.T) {
 	if waited := clk.Now().Sub(roomAt); waited < 10*time.Minute {
 		t.Fatalf("the room was filled %v after the spend, before the recheck due 16 minutes after the last one", waited)
 	}
-	snapshot, err := st.Snapshot(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, d := range ledger.Audit(snapshot) {
-		t.Errorf("audit: %s", d)
-	}
+	auditClean(t, e)
 }
 
 // A superseded generation whose accounts hold only reservations is not
