@@ -12,6 +12,19 @@ import (
 
 // failingForOf returns the failing_for of each repeat line in logs (the
 // first line of a run has none).
+// clockedFailLog is a failLog of worker logging into logs, on a clock
+// that reads *now, which starts at start.
+func clockedFailLog(worker string) (f *failLog, logs *logcapture.Logs, start time.Time, now *time.Time) {
+	logger, logs := logcapture.New()
+	fl := newFailLog(worker, logger)
+	f = &fl
+	start = time.Date(2026, 12, 5, 0, 0, 0, 0, time.UTC)
+	now = new(time.Time)
+	*now = start
+	f.now = func() time.Time { return *now }
+	return f, logs, start, now
+}
+
 func failingForOf(logs string) []string {
 	var got []string
 	for _, l := range strings.Split(logs, "\n") {
@@ -29,12 +42,8 @@ func failingForOf(logs string) []string {
 // 30 m 30 s, 45 m 30 s, 60 m 30 s), not at every failure as a schedule
 // stepped once per line would make them.
 func TestFailLogCadenceOfRareFailures(t *testing.T) {
-	logger, logs := logcapture.New()
-	f := newFailLog("retention", logger)
-	start := time.Date(2026, 12, 5, 0, 0, 0, 0, time.UTC)
-	now := start
-	f.now = func() time.Time { return now }
-	for ; now.Sub(start) < time.Hour; now = now.Add(5 * time.Minute) {
+	f, logs, start, now := clockedFailLog("retention")
+	for ; now.Sub(start) < time.Hour; *now = now.Add(5 * time.Minute) {
 		f.failed("retention pass", errUnreachable)
 	}
 	want := []string{"5m0s", "10m0s", "20m0s", "35m0s", "50m0s"}
@@ -49,13 +58,9 @@ func TestFailLogCadenceOfRareFailures(t *testing.T) {
 // logs 8 lines in an hour (the first, the new text at 7 s, then the
 // schedule's), not the new text every 30 s.
 func TestFailLogChangedTextKeepsTheCadence(t *testing.T) {
-	logger, logs := logcapture.New()
-	f := newFailLog("lease", logger)
-	start := time.Date(2026, 12, 5, 0, 0, 0, 0, time.UTC)
-	now := start
-	f.now = func() time.Time { return now }
+	f, logs, start, now := clockedFailLog("lease")
 	f.failed("worker lease", errors.New("dial tcp 127.0.0.1:5432: connection refused"))
-	for now = now.Add(7 * time.Second); now.Sub(start) < time.Hour; now = now.Add(7 * time.Second) {
+	for *now = now.Add(7 * time.Second); now.Sub(start) < time.Hour; *now = now.Add(7 * time.Second) {
 		f.failed("worker lease", errUnreachable)
 	}
 	want := []string{"7s", "35s", "1m31s", "3m30s", "7m35s", "15m31s", "30m34s", "45m30s"}
@@ -68,14 +73,10 @@ func TestFailLogChangedTextKeepsTheCadence(t *testing.T) {
 // the oldest failure run still open among a worker's steps, whichever
 // started failing last.
 func TestFailingSinceIsTheOldestOpenRun(t *testing.T) {
-	logger, _ := logcapture.New()
-	f := newFailLog("retention", logger)
-	start := time.Date(2026, 12, 5, 0, 0, 0, 0, time.UTC)
-	now := start
-	f.now = func() time.Time { return now }
+	f, _, start, now := clockedFailLog("retention")
 	steps := []string{"retention shard fence", "retention pass", "retention statements"}
 	for i, step := range steps {
-		now = start.Add(time.Duration(i) * time.Minute)
+		*now = start.Add(time.Duration(i) * time.Minute)
 		f.failed(step, errUnreachable)
 	}
 	for i := range steps {

@@ -320,22 +320,12 @@ func TestFailingWorkerBatchesLogAtTheCadence(t *testing.T) {
 // came a pass late does not put the ones after it later (timed from the
 // last line they came at 35 s, 98 s, 224 s, 469 s, ...).
 func TestFailLogCadenceCountsFromTheFirstFailure(t *testing.T) {
-	logger, logs := logcapture.New()
-	f := newFailLog("lease", logger)
-	start := time.Date(2026, 12, 5, 0, 0, 0, 0, time.UTC)
-	now := start
-	f.now = func() time.Time { return now }
-	for ; now.Sub(start) < time.Hour; now = now.Add(7 * time.Second) {
+	f, logs, start, now := clockedFailLog("lease")
+	for ; now.Sub(start) < time.Hour; *now = now.Add(7 * time.Second) {
 		f.failed("worker lease", errUnreachable)
 	}
-	var got []string
-	for _, l := range strings.Split(logs.String(), "\n") {
-		if _, after, ok := strings.Cut(l, " failing_for="); ok {
-			got = append(got, strings.Fields(after)[0])
-		}
-	}
 	want := []string{"35s", "1m31s", "3m30s", "7m35s", "15m31s", "30m34s", "45m30s"}
-	if fmt.Sprint(got) != fmt.Sprint(want) {
+	if got := failingForOf(logs.String()); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("lines of a step failing every 7 s at failing_for %v, want %v:\n%s", got, want, logs.String())
 	}
 }
