@@ -28,7 +28,8 @@ import (
 
 // jobLine is one line of the executor: "job RES OP TOKENS" (the job is in
 // its durable log), "hang RES OP" (it hangs before calling the work),
-// "recovered ...", "recovery done N".
+// "recovered RES OP TOKENS" (a later run finished it from the log),
+// "recovery done N".
 var jobLine = regexp.MustCompile(`^(job|hang|recovered) (\S+) (\S+)(?: (\d+))?$`)
 
 // executorProcess is one run of the executor; its lines accumulate in
@@ -64,6 +65,13 @@ func (j *jobTable) scan(r io.Reader) {
 			case "hang":
 				j.hung = append(j.hung, m[2])
 			case "recovered":
+				// A kill -9 between the job's durable log entry and its
+				// "job" line leaves a job only its recovery reports: the
+				// truth of what was used is the log, not the lines.
+				n, _ := strconv.ParseInt(m[4], 10, 64)
+				if _, ok := j.tokens[m[2]]; !ok && !slices.Contains(j.hung, m[2]) {
+					j.tokens[m[2]] = n
+				}
 				j.recovered++
 			}
 		}
@@ -272,11 +280,13 @@ func TestResolverSettlesWorkOfKilledExecutors(t *testing.T) {
 	run.kill()
 	time.Sleep(2500 * time.Millisecond)
 
-	// Run 3 only recovers and answers the resolver.
+	// Run 3 only recovers and answers the resolver; its recovery lines
+	// are part of the truth, so wait for all three runs' "recovery done".
 	startExecutor(t, exe, table, rig.execArgs...)
+	recoveries := func() (n int) { table.read(func(j *jobTable) { n = j.recovery }); return }
 	waitUntil(t, 45*time.Second, describe, func() bool {
 		reserved, _ := rig.balances(t)
-		return reserved == 0 && rig.backlog(t) == 0
+		return recoveries() == 3 && reserved == 0 && rig.backlog(t) == 0
 	})
 
 	var want map[string]int64

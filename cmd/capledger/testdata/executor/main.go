@@ -6,7 +6,9 @@
 // their usage for the ledger's resolver to settle.
 //
 // It prints one line per job once the job is durable, "job RES OP TOKENS",
-// which the tests use as the truth of what was used.
+// and one per job a later run recovered, "recovered RES OP TOKENS": a kill
+// between the log entry and the "job" line leaves only the second, so the
+// tests take both as the truth of what was used.
 package main
 
 import (
