@@ -247,7 +247,7 @@ func (c *Core) DrainPager(ctx context.Context, pageSize int, plan func(active le
 			}
 			p.live[pol.Generation] = true
 			for _, d := range pol.Dimensions {
-				if d.RefillUnits > 0 {
+				if d.Refills() {
 					refills[pol.Generation] = true
 				}
 			}

@@ -886,7 +886,7 @@ func newLimitView(p *ledger.Policy, route, unit string) *limitView {
 	v.d = p.Dimensions[v.dim]
 	v.name = route + "-" + v.d.Unit
 	v.quoted = quote(v.name)
-	v.refills = v.d.RefillUnits > 0 && v.d.RefillInterval > 0
+	v.refills = v.d.Refills()
 	v.policyHeader = v.quoted + ";q=" + strconv.FormatInt(v.d.Burst, 10)
 	if v.refills {
 		v.policyHeader += ";w=" + strconv.FormatInt(seconds(untilFull(&v.d, 0)), 10)
@@ -1266,7 +1266,7 @@ var envoyUnits = [...]struct {
 // the burst per year (it never refills). The rate is computed in integers:
 // in floating point a rate just under a whole number can round up to it.
 func currentLimit(d *ledger.Dimension) (rlsv3.RateLimitResponse_RateLimit_Unit, uint32) {
-	if d.RefillUnits <= 0 || d.RefillInterval <= 0 {
+	if !d.Refills() {
 		return rlsv3.RateLimitResponse_RateLimit_YEAR, clamp32(d.Burst)
 	}
 	u := envoyUnits[len(envoyUnits)-1]
@@ -1292,7 +1292,7 @@ func currentLimit(d *ledger.Dimension) (rlsv3.RateLimitResponse_RateLimit_Unit, 
 // ledger.MaxRetryAfter, as the ledger's Retry-After.
 func untilFull(d *ledger.Dimension, level int64) time.Duration {
 	missing := d.Burst - level
-	if missing <= 0 || d.RefillUnits <= 0 || d.RefillInterval <= 0 {
+	if missing <= 0 || !d.Refills() {
 		return 0
 	}
 	intervals := (missing + d.RefillUnits - 1) / d.RefillUnits

@@ -268,7 +268,7 @@ func refillDue(a *Account, p *Policy, now time.Time) (before Balances, minted bo
 	nowNanos := now.UnixNano()
 	for i := 0; i < a.Dims && i < len(p.Dimensions); i++ {
 		d := &p.Dimensions[i]
-		if d.RefillUnits <= 0 {
+		if !d.Refills() {
 			continue
 		}
 		interval := int64(d.RefillInterval)

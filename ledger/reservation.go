@@ -300,7 +300,7 @@ func WholeSeconds(d time.Duration) time.Duration {
 // conservative in that no earlier retry can succeed through refill alone;
 // 0 means refill can never cover it (the policy mints nothing).
 func refillWait(a *Account, d *Dimension, i int, shortfall Units, now time.Time) time.Duration {
-	if d.RefillUnits <= 0 || shortfall <= 0 {
+	if !d.Refills() || shortfall <= 0 {
 		return 0
 	}
 	intervals := (shortfall + d.RefillUnits - 1) / d.RefillUnits

@@ -178,6 +178,16 @@ type Dimension struct {
 	MaxOverdraft Units
 }
 
+// Refills reports whether the dimension mints capacity over time: whole
+// RefillUnits per whole RefillInterval, so it needs both above zero. For a
+// validated policy this is RefillUnits > 0 alone (Validate refuses
+// refillUnits with an interval of 0 or less, and an interval with no units
+// mints nothing); the interval is checked too so that a caller holding an
+// unvalidated or zero Dimension (a console row, a hand-built policy) never
+// divides by a zero interval or counts a negative one. Every decision
+// "does this dimension refill" asks here.
+func (d Dimension) Refills() bool { return d.RefillUnits > 0 && d.RefillInterval > 0 }
+
 // Policy is admissionBudget.v1: one immutable generation of the limits for a
 // subject (or every subject) on a route in a region.
 type Policy struct {

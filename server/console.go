@@ -490,7 +490,7 @@ func standing(a *ledger.Account, p *ledger.Policy, active bool, now time.Time) *
 			RefillInterval: duration(d.RefillInterval), Debt: b.Debt(),
 		}
 		ds.UsedFraction = dimensionUsed(d, b)
-		if ds.Debt > 0 && d.RefillUnits > 0 && d.RefillInterval > 0 {
+		if ds.Debt > 0 && d.Refills() {
 			// Refill mints RefillUnits per whole interval from the refill
 			// cursor on, and minting repays debt before anything else.
 			// A repayment further off than ledger.MaxRetryAfter (about

@@ -32,6 +32,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -144,13 +145,14 @@ func CheckPath(path string) error {
 	return nil
 }
 
-// Open opens (creating if needed) the database file at path, applies the
-// missing schema migrations and returns the store. It returns an error
-// wrapping ErrSchemaTooNew for a file written by a newer binary, and an
-// error for a path the DSN cannot carry, a file that is not a SQLite
-// database, or a filesystem where WAL or synchronous=FULL cannot be set;
-// on a full disk, one naming the directory and its free space that wraps
-// store.ErrUnavailable and syscall.ENOSPC (openFailed).
+// Open opens (creating if needed, mode 0600: createPrivate) the database
+// file at path, applies the missing schema migrations and returns the
+// store. It returns an error wrapping ErrSchemaTooNew for a file written
+// by a newer binary, and an error for a path the DSN cannot carry, a file
+// that is not a SQLite database, or a filesystem where WAL or
+// synchronous=FULL cannot be set; on a full disk, one naming the
+// directory and its free space that wraps store.ErrUnavailable and
+// syscall.ENOSPC (openFailed).
 func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 	cfg := config{busyTimeout: DefaultBusyTimeout, readConns: DefaultReadConns, cacheRows: DefaultCacheRows,
 		subjectFlushAge: DefaultSubjectFlushAge, subjectFlushCount: DefaultSubjectFlushCount, auditCopyPages: defaultAuditCopyPages}
@@ -225,6 +227,7 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open sqlite %s: %w", path, err)
 	}
+	createPrivate(path)
 	setupDB := sql.OpenDB(setupConnector)
 	setupDB.SetMaxOpenConns(1)
 	err = setup(ctx, setupDB)
@@ -260,6 +263,22 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 		return nil, openFailed(path, translate(ctx, err))
 	}
 	return s, nil
+}
+
+// createPrivate creates the database file at path, empty and mode 0600
+// (owner only: it holds tenants' names and usage), when nothing is there:
+// SQLite would create it 0644 less the umask, readable by everyone under
+// the usual 022, and it gives the -wal, -shm and -journal files it makes
+// beside a database the database file's mode. SQLite takes a file of zero
+// bytes for an empty database (setup sees page_count 0, a new file). An
+// existing file, or anything else at path, is left as it is: an operator
+// who set its mode chose it. Any other error is left to SQLite's own open
+// of the file, which meets it too and reports it as Open always has
+// (openFailed names a full disk).
+func createPrivate(path string) {
+	if f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600); err == nil {
+		f.Close()
+	}
 }
 
 // fileFormatPragmas take effect only before the file's first page is
