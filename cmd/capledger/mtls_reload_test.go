@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"os"
 	"path/filepath"
 	"strings"
@@ -100,6 +101,9 @@ func testClientCARotation(t *testing.T, grpcTransport string) {
 	bundle := filepath.Join(t.TempDir(), "client-ca.pem")
 	writeBundle(t, bundle, oldCA)
 	addr, logs, _, _ := serveTLS(t, pki, 1, "--tls-client-ca", bundle, "--grpc-transport", grpcTransport)
+	if !strings.Contains(logs.String(), `msg="tls client certificates required" ca=`+bundle+` certificates=1 cas="CN=capledger old client CA (sha256 `) {
+		t.Fatalf("the start log does not describe the bundle:\n%s", logs.String())
+	}
 	oldClient, newClient := clientPair(t, oldCA, "old gateway"), clientPair(t, newCA, "new gateway")
 	accepted := func(pair tls.Certificate) bool {
 		_, err := mtlsGet(addr, pki.pool, pair, nil)
@@ -129,12 +133,39 @@ func testClientCARotation(t *testing.T, grpcTransport string) {
 		t.Fatalf("the old CA's client did not resume its session (resumed %v): %v", resumed, err)
 	}
 
-	// Step 3: remove the old CA. Its certificates are refused, also when
-	// the client resumes the session it had.
+	// A connection of the old CA's client, kept open.
+	open := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{ForceAttemptHTTP2: true,
+		TLSClientConfig: &tls.Config{RootCAs: pki.pool, Certificates: []tls.Certificate{oldClient}}}}
+	defer open.CloseIdleConnections()
+	getOnOpen := func() (reused bool, err error) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, "https://"+addr+"/healthz", nil)
+		req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+			GotConn: func(info httptrace.GotConnInfo) { reused = info.Reused }}))
+		resp, err := open.Do(req)
+		if err != nil {
+			return false, err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return false, fmt.Errorf("GET /healthz: %s", resp.Status)
+		}
+		return reused, nil
+	}
+	if _, err := getOnOpen(); err != nil {
+		t.Fatal(err)
+	}
+
+	// Step 3: remove the old CA. Its certificates are refused on new
+	// connections, also when the client resumes the session it had; the
+	// connection open before goes on.
 	writeBundle(t, bundle, newCA)
 	waitFor(t, "the old CA's client refused", func() bool { return !accepted(oldClient) }, logs)
 	if resumed, err := mtlsGet(addr, pki.pool, oldClient, oldSessions); err == nil {
 		t.Fatalf("the old CA's client got in after its CA was removed (resumed %v)", resumed)
+	}
+	if reused, err := getOnOpen(); err != nil || !reused {
+		t.Fatalf("the connection open before the old CA was removed: reused %v, %v", reused, err)
 	}
 	if !accepted(newClient) {
 		t.Fatal("the new CA's client is refused after the old CA was removed")
