@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -80,10 +79,12 @@ Flags:
   --tls-client-ca FILE
                       require a client certificate signed by one of the PEM
                       CA certificates in FILE on every connection (mTLS),
-                      probes and metrics included; needs --tls-cert. Read
-                      at start: restart to change it. It authenticates the
-                      connection, not a role: --tokens still decides what a
-                      caller may do
+                      probes and metrics included; needs --tls-cert.
+                      Re-read when it changes, as the --tls-cert pair is:
+                      rotate CAs by replacing it, no restart (a bundle that
+                      fails to load is logged and the previous one kept).
+                      It authenticates the connection, not a role: --tokens
+                      still decides what a caller may do
   --envoy-config FILE serve Envoy's rate limit service (ShouldRateLimit) on
                       the same port, mapping domains and descriptors to
                       subjects, routes and units as FILE says (docs/ENVOY.md)
@@ -318,10 +319,10 @@ func runServe(ctx context.Context, e *env, args []string) error {
 			return usagef("%v", err)
 		}
 	}
-	var clientCAs *x509.CertPool
+	var clientCAs *clientCAReloader
 	if *tlsClientCA != "" {
-		if clientCAs, err = loadCAPool(*tlsClientCA); err != nil {
-			return usagef("--tls-client-ca: %v", err)
+		if clientCAs, err = newClientCAReloader(*tlsClientCA, log); err != nil {
+			return usagef("%v", err)
 		}
 	}
 
@@ -437,9 +438,9 @@ func runServe(ctx context.Context, e *env, args []string) error {
 		httpServer.Protocols = protocols
 		httpServer.TLSConfig = serverTLSConfig(certs, clientCAs)
 		httpServer.ErrorLog = tlsServerErrorLog(log)
-		log.Info("tls certificate", certAttrs(certs.cert.Load().Leaf)...)
+		log.Info("tls certificate", certAttrs(certs.current.Load().Leaf)...)
 		if clientCAs != nil {
-			log.Info("tls client certificates required", "ca", *tlsClientCA)
+			log.Info("tls client certificates required", append([]any{"ca", *tlsClientCA}, clientCAs.current.Load().attrs()...)...)
 		}
 	}
 	// shutdown stops what serves the port, gracefully.
@@ -458,8 +459,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 		if certs != nil {
 			// Front does the handshake; the h2 connections it hands
 			// net/http are decrypted already.
-			front.TLS = httpServer.TLSConfig
-			front.TLS.NextProtos = []string{"h2", "http/1.1"}
+			front.TLS = httpServer.TLSConfig // ALPN: h2, http/1.1
 			httpServer.Protocols.SetUnencryptedHTTP2(true)
 		}
 		shutdown = front.Shutdown
