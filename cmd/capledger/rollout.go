@@ -428,11 +428,13 @@ burst is counted as "blocked by burst", never hidden.
                   then follow the progress)
 
 --rollout NAME undoes the newest step of that rollout (as "capledger rollout
-undo NAME"): its routes go back to shadow mode at once. A rollout step
+undo NAME"): the routes (subjects) that step enforced go back to shadow
+mode at once; a step that enforced nothing new changes no route. A rollout step
 publishes no generation, so there is nothing to drain: holds admitted while
 the step stood settle or expire on the same accounts.
 
-Rollback needs an admin token.
+Rollback, --status and the drain pass need an admin token; --status
+--no-drain only reads (a viewer token may follow).
 
 Example:
   capledger rollback 7 8 --wait
