@@ -202,19 +202,22 @@ func load(t *testing.T, url string, minAcks int64) (stop func(), done func() map
 			}
 		}()
 	}
-	deadline := time.Now().Add(60 * time.Second)
-	for acks.Load() < minAcks && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
-	if acks.Load() < minAcks {
-		t.Fatalf("only %d acknowledgements within a minute", acks.Load())
-	}
 	var once sync.Once
 	stop = func() { once.Do(func() { close(stopped) }) }
 	done = func() map[string]*record {
 		stop()
 		wg.Wait()
 		return records
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for acks.Load() < minAcks && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if acks.Load() < minAcks {
+		// The workers stop first: a worker's t.Errorf after the test
+		// ended would panic and hide this message.
+		done()
+		t.Fatalf("only %d acknowledgements within a minute", acks.Load())
 	}
 	return stop, done
 }
