@@ -202,19 +202,23 @@ func load(t *testing.T, url string, minAcks int64) (stop func(), done func() map
 			}
 		}()
 	}
-	deadline := time.Now().Add(60 * time.Second)
-	for acks.Load() < minAcks && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
-	if acks.Load() < minAcks {
-		t.Fatalf("only %d acknowledgements within a minute", acks.Load())
-	}
 	var once sync.Once
 	stop = func() { once.Do(func() { close(stopped) }) }
 	done = func() map[string]*record {
 		stop()
 		wg.Wait()
 		return records
+	}
+	// A test that fails before done stops the workers too, before the
+	// server (started earlier, so cleaned up later) is killed: a worker's
+	// t.Errorf after the test ended would panic and hide the failure.
+	t.Cleanup(func() { done() })
+	deadline := time.Now().Add(60 * time.Second)
+	for acks.Load() < minAcks && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if acks.Load() < minAcks {
+		t.Fatalf("only %d acknowledgements within a minute", acks.Load())
 	}
 	return stop, done
 }

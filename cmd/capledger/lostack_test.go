@@ -227,31 +227,48 @@ func TestLostStartAnswerOutlivesItsHold(t *testing.T) { onTwoReplicasAndSQLite(t
 
 func testLostStartAnswer(t *testing.T, bin, lossyURL, otherURL string) {
 	lossy := newLossyLink(t, lossyURL)
-	mustPost(t, lossyURL, "PublishPolicy", `{"policy":{"subject":"*","route":"exp","holdTtl":"1s","epochLength":"315360000s",
-	  "dimensions":[{"unit":"tokens","burst":"1000"}]}}`)
 	const subject = "tenant-exp"
-	for id, tokens := range map[string]int{"runs": 300, "idle": 200} {
-		mustPost(t, otherURL, "Reserve", fmt.Sprintf(`{"reservationId":%q,"subject":%q,"route":"exp","units":{"tokens":%d}}`, id, subject, tokens))
-	}
-	start := `{"reservationId":"runs","operationId":"op-runs"}`
-	lossy.lose("Start", start)
 	state := func(id string) any {
 		return asMap(mustPost(t, otherURL, "GetReservation", fmt.Sprintf(`{"reservationId":%q}`, id))["reservation"])["state"]
 	}
-	for deadline := time.Now().Add(30 * time.Second); state("idle") != "RESERVATION_STATE_EXPIRED"; time.Sleep(50 * time.Millisecond) {
+	// The start must land within the hold's TTL of 1 s. A machine that
+	// stalls longer between the reserve and the start lets the expiry come
+	// first (the ledger then refuses the start, rightly), and the rest
+	// would test nothing: then the whole set-up again, on a route of its
+	// own, a few times at most.
+	var route, runs, idle, start string
+	for attempt := 1; ; attempt++ {
+		route, runs, idle = fmt.Sprintf("exp-%d", attempt), fmt.Sprintf("runs-%d", attempt), fmt.Sprintf("idle-%d", attempt)
+		mustPost(t, lossyURL, "PublishPolicy", fmt.Sprintf(`{"policy":{"subject":"*","route":%q,"holdTtl":"1s","epochLength":"315360000s",
+	  "dimensions":[{"unit":"tokens","burst":"1000"}]}}`, route))
+		for id, tokens := range map[string]int{runs: 300, idle: 200} {
+			mustPost(t, otherURL, "Reserve", fmt.Sprintf(`{"reservationId":%q,"subject":%q,"route":%q,"units":{"tokens":%d}}`, id, subject, route, tokens))
+		}
+		start = fmt.Sprintf(`{"reservationId":%q,"operationId":"op-%s"}`, runs, runs)
+		lossy.lose("Start", start)
+		got := state(runs)
+		if got == "RESERVATION_STATE_STARTED" {
+			break
+		}
+		if attempt == 3 {
+			t.Fatalf("the start whose answer was lost left %s %v, in 3 attempts: it never landed within the hold's TTL", runs, got)
+		}
+		t.Logf("attempt %d: the start landed after the hold's TTL (%s is %v): again", attempt, runs, got)
+	}
+	for deadline := time.Now().Add(30 * time.Second); state(idle) != "RESERVATION_STATE_EXPIRED"; time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("the unstarted hold is %v 30 s after its TTL of 1 s", state("idle"))
+			t.Fatalf("the unstarted hold is %v 30 s after its TTL of 1 s", state(idle))
 		}
 	}
 	out := mustPost(t, otherURL, "Start", start)
 	if out["replayed"] != true || asMap(out["reservation"])["state"] != "RESERVATION_STATE_STARTED" {
 		t.Fatalf("start retried after the hold's TTL: %v, want a replay of STARTED", out)
 	}
-	settled := mustPost(t, lossy.url, "Settle", `{"reservationId":"runs","operationId":"op-runs","actualUnits":{"tokens":100}}`)
+	settled := mustPost(t, lossy.url, "Settle", fmt.Sprintf(`{"reservationId":%q,"operationId":"op-%s","actualUnits":{"tokens":100}}`, runs, runs))
 	if got := fmt.Sprint(asMap(settled["refundedUnits"])["tokens"]); got != "200" {
 		t.Errorf("settle of 100 of 300: refunded %s, want 200: %v", got, settled)
 	}
-	tm := routeTerms(t, otherURL, subject, "exp")
+	tm := routeTerms(t, otherURL, subject, route)
 	checkConservation(t, subject, tm)
 	if m := tm["tokens"]; m["available"] != 900 || m["reserved"] != 0 || m["spent"] != 100 {
 		t.Errorf("%s: %v, want available 900, reserved 0, spent 100", subject, m)

@@ -398,6 +398,10 @@ func startGatewayLoad(t *testing.T, url, prefix string, records map[string]*reco
 			}
 		}()
 	}
+	// A test that fails before done stops the gateways too, before the
+	// server (started earlier, so cleaned up later) is killed: a
+	// gateway's t.Errorf after the test ended would panic.
+	t.Cleanup(g.done)
 	return g
 }
 

@@ -88,13 +88,17 @@ func TestResolverLaneStopsAskingWhenLeadershipIsLost(t *testing.T) {
 // the servers, never exceed 12 (the config file's maxInFlight, loaded as
 // serve loads it); and a route that answers at once, whose
 // 30 reservations are marked while the hanging routes hold every slot,
-// still has them all settled within 5 s (a few timeouts): a freed slot goes
-// to the route with the fewest calls out, so it keeps one as long as it
-// has questions instead of queueing behind every hanging route after each
-// answer (which would take over a dozen rounds of timeouts).
+// still has them all settled before four rounds of the hanging calls (48)
+// have ended since they were marked, counted at the hanging server (two
+// rounds seen): a
+// freed slot goes to the route with the fewest calls out, so it keeps one
+// as long as it has questions instead of queueing behind every hanging
+// route after each answer (about two questions per round: some fifteen
+// rounds for 30). Counted in rounds rather than seconds, a machine that
+// stalls cannot fail it: a stall ends at most the one round out.
 func TestResolverGlobalBoundAcrossRoutes(t *testing.T) {
 	const maxInFlight = 12
-	var inFlight, peak atomic.Int64
+	var inFlight, peak, hangEnded atomic.Int64
 	enter := func() {
 		n := inFlight.Add(1)
 		for {
@@ -108,6 +112,7 @@ func TestResolverGlobalBoundAcrossRoutes(t *testing.T) {
 	hanging := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		enter()
 		defer inFlight.Add(-1)
+		defer hangEnded.Add(1)
 		// Hangs until just before the resolver's 1.5 s timeout, then
 		// fails: the server, not the client's timeout, ends each call,
 		// so its count of calls out is exact (a timed-out client's
@@ -149,10 +154,15 @@ func TestResolverGlobalBoundAcrossRoutes(t *testing.T) {
 
 	fast := ids("fast", 30)
 	rig.unknown("fast.route", fast...)
-	marked := time.Now()
-	waitUntil(t, 5*time.Second, func() string { // 1.5-2.7 s seen; a first-come queue asks 7 of 30 in 5 s
+	marked, endedAtMark := time.Now(), hangEnded.Load()
+	const rounds = 4 // 2 seen (1.5-2.8 s); a first-come queue asks 7 of 30 in 5 s (3.5 rounds)
+	waitUntil(t, 60*time.Second, func() string {
 		return fmt.Sprintf("the answering route's 30 reservations to settle while 5 routes hang (%d asked, %v)", fastAsked.Load(), time.Since(marked))
 	}, func() bool {
+		if n := hangEnded.Load() - endedAtMark; n > rounds*maxInFlight {
+			t.Fatalf("%d hanging calls ended since the answering route's 30 reservations were marked (%d rounds of %d) and %d of them were asked, not all settled: it queued behind the hanging routes",
+				n, rounds, maxInFlight, fastAsked.Load())
+		}
 		for _, id := range fast {
 			r, err := rig.e.Reservation(context.Background(), id)
 			if err != nil {
@@ -164,7 +174,8 @@ func TestResolverGlobalBoundAcrossRoutes(t *testing.T) {
 		}
 		return true
 	})
-	t.Logf("answering route settled 30 in %v; peak calls in flight %d (bound %d)", time.Since(marked), peak.Load(), maxInFlight)
+	t.Logf("answering route settled 30 in %v, %d hanging calls ending meanwhile; peak calls in flight %d (bound %d)",
+		time.Since(marked), hangEnded.Load()-endedAtMark, peak.Load(), maxInFlight)
 	// Another round of timeouts under the bound.
 	time.Sleep(2 * time.Second)
 	if p := peak.Load(); p > maxInFlight {

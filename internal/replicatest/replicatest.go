@@ -11,7 +11,9 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"net/url"
@@ -85,17 +87,47 @@ type Replica struct {
 
 // StartReplica starts a replica of the store at dsn with the extra serve
 // flags, waits until it is ready and stops it when the test ends.
+//
+// Its address is found free by FreeAddr, which closes the port again:
+// another process on the machine may bind it before the replica does.
+// The first start then picks another address, up to three times (a
+// restart keeps its address: the clients know it).
 func StartReplica(t testing.TB, bin, dsn string, extra ...string) *Replica {
 	t.Helper()
-	r := &Replica{Addr: FreeAddr(t), t: t, bin: bin, dsn: dsn, extra: extra, dataDir: t.TempDir()}
-	r.Start()
+	r := &Replica{t: t, bin: bin, dsn: dsn, extra: extra, dataDir: t.TempDir()}
 	t.Cleanup(r.Stop)
-	return r
+	for attempt := 1; ; attempt++ {
+		r.Addr = freeAddr(t)
+		err := r.start()
+		if err == nil {
+			return r
+		}
+		if !errors.Is(err, errAddrTaken) || attempt == 3 {
+			t.Fatal(err)
+		}
+		t.Logf("replica: %v; another address", err)
+	}
 }
+
+// freeAddr is FreeAddr; a test of StartReplica replaces it.
+var freeAddr = FreeAddr
+
+// errAddrTaken: the replica could not listen on its address, which
+// another process took after FreeAddr found it free.
+var errAddrTaken = errors.New("its address was taken by another process")
 
 // Start runs the process and waits until it answers /readyz.
 func (r *Replica) Start() {
 	r.t.Helper()
+	if err := r.start(); err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+// start runs the process and waits until it answers /readyz, and
+// /statusz names it (by its pid) as the replica answering: a process
+// that took the address first may answer too.
+func (r *Replica) start() error {
 	r.mu.Lock()
 	args := append([]string{"serve", "--addr", r.Addr, "--store", r.dsn, "--data-dir", r.dataDir, "--log-level", "warn"}, r.extra...)
 	cmd := exec.Command(r.bin, args...)
@@ -103,29 +135,61 @@ func (r *Replica) Start() {
 	cmd.Stdout, cmd.Stderr = &r.Logs, &r.Logs
 	if err := cmd.Start(); err != nil {
 		r.mu.Unlock()
-		r.t.Fatalf("start replica: %v", err)
+		return fmt.Errorf("start replica: %w", err)
 	}
 	exited := make(chan struct{})
 	go func() { cmd.Wait(); close(exited) }()
 	r.cmd, r.exited = cmd, exited
 	r.mu.Unlock()
+	self := fmt.Sprintf("-%d-", cmd.Process.Pid)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		resp, err := http.Get("http://" + r.Addr + "/readyz")
+		err := r.answers(self)
 		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
+			return nil
 		}
 		if r.Exited() {
-			r.t.Fatalf("replica %s exited before it was ready:\n%s", r.Addr, r.Logs.String())
+			logs := r.Logs.String()
+			if strings.Contains(logs, "address already in use") {
+				return fmt.Errorf("replica %s: %w:\n%s", r.Addr, errAddrTaken, logs)
+			}
+			return fmt.Errorf("replica %s exited before it was ready:\n%s", r.Addr, logs)
 		}
 		if time.Now().After(deadline) {
-			r.t.Fatalf("replica %s not ready after 30s: %v\n%s", r.Addr, err, r.Logs.String())
+			return fmt.Errorf("replica %s not ready after 30s: %v\n%s", r.Addr, err, r.Logs.String())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// answers reports (as nil) whether the server at the replica's address
+// is ready and is the process whose holder name contains self.
+func (r *Replica) answers(self string) error {
+	resp, err := http.Get("http://" + r.Addr + "/readyz")
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("/readyz: %s", resp.Status)
+	}
+	resp, err = http.Get("http://" + r.Addr + "/statusz")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	var st struct {
+		Workers struct {
+			Self string `json:"self"`
+		} `json:"workers"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		return fmt.Errorf("/statusz: %s, %w", resp.Status, err)
+	}
+	if !strings.Contains(st.Workers.Self, self) {
+		return fmt.Errorf("another process answers at the address: /statusz names %q, not pid %s", st.Workers.Self, strings.Trim(self, "-"))
+	}
+	return nil
 }
 
 // Kill ends the process with SIGKILL: no graceful shutdown, batches in
