@@ -335,3 +335,32 @@ func TestDrainWorkerFindsCapacityASwitchLeftDuringTheScan(t *testing.T) {
 	r.waitDrained(ledger.AccountKey{Subject: "tenant-7", Route: "chat.generate", Region: "eu", Generation: 1})
 	auditClean(t, e)
 }
+
+// A key whose only generation was rolled back leaves its subject with
+// no deciding policy: the drain worker finds nothing to drain there and
+// takes the generation for settled. Publishing the key again adds a key
+// to the active generations (none of the others change); the worker
+// must read the generation again then, and drain what it holds into the
+// new generation without waiting for the subject to come back.
+func TestDrainWorkerReadsAgainWhenARolledBackKeyIsPublished(t *testing.T) {
+	r := newDrainMemoRig(t, memstore.New())
+	ctx, e := r.ctx, r.e
+	// Another key stays active throughout: the active set is never empty.
+	other := ledger.Policy{Key: ledger.PolicyKey{Subject: ledger.AnySubject, Route: "embed", Region: "eu"},
+		Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: 10}}}.WithDefaults()
+	r.do(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &other})
+	key := ledger.PolicyKey{Subject: "tenant-7", Route: "chat.generate", Region: "eu"}
+	publish := func() {
+		p := ledger.Policy{Key: key, Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: 100}}}.WithDefaults()
+		r.do(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p})
+	}
+	publish()                       // generation 2
+	r.spend(reserveCmd("some", 40)) // 60 stay available
+	r.do(ledger.Command{Kind: ledger.KindRollbackPolicy, PolicyKey: key, Generation: 2})
+	e.runEpochs(ctx) // nothing decides for tenant-7: nothing to drain
+	r.clk.Advance(time.Minute)
+	e.runEpochs(ctx)
+	publish() // generation 3 decides again, with room for the 60
+	r.waitDrained(ledger.AccountKey{Subject: "tenant-7", Route: "chat.generate", Region: "eu", Generation: 2})
+	auditClean(t, e)
+}
