@@ -335,3 +335,70 @@ func TestDrainWorkerFindsCapacityASwitchLeftDuringTheScan(t *testing.T) {
 	r.waitDrained(ledger.AccountKey{Subject: "tenant-7", Route: "chat.generate", Region: "eu", Generation: 1})
 	auditClean(t, e)
 }
+
+// A key whose only generation was rolled back leaves its subject with
+// no deciding policy: the drain worker finds nothing to drain there and
+// takes the generation for settled. Publishing the key again adds a key
+// to the active generations (none of the others change); the worker
+// must read the generation again then, and drain what it holds into the
+// new generation without waiting for the subject to come back.
+func TestDrainWorkerReadsAgainWhenARolledBackKeyIsPublished(t *testing.T) {
+	r := newDrainMemoRig(t, memstore.New())
+	ctx, e := r.ctx, r.e
+	// Another key stays active throughout: the active set is never empty.
+	other := ledger.Policy{Key: ledger.PolicyKey{Subject: ledger.AnySubject, Route: "embed", Region: "eu"},
+		Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: 10}}}.WithDefaults()
+	r.do(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &other})
+	key := ledger.PolicyKey{Subject: "tenant-7", Route: "chat.generate", Region: "eu"}
+	publish := func() {
+		p := ledger.Policy{Key: key, Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: 100}}}.WithDefaults()
+		r.do(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p})
+	}
+	publish()                       // generation 2
+	r.spend(reserveCmd("some", 40)) // 60 stay available
+	r.do(ledger.Command{Kind: ledger.KindRollbackPolicy, PolicyKey: key, Generation: 2})
+	e.runEpochs(ctx) // nothing decides for tenant-7: nothing to drain
+	r.clk.Advance(time.Minute)
+	e.runEpochs(ctx)
+	publish() // generation 3 decides again, with room for the 60
+	r.waitDrained(ledger.AccountKey{Subject: "tenant-7", Route: "chat.generate", Region: "eu", Generation: 2})
+	auditClean(t, e)
+}
+
+// A subject's account under a newer generation that was rolled back does
+// not mean the subject moved on: the rollback sent it back to the older
+// generation's account, which is current again and refills lazily. Once
+// a newer generation supersedes that one and the subject comes back, the
+// switch leaves there what the new burst has no room for; the worker
+// must find it (the account read empty while the subject stayed away).
+func TestDrainWorkerFindsCapacityLeftAfterTheSubjectCameBackFromARollback(t *testing.T) {
+	r := newDrainMemoRig(t, memstore.New())
+	ctx, clk, e := r.ctx, r.clk, r.e
+	touch := func(id string) { // a reserve and release: switches tenant-7
+		r.do(reserveCmd(id, 1))
+		r.do(ledger.Command{Kind: ledger.KindRelease, ReservationID: id})
+	}
+	// Generation 1 refills up to 100, one unit every 6 seconds (a refill
+	// of a single unit refills too).
+	r.publish(ledger.Dimension{Unit: "tokens", Burst: 100, RefillUnits: 1, RefillInterval: 6 * time.Second})
+	touch("g1")
+	r.publish(ledger.Dimension{Unit: "tokens", Burst: 100}) // generation 2
+	touch("g2")                                             // tenant-7 switches to generation 2
+	r.do(ledger.Command{Kind: ledger.KindRollbackPolicy, PolicyKey: ledger.PolicyKey{Subject: ledger.AnySubject, Route: "chat.generate", Region: "eu"}, Generation: 2})
+	touch("back") // and back to generation 1, which decides again
+	r.spend(reserveCmd("all", 100))
+	// Generation 3 bursts 50 and never refills; tenant-7 stays away.
+	r.publish(ledger.Dimension{Unit: "tokens", Burst: 50})
+	e.runEpochs(ctx) // generation 1: one empty account, no reservation
+	clk.Advance(20 * time.Minute)
+	e.runEpochs(ctx)
+	// tenant-7 comes back: the switch refills generation 1 to 100 and
+	// moves 50; 50 stay behind. It spends 50 under generation 3: room.
+	r.spend(reserveCmd("later", 50))
+	old := ledger.AccountKey{Subject: "tenant-7", Route: "chat.generate", Region: "eu", Generation: 1}
+	if a, err := e.core.store.AccountGet(ctx, old); err != nil || a.Balances[0].Available == 0 {
+		t.Fatalf("%s after the switch: %+v, %v; want capacity left behind", old, a.Balances[0], err)
+	}
+	r.waitDrained(old)
+	auditClean(t, e)
+}

@@ -152,6 +152,12 @@ func TestPolicyCacheStaysBoundedPerKey(t *testing.T) {
 			t.Fatalf("get(%d): %+v, %v", 1+i/2, old, err)
 		}
 		largest = max(largest, size())
+		cache.mu.RLock()
+		older := len(cache.older)
+		cache.mu.RUnlock()
+		if older > olderPolicies {
+			t.Fatalf("after generation %d the cache holds %d older policies, want at most %d", g, older, olderPolicies)
+		}
 	}
 	t.Logf("%d generations of %d keys: at most %d policies held", generations, keys, largest)
 	if largest > 3*keys+olderPolicies {
