@@ -505,6 +505,15 @@ func runRollback(ctx context.Context, e *env, args []string) error {
 	}
 	deadline := time.Now().Add(*maxWait)
 	var bar drainBar
+	// The first poll's drain pass moves capacity before it answers, so a
+	// bar measured from that answer never counts what it moved: with
+	// --wait the bar starts from a read-only poll taken first (shown
+	// nowhere; if it fails, the bar starts from the first answer).
+	if *wait && !*noDrain {
+		if msg, err := unary(ctx, cf.timeout, client.DrainProgress, &v1.DrainProgressRequest{Generations: gens}); err == nil {
+			bar.start(msg)
+		}
+	}
 	for {
 		msg, err := unary(ctx, cf.timeout, client.DrainProgress, &v1.DrainProgressRequest{Generations: gens, RunDrains: !*noDrain})
 		if err != nil {
@@ -622,24 +631,33 @@ func drainLeft(msg *v1.DrainProgressResponse) int64 {
 // moves back (after a rise it holds until the drain passes it again), and
 // it is full only once DrainProgress says drained. The line says by how
 // much the units left rose since the last poll, so a larger figure there
-// reads as new units, not as the drain undone.
+// reads as new units, not as the drain undone. A start (a read before the
+// first drain pass) counts what that pass moves as drained.
 type drainBar struct {
-	polled  bool  // a poll has answered
-	left    int64 // units left at the last poll
+	polled  bool  // a poll has answered (a start is no poll)
+	started bool  // start noted the units left before the first poll
+	left    int64 // units left at the last poll (or the start)
 	drained int64 // the falls of units left between polls, summed
 	done    int   // cells of the bar filled on the last line
 }
 
 const drainBarWidth = 30
 
+// start notes msg, a read-only answer taken before the first poll, as
+// where the bar begins. It draws nothing, and a rise after it is not
+// noted (no line was shown for it).
+func (b *drainBar) start(msg *v1.DrainProgressResponse) {
+	b.started, b.left = true, drainLeft(msg)
+}
+
 // line notes msg, a poll's answer, and returns its progress line.
 func (b *drainBar) line(msg *v1.DrainProgressResponse) string {
 	left := drainLeft(msg)
 	var rose int64
-	if b.polled {
+	if b.polled || b.started {
 		if left < b.left {
 			b.drained += b.left - left
-		} else {
+		} else if b.polled {
 			rose = left - b.left
 		}
 	}

@@ -606,6 +606,45 @@ func TestDrainBarNeverRunsBackwards(t *testing.T) {
 	}
 }
 
+// `rollback GEN --wait`'s bar starts from a read taken before the first
+// poll's drain pass: it measured from that poll's answer, after the pass
+// had moved the debt, so what the first drain moved never showed (200
+// units left before, 100 after, and the bar at 0%).
+func TestRollbackWaitBarCountsTheFirstDrain(t *testing.T) {
+	url := startInProcess(t)
+	dir := t.TempDir()
+	run := func(want int, args ...string) (string, string) {
+		t.Helper()
+		code, out, errOut := cli(t, url, args...)
+		wantExit(t, want, code, out, errOut)
+		return out, errOut
+	}
+	for _, mode := range []string{"shadow", "enforce"} { // generations 1 and 2
+		path := filepath.Join(dir, mode+".yaml")
+		body := "subject: \"*\"\nroute: chat.generate\nrollout: " + mode + "\nholdTTL: 1h\n" +
+			"dimensions:\n  - unit: tokens\n    burst: 1000\n    refillUnits: 1\n    refillInterval: 1h\n    maxOverdraft: 1000\n"
+		if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		run(exitOK, "policy", "publish", path)
+	}
+	reserve := func(id, n string) {
+		run(exitOK, "reserve", "--subject", "tenant-7", "--route", "chat.generate", "--units", "tokens="+n, "--id", id)
+	}
+	reserve("hold", "100") // stays reserved: the drain cannot move it
+	reserve("over", "100")
+	run(exitOK, "start", "--id", "over", "--operation", "op-over")
+	// 1000 against a hold of 100: 800 from available, 100 as debt, which
+	// the first drain moves to generation 1.
+	run(exitOK, "settle", "--id", "over", "--operation", "op-over", "--units", "tokens=1000")
+
+	_, errOut := run(exitConflict, "rollback", "2", "--wait", "--max-wait", "0", "--interval", "1ms")
+	first, _, _ := strings.Cut(errOut, "\n")
+	if !strings.Contains(first, "]  50%  100 units left, ") {
+		t.Errorf("the first progress line does not count what the first drain moved:\n%s", errOut)
+	}
+}
+
 // The progress line's counts agree with their nouns: "1 shard open",
 // "0 shards open", "1 drain command", "2 drain commands".
 func TestDrainLineCountsAgreeWithTheirNouns(t *testing.T) {
