@@ -96,6 +96,24 @@ func (r *drainMemoRig) waitDrained(old ledger.AccountKey) {
 	}
 }
 
+// comeBackAfterIdle is tenant-7 staying away from an emptied account of
+// generation 1 (refilling to 100) for 20 minutes of drain passes, then
+// coming back and spending 50 under the newest generation (burst 50):
+// the switch refills generation 1 and moves 50, so 50 stay behind, which
+// the worker must drain within DrainRecheckMax (waitDrained).
+func (r *drainMemoRig) comeBackAfterIdle(id string) {
+	r.t.Helper()
+	r.e.runEpochs(r.ctx) // generation 1: one empty account, no reservation
+	r.clk.Advance(20 * time.Minute)
+	r.e.runEpochs(r.ctx)
+	r.spend(reserveCmd(id, 50))
+	old := ledger.AccountKey{Subject: "tenant-7", Route: "chat.generate", Region: "eu", Generation: 1}
+	if a, err := r.e.core.store.AccountGet(r.ctx, old); err != nil || a.Balances[0].Available == 0 {
+		r.t.Fatalf("%s after the switch: %+v, %v; want capacity left behind", old, a.Balances[0], err)
+	}
+	r.waitDrained(old)
+}
+
 // Superseded generations whose accounts hold capacity the deciding
 // account's burst has no room for are not read and drained again every
 // pass: the drain worker's reads and commands over idle passes stop
@@ -275,17 +293,7 @@ func TestDrainWorkerFindsCapacityASwitchLeftOnAnEmptyCurrentAccount(t *testing.T
 			r.spend(reserveCmd("all", 100))
 			// Generation 2 bursts 50 and never refills; tenant-7 stays away.
 			publish(ledger.Dimension{Unit: "tokens", Burst: 50})
-			e.runEpochs(ctx) // generation 1: one empty account, no reservation
-			clk.Advance(20 * time.Minute)
-			e.runEpochs(ctx)
-			// tenant-7 comes back: the switch refills generation 1 to 100 and
-			// moves 50; 50 stay behind. It spends 50 under generation 2: room.
-			r.spend(reserveCmd("back", 50))
-			old := ledger.AccountKey{Subject: "tenant-7", Route: "chat.generate", Region: "eu", Generation: 1}
-			if a, err := e.core.store.AccountGet(ctx, old); err != nil || a.Balances[0].Available == 0 {
-				t.Fatalf("%s after the switch: %+v, %v; want capacity left behind", old, a.Balances[0], err)
-			}
-			r.waitDrained(old)
+			r.comeBackAfterIdle("back") // 50 left behind on generation 1, then drained
 			// Now that tenant-7 has moved on, generation 1 holds nothing that can
 			// grow: it settles and is not read again.
 			clk.Advance(time.Minute)
@@ -373,7 +381,6 @@ func TestDrainWorkerReadsAgainWhenARolledBackKeyIsPublished(t *testing.T) {
 // must find it (the account read empty while the subject stayed away).
 func TestDrainWorkerFindsCapacityLeftAfterTheSubjectCameBackFromARollback(t *testing.T) {
 	r := newDrainMemoRig(t, memstore.New())
-	ctx, clk, e := r.ctx, r.clk, r.e
 	touch := func(id string) { // a reserve and release: switches tenant-7
 		r.do(reserveCmd(id, 1))
 		r.do(ledger.Command{Kind: ledger.KindRelease, ReservationID: id})
@@ -389,16 +396,6 @@ func TestDrainWorkerFindsCapacityLeftAfterTheSubjectCameBackFromARollback(t *tes
 	r.spend(reserveCmd("all", 100))
 	// Generation 3 bursts 50 and never refills; tenant-7 stays away.
 	r.publish(ledger.Dimension{Unit: "tokens", Burst: 50})
-	e.runEpochs(ctx) // generation 1: one empty account, no reservation
-	clk.Advance(20 * time.Minute)
-	e.runEpochs(ctx)
-	// tenant-7 comes back: the switch refills generation 1 to 100 and
-	// moves 50; 50 stay behind. It spends 50 under generation 3: room.
-	r.spend(reserveCmd("later", 50))
-	old := ledger.AccountKey{Subject: "tenant-7", Route: "chat.generate", Region: "eu", Generation: 1}
-	if a, err := e.core.store.AccountGet(ctx, old); err != nil || a.Balances[0].Available == 0 {
-		t.Fatalf("%s after the switch: %+v, %v; want capacity left behind", old, a.Balances[0], err)
-	}
-	r.waitDrained(old)
-	auditClean(t, e)
+	r.comeBackAfterIdle("later") // 50 left behind on generation 1, then drained
+	auditClean(t, r.e)
 }
