@@ -62,6 +62,10 @@ func TestEndpointsAnswerOtherMethodsWith405(t *testing.T) {
 			if r.status != http.StatusMethodNotAllowed || r.header.Get("Allow") != "GET, HEAD" {
 				t.Errorf("%s %s: %d Allow %q %q, want 405 Allow \"GET, HEAD\"", method, path, r.status, r.header.Get("Allow"), r.raw)
 			}
+			// The text says what Allow says, for whoever reads the body alone.
+			if want := "method not allowed: " + method + " " + path + " answers GET and HEAD\n"; string(r.raw) != want {
+				t.Errorf("%s %s: body %q, want %q", method, path, r.raw, want)
+			}
 		}
 		req, _ := http.NewRequest("GET", h.url+path, nil)
 		if r := h.do(req); r.status != http.StatusOK {

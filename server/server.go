@@ -421,7 +421,7 @@ func methodsHint(path string) string {
 // Allow: GET, HEAD (as the console's files answer).
 func getOnly(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Allow", "GET, HEAD")
-	http.Error(w, "method not allowed: "+r.Method+" "+r.URL.Path+" answers GET", http.StatusMethodNotAllowed)
+	http.Error(w, "method not allowed: "+r.Method+" "+r.URL.Path+" answers GET and HEAD", http.StatusMethodNotAllowed)
 }
 
 // healthz answers 200 while the process is alive.
