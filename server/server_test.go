@@ -513,6 +513,7 @@ func TestErrorMapping(t *testing.T) {
 		{"long id", "GetReservation", `{"reservationId":"` + strings.Repeat("x", 300) + `"}`, 400, "invalid_argument", server.ReasonInvalidCommand},
 		{"any subject", "Reserve", `{"reservationId":"star","subject":"*","route":"chat.generate","units":{"tokens":1}}`, 400, "invalid_argument", server.ReasonInvalidCommand},
 		{"unknown unit", "Reserve", `{"reservationId":"u","subject":"tenant-7","route":"chat.generate","units":{"gpus":1}}`, 400, "invalid_argument", server.ReasonUnknownUnit},
+		{"unknown unit at 0", "Reserve", `{"reservationId":"u0","subject":"tenant-7","route":"chat.generate","units":{"tokens":1,"gpus":0}}`, 400, "invalid_argument", server.ReasonUnknownUnit},
 		{"unknown unit settle", "Settle", `{"reservationId":"started","operationId":"op-1","actualUnits":{"gpus":1}}`, 400, "invalid_argument", server.ReasonUnknownUnit},
 		{"invalid policy", "PublishPolicy", `{"policy":{"subject":"s","route":"r","dimensions":[{"unit":"tokens","burst":"0"}]}}`, 400, "invalid_argument", server.ReasonInvalidPolicy},
 		{"invalid duration", "PublishPolicy", `{"policy":{"subject":"s","route":"r","holdTtl":"-5s","dimensions":[{"unit":"tokens","burst":"5"}]}}`, 400, "invalid_argument", server.ReasonInvalidPolicy},
