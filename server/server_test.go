@@ -580,7 +580,13 @@ func TestShadowRejectionIsNotAnError(t *testing.T) {
 	// rejection would promise no Retry-After).
 	h.ok("Start", `{"reservationId":"s1","operationId":"op"}`, "")
 	h.ok("Settle", `{"reservationId":"s1","operationId":"op","actualUnits":{"tokens":80}}`, "")
-	res = h.ok("Reserve", `{"reservationId":"s2","subject":"t1","route":"embed","units":{"tokens":80}}`, "")
+	r := h.call("Reserve", `{"reservationId":"s2","subject":"t1","route":"embed","units":{"tokens":80}}`, "")
+	// A 200 sends no Retry-After header: the wait is in the body alone
+	// (API.md, "Retry-After").
+	if r.status != http.StatusOK || r.header.Get("Retry-After") != "" {
+		t.Fatalf("shadow rejection: %d, Retry-After %q: %s", r.status, r.header.Get("Retry-After"), r.raw)
+	}
+	res = r.body
 	if res["shadowRejected"] != true || res["reservation"] != nil ||
 		field(res, "shadowRejection", "reason") != server.ReasonInsufficientCapacity ||
 		field(res, "shadowRejection", "limitingDimension") != "tokens" || field(res, "shadowRejection", "retryAfter") != "6s" {
