@@ -765,7 +765,7 @@ func (e *Engine) AccountsInDebt(ctx context.Context, f store.DebtFilter, keep fu
 	now := e.opts.Clock()
 	// Every debtor's refill needs the policies: read them once per call,
 	// when a first row needs them, not once per debtor.
-	var policies []ledger.Policy
+	var policies *policyIndex
 	budget := maxDebtScans * f.Limit // stored rows this call may still read
 	for range maxDebtScans {
 		if budget == 0 {
@@ -795,8 +795,8 @@ func (e *Engine) AccountsInDebt(ctx context.Context, f store.DebtFilter, keep fu
 		refilled := make(map[ledger.PolicyKey]bool, len(subjects))
 		if len(subjects) > 0 {
 			if policies == nil {
-				if policies, err = e.core.store.PolicyList(ctx); err != nil {
-					return nil, ledger.AccountKey{}, false, fmt.Errorf("policies: %w", err)
+				if policies, err = e.readPolicyIndex(ctx); err != nil {
+					return nil, ledger.AccountKey{}, false, err
 				}
 			}
 			accounts, err := e.core.store.AccountsOfSubjects(ctx, subjects)
@@ -818,7 +818,7 @@ func (e *Engine) AccountsInDebt(ctx context.Context, f store.DebtFilter, keep fu
 			}
 			subject := key.SubjectKey()
 			if !refilled[subject] {
-				shown, err := refilledAsShown(ofSubject[subject], policies, now)
+				shown, err := refilledAsShown(ofSubject[subject], policies.byGeneration, policies.active.Deciding, now)
 				if err != nil {
 					return nil, ledger.AccountKey{}, false, err
 				}
@@ -846,11 +846,36 @@ func (e *Engine) Accounts(ctx context.Context, subject ledger.PolicyKey) ([]ledg
 	if err != nil {
 		return nil, err
 	}
-	all, err := e.core.store.PolicyList(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("policies: %w", err)
+	if len(accounts) == 0 {
+		return accounts, nil
 	}
-	return refilledAsShown(accounts, all, e.opts.Clock())
+	// The subject's own generations and what decides for it (its key's
+	// head, else its route's "*" one): a few rows, however many policies
+	// other subjects have.
+	byGeneration := make(map[uint64]*ledger.Policy, len(accounts))
+	for i := range accounts {
+		g := accounts[i].Key.Generation
+		if _, ok := byGeneration[g]; ok {
+			continue
+		}
+		p, err := e.core.store.PolicyGet(ctx, g)
+		if err != nil {
+			return nil, fmt.Errorf("policy %d: %w", g, err)
+		}
+		byGeneration[g] = &p
+	}
+	var headErr error
+	deciding, decides := ledger.DecidingGeneration(subject, func(key ledger.PolicyKey) (uint64, bool) {
+		h, err := e.core.store.PolicyHead(ctx, key)
+		if err != nil && !errors.Is(err, store.ErrNotFound) {
+			headErr = errors.Join(headErr, fmt.Errorf("policy head %s: %w", key, err))
+		}
+		return h.Active, err == nil
+	})
+	if headErr != nil {
+		return nil, headErr
+	}
+	return refilledAsShown(accounts, byGeneration, func(ledger.PolicyKey) (uint64, bool) { return deciding, decides }, e.opts.Clock())
 }
 
 // AccountsPage returns the accounts after the subject key of after (the
@@ -886,24 +911,43 @@ func (e *Engine) AccountsPage(ctx context.Context, after ledger.AccountKey, limi
 	if len(page) > 0 {
 		next = page[len(page)-1].Key
 	}
-	all, err := e.core.store.PolicyList(ctx)
+	policies, err := e.readPolicyIndex(ctx)
 	if err != nil {
-		return nil, after, false, fmt.Errorf("policies: %w", err)
+		return nil, after, false, err
 	}
-	shown, err := refilledAsShown(page, all, e.opts.Clock())
+	shown, err := refilledAsShown(page, policies.byGeneration, policies.active.Deciding, e.opts.Clock())
 	return shown, next, more, err
 }
 
-// refilledAsShown applies to accounts, one subject's (every generation),
-// the refill due up to now, given every published policy (all): what
-// Accounts shows. It returns store.ErrNotFound (wrapped) for an account
-// whose generation all does not hold.
-func refilledAsShown(accounts []ledger.Account, all []ledger.Policy, now time.Time) ([]ledger.Account, error) {
+// policyIndex is every published policy by generation, and the active
+// generation of every key: what refilledAsShown needs for accounts of
+// many subjects at once.
+type policyIndex struct {
+	byGeneration map[uint64]*ledger.Policy
+	active       ledger.ActiveGenerations
+}
+
+// readPolicyIndex reads every policy (one read of all of them, however
+// few the accounts it is for: see docs/PERFORMANCE.md on many policies).
+func (e *Engine) readPolicyIndex(ctx context.Context) (*policyIndex, error) {
+	all, err := e.core.store.PolicyList(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("policies: %w", err)
+	}
 	byGeneration := make(map[uint64]*ledger.Policy, len(all))
 	for i := range all {
 		byGeneration[all[i].Generation] = &all[i]
 	}
-	active := ledger.NewActiveGenerations(all)
+	return &policyIndex{byGeneration: byGeneration, active: ledger.NewActiveGenerations(all)}, nil
+}
+
+// refilledAsShown applies to accounts, whole subject keys (every
+// generation of each), the refill due up to now, given the policies of
+// their generations (byGeneration) and the generation that decides for
+// each subject (deciding, as ledger.DecidingGeneration): what Accounts
+// shows. It returns store.ErrNotFound (wrapped) for an account whose
+// generation byGeneration does not hold.
+func refilledAsShown(accounts []ledger.Account, byGeneration map[uint64]*ledger.Policy, deciding func(ledger.PolicyKey) (uint64, bool), now time.Time) ([]ledger.Account, error) {
 	policies := make([]*ledger.Policy, len(accounts))
 	// The account holding a subject's capacity, the only one shown
 	// refilled, is the deciding generation's (ledger.DecidingGeneration).
@@ -924,7 +968,7 @@ func refilledAsShown(accounts []ledger.Account, all []ledger.Policy, now time.Ti
 	}
 	for i := range accounts {
 		subject := accounts[i].Key.SubjectKey()
-		if g, ok := active.Deciding(subject); ok && g == accounts[i].Key.Generation {
+		if g, ok := deciding(subject); ok && g == accounts[i].Key.Generation {
 			current[subject] = g
 		}
 	}
@@ -945,6 +989,18 @@ func refilledAsShown(accounts []ledger.Account, all []ledger.Policy, now time.Ti
 // Policies returns every published generation, oldest first.
 func (e *Engine) Policies(ctx context.Context) ([]ledger.Policy, error) {
 	return e.core.store.PolicyList(ctx)
+}
+
+// PoliciesAfter returns the generations newer than generation, oldest
+// first.
+func (e *Engine) PoliciesAfter(ctx context.Context, generation uint64) ([]ledger.Policy, error) {
+	return e.core.store.PolicyListAfter(ctx, generation)
+}
+
+// PolicyHead returns a policy key's head (store.ErrNotFound when the key
+// never had a policy).
+func (e *Engine) PolicyHead(ctx context.Context, key ledger.PolicyKey) (ledger.PolicyHead, error) {
+	return e.core.store.PolicyHead(ctx, key)
 }
 
 // Policy returns one generation (store.ErrNotFound when unknown).

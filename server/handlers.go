@@ -204,22 +204,31 @@ func (s *Server) PublishPolicy(ctx context.Context, req *connect.Request[v1.Publ
 	if res.Err != nil {
 		return nil, s.outcomeError(ctx, &res)
 	}
-	all, err := s.policies.refresh(ctx)
+	// Read back the generation and its key's head, two rows, and take the
+	// generation into the cache: a reload of every policy here made
+	// publishing N policies cost N^2 policy reads.
+	stored, active, err := s.policyAndActive(ctx, res.Generation)
 	if err != nil {
 		return nil, appliedErrorAdvising("publish policy: read back",
 			"read it with GetPolicy rather than publishing again (the same terms replay only while their generation is active)", err)
 	}
-	active := ledger.NewActiveGenerations(all)
-	for i := range all {
-		if all[i].Generation == res.Generation {
-			s.log.Info("policy published", "generation", res.Generation, "key", all[i].Key.String(), "replayed", res.Replayed)
-			return connect.NewResponse(&v1.PublishPolicyResponse{
-				Policy:   PolicyProto(&all[i], active[all[i].Key] == all[i].Generation),
-				Replayed: res.Replayed,
-			}), nil
-		}
+	s.policies.published(stored)
+	s.log.Info("policy published", "generation", res.Generation, "key", stored.Key.String(), "replayed", res.Replayed)
+	return connect.NewResponse(&v1.PublishPolicyResponse{Policy: PolicyProto(&stored, active), Replayed: res.Replayed}), nil
+}
+
+// policyAndActive reads generation from the store and whether it is its
+// key's active one now: two rows, however many policies there are.
+func (s *Server) policyAndActive(ctx context.Context, generation uint64) (ledger.Policy, bool, error) {
+	p, err := s.ledger.Policy(ctx, generation)
+	if err != nil {
+		return p, false, err
 	}
-	return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("publish policy: generation %d not found after commit", res.Generation))
+	head, err := s.ledger.PolicyHead(ctx, p.Key)
+	if err != nil {
+		return p, false, fmt.Errorf("policy head %s: %w", p.Key, err)
+	}
+	return p, head.Active == generation, nil
 }
 
 // GetPolicy implements LedgerService.GetPolicy.
@@ -228,21 +237,18 @@ func (s *Server) GetPolicy(ctx context.Context, req *connect.Request[v1.GetPolic
 	if cerr := checkGeneration("generation", generation); cerr != nil {
 		return nil, cerr
 	}
-	all, err := s.policies.refresh(ctx)
+	p, active, err := s.policyAndActive(ctx, generation)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, notFound(ReasonPolicyNotFound, strconv.FormatUint(generation, 10))
+	}
 	if err != nil {
 		return nil, readError("get policy", ReasonPolicyNotFound, err)
 	}
-	active := ledger.NewActiveGenerations(all)
-	for i := range all {
-		if all[i].Generation != generation {
-			continue
-		}
-		if inPolicyScope(ctx, all[i].Key) {
-			return connect.NewResponse(&v1.GetPolicyResponse{Policy: s.policyWithModeNow(ctx, &all[i], active[all[i].Key] == generation)}), nil
-		}
+	if !inPolicyScope(ctx, p.Key) {
 		s.logOutOfScope(ctx, "get policy", "generation", generation)
+		return nil, notFound(ReasonPolicyNotFound, strconv.FormatUint(generation, 10))
 	}
-	return nil, notFound(ReasonPolicyNotFound, strconv.FormatUint(generation, 10))
+	return connect.NewResponse(&v1.GetPolicyResponse{Policy: s.policyWithModeNow(ctx, &p, active)}), nil
 }
 
 // ListPolicies implements LedgerService.ListPolicies.
@@ -428,7 +434,7 @@ func (s *Server) mapActive(ctx context.Context, key ledger.PolicyKey, field stri
 		mapped, unitErr = amounts(&p, field, units)
 	}
 	if !ok || unitErr != nil {
-		if err := s.policies.refreshForMiss(ctx); err != nil {
+		if err := s.policies.refreshForMiss(ctx, key); err != nil {
 			return p, mapped, nil, notSentError(call+": policies", ReasonNoPolicy, err)
 		}
 		if p, ok = s.policies.active(key); ok {

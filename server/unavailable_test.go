@@ -103,20 +103,12 @@ func TestUnavailableSettleSaysNotApplied(t *testing.T) {
 	}
 }
 
-// policyFailingStore fails policy reads while fail is set: the read a
-// server makes to build a receipt's answer after the command committed.
+// policyFailingStore fails committed policy reads while fail is set: the
+// read a server makes to build a receipt's answer, or a publish's, after
+// the command committed (a transaction's reads do not fail).
 type policyFailingStore struct {
 	store.Store
 	fail atomic.Bool
-	// failList fails PolicyList (the read back a publish answers from).
-	failList atomic.Bool
-}
-
-func (s *policyFailingStore) PolicyList(ctx context.Context) ([]ledger.Policy, error) {
-	if s.failList.Load() {
-		return nil, fmt.Errorf("%w: list policies: connection reset by peer", store.ErrUnavailable)
-	}
-	return s.Store.PolicyList(ctx)
 }
 
 // newPolicyFailingHarness is a harness whose engine's store fails policy
@@ -170,14 +162,14 @@ func TestAnswerFailingAfterCommitSaysApplied(t *testing.T) {
 // (having no id to retry by) to read the policy rather than publish again.
 func TestPublishFailingAfterCommitSaysReadItBack(t *testing.T) {
 	h, failing := newPolicyFailingHarness(t)
-	failing.failList.Store(true)
+	failing.fail.Store(true)
 	r := h.call("PublishPolicy", tokensPolicy, "")
 	h.wantError(r, http.StatusServiceUnavailable, "unavailable", server.ReasonStoreUnavailable)
 	m, _ := r.body["message"].(string)
 	if !strings.Contains(m, "applied (committed)") || !strings.Contains(m, "GetPolicy") || strings.Contains(m, "same ids") {
 		t.Errorf("publish failing after the commit: %q, want applied and GetPolicy", m)
 	}
-	failing.failList.Store(false)
+	failing.fail.Store(false)
 	if got := h.ok("GetPolicy", `{"generation":"1"}`, ""); field(got, "policy", "subject") != "tenant-7" {
 		t.Fatalf("the publish that answered 503 was not applied: %v", got)
 	}

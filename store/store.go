@@ -65,8 +65,18 @@ type Store interface {
 	// SQLite a long read keeps WAL checkpoints from finishing.
 	AccountsPage(ctx context.Context, f DebtFilter) ([]ledger.Account, error)
 	PolicyGet(ctx context.Context, generation uint64) (ledger.Policy, error)
+	// PolicyHead returns a policy key's head: its active generation (0
+	// when every one was rolled back) and its latest; store.ErrNotFound
+	// when the key never had a policy. One row, however many policies
+	// there are: what a caller reads instead of PolicyList to learn what
+	// decides for one key.
+	PolicyHead(ctx context.Context, key ledger.PolicyKey) (ledger.PolicyHead, error)
 	// PolicyList returns every generation, oldest first.
 	PolicyList(ctx context.Context) ([]ledger.Policy, error)
+	// PolicyListAfter returns the generations newer than after, oldest
+	// first: what was published since a reader last looked (generations
+	// are numbered in publication order), a range of the primary key.
+	PolicyListAfter(ctx context.Context, after uint64) ([]ledger.Policy, error)
 	ShardGet(ctx context.Context, id string) (ledger.Shard, error)
 	ShardList(ctx context.Context) ([]ledger.Shard, error)
 

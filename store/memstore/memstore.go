@@ -346,11 +346,39 @@ func (s *Store) PolicyGet(ctx context.Context, generation uint64) (out ledger.Po
 	return out, err
 }
 
+// PolicyHead returns a copy of the key's committed head, or
+// store.ErrNotFound.
+func (s *Store) PolicyHead(ctx context.Context, key ledger.PolicyKey) (out ledger.PolicyHead, err error) {
+	err = s.read(ctx, func(r *rows) error {
+		h, ok := r.heads[key]
+		if !ok {
+			return notFound("policy head", key)
+		}
+		out = *h
+		return nil
+	})
+	return out, err
+}
+
 // PolicyList returns copies of every policy generation, oldest first.
 func (s *Store) PolicyList(ctx context.Context) (out []ledger.Policy, err error) {
 	err = s.read(ctx, func(r *rows) error {
 		for _, g := range slices.Sorted(maps.Keys(r.policies)) {
 			out = append(out, copyPolicy(r.policies[g]))
+		}
+		return nil
+	})
+	return out, err
+}
+
+// PolicyListAfter returns copies of the generations newer than after,
+// oldest first.
+func (s *Store) PolicyListAfter(ctx context.Context, after uint64) (out []ledger.Policy, err error) {
+	err = s.read(ctx, func(r *rows) error {
+		for _, g := range slices.Sorted(maps.Keys(r.policies)) {
+			if g > after {
+				out = append(out, copyPolicy(r.policies[g]))
+			}
 		}
 		return nil
 	})

@@ -144,7 +144,7 @@ func (s *Store) committedThrough(ctx context.Context) (int64, error) {
 func (s *Store) snapshotRows(ctx context.Context, tx pgx.Tx, reservations bool) (*ledger.Snapshot, error) {
 	var err error
 	snap := &ledger.Snapshot{JournalComplete: true}
-	if snap.Policies, err = s.policyList(ctx, tx); err != nil {
+	if snap.Policies, err = s.policyList(ctx, tx, 0); err != nil {
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}
 	if reservations { // else streamed (streamAccounts)

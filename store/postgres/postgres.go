@@ -24,6 +24,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"reflect"
 	"slices"
@@ -443,13 +444,40 @@ func (s *Store) PolicyGet(ctx context.Context, generation uint64) (ledger.Policy
 	return *p, nil
 }
 
-// PolicyList returns every generation, oldest first.
-func (s *Store) PolicyList(ctx context.Context) ([]ledger.Policy, error) {
-	return s.policyList(ctx, s.pool)
+// PolicyHead returns a policy key's committed head, or ErrNotFound.
+func (s *Store) PolicyHead(ctx context.Context, key ledger.PolicyKey) (ledger.PolicyHead, error) {
+	var active, latest int64
+	err := s.pool.QueryRow(ctx, `SELECT active, latest FROM policy_heads WHERE subject = $1 AND route = $2 AND region = $3`,
+		key.Subject, key.Route, key.Region).Scan(&active, &latest)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ledger.PolicyHead{}, notFound("policy head " + key.String())
+	}
+	if err != nil {
+		return ledger.PolicyHead{}, s.c.classify("policy head "+key.String(), err, false)
+	}
+	var conv codecConv
+	h := ledger.PolicyHead{Key: key, Active: conv.Uint(active), Latest: conv.Uint(latest)}
+	if err := conv.Err(); err != nil {
+		return ledger.PolicyHead{}, fmt.Errorf("policy head %s: %w", key, err)
+	}
+	return h, nil
 }
 
-func (s *Store) policyList(ctx context.Context, q querier) ([]ledger.Policy, error) {
-	rows, err := q.Query(ctx, policySelect+` ORDER BY generation`)
+// PolicyList returns every generation, oldest first.
+func (s *Store) PolicyList(ctx context.Context) ([]ledger.Policy, error) {
+	return s.policyList(ctx, s.pool, 0)
+}
+
+// PolicyListAfter returns the generations newer than after, oldest first.
+func (s *Store) PolicyListAfter(ctx context.Context, after uint64) ([]ledger.Policy, error) {
+	if after > math.MaxInt64 {
+		return nil, nil
+	}
+	return s.policyList(ctx, s.pool, int64(after))
+}
+
+func (s *Store) policyList(ctx context.Context, q querier, after int64) ([]ledger.Policy, error) {
+	rows, err := q.Query(ctx, policySelect+` WHERE generation > $1 ORDER BY generation`, after)
 	if err != nil {
 		return nil, s.c.classify("policy list", err, false)
 	}

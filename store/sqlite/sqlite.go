@@ -31,6 +31,7 @@ import (
 	"embed"
 	"errors"
 	"fmt"
+	"math"
 	"net/url"
 	"os"
 	"slices"
@@ -692,6 +693,11 @@ func (s *Store) PolicyGet(ctx context.Context, generation uint64) (ledger.Policy
 	return queryOne(ctx, s, s.r.policy, scanPolicy, fmt.Sprintf("policy generation %d", generation), int64(generation))
 }
 
+// PolicyHead returns a policy key's committed head, or store.ErrNotFound.
+func (s *Store) PolicyHead(ctx context.Context, key ledger.PolicyKey) (ledger.PolicyHead, error) {
+	return queryOne(ctx, s, s.r.head, scanHead, "policy head "+key.String(), key.Subject, key.Route, key.Region)
+}
+
 // PolicyList returns every policy generation, oldest first.
 func (s *Store) PolicyList(ctx context.Context) (_ []ledger.Policy, err error) {
 	defer s.readBarrier(ctx, &err)
@@ -699,6 +705,18 @@ func (s *Store) PolicyList(ctx context.Context) (_ []ledger.Policy, err error) {
 		return nil, errClosed
 	}
 	return queryAll(ctx, s.r.policies, scanPolicy, "policy list")
+}
+
+// PolicyListAfter returns the generations newer than after, oldest first.
+func (s *Store) PolicyListAfter(ctx context.Context, after uint64) (_ []ledger.Policy, err error) {
+	defer s.readBarrier(ctx, &err)
+	if s.closed.Load() {
+		return nil, errClosed
+	}
+	if after > math.MaxInt64 {
+		return nil, nil
+	}
+	return queryAll(ctx, s.r.policiesAfter, scanPolicy, "policy list", int64(after))
 }
 
 // ShardGet returns the shard, or store.ErrNotFound.

@@ -216,10 +216,10 @@ func params(n int) string {
 
 // readStmts are the Store's read methods, prepared on the read pool.
 type readStmts struct {
-	reservation, account, accountsOf, accountsAll, policy, policies, shard, shards, due *sql.Stmt
-	unknownFirst, unknownAfter, unknownBacklog                                          *sql.Stmt
-	debtFirst, debtAfter                                                                *sql.Stmt
-	pageFirst, pageAfter                                                                *sql.Stmt
+	reservation, account, accountsOf, accountsAll, policy, head, policies, policiesAfter, shard, shards, due *sql.Stmt
+	unknownFirst, unknownAfter, unknownBacklog                                                               *sql.Stmt
+	debtFirst, debtAfter                                                                                     *sql.Stmt
+	pageFirst, pageAfter                                                                                     *sql.Stmt
 	// accountsOfSubjects holds accountsOfSubjectsSQL of each size of
 	// subjectChunkSizes, in that order.
 	accountsOfSubjects [len(subjectChunkSizes)]*sql.Stmt
@@ -239,7 +239,9 @@ func (r *readStmts) prepare(ctx context.Context, db *sql.DB) error {
 	r.accountsOf = prep("SELECT " + accountCols + " FROM accounts WHERE subject = ? AND route = ? AND region = ? ORDER BY generation")
 	r.accountsAll = prep("SELECT " + accountCols + " FROM accounts ORDER BY subject, route, region, generation")
 	r.policy = prep(writeSQL[wPolicyGet])
+	r.head = prep(writeSQL[wHeadGet])
 	r.policies = prep("SELECT " + policyCols + " FROM policies ORDER BY generation")
+	r.policiesAfter = prep("SELECT " + policyCols + " FROM policies WHERE generation > ? ORDER BY generation")
 	r.shard = prep(writeSQL[wShardGet])
 	r.shards = prep("SELECT " + shardCols + " FROM shards ORDER BY id")
 	r.due = prep(dueSQL)
@@ -257,7 +259,7 @@ func (r *readStmts) prepare(ctx context.Context, db *sql.DB) error {
 }
 
 func (r *readStmts) close() {
-	stmts := []*sql.Stmt{r.reservation, r.account, r.accountsOf, r.accountsAll, r.policy, r.policies, r.shard, r.shards, r.due,
+	stmts := []*sql.Stmt{r.reservation, r.account, r.accountsOf, r.accountsAll, r.policy, r.head, r.policies, r.policiesAfter, r.shard, r.shards, r.due,
 		r.unknownFirst, r.unknownAfter, r.unknownBacklog, r.debtFirst, r.debtAfter, r.pageFirst, r.pageAfter}
 	for _, st := range append(stmts, r.accountsOfSubjects[:]...) {
 		if st != nil {

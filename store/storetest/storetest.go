@@ -182,6 +182,7 @@ func checkRows(t *testing.T, s store.Store, c *store.Changes) {
 		readBack(t, "tx shard", c.Shards, shardID, owned(ctx, tx.ShardGet))
 	})
 	readBack(t, "store policy", c.Policies, policyGeneration, committed(ctx, s.PolicyGet))
+	readBack(t, "store head", c.Heads, headKey, committed(ctx, s.PolicyHead))
 	readBack(t, "store account", c.Accounts, accountKey, committed(ctx, s.AccountGet))
 	readBack(t, "store reservation", c.Reservations, reservationID, committed(ctx, s.ReservationGet))
 	readBack(t, "store shard", c.Shards, shardID, committed(ctx, s.ShardGet))
@@ -337,6 +338,8 @@ func testNotFound(t *testing.T, s store.Store) {
 	mustNotFound(t, "AccountGet", err)
 	_, err = s.PolicyGet(ctx, 99)
 	mustNotFound(t, "PolicyGet", err)
+	_, err = s.PolicyHead(ctx, ledger.PolicyKey{Subject: "nobody", Route: "chat.generate", Region: "eu"})
+	mustNotFound(t, "PolicyHead", err)
 	_, err = s.ShardGet(ctx, "sh-none")
 	mustNotFound(t, "ShardGet", err)
 
@@ -936,6 +939,22 @@ func testLists(t *testing.T, s store.Store) {
 		t.Fatal(err)
 	}
 	same(t, "policies", gotPolicies, fixturePolicies())
+	for after := range uint64(len(gotPolicies) + 1) {
+		got, err := s.PolicyListAfter(ctx, after)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var want []ledger.Policy
+		for _, p := range fixturePolicies() {
+			if p.Generation > after {
+				want = append(want, p)
+			}
+		}
+		same(t, fmt.Sprintf("policies after %d", after), got, want)
+	}
+	if got, err := s.PolicyListAfter(ctx, math.MaxUint64); err != nil || len(got) != 0 {
+		t.Errorf("policies after the largest generation: %v, %v; want none", got, err)
+	}
 	gotShards, err := s.ShardList(ctx)
 	if err != nil {
 		t.Fatal(err)

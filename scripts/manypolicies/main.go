@@ -1,0 +1,126 @@
+// Command manypolicies measures a server holding many policies, one per
+// subject, as a platform with a policy per tenant has
+// (docs/PERFORMANCE.md, "Many policies"). Against a running `serve`
+// (-addr, auth off), it publishes -policies policies for subjects
+// <prefix>0, <prefix>1, ... with -concurrency callers, printing the rate
+// of each tenth, then times -calls calls of each of: a publish, GetPolicy,
+// GetAccount, a reserve for a subject without a policy (a miss, spaced
+// past the server's 100 ms miss reload interval) and a reserve for a
+// subject with one, and prints the median and the slowest of each.
+//
+// Usage: go run ./scripts/manypolicies -addr 127.0.0.1:7070 -policies 100000
+//
+//	go run ./scripts/manypolicies -addr 127.0.0.1:7070 -policies 0   (time the calls only)
+package main
+
+import (
+	"bytes"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"net/http"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+func main() {
+	addr := flag.String("addr", "127.0.0.1:7070", "serve's address")
+	policies := flag.Int("policies", 100000, "policies to publish first (0: none)")
+	concurrency := flag.Int("concurrency", 8, "callers publishing")
+	prefix := flag.String("prefix", "t", "subject prefix of the published policies")
+	calls := flag.Int("calls", 5, "timed calls of each kind")
+	flag.Parse()
+	c := &caller{base: "http://" + *addr + "/capledger.v1.LedgerService/", http: &http.Client{Timeout: time.Minute}}
+
+	if *policies > 0 {
+		var next atomic.Int64
+		tenth := max(*policies/10, 1)
+		start, last := time.Now(), time.Now()
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for range *concurrency {
+			wg.Go(func() {
+				for {
+					i := int(next.Add(1)) - 1
+					if i >= *policies {
+						return
+					}
+					c.must("PublishPolicy", policyBody(fmt.Sprintf("%s%d", *prefix, i)))
+					if (i+1)%tenth == 0 {
+						mu.Lock()
+						now := time.Now()
+						fmt.Printf("published %d: %.0f a second over the last %d\n", i+1, float64(tenth)/now.Sub(last).Seconds(), tenth)
+						last = now
+						mu.Unlock()
+					}
+				}
+			})
+		}
+		wg.Wait()
+		fmt.Printf("published %d policies in %s\n", *policies, time.Since(start).Round(time.Millisecond))
+	}
+
+	subject := *prefix + "1"
+	c.must("Reserve", fmt.Sprintf(`{"reservationId":"mp-warm-%d","subject":%q,"route":"chat","units":{"tokens":1}}`, time.Now().UnixNano(), subject))
+	kinds := []struct {
+		name   string
+		method string
+		body   func(i int) string
+		status int
+	}{
+		{"publish", "PublishPolicy", func(i int) string { return policyBody(fmt.Sprintf("mp-new-%d-%d", time.Now().UnixNano(), i)) }, 200},
+		{"GetPolicy", "GetPolicy", func(int) string { return `{"generation":"1"}` }, 200},
+		{"GetAccount", "GetAccount", func(int) string { return fmt.Sprintf(`{"subject":%q,"route":"chat"}`, subject) }, 200},
+		{"reserve, a miss", "Reserve", func(i int) string {
+			time.Sleep(150 * time.Millisecond)
+			return fmt.Sprintf(`{"reservationId":"mp-miss-%d-%d","subject":"mp-nobody","route":"chat","units":{"tokens":1}}`, time.Now().UnixNano(), i)
+		}, 404},
+		{"reserve", "Reserve", func(i int) string {
+			return fmt.Sprintf(`{"reservationId":"mp-hit-%d-%d","subject":%q,"route":"chat","units":{"tokens":1}}`, time.Now().UnixNano(), i, subject)
+		}, 200},
+	}
+	for _, k := range kinds {
+		var took []time.Duration
+		for i := range *calls {
+			body := k.body(i)
+			t0 := time.Now()
+			status, raw := c.call(k.method, body)
+			took = append(took, time.Since(t0))
+			if status != k.status {
+				log.Fatalf("%s: %d %s, want %d", k.name, status, raw, k.status)
+			}
+		}
+		slices.Sort(took)
+		fmt.Printf("%-16s median %8.1f ms, slowest %8.1f ms (%d calls)\n", k.name, ms(took[len(took)/2]), ms(took[len(took)-1]), len(took))
+	}
+}
+
+func policyBody(subject string) string {
+	return fmt.Sprintf(`{"policy":{"subject":%q,"route":"chat","dimensions":[{"unit":"tokens","burst":"1000","refillUnits":"10","refillInterval":"1s"}]}}`, subject)
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+type caller struct {
+	base string
+	http *http.Client
+}
+
+func (c *caller) call(method, body string) (int, []byte) {
+	resp, err := c.http.Post(c.base+method, "application/json", bytes.NewBufferString(body))
+	if err != nil {
+		log.Fatalf("%s: %v", method, err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, raw
+}
+
+func (c *caller) must(method, body string) {
+	if status, raw := c.call(method, body); status != http.StatusOK {
+		log.Fatalf("%s %s: %d %s", method, body, status, raw)
+	}
+}

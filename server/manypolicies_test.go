@@ -1,0 +1,108 @@
+package server_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/server"
+	"github.com/capledger/capledger/store"
+)
+
+// policyListCounting counts reads of every policy (PolicyList).
+type policyListCounting struct {
+	store.Store
+	lists atomic.Int64
+}
+
+func (s *policyListCounting) PolicyList(ctx context.Context) ([]ledger.Policy, error) {
+	s.lists.Add(1)
+	return s.Store.PolicyList(ctx)
+}
+
+// A platform with a policy per tenant publishes them one by one: each
+// publish read every policy back (to answer from a reloaded cache), so
+// publishing N policies read N^2 rows: 10,000 took minutes, at 3 a second
+// by the end. Neither a publish, nor GetPolicy, nor GetAccount, nor a
+// reserve for a subject without a policy (a miss, at most ten a second)
+// reads every policy now; what another replica published is still seen
+// on a miss, and what GetPolicy says is still fresh.
+func TestPublishingAndMissesDoNotReadEveryPolicy(t *testing.T) {
+	var counting *policyListCounting
+	h := newHarness(t, harnessOptions{wrapStore: func(st store.Store) store.Store {
+		counting = &policyListCounting{Store: st}
+		return counting
+	}})
+	policy := func(subject string) string {
+		return fmt.Sprintf(`{"policy":{"subject":%q,"route":"chat.generate","dimensions":[{"unit":"tokens","burst":"100","refillUnits":"1","refillInterval":"1s"}]}}`, subject)
+	}
+	h.ok("PublishPolicy", policy("tenant-0"), "") // the first may load the cache
+	before := counting.lists.Load()
+	for i := 1; i <= 20; i++ {
+		got := h.ok("PublishPolicy", policy(fmt.Sprintf("tenant-%d", i)), "")
+		if field(got, "policy", "generation") != fmt.Sprint(i+1) || got["policy"].(map[string]any)["active"] != true {
+			t.Fatalf("publish %d: %v", i, got)
+		}
+	}
+	if again := h.ok("PublishPolicy", policy("tenant-3"), ""); again["replayed"] != true || again["policy"].(map[string]any)["active"] != true {
+		t.Fatalf("the same terms again: %v, want the active generation replayed", again)
+	}
+	h.ok("Reserve", `{"reservationId":"r-1","subject":"tenant-7","route":"chat.generate","units":{"tokens":5}}`, "")
+	if got := h.ok("GetAccount", `{"subject":"tenant-7","route":"chat.generate"}`, ""); fmt.Sprint(got) == "" {
+		t.Fatal("no account")
+	}
+	if got := h.ok("GetPolicy", `{"generation":"8"}`, ""); field(got, "policy", "subject") != "tenant-7" || got["policy"].(map[string]any)["active"] != true {
+		t.Fatalf("GetPolicy 8: %v", got)
+	}
+	for i := range 3 {
+		if i > 0 {
+			time.Sleep(150 * time.Millisecond) // past the miss reload interval
+		}
+		r := h.call("Reserve", fmt.Sprintf(`{"reservationId":"miss-%d","subject":"nobody","route":"chat.generate","units":{"tokens":1}}`, i), "")
+		h.wantError(r, 404, "not_found", server.ReasonNoPolicy)
+	}
+	if n := counting.lists.Load() - before; n != 0 {
+		t.Fatalf("20 publishes, a reserve, GetAccount, GetPolicy and 3 misses read every policy %d times, want 0", n)
+	}
+
+	// Another replica over the same store publishes for a subject this one
+	// has never seen: the next miss here finds it.
+	other := *h
+	other.url = serve(t, server.New(h.engine, server.Config{Clock: h.clock.Now, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}))
+	other.ok("PublishPolicy", policy("late"), "")
+	time.Sleep(150 * time.Millisecond)
+	h.ok("Reserve", `{"reservationId":"r-late","subject":"late","route":"chat.generate","units":{"tokens":1}}`, "")
+	if n := counting.lists.Load() - before; n != 0 {
+		t.Fatalf("a miss for a policy published elsewhere read every policy %d times, want 0", n)
+	}
+	// ... and rolls tenant-7's generation back: GetPolicy here says so.
+	other.ok("RollbackPolicy", `{"generation":"8"}`, "")
+	if got := h.ok("GetPolicy", `{"generation":"8"}`, ""); got["policy"].(map[string]any)["active"] == true || got["policy"].(map[string]any)["rolledBack"] != true {
+		t.Fatalf("GetPolicy after a rollback on another replica: %v, want inactive and rolled back", got)
+	}
+}
+
+// A miss for a unit the cached deciding generation lacks, after another
+// replica rolled that generation back to one that has the unit: the
+// miss reads no new generation, but the key's head names another active
+// generation, so the cache reloads and the reserve is admitted.
+func TestAUnitARollbackElsewhereBroughtBackIsSeenOnAMiss(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	h.ok("PublishPolicy", `{"policy":{"subject":"tenant-x","route":"chat.generate","dimensions":[{"unit":"tokens","burst":"100","refillUnits":"1","refillInterval":"1s"}]}}`, "")
+	h.ok("PublishPolicy", `{"policy":{"subject":"tenant-x","route":"chat.generate","dimensions":[{"unit":"requests","burst":"10","refillUnits":"1","refillInterval":"1s"}]}}`, "")
+	reserve := `{"reservationId":"r-tokens","subject":"tenant-x","route":"chat.generate","units":{"tokens":5}}`
+	h.wantError(h.call("Reserve", reserve, ""), 400, "invalid_argument", server.ReasonUnknownUnit)
+
+	other := *h
+	other.url = serve(t, server.New(h.engine, server.Config{Clock: h.clock.Now, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}))
+	other.ok("RollbackPolicy", `{"generation":"2"}`, "")
+	time.Sleep(150 * time.Millisecond) // past the miss reload interval
+	if got := h.ok("Reserve", reserve, ""); field(got, "reservation", "state") != "RESERVATION_STATE_RESERVED" {
+		t.Fatalf("reserve of the unit the rollback brought back: %v", got)
+	}
+}
