@@ -1690,7 +1690,8 @@ func TestConsoleBrowserChartsInUTC(t *testing.T) {
 // staged rollout holds shows the same mode on the Policies and the Tenants
 // pages: the one its reserves get now, with its own beside it where they
 // differ; a "*" generation whose route a rollout hashes by subject shows
-// that each subject has its own.
+// that each subject has its own, and its rollout's routes are enforced
+// for the rollout's share of subjects, not for every request.
 func TestConsoleBrowserRolloutModeAgrees(t *testing.T) {
 	t.Parallel()
 	chromiumPath(t)
@@ -1749,6 +1750,11 @@ func TestConsoleBrowserRolloutModeAgrees(t *testing.T) {
 	both(free, "tenant-s", "chat.generate", "shadow", "shadow")
 	both(wild, "tenant-t", "embed.search", "per subject (a rollout hashes them), own enforce", tenantT)
 	b.open("policies")
+	// The rollouts' routes with their mode now: a route hashed by subject
+	// is enforced for the rollout's share of subjects only (the API's
+	// "enforce" is that share's mode), not for every request.
+	b.want(`tr[data-key="rollout/embed-search"] td[data-field="routes"]`, "embed.search@global enforce for 25.00% of subjects")
+	b.want(`tr[data-key="rollout/embed-create"] td[data-field="routes"]`, "embed.create@global shadow")
 	b.screenshot("policies")
 	mustCall(t, base, "", "RolloutService/SetRolloutShare", &v1.SetRolloutShareRequest{Name: "embed-create", Percent: 100}, &v1.SetRolloutShareResponse{})
 	both(held, "tenant-r", "embed.create", "enforce", "enforce")
