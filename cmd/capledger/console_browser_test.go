@@ -53,19 +53,24 @@ const (
 )
 
 // chromiumPath returns the browser to drive, or skips (fails under
-// CAPLEDGER_TEST_BROWSER=1) when there is none.
+// CAPLEDGER_TEST_BROWSER=1) when there is none. A CAPLEDGER_CHROMIUM that
+// names no binary fails: falling back to the system's Chromium would test
+// another browser than the one asked for, silently.
 func chromiumPath(t *testing.T) string {
 	t.Helper()
-	candidates := []string{os.Getenv("CAPLEDGER_CHROMIUM"), "chromium", "chromium-browser", "google-chrome", "headless-shell"}
-	for _, c := range candidates {
-		if c == "" {
-			continue
+	if c := os.Getenv("CAPLEDGER_CHROMIUM"); c != "" {
+		p, err := exec.LookPath(c)
+		if err != nil {
+			t.Fatalf("CAPLEDGER_CHROMIUM=%s: %v", c, err)
 		}
+		return p
+	}
+	for _, c := range []string{"chromium", "chromium-browser", "google-chrome", "headless-shell"} {
 		if p, err := exec.LookPath(c); err == nil {
 			return p
 		}
 	}
-	msg := "no Chromium binary (looked for $CAPLEDGER_CHROMIUM, chromium, chromium-browser, google-chrome, headless-shell): install it with `apt-get install chromium` to run the console's browser tests"
+	msg := "no Chromium binary (looked for chromium, chromium-browser, google-chrome, headless-shell; $CAPLEDGER_CHROMIUM names another): install it with `apt-get install chromium` to run the console's browser tests"
 	if os.Getenv("CAPLEDGER_TEST_BROWSER") == "1" {
 		t.Fatal(msg + " (CAPLEDGER_TEST_BROWSER=1 wants them run)")
 	}
