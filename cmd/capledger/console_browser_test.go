@@ -53,19 +53,24 @@ const (
 )
 
 // chromiumPath returns the browser to drive, or skips (fails under
-// CAPLEDGER_TEST_BROWSER=1) when there is none.
+// CAPLEDGER_TEST_BROWSER=1) when there is none. A CAPLEDGER_CHROMIUM that
+// names no binary fails: falling back to the system's Chromium would test
+// another browser than the one asked for, silently.
 func chromiumPath(t *testing.T) string {
 	t.Helper()
-	candidates := []string{os.Getenv("CAPLEDGER_CHROMIUM"), "chromium", "chromium-browser", "google-chrome", "headless-shell"}
-	for _, c := range candidates {
-		if c == "" {
-			continue
+	if c := os.Getenv("CAPLEDGER_CHROMIUM"); c != "" {
+		p, err := exec.LookPath(c)
+		if err != nil {
+			t.Fatalf("CAPLEDGER_CHROMIUM=%s: %v", c, err)
 		}
+		return p
+	}
+	for _, c := range []string{"chromium", "chromium-browser", "google-chrome", "headless-shell"} {
 		if p, err := exec.LookPath(c); err == nil {
 			return p
 		}
 	}
-	msg := "no Chromium binary (looked for $CAPLEDGER_CHROMIUM, chromium, chromium-browser, google-chrome, headless-shell): install it with `apt-get install chromium` to run the console's browser tests"
+	msg := "no Chromium binary (looked for chromium, chromium-browser, google-chrome, headless-shell; $CAPLEDGER_CHROMIUM names another): install it with `apt-get install chromium` to run the console's browser tests"
 	if os.Getenv("CAPLEDGER_TEST_BROWSER") == "1" {
 		t.Fatal(msg + " (CAPLEDGER_TEST_BROWSER=1 wants them run)")
 	}
@@ -1690,7 +1695,8 @@ func TestConsoleBrowserChartsInUTC(t *testing.T) {
 // staged rollout holds shows the same mode on the Policies and the Tenants
 // pages: the one its reserves get now, with its own beside it where they
 // differ; a "*" generation whose route a rollout hashes by subject shows
-// that each subject has its own.
+// that each subject has its own, and its rollout's routes are enforced
+// for the rollout's share of subjects, not for every request.
 func TestConsoleBrowserRolloutModeAgrees(t *testing.T) {
 	t.Parallel()
 	chromiumPath(t)
@@ -1749,6 +1755,11 @@ func TestConsoleBrowserRolloutModeAgrees(t *testing.T) {
 	both(free, "tenant-s", "chat.generate", "shadow", "shadow")
 	both(wild, "tenant-t", "embed.search", "per subject (a rollout hashes them), own enforce", tenantT)
 	b.open("policies")
+	// The rollouts' routes with their mode now: a route hashed by subject
+	// is enforced for the rollout's share of subjects only (the API's
+	// "enforce" is that share's mode), not for every request.
+	b.want(`tr[data-key="rollout/embed-search"] td[data-field="routes"]`, "embed.search@global enforce for 25.00% of subjects")
+	b.want(`tr[data-key="rollout/embed-create"] td[data-field="routes"]`, "embed.create@global shadow")
 	b.screenshot("policies")
 	mustCall(t, base, "", "RolloutService/SetRolloutShare", &v1.SetRolloutShareRequest{Name: "embed-create", Percent: 100}, &v1.SetRolloutShareResponse{})
 	both(held, "tenant-r", "embed.create", "enforce", "enforce")

@@ -651,12 +651,18 @@ async function rolloutsPanel(main) {
       const last = steps[steps.length - 1] || {};
       return el("tr", { "data-key": "rollout/" + r.name },
         td("name", r.name), td("hashBy", r.hashBy), td("percent", r.ended ? "ended" : n(r.percent).toFixed(2) + "%", true),
-        td("routes", (r.routes || []).map((x) => x.route + "@" + (x.region || "global") + " " + x.mode).join(", ")),
+        td("routes", (r.routes || []).map((x) => x.route + "@" + (x.region || "global") + " " + routeMode(r, x)).join(", ")),
         td("version", fmtInt(r.version), true),
         td("step", last.action ? last.action + " " + n(last.priorPercent).toFixed(2) + "% → " + n(last.percent).toFixed(2) + "%" : "—"),
         td("who", last.who || "—"), td("at", fmtTime(last.at)), td("steps", fmtInt(steps.length), true));
     }), "No staged rollout."));
 }
+
+// routeMode is a rollout route's mode now. Hashed by subject, "enforce"
+// is the mode of the share of subjects hashed into it (API.md), not of the
+// route's every request: the Generations table says "per subject" of them.
+const routeMode = (r, x) => (r.hashBy === "subject" && x.mode === "enforce" && !r.ended
+  ? "enforce for " + n(r.percent).toFixed(2) + "% of subjects" : x.mode);
 
 // drainPanel shows what rolled-back generations still hold
 // (RolloutService.DrainProgress), until they are drained.
