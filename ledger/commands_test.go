@@ -743,6 +743,26 @@ func TestPublishRefusesEpochsLongerThanTheMaximum(t *testing.T) {
 	}
 }
 
+// A publish edited from a generation goes through once that generation is
+// active again: a newer one published and rolled back since leaves it
+// active, and the edit publishes (OPERATIONS.md, "Editing a live policy").
+func TestPublishEditedFromAGenerationActiveAgainAfterARollbackPublishes(t *testing.T) {
+	c := newChecked(t)
+	g1 := c.publish(policyOf(tokens(1000, 100)))
+	edited := func(burst ledger.Units, from uint64) ledger.Result {
+		return c.apply(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: policyOf(tokens(burst, 100)), Generation: from})
+	}
+	g2 := edited(2000, g1)
+	if g2.Err != nil || g2.Replayed {
+		t.Fatalf("publish edited from the active generation %d: %+v", g1, g2)
+	}
+	c.rollback(testSubject, g2.Generation)
+	res := edited(3000, g1)
+	if res.Err != nil || res.Replayed || res.Generation <= g2.Generation {
+		t.Fatalf("publish edited from generation %d, active again after %d was rolled back: %+v, want a new generation", g1, g2.Generation, res)
+	}
+}
+
 // A publish edited from a generation (Command.Generation) goes through
 // only while that generation is the active one of its key: an edit of a
 // stale copy does not undo what was published since. Its exact terms
