@@ -667,6 +667,16 @@ func parseUnits(flagName, spec string) (map[string]int64, error) {
 	return units, nil
 }
 
+// connectionFailed reports whether err is connect-go's word for a call
+// whose HTTP request failed on its connection (unavailable, made up by the
+// client, not a server's answer). connect-go drops the *url.Error around
+// such a failure, e.g. "http2: client conn could not be established" when
+// a server closed the connection after the handshake, as one that refuses
+// the client's certificate does.
+func connectionFailed(err error) bool {
+	return connect.CodeOf(err) == connect.CodeUnavailable && !connect.IsWireError(err)
+}
+
 // certRefused words a failed command whose connection a server refused
 // for want of a client certificate it accepts: exit 1 with what to pass.
 // The commands that call through the SDK or grpc-go (bench, shard
@@ -681,7 +691,7 @@ func certRefused(e *env, err error) error {
 			return err
 		}
 		var urlErr *url.Error
-		if (!errors.As(err, &urlErr) && status.Code(err) != codes.Unavailable) || notConnected(err) {
+		if (!errors.As(err, &urlErr) && status.Code(err) != codes.Unavailable && !connectionFailed(err)) || notConnected(err) {
 			return err
 		}
 	}
