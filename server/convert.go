@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -248,7 +249,24 @@ func (c *policyCache) reloadLocked(ctx context.Context) ([]ledger.Policy, error)
 		}
 	}
 	c.mu.Lock()
+	// Generations taken in since the read (a publish here, which does not
+	// wait for reloads, or get) are newer than every one it read: keep
+	// them, or a publish answered while this reload ran would be
+	// forgotten, and its key answer NO_POLICY here until a miss read it
+	// again.
+	var since []ledger.Policy
+	for _, cached := range []map[uint64]ledger.Policy{c.kept, c.older} {
+		for g, p := range cached {
+			if g > through {
+				since = append(since, p)
+			}
+		}
+	}
 	c.kept, c.older, c.activeGen, c.newest, c.through = fresh.kept, map[uint64]ledger.Policy{}, active, newest, through
+	slices.SortFunc(since, func(a, b ledger.Policy) int { return cmp.Compare(a.Generation, b.Generation) })
+	for i := range since {
+		c.addLocked(since[i])
+	}
 	c.mu.Unlock()
 	c.loadedAt = started
 	return all, nil
