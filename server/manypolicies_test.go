@@ -169,3 +169,38 @@ func TestAReloadThatReadBeforeAPublishKeepsThePublishedGeneration(t *testing.T) 
 		t.Fatalf("the reserve under a policy this replica published missed the cache (%d reads of new policies), want a hit", n)
 	}
 }
+
+// policyHeadFailing fails PolicyHead while fail is set.
+type policyHeadFailing struct {
+	store.Store
+	fail atomic.Bool
+}
+
+func (s *policyHeadFailing) PolicyHead(ctx context.Context, key ledger.PolicyKey) (ledger.PolicyHead, error) {
+	if s.fail.Load() {
+		return ledger.PolicyHead{}, fmt.Errorf("%w: policy head: connection reset by peer", store.ErrUnavailable)
+	}
+	return s.Store.PolicyHead(ctx, key)
+}
+
+// GetPolicy checks the token's scope on the generation before it reads
+// the generation's head: another tenant's generation answers as one never
+// published, also when the head read would fail (a 503 there told a
+// scoped token the generation exists).
+func TestGetPolicyOutOfScopeAnswersNotFoundBeforeReadingTheHead(t *testing.T) {
+	var failing *policyHeadFailing
+	h := newHarness(t, harnessOptions{auth: true, tokens: scopedTokens, wrapStore: func(st store.Store) store.Store {
+		failing = &policyHeadFailing{Store: st}
+		return failing
+	}})
+	h.ok("PublishPolicy", `{"policy":{"subject":"tenant-b/u1","route":"chat.generate","dimensions":[{"unit":"tokens","burst":"100","refillUnits":"1","refillInterval":"1s"}]}}`, adminToken)
+	failing.fail.Store(true)
+	foreign := h.call("GetPolicy", `{"generation":"1"}`, gwAToken)
+	h.wantError(foreign, http.StatusNotFound, "not_found", server.ReasonPolicyNotFound)
+	missing := h.call("GetPolicy", `{"generation":"2"}`, gwAToken)
+	if strings.ReplaceAll(string(foreign.raw), `1"`, `2"`) != string(missing.raw) {
+		t.Errorf("another tenant's generation answers\n  %s\nbut a missing one\n  %s", foreign.raw, missing.raw)
+	}
+	// The admin's read needs the head: unavailable, not not found.
+	h.wantError(h.call("GetPolicy", `{"generation":"1"}`, adminToken), http.StatusServiceUnavailable, "unavailable", server.ReasonStoreUnavailable)
+}
