@@ -16,10 +16,17 @@ import (
 	"github.com/capledger/capledger/store"
 )
 
-// policyListCounting counts reads of every policy (PolicyList).
+// policyListCounting counts reads of every policy (PolicyList), and the
+// rows read as new (PolicyListAfter).
 type policyListCounting struct {
 	store.Store
-	lists atomic.Int64
+	lists, newRows atomic.Int64
+}
+
+func (s *policyListCounting) PolicyListAfter(ctx context.Context, after uint64) ([]ledger.Policy, error) {
+	newer, err := s.Store.PolicyListAfter(ctx, after)
+	s.newRows.Add(int64(len(newer)))
+	return newer, err
 }
 
 func (s *policyListCounting) PolicyList(ctx context.Context) ([]ledger.Policy, error) {
@@ -203,4 +210,39 @@ func TestGetPolicyOutOfScopeAnswersNotFoundBeforeReadingTheHead(t *testing.T) {
 	}
 	// The admin's read needs the head: unavailable, not not found.
 	h.wantError(h.call("GetPolicy", `{"generation":"1"}`, adminToken), http.StatusServiceUnavailable, "unavailable", server.ReasonStoreUnavailable)
+}
+
+// Misses of a subject a route's "*" policy decides (a unit it lacks) read
+// only that policy's head, not every policy, and what a miss read as new
+// is not read again by the next: a miss costs the generations published
+// since the last one and a row.
+func TestMissesUnderAWildcardPolicyReadItsHeadAndOnlyWhatIsNew(t *testing.T) {
+	var counting *policyListCounting
+	h := newHarness(t, harnessOptions{wrapStore: func(st store.Store) store.Store {
+		counting = &policyListCounting{Store: st}
+		return counting
+	}})
+	h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"chat.generate","dimensions":[{"unit":"tokens","burst":"100","refillUnits":"1","refillInterval":"1s"}]}}`, "")
+	other := *h
+	other.url = serve(t, server.New(h.engine, server.Config{Clock: h.clock.Now, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}))
+	for i := range 3 {
+		other.ok("PublishPolicy", fmt.Sprintf(`{"policy":{"subject":"elsewhere-%d","route":"embed","dimensions":[{"unit":"tokens","burst":"100","refillUnits":"1","refillInterval":"1s"}]}}`, i), "")
+	}
+	time.Sleep(150 * time.Millisecond) // past the miss reload interval
+	lists := counting.lists.Load()
+	var rows int64
+	for i := range 3 {
+		if i > 0 {
+			time.Sleep(150 * time.Millisecond)
+			rows = counting.newRows.Load()
+		}
+		r := h.call("Reserve", fmt.Sprintf(`{"reservationId":"miss-%d","subject":"someone","route":"chat.generate","units":{"requests":1}}`, i), "")
+		h.wantError(r, 400, "invalid_argument", server.ReasonUnknownUnit)
+		if n := counting.newRows.Load() - rows; i > 0 && n != 0 {
+			t.Errorf("miss %d read %d generations as new, want none (the first miss read them)", i, n)
+		}
+	}
+	if n := counting.lists.Load() - lists; n != 0 {
+		t.Errorf("3 misses under the route's \"*\" policy read every policy %d times, want 0", n)
+	}
 }
