@@ -246,3 +246,22 @@ func TestMissesUnderAWildcardPolicyReadItsHeadAndOnlyWhatIsNew(t *testing.T) {
 		t.Errorf("3 misses under the route's \"*\" policy read every policy %d times, want 0", n)
 	}
 }
+
+// GetAccount reads the heads that decide for the subject; when that read
+// fails it answers 503, as when its policies could not be read, not the
+// accounts refilled by a guess at the deciding generation.
+func TestGetAccountWhoseHeadReadFailsIsUnavailable(t *testing.T) {
+	var failing *policyHeadFailing
+	h := newHarness(t, harnessOptions{wrapStore: func(st store.Store) store.Store {
+		failing = &policyHeadFailing{Store: st}
+		return failing
+	}})
+	h.ok("PublishPolicy", `{"policy":{"subject":"tenant-h","route":"chat.generate","dimensions":[{"unit":"tokens","burst":"100","refillUnits":"1","refillInterval":"1s"}]}}`, "")
+	h.ok("Reserve", `{"reservationId":"r-h","subject":"tenant-h","route":"chat.generate","units":{"tokens":5}}`, "")
+	failing.fail.Store(true)
+	h.wantError(h.call("GetAccount", `{"subject":"tenant-h","route":"chat.generate"}`, ""), http.StatusServiceUnavailable, "unavailable", server.ReasonStoreUnavailable)
+	failing.fail.Store(false)
+	if got := h.ok("GetAccount", `{"subject":"tenant-h","route":"chat.generate"}`, ""); len(got["accounts"].([]any)) != 1 {
+		t.Fatalf("GetAccount once the store answers: %v", got)
+	}
+}
