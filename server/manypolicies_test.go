@@ -265,3 +265,28 @@ func TestGetAccountWhoseHeadReadFailsIsUnavailable(t *testing.T) {
 		t.Fatalf("GetAccount once the store answers: %v", got)
 	}
 }
+
+// A new generation of a key this replica knows, published on another
+// replica with a unit the cached one lacks: the miss for that unit reads
+// it as new, and the key's head then names it, so the reserve is admitted
+// without a read of every policy.
+func TestANewUnitPublishedElsewhereIsFoundWithoutReadingEveryPolicy(t *testing.T) {
+	var counting *policyListCounting
+	h := newHarness(t, harnessOptions{wrapStore: func(st store.Store) store.Store {
+		counting = &policyListCounting{Store: st}
+		return counting
+	}})
+	h.ok("PublishPolicy", `{"policy":{"subject":"tenant-u","route":"chat.generate","dimensions":[{"unit":"tokens","burst":"100","refillUnits":"1","refillInterval":"1s"}]}}`, "")
+	h.ok("Reserve", `{"reservationId":"r-tokens","subject":"tenant-u","route":"chat.generate","units":{"tokens":5}}`, "")
+	other := *h
+	other.url = serve(t, server.New(h.engine, server.Config{Clock: h.clock.Now, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}))
+	other.ok("PublishPolicy", `{"policy":{"subject":"tenant-u","route":"chat.generate","dimensions":[{"unit":"tokens","burst":"100","refillUnits":"1","refillInterval":"1s"},{"unit":"requests","burst":"10","refillUnits":"1","refillInterval":"1s"}]}}`, "")
+	time.Sleep(150 * time.Millisecond) // past the miss reload interval
+	lists := counting.lists.Load()
+	if got := h.ok("Reserve", `{"reservationId":"r-requests","subject":"tenant-u","route":"chat.generate","units":{"requests":1}}`, ""); field(got, "reservation", "state") != "RESERVATION_STATE_RESERVED" {
+		t.Fatalf("reserve of the unit published elsewhere: %v", got)
+	}
+	if n := counting.lists.Load() - lists; n != 0 {
+		t.Errorf("the miss read every policy %d times, want 0", n)
+	}
+}
