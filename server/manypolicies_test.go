@@ -290,3 +290,14 @@ func TestANewUnitPublishedElsewhereIsFoundWithoutReadingEveryPolicy(t *testing.T
 		t.Errorf("the miss read every policy %d times, want 0", n)
 	}
 }
+
+// GetPolicy reads one generation from the store: one past int64's range
+// (which a store holds as a signed column) is not found, as any generation
+// never published, not a store error or another generation.
+func TestGetPolicyOfAGenerationPastInt64IsNotFound(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	h.ok("PublishPolicy", `{"policy":{"subject":"tenant-g","route":"chat.generate","dimensions":[{"unit":"tokens","burst":"100","refillUnits":"1","refillInterval":"1s"}]}}`, "")
+	for _, g := range []string{"9223372036854775808", "9223372036854775809", "18446744073709551615"} {
+		h.wantError(h.call("GetPolicy", `{"generation":"`+g+`"}`, ""), http.StatusNotFound, "not_found", server.ReasonPolicyNotFound)
+	}
+}
