@@ -20,11 +20,12 @@ import (
 // rows read as new (PolicyListAfter).
 type policyListCounting struct {
 	store.Store
-	lists, newRows atomic.Int64
+	lists, newRows, afterReads atomic.Int64
 }
 
 func (s *policyListCounting) PolicyListAfter(ctx context.Context, after uint64) ([]ledger.Policy, error) {
 	newer, err := s.Store.PolicyListAfter(ctx, after)
+	s.afterReads.Add(1)
 	s.newRows.Add(int64(len(newer)))
 	return newer, err
 }
@@ -299,5 +300,29 @@ func TestGetPolicyOfAGenerationPastInt64IsNotFound(t *testing.T) {
 	h.ok("PublishPolicy", `{"policy":{"subject":"tenant-g","route":"chat.generate","dimensions":[{"unit":"tokens","burst":"100","refillUnits":"1","refillInterval":"1s"}]}}`, "")
 	for _, g := range []string{"9223372036854775808", "9223372036854775809", "18446744073709551615"} {
 		h.wantError(h.call("GetPolicy", `{"generation":"`+g+`"}`, ""), http.StatusNotFound, "not_found", server.ReasonPolicyNotFound)
+	}
+}
+
+// Misses within missReloadInterval (100 ms) of the last catch-up read
+// nothing: a stream of reserves for subjects without a policy costs one
+// read of what is new per interval, not one per request.
+func TestMissesWithinTheIntervalReadNothing(t *testing.T) {
+	var counting *policyListCounting
+	h := newHarness(t, harnessOptions{wrapStore: func(st store.Store) store.Store {
+		counting = &policyListCounting{Store: st}
+		return counting
+	}})
+	h.ok("PublishPolicy", `{"policy":{"subject":"tenant-m","route":"chat.generate","dimensions":[{"unit":"tokens","burst":"100","refillUnits":"1","refillInterval":"1s"}]}}`, "")
+	reads := counting.afterReads.Load()
+	first := time.Now()
+	for i := range 5 {
+		r := h.call("Reserve", fmt.Sprintf(`{"reservationId":"miss-%d","subject":"nobody","route":"chat.generate","units":{"tokens":1}}`, i), "")
+		h.wantError(r, 404, "not_found", server.ReasonNoPolicy)
+	}
+	if time.Since(first) >= 100*time.Millisecond {
+		t.Skip("the misses took longer than the interval on this machine: nothing to check")
+	}
+	if n := counting.afterReads.Load() - reads; n != 1 {
+		t.Errorf("5 misses within 100 ms read what is new %d times, want once", n)
 	}
 }
