@@ -1,0 +1,68 @@
+package client
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// A request whose client left while it waited is released and never runs
+// (FAIRNESS.md), so FairQueue.Stats no longer counts it as queued, though
+// sched keeps its entry until its turn comes and skips it then.
+func TestFairQueueStatsLeavesOutARequestWhoseClientLeft(t *testing.T) {
+	l := startLedger(t)
+	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 10_000})
+	l.publish(t, policySpec{subject: "blocker", route: "chat.generate", burst: 10_000})
+	q, err := l.direct.NewFairQueue(FairQueueConfig{Concurrency: 1, CostUnit: "tokens"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	var releaseOnce sync.Once
+	unblock := func() { releaseOnce.Do(func() { close(release) }) }
+	blockerRunning := make(chan struct{})
+	backend := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Tenant") == "blocker" {
+			close(blockerRunning)
+			<-release
+		}
+		ReportUsage(r.Context(), Units{"tokens": 10, "requests": 1})
+	})
+	gw := gateway(t, l.direct, MiddlewareConfig{Queue: q}, backend)
+	t.Cleanup(unblock) // runs before the gateway's Close, which a blocked handler would hang
+	blockerDone := make(chan error, 1)
+	go func() { _, _, err := trySend(gw.Client(), gw.URL, "blocker", "x"); blockerDone <- err }()
+	<-blockerRunning
+
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "POST", gw.URL, strings.NewReader("x"))
+	req.Header.Set("X-Tenant", "tenant-7")
+	errc := make(chan error, 1)
+	go func() { _, err := gw.Client().Do(req); errc <- err }()
+	waitQueued(t, q, 1)
+	cancel()
+	<-errc
+	// The middleware releases the reservation after the queue let it go.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if b := l.balance(t, "tenant-7", "chat.generate"); b.GetReserved() == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the left request still holds capacity: %v", l.balance(t, "tenant-7", "chat.generate"))
+		}
+	}
+	if queued, running := q.Stats(); queued != 0 || running != 1 {
+		t.Fatalf("Stats: %d queued, %d running; want 0 queued (its client left, it was released), 1 running", queued, running)
+	}
+	unblock()
+	if err := <-blockerDone; err != nil {
+		t.Fatal(err)
+	}
+	if queued, running := q.Stats(); queued != 0 || running != 0 {
+		t.Fatalf("drained: %d queued, %d running", queued, running)
+	}
+	l.audit(t)
+}
