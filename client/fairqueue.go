@@ -35,7 +35,9 @@ type FairQueueConfig struct {
 	// without the unit costs 1.
 	CostUnit string
 	// MaxQueuePerTenant bounds each tenant's waiting requests (0:
-	// sched.DefaultMaxQueuePerTenant).
+	// sched.DefaultMaxQueuePerTenant). One whose caller left is not
+	// counted, but sched keeps it until its turn, in room for 4 times
+	// this per tenant: a tenant holding that many is refused too.
 	MaxQueuePerTenant int
 	// Quantum and PriorityMode are passed to sched.Config.
 	Quantum      int64

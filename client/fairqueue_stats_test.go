@@ -66,3 +66,96 @@ func TestFairQueueStatsLeavesOutARequestWhoseClientLeft(t *testing.T) {
 	}
 	l.audit(t)
 }
+
+// Requests whose clients left do not count against MaxQueuePerTenant, but
+// sched keeps their entries until their turn, in room for 4 ×
+// MaxQueuePerTenant per tenant (FAIRNESS.md): with the backend stalled,
+// a tenant whose three requests left still queues a fourth; once four
+// entries are held, left ones included, it is refused QUEUE_FULL with
+// nothing waiting, until the stalled slot frees and its turn skips them.
+func TestFairQueueLeftRequestsHoldSchedRoomUntilTheirTurn(t *testing.T) {
+	l := startLedger(t)
+	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 10_000})
+	l.publish(t, policySpec{subject: "blocker", route: "chat.generate", burst: 10_000})
+	q, err := l.direct.NewFairQueue(FairQueueConfig{Concurrency: 1, CostUnit: "tokens", MaxQueuePerTenant: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	var releaseOnce sync.Once
+	unblock := func() { releaseOnce.Do(func() { close(release) }) }
+	blockerRunning := make(chan struct{})
+	backend := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Tenant") == "blocker" {
+			close(blockerRunning)
+			<-release
+		}
+		ReportUsage(r.Context(), Units{"tokens": 10, "requests": 1})
+	})
+	gw := gateway(t, l.direct, MiddlewareConfig{Queue: q}, backend)
+	t.Cleanup(unblock)
+	blockerDone := make(chan error, 1)
+	go func() { _, _, err := trySend(gw.Client(), gw.URL, "blocker", "x"); blockerDone <- err }()
+	<-blockerRunning
+
+	// leave queues one request of tenant-7 and lets its client go.
+	leave := func() {
+		t.Helper()
+		ctx, cancel := context.WithCancel(context.Background())
+		req, _ := http.NewRequestWithContext(ctx, "POST", gw.URL, strings.NewReader("x"))
+		req.Header.Set("X-Tenant", "tenant-7")
+		errc := make(chan error, 1)
+		go func() { _, err := gw.Client().Do(req); errc <- err }()
+		waitQueued(t, q, 1)
+		cancel()
+		<-errc
+		for deadline := time.Now().Add(10 * time.Second); l.balance(t, "tenant-7", "chat.generate").GetReserved() != 0; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("the left request still holds capacity")
+			}
+		}
+	}
+	for range 3 {
+		leave()
+	}
+	leave() // the fourth queues: the three left do not count against MaxQueuePerTenant
+	if queued, _ := q.Stats(); queued != 0 {
+		t.Fatalf("%d queued, want 0: every client left", queued)
+	}
+	type answer struct {
+		code int
+		body string
+		err  error
+	}
+	fifth := make(chan answer, 1)
+	go func() {
+		resp, body, err := trySend(gw.Client(), gw.URL, "tenant-7", "y")
+		if err != nil {
+			fifth <- answer{err: err}
+			return
+		}
+		fifth <- answer{code: resp.StatusCode, body: body}
+	}()
+	for {
+		select {
+		case a := <-fifth:
+			if a.err != nil || a.code != http.StatusTooManyRequests || !strings.Contains(a.body, "QUEUE_FULL") {
+				t.Fatalf("with 4 × MaxQueuePerTenant left entries held: %d %s %v, want 429 QUEUE_FULL", a.code, a.body, a.err)
+			}
+		case <-time.After(5 * time.Millisecond):
+			if queued, _ := q.Stats(); queued != 0 {
+				t.Fatal("with 4 × MaxQueuePerTenant left entries held, a fifth request queued: want 429 QUEUE_FULL")
+			}
+			continue
+		}
+		break
+	}
+	unblock()
+	if err := <-blockerDone; err != nil {
+		t.Fatal(err)
+	}
+	if resp, body := send(t, gw.Client(), gw.URL, "tenant-7", "z"); resp.StatusCode != 200 {
+		t.Fatalf("after the stall: %d %s, want 200 (the left entries were skipped)", resp.StatusCode, body)
+	}
+	l.audit(t)
+}
