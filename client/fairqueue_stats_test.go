@@ -159,3 +159,78 @@ func TestFairQueueLeftRequestsHoldSchedRoomUntilTheirTurn(t *testing.T) {
 	}
 	l.audit(t)
 }
+
+// A request whose hold expired while it waited in the queue is refused
+// by Start when dispatched: the middleware answers 503 with Retry-After: 1
+// (the request did not run; a retry is a new request), the backend never
+// sees it, and its slot goes to the next request.
+func TestMiddlewareFairQueueAnswers503ForAHoldThatExpiredWhileQueued(t *testing.T) {
+	l := startLedger(t)
+	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 10_000, holdTTL: 200 * time.Millisecond})
+	l.publish(t, policySpec{subject: "blocker", route: "chat.generate", burst: 10_000})
+	q, err := l.direct.NewFairQueue(FairQueueConfig{Concurrency: 1, CostUnit: "tokens"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	var releaseOnce sync.Once
+	unblock := func() { releaseOnce.Do(func() { close(release) }) }
+	blockerRunning := make(chan struct{})
+	var ranTenant7 sync.Once
+	ran := make(chan struct{})
+	backend := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Tenant") == "blocker" {
+			close(blockerRunning)
+			<-release
+		} else {
+			ranTenant7.Do(func() { close(ran) })
+		}
+		ReportUsage(r.Context(), Units{"tokens": 10, "requests": 1})
+	})
+	gw := gateway(t, l.direct, MiddlewareConfig{Queue: q}, backend)
+	t.Cleanup(unblock)
+	blockerDone := make(chan error, 1)
+	go func() { _, _, err := trySend(gw.Client(), gw.URL, "blocker", "x"); blockerDone <- err }()
+	<-blockerRunning
+
+	type answer struct {
+		resp *http.Response
+		body string
+		err  error
+	}
+	got := make(chan answer, 1)
+	go func() {
+		resp, body, err := trySend(gw.Client(), gw.URL, "tenant-7", "x")
+		got <- answer{resp, body, err}
+	}()
+	waitQueued(t, q, 1)
+	// Expiry gives the hold back while the request waits.
+	for deadline := time.Now().Add(10 * time.Second); l.balance(t, "tenant-7", "chat.generate").GetReserved() != 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the queued request's hold never expired")
+		}
+	}
+	unblock()
+	if err := <-blockerDone; err != nil {
+		t.Fatal(err)
+	}
+	a := <-got
+	if a.err != nil {
+		t.Fatal(a.err)
+	}
+	if a.resp.StatusCode != http.StatusServiceUnavailable || a.resp.Header.Get("Retry-After") != "1" {
+		t.Fatalf("expired while queued: %d %s (Retry-After %q), want 503 with Retry-After: 1", a.resp.StatusCode, a.body, a.resp.Header.Get("Retry-After"))
+	}
+	select {
+	case <-ran:
+		t.Fatal("the backend ran a request whose hold had expired")
+	default:
+	}
+	if queued, running := q.Stats(); queued != 0 || running != 0 {
+		t.Fatalf("%d queued, %d running after the expired request", queued, running)
+	}
+	if resp, body := send(t, gw.Client(), gw.URL, "tenant-7", "y"); resp.StatusCode != 200 {
+		t.Fatalf("the next request: %d %s", resp.StatusCode, body)
+	}
+	l.audit(t)
+}
