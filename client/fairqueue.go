@@ -35,7 +35,9 @@ type FairQueueConfig struct {
 	// without the unit costs 1.
 	CostUnit string
 	// MaxQueuePerTenant bounds each tenant's waiting requests (0:
-	// sched.DefaultMaxQueuePerTenant).
+	// sched.DefaultMaxQueuePerTenant). One whose caller left is not
+	// counted, but sched keeps it until its turn, in room for 4 times
+	// this per tenant: a tenant holding that many is refused too.
 	MaxQueuePerTenant int
 	// Quantum and PriorityMode are passed to sched.Config.
 	Quantum      int64
@@ -99,6 +101,7 @@ type FairQueue struct {
 	maxQueue int
 	waiters  map[string]*waiter
 	live     map[string]int // waiting (not abandoned) requests per tenant
+	waiting  int            // the sum of live: what Stats reports as queued
 
 	policyMu sync.Mutex
 	// policies holds the share of each generation read (generations are
@@ -194,11 +197,13 @@ func (q *FairQueue) Meter(f func(m *sched.Meter)) {
 	f(q.meter)
 }
 
-// Stats returns the requests waiting and running now.
+// Stats returns the requests waiting and running now. A request whose
+// caller gave up while waiting is not counted, though sched keeps it
+// until its turn (then it is skipped).
 func (q *FairQueue) Stats() (queued, running int) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return q.s.Len(), q.s.InFlight()
+	return q.waiting, q.s.InFlight()
 }
 
 // policyWeight reads the fairness weight and priority of the policy that
@@ -312,6 +317,7 @@ func (q *FairQueue) acquire(ctx context.Context, rr *ReserveResult) (func(actual
 	}
 	q.waiters[id] = w
 	q.live[subject]++
+	q.waiting++
 	q.dispatchLocked()
 	q.mu.Unlock()
 
@@ -387,6 +393,7 @@ func (q *FairQueue) dispatchLocked() {
 }
 
 func (q *FairQueue) unlive(tenant string) {
+	q.waiting--
 	if q.live[tenant]--; q.live[tenant] <= 0 {
 		delete(q.live, tenant)
 	}

@@ -170,7 +170,10 @@ type RejectionBody struct {
 // With cfg.Queue: 429 QUEUE_FULL (Retry-After: 1) for a tenant whose
 // queue is full, 429 RESERVATION_TOO_LARGE (no Retry-After) for a
 // reservation above the queue's largest cost (ErrCostTooLarge); the
-// reservation is released.
+// reservation is released. Any other refusal before the handler runs
+// (e.g. Start refused because the hold expired while the request waited
+// in the queue) is 503 with Retry-After: 1 too, and the request does not
+// run.
 //
 // The handler runs with the reservation in its request's context:
 // ReceiptFrom(r.Context()) returns its OperationReceipt (reservation id,

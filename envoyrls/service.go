@@ -331,13 +331,15 @@ func (s *Service) runFirstCurrent(ctx context.Context, items []item, answers *se
 		}
 		stale := false
 		for i := range items {
-			stale = stale || staleFirst(&items[i], attempt)
+			if it := &items[i]; staleFirst(it, attempt) {
+				stale = true
+				if cerr := s.srv.RefreshPolicies(ctx, &it.cmds[0], &it.results[0]); cerr != nil {
+					return cerr
+				}
+			}
 		}
 		if !stale {
 			return nil
-		}
-		if cerr := s.srv.RefreshPolicies(ctx); cerr != nil {
-			return cerr
 		}
 		for i := range items {
 			if it := &items[i]; staleFirst(it, attempt) {

@@ -183,10 +183,11 @@ func followsRefusal(cmds []ledger.Command, results []ledger.Result, i int) bool 
 	return false
 }
 
-// RefreshPolicies reloads the policy cache (after the ledger said another
-// generation decides than the one a reserve was mapped for).
-func (s *Server) RefreshPolicies(ctx context.Context) *connect.Error {
-	if _, err := s.policies.refresh(ctx); err != nil {
+// RefreshPolicies brings the policy cache to what the ledger said decides
+// (res, its answer to cmd, a reserve or record refused as mapped for
+// another generation: Stale).
+func (s *Server) RefreshPolicies(ctx context.Context, cmd *ledger.Command, res *ledger.Result) *connect.Error {
+	if err := s.policies.refreshStale(ctx, ledger.PolicyKey{Subject: cmd.Subject, Route: cmd.Route, Region: cmd.Region}, res.Generation); err != nil {
 		return readError("policies", ReasonNoPolicy, err)
 	}
 	return nil

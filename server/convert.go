@@ -202,6 +202,26 @@ func (c *policyCache) refreshForMiss(ctx context.Context, key ledger.PolicyKey) 
 		return nil
 	}
 	started := time.Now()
+	if err := c.catchUpLocked(ctx); err != nil {
+		return err
+	}
+	if p, ok := c.active(key); ok {
+		head, err := c.ledger.PolicyHead(ctx, p.Key)
+		if err != nil && !errors.Is(err, store.ErrNotFound) {
+			return fmt.Errorf("policy head %s: %w", p.Key, err)
+		}
+		if head.Active != p.Generation {
+			_, err := c.reloadLocked(ctx)
+			return err
+		}
+	}
+	c.loadedAt = started
+	return nil
+}
+
+// catchUpLocked (reload held) takes in the generations published since
+// the newest one the cache has read: a publish on another replica.
+func (c *policyCache) catchUpLocked(ctx context.Context) error {
 	c.mu.RLock()
 	through := c.through
 	c.mu.RUnlock()
@@ -215,17 +235,113 @@ func (c *policyCache) refreshForMiss(ctx context.Context, key ledger.PolicyKey) 
 		c.through = max(c.through, newer[i].Generation)
 	}
 	c.mu.Unlock()
-	if p, ok := c.active(key); ok {
-		head, err := c.ledger.PolicyHead(ctx, p.Key)
-		if err != nil && !errors.Is(err, store.ErrNotFound) {
-			return fmt.Errorf("policy head %s: %w", p.Key, err)
-		}
-		if head.Active != p.Generation {
-			_, err := c.reloadLocked(ctx)
+	return nil
+}
+
+// refreshStale brings the cache to what the ledger said decides for key
+// (decides), having refused a command mapped for another generation. A
+// publish on another replica explains that, and reading what was
+// published since finds it; a rollback does not, and the heads of key and
+// of its route's "*" say what is active now. Only if the cache still
+// disagrees with the ledger (it changed again meanwhile) does it reload
+// every policy, which every stale refusal did: with a policy per tenant
+// each publish on one replica cost every other replica a read of all of
+// them.
+func (c *policyCache) refreshStale(ctx context.Context, key ledger.PolicyKey, decides uint64) error {
+	c.reload.Lock()
+	defer c.reload.Unlock()
+	if err := c.catchUpLocked(ctx); err != nil {
+		return err
+	}
+	if c.decides(key, decides) {
+		return nil
+	}
+	for _, k := range decidingKeys(key) {
+		if err := c.takeHeadLocked(ctx, k); err != nil {
 			return err
 		}
 	}
-	c.loadedAt = started
+	if c.decides(key, decides) {
+		return nil
+	}
+	_, err := c.reloadLocked(ctx)
+	return err
+}
+
+// rolledBack takes in rollbacks committed here of generations of keys:
+// what was published since, then each key's head.
+func (c *policyCache) rolledBack(ctx context.Context, keys ...ledger.PolicyKey) error {
+	c.reload.Lock()
+	defer c.reload.Unlock()
+	if err := c.catchUpLocked(ctx); err != nil {
+		return err
+	}
+	for _, k := range keys {
+		if err := c.takeHeadLocked(ctx, k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// decides reports whether the cache's deciding generation for key is
+// generation.
+func (c *policyCache) decides(key ledger.PolicyKey, generation uint64) bool {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	g, ok := c.activeGen.Deciding(key)
+	return ok && g == generation
+}
+
+// decidingKeys are the keys whose active generations decide for key
+// (ledger.DecidingGeneration): its own, and its route's "*" one.
+func decidingKeys(key ledger.PolicyKey) []ledger.PolicyKey {
+	if key.Subject == ledger.AnySubject {
+		return []ledger.PolicyKey{key}
+	}
+	return []ledger.PolicyKey{key, {Subject: ledger.AnySubject, Route: key.Route, Region: key.Region}}
+}
+
+// takeHeadLocked (reload held) reads key's head and its active
+// generation, and makes the cache agree: that generation active (none
+// when the head has none), every cached generation of key newer than it
+// rolled back (the active generation is the newest not rolled back).
+func (c *policyCache) takeHeadLocked(ctx context.Context, key ledger.PolicyKey) error {
+	head, err := c.ledger.PolicyHead(ctx, key)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil // never had a policy: nothing cached for it either
+	}
+	if err != nil {
+		return fmt.Errorf("policy head %s: %w", key, err)
+	}
+	var active ledger.Policy
+	if head.Active != 0 {
+		if active, err = c.ledger.Policy(ctx, head.Active); err != nil {
+			return fmt.Errorf("policy generation %d: %w", head.Active, err)
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, m := range []map[uint64]ledger.Policy{c.kept, c.older} {
+		for g, p := range m {
+			if p.Key == key && g > head.Active && !p.RolledBack {
+				p.RolledBack = true
+				m[g] = p
+			}
+		}
+	}
+	if head.Active == 0 {
+		delete(c.activeGen, key)
+	} else {
+		c.activeGen[key] = head.Active
+		c.kept[active.Generation] = active
+		delete(c.older, active.Generation)
+	}
+	for g, p := range c.kept {
+		if p.Key == key {
+			c.dropLocked(key, g)
+		}
+	}
 	return nil
 }
 

@@ -309,7 +309,7 @@ func (s *Server) RollbackPolicy(ctx context.Context, req *connect.Request[v1.Rol
 	if res.Err != nil {
 		return nil, s.outcomeError(ctx, &res)
 	}
-	if _, err := s.policies.refresh(ctx); err != nil {
+	if err := s.policies.rolledBack(ctx, p.Key); err != nil {
 		s.log.Warn("policy cache refresh after rollback", "err", err)
 	}
 	s.log.Info("policy rolled back", "generation", generation, "key", p.Key.String(), "active", res.Generation, "replayed", res.Replayed)
@@ -473,7 +473,7 @@ func (s *Server) mapAgain(ctx context.Context, what string, attempt int, cmd *le
 	if !stale(cmd, res) || attempt >= staleRetries {
 		return false, nil
 	}
-	if _, err := s.policies.refresh(ctx); err != nil {
+	if err := s.policies.refreshStale(ctx, ledger.PolicyKey{Subject: cmd.Subject, Route: cmd.Route, Region: cmd.Region}, res.Generation); err != nil {
 		return false, notSentError(what+": policies", ReasonNoPolicy, err)
 	}
 	return true, nil

@@ -326,3 +326,75 @@ func TestMissesWithinTheIntervalReadNothing(t *testing.T) {
 		t.Errorf("5 misses within 100 ms read what is new %d times, want once", n)
 	}
 }
+
+// A reserve the ledger refuses as mapped for a generation that no longer
+// decides (another replica published or rolled back since), and a
+// rollback here, bring the cache to what decides by reading what is new
+// and the keys' heads: with a policy per tenant, every publish on one
+// replica cost every other replica a read of every policy at its next
+// reserve for that tenant, and every rollback one more.
+func TestStaleRefusalsAndRollbacksDoNotReadEveryPolicy(t *testing.T) {
+	var counting *policyListCounting
+	h := newHarness(t, harnessOptions{wrapStore: func(st store.Store) store.Store {
+		counting = &policyListCounting{Store: st}
+		return counting
+	}})
+	policy := func(subject string, burst int) string {
+		return fmt.Sprintf(`{"policy":{"subject":%q,"route":"chat.generate","dimensions":[{"unit":"tokens","burst":"%d","refillUnits":"1","refillInterval":"1s"}]}}`, subject, burst)
+	}
+	// reserve answers the generation that decided.
+	reserve := func(id, subject string) any {
+		t.Helper()
+		return h.ok("Reserve", fmt.Sprintf(`{"reservationId":%q,"subject":%q,"route":"chat.generate","units":{"tokens":1}}`, id, subject), "")["policyGeneration"]
+	}
+	h.ok("PublishPolicy", policy("*", 50), "")         // 1
+	h.ok("PublishPolicy", policy("tenant-a", 100), "") // 2
+	h.ok("PublishPolicy", policy("tenant-b", 100), "") // 3
+	if g := reserve("a-1", "tenant-a"); g != "2" {
+		t.Fatalf("tenant-a reserved under generation %v, want 2", g)
+	}
+	before := counting.lists.Load()
+
+	// The other replica shares the engine and store: its publishes and
+	// rollbacks read no policy list either.
+	other := *h
+	other.url = serve(t, server.New(h.engine, server.Config{Clock: h.clock.Now, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}))
+	// A publish elsewhere: here the cache still maps tenant-a to 2.
+	other.ok("PublishPolicy", policy("tenant-a", 200), "") // 4
+	if g := reserve("a-2", "tenant-a"); g != "4" {
+		t.Fatalf("after a publish elsewhere tenant-a reserved under generation %v, want 4", g)
+	}
+	// A rollback elsewhere: 4 goes, 2 decides again.
+	other.ok("RollbackPolicy", `{"generation":"4"}`, "")
+	if g := reserve("a-3", "tenant-a"); g != "2" {
+		t.Fatalf("after a rollback elsewhere tenant-a reserved under generation %v, want 2", g)
+	}
+	// tenant-b's only generation rolled back elsewhere: "*" decides.
+	other.ok("RollbackPolicy", `{"generation":"3"}`, "")
+	if g := reserve("b-1", "tenant-b"); g != "1" {
+		t.Fatalf("with tenant-b's only generation rolled back elsewhere, reserved under generation %v, want 1 (\"*\")", g)
+	}
+	// "*" published again here, then rolled back elsewhere: a subject
+	// without a policy of its own goes back to the older "*".
+	h.ok("PublishPolicy", policy("*", 60), "") // 5
+	if g := reserve("c-1", "tenant-c"); g != "5" {
+		t.Fatalf("tenant-c reserved under generation %v, want 5", g)
+	}
+	other.ok("RollbackPolicy", `{"generation":"5"}`, "")
+	if g := reserve("c-2", "tenant-c"); g != "1" {
+		t.Fatalf("with the newer \"*\" rolled back elsewhere, tenant-c reserved under generation %v, want 1", g)
+	}
+	// A rollback here, then a reserve: mapped right the first time.
+	h.ok("PublishPolicy", policy("tenant-a", 300), "") // 6
+	h.ok("RollbackPolicy", `{"generation":"6"}`, "")
+	commands := h.engine.Stats().Commands
+	if g := reserve("a-4", "tenant-a"); g != "2" {
+		t.Fatalf("after a rollback here tenant-a reserved under generation %v, want 2", g)
+	}
+	if n := h.engine.Stats().Commands - commands; n != 1 {
+		t.Fatalf("the reserve after a rollback here ran %d commands, want 1 (none refused as stale)", n)
+	}
+	if n := counting.lists.Load() - before; n != 0 {
+		t.Fatalf("publishes and rollbacks on two replicas and the stale reserves after them read every policy %d times, want 0", n)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
@@ -19,6 +20,35 @@ type policyRows struct {
 
 func (l *policyRows) Policies(context.Context) ([]ledger.Policy, error) {
 	return append([]ledger.Policy(nil), l.rows...), nil
+}
+
+func (l *policyRows) PoliciesAfter(_ context.Context, generation uint64) ([]ledger.Policy, error) {
+	var out []ledger.Policy
+	for _, p := range l.rows {
+		if p.Generation > generation {
+			out = append(out, p)
+		}
+	}
+	return out, nil
+}
+
+// PolicyHead is the key's head as the ledger keeps it: the newest
+// generation, and the newest not rolled back (0 for none).
+func (l *policyRows) PolicyHead(_ context.Context, key ledger.PolicyKey) (ledger.PolicyHead, error) {
+	h := ledger.PolicyHead{Key: key}
+	for _, p := range l.rows {
+		if p.Key != key {
+			continue
+		}
+		h.Latest = max(h.Latest, p.Generation)
+		if !p.RolledBack {
+			h.Active = max(h.Active, p.Generation)
+		}
+	}
+	if h.Latest == 0 {
+		return h, store.ErrNotFound
+	}
+	return h, nil
 }
 
 func (l *policyRows) Policy(_ context.Context, generation uint64) (ledger.Policy, error) {
@@ -84,8 +114,12 @@ func TestPolicyCacheRecentAnswersAsBefore(t *testing.T) {
 		"rollback of an older one":   {pub(a), pub(b), pub(a), pub(a), back(1), pub(b)},
 		"many, then back to the old": {pub(a), pub(a), pub(a), pub(a), pub(a), pub(a), back(6), back(5), back(4), back(3)},
 	}
+	keys := []ledger.PolicyKey{a, b, c, {Subject: "tenant-8", Route: "chat.generate", Region: "eu"}, {Subject: "tenant-8", Route: "embed", Region: "eu"}}
 	for name, steps := range cases {
-		for _, learn := range []string{"reload", "get"} {
+		// How the cache learns: publishes by a reload, a get, a publish
+		// here (published) or a miss (catching up); rollbacks by a reload,
+		// a rollback here (rolledBack) or a stale refusal (refreshStale).
+		for _, learn := range []string{"reload", "get", "published", "miss"} {
 			t.Run(name+"/"+learn, func(t *testing.T) {
 				ctx := context.Background()
 				l := &policyRows{}
@@ -94,21 +128,69 @@ func TestPolicyCacheRecentAnswersAsBefore(t *testing.T) {
 					switch {
 					case s.publish != nil:
 						g := l.publish(*s.publish)
-						if learn == "get" {
-							if _, err := cache.get(ctx, g); err != nil {
-								t.Fatal(err)
-							}
-						} else if _, err := cache.refresh(ctx); err != nil {
+						var err error
+						switch learn {
+						case "get":
+							_, err = cache.get(ctx, g)
+						case "published":
+							cache.published(l.rows[g-1])
+						case "miss":
+							cache.loadedAt = time.Time{}
+							err = cache.refreshForMiss(ctx, *s.publish)
+						default:
+							_, err = cache.refresh(ctx)
+						}
+						if err != nil {
 							t.Fatal(err)
 						}
 					default:
-						// A rollback is always followed by a reload (the
-						// server's handler refreshes).
-						l.rows[s.rollback-1].RolledBack = true
-						if _, err := cache.refresh(ctx); err != nil {
+						p := &l.rows[s.rollback-1]
+						p.RolledBack = true
+						var err error
+						switch learn {
+						case "get", "published":
+							err = cache.rolledBack(ctx, p.Key)
+						case "miss":
+							// A reserve mapped by the cache, refused by
+							// the ledger for the generation that decides.
+							decides, _ := ledger.NewActiveGenerations(l.rows).Deciding(p.Key)
+							if cached, ok := cache.active(p.Key); !ok || cached.Generation != decides {
+								err = cache.refreshStale(ctx, p.Key, decides)
+							}
+						default:
+							_, err = cache.refresh(ctx)
+						}
+						if err != nil {
 							t.Fatal(err)
 						}
 					}
+					truth := ledger.NewActiveGenerations(l.rows)
+					for _, k := range keys {
+						want, wantOK := truth.Deciding(k)
+						p, ok := cache.active(k)
+						if ok != wantOK || ok && p.Generation != want {
+							t.Errorf("after step %d: the cache decides %v for %v (%v), want %d (%v)", i+1, p.Generation, k, ok, want, wantOK)
+						}
+						if ok && p.RolledBack {
+							t.Errorf("after step %d: the deciding generation %d of %v is cached as rolled back", i+1, p.Generation, k)
+						}
+					}
+					// A rollback elsewhere of a generation that decides for
+					// nothing is told to no cache (no reserve is refused
+					// for it): its flag may lag there, and nothing shown
+					// comes from it (GetPolicy reads the store).
+					if learn == "miss" {
+						continue
+					}
+					cache.mu.RLock()
+					for _, m := range []map[uint64]ledger.Policy{cache.kept, cache.older} {
+						for g, p := range m {
+							if p.RolledBack != l.rows[g-1].RolledBack {
+								t.Errorf("after step %d: generation %d cached with rolledBack %v, want %v", i+1, g, p.RolledBack, l.rows[g-1].RolledBack)
+							}
+						}
+					}
+					cache.mu.RUnlock()
 					for g := uint64(1); g <= uint64(len(l.rows))+2; g++ {
 						if got, want := cache.recent(g), recentBefore(l.rows, g); got != want {
 							t.Errorf("after step %d: recent(%d) = %v, want %v", i+1, g, got, want)

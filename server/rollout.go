@@ -613,7 +613,13 @@ func (svc *rolloutService) RollbackGenerations(ctx context.Context, req *connect
 	if cerr != nil {
 		return nil, cerr
 	}
-	if _, err := svc.s.policies.refresh(ctx); err != nil {
+	keys := make([]ledger.PolicyKey, 0, len(cmds))
+	for i := range cmds {
+		if !slices.Contains(keys, cmds[i].PolicyKey) {
+			keys = append(keys, cmds[i].PolicyKey)
+		}
+	}
+	if err := svc.s.policies.rolledBack(ctx, keys...); err != nil {
 		svc.s.log.Warn("policy cache refresh after rollback", "err", err)
 	}
 	resp := &v1.RollbackGenerationsResponse{}
