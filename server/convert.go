@@ -322,9 +322,18 @@ func (c *policyCache) takeHeadLocked(ctx context.Context, key ledger.PolicyKey) 
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	// A generation newer than the head's latest was published (here, by
+	// published, which does not wait for this) after the head was read:
+	// the head says nothing of it, and it stays as cached (it decides if
+	// live).
+	var since []ledger.Policy
 	for _, m := range []map[uint64]ledger.Policy{c.kept, c.older} {
 		for g, p := range m {
-			if p.Key == key && g > head.Active && !p.RolledBack {
+			switch {
+			case p.Key != key:
+			case g > head.Latest:
+				since = append(since, p)
+			case g > head.Active && !p.RolledBack:
 				p.RolledBack = true
 				m[g] = p
 			}
@@ -336,6 +345,9 @@ func (c *policyCache) takeHeadLocked(ctx context.Context, key ledger.PolicyKey) 
 		c.activeGen[key] = head.Active
 		c.kept[active.Generation] = active
 		delete(c.older, active.Generation)
+	}
+	for i := range since {
+		c.activeGen.Add(&since[i])
 	}
 	for g, p := range c.kept {
 		if p.Key == key {

@@ -398,3 +398,63 @@ func TestStaleRefusalsAndRollbacksDoNotReadEveryPolicy(t *testing.T) {
 		t.Fatalf("publishes and rollbacks on two replicas and the stale reserves after them read every policy %d times, want 0", n)
 	}
 }
+
+// policyHeadHolding holds a read of a head, once armed, after it read the
+// row and before it returns it.
+type policyHeadHolding struct {
+	store.Store
+	hold          atomic.Bool
+	read, release chan struct{}
+}
+
+func (s *policyHeadHolding) PolicyHead(ctx context.Context, key ledger.PolicyKey) (ledger.PolicyHead, error) {
+	h, err := s.Store.PolicyHead(ctx, key)
+	if s.hold.CompareAndSwap(true, false) {
+		s.read <- struct{}{}
+		<-s.release
+	}
+	return h, err
+}
+
+// A rollback here takes its key's head; a publish of that key here
+// answered after the head was read is newer than the head knew: the
+// cache keeps it active and live (it was marked rolled back, and the next
+// reserve mapped for the older generation was refused as stale).
+func TestAPublishDuringARollbacksHeadReadStaysActive(t *testing.T) {
+	var holding *policyHeadHolding
+	h := newHarness(t, harnessOptions{wrapStore: func(st store.Store) store.Store {
+		holding = &policyHeadHolding{Store: st, read: make(chan struct{}), release: make(chan struct{})}
+		return holding
+	}})
+	policy := func(burst int) string {
+		return fmt.Sprintf(`{"policy":{"subject":"tenant-r","route":"chat.generate","dimensions":[{"unit":"tokens","burst":"%d","refillUnits":"1","refillInterval":"1s"}]}}`, burst)
+	}
+	h.ok("PublishPolicy", policy(100), "") // 1
+	h.ok("PublishPolicy", policy(200), "") // 2
+	holding.hold.Store(true)
+	rolledBack := make(chan error, 1)
+	go func() {
+		resp, err := http.Post(h.url+"/capledger.v1.LedgerService/RollbackPolicy", "application/json", strings.NewReader(`{"generation":"2"}`))
+		if err == nil {
+			if resp.StatusCode != http.StatusOK {
+				err = fmt.Errorf("rollback: status %d", resp.StatusCode)
+			}
+			resp.Body.Close()
+		}
+		rolledBack <- err
+	}()
+	<-holding.read                         // the rollback read the head: 1 active, 2 the latest
+	h.ok("PublishPolicy", policy(300), "") // 3
+	close(holding.release)
+	if err := <-rolledBack; err != nil {
+		t.Fatal(err)
+	}
+	commands := h.engine.Stats().Commands
+	got := h.ok("Reserve", `{"reservationId":"r-1","subject":"tenant-r","route":"chat.generate","units":{"tokens":1}}`, "")
+	if g := got["policyGeneration"]; g != "3" {
+		t.Fatalf("reserved under generation %v, want 3", g)
+	}
+	if n := h.engine.Stats().Commands - commands; n != 1 {
+		t.Errorf("the reserve ran %d commands, want 1 (none refused as stale)", n)
+	}
+}
