@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -321,9 +322,18 @@ func (c *policyCache) takeHeadLocked(ctx context.Context, key ledger.PolicyKey) 
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	// A generation newer than the head's latest was published (here, by
+	// published, which does not wait for this) after the head was read:
+	// the head says nothing of it, and it stays as cached (it decides if
+	// live).
+	var since []ledger.Policy
 	for _, m := range []map[uint64]ledger.Policy{c.kept, c.older} {
 		for g, p := range m {
-			if p.Key == key && g > head.Active && !p.RolledBack {
+			switch {
+			case p.Key != key:
+			case g > head.Latest:
+				since = append(since, p)
+			case g > head.Active && !p.RolledBack:
 				p.RolledBack = true
 				m[g] = p
 			}
@@ -335,6 +345,9 @@ func (c *policyCache) takeHeadLocked(ctx context.Context, key ledger.PolicyKey) 
 		c.activeGen[key] = head.Active
 		c.kept[active.Generation] = active
 		delete(c.older, active.Generation)
+	}
+	for i := range since {
+		c.activeGen.Add(&since[i])
 	}
 	for g, p := range c.kept {
 		if p.Key == key {
@@ -364,7 +377,24 @@ func (c *policyCache) reloadLocked(ctx context.Context) ([]ledger.Policy, error)
 		}
 	}
 	c.mu.Lock()
+	// Generations taken in since the read (a publish here, which does not
+	// wait for reloads, or get) are newer than every one it read: keep
+	// them, or a publish answered while this reload ran would be
+	// forgotten, and its key answer NO_POLICY here until a miss read it
+	// again.
+	var since []ledger.Policy
+	for _, cached := range []map[uint64]ledger.Policy{c.kept, c.older} {
+		for g, p := range cached {
+			if g > through {
+				since = append(since, p)
+			}
+		}
+	}
 	c.kept, c.older, c.activeGen, c.newest, c.through = fresh.kept, map[uint64]ledger.Policy{}, active, newest, through
+	slices.SortFunc(since, func(a, b ledger.Policy) int { return cmp.Compare(a.Generation, b.Generation) })
+	for i := range since {
+		c.addLocked(since[i])
+	}
 	c.mu.Unlock()
 	c.loadedAt = started
 	return all, nil

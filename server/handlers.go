@@ -207,7 +207,11 @@ func (s *Server) PublishPolicy(ctx context.Context, req *connect.Request[v1.Publ
 	// Read back the generation and its key's head, two rows, and take the
 	// generation into the cache: a reload of every policy here made
 	// publishing N policies cost N^2 policy reads.
-	stored, active, err := s.policyAndActive(ctx, res.Generation)
+	stored, err := s.ledger.Policy(ctx, res.Generation)
+	var active bool
+	if err == nil {
+		active, err = s.isActive(ctx, &stored)
+	}
 	if err != nil {
 		return nil, appliedErrorAdvising("publish policy: read back",
 			"read it with GetPolicy rather than publishing again (the same terms replay only while their generation is active)", err)
@@ -217,18 +221,14 @@ func (s *Server) PublishPolicy(ctx context.Context, req *connect.Request[v1.Publ
 	return connect.NewResponse(&v1.PublishPolicyResponse{Policy: PolicyProto(&stored, active), Replayed: res.Replayed}), nil
 }
 
-// policyAndActive reads generation from the store and whether it is its
-// key's active one now: two rows, however many policies there are.
-func (s *Server) policyAndActive(ctx context.Context, generation uint64) (ledger.Policy, bool, error) {
-	p, err := s.ledger.Policy(ctx, generation)
-	if err != nil {
-		return p, false, err
-	}
+// isActive reads p's key's head: whether p is its key's active generation
+// now (one row, however many policies there are).
+func (s *Server) isActive(ctx context.Context, p *ledger.Policy) (bool, error) {
 	head, err := s.ledger.PolicyHead(ctx, p.Key)
 	if err != nil {
-		return p, false, fmt.Errorf("policy head %s: %w", p.Key, err)
+		return false, fmt.Errorf("policy head %s: %w", p.Key, err)
 	}
-	return p, head.Active == generation, nil
+	return head.Active == p.Generation, nil
 }
 
 // GetPolicy implements LedgerService.GetPolicy.
@@ -237,16 +237,22 @@ func (s *Server) GetPolicy(ctx context.Context, req *connect.Request[v1.GetPolic
 	if cerr := checkGeneration("generation", generation); cerr != nil {
 		return nil, cerr
 	}
-	p, active, err := s.policyAndActive(ctx, generation)
+	p, err := s.ledger.Policy(ctx, generation)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, notFound(ReasonPolicyNotFound, strconv.FormatUint(generation, 10))
 	}
 	if err != nil {
 		return nil, readError("get policy", ReasonPolicyNotFound, err)
 	}
+	// The scope first: the head read's error names the key, another
+	// tenant's to a scoped token.
 	if !inPolicyScope(ctx, p.Key) {
 		s.logOutOfScope(ctx, "get policy", "generation", generation)
 		return nil, notFound(ReasonPolicyNotFound, strconv.FormatUint(generation, 10))
+	}
+	active, err := s.isActive(ctx, &p)
+	if err != nil {
+		return nil, readError("get policy", ReasonPolicyNotFound, err)
 	}
 	return connect.NewResponse(&v1.GetPolicyResponse{Policy: s.policyWithModeNow(ctx, &p, active)}), nil
 }

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,10 +16,18 @@ import (
 	"github.com/capledger/capledger/store"
 )
 
-// policyListCounting counts reads of every policy (PolicyList).
+// policyListCounting counts reads of every policy (PolicyList), and the
+// rows read as new (PolicyListAfter).
 type policyListCounting struct {
 	store.Store
-	lists atomic.Int64
+	lists, newRows, afterReads atomic.Int64
+}
+
+func (s *policyListCounting) PolicyListAfter(ctx context.Context, after uint64) ([]ledger.Policy, error) {
+	newer, err := s.Store.PolicyListAfter(ctx, after)
+	s.afterReads.Add(1)
+	s.newRows.Add(int64(len(newer)))
+	return newer, err
 }
 
 func (s *policyListCounting) PolicyList(ctx context.Context) ([]ledger.Policy, error) {
@@ -107,6 +117,216 @@ func TestAUnitARollbackElsewhereBroughtBackIsSeenOnAMiss(t *testing.T) {
 	}
 }
 
+// policyListHolding holds a read of every policy, once armed, after it
+// read its rows and before it returns them: a reload that read its
+// snapshot before a publish committed and takes it in after.
+type policyListHolding struct {
+	store.Store
+	hold          atomic.Bool
+	read, release chan struct{}
+	afterReads    atomic.Int64
+}
+
+func (s *policyListHolding) PolicyList(ctx context.Context) ([]ledger.Policy, error) {
+	all, err := s.Store.PolicyList(ctx)
+	if s.hold.CompareAndSwap(true, false) {
+		s.read <- struct{}{}
+		<-s.release
+	}
+	return all, err
+}
+
+func (s *policyListHolding) PolicyListAfter(ctx context.Context, after uint64) ([]ledger.Policy, error) {
+	s.afterReads.Add(1)
+	return s.Store.PolicyListAfter(ctx, after)
+}
+
+// A reload of every policy (here ListPolicies's) that read its rows
+// before a publish on this replica committed, and takes them in after the
+// publish answered, keeps the published generation: the replica that
+// published admits under it at once (API.md), without a miss. It was
+// forgotten until a miss read it again, and a reserve within 100 ms of
+// the reload answered NO_POLICY.
+func TestAReloadThatReadBeforeAPublishKeepsThePublishedGeneration(t *testing.T) {
+	var holding *policyListHolding
+	h := newHarness(t, harnessOptions{wrapStore: func(st store.Store) store.Store {
+		holding = &policyListHolding{Store: st, read: make(chan struct{}), release: make(chan struct{})}
+		return holding
+	}})
+	h.ok("PublishPolicy", `{"policy":{"subject":"tenant-a","route":"chat.generate","dimensions":[{"unit":"tokens","burst":"100","refillUnits":"1","refillInterval":"1s"}]}}`, "")
+	holding.hold.Store(true)
+	listed := make(chan error, 1)
+	go func() {
+		resp, err := http.Post(h.url+"/capledger.v1.LedgerService/ListPolicies", "application/json", strings.NewReader(`{}`))
+		if err == nil {
+			resp.Body.Close()
+		}
+		listed <- err
+	}()
+	<-holding.read // the reload read its rows: only tenant-a's
+	h.ok("PublishPolicy", `{"policy":{"subject":"tenant-b","route":"chat.generate","dimensions":[{"unit":"tokens","burst":"100","refillUnits":"1","refillInterval":"1s"}]}}`, "")
+	close(holding.release)
+	if err := <-listed; err != nil {
+		t.Fatal(err)
+	}
+	before := holding.afterReads.Load()
+	if got := h.ok("Reserve", `{"reservationId":"r-b","subject":"tenant-b","route":"chat.generate","units":{"tokens":1}}`, ""); field(got, "reservation", "state") != "RESERVATION_STATE_RESERVED" {
+		t.Fatalf("reserve under the policy this replica published: %v", got)
+	}
+	if n := holding.afterReads.Load() - before; n != 0 {
+		t.Fatalf("the reserve under a policy this replica published missed the cache (%d reads of new policies), want a hit", n)
+	}
+}
+
+// policyHeadFailing fails PolicyHead while fail is set.
+type policyHeadFailing struct {
+	store.Store
+	fail atomic.Bool
+}
+
+func (s *policyHeadFailing) PolicyHead(ctx context.Context, key ledger.PolicyKey) (ledger.PolicyHead, error) {
+	if s.fail.Load() {
+		return ledger.PolicyHead{}, fmt.Errorf("%w: policy head: connection reset by peer", store.ErrUnavailable)
+	}
+	return s.Store.PolicyHead(ctx, key)
+}
+
+// GetPolicy checks the token's scope on the generation before it reads
+// the generation's head: another tenant's generation answers as one never
+// published, also when the head read would fail (a 503 there told a
+// scoped token the generation exists).
+func TestGetPolicyOutOfScopeAnswersNotFoundBeforeReadingTheHead(t *testing.T) {
+	var failing *policyHeadFailing
+	h := newHarness(t, harnessOptions{auth: true, tokens: scopedTokens, wrapStore: func(st store.Store) store.Store {
+		failing = &policyHeadFailing{Store: st}
+		return failing
+	}})
+	h.ok("PublishPolicy", `{"policy":{"subject":"tenant-b/u1","route":"chat.generate","dimensions":[{"unit":"tokens","burst":"100","refillUnits":"1","refillInterval":"1s"}]}}`, adminToken)
+	failing.fail.Store(true)
+	foreign := h.call("GetPolicy", `{"generation":"1"}`, gwAToken)
+	h.wantError(foreign, http.StatusNotFound, "not_found", server.ReasonPolicyNotFound)
+	missing := h.call("GetPolicy", `{"generation":"2"}`, gwAToken)
+	if strings.ReplaceAll(string(foreign.raw), `1"`, `2"`) != string(missing.raw) {
+		t.Errorf("another tenant's generation answers\n  %s\nbut a missing one\n  %s", foreign.raw, missing.raw)
+	}
+	// The admin's read needs the head: unavailable, not not found.
+	h.wantError(h.call("GetPolicy", `{"generation":"1"}`, adminToken), http.StatusServiceUnavailable, "unavailable", server.ReasonStoreUnavailable)
+}
+
+// Misses of a subject a route's "*" policy decides (a unit it lacks) read
+// only that policy's head, not every policy, and what a miss read as new
+// is not read again by the next: a miss costs the generations published
+// since the last one and a row.
+func TestMissesUnderAWildcardPolicyReadItsHeadAndOnlyWhatIsNew(t *testing.T) {
+	var counting *policyListCounting
+	h := newHarness(t, harnessOptions{wrapStore: func(st store.Store) store.Store {
+		counting = &policyListCounting{Store: st}
+		return counting
+	}})
+	h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"chat.generate","dimensions":[{"unit":"tokens","burst":"100","refillUnits":"1","refillInterval":"1s"}]}}`, "")
+	other := *h
+	other.url = serve(t, server.New(h.engine, server.Config{Clock: h.clock.Now, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}))
+	for i := range 3 {
+		other.ok("PublishPolicy", fmt.Sprintf(`{"policy":{"subject":"elsewhere-%d","route":"embed","dimensions":[{"unit":"tokens","burst":"100","refillUnits":"1","refillInterval":"1s"}]}}`, i), "")
+	}
+	time.Sleep(150 * time.Millisecond) // past the miss reload interval
+	lists := counting.lists.Load()
+	var rows int64
+	for i := range 3 {
+		if i > 0 {
+			time.Sleep(150 * time.Millisecond)
+			rows = counting.newRows.Load()
+		}
+		r := h.call("Reserve", fmt.Sprintf(`{"reservationId":"miss-%d","subject":"someone","route":"chat.generate","units":{"requests":1}}`, i), "")
+		h.wantError(r, 400, "invalid_argument", server.ReasonUnknownUnit)
+		if n := counting.newRows.Load() - rows; i > 0 && n != 0 {
+			t.Errorf("miss %d read %d generations as new, want none (the first miss read them)", i, n)
+		}
+	}
+	if n := counting.lists.Load() - lists; n != 0 {
+		t.Errorf("3 misses under the route's \"*\" policy read every policy %d times, want 0", n)
+	}
+}
+
+// GetAccount reads the heads that decide for the subject; when that read
+// fails it answers 503, as when its policies could not be read, not the
+// accounts refilled by a guess at the deciding generation.
+func TestGetAccountWhoseHeadReadFailsIsUnavailable(t *testing.T) {
+	var failing *policyHeadFailing
+	h := newHarness(t, harnessOptions{wrapStore: func(st store.Store) store.Store {
+		failing = &policyHeadFailing{Store: st}
+		return failing
+	}})
+	h.ok("PublishPolicy", `{"policy":{"subject":"tenant-h","route":"chat.generate","dimensions":[{"unit":"tokens","burst":"100","refillUnits":"1","refillInterval":"1s"}]}}`, "")
+	h.ok("Reserve", `{"reservationId":"r-h","subject":"tenant-h","route":"chat.generate","units":{"tokens":5}}`, "")
+	failing.fail.Store(true)
+	h.wantError(h.call("GetAccount", `{"subject":"tenant-h","route":"chat.generate"}`, ""), http.StatusServiceUnavailable, "unavailable", server.ReasonStoreUnavailable)
+	failing.fail.Store(false)
+	if got := h.ok("GetAccount", `{"subject":"tenant-h","route":"chat.generate"}`, ""); len(got["accounts"].([]any)) != 1 {
+		t.Fatalf("GetAccount once the store answers: %v", got)
+	}
+}
+
+// A new generation of a key this replica knows, published on another
+// replica with a unit the cached one lacks: the miss for that unit reads
+// it as new, and the key's head then names it, so the reserve is admitted
+// without a read of every policy.
+func TestANewUnitPublishedElsewhereIsFoundWithoutReadingEveryPolicy(t *testing.T) {
+	var counting *policyListCounting
+	h := newHarness(t, harnessOptions{wrapStore: func(st store.Store) store.Store {
+		counting = &policyListCounting{Store: st}
+		return counting
+	}})
+	h.ok("PublishPolicy", `{"policy":{"subject":"tenant-u","route":"chat.generate","dimensions":[{"unit":"tokens","burst":"100","refillUnits":"1","refillInterval":"1s"}]}}`, "")
+	h.ok("Reserve", `{"reservationId":"r-tokens","subject":"tenant-u","route":"chat.generate","units":{"tokens":5}}`, "")
+	other := *h
+	other.url = serve(t, server.New(h.engine, server.Config{Clock: h.clock.Now, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}))
+	other.ok("PublishPolicy", `{"policy":{"subject":"tenant-u","route":"chat.generate","dimensions":[{"unit":"tokens","burst":"100","refillUnits":"1","refillInterval":"1s"},{"unit":"requests","burst":"10","refillUnits":"1","refillInterval":"1s"}]}}`, "")
+	time.Sleep(150 * time.Millisecond) // past the miss reload interval
+	lists := counting.lists.Load()
+	if got := h.ok("Reserve", `{"reservationId":"r-requests","subject":"tenant-u","route":"chat.generate","units":{"requests":1}}`, ""); field(got, "reservation", "state") != "RESERVATION_STATE_RESERVED" {
+		t.Fatalf("reserve of the unit published elsewhere: %v", got)
+	}
+	if n := counting.lists.Load() - lists; n != 0 {
+		t.Errorf("the miss read every policy %d times, want 0", n)
+	}
+}
+
+// GetPolicy reads one generation from the store: one past int64's range
+// (which a store holds as a signed column) is not found, as any generation
+// never published, not a store error or another generation.
+func TestGetPolicyOfAGenerationPastInt64IsNotFound(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	h.ok("PublishPolicy", `{"policy":{"subject":"tenant-g","route":"chat.generate","dimensions":[{"unit":"tokens","burst":"100","refillUnits":"1","refillInterval":"1s"}]}}`, "")
+	for _, g := range []string{"9223372036854775808", "9223372036854775809", "18446744073709551615"} {
+		h.wantError(h.call("GetPolicy", `{"generation":"`+g+`"}`, ""), http.StatusNotFound, "not_found", server.ReasonPolicyNotFound)
+	}
+}
+
+// Misses within missReloadInterval (100 ms) of the last catch-up read
+// nothing: a stream of reserves for subjects without a policy costs one
+// read of what is new per interval, not one per request.
+func TestMissesWithinTheIntervalReadNothing(t *testing.T) {
+	var counting *policyListCounting
+	h := newHarness(t, harnessOptions{wrapStore: func(st store.Store) store.Store {
+		counting = &policyListCounting{Store: st}
+		return counting
+	}})
+	h.ok("PublishPolicy", `{"policy":{"subject":"tenant-m","route":"chat.generate","dimensions":[{"unit":"tokens","burst":"100","refillUnits":"1","refillInterval":"1s"}]}}`, "")
+	reads := counting.afterReads.Load()
+	first := time.Now()
+	for i := range 5 {
+		r := h.call("Reserve", fmt.Sprintf(`{"reservationId":"miss-%d","subject":"nobody","route":"chat.generate","units":{"tokens":1}}`, i), "")
+		h.wantError(r, 404, "not_found", server.ReasonNoPolicy)
+	}
+	if time.Since(first) >= 100*time.Millisecond {
+		t.Skip("the misses took longer than the interval on this machine: nothing to check")
+	}
+	if n := counting.afterReads.Load() - reads; n != 1 {
+		t.Errorf("5 misses within 100 ms read what is new %d times, want once", n)
+	}
+}
+
 // A reserve the ledger refuses as mapped for a generation that no longer
 // decides (another replica published or rolled back since), and a
 // rollback here, bring the cache to what decides by reading what is new
@@ -176,5 +396,65 @@ func TestStaleRefusalsAndRollbacksDoNotReadEveryPolicy(t *testing.T) {
 	}
 	if n := counting.lists.Load() - before; n != 0 {
 		t.Fatalf("publishes and rollbacks on two replicas and the stale reserves after them read every policy %d times, want 0", n)
+	}
+}
+
+// policyHeadHolding holds a read of a head, once armed, after it read the
+// row and before it returns it.
+type policyHeadHolding struct {
+	store.Store
+	hold          atomic.Bool
+	read, release chan struct{}
+}
+
+func (s *policyHeadHolding) PolicyHead(ctx context.Context, key ledger.PolicyKey) (ledger.PolicyHead, error) {
+	h, err := s.Store.PolicyHead(ctx, key)
+	if s.hold.CompareAndSwap(true, false) {
+		s.read <- struct{}{}
+		<-s.release
+	}
+	return h, err
+}
+
+// A rollback here takes its key's head; a publish of that key here
+// answered after the head was read is newer than the head knew: the
+// cache keeps it active and live (it was marked rolled back, and the next
+// reserve mapped for the older generation was refused as stale).
+func TestAPublishDuringARollbacksHeadReadStaysActive(t *testing.T) {
+	var holding *policyHeadHolding
+	h := newHarness(t, harnessOptions{wrapStore: func(st store.Store) store.Store {
+		holding = &policyHeadHolding{Store: st, read: make(chan struct{}), release: make(chan struct{})}
+		return holding
+	}})
+	policy := func(burst int) string {
+		return fmt.Sprintf(`{"policy":{"subject":"tenant-r","route":"chat.generate","dimensions":[{"unit":"tokens","burst":"%d","refillUnits":"1","refillInterval":"1s"}]}}`, burst)
+	}
+	h.ok("PublishPolicy", policy(100), "") // 1
+	h.ok("PublishPolicy", policy(200), "") // 2
+	holding.hold.Store(true)
+	rolledBack := make(chan error, 1)
+	go func() {
+		resp, err := http.Post(h.url+"/capledger.v1.LedgerService/RollbackPolicy", "application/json", strings.NewReader(`{"generation":"2"}`))
+		if err == nil {
+			if resp.StatusCode != http.StatusOK {
+				err = fmt.Errorf("rollback: status %d", resp.StatusCode)
+			}
+			resp.Body.Close()
+		}
+		rolledBack <- err
+	}()
+	<-holding.read                         // the rollback read the head: 1 active, 2 the latest
+	h.ok("PublishPolicy", policy(300), "") // 3
+	close(holding.release)
+	if err := <-rolledBack; err != nil {
+		t.Fatal(err)
+	}
+	commands := h.engine.Stats().Commands
+	got := h.ok("Reserve", `{"reservationId":"r-1","subject":"tenant-r","route":"chat.generate","units":{"tokens":1}}`, "")
+	if g := got["policyGeneration"]; g != "3" {
+		t.Fatalf("reserved under generation %v, want 3", g)
+	}
+	if n := h.engine.Stats().Commands - commands; n != 1 {
+		t.Errorf("the reserve ran %d commands, want 1 (none refused as stale)", n)
 	}
 }

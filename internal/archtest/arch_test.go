@@ -149,6 +149,8 @@ var layers = []layer{
 		why: "a measurement tool: profiles the heap of a checkpoint cut over a SQLite store (docs/PERFORMANCE.md)"},
 	{pkg: "scripts/debtlist", imports: []string{"engine", "ledger", "store", "store/sqlite", "store/postgres"},
 		why: "a measurement tool: times a ListDebts page over a SQLite or PostgreSQL store of many accounts (docs/PERFORMANCE.md)"},
+	{pkg: "scripts/manypolicies", imports: nil, stdOnly: true,
+		why: "a measurement tool: publishes many policies and times the calls over the public JSON API (docs/PERFORMANCE.md, Many policies); a client of the API, it imports nothing of ours"},
 	{pkg: "scripts/failoverload", imports: nil, stdOnly: true,
 		why: "a check tool: reserves over the public JSON API through failovers and verifies every acknowledged id (docs/OPERATIONS.md, pg_auto_failover); a client of the API, it imports nothing of ours"},
 
