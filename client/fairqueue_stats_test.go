@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -13,47 +14,8 @@ import (
 // (FAIRNESS.md), so FairQueue.Stats no longer counts it as queued, though
 // sched keeps its entry until its turn comes and skips it then.
 func TestFairQueueStatsLeavesOutARequestWhoseClientLeft(t *testing.T) {
-	l := startLedger(t)
-	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 10_000})
-	l.publish(t, policySpec{subject: "blocker", route: "chat.generate", burst: 10_000})
-	q, err := l.direct.NewFairQueue(FairQueueConfig{Concurrency: 1, CostUnit: "tokens"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	release := make(chan struct{})
-	var releaseOnce sync.Once
-	unblock := func() { releaseOnce.Do(func() { close(release) }) }
-	blockerRunning := make(chan struct{})
-	backend := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("X-Tenant") == "blocker" {
-			close(blockerRunning)
-			<-release
-		}
-		ReportUsage(r.Context(), Units{"tokens": 10, "requests": 1})
-	})
-	gw := gateway(t, l.direct, MiddlewareConfig{Queue: q}, backend)
-	t.Cleanup(unblock) // runs before the gateway's Close, which a blocked handler would hang
-	blockerDone := make(chan error, 1)
-	go func() { _, _, err := trySend(gw.Client(), gw.URL, "blocker", "x"); blockerDone <- err }()
-	<-blockerRunning
-
-	ctx, cancel := context.WithCancel(context.Background())
-	req, _ := http.NewRequestWithContext(ctx, "POST", gw.URL, strings.NewReader("x"))
-	req.Header.Set("X-Tenant", "tenant-7")
-	errc := make(chan error, 1)
-	go func() { _, err := gw.Client().Do(req); errc <- err }()
-	waitQueued(t, q, 1)
-	cancel()
-	<-errc
-	// The middleware releases the reservation after the queue let it go.
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if b := l.balance(t, "tenant-7", "chat.generate"); b.GetReserved() == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the left request still holds capacity: %v", l.balance(t, "tenant-7", "chat.generate"))
-		}
-	}
+	l, q, gw, unblock, blockerDone := stalledQueue(t, FairQueueConfig{Concurrency: 1, CostUnit: "tokens"})
+	leaveQueued(t, l, q, gw)
 	if queued, running := q.Stats(); queued != 0 || running != 1 {
 		t.Fatalf("Stats: %d queued, %d running; want 0 queued (its client left, it was released), 1 running", queued, running)
 	}
@@ -74,51 +36,12 @@ func TestFairQueueStatsLeavesOutARequestWhoseClientLeft(t *testing.T) {
 // entries are held, left ones included, it is refused QUEUE_FULL with
 // nothing waiting, until the stalled slot frees and its turn skips them.
 func TestFairQueueLeftRequestsHoldSchedRoomUntilTheirTurn(t *testing.T) {
-	l := startLedger(t)
-	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 10_000})
-	l.publish(t, policySpec{subject: "blocker", route: "chat.generate", burst: 10_000})
-	q, err := l.direct.NewFairQueue(FairQueueConfig{Concurrency: 1, CostUnit: "tokens", MaxQueuePerTenant: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	release := make(chan struct{})
-	var releaseOnce sync.Once
-	unblock := func() { releaseOnce.Do(func() { close(release) }) }
-	blockerRunning := make(chan struct{})
-	backend := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("X-Tenant") == "blocker" {
-			close(blockerRunning)
-			<-release
-		}
-		ReportUsage(r.Context(), Units{"tokens": 10, "requests": 1})
-	})
-	gw := gateway(t, l.direct, MiddlewareConfig{Queue: q}, backend)
-	t.Cleanup(unblock)
-	blockerDone := make(chan error, 1)
-	go func() { _, _, err := trySend(gw.Client(), gw.URL, "blocker", "x"); blockerDone <- err }()
-	<-blockerRunning
+	l, q, gw, unblock, blockerDone := stalledQueue(t, FairQueueConfig{Concurrency: 1, CostUnit: "tokens", MaxQueuePerTenant: 1})
 
-	// leave queues one request of tenant-7 and lets its client go.
-	leave := func() {
-		t.Helper()
-		ctx, cancel := context.WithCancel(context.Background())
-		req, _ := http.NewRequestWithContext(ctx, "POST", gw.URL, strings.NewReader("x"))
-		req.Header.Set("X-Tenant", "tenant-7")
-		errc := make(chan error, 1)
-		go func() { _, err := gw.Client().Do(req); errc <- err }()
-		waitQueued(t, q, 1)
-		cancel()
-		<-errc
-		for deadline := time.Now().Add(10 * time.Second); l.balance(t, "tenant-7", "chat.generate").GetReserved() != 0; time.Sleep(10 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatal("the left request still holds capacity")
-			}
-		}
-	}
 	for range 3 {
-		leave()
+		leaveQueued(t, l, q, gw)
 	}
-	leave() // the fourth queues: the three left do not count against MaxQueuePerTenant
+	leaveQueued(t, l, q, gw) // the fourth queues: the three left do not count against MaxQueuePerTenant
 	if queued, _ := q.Stats(); queued != 0 {
 		t.Fatalf("%d queued, want 0: every client left", queued)
 	}
@@ -233,4 +156,55 @@ func TestMiddlewareFairQueueAnswers503ForAHoldThatExpiredWhileQueued(t *testing.
 		t.Fatalf("the next request: %d %s", resp.StatusCode, body)
 	}
 	l.audit(t)
+}
+
+// stalledQueue is a ledger with policies for tenant-7 and blocker, and a
+// gateway whose FairQueue (cfg) runs one request at a time, that slot
+// held by a blocker request stalled in the backend until unblock; its
+// answer comes on blockerDone.
+func stalledQueue(t *testing.T, cfg FairQueueConfig) (l *testLedger, q *FairQueue, gw *httptest.Server, unblock func(), blockerDone chan error) {
+	t.Helper()
+	l = startLedger(t)
+	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 10_000})
+	l.publish(t, policySpec{subject: "blocker", route: "chat.generate", burst: 10_000})
+	q, err := l.direct.NewFairQueue(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	var releaseOnce sync.Once
+	unblock = func() { releaseOnce.Do(func() { close(release) }) }
+	blockerRunning := make(chan struct{})
+	backend := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Tenant") == "blocker" {
+			close(blockerRunning)
+			<-release
+		}
+		ReportUsage(r.Context(), Units{"tokens": 10, "requests": 1})
+	})
+	gw = gateway(t, l.direct, MiddlewareConfig{Queue: q}, backend)
+	t.Cleanup(unblock) // runs before the gateway's Close, which a blocked handler would hang
+	blockerDone = make(chan error, 1)
+	go func() { _, _, err := trySend(gw.Client(), gw.URL, "blocker", "x"); blockerDone <- err }()
+	<-blockerRunning
+	return l, q, gw, unblock, blockerDone
+}
+
+// leaveQueued queues one request of tenant-7, lets its client go, and
+// waits until the middleware released its reservation.
+func leaveQueued(t *testing.T, l *testLedger, q *FairQueue, gw *httptest.Server) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "POST", gw.URL, strings.NewReader("x"))
+	req.Header.Set("X-Tenant", "tenant-7")
+	errc := make(chan error, 1)
+	go func() { _, err := gw.Client().Do(req); errc <- err }()
+	waitQueued(t, q, 1)
+	cancel()
+	<-errc
+	for deadline := time.Now().Add(10 * time.Second); l.balance(t, "tenant-7", "chat.generate").GetReserved() != 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the left request still holds capacity: %v", l.balance(t, "tenant-7", "chat.generate"))
+		}
+	}
 }

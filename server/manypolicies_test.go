@@ -3,8 +3,6 @@ package server_test
 import (
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -82,8 +80,7 @@ func TestPublishingAndMissesDoNotReadEveryPolicy(t *testing.T) {
 
 	// Another replica over the same store publishes for a subject this one
 	// has never seen: the next miss here finds it.
-	other := *h
-	other.url = serve(t, server.New(h.engine, server.Config{Clock: h.clock.Now, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}))
+	other := h.otherReplica()
 	other.ok("PublishPolicy", policy("late"), "")
 	time.Sleep(150 * time.Millisecond)
 	h.ok("Reserve", `{"reservationId":"r-late","subject":"late","route":"chat.generate","units":{"tokens":1}}`, "")
@@ -108,8 +105,7 @@ func TestAUnitARollbackElsewhereBroughtBackIsSeenOnAMiss(t *testing.T) {
 	reserve := `{"reservationId":"r-tokens","subject":"tenant-x","route":"chat.generate","units":{"tokens":5}}`
 	h.wantError(h.call("Reserve", reserve, ""), 400, "invalid_argument", server.ReasonUnknownUnit)
 
-	other := *h
-	other.url = serve(t, server.New(h.engine, server.Config{Clock: h.clock.Now, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}))
+	other := h.otherReplica()
 	other.ok("RollbackPolicy", `{"generation":"2"}`, "")
 	time.Sleep(150 * time.Millisecond) // past the miss reload interval
 	if got := h.ok("Reserve", reserve, ""); field(got, "reservation", "state") != "RESERVATION_STATE_RESERVED" {
@@ -224,8 +220,7 @@ func TestMissesUnderAWildcardPolicyReadItsHeadAndOnlyWhatIsNew(t *testing.T) {
 		return counting
 	}})
 	h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"chat.generate","dimensions":[{"unit":"tokens","burst":"100","refillUnits":"1","refillInterval":"1s"}]}}`, "")
-	other := *h
-	other.url = serve(t, server.New(h.engine, server.Config{Clock: h.clock.Now, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}))
+	other := h.otherReplica()
 	for i := range 3 {
 		other.ok("PublishPolicy", fmt.Sprintf(`{"policy":{"subject":"elsewhere-%d","route":"embed","dimensions":[{"unit":"tokens","burst":"100","refillUnits":"1","refillInterval":"1s"}]}}`, i), "")
 	}
@@ -279,8 +274,7 @@ func TestANewUnitPublishedElsewhereIsFoundWithoutReadingEveryPolicy(t *testing.T
 	}})
 	h.ok("PublishPolicy", `{"policy":{"subject":"tenant-u","route":"chat.generate","dimensions":[{"unit":"tokens","burst":"100","refillUnits":"1","refillInterval":"1s"}]}}`, "")
 	h.ok("Reserve", `{"reservationId":"r-tokens","subject":"tenant-u","route":"chat.generate","units":{"tokens":5}}`, "")
-	other := *h
-	other.url = serve(t, server.New(h.engine, server.Config{Clock: h.clock.Now, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}))
+	other := h.otherReplica()
 	other.ok("PublishPolicy", `{"policy":{"subject":"tenant-u","route":"chat.generate","dimensions":[{"unit":"tokens","burst":"100","refillUnits":"1","refillInterval":"1s"},{"unit":"requests","burst":"10","refillUnits":"1","refillInterval":"1s"}]}}`, "")
 	time.Sleep(150 * time.Millisecond) // past the miss reload interval
 	lists := counting.lists.Load()
@@ -357,8 +351,7 @@ func TestStaleRefusalsAndRollbacksDoNotReadEveryPolicy(t *testing.T) {
 
 	// The other replica shares the engine and store: its publishes and
 	// rollbacks read no policy list either.
-	other := *h
-	other.url = serve(t, server.New(h.engine, server.Config{Clock: h.clock.Now, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}))
+	other := h.otherReplica()
 	// A publish elsewhere: here the cache still maps tenant-a to 2.
 	other.ok("PublishPolicy", policy("tenant-a", 200), "") // 4
 	if g := reserve("a-2", "tenant-a"); g != "4" {

@@ -181,6 +181,15 @@ func newHarness(t testing.TB, opts harnessOptions) *harness {
 	return h
 }
 
+// otherReplica is another server over h's engine and store, as a second
+// replica on one store is: its own policy cache and counters, the same
+// ledger. Its log is discarded.
+func (h *harness) otherReplica() *harness {
+	other := *h
+	other.url = serve(h.t, server.New(h.engine, server.Config{Clock: h.clock.Now, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}))
+	return &other
+}
+
 func serve(t testing.TB, srv *server.Server) string {
 	t.Helper()
 	url, _ := serveFront(t, srv)

@@ -3,8 +3,6 @@ package server_test
 import (
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -138,8 +136,7 @@ func TestAnswerFailingAfterCommitSaysApplied(t *testing.T) {
 	h, failing := newPolicyFailingHarness(t)
 	// Another replica over the same engine and store publishes and
 	// reserves: h's server has read no policy yet.
-	other := *h
-	other.url = serve(t, server.New(h.engine, server.Config{Clock: h.clock.Now, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}))
+	other := h.otherReplica()
 	other.ok("PublishPolicy", tokensPolicy, "")
 	other.ok("Reserve", reserveBody("work-1", 100), "")
 
