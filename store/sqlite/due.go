@@ -121,9 +121,9 @@ func (s *Store) AccountsByEpoch(ctx context.Context, f store.EpochFilter) (_ []l
 	what := fmt.Sprintf("accounts of generation %d by epoch", f.Generation)
 	var rows []indexedAccount
 	if f.After == (store.EpochCursor{}) {
-		rows, err = queryAll(ctx, dbQuery{s.readDB, epochFirstSQL}, scanIndexedAccount, what, generation, bound, f.Limit)
+		rows, err = queryAll(ctx, s.r.epochFirst, scanIndexedAccount, what, generation, bound, f.Limit)
 	} else {
-		rows, err = queryAll(ctx, dbQuery{s.readDB, epochAfterSQL}, scanIndexedAccount, what, generation, bound, f.Limit,
+		rows, err = queryAll(ctx, s.r.epochAfter, scanIndexedAccount, what, generation, bound, f.Limit,
 			after, f.After.Subject, f.After.Route, f.After.Region)
 	}
 	if err != nil || len(rows) == 0 {
@@ -171,9 +171,9 @@ func (s *Store) EpochIndexCatchUp(ctx context.Context, f store.EpochFilter) (_ s
 	what := fmt.Sprintf("epoch index of generation %d", f.Generation)
 	var entries []entry
 	if f.After == (store.EpochCursor{}) {
-		entries, err = queryAll(ctx, dbQuery{s.readDB, catchUpFirstSQL}, scan, what, generation, bound, f.Limit)
+		entries, err = queryAll(ctx, s.r.catchUpFirst, scan, what, generation, bound, f.Limit)
 	} else {
-		entries, err = queryAll(ctx, dbQuery{s.readDB, catchUpAfterSQL}, scan, what, generation, bound, f.Limit,
+		entries, err = queryAll(ctx, s.r.catchUpAfter, scan, what, generation, bound, f.Limit,
 			after, f.After.Subject, f.After.Route, f.After.Region)
 	}
 	if err != nil || len(entries) == 0 {

@@ -220,6 +220,9 @@ type readStmts struct {
 	unknownFirst, unknownAfter, unknownBacklog                                                               *sql.Stmt
 	debtFirst, debtAfter                                                                                     *sql.Stmt
 	pageFirst, pageAfter                                                                                     *sql.Stmt
+	// The epoch worker's reads, one of each per generation a pass: parsed
+	// at every call they were half its CPU with a policy per tenant.
+	epochFirst, epochAfter, catchUpFirst, catchUpAfter *sql.Stmt
 	// accountsOfSubjects holds accountsOfSubjectsSQL of each size of
 	// subjectChunkSizes, in that order.
 	accountsOfSubjects [len(subjectChunkSizes)]*sql.Stmt
@@ -252,6 +255,10 @@ func (r *readStmts) prepare(ctx context.Context, db *sql.DB) error {
 	r.debtAfter = prep(debtAfterSQL)
 	r.pageFirst = prep(pageFirstSQL)
 	r.pageAfter = prep(pageAfterSQL)
+	r.epochFirst = prep(epochFirstSQL)
+	r.epochAfter = prep(epochAfterSQL)
+	r.catchUpFirst = prep(catchUpFirstSQL)
+	r.catchUpAfter = prep(catchUpAfterSQL)
 	for i, n := range subjectChunkSizes {
 		r.accountsOfSubjects[i] = prep(accountsOfSubjectsSQL(n))
 	}
@@ -260,7 +267,8 @@ func (r *readStmts) prepare(ctx context.Context, db *sql.DB) error {
 
 func (r *readStmts) close() {
 	stmts := []*sql.Stmt{r.reservation, r.account, r.accountsOf, r.accountsAll, r.policy, r.head, r.policies, r.policiesAfter, r.shard, r.shards, r.due,
-		r.unknownFirst, r.unknownAfter, r.unknownBacklog, r.debtFirst, r.debtAfter, r.pageFirst, r.pageAfter}
+		r.unknownFirst, r.unknownAfter, r.unknownBacklog, r.debtFirst, r.debtAfter, r.pageFirst, r.pageAfter,
+		r.epochFirst, r.epochAfter, r.catchUpFirst, r.catchUpAfter}
 	for _, st := range append(stmts, r.accountsOfSubjects[:]...) {
 		if st != nil {
 			st.Close()
