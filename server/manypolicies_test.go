@@ -33,6 +33,17 @@ func (s *policyListCounting) PolicyList(ctx context.Context) ([]ledger.Policy, e
 	return s.Store.PolicyList(ctx)
 }
 
+// policyCountingHarness is a harness whose engine's store counts its
+// reads of every policy.
+func policyCountingHarness(t *testing.T) (*harness, *policyListCounting) {
+	var counting *policyListCounting
+	h := newHarness(t, harnessOptions{wrapStore: func(st store.Store) store.Store {
+		counting = &policyListCounting{Store: st}
+		return counting
+	}})
+	return h, counting
+}
+
 // A platform with a policy per tenant publishes them one by one: each
 // publish read every policy back (to answer from a reloaded cache), so
 // publishing N policies read N^2 rows: 10,000 took minutes, at 3 a second
@@ -41,11 +52,7 @@ func (s *policyListCounting) PolicyList(ctx context.Context) ([]ledger.Policy, e
 // reads every policy now; what another replica published is still seen
 // on a miss, and what GetPolicy says is still fresh.
 func TestPublishingAndMissesDoNotReadEveryPolicy(t *testing.T) {
-	var counting *policyListCounting
-	h := newHarness(t, harnessOptions{wrapStore: func(st store.Store) store.Store {
-		counting = &policyListCounting{Store: st}
-		return counting
-	}})
+	h, counting := policyCountingHarness(t)
 	policy := func(subject string) string {
 		return fmt.Sprintf(`{"policy":{"subject":%q,"route":"chat.generate","dimensions":[{"unit":"tokens","burst":"100","refillUnits":"1","refillInterval":"1s"}]}}`, subject)
 	}
@@ -214,11 +221,7 @@ func TestGetPolicyOutOfScopeAnswersNotFoundBeforeReadingTheHead(t *testing.T) {
 // is not read again by the next: a miss costs the generations published
 // since the last one and a row.
 func TestMissesUnderAWildcardPolicyReadItsHeadAndOnlyWhatIsNew(t *testing.T) {
-	var counting *policyListCounting
-	h := newHarness(t, harnessOptions{wrapStore: func(st store.Store) store.Store {
-		counting = &policyListCounting{Store: st}
-		return counting
-	}})
+	h, counting := policyCountingHarness(t)
 	h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"chat.generate","dimensions":[{"unit":"tokens","burst":"100","refillUnits":"1","refillInterval":"1s"}]}}`, "")
 	other := h.otherReplica()
 	for i := range 3 {
@@ -267,11 +270,7 @@ func TestGetAccountWhoseHeadReadFailsIsUnavailable(t *testing.T) {
 // it as new, and the key's head then names it, so the reserve is admitted
 // without a read of every policy.
 func TestANewUnitPublishedElsewhereIsFoundWithoutReadingEveryPolicy(t *testing.T) {
-	var counting *policyListCounting
-	h := newHarness(t, harnessOptions{wrapStore: func(st store.Store) store.Store {
-		counting = &policyListCounting{Store: st}
-		return counting
-	}})
+	h, counting := policyCountingHarness(t)
 	h.ok("PublishPolicy", `{"policy":{"subject":"tenant-u","route":"chat.generate","dimensions":[{"unit":"tokens","burst":"100","refillUnits":"1","refillInterval":"1s"}]}}`, "")
 	h.ok("Reserve", `{"reservationId":"r-tokens","subject":"tenant-u","route":"chat.generate","units":{"tokens":5}}`, "")
 	other := h.otherReplica()
@@ -301,11 +300,7 @@ func TestGetPolicyOfAGenerationPastInt64IsNotFound(t *testing.T) {
 // nothing: a stream of reserves for subjects without a policy costs one
 // read of what is new per interval, not one per request.
 func TestMissesWithinTheIntervalReadNothing(t *testing.T) {
-	var counting *policyListCounting
-	h := newHarness(t, harnessOptions{wrapStore: func(st store.Store) store.Store {
-		counting = &policyListCounting{Store: st}
-		return counting
-	}})
+	h, counting := policyCountingHarness(t)
 	h.ok("PublishPolicy", `{"policy":{"subject":"tenant-m","route":"chat.generate","dimensions":[{"unit":"tokens","burst":"100","refillUnits":"1","refillInterval":"1s"}]}}`, "")
 	reads := counting.afterReads.Load()
 	first := time.Now()
@@ -328,11 +323,7 @@ func TestMissesWithinTheIntervalReadNothing(t *testing.T) {
 // replica cost every other replica a read of every policy at its next
 // reserve for that tenant, and every rollback one more.
 func TestStaleRefusalsAndRollbacksDoNotReadEveryPolicy(t *testing.T) {
-	var counting *policyListCounting
-	h := newHarness(t, harnessOptions{wrapStore: func(st store.Store) store.Store {
-		counting = &policyListCounting{Store: st}
-		return counting
-	}})
+	h, counting := policyCountingHarness(t)
 	policy := func(subject string, burst int) string {
 		return fmt.Sprintf(`{"policy":{"subject":%q,"route":"chat.generate","dimensions":[{"unit":"tokens","burst":"%d","refillUnits":"1","refillInterval":"1s"}]}}`, subject, burst)
 	}
