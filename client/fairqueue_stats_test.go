@@ -14,7 +14,7 @@ import (
 // (FAIRNESS.md), so FairQueue.Stats no longer counts it as queued, though
 // sched keeps its entry until its turn comes and skips it then.
 func TestFairQueueStatsLeavesOutARequestWhoseClientLeft(t *testing.T) {
-	l, q, gw, unblock, blockerDone := stalledQueue(t, FairQueueConfig{Concurrency: 1, CostUnit: "tokens"})
+	l, q, gw, unblock, blockerDone := stalledQueue(t, policySpec{burst: 10_000}, FairQueueConfig{Concurrency: 1, CostUnit: "tokens"}, nil)
 	leaveQueued(t, l, q, gw)
 	if queued, running := q.Stats(); queued != 0 || running != 1 {
 		t.Fatalf("Stats: %d queued, %d running; want 0 queued (its client left, it was released), 1 running", queued, running)
@@ -36,7 +36,7 @@ func TestFairQueueStatsLeavesOutARequestWhoseClientLeft(t *testing.T) {
 // entries are held, left ones included, it is refused QUEUE_FULL with
 // nothing waiting, until the stalled slot frees and its turn skips them.
 func TestFairQueueLeftRequestsHoldSchedRoomUntilTheirTurn(t *testing.T) {
-	l, q, gw, unblock, blockerDone := stalledQueue(t, FairQueueConfig{Concurrency: 1, CostUnit: "tokens", MaxQueuePerTenant: 1})
+	l, q, gw, unblock, blockerDone := stalledQueue(t, policySpec{burst: 10_000}, FairQueueConfig{Concurrency: 1, CostUnit: "tokens", MaxQueuePerTenant: 1}, nil)
 
 	for range 3 {
 		leaveQueued(t, l, q, gw)
@@ -88,33 +88,10 @@ func TestFairQueueLeftRequestsHoldSchedRoomUntilTheirTurn(t *testing.T) {
 // (the request did not run; a retry is a new request), the backend never
 // sees it, and its slot goes to the next request.
 func TestMiddlewareFairQueueAnswers503ForAHoldThatExpiredWhileQueued(t *testing.T) {
-	l := startLedger(t)
-	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 10_000, holdTTL: 200 * time.Millisecond})
-	l.publish(t, policySpec{subject: "blocker", route: "chat.generate", burst: 10_000})
-	q, err := l.direct.NewFairQueue(FairQueueConfig{Concurrency: 1, CostUnit: "tokens"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	release := make(chan struct{})
-	var releaseOnce sync.Once
-	unblock := func() { releaseOnce.Do(func() { close(release) }) }
-	blockerRunning := make(chan struct{})
 	var ranTenant7 sync.Once
 	ran := make(chan struct{})
-	backend := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("X-Tenant") == "blocker" {
-			close(blockerRunning)
-			<-release
-		} else {
-			ranTenant7.Do(func() { close(ran) })
-		}
-		ReportUsage(r.Context(), Units{"tokens": 10, "requests": 1})
-	})
-	gw := gateway(t, l.direct, MiddlewareConfig{Queue: q}, backend)
-	t.Cleanup(unblock)
-	blockerDone := make(chan error, 1)
-	go func() { _, _, err := trySend(gw.Client(), gw.URL, "blocker", "x"); blockerDone <- err }()
-	<-blockerRunning
+	l, q, gw, unblock, blockerDone := stalledQueue(t, policySpec{burst: 10_000, holdTTL: 200 * time.Millisecond},
+		FairQueueConfig{Concurrency: 1, CostUnit: "tokens"}, func() { ranTenant7.Do(func() { close(ran) }) })
 
 	type answer struct {
 		resp *http.Response
@@ -158,14 +135,16 @@ func TestMiddlewareFairQueueAnswers503ForAHoldThatExpiredWhileQueued(t *testing.
 	l.audit(t)
 }
 
-// stalledQueue is a ledger with policies for tenant-7 and blocker, and a
-// gateway whose FairQueue (cfg) runs one request at a time, that slot
-// held by a blocker request stalled in the backend until unblock; its
-// answer comes on blockerDone.
-func stalledQueue(t *testing.T, cfg FairQueueConfig) (l *testLedger, q *FairQueue, gw *httptest.Server, unblock func(), blockerDone chan error) {
+// stalledQueue is a ledger with policies tenant (for tenant-7 on
+// chat.generate) and one for blocker, and a gateway whose FairQueue (cfg)
+// runs one request at a time, that slot held by a blocker request stalled
+// in the backend until unblock; its answer comes on blockerDone. served,
+// when set, sees every other request the backend runs.
+func stalledQueue(t *testing.T, tenant policySpec, cfg FairQueueConfig, served func()) (l *testLedger, q *FairQueue, gw *httptest.Server, unblock func(), blockerDone chan error) {
 	t.Helper()
 	l = startLedger(t)
-	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 10_000})
+	tenant.subject, tenant.route = "tenant-7", "chat.generate"
+	l.publish(t, tenant)
 	l.publish(t, policySpec{subject: "blocker", route: "chat.generate", burst: 10_000})
 	q, err := l.direct.NewFairQueue(cfg)
 	if err != nil {
@@ -179,6 +158,8 @@ func stalledQueue(t *testing.T, cfg FairQueueConfig) (l *testLedger, q *FairQueu
 		if r.Header.Get("X-Tenant") == "blocker" {
 			close(blockerRunning)
 			<-release
+		} else if served != nil {
+			served()
 		}
 		ReportUsage(r.Context(), Units{"tokens": 10, "requests": 1})
 	})

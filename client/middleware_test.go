@@ -258,25 +258,7 @@ func TestMiddlewareFairQueueDispatchesByWeight(t *testing.T) {
 }
 
 func TestMiddlewareFairQueueReleasesAbandonedAndRefusesWhenFull(t *testing.T) {
-	l := startLedger(t)
-	l.publish(t, policySpec{subject: "tenant-7", route: "chat.generate", burst: 10_000})
-	l.publish(t, policySpec{subject: "blocker", route: "chat.generate", burst: 10_000})
-	q, err := l.direct.NewFairQueue(FairQueueConfig{Concurrency: 1, CostUnit: "tokens", MaxQueuePerTenant: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	release := make(chan struct{})
-	blockerRunning := make(chan struct{})
-	backend := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("X-Tenant") == "blocker" {
-			close(blockerRunning)
-			<-release
-		}
-		ReportUsage(r.Context(), Units{"tokens": 10, "requests": 1})
-	})
-	gw := gateway(t, l.direct, MiddlewareConfig{Queue: q}, backend)
-	go trySend(gw.Client(), gw.URL, "blocker", "x")
-	<-blockerRunning
+	l, q, gw, unblock, _ := stalledQueue(t, policySpec{burst: 10_000}, FairQueueConfig{Concurrency: 1, CostUnit: "tokens", MaxQueuePerTenant: 1}, nil)
 
 	// A queued request whose client gives up: its reservation is released.
 	ctx, cancel := context.WithCancel(context.Background())
@@ -301,7 +283,7 @@ func TestMiddlewareFairQueueReleasesAbandonedAndRefusesWhenFull(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	close(release)
+	unblock()
 	// The abandoned request's slot is skipped; a new one runs.
 	if resp, _ := send(t, gw.Client(), gw.URL, "tenant-7", "z"); resp.StatusCode != 200 {
 		t.Fatalf("after the blocker: %d", resp.StatusCode)
