@@ -749,9 +749,7 @@ func TestPublishRefusesEpochsLongerThanTheMaximum(t *testing.T) {
 func TestPublishEditedFromAGenerationActiveAgainAfterARollbackPublishes(t *testing.T) {
 	c := newChecked(t)
 	g1 := c.publish(policyOf(tokens(1000, 100)))
-	edited := func(burst ledger.Units, from uint64) ledger.Result {
-		return c.apply(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: policyOf(tokens(burst, 100)), Generation: from})
-	}
+	edited := func(burst ledger.Units, from uint64) ledger.Result { return c.publishEdited(tokens(burst, 100), from) }
 	g2 := edited(2000, g1)
 	if g2.Err != nil || g2.Replayed {
 		t.Fatalf("publish edited from the active generation %d: %+v", g1, g2)
@@ -770,9 +768,7 @@ func TestPublishEditedFromAGenerationActiveAgainAfterARollbackPublishes(t *testi
 func TestPublishEditedFromAStaleGenerationIsRefused(t *testing.T) {
 	c := newChecked(t)
 	g1 := c.publish(policyOf(tokens(1000, 100)))
-	edited := func(burst ledger.Units, from uint64) ledger.Result {
-		return c.apply(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: policyOf(tokens(burst, 100)), Generation: from})
-	}
+	edited := func(burst ledger.Units, from uint64) ledger.Result { return c.publishEdited(tokens(burst, 100), from) }
 	g2 := edited(2000, g1)
 	if g2.Err != nil || g2.Replayed {
 		t.Fatalf("publish edited from the active generation %d: %+v", g1, g2)

@@ -134,6 +134,13 @@ func (c *checked) apply(cmd ledger.Command) ledger.Result {
 	return res
 }
 
+// publishEdited publishes the test subject's policy with dim, edited from
+// generation from (Command.Generation; 0: no precondition), and returns
+// the ledger's answer as it is.
+func (c *checked) publishEdited(dim ledger.Dimension, from uint64) ledger.Result {
+	return c.apply(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: policyOf(dim), Generation: from})
+}
+
 func (c *checked) publish(p *ledger.Policy) uint64 {
 	c.t.Helper()
 	res := c.apply(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: p})
