@@ -86,6 +86,8 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"AccountsPage", testAccountsPage},
 		{"AccountsByEpoch", testAccountsByEpoch},
 		{"AccountsByEpochAfterRolls", testAccountsByEpochAfterRolls},
+		{"AccountsByEpochAcrossGenerations", testAccountsByEpochAcross},
+		{"AccountsByEpochAcrossGenerationsAfterRolls", testAccountsByEpochAcrossAfterRolls},
 		{"Leases", testLeases},
 		{"AccountList", testAccountList},
 		{"AccountsOfSubjects", testAccountsOfSubjects},
