@@ -57,6 +57,9 @@ type Pager struct {
 	lengths []time.Duration
 	now     time.Time
 	newest  uint64
+	// gens are the generations it knew that have an epoch length, by
+	// generation (EpochScans keeps them for the next pager).
+	gens []epochGeneration
 	done    bool
 	// make turns an account of a page into a command, or reports none.
 	make func(a *ledger.Account) (ledger.Command, bool)
@@ -139,15 +142,27 @@ const freshPerGeneration = 16
 // them, else all of them by one range from the start of the index
 // across generations.
 func (c *Core) EpochPager(ctx context.Context, now time.Time, pageSize int, since *EpochScans) (*Pager, error) {
-	policies, err := c.store.PolicyList(ctx)
+	p := &Pager{core: c, size: max(pageSize, 1), now: now}
+	// The generations' epoch lengths: those since remembers and the
+	// generations published since (a generation and its epoch length
+	// never change, and none is ever removed), else every policy.
+	var gens []epochGeneration
+	var policies []ledger.Policy
+	var err error
+	if since != nil {
+		gens, p.newest = since.gens, since.known
+		policies, err = c.store.PolicyListAfter(ctx, since.known)
+	} else {
+		policies, err = c.store.PolicyList(ctx)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("policies: %w", err)
 	}
-	gens := epochLengths(policies)
-	p := &Pager{core: c, size: max(pageSize, 1), now: now}
 	if n := len(policies); n > 0 {
-		p.newest = policies[n-1].Generation
+		gens = append(slices.Clip(gens), epochLengths(policies)...)
+		p.newest = max(p.newest, policies[n-1].Generation)
 	}
+	p.gens = gens
 	read, upTo := since.last()
 	// The generations the last pass read, by epoch length, and those it
 	// did not.
@@ -223,11 +238,17 @@ const EpochLateness = 2 * time.Minute
 // that ended by its clock: an account left there was idle and stays so
 // until a command touches it, which moves its epoch start to the
 // command's epoch, past the mark (less EpochLateness). The zero value
-// remembers nothing (a new leader reads every due account once). It
-// holds two values however many generations there are.
+// remembers nothing (a new leader reads every due account once).
+//
+// It also keeps, across passes whether complete or not, the epoch length
+// of every generation the pagers have read (16 bytes each), so that a
+// pass reads only the policies published since (PolicyListAfter), not
+// every policy.
 type EpochScans struct {
 	at     time.Time
 	newest uint64
+	gens   []epochGeneration
+	known  uint64
 }
 
 // last returns what s remembers: the clock of the last full pass (zero
@@ -242,11 +263,12 @@ func (s *EpochScans) last() (time.Time, uint64) {
 // Update records a pass's outcome: complete is whether it ran to its end
 // (otherwise everything is forgotten and the next pass reads everything).
 func (s *EpochScans) Update(p *Pager, complete bool) {
+	s.gens, s.known = p.gens, p.newest
 	if !complete {
-		*s = EpochScans{}
+		s.at, s.newest = time.Time{}, 0
 		return
 	}
-	*s = EpochScans{at: p.now, newest: p.newest}
+	s.at, s.newest = p.now, p.newest
 }
 
 // DrainPlan says how a drain pass reads one superseded generation.

@@ -447,8 +447,8 @@ func TestNewEpochPassDoesNotWaitForCatchUp(t *testing.T) {
 	}
 	clk.Advance(10 * time.Minute)
 	e.runEpochsWhenDue(ctx) // mid-epoch 0: nothing to close, a complete pass remembered
-	remembered := e.epochScans
-	if remembered == (EpochScans{}) {
+	rememberedAt, rememberedNewest := e.epochScans.last()
+	if rememberedAt.IsZero() {
 		t.Fatal("a complete pass left no EpochScans")
 	}
 	// Epoch 1: half the accounts reserve again (closing epoch 0 inline),
@@ -479,8 +479,9 @@ func TestNewEpochPassDoesNotWaitForCatchUp(t *testing.T) {
 	if n := statements(t0); n != accounts {
 		t.Fatalf("epoch 0: %d statements, want %d", n, accounts)
 	}
-	if e.epochScans != remembered {
-		t.Fatalf("after a catch-up cut short EpochScans remember %+v, want what they remembered before the pass, %+v", e.epochScans, remembered)
+	if at, newest := e.epochScans.last(); !at.Equal(rememberedAt) || newest != rememberedNewest {
+		t.Fatalf("after a catch-up cut short EpochScans remember a pass at %s up to generation %d, want what they remembered before the pass, at %s up to %d",
+			at, newest, rememberedAt, rememberedNewest)
 	}
 	e.runEpochsWhenDue(ctx) // the watch's next look
 	if waited > 0 {
@@ -492,8 +493,9 @@ func TestNewEpochPassDoesNotWaitForCatchUp(t *testing.T) {
 	if st.made != st.calls {
 		t.Fatalf("the catch-up ran %d chunks, want all %d by the end of the next pass (stopped only once in a row)", st.made, st.calls)
 	}
-	if got, want := e.epochScans, (EpochScans{at: t0.Add(2*time.Hour + time.Second), newest: 1}); got != want {
-		t.Fatalf("after the next pass EpochScans remember %+v, want %+v (the pass that started at epoch 1's end + 1h)", got, want)
+	if at, newest := e.epochScans.last(); !at.Equal(t0.Add(2*time.Hour+time.Second)) || newest != 1 {
+		t.Fatalf("after the next pass EpochScans remember a pass at %s up to generation %d, want the pass that started at epoch 1's end + 1h (%s), up to 1",
+			at, newest, t0.Add(2*time.Hour+time.Second))
 	}
 	auditClean(t, e)
 }
