@@ -60,7 +60,7 @@ type Pager struct {
 	// gens are the generations it knew that have an epoch length, by
 	// generation (EpochScans keeps them for the next pager).
 	gens []epochGeneration
-	done    bool
+	done bool
 	// make turns an account of a page into a command, or reports none.
 	make func(a *ledger.Account) (ledger.Command, bool)
 	// switchable, when set (a drain pager for the memo), reports whether
