@@ -35,7 +35,10 @@
 //     a Limit <= 0 or a cursor generation above math.MaxInt64 is an error;
 //   - AccountsByEpoch lists one generation's accounts in (EpochStart,
 //     subject, route, region) order, those with EpochStart <= StartedBy
-//     when it is set, and pages strictly after its cursor;
+//     when it is set, and pages strictly after its cursor; with
+//     AllGenerations every generation's, in (EpochStart, subject, route,
+//     region, generation) order; after rolls, each once by its EpochStart,
+//     and in that order again once EpochIndexCatchUp went over the range;
 //   - a lease is held by its first holder, renewed by it with the same
 //     fence, and free again after its holder releases it;
 //   - a second insert of a reservation id (NewReservations), a move receipt
