@@ -933,7 +933,7 @@ func (s *Server) GetAccount(ctx context.Context, req *connect.Request[v1.GetAcco
 func (s *Server) Audit(ctx context.Context, req *connect.Request[v1.AuditRequest]) (*connect.Response[v1.AuditResponse], error) {
 	found, err := s.ledger.Audit(ctx)
 	if err != nil {
-		return nil, readError("audit", ReasonStoreUnavailable, err)
+		return nil, auditError(err)
 	}
 	return connect.NewResponse(s.auditResponse(ctx, found, auditModeFull)), nil
 }

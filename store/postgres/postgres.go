@@ -275,7 +275,7 @@ func Open(ctx context.Context, dsn string) (*Store, error) {
 	}
 	conn, err := pgx.ConnectConfig(ctx, cfg.ConnConfig.Copy())
 	if err != nil {
-		return nil, s.c.classify("open: connect", err, false)
+		return nil, s.c.classifyConnect("open: connect", err)
 	}
 	_, err = migrate(ctx, conn)
 	conn.Close(context.WithoutCancel(ctx))
