@@ -2,10 +2,11 @@ package client
 
 import (
 	"encoding/json"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/capledger/capledger/internal/testport"
 )
 
 // A refusal before the handler that no retry can change (a configuration
@@ -71,12 +72,7 @@ func TestMiddlewareNamesConfigurationRefusals(t *testing.T) {
 
 // A ledger that cannot be reached still answers 503 with Retry-After: 1.
 func TestMiddlewareAnswers503WhenTheLedgerIsUnreachable(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close() // nothing listens: every connection is refused
+	addr := testport.Addr(t) // nothing listens: every connection is refused
 	c, err := New(addr, WithBreaker(BreakerPolicy{FailureThreshold: 1}))
 	if err != nil {
 		t.Fatal(err)
