@@ -476,6 +476,34 @@ func (s *Store) PolicyListAfter(ctx context.Context, after uint64) ([]ledger.Pol
 	return s.policyList(ctx, s.pool, int64(after))
 }
 
+// PolicyPage returns up to f.Limit generations newer than f.After that
+// f's filters select, oldest first (store.Store.PolicyPage): a range of
+// the primary key, or of policies_key when the filters name a key.
+func (s *Store) PolicyPage(ctx context.Context, f store.PolicyFilter) ([]ledger.Policy, error) {
+	if f.Limit <= 0 {
+		return nil, fmt.Errorf("policy page: limit %d is not positive", f.Limit)
+	}
+	if f.After > math.MaxInt64 {
+		return nil, nil
+	}
+	rows, err := s.pool.Query(ctx, policySelect+` WHERE generation > $1
+		AND ($2 = '' OR subject = $2) AND ($3 = '' OR route = $3) AND ($4 = '' OR region = $4)
+		ORDER BY generation LIMIT $5`, int64(f.After), f.Subject, f.Route, f.Region, f.Limit)
+	if err != nil {
+		return nil, s.c.classify("policy page", err, false)
+	}
+	defer rows.Close()
+	var out []ledger.Policy
+	for rows.Next() {
+		p, err := scanPolicy(rows)
+		if err != nil {
+			return nil, s.c.classify("policy page", err, false)
+		}
+		out = append(out, *p)
+	}
+	return out, s.c.classify("policy page", rows.Err(), false)
+}
+
 func (s *Store) policyList(ctx context.Context, q querier, after int64) ([]ledger.Policy, error) {
 	rows, err := q.Query(ctx, policySelect+` WHERE generation > $1 ORDER BY generation`, after)
 	if err != nil {

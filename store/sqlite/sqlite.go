@@ -719,6 +719,28 @@ func (s *Store) PolicyListAfter(ctx context.Context, after uint64) (_ []ledger.P
 	return queryAll(ctx, s.r.policiesAfter, scanPolicy, "policy list", int64(after))
 }
 
+// policyPageSQL reads a page of PolicyPage: a range of the primary key
+// (generation), each filter left out when empty.
+const policyPageSQL = "SELECT " + policyCols + ` FROM policies WHERE generation > ?1
+	AND (?2 = '' OR subject = ?2) AND (?3 = '' OR route = ?3) AND (?4 = '' OR region = ?4)
+	ORDER BY generation LIMIT ?5`
+
+// PolicyPage returns up to f.Limit generations newer than f.After that
+// f's filters select, oldest first (store.Store.PolicyPage).
+func (s *Store) PolicyPage(ctx context.Context, f store.PolicyFilter) (_ []ledger.Policy, err error) {
+	defer s.readBarrier(ctx, &err)
+	if s.closed.Load() {
+		return nil, errClosed
+	}
+	if f.Limit <= 0 {
+		return nil, fmt.Errorf("policy page: limit %d is not positive", f.Limit)
+	}
+	if f.After > math.MaxInt64 {
+		return nil, nil
+	}
+	return queryAll(ctx, s.r.policyPage, scanPolicy, "policy page", int64(f.After), f.Subject, f.Route, f.Region, f.Limit)
+}
+
 // ShardGet returns the shard, or store.ErrNotFound.
 func (s *Store) ShardGet(ctx context.Context, id string) (ledger.Shard, error) {
 	return queryOne(ctx, s, s.r.shard, scanShard, "shard "+id, id)
