@@ -217,9 +217,9 @@ func params(n int) string {
 // readStmts are the Store's read methods, prepared on the read pool.
 type readStmts struct {
 	reservation, account, accountsOf, accountsAll, policy, head, policies, policiesAfter, policyPage, shard, shards, due *sql.Stmt
-	unknownFirst, unknownAfter, unknownBacklog                                                               *sql.Stmt
-	debtFirst, debtAfter                                                                                     *sql.Stmt
-	pageFirst, pageAfter                                                                                     *sql.Stmt
+	unknownFirst, unknownAfter, unknownBacklog                                                                           *sql.Stmt
+	debtFirst, debtAfter                                                                                                 *sql.Stmt
+	pageFirst, pageAfter                                                                                                 *sql.Stmt
 	// The epoch worker's reads, one of each per generation a pass: parsed
 	// at every call they were half its CPU with a policy per tenant.
 	epochFirst, epochAfter, catchUpFirst, catchUpAfter *sql.Stmt
