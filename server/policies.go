@@ -17,9 +17,9 @@ import (
 
 // ListPolicies implements LedgerService.ListPolicies: a page of the
 // published generations the filters select, oldest first. Each page is
-// one store read of at most pageSize+1 rows (a scoped caller's: at most
-// maxScopedScanPages of them) and one head read per key shown, however
-// many policies there are; it used to read and answer every policy, 43 MB
+// one store read of at most pageSize+1 rows with their keys' heads (a
+// scoped caller's: at most maxScopedScanPages of them), however many
+// policies there are; it used to read and answer every policy, 43 MB
 // at 100,000 of them.
 func (s *Server) ListPolicies(ctx context.Context, req *connect.Request[v1.ListPoliciesRequest]) (*connect.Response[v1.ListPoliciesResponse], error) {
 	m := req.Msg
@@ -44,30 +44,21 @@ func (s *Server) ListPolicies(ctx context.Context, req *connect.Request[v1.ListP
 		return connect.NewResponse(resp), nil
 	}
 	filter := store.PolicyFilter{Subject: m.GetSubject(), Route: m.GetRoute(), Region: m.GetRegion(), After: after}
-	rows, next, err := scopedPage(ctx, size, func(limit int, cursor *uint64) ([]ledger.Policy, error) {
+	// Whether a generation is active is its key's head's word, read with
+	// the page: the page alone cannot tell, its key's newer generations
+	// being on later pages.
+	rows, next, err := scopedPage(ctx, size, func(limit int, cursor *uint64) ([]store.ListedPolicy, error) {
 		filter.Limit = limit
 		if cursor != nil {
 			filter.After = *cursor
 		}
 		return s.ledger.PoliciesPage(ctx, filter)
-	}, func(p *ledger.Policy) uint64 { return p.Generation }, func(p *ledger.Policy) bool { return inPolicyScope(ctx, p.Key) })
+	}, func(l *store.ListedPolicy) uint64 { return l.Policy.Generation }, func(l *store.ListedPolicy) bool { return inPolicyScope(ctx, l.Policy.Key) })
 	if err != nil {
 		return nil, readError("list policies", ReasonStoreUnavailable, err)
 	}
-	// Whether a generation is active is its key's head's word (one row a
-	// key); the page alone cannot tell, its key's newer generations being
-	// on later pages.
-	active := map[ledger.PolicyKey]uint64{}
 	for i := range rows {
-		k := rows[i].Key
-		if _, read := active[k]; !read {
-			head, err := s.ledger.PolicyHead(ctx, k)
-			if err != nil && !errors.Is(err, store.ErrNotFound) {
-				return nil, readError("list policies", ReasonStoreUnavailable, err)
-			}
-			active[k] = head.Active // 0 (none) for a key without a head
-		}
-		resp.Policies = append(resp.Policies, s.policyWithModeNow(ctx, &rows[i], active[k] == rows[i].Generation))
+		resp.Policies = append(resp.Policies, s.policyWithModeNow(ctx, &rows[i].Policy, rows[i].Active))
 	}
 	if next != nil {
 		resp.NextPageToken = s.sealNext(ctx, "ListPolicies", policyToken(*next, query))

@@ -11,7 +11,6 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
 )
 
@@ -245,7 +244,7 @@ type policyPageCounting struct {
 	rows atomic.Int64
 }
 
-func (s *policyPageCounting) PolicyPage(ctx context.Context, f store.PolicyFilter) ([]ledger.Policy, error) {
+func (s *policyPageCounting) PolicyPage(ctx context.Context, f store.PolicyFilter) ([]store.ListedPolicy, error) {
 	rows, err := s.Store.PolicyPage(ctx, f)
 	s.rows.Add(int64(len(rows)))
 	return rows, err

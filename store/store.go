@@ -79,12 +79,13 @@ type Store interface {
 	PolicyListAfter(ctx context.Context, after uint64) ([]ledger.Policy, error)
 	// PolicyPage returns up to f.Limit generations newer than f.After,
 	// oldest first, of the keys f's subject, route and region select
-	// (each when not empty, matched exactly); none is an empty list, as
-	// is f.After above math.MaxInt64 (no store holds such a generation);
+	// (each when not empty, matched exactly), each with whether its key's
+	// head names it active, read with it; none is an empty list, as is
+	// f.After above math.MaxInt64 (no store holds such a generation);
 	// f.Limit <= 0 is an error. Each page is a read of its own (a range
-	// of the primary key), so listing every policy page by page holds no
-	// read open for the whole of them.
-	PolicyPage(ctx context.Context, f PolicyFilter) ([]ledger.Policy, error)
+	// of the primary key, and a head row per policy), so listing every
+	// policy page by page holds no read open for the whole of them.
+	PolicyPage(ctx context.Context, f PolicyFilter) ([]ListedPolicy, error)
 	ShardGet(ctx context.Context, id string) (ledger.Shard, error)
 	ShardList(ctx context.Context) ([]ledger.Shard, error)
 
@@ -275,6 +276,14 @@ func RowInDebt(a *ledger.Account) bool {
 		}
 	}
 	return false
+}
+
+// ListedPolicy is a generation as PolicyPage lists it.
+type ListedPolicy struct {
+	Policy ledger.Policy
+	// Active reports whether the generation is its key's active one (its
+	// PolicyHead's Active) in the same read.
+	Active bool
 }
 
 // PolicyFilter pages through PolicyPage.

@@ -43,7 +43,7 @@ func (s brokenStore) AccountGet(ctx context.Context, key ledger.AccountKey) (led
 	return a, err
 }
 
-func (s brokenStore) PolicyPage(ctx context.Context, f store.PolicyFilter) ([]ledger.Policy, error) {
+func (s brokenStore) PolicyPage(ctx context.Context, f store.PolicyFilter) ([]store.ListedPolicy, error) {
 	switch s.fault {
 	case "policy-page-inclusive-cursor":
 		if f.After > 0 {
@@ -51,12 +51,23 @@ func (s brokenStore) PolicyPage(ctx context.Context, f store.PolicyFilter) ([]le
 		}
 	case "policy-page-route-ignored":
 		f.Route = ""
+	case "policy-page-newest-active":
+		// Active taken as the newest generation of its key on the page.
+		list, err := s.Store.PolicyPage(ctx, f)
+		newest := map[ledger.PolicyKey]uint64{}
+		for _, l := range list {
+			newest[l.Policy.Key] = max(newest[l.Policy.Key], l.Policy.Generation)
+		}
+		for i := range list {
+			list[i].Active = newest[list[i].Policy.Key] == list[i].Policy.Generation
+		}
+		return list, err
 	case "policy-page-prefix-subject":
 		// A subject filter matched as a prefix (a LIKE without escaping).
 		all, err := s.Store.PolicyPage(ctx, store.PolicyFilter{Route: f.Route, Region: f.Region, After: f.After, Limit: math.MaxInt32})
-		var out []ledger.Policy
+		var out []store.ListedPolicy
 		for _, p := range all {
-			if strings.HasPrefix(p.Key.Subject, f.Subject) && len(out) < f.Limit {
+			if strings.HasPrefix(p.Policy.Key.Subject, f.Subject) && len(out) < f.Limit {
 				out = append(out, p)
 			}
 		}
@@ -197,6 +208,7 @@ func TestConformanceSuiteCatchesBrokenStores(t *testing.T) {
 		"debt-generation-as-text":      {"TestBrokenStoreHelper/AccountsInDebt"},
 		"policy-page-inclusive-cursor": {"TestBrokenStoreHelper/PolicyPage"},
 		"policy-page-route-ignored":    {"TestBrokenStoreHelper/PolicyPage"},
+		"policy-page-newest-active":    {"TestBrokenStoreHelper/PolicyPage"},
 		"policy-page-prefix-subject":   {"TestBrokenStoreHelper/PolicyPage"},
 	} {
 		t.Run(fault, func(t *testing.T) {

@@ -386,8 +386,9 @@ func (s *Store) PolicyListAfter(ctx context.Context, after uint64) (out []ledger
 }
 
 // PolicyPage returns copies of up to f.Limit generations newer than
-// f.After that f's filters select, oldest first (store.Store.PolicyPage).
-func (s *Store) PolicyPage(ctx context.Context, f store.PolicyFilter) (out []ledger.Policy, err error) {
+// f.After that f's filters select, oldest first, each with whether its
+// key's head names it active (store.Store.PolicyPage).
+func (s *Store) PolicyPage(ctx context.Context, f store.PolicyFilter) (out []store.ListedPolicy, err error) {
 	if f.Limit <= 0 {
 		return nil, fmt.Errorf("policy page: limit %d is not positive", f.Limit)
 	}
@@ -398,7 +399,8 @@ func (s *Store) PolicyPage(ctx context.Context, f store.PolicyFilter) (out []led
 				(f.Route != "" && f.Route != p.Key.Route) || (f.Region != "" && f.Region != p.Key.Region) {
 				continue
 			}
-			out = append(out, copyPolicy(p))
+			h, ok := r.heads[p.Key]
+			out = append(out, store.ListedPolicy{Policy: copyPolicy(p), Active: ok && h.Active == g})
 			if len(out) == f.Limit {
 				break
 			}
