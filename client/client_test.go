@@ -3,7 +3,6 @@ package client
 import (
 	"context"
 	"errors"
-	"net"
 	"net/http"
 	"sync/atomic"
 	"testing"
@@ -12,6 +11,7 @@ import (
 	"connectrpc.com/connect"
 
 	ledgerv1 "github.com/capledger/capledger/api/capledger/v1"
+	"github.com/capledger/capledger/internal/testport"
 )
 
 func TestRunLifecycleOverEveryProtocol(t *testing.T) {
@@ -295,13 +295,8 @@ func TestShadowRejectionRunsWithoutReservation(t *testing.T) {
 }
 
 func TestUnreachableLedgerIsNotAnUnknownReservation(t *testing.T) {
-	// Reserve a port, then close it: connecting is refused.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	// A port nothing listens on: connecting is refused.
+	addr := testport.Addr(t)
 	c, err := New(addr, WithRetryPolicy(RetryPolicy{MaxAttempts: 2, BaseDelay: time.Millisecond}))
 	if err != nil {
 		t.Fatal(err)

@@ -11,6 +11,9 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+
+	"github.com/capledger/capledger/api/digest"
+	"github.com/capledger/capledger/ledger"
 )
 
 // Estimator estimates the units of an incoming request before it runs.
@@ -161,7 +164,15 @@ type RejectionBody struct {
 // for Emergency.Settle).
 //
 // Other answers: 401 when Subject fails, 413 for a body over MaxBodyBytes,
-// 400 when the estimator fails, 403 when no policy covers the subject,
+// 400 when the estimator fails, 403 (reason NO_POLICY) when no policy
+// covers the subject, 500 {"error": "capledger refused: REASON", "reason":
+// "REASON"} without Retry-After when the ledger (or the SDK before
+// sending) refused the request for a reason no retry changes, a
+// configuration error of the gateway: UNKNOWN_UNIT (the estimator names a
+// unit the policy lacks), INVALID_COMMAND, DIGEST_MISMATCH,
+// ACCOUNT_LIFETIME_EXHAUSTED, PERMISSION_DENIED or UNAUTHENTICATED (the
+// gateway's token), or the connect code of an answer without a reason;
+// the full error is logged at level Error.
 // 503 with Retry-After: 1 when the ledger cannot be reached or its answer
 // stayed unknown (the request does not run: the middleware fails closed;
 // once the Client's breaker is open that answer is immediate). With
@@ -339,16 +350,51 @@ func (m *middleware) refuse(w http.ResponseWriter, r *http.Request, err error) {
 		w.Header().Set("Retry-After", "1")
 		writeJSON(w, http.StatusTooManyRequests, RejectionBody{Error: "rate_limited", Reason: "QUEUE_FULL", LimitingDimension: "queue", RetryAfterSeconds: 1})
 	case errors.Is(err, ErrNoPolicy):
-		writeJSONError(w, http.StatusForbidden, "no capacity policy covers this subject and route", nil)
+		writeJSON(w, http.StatusForbidden, map[string]string{"error": "no capacity policy covers this subject and route", "reason": ReasonNoPolicy})
 	case r.Context().Err() != nil:
 		// The client went away before the request started; nobody reads
 		// the answer, and the reservation was released.
 		w.WriteHeader(499)
+	case configurationRefusal(err) != "":
+		// No retry changes this answer: it is the gateway's configuration
+		// (its estimator, Subject, token), not an outage, so it must not
+		// read as one (503) nor invite retries.
+		reason := configurationRefusal(err)
+		m.cfg.Logger.Error("capledger: request refused by the ledger; check the gateway's configuration", "reason", reason, "err", err)
+		writeJSON(w, http.StatusInternalServerError, map[string]string{"error": "capledger refused: " + reason, "reason": reason})
 	default:
 		m.cfg.Logger.Warn("capledger: request not admitted", "err", err)
 		w.Header().Set("Retry-After", "1")
 		writeJSONError(w, http.StatusServiceUnavailable, "capacity ledger unavailable", nil)
 	}
+}
+
+// configurationRefusal returns the reason of a refusal before the handler
+// that no retry of the request can change: an answer the ledger decided
+// (*LedgerError: UNKNOWN_UNIT, INVALID_COMMAND, DIGEST_MISMATCH,
+// ACCOUNT_LIFETIME_EXHAUSTED, a token without the role or scope; its
+// connect code when it carries no reason), or INVALID_COMMAND for a
+// request the SDK refuses before sending it (a negative estimate, a
+// command a shard refuses as the ledger would). It returns "" for every
+// other error: unreachable ledger, lost answers, and Start refused
+// because the hold expired or was released while the request waited
+// (RESERVATION_EXPIRED, RESERVATION_RELEASED), which a new attempt can
+// pass.
+func configurationRefusal(err error) string {
+	var le *LedgerError
+	if errors.As(err, &le) {
+		switch {
+		case le.Reason == ReasonReservationExpired || le.Reason == ReasonReservationReleased:
+			return ""
+		case le.Reason != "":
+			return le.Reason
+		}
+		return strings.ToUpper(le.Code.String())
+	}
+	if errors.Is(err, digest.ErrInvalidInput) || errors.Is(err, ledger.ErrInvalidCommand) {
+		return "INVALID_COMMAND"
+	}
+	return ""
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

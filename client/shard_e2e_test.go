@@ -3,7 +3,6 @@ package client
 import (
 	"context"
 	"errors"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -18,6 +17,7 @@ import (
 	"github.com/capledger/capledger/internal/childproc"
 	"github.com/capledger/capledger/internal/faultproxy"
 	"github.com/capledger/capledger/internal/testbinary"
+	"github.com/capledger/capledger/internal/testport"
 	"github.com/capledger/capledger/ledger"
 )
 
@@ -67,12 +67,7 @@ func newLedgerProcess(t *testing.T, dir string, args ...string) *ledgerProcess {
 	if testing.Short() {
 		t.Skip("builds and runs the capledger binary")
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &ledgerProcess{t: t, addr: ln.Addr().String(), dataDir: filepath.Join(dir, "data"), args: args}
-	ln.Close()
+	p := &ledgerProcess{t: t, addr: testport.Addr(t), dataDir: filepath.Join(dir, "data"), args: args}
 	p.start()
 	t.Cleanup(func() {
 		p.stop(syscall.SIGTERM)

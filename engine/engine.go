@@ -991,6 +991,13 @@ func (e *Engine) Policies(ctx context.Context) ([]ledger.Policy, error) {
 	return e.core.store.PolicyList(ctx)
 }
 
+// PoliciesPage returns a page of the policies f selects, oldest first,
+// each with whether it is its key's active generation
+// (store.Store.PolicyPage).
+func (e *Engine) PoliciesPage(ctx context.Context, f store.PolicyFilter) ([]store.ListedPolicy, error) {
+	return e.core.store.PolicyPage(ctx, f)
+}
+
 // PoliciesAfter returns the generations newer than generation, oldest
 // first.
 func (e *Engine) PoliciesAfter(ctx context.Context, generation uint64) ([]ledger.Policy, error) {

@@ -109,10 +109,16 @@ func (a *auditService) StreamAudit(ctx context.Context, req *connect.Request[v1.
 		return sendErr
 	}
 	if err != nil {
-		return readError("audit", ReasonStoreUnavailable, err)
+		return auditError(err)
 	}
 	mu.Lock()
 	defer mu.Unlock()
 	send(&v1.AuditEvent{Event: &v1.AuditEvent_Result{Result: result}})
 	return sendErr
+}
+
+// auditError maps an audit's failure (engine.AuditWith's error, which
+// begins "audit: " already) to its answer without naming the audit twice.
+func auditError(err error) *connect.Error {
+	return readError("", ReasonStoreUnavailable, err)
 }

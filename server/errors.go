@@ -223,7 +223,9 @@ func operatingError(what string, err error) *connect.Error {
 
 // readError maps a failed read (nothing was changed, so no "outcome
 // unknown"): store.ErrNotFound becomes notFound's answer with the given
-// reason, naming the missing row (named), else what.
+// reason, naming the missing row (named), else what; any other error is
+// unavailable, its message prefixed with "what: " (nothing when what is
+// empty: the error names itself).
 func readError(what, notFoundReason string, err error) *connect.Error {
 	if errors.Is(err, store.ErrNotFound) {
 		return notFound(notFoundReason, missingName(what, err))
@@ -239,7 +241,10 @@ func readError(what, notFoundReason string, err error) *connect.Error {
 	case errors.Is(err, context.DeadlineExceeded):
 		code = connect.CodeDeadlineExceeded
 	}
-	return withReason(connect.NewError(code, fmt.Errorf("%s: %w", what, err)), ReasonStoreUnavailable)
+	if what != "" {
+		err = fmt.Errorf("%s: %w", what, err)
+	}
+	return withReason(connect.NewError(code, err), ReasonStoreUnavailable)
 }
 
 // appliedError maps a failure to build the answer of a command the

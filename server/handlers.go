@@ -257,26 +257,6 @@ func (s *Server) GetPolicy(ctx context.Context, req *connect.Request[v1.GetPolic
 	return connect.NewResponse(&v1.GetPolicyResponse{Policy: s.policyWithModeNow(ctx, &p, active)}), nil
 }
 
-// ListPolicies implements LedgerService.ListPolicies.
-func (s *Server) ListPolicies(ctx context.Context, req *connect.Request[v1.ListPoliciesRequest]) (*connect.Response[v1.ListPoliciesResponse], error) {
-	all, err := s.policies.refresh(ctx)
-	if err != nil {
-		return nil, readError("list policies", ReasonPolicyNotFound, err)
-	}
-	active := ledger.NewActiveGenerations(all)
-	resp := &v1.ListPoliciesResponse{}
-	m := req.Msg
-	for i := range all {
-		k := all[i].Key
-		if (m.GetSubject() != "" && m.GetSubject() != k.Subject) || (m.GetRoute() != "" && m.GetRoute() != k.Route) ||
-			(m.GetRegion() != "" && m.GetRegion() != k.Region) || !inPolicyScope(ctx, k) {
-			continue
-		}
-		resp.Policies = append(resp.Policies, s.policyWithModeNow(ctx, &all[i], active[k] == all[i].Generation))
-	}
-	return connect.NewResponse(resp), nil
-}
-
 // policyWithModeNow is PolicyProto with rolloutNow: for the active
 // generation the mode its reserves get now (a staged rollout's on its
 // route), where it has one.
@@ -933,7 +913,7 @@ func (s *Server) GetAccount(ctx context.Context, req *connect.Request[v1.GetAcco
 func (s *Server) Audit(ctx context.Context, req *connect.Request[v1.AuditRequest]) (*connect.Response[v1.AuditResponse], error) {
 	found, err := s.ledger.Audit(ctx)
 	if err != nil {
-		return nil, readError("audit", ReasonStoreUnavailable, err)
+		return nil, auditError(err)
 	}
 	return connect.NewResponse(s.auditResponse(ctx, found, auditModeFull)), nil
 }

@@ -19,7 +19,7 @@ import (
 // bounded number of stored rows per call (maxScopedScanPages), so a page
 // may end on a row outside the scope, or hold none at all, and the next
 // token must continue after that row. Its cursor (a reservation id, an
-// account key) must not reach the caller, so such tokens are sealed:
+// account key, a policy generation) must not reach the caller, so such tokens are sealed:
 // encrypted and authenticated (AES-256-GCM) under a key derived from
 // every token of the tokens file (pageSealer), bound to the method and to
 // the token itself (its digest; not its name, which two tokens may
@@ -34,24 +34,34 @@ import (
 // leaves out: a scoped token over a store holding nothing in its scope
 // costs a bounded read per call, not the whole backlog, every debtor, or
 // every reservation of a subject on the routes a routes= token excludes
-// (ListUsageUnknown, ListDebts, ListSubjectReservations). The engine's
+// (ListUsageUnknown, ListDebts, ListSubjectReservations), or every
+// other tenant's policy (ListPolicies). The engine's
 // AccountsInDebt bounds its own pages alike (maxDebtScans).
 const maxScopedScanPages = 8
 
 // reservationPage reads one page of at most size reservations for the
-// caller: read returns up to limit rows in the list's order, after the
-// given cursor (nil: where the request's token starts), and cursorOf is a
-// row's cursor. An unscoped caller gets one read of size+1 rows (the one
-// more tells whether there is a next page; next follows the last row
-// shown). A scoped caller's rows are those in its scope: it reads on past
-// the others for at most maxScopedScanPages reads and as many pages of
-// size rows, asking each time for one row more than the page still lacks
-// (while the bound allows), so that a page filled exactly at the store's
-// end gets no next cursor. next follows the last row examined, which may
-// lie outside the scope (sealNext seals it), so a short or even empty page
-// with a next cursor means "keep paging". next is nil when the store has
-// no more.
+// caller (scopedPage, a reservation in the scope when its subject and
+// route are: InScope).
 func reservationPage[C any](ctx context.Context, size int, read func(limit int, after *C) ([]ledger.Reservation, error), cursorOf func(*ledger.Reservation) C) (rows []ledger.Reservation, next *C, err error) {
+	return scopedPage(ctx, size, read, cursorOf, func(r *ledger.Reservation) bool {
+		return InScope(ctx, r.Account.Subject, r.Account.Route)
+	})
+}
+
+// scopedPage reads one page of at most size rows for the caller: read
+// returns up to limit rows in the list's order, after the given cursor
+// (nil: where the request's token starts), cursorOf is a row's cursor,
+// and inScope tells a scoped caller's rows. An unscoped caller gets one
+// read of size+1 rows (the one more tells whether there is a next page;
+// next follows the last row shown). A scoped caller's rows are those in
+// its scope: it reads on past the others for at most maxScopedScanPages
+// reads and as many pages of size rows, asking each time for one row
+// more than the page still lacks (while the bound allows), so that a
+// page filled exactly at the store's end gets no next cursor. next
+// follows the last row examined, which may lie outside the scope
+// (sealNext seals it), so a short or even empty page with a next cursor
+// means "keep paging". next is nil when the store has no more.
+func scopedPage[R, C any](ctx context.Context, size int, read func(limit int, after *C) ([]R, error), cursorOf func(*R) C, inScope func(*R) bool) (rows []R, next *C, err error) {
 	if !scoped(ctx) {
 		if rows, err = read(size+1, nil); err != nil || len(rows) <= size {
 			return rows, nil, err
@@ -76,7 +86,7 @@ func reservationPage[C any](ctx context.Context, size int, read func(limit int, 
 			}
 			c := cursorOf(&page[i])
 			next = &c
-			if InScope(ctx, page[i].Account.Subject, page[i].Account.Route) {
+			if inScope(&page[i]) {
 				rows = append(rows, page[i])
 			}
 		}

@@ -43,6 +43,7 @@ type Ledger interface {
 	AccountsPage(ctx context.Context, after ledger.AccountKey, limit int) ([]ledger.Account, ledger.AccountKey, bool, error)
 	Policies(ctx context.Context) ([]ledger.Policy, error)
 	PoliciesAfter(ctx context.Context, generation uint64) ([]ledger.Policy, error)
+	PoliciesPage(ctx context.Context, f store.PolicyFilter) ([]store.ListedPolicy, error)
 	Policy(ctx context.Context, generation uint64) (ledger.Policy, error)
 	PolicyHead(ctx context.Context, key ledger.PolicyKey) (ledger.PolicyHead, error)
 	Audit(ctx context.Context) ([]ledger.Discrepancy, error)

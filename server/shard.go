@@ -113,7 +113,7 @@ func registerShardService(mux *http.ServeMux, s *Server, cfg *ShardConfig, optio
 	svc.reads, _ = s.ledger.(shardReads)
 	svc.metrics = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "capledger_shard_commands_total",
-		Help: "Shard issuance and reconciliation commands, by kind and outcome (refused submissions are shard_already_reconciled and shard_foreign).",
+		Help: "Shard issuance and reconciliation commands answered, by kind and outcome: ok, replayed, unavailable, or the lower-case reason, refusals before the ledger included (shard_not_found, shards_disabled, invalid_command; refused submissions are shard_already_reconciled and shard_foreign); not 401/403 (a token refused, a gateway token acting for another gateway).",
 	}, []string{"kind", "outcome"})
 	if err := s.metrics.registry.Register(svc.metrics); err != nil {
 		var already prometheus.AlreadyRegisteredError
@@ -214,11 +214,11 @@ func (svc *shardService) issue(ctx context.Context, m *v1.IssueShardRequest, leg
 		return nil, svc.refused(ledger.KindShardIssue, cerr)
 	}
 	if svc.keys == nil {
-		return nil, withReason(connect.NewError(connect.CodeFailedPrecondition, errors.New("this server has no shard signing keys")), ReasonShardsDisabled)
+		return nil, svc.refused(ledger.KindShardIssue, withReason(connect.NewError(connect.CodeFailedPrecondition, errors.New("this server has no shard signing keys")), ReasonShardsDisabled))
 	}
 	keyID, sign, ok := svc.keys.Signer()
 	if !ok {
-		return nil, withReason(connect.NewError(connect.CodeFailedPrecondition, errors.New("this server's shard keys hold no private key")), ReasonShardsDisabled)
+		return nil, svc.refused(ledger.KindShardIssue, withReason(connect.NewError(connect.CodeFailedPrecondition, errors.New("this server's shard keys hold no private key")), ReasonShardsDisabled))
 	}
 	for attempt := 0; ; attempt++ {
 		// The units by the deciding policy, as a Reserve maps them: a
@@ -227,7 +227,7 @@ func (svc *shardService) issue(ctx context.Context, m *v1.IssueShardRequest, leg
 		// UNKNOWN_UNIT is answered.
 		p, units, refusal, cerr := svc.s.mapActive(ctx, key, "units", m.GetUnits(), "issue shard")
 		if cerr != nil {
-			return nil, cerr
+			return nil, svc.refused(ledger.KindShardIssue, cerr)
 		}
 		if refusal != nil {
 			return nil, svc.refused(ledger.KindShardIssue, refusal)
@@ -419,11 +419,13 @@ func (svc *shardService) ReconcileShard(ctx context.Context, req *connect.Reques
 		return nil, svc.refused(ledger.KindShardReconcile, cerr)
 	}
 	if err != nil {
-		return nil, notSentError("reconcile shard "+m.GetShardId(), ReasonShardNotFound, named(err, "shard", m.GetShardId()))
+		// SHARD_NOT_FOUND (never issued, or retention removed it after
+		// its reconciliation) or the read's failure: answered, so counted.
+		return nil, svc.refused(ledger.KindShardReconcile, notSentError("reconcile shard "+m.GetShardId(), ReasonShardNotFound, named(err, "shard", m.GetShardId())))
 	}
 	p, err := svc.s.policies.get(ctx, sh.Account.Generation)
 	if err != nil {
-		return nil, notSentError("reconcile shard: policy", ReasonPolicyNotFound, err)
+		return nil, svc.refused(ledger.KindShardReconcile, notSentError("reconcile shard: policy", ReasonPolicyNotFound, err))
 	}
 	receipts := make([]ledger.ShardReceipt, len(m.GetReceipts()))
 	for i, r := range m.GetReceipts() {

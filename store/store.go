@@ -77,6 +77,15 @@ type Store interface {
 	// first: what was published since a reader last looked (generations
 	// are numbered in publication order), a range of the primary key.
 	PolicyListAfter(ctx context.Context, after uint64) ([]ledger.Policy, error)
+	// PolicyPage returns up to f.Limit generations newer than f.After,
+	// oldest first, of the keys f's subject, route and region select
+	// (each when not empty, matched exactly), each with whether its key's
+	// head names it active, read with it; none is an empty list, as is
+	// f.After above math.MaxInt64 (no store holds such a generation);
+	// f.Limit <= 0 is an error. Each page is a read of its own (a range
+	// of the primary key, and a head row per policy), so listing every
+	// policy page by page holds no read open for the whole of them.
+	PolicyPage(ctx context.Context, f PolicyFilter) ([]ListedPolicy, error)
 	ShardGet(ctx context.Context, id string) (ledger.Shard, error)
 	ShardList(ctx context.Context) ([]ledger.Shard, error)
 
@@ -267,6 +276,28 @@ func RowInDebt(a *ledger.Account) bool {
 		}
 	}
 	return false
+}
+
+// ListedPolicy is a generation as PolicyPage lists it.
+type ListedPolicy struct {
+	Policy ledger.Policy
+	// Active reports whether the generation is its key's active one (its
+	// PolicyHead's Active) in the same read.
+	Active bool
+}
+
+// PolicyFilter pages through PolicyPage.
+type PolicyFilter struct {
+	// Subject, Route and Region select the policies of matching keys,
+	// each when not empty (exactly: "*" is the wildcard subject's own
+	// policies, not every subject's).
+	Subject, Route, Region string
+	// After is the paging cursor, the generation of the last policy of
+	// the previous page: only newer generations are returned; 0 starts
+	// at the first.
+	After uint64
+	// Limit is the most policies returned; it must be positive.
+	Limit int
 }
 
 // DebtFilter pages through AccountsInDebt.

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/capledger/capledger/internal/childproc"
+	"github.com/capledger/capledger/internal/testport"
 )
 
 // startRedis runs a redis-server of its own on a free loopback port (the
@@ -21,12 +22,7 @@ func startRedis(t *testing.T, flags ...string) string {
 	if err != nil {
 		t.Skip("redis-server not installed")
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := testport.Addr(t)
 	_, port, _ := net.SplitHostPort(addr)
 	dir := t.TempDir()
 	cmd := exec.Command(bin, append([]string{"--port", port, "--bind", "127.0.0.1", "--save", "", "--dir", dir}, flags...)...)

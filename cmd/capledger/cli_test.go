@@ -26,6 +26,7 @@ import (
 
 	v1 "github.com/capledger/capledger/api/capledger/v1"
 	"github.com/capledger/capledger/api/capledger/v1/capledgerv1connect"
+	"github.com/capledger/capledger/internal/testport"
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store/postgres"
 	"github.com/capledger/capledger/store/sqlite"
@@ -297,12 +298,7 @@ func TestCLIHelpTeaches(t *testing.T) {
 }
 
 func TestCLIUnavailableServer(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close() // nothing listens here now
+	addr := testport.Addr(t) // nothing listens here now
 	code, out, errOut := cli(t, "http://"+addr, "get", "x")
 	wantExit(t, exitUnavailable, code, out, errOut)
 }

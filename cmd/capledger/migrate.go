@@ -45,7 +45,7 @@ Example:
 
 Exit codes: 0 migrated (or already current); 1 bad flags, or a store that
 refuses the migration (a schema newer than this binary, a migration that
-failed, refused credentials); 5 a store that cannot be reached (PostgreSQL
+failed, refused credentials, a startup parameter PgBouncer refuses); 5 a store that cannot be reached (PostgreSQL
 down or refusing connections: retry later), as for every command.
 `
 
@@ -135,7 +135,8 @@ func lockError(err error, hint string) error {
 // migrated (migrate, serve): 5 (exitUnavailable) when it could not be
 // reached (store.ErrUnavailable), the general rule a deploy script or a
 // supervisor retries on; otherwise 1, for a store that refuses (a schema
-// newer than this binary, a failed migration, refused credentials).
+// newer than this binary, a failed migration, refused credentials, a
+// startup parameter PgBouncer refuses).
 func storeError(err error) error {
 	if errors.Is(err, store.ErrUnavailable) {
 		return exitError{code: exitUnavailable, err: err}

@@ -2,12 +2,13 @@ package main
 
 import (
 	"context"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/capledger/capledger/internal/testport"
 )
 
 // `capledger policy get 1 --format yaml > tenant-7.yaml` against a server
@@ -99,12 +100,7 @@ func TestRollbackWaitSaysWhatIsBlockedByBurst(t *testing.T) {
 // `capledger status` against a server that is down said "capledger
 // status: status: Get ...": the command's name twice.
 func TestStatusOfADownServerNamesTheCommandOnce(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close() // nothing listens here now
+	addr := testport.Addr(t) // nothing listens here now
 	code, out, errOut := cli(t, "http://"+addr, "status")
 	wantExit(t, exitUnavailable, code, out, errOut)
 	if want := `capledger status: Get "http://` + addr + `/statusz": dial tcp`; !strings.HasPrefix(errOut, want) {

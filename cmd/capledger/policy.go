@@ -1,13 +1,17 @@
 package main
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"strconv"
 	"strings"
 	"time"
 
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"sigs.k8s.io/yaml"
 
@@ -26,7 +30,14 @@ const policyHelp = `Usage:
   capledger policy publish FILE     publish a policy file (YAML or JSON; - for stdin)
   capledger policy get GEN [--format json|yaml]   json (default): the API's record;
                                     yaml: the file form below; both publish again
-  capledger policy list [--subject S] [--route R] [--region REGION]
+  capledger policy list [--subject S] [--route R] [--region REGION] [--page-size N]
+                                    every generation the filters select (exact
+                                    matches), oldest first, as {"policies": [...]};
+                                    it follows the API's pages of N (default
+                                    1000, at most 1000) and prints each as it
+                                    arrives, --timeout bounding each page; if a
+                                    page fails the output stops there (not
+                                    valid JSON) and the exit code is the error's
   capledger policy rollback GEN     prints activeGeneration (the generation now
                                     active for the key, "0": none) and replayed
 
@@ -181,18 +192,93 @@ func runPolicyList(ctx context.Context, e *env, args []string) error {
 	subject := fs.String("subject", "", "")
 	route := fs.String("route", "", "")
 	region := fs.String("region", "", "")
+	pageSize := fs.Int("page-size", 1000, "")
 	if err := parseNoArgs(fs, args); err != nil {
 		return err
+	}
+	if *pageSize < 1 || *pageSize > 1000 {
+		return intIn("page-size", *pageSize, 1, 1000)
 	}
 	client, err := cf.client()
 	if err != nil {
 		return err
 	}
-	msg, err := unary(ctx, cf.timeout, client.ListPolicies, &v1.ListPoliciesRequest{Subject: *subject, Route: *route, Region: *region})
-	if err != nil {
-		return err
+	req := &v1.ListPoliciesRequest{Subject: *subject, Route: *route, Region: *region, PageSize: int32(*pageSize)}
+	list := newPolicyListWriter(e.stdout)
+	for {
+		msg, err := unary(ctx, cf.timeout, client.ListPolicies, req)
+		if err != nil {
+			return list.abort(err)
+		}
+		if err := list.page(msg.GetPolicies()); err != nil {
+			return err
+		}
+		if req.PageToken = msg.GetNextPageToken(); req.PageToken == "" {
+			return list.end()
+		}
 	}
-	return printJSONList(e.stdout, msg)
+}
+
+// policyListWriter prints the pages of ListPolicies as one answer, as
+// printJSONList prints an unpaged one ({"policies": [...]}, [] when
+// empty), each page written as it arrives: the list of every policy is
+// never held whole, and a page's --timeout is its own.
+type policyListWriter struct {
+	w       *bufio.Writer
+	printed int
+}
+
+func newPolicyListWriter(w io.Writer) *policyListWriter {
+	return &policyListWriter{w: bufio.NewWriterSize(w, 64<<10)}
+}
+
+// page prints a page's policies and flushes them.
+func (l *policyListWriter) page(policies []*v1.Policy) error {
+	if l.printed == 0 && len(policies) > 0 {
+		l.w.WriteString("{\n  \"policies\": [")
+	}
+	var compact, out bytes.Buffer
+	for _, p := range policies {
+		raw, err := protojson.Marshal(p)
+		if err != nil {
+			return err
+		}
+		compact.Reset()
+		out.Reset()
+		if err := json.Compact(&compact, raw); err != nil {
+			return err
+		}
+		if err := json.Indent(&out, compact.Bytes(), "    ", "  "); err != nil {
+			return err
+		}
+		if l.printed > 0 {
+			l.w.WriteByte(',')
+		}
+		l.w.WriteString("\n    ")
+		l.w.Write(out.Bytes())
+		l.printed++
+	}
+	return l.w.Flush()
+}
+
+// end closes the list after its last page.
+func (l *policyListWriter) end() error {
+	if l.printed == 0 {
+		l.w.WriteString("{\n  \"policies\": []\n}\n")
+	} else {
+		l.w.WriteString("\n  ]\n}\n")
+	}
+	return l.w.Flush()
+}
+
+// abort returns err, a page's failure, after the pages printed before it:
+// the output stops there, not valid JSON, and the exit code is err's.
+func (l *policyListWriter) abort(err error) error {
+	if l.printed > 0 {
+		l.w.WriteString("\n")
+		l.w.Flush()
+	}
+	return err
 }
 
 func runPolicyRollback(ctx context.Context, e *env, args []string) error {

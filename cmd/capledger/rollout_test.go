@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +14,7 @@ import (
 	"time"
 
 	v1 "github.com/capledger/capledger/api/capledger/v1"
+	"github.com/capledger/capledger/internal/testport"
 )
 
 // A rollback drains to zero across a restart, on a real SQLite data
@@ -541,13 +541,8 @@ func TestRollbackArgumentEdges(t *testing.T) {
 	if !regexpLine(out, `^1\s+.*\s+true$`) {
 		t.Errorf("rollback 1 --wait --max-wait 0:\n%s", out)
 	}
-	// Nothing listens on the address (a port just closed).
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := "http://" + ln.Addr().String()
-	ln.Close()
+	// Nothing listens on the address (a port found free).
+	dead := "http://" + testport.Addr(t)
 	code, out, errOut = cli(t, dead, "rollback", "--status", "1", "--wait", "--max-wait", "3s", "--interval", "10ms", "--timeout", "1s")
 	wantExit(t, exitUnavailable, code, out, errOut)
 	if strings.Contains(errOut, "poll failed") {

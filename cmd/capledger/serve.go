@@ -192,8 +192,8 @@ and the range; nothing is opened.
 
 Exit codes: 0 after a graceful shutdown; 1 for bad flags, an address that
 cannot be opened, a TLS pair that does not load, or a store that refuses
-(a schema newer than this binary, refused credentials, replication at
-risk); 5 for a store that cannot be reached (PostgreSQL down or refusing
+(a schema newer than this binary, refused credentials, a startup
+parameter PgBouncer refuses, replication at risk); 5 for a store that cannot be reached (PostgreSQL down or refusing
 connections: retry later) and when the server fails while running.
 `
 

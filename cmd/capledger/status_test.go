@@ -2,10 +2,11 @@ package main
 
 import (
 	"encoding/json"
-	"net"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/capledger/capledger/internal/testport"
 )
 
 // capledger status prints the replica's /statusz: a serve on SQLite owns
@@ -46,12 +47,7 @@ func TestCLIStatus(t *testing.T) {
 		}
 	}
 
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := testport.Addr(t) // nothing listens here now
 	code, out, errOut := cli(t, "http://"+addr, "status")
 	wantExit(t, exitUnavailable, code, out, errOut)
 

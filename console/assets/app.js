@@ -40,6 +40,9 @@ async function call(service, method, body) {
 }
 const ledger = (m, b) => call("LedgerService", m, b);
 
+// POLICY_PAGE is how many generations the Policies page shows at once.
+const POLICY_PAGE = 100;
+
 // fullPage asks a list method of service for up to size rows (field
 // names them), following nextPageToken while the rows fall short: a
 // scoped token's reads are bounded per call, so a short or empty page with
@@ -209,6 +212,7 @@ const state = {
   decisionRates: null, // Series of decisions/s by outcome
   rejectionRates: null, // Series of 429/s by dimension
   reservationPages: {}, // subject -> page tokens of its reservations list (the first is "")
+  policyPages: [""], // page tokens of the Policies page's generations (the first is "")
   lastAudit: null, // the audit this page ran, if any
   auditError: null, // why the last audit this page asked for was not run
   timer: null,
@@ -601,7 +605,14 @@ pages.debts = async function (main) {
 pages.policies = async function (main) {
   // Rollouts and drain progress span tenants: the RolloutService refuses
   // them to a scoped token, so the page does not ask.
-  const [resp, ov] = await Promise.all([ledger("ListPolicies"), console_("GetOverview")]);
+  // A page of 100 generations: ListPolicies pages (API.md), and with a
+  // policy per tenant every generation is hundreds of thousands. A scoped
+  // token's page may come short or empty with a token (the server reads a
+  // bounded number of rows per call): fullPage reads on to fill it.
+  const tokens = state.policyPages;
+  const [resp, ov] = await Promise.all([
+    fullPage("LedgerService", "ListPolicies", { pageToken: tokens[tokens.length - 1] }, "policies", POLICY_PAGE),
+    console_("GetOverview")]);
   const scoped = !!ov.scoped;
   const policies = resp.policies || [];
   main.append(el("h1", {}, "Policies and generations"));
@@ -612,6 +623,11 @@ pages.policies = async function (main) {
   main.append(el("p", { class: "note" }, "Every published generation, oldest first, with the rollout mode its reserves get now (enforce or shadow: " +
     "a staged rollout's on its route, with the generation's own beside it where they differ; the Tenants page shows the same). " +
     "For a rolled-back generation, the last column is what is left on its accounts until the drain reaches zero."));
+  const pager = el("span", {},
+    el("button", { id: "pol-prev", disabled: tokens.length <= 1, onclick: () => { tokens.pop(); render(); } }, "previous"),
+    el("button", { id: "pol-next", disabled: !resp.nextPageToken, onclick: () => { tokens.push(resp.nextPageToken); render(); } }, "next"));
+  main.append(el("div", { class: "filters" }, POLICY_PAGE + " generations a page, page ",
+    el("span", { "data-value": "pol-page" }, String(tokens.length)), " ", pager));
   const drains = {};
   await Promise.all(policies.filter((p) => p.rolledBack).map(async (p) => {
     const st = await console_("ListAccountStandings", { policyGeneration: p.generation, limit: 1000 });
@@ -848,6 +864,8 @@ document.getElementById("token-forget").addEventListener("click", () => {
 // of reach.
 function tokenChanged() {
   state.auditError = null;
+  // A page token is bound to the token it was issued to: start again.
+  state.policyPages = [""];
   document.getElementById("main").removeAttribute("data-read-at");
   tokenState();
   render();

@@ -35,6 +35,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/capledger/capledger/internal/testport"
 )
 
 // EnvRequire names the variable that turns a missing installation from a
@@ -210,14 +212,11 @@ func Start(t testing.TB, nodes int) *Formation {
 	return f
 }
 
+// freePort is a port for a node's PostgreSQL below the ephemeral range
+// (testport.Port): no outgoing connection takes it before the node binds it.
 func freePort(t testing.TB) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return testport.Port(t)
 }
 
 // MonitorDSN is the monitor database's connection string.

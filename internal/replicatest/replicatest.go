@@ -14,7 +14,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -32,6 +31,7 @@ import (
 	"github.com/capledger/capledger/client"
 	"github.com/capledger/capledger/internal/childproc"
 	"github.com/capledger/capledger/internal/logcapture"
+	"github.com/capledger/capledger/internal/testport"
 )
 
 // BuildCapledger builds the capledger binary into a temporary directory
@@ -50,15 +50,12 @@ func BuildCapledger(t testing.TB) string {
 	return bin
 }
 
-// FreeAddr returns a loopback address nothing listens on now.
+// FreeAddr returns a loopback address nothing listens on now, on a port
+// below the ephemeral range (testport.Addr): no outgoing connection takes
+// it between this check and the server binding it.
 func FreeAddr(t testing.TB) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return testport.Addr(t)
 }
 
 // Replica is one `capledger serve --store postgres://...` process.

@@ -3,6 +3,7 @@ package memstore_test
 import (
 	"cmp"
 	"context"
+	"math"
 	"os"
 	"os/exec"
 	"slices"
@@ -40,6 +41,39 @@ func (s brokenStore) AccountGet(ctx context.Context, key ledger.AccountKey) (led
 		a.Balances[0].Available++
 	}
 	return a, err
+}
+
+func (s brokenStore) PolicyPage(ctx context.Context, f store.PolicyFilter) ([]store.ListedPolicy, error) {
+	switch s.fault {
+	case "policy-page-inclusive-cursor":
+		if f.After > 0 {
+			f.After--
+		}
+	case "policy-page-route-ignored":
+		f.Route = ""
+	case "policy-page-newest-active":
+		// Active taken as the newest generation of its key on the page.
+		list, err := s.Store.PolicyPage(ctx, f)
+		newest := map[ledger.PolicyKey]uint64{}
+		for _, l := range list {
+			newest[l.Policy.Key] = max(newest[l.Policy.Key], l.Policy.Generation)
+		}
+		for i := range list {
+			list[i].Active = newest[list[i].Policy.Key] == list[i].Policy.Generation
+		}
+		return list, err
+	case "policy-page-prefix-subject":
+		// A subject filter matched as a prefix (a LIKE without escaping).
+		all, err := s.Store.PolicyPage(ctx, store.PolicyFilter{Route: f.Route, Region: f.Region, After: f.After, Limit: math.MaxInt32})
+		var out []store.ListedPolicy
+		for _, p := range all {
+			if strings.HasPrefix(p.Policy.Key.Subject, f.Subject) && len(out) < f.Limit {
+				out = append(out, p)
+			}
+		}
+		return out, err
+	}
+	return s.Store.PolicyPage(ctx, f)
 }
 
 func (s brokenStore) ReservationsUnknown(ctx context.Context, f store.UnknownFilter) ([]ledger.Reservation, error) {
@@ -160,18 +194,22 @@ func (tx brokenTx) Write(ctx context.Context, c *store.Changes) error {
 // a child process, because a failing suite fails the test that runs it.
 func TestConformanceSuiteCatchesBrokenStores(t *testing.T) {
 	for fault, mustFail := range map[string][]string{
-		"drop-shards":              {"TestBrokenStoreHelper/RoundTrip", "TestBrokenStoreHelper/Lists"},
-		"account-read":             {"TestBrokenStoreHelper/RoundTrip"},
-		"upsert-reservations":      {"TestBrokenStoreHelper/DuplicateReservationLeavesNothing"},
-		"unknown-ties-by-id-desc":  {"TestBrokenStoreHelper/ReservationsUnknown"},
-		"unknown-inclusive-cursor": {"TestBrokenStoreHelper/ReservationsUnknown"},
-		"unknown-by-start":         {"TestBrokenStoreHelper/ReservationsUnknown"},
-		"backlog-newest":           {"TestBrokenStoreHelper/ReservationsUnknownBacklog"},
-		"backlog-by-start":         {"TestBrokenStoreHelper/ReservationsUnknownBacklog"},
-		"debt-repaid-listed":       {"TestBrokenStoreHelper/AccountsInDebt"},
-		"debt-within-dims":         {"TestBrokenStoreHelper/AccountsInDebt"},
-		"debt-inclusive-cursor":    {"TestBrokenStoreHelper/AccountsInDebt"},
-		"debt-generation-as-text":  {"TestBrokenStoreHelper/AccountsInDebt"},
+		"drop-shards":                  {"TestBrokenStoreHelper/RoundTrip", "TestBrokenStoreHelper/Lists"},
+		"account-read":                 {"TestBrokenStoreHelper/RoundTrip"},
+		"upsert-reservations":          {"TestBrokenStoreHelper/DuplicateReservationLeavesNothing"},
+		"unknown-ties-by-id-desc":      {"TestBrokenStoreHelper/ReservationsUnknown"},
+		"unknown-inclusive-cursor":     {"TestBrokenStoreHelper/ReservationsUnknown"},
+		"unknown-by-start":             {"TestBrokenStoreHelper/ReservationsUnknown"},
+		"backlog-newest":               {"TestBrokenStoreHelper/ReservationsUnknownBacklog"},
+		"backlog-by-start":             {"TestBrokenStoreHelper/ReservationsUnknownBacklog"},
+		"debt-repaid-listed":           {"TestBrokenStoreHelper/AccountsInDebt"},
+		"debt-within-dims":             {"TestBrokenStoreHelper/AccountsInDebt"},
+		"debt-inclusive-cursor":        {"TestBrokenStoreHelper/AccountsInDebt"},
+		"debt-generation-as-text":      {"TestBrokenStoreHelper/AccountsInDebt"},
+		"policy-page-inclusive-cursor": {"TestBrokenStoreHelper/PolicyPage"},
+		"policy-page-route-ignored":    {"TestBrokenStoreHelper/PolicyPage"},
+		"policy-page-newest-active":    {"TestBrokenStoreHelper/PolicyPage"},
+		"policy-page-prefix-subject":   {"TestBrokenStoreHelper/PolicyPage"},
 	} {
 		t.Run(fault, func(t *testing.T) {
 			cmd := exec.Command(os.Args[0], "-test.run=^TestBrokenStoreHelper$", "-test.v", "-test.count=1")

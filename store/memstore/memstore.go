@@ -385,6 +385,31 @@ func (s *Store) PolicyListAfter(ctx context.Context, after uint64) (out []ledger
 	return out, err
 }
 
+// PolicyPage returns copies of up to f.Limit generations newer than
+// f.After that f's filters select, oldest first, each with whether its
+// key's head names it active (store.Store.PolicyPage).
+func (s *Store) PolicyPage(ctx context.Context, f store.PolicyFilter) (out []store.ListedPolicy, err error) {
+	if f.Limit <= 0 {
+		return nil, fmt.Errorf("policy page: limit %d is not positive", f.Limit)
+	}
+	err = s.read(ctx, func(r *rows) error {
+		for _, g := range slices.Sorted(maps.Keys(r.policies)) {
+			p := r.policies[g]
+			if g <= f.After || (f.Subject != "" && f.Subject != p.Key.Subject) ||
+				(f.Route != "" && f.Route != p.Key.Route) || (f.Region != "" && f.Region != p.Key.Region) {
+				continue
+			}
+			h, ok := r.heads[p.Key]
+			out = append(out, store.ListedPolicy{Policy: copyPolicy(p), Active: ok && h.Active == g})
+			if len(out) == f.Limit {
+				break
+			}
+		}
+		return nil
+	})
+	return out, err
+}
+
 // ShardGet returns a copy of the shard, or store.ErrNotFound.
 func (s *Store) ShardGet(ctx context.Context, id string) (out ledger.Shard, err error) {
 	err = s.read(ctx, func(r *rows) error {

@@ -28,7 +28,16 @@ const (
 	codeCannotConnectNow     = "57P03"
 	codeTooManyConnections   = "53300"
 	codeReadOnlyTransaction  = "25006" // a standby after failover, still read-only
+	codeProtocolViolation    = "08P01" // also PgBouncer's refusals, most of them passing
 )
+
+// ErrStartupParameterRefused: the server (PgBouncer) refused a startup
+// parameter of a connection the store opens, one the DSN names or the
+// store sends (lock_timeout, idle_in_transaction_session_timeout,
+// plan_cache_mode; default_transaction_read_only for OpenReadOnly). A
+// configuration error no retry changes: Open, OpenReadOnly and Migrate
+// return it, not store.ErrUnavailable.
+var ErrStartupParameterRefused = errors.New("the server refused a startup parameter: list it in PgBouncer's ignore_startup_parameters (and set the store's own on the role, docs/OPERATIONS.md \"PgBouncer\"), or leave it out of the DSN")
 
 // counters are the driver's cumulative event counts (see Stats).
 type counters struct {
@@ -115,6 +124,19 @@ func (c *counters) classify(op string, err error, commit bool) error {
 		return c.lost(op, err, commit)
 	}
 	return fmt.Errorf("%s: %w", op, err)
+}
+
+// classifyConnect is classify for opening a connection (Open, CheckPath,
+// OpenReadOnly, Migrate): PgBouncer's refusal of a startup parameter
+// (SQLSTATE 08P01 like its passing refusals, told apart by its message
+// "unsupported startup parameter: NAME") wraps ErrStartupParameterRefused,
+// not store.ErrUnavailable; everything else is classify's.
+func (c *counters) classifyConnect(op string, err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == codeProtocolViolation && strings.HasPrefix(pgErr.Message, "unsupported startup parameter") {
+		return fmt.Errorf("%s: %w: %w", op, ErrStartupParameterRefused, err)
+	}
+	return c.classify(op, err, false)
 }
 
 func (c *counters) lost(op string, err error, commit bool) error {

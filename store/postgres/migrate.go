@@ -49,7 +49,7 @@ func Migrate(ctx context.Context, dsn string) ([]int, error) {
 	}
 	conn, err := pgx.ConnectConfig(ctx, cfg.ConnConfig)
 	if err != nil {
-		return nil, (&counters{}).classify("connect", err, false)
+		return nil, (&counters{}).classifyConnect("connect", err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	// Then the path, as Open checks it: behind a pooler that loses

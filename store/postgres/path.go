@@ -131,13 +131,13 @@ func (s *Store) CheckPath(ctx context.Context) (PathReport, error) {
 	cfg.DefaultQueryExecMode = pgx.QueryExecModeExec
 	a, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
-		return PathReport{}, s.c.classify("check path: connect", err, false)
+		return PathReport{}, s.c.classifyConnect("check path: connect", err)
 	}
 	defer a.Close(context.WithoutCancel(ctx))
 	if s.connConfig.DefaultQueryExecMode == pgx.QueryExecModeCacheStatement {
 		b, err := pgx.ConnectConfig(ctx, cfg.Copy())
 		if err != nil {
-			return PathReport{}, s.c.classify("check path: connect", err, false)
+			return PathReport{}, s.c.classifyConnect("check path: connect", err)
 		}
 		defer b.Close(context.WithoutCancel(ctx))
 		if err := s.checkPrepared(ctx, a, b); err != nil {

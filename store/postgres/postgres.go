@@ -275,7 +275,7 @@ func Open(ctx context.Context, dsn string) (*Store, error) {
 	}
 	conn, err := pgx.ConnectConfig(ctx, cfg.ConnConfig.Copy())
 	if err != nil {
-		return nil, s.c.classify("open: connect", err, false)
+		return nil, s.c.classifyConnect("open: connect", err)
 	}
 	_, err = migrate(ctx, conn)
 	conn.Close(context.WithoutCancel(ctx))
@@ -475,6 +475,47 @@ func (s *Store) PolicyListAfter(ctx context.Context, after uint64) ([]ledger.Pol
 	}
 	return s.policyList(ctx, s.pool, int64(after))
 }
+
+// PolicyPage returns up to f.Limit generations newer than f.After that
+// f's filters select, oldest first, each with whether its key's head
+// names it active (store.Store.PolicyPage): a range of the primary key.
+func (s *Store) PolicyPage(ctx context.Context, f store.PolicyFilter) ([]store.ListedPolicy, error) {
+	if f.Limit <= 0 {
+		return nil, fmt.Errorf("policy page: limit %d is not positive", f.Limit)
+	}
+	if f.After > math.MaxInt64 {
+		return nil, nil
+	}
+	// Each row's key's active generation from its head, in the same
+	// statement (one snapshot).
+	rows, err := s.pool.Query(ctx, strings.Replace(policySelect, " FROM policies", `, (SELECT h.active FROM policy_heads h
+		WHERE h.subject = policies.subject AND h.route = policies.route AND h.region = policies.region) FROM policies`, 1)+`
+		WHERE generation > $1 AND ($2 = '' OR subject = $2) AND ($3 = '' OR route = $3) AND ($4 = '' OR region = $4)
+		ORDER BY generation LIMIT $5`, int64(f.After), f.Subject, f.Route, f.Region, f.Limit)
+	if err != nil {
+		return nil, s.c.classify("policy page", err, false)
+	}
+	defer rows.Close()
+	var out []store.ListedPolicy
+	for rows.Next() {
+		var active *int64
+		p, err := scanPolicy(withColumn{rows, &active})
+		if err != nil {
+			return nil, s.c.classify("policy page", err, false)
+		}
+		out = append(out, store.ListedPolicy{Policy: *p, Active: active != nil && *active == int64(p.Generation)})
+	}
+	return out, s.c.classify("policy page", rows.Err(), false)
+}
+
+// withColumn is a pgx.Row whose rows have one more column after the
+// ones its caller scans, into extra.
+type withColumn struct {
+	row   pgx.Row
+	extra any
+}
+
+func (w withColumn) Scan(dest ...any) error { return w.row.Scan(append(dest, w.extra)...) }
 
 func (s *Store) policyList(ctx context.Context, q querier, after int64) ([]ledger.Policy, error) {
 	rows, err := q.Query(ctx, policySelect+` WHERE generation > $1 ORDER BY generation`, after)

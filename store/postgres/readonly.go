@@ -30,7 +30,7 @@ func OpenReadOnly(ctx context.Context, dsn string) (*Store, error) {
 	s := &Store{planPerStatement: planPerStatement}
 	conn, err := pgx.ConnectConfig(ctx, cfg.ConnConfig.Copy())
 	if err != nil {
-		return nil, s.c.classify("open read-only: connect", err, false)
+		return nil, s.c.classifyConnect("open read-only: connect", err)
 	}
 	err = checkSchemaCurrent(ctx, conn)
 	conn.Close(context.WithoutCancel(ctx))

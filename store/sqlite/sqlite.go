@@ -719,6 +719,48 @@ func (s *Store) PolicyListAfter(ctx context.Context, after uint64) (_ []ledger.P
 	return queryAll(ctx, s.r.policiesAfter, scanPolicy, "policy list", int64(after))
 }
 
+// policyPageSQL reads a page of PolicyPage: a range of the primary key
+// (generation), each filter left out when empty, and each row's key's
+// active generation from its head (a primary-key lookup).
+const policyPageSQL = "SELECT " + policyCols + `, (SELECT h.active FROM policy_heads h
+	WHERE h.subject = policies.subject AND h.route = policies.route AND h.region = policies.region)
+	FROM policies WHERE generation > ?1
+	AND (?2 = '' OR subject = ?2) AND (?3 = '' OR route = ?3) AND (?4 = '' OR region = ?4)
+	ORDER BY generation LIMIT ?5`
+
+// scanListedPolicy reads a row of policyPageSQL.
+func scanListedPolicy(sc scanner) (store.ListedPolicy, error) {
+	var active sql.NullInt64
+	p, err := scanPolicy(withColumn{sc, &active})
+	return store.ListedPolicy{Policy: p, Active: active.Valid && active.Int64 == int64(p.Generation)}, err
+}
+
+// withColumn is a scanner whose rows have one more column after the
+// ones its caller scans, into extra.
+type withColumn struct {
+	sc    scanner
+	extra any
+}
+
+func (w withColumn) Scan(dest ...any) error { return w.sc.Scan(append(dest, w.extra)...) }
+
+// PolicyPage returns up to f.Limit generations newer than f.After that
+// f's filters select, oldest first, each with whether its key's head
+// names it active (store.Store.PolicyPage).
+func (s *Store) PolicyPage(ctx context.Context, f store.PolicyFilter) (_ []store.ListedPolicy, err error) {
+	defer s.readBarrier(ctx, &err)
+	if s.closed.Load() {
+		return nil, errClosed
+	}
+	if f.Limit <= 0 {
+		return nil, fmt.Errorf("policy page: limit %d is not positive", f.Limit)
+	}
+	if f.After > math.MaxInt64 {
+		return nil, nil
+	}
+	return queryAll(ctx, s.r.policyPage, scanListedPolicy, "policy page", int64(f.After), f.Subject, f.Route, f.Region, f.Limit)
+}
+
 // ShardGet returns the shard, or store.ErrNotFound.
 func (s *Store) ShardGet(ctx context.Context, id string) (ledger.Shard, error) {
 	return queryOne(ctx, s, s.r.shard, scanShard, "shard "+id, id)

@@ -33,6 +33,9 @@
 //     whole rows, in key order with generations compared as numbers, and
 //     pages strictly after its cursor (the zero key starts at the first);
 //     a Limit <= 0 or a cursor generation above math.MaxInt64 is an error;
+//   - PolicyPage lists generations oldest first, those of the keys its
+//     filters select (each exactly), strictly after its cursor; a Limit
+//     <= 0 is an error, a cursor past every generation an empty page;
 //   - AccountsByEpoch lists one generation's accounts in (EpochStart,
 //     subject, route, region) order, those with EpochStart <= StartedBy
 //     when it is set, and pages strictly after its cursor; with
@@ -95,6 +98,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"AccountList", testAccountList},
 		{"AccountsOfSubjects", testAccountsOfSubjects},
 		{"Lists", testLists},
+		{"PolicyPage", testPolicyPage},
 		{"TimePrecision", testTimePrecision},
 		{"CancelledContext", testCancelledContext},
 		{"EndedTx", testEndedTx},

@@ -1105,9 +1105,14 @@ func (x *GetPolicyResponse) GetPolicy() *Policy {
 type ListPoliciesRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Optional filters; empty matches everything.
-	Subject       string `protobuf:"bytes,1,opt,name=subject,proto3" json:"subject,omitempty"`
-	Route         string `protobuf:"bytes,2,opt,name=route,proto3" json:"route,omitempty"`
-	Region        string `protobuf:"bytes,3,opt,name=region,proto3" json:"region,omitempty"`
+	Subject string `protobuf:"bytes,1,opt,name=subject,proto3" json:"subject,omitempty"`
+	Route   string `protobuf:"bytes,2,opt,name=route,proto3" json:"route,omitempty"`
+	Region  string `protobuf:"bytes,3,opt,name=region,proto3" json:"region,omitempty"`
+	// The most policies in one answer: default 100, at most 1000.
+	PageSize int32 `protobuf:"varint,4,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// next_page_token of the previous answer with the same filters; empty
+	// for the first page.
+	PageToken     string `protobuf:"bytes,5,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1163,10 +1168,27 @@ func (x *ListPoliciesRequest) GetRegion() string {
 	return ""
 }
 
+func (x *ListPoliciesRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListPoliciesRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 type ListPoliciesResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Oldest generation first.
-	Policies      []*Policy `protobuf:"bytes,1,rep,name=policies,proto3" json:"policies,omitempty"`
+	Policies []*Policy `protobuf:"bytes,1,rep,name=policies,proto3" json:"policies,omitempty"`
+	// Pass it as page_token for the next page; empty on the last page. A
+	// short or empty page with a token is not the last: keep paging.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1206,6 +1228,13 @@ func (x *ListPoliciesResponse) GetPolicies() []*Policy {
 		return x.Policies
 	}
 	return nil
+}
+
+func (x *ListPoliciesResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 type RollbackPolicyRequest struct {
@@ -3503,13 +3532,17 @@ const file_capledger_v1_capledger_proto_rawDesc = "" +
 	"generation\x18\x01 \x01(\x04R\n" +
 	"generation\"A\n" +
 	"\x11GetPolicyResponse\x12,\n" +
-	"\x06policy\x18\x01 \x01(\v2\x14.capledger.v1.PolicyR\x06policy\"]\n" +
+	"\x06policy\x18\x01 \x01(\v2\x14.capledger.v1.PolicyR\x06policy\"\x99\x01\n" +
 	"\x13ListPoliciesRequest\x12\x18\n" +
 	"\asubject\x18\x01 \x01(\tR\asubject\x12\x14\n" +
 	"\x05route\x18\x02 \x01(\tR\x05route\x12\x16\n" +
-	"\x06region\x18\x03 \x01(\tR\x06region\"H\n" +
+	"\x06region\x18\x03 \x01(\tR\x06region\x12\x1b\n" +
+	"\tpage_size\x18\x04 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x05 \x01(\tR\tpageToken\"p\n" +
 	"\x14ListPoliciesResponse\x120\n" +
-	"\bpolicies\x18\x01 \x03(\v2\x14.capledger.v1.PolicyR\bpolicies\"7\n" +
+	"\bpolicies\x18\x01 \x03(\v2\x14.capledger.v1.PolicyR\bpolicies\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"7\n" +
 	"\x15RollbackPolicyRequest\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x01 \x01(\x04R\n" +
