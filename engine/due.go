@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -51,9 +52,15 @@ type Pager struct {
 	// generation).
 	points []ledger.AccountKey
 	// lengths are the epoch lengths of the generations an EpochPager
-	// scans (the engine's epochWatch).
+	// scans (the engine's epochWatch); now is its clock and newest the
+	// newest generation it knew (EpochScans.Update).
 	lengths []time.Duration
-	done    bool
+	now     time.Time
+	newest  uint64
+	// gens are the generations it knew that have an epoch length, by
+	// generation (EpochScans keeps them for the next pager).
+	gens []epochGeneration
+	done bool
 	// make turns an account of a page into a command, or reports none.
 	make func(a *ledger.Account) (ledger.Command, bool)
 	// switchable, when set (a drain pager for the memo), reports whether
@@ -66,42 +73,144 @@ type Pager struct {
 
 // scan is one generation's pass over AccountsByEpoch, from from (the zero
 // cursor: the start) up to epoch starts at startedBy; or, with byPoints,
-// a point read of each of points, its accounts left to read.
+// a point read of each of points, its accounts left to read; or, with
+// across, a pass over the index across generations
+// (store.EpochFilter.AllGenerations) that keeps the accounts keep
+// accepts.
 type scan struct {
 	generation uint64
 	startedBy  time.Time
 	from       store.EpochCursor
 	byPoints   bool
 	points     []ledger.AccountKey
+	across     bool
+	keep       func(a *ledger.Account) bool
 }
 
+// epochGeneration is a generation's epoch length, as an EpochPager looks
+// it up (epochLengths: by generation, in order).
+type epochGeneration struct {
+	generation uint64
+	length     time.Duration
+}
+
+// epochLengths returns the generations of policies (oldest first, as
+// store.Store.PolicyList lists them) that have an epoch length, in order.
+func epochLengths(policies []ledger.Policy) []epochGeneration {
+	out := make([]epochGeneration, 0, len(policies))
+	for i := range policies {
+		if length := policies[i].EpochLength; length > 0 {
+			out = append(out, epochGeneration{policies[i].Generation, length})
+		}
+	}
+	slices.SortFunc(out, func(x, y epochGeneration) int { return cmp.Compare(x.generation, y.generation) })
+	return out
+}
+
+// lengthOf returns generation g's epoch length in gens (epochLengths), or
+// zero when it has none.
+func lengthOf(gens []epochGeneration, g uint64) time.Duration {
+	i, ok := slices.BinarySearchFunc(gens, g, func(e epochGeneration, g uint64) int { return cmp.Compare(e.generation, g) })
+	if !ok {
+		return 0
+	}
+	return gens[i].length
+}
+
+// freshPerGeneration is how many generations an epoch pass has not read
+// before (newly published, or all of them for a new leader) it reads one
+// by one, from the start of each one's index; more are read together, by
+// one pass from the start of the index across generations.
+const freshPerGeneration = 16
+
 // EpochPager returns a pager over the accounts whose accounting epoch
-// ended by now (EpochStart + the generation's EpochLength <= now), one
-// generation after another, each in epoch-start order: the close-epoch
-// commands of those whose balances changed in the epoch. An idle account
-// (ledger.Account.EpochIdle) gets none: its next command closes its idle
-// epochs in one statement. It reads the policies once and then only
-// accounts that are due.
+// ended by now (EpochStart + the generation's EpochLength <= now): the
+// close-epoch commands of those whose balances changed in the epoch. An
+// idle account (ledger.Account.EpochIdle) gets none: its next command
+// closes its idle epochs in one statement. It reads the policies once and
+// then only accounts that are due.
 //
-// since, when not nil, says for a generation which epoch starts an earlier
-// full pass has read already (EpochScans): the pager reads that generation
-// from there on, so accounts that stayed idle are not read again every
-// pass.
+// since, when not nil, remembers the last full pass (EpochScans): the
+// generations that pass read are read again only from the epoch starts
+// it had not read, by one range of the index across generations per
+// epoch length (store.EpochFilter.AllGenerations), not one read per
+// generation; so accounts that stayed idle are not read again every
+// pass, and a pass with nothing due costs a few reads however many
+// generations there are. A generation it has not read (all of them for a
+// new leader, or after a pass that did not complete) is read from its
+// start: by its own index when there are at most freshPerGeneration of
+// them, else all of them by one range from the start of the index
+// across generations.
 func (c *Core) EpochPager(ctx context.Context, now time.Time, pageSize int, since *EpochScans) (*Pager, error) {
-	policies, err := c.store.PolicyList(ctx)
+	p := &Pager{core: c, size: max(pageSize, 1), now: now}
+	// The generations' epoch lengths: those since remembers and the
+	// generations published since (a generation and its epoch length
+	// never change, and none is ever removed), else every policy.
+	var gens []epochGeneration
+	var policies []ledger.Policy
+	var err error
+	if since != nil {
+		gens, p.newest = since.gens, since.known
+		policies, err = c.store.PolicyListAfter(ctx, since.known)
+	} else {
+		policies, err = c.store.PolicyList(ctx)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("policies: %w", err)
 	}
-	p := &Pager{core: c, size: max(pageSize, 1)}
-	for i := range policies {
-		if length := policies[i].EpochLength; length > 0 {
-			s := scan{generation: policies[i].Generation, startedBy: now.Add(-length)}
-			s.from = since.from(s.generation)
-			p.scans = append(p.scans, s)
-			if !slices.Contains(p.lengths, length) {
-				p.lengths = append(p.lengths, length)
-			}
+	if n := len(policies); n > 0 {
+		gens = append(slices.Clip(gens), epochLengths(policies)...)
+		p.newest = max(p.newest, policies[n-1].Generation)
+	}
+	p.gens = gens
+	read, upTo := since.last()
+	// The generations the last pass read, by epoch length, and those it
+	// did not.
+	var fresh []epochGeneration
+	var readLengths []time.Duration
+	for _, e := range gens {
+		if !slices.Contains(p.lengths, e.length) {
+			p.lengths = append(p.lengths, e.length)
 		}
+		switch {
+		case read.IsZero() || e.generation > upTo:
+			fresh = append(fresh, e)
+		case !slices.Contains(readLengths, e.length):
+			readLengths = append(readLengths, e.length)
+		}
+	}
+	slices.Sort(readLengths)
+	for _, length := range readLengths {
+		// The epoch starts the last pass read, less EpochLateness, up to
+		// those that ended by now; the empty subject sorts first, so the
+		// cursor resumes at that epoch start itself.
+		p.scans = append(p.scans, scan{
+			across: true, startedBy: now.Add(-length),
+			from: store.EpochCursor{EpochStart: read.Add(-length - EpochLateness)},
+			keep: func(a *ledger.Account) bool {
+				return a.Key.Generation <= upTo && lengthOf(gens, a.Key.Generation) == length
+			},
+		})
+	}
+	if len(fresh) <= freshPerGeneration {
+		for _, e := range fresh {
+			p.scans = append(p.scans, scan{generation: e.generation, startedBy: now.Add(-e.length)})
+		}
+	} else {
+		shortest := fresh[0].length
+		for _, e := range fresh {
+			shortest = min(shortest, e.length)
+		}
+		p.scans = append(p.scans, scan{
+			across: true, startedBy: now.Add(-shortest),
+			keep: func(a *ledger.Account) bool {
+				if !read.IsZero() && a.Key.Generation <= upTo {
+					return false // read by its length's scan
+				}
+				length := lengthOf(gens, a.Key.Generation)
+				return length > 0 && !a.EpochStart.After(now.Add(-length))
+			},
+		})
 	}
 	if len(p.scans) > 0 {
 		p.after = p.scans[0].from
@@ -122,39 +231,44 @@ func (c *Core) EpochPager(ctx context.Context, now time.Time, pageSize int, sinc
 // still closed in time.
 const EpochLateness = 2 * time.Minute
 
-// EpochScans remembers, per generation, up to which epoch start the last
-// full epoch pass read: an account left there was idle and stays so until
-// a command touches it, which moves its epoch start to the command's epoch,
-// past the mark (less EpochLateness). The zero value remembers nothing
-// (a new leader reads every due account once).
+// EpochScans remembers the last full epoch pass: its clock, and the
+// newest generation it knew. It read every generation up to that one
+// (generations are numbered in the order they commit: a publish takes the
+// next number under the ledger's meta row), each up to the epoch starts
+// that ended by its clock: an account left there was idle and stays so
+// until a command touches it, which moves its epoch start to the
+// command's epoch, past the mark (less EpochLateness). The zero value
+// remembers nothing (a new leader reads every due account once).
+//
+// It also keeps, across passes whether complete or not, the epoch length
+// of every generation the pagers have read (16 bytes each), so that a
+// pass reads only the policies published since (PolicyListAfter), not
+// every policy.
 type EpochScans struct {
-	through map[uint64]time.Time
+	at     time.Time
+	newest uint64
+	gens   []epochGeneration
+	known  uint64
 }
 
-func (s *EpochScans) from(generation uint64) store.EpochCursor {
+// last returns what s remembers: the clock of the last full pass (zero
+// for none) and the newest generation it knew.
+func (s *EpochScans) last() (time.Time, uint64) {
 	if s == nil {
-		return store.EpochCursor{}
+		return time.Time{}, 0
 	}
-	t, ok := s.through[generation]
-	if !ok {
-		return store.EpochCursor{}
-	}
-	// The empty subject sorts first, so the cursor resumes at this epoch
-	// start itself.
-	return store.EpochCursor{EpochStart: t.Add(-EpochLateness)}
+	return s.at, s.newest
 }
 
 // Update records a pass's outcome: complete is whether it ran to its end
 // (otherwise everything is forgotten and the next pass reads everything).
 func (s *EpochScans) Update(p *Pager, complete bool) {
+	s.gens, s.known = p.gens, p.newest
 	if !complete {
-		s.through = nil
+		s.at, s.newest = time.Time{}, 0
 		return
 	}
-	s.through = make(map[uint64]time.Time, len(p.scans))
-	for _, sc := range p.scans {
-		s.through[sc.generation] = sc.startedBy
-	}
+	s.at, s.newest = p.now, p.newest
 }
 
 // DrainPlan says how a drain pass reads one superseded generation.
@@ -307,13 +421,14 @@ func (p *Pager) Next(ctx context.Context) ([]ledger.Command, error) {
 			last = len(s.points) == 0
 		} else {
 			var err error
-			page, next, err = p.core.store.AccountsByEpoch(ctx, store.EpochFilter{
-				Generation: s.generation, StartedBy: s.startedBy, After: p.after, Limit: p.size,
-			})
+			page, next, err = p.core.store.AccountsByEpoch(ctx, s.filter(p.after, p.size))
 			if err != nil {
-				return nil, fmt.Errorf("accounts of generation %d: %w", s.generation, err)
+				return nil, fmt.Errorf("%s: %w", s, err)
 			}
 			last = len(page) < p.size
+			if s.keep != nil {
+				page = slices.DeleteFunc(page, func(a ledger.Account) bool { return !s.keep(&a) })
+			}
 		}
 		var cmds []ledger.Command
 		var quiet []*ledger.Account
@@ -456,6 +571,19 @@ func (p *Pager) nextPoints(ctx context.Context) ([]ledger.Command, error) {
 	return cmds, nil
 }
 
+// filter returns the store filter of s's page after the cursor after.
+func (s *scan) filter(after store.EpochCursor, limit int) store.EpochFilter {
+	return store.EpochFilter{Generation: s.generation, AllGenerations: s.across, StartedBy: s.startedBy, After: after, Limit: limit}
+}
+
+// String names s's accounts in errors.
+func (s *scan) String() string {
+	if s.across {
+		return "accounts of every generation"
+	}
+	return fmt.Sprintf("accounts of generation %d", s.generation)
+}
+
 // CatchUp runs the store's EpochIndexCatchUp over every range the
 // pager's scans read (after the pass's commands committed), a chunk of
 // the pager's size at a time, calling each before every chunk (the
@@ -466,7 +594,7 @@ func (p *Pager) nextPoints(ctx context.Context) ([]ledger.Command, error) {
 // (EpochScans), finds them there when that epoch ends.
 func (p *Pager) CatchUp(ctx context.Context, each func() bool, done func(time.Duration)) error {
 	for _, s := range p.scans {
-		f := store.EpochFilter{Generation: s.generation, StartedBy: s.startedBy, After: s.from, Limit: p.size}
+		f := s.filter(s.from, p.size)
 		for {
 			if !each() {
 				return errors.New("epoch index catch-up stopped")
@@ -475,7 +603,7 @@ func (p *Pager) CatchUp(ctx context.Context, each func() bool, done func(time.Du
 			next, more, err := p.core.store.EpochIndexCatchUp(ctx, f)
 			done(time.Since(started))
 			if err != nil {
-				return fmt.Errorf("epoch index of generation %d: %w", s.generation, err)
+				return fmt.Errorf("epoch index, %s: %w", &s, err)
 			}
 			if !more {
 				break

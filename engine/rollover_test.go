@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"fmt"
-	"maps"
 	"path/filepath"
 	"testing"
 	"time"
@@ -448,8 +447,8 @@ func TestNewEpochPassDoesNotWaitForCatchUp(t *testing.T) {
 	}
 	clk.Advance(10 * time.Minute)
 	e.runEpochsWhenDue(ctx) // mid-epoch 0: nothing to close, a complete pass remembered
-	remembered := maps.Clone(e.epochScans.through)
-	if len(remembered) == 0 {
+	rememberedAt, rememberedNewest := e.epochScans.last()
+	if rememberedAt.IsZero() {
 		t.Fatal("a complete pass left no EpochScans")
 	}
 	// Epoch 1: half the accounts reserve again (closing epoch 0 inline),
@@ -480,8 +479,9 @@ func TestNewEpochPassDoesNotWaitForCatchUp(t *testing.T) {
 	if n := statements(t0); n != accounts {
 		t.Fatalf("epoch 0: %d statements, want %d", n, accounts)
 	}
-	if !maps.Equal(e.epochScans.through, remembered) {
-		t.Fatalf("after a catch-up cut short EpochScans remember %v, want what they remembered before the pass, %v", e.epochScans.through, remembered)
+	if at, newest := e.epochScans.last(); !at.Equal(rememberedAt) || newest != rememberedNewest {
+		t.Fatalf("after a catch-up cut short EpochScans remember a pass at %s up to generation %d, want what they remembered before the pass, at %s up to %d",
+			at, newest, rememberedAt, rememberedNewest)
 	}
 	e.runEpochsWhenDue(ctx) // the watch's next look
 	if waited > 0 {
@@ -493,8 +493,9 @@ func TestNewEpochPassDoesNotWaitForCatchUp(t *testing.T) {
 	if st.made != st.calls {
 		t.Fatalf("the catch-up ran %d chunks, want all %d by the end of the next pass (stopped only once in a row)", st.made, st.calls)
 	}
-	if got, want := e.epochScans.through, (map[uint64]time.Time{1: t0.Add(time.Hour + time.Second)}); !maps.Equal(got, want) {
-		t.Fatalf("after the next pass EpochScans remember %v, want %v (the pass that started at epoch 1's end + 1h)", got, want)
+	if at, newest := e.epochScans.last(); !at.Equal(t0.Add(2*time.Hour+time.Second)) || newest != 1 {
+		t.Fatalf("after the next pass EpochScans remember a pass at %s up to generation %d, want the pass that started at epoch 1's end + 1h (%s), up to 1",
+			at, newest, t0.Add(2*time.Hour+time.Second))
 	}
 	auditClean(t, e)
 }

@@ -63,6 +63,13 @@ func (s *unreachableStore) PolicyList(ctx context.Context) ([]ledger.Policy, err
 	return s.Store.PolicyList(ctx)
 }
 
+func (s *unreachableStore) PolicyListAfter(ctx context.Context, after uint64) ([]ledger.Policy, error) {
+	if err := s.failure(); err != nil {
+		return nil, err
+	}
+	return s.Store.PolicyListAfter(ctx, after)
+}
+
 func (s *unreachableStore) ReservationsFinished(ctx context.Context, before time.Time, limit int) ([]string, error) {
 	if err := s.failure(); err != nil {
 		return nil, err

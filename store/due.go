@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/capledger/capledger/ledger"
@@ -33,6 +34,14 @@ type DueIndexes interface {
 	// began at least one epoch length ago; the drain worker pages through
 	// the accounts of a superseded generation. Drivers keep an index on
 	// (generation, indexed epoch start, key).
+	//
+	// With f.AllGenerations (f.Generation must then be zero) it lists the
+	// accounts of every generation instead, from a second index, across
+	// generations: by (indexed epoch start, subject, route, region,
+	// generation), the cursor's Generation included. The epoch worker
+	// reads it once per epoch length for the epoch starts its last pass
+	// has not read yet, so a pass costs a few reads however many
+	// generations there are (engine.EpochPager).
 	AccountsByEpoch(ctx context.Context, f EpochFilter) ([]ledger.Account, EpochCursor, error)
 
 	// EpochIndexCatchUp moves to their account's EpochStart the entries
@@ -45,8 +54,23 @@ type DueIndexes interface {
 	// zero cursor and false. The epoch worker calls it over the range its
 	// pass read, after the pass's closes, in bounded chunks: so lagging
 	// entries move in index order, a few pages a chunk, rather than each
-	// roll moving one at a random page. Errors are as AccountsByEpoch's.
+	// roll moving one at a random page. With f.AllGenerations it reads the
+	// index across generations (as AccountsByEpoch does) and moves lagging
+	// entries of every generation in the range. Errors are as
+	// AccountsByEpoch's.
 	EpochIndexCatchUp(ctx context.Context, f EpochFilter) (EpochCursor, bool, error)
+}
+
+// CheckEpochFilter returns an error for a filter no driver accepts: a
+// limit that is not positive, or AllGenerations with a generation.
+func CheckEpochFilter(f EpochFilter) error {
+	if f.Limit <= 0 {
+		return fmt.Errorf("limit %d is not positive", f.Limit)
+	}
+	if f.AllGenerations && f.Generation != 0 {
+		return fmt.Errorf("generation %d with every generation", f.Generation)
+	}
+	return nil
 }
 
 // DueReservation is one reservation ReservationsDue lists: what the
@@ -62,6 +86,9 @@ type DueReservation struct {
 // EpochFilter selects and pages AccountsByEpoch.
 type EpochFilter struct {
 	Generation uint64
+	// AllGenerations lists every generation's accounts, in the order of
+	// the index across generations; Generation must be zero.
+	AllGenerations bool
 	// StartedBy bounds the accounts' EpochStart from above (inclusive);
 	// zero means no bound.
 	StartedBy time.Time
@@ -80,12 +107,16 @@ type EpochCursor struct {
 	Subject    string
 	Route      string
 	Region     string
+	// Generation orders accounts of one key at one epoch start across
+	// generations (EpochFilter.AllGenerations); the per-generation order
+	// ignores it.
+	Generation uint64
 }
 
 // EpochCursorOf returns the position of account a in an index of
 // EpochStart itself (the in-memory store's and PostgreSQL's).
 func EpochCursorOf(a *ledger.Account) EpochCursor {
-	return EpochCursor{EpochStart: a.EpochStart, Subject: a.Key.Subject, Route: a.Key.Route, Region: a.Key.Region}
+	return EpochCursor{EpochStart: a.EpochStart, Subject: a.Key.Subject, Route: a.Key.Route, Region: a.Key.Region, Generation: a.Key.Generation}
 }
 
 // LastEpochCursor returns the position of page's last account in an index

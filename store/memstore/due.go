@@ -1,6 +1,7 @@
 package memstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -14,9 +15,10 @@ import (
 )
 
 // AccountsByEpoch returns copies of up to f.Limit accounts of generation
-// f.Generation with EpochStart <= f.StartedBy (any when it is zero), in
-// (EpochStart, subject, route, region) order after f.After, and the last
-// one's position. It filters every account and sorts the matches: the
+// f.Generation (of every one with f.AllGenerations, then ordered by
+// generation last) with EpochStart <= f.StartedBy (any when it is zero),
+// in (EpochStart, subject, route, region) order after f.After, and the
+// last one's position. It filters every account and sorts the matches: the
 // simulator's stores are small, and the SQL stores keep the index.
 func (s *Store) AccountsByEpoch(ctx context.Context, f store.EpochFilter) (out []ledger.Account, _ store.EpochCursor, err error) {
 	bound, after, err := epochRange(f)
@@ -27,20 +29,20 @@ func (s *Store) AccountsByEpoch(ctx context.Context, f store.EpochFilter) (out [
 	var list []*ledger.Account
 	err = s.read(ctx, func(r *rows) error {
 		for _, a := range r.accounts {
-			if a.Key.Generation != f.Generation {
+			if !f.AllGenerations && a.Key.Generation != f.Generation {
 				continue
 			}
 			start := nanos(a.EpochStart)
 			if !f.StartedBy.IsZero() && start > bound {
 				continue
 			}
-			if !fromStart && compareEpoch(start, a.Key, after, f.After) <= 0 {
+			if !fromStart && compareEpoch(start, a.Key, after, f.After, f.AllGenerations) <= 0 {
 				continue
 			}
 			list = append(list, a)
 		}
 		slices.SortFunc(list, func(x, y *ledger.Account) int {
-			return compareEpoch(nanos(x.EpochStart), x.Key, nanos(y.EpochStart), store.EpochCursorOf(y))
+			return compareEpoch(nanos(x.EpochStart), x.Key, nanos(y.EpochStart), store.EpochCursorOf(y), f.AllGenerations)
 		})
 		for _, a := range list[:min(f.Limit, len(list))] {
 			out = append(out, *a)
@@ -55,11 +57,12 @@ func (s *Store) AccountsByEpoch(ctx context.Context, f store.EpochFilter) (out [
 
 // epochRange checks f and converts its bound and cursor time.
 func epochRange(f store.EpochFilter) (bound, after int64, err error) {
-	if f.Limit <= 0 {
-		return 0, 0, fmt.Errorf("limit %d is not positive", f.Limit)
+	if err := store.CheckEpochFilter(f); err != nil {
+		return 0, 0, err
 	}
 	var conv codec.Conv
 	conv.Int(f.Generation)
+	conv.Int(f.After.Generation)
 	bound = conv.Nanos(f.StartedBy)
 	after = conv.Nanos(f.After.EpochStart)
 	return bound, after, conv.Err()
@@ -75,8 +78,9 @@ func (s *Store) EpochIndexCatchUp(ctx context.Context, f store.EpochFilter) (sto
 }
 
 // compareEpoch orders an account (its epoch start in nanoseconds and key)
-// against a cursor position, as AccountsByEpoch orders them.
-func compareEpoch(start int64, key ledger.AccountKey, cursorStart int64, c store.EpochCursor) int {
+// against a cursor position, as AccountsByEpoch orders them (with
+// across, as it orders them across generations).
+func compareEpoch(start int64, key ledger.AccountKey, cursorStart int64, c store.EpochCursor, across bool) int {
 	if start != cursorStart {
 		if start < cursorStart {
 			return -1
@@ -89,7 +93,10 @@ func compareEpoch(start int64, key ledger.AccountKey, cursorStart int64, c store
 	if n := strings.Compare(key.Route, c.Route); n != 0 {
 		return n
 	}
-	return strings.Compare(key.Region, c.Region)
+	if n := strings.Compare(key.Region, c.Region); n != 0 || !across {
+		return n
+	}
+	return cmp.Compare(key.Generation, c.Generation)
 }
 
 // errLeaseArgs is the error for a lease call without a name, holder or

@@ -41,6 +41,25 @@ var (
 		" ORDER BY generation, epoch_indexed, subject, route, region LIMIT ?3"
 )
 
+// The queries across generations (EpochFilter.AllGenerations; index
+// accounts_by_epoch_across, on (epoch_indexed, subject, route, region,
+// generation), schema version 19): as above without ?1 (bound to zero and
+// unused), the cursor's generation ?8, each row's generation selected
+// besides. A pass of the epoch worker reads a few ranges of it, not one
+// per generation.
+var (
+	acrossFirstSQL = "SELECT " + accountCols + ", epoch_indexed FROM accounts WHERE ?1 = 0 AND epoch_indexed <= ?2" +
+		" AND epoch_start <= ?2 ORDER BY epoch_indexed, subject, route, region, generation LIMIT ?3"
+	acrossAfterSQL = "SELECT " + accountCols + ", epoch_indexed FROM accounts WHERE ?1 = 0 AND epoch_indexed <= ?2" +
+		" AND epoch_start <= ?2 AND (epoch_indexed, subject, route, region, generation) > (?4, ?5, ?6, ?7, ?8)" +
+		" ORDER BY epoch_indexed, subject, route, region, generation LIMIT ?3"
+	catchUpAcrossFirstSQL = "SELECT epoch_indexed, subject, route, region, epoch_indexed < epoch_start, generation FROM accounts" +
+		" WHERE ?1 = 0 AND epoch_indexed <= ?2 ORDER BY epoch_indexed, subject, route, region, generation LIMIT ?3"
+	catchUpAcrossAfterSQL = "SELECT epoch_indexed, subject, route, region, epoch_indexed < epoch_start, generation FROM accounts" +
+		" WHERE ?1 = 0 AND epoch_indexed <= ?2 AND (epoch_indexed, subject, route, region, generation) > (?4, ?5, ?6, ?7, ?8)" +
+		" ORDER BY epoch_indexed, subject, route, region, generation LIMIT ?3"
+)
+
 // catchUpMoveSQL returns the UPDATE that moves rows lagging entries to
 // their epoch: one statement, a primary-key seek per row of its VALUES
 // list (subject, route, region, generation each). A statement per entry
@@ -88,17 +107,59 @@ func scanIndexedAccount(sc scanner) (indexedAccount, error) {
 // epochRange converts f's generation, bound (math.MaxInt64 when zero) and
 // cursor time for the queries above.
 func epochRange(f store.EpochFilter) (generation, bound, after int64, err error) {
-	if f.Limit <= 0 {
-		return 0, 0, 0, fmt.Errorf("limit %d is not positive", f.Limit)
+	if err := store.CheckEpochFilter(f); err != nil {
+		return 0, 0, 0, err
 	}
 	var c codec.Conv
 	generation = c.Int(f.Generation)
+	c.Int(f.After.Generation)
 	bound = int64(math.MaxInt64)
 	if !f.StartedBy.IsZero() {
 		bound = c.Nanos(f.StartedBy)
 	}
 	after = c.Nanos(f.After.EpochStart)
 	return generation, bound, after, c.Err()
+}
+
+// epochStmts returns the statements of AccountsByEpoch (or, with
+// catchUp, EpochIndexCatchUp) for f: per generation or across them, from
+// the start or after a cursor; and the cursor's arguments.
+func (s *Store) epochStmts(f store.EpochFilter, catchUp bool, after int64) (*sql.Stmt, []any) {
+	first := f.After == (store.EpochCursor{})
+	var st *sql.Stmt
+	switch {
+	case !f.AllGenerations && !catchUp:
+		st = pick(first, s.r.epochFirst, s.r.epochAfter)
+	case !f.AllGenerations:
+		st = pick(first, s.r.catchUpFirst, s.r.catchUpAfter)
+	case !catchUp:
+		st = pick(first, s.r.acrossFirst, s.r.acrossAfter)
+	default:
+		st = pick(first, s.r.catchUpAcrossFirst, s.r.catchUpAcrossAfter)
+	}
+	if first {
+		return st, nil
+	}
+	args := []any{after, f.After.Subject, f.After.Route, f.After.Region}
+	if f.AllGenerations {
+		args = append(args, int64(f.After.Generation))
+	}
+	return st, args
+}
+
+func pick(first bool, ifFirst, ifAfter *sql.Stmt) *sql.Stmt {
+	if first {
+		return ifFirst
+	}
+	return ifAfter
+}
+
+// epochWhat names f's range in errors.
+func epochWhat(f store.EpochFilter, what string) string {
+	if f.AllGenerations {
+		return what + " of every generation"
+	}
+	return fmt.Sprintf("%s of generation %d", what, f.Generation)
 }
 
 // AccountsByEpoch returns up to f.Limit accounts of generation
@@ -118,14 +179,9 @@ func (s *Store) AccountsByEpoch(ctx context.Context, f store.EpochFilter) (_ []l
 	if err != nil {
 		return nil, store.EpochCursor{}, fmt.Errorf("accounts by epoch: %w", err)
 	}
-	what := fmt.Sprintf("accounts of generation %d by epoch", f.Generation)
-	var rows []indexedAccount
-	if f.After == (store.EpochCursor{}) {
-		rows, err = queryAll(ctx, s.r.epochFirst, scanIndexedAccount, what, generation, bound, f.Limit)
-	} else {
-		rows, err = queryAll(ctx, s.r.epochAfter, scanIndexedAccount, what, generation, bound, f.Limit,
-			after, f.After.Subject, f.After.Route, f.After.Region)
-	}
+	what := epochWhat(f, "accounts") + " by epoch"
+	st, cursor := s.epochStmts(f, false, after)
+	rows, err := queryAll(ctx, st, scanIndexedAccount, what, append([]any{generation, bound, f.Limit}, cursor...)...)
 	if err != nil || len(rows) == 0 {
 		return nil, store.EpochCursor{}, err
 	}
@@ -165,17 +221,18 @@ func (s *Store) EpochIndexCatchUp(ctx context.Context, f store.EpochFilter) (_ s
 	}
 	scan := func(sc scanner) (entry, error) {
 		var e entry
-		err := sc.Scan(&e.indexed, &e.cursor.Subject, &e.cursor.Route, &e.cursor.Region, &e.lags)
+		if !f.AllGenerations {
+			e.cursor.Generation = f.Generation
+			return e, sc.Scan(&e.indexed, &e.cursor.Subject, &e.cursor.Route, &e.cursor.Region, &e.lags)
+		}
+		var g int64
+		err := sc.Scan(&e.indexed, &e.cursor.Subject, &e.cursor.Route, &e.cursor.Region, &e.lags, &g)
+		e.cursor.Generation = uint64(g)
 		return e, err
 	}
-	what := fmt.Sprintf("epoch index of generation %d", f.Generation)
-	var entries []entry
-	if f.After == (store.EpochCursor{}) {
-		entries, err = queryAll(ctx, s.r.catchUpFirst, scan, what, generation, bound, f.Limit)
-	} else {
-		entries, err = queryAll(ctx, s.r.catchUpAfter, scan, what, generation, bound, f.Limit,
-			after, f.After.Subject, f.After.Route, f.After.Region)
-	}
+	what := epochWhat(f, "epoch index")
+	st, cursor := s.epochStmts(f, true, after)
+	entries, err := queryAll(ctx, st, scan, what, append([]any{generation, bound, f.Limit}, cursor...)...)
 	if err != nil || len(entries) == 0 {
 		return store.EpochCursor{}, false, err
 	}
@@ -199,7 +256,7 @@ func (s *Store) EpochIndexCatchUp(ctx context.Context, f store.EpochFilter) (_ s
 					n = min(n, len(rest))
 					args := make([]any, 0, 4*n)
 					for _, k := range rest[:n] {
-						args = append(args, k.Subject, k.Route, k.Region, generation)
+						args = append(args, k.Subject, k.Route, k.Region, int64(k.Generation))
 					}
 					if _, err := tx.exec(catchUpMoveSQL(n), args...); err != nil {
 						return err

@@ -173,3 +173,148 @@ func compareKeys(x, y ledger.AccountKey) int {
 	}
 	return 0
 }
+
+// A file of schema version 18 migrates to 19 with the index across
+// generations holding every account, a lagging entry (epoch_indexed
+// behind epoch_start: a busy roll before the upgrade) at its indexed
+// place: AccountsByEpoch across generations lists every account within
+// each bound, each once, and after EpochIndexCatchUp across generations
+// in (epoch start, key, generation) order.
+func TestEpochIndexAcrossGenerationsOfAnEarlierSchema(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "v18.db")
+	db, err := sql.Open("sqlite", path+"?_pragma=journal_mode(WAL)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms, err := migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ms[18].Version != 19 {
+		t.Fatalf("migration 19 is %d", ms[18].Version)
+	}
+	if _, err := db.Exec("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL)"); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range ms[:18] {
+		if _, err := db.Exec(m.SQL); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := db.Exec("INSERT INTO schema_migrations (version, name) VALUES (?, ?)", m.Version, m.File); err != nil {
+			t.Fatal(err)
+		}
+	}
+	epoch := time.Date(2026, 7, 19, 14, 0, 0, 0, time.UTC)
+	var accounts []ledger.Account
+	for i := range 30 {
+		// Generations 1 to 3, one subject under several; four epoch
+		// starts; every seventh entry lags an hour behind its epoch.
+		a := ledger.Account{Key: ledger.AccountKey{Subject: fmt.Sprintf("s%02d", i%10), Route: "chat", Region: "eu",
+			Generation: uint64(i/10 + 1)}, Dims: 1, EpochStart: epoch.Add(time.Duration((i*7)%4) * time.Hour), Version: 1}
+		a.Balances[0] = ledger.Balance{Opening: 100, Available: 90, Reserved: 10}
+		a.EpochOpening[0] = ledger.Balance{Opening: 100, Available: 100}
+		accounts = append(accounts, a)
+		indexed := a.EpochStart
+		if i%7 == 0 {
+			indexed = indexed.Add(-time.Hour)
+		}
+		var conv codec.Conv
+		if _, err := db.Exec(insertSQL("accounts", accountCols+", epoch_indexed"), append(accountArgs(&a, &conv), indexed.UnixNano())...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var indexes int
+	if err := s.readDB.QueryRow("SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name = 'accounts_by_epoch_across'").Scan(&indexes); err != nil || indexes != 1 {
+		t.Fatalf("accounts_by_epoch_across after the migration: %d, %v", indexes, err)
+	}
+
+	// want returns the accounts with an epoch start by bound (any when
+	// zero), in (epoch start, key, generation) order.
+	want := func(bound time.Time) []ledger.AccountKey {
+		var list []ledger.Account
+		for _, a := range accounts {
+			if bound.IsZero() || !a.EpochStart.After(bound) {
+				list = append(list, a)
+			}
+		}
+		slices.SortStableFunc(list, func(x, y ledger.Account) int {
+			if c := x.EpochStart.Compare(y.EpochStart); c != 0 {
+				return c
+			}
+			if c := compareKeys(x.Key, y.Key); c != 0 {
+				return c
+			}
+			return int(x.Key.Generation) - int(y.Key.Generation)
+		})
+		out := []ledger.AccountKey{}
+		for _, a := range list {
+			out = append(out, a.Key)
+		}
+		return out
+	}
+	list := func(bound time.Time, limit int) []ledger.AccountKey {
+		got := []ledger.AccountKey{}
+		f := store.EpochFilter{AllGenerations: true, StartedBy: bound, Limit: limit}
+		for range 100 {
+			page, next, err := s.AccountsByEpoch(ctx, f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, a := range page {
+				got = append(got, a.Key)
+			}
+			if len(page) < limit {
+				break
+			}
+			f.After = next
+		}
+		return got
+	}
+	bounds := []time.Time{{}, epoch, epoch.Add(2 * time.Hour), epoch.Add(-time.Hour)}
+	for _, bound := range bounds {
+		for _, limit := range []int{1, 4, 100} {
+			got, w := list(bound, limit), want(bound)
+			slices.SortFunc(got, compareAcross)
+			slices.SortFunc(w, compareAcross)
+			if !slices.Equal(got, w) {
+				t.Errorf("migrated, by %v, pages of %d, each once:\n got %v\nwant %v", bound, limit, got, w)
+			}
+		}
+	}
+	f := store.EpochFilter{AllGenerations: true, Limit: 4}
+	for range 100 {
+		next, more, err := s.EpochIndexCatchUp(ctx, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !more {
+			break
+		}
+		f.After = next
+	}
+	for _, bound := range bounds {
+		for _, limit := range []int{1, 4, 100} {
+			if got, w := list(bound, limit), want(bound); !slices.Equal(got, w) {
+				t.Errorf("caught up, by %v, pages of %d:\n got %v\nwant %v", bound, limit, got, w)
+			}
+		}
+	}
+}
+
+// compareAcross orders account keys by subject, route, region and
+// generation.
+func compareAcross(x, y ledger.AccountKey) int {
+	if c := compareKeys(x, y); c != 0 {
+		return c
+	}
+	return int(x.Generation) - int(y.Generation)
+}

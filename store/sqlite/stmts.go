@@ -223,6 +223,8 @@ type readStmts struct {
 	// The epoch worker's reads, one of each per generation a pass: parsed
 	// at every call they were half its CPU with a policy per tenant.
 	epochFirst, epochAfter, catchUpFirst, catchUpAfter *sql.Stmt
+	// Their forms across generations, a few a pass.
+	acrossFirst, acrossAfter, catchUpAcrossFirst, catchUpAcrossAfter *sql.Stmt
 	// accountsOfSubjects holds accountsOfSubjectsSQL of each size of
 	// subjectChunkSizes, in that order.
 	accountsOfSubjects [len(subjectChunkSizes)]*sql.Stmt
@@ -260,6 +262,10 @@ func (r *readStmts) prepare(ctx context.Context, db *sql.DB) error {
 	r.epochAfter = prep(epochAfterSQL)
 	r.catchUpFirst = prep(catchUpFirstSQL)
 	r.catchUpAfter = prep(catchUpAfterSQL)
+	r.acrossFirst = prep(acrossFirstSQL)
+	r.acrossAfter = prep(acrossAfterSQL)
+	r.catchUpAcrossFirst = prep(catchUpAcrossFirstSQL)
+	r.catchUpAcrossAfter = prep(catchUpAcrossAfterSQL)
 	for i, n := range subjectChunkSizes {
 		r.accountsOfSubjects[i] = prep(accountsOfSubjectsSQL(n))
 	}
@@ -269,7 +275,8 @@ func (r *readStmts) prepare(ctx context.Context, db *sql.DB) error {
 func (r *readStmts) close() {
 	stmts := []*sql.Stmt{r.reservation, r.account, r.accountsOf, r.accountsAll, r.policy, r.head, r.policies, r.policiesAfter, r.policyPage, r.shard, r.shards, r.due,
 		r.unknownFirst, r.unknownAfter, r.unknownBacklog, r.debtFirst, r.debtAfter, r.pageFirst, r.pageAfter,
-		r.epochFirst, r.epochAfter, r.catchUpFirst, r.catchUpAfter}
+		r.epochFirst, r.epochAfter, r.catchUpFirst, r.catchUpAfter,
+		r.acrossFirst, r.acrossAfter, r.catchUpAcrossFirst, r.catchUpAcrossAfter}
 	for _, st := range append(stmts, r.accountsOfSubjects[:]...) {
 		if st != nil {
 			st.Close()

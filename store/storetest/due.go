@@ -355,3 +355,239 @@ func inTxCommit(t *testing.T, s store.Store, f func(ctx context.Context, tx stor
 		t.Fatalf("commit: %v", err)
 	}
 }
+
+// acrossAccounts returns epochAccounts and, besides, t-a's account under
+// generation 9 at t-a's epoch start under generation 7 (one key and
+// start, two generations: the order across generations ends with the
+// generation).
+func acrossAccounts() []ledger.Account {
+	all, _ := epochAccounts()
+	a := all[1] // t-a, generation 7, at 0
+	a.Key.Generation = 9
+	a.Version = 20
+	return append(all, a)
+}
+
+// wantAcross returns the keys of accounts with EpochStart by bound (any
+// when zero) and after the position from (from the start when zero), in
+// (EpochStart, subject, route, region, generation) order.
+func wantAcross(accounts []ledger.Account, bound time.Time, from store.EpochCursor) []ledger.AccountKey {
+	cursorOf := func(a *ledger.Account) store.EpochCursor { return store.EpochCursorOf(a) }
+	compare := func(x, y store.EpochCursor) int {
+		if c := x.EpochStart.Compare(y.EpochStart); c != 0 {
+			return c
+		}
+		for _, p := range [][2]string{{x.Subject, y.Subject}, {x.Route, y.Route}, {x.Region, y.Region}} {
+			if c := strings.Compare(p[0], p[1]); c != 0 {
+				return c
+			}
+		}
+		switch {
+		case x.Generation < y.Generation:
+			return -1
+		case x.Generation > y.Generation:
+			return 1
+		}
+		return 0
+	}
+	var list []ledger.Account
+	for i := range accounts {
+		a := &accounts[i]
+		if (bound.IsZero() || !a.EpochStart.After(bound)) && (from == store.EpochCursor{} || compare(cursorOf(a), from) > 0) {
+			list = append(list, *a)
+		}
+	}
+	if len(list) == 0 {
+		return nil // as a list of pages collects none
+	}
+	slices.SortFunc(list, func(x, y ledger.Account) int { return compare(cursorOf(&x), cursorOf(&y)) })
+	return keysOf(list)
+}
+
+// testAccountsByEpochAcross checks AccountsByEpoch across generations
+// (EpochFilter.AllGenerations): every generation's accounts within the
+// bound, in (EpochStart, subject, route, region, generation) order, from
+// a cursor that may sit between rows (the epoch worker starts at an epoch
+// start, the empty subject sorting first), in pages of any size.
+func testAccountsByEpochAcross(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	all := acrossAccounts()
+	if got, _, err := s.AccountsByEpoch(ctx, store.EpochFilter{AllGenerations: true, Limit: 10}); err != nil || len(got) != 0 {
+		t.Errorf("empty store: %v, %v; want none", got, err)
+	}
+	commit(t, s, &store.Changes{Accounts: all})
+
+	// Whole rows, as AccountGet reads them.
+	got, _, err := s.AccountsByEpoch(ctx, store.EpochFilter{AllGenerations: true, Limit: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []ledger.Account
+	for _, k := range wantAcross(all, time.Time{}, store.EpochCursor{}) {
+		a, err := s.AccountGet(ctx, k)
+		if err != nil {
+			t.Fatalf("account %s: %v", k, err)
+		}
+		want = append(want, a)
+	}
+	same(t, "every account of every generation", got, want)
+
+	bounds := []time.Time{{}, at(0), at(-time.Nanosecond), at(-2 * time.Hour), at(time.Hour), at(100 * time.Hour)}
+	froms := []store.EpochCursor{{}, {EpochStart: at(0)}, {EpochStart: at(time.Nanosecond)},
+		{EpochStart: at(0), Subject: "t-a", Route: "chat", Region: "eu", Generation: 7},
+		{EpochStart: at(0), Subject: "t-a", Route: "chat", Region: "eu", Generation: 8}, // between rows
+		{EpochStart: at(0), Subject: "t-aa", Route: "chat", Region: "eu"}}
+	for _, bound := range bounds {
+		for _, from := range froms {
+			for _, limit := range []int{1, 2, 3, 100} {
+				var flat []ledger.AccountKey
+				for _, page := range epochPages(t, s, store.EpochFilter{AllGenerations: true, StartedBy: bound, After: from, Limit: limit}) {
+					if len(page) > limit {
+						t.Errorf("a page of %d for limit %d", len(page), limit)
+					}
+					flat = append(flat, page...)
+				}
+				same(t, fmt.Sprintf("by %v after %+v, pages of %d", bound, from, limit), flat, wantAcross(all, bound, from))
+			}
+		}
+	}
+
+	// A roll moves the account in the order.
+	rolled := all[1] // t-a, generation 7, at 0
+	rolled.EpochStart = at(5 * time.Hour)
+	rolled.Version++
+	all[1] = rolled
+	commit(t, s, &store.Changes{Accounts: []ledger.Account{rolled}})
+	if got, _, err := s.AccountsByEpoch(ctx, store.EpochFilter{AllGenerations: true, Limit: 100}); err != nil {
+		t.Fatal(err)
+	} else {
+		same(t, "after t-a's epoch rolled", keysOf(got), wantAcross(all, time.Time{}, store.EpochCursor{}))
+	}
+
+	for _, f := range []store.EpochFilter{
+		{AllGenerations: true, Limit: 0},
+		{AllGenerations: true, Generation: 7, Limit: 1},
+		{AllGenerations: true, Limit: 1, After: store.EpochCursor{EpochStart: at(0), Generation: 1 << 63}},
+	} {
+		if _, _, err := s.AccountsByEpoch(ctx, f); err == nil {
+			t.Errorf("filter %+v: no error", f)
+		}
+		if _, _, err := s.EpochIndexCatchUp(ctx, f); err == nil {
+			t.Errorf("catch-up %+v: no error", f)
+		}
+	}
+}
+
+// testAccountsByEpochAcrossAfterRolls checks the index across generations
+// on accounts of several generations whose epoch rolled after a read in
+// the same transaction, from a busy epoch (SQLite leaves both index
+// entries behind) and from an idle one: each account within a bound is
+// listed once, by its EpochStart; EpochIndexCatchUp across generations,
+// over a range, moves the lagging entries of every generation in it, in
+// chunks, and the order is (EpochStart, key, generation) again.
+func testAccountsByEpochAcrossAfterRolls(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	all := acrossAccounts()
+	idle := all[4] // s-z, generation 7, started an hour before 0
+	idle.EpochOpening = idle.Balances
+	all[4] = idle
+	commit(t, s, &store.Changes{Accounts: all})
+	// t-a under 7 and 9 and t-c under 7 (busy, at 0), a-a under 8 (busy,
+	// at 3h) and s-z (idle) roll.
+	rolls := map[ledger.AccountKey]time.Duration{}
+	for i, d := range map[int]time.Duration{1: 5 * time.Hour, 8: 4 * time.Hour, 0: 30 * time.Minute, 7: 6 * time.Hour, 4: 4 * time.Hour} {
+		rolls[all[i].Key] = d
+	}
+	var rolled []ledger.Account
+	inTxCommit(t, s, func(ctx context.Context, tx store.Tx) {
+		for i := range all {
+			a := &all[i]
+			d, ok := rolls[a.Key]
+			if !ok {
+				continue
+			}
+			got, err := tx.AccountGet(ctx, a.Key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got.EpochStart, got.EpochOpening = at(d), got.Balances
+			got.Version++
+			*a = *got
+			rolled = append(rolled, *got)
+		}
+		if err := tx.Write(ctx, &store.Changes{Accounts: rolled}); err != nil {
+			t.Fatal(err)
+		}
+	})
+	bounds := []time.Time{{}, at(0), at(time.Hour), at(4 * time.Hour), at(5 * time.Hour), at(6 * time.Hour)}
+	for _, bound := range bounds {
+		for _, limit := range []int{1, 2, 100} {
+			var flat []ledger.AccountKey
+			for _, page := range epochPages(t, s, store.EpochFilter{AllGenerations: true, StartedBy: bound, Limit: limit}) {
+				flat = append(flat, page...)
+			}
+			wantSet := wantAcross(all, bound, store.EpochCursor{})
+			sortKeys(flat)
+			sortKeys(wantSet)
+			same(t, fmt.Sprintf("rolled, by %v, pages of %d: each once", bound, limit), flat, wantSet)
+		}
+	}
+	// The catch-up over the epoch starts up to 0, in chunks of 2: it
+	// reports the range's end, and then the entries there are at their
+	// account's epoch (t-a under 7 and 9 and t-c no longer listed by 0).
+	f := store.EpochFilter{AllGenerations: true, StartedBy: at(0), Limit: 2}
+	for chunks := 0; ; chunks++ {
+		if chunks == 100 {
+			t.Fatal("catch-up: more than 100 chunks")
+		}
+		next, more, err := s.EpochIndexCatchUp(ctx, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !more {
+			break
+		}
+		f.After = next
+	}
+	for _, bound := range []time.Time{at(0), at(30 * time.Minute)} {
+		if got, _, err := s.AccountsByEpoch(ctx, store.EpochFilter{AllGenerations: true, StartedBy: bound, Limit: 100}); err != nil {
+			t.Fatal(err)
+		} else {
+			same(t, fmt.Sprintf("caught up to 0, by %v", bound), keysOf(got), wantAcross(all, bound, store.EpochCursor{}))
+		}
+	}
+	// Then over everything, and the order of every bound is exact.
+	f = store.EpochFilter{AllGenerations: true, Limit: 3}
+	for range 100 {
+		next, more, err := s.EpochIndexCatchUp(ctx, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !more {
+			break
+		}
+		f.After = next
+	}
+	for _, bound := range bounds {
+		var flat []ledger.AccountKey
+		for _, page := range epochPages(t, s, store.EpochFilter{AllGenerations: true, StartedBy: bound, Limit: 2}) {
+			flat = append(flat, page...)
+		}
+		same(t, fmt.Sprintf("caught up, by %v", bound), flat, wantAcross(all, bound, store.EpochCursor{}))
+	}
+	// The per-generation index agrees (the catch-up moved one column,
+	// which both indexes follow).
+	for _, g := range []uint64{7, 8, 9} {
+		var in []ledger.Account
+		for _, a := range all {
+			if a.Key.Generation == g {
+				in = append(in, a)
+			}
+		}
+		var flat []ledger.AccountKey
+		for _, page := range epochPages(t, s, store.EpochFilter{Generation: g, Limit: 2}) {
+			flat = append(flat, page...)
+		}
+		same(t, fmt.Sprintf("generation %d after the catch-up across generations", g), flat, wantAcross(in, time.Time{}, store.EpochCursor{}))
+	}
+}

@@ -38,7 +38,10 @@
 //     <= 0 is an error, a cursor past every generation an empty page;
 //   - AccountsByEpoch lists one generation's accounts in (EpochStart,
 //     subject, route, region) order, those with EpochStart <= StartedBy
-//     when it is set, and pages strictly after its cursor;
+//     when it is set, and pages strictly after its cursor; with
+//     AllGenerations every generation's, in (EpochStart, subject, route,
+//     region, generation) order; after rolls, each once by its EpochStart,
+//     and in that order again once EpochIndexCatchUp went over the range;
 //   - a lease is held by its first holder, renewed by it with the same
 //     fence, and free again after its holder releases it;
 //   - a second insert of a reservation id (NewReservations), a move receipt
@@ -89,6 +92,8 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"AccountsPage", testAccountsPage},
 		{"AccountsByEpoch", testAccountsByEpoch},
 		{"AccountsByEpochAfterRolls", testAccountsByEpochAfterRolls},
+		{"AccountsByEpochAcrossGenerations", testAccountsByEpochAcross},
+		{"AccountsByEpochAcrossGenerationsAfterRolls", testAccountsByEpochAcrossAfterRolls},
 		{"Leases", testLeases},
 		{"AccountList", testAccountList},
 		{"AccountsOfSubjects", testAccountsOfSubjects},

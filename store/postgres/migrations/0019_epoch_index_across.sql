@@ -1,0 +1,16 @@
+-- capledger schema version 19: the epoch index across generations.
+--
+-- accounts_by_epoch is on (generation, epoch_start, key): the epoch
+-- worker read it once per generation a pass, so with a policy per tenant
+-- an idle replica issued a read per generation every pass. This second
+-- index orders every generation's accounts by (epoch_start, subject,
+-- route, region, generation): a pass reads, once per epoch length, the
+-- epoch starts its last pass has not read yet, and one range from the
+-- start for the generations it has not read at all (engine.EpochPager).
+-- The drain worker and rollback's drain progress still page through one
+-- generation by accounts_by_epoch. epoch_start changes only when an epoch
+-- rolls, so ordinary commands' updates stay HOT.
+-- Migrations run in one transaction, so this is a plain CREATE INDEX (it
+-- blocks writes to accounts while it builds); build it beforehand with
+-- CREATE INDEX CONCURRENTLY under this name, and this step does nothing.
+CREATE INDEX IF NOT EXISTS accounts_by_epoch_across ON accounts (epoch_start, subject, route, region, generation);

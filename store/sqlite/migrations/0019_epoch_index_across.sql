@@ -1,0 +1,16 @@
+-- capledger schema version 19: the epoch index across generations.
+--
+-- accounts_by_epoch is on (generation, epoch_indexed): the epoch worker
+-- read it once per generation a pass, with the index's catch-up (version
+-- 14) once more, so with a policy per tenant an idle server spent its
+-- CPU on two reads per generation every pass. This second index orders
+-- every generation's accounts by (epoch_indexed, subject, route, region,
+-- generation): a pass reads, once per epoch length, the epoch starts its
+-- last pass has not read yet, and one range from the start for the
+-- generations it has not read at all (engine.EpochPager). The drain
+-- worker and rollback's drain progress still page through one generation
+-- by accounts_by_epoch. It follows epoch_indexed, like accounts_by_epoch,
+-- so the roll of a busy epoch writes no page of either; the writes that
+-- move epoch_indexed (a new account, an idle roll, the catch-up) write
+-- one entry of each.
+CREATE INDEX IF NOT EXISTS accounts_by_epoch_across ON accounts (epoch_indexed, subject, route, region, generation);
