@@ -45,6 +45,7 @@ type Ledger interface {
 	PoliciesAfter(ctx context.Context, generation uint64) ([]ledger.Policy, error)
 	Policy(ctx context.Context, generation uint64) (ledger.Policy, error)
 	PolicyHead(ctx context.Context, key ledger.PolicyKey) (ledger.PolicyHead, error)
+	DecidingGenerations(ctx context.Context, subjects []ledger.PolicyKey) (map[ledger.PolicyKey]uint64, error)
 	Audit(ctx context.Context) ([]ledger.Discrepancy, error)
 	ReservationsUnknown(ctx context.Context, f store.UnknownFilter) ([]ledger.Reservation, error)
 	UnknownBacklog(ctx context.Context) (store.UnknownBacklog, error)
