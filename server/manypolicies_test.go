@@ -14,16 +14,20 @@ import (
 	"github.com/capledger/capledger/store"
 )
 
-// policyListCounting counts reads of every policy (PolicyList), and the
-// rows read as new (PolicyListAfter).
+// policyListCounting counts reads of every policy (PolicyList, and
+// PolicyListAfter from the start: fromStart), and the rows read as new
+// (PolicyListAfter).
 type policyListCounting struct {
 	store.Store
-	lists, newRows, afterReads atomic.Int64
+	lists, newRows, afterReads, fromStart atomic.Int64
 }
 
 func (s *policyListCounting) PolicyListAfter(ctx context.Context, after uint64) ([]ledger.Policy, error) {
 	newer, err := s.Store.PolicyListAfter(ctx, after)
 	s.afterReads.Add(1)
+	if after == 0 {
+		s.fromStart.Add(1)
+	}
 	s.newRows.Add(int64(len(newer)))
 	return newer, err
 }
@@ -440,5 +444,58 @@ func TestAPublishDuringARollbacksHeadReadStaysActive(t *testing.T) {
 	}
 	if n := h.engine.Stats().Commands - commands; n != 1 {
 		t.Errorf("the reserve ran %d commands, want 1 (none refused as stale)", n)
+	}
+}
+
+// The console's reads and ListDebts show accounts with their policies:
+// ListDebts, ListAccountStandings (in debt, every account, one subject,
+// one subject key), GetFairness and DrainProgress read every policy per
+// call, seconds at 100,000 of them. They read the generations and heads
+// of the accounts they show now, and still say which generation decides.
+func TestAccountReadsDoNotReadEveryPolicy(t *testing.T) {
+	h, counting := policyCountingHarness(t)
+	policy := func(subject string, burst int) string {
+		return fmt.Sprintf(`{"policy":{"subject":%q,"route":"chat.generate","dimensions":[{"unit":"tokens","burst":"%d"}]}}`, subject, burst)
+	}
+	h.ok("PublishPolicy", policy("*", 1000), "")           // generation 1
+	h.ok("PublishPolicy", policy("tenant-a", 100), "")     // 2
+	h.ok("PublishPolicy", policy("tenant-b", 100), "")     // 3
+	h.ok("Reserve", reserveFor("r-c", "tenant-c", 10), "") // under "*" (1)
+	h.ok("Reserve", reserveFor("r-a", "tenant-a", 10), "")
+	h.ok("Start", `{"reservationId":"r-a","operationId":"op"}`, "")
+	h.ok("Settle", `{"reservationId":"r-a","operationId":"op","actualUnits":{"tokens":150}}`, "") // 50 in debt
+	h.ok("Reserve", reserveFor("r-b", "tenant-b", 10), "")
+	h.ok("PublishPolicy", policy("tenant-b", 200), "") // 4 supersedes 3, whose account is left to drain
+	before := counting.lists.Load() + counting.fromStart.Load()
+
+	debts := h.ok("ListDebts", `{}`, "")
+	if accounts := debts["accounts"].([]any); len(accounts) != 1 || accounts[0].(map[string]any)["subject"] != "tenant-a" {
+		t.Errorf("ListDebts: %v, want tenant-a's account", debts)
+	}
+	decides := map[string]bool{} // subject/generation -> active, over every answer
+	for _, body := range []string{`{"inDebt":true}`, `{}`, `{"subject":"tenant-b"}`, `{"subject":"tenant-c","route":"chat.generate","region":"global"}`} {
+		got := h.consoleOK("ListAccountStandings", body, "")
+		for _, a := range got["accounts"].([]any) {
+			st := a.(map[string]any)
+			a := st["account"].(map[string]any)
+			decides[fmt.Sprint(a["subject"], "/", a["policyGeneration"])] = st["active"] == true
+		}
+	}
+	for key, want := range map[string]bool{"tenant-a/2": true, "tenant-b/3": false, "tenant-c/1": true} {
+		if got, ok := decides[key]; !ok || got != want {
+			t.Errorf("standings of %s: active %v (shown %v), want %v; all: %v", key, got, ok, want, decides)
+		}
+	}
+	fairness := h.consoleOK("GetFairness", `{}`, "")
+	if groups := fairness["groups"].([]any); len(groups) != 1 || num(groups[0].(map[string]any)["subjectCount"]) != 2 {
+		t.Errorf("GetFairness: %v, want one group of the 2 subjects whose account decides (tenant-b's generation 4 has none)", fairness)
+	}
+	drain := h.rolloutOK("DrainProgress", `{"generations":["3","4"]}`, "")
+	gens := drain["generations"].([]any)
+	if len(gens) != 2 || gens[0].(map[string]any)["active"] == true || num(gens[0].(map[string]any)["accounts"]) != 1 || gens[1].(map[string]any)["active"] != true {
+		t.Errorf("DrainProgress of 3 and 4: %v, want 3 superseded with one account, 4 active", drain)
+	}
+	if n := counting.lists.Load() + counting.fromStart.Load() - before; n != 0 {
+		t.Errorf("ListDebts, 4 ListAccountStandings, GetFairness and DrainProgress read every policy %d times, want 0", n)
 	}
 }
