@@ -3,6 +3,8 @@ package server_test
 import (
 	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -498,4 +500,88 @@ func TestAccountReadsDoNotReadEveryPolicy(t *testing.T) {
 	if n := counting.lists.Load() + counting.fromStart.Load() - before; n != 0 {
 		t.Errorf("ListDebts, 4 ListAccountStandings, GetFairness and DrainProgress read every policy %d times, want 0", n)
 	}
+}
+
+// serve warms the policy cache (server.Config.WarmPolicies): /readyz
+// answers 503 until every policy is read into it once, then ready; a
+// reserve after that is answered from the cache, without a read of every
+// policy (the first one after a start read them all, while reserves of
+// other keys not cached waited).
+func TestWarmPoliciesBeforeReady(t *testing.T) {
+	h, counting := policyCountingHarness(t)
+	h.ok("PublishPolicy", `{"policy":{"subject":"tenant-a","route":"chat.generate","dimensions":[{"unit":"tokens","burst":"100"}]}}`, "")
+	h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"embed","dimensions":[{"unit":"tokens","burst":"100"}]}}`, "")
+
+	srv := server.New(h.engine, server.Config{Clock: h.clock.Now, WarmPolicies: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	started := *h
+	started.url = serve(t, srv)
+	if got := started.get("/readyz"); !strings.HasPrefix(got, "not ready: loading the policy cache") {
+		t.Fatalf("/readyz before the load: %q, want not ready: loading the policy cache", got)
+	}
+	reads := counting.lists.Load() + counting.fromStart.Load()
+	if err := srv.WarmPolicies(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if n := counting.lists.Load() + counting.fromStart.Load() - reads; n != 1 {
+		t.Errorf("the load read every policy %d times, want once", n)
+	}
+	if got := started.get("/readyz"); got != "ready\n" {
+		t.Fatalf("/readyz after the load: %q, want ready", got)
+	}
+	reads = counting.lists.Load() + counting.fromStart.Load()
+	started.ok("Reserve", reserveFor("r-a", "tenant-a", 1), "")
+	started.ok("Reserve", `{"reservationId":"r-e","subject":"tenant-e","route":"embed","units":{"tokens":1}}`, "")
+	if n := counting.lists.Load() + counting.fromStart.Load() - reads; n != 0 {
+		t.Errorf("reserves after the load read every policy %d times, want 0", n)
+	}
+	// A server not asked to warm is ready at once (tests, embedders).
+	if got := h.get("/readyz"); got != "ready\n" {
+		t.Errorf("/readyz without WarmPolicies: %q", got)
+	}
+}
+
+// failingFirstLoads fails its first fails reads of every policy from the
+// start (PolicyListAfter(0)).
+type failingFirstLoads struct {
+	store.Store
+	fails atomic.Int64
+}
+
+func (s *failingFirstLoads) PolicyListAfter(ctx context.Context, after uint64) ([]ledger.Policy, error) {
+	if after == 0 && s.fails.Add(-1) >= 0 {
+		return nil, fmt.Errorf("policies after 0: %w", store.ErrUnavailable)
+	}
+	return s.Store.PolicyListAfter(ctx, after)
+}
+
+// A load that fails is retried; meanwhile /readyz names its error.
+func TestWarmPoliciesRetriesAFailedLoad(t *testing.T) {
+	failing := &failingFirstLoads{}
+	h := newHarness(t, harnessOptions{wrapStore: func(st store.Store) store.Store {
+		failing.Store = st
+		return failing
+	}})
+	h.ok("PublishPolicy", `{"policy":{"subject":"tenant-a","route":"chat.generate","dimensions":[{"unit":"tokens","burst":"100"}]}}`, "")
+	failing.fails.Store(1)
+	srv := server.New(h.engine, server.Config{Clock: h.clock.Now, WarmPolicies: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	started := *h
+	started.url = serve(t, srv)
+	warmed := make(chan error, 1)
+	go func() { warmed <- srv.WarmPolicies(context.Background()) }()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		got := started.get("/readyz")
+		if strings.Contains(got, "retrying every 1s after: list policies: policies after 0: store unavailable") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz while the load fails: %q, want its error", got)
+		}
+	}
+	if err := <-warmed; err != nil {
+		t.Fatal(err)
+	}
+	if got := started.get("/readyz"); got != "ready\n" {
+		t.Fatalf("/readyz after the retried load: %q, want ready", got)
+	}
+	started.ok("Reserve", reserveFor("r-a", "tenant-a", 1), "")
 }
