@@ -88,15 +88,19 @@ func (e *Engine) RunDrains(ctx context.Context) (int, error) {
 
 // DrainProgress returns what each of generations still holds (see
 // GenerationDrain), reading its accounts page by page and every shard;
-// store.ErrNotFound for a generation that does not exist. The deciding
+// store.ErrNotFound for a generation that does not exist. The policies
+// it reads are those generations and, per page, the generations and
+// heads deciding for the page's subjects, not every policy. The deciding
 // accounts BlockedByBurst needs are read a page at a time too
 // (store.AccountsOfSubjects of the page's subjects that hold capacity),
 // not one AccountGet per account.
 func (e *Engine) DrainProgress(ctx context.Context, generations []uint64) ([]GenerationDrain, error) {
 	now := e.opts.Clock()
-	// The generations asked about, and for their accounts' subjects the
-	// heads deciding for them and those generations: point reads in
-	// proportion to the accounts of generations, not every policy.
+	// The generations asked about and their keys' heads; then, page by
+	// page, the heads deciding for the accounts' subjects and those
+	// generations: point reads in proportion to the accounts read, not
+	// every policy, and forgotten after each page (a "*" generation may
+	// have an account per tenant).
 	policies := newPolicyReads(e.core.store)
 	shards, err := e.core.store.ShardList(ctx)
 	if err != nil {
@@ -125,17 +129,18 @@ func (e *Engine) DrainProgress(ctx context.Context, generations []uint64) ([]Gen
 			if err != nil {
 				return nil, fmt.Errorf("accounts of generation %d: %w", g, err)
 			}
-			if err := policies.load(ctx, page, true); err != nil {
+			pagePolicies := newPolicyReads(e.core.store)
+			if err := pagePolicies.load(ctx, page, true); err != nil {
 				return nil, err
 			}
 			waiting, subjects = waiting[:0], subjects[:0]
 			for i := range page {
-				if addDrain(&d, &page[i], policies.Deciding) {
+				if addDrain(&d, &page[i], pagePolicies.Deciding) {
 					waiting = append(waiting, &page[i])
 					subjects = append(subjects, page[i].Key.SubjectKey())
 				}
 			}
-			if err := e.addBlockedByBurst(ctx, &d, waiting, subjects, policies.Deciding, policies.byGeneration, now); err != nil {
+			if err := e.addBlockedByBurst(ctx, &d, waiting, subjects, pagePolicies.Deciding, pagePolicies.byGeneration, now); err != nil {
 				return nil, err
 			}
 			if len(page) < f.Limit {
