@@ -116,10 +116,11 @@ func fairnessError(spent, weight, totalSpent int64, totalWeight float64) (served
 
 // fairness computes a GetFairness answer for q: it reads every account
 // page by page (Ledger.AccountsPage, no read open for the whole scan),
-// counts the account of each subject's deciding generation (as its key's
-// heads say when its page is read: Ledger.DecidingGenerations of the
-// page's subjects, not every policy) in the caller's scope, and keeps per group
-// the totals, 8 bytes per subject and the 2 × limit candidates to list.
+// counts the account of each subject's deciding generation (as its
+// key's heads say when its page is read: Ledger.DecidingGenerations of
+// the page's subjects, not every policy) in the caller's scope, and keeps
+// per group the totals, 8 bytes per subject and the 2 × limit candidates
+// to list.
 func (c consoleService) fairness(ctx context.Context, q fairnessQuestion) (*v1.GetFairnessResponse, *connect.Error) {
 	s := c.s
 	resp := &v1.GetFairnessResponse{AsOf: timestamp(s.clock())}
