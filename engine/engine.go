@@ -861,15 +861,19 @@ func (e *Engine) Accounts(ctx context.Context, subject ledger.PolicyKey) ([]ledg
 // AccountsPage returns the accounts after the subject key of after (the
 // zero key: from the first) in key order, whole subject keys of about
 // limit accounts, shown as Accounts shows them (refill due up to now
-// applied to the account holding each subject's capacity), and the
+// applied to the account holding each subject's capacity), the
+// generation deciding for each of their subject keys (absent: none
+// decides; what the refill shown went by, as DecidingGenerations would
+// answer for them, so a caller need not read those heads again), and the
 // cursor of the next page; more is false at the end. Each page is a read
 // of its own (store.Store.AccountsPage): reading every account this way
-// never holds one read open over all of them.
-func (e *Engine) AccountsPage(ctx context.Context, after ledger.AccountKey, limit int) (_ []ledger.Account, next ledger.AccountKey, more bool, err error) {
+// never holds one read open over all of them. Its heads are one read
+// (store.Store.PolicyHeads), its generations a point read each.
+func (e *Engine) AccountsPage(ctx context.Context, after ledger.AccountKey, limit int) (_ []ledger.Account, deciding map[ledger.PolicyKey]uint64, next ledger.AccountKey, more bool, err error) {
 	limit = max(limit, 1)
 	page, err := e.core.store.AccountsPage(ctx, store.DebtFilter{After: after, Limit: limit})
 	if err != nil {
-		return nil, after, false, err
+		return nil, nil, after, false, err
 	}
 	if len(page) == limit {
 		// The last subject key may go on in the next page: leave it
@@ -881,7 +885,7 @@ func (e *Engine) AccountsPage(ctx context.Context, after ledger.AccountKey, limi
 		}
 		if whole == 0 {
 			if page, err = e.core.store.AccountList(ctx, last); err != nil {
-				return nil, after, false, err
+				return nil, nil, after, false, err
 			}
 		} else {
 			page = page[:whole]
@@ -892,13 +896,13 @@ func (e *Engine) AccountsPage(ctx context.Context, after ledger.AccountKey, limi
 		next = page[len(page)-1].Key
 	}
 	// The page's generations and the heads deciding for its subjects:
-	// point reads in proportion to the page, not every policy.
+	// reads in proportion to the page, not every policy.
 	policies := newPolicyReads(e.core.store)
 	if err := policies.load(ctx, page, false); err != nil {
-		return nil, after, false, err
+		return nil, nil, after, false, err
 	}
 	shown, err := refilledAsShown(page, policies.byGeneration, policies.Deciding, e.opts.Clock())
-	return shown, next, more, err
+	return shown, policies.deciding, next, more, err
 }
 
 // refilledAsShown applies to accounts, whole subject keys (every

@@ -12,10 +12,13 @@ import (
 // policyReads reads, for one call, the policies some accounts need to be
 // shown: the generations they are under and the generation deciding for
 // each of their subject keys (ledger.DecidingGeneration over the heads
-// of the key and of its route's "*" key). Each row is read once per call,
-// by point reads (store.Store.PolicyGet, store.Store.PolicyHead): a call
-// costs in proportion to the accounts it shows, however many policies
-// there are, where reading every policy cost seconds at 100,000 of them.
+// of the key and of its route's "*" key). Each row is read once per call:
+// a generation by a point read (store.Store.PolicyGet), the heads of a
+// page's subjects together (store.Store.PolicyHeads, one read however
+// many subjects). A call costs in proportion to the accounts it shows,
+// however many policies there are (reading every policy cost seconds at
+// 100,000 of them), and a page of a million tenants under one "*" policy
+// costs one head read, not a round trip per tenant.
 type policyReads struct {
 	store store.Store
 	// byGeneration holds the generations read; heads the active
@@ -61,7 +64,41 @@ func (r *policyReads) active(ctx context.Context, key ledger.PolicyKey) (uint64,
 	return h.Active, nil
 }
 
-// readDeciding reads which generation decides for subject (once).
+// readHeads reads, in one store.Store.PolicyHeads, the heads not read yet
+// that deciding for subjects may need: those ledger.DecidingGeneration
+// may ask for (each subject's key and its route's "*" key). readDeciding
+// then finds them read.
+func (r *policyReads) readHeads(ctx context.Context, subjects []ledger.PolicyKey) error {
+	var keys []ledger.PolicyKey
+	asked := map[ledger.PolicyKey]bool{}
+	for _, subject := range subjects {
+		if r.decided[subject] {
+			continue
+		}
+		// Every key DecidingGeneration may ask, when none has a head.
+		ledger.DecidingGeneration(subject, func(key ledger.PolicyKey) (uint64, bool) {
+			if _, read := r.heads[key]; !read && !asked[key] {
+				asked[key] = true
+				keys = append(keys, key)
+			}
+			return 0, false
+		})
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	heads, err := r.store.PolicyHeads(ctx, keys)
+	if err != nil {
+		return fmt.Errorf("policy heads: %w", err)
+	}
+	for _, key := range keys {
+		r.heads[key] = heads[key].Active // 0 when absent: no head
+	}
+	return nil
+}
+
+// readDeciding reads which generation decides for subject (once), from
+// the heads readHeads read (a point read of any it did not).
 func (r *policyReads) readDeciding(ctx context.Context, subject ledger.PolicyKey) error {
 	if r.decided[subject] {
 		return nil
@@ -86,6 +123,13 @@ func (r *policyReads) readDeciding(ctx context.Context, subject ledger.PolicyKey
 // generation, the generation deciding for its subject key, and when
 // withDeciding that generation's policy too.
 func (r *policyReads) load(ctx context.Context, accounts []ledger.Account, withDeciding bool) error {
+	subjects := make([]ledger.PolicyKey, len(accounts))
+	for i := range accounts {
+		subjects[i] = accounts[i].Key.SubjectKey()
+	}
+	if err := r.readHeads(ctx, subjects); err != nil {
+		return err
+	}
 	for i := range accounts {
 		if _, err := r.policy(ctx, accounts[i].Key.Generation); err != nil {
 			return err
@@ -113,10 +157,14 @@ func (r *policyReads) Deciding(subject ledger.PolicyKey) (uint64, bool) {
 // DecidingGenerations returns the generation deciding for each of
 // subjects (ledger.DecidingGeneration over their keys' heads and their
 // routes' "*" heads, as the ledger decides a reserve now); a subject
-// for which none decides is absent. It reads two heads per subject at
-// most (each "*" head once), not every policy.
+// for which none decides is absent. It reads their heads in one
+// store.Store.PolicyHeads (two keys per subject at most, each "*" key
+// once), not every policy.
 func (e *Engine) DecidingGenerations(ctx context.Context, subjects []ledger.PolicyKey) (map[ledger.PolicyKey]uint64, error) {
 	r := newPolicyReads(e.core.store)
+	if err := r.readHeads(ctx, subjects); err != nil {
+		return nil, err
+	}
 	for _, subject := range subjects {
 		if err := r.readDeciding(ctx, subject); err != nil {
 			return nil, err

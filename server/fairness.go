@@ -117,8 +117,8 @@ func fairnessError(spent, weight, totalSpent int64, totalWeight float64) (served
 // fairness computes a GetFairness answer for q: it reads every account
 // page by page (Ledger.AccountsPage, no read open for the whole scan),
 // counts the account of each subject's deciding generation (as its
-// key's heads say when its page is read: Ledger.DecidingGenerations of
-// the page's subjects, not every policy) in the caller's scope, and keeps
+// key's heads say when its page is read: the page's own, read with it in
+// one read of their heads, not every policy) in the caller's scope, and keeps
 // per group the totals, 8 bytes per subject and the 2 × limit candidates
 // to list.
 func (c consoleService) fairness(ctx context.Context, q fairnessQuestion) (*v1.GetFairnessResponse, *connect.Error) {
@@ -128,20 +128,11 @@ func (c consoleService) fairness(ctx context.Context, q fairnessQuestion) (*v1.G
 	groups := map[groupKey]*fairnessGroup{}
 	for after, more := (ledger.AccountKey{}), true; more; {
 		var page []ledger.Account
+		var deciding map[ledger.PolicyKey]uint64
 		var err error
-		page, after, more, err = s.ledger.AccountsPage(ctx, after, standingsPage)
+		page, deciding, after, more, err = s.ledger.AccountsPage(ctx, after, standingsPage)
 		if err != nil {
 			return nil, readError("accounts", ReasonAccountNotFound, err)
-		}
-		subjects := make([]ledger.PolicyKey, 0, len(page))
-		for i := range page {
-			if q.route == "" || q.route == page[i].Key.Route {
-				subjects = append(subjects, page[i].Key.SubjectKey())
-			}
-		}
-		deciding, cerr := c.deciding(ctx, subjects)
-		if cerr != nil {
-			return nil, cerr
 		}
 		for i := range page {
 			a := &page[i]

@@ -103,7 +103,7 @@ func (c consoleService) rankAll(ctx context.Context, m *v1.ListAccountStandingsR
 	for after, more := (ledger.AccountKey{}), true; more; {
 		var page []ledger.Account
 		var err error
-		page, after, more, err = s.ledger.AccountsPage(ctx, after, standingsPage)
+		page, _, after, more, err = s.ledger.AccountsPage(ctx, after, standingsPage)
 		if err != nil {
 			return readError("accounts", ReasonAccountNotFound, err)
 		}
