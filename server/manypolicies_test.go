@@ -187,7 +187,7 @@ func TestAReloadThatReadBeforeAPublishKeepsThePublishedGeneration(t *testing.T) 
 	}
 }
 
-// policyHeadFailing fails PolicyHead while fail is set.
+// policyHeadFailing fails PolicyHead and PolicyHeads while fail is set.
 type policyHeadFailing struct {
 	store.Store
 	fail atomic.Bool
@@ -198,6 +198,13 @@ func (s *policyHeadFailing) PolicyHead(ctx context.Context, key ledger.PolicyKey
 		return ledger.PolicyHead{}, fmt.Errorf("%w: policy head: connection reset by peer", store.ErrUnavailable)
 	}
 	return s.Store.PolicyHead(ctx, key)
+}
+
+func (s *policyHeadFailing) PolicyHeads(ctx context.Context, keys []ledger.PolicyKey) (map[ledger.PolicyKey]ledger.PolicyHead, error) {
+	if s.fail.Load() {
+		return nil, fmt.Errorf("%w: policy heads: connection reset by peer", store.ErrUnavailable)
+	}
+	return s.Store.PolicyHeads(ctx, keys)
 }
 
 // GetPolicy checks the token's scope on the generation before it reads
