@@ -13,17 +13,41 @@ import (
 )
 
 // fairnessBenchTenants is how many subjects, one account each under one
-// "*" policy, BenchmarkGetFairnessOneStarPolicy scans.
+// "*" policy, benchOneStarPolicy's calls scan.
 const fairnessBenchTenants = 20_000
 
 // BenchmarkGetFairnessOneStarPolicy times GetFairness, each call a new
 // question (its limit), over 20,000 tenants' accounts under one "*"
 // policy (issue #15's shape: one policy, many tenants), on SQLite and,
-// with CAPLEDGER_TEST_POSTGRES set, on PostgreSQL (a fresh schema; the
-// harness's own SQLite file then holds only the server's rollouts and
-// console tables, which GetFairness does not read). Each scan reads the
-// 20 pages of 1,000 accounts and, per page, the policies it needs.
+// with CAPLEDGER_TEST_POSTGRES set, on PostgreSQL. Each scan reads the 20
+// pages of 1,000 accounts and, per page, the policies it needs.
 func BenchmarkGetFairnessOneStarPolicy(b *testing.B) {
+	benchOneStarPolicy(b, func(h *harness, i int) {
+		got := h.consoleOK("GetFairness", fmt.Sprintf(`{"limit":%d}`, 1+i%1000), consoleViewer)
+		if g, _ := got["groups"].([]any); len(g) != 1 || num(g[0].(map[string]any)["subjectCount"]) != fairnessBenchTenants {
+			b.Fatalf("fairness: %v", got["groups"])
+		}
+	})
+}
+
+// BenchmarkListAccountStandingsAllOneStarPolicy is the console's
+// standings of every account (no filter), each call a new question (its
+// limit), over the same 20,000 tenants.
+func BenchmarkListAccountStandingsAllOneStarPolicy(b *testing.B) {
+	benchOneStarPolicy(b, func(h *harness, i int) {
+		got := h.consoleOK("ListAccountStandings", fmt.Sprintf(`{"limit":%d}`, 1+i%1000), consoleViewer)
+		if num(got["matched"]) != fairnessBenchTenants {
+			b.Fatalf("standings: matched %v", got["matched"])
+		}
+	})
+}
+
+// benchOneStarPolicy runs call b.N times per store over 20,000 tenants'
+// accounts under one "*" policy: SQLite (the harness's file), and with
+// CAPLEDGER_TEST_POSTGRES set PostgreSQL (a fresh schema given to the
+// engine; the harness's own SQLite file then holds only the server's
+// rollouts and console tables).
+func benchOneStarPolicy(b *testing.B, call func(h *harness, i int)) {
 	for _, backend := range []string{"sqlite", "postgres"} {
 		b.Run(backend, func(b *testing.B) {
 			var engineStore store.Store
@@ -71,10 +95,7 @@ func BenchmarkGetFairnessOneStarPolicy(b *testing.B) {
 			}
 			b.ResetTimer()
 			for i := range b.N {
-				got := h.consoleOK("GetFairness", fmt.Sprintf(`{"limit":%d}`, 1+i%1000), consoleViewer)
-				if g, _ := got["groups"].([]any); len(g) != 1 || num(g[0].(map[string]any)["subjectCount"]) != fairnessBenchTenants {
-					b.Fatalf("fairness: %v", got["groups"])
-				}
+				call(h, i)
 			}
 		})
 	}
