@@ -181,15 +181,16 @@ func (c *policyCache) published(p ledger.Policy) {
 // load reads every generation published since the newest the cache has
 // read (after a start: every one), under the reload lock, as the first
 // miss after a start would, and marks the cache loaded. It returns the
-// read's error.
+// read's error. It leaves loadedAt alone: the first miss after it still
+// catches up at once (a read of what was published since, on another
+// replica too), as the first miss after a start did before the warm
+// load, instead of answering "no policy" for missReloadInterval.
 func (c *policyCache) load(ctx context.Context) error {
 	c.reload.Lock()
 	defer c.reload.Unlock()
-	started := time.Now()
 	if err := c.catchUpLocked(ctx); err != nil {
 		return err
 	}
-	c.loadedAt = started
 	c.loaded.Store(true)
 	return nil
 }

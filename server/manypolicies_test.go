@@ -592,3 +592,26 @@ func TestWarmPoliciesRetriesAFailedLoad(t *testing.T) {
 	}
 	started.ok("Reserve", reserveFor("r-a", "tenant-a", 1), "")
 }
+
+// A reserve right after the warm load of a start, for a key published
+// meanwhile through another replica (here: the engine, past this
+// server's cache), catches up at once and is admitted, as the first miss
+// after a start was before the warm load: the warm load does not count
+// as a miss's reload, which would answer "no policy" for
+// missReloadInterval (replicas started, then a publish on one and
+// reserves on the other, failed so).
+func TestAMissRightAfterTheWarmLoadCatchesUp(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	if err := h.srv.WarmPolicies(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	p := ledger.Policy{Key: ledger.PolicyKey{Subject: ledger.AnySubject, Route: "chat.generate", Region: "global"},
+		Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: 100}}}.WithDefaults()
+	if res, err := h.engine.Do(context.Background(), ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p}); err != nil || res.Err != nil {
+		t.Fatalf("publish past the server: %v %v", err, res.Err)
+	}
+	got := h.ok("Reserve", `{"reservationId":"r-w","subject":"tenant-w","route":"chat.generate","units":{"tokens":5}}`, "")
+	if field(got, "reservation", "state") != "RESERVATION_STATE_RESERVED" {
+		t.Fatalf("reserve right after the warm load: %v", got)
+	}
+}
