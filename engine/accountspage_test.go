@@ -70,11 +70,24 @@ func TestAccountsPageShowsWholeSubjectKeys(t *testing.T) {
 				t.Fatalf("limit %d: still paging after 20 pages", limit)
 			}
 			var page []ledger.Account
-			page, after, more, err = e.AccountsPage(ctx, after, limit)
+			var deciding map[ledger.PolicyKey]uint64
+			page, deciding, after, more, err = e.AccountsPage(ctx, after, limit)
 			if err != nil {
 				t.Fatal(err)
 			}
 			got = append(got, page...)
+			// The page's deciding generations are DecidingGenerations' of its subjects.
+			var subjects []ledger.PolicyKey
+			for i := range page {
+				subjects = append(subjects, page[i].Key.SubjectKey())
+			}
+			wantDeciding, err := e.DecidingGenerations(ctx, subjects)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(deciding, wantDeciding) {
+				t.Errorf("pages of %d: deciding %v for subjects %v, want %v", limit, deciding, subjects, wantDeciding)
+			}
 		}
 		if !reflect.DeepEqual(got, want) {
 			t.Errorf("pages of %d:\n got %v\nwant %v", limit, got, want)

@@ -763,9 +763,10 @@ func (e *Engine) AccountsInDebt(ctx context.Context, f store.DebtFilter, keep fu
 	}
 	next = f.After
 	now := e.opts.Clock()
-	// Every debtor's refill needs the policies: read them once per call,
-	// when a first row needs them, not once per debtor.
-	var policies *policyIndex
+	// Every debtor's refill needs the policies of its subject's
+	// generations and heads: each read once per call, for the rows
+	// shown, not every policy.
+	policies := newPolicyReads(e.core.store)
 	budget := maxDebtScans * f.Limit // stored rows this call may still read
 	for range maxDebtScans {
 		if budget == 0 {
@@ -794,13 +795,11 @@ func (e *Engine) AccountsInDebt(ctx context.Context, f store.DebtFilter, keep fu
 		ofSubject := make(map[ledger.PolicyKey][]ledger.Account, len(subjects))
 		refilled := make(map[ledger.PolicyKey]bool, len(subjects))
 		if len(subjects) > 0 {
-			if policies == nil {
-				if policies, err = e.readPolicyIndex(ctx); err != nil {
-					return nil, ledger.AccountKey{}, false, err
-				}
-			}
 			accounts, err := e.core.store.AccountsOfSubjects(ctx, subjects)
 			if err != nil {
+				return nil, ledger.AccountKey{}, false, err
+			}
+			if err := policies.load(ctx, accounts, false); err != nil {
 				return nil, ledger.AccountKey{}, false, err
 			}
 			for _, a := range accounts {
@@ -818,7 +817,7 @@ func (e *Engine) AccountsInDebt(ctx context.Context, f store.DebtFilter, keep fu
 			}
 			subject := key.SubjectKey()
 			if !refilled[subject] {
-				shown, err := refilledAsShown(ofSubject[subject], policies.byGeneration, policies.active.Deciding, now)
+				shown, err := refilledAsShown(ofSubject[subject], policies.byGeneration, policies.Deciding, now)
 				if err != nil {
 					return nil, ledger.AccountKey{}, false, err
 				}
@@ -852,44 +851,29 @@ func (e *Engine) Accounts(ctx context.Context, subject ledger.PolicyKey) ([]ledg
 	// The subject's own generations and what decides for it (its key's
 	// head, else its route's "*" one): a few rows, however many policies
 	// other subjects have.
-	byGeneration := make(map[uint64]*ledger.Policy, len(accounts))
-	for i := range accounts {
-		g := accounts[i].Key.Generation
-		if _, ok := byGeneration[g]; ok {
-			continue
-		}
-		p, err := e.core.store.PolicyGet(ctx, g)
-		if err != nil {
-			return nil, fmt.Errorf("policy %d: %w", g, err)
-		}
-		byGeneration[g] = &p
+	policies := newPolicyReads(e.core.store)
+	if err := policies.load(ctx, accounts, false); err != nil {
+		return nil, err
 	}
-	var headErr error
-	deciding, decides := ledger.DecidingGeneration(subject, func(key ledger.PolicyKey) (uint64, bool) {
-		h, err := e.core.store.PolicyHead(ctx, key)
-		if err != nil && !errors.Is(err, store.ErrNotFound) {
-			headErr = errors.Join(headErr, fmt.Errorf("policy head %s: %w", key, err))
-		}
-		return h.Active, err == nil
-	})
-	if headErr != nil {
-		return nil, headErr
-	}
-	return refilledAsShown(accounts, byGeneration, func(ledger.PolicyKey) (uint64, bool) { return deciding, decides }, e.opts.Clock())
+	return refilledAsShown(accounts, policies.byGeneration, policies.Deciding, e.opts.Clock())
 }
 
 // AccountsPage returns the accounts after the subject key of after (the
 // zero key: from the first) in key order, whole subject keys of about
 // limit accounts, shown as Accounts shows them (refill due up to now
-// applied to the account holding each subject's capacity), and the
+// applied to the account holding each subject's capacity), the
+// generation deciding for each of their subject keys (absent: none
+// decides; what the refill shown went by, as DecidingGenerations would
+// answer for them, so a caller need not read those heads again), and the
 // cursor of the next page; more is false at the end. Each page is a read
 // of its own (store.Store.AccountsPage): reading every account this way
-// never holds one read open over all of them.
-func (e *Engine) AccountsPage(ctx context.Context, after ledger.AccountKey, limit int) (_ []ledger.Account, next ledger.AccountKey, more bool, err error) {
+// never holds one read open over all of them. Its heads are one read
+// (store.Store.PolicyHeads), its generations a point read each.
+func (e *Engine) AccountsPage(ctx context.Context, after ledger.AccountKey, limit int) (_ []ledger.Account, deciding map[ledger.PolicyKey]uint64, next ledger.AccountKey, more bool, err error) {
 	limit = max(limit, 1)
 	page, err := e.core.store.AccountsPage(ctx, store.DebtFilter{After: after, Limit: limit})
 	if err != nil {
-		return nil, after, false, err
+		return nil, nil, after, false, err
 	}
 	if len(page) == limit {
 		// The last subject key may go on in the next page: leave it
@@ -901,7 +885,7 @@ func (e *Engine) AccountsPage(ctx context.Context, after ledger.AccountKey, limi
 		}
 		if whole == 0 {
 			if page, err = e.core.store.AccountList(ctx, last); err != nil {
-				return nil, after, false, err
+				return nil, nil, after, false, err
 			}
 		} else {
 			page = page[:whole]
@@ -911,34 +895,14 @@ func (e *Engine) AccountsPage(ctx context.Context, after ledger.AccountKey, limi
 	if len(page) > 0 {
 		next = page[len(page)-1].Key
 	}
-	policies, err := e.readPolicyIndex(ctx)
-	if err != nil {
-		return nil, after, false, err
+	// The page's generations and the heads deciding for its subjects:
+	// reads in proportion to the page, not every policy.
+	policies := newPolicyReads(e.core.store)
+	if err := policies.load(ctx, page, false); err != nil {
+		return nil, nil, after, false, err
 	}
-	shown, err := refilledAsShown(page, policies.byGeneration, policies.active.Deciding, e.opts.Clock())
-	return shown, next, more, err
-}
-
-// policyIndex is every published policy by generation, and the active
-// generation of every key: what refilledAsShown needs for accounts of
-// many subjects at once.
-type policyIndex struct {
-	byGeneration map[uint64]*ledger.Policy
-	active       ledger.ActiveGenerations
-}
-
-// readPolicyIndex reads every policy (one read of all of them, however
-// few the accounts it is for: see docs/PERFORMANCE.md on many policies).
-func (e *Engine) readPolicyIndex(ctx context.Context) (*policyIndex, error) {
-	all, err := e.core.store.PolicyList(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("policies: %w", err)
-	}
-	byGeneration := make(map[uint64]*ledger.Policy, len(all))
-	for i := range all {
-		byGeneration[all[i].Generation] = &all[i]
-	}
-	return &policyIndex{byGeneration: byGeneration, active: ledger.NewActiveGenerations(all)}, nil
+	shown, err := refilledAsShown(page, policies.byGeneration, policies.Deciding, e.opts.Clock())
+	return shown, policies.deciding, next, more, err
 }
 
 // refilledAsShown applies to accounts, whole subject keys (every

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -87,35 +88,39 @@ func (e *Engine) RunDrains(ctx context.Context) (int, error) {
 
 // DrainProgress returns what each of generations still holds (see
 // GenerationDrain), reading its accounts page by page and every shard;
-// store.ErrNotFound for a generation that does not exist. The deciding
+// store.ErrNotFound for a generation that does not exist. The policies
+// it reads are those generations and, per page, the generations and
+// heads deciding for the page's subjects, not every policy. The deciding
 // accounts BlockedByBurst needs are read a page at a time too
 // (store.AccountsOfSubjects of the page's subjects that hold capacity),
 // not one AccountGet per account.
 func (e *Engine) DrainProgress(ctx context.Context, generations []uint64) ([]GenerationDrain, error) {
-	policies, err := e.core.store.PolicyList(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("policies: %w", err)
-	}
 	now := e.opts.Clock()
-	active := ledger.NewActiveGenerations(policies)
-	byGeneration := make(map[uint64]*ledger.Policy, len(policies))
-	for i := range policies {
-		byGeneration[policies[i].Generation] = &policies[i]
-	}
+	// The generations asked about and their keys' heads; then, page by
+	// page, the heads deciding for the accounts' subjects and those
+	// generations: point reads in proportion to the accounts read, not
+	// every policy, and forgotten after each page (a "*" generation may
+	// have an account per tenant).
+	policies := newPolicyReads(e.core.store)
 	shards, err := e.core.store.ShardList(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("shards: %w", err)
 	}
 	out := make([]GenerationDrain, 0, len(generations))
 	for _, g := range generations {
-		p, ok := byGeneration[g]
-		if !ok {
+		p, err := policies.policy(ctx, g)
+		if errors.Is(err, store.ErrNotFound) {
 			return nil, fmt.Errorf("policy generation %d: %w", g, store.ErrNotFound)
 		}
-		d := GenerationDrain{Policy: *p}
-		if a, ok := active.Active(p.Key); ok && a == g {
-			d.Active = true
+		if err != nil {
+			return nil, err
 		}
+		d := GenerationDrain{Policy: *p}
+		active, err := policies.active(ctx, p.Key)
+		if err != nil {
+			return nil, err
+		}
+		d.Active = active != 0 && active == g
 		f := store.EpochFilter{Generation: g, Limit: e.opts.PageSize}
 		var waiting []*ledger.Account
 		var subjects []ledger.PolicyKey
@@ -124,14 +129,18 @@ func (e *Engine) DrainProgress(ctx context.Context, generations []uint64) ([]Gen
 			if err != nil {
 				return nil, fmt.Errorf("accounts of generation %d: %w", g, err)
 			}
+			pagePolicies := newPolicyReads(e.core.store)
+			if err := pagePolicies.load(ctx, page, true); err != nil {
+				return nil, err
+			}
 			waiting, subjects = waiting[:0], subjects[:0]
 			for i := range page {
-				if addDrain(&d, &page[i], active) {
+				if addDrain(&d, &page[i], pagePolicies.Deciding) {
 					waiting = append(waiting, &page[i])
 					subjects = append(subjects, page[i].Key.SubjectKey())
 				}
 			}
-			if err := e.addBlockedByBurst(ctx, &d, waiting, subjects, active, byGeneration, now); err != nil {
+			if err := e.addBlockedByBurst(ctx, &d, waiting, subjects, pagePolicies.Deciding, pagePolicies.byGeneration, now); err != nil {
 				return nil, err
 			}
 			if len(page) < f.Limit {
@@ -165,7 +174,7 @@ func (e *Engine) DrainProgress(ctx context.Context, generations []uint64) ([]Gen
 // subject. When nothing decides for the subject, neither capacity nor
 // debt can move anywhere (a rolled-back generation mints nothing, so its
 // debt would stay forever).
-func addDrain(d *GenerationDrain, a *ledger.Account, active ledger.ActiveGenerations) bool {
+func addDrain(d *GenerationDrain, a *ledger.Account, deciding func(ledger.PolicyKey) (uint64, bool)) bool {
 	d.Accounts++
 	for i := 0; i < a.Dims; i++ {
 		b := &a.Balances[i]
@@ -176,12 +185,12 @@ func addDrain(d *GenerationDrain, a *ledger.Account, active ledger.ActiveGenerat
 	if !holds(a) || d.Active {
 		return false
 	}
-	deciding, ok := active.Deciding(a.Key.SubjectKey())
+	decides, ok := deciding(a.Key.SubjectKey())
 	if !ok {
 		d.BlockedNoPolicy++
 		return false
 	}
-	return deciding != a.Key.Generation
+	return decides != a.Key.Generation
 }
 
 // addBlockedByBurst counts in d's BlockedByBurst those of accounts (of
@@ -205,7 +214,7 @@ func addDrain(d *GenerationDrain, a *ledger.Account, active ledger.ActiveGenerat
 // drain first switches from it, which refills the deciding account
 // nothing. So such a deciding account is read as stored; if the subject
 // had switched back already, its refill due is not seen.
-func (e *Engine) addBlockedByBurst(ctx context.Context, d *GenerationDrain, accounts []*ledger.Account, subjects []ledger.PolicyKey, active ledger.ActiveGenerations, byGeneration map[uint64]*ledger.Policy, now time.Time) error {
+func (e *Engine) addBlockedByBurst(ctx context.Context, d *GenerationDrain, accounts []*ledger.Account, subjects []ledger.PolicyKey, decidingOf func(ledger.PolicyKey) (uint64, bool), byGeneration map[uint64]*ledger.Policy, now time.Time) error {
 	if len(accounts) == 0 {
 		return nil
 	}
@@ -218,7 +227,7 @@ func (e *Engine) addBlockedByBurst(ctx context.Context, d *GenerationDrain, acco
 	for i := range rows {
 		subject := rows[i].Key.SubjectKey()
 		newest[subject] = max(newest[subject], rows[i].Key.Generation)
-		if g, ok := active.Deciding(subject); ok && g == rows[i].Key.Generation {
+		if g, ok := decidingOf(subject); ok && g == rows[i].Key.Generation {
 			deciding[subject] = &rows[i]
 		}
 	}

@@ -392,17 +392,23 @@ func (c consoleService) ListAccountStandings(ctx context.Context, req *connect.R
 	}
 	asOf := s.clock()
 	var accounts []ledger.Account
-	var policies []ledger.Policy
 	var err *connect.Error
 	if m.GetInDebt() {
-		accounts, policies, err = c.debtors(ctx, limit)
+		accounts, err = c.debtors(ctx, limit)
 	} else {
-		accounts, policies, err = c.accounts(ctx, key)
+		accounts, err = c.accounts(ctx, key)
 	}
 	if err != nil {
 		return nil, err
 	}
-	active := ledger.NewActiveGenerations(policies)
+	subjects := make([]ledger.PolicyKey, len(accounts))
+	for i := range accounts {
+		subjects[i] = accounts[i].Key.SubjectKey()
+	}
+	deciding, err := c.deciding(ctx, subjects)
+	if err != nil {
+		return nil, err
+	}
 	now := s.clock()
 	var standings []*v1.AccountStanding
 	for i := range accounts {
@@ -414,7 +420,7 @@ func (c consoleService) ListAccountStandings(ctx context.Context, req *connect.R
 		if cerr != nil {
 			return nil, cerr
 		}
-		standings = append(standings, c.standingNow(ctx, a, &p, active, now))
+		standings = append(standings, c.standingNow(ctx, a, &p, deciding, now))
 	}
 	sort.SliceStable(standings, func(i, j int) bool {
 		a, b := standings[i], standings[j]
@@ -439,13 +445,12 @@ func standingsKey(m *v1.ListAccountStandingsRequest) ledger.PolicyKey {
 }
 
 // accounts returns the accounts of key (every account for the zero key)
-// in the caller's scope (as GetAccount shows them, in key order) and
-// every policy. The callers filter the rows again: a store may return
-// rows of other keys.
-func (c consoleService) accounts(ctx context.Context, key ledger.PolicyKey) ([]ledger.Account, []ledger.Policy, *connect.Error) {
+// in the caller's scope (as GetAccount shows them, in key order). The
+// callers filter the rows again: a store may return rows of other keys.
+func (c consoleService) accounts(ctx context.Context, key ledger.PolicyKey) ([]ledger.Account, *connect.Error) {
 	all, err := c.s.ledger.Accounts(ctx, key)
 	if err != nil {
-		return nil, nil, readError("accounts", ReasonAccountNotFound, err)
+		return nil, readError("accounts", ReasonAccountNotFound, err)
 	}
 	visible := all[:0]
 	for i := range all {
@@ -453,28 +458,20 @@ func (c consoleService) accounts(ctx context.Context, key ledger.PolicyKey) ([]l
 			visible = append(visible, all[i])
 		}
 	}
-	policies, err := c.s.ledger.Policies(ctx)
-	if err != nil {
-		return nil, nil, readError("policies", ReasonPolicyNotFound, err)
-	}
-	return visible, policies, nil
+	return visible, nil
 }
 
 // debtors returns the first limit accounts owing debt in the caller's
 // scope, in key order, as ListDebts's first page of limit shows them: read
 // from the store's debtors (AccountsInDebt), not from every account, and
 // for a scoped caller from at most the store pages ListDebts reads a call
-// (so possibly fewer). It also returns every policy.
-func (c consoleService) debtors(ctx context.Context, limit int) ([]ledger.Account, []ledger.Policy, *connect.Error) {
+// (so possibly fewer).
+func (c consoleService) debtors(ctx context.Context, limit int) ([]ledger.Account, *connect.Error) {
 	accounts, _, _, err := c.s.ledger.AccountsInDebt(ctx, store.DebtFilter{Limit: limit}, scopeFilter(ctx))
 	if err != nil {
-		return nil, nil, readError("accounts in debt", ReasonStoreUnavailable, err)
+		return nil, readError("accounts in debt", ReasonStoreUnavailable, err)
 	}
-	policies, err := c.s.ledger.Policies(ctx)
-	if err != nil {
-		return nil, nil, readError("policies", ReasonPolicyNotFound, err)
-	}
-	return accounts, policies, nil
+	return accounts, nil
 }
 
 // standing renders one account with its limits.

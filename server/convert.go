@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -57,6 +58,8 @@ type policyCache struct {
 	// reload serializes reloads; loadedAt is when the last one started.
 	reload   sync.Mutex
 	loadedAt time.Time
+	// loaded is set once load has read every generation (warm).
+	loaded atomic.Bool
 }
 
 // olderPolicies bounds the generations the cache keeps beyond each key's
@@ -173,6 +176,23 @@ func (c *policyCache) published(p ledger.Policy) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.addLocked(p)
+}
+
+// load reads every generation published since the newest the cache has
+// read (after a start: every one), under the reload lock, as the first
+// miss after a start would, and marks the cache loaded. It returns the
+// read's error. It leaves loadedAt alone: the first miss after it still
+// catches up at once (a read of what was published since, on another
+// replica too), as the first miss after a start did before the warm
+// load, instead of answering "no policy" for missReloadInterval.
+func (c *policyCache) load(ctx context.Context) error {
+	c.reload.Lock()
+	defer c.reload.Unlock()
+	if err := c.catchUpLocked(ctx); err != nil {
+		return err
+	}
+	c.loaded.Store(true)
+	return nil
 }
 
 // refresh reloads every generation and returns them, oldest first.

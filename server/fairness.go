@@ -116,22 +116,21 @@ func fairnessError(spent, weight, totalSpent int64, totalWeight float64) (served
 
 // fairness computes a GetFairness answer for q: it reads every account
 // page by page (Ledger.AccountsPage, no read open for the whole scan),
-// counts the account of each subject's deciding generation (as of the
-// policies read at the start) in the caller's scope, and keeps per group
-// the totals, 8 bytes per subject and the 2 × limit candidates to list.
+// counts the account of each subject's deciding generation (as its
+// key's heads say when its page is read: the page's own, read with it in
+// one read of their heads, not every policy) in the caller's scope, and keeps
+// per group the totals, 8 bytes per subject and the 2 × limit candidates
+// to list.
 func (c consoleService) fairness(ctx context.Context, q fairnessQuestion) (*v1.GetFairnessResponse, *connect.Error) {
 	s := c.s
 	resp := &v1.GetFairnessResponse{AsOf: timestamp(s.clock())}
-	policies, err := s.ledger.Policies(ctx)
-	if err != nil {
-		return nil, readError("policies", ReasonPolicyNotFound, err)
-	}
-	active := ledger.NewActiveGenerations(policies)
 	type groupKey struct{ route, region, unit string }
 	groups := map[groupKey]*fairnessGroup{}
 	for after, more := (ledger.AccountKey{}), true; more; {
 		var page []ledger.Account
-		page, after, more, err = s.ledger.AccountsPage(ctx, after, standingsPage)
+		var deciding map[ledger.PolicyKey]uint64
+		var err error
+		page, deciding, after, more, err = s.ledger.AccountsPage(ctx, after, standingsPage)
 		if err != nil {
 			return nil, readError("accounts", ReasonAccountNotFound, err)
 		}
@@ -141,7 +140,7 @@ func (c consoleService) fairness(ctx context.Context, q fairnessQuestion) (*v1.G
 			if q.route != "" && q.route != k.Route {
 				continue
 			}
-			if deciding, _ := active.Deciding(k.SubjectKey()); deciding != k.Generation || !InScope(ctx, k.Subject, k.Route) {
+			if g, ok := deciding[k.SubjectKey()]; !ok || g != k.Generation || !InScope(ctx, k.Subject, k.Route) {
 				continue // only the account that admits for the subject now
 			}
 			p, cerr := s.Policy(ctx, k.Generation)

@@ -3,6 +3,8 @@ package server_test
 import (
 	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -14,16 +16,20 @@ import (
 	"github.com/capledger/capledger/store"
 )
 
-// policyListCounting counts reads of every policy (PolicyList), and the
-// rows read as new (PolicyListAfter).
+// policyListCounting counts reads of every policy (PolicyList, and
+// PolicyListAfter from the start: fromStart), and the rows read as new
+// (PolicyListAfter).
 type policyListCounting struct {
 	store.Store
-	lists, newRows, afterReads atomic.Int64
+	lists, newRows, afterReads, fromStart atomic.Int64
 }
 
 func (s *policyListCounting) PolicyListAfter(ctx context.Context, after uint64) ([]ledger.Policy, error) {
 	newer, err := s.Store.PolicyListAfter(ctx, after)
 	s.afterReads.Add(1)
+	if after == 0 {
+		s.fromStart.Add(1)
+	}
 	s.newRows.Add(int64(len(newer)))
 	return newer, err
 }
@@ -120,7 +126,7 @@ func TestAUnitARollbackElsewhereBroughtBackIsSeenOnAMiss(t *testing.T) {
 	}
 }
 
-// policyHeadFailing fails PolicyHead while fail is set.
+// policyHeadFailing fails PolicyHead and PolicyHeads while fail is set.
 type policyHeadFailing struct {
 	store.Store
 	fail atomic.Bool
@@ -131,6 +137,13 @@ func (s *policyHeadFailing) PolicyHead(ctx context.Context, key ledger.PolicyKey
 		return ledger.PolicyHead{}, fmt.Errorf("%w: policy head: connection reset by peer", store.ErrUnavailable)
 	}
 	return s.Store.PolicyHead(ctx, key)
+}
+
+func (s *policyHeadFailing) PolicyHeads(ctx context.Context, keys []ledger.PolicyKey) (map[ledger.PolicyKey]ledger.PolicyHead, error) {
+	if s.fail.Load() {
+		return nil, fmt.Errorf("%w: policy heads: connection reset by peer", store.ErrUnavailable)
+	}
+	return s.Store.PolicyHeads(ctx, keys)
 }
 
 // GetPolicy checks the token's scope on the generation before it reads
@@ -379,5 +392,165 @@ func TestAPublishDuringARollbacksHeadReadStaysActive(t *testing.T) {
 	}
 	if n := h.engine.Stats().Commands - commands; n != 1 {
 		t.Errorf("the reserve ran %d commands, want 1 (none refused as stale)", n)
+	}
+}
+
+// The console's reads and ListDebts show accounts with their policies:
+// ListDebts, ListAccountStandings (in debt, every account, one subject,
+// one subject key), GetFairness and DrainProgress read every policy per
+// call, seconds at 100,000 of them. They read the generations and heads
+// of the accounts they show now, and still say which generation decides.
+func TestAccountReadsDoNotReadEveryPolicy(t *testing.T) {
+	h, counting := policyCountingHarness(t)
+	policy := func(subject string, burst int) string {
+		return fmt.Sprintf(`{"policy":{"subject":%q,"route":"chat.generate","dimensions":[{"unit":"tokens","burst":"%d"}]}}`, subject, burst)
+	}
+	h.ok("PublishPolicy", policy("*", 1000), "")           // generation 1
+	h.ok("PublishPolicy", policy("tenant-a", 100), "")     // 2
+	h.ok("PublishPolicy", policy("tenant-b", 100), "")     // 3
+	h.ok("Reserve", reserveFor("r-c", "tenant-c", 10), "") // under "*" (1)
+	h.ok("Reserve", reserveFor("r-a", "tenant-a", 10), "")
+	h.ok("Start", `{"reservationId":"r-a","operationId":"op"}`, "")
+	h.ok("Settle", `{"reservationId":"r-a","operationId":"op","actualUnits":{"tokens":150}}`, "") // 50 in debt
+	h.ok("Reserve", reserveFor("r-b", "tenant-b", 10), "")
+	h.ok("PublishPolicy", policy("tenant-b", 200), "") // 4 supersedes 3, whose account is left to drain
+	before := counting.lists.Load() + counting.fromStart.Load()
+
+	debts := h.ok("ListDebts", `{}`, "")
+	if accounts := debts["accounts"].([]any); len(accounts) != 1 || accounts[0].(map[string]any)["subject"] != "tenant-a" {
+		t.Errorf("ListDebts: %v, want tenant-a's account", debts)
+	}
+	decides := map[string]bool{} // subject/generation -> active, over every answer
+	for _, body := range []string{`{"inDebt":true}`, `{}`, `{"subject":"tenant-b"}`, `{"subject":"tenant-c","route":"chat.generate","region":"global"}`} {
+		got := h.consoleOK("ListAccountStandings", body, "")
+		for _, a := range got["accounts"].([]any) {
+			st := a.(map[string]any)
+			a := st["account"].(map[string]any)
+			decides[fmt.Sprint(a["subject"], "/", a["policyGeneration"])] = st["active"] == true
+		}
+	}
+	for key, want := range map[string]bool{"tenant-a/2": true, "tenant-b/3": false, "tenant-c/1": true} {
+		if got, ok := decides[key]; !ok || got != want {
+			t.Errorf("standings of %s: active %v (shown %v), want %v; all: %v", key, got, ok, want, decides)
+		}
+	}
+	fairness := h.consoleOK("GetFairness", `{}`, "")
+	if groups := fairness["groups"].([]any); len(groups) != 1 || num(groups[0].(map[string]any)["subjectCount"]) != 2 {
+		t.Errorf("GetFairness: %v, want one group of the 2 subjects whose account decides (tenant-b's generation 4 has none)", fairness)
+	}
+	drain := h.rolloutOK("DrainProgress", `{"generations":["3","4"]}`, "")
+	gens := drain["generations"].([]any)
+	if len(gens) != 2 || gens[0].(map[string]any)["active"] == true || num(gens[0].(map[string]any)["accounts"]) != 1 || gens[1].(map[string]any)["active"] != true {
+		t.Errorf("DrainProgress of 3 and 4: %v, want 3 superseded with one account, 4 active", drain)
+	}
+	if n := counting.lists.Load() + counting.fromStart.Load() - before; n != 0 {
+		t.Errorf("ListDebts, 4 ListAccountStandings, GetFairness and DrainProgress read every policy %d times, want 0", n)
+	}
+}
+
+// serve warms the policy cache (server.Config.WarmPolicies): /readyz
+// answers 503 until every policy is read into it once, then ready; a
+// reserve after that is answered from the cache, without a read of every
+// policy (the first one after a start read them all, while reserves of
+// other keys not cached waited).
+func TestWarmPoliciesBeforeReady(t *testing.T) {
+	h, counting := policyCountingHarness(t)
+	h.ok("PublishPolicy", `{"policy":{"subject":"tenant-a","route":"chat.generate","dimensions":[{"unit":"tokens","burst":"100"}]}}`, "")
+	h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"embed","dimensions":[{"unit":"tokens","burst":"100"}]}}`, "")
+
+	srv := server.New(h.engine, server.Config{Clock: h.clock.Now, WarmPolicies: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	started := *h
+	started.url = serve(t, srv)
+	if got := started.get("/readyz"); !strings.HasPrefix(got, "not ready: loading the policy cache") {
+		t.Fatalf("/readyz before the load: %q, want not ready: loading the policy cache", got)
+	}
+	reads := counting.lists.Load() + counting.fromStart.Load()
+	if err := srv.WarmPolicies(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if n := counting.lists.Load() + counting.fromStart.Load() - reads; n != 1 {
+		t.Errorf("the load read every policy %d times, want once", n)
+	}
+	if got := started.get("/readyz"); got != "ready\n" {
+		t.Fatalf("/readyz after the load: %q, want ready", got)
+	}
+	reads = counting.lists.Load() + counting.fromStart.Load()
+	started.ok("Reserve", reserveFor("r-a", "tenant-a", 1), "")
+	started.ok("Reserve", `{"reservationId":"r-e","subject":"tenant-e","route":"embed","units":{"tokens":1}}`, "")
+	if n := counting.lists.Load() + counting.fromStart.Load() - reads; n != 0 {
+		t.Errorf("reserves after the load read every policy %d times, want 0", n)
+	}
+	// A server not asked to warm is ready at once (tests, embedders).
+	if got := h.get("/readyz"); got != "ready\n" {
+		t.Errorf("/readyz without WarmPolicies: %q", got)
+	}
+}
+
+// failingFirstLoads fails its first fails reads of every policy from the
+// start (PolicyListAfter(0)).
+type failingFirstLoads struct {
+	store.Store
+	fails atomic.Int64
+}
+
+func (s *failingFirstLoads) PolicyListAfter(ctx context.Context, after uint64) ([]ledger.Policy, error) {
+	if after == 0 && s.fails.Add(-1) >= 0 {
+		return nil, fmt.Errorf("policies after 0: %w", store.ErrUnavailable)
+	}
+	return s.Store.PolicyListAfter(ctx, after)
+}
+
+// A load that fails is retried; meanwhile /readyz names its error.
+func TestWarmPoliciesRetriesAFailedLoad(t *testing.T) {
+	failing := &failingFirstLoads{}
+	h := newHarness(t, harnessOptions{wrapStore: func(st store.Store) store.Store {
+		failing.Store = st
+		return failing
+	}})
+	h.ok("PublishPolicy", `{"policy":{"subject":"tenant-a","route":"chat.generate","dimensions":[{"unit":"tokens","burst":"100"}]}}`, "")
+	failing.fails.Store(1)
+	srv := server.New(h.engine, server.Config{Clock: h.clock.Now, WarmPolicies: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	started := *h
+	started.url = serve(t, srv)
+	warmed := make(chan error, 1)
+	go func() { warmed <- srv.WarmPolicies(context.Background()) }()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		got := started.get("/readyz")
+		if strings.Contains(got, "retrying every 1s after: list policies: policies after 0: store unavailable") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz while the load fails: %q, want its error", got)
+		}
+	}
+	if err := <-warmed; err != nil {
+		t.Fatal(err)
+	}
+	if got := started.get("/readyz"); got != "ready\n" {
+		t.Fatalf("/readyz after the retried load: %q, want ready", got)
+	}
+	started.ok("Reserve", reserveFor("r-a", "tenant-a", 1), "")
+}
+
+// A reserve right after the warm load of a start, for a key published
+// meanwhile through another replica (here: the engine, past this
+// server's cache), catches up at once and is admitted, as the first miss
+// after a start was before the warm load: the warm load does not count
+// as a miss's reload, which would answer "no policy" for
+// missReloadInterval (replicas started, then a publish on one and
+// reserves on the other, failed so).
+func TestAMissRightAfterTheWarmLoadCatchesUp(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	if err := h.srv.WarmPolicies(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	p := ledger.Policy{Key: ledger.PolicyKey{Subject: ledger.AnySubject, Route: "chat.generate", Region: "global"},
+		Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: 100}}}.WithDefaults()
+	if res, err := h.engine.Do(context.Background(), ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p}); err != nil || res.Err != nil {
+		t.Fatalf("publish past the server: %v %v", err, res.Err)
+	}
+	got := h.ok("Reserve", `{"reservationId":"r-w","subject":"tenant-w","route":"chat.generate","units":{"tokens":5}}`, "")
+	if field(got, "reservation", "state") != "RESERVATION_STATE_RESERVED" {
+		t.Fatalf("reserve right after the warm load: %v", got)
 	}
 }

@@ -312,10 +312,17 @@ type rolloutService struct {
 }
 
 // drainQuestion is what a DrainProgress pass depends on: the generations
-// asked for, in order, and a digest of every policy's generation and
-// rolled-back state as read from the store before the pass (a rollback
-// or a publication since makes a new question, so no caller is answered
-// from a pass that began before a change it may have waited for).
+// asked for, in order, and a digest of what decides for them as read
+// from the store before the pass: each one's rolled-back state and the
+// heads (active and newest generation) of its key and of its route's "*"
+// key. A rollback of a generation asked for, or of another of its key's
+// or its "*" key's, or a publication under those keys since, makes a new
+// question, so no caller (`rollback --wait`) is answered from a pass that
+// began before such a change it may have waited for. A publication or
+// rollback under another subject's key, which may change what decides
+// for some of the generations' accounts, is seen when the shared pass is
+// no longer reused (sharedReuseFactor times as old as it took): the
+// digest reads a few rows per generation, not every policy.
 type drainQuestion struct {
 	generations string
 	policies    uint64
@@ -329,22 +336,32 @@ type drainPass struct {
 }
 
 // drainQuestionOf returns the question of gens now, reading the policies
-// from the store (not the cache, which may lag another replica's
-// rollback).
+// and heads from the store (not the cache, which may lag another
+// replica's rollback).
 func (svc *rolloutService) drainQuestionOf(ctx context.Context, gens []uint64) (drainQuestion, *connect.Error) {
-	policies, err := svc.s.ledger.Policies(ctx)
-	if err != nil {
-		return drainQuestion{}, readError("policies", ReasonPolicyNotFound, err)
-	}
 	h := fnv.New64a()
-	var b [9]byte
-	for i := range policies {
-		binary.BigEndian.PutUint64(b[:8], policies[i].Generation)
+	var b [17]byte
+	for _, g := range gens {
+		p, err := svc.s.ledger.Policy(ctx, g)
+		if err != nil {
+			return drainQuestion{}, readError("policies", ReasonPolicyNotFound, err)
+		}
+		binary.BigEndian.PutUint64(b[:8], p.Generation)
 		b[8] = 0
-		if policies[i].RolledBack {
+		if p.RolledBack {
 			b[8] = 1
 		}
-		h.Write(b[:])
+		h.Write(b[:9])
+		for _, key := range decidingKeys(p.Key) {
+			head, err := svc.s.ledger.PolicyHead(ctx, key)
+			if err != nil && !errors.Is(err, store.ErrNotFound) {
+				return drainQuestion{}, readError("policies", ReasonPolicyNotFound, fmt.Errorf("policy head %s: %w", key, err))
+			}
+			binary.BigEndian.PutUint64(b[:8], head.Active)
+			binary.BigEndian.PutUint64(b[8:16], head.Latest)
+			b[16] = 2
+			h.Write(b[:])
+		}
 	}
 	var q strings.Builder
 	for _, g := range gens {

@@ -21,6 +21,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -40,12 +41,13 @@ type Ledger interface {
 	DoBatch(ctx context.Context, cmds []ledger.Command) ([]ledger.Result, error)
 	Reservation(ctx context.Context, id string) (ledger.Reservation, error)
 	Accounts(ctx context.Context, subject ledger.PolicyKey) ([]ledger.Account, error)
-	AccountsPage(ctx context.Context, after ledger.AccountKey, limit int) ([]ledger.Account, ledger.AccountKey, bool, error)
+	AccountsPage(ctx context.Context, after ledger.AccountKey, limit int) ([]ledger.Account, map[ledger.PolicyKey]uint64, ledger.AccountKey, bool, error)
 	Policies(ctx context.Context) ([]ledger.Policy, error)
 	PoliciesAfter(ctx context.Context, generation uint64) ([]ledger.Policy, error)
 	PoliciesPage(ctx context.Context, f store.PolicyFilter) ([]store.ListedPolicy, error)
 	Policy(ctx context.Context, generation uint64) (ledger.Policy, error)
 	PolicyHead(ctx context.Context, key ledger.PolicyKey) (ledger.PolicyHead, error)
+	DecidingGenerations(ctx context.Context, subjects []ledger.PolicyKey) (map[ledger.PolicyKey]uint64, error)
 	Audit(ctx context.Context) ([]ledger.Discrepancy, error)
 	ReservationsUnknown(ctx context.Context, f store.UnknownFilter) ([]ledger.Reservation, error)
 	UnknownBacklog(ctx context.Context) (store.UnknownBacklog, error)
@@ -98,6 +100,13 @@ type Config struct {
 	// Drains, when set, lets RolloutService.DrainProgress follow a
 	// rollback (give it the engine).
 	Drains Drains
+	// WarmPolicies makes /readyz answer 503 ("loading the policy cache")
+	// until WarmPolicies has read every policy into the server's cache
+	// once: serve does, so that a replica takes traffic only when the
+	// first reserve of each key is answered from the cache, not after a
+	// read of every policy (seconds at 100,000) that reserves of keys not
+	// yet cached wait for.
+	WarmPolicies bool
 	// Console, when set, serves the ConsoleService's reads of one
 	// subject's reservations, one account's statements and the
 	// resolver's answers, and keeps the audit status (console_reads.go);
@@ -120,6 +129,9 @@ type Server struct {
 	mux     *http.ServeMux
 	options []connect.HandlerOption
 	ready   func(ctx context.Context) (string, error)
+	// warm is Config.WarmPolicies; warmErr the last failed load's error.
+	warm    bool
+	warmErr atomic.Pointer[error]
 	// console counts what the ConsoleService reports beyond the metrics.
 	console *consoleCounters
 	// standings shares ListAccountStandings rankings of every account
@@ -166,6 +178,7 @@ func New(l Ledger, cfg Config) *Server {
 		resolver:  cfg.Resolver,
 		clock:     cfg.Clock,
 		ready:     cfg.ReadyCheck,
+		warm:      cfg.WarmPolicies,
 		console:   &consoleCounters{store: cfg.Console},
 		standings: &sharedStandings{},
 		fairness:  &sharedFairness{},
@@ -450,9 +463,37 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// warmRetry is how long WarmPolicies waits after a failed load.
+const warmRetry = time.Second
+
+// WarmPolicies reads every policy into the server's policy cache once,
+// retrying a failed read every warmRetry, and returns nil when it is done
+// or ctx's error when ctx ends first. With Config.WarmPolicies, /readyz
+// answers 503 until then. Reserves do not wait for it unless their key is
+// not cached yet (they then wait for the load, as for the first miss).
+func (s *Server) WarmPolicies(ctx context.Context) error {
+	for {
+		started := time.Now()
+		err := s.policies.load(ctx)
+		if err == nil {
+			s.warmErr.Store(nil)
+			s.log.Info("policy cache loaded", "took", time.Since(started).Round(time.Millisecond))
+			return nil
+		}
+		s.warmErr.Store(&err)
+		s.log.Warn("policy cache load failed; retrying", "error", err, "in", warmRetry)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(warmRetry):
+		}
+	}
+}
+
 // readiness is the check of /readyz (and of the console's overview): nil
 // when the engine's last store access worked, a read of the store works
-// now and the ReadyCheck, if any, passes; detail is the ReadyCheck's.
+// now, the policy cache is loaded (with Config.WarmPolicies) and the
+// ReadyCheck, if any, passes; detail is the ReadyCheck's.
 func (s *Server) readiness(ctx context.Context) (detail string, err error) {
 	err = s.ledger.Ready()
 	if err == nil {
@@ -463,6 +504,12 @@ func (s *Server) readiness(ctx context.Context) (detail string, err error) {
 		cancel()
 		if errors.Is(err, store.ErrNotFound) {
 			err = nil
+		}
+	}
+	if err == nil && s.warm && !s.policies.loaded.Load() {
+		err = errors.New("loading the policy cache (every policy, once after a start)")
+		if last := s.warmErr.Load(); last != nil {
+			err = fmt.Errorf("loading the policy cache (every policy, once after a start): retrying every %s after: %w", warmRetry, *last)
 		}
 	}
 	if err == nil && s.ready != nil {

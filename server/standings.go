@@ -103,7 +103,7 @@ func (c consoleService) rankAll(ctx context.Context, m *v1.ListAccountStandingsR
 	for after, more := (ledger.AccountKey{}), true; more; {
 		var page []ledger.Account
 		var err error
-		page, after, more, err = s.ledger.AccountsPage(ctx, after, standingsPage)
+		page, _, after, more, err = s.ledger.AccountsPage(ctx, after, standingsPage)
 		if err != nil {
 			return readError("accounts", ReasonAccountNotFound, err)
 		}
@@ -136,11 +136,14 @@ func (c consoleService) rankAll(ctx context.Context, m *v1.ListAccountStandingsR
 // standingsOf answers a ranking now: its accounts with the rollout modes
 // and generation states of now.
 func (c consoleService) standingsOf(ctx context.Context, r *standingsRanking) (*v1.ListAccountStandingsResponse, *connect.Error) {
-	policies, err := c.s.ledger.Policies(ctx)
-	if err != nil {
-		return nil, readError("policies", ReasonPolicyNotFound, err)
+	subjects := make([]ledger.PolicyKey, len(r.ranked))
+	for i, ranked := range r.ranked {
+		subjects[i] = ranked.account.Key.SubjectKey()
 	}
-	active := ledger.NewActiveGenerations(policies)
+	deciding, cerr := c.deciding(ctx, subjects)
+	if cerr != nil {
+		return nil, cerr
+	}
 	now := c.s.clock()
 	resp := &v1.ListAccountStandingsResponse{Matched: r.matched, AsOf: timestamp(r.asOf)}
 	for _, ranked := range r.ranked {
@@ -148,7 +151,7 @@ func (c consoleService) standingsOf(ctx context.Context, r *standingsRanking) (*
 		if cerr != nil {
 			return nil, cerr
 		}
-		resp.Accounts = append(resp.Accounts, c.standingNow(ctx, &ranked.account, &p, active, now))
+		resp.Accounts = append(resp.Accounts, c.standingNow(ctx, &ranked.account, &p, deciding, now))
 	}
 	return resp, nil
 }
@@ -161,13 +164,25 @@ func standingMatches(m *v1.ListAccountStandingsRequest, k ledger.AccountKey) boo
 		(m.GetPolicyGeneration() == 0 || m.GetPolicyGeneration() == k.Generation)
 }
 
+// deciding returns the generation deciding for each of subjects (absent:
+// none decides), read from their keys' heads (Ledger.DecidingGenerations),
+// not from every policy.
+func (c consoleService) deciding(ctx context.Context, subjects []ledger.PolicyKey) (map[ledger.PolicyKey]uint64, *connect.Error) {
+	deciding, err := c.s.ledger.DecidingGenerations(ctx, subjects)
+	if err != nil {
+		return nil, readError("policies", ReasonPolicyNotFound, err)
+	}
+	return deciding, nil
+}
+
 // standingNow is the account's standing with the rollout mode its
 // reserves get now (a staged rollout's on its routes, as the reserve
-// path decides) when its generation decides.
-func (c consoleService) standingNow(ctx context.Context, a *ledger.Account, p *ledger.Policy, active ledger.ActiveGenerations, now time.Time) *v1.AccountStanding {
+// path decides) when its generation decides (deciding, per subject key:
+// consoleService.deciding).
+func (c consoleService) standingNow(ctx context.Context, a *ledger.Account, p *ledger.Policy, deciding map[ledger.PolicyKey]uint64, now time.Time) *v1.AccountStanding {
 	k := a.Key
-	deciding, _ := active.Deciding(k.SubjectKey())
-	st := standing(a, p, deciding == k.Generation, now)
+	g, ok := deciding[k.SubjectKey()]
+	st := standing(a, p, ok && g == k.Generation, now)
 	if st.Active {
 		mode := c.s.rollouts.mode(ctx, ledger.RouteKey{Route: k.Route, Region: k.Region}, k.Subject, p.Rollout)
 		st.Rollout = rolloutToProto[mode]

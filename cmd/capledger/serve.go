@@ -197,6 +197,10 @@ parameter PgBouncer refuses, replication at risk); 5 for a store that cannot be 
 connections: retry later) and when the server fails while running.
 `
 
+// warmWait is how long serve waits for its policy cache to load before
+// it answers on its port (then /readyz answers 503 until it has loaded).
+const warmWait = 2 * time.Second
+
 func runServe(ctx context.Context, e *env, args []string) error {
 	fs := newFlags("serve")
 	addr := fs.String("addr", "127.0.0.1:7070", "")
@@ -405,7 +409,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	// the ring's one-second throttle, not at the next shard issued.
 	go shards.Keys.Watch(ctx, shardKeysWatchInterval)
 	srvCfg := server.Config{Tokens: tokens, MaxBodyBytes: *maxBody, Metrics: metrics, Logger: log, Shards: shards,
-		ReadyCheck: readyCheck}
+		ReadyCheck: readyCheck, WarmPolicies: true}
 	if resolver != nil {
 		srvCfg.Resolver = eng
 	}
@@ -417,6 +421,13 @@ func runServe(ctx context.Context, e *env, args []string) error {
 		srvCfg.Console = cs
 	}
 	srv := server.New(eng, srvCfg)
+	// /readyz says not ready until every policy is in the cache: a load
+	// balancer sends reserves only once each key's is answered from it.
+	warmed := make(chan struct{})
+	go func() {
+		srv.WarmPolicies(ctx)
+		close(warmed)
+	}()
 	// The operator console: static files; every number on it comes from
 	// the API above, called with the operator's token.
 	ui := console.Handler()
@@ -442,6 +453,13 @@ func runServe(ctx context.Context, e *env, args []string) error {
 		if clientCAs != nil {
 			log.Info("tls client certificates required", append([]any{"ca", *tlsClientCA}, clientCAs.current.Load().attrs()...)...)
 		}
+	}
+	// A small store's policies load in milliseconds: answer once they
+	// have (so /readyz is ready from the first call); a large one's
+	// (seconds at 100,000 policies) load while /readyz answers 503.
+	select {
+	case <-warmed:
+	case <-time.After(warmWait):
 	}
 	// shutdown stops what serves the port, gracefully.
 	shutdown := httpServer.Shutdown

@@ -6,7 +6,13 @@
 // of each tenth, then times -calls calls of each of: a publish, GetPolicy,
 // GetAccount, a reserve for a subject without a policy (a miss, spaced
 // past the server's 100 ms miss reload interval) and a reserve for a
-// subject with one, and prints the median and the slowest of each.
+// subject with one, and prints the median and the slowest of each. Then,
+// with one account in debt made first (a reserve, start and settle above
+// the burst for <prefix>2 or -debtor), it times the reads that show accounts with
+// their policies: ListDebts, ListAccountStandings (in debt, all, one
+// subject), GetFairness and DrainProgress of one generation, each call a
+// new question (another limit or generation: the server shares the
+// answer to one asked again within a while).
 //
 // Usage: go run ./scripts/manypolicies -addr 127.0.0.1:7070 -policies 100000
 //
@@ -21,6 +27,7 @@ import (
 	"log"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,8 +39,9 @@ func main() {
 	concurrency := flag.Int("concurrency", 8, "callers publishing")
 	prefix := flag.String("prefix", "t", "subject prefix of the published policies")
 	calls := flag.Int("calls", 5, "timed calls of each kind")
+	debtor := flag.String("debtor", "", "subject put in debt before the timed reads (default <prefix>2; another on a second run: a debtor admits nothing)")
 	flag.Parse()
-	c := &caller{base: "http://" + *addr + "/capledger.v1.LedgerService/", http: &http.Client{Timeout: time.Minute}}
+	c := &caller{base: "http://" + *addr + "/capledger.v1.", http: &http.Client{Timeout: time.Minute}}
 
 	if *policies > 0 {
 		var next atomic.Int64
@@ -65,6 +73,11 @@ func main() {
 
 	subject := *prefix + "1"
 	c.must("Reserve", fmt.Sprintf(`{"reservationId":"mp-warm-%d","subject":%q,"route":"chat","units":{"tokens":1}}`, time.Now().UnixNano(), subject))
+	if *debtor == "" {
+		*debtor = *prefix + "2"
+	}
+	debtID := fmt.Sprintf("mp-debt-%d", time.Now().UnixNano())
+	c.must("Reserve", fmt.Sprintf(`{"reservationId":%q,"subject":%q,"route":"chat","units":{"tokens":1}}`, debtID, *debtor))
 	kinds := []struct {
 		name   string
 		method string
@@ -82,6 +95,22 @@ func main() {
 			return fmt.Sprintf(`{"reservationId":"mp-hit-%d-%d","subject":%q,"route":"chat","units":{"tokens":1}}`, time.Now().UnixNano(), i, subject)
 		}, 200},
 	}
+	// The debtor's reservation: started, then settled at twice its burst.
+	c.must("Start", fmt.Sprintf(`{"reservationId":%q,"operationId":"mp-op"}`, debtID))
+	c.must("Settle", fmt.Sprintf(`{"reservationId":%q,"operationId":"mp-op","actualUnits":{"tokens":2000}}`, debtID))
+	kinds = append(kinds, []struct {
+		name   string
+		method string
+		body   func(i int) string
+		status int
+	}{
+		{"ListDebts", "ListDebts", func(int) string { return `{}` }, 200},
+		{"standings, debt", "ConsoleService/ListAccountStandings", func(i int) string { return fmt.Sprintf(`{"inDebt":true,"limit":%d}`, i+1) }, 200},
+		{"standings, all", "ConsoleService/ListAccountStandings", func(i int) string { return fmt.Sprintf(`{"limit":%d}`, i+1) }, 200},
+		{"standings, one", "ConsoleService/ListAccountStandings", func(i int) string { return fmt.Sprintf(`{"subject":%q,"limit":%d}`, subject, i+1) }, 200},
+		{"GetFairness", "ConsoleService/GetFairness", func(i int) string { return fmt.Sprintf(`{"limit":%d}`, i+1) }, 200},
+		{"DrainProgress", "RolloutService/DrainProgress", func(i int) string { return fmt.Sprintf(`{"generations":["%d"]}`, i+1) }, 200},
+	}...)
 	for _, k := range kinds {
 		var took []time.Duration
 		for i := range *calls {
@@ -109,7 +138,11 @@ type caller struct {
 	http *http.Client
 }
 
+// call posts body to method, "Service/Method" or a LedgerService method.
 func (c *caller) call(method, body string) (int, []byte) {
+	if !strings.Contains(method, "/") {
+		method = "LedgerService/" + method
+	}
 	resp, err := c.http.Post(c.base+method, "application/json", bytes.NewBufferString(body))
 	if err != nil {
 		log.Fatalf("%s: %v", method, err)

@@ -170,6 +170,26 @@ func (s brokenStore) AccountsInDebt(ctx context.Context, f store.DebtFilter) ([]
 	return list[:min(f.Limit, len(list))], nil
 }
 
+// PolicyHeads answers under the fault: absent keys as zero heads, or
+// only the first 128 distinct keys (one SQLite statement's worth).
+func (s brokenStore) PolicyHeads(ctx context.Context, keys []ledger.PolicyKey) (map[ledger.PolicyKey]ledger.PolicyHead, error) {
+	switch s.fault {
+	case "heads-absent-as-zero":
+		heads, err := s.Store.PolicyHeads(ctx, keys)
+		for _, k := range keys {
+			if _, ok := heads[k]; !ok && err == nil {
+				heads[k] = ledger.PolicyHead{Key: k}
+			}
+		}
+		return heads, err
+	case "heads-first-chunk":
+		distinct := slices.Clone(keys)
+		slices.SortFunc(distinct, ledger.PolicyKey.Compare)
+		return s.Store.PolicyHeads(ctx, slices.Compact(distinct)[:min(128, len(slices.Compact(distinct)))])
+	}
+	return s.Store.PolicyHeads(ctx, keys)
+}
+
 type brokenTx struct {
 	store.Tx
 	fault string
@@ -210,6 +230,8 @@ func TestConformanceSuiteCatchesBrokenStores(t *testing.T) {
 		"policy-page-route-ignored":    {"TestBrokenStoreHelper/PolicyPage"},
 		"policy-page-newest-active":    {"TestBrokenStoreHelper/PolicyPage"},
 		"policy-page-prefix-subject":   {"TestBrokenStoreHelper/PolicyPage"},
+		"heads-absent-as-zero":         {"TestBrokenStoreHelper/PolicyHeads"},
+		"heads-first-chunk":            {"TestBrokenStoreHelper/PolicyHeads"},
 	} {
 		t.Run(fault, func(t *testing.T) {
 			cmd := exec.Command(os.Args[0], "-test.run=^TestBrokenStoreHelper$", "-test.v", "-test.count=1")

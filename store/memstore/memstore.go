@@ -360,6 +360,24 @@ func (s *Store) PolicyHead(ctx context.Context, key ledger.PolicyKey) (out ledge
 	return out, err
 }
 
+// PolicyHeads returns copies of the committed heads of keys, by key; a
+// key without a head is absent. One read.
+func (s *Store) PolicyHeads(ctx context.Context, keys []ledger.PolicyKey) (map[ledger.PolicyKey]ledger.PolicyHead, error) {
+	out := make(map[ledger.PolicyKey]ledger.PolicyHead, len(keys))
+	err := s.read(ctx, func(r *rows) error {
+		for _, k := range keys {
+			if h, ok := r.heads[k]; ok {
+				out[k] = *h
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PolicyList returns copies of every policy generation, oldest first.
 func (s *Store) PolicyList(ctx context.Context) (out []ledger.Policy, err error) {
 	err = s.read(ctx, func(r *rows) error {

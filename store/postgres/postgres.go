@@ -463,6 +463,53 @@ func (s *Store) PolicyHead(ctx context.Context, key ledger.PolicyKey) (ledger.Po
 	return h, nil
 }
 
+// policyHeadsSQL reads the committed heads of the keys of three text
+// arrays (subject, route, region), in one statement: the keys drive the
+// join, one seek of the heads' primary key each. Outside write
+// transactions it is planned at each run (plan.go), for the keys' count.
+const policyHeadsSQL = `SELECT h.subject, h.route, h.region, h.active, h.latest
+	FROM unnest($1::text[], $2::text[], $3::text[]) AS k(subject, route, region)
+	JOIN policy_heads h ON h.subject = k.subject AND h.route = k.route AND h.region = k.region`
+
+// PolicyHeads returns the committed heads of keys, by key; a key without
+// a head is absent. One statement, one round trip, however many keys
+// (arrays, not one bind parameter per key).
+func (s *Store) PolicyHeads(ctx context.Context, keys []ledger.PolicyKey) (map[ledger.PolicyKey]ledger.PolicyHead, error) {
+	distinct := slices.Clone(keys)
+	slices.SortFunc(distinct, ledger.PolicyKey.Compare)
+	distinct = slices.Compact(distinct)
+	out := make(map[ledger.PolicyKey]ledger.PolicyHead, len(distinct))
+	if len(distinct) == 0 {
+		return out, nil
+	}
+	subj, route, region := make([]string, len(distinct)), make([]string, len(distinct)), make([]string, len(distinct))
+	for i, k := range distinct {
+		subj[i], route[i], region[i] = k.Subject, k.Route, k.Region
+	}
+	rows, err := s.pool.Query(ctx, policyHeadsSQL, subj, route, region)
+	if err != nil {
+		return nil, s.c.classify("policy heads", err, false)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var k ledger.PolicyKey
+		var active, latest int64
+		if err := rows.Scan(&k.Subject, &k.Route, &k.Region, &active, &latest); err != nil {
+			return nil, s.c.classify("policy heads", err, false)
+		}
+		var conv codecConv
+		h := ledger.PolicyHead{Key: k, Active: conv.Uint(active), Latest: conv.Uint(latest)}
+		if err := conv.Err(); err != nil {
+			return nil, fmt.Errorf("policy head %s: %w", k, err)
+		}
+		out[k] = h
+	}
+	if err := rows.Err(); err != nil {
+		return nil, s.c.classify("policy heads", err, false)
+	}
+	return out, nil
+}
+
 // PolicyList returns every generation, oldest first.
 func (s *Store) PolicyList(ctx context.Context) ([]ledger.Policy, error) {
 	return s.policyList(ctx, s.pool, 0)

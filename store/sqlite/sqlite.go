@@ -698,6 +698,42 @@ func (s *Store) PolicyHead(ctx context.Context, key ledger.PolicyKey) (ledger.Po
 	return queryOne(ctx, s, s.r.head, scanHead, "policy head "+key.String(), key.Subject, key.Route, key.Region)
 }
 
+// PolicyHeads returns the committed heads of keys, by key; a key without
+// a head is absent. The distinct keys are read in statements of up to 128
+// (subjectChunkSizes, as AccountsOfSubjects reads), each on its own.
+func (s *Store) PolicyHeads(ctx context.Context, keys []ledger.PolicyKey) (_ map[ledger.PolicyKey]ledger.PolicyHead, err error) {
+	defer s.readBarrier(ctx, &err)
+	if s.closed.Load() {
+		return nil, errClosed
+	}
+	distinct := slices.Clone(keys)
+	slices.SortFunc(distinct, ledger.PolicyKey.Compare)
+	distinct = slices.Compact(distinct)
+	out := make(map[ledger.PolicyKey]ledger.PolicyHead, len(distinct))
+	largest := subjectChunkSizes[len(subjectChunkSizes)-1]
+	for chunk := range slices.Chunk(distinct, largest) {
+		size := 0
+		for size < len(subjectChunkSizes)-1 && subjectChunkSizes[size] < len(chunk) {
+			size++
+		}
+		args := make([]any, 0, 3*subjectChunkSizes[size])
+		for _, k := range chunk {
+			args = append(args, k.Subject, k.Route, k.Region)
+		}
+		for len(args) < cap(args) {
+			args = append(args, nil) // NULL: no key equals it
+		}
+		found, err := queryAll(ctx, s.r.headsOf[size], scanHead, "policy heads", args...)
+		if err != nil {
+			return nil, err
+		}
+		for _, h := range found {
+			out[h.Key] = h
+		}
+	}
+	return out, nil
+}
+
 // PolicyList returns every policy generation, oldest first.
 func (s *Store) PolicyList(ctx context.Context) (_ []ledger.Policy, err error) {
 	defer s.readBarrier(ctx, &err)

@@ -228,6 +228,8 @@ type readStmts struct {
 	// accountsOfSubjects holds accountsOfSubjectsSQL of each size of
 	// subjectChunkSizes, in that order.
 	accountsOfSubjects [len(subjectChunkSizes)]*sql.Stmt
+	// headsOf holds headsOfSQL of each size of subjectChunkSizes.
+	headsOf [len(subjectChunkSizes)]*sql.Stmt
 }
 
 func (r *readStmts) prepare(ctx context.Context, db *sql.DB) error {
@@ -268,6 +270,7 @@ func (r *readStmts) prepare(ctx context.Context, db *sql.DB) error {
 	r.catchUpAcrossAfter = prep(catchUpAcrossAfterSQL)
 	for i, n := range subjectChunkSizes {
 		r.accountsOfSubjects[i] = prep(accountsOfSubjectsSQL(n))
+		r.headsOf[i] = prep(headsOfSQL(n))
 	}
 	return errors.Join(errs...)
 }
@@ -277,6 +280,7 @@ func (r *readStmts) close() {
 		r.unknownFirst, r.unknownAfter, r.unknownBacklog, r.debtFirst, r.debtAfter, r.pageFirst, r.pageAfter,
 		r.epochFirst, r.epochAfter, r.catchUpFirst, r.catchUpAfter,
 		r.acrossFirst, r.acrossAfter, r.catchUpAcrossFirst, r.catchUpAcrossAfter}
+	stmts = append(stmts, r.headsOf[:]...)
 	for _, st := range append(stmts, r.accountsOfSubjects[:]...) {
 		if st != nil {
 			st.Close()
@@ -358,4 +362,11 @@ var subjectChunkSizes = [...]int{8, 32, 128}
 func accountsOfSubjectsSQL(n int) string {
 	values := strings.TrimSuffix(strings.Repeat("(?, ?, ?), ", n), ", ")
 	return "SELECT " + accountCols + " FROM accounts WHERE (subject, route, region) IN (VALUES " + values + ")"
+}
+
+// headsOfSQL reads the policy heads of n (subject, route, region) keys
+// bound in order: a seek of the primary key per key, as PolicyHead's.
+func headsOfSQL(n int) string {
+	values := strings.TrimSuffix(strings.Repeat("(?, ?, ?), ", n), ", ")
+	return "SELECT " + headCols + " FROM policy_heads WHERE (subject, route, region) IN (VALUES " + values + ")"
 }

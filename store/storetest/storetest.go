@@ -97,6 +97,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"Leases", testLeases},
 		{"AccountList", testAccountList},
 		{"AccountsOfSubjects", testAccountsOfSubjects},
+		{"PolicyHeads", testPolicyHeads},
 		{"Lists", testLists},
 		{"PolicyPage", testPolicyPage},
 		{"TimePrecision", testTimePrecision},
@@ -933,6 +934,80 @@ func testAccountsOfSubjects(t *testing.T, s store.Store) {
 		t.Fatal(err)
 	}
 	same(t, "accounts of 200 subjects", got, many)
+}
+
+// PolicyHeads returns what PolicyHead returns for each named key that
+// has a head, by key, and nothing for the others (no error): keys whose
+// texts prefix one another, named twice, in any order, none named, none
+// committed yet, an uncommitted head; and 300 keys (past SQLite's
+// statements of 128) come back whole.
+func testPolicyHeads(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	key := func(subject, route, region string) ledger.PolicyKey {
+		return ledger.PolicyKey{Subject: subject, Route: route, Region: region}
+	}
+	asked := []ledger.PolicyKey{
+		key("t70", "chat", "eu"), key("t7", "chat", "eu"), key("nobody", "chat", "eu"),
+		key("t7", "chatbot", "eu"), key("t7", "chat", "eu"), key("*", "chat", "eu"),
+		key("t7", "chat", "eu-west"), key("t", "chat", "eu"), key("t7", "chat", ""), key("", "", ""),
+	}
+	for _, keys := range [][]ledger.PolicyKey{nil, {}, asked} {
+		if got, err := s.PolicyHeads(ctx, keys); err != nil || len(got) != 0 {
+			t.Errorf("empty store, keys %q: %v, %v; want none", keys, got, err)
+		}
+	}
+	heads := []ledger.PolicyHead{
+		{Key: key("t", "chat", "eu"), Active: 1, Latest: 1},
+		{Key: key("t7", "chat", "eu"), Active: 0, Latest: 4}, // every generation rolled back
+		{Key: key("t7", "chat", "eu-west"), Active: 2, Latest: 3},
+		{Key: key("t7", "chatbot", "eu"), Active: 5, Latest: 5},
+		{Key: key("*", "chat", "eu"), Active: 6, Latest: 7},
+		{Key: key("t70", "chat", "eu"), Active: 1<<63 - 1, Latest: 1<<63 - 1},
+		{Key: key("unasked", "chat", "eu"), Active: 8, Latest: 8},
+	}
+	commit(t, s, &store.Changes{Heads: heads})
+	want := map[ledger.PolicyKey]ledger.PolicyHead{}
+	for _, h := range heads[:len(heads)-1] {
+		one, err := s.PolicyHead(ctx, h.Key)
+		if err != nil {
+			t.Fatalf("PolicyHead %s: %v", h.Key, err)
+		}
+		want[h.Key] = one
+	}
+	check := func(what string, keys []ledger.PolicyKey, want map[ledger.PolicyKey]ledger.PolicyHead) {
+		t.Helper()
+		got, err := s.PolicyHeads(ctx, keys)
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("%s:\n got %v\nwant %v", what, got, want)
+		}
+	}
+	check("6 keys with heads named among others, one twice", asked, want)
+	for _, keys := range [][]ledger.PolicyKey{nil, {}, {key("nobody", "chat", "eu")}, {key("", "", "")}} {
+		check(fmt.Sprintf("keys %q", keys), keys, map[ledger.PolicyKey]ledger.PolicyHead{})
+	}
+	// An uncommitted head is not read.
+	inTx(t, s, func(ctx context.Context, tx store.Tx) {
+		if err := tx.Write(ctx, &store.Changes{Heads: []ledger.PolicyHead{{Key: key("nobody", "chat", "eu"), Active: 9, Latest: 9}}}); err != nil {
+			t.Fatal(err)
+		}
+		check("with an uncommitted head", asked, want)
+	})
+
+	// 300 keys, named in reverse, each twice, with 300 keys without a head.
+	var many []ledger.PolicyHead
+	var names []ledger.PolicyKey
+	wantMany := map[ledger.PolicyKey]ledger.PolicyHead{}
+	for i := range 300 {
+		h := ledger.PolicyHead{Key: key(fmt.Sprintf("page-%03d", i), "chat", "eu"), Active: uint64(i), Latest: uint64(i + 1)}
+		many = append(many, h)
+		wantMany[h.Key] = h
+		names = append([]ledger.PolicyKey{h.Key, key(fmt.Sprintf("none-%03d", i), "chat", "eu"), h.Key}, names...)
+	}
+	commit(t, s, &store.Changes{Heads: many})
+	check("300 keys", names, wantMany)
 }
 
 func testLists(t *testing.T, s store.Store) {

@@ -1,0 +1,102 @@
+package server_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"testing"
+
+	"github.com/capledger/capledger/internal/replicatest"
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+	"github.com/capledger/capledger/store/postgres"
+)
+
+// fairnessBenchTenants is how many subjects, one account each under one
+// "*" policy, benchOneStarPolicy's calls scan.
+const fairnessBenchTenants = 20_000
+
+// BenchmarkGetFairnessOneStarPolicy times GetFairness, each call a new
+// question (its limit), over 20,000 tenants' accounts under one "*"
+// policy (issue #15's shape: one policy, many tenants), on SQLite and,
+// with CAPLEDGER_TEST_POSTGRES set, on PostgreSQL. Each scan reads the 20
+// pages of 1,000 accounts and, per page, the policies it needs.
+func BenchmarkGetFairnessOneStarPolicy(b *testing.B) {
+	benchOneStarPolicy(b, func(h *harness, i int) {
+		got := h.consoleOK("GetFairness", fmt.Sprintf(`{"limit":%d}`, 1+i%1000), consoleViewer)
+		if g, _ := got["groups"].([]any); len(g) != 1 || num(g[0].(map[string]any)["subjectCount"]) != fairnessBenchTenants {
+			b.Fatalf("fairness: %v", got["groups"])
+		}
+	})
+}
+
+// BenchmarkListAccountStandingsAllOneStarPolicy is the console's
+// standings of every account (no filter), each call a new question (its
+// limit), over the same 20,000 tenants.
+func BenchmarkListAccountStandingsAllOneStarPolicy(b *testing.B) {
+	benchOneStarPolicy(b, func(h *harness, i int) {
+		got := h.consoleOK("ListAccountStandings", fmt.Sprintf(`{"limit":%d}`, 1+i%1000), consoleViewer)
+		if num(got["matched"]) != fairnessBenchTenants {
+			b.Fatalf("standings: matched %v", got["matched"])
+		}
+	})
+}
+
+// benchOneStarPolicy runs call b.N times per store over 20,000 tenants'
+// accounts under one "*" policy: SQLite (the harness's file), and with
+// CAPLEDGER_TEST_POSTGRES set PostgreSQL (a fresh schema given to the
+// engine; the harness's own SQLite file then holds only the server's
+// rollouts and console tables).
+func benchOneStarPolicy(b *testing.B, call func(h *harness, i int)) {
+	for _, backend := range []string{"sqlite", "postgres"} {
+		b.Run(backend, func(b *testing.B) {
+			var engineStore store.Store
+			opts := harnessOptions{auth: true, tokens: consoleTokens}
+			if backend == "postgres" {
+				if os.Getenv("CAPLEDGER_TEST_POSTGRES") == "" {
+					b.Skip("CAPLEDGER_TEST_POSTGRES not set")
+				}
+				pg, err := postgres.Open(context.Background(), replicatest.SchemaDSN(b))
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.Cleanup(func() { pg.Close() })
+				opts.wrapStore = func(store.Store) store.Store { engineStore = pg; return pg }
+			} else {
+				opts.wrapStore = func(st store.Store) store.Store { engineStore = st; return st }
+			}
+			h := newHarness(b, opts)
+			h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"chat.generate",
+			  "dimensions":[{"unit":"tokens","burst":"100","refillUnits":"10","refillInterval":"3600s"}]}}`, adminToken)
+			ctx := context.Background()
+			p, err := engineStore.PolicyGet(ctx, 1)
+			if err != nil {
+				b.Fatal(err)
+			}
+			for from := 0; from < fairnessBenchTenants; from += 2000 {
+				var accounts []ledger.Account
+				for i := from; i < from+2000; i++ {
+					a := ledger.Account{Key: ledger.AccountKey{Subject: fmt.Sprintf("tenant-%06d", i), Route: p.Key.Route, Region: p.Key.Region, Generation: 1},
+						Dims: 1, EpochStart: h.clock.Now(), Version: 1}
+					a.Balances[0] = ledger.Balance{Opening: 100, Available: 100 - int64(i%50), Spent: int64(i % 50)}
+					a.RefilledTo[0] = h.clock.Now().UnixNano()
+					accounts = append(accounts, a)
+				}
+				tx, err := engineStore.Begin(ctx)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := tx.Write(ctx, &store.Changes{Accounts: accounts}); err != nil {
+					b.Fatal(err)
+				}
+				if err := tx.Commit(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ResetTimer()
+			for i := range b.N {
+				call(h, i)
+			}
+		})
+	}
+}
