@@ -660,10 +660,25 @@ func (s *Store) AccountsOfSubjects(ctx context.Context, subjects []ledger.Policy
 		return nil, errClosed
 	}
 	keys := slices.DeleteFunc(slices.Clone(subjects), func(k ledger.PolicyKey) bool { return k.Subject == "" })
-	slices.SortFunc(keys, ledger.PolicyKey.Compare)
-	keys = slices.Compact(keys)
+	out, err = queryByKeys(ctx, &s.r.accountsOfSubjects, scanAccount, "accounts of subjects", keys)
+	if err != nil {
+		return nil, err
+	}
+	slices.SortFunc(out, func(a, b ledger.Account) int { return a.Key.Compare(b.Key) })
+	return out, nil
+}
+
+// queryByKeys reads the rows of the distinct keys of keys, up to 128 keys
+// a statement: each chunk with the smallest of stmts (one per size of
+// subjectChunkSizes) that holds it, its unused places NULL (no key equals
+// it), each statement on its own.
+func queryByKeys[T any](ctx context.Context, stmts *[len(subjectChunkSizes)]*sql.Stmt, scan func(scanner) (T, error), what string, keys []ledger.PolicyKey) ([]T, error) {
+	distinct := slices.Clone(keys)
+	slices.SortFunc(distinct, ledger.PolicyKey.Compare)
+	distinct = slices.Compact(distinct)
+	var out []T
 	largest := subjectChunkSizes[len(subjectChunkSizes)-1]
-	for chunk := range slices.Chunk(keys, largest) {
+	for chunk := range slices.Chunk(distinct, largest) {
 		size := 0
 		for size < len(subjectChunkSizes)-1 && subjectChunkSizes[size] < len(chunk) {
 			size++
@@ -673,15 +688,14 @@ func (s *Store) AccountsOfSubjects(ctx context.Context, subjects []ledger.Policy
 			args = append(args, k.Subject, k.Route, k.Region)
 		}
 		for len(args) < cap(args) {
-			args = append(args, nil) // NULL: no key equals it
+			args = append(args, nil)
 		}
-		found, err := queryAll(ctx, s.r.accountsOfSubjects[size], scanAccount, "accounts of subjects", args...)
+		found, err := queryAll(ctx, stmts[size], scan, what, args...)
 		if err != nil {
 			return nil, err
 		}
 		out = append(out, found...)
 	}
-	slices.SortFunc(out, func(a, b ledger.Account) int { return a.Key.Compare(b.Key) })
 	return out, nil
 }
 
@@ -706,30 +720,13 @@ func (s *Store) PolicyHeads(ctx context.Context, keys []ledger.PolicyKey) (_ map
 	if s.closed.Load() {
 		return nil, errClosed
 	}
-	distinct := slices.Clone(keys)
-	slices.SortFunc(distinct, ledger.PolicyKey.Compare)
-	distinct = slices.Compact(distinct)
-	out := make(map[ledger.PolicyKey]ledger.PolicyHead, len(distinct))
-	largest := subjectChunkSizes[len(subjectChunkSizes)-1]
-	for chunk := range slices.Chunk(distinct, largest) {
-		size := 0
-		for size < len(subjectChunkSizes)-1 && subjectChunkSizes[size] < len(chunk) {
-			size++
-		}
-		args := make([]any, 0, 3*subjectChunkSizes[size])
-		for _, k := range chunk {
-			args = append(args, k.Subject, k.Route, k.Region)
-		}
-		for len(args) < cap(args) {
-			args = append(args, nil) // NULL: no key equals it
-		}
-		found, err := queryAll(ctx, s.r.headsOf[size], scanHead, "policy heads", args...)
-		if err != nil {
-			return nil, err
-		}
-		for _, h := range found {
-			out[h.Key] = h
-		}
+	found, err := queryByKeys(ctx, &s.r.headsOf, scanHead, "policy heads", keys)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[ledger.PolicyKey]ledger.PolicyHead, len(found))
+	for _, h := range found {
+		out[h.Key] = h
 	}
 	return out, nil
 }
