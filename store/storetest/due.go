@@ -242,26 +242,9 @@ func testAccountsByEpochAfterRolls(t *testing.T, s store.Store) {
 	all[4] = idle
 	commit(t, s, &store.Changes{Accounts: all})
 	rolls := map[string]time.Duration{"t-a": 5 * time.Hour, "s-z": 4 * time.Hour, "t-c": 30 * time.Minute}
-	var rolled []ledger.Account
-	inTxCommit(t, s, func(ctx context.Context, tx store.Tx) {
-		for i := range all {
-			a := &all[i]
-			d, ok := rolls[a.Key.Subject]
-			if !ok || a.Key.Generation != 7 {
-				continue
-			}
-			got, err := tx.AccountGet(ctx, a.Key)
-			if err != nil {
-				t.Fatal(err)
-			}
-			got.EpochStart, got.EpochOpening = at(d), got.Balances
-			got.Version++
-			*a = *got
-			rolled = append(rolled, *got)
-		}
-		if err := tx.Write(ctx, &store.Changes{Accounts: rolled}); err != nil {
-			t.Fatal(err)
-		}
+	rolled := rollEpochs(t, s, all, func(k ledger.AccountKey) (time.Duration, bool) {
+		d, ok := rolls[k.Subject]
+		return d, ok && k.Generation == 7
 	})
 	// want returns generation 7's keys with EpochStart by bound (any when
 	// zero), in (EpochStart, key) order.
@@ -332,6 +315,36 @@ func testAccountsByEpochAfterRolls(t *testing.T, s store.Store) {
 			t.Errorf("catch-up %+v: no error", f)
 		}
 	}
+}
+
+// rollEpochs rolls, in one transaction after reading each, the epoch of
+// every account of all that roll names to the epoch start at(d) (an
+// epoch rolled after a read, as a command does), updates all to what was
+// written and returns the accounts it rolled.
+func rollEpochs(t *testing.T, s store.Store, all []ledger.Account, roll func(ledger.AccountKey) (time.Duration, bool)) []ledger.Account {
+	t.Helper()
+	var rolled []ledger.Account
+	inTxCommit(t, s, func(ctx context.Context, tx store.Tx) {
+		for i := range all {
+			a := &all[i]
+			d, ok := roll(a.Key)
+			if !ok {
+				continue
+			}
+			got, err := tx.AccountGet(ctx, a.Key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got.EpochStart, got.EpochOpening = at(d), got.Balances
+			got.Version++
+			*a = *got
+			rolled = append(rolled, *got)
+		}
+		if err := tx.Write(ctx, &store.Changes{Accounts: rolled}); err != nil {
+			t.Fatal(err)
+		}
+	})
+	return rolled
 }
 
 // sortKeys sorts account keys by subject, route, region, generation.
@@ -498,26 +511,9 @@ func testAccountsByEpochAcrossAfterRolls(t *testing.T, s store.Store) {
 	for i, d := range map[int]time.Duration{1: 5 * time.Hour, 8: 4 * time.Hour, 0: 30 * time.Minute, 7: 6 * time.Hour, 4: 4 * time.Hour} {
 		rolls[all[i].Key] = d
 	}
-	var rolled []ledger.Account
-	inTxCommit(t, s, func(ctx context.Context, tx store.Tx) {
-		for i := range all {
-			a := &all[i]
-			d, ok := rolls[a.Key]
-			if !ok {
-				continue
-			}
-			got, err := tx.AccountGet(ctx, a.Key)
-			if err != nil {
-				t.Fatal(err)
-			}
-			got.EpochStart, got.EpochOpening = at(d), got.Balances
-			got.Version++
-			*a = *got
-			rolled = append(rolled, *got)
-		}
-		if err := tx.Write(ctx, &store.Changes{Accounts: rolled}); err != nil {
-			t.Fatal(err)
-		}
+	rollEpochs(t, s, all, func(k ledger.AccountKey) (time.Duration, bool) {
+		d, ok := rolls[k]
+		return d, ok
 	})
 	bounds := []time.Time{{}, at(0), at(time.Hour), at(4 * time.Hour), at(5 * time.Hour), at(6 * time.Hour)}
 	for _, bound := range bounds {
