@@ -103,3 +103,89 @@ func TestReviewEpochPassesRandomized(t *testing.T) {
 		}
 	}
 }
+
+// The engine's own epoch worker (runEpochs: the pass, its catch-up, the
+// drain) under random traffic, publishes of new generations of existing
+// keys, rollbacks (an older generation active again, the rolled-back
+// one drained) and a clock that sometimes steps back: after every pass
+// that EpochScans remembers as complete, no account's epoch that ended
+// by its clock is left unclosed unless idle.
+func TestReviewEngineEpochWorkerRandomized(t *testing.T) {
+	lengths := []time.Duration{5 * time.Minute, 10 * time.Minute, time.Hour}
+	for name, open := range memstoreAndSQLite {
+		for seed := range uint64(3) {
+			t.Run(fmt.Sprintf("%s/seed%d", name, seed), func(t *testing.T) {
+				ctx := context.Background()
+				st := open(t)
+				clk := newClock()
+				e := leadingEngine(t, st, Options{Clock: clk.Now, EpochInterval: time.Hour, PageSize: 2})
+				rng := rand.New(rand.NewPCG(seed, 7))
+				do := func(cmd ledger.Command) ledger.Result {
+					t.Helper()
+					res, err := e.Do(ctx, cmd)
+					if err != nil {
+						t.Fatal(err)
+					}
+					return res
+				}
+				publish := func(i int) {
+					t.Helper()
+					p := ledger.Policy{Key: ledger.PolicyKey{Subject: fmt.Sprintf("tenant-%04d", i), Route: "chat.generate", Region: "eu"},
+						Dimensions:  []ledger.Dimension{{Unit: "tokens", Burst: int64(1<<40 + rng.IntN(1000)), RefillUnits: 1, RefillInterval: time.Second}},
+						EpochLength: lengths[rng.IntN(len(lengths))]}.WithDefaults()
+					if res := do(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p}); res.Err != nil {
+						t.Fatal(res.Err)
+					}
+				}
+				tenants := 5
+				for i := range tenants {
+					publish(i)
+				}
+				reserved, rollbacks := 0, 0
+				for step := range 200 {
+					back := rng.IntN(20) == 0
+					if back {
+						clk.Advance(-time.Duration(rng.IntN(120)) * time.Second)
+					} else {
+						clk.Advance(time.Duration(rng.IntN(9*60)) * time.Second)
+					}
+					switch r := rng.IntN(100); {
+					case r < 3:
+						for range 17 {
+							publish(tenants)
+							tenants++
+						}
+					case r < 13:
+						publish(rng.IntN(tenants))
+					case r < 18:
+						publish(tenants)
+						tenants++
+					case r < 24:
+						policies, err := st.PolicyList(ctx)
+						if err != nil {
+							t.Fatal(err)
+						}
+						p := policies[rng.IntN(len(policies))]
+						if res := do(ledger.Command{Kind: ledger.KindRollbackPolicy, PolicyKey: p.Key, Generation: p.Generation}); res.Err == nil {
+							rollbacks++
+						}
+					}
+					for range rng.IntN(5) {
+						reserved++
+						cmd := reserveCmd(fmt.Sprintf("rl-%d", reserved), 1)
+						cmd.Subject = fmt.Sprintf("tenant-%04d", rng.IntN(tenants))
+						do(cmd)
+					}
+					before, _ := e.epochScans.last()
+					e.runEpochs(ctx)
+					if at, _ := e.epochScans.last(); !at.IsZero() && !at.Equal(before) {
+						checkNoBusyEpochEnded(t, st, at, step)
+					}
+				}
+				if rollbacks == 0 {
+					t.Fatal("no rollback")
+				}
+			})
+		}
+	}
+}
