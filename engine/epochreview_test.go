@@ -189,3 +189,66 @@ func TestReviewEngineEpochWorkerRandomized(t *testing.T) {
 		}
 	}
 }
+
+// At the bounds: a pass at exactly an epoch's end closes it (StartedBy is
+// inclusive), through the index across generations, for the same key
+// under two generations with equal epoch starts read a page of one at a
+// time (the cursor's generation tiebreak); and a pass with the clock
+// stepped back before the last one neither closes early nor loses what
+// the next one must read.
+func TestReviewEpochPassAtTheBounds(t *testing.T) {
+	for name, open := range memstoreAndSQLite {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			st := open(t)
+			core := NewCore(st)
+			for i := range 3 {
+				republishTenant(t, core, t0, i, 10*time.Minute)
+			}
+			reserved := 0
+			touchAll := func(at time.Time) {
+				for i := range 3 {
+					reserved++
+					reserveFor(t, core, at, i, fmt.Sprintf("rl-%d", reserved))
+				}
+			}
+			// Accounts under the first generations, then under a second
+			// generation of each key with the same length (a different
+			// burst, so not a replay): all in epoch t0.
+			touchAll(t0.Add(time.Minute))
+			for i := range 3 {
+				p := ledger.Policy{Key: ledger.PolicyKey{Subject: fmt.Sprintf("tenant-%04d", i), Route: "chat.generate", Region: "eu"},
+					Dimensions:  []ledger.Dimension{{Unit: "tokens", Burst: 1<<40 - 1, RefillUnits: 1, RefillInterval: time.Second}},
+					EpochLength: 10 * time.Minute}.WithDefaults()
+				commitAlone(t, core, t0.Add(90*time.Second), ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p})
+			}
+			var scans EpochScans
+			pass := func(now time.Time, size int) int {
+				t.Helper()
+				p, err := core.EpochPager(ctx, now, size, &scans)
+				if err != nil {
+					t.Fatal(err)
+				}
+				cmds, _ := pages(t, core, p, now)
+				if err := p.CatchUp(ctx, func() bool { return true }, func(time.Duration) {}); err != nil {
+					t.Fatal(err)
+				}
+				scans.Update(p, true)
+				return len(cmds)
+			}
+			touchAll(t0.Add(100 * time.Second))
+			pass(t0.Add(2*time.Minute), 1)
+			for step, at := range []time.Duration{10 * time.Minute, 20 * time.Minute, 30 * time.Minute} {
+				touchAll(t0.Add(at - 9*time.Minute))
+				now := t0.Add(at)
+				if back := now.Add(-3 * time.Minute); step == 1 {
+					pass(back, 1) // a clock stepped back: nothing ended by then
+				}
+				if n := pass(now, 1); n == 0 || (step == 0 && n != 6) {
+					t.Fatalf("step %d: a pass at exactly the epoch's end closed nothing", step)
+				}
+				checkNoBusyEpochEnded(t, st, now, step)
+			}
+		})
+	}
+}
