@@ -2,13 +2,62 @@ package engine
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"math/rand/v2"
+	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+	"github.com/capledger/capledger/store/sqlite"
 )
+
+// checkEpochIndexed fails t, after a complete pass at now on the SQLite
+// file at path, for an entry of the epoch index ahead of its account's
+// epoch (epoch_indexed > epoch_start), or one that lags below the range
+// the next pass reads for its generation's epoch length (now - length -
+// EpochLateness): that account would never be read again.
+func checkEpochIndexed(t *testing.T, st store.Store, path string, now time.Time, step int) {
+	t.Helper()
+	ctx := context.Background()
+	policies, err := st.PolicyList(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lengths := map[int64]time.Duration{}
+	for _, p := range policies {
+		lengths[int64(p.Generation)] = p.EpochLength
+	}
+	db, err := sql.Open("sqlite", "file:"+path+"?mode=ro")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	rows, err := db.Query("SELECT subject, generation, epoch_indexed, epoch_start FROM accounts WHERE epoch_indexed <> epoch_start")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var subject string
+		var generation, indexed, start int64
+		if err := rows.Scan(&subject, &generation, &indexed, &start); err != nil {
+			t.Fatal(err)
+		}
+		if indexed > start {
+			t.Fatalf("step %d: %s#%d indexed at %d, after its epoch %d", step, subject, generation, indexed, start)
+		}
+		if lower := now.Add(-lengths[generation] - EpochLateness).UnixNano(); indexed < lower {
+			t.Fatalf("step %d at %s: %s#%d lags at %s (epoch %s), below the next pass's range from %s",
+				step, now, subject, generation, time.Unix(0, indexed).UTC(), time.Unix(0, start).UTC(), time.Unix(0, lower).UTC())
+		}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+}
 
 // republishTenant publishes at now a new generation of tenant-<i>'s policy
 // with epoch length length: the same key under several generations, so
@@ -36,7 +85,19 @@ func TestReviewEpochPassesRandomized(t *testing.T) {
 		for seed := range uint64(4) {
 			t.Run(fmt.Sprintf("%s/seed%d", name, seed), func(t *testing.T) {
 				ctx := context.Background()
-				st := open(t)
+				var st store.Store
+				var path string
+				if name == "sqlite" {
+					path = filepath.Join(t.TempDir(), "capledger.db")
+					s, err := sqlite.Open(ctx, path)
+					if err != nil {
+						t.Fatal(err)
+					}
+					t.Cleanup(func() { s.Close() })
+					st = s
+				} else {
+					st = open(t)
+				}
 				core := NewCore(st)
 				rng := rand.New(rand.NewPCG(seed, 99))
 				tenants := 6
@@ -95,6 +156,9 @@ func TestReviewEpochPassesRandomized(t *testing.T) {
 					}
 					scans.Update(p, true)
 					checkNoBusyEpochEnded(t, st, now, step)
+					if path != "" {
+						checkEpochIndexed(t, st, path, now, step)
+					}
 				}
 				if closes < 50 {
 					t.Fatalf("only %d closes: the test does not exercise the worker", closes)
