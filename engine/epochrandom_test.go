@@ -71,7 +71,7 @@ func republishTenant(t *testing.T, core *Core, now time.Time, i int, length time
 	commitAlone(t, core, now, ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p})
 }
 
-// Review of the epoch index across generations: random traffic, random
+// The epoch index across generations: random traffic, random
 // publishes (new keys, and new generations of existing keys with other
 // epoch lengths, one at a time and more than freshPerGeneration at once),
 // page sizes down to one (so pages split between entries equal but for
@@ -79,7 +79,7 @@ func republishTenant(t *testing.T, core *Core, now time.Time, i int, length time
 // complete=false), passes whose catch-up is cut (no Update) and new
 // leaders: after every complete pass no account's epoch that ended by the
 // pass's clock is left unclosed unless idle.
-func TestReviewEpochPassesRandomized(t *testing.T) {
+func TestEpochPassesRandomized(t *testing.T) {
 	lengths := []time.Duration{5 * time.Minute, 10 * time.Minute, time.Hour}
 	for name, open := range memstoreAndSQLite {
 		for seed := range uint64(4) {
@@ -174,7 +174,7 @@ func TestReviewEpochPassesRandomized(t *testing.T) {
 // one drained) and a clock that sometimes steps back: after every pass
 // that EpochScans remembers as complete, no account's epoch that ended
 // by its clock is left unclosed unless idle.
-func TestReviewEngineEpochWorkerRandomized(t *testing.T) {
+func TestEngineEpochWorkerRandomized(t *testing.T) {
 	lengths := []time.Duration{5 * time.Minute, 10 * time.Minute, time.Hour}
 	for name, open := range memstoreAndSQLite {
 		for seed := range uint64(3) {
@@ -260,7 +260,7 @@ func TestReviewEngineEpochWorkerRandomized(t *testing.T) {
 // time (the cursor's generation tiebreak); and a pass with the clock
 // stepped back before the last one neither closes early nor loses what
 // the next one must read.
-func TestReviewEpochPassAtTheBounds(t *testing.T) {
+func TestEpochPassAtTheBounds(t *testing.T) {
 	for name, open := range memstoreAndSQLite {
 		t.Run(name, func(t *testing.T) {
 			ctx := context.Background()

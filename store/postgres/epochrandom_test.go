@@ -17,17 +17,17 @@ import (
 	"github.com/capledger/capledger/store/postgres"
 )
 
-var reviewT0 = time.Date(2026, 7, 19, 14, 0, 0, 0, time.UTC)
+var epochT0 = time.Date(2026, 7, 19, 14, 0, 0, 0, time.UTC)
 
-func reviewPublish(t *testing.T, core *engine.Core, now time.Time, i int, length time.Duration) {
+func epochPublish(t *testing.T, core *engine.Core, now time.Time, i int, length time.Duration) {
 	t.Helper()
 	p := ledger.Policy{Key: ledger.PolicyKey{Subject: fmt.Sprintf("tenant-%04d", i), Route: "chat.generate", Region: "eu"},
 		Dimensions:  []ledger.Dimension{{Unit: "tokens", Burst: 1 << 40, RefillUnits: 1, RefillInterval: time.Second}},
 		EpochLength: length}.WithDefaults()
-	reviewCommit(t, core, now, ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p})
+	epochCommit(t, core, now, ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p})
 }
 
-func reviewCommit(t *testing.T, core *engine.Core, now time.Time, cmds ...ledger.Command) {
+func epochCommit(t *testing.T, core *engine.Core, now time.Time, cmds ...ledger.Command) {
 	t.Helper()
 	results, err := core.Commit(context.Background(), cmds, now)
 	if err != nil {
@@ -45,13 +45,13 @@ func reviewCommit(t *testing.T, core *engine.Core, now time.Time, cmds ...ledger
 // existing keys too), page sizes down to one, passes stopped midway or
 // not remembered, new leaders; after every complete pass no account's
 // epoch that ended by its clock is left unclosed unless idle.
-func TestReviewEpochPassesRandomizedPostgres(t *testing.T) {
+func TestEpochPassesRandomizedPostgres(t *testing.T) {
 	for seed := range uint64(4) {
-		t.Run(fmt.Sprintf("seed%d", seed), func(t *testing.T) { reviewEpochPasses(t, seed) })
+		t.Run(fmt.Sprintf("seed%d", seed), func(t *testing.T) { randomEpochPasses(t, seed) })
 	}
 }
 
-func reviewEpochPasses(t *testing.T, seed uint64) {
+func randomEpochPasses(t *testing.T, seed uint64) {
 	ctx := context.Background()
 	lengths := []time.Duration{5 * time.Minute, 10 * time.Minute, time.Hour}
 	s, _ := openStore(t)
@@ -59,10 +59,10 @@ func reviewEpochPasses(t *testing.T, seed uint64) {
 	rng := rand.New(rand.NewPCG(seed, 99))
 	tenants := 6
 	for i := range tenants {
-		reviewPublish(t, core, reviewT0, i, lengths[rng.IntN(len(lengths))])
+		epochPublish(t, core, epochT0, i, lengths[rng.IntN(len(lengths))])
 	}
 	var scans engine.EpochScans
-	now := reviewT0
+	now := epochT0
 	reserved, closes := 0, 0
 	for step := range 150 {
 		now = now.Add(time.Duration(rng.IntN(9*60)) * time.Second)
@@ -70,13 +70,13 @@ func reviewEpochPasses(t *testing.T, seed uint64) {
 		case r < 4:
 			n := 17 + rng.IntN(4)
 			for i := range n {
-				reviewPublish(t, core, now, tenants+i, lengths[rng.IntN(len(lengths))])
+				epochPublish(t, core, now, tenants+i, lengths[rng.IntN(len(lengths))])
 			}
 			tenants += n
 		case r < 14:
-			reviewPublish(t, core, now, rng.IntN(tenants), lengths[rng.IntN(len(lengths))])
+			epochPublish(t, core, now, rng.IntN(tenants), lengths[rng.IntN(len(lengths))])
 		case r < 18:
-			reviewPublish(t, core, now, tenants, lengths[rng.IntN(len(lengths))])
+			epochPublish(t, core, now, tenants, lengths[rng.IntN(len(lengths))])
 			tenants++
 		case r < 20:
 			scans = engine.EpochScans{}
@@ -84,7 +84,7 @@ func reviewEpochPasses(t *testing.T, seed uint64) {
 		for range rng.IntN(5) {
 			reserved++
 			id := fmt.Sprintf("rl-%d", reserved)
-			reviewCommit(t, core, now.Add(-time.Duration(rng.IntN(110))*time.Second), ledger.Command{Kind: ledger.KindReserve, ReservationID: id,
+			epochCommit(t, core, now.Add(-time.Duration(rng.IntN(110))*time.Second), ledger.Command{Kind: ledger.KindReserve, ReservationID: id,
 				RequestDigest: "sha256:" + id, Subject: fmt.Sprintf("tenant-%04d", rng.IntN(tenants)), Route: "chat.generate", Region: "eu", Units: ledger.Amounts{1}})
 		}
 		p, err := core.EpochPager(ctx, now, 1+rng.IntN(3), &scans)
@@ -101,7 +101,7 @@ func reviewEpochPasses(t *testing.T, seed uint64) {
 					return
 				}
 				closes += len(page)
-				reviewCommit(t, core, now, page...)
+				epochCommit(t, core, now, page...)
 			}
 		}
 		switch r := rng.IntN(10); {
@@ -109,7 +109,7 @@ func reviewEpochPasses(t *testing.T, seed uint64) {
 			if page, err := p.Next(ctx); err != nil {
 				t.Fatal(err)
 			} else if len(page) > 0 {
-				reviewCommit(t, core, now, page...)
+				epochCommit(t, core, now, page...)
 			}
 			scans.Update(p, false)
 			continue
@@ -162,7 +162,7 @@ func reviewCheck(t *testing.T, st store.Store, now time.Time, step int) {
 // lists known+1, known+2, ... without a gap, so EpochScans, which
 // remembers the newest generation its last pass knew, never misses one
 // that commits later with a lower number.
-func TestReviewGenerationsCommitInOrderPostgres(t *testing.T) {
+func TestGenerationsCommitInOrderPostgres(t *testing.T) {
 	ctx := context.Background()
 	first, dsn := openStore(t)
 	second, err := postgres.Open(ctx, dsn)
@@ -183,7 +183,7 @@ func TestReviewGenerationsCommitInOrderPostgres(t *testing.T) {
 					Dimensions:  []ledger.Dimension{{Unit: "tokens", Burst: int64(100 + i), RefillUnits: 1, RefillInterval: time.Second}},
 					EpochLength: time.Hour}.WithDefaults()
 				for {
-					results, err := core.Commit(ctx, []ledger.Command{{Kind: ledger.KindPublishPolicy, Policy: &p}}, reviewT0)
+					results, err := core.Commit(ctx, []ledger.Command{{Kind: ledger.KindPublishPolicy, Policy: &p}}, epochT0)
 					if err == nil && results[0].Err == nil {
 						break
 					}
@@ -219,7 +219,7 @@ func TestReviewGenerationsCommitInOrderPostgres(t *testing.T) {
 // The reads across generations seek accounts_by_epoch_across (schema 19)
 // at the bound and the cursor, a page at a time: no sequential scan of
 // accounts, no sort of every due account.
-func TestReviewAcrossQueriesUseTheirIndex(t *testing.T) {
+func TestEpochAcrossQueriesUseTheirIndex(t *testing.T) {
 	_, dsn := openStore(t)
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, dsn)
