@@ -18,6 +18,8 @@ var (
 	// AccountsOfSubjectsSQL is AccountsOfSubjects' query.
 	AccountsOfSubjectsSQL = accountsOfSubjectsSQL
 	DueSQL                = dueSQL
+	AcrossFirstSQL        = acrossFirstSQL
+	AcrossAfterSQL        = acrossAfterSQL
 )
 
 // SetAccountPage sets how many rows a page of an audit's account streams
