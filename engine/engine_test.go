@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -11,9 +13,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capledger/capledger/internal/replicatest"
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
 	"github.com/capledger/capledger/store/memstore"
+	"github.com/capledger/capledger/store/postgres"
 	"github.com/capledger/capledger/store/sqlite"
 )
 
@@ -83,6 +87,26 @@ var memstoreAndSQLite = map[string]func(t *testing.T) store.Store{
 		t.Cleanup(func() { st.Close() })
 		return st
 	},
+}
+
+// withPostgres is stores and, with CAPLEDGER_TEST_POSTGRES set, a
+// PostgreSQL store on a fresh schema (replicatest.SchemaDSN), closed when
+// the test ends: for the engine tests whose subject is what each driver's
+// indexes answer.
+func withPostgres(stores map[string]func(t *testing.T) store.Store) map[string]func(t *testing.T) store.Store {
+	out := maps.Clone(stores)
+	if os.Getenv(replicatest.EnvDSN) == "" {
+		return out
+	}
+	out["postgres"] = func(t *testing.T) store.Store {
+		st, err := postgres.Open(context.Background(), replicatest.SchemaDSN(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Close() })
+		return st
+	}
+	return out
 }
 
 // changeAccountBehindTheJournal raises the opening and the available

@@ -78,10 +78,11 @@ func republishTenant(t *testing.T, core *Core, now time.Time, i int, length time
 // their generation), passes that stop midway (EpochScans.Update with
 // complete=false), passes whose catch-up is cut (no Update) and new
 // leaders: after every complete pass no account's epoch that ended by the
-// pass's clock is left unclosed unless idle.
+// pass's clock is left unclosed unless idle. On every store, PostgreSQL
+// too when CAPLEDGER_TEST_POSTGRES is set (its index is on epoch_start).
 func TestEpochPassesRandomized(t *testing.T) {
 	lengths := []time.Duration{5 * time.Minute, 10 * time.Minute, time.Hour}
-	for name, open := range memstoreAndSQLite {
+	for name, open := range withPostgres(memstoreAndSQLite) {
 		for seed := range uint64(4) {
 			t.Run(fmt.Sprintf("%s/seed%d", name, seed), func(t *testing.T) {
 				ctx := context.Background()

@@ -76,7 +76,7 @@ var layers = []layer{
 
 	// Its tests may also read its logs through internal/logcapture, a
 	// leaf that knows nothing of the ledger.
-	{pkg: "engine", imports: []string{"ledger", "store"}, testImports: []string{"internal/logcapture", "internal/tmpfs", "ledger", "store/..."},
+	{pkg: "engine", imports: []string{"ledger", "store"}, testImports: []string{"internal/logcapture", "internal/replicatest", "internal/tmpfs", "ledger", "store/..."},
 		why: "orders, batches and commits commands through the Store interface; it owns the clock and the workers, never a concrete driver, the network or the simulator"},
 
 	{pkg: "api/digest", imports: nil, testImports: []string{}, stdOnly: true, pure: true,

@@ -1,160 +1,21 @@
 package postgres_test
 
 import (
-	"strings"
-
 	"context"
 	"fmt"
-	"github.com/jackc/pgx/v5"
-	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/capledger/capledger/engine"
 	"github.com/capledger/capledger/ledger"
-	"github.com/capledger/capledger/store"
 	"github.com/capledger/capledger/store/postgres"
 )
 
 var epochT0 = time.Date(2026, 7, 19, 14, 0, 0, 0, time.UTC)
-
-func epochPublish(t *testing.T, core *engine.Core, now time.Time, i int, length time.Duration) {
-	t.Helper()
-	p := ledger.Policy{Key: ledger.PolicyKey{Subject: fmt.Sprintf("tenant-%04d", i), Route: "chat.generate", Region: "eu"},
-		Dimensions:  []ledger.Dimension{{Unit: "tokens", Burst: 1 << 40, RefillUnits: 1, RefillInterval: time.Second}},
-		EpochLength: length}.WithDefaults()
-	epochCommit(t, core, now, ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p})
-}
-
-func epochCommit(t *testing.T, core *engine.Core, now time.Time, cmds ...ledger.Command) {
-	t.Helper()
-	results, err := core.Commit(context.Background(), cmds, now)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, r := range results {
-		if r.Err != nil {
-			t.Fatal(r.Err)
-		}
-	}
-}
-
-// The epoch pass across generations on PostgreSQL (accounts_by_epoch_across,
-// on epoch_start): random traffic and publishes (new generations of
-// existing keys too), page sizes down to one, passes stopped midway or
-// not remembered, new leaders; after every complete pass no account's
-// epoch that ended by its clock is left unclosed unless idle.
-func TestEpochPassesRandomizedPostgres(t *testing.T) {
-	for seed := range uint64(4) {
-		t.Run(fmt.Sprintf("seed%d", seed), func(t *testing.T) { randomEpochPasses(t, seed) })
-	}
-}
-
-func randomEpochPasses(t *testing.T, seed uint64) {
-	ctx := context.Background()
-	lengths := []time.Duration{5 * time.Minute, 10 * time.Minute, time.Hour}
-	s, _ := openStore(t)
-	core := engine.NewCore(s)
-	rng := rand.New(rand.NewPCG(seed, 99))
-	tenants := 6
-	for i := range tenants {
-		epochPublish(t, core, epochT0, i, lengths[rng.IntN(len(lengths))])
-	}
-	var scans engine.EpochScans
-	now := epochT0
-	reserved, closes := 0, 0
-	for step := range 150 {
-		now = now.Add(time.Duration(rng.IntN(9*60)) * time.Second)
-		switch r := rng.IntN(100); {
-		case r < 4:
-			n := 17 + rng.IntN(4)
-			for i := range n {
-				epochPublish(t, core, now, tenants+i, lengths[rng.IntN(len(lengths))])
-			}
-			tenants += n
-		case r < 14:
-			epochPublish(t, core, now, rng.IntN(tenants), lengths[rng.IntN(len(lengths))])
-		case r < 18:
-			epochPublish(t, core, now, tenants, lengths[rng.IntN(len(lengths))])
-			tenants++
-		case r < 20:
-			scans = engine.EpochScans{}
-		}
-		for range rng.IntN(5) {
-			reserved++
-			id := fmt.Sprintf("rl-%d", reserved)
-			epochCommit(t, core, now.Add(-time.Duration(rng.IntN(110))*time.Second), ledger.Command{Kind: ledger.KindReserve, ReservationID: id,
-				RequestDigest: "sha256:" + id, Subject: fmt.Sprintf("tenant-%04d", rng.IntN(tenants)), Route: "chat.generate", Region: "eu", Units: ledger.Amounts{1}})
-		}
-		p, err := core.EpochPager(ctx, now, 1+rng.IntN(3), &scans)
-		if err != nil {
-			t.Fatal(err)
-		}
-		all := func() {
-			for {
-				page, err := p.Next(ctx)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if len(page) == 0 {
-					return
-				}
-				closes += len(page)
-				epochCommit(t, core, now, page...)
-			}
-		}
-		switch r := rng.IntN(10); {
-		case r == 0:
-			if page, err := p.Next(ctx); err != nil {
-				t.Fatal(err)
-			} else if len(page) > 0 {
-				epochCommit(t, core, now, page...)
-			}
-			scans.Update(p, false)
-			continue
-		case r == 1:
-			all()
-			continue
-		}
-		all()
-		if err := p.CatchUp(ctx, func() bool { return true }, func(time.Duration) {}); err != nil {
-			t.Fatal(err)
-		}
-		scans.Update(p, true)
-		reviewCheck(t, s, now, step)
-	}
-	if closes < 30 {
-		t.Fatalf("only %d closes", closes)
-	}
-}
-
-func reviewCheck(t *testing.T, st store.Store, now time.Time, step int) {
-	t.Helper()
-	ctx := context.Background()
-	policies, err := st.PolicyList(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range policies {
-		f := store.EpochFilter{Generation: p.Generation, StartedBy: now.Add(-p.EpochLength), Limit: 100}
-		for {
-			page, next, err := st.AccountsByEpoch(ctx, f)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, a := range page {
-				if !a.EpochIdle() && !a.EpochStart.After(now.Add(-p.EpochLength)) {
-					t.Fatalf("step %d at %s: %s's epoch of %s from %s ended and is not closed", step, now, a.Key, p.EpochLength, a.EpochStart)
-				}
-			}
-			if len(page) < f.Limit {
-				break
-			}
-			f.After = next
-		}
-	}
-}
 
 // Generations become visible in the order of their numbers on PostgreSQL
 // with several replicas publishing at once (they serialize on the meta
