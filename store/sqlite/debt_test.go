@@ -2,7 +2,6 @@ package sqlite
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"path/filepath"
 	"reflect"
@@ -21,25 +20,7 @@ import (
 func TestAccountsInDebtOfAnEarlierSchema(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "v12.db")
-	db, err := sql.Open("sqlite", path+"?_pragma=journal_mode(WAL)")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ms, err := migrations()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.Exec("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL)"); err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range ms[:12] {
-		if _, err := db.Exec(m.SQL); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := db.Exec("INSERT INTO schema_migrations (version, name) VALUES (?, ?)", m.Version, m.File); err != nil {
-			t.Fatal(err)
-		}
-	}
+	db := dbAtSchema(t, path, 12)
 
 	var (
 		accounts []ledger.Account

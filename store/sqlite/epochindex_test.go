@@ -22,25 +22,7 @@ import (
 func TestEpochIndexOfAnEarlierSchema(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "v13.db")
-	db, err := sql.Open("sqlite", path+"?_pragma=journal_mode(WAL)")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ms, err := migrations()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.Exec("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL)"); err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range ms[:13] {
-		if _, err := db.Exec(m.SQL); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := db.Exec("INSERT INTO schema_migrations (version, name) VALUES (?, ?)", m.Version, m.File); err != nil {
-			t.Fatal(err)
-		}
-	}
+	db := dbAtSchema(t, path, 13)
 	epoch := time.Date(2026, 7, 19, 14, 0, 0, 0, time.UTC)
 	var accounts []ledger.Account
 	for i := range 40 {
@@ -183,28 +165,7 @@ func compareKeys(x, y ledger.AccountKey) int {
 func TestEpochIndexAcrossGenerationsOfAnEarlierSchema(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "v18.db")
-	db, err := sql.Open("sqlite", path+"?_pragma=journal_mode(WAL)")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ms, err := migrations()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ms[18].Version != 19 {
-		t.Fatalf("migration 19 is %d", ms[18].Version)
-	}
-	if _, err := db.Exec("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL)"); err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range ms[:18] {
-		if _, err := db.Exec(m.SQL); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := db.Exec("INSERT INTO schema_migrations (version, name) VALUES (?, ?)", m.Version, m.File); err != nil {
-			t.Fatal(err)
-		}
-	}
+	db := dbAtSchema(t, path, 18)
 	epoch := time.Date(2026, 7, 19, 14, 0, 0, 0, time.UTC)
 	var accounts []ledger.Account
 	for i := range 30 {
@@ -317,4 +278,34 @@ func compareAcross(x, y ledger.AccountKey) int {
 		return c
 	}
 	return int(x.Generation) - int(y.Generation)
+}
+
+// dbAtSchema creates at path a database of the schema an earlier binary
+// left: migrations 1 to version applied and recorded, none after. The
+// caller writes its rows and closes it; Open then migrates the rest.
+func dbAtSchema(t *testing.T, path string, version int) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("sqlite", path+"?_pragma=journal_mode(WAL)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms, err := migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ms[version-1].Version != version {
+		t.Fatalf("migration %d is numbered %d", version, ms[version-1].Version)
+	}
+	if _, err := db.Exec("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL)"); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range ms[:version] {
+		if _, err := db.Exec(m.SQL); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := db.Exec("INSERT INTO schema_migrations (version, name) VALUES (?, ?)", m.Version, m.File); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return db
 }

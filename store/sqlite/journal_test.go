@@ -177,25 +177,7 @@ func legacyJournalInsert(t *testing.T, db *sql.DB, e *ledger.JournalEntry) {
 func TestJournalOfAnEarlierSchemaStillAudits(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "v2.db")
-	db, err := sql.Open("sqlite", path+"?_pragma=journal_mode(WAL)")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ms, err := migrations()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.Exec("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL)"); err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range ms[:2] {
-		if _, err := db.Exec(m.SQL); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := db.Exec("INSERT INTO schema_migrations (version, name) VALUES (?, ?)", m.Version, m.File); err != nil {
-			t.Fatal(err)
-		}
-	}
+	db := dbAtSchema(t, path, 2)
 	sample := journalSample()
 	old, fresh := sample[:12], sample[12:]
 	for i := range old {
