@@ -558,3 +558,42 @@ func TestWriteTransactionsPlanOnlyLookupsAtEachRun(t *testing.T) {
 		})
 	}
 }
+
+// The reads across generations seek accounts_by_epoch_across (schema 19)
+// at the bound and the cursor, a page at a time: no sequential scan of
+// accounts, no sort of every due account.
+func TestEpochAcrossQueriesUseTheirIndex(t *testing.T) {
+	_, dsn := openStore(t)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	for _, q := range []string{
+		`INSERT INTO accounts (subject, route, region, generation, dims, epoch_start, breaches, version)
+		SELECT 'tenant' || (i % 500), 'chat.generate', 'eu', 1 + i / 500, 1, (i % 97) * 600000000000, 0, 1 FROM generate_series(1, 50000) AS i`,
+		`ANALYZE accounts`,
+		`SET plan_cache_mode = force_generic_plan`,
+	} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	for _, tc := range []struct {
+		name, query string
+		args        []any
+	}{
+		{"first page", postgres.AcrossFirstSQL, []any{int64(30 * 600000000000), 8}},
+		{"page after a cursor", postgres.AcrossAfterSQL, []any{int64(30 * 600000000000), 8, int64(29 * 600000000000), "tenant1", "chat.generate", "eu", 3}},
+	} {
+		plan := genericPlan(t, conn, tc.query, tc.args)
+		t.Logf("%s:\n%s", tc.name, plan)
+		if !strings.Contains(plan, "accounts_by_epoch_across") {
+			t.Errorf("%s: does not read accounts_by_epoch_across:\n%s", tc.name, plan)
+		}
+		if strings.Contains(plan, "Seq Scan on accounts") {
+			t.Errorf("%s: scans accounts:\n%s", tc.name, plan)
+		}
+	}
+}
