@@ -145,11 +145,13 @@ type Engine struct {
 	lastProbe atomic.Int64
 
 	// lead is the worker lease; drains what the drain worker remembers.
-	lead       leader
-	drains     drainMemo
-	epochScans EpochScans
-	epochWatch epochWatch
-	pace       workerPacer
+	lead   leader
+	drains drainMemo
+	// drainPolicies is what the drain worker keeps of the policies.
+	drainPolicies DrainPolicies
+	epochScans    EpochScans
+	epochWatch    epochWatch
+	pace          workerPacer
 	// fails are the workers' failure runs (workerlog.go), one failLog
 	// per worker (the resolver's is its own: Resolver.fails) and the
 	// lease loop's.
@@ -657,7 +659,7 @@ func (e *Engine) runEpochs(ctx context.Context) {
 	}
 	drains, active, err := e.core.DrainPager(ctx, e.opts.PageSize, func(active ledger.ActiveGenerations, g uint64) DrainPlan {
 		return e.drains.plan(active, g, now)
-	})
+	}, &e.drainPolicies)
 	if err != nil {
 		if ctx.Err() == nil {
 			e.fails.epochs.failed("drain worker", err)

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -53,7 +54,10 @@ type workerFails struct {
 func (e *Engine) newLeaderWorkers() []*worker {
 	workers := []*worker{
 		{name: "expiry", interval: e.opts.WorkerInterval, run: e.runDue, fails: &e.fails.expiry},
-		{name: "epochs", interval: min(e.opts.EpochInterval, epochWatchInterval), run: e.runEpochsWhenDue, fails: &e.fails.epochs},
+		// A new term reads every policy again: a replica of an older
+		// version may have led meanwhile (DrainPolicies).
+		{name: "epochs", interval: min(e.opts.EpochInterval, epochWatchInterval), run: e.runEpochsWhenDue, fails: &e.fails.epochs,
+			newTerm: e.drainPolicies.Forget},
 	}
 	if e.opts.Retention > 0 {
 		workers = append(workers, &worker{name: "retention", interval: e.opts.RetentionInterval, run: e.runRetention, fails: &e.fails.retention})
@@ -545,6 +549,11 @@ func (m *drainMemo) update(active ledger.ActiveGenerations, p *Pager, moved drai
 func sameActive(a, b ledger.ActiveGenerations) bool {
 	if a == nil || len(a) != len(b) {
 		return false
+	}
+	if reflect.ValueOf(a).UnsafePointer() == reflect.ValueOf(b).UnsafePointer() {
+		// One map: the pass took the policies DrainPolicies kept (a
+		// policy per tenant makes comparing them cost every key).
+		return true
 	}
 	for k, g := range a {
 		if b[k] != g {
