@@ -66,9 +66,10 @@ type Pager struct {
 	// switchable, when set (a drain pager for the memo), reports whether
 	// an account that got no command may still be its subject's current
 	// account under a generation that refills (see mayStayCurrent);
-	// live are the generations not rolled back.
+	// live reports whether a generation is one the pager knows and not
+	// rolled back.
 	switchable func(a *ledger.Account) bool
-	live       map[uint64]bool
+	live       func(generation uint64) bool
 }
 
 // scan is one generation's pass over AccountsByEpoch, from from (the zero
@@ -319,23 +320,25 @@ type drainView struct {
 	// policy of their own under a still-active AnySubject generation.
 	superseded []uint64
 	points     []ledger.AccountKey
-	// live are the generations not rolled back, refills those of them
-	// with a dimension that refills.
-	live, refills map[uint64]bool
+	// newest is the newest generation read; rolledBack are those rolled
+	// back, refills the superseded ones with a dimension that refills (a
+	// few entries, where a set of every live generation would hold one
+	// per tenant).
+	newest              uint64
+	rolledBack, refills map[uint64]bool
 }
+
+// live reports whether generation g is one v read and not rolled back.
+func (v *drainView) live(g uint64) bool { return g <= v.newest && !v.rolledBack[g] }
 
 // newDrainView derives a drainView from every policy.
 func newDrainView(policies []ledger.Policy) *drainView {
-	v := &drainView{active: ledger.NewActiveGenerations(policies), live: map[uint64]bool{}, refills: map[uint64]bool{}}
+	v := &drainView{active: ledger.NewActiveGenerations(policies), rolledBack: map[uint64]bool{}, refills: map[uint64]bool{}}
 	for i := range policies {
 		pol := &policies[i]
-		if !pol.RolledBack {
-			v.live[pol.Generation] = true
-			for _, d := range pol.Dimensions {
-				if d.Refills() {
-					v.refills[pol.Generation] = true
-				}
-			}
+		v.newest = max(v.newest, pol.Generation)
+		if pol.RolledBack {
+			v.rolledBack[pol.Generation] = true
 		}
 		g, ok := v.active.Active(pol.Key)
 		if ok && g == pol.Generation {
@@ -352,6 +355,13 @@ func newDrainView(policies []ledger.Policy) *drainView {
 			continue
 		}
 		v.superseded = append(v.superseded, pol.Generation)
+		if !pol.RolledBack {
+			for _, d := range pol.Dimensions {
+				if d.Refills() {
+					v.refills[pol.Generation] = true
+				}
+			}
+		}
 	}
 	return v
 }
@@ -583,7 +593,7 @@ func (p *Pager) mayStayCurrent(ctx context.Context, quiet []*ledger.Account) err
 			switch {
 			case r.Key.Generation == a.Key.Generation:
 				landed = holds(r) || reserves(r)
-			case r.Key.Generation > a.Key.Generation && p.live[r.Key.Generation]:
+			case r.Key.Generation > a.Key.Generation && p.live(r.Key.Generation):
 				movedOn = true
 			}
 		}
