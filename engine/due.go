@@ -294,7 +294,8 @@ const drainWaitingPerGeneration = 4096
 const drainFullReadEvery = 10
 
 // DrainPolicies keeps what a drain pass derived from the policies (which
-// generations are superseded, which decide, which are live and refill),
+// generations are superseded, which decide, which are rolled back and
+// refill),
 // and the store's PolicyChanges it was read at: the next pass reads every
 // policy again only when that count moved (a publish or a rollback
 // committed since, on any replica), after drainFullReadEvery passes
@@ -305,8 +306,6 @@ type DrainPolicies struct {
 	changes uint64
 	// passes counts the passes that took view without reading.
 	passes int
-	// fullReads counts the passes that read every policy (tests).
-	fullReads int
 }
 
 // Forget makes the next pass read every policy.
@@ -392,7 +391,6 @@ func (c *Core) drainView(ctx context.Context, known *DrainPolicies) (*drainView,
 		return nil, fmt.Errorf("policies: %w", err)
 	}
 	known.view, known.changes, known.passes = newDrainView(policies), changes, 0
-	known.fullReads++
 	return known.view, nil
 }
 
