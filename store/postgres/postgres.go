@@ -444,6 +444,41 @@ func (s *Store) PolicyGet(ctx context.Context, generation uint64) (ledger.Policy
 	return *p, nil
 }
 
+// PoliciesOfGenerations returns the committed policies of generations,
+// by generation; one that does not exist (above math.MaxInt64 none does)
+// is absent. One statement, one round trip, however many generations (an
+// array, not one bind parameter each): a seek of the primary key each.
+func (s *Store) PoliciesOfGenerations(ctx context.Context, generations []uint64) (map[uint64]ledger.Policy, error) {
+	distinct := make([]int64, 0, len(generations))
+	for _, g := range generations {
+		if g <= math.MaxInt64 {
+			distinct = append(distinct, int64(g))
+		}
+	}
+	slices.Sort(distinct)
+	distinct = slices.Compact(distinct)
+	out := make(map[uint64]ledger.Policy, len(distinct))
+	if len(distinct) == 0 {
+		return out, nil
+	}
+	rows, err := s.pool.Query(ctx, policySelect+` WHERE generation = ANY($1::bigint[])`, distinct)
+	if err != nil {
+		return nil, s.c.classify("policies of generations", err, false)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		p, err := scanPolicy(rows)
+		if err != nil {
+			return nil, s.c.classify("policies of generations", err, false)
+		}
+		out[p.Generation] = *p
+	}
+	if err := rows.Err(); err != nil {
+		return nil, s.c.classify("policies of generations", err, false)
+	}
+	return out, nil
+}
+
 // PolicyHead returns a policy key's committed head, or ErrNotFound.
 func (s *Store) PolicyHead(ctx context.Context, key ledger.PolicyKey) (ledger.PolicyHead, error) {
 	var active, latest int64

@@ -707,6 +707,43 @@ func (s *Store) PolicyGet(ctx context.Context, generation uint64) (ledger.Policy
 	return queryOne(ctx, s, s.r.policy, scanPolicy, fmt.Sprintf("policy generation %d", generation), int64(generation))
 }
 
+// PoliciesOfGenerations returns the committed policies of generations,
+// by generation; one that does not exist (above math.MaxInt64 none does)
+// is absent. The distinct generations are read in statements of up to
+// 128 (subjectChunkSizes, as PolicyHeads reads keys), each on its own.
+func (s *Store) PoliciesOfGenerations(ctx context.Context, generations []uint64) (_ map[uint64]ledger.Policy, err error) {
+	defer s.readBarrier(ctx, &err)
+	if s.closed.Load() {
+		return nil, errClosed
+	}
+	distinct := slices.DeleteFunc(slices.Clone(generations), func(g uint64) bool { return g > math.MaxInt64 })
+	slices.Sort(distinct)
+	distinct = slices.Compact(distinct)
+	out := make(map[uint64]ledger.Policy, len(distinct))
+	largest := subjectChunkSizes[len(subjectChunkSizes)-1]
+	for chunk := range slices.Chunk(distinct, largest) {
+		size := 0
+		for size < len(subjectChunkSizes)-1 && subjectChunkSizes[size] < len(chunk) {
+			size++
+		}
+		args := make([]any, 0, subjectChunkSizes[size])
+		for _, g := range chunk {
+			args = append(args, int64(g))
+		}
+		for len(args) < cap(args) {
+			args = append(args, nil)
+		}
+		found, err := queryAll(ctx, s.r.policiesOf[size], scanPolicy, "policies of generations", args...)
+		if err != nil {
+			return nil, err
+		}
+		for _, p := range found {
+			out[p.Generation] = p
+		}
+	}
+	return out, nil
+}
+
 // PolicyHead returns a policy key's committed head, or store.ErrNotFound.
 func (s *Store) PolicyHead(ctx context.Context, key ledger.PolicyKey) (ledger.PolicyHead, error) {
 	return queryOne(ctx, s, s.r.head, scanHead, "policy head "+key.String(), key.Subject, key.Route, key.Region)

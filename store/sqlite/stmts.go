@@ -230,6 +230,8 @@ type readStmts struct {
 	accountsOfSubjects [len(subjectChunkSizes)]*sql.Stmt
 	// headsOf holds headsOfSQL of each size of subjectChunkSizes.
 	headsOf [len(subjectChunkSizes)]*sql.Stmt
+	// policiesOf holds policiesOfSQL of each size of subjectChunkSizes.
+	policiesOf [len(subjectChunkSizes)]*sql.Stmt
 }
 
 func (r *readStmts) prepare(ctx context.Context, db *sql.DB) error {
@@ -271,6 +273,7 @@ func (r *readStmts) prepare(ctx context.Context, db *sql.DB) error {
 	for i, n := range subjectChunkSizes {
 		r.accountsOfSubjects[i] = prep(accountsOfSubjectsSQL(n))
 		r.headsOf[i] = prep(headsOfSQL(n))
+		r.policiesOf[i] = prep(policiesOfSQL(n))
 	}
 	return errors.Join(errs...)
 }
@@ -281,6 +284,7 @@ func (r *readStmts) close() {
 		r.epochFirst, r.epochAfter, r.catchUpFirst, r.catchUpAfter,
 		r.acrossFirst, r.acrossAfter, r.catchUpAcrossFirst, r.catchUpAcrossAfter}
 	stmts = append(stmts, r.headsOf[:]...)
+	stmts = append(stmts, r.policiesOf[:]...)
 	for _, st := range append(stmts, r.accountsOfSubjects[:]...) {
 		if st != nil {
 			st.Close()
@@ -362,6 +366,12 @@ var subjectChunkSizes = [...]int{8, 32, 128}
 func accountsOfSubjectsSQL(n int) string {
 	values := strings.TrimSuffix(strings.Repeat("(?, ?, ?), ", n), ", ")
 	return "SELECT " + accountCols + " FROM accounts WHERE (subject, route, region) IN (VALUES " + values + ")"
+}
+
+// policiesOfSQL reads the policies of n generations bound in order: a
+// seek of the primary key per generation, as PolicyGet's.
+func policiesOfSQL(n int) string {
+	return "SELECT " + policyCols + " FROM policies WHERE generation IN (" + strings.TrimSuffix(strings.Repeat("?, ", n), ", ") + ")"
 }
 
 // headsOfSQL reads the policy heads of n (subject, route, region) keys
