@@ -798,6 +798,19 @@ const policyPageSQL = "SELECT " + policyCols + `, (SELECT h.active FROM policy_h
 	AND (?2 = '' OR subject = ?2) AND (?3 = '' OR route = ?3) AND (?4 = '' OR region = ?4)
 	ORDER BY generation LIMIT ?5`
 
+// policyPageOfSubjectSQL is policyPageSQL with a subject: the subject's
+// range of policies_key (schema 20), its rows then sorted by generation
+// (a subject has a policy per route and region it is limited on, and
+// their generations, not a policy per tenant). SQLite plans a statement
+// once, whatever it is bound to, so "?2 = ” OR subject = ?2" could
+// never seek the index: policyPageSQL scans the policies in generation
+// order, which is the right plan without a subject.
+const policyPageOfSubjectSQL = "SELECT " + policyCols + `, (SELECT h.active FROM policy_heads h
+	WHERE h.subject = policies.subject AND h.route = policies.route AND h.region = policies.region)
+	FROM policies WHERE subject = ?2 AND generation > ?1
+	AND (?3 = '' OR route = ?3) AND (?4 = '' OR region = ?4)
+	ORDER BY generation LIMIT ?5`
+
 // scanListedPolicy reads a row of policyPageSQL.
 func scanListedPolicy(sc scanner) (store.ListedPolicy, error) {
 	var active sql.NullInt64
@@ -828,7 +841,11 @@ func (s *Store) PolicyPage(ctx context.Context, f store.PolicyFilter) (_ []store
 	if f.After > math.MaxInt64 {
 		return nil, nil
 	}
-	return queryAll(ctx, s.r.policyPage, scanListedPolicy, "policy page", int64(f.After), f.Subject, f.Route, f.Region, f.Limit)
+	page := s.r.policyPage
+	if f.Subject != "" {
+		page = s.r.policyPageOfSubject
+	}
+	return queryAll(ctx, page, scanListedPolicy, "policy page", int64(f.After), f.Subject, f.Route, f.Region, f.Limit)
 }
 
 // ShardGet returns the shard, or store.ErrNotFound.

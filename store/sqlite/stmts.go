@@ -230,6 +230,8 @@ type readStmts struct {
 	accountsOfSubjects [len(subjectChunkSizes)]*sql.Stmt
 	// headsOf holds headsOfSQL of each size of subjectChunkSizes.
 	headsOf [len(subjectChunkSizes)]*sql.Stmt
+	// policyPageOfSubject is PolicyPage's read with a subject.
+	policyPageOfSubject *sql.Stmt
 	// policiesOf holds policiesOfSQL of each size of subjectChunkSizes.
 	policiesOf [len(subjectChunkSizes)]*sql.Stmt
 }
@@ -252,6 +254,7 @@ func (r *readStmts) prepare(ctx context.Context, db *sql.DB) error {
 	r.policies = prep("SELECT " + policyCols + " FROM policies ORDER BY generation")
 	r.policiesAfter = prep("SELECT " + policyCols + " FROM policies WHERE generation > ? ORDER BY generation")
 	r.policyPage = prep(policyPageSQL)
+	r.policyPageOfSubject = prep(policyPageOfSubjectSQL)
 	r.shard = prep(writeSQL[wShardGet])
 	r.shards = prep("SELECT " + shardCols + " FROM shards ORDER BY id")
 	r.due = prep(dueSQL)
@@ -279,7 +282,7 @@ func (r *readStmts) prepare(ctx context.Context, db *sql.DB) error {
 }
 
 func (r *readStmts) close() {
-	stmts := []*sql.Stmt{r.reservation, r.account, r.accountsOf, r.accountsAll, r.policy, r.head, r.policies, r.policiesAfter, r.policyPage, r.shard, r.shards, r.due,
+	stmts := []*sql.Stmt{r.reservation, r.account, r.accountsOf, r.accountsAll, r.policy, r.head, r.policies, r.policiesAfter, r.policyPage, r.policyPageOfSubject, r.shard, r.shards, r.due,
 		r.unknownFirst, r.unknownAfter, r.unknownBacklog, r.debtFirst, r.debtAfter, r.pageFirst, r.pageAfter,
 		r.epochFirst, r.epochAfter, r.catchUpFirst, r.catchUpAfter,
 		r.acrossFirst, r.acrossAfter, r.catchUpAcrossFirst, r.catchUpAcrossAfter}
