@@ -802,8 +802,8 @@ const policyPageSQL = "SELECT " + policyCols + `, (SELECT h.active FROM policy_h
 // range of policies_key (schema 20), its rows then sorted by generation
 // (a subject has a policy per route and region it is limited on, and
 // their generations, not a policy per tenant). SQLite plans a statement
-// once, whatever it is bound to, so "?2 = ” OR subject = ?2" could
-// never seek the index: policyPageSQL scans the policies in generation
+// once, whatever it is bound to, so policyPageSQL's subject filter (an
+// OR with the empty subject) could never seek the index: policyPageSQL scans the policies in generation
 // order, which is the right plan without a subject.
 const policyPageOfSubjectSQL = "SELECT " + policyCols + `, (SELECT h.active FROM policy_heads h
 	WHERE h.subject = policies.subject AND h.route = policies.route AND h.region = policies.region)
