@@ -461,7 +461,7 @@ func (s *Store) PoliciesOfGenerations(ctx context.Context, generations []uint64)
 	if len(distinct) == 0 {
 		return out, nil
 	}
-	rows, err := s.pool.Query(ctx, policySelect+` WHERE generation = ANY($1::bigint[])`, distinct)
+	rows, err := s.pool.Query(ctx, policiesOfSQL, distinct)
 	if err != nil {
 		return nil, s.c.classify("policies of generations", err, false)
 	}
@@ -558,6 +558,19 @@ func (s *Store) PolicyListAfter(ctx context.Context, after uint64) ([]ledger.Pol
 	return s.policyList(ctx, s.pool, int64(after))
 }
 
+// policyPageSQL reads a page of PolicyPage, each row's key's active
+// generation from its head in the same statement (one snapshot). Read
+// outside write transactions, it is planned at each run (plan.go), for
+// the filters given: with a subject, a range of policies_key.
+var policyPageSQL = strings.Replace(policySelect, " FROM policies", `, (SELECT h.active FROM policy_heads h
+		WHERE h.subject = policies.subject AND h.route = policies.route AND h.region = policies.region) FROM policies`, 1) + `
+		WHERE generation > $1 AND ($2 = '' OR subject = $2) AND ($3 = '' OR route = $3) AND ($4 = '' OR region = $4)
+		ORDER BY generation LIMIT $5`
+
+// policiesOfSQL reads PoliciesOfGenerations' policies: a seek of the
+// primary key per generation.
+const policiesOfSQL = policySelect + ` WHERE generation = ANY($1::bigint[])`
+
 // PolicyPage returns up to f.Limit generations newer than f.After that
 // f's filters select, oldest first, each with whether its key's head
 // names it active (store.Store.PolicyPage): a range of the primary key.
@@ -568,12 +581,7 @@ func (s *Store) PolicyPage(ctx context.Context, f store.PolicyFilter) ([]store.L
 	if f.After > math.MaxInt64 {
 		return nil, nil
 	}
-	// Each row's key's active generation from its head, in the same
-	// statement (one snapshot).
-	rows, err := s.pool.Query(ctx, strings.Replace(policySelect, " FROM policies", `, (SELECT h.active FROM policy_heads h
-		WHERE h.subject = policies.subject AND h.route = policies.route AND h.region = policies.region) FROM policies`, 1)+`
-		WHERE generation > $1 AND ($2 = '' OR subject = $2) AND ($3 = '' OR route = $3) AND ($4 = '' OR region = $4)
-		ORDER BY generation LIMIT $5`, int64(f.After), f.Subject, f.Route, f.Region, f.Limit)
+	rows, err := s.pool.Query(ctx, policyPageSQL, int64(f.After), f.Subject, f.Route, f.Region, f.Limit)
 	if err != nil {
 		return nil, s.c.classify("policy page", err, false)
 	}
