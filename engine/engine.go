@@ -870,7 +870,8 @@ func (e *Engine) Accounts(ctx context.Context, subject ledger.PolicyKey) ([]ledg
 // cursor of the next page; more is false at the end. Each page is a read
 // of its own (store.Store.AccountsPage): reading every account this way
 // never holds one read open over all of them. Its heads are one read
-// (store.Store.PolicyHeads), its generations a point read each.
+// (store.Store.PolicyHeads), its generations another
+// (store.Store.PoliciesOfGenerations).
 func (e *Engine) AccountsPage(ctx context.Context, after ledger.AccountKey, limit int) (_ []ledger.Account, deciding map[ledger.PolicyKey]uint64, next ledger.AccountKey, more bool, err error) {
 	limit = max(limit, 1)
 	page, err := e.core.store.AccountsPage(ctx, store.DebtFilter{After: after, Limit: limit})
@@ -979,6 +980,13 @@ func (e *Engine) PolicyHead(ctx context.Context, key ledger.PolicyKey) (ledger.P
 // Policy returns one generation (store.ErrNotFound when unknown).
 func (e *Engine) Policy(ctx context.Context, generation uint64) (ledger.Policy, error) {
 	return e.core.store.PolicyGet(ctx, generation)
+}
+
+// PoliciesOfGenerations returns the policies of generations by
+// generation, in one read (store.Store.PoliciesOfGenerations); one that
+// does not exist is absent.
+func (e *Engine) PoliciesOfGenerations(ctx context.Context, generations []uint64) (map[uint64]ledger.Policy, error) {
+	return e.core.store.PoliciesOfGenerations(ctx, generations)
 }
 
 // Shards returns every emergency shard.

@@ -12,10 +12,16 @@ import (
 	"github.com/capledger/capledger/store/memstore"
 )
 
-// headCounting counts the store's reads of policy heads and generations.
+// headCounting counts the store's reads of policy heads and generations
+// (point reads: get; reads of many: many).
 type headCounting struct {
 	store.Store
-	head, heads, get atomic.Int64
+	head, heads, get, many atomic.Int64
+}
+
+func (s *headCounting) PoliciesOfGenerations(ctx context.Context, generations []uint64) (map[uint64]ledger.Policy, error) {
+	s.many.Add(1)
+	return s.Store.PoliciesOfGenerations(ctx, generations)
 }
 
 func (s *headCounting) PolicyHead(ctx context.Context, key ledger.PolicyKey) (ledger.PolicyHead, error) {
@@ -33,7 +39,7 @@ func (s *headCounting) PolicyGet(ctx context.Context, generation uint64) (ledger
 	return s.Store.PolicyGet(ctx, generation)
 }
 
-func (s *headCounting) reset() { s.head.Store(0); s.heads.Store(0); s.get.Store(0) }
+func (s *headCounting) reset() { s.head.Store(0); s.heads.Store(0); s.get.Store(0); s.many.Store(0) }
 
 // A page of accounts of 500 distinct subjects under one "*" policy (one
 // of them with a policy of its own) costs one read of heads, not one per
@@ -131,4 +137,96 @@ func TestAPageOfDistinctSubjectsReadsItsHeadsOnce(t *testing.T) {
 		t.Fatalf("debtors: %d, %v; want %d", len(debtors), err, n/10)
 	}
 	reads("a page of 50 debtors", 1, 2)
+}
+
+// A page of accounts of 500 tenants, each under a policy of its own,
+// costs one read of their generations, not a point read per tenant:
+// AccountsPage, AccountsInDebt and DrainProgress (which also reads the
+// generation deciding for each account's subject) read a page's
+// generations in one store.PoliciesOfGenerations and none by PolicyGet
+// but the generation DrainProgress is asked about; page by page, one
+// read of generations per page.
+func TestAPageOfTenantsWithAPolicyEachReadsItsGenerationsOnce(t *testing.T) {
+	ctx := context.Background()
+	st := &headCounting{Store: memstore.New()}
+	clk := newClock()
+	e := New(st, Options{Clock: clk.Now, DisableWorkers: true, PageSize: 100})
+	defer e.Close()
+	const n = 500
+	dim := ledger.Dimension{Unit: "tokens", Burst: 1000, RefillUnits: 10, RefillInterval: time.Second}
+	// Generation 1 is the route's "*" policy, rolled back: each tenant's
+	// own (generation i+2) decides, and every other tenant still has an
+	// account under generation 1 to drain.
+	star := ledger.Policy{Key: ledger.PolicyKey{Subject: ledger.AnySubject, Route: "chat.generate", Region: "eu"},
+		Generation: 1, Dimensions: []ledger.Dimension{dim}, RolledBack: true}.WithDefaults()
+	changes := &store.Changes{Policies: []ledger.Policy{star}, Heads: []ledger.PolicyHead{{Key: star.Key, Latest: 1}}}
+	for i := range n {
+		subject := ledger.PolicyKey{Subject: fmt.Sprintf("u%04d", i), Route: "chat.generate", Region: "eu"}
+		own := ledger.Policy{Key: subject, Generation: uint64(i + 2), Dimensions: []ledger.Dimension{dim}}.WithDefaults()
+		changes.Policies = append(changes.Policies, own)
+		changes.Heads = append(changes.Heads, ledger.PolicyHead{Key: subject, Active: own.Generation, Latest: own.Generation})
+		for _, g := range []uint64{1, own.Generation} {
+			if g == 1 && i%2 == 1 {
+				continue
+			}
+			a := ledger.Account{Key: ledger.AccountKey{Subject: subject.Subject, Route: subject.Route, Region: subject.Region, Generation: g},
+				Dims: 1, EpochStart: t0, Version: 1}
+			a.Balances[0] = ledger.Balance{Opening: 1000, Available: 100, Spent: 900}
+			if g != 1 && i%10 == 0 { // in debt: overdraft drawn, none repaid
+				a.Balances[0] = ledger.Balance{Opening: 1000, OverdraftIssued: 50, Spent: 1050}
+			}
+			a.RefilledTo[0] = t0.UnixNano()
+			changes.Accounts = append(changes.Accounts, a)
+		}
+	}
+	tx, err := st.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Write(ctx, changes); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	reads := func(what string, gets, many int64) {
+		t.Helper()
+		if g, m := st.get.Load(), st.many.Load(); g != gets || m != many {
+			t.Errorf("%s: %d generation point reads, %d reads of generations; want %d, %d", what, g, m, gets, many)
+		}
+		st.reset()
+	}
+
+	st.reset()
+	page, deciding, _, more, err := e.AccountsPage(ctx, ledger.AccountKey{}, len(changes.Accounts)+1)
+	if err != nil || len(page) != len(changes.Accounts) || more {
+		t.Fatalf("one page: %d accounts, more %v, %v", len(page), more, err)
+	}
+	if len(deciding) != n || deciding[ledger.PolicyKey{Subject: "u0007", Route: "chat.generate", Region: "eu"}] != 9 {
+		t.Errorf("deciding: %d subjects, u0007's %d; want %d, 9", len(deciding), deciding[ledger.PolicyKey{Subject: "u0007", Route: "chat.generate", Region: "eu"}], n)
+	}
+	reads("a page of 750 accounts of 500 tenants", 0, 1)
+
+	pages := int64(0)
+	for after, more := (ledger.AccountKey{}), true; more; pages++ {
+		if _, _, after, more, err = e.AccountsPage(ctx, after, 100); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reads(fmt.Sprintf("%d pages of 100", pages), 0, pages)
+
+	debtors, _, _, err := e.AccountsInDebt(ctx, store.DebtFilter{Limit: 100}, nil)
+	if err != nil || len(debtors) != n/10 {
+		t.Fatalf("debtors: %d, %v; want %d", len(debtors), err, n/10)
+	}
+	reads("a page of 50 debtors", 0, 1)
+
+	drains, err := e.DrainProgress(ctx, []uint64{1})
+	if err != nil || len(drains) != 1 || drains[0].Accounts != n/2 {
+		t.Fatalf("drain progress of generation 1: %+v, %v; want %d accounts", drains, err, n/2)
+	}
+	// The generation asked about by a point read; then each page of 100
+	// of its 250 accounts one read of their generation and the 100
+	// generations deciding for their tenants.
+	reads("drain progress of 250 accounts in pages of 100", 1, 3)
 }

@@ -13,12 +13,13 @@ import (
 // shown: the generations they are under and the generation deciding for
 // each of their subject keys (ledger.DecidingGeneration over the heads
 // of the key and of its route's "*" key). Each row is read once per call:
-// a generation by a point read (store.Store.PolicyGet), the heads of a
-// page's subjects together (store.Store.PolicyHeads, one read however
-// many subjects). A call costs in proportion to the accounts it shows,
-// however many policies there are (reading every policy cost seconds at
-// 100,000 of them), and a page of a million tenants under one "*" policy
-// costs one head read, not a round trip per tenant.
+// the heads of a page's subjects together (store.Store.PolicyHeads, one
+// read however many subjects), then the page's generations not read yet
+// together (store.Store.PoliciesOfGenerations). A call costs in
+// proportion to the accounts it shows, however many policies there are
+// (reading every policy cost seconds at 100,000 of them), and a page of
+// a thousand tenants costs two reads whether they share one "*" policy
+// or each has its own, not a round trip per tenant.
 type policyReads struct {
 	store store.Store
 	// byGeneration holds the generations read; heads the active
@@ -97,6 +98,35 @@ func (r *policyReads) readHeads(ctx context.Context, subjects []ledger.PolicyKey
 	return nil
 }
 
+// readPolicies reads, in one store.Store.PoliciesOfGenerations, those of
+// generations not read yet; it returns store.ErrNotFound (wrapped,
+// naming the generation) for one that does not exist.
+func (r *policyReads) readPolicies(ctx context.Context, generations []uint64) error {
+	var missing []uint64
+	asked := map[uint64]bool{}
+	for _, g := range generations {
+		if _, read := r.byGeneration[g]; !read && !asked[g] {
+			asked[g] = true
+			missing = append(missing, g)
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	found, err := r.store.PoliciesOfGenerations(ctx, missing)
+	if err != nil {
+		return fmt.Errorf("policies: %w", err)
+	}
+	for _, g := range missing {
+		p, ok := found[g]
+		if !ok {
+			return fmt.Errorf("policy %d: %w", g, store.ErrNotFound)
+		}
+		r.byGeneration[g] = &p
+	}
+	return nil
+}
+
 // readDeciding reads which generation decides for subject (once), from
 // the heads readHeads read (a point read of any it did not).
 func (r *policyReads) readDeciding(ctx context.Context, subject ledger.PolicyKey) error {
@@ -121,7 +151,8 @@ func (r *policyReads) readDeciding(ctx context.Context, subject ledger.PolicyKey
 
 // load reads what accounts need to be shown: the policy of each one's
 // generation, the generation deciding for its subject key, and when
-// withDeciding that generation's policy too.
+// withDeciding that generation's policy too. The heads are one read, the
+// generations not read yet another.
 func (r *policyReads) load(ctx context.Context, accounts []ledger.Account, withDeciding bool) error {
 	subjects := make([]ledger.PolicyKey, len(accounts))
 	for i := range accounts {
@@ -130,21 +161,17 @@ func (r *policyReads) load(ctx context.Context, accounts []ledger.Account, withD
 	if err := r.readHeads(ctx, subjects); err != nil {
 		return err
 	}
+	generations := make([]uint64, 0, len(accounts))
 	for i := range accounts {
-		if _, err := r.policy(ctx, accounts[i].Key.Generation); err != nil {
+		generations = append(generations, accounts[i].Key.Generation)
+		if err := r.readDeciding(ctx, subjects[i]); err != nil {
 			return err
 		}
-		subject := accounts[i].Key.SubjectKey()
-		if err := r.readDeciding(ctx, subject); err != nil {
-			return err
-		}
-		if g, ok := r.deciding[subject]; ok && withDeciding {
-			if _, err := r.policy(ctx, g); err != nil {
-				return err
-			}
+		if g, ok := r.deciding[subjects[i]]; ok && withDeciding {
+			generations = append(generations, g)
 		}
 	}
-	return nil
+	return r.readPolicies(ctx, generations)
 }
 
 // Deciding returns the generation deciding for subject as read (load or

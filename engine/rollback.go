@@ -98,9 +98,9 @@ func (e *Engine) DrainProgress(ctx context.Context, generations []uint64) ([]Gen
 	now := e.opts.Clock()
 	// The generations asked about and their keys' heads; then, page by
 	// page, the heads deciding for the accounts' subjects and those
-	// generations: point reads in proportion to the accounts read, not
-	// every policy, and forgotten after each page (a "*" generation may
-	// have an account per tenant).
+	// generations: two reads a page (policyReads.load), not every policy,
+	// and forgotten after each page (a "*" generation may have an
+	// account per tenant).
 	policies := newPolicyReads(e.core.store)
 	shards, err := e.core.store.ShardList(ctx)
 	if err != nil {

@@ -202,6 +202,47 @@ func (s *Server) Policy(ctx context.Context, generation uint64) (ledger.Policy, 
 	return p, nil
 }
 
+// pagePolicies are the policies of a page of accounts' generations, read
+// together (policiesOf), for a handler that shows or ranks each account.
+type pagePolicies struct {
+	s            *Server
+	byGeneration map[uint64]ledger.Policy
+}
+
+// policiesOf returns the policies of generations, from the cache or in one
+// read of those it lacks (policyCache.many), not a read per generation; a
+// failed read is answered as Policy answers it.
+func (s *Server) policiesOf(ctx context.Context, generations []uint64) (pagePolicies, *connect.Error) {
+	byGeneration, err := s.policies.many(ctx, generations)
+	if err != nil {
+		return pagePolicies{}, readError("policy", ReasonPolicyNotFound, err)
+	}
+	return pagePolicies{s: s, byGeneration: byGeneration}, nil
+}
+
+// get returns generation's policy as read by policiesOf; one it did not
+// find is asked again (Policy), which names it when it does not exist.
+func (pp pagePolicies) get(ctx context.Context, generation uint64) (ledger.Policy, *connect.Error) {
+	if p, ok := pp.byGeneration[generation]; ok {
+		return p, nil
+	}
+	return pp.s.Policy(ctx, generation)
+}
+
+// generationsOf returns the generations of accounts that keep keeps (every
+// one when keep is nil), in order, each once.
+func generationsOf(accounts []ledger.Account, keep func(*ledger.Account) bool) []uint64 {
+	var out []uint64
+	seen := map[uint64]bool{}
+	for i := range accounts {
+		if g := accounts[i].Key.Generation; !seen[g] && (keep == nil || keep(&accounts[i])) {
+			seen[g] = true
+			out = append(out, g)
+		}
+	}
+	return out
+}
+
 // Account returns the current account of the concrete subject key under
 // generation, as the store holds it after the last commit; ok is false when
 // there is none yet.

@@ -409,6 +409,10 @@ func (c consoleService) ListAccountStandings(ctx context.Context, req *connect.R
 	if err != nil {
 		return nil, err
 	}
+	policies, cerr := s.policiesOf(ctx, generationsOf(accounts, func(a *ledger.Account) bool { return standingMatches(m, a.Key) }))
+	if cerr != nil {
+		return nil, cerr
+	}
 	now := s.clock()
 	var standings []*v1.AccountStanding
 	for i := range accounts {
@@ -416,7 +420,7 @@ func (c consoleService) ListAccountStandings(ctx context.Context, req *connect.R
 		if !standingMatches(m, a.Key) {
 			continue
 		}
-		p, cerr := s.Policy(ctx, a.Key.Generation)
+		p, cerr := policies.get(ctx, a.Key.Generation)
 		if cerr != nil {
 			return nil, cerr
 		}

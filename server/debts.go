@@ -44,10 +44,14 @@ func (s *Server) ListDebts(ctx context.Context, req *connect.Request[v1.ListDebt
 	if more {
 		resp.NextPageToken = s.sealNext(ctx, "ListDebts", debtToken(next))
 	}
+	policies, cerr := s.policiesOf(ctx, generationsOf(accounts, nil))
+	if cerr != nil {
+		return nil, cerr
+	}
 	for i := range accounts {
-		p, err := s.policies.get(ctx, accounts[i].Key.Generation)
-		if err != nil {
-			return nil, readError("list debts", ReasonPolicyNotFound, err)
+		p, cerr := policies.get(ctx, accounts[i].Key.Generation)
+		if cerr != nil {
+			return nil, cerr
 		}
 		resp.Accounts = append(resp.Accounts, accountProto(&accounts[i], &p))
 	}

@@ -134,16 +134,23 @@ func (c consoleService) fairness(ctx context.Context, q fairnessQuestion) (*v1.G
 		if err != nil {
 			return nil, readError("accounts", ReasonAccountNotFound, err)
 		}
+		// Only the account that admits for each subject now counts.
+		counted := func(a *ledger.Account) bool {
+			k := a.Key
+			g, ok := deciding[k.SubjectKey()]
+			return (q.route == "" || q.route == k.Route) && ok && g == k.Generation && InScope(ctx, k.Subject, k.Route)
+		}
+		policies, cerr := s.policiesOf(ctx, generationsOf(page, counted))
+		if cerr != nil {
+			return nil, cerr
+		}
 		for i := range page {
 			a := &page[i]
 			k := a.Key
-			if q.route != "" && q.route != k.Route {
+			if !counted(a) {
 				continue
 			}
-			if g, ok := deciding[k.SubjectKey()]; !ok || g != k.Generation || !InScope(ctx, k.Subject, k.Route) {
-				continue // only the account that admits for the subject now
-			}
-			p, cerr := s.Policy(ctx, k.Generation)
+			p, cerr := policies.get(ctx, k.Generation)
 			if cerr != nil {
 				return nil, cerr
 			}

@@ -108,10 +108,13 @@ func (s *Server) recordGates(ctx context.Context, found []ledger.Discrepancy, mo
 			debt = nil
 			break
 		}
+		// The page's generations in one read; an account whose policy
+		// cannot be read is left out, as before.
+		policies, _ := s.policies.many(ctx, generationsOf(page, nil))
 		for i := range page {
 			a := &page[i]
-			p, err := s.policies.get(ctx, a.Key.Generation)
-			if err != nil {
+			p, ok := policies[a.Key.Generation]
+			if !ok {
 				continue
 			}
 			owes := false

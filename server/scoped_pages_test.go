@@ -22,7 +22,8 @@ import (
 // of a scoped caller: the USAGE_UNKNOWN index, the debt rows, the
 // subjects whose accounts the engine reads to show a debtor (AccountList,
 // AccountsOfSubjects), and the policy reads (PolicyList); and reads, the
-// calls of every read of accounts and policies.
+// calls of every read of accounts and policies (PolicyGet and
+// PoliciesOfGenerations too).
 type countingStore struct {
 	store.Store
 	unknownRows, debtRows, subjectsRead, accountRows, policyLists, reads atomic.Int64
@@ -37,6 +38,11 @@ func (c *countingStore) PolicyList(ctx context.Context) ([]ledger.Policy, error)
 func (c *countingStore) PolicyGet(ctx context.Context, generation uint64) (ledger.Policy, error) {
 	c.reads.Add(1)
 	return c.Store.PolicyGet(ctx, generation)
+}
+
+func (c *countingStore) PoliciesOfGenerations(ctx context.Context, generations []uint64) (map[uint64]ledger.Policy, error) {
+	c.reads.Add(1)
+	return c.Store.PoliciesOfGenerations(ctx, generations)
 }
 
 func (c *countingStore) ReservationsUnknown(ctx context.Context, f store.UnknownFilter) ([]ledger.Reservation, error) {

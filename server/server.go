@@ -46,6 +46,7 @@ type Ledger interface {
 	PoliciesAfter(ctx context.Context, generation uint64) ([]ledger.Policy, error)
 	PoliciesPage(ctx context.Context, f store.PolicyFilter) ([]store.ListedPolicy, error)
 	Policy(ctx context.Context, generation uint64) (ledger.Policy, error)
+	PoliciesOfGenerations(ctx context.Context, generations []uint64) (map[uint64]ledger.Policy, error)
 	PolicyHead(ctx context.Context, key ledger.PolicyKey) (ledger.PolicyHead, error)
 	DecidingGenerations(ctx context.Context, subjects []ledger.PolicyKey) (map[ledger.PolicyKey]uint64, error)
 	Audit(ctx context.Context) ([]ledger.Discrepancy, error)

@@ -107,13 +107,20 @@ func (c consoleService) rankAll(ctx context.Context, m *v1.ListAccountStandingsR
 		if err != nil {
 			return readError("accounts", ReasonAccountNotFound, err)
 		}
+		matches := func(a *ledger.Account) bool {
+			return standingMatches(m, a.Key) && InScope(ctx, a.Key.Subject, a.Key.Route)
+		}
+		policies, cerr := s.policiesOf(ctx, generationsOf(page, matches))
+		if cerr != nil {
+			return cerr
+		}
 		for i := range page {
 			a := &page[i]
 			index++
-			if !standingMatches(m, a.Key) || !InScope(ctx, a.Key.Subject, a.Key.Route) {
+			if !matches(a) {
 				continue
 			}
-			p, cerr := s.Policy(ctx, a.Key.Generation)
+			p, cerr := policies.get(ctx, a.Key.Generation)
 			if cerr != nil {
 				return cerr
 			}
@@ -144,10 +151,18 @@ func (c consoleService) standingsOf(ctx context.Context, r *standingsRanking) (*
 	if cerr != nil {
 		return nil, cerr
 	}
+	generations := make([]uint64, len(r.ranked))
+	for i, ranked := range r.ranked {
+		generations[i] = ranked.account.Key.Generation
+	}
+	policies, cerr := c.s.policiesOf(ctx, generations)
+	if cerr != nil {
+		return nil, cerr
+	}
 	now := c.s.clock()
 	resp := &v1.ListAccountStandingsResponse{Matched: r.matched, AsOf: timestamp(r.asOf)}
 	for _, ranked := range r.ranked {
-		p, cerr := c.s.Policy(ctx, ranked.account.Key.Generation)
+		p, cerr := policies.get(ctx, ranked.account.Key.Generation)
 		if cerr != nil {
 			return nil, cerr
 		}

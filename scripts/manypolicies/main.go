@@ -12,7 +12,12 @@
 // their policies: ListDebts, ListAccountStandings (in debt, all, one
 // subject), GetFairness and DrainProgress of one generation, each call a
 // new question (another limit or generation: the server shares the
-// answer to one asked again within a while).
+// answer to one asked again within a while), and ListPolicies of one
+// subject.
+//
+// With -accounts N the first N subjects get an account each first (a
+// reserve and its release), so the pages of accounts these reads show
+// are of N tenants with a policy each.
 //
 // Usage: go run ./scripts/manypolicies -addr 127.0.0.1:7070 -policies 100000
 //
@@ -40,6 +45,7 @@ func main() {
 	prefix := flag.String("prefix", "t", "subject prefix of the published policies")
 	calls := flag.Int("calls", 5, "timed calls of each kind")
 	debtor := flag.String("debtor", "", "subject put in debt before the timed reads (default <prefix>2; another on a second run: a debtor admits nothing)")
+	accounts := flag.Int("accounts", 0, "subjects <prefix>0 ... given an account each (a reserve, then its release) after publishing, so the reads show pages of tenants with a policy each")
 	flag.Parse()
 	c := &caller{base: "http://" + *addr + "/capledger.v1.", http: &http.Client{Timeout: time.Minute}}
 
@@ -69,6 +75,27 @@ func main() {
 		}
 		wg.Wait()
 		fmt.Printf("published %d policies in %s\n", *policies, time.Since(start).Round(time.Millisecond))
+	}
+
+	if *accounts > 0 {
+		var next atomic.Int64
+		start := time.Now()
+		var wg sync.WaitGroup
+		for range *concurrency {
+			wg.Go(func() {
+				for {
+					i := int(next.Add(1)) - 1
+					if i >= *accounts {
+						return
+					}
+					id := fmt.Sprintf("mp-acct-%d-%d", start.UnixNano(), i)
+					c.must("Reserve", fmt.Sprintf(`{"reservationId":%q,"subject":"%s%d","route":"chat","units":{"tokens":1}}`, id, *prefix, i))
+					c.must("Release", fmt.Sprintf(`{"reservationId":%q}`, id))
+				}
+			})
+		}
+		wg.Wait()
+		fmt.Printf("gave %d subjects an account in %s\n", *accounts, time.Since(start).Round(time.Millisecond))
 	}
 
 	subject := *prefix + "1"
@@ -110,6 +137,7 @@ func main() {
 		{"standings, one", "ConsoleService/ListAccountStandings", func(i int) string { return fmt.Sprintf(`{"subject":%q,"limit":%d}`, subject, i+1) }, 200},
 		{"GetFairness", "ConsoleService/GetFairness", func(i int) string { return fmt.Sprintf(`{"limit":%d}`, i+1) }, 200},
 		{"DrainProgress", "RolloutService/DrainProgress", func(i int) string { return fmt.Sprintf(`{"generations":["%d"]}`, i+1) }, 200},
+		{"policies of one", "ListPolicies", func(i int) string { return fmt.Sprintf(`{"subject":"%s%d"}`, *prefix, i*7+1) }, 200},
 	}...)
 	for _, k := range kinds {
 		var took []time.Duration

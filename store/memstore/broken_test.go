@@ -190,6 +190,28 @@ func (s brokenStore) PolicyHeads(ctx context.Context, keys []ledger.PolicyKey) (
 	return s.Store.PolicyHeads(ctx, keys)
 }
 
+// PoliciesOfGenerations answers under the fault: absent generations as
+// zero policies, or only the first 128 distinct generations (one SQLite
+// statement's worth).
+func (s brokenStore) PoliciesOfGenerations(ctx context.Context, generations []uint64) (map[uint64]ledger.Policy, error) {
+	switch s.fault {
+	case "policies-absent-as-zero":
+		policies, err := s.Store.PoliciesOfGenerations(ctx, generations)
+		for _, g := range generations {
+			if _, ok := policies[g]; !ok && err == nil {
+				policies[g] = ledger.Policy{Generation: g}
+			}
+		}
+		return policies, err
+	case "policies-first-chunk":
+		distinct := slices.Clone(generations)
+		slices.Sort(distinct)
+		distinct = slices.Compact(distinct)
+		return s.Store.PoliciesOfGenerations(ctx, distinct[:min(128, len(distinct))])
+	}
+	return s.Store.PoliciesOfGenerations(ctx, generations)
+}
+
 type brokenTx struct {
 	store.Tx
 	fault string
@@ -232,6 +254,8 @@ func TestConformanceSuiteCatchesBrokenStores(t *testing.T) {
 		"policy-page-prefix-subject":   {"TestBrokenStoreHelper/PolicyPage"},
 		"heads-absent-as-zero":         {"TestBrokenStoreHelper/PolicyHeads"},
 		"heads-first-chunk":            {"TestBrokenStoreHelper/PolicyHeads"},
+		"policies-absent-as-zero":      {"TestBrokenStoreHelper/PoliciesOfGenerations"},
+		"policies-first-chunk":         {"TestBrokenStoreHelper/PoliciesOfGenerations"},
 	} {
 		t.Run(fault, func(t *testing.T) {
 			cmd := exec.Command(os.Args[0], "-test.run=^TestBrokenStoreHelper$", "-test.v", "-test.count=1")

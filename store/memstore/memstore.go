@@ -346,6 +346,24 @@ func (s *Store) PolicyGet(ctx context.Context, generation uint64) (out ledger.Po
 	return out, err
 }
 
+// PoliciesOfGenerations returns copies of the committed policies of
+// generations, by generation; one that does not exist is absent. One read.
+func (s *Store) PoliciesOfGenerations(ctx context.Context, generations []uint64) (map[uint64]ledger.Policy, error) {
+	out := make(map[uint64]ledger.Policy, len(generations))
+	err := s.read(ctx, func(r *rows) error {
+		for _, g := range generations {
+			if p, ok := r.policies[g]; ok {
+				out[g] = copyPolicy(p)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PolicyHead returns a copy of the key's committed head, or
 // store.ErrNotFound.
 func (s *Store) PolicyHead(ctx context.Context, key ledger.PolicyKey) (out ledger.PolicyHead, err error) {

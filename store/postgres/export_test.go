@@ -20,6 +20,8 @@ var (
 	DueSQL                = dueSQL
 	AcrossFirstSQL        = acrossFirstSQL
 	AcrossAfterSQL        = acrossAfterSQL
+	PolicyPageSQL         = policyPageSQL
+	PoliciesOfSQL         = policiesOfSQL
 )
 
 // SetAccountPage sets how many rows a page of an audit's account streams

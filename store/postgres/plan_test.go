@@ -597,3 +597,49 @@ func TestEpochAcrossQueriesUseTheirIndex(t *testing.T) {
 		}
 	}
 }
+
+// PolicyPage with a subject reads that subject's range of policies_key
+// (schema 1; SQLite gained its own in schema 20), never the policies in
+// generation order, and PoliciesOfGenerations seeks the primary key:
+// planned at each run as the store's reads outside write transactions
+// are (force_custom_plan), on 50,000 policies of as many tenants.
+func TestPolicyReadsUseTheirIndex(t *testing.T) {
+	_, dsn := openStore(t)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	for _, q := range []string{
+		`INSERT INTO policies (generation, subject, route, region, dimensions, estimator_digest, hold_ttl,
+			execution_limit, priority, fairness_weight, fairness_budget, emergency_mode, rollout, epoch_length,
+			published_at, rolled_back)
+		SELECT i, 'tenant' || i, CASE WHEN i % 2 = 0 THEN 'chat' ELSE 'embed' END, 'eu', '[]', '', 0, 0, 0, 1, 0.05, false,
+			'enforce', 0, i, false FROM generate_series(1, 50000) AS i`,
+		`ANALYZE policies`,
+		`SET plan_cache_mode = force_custom_plan`,
+	} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	generations := make([]string, 128)
+	for i := range generations {
+		generations[i] = fmt.Sprint(i*389 + 1)
+	}
+	for _, tc := range []struct {
+		name, query, index string
+		args               []any
+	}{
+		{"a subject's policies", postgres.PolicyPageSQL, "policies_key", []any{0, "tenant7", "", "", 100}},
+		{"a key's policies", postgres.PolicyPageSQL, "policies_key", []any{0, "tenant7", "embed", "eu", 100}},
+		{"128 generations", postgres.PoliciesOfSQL, "policies_pkey", []any{"{" + strings.Join(generations, ",") + "}"}},
+	} {
+		plan := genericPlan(t, conn, tc.query, tc.args)
+		t.Logf("%s:\n%s", tc.name, plan)
+		if !strings.Contains(plan, tc.index) || strings.Contains(plan, "Seq Scan on policies") {
+			t.Errorf("%s: does not seek %s:\n%s", tc.name, tc.index, plan)
+		}
+	}
+}

@@ -444,6 +444,41 @@ func (s *Store) PolicyGet(ctx context.Context, generation uint64) (ledger.Policy
 	return *p, nil
 }
 
+// PoliciesOfGenerations returns the committed policies of generations,
+// by generation; one that does not exist (above math.MaxInt64 none does)
+// is absent. One statement, one round trip, however many generations (an
+// array, not one bind parameter each): a seek of the primary key each.
+func (s *Store) PoliciesOfGenerations(ctx context.Context, generations []uint64) (map[uint64]ledger.Policy, error) {
+	distinct := make([]int64, 0, len(generations))
+	for _, g := range generations {
+		if g <= math.MaxInt64 {
+			distinct = append(distinct, int64(g))
+		}
+	}
+	slices.Sort(distinct)
+	distinct = slices.Compact(distinct)
+	out := make(map[uint64]ledger.Policy, len(distinct))
+	if len(distinct) == 0 {
+		return out, nil
+	}
+	rows, err := s.pool.Query(ctx, policiesOfSQL, distinct)
+	if err != nil {
+		return nil, s.c.classify("policies of generations", err, false)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		p, err := scanPolicy(rows)
+		if err != nil {
+			return nil, s.c.classify("policies of generations", err, false)
+		}
+		out[p.Generation] = *p
+	}
+	if err := rows.Err(); err != nil {
+		return nil, s.c.classify("policies of generations", err, false)
+	}
+	return out, nil
+}
+
 // PolicyHead returns a policy key's committed head, or ErrNotFound.
 func (s *Store) PolicyHead(ctx context.Context, key ledger.PolicyKey) (ledger.PolicyHead, error) {
 	var active, latest int64
@@ -537,6 +572,19 @@ func (s *Store) PolicyChanges(ctx context.Context) (uint64, error) {
 	return uint64(v), nil
 }
 
+// policyPageSQL reads a page of PolicyPage, each row's key's active
+// generation from its head in the same statement (one snapshot). Read
+// outside write transactions, it is planned at each run (plan.go), for
+// the filters given: with a subject, a range of policies_key.
+var policyPageSQL = strings.Replace(policySelect, " FROM policies", `, (SELECT h.active FROM policy_heads h
+		WHERE h.subject = policies.subject AND h.route = policies.route AND h.region = policies.region) FROM policies`, 1) + `
+		WHERE generation > $1 AND ($2 = '' OR subject = $2) AND ($3 = '' OR route = $3) AND ($4 = '' OR region = $4)
+		ORDER BY generation LIMIT $5`
+
+// policiesOfSQL reads PoliciesOfGenerations' policies: a seek of the
+// primary key per generation.
+const policiesOfSQL = policySelect + ` WHERE generation = ANY($1::bigint[])`
+
 // PolicyPage returns up to f.Limit generations newer than f.After that
 // f's filters select, oldest first, each with whether its key's head
 // names it active (store.Store.PolicyPage): a range of the primary key.
@@ -547,12 +595,7 @@ func (s *Store) PolicyPage(ctx context.Context, f store.PolicyFilter) ([]store.L
 	if f.After > math.MaxInt64 {
 		return nil, nil
 	}
-	// Each row's key's active generation from its head, in the same
-	// statement (one snapshot).
-	rows, err := s.pool.Query(ctx, strings.Replace(policySelect, " FROM policies", `, (SELECT h.active FROM policy_heads h
-		WHERE h.subject = policies.subject AND h.route = policies.route AND h.region = policies.region) FROM policies`, 1)+`
-		WHERE generation > $1 AND ($2 = '' OR subject = $2) AND ($3 = '' OR route = $3) AND ($4 = '' OR region = $4)
-		ORDER BY generation LIMIT $5`, int64(f.After), f.Subject, f.Route, f.Region, f.Limit)
+	rows, err := s.pool.Query(ctx, policyPageSQL, int64(f.After), f.Subject, f.Route, f.Region, f.Limit)
 	if err != nil {
 		return nil, s.c.classify("policy page", err, false)
 	}

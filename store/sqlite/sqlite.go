@@ -707,6 +707,43 @@ func (s *Store) PolicyGet(ctx context.Context, generation uint64) (ledger.Policy
 	return queryOne(ctx, s, s.r.policy, scanPolicy, fmt.Sprintf("policy generation %d", generation), int64(generation))
 }
 
+// PoliciesOfGenerations returns the committed policies of generations,
+// by generation; one that does not exist (above math.MaxInt64 none does)
+// is absent. The distinct generations are read in statements of up to
+// 128 (subjectChunkSizes, as PolicyHeads reads keys), each on its own.
+func (s *Store) PoliciesOfGenerations(ctx context.Context, generations []uint64) (_ map[uint64]ledger.Policy, err error) {
+	defer s.readBarrier(ctx, &err)
+	if s.closed.Load() {
+		return nil, errClosed
+	}
+	distinct := slices.DeleteFunc(slices.Clone(generations), func(g uint64) bool { return g > math.MaxInt64 })
+	slices.Sort(distinct)
+	distinct = slices.Compact(distinct)
+	out := make(map[uint64]ledger.Policy, len(distinct))
+	largest := subjectChunkSizes[len(subjectChunkSizes)-1]
+	for chunk := range slices.Chunk(distinct, largest) {
+		size := 0
+		for size < len(subjectChunkSizes)-1 && subjectChunkSizes[size] < len(chunk) {
+			size++
+		}
+		args := make([]any, 0, subjectChunkSizes[size])
+		for _, g := range chunk {
+			args = append(args, int64(g))
+		}
+		for len(args) < cap(args) {
+			args = append(args, nil)
+		}
+		found, err := queryAll(ctx, s.r.policiesOf[size], scanPolicy, "policies of generations", args...)
+		if err != nil {
+			return nil, err
+		}
+		for _, p := range found {
+			out[p.Generation] = p
+		}
+	}
+	return out, nil
+}
+
 // PolicyHead returns a policy key's committed head, or store.ErrNotFound.
 func (s *Store) PolicyHead(ctx context.Context, key ledger.PolicyKey) (ledger.PolicyHead, error) {
 	return queryOne(ctx, s, s.r.head, scanHead, "policy head "+key.String(), key.Subject, key.Route, key.Region)
@@ -774,6 +811,19 @@ const policyPageSQL = "SELECT " + policyCols + `, (SELECT h.active FROM policy_h
 	AND (?2 = '' OR subject = ?2) AND (?3 = '' OR route = ?3) AND (?4 = '' OR region = ?4)
 	ORDER BY generation LIMIT ?5`
 
+// policyPageOfSubjectSQL is policyPageSQL with a subject: the subject's
+// range of policies_key (schema 20), its rows then sorted by generation
+// (a subject has a policy per route and region it is limited on, and
+// their generations, not a policy per tenant). SQLite plans a statement
+// once, whatever it is bound to, so policyPageSQL's subject filter (an
+// OR with the empty subject) could never seek the index: policyPageSQL scans the policies in generation
+// order, which is the right plan without a subject.
+const policyPageOfSubjectSQL = "SELECT " + policyCols + `, (SELECT h.active FROM policy_heads h
+	WHERE h.subject = policies.subject AND h.route = policies.route AND h.region = policies.region)
+	FROM policies WHERE subject = ?2 AND generation > ?1
+	AND (?3 = '' OR route = ?3) AND (?4 = '' OR region = ?4)
+	ORDER BY generation LIMIT ?5`
+
 // scanListedPolicy reads a row of policyPageSQL.
 func scanListedPolicy(sc scanner) (store.ListedPolicy, error) {
 	var active sql.NullInt64
@@ -804,7 +854,11 @@ func (s *Store) PolicyPage(ctx context.Context, f store.PolicyFilter) (_ []store
 	if f.After > math.MaxInt64 {
 		return nil, nil
 	}
-	return queryAll(ctx, s.r.policyPage, scanListedPolicy, "policy page", int64(f.After), f.Subject, f.Route, f.Region, f.Limit)
+	page := s.r.policyPage
+	if f.Subject != "" {
+		page = s.r.policyPageOfSubject
+	}
+	return queryAll(ctx, page, scanListedPolicy, "policy page", int64(f.After), f.Subject, f.Route, f.Region, f.Limit)
 }
 
 // ShardGet returns the shard, or store.ErrNotFound.

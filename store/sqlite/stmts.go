@@ -230,6 +230,10 @@ type readStmts struct {
 	accountsOfSubjects [len(subjectChunkSizes)]*sql.Stmt
 	// headsOf holds headsOfSQL of each size of subjectChunkSizes.
 	headsOf [len(subjectChunkSizes)]*sql.Stmt
+	// policyPageOfSubject is PolicyPage's read with a subject.
+	policyPageOfSubject *sql.Stmt
+	// policiesOf holds policiesOfSQL of each size of subjectChunkSizes.
+	policiesOf [len(subjectChunkSizes)]*sql.Stmt
 }
 
 func (r *readStmts) prepare(ctx context.Context, db *sql.DB) error {
@@ -250,6 +254,7 @@ func (r *readStmts) prepare(ctx context.Context, db *sql.DB) error {
 	r.policies = prep("SELECT " + policyCols + " FROM policies ORDER BY generation")
 	r.policiesAfter = prep("SELECT " + policyCols + " FROM policies WHERE generation > ? ORDER BY generation")
 	r.policyPage = prep(policyPageSQL)
+	r.policyPageOfSubject = prep(policyPageOfSubjectSQL)
 	r.meta = prep(writeSQL[wMetaGet])
 	r.shard = prep(writeSQL[wShardGet])
 	r.shards = prep("SELECT " + shardCols + " FROM shards ORDER BY id")
@@ -272,16 +277,18 @@ func (r *readStmts) prepare(ctx context.Context, db *sql.DB) error {
 	for i, n := range subjectChunkSizes {
 		r.accountsOfSubjects[i] = prep(accountsOfSubjectsSQL(n))
 		r.headsOf[i] = prep(headsOfSQL(n))
+		r.policiesOf[i] = prep(policiesOfSQL(n))
 	}
 	return errors.Join(errs...)
 }
 
 func (r *readStmts) close() {
-	stmts := []*sql.Stmt{r.reservation, r.account, r.accountsOf, r.accountsAll, r.policy, r.head, r.policies, r.policiesAfter, r.policyPage, r.meta, r.shard, r.shards, r.due,
+	stmts := []*sql.Stmt{r.reservation, r.account, r.accountsOf, r.accountsAll, r.policy, r.head, r.policies, r.policiesAfter, r.policyPage, r.policyPageOfSubject, r.meta, r.shard, r.shards, r.due,
 		r.unknownFirst, r.unknownAfter, r.unknownBacklog, r.debtFirst, r.debtAfter, r.pageFirst, r.pageAfter,
 		r.epochFirst, r.epochAfter, r.catchUpFirst, r.catchUpAfter,
 		r.acrossFirst, r.acrossAfter, r.catchUpAcrossFirst, r.catchUpAcrossAfter}
 	stmts = append(stmts, r.headsOf[:]...)
+	stmts = append(stmts, r.policiesOf[:]...)
 	for _, st := range append(stmts, r.accountsOfSubjects[:]...) {
 		if st != nil {
 			st.Close()
@@ -363,6 +370,12 @@ var subjectChunkSizes = [...]int{8, 32, 128}
 func accountsOfSubjectsSQL(n int) string {
 	values := strings.TrimSuffix(strings.Repeat("(?, ?, ?), ", n), ", ")
 	return "SELECT " + accountCols + " FROM accounts WHERE (subject, route, region) IN (VALUES " + values + ")"
+}
+
+// policiesOfSQL reads the policies of n generations bound in order: a
+// seek of the primary key per generation, as PolicyGet's.
+func policiesOfSQL(n int) string {
+	return "SELECT " + policyCols + " FROM policies WHERE generation IN (" + strings.TrimSuffix(strings.Repeat("?, ", n), ", ") + ")"
 }
 
 // headsOfSQL reads the policy heads of n (subject, route, region) keys

@@ -98,6 +98,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"AccountList", testAccountList},
 		{"AccountsOfSubjects", testAccountsOfSubjects},
 		{"PolicyHeads", testPolicyHeads},
+		{"PoliciesOfGenerations", testPoliciesOfGenerations},
 		{"Lists", testLists},
 		{"PolicyPage", testPolicyPage},
 		{"PolicyChanges", testPolicyChanges},
