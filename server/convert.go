@@ -82,7 +82,7 @@ type keyGenerations struct {
 // and its terms (every other field), shared with the cached generations
 // of equal terms and never changed.
 type cachedPolicy struct {
-	key         ledger.PolicyKey
+	subject     string
 	generation  uint64
 	publishedAt time.Time
 	terms       *ledger.Policy
@@ -93,8 +93,13 @@ type cachedPolicy struct {
 // with the cache: read only, as every cached policy's always were).
 func (p *cachedPolicy) policy() ledger.Policy {
 	out := *p.terms
-	out.Key, out.Generation, out.PublishedAt, out.RolledBack = p.key, p.generation, p.publishedAt, p.rolledBack
+	out.Key.Subject, out.Generation, out.PublishedAt, out.RolledBack = p.subject, p.generation, p.publishedAt, p.rolledBack
 	return out
+}
+
+// key returns the generation's policy key.
+func (p *cachedPolicy) key() ledger.PolicyKey {
+	return ledger.PolicyKey{Subject: p.subject, Route: p.terms.Key.Route, Region: p.terms.Key.Region}
 }
 
 // policyTerms interns the terms of policies: a policy without its key's
@@ -186,9 +191,7 @@ func (pt *policyTerms) cached(p *ledger.Policy) cachedPolicy {
 		shared = &t
 		pt.byHash[h] = weak.Make(shared)
 	}
-	key := p.Key
-	key.Route, key.Region = shared.Key.Route, shared.Key.Region
-	return cachedPolicy{key: key, generation: p.Generation, publishedAt: p.PublishedAt, terms: shared, rolledBack: p.RolledBack}
+	return cachedPolicy{subject: p.Key.Subject, generation: p.Generation, publishedAt: p.PublishedAt, terms: shared, rolledBack: p.RolledBack}
 }
 
 // olderPolicies bounds the generations the cache keeps beyond each key's
@@ -249,20 +252,21 @@ func (c *policyCache) add(p *ledger.Policy) {
 // generation that stops being one of them and is not active is dropped),
 // or else goes to older (dropping another there when full).
 func (c *policyCache) addLocked(p cachedPolicy) {
-	was := c.keys[p.key]
+	key := p.key()
+	was := c.keys[key]
 	now := was
 	if !p.rolledBack && p.generation > now.active {
 		now.active = p.generation
 	}
 	now.newest = withNewest(now.newest, p.generation)
 	if now != was {
-		c.keys[p.key] = now
+		c.keys[key] = now
 	}
 	if now.newest != was.newest {
-		c.dropLocked(p.key, was.newest[1]) // no longer one of the two newest
+		c.dropLocked(key, was.newest[1]) // no longer one of the two newest
 	}
-	c.dropLocked(p.key, was.active)
-	if c.keptFor(p.key, p.generation) {
+	c.dropLocked(key, was.active)
+	if c.keptFor(key, p.generation) {
 		c.kept[p.generation] = p
 		delete(c.older, p.generation)
 		return
@@ -502,7 +506,7 @@ func (c *policyCache) takeHeadLocked(ctx context.Context, key ledger.PolicyKey) 
 	for _, m := range []map[uint64]cachedPolicy{c.kept, c.older} {
 		for g, p := range m {
 			switch {
-			case p.key != key:
+			case p.key() != key:
 			case g > head.Latest:
 				since = append(since, p)
 			case g > head.Active && !p.rolledBack:
@@ -530,7 +534,7 @@ func (c *policyCache) takeHeadLocked(ctx context.Context, key ledger.PolicyKey) 
 		}
 	}
 	for g, p := range c.kept {
-		if p.key == key {
+		if p.key() == key {
 			c.dropLocked(key, g)
 		}
 	}
@@ -564,7 +568,8 @@ func (c *policyCache) reloadLocked(ctx context.Context) ([]ledger.Policy, error)
 	// The keys again, with the strings the kept generations share.
 	keys := make(map[ledger.PolicyKey]keyGenerations, len(fresh.keys))
 	for _, cp := range fresh.kept {
-		keys[cp.key] = fresh.keys[cp.key]
+		key := cp.key()
+		keys[key] = fresh.keys[key]
 	}
 	for key, k := range fresh.keys {
 		if _, ok := keys[key]; !ok {
@@ -614,7 +619,7 @@ func (c *policyCache) recent(generation uint64) bool {
 	if !ok {
 		return generation > c.through
 	}
-	return c.keptFor(p.key, generation)
+	return c.keptFor(p.key(), generation)
 }
 
 // active returns the cached policy that decides for a concrete subject:
