@@ -399,16 +399,16 @@ func (c *policyCache) catchUpLocked(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("list policies: %w", err)
 	}
-	cached := make([]cachedPolicy, len(newer))
-	for i := range newer {
-		cached[i] = c.terms.cached(&newer[i])
-	}
 	c.mu.Lock()
-	for i := range cached {
-		c.addLocked(cached[i])
-		c.through = max(c.through, cached[i].generation)
+	defer c.mu.Unlock()
+	for i := range newer {
+		cp := c.terms.cached(&newer[i])
+		// The row's own strings and dimensions (all of them, after a
+		// start) may go while the rest are taken in.
+		newer[i] = ledger.Policy{}
+		c.addLocked(cp)
+		c.through = max(c.through, cp.generation)
 	}
-	c.mu.Unlock()
 	return nil
 }
 
