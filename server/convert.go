@@ -390,34 +390,27 @@ func (c *policyCache) refreshForMiss(ctx context.Context, key ledger.PolicyKey) 
 }
 
 // catchUpLocked (reload held) takes in the generations published since
-// the newest one the cache has read (a publish on another replica; after
-// a start, every one), catchUpPage at a time: a read of every policy at
-// once held them all decoded beside the cache (at 900,000 policies, a
-// start's peak RSS of 830 MB).
+// the newest one the cache has read: a publish on another replica.
 func (c *policyCache) catchUpLocked(ctx context.Context) error {
-	for {
-		c.mu.RLock()
-		through := c.through
-		c.mu.RUnlock()
-		page, err := c.ledger.PoliciesPage(ctx, store.PolicyFilter{After: through, Limit: catchUpPage})
-		if err != nil {
-			return fmt.Errorf("list policies: %w", err)
-		}
-		c.mu.Lock()
-		for i := range page {
-			cp := c.terms.cached(&page[i].Policy)
-			c.addLocked(cp)
-			c.through = max(c.through, cp.generation)
-		}
-		c.mu.Unlock()
-		if len(page) < catchUpPage {
-			return nil
-		}
+	c.mu.RLock()
+	through := c.through
+	c.mu.RUnlock()
+	newer, err := c.ledger.PoliciesAfter(ctx, through)
+	if err != nil {
+		return fmt.Errorf("list policies: %w", err)
 	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i := range newer {
+		cp := c.terms.cached(&newer[i])
+		// The row's own strings and dimensions (all of them, after a
+		// start) may go while the rest are taken in.
+		newer[i] = ledger.Policy{}
+		c.addLocked(cp)
+		c.through = max(c.through, cp.generation)
+	}
+	return nil
 }
-
-// catchUpPage is how many generations catchUpLocked reads at a time.
-const catchUpPage = 4096
 
 // refreshStale brings the cache to what the ledger said decides for key
 // (decides), having refused a command mapped for another generation. A

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/capledger/capledger/ledger"
-	"github.com/capledger/capledger/store"
 )
 
 // generatedPolicies is a Ledger that reads n policies, one per subject,
@@ -20,9 +19,6 @@ type generatedPolicies struct {
 	Ledger
 	n     int
 	burst func(i int) ledger.Units
-	// pages counts PoliciesPage reads, largest is the most rows one
-	// returned.
-	pages, largest int
 }
 
 func (l *generatedPolicies) row(i int) ledger.Policy {
@@ -40,16 +36,6 @@ func (l *generatedPolicies) PoliciesAfter(_ context.Context, generation uint64) 
 	for i := int(generation); i < l.n; i++ {
 		out = append(out, l.row(i))
 	}
-	return out, nil
-}
-
-func (l *generatedPolicies) PoliciesPage(_ context.Context, f store.PolicyFilter) ([]store.ListedPolicy, error) {
-	var out []store.ListedPolicy
-	for i := int(f.After); i < l.n && len(out) < f.Limit; i++ {
-		out = append(out, store.ListedPolicy{Policy: l.row(i)})
-	}
-	l.pages++
-	l.largest = max(l.largest, len(out))
 	return out, nil
 }
 
@@ -109,22 +95,3 @@ const (
 	maxCacheBytesSameTerms     = 290
 	maxCacheBytesDistinctTerms = 700
 )
-
-// A start's load reads the policies a page at a time (catchUpPage), so
-// it never holds every policy decoded beside the cache.
-func TestPolicyCacheLoadReadsPages(t *testing.T) {
-	l := &generatedPolicies{n: 3*catchUpPage + 5, burst: func(int) ledger.Units { return 1000 }}
-	cache := newPolicyCache(l)
-	if err := cache.load(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	if l.pages != 4 || l.largest > catchUpPage {
-		t.Fatalf("the load of %d policies read %d pages of up to %d, want 4 of up to %d", l.n, l.pages, l.largest, catchUpPage)
-	}
-	for _, i := range []int{0, catchUpPage, l.n - 1} {
-		key := ledger.PolicyKey{Subject: fmt.Sprintf("tenant-%d", i), Route: "chat", Region: "eu"}
-		if p, ok := cache.active(key); !ok || p.Generation != uint64(i+1) {
-			t.Fatalf("%v decides %d (%v), want %d", key, p.Generation, ok, i+1)
-		}
-	}
-}

@@ -32,21 +32,6 @@ func (l *policyRows) PoliciesAfter(_ context.Context, generation uint64) ([]ledg
 	return out, nil
 }
 
-func (l *policyRows) PoliciesPage(ctx context.Context, f store.PolicyFilter) ([]store.ListedPolicy, error) {
-	newer, _ := l.PoliciesAfter(ctx, f.After)
-	return listedPage(newer, f.Limit), nil
-}
-
-// listedPage returns the first limit of policies as PoliciesPage would
-// (without the active flag, which the cache does not read).
-func listedPage(policies []ledger.Policy, limit int) []store.ListedPolicy {
-	out := make([]store.ListedPolicy, 0, min(len(policies), limit))
-	for i := range policies[:min(len(policies), limit)] {
-		out = append(out, store.ListedPolicy{Policy: policies[i]})
-	}
-	return out
-}
-
 // PolicyHead is the key's head as the ledger keeps it: the newest
 // generation, and the newest not rolled back (0 for none).
 func (l *policyRows) PolicyHead(_ context.Context, key ledger.PolicyKey) (ledger.PolicyHead, error) {
