@@ -183,10 +183,10 @@ func TestPolicyCacheRecentAnswersAsBefore(t *testing.T) {
 						continue
 					}
 					cache.mu.RLock()
-					for _, m := range []map[uint64]ledger.Policy{cache.kept, cache.older} {
+					for _, m := range []map[uint64]cachedPolicy{cache.kept, cache.older} {
 						for g, p := range m {
-							if p.RolledBack != l.rows[g-1].RolledBack {
-								t.Errorf("after step %d: generation %d cached with rolledBack %v, want %v", i+1, g, p.RolledBack, l.rows[g-1].RolledBack)
+							if p.rolledBack != l.rows[g-1].RolledBack {
+								t.Errorf("after step %d: generation %d cached with rolledBack %v, want %v", i+1, g, p.rolledBack, l.rows[g-1].RolledBack)
 							}
 						}
 					}
