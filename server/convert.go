@@ -57,9 +57,11 @@ type policyCache struct {
 	keys map[ledger.PolicyKey]keyGenerations
 	// terms shares equal terms between the cached generations.
 	terms policyTerms
-	// through is the newest generation the last full reload read:
-	// generations are numbered in publication order, so one up to it that
-	// is not kept is neither active nor one of its key's two newest.
+	// through is the newest generation up to which every one was taken
+	// in (read by a reload or a catch-up, or published here without a
+	// gap): generations are numbered in publication order, so one up to
+	// it that is not kept is neither active nor one of its key's two
+	// newest.
 	through uint64
 
 	// reload serializes reloads; loadedAt is when the last one started.
@@ -371,8 +373,24 @@ func (c *policyCache) activeLocked(key ledger.PolicyKey) (uint64, bool) {
 // published takes in p, a generation just published (or replayed) and
 // read back from the store: the newest of its key and, as of its commit,
 // the active one.
+// Generations are numbered in publication order, so one right after
+// through leaves no gap below it: through moves on (over any taken in
+// already) and the next catch-up does not read it again. Without that,
+// the first miss after a burst published here (a policy per tenant)
+// read the whole burst back.
 func (c *policyCache) published(p ledger.Policy) {
-	c.add(&p)
+	cp := c.terms.cached(&p)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.addLocked(cp)
+	for {
+		_, kept := c.kept[c.through+1]
+		_, older := c.older[c.through+1]
+		if !kept && !older {
+			return
+		}
+		c.through++
+	}
 }
 
 // load reads every generation published since the newest the cache has
@@ -489,11 +507,28 @@ func (c *policyCache) refreshStale(ctx context.Context, key ledger.PolicyKey, de
 	return err
 }
 
-// rolledBack takes in rollbacks committed here of generations of keys:
-// what was published since, then each key's head.
-func (c *policyCache) rolledBack(ctx context.Context, keys ...ledger.PolicyKey) error {
+// rolledBack takes in rollbacks committed here (commands of
+// KindRollbackPolicy that succeeded): each generation's flag, what was
+// published since, then each key's head (which says what is active; the
+// flag of a generation older than the active one it cannot say).
+func (c *policyCache) rolledBack(ctx context.Context, rollbacks ...ledger.Command) error {
 	c.reload.Lock()
 	defer c.reload.Unlock()
+	var keys []ledger.PolicyKey
+	c.mu.Lock()
+	for i := range rollbacks {
+		g := rollbacks[i].Generation
+		for _, m := range []map[uint64]cachedPolicy{c.kept, c.older} {
+			if p, ok := m[g]; ok {
+				p.rolledBack = true
+				m[g] = p
+			}
+		}
+		if !slices.Contains(keys, rollbacks[i].PolicyKey) {
+			keys = append(keys, rollbacks[i].PolicyKey)
+		}
+	}
+	c.mu.Unlock()
 	if err := c.catchUpLocked(ctx); err != nil {
 		return err
 	}
