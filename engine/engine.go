@@ -209,7 +209,8 @@ var ErrClosed = errors.New("engine closed")
 // ErrNotApplied marks an operating failure whose outcome is known: the
 // batch failed before its COMMIT was sent (Begin, a read or a write
 // failed: the store rolls the open transaction back), its commit was
-// refused as a conflict (rolled back, store.ErrConflict), or the command
+// refused as a conflict (rolled back, store.ErrConflict) or failed and
+// was rolled back (store.ErrRolledBack: SQLite's full disk), or the command
 // was refused before it was sent (a failed fsync, pipelined). Nothing of
 // it was applied. Any other operating error may have committed (a COMMIT
 // whose answer was lost, a caller that stopped waiting): its outcome is

@@ -395,19 +395,20 @@ func (c *policyCache) published(p ledger.Policy) {
 
 // load reads every generation published since the newest the cache has
 // read (after a start: every one), under the reload lock, as the first
-// miss after a start would, and marks the cache loaded. It returns the
-// read's error. It leaves loadedAt alone: the first miss after it still
+// miss after a start would, and marks the cache loaded. It returns how
+// many generations the read took in, or the read's error. It leaves loadedAt alone: the first miss after it still
 // catches up at once (a read of what was published since, on another
 // replica too), as the first miss after a start did before the warm
 // load, instead of answering "no policy" for missReloadInterval.
-func (c *policyCache) load(ctx context.Context) error {
+func (c *policyCache) load(ctx context.Context) (int, error) {
 	c.reload.Lock()
 	defer c.reload.Unlock()
-	if err := c.catchUpLocked(ctx); err != nil {
-		return err
+	read, err := c.catchUpLocked(ctx)
+	if err != nil {
+		return 0, err
 	}
 	c.loaded.Store(true)
-	return nil
+	return read, nil
 }
 
 // refresh reloads every generation and returns them, oldest first.
@@ -437,7 +438,7 @@ func (c *policyCache) refreshForMiss(ctx context.Context, key ledger.PolicyKey) 
 		return nil
 	}
 	started := time.Now()
-	if err := c.catchUpLocked(ctx); err != nil {
+	if _, err := c.catchUpLocked(ctx); err != nil {
 		return err
 	}
 	if p, ok := c.active(key); ok {
@@ -455,14 +456,15 @@ func (c *policyCache) refreshForMiss(ctx context.Context, key ledger.PolicyKey) 
 }
 
 // catchUpLocked (reload held) takes in the generations published since
-// the newest one the cache has read: a publish on another replica.
-func (c *policyCache) catchUpLocked(ctx context.Context) error {
+// the newest one the cache has read: a publish on another replica. It
+// returns how many it read.
+func (c *policyCache) catchUpLocked(ctx context.Context) (int, error) {
 	c.mu.RLock()
 	through := c.through
 	c.mu.RUnlock()
 	newer, err := c.ledger.PoliciesAfter(ctx, through)
 	if err != nil {
-		return fmt.Errorf("list policies: %w", err)
+		return 0, fmt.Errorf("list policies: %w", err)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -474,7 +476,7 @@ func (c *policyCache) catchUpLocked(ctx context.Context) error {
 		c.addLocked(cp)
 		c.through = max(c.through, cp.generation)
 	}
-	return nil
+	return len(newer), nil
 }
 
 // refreshStale brings the cache to what the ledger said decides for key
@@ -489,7 +491,7 @@ func (c *policyCache) catchUpLocked(ctx context.Context) error {
 func (c *policyCache) refreshStale(ctx context.Context, key ledger.PolicyKey, decides uint64) error {
 	c.reload.Lock()
 	defer c.reload.Unlock()
-	if err := c.catchUpLocked(ctx); err != nil {
+	if _, err := c.catchUpLocked(ctx); err != nil {
 		return err
 	}
 	if c.decides(key, decides) {
@@ -529,7 +531,7 @@ func (c *policyCache) rolledBack(ctx context.Context, rollbacks ...ledger.Comman
 		}
 	}
 	c.mu.Unlock()
-	if err := c.catchUpLocked(ctx); err != nil {
+	if _, err := c.catchUpLocked(ctx); err != nil {
 		return err
 	}
 	for _, k := range keys {

@@ -58,7 +58,7 @@ func cacheBytesPerPolicy(t *testing.T, n int, burst func(int) ledger.Units) floa
 	l := &generatedPolicies{n: n, burst: burst}
 	before := liveHeap()
 	cache := newPolicyCache(l)
-	if err := cache.load(context.Background()); err != nil {
+	if _, err := cache.load(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	after := liveHeap()

@@ -280,7 +280,7 @@ func TestPolicyCacheDoesNotReadBackWhatWasPublishedHere(t *testing.T) {
 		return ledger.PolicyKey{Subject: fmt.Sprintf("tenant-%d", i), Route: "chat.generate", Region: "eu"}
 	}
 	l.publish(key(0))
-	if err := cache.load(ctx); err != nil {
+	if _, err := cache.load(ctx); err != nil {
 		t.Fatal(err)
 	}
 	const burst = 500
@@ -289,7 +289,7 @@ func TestPolicyCacheDoesNotReadBackWhatWasPublishedHere(t *testing.T) {
 		cache.published(l.rows[g-1])
 	}
 	l.afterRows = 0
-	if err := cache.load(ctx); err != nil {
+	if _, err := cache.load(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if l.afterRows != 0 {
@@ -298,7 +298,7 @@ func TestPolicyCacheDoesNotReadBackWhatWasPublishedHere(t *testing.T) {
 	elsewhere := l.publish(key(burst + 1)) // another replica's
 	here := l.publish(key(burst + 2))
 	cache.published(l.rows[here-1])
-	if err := cache.load(ctx); err != nil {
+	if _, err := cache.load(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if l.afterRows != 2 {

@@ -29,6 +29,12 @@ var (
 	// this means a concurrent writer won; the transaction is rolled back and
 	// may be retried whole.
 	ErrDuplicate = errors.New("duplicate key")
+	// ErrRolledBack: a Commit that failed, but that the store knows did
+	// not commit (rolled back, also after a crash and recovery), wrapped
+	// beside the cause (ErrUnavailable for a full disk). Unlike
+	// ErrConflict it is not retried at once: the cause must go first. A
+	// retry with the same ids is right, as for every failure.
+	ErrRolledBack = errors.New("rolled back")
 )
 
 // Store is a durable home for the ledger's rows.
@@ -179,8 +185,9 @@ type Tx interface {
 	// moves, shards, statements, the rest of Retention, journal).
 	Write(ctx context.Context, c *Changes) error
 	// Commit makes the transaction durable. It returns nil only once the
-	// changes are durable; ErrConflict if it must be retried; ErrUnavailable
-	// if the outcome is unknown.
+	// changes are durable; ErrConflict if it must be retried; ErrRolledBack
+	// (with its cause) when it failed and is known not to have committed;
+	// ErrUnavailable without ErrRolledBack if the outcome is unknown.
 	Commit(ctx context.Context) error
 	// Rollback discards the transaction; it is safe after Commit (no-op).
 	Rollback(ctx context.Context) error

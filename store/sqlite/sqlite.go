@@ -181,7 +181,7 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 		fmt.Sprintf("busy_timeout(%d)", cfg.busyTimeout.Milliseconds()),
 		"synchronous(FULL)",
 		"foreign_keys(ON)",
-		"wal_autocheckpoint(0)", // only the checkpointer checkpoints: checkpoint.go
+		"wal_autocheckpoint(0)", // only the checkpointer checkpoints (checkpoint.go); commitNotWritten relies on it
 		fmt.Sprintf("journal_size_limit(%d)", walSizeLimit),
 	}
 	s := &Store{path: path, writer: make(chan struct{}, 1), cache: newRowCache(cfg.cacheRows),
