@@ -181,7 +181,8 @@ type RejectionBody struct {
 // With cfg.Queue: 429 QUEUE_FULL (Retry-After: 1) for a tenant whose
 // queue is full, 429 RESERVATION_TOO_LARGE (no Retry-After) for a
 // reservation above the queue's largest cost (ErrCostTooLarge); the
-// reservation is released. Any other refusal before the handler runs
+// reservation is released. A refusal after the reservation was made
+// names it in ReservationHeader too. Any other refusal before the handler runs
 // (e.g. Start refused because the hold expired while the request waited
 // in the queue) is 503 with Retry-After: 1 too, and the request does not
 // run.
@@ -247,9 +248,16 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		EstimatorDigest: m.cfg.Estimator.Digest(), BodyHash: BodyHash(body),
 	}
 
-	var g gate
-	if m.cfg.Queue != nil {
-		g = m.cfg.Queue.acquire
+	// reserved is the id of the request's reservation once the ledger (or
+	// a shard) made it: a refusal after that (QUEUE_FULL, a Start refused)
+	// names the reservation it released in ReservationHeader too.
+	var reserved string
+	g := func(ctx context.Context, rr *ReserveResult) (func(Units), error) {
+		reserved = rr.ReservationID
+		if m.cfg.Queue == nil {
+			return func(Units) {}, nil
+		}
+		return m.cfg.Queue.acquire(ctx, rr)
 	}
 	ran, aborted := false, false
 	rec := &recorder{ResponseWriter: w}
@@ -328,6 +336,9 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		m.cfg.Logger.Error("capledger: settle", "subject", subject, "err", err)
 		return
+	}
+	if reserved != "" {
+		w.Header().Set(ReservationHeader, reserved)
 	}
 	m.refuse(w, r, err)
 }

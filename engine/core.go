@@ -34,8 +34,9 @@ func (c *Core) Store() store.Store { return c.store }
 // returns one result per command. Results are valid only when err is nil:
 // then every command's effect is durable. On error err wraps ErrNotApplied
 // when nothing of the batch was applied (it failed before its COMMIT was
-// sent, or the commit was refused as a conflict); otherwise (COMMIT
-// answered store.ErrUnavailable) the outcome is unknown and the callers
+// sent, or the commit was refused as a conflict or known rolled back:
+// store.ErrRolledBack); otherwise (COMMIT answered store.ErrUnavailable)
+// the outcome is unknown and the callers
 // must resolve it by retrying with the same ids; err wraps
 // store.ErrConflict when the whole batch may simply be run again.
 func (c *Core) Commit(ctx context.Context, cmds []ledger.Command, now time.Time) ([]ledger.Result, error) {
@@ -116,8 +117,9 @@ func (c *Core) commit(ctx context.Context, cmds []ledger.Command, now time.Time,
 		commit = dc.CommitDeferred
 	}
 	if err := commit(ctx); err != nil {
-		if errors.Is(err, store.ErrConflict) {
-			// Refused and rolled back: the store's word for a conflict.
+		if errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrRolledBack) {
+			// Refused and rolled back: the store's word for a conflict, or
+			// for a COMMIT it knows did not commit (SQLite: a full disk).
 			return nil, fmt.Errorf("%w: %w", ErrNotApplied, err)
 		}
 		// Anything else during COMMIT (store.ErrUnavailable): it may

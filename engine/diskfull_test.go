@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -108,4 +109,84 @@ func mustSize(t *testing.T, f *os.File) int64 {
 		t.Fatal(err)
 	}
 	return fi.Size()
+}
+
+// On SQLite a COMMIT that runs out of disk (SQLITE_FULL) wrote no valid
+// commit frame: the batch is known not applied (ErrNotApplied, "not
+// applied" to the caller, not "outcome unknown"), and indeed nothing of
+// it is there, not even after the store is opened again (the WAL
+// recovered). With room again the same reserve is admitted anew, not
+// replayed. Needs root to mount a size-limited tmpfs; skipped otherwise.
+func TestFullDiskAtCommitIsNotApplied(t *testing.T) {
+	dir := tmpfs.Mount(t, "4m")
+	path := filepath.Join(dir, "ledger.db")
+	st, err := sqlite.Open(context.Background(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := New(st, Options{DisableWorkers: true})
+	closed := false
+	closeFirst := func() {
+		if !closed {
+			closed = true
+			e.Close()
+			st.Close()
+		}
+	}
+	t.Cleanup(closeFirst) // before the tmpfs is unmounted
+	publish(t, e, 1_000_000_000, time.Hour, 0)
+	for i := range 20 {
+		if res, err := e.Do(context.Background(), reserveCmd(fmt.Sprintf("warm-%d", i), 1)); err != nil || res.Err != nil {
+			t.Fatalf("warm-up reserve: %v %v", err, res.Err)
+		}
+	}
+	filler := filepath.Join(dir, "filler")
+	f, err := os.Create(filler)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for chunk := make([]byte, 4096); ; {
+		if _, err := f.Write(chunk); err != nil {
+			break
+		}
+	}
+	f.Close()
+
+	// A reserve may still commit into room the WAL file has (a checkpoint
+	// lets it reuse its start): the first that fails is the one looked at.
+	failed := ""
+	for i := 0; i < 1000 && failed == ""; i++ {
+		id := fmt.Sprintf("full-%d", i)
+		if _, err = e.Do(context.Background(), reserveCmd(id, 1)); err != nil {
+			failed = id
+		}
+	}
+	if failed == "" {
+		t.Fatal("1000 reserves committed on a full disk")
+	}
+	if !strings.Contains(err.Error(), "commit: ") || !strings.Contains(err.Error(), "full") {
+		t.Skipf("the full disk failed the batch before its COMMIT (%v): not the case under test", err)
+	}
+	if !errors.Is(err, ErrNotApplied) || !errors.Is(err, store.ErrUnavailable) || !errors.Is(err, store.ErrRolledBack) {
+		t.Fatalf("a COMMIT refused for a full disk: %v, want ErrNotApplied, store.ErrRolledBack and store.ErrUnavailable", err)
+	}
+	closeFirst()
+
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	reopened, err := sqlite.Open(context.Background(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e = New(reopened, Options{DisableWorkers: true})
+	t.Cleanup(func() { e.Close(); reopened.Close() })
+	if _, err := e.Reservation(context.Background(), failed); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("the reservation of the COMMIT refused for a full disk, after a reopen: %v, want not found", err)
+	}
+	res, err := e.Do(context.Background(), reserveCmd(failed, 1))
+	if err != nil || res.Err != nil || res.Replayed {
+		t.Fatalf("the reserve again with room: %v %v (replayed %v), want admitted anew", err, res.Err, res.Replayed)
+	}
+	auditClean(t, e)
 }

@@ -311,6 +311,17 @@ type DrainPolicies struct {
 // Forget makes the next pass read every policy.
 func (d *DrainPolicies) Forget() { d.view = nil }
 
+// digest returns the digest of the kept view's active generations
+// (digestActive), taken once per view: the drain memo's key, which
+// would otherwise hash every policy key at every pass.
+func (d *DrainPolicies) digest() activeDigest {
+	v := d.view
+	if !v.digested {
+		v.digest, v.digested = digestActive(v.active), true
+	}
+	return v.digest
+}
+
 // drainView is what DrainPager derives from the policies.
 type drainView struct {
 	active ledger.ActiveGenerations
@@ -325,6 +336,9 @@ type drainView struct {
 	// per tenant).
 	newest              uint64
 	rolledBack, refills map[uint64]bool
+	// digest is active's digest once digested (DrainPolicies.digest).
+	digest   activeDigest
+	digested bool
 }
 
 // live reports whether generation g is one v read and not rolled back.

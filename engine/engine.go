@@ -211,7 +211,8 @@ var ErrClosed = errors.New("engine closed")
 // ErrNotApplied marks an operating failure whose outcome is known: the
 // batch failed before its COMMIT was sent (Begin, a read or a write
 // failed: the store rolls the open transaction back), its commit was
-// refused as a conflict (rolled back, store.ErrConflict), or the command
+// refused as a conflict (rolled back, store.ErrConflict) or failed and
+// was rolled back (store.ErrRolledBack: SQLite's full disk), or the command
 // was refused before it was sent (a failed fsync, pipelined). Nothing of
 // it was applied. Any other operating error may have committed (a COMMIT
 // whose answer was lost, a caller that stopped waiting): its outcome is
@@ -657,8 +658,10 @@ func (e *Engine) runEpochs(ctx context.Context) {
 	if !complete {
 		return
 	}
-	drains, active, err := e.core.DrainPager(ctx, e.opts.PageSize, func(active ledger.ActiveGenerations, g uint64) DrainPlan {
-		return e.drains.plan(active, g, now)
+	// The plan runs after DrainPager took its view of the policies into
+	// drainPolicies, whose active generations' digest is the memo's key.
+	drains, _, err := e.core.DrainPager(ctx, e.opts.PageSize, func(_ ledger.ActiveGenerations, g uint64) DrainPlan {
+		return e.drains.planDigest(e.drainPolicies.digest(), g, now)
 	}, &e.drainPolicies)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -669,7 +672,7 @@ func (e *Engine) runEpochs(ctx context.Context) {
 	e.fails.epochs.ok("drain worker")
 	moved := drainOutcomes{}
 	complete = e.runPages(ctx, "drain", drains, moved.seen)
-	e.drains.update(active, drains, moved, complete, now)
+	e.drains.updateDigest(e.drainPolicies.digest(), drains, moved, complete, now)
 }
 
 // runWorkerCommands commits a worker's commands in chunks of at most
@@ -860,21 +863,24 @@ func (e *Engine) Accounts(ctx context.Context, subject ledger.PolicyKey) ([]ledg
 	return refilledAsShown(accounts, policies.byGeneration, policies.Deciding, e.opts.Clock())
 }
 
-// AccountsPage returns the accounts after the subject key of after (the
-// zero key: from the first) in key order, whole subject keys of about
-// limit accounts, shown as Accounts shows them (refill due up to now
+// AccountsPage returns the accounts f selects after the subject key of
+// f.After (the zero key: from the first) in key order, whole subject
+// keys of about f.Limit accounts (at least 1), shown as Accounts shows them (refill due up to now
 // applied to the account holding each subject's capacity), the
 // generation deciding for each of their subject keys (absent: none
 // decides; what the refill shown went by, as DecidingGenerations would
 // answer for them, so a caller need not read those heads again), and the
 // cursor of the next page; more is false at the end. Each page is a read
 // of its own (store.Store.AccountsPage): reading every account this way
-// never holds one read open over all of them. Its heads are one read
+// never holds one read open over all of them, and reading one subject's
+// (f.Subject) reads its accounts only. Its heads are one read
 // (store.Store.PolicyHeads), its generations another
 // (store.Store.PoliciesOfGenerations).
-func (e *Engine) AccountsPage(ctx context.Context, after ledger.AccountKey, limit int) (_ []ledger.Account, deciding map[ledger.PolicyKey]uint64, next ledger.AccountKey, more bool, err error) {
-	limit = max(limit, 1)
-	page, err := e.core.store.AccountsPage(ctx, store.DebtFilter{After: after, Limit: limit})
+func (e *Engine) AccountsPage(ctx context.Context, f store.AccountFilter) (_ []ledger.Account, deciding map[ledger.PolicyKey]uint64, next ledger.AccountKey, more bool, err error) {
+	after := f.After
+	limit := max(f.Limit, 1)
+	f.Limit = limit
+	page, err := e.core.store.AccountsPage(ctx, f)
 	if err != nil {
 		return nil, nil, after, false, err
 	}

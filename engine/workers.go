@@ -5,8 +5,8 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"hash/maphash"
 	"os"
-	"reflect"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -467,8 +467,36 @@ const drainMemoPoints = 1 << 16
 //     room is still there then: a refill due first takes it, as it would
 //     in the ledger).
 type drainMemo struct {
-	active ledger.ActiveGenerations
+	// active is a digest of the active generations the verdicts hold
+	// for (not the map: with a policy per tenant it held every key).
+	active activeDigest
 	gens   map[uint64]drainVerdict
+}
+
+// activeDigest identifies a set of active generations: their number and
+// two independent order-free sums of their entries' hashes (two sets
+// that differ share a digest with a chance of about 2^-128).
+type activeDigest struct {
+	n          int
+	sum1, sum2 uint64
+}
+
+// activeSeeds are this process's seeds of activeDigest.
+var activeSeeds = [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()}
+
+// digestActive returns the digest of active (n 0 for none: a memo
+// without verdicts matches no pass until its first update, as nil did).
+func digestActive(active ledger.ActiveGenerations) activeDigest {
+	type entry struct {
+		key        ledger.PolicyKey
+		generation uint64
+	}
+	d := activeDigest{n: len(active) + 1}
+	for k, g := range active {
+		d.sum1 += maphash.Comparable(activeSeeds[0], entry{k, g})
+		d.sum2 += maphash.Comparable(activeSeeds[1], entry{k, g})
+	}
+	return d
 }
 
 // drainVerdict is what the memo holds for one generation.
@@ -486,8 +514,14 @@ type drainVerdict struct {
 
 // plan says how the drain pass starting at now reads generation g.
 func (m *drainMemo) plan(active ledger.ActiveGenerations, g uint64, now time.Time) DrainPlan {
+	return m.planDigest(digestActive(active), g, now)
+}
+
+// planDigest is plan of the active generations whose digest is d (the
+// drain worker's: DrainPolicies keeps it with its view).
+func (m *drainMemo) planDigest(d activeDigest, g uint64, now time.Time) DrainPlan {
 	v, ok := m.gens[g]
-	if !ok || !sameActive(m.active, active) {
+	if !ok || m.active != d {
 		return DrainPlan{}
 	}
 	// A clock that went back before the verdict reads it again.
@@ -513,8 +547,13 @@ func (o drainOutcomes) seen(cmds []ledger.Command, results []ledger.Result) {
 // is whether it ran to its end (an incomplete pass records nothing: the
 // generations it read and did not record are read again next pass).
 func (m *drainMemo) update(active ledger.ActiveGenerations, p *Pager, moved drainOutcomes, complete bool, now time.Time) {
-	if !sameActive(m.active, active) {
-		m.active, m.gens = active, map[uint64]drainVerdict{}
+	m.updateDigest(digestActive(active), p, moved, complete, now)
+}
+
+// updateDigest is update of the active generations whose digest is d.
+func (m *drainMemo) updateDigest(d activeDigest, p *Pager, moved drainOutcomes, complete bool, now time.Time) {
+	if m.active != d {
+		m.active, m.gens = d, map[uint64]drainVerdict{}
 	}
 	if !complete {
 		return
@@ -544,21 +583,4 @@ func (m *drainMemo) update(active ledger.ActiveGenerations, p *Pager, moved drai
 		}
 		m.gens[s.Generation] = v
 	}
-}
-
-func sameActive(a, b ledger.ActiveGenerations) bool {
-	if a == nil || len(a) != len(b) {
-		return false
-	}
-	if reflect.ValueOf(a).UnsafePointer() == reflect.ValueOf(b).UnsafePointer() {
-		// One map: the pass took the policies DrainPolicies kept (a
-		// policy per tenant makes comparing them cost every key).
-		return true
-	}
-	for k, g := range a {
-		if b[k] != g {
-			return false
-		}
-	}
-	return true
 }

@@ -50,9 +50,21 @@ func NewActiveGenerations(policies []Policy) ActiveGenerations {
 // one if it is live and newer than the active one. (A generation rolled
 // back after it was added is forgotten only by rebuilding the map.)
 func (a ActiveGenerations) Add(p *Policy) {
-	if !p.RolledBack && p.Generation > a[p.Key] {
-		a[p.Key] = p.Generation
+	if g := ActiveWith(a[p.Key], p.Generation, p.RolledBack); g != a[p.Key] {
+		a[p.Key] = g
 	}
+}
+
+// ActiveWith returns a key's active generation (rule 1) once one more of
+// its generations is taken into account, given the active one so far (0
+// for none): generation if it is live (not rolledBack) and newer, else
+// active. For holders that keep a key's generations their own way (the
+// server's policy cache) instead of an ActiveGenerations.
+func ActiveWith(active, generation uint64, rolledBack bool) uint64 {
+	if !rolledBack && generation > active {
+		return generation
+	}
+	return active
 }
 
 // Active returns key's active generation, false when it has none.

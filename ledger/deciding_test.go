@@ -1,6 +1,7 @@
 package ledger_test
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -85,6 +86,11 @@ func TestDecidingGeneration(t *testing.T) {
 			got, ok := ledger.NewActiveGenerations(rows).Deciding(tc.subject)
 			if ok != (tc.want != 0) || got != tc.want {
 				t.Errorf("from the policy rows: generation %d (%v), want %d", got, ok, tc.want)
+			}
+			// The rows in any order (a cache takes them in as they come).
+			slices.Reverse(rows)
+			if got, ok := ledger.NewActiveGenerations(rows).Deciding(tc.subject); ok != (tc.want != 0) || got != tc.want {
+				t.Errorf("from the policy rows newest first: generation %d (%v), want %d", got, ok, tc.want)
 			}
 			p, ok := ledger.ActivePolicy(m, tc.subject)
 			var fromHeads uint64

@@ -315,6 +315,7 @@ func (c consoleService) GetResolverAnswers(ctx context.Context, req *connect.Req
 		resp.Answers = append(resp.Answers, &v1.ResolverAnswer{
 			ReservationId: a.ReservationID, Answer: a.Answer, Detail: a.Detail, AskedAt: timestamp(a.AskedAt),
 			Attempts: a.Attempts, NextAttemptAt: timestamp(a.NextAt),
+			Subject: a.Account.Subject, Route: a.Account.Route, Region: a.Account.Region,
 		})
 	}
 	return connect.NewResponse(resp), nil

@@ -238,6 +238,15 @@ func TestConsoleResolverAnswers(t *testing.T) {
 			t.Errorf("answer %v, want running, asked once at %v, next later", a, asked)
 		}
 	}
+	// Each answer names the account of its reservation.
+	if got[0]["subject"] != "tenant-b/u1" || got[1]["subject"] != "tenant-a/u2" {
+		t.Errorf("answers %v, want ub's of tenant-b/u1 and ua's of tenant-a/u2", got)
+	}
+	for _, a := range got {
+		if a["route"] != "chat.generate" || a["region"] != "global" {
+			t.Errorf("answer %v, want route chat.generate, region global", a)
+		}
+	}
 	// The token scoped to tenant-b/*: ub's answer only; ua answers as an
 	// unknown id does.
 	if got := answers(`{"reservationIds":["ua","ub"]}`, consoleScoped); len(got) != 1 || got[0]["reservationId"] != "ub" {

@@ -3,14 +3,19 @@ package server
 import (
 	"cmp"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/maphash"
+	"math"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"weak"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -37,22 +42,26 @@ import (
 // decides, and what recent reports), and at most olderPolicies older ones
 // that get read from the store since: its size grows with the policy keys,
 // not with the generations published. An older generation is read again
-// on demand (get).
+// on demand (get). Generations of equal terms (with a policy per tenant,
+// usually all of a route's) share one copy of them (policyTerms), so a
+// policy costs its key, its generation numbers and a pointer.
 type policyCache struct {
 	ledger Ledger
 	mu     sync.RWMutex
 	// kept are the generations kept for their key (keptFor); older holds
 	// up to olderPolicies others that get read.
-	kept, older map[uint64]ledger.Policy
-	// activeGen indexes kept: per key, the newest generation not rolled back
-	// (the ledger's rule for the generation that admits).
-	activeGen ledger.ActiveGenerations
-	// newest are, per key, the two newest generations known, the newest
-	// first (0 where there are fewer).
-	newest map[ledger.PolicyKey][2]uint64
-	// through is the newest generation the last full reload read:
-	// generations are numbered in publication order, so one up to it that
-	// is not kept is neither active nor one of its key's two newest.
+	kept, older map[uint64]cachedPolicy
+	// keys are, per key, its active generation (the newest not rolled
+	// back: the ledger's rule for the generation that admits) and its two
+	// newest; they index kept.
+	keys map[ledger.PolicyKey]keyGenerations
+	// terms shares equal terms between the cached generations.
+	terms policyTerms
+	// through is the newest generation up to which every one was taken
+	// in (read by a reload or a catch-up, or published here without a
+	// gap): generations are numbered in publication order, so one up to
+	// it that is not kept is neither active nor one of its key's two
+	// newest.
 	through uint64
 
 	// reload serializes reloads; loadedAt is when the last one started.
@@ -60,6 +69,131 @@ type policyCache struct {
 	loadedAt time.Time
 	// loaded is set once load has read every generation (warm).
 	loaded atomic.Bool
+}
+
+// keyGenerations are one policy key's generations the cache keeps.
+type keyGenerations struct {
+	// active is the newest generation not rolled back, 0 for none.
+	active uint64
+	// newest are the two newest generations known, the newest first (0
+	// where there are fewer).
+	newest [2]uint64
+}
+
+// cachedPolicy is one generation as the cache keeps it: what is its own,
+// and its terms (every other field), shared with the cached generations
+// of equal terms and never changed.
+type cachedPolicy struct {
+	subject     string
+	generation  uint64
+	publishedAt time.Time
+	terms       *ledger.Policy
+	rolledBack  bool
+}
+
+// policy returns the generation as a ledger.Policy (its Dimensions shared
+// with the cache: read only, as every cached policy's always were).
+func (p *cachedPolicy) policy() ledger.Policy {
+	out := *p.terms
+	out.Key.Subject, out.Generation, out.PublishedAt, out.RolledBack = p.subject, p.generation, p.publishedAt, p.rolledBack
+	return out
+}
+
+// key returns the generation's policy key.
+func (p *cachedPolicy) key() ledger.PolicyKey {
+	return ledger.PolicyKey{Subject: p.subject, Route: p.terms.Key.Route, Region: p.terms.Key.Region}
+}
+
+// policyTerms interns the terms of policies: a policy without its key's
+// subject, its generation, its publication time and its rolled-back flag
+// (its route and region are kept in the terms too, so the cached keys
+// share their strings). A term nothing cached refers to any more is
+// collected (the table holds it weakly) and its entry swept later.
+type policyTerms struct {
+	mu   sync.Mutex
+	seed maphash.Seed
+	// byHash holds one interned terms per hash; terms whose hash is taken
+	// by other terms get a copy of their own.
+	byHash  map[uint64]weak.Pointer[ledger.Policy]
+	sweepAt int
+}
+
+// termsOf returns p's terms: p with its own fields zeroed.
+func termsOf(p *ledger.Policy) ledger.Policy {
+	t := *p
+	t.Key.Subject, t.Generation, t.PublishedAt, t.RolledBack = "", 0, time.Time{}, false
+	return t
+}
+
+// hash returns a hash of terms' fields (equal terms hash equal).
+func (pt *policyTerms) hash(t *ledger.Policy) uint64 {
+	var h maphash.Hash
+	h.SetSeed(pt.seed)
+	h.WriteString(t.Key.Route)
+	h.WriteByte(0)
+	h.WriteString(t.Key.Region)
+	h.WriteByte(0)
+	h.WriteString(t.EstimatorDigest)
+	h.WriteByte(0)
+	h.WriteString(string(t.Rollout))
+	h.WriteByte(0)
+	var b [8]byte
+	word := func(v uint64) {
+		binary.LittleEndian.PutUint64(b[:], v)
+		h.Write(b[:])
+	}
+	for i := range t.Dimensions {
+		d := &t.Dimensions[i]
+		h.WriteString(d.Unit)
+		h.WriteByte(0)
+		word(uint64(d.RefillUnits))
+		word(uint64(d.RefillInterval))
+		word(uint64(d.Burst))
+		word(uint64(d.MaxReservation))
+		word(uint64(d.MaxOverdraft))
+	}
+	word(uint64(t.HoldTTL))
+	word(uint64(t.ExecutionLimit))
+	word(uint64(t.Priority))
+	word(uint64(t.FairnessWeight))
+	word(math.Float64bits(t.FairnessBudget))
+	word(uint64(t.EpochLength))
+	if t.EmergencyMode {
+		h.WriteByte(1)
+	}
+	return h.Sum64()
+}
+
+// cached returns p as the cache keeps it, its terms shared with the
+// generations of equal terms interned before (compared field by field:
+// a hash that collides only costs the sharing).
+func (pt *policyTerms) cached(p *ledger.Policy) cachedPolicy {
+	t := termsOf(p)
+	h := pt.hash(&t)
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	var shared *ledger.Policy
+	if w, ok := pt.byHash[h]; ok {
+		if v := w.Value(); v != nil && reflect.DeepEqual(*v, t) {
+			shared = v
+		} else if v != nil {
+			shared = &t // another's hash: a copy of its own
+		}
+	}
+	if shared == nil {
+		if len(pt.byHash) >= pt.sweepAt {
+			for k, w := range pt.byHash {
+				if w.Value() == nil {
+					delete(pt.byHash, k)
+				}
+			}
+			pt.sweepAt = max(2*len(pt.byHash), 1024)
+		}
+		t.Dimensions = slices.Clip(t.Dimensions)
+		shared = &t
+		pt.byHash[h] = weak.Make(shared)
+	}
+	return cachedPolicy{subject: p.Key.Subject, generation: p.Generation, publishedAt: p.PublishedAt, terms: shared, rolledBack: p.RolledBack}
 }
 
 // olderPolicies bounds the generations the cache keeps beyond each key's
@@ -75,8 +209,10 @@ const olderPolicies = 256
 const missReloadInterval = 100 * time.Millisecond
 
 func newPolicyCache(l Ledger) *policyCache {
-	return &policyCache{ledger: l, kept: map[uint64]ledger.Policy{}, older: map[uint64]ledger.Policy{},
-		activeGen: ledger.ActiveGenerations{}, newest: map[ledger.PolicyKey][2]uint64{}}
+	c := &policyCache{ledger: l, kept: map[uint64]cachedPolicy{}, older: map[uint64]cachedPolicy{},
+		keys: map[ledger.PolicyKey]keyGenerations{}}
+	c.terms.seed, c.terms.byHash = maphash.MakeSeed(), map[uint64]weak.Pointer[ledger.Policy]{}
+	return c
 }
 
 // get returns generation's policy, from the cache or the store; it returns
@@ -86,13 +222,13 @@ func newPolicyCache(l Ledger) *policyCache {
 // other store error as the store wrote it (naming the generation).
 func (c *policyCache) get(ctx context.Context, generation uint64) (ledger.Policy, error) {
 	c.mu.RLock()
-	p, ok := c.kept[generation]
+	cp, ok := c.kept[generation]
 	if !ok {
-		p, ok = c.older[generation]
+		cp, ok = c.older[generation]
 	}
 	c.mu.RUnlock()
 	if ok {
-		return p, nil
+		return cp.policy(), nil
 	}
 	p, err := c.ledger.Policy(ctx, generation)
 	if errors.Is(err, store.ErrNotFound) {
@@ -101,9 +237,7 @@ func (c *policyCache) get(ctx context.Context, generation uint64) (ledger.Policy
 	if err != nil {
 		return ledger.Policy{}, err
 	}
-	c.mu.Lock()
-	c.addLocked(p)
-	c.mu.Unlock()
+	c.add(&p)
 	return p, nil
 }
 
@@ -122,12 +256,12 @@ func (c *policyCache) many(ctx context.Context, generations []uint64) (map[uint6
 		if _, ok := out[g]; ok || asked[g] {
 			continue
 		}
-		p, ok := c.kept[g]
+		cp, ok := c.kept[g]
 		if !ok {
-			p, ok = c.older[g]
+			cp, ok = c.older[g]
 		}
 		if ok {
-			out[g] = p
+			out[g] = cp.policy()
 		} else {
 			asked[g] = true
 			missing = append(missing, g)
@@ -141,33 +275,49 @@ func (c *policyCache) many(ctx context.Context, generations []uint64) (map[uint6
 	if err != nil {
 		return nil, err
 	}
-	c.mu.Lock()
+	taken := make([]cachedPolicy, 0, len(read))
 	for _, g := range missing {
 		if p, ok := read[g]; ok {
-			c.addLocked(p)
+			taken = append(taken, c.terms.cached(&p))
 			out[g] = p
 		}
 	}
+	c.mu.Lock()
+	for _, cp := range taken {
+		c.addLocked(cp)
+	}
 	c.mu.Unlock()
 	return out, nil
+}
+
+// add takes one more generation in.
+func (c *policyCache) add(p *ledger.Policy) {
+	cp := c.terms.cached(p)
+	c.mu.Lock()
+	c.addLocked(cp)
+	c.mu.Unlock()
 }
 
 // addLocked takes one more generation in (mu held for writing): it may
 // become its key's active one and one of its two newest (then the
 // generation that stops being one of them and is not active is dropped),
 // or else goes to older (dropping another there when full).
-func (c *policyCache) addLocked(p ledger.Policy) {
-	wasActive, _ := c.activeGen.Active(p.Key)
-	c.activeGen.Add(&p)
-	two := c.newest[p.Key]
-	if next := withNewest(two, p.Generation); next != two {
-		c.newest[p.Key] = next
-		c.dropLocked(p.Key, two[1]) // no longer one of the two newest
+func (c *policyCache) addLocked(p cachedPolicy) {
+	key := p.key()
+	was := c.keys[key]
+	now := was
+	now.active = ledger.ActiveWith(now.active, p.generation, p.rolledBack)
+	now.newest = withNewest(now.newest, p.generation)
+	if now != was {
+		c.keys[key] = now
 	}
-	c.dropLocked(p.Key, wasActive)
-	if c.keptFor(p.Key, p.Generation) {
-		c.kept[p.Generation] = p
-		delete(c.older, p.Generation)
+	if now.newest != was.newest {
+		c.dropLocked(key, was.newest[1]) // no longer one of the two newest
+	}
+	c.dropLocked(key, was.active)
+	if c.keptFor(key, p.generation) {
+		c.kept[p.generation] = p
+		delete(c.older, p.generation)
 		return
 	}
 	c.putOlderLocked(p)
@@ -187,14 +337,14 @@ func withNewest(two [2]uint64, generation uint64) [2]uint64 {
 }
 
 // putOlderLocked puts p in older, dropping another there when full.
-func (c *policyCache) putOlderLocked(p ledger.Policy) {
+func (c *policyCache) putOlderLocked(p cachedPolicy) {
 	if len(c.older) >= olderPolicies {
 		for g := range c.older {
 			delete(c.older, g)
 			break
 		}
 	}
-	c.older[p.Generation] = p
+	c.older[p.generation] = p
 }
 
 // dropLocked moves generation of key from kept to older unless keptFor
@@ -209,35 +359,56 @@ func (c *policyCache) dropLocked(key ledger.PolicyKey, generation uint64) {
 // keptFor reports whether generation is key's active one or one of its two
 // newest.
 func (c *policyCache) keptFor(key ledger.PolicyKey, generation uint64) bool {
-	two := c.newest[key]
-	active, ok := c.activeGen.Active(key)
-	return generation == two[0] || generation == two[1] || ok && active == generation
+	k := c.keys[key]
+	return generation != 0 && (generation == k.newest[0] || generation == k.newest[1] || generation == k.active)
+}
+
+// activeLocked returns key's active generation, false when it has none
+// (mu held).
+func (c *policyCache) activeLocked(key ledger.PolicyKey) (uint64, bool) {
+	g := c.keys[key].active
+	return g, g != 0
 }
 
 // published takes in p, a generation just published (or replayed) and
 // read back from the store: the newest of its key and, as of its commit,
 // the active one.
+// Generations are numbered in publication order, so one right after
+// through leaves no gap below it: through moves on (over any taken in
+// already) and the next catch-up does not read it again. Without that,
+// the first miss after a burst published here (a policy per tenant)
+// read the whole burst back.
 func (c *policyCache) published(p ledger.Policy) {
+	cp := c.terms.cached(&p)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.addLocked(p)
+	c.addLocked(cp)
+	for {
+		_, kept := c.kept[c.through+1]
+		_, older := c.older[c.through+1]
+		if !kept && !older {
+			return
+		}
+		c.through++
+	}
 }
 
 // load reads every generation published since the newest the cache has
 // read (after a start: every one), under the reload lock, as the first
-// miss after a start would, and marks the cache loaded. It returns the
-// read's error. It leaves loadedAt alone: the first miss after it still
+// miss after a start would, and marks the cache loaded. It returns how
+// many generations the read took in, or the read's error. It leaves loadedAt alone: the first miss after it still
 // catches up at once (a read of what was published since, on another
 // replica too), as the first miss after a start did before the warm
 // load, instead of answering "no policy" for missReloadInterval.
-func (c *policyCache) load(ctx context.Context) error {
+func (c *policyCache) load(ctx context.Context) (int, error) {
 	c.reload.Lock()
 	defer c.reload.Unlock()
-	if err := c.catchUpLocked(ctx); err != nil {
-		return err
+	read, err := c.catchUpLocked(ctx)
+	if err != nil {
+		return 0, err
 	}
 	c.loaded.Store(true)
-	return nil
+	return read, nil
 }
 
 // refresh reloads every generation and returns them, oldest first.
@@ -267,7 +438,7 @@ func (c *policyCache) refreshForMiss(ctx context.Context, key ledger.PolicyKey) 
 		return nil
 	}
 	started := time.Now()
-	if err := c.catchUpLocked(ctx); err != nil {
+	if _, err := c.catchUpLocked(ctx); err != nil {
 		return err
 	}
 	if p, ok := c.active(key); ok {
@@ -285,22 +456,27 @@ func (c *policyCache) refreshForMiss(ctx context.Context, key ledger.PolicyKey) 
 }
 
 // catchUpLocked (reload held) takes in the generations published since
-// the newest one the cache has read: a publish on another replica.
-func (c *policyCache) catchUpLocked(ctx context.Context) error {
+// the newest one the cache has read: a publish on another replica. It
+// returns how many it read.
+func (c *policyCache) catchUpLocked(ctx context.Context) (int, error) {
 	c.mu.RLock()
 	through := c.through
 	c.mu.RUnlock()
 	newer, err := c.ledger.PoliciesAfter(ctx, through)
 	if err != nil {
-		return fmt.Errorf("list policies: %w", err)
+		return 0, fmt.Errorf("list policies: %w", err)
 	}
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	for i := range newer {
-		c.addLocked(newer[i])
-		c.through = max(c.through, newer[i].Generation)
+		cp := c.terms.cached(&newer[i])
+		// The row's own strings and dimensions (all of them, after a
+		// start) may go while the rest are taken in.
+		newer[i] = ledger.Policy{}
+		c.addLocked(cp)
+		c.through = max(c.through, cp.generation)
 	}
-	c.mu.Unlock()
-	return nil
+	return len(newer), nil
 }
 
 // refreshStale brings the cache to what the ledger said decides for key
@@ -315,7 +491,7 @@ func (c *policyCache) catchUpLocked(ctx context.Context) error {
 func (c *policyCache) refreshStale(ctx context.Context, key ledger.PolicyKey, decides uint64) error {
 	c.reload.Lock()
 	defer c.reload.Unlock()
-	if err := c.catchUpLocked(ctx); err != nil {
+	if _, err := c.catchUpLocked(ctx); err != nil {
 		return err
 	}
 	if c.decides(key, decides) {
@@ -333,12 +509,29 @@ func (c *policyCache) refreshStale(ctx context.Context, key ledger.PolicyKey, de
 	return err
 }
 
-// rolledBack takes in rollbacks committed here of generations of keys:
-// what was published since, then each key's head.
-func (c *policyCache) rolledBack(ctx context.Context, keys ...ledger.PolicyKey) error {
+// rolledBack takes in rollbacks committed here (commands of
+// KindRollbackPolicy that succeeded): each generation's flag, what was
+// published since, then each key's head (which says what is active; the
+// flag of a generation older than the active one it cannot say).
+func (c *policyCache) rolledBack(ctx context.Context, rollbacks ...ledger.Command) error {
 	c.reload.Lock()
 	defer c.reload.Unlock()
-	if err := c.catchUpLocked(ctx); err != nil {
+	var keys []ledger.PolicyKey
+	c.mu.Lock()
+	for i := range rollbacks {
+		g := rollbacks[i].Generation
+		for _, m := range []map[uint64]cachedPolicy{c.kept, c.older} {
+			if p, ok := m[g]; ok {
+				p.rolledBack = true
+				m[g] = p
+			}
+		}
+		if !slices.Contains(keys, rollbacks[i].PolicyKey) {
+			keys = append(keys, rollbacks[i].PolicyKey)
+		}
+	}
+	c.mu.Unlock()
+	if _, err := c.catchUpLocked(ctx); err != nil {
 		return err
 	}
 	for _, k := range keys {
@@ -354,7 +547,7 @@ func (c *policyCache) rolledBack(ctx context.Context, keys ...ledger.PolicyKey) 
 func (c *policyCache) decides(key ledger.PolicyKey, generation uint64) bool {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	g, ok := c.activeGen.Deciding(key)
+	g, ok := ledger.DecidingGeneration(key, c.activeLocked)
 	return ok && g == generation
 }
 
@@ -379,11 +572,13 @@ func (c *policyCache) takeHeadLocked(ctx context.Context, key ledger.PolicyKey) 
 	if err != nil {
 		return fmt.Errorf("policy head %s: %w", key, err)
 	}
-	var active ledger.Policy
+	var active cachedPolicy
 	if head.Active != 0 {
-		if active, err = c.ledger.Policy(ctx, head.Active); err != nil {
+		p, err := c.ledger.Policy(ctx, head.Active)
+		if err != nil {
 			return fmt.Errorf("policy generation %d: %w", head.Active, err)
 		}
+		active = c.terms.cached(&p)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -391,31 +586,37 @@ func (c *policyCache) takeHeadLocked(ctx context.Context, key ledger.PolicyKey) 
 	// published, which does not wait for this) after the head was read:
 	// the head says nothing of it, and it stays as cached (it decides if
 	// live).
-	var since []ledger.Policy
-	for _, m := range []map[uint64]ledger.Policy{c.kept, c.older} {
+	var since []cachedPolicy
+	for _, m := range []map[uint64]cachedPolicy{c.kept, c.older} {
 		for g, p := range m {
 			switch {
-			case p.Key != key:
+			case p.key() != key:
 			case g > head.Latest:
 				since = append(since, p)
-			case g > head.Active && !p.RolledBack:
-				p.RolledBack = true
+			case g > head.Active && !p.rolledBack:
+				p.rolledBack = true
 				m[g] = p
 			}
 		}
 	}
-	if head.Active == 0 {
-		delete(c.activeGen, key)
-	} else {
-		c.activeGen[key] = head.Active
-		c.kept[active.Generation] = active
-		delete(c.older, active.Generation)
+	k := c.keys[key]
+	k.active = head.Active
+	if head.Active != 0 {
+		c.kept[active.generation] = active
+		delete(c.older, active.generation)
 	}
 	for i := range since {
-		c.activeGen.Add(&since[i])
+		k.active = ledger.ActiveWith(k.active, since[i].generation, since[i].rolledBack)
+	}
+	c.keys[key] = k
+	for _, p := range since {
+		if c.keptFor(key, p.generation) {
+			c.kept[p.generation] = p
+			delete(c.older, p.generation)
+		}
 	}
 	for g, p := range c.kept {
-		if p.Key == key {
+		if p.key() == key {
 			c.dropLocked(key, g)
 		}
 	}
@@ -428,17 +629,31 @@ func (c *policyCache) reloadLocked(ctx context.Context) ([]ledger.Policy, error)
 	if err != nil {
 		return nil, fmt.Errorf("list policies: %w", err)
 	}
-	active := ledger.NewActiveGenerations(all)
-	newest := make(map[ledger.PolicyKey][2]uint64, len(active))
+	fresh := &policyCache{keys: make(map[ledger.PolicyKey]keyGenerations, len(all)), kept: map[uint64]cachedPolicy{}}
 	var through uint64
 	for i := range all {
-		newest[all[i].Key] = withNewest(newest[all[i].Key], all[i].Generation)
-		through = max(through, all[i].Generation)
+		p := &all[i]
+		k := fresh.keys[p.Key]
+		k.active = ledger.ActiveWith(k.active, p.Generation, p.RolledBack)
+		k.newest = withNewest(k.newest, p.Generation)
+		fresh.keys[p.Key] = k
+		through = max(through, p.Generation)
 	}
-	fresh := &policyCache{activeGen: active, newest: newest, kept: map[uint64]ledger.Policy{}}
 	for i := range all {
 		if fresh.keptFor(all[i].Key, all[i].Generation) {
-			fresh.kept[all[i].Generation] = all[i]
+			cp := c.terms.cached(&all[i])
+			fresh.kept[cp.generation] = cp
+		}
+	}
+	// The keys again, with the strings the kept generations share.
+	keys := make(map[ledger.PolicyKey]keyGenerations, len(fresh.keys))
+	for _, cp := range fresh.kept {
+		key := cp.key()
+		keys[key] = fresh.keys[key]
+	}
+	for key, k := range fresh.keys {
+		if _, ok := keys[key]; !ok {
+			keys[key] = k // every generation rolled back and none kept: none
 		}
 	}
 	c.mu.Lock()
@@ -447,16 +662,16 @@ func (c *policyCache) reloadLocked(ctx context.Context) ([]ledger.Policy, error)
 	// them, or a publish answered while this reload ran would be
 	// forgotten, and its key answer NO_POLICY here until a miss read it
 	// again.
-	var since []ledger.Policy
-	for _, cached := range []map[uint64]ledger.Policy{c.kept, c.older} {
+	var since []cachedPolicy
+	for _, cached := range []map[uint64]cachedPolicy{c.kept, c.older} {
 		for g, p := range cached {
 			if g > through {
 				since = append(since, p)
 			}
 		}
 	}
-	c.kept, c.older, c.activeGen, c.newest, c.through = fresh.kept, map[uint64]ledger.Policy{}, active, newest, through
-	slices.SortFunc(since, func(a, b ledger.Policy) int { return cmp.Compare(a.Generation, b.Generation) })
+	c.kept, c.older, c.keys, c.through = fresh.kept, map[uint64]cachedPolicy{}, keys, through
+	slices.SortFunc(since, func(a, b cachedPolicy) int { return cmp.Compare(a.generation, b.generation) })
 	for i := range since {
 		c.addLocked(since[i])
 	}
@@ -484,7 +699,7 @@ func (c *policyCache) recent(generation uint64) bool {
 	if !ok {
 		return generation > c.through
 	}
-	return c.keptFor(p.Key, generation)
+	return c.keptFor(p.key(), generation)
 }
 
 // active returns the cached policy that decides for a concrete subject:
@@ -492,11 +707,18 @@ func (c *policyCache) recent(generation uint64) bool {
 func (c *policyCache) active(key ledger.PolicyKey) (ledger.Policy, bool) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	generation, ok := c.activeGen.Deciding(key)
+	generation, ok := ledger.DecidingGeneration(key, c.activeLocked)
 	if !ok {
 		return ledger.Policy{}, false
 	}
-	return c.kept[generation], true
+	cp, ok := c.kept[generation]
+	if !ok {
+		cp, ok = c.older[generation]
+	}
+	if !ok {
+		return ledger.Policy{}, true // not read yet (as a zero policy, which maps no unit)
+	}
+	return cp.policy(), true
 }
 
 // amounts maps a units map to the policy's dimension order. When a name

@@ -282,14 +282,15 @@ func (s *Server) RollbackPolicy(ctx context.Context, req *connect.Request[v1.Rol
 	if err != nil {
 		return nil, readError("rollback policy", ReasonPolicyNotFound, err)
 	}
-	res, cerr := s.exec(ctx, ledger.Command{Kind: ledger.KindRollbackPolicy, PolicyKey: p.Key, Generation: generation})
+	cmd := ledger.Command{Kind: ledger.KindRollbackPolicy, PolicyKey: p.Key, Generation: generation}
+	res, cerr := s.exec(ctx, cmd)
 	if cerr != nil {
 		return nil, cerr
 	}
 	if res.Err != nil {
 		return nil, s.outcomeError(ctx, &res)
 	}
-	if err := s.policies.rolledBack(ctx, p.Key); err != nil {
+	if err := s.policies.rolledBack(ctx, cmd); err != nil {
 		s.log.Warn("policy cache refresh after rollback", "err", err)
 	}
 	s.log.Info("policy rolled back", "generation", generation, "key", p.Key.String(), "active", res.Generation, "replayed", res.Replayed)

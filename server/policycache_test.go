@@ -16,6 +16,8 @@ type policyRows struct {
 	Ledger
 	rows  []ledger.Policy
 	reads int // Policy calls
+	// afterRows counts the rows PoliciesAfter returned.
+	afterRows int
 }
 
 func (l *policyRows) Policies(context.Context) ([]ledger.Policy, error) {
@@ -29,6 +31,7 @@ func (l *policyRows) PoliciesAfter(_ context.Context, generation uint64) ([]ledg
 			out = append(out, p)
 		}
 	}
+	l.afterRows += len(out)
 	return out, nil
 }
 
@@ -149,7 +152,7 @@ func TestPolicyCacheRecentAnswersAsBefore(t *testing.T) {
 						var err error
 						switch learn {
 						case "get", "published":
-							err = cache.rolledBack(ctx, p.Key)
+							err = cache.rolledBack(ctx, ledger.Command{Kind: ledger.KindRollbackPolicy, PolicyKey: p.Key, Generation: s.rollback})
 						case "miss":
 							// A reserve mapped by the cache, refused by
 							// the ledger for the generation that decides.
@@ -183,10 +186,10 @@ func TestPolicyCacheRecentAnswersAsBefore(t *testing.T) {
 						continue
 					}
 					cache.mu.RLock()
-					for _, m := range []map[uint64]ledger.Policy{cache.kept, cache.older} {
+					for _, m := range []map[uint64]cachedPolicy{cache.kept, cache.older} {
 						for g, p := range m {
-							if p.RolledBack != l.rows[g-1].RolledBack {
-								t.Errorf("after step %d: generation %d cached with rolledBack %v, want %v", i+1, g, p.RolledBack, l.rows[g-1].RolledBack)
+							if p.rolledBack != l.rows[g-1].RolledBack {
+								t.Errorf("after step %d: generation %d cached with rolledBack %v, want %v", i+1, g, p.rolledBack, l.rows[g-1].RolledBack)
 							}
 						}
 					}
@@ -263,5 +266,45 @@ func TestPolicyCacheStaysBoundedPerKey(t *testing.T) {
 	}
 	if p, ok := cache.active(key(generations - 1)); !ok || p.Generation != generations {
 		t.Fatalf("active: %+v, %v; want generation %d", p, ok, generations)
+	}
+}
+
+// A generation published here right after every one the cache has taken
+// in is not read back by the next catch-up (a miss's, or a stale
+// refusal's); one published elsewhere still is, with those after it.
+func TestPolicyCacheDoesNotReadBackWhatWasPublishedHere(t *testing.T) {
+	ctx := context.Background()
+	l := &policyRows{}
+	cache := newPolicyCache(l)
+	key := func(i int) ledger.PolicyKey {
+		return ledger.PolicyKey{Subject: fmt.Sprintf("tenant-%d", i), Route: "chat.generate", Region: "eu"}
+	}
+	l.publish(key(0))
+	if _, err := cache.load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	const burst = 500
+	for i := 1; i <= burst; i++ {
+		g := l.publish(key(i))
+		cache.published(l.rows[g-1])
+	}
+	l.afterRows = 0
+	if _, err := cache.load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if l.afterRows != 0 {
+		t.Fatalf("the catch-up after %d generations published here read %d of them back, want 0", burst, l.afterRows)
+	}
+	elsewhere := l.publish(key(burst + 1)) // another replica's
+	here := l.publish(key(burst + 2))
+	cache.published(l.rows[here-1])
+	if _, err := cache.load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if l.afterRows != 2 {
+		t.Fatalf("the catch-up after a generation published elsewhere and one here read %d rows, want 2", l.afterRows)
+	}
+	if p, ok := cache.active(key(burst + 1)); !ok || p.Generation != elsewhere {
+		t.Fatalf("the key published elsewhere: %+v, %v; want generation %d", p, ok, elsewhere)
 	}
 }

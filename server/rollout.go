@@ -630,13 +630,13 @@ func (svc *rolloutService) RollbackGenerations(ctx context.Context, req *connect
 	if cerr != nil {
 		return nil, cerr
 	}
-	keys := make([]ledger.PolicyKey, 0, len(cmds))
+	done := make([]ledger.Command, 0, len(cmds))
 	for i := range cmds {
-		if !slices.Contains(keys, cmds[i].PolicyKey) {
-			keys = append(keys, cmds[i].PolicyKey)
+		if results[i].Err == nil {
+			done = append(done, cmds[i])
 		}
 	}
-	if err := svc.s.policies.rolledBack(ctx, keys...); err != nil {
+	if err := svc.s.policies.rolledBack(ctx, done...); err != nil {
 		svc.s.log.Warn("policy cache refresh after rollback", "err", err)
 	}
 	resp := &v1.RollbackGenerationsResponse{}

@@ -41,7 +41,7 @@ type Ledger interface {
 	DoBatch(ctx context.Context, cmds []ledger.Command) ([]ledger.Result, error)
 	Reservation(ctx context.Context, id string) (ledger.Reservation, error)
 	Accounts(ctx context.Context, subject ledger.PolicyKey) ([]ledger.Account, error)
-	AccountsPage(ctx context.Context, after ledger.AccountKey, limit int) ([]ledger.Account, map[ledger.PolicyKey]uint64, ledger.AccountKey, bool, error)
+	AccountsPage(ctx context.Context, f store.AccountFilter) ([]ledger.Account, map[ledger.PolicyKey]uint64, ledger.AccountKey, bool, error)
 	Policies(ctx context.Context) ([]ledger.Policy, error)
 	PoliciesAfter(ctx context.Context, generation uint64) ([]ledger.Policy, error)
 	PoliciesPage(ctx context.Context, f store.PolicyFilter) ([]store.ListedPolicy, error)
@@ -472,13 +472,16 @@ const warmRetry = time.Second
 // or ctx's error when ctx ends first. With Config.WarmPolicies, /readyz
 // answers 503 until then. Reserves do not wait for it unless their key is
 // not cached yet (they then wait for the load, as for the first miss).
+// It logs when the load begins and when it ends (the generations read
+// and the time taken): a replica answering 503 after a start says why.
 func (s *Server) WarmPolicies(ctx context.Context) error {
+	s.log.Info("loading the policy cache (every policy, once after a start)")
 	for {
 		started := time.Now()
-		err := s.policies.load(ctx)
+		read, err := s.policies.load(ctx)
 		if err == nil {
 			s.warmErr.Store(nil)
-			s.log.Info("policy cache loaded", "took", time.Since(started).Round(time.Millisecond))
+			s.log.Info("policy cache loaded", "policies", read, "took", time.Since(started).Round(time.Millisecond))
 			return nil
 		}
 		s.warmErr.Store(&err)

@@ -150,14 +150,16 @@ func NewShardKeyLine(keyID string, random io.Reader, now time.Time) (string, err
 }
 
 // files returns the key files of the path and a stamp that changes when
-// any of them (or the set) changes.
+// any of them (or the set) changes: its content (modification time,
+// size) or its mode, so that a chmod alone making a private key file
+// readable by others is noticed (and refused) as an edit is.
 func (k *ShardKeys) files() ([]string, string, error) {
 	info, err := os.Stat(k.path)
 	if err != nil {
 		return nil, "", fmt.Errorf("shard keys: %w", err)
 	}
 	if !info.IsDir() {
-		return []string{k.path}, fmt.Sprint(info.ModTime().UnixNano(), info.Size()), nil
+		return []string{k.path}, fmt.Sprint(info.ModTime().UnixNano(), info.Size(), info.Mode()), nil
 	}
 	entries, err := os.ReadDir(k.path)
 	if err != nil {
@@ -174,7 +176,7 @@ func (k *ShardKeys) files() ([]string, string, error) {
 			return nil, "", fmt.Errorf("shard keys: %w", err)
 		}
 		files = append(files, filepath.Join(k.path, e.Name()))
-		fmt.Fprint(&stamp, e.Name(), fi.ModTime().UnixNano(), fi.Size(), ";")
+		fmt.Fprint(&stamp, e.Name(), fi.ModTime().UnixNano(), fi.Size(), fi.Mode(), ";")
 	}
 	return files, stamp.String(), nil
 }
@@ -279,7 +281,7 @@ func (k *ShardKeys) refresh() {
 	now := time.Now()
 	k.mu.RLock()
 	recent := now.Sub(k.checkedAt) < time.Second
-	stamp := k.stamp
+	stamp, failed := k.stamp, k.failedStamp != ""
 	k.mu.RUnlock()
 	if recent {
 		return
@@ -288,7 +290,9 @@ func (k *ShardKeys) refresh() {
 	k.checkedAt = now
 	k.mu.Unlock()
 	_, current, err := k.files()
-	if err == nil && current == stamp {
+	// Files back to the loaded ones after a failed reload (a chmod undone)
+	// load again, so that the failure is cleared and the reload logged.
+	if err == nil && current == stamp && !failed {
 		return
 	}
 	if err != nil {

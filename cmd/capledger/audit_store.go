@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -48,10 +49,32 @@ func auditStore(ctx context.Context, e *env, spec, dataDir string, since, draw b
 		fmt.Fprintln(e.stderr)
 	}
 	if err != nil {
-		return storeError(err)
+		// The engine's error begins "audit: ", which the command's name
+		// before it says already ("capledger audit: ").
+		return storeError(withoutPrefix(err, "audit: "))
 	}
 	return printAuditReport(e.stdout, server.AuditReport(found, time.Now()))
 }
+
+// withoutPrefix returns err with prefix dropped from the front of its
+// message (err itself when its message does not begin with it); the
+// result still unwraps to err, so errors.Is sees what err wraps.
+func withoutPrefix(err error, prefix string) error {
+	msg, ok := strings.CutPrefix(err.Error(), prefix)
+	if !ok {
+		return err
+	}
+	return trimmedError{msg: msg, err: err}
+}
+
+// trimmedError is an error shown as msg that unwraps to err.
+type trimmedError struct {
+	msg string
+	err error
+}
+
+func (e trimmedError) Error() string { return e.msg }
+func (e trimmedError) Unwrap() error { return e.err }
 
 // auditRedrawEvery is how often a store's audit redraws its progress bar.
 const auditRedrawEvery = 200 * time.Millisecond

@@ -422,3 +422,42 @@ func TestAuditStoreSQLiteDefaultsToServesDataDir(t *testing.T) {
 		t.Fatalf("audit --store sqlite --data-dir %s: exit %d, %s", other, code, out)
 	}
 }
+
+// When the audit's own read of a data dir fails (here a reservations page
+// overwritten), `capledger audit --data-dir` says so naming the audit
+// once: "capledger audit: snapshot reservations: ...", not "capledger
+// audit: audit: ...".
+func TestAuditDataDirReadFailureNamesTheAuditOnce(t *testing.T) {
+	dir := t.TempDir()
+	db := filepath.Join(dir, open.DefaultFile)
+	withSQLite(t, db, fillLedger)
+	execSQL(t, db, "PRAGMA wal_checkpoint(TRUNCATE)")
+	conn, err := sql.Open("sqlite", db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var root, pageSize int64
+	if err := conn.QueryRow("SELECT rootpage FROM sqlite_master WHERE type = 'table' AND name = 'reservations'").Scan(&root); err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.QueryRow("PRAGMA page_size").Scan(&pageSize); err != nil {
+		t.Fatal(err)
+	}
+	conn.Close()
+	f, err := os.OpenFile(db, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte(strings.Repeat("\xff", int(pageSize))), (root-1)*pageSize); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+
+	code, out := auditHere(t, "--data-dir", dir)
+	if code == exitOK || code == exitDiscrepancies || !strings.HasPrefix(out, "capledger audit: ") || !strings.Contains(out, "reservations") {
+		t.Fatalf("audit of a data dir it cannot read: exit %d, %s", code, out)
+	}
+	if n := strings.Count(out, "audit: "); n != 1 {
+		t.Fatalf("%q names the audit %d times, want once (the command's name)", out, n)
+	}
+}

@@ -363,6 +363,47 @@ func TestServeLogsShardKeyRotationWithoutTraffic(t *testing.T) {
 	}
 }
 
+// OPERATIONS.md: a file with private keys must be mode 600. A chmod
+// alone that makes the keys file readable by others, its content the
+// same, is noticed as an edit is: "shard keys not reloaded" naming the
+// mode, the previous keys kept; chmod 600 again reloads it.
+func TestServeNoticesAChmodOfTheShardKeysFile(t *testing.T) {
+	keysPath := filepath.Join(t.TempDir(), "keys")
+	code, first, errOut := cli(t, "", "shard", "keygen", "--id", "mode-1")
+	wantExit(t, exitOK, code, first, errOut)
+	if err := os.WriteFile(keysPath, []byte(first), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	url, logs := serveInProcess(t, "--shard-keys", keysPath)
+	waitLog := func(want string) {
+		t.Helper()
+		// 1.5 s at most by design; slack for a loaded machine.
+		deadline := time.Now().Add(5 * time.Second)
+		for !strings.Contains(logs.String(), want) {
+			if time.Now().After(deadline) {
+				t.Fatalf("no %s in the log 5 s after the chmod:\n%s", want, logs.String())
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	if err := os.Chmod(keysPath, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitLog(`msg="shard keys not reloaded: keeping the previous ones"`)
+	if !strings.Contains(logs.String(), "chmod 600 it") {
+		t.Fatalf("the refusal does not say to chmod 600 the file:\n%s", logs.String())
+	}
+	if err := os.Chmod(keysPath, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	waitLog(`msg="shard keys reloaded"`)
+	code, out, errOut := cli(t, url, "shard", "keys")
+	wantExit(t, exitOK, code, out, errOut)
+	if !regexp.MustCompile(`(?m)^mode-1 public \S+ +\(signing\)$`).MatchString(out) {
+		t.Fatalf("shard keys after the chmod back:\n%s", out)
+	}
+}
+
 // serve --shard-max-ttl takes any positive Go duration, up to about 292
 // years; a shard ttl near such a raised maximum put the expiry past
 // 2262-04-11, which the stores (int64 Unix nanoseconds) cannot keep: the

@@ -864,8 +864,10 @@ document.getElementById("token-forget").addEventListener("click", () => {
 // of reach.
 function tokenChanged() {
   state.auditError = null;
-  // A page token is bound to the token it was issued to: start again.
+  // A page token is bound to the token it was issued to: every list
+  // starts again.
   state.policyPages = [""];
+  state.reservationPages = {};
   document.getElementById("main").removeAttribute("data-read-at");
   tokenState();
   render();

@@ -191,8 +191,10 @@ type rowCache struct {
 	known       bool // dataVersion was read at least once
 	meta        *clockTable[string, int64]
 	policies    *clockTable[uint64, ledger.Policy]
-	heads       *clockTable[ledger.PolicyKey, ledger.PolicyHead]
-	// accounts and currents, one row per tenant, are kept encoded.
+	// heads (one row per policy key: with a policy per tenant, per
+	// tenant), accounts and currents (one row per tenant) are kept
+	// encoded.
+	heads    *packedTable[ledger.PolicyKey, ledger.PolicyHead]
 	accounts *packedTable[ledger.AccountKey, ledger.Account]
 	currents *packedTable[ledger.PolicyKey, uint64]
 	// headsTooMany is set when the policy heads were too many to load
@@ -204,7 +206,7 @@ func newRowCache(rows int) *rowCache {
 	return &rowCache{
 		meta:     newClockTable[string, int64](rows),
 		policies: newClockTable[uint64, ledger.Policy](rows),
-		heads:    newClockTable[ledger.PolicyKey, ledger.PolicyHead](rows),
+		heads:    newPackedTable(rows, headCodec),
 		accounts: newPackedTable(rows, accountCodec),
 		currents: newPackedTable(rows, currentCodec),
 	}

@@ -60,8 +60,7 @@ func (tx *Tx) completeHeads(ctx context.Context) error {
 	// absent keys that completeness makes redundant.
 	c.heads.reset()
 	for i := range heads {
-		h := heads[i]
-		c.heads.put(h.Key, cached[ledger.PolicyHead]{row: &h})
+		c.heads.rememberRow(heads[i].Key, &heads[i], nil)
 	}
 	c.heads.complete = true
 	return nil

@@ -54,6 +54,11 @@ type packedTable[K comparable, T any] struct {
 	seed    maphash.Seed
 	codec   packedCodec[K, T]
 	scratch []byte
+	// complete is set while the table holds every row of its SQL table,
+	// so a key it does not hold does not exist (completeHeads); an
+	// eviction, a key taking another's slot (one hash) and a reset clear
+	// it.
+	complete bool
 }
 
 func newPackedTable[K comparable, T any](limit int, codec packedCodec[K, T]) *packedTable[K, T] {
@@ -92,7 +97,9 @@ func (t *packedTable[K, T]) has(key K) bool {
 func (t *packedTable[K, T]) lookupRow(key K, _ func(*T) *T) (*T, bool, int32) {
 	_, i, _, match := t.find(key)
 	if !match {
-		return nil, false, noSlot
+		// In a complete table, a key not held is a row that does not
+		// exist.
+		return nil, t.complete, noSlot
 	}
 	t.touch(i)
 	rest := t.slots[i].data[len(t.scratch):]
@@ -104,6 +111,7 @@ func (t *packedTable[K, T]) lookupRow(key K, _ func(*T) *T) (*T, bool, int32) {
 		// Only a bug of the codec gets here: forget the row, so it is
 		// read from the file again.
 		t.remove(i)
+		t.complete = false
 		return nil, false, noSlot
 	}
 	return row, true, i
@@ -121,15 +129,18 @@ func (t *packedTable[K, T]) rememberRow(key K, row *T, _ func(*T) *T) {
 // looked up as rememberRow does.
 func (t *packedTable[K, T]) rememberAt(key K, row *T, hint int32) {
 	var (
-		hash uint64
-		i    int32
-		held bool
+		hash        uint64
+		i           int32
+		held, match bool
 	)
 	t.scratch = t.codec.appendKey(t.scratch[:0], key)
 	if hint >= 0 && int(hint) < len(t.slots) && t.holds(hint) {
-		hash, i, held = t.slots[hint].hash, hint, true
+		hash, i, held, match = t.slots[hint].hash, hint, true, true
 	} else {
-		hash, i, held, _ = t.find(key)
+		hash, i, held, match = t.find(key)
+	}
+	if held && !match {
+		t.complete = false // the key takes another's slot: that one is no longer held
 	}
 	b := t.scratch
 	if row == nil {
@@ -143,7 +154,14 @@ func (t *packedTable[K, T]) rememberAt(key K, row *T, hint int32) {
 		t.set(i, packedSlot{hash: hash, data: string(b)})
 		return
 	}
-	t.add(packedSlot{hash: hash, data: string(b)})
+	if t.add(packedSlot{hash: hash, data: string(b)}) {
+		t.complete = false
+	}
+}
+
+func (t *packedTable[K, T]) reset() {
+	t.clock.reset()
+	t.complete = false
 }
 
 var errPackedShort = errors.New("packed row: short")
@@ -277,6 +295,24 @@ var accountCodec = packedCodec[ledger.AccountKey, ledger.Account]{
 			r.err = errors.New("packed row: bytes past the account")
 		}
 		return a, r.err
+	},
+}
+
+// headCodec packs a policy key's head: its active and latest generations.
+var headCodec = packedCodec[ledger.PolicyKey, ledger.PolicyHead]{
+	appendKey: appendPolicyKey,
+	appendRow: func(b []byte, h *ledger.PolicyHead) []byte {
+		return binary.AppendUvarint(binary.AppendUvarint(b, h.Active), h.Latest)
+	},
+	decodeRow: func(b string, key ledger.PolicyKey) (*ledger.PolicyHead, error) {
+		r := packedReader{b: b}
+		h := &ledger.PolicyHead{Key: key}
+		h.Active = r.uvarint()
+		h.Latest = r.uvarint()
+		if r.err == nil && len(r.b) != 0 {
+			r.err = errors.New("packed row: bytes past the head")
+		}
+		return h, r.err
 	},
 }
 

@@ -8,6 +8,9 @@ import (
 	"math"
 	"slices"
 
+	"modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
+
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
 	"github.com/capledger/capledger/store/codec"
@@ -599,7 +602,9 @@ func execChunks[T any](ctx context.Context, tx *Tx, conv *codec.Conv, prefix []a
 // store.ErrUnavailable after Close, having rolled back;
 // store.ErrConflict or store.ErrUnavailable from the driver (for an I/O
 // error during COMMIT the outcome is unknown, as store.ErrUnavailable
-// says; a failed fsync fails the store for good, see store.Syncer). Every
+// says; a full disk, SQLITE_FULL, adds store.ErrRolledBack: nothing
+// committed, commitNotWritten; a failed fsync fails the store for good,
+// see store.Syncer). Every
 // outcome ends the transaction.
 func (tx *Tx) Commit(ctx context.Context) error {
 	if err := tx.commit(ctx); err != nil {
@@ -658,6 +663,9 @@ func (tx *Tx) commit(ctx context.Context) error {
 		tx.s.subjects.remove(tx.subjectsRemoved)
 		tx.s.subjects.behind()
 		tx.rollback(ctx)
+		if commitNotWritten(err) {
+			return fmt.Errorf("commit: %w: %w", store.ErrRolledBack, tx.err(ctx, err))
+		}
 		return fmt.Errorf("commit: %w", tx.err(ctx, err))
 	}
 	tx.s.commits.Add(1)
@@ -669,6 +677,26 @@ func (tx *Tx) commit(ctx context.Context) error {
 		tx.s.cache.committed(c, tx.accountSlot)
 	}
 	return nil
+}
+
+// commitNotWritten reports whether a COMMIT's error says its commit
+// record never reached the WAL whole, so that nothing of the transaction
+// is committed, now or after a crash's recovery: SQLITE_FULL. In WAL mode
+// a COMMIT writes the transaction's frames in order, the one carrying the
+// commit mark last; a frame counts only with its checksum whole, so a
+// write that ran out of room (SQLITE_FULL comes only from a write refused
+// with ENOSPC) left at most a torn, invalid commit frame. What a COMMIT
+// does after that frame fails with other codes: the fsync (SQLITE_IOERR_FSYNC),
+// the wal-index (SQLITE_IOERR_SHM*), and padding frames after the commit
+// frame, which SQLite writes only without powersafe overwrite (on by
+// default: the store never turns it off). It holds because no connection
+// checkpoints on commit (wal_autocheckpoint(0), checkpoint.go): SQLite
+// reports a failed autocheckpoint's error, SQLITE_FULL too, from the
+// COMMIT that ran it, after that commit took effect. Every other error of
+// a COMMIT leaves its outcome unknown.
+func commitNotWritten(err error) bool {
+	var e *sqlite.Error
+	return errors.As(err, &e) && e.Code() == sqlite3.SQLITE_FULL
 }
 
 // rollback ends the transaction without its writes and returns the

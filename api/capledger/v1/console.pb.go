@@ -1202,6 +1202,11 @@ type ResolverAnswer struct {
 	// Questions asked so far, and when the next one is due.
 	Attempts      int64                  `protobuf:"varint,5,opt,name=attempts,proto3" json:"attempts,omitempty"`
 	NextAttemptAt *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=next_attempt_at,json=nextAttemptAt,proto3" json:"next_attempt_at,omitempty"`
+	// The account of the reservation the answer is about (an answer is
+	// kept under its account and id).
+	Subject       string `protobuf:"bytes,7,opt,name=subject,proto3" json:"subject,omitempty"`
+	Route         string `protobuf:"bytes,8,opt,name=route,proto3" json:"route,omitempty"`
+	Region        string `protobuf:"bytes,9,opt,name=region,proto3" json:"region,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1278,6 +1283,27 @@ func (x *ResolverAnswer) GetNextAttemptAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *ResolverAnswer) GetSubject() string {
+	if x != nil {
+		return x.Subject
+	}
+	return ""
+}
+
+func (x *ResolverAnswer) GetRoute() string {
+	if x != nil {
+		return x.Route
+	}
+	return ""
+}
+
+func (x *ResolverAnswer) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
 type ListAccountStandingsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Only subjects containing this text; empty: every subject.
@@ -1295,11 +1321,11 @@ type ListAccountStandingsRequest struct {
 	// ListDebts call), then filtered and ordered as above; matched counts
 	// those.
 	InDebt bool `protobuf:"varint,6,opt,name=in_debt,json=inDebt,proto3" json:"in_debt,omitempty"`
-	// Only this subject, exactly; empty: every subject. With route and
-	// region too, only that subject key's accounts are read, not every
-	// account. A subject that is part of many others' names (t1 of t10 ..
-	// t19999) is found by this, where subject_contains and limit may leave
-	// it out.
+	// Only this subject, exactly; empty: every subject. Only that
+	// subject's accounts are read (with route and region too, only that
+	// subject key's), not every account. A subject that is part of many
+	// others' names (t1 of t10 .. t19999) is found by this, where
+	// subject_contains and limit may leave it out.
 	Subject       string `protobuf:"bytes,7,opt,name=subject,proto3" json:"subject,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -2085,14 +2111,17 @@ const file_capledger_v1_console_proto_rawDesc = "" +
 	"\x19GetResolverAnswersRequest\x12'\n" +
 	"\x0freservation_ids\x18\x01 \x03(\tR\x0ereservationIds\"T\n" +
 	"\x1aGetResolverAnswersResponse\x126\n" +
-	"\aanswers\x18\x01 \x03(\v2\x1c.capledger.v1.ResolverAnswerR\aanswers\"\xfe\x01\n" +
+	"\aanswers\x18\x01 \x03(\v2\x1c.capledger.v1.ResolverAnswerR\aanswers\"\xc6\x02\n" +
 	"\x0eResolverAnswer\x12%\n" +
 	"\x0ereservation_id\x18\x01 \x01(\tR\rreservationId\x12\x16\n" +
 	"\x06answer\x18\x02 \x01(\tR\x06answer\x12\x16\n" +
 	"\x06detail\x18\x03 \x01(\tR\x06detail\x125\n" +
 	"\basked_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\aaskedAt\x12\x1a\n" +
 	"\battempts\x18\x05 \x01(\x03R\battempts\x12B\n" +
-	"\x0fnext_attempt_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\rnextAttemptAt\"\xec\x01\n" +
+	"\x0fnext_attempt_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\rnextAttemptAt\x12\x18\n" +
+	"\asubject\x18\a \x01(\tR\asubject\x12\x14\n" +
+	"\x05route\x18\b \x01(\tR\x05route\x12\x16\n" +
+	"\x06region\x18\t \x01(\tR\x06region\"\xec\x01\n" +
 	"\x1bListAccountStandingsRequest\x12)\n" +
 	"\x10subject_contains\x18\x01 \x01(\tR\x0fsubjectContains\x12\x14\n" +
 	"\x05route\x18\x02 \x01(\tR\x05route\x12\x16\n" +
