@@ -298,28 +298,33 @@ var errAuditFound = errors.New("the audit found discrepancies")
 // accounts' keys are read a second time to merge them with the replays.
 func (e *Engine) CutCheckpoint(ctx context.Context, now time.Time) (*ledger.Checkpoint, []ledger.Discrepancy, error) {
 	// The watermark: with nothing committed after the last checkpoint,
-	// no snapshot is taken. It would read every policy, move, shard,
-	// statement and retained total into memory to find the same.
-	if last, ok, err := e.core.store.CheckpointLast(ctx); err != nil {
+	// or nothing journaled at all before the first, no snapshot is
+	// taken. It would read every policy, move, shard, statement and
+	// retained total into memory to find the same (without a
+	// checkpoint, at every pass: a store holding only published
+	// policies read them all every minute).
+	last, ok, err := e.core.store.CheckpointLast(ctx)
+	if err != nil {
 		return nil, nil, fmt.Errorf("checkpoint: %w", err)
-	} else if ok {
-		after, err := e.core.store.JournalAfter(ctx, last.Through)
-		if err != nil {
-			return nil, nil, fmt.Errorf("checkpoint: %w", err)
-		}
-		if !after {
+	}
+	after, err := e.core.store.JournalAfter(ctx, last.Through)
+	if err != nil {
+		return nil, nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	if !after {
+		if ok {
 			e.compaction.lastCut.Store(last.CutAt.UnixNano())
 			e.compaction.lastSeq.Store(last.Seq)
 			e.sawCheckpoint(last)
-			return nil, nil, nil
 		}
+		return nil, nil, nil
 	}
 	if o := e.opts.Compaction; o != nil && o.CutGCPercent > 0 {
 		defer debug.SetGCPercent(debug.SetGCPercent(o.CutGCPercent))
 	}
 	var cp *ledger.Checkpoint
 	var found []ledger.Discrepancy
-	err := e.core.store.AuditSnapshot(ctx, true, func(snap *ledger.Snapshot, through int64) error {
+	err = e.core.store.AuditSnapshot(ctx, true, func(snap *ledger.Snapshot, through int64) error {
 		last := snap.LastCheckpoint()
 		if last != nil {
 			e.compaction.lastCut.Store(last.CutAt.UnixNano())

@@ -276,7 +276,7 @@ func (c *Core) EpochsDue(ctx context.Context, now time.Time) ([]ledger.Command, 
 // rolled-back generations that still hold available capacity or debt:
 // every page of DrainPager at once.
 func (c *Core) DrainsDue(ctx context.Context) ([]ledger.Command, error) {
-	p, _, err := c.DrainPager(ctx, DefaultPageSize, nil)
+	p, _, err := c.DrainPager(ctx, DefaultPageSize, nil, nil)
 	if err != nil {
 		return nil, err
 	}

@@ -66,9 +66,10 @@ type Pager struct {
 	// switchable, when set (a drain pager for the memo), reports whether
 	// an account that got no command may still be its subject's current
 	// account under a generation that refills (see mayStayCurrent);
-	// live are the generations not rolled back.
+	// live reports whether a generation is one the pager knows and not
+	// rolled back.
 	switchable func(a *ledger.Account) bool
-	live       map[uint64]bool
+	live       func(generation uint64) bool
 }
 
 // scan is one generation's pass over AccountsByEpoch, from from (the zero
@@ -285,6 +286,128 @@ type DrainPlan struct {
 // generation (ScanEnd.Waiting).
 const drainWaitingPerGeneration = 4096
 
+// drainFullReadEvery is how many drain passes in a row may take the
+// policies from DrainPolicies, when PolicyChanges has not moved, before
+// one reads every policy again: a replica of an older version publishes
+// and rolls back without counting it (ledger.MetaPolicyChanges), and its
+// changes are seen then.
+const drainFullReadEvery = 10
+
+// DrainPolicies keeps what a drain pass derived from the policies (which
+// generations are superseded, which decide, which are rolled back and
+// refill),
+// and the store's PolicyChanges it was read at: the next pass reads every
+// policy again only when that count moved (a publish or a rollback
+// committed since, on any replica), after drainFullReadEvery passes
+// without a full read, or after Forget (a new term as worker leader).
+// The zero value knows nothing: the first pass reads every policy.
+type DrainPolicies struct {
+	view    *drainView
+	changes uint64
+	// passes counts the passes that took view without reading.
+	passes int
+}
+
+// Forget makes the next pass read every policy.
+func (d *DrainPolicies) Forget() { d.view = nil }
+
+// digest returns the digest of the kept view's active generations
+// (digestActive), taken once per view: the drain memo's key, which
+// would otherwise hash every policy key at every pass.
+func (d *DrainPolicies) digest() activeDigest {
+	v := d.view
+	if !v.digested {
+		v.digest, v.digested = digestActive(v.active), true
+	}
+	return v.digest
+}
+
+// drainView is what DrainPager derives from the policies.
+type drainView struct {
+	active ledger.ActiveGenerations
+	// superseded are the generations that are not their key's active
+	// one, oldest first; points the accounts of subjects with an active
+	// policy of their own under a still-active AnySubject generation.
+	superseded []uint64
+	points     []ledger.AccountKey
+	// newest is the newest generation read; rolledBack are those rolled
+	// back, refills the superseded ones with a dimension that refills (a
+	// few entries, where a set of every live generation would hold one
+	// per tenant).
+	newest              uint64
+	rolledBack, refills map[uint64]bool
+	// digest is active's digest once digested (DrainPolicies.digest).
+	digest   activeDigest
+	digested bool
+}
+
+// live reports whether generation g is one v read and not rolled back.
+func (v *drainView) live(g uint64) bool { return g <= v.newest && !v.rolledBack[g] }
+
+// newDrainView derives a drainView from every policy.
+func newDrainView(policies []ledger.Policy) *drainView {
+	v := &drainView{active: ledger.NewActiveGenerations(policies), rolledBack: map[uint64]bool{}, refills: map[uint64]bool{}}
+	for i := range policies {
+		pol := &policies[i]
+		v.newest = max(v.newest, pol.Generation)
+		if pol.RolledBack {
+			v.rolledBack[pol.Generation] = true
+		}
+		g, ok := v.active.Active(pol.Key)
+		if ok && g == pol.Generation {
+			if pol.Key.Subject != ledger.AnySubject {
+				continue // decides for its one subject: nothing to drain
+			}
+			// An active AnySubject generation decides for every subject of
+			// its route but those with an active policy of their own.
+			for own, ownGen := range v.active {
+				if own.Subject != ledger.AnySubject && own.Route == pol.Key.Route && own.Region == pol.Key.Region && ownGen != 0 {
+					v.points = append(v.points, ledger.AccountKey{Subject: own.Subject, Route: own.Route, Region: own.Region, Generation: pol.Generation})
+				}
+			}
+			continue
+		}
+		v.superseded = append(v.superseded, pol.Generation)
+		if !pol.RolledBack {
+			for _, d := range pol.Dimensions {
+				if d.Refills() {
+					v.refills[pol.Generation] = true
+				}
+			}
+		}
+	}
+	return v
+}
+
+// drainView returns the view of the policies for a drain pass: known's,
+// when it has one and nothing says to read again (DrainPolicies), else
+// one from every policy (then kept in known, when not nil).
+func (c *Core) drainView(ctx context.Context, known *DrainPolicies) (*drainView, error) {
+	if known == nil {
+		policies, err := c.store.PolicyList(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("policies: %w", err)
+		}
+		return newDrainView(policies), nil
+	}
+	// The count first: a change that commits between the two reads is
+	// in the list, and moves the count the next pass reads.
+	changes, err := c.store.PolicyChanges(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("policy changes: %w", err)
+	}
+	if known.view != nil && changes == known.changes && known.passes < drainFullReadEvery-1 {
+		known.passes++
+		return known.view, nil
+	}
+	policies, err := c.store.PolicyList(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("policies: %w", err)
+	}
+	known.view, known.changes, known.passes = newDrainView(policies), changes, 0
+	return known.view, nil
+}
+
 // DrainPager returns a pager over the accounts of superseded or
 // rolled-back generations that still hold available capacity or debt
 // (late refunds and late overuse land there after a generation switch or a
@@ -306,32 +429,22 @@ const drainWaitingPerGeneration = 4096
 // (capacity lands on a superseded account only as a late refund or
 // overuse of its own reservations, or as the lazy refill a switch leaves
 // on the account it moves the subject from).
-func (c *Core) DrainPager(ctx context.Context, pageSize int, plan func(active ledger.ActiveGenerations, generation uint64) DrainPlan) (*Pager, ledger.ActiveGenerations, error) {
-	policies, err := c.store.PolicyList(ctx)
+//
+// known, when not nil, keeps what the pass derives from the policies
+// (DrainPolicies): a pass after one that read them reads one meta row
+// (store.Store.PolicyChanges), not every policy, while none changed.
+// Without it every policy is read.
+func (c *Core) DrainPager(ctx context.Context, pageSize int, plan func(active ledger.ActiveGenerations, generation uint64) DrainPlan, known *DrainPolicies) (*Pager, ledger.ActiveGenerations, error) {
+	view, err := c.drainView(ctx, known)
 	if err != nil {
-		return nil, nil, fmt.Errorf("policies: %w", err)
+		return nil, nil, err
 	}
-	active := ledger.NewActiveGenerations(policies)
-	p := &Pager{core: c, size: max(pageSize, 1), collect: drainWaitingPerGeneration}
-	for i := range policies {
-		pol := &policies[i]
-		g, ok := active.Active(pol.Key)
-		if ok && g == pol.Generation {
-			if pol.Key.Subject != ledger.AnySubject {
-				continue // decides for its one subject: nothing to drain
-			}
-			// An active AnySubject generation decides for every subject of
-			// its route but those with an active policy of their own.
-			for own, ownGen := range active {
-				if own.Subject != ledger.AnySubject && own.Route == pol.Key.Route && own.Region == pol.Key.Region && ownGen != 0 {
-					p.points = append(p.points, ledger.AccountKey{Subject: own.Subject, Route: own.Route, Region: own.Region, Generation: pol.Generation})
-				}
-			}
-			continue
-		}
-		s := scan{generation: pol.Generation}
+	active := view.active
+	p := &Pager{core: c, size: max(pageSize, 1), collect: drainWaitingPerGeneration, points: slices.Clone(view.points)}
+	for _, g := range view.superseded {
+		s := scan{generation: g}
 		if plan != nil {
-			how := plan(active, pol.Generation)
+			how := plan(active, g)
 			if how.Skip {
 				continue
 			}
@@ -352,20 +465,8 @@ func (c *Core) DrainPager(ctx context.Context, pageSize int, plan func(active le
 		// its refill is lazy, and the switch when the subject comes back
 		// refills it under its own rule and leaves there what the
 		// deciding burst has no room for, though it held no reservation.
-		refills := map[uint64]bool{}
-		p.live = map[uint64]bool{}
-		for i := range policies {
-			pol := &policies[i]
-			if pol.RolledBack {
-				continue
-			}
-			p.live[pol.Generation] = true
-			for _, d := range pol.Dimensions {
-				if d.Refills() {
-					refills[pol.Generation] = true
-				}
-			}
-		}
+		refills := view.refills
+		p.live = view.live
 		p.switchable = func(a *ledger.Account) bool {
 			deciding, ok := active.Deciding(a.Key.SubjectKey())
 			return ok && deciding != a.Key.Generation && refills[a.Key.Generation]
@@ -504,7 +605,7 @@ func (p *Pager) mayStayCurrent(ctx context.Context, quiet []*ledger.Account) err
 			switch {
 			case r.Key.Generation == a.Key.Generation:
 				landed = holds(r) || reserves(r)
-			case r.Key.Generation > a.Key.Generation && p.live[r.Key.Generation]:
+			case r.Key.Generation > a.Key.Generation && p.live(r.Key.Generation):
 				movedOn = true
 			}
 		}

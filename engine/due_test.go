@@ -104,7 +104,7 @@ func TestWorkersReadOnlyWhatIsDue(t *testing.T) {
 	if cmds, _ := pages(t, core, epochs, now); len(cmds) != 0 {
 		t.Fatalf("epochs due mid-epoch: %d", len(cmds))
 	}
-	drains, _, err := core.DrainPager(ctx, pageSize, nil)
+	drains, _, err := core.DrainPager(ctx, pageSize, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,7 +141,7 @@ func TestWorkersReadOnlyWhatIsDue(t *testing.T) {
 	run(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: policy("tenant-000", 5000)})
 	var memo drainMemo
 	plan := func(active ledger.ActiveGenerations, g uint64) DrainPlan { return memo.plan(active, g, now) }
-	drains, active, err := core.DrainPager(ctx, pageSize, plan)
+	drains, active, err := core.DrainPager(ctx, pageSize, plan, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,7 +161,7 @@ func TestWorkersReadOnlyWhatIsDue(t *testing.T) {
 	// it at all while the active generations stay the same.
 	for pass := 2; pass <= 3; pass++ {
 		st.reset()
-		drains, active, err = core.DrainPager(ctx, pageSize, plan)
+		drains, active, err = core.DrainPager(ctx, pageSize, plan, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -386,7 +386,7 @@ func TestDrainPassWithOneCommandIsNotClean(t *testing.T) {
 	publishOnCore(t, core, now, 1000)
 	commitAlone(t, core, now, reserveCmd("rl-1", 10))
 	publishOnCore(t, core, now, 2000) // generation 1's one account now drains
-	drains, _, err := core.DrainPager(ctx, 64, nil)
+	drains, _, err := core.DrainPager(ctx, 64, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -447,7 +447,7 @@ func TestDrainScanListsWaitingAccountsUpToItsBound(t *testing.T) {
 			commitAlone(t, core, t0, cmd)
 		}
 		publishOnCore(t, core, t0, 2000)
-		drains, _, err := core.DrainPager(ctx, 64, nil)
+		drains, _, err := core.DrainPager(ctx, 64, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -145,11 +145,13 @@ type Engine struct {
 	lastProbe atomic.Int64
 
 	// lead is the worker lease; drains what the drain worker remembers.
-	lead       leader
-	drains     drainMemo
-	epochScans EpochScans
-	epochWatch epochWatch
-	pace       workerPacer
+	lead   leader
+	drains drainMemo
+	// drainPolicies is what the drain worker keeps of the policies.
+	drainPolicies DrainPolicies
+	epochScans    EpochScans
+	epochWatch    epochWatch
+	pace          workerPacer
 	// fails are the workers' failure runs (workerlog.go), one failLog
 	// per worker (the resolver's is its own: Resolver.fails) and the
 	// lease loop's.
@@ -656,9 +658,11 @@ func (e *Engine) runEpochs(ctx context.Context) {
 	if !complete {
 		return
 	}
-	drains, active, err := e.core.DrainPager(ctx, e.opts.PageSize, func(active ledger.ActiveGenerations, g uint64) DrainPlan {
-		return e.drains.plan(active, g, now)
-	})
+	// The plan runs after DrainPager took its view of the policies into
+	// drainPolicies, whose active generations' digest is the memo's key.
+	drains, _, err := e.core.DrainPager(ctx, e.opts.PageSize, func(_ ledger.ActiveGenerations, g uint64) DrainPlan {
+		return e.drains.planDigest(e.drainPolicies.digest(), g, now)
+	}, &e.drainPolicies)
 	if err != nil {
 		if ctx.Err() == nil {
 			e.fails.epochs.failed("drain worker", err)
@@ -668,7 +672,7 @@ func (e *Engine) runEpochs(ctx context.Context) {
 	e.fails.epochs.ok("drain worker")
 	moved := drainOutcomes{}
 	complete = e.runPages(ctx, "drain", drains, moved.seen)
-	e.drains.update(active, drains, moved, complete, now)
+	e.drains.updateDigest(e.drainPolicies.digest(), drains, moved, complete, now)
 }
 
 // runWorkerCommands commits a worker's commands in chunks of at most

@@ -56,7 +56,7 @@ func (d *GenerationDrain) Drained() bool {
 // says may still need a drain. This is for an operator following a
 // rollback.
 func (e *Engine) RunDrains(ctx context.Context) (int, error) {
-	p, _, err := e.core.DrainPager(ctx, e.opts.PageSize, nil)
+	p, _, err := e.core.DrainPager(ctx, e.opts.PageSize, nil, nil)
 	if err != nil {
 		return 0, fmt.Errorf("drains: %w", err)
 	}

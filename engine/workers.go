@@ -54,7 +54,10 @@ type workerFails struct {
 func (e *Engine) newLeaderWorkers() []*worker {
 	workers := []*worker{
 		{name: "expiry", interval: e.opts.WorkerInterval, run: e.runDue, fails: &e.fails.expiry},
-		{name: "epochs", interval: min(e.opts.EpochInterval, epochWatchInterval), run: e.runEpochsWhenDue, fails: &e.fails.epochs},
+		// A new term reads every policy again: a replica of an older
+		// version may have led meanwhile (DrainPolicies).
+		{name: "epochs", interval: min(e.opts.EpochInterval, epochWatchInterval), run: e.runEpochsWhenDue, fails: &e.fails.epochs,
+			newTerm: e.drainPolicies.Forget},
 	}
 	if e.opts.Retention > 0 {
 		workers = append(workers, &worker{name: "retention", interval: e.opts.RetentionInterval, run: e.runRetention, fails: &e.fails.retention})
@@ -511,8 +514,14 @@ type drainVerdict struct {
 
 // plan says how the drain pass starting at now reads generation g.
 func (m *drainMemo) plan(active ledger.ActiveGenerations, g uint64, now time.Time) DrainPlan {
+	return m.planDigest(digestActive(active), g, now)
+}
+
+// planDigest is plan of the active generations whose digest is d (the
+// drain worker's: DrainPolicies keeps it with its view).
+func (m *drainMemo) planDigest(d activeDigest, g uint64, now time.Time) DrainPlan {
 	v, ok := m.gens[g]
-	if !ok || m.active != digestActive(active) {
+	if !ok || m.active != d {
 		return DrainPlan{}
 	}
 	// A clock that went back before the verdict reads it again.
@@ -538,7 +547,12 @@ func (o drainOutcomes) seen(cmds []ledger.Command, results []ledger.Result) {
 // is whether it ran to its end (an incomplete pass records nothing: the
 // generations it read and did not record are read again next pass).
 func (m *drainMemo) update(active ledger.ActiveGenerations, p *Pager, moved drainOutcomes, complete bool, now time.Time) {
-	if d := digestActive(active); m.active != d {
+	m.updateDigest(digestActive(active), p, moved, complete, now)
+}
+
+// updateDigest is update of the active generations whose digest is d.
+func (m *drainMemo) updateDigest(d activeDigest, p *Pager, moved drainOutcomes, complete bool, now time.Time) {
+	if m.active != d {
 		m.active, m.gens = d, map[uint64]drainVerdict{}
 	}
 	if !complete {

@@ -43,6 +43,13 @@ const (
 	// MetaGeneration is the last policy generation handed out; generations
 	// are unique across every policy key.
 	MetaGeneration = "policy_generation"
+	// MetaPolicyChanges counts the policy changes committed: a publish
+	// of a new generation and a rollback each add one, in their own
+	// transaction (a rollback changes its policy row in place, which
+	// MetaGeneration does not show). A reader that keeps what it derived
+	// from the policies reads them again only once it moved
+	// (store.Store.PolicyChanges).
+	MetaPolicyChanges = "policy_changes"
 )
 
 // ReservationRows is an optional Book extension for a book that keeps many

@@ -254,6 +254,7 @@ func publishPolicy(b Book, p *Policy, replaces uint64, now time.Time) Result {
 	}
 	generation := uint64(b.Meta(MetaGeneration)) + 1
 	b.MetaPut(MetaGeneration, int64(generation))
+	b.MetaPut(MetaPolicyChanges, b.Meta(MetaPolicyChanges)+1)
 	published := *p
 	published.Dimensions = slices.Clone(p.Dimensions)
 	published.Generation = generation
@@ -309,6 +310,7 @@ func RollbackPolicy(b Book, key PolicyKey, generation uint64, now time.Time) Res
 	}
 	p.RolledBack = true
 	b.PolicyPut(p)
+	b.MetaPut(MetaPolicyChanges, b.Meta(MetaPolicyChanges)+1)
 	if head.Active == generation {
 		head.Active = 0
 		for g := generation - 1; g > 0; g-- {

@@ -101,6 +101,12 @@ type Store interface {
 	// first: what was published since a reader last looked (generations
 	// are numbered in publication order), a range of the primary key.
 	PolicyListAfter(ctx context.Context, after uint64) ([]ledger.Policy, error)
+	// PolicyChanges returns the committed count of policy changes (the
+	// ledger.MetaPolicyChanges meta row: publishes and rollbacks), 0 when
+	// none was counted: one row, so a reader that keeps what it derived
+	// from the policies learns whether to read them again without
+	// reading them.
+	PolicyChanges(ctx context.Context) (uint64, error)
 	// PolicyPage returns up to f.Limit generations newer than f.After,
 	// oldest first, of the keys f's subject, route and region select
 	// (each when not empty, matched exactly), each with whether its key's

@@ -407,6 +407,16 @@ func (s *Store) PolicyList(ctx context.Context) (out []ledger.Policy, err error)
 	return out, err
 }
 
+// PolicyChanges returns the committed ledger.MetaPolicyChanges row, 0
+// when it was never set.
+func (s *Store) PolicyChanges(ctx context.Context) (out uint64, err error) {
+	err = s.read(ctx, func(r *rows) error {
+		out = uint64(r.meta[ledger.MetaPolicyChanges])
+		return nil
+	})
+	return out, err
+}
+
 // PolicyListAfter returns copies of the generations newer than after,
 // oldest first.
 func (s *Store) PolicyListAfter(ctx context.Context, after uint64) (out []ledger.Policy, err error) {

@@ -558,6 +558,20 @@ func (s *Store) PolicyListAfter(ctx context.Context, after uint64) ([]ledger.Pol
 	return s.policyList(ctx, s.pool, int64(after))
 }
 
+// PolicyChanges returns the committed ledger.MetaPolicyChanges row, 0
+// when it was never set.
+func (s *Store) PolicyChanges(ctx context.Context) (uint64, error) {
+	var v int64
+	err := s.pool.QueryRow(ctx, `SELECT value FROM meta WHERE name = $1`, ledger.MetaPolicyChanges).Scan(&v)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, s.c.classify("meta "+ledger.MetaPolicyChanges, err, false)
+	}
+	return uint64(v), nil
+}
+
 // policyPageSQL reads a page of PolicyPage, each row's key's active
 // generation from its head in the same statement (one snapshot). Read
 // outside write transactions, it is planned at each run (plan.go), for

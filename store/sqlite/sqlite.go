@@ -789,6 +789,19 @@ func (s *Store) PolicyListAfter(ctx context.Context, after uint64) (_ []ledger.P
 	return queryAll(ctx, s.r.policiesAfter, scanPolicy, "policy list", int64(after))
 }
 
+// PolicyChanges returns the committed ledger.MetaPolicyChanges row, 0
+// when it was never set.
+func (s *Store) PolicyChanges(ctx context.Context) (uint64, error) {
+	v, err := queryOne(ctx, s, s.r.meta, scanInt, "meta "+ledger.MetaPolicyChanges, ledger.MetaPolicyChanges)
+	if errors.Is(err, store.ErrNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	return uint64(v), nil
+}
+
 // policyPageSQL reads a page of PolicyPage: a range of the primary key
 // (generation), each filter left out when empty, and each row's key's
 // active generation from its head (a primary-key lookup).

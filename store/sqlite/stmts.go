@@ -216,10 +216,10 @@ func params(n int) string {
 
 // readStmts are the Store's read methods, prepared on the read pool.
 type readStmts struct {
-	reservation, account, accountsOf, accountsAll, policy, head, policies, policiesAfter, policyPage, shard, shards, due *sql.Stmt
-	unknownFirst, unknownAfter, unknownBacklog                                                                           *sql.Stmt
-	debtFirst, debtAfter                                                                                                 *sql.Stmt
-	pageFirst, pageAfter                                                                                                 *sql.Stmt
+	reservation, account, accountsOf, accountsAll, policy, head, policies, policiesAfter, policyPage, meta, shard, shards, due *sql.Stmt
+	unknownFirst, unknownAfter, unknownBacklog                                                                                 *sql.Stmt
+	debtFirst, debtAfter                                                                                                       *sql.Stmt
+	pageFirst, pageAfter                                                                                                       *sql.Stmt
 	// pageOfSubject is AccountsPage's read with a subject.
 	pageOfSubject *sql.Stmt
 	// The epoch worker's reads, one of each per generation a pass: parsed
@@ -257,6 +257,7 @@ func (r *readStmts) prepare(ctx context.Context, db *sql.DB) error {
 	r.policiesAfter = prep("SELECT " + policyCols + " FROM policies WHERE generation > ? ORDER BY generation")
 	r.policyPage = prep(policyPageSQL)
 	r.policyPageOfSubject = prep(policyPageOfSubjectSQL)
+	r.meta = prep(writeSQL[wMetaGet])
 	r.shard = prep(writeSQL[wShardGet])
 	r.shards = prep("SELECT " + shardCols + " FROM shards ORDER BY id")
 	r.due = prep(dueSQL)
@@ -285,7 +286,7 @@ func (r *readStmts) prepare(ctx context.Context, db *sql.DB) error {
 }
 
 func (r *readStmts) close() {
-	stmts := []*sql.Stmt{r.reservation, r.account, r.accountsOf, r.accountsAll, r.policy, r.head, r.policies, r.policiesAfter, r.policyPage, r.policyPageOfSubject, r.shard, r.shards, r.due,
+	stmts := []*sql.Stmt{r.reservation, r.account, r.accountsOf, r.accountsAll, r.policy, r.head, r.policies, r.policiesAfter, r.policyPage, r.policyPageOfSubject, r.meta, r.shard, r.shards, r.due,
 		r.unknownFirst, r.unknownAfter, r.unknownBacklog, r.debtFirst, r.debtAfter, r.pageFirst, r.pageAfter, r.pageOfSubject,
 		r.epochFirst, r.epochAfter, r.catchUpFirst, r.catchUpAfter,
 		r.acrossFirst, r.acrossAfter, r.catchUpAcrossFirst, r.catchUpAcrossAfter}

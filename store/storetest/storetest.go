@@ -102,6 +102,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"PoliciesOfGenerations", testPoliciesOfGenerations},
 		{"Lists", testLists},
 		{"PolicyPage", testPolicyPage},
+		{"PolicyChanges", testPolicyChanges},
 		{"TimePrecision", testTimePrecision},
 		{"CancelledContext", testCancelledContext},
 		{"EndedTx", testEndedTx},
@@ -1477,4 +1478,63 @@ func testReservationsUnknownBacklog(t *testing.T, s store.Store) {
 	}
 	commit(t, s, &store.Changes{Reservations: rest})
 	backlog("every one settled", store.UnknownBacklog{})
+}
+
+// testPolicyChanges: PolicyChanges counts the committed publishes of a
+// new generation and rollbacks (ledger.MetaPolicyChanges), each in its own
+// transaction, and nothing else: not a replayed publish or rollback, not
+// a transaction still open or rolled back.
+func testPolicyChanges(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	now := time.Date(2026, 7, 19, 14, 0, 0, 0, time.UTC)
+	want := func(step string, n uint64) {
+		t.Helper()
+		if got, err := s.PolicyChanges(ctx); err != nil || got != n {
+			t.Fatalf("%s: PolicyChanges = %d, %v; want %d", step, got, err, n)
+		}
+	}
+	run := func(step string, cmd ledger.Command) ledger.Result {
+		t.Helper()
+		res, err := apply(ctx, s, &cmd, now)
+		if err != nil || res.Err != nil {
+			t.Fatalf("%s: %v, %v", step, err, res.Err)
+		}
+		return res
+	}
+	policy := func(subject string, burst int64) *ledger.Policy {
+		p := ledger.Policy{Key: ledger.PolicyKey{Subject: subject, Route: "chat.generate", Region: "eu"},
+			Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: burst, RefillUnits: 1, RefillInterval: time.Second}}}.WithDefaults()
+		return &p
+	}
+	want("a new store", 0)
+	run("publish a", ledger.Command{Kind: ledger.KindPublishPolicy, Policy: policy("a", 10)})
+	want("one publish", 1)
+	run("publish a again", ledger.Command{Kind: ledger.KindPublishPolicy, Policy: policy("a", 10)})
+	want("a replayed publish", 1)
+	g2 := run("publish a's next", ledger.Command{Kind: ledger.KindPublishPolicy, Policy: policy("a", 20)}).Generation
+	run("publish b", ledger.Command{Kind: ledger.KindPublishPolicy, Policy: policy("b", 10)})
+	want("three publishes", 3)
+	key := policy("a", 20).Key
+	run("rollback", ledger.Command{Kind: ledger.KindRollbackPolicy, PolicyKey: key, Generation: g2})
+	want("a rollback", 4)
+	run("rollback again", ledger.Command{Kind: ledger.KindRollbackPolicy, PolicyKey: key, Generation: g2})
+	want("a replayed rollback", 4)
+
+	// A rollback written and not committed, then rolled back.
+	tx, err := s.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	book := store.NewBook(ctx, tx, 1)
+	if res := ledger.Apply(book, &ledger.Command{Kind: ledger.KindRollbackPolicy, PolicyKey: key, Generation: 1}, now); res.Err != nil || book.Err() != nil {
+		t.Fatalf("rollback in a transaction: %v, %v", res.Err, book.Err())
+	}
+	if err := tx.Write(ctx, book.Changes()); err != nil {
+		t.Fatal(err)
+	}
+	want("a rollback written, not committed", 4)
+	tx.Rollback(ctx)
+	want("a rollback rolled back", 4)
+	run("rollback of generation 1", ledger.Command{Kind: ledger.KindRollbackPolicy, PolicyKey: key, Generation: 1})
+	want("the second rollback", 5)
 }
