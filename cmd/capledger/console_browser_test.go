@@ -1792,7 +1792,7 @@ func TestConsoleBrowserTableScrollHint(t *testing.T) {
 	b.waitRendered("tenants")
 	// The note goes on with when the ranking's accounts were read
 	// (TestConsoleBrowserPagesShowTheAPIsNumbers checks that time).
-	if got, want := b.text(`main p.note`), "Nearest their limit first (accounts in debt before all others): 1 account matches, showing 1; accounts read at "; !strings.HasPrefix(got, want) {
+	if got, want := b.text(`main p.note`), "Nearest their limit first (accounts in debt before all others; generations that no longer decide after the active ones): 1 account matches, showing 1; accounts read at "; !strings.HasPrefix(got, want) {
 		t.Errorf("main p.note shows %q, want it to begin %q", got, want)
 	}
 	for v, want := range map[string]string{"0": "accounts", "1": "account", "2": "accounts", "1000": "accounts"} {

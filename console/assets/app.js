@@ -401,7 +401,7 @@ pages.tenants = async function (main, args) {
   el("button", { type: "submit" }, "Search"));
   main.append(form);
   const resp = await console_("ListAccountStandings", { subjectContains: q, limit });
-  main.append(el("p", { class: "note" }, "Nearest their limit first (accounts in debt before all others): ",
+  main.append(el("p", { class: "note" }, "Nearest their limit first (accounts in debt before all others; generations that no longer decide after the active ones): ",
     el("span", { "data-value": "matched" }, fmtInt(resp.matched)), " " + plural(resp.matched, "account matches", "accounts match") + ", showing ",
     fmtInt((resp.accounts || []).length), "; accounts read at ", el("span", { "data-value": "asOf" }, fmtTime(resp.asOf)),
     " (one ranking of every account is shared and given again for a while: API.md)."));
