@@ -71,7 +71,7 @@ func TestAccountsPageShowsWholeSubjectKeys(t *testing.T) {
 			}
 			var page []ledger.Account
 			var deciding map[ledger.PolicyKey]uint64
-			page, deciding, after, more, err = e.AccountsPage(ctx, after, limit)
+			page, deciding, after, more, err = e.AccountsPage(ctx, store.AccountFilter{After: after, Limit: limit})
 			if err != nil {
 				t.Fatal(err)
 			}

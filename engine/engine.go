@@ -859,21 +859,24 @@ func (e *Engine) Accounts(ctx context.Context, subject ledger.PolicyKey) ([]ledg
 	return refilledAsShown(accounts, policies.byGeneration, policies.Deciding, e.opts.Clock())
 }
 
-// AccountsPage returns the accounts after the subject key of after (the
-// zero key: from the first) in key order, whole subject keys of about
-// limit accounts, shown as Accounts shows them (refill due up to now
+// AccountsPage returns the accounts f selects after the subject key of
+// f.After (the zero key: from the first) in key order, whole subject
+// keys of about f.Limit accounts (at least 1), shown as Accounts shows them (refill due up to now
 // applied to the account holding each subject's capacity), the
 // generation deciding for each of their subject keys (absent: none
 // decides; what the refill shown went by, as DecidingGenerations would
 // answer for them, so a caller need not read those heads again), and the
 // cursor of the next page; more is false at the end. Each page is a read
 // of its own (store.Store.AccountsPage): reading every account this way
-// never holds one read open over all of them. Its heads are one read
+// never holds one read open over all of them, and reading one subject's
+// (f.Subject) reads its accounts only. Its heads are one read
 // (store.Store.PolicyHeads), its generations another
 // (store.Store.PoliciesOfGenerations).
-func (e *Engine) AccountsPage(ctx context.Context, after ledger.AccountKey, limit int) (_ []ledger.Account, deciding map[ledger.PolicyKey]uint64, next ledger.AccountKey, more bool, err error) {
-	limit = max(limit, 1)
-	page, err := e.core.store.AccountsPage(ctx, store.DebtFilter{After: after, Limit: limit})
+func (e *Engine) AccountsPage(ctx context.Context, f store.AccountFilter) (_ []ledger.Account, deciding map[ledger.PolicyKey]uint64, next ledger.AccountKey, more bool, err error) {
+	after := f.After
+	limit := max(f.Limit, 1)
+	f.Limit = limit
+	page, err := e.core.store.AccountsPage(ctx, f)
 	if err != nil {
 		return nil, nil, after, false, err
 	}

@@ -108,7 +108,7 @@ func TestAPageOfDistinctSubjectsReadsItsHeadsOnce(t *testing.T) {
 	}
 
 	st.reset()
-	page, deciding, _, more, err := e.AccountsPage(ctx, ledger.AccountKey{}, n+1)
+	page, deciding, _, more, err := e.AccountsPage(ctx, store.AccountFilter{Limit: n + 1})
 	if err != nil || len(page) != n || more {
 		t.Fatalf("one page: %d accounts, more %v, %v", len(page), more, err)
 	}
@@ -124,7 +124,7 @@ func TestAPageOfDistinctSubjectsReadsItsHeadsOnce(t *testing.T) {
 
 	pages := int64(0)
 	for after, more := (ledger.AccountKey{}), true; more; pages++ {
-		page, deciding, after, more, err = e.AccountsPage(ctx, after, 100)
+		page, deciding, after, more, err = e.AccountsPage(ctx, store.AccountFilter{After: after, Limit: 100})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -198,7 +198,7 @@ func TestAPageOfTenantsWithAPolicyEachReadsItsGenerationsOnce(t *testing.T) {
 	}
 
 	st.reset()
-	page, deciding, _, more, err := e.AccountsPage(ctx, ledger.AccountKey{}, len(changes.Accounts)+1)
+	page, deciding, _, more, err := e.AccountsPage(ctx, store.AccountFilter{Limit: len(changes.Accounts) + 1})
 	if err != nil || len(page) != len(changes.Accounts) || more {
 		t.Fatalf("one page: %d accounts, more %v, %v", len(page), more, err)
 	}
@@ -209,7 +209,7 @@ func TestAPageOfTenantsWithAPolicyEachReadsItsGenerationsOnce(t *testing.T) {
 
 	pages := int64(0)
 	for after, more := (ledger.AccountKey{}), true; more; pages++ {
-		if _, _, after, more, err = e.AccountsPage(ctx, after, 100); err != nil {
+		if _, _, after, more, err = e.AccountsPage(ctx, store.AccountFilter{After: after, Limit: 100}); err != nil {
 			t.Fatal(err)
 		}
 	}

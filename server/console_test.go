@@ -539,7 +539,7 @@ type gatedScans struct {
 	release chan struct{}
 }
 
-func (s *gatedScans) AccountsPage(ctx context.Context, f store.DebtFilter) ([]ledger.Account, error) {
+func (s *gatedScans) AccountsPage(ctx context.Context, f store.AccountFilter) ([]ledger.Account, error) {
 	if f.After == (ledger.AccountKey{}) {
 		s.mu.Lock()
 		s.scans++

@@ -11,6 +11,7 @@ import (
 
 	v1 "github.com/capledger/capledger/api/capledger/v1"
 	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
 )
 
 // Default and largest limit of GetFairness: subjects listed per group.
@@ -130,7 +131,7 @@ func (c consoleService) fairness(ctx context.Context, q fairnessQuestion) (*v1.G
 		var page []ledger.Account
 		var deciding map[ledger.PolicyKey]uint64
 		var err error
-		page, deciding, after, more, err = s.ledger.AccountsPage(ctx, after, standingsPage)
+		page, deciding, after, more, err = s.ledger.AccountsPage(ctx, store.AccountFilter{After: after, Limit: standingsPage})
 		if err != nil {
 			return nil, readError("accounts", ReasonAccountNotFound, err)
 		}

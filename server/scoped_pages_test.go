@@ -79,7 +79,7 @@ func (c *countingStore) AccountsOfSubjects(ctx context.Context, subjects []ledge
 	return rows, err
 }
 
-func (c *countingStore) AccountsPage(ctx context.Context, f store.DebtFilter) ([]ledger.Account, error) {
+func (c *countingStore) AccountsPage(ctx context.Context, f store.AccountFilter) ([]ledger.Account, error) {
 	c.reads.Add(1)
 	rows, err := c.Store.AccountsPage(ctx, f)
 	c.accountRows.Add(int64(len(rows)))

@@ -41,7 +41,7 @@ type Ledger interface {
 	DoBatch(ctx context.Context, cmds []ledger.Command) ([]ledger.Result, error)
 	Reservation(ctx context.Context, id string) (ledger.Reservation, error)
 	Accounts(ctx context.Context, subject ledger.PolicyKey) ([]ledger.Account, error)
-	AccountsPage(ctx context.Context, after ledger.AccountKey, limit int) ([]ledger.Account, map[ledger.PolicyKey]uint64, ledger.AccountKey, bool, error)
+	AccountsPage(ctx context.Context, f store.AccountFilter) ([]ledger.Account, map[ledger.PolicyKey]uint64, ledger.AccountKey, bool, error)
 	Policies(ctx context.Context) ([]ledger.Policy, error)
 	PoliciesAfter(ctx context.Context, generation uint64) ([]ledger.Policy, error)
 	PoliciesPage(ctx context.Context, f store.PolicyFilter) ([]store.ListedPolicy, error)

@@ -9,6 +9,7 @@ import (
 
 	v1 "github.com/capledger/capledger/api/capledger/v1"
 	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
 )
 
 // A ListAccountStandings ranking that reads every account is shared
@@ -95,22 +96,25 @@ func dimensionUsed(d *ledger.Dimension, b *ledger.Balance) float64 {
 // standingsPage is how many accounts rankAll reads at a time.
 const standingsPage = 1000
 
-// rankAll ranks for a ListAccountStandings that reads every account:
-// into r the best limit of the accounts matching m in the caller's
-// scope, how many matched, and asOf, the time the read began. It reads
-// the accounts page by page (Ledger.AccountsPage), keeping only the best
-// limit: its memory is a page's, and no read stays open for the whole
-// scan.
+// rankAll ranks for a ListAccountStandings that reads every account, or
+// every account of m's subject: into r the best limit of the accounts
+// matching m in the caller's scope, how many matched, and asOf, the time
+// the read began. It reads the accounts page by page (Ledger.AccountsPage),
+// keeping only the best limit: its memory is a page's, and no read stays
+// open for the whole scan. With a subject the store reads that subject's
+// accounts only (standingsFilter), in the same key order, so the ranking
+// is the one of every account filtered.
 func (c consoleService) rankAll(ctx context.Context, m *v1.ListAccountStandingsRequest, limit int, r *standingsRanking) *connect.Error {
 	s := c.s
 	r.asOf = s.clock()
 	top := newBest(limit, (*rankedStanding).before)
 	var matched int64
 	index := 0
-	for after, more := (ledger.AccountKey{}), true; more; {
+	f := standingsFilter(m)
+	for more := true; more; {
 		var page []ledger.Account
 		var err error
-		page, _, after, more, err = s.ledger.AccountsPage(ctx, after, standingsPage)
+		page, _, f.After, more, err = s.ledger.AccountsPage(ctx, f)
 		if err != nil {
 			return readError("accounts", ReasonAccountNotFound, err)
 		}
@@ -180,6 +184,18 @@ func (c consoleService) standingsOf(ctx context.Context, r *standingsRanking) (*
 		resp.Accounts = append(resp.Accounts, c.standingNow(ctx, &ranked.account, &p, deciding, now))
 	}
 	return resp, nil
+}
+
+// standingsFilter is the store's part of m's filters: its subject, with
+// its route and region (which the store reads only with a subject,
+// store.AccountFilter), a page of standingsPage. The rest, and the
+// scope, rankAll checks on each account.
+func standingsFilter(m *v1.ListAccountStandingsRequest) store.AccountFilter {
+	f := store.AccountFilter{Subject: m.GetSubject(), Limit: standingsPage}
+	if f.Subject != "" {
+		f.Route, f.Region = m.GetRoute(), m.GetRegion()
+	}
+	return f
 }
 
 // standingMatches reports whether the account of key passes m's filters.

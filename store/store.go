@@ -67,15 +67,18 @@ type Store interface {
 	// query (SQLite: one statement per 128 subjects), so a page of
 	// debtors costs the engine one read, not one AccountList per row.
 	AccountsOfSubjects(ctx context.Context, subjects []ledger.PolicyKey) ([]ledger.Account, error)
-	// AccountsPage returns up to f.Limit accounts in key order (subject,
-	// route, region, generation; text compared as in AccountList's order
-	// of every account), strictly after f.After unless it is the zero
-	// key; none is an empty list, f.Limit <= 0 or a cursor generation
-	// above math.MaxInt64 an error. Each page is a read of its own (a
-	// seek into the accounts' key, then limit rows), so reading every
-	// account page by page holds no read open for the whole of them: in
-	// SQLite a long read keeps WAL checkpoints from finishing.
-	AccountsPage(ctx context.Context, f DebtFilter) ([]ledger.Account, error)
+	// AccountsPage returns up to f.Limit accounts that f's subject, route
+	// and region select, in key order (subject, route, region,
+	// generation; text compared as in AccountList's order of every
+	// account), strictly after f.After unless it is the zero key; none is
+	// an empty list, f.Limit <= 0 or a cursor generation above
+	// math.MaxInt64 an error. Each page is a read of its own (a seek into
+	// the accounts' key, then limit rows), so reading every account page
+	// by page holds no read open for the whole of them: in SQLite a long
+	// read keeps WAL checkpoints from finishing. With f.Subject it reads
+	// that subject's range of the key only, whatever the other subjects'
+	// accounts (memstore excepted: it walks its map).
+	AccountsPage(ctx context.Context, f AccountFilter) ([]ledger.Account, error)
 	PolicyGet(ctx context.Context, generation uint64) (ledger.Policy, error)
 	// PoliciesOfGenerations returns the policies of generations, as
 	// PolicyGet returns each, by generation: a generation that does not
@@ -326,6 +329,39 @@ type PolicyFilter struct {
 	After uint64
 	// Limit is the most policies returned; it must be positive.
 	Limit int
+}
+
+// AccountFilter pages through AccountsPage.
+type AccountFilter struct {
+	// Subject, Route and Region select the accounts of matching subject
+	// keys, each when not empty, matched exactly ("*" is no pattern: no
+	// account has that subject). Route and Region go with a Subject only
+	// (else AccountsPage refuses the filter, Problem): without one, a
+	// page of a route that few accounts have would read every account in
+	// one read, where a caller reading every account filters each page.
+	Subject, Route, Region string
+	// After is the paging cursor, normally the key of the last account of
+	// the previous page: only accounts with a greater key are returned.
+	// The zero key starts at the first.
+	After ledger.AccountKey
+	// Limit is the most accounts returned; it must be positive.
+	Limit int
+}
+
+// Problem returns why AccountsPage refuses f's subject, route and
+// region (a route or region without a subject), or nil.
+func (f AccountFilter) Problem() error {
+	if f.Subject == "" && (f.Route != "" || f.Region != "") {
+		return errors.New("a route or region filter needs a subject")
+	}
+	return nil
+}
+
+// Selects reports whether f's subject, route and region select the
+// account of key (the cursor aside).
+func (f AccountFilter) Selects(key ledger.AccountKey) bool {
+	return (f.Subject == "" || f.Subject == key.Subject) && (f.Route == "" || f.Route == key.Route) &&
+		(f.Region == "" || f.Region == key.Region)
 }
 
 // DebtFilter pages through AccountsInDebt.

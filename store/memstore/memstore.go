@@ -618,10 +618,10 @@ func (s *Store) AccountsInDebt(ctx context.Context, f store.DebtFilter) (out []l
 	return out, err
 }
 
-// AccountsPage returns copies of up to f.Limit accounts in key order
-// after f.After (store.Store.AccountsPage): one read, which walks every
-// account.
-func (s *Store) AccountsPage(ctx context.Context, f store.DebtFilter) (out []ledger.Account, err error) {
+// AccountsPage returns copies of up to f.Limit accounts that f selects,
+// in key order after f.After (store.Store.AccountsPage): one read, which
+// walks every account.
+func (s *Store) AccountsPage(ctx context.Context, f store.AccountFilter) (out []ledger.Account, err error) {
 	if f.Limit <= 0 {
 		return nil, fmt.Errorf("accounts page: limit %d is not positive", f.Limit)
 	}
@@ -629,11 +629,14 @@ func (s *Store) AccountsPage(ctx context.Context, f store.DebtFilter) (out []led
 	if conv.Int(f.After.Generation); conv.Err() != nil {
 		return nil, fmt.Errorf("accounts page: cursor %s: %w", f.After, conv.Err())
 	}
+	if err := f.Problem(); err != nil {
+		return nil, fmt.Errorf("accounts page: %w", err)
+	}
 	fromStart := f.After == (ledger.AccountKey{})
 	var list []*ledger.Account
 	err = s.read(ctx, func(r *rows) error {
 		for key, a := range r.accounts {
-			if fromStart || key.Compare(f.After) > 0 {
+			if (fromStart || key.Compare(f.After) > 0) && f.Selects(key) {
 				list = append(list, a)
 			}
 		}

@@ -22,6 +22,9 @@ var (
 	AcrossAfterSQL        = acrossAfterSQL
 	PolicyPageSQL         = policyPageSQL
 	PoliciesOfSQL         = policiesOfSQL
+	// AccountsPage's queries of one subject.
+	PageOfSubjectFirstSQL = pageOfSubjectFirstSQL
+	PageOfSubjectAfterSQL = pageOfSubjectAfterSQL
 )
 
 // SetAccountPage sets how many rows a page of an audit's account streams

@@ -643,3 +643,76 @@ func TestPolicyReadsUseTheirIndex(t *testing.T) {
 		}
 	}
 }
+
+// AccountsPage of one subject (the console's standings of one tenant)
+// reads that subject's range of the accounts' unique key, from the
+// cursor on, and the term rows of its accounts by primary key: among
+// 20,000 tenants' accounts, a tenant's first page and its page after a
+// cursor read its own accounts only (actual rows), with its route
+// matched within them, planned for its values (the console's session
+// default) or generically; never a scan of either table.
+func TestAccountsPageOfSubjectReadsItsAccountsOnly(t *testing.T) {
+	_, dsn := openStore(t)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	for _, q := range []string{
+		`INSERT INTO accounts (subject, route, region, generation, dims, epoch_start, breaches, version)
+		SELECT 'tenant' || i, 'chat.generate', 'eu', 1, 1, 0, 0, 1 FROM generate_series(1, 20000) AS i`,
+		`INSERT INTO accounts (subject, route, region, generation, dims, epoch_start, breaches, version)
+		SELECT 'tenant7', r, 'eu', 1, 1, 0, 0, 1 FROM unnest(ARRAY['a', 'b', 'embed']) AS r`,
+		`INSERT INTO account_terms (account_id, dim, opening, minted, overdraft_issued, available, reserved, spent,
+			retired_for_emergency, retired_for_move, overdraft_repaid, epoch_opening, epoch_minted,
+			epoch_overdraft_issued, epoch_available, epoch_reserved, epoch_spent, epoch_retired_for_emergency,
+			epoch_retired_for_move, epoch_overdraft_repaid, refilled_to)
+		SELECT a.id, 0, 100, 0, 0, 100, 0, 0, 0, 0, 0, 100, 0, 0, 100, 0, 0, 0, 0, 0, 0 FROM accounts a`,
+		`ANALYZE accounts`,
+		`ANALYZE account_terms`,
+	} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	for _, tc := range []struct {
+		name, query string
+		args        []any
+		rows        int // the accounts the index scan returns
+	}{
+		{"a subject's first page", postgres.PageOfSubjectFirstSQL, []any{1000, "tenant7", "", ""}, 4},
+		{"a subject's page after a cursor", postgres.PageOfSubjectAfterSQL,
+			[]any{1000, "tenant7", "b", "eu", 1, "tenant7", "", ""}, 2},
+		{"a subject's route", postgres.PageOfSubjectFirstSQL, []any{1000, "tenant7", "embed", ""}, 1},
+		{"a cursor in an earlier subject", postgres.PageOfSubjectAfterSQL,
+			[]any{1000, "tenant6", "chat.generate", "eu", 1, "tenant7", "", ""}, 4},
+	} {
+		if _, err := conn.Exec(ctx, `SET plan_cache_mode = force_generic_plan`); err != nil {
+			t.Fatal(err)
+		}
+		plan := genericPlan(t, conn, tc.query, tc.args)
+		if !strings.Contains(plan, "Index Scan using accounts_subject_route_region_generation_key on accounts d") ||
+			strings.Contains(plan, "Seq Scan") {
+			t.Errorf("%s, generic plan: not a seek of the accounts' key:\n%s", tc.name, plan)
+		}
+		if _, err := conn.Exec(ctx, `SET plan_cache_mode = force_custom_plan`); err != nil {
+			t.Fatal(err)
+		}
+		// An unnamed statement: genericPlan deallocates every prepared one.
+		rows, err := conn.Query(ctx, "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) "+tc.query, append([]any{pgx.QueryExecModeExec}, tc.args...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ran, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		plan = strings.Join(ran, "\n")
+		t.Logf("%s, run:\n%s", tc.name, plan)
+		want := fmt.Sprintf("Index Scan using accounts_subject_route_region_generation_key on accounts d (actual rows=%d loops=1)", tc.rows)
+		if !strings.Contains(plan, want) || strings.Contains(plan, "Seq Scan") {
+			t.Errorf("%s: no %q (or a scan of a table):\n%s", tc.name, want, plan)
+		}
+	}
+}

@@ -863,14 +863,36 @@ func pageSQL(after bool) string {
 	ORDER BY a.subject, a.route, a.region, a.generation, t.dim`
 }
 
+// pageOfSubjectSQL returns AccountsPage's query of one subject, with the
+// cursor clause when after is set: pageSQL's, the inner SELECT reading
+// the subject's range of the accounts' unique key only (whatever the
+// other subjects' accounts), its route and region matched when not
+// empty. Parameters: $1 the limit; with after, $2 to $5 the cursor key,
+// then the subject, route and region ($6 to $8; without, $2 to $4).
+func pageOfSubjectSQL(after bool) string {
+	filter, n := "", 2
+	if after {
+		filter, n = `(d.subject, d.route, d.region, d.generation) > ($2::text, $3::text, $4::text, $5::bigint) AND `, 6
+	}
+	filter += fmt.Sprintf(`d.subject = $%d::text AND ($%d::text = '' OR d.route = $%[2]d) AND ($%d::text = '' OR d.region = $%[3]d)`, n, n+1, n+2)
+	return accountSelectColumns + ` FROM (SELECT d.* FROM accounts d
+		WHERE ` + filter + `
+		ORDER BY d.subject, d.route, d.region, d.generation LIMIT $1) a
+	CROSS JOIN LATERAL (SELECT * FROM account_terms o WHERE o.account_id = a.id ORDER BY o.dim LIMIT ` + fmt.Sprint(ledger.MaxDimensions) + `) t
+	ORDER BY a.subject, a.route, a.region, a.generation, t.dim`
+}
+
 var (
-	pageFirstSQL = pageSQL(false)
-	pageAfterSQL = pageSQL(true)
+	pageFirstSQL          = pageSQL(false)
+	pageAfterSQL          = pageSQL(true)
+	pageOfSubjectFirstSQL = pageOfSubjectSQL(false)
+	pageOfSubjectAfterSQL = pageOfSubjectSQL(true)
 )
 
-// AccountsPage returns up to f.Limit accounts in key order after f.After
-// (store.Store.AccountsPage), each page one statement.
-func (s *Store) AccountsPage(ctx context.Context, f store.DebtFilter) ([]ledger.Account, error) {
+// AccountsPage returns up to f.Limit accounts that f selects, in key
+// order after f.After (store.Store.AccountsPage), each page one
+// statement: with a subject, a range of its accounts only.
+func (s *Store) AccountsPage(ctx context.Context, f store.AccountFilter) ([]ledger.Account, error) {
 	if f.Limit <= 0 {
 		return nil, fmt.Errorf("accounts page: limit %d is not positive", f.Limit)
 	}
@@ -879,13 +901,22 @@ func (s *Store) AccountsPage(ctx context.Context, f store.DebtFilter) ([]ledger.
 	if err := conv.Err(); err != nil {
 		return nil, fmt.Errorf("accounts page: cursor %s: %w", f.After, err)
 	}
+	if err := f.Problem(); err != nil {
+		return nil, fmt.Errorf("accounts page: %w", err)
+	}
 	var (
 		rows pgx.Rows
 		err  error
 	)
-	if f.After == (ledger.AccountKey{}) {
+	switch first := f.After == (ledger.AccountKey{}); {
+	case f.Subject != "" && first:
+		rows, err = s.pool.Query(ctx, pageOfSubjectFirstSQL, f.Limit, f.Subject, f.Route, f.Region)
+	case f.Subject != "":
+		rows, err = s.pool.Query(ctx, pageOfSubjectAfterSQL, f.Limit, f.After.Subject, f.After.Route, f.After.Region, generation,
+			f.Subject, f.Route, f.Region)
+	case first:
 		rows, err = s.pool.Query(ctx, pageFirstSQL, f.Limit)
-	} else {
+	default:
 		rows, err = s.pool.Query(ctx, pageAfterSQL, f.Limit, f.After.Subject, f.After.Route, f.After.Region, generation)
 	}
 	if err != nil {

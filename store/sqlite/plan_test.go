@@ -244,3 +244,18 @@ func TestPolicyReadsUseTheirIndex(t *testing.T) {
 		}
 	}
 }
+
+// AccountsPage of one subject (the console's standings of one tenant)
+// seeks the subject's range of the accounts' primary key at the cursor:
+// it reads that subject's accounts only, whatever the others'.
+func TestAccountsPageOfSubjectSeeksThePrimaryKey(t *testing.T) {
+	s, err := Open(context.Background(), filepath.Join(t.TempDir(), "plan.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	plan := queryPlan(t, s, pageOfSubjectSQL, 1000, "tenant7", "", "", -1, "", "")
+	if want := "SEARCH accounts USING PRIMARY KEY (subject=? AND (route,region,generation)>(?,?,?))"; plan != want {
+		t.Errorf("a subject's page: plan\n%s\nwant %s", plan, want)
+	}
+}

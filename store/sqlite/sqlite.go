@@ -974,9 +974,10 @@ func (s *Store) AccountsInDebt(ctx context.Context, f store.DebtFilter) (_ []led
 		f.After.Subject, f.After.Route, f.After.Region, generation)
 }
 
-// AccountsPage returns up to f.Limit accounts in key order after f.After
-// (store.Store.AccountsPage), each page one statement.
-func (s *Store) AccountsPage(ctx context.Context, f store.DebtFilter) (_ []ledger.Account, err error) {
+// AccountsPage returns up to f.Limit accounts that f selects, in key
+// order after f.After (store.Store.AccountsPage), each page one
+// statement: with a subject, a range of its accounts only.
+func (s *Store) AccountsPage(ctx context.Context, f store.AccountFilter) (_ []ledger.Account, err error) {
 	defer s.readBarrier(ctx, &err)
 	if s.closed.Load() {
 		return nil, errClosed
@@ -988,6 +989,23 @@ func (s *Store) AccountsPage(ctx context.Context, f store.DebtFilter) (_ []ledge
 	generation := c.Int(f.After.Generation)
 	if err := c.Err(); err != nil {
 		return nil, fmt.Errorf("accounts page: cursor %s: %w", f.After, err)
+	}
+	if err := f.Problem(); err != nil {
+		return nil, fmt.Errorf("accounts page: %w", err)
+	}
+	if f.Subject != "" {
+		// The subject's range, from after the cursor: SQLite compares
+		// text as bytes, as Go does.
+		route, region, after := "", "", int64(-1)
+		switch {
+		case f.After == (ledger.AccountKey{}) || f.After.Subject < f.Subject:
+		case f.After.Subject > f.Subject:
+			return nil, nil
+		default:
+			route, region, after = f.After.Route, f.After.Region, generation
+		}
+		return queryAll(ctx, s.r.pageOfSubject, scanAccount, "accounts page", f.Limit,
+			f.Subject, route, region, after, f.Route, f.Region)
 	}
 	if f.After == (ledger.AccountKey{}) {
 		return queryAll(ctx, s.r.pageFirst, scanAccount, "accounts page", f.Limit)

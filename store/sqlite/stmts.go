@@ -220,6 +220,8 @@ type readStmts struct {
 	unknownFirst, unknownAfter, unknownBacklog                                                                           *sql.Stmt
 	debtFirst, debtAfter                                                                                                 *sql.Stmt
 	pageFirst, pageAfter                                                                                                 *sql.Stmt
+	// pageOfSubject is AccountsPage's read with a subject.
+	pageOfSubject *sql.Stmt
 	// The epoch worker's reads, one of each per generation a pass: parsed
 	// at every call they were half its CPU with a policy per tenant.
 	epochFirst, epochAfter, catchUpFirst, catchUpAfter *sql.Stmt
@@ -265,6 +267,7 @@ func (r *readStmts) prepare(ctx context.Context, db *sql.DB) error {
 	r.debtAfter = prep(debtAfterSQL)
 	r.pageFirst = prep(pageFirstSQL)
 	r.pageAfter = prep(pageAfterSQL)
+	r.pageOfSubject = prep(pageOfSubjectSQL)
 	r.epochFirst = prep(epochFirstSQL)
 	r.epochAfter = prep(epochAfterSQL)
 	r.catchUpFirst = prep(catchUpFirstSQL)
@@ -283,7 +286,7 @@ func (r *readStmts) prepare(ctx context.Context, db *sql.DB) error {
 
 func (r *readStmts) close() {
 	stmts := []*sql.Stmt{r.reservation, r.account, r.accountsOf, r.accountsAll, r.policy, r.head, r.policies, r.policiesAfter, r.policyPage, r.policyPageOfSubject, r.shard, r.shards, r.due,
-		r.unknownFirst, r.unknownAfter, r.unknownBacklog, r.debtFirst, r.debtAfter, r.pageFirst, r.pageAfter,
+		r.unknownFirst, r.unknownAfter, r.unknownBacklog, r.debtFirst, r.debtAfter, r.pageFirst, r.pageAfter, r.pageOfSubject,
 		r.epochFirst, r.epochAfter, r.catchUpFirst, r.catchUpAfter,
 		r.acrossFirst, r.acrossAfter, r.catchUpAcrossFirst, r.catchUpAcrossAfter}
 	stmts = append(stmts, r.headsOf[:]...)
@@ -353,6 +356,14 @@ var (
 	pageFirstSQL = "SELECT " + accountCols + " FROM accounts ORDER BY subject, route, region, generation LIMIT ?1"
 	pageAfterSQL = "SELECT " + accountCols + " FROM accounts" +
 		" WHERE (subject, route, region, generation) > (?2, ?3, ?4, ?5) ORDER BY subject, route, region, generation LIMIT ?1"
+	// pageOfSubjectSQL is AccountsPage's read of one subject (?2): its
+	// range of the primary key, from strictly after (?3, ?4, ?5) (route,
+	// region, generation; ("", "", -1) is before every row), ?1 rows
+	// whose route and region match ?6 and ?7 (each when not empty). It
+	// reads the subject's accounts only, whatever the other subjects'.
+	pageOfSubjectSQL = "SELECT " + accountCols + " FROM accounts" +
+		" WHERE subject = ?2 AND (route, region, generation) > (?3, ?4, ?5)" +
+		" AND (?6 = '' OR route = ?6) AND (?7 = '' OR region = ?7) ORDER BY route, region, generation LIMIT ?1"
 )
 
 // subjectChunkSizes are the subject counts of AccountsOfSubjects'

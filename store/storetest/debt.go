@@ -360,10 +360,10 @@ func testAccountsInDebtFollowsWrites(t *testing.T, s store.Store) {
 // cursor between keys starts at the next one.
 func testAccountsPage(t *testing.T, s store.Store) {
 	ctx := context.Background()
-	if got, err := s.AccountsPage(ctx, store.DebtFilter{Limit: 10}); err != nil || len(got) != 0 {
+	if got, err := s.AccountsPage(ctx, store.AccountFilter{Limit: 10}); err != nil || len(got) != 0 {
 		t.Errorf("empty store: %v, %v; want none", got, err)
 	}
-	if _, err := s.AccountsPage(ctx, store.DebtFilter{Limit: 0}); err == nil {
+	if _, err := s.AccountsPage(ctx, store.AccountFilter{Limit: 0}); err == nil {
 		t.Error("limit 0: no error")
 	}
 	accounts, _ := debtAccounts()
@@ -381,7 +381,7 @@ func testAccountsPage(t *testing.T, s store.Store) {
 	}
 	for _, limit := range []int{1, 2, 3, 13, 100} {
 		pages := [][]ledger.AccountKey{}
-		f := store.DebtFilter{Limit: limit}
+		f := store.AccountFilter{Limit: limit}
 		for range 50 {
 			page, err := s.AccountsPage(ctx, f)
 			if err != nil {
@@ -403,15 +403,93 @@ func testAccountsPage(t *testing.T, s store.Store) {
 		same(t, fmt.Sprint("pages of ", limit), pages, split(keys, limit))
 	}
 	i := slices.Index(keys, debtKey("t7", "chat", "eu", 2))
-	if got, err := s.AccountsPage(ctx, store.DebtFilter{After: debtKey("t7", "chat", "eu", 2), Limit: 2}); err != nil ||
+	if got, err := s.AccountsPage(ctx, store.AccountFilter{After: debtKey("t7", "chat", "eu", 2), Limit: 2}); err != nil ||
 		len(got) != 2 || got[0].Key != keys[i+1] || got[1].Key != keys[i+2] {
 		t.Errorf("after t7/chat/eu/2: %v, %v; want %v", got, err, keys[i+1:i+3])
 	}
-	if got, err := s.AccountsPage(ctx, store.DebtFilter{After: debtKey("t7", "chat", "eu", 0), Limit: 1}); err != nil ||
+	if got, err := s.AccountsPage(ctx, store.AccountFilter{After: debtKey("t7", "chat", "eu", 0), Limit: 1}); err != nil ||
 		len(got) != 1 || got[0].Key != debtKey("t7", "chat", "eu", 1) {
 		t.Errorf("after a key with no account: %v, %v; want t7/chat/eu/1", got, err)
 	}
-	if got, err := s.AccountsPage(ctx, store.DebtFilter{After: keys[len(keys)-1], Limit: 5}); err != nil || len(got) != 0 {
+	if got, err := s.AccountsPage(ctx, store.AccountFilter{After: keys[len(keys)-1], Limit: 5}); err != nil || len(got) != 0 {
 		t.Errorf("after the last account: %v, %v; want none", got, err)
+	}
+}
+
+// testAccountsPageOfSubject: AccountsPage with a subject (and a route or
+// region) pages through that subject's accounts only, in key order,
+// whatever the page size: none of another subject's, not of t70's when
+// t7 is asked nor of t7's when t is; a cursor in an earlier subject
+// starts at the subject's first account, one in a later subject ends
+// the list. A route or region without a subject is refused.
+func testAccountsPageOfSubject(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	accounts, _ := debtAccounts()
+	commit(t, s, &store.Changes{Accounts: accounts})
+	every, err := s.AccountList(ctx, ledger.PolicyKey{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, filter := range []store.AccountFilter{
+		{Subject: "t7"}, {Subject: "t7", Route: "chat"}, {Subject: "t7", Region: "eu"},
+		{Subject: "t7", Route: "chat", Region: "us"}, {Subject: "t70"}, {Subject: "t"}, {Subject: "t8", Route: "embed"},
+		{Subject: "nobody"}, {Subject: ledger.AnySubject},
+	} {
+		var want []ledger.AccountKey
+		for _, a := range every {
+			k := a.Key
+			if k.Subject == filter.Subject && (filter.Route == "" || k.Route == filter.Route) &&
+				(filter.Region == "" || k.Region == filter.Region) {
+				want = append(want, k)
+			}
+		}
+		for _, limit := range []int{1, 2, 3, 100} {
+			pages := [][]ledger.AccountKey{}
+			f := filter
+			f.Limit = limit
+			for range 50 {
+				page, err := s.AccountsPage(ctx, f)
+				if err != nil {
+					t.Fatalf("%+v: %v", f, err)
+				}
+				got := []ledger.AccountKey{}
+				for i := range page {
+					got = append(got, page[i].Key)
+					same(t, "account "+page[i].Key.String(), page[i], every[slices.IndexFunc(every, func(a ledger.Account) bool { return a.Key == page[i].Key })])
+				}
+				pages = append(pages, got)
+				if len(page) < limit {
+					break
+				}
+				f.After = page[len(page)-1].Key
+			}
+			same(t, fmt.Sprintf("%+v: pages of %d", filter, limit), pages, split(want, limit))
+		}
+	}
+	for _, tc := range []struct {
+		name  string
+		after ledger.AccountKey
+		want  int
+	}{
+		{"a cursor in an earlier subject", debtKey("t", "chat", "eu", 1), 8},
+		{"a cursor before every key", debtKey("a", "z", "z", 9), 8},
+		{"a cursor in a later subject", debtKey("t70", "chat", "eu", 2), 0},
+		{"a cursor in the subject, between keys", debtKey("t7", "chat", "eu", 0), 8},
+		{"a cursor at the subject's second key", debtKey("t7", "chat", "eu", 2), 6},
+	} {
+		got, err := s.AccountsPage(ctx, store.AccountFilter{Subject: "t7", After: tc.after, Limit: 100})
+		if err != nil || len(got) != tc.want {
+			t.Errorf("%s: %d accounts, %v; want %d of t7's", tc.name, len(got), err, tc.want)
+		}
+		for _, a := range got {
+			if a.Key.Subject != "t7" || a.Key.Compare(tc.after) <= 0 {
+				t.Errorf("%s: %s", tc.name, a.Key)
+			}
+		}
+	}
+	for _, f := range []store.AccountFilter{{Route: "chat", Limit: 10}, {Region: "eu", Limit: 10}} {
+		if got, err := s.AccountsPage(ctx, f); err == nil {
+			t.Errorf("%+v without a subject: %v, no error", f, got)
+		}
 	}
 }

@@ -90,6 +90,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"AccountsInDebt", testAccountsInDebt},
 		{"AccountsInDebtFollowsWrites", testAccountsInDebtFollowsWrites},
 		{"AccountsPage", testAccountsPage},
+		{"AccountsPageOfSubject", testAccountsPageOfSubject},
 		{"AccountsByEpoch", testAccountsByEpoch},
 		{"AccountsByEpochAfterRolls", testAccountsByEpochAfterRolls},
 		{"AccountsByEpochAcrossGenerations", testAccountsByEpochAcross},

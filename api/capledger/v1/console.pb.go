@@ -1321,11 +1321,11 @@ type ListAccountStandingsRequest struct {
 	// ListDebts call), then filtered and ordered as above; matched counts
 	// those.
 	InDebt bool `protobuf:"varint,6,opt,name=in_debt,json=inDebt,proto3" json:"in_debt,omitempty"`
-	// Only this subject, exactly; empty: every subject. With route and
-	// region too, only that subject key's accounts are read, not every
-	// account. A subject that is part of many others' names (t1 of t10 ..
-	// t19999) is found by this, where subject_contains and limit may leave
-	// it out.
+	// Only this subject, exactly; empty: every subject. Only that
+	// subject's accounts are read (with route and region too, only that
+	// subject key's), not every account. A subject that is part of many
+	// others' names (t1 of t10 .. t19999) is found by this, where
+	// subject_contains and limit may leave it out.
 	Subject       string `protobuf:"bytes,7,opt,name=subject,proto3" json:"subject,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

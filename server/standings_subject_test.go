@@ -1,0 +1,122 @@
+package server_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/capledger/capledger/ledger"
+	"github.com/capledger/capledger/store"
+)
+
+// pageRows records the keys of the accounts AccountsPage returns.
+type pageRows struct {
+	store.Store
+	mu   sync.Mutex
+	keys []ledger.AccountKey
+}
+
+func (s *pageRows) AccountsPage(ctx context.Context, f store.AccountFilter) ([]ledger.Account, error) {
+	page, err := s.Store.AccountsPage(ctx, f)
+	s.mu.Lock()
+	for i := range page {
+		s.keys = append(s.keys, page[i].Key)
+	}
+	s.mu.Unlock()
+	return page, err
+}
+
+// take returns the keys recorded since the last take.
+func (s *pageRows) take() []ledger.AccountKey {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	keys := s.keys
+	s.keys = nil
+	return keys
+}
+
+// ListAccountStandings of one subject (without a whole subject key)
+// reads that subject's accounts from the store, not every account and
+// filters them: among 1,112 tenants' accounts (two pages of every
+// account), t1's standings read t1's two accounts only, none of t10 ..
+// t1999's whose names begin with it, and with a route only the account
+// on that route; they are ranked as before (in debt first, then the
+// highest used fraction). A scoped token asking for a subject outside
+// its scope gets what an unknown subject gets.
+func TestConsoleStandingsOfOneSubjectReadItsAccountsOnly(t *testing.T) {
+	rows := &pageRows{}
+	h := newHarness(t, harnessOptions{auth: true, tokens: consoleTokens, wrapStore: func(st store.Store) store.Store {
+		rows.Store = st
+		return rows
+	}})
+	for _, route := range []string{"chat.generate", "embed"} {
+		h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"`+route+`",
+		  "dimensions":[{"unit":"tokens","burst":"100","refillUnits":"10","refillInterval":"3600s"}]}}`, adminToken)
+	}
+	h.ok("Reserve", reserveFor("r-t1", "t1", 1), adminToken)
+	h.ok("Reserve", `{"reservationId":"r-t1-embed","subject":"t1","route":"embed","units":{"tokens":3}}`, adminToken)
+	var items []string
+	for _, subject := range similarSubjects() {
+		items = append(items, reserveFor("r-"+subject, subject, 2))
+		if len(items) == 500 {
+			h.ok("ReserveBatch", `{"requests":[`+strings.Join(items, ",")+`]}`, adminToken)
+			items = nil
+		}
+	}
+	h.ok("ReserveBatch", `{"requests":[`+strings.Join(items, ",")+`]}`, adminToken)
+	h.ok("Reserve", reserveFor("r-other", "tenant-b/u1", 1), adminToken)
+
+	every := h.consoleOK("ListAccountStandings", `{"limit":1000}`, consoleViewer)
+	// (A page that ends within a subject key leaves that key to the
+	// next page, so a row may be read twice.)
+	if n := len(rows.take()); num(every["matched"]) != 1113 || n < 1113 {
+		t.Fatalf("every account: matched %v, %d rows read; want 1113, at least 1113", every["matched"], n)
+	}
+	for _, tc := range []struct {
+		body  string
+		want  []string // route of each standing, in order
+		reads []ledger.AccountKey
+	}{
+		{`{"subject":"t1"}`, []string{"embed", "chat.generate"}, []ledger.AccountKey{
+			{Subject: "t1", Route: "chat.generate", Region: "global", Generation: 1},
+			{Subject: "t1", Route: "embed", Region: "global", Generation: 2}}},
+		{`{"subject":"t1","route":"embed"}`, []string{"embed"}, []ledger.AccountKey{
+			{Subject: "t1", Route: "embed", Region: "global", Generation: 2}}},
+		{`{"subject":"t1","region":"eu"}`, nil, nil},
+		{`{"subject":"t10","limit":1000}`, []string{"chat.generate"}, []ledger.AccountKey{
+			{Subject: "t10", Route: "chat.generate", Region: "global", Generation: 1}}},
+		{`{"subject":"nobody"}`, nil, nil},
+	} {
+		got := h.consoleOK("ListAccountStandings", tc.body, consoleViewer)
+		var routes []string
+		accounts, _ := got["accounts"].([]any)
+		for _, a := range accounts {
+			acc := a.(map[string]any)["account"].(map[string]any)
+			routes = append(routes, fmt.Sprint(acc["route"]))
+			if want := strings.Split(strings.Split(tc.body, `"subject":"`)[1], `"`)[0]; acc["subject"] != want {
+				t.Errorf("%s: a standing of %v", tc.body, acc["subject"])
+			}
+		}
+		if num(got["matched"]) != int64(len(tc.want)) || !slices.Equal(routes, tc.want) {
+			t.Errorf("%s: matched %v, routes %v; want %v", tc.body, got["matched"], routes, tc.want)
+		}
+		if read := rows.take(); !slices.Equal(read, tc.reads) {
+			t.Errorf("%s: read %d accounts (%v ...); want %v", tc.body, len(read), read[:min(len(read), 3)], tc.reads)
+		}
+	}
+
+	unknown := h.consoleOK("ListAccountStandings", `{"subject":"nobody"}`, consoleScoped)
+	outside := h.consoleOK("ListAccountStandings", `{"subject":"t1"}`, consoleScoped)
+	delete(unknown, "asOf")
+	delete(outside, "asOf")
+	if fmt.Sprint(unknown) != fmt.Sprint(outside) {
+		t.Errorf("scoped token: a subject outside the scope answers %v, an unknown one %v", outside, unknown)
+	}
+	own := h.consoleOK("ListAccountStandings", `{"subject":"tenant-b/u1"}`, consoleScoped)
+	if accounts, _ := own["accounts"].([]any); num(own["matched"]) != 1 || len(accounts) != 1 {
+		t.Errorf("scoped token, its own subject: %v", own)
+	}
+}
