@@ -431,6 +431,9 @@ func (c consoleService) ListAccountStandings(ctx context.Context, req *connect.R
 		if a.Account.Frozen != b.Account.Frozen {
 			return a.Account.Frozen
 		}
+		if a.Active != b.Active {
+			return a.Active // rankedStanding.before's order
+		}
 		return a.UsedFraction > b.UsedFraction
 	})
 	resp := &v1.ListAccountStandingsResponse{Matched: int64(len(standings)), AsOf: timestamp(asOf)}

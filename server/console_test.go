@@ -607,3 +607,36 @@ func TestConsoleStandingsShareOneScan(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// A superseded generation emptied by a republish (its capacity moved to
+// the new generation: available 0, used fraction 1) admits nothing and is
+// near no limit: it ranks after every account whose generation decides,
+// in the ranking of every account and in one subject key's.
+func TestConsoleStandingsRankSupersededAfterActive(t *testing.T) {
+	h := newHarness(t, harnessOptions{auth: true, tokens: consoleTokens})
+	policy := func(subject string, burst int) string {
+		return fmt.Sprintf(`{"policy":{"subject":%q,"route":"chat.generate",
+		  "dimensions":[{"unit":"tokens","burst":"%d","refillUnits":"1","refillInterval":"3600s"}],"holdTtl":"3600s"}}`, subject, burst)
+	}
+	reserve := func(id, subject string, tokens int) {
+		h.ok("Reserve", fmt.Sprintf(`{"reservationId":%q,"subject":%q,"route":"chat.generate","units":{"tokens":%d}}`, id, subject, tokens), gatewayToken)
+	}
+	h.ok("PublishPolicy", policy("tenant-x", 100), adminToken)
+	h.ok("PublishPolicy", policy("tenant-y", 100), adminToken)
+	reserve("y1", "tenant-y", 50)
+	reserve("x1", "tenant-x", 10)
+	h.ok("PublishPolicy", policy("tenant-x", 200), adminToken)
+	reserve("x2", "tenant-x", 10) // the new generation's account takes the old one's capacity
+	for _, body := range []string{`{}`, `{"subject":"tenant-x","route":"chat.generate","region":"global"}`} {
+		accounts := h.consoleOK("ListAccountStandings", body, consoleViewer)["accounts"].([]any)
+		last := accounts[len(accounts)-1].(map[string]any)
+		if field(last, "account", "subject") != "tenant-x" || last["active"] == true || last["usedFraction"].(float64) != 1 {
+			t.Fatalf("%s: last standing %v, want tenant-x's superseded generation, emptied (used 1)", body, last)
+		}
+		for _, a := range accounts[:len(accounts)-1] {
+			if a.(map[string]any)["active"] != true {
+				t.Errorf("%s: %v ranks before an active account", body, a)
+			}
+		}
+	}
+}

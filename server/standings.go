@@ -47,10 +47,14 @@ func scopeKey(ctx context.Context) string {
 }
 
 // rankedStanding is a candidate of the ranking: its place in the order
-// (in debt first, then the highest used fraction, then key order) and
-// the account.
+// (in debt first, then accounts whose generation decides, then the
+// highest used fraction, then key order) and the account.
 type rankedStanding struct {
-	frozen  bool
+	frozen bool
+	// idle: the account's generation does not decide (superseded or
+	// rolled back), so it admits nothing and is near no limit, however
+	// empty: a republish moves its capacity to the new generation.
+	idle    bool
 	used    float64
 	index   int
 	account ledger.Account
@@ -60,6 +64,9 @@ type rankedStanding struct {
 func (a *rankedStanding) before(b *rankedStanding) bool {
 	if a.frozen != b.frozen {
 		return a.frozen
+	}
+	if a.idle != b.idle {
+		return b.idle
 	}
 	if a.used != b.used {
 		return a.used > b.used
@@ -129,7 +136,11 @@ func (c consoleService) rankAll(ctx context.Context, m *v1.ListAccountStandingsR
 				return cerr
 			}
 			matched++
-			c := &rankedStanding{used: usedFraction(a, &p), index: index}
+			// The policy cache's deciding generation: a replica's cache
+			// may lag a publish elsewhere by its refresh, which orders a
+			// ranking only; each standing's active is read from the heads.
+			c := &rankedStanding{used: usedFraction(a, &p), index: index,
+				idle: !s.policies.decides(a.Key.SubjectKey(), a.Key.Generation)}
 			dim, _ := a.Debt()
 			c.frozen = dim >= 0
 			if !top.wants(c) {

@@ -35,6 +35,12 @@ var (
 	// ErrConflict it is not retried at once: the cause must go first. A
 	// retry with the same ids is right, as for every failure.
 	ErrRolledBack = errors.New("rolled back")
+	// ErrDamaged: the store's file is damaged (a malformed page, a file
+	// that is no longer a database), wrapped beside ErrUnavailable: a
+	// server answers unavailable as for any store failure, but a command
+	// reading the file (capledger audit --data-dir) knows that retrying
+	// does not help.
+	ErrDamaged = errors.New("store file damaged")
 )
 
 // Store is a durable home for the ledger's rows.

@@ -423,11 +423,11 @@ func TestAuditStoreSQLiteDefaultsToServesDataDir(t *testing.T) {
 	}
 }
 
-// When the audit's own read of a data dir fails (here a reservations page
-// overwritten), `capledger audit --data-dir` says so naming the audit
-// once: "capledger audit: snapshot reservations: ...", not "capledger
-// audit: audit: ...".
-func TestAuditDataDirReadFailureNamesTheAuditOnce(t *testing.T) {
+// damagedDataDir returns a data directory whose database has its
+// reservations table's root page overwritten: SQLite reads it as a
+// malformed page (SQLITE_CORRUPT).
+func damagedDataDir(t *testing.T) string {
+	t.Helper()
 	dir := t.TempDir()
 	db := filepath.Join(dir, open.DefaultFile)
 	withSQLite(t, db, fillLedger)
@@ -453,11 +453,30 @@ func TestAuditDataDirReadFailureNamesTheAuditOnce(t *testing.T) {
 	}
 	f.Close()
 
+	return dir
+}
+
+// When the audit's own read of a data dir fails (here a reservations page
+// overwritten), `capledger audit --data-dir` says so naming the audit
+// once: "capledger audit: snapshot reservations: ...", not "capledger
+// audit: audit: ...".
+func TestAuditDataDirReadFailureNamesTheAuditOnce(t *testing.T) {
+	dir := damagedDataDir(t)
 	code, out := auditHere(t, "--data-dir", dir)
 	if code == exitOK || code == exitDiscrepancies || !strings.HasPrefix(out, "capledger audit: ") || !strings.Contains(out, "reservations") {
 		t.Fatalf("audit of a data dir it cannot read: exit %d, %s", code, out)
 	}
 	if n := strings.Count(out, "audit: "); n != 1 {
 		t.Fatalf("%q names the audit %d times, want once (the command's name)", out, n)
+	}
+}
+
+// A damaged page is not fixed by retrying: the audit exits 1, as for a
+// file that is not a database (OPERATIONS.md, auditing without a
+// server), not 5 (store unavailable), which scripts retry.
+func TestAuditDataDirDamagedPageExitsNotUnavailable(t *testing.T) {
+	code, out := auditHere(t, "--data-dir", damagedDataDir(t))
+	if code != exitUsage || !strings.Contains(out, "malformed") {
+		t.Fatalf("audit of a damaged page: exit %d, want %d naming it malformed: %s", code, exitUsage, out)
 	}
 }

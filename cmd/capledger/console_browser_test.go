@@ -710,7 +710,8 @@ func TestConsoleBrowserPagesShowTheAPIsNumbers(t *testing.T) {
 		}
 		return resp.Answers[0]
 	}
-	b.want(`tr[data-key="r-b3"] td[data-field="answer"]`, "running")
+	b.want(`tr[data-key="r-b3"] td[data-field="answer"]`, "still running")
+	b.want(`tr[data-key="r-b3"] td[data-answer="running"]`, "still running")
 	// The overdue card shows the count of the resolver's last scan once
 	// there was one (TestConsoleBrowserBacklogBeforeTheResolversFirstScan).
 	b.wantEventually("backlog", `[data-value="overdue"]`, func() string {
@@ -1791,7 +1792,7 @@ func TestConsoleBrowserTableScrollHint(t *testing.T) {
 	b.waitRendered("tenants")
 	// The note goes on with when the ranking's accounts were read
 	// (TestConsoleBrowserPagesShowTheAPIsNumbers checks that time).
-	if got, want := b.text(`main p.note`), "Nearest their limit first (accounts in debt before all others): 1 account matches, showing 1; accounts read at "; !strings.HasPrefix(got, want) {
+	if got, want := b.text(`main p.note`), "Nearest their limit first (accounts in debt before all others; generations that no longer decide after the active ones): 1 account matches, showing 1; accounts read at "; !strings.HasPrefix(got, want) {
 		t.Errorf("main p.note shows %q, want it to begin %q", got, want)
 	}
 	for v, want := range map[string]string{"0": "accounts", "1": "account", "2": "accounts", "1000": "accounts"} {
@@ -1849,5 +1850,98 @@ func TestConsoleBrowserTableScrollHint(t *testing.T) {
 	if got := hint(wide); got != "none / right clear / left clear" {
 		t.Errorf("the conservation table in 2400 px: %s, want no fade", got)
 	}
+	b.noConsoleErrors(false)
+}
+
+// TestConsoleBrowserDrainedGenerationNotShownFull: a superseded generation
+// emptied by a republish (its capacity moved to the new generation) is
+// shown "drained" on the Tenants page, after the active accounts, not as
+// a full tenant at 100.0% used; its used fraction stays in the tooltip.
+func TestConsoleBrowserDrainedGenerationNotShownFull(t *testing.T) {
+	t.Parallel()
+	chromiumPath(t)
+	base := startInProcess(t)
+	publish := func(subject string, burst int64) uint64 {
+		var resp v1.PublishPolicyResponse
+		mustCall(t, base, "", "LedgerService/PublishPolicy", &v1.PublishPolicyRequest{Policy: &v1.Policy{
+			Subject: subject, Route: "chat.generate",
+			Dimensions: []*v1.Dimension{{Unit: "tokens", RefillUnits: 1, RefillInterval: durationpb.New(time.Hour), Burst: burst}},
+			HoldTtl:    durationpb.New(time.Hour), EpochLength: durationpb.New(8760 * time.Hour),
+		}}, &resp)
+		return resp.Policy.Generation
+	}
+	reserve := func(id, subject string, tokens int64) {
+		mustCall(t, base, "", "LedgerService/Reserve", &v1.ReserveRequest{ReservationId: id, Subject: subject, Route: "chat.generate",
+			Units: map[string]int64{"tokens": tokens}}, &v1.ReserveResponse{})
+	}
+	old := publish("tenant-x", 100)
+	publish("tenant-y", 100)
+	reserve("y1", "tenant-y", 50)
+	reserve("x1", "tenant-x", 10)
+	mustCall(t, base, "", "LedgerService/Release", &v1.ReleaseRequest{ReservationId: "x1"}, &v1.ReleaseResponse{})
+	publish("tenant-x", 200)
+	reserve("x2", "tenant-x", 10) // the new generation's account takes the old one's 100
+	var st v1.ListAccountStandingsResponse
+	mustCall(t, base, "", "ConsoleService/ListAccountStandings", &v1.ListAccountStandingsRequest{Limit: 20}, &st)
+	if n := len(st.Accounts); n != 3 || st.Accounts[2].Account.PolicyGeneration != old || st.Accounts[2].UsedFraction != 1 {
+		t.Fatalf("standings %v, want tenant-x's emptied generation %d last with used 1", st.Accounts, old)
+	}
+	b := newBrowser(t, base)
+	b.do(chromedp.Navigate(base + "/ui/#tenants"))
+	b.waitRendered("tenants")
+	row := fmt.Sprintf(`tr[data-key="tenant-x/chat.generate@global#%d"]`, old)
+	b.want(`main tbody tr:nth-child(3) td[data-field="subject"]`, "tenant-x")
+	b.want(row+` td[data-field="used"]`, "drained")
+	b.want(row+` td[data-field="state"]`, "superseded, drained, enforce")
+	if got := b.eval(fmt.Sprintf(`document.querySelector(%q).title`, row+` td[data-field="used"] span`)); got != "100.0% used; its generation admits nothing" {
+		t.Errorf("the drained generation's used tooltip is %s", got)
+	}
+	if n := b.count(`main tbody td[data-field="used"] .bar`); n != 2 {
+		t.Errorf("%d used bars, want 2 (the active accounts only)", n)
+	}
+	b.screenshot("tenants_drained")
+	b.noConsoleErrors(false)
+}
+
+// TestConsoleBrowserBacklogAnswersInWords: the resolver's answer about a
+// reservation on a route without an operation-status endpoint is shown
+// in words on the Backlog page, its code (no_endpoint) in the tooltip.
+func TestConsoleBrowserBacklogAnswersInWords(t *testing.T) {
+	t.Parallel()
+	chromiumPath(t)
+	// The resolver knows chat.generate's endpoint only.
+	base := startInProcess(t, "--resolver-config", runningGateway(t))
+	mustCall(t, base, "", "LedgerService/PublishPolicy", &v1.PublishPolicyRequest{Policy: &v1.Policy{
+		Subject: "tenant-z", Route: "batch.embed",
+		Dimensions: []*v1.Dimension{{Unit: "tokens", RefillUnits: 1, RefillInterval: durationpb.New(time.Hour), Burst: 100}},
+		HoldTtl:    durationpb.New(time.Hour), EpochLength: durationpb.New(8760 * time.Hour),
+	}}, &v1.PublishPolicyResponse{})
+	mustCall(t, base, "", "LedgerService/Reserve", &v1.ReserveRequest{ReservationId: "r-z1", Subject: "tenant-z", Route: "batch.embed",
+		Units: map[string]int64{"tokens": 10}}, &v1.ReserveResponse{})
+	mustCall(t, base, "", "LedgerService/Start", &v1.StartRequest{ReservationId: "r-z1", OperationId: "op-z1"}, &v1.StartResponse{})
+	mustCall(t, base, "", "LedgerService/MarkUsageUnknown", &v1.MarkUsageUnknownRequest{ReservationId: "r-z1"}, &v1.MarkUsageUnknownResponse{})
+	var answers v1.GetResolverAnswersResponse
+	for deadline := time.Now().Add(30 * time.Second); len(answers.Answers) == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("the resolver recorded no answer about r-z1 in 30 s")
+		}
+		time.Sleep(100 * time.Millisecond)
+		mustCall(t, base, "", "ConsoleService/GetResolverAnswers", &v1.GetResolverAnswersRequest{ReservationIds: []string{"r-z1"}}, &answers)
+	}
+	if a := answers.Answers[0]; a.Answer != "no_endpoint" {
+		t.Fatalf("the resolver's answer %v, want no_endpoint", a)
+	}
+	b := newBrowser(t, base)
+	b.do(chromedp.Navigate(base + "/ui/#backlog"))
+	b.waitRendered("backlog")
+	cell := `tr[data-key="r-z1"] td[data-field="answer"]`
+	b.want(cell, "no operation-status endpoint configured for the route")
+	if got := b.eval(fmt.Sprintf(`document.querySelector(%q).title`, cell)); got != "resolver answer: no_endpoint" {
+		t.Errorf("the answer's tooltip is %s, want the code", got)
+	}
+	if strings.Contains(b.text("main"), "no_endpoint") {
+		t.Errorf("the backlog page shows the raw code no_endpoint: %q", b.text("main"))
+	}
+	b.screenshot("backlog_no_endpoint")
 	b.noConsoleErrors(false)
 }

@@ -30,7 +30,7 @@ import (
 // README).
 const (
 	exitOK            = 0   // success
-	exitUsage         = 1   // bad flags or arguments, invalid request, refused credentials
+	exitUsage         = 1   // bad flags or arguments, invalid request, refused credentials, a damaged store file
 	exitRejected      = 2   // capacity rejection (HTTP 429 / RESOURCE_EXHAUSTED)
 	exitNotFound      = 3   // no such reservation, policy or active policy
 	exitConflict      = 4   // conflict or failed precondition (already settled, digest mismatch, ...)
@@ -41,7 +41,8 @@ const (
 
 const exitCodesHelp = `Exit codes:
   0  ok
-  1  usage error (bad flags or arguments, invalid request, refused token)
+  1  usage error (bad flags or arguments, invalid request, refused token);
+     also a damaged SQLite store file, which no retry repairs
   2  rejected by capacity (HTTP 429 / RESOURCE_EXHAUSTED)
   3  not found (reservation, policy generation, or no active policy)
   4  conflict or failed precondition (already settled, released, expired,

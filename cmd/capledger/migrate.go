@@ -136,8 +136,12 @@ func lockError(err error, hint string) error {
 // reached (store.ErrUnavailable), the general rule a deploy script or a
 // supervisor retries on; otherwise 1, for a store that refuses (a schema
 // newer than this binary, a failed migration, refused credentials, a
-// startup parameter PgBouncer refuses).
+// startup parameter PgBouncer refuses) and for a damaged file
+// (store.ErrDamaged: a malformed page), which no retry repairs.
 func storeError(err error) error {
+	if errors.Is(err, store.ErrDamaged) {
+		return exitError{code: exitUsage, err: err} // no retry repairs the file
+	}
 	if errors.Is(err, store.ErrUnavailable) {
 		return exitError{code: exitUnavailable, err: err}
 	}

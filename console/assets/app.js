@@ -363,14 +363,24 @@ function standingRow(s) {
   const key = acc.subject + "/" + acc.route + "@" + acc.region + "#" + n(acc.policyGeneration);
   const dims = s.dimensions || [];
   const repaid = dims.filter((d) => n(d.debt)).map((d) => d.unit + " " + repaidBy(d)).join(", ");
+  // A generation that does not decide admits nothing: how empty it is
+  // says nothing about a limit (a republish moves its capacity to the new
+  // generation and leaves it empty), so it shows what is left to drain
+  // (available + reserved + debt, as the Policies page counts it), with
+  // its used fraction in the tooltip; the server ranks it after the
+  // active ones.
+  let left = 0;
+  for (const b of acc.balances || []) left += n(b.available) + n(b.reserved) + n(b.debt);
+  const used = s.active ? el("span", {}, bar(n(s.usedFraction)), fmtPct(n(s.usedFraction)))
+    : el("span", { title: fmtPct(n(s.usedFraction)) + " used; its generation admits nothing" }, left ? fmtInt(left) + " left" : "drained");
   return el("tr", { "data-key": key, class: acc.frozen ? "frozen" : null },
     td("subject", tenantLink(acc.subject, acc.route, acc.region)),
     td("route", acc.route), td("region", acc.region), td("generation", n(acc.policyGeneration)),
-    td("used", el("span", {}, bar(n(s.usedFraction)), fmtPct(n(s.usedFraction))), true),
+    td("used", used, true),
     td("available", dims.map((d) => d.unit + " " + fmtInt(d.available) + "/" + fmtInt(d.burst)).join(", ")),
     td("debt", dims.filter((d) => n(d.debt)).map((d) => d.unit + " " + fmtInt(d.debt)).join(", ") || "0"),
     td("repaid", repaid || "—"),
-    td("state", [(s.active ? "active" : s.rolledBack ? "rolled back" : "superseded") + ", ",
+    td("state", [(s.active ? "active" : (s.rolledBack ? "rolled back" : "superseded") + (left ? "" : ", drained")) + ", ",
       el("span", { "data-mode": "g" + n(acc.policyGeneration) }, modeShown(s.rollout, s.policyRollout))]));
 }
 const standingHeaders = ["subject", "route", "region", "gen", { label: "used", num: true }, "available / burst", "debt", "debt repaid by refill at", "generation"];
@@ -391,7 +401,7 @@ pages.tenants = async function (main, args) {
   el("button", { type: "submit" }, "Search"));
   main.append(form);
   const resp = await console_("ListAccountStandings", { subjectContains: q, limit });
-  main.append(el("p", { class: "note" }, "Nearest their limit first (accounts in debt before all others): ",
+  main.append(el("p", { class: "note" }, "Nearest their limit first (accounts in debt before all others; generations that no longer decide after the active ones): ",
     el("span", { "data-value": "matched" }, fmtInt(resp.matched)), " " + plural(resp.matched, "account matches", "accounts match") + ", showing ",
     fmtInt((resp.accounts || []).length), "; accounts read at ", el("span", { "data-value": "asOf" }, fmtTime(resp.asOf)),
     " (one ranking of every account is shared and given again for a while: API.md)."));
@@ -521,6 +531,26 @@ async function resolverAnswers(list) {
   return Object.fromEntries((resp.answers || []).map((a) => [a.reservationId, a]));
 }
 
+// answerWords names the resolver's recorded answers (engine's
+// OperationState names and Answer* codes) in words; the code itself is
+// the cell's tooltip. A code not named here is shown as it is.
+const answerWords = {
+  running: "still running",
+  finished: "finished",
+  never_started: "never started",
+  unknown: "the gateway does not know",
+  error: "no verified answer",
+  no_endpoint: "no operation-status endpoint configured for the route",
+  settle_refused: "settle refused",
+};
+function answerCell(a) {
+  if (!a) return td("answer", "not asked yet");
+  const cell = td("answer", (answerWords[a.answer] || a.answer) + (a.detail ? ": " + a.detail : ""));
+  cell.title = "resolver answer: " + a.answer;
+  cell.dataset.answer = a.answer;
+  return cell;
+}
+
 function backlogTable(resp, now, answers) {
   const overdue = new Set(resp.overdueReservationIds || []);
   return table(["reservation", "subject", "route", "gen", "operation", "marked unknown at", { label: "age", num: true }, "held", "overdue",
@@ -531,7 +561,7 @@ function backlogTable(resp, now, answers) {
         td("reservation", r.reservationId), td("subject", tenantLink(r.subject, r.route, r.region)), td("route", r.route), td("generation", n(r.policyGeneration)),
         td("operation", r.operationId || ""), td("markedAt", fmtTime(r.usageUnknownAt)), td("age", fmtAge(r.usageUnknownAt, now), true),
         td("held", units(r.reservedUnits)), td("overdue", overdue.has(r.reservationId) ? "OVERDUE" : ""),
-        td("answer", a ? a.answer + (a.detail ? ": " + a.detail : "") : "not asked yet"), td("askedAt", a ? fmtTime(a.askedAt) : "—"),
+        answerCell(a), td("askedAt", a ? fmtTime(a.askedAt) : "—"),
         td("attempts", a ? fmtInt(a.attempts) : "0", true), td("nextAt", a ? fmtTime(a.nextAttemptAt) : "—"));
     }),
     "No USAGE_UNKNOWN reservation.");

@@ -21,7 +21,8 @@ import (
 //   - a UNIQUE or PRIMARY KEY constraint: store.ErrDuplicate;
 //   - I/O errors, a full disk, a file that cannot be opened or is not (or
 //     no longer) a database, a closed store or connection:
-//     store.ErrUnavailable;
+//     store.ErrUnavailable; a damaged file (SQLITE_CORRUPT, SQLITE_NOTADB)
+//     store.ErrDamaged beside it;
 //   - an interrupted statement whose context ended: the context's error;
 //   - store.ErrNotFound for sql.ErrNoRows.
 //
@@ -54,8 +55,10 @@ func translate(ctx context.Context, err error) error {
 				strings.Contains(e.Error(), "UNIQUE constraint failed") {
 				return fmt.Errorf("%w: %w", store.ErrDuplicate, err)
 			}
-		case sqlite3.SQLITE_IOERR, sqlite3.SQLITE_FULL, sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_NOTADB,
-			sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_READONLY, sqlite3.SQLITE_PROTOCOL, sqlite3.SQLITE_NOLFS:
+		case sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB:
+			return damagedError{err}
+		case sqlite3.SQLITE_IOERR, sqlite3.SQLITE_FULL, sqlite3.SQLITE_CANTOPEN,
+			sqlite3.SQLITE_READONLY, sqlite3.SQLITE_PROTOCOL, sqlite3.SQLITE_NOLFS:
 			return fmt.Errorf("%w: %w", store.ErrUnavailable, err)
 		}
 		return err
@@ -65,6 +68,17 @@ func translate(ctx context.Context, err error) error {
 		return fmt.Errorf("%w: %w", store.ErrUnavailable, err)
 	}
 	return err
+}
+
+// damagedError is a driver error reporting a damaged file: shown as
+// store.ErrDamaged's message and the driver's, with store.ErrUnavailable
+// in the chain too (a server answers unavailable, as for any store
+// failure).
+type damagedError struct{ err error }
+
+func (e damagedError) Error() string { return store.ErrDamaged.Error() + ": " + e.err.Error() }
+func (e damagedError) Unwrap() []error {
+	return []error{store.ErrUnavailable, store.ErrDamaged, e.err}
 }
 
 // openRoom is the free space below which Open blames a failure to write

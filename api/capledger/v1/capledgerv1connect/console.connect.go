@@ -81,7 +81,9 @@ type ConsoleServiceClient interface {
 	// ListAccountStandings returns accounts with how close each is to its
 	// limit, nearest first: the dimension with the least available capacity
 	// relative to its burst decides, and an account in debt comes before
-	// every account without. It reads every account the filters match (the
+	// every account without; an account whose generation does not decide
+	// (superseded, rolled back: it admits nothing, and a republish empties
+	// it) comes after every one whose generation does. It reads every account the filters match (the
 	// console's page sizes are small; this is not a hot-path call), or with
 	// in_debt only the accounts owing debt.
 	// Errors: INVALID_ARGUMENT (limit above 1000).
@@ -238,7 +240,9 @@ type ConsoleServiceHandler interface {
 	// ListAccountStandings returns accounts with how close each is to its
 	// limit, nearest first: the dimension with the least available capacity
 	// relative to its burst decides, and an account in debt comes before
-	// every account without. It reads every account the filters match (the
+	// every account without; an account whose generation does not decide
+	// (superseded, rolled back: it admits nothing, and a republish empties
+	// it) comes after every one whose generation does. It reads every account the filters match (the
 	// console's page sizes are small; this is not a hot-path call), or with
 	// in_debt only the accounts owing debt.
 	// Errors: INVALID_ARGUMENT (limit above 1000).
