@@ -43,11 +43,35 @@ func BenchmarkListAccountStandingsAllOneStarPolicy(b *testing.B) {
 }
 
 // benchOneStarPolicy runs call b.N times per store over 20,000 tenants'
-// accounts under one "*" policy: SQLite (the harness's file), and with
-// CAPLEDGER_TEST_POSTGRES set PostgreSQL (a fresh schema given to the
-// engine; the harness's own SQLite file then holds only the server's
-// rollouts and console tables).
+// accounts under one "*" policy (benchOverStores).
 func benchOneStarPolicy(b *testing.B, call func(h *harness, i int)) {
+	benchOverStores(b, func(h *harness, engineStore store.Store) {
+		h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"chat.generate",
+		  "dimensions":[{"unit":"tokens","burst":"100","refillUnits":"10","refillInterval":"3600s"}]}}`, adminToken)
+		p, err := engineStore.PolicyGet(context.Background(), 1)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for from := 0; from < fairnessBenchTenants; from += 2000 {
+			var accounts []ledger.Account
+			for i := from; i < from+2000; i++ {
+				a := ledger.Account{Key: ledger.AccountKey{Subject: fmt.Sprintf("tenant-%06d", i), Route: p.Key.Route, Region: p.Key.Region, Generation: 1},
+					Dims: 1, EpochStart: h.clock.Now(), Version: 1}
+				a.Balances[0] = ledger.Balance{Opening: 100, Available: 100 - int64(i%50), Spent: int64(i % 50)}
+				a.RefilledTo[0] = h.clock.Now().UnixNano()
+				accounts = append(accounts, a)
+			}
+			writeChanges(b, engineStore, &store.Changes{Accounts: accounts})
+		}
+	}, call)
+}
+
+// benchOverStores runs call b.N times per store, after seed has written
+// the tenants to the engine's store and one untimed call: SQLite (the
+// harness's file), and with CAPLEDGER_TEST_POSTGRES set PostgreSQL (a
+// fresh schema given to the engine; the harness's own SQLite file then
+// holds only the server's rollouts and console tables).
+func benchOverStores(b *testing.B, seed func(h *harness, engineStore store.Store), call func(h *harness, i int)) {
 	for _, backend := range []string{"sqlite", "postgres"} {
 		b.Run(backend, func(b *testing.B) {
 			var engineStore store.Store
@@ -66,37 +90,27 @@ func benchOneStarPolicy(b *testing.B, call func(h *harness, i int)) {
 				opts.wrapStore = func(st store.Store) store.Store { engineStore = st; return st }
 			}
 			h := newHarness(b, opts)
-			h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"chat.generate",
-			  "dimensions":[{"unit":"tokens","burst":"100","refillUnits":"10","refillInterval":"3600s"}]}}`, adminToken)
-			ctx := context.Background()
-			p, err := engineStore.PolicyGet(ctx, 1)
-			if err != nil {
-				b.Fatal(err)
-			}
-			for from := 0; from < fairnessBenchTenants; from += 2000 {
-				var accounts []ledger.Account
-				for i := from; i < from+2000; i++ {
-					a := ledger.Account{Key: ledger.AccountKey{Subject: fmt.Sprintf("tenant-%06d", i), Route: p.Key.Route, Region: p.Key.Region, Generation: 1},
-						Dims: 1, EpochStart: h.clock.Now(), Version: 1}
-					a.Balances[0] = ledger.Balance{Opening: 100, Available: 100 - int64(i%50), Spent: int64(i % 50)}
-					a.RefilledTo[0] = h.clock.Now().UnixNano()
-					accounts = append(accounts, a)
-				}
-				tx, err := engineStore.Begin(ctx)
-				if err != nil {
-					b.Fatal(err)
-				}
-				if err := tx.Write(ctx, &store.Changes{Accounts: accounts}); err != nil {
-					b.Fatal(err)
-				}
-				if err := tx.Commit(ctx); err != nil {
-					b.Fatal(err)
-				}
-			}
+			seed(h, engineStore)
+			call(h, 1000) // the server's policy cache takes in what it reads
 			b.ResetTimer()
 			for i := range b.N {
 				call(h, i)
 			}
 		})
+	}
+}
+
+// writeChanges commits changes to st in one transaction.
+func writeChanges(b *testing.B, st store.Store, changes *store.Changes) {
+	ctx := context.Background()
+	tx, err := st.Begin(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := tx.Write(ctx, changes); err != nil {
+		b.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		b.Fatal(err)
 	}
 }

@@ -1,16 +1,12 @@
 package server_test
 
 import (
-	"context"
 	"fmt"
-	"os"
 	"testing"
 	"time"
 
-	"github.com/capledger/capledger/internal/replicatest"
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
-	"github.com/capledger/capledger/store/postgres"
 )
 
 // BenchmarkGetFairnessPolicyPerTenant times GetFairness, each call a new
@@ -41,60 +37,26 @@ func BenchmarkListAccountStandingsAllPolicyPerTenant(b *testing.B) {
 
 // benchPolicyPerTenant runs call b.N times per store over 20,000 tenants,
 // each with a policy of its own and one account under it, written to the
-// engine's store directly (the server's cache learns them from the
-// first call, not timed): SQLite, and with CAPLEDGER_TEST_POSTGRES set
-// PostgreSQL (a fresh schema given to the engine).
+// engine's store directly (benchOverStores; the server's cache learns
+// them from the untimed first call).
 func benchPolicyPerTenant(b *testing.B, call func(h *harness, i int)) {
-	for _, backend := range []string{"sqlite", "postgres"} {
-		b.Run(backend, func(b *testing.B) {
-			var engineStore store.Store
-			opts := harnessOptions{auth: true, tokens: consoleTokens}
-			if backend == "postgres" {
-				if os.Getenv("CAPLEDGER_TEST_POSTGRES") == "" {
-					b.Skip("CAPLEDGER_TEST_POSTGRES not set")
-				}
-				pg, err := postgres.Open(context.Background(), replicatest.SchemaDSN(b))
-				if err != nil {
-					b.Fatal(err)
-				}
-				b.Cleanup(func() { pg.Close() })
-				opts.wrapStore = func(store.Store) store.Store { engineStore = pg; return pg }
-			} else {
-				opts.wrapStore = func(st store.Store) store.Store { engineStore = st; return st }
+	benchOverStores(b, func(h *harness, engineStore store.Store) {
+		now := h.clock.Now()
+		for from := 0; from < fairnessBenchTenants; from += 2000 {
+			changes := &store.Changes{}
+			for i := from; i < from+2000; i++ {
+				key := ledger.PolicyKey{Subject: fmt.Sprintf("tenant-%06d", i), Route: "chat.generate", Region: "default"}
+				p := ledger.Policy{Key: key, Generation: uint64(i + 1), FairnessWeight: 1, PublishedAt: now,
+					Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: 100, RefillUnits: 10, RefillInterval: time.Hour}}}.WithDefaults()
+				changes.Policies = append(changes.Policies, p)
+				changes.Heads = append(changes.Heads, ledger.PolicyHead{Key: key, Active: p.Generation, Latest: p.Generation})
+				a := ledger.Account{Key: ledger.AccountKey{Subject: key.Subject, Route: key.Route, Region: key.Region, Generation: p.Generation},
+					Dims: 1, EpochStart: now, Version: 1}
+				a.Balances[0] = ledger.Balance{Opening: 100, Available: 100 - int64(i%50), Spent: int64(i % 50)}
+				a.RefilledTo[0] = now.UnixNano()
+				changes.Accounts = append(changes.Accounts, a)
 			}
-			h := newHarness(b, opts)
-			ctx := context.Background()
-			now := h.clock.Now()
-			for from := 0; from < fairnessBenchTenants; from += 2000 {
-				changes := &store.Changes{}
-				for i := from; i < from+2000; i++ {
-					key := ledger.PolicyKey{Subject: fmt.Sprintf("tenant-%06d", i), Route: "chat.generate", Region: "default"}
-					p := ledger.Policy{Key: key, Generation: uint64(i + 1), FairnessWeight: 1, PublishedAt: now,
-						Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: 100, RefillUnits: 10, RefillInterval: time.Hour}}}.WithDefaults()
-					changes.Policies = append(changes.Policies, p)
-					changes.Heads = append(changes.Heads, ledger.PolicyHead{Key: key, Active: p.Generation, Latest: p.Generation})
-					a := ledger.Account{Key: ledger.AccountKey{Subject: key.Subject, Route: key.Route, Region: key.Region, Generation: p.Generation},
-						Dims: 1, EpochStart: now, Version: 1}
-					a.Balances[0] = ledger.Balance{Opening: 100, Available: 100 - int64(i%50), Spent: int64(i % 50)}
-					a.RefilledTo[0] = now.UnixNano()
-					changes.Accounts = append(changes.Accounts, a)
-				}
-				tx, err := engineStore.Begin(ctx)
-				if err != nil {
-					b.Fatal(err)
-				}
-				if err := tx.Write(ctx, changes); err != nil {
-					b.Fatal(err)
-				}
-				if err := tx.Commit(ctx); err != nil {
-					b.Fatal(err)
-				}
-			}
-			call(h, 1000) // the server's cache takes the policies in
-			b.ResetTimer()
-			for i := range b.N {
-				call(h, i)
-			}
-		})
-	}
+			writeChanges(b, engineStore, changes)
+		}
+	}, call)
 }
