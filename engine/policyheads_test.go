@@ -179,16 +179,7 @@ func TestAPageOfTenantsWithAPolicyEachReadsItsGenerationsOnce(t *testing.T) {
 			changes.Accounts = append(changes.Accounts, a)
 		}
 	}
-	tx, err := st.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Write(ctx, changes); err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
+	writeBehindTheJournal(t, st, changes)
 	reads := func(what string, gets, many int64) {
 		t.Helper()
 		if g, m := st.get.Load(), st.many.Load(); g != gets || m != many {

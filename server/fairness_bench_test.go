@@ -101,16 +101,17 @@ func benchOverStores(b *testing.B, seed func(h *harness, engineStore store.Store
 }
 
 // writeChanges commits changes to st in one transaction.
-func writeChanges(b *testing.B, st store.Store, changes *store.Changes) {
+func writeChanges(t testing.TB, st store.Store, changes *store.Changes) {
+	t.Helper()
 	ctx := context.Background()
 	tx, err := st.Begin(ctx)
 	if err != nil {
-		b.Fatal(err)
+		t.Fatal(err)
 	}
 	if err := tx.Write(ctx, changes); err != nil {
-		b.Fatal(err)
+		t.Fatal(err)
 	}
 	if err := tx.Commit(ctx); err != nil {
-		b.Fatal(err)
+		t.Fatal(err)
 	}
 }

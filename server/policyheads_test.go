@@ -107,7 +107,6 @@ func TestConsoleScansReadGenerationsOncePerPage(t *testing.T) {
 		counted = &headCountingStore{Store: st}
 		return counted
 	}})
-	ctx := context.Background()
 	const tenants = 1500
 	now := h.clock.Now()
 	changes := &store.Changes{}
@@ -126,16 +125,7 @@ func TestConsoleScansReadGenerationsOncePerPage(t *testing.T) {
 		a.RefilledTo[0] = now.UnixNano()
 		changes.Accounts = append(changes.Accounts, a)
 	}
-	tx, err := counted.Store.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Write(ctx, changes); err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
+	writeChanges(t, counted.Store, changes)
 	reads := func(what string, many int64) {
 		t.Helper()
 		if get, m := counted.get.Swap(0), counted.many.Swap(0); get != 0 || m != many {
