@@ -36,10 +36,11 @@ var (
 	// retry with the same ids is right, as for every failure.
 	ErrRolledBack = errors.New("rolled back")
 	// ErrDamaged: the store's file is damaged (a malformed page, a file
-	// that is no longer a database), wrapped beside ErrUnavailable: a
-	// server answers unavailable as for any store failure, but a command
-	// reading the file (capledger audit --data-dir) knows that retrying
-	// does not help.
+	// that is no longer a database; PostgreSQL's own corruption errors,
+	// XX001 and XX002), wrapped beside ErrUnavailable (on PostgreSQL
+	// beside whatever the error was wrapped in before): a server answers
+	// unavailable as for any store failure, but a command reading the
+	// store (capledger audit) knows that retrying does not help.
 	ErrDamaged = errors.New("store file damaged")
 )
 

@@ -1945,3 +1945,68 @@ func TestConsoleBrowserBacklogAnswersInWords(t *testing.T) {
 	b.screenshot("backlog_no_endpoint")
 	b.noConsoleErrors(false)
 }
+
+// TestConsoleBrowserRejectionReasonsInWords: the Overview's rejections
+// table names the three 429 reasons in words, each code in its cell's
+// tooltip, and shows no raw code.
+func TestConsoleBrowserRejectionReasonsInWords(t *testing.T) {
+	t.Parallel()
+	chromiumPath(t)
+	base := startInProcess(t)
+	for _, subject := range []string{"tenant-full", "tenant-large", "tenant-debt"} {
+		mustCall(t, base, "", "LedgerService/PublishPolicy", &v1.PublishPolicyRequest{Policy: &v1.Policy{
+			Subject: subject, Route: "chat.generate",
+			Dimensions: []*v1.Dimension{{Unit: "tokens", RefillUnits: 1, RefillInterval: durationpb.New(time.Hour), Burst: 100,
+				MaxReservation: 60, MaxOverdraft: 1000}},
+			HoldTtl: durationpb.New(time.Hour), EpochLength: durationpb.New(8760 * time.Hour),
+		}}, &v1.PublishPolicyResponse{})
+	}
+	reserve := func(id, subject string, tokens int64, want int) {
+		t.Helper()
+		if code := apiCall(t, base, "", "LedgerService/Reserve", &v1.ReserveRequest{ReservationId: id, Subject: subject, Route: "chat.generate",
+			Units: map[string]int64{"tokens": tokens}}, &v1.ReserveResponse{}); code != want {
+			t.Fatalf("reserve %s: HTTP %d, want %d", id, code, want)
+		}
+	}
+	reserve("f1", "tenant-full", 60, http.StatusOK)
+	reserve("f2", "tenant-full", 50, http.StatusTooManyRequests)  // INSUFFICIENT_CAPACITY
+	reserve("l1", "tenant-large", 61, http.StatusTooManyRequests) // RESERVATION_TOO_LARGE
+	reserve("d1", "tenant-debt", 10, http.StatusOK)
+	mustCall(t, base, "", "LedgerService/Start", &v1.StartRequest{ReservationId: "d1", OperationId: "op-d1"}, &v1.StartResponse{})
+	mustCall(t, base, "", "LedgerService/Settle", &v1.SettleRequest{ReservationId: "d1", OperationId: "op-d1",
+		ActualUnits: map[string]int64{"tokens": 300}}, &v1.SettleResponse{})
+	reserve("d2", "tenant-debt", 1, http.StatusTooManyRequests) // ADMISSION_FROZEN
+
+	var ov v1.GetOverviewResponse
+	mustCall(t, base, "", "ConsoleService/GetOverview", &v1.GetOverviewRequest{}, &ov)
+	words := map[string]string{
+		"INSUFFICIENT_CAPACITY": "not enough capacity",
+		"ADMISSION_FROZEN":      "frozen by debt",
+		"RESERVATION_TOO_LARGE": "estimate too large to ever fit",
+	}
+	seen := map[string]bool{}
+	for _, r := range ov.Rejections {
+		seen[r.Reason] = true
+	}
+	if len(seen) != len(words) {
+		t.Fatalf("the overview's rejections %v, want one of each of %v", ov.Rejections, words)
+	}
+	b := newBrowser(t, base)
+	b.do(chromedp.Navigate(base + "/ui/#overview"))
+	b.waitRendered("overview")
+	for _, r := range ov.Rejections {
+		cell := fmt.Sprintf(`tr[data-key="%s/%s/%s"] td[data-field="reason"]`, r.Dimension, r.Reason, r.Rollout)
+		b.want(cell, words[r.Reason])
+		if got := b.eval(fmt.Sprintf(`document.querySelector(%q).title`, cell)); got != "reason: "+r.Reason {
+			t.Errorf("the tooltip of %s's reason is %s, want the code", r.Reason, got)
+		}
+	}
+	main := b.text("main")
+	for code := range words {
+		if strings.Contains(main, code) {
+			t.Errorf("the overview shows the raw code %s: %q", code, main)
+		}
+	}
+	b.screenshot("overview_rejection_reasons")
+	b.noConsoleErrors(false)
+}

@@ -42,7 +42,8 @@ const (
 const exitCodesHelp = `Exit codes:
   0  ok
   1  usage error (bad flags or arguments, invalid request, refused token);
-     also a damaged SQLite store file, which no retry repairs
+     also a damaged store (a SQLite file; PostgreSQL XX001/XX002),
+     which no retry repairs
   2  rejected by capacity (HTTP 429 / RESOURCE_EXHAUSTED)
   3  not found (reservation, policy generation, or no active policy)
   4  conflict or failed precondition (already settled, released, expired,

@@ -324,7 +324,7 @@ pages.overview = async function (main) {
   main.append(el("h2", {}, "Capacity rejections (429) by limiting dimension"));
   main.append(table(["dimension", "reason", "rollout", { label: "count", num: true }],
     (ov.rejections || []).map((r) => el("tr", { "data-key": r.dimension + "/" + r.reason + "/" + r.rollout },
-      td("dimension", r.dimension), td("reason", r.reason), td("rollout", r.rollout), td("count", fmtInt(r.count), true))),
+      td("dimension", r.dimension), reasonCell(r.reason), td("rollout", r.rollout), td("count", fmtInt(r.count), true))),
     "No capacity rejection yet."));
   main.append(el("h2", {}, "Commands by kind and outcome"));
   main.append(table(["kind", "outcome", { label: "count", num: true }],
@@ -529,6 +529,23 @@ async function resolverAnswers(list) {
   if (!ids.length) return {};
   const resp = await console_("GetResolverAnswers", { reservationIds: ids });
   return Object.fromEntries((resp.answers || []).map((a) => [a.reservationId, a]));
+}
+
+// reasonWords names the reasons of capacity rejections (API.md's error
+// table: the three 429 reasons, and ACCOUNT_LIFETIME_EXHAUSTED, which a
+// shadow policy counts as a would-be rejection) in words; the code itself
+// is the cell's tooltip. A code not named here is shown as it is.
+const reasonWords = {
+  INSUFFICIENT_CAPACITY: "not enough capacity",
+  ADMISSION_FROZEN: "frozen by debt",
+  RESERVATION_TOO_LARGE: "estimate too large to ever fit",
+  ACCOUNT_LIFETIME_EXHAUSTED: "account lifetime exhausted",
+};
+function reasonCell(reason) {
+  const cell = td("reason", reasonWords[reason] || reason);
+  cell.title = "reason: " + reason;
+  cell.dataset.reason = reason;
+  return cell;
 }
 
 // answerWords names the resolver's recorded answers (engine's

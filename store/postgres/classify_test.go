@@ -50,7 +50,7 @@ func TestClassify(t *testing.T) {
 		{"commit answered ROLLBACK", pgx.ErrTxCommitRollback, true, store.ErrConflict},
 		{"scan type mismatch", errors.New("can't scan into dest[0]"), false, none},
 	}
-	sentinels := []error{store.ErrConflict, store.ErrDuplicate, store.ErrUnavailable, store.ErrNotFound}
+	sentinels := []error{store.ErrConflict, store.ErrDuplicate, store.ErrUnavailable, store.ErrNotFound, store.ErrDamaged}
 	for _, tc := range cases {
 		var c counters
 		got := c.classify("op", tc.err, tc.commit)
@@ -72,5 +72,39 @@ func TestClassify(t *testing.T) {
 	var c counters
 	if c.classify("op", nil, true) != nil {
 		t.Error("nil error classified as an error")
+	}
+}
+
+// The server's own corruption errors (XX001 data_corrupted, XX002
+// index_corrupted) are store.ErrDamaged, which no retry repairs (capledger
+// audit, migrate and backup exit 1, not the retryable 5), wrapped
+// otherwise as before, so a server answers them as it did: at COMMIT
+// store.ErrUnavailable beside it (the outcome is unknown), elsewhere
+// nothing more.
+func TestClassifyCorruptionIsDamaged(t *testing.T) {
+	for _, code := range []string{"XX001", "XX002"} {
+		for _, commit := range []bool{false, true} {
+			driverErr := &pgconn.PgError{Code: code, Severity: "ERROR", Message: "invalid page in block 7 of relation base/16384/16401"}
+			var c counters
+			got := c.classify("account get t/r@global#1", fmt.Errorf("wrapped: %w", driverErr), commit)
+			if !errors.Is(got, store.ErrDamaged) || !errors.Is(got, driverErr) {
+				t.Errorf("%s (commit %v): classified %v, want store.ErrDamaged wrapping the driver error", code, commit, got)
+			}
+			if errors.Is(got, store.ErrUnavailable) != commit {
+				t.Errorf("%s (commit %v): classified %v: store.ErrUnavailable %v, want %v (as before)", code, commit, got, !commit, commit)
+			}
+			if errors.Is(got, store.ErrConflict) || errors.Is(got, store.ErrDuplicate) {
+				t.Errorf("%s (commit %v): classified %v as a conflict or duplicate", code, commit, got)
+			}
+			if commit && c.commitUnknown.Load() != 1 {
+				t.Errorf("%s at commit: commit-unknown counter %d, want 1", code, c.commitUnknown.Load())
+			}
+		}
+	}
+	// Another internal error (XX000) is not damage: a bug, or at COMMIT
+	// an unknown outcome.
+	var c counters
+	if got := c.classify("op", &pgconn.PgError{Code: "XX000", Severity: "ERROR"}, false); errors.Is(got, store.ErrDamaged) {
+		t.Errorf("XX000 classified as damaged: %v", got)
 	}
 }

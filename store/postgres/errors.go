@@ -29,6 +29,8 @@ const (
 	codeTooManyConnections   = "53300"
 	codeReadOnlyTransaction  = "25006" // a standby after failover, still read-only
 	codeProtocolViolation    = "08P01" // also PgBouncer's refusals, most of them passing
+	codeDataCorrupted        = "XX001" // a page that fails its checks (invalid page header, checksum)
+	codeIndexCorrupted       = "XX002"
 )
 
 // ErrStartupParameterRefused: the server (PgBouncer) refused a startup
@@ -65,6 +67,11 @@ type counters struct {
 //     non-server error during COMMIT (the commit may or may not have
 //     happened, so it must never be reported as success or as a clean
 //     conflict);
+//   - store.ErrDamaged for the server's own corruption errors (XX001
+//     data_corrupted, XX002 index_corrupted), so a command (capledger
+//     audit, migrate, backup) knows no retry repairs it; otherwise wrapped
+//     as before (at COMMIT store.ErrUnavailable beside it, elsewhere
+//     nothing more), so a server answers them as it did;
 //   - the error itself, with context, for anything else (a bug: a CHECK
 //     constraint refusing a negative term, a malformed query).
 func (c *counters) classify(op string, err error, commit bool) error {
@@ -96,6 +103,11 @@ func (c *counters) classify(op string, err error, commit bool) error {
 		case pgErr.Code == codeCheckViolation:
 			c.checkViolations.Add(1)
 			return fmt.Errorf("%s: database refused a broken invariant (%s): %w", op, pgErr.ConstraintName, err)
+		case pgErr.Code == codeDataCorrupted, pgErr.Code == codeIndexCorrupted:
+			if commit {
+				return fmt.Errorf("%w: %w", store.ErrDamaged, c.lost(op, err, commit))
+			}
+			return fmt.Errorf("%s: %w: %w", op, store.ErrDamaged, err)
 		case strings.HasPrefix(pgErr.Code, "08"), pgErr.Code == codeAdminShutdown, pgErr.Code == codeCrashShutdown,
 			pgErr.Code == codeCannotConnectNow, pgErr.Code == codeTooManyConnections, pgErr.Code == codeReadOnlyTransaction:
 			return c.lost(op, err, commit)
