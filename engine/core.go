@@ -40,7 +40,7 @@ func (c *Core) Store() store.Store { return c.store }
 // must resolve it by retrying with the same ids; err wraps
 // store.ErrConflict when the whole batch may simply be run again.
 func (c *Core) Commit(ctx context.Context, cmds []ledger.Command, now time.Time) ([]ledger.Result, error) {
-	return c.commit(ctx, cmds, now, false)
+	return c.commit(ctx, cmds, now, false, nil)
 }
 
 // CommitDeferred is Commit for pipelined durability: over a store that is
@@ -50,7 +50,7 @@ func (c *Core) Commit(ctx context.Context, cmds []ledger.Command, now time.Time)
 // before that may lose the batch, with every later one). Over any other
 // store it is Commit.
 func (c *Core) CommitDeferred(ctx context.Context, cmds []ledger.Command, now time.Time) ([]ledger.Result, error) {
-	return c.commit(ctx, cmds, now, true)
+	return c.commit(ctx, cmds, now, true, nil)
 }
 
 // Pipelined reports whether the store defers its fsyncs to Sync.
@@ -69,7 +69,16 @@ func (c *Core) Sync(ctx context.Context) error {
 	return nil
 }
 
-func (c *Core) commit(ctx context.Context, cmds []ledger.Command, now time.Time, deferred bool) ([]ledger.Result, error) {
+// errCallerGone: a batch found, once it held the rows it read, that a
+// caller of its commands had stopped waiting (Engine.commit drops that
+// caller's commands and runs the rest again).
+var errCallerGone = errors.New("a caller stopped waiting before the batch was written")
+
+// commit is Commit (deferred: CommitDeferred). When wanted is set it is
+// asked after the commands were applied to the transaction's reads (the
+// rows they read are held until it ends) and before anything is written:
+// false rolls the batch back, not applied, with errCallerGone.
+func (c *Core) commit(ctx context.Context, cmds []ledger.Command, now time.Time, deferred bool, wanted func() bool) ([]ledger.Result, error) {
 	tx, err := c.store.Begin(ctx)
 	if err != nil {
 		// The store's error names the step ("begin: ..."): store.Store.
@@ -103,6 +112,9 @@ func (c *Core) commit(ctx context.Context, cmds []ledger.Command, now time.Time,
 	changes := book.Changes()
 	if changes.Empty() {
 		return results, nil
+	}
+	if wanted != nil && !wanted() {
+		return nil, fmt.Errorf("%w: %w", ErrNotApplied, errCallerGone)
 	}
 	if err := tx.Write(ctx, changes); err != nil {
 		if errors.Is(err, store.ErrDuplicate) {

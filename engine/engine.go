@@ -203,6 +203,9 @@ type request struct {
 	// maintenance says a maintenance worker submitted the commands
 	// (doMaintenance): they are not admission (pace.go).
 	maintenance bool
+	// ctx is the caller's: a request still queued when it ends is not
+	// applied (runBatch).
+	ctx context.Context
 }
 
 // ErrClosed is returned for commands submitted after Close.
@@ -333,13 +336,15 @@ func (e *Engine) doBatch(ctx context.Context, cmds []ledger.Command, maintenance
 	if err := e.failure(); err != nil {
 		return nil, fmt.Errorf("%w (%w)", err, ErrNotApplied)
 	}
-	req := &request{cmds: cmds, done: make(chan struct{}), maintenance: maintenance}
+	req := &request{cmds: cmds, done: make(chan struct{}), maintenance: maintenance, ctx: ctx}
 	if len(e.queue) == 0 && e.running.TryLock() {
 		// Idle engine: run the batch here, taking along whatever was queued
 		// meanwhile, instead of waking the committer and being woken by it
 		// (two goroutine hand-offs, which cost more than a commit when the
 		// machine is busy). The caller waits for the commit as it would
-		// for the committer, whatever its ctx does.
+		// for the committer, whatever its ctx does (though a ctx ended
+		// before the batch writes leaves the command not applied:
+		// dropAbandoned).
 		if e.ctx.Err() != nil {
 			e.running.Unlock()
 			return nil, ErrClosed
@@ -419,71 +424,127 @@ func (e *Engine) commitLoop(ctx context.Context) {
 }
 
 // runBatch adds waiting requests to batch (up to MaxBatch commands in
-// all) and commits their commands as one transaction. It returns batch
-// and the outcome, for the caller to answer (answer, or settle, or the
+// all) and commits their commands as one transaction, less those whose
+// callers stopped waiting (dropAbandoned, answered here). It returns batch
+// (what is left of it) and the outcome, for the caller to answer (answer, or settle, or the
 // syncer when pipelined). The caller holds running; batch holds a request
 // or the queue does.
 func (e *Engine) runBatch(batch []*request) ([]*request, outcome) {
-	var cmds []ledger.Command
-	if len(batch) == 1 && len(e.queue) == 0 {
-		cmds = batch[0].cmds
-	} else {
-		for _, req := range batch {
-			cmds = append(cmds, req.cmds...)
-		}
+	queued := 0
+	for _, req := range batch {
+		queued += len(req.cmds)
+	}
+	if len(batch) != 1 || len(e.queue) != 0 {
 	fill:
-		for len(cmds) < e.opts.MaxBatch {
+		for queued < e.opts.MaxBatch {
 			select {
 			case req := <-e.queue:
 				batch = append(batch, req)
-				cmds = append(cmds, req.cmds...)
+				queued += len(req.cmds)
 			default:
 				break fill
 			}
 		}
-		if len(batch) == 1 {
-			cmds = batch[0].cmds
-		}
 	}
+	batch = dropAbandoned(batch)
 	if len(batch) == 0 {
 		return batch, outcome{}
 	}
-	var admitted int
+	var out outcome
+	batch, out = e.commit(e.ctx, batch)
 	for _, req := range batch {
 		if !req.maintenance {
-			admitted += len(req.cmds)
+			e.admittedCmds.Add(uint64(len(req.cmds)))
 		}
 	}
-	out := e.commit(e.ctx, cmds, admitted == 0)
-	e.admittedCmds.Add(uint64(admitted))
 	return batch, out
 }
 
-// commit runs one batch, retrying it whole while it loses races.
+// dropAbandoned answers, not applied, every request of batch whose caller
+// has stopped waiting, and returns the others (batch's own array). The
+// caller took that outcome for unknown and may have had its retry decided
+// elsewhere since (on another replica, while this one's store was
+// unreachable). A capacity rejection writes nothing, so the abandoned
+// attempt, committed later, would admit an id its caller was told was
+// rejected, holding units nobody settles (the failover gate's
+// non-linearizable history of 6 Dec). Checked when the batch is formed
+// and again once its transaction holds the rows it read (Core.commit's
+// wanted): a retry decided after that waits for the batch and finds its
+// receipt.
+func dropAbandoned(batch []*request) []*request {
+	kept := batch[:0]
+	for _, req := range batch {
+		if req.ctx != nil && req.ctx.Err() != nil {
+			req.err = fmt.Errorf("%w (%w)", req.ctx.Err(), ErrNotApplied)
+			close(req.done)
+			continue
+		}
+		kept = append(kept, req)
+	}
+	clear(batch[len(kept):])
+	return kept
+}
+
+// abandoned reports whether a caller of batch has stopped waiting.
+func abandoned(batch []*request) bool {
+	for _, req := range batch {
+		if req.ctx != nil && req.ctx.Err() != nil {
+			return true
+		}
+	}
+	return false
+}
+
+func batchCommands(batch []*request) []ledger.Command {
+	if len(batch) == 1 {
+		return batch[0].cmds
+	}
+	var cmds []ledger.Command
+	for _, req := range batch {
+		cmds = append(cmds, req.cmds...)
+	}
+	return cmds
+}
+
+// commit runs one batch, retrying it whole while it loses races, and
+// without the commands of callers who stopped waiting before it wrote
+// (dropAbandoned); it returns what is left of batch and its outcome.
 // Pipelined, the batch gets a number (before it commits: a batch that
 // writes nothing read what the batches before it wrote, so it waits for
 // their fsync too) and is committed without its fsync. A failed batch is
-// logged ("batch failed") unless only maintenance workers submitted it
-// (workersOnly): each of them logs its own failures at the cadence of
+// logged ("batch failed") unless only maintenance workers submitted it:
+// each of them logs its own failures at the cadence of
 // its failLog (workerlog.go), which a line per batch (four a second
 // from the expiry worker on a full disk) would undo.
-func (e *Engine) commit(ctx context.Context, cmds []ledger.Command, workersOnly bool) outcome {
+func (e *Engine) commit(ctx context.Context, batch []*request) ([]*request, outcome) {
 	start := time.Now()
 	var results []ledger.Result
 	var err error
 	var seq uint64
-	commit := e.core.Commit
+	deferred := false
 	if e.pipe != nil {
 		seq = e.pipe.started.Add(1)
-		commit = e.core.CommitDeferred
+		deferred = true
 		defer e.pipe.committed.Store(seq)
 	}
+	cmds := batchCommands(batch)
+	wanted := func() bool { return !abandoned(batch) }
 	attempts := 0
 	for attempts < e.opts.MaxConflictRetries || time.Since(start) < e.opts.ConflictRetryBudget {
 		attempts++
 		batchCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.opts.BatchTimeout)
-		results, err = commit(batchCtx, cmds, e.opts.Clock())
+		results, err = e.core.commit(batchCtx, cmds, e.opts.Clock(), deferred, wanted)
 		cancel()
+		if errors.Is(err, errCallerGone) {
+			// Not applied: run the batch again without the commands of
+			// the callers who left (each time one less at least).
+			attempts--
+			if batch = dropAbandoned(batch); len(batch) == 0 {
+				return batch, outcome{seq: seq}
+			}
+			cmds = batchCommands(batch)
+			continue
+		}
 		if !errors.Is(err, store.ErrConflict) {
 			break
 		}
@@ -492,6 +553,10 @@ func (e *Engine) commit(ctx context.Context, cmds []ledger.Command, workersOnly 
 		// drift apart; capped so a long budget is not spent asleep.
 		backoff := time.Duration(min(attempts, 20)) * time.Millisecond
 		time.Sleep(backoff + rand.N(backoff))
+	}
+	workersOnly := true
+	for _, req := range batch {
+		workersOnly = workersOnly && req.maintenance
 	}
 	e.batches.Add(1)
 	e.commands.Add(uint64(len(cmds)))
@@ -514,7 +579,7 @@ func (e *Engine) commit(ctx context.Context, cmds []ledger.Command, workersOnly 
 	if e.opts.OnBatch != nil {
 		e.opts.OnBatch(BatchInfo{Commands: len(cmds), Attempts: attempts, Duration: time.Since(start), Err: err})
 	}
-	return outcome{results: results, err: err, seq: seq}
+	return batch, outcome{results: results, err: err, seq: seq}
 }
 
 func (e *Engine) failPending() {
