@@ -18,18 +18,8 @@ import (
 // store back, commits the queued attempt: the id the caller was told was
 // rejected now holds units that nobody will settle.
 func TestRejectedReserveIsNotAdmittedLaterByAnAbandonedAttempt(t *testing.T) {
-	shared := memstore.New()
-	c := newClock()
-	b := New(shared, Options{DisableWorkers: true, Clock: c.Now})
-	defer b.Close()
-	gated := &gatedStore{Store: shared, gate: make(chan struct{})}
-	a := New(gated, Options{DisableWorkers: true, Clock: c.Now})
-	defer a.Close()
-	publish(t, b, 100, time.Hour, 0)
+	a, b, gated := twoReplicasWithAHolder(t)
 	ctx := context.Background()
-	if res, err := b.Do(ctx, reserveCmd("holder", 60)); err != nil || res.Err != nil {
-		t.Fatalf("holder: %v %v", err, res.Err)
-	}
 
 	// Replica a: its store hangs (a primary killed mid-batch); a batch is
 	// stuck in Begin, and the reserve's first attempt queues behind it
@@ -76,18 +66,8 @@ func TestRejectedReserveIsNotAdmittedLaterByAnAbandonedAttempt(t *testing.T) {
 // batch finds its caller gone once it holds the rows it read and writes
 // nothing: the attempt is answered not applied.
 func TestRejectedReserveIsNotAdmittedByABatchWhoseCallerLeft(t *testing.T) {
-	shared := memstore.New()
-	c := newClock()
-	b := New(shared, Options{DisableWorkers: true, Clock: c.Now})
-	defer b.Close()
-	gated := &gatedStore{Store: shared, gate: make(chan struct{})}
-	a := New(gated, Options{DisableWorkers: true, Clock: c.Now})
-	defer a.Close()
-	publish(t, b, 100, time.Hour, 0)
+	a, b, gated := twoReplicasWithAHolder(t)
 	ctx := context.Background()
-	if res, err := b.Do(ctx, reserveCmd("holder", 60)); err != nil || res.Err != nil {
-		t.Fatalf("holder: %v %v", err, res.Err)
-	}
 
 	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer cancel()
@@ -113,4 +93,23 @@ func TestRejectedReserveIsNotAdmittedByABatchWhoseCallerLeft(t *testing.T) {
 	if r, err := b.Reservation(ctx, "x"); err == nil && r.State.Holds() {
 		t.Fatalf("reserve x was answered rejected, but a batch whose caller had left admitted it later: %s holding %v", r.State, r.Reserved)
 	}
+}
+
+// twoReplicasWithAHolder returns two engines over one store, a's through a
+// gate that holds its Begin until gate is closed, with a policy of 100
+// units and a reservation "holder" of 60 made through b.
+func twoReplicasWithAHolder(t *testing.T) (a, b *Engine, gated *gatedStore) {
+	t.Helper()
+	shared := memstore.New()
+	c := newClock()
+	b = New(shared, Options{DisableWorkers: true, Clock: c.Now})
+	t.Cleanup(func() { b.Close() })
+	gated = &gatedStore{Store: shared, gate: make(chan struct{})}
+	a = New(gated, Options{DisableWorkers: true, Clock: c.Now})
+	t.Cleanup(func() { a.Close() })
+	publish(t, b, 100, time.Hour, 0)
+	if res, err := b.Do(context.Background(), reserveCmd("holder", 60)); err != nil || res.Err != nil {
+		t.Fatalf("holder: %v %v", err, res.Err)
+	}
+	return a, b, gated
 }
