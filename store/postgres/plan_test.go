@@ -22,28 +22,8 @@ import (
 // the EXPIRING rows ahead of it), never by scanning the table, in the
 // generic plan, on a table where few rows are due.
 func TestDueQueryUsesItsIndexes(t *testing.T) {
-	_, dsn := openStore(t)
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	for _, q := range []string{
-		`INSERT INTO reservations (id, request_digest, subject, route, region, generation, accounting_epoch,
-			reserved, actual, overdraft, operation_id, state, created_at, expires_at, started_at,
-			execution_deadline, unknown_at, finished_at, breach)
-		SELECT 'rl-' || i, 'sha256:' || i, 'tenant' || i % 10, 'chat.generate', 'eu', 1, 0,
-			'{1,0,0,0}', '{0,0,0,0}', '{0,0,0,0}', 'op-' || i, i % 8,
-			i, i + 30, i + 1, 0, 0, 0, false
-		FROM generate_series(1, 20000) AS i`,
-		`ANALYZE reservations`,
-		`SET plan_cache_mode = force_generic_plan`,
-	} {
-		if _, err := conn.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
+	conn := planConn(t, reservationRows(20000, "i % 8", "i + 1", "0"),
+		`ANALYZE reservations`, `SET plan_cache_mode = force_generic_plan`)
 	plan := genericPlan(t, conn, postgres.DueSQL, []any{int64(200), 10})
 	t.Logf("due:\n%s", plan)
 	for _, index := range []string{"reservations_due", "reservations_expiring"} {
@@ -63,28 +43,9 @@ func TestDueQueryUsesItsIndexes(t *testing.T) {
 // unknown) is what is checked, on a table where USAGE_UNKNOWN rows are 1
 // in 100 and the statistics are current.
 func TestUnknownQueriesUseTheirIndex(t *testing.T) {
-	_, dsn := openStore(t)
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	for _, q := range []string{
-		`INSERT INTO reservations (id, request_digest, subject, route, region, generation, accounting_epoch,
-			reserved, actual, overdraft, operation_id, state, created_at, expires_at, started_at,
-			execution_deadline, unknown_at, finished_at, breach)
-		SELECT 'rl-' || i, 'sha256:' || i, 'tenant' || i % 10, 'chat.generate', 'eu', 1, 0,
-			'{1,0,0,0}', '{0,0,0,0}', '{0,0,0,0}', 'op-' || i, CASE WHEN i % 100 = 0 THEN 8 ELSE i % 8 END,
-			i, i + 30, i + 1, 0, CASE WHEN i % 100 = 0 THEN i + 2 ELSE 0 END, 0, false
-		FROM generate_series(1, 20000) AS i`,
-		`ANALYZE reservations`,
-		`SET plan_cache_mode = force_generic_plan`,
-	} {
-		if _, err := conn.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
+	// One in 100 USAGE_UNKNOWN (state 8), marked at i + 2.
+	conn := planConn(t, reservationRows(20000, "CASE WHEN i % 100 = 0 THEN 8 ELSE i % 8 END", "i + 1", "CASE WHEN i % 100 = 0 THEN i + 2 ELSE 0 END"),
+		`ANALYZE reservations`, `SET plan_cache_mode = force_generic_plan`)
 	cursor := store.UnknownCursor{MarkedAt: time.Unix(0, 5002), ID: "rl-5000"}
 	for _, tc := range []struct {
 		name string
@@ -144,24 +105,17 @@ func TestBatchPrefetchesUseTheIndexAsTablesGrow(t *testing.T) {
 		ids[i] = fmt.Sprintf("rl-%d", n)
 		subjects[i] = ledger.PolicyKey{Subject: fmt.Sprintf("tenant%d", n), Route: "chat.generate", Region: "eu"}
 	}
-	fillReservations := `INSERT INTO reservations (id, request_digest, subject, route, region, generation, accounting_epoch,
-			reserved, actual, overdraft, operation_id, state, created_at, expires_at, started_at,
-			execution_deadline, unknown_at, finished_at, breach)
-		SELECT 'rl-' || i, 'sha256:' || i, 'tenant' || i % 10, 'chat.generate', 'eu', 1, 0,
-			'{1,0,0,0}', '{0,0,0,0}', '{0,0,0,0}', 'op-' || i, 1, i, i + 30, 0, 0, 0, 0, false
-		FROM generate_series(1, 20000) AS i`
+	fillReservations := reservationRows(rows, "1", "0", "0")
 	fillTombstones := `INSERT INTO tombstones (id, request_digest, subject, route, region, generation, state, finished_at)
 		SELECT 'rl-' || i, 'sha256:' || i, 'tenant' || i % 10, 'chat.generate', 'eu', 1, 3, i
 		FROM generate_series(1, 20000) AS i`
-	fillAccounts := []string{
-		`INSERT INTO accounts (subject, route, region, generation, dims, epoch_start, breaches, version)
-		SELECT 'tenant' || i, 'chat.generate', 'eu', 1, 1, 0, 0, 1 FROM generate_series(1, 20000) AS i`,
-		`INSERT INTO account_terms (account_id, dim, opening, minted, overdraft_issued, available, reserved, spent,
-			retired_for_emergency, retired_for_move, overdraft_repaid, epoch_opening, epoch_minted,
-			epoch_overdraft_issued, epoch_available, epoch_reserved, epoch_spent, epoch_retired_for_emergency,
-			epoch_retired_for_move, epoch_overdraft_repaid, refilled_to)
-		SELECT id, 0, 100, 0, 0, 100, 0, 0, 0, 0, 0, 100, 0, 0, 100, 0, 0, 0, 0, 0, 0 FROM accounts`,
+	fillHeadsAndCurrents := []string{
+		`INSERT INTO policy_heads (subject, route, region, active, latest)
+		SELECT 'tenant' || i, 'chat.generate', 'eu', 1, 1 FROM generate_series(1, 20000) AS i`,
+		`INSERT INTO account_currents (subject, route, region, generation)
+		SELECT 'tenant' || i, 'chat.generate', 'eu', 1 FROM generate_series(1, 20000) AS i`,
 	}
+	fillAccounts := []string{accountRows(rows, 1), termRowsOfEveryAccount}
 	narrowed := make([]ledger.Account, batch) // written unread: its term rows past Dims are trimmed
 	for i, k := range subjects {
 		narrowed[i] = ledger.Account{Key: ledger.AccountKey{Subject: k.Subject, Route: k.Route, Region: k.Region, Generation: 1}, Dims: 1}
@@ -179,12 +133,7 @@ func TestBatchPrefetchesUseTheIndexAsTablesGrow(t *testing.T) {
 			return tx.(store.Prefetcher).ReservationsPrefetch(ctx, ids) // absent: their tombstones are read
 		}},
 		{"policy heads, current generations and accounts", []string{"policy_heads", "account_currents", "accounts", "account_terms"},
-			append([]string{
-				`INSERT INTO policy_heads (subject, route, region, active, latest)
-				SELECT 'tenant' || i, 'chat.generate', 'eu', 1, 1 FROM generate_series(1, 20000) AS i`,
-				`INSERT INTO account_currents (subject, route, region, generation)
-				SELECT 'tenant' || i, 'chat.generate', 'eu', 1 FROM generate_series(1, 20000) AS i`,
-			}, fillAccounts...), func(tx store.Tx) error {
+			slices.Concat(fillHeadsAndCurrents, fillAccounts), func(tx store.Tx) error {
 				return tx.(store.AccountsPrefetcher).AccountsPrefetch(ctx, subjects, nil, nil)
 			}},
 		{"term trim", []string{"accounts", "account_terms"}, fillAccounts, func(tx store.Tx) error {
@@ -196,12 +145,7 @@ func TestBatchPrefetchesUseTheIndexAsTablesGrow(t *testing.T) {
 		// Not a lookup by arrays: the getters of one row by its key keep
 		// their generic plans, which must read through the indexes too.
 		{"getters of one row (generic plans)", []string{"reservations", "tombstones", "policy_heads", "account_currents", "accounts", "account_terms"},
-			append([]string{fillReservations, fillTombstones,
-				`INSERT INTO policy_heads (subject, route, region, active, latest)
-				SELECT 'tenant' || i, 'chat.generate', 'eu', 1, 1 FROM generate_series(1, 20000) AS i`,
-				`INSERT INTO account_currents (subject, route, region, generation)
-				SELECT 'tenant' || i, 'chat.generate', 'eu', 1 FROM generate_series(1, 20000) AS i`,
-			}, fillAccounts...), func(tx store.Tx) error {
+			slices.Concat([]string{fillReservations, fillTombstones}, fillHeadsAndCurrents, fillAccounts), func(tx store.Tx) error {
 				k := subjects[3]
 				for _, get := range []func() error{
 					func() error { _, err := tx.ReservationGet(ctx, ids[3]); return err },
@@ -265,66 +209,6 @@ func TestBatchPrefetchesUseTheIndexAsTablesGrow(t *testing.T) {
 	}
 }
 
-// explainExecute returns the plan the prepared statement stmt runs with
-// args (array literals) now.
-func explainExecute(t *testing.T, conn *pgx.Conn, stmt string, args []any) string {
-	t.Helper()
-	var literals []string
-	for _, a := range args {
-		literals = append(literals, "'"+strings.ReplaceAll(fmt.Sprint(a), "'", "''")+"'")
-	}
-	rows, err := conn.Query(context.Background(), "EXPLAIN EXECUTE "+stmt+"("+strings.Join(literals, ", ")+")")
-	if err != nil {
-		t.Fatalf("explain %s: %v", stmt, err)
-	}
-	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatalf("explain %s: %v", stmt, err)
-	}
-	return strings.Join(lines, "\n")
-}
-
-// genericPlan returns the generic plan of query: prepared, then explained
-// under force_generic_plan.
-func genericPlan(t *testing.T, conn *pgx.Conn, query string, args []any) string {
-	t.Helper()
-	ctx := context.Background()
-	if _, err := conn.Exec(ctx, "DEALLOCATE ALL"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := conn.Exec(ctx, "PREPARE unknown_plan AS "+query); err != nil {
-		t.Fatalf("prepare %s: %v", query, err)
-	}
-	explain := "EXPLAIN EXECUTE unknown_plan" + literalArgs(args)
-	rows, err := conn.Query(ctx, explain)
-	if err != nil {
-		t.Fatalf("%s: %v", explain, err)
-	}
-	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatalf("%s: %v", explain, err)
-	}
-	return strings.Join(lines, "\n")
-}
-
-// literalArgs returns EXECUTE's argument list for args, "" for none:
-// EXECUTE's parameters are not themselves parameters, but literals.
-func literalArgs(args []any) string {
-	var literals []string
-	for _, a := range args {
-		switch v := a.(type) {
-		case string:
-			literals = append(literals, "'"+strings.ReplaceAll(v, "'", "''")+"'")
-		default:
-			literals = append(literals, fmt.Sprint(v))
-		}
-	}
-	if len(literals) == 0 {
-		return ""
-	}
-	return "(" + strings.Join(literals, ", ") + ")"
-}
-
 func checkUnknownPlan(t *testing.T, name, plan string) {
 	t.Helper()
 	if !strings.Contains(plan, "reservations_usage_unknown_at") {
@@ -350,33 +234,14 @@ func checkUnknownPlan(t *testing.T, name, plan string) {
 // page's entries. The engine then reads the page's subjects' accounts
 // (AccountsOfSubjects) by their keys.
 func TestDebtQueriesUseTheirIndex(t *testing.T) {
-	_, dsn := openStore(t)
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	for _, q := range []string{
-		`INSERT INTO accounts (subject, route, region, generation, dims, epoch_start, breaches, version)
-		SELECT 'tenant' || i, 'chat.generate', 'eu', 1, 2, 0, 0, 1 FROM generate_series(1, 20000) AS i`,
+	conn := planConn(t, accountRows(20000, 2),
 		// Debt in dimension 1 of every fourth account: the triggers of
 		// schema 12 set their in_debt.
-		`INSERT INTO account_terms (account_id, dim, opening, minted, overdraft_issued, available, reserved, spent,
-			retired_for_emergency, retired_for_move, overdraft_repaid, epoch_opening, epoch_minted,
-			epoch_overdraft_issued, epoch_available, epoch_reserved, epoch_spent, epoch_retired_for_emergency,
-			epoch_retired_for_move, epoch_overdraft_repaid, refilled_to)
-		SELECT a.id, d, 100, 0, debt, 100, 0, debt, 0, 0, 0, 100, 0, 0, 100, 0, 0, 0, 0, 0, 0
+		termsInsert+`SELECT a.id, d, 100, 0, debt, 100, 0, debt, 0, 0, 0, 100, 0, 0, 100, 0, 0, 0, 0, 0, 0
 		FROM accounts a, generate_series(0, 1) AS d,
 			LATERAL (SELECT CASE WHEN a.id % 4 = 0 AND d = 1 THEN 10 ELSE 0 END AS debt) AS x`,
-		`ANALYZE accounts`,
-		`ANALYZE account_terms`,
-		`SET plan_cache_mode = force_generic_plan`,
-	} {
-		if _, err := conn.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
+		`ANALYZE accounts`, `ANALYZE account_terms`, `SET plan_cache_mode = force_generic_plan`)
 	var debtors int
 	if err := conn.QueryRow(ctx, `SELECT count(*) FROM accounts WHERE in_debt`).Scan(&debtors); err != nil || debtors != 5000 {
 		t.Fatalf("accounts in debt: %d, %v; want 5000", debtors, err)
@@ -420,17 +285,10 @@ func TestDebtQueriesUseTheirIndex(t *testing.T) {
 			t.Errorf("%s: does not seek the index at the cursor:\n%s", tc.name, plan)
 		}
 		// Run it: the index scan returns the page's entries only.
-		rows, err := conn.Query(ctx, "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) EXECUTE unknown_plan"+literalArgs(tc.args))
-		if err != nil {
-			t.Fatal(err)
-		}
-		ran, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Logf("%s, run:\n%s", tc.name, strings.Join(ran, "\n"))
+		ran := explainAnalyze(t, conn, "EXECUTE unknown_plan"+literalArgs(tc.args))
+		t.Logf("%s, run:\n%s", tc.name, ran)
 		found := false
-		for _, line := range ran {
+		for _, line := range strings.Split(ran, "\n") {
 			if strings.Contains(line, "Index Scan using accounts_in_debt") {
 				found = true
 				if want := fmt.Sprintf("(actual rows=%d loops=1)", page); !strings.Contains(line, want) {
@@ -439,30 +297,20 @@ func TestDebtQueriesUseTheirIndex(t *testing.T) {
 			}
 		}
 		if !found {
-			t.Errorf("%s: run without accounts_in_debt:\n%s", tc.name, strings.Join(ran, "\n"))
+			t.Errorf("%s: run without accounts_in_debt:\n%s", tc.name, ran)
 		}
 	}
 	// A page's subjects' accounts (AccountsOfSubjects, 100 subjects of
 	// the page): one seek of the accounts' unique key per subject and of
 	// the terms' primary key per account, planned for its keys as the
 	// store's pool plans it (at each run), never a scan of either table.
-	if _, err := conn.Exec(ctx, `SET plan_cache_mode = force_custom_plan`); err != nil {
-		t.Fatal(err)
-	}
+	execAll(t, conn, `SET plan_cache_mode = force_custom_plan`)
 	var subjects []string
 	for i := 4; i <= 400; i += 4 {
 		subjects = append(subjects, fmt.Sprint("tenant", i))
 	}
 	routes, regions := slices.Repeat([]string{"chat.generate"}, len(subjects)), slices.Repeat([]string{"eu"}, len(subjects))
-	rows, err := conn.Query(ctx, "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) "+postgres.AccountsOfSubjectsSQL, subjects, routes, regions)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ran, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
-	plan := strings.Join(ran, "\n")
+	plan := explainAnalyze(t, conn, postgres.AccountsOfSubjectsSQL, subjects, routes, regions)
 	t.Logf("accounts of 100 subjects, run:\n%s", plan)
 	for _, want := range []string{"Index Scan using accounts_subject_route_region_generation_key on accounts a (actual rows=1 loops=100)",
 		"on account_terms t (actual rows=2 loops=100)"} {
@@ -563,23 +411,9 @@ func TestWriteTransactionsPlanOnlyLookupsAtEachRun(t *testing.T) {
 // at the bound and the cursor, a page at a time: no sequential scan of
 // accounts, no sort of every due account.
 func TestEpochAcrossQueriesUseTheirIndex(t *testing.T) {
-	_, dsn := openStore(t)
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	for _, q := range []string{
-		`INSERT INTO accounts (subject, route, region, generation, dims, epoch_start, breaches, version)
-		SELECT 'tenant' || (i % 500), 'chat.generate', 'eu', 1 + i / 500, 1, (i % 97) * 600000000000, 0, 1 FROM generate_series(1, 50000) AS i`,
-		`ANALYZE accounts`,
-		`SET plan_cache_mode = force_generic_plan`,
-	} {
-		if _, err := conn.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
+	conn := planConn(t, accountsInsert+`SELECT 'tenant' || (i % 500), 'chat.generate', 'eu', 1 + i / 500, 1, (i % 97) * 600000000000, 0, 1
+		FROM generate_series(1, 50000) AS i`,
+		`ANALYZE accounts`, `SET plan_cache_mode = force_generic_plan`)
 	for _, tc := range []struct {
 		name, query string
 		args        []any
@@ -604,26 +438,12 @@ func TestEpochAcrossQueriesUseTheirIndex(t *testing.T) {
 // planned at each run as the store's reads outside write transactions
 // are (force_custom_plan), on 50,000 policies of as many tenants.
 func TestPolicyReadsUseTheirIndex(t *testing.T) {
-	_, dsn := openStore(t)
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	for _, q := range []string{
-		`INSERT INTO policies (generation, subject, route, region, dimensions, estimator_digest, hold_ttl,
+	conn := planConn(t, `INSERT INTO policies (generation, subject, route, region, dimensions, estimator_digest, hold_ttl,
 			execution_limit, priority, fairness_weight, fairness_budget, emergency_mode, rollout, epoch_length,
 			published_at, rolled_back)
 		SELECT i, 'tenant' || i, CASE WHEN i % 2 = 0 THEN 'chat' ELSE 'embed' END, 'eu', '[]', '', 0, 0, 0, 1, 0.05, false,
 			'enforce', 0, i, false FROM generate_series(1, 50000) AS i`,
-		`ANALYZE policies`,
-		`SET plan_cache_mode = force_custom_plan`,
-	} {
-		if _, err := conn.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
+		`ANALYZE policies`, `SET plan_cache_mode = force_custom_plan`)
 	generations := make([]string, 128)
 	for i := range generations {
 		generations[i] = fmt.Sprint(i*389 + 1)
@@ -652,30 +472,9 @@ func TestPolicyReadsUseTheirIndex(t *testing.T) {
 // matched within them, planned for its values (the console's session
 // default) or generically; never a scan of either table.
 func TestAccountsPageOfSubjectReadsItsAccountsOnly(t *testing.T) {
-	_, dsn := openStore(t)
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	for _, q := range []string{
-		`INSERT INTO accounts (subject, route, region, generation, dims, epoch_start, breaches, version)
-		SELECT 'tenant' || i, 'chat.generate', 'eu', 1, 1, 0, 0, 1 FROM generate_series(1, 20000) AS i`,
-		`INSERT INTO accounts (subject, route, region, generation, dims, epoch_start, breaches, version)
-		SELECT 'tenant7', r, 'eu', 1, 1, 0, 0, 1 FROM unnest(ARRAY['a', 'b', 'embed']) AS r`,
-		`INSERT INTO account_terms (account_id, dim, opening, minted, overdraft_issued, available, reserved, spent,
-			retired_for_emergency, retired_for_move, overdraft_repaid, epoch_opening, epoch_minted,
-			epoch_overdraft_issued, epoch_available, epoch_reserved, epoch_spent, epoch_retired_for_emergency,
-			epoch_retired_for_move, epoch_overdraft_repaid, refilled_to)
-		SELECT a.id, 0, 100, 0, 0, 100, 0, 0, 0, 0, 0, 100, 0, 0, 100, 0, 0, 0, 0, 0, 0 FROM accounts a`,
-		`ANALYZE accounts`,
-		`ANALYZE account_terms`,
-	} {
-		if _, err := conn.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
+	conn := planConn(t, accountRows(20000, 1),
+		accountsInsert+`SELECT 'tenant7', r, 'eu', 1, 1, 0, 0, 1 FROM unnest(ARRAY['a', 'b', 'embed']) AS r`,
+		termRowsOfEveryAccount, `ANALYZE accounts`, `ANALYZE account_terms`)
 	for _, tc := range []struct {
 		name, query string
 		args        []any
@@ -688,27 +487,15 @@ func TestAccountsPageOfSubjectReadsItsAccountsOnly(t *testing.T) {
 		{"a cursor in an earlier subject", postgres.PageOfSubjectAfterSQL,
 			[]any{1000, "tenant6", "chat.generate", "eu", 1, "tenant7", "", ""}, 4},
 	} {
-		if _, err := conn.Exec(ctx, `SET plan_cache_mode = force_generic_plan`); err != nil {
-			t.Fatal(err)
-		}
+		execAll(t, conn, `SET plan_cache_mode = force_generic_plan`)
 		plan := genericPlan(t, conn, tc.query, tc.args)
 		if !strings.Contains(plan, "Index Scan using accounts_subject_route_region_generation_key on accounts d") ||
 			strings.Contains(plan, "Seq Scan") {
 			t.Errorf("%s, generic plan: not a seek of the accounts' key:\n%s", tc.name, plan)
 		}
-		if _, err := conn.Exec(ctx, `SET plan_cache_mode = force_custom_plan`); err != nil {
-			t.Fatal(err)
-		}
+		execAll(t, conn, `SET plan_cache_mode = force_custom_plan`)
 		// An unnamed statement: genericPlan deallocates every prepared one.
-		rows, err := conn.Query(ctx, "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) "+tc.query, append([]any{pgx.QueryExecModeExec}, tc.args...)...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ran, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			t.Fatal(err)
-		}
-		plan = strings.Join(ran, "\n")
+		plan = explainAnalyze(t, conn, tc.query, append([]any{pgx.QueryExecModeExec}, tc.args...)...)
 		t.Logf("%s, run:\n%s", tc.name, plan)
 		want := fmt.Sprintf("Index Scan using accounts_subject_route_region_generation_key on accounts d (actual rows=%d loops=1)", tc.rows)
 		if !strings.Contains(plan, want) || strings.Contains(plan, "Seq Scan") {

@@ -1,11 +1,8 @@
 package postgres_test
 
 import (
-	"context"
 	"strings"
 	"testing"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
@@ -16,26 +13,12 @@ import (
 // shards_reconciled, in its order, in the generic plan, on a table where
 // most shards are live or unreconciled: never a scan of the table.
 func TestShardsReconciledUsesItsIndex(t *testing.T) {
-	_, dsn := openStore(t)
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	for _, q := range []string{
-		`INSERT INTO shards (id, subject, route, region, generation, gateway_id, boot_epoch, fence, allocated, spent, unknown,
+	conn := planConn(t, `INSERT INTO shards (id, subject, route, region, generation, gateway_id, boot_epoch, fence, allocated, spent, unknown,
 			reminted, issued_at, expires_at, key_id, signature, reconciled)
 		SELECT 'sh-' || i, 'tenant' || i % 10, 'chat.generate', 'eu', 1, 'gw-' || i, 1, 1, '{10,0,0,0}', '{0,0,0,0}', '{0,0,0,0}',
 			'{0,0,0,0}', i, i + 60, 'k1', '\x00', i % 50 = 0
 		FROM generate_series(1, 20000) AS i`,
-		`ANALYZE shards`,
-		`SET plan_cache_mode = force_generic_plan`,
-	} {
-		if _, err := conn.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
+		`ANALYZE shards`, `SET plan_cache_mode = force_generic_plan`)
 	for name, c := range map[string]struct {
 		query string
 		args  []any
@@ -57,25 +40,11 @@ func TestShardsReconciledUsesItsIndex(t *testing.T) {
 // plan, on a table holding many other names: never a scan of meta, which
 // grows with the accounts that folded shards.
 func TestMetaPrefixReadsUseTheirIndex(t *testing.T) {
-	_, dsn := openStore(t)
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	for _, q := range []string{
-		`INSERT INTO meta (name, value)
+	conn := planConn(t, `INSERT INTO meta (name, value)
 		SELECT 'shard_retained/tenant' || i || '/chat.generate/eu/1/tokens/count', i FROM generate_series(1, 20000) AS i`,
 		`INSERT INTO meta (name, value) SELECT 'shard_unknown/sh-' || i || '/r', i FROM generate_series(1, 200) AS i`,
 		`INSERT INTO meta (name, value) SELECT 'shard_fence/gw-' || i, i FROM generate_series(1, 20) AS i`,
-		`ANALYZE meta`,
-		`SET plan_cache_mode = force_generic_plan`,
-	} {
-		if _, err := conn.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
+		`ANALYZE meta`, `SET plan_cache_mode = force_generic_plan`)
 	unknown := ledger.ShardUnknownPrefix("sh-7")
 	unknownEnd := store.PrefixEnd(unknown)
 	for name, c := range map[string]struct {

@@ -10,7 +10,6 @@ import (
 
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
-	"github.com/capledger/capledger/store/codec"
 )
 
 // A file of schema version 12, whose accounts' debt only the encoded
@@ -38,27 +37,10 @@ func TestAccountsInDebtOfAnEarlierSchema(t *testing.T) {
 			debtors = append(debtors, a.Key)
 		}
 		accounts = append(accounts, a)
-		var conv codec.Conv
-		if _, err := db.Exec(insertSQL("accounts", accountCols), accountArgs(&a, &conv)...); err != nil {
-			t.Fatal(err)
-		}
+		insertAccountAt(t, db, &a, "")
 	}
-	if err := db.Close(); err != nil {
-		t.Fatal(err)
-	}
-	s, err := Open(ctx, path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := openUpgraded(t, db, path)
 
-	keys := func(list []ledger.Account) []ledger.AccountKey {
-		out := []ledger.AccountKey{}
-		for _, a := range list {
-			out = append(out, a.Key)
-		}
-		return out
-	}
 	check := func(when string) {
 		// Every page size from the start.
 		for _, limit := range []int{1, 2, 3, 4, 100} {
@@ -72,7 +54,7 @@ func TestAccountsInDebtOfAnEarlierSchema(t *testing.T) {
 				if len(page) > limit {
 					t.Fatalf("%s, %+v: %d accounts", when, f, len(page))
 				}
-				got = append(got, keys(page)...)
+				got = append(got, keysOf(page)...)
 				if len(page) < limit {
 					break
 				}
@@ -94,7 +76,7 @@ func TestAccountsInDebtOfAnEarlierSchema(t *testing.T) {
 					want = append(want, accounts[j].Key)
 				}
 			}
-			if got := keys(page); !reflect.DeepEqual(got, want) {
+			if got := keysOf(page); !reflect.DeepEqual(got, want) {
 				t.Errorf("%s, after %s:\n got %v\nwant %v", when, a.Key, got, want)
 			}
 		}

@@ -2,7 +2,6 @@ package sqlite
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"path/filepath"
 	"slices"
@@ -11,7 +10,6 @@ import (
 
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
-	"github.com/capledger/capledger/store/codec"
 )
 
 // A file of schema version 13, whose epoch index is on epoch_start,
@@ -33,19 +31,9 @@ func TestEpochIndexOfAnEarlierSchema(t *testing.T) {
 		a.Balances[0] = ledger.Balance{Opening: 100, Available: 90, Reserved: 10}
 		a.EpochOpening[0] = ledger.Balance{Opening: 100, Available: 100}
 		accounts = append(accounts, a)
-		var conv codec.Conv
-		if _, err := db.Exec(insertSQL("accounts", accountCols), accountArgs(&a, &conv)...); err != nil {
-			t.Fatal(err)
-		}
+		insertAccountAt(t, db, &a, "")
 	}
-	if err := db.Close(); err != nil {
-		t.Fatal(err)
-	}
-	s, err := Open(ctx, path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := openUpgraded(t, db, path)
 
 	// want returns generation g's accounts with an epoch start by bound
 	// (any when zero), in (epoch start, key) order.
@@ -62,32 +50,14 @@ func TestEpochIndexOfAnEarlierSchema(t *testing.T) {
 			}
 			return compareKeys(x.Key, y.Key)
 		})
-		out := []ledger.AccountKey{}
-		for _, a := range list {
-			out = append(out, a.Key)
-		}
-		return out
+		return keysOf(list)
 	}
 	check := func(when string) {
 		t.Helper()
 		for _, g := range []uint64{1, 2} {
 			for _, bound := range []time.Time{{}, epoch, epoch.Add(2 * time.Hour), epoch.Add(-time.Hour)} {
 				for _, limit := range []int{1, 3, 100} {
-					got := []ledger.AccountKey{}
-					f := store.EpochFilter{Generation: g, StartedBy: bound, Limit: limit}
-					for range 100 {
-						page, next, err := s.AccountsByEpoch(ctx, f)
-						if err != nil {
-							t.Fatal(err)
-						}
-						for _, a := range page {
-							got = append(got, a.Key)
-						}
-						if len(page) < limit {
-							break
-						}
-						f.After = next
-					}
+					got := keysByEpoch(t, s, store.EpochFilter{Generation: g, StartedBy: bound, Limit: limit})
 					if w := want(g, bound); !slices.Equal(got, w) {
 						t.Errorf("%s, generation %d by %v, pages of %d:\n got %v\nwant %v", when, g, bound, limit, got, w)
 					}
@@ -180,23 +150,10 @@ func TestEpochIndexAcrossGenerationsOfAnEarlierSchema(t *testing.T) {
 		if i%7 == 0 {
 			indexed = indexed.Add(-time.Hour)
 		}
-		var conv codec.Conv
-		if _, err := db.Exec(insertSQL("accounts", accountCols+", epoch_indexed"), append(accountArgs(&a, &conv), indexed.UnixNano())...); err != nil {
-			t.Fatal(err)
-		}
+		insertAccountAt(t, db, &a, ", epoch_indexed", indexed.UnixNano())
 	}
-	if err := db.Close(); err != nil {
-		t.Fatal(err)
-	}
-	s, err := Open(ctx, path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	var indexes int
-	if err := s.readDB.QueryRow("SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name = 'accounts_by_epoch_across'").Scan(&indexes); err != nil || indexes != 1 {
-		t.Fatalf("accounts_by_epoch_across after the migration: %d, %v", indexes, err)
-	}
+	s := openUpgraded(t, db, path)
+	checkIndexMigrated(t, s, "accounts_by_epoch_across")
 
 	// want returns the accounts with an epoch start by bound (any when
 	// zero), in (epoch start, key, generation) order.
@@ -216,29 +173,10 @@ func TestEpochIndexAcrossGenerationsOfAnEarlierSchema(t *testing.T) {
 			}
 			return int(x.Key.Generation) - int(y.Key.Generation)
 		})
-		out := []ledger.AccountKey{}
-		for _, a := range list {
-			out = append(out, a.Key)
-		}
-		return out
+		return keysOf(list)
 	}
 	list := func(bound time.Time, limit int) []ledger.AccountKey {
-		got := []ledger.AccountKey{}
-		f := store.EpochFilter{AllGenerations: true, StartedBy: bound, Limit: limit}
-		for range 100 {
-			page, next, err := s.AccountsByEpoch(ctx, f)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, a := range page {
-				got = append(got, a.Key)
-			}
-			if len(page) < limit {
-				break
-			}
-			f.After = next
-		}
-		return got
+		return keysByEpoch(t, s, store.EpochFilter{AllGenerations: true, StartedBy: bound, Limit: limit})
 	}
 	bounds := []time.Time{{}, epoch, epoch.Add(2 * time.Hour), epoch.Add(-time.Hour)}
 	for _, bound := range bounds {
@@ -278,34 +216,4 @@ func compareAcross(x, y ledger.AccountKey) int {
 		return c
 	}
 	return int(x.Generation) - int(y.Generation)
-}
-
-// dbAtSchema creates at path a database of the schema an earlier binary
-// left: migrations 1 to version applied and recorded, none after. The
-// caller writes its rows and closes it; Open then migrates the rest.
-func dbAtSchema(t *testing.T, path string, version int) *sql.DB {
-	t.Helper()
-	db, err := sql.Open("sqlite", path+"?_pragma=journal_mode(WAL)")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ms, err := migrations()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ms[version-1].Version != version {
-		t.Fatalf("migration %d is numbered %d", version, ms[version-1].Version)
-	}
-	if _, err := db.Exec("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL)"); err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range ms[:version] {
-		if _, err := db.Exec(m.SQL); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := db.Exec("INSERT INTO schema_migrations (version, name) VALUES (?, ?)", m.Version, m.File); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return db
 }

@@ -183,15 +183,7 @@ func TestJournalOfAnEarlierSchemaStillAudits(t *testing.T) {
 	for i := range old {
 		legacyJournalInsert(t, db, &old[i])
 	}
-	if err := db.Close(); err != nil {
-		t.Fatal(err)
-	}
-
-	s, err := Open(ctx, path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := openUpgraded(t, db, path)
 	// Two writes in one transaction, then one more transaction: three
 	// batches after the old rows.
 	tx, err := s.Begin(ctx)

@@ -32,18 +32,8 @@ func TestPoliciesKeyOfAnEarlierSchema(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := db.Close(); err != nil {
-		t.Fatal(err)
-	}
-	s, err := Open(ctx, path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	var indexes int
-	if err := s.readDB.QueryRow("SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name = 'policies_key'").Scan(&indexes); err != nil || indexes != 1 {
-		t.Fatalf("policies_key after the migration: %d, %v", indexes, err)
-	}
+	s := openUpgraded(t, db, path)
+	checkIndexMigrated(t, s, "policies_key")
 	if plan := queryPlan(t, s, policyPageOfSubjectSQL, 0, "tenant-1", "", "", 1); !strings.Contains(plan, "USING INDEX policies_key") {
 		t.Errorf("a subject's page after the migration:\n%s", plan)
 	}
