@@ -12,6 +12,8 @@ import (
 
 // The harness's own checks, each against the way it once failed. On one
 // formation:
+//   - TookOver does not call a failover what left the same node primary
+//     on the same timeline (as a restart of the primary does);
 //   - WaitHealthy does not call a formation healthy while the standbys
 //     the monitor calls secondaries do not stream (the primary refuses
 //     their replication connections; the monitor's view lags), and
@@ -22,7 +24,8 @@ import (
 //     connections; before Kill looked past the tree it killed the 3
 //     pg_autoctl processes and the node went on serving as primary;
 //   - Primary reports an error, not the monitor's stale primary, while
-//     another node is writable too.
+//     another node is writable too, and WaitPrimary waits no primary out
+//     of it.
 func TestHarnessChecks(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a four-process pg_auto_failover formation")
@@ -34,6 +37,21 @@ func TestHarnessChecks(t *testing.T) {
 	if err != nil || primary == nil {
 		t.Fatalf("primary: %v %v", primary, err)
 	}
+
+	// A node primary on the same timeline as before is no failover,
+	// whatever happened in between (a restart of the primary whose
+	// pg_autoctl came back before the monitor called it unhealthy looks
+	// the same): TookOver says so.
+	timeline, err := primary.Timeline(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, afterTimeline, err := f.TookOver(ctx, primary, timeline)
+	if err == nil || after != primary || afterTimeline != timeline {
+		t.Fatalf("TookOver with %s primary on timeline %d as before returned %s (timeline %d), %v; want %s, %d and an error",
+			primary.Name, timeline, nameOf(after), afterTimeline, err, primary.Name, timeline)
+	}
+	t.Logf("TookOver without a failover: %v", err)
 
 	// While the primary refuses replication connections and its
 	// walsenders are gone, the monitor still calls the standbys
@@ -129,4 +147,18 @@ func TestHarnessChecks(t *testing.T) {
 		t.Fatalf("with %s promoted behind the monitor's back, Primary returned %v, %v; want an error naming %s", standby.Name, got, err, standby.Name)
 	}
 	t.Logf("Primary with two writable nodes: %v", err)
+	short, cancelShort = context.WithTimeout(ctx, 2*time.Second)
+	got, err = f.WaitPrimary(short)
+	cancelShort()
+	if err == nil || !strings.Contains(err.Error(), standby.Name+" (port") {
+		t.Fatalf("with two writable nodes WaitPrimary returned %s, %v; want an error naming %s", nameOf(got), err, standby.Name)
+	}
+}
+
+// nameOf is a node's name, or "no node".
+func nameOf(n *Node) string {
+	if n == nil {
+		return "no node"
+	}
+	return n.Name
 }

@@ -422,6 +422,35 @@ func (f *Formation) States(ctx context.Context) ([]NodeState, error) {
 	})
 }
 
+// Events returns the monitor's events since (its state changes and why,
+// with each node's reported timeline), one a line, for a log or a failure
+// message.
+func (f *Formation) Events(ctx context.Context, since time.Time) string {
+	var b strings.Builder
+	err := onConn(ctx, f.MonitorDSN(), func(ctx context.Context, conn *pgx.Conn) error {
+		rows, err := conn.Query(ctx, `SELECT eventtime, nodename, reportedstate::text, goalstate::text,
+			reportedtli, coalesce(description, '') FROM pgautofailover.event WHERE eventtime >= $1 ORDER BY eventid`, since)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var at time.Time
+			var node, reported, goal, description string
+			var tli int
+			if err := rows.Scan(&at, &node, &reported, &goal, &tli, &description); err != nil {
+				return err
+			}
+			fmt.Fprintf(&b, "%s %s %s/%s tli %d: %s\n", at.UTC().Format("15:04:05.000"), node, reported, goal, tli, description)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		fmt.Fprintf(&b, "(monitor events: %v)\n", err)
+	}
+	return b.String()
+}
+
 // Primary returns the node the monitor has assigned and seen as primary,
 // or nil while there is none. The monitor's view can be stale, so Primary
 // confirms it on the nodes: the primary must answer as writable (not in
@@ -459,11 +488,81 @@ func (f *Formation) Primary(ctx context.Context) (*Node, error) {
 	return primary, nil
 }
 
+// WaitPrimary waits until Primary names a primary and returns it, or the
+// error Primary last gave once ctx is done. On a loaded machine the
+// monitor, tuned to fail over within seconds, also fails over a primary
+// that was only slow to answer its health checks: for a while after that
+// there is no primary, though nothing was killed.
+func (f *Formation) WaitPrimary(ctx context.Context) (*Node, error) {
+	for {
+		primary, err := f.Primary(ctx)
+		if err == nil && primary != nil {
+			return primary, nil
+		}
+		if err == nil {
+			err = errors.New("no primary")
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w (%v)", err, ctx.Err())
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
 // writable asks the node itself whether it is a primary (not in recovery).
 func (n *Node) writable(ctx context.Context) (bool, error) {
 	var primary bool
 	err := queryOn(ctx, n.DSN(), "SELECT NOT pg_is_in_recovery()", &primary)
 	return primary, err
+}
+
+// Timeline returns the timeline the node (a primary) writes on, read from
+// the name of its current WAL file; it fails on a node in recovery. A
+// promotion starts a new timeline; a restart of the same primary, crash
+// recovery included, does not.
+func (n *Node) Timeline(ctx context.Context) (int, error) {
+	var walFile string
+	if err := queryOn(ctx, n.DSN(), "SELECT pg_walfile_name(pg_current_wal_lsn())", &walFile); err != nil {
+		return 0, err
+	}
+	if len(walFile) < 8 {
+		return 0, fmt.Errorf("WAL file name %q", walFile)
+	}
+	tl, err := strconv.ParseInt(walFile[:8], 16, 32)
+	return int(tl), err
+}
+
+// TookOver checks, on a formation healthy again after its primary before
+// (writing on timeline beforeTimeline) was killed and rejoined, that a
+// standby took over: the primary now writes on a later timeline (another
+// node; the killed one only after a second failover, which the caller's
+// log shows). It returns that primary and its timeline, and an error if
+// no node was promoted. pg_auto_failover restarts a primary instead of
+// failing over when the monitor does not find it unhealthy (it must fail
+// to connect and hear no report for node_considered_unhealthy_timeout, or
+// hear PostgreSQL reported down) or no standby is a healthy candidate: the
+// killed node is then primary again on its own timeline, and a test that
+// counted that as a failover would have tested a restart.
+func (f *Formation) TookOver(ctx context.Context, before *Node, beforeTimeline int) (*Node, int, error) {
+	after, err := f.WaitPrimary(ctx)
+	if err != nil {
+		return nil, 0, err
+	}
+	tl, err := after.Timeline(ctx)
+	if err != nil {
+		return after, 0, fmt.Errorf("primary %s: %w", after.Name, err)
+	}
+	switch {
+	case tl > beforeTimeline:
+		// Promoted (the killed node too, if it is primary again: a
+		// second failover, which the caller's log shows).
+		return after, tl, nil
+	case after == before:
+		return after, tl, fmt.Errorf("%s is primary again on its timeline %d: it was restarted, no standby took over", after.Name, tl)
+	default:
+		return after, tl, fmt.Errorf("%s is primary on timeline %d, %s was on %d: no promotion", after.Name, tl, before.Name, beforeTimeline)
+	}
 }
 
 // streaming returns how many standbys the node (a primary) streams to.

@@ -14,7 +14,8 @@ import (
 // The formation comes up with one primary and synchronous-quorum standbys;
 // a row committed on the primary survives a kill -9 of the primary's whole
 // process tree, the multi-host DSN reaches the promoted standby, the
-// killed node rejoins as a standby, and teardown leaves no process behind.
+// killed node rejoins as a standby (the promoted one primary on a new
+// timeline), and teardown leaves no process behind.
 func TestFormationFailsOverAndRejoins(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a four-process pg_auto_failover formation")
@@ -28,6 +29,10 @@ func TestFormationFailsOverAndRejoins(t *testing.T) {
 	primary, err := f.Primary(ctx)
 	if err != nil || primary == nil {
 		t.Fatalf("primary: %v %v", primary, err)
+	}
+	timeline, err := primary.Timeline(ctx)
+	if err != nil {
+		t.Fatal(err)
 	}
 	conn := connect(t, ctx, f.DSN())
 	var port int
@@ -97,6 +102,11 @@ func TestFormationFailsOverAndRejoins(t *testing.T) {
 	}
 	t.Logf("failover (kill to first read-write connection) %s, rejoin %s",
 		failover.Round(time.Millisecond), time.Since(rejoinStart).Round(time.Millisecond))
+	after, afterTimeline, err := f.TookOver(ctx, primary, timeline)
+	if err != nil || after == primary {
+		t.Fatalf("after the failover: TookOver returned %v (timeline %d), %v; want another node than %s", after != nil && after != primary, afterTimeline, err, primary.Name)
+	}
+	t.Logf("primary %s (timeline %d) -> %s (timeline %d)", primary.Name, timeline, after.Name, afterTimeline)
 	states, err := f.States(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -99,13 +99,14 @@ func definite(err error) bool {
 // multi-host DSN, 48 clients doing whole lifecycles (reserve, start,
 // settle) with unique ids on six no-refill accounts, repeating every call
 // that was not answered with the same ids. Five times the primary's whole
-// process tree is SIGKILLed mid-load, a standby takes over, and the killed
-// node rejoins. After each failover: every acknowledged reserve, start and
-// settle is stored with the same state and units, no reserve answered
-// rejected holds, no account is
-// oversold, the audit is clean, and readiness said why while no primary
-// was reachable. Over the whole run the clients' history is linearizable
-// (porcupine, one partition per account).
+// process tree is SIGKILLed mid-load, a standby takes over (checked once
+// the formation is healthy again: the primary, another node, writes on a
+// later timeline), and the killed node rejoins. After each failover: every
+// acknowledged reserve, start and settle is stored with the same state and
+// units, no reserve answered rejected holds, no account is oversold, the
+// audit is clean, and readiness said why while no primary was reachable.
+// Over the whole run the clients' history is linearizable (porcupine, one
+// partition per account).
 func TestFailoverGate(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a pg_auto_failover formation and three server processes through five failovers")
@@ -257,6 +258,9 @@ func TestFailoverGate(t *testing.T) {
 
 	type failover struct {
 		killedNode          string
+		timeline            int    // the killed primary's
+		newPrimary          string // once healthy again
+		newTimeline         int
 		processes           int
 		promoted            time.Duration // kill -> the monitor saw a standby report promotion, or a write succeeded
 		unavailable         time.Duration // kill -> first acknowledged call begun after the old primary was gone
@@ -274,16 +278,23 @@ func TestFailoverGate(t *testing.T) {
 			time.Sleep(100 * time.Millisecond)
 		}
 		wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-		primary, err := f.Primary(wctx)
-		if err != nil || primary == nil {
+		// A primary the monitor failed over on its own (slow health
+		// checks on a loaded machine) leaves none for a while.
+		primary, err := f.WaitPrimary(wctx)
+		if err != nil {
 			cancel()
-			t.Fatalf("failover %d: no primary to kill: %v", k+1, err)
+			t.Fatalf("failover %d: no primary to kill: %v\n%s", k+1, err, f.Events(ctx, time.Now().Add(-2*time.Minute)))
+		}
+		timeline, err := primary.Timeline(wctx)
+		if err != nil {
+			cancel()
+			t.Fatalf("failover %d: %s's timeline: %v", k+1, primary.Name, err)
 		}
 		repeatedBefore := unavailable.Load()
 		killedAt.Store(0)
 		firstOK.Store(0)
-		killTime := h.Now()
-		fo := failover{killedNode: primary.Name}
+		killTime, killWall := h.Now(), time.Now()
+		fo := failover{killedNode: primary.Name, timeline: timeline}
 		fo.processes = primary.Kill()
 		// Only a call begun after every process of the old primary is
 		// gone proves the new one: a call begun while the kill was still
@@ -361,9 +372,22 @@ func TestFailoverGate(t *testing.T) {
 			time.Sleep(200 * time.Millisecond)
 		}
 		fo.acknowledged, fo.lost = checkAcknowledged(t, check, rec)
+		// A standby took over: the primary now writes on a later
+		// timeline. A primary restarted before the monitor called it
+		// unhealthy would be primary again on its own timeline, and the
+		// gate would have tested a restart, not a failover.
+		tctx, tcancel := context.WithTimeout(ctx, time.Minute)
+		newPrimary, newTimeline, terr := f.TookOver(tctx, primary, timeline)
+		if newPrimary != nil {
+			fo.newPrimary, fo.newTimeline = newPrimary.Name, newTimeline
+		}
+		if terr != nil {
+			t.Errorf("failover %d: no standby took over from %s: %v; the monitor's events since the kill:\n%s", k+1, primary.Name, terr, f.Events(ctx, killWall))
+		}
+		tcancel()
 		failovers = append(failovers, fo)
-		t.Logf("failover %d: killed %s (%d processes); promoted after %.1fs, unavailable %.1fs, rejoin %.1fs, %d calls repeated; %d acknowledged reservations, %d lost",
-			k+1, fo.killedNode, fo.processes, fo.promoted.Seconds(), fo.unavailable.Seconds(), fo.rejoin.Seconds(), fo.repeated, fo.acknowledged, fo.lost)
+		t.Logf("failover %d: primary %s (timeline %d) killed (%d processes) -> %s (timeline %d); promoted after %.1fs, unavailable %.1fs, rejoin %.1fs, %d calls repeated; %d acknowledged reservations, %d lost",
+			k+1, fo.killedNode, fo.timeline, fo.processes, fo.newPrimary, fo.newTimeline, fo.promoted.Seconds(), fo.unavailable.Seconds(), fo.rejoin.Seconds(), fo.repeated, fo.acknowledged, fo.lost)
 		if fo.notReady == "" {
 			t.Errorf("failover %d: /readyz never answered 503 while no primary was reachable", k+1)
 		} else if !strings.Contains(fo.notReady, "not ready") {
