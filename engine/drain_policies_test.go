@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"os"
 	"sync/atomic"
 	"testing"
@@ -162,6 +163,84 @@ func TestDrainPassDrainsARollbackOnAnotherReplica(t *testing.T) {
 			if err != nil || back.Balances[0].Available != 700 {
 				t.Fatalf("generation 1 after the drain: %+v, %v; want the 700 drained", back.Balances[0], err)
 			}
+		})
+	}
+}
+
+// The drain pass keeps no active generation of a key whose only one is
+// active: what decides for the subjects of the accounts it reads it reads
+// with them (their keys' heads and their route's AnySubject head). A
+// tenant on a route with a "*" policy that gets a policy of its own on
+// another replica (a key that gains its first generation between passes)
+// has its "*" account drained; when that policy is rolled back on the
+// other replica, the "*" policy decides again and the rolled-back
+// generation's capacity drains back to it.
+func TestDrainPassFollowsAnotherReplicasPolicyOfATenantUnderAStarPolicy(t *testing.T) {
+	for name, open := range replicaStores() {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			stLeader, stOther := open(t)
+			clk := newClock()
+			leader := leadingEngine(t, stLeader, Options{Clock: clk.Now})
+			other := New(stOther, Options{DisableWorkers: true, Clock: clk.Now})
+			t.Cleanup(func() { other.Close() })
+			do := func(e *Engine, cmd ledger.Command) ledger.Result {
+				t.Helper()
+				res, err := e.Do(ctx, cmd)
+				if err != nil || res.Err != nil {
+					t.Fatalf("%s: %+v, %v", cmd.Kind, res, err)
+				}
+				return res
+			}
+			publish := func(e *Engine, subject string, burst int64) uint64 {
+				t.Helper()
+				p := ledger.Policy{Key: ledger.PolicyKey{Subject: subject, Route: "chat.generate", Region: "eu"},
+					Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: burst}}}.WithDefaults()
+				return do(e, ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p}).Generation
+			}
+			available := func(g uint64) int64 {
+				t.Helper()
+				a, err := stLeader.AccountGet(ctx, ledger.AccountKey{Subject: "tenant-7", Route: "chat.generate", Region: "eu", Generation: g})
+				if errors.Is(err, store.ErrNotFound) {
+					return 0
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				return a.Balances[0].Available
+			}
+			pass := func() {
+				clk.Advance(time.Minute)
+				leader.runEpochs(ctx)
+			}
+			star := publish(leader, ledger.AnySubject, 2000)
+			publishTenants(t, leader.core, clk.Now(), 0, 3) // keys with one generation each
+			do(leader, reserveCmd("star-1", 300))
+			for range 2 {
+				pass()
+			}
+			if got := available(star); got != 1700 {
+				t.Fatalf("tenant-7 under the * policy: %d available, want 1700", got)
+			}
+			own := publish(other, "tenant-7", 5000)
+			pass()
+			if got := available(star); got != 0 {
+				t.Fatalf("tenant-7's * account after its own policy was published on another replica and one pass: %d available, want 0 (drained)", got)
+			}
+			moved := available(own)
+			if moved == 0 {
+				t.Fatalf("tenant-7's own account after the drain: nothing available, want what fits of the 1700")
+			}
+			pass()
+			do(other, ledger.Command{Kind: ledger.KindRollbackPolicy, PolicyKey: ledger.PolicyKey{Subject: "tenant-7", Route: "chat.generate", Region: "eu"}, Generation: own})
+			pass()
+			if got := available(own); got != 0 {
+				t.Fatalf("tenant-7's own account after its rollback on another replica and one pass: %d available, want 0 (drained back to the * policy)", got)
+			}
+			if got := available(star); got != moved {
+				t.Fatalf("tenant-7's * account after the drain back: %d available, want %d", got, moved)
+			}
+			auditClean(t, leader)
 		})
 	}
 }

@@ -61,6 +61,9 @@ type Pager struct {
 	// generation (EpochScans keeps them for the next pager).
 	gens []epochGeneration
 	done bool
+	// prepare, when set, is called with each page before make sees its
+	// accounts (a drain pager reads what decides for their subjects).
+	prepare func(ctx context.Context, page []ledger.Account) error
 	// make turns an account of a page into a command, or reports none.
 	make func(a *ledger.Account) (ledger.Command, bool)
 	// switchable, when set (a drain pager for the memo), reports whether
@@ -311,20 +314,12 @@ type DrainPolicies struct {
 // Forget makes the next pass read every policy.
 func (d *DrainPolicies) Forget() { d.view = nil }
 
-// digest returns the digest of the kept view's active generations
-// (digestActive), taken once per view: the drain memo's key, which
-// would otherwise hash every policy key at every pass.
-func (d *DrainPolicies) digest() activeDigest {
-	v := d.view
-	if !v.digested {
-		v.digest, v.digested = digestActive(v.active), true
-	}
-	return v.digest
-}
-
-// drainView is what DrainPager derives from the policies.
+// drainView is what DrainPager derives from the policies. It holds
+// nothing for a policy key whose only generation is active (a policy per
+// tenant held about 99 bytes a key when it kept every key's active
+// generation): a pass reads what decides for the subjects of the
+// accounts it reads, a page at a time (Core.decidingOf).
 type drainView struct {
-	active ledger.ActiveGenerations
 	// superseded are the generations that are not their key's active
 	// one, oldest first; points the accounts of subjects with an active
 	// policy of their own under a still-active AnySubject generation.
@@ -336,31 +331,36 @@ type drainView struct {
 	// per tenant).
 	newest              uint64
 	rolledBack, refills map[uint64]bool
-	// digest is active's digest once digested (DrainPolicies.digest).
-	digest   activeDigest
-	digested bool
+	// digest is the digest of the active generations (digestActive), when
+	// taken (newDrainView's digested).
+	digest activeDigest
 }
 
 // live reports whether generation g is one v read and not rolled back.
 func (v *drainView) live(g uint64) bool { return g <= v.newest && !v.rolledBack[g] }
 
-// newDrainView derives a drainView from every policy.
-func newDrainView(policies []ledger.Policy) *drainView {
-	v := &drainView{active: ledger.NewActiveGenerations(policies), rolledBack: map[uint64]bool{}, refills: map[uint64]bool{}}
+// newDrainView derives a drainView from every policy, with the digest of
+// their active generations when digested (the drain memo's key).
+func newDrainView(policies []ledger.Policy, digested bool) *drainView {
+	active := ledger.NewActiveGenerations(policies)
+	v := &drainView{rolledBack: map[uint64]bool{}, refills: map[uint64]bool{}}
+	if digested {
+		v.digest = digestActive(active)
+	}
 	for i := range policies {
 		pol := &policies[i]
 		v.newest = max(v.newest, pol.Generation)
 		if pol.RolledBack {
 			v.rolledBack[pol.Generation] = true
 		}
-		g, ok := v.active.Active(pol.Key)
+		g, ok := active.Active(pol.Key)
 		if ok && g == pol.Generation {
 			if pol.Key.Subject != ledger.AnySubject {
 				continue // decides for its one subject: nothing to drain
 			}
 			// An active AnySubject generation decides for every subject of
 			// its route but those with an active policy of their own.
-			for own, ownGen := range v.active {
+			for own, ownGen := range active {
 				if own.Subject != ledger.AnySubject && own.Route == pol.Key.Route && own.Region == pol.Key.Region && ownGen != 0 {
 					v.points = append(v.points, ledger.AccountKey{Subject: own.Subject, Route: own.Route, Region: own.Region, Generation: pol.Generation})
 				}
@@ -382,13 +382,13 @@ func newDrainView(policies []ledger.Policy) *drainView {
 // drainView returns the view of the policies for a drain pass: known's,
 // when it has one and nothing says to read again (DrainPolicies), else
 // one from every policy (then kept in known, when not nil).
-func (c *Core) drainView(ctx context.Context, known *DrainPolicies) (*drainView, error) {
+func (c *Core) drainView(ctx context.Context, known *DrainPolicies, digested bool) (*drainView, error) {
 	if known == nil {
 		policies, err := c.store.PolicyList(ctx)
 		if err != nil {
 			return nil, fmt.Errorf("policies: %w", err)
 		}
-		return newDrainView(policies), nil
+		return newDrainView(policies, digested), nil
 	}
 	// The count first: a change that commits between the two reads is
 	// in the list, and moves the count the next pass reads.
@@ -404,7 +404,7 @@ func (c *Core) drainView(ctx context.Context, known *DrainPolicies) (*drainView,
 	if err != nil {
 		return nil, fmt.Errorf("policies: %w", err)
 	}
-	known.view, known.changes, known.passes = newDrainView(policies), changes, 0
+	known.view, known.changes, known.passes = newDrainView(policies, true), changes, 0
 	return known.view, nil
 }
 
@@ -419,7 +419,9 @@ func (c *Core) drainView(ctx context.Context, known *DrainPolicies) (*drainView,
 // account of a generation that is not its key's active one (read page by
 // page from the index), and, under an AnySubject generation that is still
 // active, the accounts of the subjects that have an active policy of their
-// own (one point read each). plan, when set, says how to read each
+// own (one point read each). What decides for the subjects of each page
+// is read with it, in one read of their keys' heads (decidingOf). plan,
+// when set, says how to read each
 // superseded generation (the engine's drain worker: its drainMemo); nil
 // reads each in full. Each scan lists the accounts that got a command or
 // held reservations (ScanEnd.Waiting), and with plan those that may still
@@ -433,18 +435,19 @@ func (c *Core) drainView(ctx context.Context, known *DrainPolicies) (*drainView,
 // known, when not nil, keeps what the pass derives from the policies
 // (DrainPolicies): a pass after one that read them reads one meta row
 // (store.Store.PolicyChanges), not every policy, while none changed.
-// Without it every policy is read.
-func (c *Core) DrainPager(ctx context.Context, pageSize int, plan func(active ledger.ActiveGenerations, generation uint64) DrainPlan, known *DrainPolicies) (*Pager, ledger.ActiveGenerations, error) {
-	view, err := c.drainView(ctx, known)
+// Without it every policy is read. It returns the digest of the active
+// generations (digestActive), the one plan gets: the drain memo's key
+// (the zero digest without plan or known).
+func (c *Core) DrainPager(ctx context.Context, pageSize int, plan func(active activeDigest, generation uint64) DrainPlan, known *DrainPolicies) (*Pager, activeDigest, error) {
+	view, err := c.drainView(ctx, known, plan != nil)
 	if err != nil {
-		return nil, nil, err
+		return nil, activeDigest{}, err
 	}
-	active := view.active
 	p := &Pager{core: c, size: max(pageSize, 1), collect: drainWaitingPerGeneration, points: slices.Clone(view.points)}
 	for _, g := range view.superseded {
 		s := scan{generation: g}
 		if plan != nil {
-			how := plan(active, g)
+			how := plan(view.digest, g)
 			if how.Skip {
 				continue
 			}
@@ -452,8 +455,20 @@ func (c *Core) DrainPager(ctx context.Context, pageSize int, plan func(active le
 		}
 		p.scans = append(p.scans, s)
 	}
+	// deciding is what decides for the subjects of the page at hand, read
+	// with it: a page's accounts are of superseded generations, or of an
+	// active AnySubject one for subjects with a policy of their own, so
+	// their subjects are the keys that have something to drain, or those
+	// of a route with an AnySubject policy whose own policy the view did
+	// not keep.
+	var deciding map[ledger.PolicyKey]uint64
+	p.prepare = func(ctx context.Context, page []ledger.Account) error {
+		read, err := c.decidingOf(ctx, page)
+		deciding = read
+		return err
+	}
 	p.make = func(a *ledger.Account) (ledger.Command, bool) {
-		deciding, ok := active.Deciding(a.Key.SubjectKey())
+		deciding, ok := deciding[a.Key.SubjectKey()]
 		if !ok || deciding == a.Key.Generation || !holds(a) {
 			return ledger.Command{}, false // nothing admits for the subject, it is the one that does, or it is empty
 		}
@@ -468,11 +483,47 @@ func (c *Core) DrainPager(ctx context.Context, pageSize int, plan func(active le
 		refills := view.refills
 		p.live = view.live
 		p.switchable = func(a *ledger.Account) bool {
-			deciding, ok := active.Deciding(a.Key.SubjectKey())
+			deciding, ok := deciding[a.Key.SubjectKey()]
 			return ok && deciding != a.Key.Generation && refills[a.Key.Generation]
 		}
 	}
-	return p, active, nil
+	return p, view.digest, nil
+}
+
+// decidingOf returns the generation that decides for each subject of
+// accounts that one decides for (ledger.DecidingGeneration over the heads
+// of their keys and of their routes' AnySubject keys, read in one
+// store.Store.PolicyHeads read; none for no accounts), as committed when
+// read: a drain pass asks it of each page instead of keeping every key's
+// active generation between passes. A head newer than the pass's view of
+// the policies only makes the pass pick its candidates by what the ledger
+// will decide (a drain moves to the generation deciding when it commits);
+// the view is read again at the next pass (PolicyChanges moved).
+func (c *Core) decidingOf(ctx context.Context, accounts []ledger.Account) (map[ledger.PolicyKey]uint64, error) {
+	if len(accounts) == 0 {
+		return nil, nil
+	}
+	keys := make([]ledger.PolicyKey, 0, 2*len(accounts))
+	for i := range accounts {
+		subject := accounts[i].Key.SubjectKey()
+		keys = append(keys, subject, ledger.PolicyKey{Subject: ledger.AnySubject, Route: subject.Route, Region: subject.Region})
+	}
+	heads, err := c.store.PolicyHeads(ctx, keys)
+	if err != nil {
+		return nil, fmt.Errorf("heads of %d subjects: %w", len(accounts), err)
+	}
+	active := func(key ledger.PolicyKey) (uint64, bool) {
+		h, ok := heads[key]
+		return h.Active, ok && h.Active != 0
+	}
+	out := make(map[ledger.PolicyKey]uint64, len(accounts))
+	for i := range accounts {
+		subject := accounts[i].Key.SubjectKey()
+		if g, ok := ledger.DecidingGeneration(subject, active); ok {
+			out[subject] = g
+		}
+	}
+	return out, nil
 }
 
 // reserves reports whether an account holds reservations in one of its
@@ -529,6 +580,11 @@ func (p *Pager) Next(ctx context.Context) ([]ledger.Command, error) {
 			last = len(page) < p.size
 			if s.keep != nil {
 				page = slices.DeleteFunc(page, func(a ledger.Account) bool { return !s.keep(&a) })
+			}
+		}
+		if p.prepare != nil {
+			if err := p.prepare(ctx, page); err != nil {
+				return nil, fmt.Errorf("%s: %w", s, err)
 			}
 		}
 		var cmds []ledger.Command
@@ -652,21 +708,33 @@ func (p *Pager) list(key ledger.AccountKey) {
 	p.listed++
 }
 
-// nextPoints reads up to one page of the point candidates.
+// nextPoints reads the point candidates a page at a time until one gives
+// commands or none are left.
 func (p *Pager) nextPoints(ctx context.Context) ([]ledger.Command, error) {
 	var cmds []ledger.Command
-	for len(p.points) > 0 && len(cmds) < p.size {
-		key := p.points[0]
-		p.points = p.points[1:]
-		a, err := p.core.store.AccountGet(ctx, key)
-		if errors.Is(err, store.ErrNotFound) {
-			continue
+	for len(p.points) > 0 && len(cmds) == 0 {
+		var page []ledger.Account
+		for len(p.points) > 0 && len(page) < p.size {
+			key := p.points[0]
+			p.points = p.points[1:]
+			a, err := p.core.store.AccountGet(ctx, key)
+			if errors.Is(err, store.ErrNotFound) {
+				continue
+			}
+			if err != nil {
+				return nil, fmt.Errorf("account %s: %w", key, err)
+			}
+			page = append(page, a)
 		}
-		if err != nil {
-			return nil, fmt.Errorf("account %s: %w", key, err)
+		if p.prepare != nil {
+			if err := p.prepare(ctx, page); err != nil {
+				return nil, fmt.Errorf("point candidates: %w", err)
+			}
 		}
-		if cmd, ok := p.make(&a); ok {
-			cmds = append(cmds, cmd)
+		for i := range page {
+			if cmd, ok := p.make(&page[i]); ok {
+				cmds = append(cmds, cmd)
+			}
 		}
 	}
 	return cmds, nil

@@ -140,13 +140,13 @@ func TestWorkersReadOnlyWhatIsDue(t *testing.T) {
 	run(own) // tenant-000 switches to generation 2
 	run(ledger.Command{Kind: ledger.KindPublishPolicy, Policy: policy("tenant-000", 5000)})
 	var memo drainMemo
-	plan := func(active ledger.ActiveGenerations, g uint64) DrainPlan { return memo.plan(active, g, now) }
+	plan := func(active activeDigest, g uint64) DrainPlan { return memo.planDigest(active, g, now) }
 	drains, active, err := core.DrainPager(ctx, pageSize, plan, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cmds, largest = pages(t, core, drains, now)
-	memo.update(active, drains, drainOutcomes{1: true, 2: true}, true, now)
+	memo.updateDigest(active, drains, drainOutcomes{1: true, 2: true}, true, now)
 	gen2 := 0
 	for _, c := range cmds {
 		if c.Account.Generation == 2 {
@@ -168,7 +168,7 @@ func TestWorkersReadOnlyWhatIsDue(t *testing.T) {
 		if cmds, _ := pages(t, core, drains, now); len(cmds) != 0 {
 			t.Fatalf("pass %d: %d drains after draining", pass, len(cmds))
 		}
-		memo.update(active, drains, nil, true, now)
+		memo.updateDigest(active, drains, nil, true, now)
 		if pass == 3 && st.byEpoch.Load() != 0 {
 			t.Fatalf("pass 3 read %d rows of drained generations", st.byEpoch.Load())
 		}

@@ -723,10 +723,10 @@ func (e *Engine) runEpochs(ctx context.Context) {
 	if !complete {
 		return
 	}
-	// The plan runs after DrainPager took its view of the policies into
-	// drainPolicies, whose active generations' digest is the memo's key.
-	drains, _, err := e.core.DrainPager(ctx, e.opts.PageSize, func(_ ledger.ActiveGenerations, g uint64) DrainPlan {
-		return e.drains.planDigest(e.drainPolicies.digest(), g, now)
+	// The memo's key is the digest of the active generations of the view
+	// of the policies DrainPager took into drainPolicies.
+	drains, active, err := e.core.DrainPager(ctx, e.opts.PageSize, func(active activeDigest, g uint64) DrainPlan {
+		return e.drains.planDigest(active, g, now)
 	}, &e.drainPolicies)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -737,7 +737,7 @@ func (e *Engine) runEpochs(ctx context.Context) {
 	e.fails.epochs.ok("drain worker")
 	moved := drainOutcomes{}
 	complete = e.runPages(ctx, "drain", drains, moved.seen)
-	e.drains.updateDigest(e.drainPolicies.digest(), drains, moved, complete, now)
+	e.drains.updateDigest(active, drains, moved, complete, now)
 }
 
 // runWorkerCommands commits a worker's commands in chunks of at most
