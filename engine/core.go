@@ -109,6 +109,9 @@ func (c *Core) commit(ctx context.Context, cmds []ledger.Command, now time.Time,
 			return nil, fmt.Errorf("read: %w: %w", ErrNotApplied, err)
 		}
 	}
+	if err := recheckRejected(ctx, tx, cmds, results); err != nil {
+		return nil, err
+	}
 	changes := book.Changes()
 	if changes.Empty() {
 		return results, nil
@@ -139,6 +142,61 @@ func (c *Core) commit(ctx context.Context, cmds []ledger.Command, now time.Time,
 		return nil, err
 	}
 	return results, nil
+}
+
+// recheckRejected returns an error wrapping store.ErrConflict (and
+// ErrNotApplied) when a reserve of cmds that results reject for capacity
+// names an id another transaction has committed meanwhile; nil otherwise,
+// or the error of the read.
+//
+// Two attempts of one reservation id (a caller's retry on another
+// replica, or the same batch's command queued on two) can run at once
+// over a store that lets transactions interleave (PostgreSQL, READ
+// COMMITTED): this batch looked the id up before the other committed
+// (absent: nothing to lock), then locked the account, which the other
+// held, and read it as the other left it, with the id's units gone. Its
+// rejection would tell the caller "rejected" for an id the store holds
+// (CLIENTS.md: a resend admits it, replays it, or rejects it). Once this
+// batch holds its account locks, a fresh read of the ids it rejected
+// (store.ReservationsRechecker: one statement, nothing written, and only
+// for batches with a rejected reserve) finds any that committed before
+// those locks were granted, and the batch runs again: the id now replays.
+//
+// Left over: an attempt that commits after this batch's locks were
+// granted took the account's lock after this batch ended, so it read the
+// account as this rejection left it (unchanged but for a refill), and it
+// admits only if room came back meanwhile (a release, a refill): it runs
+// after the rejection was answered, as a later request would. A caller
+// resends only after giving up on an attempt, and Engine drops an attempt
+// whose caller's context has ended (dropAbandoned; its last check,
+// wanted, is made while its batch holds the account, so a resend that
+// comes later waits for that batch and replays). So a rejected resend
+// stays rejected unless the replica running the earlier attempt has not
+// yet seen its request end (no deadline sent with it, a connection whose
+// close has not reached it), or the caller keeps waiting for two attempts
+// at once: each is then answered as the store stood when it ran.
+func recheckRejected(ctx context.Context, tx store.Tx, cmds []ledger.Command, results []ledger.Result) error {
+	rechecker, ok := tx.(store.ReservationsRechecker)
+	if !ok {
+		return nil
+	}
+	var ids []string
+	for i := range cmds {
+		if cmds[i].Kind == ledger.KindReserve && (results[i].Rejected() || errors.Is(results[i].Err, ledger.ErrLifetimeExhausted)) {
+			ids = append(ids, cmds[i].ReservationID)
+		}
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	found, err := rechecker.ReservationsCommitted(ctx, ids)
+	if err != nil {
+		return fmt.Errorf("recheck: %w: %w", ErrNotApplied, err)
+	}
+	if len(found) > 0 {
+		return fmt.Errorf("%w: %w: reservation %s was committed by another attempt after this batch looked it up", ErrNotApplied, store.ErrConflict, found[0])
+	}
+	return nil
 }
 
 // MetaReadyProbe is the meta row Probe writes: the time of the last probe

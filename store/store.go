@@ -229,6 +229,21 @@ type AccountsPrefetcher interface {
 	AccountsPrefetch(ctx context.Context, subjects []ledger.PolicyKey, accounts []ledger.AccountKey, reservations []string) error
 }
 
+// ReservationsRechecker is an optional Tx capability of a store whose
+// transaction sees, statement by statement, what others committed
+// meanwhile (PostgreSQL's READ COMMITTED): a reservation id looked up
+// absent may have been inserted by another replica's transaction that
+// committed before this one's next lock was granted, so the account this
+// one read afterwards already holds that reservation's units. The engine
+// asks it about the reserves a batch rejected for capacity, once the
+// batch holds its account locks. A store whose transactions run one at a
+// time (SQLite, the in-memory store) needs no such capability.
+type ReservationsRechecker interface {
+	// ReservationsCommitted returns those of ids stored by a committed
+	// transaction, read afresh (no lock, nothing written); nil when none.
+	ReservationsCommitted(ctx context.Context, ids []string) ([]string, error)
+}
+
 // Current is one subject's pointer to the generation holding its capacity.
 type Current struct {
 	Subject    ledger.PolicyKey

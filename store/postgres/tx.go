@@ -335,6 +335,38 @@ func (t *tx) ReservationsPrefetch(ctx context.Context, ids []string) error {
 	return t.prefetchTombstones(ctx, ids, found)
 }
 
+var _ store.ReservationsRechecker = (*tx)(nil)
+
+// reservationsCommittedSQL looks ids up in a statement of its own, so
+// with the newest snapshot of READ COMMITTED.
+const reservationsCommittedSQL = `SELECT id FROM reservations WHERE id = ANY($1)`
+
+// ReservationsCommitted returns those of ids that a fresh statement finds
+// stored (store.ReservationsRechecker): without a lock, and ignoring what
+// ReservationsPrefetch and ReservationGet read before, since what they
+// found absent is the question. Returns nil or the read's error
+// (store.ErrUnavailable when the server cannot be reached).
+func (t *tx) ReservationsCommitted(ctx context.Context, ids []string) ([]string, error) {
+	if t.done {
+		return nil, fmt.Errorf("reservations committed: %w", pgx.ErrTxClosed)
+	}
+	var found []string
+	err := t.queryLookup(ctx, func(rows pgx.Rows) error {
+		for rows.Next() {
+			var id string
+			if err := rows.Scan(&id); err != nil {
+				return err
+			}
+			found = append(found, id)
+		}
+		return nil
+	}, reservationsCommittedSQL, ids)
+	if err != nil {
+		return nil, t.s.c.classify("reservations committed", err, false)
+	}
+	return found, nil
+}
+
 // MoveGet returns a move receipt (immutable, so not locked) or ErrNotFound.
 func (t *tx) MoveGet(ctx context.Context, receiptID string) (*ledger.Move, error) {
 	return t.s.moveGet(ctx, t.tx, receiptID)
