@@ -232,7 +232,7 @@ func New(l Ledger, cfg Config) *Server {
 	// gRPC-Web's text mode is base64 on the wire: 4 bytes for every 3 of
 	// the binary body limitBody bounds (its slack for framing included).
 	maxTextWire := 4 * ((s.maxBody + 64<<10 + 2) / 3)
-	s.handler = grpcWebText(s.limitBody(mux), maxTextWire)
+	s.handler = grpcWebText(liveReads(s.limitBody(mux)), maxTextWire)
 	return s
 }
 
@@ -256,6 +256,21 @@ func HTTPServer(h http.Handler, log *slog.Logger) *http.Server {
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
+}
+
+// liveReads marks every answer to a Connect GET (a read of live state:
+// a reservation, an account, a list) Cache-Control: no-store. Without it
+// an HTTP cache between a gateway and the ledger may keep a GET's 200 or
+// 404 and replay it (heuristic freshness: Varnish keeps one 2 minutes by
+// default), so a GetReservation after a lost Reserve would read an old
+// state.
+func liveReads(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/capledger.v1.") {
+			w.Header().Set("Cache-Control", "no-store")
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // limitBody refuses a Connect-protocol request whose declared body is over

@@ -516,6 +516,7 @@ func describe(err error) error {
 		return err
 	}
 	parts := []string{cerr.Code().String() + ": " + cerr.Message()}
+	waitShown := false // the RejectionDetail's retryAfter, which the header repeats
 	if clientCertificateRefused(err) {
 		// Connect's code for it is whichever the broken connection
 		// suggested ("canceled" for a reset): not the server's word.
@@ -534,6 +535,7 @@ func describe(err error) error {
 			s := fmt.Sprintf("reason %s, limiting dimension %q, policy generation %d", m.GetReason(), m.GetLimitingDimension(), m.GetPolicyGeneration())
 			if m.GetRetryAfter() != nil {
 				s += ", retry after " + m.GetRetryAfter().AsDuration().String()
+				waitShown = true
 			}
 			parts = append(parts, s)
 		case *v1.ErrorDetail:
@@ -544,7 +546,9 @@ func describe(err error) error {
 			parts = append(parts, s)
 		}
 	}
-	if ra := cerr.Meta().Get("Retry-After"); ra != "" {
+	// The header alone (a proxy's bare 429) still tells the wait; beside
+	// the detail it says the same again.
+	if ra := cerr.Meta().Get("Retry-After"); ra != "" && !waitShown {
 		if _, convErr := strconv.Atoi(ra); convErr == nil {
 			parts = append(parts, "Retry-After: "+ra+"s")
 		}
