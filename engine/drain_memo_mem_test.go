@@ -14,14 +14,8 @@ import (
 // policy key between passes (about 85 bytes a policy).
 func TestDrainMemoHoldsNoKeyPerPolicy(t *testing.T) {
 	const n = 50_000
-	heap := func() uint64 {
-		runtime.GC()
-		var m runtime.MemStats
-		runtime.ReadMemStats(&m)
-		return m.HeapAlloc
-	}
 	var memo drainMemo
-	before := heap()
+	before := liveHeap()
 	func() {
 		active := ledger.ActiveGenerations{}
 		for i := range n {
@@ -32,7 +26,7 @@ func TestDrainMemoHoldsNoKeyPerPolicy(t *testing.T) {
 			t.Fatal("a generation without a verdict is planned")
 		}
 	}()
-	held := float64(int64(heap())-int64(before)) / n
+	held := float64(int64(liveHeap())-int64(before)) / n
 	runtime.KeepAlive(&memo)
 	t.Logf("the drain memo holds %.1f bytes per active policy key", held)
 	if held > 8 {
@@ -47,14 +41,8 @@ func TestDrainMemoHoldsNoKeyPerPolicy(t *testing.T) {
 // holds grows with the superseded and rolled-back generations only.
 func TestDrainViewHoldsNoKeyPerPolicy(t *testing.T) {
 	const n = 50_000
-	heap := func() uint64 {
-		runtime.GC()
-		var m runtime.MemStats
-		runtime.ReadMemStats(&m)
-		return m.HeapAlloc
-	}
 	var known DrainPolicies
-	before := heap()
+	before := liveHeap()
 	func() {
 		policies := make([]ledger.Policy, 0, n+2)
 		for i := range n {
@@ -71,10 +59,18 @@ func TestDrainViewHoldsNoKeyPerPolicy(t *testing.T) {
 			t.Fatalf("superseded %v, want [%d]", known.view.superseded, n+1)
 		}
 	}()
-	held := float64(int64(heap())-int64(before)) / n
+	held := float64(int64(liveHeap())-int64(before)) / n
 	runtime.KeepAlive(&known)
 	t.Logf("the drain worker's view holds %.1f bytes per policy key", held)
 	if held > 8 {
 		t.Fatalf("the drain worker's view holds %.1f bytes per policy key whose only generation is active, want none (at most 8 of noise)", held)
 	}
+}
+
+// liveHeap returns the bytes of the heap live after a collection.
+func liveHeap() uint64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
 }

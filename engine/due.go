@@ -677,8 +677,19 @@ func (p *Pager) mayStayCurrent(ctx context.Context, quiet []*ledger.Account) err
 // left out) and takes them off s.
 func (p *Pager) readPoints(ctx context.Context, s *scan) ([]ledger.Account, error) {
 	n := min(p.size, len(s.points))
-	page := make([]ledger.Account, 0, n)
-	for _, key := range s.points[:n] {
+	page, err := p.pointAccounts(ctx, s.points[:n])
+	if err != nil {
+		return nil, err
+	}
+	s.points = s.points[n:]
+	return page, nil
+}
+
+// pointAccounts reads the accounts of keys, one point read each, leaving
+// out those not found.
+func (p *Pager) pointAccounts(ctx context.Context, keys []ledger.AccountKey) ([]ledger.Account, error) {
+	page := make([]ledger.Account, 0, len(keys))
+	for _, key := range keys {
 		a, err := p.core.store.AccountGet(ctx, key)
 		if errors.Is(err, store.ErrNotFound) {
 			continue
@@ -688,7 +699,6 @@ func (p *Pager) readPoints(ctx context.Context, s *scan) ([]ledger.Account, erro
 		}
 		page = append(page, a)
 	}
-	s.points = s.points[n:]
 	return page, nil
 }
 
@@ -713,19 +723,12 @@ func (p *Pager) list(key ledger.AccountKey) {
 func (p *Pager) nextPoints(ctx context.Context) ([]ledger.Command, error) {
 	var cmds []ledger.Command
 	for len(p.points) > 0 && len(cmds) == 0 {
-		var page []ledger.Account
-		for len(p.points) > 0 && len(page) < p.size {
-			key := p.points[0]
-			p.points = p.points[1:]
-			a, err := p.core.store.AccountGet(ctx, key)
-			if errors.Is(err, store.ErrNotFound) {
-				continue
-			}
-			if err != nil {
-				return nil, fmt.Errorf("account %s: %w", key, err)
-			}
-			page = append(page, a)
+		n := min(p.size, len(p.points))
+		page, err := p.pointAccounts(ctx, p.points[:n])
+		if err != nil {
+			return nil, err
 		}
+		p.points = p.points[n:]
 		if p.prepare != nil {
 			if err := p.prepare(ctx, page); err != nil {
 				return nil, fmt.Errorf("point candidates: %w", err)
