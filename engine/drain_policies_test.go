@@ -129,19 +129,11 @@ func TestDrainPassDrainsARollbackOnAnotherReplica(t *testing.T) {
 			other := New(stOther, Options{DisableWorkers: true, Clock: clk.Now})
 			t.Cleanup(func() { other.Close() })
 			key := ledger.PolicyKey{Subject: "tenant-7", Route: "chat.generate", Region: "eu"}
-			do := func(e *Engine, cmd ledger.Command) ledger.Result {
-				t.Helper()
-				res, err := e.Do(ctx, cmd)
-				if err != nil || res.Err != nil {
-					t.Fatalf("%s: %+v, %v", cmd.Kind, res, err)
-				}
-				return res
-			}
 			for _, burst := range []int64{2000, 1000} {
 				p := ledger.Policy{Key: key, Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: burst}}}.WithDefaults()
-				do(leader, ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p})
+				mustDo(t, leader, ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p})
 			}
-			do(leader, reserveCmd("rl-1", 300))
+			mustDo(t, leader, reserveCmd("rl-1", 300))
 			rolledBack := ledger.AccountKey{Subject: key.Subject, Route: key.Route, Region: key.Region, Generation: 2}
 			// Two passes: the second takes the policies the first read.
 			for range 2 {
@@ -151,7 +143,7 @@ func TestDrainPassDrainsARollbackOnAnotherReplica(t *testing.T) {
 			if a, err := stLeader.AccountGet(ctx, rolledBack); err != nil || a.Balances[0].Available != 700 {
 				t.Fatalf("generation 2 before the rollback: %+v, %v; want 700 available", a.Balances[0], err)
 			}
-			do(other, ledger.Command{Kind: ledger.KindRollbackPolicy, PolicyKey: key, Generation: 2})
+			mustDo(t, other, ledger.Command{Kind: ledger.KindRollbackPolicy, PolicyKey: key, Generation: 2})
 			clk.Advance(time.Minute)
 			leader.runEpochs(ctx)
 			a, err := stLeader.AccountGet(ctx, rolledBack)
@@ -184,19 +176,11 @@ func TestDrainPassFollowsAnotherReplicasPolicyOfATenantUnderAStarPolicy(t *testi
 			leader := leadingEngine(t, stLeader, Options{Clock: clk.Now})
 			other := New(stOther, Options{DisableWorkers: true, Clock: clk.Now})
 			t.Cleanup(func() { other.Close() })
-			do := func(e *Engine, cmd ledger.Command) ledger.Result {
-				t.Helper()
-				res, err := e.Do(ctx, cmd)
-				if err != nil || res.Err != nil {
-					t.Fatalf("%s: %+v, %v", cmd.Kind, res, err)
-				}
-				return res
-			}
 			publish := func(e *Engine, subject string, burst int64) uint64 {
 				t.Helper()
 				p := ledger.Policy{Key: ledger.PolicyKey{Subject: subject, Route: "chat.generate", Region: "eu"},
 					Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: burst}}}.WithDefaults()
-				return do(e, ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p}).Generation
+				return mustDo(t, e, ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p}).Generation
 			}
 			available := func(g uint64) int64 {
 				t.Helper()
@@ -215,7 +199,7 @@ func TestDrainPassFollowsAnotherReplicasPolicyOfATenantUnderAStarPolicy(t *testi
 			}
 			star := publish(leader, ledger.AnySubject, 2000)
 			publishTenants(t, leader.core, clk.Now(), 0, 3) // keys with one generation each
-			do(leader, reserveCmd("star-1", 300))
+			mustDo(t, leader, reserveCmd("star-1", 300))
 			for range 2 {
 				pass()
 			}
@@ -232,7 +216,7 @@ func TestDrainPassFollowsAnotherReplicasPolicyOfATenantUnderAStarPolicy(t *testi
 				t.Fatalf("tenant-7's own account after the drain: nothing available, want what fits of the 1700")
 			}
 			pass()
-			do(other, ledger.Command{Kind: ledger.KindRollbackPolicy, PolicyKey: ledger.PolicyKey{Subject: "tenant-7", Route: "chat.generate", Region: "eu"}, Generation: own})
+			mustDo(t, other, ledger.Command{Kind: ledger.KindRollbackPolicy, PolicyKey: ledger.PolicyKey{Subject: "tenant-7", Route: "chat.generate", Region: "eu"}, Generation: own})
 			pass()
 			if got := available(own); got != 0 {
 				t.Fatalf("tenant-7's own account after its rollback on another replica and one pass: %d available, want 0 (drained back to the * policy)", got)

@@ -44,6 +44,17 @@ func publish(t *testing.T, e *Engine, burst int64, hold, execLimit time.Duration
 	}
 }
 
+// mustDo runs cmd on e and fails the test unless it was applied without
+// an error.
+func mustDo(t *testing.T, e *Engine, cmd ledger.Command) ledger.Result {
+	t.Helper()
+	res, err := e.Do(context.Background(), cmd)
+	if err != nil || res.Err != nil {
+		t.Fatalf("%s: %+v, %v", cmd.Kind, res, err)
+	}
+	return res
+}
+
 func reserveCmd(id string, units int64) ledger.Command {
 	return ledger.Command{Kind: ledger.KindReserve, ReservationID: id, RequestDigest: "sha256:" + id,
 		Subject: "tenant-7", Route: "chat.generate", Region: "eu", Units: ledger.Amounts{units}}
