@@ -19,6 +19,7 @@ import (
 	"github.com/capledger/capledger/store/memstore"
 	"github.com/capledger/capledger/store/postgres"
 	"github.com/capledger/capledger/store/sqlite"
+	"github.com/capledger/capledger/store/storetest"
 )
 
 var t0 = time.Date(2026, 7, 19, 14, 0, 0, 0, time.UTC)
@@ -162,17 +163,7 @@ func shiftSubjectBehindTheJournal(t *testing.T, st store.Store, subject string, 
 // with no journal entry: what an audit must find.
 func writeBehindTheJournal(t *testing.T, st store.Store, changes *store.Changes) {
 	t.Helper()
-	ctx := context.Background()
-	tx, err := st.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Write(ctx, changes); err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
+	storetest.Commit(t, st, changes)
 }
 
 // gatedStore holds the first Begin until released, so requests pile up

@@ -10,6 +10,7 @@ import (
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
 	"github.com/capledger/capledger/store/postgres"
+	"github.com/capledger/capledger/store/storetest"
 )
 
 // fairnessBenchTenants is how many subjects, one account each under one
@@ -61,7 +62,7 @@ func benchOneStarPolicy(b *testing.B, call func(h *harness, i int)) {
 				a.RefilledTo[0] = h.clock.Now().UnixNano()
 				accounts = append(accounts, a)
 			}
-			writeChanges(b, engineStore, &store.Changes{Accounts: accounts})
+			storetest.Commit(b, engineStore, &store.Changes{Accounts: accounts})
 		}
 	}, call)
 }
@@ -97,21 +98,5 @@ func benchOverStores(b *testing.B, seed func(h *harness, engineStore store.Store
 				call(h, i)
 			}
 		})
-	}
-}
-
-// writeChanges commits changes to st in one transaction.
-func writeChanges(t testing.TB, st store.Store, changes *store.Changes) {
-	t.Helper()
-	ctx := context.Background()
-	tx, err := st.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Write(ctx, changes); err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
 	}
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
+	"github.com/capledger/capledger/store/storetest"
 )
 
 // headCountingStore counts the reads of policy heads: point reads
@@ -125,7 +126,7 @@ func TestConsoleScansReadGenerationsOncePerPage(t *testing.T) {
 		a.RefilledTo[0] = now.UnixNano()
 		changes.Accounts = append(changes.Accounts, a)
 	}
-	writeChanges(t, counted.Store, changes)
+	storetest.Commit(t, counted.Store, changes)
 	reads := func(what string, many int64) {
 		t.Helper()
 		if get, m := counted.get.Swap(0), counted.many.Swap(0); get != 0 || m != many {

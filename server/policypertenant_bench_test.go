@@ -7,6 +7,7 @@ import (
 
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
+	"github.com/capledger/capledger/store/storetest"
 )
 
 // BenchmarkGetFairnessPolicyPerTenant times GetFairness, each call a new
@@ -56,7 +57,7 @@ func benchPolicyPerTenant(b *testing.B, call func(h *harness, i int)) {
 				a.RefilledTo[0] = now.UnixNano()
 				changes.Accounts = append(changes.Accounts, a)
 			}
-			writeChanges(b, engineStore, changes)
+			storetest.Commit(b, engineStore, changes)
 		}
 	}, call)
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/capledger/capledger/ledger"
 	"github.com/capledger/capledger/store"
+	"github.com/capledger/capledger/store/storetest"
 )
 
 // BenchmarkPoliciesOfAPage reads the generations of a page of 1,000
@@ -27,16 +28,7 @@ func BenchmarkPoliciesOfAPage(b *testing.B) {
 			Generation: uint64(i + 1), FairnessWeight: 1, Rollout: ledger.RolloutEnforce,
 			Dimensions: []ledger.Dimension{{Unit: "tokens", Burst: 100, RefillUnits: 10, RefillInterval: time.Hour}}})
 	}
-	tx, err := s.Begin(ctx)
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := tx.Write(ctx, changes); err != nil {
-		b.Fatal(err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		b.Fatal(err)
-	}
+	storetest.Commit(b, s, changes)
 	page := make([]uint64, 1000)
 	for i := range page {
 		page[i] = uint64(5001 + i)

@@ -152,7 +152,7 @@ func testReservationsOfSubject(t *testing.T, s store.Store) {
 	// A state change moves the row; a removed row is gone.
 	moved := byID["s-2"]
 	moved.State, moved.FinishedAt = ledger.StateReleased, at(time.Minute)
-	commit(t, s, &store.Changes{Reservations: []ledger.Reservation{moved},
+	Commit(t, s, &store.Changes{Reservations: []ledger.Reservation{moved},
 		Retention: store.RetentionChanges{RemovedReservations: []string{"s-1"}}})
 	same(t, "after a release and a removal", subjectPages(t, cs, store.SubjectFilter{Subject: "tenant7", States: []ledger.State{ledger.StateReleased, ledger.StateSettled}, Limit: 10}),
 		[][]string{{"s-5", "s-3c", "s-3a", "s-2"}})
@@ -223,7 +223,7 @@ func testStatementsOf(t *testing.T, s store.Store) {
 		Opening: sts[1].Closing, Closing: ledger.Balances{fullBalance(3), fullBalance(4)}}
 	other := ledger.Statement{Account: accEU2, EpochStart: at(-time.Hour), EpochEnd: at(0), Dims: 3,
 		Opening: ledger.Balances{fullBalance(1)}, Closing: ledger.Balances{fullBalance(2)}}
-	commit(t, s, &store.Changes{Statements: []ledger.Statement{sts[0], other, third, sts[1]}})
+	Commit(t, s, &store.Changes{Statements: []ledger.Statement{sts[0], other, third, sts[1]}})
 	list := func(f store.StatementFilter) []ledger.Statement {
 		t.Helper()
 		got, err := cs.StatementsOf(ctx, f)
@@ -255,7 +255,7 @@ func testResolverAnswers(t *testing.T, s store.Store) {
 	insertAll(t, s, rows)
 	second := rows[5] // s-4, STARTED
 	second.State, second.UnknownAt = ledger.StateUsageUnknown, at(10*time.Second)
-	commit(t, s, &store.Changes{Reservations: []ledger.Reservation{second}})
+	Commit(t, s, &store.Changes{Reservations: []ledger.Reservation{second}})
 	chat, embed := rows[3].Account, rows[5].Account
 	answers := []store.ResolverAnswer{
 		{Account: chat, ReservationID: "s-3b", Answer: "running", AskedAt: at(20 * time.Second), Attempts: 1, NextAt: at(21 * time.Second)},
@@ -289,7 +289,7 @@ func testResolverAnswers(t *testing.T, s store.Store) {
 	// s-4 settles: its answer is stale and read no more; prune deletes
 	// it with the two that were stale already.
 	second.State, second.Actual, second.FinishedAt = ledger.StateSettled, ledger.Amounts{3}, at(50*time.Second)
-	commit(t, s, &store.Changes{Reservations: []ledger.Reservation{second}})
+	Commit(t, s, &store.Changes{Reservations: []ledger.Reservation{second}})
 	if got := get("s-4"); len(got) != 0 {
 		t.Errorf("answer of a settled reservation: %v", got)
 	}

@@ -137,7 +137,7 @@ func testAccountsInDebt(t *testing.T, s store.Store) {
 			clearOnes = append(clearOnes, a)
 		}
 	}
-	commit(t, s, &store.Changes{Accounts: clearOnes})
+	Commit(t, s, &store.Changes{Accounts: clearOnes})
 	if got, err := s.AccountsInDebt(ctx, store.DebtFilter{Limit: 10}); err != nil || len(got) != 0 {
 		t.Errorf("no account in debt: %v, %v; want none", got, err)
 	}
@@ -150,7 +150,7 @@ func testAccountsInDebt(t *testing.T, s store.Store) {
 			t.Errorf("uncommitted debt: %v, %v; want none", got, err)
 		}
 	})
-	commit(t, s, &store.Changes{Accounts: debtors})
+	Commit(t, s, &store.Changes{Accounts: debtors})
 
 	// The accounts are whole rows, as AccountGet reads them.
 	all, err := s.AccountsInDebt(ctx, store.DebtFilter{Limit: 100})
@@ -230,7 +230,7 @@ func testAccountsInDebt(t *testing.T, s store.Store) {
 	partly.Balances[2] = owing(25, 24)
 	drawn := byKey[debtKey("t7", "embed", "eu", 1)]
 	drawn.Balances[0] = owing(4, 0)
-	commit(t, s, &store.Changes{Accounts: []ledger.Account{repaid, repaidToo, partly, drawn}})
+	Commit(t, s, &store.Changes{Accounts: []ledger.Account{repaid, repaidToo, partly, drawn}})
 	after := []ledger.AccountKey{
 		debtKey("t7", "chat", "eu", 1),
 		debtKey("t7", "chat", "eu", 3),
@@ -274,7 +274,7 @@ func testAccountsInDebtFollowsWrites(t *testing.T, s store.Store) {
 		}
 		all = append(all, account(i, b))
 	}
-	commit(t, s, &store.Changes{Accounts: all})
+	Commit(t, s, &store.Changes{Accounts: all})
 	check := func(when string) {
 		t.Helper()
 		var want []ledger.AccountKey
@@ -348,7 +348,7 @@ func testAccountsInDebtFollowsWrites(t *testing.T, s store.Store) {
 	owes[300] = true
 	check("new accounts")
 	// Blind writes again, into and out of debt.
-	commit(t, s, &store.Changes{Accounts: []ledger.Account{account(8, owing(3, 3)), account(200, owing(1, 0))}})
+	Commit(t, s, &store.Changes{Accounts: []ledger.Account{account(8, owing(3, 3)), account(200, owing(1, 0))}})
 	delete(owes, 8)
 	owes[200] = true
 	check("written blind again")
@@ -367,7 +367,7 @@ func testAccountsPage(t *testing.T, s store.Store) {
 		t.Error("limit 0: no error")
 	}
 	accounts, _ := debtAccounts()
-	commit(t, s, &store.Changes{Accounts: accounts})
+	Commit(t, s, &store.Changes{Accounts: accounts})
 	every, err := s.AccountList(ctx, ledger.PolicyKey{})
 	if err != nil {
 		t.Fatal(err)
@@ -425,7 +425,7 @@ func testAccountsPage(t *testing.T, s store.Store) {
 func testAccountsPageOfSubject(t *testing.T, s store.Store) {
 	ctx := context.Background()
 	accounts, _ := debtAccounts()
-	commit(t, s, &store.Changes{Accounts: accounts})
+	Commit(t, s, &store.Changes{Accounts: accounts})
 	every, err := s.AccountList(ctx, ledger.PolicyKey{})
 	if err != nil {
 		t.Fatal(err)

@@ -92,7 +92,7 @@ func testAccountsByEpoch(t *testing.T, s store.Store) {
 			t.Errorf("uncommitted: %v, %v; want none", got, err)
 		}
 	})
-	commit(t, s, &store.Changes{Accounts: all})
+	Commit(t, s, &store.Changes{Accounts: all})
 
 	// Whole rows, as AccountGet reads them, in (EpochStart, key) order.
 	got, _, err := s.AccountsByEpoch(ctx, store.EpochFilter{Generation: 7, Limit: 100})
@@ -151,7 +151,7 @@ func testAccountsByEpoch(t *testing.T, s store.Store) {
 	rolled := all[1] // t-a, generation 7, started at 0
 	rolled.EpochStart = at(5 * time.Hour)
 	rolled.Version++
-	commit(t, s, &store.Changes{Accounts: []ledger.Account{rolled}})
+	Commit(t, s, &store.Changes{Accounts: []ledger.Account{rolled}})
 	wantAfter := append(slices.Clone(gen7[:1]), gen7[2:]...)
 	wantAfter = append(wantAfter, gen7[1])
 	if got, _, err := s.AccountsByEpoch(ctx, store.EpochFilter{Generation: 7, Limit: 100}); err != nil {
@@ -240,7 +240,7 @@ func testAccountsByEpochAfterRolls(t *testing.T, s store.Store) {
 	idle := all[4] // s-z, generation 7, started an hour before 0
 	idle.EpochOpening = idle.Balances
 	all[4] = idle
-	commit(t, s, &store.Changes{Accounts: all})
+	Commit(t, s, &store.Changes{Accounts: all})
 	rolls := map[string]time.Duration{"t-a": 5 * time.Hour, "s-z": 4 * time.Hour, "t-c": 30 * time.Minute}
 	rolled := rollEpochs(t, s, all, func(k ledger.AccountKey) (time.Duration, bool) {
 		d, ok := rolls[k.Subject]
@@ -428,7 +428,7 @@ func testAccountsByEpochAcross(t *testing.T, s store.Store) {
 	if got, _, err := s.AccountsByEpoch(ctx, store.EpochFilter{AllGenerations: true, Limit: 10}); err != nil || len(got) != 0 {
 		t.Errorf("empty store: %v, %v; want none", got, err)
 	}
-	commit(t, s, &store.Changes{Accounts: all})
+	Commit(t, s, &store.Changes{Accounts: all})
 
 	// Whole rows, as AccountGet reads them.
 	got, _, err := s.AccountsByEpoch(ctx, store.EpochFilter{AllGenerations: true, Limit: 100})
@@ -470,7 +470,7 @@ func testAccountsByEpochAcross(t *testing.T, s store.Store) {
 	rolled.EpochStart = at(5 * time.Hour)
 	rolled.Version++
 	all[1] = rolled
-	commit(t, s, &store.Changes{Accounts: []ledger.Account{rolled}})
+	Commit(t, s, &store.Changes{Accounts: []ledger.Account{rolled}})
 	if got, _, err := s.AccountsByEpoch(ctx, store.EpochFilter{AllGenerations: true, Limit: 100}); err != nil {
 		t.Fatal(err)
 	} else {
@@ -504,7 +504,7 @@ func testAccountsByEpochAcrossAfterRolls(t *testing.T, s store.Store) {
 	idle := all[4] // s-z, generation 7, started an hour before 0
 	idle.EpochOpening = idle.Balances
 	all[4] = idle
-	commit(t, s, &store.Changes{Accounts: all})
+	Commit(t, s, &store.Changes{Accounts: all})
 	// t-a under 7 and 9 and t-c under 7 (busy, at 0), a-a under 8 (busy,
 	// at 3h) and s-z (idle) roll.
 	rolls := map[ledger.AccountKey]time.Duration{}

@@ -35,7 +35,7 @@ func metaOf(t *testing.T, s store.Store, name string) (v int64, found bool) {
 func testShardFencesIdle(t *testing.T, s store.Store) {
 	ctx := context.Background()
 	shards := fixtureShards() // gw-a's expires at -30m, gw-b's at +1h
-	commit(t, s, &store.Changes{Policies: fixturePolicies(), Shards: shards, Meta: map[string]int64{
+	Commit(t, s, &store.Changes{Policies: fixturePolicies(), Shards: shards, Meta: map[string]int64{
 		ledger.MetaShardFence("gw-a"):      4,
 		ledger.MetaShardFence("gw-b"):      1,
 		ledger.MetaShardFence("gw-c"):      7, // no shard at all
@@ -72,7 +72,7 @@ func testShardFencesIdle(t *testing.T, s store.Store) {
 func testMetaRemoved(t *testing.T, s store.Store) {
 	ctx := context.Background()
 	gw := ledger.MetaShardFence("gw-a")
-	commit(t, s, &store.Changes{Meta: map[string]int64{gw: 4, "other": 1}})
+	Commit(t, s, &store.Changes{Meta: map[string]int64{gw: 4, "other": 1}})
 	if v, found := metaOf(t, s, gw); !found || v != 4 {
 		t.Fatalf("before: %d %v", v, found)
 	}
@@ -87,7 +87,7 @@ func testMetaRemoved(t *testing.T, s store.Store) {
 	if v, found := metaOf(t, s, gw); !found || v != 4 {
 		t.Fatalf("after a rollback: %d %v", v, found)
 	}
-	commit(t, s, &store.Changes{Meta: map[string]int64{ledger.MetaShardFenceFloor: 4},
+	Commit(t, s, &store.Changes{Meta: map[string]int64{ledger.MetaShardFenceFloor: 4},
 		MetaRemoved: []string{gw, "never-set"}})
 	if _, found := metaOf(t, s, gw); found {
 		t.Fatal("removed row still read after commit")
@@ -113,7 +113,7 @@ func testMetaRemoved(t *testing.T, s store.Store) {
 			t.Fatalf("removed and written again: %d %v", v, err)
 		}
 	})
-	commit(t, s, &store.Changes{Meta: map[string]int64{gw: 5}})
+	Commit(t, s, &store.Changes{Meta: map[string]int64{gw: 5}})
 	if v, found := metaOf(t, s, gw); !found || v != 5 {
 		t.Fatalf("written again: %d %v", v, found)
 	}

@@ -28,7 +28,7 @@ func testPoliciesOfGenerations(t *testing.T, s store.Store) {
 	}
 	policies := fixturePolicies()
 	slices.Reverse(policies) // insertion order is not the answer
-	commit(t, s, &store.Changes{Policies: policies})
+	Commit(t, s, &store.Changes{Policies: policies})
 	check := func(what string, generations []uint64, want map[uint64]ledger.Policy) {
 		t.Helper()
 		got, err := s.PoliciesOfGenerations(ctx, generations)
@@ -91,7 +91,7 @@ func testPoliciesOfGenerations(t *testing.T, s store.Store) {
 		p.Dimensions[0].Burst = int64(1000 + i)
 		many = append(many, p)
 	}
-	commit(t, s, &store.Changes{Policies: many})
+	Commit(t, s, &store.Changes{Policies: many})
 	for _, n := range []int{8, 9, 32, 33, 128, 129, 300} {
 		// The last n, named in reverse, each twice, with as many that do
 		// not exist: 2n distinct generations asked.

@@ -47,7 +47,7 @@ func testPolicyPage(t *testing.T, s store.Store) {
 	for _, h := range heads {
 		changes.Heads = append(changes.Heads, *h)
 	}
-	commit(t, s, changes)
+	Commit(t, s, changes)
 	listed := func(p ledger.Policy) store.ListedPolicy {
 		return store.ListedPolicy{Policy: p, Active: heads[p.Key].Active == p.Generation}
 	}
@@ -118,7 +118,7 @@ func testPolicyPage(t *testing.T, s store.Store) {
 		t.Fatalf("the fixture has no active generation of %v", later.Key)
 	}
 	heads[later.Key].Active, heads[later.Key].Latest = 42, 42
-	commit(t, s, &store.Changes{Policies: []ledger.Policy{later}, Heads: []ledger.PolicyHead{*heads[later.Key]}})
+	Commit(t, s, &store.Changes{Policies: []ledger.Policy{later}, Heads: []ledger.PolicyHead{*heads[later.Key]}})
 	got, err := s.PolicyPage(ctx, store.PolicyFilter{Subject: "tenant-a", After: 41, Limit: 10})
 	if err != nil {
 		t.Fatal(err)

@@ -273,7 +273,7 @@ func testTombstoneDuplicate(t *testing.T, s store.Store) {
 	ctx := context.Background()
 	tomb := ledger.Tombstone{ID: "dup", RequestDigest: "sha256:dup", Account: ledger.AccountKey{Subject: "a", Route: "b", Region: "c", Generation: 1},
 		State: ledger.StateReleased, FinishedAt: time.Date(2026, 7, 19, 14, 0, 0, 0, time.UTC)}
-	commit(t, s, &store.Changes{Retention: store.RetentionChanges{Tombstones: []ledger.Tombstone{tomb}}})
+	Commit(t, s, &store.Changes{Retention: store.RetentionChanges{Tombstones: []ledger.Tombstone{tomb}}})
 	tx, err := s.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -508,7 +508,7 @@ func testAuditReusedID(t *testing.T, s store.Store) {
 	// A second ending within one life is a double refund, whether the id
 	// lived before: planted after s's second settle (a release that moves
 	// nothing, so only refund_once can see it), it is reported.
-	commit(t, s, &store.Changes{Journal: []ledger.JournalEntry{{At: now, Kind: ledger.KindRelease, Account: key,
+	Commit(t, s, &store.Changes{Journal: []ledger.JournalEntry{{At: now, Kind: ledger.KindRelease, Account: key,
 		ReservationID: "s", From: ledger.StateReserved, To: ledger.StateReleased}}})
 	twice := ledger.Discrepancy{Check: ledger.CheckRefundOnce, Reservation: "s", Detail: "ended 2 times"}
 	for _, found := range audits() {
@@ -525,7 +525,7 @@ func testAuditReusedID(t *testing.T, s store.Store) {
 	}
 	plantLife := func() {
 		t.Helper()
-		commit(t, s, &store.Changes{Journal: []ledger.JournalEntry{
+		Commit(t, s, &store.Changes{Journal: []ledger.JournalEntry{
 			{At: now, Kind: ledger.KindReserve, Account: key, ReservationID: "x", From: ledger.StateRequested, To: ledger.StateReserved},
 			{At: now, Kind: ledger.KindRelease, Account: key, ReservationID: "x", From: ledger.StateReserved, To: ledger.StateReleased}}})
 	}

@@ -216,7 +216,7 @@ func applyBatch(ctx context.Context, s store.Store, cmds []ledger.Command, now t
 // exists) rather than inserting it a second time.
 func testReinsertThenUpdate(t *testing.T, s store.Store) {
 	ctx := context.Background()
-	commit(t, s, fixture())
+	Commit(t, s, fixture())
 	old := fixtureReservations()[1]
 	again := old
 	again.RequestDigest = "sha256:again"

@@ -318,23 +318,23 @@ func testShardRetention(t *testing.T, s store.Store) {
 	if v, found := metaOf(t, s, allocated); !found || v != 400 {
 		t.Fatalf("retained allocated row %s: %d %v", allocated, v, found)
 	}
-	commit(t, s, &store.Changes{Meta: map[string]int64{allocated: 401}})
+	Commit(t, s, &store.Changes{Meta: map[string]int64{allocated: 401}})
 	wantCheck(t, "planted retained allocation", ledger.Audit(mustSnapshot(t, s)), ledger.CheckShard)
 	wantCheck(t, "planted retained allocation, streamed", streamed(), ledger.CheckShard)
-	commit(t, s, &store.Changes{Meta: map[string]int64{allocated: 400}})
+	Commit(t, s, &store.Changes{Meta: map[string]int64{allocated: 400}})
 	auditClean(t, s)
 	spent := "shard_retained/tenant-sr/chat/eu/" + itoa(gen) + "/spent/0"
-	commit(t, s, &store.Changes{Meta: map[string]int64{spent: 184}})
+	Commit(t, s, &store.Changes{Meta: map[string]int64{spent: 184}})
 	wantCheck(t, "planted retained spent", ledger.Audit(mustSnapshot(t, s)), ledger.CheckShard)
-	commit(t, s, &store.Changes{Meta: map[string]int64{spent: 185}})
+	Commit(t, s, &store.Changes{Meta: map[string]int64{spent: 185}})
 	auditClean(t, s)
-	commit(t, s, &store.Changes{Moves: []ledger.Move{{ReceiptID: ledger.LegacyShardRemintReceipt("sh-a", 2), Kind: ledger.MoveShardRemint,
+	Commit(t, s, &store.Changes{Moves: []ledger.Move{{ReceiptID: ledger.LegacyShardRemintReceipt("sh-a", 2), Kind: ledger.MoveShardRemint,
 		From: account, To: account, Units: ledger.Amounts{1}, At: f.now}}})
 	wantCheck(t, "planted remint of a removed shard", ledger.Audit(mustSnapshot(t, s)), ledger.CheckShardRemint)
 	wantCheck(t, "planted remint of a removed shard, streamed", streamed(), ledger.CheckShardRemint)
 	// Counted as well (5 remints): the moves now mint a unit more than
 	// the removed shards confirmed unused.
-	commit(t, s, &store.Changes{Meta: map[string]int64{"shard_retained/tenant-sr/chat/eu/" + itoa(gen) + "/remints": 5}})
+	Commit(t, s, &store.Changes{Meta: map[string]int64{"shard_retained/tenant-sr/chat/eu/" + itoa(gen) + "/remints": 5}})
 	wantCheck(t, "planted counted remint of a removed shard", ledger.Audit(mustSnapshot(t, s)), ledger.CheckShardRemint)
 }
 
@@ -446,7 +446,7 @@ func testShardRetentionEdges(t *testing.T, s store.Store) {
 			t.Fatal(err)
 		}
 		edit(&sh)
-		commit(t, s, &store.Changes{Shards: []ledger.Shard{sh}})
+		Commit(t, s, &store.Changes{Shards: []ledger.Shard{sh}})
 	}
 	plant("se-unreconciled", func(sh *ledger.Shard) { sh.Spent[0], sh.Reminted[0] = 40, 60 })
 	plant("se-short", func(sh *ledger.Shard) { sh.Reconciled, sh.Spent[0], sh.Reminted[0] = true, 30, 60 })
@@ -467,7 +467,7 @@ func testShardRetentionEdges(t *testing.T, s store.Store) {
 	sameIDs(t, "reconciled shards", listed, []string{"se-edge", "se-short", "se-legacy"})
 	// MetaNames reads the prefix's key range, without its end
 	// (store.PrefixEnd: "/" + 1 is "0").
-	commit(t, s, &store.Changes{Meta: map[string]int64{"se_names/a": 1, "se_names0": 1, "se_names.": 1}})
+	Commit(t, s, &store.Changes{Meta: map[string]int64{"se_names/a": 1, "se_names0": 1, "se_names.": 1}})
 	names, err := s.MetaNames(ctx, "se_names/", 10)
 	if err != nil {
 		t.Fatal(err)
@@ -533,11 +533,11 @@ func testShardRetentionRemintsAndLegacyEnds(t *testing.T, s store.Store) {
 	if v, found := metaOf(t, s, remints); !found || v != 1 {
 		t.Fatalf("retained remints %s: %d %v, want 1", remints, v, found)
 	}
-	commit(t, s, &store.Changes{Meta: map[string]int64{remints: 2}})
+	Commit(t, s, &store.Changes{Meta: map[string]int64{remints: 2}})
 	wantCheck(t, "a counted remint move of a removed shard missing", ledger.Audit(mustSnapshot(t, s)), ledger.CheckShardRemint)
-	commit(t, s, &store.Changes{Meta: map[string]int64{remints: 1}})
+	Commit(t, s, &store.Changes{Meta: map[string]int64{remints: 1}})
 	auditClean(t, s)
-	commit(t, s, &store.Changes{Moves: []ledger.Move{{ReceiptID: "shard-remint:sl-a:2", Kind: ledger.MoveShardRemint,
+	Commit(t, s, &store.Changes{Moves: []ledger.Move{{ReceiptID: "shard-remint:sl-a:2", Kind: ledger.MoveShardRemint,
 		From: account, To: account, Debt: ledger.Amounts{5}, At: f.now}}})
 	wantCheck(t, "an uncounted remint move of a removed shard, minting nothing", ledger.Audit(mustSnapshot(t, s)), ledger.CheckShardRemint)
 
@@ -549,7 +549,7 @@ func testShardRetentionRemintsAndLegacyEnds(t *testing.T, s store.Store) {
 	}
 	remintAt := legacy.ExpiresAt.Add(10 * time.Minute)
 	legacy.Reconciled, legacy.Spent[0], legacy.Reminted[0] = true, 40, 60
-	commit(t, s, &store.Changes{Shards: []ledger.Shard{legacy},
+	Commit(t, s, &store.Changes{Shards: []ledger.Shard{legacy},
 		Moves: []ledger.Move{{ReceiptID: "shard-remint:sl-legacy:1", Kind: ledger.MoveShardRemint, From: account, To: account,
 			Units: ledger.Amounts{60}, At: remintAt}},
 		Meta: map[string]int64{"shard_moves/sl-legacy": 1}})

@@ -107,7 +107,7 @@ func testStatementsRetained(t *testing.T, s store.Store) {
 	// starting inside [h3,h4), where [h3,h4) did not close.
 	planted := all[1] // [h3,h4)
 	planted.EpochStart, planted.EpochEnd = hour(3).Add(30*time.Minute), hour(4).Add(30*time.Minute)
-	commit(t, s, &store.Changes{Statements: []ledger.Statement{planted}})
+	Commit(t, s, &store.Changes{Statements: []ledger.Statement{planted}})
 	remove(hour(3), 10, 0)
 	busyKey := accounts[busy].String()
 	wantBreak := func(found []ledger.Discrepancy, how string) {
@@ -145,10 +145,10 @@ func testStatementsRemoveEarliestEndedFirst(t *testing.T, s store.Store) {
 	ctx := context.Background()
 	base := fixture()
 	base.Statements = nil
-	commit(t, s, base)
+	Commit(t, s, base)
 	later, earlier := fixtureStatements()[1], fixtureStatements()[0]
-	commit(t, s, &store.Changes{Statements: []ledger.Statement{later}})
-	commit(t, s, &store.Changes{Statements: []ledger.Statement{earlier}})
+	Commit(t, s, &store.Changes{Statements: []ledger.Statement{later}})
+	Commit(t, s, &store.Changes{Statements: []ledger.Statement{earlier}})
 	if n, err := s.StatementsRemove(ctx, at(0), 1); err != nil || n != 1 {
 		t.Fatalf("StatementsRemove(limit 1) = %d, %v; want 1", n, err)
 	}

@@ -122,8 +122,9 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 	}
 }
 
-// commit writes c in one transaction and fails the test on any error.
-func commit(t *testing.T, s store.Store, c *store.Changes) {
+// Commit writes c in one transaction and fails the test (or benchmark)
+// on any error: rows set up behind the engine's back.
+func Commit(t testing.TB, s store.Store, c *store.Changes) {
 	t.Helper()
 	ctx := context.Background()
 	tx, err := s.Begin(ctx)
@@ -317,7 +318,7 @@ func checkEmpty(t *testing.T, s store.Store, c *store.Changes) {
 
 func testRoundTrip(t *testing.T, s store.Store) {
 	c := fixture()
-	commit(t, s, c)
+	Commit(t, s, c)
 	checkRows(t, s, fixture())
 	checkSnapshot(t, s, snapshotOf(fixture()))
 }
@@ -326,7 +327,7 @@ func testNotFound(t *testing.T, s store.Store) {
 	ctx := context.Background()
 	// One unrelated row of each kind, so a store that answers "the first
 	// row" for any key is caught too.
-	commit(t, s, fixture())
+	Commit(t, s, fixture())
 	inTx(t, s, func(ctx context.Context, tx store.Tx) {
 		_, err := tx.MetaGet(ctx, "no_such_counter")
 		mustNotFound(t, "tx MetaGet", err)
@@ -360,7 +361,7 @@ func testNotFound(t *testing.T, s store.Store) {
 	// absent) is found once a later transaction wrote it.
 	p := fixturePolicies()[2]
 	p.Generation = 99
-	commit(t, s, &store.Changes{Policies: []ledger.Policy{p}, Meta: map[string]int64{"no_such_counter": 4}})
+	Commit(t, s, &store.Changes{Policies: []ledger.Policy{p}, Meta: map[string]int64{"no_such_counter": 4}})
 	inTx(t, s, func(ctx context.Context, tx store.Tx) {
 		if got, err := tx.PolicyGet(ctx, 99); err != nil || got.Generation != 99 || !reflect.DeepEqual(got.Dimensions, p.Dimensions) {
 			t.Fatalf("tx PolicyGet of generation 99 after it was written: %+v, %v", got, err)
@@ -403,7 +404,7 @@ func testTxReadsOwnWrites(t *testing.T, s store.Store) {
 }
 
 func testUpsert(t *testing.T, s store.Store) {
-	commit(t, s, fixture())
+	Commit(t, s, fixture())
 	up := fixture()
 	up.NewReservations = nil
 	up.Meta = map[string]int64{ledger.MetaGeneration: 4}
@@ -429,7 +430,7 @@ func testUpsert(t *testing.T, s store.Store) {
 	up.Shards[0].Spent = ledger.Amounts{40}
 	up.Shards[0].Reminted = ledger.Amounts{60}
 	up.Moves, up.Statements, up.Journal = nil, nil, nil
-	commit(t, s, up)
+	Commit(t, s, up)
 	checkRows(t, s, up)
 	want := snapshotOf(fixture())
 	want.Policies[1] = up.Policies[0]
@@ -454,7 +455,7 @@ func testUpsert(t *testing.T, s store.Store) {
 func testRowsAreCopies(t *testing.T, s store.Store) {
 	ctx := context.Background()
 	c := fixture()
-	commit(t, s, c)
+	Commit(t, s, c)
 	// Changing the batch after Commit must not reach the store.
 	c.Policies[0].Dimensions[0].Burst = 1
 	c.Shards[0].Signature[0] ^= 0xff
@@ -513,7 +514,7 @@ func testRollbackDiscards(t *testing.T, s store.Store) {
 	}
 	checkEmpty(t, s, c)
 	// The store still works, and the rolled-back ids are free.
-	commit(t, s, fixture())
+	Commit(t, s, fixture())
 	checkSnapshot(t, s, snapshotOf(fixture()))
 }
 
@@ -546,7 +547,7 @@ func failingWrite(t *testing.T, s store.Store, first, failing *store.Changes, be
 
 func testDuplicateReservation(t *testing.T, s store.Store) {
 	base := fixture()
-	commit(t, s, base)
+	Commit(t, s, base)
 	before := snapshotOf(base)
 	first := &store.Changes{
 		Meta:     map[string]int64{"other": 1},
@@ -582,7 +583,7 @@ func testDuplicateReservation(t *testing.T, s store.Store) {
 
 func testDuplicateMove(t *testing.T, s store.Store) {
 	base := fixture()
-	commit(t, s, base)
+	Commit(t, s, base)
 	before := snapshotOf(base)
 	first := &store.Changes{Accounts: []ledger.Account{fixtureAccounts()[1]}}
 	first.Accounts[0].Version = 77
@@ -598,13 +599,13 @@ func testDuplicateMove(t *testing.T, s store.Store) {
 
 func testDuplicateStatement(t *testing.T, s store.Store) {
 	base := fixture()
-	commit(t, s, base)
+	Commit(t, s, base)
 	st := fixtureStatements()[1]
 	st.Closing[0].Available++
 	failingWrite(t, s, &store.Changes{}, &store.Changes{Statements: []ledger.Statement{st}}, snapshotOf(base))
 	// The same epoch start of another account is not a duplicate.
 	st.Account = accEU2
-	commit(t, s, &store.Changes{Statements: []ledger.Statement{st}})
+	Commit(t, s, &store.Changes{Statements: []ledger.Statement{st}})
 }
 
 // writeMustFail checks that c cannot be committed, at Write or at Commit,
@@ -662,7 +663,7 @@ func testJournalOrder(t *testing.T, s store.Store) {
 		st := ledger.Statement{Account: accOther, EpochStart: at(-time.Duration(batch+1) * time.Hour),
 			EpochEnd: at(-time.Duration(batch) * time.Hour), Dims: 1,
 			Opening: ledger.Balances{{Opening: int64(batch)}}, Closing: ledger.Balances{{Opening: int64(batch + 1)}}}
-		commit(t, s, &store.Changes{Journal: entries, Statements: []ledger.Statement{st}})
+		Commit(t, s, &store.Changes{Journal: entries, Statements: []ledger.Statement{st}})
 		want = append(want, entries...)
 		statements = append(statements, st)
 	}
@@ -697,13 +698,13 @@ func testLargeBatch(t *testing.T, s store.Store) {
 		return c
 	}
 	first := batch("rl-a")
-	commit(t, s, first)
+	Commit(t, s, first)
 	second := batch("rl-b")
 	second.Reservations[101] = first.Reservations[57]
 	second.NewReservations[first.Reservations[57].ID] = true
 	failingWrite(t, s, &store.Changes{}, second, snapshotOf(first))
 	third := batch("rl-c")
-	commit(t, s, third)
+	Commit(t, s, third)
 	want := snapshotOf(first)
 	want.Reservations = append(want.Reservations, third.Reservations...)
 	want.Journal = append(want.Journal, third.Journal...)
@@ -751,7 +752,7 @@ func testReservationsDue(t *testing.T, s store.Store) {
 	for _, r := range rows {
 		c.NewReservations[r.ID] = true
 	}
-	commit(t, s, c)
+	Commit(t, s, c)
 	byID := map[string]ledger.Reservation{}
 	for _, r := range rows {
 		byID[r.ID] = r
@@ -809,7 +810,7 @@ func testReservationsDue(t *testing.T, s store.Store) {
 	overrun.StartedAt = at(-30 * time.Second)
 	overrun.OperationID = "op-b"
 	overrun.ExecutionDeadline = at(-11 * time.Second)
-	commit(t, s, &store.Changes{Reservations: []ledger.Reservation{claimed, overrun, started}})
+	Commit(t, s, &store.Changes{Reservations: []ledger.Reservation{claimed, overrun, started}})
 	byID[claimed.ID], byID[overrun.ID] = claimed, overrun
 	got, err = s.ReservationsDue(ctx, now, 100)
 	want = listed("rl-started-due", "rl-a", "rl-b", "rl-expiring", "rl-expiring-exact",
@@ -832,7 +833,7 @@ func testAccountList(t *testing.T, s store.Store) {
 		mk("tenant7", "chat", "us", 1), mk("tenant7", "embed", "eu", 2), mk("tenant8", "chat", "eu", 4),
 		mk("tenant70", "chat", "eu", 5), mk("tenant", "chat", "eu", 6),
 	}
-	commit(t, s, &store.Changes{Accounts: accounts})
+	Commit(t, s, &store.Changes{Accounts: accounts})
 	gens := func(list []ledger.Account) []uint64 {
 		var out []uint64
 		for _, a := range list {
@@ -876,7 +877,7 @@ func testAccountsOfSubjects(t *testing.T, s store.Store) {
 	if got, err := s.AccountsOfSubjects(ctx, []ledger.PolicyKey{subject("t7", "chat", "eu")}); err != nil || len(got) != 0 {
 		t.Errorf("empty store: %v, %v; want none", got, err)
 	}
-	commit(t, s, &store.Changes{Accounts: accounts})
+	Commit(t, s, &store.Changes{Accounts: accounts})
 	asked := []ledger.PolicyKey{
 		subject("t70", "chat", "eu"), subject("t7", "chat", "eu"), subject("nobody", "chat", "eu"),
 		subject("t7", "chatbot", "eu"), subject("t7", "chat", "eu"), subject("", "chat", "eu"),
@@ -931,7 +932,7 @@ func testAccountsOfSubjects(t *testing.T, s store.Store) {
 			many = append(many, a)
 		}
 	}
-	commit(t, s, &store.Changes{Accounts: many})
+	Commit(t, s, &store.Changes{Accounts: many})
 	got, err = s.AccountsOfSubjects(ctx, names)
 	if err != nil {
 		t.Fatal(err)
@@ -968,7 +969,7 @@ func testPolicyHeads(t *testing.T, s store.Store) {
 		{Key: key("t70", "chat", "eu"), Active: 1<<63 - 1, Latest: 1<<63 - 1},
 		{Key: key("unasked", "chat", "eu"), Active: 8, Latest: 8},
 	}
-	commit(t, s, &store.Changes{Heads: heads})
+	Commit(t, s, &store.Changes{Heads: heads})
 	want := map[ledger.PolicyKey]ledger.PolicyHead{}
 	for _, h := range heads[:len(heads)-1] {
 		one, err := s.PolicyHead(ctx, h.Key)
@@ -1009,7 +1010,7 @@ func testPolicyHeads(t *testing.T, s store.Store) {
 		wantMany[h.Key] = h
 		names = append([]ledger.PolicyKey{h.Key, key(fmt.Sprintf("none-%03d", i), "chat", "eu"), h.Key}, names...)
 	}
-	commit(t, s, &store.Changes{Heads: many})
+	Commit(t, s, &store.Changes{Heads: many})
 	check("300 keys", names, wantMany)
 }
 
@@ -1020,7 +1021,7 @@ func testLists(t *testing.T, s store.Store) {
 	// Written newest first, so insertion order is not the answer.
 	slices.Reverse(policies)
 	slices.Reverse(shards)
-	commit(t, s, &store.Changes{Policies: policies, Shards: shards})
+	Commit(t, s, &store.Changes{Policies: policies, Shards: shards})
 	gotPolicies, err := s.PolicyList(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -1071,7 +1072,7 @@ func testTimePrecision(t *testing.T, s store.Store) {
 	st.EpochStart, st.EpochEnd = local(st.EpochStart.Add(1), 0), local(st.EpochEnd.Add(999), 1)
 	a := fixtureAccounts()[0]
 	a.EpochStart = local(a.EpochStart.Add(3), 1)
-	commit(t, s, &store.Changes{Policies: []ledger.Policy{p}, Reservations: []ledger.Reservation{r},
+	Commit(t, s, &store.Changes{Policies: []ledger.Policy{p}, Reservations: []ledger.Reservation{r},
 		NewReservations: map[string]bool{r.ID: true}, Moves: []ledger.Move{m}, Journal: []ledger.JournalEntry{e},
 		Shards: []ledger.Shard{sh}, Statements: []ledger.Statement{st}, Accounts: []ledger.Account{a}})
 
@@ -1139,7 +1140,7 @@ func testCancelledContext(t *testing.T, s store.Store) {
 		tx.Rollback(context.Background())
 		t.Error("begin with a cancelled context returned a transaction")
 	}
-	commit(t, s, fixture())
+	Commit(t, s, fixture())
 	checkSnapshot(t, s, snapshotOf(fixture()))
 }
 
@@ -1179,7 +1180,7 @@ func testIsolation(t *testing.T, s store.Store) {
 	ctx := context.Background()
 	start := fixtureAccounts()[2]
 	start.Version = 0
-	commit(t, s, &store.Changes{Accounts: []ledger.Account{start}})
+	Commit(t, s, &store.Changes{Accounts: []ledger.Account{start}})
 	increment := func() error {
 		tx, err := s.Begin(ctx)
 		if err != nil {
@@ -1290,7 +1291,7 @@ func insertAll(t *testing.T, s store.Store, rows []ledger.Reservation) {
 	for _, r := range rows {
 		c.NewReservations[r.ID] = true
 	}
-	commit(t, s, c)
+	Commit(t, s, c)
 }
 
 // settle returns r settled by an operation receipt.
@@ -1412,7 +1413,7 @@ func testReservationsUnknown(t *testing.T, s store.Store) {
 	toUnknown := byID["rl-to-unknown"]
 	toUnknown.State = ledger.StateUsageUnknown
 	toUnknown.UnknownAt = at(-45 * time.Minute)
-	commit(t, s, &store.Changes{Reservations: []ledger.Reservation{toUnknown, settle(byID["uu-old"]), settle(byID["uu-b"])}})
+	Commit(t, s, &store.Changes{Reservations: []ledger.Reservation{toUnknown, settle(byID["uu-old"]), settle(byID["uu-b"])}})
 	same(t, "after settling uu-old and uu-b", pageIDs(unknownPages(t, s, store.UnknownFilter{Limit: 2})),
 		[][]string{{"uu-a", "uu-c"}, {"uu-d", "uu-mid"}, {"rl-to-unknown", "uu-0"}, {"uu-late"}})
 	got, err := s.ReservationsUnknown(ctx, store.UnknownFilter{After: store.UnknownCursor{MarkedAt: at(-time.Hour), ID: "uu-d"}, Limit: 2})
@@ -1470,13 +1471,13 @@ func testReservationsUnknownBacklog(t *testing.T, s store.Store) {
 
 	// Settling the oldest moves the age to the next; settling every one
 	// empties the backlog.
-	commit(t, s, &store.Changes{Reservations: []ledger.Reservation{settle(unknown[0])}})
+	Commit(t, s, &store.Changes{Reservations: []ledger.Reservation{settle(unknown[0])}})
 	backlog("oldest settled", store.UnknownBacklog{Count: 7, OldestMarkedAt: at(-time.Hour)})
 	var rest []ledger.Reservation
 	for _, r := range unknown[1:] {
 		rest = append(rest, settle(r))
 	}
-	commit(t, s, &store.Changes{Reservations: rest})
+	Commit(t, s, &store.Changes{Reservations: rest})
 	backlog("every one settled", store.UnknownBacklog{})
 }
 
