@@ -159,20 +159,7 @@ func TestResentReservesRejectedAreNeverHeld(t *testing.T) {
 	if res := commitCmds(t, first, time.Now(), reserveCmd("holder", 400)); res[0].Err != nil {
 		t.Fatalf("holder: %v", res[0].Err)
 	}
-	second, err := postgres.Open(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer second.Close()
-	engines := []*engine.Engine{
-		engine.New(first, engine.Options{DisableWorkers: true}),
-		engine.New(second, engine.Options{DisableWorkers: true}),
-	}
-	defer func() {
-		for _, e := range engines {
-			e.Close()
-		}
-	}()
+	engines, second := twoEngines(t, first, dsn)
 
 	const gateways, ids = 8, 48 // 48 ids of 25 units: 1,200 asked for, 600 free
 	var (

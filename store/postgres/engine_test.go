@@ -13,6 +13,28 @@ import (
 	"github.com/capledger/capledger/store/postgres"
 )
 
+// twoEngines returns two engines without workers, one over first and one
+// over second, a Store of its own on dsn (its own pool, as two replicas
+// would have), all closed when the test ends.
+func twoEngines(t *testing.T, first *postgres.Store, dsn string) (engines []*engine.Engine, second *postgres.Store) {
+	t.Helper()
+	second, err := postgres.Open(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { second.Close() })
+	engines = []*engine.Engine{
+		engine.New(first, engine.Options{DisableWorkers: true}),
+		engine.New(second, engine.Options{DisableWorkers: true}),
+	}
+	t.Cleanup(func() {
+		for _, e := range engines {
+			e.Close()
+		}
+	})
+	return engines, second
+}
+
 // Two engines, each over its own Store (its own pool, as two replicas
 // would be), group-commit concurrent gateways' reserve / start / settle on
 // one hot account, and a new policy generation is published midway (a
@@ -22,21 +44,8 @@ import (
 // settle is stored, and the audit finds nothing.
 func TestTwoEnginesOneHotAccount(t *testing.T) {
 	first, dsn := openStore(t)
-	second, err := postgres.Open(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer second.Close()
+	engines, second := twoEngines(t, first, dsn)
 	g := publish(t, first)
-	engines := []*engine.Engine{
-		engine.New(first, engine.Options{DisableWorkers: true}),
-		engine.New(second, engine.Options{DisableWorkers: true}),
-	}
-	defer func() {
-		for _, e := range engines {
-			e.Close()
-		}
-	}()
 
 	const gateways, perGateway = 12, 15
 	sizes := []int64{600, 200, 100, 50}
