@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -474,7 +475,7 @@ func (e *Engine) runBatch(batch []*request) ([]*request, outcome) {
 func dropAbandoned(batch []*request) []*request {
 	kept := batch[:0]
 	for _, req := range batch {
-		if req.ctx != nil && req.ctx.Err() != nil {
+		if req.callerGone() {
 			req.err = fmt.Errorf("%w (%w)", req.ctx.Err(), ErrNotApplied)
 			close(req.done)
 			continue
@@ -487,13 +488,11 @@ func dropAbandoned(batch []*request) []*request {
 
 // abandoned reports whether a caller of batch has stopped waiting.
 func abandoned(batch []*request) bool {
-	for _, req := range batch {
-		if req.ctx != nil && req.ctx.Err() != nil {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(batch, (*request).callerGone)
 }
+
+// callerGone reports whether req's caller has stopped waiting.
+func (req *request) callerGone() bool { return req.ctx != nil && req.ctx.Err() != nil }
 
 func batchCommands(batch []*request) []ledger.Command {
 	if len(batch) == 1 {
