@@ -27,11 +27,13 @@ import (
 //   - it is carved whatever the deciding policy's emergency mode: no
 //     emergency-mode generation is published, so there is no window in
 //     which gateways may take shards;
-//   - its reconciliation never returns the whole block: a first
-//     submission that reports nothing spent and nothing unknown is refused
-//     (ErrLegacyWholeBlock), and the audit flags a reconciled legacy budget
-//     that reminted its whole allocation (CheckLegacyBudget). An unused
-//     budget stays retired, which is safe; carve smaller ones.
+//   - its reconciliation never returns the whole block: a submission
+//     after which nothing would be spent and nothing unknown is refused
+//     (ErrLegacyWholeBlock), a first one reporting no usage as much as a
+//     later one whose settles with no usage resolve the last unknown
+//     work, and the audit flags a reconciled legacy budget that reminted
+//     its whole allocation (CheckLegacyBudget). An unused budget stays
+//     retired, which is safe; carve smaller ones.
 
 // LegacyGatewayPrefix starts the gateway id of every legacy budget.
 const LegacyGatewayPrefix = "legacy:"
@@ -52,7 +54,7 @@ func (s *Shard) IsLegacyBudget() bool {
 	return ok
 }
 
-// ErrLegacyWholeBlock: a legacy budget's first reconciliation reported no
+// ErrLegacyWholeBlock: a legacy budget's reconciliation would leave no
 // usage and no unknown work, which would return its whole allocation.
 var ErrLegacyWholeBlock = errors.New("a legacy budget never returns its whole block")
 

@@ -102,3 +102,42 @@ func TestAuditFlagsLegacyWholeBlock(t *testing.T) {
 		t.Fatalf("audit of a legacy budget that reminted its whole block: %v", ledger.Audit(snap))
 	}
 }
+
+// A legacy budget whose first report held only unknown work gives its
+// whole block back no more than one that reported nothing: settling the
+// last unknown receipt with no usage is refused (nothing changes, the
+// units stay unknown), while a settle with usage still resolves it.
+func TestLegacyBudgetResolvingUnknownNeverReturnsWholeBlock(t *testing.T) {
+	c := newChecked(t)
+	g := c.publish(policyOf(tokens(1000, 0)))
+	c.must(c.apply(carveCmd("legacy-1", "legacy-limiter", 200)))
+	gw := ledger.LegacyGateway("legacy-limiter")
+	first := c.must(c.apply(reconcileCmd("legacy-1", gw, []ledger.ShardReceipt{
+		{ReservationID: "l-1", State: ledger.StateUsageUnknown, Reserved: ledger.Amounts{50}},
+		{ReservationID: "l-2", State: ledger.StateUsageUnknown, Reserved: ledger.Amounts{30}},
+	}))).Shard
+	if first.Spent[0] != 0 || first.Unknown[0] != 80 || first.Reminted[0] != 120 {
+		t.Fatalf("first report: %+v", first)
+	}
+	// One of two resolved with no usage: 30 stay unknown, not the whole block.
+	c.must(c.apply(reconcileCmd("legacy-1", gw, []ledger.ShardReceipt{
+		{ReservationID: "l-1", State: ledger.StateSettled, Reserved: ledger.Amounts{50}},
+	})))
+	before := c.account(g).Balances[0]
+	res := c.apply(reconcileCmd("legacy-1", gw, []ledger.ShardReceipt{
+		{ReservationID: "l-2", State: ledger.StateSettled, Reserved: ledger.Amounts{30}},
+	}))
+	if !errors.Is(res.Err, ledger.ErrLegacyWholeBlock) {
+		t.Fatalf("the last unknown work settled with no usage: %v (shard %+v)", res.Err, res.Shard)
+	}
+	if after := c.account(g).Balances[0]; after != before {
+		t.Fatalf("a refused submission moved capacity: %+v, then %+v", before, after)
+	}
+	// Still pending: its real usage resolves it.
+	s := c.must(c.apply(reconcileCmd("legacy-1", gw, []ledger.ShardReceipt{
+		{ReservationID: "l-2", State: ledger.StateSettled, Reserved: ledger.Amounts{30}, Actual: ledger.Amounts{10}},
+	}))).Shard
+	if s.Spent[0] != 10 || s.Unknown[0] != 0 || s.Reminted[0] != 190 {
+		t.Fatalf("resolved with usage: %+v", s)
+	}
+}

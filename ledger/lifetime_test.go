@@ -3,6 +3,7 @@ package ledger_test
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -52,6 +53,11 @@ func TestLifetimeBoundRefusesWhatCouldOverflow(t *testing.T) {
 	res := c.settle("z", 2)
 	if !errors.Is(res.Err, ledger.ErrLifetimeExhausted) || res.Reservation.State != ledger.StateStarted {
 		t.Fatalf("settle past the bound: %v, state %v", res.Err, res.Reservation.State)
+	}
+	// The refusal names the unit, as every other message of the API does,
+	// not only the dimension's index, which callers never see.
+	if !strings.Contains(res.Err.Error(), `"tokens"`) {
+		t.Fatalf("settle past the bound names no unit: %v", res.Err)
 	}
 	if after := c.account(g); after.Balances != before.Balances {
 		t.Fatalf("a refused settle changed the account:\n%+v\n%+v", before.Balances[0], after.Balances[0])

@@ -91,7 +91,7 @@ func Record(b Book, cmd *Command, now time.Time) Result {
 		return Result{Err: fmt.Errorf("%w: %s", ErrAccountNotFound, subject)}
 	}
 	bringToNow(b, a, p, now, true)
-	if dim, err := lifetimeRoom(a, &cmd.Units, false); err != nil {
+	if dim, err := lifetimeRoom(a, p, &cmd.Units, false); err != nil {
 		b.AccountPut(a) // as a rejected reserve, it keeps the refill and epoch close above
 		return Result{Err: err, Generation: p.Generation, Dimension: p.Dimensions[dim].Unit}
 	}

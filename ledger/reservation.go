@@ -118,7 +118,7 @@ func reserve(b Book, cmd *Command, now time.Time, res *Result) {
 	if rej.err == nil {
 		// Admit only work whose settle at its estimate could be recorded,
 		// so a full account refuses new work rather than its settles.
-		if dim, err := lifetimeRoom(a, &cmd.Units, true); err != nil {
+		if dim, err := lifetimeRoom(a, p, &cmd.Units, true); err != nil {
 			rej = rejection{err: err, dimension: dim}
 		}
 	}
@@ -642,7 +642,7 @@ func settle(b Book, id, operationID string, actual Amounts, checked AccountKey, 
 		*res = Result{Err: err, Reservation: *r}
 		return
 	}
-	if _, err := lifetimeRoom(a, &actual, false); err != nil {
+	if _, err := lifetimeRoom(a, p, &actual, false); err != nil {
 		*res = Result{Err: err, Reservation: *r}
 		return
 	}
@@ -965,22 +965,23 @@ func stateError(s State) error {
 	return fmt.Errorf("%w: reservation in state %s", ErrInvalidCommand, s)
 }
 
-// lifetimeRoom refuses usage that would take account a's spent above
+// lifetimeRoom refuses usage that would take account a's spent (in the
+// dimensions of its policy p, which name them in the error) above
 // MaxLifetimeUnits. A settle spends all of its actual usage. A reserve
 // (held true) is checked as if every hold outstanding, its own included,
 // settled at its estimate, so a full account refuses new work rather than
 // the settles of work it admitted. (Debt issued by a settle is also spent.
 // Debt a shard charges is bounded in remintTarget; debt that moves between
 // generations is not bounded yet, see MaxLifetimeUnits.)
-func lifetimeRoom(a *Account, usage *Amounts, held bool) (dim int, err error) {
+func lifetimeRoom(a *Account, p *Policy, usage *Amounts, held bool) (dim int, err error) {
 	for i := 0; i < a.Dims; i++ {
 		spent := a.Balances[i].Spent
 		if held {
 			spent += a.Balances[i].Reserved // both at most 2^58: no overflow
 		}
 		if spent > MaxLifetimeUnits-usage[i] {
-			return i, fmt.Errorf("%w: dimension %d has spent %d over the account's life (counting holds: %v); %d more would pass %d (publish a new generation for a fresh account)",
-				ErrLifetimeExhausted, i, spent, held, usage[i], MaxLifetimeUnits)
+			return i, fmt.Errorf("%w: %s has spent %d over the account's life (counting holds: %v); %d more would pass %d (publish a new generation for a fresh account)",
+				ErrLifetimeExhausted, dimensionName(p, i), spent, held, usage[i], MaxLifetimeUnits)
 		}
 	}
 	return -1, nil

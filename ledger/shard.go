@@ -490,7 +490,11 @@ func IssueShard(b Book, cmd *Command, now time.Time) Result {
 //     USAGE_UNKNOWN (refused and counted; nothing changed);
 //   - ErrInvalidCommand for receipts that contradict the shard: holds of
 //     unknown work larger than the allocation, a later submission mixing
-//     terminal receipts with ones still unknown.
+//     terminal receipts with ones still unknown;
+//   - ErrLegacyWholeBlock (nothing changed) for a legacy budget's
+//     submission after which nothing would be spent or unknown: a first
+//     one reporting no usage, or a later one settling the last unknown
+//     work with none.
 func ReconcileShard(b Book, args *ShardArgs, now time.Time) Result {
 	if args == nil || args.ShardID == "" {
 		return Result{Err: invalid("shard id is required")}
@@ -633,6 +637,14 @@ func ReconcileShard(b Book, args *ShardArgs, now time.Time) Result {
 						ErrLifetimeExhausted, s.ID, MaxLifetimeUnits, dimensionName(unitsOf, d)), Shard: cloneShard(s), Generation: s.Account.Generation}
 				}
 			}
+		}
+		// A legacy budget whose first report held only unknown work would
+		// otherwise give its whole block back here, once settles with no
+		// usage resolve the last of it: the same refusal as a first
+		// report of nothing, and the units stay unknown (retired).
+		if legacyWholeBlock(s, next.Spent, next.Unknown) {
+			return Result{Err: fmt.Errorf("%w: shard %s: these receipts resolve the last unknown work with no usage, so nothing would stay spent or unknown; report the usage the legacy limiter's work had, or leave it unknown",
+				ErrLegacyWholeBlock, s.ID), Shard: cloneShard(s), Generation: s.Account.Generation}
 		}
 	}
 	dest, err := remintTarget(b, s, reminted, charged, now)
