@@ -53,7 +53,7 @@ type Pager struct {
 	points []ledger.AccountKey
 	// lengths are the epoch lengths of the generations an EpochPager
 	// scans (the engine's epochWatch); now is its clock and newest the
-	// newest generation it knew (EpochScans.Update).
+	// newest generation it listed (EpochScans.Update).
 	lengths []time.Duration
 	now     time.Time
 	newest  uint64
@@ -121,10 +121,11 @@ func lengthOf(gens []epochGeneration, g uint64) time.Duration {
 	return gens[i].length
 }
 
-// freshPerGeneration is how many generations an epoch pass has not read
-// before (newly published, or all of them for a new leader) it reads one
-// by one, from the start of each one's index; more are read together, by
-// one pass from the start of the index across generations.
+// freshPerGeneration is how many generations an epoch pass reads one by
+// one, from the start of each one's index, when no earlier pass is
+// remembered (a new leader, or after a pass that did not complete); more
+// are read together, by one pass from the start of the index across
+// generations.
 const freshPerGeneration = 16
 
 // EpochPager returns a pager over the accounts whose accounting epoch
@@ -134,17 +135,20 @@ const freshPerGeneration = 16
 // closes its idle epochs in one statement. It reads the policies once and
 // then only accounts that are due.
 //
-// since, when not nil, remembers the last full pass (EpochScans): the
-// generations that pass read are read again only from the epoch starts
-// it had not read, by one range of the index across generations per
-// epoch length (store.EpochFilter.AllGenerations), not one read per
-// generation; so accounts that stayed idle are not read again every
-// pass, and a pass with nothing due costs a few reads however many
-// generations there are. A generation it has not read (all of them for a
-// new leader, or after a pass that did not complete) is read from its
-// start: by its own index when there are at most freshPerGeneration of
-// them, else all of them by one range from the start of the index
-// across generations.
+// since, when not nil, remembers the last full pass (EpochScans): every
+// generation is then read only from the epoch starts that pass had not
+// read, by one range of the index across generations per epoch length
+// (store.EpochFilter.AllGenerations), not one read per generation; so
+// accounts that stayed idle are not read again every pass, and a pass
+// with nothing due costs a few reads however many generations there are
+// or were published since. A generation published after that pass listed
+// the policies is in those ranges too: its accounts were all opened by
+// commands that committed after the listing, so stamped at most
+// EpochLateness before that pass's clock, and their epochs start in the
+// range. With no pass remembered (a new leader, or after a pass that did
+// not complete) every generation is read from its start: by its own
+// index when there are at most freshPerGeneration, else all of them by
+// one range from the start of the index across generations.
 func (c *Core) EpochPager(ctx context.Context, now time.Time, pageSize int, since *EpochScans) (*Pager, error) {
 	p := &Pager{core: c, size: max(pageSize, 1), now: now}
 	// The generations' epoch lengths: those since remembers and the
@@ -167,50 +171,38 @@ func (c *Core) EpochPager(ctx context.Context, now time.Time, pageSize int, sinc
 		p.newest = max(p.newest, policies[n-1].Generation)
 	}
 	p.gens = gens
-	read, upTo := since.last()
-	// The generations the last pass read, by epoch length, and those it
-	// did not.
-	var fresh []epochGeneration
-	var readLengths []time.Duration
 	for _, e := range gens {
 		if !slices.Contains(p.lengths, e.length) {
 			p.lengths = append(p.lengths, e.length)
 		}
-		switch {
-		case read.IsZero() || e.generation > upTo:
-			fresh = append(fresh, e)
-		case !slices.Contains(readLengths, e.length):
-			readLengths = append(readLengths, e.length)
+	}
+	switch read := since.last(); {
+	case !read.IsZero():
+		lengths := slices.Sorted(slices.Values(p.lengths))
+		for _, length := range lengths {
+			// The epoch starts the last pass read, less EpochLateness, up
+			// to those that ended by now; the empty subject sorts first,
+			// so the cursor resumes at that epoch start itself. An
+			// account of a generation published after this pager listed
+			// the policies is not in gens (length 0): the next pass
+			// reads it.
+			p.scans = append(p.scans, scan{
+				across: true, startedBy: now.Add(-length),
+				from: store.EpochCursor{EpochStart: read.Add(-length - EpochLateness)},
+				keep: func(a *ledger.Account) bool {
+					return lengthOf(gens, a.Key.Generation) == length
+				},
+			})
 		}
-	}
-	slices.Sort(readLengths)
-	for _, length := range readLengths {
-		// The epoch starts the last pass read, less EpochLateness, up to
-		// those that ended by now; the empty subject sorts first, so the
-		// cursor resumes at that epoch start itself.
-		p.scans = append(p.scans, scan{
-			across: true, startedBy: now.Add(-length),
-			from: store.EpochCursor{EpochStart: read.Add(-length - EpochLateness)},
-			keep: func(a *ledger.Account) bool {
-				return a.Key.Generation <= upTo && lengthOf(gens, a.Key.Generation) == length
-			},
-		})
-	}
-	if len(fresh) <= freshPerGeneration {
-		for _, e := range fresh {
+	case len(gens) <= freshPerGeneration:
+		for _, e := range gens {
 			p.scans = append(p.scans, scan{generation: e.generation, startedBy: now.Add(-e.length)})
 		}
-	} else {
-		shortest := fresh[0].length
-		for _, e := range fresh {
-			shortest = min(shortest, e.length)
-		}
+	default:
+		shortest := slices.Min(p.lengths)
 		p.scans = append(p.scans, scan{
 			across: true, startedBy: now.Add(-shortest),
 			keep: func(a *ledger.Account) bool {
-				if !read.IsZero() && a.Key.Generation <= upTo {
-					return false // read by its length's scan
-				}
 				length := lengthOf(gens, a.Key.Generation)
 				return length > 0 && !a.EpochStart.After(now.Add(-length))
 			},
@@ -235,44 +227,44 @@ func (c *Core) EpochPager(ctx context.Context, now time.Time, pageSize int, sinc
 // still closed in time.
 const EpochLateness = 2 * time.Minute
 
-// EpochScans remembers the last full epoch pass: its clock, and the
-// newest generation it knew. It read every generation up to that one
-// (generations are numbered in the order they commit: a publish takes the
-// next number under the ledger's meta row), each up to the epoch starts
-// that ended by its clock: an account left there was idle and stays so
-// until a command touches it, which moves its epoch start to the
-// command's epoch, past the mark (less EpochLateness). The zero value
-// remembers nothing (a new leader reads every due account once).
+// EpochScans remembers the last full epoch pass: its clock. It read
+// every generation it knew up to the epoch starts that ended by its
+// clock: an account left there was idle and stays so until a command
+// touches it, which moves its epoch start to the command's epoch, past
+// the mark (less EpochLateness). A generation published after it listed
+// the policies (generations are numbered in the order they commit: a
+// publish takes the next number under the ledger's meta row) has only
+// accounts that commands opened after that, so past the same mark. The
+// zero value remembers nothing (a new leader reads every due account
+// once).
 //
 // It also keeps, across passes whether complete or not, the epoch length
-// of every generation the pagers have read (16 bytes each), so that a
-// pass reads only the policies published since (PolicyListAfter), not
-// every policy.
+// of every generation the pagers have read (16 bytes each) and the newest
+// generation listed, so that a pass reads only the policies published
+// since (PolicyListAfter), not every policy.
 type EpochScans struct {
-	at     time.Time
-	newest uint64
-	gens   []epochGeneration
-	known  uint64
+	at    time.Time
+	gens  []epochGeneration
+	known uint64
 }
 
-// last returns what s remembers: the clock of the last full pass (zero
-// for none) and the newest generation it knew.
-func (s *EpochScans) last() (time.Time, uint64) {
+// last returns the clock of the last full pass s remembers (zero for
+// none).
+func (s *EpochScans) last() time.Time {
 	if s == nil {
-		return time.Time{}, 0
+		return time.Time{}
 	}
-	return s.at, s.newest
+	return s.at
 }
 
 // Update records a pass's outcome: complete is whether it ran to its end
-// (otherwise everything is forgotten and the next pass reads everything).
+// (otherwise the next pass reads every generation from its start).
 func (s *EpochScans) Update(p *Pager, complete bool) {
 	s.gens, s.known = p.gens, p.newest
-	if !complete {
-		s.at, s.newest = time.Time{}, 0
-		return
+	s.at = time.Time{}
+	if complete {
+		s.at = p.now
 	}
-	s.at, s.newest = p.now, p.newest
 }
 
 // DrainPlan says how a drain pass reads one superseded generation.

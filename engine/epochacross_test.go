@@ -18,6 +18,9 @@ type epochCallStore struct {
 	store.Store
 	perGeneration, across, catchUps atomic.Int64
 	policies                        atomic.Int64
+	// listedAcross counts the accounts the reads across generations
+	// returned.
+	listedAcross atomic.Int64
 }
 
 func (s *epochCallStore) PolicyList(ctx context.Context) ([]ledger.Policy, error) {
@@ -33,12 +36,14 @@ func (s *epochCallStore) PolicyListAfter(ctx context.Context, after uint64) ([]l
 }
 
 func (s *epochCallStore) AccountsByEpoch(ctx context.Context, f store.EpochFilter) ([]ledger.Account, store.EpochCursor, error) {
+	page, next, err := s.Store.AccountsByEpoch(ctx, f)
 	if f.AllGenerations {
 		s.across.Add(1)
+		s.listedAcross.Add(int64(len(page)))
 	} else {
 		s.perGeneration.Add(1)
 	}
-	return s.Store.AccountsByEpoch(ctx, f)
+	return page, next, err
 }
 
 func (s *epochCallStore) EpochIndexCatchUp(ctx context.Context, f store.EpochFilter) (store.EpochCursor, bool, error) {
@@ -134,15 +139,15 @@ func TestEpochPassReadsDoNotGrowWithGenerations(t *testing.T) {
 							generations, perGeneration, across, catchUps, len(epochLengthsOfTest))
 					}
 				}
-				// Three generations published since: each read from its
-				// start by its own index, once.
+				// Three generations published since: read by the same
+				// ranges, none by its own index.
 				publishTenants(t, core, t0.Add(5*time.Minute), generations, generations+3)
 				for i := generations; i < generations+3; i++ {
 					reserveFor(t, core, t0.Add(5*time.Minute), i, fmt.Sprintf("rl-%d", i))
 				}
 				epochPass(t, core, t0.Add(6*time.Minute), &scans)
-				if perGeneration, across, _ := st.reads(); perGeneration != 3 || across != int64(len(epochLengthsOfTest)) {
-					t.Errorf("%d generations, 3 published since the last pass: %d reads per generation, %d across; want 3 and %d",
+				if perGeneration, across, _ := st.reads(); perGeneration != 0 || across != int64(len(epochLengthsOfTest)) {
+					t.Errorf("%d generations, 3 published since the last pass: %d reads per generation, %d across; want 0 and %d",
 						generations, perGeneration, across, len(epochLengthsOfTest))
 				}
 				if cmds := epochPass(t, core, t0.Add(11*time.Minute), &scans); len(cmds) != 5 {
@@ -263,6 +268,57 @@ func TestEpochPassAcrossGenerationsReadsLateCommands(t *testing.T) {
 				t.Fatalf("the pass after a late command closes %v; want tenant-0000's epoch of 14:00", cmds)
 			}
 			checkNoBusyEpochEnded(t, st, t0.Add(11*time.Minute), 0)
+		})
+	}
+}
+
+// A pass after a burst of publishes (more than freshPerGeneration
+// generations since the last pass: tenants onboarded together) reads the
+// same ranges as any other pass, not the index across generations from
+// its start: accounts idle since long ago, their epochs ended, are not
+// read again. The burst's own accounts still close when their epochs end.
+func TestEpochPassAfterABurstOfPublishesReadsNoIdleAccount(t *testing.T) {
+	for name, open := range memstoreAndSQLite {
+		t.Run(name, func(t *testing.T) {
+			st := &epochCallStore{Store: open(t)}
+			core := NewCore(st)
+			const tenants = 30
+			publishTenants(t, core, t0, 0, tenants)
+			for i := range tenants {
+				reserveFor(t, core, t0.Add(time.Minute), i, fmt.Sprintf("rl-%d", i))
+			}
+			var scans EpochScans
+			// Every account's epoch closes; each is idle from then on.
+			if cmds := epochPass(t, core, t0.Add(25*time.Hour), &scans); len(cmds) != tenants {
+				t.Fatalf("%d closes, want %d", len(cmds), tenants)
+			}
+			epochPass(t, core, t0.Add(25*time.Hour+time.Minute), &scans)
+			st.reads()
+			st.listedAcross.Store(0)
+			burst := freshPerGeneration + 4
+			publishTenants(t, core, t0.Add(25*time.Hour+2*time.Minute), tenants, tenants+burst)
+			for i := tenants; i < tenants+burst; i++ {
+				reserveFor(t, core, t0.Add(25*time.Hour+2*time.Minute), i, fmt.Sprintf("rl-%d", i))
+			}
+			if cmds := epochPass(t, core, t0.Add(25*time.Hour+3*time.Minute), &scans); len(cmds) != 0 {
+				t.Fatalf("nothing due after the burst: %d closes", len(cmds))
+			}
+			perGeneration, across, _ := st.reads()
+			if listed := st.listedAcross.Load(); listed != 0 || perGeneration != 0 || across != int64(len(epochLengthsOfTest)) {
+				t.Errorf("the pass after %d generations published since the last: %d accounts listed across generations (want 0: none is due), %d reads per generation (want 0), %d across (want %d)",
+					burst, listed, perGeneration, across, len(epochLengthsOfTest))
+			}
+			// The burst's 10-minute accounts (every third) close when their
+			// epoch ends.
+			want := 0
+			for i := tenants; i < tenants+burst; i++ {
+				if epochLengthsOfTest[i%len(epochLengthsOfTest)] == 10*time.Minute {
+					want++
+				}
+			}
+			if cmds := epochPass(t, core, t0.Add(25*time.Hour+11*time.Minute), &scans); len(cmds) != want {
+				t.Errorf("the burst's 10-minute epoch ended: %d closes, want %d", len(cmds), want)
+			}
 		})
 	}
 }

@@ -241,9 +241,9 @@ func TestEngineEpochWorkerRandomized(t *testing.T) {
 						cmd.Subject = fmt.Sprintf("tenant-%04d", rng.IntN(tenants))
 						do(cmd)
 					}
-					before, _ := e.epochScans.last()
+					before := e.epochScans.last()
 					e.runEpochs(ctx)
-					if at, _ := e.epochScans.last(); !at.IsZero() && !at.Equal(before) {
+					if at := e.epochScans.last(); !at.IsZero() && !at.Equal(before) {
 						checkNoBusyEpochEnded(t, st, at, step)
 					}
 				}
