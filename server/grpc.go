@@ -156,7 +156,9 @@ func DecodeGRPC(dec func(any) error, msg proto.Message) error {
 		return err
 	}
 	if err := proto.Unmarshal(raw.data, msg); err != nil {
-		return status.Error(codes.InvalidArgument, "unmarshal message: "+err.Error())
+		// Worded as connect's protobuf codec and envelope word it, so
+		// the message is the same on every path.
+		return status.Errorf(codes.InvalidArgument, "unmarshal message: unmarshal into %T: %v", msg, err)
 	}
 	return nil
 }

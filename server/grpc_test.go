@@ -596,3 +596,30 @@ func TestGRPCGoCompression(t *testing.T) {
 		t.Fatalf("routed %d connections to grpc-go, want 2", grpcConns)
 	}
 }
+
+// TestGRPCGoUndecodableAnswersAsConnectDid: a request message that does
+// not decode (a string that is not UTF-8) is INVALID_ARGUMENT with the
+// same message on grpc-go's direct methods, its bridged ones and
+// connect's gRPC on net/http, with a token or without (decoding comes
+// before auth).
+func TestGRPCGoUndecodableAnswersAsConnectDid(t *testing.T) {
+	h := newHarness(t, harnessOptions{auth: true, tokens: scopedTokens})
+	netHTTP := serveNetHTTP(t, h.srv)
+	notUTF8 := grpcFrame([]byte{0x0a, 0x02, 'r', 0xff}, false) // field 1 (the reservation id of both requests): "r\xff"
+	for _, method := range []string{"Reserve", "GetReservation"} {
+		for _, token := range []string{"", gwAToken} {
+			header := http.Header{"Content-Type": {"application/grpc"}}
+			if token != "" {
+				header.Set("Authorization", "Bearer "+token)
+			}
+			want := h2cSend(t, h2cTransport(t), netHTTP, method, header, notUTF8)
+			got := h2cSend(t, h2cTransport(t), h.url, method, header, notUTF8)
+			if want.grpcCode() != codes.InvalidArgument || !strings.Contains(want.GRPCMessage, "invalid UTF-8") {
+				t.Fatalf("%s on net/http: %+v", method, want)
+			}
+			if got.grpcCode() != want.grpcCode() || got.GRPCMessage != want.GRPCMessage {
+				t.Errorf("%s (token %q) on grpc-go: %v %q; on net/http: %v %q", method, token, got.grpcCode(), got.GRPCMessage, want.grpcCode(), want.GRPCMessage)
+			}
+		}
+	}
+}
