@@ -19,6 +19,7 @@ import (
 
 	"connectrpc.com/connect"
 	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -621,5 +622,171 @@ func TestGRPCGoUndecodableAnswersAsConnectDid(t *testing.T) {
 				t.Errorf("%s (token %q) on grpc-go: %v %q; on net/http: %v %q", method, token, got.grpcCode(), got.GRPCMessage, want.grpcCode(), want.GRPCMessage)
 			}
 		}
+	}
+}
+
+// TestGRPCGoConnectionLimits: grpc-go tells a client it takes up to
+// 250 concurrent calls per connection and 64 KiB of request headers
+// (hpack's count: names, values and 32 bytes each), as net/http's HTTP/2
+// server does (API.md, "Transports"), and serves a call with 58 KiB of
+// headers.
+func TestGRPCGoConnectionLimits(t *testing.T) {
+	h := newHarness(t, harnessOptions{auth: true, tokens: scopedTokens})
+	framer := h2cFramer(t, h.url)
+	var block bytes.Buffer
+	enc := hpack.NewEncoder(&block)
+	for _, f := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", "/capledger.v1.LedgerService/GetReservation"},
+		{":authority", "capledger"}, {"content-type", "application/grpc"}, {"te", "trailers"}, {"authorization", "Bearer " + gwAToken}} {
+		enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+	}
+	for i := range 80 { // 80 * (13 + 700 + 32) bytes: about 58 KiB
+		enc.WriteField(hpack.HeaderField{Name: fmt.Sprintf("x-padding-%02d", i), Value: strings.Repeat("p", 700)})
+	}
+	// In frames of at most 16 KiB, the default frame size.
+	fragment := block.Next(16 << 10)
+	framer.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: fragment, EndHeaders: block.Len() == 0})
+	for block.Len() > 0 {
+		fragment = block.Next(16 << 10)
+		framer.WriteContinuation(1, block.Len() == 0, fragment)
+	}
+	payload, _ := proto.Marshal(&v1.GetReservationRequest{ReservationId: "none"})
+	framer.WriteData(1, true, grpcFrame(payload, false))
+	settings := map[http2.SettingID]uint32{}
+	for {
+		frame, err := framer.ReadFrame()
+		if err != nil {
+			t.Fatalf("reading the answer: %v (settings so far %v)", err, settings)
+		}
+		switch f := frame.(type) {
+		case *http2.SettingsFrame:
+			f.ForeachSetting(func(s http2.Setting) error { settings[s.ID] = s.Val; return nil })
+		case *http2.MetaHeadersFrame:
+			var grpcStatus string
+			for _, hf := range f.RegularFields() {
+				if hf.Name == "grpc-status" {
+					grpcStatus = hf.Value
+				}
+			}
+			if grpcStatus != "5" { // NOT_FOUND: the call was served
+				t.Errorf("a call with 58 KiB of headers: %v", f.Fields)
+			}
+			if settings[http2.SettingMaxConcurrentStreams] != 250 || settings[http2.SettingMaxHeaderListSize] != 64<<10 {
+				t.Errorf("grpc-go's settings %v: want MAX_CONCURRENT_STREAMS 250, MAX_HEADER_LIST_SIZE 65536", settings)
+			}
+			return
+		}
+	}
+}
+
+// h2cFramer opens an HTTP/2 connection without TLS to url and returns
+// its framer, the client preface and SETTINGS sent.
+func h2cFramer(t *testing.T, url string) *http2.Framer {
+	t.Helper()
+	conn, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	conn.SetDeadline(time.Now().Add(10 * time.Second)) // a hang fails instead of blocking the run
+	io.WriteString(conn, http2.ClientPreface)
+	framer := http2.NewFramer(conn, conn)
+	framer.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	framer.WriteSettings()
+	return framer
+}
+
+// TestGRPCGoRefusesTooManyPings: a gRPC client that pings more often
+// than every 10 s, here without a call in flight, gets GOAWAY
+// ENHANCE_YOUR_CALM "too_many_pings" (API.md, "Transports").
+func TestGRPCGoRefusesTooManyPings(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	framer := h2cFramer(t, h.url)
+	var block bytes.Buffer
+	enc := hpack.NewEncoder(&block)
+	for _, f := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", "/capledger.v1.LedgerService/GetReservation"},
+		{":authority", "capledger"}, {"content-type", "application/grpc"}, {"te", "trailers"}} {
+		enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+	}
+	framer.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block.Bytes(), EndHeaders: true})
+	payload, _ := proto.Marshal(&v1.GetReservationRequest{ReservationId: "none"})
+	framer.WriteData(1, true, grpcFrame(payload, false))
+	pings := 0
+	for {
+		frame, err := framer.ReadFrame()
+		if err != nil {
+			t.Fatalf("no GOAWAY after %d pings: %v", pings, err)
+		}
+		switch f := frame.(type) {
+		case *http2.SettingsFrame:
+			if !f.IsAck() {
+				framer.WriteSettingsAck()
+			}
+		case *http2.MetaHeadersFrame:
+			if !f.StreamEnded() {
+				continue
+			}
+			// The call is over: ping, with nothing else sent, until
+			// grpc-go has had enough.
+			for range 5 {
+				framer.WritePing(false, [8]byte{})
+				pings++
+			}
+		case *http2.GoAwayFrame:
+			if f.ErrCode != http2.ErrCodeEnhanceYourCalm || string(f.DebugData()) != "too_many_pings" {
+				t.Fatalf("GOAWAY %v %q, want ENHANCE_YOUR_CALM \"too_many_pings\"", f.ErrCode, f.DebugData())
+			}
+			if pings == 0 {
+				t.Fatalf("GOAWAY before any ping")
+			}
+			return
+		}
+	}
+}
+
+// TestGRPCGoProtocolErrors: what grpc-go's transport answers before any
+// handler (API.md, "Transports"), for a directly registered method
+// (Reserve) and a bridged one (GetReservation): a grpc-timeout already
+// passed (0n) is DEADLINE_EXCEEDED and applies nothing; a malformed one
+// is INTERNAL with HTTP 400; no request message or two is INTERNAL
+// (cardinality violation) on the direct method, UNIMPLEMENTED on the
+// bridged one.
+func TestGRPCGoProtocolErrors(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	h.ok("PublishPolicy", tokensPolicy, "")
+	reserve, _ := proto.Marshal(&v1.ReserveRequest{ReservationId: "late", Subject: "tenant-7", Route: "chat.generate", Units: map[string]int64{"tokens": 1, "requests": 1}})
+	get, _ := proto.Marshal(&v1.GetReservationRequest{ReservationId: "late"})
+	messages := map[string][]byte{"Reserve": reserve, "GetReservation": get}
+	rt := h2cTransport(t)
+	for _, c := range []struct {
+		name, method, timeout string
+		body                  func(msg []byte) []byte
+		code                  codes.Code
+		httpStatus            int
+		message               string
+	}{
+		{"timeout 0n", "Reserve", "0n", func(m []byte) []byte { return grpcFrame(m, false) }, codes.DeadlineExceeded, 200, "context deadline exceeded"},
+		{"timeout 0n", "GetReservation", "0n", func(m []byte) []byte { return grpcFrame(m, false) }, codes.DeadlineExceeded, 200, "context deadline exceeded"},
+		{"timeout abc", "Reserve", "abc", func(m []byte) []byte { return grpcFrame(m, false) }, codes.Internal, 400, `malformed grpc-timeout: transport: timeout unit is not recognized: "abc"`},
+		{"timeout abc", "GetReservation", "abc", func(m []byte) []byte { return grpcFrame(m, false) }, codes.Internal, 400, `malformed grpc-timeout: transport: timeout unit is not recognized: "abc"`},
+		{"no message", "Reserve", "", func([]byte) []byte { return nil }, codes.Internal, 200, "cardinality violation: received no request message from non-client-streaming RPC"},
+		{"no message", "GetReservation", "", func([]byte) []byte { return nil }, codes.Unimplemented, 200, "unary request has zero messages"},
+		{"two messages", "Reserve", "", func(m []byte) []byte { return append(grpcFrame(m, false), grpcFrame(m, false)...) }, codes.Internal, 200, "cardinality violation: received multiple request messages for non-client-streaming RPC"},
+		{"two messages", "GetReservation", "", func(m []byte) []byte { return append(grpcFrame(m, false), grpcFrame(m, false)...) }, codes.Unimplemented, 200, "unary request has multiple messages"},
+	} {
+		header := http.Header{"Content-Type": {"application/grpc"}}
+		if c.timeout != "" {
+			header.Set("Grpc-Timeout", c.timeout)
+		}
+		a := h2cSend(t, rt, h.url, c.method, header, c.body(messages[c.method]))
+		if a.grpcCode() != c.code || a.HTTPStatus != c.httpStatus || a.GRPCMessage != c.message {
+			t.Errorf("%s, %s: %+v; want %v %q, HTTP %d", c.name, c.method, a, c.code, c.message, c.httpStatus)
+		}
+	}
+	// Nothing was reserved.
+	if a := h2cSend(t, rt, h.url, "GetReservation", http.Header{"Content-Type": {"application/grpc"}}, grpcFrame(get, false)); a.grpcCode() != codes.NotFound {
+		t.Errorf("the refused reserves left a reservation: %+v", a)
+	}
+	if grpcConns, _ := h.front.Routed(); grpcConns != 1 {
+		t.Errorf("routed %d connections to grpc-go, want 1", grpcConns)
 	}
 }
