@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -273,20 +272,29 @@ func sniff(conn net.Conn) (replay net.Conn, grpcConn bool, err error) {
 }
 
 // grpcContentType reports whether a request's headers are gRPC with
-// protobuf messages: a POST of application/grpc or application/grpc+proto
-// (not gRPC-Web, not +json, which connect serves on net/http).
+// protobuf messages that grpc-go serves as net/http would: a POST of
+// protobufGRPC's content type.
 func grpcContentType(method string, fields []hpack.HeaderField) bool {
 	if method != http.MethodPost {
 		return false
 	}
 	for _, f := range fields {
 		if f.Name == "content-type" {
-			base, _, _ := strings.Cut(f.Value, ";")
-			base = strings.ToLower(strings.TrimSpace(base))
-			return base == "application/grpc" || base == "application/grpc+proto"
+			return protobufGRPC(f.Value)
 		}
 	}
 	return false
+}
+
+// protobufGRPC reports whether a content type is gRPC with protobuf
+// messages spelt exactly as grpc-go takes it and answers as connect does:
+// application/grpc or application/grpc+proto. Not gRPC-Web, not +json,
+// which connect serves; nor another case (media types allow it: grpc-go
+// refuses it with 415, connect serves it) or parameters (grpc-go reads
+// "application/grpc;charset=utf-8" as a codec named "charset=utf-8" and
+// answers in it, connect refuses it with 415).
+func protobufGRPC(contentType string) bool {
+	return contentType == "application/grpc" || contentType == "application/grpc+proto"
 }
 
 // recorder reads from r and keeps what it read, up to sniffMaxBytes. Its

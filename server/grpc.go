@@ -156,20 +156,19 @@ func DecodeGRPC(dec func(any) error, msg proto.Message) error {
 		return err
 	}
 	if err := proto.Unmarshal(raw.data, msg); err != nil {
-		return status.Error(codes.InvalidArgument, "unmarshal message: "+err.Error())
+		// Worded as connect's protobuf codec and envelope word it, so
+		// the message is the same on every path.
+		return status.Errorf(codes.InvalidArgument, "unmarshal message: unmarshal into %T: %v", msg, err)
 	}
 	return nil
 }
 
-// protobufCall reports whether the call's messages are protobuf
-// (content-type application/grpc or application/grpc+proto).
+// protobufCall reports whether the call's messages are protobuf as
+// protobufGRPC spells them; the bridge serves any other content type
+// grpc-go passed (+json, parameters) as connect would.
 func protobufCall(ctx context.Context) bool {
 	ct := metadata.ValueFromIncomingContext(ctx, "content-type")
-	if len(ct) == 0 {
-		return true
-	}
-	base, _, _ := strings.Cut(ct[0], ";")
-	return base == "application/grpc" || base == "application/grpc+proto"
+	return len(ct) == 0 || protobufGRPC(ct[0])
 }
 
 // grpcUnary is the interceptor of every directly registered method: the

@@ -1,7 +1,12 @@
 package server_test
 
 import (
+	"bytes"
+	"compress/flate"
+	"compress/gzip"
 	"context"
+	"crypto/tls"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -14,6 +19,7 @@ import (
 
 	"connectrpc.com/connect"
 	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -390,5 +396,397 @@ func TestSniffFallsBackToNetHTTP(t *testing.T) {
 	}
 	if grpcConns, httpConns := h.front.Routed(); grpcConns != 0 || httpConns != httpBefore+1 {
 		t.Fatalf("routed to grpc-go %d, to net/http %d more; want 0 and 1", grpcConns, httpConns-httpBefore)
+	}
+}
+
+// h2cAnswer is what one gRPC request over a raw HTTP/2 connection got.
+type h2cAnswer struct {
+	HTTPStatus  int
+	ContentType string
+	GRPCStatus  string // from the trailers, or the headers of a trailers-only answer
+	GRPCMessage string
+	Encoding    string // grpc-encoding
+	Body        string // hex: the answer's frames
+}
+
+// grpcCode is the status a gRPC client derives from the answer: its
+// grpc-status, else its HTTP status as gRPC's "HTTP to gRPC status code
+// mapping" has it (what matters here: 415 and other unlisted codes are
+// UNKNOWN).
+func (a h2cAnswer) grpcCode() codes.Code {
+	if a.GRPCStatus != "" {
+		var c int
+		fmt.Sscan(a.GRPCStatus, &c)
+		return codes.Code(c)
+	}
+	if a.HTTPStatus == http.StatusNotFound {
+		return codes.Unimplemented
+	}
+	return codes.Unknown
+}
+
+// h2cCall sends one gRPC request with the given content type over rt
+// (an HTTP/2 transport without TLS) and reads the whole answer.
+func h2cCall(t *testing.T, rt http.RoundTripper, url, method, token, contentType string, msg proto.Message) h2cAnswer {
+	t.Helper()
+	payload, err := proto.Marshal(msg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h2cSend(t, rt, url, method, http.Header{"Content-Type": {contentType}, "Authorization": {"Bearer " + token}}, grpcFrame(payload, false))
+}
+
+// grpcFrame is one gRPC length-prefixed message.
+func grpcFrame(payload []byte, compressed bool) []byte {
+	frame := make([]byte, 5+len(payload))
+	if compressed {
+		frame[0] = 1
+	}
+	binary.BigEndian.PutUint32(frame[1:], uint32(len(payload)))
+	copy(frame[5:], payload)
+	return frame
+}
+
+// h2cSend sends one request of a LedgerService method with the headers
+// and body given over rt and reads the whole answer.
+func h2cSend(t *testing.T, rt http.RoundTripper, url, method string, header http.Header, body []byte) h2cAnswer {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url+"/"+capledgerv1connect.LedgerServiceName+"/"+method, bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header = header.Clone()
+	req.Header.Set("Te", "trailers")
+	resp, err := rt.RoundTrip(req)
+	if err != nil {
+		t.Fatalf("%s with %v: %v", method, header, err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("%s with %v: reading the answer: %v", method, header, err)
+	}
+	a := h2cAnswer{HTTPStatus: resp.StatusCode, ContentType: resp.Header.Get("Content-Type"), Encoding: resp.Header.Get("Grpc-Encoding"), Body: fmt.Sprintf("%x", raw)}
+	for _, h := range []http.Header{resp.Trailer, resp.Header} {
+		if s := h.Get("Grpc-Status"); s != "" && a.GRPCStatus == "" {
+			a.GRPCStatus, a.GRPCMessage = s, h.Get("Grpc-Message")
+		}
+	}
+	return a
+}
+
+// h2cTransport is an HTTP/2 client without TLS (prior knowledge); every
+// transport opens connections of its own.
+func h2cTransport(t *testing.T) *http2.Transport {
+	tr := &http2.Transport{AllowHTTP: true, DialTLSContext: func(ctx context.Context, network, addr string, _ *tls.Config) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, network, addr)
+	}}
+	t.Cleanup(tr.CloseIdleConnections)
+	return tr
+}
+
+// TestGRPCContentTypesAnswerAsOnNetHTTP: a gRPC request whose content
+// type grpc-go does not take as it is (another case, which media types
+// allow, or parameters) is answered on the serve port as on
+// `--grpc-transport net/http` (API.md: "the answers are the same on
+// both"), for a directly registered method and a bridged one alike: on
+// a new connection it goes to net/http, and on a connection grpc-go
+// already serves it is never served as protobuf by the direct methods
+// while the bridged ones refuse it.
+func TestGRPCContentTypesAnswerAsOnNetHTTP(t *testing.T) {
+	h := newHarness(t, harnessOptions{auth: true, tokens: scopedTokens})
+	netHTTP := serveNetHTTP(t, h.srv)
+	h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"chat.generate","dimensions":[{"unit":"tokens","burst":"10"}]}}`, adminToken)
+	h.ok("Reserve", `{"reservationId":"ct","subject":"tenant-a/u1","route":"chat.generate","units":{"tokens":1}}`, gwAToken)
+	calls := []struct {
+		method string
+		msg    proto.Message
+	}{
+		// A replay of the reservation above: the same answer every time.
+		{"Reserve", &v1.ReserveRequest{ReservationId: "ct", Subject: "tenant-a/u1", Route: "chat.generate", Units: map[string]int64{"tokens": 1}}},
+		{"GetReservation", &v1.GetReservationRequest{ReservationId: "ct"}},
+	}
+	for _, contentType := range []string{"Application/gRPC", "application/GRPC+PROTO", "application/grpc;charset=utf-8", "application/grpc; charset=utf-8"} {
+		for _, c := range calls {
+			t.Run(c.method+" "+contentType, func(t *testing.T) {
+				want := h2cCall(t, h2cTransport(t), netHTTP, c.method, gwAToken, contentType, c.msg)
+				got := h2cCall(t, h2cTransport(t), h.url, c.method, gwAToken, contentType, c.msg)
+				if got != want {
+					t.Errorf("first request of a connection:\n serve port: %+v\n net/http:   %+v", got, want)
+				}
+				// The same request on a connection grpc-go serves (its
+				// first request was plain application/grpc).
+				rt := h2cTransport(t)
+				if first := h2cCall(t, rt, h.url, c.method, gwAToken, "application/grpc", c.msg); first.GRPCStatus != "0" {
+					t.Fatalf("plain application/grpc: %+v", first)
+				}
+				if strings.Contains(contentType, ";") {
+					if got := h2cCall(t, rt, h.url, c.method, gwAToken, contentType, c.msg); got.grpcCode() != want.grpcCode() {
+						t.Errorf("on a grpc-go connection: %v (%+v); net/http: %v", got.grpcCode(), got, want.grpcCode())
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestGRPCGoCompression: on grpc-go, a gzip-compressed request is
+// served and answered gzip-compressed, directly registered methods and
+// bridged ones alike; an uncompressed one is answered uncompressed even
+// when it offers gzip (grpc-accept-encoding); deflate is UNIMPLEMENTED;
+// and a message over --max-body once decompressed is RESOURCE_EXHAUSTED
+// in grpc-go's words (API.md, "Transports").
+func TestGRPCGoCompression(t *testing.T) {
+	h := newHarness(t, harnessOptions{auth: true, tokens: scopedTokens, maxBody: 4096})
+	h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"chat.generate","dimensions":[{"unit":"tokens","burst":"10"}]}}`, adminToken)
+	h.ok("Reserve", `{"reservationId":"gz","subject":"tenant-a/u1","route":"chat.generate","units":{"tokens":1}}`, gwAToken)
+	compress := func(t *testing.T, msg proto.Message, write func(io.Writer) io.WriteCloser) []byte {
+		payload, err := proto.Marshal(msg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var buf bytes.Buffer
+		w := write(&buf)
+		w.Write(payload)
+		w.Close()
+		return grpcFrame(buf.Bytes(), true)
+	}
+	gzipped := func(w io.Writer) io.WriteCloser { return gzip.NewWriter(w) }
+	deflated := func(w io.Writer) io.WriteCloser { fw, _ := flate.NewWriter(w, flate.DefaultCompression); return fw }
+	header := func(extra ...string) http.Header {
+		hd := http.Header{"Content-Type": {"application/grpc"}, "Authorization": {"Bearer " + gwAToken}}
+		for i := 0; i < len(extra); i += 2 {
+			hd.Set(extra[i], extra[i+1])
+		}
+		return hd
+	}
+	for _, c := range []struct {
+		method string
+		msg    proto.Message
+		big    proto.Message
+	}{
+		{"Reserve", // a replay: served without reserving again
+			&v1.ReserveRequest{ReservationId: "gz", Subject: "tenant-a/u1", Route: "chat.generate", Units: map[string]int64{"tokens": 1}},
+			&v1.ReserveRequest{ReservationId: strings.Repeat("x", 5000), Subject: "tenant-a/u1", Route: "chat.generate", Units: map[string]int64{"tokens": 1}}},
+		{"GetReservation",
+			&v1.GetReservationRequest{ReservationId: "gz"},
+			&v1.GetReservationRequest{ReservationId: strings.Repeat("x", 5000)}},
+	} {
+		t.Run(c.method, func(t *testing.T) {
+			rt := h2cTransport(t)
+			a := h2cSend(t, rt, h.url, c.method, header("Grpc-Encoding", "gzip", "Grpc-Accept-Encoding", "gzip"), compress(t, c.msg, gzipped))
+			if a.GRPCStatus != "0" || a.Encoding != "gzip" || !strings.HasPrefix(a.Body, "01") {
+				t.Errorf("gzip request: want OK, answered gzip-compressed; got %+v", a)
+			}
+			payload, _ := proto.Marshal(c.msg)
+			a = h2cSend(t, rt, h.url, c.method, header("Grpc-Accept-Encoding", "gzip"), grpcFrame(payload, false))
+			if a.GRPCStatus != "0" || a.Encoding != "" || !strings.HasPrefix(a.Body, "00") {
+				t.Errorf("uncompressed request offering gzip: want OK, answered uncompressed; got %+v", a)
+			}
+			a = h2cSend(t, rt, h.url, c.method, header("Grpc-Encoding", "deflate"), compress(t, c.msg, deflated))
+			if a.grpcCode() != codes.Unimplemented {
+				t.Errorf("deflate: want UNIMPLEMENTED, got %+v", a)
+			}
+			a = h2cSend(t, rt, h.url, c.method, header("Grpc-Encoding", "gzip"), compress(t, c.big, gzipped))
+			if want := "grpc: received message after decompression larger than max 4096"; a.grpcCode() != codes.ResourceExhausted || a.GRPCMessage != want {
+				t.Errorf("gzip message over --max-body once decompressed: want RESOURCE_EXHAUSTED %q, got %+v", want, a)
+			}
+		})
+	}
+	if grpcConns, _ := h.front.Routed(); grpcConns != 2 {
+		t.Fatalf("routed %d connections to grpc-go, want 2", grpcConns)
+	}
+}
+
+// TestGRPCGoUndecodableAnswersAsConnectDid: a request message that does
+// not decode (a string that is not UTF-8) is INVALID_ARGUMENT with the
+// same message on grpc-go's direct methods, its bridged ones and
+// connect's gRPC on net/http, with a token or without (decoding comes
+// before auth).
+func TestGRPCGoUndecodableAnswersAsConnectDid(t *testing.T) {
+	h := newHarness(t, harnessOptions{auth: true, tokens: scopedTokens})
+	netHTTP := serveNetHTTP(t, h.srv)
+	notUTF8 := grpcFrame([]byte{0x0a, 0x02, 'r', 0xff}, false) // field 1 (the reservation id of both requests): "r\xff"
+	for _, method := range []string{"Reserve", "GetReservation"} {
+		for _, token := range []string{"", gwAToken} {
+			header := http.Header{"Content-Type": {"application/grpc"}}
+			if token != "" {
+				header.Set("Authorization", "Bearer "+token)
+			}
+			want := h2cSend(t, h2cTransport(t), netHTTP, method, header, notUTF8)
+			got := h2cSend(t, h2cTransport(t), h.url, method, header, notUTF8)
+			if want.grpcCode() != codes.InvalidArgument || !strings.Contains(want.GRPCMessage, "invalid UTF-8") {
+				t.Fatalf("%s on net/http: %+v", method, want)
+			}
+			if got.grpcCode() != want.grpcCode() || got.GRPCMessage != want.GRPCMessage {
+				t.Errorf("%s (token %q) on grpc-go: %v %q; on net/http: %v %q", method, token, got.grpcCode(), got.GRPCMessage, want.grpcCode(), want.GRPCMessage)
+			}
+		}
+	}
+}
+
+// TestGRPCGoConnectionLimits: grpc-go tells a client it takes up to
+// 250 concurrent calls per connection and 64 KiB of request headers
+// (hpack's count: names, values and 32 bytes each), as net/http's HTTP/2
+// server does (API.md, "Transports"), and serves a call with 58 KiB of
+// headers.
+func TestGRPCGoConnectionLimits(t *testing.T) {
+	h := newHarness(t, harnessOptions{auth: true, tokens: scopedTokens})
+	framer := h2cFramer(t, h.url)
+	var block bytes.Buffer
+	enc := hpack.NewEncoder(&block)
+	for _, f := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", "/capledger.v1.LedgerService/GetReservation"},
+		{":authority", "capledger"}, {"content-type", "application/grpc"}, {"te", "trailers"}, {"authorization", "Bearer " + gwAToken}} {
+		enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+	}
+	for i := range 80 { // 80 * (13 + 700 + 32) bytes: about 58 KiB
+		enc.WriteField(hpack.HeaderField{Name: fmt.Sprintf("x-padding-%02d", i), Value: strings.Repeat("p", 700)})
+	}
+	// In frames of at most 16 KiB, the default frame size.
+	fragment := block.Next(16 << 10)
+	framer.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: fragment, EndHeaders: block.Len() == 0})
+	for block.Len() > 0 {
+		fragment = block.Next(16 << 10)
+		framer.WriteContinuation(1, block.Len() == 0, fragment)
+	}
+	payload, _ := proto.Marshal(&v1.GetReservationRequest{ReservationId: "none"})
+	framer.WriteData(1, true, grpcFrame(payload, false))
+	settings := map[http2.SettingID]uint32{}
+	for {
+		frame, err := framer.ReadFrame()
+		if err != nil {
+			t.Fatalf("reading the answer: %v (settings so far %v)", err, settings)
+		}
+		switch f := frame.(type) {
+		case *http2.SettingsFrame:
+			f.ForeachSetting(func(s http2.Setting) error { settings[s.ID] = s.Val; return nil })
+		case *http2.MetaHeadersFrame:
+			var grpcStatus string
+			for _, hf := range f.RegularFields() {
+				if hf.Name == "grpc-status" {
+					grpcStatus = hf.Value
+				}
+			}
+			if grpcStatus != "5" { // NOT_FOUND: the call was served
+				t.Errorf("a call with 58 KiB of headers: %v", f.Fields)
+			}
+			if settings[http2.SettingMaxConcurrentStreams] != 250 || settings[http2.SettingMaxHeaderListSize] != 64<<10 {
+				t.Errorf("grpc-go's settings %v: want MAX_CONCURRENT_STREAMS 250, MAX_HEADER_LIST_SIZE 65536", settings)
+			}
+			return
+		}
+	}
+}
+
+// h2cFramer opens an HTTP/2 connection without TLS to url and returns
+// its framer, the client preface and SETTINGS sent.
+func h2cFramer(t *testing.T, url string) *http2.Framer {
+	t.Helper()
+	conn, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	conn.SetDeadline(time.Now().Add(10 * time.Second)) // a hang fails instead of blocking the run
+	io.WriteString(conn, http2.ClientPreface)
+	framer := http2.NewFramer(conn, conn)
+	framer.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	framer.WriteSettings()
+	return framer
+}
+
+// TestGRPCGoRefusesTooManyPings: a gRPC client that pings more often
+// than every 10 s, here without a call in flight, gets GOAWAY
+// ENHANCE_YOUR_CALM "too_many_pings" (API.md, "Transports").
+func TestGRPCGoRefusesTooManyPings(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	framer := h2cFramer(t, h.url)
+	var block bytes.Buffer
+	enc := hpack.NewEncoder(&block)
+	for _, f := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", "/capledger.v1.LedgerService/GetReservation"},
+		{":authority", "capledger"}, {"content-type", "application/grpc"}, {"te", "trailers"}} {
+		enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+	}
+	framer.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block.Bytes(), EndHeaders: true})
+	payload, _ := proto.Marshal(&v1.GetReservationRequest{ReservationId: "none"})
+	framer.WriteData(1, true, grpcFrame(payload, false))
+	pings := 0
+	for {
+		frame, err := framer.ReadFrame()
+		if err != nil {
+			t.Fatalf("no GOAWAY after %d pings: %v", pings, err)
+		}
+		switch f := frame.(type) {
+		case *http2.SettingsFrame:
+			if !f.IsAck() {
+				framer.WriteSettingsAck()
+			}
+		case *http2.MetaHeadersFrame:
+			if !f.StreamEnded() {
+				continue
+			}
+			// The call is over: ping, with nothing else sent, until
+			// grpc-go has had enough.
+			for range 5 {
+				framer.WritePing(false, [8]byte{})
+				pings++
+			}
+		case *http2.GoAwayFrame:
+			if f.ErrCode != http2.ErrCodeEnhanceYourCalm || string(f.DebugData()) != "too_many_pings" {
+				t.Fatalf("GOAWAY %v %q, want ENHANCE_YOUR_CALM \"too_many_pings\"", f.ErrCode, f.DebugData())
+			}
+			if pings == 0 {
+				t.Fatalf("GOAWAY before any ping")
+			}
+			return
+		}
+	}
+}
+
+// TestGRPCGoProtocolErrors: what grpc-go's transport answers before any
+// handler (API.md, "Transports"), for a directly registered method
+// (Reserve) and a bridged one (GetReservation): a grpc-timeout already
+// passed (0n) is DEADLINE_EXCEEDED and applies nothing; a malformed one
+// is INTERNAL with HTTP 400; no request message or two is INTERNAL
+// (cardinality violation) on the direct method, UNIMPLEMENTED on the
+// bridged one.
+func TestGRPCGoProtocolErrors(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	h.ok("PublishPolicy", tokensPolicy, "")
+	reserve, _ := proto.Marshal(&v1.ReserveRequest{ReservationId: "late", Subject: "tenant-7", Route: "chat.generate", Units: map[string]int64{"tokens": 1, "requests": 1}})
+	get, _ := proto.Marshal(&v1.GetReservationRequest{ReservationId: "late"})
+	messages := map[string][]byte{"Reserve": reserve, "GetReservation": get}
+	rt := h2cTransport(t)
+	for _, c := range []struct {
+		name, method, timeout string
+		body                  func(msg []byte) []byte
+		code                  codes.Code
+		httpStatus            int
+		message               string
+	}{
+		{"timeout 0n", "Reserve", "0n", func(m []byte) []byte { return grpcFrame(m, false) }, codes.DeadlineExceeded, 200, "context deadline exceeded"},
+		{"timeout 0n", "GetReservation", "0n", func(m []byte) []byte { return grpcFrame(m, false) }, codes.DeadlineExceeded, 200, "context deadline exceeded"},
+		{"timeout abc", "Reserve", "abc", func(m []byte) []byte { return grpcFrame(m, false) }, codes.Internal, 400, `malformed grpc-timeout: transport: timeout unit is not recognized: "abc"`},
+		{"timeout abc", "GetReservation", "abc", func(m []byte) []byte { return grpcFrame(m, false) }, codes.Internal, 400, `malformed grpc-timeout: transport: timeout unit is not recognized: "abc"`},
+		{"no message", "Reserve", "", func([]byte) []byte { return nil }, codes.Internal, 200, "cardinality violation: received no request message from non-client-streaming RPC"},
+		{"no message", "GetReservation", "", func([]byte) []byte { return nil }, codes.Unimplemented, 200, "unary request has zero messages"},
+		{"two messages", "Reserve", "", func(m []byte) []byte { return append(grpcFrame(m, false), grpcFrame(m, false)...) }, codes.Internal, 200, "cardinality violation: received multiple request messages for non-client-streaming RPC"},
+		{"two messages", "GetReservation", "", func(m []byte) []byte { return append(grpcFrame(m, false), grpcFrame(m, false)...) }, codes.Unimplemented, 200, "unary request has multiple messages"},
+	} {
+		header := http.Header{"Content-Type": {"application/grpc"}}
+		if c.timeout != "" {
+			header.Set("Grpc-Timeout", c.timeout)
+		}
+		a := h2cSend(t, rt, h.url, c.method, header, c.body(messages[c.method]))
+		if a.grpcCode() != c.code || a.HTTPStatus != c.httpStatus || a.GRPCMessage != c.message {
+			t.Errorf("%s, %s: %+v; want %v %q, HTTP %d", c.name, c.method, a, c.code, c.message, c.httpStatus)
+		}
+	}
+	// Nothing was reserved.
+	if a := h2cSend(t, rt, h.url, "GetReservation", http.Header{"Content-Type": {"application/grpc"}}, grpcFrame(get, false)); a.grpcCode() != codes.NotFound {
+		t.Errorf("the refused reserves left a reservation: %+v", a)
+	}
+	if grpcConns, _ := h.front.Routed(); grpcConns != 1 {
+		t.Errorf("routed %d connections to grpc-go, want 1", grpcConns)
 	}
 }
