@@ -195,6 +195,12 @@ func (r *Rule) validate() error {
 		// phase key and no id key is almost certainly a mistake.
 		return errors.New("phase_key needs id_key: the settle closes the reservation the id names")
 	}
+	if r.Estimate > 0 && r.IDKey == "" {
+		// Only a check with an id reserves an estimate: without id_key
+		// every check of 0 hits would be a probe, holding nothing, while
+		// the file says it reserves.
+		return errors.New("estimate needs id_key: only a check with an id reserves the estimate")
+	}
 	if r.SettleOnHits && r.PhaseKey != "" {
 		return errors.New("settle_on_hits and phase_key both say which call settles; use one")
 	}

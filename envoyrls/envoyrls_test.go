@@ -428,6 +428,7 @@ func TestConfigErrors(t *testing.T) {
 		"domain twice":     "domains: [{name: a, rules: [{subject: {key: t}, unit: u}]}, {name: a, rules: [{subject: {key: t}, unit: u}]}]",
 		"every subject":    "domains: [{name: a, rules: [{subject: {value: '*'}, unit: u}]}]",
 		"negative estim.":  "domains: [{name: a, rules: [{subject: {key: t}, unit: u, estimate: -1}]}]",
+		"estimate, no id":  "domains: [{name: a, rules: [{subject: {key: t}, unit: u, estimate: 500}]}]",
 		"two settle marks": "domains: [{name: a, rules: [{subject: {key: t}, unit: u, id_key: i, phase_key: p, settle_on_hits: true}]}]",
 		"unit too long":    "domains: [{name: a, rules: [{subject: {key: t}, unit: " + strings.Repeat("u", ledger.MaxUnitBytes+1) + "}]}]",
 		// A second document was dropped without a word: its domains

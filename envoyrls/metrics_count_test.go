@@ -15,6 +15,7 @@ import (
 	rlscommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -174,5 +175,50 @@ func TestRejectionOfAFailedCheckIsNotCounted(t *testing.T) {
 	}
 	if got := h.rejectionTotal(); got != before+1 {
 		t.Fatalf("capledger_rejections_total grew by %g for an OVER_LIMIT answer, want 1", got-before)
+	}
+}
+
+// A check of several descriptors whose caller's deadline (Envoy's
+// timeout, sent as grpc-timeout) passes while its commands commit runs
+// them to the end (TestSeveralDescriptorsPastTheDeadlineKeepNoHold), but
+// the caller saw DEADLINE_EXCEEDED: its commands count as unavailable
+// (docs/OPERATIONS.md, "Envoy's rate limit service"), not as the answer
+// nobody read. They counted ok, so a dashboard showed no failed checks
+// while Envoy failed every one of them open.
+func TestCheckPastTheDeadlineCountsUnavailable(t *testing.T) {
+	slow := &slowCommitStore{}
+	h := newHarness(t, options{config: testMapping(t), wrapStore: func(st store.Store) store.Store {
+		slow.Store = st
+		return slow
+	}})
+	h.publish("acme", "search", "requests", 10, 1, time.Hour, false)
+	h.publish("global", "search", "requests", 10, 1, time.Hour, false)
+	// Every commit outlasts the deadline many times over: the call fails
+	// at its deadline, its reserves commit after it.
+	slow.delay.Store(int64(300 * time.Millisecond))
+	before := h.commandCounts()
+	ctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+gatewayToken), 50*time.Millisecond)
+	defer cancel()
+	_, err := h.rls.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*rlscommon.RateLimitDescriptor{
+		descriptor(nil, "tenant", "acme", "route", "search"), descriptor(nil, "tenant", "global", "route", "search")}})
+	if status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("check slower than its deadline: %v, want DEADLINE_EXCEEDED", err)
+	}
+	// The server finishes the commands after the caller left: wait until
+	// they are counted.
+	for end := time.Now().Add(10 * time.Second); ; {
+		counts := h.commandCounts()
+		total := 0.0
+		for key, v := range counts {
+			total += v - before[key]
+		}
+		if total >= 6 || time.Now().After(end) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	h.wantCounted(before, map[string]float64{"reserve/unavailable": 2, "start/unavailable": 2, "settle/unavailable": 2})
+	if acme, global := h.balance("acme", "search"), h.balance("global", "search"); acme.Spent != 1 || global.Spent != 1 {
+		t.Fatalf("after the late check: acme %+v, global %+v, want both charged 1 (the commands ran)", acme, global)
 	}
 }

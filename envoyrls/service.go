@@ -247,6 +247,13 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	if err == nil {
 		resp, err = s.respond(ctx, items)
 	}
+	if err == nil && ctx.Err() != nil {
+		// Several descriptors' commands run on past the caller's deadline
+		// (run): the caller stopped waiting first, so what it saw is
+		// DEADLINE_EXCEEDED (or CANCELLED), and the commands count as
+		// unavailable, as a failed check's do, not as the answer nobody read.
+		resp, err = nil, connect.NewError(contextCode(ctx.Err()), ctx.Err())
+	}
 	s.srv.CountAnswers(&answers, err)
 	return resp, err
 }

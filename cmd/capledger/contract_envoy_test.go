@@ -204,3 +204,75 @@ func checkFinishedIDsAreRefused(t *testing.T, bin string, retention []string) {
 		}
 	}
 }
+
+// TestContractEnvoyStreamDoneFindsAHold: ENVOY.md's rows "held, not
+// started" and "expired" of "What the call after the stream finds",
+// from outside. A hold under the request's id that never started (left
+// by a check of several descriptors whose second transaction failed, or
+// taken through the LedgerService, as here) is started and settled with
+// the hits the call reports; one whose hold TTL passed first has the
+// hits recorded under usage:<id>/...; a retry of either charges nothing
+// more.
+func TestContractEnvoyStreamDoneFindsAHold(t *testing.T) {
+	dir := t.TempDir()
+	srv := startServer(t, buildBinary(t), filepath.Join(dir, "data"),
+		"--envoy-config", writeFile(t, dir, "mapping.yaml", contractEnvoyMapping))
+	client := &http.Client{Timeout: 10 * time.Second}
+	mustPost := func(method, body string) map[string]any {
+		t.Helper()
+		status, answer := post(client, srv.url, method, body)
+		if status != 200 {
+			t.Fatalf("%s %s: %d %v", method, body, status, answer)
+		}
+		return answer
+	}
+	mustPost("PublishPolicy", `{"policy":{"subject":"held","route":"chat","holdTtl":"600s","dimensions":[{"unit":"tokens","burst":"1000"}]}}`)
+	mustPost("PublishPolicy", `{"policy":{"subject":"expired","route":"chat","holdTtl":"1s","dimensions":[{"unit":"tokens","burst":"1000"}]}}`)
+	reservation := func(id string) map[string]any {
+		t.Helper()
+		r, _ := mustPost("GetReservation", `{"reservationId":"`+id+`"}`)["reservation"].(map[string]any)
+		return r
+	}
+	spent := func(tenant string) string {
+		t.Helper()
+		raw, _ := json.Marshal(mustPost("GetAccount", `{"subject":"`+tenant+`","route":"chat"}`)["accounts"])
+		return string(raw)
+	}
+	conn, err := grpc.NewClient(strings.TrimPrefix(srv.url, "http://"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	rls := rlsv3.NewRateLimitServiceClient(conn)
+
+	mustPost("Reserve", `{"reservationId":"envoy:h-1/held/chat/global","subject":"held","route":"chat","units":{"tokens":"400"}}`)
+	mustPost("Reserve", `{"reservationId":"envoy:e-1/expired/chat/global","subject":"expired","route":"chat","units":{"tokens":"400"}}`)
+	for deadline := time.Now().Add(30 * time.Second); reservation("envoy:e-1/expired/chat/global")["state"] != "RESERVATION_STATE_EXPIRED"; {
+		if time.Now().After(deadline) {
+			t.Fatalf("the 1s hold did not expire: %v\n%s", reservation("envoy:e-1/expired/chat/global"), srv.logs.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for _, c := range []struct{ tenant, id, receipt string }{
+		{"held", "h-1", "envoy:h-1/held/chat/global"},
+		{"expired", "e-1", "usage:e-1/expired/chat/global"},
+	} {
+		var charged string
+		for attempt := range 2 {
+			if resp := envoyCheck(t, rls, c.id, true, 250, c.tenant); resp.OverallCode != rlsv3.RateLimitResponse_OK {
+				t.Fatalf("%s: call after the stream (attempt %d): %v, want OK", c.tenant, attempt+1, resp)
+			}
+			if attempt == 1 && spent(c.tenant) != charged {
+				t.Fatalf("%s: the retry charged again:\nbefore %s\nafter  %s", c.tenant, charged, spent(c.tenant))
+			}
+			charged = spent(c.tenant)
+		}
+		r := reservation(c.receipt)
+		if units, _ := r["actualUnits"].(map[string]any); r["state"] != "RESERVATION_STATE_SETTLED" || units["tokens"] != "250" {
+			t.Errorf("%s: %s is %v, want SETTLED with 250 tokens", c.tenant, c.receipt, r)
+		}
+		if !strings.Contains(charged, `"spent":"250"`) || strings.Contains(charged, `"reserved"`) {
+			t.Errorf("%s: account %s, want 250 spent and nothing reserved", c.tenant, charged)
+		}
+	}
+}

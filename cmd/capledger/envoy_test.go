@@ -89,9 +89,16 @@ func TestServeEnvoyConfigErrors(t *testing.T) {
 `), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// An estimate only an id reserves, and no id_key: every check of 0
+	// hits (Envoy AI Gateway's request-time check) would be a probe.
+	estimateNoID := filepath.Join(dir, "estimate.yaml")
+	if err := os.WriteFile(estimateNoID, []byte("domains: [{name: llm, rules: [{subject: {key: tenant}, unit: tokens, estimate: 500}]}]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for file, says := range map[string]string{
 		filepath.Join(dir, "missing.yaml"): "no such file",
 		bad:                                "unit is required",
+		estimateNoID:                       `domain "llm" rules[0]: estimate needs id_key`,
 		misspelt:                           "envoy config " + misspelt + `: line 14: domains[1].rules[1].route: field "kye": no such field; the fields here: key, value`,
 	} {
 		code, out, errOut := cli(t, "", "serve", "--addr", "127.0.0.1:0", "--data-dir", filepath.Join(dir, "data"), "--envoy-config", file)
