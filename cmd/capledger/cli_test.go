@@ -998,3 +998,23 @@ func TestCLIErrorNamesTheSubcommandRun(t *testing.T) {
 		}
 	}
 }
+
+// serve refusing its shard keys said so twice ("capledger serve: shard
+// keys: shard keys: stat ...: no such file or directory"): the keys'
+// own errors name them already.
+func TestServeShardKeysRefusalSaysItOnce(t *testing.T) {
+	dir := t.TempDir()
+	malformed := filepath.Join(dir, "malformed-keys")
+	if err := os.WriteFile(malformed, []byte("garbage\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, keys := range []string{filepath.Join(dir, "missing-keys"), malformed} {
+		code, out, errOut := cli(t, "", "serve", "--addr", "127.0.0.1:0", "--data-dir", t.TempDir(), "--shard-keys", keys)
+		wantExit(t, exitUsage, code, out, errOut)
+		// The log comes first on stderr; the refusal is its own line.
+		_, refusal, _ := strings.Cut(errOut, "\ncapledger serve: ")
+		if !strings.HasPrefix(refusal, "shard keys") || strings.Count(refusal, "shard keys") != 1 || !strings.Contains(refusal, keys) {
+			t.Errorf("--shard-keys %s: %q: want \"capledger serve: shard keys\" once, naming the file", keys, errOut)
+		}
+	}
+}

@@ -403,7 +403,8 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		eng.Close()
 		st.Close()
-		return usagef("shard keys: %v", err)
+		// Every error of the keys says "shard keys" (or "shard key") first.
+		return usagef("%v", err)
 	}
 	// A rotation is loaded and logged within shardKeysWatchInterval plus
 	// the ring's one-second throttle, not at the next shard issued.
