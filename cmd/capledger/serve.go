@@ -535,7 +535,7 @@ func replicationCheck(ctx context.Context, st store.Store, allowAsync bool, log 
 	}
 	if risk := r.Risk(); risk != "" {
 		if !allowAsync {
-			return nil, usagef("refusing to serve: %s (%s); make the standbys synchronous, or pass --allow-async-replication to accept the risk", risk, r)
+			return nil, usagef("refusing to serve: %s (%s); or pass --allow-async-replication to accept the risk", risk, r)
 		}
 		log.Warn("acknowledged commits could be lost on failover (--allow-async-replication)", "risk", risk, "replication", r.String())
 	} else {
