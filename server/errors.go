@@ -161,13 +161,16 @@ func (s *Server) itemError(ctx context.Context, res *ledger.Result) *v1.ItemErro
 }
 
 // outcomeMessage is what the answer to a refused command says: err's
-// text, less the "invalid command: " that the ledger's ErrInvalidCommand
-// puts first. The reason (INVALID_COMMAND) says that already, and the
-// server's own checks at the door say what is wrong alone: one refusal
-// must not read two ways by the layer that decided it.
+// text, less the "invalid command: " or "invalid policy: " that the
+// ledger's ErrInvalidCommand and ErrInvalidPolicy put first. The reason
+// (INVALID_COMMAND, INVALID_POLICY) says that already, and the server's
+// own checks at the door say what is wrong alone: one refusal must not
+// read two ways by the layer that decided it.
 func outcomeMessage(err error) string {
-	if errors.Is(err, ledger.ErrInvalidCommand) {
-		return strings.TrimPrefix(err.Error(), ledger.ErrInvalidCommand.Error()+": ")
+	for _, said := range []error{ledger.ErrInvalidCommand, ledger.ErrInvalidPolicy} {
+		if errors.Is(err, said) {
+			return strings.TrimPrefix(err.Error(), said.Error()+": ")
+		}
 	}
 	return err.Error()
 }

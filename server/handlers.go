@@ -195,7 +195,7 @@ func (s *Server) PublishPolicy(ctx context.Context, req *connect.Request[v1.Publ
 	defer func() { s.countAnswer(ledger.KindPublishPolicy, &res, answer) }()
 	p, err := PolicyFromProto(req.Msg.GetPolicy())
 	if err != nil {
-		return nil, invalidArgument(ReasonInvalidPolicy, "%v", err)
+		return nil, invalidArgument(ReasonInvalidPolicy, "%s", outcomeMessage(err))
 	}
 	res, cerr := s.exec(ctx, ledger.Command{Kind: ledger.KindPublishPolicy, Policy: &p, Generation: req.Msg.GetEditedFrom()})
 	if cerr != nil {

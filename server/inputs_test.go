@@ -617,3 +617,31 @@ func TestInvalidCommandMessagesSayWhatIsWrongAlone(t *testing.T) {
 		}
 	}
 }
+
+// An INVALID_POLICY refusal said "invalid policy: " first when the ledger
+// or durationFromProto decided it ("invalid policy: tokens: burst 0 is
+// outside ..."), and nothing before what was wrong when decided at the
+// door ("policy.subject is 513 bytes long; at most 512"), while
+// docs/API.md quotes the messages bare. Each now says what is wrong
+// alone, under the same code and reason, as INVALID_COMMAND does.
+func TestInvalidPolicyMessagesSayWhatIsWrongAlone(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	policy := func(fields, dimension string) string {
+		return `{"policy":{"subject":"s","route":"r",` + fields + `"dimensions":[` + dimension + `]}}`
+	}
+	tokens := `{"unit":"tokens","burst":"5"}`
+	for _, c := range []struct{ body, message string }{
+		{`{}`, "policy is required"},
+		{policy(``, `{"unit":"tokens","burst":"0"}`), "tokens: burst 0 is outside (0, 9007199254740992]"},
+		{policy(``, `{"unit":"`+strings.Repeat("u", 129)+`","burst":"5"}`), "dimensions[0].unit is 129 bytes long; at most 128"},
+		{policy(`"epochLength":"1577880001s",`, tokens), "epochLength 1577880001s is longer than the maximum 1577880000s (50 years)"},
+		{policy(`"holdTtl":"9223372036.5s",`, tokens), "holdTtl 9223372036.500s is longer than the maximum 9223372036s (about 292 years)"},
+		{`{"policy":{"subject":"` + strings.Repeat("s", 513) + `","route":"r","dimensions":[` + tokens + `]}}`, "policy.subject is 513 bytes long; at most 512"},
+	} {
+		r := h.call("PublishPolicy", c.body, "")
+		h.wantError(r, http.StatusBadRequest, "invalid_argument", server.ReasonInvalidPolicy)
+		if message, _ := r.body["message"].(string); message != c.message {
+			t.Errorf("PublishPolicy %.80s: message %q, want %q", c.body, message, c.message)
+		}
+	}
+}

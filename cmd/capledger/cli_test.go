@@ -960,3 +960,61 @@ func TestLockedStoreHasNoUsageHint(t *testing.T) {
 		}
 	}
 }
+
+// An error of a command made of subcommands named the group ("capledger
+// policy: ...", "Run `capledger policy --help`") whichever of its
+// subcommands failed: at 3 a.m. the line did not say whether publish or
+// rollback had refused. It names the subcommand the user ran, in the
+// message and in the pointer to --help (which that subcommand answers);
+// a word that names no subcommand leaves the group's name.
+func TestCLIErrorNamesTheSubcommandRun(t *testing.T) {
+	url := startInProcess(t)
+	missing := filepath.Join(t.TempDir(), "missing.yaml")
+	for _, c := range []struct {
+		args        []string
+		want        int
+		says, usage string // usage: the --help pointer, "" for none
+	}{
+		{[]string{"policy", "publish", missing}, exitUsage, "capledger policy publish: read policy: ", "capledger policy publish --help"},
+		{[]string{"policy", "rollback", "7"}, exitNotFound, "capledger policy rollback: not_found: ", ""},
+		{[]string{"policy", "get", "--format", "xml", "1"}, exitUsage, "capledger policy get: ", "capledger policy get --help"},
+		{[]string{"rollout", "undo", "nope"}, exitNotFound, "capledger rollout undo: not_found: ", ""},
+		{[]string{"shard", "list", "--bogus"}, exitUsage, "capledger shard list: unknown flag --bogus", "capledger shard list --help"},
+		{[]string{"legacy", "carve"}, exitUsage, "capledger legacy carve: ", "capledger legacy carve --help"},
+		{[]string{"rollback", "7"}, exitNotFound, "capledger rollback: not_found: ", ""},
+		{[]string{"policy", "frobnicate"}, exitUsage, "capledger policy: unknown policy subcommand", "capledger policy --help"},
+	} {
+		code, out, errOut := cli(t, url, c.args...)
+		if code != c.want || !strings.HasPrefix(errOut, c.says) {
+			t.Errorf("capledger %v: exit %d (want %d), stderr does not begin %q:\n%s%s", c.args, code, c.want, c.says, out, errOut)
+		}
+		if pointer := "Run `" + c.usage + "` for usage."; c.usage != "" && !strings.Contains(errOut, pointer) {
+			t.Errorf("capledger %v: stderr lacks %q:\n%s", c.args, pointer, errOut)
+		}
+		if c.usage != "" {
+			if code, out, errOut := cli(t, url, append(strings.Fields(c.usage)[1:], "--help")...); code != exitOK || !strings.Contains(out, "Usage:") {
+				t.Errorf("%s --help: exit %d:\n%s%s", c.usage, code, out, errOut)
+			}
+		}
+	}
+}
+
+// serve refusing its shard keys said so twice ("capledger serve: shard
+// keys: shard keys: stat ...: no such file or directory"): the keys'
+// own errors name them already.
+func TestServeShardKeysRefusalSaysItOnce(t *testing.T) {
+	dir := t.TempDir()
+	malformed := filepath.Join(dir, "malformed-keys")
+	if err := os.WriteFile(malformed, []byte("garbage\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, keys := range []string{filepath.Join(dir, "missing-keys"), malformed} {
+		code, out, errOut := cli(t, "", "serve", "--addr", "127.0.0.1:0", "--data-dir", t.TempDir(), "--shard-keys", keys)
+		wantExit(t, exitUsage, code, out, errOut)
+		// The log comes first on stderr; the refusal is its own line.
+		_, refusal, _ := strings.Cut(errOut, "\ncapledger serve: ")
+		if !strings.HasPrefix(refusal, "shard keys") || strings.Count(refusal, "shard keys") != 1 || !strings.Contains(refusal, keys) {
+			t.Errorf("--shard-keys %s: %q: want \"capledger serve: shard keys\" once, naming the file", keys, errOut)
+		}
+	}
+}

@@ -161,8 +161,11 @@ func run(ctx context.Context, e *env, args []string) int {
 		printOverview(e.stderr)
 		return exitUsage
 	}
+	// ran is the command as the user ran it, subcommand included ("policy
+	// publish"), which every message below names.
+	ran := c.name
 	if c.subs != nil {
-		err = runSub(ctx, e, c, rest)
+		ran, err = runSub(ctx, e, c, rest)
 	} else {
 		err = c.run(ctx, e, rest)
 	}
@@ -177,19 +180,19 @@ func run(ctx context.Context, e *env, args []string) int {
 		// Interrupted: whatever the cut-off call failed with (a canceled
 		// stream reads as "unavailable"), the command did not finish
 		// because it was told to stop. (serve's stop is its Ctrl-C.)
-		fmt.Fprintf(e.stderr, "capledger %s: interrupted (%v)\n", c.name, err)
+		fmt.Fprintf(e.stderr, "capledger %s: interrupted (%v)\n", ran, err)
 		return exitInterrupted
 	}
 	err = certRefused(e, err)
 	code := exitCode(err)
-	fmt.Fprintf(e.stderr, "capledger %s: %v\n", c.name, err)
+	fmt.Fprintf(e.stderr, "capledger %s: %v\n", ran, err)
 	// Exit 1 points at --help, except when the command set the code itself
 	// (exitError): a store refusing migrate or serve (a schema a newer
 	// binary migrated, credentials), where the message says what to do
 	// and the flags are not the problem.
 	var explicit exitError
 	if code == exitUsage && !errors.As(err, &explicit) {
-		fmt.Fprintf(e.stderr, "Run `capledger %s --help` for usage.\n", c.name)
+		fmt.Fprintf(e.stderr, "Run `capledger %s --help` for usage.\n", ran)
 	}
 	return code
 }
@@ -232,9 +235,11 @@ func newFlags(name string) *flag.FlagSet {
 
 // runSub runs the subcommand of c that args name (their first positional
 // word, wherever the flags are: "policy list --addr X", "policy --addr X
-// list"). It returns flag.ErrHelp for no word but -h/--help, or the word
-// help, and a usageError for no word or an unknown one.
-func runSub(ctx context.Context, e *env, c *command, args []string) error {
+// list"). It returns the command as run ("policy list"; c's name alone
+// when args name no subcommand of it) and the subcommand's error, or
+// flag.ErrHelp for no word but -h/--help, or the word help, and a
+// usageError for no word or an unknown one.
+func runSub(ctx context.Context, e *env, c *command, args []string) (string, error) {
 	names := make([]string, len(c.subs))
 	for i, sub := range c.subs {
 		names[i] = sub.name
@@ -246,23 +251,23 @@ func runSub(ctx context.Context, e *env, c *command, args []string) error {
 	word, rest, err := takeWord(args)
 	switch {
 	case err != nil && errors.Is(err, flag.ErrHelp), word == "help":
-		return flag.ErrHelp
+		return c.name, flag.ErrHelp
 	}
 	if err == nil {
 		for _, sub := range c.subs {
 			if sub.name == word {
-				return sub.run(ctx, e, rest)
+				return c.name + " " + sub.name, sub.run(ctx, e, rest)
 			}
 		}
 	}
 	if name := unknownFlagBeforeWord(args); name != "" {
 		// "capledger policy --bogus x list": as in run.
-		return usagef("unknown flag %s", name)
+		return c.name, usagef("unknown flag %s", name)
 	}
 	if err != nil {
-		return usagef("want a subcommand: %s", want)
+		return c.name, usagef("want a subcommand: %s", want)
 	}
-	return usagef("unknown %s subcommand %q: want %s", c.name, word, want)
+	return c.name, usagef("unknown %s subcommand %q: want %s", c.name, word, want)
 }
 
 // unknownFlagBeforeWord returns the first flag of args before their first

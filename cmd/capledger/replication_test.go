@@ -34,8 +34,10 @@ func TestServeStandalonePostgresNeedsNoFlag(t *testing.T) {
 }
 
 // synchronous_commit=off acknowledges commits before they are on disk:
-// serve refuses to start on it, saying why and which flag accepts the
-// risk; with the flag it starts and /readyz keeps warning.
+// serve refuses to start on it, saying why, what setting repairs it (it
+// told a standalone server's operator to "make the standbys
+// synchronous") and which flag accepts the risk; with the flag it starts
+// and /readyz keeps warning.
 func TestServeRefusesLossyPostgres(t *testing.T) {
 	dsn := postgresSchema(t) + "&synchronous_commit=off"
 	var logs lockedBuffer
@@ -44,7 +46,8 @@ func TestServeRefusesLossyPostgres(t *testing.T) {
 	code := run(ctx, &env{stdout: &logs, stderr: &logs, getenv: func(string) string { return "" }},
 		[]string{"serve", "--addr", "127.0.0.1:0", "--data-dir", t.TempDir(), "--store", dsn})
 	out := logs.String()
-	if code != exitUsage || !strings.Contains(out, "synchronous_commit is off") || !strings.Contains(out, "--allow-async-replication") {
+	if code != exitUsage || !strings.Contains(out, "synchronous_commit is off") || !strings.Contains(out, "set it to on or remote_apply") ||
+		strings.Contains(out, "standbys synchronous") || !strings.Contains(out, "--allow-async-replication") {
 		t.Fatalf("serve on synchronous_commit=off: exit %d, want %d refusing:\n%s", code, exitUsage, out)
 	}
 

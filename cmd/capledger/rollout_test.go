@@ -565,7 +565,7 @@ func TestServerRefusalHasNoUsagePointer(t *testing.T) {
 	}
 	code, out, errOut = cli(t, url, "rollout", "set", "llm", "--percent", "abc")
 	wantExit(t, exitUsage, code, out, errOut)
-	if !strings.Contains(errOut, "Run `capledger rollout --help` for usage.") {
+	if !strings.Contains(errOut, "Run `capledger rollout set --help` for usage.") {
 		t.Errorf("a flag the CLI cannot read:\n%s", errOut)
 	}
 }

@@ -403,7 +403,8 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		eng.Close()
 		st.Close()
-		return usagef("shard keys: %v", err)
+		// Every error of the keys says "shard keys" (or "shard key") first.
+		return usagef("%v", err)
 	}
 	// A rotation is loaded and logged within shardKeysWatchInterval plus
 	// the ring's one-second throttle, not at the next shard issued.
@@ -534,7 +535,7 @@ func replicationCheck(ctx context.Context, st store.Store, allowAsync bool, log 
 	}
 	if risk := r.Risk(); risk != "" {
 		if !allowAsync {
-			return nil, usagef("refusing to serve: %s (%s); make the standbys synchronous, or pass --allow-async-replication to accept the risk", risk, r)
+			return nil, usagef("refusing to serve: %s (%s); or pass --allow-async-replication to accept the risk", risk, r)
 		}
 		log.Warn("acknowledged commits could be lost on failover (--allow-async-replication)", "risk", risk, "replication", r.String())
 	} else {

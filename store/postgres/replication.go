@@ -36,7 +36,8 @@ type Replication struct {
 // to its own disk and, if it has standbys, to a synchronous standby's WAL
 // before COMMIT returns, so neither a crash nor a failover to the standby
 // that the failover manager promotes can lose it. Otherwise it says why an
-// acknowledged commit could be lost.
+// acknowledged commit could be lost, then what setting repairs that (serve
+// refuses with it: the operator needs the fix, not only the risk).
 //
 // The rule, per case:
 //   - fsync off or synchronous_commit off: a crash of the primary alone
@@ -61,14 +62,14 @@ type Replication struct {
 func (r Replication) Risk() string {
 	switch {
 	case !r.Fsync:
-		return "fsync is off: a crash of the primary can lose acknowledged commits"
+		return "fsync is off: a crash of the primary can lose acknowledged commits; turn fsync on"
 	case r.SynchronousCommit == "off":
-		return "synchronous_commit is off: a crash of the primary can lose acknowledged commits"
+		return "synchronous_commit is off: a crash of the primary can lose acknowledged commits; set it to on or remote_apply"
 	case r.SynchronousStandbyNames == "" && r.Standbys == 0:
 		return ""
 	case r.SynchronousStandbyNames == "":
 		return fmt.Sprintf("%d standby(s) replicate asynchronously (synchronous_standby_names is empty): "+
-			"a failover to one of them can lose acknowledged commits", r.Standbys)
+			"a failover to one of them can lose acknowledged commits; make them synchronous (synchronous_standby_names)", r.Standbys)
 	case r.SynchronousCommit == "local" || r.SynchronousCommit == "remote_write":
 		return fmt.Sprintf("synchronous_commit is %s: COMMIT returns before a synchronous standby has flushed it, "+
 			"so a failover can lose acknowledged commits; set it to on or remote_apply", r.SynchronousCommit)

@@ -30,14 +30,14 @@ func TestReplicationRisk(t *testing.T) {
 		}, ""},
 		{"standalone, synchronous_commit off", func(r *postgres.Replication) {
 			r.SynchronousStandbyNames, r.Standbys, r.SyncStandbys, r.SynchronousCommit = "", 0, 0, "off"
-		}, "synchronous_commit is off"},
-		{"fsync off", func(r *postgres.Replication) { r.Fsync = false }, "fsync is off"},
+		}, "synchronous_commit is off: a crash of the primary can lose acknowledged commits; set it to on or remote_apply"},
+		{"fsync off", func(r *postgres.Replication) { r.Fsync = false }, "fsync is off: a crash of the primary can lose acknowledged commits; turn fsync on"},
 		{"asynchronous standbys (pg_auto_failover wait_primary)", func(r *postgres.Replication) {
 			r.SynchronousStandbyNames, r.SyncStandbys = "", 0
-		}, "replicate asynchronously"},
+		}, "replicate asynchronously (synchronous_standby_names is empty): a failover to one of them can lose acknowledged commits; make them synchronous"},
 		{"remote_write", func(r *postgres.Replication) { r.SynchronousCommit = "remote_write" }, "synchronous_commit is remote_write"},
 		{"local with standbys", func(r *postgres.Replication) { r.SynchronousCommit = "local" }, "synchronous_commit is local"},
-		{"off with standbys", func(r *postgres.Replication) { r.SynchronousCommit = "off" }, "synchronous_commit is off"},
+		{"off with standbys", func(r *postgres.Replication) { r.SynchronousCommit = "off" }, "synchronous_commit is off: a crash of the primary can lose acknowledged commits; set it to on"},
 	} {
 		r := safe
 		c.edit(&r)
