@@ -136,8 +136,10 @@ func Missing() string {
 // Start brings a formation up (a monitor and nodes nodes, the first one
 // primary) and returns it once every standby is a synchronous-quorum
 // secondary; it registers the teardown with t.Cleanup. On this machine
-// kind it takes about 20-40 s. It fails the test if the formation does not
-// come up within three minutes.
+// kind it takes about 20-40 s, and over three minutes at load 30-40 (the
+// first node alone took 2m20s to become single). It fails the test if the
+// formation does not come up within six minutes, and at once, with its
+// output, if a node's pg_autoctl exits.
 func Start(t testing.TB, nodes int) *Formation {
 	t.Helper()
 	if why := Missing(); why != "" {
@@ -187,7 +189,7 @@ func Start(t testing.TB, nodes int) *Formation {
 		"PGHOST=127.0.0.1",
 		"LANG=C.UTF-8",
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 
 	f.MonitorPort = freePort(t)
