@@ -3,7 +3,9 @@ package pgformation
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -25,13 +27,22 @@ import (
 //     pg_autoctl processes and the node went on serving as primary;
 //   - Primary reports an error, not the monitor's stale primary, while
 //     another node is writable too, and WaitPrimary waits no primary out
-//     of it.
+//     of it;
+//   - a killed node whose pid files (postmaster.pid, pg_autoctl's) name a
+//     live process of the postgres user, as a reused PID does, rejoins;
+//     before Rejoin removed them, `pg_autoctl run` exited at once ("An
+//     instance of pg_autoctl is already running") or never started
+//     PostgreSQL (pg_ctl status found the live PID), and the node stayed
+//     out of the formation, reported secondary, assigned catchingup;
+//   - WaitHealthy returns, saying so, when a node's pg_autoctl has exited
+//     (here refusing to start past such a pid file) instead of waiting
+//     out its deadline.
 func TestHarnessChecks(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a four-process pg_auto_failover formation")
 	}
 	f := Start(t, 3)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	primary, err := f.Primary(ctx)
 	if err != nil || primary == nil {
@@ -52,6 +63,62 @@ func TestHarnessChecks(t *testing.T) {
 			primary.Name, timeline, nameOf(after), afterTimeline, err, primary.Name, timeline)
 	}
 	t.Logf("TookOver without a failover: %v", err)
+
+	// A killed standby's pid files name a live process of the postgres
+	// user (here a sleep, as a PostgreSQL backend that reused the PID
+	// would): it rejoins all the same, and that process is left alone.
+	var restarted *Node
+	for _, n := range f.Nodes {
+		if n != primary && restarted == nil {
+			restarted = n
+		}
+	}
+	restarted.Kill()
+	reused := exec.Command("sleep", "600")
+	reused.SysProcAttr = &syscall.SysProcAttr{Credential: f.cred}
+	if err := reused.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { reused.Process.Kill(); reused.Wait() })
+	files := restarted.pidFiles()
+	if len(files) < 2 {
+		t.Fatalf("%s's pid files: %v; want postmaster.pid and pg_autoctl's, under the formation's directory", restarted.Name, files)
+	}
+	for _, file := range files {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, rest, _ := strings.Cut(string(b), "\n")
+		if err := os.WriteFile(file, []byte(strconv.Itoa(reused.Process.Pid)+"\n"+rest), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Started past them, as before Rejoin cleared them, pg_autoctl
+	// refuses to run; WaitHealthy says so instead of waiting.
+	restarted.mu.Lock()
+	restarted.proc = f.spawn(restarted.Name, "run", "--pgdata", restarted.PGData)
+	restarted.mu.Unlock()
+	rctx, rcancel := context.WithTimeout(ctx, 2*time.Minute)
+	err = f.WaitHealthy(rctx)
+	rcancel()
+	if err == nil || !strings.Contains(err.Error(), restarted.Name+"'s pg_autoctl exited") || !strings.Contains(err.Error(), "already running") {
+		t.Fatalf("WaitHealthy with %s's pg_autoctl refusing to run past its stale pid file: %v; want an error saying it exited", restarted.Name, err)
+	}
+	t.Logf("WaitHealthy with a stale pid file: %.300s", err)
+	restarted.Kill()
+	rejoin := time.Now()
+	restarted.Rejoin()
+	rctx, rcancel = context.WithTimeout(ctx, 2*time.Minute)
+	err = f.WaitHealthy(rctx)
+	rcancel()
+	if err != nil {
+		t.Fatalf("%s did not rejoin past pid files naming live PID %d: %v\n%s", restarted.Name, reused.Process.Pid, err, f.Logs())
+	}
+	if !isAlive(reused.Process.Pid) {
+		t.Fatalf("the process %d the stale pid files named did not survive %s's rejoin", reused.Process.Pid, restarted.Name)
+	}
+	t.Logf("%s rejoined past pid files naming live PID %d in %s", restarted.Name, reused.Process.Pid, time.Since(rejoin).Round(time.Millisecond))
 
 	// While the primary refuses replication connections and its
 	// walsenders are gone, the monitor still calls the standbys

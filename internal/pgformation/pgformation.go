@@ -136,8 +136,10 @@ func Missing() string {
 // Start brings a formation up (a monitor and nodes nodes, the first one
 // primary) and returns it once every standby is a synchronous-quorum
 // secondary; it registers the teardown with t.Cleanup. On this machine
-// kind it takes about 20-40 s. It fails the test if the formation does not
-// come up within three minutes.
+// kind it takes about 20-40 s, and over three minutes at load 30-40 (the
+// first node alone took 2m20s to become single). It fails the test if the
+// formation does not come up within six minutes, and at once, with its
+// output, if a node's pg_autoctl exits.
 func Start(t testing.TB, nodes int) *Formation {
 	t.Helper()
 	if why := Missing(); why != "" {
@@ -167,6 +169,17 @@ func Start(t testing.TB, nodes int) *Formation {
 			t.Fatal(err)
 		}
 	}
+	// pg_autoctl keeps its pid files under $XDG_RUNTIME_DIR/pg_autoctl/,
+	// or under /tmp/pg_autoctl/ (shared by every formation on the machine,
+	// and left behind by the teardown) when that directory does not exist.
+	if err := os.Mkdir(filepath.Join(dir, "run"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if f.cred != nil {
+		if err := os.Chown(filepath.Join(dir, "run"), int(f.cred.Uid), int(f.cred.Gid)); err != nil {
+			t.Fatal(err)
+		}
+	}
 	f.env = []string{
 		"PATH=" + BinDir + ":/usr/bin:/bin:/usr/sbin:/sbin",
 		"HOME=" + dir,
@@ -176,7 +189,7 @@ func Start(t testing.TB, nodes int) *Formation {
 		"PGHOST=127.0.0.1",
 		"LANG=C.UTF-8",
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 
 	f.MonitorPort = freePort(t)
@@ -299,6 +312,25 @@ func (n *Node) output() string {
 	return p.output()
 }
 
+// exited returns a node whose pg_autoctl supervisor has exited though
+// nothing killed it, and how it ended; nil if there is none.
+func (f *Formation) exited() (*Node, string) {
+	for _, n := range f.Nodes {
+		n.mu.Lock()
+		p := n.proc
+		n.mu.Unlock()
+		if p == nil {
+			continue
+		}
+		select {
+		case <-p.done:
+			return n, p.cmd.ProcessState.String()
+		default:
+		}
+	}
+	return nil, ""
+}
+
 // Running reports whether the node's pg_autoctl supervisor is running.
 func (n *Node) Running() bool {
 	n.mu.Lock()
@@ -385,15 +417,78 @@ func (n *Node) kill() (int, error) {
 
 // Rejoin starts the node's supervisor again (`pg_autoctl run`) after Kill;
 // pg_auto_failover then rewinds or re-clones it and it rejoins as a
-// standby. Wait with WaitHealthy.
+// standby. Wait with WaitHealthy. It first removes the pid files the
+// killed node left that name a live process of someone else
+// (clearStalePidFiles), saying so in the test log.
 func (n *Node) Rejoin() {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.proc != nil {
 		return
 	}
+	n.clearStalePidFiles()
 	n.proc = n.f.spawn(n.Name, "run", "--pgdata", n.PGData)
 	n.runs++
+}
+
+// pidFiles returns the pid files of the node: its postmaster.pid and
+// pg_autoctl's (the supervisor's and its services').
+func (n *Node) pidFiles() []string {
+	files, _ := filepath.Glob(filepath.Join(n.f.dir, "run", "pg_autoctl", n.PGData, "*.pid"))
+	return append([]string{filepath.Join(n.PGData, "postmaster.pid")}, files...)
+}
+
+// clearStalePidFiles removes each pid file of the stopped node that names
+// a live process which is not one of the node's. PostgreSQL and pg_autoctl
+// both take a pid file whose PID answers kill(pid, 0) for a running
+// instance: `pg_autoctl run` exits at once ("An instance of pg_autoctl is
+// already running with PID ..."), leaving the node down for good; and with
+// a live PID in postmaster.pid, pg_autoctl believes PostgreSQL runs
+// (pg_ctl status says so), never starts it, and signals that process when
+// it tries to stop it. A SIGKILLed node leaves its pid files behind, and
+// with pid_max 32768 on a busy machine its PIDs are soon handed to other
+// processes; one of the postgres user (a backend of any PostgreSQL on the
+// machine) makes the file look current. A file naming a dead PID is left
+// alone (both programs remove such a file themselves), and so is one
+// naming a process of this node, which Kill leaves none of.
+func (n *Node) clearStalePidFiles() {
+	for _, file := range n.pidFiles() {
+		pid := pidInFile(file)
+		if pid <= 0 || !isAlive(pid) || n.owns(pid) {
+			continue
+		}
+		comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+		if err := os.Remove(file); err != nil {
+			n.f.t.Errorf("pgformation: rejoin %s: remove stale pid file %s: %v", n.Name, file, err)
+			continue
+		}
+		n.f.t.Logf("pgformation: rejoin %s: removed stale pid file %s: its PID %d now belongs to another process (%s)",
+			n.Name, file, pid, strings.TrimSpace(string(comm)))
+	}
+}
+
+// owns reports whether the live process pid is one of the node's: it runs
+// in the data directory (the postmaster and its children), names it on
+// its command line (pg_autoctl --pgdata, postgres -D), or has it as its
+// PGDATA (pg_autoctl's services, whose titles it rewrites).
+func (n *Node) owns(pid int) bool {
+	proc := fmt.Sprintf("/proc/%d/", pid)
+	if cwd, _ := os.Readlink(proc + "cwd"); cwd == n.PGData || strings.HasPrefix(cwd, n.PGData+"/") {
+		return true
+	}
+	cmdline, _ := os.ReadFile(proc + "cmdline")
+	for _, arg := range bytes.Split(cmdline, []byte{0}) {
+		if string(arg) == n.PGData {
+			return true
+		}
+	}
+	environ, _ := os.ReadFile(proc + "environ")
+	for _, v := range bytes.Split(environ, []byte{0}) {
+		if string(v) == "PGDATA="+n.PGData {
+			return true
+		}
+	}
+	return false
 }
 
 // NodeState is what the monitor knows of a node.
@@ -510,6 +605,22 @@ func (f *Formation) WaitPrimary(ctx context.Context) (*Node, error) {
 	}
 }
 
+// Promoted returns a node other than old that answers, itself, as a
+// primary (not in recovery), or nil while there is none: a standby
+// promoted, seen before the monitor's view (which lags by seconds on a
+// loaded machine) says so.
+func (f *Formation) Promoted(ctx context.Context, old *Node) *Node {
+	for _, n := range f.Nodes {
+		if n == old {
+			continue
+		}
+		if writable, err := n.writable(ctx); err == nil && writable {
+			return n
+		}
+	}
+	return nil
+}
+
 // writable asks the node itself whether it is a primary (not in recovery).
 func (n *Node) writable(ctx context.Context) (bool, error) {
 	var primary bool
@@ -613,12 +724,17 @@ func (f *Formation) WaitHealthy(ctx context.Context) error {
 }
 
 // waitStates waits until the monitor's view counts want (reported and
-// assigned) and then confirm, if not nil, accepts it.
+// assigned) and then confirm, if not nil, accepts it. It returns at once,
+// with the node's output, when a node's pg_autoctl has exited (it refused
+// to start, or gave up): the formation cannot heal without it.
 func (f *Formation) waitStates(ctx context.Context, want map[string]int, confirm func([]NodeState) error) error {
 	var last []NodeState
 	var lastErr error
 	checkpoint := time.Now()
 	for {
+		if n, state := f.exited(); n != nil {
+			return fmt.Errorf("%s's pg_autoctl exited (%s):\n%s", n.Name, state, n.output())
+		}
 		states, err := f.States(ctx)
 		if err == nil {
 			last = states
@@ -772,7 +888,13 @@ func waitGone(pids map[int]bool) []int {
 // postmasterPID returns the pid the data directory's postmaster.pid
 // names, or 0.
 func postmasterPID(pgdata string) int {
-	b, err := os.ReadFile(filepath.Join(pgdata, "postmaster.pid"))
+	return pidInFile(filepath.Join(pgdata, "postmaster.pid"))
+}
+
+// pidInFile returns the pid on the first line of a pid file (PostgreSQL's
+// or pg_autoctl's), or 0.
+func pidInFile(file string) int {
+	b, err := os.ReadFile(file)
 	if err != nil {
 		return 0
 	}
