@@ -29,6 +29,21 @@ func (s *slowCommitStore) Begin(ctx context.Context) (store.Tx, error) {
 	return &slowCommitTx{Tx: tx, delay: time.Duration(s.delay.Load())}, nil
 }
 
+// slowHarness is a harness whose store commits after delay, with
+// policies of burst requests for the subjects acme and global on search.
+func slowHarness(t *testing.T, burst int64, delay time.Duration) *harness {
+	t.Helper()
+	slow := &slowCommitStore{}
+	h := newHarness(t, options{config: testMapping(t), wrapStore: func(st store.Store) store.Store {
+		slow.Store = st
+		return slow
+	}})
+	h.publish("acme", "search", "requests", burst, 1, time.Hour, false)
+	h.publish("global", "search", "requests", burst, 1, time.Hour, false)
+	slow.delay.Store(int64(delay))
+	return h
+}
+
 type slowCommitTx struct {
 	store.Tx
 	delay time.Duration
@@ -52,14 +67,7 @@ func (tx *slowCommitTx) Commit(ctx context.Context) error {
 // passed dropped the follow-ups (or gave up waiting for the reserves) and
 // answered DEADLINE_EXCEEDED.
 func TestSeveralDescriptorsPastTheDeadlineKeepNoHold(t *testing.T) {
-	slow := &slowCommitStore{}
-	h := newHarness(t, options{config: testMapping(t), wrapStore: func(st store.Store) store.Store {
-		slow.Store = st
-		return slow
-	}})
-	h.publish("acme", "search", "requests", 1_000_000, 1, time.Hour, false)
-	h.publish("global", "search", "requests", 1_000_000, 1, time.Hour, false)
-	slow.delay.Store(int64(30 * time.Millisecond))
+	h := slowHarness(t, 1_000_000, 30*time.Millisecond)
 	req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*rlscommon.RateLimitDescriptor{
 		descriptor(nil, "tenant", "acme", "route", "search"),
 		descriptor(nil, "tenant", "global", "route", "search")}}

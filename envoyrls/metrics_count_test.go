@@ -186,16 +186,9 @@ func TestRejectionOfAFailedCheckIsNotCounted(t *testing.T) {
 // nobody read. They counted ok, so a dashboard showed no failed checks
 // while Envoy failed every one of them open.
 func TestCheckPastTheDeadlineCountsUnavailable(t *testing.T) {
-	slow := &slowCommitStore{}
-	h := newHarness(t, options{config: testMapping(t), wrapStore: func(st store.Store) store.Store {
-		slow.Store = st
-		return slow
-	}})
-	h.publish("acme", "search", "requests", 10, 1, time.Hour, false)
-	h.publish("global", "search", "requests", 10, 1, time.Hour, false)
 	// Every commit outlasts the deadline many times over: the call fails
 	// at its deadline, its reserves commit after it.
-	slow.delay.Store(int64(300 * time.Millisecond))
+	h := slowHarness(t, 10, 300*time.Millisecond)
 	before := h.commandCounts()
 	ctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+gatewayToken), 50*time.Millisecond)
 	defer cancel()
