@@ -331,7 +331,7 @@ func TestEpochPassAfterABurstOfPublishesReadsNoIdleAccount(t *testing.T) {
 // remembered reads every generation from its start, as a new leader
 // does, and closes both epochs when they end.
 func TestEpochPassAfterTheClockStepsBackClosesWhatCommandsStampedBeforeIt(t *testing.T) {
-	for name, open := range memstoreAndSQLite {
+	for name, open := range withPostgres(memstoreAndSQLite) {
 		t.Run(name, func(t *testing.T) {
 			st := open(t)
 			core := NewCore(st)

@@ -16,7 +16,7 @@ import (
 // every command does, so the one the remint lands in is new and the
 // epoch worker closes it when it ends.
 func TestEpochOfARemintWithNothingActiveCloses(t *testing.T) {
-	for name, open := range memstoreAndSQLite {
+	for name, open := range withPostgres(memstoreAndSQLite) {
 		t.Run(name, func(t *testing.T) {
 			st := open(t)
 			core := NewCore(st)
