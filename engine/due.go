@@ -123,9 +123,9 @@ func lengthOf(gens []epochGeneration, g uint64) time.Duration {
 
 // freshPerGeneration is how many generations an epoch pass reads one by
 // one, from the start of each one's index, when no earlier pass is
-// remembered (a new leader, or after a pass that did not complete); more
-// are read together, by one pass from the start of the index across
-// generations.
+// remembered (a new leader, after a pass that did not complete, or when
+// the clock stepped back); more are read together, by one pass from the
+// start of the index across generations.
 const freshPerGeneration = 16
 
 // EpochPager returns a pager over the accounts whose accounting epoch
@@ -145,10 +145,11 @@ const freshPerGeneration = 16
 // the policies is in those ranges too: its accounts were all opened by
 // commands that committed after the listing, so stamped at most
 // EpochLateness before that pass's clock, and their epochs start in the
-// range. With no pass remembered (a new leader, or after a pass that did
-// not complete) every generation is read from its start: by its own
-// index when there are at most freshPerGeneration, else all of them by
-// one range from the start of the index across generations.
+// range. With no pass remembered (a new leader, after a pass that did
+// not complete, or at a clock earlier than that pass's: it stepped back)
+// every generation is read from its start: by its own index when there
+// are at most freshPerGeneration, else all of them by one range from
+// the start of the index across generations.
 func (c *Core) EpochPager(ctx context.Context, now time.Time, pageSize int, since *EpochScans) (*Pager, error) {
 	p := &Pager{core: c, size: max(pageSize, 1), now: now}
 	// The generations' epoch lengths: those since remembers and the
@@ -176,7 +177,18 @@ func (c *Core) EpochPager(ctx context.Context, now time.Time, pageSize int, sinc
 			p.lengths = append(p.lengths, e.length)
 		}
 	}
-	switch read := since.last(); {
+	read := since.last()
+	if now.Round(0).Before(read.Round(0)) {
+		// The clock stepped back since that pass (NTP correcting it):
+		// commands since may be stamped long before that pass's clock,
+		// more than EpochLateness, so their accounts' epochs may start
+		// before the range it left to read. Read as a new leader does.
+		// The wall clocks (Round(0)): Before compares time.Now's
+		// monotonic readings when both have one, which a step does not
+		// move, and commands are stamped by the wall clock.
+		read = time.Time{}
+	}
+	switch {
 	case !read.IsZero():
 		lengths := slices.Sorted(slices.Values(p.lengths))
 		for _, length := range lengths {

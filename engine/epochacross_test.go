@@ -322,3 +322,41 @@ func TestEpochPassAfterABurstOfPublishesReadsNoIdleAccount(t *testing.T) {
 		})
 	}
 }
+
+// A clock stepped back by more than EpochLateness (NTP correcting a
+// replica by an hour) stamps commands long before the last pass's clock:
+// an idle account they touch, and the account they open under a
+// generation published since, starts an epoch before the range that pass
+// left to read. The first pass at a clock earlier than the last one
+// remembered reads every generation from its start, as a new leader
+// does, and closes both epochs when they end.
+func TestEpochPassAfterTheClockStepsBackClosesWhatCommandsStampedBeforeIt(t *testing.T) {
+	for name, open := range withPostgres(memstoreAndSQLite) {
+		t.Run(name, func(t *testing.T) {
+			st := open(t)
+			core := NewCore(st)
+			publishTenants(t, core, t0, 0, 3) // tenant-0000: epochs of 10 minutes
+			reserveFor(t, core, t0.Add(time.Minute), 0, "rl-0")
+			var scans EpochScans
+			epochPass(t, core, t0.Add(11*time.Minute), &scans) // closes it; idle since
+			last := t0.Add(2*time.Hour + 4*time.Minute)
+			epochPass(t, core, last, &scans)
+			// The clock steps back an hour: the idle account rolls into the
+			// epoch of 15:00, and tenant-0003's new generation (10-minute
+			// epochs) opens an account in it.
+			back := last.Add(-time.Hour)
+			reserveFor(t, core, back, 0, "rl-1")
+			publishTenants(t, core, back, 3, 4)
+			reserveFor(t, core, back, 3, "rl-2")
+			now := back.Add(11 * time.Minute)
+			cmds := epochPass(t, core, now, &scans)
+			if len(cmds) != 2 {
+				t.Errorf("the first pass after the clock stepped back an hour closes %v; want the epochs of 15:00 of tenant-0000 and tenant-0003", cmds)
+			}
+			checkNoBusyEpochEnded(t, st, now, 0)
+			now = now.Add(time.Minute)
+			epochPass(t, core, now, &scans)
+			checkNoBusyEpochEnded(t, st, now, 1)
+		})
+	}
+}

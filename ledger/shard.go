@@ -723,7 +723,7 @@ type remintDest struct {
 // debt) goes to: the subject's current account under the active
 // generation, brought to now; when nothing admits for the subject (every
 // generation rolled back), the account that holds the subject's capacity
-// now, from where a drain forwards it later. It returns nil when there is
+// now, its elapsed epoch closed, from where a drain forwards it later. It returns nil when there is
 // nothing to remint or charge.
 //
 // The charge is debt that is not spent at the destination (it was used
@@ -760,6 +760,12 @@ func remintTarget(b Book, s *Shard, units, debt Amounts, now time.Time) (*remint
 		if err != nil {
 			return nil, fmt.Errorf("remint shard %s: %w", s.ID, err)
 		}
+		// Close its elapsed epoch first, as every command does (no
+		// refill: nothing admits for the subject): the epoch worker
+		// left it idle and does not read that epoch again, so a remint
+		// into it would stay unclosed.
+		rollEpoch(b, a, p, now)
+		b.AccountPut(a)
 		to, toPolicy = a, p
 	}
 	fromPolicy, ok := b.Policy(s.Account.Generation)
