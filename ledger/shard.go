@@ -723,8 +723,8 @@ type remintDest struct {
 // debt) goes to: the subject's current account under the active
 // generation, brought to now; when nothing admits for the subject (every
 // generation rolled back), the account that holds the subject's capacity
-// now, its elapsed epoch closed, from where a drain forwards it later. It returns nil when there is
-// nothing to remint or charge.
+// now, its elapsed epoch closed, from where a drain forwards it later. It
+// returns nil when there is nothing to remint or charge.
 //
 // The charge is debt that is not spent at the destination (it was used
 // under the shard), issued and retired for the move there, and the remint
