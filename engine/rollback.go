@@ -26,8 +26,13 @@ type GenerationDrain struct {
 	// at its burst once refilled to now, as the drain refills it, and owes
 	// nothing (ledger.DrainRoom; counted by addBlockedByBurst);
 	// BlockedNoPolicy those holding capacity or debt whose subject no
-	// generation decides for.
-	BlockedByBurst, BlockedNoPolicy int64
+	// generation decides for. BlockedDroppedUnit counts those holding
+	// available capacity or debt in a unit the generation deciding for
+	// their subject does not limit (by unit name, as the ledger's drain
+	// matches units): the drain never moves it, so the generation never
+	// drains while that generation decides (counted by addDrain; such an
+	// account may also be BlockedByBurst in a unit both limit).
+	BlockedByBurst, BlockedNoPolicy, BlockedDroppedUnit int64
 	// UnreconciledShards are shards issued under the generation and not
 	// reconciled; ShardUnits their allocations.
 	UnreconciledShards int64
@@ -135,7 +140,7 @@ func (e *Engine) DrainProgress(ctx context.Context, generations []uint64) ([]Gen
 			}
 			waiting, subjects = waiting[:0], subjects[:0]
 			for i := range page {
-				if addDrain(&d, &page[i], pagePolicies.Deciding) {
+				if addDrain(&d, &page[i], pagePolicies.Deciding, pagePolicies.byGeneration) {
 					waiting = append(waiting, &page[i])
 					subjects = append(subjects, page[i].Key.SubjectKey())
 				}
@@ -167,14 +172,15 @@ func (e *Engine) DrainProgress(ctx context.Context, generations []uint64) ([]Gen
 	return out, nil
 }
 
-// addDrain adds one account to d's sums and BlockedNoPolicy, and reports
-// whether what it holds can move depends on the deciding account
-// (addBlockedByBurst): it holds available capacity or debt, d's
-// generation is not active, and another generation decides for its
-// subject. When nothing decides for the subject, neither capacity nor
-// debt can move anywhere (a rolled-back generation mints nothing, so its
-// debt would stay forever).
-func addDrain(d *GenerationDrain, a *ledger.Account, deciding func(ledger.PolicyKey) (uint64, bool)) bool {
+// addDrain adds one account to d's sums, BlockedNoPolicy and
+// BlockedDroppedUnit, and reports whether what it holds can move depends
+// on the deciding account (addBlockedByBurst): it holds available
+// capacity or debt, d's generation is not active, and another generation
+// decides for its subject. When nothing decides for the subject, neither
+// capacity nor debt can move anywhere (a rolled-back generation mints
+// nothing, so its debt would stay forever); nor can what it holds in a
+// unit the deciding generation (its policy in policies) does not limit.
+func addDrain(d *GenerationDrain, a *ledger.Account, deciding func(ledger.PolicyKey) (uint64, bool), policies map[uint64]*ledger.Policy) bool {
 	d.Accounts++
 	for i := 0; i < a.Dims; i++ {
 		b := &a.Balances[i]
@@ -190,7 +196,27 @@ func addDrain(d *GenerationDrain, a *ledger.Account, deciding func(ledger.Policy
 		d.BlockedNoPolicy++
 		return false
 	}
-	return decides != a.Key.Generation
+	if decides == a.Key.Generation {
+		return false
+	}
+	if p := policies[decides]; p != nil && holdsDroppedUnit(a, &d.Policy, p) {
+		d.BlockedDroppedUnit++
+	}
+	return true
+}
+
+// holdsDroppedUnit reports whether some dimension of a (under its policy
+// ap) holds available capacity or debt in a unit p does not limit: the
+// ledger's drain into p's account skips that unit (ledger.drainable
+// matches units by name), so it stays on a.
+func holdsDroppedUnit(a *ledger.Account, ap *ledger.Policy, p *ledger.Policy) bool {
+	for i := 0; i < a.Dims && i < len(ap.Dimensions); i++ {
+		b := &a.Balances[i]
+		if (b.Available > 0 || b.Debt() > 0) && p.DimensionIndex(ap.Dimensions[i].Unit) < 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // addBlockedByBurst counts in d's BlockedByBurst those of accounts (of

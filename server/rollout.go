@@ -725,7 +725,7 @@ func (svc *rolloutService) DrainProgress(ctx context.Context, req *connect.Reque
 			Generation: p.Generation, Subject: p.Key.Subject, Route: p.Key.Route, Region: p.Key.Region,
 			RolledBack: p.RolledBack, Active: d.Active, Accounts: d.Accounts,
 			Reserved: unitsMap(p, &d.Reserved), Debt: unitsMap(p, &d.Debt), Available: unitsMap(p, &d.Available),
-			BlockedByBurst: d.BlockedByBurst, BlockedNoPolicy: d.BlockedNoPolicy,
+			BlockedByBurst: d.BlockedByBurst, BlockedNoPolicy: d.BlockedNoPolicy, BlockedDroppedUnit: d.BlockedDroppedUnit,
 			UnreconciledShards: d.UnreconciledShards, UnreconciledShardUnits: unitsMap(p, &d.ShardUnits),
 			UnreconciledLegacyBudgets: d.LegacyBudgets, UnreconciledLegacyUnits: unitsMap(p, &d.LegacyUnits),
 			Drained: d.Drained(),

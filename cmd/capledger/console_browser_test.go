@@ -2010,3 +2010,45 @@ func TestConsoleBrowserRejectionReasonsInWords(t *testing.T) {
 	b.screenshot("overview_rejection_reasons")
 	b.noConsoleErrors(false)
 }
+
+// TestConsoleBrowserDrainShowsADroppedUnit: a rolled-back generation whose
+// successor dropped one of its units keeps that unit's capacity, which no
+// drain moves; the Policies page's drain panel says so in its blocked
+// cell, as DrainProgress's blockedDroppedUnit counts it, instead of "—".
+func TestConsoleBrowserDrainShowsADroppedUnit(t *testing.T) {
+	t.Parallel()
+	chromiumPath(t)
+	base := startInProcess(t)
+	publish := func(units ...string) uint64 {
+		var dims []*v1.Dimension
+		for _, u := range units {
+			dims = append(dims, &v1.Dimension{Unit: u, RefillUnits: 1, RefillInterval: durationpb.New(time.Hour), Burst: 100})
+		}
+		var resp v1.PublishPolicyResponse
+		mustCall(t, base, "", "LedgerService/PublishPolicy", &v1.PublishPolicyRequest{Policy: &v1.Policy{
+			Subject: "tenant-x", Route: "chat.generate", Dimensions: dims,
+			HoldTtl: durationpb.New(time.Hour), EpochLength: durationpb.New(8760 * time.Hour),
+		}}, &resp)
+		return resp.Policy.Generation
+	}
+	reserve := func(id string, units map[string]int64) {
+		mustCall(t, base, "", "LedgerService/Reserve", &v1.ReserveRequest{ReservationId: id, Subject: "tenant-x", Route: "chat.generate",
+			Units: units}, &v1.ReserveResponse{})
+		mustCall(t, base, "", "LedgerService/Release", &v1.ReleaseRequest{ReservationId: id}, &v1.ReleaseResponse{})
+	}
+	old := publish("tokens", "requests")
+	reserve("x1", map[string]int64{"tokens": 10, "requests": 1})
+	publish("tokens")
+	reserve("x2", map[string]int64{"tokens": 10}) // switches tenant-x to the generation without requests
+	mustCall(t, base, "", "RolloutService/RollbackGenerations", &v1.RollbackGenerationsRequest{Generations: []uint64{old}}, &v1.RollbackGenerationsResponse{})
+	var dp v1.DrainProgressResponse
+	mustCall(t, base, "", "RolloutService/DrainProgress", &v1.DrainProgressRequest{Generations: []uint64{old}, RunDrains: true}, &dp)
+	if g := dp.Generations[0]; g.BlockedDroppedUnit != 1 || g.Available["requests"] != 100 {
+		t.Fatalf("drain progress %v, want 100 requests held by 1 account blocked by the dropped unit", g)
+	}
+	b := newBrowser(t, base)
+	b.do(chromedp.Navigate(base + "/ui/#policies"))
+	b.waitRendered("policies")
+	b.want(fmt.Sprintf(`tr[data-key="drain/g%d"] td[data-field="blocked"]`, old), "0 at burst, 0 without a policy, 1 in a dropped unit")
+	b.noConsoleErrors(false)
+}

@@ -555,6 +555,16 @@ func runRollback(ctx context.Context, e *env, args []string) error {
 				"no policy decides for the subject, so nothing can take that capacity. Publish one for the key (or a \"*\" one for the route), "+
 				"then follow the drain with `capledger rollback --status %s --wait`", stuck, strings.Join(positional, " "))}
 		}
+		// Capacity or debt in a unit the deciding generation does not limit
+		// never moves (the drain moves only units both limit): the same
+		// wait to --max-wait, with BLOCKED showing "unit dropped".
+		if stuck := blockedDroppedUnit(msg); stuck != "" {
+			printDrain(e.stdout, msg)
+			return exitError{code: exitConflict, err: fmt.Errorf("cannot drain: %s; "+
+				"the drain moves only units both generations limit, so what is held in that unit stays. "+
+				"Publish a generation for the key that limits the unit again and keep it until the debt is repaid and the capacity has moved, "+
+				"then follow the drain with `capledger rollback --status %s --wait`; or accept it: the generation then never reports drained", stuck, strings.Join(positional, " "))}
+		}
 		if time.Now().After(deadline) {
 			printDrain(e.stdout, msg)
 			return exitError{code: exitConflict, err: fmt.Errorf("not drained after %s", *maxWait)}
@@ -590,6 +600,20 @@ func blockedNoPolicy(msg *v1.DrainProgressResponse) string {
 	for _, g := range msg.GetGenerations() {
 		if n := g.GetBlockedNoPolicy(); n > 0 {
 			parts = append(parts, fmt.Sprintf("generation %d (%s/%s@%s) has %d account(s) blocked with no policy (available %s, debt %s)",
+				g.GetGeneration(), g.GetSubject(), g.GetRoute(), g.GetRegion(), n, unitsText(g.GetAvailable()), unitsText(g.GetDebt())))
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
+// blockedDroppedUnit names the generations holding available capacity or
+// debt in a unit the generation deciding for the subject does not limit
+// (and so cannot drain while that generation decides), or is empty.
+func blockedDroppedUnit(msg *v1.DrainProgressResponse) string {
+	var parts []string
+	for _, g := range msg.GetGenerations() {
+		if n := g.GetBlockedDroppedUnit(); n > 0 {
+			parts = append(parts, fmt.Sprintf("generation %d (%s/%s@%s) has %d account(s) holding capacity or debt in a unit the deciding generation does not limit (available %s, debt %s)",
 				g.GetGeneration(), g.GetSubject(), g.GetRoute(), g.GetRegion(), n, unitsText(g.GetAvailable()), unitsText(g.GetDebt())))
 		}
 	}
@@ -723,8 +747,13 @@ func printDrain(w io.Writer, msg *v1.DrainProgressResponse) {
 			state = "rolled back"
 		}
 		blocked := "-"
-		if n := g.GetBlockedByBurst() + g.GetBlockedNoPolicy(); n > 0 {
+		if n := g.GetBlockedByBurst() + g.GetBlockedNoPolicy() + g.GetBlockedDroppedUnit(); n > 0 {
 			blocked = fmt.Sprintf("%d by burst, %d no policy", g.GetBlockedByBurst(), g.GetBlockedNoPolicy())
+		}
+		// Said only when there are some, so the column reads as it did
+		// for a generation that drops no unit.
+		if n := g.GetBlockedDroppedUnit(); n > 0 {
+			blocked += fmt.Sprintf(", %d unit dropped", n)
 		}
 		shards := strconv.FormatInt(g.GetUnreconciledShards(), 10)
 		if g.GetUnreconciledShards() > 0 {

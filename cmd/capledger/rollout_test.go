@@ -145,6 +145,74 @@ func TestRollbackWaitStopsWhenNothingCanTakeTheCapacity(t *testing.T) {
 	run(exitOK, "rollback", "--status", "1")
 }
 
+// A generation that drops a unit its predecessor limited leaves the old
+// account's capacity in that unit where it is (the drain moves only units
+// both limit), so `rollback --wait` on the old generation used to poll
+// until --max-wait while BLOCKED showed "-". It stops at once with exit 4,
+// BLOCKED says "1 unit dropped", and the message names the generation and
+// the fix; once a generation that limits the unit again is published and
+// has room for it, the drain takes it and the same follow ends drained.
+func TestRollbackWaitStopsOnADroppedUnit(t *testing.T) {
+	url := startInProcess(t)
+	dir := t.TempDir()
+	both := filepath.Join(dir, "both.yaml")
+	tokensOnly := filepath.Join(dir, "tokens.yaml")
+	if err := os.WriteFile(both, []byte(policyYAML), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dropped := "subject: tenant-7\nroute: chat.generate\nholdTtl: 30s\n" +
+		"dimensions:\n  - unit: tokens\n    burst: 1000\n    refillUnits: 100\n    refillInterval: 1s\n"
+	if err := os.WriteFile(tokensOnly, []byte(dropped), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	run := func(want int, args ...string) (string, string) {
+		t.Helper()
+		code, out, errOut := cli(t, url, args...)
+		wantExit(t, want, code, out, errOut)
+		return out, errOut
+	}
+	reserve := func(id, units string) {
+		run(exitOK, "reserve", "--subject", "tenant-7", "--route", "chat.generate", "--units", units, "--id", id)
+		run(exitOK, "release", "--id", id)
+	}
+	run(exitOK, "policy", "publish", both) // generation 1: tokens and requests
+	reserve("a", "tokens=100,requests=1")
+	run(exitOK, "policy", "publish", tokensOnly) // generation 2: tokens only
+	reserve("b", "tokens=10")                    // switches the subject to generation 2
+	began := time.Now()
+	out, errOut := run(exitConflict, "rollback", "1", "--wait", "--interval", "10ms", "--max-wait", "1m")
+	if took := time.Since(began); took > 20*time.Second {
+		t.Errorf("--wait took %s to give up on a dropped unit", took)
+	}
+	if !regexpLine(out, `^1\s+tenant-7/chat.generate@global\s+rolled back\s+1\s+0\s+0\s+requests=10\s+0 by burst, 0 no policy, 1 unit dropped\s+0\s+false$`) {
+		t.Errorf("the table does not show the account blocked by the dropped unit:\n%s", out)
+	}
+	for _, want := range []string{"cannot drain: generation 1 (tenant-7/chat.generate@global) has 1 account(s) holding capacity or debt in a unit the deciding generation does not limit (available requests=10, debt 0)",
+		"Publish a generation for the key that limits the unit again", "or accept it", "capledger rollback --status 1 --wait"} {
+		if !strings.Contains(errOut, want) {
+			t.Errorf("the message does not say %q:\n%s", want, errOut)
+		}
+	}
+	// Without --wait it only shows the table.
+	run(exitOK, "rollback", "--status", "1")
+
+	// Generation 3 limits requests again; the subject's account under it
+	// starts at its burst of 20 requests, and a settled use of 10 makes
+	// room for generation 1's 10 (refill, hourly, fills none meanwhile).
+	again := filepath.Join(dir, "again.yaml")
+	if err := os.WriteFile(again, []byte(dropped+"  - unit: requests\n    burst: 20\n    refillUnits: 1\n    refillInterval: 1h\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	run(exitOK, "policy", "publish", again)
+	run(exitOK, "reserve", "--subject", "tenant-7", "--route", "chat.generate", "--units", "tokens=10,requests=10", "--id", "c")
+	run(exitOK, "start", "--id", "c", "--operation", "op-c")
+	run(exitOK, "settle", "--id", "c", "--operation", "op-c", "--units", "tokens=10,requests=10")
+	out, _ = run(exitOK, "rollback", "--status", "1", "--wait", "--interval", "10ms", "--max-wait", "1m")
+	if !regexpLine(out, `^1\s+tenant-7/chat.generate@global\s+rolled back\s+1\s+0\s+0\s+0\s+-\s+0\s+true$`) {
+		t.Errorf("generation 1 not drained once generation 3 limits the unit again:\n%s", out)
+	}
+}
+
 // regexpLine reports whether some line of out matches pattern.
 func regexpLine(out, pattern string) bool {
 	re := regexp.MustCompile(pattern)

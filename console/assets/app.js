@@ -727,6 +727,16 @@ async function rolloutsPanel(main) {
 const routeMode = (r, x) => (r.hashBy === "subject" && x.mode === "enforce" && !r.ended
   ? "enforce for " + n(r.percent).toFixed(2) + "% of subjects" : x.mode);
 
+// blockedText says how many of a drain's accounts cannot move what they
+// hold, as `capledger rollback`'s BLOCKED column does: the dropped-unit
+// count (capacity or debt in a unit the deciding generation does not
+// limit) only when there are some.
+const blockedText = (d) => {
+  if (!(n(d.blockedByBurst) + n(d.blockedNoPolicy) + n(d.blockedDroppedUnit))) return "—";
+  const text = fmtInt(d.blockedByBurst) + " at burst, " + fmtInt(d.blockedNoPolicy) + " without a policy";
+  return n(d.blockedDroppedUnit) ? text + ", " + fmtInt(d.blockedDroppedUnit) + " in a dropped unit" : text;
+};
+
 // drainPanel shows what rolled-back generations still hold
 // (RolloutService.DrainProgress), until they are drained.
 async function drainPanel(main, generations) {
@@ -740,7 +750,7 @@ async function drainPanel(main, generations) {
       td("generation", n(d.generation)), td("subject", d.subject), td("route", d.route), td("accounts", fmtInt(d.accounts), true),
       td("reserved", units(d.reserved)), td("debt", units(d.debt)), td("available", units(d.available)),
       td("shards", fmtInt(d.unreconciledShards), true),
-      td("blocked", n(d.blockedByBurst) + n(d.blockedNoPolicy) ? fmtInt(d.blockedByBurst) + " at burst, " + fmtInt(d.blockedNoPolicy) + " without a policy" : "—"),
+      td("blocked", blockedText(d)),
       td("drained", d.drained ? "yes" : "no"))), "Nothing to drain."));
   // When the pass that read these accounts and shards began: one pass is
   // shared and given again for a while, as the Fairness page says of its own.

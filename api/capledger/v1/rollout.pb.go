@@ -1490,6 +1490,12 @@ type GenerationDrain struct {
 	// generation decides for the subject (blocked_no_policy).
 	BlockedByBurst  int64 `protobuf:"varint,11,opt,name=blocked_by_burst,json=blockedByBurst,proto3" json:"blocked_by_burst,omitempty"`
 	BlockedNoPolicy int64 `protobuf:"varint,12,opt,name=blocked_no_policy,json=blockedNoPolicy,proto3" json:"blocked_no_policy,omitempty"`
+	// How many of its accounts hold available capacity or debt in a unit
+	// the generation deciding for their subject does not limit (matched by
+	// unit name): the drain never moves it, so the generation does not
+	// drain while that generation decides. Such an account may also count
+	// in blocked_by_burst for a unit both limit.
+	BlockedDroppedUnit int64 `protobuf:"varint,18,opt,name=blocked_dropped_unit,json=blockedDroppedUnit,proto3" json:"blocked_dropped_unit,omitempty"`
 	// Shards issued under it that are not reconciled, and their allocated
 	// units (a legacy limiter's budget carved as a shard counts here).
 	UnreconciledShards     int64            `protobuf:"varint,13,opt,name=unreconciled_shards,json=unreconciledShards,proto3" json:"unreconciled_shards,omitempty"`
@@ -1615,6 +1621,13 @@ func (x *GenerationDrain) GetBlockedByBurst() int64 {
 func (x *GenerationDrain) GetBlockedNoPolicy() int64 {
 	if x != nil {
 		return x.BlockedNoPolicy
+	}
+	return 0
+}
+
+func (x *GenerationDrain) GetBlockedDroppedUnit() int64 {
+	if x != nil {
+		return x.BlockedDroppedUnit
 	}
 	return 0
 }
@@ -1840,7 +1853,7 @@ const file_capledger_v1_rollout_proto_rawDesc = "" +
 	"\x14DrainProgressRequest\x12 \n" +
 	"\vgenerations\x18\x01 \x03(\x04R\vgenerations\x12\x1d\n" +
 	"\n" +
-	"run_drains\x18\x02 \x01(\bR\trunDrains\"\xb9\t\n" +
+	"run_drains\x18\x02 \x01(\bR\trunDrains\"\xeb\t\n" +
 	"\x0fGenerationDrain\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x01 \x01(\x04R\n" +
@@ -1857,7 +1870,8 @@ const file_capledger_v1_rollout_proto_rawDesc = "" +
 	"\tavailable\x18\n" +
 	" \x03(\v2,.capledger.v1.GenerationDrain.AvailableEntryR\tavailable\x12(\n" +
 	"\x10blocked_by_burst\x18\v \x01(\x03R\x0eblockedByBurst\x12*\n" +
-	"\x11blocked_no_policy\x18\f \x01(\x03R\x0fblockedNoPolicy\x12/\n" +
+	"\x11blocked_no_policy\x18\f \x01(\x03R\x0fblockedNoPolicy\x120\n" +
+	"\x14blocked_dropped_unit\x18\x12 \x01(\x03R\x12blockedDroppedUnit\x12/\n" +
 	"\x13unreconciled_shards\x18\r \x01(\x03R\x12unreconciledShards\x12s\n" +
 	"\x18unreconciled_shard_units\x18\x0e \x03(\v29.capledger.v1.GenerationDrain.UnreconciledShardUnitsEntryR\x16unreconciledShardUnits\x12\x18\n" +
 	"\adrained\x18\x0f \x01(\bR\adrained\x12>\n" +
