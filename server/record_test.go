@@ -3,6 +3,7 @@ package server_test
 import (
 	"fmt"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 
@@ -119,5 +120,30 @@ func TestReserveRefusesARecordDigest(t *testing.T) {
 	}
 	if got := h.ok("RecordUsage", recordBody("forged", "op-1", 5), ""); got["replayed"] == true {
 		t.Fatalf("record after the refused reserve replayed: %v", got)
+	}
+}
+
+// recordDigestExample is the RecordUsage digest docs/API.md shows: the
+// canonical digest of tenant-7, chat.generate, region left empty, with no
+// units and empty estimator digest and body hash, behind "record:".
+const recordDigestExample = "record:sha256:37251d02c3d3d7b11ed328d387964b6b96a19b04edaa12c8b8fe6dccd08ac9f8"
+
+// TestRecordUsageDigestAsDocumented: a RecordUsage's receipt carries
+// exactly the digest docs/API.md spells out, so a client in another
+// language can compute it (e.g. to tell its records from its reserves).
+func TestRecordUsageDigestAsDocumented(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	h.ok("PublishPolicy", tokensPolicy, "")
+	got := h.ok("RecordUsage", recordBody("rec-doc", "op-1", 5), "")
+	res, _ := got["reservation"].(map[string]any)
+	if res["requestDigest"] != recordDigestExample {
+		t.Fatalf("RecordUsage digest = %v, docs/API.md says %s", res["requestDigest"], recordDigestExample)
+	}
+	doc, err := os.ReadFile("../docs/API.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(doc), "`"+recordDigestExample+"`") {
+		t.Errorf("docs/API.md does not show the RecordUsage digest %s", recordDigestExample)
 	}
 }

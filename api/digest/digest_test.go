@@ -2,6 +2,7 @@ package digest
 
 import (
 	"errors"
+	"os"
 	"strings"
 	"testing"
 )
@@ -26,6 +27,49 @@ func TestWorkedExample(t *testing.T) {
 	}
 	if got != workedExampleDigest {
 		t.Fatalf("digest of the worked example = %s, docs/CLIENTS.md says %s", got, workedExampleDigest)
+	}
+}
+
+// The second example of docs/CLIENTS.md: a subject with a combining accent
+// (not normalised) and unit names whose UTF-8 byte order differs from their
+// UTF-16 code-unit order (U+1F600 sorts after U+FF5A here, before it in
+// Java's or JavaScript's default string order). Left empty, the region is
+// "global", and estimator digest and body hash are empty: the digest the
+// server derives for a Reserve without one.
+var unicodeExample = Input{
+	Subject: "te\u0301nant-7",
+	Route:   "chat.generate",
+	Units:   map[string]int64{"\uff5a": 1, "\U0001F600": 2, "e\u0301": 3, "\u00e9": 4},
+}
+
+const unicodeExampleDigest = "sha256:4550ecd93ed99cf11c86161a336c70ccde004d0aeb5fcfb73481ecd42b5f7566"
+
+func TestUnicodeExample(t *testing.T) {
+	got, err := Request(unicodeExample)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != unicodeExampleDigest {
+		t.Fatalf("digest of the Unicode example = %s, want %s", got, unicodeExampleDigest)
+	}
+	precomposed := unicodeExample
+	precomposed.Subject = "t\u00e9nant-7"
+	if other, _ := Request(precomposed); other == got {
+		t.Fatalf("the precomposed and the combining spelling of the subject gave one digest %s: strings must not be normalised", got)
+	}
+}
+
+// TestDocumentedDigests checks that docs/CLIENTS.md shows the digests these
+// tests pin, so a client author reads the values the server computes.
+func TestDocumentedDigests(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/CLIENTS.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, digest := range map[string]string{"worked example": workedExampleDigest, "second example": unicodeExampleDigest} {
+		if !strings.Contains(string(doc), "\n"+digest+"\n") {
+			t.Errorf("docs/CLIENTS.md does not show the %s's digest %s", name, digest)
+		}
 	}
 }
 
