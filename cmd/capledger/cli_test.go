@@ -7,8 +7,10 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	neturl "net/url"
@@ -1009,10 +1011,16 @@ func TestServeShardKeysRefusalSaysItOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, keys := range []string{filepath.Join(dir, "missing-keys"), malformed} {
-		code, out, errOut := cli(t, "", "serve", "--addr", "127.0.0.1:0", "--data-dir", t.TempDir(), "--shard-keys", keys)
+		dataDir := filepath.Join(t.TempDir(), "data")
+		code, out, errOut := cli(t, "", "serve", "--addr", "127.0.0.1:0", "--data-dir", dataDir, "--shard-keys", keys)
 		wantExit(t, exitUsage, code, out, errOut)
-		// The log comes first on stderr; the refusal is its own line.
-		_, refusal, _ := strings.Cut(errOut, "\ncapledger serve: ")
+		// Refused before the store is opened: no new, empty store is
+		// left behind.
+		if entries, err := os.ReadDir(dataDir); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("--shard-keys %s refused: data directory left with %v (%v), want none", keys, entries, err)
+		}
+		// The refusal is its own line on stderr (after the log, if any).
+		_, refusal, _ := strings.Cut("\n"+errOut, "\ncapledger serve: ")
 		if !strings.HasPrefix(refusal, "shard keys") || strings.Count(refusal, "shard keys") != 1 || !strings.Contains(refusal, keys) {
 			t.Errorf("--shard-keys %s: %q: want \"capledger serve: shard keys\" once, naming the file", keys, errOut)
 		}

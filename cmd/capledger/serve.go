@@ -348,6 +348,14 @@ func runServe(ctx context.Context, e *env, args []string) error {
 		defer stopProfiles()
 	}
 
+	if *shardKeysPath != "" {
+		// Refuse keys that do not load before the store is opened (and a
+		// new one created): shardConfig below loads them again for good.
+		if _, err := server.LoadShardKeys(*shardKeysPath); err != nil {
+			return usagef("%v", err)
+		}
+	}
+
 	newFile, created := newSQLiteFile(*storeSpec, *dataDir)
 	// One serve owns a SQLite store: a second on the same file would
 	// lead the workers beside the first.
