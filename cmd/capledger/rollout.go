@@ -549,7 +549,7 @@ func runRollback(ctx context.Context, e *env, args []string) error {
 		// Capacity or debt that no generation can take stays where it is
 		// until someone publishes a policy: waiting for it would only run
 		// out --max-wait while the table shows it blocked.
-		if stuck := blockedNoPolicy(msg); stuck != "" {
+		if stuck := blockedGenerations(msg, (*v1.GenerationDrain).GetBlockedNoPolicy, "blocked with no policy"); stuck != "" {
 			printDrain(e.stdout, msg)
 			return exitError{code: exitConflict, err: fmt.Errorf("cannot drain: %s; "+
 				"no policy decides for the subject, so nothing can take that capacity. Publish one for the key (or a \"*\" one for the route), "+
@@ -558,7 +558,8 @@ func runRollback(ctx context.Context, e *env, args []string) error {
 		// Capacity or debt in a unit the deciding generation does not limit
 		// never moves (the drain moves only units both limit): the same
 		// wait to --max-wait, with BLOCKED showing "unit dropped".
-		if stuck := blockedDroppedUnit(msg); stuck != "" {
+		if stuck := blockedGenerations(msg, (*v1.GenerationDrain).GetBlockedDroppedUnit,
+			"holding capacity or debt in a unit the deciding generation does not limit"); stuck != "" {
 			printDrain(e.stdout, msg)
 			return exitError{code: exitConflict, err: fmt.Errorf("cannot drain: %s; "+
 				"the drain moves only units both generations limit, so what is held in that unit stays. "+
@@ -592,29 +593,15 @@ func generationText(g uint64) string {
 	return "generation " + strconv.FormatUint(g, 10)
 }
 
-// blockedNoPolicy names the generations holding available capacity or
-// debt that no generation decides for (and so cannot drain until a policy
-// is published), or is empty.
-func blockedNoPolicy(msg *v1.DrainProgressResponse) string {
+// blockedGenerations names the generations with accounts that cannot
+// drain, as count counts them and what describes them ("blocked with no
+// policy"), with what those generations hold; or is empty.
+func blockedGenerations(msg *v1.DrainProgressResponse, count func(*v1.GenerationDrain) int64, what string) string {
 	var parts []string
 	for _, g := range msg.GetGenerations() {
-		if n := g.GetBlockedNoPolicy(); n > 0 {
-			parts = append(parts, fmt.Sprintf("generation %d (%s/%s@%s) has %d account(s) blocked with no policy (available %s, debt %s)",
-				g.GetGeneration(), g.GetSubject(), g.GetRoute(), g.GetRegion(), n, unitsText(g.GetAvailable()), unitsText(g.GetDebt())))
-		}
-	}
-	return strings.Join(parts, ", ")
-}
-
-// blockedDroppedUnit names the generations holding available capacity or
-// debt in a unit the generation deciding for the subject does not limit
-// (and so cannot drain while that generation decides), or is empty.
-func blockedDroppedUnit(msg *v1.DrainProgressResponse) string {
-	var parts []string
-	for _, g := range msg.GetGenerations() {
-		if n := g.GetBlockedDroppedUnit(); n > 0 {
-			parts = append(parts, fmt.Sprintf("generation %d (%s/%s@%s) has %d account(s) holding capacity or debt in a unit the deciding generation does not limit (available %s, debt %s)",
-				g.GetGeneration(), g.GetSubject(), g.GetRoute(), g.GetRegion(), n, unitsText(g.GetAvailable()), unitsText(g.GetDebt())))
+		if n := count(g); n > 0 {
+			parts = append(parts, fmt.Sprintf("generation %d (%s/%s@%s) has %d account(s) %s (available %s, debt %s)",
+				g.GetGeneration(), g.GetSubject(), g.GetRoute(), g.GetRegion(), n, what, unitsText(g.GetAvailable()), unitsText(g.GetDebt())))
 		}
 	}
 	return strings.Join(parts, ", ")

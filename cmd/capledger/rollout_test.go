@@ -106,6 +106,17 @@ func TestRollbackDrainsToZeroAcrossRestart(t *testing.T) {
 	}
 }
 
+// cliExpecting returns a function that runs the CLI against url and
+// fails t unless it exits with want; it returns stdout and stderr.
+func cliExpecting(t *testing.T, url string) func(want int, args ...string) (string, string) {
+	return func(want int, args ...string) (string, string) {
+		t.Helper()
+		code, out, errOut := cli(t, url, args...)
+		wantExit(t, want, code, out, errOut)
+		return out, errOut
+	}
+}
+
 // Rolling back the only generation of a key leaves its available capacity
 // nowhere to go: `rollback --wait` used to poll until --max-wait (an hour
 // by default) while BLOCKED showed "no policy". It stops at once with exit
@@ -117,12 +128,7 @@ func TestRollbackWaitStopsWhenNothingCanTakeTheCapacity(t *testing.T) {
 	if err := os.WriteFile(path, []byte(policyYAML), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	run := func(want int, args ...string) (string, string) {
-		t.Helper()
-		code, out, errOut := cli(t, url, args...)
-		wantExit(t, want, code, out, errOut)
-		return out, errOut
-	}
+	run := cliExpecting(t, url)
 	run(exitOK, "policy", "publish", path) // generation 1
 	run(exitOK, "reserve", "--subject", "tenant-7", "--route", "chat.generate", "--units", "tokens=100,requests=1", "--id", "hold")
 	began := time.Now()
@@ -165,12 +171,7 @@ func TestRollbackWaitStopsOnADroppedUnit(t *testing.T) {
 	if err := os.WriteFile(tokensOnly, []byte(dropped), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	run := func(want int, args ...string) (string, string) {
-		t.Helper()
-		code, out, errOut := cli(t, url, args...)
-		wantExit(t, want, code, out, errOut)
-		return out, errOut
-	}
+	run := cliExpecting(t, url)
 	reserve := func(id, units string) {
 		run(exitOK, "reserve", "--subject", "tenant-7", "--route", "chat.generate", "--units", units, "--id", id)
 		run(exitOK, "release", "--id", id)
@@ -676,12 +677,7 @@ func TestDrainBarNeverRunsBackwards(t *testing.T) {
 func TestRollbackWaitBarCountsTheFirstDrain(t *testing.T) {
 	url := startInProcess(t)
 	dir := t.TempDir()
-	run := func(want int, args ...string) (string, string) {
-		t.Helper()
-		code, out, errOut := cli(t, url, args...)
-		wantExit(t, want, code, out, errOut)
-		return out, errOut
-	}
+	run := cliExpecting(t, url)
 	for _, mode := range []string{"shadow", "enforce"} { // generations 1 and 2
 		path := filepath.Join(dir, mode+".yaml")
 		body := "subject: \"*\"\nroute: chat.generate\nrollout: " + mode + "\nholdTTL: 1h\n" +
