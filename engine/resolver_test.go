@@ -533,3 +533,53 @@ func TestResolverRefusesAnAnswerAboveMaxUnits(t *testing.T) {
 		t.Fatalf("an answer of MaxUnits tokens: %+v, %v", cmd, err)
 	}
 }
+
+// The resolver learns that a route answers again only from an answer: a
+// lone reservation whose endpoint comes back right after its question
+// failed is asked next when its backoff runs out (at least MaxBackoff/2
+// and at most MaxBackoff after that failure), not at the next scan. So a
+// gateway that comes back after a long outage sees its records settled up
+// to MaxBackoff later (docs/CLIENTS.md, docs/OPERATIONS.md, "The
+// USAGE_UNKNOWN resolver").
+func TestResolverSeesAComebackOnlyAtItsNextQuestion(t *testing.T) {
+	clk := newClock()
+	src := newScripted()
+	e := New(memstore.New(), Options{DisableWorkers: true, Clock: clk.Now,
+		Resolver: &ResolverOptions{Source: src, MinBackoff: time.Second, MaxBackoff: 8 * time.Second, Seed: 11}})
+	defer e.Close()
+	ctx := context.Background()
+	publish(t, e, 10000, time.Minute, 30*time.Second)
+	unknownWork(t, e, clk, "lone")
+	src.set("op-lone", OperationStatus{}, errors.New("connection refused"))
+	// Down for 60 s, scanned every 100 ms: the backoff reaches 8 s.
+	for range 600 {
+		e.RunResolver(ctx)
+		clk.Advance(100 * time.Millisecond)
+	}
+	// Wait for its next failed question, then come back at once.
+	var failedAt time.Time
+	for before := src.count("op-lone"); failedAt.IsZero(); clk.Advance(100 * time.Millisecond) {
+		e.RunResolver(ctx)
+		if src.count("op-lone") > before {
+			failedAt = clk.Now()
+		}
+	}
+	src.set("op-lone", OperationStatus{State: OperationFinished, Units: map[string]ledger.Units{"tokens": 10}}, nil)
+	var askedAt time.Time
+	for before := src.count("op-lone"); askedAt.IsZero(); clk.Advance(100 * time.Millisecond) {
+		if clk.Now().Sub(failedAt) > time.Minute {
+			t.Fatal("not asked again within a minute of its failed question")
+		}
+		e.RunResolver(ctx)
+		if src.count("op-lone") > before {
+			askedAt = clk.Now()
+		}
+	}
+	if gap := askedAt.Sub(failedAt); gap < 4*time.Second || gap > 8*time.Second+100*time.Millisecond {
+		t.Fatalf("asked %v after its failed question, the endpoint back since: want its backoff, [4s, 8s]", gap)
+	}
+	if r := state(t, e, "lone"); r.State != ledger.StateSettled {
+		t.Fatalf("the answer after the comeback did not settle it: %s", r.State)
+	}
+	auditClean(t, e)
+}
