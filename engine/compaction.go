@@ -299,10 +299,10 @@ var errAuditFound = errors.New("the audit found discrepancies")
 func (e *Engine) CutCheckpoint(ctx context.Context, now time.Time) (*ledger.Checkpoint, []ledger.Discrepancy, error) {
 	// The watermark: with nothing committed after the last checkpoint,
 	// or nothing journaled at all before the first, no snapshot is
-	// taken. It would read every policy, move, shard, statement and
-	// retained total into memory to find the same (without a
-	// checkpoint, at every pass: a store holding only published
-	// policies read them all every minute).
+	// taken. It would read every move, shard, statement and retained
+	// total into memory, and every account's policy, to find the same
+	// (without a checkpoint, at every pass: a store holding only
+	// published policies read them all every minute).
 	last, ok, err := e.core.store.CheckpointLast(ctx)
 	if err != nil {
 		return nil, nil, fmt.Errorf("checkpoint: %w", err)

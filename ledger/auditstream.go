@@ -365,7 +365,9 @@ func mergeStreams[A any](accounts func(func(*A) error) error, key func(*A) Accou
 
 // auditPass is what one pass over the accounts checks and finds.
 type auditPass struct {
-	o          AuditOptions
+	o AuditOptions
+	// policies are the snapshot's Policies by generation; nil when it
+	// reads them by PoliciesOf, a page of accounts' at a time (bursts).
 	policies   map[uint64]*Policy
 	per        func(AccountKey) *sums
 	statements map[AccountKey][]Statement
@@ -384,7 +386,10 @@ type auditPass struct {
 	// last checkpoint's accounts, the replays, the current epochs against
 	// their statements.
 	accountOut, checkpointOut, replayOut, statementOut []Discrepancy
-	accountsRead                                       error
+	accountsRead, policiesRead                         error
+	// bursts are the accounts whose burst check waits for their
+	// policies (Snapshot.PoliciesOf), at most auditPolicyPage.
+	bursts []pendingBurst
 	// cutAccounts counts the accounts of the checkpoint to cut; extra are
 	// the keys with entries within the cut that are neither accounts nor
 	// in the last checkpoint, in key order.
@@ -396,6 +401,69 @@ type auditPass struct {
 	staged   bool
 	stageErr error
 	next     CheckpointAccount // the account staged, reused (Put takes it by pointer)
+}
+
+// auditPolicyPage is how many accounts' burst checks wait for one read of
+// their policies (Snapshot.PoliciesOf): an audit holds at most that many
+// policies, not every one (a policy per tenant: a million).
+const auditPolicyPage = 256
+
+// pendingBurst is an account whose burst check waits for its policy:
+// what the check reads, and where in accountOut its findings go (after
+// the account's conservation findings, before what follows them).
+type pendingBurst struct {
+	key  AccountKey
+	at   int
+	dims int
+	held [MaxDimensions]Units
+}
+
+// checkBursts reads the policies of the accounts in ps.bursts in one
+// read and runs their burst checks, each finding in its account's place.
+// A failed read is kept in policiesRead (an audit that could not read
+// the policies finds that, and cuts nothing).
+func (ps *auditPass) checkBursts(s *Snapshot) {
+	if len(ps.bursts) == 0 {
+		return
+	}
+	defer func() { ps.bursts = ps.bursts[:0] }()
+	if ps.policiesRead != nil {
+		return
+	}
+	generations := make([]uint64, 0, len(ps.bursts))
+	for i := range ps.bursts {
+		if g := ps.bursts[i].key.Generation; len(generations) == 0 || generations[len(generations)-1] != g {
+			generations = append(generations, g)
+		}
+	}
+	found, err := s.PoliciesOf(generations)
+	if err != nil {
+		ps.policiesRead = err
+		return
+	}
+	var out []Discrepancy
+	next := 0 // accountOut up to next is in out
+	for i := range ps.bursts {
+		b := &ps.bursts[i]
+		pol, ok := found[b.key.Generation]
+		if !ok {
+			continue
+		}
+		for d := 0; d < b.dims && d < len(pol.Dimensions); d++ {
+			if b.held[d] > pol.Dimensions[d].Burst {
+				if out == nil {
+					out = make([]Discrepancy, 0, len(ps.accountOut)+1)
+				}
+				out = append(out, ps.accountOut[next:b.at]...)
+				next = b.at
+				out = append(out, Discrepancy{Check: CheckBurst, Account: b.key.String(),
+					Detail: fmt.Sprintf("dimension %d: available + reserved = %d above the burst %d", d, b.held[d], pol.Dimensions[d].Burst)})
+			}
+		}
+	}
+	if out != nil {
+		ps.accountOut = append(out, ps.accountOut[next:]...)
+	}
 }
 
 // noSums is what an account without reservations, retained totals or
@@ -447,12 +515,22 @@ func (s *Snapshot) auditAccounts(pass auditPass) *auditPass {
 				add(&ps.accountOut, CheckConservation, a.Key, "dimension %d: %v", d, err)
 			}
 		}
-		if pol := ps.policies[a.Key.Generation]; pol != nil {
-			for d := 0; d < a.Dims && d < len(pol.Dimensions); d++ {
-				if held := a.Balances[d].Available + a.Balances[d].Reserved; held > pol.Dimensions[d].Burst {
-					add(&ps.accountOut, CheckBurst, a.Key, "dimension %d: available + reserved = %d above the burst %d",
-						d, held, pol.Dimensions[d].Burst)
+		if ps.policies != nil {
+			if pol := ps.policies[a.Key.Generation]; pol != nil {
+				for d := 0; d < a.Dims && d < len(pol.Dimensions); d++ {
+					if held := a.Balances[d].Available + a.Balances[d].Reserved; held > pol.Dimensions[d].Burst {
+						add(&ps.accountOut, CheckBurst, a.Key, "dimension %d: available + reserved = %d above the burst %d",
+							d, held, pol.Dimensions[d].Burst)
+					}
 				}
+			}
+		} else if s.PoliciesOf != nil {
+			b := pendingBurst{key: a.Key, at: len(ps.accountOut), dims: a.Dims}
+			for d := 0; d < a.Dims; d++ {
+				b.held[d] = a.Balances[d].Available + a.Balances[d].Reserved
+			}
+			if ps.bursts = append(ps.bursts, b); len(ps.bursts) == auditPolicyPage {
+				ps.checkBursts(s)
 			}
 		}
 		// Read, not get: an entry per account would hold a million
@@ -500,6 +578,7 @@ func (s *Snapshot) auditAccounts(pass auditPass) *auditPass {
 			}
 		}
 	})
+	ps.checkBursts(s)
 	if accountsErr != nil {
 		ps.accountsRead = accountsErr
 	}

@@ -9,7 +9,12 @@ import (
 
 // Snapshot is a whole ledger's rows, as an audit reads them from any store.
 type Snapshot struct {
-	Policies []Policy
+	// Policies, or PoliciesOf when set: it returns the policies of
+	// generations (absent: one that does not exist), read in the
+	// snapshot's read, so an audit reads those of a page of accounts at a
+	// time (auditPolicyPage), not every policy at once.
+	Policies   []Policy
+	PoliciesOf func(generations []uint64) (map[uint64]Policy, error)
 	// Accounts, or AccountStream when set: it calls yield with every
 	// account in key order (AccountKey.Compare; valid only during the
 	// call) and may be called more than once, so an audit holds one
@@ -355,9 +360,12 @@ func AuditWith(s *Snapshot, o AuditOptions) ([]Discrepancy, *Checkpoint) {
 			}
 		}
 	}
-	policies := make(map[uint64]*Policy, len(s.Policies))
-	for i := range s.Policies {
-		policies[s.Policies[i].Generation] = &s.Policies[i]
+	var policies map[uint64]*Policy
+	if s.PoliciesOf == nil {
+		policies = make(map[uint64]*Policy, len(s.Policies))
+		for i := range s.Policies {
+			policies[s.Policies[i].Generation] = &s.Policies[i]
+		}
 	}
 	byAccount := map[AccountKey][]Statement{}
 	for _, st := range s.Statements {
@@ -465,6 +473,7 @@ func AuditWith(s *Snapshot, o AuditOptions) ([]Discrepancy, *Checkpoint) {
 		}})
 	out = append(out, pass.accountOut...)
 	readErr("accounts", pass.accountsRead)
+	readErr("policies", pass.policiesRead)
 	out = append(out, verifyCheckpointHeaders(s.Checkpoints)...)
 	out = append(out, pass.checkpointOut...)
 	if s.JournalComplete {

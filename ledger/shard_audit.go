@@ -125,8 +125,17 @@ func auditShards(s *Snapshot) []Discrepancy {
 	return out
 }
 
-// snapshotPolicy returns generation's policy in s, or nil.
+// snapshotPolicy returns generation's policy in s, or nil (also when
+// PoliciesOf fails: it names a dimension in a discrepancy's detail).
 func snapshotPolicy(s *Snapshot, generation uint64) *Policy {
+	if s.PoliciesOf != nil {
+		if found, err := s.PoliciesOf([]uint64{generation}); err == nil {
+			if p, ok := found[generation]; ok {
+				return &p
+			}
+		}
+		return nil
+	}
 	for i := range s.Policies {
 		if s.Policies[i].Generation == generation {
 			return &s.Policies[i]

@@ -13,9 +13,11 @@ import (
 // does not summarise.
 type CheckpointStore interface {
 	// AuditSnapshot calls f with a snapshot for an audit, read in one
-	// consistent read and valid only during f. Policies, moves, shards,
+	// consistent read and valid only during f. Moves, shards,
 	// statements, retained totals and the checkpoint chain's headers are
-	// in memory; the accounts come through AccountStream and the last
+	// in memory; the policies may come through PoliciesOf instead (those
+	// of the generations asked: an audit asks for a page of accounts'
+	// at a time, so a policy per tenant is not held whole); the accounts come through AccountStream and the last
 	// checkpoint's accounts through CheckpointAccountStream (each in key
 	// order, a page at a time, as often as the audit calls them),
 	// reservations through ReservationStream (in id order, a page at a
@@ -37,7 +39,8 @@ type CheckpointStore interface {
 	// pos is committed: one indexed probe, the compaction worker's
 	// watermark. Before a cut it asks about the last checkpoint's
 	// Through, and with nothing after it takes no audit snapshot (which
-	// reads every policy, move, shard, statement and retained total).
+	// reads every move, shard, statement and retained total, and the
+	// policies of every account).
 	JournalAfter(ctx context.Context, pos int64) (bool, error)
 
 	// CheckpointWrite starts writing checkpoint seq, which must be one

@@ -83,6 +83,21 @@ func (s *Store) AuditSnapshot(ctx context.Context, cut bool, f func(*ledger.Snap
 	}
 	journal, reservations := snap.Journal, snap.Reservations
 	snap.Journal, snap.Reservations = nil, nil
+	// The policies as the SQL stores give them: those asked for.
+	policies := make(map[uint64]ledger.Policy, len(snap.Policies))
+	for _, p := range snap.Policies {
+		policies[p.Generation] = p
+	}
+	snap.Policies = nil
+	snap.PoliciesOf = func(generations []uint64) (map[uint64]ledger.Policy, error) {
+		out := make(map[uint64]ledger.Policy, len(generations))
+		for _, g := range generations {
+			if p, ok := policies[g]; ok {
+				out[g] = p
+			}
+		}
+		return out, nil
+	}
 	// Accounts and the last checkpoint's accounts are streamed in key
 	// order, as the SQL stores read them.
 	accounts := slices.SortedFunc(slices.Values(snap.Accounts), func(a, b ledger.Account) int { return a.Key.Compare(b.Key) })

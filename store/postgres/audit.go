@@ -140,11 +140,17 @@ func (s *Store) committedThrough(ctx context.Context) (int64, error) {
 }
 
 // snapshotRows reads every row of a snapshot but the journal (and the
-// reservations, unless reservations is set), in tx.
+// reservations and policies, unless reservations is set: then the
+// snapshot reads the policies of the generations asked, PoliciesOf), in
+// tx.
 func (s *Store) snapshotRows(ctx context.Context, tx pgx.Tx, reservations bool) (*ledger.Snapshot, error) {
 	var err error
 	snap := &ledger.Snapshot{JournalComplete: true}
-	if snap.Policies, err = s.policyList(ctx, tx, 0); err != nil {
+	if !reservations { // an audit's: the policies of a page of accounts at a time
+		snap.PoliciesOf = func(generations []uint64) (map[uint64]ledger.Policy, error) {
+			return s.policiesOf(ctx, tx, generations)
+		}
+	} else if snap.Policies, err = s.policyList(ctx, tx, 0); err != nil {
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}
 	if reservations { // else streamed (streamAccounts)

@@ -449,6 +449,12 @@ func (s *Store) PolicyGet(ctx context.Context, generation uint64) (ledger.Policy
 // is absent. One statement, one round trip, however many generations (an
 // array, not one bind parameter each): a seek of the primary key each.
 func (s *Store) PoliciesOfGenerations(ctx context.Context, generations []uint64) (map[uint64]ledger.Policy, error) {
+	return s.policiesOf(ctx, s.pool, generations)
+}
+
+// policiesOf is PoliciesOfGenerations in q (a snapshot's transaction:
+// ledger.Snapshot.PoliciesOf).
+func (s *Store) policiesOf(ctx context.Context, q querier, generations []uint64) (map[uint64]ledger.Policy, error) {
 	distinct := make([]int64, 0, len(generations))
 	for _, g := range generations {
 		if g <= math.MaxInt64 {
@@ -461,7 +467,7 @@ func (s *Store) PoliciesOfGenerations(ctx context.Context, generations []uint64)
 	if len(distinct) == 0 {
 		return out, nil
 	}
-	rows, err := s.pool.Query(ctx, policiesOfSQL, distinct)
+	rows, err := q.Query(ctx, policiesOfSQL, distinct)
 	if err != nil {
 		return nil, s.c.classify("policies of generations", err, false)
 	}

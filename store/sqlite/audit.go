@@ -147,6 +147,12 @@ func (s *Store) AuditSnapshot(ctx context.Context, cut bool, f func(*ledger.Snap
 			return txCheckpointAccounts(yield)
 		}
 	}
+	snap.PoliciesOf = func(generations []uint64) (map[uint64]ledger.Policy, error) {
+		if copyErr != nil {
+			return nil, copyErr
+		}
+		return snapshotPoliciesOf(ctx, read, generations)
+	}
 	snap.ReservationStream = func(yield func(*ledger.Reservation) error) error {
 		if err := copied(); err != nil {
 			return err

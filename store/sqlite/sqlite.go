@@ -1045,16 +1045,19 @@ func (s *Store) Snapshot(ctx context.Context) (_ *ledger.Snapshot, err error) {
 	return s.snapshotRows(ctx, tx, true)
 }
 
-// snapshotRows reads the rows of a snapshot in tx: always the policies,
+// snapshotRows reads the rows of a snapshot in tx: always the
 // accounts, moves, shards, statements, retained totals and checkpoint
-// chain; the reservations and the journal after the last checkpoint only
-// when full is set (AuditSnapshot streams them instead).
+// chain; the policies, the reservations and the journal after the last
+// checkpoint only when full is set (AuditSnapshot reads the policies of
+// the generations asked, snapshotPoliciesOf, and streams the others).
 func (s *Store) snapshotRows(ctx context.Context, tx *sql.Tx, full bool) (*ledger.Snapshot, error) {
 	var err error
 	q := func(query string) queryer { return txQuery{tx, query} }
 	snap := &ledger.Snapshot{JournalComplete: true}
-	if snap.Policies, err = queryAll(ctx, q("SELECT "+policyCols+" FROM policies ORDER BY generation"), scanPolicy, "snapshot policies"); err != nil {
-		return nil, err
+	if full { // else read a page at a time (snapshotPoliciesOf)
+		if snap.Policies, err = queryAll(ctx, q("SELECT "+policyCols+" FROM policies ORDER BY generation"), scanPolicy, "snapshot policies"); err != nil {
+			return nil, err
+		}
 	}
 	if full { // else streamed (streamAccounts)
 		var accounts int64
@@ -1104,6 +1107,30 @@ func (s *Store) snapshotRows(ctx context.Context, tx *sql.Tx, full bool) (*ledge
 		return nil, err
 	}
 	return snap, nil
+}
+
+// snapshotPoliciesOf returns the policies of generations in tx, by
+// generation (ledger.Snapshot.PoliciesOf): a statement per 128 of them,
+// as PoliciesOfGenerations reads.
+func snapshotPoliciesOf(ctx context.Context, tx *sql.Tx, generations []uint64) (map[uint64]ledger.Policy, error) {
+	distinct := slices.DeleteFunc(slices.Clone(generations), func(g uint64) bool { return g > math.MaxInt64 })
+	slices.Sort(distinct)
+	distinct = slices.Compact(distinct)
+	out := make(map[uint64]ledger.Policy, len(distinct))
+	for chunk := range slices.Chunk(distinct, subjectChunkSizes[len(subjectChunkSizes)-1]) {
+		args := make([]any, len(chunk))
+		for i, g := range chunk {
+			args[i] = int64(g)
+		}
+		found, err := queryAll(ctx, txQuery{tx, policiesOfSQL(len(chunk))}, scanPolicy, "snapshot policies", args...)
+		if err != nil {
+			return nil, err
+		}
+		for _, p := range found {
+			out[p.Generation] = p
+		}
+	}
+	return out, nil
 }
 
 type queryer interface {
