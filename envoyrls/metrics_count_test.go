@@ -215,3 +215,58 @@ func TestCheckPastTheDeadlineCountsUnavailable(t *testing.T) {
 		t.Fatalf("after the late check: acme %+v, global %+v, want both charged 1 (the commands ran)", acme, global)
 	}
 }
+
+// Every malformed check (docs/ENVOY.md, "Answers") is refused whole with
+// INVALID_ARGUMENT and counted once, as a reserve refused
+// invalid_command, whichever check refused it: the adapter's own (no
+// descriptors, too many, negative or too many hits, an id the ledger
+// refuses) or the server's command checks it shares (a NUL byte in a
+// subject), and whatever else its descriptors held (one matching no rule
+// here, not counted no_policy).
+func TestMalformedCheckCountsOnceAsInvalidCommand(t *testing.T) {
+	h := newHarness(t, options{config: testMapping(t)})
+	h.publish("acme", "search", "requests", 10, 1, time.Hour, false)
+	d := descriptor(nil, "tenant", "acme", "route", "search")
+	neg := descriptor(nil, "tenant", "acme", "route", "search")
+	neg.IsNegativeHits = true
+	unmapped := descriptor(nil, "user", "acme")
+	many := make([]*rlscommon.RateLimitDescriptor, 65)
+	for i := range many {
+		many[i] = d
+	}
+	for _, c := range []struct {
+		name string
+		req  *rlsv3.RateLimitRequest
+	}{
+		{"no descriptors", &rlsv3.RateLimitRequest{Domain: "api"}},
+		{"65 descriptors", &rlsv3.RateLimitRequest{Domain: "api", Descriptors: many}},
+		{"negative hits", &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*rlscommon.RateLimitDescriptor{unmapped, neg}}},
+		{"hits over 2^53", &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*rlscommon.RateLimitDescriptor{unmapped, descriptor(hits(1<<60), "tenant", "acme", "route", "search")}}},
+		{"a NUL byte in a request id", &rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlscommon.RateLimitDescriptor{descriptor(nil, "tenant", "acme", "x-request-id", "r\x001")}}},
+		{"a NUL byte in a subject", &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*rlscommon.RateLimitDescriptor{descriptor(nil, "tenant", "ac\x00me", "route", "search")}}},
+	} {
+		before := h.commandCounts()
+		_, err := h.check(c.req)
+		if status.Code(err) != codes.InvalidArgument {
+			t.Fatalf("%s: %v, want INVALID_ARGUMENT", c.name, err)
+		}
+		if reason := grpcReason(err); reason != server.ReasonInvalidCommand {
+			t.Errorf("%s: reason %q, want %s", c.name, reason, server.ReasonInvalidCommand)
+		}
+		t.Run(c.name, func(t *testing.T) {
+			h := *h
+			h.t = t
+			h.wantCounted(before, map[string]float64{"reserve/invalid_command": 1})
+		})
+	}
+}
+
+// grpcReason is the reason of err's capledger ErrorDetail, "" without one.
+func grpcReason(err error) string {
+	for _, d := range status.Convert(err).Details() {
+		if detail, ok := d.(*v1.ErrorDetail); ok {
+			return detail.GetReason()
+		}
+	}
+	return ""
+}

@@ -173,65 +173,16 @@ type item struct {
 // reused for another estimate, FAILED_PRECONDITION for a settle that
 // contradicts the recorded one).
 func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
-	if len(req.GetDescriptors()) == 0 {
-		return nil, invalid("no descriptors")
-	}
-	if len(req.GetDescriptors()) > maxDescriptors {
-		return nil, invalid("%d descriptors; at most %d", len(req.GetDescriptors()), maxDescriptors)
-	}
-	requestHits := int64(req.GetHitsAddend())
-	if requestHits == 0 {
-		requestHits = 1
-	}
-	items := make([]item, len(req.GetDescriptors()))
-	// Descriptors have a handful of entries: map them from a buffer on
-	// the stack (Map keeps none of them).
-	var entryBuf [8]Entry
-	entries := entryBuf[:0]
-	unmapped := 0
-	for i, d := range req.GetDescriptors() {
-		it := &items[i]
-		if d.GetIsNegativeHits() {
-			return nil, invalid("descriptor %d: negative hits are not supported; capacity returns through a settle below the reservation", i)
-		}
-		it.hits = requestHits
-		if h := d.GetHitsAddend(); h != nil {
-			if h.GetValue() > uint64(ledger.MaxUnits) {
-				return nil, invalid("descriptor %d: hits_addend %d exceeds %d", i, h.GetValue(), ledger.MaxUnits)
-			}
-			it.hits = int64(h.GetValue())
-		}
-		entries = entries[:0]
-		for _, e := range d.GetEntries() {
-			entries = append(entries, Entry{Key: e.GetKey(), Value: e.GetValue()})
-		}
-		m, ok := s.cfg.Map(req.GetDomain(), entries)
-		if !ok {
-			unmapped++
-			it.unknown = true
-			continue
-		}
-		if m.Rule.SettleOnHits && it.hits > 0 {
-			m.Settle = true // the call after the stream, told by its cost
-		}
-		it.mapped = m
-		if m.ID != "" {
-			it.rid = reservationID(m.ID, m.Key)
-			if p := ledger.IDProblem(it.rid); p != "" {
-				return nil, invalid("descriptor %d: reservation id %q %s", i, it.rid, p)
-			}
-			for j := range items[:i] {
-				if other := &items[j]; other.rid == it.rid && other.mapped.Rule.Unit != m.Rule.Unit {
-					// One id names one reservation, of one unit: the
-					// second reserve would be refused as a reused id
-					// (ALREADY_EXISTS), at every retry.
-					return nil, invalid("descriptors %d and %d: units %q and %q under one reservation id %q (the request id, subject, route and region); map them to different routes",
-						j, i, other.mapped.Rule.Unit, m.Rule.Unit, it.rid)
-				}
-			}
-		} else {
-			it.rid = randomID()
-		}
+	items, unmapped, cerr := s.mapRequest(req)
+	if cerr != nil {
+		// A malformed request is refused whole before any command runs,
+		// and counted once as a refused reserve (invalid_command), as a
+		// descriptor the server's command checks refuse (a NUL byte in
+		// a subject) is: every INVALID_ARGUMENT Envoy sees shows there.
+		var answers server.Answers
+		answers.Refused(ledger.KindReserve, cerr)
+		s.srv.CountAnswers(&answers, cerr)
+		return nil, cerr
 	}
 	// An unknown domain or a descriptor no rule matches maps to no policy:
 	// counted as such (once the request is known to be well formed, and
@@ -256,6 +207,74 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	}
 	s.srv.CountAnswers(&answers, err)
 	return resp, err
+}
+
+// mapRequest maps req's descriptors to items (an unknown one marked
+// unknown, counted in unmapped), or returns the INVALID_ARGUMENT that
+// refuses a malformed request: no descriptors or too many, negative or
+// too many hits, a reservation id the ledger refuses, one id for two
+// units.
+func (s *Service) mapRequest(req *rlsv3.RateLimitRequest) (items []item, unmapped int, _ *connect.Error) {
+	if len(req.GetDescriptors()) == 0 {
+		return nil, 0, invalid("no descriptors")
+	}
+	if len(req.GetDescriptors()) > maxDescriptors {
+		return nil, 0, invalid("%d descriptors; at most %d", len(req.GetDescriptors()), maxDescriptors)
+	}
+	requestHits := int64(req.GetHitsAddend())
+	if requestHits == 0 {
+		requestHits = 1
+	}
+	items = make([]item, len(req.GetDescriptors()))
+	// Descriptors have a handful of entries: map them from a buffer on
+	// the stack (Map keeps none of them).
+	var entryBuf [8]Entry
+	entries := entryBuf[:0]
+	for i, d := range req.GetDescriptors() {
+		it := &items[i]
+		if d.GetIsNegativeHits() {
+			return nil, 0, invalid("descriptor %d: negative hits are not supported; capacity returns through a settle below the reservation", i)
+		}
+		it.hits = requestHits
+		if h := d.GetHitsAddend(); h != nil {
+			if h.GetValue() > uint64(ledger.MaxUnits) {
+				return nil, 0, invalid("descriptor %d: hits_addend %d exceeds %d", i, h.GetValue(), ledger.MaxUnits)
+			}
+			it.hits = int64(h.GetValue())
+		}
+		entries = entries[:0]
+		for _, e := range d.GetEntries() {
+			entries = append(entries, Entry{Key: e.GetKey(), Value: e.GetValue()})
+		}
+		m, ok := s.cfg.Map(req.GetDomain(), entries)
+		if !ok {
+			unmapped++
+			it.unknown = true
+			continue
+		}
+		if m.Rule.SettleOnHits && it.hits > 0 {
+			m.Settle = true // the call after the stream, told by its cost
+		}
+		it.mapped = m
+		if m.ID != "" {
+			it.rid = reservationID(m.ID, m.Key)
+			if p := ledger.IDProblem(it.rid); p != "" {
+				return nil, 0, invalid("descriptor %d: reservation id %q %s", i, it.rid, p)
+			}
+			for j := range items[:i] {
+				if other := &items[j]; other.rid == it.rid && other.mapped.Rule.Unit != m.Rule.Unit {
+					// One id names one reservation, of one unit: the
+					// second reserve would be refused as a reused id
+					// (ALREADY_EXISTS), at every retry.
+					return nil, 0, invalid("descriptors %d and %d: units %q and %q under one reservation id %q (the request id, subject, route and region); map them to different routes",
+						j, i, other.mapped.Rule.Unit, m.Rule.Unit, it.rid)
+				}
+			}
+		} else {
+			it.rid = randomID()
+		}
+	}
+	return items, unmapped, nil
 }
 
 // reservationID is the reservation id of a request id for one capacity:
@@ -1354,6 +1373,12 @@ func contextCode(err error) connect.Code {
 	return connect.CodeCanceled
 }
 
+// invalid is the refusal of a malformed request: INVALID_ARGUMENT with
+// the INVALID_COMMAND detail the server's own command checks answer.
 func invalid(format string, args ...any) *connect.Error {
-	return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf(format, args...))
+	cerr := connect.NewError(connect.CodeInvalidArgument, fmt.Errorf(format, args...))
+	if detail, err := connect.NewErrorDetail(&v1.ErrorDetail{Reason: server.ReasonInvalidCommand}); err == nil {
+		cerr.AddDetail(detail)
+	}
+	return cerr
 }

@@ -640,3 +640,37 @@ func TestConsoleStandingsRankSupersededAfterActive(t *testing.T) {
 		}
 	}
 }
+
+// A caller whose deadline passes while it waits for a shared console
+// read (here the scan of every account another caller began, held) is
+// answered deadline_exceeded (504, STORE_UNAVAILABLE) as every other read
+// is (docs/API.md, Errors), not canceled (499, the caller going away);
+// the scan goes on and answers the caller that began it.
+func TestSharedReadAnswersAPassedDeadlineDeadlineExceeded(t *testing.T) {
+	scans := &gatedScans{release: make(chan struct{})}
+	h := newHarness(t, harnessOptions{auth: true, tokens: consoleTokens, wrapStore: func(st store.Store) store.Store {
+		scans.Store = st
+		return scans
+	}})
+	consoleTraffic(h)
+	first := make(chan map[string]any, 1)
+	go func() { first <- h.consoleOK("ListAccountStandings", `{"limit":20}`, consoleViewer) }()
+	for scans.count() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	req, err := http.NewRequest(http.MethodPost, h.url+"/capledger.v1.ConsoleService/ListAccountStandings", strings.NewReader(`{"limit":20}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+consoleViewer)
+	// Long enough for the method to begin waiting (a deadline passed
+	// before it runs is connect-go's bare 504), short for the held scan.
+	req.Header.Set("Connect-Timeout-Ms", "500")
+	waited := h.do(req)
+	close(scans.release)
+	h.wantError(waited, http.StatusGatewayTimeout, "deadline_exceeded", server.ReasonStoreUnavailable)
+	if got := <-first; num(got["matched"]) != 2 || scans.count() != 1 {
+		t.Errorf("the caller that began the scan: matched %v after %d scans; want 2 after one", got["matched"], scans.count())
+	}
+}

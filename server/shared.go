@@ -45,7 +45,9 @@ type sharedAnswer[A any] struct {
 // later; else a new one computed by compute (which runs apart from this
 // caller's cancellation: others may share it). Callers must not change
 // the value. A failed computation is not reused; it answers its error to
-// the callers that waited for it. The zero notBefore takes any.
+// the callers that waited for it. A caller whose ctx ends while it waits
+// gets readError's answer for it (deadline_exceeded when its deadline
+// passed, canceled when it went away). The zero notBefore takes any.
 func (sh *sharedAnswers[Q, A]) answer(ctx context.Context, q Q, notBefore time.Time, compute func(ctx context.Context, value *A) *connect.Error) (*A, *connect.Error) {
 	sh.mu.Lock()
 	if sh.answers == nil {
@@ -86,7 +88,9 @@ func (sh *sharedAnswers[Q, A]) answer(ctx context.Context, q Q, notBefore time.T
 	select {
 	case <-r.done:
 	case <-ctx.Done():
-		return nil, connect.NewError(connect.CodeCanceled, ctx.Err())
+		// The caller's own deadline or cancellation: deadline_exceeded
+		// or canceled, as every other read answers it (readError).
+		return nil, readError("", "", ctx.Err())
 	}
 	if r.err != nil {
 		return nil, r.err

@@ -57,8 +57,9 @@ Anything else is YAML (write a YAML file in block style, as below).
 Field names are those of the API's Policy (docs/API.md, PublishPolicy);
 "holdTTL", the spelling of older files, is still read as holdTtl, and a file
 giving both is refused. An unknown field, a key spelt in another case than
-its field ("Burst" for "burst", "HoldTtl" for "holdTtl") or a value its
-field does not take ("burst: 10x") is an error naming its line and field:
+its field ("Burst" for "burst", "HoldTtl" for "holdTtl"), a key given
+twice or a value its field does not take ("burst: 10x") is an error
+naming its line and field:
 
   subject: tenant-7          # or "*" for every subject without its own policy
   route: chat.generate

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"reflect"
 	"regexp"
 	"strings"
@@ -139,5 +140,36 @@ func TestPolicyFileIgnoresServerSetFields(t *testing.T) {
 	got, from, err := parsePolicyFile("", []byte(`{`+terms+`,"generation":"7","publishedAt":"2026-12-05T04:30:36Z","rolledBack":true,"active":false,"rolloutNow":"ROLLOUT_MODE_ENFORCE"}`))
 	if err != nil || from != 7 || !proto.Equal(got, want) {
 		t.Fatalf("with the server's fields: %v %v, edited from %d; want %v from 7", err, got, from, want)
+	}
+}
+
+// A key given twice in a YAML file the CLI reads (a policy, an Envoy
+// mapping) is refused naming the file, the line, the mapping and the key
+// in capledger's words, as an unknown field is, not in the YAML
+// decoder's ("error converting YAML to JSON: yaml: unmarshal errors").
+func TestYAMLDuplicateKeySaysFileLineAndKey(t *testing.T) {
+	dir := t.TempDir()
+	policy := filepath.Join(dir, "dup.yaml")
+	mapping := filepath.Join(dir, "envoy.yaml")
+	for path, content := range map[string]string{
+		policy:  "subject: tenant-7\nroute: chat\nholdTtl: 60s\ndimensions:\n  - unit: tokens\n    burst: 10\n    burst: 20\n",
+		mapping: "domains:\n  - name: api\n    name: api2\n    rules: [{subject: {key: tenant}, unit: requests}]\n",
+	} {
+		if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range []struct {
+		args []string
+		says string
+	}{
+		{[]string{"policy", "publish", policy}, "policy " + policy + `: line 7: dimensions[0]: key "burst" given twice (first on line 6): keep one`},
+		{[]string{"serve", "--addr", "127.0.0.1:0", "--data-dir", filepath.Join(dir, "data"), "--envoy-config", mapping},
+			"envoy config " + mapping + `: line 3: domains[0]: key "name" given twice (first on line 2): keep one`},
+	} {
+		code, out, errOut := cli(t, "http://127.0.0.1:1", c.args...)
+		if code == 0 || !strings.Contains(errOut, c.says) || strings.Contains(errOut, "converting YAML") {
+			t.Errorf("%s: exit %d, want an error saying %q:\n%s%s", c.args[0], code, c.says, out, errOut)
+		}
 	}
 }

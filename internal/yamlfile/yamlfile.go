@@ -13,6 +13,7 @@ import (
 	"io"
 	"maps"
 	"reflect"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -82,6 +83,13 @@ var utf8BOM = []byte("\xef\xbb\xbf")
 // field) unless it is the field's former spelling, is refused by
 // ExactKeys, saying where it is.
 func unmarshalYAML(data []byte, v any) error {
+	// A key given twice in one mapping, in capledger's words and where
+	// (the decoder says "error converting YAML to JSON: yaml: unmarshal
+	// errors: line N: key "K" already set in map"), as UnmarshalStrictJSON
+	// says it of a JSON file.
+	if err := duplicateKey(data); err != nil {
+		return err
+	}
 	// The keys first, so that a field v lacks is refused saying where it
 	// is, not in the decoder's words ("unknown field", nothing more). A
 	// document YAMLToJSON cannot convert is the decoder's to refuse.
@@ -91,6 +99,12 @@ func unmarshalYAML(data []byte, v any) error {
 		}
 	}
 	if err := yaml.UnmarshalStrict(data, v); err != nil {
+		if m := decoderDuplicate.FindStringSubmatch(err.Error()); m != nil {
+			// One duplicateKey does not see: a key a merge key (<<)
+			// brings given again after it, or one YAML 1.1 spells two
+			// ways (yes and true).
+			return fmt.Errorf("line %s: key %s given twice in one mapping (also through a merge key, <<, or spelt another way): keep one", m[1], m[2])
+		}
 		return err
 	}
 	dec := yamlv2.NewDecoder(bytes.NewReader(data))
@@ -119,6 +133,61 @@ func unmarshalYAML(data []byte, v any) error {
 			return ErrSeveralDocuments
 		}
 	}
+}
+
+// decoderDuplicate is how the YAML decoder words a key given twice: its
+// line and the key, quoted.
+var decoderDuplicate = regexp.MustCompile(`line (\d+): key ("(?:[^"\\]|\\.)*") already set in map`)
+
+// duplicateKey returns an error naming the first key given twice in one
+// mapping of source's first document, as "line N: PATH: key "K" given
+// twice (first on line M): keep one" (PATH the mapping's path, none at
+// the top level), or nil when there is none, or when source does not
+// parse (the decoder's to refuse). Merge keys (<<: *base) are not
+// compared: what they bring may be overridden.
+func duplicateKey(source []byte) error {
+	var doc yamlv3.Node
+	if err := yamlv3.Unmarshal(source, &doc); err != nil || doc.Kind != yamlv3.DocumentNode || len(doc.Content) == 0 {
+		return nil
+	}
+	return duplicateKeyIn(doc.Content[0], nil)
+}
+
+// duplicateKeyIn is duplicateKey on node, at path. An alias (*name) is
+// not followed: its anchor's node is checked where it is written.
+func duplicateKeyIn(node *yamlv3.Node, path []step) error {
+	switch node.Kind {
+	case yamlv3.MappingNode:
+		first := map[string]int{}
+		for i := 0; i+1 < len(node.Content); i += 2 {
+			k := node.Content[i]
+			if k.Kind != yamlv3.ScalarNode || k.Tag == "!!merge" {
+				continue
+			}
+			if line, twice := first[k.Value]; twice {
+				where := fmt.Sprintf("line %d: ", k.Line)
+				if len(path) > 0 {
+					where += pathText(path) + ": "
+				}
+				return fmt.Errorf("%skey %q given twice (first on line %d): keep one", where, k.Value, line)
+			}
+			first[k.Value] = k.Line
+		}
+		for i := 0; i+1 < len(node.Content); i += 2 {
+			if k := node.Content[i]; k.Kind == yamlv3.ScalarNode && k.Tag != "!!merge" {
+				if err := duplicateKeyIn(node.Content[i+1], with(path, step{key: k.Value})); err != nil {
+					return err
+				}
+			}
+		}
+	case yamlv3.SequenceNode:
+		for i, item := range node.Content {
+			if err := duplicateKeyIn(item, with(path, step{index: i, isIndex: true})); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // ExactKeys is the check, for every strict decode of a file an operator

@@ -450,3 +450,39 @@ func TestJSONFileIsStrictJSON(t *testing.T) {
 		t.Errorf("UnmarshalStrict read a trailing comma as %+v", f)
 	}
 }
+
+// A key given twice in one YAML mapping is refused in the words a JSON
+// file's is (UnmarshalStrictJSON), saying the key, its line, the line of
+// its first spelling and the mapping's path, at any depth (in a list, in
+// a map whose keys are data), not in the decoder's ("error converting
+// YAML to JSON: yaml: unmarshal errors: ... already set in map").
+func TestDuplicateKeySaysWhere(t *testing.T) {
+	type dimension struct {
+		Unit  string `json:"unit"`
+		Burst int64  `json:"burst"`
+	}
+	type file struct {
+		Subject    string            `json:"subject"`
+		Dimensions []dimension       `json:"dimensions"`
+		Labels     map[string]string `json:"labels,omitempty"`
+	}
+	for _, c := range []struct{ doc, want string }{
+		{"subject: a\nsubject: b\n", `line 2: key "subject" given twice (first on line 1): keep one`},
+		{"subject: a\ndimensions:\n  - unit: t\n    burst: 1\n\n    burst: 2\n", `line 6: dimensions[0]: key "burst" given twice (first on line 4): keep one`},
+		{"subject: a\nlabels:\n  x: 1\n  x: 2\n", `line 4: labels: key "x" given twice (first on line 3): keep one`},
+		{"subject: a\ndimensions: [{unit: t, unit: u}]\n", `line 2: dimensions[0]: key "unit" given twice (first on line 2): keep one`},
+	} {
+		var f file
+		if err := UnmarshalFile("policy.yaml", []byte(c.doc), &f); err == nil || err.Error() != c.want {
+			t.Errorf("%q: %v, want %q", c.doc, err, c.want)
+		}
+	}
+	// A key a merge key brings, given again after it, the decoder
+	// refuses: in the same words, where it is.
+	var f file
+	merged := "subject: a\ndimensions:\n  - &d {unit: t, burst: 1}\n  - <<: *d\n    burst: 2\n"
+	want := `line 5: key "burst" given twice in one mapping (also through a merge key, <<, or spelt another way): keep one`
+	if err := UnmarshalFile("policy.yaml", []byte(merged), &f); err == nil || err.Error() != want {
+		t.Errorf("a merge key's key given again: %v, want %q", err, want)
+	}
+}
