@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/capledger/capledger/internal/replicatest"
 	"github.com/capledger/capledger/ledger"
@@ -120,6 +121,7 @@ func BenchmarkGetFairnessOfOneRoute(b *testing.B) {
 	rows := &pageRows{}
 	var calls, read int
 	benchOverWrappedStores(b, func(st store.Store) store.Store { rows.Store = st; return rows }, func(h *harness, engineStore store.Store) {
+		h.http.Timeout = 10 * time.Minute // a scan of every account takes longer than the harness's 10 s under load
 		for _, route := range []string{"chat.generate", "embed"} {
 			h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"`+route+`",
 			  "dimensions":[{"unit":"tokens","burst":"100","refillUnits":"10","refillInterval":"3600s"}]}}`, adminToken)
