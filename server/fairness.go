@@ -115,8 +115,9 @@ func fairnessError(spent, weight, totalSpent int64, totalWeight float64) (served
 	return served, fair, abs(served-fair) / fair
 }
 
-// fairness computes a GetFairness answer for q: it reads every account
-// page by page (Ledger.AccountsPage, no read open for the whole scan),
+// fairness computes a GetFairness answer for q: it reads every account,
+// or with a route that route's only (the stores' route index), page by
+// page (Ledger.AccountsPage, no read open for the whole scan),
 // counts the account of each subject's deciding generation (as its
 // key's heads say when its page is read: the page's own, read with it in
 // one read of their heads, not every policy) in the caller's scope, and keeps
@@ -131,7 +132,7 @@ func (c consoleService) fairness(ctx context.Context, q fairnessQuestion) (*v1.G
 		var page []ledger.Account
 		var deciding map[ledger.PolicyKey]uint64
 		var err error
-		page, deciding, after, more, err = s.ledger.AccountsPage(ctx, store.AccountFilter{After: after, Limit: standingsPage})
+		page, deciding, after, more, err = s.ledger.AccountsPage(ctx, store.AccountFilter{Route: q.route, After: after, Limit: standingsPage})
 		if err != nil {
 			return nil, readError("accounts", ReasonAccountNotFound, err)
 		}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/capledger/capledger/internal/replicatest"
 	"github.com/capledger/capledger/ledger"
@@ -73,6 +74,13 @@ func benchOneStarPolicy(b *testing.B, call func(h *harness, i int)) {
 // fresh schema given to the engine; the harness's own SQLite file then
 // holds only the server's rollouts and console tables).
 func benchOverStores(b *testing.B, seed func(h *harness, engineStore store.Store), call func(h *harness, i int)) {
+	benchOverWrappedStores(b, func(st store.Store) store.Store { return st }, seed, func(_ *testing.B, h *harness, i int) { call(h, i) })
+}
+
+// benchOverWrappedStores is benchOverStores with the engine's store
+// wrapped by wrap (seed writes to the store unwrapped), call given the
+// store's sub-benchmark.
+func benchOverWrappedStores(b *testing.B, wrap func(store.Store) store.Store, seed func(h *harness, engineStore store.Store), call func(b *testing.B, h *harness, i int)) {
 	for _, backend := range []string{"sqlite", "postgres"} {
 		b.Run(backend, func(b *testing.B) {
 			var engineStore store.Store
@@ -86,17 +94,68 @@ func benchOverStores(b *testing.B, seed func(h *harness, engineStore store.Store
 					b.Fatal(err)
 				}
 				b.Cleanup(func() { pg.Close() })
-				opts.wrapStore = func(store.Store) store.Store { engineStore = pg; return pg }
+				opts.wrapStore = func(store.Store) store.Store { engineStore = pg; return wrap(pg) }
 			} else {
-				opts.wrapStore = func(st store.Store) store.Store { engineStore = st; return st }
+				opts.wrapStore = func(st store.Store) store.Store { engineStore = st; return wrap(st) }
 			}
 			h := newHarness(b, opts)
 			seed(h, engineStore)
-			call(h, 1000) // the server's policy cache takes in what it reads
+			call(b, h, 1000) // the server's policy cache takes in what it reads
 			b.ResetTimer()
 			for i := range b.N {
-				call(h, i)
+				call(b, h, i)
 			}
 		})
 	}
+}
+
+// BenchmarkGetFairnessOfOneRoute times GetFairness of the embed route,
+// each call a new question (its limit), over 100,000 accounts: 99,000
+// tenants on chat.generate and 1,000 on embed, a "*" policy each, on
+// SQLite and, with CAPLEDGER_TEST_POSTGRES set, on PostgreSQL. It
+// reports the accounts the store returned per call (rows/op): the
+// route's accounts where the route index is read, every account where
+// each page of every account is filtered.
+func BenchmarkGetFairnessOfOneRoute(b *testing.B) {
+	const tenants, embedTenants = 100_000, 1_000
+	rows := &pageRows{}
+	var calls, read int
+	benchOverWrappedStores(b, func(st store.Store) store.Store { rows.Store = st; return rows }, func(h *harness, engineStore store.Store) {
+		h.http.Timeout = 10 * time.Minute // a scan of every account takes longer than the harness's 10 s under load
+		for _, route := range []string{"chat.generate", "embed"} {
+			h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"`+route+`",
+			  "dimensions":[{"unit":"tokens","burst":"100","refillUnits":"10","refillInterval":"3600s"}]}}`, adminToken)
+		}
+		for from := 0; from < tenants; from += 2000 {
+			var accounts []ledger.Account
+			for i := from; i < from+2000; i++ {
+				key := ledger.AccountKey{Subject: fmt.Sprintf("tenant-%06d", i), Route: "chat.generate", Region: "global", Generation: 1}
+				if i%(tenants/embedTenants) == 0 {
+					key.Route, key.Generation = "embed", 2
+				}
+				a := ledger.Account{Key: key, Dims: 1, EpochStart: h.clock.Now(), Version: 1}
+				a.Balances[0] = ledger.Balance{Opening: 100, Available: 100 - int64(i%50), Spent: int64(i % 50)}
+				a.RefilledTo[0] = h.clock.Now().UnixNano()
+				accounts = append(accounts, a)
+			}
+			storetest.Commit(b, engineStore, &store.Changes{Accounts: accounts})
+		}
+	}, func(b *testing.B, h *harness, i int) {
+		if i == 0 {
+			rows.take()
+			calls, read = 0, 0
+		}
+		// Each call a new question: the warm-up's (i 1000) limit is 1.
+		limit := 2 + i%999
+		if i == 1000 {
+			limit = 1
+		}
+		got := h.consoleOK("GetFairness", fmt.Sprintf(`{"route":"embed","limit":%d}`, limit), consoleViewer)
+		if g, _ := got["groups"].([]any); len(g) != 1 || num(g[0].(map[string]any)["subjectCount"]) != embedTenants {
+			b.Fatalf("fairness: %v", got["groups"])
+		}
+		calls++
+		read += len(rows.take())
+		b.ReportMetric(float64(read)/float64(calls), "rows/op")
+	})
 }

@@ -78,7 +78,9 @@ type Store interface {
 	// by page holds no read open for the whole of them: in SQLite a long
 	// read keeps WAL checkpoints from finishing. With f.Subject it reads
 	// that subject's range of the key only, whatever the other subjects'
-	// accounts (memstore excepted: it walks its map).
+	// accounts (memstore excepted: it walks its map); with f.Route and no
+	// subject, that route's accounts only, through the accounts' route
+	// index (SQLite schema 21, PostgreSQL 20: accounts_by_route).
 	AccountsPage(ctx context.Context, f AccountFilter) ([]ledger.Account, error)
 	PolicyGet(ctx context.Context, generation uint64) (ledger.Policy, error)
 	// PoliciesOfGenerations returns the policies of generations, as
@@ -357,10 +359,12 @@ type PolicyFilter struct {
 type AccountFilter struct {
 	// Subject, Route and Region select the accounts of matching subject
 	// keys, each when not empty, matched exactly ("*" is no pattern: no
-	// account has that subject). Route and Region go with a Subject only
-	// (else AccountsPage refuses the filter, Problem): without one, a
-	// page of a route that few accounts have would read every account in
-	// one read, where a caller reading every account filters each page.
+	// account has that subject). A Route without a Subject reads that
+	// route's accounts by the route index; a Region goes with a Subject
+	// or a Route only (else AccountsPage refuses the filter, Problem):
+	// without one, a page of a region that few accounts have would read
+	// every account in one read, where a caller reading every account
+	// filters each page.
 	Subject, Route, Region string
 	// After is the paging cursor, normally the key of the last account of
 	// the previous page: only accounts with a greater key are returned.
@@ -371,10 +375,10 @@ type AccountFilter struct {
 }
 
 // Problem returns why AccountsPage refuses f's subject, route and
-// region (a route or region without a subject), or nil.
+// region (a region without a subject or a route), or nil.
 func (f AccountFilter) Problem() error {
-	if f.Subject == "" && (f.Route != "" || f.Region != "") {
-		return errors.New("a route or region filter needs a subject")
+	if f.Subject == "" && f.Route == "" && f.Region != "" {
+		return errors.New("a region filter needs a subject or a route")
 	}
 	return nil
 }
@@ -384,6 +388,32 @@ func (f AccountFilter) Problem() error {
 func (f AccountFilter) Selects(key ledger.AccountKey) bool {
 	return (f.Subject == "" || f.Subject == key.Subject) && (f.Route == "" || f.Route == key.Route) &&
 		(f.Region == "" || f.Region == key.Region)
+}
+
+// OfRoute reports whether AccountsPage reads f by the route index: a
+// route and no subject.
+func (f AccountFilter) OfRoute() bool { return f.Subject == "" && f.Route != "" }
+
+// RouteSeek returns where a page of f.Route's accounts (OfRoute) starts,
+// in the route index's order (subject, region, generation), which is
+// key order within one route: strictly after (subject, region,
+// generation), generation -1 being before every account of (subject,
+// region); or, when pastSubject is set, at the first account of a
+// subject greater than subject. A cursor of another route compares as a
+// key does: one of an earlier route starts at its subject's accounts of
+// f.Route, one of a later route after them.
+func (f AccountFilter) RouteSeek() (subject, region string, generation int64, pastSubject bool) {
+	switch a := f.After; {
+	case a == (ledger.AccountKey{}):
+		return "", "", -1, false
+	case a.Route < f.Route:
+		return a.Subject, "", -1, false
+	case a.Route > f.Route:
+		return a.Subject, "", -1, true
+	default:
+		// AccountsPage checked the generation fits an int64.
+		return a.Subject, a.Region, int64(a.Generation), false
+	}
 }
 
 // DebtFilter pages through AccountsInDebt.

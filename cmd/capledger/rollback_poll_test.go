@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -110,5 +111,84 @@ func TestRollbackWaitPollsAgainOnlyAfterAPollAnswered(t *testing.T) {
 		later.polls.Load() != int64(failed)+3 {
 		t.Fatalf("polls failing after one answered: %d polls, %d failures shown, exit %d\nstdout: %s\nstderr: %s",
 			later.polls.Load(), failed, code, out, errOut)
+	}
+}
+
+// slowDrainPolls is a reverse proxy in front of a server that makes each
+// DrainProgress call take at least cost longer (as the passes of a
+// generation with a million accounts do) and records when each began and
+// ended; every other call goes straight through.
+type slowDrainPolls struct {
+	cost  time.Duration
+	mu    sync.Mutex
+	spans [][2]time.Time
+	url   string
+}
+
+func newSlowDrainPolls(t *testing.T, target string, cost time.Duration) *slowDrainPolls {
+	t.Helper()
+	u, err := url.Parse(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &slowDrainPolls{cost: cost}
+	proxy := httputil.NewSingleHostReverseProxy(u)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !strings.HasSuffix(r.URL.Path, "/DrainProgress") {
+			proxy.ServeHTTP(w, r)
+			return
+		}
+		began := time.Now()
+		time.Sleep(p.cost)
+		proxy.ServeHTTP(w, r)
+		p.mu.Lock()
+		p.spans = append(p.spans, [2]time.Time{began, time.Now()})
+		p.mu.Unlock()
+	}))
+	t.Cleanup(srv.Close)
+	p.url = srv.URL
+	return p
+}
+
+// `rollback --wait` never starts a poll before the previous one ended
+// plus as long as it took, whatever --interval: with polls that take
+// 300 ms and --interval 10ms, each poll (the bar's read-only start
+// included) begins at least its predecessor's duration after that one
+// ended. Before, a poll began --interval after the last, so a follow of
+// a generation whose passes take a minute kept the server's core busy
+// for its whole length.
+func TestRollbackWaitPausesAsLongAsAPollTook(t *testing.T) {
+	server := startInProcess(t)
+	dir := t.TempDir()
+	for _, overdraft := range []string{"0", "100"} { // generations 1 and 2
+		path := filepath.Join(dir, "policy"+overdraft+".yaml")
+		body := "subject: tenant-7\nroute: chat.generate\nholdTTL: 1h\n" +
+			"dimensions:\n  - unit: tokens\n    burst: 1000\n    refillUnits: 1\n    refillInterval: 1h\n    maxOverdraft: " + overdraft + "\n"
+		if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		code, out, errOut := cli(t, server, "policy", "publish", path)
+		wantExit(t, exitOK, code, out, errOut)
+	}
+	// Generation 2 holds the reservation: it does not drain while followed.
+	code, out, errOut := cli(t, server, "reserve", "--subject", "tenant-7", "--route", "chat.generate", "--units", "tokens=100", "--id", "hold")
+	wantExit(t, exitOK, code, out, errOut)
+
+	slow := newSlowDrainPolls(t, server, 300*time.Millisecond)
+	code, out, errOut = cliWithin(t, time.Minute, slow.url, "rollback", "2", "--wait", "--interval", "10ms", "--max-wait", "3s", "--timeout", "30s")
+	wantExit(t, exitConflict, code, out, errOut)
+	if !strings.Contains(errOut, "not drained after 3s") {
+		t.Fatalf("the follow did not run to --max-wait:\n%s", errOut)
+	}
+	slow.mu.Lock()
+	defer slow.mu.Unlock()
+	if len(slow.spans) < 3 {
+		t.Fatalf("%d polls; want the bar's start and at least 2 more", len(slow.spans))
+	}
+	for i := 1; i < len(slow.spans); i++ {
+		prev, next := slow.spans[i-1], slow.spans[i]
+		if took, pause := prev[1].Sub(prev[0]), next[0].Sub(prev[1]); pause < took {
+			t.Errorf("poll %d began %s after poll %d ended, which took %s", i+1, pause, i, took)
+		}
 	}
 }

@@ -421,7 +421,9 @@ burst is counted as "blocked by burst", never hidden.
                   a server unavailable after the first answer is polled
                   again until --max-wait
   --max-wait DUR  give up waiting after this long (default 1h; 0 polls once)
-  --interval DUR  poll interval (default 2s; 1ms to 1h)
+  --interval DUR  pause between polls (default 2s; 1ms to 1h); after a
+                  poll that took longer, a pause as long as it took (at a
+                  million accounts a poll's passes take tens of seconds)
   --status        do not roll back: only show (and drain) what the
                   generations hold
   --no-drain      do not run the drain pass (read only: a viewer token may
@@ -509,13 +511,23 @@ func runRollback(ctx context.Context, e *env, args []string) error {
 	// bar measured from that answer never counts what it moved: with
 	// --wait the bar starts from a read-only poll taken first (shown
 	// nowhere; if it fails, the bar starts from the first answer).
+	// An answered poll is followed by a pause of --interval, or of as long
+	// as the poll took when that was longer (pollPause): at a million
+	// accounts a poll's passes take tens of seconds, and polling again
+	// at once would keep a core busy for the whole follow.
 	if *wait && !*noDrain {
+		began := time.Now()
 		if msg, err := unary(ctx, cf.timeout, client.DrainProgress, &v1.DrainProgressRequest{Generations: gens}); err == nil {
 			bar.start(msg)
+			if err := sleepCtx(ctx, pollPause(0, time.Since(began))); err != nil {
+				return err
+			}
 		}
 	}
 	for {
+		began := time.Now()
 		msg, err := unary(ctx, cf.timeout, client.DrainProgress, &v1.DrainProgressRequest{Generations: gens, RunDrains: !*noDrain})
+		pause := pollPause(*interval, time.Since(began))
 		if err != nil {
 			// A replica restarting or failing over mid-drain does not end
 			// the follow: once a poll has answered, an unavailable server
@@ -570,10 +582,19 @@ func runRollback(ctx context.Context, e *env, args []string) error {
 			printDrain(e.stdout, msg)
 			return exitError{code: exitConflict, err: fmt.Errorf("not drained after %s", *maxWait)}
 		}
-		if err := sleepCtx(ctx, *interval); err != nil {
+		if err := sleepCtx(ctx, pause); err != nil {
 			return err
 		}
 	}
+}
+
+// pollPause is how long `rollback --wait` waits after an answered poll
+// that took took: interval, or took when longer. A poll costs the server
+// a drain pass and a progress pass over the generation's accounts, so
+// the next one never starts before the last ended plus as long again:
+// following a drain keeps the server's passes to at most half the time.
+func pollPause(interval, took time.Duration) time.Duration {
+	return max(interval, took)
 }
 
 // sleepCtx waits d, or returns ctx's error when it ends first.

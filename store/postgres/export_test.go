@@ -25,6 +25,9 @@ var (
 	// AccountsPage's queries of one subject.
 	PageOfSubjectFirstSQL = pageOfSubjectFirstSQL
 	PageOfSubjectAfterSQL = pageOfSubjectAfterSQL
+	// AccountsPage's queries of one route.
+	PageOfRouteSQL     = pageOfRouteSQLText
+	PageOfRoutePastSQL = pageOfRoutePastSQLText
 )
 
 // SetAccountPage sets how many rows a page of an audit's account streams

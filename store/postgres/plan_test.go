@@ -503,3 +503,37 @@ func TestAccountsPageOfSubjectReadsItsAccountsOnly(t *testing.T) {
 		}
 	}
 }
+
+// 20,000 accounts of one route and 3 of others: a page of another
+// route's accounts, from the start, after a cursor or past a subject,
+// reads that route's accounts only (actual rows) by accounts_by_route,
+// planned for its values or generically; never a scan of either table.
+func TestAccountsPageOfRouteReadsItsAccountsOnly(t *testing.T) {
+	conn := planConn(t, accountRows(20000, 1),
+		accountsInsert+`SELECT 'tenant7', r, 'eu', 1, 1, 0, 0, 1 FROM unnest(ARRAY['a', 'b', 'embed']) AS r`,
+		accountsInsert+`SELECT 'tenant' || i, 'embed', 'eu', 1, 1, 0, 0, 1 FROM generate_series(8, 9) AS i`,
+		termRowsOfEveryAccount, `ANALYZE accounts`, `ANALYZE account_terms`)
+	for _, tc := range []struct {
+		name, query string
+		args        []any
+		rows        int // the accounts the index scan returns
+	}{
+		{"a route's first page", postgres.PageOfRouteSQL, []any{1000, "embed", "", "", -1, ""}, 3},
+		{"a route's page after a cursor", postgres.PageOfRouteSQL, []any{1000, "embed", "tenant7", "eu", 1, ""}, 2},
+		{"a route's page past a subject", postgres.PageOfRoutePastSQL, []any{1000, "embed", "tenant8", ""}, 1},
+		{"a route's region", postgres.PageOfRouteSQL, []any{1000, "embed", "", "", -1, "us"}, 0},
+	} {
+		execAll(t, conn, `SET plan_cache_mode = force_generic_plan`)
+		plan := genericPlan(t, conn, tc.query, tc.args)
+		if !strings.Contains(plan, "Index Scan using accounts_by_route on accounts d") || strings.Contains(plan, "Seq Scan") {
+			t.Errorf("%s, generic plan: not a seek of accounts_by_route:\n%s", tc.name, plan)
+		}
+		execAll(t, conn, `SET plan_cache_mode = force_custom_plan`)
+		plan = explainAnalyze(t, conn, tc.query, append([]any{pgx.QueryExecModeExec}, tc.args...)...)
+		t.Logf("%s, run:\n%s", tc.name, plan)
+		want := fmt.Sprintf("Index Scan using accounts_by_route on accounts d (actual rows=%d loops=1)", tc.rows)
+		if !strings.Contains(plan, want) || strings.Contains(plan, "Seq Scan") {
+			t.Errorf("%s: no %q (or a scan of a table):\n%s", tc.name, want, plan)
+		}
+	}
+}

@@ -902,16 +902,40 @@ func pageOfSubjectSQL(after bool) string {
 	ORDER BY a.subject, a.route, a.region, a.generation, t.dim`
 }
 
+// pageOfRouteSQL returns AccountsPage's query of one route's accounts
+// without a subject: pageSQL's, the inner SELECT reading the route's
+// range of accounts_by_route (schema 20) only, whatever the other
+// routes' accounts, from strictly after (subject, region, generation)
+// (store.AccountFilter.RouteSeek; the route's key order), or with past
+// from the first account of a subject after the cursor's, its region
+// matched when not empty. Parameters: $1 the limit, $2 the route, $3 the
+// cursor's subject, then without past $4 its region and $5 its
+// generation, and last the region filter ($6; with past, $4).
+func pageOfRouteSQL(past bool) string {
+	filter := `d.route = $2::text AND (d.subject, d.region, d.generation) > ($3::text, $4::text, $5::bigint) AND ($6::text = '' OR d.region = $6)`
+	if past {
+		filter = `d.route = $2::text AND d.subject > $3::text AND ($4::text = '' OR d.region = $4)`
+	}
+	return accountSelectColumns + ` FROM (SELECT d.* FROM accounts d
+		WHERE ` + filter + `
+		ORDER BY d.route, d.subject, d.region, d.generation LIMIT $1) a
+	CROSS JOIN LATERAL (SELECT * FROM account_terms o WHERE o.account_id = a.id ORDER BY o.dim LIMIT ` + fmt.Sprint(ledger.MaxDimensions) + `) t
+	ORDER BY a.subject, a.route, a.region, a.generation, t.dim`
+}
+
 var (
-	pageFirstSQL          = pageSQL(false)
-	pageAfterSQL          = pageSQL(true)
-	pageOfSubjectFirstSQL = pageOfSubjectSQL(false)
-	pageOfSubjectAfterSQL = pageOfSubjectSQL(true)
+	pageOfRouteSQLText     = pageOfRouteSQL(false)
+	pageOfRoutePastSQLText = pageOfRouteSQL(true)
+	pageFirstSQL           = pageSQL(false)
+	pageAfterSQL           = pageSQL(true)
+	pageOfSubjectFirstSQL  = pageOfSubjectSQL(false)
+	pageOfSubjectAfterSQL  = pageOfSubjectSQL(true)
 )
 
 // AccountsPage returns up to f.Limit accounts that f selects, in key
 // order after f.After (store.Store.AccountsPage), each page one
-// statement: with a subject, a range of its accounts only.
+// statement: with a subject, a range of its accounts only; with a route
+// and no subject, a range of accounts_by_route.
 func (s *Store) AccountsPage(ctx context.Context, f store.AccountFilter) ([]ledger.Account, error) {
 	if f.Limit <= 0 {
 		return nil, fmt.Errorf("accounts page: limit %d is not positive", f.Limit)
@@ -929,6 +953,13 @@ func (s *Store) AccountsPage(ctx context.Context, f store.AccountFilter) ([]ledg
 		err  error
 	)
 	switch first := f.After == (ledger.AccountKey{}); {
+	case f.OfRoute():
+		subject, region, after, past := f.RouteSeek()
+		if past {
+			rows, err = s.pool.Query(ctx, pageOfRoutePastSQLText, f.Limit, f.Route, subject, f.Region)
+		} else {
+			rows, err = s.pool.Query(ctx, pageOfRouteSQLText, f.Limit, f.Route, subject, region, after, f.Region)
+		}
 	case f.Subject != "" && first:
 		rows, err = s.pool.Query(ctx, pageOfSubjectFirstSQL, f.Limit, f.Subject, f.Route, f.Region)
 	case f.Subject != "":

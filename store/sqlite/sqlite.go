@@ -989,7 +989,8 @@ func (s *Store) AccountsInDebt(ctx context.Context, f store.DebtFilter) (_ []led
 
 // AccountsPage returns up to f.Limit accounts that f selects, in key
 // order after f.After (store.Store.AccountsPage), each page one
-// statement: with a subject, a range of its accounts only.
+// statement: with a subject, a range of its accounts only; with a route
+// and no subject, a range of accounts_by_route.
 func (s *Store) AccountsPage(ctx context.Context, f store.AccountFilter) (_ []ledger.Account, err error) {
 	defer s.readBarrier(ctx, &err)
 	if s.closed.Load() {
@@ -1019,6 +1020,13 @@ func (s *Store) AccountsPage(ctx context.Context, f store.AccountFilter) (_ []le
 		}
 		return queryAll(ctx, s.r.pageOfSubject, scanAccount, "accounts page", f.Limit,
 			f.Subject, route, region, after, f.Route, f.Region)
+	}
+	if f.OfRoute() {
+		subject, region, after, past := f.RouteSeek()
+		if past {
+			return queryAll(ctx, s.r.pageOfRoutePast, scanAccount, "accounts page", f.Limit, f.Route, subject, f.Region)
+		}
+		return queryAll(ctx, s.r.pageOfRoute, scanAccount, "accounts page", f.Limit, f.Route, subject, region, after, f.Region)
 	}
 	if f.After == (ledger.AccountKey{}) {
 		return queryAll(ctx, s.r.pageFirst, scanAccount, "accounts page", f.Limit)

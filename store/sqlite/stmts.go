@@ -222,6 +222,9 @@ type readStmts struct {
 	pageFirst, pageAfter                                                                                                       *sql.Stmt
 	// pageOfSubject is AccountsPage's read with a subject.
 	pageOfSubject *sql.Stmt
+	// pageOfRoute and pageOfRoutePast are its reads of a route's
+	// accounts (no subject) by accounts_by_route.
+	pageOfRoute, pageOfRoutePast *sql.Stmt
 	// The epoch worker's reads, one of each per generation a pass: parsed
 	// at every call they were half its CPU with a policy per tenant.
 	epochFirst, epochAfter, catchUpFirst, catchUpAfter *sql.Stmt
@@ -269,6 +272,8 @@ func (r *readStmts) prepare(ctx context.Context, db *sql.DB) error {
 	r.pageFirst = prep(pageFirstSQL)
 	r.pageAfter = prep(pageAfterSQL)
 	r.pageOfSubject = prep(pageOfSubjectSQL)
+	r.pageOfRoute = prep(pageOfRouteSQL)
+	r.pageOfRoutePast = prep(pageOfRoutePastSQL)
 	r.epochFirst = prep(epochFirstSQL)
 	r.epochAfter = prep(epochAfterSQL)
 	r.catchUpFirst = prep(catchUpFirstSQL)
@@ -287,7 +292,7 @@ func (r *readStmts) prepare(ctx context.Context, db *sql.DB) error {
 
 func (r *readStmts) close() {
 	stmts := []*sql.Stmt{r.reservation, r.account, r.accountsOf, r.accountsAll, r.policy, r.head, r.policies, r.policiesAfter, r.policyPage, r.policyPageOfSubject, r.meta, r.shard, r.shards, r.due,
-		r.unknownFirst, r.unknownAfter, r.unknownBacklog, r.debtFirst, r.debtAfter, r.pageFirst, r.pageAfter, r.pageOfSubject,
+		r.unknownFirst, r.unknownAfter, r.unknownBacklog, r.debtFirst, r.debtAfter, r.pageFirst, r.pageAfter, r.pageOfSubject, r.pageOfRoute, r.pageOfRoutePast,
 		r.epochFirst, r.epochAfter, r.catchUpFirst, r.catchUpAfter,
 		r.acrossFirst, r.acrossAfter, r.catchUpAcrossFirst, r.catchUpAcrossAfter}
 	stmts = append(stmts, r.headsOf[:]...)
@@ -365,6 +370,19 @@ var (
 	pageOfSubjectSQL = "SELECT " + accountCols + " FROM accounts" +
 		" WHERE subject = ?2 AND (route, region, generation) > (?3, ?4, ?5)" +
 		" AND (?6 = '' OR route = ?6) AND (?7 = '' OR region = ?7) ORDER BY route, region, generation LIMIT ?1"
+	// pageOfRouteSQL is AccountsPage's read of one route's accounts (?2)
+	// without a subject: its range of accounts_by_route (schema 21) from
+	// strictly after (?3, ?4, ?5) (subject, region, generation: the
+	// route's key order, store.AccountFilter.RouteSeek), ?1 rows whose
+	// region matches ?6 when not empty. It reads the route's accounts
+	// only, whatever the other routes'.
+	pageOfRouteSQL = "SELECT " + accountCols + " FROM accounts" +
+		" WHERE route = ?2 AND (subject, region, generation) > (?3, ?4, ?5)" +
+		" AND (?6 = '' OR region = ?6) ORDER BY subject, region, generation LIMIT ?1"
+	// pageOfRoutePastSQL is pageOfRouteSQL from the first account of a
+	// subject greater than ?3.
+	pageOfRoutePastSQL = "SELECT " + accountCols + " FROM accounts" +
+		" WHERE route = ?2 AND subject > ?3 AND (?4 = '' OR region = ?4) ORDER BY subject, region, generation LIMIT ?1"
 )
 
 // subjectChunkSizes are the subject counts of AccountsOfSubjects'

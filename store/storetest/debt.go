@@ -487,9 +487,82 @@ func testAccountsPageOfSubject(t *testing.T, s store.Store) {
 			}
 		}
 	}
-	for _, f := range []store.AccountFilter{{Route: "chat", Limit: 10}, {Region: "eu", Limit: 10}} {
+	for _, f := range []store.AccountFilter{{Region: "eu", Limit: 10}} {
 		if got, err := s.AccountsPage(ctx, f); err == nil {
-			t.Errorf("%+v without a subject: %v, no error", f, got)
+			t.Errorf("%+v without a subject or route: %v, no error", f, got)
 		}
+	}
+}
+
+// testAccountsPageOfRoute: AccountsPage with a route and no subject (and
+// a region or not) pages through that route's accounts only, in key
+// order, whatever the page size: not chatbot's when chat is asked nor
+// chat's when cha is. A cursor of an earlier route starts at its
+// subject's accounts of the route, one of a later route after them.
+func testAccountsPageOfRoute(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	accounts, _ := debtAccounts()
+	Commit(t, s, &store.Changes{Accounts: accounts})
+	every, err := s.AccountList(ctx, ledger.PolicyKey{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, filter := range []store.AccountFilter{
+		{Route: "chat"}, {Route: "chat", Region: "eu"}, {Route: "chatbot"}, {Route: "embed"}, {Route: "cha"},
+		{Route: "nothing"}, {Route: "chat", Region: "nowhere"},
+	} {
+		var want []ledger.AccountKey
+		for _, a := range every {
+			if k := a.Key; k.Route == filter.Route && (filter.Region == "" || k.Region == filter.Region) {
+				want = append(want, k)
+			}
+		}
+		for _, limit := range []int{1, 2, 3, 100} {
+			pages := [][]ledger.AccountKey{}
+			f := filter
+			f.Limit = limit
+			for range 50 {
+				page, err := s.AccountsPage(ctx, f)
+				if err != nil {
+					t.Fatalf("%+v: %v", f, err)
+				}
+				got := []ledger.AccountKey{}
+				for i := range page {
+					got = append(got, page[i].Key)
+					same(t, "account "+page[i].Key.String(), page[i], every[slices.IndexFunc(every, func(a ledger.Account) bool { return a.Key == page[i].Key })])
+				}
+				pages = append(pages, got)
+				if len(page) < limit {
+					break
+				}
+				f.After = page[len(page)-1].Key
+			}
+			same(t, fmt.Sprintf("%+v: pages of %d", filter, limit), pages, split(want, limit))
+		}
+	}
+	for _, tc := range []struct {
+		name  string
+		after ledger.AccountKey
+		want  []ledger.AccountKey
+	}{
+		{"a cursor of an earlier route", debtKey("t7", "alpha", "zz", 9),
+			[]ledger.AccountKey{debtKey("t7", "chat", "eu", 1), debtKey("t7", "chat", "eu", 2), debtKey("t7", "chat", "eu", 3),
+				debtKey("t7", "chat", "eu-west", 1), debtKey("t7", "chat", "us", 1), debtKey("t7", "chat", "us", 2)}},
+		{"a cursor of a later route", debtKey("t7", "chatbot", "eu", 1),
+			[]ledger.AccountKey{debtKey("t70", "chat", "eu", 2), debtKey("t70", "chat", "eu", 10)}},
+		{"a cursor in the route, between keys", debtKey("t7", "chat", "eu-west", 0),
+			[]ledger.AccountKey{debtKey("t7", "chat", "eu-west", 1), debtKey("t7", "chat", "us", 1), debtKey("t7", "chat", "us", 2)}},
+		{"a cursor at a key of the route", debtKey("t7", "chat", "us", 1),
+			[]ledger.AccountKey{debtKey("t7", "chat", "us", 2), debtKey("t70", "chat", "eu", 2)}},
+	} {
+		got, err := s.AccountsPage(ctx, store.AccountFilter{Route: "chat", After: tc.after, Limit: len(tc.want)})
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		keys := []ledger.AccountKey{}
+		for i := range got {
+			keys = append(keys, got[i].Key)
+		}
+		same(t, tc.name, keys, tc.want)
 	}
 }

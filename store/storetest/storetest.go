@@ -91,6 +91,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"AccountsInDebtFollowsWrites", testAccountsInDebtFollowsWrites},
 		{"AccountsPage", testAccountsPage},
 		{"AccountsPageOfSubject", testAccountsPageOfSubject},
+		{"AccountsPageOfRoute", testAccountsPageOfRoute},
 		{"AccountsByEpoch", testAccountsByEpoch},
 		{"AccountsByEpochAfterRolls", testAccountsByEpochAfterRolls},
 		{"AccountsByEpochAcrossGenerations", testAccountsByEpochAcross},

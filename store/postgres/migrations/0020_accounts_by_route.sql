@@ -1,0 +1,15 @@
+-- capledger schema version 20: the accounts by route.
+--
+-- GetFairness with a route read every account page by page and kept
+-- the route's: with a million tenants over several routes, every account
+-- for those of one. This index holds the accounts by (route, subject,
+-- region, generation): a route's accounts are one range of it, in key
+-- order within the route
+-- (store.AccountFilter.RouteSeek; the columns' collation is the unique
+-- key's, so the order is AccountsPage's). A new account writes one entry
+-- more; no column of it changes afterwards, so ordinary commands'
+-- updates stay HOT.
+-- Migrations run in one transaction, so this is a plain CREATE INDEX (it
+-- blocks writes to accounts while it builds); build it beforehand with
+-- CREATE INDEX CONCURRENTLY under this name, and this step does nothing.
+CREATE INDEX IF NOT EXISTS accounts_by_route ON accounts (route, subject, region, generation);

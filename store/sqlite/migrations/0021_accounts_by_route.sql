@@ -1,0 +1,11 @@
+-- capledger schema version 21: the accounts by route.
+--
+-- GetFairness with a route read every account page by page and kept
+-- the route's: with a million tenants over several routes, every account
+-- for those of one. This index holds the accounts by (route, subject,
+-- region, generation): a route's accounts are one range of it, in key
+-- order within the route
+-- (store.AccountFilter.RouteSeek). The migration reads every account
+-- once; a new account writes one entry more, and no later write of an
+-- account touches it (its columns are the key's, which never change).
+CREATE INDEX IF NOT EXISTS accounts_by_route ON accounts (route, subject, region, generation);
