@@ -443,28 +443,7 @@ func testAccountsPageOfSubject(t *testing.T, s store.Store) {
 				want = append(want, k)
 			}
 		}
-		for _, limit := range []int{1, 2, 3, 100} {
-			pages := [][]ledger.AccountKey{}
-			f := filter
-			f.Limit = limit
-			for range 50 {
-				page, err := s.AccountsPage(ctx, f)
-				if err != nil {
-					t.Fatalf("%+v: %v", f, err)
-				}
-				got := []ledger.AccountKey{}
-				for i := range page {
-					got = append(got, page[i].Key)
-					same(t, "account "+page[i].Key.String(), page[i], every[slices.IndexFunc(every, func(a ledger.Account) bool { return a.Key == page[i].Key })])
-				}
-				pages = append(pages, got)
-				if len(page) < limit {
-					break
-				}
-				f.After = page[len(page)-1].Key
-			}
-			same(t, fmt.Sprintf("%+v: pages of %d", filter, limit), pages, split(want, limit))
-		}
+		checkPages(t, s, filter, every, want)
 	}
 	for _, tc := range []struct {
 		name  string
@@ -517,28 +496,7 @@ func testAccountsPageOfRoute(t *testing.T, s store.Store) {
 				want = append(want, k)
 			}
 		}
-		for _, limit := range []int{1, 2, 3, 100} {
-			pages := [][]ledger.AccountKey{}
-			f := filter
-			f.Limit = limit
-			for range 50 {
-				page, err := s.AccountsPage(ctx, f)
-				if err != nil {
-					t.Fatalf("%+v: %v", f, err)
-				}
-				got := []ledger.AccountKey{}
-				for i := range page {
-					got = append(got, page[i].Key)
-					same(t, "account "+page[i].Key.String(), page[i], every[slices.IndexFunc(every, func(a ledger.Account) bool { return a.Key == page[i].Key })])
-				}
-				pages = append(pages, got)
-				if len(page) < limit {
-					break
-				}
-				f.After = page[len(page)-1].Key
-			}
-			same(t, fmt.Sprintf("%+v: pages of %d", filter, limit), pages, split(want, limit))
-		}
+		checkPages(t, s, filter, every, want)
 	}
 	for _, tc := range []struct {
 		name  string
@@ -564,5 +522,33 @@ func testAccountsPageOfRoute(t *testing.T, s store.Store) {
 			keys = append(keys, got[i].Key)
 		}
 		same(t, tc.name, keys, tc.want)
+	}
+}
+
+// checkPages pages through AccountsPage with filter at several page sizes
+// and checks that the pages split want, each account as stored (every).
+func checkPages(t *testing.T, s store.Store, filter store.AccountFilter, every []ledger.Account, want []ledger.AccountKey) {
+	t.Helper()
+	for _, limit := range []int{1, 2, 3, 100} {
+		pages := [][]ledger.AccountKey{}
+		f := filter
+		f.Limit = limit
+		for range 50 {
+			page, err := s.AccountsPage(context.Background(), f)
+			if err != nil {
+				t.Fatalf("%+v: %v", f, err)
+			}
+			got := []ledger.AccountKey{}
+			for i := range page {
+				got = append(got, page[i].Key)
+				same(t, "account "+page[i].Key.String(), page[i], every[slices.IndexFunc(every, func(a ledger.Account) bool { return a.Key == page[i].Key })])
+			}
+			pages = append(pages, got)
+			if len(page) < limit {
+				break
+			}
+			f.After = page[len(page)-1].Key
+		}
+		same(t, fmt.Sprintf("%+v: pages of %d", filter, limit), pages, split(want, limit))
 	}
 }
