@@ -431,6 +431,20 @@ func similarSubjects() []string {
 	return out
 }
 
+// reserveSimilarSubjects reserves 2 tokens for each of similarSubjects,
+// 500 to a ReserveBatch.
+func reserveSimilarSubjects(h *harness) {
+	var items []string
+	for _, subject := range similarSubjects() {
+		items = append(items, reserveFor("r-"+subject, subject, 2))
+		if len(items) == 500 {
+			h.ok("ReserveBatch", `{"requests":[`+strings.Join(items, ",")+`]}`, adminToken)
+			items = nil
+		}
+	}
+	h.ok("ReserveBatch", `{"requests":[`+strings.Join(items, ",")+`]}`, adminToken)
+}
+
 // The console's tenant page asks for one subject's standing. With
 // subjectContains and limit 1000, "t1" is not found when more than 1000
 // other subjects contain it and stand nearer their limit (similarSubjects);
@@ -447,15 +461,7 @@ func TestConsoleStandingsOfOneSubjectExactly(t *testing.T) {
 	h.ok("PublishPolicy", `{"policy":{"subject":"*","route":"chat.generate",
 	  "dimensions":[{"unit":"tokens","burst":"100","refillUnits":"10","refillInterval":"3600s"}]}}`, adminToken)
 	h.ok("Reserve", reserveFor("r-t1", "t1", 1), adminToken)
-	var items []string
-	for _, subject := range similarSubjects() {
-		items = append(items, reserveFor("r-"+subject, subject, 2))
-		if len(items) == 500 {
-			h.ok("ReserveBatch", `{"requests":[`+strings.Join(items, ",")+`]}`, adminToken)
-			items = nil
-		}
-	}
-	h.ok("ReserveBatch", `{"requests":[`+strings.Join(items, ",")+`]}`, adminToken)
+	reserveSimilarSubjects(h)
 	h.ok("Reserve", reserveFor("r-other", "tenant-b/u1", 1), adminToken)
 
 	subjects := func(got map[string]any) []string {

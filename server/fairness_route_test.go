@@ -2,7 +2,6 @@ package server_test
 
 import (
 	"slices"
-	"strings"
 	"testing"
 
 	"github.com/capledger/capledger/ledger"
@@ -21,15 +20,7 @@ func TestConsoleFairnessOfOneRouteReadsItsAccountsOnly(t *testing.T) {
 		return rows
 	}})
 	fairnessTraffic(h)
-	var items []string
-	for _, subject := range similarSubjects() {
-		items = append(items, reserveFor("r-"+subject, subject, 2))
-		if len(items) == 500 {
-			h.ok("ReserveBatch", `{"requests":[`+strings.Join(items, ",")+`]}`, adminToken)
-			items = nil
-		}
-	}
-	h.ok("ReserveBatch", `{"requests":[`+strings.Join(items, ",")+`]}`, adminToken)
+	reserveSimilarSubjects(h)
 	want := bruteFairness(t, h.store)
 
 	rows.take()

@@ -58,15 +58,7 @@ func TestConsoleStandingsOfOneSubjectReadItsAccountsOnly(t *testing.T) {
 	}
 	h.ok("Reserve", reserveFor("r-t1", "t1", 1), adminToken)
 	h.ok("Reserve", `{"reservationId":"r-t1-embed","subject":"t1","route":"embed","units":{"tokens":3}}`, adminToken)
-	var items []string
-	for _, subject := range similarSubjects() {
-		items = append(items, reserveFor("r-"+subject, subject, 2))
-		if len(items) == 500 {
-			h.ok("ReserveBatch", `{"requests":[`+strings.Join(items, ",")+`]}`, adminToken)
-			items = nil
-		}
-	}
-	h.ok("ReserveBatch", `{"requests":[`+strings.Join(items, ",")+`]}`, adminToken)
+	reserveSimilarSubjects(h)
 	h.ok("Reserve", reserveFor("r-other", "tenant-b/u1", 1), adminToken)
 
 	every := h.consoleOK("ListAccountStandings", `{"limit":1000}`, consoleViewer)

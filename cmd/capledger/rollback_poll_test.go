@@ -73,17 +73,7 @@ func cliWithin(t *testing.T, within time.Duration, url string, args ...string) (
 // the first poll; it failing changes nothing).
 func TestRollbackWaitPollsAgainOnlyAfterAPollAnswered(t *testing.T) {
 	server := startInProcess(t)
-	dir := t.TempDir()
-	for _, overdraft := range []string{"0", "100"} { // generations 1 and 2
-		path := filepath.Join(dir, "policy"+overdraft+".yaml")
-		body := "subject: tenant-7\nroute: chat.generate\nholdTTL: 1h\n" +
-			"dimensions:\n  - unit: tokens\n    burst: 1000\n    refillUnits: 1\n    refillInterval: 1h\n    maxOverdraft: " + overdraft + "\n"
-		if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		code, out, errOut := cli(t, server, "policy", "publish", path)
-		wantExit(t, exitOK, code, out, errOut)
-	}
+	publishTwoGenerations(t, server)
 	code, out, errOut := cli(t, server, "reserve", "--subject", "tenant-7", "--route", "chat.generate", "--units", "tokens=100", "--id", "hold")
 	wantExit(t, exitOK, code, out, errOut)
 
@@ -159,17 +149,7 @@ func newSlowDrainPolls(t *testing.T, target string, cost time.Duration) *slowDra
 // for its whole length.
 func TestRollbackWaitPausesAsLongAsAPollTook(t *testing.T) {
 	server := startInProcess(t)
-	dir := t.TempDir()
-	for _, overdraft := range []string{"0", "100"} { // generations 1 and 2
-		path := filepath.Join(dir, "policy"+overdraft+".yaml")
-		body := "subject: tenant-7\nroute: chat.generate\nholdTTL: 1h\n" +
-			"dimensions:\n  - unit: tokens\n    burst: 1000\n    refillUnits: 1\n    refillInterval: 1h\n    maxOverdraft: " + overdraft + "\n"
-		if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		code, out, errOut := cli(t, server, "policy", "publish", path)
-		wantExit(t, exitOK, code, out, errOut)
-	}
+	publishTwoGenerations(t, server)
 	// Generation 2 holds the reservation: it does not drain while followed.
 	code, out, errOut := cli(t, server, "reserve", "--subject", "tenant-7", "--route", "chat.generate", "--units", "tokens=100", "--id", "hold")
 	wantExit(t, exitOK, code, out, errOut)
@@ -190,5 +170,22 @@ func TestRollbackWaitPausesAsLongAsAPollTook(t *testing.T) {
 		if took, pause := prev[1].Sub(prev[0]), next[0].Sub(prev[1]); pause < took {
 			t.Errorf("poll %d began %s after poll %d ended, which took %s", i+1, pause, i, took)
 		}
+	}
+}
+
+// publishTwoGenerations publishes generations 1 and 2 of tenant-7's
+// chat.generate policy through the CLI (maxOverdraft 0, then 100).
+func publishTwoGenerations(t *testing.T, server string) {
+	t.Helper()
+	dir := t.TempDir()
+	for _, overdraft := range []string{"0", "100"} {
+		path := filepath.Join(dir, "policy"+overdraft+".yaml")
+		body := "subject: tenant-7\nroute: chat.generate\nholdTTL: 1h\n" +
+			"dimensions:\n  - unit: tokens\n    burst: 1000\n    refillUnits: 1\n    refillInterval: 1h\n    maxOverdraft: " + overdraft + "\n"
+		if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		code, out, errOut := cli(t, server, "policy", "publish", path)
+		wantExit(t, exitOK, code, out, errOut)
 	}
 }
