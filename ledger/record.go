@@ -86,11 +86,19 @@ func Record(b Book, cmd *Command, now time.Time) Result {
 	if err := checkUnits(p, &cmd.Units, true); err != nil {
 		return Result{Err: err, Generation: p.Generation}
 	}
-	a, ok := currentAccount(b, subject, p, now)
+	a, ap, ok := currentAccount(b, subject, p, now)
 	if !ok {
 		return Result{Err: fmt.Errorf("%w: %s", ErrAccountNotFound, subject)}
 	}
-	bringToNow(b, a, p, now, true)
+	refill := true
+	if ap != p {
+		// The current account owes debt p does not limit: the usage is
+		// charged to p's account, which the subject switches to once
+		// that debt is repaid; until then it is not current and does not
+		// refill.
+		a, refill = decidingAccount(b, subject, p, ap, now), false
+	}
+	bringToNow(b, a, p, now, refill)
 	if dim, err := lifetimeRoom(a, p, &cmd.Units, false); err != nil {
 		b.AccountPut(a) // as a rejected reserve, it keeps the refill and epoch close above
 		return Result{Err: err, Generation: p.Generation, Dimension: p.Dimensions[dim].Unit}
