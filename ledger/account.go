@@ -313,7 +313,13 @@ func forward(b Book, account *Account, kind Kind, reservationID string, now time
 		b.AccountPut(target)
 	}
 	moveBetween(b, account, target, MoveForward, kind.String()+":"+reservationID, now)
-	if tp != p || mutantOn("dropped_debt_forgotten") {
+	if mutantOn("dropped_debt_forgotten") {
+		return
+	}
+	if tp != p {
+		// A refund forwarded to the owing current account may repay its
+		// debt: the subject switches at once (switchIfRepaid).
+		switchIfRepaid(b, target, tp, p, now)
 		return
 	}
 	if a, ap, err := accountFor(b, account.Key); err == nil && owesDropped(a, ap, tp) {
@@ -337,15 +343,45 @@ func mint(bal *Balance, units Units) {
 // current account and p was not rolled back (see bringToNow).
 func tick(b Book, a *Account, p *Policy, now time.Time) {
 	current := p.Generation == a.Key.Generation && isCurrent(b, a)
-	if current {
-		// A current account of a generation that no longer decides owes
-		// debt the deciding one does not limit (currentAccount).
-		if active, ok := activePolicy(b, a.Key.SubjectKey()); ok && active.Generation != p.Generation && owesDropped(a, p, active) {
+	if current && owesAny(a) {
+		// A current account of a generation that no longer decides may
+		// owe debt the deciding one does not limit (currentAccount). Only
+		// an account that owes is looked at: the hot path of a subject
+		// that owes nothing reads no policy more.
+		if active, ok := activePolicy(b, a.Key.SubjectKey()); ok && active.Generation != p.Generation && owesDropped(a, p, active) && !mutantOn("dropped_debt_forgotten") {
 			bringOwingToNow(b, a, p, active, now)
+			switchIfRepaid(b, a, p, active, now)
 			return
 		}
 	}
 	bringToNow(b, a, p, now, current && !p.RolledBack)
+}
+
+// owesAny reports whether a owes debt in any dimension.
+func owesAny(a *Account) bool {
+	for i := 0; i < a.Dims; i++ {
+		if a.Balances[i].Debt() > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// switchIfRepaid switches the subject to the deciding generation's policy
+// p as soon as its current account a (under its own policy ap, brought to
+// now) no longer owes debt p does not limit: left current, a would refill
+// as an ordinary current account and mint available capacity in a unit p
+// drops, which stays behind at the switch. a is put first and reloaded
+// after the switch (the switch moves its capacity).
+func switchIfRepaid(b Book, a *Account, ap, p *Policy, now time.Time) {
+	b.AccountPut(a)
+	if owesDropped(a, ap, p) {
+		return
+	}
+	switchTo(b, a.Key.SubjectKey(), p, now)
+	if fresh, ok := b.Account(a.Key); ok && fresh != a {
+		*a = *fresh
+	}
 }
 
 // bringToNow closes the account's elapsed accounting epochs, then, when
