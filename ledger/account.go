@@ -297,7 +297,8 @@ func isCurrent(b Book, a *Account) bool {
 // subject's current account again (makeCurrent): its refill repays the
 // debt at its own rate while the subject's admission is frozen. (When the
 // current account is itself such an owing account, it stays current and
-// the debt waits on account, reported as a dropped unit by DrainProgress.)
+// debt in a unit it does not limit waits on account, which does not
+// refill: docs/ROLLOUT.md, Limitations.)
 func forward(b Book, account *Account, kind Kind, reservationID string, now time.Time) {
 	subject := account.Key.SubjectKey()
 	p, ok := activePolicy(b, subject)

@@ -27,8 +27,9 @@ func owesRequests(c *checked) uint64 {
 // A command replayed after the switch answers as it did before it: a
 // reservation admitted after the switch replays its receipt, a record
 // made while frozen (charged to the owing current account, which holds
-// the subject's tokens until the switch) replays without charging again, and a reserve refused while frozen is
-// not stored, so the same id is admitted once the debt is repaid.
+// the subject's tokens until the switch) replays without charging again,
+// and a reserve refused while frozen is not stored, so the same id is
+// admitted once the debt is repaid.
 func TestDroppedDebtReplayAcrossTheSwitch(t *testing.T) {
 	c := newChecked(t)
 	g1 := owesRequests(c)
