@@ -115,3 +115,31 @@ func TestDroppedDebtRecordWhileFrozenTakesTheSubjectsAvailable(t *testing.T) {
 			res.Reservation.State, res.Reservation.Breach, res.Reservation.Overdraft)
 	}
 }
+
+// A late refund forwarded to the owing current account that repays its
+// debt switches the subject at once (as a Refill that repays it does):
+// left current, the account would refill the dropped unit as an ordinary
+// current account until the next command, minting capacity in a unit the
+// deciding generation does not limit, which stays behind at the switch.
+func TestDroppedDebtRepaidByAForwardSwitchesAtOnce(t *testing.T) {
+	c := newChecked(t)
+	requests5 := requestsDim
+	requests5.Burst = 5
+	c.publish(policyOf(tokens(1000, 100), requests5))
+	c.must(c.reserve("a", 10, 2)) // on g0: 2 requests held, 3 available
+	c.must(c.start("a"))
+	g1 := c.publish(policyOf(tokens(1000, 100), requestsDim))
+	c.must(c.reserve("b", 100, 1)) // switches to g1 (2 requests move), 1 held
+	c.must(c.start("b"))
+	c.must(c.settle("b", 100, 5)) // 3 requests owed on g1
+	g2 := c.publish(policyOf(tokens(1000, 100)))
+	mustFreeze(t, c.reserve("c", 10), g2, 3*time.Second)
+	c.must(c.settle("a", 10, 0)) // late refund: g0's 3 requests forwarded to g1 repay its debt
+	c.advance(10 * time.Second)
+	if res := c.must(c.reserve("d", 10)); res.Reservation.Account.Generation != g2 {
+		t.Fatalf("admitted on %s", res.Reservation.Account)
+	}
+	if old := c.account(g1).Balances[1]; old.Debt() != 0 || old.Available != 0 {
+		t.Fatalf("requests on generation %d: %+v; want the debt repaid by the forward and nothing minted after it", g1, old)
+	}
+}
