@@ -27,11 +27,14 @@ type GenerationDrain struct {
 	// nothing (ledger.DrainRoom; counted by addBlockedByBurst);
 	// BlockedNoPolicy those holding capacity or debt whose subject no
 	// generation decides for. BlockedDroppedUnit counts those holding
-	// available capacity or debt in a unit the generation deciding for
-	// their subject does not limit (by unit name, as the ledger's drain
-	// matches units): the drain never moves it, so the generation never
-	// drains while that generation decides (counted by addDrain; such an
-	// account may also be BlockedByBurst in a unit both limit).
+	// available capacity in a unit the generation deciding for their
+	// subject does not limit (by unit name, as the ledger's drain matches
+	// units): the drain never moves it, so the generation never drains
+	// while that generation decides (counted by addDrain; such an account
+	// may also be BlockedByBurst in a unit both limit). Debt in such a
+	// unit is not counted: the owing account stays (or becomes again) its
+	// subject's current account, freezing its admission, and its own
+	// refill repays it; the subject then switches.
 	BlockedByBurst, BlockedNoPolicy, BlockedDroppedUnit int64
 	// UnreconciledShards are shards issued under the generation and not
 	// reconciled; ShardUnits their allocations.
@@ -206,13 +209,16 @@ func addDrain(d *GenerationDrain, a *ledger.Account, deciding func(ledger.Policy
 }
 
 // holdsDroppedUnit reports whether some dimension of a (under its policy
-// ap) holds available capacity or debt in a unit p does not limit: the
-// ledger's drain into p's account skips that unit (ledger.drainable
-// matches units by name), so it stays on a.
+// ap) holds available capacity in a unit p does not limit: the ledger's
+// drain into p's account skips that unit (ledger.drainable matches units
+// by name), so it stays on a. Debt in such a unit is not counted: it keeps
+// a (or makes it again) its subject's current account, whose refill
+// repays it, and the subject switches to p once it is repaid; until then
+// it counts in Debt.
 func holdsDroppedUnit(a *ledger.Account, ap *ledger.Policy, p *ledger.Policy) bool {
 	for i := 0; i < a.Dims && i < len(ap.Dimensions); i++ {
 		b := &a.Balances[i]
-		if (b.Available > 0 || b.Debt() > 0) && p.DimensionIndex(ap.Dimensions[i].Unit) < 0 {
+		if b.Available > 0 && p.DimensionIndex(ap.Dimensions[i].Unit) < 0 {
 			return true
 		}
 	}

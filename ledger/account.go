@@ -7,25 +7,32 @@ import (
 )
 
 // currentAccount returns the account that holds the subject's capacity under
-// policy p, creating it when p's generation has none yet. When the subject's
-// capacity sits in another generation's account (a new generation was
-// published, or the current one rolled back), that account is first brought
-// to now under its own rule, then its available capacity and debt move
-// over, exactly once, so a republished policy neither hands out a fresh
-// burst nor forgets debt.
-func currentAccount(b Book, subject PolicyKey, p *Policy, now time.Time) (*Account, bool) {
-	account, _, ok := switchTo(b, subject, p, now)
-	return account, ok
+// policy p, and that account's own policy, creating p's account when p's
+// generation has none yet. When the subject's capacity sits in another
+// generation's account (a new generation was published, or the current one
+// rolled back), that account is first brought to now under its own rule,
+// then its available capacity and debt move over, exactly once, so a
+// republished policy neither hands out a fresh burst nor forgets debt.
+//
+// The exception is debt p cannot take: while the current account owes debt
+// in a unit p does not limit, the subject does not switch. That account
+// stays current under its own policy (returned instead of p): it refills
+// (repays only, when its generation was rolled back), its debt freezes the
+// subject's admission whatever generation decides, and the subject
+// switches on the first command after the debt is repaid.
+func currentAccount(b Book, subject PolicyKey, p *Policy, now time.Time) (*Account, *Policy, bool) {
+	account, ap, _, ok := switchTo(b, subject, p, now)
+	return account, ap, ok
 }
 
 // switchTo is currentAccount that also returns the generation switch's move
 // receipt when it made one.
-func switchTo(b Book, subject PolicyKey, p *Policy, now time.Time) (*Account, *Move, bool) {
+func switchTo(b Book, subject PolicyKey, p *Policy, now time.Time) (*Account, *Policy, *Move, bool) {
 	currentGeneration, hasCurrent := b.AccountCurrent(subject)
 	key := AccountKey{Subject: subject.Subject, Route: subject.Route, Region: subject.Region, Generation: p.Generation}
 	if hasCurrent && currentGeneration == p.Generation {
 		account, ok := b.Account(key)
-		return account, nil, ok
+		return account, p, nil, ok
 	}
 	var previous *Account
 	var previousPolicy *Policy
@@ -38,8 +45,18 @@ func switchTo(b Book, subject PolicyKey, p *Policy, now time.Time) (*Account, *M
 				// Bring it to now under its own rule while it still
 				// holds the subject's capacity: it refills up to the
 				// switch, the new account from the switch on.
-				bringToNow(b, previous, previousPolicy, now, !previousPolicy.RolledBack)
-				b.AccountPut(previous)
+				if owesDropped(previous, previousPolicy, p) && !mutantOn("dropped_debt_forgotten") {
+					bringOwingToNow(b, previous, previousPolicy, p, now)
+					b.AccountPut(previous)
+					if owesDropped(previous, previousPolicy, p) && !mutantOn("dropped_debt_forgotten") {
+						// p cannot take this debt: the owing account
+						// stays current until refill repays it.
+						return previous, previousPolicy, nil, true
+					}
+				} else {
+					bringToNow(b, previous, previousPolicy, now, !previousPolicy.RolledBack)
+					b.AccountPut(previous)
+				}
 			}
 		}
 	}
@@ -50,20 +67,7 @@ func switchTo(b Book, subject PolicyKey, p *Policy, now time.Time) (*Account, *M
 		// epoch of now.
 		rollEpoch(b, account, p, now)
 	} else {
-		account = &Account{Key: key, Dims: len(p.Dimensions)}
-		for i := range p.Dimensions {
-			// A unit the previous account limited arrives with the move
-			// below; a unit nobody limited yet opens with a full burst, as
-			// the subject's first account does.
-			if previousPolicy != nil && previousPolicy.DimensionIndex(p.Dimensions[i].Unit) >= 0 {
-				continue
-			}
-			account.Balances[i].Opening = p.Dimensions[i].Burst
-			account.Balances[i].Available = p.Dimensions[i].Burst
-		}
-		startEpoch(account, p, now)
-		before := Balances{}
-		journal(b, account, &before, KindReserve, "", StateRequested, StateRequested, "open", now)
+		account = openAccount(b, key, p, previousPolicy, now)
 	}
 	// The account refills from now on: while another generation held the
 	// subject's capacity it minted nothing, and that other account refilled
@@ -79,7 +83,87 @@ func switchTo(b Book, subject PolicyKey, p *Policy, now time.Time) (*Account, *M
 			":" + strconv.FormatUint(previous.Version, 10)
 		move = moveBetween(b, previous, account, MoveGenerationSwitch, receipt, now)
 	}
-	return account, move, true
+	return account, p, move, true
+}
+
+// openAccount creates the subject's account of p's generation (key) and
+// journals its opening; previousPolicy is the policy of the account that
+// holds the subject's capacity now (nil when none does).
+func openAccount(b Book, key AccountKey, p *Policy, previousPolicy *Policy, now time.Time) *Account {
+	account := &Account{Key: key, Dims: len(p.Dimensions)}
+	for i := range p.Dimensions {
+		// A unit the previous account limited arrives with the move
+		// below; a unit nobody limited yet opens with a full burst, as
+		// the subject's first account does.
+		if previousPolicy != nil && previousPolicy.DimensionIndex(p.Dimensions[i].Unit) >= 0 {
+			continue
+		}
+		account.Balances[i].Opening = p.Dimensions[i].Burst
+		account.Balances[i].Available = p.Dimensions[i].Burst
+	}
+	startEpoch(account, p, now)
+	before := Balances{}
+	journal(b, account, &before, KindReserve, "", StateRequested, StateRequested, "open", now)
+	return account
+}
+
+// decidingAccount returns the subject's account of p's generation while
+// the subject's current account (under its policy current) owes debt p
+// does not limit, opening it (without making it current) if it does not
+// exist yet.
+func decidingAccount(b Book, subject PolicyKey, p, current *Policy, now time.Time) *Account {
+	key := AccountKey{Subject: subject.Subject, Route: subject.Route, Region: subject.Region, Generation: p.Generation}
+	if a, ok := b.Account(key); ok {
+		return a
+	}
+	a := openAccount(b, key, p, current, now)
+	for i := range p.Dimensions {
+		a.RefilledTo[i] = now.UnixNano()
+	}
+	b.AccountPut(a)
+	return a
+}
+
+// owesDropped reports whether a (under its policy ap) owes debt in a unit
+// p does not limit: debt no move can take to p's account.
+func owesDropped(a *Account, ap, p *Policy) bool {
+	for i := 0; i < a.Dims && i < len(ap.Dimensions); i++ {
+		if a.Balances[i].Debt() > 0 && p.DimensionIndex(ap.Dimensions[i].Unit) < 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// bringOwingToNow brings the subject's current account a, which owes debt
+// p, the deciding generation's policy, cannot take (owesDropped), to now
+// under its own policy ap. A unit p does not limit refills only to repay
+// debt: available capacity in it would stay behind at the switch, where
+// nothing admits it. When ap was rolled back (a rolled-back generation
+// mints no capacity) every unit refills only to repay debt.
+func bringOwingToNow(b Book, a *Account, ap, p *Policy, now time.Time) {
+	rollEpoch(b, a, ap, now)
+	var repayOnly uint8
+	for i := 0; i < a.Dims && i < len(ap.Dimensions); i++ {
+		if ap.RolledBack || p.DimensionIndex(ap.Dimensions[i].Unit) < 0 {
+			repayOnly |= 1 << i
+		}
+	}
+	if before, minted := refillUpTo(a, ap, now, repayOnly); minted {
+		journal(b, a, &before, KindRefill, "", 0, 0, "", now)
+	}
+}
+
+// makeCurrent makes a, which owes debt the subject's current account
+// cannot take, the subject's current account again: it refills from now
+// (until now another account refilled for the time), and the subject's
+// admission stays frozen by its debt until refill repays it.
+func makeCurrent(b Book, a *Account, now time.Time) {
+	for i := 0; i < a.Dims; i++ {
+		a.RefilledTo[i] = now.UnixNano()
+	}
+	b.AccountPut(a)
+	b.AccountCurrentPut(a.Key.SubjectKey(), a.Key.Generation)
 }
 
 // moveBetween moves from's debt and available capacity to to: the debt is
@@ -208,20 +292,40 @@ func isCurrent(b Book, a *Account) bool {
 // longer holds its subject's capacity to the subject's current account
 // (switching the subject to the active generation first if needed). The
 // receipt is "<kind>:<reservation id>": one reservation ends once, so it
-// forwards once. The caller has put account already.
+// forwards once. The caller has put account already. Debt in a unit the
+// current account does not limit stays on account, which becomes the
+// subject's current account again (makeCurrent): its refill repays the
+// debt at its own rate while the subject's admission is frozen. (When the
+// current account is itself such an owing account, it stays current and
+// debt in a unit it does not limit waits on account, which does not
+// refill: docs/ROLLOUT.md, Limitations.)
 func forward(b Book, account *Account, kind Kind, reservationID string, now time.Time) {
 	subject := account.Key.SubjectKey()
 	p, ok := activePolicy(b, subject)
 	if !ok {
 		return // nothing admits for the subject: the capacity stays where it is
 	}
-	target, ok := currentAccount(b, subject, p, now)
+	target, tp, ok := currentAccount(b, subject, p, now)
 	if !ok || target.Key == account.Key {
 		return
 	}
-	bringToNow(b, target, p, now, !p.RolledBack)
-	b.AccountPut(target)
+	if tp == p {
+		bringToNow(b, target, p, now, !p.RolledBack)
+		b.AccountPut(target)
+	}
 	moveBetween(b, account, target, MoveForward, kind.String()+":"+reservationID, now)
+	if mutantOn("dropped_debt_forgotten") {
+		return
+	}
+	if tp != p {
+		// A refund forwarded to the owing current account may repay its
+		// debt: the subject switches at once (switchIfRepaid).
+		switchIfRepaid(b, target, tp, p, now)
+		return
+	}
+	if a, ap, err := accountFor(b, account.Key); err == nil && owesDropped(a, ap, tp) {
+		makeCurrent(b, a, now)
+	}
 }
 
 // mint adds units to a balance: debt is repaid first, the rest becomes
@@ -239,7 +343,46 @@ func mint(bal *Balance, units Units) {
 // accounting epochs, and refills when the account is its subject's
 // current account and p was not rolled back (see bringToNow).
 func tick(b Book, a *Account, p *Policy, now time.Time) {
-	bringToNow(b, a, p, now, p.Generation == a.Key.Generation && !p.RolledBack && isCurrent(b, a))
+	current := p.Generation == a.Key.Generation && isCurrent(b, a)
+	if current && owesAny(a) {
+		// A current account of a generation that no longer decides may
+		// owe debt the deciding one does not limit (currentAccount). Only
+		// an account that owes is looked at: the hot path of a subject
+		// that owes nothing reads no policy more.
+		if active, ok := activePolicy(b, a.Key.SubjectKey()); ok && active.Generation != p.Generation && owesDropped(a, p, active) && !mutantOn("dropped_debt_forgotten") {
+			bringOwingToNow(b, a, p, active, now)
+			switchIfRepaid(b, a, p, active, now)
+			return
+		}
+	}
+	bringToNow(b, a, p, now, current && !p.RolledBack)
+}
+
+// owesAny reports whether a owes debt in any dimension.
+func owesAny(a *Account) bool {
+	for i := 0; i < a.Dims; i++ {
+		if a.Balances[i].Debt() > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// switchIfRepaid switches the subject to the deciding generation's policy
+// p as soon as its current account a (under its own policy ap, brought to
+// now) no longer owes debt p does not limit: left current, a would refill
+// as an ordinary current account and mint available capacity in a unit p
+// drops, which stays behind at the switch. a is put first and reloaded
+// after the switch (the switch moves its capacity).
+func switchIfRepaid(b Book, a *Account, ap, p *Policy, now time.Time) {
+	b.AccountPut(a)
+	if owesDropped(a, ap, p) {
+		return
+	}
+	switchTo(b, a.Key.SubjectKey(), p, now)
+	if fresh, ok := b.Account(a.Key); ok && fresh != a {
+		*a = *fresh
+	}
 }
 
 // bringToNow closes the account's elapsed accounting epochs, then, when
@@ -265,6 +408,12 @@ func bringToNow(b Book, a *Account, p *Policy, now time.Time, refill bool) {
 // under p and moves the cursors, writing nothing to the book; it returns
 // the balances before and whether anything was minted.
 func refillDue(a *Account, p *Policy, now time.Time) (before Balances, minted bool) {
+	return refillUpTo(a, p, now, 0)
+}
+
+// refillUpTo is refillDue, except that in a dimension whose bit is set in
+// repayOnly it mints only what repays debt, never available capacity.
+func refillUpTo(a *Account, p *Policy, now time.Time, repayOnly uint8) (before Balances, minted bool) {
 	nowNanos := now.UnixNano()
 	for i := 0; i < a.Dims && i < len(p.Dimensions); i++ {
 		d := &p.Dimensions[i]
@@ -280,7 +429,7 @@ func refillDue(a *Account, p *Policy, now time.Time) (before Balances, minted bo
 		a.RefilledTo[i] += intervals * interval
 		bal := &a.Balances[i]
 		room := d.Burst - bal.Available - bal.Reserved
-		if room < 0 {
+		if room < 0 || repayOnly&(1<<i) != 0 {
 			room = 0
 		}
 		limit := bal.Debt() + room
@@ -452,7 +601,15 @@ func Drain(b Book, key AccountKey, now time.Time) Result {
 	if active.Generation == key.Generation {
 		return Result{Err: fmt.Errorf("%w: %s is current", ErrNothingToDrain, key)}
 	}
-	target, switched, _ := switchTo(b, subject, active, now)
+	target, tp, switched, _ := switchTo(b, subject, active, now)
+	if target != nil && target.Key == key {
+		// It owes debt the active generation does not limit, so it
+		// stays current and refills until that debt is repaid.
+		return Result{Err: fmt.Errorf("%w: %s owes debt in a unit generation %d does not limit: it stays current until refill repays it", ErrNothingToDrain, key, active.Generation)}
+	}
+	// The current account refills in the drain unless it is an owing one
+	// (switchTo refilled it already) or its generation was rolled back.
+	refills := tp == active && !active.RolledBack
 	if switched == nil {
 		// Nothing can move (no debt, and the current account's burst,
 		// refilled to now, has no room for the capacity waiting here):
@@ -467,11 +624,11 @@ func Drain(b Book, key AccountKey, now time.Time) Result {
 		if target == nil {
 			return Result{Err: fmt.Errorf("%w: no current account for %s", ErrNothingToDrain, subject)}
 		}
-		if !drainable(b, a, target, !active.RolledBack, now) {
+		if !drainable(b, a, target, refills, now) {
 			return Result{Err: fmt.Errorf("%w: %s holds no available capacity or debt %s can take", ErrNothingToDrain, key, target.Key)}
 		}
 	}
-	bringToNow(b, target, active, now, !active.RolledBack)
+	bringToNow(b, target, tp, now, refills)
 	b.AccountPut(target)
 	if switched != nil && switched.From == key {
 		return Result{Generation: active.Generation, Move: switched}

@@ -694,8 +694,9 @@ func checkUnknownAt(old, r *Reservation, after *Snapshot) string {
 // answered. It returns every discrepancy (none when the step is sound):
 //   - a replay changed nothing and refunded nothing;
 //   - a reservation appears only through a successful, non-replayed reserve
-//     of exactly the command's id and units, on an account without debt
-//     (no admission while debt is outstanding), and no account's Reserved
+//     of exactly the command's id and units, on an account without debt,
+//     while no other account of its subject owes any either (no admission
+//     while debt is outstanding, across generations), and no account's Reserved
 //     grows otherwise; or through a successful, non-replayed record of the
 //     command's id, holding nothing, settled with exactly its usage and
 //     operation (debt does not stop a record);
@@ -771,6 +772,15 @@ func CheckStep(before, after *Snapshot, cmd *Command, res *Result) []Discrepancy
 				add(CheckStepAdmission, r.Account, r.ID, "admitted on a missing account")
 			} else if dim, debt := a.Debt(); dim >= 0 {
 				add(CheckStepAdmission, r.Account, r.ID, "admitted while dimension %d owes %d", dim, debt)
+			}
+			// Nor while another generation's account of the subject owes
+			// (debt in a unit the deciding generation does not limit).
+			for k, other := range accountsAfter {
+				if k != r.Account && k.SubjectKey() == r.Account.SubjectKey() {
+					if dim, debt := other.Debt(); dim >= 0 {
+						add(CheckStepAdmission, r.Account, r.ID, "admitted while %s dimension %d owes %d", k, dim, debt)
+					}
+				}
 			}
 			g := reservedGrowth[r.Account]
 			for d := range g {

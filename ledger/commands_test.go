@@ -500,33 +500,6 @@ func TestDebtSurvivesGenerationSwitch(t *testing.T) {
 	c.must(c.reserve("b", 1))
 }
 
-// A generation switch carries capacity and debt over only in the units
-// both generations limit (docs/API.md, PublishPolicy). A unit the new
-// generation drops keeps what it holds on the old generation's account:
-// its debt (here from a late settle of work started under the old
-// generation) stays owed there, nothing mints for it, and it freezes
-// nothing the new generation admits; its available capacity stays there
-// too.
-func TestDroppedUnitKeepsItsDebtAndCapacityBehind(t *testing.T) {
-	c := newChecked(t)
-	requests := ledger.Dimension{Unit: "requests", Burst: 2, RefillUnits: 1, RefillInterval: time.Second}
-	g1 := c.publish(policyOf(tokens(1000, 100), requests))
-	c.must(c.reserve("a", 100, 1))
-	c.must(c.start("a"))
-	g2 := c.publish(policyOf(tokens(1000, 100))) // no requests dimension
-	c.must(c.reserve("b", 10))                   // switches the subject to g2
-	c.must(c.settle("a", 100, 5))                // 5 requests used, 1 held, 1 available: 3 owed
-	c.advance(time.Hour)
-	c.must(c.reserve("c", 10)) // g2 admits: it does not limit requests
-	old := c.account(g1).Balances
-	if old[1].Debt() != 3 || old[1].Minted != 0 {
-		t.Fatalf("the dropped unit on generation %d: %+v; want its debt of 3 still owed, nothing minted", g1, old[1])
-	}
-	if a := c.account(g2); a.Dims != 1 || a.Balances[0].Debt() != 0 {
-		t.Fatalf("generation %d: %+v", g2, a)
-	}
-}
-
 // Shadow mode: a rejection is journaled and answered with Shadow set;
 // nothing is reserved and the decision leaves balances alone.
 func TestShadowRejection(t *testing.T) {

@@ -39,7 +39,11 @@ import (
 //     allocated and reminted units into the retained shard totals, not its
 //     spent units;
 //   - shard_removed_early: shard retention removes a settled shard without
-//     waiting a window after it ended.
+//     waiting a window after it ended;
+//   - dropped_debt_forgotten: debt in a unit the deciding generation does
+//     not limit neither keeps its account current nor makes it current
+//     again (a late settle's): the subject switches and admits while it is
+//     owed, and nothing repays it.
 //
 // The variable is read on every call so that a test can switch variants
 // between runs in one process. A name not in mutantNames panics: the list
@@ -58,7 +62,7 @@ var mutantNames = []string{
 	"retry_after_ignores_holds", "shard_unknown_reminted", "worker_marks_started_unknown",
 	"refill_half_debt", "fairness_weight_ignored", "reserve_ignores_tombstone",
 	"record_charges_replay", "record_ignores_tombstone", "shard_retained_drops_spent",
-	"shard_removed_early",
+	"shard_removed_early", "dropped_debt_forgotten",
 }
 
 // MutantNames returns the names CAPLEDGER_MUTANT can select in the

@@ -86,14 +86,34 @@ func Record(b Book, cmd *Command, now time.Time) Result {
 	if err := checkUnits(p, &cmd.Units, true); err != nil {
 		return Result{Err: err, Generation: p.Generation}
 	}
-	a, ok := currentAccount(b, subject, p, now)
+	a, ap, ok := currentAccount(b, subject, p, now)
 	if !ok {
 		return Result{Err: fmt.Errorf("%w: %s", ErrAccountNotFound, subject)}
 	}
-	bringToNow(b, a, p, now, true)
-	if dim, err := lifetimeRoom(a, p, &cmd.Units, false); err != nil {
+	refill, cp := true, p // cp: the policy of the account charged
+	if ap != p {
+		// The current account owes debt p does not limit (currentAccount
+		// brought it to now, refilling it as owing: no refill here).
+		refill = false
+		if sameUnitsAt(p, ap, &cmd.Units) {
+			// It holds the subject's capacity in every unit used: the
+			// usage is charged to it, from its available first, as it
+			// would be after the switch, and no debt is left on an
+			// account that is not current (a rollback of p would strand
+			// it).
+			cp = ap
+		} else {
+			// Usage in a unit the owing account does not limit (or in
+			// another order): charged to p's account, which the subject
+			// switches to once that debt is repaid; until then it is not
+			// current (docs/ROLLOUT.md, Limitations).
+			a = decidingAccount(b, subject, p, ap, now)
+		}
+	}
+	bringToNow(b, a, cp, now, refill)
+	if dim, err := lifetimeRoom(a, cp, &cmd.Units, false); err != nil {
 		b.AccountPut(a) // as a rejected reserve, it keeps the refill and epoch close above
-		return Result{Err: err, Generation: p.Generation, Dimension: p.Dimensions[dim].Unit}
+		return Result{Err: err, Generation: p.Generation, Dimension: cp.Dimensions[dim].Unit}
 	}
 
 	before := a.Balances
@@ -102,7 +122,7 @@ func Record(b Book, cmd *Command, now time.Time) Result {
 	r.AccountingEpoch, r.OperationID, r.State = a.EpochStart, cmd.OperationID, StateSettled
 	r.CreatedAt, r.ExpiresAt, r.StartedAt, r.FinishedAt = now, now, now, now
 	for i := 0; i < a.Dims; i++ {
-		chargeBeyond(&a.Balances[i], r, i, cmd.Units[i], &p.Dimensions[i])
+		chargeBeyond(&a.Balances[i], r, i, cmd.Units[i], &cp.Dimensions[i])
 	}
 	if r.Breach {
 		a.Breaches++
@@ -163,4 +183,19 @@ func sameUsage(b Book, r *Reservation, cmd *Command) bool {
 		usage[j] = u
 	}
 	return usage == r.Actual
+}
+
+// sameUnitsAt reports whether every unit usage names (in p's order) is
+// ap's unit at the same index, so usage is charged to an account of ap
+// without reordering (a record's Actual stays the command's usage).
+func sameUnitsAt(p, ap *Policy, usage *Amounts) bool {
+	for i, u := range usage {
+		if u == 0 {
+			continue
+		}
+		if i >= len(p.Dimensions) || i >= len(ap.Dimensions) || ap.Dimensions[i].Unit != p.Dimensions[i].Unit {
+			return false
+		}
+	}
+	return true
 }

@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -107,9 +108,17 @@ func reserve(b Book, cmd *Command, now time.Time, res *Result) {
 		*res = refused
 		return
 	}
-	a, ok := currentAccount(b, subject, p, now)
+	a, ap, ok := currentAccount(b, subject, p, now)
 	if !ok {
 		*res = Result{Err: fmt.Errorf("%w: %s", ErrAccountNotFound, subject)}
+		return
+	}
+	if ap != p {
+		// The subject owes debt in a unit p does not limit, on the
+		// account of the generation that issued it, which stays current
+		// (currentAccount brought it to now): that debt freezes the
+		// subject's admission as its own would.
+		refuseOwing(b, cmd, a, ap, p, now, res)
 		return
 	}
 	bringToNow(b, a, p, now, true)
@@ -158,6 +167,53 @@ func reserve(b Book, cmd *Command, now time.Time, res *Result) {
 		res.Available[i] = a.Balances[i].Available
 	}
 	return
+}
+
+// refuseOwing answers a reserve under p while the subject's current
+// account a (under its own policy ap) owes debt in a unit p does not
+// limit: ErrAdmissionFrozen, decided by admit on a with the units p and ap
+// both limit (so the limiting dimension and the retry-after are a's, as
+// for an account frozen by its own debt), Generation p's. The available
+// capacity reported is a's in the units both limit.
+func refuseOwing(b Book, cmd *Command, a *Account, ap, p *Policy, now time.Time, res *Result) {
+	if rej := admit(&Account{Dims: len(p.Dimensions)}, p, &cmd.Units, now); rej.err != nil && errors.Is(rej.err, ErrReservationTooLarge) {
+		*res = rej.result(p) // no wait helps, whatever is owed
+		res.Generation = p.Generation
+		return
+	}
+	units := unitsAs(p, ap, &cmd.Units)
+	for j := range ap.Dimensions {
+		units[j] = min(units[j], ap.Dimensions[j].MaxReservation)
+	}
+	rej := admit(a, ap, &units, now)
+	if rej.err == nil || !errors.Is(rej.err, ErrAdmissionFrozen) {
+		rej.err = fmt.Errorf("%w (%s)", ErrAdmissionFrozen, ap.Dimensions[max(rej.dimension, 0)].Unit)
+	}
+	*res = rej.result(ap)
+	res.Generation = p.Generation
+	for i := range p.Dimensions {
+		if j := ap.DimensionIndex(p.Dimensions[i].Unit); j >= 0 {
+			res.Available[i] = a.Balances[j].Available
+		}
+	}
+	if cmp.Or(cmd.Rollout, p.Rollout) == RolloutShadow {
+		res.Shadow = true
+		before := a.Balances
+		journal(b, a, &before, KindReserve, cmd.ReservationID, StateRequested, StateRequested, "shadow", now)
+		b.AccountPut(a)
+	}
+}
+
+// unitsAs maps units in the dimensions of policy from to the dimensions
+// of policy to, by unit name; a unit to does not limit is left out.
+func unitsAs(from, to *Policy, units *Amounts) Amounts {
+	var out Amounts
+	for i := range from.Dimensions {
+		if j := to.DimensionIndex(from.Dimensions[i].Unit); j >= 0 {
+			out[j] = units[i]
+		}
+	}
+	return out
 }
 
 // rejection is admission's verdict: a zero err admits; otherwise err,

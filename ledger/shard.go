@@ -391,9 +391,15 @@ func IssueShard(b Book, cmd *Command, now time.Time) Result {
 	if refused := checkUnitsToHold(p, &cmd.Units, "shard"); refused.Err != nil {
 		return refused
 	}
-	a, ok := currentAccount(b, subject, p, now)
+	a, ap, ok := currentAccount(b, subject, p, now)
 	if !ok {
 		return Result{Err: fmt.Errorf("%w: %s", ErrAccountNotFound, subject)}
+	}
+	if ap != p {
+		// Frozen by debt in a unit p does not limit (see Reserve).
+		var res Result
+		refuseOwing(b, &Command{Units: cmd.Units, Rollout: RolloutEnforce}, a, ap, p, now, &res)
+		return res
 	}
 	tick(b, a, p, now)
 	b.AccountPut(a)
@@ -745,10 +751,12 @@ func remintTarget(b Book, s *Shard, units, debt Amounts, now time.Time) (*remint
 	var to *Account
 	var toPolicy *Policy
 	if p, ok := activePolicy(b, subject); ok {
-		if a, ok := currentAccount(b, subject, p, now); ok {
-			tick(b, a, p, now)
+		if a, ap, ok := currentAccount(b, subject, p, now); ok {
+			// ap is not p while the subject owes debt p does not limit:
+			// the current account, which owes it, takes the remint.
+			tick(b, a, ap, now)
 			b.AccountPut(a) // a refusal below keeps the refill, as a rejected reserve does
-			to, toPolicy = a, p
+			to, toPolicy = a, ap
 		}
 	}
 	if to == nil {

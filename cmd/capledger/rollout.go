@@ -567,15 +567,16 @@ func runRollback(ctx context.Context, e *env, args []string) error {
 				"no policy decides for the subject, so nothing can take that capacity. Publish one for the key (or a \"*\" one for the route), "+
 				"then follow the drain with `capledger rollback --status %s --wait`", stuck, strings.Join(positional, " "))}
 		}
-		// Capacity or debt in a unit the deciding generation does not limit
-		// never moves (the drain moves only units both limit): the same
-		// wait to --max-wait, with BLOCKED showing "unit dropped".
+		// Available capacity in a unit the deciding generation does not
+		// limit never moves (the drain moves only units both limit): the
+		// same wait to --max-wait, with BLOCKED showing "unit dropped".
+		// (Debt in such a unit is repaid by its own account's refill.)
 		if stuck := blockedGenerations(msg, (*v1.GenerationDrain).GetBlockedDroppedUnit,
-			"holding capacity or debt in a unit the deciding generation does not limit"); stuck != "" {
+			"holding capacity in a unit the deciding generation does not limit"); stuck != "" {
 			printDrain(e.stdout, msg)
 			return exitError{code: exitConflict, err: fmt.Errorf("cannot drain: %s; "+
 				"the drain moves only units both generations limit, so what is held in that unit stays. "+
-				"Publish a generation for the key that limits the unit again and keep it until the debt is repaid and the capacity has moved, "+
+				"Publish a generation for the key that limits the unit again and keep it until the capacity has moved, "+
 				"then follow the drain with `capledger rollback --status %s --wait`; or accept it: the generation then never reports drained", stuck, strings.Join(positional, " "))}
 		}
 		if time.Now().After(deadline) {

@@ -188,7 +188,7 @@ func TestRollbackWaitStopsOnADroppedUnit(t *testing.T) {
 	if !regexpLine(out, `^1\s+tenant-7/chat.generate@global\s+rolled back\s+1\s+0\s+0\s+requests=10\s+0 by burst, 0 no policy, 1 unit dropped\s+0\s+false$`) {
 		t.Errorf("the table does not show the account blocked by the dropped unit:\n%s", out)
 	}
-	for _, want := range []string{"cannot drain: generation 1 (tenant-7/chat.generate@global) has 1 account(s) holding capacity or debt in a unit the deciding generation does not limit (available requests=10, debt 0)",
+	for _, want := range []string{"cannot drain: generation 1 (tenant-7/chat.generate@global) has 1 account(s) holding capacity in a unit the deciding generation does not limit (available requests=10, debt 0)",
 		"Publish a generation for the key that limits the unit again", "or accept it", "capledger rollback --status 1 --wait"} {
 		if !strings.Contains(errOut, want) {
 			t.Errorf("the message does not say %q:\n%s", want, errOut)

@@ -1490,11 +1490,12 @@ type GenerationDrain struct {
 	// generation decides for the subject (blocked_no_policy).
 	BlockedByBurst  int64 `protobuf:"varint,11,opt,name=blocked_by_burst,json=blockedByBurst,proto3" json:"blocked_by_burst,omitempty"`
 	BlockedNoPolicy int64 `protobuf:"varint,12,opt,name=blocked_no_policy,json=blockedNoPolicy,proto3" json:"blocked_no_policy,omitempty"`
-	// How many of its accounts hold available capacity or debt in a unit
-	// the generation deciding for their subject does not limit (matched by
-	// unit name): the drain never moves it, so the generation does not
-	// drain while that generation decides. Such an account may also count
-	// in blocked_by_burst for a unit both limit.
+	// How many of its accounts hold available capacity in a unit the
+	// generation deciding for their subject does not limit (matched by unit
+	// name): the drain never moves it, so the generation does not drain
+	// while that generation decides. Such an account may also count in
+	// blocked_by_burst for a unit both limit. Debt in such a unit is not
+	// counted: its own refill repays it (see PublishPolicy).
 	BlockedDroppedUnit int64 `protobuf:"varint,18,opt,name=blocked_dropped_unit,json=blockedDroppedUnit,proto3" json:"blocked_dropped_unit,omitempty"`
 	// Shards issued under it that are not reconciled, and their allocated
 	// units (a legacy limiter's budget carved as a shard counts here).
