@@ -21,8 +21,9 @@ const (
 	// GateOverspend: a term went negative (available below zero is
 	// overspending), or an account holds more than its generation's burst.
 	GateOverspend
-	// GateAdmissionWhileDebt: a reservation was admitted on an account
-	// that owed debt at that moment.
+	// GateAdmissionWhileDebt: a reservation was admitted for a subject
+	// while one of its accounts (of any generation) owed debt at that
+	// moment.
 	GateAdmissionWhileDebt
 	// GateDuplicateRefund: a reservation's hold was given back twice, or a
 	// replay refunded something.
@@ -435,6 +436,18 @@ func (c *checker) transition(e *ledger.JournalEntry, a *acctState, before *ledge
 		if d := debtDim(before, dims); d >= 0 {
 			c.violate(GateAdmissionWhileDebt, "reservation %s admitted on %s while dimension %d owed %d", id, e.Account, d, before[d].Debt())
 			return
+		}
+		// Per subject, across generations: debt on another generation's
+		// account (in a unit the deciding generation does not limit, which
+		// no switch carries over) freezes the subject too.
+		subject := e.Account.SubjectKey()
+		for key, other := range c.accounts {
+			if key != e.Account && key.SubjectKey() == subject {
+				if d := debtDim(&other.bal, max(other.dims, 1)); d >= 0 {
+					c.violate(GateAdmissionWhileDebt, "reservation %s admitted on %s while %s dimension %d owed %d", id, e.Account, key, d, other.bal[d].Debt())
+					return
+				}
+			}
 		}
 		for d := 0; d < dims; d++ {
 			if e.Delta[d].Reserved != row.Reserved[d] || e.Delta[d].Available != -row.Reserved[d] {

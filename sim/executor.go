@@ -169,6 +169,10 @@ func (w *world) drawActual(r *request) {
 	for d := range r.units {
 		switch {
 		case r.units[d] == 0:
+		case d > 0 && over:
+			// A retried call counts twice: the second unit owes debt
+			// too, so a generation may drop a unit the subject owes in.
+			r.actual[d] = r.units[d] + w.between(0, 1)
 		case d > 0:
 			r.actual[d] = r.units[d]
 		case over:

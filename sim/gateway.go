@@ -177,9 +177,11 @@ func (w *world) arrive(idx int32) {
 		return
 	}
 	r.phase = phReserving
+	w.shapeUnits(r)
 	if w.f.fire(SiteConcurrentReserve) {
 		other := (r.gw + 1 + w.rng.IntN(w.shape.gateways-1)) % w.shape.gateways
 		twin := w.newRequest(other, r.tenant, w.now)
+		w.shapeUnits(twin)
 		twin.phase = phReserving
 		w.log(recArrive, w.gatewayNode(other), ledger.KindReserve, twin.id, int64(twin.tenant), "concurrent")
 		delay := w.between(netMin, netMax)
@@ -341,6 +343,12 @@ func (w *world) reserveAnswer(r *request, res *ledger.Result) {
 	case errors.Is(res.Err, ledger.ErrNoPolicy):
 		w.resolveUnknown(r)
 		w.done(r, outNoPolicy)
+	case errors.Is(res.Err, ledger.ErrInvalidCommand) && res.Generation != 0 && r.units[1] != 0 && w.activeDims(r.tenant) < 2:
+		// A generation that dropped the second unit was published after
+		// the gateway shaped the request: it refuses the unit, and the
+		// gateway gives the request up (a client would build a new one).
+		w.resolveUnknown(r)
+		w.done(r, outRejected)
 	default:
 		w.violate(GateProtocol, fmt.Sprintf("reserve %s answered %v", r.id, res.Err))
 	}

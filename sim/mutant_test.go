@@ -28,6 +28,7 @@ func TestMutants(t *testing.T) {
 		{"record_ignores_tombstone", GateRetention},
 		{"shard_retained_drops_spent", GateShardConservation},
 		{"shard_removed_early", GateRetention},
+		{"dropped_debt_forgotten", GateAdmissionWhileDebt},
 		{"compaction_drops_entry", GateCompaction},
 		{"checkpoint_wrong_closing", GateCompaction},
 	}

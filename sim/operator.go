@@ -66,6 +66,17 @@ func (w *world) nextPolicy(key ledger.PolicyKey) *ledger.Policy {
 	p.Dimensions[0].MaxReservation = p.Dimensions[0].Burst
 	p.Dimensions[0].RefillUnits = w.between(10, 80)
 	p.Dimensions[0].MaxOverdraft = w.between(0, 1500)
+	if len(p.Dimensions) > 1 && w.chance(0.5) {
+		// Drop the second unit (the next generation that keeps it adds
+		// it back): debt the subject owes in it must keep freezing its
+		// admission until it is repaid (cross-generation behaviour).
+		p.Dimensions = p.Dimensions[:1]
+	} else if len(p.Dimensions) > 1 {
+		// Keep it, with a burst as small as 1: overuse then owes in it
+		// often, so a later generation may drop a unit with debt.
+		p.Dimensions[1].Burst = w.between(1, 12)
+		p.Dimensions[1].MaxReservation = p.Dimensions[1].Burst
+	}
 	w.op.published++
 	p.EstimatorDigest = "estimator-v" + strconv.Itoa(1+w.op.published)
 	p.HoldTTL = w.holdTTL()
@@ -105,6 +116,35 @@ func (o *operator) refresh(w *world) {
 func (o *operator) activeGeneration(subject ledger.PolicyKey) uint64 {
 	g, _ := ledger.NewActiveGenerations(o.policies).Deciding(subject)
 	return g
+}
+
+// activeDims is how many dimensions the generation deciding for tenant
+// has, as the operator's cache knows it: a gateway shapes a request's
+// units by it when it first sends it (a generation dropping the second
+// unit refuses units in it as an invalid command).
+func (w *world) activeDims(tenant int) int {
+	w.op.refresh(w)
+	t := &w.tenants[tenant]
+	if p := w.op.policy(w.op.activeGeneration(ledger.PolicyKey{Subject: t.subject, Route: route, Region: region})); p != nil {
+		return len(p.Dimensions)
+	}
+	return len(w.op.base[t.key].Dimensions)
+}
+
+// shapeUnits zeroes the units of r in the dimensions the deciding
+// generation does not have and redraws its digest; only before its first
+// send (a reserve that may have landed keeps its units and digest).
+func (w *world) shapeUnits(r *request) {
+	dims := w.activeDims(r.tenant)
+	changed := false
+	for d := dims; d < len(r.units); d++ {
+		if r.units[d] != 0 {
+			r.units[d], changed = 0, true
+		}
+	}
+	if changed && !r.record {
+		r.digest = digestOf(r)
+	}
 }
 
 // policy returns the cached generation gen, or nil.

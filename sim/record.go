@@ -64,6 +64,11 @@ func (w *world) arriveRecord(r *request) {
 	w.log(recArrive, w.gatewayNode(r.gw), ledger.KindRecord, r.id, int64(r.tenant), "record: no reservation")
 	r.phase = phWorking
 	r.opID = "op-" + r.id
+	// Records count tokens only: the second unit may be dropped by the
+	// generation deciding when the usage is recorded.
+	for d := 1; d < len(r.units); d++ {
+		r.units[d] = 0
+	}
 	w.after(w.between(int64(200*time.Millisecond), int64(15*time.Second)), evRecordWork, 0, r.idx, 0)
 }
 

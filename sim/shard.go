@@ -89,7 +89,11 @@ type shardSim struct {
 	// Central side, from the committed changes.
 	rows     map[string]ledger.Shard
 	reminted map[string]ledger.Amounts
-	issued   map[string]ledger.Amounts // RetiredForEmergency journaled per shard id
+	// remintDropped marks, per shard, the dimensions a remint move's
+	// target generation did not limit (their reminted units are not
+	// carried, so they are not compared).
+	remintDropped map[string]uint8
+	issued        map[string]ledger.Amounts // RetiredForEmergency journaled per shard id
 	// applied counts, per shard id, the reconciliations the central row
 	// shows applied; charged sums the debt its remint moves charged.
 	applied map[string]int
@@ -126,6 +130,7 @@ func (s *shardSim) init(w *world) {
 	s.fence = make([]uint64, w.shape.gateways)
 	s.rows = map[string]ledger.Shard{}
 	s.reminted = map[string]ledger.Amounts{}
+	s.remintDropped = map[string]uint8{}
 	s.issued = map[string]ledger.Amounts{}
 	s.applied = map[string]int{}
 	s.charged = map[string]ledger.Amounts{}
@@ -252,7 +257,7 @@ func (w *world) issueShard(g, tenant int) {
 		w.log(recShard, w.gatewayNode(g), ledger.KindShardIssue, sh.id, int64(s.life[id]+1), "reuses the id of a shard retention removed")
 	}
 	sh.units[0] = w.between(p.Dimensions[0].Burst/6, p.Dimensions[0].Burst/3)
-	for d := 1; d < len(p.Dimensions); d++ {
+	for d := 1; d < min(len(p.Dimensions), w.activeDims(tenant)); d++ {
 		sh.units[d] = 2
 	}
 	s.list = append(s.list, sh)
@@ -338,7 +343,10 @@ func (w *world) shardAnswer(m *message) {
 func (w *world) issueAnswer(sh *simShard, res *ledger.Result) {
 	switch {
 	case res.Err == nil:
-	case res.Rejected(), errors.Is(res.Err, ledger.ErrEmergencyDisabled), errors.Is(res.Err, ledger.ErrNoPolicy):
+	case res.Rejected(), errors.Is(res.Err, ledger.ErrEmergencyDisabled), errors.Is(res.Err, ledger.ErrNoPolicy),
+		// A generation dropping the second unit, published since the
+		// shard was drawn, refuses its units in it.
+		errors.Is(res.Err, ledger.ErrInvalidCommand) && res.Generation != 0 && sh.units[1] != 0:
 		// Nothing was issued by this attempt; a late copy still might be,
 		// so the shard is closed later by an empty reconciliation.
 		sh.phase = shClosing
@@ -651,6 +659,10 @@ func (w *world) shardChanges(ch *store.Changes) {
 			s.lastRemint[key] = m.At
 		}
 		sum, debt := s.reminted[key], s.charged[key]
+		// A unit the target's generation does not limit: the shard counts
+		// it reminted, but it stays retired at the source
+		// (ledger.remintShard) and the move carries none of it.
+		s.remintDropped[key] |= w.droppedDims(m.From.Generation, m.To.Generation)
 		for d := range sum {
 			sum[d] += m.Units[d]
 			debt[d] += m.Debt[d]
@@ -697,7 +709,7 @@ func (w *world) shardChanges(ch *store.Changes) {
 				return
 			}
 		}
-		if s.reminted[key] != row.Reminted {
+		if want := maskDims(row.Reminted, s.remintDropped[key]); s.reminted[key] != want {
 			w.violate(GateDuplicateRecovery, fmt.Sprintf("shard %s records %v reminted, its remint moves carried %v", key, row.Reminted, s.reminted[key]))
 			return
 		}
@@ -771,4 +783,31 @@ func (s *shardSim) openSummary() string {
 		}
 	}
 	return strings.Join(parts, ", ")
+}
+
+// droppedDims marks the dimensions of generation from whose unit
+// generation to does not limit (bit d for dimension d).
+func (w *world) droppedDims(from, to uint64) uint8 {
+	w.op.refresh(w)
+	fp, tp := w.op.policy(from), w.op.policy(to)
+	if fp == nil || tp == nil {
+		return 0
+	}
+	var dropped uint8
+	for d := range fp.Dimensions {
+		if tp.DimensionIndex(fp.Dimensions[d].Unit) < 0 {
+			dropped |= 1 << d
+		}
+	}
+	return dropped
+}
+
+// maskDims returns units with the dimensions marked in mask zeroed.
+func maskDims(units ledger.Amounts, mask uint8) ledger.Amounts {
+	for d := range units {
+		if mask&(1<<d) != 0 {
+			units[d] = 0
+		}
+	}
+	return units
 }
