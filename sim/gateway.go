@@ -343,10 +343,12 @@ func (w *world) reserveAnswer(r *request, res *ledger.Result) {
 	case errors.Is(res.Err, ledger.ErrNoPolicy):
 		w.resolveUnknown(r)
 		w.done(r, outNoPolicy)
-	case errors.Is(res.Err, ledger.ErrInvalidCommand) && res.Generation != 0 && r.units[1] != 0 && w.activeDims(r.tenant) < 2:
+	case errors.Is(res.Err, ledger.ErrInvalidCommand) && r.units[1] != 0 && w.withoutSecondUnit(res.Generation):
 		// A generation that dropped the second unit was published after
 		// the gateway shaped the request: it refuses the unit, and the
 		// gateway gives the request up (a client would build a new one).
+		// The answer names that generation: by the time a delayed answer
+		// arrives, a rollback may have made one with the unit decide.
 		w.resolveUnknown(r)
 		w.done(r, outRejected)
 	default:

@@ -131,6 +131,17 @@ func (w *world) activeDims(tenant int) int {
 	return len(w.op.base[t.key].Dimensions)
 }
 
+// withoutSecondUnit reports whether generation gen (as an answer names
+// it) is published and limits one unit only.
+func (w *world) withoutSecondUnit(gen uint64) bool {
+	if gen == 0 {
+		return false
+	}
+	w.op.refresh(w)
+	p := w.op.policy(gen)
+	return p != nil && len(p.Dimensions) < 2
+}
+
 // shapeUnits zeroes the units of r in the dimensions the deciding
 // generation does not have and redraws its digest; only before its first
 // send (a reserve that may have landed keeps its units and digest).
