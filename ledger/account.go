@@ -344,7 +344,7 @@ func mint(bal *Balance, units Units) {
 // current account and p was not rolled back (see bringToNow).
 func tick(b Book, a *Account, p *Policy, now time.Time) {
 	current := p.Generation == a.Key.Generation && isCurrent(b, a)
-	if current && owesAny(a) {
+	if _, debt := a.Debt(); current && debt > 0 {
 		// A current account of a generation that no longer decides may
 		// owe debt the deciding one does not limit (currentAccount). Only
 		// an account that owes is looked at: the hot path of a subject
@@ -356,16 +356,6 @@ func tick(b Book, a *Account, p *Policy, now time.Time) {
 		}
 	}
 	bringToNow(b, a, p, now, current && !p.RolledBack)
-}
-
-// owesAny reports whether a owes debt in any dimension.
-func owesAny(a *Account) bool {
-	for i := 0; i < a.Dims; i++ {
-		if a.Balances[i].Debt() > 0 {
-			return true
-		}
-	}
-	return false
 }
 
 // switchIfRepaid switches the subject to the deciding generation's policy
