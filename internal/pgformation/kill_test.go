@@ -214,7 +214,7 @@ func TestHarnessChecks(t *testing.T) {
 		t.Fatalf("with %s promoted behind the monitor's back, Primary returned %v, %v; want an error naming %s", standby.Name, got, err, standby.Name)
 	}
 	t.Logf("Primary with two writable nodes: %v", err)
-	short, cancelShort = context.WithTimeout(ctx, 2*time.Second)
+	short, cancelShort = context.WithTimeout(ctx, 10*time.Second)
 	got, err = f.WaitPrimary(short)
 	cancelShort()
 	if err == nil || !strings.Contains(err.Error(), standby.Name+" (port") {

@@ -587,8 +587,12 @@ func (f *Formation) Primary(ctx context.Context) (*Node, error) {
 // error Primary last gave once ctx is done. On a loaded machine the
 // monitor, tuned to fail over within seconds, also fails over a primary
 // that was only slow to answer its health checks: for a while after that
-// there is no primary, though nothing was killed.
+// there is no primary, though nothing was killed. The error it returns
+// is that of the last look that finished before ctx was done: a look the
+// deadline cut short (a node slow to accept a connection) says only that
+// the deadline passed, and would hide what the looks before it found.
 func (f *Formation) WaitPrimary(ctx context.Context) (*Node, error) {
+	var last error
 	for {
 		primary, err := f.Primary(ctx)
 		if err == nil && primary != nil {
@@ -597,9 +601,12 @@ func (f *Formation) WaitPrimary(ctx context.Context) (*Node, error) {
 		if err == nil {
 			err = errors.New("no primary")
 		}
+		if ctx.Err() == nil || last == nil {
+			last = err
+		}
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("%w (%v)", err, ctx.Err())
+			return nil, fmt.Errorf("%w (%v)", last, ctx.Err())
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
