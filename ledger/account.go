@@ -14,12 +14,15 @@ import (
 // then its available capacity and debt move over, exactly once, so a
 // republished policy neither hands out a fresh burst nor forgets debt.
 //
-// The exception is debt p cannot take: while the current account owes debt
-// in a unit p does not limit, the subject does not switch. That account
-// stays current under its own policy (returned instead of p): it refills
-// (repays only, when its generation was rolled back), its debt freezes the
-// subject's admission whatever generation decides, and the subject
-// switches on the first command after the debt is repaid.
+// The exception is debt p cannot take: while any account of the subject
+// owes debt in a unit p does not limit (its owing set, settleOwing), the
+// subject does not switch. Its current account stays current under its
+// own policy (returned instead of p: ap != p means frozen): the owing
+// accounts refill to repay (only to repay in such a unit, or when their
+// generation was rolled back), their debt freezes the subject's admission
+// whatever generation decides, and the subject switches on the first
+// command after the last is repaid, taking what they still owe in units
+// p limits (releaseOwing).
 func currentAccount(b Book, subject PolicyKey, p *Policy, now time.Time) (*Account, *Policy, bool) {
 	account, ap, _, ok := switchTo(b, subject, p, now)
 	return account, ap, ok

@@ -30,7 +30,8 @@ func mustFrozenBy(t *testing.T, res ledger.Result, unit string, g uint64, wait t
 // (tokens, requests) owes 3 requests and is current again, g0 (tokens,
 // images) owes imagesUsed-2 images, and g2 (tokens only) decides, so
 // neither debt can move. Both debts are late: work reserved under g0 and
-// g1 settles after the subject switched to g2.
+// g1 settles 10 seconds after the subject switched to g2 (so a refill
+// counted from the switch would repay them at once).
 func twoOwing(t *testing.T, imagesUsed ledger.Units) (c *checked, g0, g1, g2 uint64) {
 	c = newChecked(t)
 	g0 = c.publish(policyOf(tokens(1000, 100), imagesDim))
@@ -43,6 +44,7 @@ func twoOwing(t *testing.T, imagesUsed ledger.Units) (c *checked, g0, g1, g2 uin
 	p2.EmergencyMode = true // a shard issuance is refused as frozen, not as disabled
 	g2 = c.publish(p2)
 	c.must(c.reserve("c", 10))            // switches to g2
+	c.advance(10 * time.Second)           // g0 and g1 refill nothing meanwhile
 	c.must(c.settle("b", 10, 5))          // late: g1 owes 3 requests and is current again
 	c.must(c.settle("a", 10, imagesUsed)) // late: g0 owes images, which neither g1 nor g2 limits
 	return c, g0, g1, g2
@@ -169,5 +171,40 @@ func TestDroppedDebtRecordDebtSurvivesRollback(t *testing.T) {
 	}
 	if rolled := c.account(g2).Balances[1]; rolled.Debt() != 0 || rolled.Available != 0 {
 		t.Fatalf("images on rolled-back generation %d: %+v; want the 5 owed repaid, nothing more", g2, rolled)
+	}
+}
+
+// An owing account whose debt the deciding generation limits, while
+// another owes debt it does not: the subject is frozen by the other; when
+// that is repaid the subject switches, and the switch takes the first
+// one's debt to the deciding generation's account (which then freezes
+// the subject by its own debt), so no account is left owing where
+// nothing repays it.
+func TestDroppedDebtMemberDebtMovesAtTheSwitch(t *testing.T) {
+	c := newChecked(t)
+	g0 := c.publish(policyOf(tokens(1000, 100), imagesDim))
+	c.must(c.reserve("a", 10, 1)) // on g0: 1 image held
+	c.must(c.start("a"))
+	c.publish(policyOf(tokens(1000, 100), requestsDim))
+	c.must(c.reserve("b", 10, 1)) // switches to g1: 1 request held
+	c.must(c.start("b"))
+	g2 := c.publish(policyOf(tokens(1000, 100), imagesDim)) // images again, no requests
+	c.must(c.reserve("c", 10))                              // switches to g2: 2 images (a unit g1 did not limit)
+	c.must(c.settle("b", 10, 5))                            // late: g1 owes 3 requests, current again
+	c.must(c.settle("a", 10, 6))                            // late: g0 owes 4 images, which g1 does not limit but g2 does
+	mustFrozenBy(t, c.reserve("d", 10), "requests", g2, 3*time.Second)
+	c.advance(3 * time.Second)
+	// g1 repaid: the subject switches to g2, which takes g0's 4 images
+	// of debt and repays 2 from its available.
+	mustFrozenBy(t, c.reserve("e", 10), "images", g2, 2*time.Second)
+	if d := c.account(g0).Balances[1].Debt(); d != 0 {
+		t.Fatalf("generation %d still owes %d images after the switch, want them moved", g0, d)
+	}
+	if d := c.account(g2).Balances[1].Debt(); d != 2 {
+		t.Fatalf("generation %d owes %d images, want 2", g2, d)
+	}
+	c.advance(2 * time.Second)
+	if res := c.must(c.reserve("f", 10)); res.Reservation.Account.Generation != g2 {
+		t.Fatalf("admitted on %s, want generation %d", res.Reservation.Account, g2)
 	}
 }
