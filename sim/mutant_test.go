@@ -29,7 +29,6 @@ func TestMutants(t *testing.T) {
 		{"shard_retained_drops_spent", GateShardConservation},
 		{"shard_removed_early", GateRetention},
 		{"dropped_debt_forgotten", GateAdmissionWhileDebt},
-		{"dropped_debt_second_untracked", GateAdmissionWhileDebt},
 		{"compaction_drops_entry", GateCompaction},
 		{"checkpoint_wrong_closing", GateCompaction},
 	}
